@@ -1,0 +1,233 @@
+/* config.h - libconfig files into typed, validated specs.
+ * Every string the user writes is resolved here to an enum or a number; no
+ * module below carries a config string forward. Every spec records where it
+ * was declared (file:line) so later checks (shapes, files) can point at it.
+ * Ownership: loom_config_load returns a spec freed with loom_config_free.
+ * Threads: none; call from the main thread. */
+#ifndef LOOM_CONFIG_H
+#define LOOM_CONFIG_H
+
+#include "core/core.h"
+#include <stdbool.h>
+#include <stdio.h>
+
+#define LOOM_MAX_FEATURES   8
+#define LOOM_MAX_TRANSFORMS 32
+#define LOOM_MAX_LAYERS     64
+#define LOOM_MAX_BOUNDARIES 16
+#define LOOM_MAX_DEVICES    16
+#define LOOM_NAME_MAX       64
+#define LOOM_PATH_MAX       512
+
+/* Where a setting was declared. */
+typedef struct loom_loc {
+    char file[LOOM_PATH_MAX];
+    int  line;
+    char path[128]; /* setting path, "data.train.transforms.[2]" */
+} loom_loc;
+
+/* "file:line" (or "file" or "") into buf; returns buf. */
+const char *loom_loc_str(const loom_loc *l, char *buf, size_t n);
+
+/* dtypes as in tensor.h; config only names them. */
+typedef enum { LOOM_CFG_U8, LOOM_CFG_I32, LOOM_CFG_I64, LOOM_CFG_F32, LOOM_CFG_F64 } loom_cfg_dtype;
+
+/* ---- data ---------------------------------------------------------------- */
+
+typedef enum { LOOM_SRC_IDX, LOOM_SRC_CATALOG } loom_source_kind;
+
+typedef struct loom_source_spec {
+    loom_source_kind kind;
+    loom_loc         loc;
+    /* idx: one IDX file per feature; all must hold the same number of items.
+     *   source: { type = "idx"; features: { image = "x.gz"; label = "y.gz"; }; }; */
+    int  n_features;
+    char feature[LOOM_MAX_FEATURES][LOOM_NAME_MAX];
+    char file[LOOM_MAX_FEATURES][LOOM_PATH_MAX]; /* resolved relative to the config's directory */
+    /* catalog: source: { type = "catalog"; name = "fashion_mnist"; split = "train"; };
+     * yields features "image" (uint8 (28, 28)) and "label" (uint8 ()). */
+    char name[LOOM_NAME_MAX];   /* "fashion_mnist" (also "mnist" when its package is present) */
+    char split[16];             /* "train" | "test" */
+} loom_source_spec;
+
+typedef enum {
+    LOOM_MAP_CAST,        /* dtype */
+    LOOM_MAP_SCALE,       /* x * scale + offset */
+    LOOM_MAP_NORMALIZE,   /* (x - mean) / std */
+    LOOM_MAP_ONE_HOT,     /* depth; int feature -> float32 (depth,) */
+    LOOM_MAP_RESHAPE,     /* shape; same element count */
+    LOOM_MAP_FLIP_LR,     /* random_flip_left_right: (H, W) or (H, W, C), probability 0.5 */
+} loom_map_kind;
+
+typedef struct loom_map_spec {
+    loom_map_kind  kind;
+    char           feature[LOOM_NAME_MAX]; /* the feature it applies to */
+    loom_cfg_dtype dtype;                  /* cast */
+    double         scale, offset;          /* scale */
+    double         mean, std;              /* normalize (std > 0) */
+    int            depth;                  /* one_hot (>= 1) */
+    int            rank;                   /* reshape: target shape; one dim may be -1 */
+    int64_t        shape[8];
+} loom_map_spec;
+
+typedef enum {
+    LOOM_T_MAP, LOOM_T_SHUFFLE, LOOM_T_BATCH, LOOM_T_REPEAT, LOOM_T_TAKE, LOOM_T_SKIP, LOOM_T_PREFETCH,
+} loom_transform_kind;
+
+typedef struct loom_transform_spec {
+    loom_transform_kind kind;
+    loom_loc            loc;
+    loom_map_spec       map;            /* MAP */
+    int64_t             buffer;         /* SHUFFLE: >= 1; PREFETCH: >= 0, -1 = auto */
+    uint64_t            seed;           /* SHUFFLE: the run's seed unless set */
+    bool                seed_set;
+    bool                reshuffle;      /* SHUFFLE: reshuffle_each_iteration, default true */
+    int64_t             batch_size;     /* BATCH: >= 1 */
+    bool                drop_remainder; /* BATCH */
+    int64_t             count;          /* REPEAT (-1 = forever), TAKE (-1 = all), SKIP (-1 = all) */
+} loom_transform_spec;
+
+typedef struct loom_dataset_spec {
+    bool                present;
+    loom_loc            loc;
+    loom_source_spec    source;
+    int                 n_transforms;
+    loom_transform_spec transform[LOOM_MAX_TRANSFORMS];
+} loom_dataset_spec;
+
+/* ---- model --------------------------------------------------------------- */
+
+typedef enum { LOOM_LAYER_DENSE, LOOM_LAYER_CONV2D, LOOM_LAYER_MAX_POOL2D, LOOM_LAYER_DROPOUT, LOOM_LAYER_FLATTEN,
+               LOOM_LAYER_ACTIVATION } loom_layer_kind;
+typedef enum { LOOM_ACT_NONE, LOOM_ACT_RELU, LOOM_ACT_SIGMOID, LOOM_ACT_TANH, LOOM_ACT_SOFTMAX } loom_activation;
+typedef enum { LOOM_INIT_GLOROT_UNIFORM, LOOM_INIT_GLOROT_NORMAL, LOOM_INIT_HE_UNIFORM, LOOM_INIT_HE_NORMAL,
+               LOOM_INIT_ZEROS } loom_init;
+typedef enum { LOOM_PAD_VALID, LOOM_PAD_SAME } loom_padding;
+typedef enum { LOOM_LOSS_SPARSE_SOFTMAX_CE, LOOM_LOSS_MSE } loom_loss_kind;
+
+typedef struct loom_layer_spec {
+    loom_layer_kind kind;
+    loom_loc        loc;
+    char            name[LOOM_NAME_MAX]; /* default "<kind>_<index>", e.g. "dense_1" */
+    loom_activation activation;          /* dense, conv2d (default none); activation layer */
+    int             units;               /* dense */
+    int             filters;             /* conv2d */
+    int             kernel[2];           /* conv2d (h, w); kernel_size = 5 or [5, 5] */
+    int             stride[2];           /* conv2d, max_pool2d; default 1 (conv) or pool size */
+    int             pool[2];             /* max_pool2d; default 2 */
+    loom_padding    padding;             /* conv2d, max_pool2d; default valid */
+    double          rate;                /* dropout, [0, 1) */
+    loom_init       kernel_init;         /* default glorot_uniform (he_normal is common for relu) */
+    bool            use_bias;            /* default true; biases start at zero */
+} loom_layer_spec;
+
+typedef struct loom_model_spec {
+    loom_loc        loc;
+    char            input[LOOM_NAME_MAX]; /* feature fed to the first layer, default "image" */
+    char            label[LOOM_NAME_MAX]; /* feature holding the target, default "label" */
+    loom_loss_kind  loss;                 /* default sparse_softmax_cross_entropy */
+    int             n_layers;
+    loom_layer_spec layer[LOOM_MAX_LAYERS];
+} loom_model_spec;
+
+/* ---- optimizer ----------------------------------------------------------- */
+
+typedef enum { LOOM_OPT_SGD, LOOM_OPT_MOMENTUM, LOOM_OPT_ADAM } loom_opt_kind;
+typedef enum { LOOM_SCHED_CONSTANT, LOOM_SCHED_EXPONENTIAL_DECAY, LOOM_SCHED_PIECEWISE_CONSTANT,
+               LOOM_SCHED_COSINE } loom_sched_kind;
+
+typedef struct loom_schedule_spec {
+    loom_sched_kind kind;
+    loom_loc        loc;
+    int64_t decay_steps;   /* exponential_decay, cosine (>= 1) */
+    double  decay_rate;    /* exponential_decay: lr * rate^(step / decay_steps) */
+    bool    staircase;     /* exponential_decay: integer division */
+    double  alpha;         /* cosine: floor as a fraction of lr, default 0 */
+    int     n_boundaries;  /* piecewise_constant: values has n_boundaries + 1 entries */
+    int64_t boundaries[LOOM_MAX_BOUNDARIES];
+    double  values[LOOM_MAX_BOUNDARIES + 1];
+} loom_schedule_spec;
+
+typedef struct loom_optimizer_spec {
+    loom_opt_kind      kind;
+    loom_loc           loc;
+    double             learning_rate; /* > 0 */
+    double             momentum;      /* momentum: [0, 1), default 0.9 */
+    bool               nesterov;      /* momentum */
+    double             beta1, beta2, epsilon; /* adam: 0.9, 0.999, 1e-7 (Keras defaults) */
+    loom_schedule_spec schedule;
+} loom_optimizer_spec;
+
+/* ---- strategy ------------------------------------------------------------ */
+
+typedef enum { LOOM_STRAT_ONE_DEVICE, LOOM_STRAT_MIRRORED, LOOM_STRAT_CENTRAL_STORAGE,
+               LOOM_STRAT_MULTI_WORKER_MIRRORED, LOOM_STRAT_PARAMETER_SERVER } loom_strategy_kind;
+
+typedef struct loom_strategy_spec {
+    loom_strategy_kind kind;
+    loom_loc           loc;
+    char               device[16];  /* one_device: "cpu:0" */
+    int                replicas;    /* mirrored, central_storage (later) */
+    int                n_devices;
+    char               devices[LOOM_MAX_DEVICES][16];
+    char               cross_device_ops[LOOM_NAME_MAX];
+} loom_strategy_spec;
+
+/* ---- run ----------------------------------------------------------------- */
+
+typedef enum { LOOM_PROGRESS_AUTO, LOOM_PROGRESS_BAR, LOOM_PROGRESS_PLAIN, LOOM_PROGRESS_NONE } loom_progress;
+
+typedef struct loom_run_spec {
+    loom_loc      loc;
+    char          model_dir[LOOM_PATH_MAX]; /* relative paths are relative to the working directory */
+    int64_t       epochs;           /* >= 1 unless max_steps is set; default 1 */
+    int64_t       max_steps;        /* 0 = unset: train for `epochs` */
+    uint64_t      seed;             /* default 42 */
+    int64_t       checkpoint_steps; /* 0 = only at epoch ends and at the end */
+    int           keep_checkpoints; /* default 5 */
+    int64_t       log_steps;        /* default 100 */
+    int           threads;          /* compute threads; 0 = all cores */
+    bool          eval_each_epoch;  /* default true when data.eval is present */
+    loom_progress progress;
+} loom_run_spec;
+
+/* ---- the whole config ---------------------------------------------------- */
+
+typedef struct loom_spec {
+    char                path[LOOM_PATH_MAX]; /* the config file */
+    int                 version;             /* 1 */
+    loom_dataset_spec   train, eval;         /* data.train required; data.eval optional */
+    loom_model_spec     model;
+    loom_optimizer_spec optimizer;
+    loom_strategy_spec  strategy;
+    loom_run_spec       run;
+} loom_spec;
+
+/* Up to LOOM_MAX_ERRORS problems are collected before giving up. */
+#define LOOM_MAX_ERRORS 20
+typedef struct loom_errlist {
+    int      n;
+    loom_err e[LOOM_MAX_ERRORS];
+} loom_errlist;
+
+/* Loads and validates path, applying overrides ("run.epochs=2",
+ * "strategy.type=one_device"; values in libconfig syntax, quotes optional for
+ * strings) on top of the file with the same validation. On failure returns
+ * LOOM_ECONFIG (or LOOM_EIO for an unreadable file) with every problem in
+ * errs. *out is freed with loom_config_free. */
+int  loom_config_load(loom_spec **out, const char *path, const char *const *overrides, int n_overrides,
+                      loom_errlist *errs);
+void loom_config_free(loom_spec *s); /* NULL is a no-op */
+
+/* Prints the fully resolved config, defaults filled in, in libconfig syntax
+ * that loom_config_load reads back to an equal spec. */
+void loom_config_print(const loom_spec *s, FILE *f);
+
+/* Names, for messages and printing. */
+const char *loom_layer_kind_name(loom_layer_kind k);
+const char *loom_activation_name(loom_activation a);
+const char *loom_strategy_kind_name(loom_strategy_kind k);
+const char *loom_map_kind_name(loom_map_kind k);
+const char *loom_transform_kind_name(loom_transform_kind k);
+
+#endif

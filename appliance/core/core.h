@@ -1,0 +1,192 @@
+/* core.h - the base every module stands on: errors with provenance, logging,
+ * allocation (with a failure hook for tests), byte buffers for state,
+ * the counter-based RNG, CRC-32C, clocks and a fixed worker pool.
+ * Threads: everything here is thread-safe except a loom_buf, which belongs to
+ * one thread at a time. Depends on nothing but libc and pthreads. */
+#ifndef LOOM_CORE_H
+#define LOOM_CORE_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define LOOM_VERSION "0.1.0"
+
+/* ---- errors -------------------------------------------------------------- */
+
+#define LOOM_ERRORS(X)                                   \
+    X(OK, "ok")                                          \
+    X(NOMEM, "out of memory")                            \
+    X(CONFIG, "invalid configuration")                   \
+    X(USAGE, "invalid usage")                            \
+    X(IO, "i/o error")                                   \
+    X(DATA, "bad input data")                            \
+    X(SHAPE, "shape or dtype mismatch")                  \
+    X(CHECKPOINT, "bad checkpoint")                      \
+    X(NUMERIC, "non-finite value")                       \
+    X(UNSUPPORTED, "not supported yet")                  \
+    X(CUDA, "CUDA error")                                \
+    X(NCCL, "NCCL error")                                \
+    X(NET, "network error")                              \
+    X(LUA, "Lua hook error")                             \
+    X(PLUGIN, "plugin error")                            \
+    X(EOF, "end of data")
+
+typedef enum {
+#define LOOM_ERR_ENUM_(name, msg) LOOM_E##name,
+    LOOM_ERRORS(LOOM_ERR_ENUM_)
+#undef LOOM_ERR_ENUM_
+    LOOM_ENUM_ERRORS_
+} loom_errcode;
+
+#define LOOM_OK LOOM_EOK
+
+/* Detail of a failure; caller-owned, filled by the callee. */
+typedef struct loom_err {
+    int  code;        /* LOOM_E* */
+    char where[256];  /* "configs/fashion_mlp.cfg:42", "data/train-images.gz" */
+    char msg[512];    /* what failed, quoting the offending value */
+    char hint[256];   /* what to do about it; may be empty */
+} loom_err;
+
+const char *loom_err_name(int code);    /* "CONFIG" */
+const char *loom_err_string(int code);  /* "invalid configuration" */
+
+/* Fills err (may be NULL) and returns code, so callers can `return loom_err_set(...)`.
+ * where may be NULL or "". */
+int loom_err_set(loom_err *err, int code, const char *where, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Sets the hint of an already filled error; returns err->code. */
+int loom_err_hint(loom_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Prepends "prefix: " to the message, keeping where and hint. Returns err->code. */
+int loom_err_prefix(loom_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void loom_err_clear(loom_err *err);
+/* "where: msg\n  hint: ...\n" into buf. */
+void loom_err_format(const loom_err *err, char *buf, size_t n);
+
+#define LOOM_ASSERT(cond)                                                   \
+    do {                                                                    \
+        if (!(cond)) loom_assert_fail_(#cond, __FILE__, __LINE__);          \
+    } while (0)
+_Noreturn void loom_assert_fail_(const char *cond, const char *file, int line);
+
+/* ---- logging ------------------------------------------------------------- */
+
+typedef enum { LOOM_LOG_DEBUG, LOOM_LOG_INFO, LOOM_LOG_WARN, LOOM_LOG_ERROR } loom_log_level;
+void loom_log_set_level(loom_log_level lvl);
+loom_log_level loom_log_get_level(void);
+void loom_log(loom_log_level lvl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define loom_info(...)  loom_log(LOOM_LOG_INFO, __VA_ARGS__)
+#define loom_warn(...)  loom_log(LOOM_LOG_WARN, __VA_ARGS__)
+#define loom_debug(...) loom_log(LOOM_LOG_DEBUG, __VA_ARGS__)
+
+/* ---- allocation ---------------------------------------------------------- */
+
+/* All allocations go through these. They return NULL on failure (never abort);
+ * loom_alloc_fail_after(n) makes the n-th next allocation fail (tests). */
+void *loom_alloc(size_t n);
+void *loom_calloc(size_t count, size_t size);
+void *loom_realloc(void *p, size_t n);
+void *loom_alloc_aligned(size_t n);  /* 64-byte aligned; free with loom_free */
+void  loom_free(void *p);
+char *loom_strdup(const char *s);
+void  loom_alloc_fail_after(long n); /* -1 disables */
+
+/* ---- byte buffers (state serialisation) ---------------------------------- */
+
+/* A growable byte buffer for writing, and a cursor for reading back.
+ * Integers are little-endian, fixed width. */
+typedef struct loom_buf {
+    uint8_t *data;
+    size_t   len, cap;
+    size_t   pos;     /* read cursor */
+    int      failed;  /* sticky: an append ran out of memory or a read ran past the end */
+} loom_buf;
+
+void loom_buf_init(loom_buf *b);
+void loom_buf_fini(loom_buf *b);
+/* Wraps existing bytes for reading (not owned, not freed by fini). */
+void loom_buf_wrap(loom_buf *b, const void *data, size_t len);
+void loom_buf_put(loom_buf *b, const void *p, size_t n);
+void loom_buf_put_u32(loom_buf *b, uint32_t v);
+void loom_buf_put_u64(loom_buf *b, uint64_t v);
+void loom_buf_put_i64(loom_buf *b, int64_t v);
+void loom_buf_put_f64(loom_buf *b, double v);
+void loom_buf_put_str(loom_buf *b, const char *s);  /* u32 length + bytes */
+int  loom_buf_get(loom_buf *b, void *p, size_t n);  /* 0 ok, -1 short (sets failed) */
+uint32_t loom_buf_get_u32(loom_buf *b);
+uint64_t loom_buf_get_u64(loom_buf *b);
+int64_t  loom_buf_get_i64(loom_buf *b);
+double   loom_buf_get_f64(loom_buf *b);
+/* Reads a string written by put_str into dst (NUL-terminated, cut at n-1). */
+int  loom_buf_get_str(loom_buf *b, char *dst, size_t n);
+/* Pointer to the next n bytes, advancing the cursor; NULL when short. */
+const void *loom_buf_take(loom_buf *b, size_t n);
+
+/* ---- RNG ----------------------------------------------------------------- */
+
+/* Philox4x32-10: counter-based, so a stream is a pure function of
+ * (key, counter). Streams are split by hashing labels into the key, so every
+ * consumer of randomness (initialiser, shuffle, dropout, augmentation) has its
+ * own reproducible stream, independent of thread count and scheduling. */
+typedef struct loom_rng {
+    uint64_t key;      /* seed mixed with the stream labels */
+    uint64_t counter;  /* blocks consumed */
+    uint32_t buf[4];
+    int      avail;    /* unused words left in buf */
+} loom_rng;
+
+/* Stream derived from seed and up to three labels (e.g. purpose, epoch, index). */
+void     loom_rng_init(loom_rng *r, uint64_t seed, uint64_t a, uint64_t b, uint64_t c);
+uint64_t loom_rng_mix(uint64_t seed, uint64_t label);  /* a splitting hash */
+uint32_t loom_rng_u32(loom_rng *r);
+uint64_t loom_rng_u64(loom_rng *r);
+float    loom_rng_uniform(loom_rng *r);                 /* [0, 1) with 24 bits */
+double   loom_rng_uniform64(loom_rng *r);               /* [0, 1) with 53 bits */
+float    loom_rng_normal(loom_rng *r);                  /* N(0,1), Box-Muller */
+uint64_t loom_rng_below(loom_rng *r, uint64_t n);       /* uniform in [0, n), unbiased */
+/* The raw block function: 4 words for (key, counter). */
+void     loom_philox4x32(uint64_t key, uint64_t counter, uint32_t out[4]);
+void     loom_rng_save(const loom_rng *r, loom_buf *b);
+int      loom_rng_restore(loom_rng *r, loom_buf *b);
+
+/* ---- CRC-32C ------------------------------------------------------------- */
+
+uint32_t loom_crc32c_extend(uint32_t crc, const void *data, size_t n);
+static inline uint32_t loom_crc32c(const void *data, size_t n) { return loom_crc32c_extend(0, data, n); }
+/* TFRecord's masking: rotate right by 15 and add 0xa282ead8. */
+static inline uint32_t loom_crc32c_mask(uint32_t crc) { return ((crc >> 15) | (crc << 17)) + 0xa282ead8u; }
+
+/* ---- clocks -------------------------------------------------------------- */
+
+double loom_now(void);       /* monotonic seconds */
+double loom_wall_time(void); /* seconds since the epoch */
+
+/* ---- thread pool --------------------------------------------------------- */
+
+/* A fixed pool started once. loom_pool_run runs fn(arg, i) for i in [0, n)
+ * across the pool and the calling thread and returns when all are done. */
+typedef struct loom_pool loom_pool;
+typedef void (*loom_pool_fn)(void *arg, int i);
+int  loom_pool_new(loom_pool **out, int threads, loom_err *err); /* free with loom_pool_free */
+void loom_pool_free(loom_pool *p);                               /* NULL is a no-op */
+int  loom_pool_size(const loom_pool *p);                         /* threads incl. caller */
+void loom_pool_run(loom_pool *p, int n, loom_pool_fn fn, void *arg);
+
+/* Number of cores this process may run on (sched_getaffinity). */
+int loom_num_cores(void);
+
+/* ---- files --------------------------------------------------------------- */
+
+/* Reads a whole file (plain or gzip, detected from the magic bytes) into
+ * memory. *out is freed with loom_free. */
+int loom_read_file(const char *path, uint8_t **out, size_t *len, loom_err *err);
+/* Writes data to path atomically: path.tmp, fsync, rename, fsync dir. */
+int loom_write_file_atomic(const char *path, const void *data, size_t len, loom_err *err);
+/* mkdir -p; fails with a clear error when the directory is not writable. */
+int loom_mkdirs(const char *path, loom_err *err);
+
+/* Levenshtein distance, for "did you mean" suggestions. */
+int loom_edit_distance(const char *a, const char *b);
+
+#endif

@@ -1,0 +1,126 @@
+/* pool.c - a fixed worker pool for data-parallel loops. Workers sleep on a
+ * condition variable between jobs (no spinning); one job at a time; the
+ * caller works too, so a pool of 1 runs everything inline. */
+#include "core.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <unistd.h>
+
+struct loom_pool {
+    int             nthreads; /* workers, excluding the caller */
+    pthread_t      *threads;
+    pthread_mutex_t mu;
+    pthread_cond_t  wake, done;
+    uint64_t        generation;
+    int             stop;
+    /* the current job */
+    loom_pool_fn    fn;
+    void           *arg;
+    int             n;
+    atomic_int      next;
+    int             active; /* workers still inside the job */
+};
+
+static void run_items(loom_pool *p)
+{
+    for (;;) {
+        int i = atomic_fetch_add(&p->next, 1);
+        if (i >= p->n) break;
+        p->fn(p->arg, i);
+    }
+}
+
+static void *worker(void *arg)
+{
+    loom_pool *p = arg;
+    uint64_t seen = 0;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (!p->stop && p->generation == seen) pthread_cond_wait(&p->wake, &p->mu);
+        if (p->stop) break;
+        seen = p->generation;
+        pthread_mutex_unlock(&p->mu);
+        run_items(p);
+        pthread_mutex_lock(&p->mu);
+        if (--p->active == 0) pthread_cond_signal(&p->done);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+int loom_pool_new(loom_pool **out, int threads, loom_err *err)
+{
+    *out = NULL;
+    if (threads < 1) threads = 1;
+    loom_pool *p = loom_calloc(1, sizeof *p);
+    if (!p) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating a thread pool");
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->wake, NULL);
+    pthread_cond_init(&p->done, NULL);
+    p->threads = loom_calloc((size_t)threads, sizeof *p->threads);
+    if (!p->threads) {
+        loom_pool_free(p);
+        return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating a thread pool");
+    }
+    for (int i = 0; i < threads - 1; i++) {
+        if (pthread_create(&p->threads[i], NULL, worker, p)) {
+            loom_pool_free(p);
+            return loom_err_set(err, LOOM_ENOMEM, NULL, "pthread_create failed for worker %d of %d", i, threads);
+        }
+        p->nthreads++;
+    }
+    *out = p;
+    return LOOM_OK;
+}
+
+void loom_pool_free(loom_pool *p)
+{
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    p->stop = 1;
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < p->nthreads; i++) pthread_join(p->threads[i], NULL);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->wake);
+    pthread_cond_destroy(&p->done);
+    loom_free(p->threads);
+    loom_free(p);
+}
+
+int loom_pool_size(const loom_pool *p) { return p ? p->nthreads + 1 : 1; }
+
+void loom_pool_run(loom_pool *p, int n, loom_pool_fn fn, void *arg)
+{
+    if (n <= 0) return;
+    if (!p || p->nthreads == 0 || n == 1) {
+        for (int i = 0; i < n; i++) fn(arg, i);
+        return;
+    }
+    pthread_mutex_lock(&p->mu);
+    p->fn = fn;
+    p->arg = arg;
+    p->n = n;
+    atomic_store(&p->next, 0);
+    p->active = p->nthreads;
+    p->generation++;
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->mu);
+    run_items(p);
+    pthread_mutex_lock(&p->mu);
+    while (p->active > 0) pthread_cond_wait(&p->done, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+}
+
+int loom_num_cores(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        int n = CPU_COUNT(&set);
+        if (n > 0) return n;
+    }
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}

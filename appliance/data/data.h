@@ -1,0 +1,94 @@
+/* data.h - the input pipeline: a source, then transforms, as a chain of
+ * iterators (the dataset graph), with per-stage statistics and exact
+ * save/restore of every stage's state.
+ *
+ * An element is a fixed set of named tensors described by a loom_elem_spec;
+ * after `batch` every tensor gains a leading batch dimension (the last batch
+ * of an epoch may be short unless drop_remainder).
+ *
+ * Epochs: an iterator runs one pass of its dataset and then returns
+ * LOOM_EEOF; loom_iter_rewind(it, epoch) starts the next pass, as Keras
+ * re-creates the iterator per epoch (so a shuffle with reshuffle draws a new
+ * order, keyed by (seed, epoch)). A pipeline with an infinite `repeat` never
+ * returns EOF.
+ *
+ * Randomness: every random choice is keyed by (seed, stage, epoch, element
+ * index) through the counter-based RNG, so results do not depend on threads
+ * or timing.
+ *
+ * Threads: an iterator is used from one thread (the train thread); stages
+ * such as prefetch run their own background thread internally. */
+#ifndef LOOM_DATA_H
+#define LOOM_DATA_H
+
+#include "config/config.h"
+#include "tensor/tensor.h"
+
+typedef struct loom_elem_spec {
+    int        n;
+    char       name[LOOM_MAX_FEATURES][LOOM_NAME_MAX];
+    loom_dtype dtype[LOOM_MAX_FEATURES];
+    loom_shape shape[LOOM_MAX_FEATURES]; /* batched: dim[0] is the batch size, -1 if the last batch may be short */
+} loom_elem_spec;
+
+/* Index of a feature by name, -1 when absent. */
+int loom_elem_spec_find(const loom_elem_spec *s, const char *name);
+/* "image: float32 (28, 28); label: uint8 ()" into buf. */
+char *loom_elem_spec_str(const loom_elem_spec *s, char *buf, size_t n);
+
+/* An element: tensors in the order of the spec. Borrowed from the iterator
+ * that produced it, valid until the next call on that iterator. */
+typedef struct loom_elem {
+    int         n;
+    loom_tensor t[LOOM_MAX_FEATURES];
+} loom_elem;
+
+/* Statistics of one stage, for logs and `loom profile`. */
+typedef struct loom_stage_stats {
+    const char *name;        /* "idx", "map(normalize)", "shuffle", "batch", "prefetch" */
+    int64_t     elements;    /* produced so far */
+    double      busy_sec;    /* time inside this stage's next(), including its input's */
+    double      wait_sec;    /* prefetch: time the consumer waited for a ready element */
+    int64_t     buffered;    /* shuffle/prefetch: elements held now */
+    int64_t     capacity;    /* shuffle/prefetch: the limit */
+} loom_stage_stats;
+
+typedef struct loom_iter loom_iter;
+
+/* Context for building a pipeline. */
+typedef struct loom_data_ctx {
+    uint64_t seed;        /* the run's seed: default for shuffles and random maps */
+    int      threads;     /* threads the pipeline may use besides the train thread (>= 0) */
+    const char *name;     /* "train", "eval", for messages */
+} loom_data_ctx;
+
+/* Builds the pipeline of spec. Opens and checks the source files (a missing
+ * file, a wrong magic, a truncated file or features of different lengths are
+ * errors naming the file), and checks every transform against the element
+ * spec it receives (an unknown feature, a reshape of the wrong size...),
+ * naming the transform's file:line. Free with loom_iter_close. */
+int  loom_data_open(loom_iter **out, const loom_dataset_spec *spec, const loom_data_ctx *ctx, loom_err *err);
+
+const loom_elem_spec *loom_iter_spec(const loom_iter *it);
+/* Next element, borrowed until the next call; LOOM_EEOF at the end of a pass. */
+int  loom_iter_next(loom_iter *it, loom_elem **out, loom_err *err);
+/* Starts pass `epoch` (0-based) from the beginning. */
+int  loom_iter_rewind(loom_iter *it, int64_t epoch, loom_err *err);
+/* Elements in one pass, or -1 when infinite, -2 when unknown. */
+int64_t loom_iter_cardinality(const loom_iter *it);
+/* Appends the whole pipeline's state (positions, buffers, RNG, epoch). */
+int  loom_iter_save(loom_iter *it, loom_buf *b, loom_err *err);
+/* Restores a state saved by the same pipeline; refuses state from another
+ * pipeline with a clear error. */
+int  loom_iter_restore(loom_iter *it, loom_buf *b, loom_err *err);
+/* Per-stage stats, source first; returns the number of stages (<= max). */
+int  loom_iter_stats(const loom_iter *it, loom_stage_stats *out, int max);
+void loom_iter_close(loom_iter *it); /* NULL is a no-op */
+
+/* The Debian package and files a catalog dataset resolves to. Returns
+ * LOOM_ECONFIG for an unknown name or split, LOOM_EIO with an install hint
+ * when the package is absent. */
+int loom_catalog_resolve(const char *name, const char *split, char images[LOOM_PATH_MAX],
+                         char labels[LOOM_PATH_MAX], loom_err *err);
+
+#endif

@@ -1,0 +1,89 @@
+/* nn.h - layers, losses, metrics, optimizers and learning-rate schedules.
+ *
+ * A model is a chain of layers built from a loom_model_spec. All parameters
+ * of a model live in one flat float buffer and all gradients in another, in
+ * layer order (each layer: kernel, then bias), so reducing, applying or
+ * saving them is one contiguous operation. Activations are NHWC for images.
+ *
+ * Loss convention (tf.distribute): a step computes the SUM of per-example
+ * losses of its (per-replica) batch and the gradient of that sum divided by
+ * the GLOBAL batch size, so N replicas' gradients add up to one device's.
+ *
+ * Threads: a model is used by one thread at a time; matrix products use the
+ * BLAS threads set by loom_blas_init. Randomness (dropout) is keyed by
+ * (seed, step, replica) given to each call. */
+#ifndef LOOM_NN_H
+#define LOOM_NN_H
+
+#include "config/config.h"
+#include "tensor/tensor.h"
+
+typedef struct loom_model loom_model;
+
+/* One named parameter tensor inside the flat buffer. */
+typedef struct loom_param_info {
+    char       name[96];   /* "dense_1/kernel", "conv2d_0/bias" */
+    int64_t    offset;     /* in floats, into params/grads */
+    loom_shape shape;      /* dense kernel (in, out); conv kernel (kh, kw, cin, cout); bias (out,) */
+} loom_param_info;
+
+/* Builds the model for inputs of shape `input` (per example, no batch dim;
+ * must be float32) and targets `label` (per example: an integer scalar for
+ * sparse softmax cross-entropy, float32 of the output's shape for MSE), for
+ * batches of up to max_batch examples. Shape mismatches between layers, or
+ * between the data and the model, are LOOM_ESHAPE naming the layer's
+ * file:line and both shapes. Free with loom_model_free. */
+int  loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_shape *input, loom_dtype input_dtype,
+                    const loom_shape *label, loom_dtype label_dtype, int64_t max_batch, loom_err *err);
+void loom_model_free(loom_model *m); /* NULL is a no-op */
+
+int64_t      loom_model_num_params(const loom_model *m);
+float       *loom_model_params(loom_model *m);  /* (P,) borrowed */
+float       *loom_model_grads(loom_model *m);   /* (P,) borrowed */
+int          loom_model_num_param_tensors(const loom_model *m);
+const loom_param_info *loom_model_param_tensor(const loom_model *m, int i);
+loom_shape   loom_model_output_shape(const loom_model *m); /* per example */
+/* FLOPs of one example's forward pass (multiply-add = 2). */
+double       loom_model_forward_flops(const loom_model *m);
+/* Prints a Keras-like summary: layer, output shape, parameters. */
+void         loom_model_summary(const loom_model *m, FILE *f);
+
+/* Initialises the parameters from seed (kernels by their initialiser, biases zero). */
+void loom_model_init_params(loom_model *m, uint64_t seed);
+
+/* Forward and backward on a batch of B = x->shape.dim[0] examples.
+ * Writes the gradient of (sum of losses) / global_batch into the grads buffer
+ * (overwriting it). Returns the sum of per-example losses in *loss_sum and the
+ * number of correctly classified examples in *correct (argmax of the output vs
+ * the label; for MSE with one-hot targets vs the target's argmax).
+ * rng_key seeds dropout for this step. LOOM_ENUMERIC if the loss is not finite. */
+int loom_model_train_step(loom_model *m, const loom_tensor *x, const loom_tensor *label, int64_t global_batch,
+                          uint64_t rng_key, double *loss_sum, int64_t *correct, loom_err *err);
+/* Forward only (dropout off): loss sum and correct count. */
+int loom_model_evaluate(loom_model *m, const loom_tensor *x, const loom_tensor *label, double *loss_sum,
+                        int64_t *correct, loom_err *err);
+/* Forward only (dropout off): the model's outputs, probabilities when the loss
+ * is softmax cross-entropy, into out (B, outputs). */
+int loom_model_predict(loom_model *m, const loom_tensor *x, float *out, loom_err *err);
+
+/* ---- optimizers ------------------------------------------------------------ */
+
+typedef struct loom_optimizer loom_optimizer;
+
+int  loom_optimizer_new(loom_optimizer **out, const loom_optimizer_spec *spec, int64_t num_params, loom_err *err);
+void loom_optimizer_free(loom_optimizer *o); /* NULL is a no-op */
+/* The learning rate of the schedule at `step` (0-based count of applied updates). */
+double loom_optimizer_lr(const loom_optimizer *o, int64_t step);
+/* Overrides the schedule from now on (callbacks); <= 0 restores the schedule. */
+void loom_optimizer_set_lr(loom_optimizer *o, double lr);
+/* params -= update(grads) for the `step`-th update (0-based). */
+void loom_optimizer_apply(loom_optimizer *o, float *params, const float *grads, int64_t step);
+/* The slot buffers (momentum, Adam m and v), contiguous, for checkpoints. */
+int     loom_optimizer_num_slots(const loom_optimizer *o);  /* 0, 1 or 2 */
+float  *loom_optimizer_slots(loom_optimizer *o);            /* (num_slots * P,) borrowed */
+const char *loom_optimizer_slot_name(const loom_optimizer *o, int i); /* "momentum", "m", "v" */
+
+/* The schedule alone, for tests and for printing. */
+double loom_schedule_lr(const loom_schedule_spec *s, double base_lr, int64_t step);
+
+#endif

@@ -1,0 +1,129 @@
+/* blas.c - loading OpenBLAS with the right kernel and thread count.
+ *
+ * Debian's OpenBLAS is built with DYNAMIC_ARCH: at load time it reads CPUID
+ * and picks a kernel by CPU model number. 0.3.21 does not know newer Xeons
+ * (e.g. family 6 model 207) and falls back to a generic kernel about 5x
+ * slower, although the CPU runs the SkylakeX (AVX-512) kernel correctly.
+ * Both the kernel (OPENBLAS_CORETYPE) and the thread count
+ * (OPENBLAS_NUM_THREADS) are read once, in the library's constructor, so we
+ * do not link OpenBLAS: we set both from CPUID features and our thread
+ * budget, then dlopen it. A user's own OPENBLAS_CORETYPE is respected, and
+ * LOOM_BLAS names another CBLAS library (e.g. BLIS) to load instead. */
+#include "tensor.h"
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef LOOM_OPENBLAS_LIBDIR
+#define LOOM_OPENBLAS_LIBDIR ""
+#endif
+
+enum { RowMajor = 101, NoTrans = 111, Trans = 112 };
+typedef void (*sgemm_fn)(int order, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                         const float *B, int ldb, float beta, float *C, int ldc);
+
+static struct {
+    void      *lib;
+    sgemm_fn   sgemm;
+    void     (*set_threads)(int);
+    char     *(*corename)(void);
+    int        threads;
+    char       core[64];
+    char       reason[160];
+} blas;
+
+const char *loom_blas_pick_core(bool avx512f, bool avx512bw, bool avx512vl, bool avx512dq, bool avx512bf16, bool avx2,
+                                bool fma)
+{
+    (void)avx512bf16; /* Cooperlake's extra kernels are bf16 only; sgemm is SkylakeX's */
+    if (avx512f && avx512bw && avx512vl && avx512dq) return "SkylakeX";
+    if (avx2 && fma) return "Haswell";
+    return NULL;
+}
+
+static const char *cpu_core(void)
+{
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    return loom_blas_pick_core(__builtin_cpu_supports("avx512f"), __builtin_cpu_supports("avx512bw"),
+                               __builtin_cpu_supports("avx512vl"), __builtin_cpu_supports("avx512dq"), false,
+                               __builtin_cpu_supports("avx2"), __builtin_cpu_supports("fma"));
+#else
+    return NULL;
+#endif
+}
+
+int loom_blas_init(int threads, loom_err *err)
+{
+    if (threads <= 0) threads = loom_num_cores();
+    if (blas.lib) {
+        loom_blas_set_threads(threads);
+        return LOOM_OK;
+    }
+    const char *user_core = getenv("OPENBLAS_CORETYPE");
+    const char *custom = getenv("LOOM_BLAS");
+    if (user_core && *user_core) {
+        snprintf(blas.reason, sizeof blas.reason, "OPENBLAS_CORETYPE=%s set by the user", user_core);
+    } else if (!custom) {
+        const char *core = cpu_core();
+        if (core) {
+            setenv("OPENBLAS_CORETYPE", core, 1);
+            snprintf(blas.reason, sizeof blas.reason, "chosen from CPU features");
+        } else {
+            snprintf(blas.reason, sizeof blas.reason, "detected by OpenBLAS");
+        }
+    }
+    char nt[16];
+    snprintf(nt, sizeof nt, "%d", threads);
+    setenv("OPENBLAS_NUM_THREADS", nt, 1);
+    setenv("BLIS_NUM_THREADS", nt, 1);
+
+    char path[512];
+    const char *tried[3];
+    int ntried = 0;
+    if (custom) {
+        tried[ntried++] = custom;
+    } else {
+        snprintf(path, sizeof path, "%s/libopenblas.so.0", LOOM_OPENBLAS_LIBDIR);
+        if (LOOM_OPENBLAS_LIBDIR[0]) tried[ntried++] = path;
+        tried[ntried++] = "libopenblas.so.0";
+    }
+    for (int i = 0; i < ntried && !blas.lib; i++) blas.lib = dlopen(tried[i], RTLD_NOW | RTLD_LOCAL);
+    if (!blas.lib)
+        return loom_err_set(err, LOOM_EIO, tried[ntried - 1], "cannot load the BLAS library: %s", dlerror()),
+               loom_err_hint(err, custom ? "LOOM_BLAS must name a shared library that exports cblas_sgemm"
+                                         : "install it with: apt-get install libopenblas0-pthread");
+    blas.sgemm = (sgemm_fn)dlsym(blas.lib, "cblas_sgemm");
+    if (!blas.sgemm) {
+        dlclose(blas.lib);
+        blas.lib = NULL;
+        return loom_err_set(err, LOOM_EIO, tried[ntried - 1], "the BLAS library has no cblas_sgemm");
+    }
+    blas.set_threads = (void (*)(int))dlsym(blas.lib, "openblas_set_num_threads");
+    blas.corename = (char *(*)(void))dlsym(blas.lib, "openblas_get_corename");
+    if (!blas.set_threads) blas.set_threads = (void (*)(int))dlsym(blas.lib, "bli_thread_set_num_threads");
+    snprintf(blas.core, sizeof blas.core, "%s", blas.corename ? blas.corename() : (custom ? custom : "unknown"));
+    if (custom) snprintf(blas.reason, sizeof blas.reason, "LOOM_BLAS=%s", custom);
+    loom_blas_set_threads(threads);
+    return LOOM_OK;
+}
+
+const char *loom_blas_core(void) { return blas.lib ? blas.core : "not loaded"; }
+const char *loom_blas_core_reason(void) { return blas.reason; }
+int loom_blas_threads(void) { return blas.threads; }
+
+void loom_blas_set_threads(int n)
+{
+    if (n < 1) n = 1;
+    if (blas.set_threads) blas.set_threads(n);
+    blas.threads = n;
+}
+
+void loom_sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
+                float beta, float *C, int ldc)
+{
+    LOOM_ASSERT(blas.sgemm != NULL);
+    blas.sgemm(RowMajor, ta ? Trans : NoTrans, tb ? Trans : NoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}

@@ -1,0 +1,98 @@
+/* tensor.h - dtypes, shapes, host tensors, the device-backend interface and
+ * the CPU backend over BLAS.
+ * BLAS: OpenBLAS is loaded at run time by loom_blas_init(), after its core
+ * type and thread count are chosen from the CPU's features and the caller's
+ * thread budget, because OpenBLAS fixes both when it initialises (a linked
+ * OpenBLAS would already have spawned one thread per core and may have
+ * picked a slow generic kernel on CPUs it does not know).
+ * Threads: loom_blas_init once, from the main thread, before any gemm. */
+#ifndef LOOM_TENSOR_H
+#define LOOM_TENSOR_H
+
+#include "core/core.h"
+#include <stdbool.h>
+
+typedef enum { LOOM_U8, LOOM_I32, LOOM_I64, LOOM_F32, LOOM_F64, LOOM_NDTYPES_ } loom_dtype;
+
+#define LOOM_MAX_RANK 8
+
+typedef struct loom_shape {
+    int     rank;
+    int64_t dim[LOOM_MAX_RANK];
+} loom_shape;
+
+size_t      loom_dtype_size(loom_dtype t);
+const char *loom_dtype_name(loom_dtype t); /* "float32" */
+/* Parses "float32", "uint8", ...; -1 when unknown. */
+int         loom_dtype_parse(const char *s);
+
+int64_t loom_shape_numel(const loom_shape *s);
+bool    loom_shape_eq(const loom_shape *a, const loom_shape *b);
+/* "(28, 28)" into buf; returns buf. */
+char   *loom_shape_str(const loom_shape *s, char *buf, size_t n);
+loom_shape loom_shape_make(int rank, const int64_t *dims);
+
+/* A host tensor. data is 64-byte aligned when owned. */
+typedef struct loom_tensor {
+    loom_dtype dtype;
+    loom_shape shape;
+    void      *data;
+    int        owns; /* data freed by loom_tensor_fini */
+} loom_tensor;
+
+int  loom_tensor_init(loom_tensor *t, loom_dtype dt, const loom_shape *s, loom_err *err); /* zeroed */
+void loom_tensor_fini(loom_tensor *t);
+size_t loom_tensor_nbytes(const loom_tensor *t);
+/* Element i converted to double (any dtype). */
+double loom_tensor_get(const loom_tensor *t, int64_t i);
+
+/* ---- BLAS ---------------------------------------------------------------- */
+
+/* Loads OpenBLAS with `threads` threads (0 = all cores). Chooses
+ * OPENBLAS_CORETYPE from CPUID when the user has not set it. Idempotent. */
+int  loom_blas_init(int threads, loom_err *err);
+/* The kernel OpenBLAS runs ("SkylakeX") and how it was chosen. */
+const char *loom_blas_core(void);
+const char *loom_blas_core_reason(void);
+int  loom_blas_threads(void);
+void loom_blas_set_threads(int n);
+/* The core type the CPU's features call for ("SkylakeX", "Haswell", ...),
+ * or NULL to let OpenBLAS decide. Pure; exposed for tests. */
+const char *loom_blas_pick_core(bool avx512f, bool avx512bw, bool avx512vl, bool avx512dq,
+                                bool avx512bf16, bool avx2, bool fma);
+
+/* Row-major C = alpha * op(A) * op(B) + beta * C; op(A) is M x K, op(B) K x N. */
+void loom_sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda,
+                const float *B, int ldb, float beta, float *C, int ldc);
+
+/* ---- device backends ----------------------------------------------------- */
+
+/* A device backend: memory, copies and the compute primitives the layers
+ * need. The CPU backend is built in; a CUDA backend registers the same table
+ * from a plugin. Device pointers are opaque to callers. */
+typedef struct loom_backend loom_backend;
+typedef struct loom_backend_ops {
+    uint32_t    version; /* LOOM_BACKEND_OPS_VERSION; append fields only */
+    const char *name;    /* "cpu", "cuda" */
+    void *(*alloc)(loom_backend *b, size_t bytes);
+    void  (*free)(loom_backend *b, void *p);
+    void  (*to_device)(loom_backend *b, void *dst, const void *host_src, size_t bytes);
+    void  (*to_host)(loom_backend *b, void *host_dst, const void *src, size_t bytes);
+    void  (*sgemm)(loom_backend *b, bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
+                   const float *B, int ldb, float beta, float *C, int ldc);
+    void  (*axpy)(loom_backend *b, int64_t n, float alpha, const float *x, float *y); /* y += alpha x */
+    void  (*scale)(loom_backend *b, int64_t n, float alpha, float *x);
+    void  (*sync)(loom_backend *b);  /* (optional) wait for queued work */
+} loom_backend_ops;
+#define LOOM_BACKEND_OPS_VERSION 1
+
+struct loom_backend {
+    const loom_backend_ops *ops;
+    int   device; /* index within the backend */
+    void *impl;   /* backend-private */
+};
+
+/* The built-in CPU backend (a static instance; never freed). */
+loom_backend *loom_backend_cpu(void);
+
+#endif
