@@ -1,1 +1,8 @@
-int main(void){return 0;}
+/* main.c - loom's entry point. */
+#include "cli/cli.h"
+
+int main(int argc, char **argv)
+{
+    double start = loom_now();
+    return loom_cli_main(argc, argv, start);
+}

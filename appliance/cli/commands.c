@@ -1,1 +1,310 @@
-/* placeholder */
+/* commands.c - `loom train|evaluate|predict|check`, options, help, and the
+ * mapping of errors to exit statuses (0 ok, 2 bad config or usage, 1 runtime). */
+#include "cli.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_SETS 64
+
+typedef struct cli_opts {
+    const char *config;
+    const char *model_dir;
+    const char *sets[MAX_SETS];
+    int         n_sets;
+    bool        fresh, print, quiet, verbose;
+    const char *input, *output, *checkpoint;
+} cli_opts;
+
+typedef struct command {
+    const char *name;
+    const char *summary;
+    const char *usage;
+    const char *help;
+    int (*run)(const cli_opts *o, double start, loom_err *err);
+    unsigned    accepts; /* option bits below */
+} command;
+
+enum { OPT_MODEL_DIR = 1, OPT_SET = 2, OPT_FRESH = 4, OPT_PRINT = 8, OPT_INPUT = 16, OPT_OUTPUT = 32,
+       OPT_CHECKPOINT = 64 };
+
+static void print_errlist(const loom_errlist *l)
+{
+    for (int i = 0; i < l->n; i++) {
+        char buf[1200];
+        loom_err_format(&l->e[i], buf, sizeof buf);
+        fprintf(stderr, "loom: %s", buf);
+    }
+    if (l->n == LOOM_MAX_ERRORS) fprintf(stderr, "loom: (stopped after %d errors)\n", LOOM_MAX_ERRORS);
+}
+
+/* Loads the config, printing every problem; returns NULL on failure. */
+static loom_spec *load(const cli_opts *o, int *status)
+{
+    loom_spec *spec = NULL;
+    loom_errlist *errs = calloc(1, sizeof *errs);
+    if (!errs) {
+        *status = LOOM_EXIT_RUNTIME;
+        return NULL;
+    }
+    int rc = loom_config_load(&spec, o->config, o->sets, o->n_sets, errs);
+    if (rc) {
+        print_errlist(errs);
+        if (errs->n == 0) fprintf(stderr, "loom: %s: %s\n", o->config, loom_err_string(rc));
+        *status = rc == LOOM_EIO ? LOOM_EXIT_USAGE : LOOM_EXIT_USAGE;
+        spec = NULL;
+    }
+    free(errs);
+    return spec;
+}
+
+static int cmd_train(const cli_opts *o, double start, loom_err *err)
+{
+    int status = 0;
+    loom_spec *spec = load(o, &status);
+    if (!spec) return -status;
+    loom_train_opts to = {.model_dir = o->model_dir, .fresh = o->fresh, .start_time = start};
+    int rc = loom_train(spec, &to, err);
+    loom_config_free(spec);
+    return rc;
+}
+
+static int cmd_evaluate(const cli_opts *o, double start, loom_err *err)
+{
+    (void)start;
+    int status = 0;
+    loom_spec *spec = load(o, &status);
+    if (!spec) return -status;
+    loom_eval_result res;
+    int rc = loom_evaluate(spec, o->model_dir, o->checkpoint, &res, err);
+    if (!rc) {
+        printf("{\"checkpoint\": \"%s\", \"step\": %lld, \"examples\": %lld, \"eval_loss\": %.6g, \"eval_accuracy\": %.6g}\n",
+               res.checkpoint, (long long)res.step, (long long)res.examples, res.loss, res.accuracy);
+        loom_info("%s (step %lld): eval loss %.4f, accuracy %.4f on %lld examples", res.checkpoint, (long long)res.step,
+                  res.loss, res.accuracy, (long long)res.examples);
+    }
+    loom_config_free(spec);
+    return rc;
+}
+
+static int cmd_predict(const cli_opts *o, double start, loom_err *err)
+{
+    (void)start;
+    if (!o->output) return loom_err_set(err, LOOM_EUSAGE, NULL, "predict needs --output FILE (or - for stdout)");
+    int status = 0;
+    loom_spec *spec = load(o, &status);
+    if (!spec) return -status;
+    int rc = loom_predict(spec, o->model_dir, o->checkpoint, o->input ? o->input : "eval", o->output, err);
+    loom_config_free(spec);
+    return rc;
+}
+
+static int cmd_check(const cli_opts *o, double start, loom_err *err)
+{
+    (void)start;
+    int status = 0;
+    loom_spec *spec = load(o, &status);
+    if (!spec) return -status;
+    int rc = LOOM_OK;
+    if (o->print) {
+        loom_config_print(spec, stdout);
+    } else {
+        rc = loom_check(spec, stdout, err);
+        if (!rc) printf("%s: ok\n", o->config);
+    }
+    loom_config_free(spec);
+    return rc;
+}
+
+static const command commands[] = {
+    {"train", "train a model as the config says, resuming from the latest checkpoint",
+     "loom train CONFIG [--model-dir DIR] [--set key.path=value ...] [--fresh]",
+     "Trains until run.epochs (or run.max_steps), evaluating data.eval at each epoch end,\n"
+     "writing checkpoints to the model directory and one JSON line per epoch to\n"
+     "<model_dir>/metrics.jsonl. If the model directory holds checkpoints, training\n"
+     "resumes exactly where the latest one left off; --fresh starts over instead.\n"
+     "Ctrl-C (or SIGTERM) saves a checkpoint and stops; run the command again to resume.\n",
+     cmd_train, OPT_MODEL_DIR | OPT_SET | OPT_FRESH},
+    {"evaluate", "evaluate the latest checkpoint on data.eval",
+     "loom evaluate CONFIG [--model-dir DIR] [--checkpoint FILE] [--set key.path=value ...]",
+     "Prints one JSON line with eval_loss and eval_accuracy on stdout.\n", cmd_evaluate,
+     OPT_MODEL_DIR | OPT_SET | OPT_CHECKPOINT},
+    {"predict", "write predictions (class and probabilities) as CSV",
+     "loom predict CONFIG --output FILE [--input train|eval|FILE.idx] [--model-dir DIR] [--checkpoint FILE]",
+     "--input names a dataset of the config (\"eval\", the default, or \"train\"; read in order,\n"
+     "without shuffle, repeat or random maps) or an IDX file of inputs, which gets the\n"
+     "eval pipeline's maps of the model input. The CSV has columns index,class,p0,p1,...\n",
+     cmd_predict, OPT_MODEL_DIR | OPT_SET | OPT_INPUT | OPT_OUTPUT | OPT_CHECKPOINT},
+    {"check", "validate a config, its data and its model without training",
+     "loom check CONFIG [--print] [--set key.path=value ...]",
+     "Reports unknown keys, wrong types, out-of-range values, missing files and shape or\n"
+     "dtype mismatches between the pipeline and the model, then prints the plan.\n"
+     "--print prints the fully resolved config with every default filled in instead.\n",
+     cmd_check, OPT_SET | OPT_PRINT},
+};
+#define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: loom COMMAND CONFIG [options]\n\ncommands:\n");
+    for (int i = 0; i < N_COMMANDS; i++) fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f,
+            "\noptions for every command:\n"
+            "  --set key.path=value  override a config setting (libconfig syntax; quotes optional for strings)\n"
+            "  --quiet, --verbose    less or more logging\n"
+            "  -h, --help            help (loom COMMAND --help for a command's)\n"
+            "  --version             print the version\n"
+            "\nexit status: 0 success, 2 bad config or usage, 1 runtime failure\n"
+            "config reference: docs/config.md\n");
+}
+
+static void command_help(const command *c)
+{
+    printf("usage: %s\n\n%s: %s.\n\n%s", c->usage, c->name, c->summary, c->help);
+    printf("\noptions:\n");
+    if (c->accepts & OPT_MODEL_DIR) printf("  --model-dir DIR       use DIR instead of run.model_dir\n");
+    if (c->accepts & OPT_SET) printf("  --set key.path=value  override a config setting (repeatable)\n");
+    if (c->accepts & OPT_FRESH) printf("  --fresh               ignore existing checkpoints and start from scratch\n");
+    if (c->accepts & OPT_PRINT) printf("  --print               print the resolved config\n");
+    if (c->accepts & OPT_INPUT) printf("  --input WHAT          train, eval (default) or an IDX file\n");
+    if (c->accepts & OPT_OUTPUT) printf("  --output FILE         where to write the CSV (- for stdout)\n");
+    if (c->accepts & OPT_CHECKPOINT) printf("  --checkpoint FILE     use this checkpoint instead of the latest\n");
+}
+
+/* Returns the option's value: "--opt value" or "--opt=value". */
+static const char *opt_value(int argc, char **argv, int *i, const char *name, loom_err *err)
+{
+    size_t n = strlen(name);
+    if (argv[*i][n] == '=') return argv[*i] + n + 1;
+    if (*i + 1 >= argc) {
+        loom_err_set(err, LOOM_EUSAGE, NULL, "%s needs a value", name);
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+static int is_opt(const char *arg, const char *name)
+{
+    size_t n = strlen(name);
+    return !strncmp(arg, name, n) && (arg[n] == 0 || arg[n] == '=');
+}
+
+static int exit_status(int code)
+{
+    switch (code) {
+    case LOOM_EOK: return LOOM_EXIT_OK;
+    case LOOM_ECONFIG:
+    case LOOM_EUSAGE:
+    case LOOM_ESHAPE:
+    case LOOM_EUNSUPPORTED: return LOOM_EXIT_USAGE;
+    default: return LOOM_EXIT_RUNTIME;
+    }
+}
+
+int loom_cli_main(int argc, char **argv, double start_time)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return LOOM_EXIT_USAGE;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        printf("loom %s\n", LOOM_VERSION);
+        return LOOM_EXIT_OK;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return LOOM_EXIT_OK;
+    }
+    const command *cmd = NULL;
+    for (int i = 0; i < N_COMMANDS; i++)
+        if (!strcmp(argv[1], commands[i].name)) cmd = &commands[i];
+    if (!cmd) {
+        const char *best = NULL;
+        int bd = 3;
+        for (int i = 0; i < N_COMMANDS; i++) {
+            int d = loom_edit_distance(argv[1], commands[i].name);
+            if (d < bd) bd = d, best = commands[i].name;
+        }
+        fprintf(stderr, "loom: unknown command \"%s\"%s%s%s\n", argv[1], best ? " (did you mean \"" : "",
+                best ? best : "", best ? "\"?)" : "");
+        usage(stderr);
+        return LOOM_EXIT_USAGE;
+    }
+    cli_opts o = {0};
+    loom_err err = {0};
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = NULL;
+        unsigned need = 0;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            command_help(cmd);
+            return LOOM_EXIT_OK;
+        } else if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) {
+            o.quiet = true;
+        } else if (!strcmp(a, "--verbose") || !strcmp(a, "-v")) {
+            o.verbose = true;
+        } else if (is_opt(a, "--model-dir")) {
+            need = OPT_MODEL_DIR;
+            if ((v = opt_value(argc, argv, &i, "--model-dir", &err))) o.model_dir = v;
+        } else if (is_opt(a, "--set")) {
+            need = OPT_SET;
+            if ((v = opt_value(argc, argv, &i, "--set", &err))) {
+                if (o.n_sets == MAX_SETS) {
+                    fprintf(stderr, "loom: too many --set options (at most %d)\n", MAX_SETS);
+                    return LOOM_EXIT_USAGE;
+                }
+                if (!strchr(v, '=')) {
+                    fprintf(stderr, "loom: --set %s: expected key.path=value\n", v);
+                    return LOOM_EXIT_USAGE;
+                }
+                o.sets[o.n_sets++] = v;
+            }
+        } else if (!strcmp(a, "--fresh")) {
+            need = OPT_FRESH;
+            o.fresh = true;
+        } else if (!strcmp(a, "--print")) {
+            need = OPT_PRINT;
+            o.print = true;
+        } else if (is_opt(a, "--input")) {
+            need = OPT_INPUT;
+            if ((v = opt_value(argc, argv, &i, "--input", &err))) o.input = v;
+        } else if (is_opt(a, "--output")) {
+            need = OPT_OUTPUT;
+            if ((v = opt_value(argc, argv, &i, "--output", &err))) o.output = v;
+        } else if (is_opt(a, "--checkpoint")) {
+            need = OPT_CHECKPOINT;
+            if ((v = opt_value(argc, argv, &i, "--checkpoint", &err))) o.checkpoint = v;
+        } else if (a[0] == '-' && a[1]) {
+            fprintf(stderr, "loom %s: unknown option %s\nusage: %s\n", cmd->name, a, cmd->usage);
+            return LOOM_EXIT_USAGE;
+        } else if (!o.config) {
+            o.config = a;
+        } else {
+            fprintf(stderr, "loom %s: unexpected argument \"%s\"\nusage: %s\n", cmd->name, a, cmd->usage);
+            return LOOM_EXIT_USAGE;
+        }
+        if (err.code) {
+            fprintf(stderr, "loom %s: %s\n", cmd->name, err.msg);
+            return LOOM_EXIT_USAGE;
+        }
+        if (need && !(cmd->accepts & need)) {
+            fprintf(stderr, "loom %s: option %s does not apply to this command\nusage: %s\n", cmd->name, a, cmd->usage);
+            return LOOM_EXIT_USAGE;
+        }
+    }
+    if (!o.config) {
+        fprintf(stderr, "loom %s: missing CONFIG\nusage: %s\n", cmd->name, cmd->usage);
+        return LOOM_EXIT_USAGE;
+    }
+    if (o.quiet) loom_log_set_level(LOOM_LOG_WARN);
+    if (o.verbose) loom_log_set_level(LOOM_LOG_DEBUG);
+    int rc = cmd->run(&o, start_time, &err);
+    if (rc < 0) return -rc; /* the config did not load; already reported */
+    if (rc) {
+        char buf[1200];
+        loom_err_format(&err, buf, sizeof buf);
+        fprintf(stderr, "loom: %s", buf);
+    }
+    return exit_status(rc);
+}

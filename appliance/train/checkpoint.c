@@ -1,1 +1,331 @@
-/* placeholder */
+/* checkpoint.c - the checkpoint file format, atomic writes, pruning.
+ *
+ * Layout (little-endian):
+ *   "LOOMCKPT" u32 version=1 u32 records
+ *   records: u32 kind (1 float32 tensor, 2 blob) | u32 name length | name |
+ *            u32 rank | i64 dim[rank] | u64 raw bytes | u64 stored bytes |
+ *            u32 crc32c(raw) | stored bytes (zstd frame)
+ *   "LOOMEND\0" u32 crc32c(every byte before this trailer)
+ * The trailer makes a truncated file detectable before anything is read. */
+#include "train.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zstd.h>
+
+enum { KIND_TENSOR = 1, KIND_BLOB = 2, CKPT_VERSION = 1 };
+static const char MAGIC[8] = "LOOMCKPT", TRAILER[8] = "LOOMEND";
+
+static int put_record(loom_buf *b, int kind, const char *name, const loom_shape *shape, const void *raw, size_t n,
+                      loom_err *err)
+{
+    size_t bound = ZSTD_compressBound(n);
+    void *z = loom_alloc(bound);
+    if (!z) return loom_err_set(err, LOOM_ENOMEM, name, "cannot allocate %zu bytes to compress", bound);
+    size_t zn = ZSTD_compress(z, bound, raw, n, 1);
+    if (ZSTD_isError(zn)) {
+        loom_free(z);
+        return loom_err_set(err, LOOM_EIO, name, "zstd compression failed: %s", ZSTD_getErrorName(zn));
+    }
+    loom_buf_put_u32(b, (uint32_t)kind);
+    loom_buf_put_str(b, name);
+    loom_buf_put_u32(b, shape ? (uint32_t)shape->rank : 0);
+    for (int i = 0; shape && i < shape->rank; i++) loom_buf_put_i64(b, shape->dim[i]);
+    loom_buf_put_u64(b, n);
+    loom_buf_put_u64(b, zn);
+    loom_buf_put_u32(b, loom_crc32c(raw, n));
+    loom_buf_put(b, z, zn);
+    loom_free(z);
+    return b->failed ? loom_err_set(err, LOOM_ENOMEM, name, "out of memory writing a checkpoint") : LOOM_OK;
+}
+
+static int step_of(const char *fname, int64_t *step)
+{
+    char *end;
+    if (strncmp(fname, "ckpt-", 5) != 0) return 0;
+    long long s = strtoll(fname + 5, &end, 10);
+    if (end == fname + 5 || strcmp(end, ".loom") != 0 || s < 0) return 0;
+    *step = s;
+    return 1;
+}
+
+typedef struct ckpt_entry {
+    int64_t step;
+    char    name[256];
+} ckpt_entry;
+
+static int cmp_entry(const void *a, const void *b)
+{
+    int64_t x = ((const ckpt_entry *)a)->step, y = ((const ckpt_entry *)b)->step;
+    return x < y ? -1 : x > y;
+}
+
+/* All ckpt-*.loom in dir, oldest first; *out freed with loom_free. */
+static int list_ckpts(const char *dir, ckpt_entry **out, int *n, loom_err *err)
+{
+    *out = NULL;
+    *n = 0;
+    DIR *d = opendir(dir);
+    if (!d) {
+        if (errno == ENOENT) return LOOM_OK;
+        return loom_err_set(err, LOOM_EIO, dir, "cannot list the model directory: %s", strerror(errno));
+    }
+    int cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int64_t s;
+        if (!step_of(e->d_name, &s)) continue;
+        if (*n == cap) {
+            cap = cap ? cap * 2 : 16;
+            ckpt_entry *nb = loom_realloc(*out, (size_t)cap * sizeof **out);
+            if (!nb) {
+                closedir(d);
+                loom_free(*out);
+                *out = NULL;
+                return loom_err_set(err, LOOM_ENOMEM, dir, "listing checkpoints");
+            }
+            *out = nb;
+        }
+        (*out)[*n].step = s;
+        snprintf((*out)[*n].name, sizeof(*out)[*n].name, "%s", e->d_name);
+        (*n)++;
+    }
+    closedir(d);
+    if (*n) qsort(*out, (size_t)*n, sizeof **out, cmp_entry);
+    return LOOM_OK;
+}
+
+int loom_ckpt_latest(const char *dir, char path[LOOM_PATH_MAX], int64_t *step, loom_err *err)
+{
+    ckpt_entry *list;
+    int n;
+    int rc = list_ckpts(dir, &list, &n, err);
+    if (rc) return rc;
+    if (n == 0) return LOOM_EEOF;
+    snprintf(path, LOOM_PATH_MAX, "%s/%s", dir, list[n - 1].name);
+    *step = list[n - 1].step;
+    loom_free(list);
+    return LOOM_OK;
+}
+
+static int write_index(const char *dir, const ckpt_entry *list, int n, loom_err *err)
+{
+    loom_buf b;
+    loom_buf_init(&b);
+    char line[256];
+    snprintf(line, sizeof line, "model_checkpoint_path: \"%s\"\n", list[n - 1].name);
+    loom_buf_put(&b, line, strlen(line));
+    for (int i = 0; i < n; i++) {
+        snprintf(line, sizeof line, "all_model_checkpoint_paths: \"%s\"\n", list[i].name);
+        loom_buf_put(&b, line, strlen(line));
+    }
+    char path[LOOM_PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/checkpoint", dir);
+    int rc = b.failed ? loom_err_set(err, LOOM_ENOMEM, path, "writing the checkpoint index")
+                      : loom_write_file_atomic(path, b.data, b.len, err);
+    loom_buf_fini(&b);
+    return rc;
+}
+
+int loom_ckpt_save(const char *dir, int64_t step, loom_model *m, loom_optimizer *o, const loom_buf *trainer,
+                   const loom_buf *iter, int keep, char path[LOOM_PATH_MAX], loom_err *err)
+{
+    loom_buf b;
+    loom_buf_init(&b);
+    int nt = loom_model_num_param_tensors(m);
+    int nslots = o ? loom_optimizer_num_slots(o) : 0;
+    uint32_t records = (uint32_t)(nt * (1 + nslots)) + (trainer != NULL) + (iter != NULL);
+    loom_buf_put(&b, MAGIC, 8);
+    loom_buf_put_u32(&b, CKPT_VERSION);
+    loom_buf_put_u32(&b, records);
+    int rc = LOOM_OK;
+    const float *params = loom_model_params(m);
+    int64_t P = loom_model_num_params(m);
+    for (int i = 0; i < nt && !rc; i++) {
+        const loom_param_info *pi = loom_model_param_tensor(m, i);
+        size_t bytes = (size_t)loom_shape_numel(&pi->shape) * sizeof(float);
+        rc = put_record(&b, KIND_TENSOR, pi->name, &pi->shape, params + pi->offset, bytes, err);
+        for (int s = 0; s < nslots && !rc; s++) {
+            char name[160];
+            snprintf(name, sizeof name, "%s/%s", pi->name, loom_optimizer_slot_name(o, s));
+            rc = put_record(&b, KIND_TENSOR, name, &pi->shape, loom_optimizer_slots(o) + (int64_t)s * P + pi->offset,
+                            bytes, err);
+        }
+    }
+    if (!rc && trainer) rc = put_record(&b, KIND_BLOB, "trainer", NULL, trainer->data, trainer->len, err);
+    if (!rc && iter) rc = put_record(&b, KIND_BLOB, "iterator/train", NULL, iter->data, iter->len, err);
+    if (!rc) {
+        uint32_t crc = loom_crc32c(b.data, b.len);
+        loom_buf_put(&b, TRAILER, 8);
+        loom_buf_put_u32(&b, crc);
+        snprintf(path, LOOM_PATH_MAX, "%s/ckpt-%lld.loom", dir, (long long)step);
+        rc = b.failed ? loom_err_set(err, LOOM_ENOMEM, path, "out of memory writing a checkpoint")
+                      : loom_write_file_atomic(path, b.data, b.len, err);
+    }
+    loom_buf_fini(&b);
+    if (rc) return rc;
+
+    ckpt_entry *list;
+    int n;
+    rc = list_ckpts(dir, &list, &n, err);
+    if (rc) return rc;
+    int first = keep > 0 && n > keep ? n - keep : 0;
+    for (int i = 0; i < first; i++) {
+        char old[LOOM_PATH_MAX + 80];
+        snprintf(old, sizeof old, "%s/%s", dir, list[i].name);
+        if (unlink(old) < 0 && errno != ENOENT) loom_warn("%s: cannot delete an old checkpoint: %s", old, strerror(errno));
+    }
+    if (n > first) rc = write_index(dir, list + first, n - first, err);
+    loom_free(list);
+    return rc;
+}
+
+/* Where a tensor record belongs: a parameter, or slot "<param>/<slot>". */
+static float *locate(loom_model *m, loom_optimizer *o, const char *name, const loom_param_info **pi, int *slot_of_param)
+{
+    int64_t P = loom_model_num_params(m);
+    for (int i = 0; i < loom_model_num_param_tensors(m); i++) {
+        const loom_param_info *p = loom_model_param_tensor(m, i);
+        size_t pl = strlen(p->name);
+        if (!strcmp(name, p->name)) {
+            *pi = p;
+            return loom_model_params(m) + p->offset;
+        }
+        if (strncmp(name, p->name, pl) != 0 || name[pl] != '/') continue;
+        *slot_of_param = 1;
+        for (int s = 0; o && s < loom_optimizer_num_slots(o); s++)
+            if (!strcmp(name + pl + 1, loom_optimizer_slot_name(o, s))) {
+                *pi = p;
+                return loom_optimizer_slots(o) + (int64_t)s * P + p->offset;
+            }
+    }
+    return NULL;
+}
+
+int loom_ckpt_load(const char *path, loom_model *m, loom_optimizer *o, loom_buf *trainer, loom_buf *iter,
+                   loom_err *err)
+{
+    uint8_t *data;
+    size_t len;
+    int rc = loom_read_file(path, &data, &len, err);
+    if (rc) return rc == LOOM_EIO ? rc : loom_err_set(err, LOOM_ECHECKPOINT, path, "%s", err->msg);
+    const char *hint = "delete it to resume from the previous checkpoint, or pass --fresh to start over";
+    if (len < 16 + 12 || memcmp(data, MAGIC, 8) != 0) {
+        loom_free(data);
+        return loom_err_set(err, LOOM_ECHECKPOINT, path, "not a Loom checkpoint (bad magic or too short: %zu bytes)",
+                            len),
+               loom_err_hint(err, "%s", hint);
+    }
+    uint32_t stored_crc;
+    memcpy(&stored_crc, data + len - 4, 4);
+    if (memcmp(data + len - 12, TRAILER, 8) != 0) {
+        loom_free(data);
+        return loom_err_set(err, LOOM_ECHECKPOINT, path, "checkpoint is truncated (%zu bytes, no end marker)", len),
+               loom_err_hint(err, "%s", hint);
+    }
+    if (loom_crc32c(data, len - 12) != stored_crc) {
+        loom_free(data);
+        return loom_err_set(err, LOOM_ECHECKPOINT, path, "checkpoint is corrupt (file checksum mismatch)"),
+               loom_err_hint(err, "%s", hint);
+    }
+    loom_buf b;
+    loom_buf_wrap(&b, data, len - 12);
+    loom_buf_take(&b, 8);
+    uint32_t version = loom_buf_get_u32(&b), records = loom_buf_get_u32(&b);
+    if (version != CKPT_VERSION) {
+        loom_free(data);
+        return loom_err_set(err, LOOM_ECHECKPOINT, path, "checkpoint format version %u, this build reads %d", version,
+                            CKPT_VERSION);
+    }
+    int nt = loom_model_num_param_tensors(m);
+    int nslots = o ? loom_optimizer_num_slots(o) : 0;
+    int found = 0;
+    rc = LOOM_OK;
+    for (uint32_t r = 0; r < records && !rc; r++) {
+        uint32_t kind = loom_buf_get_u32(&b);
+        char name[192];
+        loom_buf_get_str(&b, name, sizeof name);
+        loom_shape shape = {0};
+        shape.rank = (int)loom_buf_get_u32(&b);
+        if (shape.rank > LOOM_MAX_RANK) {
+            rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "record %u (%s): bad rank %d", r, name, shape.rank);
+            break;
+        }
+        for (int i = 0; i < shape.rank; i++) shape.dim[i] = loom_buf_get_i64(&b);
+        uint64_t raw = loom_buf_get_u64(&b), zn = loom_buf_get_u64(&b);
+        uint32_t crc = loom_buf_get_u32(&b);
+        const void *z = loom_buf_take(&b, zn);
+        if (b.failed || !z) {
+            rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "record %u (%s) runs past the end of the file", r, name);
+            break;
+        }
+        /* Where do the bytes go? */
+        float *dst = NULL;
+        loom_buf *blob = NULL;
+        const loom_param_info *pi = NULL;
+        if (kind == KIND_TENSOR) {
+            int slot_of_param = 0;
+            dst = locate(m, o, name, &pi, &slot_of_param);
+            if (!dst && slot_of_param && !o) continue; /* slots are skipped when no optimizer is loaded */
+            if (!dst) {
+                rc = loom_err_set(err, LOOM_ECHECKPOINT, path,
+                                  slot_of_param ? "checkpoint holds optimizer slot \"%s\" that this optimizer does not have"
+                                                : "checkpoint holds tensor \"%s\" that this model does not have",
+                                  name);
+                loom_err_hint(err, "the checkpoint was written by a different %s; use a new model_dir or --fresh",
+                              slot_of_param ? "optimizer" : "model");
+                break;
+            }
+            if (!loom_shape_eq(&shape, &pi->shape)) {
+                char a[64], c[64];
+                rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "tensor \"%s\" has shape %s in the checkpoint, the model expects %s",
+                                  name, loom_shape_str(&shape, a, sizeof a), loom_shape_str(&pi->shape, c, sizeof c));
+                loom_err_hint(err, "the checkpoint was written by a different model; use a new model_dir or --fresh");
+                break;
+            }
+            if (raw != (uint64_t)loom_shape_numel(&shape) * sizeof(float)) {
+                rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "tensor \"%s\": %llu bytes for shape of %lld floats", name,
+                                  (unsigned long long)raw, (long long)loom_shape_numel(&shape));
+                break;
+            }
+            found++;
+        } else if (kind == KIND_BLOB) {
+            if (!strcmp(name, "trainer")) blob = trainer;
+            else if (!strcmp(name, "iterator/train")) blob = iter;
+            if (!blob) continue;
+        } else {
+            rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "record %u has unknown kind %u", r, kind);
+            break;
+        }
+        void *out = dst;
+        if (blob) {
+            loom_buf_init(blob);
+            loom_buf_put(blob, "", 0);
+            out = loom_alloc(raw ? raw : 1);
+            if (!out) {
+                rc = loom_err_set(err, LOOM_ENOMEM, path, "loading %s", name);
+                break;
+            }
+        }
+        size_t got = ZSTD_decompress(out, raw, z, zn);
+        if (ZSTD_isError(got) || got != raw || loom_crc32c(out, raw) != crc) {
+            rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "tensor \"%s\" is corrupt (%s)", name,
+                              ZSTD_isError(got) ? ZSTD_getErrorName(got) : "checksum mismatch");
+            loom_err_hint(err, "%s", hint);
+        }
+        if (blob) {
+            if (!rc) loom_buf_put(blob, out, raw);
+            loom_free(out);
+        }
+    }
+    loom_free(data);
+    if (!rc && found != nt * (1 + nslots))
+        rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "checkpoint holds %d of the model's %d tensors", found,
+                          nt * (1 + nslots)),
+        loom_err_hint(err, "the checkpoint was written by a different model or optimizer; use a new model_dir or --fresh");
+    return rc;
+}

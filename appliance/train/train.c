@@ -1,1 +1,620 @@
-/* placeholder */
+/* train.c - the train / evaluate / predict / check loops. */
+#include "train.h"
+#include "progress.h"
+
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/resource.h>
+
+/* Everything a command needs: the pipelines and the strategy. */
+typedef struct run {
+    const loom_spec   *spec;
+    char               model_dir[LOOM_PATH_MAX];
+    loom_iter         *train, *eval;
+    loom_strategy     *strat;
+    loom_strategy_args args;
+    double             decode_sec; /* opening the pipelines: reading and decompressing sources */
+} run;
+
+#define TRAINER_STATE_VERSION 1
+
+/* The trainer's position, saved in every checkpoint. */
+typedef struct trainer_state {
+    int64_t step;          /* updates applied */
+    int64_t epoch;         /* the epoch in progress (0-based) */
+    int64_t step_in_epoch;
+    double  loss_sum;      /* this epoch so far */
+    int64_t correct, examples;
+} trainer_state;
+
+static void state_save(const trainer_state *s, loom_buf *b)
+{
+    loom_buf_put_u32(b, TRAINER_STATE_VERSION);
+    loom_buf_put_i64(b, s->step);
+    loom_buf_put_i64(b, s->epoch);
+    loom_buf_put_i64(b, s->step_in_epoch);
+    loom_buf_put_f64(b, s->loss_sum);
+    loom_buf_put_i64(b, s->correct);
+    loom_buf_put_i64(b, s->examples);
+}
+
+static int state_restore(trainer_state *s, loom_buf *b, const char *path, loom_err *err)
+{
+    uint32_t v = loom_buf_get_u32(b);
+    s->step = loom_buf_get_i64(b);
+    s->epoch = loom_buf_get_i64(b);
+    s->step_in_epoch = loom_buf_get_i64(b);
+    s->loss_sum = loom_buf_get_f64(b);
+    s->correct = loom_buf_get_i64(b);
+    s->examples = loom_buf_get_i64(b);
+    if (b->failed || v != TRAINER_STATE_VERSION || s->step < 0 || s->epoch < 0)
+        return loom_err_set(err, LOOM_ECHECKPOINT, path, "the trainer state in the checkpoint is unreadable");
+    return LOOM_OK;
+}
+
+static int64_t batch_size_of(const loom_dataset_spec *d)
+{
+    for (int i = d->n_transforms - 1; i >= 0; i--)
+        if (d->transform[i].kind == LOOM_T_BATCH) return d->transform[i].batch_size;
+    return 0;
+}
+
+static int find_features(const loom_spec *spec, const loom_elem_spec *es, const char *which, int *input_idx,
+                         int *label_idx, loom_err *err)
+{
+    char w[600], have[512];
+    *input_idx = loom_elem_spec_find(es, spec->model.input);
+    *label_idx = loom_elem_spec_find(es, spec->model.label);
+    if (*input_idx < 0 || *label_idx < 0) {
+        const char *missing = *input_idx < 0 ? spec->model.input : spec->model.label;
+        return loom_err_set(err, LOOM_ESHAPE, loom_loc_str(&spec->model.loc, w, sizeof w),
+                            "model.%s: the %s pipeline has no feature \"%s\" (it yields %s)",
+                            *input_idx < 0 ? "input" : "label", which, missing,
+                            loom_elem_spec_str(es, have, sizeof have));
+    }
+    return LOOM_OK;
+}
+
+static void run_close(run *r)
+{
+    loom_strategy_close(r->strat);
+    loom_iter_close(r->train);
+    loom_iter_close(r->eval);
+}
+
+/* Opens the pipelines and the strategy. `need_eval`: fail if data.eval is absent. */
+static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool need_eval, loom_err *err)
+{
+    memset(r, 0, sizeof *r);
+    r->spec = spec;
+    snprintf(r->model_dir, sizeof r->model_dir, "%s", model_dir ? model_dir : spec->run.model_dir);
+    int rc = loom_blas_init(spec->run.threads, err);
+    if (rc) return rc;
+    char w[600];
+    if (need_eval && !spec->eval.present)
+        return loom_err_set(err, LOOM_ECONFIG, spec->path, "data.eval is not declared"),
+               loom_err_hint(err, "add a data.eval section, e.g. the catalog's \"test\" split");
+    int64_t max_batch = batch_size_of(&spec->train);
+    if (max_batch <= 0)
+        return loom_err_set(err, LOOM_ECONFIG, loom_loc_str(&spec->train.loc, w, sizeof w),
+                            "data.train.transforms: no batch transform"),
+               loom_err_hint(err, "add { op = \"batch\"; size = 128; } to data.train.transforms");
+    int threads = spec->run.threads > 0 ? spec->run.threads : loom_num_cores();
+    double t0 = loom_now();
+    loom_data_ctx ctx = {.seed = spec->run.seed, .threads = threads, .name = "train"};
+    rc = loom_data_open(&r->train, &spec->train, &ctx, err);
+    if (rc) return loom_err_prefix(err, "data.train"), rc;
+    if (spec->eval.present) {
+        loom_data_ctx ectx = {.seed = spec->run.seed, .threads = threads, .name = "eval"};
+        rc = loom_data_open(&r->eval, &spec->eval, &ectx, err);
+        if (rc) return loom_err_prefix(err, "data.eval"), rc;
+        int64_t eb = batch_size_of(&spec->eval);
+        if (eb <= 0)
+            return loom_err_set(err, LOOM_ECONFIG, loom_loc_str(&spec->eval.loc, w, sizeof w),
+                                "data.eval.transforms: no batch transform"),
+                   loom_err_hint(err, "add { op = \"batch\"; size = 256; } to data.eval.transforms");
+        if (eb > max_batch) max_batch = eb;
+    }
+    r->decode_sec = loom_now() - t0;
+    const loom_elem_spec *es = loom_iter_spec(r->train);
+    r->args.spec = spec;
+    r->args.input = es;
+    r->args.max_batch = max_batch;
+    rc = find_features(spec, es, "train", &r->args.input_idx, &r->args.label_idx, err);
+    if (rc) return rc;
+    if (r->eval) {
+        /* eval batches go through the same replicas: same features, same per-example shapes */
+        const loom_elem_spec *ev = loom_iter_spec(r->eval);
+        int ei, el;
+        rc = find_features(spec, ev, "eval", &ei, &el, err);
+        if (rc) return rc;
+        if (ei != r->args.input_idx || el != r->args.label_idx) {
+            char a[512], b[512];
+            return loom_err_set(err, LOOM_ESHAPE, loom_loc_str(&spec->eval.loc, w, sizeof w),
+                                "data.eval yields %s but data.train yields %s; the features must match",
+                                loom_elem_spec_str(ev, a, sizeof a), loom_elem_spec_str(es, b, sizeof b));
+        }
+        for (int k = 0; k < 2; k++) {
+            int i = k ? el : ei;
+            loom_shape x = es->shape[i], y = ev->shape[i];
+            x.dim[0] = y.dim[0] = 0;
+            if (es->dtype[i] != ev->dtype[i] || !loom_shape_eq(&x, &y)) {
+                char a[512], b[512];
+                return loom_err_set(err, LOOM_ESHAPE, loom_loc_str(&spec->eval.loc, w, sizeof w),
+                                    "data.eval yields %s but data.train yields %s; feature \"%s\" must have the same "
+                                    "dtype and shape",
+                                    loom_elem_spec_str(ev, a, sizeof a), loom_elem_spec_str(es, b, sizeof b), es->name[i]);
+            }
+        }
+    }
+    return loom_strategy_open(&r->strat, &r->args, err);
+}
+
+static int evaluate_all(run *r, loom_iter *it, loom_step_result *total, loom_err *err)
+{
+    memset(total, 0, sizeof *total);
+    int rc = loom_iter_rewind(it, 0, err);
+    if (rc) return rc;
+    for (;;) {
+        loom_elem *b;
+        rc = loom_iter_next(it, &b, err);
+        if (rc == LOOM_EEOF) break;
+        if (rc) return rc;
+        loom_step_result s;
+        rc = loom_strategy_eval_step(r->strat, b, &s, err);
+        if (rc) return rc;
+        total->loss_sum += s.loss_sum;
+        total->correct += s.correct;
+        total->examples += s.examples;
+    }
+    return LOOM_OK;
+}
+
+static double peak_rss_mb(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_maxrss / 1024.0;
+}
+
+static void json_num(FILE *f, const char *key, double v, int first)
+{
+    if (isfinite(v))
+        fprintf(f, "%s\"%s\": %.9g", first ? "" : ", ", key, v);
+    else
+        fprintf(f, "%s\"%s\": null", first ? "" : ", ", key);
+}
+
+static volatile sig_atomic_t stop_signal;
+static void on_signal(int sig) { stop_signal = sig; }
+
+static int save_ckpt(run *r, const trainer_state *st, char path[LOOM_PATH_MAX], loom_err *err)
+{
+    loom_buf ts, is;
+    loom_buf_init(&ts);
+    loom_buf_init(&is);
+    state_save(st, &ts);
+    int rc = loom_iter_save(r->train, &is, err);
+    if (!rc)
+        rc = loom_ckpt_save(r->model_dir, st->step, loom_strategy_model(r->strat), loom_strategy_optimizer(r->strat),
+                            &ts, &is, r->spec->run.keep_checkpoints, path, err);
+    loom_buf_fini(&ts);
+    loom_buf_fini(&is);
+    return rc;
+}
+
+int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err)
+{
+    run r;
+    const char *dir = opts->model_dir ? opts->model_dir : spec->run.model_dir;
+    /* Everything is checked before anything is written. */
+    int rc = run_open(&r, spec, dir, false, err);
+    if (!rc && (rc = loom_mkdirs(dir, err)) != LOOM_OK)
+        loom_err_hint(err, "set run.model_dir (or --model-dir) to a directory you can write");
+    if (rc) {
+        run_close(&r);
+        return rc;
+    }
+
+    trainer_state st = {0};
+    char ckpt[LOOM_PATH_MAX] = "", last_ckpt[LOOM_PATH_MAX] = "";
+    int64_t ckpt_step;
+    rc = loom_ckpt_latest(r.model_dir, ckpt, &ckpt_step, err);
+    if (rc == LOOM_OK && !opts->fresh) {
+        loom_buf ts, is;
+        rc = loom_ckpt_load(ckpt, loom_strategy_model(r.strat), loom_strategy_optimizer(r.strat), &ts, &is, err);
+        if (!rc) rc = state_restore(&st, &ts, ckpt, err);
+        if (!rc) rc = loom_iter_restore(r.train, &is, err);
+        if (!rc) rc = loom_strategy_sync(r.strat, err);
+        loom_buf_fini(&ts);
+        loom_buf_fini(&is);
+        if (rc) {
+            if (!err->where[0]) snprintf(err->where, sizeof err->where, "%s", ckpt);
+            if (!err->hint[0]) loom_err_hint(err, "pass --fresh to start from scratch, or use another model_dir");
+            run_close(&r);
+            return rc;
+        }
+        snprintf(last_ckpt, sizeof last_ckpt, "%s", ckpt);
+        loom_info("resuming from %s (step %lld, epoch %lld)", ckpt, (long long)st.step, (long long)st.epoch + 1);
+    } else if (rc != LOOM_OK && rc != LOOM_EEOF) {
+        run_close(&r);
+        return rc;
+    } else if (rc == LOOM_OK) {
+        loom_info("--fresh: ignoring the checkpoints in %s", r.model_dir);
+    }
+    rc = LOOM_OK;
+
+    const loom_run_spec *rs = &spec->run;
+    int64_t epochs = rs->epochs, max_steps = rs->max_steps;
+    int64_t card = loom_iter_cardinality(r.train);
+    int64_t steps_per_epoch = card >= 0 ? card : -1;
+    loom_model *model = loom_strategy_model(r.strat);
+    loom_optimizer *opt = loom_strategy_optimizer(r.strat);
+    loom_info("training %lld parameters on %s; BLAS %s (%s), %d thread%s; model_dir %s", (long long)loom_model_num_params(model),
+              spec->strategy.kind == LOOM_STRAT_ONE_DEVICE ? spec->strategy.device : "?", loom_blas_core(),
+              loom_blas_core_reason(), loom_blas_threads(), loom_blas_threads() == 1 ? "" : "s", r.model_dir);
+
+    char metrics_path[LOOM_PATH_MAX + 16];
+    snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", r.model_dir);
+    FILE *metrics = fopen(metrics_path, "a");
+    if (!metrics) {
+        rc = loom_err_set(err, LOOM_EIO, metrics_path, "cannot open for appending: %s", strerror(errno));
+        run_close(&r);
+        return rc;
+    }
+
+    loom_progress_state prog;
+    loom_progress_init(&prog, rs->progress, rs->log_steps);
+    struct sigaction sa = {0}, old_int, old_term;
+    sa.sa_handler = on_signal;
+    stop_signal = 0;
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+
+    double run_start = loom_now(), epoch_start = run_start, train_sec = 0;
+    int64_t run_examples = 0, start_step = st.step, last_saved = st.step;
+    double first_step_ms = -1, last_eval_loss = NAN, last_eval_acc = NAN;
+    int64_t last_eval_step = -1;
+
+    for (;;) {
+        if (max_steps > 0 ? st.step >= max_steps : st.epoch >= epochs) break;
+        if (stop_signal) {
+            loom_progress_break(&prog);
+            rc = save_ckpt(&r, &st, ckpt, err);
+            if (!rc)
+                rc = loom_err_set(err, LOOM_EIO, NULL, "interrupted by signal %d at step %lld; saved %s", (int)stop_signal,
+                                  (long long)st.step, ckpt),
+                loom_err_hint(err, "run the same command again to resume");
+            break;
+        }
+        double t0 = loom_now();
+        loom_elem *batch;
+        rc = loom_iter_next(r.train, &batch, err);
+        if (rc == LOOM_EEOF) {
+            rc = LOOM_OK;
+            if (st.step_in_epoch == 0) {
+                rc = loom_err_set(err, LOOM_EDATA, spec->path, "data.train yielded no batch in epoch %lld",
+                                  (long long)st.epoch + 1);
+                loom_err_hint(err, "the dataset is empty after take/skip/batch(drop_remainder)");
+                break;
+            }
+            /* epoch end: evaluate, log, start the next pass, checkpoint */
+            loom_progress_break(&prog);
+            double ep_sec = loom_now() - epoch_start;
+            loom_step_result ev = {0};
+            if (r.eval && rs->eval_each_epoch) {
+                rc = evaluate_all(&r, r.eval, &ev, err);
+                if (rc) break;
+                last_eval_loss = ev.examples ? ev.loss_sum / (double)ev.examples : NAN;
+                last_eval_acc = ev.examples ? (double)ev.correct / (double)ev.examples : NAN;
+                last_eval_step = st.step;
+            }
+            double train_loss = st.examples ? st.loss_sum / (double)st.examples : NAN;
+            double train_acc = st.examples ? (double)st.correct / (double)st.examples : NAN;
+            double sps = train_sec > 0 ? (double)st.examples / train_sec : 0;
+            loom_info("epoch %lld/%lld: step %lld, train loss %.4f, accuracy %.4f%s%.4f%s%.4f, %.0f samples/s, %.1f s",
+                      (long long)st.epoch + 1, (long long)epochs, (long long)st.step, train_loss, train_acc,
+                      ev.examples ? "; eval loss " : "", last_eval_loss, ev.examples ? ", accuracy " : "", last_eval_acc,
+                      sps, ep_sec);
+            fprintf(metrics, "{\"event\": \"epoch\", \"epoch\": %lld, \"step\": %lld", (long long)st.epoch + 1,
+                    (long long)st.step);
+            json_num(metrics, "train_loss", train_loss, 0);
+            json_num(metrics, "train_accuracy", train_acc, 0);
+            json_num(metrics, "eval_loss", ev.examples ? last_eval_loss : NAN, 0);
+            json_num(metrics, "eval_accuracy", ev.examples ? last_eval_acc : NAN, 0);
+            json_num(metrics, "samples_per_sec", sps, 0);
+            json_num(metrics, "learning_rate", loom_optimizer_lr(opt, st.step), 0);
+            json_num(metrics, "epoch_seconds", ep_sec, 0);
+            json_num(metrics, "wall_time", loom_wall_time(), 0);
+            fprintf(metrics, "}\n");
+            fflush(metrics);
+            st.epoch++;
+            st.step_in_epoch = 0;
+            st.loss_sum = 0;
+            st.correct = st.examples = 0;
+            train_sec = 0;
+            rc = loom_iter_rewind(r.train, st.epoch, err);
+            if (rc) break;
+            rc = save_ckpt(&r, &st, ckpt, err);
+            if (rc) break;
+            snprintf(last_ckpt, sizeof last_ckpt, "%s", ckpt);
+            last_saved = st.step;
+            epoch_start = loom_now();
+            continue;
+        }
+        if (rc) break;
+        loom_step_result res;
+        rc = loom_strategy_train_step(r.strat, batch, st.step, &res, err);
+        if (rc == LOOM_ENUMERIC) {
+            loom_progress_break(&prog);
+            loom_err_set(err, LOOM_ENUMERIC, NULL, "the loss is not finite at step %lld (epoch %lld); training stopped",
+                         (long long)st.step + 1, (long long)st.epoch + 1);
+            if (last_ckpt[0])
+                loom_err_hint(err, "the last good checkpoint is %s; lower the learning rate and run again", last_ckpt);
+            else
+                loom_err_hint(err, "no checkpoint was written; lower the learning rate and run again");
+            break;
+        }
+        if (rc) break;
+        double dt = loom_now() - t0;
+        train_sec += dt;
+        st.step++;
+        st.step_in_epoch++;
+        st.loss_sum += res.loss_sum;
+        st.correct += res.correct;
+        st.examples += res.examples;
+        run_examples += res.examples;
+        if (first_step_ms < 0)
+            first_step_ms = ((loom_now() - (opts->start_time > 0 ? opts->start_time : run_start)) - r.decode_sec) * 1e3;
+        double sps = train_sec > 0 ? (double)st.examples / train_sec : 0;
+        double per_step = (loom_now() - epoch_start) / (double)st.step_in_epoch;
+        int64_t left = max_steps > 0 ? max_steps - st.step
+                       : steps_per_epoch > 0 ? (epochs - st.epoch) * steps_per_epoch - st.step_in_epoch : -1;
+        loom_progress_update(&prog, st.epoch, max_steps > 0 ? (steps_per_epoch > 0 ? (max_steps + steps_per_epoch - 1) / steps_per_epoch : 1) : epochs,
+                             st.step_in_epoch, steps_per_epoch, st.step, st.loss_sum / (double)st.examples,
+                             (double)st.correct / (double)st.examples, sps, left >= 0 ? per_step * (double)left : -1);
+        if (rs->checkpoint_steps > 0 && st.step % rs->checkpoint_steps == 0) {
+            rc = save_ckpt(&r, &st, ckpt, err);
+            if (rc) break;
+            snprintf(last_ckpt, sizeof last_ckpt, "%s", ckpt);
+            last_saved = st.step;
+        }
+    }
+    loom_progress_break(&prog);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+
+    if (!rc && st.step != last_saved) {
+        rc = save_ckpt(&r, &st, ckpt, err);
+        if (!rc) snprintf(last_ckpt, sizeof last_ckpt, "%s", ckpt);
+    }
+    if (!rc && r.eval && last_eval_step != st.step && st.step > start_step) {
+        loom_step_result ev;
+        rc = evaluate_all(&r, r.eval, &ev, err);
+        if (!rc && ev.examples) {
+            last_eval_loss = ev.loss_sum / (double)ev.examples;
+            last_eval_acc = (double)ev.correct / (double)ev.examples;
+        }
+    }
+    if (!rc) {
+        double total = loom_now() - run_start;
+        if (st.step == start_step)
+            loom_info("nothing to do: %s is already at step %lld (epoch %lld of %lld); raise run.epochs or run.max_steps "
+                      "to train further",
+                      r.model_dir, (long long)st.step, (long long)st.epoch, (long long)epochs);
+        else
+            loom_info("done: step %lld, eval accuracy %.4f, %.1f s, checkpoint %s", (long long)st.step, last_eval_acc,
+                      total, last_ckpt);
+        fprintf(metrics, "{\"event\": \"end\", \"step\": %lld, \"epoch\": %lld", (long long)st.step, (long long)st.epoch);
+        json_num(metrics, "eval_loss", last_eval_loss, 0);
+        json_num(metrics, "eval_accuracy", last_eval_acc, 0);
+        json_num(metrics, "samples_per_sec", total > 0 ? (double)run_examples / total : 0, 0);
+        json_num(metrics, "first_step_ms", first_step_ms, 0);
+        json_num(metrics, "decode_ms", r.decode_sec * 1e3, 0);
+        json_num(metrics, "peak_rss_mb", peak_rss_mb(), 0);
+        json_num(metrics, "wall_time", loom_wall_time(), 0);
+        fprintf(metrics, "}\n");
+    }
+    fclose(metrics);
+    run_close(&r);
+    return rc;
+}
+
+/* Loads the checkpoint to evaluate or predict with: the given file, or the latest. */
+static int load_for_inference(run *r, const char *checkpoint, char path[LOOM_PATH_MAX], int64_t *step, loom_err *err)
+{
+    int rc;
+    *step = -1;
+    if (checkpoint) {
+        snprintf(path, LOOM_PATH_MAX, "%s", checkpoint);
+    } else {
+        rc = loom_ckpt_latest(r->model_dir, path, step, err);
+        if (rc == LOOM_EEOF)
+            return loom_err_set(err, LOOM_EIO, r->model_dir, "no checkpoint in the model directory"),
+                   loom_err_hint(err, "train first: loom train %s", r->spec->path);
+        if (rc) return rc;
+    }
+    loom_buf ts;
+    rc = loom_ckpt_load(path, loom_strategy_model(r->strat), NULL, &ts, NULL, err);
+    if (rc) return rc;
+    trainer_state st;
+    rc = state_restore(&st, &ts, path, err);
+    loom_buf_fini(&ts);
+    if (rc) return rc;
+    *step = st.step;
+    return loom_strategy_sync(r->strat, err);
+}
+
+int loom_evaluate(const loom_spec *spec, const char *model_dir, const char *checkpoint, loom_eval_result *out,
+                  loom_err *err)
+{
+    run r;
+    memset(out, 0, sizeof *out);
+    int rc = run_open(&r, spec, model_dir, true, err);
+    if (!rc) rc = load_for_inference(&r, checkpoint, out->checkpoint, &out->step, err);
+    loom_step_result ev;
+    if (!rc) rc = evaluate_all(&r, r.eval, &ev, err);
+    if (!rc) {
+        out->examples = ev.examples;
+        out->loss = ev.examples ? ev.loss_sum / (double)ev.examples : NAN;
+        out->accuracy = ev.examples ? (double)ev.correct / (double)ev.examples : NAN;
+    }
+    run_close(&r);
+    return rc;
+}
+
+/* A dataset spec for prediction: no shuffle, no repeat, no random maps. */
+static void deterministic_copy(loom_dataset_spec *dst, const loom_dataset_spec *src)
+{
+    *dst = *src;
+    dst->n_transforms = 0;
+    for (int i = 0; i < src->n_transforms; i++) {
+        const loom_transform_spec *t = &src->transform[i];
+        if (t->kind == LOOM_T_SHUFFLE || t->kind == LOOM_T_REPEAT) continue;
+        if (t->kind == LOOM_T_MAP && t->map.kind == LOOM_MAP_FLIP_LR) continue;
+        dst->transform[dst->n_transforms++] = *t;
+    }
+}
+
+int loom_predict(const loom_spec *spec, const char *model_dir, const char *checkpoint, const char *input,
+                 const char *output, loom_err *err)
+{
+    run r;
+    int rc = run_open(&r, spec, model_dir, false, err);
+    char path[LOOM_PATH_MAX];
+    int64_t step;
+    if (!rc) rc = load_for_inference(&r, checkpoint, path, &step, err);
+    if (rc) {
+        run_close(&r);
+        return rc;
+    }
+    loom_dataset_spec *ds = loom_calloc(1, sizeof *ds);
+    if (!ds) {
+        run_close(&r);
+        return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating a dataset spec");
+    }
+    const loom_dataset_spec *base = spec->eval.present ? &spec->eval : &spec->train;
+    if (!strcmp(input, "train") || !strcmp(input, "eval")) {
+        if (!strcmp(input, "eval") && !spec->eval.present) {
+            loom_free(ds);
+            run_close(&r);
+            return loom_err_set(err, LOOM_EUSAGE, spec->path, "--input eval: the config declares no data.eval");
+        }
+        deterministic_copy(ds, !strcmp(input, "train") ? &spec->train : &spec->eval);
+    } else {
+        /* An IDX file of inputs: the base pipeline's deterministic maps of the model input, then batch. */
+        ds->present = true;
+        ds->loc = base->loc;
+        ds->source.kind = LOOM_SRC_IDX;
+        ds->source.loc = base->loc;
+        ds->source.n_features = 1;
+        snprintf(ds->source.feature[0], sizeof ds->source.feature[0], "%s", spec->model.input);
+        snprintf(ds->source.file[0], sizeof ds->source.file[0], "%s", input);
+        for (int i = 0; i < base->n_transforms; i++) {
+            const loom_transform_spec *t = &base->transform[i];
+            if (t->kind == LOOM_T_MAP && t->map.kind != LOOM_MAP_FLIP_LR && !strcmp(t->map.feature, spec->model.input))
+                ds->transform[ds->n_transforms++] = *t;
+        }
+        loom_transform_spec *b = &ds->transform[ds->n_transforms++];
+        memset(b, 0, sizeof *b);
+        b->kind = LOOM_T_BATCH;
+        b->batch_size = r.args.max_batch;
+        b->loc = base->loc;
+    }
+    loom_iter *it = NULL;
+    loom_data_ctx ctx = {.seed = spec->run.seed, .threads = 1, .name = "predict"};
+    rc = loom_data_open(&it, ds, &ctx, err);
+    if (rc) loom_err_prefix(err, "--input %s", input);
+    int in_idx = -1;
+    if (!rc) {
+        const loom_elem_spec *es = loom_iter_spec(it);
+        in_idx = loom_elem_spec_find(es, spec->model.input);
+        loom_shape want = r.args.input->shape[r.args.input_idx], got = es->shape[in_idx];
+        want.dim[0] = got.dim[0] = 0;
+        if (es->dtype[in_idx] != r.args.input->dtype[r.args.input_idx] || !loom_shape_eq(&want, &got)) {
+            char a[64], b[64];
+            rc = loom_err_set(err, LOOM_ESHAPE, input, "inputs are %s %s per example, the model takes %s %s",
+                              loom_dtype_name(es->dtype[in_idx]), loom_shape_str(&got, a, sizeof a),
+                              loom_dtype_name(r.args.input->dtype[r.args.input_idx]), loom_shape_str(&want, b, sizeof b));
+        }
+    }
+    FILE *f = NULL;
+    if (!rc) {
+        f = strcmp(output, "-") ? fopen(output, "w") : stdout;
+        if (!f) rc = loom_err_set(err, LOOM_EIO, output, "cannot create: %s", strerror(errno));
+    }
+    loom_shape os = loom_model_output_shape(loom_strategy_model(r.strat));
+    int64_t classes = loom_shape_numel(&os);
+    float *probs = rc ? NULL : loom_alloc((size_t)(r.args.max_batch * classes) * sizeof(float));
+    if (!rc && !probs) rc = loom_err_set(err, LOOM_ENOMEM, NULL, "allocating predictions");
+    if (!rc) {
+        fprintf(f, "index,class");
+        for (int64_t c = 0; c < classes; c++) fprintf(f, ",p%lld", (long long)c);
+        fputc('\n', f);
+    }
+    int64_t index = 0;
+    while (!rc) {
+        loom_elem *b;
+        rc = loom_iter_next(it, &b, err);
+        if (rc == LOOM_EEOF) {
+            rc = LOOM_OK;
+            break;
+        }
+        if (rc) break;
+        loom_elem e = {0};
+        e.n = r.args.input->n;
+        e.t[r.args.input_idx] = b->t[in_idx];
+        rc = loom_strategy_predict(r.strat, &e, probs, err);
+        int64_t B = b->t[in_idx].shape.dim[0];
+        for (int64_t i = 0; i < B && !rc; i++) {
+            const float *p = probs + i * classes;
+            int64_t best = 0;
+            for (int64_t c = 1; c < classes; c++)
+                if (p[c] > p[best]) best = c;
+            fprintf(f, "%lld,%lld", (long long)index++, (long long)best);
+            for (int64_t c = 0; c < classes; c++) fprintf(f, ",%.6g", p[c]);
+            fputc('\n', f);
+        }
+    }
+    if (f && f != stdout && fclose(f) != 0 && !rc) rc = loom_err_set(err, LOOM_EIO, output, "write failed: %s", strerror(errno));
+    if (!rc) loom_info("wrote %lld predictions to %s (checkpoint %s)", (long long)index, output, path);
+    loom_free(probs);
+    loom_iter_close(it);
+    loom_free(ds);
+    run_close(&r);
+    return rc;
+}
+
+static void print_pipeline(FILE *f, const char *name, loom_iter *it)
+{
+    char buf[1024];
+    int64_t card = loom_iter_cardinality(it);
+    fprintf(f, "data.%s: %s", name, loom_elem_spec_str(loom_iter_spec(it), buf, sizeof buf));
+    if (card >= 0) fprintf(f, "; %lld batches per epoch\n", (long long)card);
+    else fprintf(f, "; %s\n", card == -1 ? "infinite" : "unknown length");
+}
+
+int loom_check(const loom_spec *spec, FILE *f, loom_err *err)
+{
+    run r;
+    int rc = run_open(&r, spec, NULL, false, err);
+    if (!rc) {
+        print_pipeline(f, "train", r.train);
+        if (r.eval) print_pipeline(f, "eval", r.eval);
+        loom_model *m = loom_strategy_model(r.strat);
+        loom_model_summary(m, f);
+        fprintf(f, "optimizer: %s, learning rate %g at step 0\n",
+                spec->optimizer.kind == LOOM_OPT_SGD ? "sgd" : spec->optimizer.kind == LOOM_OPT_MOMENTUM ? "momentum" : "adam",
+                loom_optimizer_lr(loom_strategy_optimizer(r.strat), 0));
+        fprintf(f, "strategy: %s on %s, %d replica, global batch %lld, per-replica batch %lld, no cross-device reduction\n",
+                loom_strategy_kind_name(spec->strategy.kind), spec->strategy.device, loom_strategy_num_replicas(r.strat),
+                (long long)r.args.max_batch, (long long)r.args.max_batch);
+        fprintf(f, "compute: BLAS %s (%s), %d thread%s\n", loom_blas_core(), loom_blas_core_reason(), loom_blas_threads(),
+                loom_blas_threads() == 1 ? "" : "s");
+    }
+    run_close(&r);
+    return rc;
+}

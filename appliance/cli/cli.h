@@ -1,0 +1,15 @@
+/* cli.h - the command line: parsing, help, dispatch. Only main.c prints
+ * errors and chooses the exit status. */
+#ifndef LOOM_CLI_H
+#define LOOM_CLI_H
+
+#include "train/train.h"
+
+/* Exit statuses. */
+enum { LOOM_EXIT_OK = 0, LOOM_EXIT_RUNTIME = 1, LOOM_EXIT_USAGE = 2 };
+
+/* Runs `loom argv...`; returns the exit status. start_time is loom_now() at
+ * process start. */
+int loom_cli_main(int argc, char **argv, double start_time);
+
+#endif

@@ -1,0 +1,21 @@
+/* progress.h - private to train/: the progress display. */
+#ifndef LOOM_TRAIN_PROGRESS_H
+#define LOOM_TRAIN_PROGRESS_H
+
+#include "config/config.h"
+
+typedef struct loom_progress_state {
+    loom_progress mode;     /* resolved: BAR, PLAIN or NONE */
+    int64_t       log_steps;
+    double        last;     /* last bar redraw */
+    int           dirty;    /* a bar line is open */
+} loom_progress_state;
+
+void loom_progress_init(loom_progress_state *p, loom_progress mode, int64_t log_steps);
+void loom_progress_update(loom_progress_state *p, int64_t epoch, int64_t epochs, int64_t step_in_epoch,
+                          int64_t steps_per_epoch, int64_t step, double loss, double acc, double samples_per_sec,
+                          double eta_sec);
+/* Ends an open bar line before other output. */
+void loom_progress_break(loom_progress_state *p);
+
+#endif

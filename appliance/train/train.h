@@ -1,0 +1,67 @@
+/* train.h - the trainer: train / evaluate / predict / check, checkpoints,
+ * metrics and progress.
+ *
+ * Checkpoints: <model_dir>/ckpt-<step>.loom, one file each, holding every
+ * parameter tensor, every optimizer slot, the trainer's position (step, epoch,
+ * running sums) and the training iterator's state, each record zstd-compressed
+ * with a CRC-32C of its raw bytes, the file closed by a CRC of everything
+ * before it. Written to a temporary name, fsynced and renamed, so the newest
+ * complete file is always the latest; <model_dir>/checkpoint names it too
+ * (TensorFlow's CheckpointState text format). The newest K are kept.
+ *
+ * Threads: call from the main thread. */
+#ifndef LOOM_TRAIN_H
+#define LOOM_TRAIN_H
+
+#include "distribute/distribute.h"
+
+typedef struct loom_train_opts {
+    const char *model_dir;  /* NULL: spec->run.model_dir */
+    bool        fresh;      /* start from scratch even if model_dir holds checkpoints */
+    double      start_time; /* loom_now() at process start, for the first-step latency */
+} loom_train_opts;
+
+/* Trains as the spec says, resuming from the latest checkpoint in model_dir.
+ * A corrupt latest checkpoint is refused (LOOM_ECHECKPOINT) unless opts->fresh. */
+int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err);
+
+typedef struct loom_eval_result {
+    double  loss;      /* mean per-example loss */
+    double  accuracy;
+    int64_t examples;
+    int64_t step;      /* of the checkpoint evaluated */
+    char    checkpoint[LOOM_PATH_MAX];
+} loom_eval_result;
+
+/* Evaluates data.eval with the given checkpoint file, or the latest in
+ * model_dir when checkpoint is NULL. */
+int loom_evaluate(const loom_spec *spec, const char *model_dir, const char *checkpoint, loom_eval_result *out,
+                  loom_err *err);
+
+/* Writes predictions as CSV (index,class,p0,...) for `input`: "train" or
+ * "eval" (that dataset in order, without shuffle, repeat or random maps) or
+ * the path of an IDX file of inputs (given the eval pipeline's maps of the
+ * model input). */
+int loom_predict(const loom_spec *spec, const char *model_dir, const char *checkpoint, const char *input,
+                 const char *output, loom_err *err);
+
+/* Opens every pipeline and builds the model without training, so that missing
+ * files and shape mismatches surface; prints the plan to f. */
+int loom_check(const loom_spec *spec, FILE *f, loom_err *err);
+
+/* ---- checkpoints ----------------------------------------------------------- */
+
+/* Newest checkpoint in dir: LOOM_OK with path and step, LOOM_EEOF when none. */
+int loom_ckpt_latest(const char *dir, char path[LOOM_PATH_MAX], int64_t *step, loom_err *err);
+/* Writes ckpt-<step>.loom with the model's parameters, the optimizer's slots
+ * and the given blobs (may be NULL), then prunes to `keep`. */
+int loom_ckpt_save(const char *dir, int64_t step, loom_model *m, loom_optimizer *o, const loom_buf *trainer,
+                   const loom_buf *iter, int keep, char path[LOOM_PATH_MAX], loom_err *err);
+/* Verifies every checksum, then loads parameters (and slots when o is given)
+ * and the blobs (when non-NULL; buffers freed by the caller with
+ * loom_buf_fini). A checkpoint of a different model is refused naming the
+ * first tensor that differs. */
+int loom_ckpt_load(const char *path, loom_model *m, loom_optimizer *o, loom_buf *trainer, loom_buf *iter,
+                   loom_err *err);
+
+#endif
