@@ -1,1 +1,1420 @@
-/* placeholder */
+/* config.c - a libconfig file (plus --set overrides) into a validated loom_spec.
+ * Each option is declared once in a table (name, type, default, range, help,
+ * and the kinds of its group it applies to); a group is parsed against its
+ * table for the group's kind (layer type, transform op, ...), then cross-field
+ * checks run. Every error carries file:line (or "--set key" for an override)
+ * and the setting path, and quotes the offending value.
+ * Threads: none. Ownership: the spec is one allocation, freed with loom_config_free. */
+#include "config/config.h"
+#include "config/config_internal.h"
+
+#include <errno.h>
+#include <libconfig.h>
+#include <limits.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---- names --------------------------------------------------------------- */
+
+const char *const loom_cfg_dtype_names_[] = {"uint8", "int32", "int64", "float32", "float64", NULL};
+const char *const loom_source_names_[] = {"idx", "catalog", NULL};
+const char *const loom_map_names_[] = {"cast", "scale", "normalize", "one_hot", "reshape",
+                                       "random_flip_left_right", NULL};
+const char *const loom_transform_names_[] = {"map", "shuffle", "batch", "repeat", "take", "skip", "prefetch", NULL};
+const char *const loom_layer_names_[] = {"dense", "conv2d", "max_pool2d", "dropout", "flatten", "activation", NULL};
+const char *const loom_activation_names_[] = {"none", "relu", "sigmoid", "tanh", "softmax", NULL};
+const char *const loom_init_names_[] = {"glorot_uniform", "glorot_normal", "he_uniform", "he_normal", "zeros", NULL};
+const char *const loom_padding_names_[] = {"valid", "same", NULL};
+const char *const loom_loss_names_[] = {"sparse_softmax_cross_entropy", "mean_squared_error", NULL};
+const char *const loom_opt_names_[] = {"sgd", "momentum", "adam", NULL};
+const char *const loom_sched_names_[] = {"constant", "exponential_decay", "piecewise_constant", "cosine", NULL};
+const char *const loom_strategy_names_[] = {"one_device", "mirrored", "central_storage", "multi_worker_mirrored",
+                                            "parameter_server", NULL};
+const char *const loom_progress_names_[] = {"auto", "bar", "plain", "none", NULL};
+static const char *const catalog_names[] = {"fashion_mnist", "mnist", NULL};
+static const char *const split_names[] = {"train", "test", NULL};
+
+const char *loom_cfg_name_(const char *const *names, int i)
+{
+    for (int k = 0; names[k]; k++)
+        if (k == i) return names[k];
+    return "?";
+}
+
+const char *loom_layer_kind_name(loom_layer_kind k) { return loom_cfg_name_(loom_layer_names_, (int)k); }
+const char *loom_activation_name(loom_activation a) { return loom_cfg_name_(loom_activation_names_, (int)a); }
+const char *loom_strategy_kind_name(loom_strategy_kind k) { return loom_cfg_name_(loom_strategy_names_, (int)k); }
+const char *loom_map_kind_name(loom_map_kind k) { return loom_cfg_name_(loom_map_names_, (int)k); }
+const char *loom_transform_kind_name(loom_transform_kind k) { return loom_cfg_name_(loom_transform_names_, (int)k); }
+
+const char *loom_loc_str(const loom_loc *l, char *buf, size_t n)
+{
+    if (!buf || n == 0) return buf;
+    if (!l || !l->file[0])
+        buf[0] = 0;
+    else if (l->line > 0)
+        snprintf(buf, n, "%s:%d", l->file, l->line);
+    else
+        snprintf(buf, n, "%s", l->file);
+    return buf;
+}
+
+/* ---- load context and error reporting ------------------------------------ */
+
+typedef struct ctx {
+    const char   *path;                /* the config file as given */
+    char          pdir[LOOM_PATH_MAX]; /* its directory as given: "" or "configs/" */
+    char          dir[LOOM_PATH_MAX];  /* its directory, absolute when it can be resolved */
+    loom_errlist *errs;
+} ctx;
+
+/* "--set key" when s (or a group holding it) came from an override, else "file:line". */
+static void where_of(const ctx *c, const config_setting_t *s, char *buf, size_t n, int *line_out)
+{
+    if (line_out) *line_out = 0;
+    for (const config_setting_t *p = s; p; p = config_setting_parent(p))
+        if (config_setting_get_hook(p)) {
+            snprintf(buf, n, "--set %s", (const char *)config_setting_get_hook(p));
+            return;
+        }
+    const char *file = s ? config_setting_source_file(s) : NULL;
+    unsigned line = s ? config_setting_source_line(s) : 0;
+    if (!file) file = c->path;
+    /* an @include'd file is named relative to the config's directory: say where it is */
+    const char *pre = file[0] != '/' && strcmp(file, c->path) ? c->pdir : "";
+    if (line_out) *line_out = (int)line;
+    int w = line ? snprintf(buf, n, "%s%s:%u", pre, file, line) : snprintf(buf, n, "%s%s", pre, file);
+    if (w >= (int)n && n > 4) memcpy(buf + n - 4, "...", 4); /* a very long path: cut, visibly */
+}
+
+/* The setting's path from the root: "data.train.transforms.[2].size". */
+static void path_of(const config_setting_t *s, char *buf, size_t n)
+{
+    const config_setting_t *chain[64];
+    int k = 0;
+    for (const config_setting_t *p = s; p && config_setting_parent(p) && k < 64; p = config_setting_parent(p))
+        chain[k++] = p;
+    size_t len = 0;
+    buf[0] = 0;
+    for (int i = k - 1; i >= 0 && len < n; i--) {
+        const config_setting_t *p = chain[i], *par = config_setting_parent(p);
+        int w;
+        if (config_setting_is_group(par))
+            w = snprintf(buf + len, n - len, "%s%s", len ? "." : "", config_setting_name(p));
+        else
+            w = snprintf(buf + len, n - len, "%s[%d]", len ? "." : "", config_setting_index(p));
+        if (w < 0) break;
+        len += (size_t)w;
+    }
+}
+
+static void loc_of(const ctx *c, const config_setting_t *s, loom_loc *l)
+{
+    char where[LOOM_PATH_MAX];
+    const config_setting_t *p = s;
+    where_of(c, s, where, sizeof where, &l->line);
+    /* where_of gives "file:line"; keep the file part only */
+    if (l->line > 0) {
+        char *colon = strrchr(where, ':');
+        if (colon) *colon = 0;
+    }
+    snprintf(l->file, sizeof l->file, "%s", where);
+    path_of(p, l->path, sizeof l->path);
+}
+
+/* Records an error about setting s (its path prefixes the message); returns
+ * the entry so a hint can be added, or NULL once the list is full. */
+__attribute__((format(printf, 3, 4)))
+static loom_err *cerr(ctx *c, const config_setting_t *s, const char *fmt, ...)
+{
+    if (c->errs->n >= LOOM_MAX_ERRORS) return NULL;
+    loom_err *e = &c->errs->e[c->errs->n++];
+    char where[256], path[256], msg[512];
+    where_of(c, s, where, sizeof where, NULL);
+    if (s)
+        path_of(s, path, sizeof path);
+    else
+        path[0] = 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (path[0] && !(!strncmp(where, "--set ", 6) && !strcmp(where + 6, path)))
+        loom_err_set(e, LOOM_ECONFIG, where, "%s: %s", path, msg);
+    else
+        loom_err_set(e, LOOM_ECONFIG, where, "%s", msg);
+    return e;
+}
+
+/* An error not tied to a setting (override syntax, the file itself). */
+__attribute__((format(printf, 4, 5)))
+static loom_err *rawerr(ctx *c, int code, const char *where, const char *fmt, ...)
+{
+    if (c->errs->n >= LOOM_MAX_ERRORS) return NULL;
+    loom_err *e = &c->errs->e[c->errs->n++];
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    loom_err_set(e, code, where, "%s", msg);
+    return e;
+}
+
+/* A double printed so that it reads back exactly, always with a '.' or an exponent. */
+static const char *fmt_double(double v, char *buf, size_t n)
+{
+    snprintf(buf, n, "%.15g", v);
+    if (strtod(buf, NULL) != v) snprintf(buf, n, "%.17g", v);
+    if (!strpbrk(buf, ".eEni")) {
+        size_t l = strlen(buf);
+        if (l + 2 < n) memcpy(buf + l, ".0", 3);
+    }
+    return buf;
+}
+
+/* The value of s for a message: 5, -3.5, "abc", true, a group, a list. */
+static const char *value_str(const config_setting_t *s, char *buf, size_t n)
+{
+    switch (config_setting_type(s)) {
+    case CONFIG_TYPE_INT: snprintf(buf, n, "%d", config_setting_get_int(s)); break;
+    case CONFIG_TYPE_INT64: snprintf(buf, n, "%lld", config_setting_get_int64(s)); break;
+    case CONFIG_TYPE_FLOAT: fmt_double(config_setting_get_float(s), buf, n); break;
+    case CONFIG_TYPE_STRING: snprintf(buf, n, "\"%s\"", config_setting_get_string(s)); break;
+    case CONFIG_TYPE_BOOL: snprintf(buf, n, "%s", config_setting_get_bool(s) ? "true" : "false"); break;
+    case CONFIG_TYPE_GROUP: snprintf(buf, n, "a group { ... }"); break;
+    case CONFIG_TYPE_ARRAY: snprintf(buf, n, "an array [ ... ]"); break;
+    case CONFIG_TYPE_LIST: snprintf(buf, n, "a list ( ... )"); break;
+    default: snprintf(buf, n, "nothing"); break;
+    }
+    return buf;
+}
+
+/* "a, b, c" */
+static const char *join_names(const char *const *names, char *buf, size_t n)
+{
+    size_t len = 0;
+    buf[0] = 0;
+    for (int i = 0; names[i] && len < n; i++) {
+        int w = snprintf(buf + len, n - len, "%s%s", i ? ", " : "", names[i]);
+        if (w < 0) break;
+        len += (size_t)w;
+    }
+    return buf;
+}
+
+static int find_name(const char *const *names, const char *s)
+{
+    for (int i = 0; names[i]; i++)
+        if (!strcmp(names[i], s)) return i;
+    return -1;
+}
+
+/* The closest name within edit distance 2 (and shorter than s), or NULL. */
+static const char *closest(const char *const *names, const char *s)
+{
+    const char *best = NULL;
+    int bd = 3;
+    for (int i = 0; names[i]; i++) {
+        int d = loom_edit_distance(s, names[i]);
+        if (d < bd && d < (int)strlen(s)) bd = d, best = names[i];
+    }
+    return best;
+}
+
+static bool is_int(const config_setting_t *s)
+{
+    int t = config_setting_type(s);
+    return t == CONFIG_TYPE_INT || t == CONFIG_TYPE_INT64;
+}
+
+static bool is_number(const config_setting_t *s) { return is_int(s) || config_setting_type(s) == CONFIG_TYPE_FLOAT; }
+
+static double get_number(const config_setting_t *s)
+{
+    return config_setting_type(s) == CONFIG_TYPE_FLOAT ? config_setting_get_float(s)
+                                                       : (double)config_setting_get_int64(s);
+}
+
+/* ---- option tables ------------------------------------------------------- */
+
+enum {
+    OT_INT,    /* int or int64_t/uint64_t field (by size); libconfig int or int64 */
+    OT_F64,    /* double; libconfig int or float */
+    OT_BOOL,   /* bool */
+    OT_ENUM,   /* int-sized enum; a string among names */
+    OT_STR,    /* char[]; non-empty; among names when names is set */
+    OT_PAIR,   /* int[2]; an int (both) or [h, w] */
+    OT_CUSTOM, /* parsed by parse() */
+    OT_SUB,    /* a sub-group or list, parsed by the caller */
+};
+
+/* flags */
+#define F_KIND        0x01u /* the entry that selects the group's kind; read first */
+#define F_LO_OPEN     0x02u /* F64: > lo rather than >= lo */
+#define F_HI_OPEN     0x04u /* F64: < hi rather than <= hi */
+#define F_NO_HI       0x08u /* F64: no upper bound */
+#define F_NO_LO       0x10u /* F64: no lower bound */
+#define F_UNSUPPORTED 0x20u /* SUB: recognised, refused as not supported yet */
+
+#define ALL  0xffffffffu
+#define K(x) (1u << (x))
+
+typedef struct opt opt;
+typedef void (*opt_parse_fn)(ctx *c, const config_setting_t *s, void *base);
+
+struct opt {
+    const char         *name;
+    int                 type;
+    size_t              off, size;       /* the field in the group's struct */
+    unsigned            applies;         /* kinds of the group it applies to */
+    unsigned            required;        /* kinds where it must be given */
+    unsigned            flags;
+    int64_t             ilo, ihi, idef;  /* INT, PAIR; idef also ENUM and BOOL */
+    double              flo, fhi, fdef;  /* F64 */
+    const char         *sdef;            /* STR */
+    const char *const  *names;           /* ENUM, STR */
+    opt_parse_fn        parse;           /* CUSTOM */
+    const char         *help;
+};
+
+#define FLD(T, f) .off = offsetof(T, f), .size = sizeof(((T *)0)->f)
+#define O_KIND(T, key, f, def, nm, req, h) \
+    {.name = key, .type = OT_ENUM, FLD(T, f), .applies = ALL, .required = req, .flags = F_KIND, .idef = def, \
+     .names = nm, .help = h}
+#define O_INT(T, key, f, def, lo, hi, app, req, h) \
+    {.name = key, .type = OT_INT, FLD(T, f), .applies = app, .required = req, .idef = def, .ilo = lo, .ihi = hi, \
+     .help = h}
+#define O_F64(T, key, f, def, lo, hi, fl, app, req, h) \
+    {.name = key, .type = OT_F64, FLD(T, f), .applies = app, .required = req, .flags = fl, .fdef = def, \
+     .flo = lo, .fhi = hi, .help = h}
+#define O_BOOL(T, key, f, def, app, h) \
+    {.name = key, .type = OT_BOOL, FLD(T, f), .applies = app, .idef = def, .help = h}
+#define O_ENUM(T, key, f, def, nm, app, req, h) \
+    {.name = key, .type = OT_ENUM, FLD(T, f), .applies = app, .required = req, .idef = def, .names = nm, .help = h}
+#define O_STR(T, key, f, def, nm, app, req, h) \
+    {.name = key, .type = OT_STR, FLD(T, f), .applies = app, .required = req, .sdef = def, .names = nm, .help = h}
+#define O_PAIR(T, key, f, def, lo, hi, app, req, h) \
+    {.name = key, .type = OT_PAIR, FLD(T, f), .applies = app, .required = req, .idef = def, .ilo = lo, \
+     .ihi = hi, .help = h}
+#define O_CUSTOM(key, fn, app, req, h) \
+    {.name = key, .type = OT_CUSTOM, .applies = app, .required = req, .parse = fn, .help = h}
+#define O_SUB(key, fl, req, h) {.name = key, .type = OT_SUB, .applies = ALL, .required = req, .flags = fl, .help = h}
+#define O_END {.name = NULL}
+
+static void parse_version(ctx *c, const config_setting_t *s, void *base);
+static void parse_features(ctx *c, const config_setting_t *s, void *base);
+static void parse_shape(ctx *c, const config_setting_t *s, void *base);
+static void parse_boundaries(ctx *c, const config_setting_t *s, void *base);
+static void parse_values(ctx *c, const config_setting_t *s, void *base);
+
+static const opt root_opts[] = {
+    O_CUSTOM("version", parse_version, ALL, ALL, "config format version; must be 1"),
+    O_SUB("data", 0, ALL, "data.train (required) and data.eval (optional)"),
+    O_SUB("model", 0, ALL, "the network: input, label, loss, layers"),
+    O_SUB("optimizer", 0, ALL, "type, learning_rate, schedule"),
+    O_SUB("strategy", 0, 0, "how the model is placed on devices"),
+    O_SUB("run", 0, ALL, "model_dir, epochs, seed, checkpoints"),
+    O_SUB("cluster", F_UNSUPPORTED, 0, "multi-worker clusters"),
+    O_SUB("hooks", F_UNSUPPORTED, 0, "Lua hooks"),
+    O_SUB("plugins", F_UNSUPPORTED, 0, "plugins"),
+    O_END,
+};
+
+static const opt data_opts[] = {
+    O_SUB("train", 0, ALL, "the training dataset"),
+    O_SUB("eval", 0, 0, "the evaluation dataset"),
+    O_END,
+};
+
+static const opt dataset_opts[] = {
+    O_SUB("source", 0, ALL, "where elements come from"),
+    O_SUB("transforms", 0, 0, "a list of transforms applied in order"),
+    O_END,
+};
+
+#define SRC(k) K(LOOM_SRC_##k)
+static const opt source_opts[] = {
+    O_KIND(loom_source_spec, "type", kind, 0, loom_source_names_, ALL, "source type"),
+    O_CUSTOM("features", parse_features, SRC(IDX), SRC(IDX), "feature name = \"file.idx[.gz]\", 1 to 8"),
+    O_STR(loom_source_spec, "name", name, NULL, catalog_names, SRC(CATALOG), SRC(CATALOG), "catalog dataset"),
+    O_STR(loom_source_spec, "split", split, NULL, split_names, SRC(CATALOG), SRC(CATALOG), "catalog split"),
+    O_END,
+};
+
+#define TR(k) K(LOOM_T_##k)
+static const opt transform_opts[] = {
+    O_KIND(loom_transform_spec, "op", kind, 0, loom_transform_names_, ALL, "transform op"),
+    O_INT(loom_transform_spec, "buffer", buffer, 0, 1, INT64_MAX, TR(SHUFFLE), TR(SHUFFLE), "shuffle buffer"),
+    O_INT(loom_transform_spec, "buffer", buffer, -1, -1, INT64_MAX, TR(PREFETCH), 0,
+          "prefetch queue depth; -1 = auto, 0 disables"),
+    O_INT(loom_transform_spec, "seed", seed, 0, 0, INT64_MAX, TR(SHUFFLE), 0, "shuffle seed; default run.seed"),
+    O_BOOL(loom_transform_spec, "reshuffle", reshuffle, 1, TR(SHUFFLE), "reshuffle each epoch"),
+    O_INT(loom_transform_spec, "size", batch_size, 0, 1, INT64_MAX, TR(BATCH), TR(BATCH), "batch size"),
+    O_BOOL(loom_transform_spec, "drop_remainder", drop_remainder, 0, TR(BATCH), "drop a short last batch"),
+    O_INT(loom_transform_spec, "count", count, -1, -1, INT64_MAX, TR(REPEAT) | TR(TAKE) | TR(SKIP),
+          TR(TAKE) | TR(SKIP), "element or repeat count; -1 = all / forever"),
+    O_END,
+};
+
+#define MAP(k) K(LOOM_MAP_##k)
+static const opt map_opts[] = {
+    O_KIND(loom_map_spec, "fn", kind, 0, loom_map_names_, ALL, "map function"),
+    O_STR(loom_map_spec, "feature", feature, NULL, NULL, ALL, ALL, "the feature it applies to"),
+    O_ENUM(loom_map_spec, "dtype", dtype, 0, loom_cfg_dtype_names_, MAP(CAST), MAP(CAST), "target dtype"),
+    O_F64(loom_map_spec, "scale", scale, 1.0, 0, 0, F_NO_LO | F_NO_HI, MAP(SCALE), 0, "x * scale + offset"),
+    O_F64(loom_map_spec, "offset", offset, 0.0, 0, 0, F_NO_LO | F_NO_HI, MAP(SCALE), 0, "x * scale + offset"),
+    O_F64(loom_map_spec, "mean", mean, 0.0, 0, 0, F_NO_LO | F_NO_HI, MAP(NORMALIZE), 0, "(x - mean) / std"),
+    O_F64(loom_map_spec, "std", std, 1.0, 0, 0, F_LO_OPEN | F_NO_HI, MAP(NORMALIZE), 0, "(x - mean) / std"),
+    O_INT(loom_map_spec, "depth", depth, 0, 1, INT_MAX, MAP(ONE_HOT), MAP(ONE_HOT), "number of classes"),
+    O_CUSTOM("shape", parse_shape, MAP(RESHAPE), MAP(RESHAPE), "target shape, one dim may be -1"),
+    O_END,
+};
+
+#define LY(k) K(LOOM_LAYER_##k)
+static const opt layer_opts[] = {
+    O_KIND(loom_layer_spec, "type", kind, 0, loom_layer_names_, ALL, "layer type"),
+    O_STR(loom_layer_spec, "name", name, "", NULL, ALL, 0, "layer name; default <type>_<index>"),
+    O_INT(loom_layer_spec, "units", units, 0, 1, INT_MAX, LY(DENSE), LY(DENSE), "output units"),
+    O_INT(loom_layer_spec, "filters", filters, 0, 1, INT_MAX, LY(CONV2D), LY(CONV2D), "output channels"),
+    O_PAIR(loom_layer_spec, "kernel_size", kernel, 0, 1, INT_MAX, LY(CONV2D), LY(CONV2D), "int or [h, w]"),
+    O_PAIR(loom_layer_spec, "strides", stride, 1, 1, INT_MAX, LY(CONV2D) | LY(MAX_POOL2D), 0,
+           "int or [h, w]; default 1 (conv2d) or pool_size (max_pool2d)"),
+    O_PAIR(loom_layer_spec, "pool_size", pool, 2, 1, INT_MAX, LY(MAX_POOL2D), 0, "int or [h, w]"),
+    O_ENUM(loom_layer_spec, "padding", padding, LOOM_PAD_VALID, loom_padding_names_, LY(CONV2D) | LY(MAX_POOL2D), 0,
+           "valid or same"),
+    O_ENUM(loom_layer_spec, "activation", activation, LOOM_ACT_NONE, loom_activation_names_,
+           LY(DENSE) | LY(CONV2D) | LY(ACTIVATION), LY(ACTIVATION), "activation function"),
+    O_ENUM(loom_layer_spec, "kernel_init", kernel_init, LOOM_INIT_GLOROT_UNIFORM, loom_init_names_,
+           LY(DENSE) | LY(CONV2D), 0, "kernel initialiser"),
+    O_BOOL(loom_layer_spec, "use_bias", use_bias, 1, LY(DENSE) | LY(CONV2D), "add a bias"),
+    O_F64(loom_layer_spec, "rate", rate, 0, 0.0, 1.0, F_HI_OPEN, LY(DROPOUT), LY(DROPOUT), "drop probability"),
+    O_END,
+};
+
+static const opt model_opts[] = {
+    O_STR(loom_model_spec, "input", input, "image", NULL, ALL, 0, "feature fed to the first layer"),
+    O_STR(loom_model_spec, "label", label, "label", NULL, ALL, 0, "feature holding the target"),
+    O_ENUM(loom_model_spec, "loss", loss, LOOM_LOSS_SPARSE_SOFTMAX_CE, loom_loss_names_, ALL, 0, "loss function"),
+    O_SUB("layers", 0, ALL, "a list of layer groups"),
+    O_END,
+};
+
+#define OPT(k) K(LOOM_OPT_##k)
+static const opt optimizer_opts[] = {
+    O_KIND(loom_optimizer_spec, "type", kind, 0, loom_opt_names_, ALL, "optimizer"),
+    O_F64(loom_optimizer_spec, "learning_rate", learning_rate, 0, 0.0, 0, F_LO_OPEN | F_NO_HI, ALL, ALL,
+          "base learning rate"),
+    O_F64(loom_optimizer_spec, "momentum", momentum, 0.9, 0.0, 1.0, F_HI_OPEN, OPT(MOMENTUM), 0, "momentum"),
+    O_BOOL(loom_optimizer_spec, "nesterov", nesterov, 0, OPT(MOMENTUM), "Nesterov momentum"),
+    O_F64(loom_optimizer_spec, "beta1", beta1, 0.9, 0.0, 1.0, F_HI_OPEN, OPT(ADAM), 0, "adam beta1"),
+    O_F64(loom_optimizer_spec, "beta2", beta2, 0.999, 0.0, 1.0, F_HI_OPEN, OPT(ADAM), 0, "adam beta2"),
+    O_F64(loom_optimizer_spec, "epsilon", epsilon, 1e-7, 0.0, 0, F_LO_OPEN | F_NO_HI, OPT(ADAM), 0, "adam epsilon"),
+    O_SUB("schedule", 0, 0, "learning-rate schedule"),
+    O_END,
+};
+
+#define SCH(k) K(LOOM_SCHED_##k)
+static const opt schedule_opts[] = {
+    O_KIND(loom_schedule_spec, "type", kind, LOOM_SCHED_CONSTANT, loom_sched_names_, 0, "schedule type"),
+    O_INT(loom_schedule_spec, "decay_steps", decay_steps, 0, 1, INT64_MAX, SCH(EXPONENTIAL_DECAY) | SCH(COSINE),
+          SCH(EXPONENTIAL_DECAY) | SCH(COSINE), "steps per decay period"),
+    O_F64(loom_schedule_spec, "decay_rate", decay_rate, 0, 0.0, 0, F_LO_OPEN | F_NO_HI, SCH(EXPONENTIAL_DECAY),
+          SCH(EXPONENTIAL_DECAY), "factor per decay period"),
+    O_BOOL(loom_schedule_spec, "staircase", staircase, 0, SCH(EXPONENTIAL_DECAY), "integer division"),
+    O_F64(loom_schedule_spec, "alpha", alpha, 0.0, 0.0, 1.0, 0, SCH(COSINE), 0, "floor as a fraction of lr"),
+    O_CUSTOM("boundaries", parse_boundaries, SCH(PIECEWISE_CONSTANT), SCH(PIECEWISE_CONSTANT),
+             "increasing step numbers"),
+    O_CUSTOM("values", parse_values, SCH(PIECEWISE_CONSTANT), SCH(PIECEWISE_CONSTANT),
+             "learning rates, one more than boundaries"),
+    O_END,
+};
+
+static const opt strategy_opts[] = {
+    O_KIND(loom_strategy_spec, "type", kind, LOOM_STRAT_ONE_DEVICE, loom_strategy_names_, 0, "strategy"),
+    O_STR(loom_strategy_spec, "device", device, "cpu:0", NULL, K(LOOM_STRAT_ONE_DEVICE), 0, "\"cpu:N\""),
+    O_END,
+};
+
+static const opt run_opts[] = {
+    O_STR(loom_run_spec, "model_dir", model_dir, NULL, NULL, ALL, ALL, "checkpoints and metrics directory"),
+    O_INT(loom_run_spec, "epochs", epochs, 1, 0, INT64_MAX, ALL, 0, "passes over data.train"),
+    O_INT(loom_run_spec, "max_steps", max_steps, 0, 0, INT64_MAX, ALL, 0, "total steps; 0 = use epochs"),
+    O_INT(loom_run_spec, "seed", seed, 42, 0, INT64_MAX, ALL, 0, "root of every random stream"),
+    O_INT(loom_run_spec, "checkpoint_steps", checkpoint_steps, 0, 0, INT64_MAX, ALL, 0, "also every N steps"),
+    O_INT(loom_run_spec, "keep_checkpoints", keep_checkpoints, 5, 1, INT_MAX, ALL, 0, "newest K are kept"),
+    O_INT(loom_run_spec, "log_steps", log_steps, 100, 1, INT64_MAX, ALL, 0, "progress line every N steps"),
+    O_INT(loom_run_spec, "threads", threads, 0, 0, 4096, ALL, 0, "compute threads; 0 = all cores"),
+    O_BOOL(loom_run_spec, "eval_each_epoch", eval_each_epoch, 1, ALL, "evaluate data.eval at each epoch end"),
+    O_ENUM(loom_run_spec, "progress", progress, LOOM_PROGRESS_AUTO, loom_progress_names_, ALL, 0,
+           "auto, bar, plain or none"),
+    O_END,
+};
+
+/* ---- the option engine --------------------------------------------------- */
+
+static bool applies(const opt *o, int kind) { return kind < 0 ? o->applies == ALL : (o->applies & K(kind)) != 0; }
+static bool required(const opt *o, int kind) { return kind >= 0 && (o->required & K(kind)) != 0; }
+
+static void store_int(void *p, size_t size, int64_t v)
+{
+    if (size == sizeof(int))
+        *(int *)p = (int)v;
+    else
+        *(int64_t *)p = v;
+}
+
+static void opt_default(const opt *o, void *base)
+{
+    char *p = (char *)base + o->off;
+    switch (o->type) {
+    case OT_INT: store_int(p, o->size, o->idef); break;
+    case OT_F64: *(double *)p = o->fdef; break;
+    case OT_BOOL: *(bool *)p = o->idef != 0; break;
+    case OT_ENUM: *(int *)p = (int)o->idef; break;
+    case OT_STR: snprintf(p, o->size, "%s", o->sdef ? o->sdef : ""); break;
+    case OT_PAIR: ((int *)p)[0] = ((int *)p)[1] = (int)o->idef; break;
+    default: break;
+    }
+}
+
+static const char *irange_str(int64_t lo, int64_t hi, char *buf, size_t n)
+{
+    if (lo == INT64_MIN && hi == INT64_MAX)
+        snprintf(buf, n, "an integer");
+    else if (hi == INT64_MAX || (hi == INT_MAX && lo > INT_MIN))
+        snprintf(buf, n, "an integer >= %lld", (long long)lo);
+    else
+        snprintf(buf, n, "an integer in [%lld, %lld]", (long long)lo, (long long)hi);
+    return buf;
+}
+
+static const char *frange_str(const opt *o, char *buf, size_t n)
+{
+    char a[40], b[40];
+    unsigned f = o->flags;
+    if ((f & F_NO_LO) && (f & F_NO_HI))
+        snprintf(buf, n, "a number");
+    else if (f & F_NO_HI)
+        snprintf(buf, n, "a number %s %s", (f & F_LO_OPEN) ? ">" : ">=", fmt_double(o->flo, a, sizeof a));
+    else if (f & F_NO_LO)
+        snprintf(buf, n, "a number %s %s", (f & F_HI_OPEN) ? "<" : "<=", fmt_double(o->fhi, b, sizeof b));
+    else
+        snprintf(buf, n, "a number in %s%s, %s%s", (f & F_LO_OPEN) ? "(" : "[", fmt_double(o->flo, a, sizeof a),
+                 fmt_double(o->fhi, b, sizeof b), (f & F_HI_OPEN) ? ")" : "]");
+    return buf;
+}
+
+/* An integer in [lo, hi] from s; false (with an error) otherwise. */
+static bool get_int_in(ctx *c, const config_setting_t *s, int64_t lo, int64_t hi, int64_t *out)
+{
+    char r[80], v[300];
+    if (!is_int(s)) {
+        cerr(c, s, "expected %s, got %s", irange_str(lo, hi, r, sizeof r), value_str(s, v, sizeof v));
+        return false;
+    }
+    int64_t x = config_setting_get_int64(s);
+    if (x < lo || x > hi) {
+        cerr(c, s, "expected %s, got %lld", irange_str(lo, hi, r, sizeof r), (long long)x);
+        return false;
+    }
+    *out = x;
+    return true;
+}
+
+/* Resolves an enum string; -1 (with an error) when unknown. */
+static int get_enum(ctx *c, const config_setting_t *s, const char *const *names)
+{
+    char all[512], v[300];
+    join_names(names, all, sizeof all);
+    if (config_setting_type(s) != CONFIG_TYPE_STRING) {
+        cerr(c, s, "expected a string (one of: %s), got %s", all, value_str(s, v, sizeof v));
+        return -1;
+    }
+    const char *str = config_setting_get_string(s);
+    int i = find_name(names, str);
+    if (i < 0) {
+        loom_err *e = cerr(c, s, "unknown value \"%s\" (expected one of: %s)", str, all);
+        const char *near = closest(names, str);
+        if (e && near) loom_err_hint(e, "did you mean \"%s\"?", near);
+    }
+    return i;
+}
+
+/* Parses one present option into base. */
+static void opt_parse(ctx *c, const opt *o, const config_setting_t *s, void *base)
+{
+    char *p = (char *)base + o->off;
+    char r[120], v[300];
+    int64_t x;
+    switch (o->type) {
+    case OT_INT: {
+        int64_t hi = o->ihi;
+        if (o->size == sizeof(int) && hi > INT_MAX) hi = INT_MAX;
+        if (get_int_in(c, s, o->ilo, hi, &x)) store_int(p, o->size, x);
+        break;
+    }
+    case OT_F64: {
+        if (!is_number(s)) {
+            cerr(c, s, "expected %s, got %s", frange_str(o, r, sizeof r), value_str(s, v, sizeof v));
+            break;
+        }
+        double d = get_number(s);
+        unsigned f = o->flags;
+        bool ok = isfinite(d);
+        if (!(f & F_NO_LO)) ok = ok && ((f & F_LO_OPEN) ? d > o->flo : d >= o->flo);
+        if (!(f & F_NO_HI)) ok = ok && ((f & F_HI_OPEN) ? d < o->fhi : d <= o->fhi);
+        if (!ok)
+            cerr(c, s, "expected %s, got %s", frange_str(o, r, sizeof r), value_str(s, v, sizeof v));
+        else
+            *(double *)p = d;
+        break;
+    }
+    case OT_BOOL:
+        if (config_setting_type(s) != CONFIG_TYPE_BOOL)
+            cerr(c, s, "expected true or false, got %s", value_str(s, v, sizeof v));
+        else
+            *(bool *)p = config_setting_get_bool(s) != 0;
+        break;
+    case OT_ENUM: {
+        int i = get_enum(c, s, o->names);
+        if (i >= 0) *(int *)p = i;
+        break;
+    }
+    case OT_STR: {
+        if (o->names) {
+            if (get_enum(c, s, o->names) >= 0) snprintf(p, o->size, "%s", config_setting_get_string(s));
+            break;
+        }
+        if (config_setting_type(s) != CONFIG_TYPE_STRING) {
+            cerr(c, s, "expected a string, got %s", value_str(s, v, sizeof v));
+            break;
+        }
+        const char *str = config_setting_get_string(s);
+        if (!str[0])
+            cerr(c, s, "expected a non-empty string, got \"\"");
+        else if (strlen(str) >= o->size)
+            cerr(c, s, "\"%s\" is too long (at most %zu characters)", str, o->size - 1);
+        else
+            snprintf(p, o->size, "%s", str);
+        break;
+    }
+    case OT_PAIR: {
+        int *pr = (int *)p;
+        int64_t hi = o->ihi > INT_MAX ? INT_MAX : o->ihi;
+        if (is_int(s)) {
+            if (get_int_in(c, s, o->ilo, hi, &x)) pr[0] = pr[1] = (int)x;
+        } else if ((config_setting_is_array(s) || config_setting_is_list(s)) && config_setting_length(s) == 2) {
+            int64_t a, b;
+            bool ok_a = get_int_in(c, config_setting_get_elem(s, 0), o->ilo, hi, &a);
+            bool ok_b = get_int_in(c, config_setting_get_elem(s, 1), o->ilo, hi, &b);
+            if (ok_a && ok_b) pr[0] = (int)a, pr[1] = (int)b;
+        } else {
+            cerr(c, s, "expected an integer or [h, w], got %s", value_str(s, v, sizeof v));
+        }
+        break;
+    }
+    case OT_CUSTOM: o->parse(c, s, base); break;
+    default: break;
+    }
+}
+
+/* Reads the kind entry (tbl[0], F_KIND) of group g; -1 when missing or bad. */
+static int parse_kind(ctx *c, const config_setting_t *g, const opt *tbl, void *base)
+{
+    const opt *o = &tbl[0];
+    LOOM_ASSERT(o->flags & F_KIND);
+    const config_setting_t *s = config_setting_get_member(g, o->name);
+    if (!s) {
+        if (o->required) {
+            char all[512];
+            cerr(c, g, "missing required setting `%s` (one of: %s)", o->name, join_names(o->names, all, sizeof all));
+            return -1;
+        }
+        opt_default(o, base);
+        return (int)o->idef;
+    }
+    int k = get_enum(c, s, o->names);
+    if (k >= 0) *(int *)((char *)base + o->off) = k;
+    return k;
+}
+
+/* Parses every option of tbl (but the kind entry) that applies to kind:
+ * the given value, or the default, or a "missing" error. SUB entries are
+ * left to the caller, apart from the "missing" check. */
+static void parse_opts(ctx *c, const config_setting_t *g, const opt *tbl, int kind, void *base)
+{
+    for (const opt *o = tbl; o->name; o++) {
+        if ((o->flags & F_KIND) || !applies(o, kind)) continue;
+        const config_setting_t *s = config_setting_get_member(g, o->name);
+        if (!s) {
+            if (required(o, kind) || (kind < 0 && o->required == ALL && o->applies == ALL))
+                cerr(c, g, "missing required setting `%s` (%s)", o->name, o->help);
+            else if (o->type != OT_SUB && o->type != OT_CUSTOM)
+                opt_default(o, base);
+            continue;
+        }
+        if (o->flags & F_UNSUPPORTED)
+            cerr(c, s, "not supported yet (%s); remove this section", o->help);
+        else if (o->type != OT_SUB)
+            opt_parse(c, o, s, base);
+    }
+}
+
+/* One table's view of a group when checking its keys. */
+typedef struct scope {
+    const opt  *tbl;
+    int         kind; /* -1: unknown, so any key of the table is accepted */
+    const char *gate; /* non-NULL: no key of this table applies here, e.g. "op = \"map\"" */
+} scope;
+
+/* Every key of g must be an option that applies to its kind. */
+static void check_keys(ctx *c, const config_setting_t *g, const scope *sc, int n_sc)
+{
+    int len = config_setting_length(g);
+    for (int i = 0; i < len; i++) {
+        const config_setting_t *s = config_setting_get_elem(g, i);
+        const char *key = config_setting_name(s);
+        bool known = false, ok = false;
+        for (int j = 0; j < n_sc && !ok; j++) {
+            unsigned mask = 0;
+            bool here = false;
+            for (const opt *o = sc[j].tbl; o->name; o++)
+                if (!strcmp(o->name, key)) {
+                    here = true;
+                    mask |= o->applies;
+                    if (!sc[j].gate && (sc[j].kind < 0 || applies(o, sc[j].kind))) ok = true;
+                }
+            if (!here || ok || known) continue;
+            known = true;
+            if (sc[j].gate) {
+                cerr(c, s, "%s applies only to %s", key, sc[j].gate);
+                continue;
+            }
+            /* applies only to other kinds of this group: list them */
+            const opt *k0 = &sc[j].tbl[0];
+            char kinds[256];
+            size_t kl = 0;
+            kinds[0] = 0;
+            for (int b = 0; k0->names[b] && kl < sizeof kinds; b++)
+                if (mask & K(b)) {
+                    int w = snprintf(kinds + kl, sizeof kinds - kl, "%s\"%s\"", kl ? " or " : "", k0->names[b]);
+                    if (w > 0) kl += (size_t)w;
+                }
+            cerr(c, s, "%s applies only to %s = %s (%s is \"%s\")", key, k0->name, kinds, k0->name,
+                 k0->names[sc[j].kind]);
+        }
+        if (ok || known) continue;
+        /* unknown: suggest the closest valid key of this group */
+        const char *valid[64];
+        int nv = 0;
+        for (int j = 0; j < n_sc; j++) {
+            if (sc[j].gate) continue;
+            for (const opt *o = sc[j].tbl; o->name && nv < 63; o++) {
+                if (sc[j].kind >= 0 && !applies(o, sc[j].kind)) continue;
+                bool dup = false;
+                for (int q = 0; q < nv; q++) dup = dup || !strcmp(valid[q], o->name);
+                if (!dup) valid[nv++] = o->name;
+            }
+        }
+        valid[nv] = NULL;
+        const char *near = closest(valid, key);
+        if (near) {
+            cerr(c, s, "unknown setting `%s` (did you mean `%s`?)", key, near);
+        } else {
+            char all[512];
+            cerr(c, s, "unknown setting `%s` (valid here: %s)", key, join_names(valid, all, sizeof all));
+        }
+    }
+}
+
+/* A group member that must itself be a group; NULL (with an error) when it is not. */
+static const config_setting_t *sub_group(ctx *c, const config_setting_t *g, const char *key)
+{
+    const config_setting_t *s = config_setting_get_member(g, key);
+    if (!s) return NULL;
+    if (!config_setting_is_group(s)) {
+        char v[300];
+        cerr(c, s, "expected a group { ... }, got %s", value_str(s, v, sizeof v));
+        return NULL;
+    }
+    return s;
+}
+
+/* A member that must be a list of groups (an empty array [] is accepted too). */
+static const config_setting_t *sub_list(ctx *c, const config_setting_t *g, const char *key)
+{
+    const config_setting_t *s = config_setting_get_member(g, key);
+    if (!s) return NULL;
+    if (config_setting_is_list(s) || (config_setting_is_array(s) && config_setting_length(s) == 0)) return s;
+    char v[300];
+    cerr(c, s, "expected a list ( { ... }, ... ), got %s", value_str(s, v, sizeof v));
+    return NULL;
+}
+
+/* ---- custom options ------------------------------------------------------ */
+
+static void parse_version(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_spec *spec = base;
+    char v[300];
+    if (!is_int(s) || config_setting_get_int64(s) != 1) {
+        loom_err *e = cerr(c, s, "unsupported config version %s (this loom reads version = 1)",
+                           value_str(s, v, sizeof v));
+        if (e) loom_err_hint(e, "write `version = 1;`");
+        return;
+    }
+    spec->version = 1;
+}
+
+static void parse_features(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_source_spec *src = base;
+    char v[300];
+    if (!config_setting_is_group(s)) {
+        cerr(c, s, "expected a group { NAME = \"file.idx\"; ... }, got %s", value_str(s, v, sizeof v));
+        return;
+    }
+    int n = config_setting_length(s);
+    if (n < 1 || n > LOOM_MAX_FEATURES) {
+        cerr(c, s, "expected 1 to %d features, got %d", LOOM_MAX_FEATURES, n);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *f = config_setting_get_elem(s, i);
+        const char *name = config_setting_name(f);
+        if (config_setting_type(f) != CONFIG_TYPE_STRING) {
+            cerr(c, f, "expected a file name string, got %s", value_str(f, v, sizeof v));
+            continue;
+        }
+        if (strlen(name) >= LOOM_NAME_MAX) {
+            cerr(c, f, "feature name is too long (at most %d characters)", LOOM_NAME_MAX - 1);
+            continue;
+        }
+        const char *file = config_setting_get_string(f);
+        char full[LOOM_PATH_MAX + 8];
+        int w = file[0] == '/' ? snprintf(full, sizeof full, "%s", file)
+                               : snprintf(full, sizeof full, "%s/%s", c->dir, file);
+        if (!file[0] || w < 0 || w >= LOOM_PATH_MAX) {
+            cerr(c, f, "bad file name \"%s\" (empty or too long)", file);
+            continue;
+        }
+        struct stat st;
+        if (access(full, R_OK) != 0) {
+            loom_err *e = cerr(c, f, "cannot read \"%s\" (resolved to %s): %s", file, full, strerror(errno));
+            if (e) loom_err_hint(e, "relative paths are relative to the config file's directory");
+            continue;
+        }
+        if (stat(full, &st) != 0 || !S_ISREG(st.st_mode)) {
+            cerr(c, f, "\"%s\" (resolved to %s) is not a regular file", file, full);
+            continue;
+        }
+        int k = src->n_features++;
+        snprintf(src->feature[k], sizeof src->feature[k], "%s", name);
+        memcpy(src->file[k], full, (size_t)w + 1); /* w < LOOM_PATH_MAX, checked above */
+    }
+}
+
+static void parse_shape(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_map_spec *m = base;
+    char v[300];
+    if (!config_setting_is_array(s) && !config_setting_is_list(s)) {
+        cerr(c, s, "expected a shape such as [28, 28, 1], got %s", value_str(s, v, sizeof v));
+        return;
+    }
+    int n = config_setting_length(s);
+    if (n < 1 || n > 8) {
+        cerr(c, s, "expected 1 to 8 dimensions, got %d", n);
+        return;
+    }
+    int unknown = 0;
+    bool ok = true;
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *d = config_setting_get_elem(s, i);
+        int64_t x;
+        if (!get_int_in(c, d, -1, INT32_MAX, &x)) {
+            ok = false;
+            continue;
+        }
+        if (x == 0) {
+            cerr(c, d, "expected a dimension >= 1 (or -1 once), got 0");
+            ok = false;
+        }
+        if (x == -1 && ++unknown == 2) {
+            cerr(c, s, "only one dimension may be -1");
+            ok = false;
+        }
+        m->shape[i] = x;
+    }
+    if (ok) m->rank = n;
+}
+
+static void parse_boundaries(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_schedule_spec *sch = base;
+    char v[300];
+    if (!config_setting_is_array(s) && !config_setting_is_list(s)) {
+        cerr(c, s, "expected an array of step numbers [b0, b1, ...], got %s", value_str(s, v, sizeof v));
+        return;
+    }
+    int n = config_setting_length(s);
+    if (n < 1 || n > LOOM_MAX_BOUNDARIES) {
+        cerr(c, s, "expected 1 to %d boundaries, got %d", LOOM_MAX_BOUNDARIES, n);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *b = config_setting_get_elem(s, i);
+        int64_t x;
+        if (!get_int_in(c, b, 0, INT64_MAX, &x)) return;
+        if (i > 0 && x <= sch->boundaries[i - 1]) {
+            cerr(c, b, "boundaries must be increasing: %lld follows %lld", (long long)x,
+                 (long long)sch->boundaries[i - 1]);
+            return;
+        }
+        sch->boundaries[i] = x;
+    }
+    sch->n_boundaries = n;
+}
+
+static void parse_values(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_schedule_spec *sch = base;
+    char v[300];
+    if (!config_setting_is_array(s) && !config_setting_is_list(s)) {
+        cerr(c, s, "expected an array of learning rates [v0, v1, ...], got %s", value_str(s, v, sizeof v));
+        return;
+    }
+    int n = config_setting_length(s);
+    if (n < 2 || n > LOOM_MAX_BOUNDARIES + 1) {
+        cerr(c, s, "expected 2 to %d values, got %d", LOOM_MAX_BOUNDARIES + 1, n);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *e = config_setting_get_elem(s, i);
+        if (!is_number(e) || !(get_number(e) > 0) || !isfinite(get_number(e))) {
+            cerr(c, e, "expected a learning rate > 0, got %s", value_str(e, v, sizeof v));
+            return;
+        }
+        sch->values[i] = get_number(e);
+    }
+}
+
+/* ---- groups -------------------------------------------------------------- */
+
+static void parse_map(ctx *c, const config_setting_t *g, loom_transform_spec *t, int op)
+{
+    int fn = -1;
+    if (op == LOOM_T_MAP) {
+        fn = parse_kind(c, g, map_opts, &t->map);
+        parse_opts(c, g, map_opts, fn, &t->map);
+    }
+    scope sc[2] = {{transform_opts, op, NULL}, {map_opts, fn, NULL}};
+    if (op >= 0 && op != LOOM_T_MAP) sc[1].gate = "op = \"map\"";
+    check_keys(c, g, sc, 2);
+}
+
+static void parse_dataset(ctx *c, const config_setting_t *g, loom_dataset_spec *d)
+{
+    d->present = true;
+    loc_of(c, g, &d->loc);
+    parse_opts(c, g, dataset_opts, 0, d);
+    scope sc = {dataset_opts, 0, NULL};
+    check_keys(c, g, &sc, 1);
+
+    const config_setting_t *src = sub_group(c, g, "source");
+    if (src) {
+        loc_of(c, src, &d->source.loc);
+        int k = parse_kind(c, src, source_opts, &d->source);
+        parse_opts(c, src, source_opts, k, &d->source);
+        scope ss = {source_opts, k, NULL};
+        check_keys(c, src, &ss, 1);
+    }
+    const config_setting_t *tl = sub_list(c, g, "transforms");
+    if (!tl) return;
+    int n = config_setting_length(tl);
+    if (n > LOOM_MAX_TRANSFORMS) {
+        cerr(c, tl, "too many transforms: %d (at most %d)", n, LOOM_MAX_TRANSFORMS);
+        n = LOOM_MAX_TRANSFORMS;
+    }
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *e = config_setting_get_elem(tl, i);
+        loom_transform_spec *t = &d->transform[d->n_transforms++];
+        loc_of(c, e, &t->loc);
+        if (!config_setting_is_group(e)) {
+            char v[300];
+            cerr(c, e, "expected a group { op = ...; }, got %s", value_str(e, v, sizeof v));
+            continue;
+        }
+        int op = parse_kind(c, e, transform_opts, t);
+        parse_opts(c, e, transform_opts, op, t);
+        if (op == LOOM_T_SHUFFLE) t->seed_set = config_setting_get_member(e, "seed") != NULL;
+        parse_map(c, e, t, op);
+    }
+}
+
+static void parse_layers(ctx *c, const config_setting_t *g, loom_model_spec *m)
+{
+    const config_setting_t *ll = sub_list(c, g, "layers");
+    if (!ll) return;
+    int n = config_setting_length(ll);
+    if (n < 1) {
+        cerr(c, ll, "expected at least one layer");
+        return;
+    }
+    if (n > LOOM_MAX_LAYERS) {
+        cerr(c, ll, "too many layers: %d (at most %d)", n, LOOM_MAX_LAYERS);
+        n = LOOM_MAX_LAYERS;
+    }
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *e = config_setting_get_elem(ll, i);
+        loom_layer_spec *l = &m->layer[m->n_layers++];
+        loc_of(c, e, &l->loc);
+        if (!config_setting_is_group(e)) {
+            char v[300];
+            cerr(c, e, "expected a group { type = ...; }, got %s", value_str(e, v, sizeof v));
+            continue;
+        }
+        int k = parse_kind(c, e, layer_opts, l);
+        parse_opts(c, e, layer_opts, k, l);
+        scope sc = {layer_opts, k, NULL};
+        check_keys(c, e, &sc, 1);
+        if (k == LOOM_LAYER_MAX_POOL2D && !config_setting_get_member(e, "strides"))
+            l->stride[0] = l->pool[0], l->stride[1] = l->pool[1];
+        if (!l->name[0] && k >= 0) snprintf(l->name, sizeof l->name, "%s_%d", loom_layer_names_[k], i);
+    }
+    for (int i = 0; i < m->n_layers; i++)
+        for (int j = 0; j < i; j++)
+            if (m->layer[i].name[0] && !strcmp(m->layer[i].name, m->layer[j].name)) {
+                cerr(c, config_setting_get_elem(ll, i), "layer name \"%s\" is already used by %s",
+                     m->layer[i].name, m->layer[j].loc.path);
+                break;
+            }
+}
+
+static void parse_schedule(ctx *c, const config_setting_t *og, loom_optimizer_spec *o)
+{
+    loom_schedule_spec *sch = &o->schedule;
+    const config_setting_t *g = sub_group(c, og, "schedule");
+    if (!g) {
+        sch->kind = LOOM_SCHED_CONSTANT;
+        sch->loc = o->loc;
+        snprintf(sch->loc.path, sizeof sch->loc.path, "optimizer.schedule");
+        return;
+    }
+    loc_of(c, g, &sch->loc);
+    int k = parse_kind(c, g, schedule_opts, sch);
+    parse_opts(c, g, schedule_opts, k, sch);
+    scope sc = {schedule_opts, k, NULL};
+    check_keys(c, g, &sc, 1);
+    if (k == LOOM_SCHED_PIECEWISE_CONSTANT) {
+        const config_setting_t *b = config_setting_get_member(g, "boundaries");
+        const config_setting_t *v = config_setting_get_member(g, "values");
+        if (b && v && (config_setting_is_array(b) || config_setting_is_list(b)) &&
+            (config_setting_is_array(v) || config_setting_is_list(v)) &&
+            config_setting_length(v) != config_setting_length(b) + 1)
+            cerr(c, v, "expected %d values (one more than the %d boundaries), got %d", config_setting_length(b) + 1,
+                 config_setting_length(b), config_setting_length(v));
+    }
+}
+
+static void parse_strategy(ctx *c, const config_setting_t *root, loom_strategy_spec *st)
+{
+    const config_setting_t *g = sub_group(c, root, "strategy");
+    if (!g) {
+        for (const opt *o = strategy_opts; o->name; o++)
+            if (applies(o, (int)strategy_opts[0].idef)) opt_default(o, st);
+        snprintf(st->loc.file, sizeof st->loc.file, "%s", c->path);
+        snprintf(st->loc.path, sizeof st->loc.path, "strategy");
+    } else {
+        loc_of(c, g, &st->loc);
+        int k = parse_kind(c, g, strategy_opts, st);
+        parse_opts(c, g, strategy_opts, k, st);
+        scope sc = {strategy_opts, k, NULL};
+        check_keys(c, g, &sc, 1);
+        const config_setting_t *t = config_setting_get_member(g, "type");
+        if (k > LOOM_STRAT_ONE_DEVICE) {
+            loom_err *e = cerr(c, t, "strategy \"%s\" is not supported yet (supported: one_device)",
+                               loom_strategy_names_[k]);
+            if (e) loom_err_hint(e, "use type = \"one_device\";");
+        }
+        const config_setting_t *d = config_setting_get_member(g, "device");
+        unsigned idx;
+        char tail;
+        if (d && k == LOOM_STRAT_ONE_DEVICE && st->device[0] &&
+            sscanf(st->device, "cpu:%u%c", &idx, &tail) != 1)
+            cerr(c, d, "unknown device \"%s\" (expected \"cpu:N\")", st->device);
+    }
+    st->replicas = 1;
+    st->n_devices = 1;
+    snprintf(st->devices[0], sizeof st->devices[0], "%s", st->device);
+}
+
+static void validate(ctx *c, const config_setting_t *root, loom_spec *spec)
+{
+    parse_opts(c, root, root_opts, 0, spec);
+    scope sr = {root_opts, 0, NULL};
+    check_keys(c, root, &sr, 1);
+
+    const config_setting_t *g;
+    if ((g = sub_group(c, root, "data"))) {
+        parse_opts(c, g, data_opts, 0, NULL);
+        scope sc = {data_opts, 0, NULL};
+        check_keys(c, g, &sc, 1);
+        const config_setting_t *d;
+        if ((d = sub_group(c, g, "train"))) parse_dataset(c, d, &spec->train);
+        if ((d = sub_group(c, g, "eval"))) parse_dataset(c, d, &spec->eval);
+    }
+    if ((g = sub_group(c, root, "model"))) {
+        loom_model_spec *m = &spec->model;
+        loc_of(c, g, &m->loc);
+        parse_opts(c, g, model_opts, 0, m);
+        scope sc = {model_opts, 0, NULL};
+        check_keys(c, g, &sc, 1);
+        parse_layers(c, g, m);
+    }
+    if ((g = sub_group(c, root, "optimizer"))) {
+        loom_optimizer_spec *o = &spec->optimizer;
+        loc_of(c, g, &o->loc);
+        int k = parse_kind(c, g, optimizer_opts, o);
+        parse_opts(c, g, optimizer_opts, k, o);
+        scope sc = {optimizer_opts, k, NULL};
+        check_keys(c, g, &sc, 1);
+        parse_schedule(c, g, o);
+    }
+    parse_strategy(c, root, &spec->strategy);
+    if ((g = sub_group(c, root, "run"))) {
+        loom_run_spec *r = &spec->run;
+        loc_of(c, g, &r->loc);
+        parse_opts(c, g, run_opts, 0, r);
+        scope sc = {run_opts, 0, NULL};
+        check_keys(c, g, &sc, 1);
+        if (!config_setting_get_member(g, "eval_each_epoch")) r->eval_each_epoch = spec->eval.present;
+        if (r->epochs < 1 && r->max_steps < 1)
+            cerr(c, g, "nothing to train: set epochs >= 1 or max_steps >= 1 (epochs = %lld, max_steps = %lld)",
+                 (long long)r->epochs, (long long)r->max_steps);
+        /* shuffles without a seed of their own use the run's */
+        loom_dataset_spec *ds[2] = {&spec->train, &spec->eval};
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < ds[i]->n_transforms; j++) {
+                loom_transform_spec *t = &ds[i]->transform[j];
+                if (t->kind == LOOM_T_SHUFFLE && !t->seed_set) t->seed = r->seed;
+            }
+    }
+}
+
+/* ---- overrides ----------------------------------------------------------- */
+
+/* Copies src's value (recursively for groups, lists and arrays) into dst of the same type. */
+static bool copy_value(config_setting_t *dst, const config_setting_t *src)
+{
+    switch (config_setting_type(src)) {
+    case CONFIG_TYPE_INT: return config_setting_set_int(dst, config_setting_get_int(src)) == CONFIG_TRUE;
+    case CONFIG_TYPE_INT64: return config_setting_set_int64(dst, config_setting_get_int64(src)) == CONFIG_TRUE;
+    case CONFIG_TYPE_FLOAT: return config_setting_set_float(dst, config_setting_get_float(src)) == CONFIG_TRUE;
+    case CONFIG_TYPE_STRING: return config_setting_set_string(dst, config_setting_get_string(src)) == CONFIG_TRUE;
+    case CONFIG_TYPE_BOOL: return config_setting_set_bool(dst, config_setting_get_bool(src)) == CONFIG_TRUE;
+    default: break;
+    }
+    int n = config_setting_length(src);
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *e = config_setting_get_elem(src, i);
+        config_setting_t *d = config_setting_add(dst, config_setting_is_group(src) ? config_setting_name(e) : NULL,
+                                                 config_setting_type(e));
+        if (!d || !copy_value(d, e)) return false;
+    }
+    return true;
+}
+
+/* Splits "a.b.[2].c" (also "b[2]") into components; an index is stored as "[2]". */
+static int split_key(const char *key, char comp[][LOOM_NAME_MAX], int max)
+{
+    int n = 0;
+    const char *p = key;
+    while (*p) {
+        const char *end = p;
+        if (*p == '[') {
+            end = strchr(p, ']');
+            if (!end) return -1;
+            end++;
+        } else {
+            while (*end && *end != '.' && *end != '[') end++;
+        }
+        size_t len = (size_t)(end - p);
+        if (len == 0 || len >= LOOM_NAME_MAX || n == max) return -1;
+        memcpy(comp[n], p, len);
+        comp[n][len] = 0;
+        n++;
+        p = end;
+        if (*p == '.') {
+            p++;
+            if (!*p) return -1;
+        }
+    }
+    return n;
+}
+
+static bool parse_index(const char *comp, int *out)
+{
+    char *end;
+    if (comp[0] != '[') return false;
+    long v = strtol(comp + 1, &end, 10);
+    if (end == comp + 1 || *end != ']' || end[1] || v < 0 || v > INT_MAX) return false;
+    *out = (int)v;
+    return true;
+}
+
+/* Applies one "a.b.c=value" to the tree; key is kept (as the setting's hook)
+ * so that errors about the setting say "--set a.b.c". */
+static void apply_override(ctx *c, config_t *cfg, const char *text, char *key)
+{
+    char where[300];
+    const char *eq = strchr(text, '=');
+    snprintf(where, sizeof where, "--set %s", key);
+    if (!eq || eq == text) {
+        loom_err *e = rawerr(c, LOOM_ECONFIG, where, "expected key=value, got \"%s\"", text);
+        if (e) loom_err_hint(e, "e.g. --set run.epochs=2");
+        return;
+    }
+    char comp[16][LOOM_NAME_MAX];
+    int n = split_key(key, comp, 16);
+    if (n <= 0) {
+        rawerr(c, LOOM_ECONFIG, where, "bad setting path \"%s\" (expected a.b.c or a.list.[2].c)", key);
+        return;
+    }
+    /* the value, in libconfig syntax, else a bare string */
+    const char *val = eq + 1;
+    config_t vc;
+    config_init(&vc);
+    size_t vl = strlen(val);
+    char *buf = loom_alloc(vl + 16);
+    if (!buf) {
+        config_destroy(&vc);
+        rawerr(c, LOOM_ENOMEM, where, "out of memory");
+        return;
+    }
+    snprintf(buf, vl + 16, "x = %s;", val);
+    const config_setting_t *v = NULL;
+    if (config_read_string(&vc, buf) == CONFIG_TRUE) v = config_lookup(&vc, "x");
+    loom_free(buf);
+    if (!v) {
+        config_destroy(&vc);
+        config_init(&vc);
+        config_setting_t *sv = config_setting_add(config_root_setting(&vc), "x", CONFIG_TYPE_STRING);
+        if (sv) config_setting_set_string(sv, val);
+        v = sv;
+    }
+    if (!v) {
+        rawerr(c, LOOM_ENOMEM, where, "out of memory");
+        config_destroy(&vc);
+        return;
+    }
+
+    config_setting_t *cur = config_root_setting(cfg);
+    for (int i = 0; i < n; i++) {
+        bool last = i == n - 1;
+        int idx;
+        if (parse_index(comp[i], &idx)) {
+            if (!config_setting_is_list(cur) && !config_setting_is_array(cur)) {
+                rawerr(c, LOOM_ECONFIG, where, "%s: not a list, so it has no element %s",
+                       i ? comp[i - 1] : "(top level)", comp[i]);
+                break;
+            }
+            int len = config_setting_length(cur);
+            config_setting_t *e = config_setting_get_elem(cur, (unsigned)idx);
+            if (!e && !(last && idx == len)) {
+                rawerr(c, LOOM_ECONFIG, where, "index %s is out of range (the list has %d elements)", comp[i], len);
+                break;
+            }
+            if (!last) {
+                cur = e;
+                continue;
+            }
+            if (!e) { /* append */
+                e = config_setting_add(cur, NULL, config_setting_type(v));
+                if (!e || !copy_value(e, v)) {
+                    rawerr(c, LOOM_ECONFIG, where, "cannot append this value to %s", comp[i - 1]);
+                    break;
+                }
+            } else if (config_setting_type(e) == config_setting_type(v) ||
+                       (config_setting_type(e) == CONFIG_TYPE_FLOAT && is_int(v))) {
+                while (config_setting_is_aggregate(e) && config_setting_length(e) > 0)
+                    config_setting_remove_elem(e, 0);
+                bool ok = config_setting_type(e) == CONFIG_TYPE_FLOAT && is_int(v)
+                              ? config_setting_set_float(e, (double)config_setting_get_int64(v)) == CONFIG_TRUE
+                              : copy_value(e, v);
+                if (!ok) {
+                    rawerr(c, LOOM_ECONFIG, where, "cannot set element %s to this value", comp[i]);
+                    break;
+                }
+            } else {
+                char a[300];
+                rawerr(c, LOOM_ECONFIG, where, "cannot replace element %s (%s) with a value of another type: %s",
+                       comp[i], value_str(e, a, sizeof a), val);
+                break;
+            }
+            config_setting_set_hook(e, key);
+            break;
+        }
+        if (!config_setting_is_group(cur)) {
+            rawerr(c, LOOM_ECONFIG, where, "%s is not a group, so it has no setting `%s`",
+                   i ? comp[i - 1] : "(top level)", comp[i]);
+            break;
+        }
+        config_setting_t *s = config_setting_get_member(cur, comp[i]);
+        if (!last) {
+            if (!s) {
+                s = config_setting_add(cur, comp[i], CONFIG_TYPE_GROUP);
+                if (!s) {
+                    rawerr(c, LOOM_ECONFIG, where, "bad setting name `%s`", comp[i]);
+                    break;
+                }
+                config_setting_set_hook(s, key);
+            }
+            cur = s;
+            continue;
+        }
+        if (s) config_setting_remove(cur, comp[i]);
+        s = config_setting_add(cur, comp[i], config_setting_type(v));
+        if (!s) {
+            rawerr(c, LOOM_ECONFIG, where, "bad setting name `%s`", comp[i]);
+            break;
+        }
+        if (!copy_value(s, v)) {
+            rawerr(c, LOOM_ECONFIG, where, "cannot set this value: %s", val);
+            break;
+        }
+        config_setting_set_hook(s, key);
+    }
+    config_destroy(&vc);
+}
+
+/* ---- load ---------------------------------------------------------------- */
+
+/* Orders by file, then line: "--set" errors after the file's, in their order. */
+static bool err_before(const loom_err *a, const loom_err *b)
+{
+    bool sa = !strncmp(a->where, "--set ", 6), sb = !strncmp(b->where, "--set ", 6);
+    if (sa || sb) return !sa && sb;
+    const char *ca = strrchr(a->where, ':'), *cb = strrchr(b->where, ':');
+    size_t fa = ca ? (size_t)(ca - a->where) : strlen(a->where);
+    size_t fb = cb ? (size_t)(cb - b->where) : strlen(b->where);
+    int c = strncmp(a->where, b->where, fa < fb ? fa : fb);
+    if (c || fa != fb) return c ? c < 0 : fa < fb;
+    return (ca ? atol(ca + 1) : 0) < (cb ? atol(cb + 1) : 0);
+}
+
+static void sort_errors(loom_errlist *errs)
+{
+    for (int i = 1; i < errs->n; i++) { /* insertion sort: stable */
+        loom_err e = errs->e[i];
+        int j = i;
+        for (; j > 0 && err_before(&e, &errs->e[j - 1]); j--) errs->e[j] = errs->e[j - 1];
+        errs->e[j] = e;
+    }
+}
+
+static void config_dir(const char *path, char *dir, size_t n)
+{
+    char tmp[LOOM_PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    char *slash = strrchr(tmp, '/');
+    if (!slash)
+        snprintf(tmp, sizeof tmp, ".");
+    else if (slash == tmp)
+        tmp[1] = 0;
+    else
+        *slash = 0;
+    char abs[PATH_MAX];
+    if (!realpath(tmp, abs) || snprintf(dir, n, "%s", abs) >= (int)n)
+        snprintf(dir, n, "%s", tmp); /* unresolvable or too long: relative to the working directory */
+}
+
+int loom_config_load(loom_spec **out, const char *path, const char *const *overrides, int n_overrides,
+                     loom_errlist *errs)
+{
+    loom_errlist local;
+    if (!errs) errs = &local;
+    errs->n = 0;
+    *out = NULL;
+    ctx c = {.path = path, .errs = errs};
+
+    if (strlen(path) >= LOOM_PATH_MAX) {
+        rawerr(&c, LOOM_ECONFIG, path, "config path is too long");
+        return LOOM_ECONFIG;
+    }
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        loom_err *e = rawerr(&c, LOOM_EIO, path, "cannot read the config file: %s", strerror(errno));
+        (void)e;
+        return LOOM_EIO;
+    }
+    fclose(f);
+    config_dir(path, c.dir, sizeof c.dir);
+    const char *slash = strrchr(path, '/');
+    snprintf(c.pdir, sizeof c.pdir, "%.*s", slash ? (int)(slash - path + 1) : 0, path);
+
+    config_t cfg;
+    config_init(&cfg);
+    config_set_include_dir(&cfg, c.dir);
+    if (config_read_file(&cfg, path) != CONFIG_TRUE) {
+        const char *ef = config_error_file(&cfg);
+        char where[LOOM_PATH_MAX + 16];
+        if (config_error_type(&cfg) == CONFIG_ERR_FILE_IO) {
+            rawerr(&c, LOOM_EIO, ef ? ef : path, "cannot read the config file");
+            config_destroy(&cfg);
+            return LOOM_EIO;
+        }
+        snprintf(where, sizeof where, "%s:%d", ef ? ef : path, config_error_line(&cfg));
+        rawerr(&c, LOOM_ECONFIG, where, "syntax error: %s",
+               config_error_text(&cfg) ? config_error_text(&cfg) : "unparsable");
+        config_destroy(&cfg);
+        return LOOM_ECONFIG;
+    }
+
+    /* the keys of the overrides, kept as hooks on the settings they set */
+    char **keys = n_overrides > 0 ? loom_calloc((size_t)n_overrides, sizeof *keys) : NULL;
+    if (n_overrides > 0 && !keys) {
+        config_destroy(&cfg);
+        rawerr(&c, LOOM_ENOMEM, "", "out of memory");
+        return LOOM_ENOMEM;
+    }
+    for (int i = 0; i < n_overrides; i++) {
+        const char *eq = strchr(overrides[i], '=');
+        size_t kl = eq ? (size_t)(eq - overrides[i]) : strlen(overrides[i]);
+        keys[i] = loom_alloc(kl + 1);
+        if (!keys[i]) {
+            rawerr(&c, LOOM_ENOMEM, "", "out of memory");
+            break;
+        }
+        memcpy(keys[i], overrides[i], kl);
+        keys[i][kl] = 0;
+        apply_override(&c, &cfg, overrides[i], keys[i]);
+    }
+
+    loom_spec *spec = loom_calloc(1, sizeof *spec);
+    if (!spec) rawerr(&c, LOOM_ENOMEM, "", "out of memory");
+    if (spec) {
+        snprintf(spec->path, sizeof spec->path, "%s", path);
+        validate(&c, config_root_setting(&cfg), spec);
+    }
+    config_destroy(&cfg);
+    for (int i = 0; i < n_overrides; i++) loom_free(keys[i]);
+    loom_free(keys);
+
+    if (errs->n) {
+        sort_errors(errs);
+        loom_free(spec);
+        for (int i = 0; i < errs->n; i++)
+            if (errs->e[i].code == LOOM_ENOMEM) return LOOM_ENOMEM;
+        return LOOM_ECONFIG;
+    }
+    *out = spec;
+    return LOOM_OK;
+}
+
+void loom_config_free(loom_spec *s) { loom_free(s); }

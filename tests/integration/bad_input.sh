@@ -1,3 +1,98 @@
-#!/bin/sh
-echo 1..1
-echo "ok 1 - placeholder"
+#!/usr/bin/env bash
+# bad_input.sh - bad configs, data and checkpoints get a clear error naming
+# the file (and line), the right exit status, and nothing is written.
+source "$(dirname "$0")/lib.sh"
+CFG=tests/configs/small_mlp.cfg
+D="$WORK/cfg"; mkdir -p "$D"
+
+mk() { # mk NAME: writes $D/NAME.cfg from stdin
+    cat > "$D/$1.cfg"
+}
+nothing_written() { if [ ! -e "$1" ]; then pass "$2: nothing written"; else fail "$2: nothing written" "$(ls -la "$1")"; fi; }
+
+# --- configs -------------------------------------------------------------
+printf 'version = 1;\nrun: { epochs = 3 }\n' > "$D/syntax.cfg"   # missing semicolon inside a group is fine; a missing brace is not
+printf 'version = 1;\nrun: { epochs = 3;\n' > "$D/syntax.cfg"
+expect_fail 2 "syntax error names file:line" "syntax.cfg:3" "$LOOM" train "$D/syntax.cfg" --model-dir "$WORK/m1"
+nothing_written "$WORK/m1" "syntax error"
+
+sed 's/epochs = 3;/epocs = 3;/' $CFG > "$D/unknown.cfg"
+expect_fail 2 "unknown key suggests the nearest" "epochs" "$LOOM" train "$D/unknown.cfg" --model-dir "$WORK/m2"
+out=$("$LOOM" check "$D/unknown.cfg" 2>&1); contains "unknown key names the line" "unknown.cfg:36" "$out"
+nothing_written "$WORK/m2" "unknown key"
+
+sed 's/epochs = 3;/epochs = "three";/' $CFG > "$D/type.cfg"
+expect_fail 2 "wrong type" "run.epochs" "$LOOM" train "$D/type.cfg" --model-dir "$WORK/m3"
+nothing_written "$WORK/m3" "wrong type"
+
+sed 's/size = 64;/size = -64;/' $CFG > "$D/negbatch.cfg"
+expect_fail 2 "negative batch size" "size" "$LOOM" train "$D/negbatch.cfg" --model-dir "$WORK/m4"
+out=$("$LOOM" check "$D/negbatch.cfg" 2>&1); contains "negative batch size names the line" "negbatch.cfg:12" "$out"
+nothing_written "$WORK/m4" "negative batch"
+
+# --- data ----------------------------------------------------------------
+I="$WORK/idx"; mkdir -p "$I"
+python3 - "$I" <<'PY'
+import sys, struct, gzip
+d = sys.argv[1]
+def idx(path, dims, payload, magic=None, gz=False):
+    head = (magic if magic is not None else bytes([0, 0, 8, len(dims)])) + b''.join(struct.pack('>I', x) for x in dims)
+    data = head + payload
+    (gzip.open if gz else open)(path, 'wb').write(data)
+idx(f'{d}/img.idx', [100, 28, 28], bytes(100 * 784))
+idx(f'{d}/lbl.idx.gz', [100], bytes(i % 10 for i in range(100)), gz=True)
+idx(f'{d}/lbl90.idx', [90], bytes(90))
+idx(f'{d}/trunc.idx', [100, 28, 28], bytes(50 * 784))
+idx(f'{d}/magic.idx', [100, 28, 28], bytes(100 * 784), magic=b'\x12\x34\x08\x03')
+PY
+idxcfg() { # idxcfg NAME IMAGES LABELS [extra layers]
+cat > "$D/$1.cfg" <<CFG
+version = 1;
+data: { train: {
+  source: { type = "idx"; features: { image = "$2"; label = "$3"; }; };
+  transforms = ( { op = "map"; fn = "scale"; feature = "image"; scale = 0.0039; }, { op = "batch"; size = 10; } );
+}; };
+model: { layers = ( ${4:-{ type = "flatten"; },} { type = "dense"; units = 10; } ); };
+optimizer: { type = "sgd"; learning_rate = 0.1; };
+run: { model_dir = "$WORK/idxrun_$1"; epochs = 1; progress = "none"; };
+CFG
+}
+idxcfg ok "$I/img.idx" "$I/lbl.idx.gz"
+check "a good IDX config trains (plain and gzip files)" "$LOOM" train "$D/ok.cfg"
+idxcfg missing "$I/nope.idx" "$I/lbl.idx.gz"
+expect_fail 2 "missing IDX file names it" "nope.idx" "$LOOM" train "$D/missing.cfg"
+nothing_written "$WORK/idxrun_missing" "missing IDX"
+idxcfg trunc "$I/trunc.idx" "$I/lbl.idx.gz"
+expect_fail 2 "truncated IDX file names it" "trunc.idx" "$LOOM" train "$D/trunc.cfg"
+nothing_written "$WORK/idxrun_trunc" "truncated IDX"
+idxcfg magic "$I/magic.idx" "$I/lbl.idx.gz"
+expect_fail 2 "wrong IDX magic names it" "magic.idx" "$LOOM" train "$D/magic.cfg"
+idxcfg mismatch "$I/img.idx" "$I/lbl90.idx"
+expect_fail 2 "images and labels of different lengths" "lbl90.idx" "$LOOM" train "$D/mismatch.cfg"
+nothing_written "$WORK/idxrun_mismatch" "length mismatch"
+idxcfg noflatten "$I/img.idx" "$I/lbl.idx.gz" " "
+expect_fail 2 "model input shape mismatch suggests flatten" "flatten" "$LOOM" check "$D/noflatten.cfg"
+out=$("$LOOM" check "$D/noflatten.cfg" 2>&1); contains "shape mismatch names the layer's line" "noflatten.cfg:6" "$out"
+
+# --- model_dir -----------------------------------------------------------
+touch "$WORK/afile"
+expect_fail 1 "unwritable model_dir" "afile" "$LOOM" train $CFG --model-dir "$WORK/afile/sub" --set run.max_steps=2
+
+# --- checkpoints ---------------------------------------------------------
+check "train 20 steps" "$LOOM" train $CFG --model-dir "$WORK/ck" --set run.max_steps=20 --set run.progress='"none"'
+cp "$WORK/ck/ckpt-20.loom" "$WORK/good20"
+head -c 1000 "$WORK/good20" > "$WORK/ck/ckpt-20.loom"
+expect_fail 1 "truncated checkpoint is refused with its name" "ckpt-20.loom" "$LOOM" train $CFG --model-dir "$WORK/ck" --set run.max_steps=30
+out=$("$LOOM" train $CFG --model-dir "$WORK/ck" --set run.max_steps=30 2>&1); contains "truncated checkpoint says truncated" "truncated" "$out"
+if [ ! -e "$WORK/ck/ckpt-30.loom" ]; then pass "no silent restart from scratch"; else fail "no silent restart from scratch"; fi
+python3 -c "
+import sys; b = bytearray(open('$WORK/good20','rb').read()); b[len(b)//2] ^= 0xff; open('$WORK/ck/ckpt-20.loom','wb').write(b)"
+expect_fail 1 "corrupt checkpoint is refused" "corrupt" "$LOOM" train $CFG --model-dir "$WORK/ck" --set run.max_steps=30
+check "--fresh starts over" "$LOOM" train $CFG --model-dir "$WORK/ck" --set run.max_steps=30 --fresh --set run.progress='"none"'
+# a checkpoint of another model
+check "train a different model" "$LOOM" train $CFG --model-dir "$WORK/other" --set run.max_steps=10 --set run.progress='"none"'
+expect_fail 1 "checkpoint of a different model is refused" "different model" "$LOOM" train $CFG --model-dir "$WORK/other" --set 'model.layers.[1].units=32'
+
+# --- non-finite loss -----------------------------------------------------
+expect_fail 1 "a diverging loss stops with the step" "not finite at step" "$LOOM" train $CFG --model-dir "$WORK/nan" --set optimizer.learning_rate=1e30 --set optimizer.momentum=0.99 --set run.checkpoint_steps=1
+finish

@@ -1,0 +1,26 @@
+/* config_internal.h - shared between config.c (loading) and config_print.c.
+ * The name tables are NULL-terminated and indexed by the matching enum, so a
+ * name is resolved to its enum by position and printed back the same way. */
+#ifndef LOOM_CONFIG_INTERNAL_H
+#define LOOM_CONFIG_INTERNAL_H
+
+#include "config/config.h"
+
+extern const char *const loom_cfg_dtype_names_[];     /* loom_cfg_dtype */
+extern const char *const loom_source_names_[];        /* loom_source_kind */
+extern const char *const loom_map_names_[];           /* loom_map_kind */
+extern const char *const loom_transform_names_[];     /* loom_transform_kind */
+extern const char *const loom_layer_names_[];         /* loom_layer_kind */
+extern const char *const loom_activation_names_[];    /* loom_activation */
+extern const char *const loom_init_names_[];          /* loom_init */
+extern const char *const loom_padding_names_[];       /* loom_padding */
+extern const char *const loom_loss_names_[];          /* loom_loss_kind */
+extern const char *const loom_opt_names_[];           /* loom_opt_kind */
+extern const char *const loom_sched_names_[];         /* loom_sched_kind */
+extern const char *const loom_strategy_names_[];      /* loom_strategy_kind */
+extern const char *const loom_progress_names_[];      /* loom_progress */
+
+/* names[i], or "?" when i is out of range. */
+const char *loom_cfg_name_(const char *const *names, int i);
+
+#endif

@@ -1,0 +1,262 @@
+/* config_print.c - a loom_spec back into libconfig syntax, every default
+ * filled in, so that loom_config_load reads it back to an equal spec
+ * (idx files are printed as the absolute paths they were resolved to).
+ * Threads: none. */
+#include "config/config_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static void put_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(f, "\\%c", *p);
+        else if (*p == '\n')
+            fputs("\\n", f);
+        else if (*p == '\t')
+            fputs("\\t", f);
+        else if (*p < 0x20)
+            fprintf(f, "\\x%02x", *p);
+        else
+            fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+/* Exact: reads back to the same double; always a float literal for libconfig. */
+static void put_f64(FILE *f, double v)
+{
+    char buf[64];
+    snprintf(buf, sizeof buf, "%.15g", v);
+    if (strtod(buf, NULL) != v) snprintf(buf, sizeof buf, "%.17g", v);
+    if (!strpbrk(buf, ".eE")) strcat(buf, ".0");
+    fputs(buf, f);
+}
+
+static bool big(int64_t v) { return v > INT32_MAX || v < INT32_MIN; }
+
+/* libconfig needs the L suffix beyond 32 bits (long forces it, for arrays,
+ * whose elements must all be of one type). */
+static void put_int(FILE *f, int64_t v, bool lng)
+{
+    fprintf(f, lng || big(v) ? "%lldL" : "%lld", (long long)v);
+}
+
+static void put_i64(FILE *f, int64_t v) { put_int(f, v, false); }
+
+/* [a, b, c] */
+static void put_i64_array(FILE *f, const int64_t *v, int n)
+{
+    bool lng = false;
+    for (int i = 0; i < n; i++) lng = lng || big(v[i]);
+    fputc('[', f);
+    for (int i = 0; i < n; i++) {
+        if (i) fputs(", ", f);
+        put_int(f, v[i], lng);
+    }
+    fputc(']', f);
+}
+
+static void ind(FILE *f, int depth) { fprintf(f, "%*s", depth * 2, ""); }
+
+static void kv_str(FILE *f, int d, const char *k, const char *v)
+{
+    ind(f, d);
+    fprintf(f, "%s = ", k);
+    put_str(f, v);
+    fputs(";\n", f);
+}
+
+static void kv_f64(FILE *f, int d, const char *k, double v)
+{
+    ind(f, d);
+    fprintf(f, "%s = ", k);
+    put_f64(f, v);
+    fputs(";\n", f);
+}
+
+static void kv_i64(FILE *f, int d, const char *k, int64_t v)
+{
+    ind(f, d);
+    fprintf(f, "%s = ", k);
+    put_i64(f, v);
+    fputs(";\n", f);
+}
+
+static void kv_bool(FILE *f, int d, const char *k, bool v)
+{
+    ind(f, d);
+    fprintf(f, "%s = %s;\n", k, v ? "true" : "false");
+}
+
+static void kv_pair(FILE *f, int d, const char *k, const int v[2])
+{
+    ind(f, d);
+    fprintf(f, "%s = [%d, %d];\n", k, v[0], v[1]);
+}
+
+static void print_dataset(FILE *f, const char *name, const loom_dataset_spec *ds)
+{
+    const loom_source_spec *src = &ds->source;
+    fprintf(f, "  %s: {\n    source: {\n", name);
+    kv_str(f, 3, "type", loom_cfg_name_(loom_source_names_, (int)src->kind));
+    if (src->kind == LOOM_SRC_IDX) {
+        fputs("      features: {\n", f);
+        for (int i = 0; i < src->n_features; i++) kv_str(f, 4, src->feature[i], src->file[i]);
+        fputs("      };\n", f);
+    } else {
+        kv_str(f, 3, "name", src->name);
+        kv_str(f, 3, "split", src->split);
+    }
+    fputs("    };\n    transforms = (", f);
+    for (int i = 0; i < ds->n_transforms; i++) {
+        const loom_transform_spec *t = &ds->transform[i];
+        const loom_map_spec *m = &t->map;
+        fprintf(f, "%s\n      {\n", i ? "," : "");
+        kv_str(f, 4, "op", loom_transform_kind_name(t->kind));
+        switch (t->kind) {
+        case LOOM_T_MAP:
+            kv_str(f, 4, "fn", loom_map_kind_name(m->kind));
+            kv_str(f, 4, "feature", m->feature);
+            switch (m->kind) {
+            case LOOM_MAP_CAST: kv_str(f, 4, "dtype", loom_cfg_name_(loom_cfg_dtype_names_, (int)m->dtype)); break;
+            case LOOM_MAP_SCALE:
+                kv_f64(f, 4, "scale", m->scale);
+                kv_f64(f, 4, "offset", m->offset);
+                break;
+            case LOOM_MAP_NORMALIZE:
+                kv_f64(f, 4, "mean", m->mean);
+                kv_f64(f, 4, "std", m->std);
+                break;
+            case LOOM_MAP_ONE_HOT: kv_i64(f, 4, "depth", m->depth); break;
+            case LOOM_MAP_RESHAPE:
+                ind(f, 4);
+                fputs("shape = ", f);
+                put_i64_array(f, m->shape, m->rank);
+                fputs(";\n", f);
+                break;
+            case LOOM_MAP_FLIP_LR: break;
+            }
+            break;
+        case LOOM_T_SHUFFLE:
+            kv_i64(f, 4, "buffer", t->buffer);
+            if (t->seed_set) kv_i64(f, 4, "seed", (int64_t)t->seed);
+            kv_bool(f, 4, "reshuffle", t->reshuffle);
+            break;
+        case LOOM_T_BATCH:
+            kv_i64(f, 4, "size", t->batch_size);
+            kv_bool(f, 4, "drop_remainder", t->drop_remainder);
+            break;
+        case LOOM_T_REPEAT:
+        case LOOM_T_TAKE:
+        case LOOM_T_SKIP: kv_i64(f, 4, "count", t->count); break;
+        case LOOM_T_PREFETCH: kv_i64(f, 4, "buffer", t->buffer); break;
+        }
+        fputs("      }", f);
+    }
+    fputs(ds->n_transforms ? "\n    );\n  };\n" : ");\n  };\n", f);
+}
+
+static void print_layer(FILE *f, const loom_layer_spec *l)
+{
+    kv_str(f, 3, "type", loom_layer_kind_name(l->kind));
+    kv_str(f, 3, "name", l->name);
+    switch (l->kind) {
+    case LOOM_LAYER_DENSE: kv_i64(f, 3, "units", l->units); break;
+    case LOOM_LAYER_CONV2D:
+        kv_i64(f, 3, "filters", l->filters);
+        kv_pair(f, 3, "kernel_size", l->kernel);
+        kv_pair(f, 3, "strides", l->stride);
+        kv_str(f, 3, "padding", loom_cfg_name_(loom_padding_names_, (int)l->padding));
+        break;
+    case LOOM_LAYER_MAX_POOL2D:
+        kv_pair(f, 3, "pool_size", l->pool);
+        kv_pair(f, 3, "strides", l->stride);
+        kv_str(f, 3, "padding", loom_cfg_name_(loom_padding_names_, (int)l->padding));
+        break;
+    case LOOM_LAYER_DROPOUT: kv_f64(f, 3, "rate", l->rate); break;
+    case LOOM_LAYER_FLATTEN: break;
+    case LOOM_LAYER_ACTIVATION: break;
+    }
+    if (l->kind == LOOM_LAYER_DENSE || l->kind == LOOM_LAYER_CONV2D || l->kind == LOOM_LAYER_ACTIVATION)
+        kv_str(f, 3, "activation", loom_activation_name(l->activation));
+    if (l->kind == LOOM_LAYER_DENSE || l->kind == LOOM_LAYER_CONV2D) {
+        kv_str(f, 3, "kernel_init", loom_cfg_name_(loom_init_names_, (int)l->kernel_init));
+        kv_bool(f, 3, "use_bias", l->use_bias);
+    }
+}
+
+void loom_config_print(const loom_spec *s, FILE *f)
+{
+    fprintf(f, "# %s, resolved by loom %s: every default filled in\n", s->path, LOOM_VERSION);
+    fputs("version = 1;\n\ndata: {\n", f);
+    print_dataset(f, "train", &s->train);
+    if (s->eval.present) print_dataset(f, "eval", &s->eval);
+    fputs("};\n\nmodel: {\n", f);
+    const loom_model_spec *m = &s->model;
+    kv_str(f, 1, "input", m->input);
+    kv_str(f, 1, "label", m->label);
+    kv_str(f, 1, "loss", loom_cfg_name_(loom_loss_names_, (int)m->loss));
+    fputs("  layers = (", f);
+    for (int i = 0; i < m->n_layers; i++) {
+        fprintf(f, "%s\n    {\n", i ? "," : "");
+        print_layer(f, &m->layer[i]);
+        fputs("    }", f);
+    }
+    fputs("\n  );\n};\n\noptimizer: {\n", f);
+    const loom_optimizer_spec *o = &s->optimizer;
+    kv_str(f, 1, "type", loom_cfg_name_(loom_opt_names_, (int)o->kind));
+    kv_f64(f, 1, "learning_rate", o->learning_rate);
+    if (o->kind == LOOM_OPT_MOMENTUM) {
+        kv_f64(f, 1, "momentum", o->momentum);
+        kv_bool(f, 1, "nesterov", o->nesterov);
+    }
+    if (o->kind == LOOM_OPT_ADAM) {
+        kv_f64(f, 1, "beta1", o->beta1);
+        kv_f64(f, 1, "beta2", o->beta2);
+        kv_f64(f, 1, "epsilon", o->epsilon);
+    }
+    const loom_schedule_spec *sch = &o->schedule;
+    fputs("  schedule: {\n", f);
+    kv_str(f, 2, "type", loom_cfg_name_(loom_sched_names_, (int)sch->kind));
+    switch (sch->kind) {
+    case LOOM_SCHED_CONSTANT: break;
+    case LOOM_SCHED_EXPONENTIAL_DECAY:
+        kv_i64(f, 2, "decay_steps", sch->decay_steps);
+        kv_f64(f, 2, "decay_rate", sch->decay_rate);
+        kv_bool(f, 2, "staircase", sch->staircase);
+        break;
+    case LOOM_SCHED_PIECEWISE_CONSTANT:
+        fputs("    boundaries = ", f);
+        put_i64_array(f, sch->boundaries, sch->n_boundaries);
+        fputs(";\n    values = [", f);
+        for (int i = 0; i <= sch->n_boundaries; i++) {
+            if (i) fputs(", ", f);
+            put_f64(f, sch->values[i]);
+        }
+        fputs("];\n", f);
+        break;
+    case LOOM_SCHED_COSINE:
+        kv_i64(f, 2, "decay_steps", sch->decay_steps);
+        kv_f64(f, 2, "alpha", sch->alpha);
+        break;
+    }
+    fputs("  };\n};\n\nstrategy: {\n", f);
+    kv_str(f, 1, "type", loom_strategy_kind_name(s->strategy.kind));
+    if (s->strategy.kind == LOOM_STRAT_ONE_DEVICE) kv_str(f, 1, "device", s->strategy.device);
+    fputs("};\n\nrun: {\n", f);
+    const loom_run_spec *r = &s->run;
+    kv_str(f, 1, "model_dir", r->model_dir);
+    kv_i64(f, 1, "epochs", r->epochs);
+    kv_i64(f, 1, "max_steps", r->max_steps);
+    kv_i64(f, 1, "seed", (int64_t)r->seed);
+    kv_i64(f, 1, "checkpoint_steps", r->checkpoint_steps);
+    kv_i64(f, 1, "keep_checkpoints", r->keep_checkpoints);
+    kv_i64(f, 1, "log_steps", r->log_steps);
+    kv_i64(f, 1, "threads", r->threads);
+    kv_bool(f, 1, "eval_each_epoch", r->eval_each_epoch);
+    kv_str(f, 1, "progress", loom_cfg_name_(loom_progress_names_, (int)r->progress));
+    fputs("};\n", f);
+}
