@@ -1,1 +1,881 @@
-/* placeholder */
+/* transforms.c - the synchronous stages: map (built-in ops on one feature),
+ * shuffle (tf.data's buffer algorithm), batch, repeat, take, skip.
+ * Buffers are sized at open from the upstream max shapes; next() never
+ * allocates, except while a shuffle buffer first grows towards its size when
+ * the input's cardinality is unknown. Maps work in place when the upstream
+ * buffer is writable (mut) and the dtype size allows, else into their own
+ * preallocated output. */
+#include "data_internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* ---- dtype conversion ------------------------------------------------------ */
+
+#define SAT_(x, lo, hi) ((x) != (x) ? 0 : (x) <= (lo) ? (lo) : (x) >= (hi) ? (hi) : (x))
+#define CONV_LOOP_(ST, DT, E)                                       \
+    {                                                               \
+        const ST *a = src;                                          \
+        DT *b = dst;                                                \
+        for (size_t i = 0; i < n; i++) {                            \
+            ST x = a[i];                                            \
+            b[i] = (DT)(E);                                         \
+        }                                                           \
+        return;                                                     \
+    }
+#define ROW_INT_(ST)                                                \
+    switch (dd) {                                                   \
+    case LOOM_U8: CONV_LOOP_(ST, uint8_t, x)                        \
+    case LOOM_I32: CONV_LOOP_(ST, int32_t, x)                       \
+    case LOOM_I64: CONV_LOOP_(ST, int64_t, x)                       \
+    case LOOM_F32: CONV_LOOP_(ST, float, x)                         \
+    case LOOM_F64: CONV_LOOP_(ST, double, x)                        \
+    default: break;                                                 \
+    }                                                               \
+    break
+/* float to int truncates toward zero, saturates, and maps NaN to 0 */
+#define ROW_FLT_(ST)                                                                        \
+    switch (dd) {                                                                           \
+    case LOOM_U8: CONV_LOOP_(ST, uint8_t, SAT_(x, 0, 255))                                  \
+    case LOOM_I32: CONV_LOOP_(ST, int32_t, SAT_((double)x, -2147483648.0, 2147483647.0))    \
+    case LOOM_I64: CONV_LOOP_(ST, int64_t, SAT_((double)x, -9223372036854775808.0, 9223372036854774784.0)) \
+    case LOOM_F32: CONV_LOOP_(ST, float, x)                                                 \
+    case LOOM_F64: CONV_LOOP_(ST, double, x)                                                \
+    default: break;                                                                         \
+    }                                                                                       \
+    break
+
+/* n values of sd at src into dd at dst; src == dst is allowed when the sizes are equal. */
+static void convert(const void *src, loom_dtype sd, void *dst, loom_dtype dd, size_t n)
+{
+    switch (sd) {
+    case LOOM_U8: ROW_INT_(uint8_t);
+    case LOOM_I32: ROW_INT_(int32_t);
+    case LOOM_I64: ROW_INT_(int64_t);
+    case LOOM_F32: ROW_FLT_(float);
+    case LOOM_F64: ROW_FLT_(double);
+    default: break;
+    }
+    LOOM_ASSERT(!"bad dtype pair");
+}
+
+/* Elementwise float32 results of any input dtype; E_(v) is the op, defined around each use. */
+#define AFFINE_LOOP_(ST)                                                \
+    {                                                                   \
+        const ST *a = src;                                              \
+        for (size_t i = 0; i < n; i++) dst[i] = E_((float)a[i]);        \
+        return;                                                         \
+    }
+#define AFFINE_ALL_                                                     \
+    switch (sd) {                                                       \
+    case LOOM_U8: AFFINE_LOOP_(uint8_t)                                 \
+    case LOOM_I32: AFFINE_LOOP_(int32_t)                                \
+    case LOOM_I64: AFFINE_LOOP_(int64_t)                                \
+    case LOOM_F32: AFFINE_LOOP_(float)                                  \
+    case LOOM_F64: AFFINE_LOOP_(double)                                 \
+    default: LOOM_ASSERT(!"bad dtype");                                 \
+    }
+
+static void scale_vals(const void *src, loom_dtype sd, float *dst, size_t n, float sc, float off)
+{
+#define E_(v) ((v) * sc + off)
+    AFFINE_ALL_
+#undef E_
+}
+
+static void normalize_vals(const void *src, loom_dtype sd, float *dst, size_t n, float mean, float std)
+{
+#define E_(v) (((v) - mean) / std)
+    AFFINE_ALL_
+#undef E_
+}
+
+static int is_int(loom_dtype t) { return t == LOOM_U8 || t == LOOM_I32 || t == LOOM_I64; }
+
+static const char *const map_names[] = {
+    [LOOM_MAP_CAST] = "cast", [LOOM_MAP_SCALE] = "scale", [LOOM_MAP_NORMALIZE] = "normalize",
+    [LOOM_MAP_ONE_HOT] = "one_hot", [LOOM_MAP_RESHAPE] = "reshape", [LOOM_MAP_FLIP_LR] = "random_flip_left_right",
+};
+
+/* ---- map ------------------------------------------------------------------ */
+
+typedef struct mapst {
+    dstage        s;
+    loom_map_spec m;
+    int           f;        /* the feature */
+    loom_dtype    in_dt, out_dt;
+    uint8_t      *buf;      /* own output, sized for the max shape; NULL when never needed */
+    uint64_t      seed;     /* random ops */
+    int64_t       epoch, pos; /* pos: elements (images for flip) seen this pass: the RNG index */
+    uint8_t      *flags;    /* flip: per image of a batched element */
+} mapst;
+
+static void flip_image(const uint8_t *src, uint8_t *dst, int64_t H, int64_t W, size_t px)
+{
+    for (int64_t h = 0; h < H; h++) {
+        const uint8_t *r = src + (size_t)(h * W) * px;
+        uint8_t *o = dst + (size_t)(h * W) * px;
+        if (r == o) {
+            uint8_t tmp[64];
+            for (int64_t w = 0; w < W / 2; w++) {
+                uint8_t *x = o + (size_t)w * px, *y = o + (size_t)(W - 1 - w) * px;
+                for (size_t done = 0; done < px; done += sizeof tmp) {
+                    size_t k = px - done < sizeof tmp ? px - done : sizeof tmp;
+                    memcpy(tmp, x + done, k);
+                    memcpy(x + done, y + done, k);
+                    memcpy(y + done, tmp, k);
+                }
+            }
+        } else if (px == 1) {
+            for (int64_t w = 0; w < W; w++) o[w] = r[W - 1 - w];
+        } else {
+            for (int64_t w = 0; w < W; w++) memcpy(o + (size_t)w * px, r + (size_t)(W - 1 - w) * px, px);
+        }
+    }
+}
+
+/* Elements in a tensor with bd leading batch dims (1 when unbatched). */
+static int64_t elems_of(const loom_tensor *t, int bd)
+{
+    int64_t k = 1;
+    for (int d = 0; d < bd; d++) k *= t->shape.dim[d];
+    return k;
+}
+
+static int map_next(dstage *st, loom_elem **out, loom_err *err)
+{
+    mapst *s = (mapst *)st;
+    loom_elem *e;
+    int rc = dstage_next_(st->in, &e, err);
+    if (rc) return rc;
+    int f = s->f;
+    st->out = *e;
+    memcpy(st->mut, st->in->mut, sizeof st->mut);
+    *out = &st->out;
+    loom_tensor *t = &st->out.t[f];
+    size_t n = (size_t)loom_shape_numel(&t->shape);
+    int inplace = st->in->mut[f] && loom_dtype_size(t->dtype) == loom_dtype_size(s->out_dt);
+    void *dst = inplace ? t->data : s->buf;
+    switch (s->m.kind) {
+    case LOOM_MAP_CAST:
+        if (t->dtype != s->out_dt) convert(t->data, t->dtype, dst, s->out_dt, n);
+        else dst = t->data;
+        break;
+    case LOOM_MAP_SCALE:
+        scale_vals(t->data, t->dtype, dst, n, (float)s->m.scale, (float)s->m.offset);
+        break;
+    case LOOM_MAP_NORMALIZE:
+        normalize_vals(t->data, t->dtype, dst, n, (float)s->m.mean, (float)s->m.std);
+        break;
+    case LOOM_MAP_ONE_HOT: {
+        size_t depth = (size_t)s->m.depth;
+        float *o = (float *)s->buf;
+        memset(o, 0, n * depth * sizeof *o);
+        for (size_t i = 0; i < n; i++) {
+            int64_t v = (int64_t)loom_tensor_get(t, (int64_t)i);
+            if (v < 0 || v >= (int64_t)depth) {
+                int64_t idx = s->pos + (int64_t)(i / (n / (size_t)elems_of(t, st->batch_dims)));
+                return dstage_err_(st, err, LOOM_EDATA, "map(one_hot) on \"%s\": element %lld has value %lld, outside [0, %lld)",
+                                   st->spec.name[f], (long long)idx, (long long)v, (long long)depth);
+            }
+            o[i * depth + (size_t)v] = 1.0f;
+        }
+        t->shape.dim[t->shape.rank++] = (int64_t)depth;
+        dst = o;
+        break;
+    }
+    case LOOM_MAP_RESHAPE: {
+        /* keep the actual leading batch dims, replace the rest */
+        loom_shape sh = st->spec.shape[f];
+        for (int d = 0; d < st->batch_dims; d++) sh.dim[d] = t->shape.dim[d];
+        t->shape = sh;
+        s->pos += elems_of(t, st->batch_dims);
+        return LOOM_OK; /* a view: mut unchanged */
+    }
+    case LOOM_MAP_FLIP_LR: {
+        int bd = st->batch_dims;
+        int64_t images = elems_of(t, bd);
+        int64_t H = t->shape.dim[bd], W = t->shape.dim[bd + 1];
+        int64_t C = t->shape.rank - bd == 3 ? t->shape.dim[bd + 2] : 1;
+        size_t px = (size_t)C * loom_dtype_size(t->dtype), img = (size_t)(H * W) * px;
+        int any = 0;
+        for (int64_t k = 0; k < images; k++) {
+            loom_rng g;
+            loom_rng_init(&g, s->seed, (uint64_t)st->id, (uint64_t)s->epoch, (uint64_t)(s->pos + k));
+            s->flags[k] = loom_rng_uniform(&g) < 0.5f;
+            any |= s->flags[k];
+        }
+        s->pos += images;
+        if (!any) return LOOM_OK; /* untouched: pass the input through */
+        uint8_t *src = t->data, *o = inplace ? src : s->buf;
+        for (int64_t k = 0; k < images; k++) {
+            if (s->flags[k])
+                flip_image(src + (size_t)k * img, o + (size_t)k * img, H, W, px);
+            else if (o != src)
+                memcpy(o + (size_t)k * img, src + (size_t)k * img, img);
+        }
+        t->data = o;
+        st->mut[f] = 1;
+        return LOOM_OK;
+    }
+    }
+    s->pos += elems_of(t, st->batch_dims);
+    t->data = dst;
+    t->dtype = s->out_dt;
+    st->mut[f] = dst == s->buf || st->in->mut[f];
+    return LOOM_OK;
+}
+
+static int map_rewind(dstage *st, int64_t epoch, loom_err *err)
+{
+    mapst *s = (mapst *)st;
+    s->epoch = epoch;
+    s->pos = 0;
+    return st->in->ops->rewind(st->in, epoch, err);
+}
+
+static void map_save(dstage *st, loom_buf *b)
+{
+    mapst *s = (mapst *)st;
+    loom_buf_put_i64(b, s->epoch);
+    loom_buf_put_i64(b, s->pos);
+}
+
+static int map_restore(dstage *st, loom_buf *b, loom_err *err)
+{
+    mapst *s = (mapst *)st;
+    s->epoch = loom_buf_get_i64(b);
+    s->pos = loom_buf_get_i64(b);
+    if (b->failed) return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "iterator state is truncated (map)");
+    return LOOM_OK;
+}
+
+static void map_close(dstage *st)
+{
+    mapst *s = (mapst *)st;
+    loom_free(s->buf);
+    loom_free(s->flags);
+    loom_free(s);
+}
+
+static const dstage_ops map_ops = {
+    .next = map_next, .rewind = map_rewind, .save = map_save, .restore = map_restore, .close = map_close,
+};
+
+static char *shape_str(const loom_shape *s, char *buf, size_t n) { return loom_shape_str(s, buf, n); }
+
+/* Checks and resolves a reshape; fills the new spec and max shapes of feature f. */
+static int reshape_check(mapst *s, loom_err *err)
+{
+    dstage *st = &s->s;
+    int f = s->f, bd = st->batch_dims;
+    const loom_map_spec *m = &s->m;
+    loom_shape in = st->spec.shape[f];
+    char a[128], b[128];
+    if (m->rank < 0 || m->rank > 8 || bd + m->rank > LOOM_MAX_RANK)
+        return dstage_err_(st, err, LOOM_ECONFIG, "map(reshape): target rank %d is out of range (at most %d after %d batch dims)",
+                           m->rank, LOOM_MAX_RANK - bd, bd);
+    int64_t numel = 1;
+    for (int d = bd; d < in.rank; d++) {
+        if (in.dim[d] < 0)
+            return dstage_err_(st, err, LOOM_EUNSUPPORTED, "map(reshape) on \"%s\": the input shape %s has an unknown dimension",
+                               st->spec.name[f], shape_str(&in, a, sizeof a));
+        numel *= in.dim[d];
+    }
+    loom_shape tgt = {0};
+    tgt.rank = m->rank;
+    int infer = -1;
+    int64_t known = 1;
+    for (int d = 0; d < m->rank; d++) {
+        tgt.dim[d] = m->shape[d];
+        if (m->shape[d] == -1 && infer < 0) infer = d;
+        else if (m->shape[d] < 0)
+            return dstage_err_(st, err, LOOM_ECONFIG, "map(reshape): bad target shape %s (one dimension may be -1, the others >= 0)",
+                               shape_str(&tgt, a, sizeof a));
+        else known *= m->shape[d];
+    }
+    if (infer >= 0) {
+        if (known == 0 || numel % known)
+            return dstage_err_(st, err, LOOM_ESHAPE, "map(reshape) on \"%s\": cannot reshape %s (%lld values) to %s: %lld is not "
+                               "a multiple of %lld", st->spec.name[f], shape_str(&in, a, sizeof a), (long long)numel,
+                               shape_str(&tgt, b, sizeof b), (long long)numel, (long long)known);
+        tgt.dim[infer] = numel / known;
+    } else if (known != numel) {
+        return dstage_err_(st, err, LOOM_ESHAPE, "map(reshape) on \"%s\": cannot reshape %s (%lld values) to %s (%lld values)",
+                           st->spec.name[f], shape_str(&in, a, sizeof a), (long long)numel, shape_str(&tgt, b, sizeof b),
+                           (long long)known);
+    }
+    loom_shape sp = {0}, mx = {0};
+    sp.rank = mx.rank = bd + tgt.rank;
+    for (int d = 0; d < bd; d++) {
+        sp.dim[d] = in.dim[d];
+        mx.dim[d] = st->maxshape[f].dim[d];
+    }
+    for (int d = 0; d < tgt.rank; d++) sp.dim[bd + d] = mx.dim[bd + d] = tgt.dim[d];
+    st->spec.shape[f] = sp;
+    st->maxshape[f] = mx;
+    return LOOM_OK;
+}
+
+int map_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, const loom_data_ctx *ctx, loom_err *err)
+{
+    mapst *s = loom_calloc(1, sizeof *s);
+    if (!s) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate a map stage");
+    dstage *st = &s->s;
+    dstage_init_(st, &map_ops, in, id, &t->loc);
+    s->m = t->map;
+    s->seed = ctx->seed;
+    int rc = LOOM_OK;
+    const char *kn = (unsigned)s->m.kind < sizeof map_names / sizeof map_names[0] ? map_names[s->m.kind] : NULL;
+    if (!kn) {
+        rc = dstage_err_(st, err, LOOM_ECONFIG, "unknown map fn %d", (int)s->m.kind);
+        goto fail;
+    }
+    snprintf(st->name, sizeof st->name, "map(%s)", kn);
+    s->f = loom_elem_spec_find(&st->spec, s->m.feature);
+    if (s->f < 0) {
+        char avail[LOOM_MAX_FEATURES * (LOOM_NAME_MAX + 2)] = "";
+        size_t k = 0;
+        for (int i = 0; i < st->spec.n; i++) k += (size_t)snprintf(avail + k, sizeof avail - k, "%s%s", i ? ", " : "", st->spec.name[i]);
+        rc = dstage_err_(st, err, LOOM_ECONFIG, "map(%s): no feature \"%s\" (available: %s)", kn, s->m.feature, avail);
+        goto fail;
+    }
+    int f = s->f, bd = st->batch_dims;
+    loom_shape *sh = &st->spec.shape[f], *mx = &st->maxshape[f];
+    char a[128];
+    s->in_dt = s->out_dt = st->spec.dtype[f];
+    switch (s->m.kind) {
+    case LOOM_MAP_CAST:
+        if ((unsigned)s->m.dtype >= LOOM_NDTYPES_) {
+            rc = dstage_err_(st, err, LOOM_ECONFIG, "map(cast): bad dtype %d", (int)s->m.dtype);
+            goto fail;
+        }
+        s->out_dt = (loom_dtype)s->m.dtype;
+        snprintf(st->desc, sizeof st->desc, "map(cast,%s,%s)", s->m.feature, loom_dtype_name(s->out_dt));
+        break;
+    case LOOM_MAP_SCALE:
+        s->out_dt = LOOM_F32;
+        snprintf(st->desc, sizeof st->desc, "map(scale,%s,%.17g,%.17g)", s->m.feature, s->m.scale, s->m.offset);
+        break;
+    case LOOM_MAP_NORMALIZE:
+        if (!(s->m.std > 0)) {
+            rc = dstage_err_(st, err, LOOM_ECONFIG, "map(normalize): std must be > 0, got %g", s->m.std);
+            goto fail;
+        }
+        s->out_dt = LOOM_F32;
+        snprintf(st->desc, sizeof st->desc, "map(normalize,%s,%.17g,%.17g)", s->m.feature, s->m.mean, s->m.std);
+        break;
+    case LOOM_MAP_ONE_HOT:
+        if (!is_int(s->in_dt)) {
+            rc = dstage_err_(st, err, LOOM_ESHAPE, "map(one_hot) needs an integer feature, \"%s\" is %s", s->m.feature,
+                             loom_dtype_name(s->in_dt));
+            goto fail;
+        }
+        if (s->m.depth < 1 || sh->rank >= LOOM_MAX_RANK) {
+            rc = dstage_err_(st, err, LOOM_ECONFIG, "map(one_hot) on \"%s\": depth %d with shape %s is not possible (depth >= 1, "
+                             "rank < %d)", s->m.feature, s->m.depth, loom_shape_str(sh, a, sizeof a), LOOM_MAX_RANK);
+            goto fail;
+        }
+        s->out_dt = LOOM_F32;
+        sh->dim[sh->rank++] = s->m.depth;
+        mx->dim[mx->rank++] = s->m.depth;
+        snprintf(st->desc, sizeof st->desc, "map(one_hot,%s,%d)", s->m.feature, s->m.depth);
+        break;
+    case LOOM_MAP_RESHAPE:
+        rc = reshape_check(s, err);
+        if (rc) goto fail;
+        snprintf(st->desc, sizeof st->desc, "map(reshape,%s,%s)", s->m.feature, loom_shape_str(sh, a, sizeof a));
+        break;
+    case LOOM_MAP_FLIP_LR: {
+        int r = sh->rank - bd;
+        if (r != 2 && r != 3) {
+            rc = dstage_err_(st, err, LOOM_ESHAPE, "map(random_flip_left_right) needs images (H, W) or (H, W, C), \"%s\" has shape %s",
+                             s->m.feature, loom_shape_str(sh, a, sizeof a));
+            goto fail;
+        }
+        int64_t images = 1;
+        for (int d = 0; d < bd; d++) images *= mx->dim[d];
+        s->flags = loom_alloc((size_t)images + 1);
+        if (!s->flags) {
+            rc = loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate flip flags");
+            goto fail;
+        }
+        snprintf(st->desc, sizeof st->desc, "map(flip_lr,%s)", s->m.feature);
+        break;
+    }
+    }
+    st->spec.dtype[f] = s->out_dt;
+    if (s->m.kind != LOOM_MAP_RESHAPE && !(s->m.kind == LOOM_MAP_CAST && s->out_dt == s->in_dt)) {
+        size_t bytes = (size_t)loom_shape_numel(mx) * loom_dtype_size(s->out_dt);
+        s->buf = loom_alloc_aligned(bytes ? bytes : 1);
+        if (!s->buf) {
+            rc = loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate %zu bytes for map(%s)", bytes, kn);
+            goto fail;
+        }
+    }
+    *out = st;
+    return LOOM_OK;
+fail:
+    map_close(st);
+    return rc;
+}
+
+/* ---- shuffle -----------------------------------------------------------------
+ * tf.data ShuffleDataset (shuffle_dataset_op.cc): fill the buffer up to
+ * buffer_size, pick a uniform index among the buffered elements, emit it and
+ * move the oldest buffered element into the hole; refill one per emission.
+ * The buffer is a ring of slot ids (perm) over a slot pool, so moving an
+ * element is moving an id; the emitted slot stays lent until the next call. */
+
+typedef struct shufst {
+    dstage    s;
+    int64_t   size;        /* buffer_size */
+    uint64_t  seed;
+    int       reshuffle;
+    elem_pool pool;
+    int64_t  *perm;        /* ring of pool.cap slot ids; logical positions [start, end) */
+    int64_t  *freel;       /* free slot ids */
+    int64_t   nfree;
+    int64_t   start, end;
+    int64_t   lent;        /* slot lent out, -1 */
+    int       eoi;         /* input exhausted this pass */
+    int64_t   epoch;
+    loom_rng  rng;
+} shufst;
+
+static void shuf_reset(shufst *s, int64_t epoch)
+{
+    s->start = s->end = 0;
+    s->lent = -1;
+    s->eoi = 0;
+    s->epoch = epoch;
+    s->nfree = 0;
+    for (int64_t i = s->pool.cap - 1; i >= 0; i--) s->freel[s->nfree++] = i;
+    loom_rng_init(&s->rng, s->seed, (uint64_t)s->s.id, s->reshuffle ? (uint64_t)epoch : 0, 0);
+    dstage_gauge_(&s->s.st_buffered, 0);
+}
+
+/* Grows the pool (and ring) to cap, keeping the buffered elements' order. */
+static int shuf_grow(shufst *s, int64_t cap, loom_err *err)
+{
+    int64_t old = s->pool.cap, live = s->end - s->start;
+    int64_t *perm = loom_alloc((size_t)cap * sizeof *perm), *freel = loom_alloc((size_t)cap * sizeof *freel);
+    if (!perm || !freel || elem_pool_grow_(&s->pool, cap, err)) {
+        loom_free(perm);
+        loom_free(freel);
+        return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot grow the shuffle buffer to %lld elements", (long long)cap);
+    }
+    for (int64_t i = 0; i < live; i++) perm[i] = s->perm[(s->start + i) % old];
+    if (s->freel) memcpy(freel, s->freel, (size_t)s->nfree * sizeof *freel);
+    for (int64_t i = cap - 1; i >= old; i--) freel[s->nfree++] = i;
+    loom_free(s->perm);
+    loom_free(s->freel);
+    s->perm = perm;
+    s->freel = freel;
+    s->start = 0;
+    s->end = live;
+    dstage_gauge_(&s->s.st_capacity, s->size);
+    return LOOM_OK;
+}
+
+static int shuf_next(dstage *st, loom_elem **out, loom_err *err)
+{
+    shufst *s = (shufst *)st;
+    if (s->lent >= 0) {
+        s->freel[s->nfree++] = s->lent;
+        s->lent = -1;
+    }
+    while (!s->eoi && s->end - s->start < s->size) {
+        loom_elem *e;
+        int rc = dstage_next_(st->in, &e, err);
+        if (rc == LOOM_EEOF) {
+            s->eoi = 1;
+            break;
+        }
+        if (rc) return rc;
+        if (s->nfree == 0) {
+            int64_t cap = s->pool.cap * 2 < 64 ? 64 : s->pool.cap * 2;
+            rc = shuf_grow(s, cap < s->size ? cap : s->size, err);
+            if (rc) return rc;
+        }
+        int64_t slot = s->freel[--s->nfree];
+        rc = elem_pool_put_(&s->pool, slot, e, err);
+        if (rc) return dstage_err_(st, err, rc, "shuffle: %s", err->msg);
+        s->perm[s->end++ % s->pool.cap] = slot;
+    }
+    int64_t live = s->end - s->start, cap = s->pool.cap;
+    if (live == 0) {
+        dstage_gauge_(&st->st_buffered, 0);
+        return LOOM_EEOF;
+    }
+    int64_t j = (s->start + (int64_t)loom_rng_below(&s->rng, (uint64_t)live)) % cap;
+    int64_t slot = s->perm[j];
+    s->perm[j] = s->perm[s->start % cap];
+    s->start++;
+    s->lent = slot;
+    dstage_gauge_(&st->st_buffered, live - 1);
+    elem_pool_view_(&s->pool, slot, &st->out);
+    *out = &st->out;
+    return LOOM_OK;
+}
+
+static int shuf_rewind(dstage *st, int64_t epoch, loom_err *err)
+{
+    shuf_reset((shufst *)st, epoch);
+    return st->in->ops->rewind(st->in, epoch, err);
+}
+
+static void shuf_save(dstage *st, loom_buf *b)
+{
+    shufst *s = (shufst *)st;
+    loom_buf_put_i64(b, s->epoch);
+    loom_buf_put_u32(b, (uint32_t)s->eoi);
+    loom_rng_save(&s->rng, b);
+    loom_buf_put_i64(b, s->end - s->start);
+    for (int64_t i = s->start; i < s->end; i++) elem_pool_save_(&s->pool, s->perm[i % s->pool.cap], b);
+}
+
+static int shuf_restore(dstage *st, loom_buf *b, loom_err *err)
+{
+    shufst *s = (shufst *)st;
+    int64_t epoch = loom_buf_get_i64(b);
+    shuf_reset(s, epoch);
+    s->eoi = (int)loom_buf_get_u32(b);
+    int bad = loom_rng_restore(&s->rng, b);
+    int64_t live = loom_buf_get_i64(b);
+    if (bad || b->failed || live < 0 || live > s->size)
+        return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "iterator state is corrupt (shuffle buffer)");
+    if (live > s->pool.cap && shuf_grow(s, live, err)) return err->code;
+    for (int64_t i = 0; i < live; i++) {
+        int rc = elem_pool_load_(&s->pool, i, b, err);
+        if (rc) return rc;
+        s->perm[i] = i;
+    }
+    s->start = 0;
+    s->end = live;
+    s->nfree = 0;
+    for (int64_t i = s->pool.cap - 1; i >= live; i--) s->freel[s->nfree++] = i;
+    dstage_gauge_(&st->st_buffered, live);
+    return LOOM_OK;
+}
+
+static void shuf_close(dstage *st)
+{
+    shufst *s = (shufst *)st;
+    elem_pool_fini_(&s->pool);
+    loom_free(s->perm);
+    loom_free(s->freel);
+    loom_free(s);
+}
+
+static const dstage_ops shuf_ops = {
+    .next = shuf_next, .rewind = shuf_rewind, .save = shuf_save, .restore = shuf_restore, .close = shuf_close,
+};
+
+int shuffle_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, const loom_data_ctx *ctx, loom_err *err)
+{
+    shufst *s = loom_calloc(1, sizeof *s);
+    if (!s) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate a shuffle stage");
+    dstage *st = &s->s;
+    dstage_init_(st, &shuf_ops, in, id, &t->loc);
+    snprintf(st->name, sizeof st->name, "shuffle");
+    s->size = t->buffer;
+    s->seed = t->seed_set ? t->seed : ctx->seed;
+    s->reshuffle = t->reshuffle;
+    snprintf(st->desc, sizeof st->desc, "shuffle(%lld,%llu,%d)", (long long)s->size, (unsigned long long)s->seed, s->reshuffle);
+    int rc;
+    if (s->size < 1) {
+        rc = dstage_err_(st, err, LOOM_ECONFIG, "shuffle: buffer must be >= 1, got %lld", (long long)s->size);
+        goto fail;
+    }
+    /* with a known cardinality the buffer never holds more than one pass */
+    int64_t cap = in->card >= 0 ? (in->card < s->size ? in->card : s->size) : (s->size < 1024 ? s->size : 1024);
+    rc = elem_pool_init_(&s->pool, st, 0, err);
+    if (rc) goto fail;
+    rc = shuf_grow(s, cap < 1 ? 1 : cap, err);
+    if (rc) goto fail;
+    shuf_reset(s, 0);
+    for (int f = 0; f < st->spec.n; f++) st->mut[f] = 1;
+    *out = st;
+    return LOOM_OK;
+fail:
+    shuf_close(st);
+    return rc;
+}
+
+/* ---- batch ------------------------------------------------------------------ */
+
+typedef struct batchst {
+    dstage  s;
+    int64_t size;
+    int     drop;
+} batchst;
+
+static int batch_next(dstage *st, loom_elem **out, loom_err *err)
+{
+    batchst *s = (batchst *)st;
+    loom_elem *o = &st->out;
+    loom_shape first[LOOM_MAX_FEATURES];
+    size_t bytes[LOOM_MAX_FEATURES];
+    int64_t i;
+    for (i = 0; i < s->size; i++) {
+        loom_elem *e;
+        int rc = dstage_next_(st->in, &e, err);
+        if (rc == LOOM_EEOF) break;
+        if (rc) return rc;
+        for (int f = 0; f < o->n; f++) {
+            if (i == 0) {
+                first[f] = e->t[f].shape;
+                bytes[f] = loom_tensor_nbytes(&e->t[f]);
+            } else if (!loom_shape_eq(&first[f], &e->t[f].shape)) {
+                char a[128], b[128];
+                return dstage_err_(st, err, LOOM_ESHAPE, "batch: feature \"%s\" has shape %s in element %lld of the batch but %s "
+                                   "in its first element (a batch needs equal shapes)", st->spec.name[f],
+                                   loom_shape_str(&e->t[f].shape, a, sizeof a), (long long)i, loom_shape_str(&first[f], b, sizeof b));
+            }
+            memcpy((uint8_t *)o->t[f].data + (size_t)i * bytes[f], e->t[f].data, bytes[f]);
+        }
+    }
+    if (i == 0 || (i < s->size && s->drop)) return LOOM_EEOF;
+    for (int f = 0; f < o->n; f++) {
+        o->t[f].shape.rank = first[f].rank + 1;
+        o->t[f].shape.dim[0] = i;
+        for (int d = 0; d < first[f].rank; d++) o->t[f].shape.dim[d + 1] = first[f].dim[d];
+    }
+    *out = o;
+    return LOOM_OK;
+}
+
+static int pass_rewind(dstage *st, int64_t epoch, loom_err *err) { return st->in->ops->rewind(st->in, epoch, err); }
+static void nothing_save(dstage *st, loom_buf *b) { (void)st; (void)b; }
+static int nothing_restore(dstage *st, loom_buf *b, loom_err *err) { (void)st; (void)b; (void)err; return LOOM_OK; }
+
+static void batch_close(dstage *st)
+{
+    for (int f = 0; f < st->out.n; f++) loom_tensor_fini(&st->out.t[f]);
+    loom_free(st);
+}
+
+static const dstage_ops batch_ops = {
+    .next = batch_next, .rewind = pass_rewind, .save = nothing_save, .restore = nothing_restore, .close = batch_close,
+};
+
+int batch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err)
+{
+    batchst *s = loom_calloc(1, sizeof *s);
+    if (!s) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate a batch stage");
+    dstage *st = &s->s;
+    dstage_init_(st, &batch_ops, in, id, &t->loc);
+    snprintf(st->name, sizeof st->name, "batch");
+    s->size = t->batch_size;
+    s->drop = t->drop_remainder;
+    snprintf(st->desc, sizeof st->desc, "batch(%lld,%d)", (long long)s->size, s->drop);
+    int rc = LOOM_OK;
+    if (s->size < 1) {
+        rc = dstage_err_(st, err, LOOM_ECONFIG, "batch: size must be >= 1, got %lld", (long long)s->size);
+        goto fail;
+    }
+    int64_t c = in->card;
+    /* a short last batch is possible unless dropped, or the pass is infinite, or it divides evenly */
+    int64_t d0 = s->drop || c == -1 || (c >= 0 && c % s->size == 0) ? s->size : -1;
+    st->card = c < 0 ? c : s->drop ? c / s->size : (c + s->size - 1) / s->size;
+    st->batch_dims = in->batch_dims + 1;
+    st->out.n = st->spec.n;
+    for (int f = 0; f < st->spec.n; f++) {
+        loom_shape *sh = &st->spec.shape[f], *mx = &st->maxshape[f];
+        if (sh->rank >= LOOM_MAX_RANK) {
+            rc = dstage_err_(st, err, LOOM_ESHAPE, "batch: feature \"%s\" already has rank %d", st->spec.name[f], sh->rank);
+            goto fail;
+        }
+        memmove(sh->dim + 1, sh->dim, (size_t)sh->rank * sizeof sh->dim[0]);
+        memmove(mx->dim + 1, mx->dim, (size_t)mx->rank * sizeof mx->dim[0]);
+        sh->rank++;
+        mx->rank++;
+        sh->dim[0] = d0;
+        mx->dim[0] = s->size;
+        rc = loom_tensor_init(&st->out.t[f], st->spec.dtype[f], mx, err);
+        if (rc) goto fail;
+        st->mut[f] = 1;
+    }
+    *out = st;
+    return LOOM_OK;
+fail:
+    batch_close(st);
+    return rc;
+}
+
+/* ---- repeat, take, skip ------------------------------------------------------ */
+
+typedef struct countst {
+    dstage  s;
+    int64_t count;    /* the spec's count */
+    int64_t epoch;    /* this stage's pass */
+    int64_t k;        /* repeat: pass within the epoch; take: taken; skip: skipped */
+    int     produced; /* repeat: the current inner pass yielded something */
+    int     done;     /* repeat: finished; skip: done skipping */
+} countst;
+
+/* Upstream epoch of repeat's inner pass k: distinct for every (epoch, k). */
+static int64_t repeat_inner_epoch(const countst *s, int64_t k)
+{
+    return s->count > 0 ? s->epoch * s->count + k : (int64_t)((uint64_t)s->epoch << 32) + k;
+}
+
+static int repeat_next(dstage *st, loom_elem **out, loom_err *err)
+{
+    countst *s = (countst *)st;
+    while (!s->done) {
+        int rc = dstage_next_(st->in, out, err);
+        if (rc == LOOM_OK) {
+            s->produced = 1;
+            memcpy(st->mut, st->in->mut, sizeof st->mut);
+            return LOOM_OK;
+        }
+        if (rc != LOOM_EEOF) return rc;
+        /* tf.data ends an infinite repeat whose pass is empty, rather than spinning */
+        if ((s->count >= 0 && s->k + 1 >= s->count) || (s->count < 0 && !s->produced)) {
+            s->done = 1;
+            break;
+        }
+        s->k++;
+        s->produced = 0;
+        rc = st->in->ops->rewind(st->in, repeat_inner_epoch(s, s->k), err);
+        if (rc) return rc;
+    }
+    return LOOM_EEOF;
+}
+
+static int repeat_rewind(dstage *st, int64_t epoch, loom_err *err)
+{
+    countst *s = (countst *)st;
+    s->epoch = epoch;
+    s->k = 0;
+    s->produced = 0;
+    s->done = s->count == 0;
+    return st->in->ops->rewind(st->in, repeat_inner_epoch(s, 0), err);
+}
+
+static void count_save(dstage *st, loom_buf *b)
+{
+    countst *s = (countst *)st;
+    loom_buf_put_i64(b, s->epoch);
+    loom_buf_put_i64(b, s->k);
+    loom_buf_put_u32(b, (uint32_t)s->produced);
+    loom_buf_put_u32(b, (uint32_t)s->done);
+}
+
+static int count_restore(dstage *st, loom_buf *b, loom_err *err)
+{
+    countst *s = (countst *)st;
+    s->epoch = loom_buf_get_i64(b);
+    s->k = loom_buf_get_i64(b);
+    s->produced = (int)loom_buf_get_u32(b);
+    s->done = (int)loom_buf_get_u32(b);
+    if (b->failed) return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "iterator state is truncated (%s)", st->name);
+    return LOOM_OK;
+}
+
+static void count_close(dstage *st) { loom_free(st); }
+
+static int take_next(dstage *st, loom_elem **out, loom_err *err)
+{
+    countst *s = (countst *)st;
+    if (s->count >= 0 && s->k >= s->count) return LOOM_EEOF;
+    int rc = dstage_next_(st->in, out, err);
+    if (rc == LOOM_OK) {
+        s->k++;
+        memcpy(st->mut, st->in->mut, sizeof st->mut);
+    }
+    return rc;
+}
+
+static int skip_next(dstage *st, loom_elem **out, loom_err *err)
+{
+    countst *s = (countst *)st;
+    int rc;
+    while (!s->done) {
+        if (s->count >= 0 && s->k >= s->count) {
+            s->done = 1;
+            break;
+        }
+        rc = dstage_next_(st->in, out, err);
+        if (rc) return rc; /* EOF included: the pass is shorter than the skip */
+        s->k++;
+    }
+    rc = dstage_next_(st->in, out, err);
+    if (rc == LOOM_OK) memcpy(st->mut, st->in->mut, sizeof st->mut);
+    return rc;
+}
+
+static int count_rewind(dstage *st, int64_t epoch, loom_err *err)
+{
+    countst *s = (countst *)st;
+    s->epoch = epoch;
+    s->k = 0;
+    s->produced = 0;
+    s->done = 0;
+    return st->in->ops->rewind(st->in, epoch, err);
+}
+
+static const dstage_ops repeat_ops = {
+    .next = repeat_next, .rewind = repeat_rewind, .save = count_save, .restore = count_restore, .close = count_close,
+};
+static const dstage_ops take_ops = {
+    .next = take_next, .rewind = count_rewind, .save = count_save, .restore = count_restore, .close = count_close,
+};
+static const dstage_ops skip_ops = {
+    .next = skip_next, .rewind = count_rewind, .save = count_save, .restore = count_restore, .close = count_close,
+};
+
+static int count_open(dstage **out, dstage *in, int id, const loom_transform_spec *t, const dstage_ops *ops, const char *name,
+                      loom_err *err)
+{
+    countst *s = loom_calloc(1, sizeof *s);
+    if (!s) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate a %s stage", name);
+    dstage_init_(&s->s, ops, in, id, &t->loc);
+    snprintf(s->s.name, sizeof s->s.name, "%s", name);
+    snprintf(s->s.desc, sizeof s->s.desc, "%s(%lld)", name, (long long)t->count);
+    s->count = t->count;
+    if (s->count < -1) {
+        int rc = dstage_err_(&s->s, err, LOOM_ECONFIG, "%s: count must be >= -1, got %lld", name, (long long)t->count);
+        loom_free(s);
+        return rc;
+    }
+    *out = &s->s;
+    return LOOM_OK;
+}
+
+int repeat_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err)
+{
+    int rc = count_open(out, in, id, t, &repeat_ops, "repeat", err);
+    if (rc) return rc;
+    countst *s = (countst *)*out;
+    int64_t c = in->card, n = s->count;
+    (*out)->card = n == 0 || c == 0 ? 0 : n < 0 ? (c == -2 ? -2 : -1) : c < 0 ? c : c * n;
+    s->done = n == 0;
+    return LOOM_OK;
+}
+
+int take_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err)
+{
+    int rc = count_open(out, in, id, t, &take_ops, "take", err);
+    if (rc) return rc;
+    int64_t c = in->card, n = t->count;
+    (*out)->card = n < 0 ? c : c == -1 ? n : c == -2 ? -2 : (c < n ? c : n);
+    return LOOM_OK;
+}
+
+int skip_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err)
+{
+    int rc = count_open(out, in, id, t, &skip_ops, "skip", err);
+    if (rc) return rc;
+    int64_t c = in->card, n = t->count;
+    if (n < 0 && c == -1) {
+        rc = dstage_err_(*out, err, LOOM_ECONFIG, "skip(-1) after an infinite repeat would never yield an element");
+        loom_free(*out);
+        *out = NULL;
+        return rc;
+    }
+    (*out)->card = c < 0 ? c : n < 0 ? 0 : (c > n ? c - n : 0);
+    return LOOM_OK;
+}
