@@ -1,1 +1,536 @@
-/* placeholder */
+/* model.c - building a model from its spec (shape checks, the flat parameter
+ * and gradient buffers, preallocated activations), initialisers, and the
+ * train/evaluate/predict steps. A step allocates nothing.
+ * A softmax that is the model's last op under sparse softmax cross-entropy
+ * is fused into the loss: the last layer keeps logits and the loss applies a
+ * stable log-sum-exp (predict still returns probabilities). */
+#include "nn_internal.h"
+
+#include <math.h>
+#include <string.h>
+
+/* im2col scratch per chunk: about half a typical L2, so the chunk's columns
+ * stay in cache between im2col and the product that reads them. */
+#define NN_COL_BYTES ((int64_t)1 << 20)
+
+static void shape_of(loom_shape *s, int rank, int64_t d0, int64_t d1, int64_t d2)
+{
+    memset(s, 0, sizeof *s);
+    s->rank = rank;
+    s->dim[0] = d0;
+    s->dim[1] = d1;
+    s->dim[2] = d2;
+}
+
+/* Output size along one axis, TF rules: VALID (in - k) / s + 1, SAME ceil(in / s)
+ * with pad_total = max((out - 1) * s + k - in, 0) and pad_before = pad_total / 2. */
+static int64_t out_dim(int64_t in, int k, int s, loom_padding p, int *pad_before)
+{
+    if (p == LOOM_PAD_SAME) {
+        int64_t out = (in + s - 1) / s;
+        int64_t tot = (out - 1) * s + k - in;
+        *pad_before = tot > 0 ? (int)(tot / 2) : 0;
+        return out;
+    }
+    *pad_before = 0;
+    return in >= k ? (in - k) / s + 1 : 0;
+}
+
+static int add_param(loom_model *m, const nn_layer_ *l, const char *suffix, const loom_shape *shape, int init,
+                     double fan_in, double fan_out)
+{
+    int i = m->n_ptensors++;
+    loom_param_info *p = &m->pinfo[i];
+    snprintf(p->name, sizeof p->name, "%s/%s", l->spec.name, suffix);
+    p->offset = m->n_params;
+    p->shape = *shape;
+    m->pinit[i] = init;
+    m->pfan_in[i] = fan_in;
+    m->pfan_out[i] = fan_out;
+    m->n_params += loom_shape_numel(shape);
+    return (int)p->offset;
+}
+
+static int layer_shapes(loom_model *m, nn_layer_ *l, int li, loom_err *err)
+{
+    char a[96], b[96];
+    const loom_layer_spec *s = &l->spec;
+    const char *kind = nn_layer_kind_name_(s->kind);
+    const loom_shape *in = &l->in;
+    l->kernel_off = l->bias_off = -1;
+    l->act = LOOM_ACT_NONE;
+    switch (s->kind) {
+    case LOOM_LAYER_DENSE: {
+        if (in->rank != 1) {
+            loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\" (dense) needs a rank-1 input (features,), got %s",
+                         s->name, loom_shape_str(in, a, sizeof a));
+            loom_shape flat;
+            shape_of(&flat, 1, loom_shape_numel(in), 0, 0);
+            return loom_err_hint(err, "add a flatten layer before it (%s -> %s)", a,
+                                 loom_shape_str(&flat, b, sizeof b));
+        }
+        if (s->units < 1)
+            return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\": units = %d, must be >= 1", s->name,
+                                s->units);
+        shape_of(&l->out, 1, s->units, 0, 0);
+        l->act = s->activation;
+        loom_shape ks;
+        shape_of(&ks, 2, in->dim[0], s->units, 0);
+        l->kernel_off = add_param(m, l, "kernel", &ks, s->kernel_init, (double)in->dim[0], (double)s->units);
+        if (s->use_bias) {
+            shape_of(&ks, 1, s->units, 0, 0);
+            l->bias_off = add_param(m, l, "bias", &ks, LOOM_INIT_ZEROS, 0, 0);
+        }
+        m->flops += 2.0 * (double)in->dim[0] * s->units;
+        break;
+    }
+    case LOOM_LAYER_CONV2D:
+    case LOOM_LAYER_MAX_POOL2D: {
+        if (in->rank != 3) {
+            loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\" (%s) needs an (H, W, C) input, got %s", s->name,
+                         kind, loom_shape_str(in, a, sizeof a));
+            if (in->rank == 2)
+                return loom_err_hint(err,
+                                     "for (H, W) images add a reshape map with shape = [%lld, %lld, 1] to the "
+                                     "input transforms",
+                                     (long long)in->dim[0], (long long)in->dim[1]);
+            return err->code;
+        }
+        int conv = s->kind == LOOM_LAYER_CONV2D;
+        l->kh = conv ? s->kernel[0] : s->pool[0];
+        l->kw = conv ? s->kernel[1] : s->pool[1];
+        l->sh = s->stride[0] > 0 ? s->stride[0] : (conv ? 1 : l->kh);
+        l->sw = s->stride[1] > 0 ? s->stride[1] : (conv ? 1 : l->kw);
+        if (l->kh < 1 || l->kw < 1 || l->sh < 1 || l->sw < 1)
+            return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\": window %dx%d stride %dx%d must be >= 1",
+                                s->name, l->kh, l->kw, l->sh, l->sw);
+        l->ih = (int)in->dim[0];
+        l->iw = (int)in->dim[1];
+        l->cin = (int)in->dim[2];
+        l->oh = (int)out_dim(l->ih, l->kh, l->sh, s->padding, &l->pad_t);
+        l->ow = (int)out_dim(l->iw, l->kw, l->sw, s->padding, &l->pad_l);
+        if (l->oh < 1 || l->ow < 1)
+            return loom_err_set(err, LOOM_ESHAPE, l->where,
+                                "layer \"%s\" (%s): a %dx%d window with valid padding does not fit the input %s",
+                                s->name, kind, l->kh, l->kw, loom_shape_str(in, a, sizeof a)),
+                   loom_err_hint(err, "use padding = \"same\" or a smaller window");
+        if (conv) {
+            if (s->filters < 1)
+                return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\": filters = %d, must be >= 1", s->name,
+                                    s->filters);
+            l->cout = s->filters;
+            l->act = s->activation;
+            loom_shape ks = {.rank = 4, .dim = {l->kh, l->kw, l->cin, l->cout}};
+            double rf = (double)l->kh * l->kw;
+            l->kernel_off = add_param(m, l, "kernel", &ks, s->kernel_init, rf * l->cin, rf * l->cout);
+            if (s->use_bias) {
+                shape_of(&ks, 1, l->cout, 0, 0);
+                l->bias_off = add_param(m, l, "bias", &ks, LOOM_INIT_ZEROS, 0, 0);
+            }
+            m->flops += 2.0 * l->oh * l->ow * rf * l->cin * l->cout;
+        } else {
+            l->cout = l->cin;
+        }
+        shape_of(&l->out, 3, l->oh, l->ow, l->cout);
+        break;
+    }
+    case LOOM_LAYER_DROPOUT:
+        if (!(s->rate >= 0 && s->rate < 1))
+            return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\": rate = %g, must be in [0, 1)", s->name,
+                                s->rate);
+        l->out = *in;
+        break;
+    case LOOM_LAYER_FLATTEN:
+        shape_of(&l->out, 1, loom_shape_numel(in), 0, 0);
+        break;
+    case LOOM_LAYER_ACTIVATION:
+        l->out = *in;
+        l->act = s->activation;
+        if (l->act == LOOM_ACT_SOFTMAX && in->rank != 1)
+            return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\": softmax needs a rank-1 input, got %s",
+                                s->name, loom_shape_str(in, a, sizeof a)),
+                   loom_err_hint(err, "add a flatten layer before it");
+        break;
+    default:
+        return loom_err_set(err, LOOM_ESHAPE, l->where, "layer %d: unknown kind %d", li, (int)s->kind);
+    }
+    if ((s->kind == LOOM_LAYER_DENSE || s->kind == LOOM_LAYER_CONV2D) && l->act == LOOM_ACT_SOFTMAX &&
+        l->out.rank != 1)
+        return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\": softmax needs a rank-1 output, got %s",
+                            s->name, loom_shape_str(&l->out, a, sizeof a));
+    l->n_in = loom_shape_numel(in);
+    l->n_out = loom_shape_numel(&l->out);
+    return LOOM_OK;
+}
+
+static int check_loss(loom_model *m, const loom_shape *label, loom_dtype label_dtype, loom_err *err)
+{
+    char a[96], b[96];
+    const loom_shape out = m->layer[m->n_layers - 1].out;
+    const char *where = m->layer[m->n_layers - 1].where;
+    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) {
+        if (out.rank != 1)
+            return loom_err_set(err, LOOM_ESHAPE, where,
+                                "sparse_softmax_cross_entropy needs a rank-1 model output (classes,), got %s",
+                                loom_shape_str(&out, a, sizeof a)),
+                   loom_err_hint(err, "end the model with a flatten and a dense layer with one unit per class");
+        if (label->rank != 0)
+            return loom_err_set(err, LOOM_ESHAPE, m->where,
+                                "sparse_softmax_cross_entropy needs an integer class label of shape () per "
+                                "example, got %s (model output %s)",
+                                loom_shape_str(label, a, sizeof a), loom_shape_str(&out, b, sizeof b)),
+                   loom_err_hint(err, "for one-hot labels use loss = \"mean_squared_error\", or drop the one_hot map");
+        if ((unsigned)label_dtype >= LOOM_NDTYPES_)
+            return loom_err_set(err, LOOM_ESHAPE, m->where, "label dtype %d is not known", (int)label_dtype);
+    } else {
+        if (!loom_shape_eq(label, &out))
+            return loom_err_set(err, LOOM_ESHAPE, where,
+                                "mean_squared_error needs labels of the output's shape: label %s, model output %s",
+                                loom_shape_str(label, a, sizeof a), loom_shape_str(&out, b, sizeof b)),
+                   loom_err_hint(err, out.rank == 1 && label->rank == 0
+                                          ? "add a one_hot map with depth = %lld to the label"
+                                          : "change the last layer or the label transforms so the shapes agree",
+                                 (long long)out.dim[0]);
+        if (label_dtype != LOOM_F32)
+            return loom_err_set(err, LOOM_ESHAPE, m->where, "mean_squared_error needs float32 labels, got %s",
+                                loom_dtype_name(label_dtype)),
+                   loom_err_hint(err, "add a cast map with dtype = \"float32\" to the label");
+    }
+    return LOOM_OK;
+}
+
+int loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_shape *input, loom_dtype input_dtype,
+                   const loom_shape *label, loom_dtype label_dtype, int64_t max_batch, loom_err *err)
+{
+    char a[96];
+    *out = NULL;
+    loom_model *m = loom_calloc(1, sizeof *m);
+    if (!m) return loom_err_set(err, LOOM_ENOMEM, "", "cannot allocate the model");
+    nn_loc_str_(&spec->loc, m->where, sizeof m->where);
+    m->loss = spec->loss;
+    m->input = *input;
+    m->label = *label;
+    m->label_dtype = label_dtype;
+    m->max_batch = max_batch;
+    int rc = LOOM_OK;
+    if (input_dtype != LOOM_F32) {
+        rc = loom_err_set(err, LOOM_ESHAPE, m->where, "model input \"%s\" is %s %s; layers need float32",
+                          spec->input, loom_dtype_name(input_dtype), loom_shape_str(input, a, sizeof a));
+        loom_err_hint(err,
+                      "add a cast map (dtype = \"float32\") or a scale map (scale = 0.00392156862745098, i.e. "
+                      "1/255) for \"%s\" to the data transforms",
+                      spec->input);
+        goto fail;
+    }
+    if (spec->n_layers < 1 || spec->n_layers > LOOM_MAX_LAYERS) {
+        rc = loom_err_set(err, LOOM_ESHAPE, m->where, "model has %d layers (expected 1 to %d)", spec->n_layers,
+                          LOOM_MAX_LAYERS);
+        goto fail;
+    }
+    if (max_batch < 1) {
+        rc = loom_err_set(err, LOOM_ESHAPE, m->where, "max_batch = %lld, must be >= 1", (long long)max_batch);
+        goto fail;
+    }
+    m->n_layers = spec->n_layers;
+    loom_shape cur = *input;
+    int has_params = 0;
+    for (int i = 0; i < m->n_layers; i++) {
+        nn_layer_ *l = &m->layer[i];
+        l->spec = spec->layer[i];
+        if (!l->spec.name[0]) snprintf(l->spec.name, sizeof l->spec.name, "%s_%d", nn_layer_kind_name_(l->spec.kind), i);
+        nn_loc_str_(&l->spec.loc, l->where, sizeof l->where);
+        if (!l->where[0]) snprintf(l->where, sizeof l->where, "%s", m->where);
+        l->in = cur;
+        if ((rc = layer_shapes(m, l, i, err))) goto fail;
+        l->needs_dx = has_params;
+        has_params |= l->kernel_off >= 0;
+        cur = l->out;
+    }
+    if ((rc = check_loss(m, label, label_dtype, err))) goto fail;
+    nn_layer_ *last = &m->layer[m->n_layers - 1];
+    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && last->act == LOOM_ACT_SOFTMAX) last->act = LOOM_ACT_NONE;
+
+    /* buffers, all sized for max_batch */
+    int64_t gmax = 1, colmax = 0;
+    for (int i = 0; i < m->n_layers; i++) {
+        nn_layer_ *l = &m->layer[i];
+        gmax = l->n_in > gmax ? l->n_in : gmax;
+        gmax = l->n_out > gmax ? l->n_out : gmax;
+        loom_layer_kind k = l->spec.kind;
+        int owns_y = k == LOOM_LAYER_DENSE || k == LOOM_LAYER_CONV2D || k == LOOM_LAYER_MAX_POOL2D ||
+                     (k == LOOM_LAYER_DROPOUT && l->spec.rate > 0) || (k == LOOM_LAYER_ACTIVATION && l->act);
+        if (owns_y && !(l->y = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(float)))) goto nomem;
+        if (k == LOOM_LAYER_MAX_POOL2D &&
+            !(l->argmax = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(int32_t))))
+            goto nomem;
+        if (k == LOOM_LAYER_DROPOUT && l->spec.rate > 0 && !(l->mask = loom_alloc_aligned((size_t)(max_batch * l->n_out))))
+            goto nomem;
+        if (k == LOOM_LAYER_CONV2D) {
+            int64_t per = (int64_t)l->oh * l->ow * l->kh * l->kw * l->cin * (int64_t)sizeof(float);
+            int64_t c = NN_COL_BYTES / per;
+            l->chunk = (int)(c < 1 ? 1 : c > max_batch ? max_batch : c);
+            int pointwise = l->kh == 1 && l->kw == 1 && l->sh == 1 && l->sw == 1 && l->pad_t == 0 && l->pad_l == 0;
+            if (pointwise) l->chunk = (int)max_batch;
+            else colmax = l->chunk * per / (int64_t)sizeof(float) > colmax ? l->chunk * per / (int64_t)sizeof(float)
+                                                                           : colmax;
+        }
+    }
+    size_t pbytes = (size_t)(m->n_params ? m->n_params : 1) * sizeof(float);
+    if (!(m->params = loom_alloc_aligned(pbytes)) || !(m->grads = loom_alloc_aligned(pbytes))) goto nomem;
+    memset(m->params, 0, pbytes);
+    memset(m->grads, 0, pbytes);
+    for (int k = 0; k < 2; k++)
+        if (!(m->gbuf[k] = loom_alloc_aligned((size_t)(max_batch * gmax) * sizeof(float)))) goto nomem;
+    if (colmax && !(m->col = loom_alloc_aligned((size_t)colmax * sizeof(float)))) goto nomem;
+    if (!(m->labels = loom_alloc_aligned((size_t)max_batch * sizeof(int32_t)))) goto nomem;
+    *out = m;
+    return LOOM_OK;
+nomem:
+    rc = loom_err_set(err, LOOM_ENOMEM, m->where, "cannot allocate the model's buffers for batch %lld",
+                      (long long)max_batch);
+fail:
+    loom_model_free(m);
+    return rc;
+}
+
+void loom_model_free(loom_model *m)
+{
+    if (!m) return;
+    for (int i = 0; i < m->n_layers; i++) {
+        loom_free(m->layer[i].y);
+        loom_free(m->layer[i].argmax);
+        loom_free(m->layer[i].mask);
+    }
+    loom_free(m->params);
+    loom_free(m->grads);
+    loom_free(m->gbuf[0]);
+    loom_free(m->gbuf[1]);
+    loom_free(m->col);
+    loom_free(m->labels);
+    loom_free(m);
+}
+
+int64_t loom_model_num_params(const loom_model *m) { return m->n_params; }
+float *loom_model_params(loom_model *m) { return m->params; }
+float *loom_model_grads(loom_model *m) { return m->grads; }
+int loom_model_num_param_tensors(const loom_model *m) { return m->n_ptensors; }
+double loom_model_forward_flops(const loom_model *m) { return m->flops; }
+loom_shape loom_model_output_shape(const loom_model *m) { return m->layer[m->n_layers - 1].out; }
+
+const loom_param_info *loom_model_param_tensor(const loom_model *m, int i)
+{
+    return i >= 0 && i < m->n_ptensors ? &m->pinfo[i] : NULL;
+}
+
+void loom_model_summary(const loom_model *m, FILE *f)
+{
+    char a[96], b[112];
+    fprintf(f, "%-32s %-22s %12s\n", "Layer (type)", "Output Shape", "Param #");
+    fprintf(f, "%.*s\n", 68, "====================================================================");
+    for (int i = 0; i < m->n_layers; i++) {
+        const nn_layer_ *l = &m->layer[i];
+        int64_t np = 0;
+        for (int k = 0; k < m->n_ptensors; k++)
+            if (m->pinfo[k].offset == l->kernel_off || m->pinfo[k].offset == l->bias_off)
+                np += loom_shape_numel(&m->pinfo[k].shape);
+        snprintf(b, sizeof b, "%s (%s)", l->spec.name, nn_layer_kind_name_(l->spec.kind));
+        loom_shape_str(&l->out, a, sizeof a);
+        char ob[120];
+        snprintf(ob, sizeof ob, "(None, %s", a + 1);
+        if (l->out.rank == 1) snprintf(ob, sizeof ob, "(None, %lld)", (long long)l->out.dim[0]);
+        fprintf(f, "%-32s %-22s %12lld\n", b, ob, (long long)np);
+    }
+    fprintf(f, "%.*s\n", 68, "====================================================================");
+    fprintf(f, "Total params: %lld (%.2f KB)\n", (long long)m->n_params, (double)m->n_params * 4 / 1024);
+}
+
+/* ---- initialisers -------------------------------------------------------- */
+
+/* Keras VarianceScaling: uniform in [-limit, limit] with limit = sqrt(3 s / n),
+ * or a normal truncated at 2 stddev whose stddev is sqrt(s / n) / 0.8796...
+ * (the truncation's variance correction), s = 1 (glorot, n = (fan_in +
+ * fan_out) / 2) or 2 (he, n = fan_in). */
+void loom_model_init_params(loom_model *m, uint64_t seed)
+{
+    for (int i = 0; i < m->n_ptensors; i++) {
+        float *p = m->params + m->pinfo[i].offset;
+        int64_t n = loom_shape_numel(&m->pinfo[i].shape);
+        loom_rng r;
+        loom_rng_init(&r, seed, 0x696e6974u /* "init" */, (uint64_t)i, 0);
+        int init = m->pinit[i];
+        double fin = m->pfan_in[i], fout = m->pfan_out[i], scale, fan;
+        if (init == LOOM_INIT_GLOROT_UNIFORM || init == LOOM_INIT_GLOROT_NORMAL) {
+            scale = 1.0;
+            fan = (fin + fout) / 2;
+        } else {
+            scale = 2.0;
+            fan = fin;
+        }
+        if (fan < 1) fan = 1;
+        switch (init) {
+        case LOOM_INIT_GLOROT_UNIFORM:
+        case LOOM_INIT_HE_UNIFORM: {
+            double limit = sqrt(3.0 * scale / fan);
+            for (int64_t k = 0; k < n; k++) p[k] = (float)((2.0 * loom_rng_uniform64(&r) - 1.0) * limit);
+            break;
+        }
+        case LOOM_INIT_GLOROT_NORMAL:
+        case LOOM_INIT_HE_NORMAL: {
+            double sd = sqrt(scale / fan) / 0.87962566103423978;
+            for (int64_t k = 0; k < n; k++) {
+                float z;
+                do z = loom_rng_normal(&r);
+                while (z < -2.f || z > 2.f);
+                p[k] = (float)(z * sd);
+            }
+            break;
+        }
+        default:
+            memset(p, 0, (size_t)n * sizeof *p);
+            break;
+        }
+    }
+}
+
+/* ---- steps ------------------------------------------------------------------ */
+
+static int check_batch(loom_model *m, const loom_tensor *x, const loom_tensor *label, int64_t *B, loom_err *err)
+{
+    char a[96], b[96];
+    if (x->dtype != LOOM_F32)
+        return loom_err_set(err, LOOM_ESHAPE, m->where, "input batch is %s, the model needs float32",
+                            loom_dtype_name(x->dtype)),
+               loom_err_hint(err, "add a cast or scale map to the input transforms");
+    int ok = x->shape.rank == m->input.rank + 1;
+    for (int i = 0; ok && i < m->input.rank; i++) ok = x->shape.dim[i + 1] == m->input.dim[i];
+    loom_shape want = {.rank = m->input.rank + 1};
+    want.dim[0] = x->shape.rank > 0 ? x->shape.dim[0] : 0;
+    for (int i = 0; i < m->input.rank; i++) want.dim[i + 1] = m->input.dim[i];
+    if (!ok)
+        return loom_err_set(err, LOOM_ESHAPE, m->where, "input batch has shape %s, the model was built for %s",
+                            loom_shape_str(&x->shape, a, sizeof a), loom_shape_str(&want, b, sizeof b));
+    *B = x->shape.dim[0];
+    if (*B < 1 || *B > m->max_batch)
+        return loom_err_set(err, LOOM_ESHAPE, m->where, "batch of %lld examples; the model takes 1 to %lld",
+                            (long long)*B, (long long)m->max_batch);
+    if (!label) return LOOM_OK;
+    ok = label->shape.rank == m->label.rank + 1 && label->shape.dim[0] == *B;
+    for (int i = 0; ok && i < m->label.rank; i++) ok = label->shape.dim[i + 1] == m->label.dim[i];
+    if (!ok) {
+        loom_shape lw = {.rank = m->label.rank + 1};
+        lw.dim[0] = *B;
+        for (int i = 0; i < m->label.rank; i++) lw.dim[i + 1] = m->label.dim[i];
+        return loom_err_set(err, LOOM_ESHAPE, m->where, "label batch has shape %s, expected %s",
+                            loom_shape_str(&label->shape, a, sizeof a), loom_shape_str(&lw, b, sizeof b));
+    }
+    if (m->loss == LOOM_LOSS_MSE && label->dtype != LOOM_F32)
+        return loom_err_set(err, LOOM_ESHAPE, m->where, "mean_squared_error needs float32 labels, got %s",
+                            loom_dtype_name(label->dtype));
+    return LOOM_OK;
+}
+
+#define LABEL_LOOP(T)                                                                            \
+    do {                                                                                         \
+        const T *v = label->data;                                                                \
+        for (int64_t b = 0; b < B; b++) {                                                        \
+            if (!((double)v[b] >= 0 && (double)v[b] < (double)n && (double)v[b] == (double)(int64_t)v[b])) \
+                return bad_label(err, m, b, (double)v[b], n);                                    \
+            m->labels[b] = (int32_t)v[b];                                                        \
+        }                                                                                        \
+    } while (0)
+
+static int bad_label(loom_err *err, const loom_model *m, int64_t b, double v, int64_t n)
+{
+    return loom_err_set(err, LOOM_EDATA, m->where, "label of example %lld in the batch is %.17g, not a class in [0, %lld)",
+                        (long long)b, v, (long long)n),
+           loom_err_hint(err, "the last layer has %lld units; labels must be integers from 0 to %lld", (long long)n,
+                         (long long)(n - 1));
+}
+
+static int read_labels(loom_model *m, const loom_tensor *label, int64_t B, loom_err *err)
+{
+    const int64_t n = m->layer[m->n_layers - 1].n_out;
+    switch (label->dtype) {
+    case LOOM_U8: LABEL_LOOP(uint8_t); break;
+    case LOOM_I32: LABEL_LOOP(int32_t); break;
+    case LOOM_I64: LABEL_LOOP(int64_t); break;
+    case LOOM_F32: LABEL_LOOP(float); break;
+    case LOOM_F64: LABEL_LOOP(double); break;
+    default: return loom_err_set(err, LOOM_ESHAPE, m->where, "label dtype %d is not known", (int)label->dtype);
+    }
+    return LOOM_OK;
+}
+
+static const float *forward(loom_model *m, const float *x, int64_t B, int training, uint64_t rng_key)
+{
+    for (int i = 0; i < m->n_layers; i++) {
+        nn_layer_ *l = &m->layer[i];
+        nn_layer_forward_(m, l, i, x, B, training, rng_key);
+        x = l->yout;
+    }
+    return x;
+}
+
+static double loss_of(loom_model *m, const float *z, const loom_tensor *label, int64_t B, float inv_gb, float *g,
+                      int64_t *correct)
+{
+    const int64_t n = m->layer[m->n_layers - 1].n_out;
+    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) return nn_loss_sparse_ce_(z, m->labels, B, n, inv_gb, g, correct);
+    return nn_loss_mse_(z, label->data, B, n, inv_gb, g, correct);
+}
+
+int loom_model_train_step(loom_model *m, const loom_tensor *x, const loom_tensor *label, int64_t global_batch,
+                          uint64_t rng_key, double *loss_sum, int64_t *correct, loom_err *err)
+{
+    int64_t B, ok = 0;
+    int rc;
+    if ((rc = check_batch(m, x, label, &B, err))) return rc;
+    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && (rc = read_labels(m, label, B, err))) return rc;
+    if (global_batch < 1) global_batch = B;
+    const float *z = forward(m, x->data, B, 1, rng_key);
+    float *g = m->gbuf[0], *other = m->gbuf[1];
+    double loss = loss_of(m, z, label, B, (float)(1.0 / (double)global_batch), g, &ok);
+    if (loss_sum) *loss_sum = loss;
+    if (correct) *correct = ok;
+    if (!isfinite(loss))
+        return loom_err_set(err, LOOM_ENUMERIC, m->where, "the loss is %g on a batch of %lld examples", loss,
+                            (long long)B),
+               loom_err_hint(err, "lower the learning rate, or check the inputs are scaled (e.g. to [0, 1])");
+    for (int i = m->n_layers - 1; i >= 0; i--) {
+        nn_layer_ *l = &m->layer[i];
+        if (!l->needs_dx && l->kernel_off < 0) break;
+        float *r = nn_layer_backward_(m, l, g, other, B);
+        if (!r) break;
+        if (r == other) {
+            other = g;
+            g = r;
+        }
+    }
+    return LOOM_OK;
+}
+
+int loom_model_evaluate(loom_model *m, const loom_tensor *x, const loom_tensor *label, double *loss_sum,
+                        int64_t *correct, loom_err *err)
+{
+    int64_t B, ok = 0;
+    int rc;
+    if ((rc = check_batch(m, x, label, &B, err))) return rc;
+    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && (rc = read_labels(m, label, B, err))) return rc;
+    const float *z = forward(m, x->data, B, 0, 0);
+    double loss = loss_of(m, z, label, B, 1.f, NULL, &ok);
+    if (loss_sum) *loss_sum = loss;
+    if (correct) *correct = ok;
+    return LOOM_OK;
+}
+
+int loom_model_predict(loom_model *m, const loom_tensor *x, float *out, loom_err *err)
+{
+    int64_t B;
+    int rc;
+    if ((rc = check_batch(m, x, NULL, &B, err))) return rc;
+    const float *z = forward(m, x->data, B, 0, 0);
+    const int64_t n = m->layer[m->n_layers - 1].n_out;
+    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) nn_softmax_rows_(z, out, B, n);
+    else memcpy(out, z, (size_t)(B * n) * sizeof *out);
+    return LOOM_OK;
+}
