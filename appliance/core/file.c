@@ -46,7 +46,9 @@ static int gunzip(const char *path, const uint8_t *in, size_t n, uint8_t **out, 
 {
     /* ISIZE (last 4 bytes) is the size mod 2^32: a good first guess. */
     size_t cap = n >= 4 ? (size_t)in[n - 4] | (size_t)in[n - 3] << 8 | (size_t)in[n - 2] << 16 | (size_t)in[n - 1] << 24 : 0;
+    /* ISIZE is untrusted: deflate cannot expand more than about 1032:1 */
     if (cap < n) cap = n * 4;
+    if (cap / 1032 > n) cap = n * 1032;
     uint8_t *buf = loom_alloc(cap + 1);
     if (!buf) return loom_err_set(err, LOOM_ENOMEM, path, "cannot allocate %zu bytes for decompression", cap);
     z_stream z = {0};

@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <zstd.h>
 
 enum { KIND_TENSOR = 1, KIND_BLOB = 2, CKPT_VERSION = 1 };
@@ -55,7 +57,7 @@ static int step_of(const char *fname, int64_t *step)
 
 typedef struct ckpt_entry {
     int64_t step;
-    char    name[256];
+    char name[256];
 } ckpt_entry;
 
 static int cmp_entry(const void *a, const void *b)
@@ -116,7 +118,7 @@ static int write_index(const char *dir, const ckpt_entry *list, int n, loom_err 
 {
     loom_buf b;
     loom_buf_init(&b);
-    char line[256];
+    char line[320];
     snprintf(line, sizeof line, "model_checkpoint_path: \"%s\"\n", list[n - 1].name);
     loom_buf_put(&b, line, strlen(line));
     for (int i = 0; i < n; i++) {
@@ -177,7 +179,8 @@ int loom_ckpt_save(const char *dir, int64_t step, loom_model *m, loom_optimizer 
     for (int i = 0; i < first; i++) {
         char old[LOOM_PATH_MAX + 80];
         snprintf(old, sizeof old, "%s/%s", dir, list[i].name);
-        if (unlink(old) < 0 && errno != ENOENT) loom_warn("%s: cannot delete an old checkpoint: %s", old, strerror(errno));
+        if (unlink(old) < 0 && errno != ENOENT)
+            loom_warn("%s: cannot delete an old checkpoint: %s", old, strerror(errno));
     }
     if (n > first) rc = write_index(dir, list + first, n - first, err);
     loom_free(list);
@@ -206,13 +209,21 @@ static float *locate(loom_model *m, loom_optimizer *o, const char *name, const l
     return NULL;
 }
 
-int loom_ckpt_load(const char *path, loom_model *m, loom_optimizer *o, loom_buf *trainer, loom_buf *iter,
-                   loom_err *err)
+int loom_ckpt_load(const char *path, loom_model *m, loom_optimizer *o, loom_buf *trainer, loom_buf *iter, loom_err *err)
 {
     uint8_t *data;
     size_t len;
+    /* The blobs are outputs: empty unless the file holds them, and empty again
+     * on failure, so callers may pass uninitialised buffers and fini them on
+     * every path (train.c does). */
+    if (trainer) loom_buf_init(trainer);
+    if (iter) loom_buf_init(iter);
     int rc = loom_read_file(path, &data, &len, err);
-    if (rc) return rc == LOOM_EIO ? rc : loom_err_set(err, LOOM_ECHECKPOINT, path, "%s", err->msg);
+    if (rc == LOOM_EDATA) { /* a bad gzip stream: not a checkpoint; out of memory or i/o stay what they are */
+        if (err) err->code = LOOM_ECHECKPOINT;
+        return LOOM_ECHECKPOINT;
+    }
+    if (rc) return rc;
     const char *hint = "delete it to resume from the previous checkpoint, or pass --fresh to start over";
     if (len < 16 + 12 || memcmp(data, MAGIC, 8) != 0) {
         loom_free(data);
@@ -245,9 +256,137 @@ int loom_ckpt_load(const char *path, loom_model *m, loom_optimizer *o, loom_buf 
     int nslots = o ? loom_optimizer_num_slots(o) : 0;
     int found = 0;
     rc = LOOM_OK;
+    size_t first_record = b.pos;
+    /* Pass 0 checks every record's name, shape and size against the model;
+     * only then does pass 1 decompress into it, so a checkpoint of another
+     * model never leaves the model half-overwritten. */
+    for (int pass = 0; pass < 2 && !rc; pass++) {
+        b.pos = first_record;
+        if (pass == 1 && found != nt * (1 + nslots)) {
+            rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "checkpoint holds %d of the model's %d tensors", found,
+                              nt * (1 + nslots));
+            loom_err_hint(
+                err, "the checkpoint was written by a different model or optimizer; use a new model_dir or --fresh");
+            break;
+        }
+        for (uint32_t r = 0; r < records && !rc; r++) {
+            uint32_t kind = loom_buf_get_u32(&b);
+            char name[192];
+            loom_buf_get_str(&b, name, sizeof name);
+            loom_shape shape = {0};
+            shape.rank = (int)loom_buf_get_u32(&b);
+            if (shape.rank < 0 || shape.rank > LOOM_MAX_RANK) {
+                rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "record %u (%s): bad rank %d", r, name, shape.rank);
+                break;
+            }
+            for (int i = 0; i < shape.rank; i++) shape.dim[i] = loom_buf_get_i64(&b);
+            uint64_t raw = loom_buf_get_u64(&b), zn = loom_buf_get_u64(&b);
+            uint32_t crc = loom_buf_get_u32(&b);
+            const void *z = loom_buf_take(&b, zn);
+            if (b.failed || !z) {
+                rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "record %u (%s) runs past the end of the file", r, name);
+                break;
+            }
+            /* Where do the bytes go? */
+            float *dst = NULL;
+            loom_buf *blob = NULL;
+            const loom_param_info *pi = NULL;
+            if (kind == KIND_TENSOR) {
+                int slot_of_param = 0;
+                dst = locate(m, o, name, &pi, &slot_of_param);
+                if (!dst && slot_of_param && !o) continue; /* slots are skipped when no optimizer is loaded */
+                if (!dst) {
+                    rc = loom_err_set(err, LOOM_ECHECKPOINT, path,
+                                      slot_of_param
+                                          ? "checkpoint holds optimizer slot \"%s\" that this optimizer does not have"
+                                          : "checkpoint holds tensor \"%s\" that this model does not have",
+                                      name);
+                    loom_err_hint(err, "the checkpoint was written by a different %s; use a new model_dir or --fresh",
+                                  slot_of_param ? "optimizer" : "model");
+                    break;
+                }
+                if (!loom_shape_eq(&shape, &pi->shape)) {
+                    char a[64], c[64];
+                    rc = loom_err_set(err, LOOM_ECHECKPOINT, path,
+                                      "tensor \"%s\" has shape %s in the checkpoint, the model expects %s", name,
+                                      loom_shape_str(&shape, a, sizeof a), loom_shape_str(&pi->shape, c, sizeof c));
+                    loom_err_hint(err,
+                                  "the checkpoint was written by a different model; use a new model_dir or --fresh");
+                    break;
+                }
+                if (raw != (uint64_t)loom_shape_numel(&shape) * sizeof(float)) {
+                    rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "tensor \"%s\": %llu bytes for shape of %lld floats",
+                                      name, (unsigned long long)raw, (long long)loom_shape_numel(&shape));
+                    break;
+                }
+                if (pass == 0) found++;
+            } else if (kind == KIND_BLOB) {
+                if (!strcmp(name, "trainer"))
+                    blob = trainer;
+                else if (!strcmp(name, "iterator/train"))
+                    blob = iter;
+                if (!blob) continue;
+            } else {
+                rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "record %u has unknown kind %u", r, kind);
+                break;
+            }
+            if (pass == 0) continue;
+            void *out = dst;
+            if (blob) {
+                out = loom_alloc(raw ? raw : 1);
+                if (!out) {
+                    rc = loom_err_set(err, LOOM_ENOMEM, path, "loading %s", name);
+                    break;
+                }
+            }
+            size_t got = ZSTD_decompress(out, raw, z, zn);
+            if (ZSTD_isError(got) || got != raw || loom_crc32c(out, raw) != crc) {
+                rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "tensor \"%s\" is corrupt (%s)", name,
+                                  ZSTD_isError(got) ? ZSTD_getErrorName(got) : "checksum mismatch");
+                loom_err_hint(err, "%s", hint);
+            }
+            if (blob && rc) {
+                loom_free(out);
+            } else if (blob) { /* the buffer becomes the blob's: no second copy that could fail */
+                loom_buf_fini(blob);
+                blob->data = out;
+                blob->len = raw;
+                blob->cap = raw ? raw : 1;
+            }
+        }
+    }
+    loom_free(data);
+    if (rc) {
+        if (trainer) loom_buf_fini(trainer);
+        if (iter) loom_buf_fini(iter);
+    }
+    return rc;
+}
+
+int loom_ckpt_inspect(const char *path, FILE *f, loom_err *err)
+{
+    uint8_t *data;
+    size_t len;
+    int rc = loom_read_file(path, &data, &len, err);
+    if (rc) return rc;
+    if (len < 28 || memcmp(data, MAGIC, 8) != 0 || memcmp(data + len - 12, TRAILER, 8) != 0) {
+        loom_free(data);
+        return loom_err_set(err, LOOM_ECHECKPOINT, path, "not a complete Loom checkpoint (%zu bytes)", len);
+    }
+    uint32_t stored_crc;
+    memcpy(&stored_crc, data + len - 4, 4);
+    if (loom_crc32c(data, len - 12) != stored_crc) {
+        loom_free(data);
+        return loom_err_set(err, LOOM_ECHECKPOINT, path, "checkpoint is corrupt (file checksum mismatch)");
+    }
+    loom_buf b;
+    loom_buf_wrap(&b, data, len - 12);
+    loom_buf_take(&b, 8);
+    uint32_t version = loom_buf_get_u32(&b), records = loom_buf_get_u32(&b);
+    fprintf(f, "%s: Loom checkpoint version %u, %u records\n", path, version, records);
     for (uint32_t r = 0; r < records && !rc; r++) {
         uint32_t kind = loom_buf_get_u32(&b);
-        char name[192];
+        char name[192], shape_s[128];
         loom_buf_get_str(&b, name, sizeof name);
         loom_shape shape = {0};
         shape.rank = (int)loom_buf_get_u32(&b);
@@ -259,73 +398,52 @@ int loom_ckpt_load(const char *path, loom_model *m, loom_optimizer *o, loom_buf 
         uint64_t raw = loom_buf_get_u64(&b), zn = loom_buf_get_u64(&b);
         uint32_t crc = loom_buf_get_u32(&b);
         const void *z = loom_buf_take(&b, zn);
-        if (b.failed || !z) {
-            rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "record %u (%s) runs past the end of the file", r, name);
+        void *out = z ? loom_alloc(raw ? raw : 1) : NULL;
+        if (!out) {
+            rc = loom_err_set(err, z ? LOOM_ENOMEM : LOOM_ECHECKPOINT, path, "record %u (%s) is unreadable", r, name);
             break;
-        }
-        /* Where do the bytes go? */
-        float *dst = NULL;
-        loom_buf *blob = NULL;
-        const loom_param_info *pi = NULL;
-        if (kind == KIND_TENSOR) {
-            int slot_of_param = 0;
-            dst = locate(m, o, name, &pi, &slot_of_param);
-            if (!dst && slot_of_param && !o) continue; /* slots are skipped when no optimizer is loaded */
-            if (!dst) {
-                rc = loom_err_set(err, LOOM_ECHECKPOINT, path,
-                                  slot_of_param ? "checkpoint holds optimizer slot \"%s\" that this optimizer does not have"
-                                                : "checkpoint holds tensor \"%s\" that this model does not have",
-                                  name);
-                loom_err_hint(err, "the checkpoint was written by a different %s; use a new model_dir or --fresh",
-                              slot_of_param ? "optimizer" : "model");
-                break;
-            }
-            if (!loom_shape_eq(&shape, &pi->shape)) {
-                char a[64], c[64];
-                rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "tensor \"%s\" has shape %s in the checkpoint, the model expects %s",
-                                  name, loom_shape_str(&shape, a, sizeof a), loom_shape_str(&pi->shape, c, sizeof c));
-                loom_err_hint(err, "the checkpoint was written by a different model; use a new model_dir or --fresh");
-                break;
-            }
-            if (raw != (uint64_t)loom_shape_numel(&shape) * sizeof(float)) {
-                rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "tensor \"%s\": %llu bytes for shape of %lld floats", name,
-                                  (unsigned long long)raw, (long long)loom_shape_numel(&shape));
-                break;
-            }
-            found++;
-        } else if (kind == KIND_BLOB) {
-            if (!strcmp(name, "trainer")) blob = trainer;
-            else if (!strcmp(name, "iterator/train")) blob = iter;
-            if (!blob) continue;
-        } else {
-            rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "record %u has unknown kind %u", r, kind);
-            break;
-        }
-        void *out = dst;
-        if (blob) {
-            loom_buf_init(blob);
-            loom_buf_put(blob, "", 0);
-            out = loom_alloc(raw ? raw : 1);
-            if (!out) {
-                rc = loom_err_set(err, LOOM_ENOMEM, path, "loading %s", name);
-                break;
-            }
         }
         size_t got = ZSTD_decompress(out, raw, z, zn);
-        if (ZSTD_isError(got) || got != raw || loom_crc32c(out, raw) != crc) {
-            rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "tensor \"%s\" is corrupt (%s)", name,
-                              ZSTD_isError(got) ? ZSTD_getErrorName(got) : "checksum mismatch");
-            loom_err_hint(err, "%s", hint);
-        }
-        if (blob) {
-            if (!rc) loom_buf_put(blob, out, raw);
-            loom_free(out);
-        }
+        if (ZSTD_isError(got) || got != raw || loom_crc32c(out, raw) != crc)
+            rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "record \"%s\" is corrupt", name);
+        else if (kind == KIND_TENSOR)
+            fprintf(f, "tensor %-40s %-16s crc32c %08x\n", name, loom_shape_str(&shape, shape_s, sizeof shape_s), crc);
+        else
+            fprintf(f, "blob   %-40s %10llu bytes  crc32c %08x\n", name, (unsigned long long)raw, crc);
+        loom_free(out);
     }
     loom_free(data);
-    if (!rc && found != nt * (1 + nslots))
-        rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "checkpoint holds %d of the model's %d tensors", found,
-                          nt * (1 + nslots)),
-        loom_err_hint(err, "the checkpoint was written by a different model or optimizer; use a new model_dir or --fresh");
+    return rc;
+}
+
+int loom_ckpt_archive(const char *dir, char out[LOOM_PATH_MAX], loom_err *err)
+{
+    ckpt_entry *list;
+    int n;
+    int rc = list_ckpts(dir, &list, &n, err);
+    if (rc) return rc;
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    char stamp[32];
+    strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+    snprintf(out, LOOM_PATH_MAX, "%s/superseded-%s", dir, stamp);
+    for (int k = 1; mkdir(out, 0755) < 0; k++) {
+        if (errno != EEXIST || k > 100) {
+            rc = loom_err_set(err, LOOM_EIO, out, "cannot create: %s", strerror(errno));
+            loom_free(list);
+            return rc;
+        }
+        snprintf(out, LOOM_PATH_MAX, "%s/superseded-%s-%d", dir, stamp, k);
+    }
+    char from[LOOM_PATH_MAX + 300], to[LOOM_PATH_MAX + 300];
+    for (int i = 0; i <= n && !rc; i++) {
+        const char *name = i < n ? list[i].name : "checkpoint";
+        snprintf(from, sizeof from, "%s/%s", dir, name);
+        snprintf(to, sizeof to, "%s/%s", out, name);
+        if (rename(from, to) < 0 && !(i == n && errno == ENOENT))
+            rc = loom_err_set(err, LOOM_EIO, from, "cannot move to %s: %s", out, strerror(errno));
+    }
+    loom_free(list);
     return rc;
 }

@@ -78,6 +78,15 @@ static int find_features(const loom_spec *spec, const loom_elem_spec *es, const 
     return LOOM_OK;
 }
 
+/* A source the config names that is missing, truncated or malformed is a
+ * problem of the config (exit status 2), found before anything runs. */
+static int data_open_failed(loom_err *err, const char *which)
+{
+    loom_err_prefix(err, "%s", which);
+    if (err->code == LOOM_EIO || err->code == LOOM_EDATA) err->code = LOOM_ECONFIG;
+    return err->code;
+}
+
 static void run_close(run *r)
 {
     loom_strategy_close(r->strat);
@@ -106,11 +115,11 @@ static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool n
     double t0 = loom_now();
     loom_data_ctx ctx = {.seed = spec->run.seed, .threads = threads, .name = "train"};
     rc = loom_data_open(&r->train, &spec->train, &ctx, err);
-    if (rc) return loom_err_prefix(err, "data.train"), rc;
+    if (rc) return data_open_failed(err, "data.train");
     if (spec->eval.present) {
         loom_data_ctx ectx = {.seed = spec->run.seed, .threads = threads, .name = "eval"};
         rc = loom_data_open(&r->eval, &spec->eval, &ectx, err);
-        if (rc) return loom_err_prefix(err, "data.eval"), rc;
+        if (rc) return data_open_failed(err, "data.eval");
         int64_t eb = batch_size_of(&spec->eval);
         if (eb <= 0)
             return loom_err_set(err, LOOM_ECONFIG, loom_loc_str(&spec->eval.loc, w, sizeof w),
@@ -180,6 +189,8 @@ static double peak_rss_mb(void)
     return (double)ru.ru_maxrss / 1024.0;
 }
 
+static void json_time(FILE *f, const char *key, double v) { fprintf(f, ", \"%s\": %.3f", key, v); }
+
 static void json_num(FILE *f, const char *key, double v, int first)
 {
     if (isfinite(v))
@@ -243,7 +254,13 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
         run_close(&r);
         return rc;
     } else if (rc == LOOM_OK) {
-        loom_info("--fresh: ignoring the checkpoints in %s", r.model_dir);
+        char moved[LOOM_PATH_MAX];
+        rc = loom_ckpt_archive(r.model_dir, moved, err);
+        if (rc) {
+            run_close(&r);
+            return rc;
+        }
+        loom_info("--fresh: moved the earlier checkpoints to %s", moved);
     }
     rc = LOOM_OK;
 
@@ -274,7 +291,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
 
-    double run_start = loom_now(), epoch_start = run_start, train_sec = 0;
+    double run_start = loom_now(), epoch_start = run_start, train_sec = 0, run_train_sec = 0;
     int64_t run_examples = 0, start_step = st.step, last_saved = st.step;
     double first_step_ms = -1, last_eval_loss = NAN, last_eval_acc = NAN;
     int64_t last_eval_step = -1;
@@ -328,7 +345,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
             json_num(metrics, "samples_per_sec", sps, 0);
             json_num(metrics, "learning_rate", loom_optimizer_lr(opt, st.step), 0);
             json_num(metrics, "epoch_seconds", ep_sec, 0);
-            json_num(metrics, "wall_time", loom_wall_time(), 0);
+            json_time(metrics, "wall_time", loom_wall_time());
             fprintf(metrics, "}\n");
             fflush(metrics);
             st.epoch++;
@@ -361,6 +378,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
         if (rc) break;
         double dt = loom_now() - t0;
         train_sec += dt;
+        run_train_sec += dt;
         st.step++;
         st.step_in_epoch++;
         st.loss_sum += res.loss_sum;
@@ -411,11 +429,12 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
         fprintf(metrics, "{\"event\": \"end\", \"step\": %lld, \"epoch\": %lld", (long long)st.step, (long long)st.epoch);
         json_num(metrics, "eval_loss", last_eval_loss, 0);
         json_num(metrics, "eval_accuracy", last_eval_acc, 0);
-        json_num(metrics, "samples_per_sec", total > 0 ? (double)run_examples / total : 0, 0);
+        json_num(metrics, "samples_per_sec", run_train_sec > 0 ? (double)run_examples / run_train_sec : 0, 0);
+        json_num(metrics, "seconds", total, 0);
         json_num(metrics, "first_step_ms", first_step_ms, 0);
         json_num(metrics, "decode_ms", r.decode_sec * 1e3, 0);
         json_num(metrics, "peak_rss_mb", peak_rss_mb(), 0);
-        json_num(metrics, "wall_time", loom_wall_time(), 0);
+        json_time(metrics, "wall_time", loom_wall_time());
         fprintf(metrics, "}\n");
     }
     fclose(metrics);
@@ -609,9 +628,10 @@ int loom_check(const loom_spec *spec, FILE *f, loom_err *err)
         fprintf(f, "optimizer: %s, learning rate %g at step 0\n",
                 spec->optimizer.kind == LOOM_OPT_SGD ? "sgd" : spec->optimizer.kind == LOOM_OPT_MOMENTUM ? "momentum" : "adam",
                 loom_optimizer_lr(loom_strategy_optimizer(r.strat), 0));
+        int64_t gb = batch_size_of(&spec->train);
         fprintf(f, "strategy: %s on %s, %d replica, global batch %lld, per-replica batch %lld, no cross-device reduction\n",
                 loom_strategy_kind_name(spec->strategy.kind), spec->strategy.device, loom_strategy_num_replicas(r.strat),
-                (long long)r.args.max_batch, (long long)r.args.max_batch);
+                (long long)gb, (long long)gb);
         fprintf(f, "compute: BLAS %s (%s), %d thread%s\n", loom_blas_core(), loom_blas_core_reason(), loom_blas_threads(),
                 loom_blas_threads() == 1 ? "" : "s");
     }

@@ -57,11 +57,25 @@ int loom_ckpt_latest(const char *dir, char path[LOOM_PATH_MAX], int64_t *step, l
  * and the given blobs (may be NULL), then prunes to `keep`. */
 int loom_ckpt_save(const char *dir, int64_t step, loom_model *m, loom_optimizer *o, const loom_buf *trainer,
                    const loom_buf *iter, int keep, char path[LOOM_PATH_MAX], loom_err *err);
+/* Moves every checkpoint of dir (and its index) into a new
+ * dir/superseded-<UTC time>/, named in out; for --fresh, which must neither
+ * resume from nor destroy what an earlier run wrote. */
+int loom_ckpt_archive(const char *dir, char out[LOOM_PATH_MAX], loom_err *err);
+
 /* Verifies every checksum, then loads parameters (and slots when o is given)
  * and the blobs (when non-NULL; buffers freed by the caller with
  * loom_buf_fini). A checkpoint of a different model is refused naming the
  * first tensor that differs. */
 int loom_ckpt_load(const char *path, loom_model *m, loom_optimizer *o, loom_buf *trainer, loom_buf *iter,
                    loom_err *err);
+
+/* Moves every checkpoint of dir (and its index) into a new
+ * dir/superseded-<UTC time>/, named in out; for --fresh, which must neither
+ * resume from nor destroy what an earlier run wrote. */
+int loom_ckpt_archive(const char *dir, char out[LOOM_PATH_MAX], loom_err *err);
+
+/* Verifies every checksum of a checkpoint and lists its records (tensor
+ * name, shape and CRC-32C; blob name and size) without needing the model. */
+int loom_ckpt_inspect(const char *path, FILE *f, loom_err *err);
 
 #endif

@@ -45,14 +45,16 @@ idx(f'{d}/lbl90.idx', [90], bytes(90))
 idx(f'{d}/trunc.idx', [100, 28, 28], bytes(50 * 784))
 idx(f'{d}/magic.idx', [100, 28, 28], bytes(100 * 784), magic=b'\x12\x34\x08\x03')
 PY
-idxcfg() { # idxcfg NAME IMAGES LABELS [extra layers]
+FLATTEN='{ type = "flatten"; },'
+idxcfg() { # idxcfg NAME IMAGES LABELS [first layers]
+local first="${4-$FLATTEN}"
 cat > "$D/$1.cfg" <<CFG
 version = 1;
 data: { train: {
   source: { type = "idx"; features: { image = "$2"; label = "$3"; }; };
   transforms = ( { op = "map"; fn = "scale"; feature = "image"; scale = 0.0039; }, { op = "batch"; size = 10; } );
 }; };
-model: { layers = ( ${4:-{ type = "flatten"; },} { type = "dense"; units = 10; } ); };
+model: { layers = ( $first { type = "dense"; units = 10; } ); };
 optimizer: { type = "sgd"; learning_rate = 0.1; };
 run: { model_dir = "$WORK/idxrun_$1"; epochs = 1; progress = "none"; };
 CFG

