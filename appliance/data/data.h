@@ -91,4 +91,6 @@ void loom_iter_close(loom_iter *it); /* NULL is a no-op */
 int loom_catalog_resolve(const char *name, const char *split, char images[LOOM_PATH_MAX],
                          char labels[LOOM_PATH_MAX], loom_err *err);
 
+#include "data/records.h"
+
 #endif

@@ -1,0 +1,617 @@
+/* tfrecord.c - TFRecord files: a streaming reader (none / GZIP / ZLIB / ZSTD,
+ * refillable 256 KiB buffers, never the whole file in memory) with both CRCs
+ * verified, and a writer that commits by rename (tf_semantics §1.1-1.5).
+ * Threads: one reader or writer per thread at a time; no globals. */
+#include "data/data.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+#include <zstd.h>
+
+#define CHUNK (256 * 1024)   /* TF's default reader and zlib buffer size */
+#define HEADER 12            /* u64 length + masked CRC of the length */
+#define FOOTER 4             /* masked CRC of the payload */
+
+/* ---- compression names and magic bytes ---------------------------------- */
+
+static const char *const comp_names[] = {"NONE", "GZIP", "ZLIB", "ZSTD", "AUTO"};
+
+const char *loom_compression_name(loom_compression c)
+{
+    return (unsigned)c <= LOOM_COMP_AUTO ? comp_names[c] : "?";
+}
+
+int loom_compression_parse(const char *name, loom_compression *out, loom_err *err)
+{
+    static const struct { const char *s; loom_compression c; } tab[] = {
+        {"", LOOM_COMP_NONE},     {"NONE", LOOM_COMP_NONE}, {"none", LOOM_COMP_NONE},
+        {"GZIP", LOOM_COMP_GZIP}, {"gzip", LOOM_COMP_GZIP}, {"ZLIB", LOOM_COMP_ZLIB},
+        {"zlib", LOOM_COMP_ZLIB}, {"ZSTD", LOOM_COMP_ZSTD}, {"zstd", LOOM_COMP_ZSTD},
+        {"AUTO", LOOM_COMP_AUTO}, {"auto", LOOM_COMP_AUTO},
+    };
+    for (size_t i = 0; name && i < sizeof tab / sizeof tab[0]; i++)
+        if (!strcmp(name, tab[i].s)) {
+            *out = tab[i].c;
+            return LOOM_OK;
+        }
+    loom_err_set(err, LOOM_ECONFIG, NULL, "unknown TFRecord compression \"%s\" (expected one of: \"\", NONE, GZIP, ZLIB, ZSTD, AUTO)",
+                 name ? name : "(null)");
+    return loom_err_hint(err, "TensorFlow reads an unknown name as uncompressed; Loom refuses it. "
+                              "Names are exact: upper or lower case, not mixed");
+}
+
+static uint32_t le32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+static uint64_t le64(const uint8_t *p) { return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32; }
+static void put_le32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> 8 * i); }
+static void put_le64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> 8 * i); }
+
+static bool is_plain(const uint8_t *p, size_t n) { return n >= HEADER && loom_crc32c_mask(loom_crc32c(p, 8)) == le32(p + 8); }
+static bool is_gzip(const uint8_t *p, size_t n) { return n >= 2 && p[0] == 0x1f && p[1] == 0x8b; }
+static bool is_zstd(const uint8_t *p, size_t n) { return n >= 4 && p[0] == 0x28 && p[1] == 0xb5 && p[2] == 0x2f && p[3] == 0xfd; }
+/* RFC 1950: method 8 (deflate), window <= 32 KiB, no preset dictionary,
+ * (CMF*256 + FLG) a multiple of 31. */
+static bool is_zlib(const uint8_t *p, size_t n)
+{
+    return n >= 2 && (p[0] & 0x0f) == 8 && (p[0] >> 4) <= 7 && !(p[1] & 0x20) && (p[0] * 256 + p[1]) % 31 == 0;
+}
+
+/* What the leading bytes look like, for messages. */
+static const char *describe(const uint8_t *p, size_t n, char *buf, size_t cap)
+{
+    if (n == 0) return "nothing (empty file)";
+    if (is_gzip(p, n)) return "the gzip magic 1f 8b";
+    if (is_zstd(p, n)) return "the zstd magic 28 b5 2f fd";
+    if (is_plain(p, n)) return "a valid uncompressed TFRecord header";
+    int k = snprintf(buf, cap, "%s", is_zlib(p, n) ? "a zlib header" : "bytes");
+    for (size_t i = 0; i < (n < 4 ? n : 4) && k > 0 && (size_t)k < cap; i++)
+        k += snprintf(buf + k, cap - (size_t)k, " %02x", p[i]);
+    return buf;
+}
+
+/* zlib allocates through loom_alloc too (so the test failure hook reaches it). */
+static voidpf z_alloc(voidpf opaque, uInt n, uInt size)
+{
+    (void)opaque;
+    return loom_calloc(n, size);
+}
+static void z_free(voidpf opaque, voidpf p)
+{
+    (void)opaque;
+    loom_free(p);
+}
+
+/* ---- reader -------------------------------------------------------------- */
+
+struct loom_tfrecord {
+    char            *path;
+    int              fd;
+    loom_compression comp;
+    loom_on_corrupt  on_corrupt;
+    uint8_t         *in;              /* raw file bytes, CHUNK */
+    size_t           in_pos, in_len;
+    bool             in_eof;
+    uint8_t         *out;             /* decompressed bytes (== in when uncompressed) */
+    size_t           out_pos, out_len;
+    z_stream         z;
+    bool             z_ready;
+    ZSTD_DStream    *zd;
+    bool             stream_end;      /* the compressed stream ended cleanly */
+    bool             zstd_frame_open; /* inside a zstd frame (0 after a frame's last byte) */
+    uint8_t         *rec;             /* the current record: payload + footer */
+    size_t           rec_cap;
+    uint64_t         offset;          /* of the next record, uncompressed */
+    int64_t          count, skipped;
+    bool             done;            /* ended (clean EOF or SKIP after lost framing) */
+    int              failed;          /* sticky error code after an error */
+};
+
+static int sys_err(loom_tfrecord *r, const char *call, int e, loom_err *err)
+{
+    return loom_err_set(err, LOOM_EIO, r->path, "%s(%s) failed: %s", call, r->path, strerror(e));
+}
+
+/* Reads raw bytes into in[] after what is left; in_eof at the end. */
+static int refill_in(loom_tfrecord *r, loom_err *err)
+{
+    if (r->in_pos > 0 && r->in_pos < r->in_len) memmove(r->in, r->in + r->in_pos, r->in_len - r->in_pos);
+    r->in_len -= r->in_pos;
+    r->in_pos = 0;
+    while (r->in_len < CHUNK && !r->in_eof) {
+        ssize_t k = read(r->fd, r->in + r->in_len, CHUNK - r->in_len);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return sys_err(r, "read", errno, err);
+        if (k == 0) r->in_eof = true;
+        r->in_len += (size_t)k;
+        if (k > 0 && r->comp != LOOM_COMP_AUTO) break; /* one read per refill once streaming */
+    }
+    return LOOM_OK;
+}
+
+/* A corrupt compressed stream; the message names the record it was in. */
+static int stream_corrupt(loom_tfrecord *r, const char *what, loom_err *err)
+{
+    return loom_err_set(err, LOOM_EDATA, r->path, "corrupt %s stream in the record at offset %llu (uncompressed): %s",
+                        loom_compression_name(r->comp), (unsigned long long)r->offset, what);
+}
+
+/* Fills out[] with the next decompressed bytes. LOOM_OK with out_len > 0,
+ * LOOM_EEOF at the end of the stream, or an error. */
+static int produce(loom_tfrecord *r, loom_err *err)
+{
+    r->out_pos = r->out_len = 0;
+    for (;;) {
+        if (r->in_pos == r->in_len && !r->in_eof) {
+            int rc = refill_in(r, err);
+            if (rc) return rc;
+        }
+        bool exhausted = r->in_pos == r->in_len && r->in_eof;
+        if (r->comp == LOOM_COMP_NONE) {
+            if (exhausted) return LOOM_EEOF;
+            r->out_pos = r->in_pos;
+            r->out_len = r->in_len;
+            r->in_pos = r->in_len;
+            return LOOM_OK;
+        }
+        if (r->stream_end) {
+            if (exhausted) return LOOM_EEOF;
+            if (r->comp != LOOM_COMP_GZIP) return stream_corrupt(r, "trailing bytes after the end of the zlib stream", err);
+            if (inflateReset(&r->z) != Z_OK) return stream_corrupt(r, "inflateReset failed", err);
+            r->stream_end = false; /* concatenated gzip members are legal (RFC 1952) */
+        }
+        if (r->comp == LOOM_COMP_ZSTD) {
+            if (exhausted && !r->zstd_frame_open) return LOOM_EEOF;
+            ZSTD_inBuffer ib = {r->in, r->in_len, r->in_pos};
+            ZSTD_outBuffer ob = {r->out, CHUNK, 0};
+            size_t ret = ZSTD_decompressStream(r->zd, &ob, &ib);
+            r->in_pos = ib.pos;
+            if (ZSTD_isError(ret)) return stream_corrupt(r, ZSTD_getErrorName(ret), err);
+            r->zstd_frame_open = ret != 0;
+            r->out_len = ob.pos;
+            if (r->out_len == 0 && exhausted)
+                return stream_corrupt(r, "the zstd stream is truncated (file ends inside a frame)", err);
+        } else {
+            /* called even when the input is exhausted: inflate may hold output */
+            r->z.next_in = r->in + r->in_pos;
+            r->z.avail_in = (uInt)(r->in_len - r->in_pos);
+            r->z.next_out = r->out;
+            r->z.avail_out = CHUNK;
+            int zr = inflate(&r->z, Z_NO_FLUSH);
+            r->in_pos = r->in_len - r->z.avail_in;
+            r->out_len = CHUNK - r->z.avail_out;
+            if (zr == Z_STREAM_END) r->stream_end = true;
+            else if (zr == Z_NEED_DICT) return stream_corrupt(r, "needs a preset dictionary", err);
+            else if (zr == Z_BUF_ERROR && exhausted)
+                return stream_corrupt(r, "the compressed stream is truncated (file ends before its end marker)", err);
+            else if (zr != Z_OK && zr != Z_BUF_ERROR) return stream_corrupt(r, r->z.msg ? r->z.msg : "inflate failed", err);
+        }
+        if (r->out_len > 0) return LOOM_OK;
+    }
+}
+
+/* Copies up to n stream bytes into dst; *got < n only at the end. */
+static int src_read(loom_tfrecord *r, uint8_t *dst, size_t n, size_t *got, loom_err *err)
+{
+    *got = 0;
+    while (*got < n) {
+        if (r->out_pos == r->out_len) {
+            int rc = produce(r, err);
+            if (rc == LOOM_EEOF) return LOOM_OK;
+            if (rc) return rc;
+        }
+        size_t k = r->out_len - r->out_pos;
+        if (k > n - *got) k = n - *got;
+        memcpy(dst + *got, r->out + r->out_pos, k);
+        r->out_pos += k;
+        *got += k;
+    }
+    return LOOM_OK;
+}
+
+int loom_tfrecord_open(loom_tfrecord **out, const char *path, loom_compression comp,
+                       loom_on_corrupt on_corrupt, loom_err *err)
+{
+    *out = NULL;
+    loom_tfrecord *r = loom_calloc(1, sizeof *r);
+    if (!r) return loom_err_set(err, LOOM_ENOMEM, path, "cannot allocate a TFRecord reader");
+    r->fd = -1;
+    r->on_corrupt = on_corrupt;
+    r->comp = LOOM_COMP_AUTO; /* refill_in fills a whole chunk while detecting */
+    int rc = LOOM_OK;
+    if (!(r->path = loom_strdup(path)) || !(r->in = loom_alloc(CHUNK))) {
+        rc = loom_err_set(err, LOOM_ENOMEM, path, "cannot allocate TFRecord reader buffers");
+        goto fail;
+    }
+    r->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (r->fd < 0) {
+        rc = loom_err_set(err, LOOM_EIO, path, "open(%s) failed: %s", path, strerror(errno));
+        goto fail;
+    }
+    struct stat st;
+    if (fstat(r->fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+        rc = loom_err_set(err, LOOM_EIO, path, "is a directory, not a TFRecord file");
+        goto fail;
+    }
+    while (r->in_len < HEADER && !r->in_eof)
+        if ((rc = refill_in(r, err))) goto fail;
+
+    const uint8_t *p = r->in;
+    size_t n = r->in_len;
+    char desc[64];
+    if (comp == LOOM_COMP_AUTO) {
+        if (n == 0 || is_plain(p, n)) comp = LOOM_COMP_NONE;
+        else if (is_gzip(p, n)) comp = LOOM_COMP_GZIP;
+        else if (is_zstd(p, n)) comp = LOOM_COMP_ZSTD;
+        else if (is_zlib(p, n)) comp = LOOM_COMP_ZLIB;
+        else comp = LOOM_COMP_NONE;
+    } else if (n > 0) {
+        bool ok = comp == LOOM_COMP_NONE ? is_plain(p, n) || !(is_gzip(p, n) || is_zstd(p, n) || is_zlib(p, n))
+                : comp == LOOM_COMP_GZIP ? is_gzip(p, n)
+                : comp == LOOM_COMP_ZLIB ? is_zlib(p, n)
+                : comp == LOOM_COMP_ZSTD ? is_zstd(p, n) : false;
+        if (!ok) {
+            rc = loom_err_set(err, LOOM_EDATA, path, "declared %s but starts with %s", loom_compression_name(comp),
+                              describe(p, n, desc, sizeof desc));
+            loom_err_hint(err, "set the compression to match the file, or AUTO to detect it");
+            goto fail;
+        }
+    }
+    r->comp = comp;
+    if (comp == LOOM_COMP_NONE) {
+        r->out = r->in;
+        r->out_pos = r->out_len = 0; /* produce() hands over in[] as it is */
+    } else {
+        if (!(r->out = loom_alloc(CHUNK))) {
+            rc = loom_err_set(err, LOOM_ENOMEM, path, "cannot allocate TFRecord reader buffers");
+            goto fail;
+        }
+        if (comp == LOOM_COMP_ZSTD) {
+            if (!(r->zd = ZSTD_createDStream()) || ZSTD_isError(ZSTD_initDStream(r->zd))) {
+                rc = loom_err_set(err, LOOM_ENOMEM, path, "ZSTD_createDStream failed");
+                goto fail;
+            }
+        } else {
+            r->z.zalloc = z_alloc;
+            r->z.zfree = z_free;
+            if (inflateInit2(&r->z, comp == LOOM_COMP_GZIP ? 16 + MAX_WBITS : MAX_WBITS) != Z_OK) {
+                rc = loom_err_set(err, LOOM_ENOMEM, path, "inflateInit2 failed");
+                goto fail;
+            }
+            r->z_ready = true;
+        }
+    }
+    if (n == 0) r->done = true; /* an empty file: zero records, whatever the compression */
+    *out = r;
+    return LOOM_OK;
+fail:
+    loom_tfrecord_close(r);
+    return rc;
+}
+
+/* A bad record at offset `at`. lost_framing: the reader cannot go on. */
+static int bad_record(loom_tfrecord *r, uint64_t at, bool lost_framing, loom_err *err, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int bad_record(loom_tfrecord *r, uint64_t at, bool lost_framing, loom_err *err, const char *fmt, ...)
+{
+    char what[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    if (r->on_corrupt == LOOM_CORRUPT_SKIP) {
+        r->skipped++;
+        if (!lost_framing) {
+            loom_warn("%s: skipping the record at offset %llu (uncompressed): %s", r->path, (unsigned long long)at, what);
+            return LOOM_OK;
+        }
+        loom_warn("%s: %s at offset %llu (uncompressed); cannot resynchronise, ending the file here "
+                  "(%lld records read, %lld bad records skipped)", r->path, what, (unsigned long long)at,
+                  (long long)r->count, (long long)r->skipped);
+        r->done = true;
+        return LOOM_EEOF;
+    }
+    r->failed = LOOM_EDATA;
+    loom_err_set(err, LOOM_EDATA, r->path, "%s at offset %llu (uncompressed stream)", what, (unsigned long long)at);
+    return loom_err_hint(err, "the file is damaged or not a %s TFRecord file; on_corrupt = skip drops bad records",
+                         r->comp == LOOM_COMP_NONE ? "plain" : loom_compression_name(r->comp));
+}
+
+/* Stream-level failures (corrupt compressed data) lose the framing too. */
+static int stream_failed(loom_tfrecord *r, int rc, loom_err *err)
+{
+    if (rc == LOOM_EDATA && r->on_corrupt == LOOM_CORRUPT_SKIP) {
+        r->skipped++;
+        loom_warn("%s: %s; ending the file here (%lld records read, %lld bad records skipped)", r->path,
+                  err ? err->msg : "corrupt compressed stream", (long long)r->count, (long long)r->skipped);
+        r->done = true;
+        return LOOM_EEOF;
+    }
+    r->failed = rc;
+    return rc;
+}
+
+int loom_tfrecord_next(loom_tfrecord *r, const uint8_t **data, size_t *len, loom_err *err)
+{
+    *data = NULL;
+    *len = 0;
+    if (r->failed) return loom_err_set(err, r->failed, r->path, "reading after an earlier error at offset %llu",
+                                       (unsigned long long)r->offset);
+    for (;;) {
+        if (r->done) return LOOM_EEOF;
+        uint64_t at = r->offset;
+        uint8_t hdr[HEADER];
+        size_t got;
+        int rc = src_read(r, hdr, HEADER, &got, err);
+        if (rc) return stream_failed(r, rc, err);
+        if (got == 0) {
+            r->done = true;
+            return LOOM_EEOF;
+        }
+        if (got < HEADER) return bad_record(r, at, true, err, "truncated record (%zu of %d header bytes)", got, HEADER);
+        uint64_t L = le64(hdr);
+        uint32_t want = le32(hdr + 8), have = loom_crc32c_mask(loom_crc32c(hdr, 8));
+        if (want != have)
+            return bad_record(r, at, true, err, "corrupted record: length CRC mismatch (stored 0x%08x, computed 0x%08x)", want, have);
+        if (L > (uint64_t)SIZE_MAX - FOOTER - 1 || L > ((uint64_t)1 << 48))
+            return bad_record(r, at, true, err, "record length %llu is absurd", (unsigned long long)L);
+        /* Grow the record buffer as bytes arrive, so a lying length costs
+         * at most twice what the file really holds. */
+        size_t need = (size_t)L + FOOTER, filled = 0;
+        while (filled < need) {
+            if (filled == r->rec_cap) {
+                size_t cap = r->rec_cap < 65536 ? 65536 : r->rec_cap * 2;
+                if (cap > need) cap = need;
+                uint8_t *nb = loom_realloc(r->rec, cap);
+                if (!nb) return loom_err_set(err, LOOM_ENOMEM, r->path, "cannot allocate %zu bytes for the record at offset %llu",
+                                             cap, (unsigned long long)at);
+                r->rec = nb;
+                r->rec_cap = cap;
+            }
+            size_t ask = (r->rec_cap < need ? r->rec_cap : need) - filled;
+            if ((rc = src_read(r, r->rec + filled, ask, &got, err))) return stream_failed(r, rc, err);
+            filled += got;
+            if (got < ask)
+                return bad_record(r, at, true, err, "truncated record (payload of %llu bytes + 4 CRC bytes, only %zu present)",
+                                  (unsigned long long)L, filled);
+        }
+        want = le32(r->rec + L);
+        have = loom_crc32c_mask(loom_crc32c(r->rec, (size_t)L));
+        if (want != have) {
+            rc = bad_record(r, at, false, err, "corrupted record: data CRC mismatch (stored 0x%08x, computed 0x%08x, %llu bytes)",
+                            want, have, (unsigned long long)L);
+            if (rc) return rc;
+            r->offset += L + HEADER + FOOTER;
+            continue;
+        }
+        r->offset += L + HEADER + FOOTER;
+        r->count++;
+        *data = r->rec;
+        *len = (size_t)L;
+        return LOOM_OK;
+    }
+}
+
+uint64_t loom_tfrecord_offset(const loom_tfrecord *r) { return r->offset; }
+int64_t loom_tfrecord_count(const loom_tfrecord *r) { return r->count; }
+int64_t loom_tfrecord_skipped(const loom_tfrecord *r) { return r->skipped; }
+loom_compression loom_tfrecord_compression(const loom_tfrecord *r) { return r->comp; }
+
+void loom_tfrecord_close(loom_tfrecord *r)
+{
+    if (!r) return;
+    if (r->fd >= 0) close(r->fd);
+    if (r->z_ready) inflateEnd(&r->z);
+    ZSTD_freeDStream(r->zd);
+    if (r->out != r->in) loom_free(r->out);
+    loom_free(r->in);
+    loom_free(r->rec);
+    loom_free(r->path);
+    loom_free(r);
+}
+
+/* ---- writer -------------------------------------------------------------- */
+
+struct loom_tfrecord_writer {
+    char            *path, *tmp;
+    int              fd;
+    loom_compression comp;
+    z_stream         z;
+    bool             z_ready;
+    ZSTD_CStream    *zc;
+    uint8_t         *buf;   /* output staging, CHUNK */
+    size_t           len;
+    bool             created; /* tmp exists and is ours to remove */
+    int              failed;
+};
+
+static int w_sys(loom_tfrecord_writer *w, const char *call, const char *arg, loom_err *err)
+{
+    w->failed = LOOM_EIO;
+    return loom_err_set(err, LOOM_EIO, w->path, "%s(%s) failed: %s", call, arg, strerror(errno));
+}
+
+static int w_flush(loom_tfrecord_writer *w, const uint8_t *p, size_t n, loom_err *err)
+{
+    while (n > 0) {
+        ssize_t k = write(w->fd, p, n);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return w_sys(w, "write", w->tmp, err);
+        p += k;
+        n -= (size_t)k;
+    }
+    return LOOM_OK;
+}
+
+static int w_flush_buf(loom_tfrecord_writer *w, loom_err *err)
+{
+    int rc = w_flush(w, w->buf, w->len, err);
+    w->len = 0;
+    return rc;
+}
+
+/* Feeds n stream bytes through the compressor; finish ends the stream. */
+static int w_emit(loom_tfrecord_writer *w, const uint8_t *p, size_t n, bool finish, loom_err *err)
+{
+    int rc;
+    if (w->comp == LOOM_COMP_NONE) {
+        if (w->len + n > CHUNK) {
+            if ((rc = w_flush_buf(w, err))) return rc;
+            if (n >= CHUNK) return w_flush(w, p, n, err);
+        }
+        memcpy(w->buf + w->len, p, n);
+        w->len += n;
+        return finish ? w_flush_buf(w, err) : LOOM_OK;
+    }
+    if (w->comp == LOOM_COMP_ZSTD) {
+        ZSTD_inBuffer ib = {p, n, 0};
+        for (;;) {
+            ZSTD_outBuffer ob = {w->buf, CHUNK, w->len};
+            size_t left = ZSTD_compressStream2(w->zc, &ob, &ib, finish ? ZSTD_e_end : ZSTD_e_continue);
+            w->len = ob.pos;
+            if (ZSTD_isError(left)) {
+                w->failed = LOOM_EIO;
+                return loom_err_set(err, LOOM_EIO, w->path, "ZSTD_compressStream2 failed: %s", ZSTD_getErrorName(left));
+            }
+            if (w->len == CHUNK && (rc = w_flush_buf(w, err))) return rc;
+            if (finish ? left == 0 : ib.pos == ib.size) break;
+        }
+        return finish ? w_flush_buf(w, err) : LOOM_OK;
+    }
+    /* zlib's avail_in is 32-bit: feed at most 1 GiB at a time. */
+    do {
+        size_t part = n > (1u << 30) ? (1u << 30) : n;
+        w->z.next_in = (Bytef *)p;
+        w->z.avail_in = (uInt)part;
+        int flush = finish && part == n ? Z_FINISH : Z_NO_FLUSH;
+        for (;;) {
+            w->z.next_out = w->buf + w->len;
+            w->z.avail_out = (uInt)(CHUNK - w->len);
+            int zr = deflate(&w->z, flush);
+            w->len = CHUNK - w->z.avail_out;
+            if (zr == Z_STREAM_ERROR) {
+                w->failed = LOOM_EIO;
+                return loom_err_set(err, LOOM_EIO, w->path, "deflate failed");
+            }
+            if (w->len == CHUNK && (rc = w_flush_buf(w, err))) return rc;
+            if (flush == Z_FINISH ? zr == Z_STREAM_END : w->z.avail_in == 0) break;
+        }
+        p += part;
+        n -= part;
+    } while (n > 0);
+    return finish ? w_flush_buf(w, err) : LOOM_OK;
+}
+
+int loom_tfrecord_writer_open(loom_tfrecord_writer **out, const char *path, loom_compression comp, loom_err *err)
+{
+    *out = NULL;
+    if ((unsigned)comp >= LOOM_COMP_AUTO)
+        return loom_err_set(err, LOOM_EUSAGE, path, "a TFRecord writer needs an explicit compression, not %s",
+                            loom_compression_name(comp));
+    loom_tfrecord_writer *w = loom_calloc(1, sizeof *w);
+    size_t n = strlen(path) + 5;
+    if (!w || !(w->path = loom_strdup(path)) || !(w->tmp = loom_alloc(n)) || !(w->buf = loom_alloc(CHUNK))) {
+        if (w) {
+            loom_free(w->path);
+            loom_free(w->tmp);
+        }
+        loom_free(w);
+        return loom_err_set(err, LOOM_ENOMEM, path, "cannot allocate a TFRecord writer");
+    }
+    snprintf(w->tmp, n, "%s.tmp", path);
+    w->comp = comp;
+    w->fd = -1;
+    int rc = LOOM_OK;
+    if (comp == LOOM_COMP_GZIP || comp == LOOM_COMP_ZLIB) {
+        w->z.zalloc = z_alloc;
+        w->z.zfree = z_free;
+        if (deflateInit2(&w->z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, comp == LOOM_COMP_GZIP ? 16 + MAX_WBITS : MAX_WBITS, 9,
+                         Z_DEFAULT_STRATEGY) != Z_OK) {
+            rc = loom_err_set(err, LOOM_ENOMEM, path, "deflateInit2 failed");
+            goto fail;
+        }
+        w->z_ready = true;
+    } else if (comp == LOOM_COMP_ZSTD) {
+        if (!(w->zc = ZSTD_createCStream()) || ZSTD_isError(ZSTD_CCtx_setParameter(w->zc, ZSTD_c_compressionLevel, 3))) {
+            rc = loom_err_set(err, LOOM_ENOMEM, path, "ZSTD_createCStream failed");
+            goto fail;
+        }
+    }
+    w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (w->fd < 0) {
+        rc = w_sys(w, "open", w->tmp, err);
+        goto fail;
+    }
+    w->created = true;
+    *out = w;
+    return LOOM_OK;
+fail:
+    loom_tfrecord_writer_abort(w);
+    return rc;
+}
+
+int loom_tfrecord_writer_write(loom_tfrecord_writer *w, const void *data, size_t len, loom_err *err)
+{
+    if (w->failed) return loom_err_set(err, w->failed, w->path, "writing after an earlier error");
+    uint8_t hdr[HEADER], ftr[FOOTER];
+    put_le64(hdr, (uint64_t)len);
+    put_le32(hdr + 8, loom_crc32c_mask(loom_crc32c(hdr, 8)));
+    put_le32(ftr, loom_crc32c_mask(loom_crc32c(data, len)));
+    int rc;
+    if ((rc = w_emit(w, hdr, HEADER, false, err)) || (rc = w_emit(w, data, len, false, err)) ||
+        (rc = w_emit(w, ftr, FOOTER, false, err)))
+        return rc;
+    return LOOM_OK;
+}
+
+int loom_tfrecord_writer_close(loom_tfrecord_writer *w, loom_err *err)
+{
+    if (!w) return LOOM_OK;
+    int rc = w->failed ? loom_err_set(err, w->failed, w->path, "not committed after an earlier error") : LOOM_OK;
+    if (!rc) rc = w_emit(w, NULL, 0, true, err);
+    if (!rc && fsync(w->fd) < 0) rc = w_sys(w, "fsync", w->tmp, err);
+    if (!rc) {
+        int fd = w->fd;
+        w->fd = -1;
+        if (close(fd) < 0) rc = w_sys(w, "close", w->tmp, err);
+    }
+    if (!rc && rename(w->tmp, w->path) < 0) {
+        char arg[2 * LOOM_PATH_MAX];
+        snprintf(arg, sizeof arg, "%s, %s", w->tmp, w->path);
+        rc = w_sys(w, "rename", arg, err);
+    }
+    if (!rc) {
+        /* make the rename durable */
+        char *dir = loom_strdup(w->path);
+        if (dir) {
+            char *slash = strrchr(dir, '/');
+            if (slash == dir) slash[1] = 0;
+            else if (slash) *slash = 0;
+            int dfd = open(slash ? dir : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+            if (dfd >= 0) {
+                (void)fsync(dfd);
+                close(dfd);
+            }
+            loom_free(dir);
+        }
+        w->created = false; /* nothing left to remove */
+    }
+    loom_tfrecord_writer_abort(w);
+    return rc;
+}
+
+void loom_tfrecord_writer_abort(loom_tfrecord_writer *w)
+{
+    if (!w) return;
+    if (w->fd >= 0) close(w->fd);
+    if (w->created) unlink(w->tmp);
+    if (w->z_ready) deflateEnd(&w->z);
+    ZSTD_freeCStream(w->zc);
+    loom_free(w->buf);
+    loom_free(w->tmp);
+    loom_free(w->path);
+    loom_free(w);
+}
