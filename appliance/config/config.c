@@ -449,6 +449,7 @@ static const opt run_opts[] = {
     O_INT(loom_run_spec, "keep_checkpoints", keep_checkpoints, 5, 1, INT_MAX, ALL, 0, "newest K are kept"),
     O_INT(loom_run_spec, "log_steps", log_steps, 100, 1, INT64_MAX, ALL, 0, "progress line every N steps"),
     O_INT(loom_run_spec, "threads", threads, 0, 0, 4096, ALL, 0, "compute threads; 0 = all cores"),
+    O_INT(loom_run_spec, "eval_steps", eval_steps, 0, 0, INT64_MAX, ALL, 0, "evaluate at most N batches (0 = all)"),
     O_BOOL(loom_run_spec, "eval_each_epoch", eval_each_epoch, 1, ALL, "evaluate data.eval at each epoch end"),
     O_ENUM(loom_run_spec, "progress", progress, LOOM_PROGRESS_AUTO, loom_progress_names_, ALL, 0,
            "auto, bar, plain or none"),

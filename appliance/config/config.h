@@ -187,6 +187,7 @@ typedef struct loom_run_spec {
     int           keep_checkpoints; /* default 5 */
     int64_t       log_steps;        /* default 100 */
     int           threads;          /* compute threads; 0 = all cores */
+    int64_t       eval_steps;       /* evaluate at most this many batches; 0 = the whole eval set */
     bool          eval_each_epoch;  /* default true when data.eval is present */
     loom_progress progress;
 } loom_run_spec;

@@ -256,6 +256,7 @@ void loom_config_print(const loom_spec *s, FILE *f)
     kv_i64(f, 1, "keep_checkpoints", r->keep_checkpoints);
     kv_i64(f, 1, "log_steps", r->log_steps);
     kv_i64(f, 1, "threads", r->threads);
+    kv_i64(f, 1, "eval_steps", r->eval_steps);
     kv_bool(f, 1, "eval_each_epoch", r->eval_each_epoch);
     kv_str(f, 1, "progress", loom_cfg_name_(loom_progress_names_, (int)r->progress));
     fputs("};\n", f);

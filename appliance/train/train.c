@@ -100,7 +100,10 @@ static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool n
     memset(r, 0, sizeof *r);
     r->spec = spec;
     snprintf(r->model_dir, sizeof r->model_dir, "%s", model_dir ? model_dir : spec->run.model_dir);
-    int rc = loom_blas_init(spec->run.threads, err);
+    /* one_device spends run.threads on the model's own threads (intra-op data
+     * parallelism, measured faster than BLAS threads on these small GEMMs),
+     * each calling single-threaded BLAS, so the cores are never oversubscribed */
+    int rc = loom_blas_init(spec->strategy.kind == LOOM_STRAT_ONE_DEVICE ? 1 : spec->run.threads, err);
     if (rc) return rc;
     char w[600];
     if (need_eval && !spec->eval.present)
@@ -167,7 +170,8 @@ static int evaluate_all(run *r, loom_iter *it, loom_step_result *total, loom_err
     memset(total, 0, sizeof *total);
     int rc = loom_iter_rewind(it, 0, err);
     if (rc) return rc;
-    for (;;) {
+    int64_t limit = r->spec->run.eval_steps;
+    for (int64_t n = 0; limit <= 0 || n < limit; n++) {
         loom_elem *b;
         rc = loom_iter_next(it, &b, err);
         if (rc == LOOM_EEOF) break;
@@ -270,9 +274,11 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
     int64_t steps_per_epoch = card >= 0 ? card : -1;
     loom_model *model = loom_strategy_model(r.strat);
     loom_optimizer *opt = loom_strategy_optimizer(r.strat);
-    loom_info("training %lld parameters on %s; BLAS %s (%s), %d thread%s; model_dir %s", (long long)loom_model_num_params(model),
-              spec->strategy.kind == LOOM_STRAT_ONE_DEVICE ? spec->strategy.device : "?", loom_blas_core(),
-              loom_blas_core_reason(), loom_blas_threads(), loom_blas_threads() == 1 ? "" : "s", r.model_dir);
+    loom_info("training %lld parameters on %s, %d thread%s; BLAS %s (%s), %d thread%s each; model_dir %s",
+              (long long)loom_model_num_params(model),
+              spec->strategy.kind == LOOM_STRAT_ONE_DEVICE ? spec->strategy.device : "?", loom_model_threads(model),
+              loom_model_threads(model) == 1 ? "" : "s", loom_blas_core(), loom_blas_core_reason(), loom_blas_threads(),
+              loom_blas_threads() == 1 ? "" : "s", r.model_dir);
 
     char metrics_path[LOOM_PATH_MAX + 16];
     snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", r.model_dir);
@@ -632,7 +638,8 @@ int loom_check(const loom_spec *spec, FILE *f, loom_err *err)
         fprintf(f, "strategy: %s on %s, %d replica, global batch %lld, per-replica batch %lld, no cross-device reduction\n",
                 loom_strategy_kind_name(spec->strategy.kind), spec->strategy.device, loom_strategy_num_replicas(r.strat),
                 (long long)gb, (long long)gb);
-        fprintf(f, "compute: BLAS %s (%s), %d thread%s\n", loom_blas_core(), loom_blas_core_reason(), loom_blas_threads(),
+        fprintf(f, "compute: %d thread%s; BLAS %s (%s), %d thread%s each\n", loom_model_threads(m),
+                loom_model_threads(m) == 1 ? "" : "s", loom_blas_core(), loom_blas_core_reason(), loom_blas_threads(),
                 loom_blas_threads() == 1 ? "" : "s");
     }
     run_close(&r);

@@ -6,9 +6,10 @@ for cfg in configs/*.cfg; do
     name=$(basename "$cfg" .cfg)
     out=$("$LOOM" check "$cfg" 2>&1); status=$?
     if [ $status -eq 0 ] && grep -q ": ok$" <<<"$out"; then pass "check $cfg"; else fail "check $cfg" "$(echo "$out" | tail -5)"; fi
-    check "train $name for 5 steps" "$LOOM" train "$cfg" --model-dir "$WORK/$name" --set run.max_steps=5 --set run.progress='"none"'
+    check "train $name for 5 steps" "$LOOM" train "$cfg" --model-dir "$WORK/$name" --set run.max_steps=5 --set run.eval_steps=2 --set run.progress='"none"'
     if [ -f "$WORK/$name/ckpt-5.loom" ] && [ -f "$WORK/$name/checkpoint" ]; then pass "$name wrote its checkpoint"; else fail "$name wrote its checkpoint" "$(ls "$WORK/$name")"; fi
-    out=$("$LOOM" evaluate "$cfg" --model-dir "$WORK/$name" 2>/dev/null)
+    out=$("$LOOM" evaluate "$cfg" --model-dir "$WORK/$name" --set run.eval_steps=2 2>/dev/null)
     contains "evaluate $name" '"step": 5' "$out"
+    contains "evaluate $name honours run.eval_steps (2 batches of 500)" '"examples": 1000' "$out"
 done
 finish
