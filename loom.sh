@@ -14,10 +14,12 @@ PACKAGES=(meson ninja-build pkg-config gcc libc6-dev
           libconfig-dev libzstd-dev liblua5.4-dev libevent-dev zlib1g-dev
           libopenblas-dev libopenblas0-pthread
           dataset-fashion-mnist)
+# The tests also make fixtures with python3 (the project itself never uses it).
+TEST_PACKAGES=(python3)
 
 install_missing() {
     local missing=()
-    for p in "${PACKAGES[@]}"; do
+    for p in "${PACKAGES[@]}" "$@"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
     done
     [ ${#missing[@]} -eq 0 ] && return 0
@@ -38,7 +40,7 @@ build() {
 cmd="${1:-}"
 case "$cmd" in
     test)
-        install_missing
+        install_missing "${TEST_PACKAGES[@]}"
         build
         exec tests/run.sh build
         ;;
