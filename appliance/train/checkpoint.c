@@ -187,6 +187,84 @@ int loom_ckpt_save(const char *dir, int64_t step, loom_model *m, loom_optimizer 
     return rc;
 }
 
+/* One record's header, with its stored bytes still compressed. */
+typedef struct record {
+    uint32_t kind;
+    char name[192];
+    loom_shape shape;
+    uint64_t raw, stored;
+    uint32_t crc;
+    const void *z;
+} record;
+
+static int next_record(loom_buf *b, uint32_t r, record *rec, const char *path, loom_err *err)
+{
+    memset(rec, 0, sizeof *rec);
+    rec->kind = loom_buf_get_u32(b);
+    loom_buf_get_str(b, rec->name, sizeof rec->name);
+    rec->shape.rank = (int)loom_buf_get_u32(b);
+    if (rec->shape.rank < 0 || rec->shape.rank > LOOM_MAX_RANK)
+        return loom_err_set(err, LOOM_ECHECKPOINT, path, "record %u (%s): bad rank %d", r, rec->name, rec->shape.rank);
+    for (int i = 0; i < rec->shape.rank; i++) rec->shape.dim[i] = loom_buf_get_i64(b);
+    rec->raw = loom_buf_get_u64(b);
+    rec->stored = loom_buf_get_u64(b);
+    rec->crc = loom_buf_get_u32(b);
+    rec->z = loom_buf_take(b, rec->stored);
+    if (b->failed || !rec->z)
+        return loom_err_set(err, LOOM_ECHECKPOINT, path, "record %u (%s) runs past the end of the file", r, rec->name);
+    return LOOM_OK;
+}
+
+/* Decompresses a record into out (rec->raw bytes) and checks its CRC. */
+static int unpack(const record *rec, void *out, const char *path, loom_err *err)
+{
+    size_t got = ZSTD_decompress(out, rec->raw, rec->z, rec->stored);
+    if (ZSTD_isError(got) || got != rec->raw || loom_crc32c(out, rec->raw) != rec->crc)
+        return loom_err_set(err, LOOM_ECHECKPOINT, path, "%s \"%s\" is corrupt (%s)",
+                            rec->kind == KIND_TENSOR ? "tensor" : "record", rec->name,
+                            ZSTD_isError(got) ? ZSTD_getErrorName(got) : "checksum mismatch");
+    return LOOM_OK;
+}
+
+/* Reads a checkpoint file whole and checks its magic, end marker, file
+ * checksum and version; on success b reads the records and *records says how
+ * many. *data is freed with loom_free. */
+static int open_checkpoint(const char *path, uint8_t **data, loom_buf *b, uint32_t *records, loom_err *err)
+{
+    size_t len;
+    int rc = loom_read_file(path, data, &len, err);
+    if (rc == LOOM_EDATA) { /* a bad gzip stream: not a checkpoint; out of memory or i/o stay what they are */
+        if (err) err->code = LOOM_ECHECKPOINT;
+        return LOOM_ECHECKPOINT;
+    }
+    if (rc) return rc;
+    const char *hint = "delete it to resume from the previous checkpoint, or pass --fresh to start over";
+    uint32_t stored_crc = 0;
+    if (len >= 12) memcpy(&stored_crc, *data + len - 4, 4);
+    if (len < 16 + 12 || memcmp(*data, MAGIC, 8) != 0)
+        rc =
+            loom_err_set(err, LOOM_ECHECKPOINT, path, "not a Loom checkpoint (bad magic or too short: %zu bytes)", len);
+    else if (memcmp(*data + len - 12, TRAILER, 8) != 0)
+        rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "checkpoint is truncated (%zu bytes, no end marker)", len);
+    else if (loom_crc32c(*data, len - 12) != stored_crc)
+        rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "checkpoint is corrupt (file checksum mismatch)");
+    if (!rc) {
+        loom_buf_wrap(b, *data, len - 12);
+        loom_buf_take(b, 8);
+        uint32_t version = loom_buf_get_u32(b);
+        *records = loom_buf_get_u32(b);
+        if (version != CKPT_VERSION)
+            rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "checkpoint format version %u, this build reads %d", version,
+                              CKPT_VERSION);
+    }
+    if (rc) {
+        loom_err_hint(err, "%s", hint);
+        loom_free(*data);
+        *data = NULL;
+    }
+    return rc;
+}
+
 /* Where a tensor record belongs: a parameter, or slot "<param>/<slot>". */
 static float *locate(loom_model *m, loom_optimizer *o, const char *name, const loom_param_info **pi, int *slot_of_param)
 {
@@ -211,51 +289,19 @@ static float *locate(loom_model *m, loom_optimizer *o, const char *name, const l
 
 int loom_ckpt_load(const char *path, loom_model *m, loom_optimizer *o, loom_buf *trainer, loom_buf *iter, loom_err *err)
 {
-    uint8_t *data;
-    size_t len;
     /* The blobs are outputs: empty unless the file holds them, and empty again
      * on failure, so callers may pass uninitialised buffers and fini them on
      * every path (train.c does). */
     if (trainer) loom_buf_init(trainer);
     if (iter) loom_buf_init(iter);
-    int rc = loom_read_file(path, &data, &len, err);
-    if (rc == LOOM_EDATA) { /* a bad gzip stream: not a checkpoint; out of memory or i/o stay what they are */
-        if (err) err->code = LOOM_ECHECKPOINT;
-        return LOOM_ECHECKPOINT;
-    }
-    if (rc) return rc;
-    const char *hint = "delete it to resume from the previous checkpoint, or pass --fresh to start over";
-    if (len < 16 + 12 || memcmp(data, MAGIC, 8) != 0) {
-        loom_free(data);
-        return loom_err_set(err, LOOM_ECHECKPOINT, path, "not a Loom checkpoint (bad magic or too short: %zu bytes)",
-                            len),
-               loom_err_hint(err, "%s", hint);
-    }
-    uint32_t stored_crc;
-    memcpy(&stored_crc, data + len - 4, 4);
-    if (memcmp(data + len - 12, TRAILER, 8) != 0) {
-        loom_free(data);
-        return loom_err_set(err, LOOM_ECHECKPOINT, path, "checkpoint is truncated (%zu bytes, no end marker)", len),
-               loom_err_hint(err, "%s", hint);
-    }
-    if (loom_crc32c(data, len - 12) != stored_crc) {
-        loom_free(data);
-        return loom_err_set(err, LOOM_ECHECKPOINT, path, "checkpoint is corrupt (file checksum mismatch)"),
-               loom_err_hint(err, "%s", hint);
-    }
+    uint8_t *data;
     loom_buf b;
-    loom_buf_wrap(&b, data, len - 12);
-    loom_buf_take(&b, 8);
-    uint32_t version = loom_buf_get_u32(&b), records = loom_buf_get_u32(&b);
-    if (version != CKPT_VERSION) {
-        loom_free(data);
-        return loom_err_set(err, LOOM_ECHECKPOINT, path, "checkpoint format version %u, this build reads %d", version,
-                            CKPT_VERSION);
-    }
+    uint32_t records;
+    int rc = open_checkpoint(path, &data, &b, &records, err);
+    if (rc) return rc;
     int nt = loom_model_num_param_tensors(m);
     int nslots = o ? loom_optimizer_num_slots(o) : 0;
     int found = 0;
-    rc = LOOM_OK;
     size_t first_record = b.pos;
     /* Pass 0 checks every record's name, shape and size against the model;
      * only then does pass 1 decompress into it, so a checkpoint of another
@@ -270,88 +316,69 @@ int loom_ckpt_load(const char *path, loom_model *m, loom_optimizer *o, loom_buf 
             break;
         }
         for (uint32_t r = 0; r < records && !rc; r++) {
-            uint32_t kind = loom_buf_get_u32(&b);
-            char name[192];
-            loom_buf_get_str(&b, name, sizeof name);
-            loom_shape shape = {0};
-            shape.rank = (int)loom_buf_get_u32(&b);
-            if (shape.rank < 0 || shape.rank > LOOM_MAX_RANK) {
-                rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "record %u (%s): bad rank %d", r, name, shape.rank);
-                break;
-            }
-            for (int i = 0; i < shape.rank; i++) shape.dim[i] = loom_buf_get_i64(&b);
-            uint64_t raw = loom_buf_get_u64(&b), zn = loom_buf_get_u64(&b);
-            uint32_t crc = loom_buf_get_u32(&b);
-            const void *z = loom_buf_take(&b, zn);
-            if (b.failed || !z) {
-                rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "record %u (%s) runs past the end of the file", r, name);
-                break;
-            }
+            record rec;
+            rc = next_record(&b, r, &rec, path, err);
+            if (rc) break;
             /* Where do the bytes go? */
             float *dst = NULL;
             loom_buf *blob = NULL;
-            const loom_param_info *pi = NULL;
-            if (kind == KIND_TENSOR) {
+            if (rec.kind == KIND_TENSOR) {
+                const loom_param_info *pi = NULL;
                 int slot_of_param = 0;
-                dst = locate(m, o, name, &pi, &slot_of_param);
+                dst = locate(m, o, rec.name, &pi, &slot_of_param);
                 if (!dst && slot_of_param && !o) continue; /* slots are skipped when no optimizer is loaded */
                 if (!dst) {
                     rc = loom_err_set(err, LOOM_ECHECKPOINT, path,
                                       slot_of_param
                                           ? "checkpoint holds optimizer slot \"%s\" that this optimizer does not have"
                                           : "checkpoint holds tensor \"%s\" that this model does not have",
-                                      name);
+                                      rec.name);
                     loom_err_hint(err, "the checkpoint was written by a different %s; use a new model_dir or --fresh",
                                   slot_of_param ? "optimizer" : "model");
                     break;
                 }
-                if (!loom_shape_eq(&shape, &pi->shape)) {
+                if (!loom_shape_eq(&rec.shape, &pi->shape)) {
                     char a[64], c[64];
                     rc = loom_err_set(err, LOOM_ECHECKPOINT, path,
-                                      "tensor \"%s\" has shape %s in the checkpoint, the model expects %s", name,
-                                      loom_shape_str(&shape, a, sizeof a), loom_shape_str(&pi->shape, c, sizeof c));
+                                      "tensor \"%s\" has shape %s in the checkpoint, the model expects %s", rec.name,
+                                      loom_shape_str(&rec.shape, a, sizeof a), loom_shape_str(&pi->shape, c, sizeof c));
                     loom_err_hint(err,
                                   "the checkpoint was written by a different model; use a new model_dir or --fresh");
                     break;
                 }
-                if (raw != (uint64_t)loom_shape_numel(&shape) * sizeof(float)) {
+                if (rec.raw != (uint64_t)loom_shape_numel(&rec.shape) * sizeof(float)) {
                     rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "tensor \"%s\": %llu bytes for shape of %lld floats",
-                                      name, (unsigned long long)raw, (long long)loom_shape_numel(&shape));
+                                      rec.name, (unsigned long long)rec.raw, (long long)loom_shape_numel(&rec.shape));
                     break;
                 }
                 if (pass == 0) found++;
-            } else if (kind == KIND_BLOB) {
-                if (!strcmp(name, "trainer"))
+            } else if (rec.kind == KIND_BLOB) {
+                if (!strcmp(rec.name, "trainer"))
                     blob = trainer;
-                else if (!strcmp(name, "iterator/train"))
+                else if (!strcmp(rec.name, "iterator/train"))
                     blob = iter;
                 if (!blob) continue;
             } else {
-                rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "record %u has unknown kind %u", r, kind);
+                rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "record %u has unknown kind %u", r, rec.kind);
                 break;
             }
             if (pass == 0) continue;
             void *out = dst;
             if (blob) {
-                out = loom_alloc(raw ? raw : 1);
+                out = loom_alloc(rec.raw ? rec.raw : 1);
                 if (!out) {
-                    rc = loom_err_set(err, LOOM_ENOMEM, path, "loading %s", name);
+                    rc = loom_err_set(err, LOOM_ENOMEM, path, "loading %s", rec.name);
                     break;
                 }
             }
-            size_t got = ZSTD_decompress(out, raw, z, zn);
-            if (ZSTD_isError(got) || got != raw || loom_crc32c(out, raw) != crc) {
-                rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "tensor \"%s\" is corrupt (%s)", name,
-                                  ZSTD_isError(got) ? ZSTD_getErrorName(got) : "checksum mismatch");
-                loom_err_hint(err, "%s", hint);
-            }
+            rc = unpack(&rec, out, path, err);
             if (blob && rc) {
                 loom_free(out);
             } else if (blob) { /* the buffer becomes the blob's: no second copy that could fail */
                 loom_buf_fini(blob);
                 blob->data = out;
-                blob->len = raw;
-                blob->cap = raw ? raw : 1;
+                blob->len = rec.raw;
+                blob->cap = rec.raw ? rec.raw : 1;
             }
         }
     }
@@ -366,50 +393,24 @@ int loom_ckpt_load(const char *path, loom_model *m, loom_optimizer *o, loom_buf 
 int loom_ckpt_inspect(const char *path, FILE *f, loom_err *err)
 {
     uint8_t *data;
-    size_t len;
-    int rc = loom_read_file(path, &data, &len, err);
-    if (rc) return rc;
-    if (len < 28 || memcmp(data, MAGIC, 8) != 0 || memcmp(data + len - 12, TRAILER, 8) != 0) {
-        loom_free(data);
-        return loom_err_set(err, LOOM_ECHECKPOINT, path, "not a complete Loom checkpoint (%zu bytes)", len);
-    }
-    uint32_t stored_crc;
-    memcpy(&stored_crc, data + len - 4, 4);
-    if (loom_crc32c(data, len - 12) != stored_crc) {
-        loom_free(data);
-        return loom_err_set(err, LOOM_ECHECKPOINT, path, "checkpoint is corrupt (file checksum mismatch)");
-    }
     loom_buf b;
-    loom_buf_wrap(&b, data, len - 12);
-    loom_buf_take(&b, 8);
-    uint32_t version = loom_buf_get_u32(&b), records = loom_buf_get_u32(&b);
-    fprintf(f, "%s: Loom checkpoint version %u, %u records\n", path, version, records);
+    uint32_t records;
+    int rc = open_checkpoint(path, &data, &b, &records, err);
+    if (rc) return rc;
+    fprintf(f, "%s: Loom checkpoint version %d, %u records\n", path, CKPT_VERSION, records);
     for (uint32_t r = 0; r < records && !rc; r++) {
-        uint32_t kind = loom_buf_get_u32(&b);
-        char name[192], shape_s[128];
-        loom_buf_get_str(&b, name, sizeof name);
-        loom_shape shape = {0};
-        shape.rank = (int)loom_buf_get_u32(&b);
-        if (shape.rank > LOOM_MAX_RANK) {
-            rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "record %u (%s): bad rank %d", r, name, shape.rank);
-            break;
+        record rec;
+        rc = next_record(&b, r, &rec, path, err);
+        void *out = rc ? NULL : loom_alloc(rec.raw ? rec.raw : 1);
+        if (!rc && !out) rc = loom_err_set(err, LOOM_ENOMEM, path, "record %u (%s)", r, rec.name);
+        if (!rc) rc = unpack(&rec, out, path, err);
+        if (!rc && rec.kind == KIND_TENSOR) {
+            char shape_s[128];
+            fprintf(f, "tensor %-40s %-16s crc32c %08x\n", rec.name,
+                    loom_shape_str(&rec.shape, shape_s, sizeof shape_s), rec.crc);
+        } else if (!rc) {
+            fprintf(f, "blob   %-40s %10llu bytes  crc32c %08x\n", rec.name, (unsigned long long)rec.raw, rec.crc);
         }
-        for (int i = 0; i < shape.rank; i++) shape.dim[i] = loom_buf_get_i64(&b);
-        uint64_t raw = loom_buf_get_u64(&b), zn = loom_buf_get_u64(&b);
-        uint32_t crc = loom_buf_get_u32(&b);
-        const void *z = loom_buf_take(&b, zn);
-        void *out = z ? loom_alloc(raw ? raw : 1) : NULL;
-        if (!out) {
-            rc = loom_err_set(err, z ? LOOM_ENOMEM : LOOM_ECHECKPOINT, path, "record %u (%s) is unreadable", r, name);
-            break;
-        }
-        size_t got = ZSTD_decompress(out, raw, z, zn);
-        if (ZSTD_isError(got) || got != raw || loom_crc32c(out, raw) != crc)
-            rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "record \"%s\" is corrupt", name);
-        else if (kind == KIND_TENSOR)
-            fprintf(f, "tensor %-40s %-16s crc32c %08x\n", name, loom_shape_str(&shape, shape_s, sizeof shape_s), crc);
-        else
-            fprintf(f, "blob   %-40s %10llu bytes  crc32c %08x\n", name, (unsigned long long)raw, crc);
         loom_free(out);
     }
     loom_free(data);
