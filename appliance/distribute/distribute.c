@@ -131,8 +131,12 @@ static int od_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     int rc = loom_model_new(&od->model, &spec->model, &xe, in->dtype[a->input_idx], &ye, in->dtype[a->label_idx],
                             a->max_batch, err);
     if (rc) return rc;
+    /* run.threads (0 = all cores) become the model's intra-op threads */
+    if ((rc = loom_model_set_threads(od->model, spec->run.threads, err))) return rc;
     loom_model_init_params(od->model, spec->run.seed);
-    return loom_optimizer_new(&od->opt, &spec->optimizer, loom_model_num_params(od->model), err);
+    rc = loom_optimizer_new(&od->opt, &spec->optimizer, loom_model_num_params(od->model), err);
+    if (!rc) loom_optimizer_set_pool(od->opt, loom_model_pool(od->model)); /* the update runs on the same threads */
+    return rc;
 }
 
 static void od_close(loom_strategy *s)

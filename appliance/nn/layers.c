@@ -1,5 +1,8 @@
 /* layers.c - forward and backward kernels of every layer kind, the losses.
- * Matrix work goes to loom_sgemm (BLAS threads); element-wise work is
+ * Each kernel works on one chunk of the batch (nn_chunk_) and may run
+ * concurrently with the same kernel on other chunks: it reads the shared
+ * parameters, writes only its chunk's rows and its chunk's gradient buffer.
+ * Matrix work goes to loom_sgemm; element-wise work is
  * written as single fused passes over restrict pointers so gcc -O3
  * vectorises it: bias+activation after a product, activation gradient +
  * bias column sums before one, softmax + cross-entropy + its gradient.
@@ -142,24 +145,26 @@ NN_HOT static void act_grad_colsum(float *restrict g, const float *restrict y, f
 /* ---- dense ---------------------------------------------------------------- */
 
 /* Y (B, out) = act(X (B, in) W (in, out) + b) */
-static void dense_forward(loom_model *m, nn_layer_ *l, const float *x, int64_t B)
+static void dense_forward(const loom_model *m, const nn_layer_ *l, const float *x, float *y, int64_t B)
 {
     const float *W = m->params + l->kernel_off;
     const float *b = l->bias_off >= 0 ? m->params + l->bias_off : NULL;
     int in = (int)l->n_in, out = (int)l->n_out;
-    loom_sgemm(false, false, (int)B, out, in, 1.f, x, in, W, out, 0.f, l->y, out);
-    bias_act(l->y, b, B, out, l->act);
+    loom_sgemm(false, false, (int)B, out, in, 1.f, x, in, W, out, 0.f, y, out);
+    bias_act(y, b, B, out, l->act);
 }
 
-static float *dense_backward(loom_model *m, nn_layer_ *l, float *g, float *other, int64_t B)
+static float *dense_backward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, const float *x, const float *y,
+                             float *g, float *other)
 {
+    const int64_t B = c->B;
     const float *W = m->params + l->kernel_off;
-    float *dW = m->grads + l->kernel_off;
-    float *db = l->bias_off >= 0 ? m->grads + l->bias_off : NULL;
+    float *dW = c->grads + l->kernel_off;
+    float *db = l->bias_off >= 0 ? c->grads + l->bias_off : NULL;
     int in = (int)l->n_in, out = (int)l->n_out;
-    act_grad_colsum(g, l->y, db, B, out, l->act);
+    act_grad_colsum(g, y, db, B, out, l->act);
     /* dW (in, out) = X^T dZ; dX (B, in) = dZ W^T */
-    loom_sgemm(true, false, in, out, (int)B, 1.f, l->x, in, g, out, 0.f, dW, out);
+    loom_sgemm(true, false, in, out, (int)B, 1.f, x, in, g, out, 0.f, dW, out);
     if (!l->needs_dx) return NULL;
     loom_sgemm(false, true, (int)B, in, out, 1.f, g, out, W, out, 0.f, other, in);
     return other;
@@ -239,8 +244,9 @@ static int conv_is_pointwise(const nn_layer_ *l)
     return l->kh == 1 && l->kw == 1 && l->sh == 1 && l->sw == 1 && l->pad_t == 0 && l->pad_l == 0;
 }
 
-static void conv_forward(loom_model *m, nn_layer_ *l, const float *x, int64_t B)
+static void conv_forward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, const float *x, float *yc)
 {
+    const int64_t B = c->B;
     const float *W = m->params + l->kernel_off;
     const float *bias = l->bias_off >= 0 ? m->params + l->bias_off : NULL;
     const int64_t K = (int64_t)l->kh * l->kw * l->cin, P = (int64_t)l->oh * l->ow;
@@ -248,29 +254,31 @@ static void conv_forward(loom_model *m, nn_layer_ *l, const float *x, int64_t B)
         int64_t nb = B - b0 < l->chunk ? B - b0 : l->chunk;
         const float *col = x + b0 * l->n_in;
         if (!conv_is_pointwise(l)) {
-            im2col(l, x + b0 * l->n_in, nb, m->col);
-            col = m->col;
+            im2col(l, x + b0 * l->n_in, nb, c->col);
+            col = c->col;
         }
-        float *y = l->y + b0 * l->n_out;
+        float *y = yc + b0 * l->n_out;
         loom_sgemm(false, false, (int)(nb * P), l->cout, (int)K, 1.f, col, (int)K, W, l->cout, 0.f, y, l->cout);
         bias_act(y, bias, nb * P, l->cout, l->act);
     }
 }
 
-static float *conv_backward(loom_model *m, nn_layer_ *l, float *g, float *other, int64_t B)
+static float *conv_backward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, const float *x, const float *y,
+                            float *g, float *other)
 {
+    const int64_t B = c->B;
     const float *W = m->params + l->kernel_off;
-    float *dW = m->grads + l->kernel_off;
-    float *db = l->bias_off >= 0 ? m->grads + l->bias_off : NULL;
+    float *dW = c->grads + l->kernel_off;
+    float *db = l->bias_off >= 0 ? c->grads + l->bias_off : NULL;
     const int64_t K = (int64_t)l->kh * l->kw * l->cin, P = (int64_t)l->oh * l->ow;
-    act_grad_colsum(g, l->y, db, B * P, l->cout, l->act);
+    act_grad_colsum(g, y, db, B * P, l->cout, l->act);
     for (int64_t b0 = 0; b0 < B; b0 += l->chunk) {
         int64_t nb = B - b0 < l->chunk ? B - b0 : l->chunk;
-        const float *col = l->x + b0 * l->n_in;
+        const float *col = x + b0 * l->n_in;
         const float *gz = g + b0 * l->n_out;
         if (!conv_is_pointwise(l)) {
-            im2col(l, l->x + b0 * l->n_in, nb, m->col);
-            col = m->col;
+            im2col(l, x + b0 * l->n_in, nb, c->col);
+            col = c->col;
         }
         /* dW (K, cout) += col^T dZ; the first chunk overwrites */
         loom_sgemm(true, false, (int)K, l->cout, (int)(nb * P), 1.f, col, (int)K, gz, l->cout, b0 ? 1.f : 0.f, dW,
@@ -282,9 +290,9 @@ static float *conv_backward(loom_model *m, nn_layer_ *l, float *g, float *other,
             continue;
         }
         /* dcol (nb*P, K) = dZ W^T, reusing the col scratch, then scattered back */
-        loom_sgemm(false, true, (int)(nb * P), (int)K, l->cout, 1.f, gz, l->cout, W, l->cout, 0.f, m->col, (int)K);
+        loom_sgemm(false, true, (int)(nb * P), (int)K, l->cout, 1.f, gz, l->cout, W, l->cout, 0.f, c->col, (int)K);
         memset(dx, 0, (size_t)(nb * l->n_in) * sizeof *dx);
-        col2im(l, m->col, nb, dx);
+        col2im(l, c->col, nb, dx);
     }
     return l->needs_dx ? other : NULL;
 }
@@ -293,7 +301,7 @@ static float *conv_backward(loom_model *m, nn_layer_ *l, float *g, float *other,
 
 /* Window positions outside the input (SAME padding) are skipped, as TF does;
  * ties keep the first position in (i, j) order. */
-NN_HOT static void pool_forward(nn_layer_ *l, const float *x, int64_t B)
+NN_HOT static void pool_forward(const nn_layer_ *l, const float *x, float *y, int32_t *argmax, int64_t B)
 {
     const int H = l->ih, W = l->iw, C = l->cin, OH = l->oh, OW = l->ow;
     for (int64_t b = 0; b < B; b++) {
@@ -303,8 +311,8 @@ NN_HOT static void pool_forward(nn_layer_ *l, const float *x, int64_t B)
             for (int ox = 0; ox < OW; ox++) {
                 int x0 = ox * l->sw - l->pad_l, xa = x0 < 0 ? 0 : x0, xe = x0 + l->kw > W ? W : x0 + l->kw;
                 int64_t o = b * l->n_out + ((int64_t)oy * OW + ox) * C;
-                float *restrict yo = l->y + o;
-                int32_t *restrict ao = l->argmax + o;
+                float *restrict yo = y + o;
+                int32_t *restrict ao = argmax + o;
                 int32_t first = (ya * W + xa) * C;
                 for (int c = 0; c < C; c++) {
                     yo[c] = xb[first + c];
@@ -325,7 +333,7 @@ NN_HOT static void pool_forward(nn_layer_ *l, const float *x, int64_t B)
     }
 }
 
-NN_HOT static float *pool_backward(nn_layer_ *l, const float *g, float *other, int64_t B)
+NN_HOT static float *pool_backward(const nn_layer_ *l, const int32_t *argmax, const float *g, float *other, int64_t B)
 {
     if (!l->needs_dx) return NULL;
     if (l->sh == l->kh && l->sw == l->kw && l->oh * l->kh == l->ih && l->ow * l->kw == l->iw) {
@@ -334,7 +342,7 @@ NN_HOT static float *pool_backward(nn_layer_ *l, const float *g, float *other, i
         for (int64_t b = 0; b < B; b++) {
             float *dx = other + b * l->n_in;
             const float *gb = g + b * l->n_out;
-            const int32_t *ab = l->argmax + b * l->n_out;
+            const int32_t *ab = argmax + b * l->n_out;
             for (int oy = 0; oy < l->oh; oy++)
                 for (int ox = 0; ox < l->ow; ox++) {
                     int64_t o = ((int64_t)oy * l->ow + ox) * C;
@@ -352,7 +360,7 @@ NN_HOT static float *pool_backward(nn_layer_ *l, const float *g, float *other, i
     for (int64_t b = 0; b < B; b++) {
         float *dx = other + b * l->n_in;
         const float *gb = g + b * l->n_out;
-        const int32_t *ab = l->argmax + b * l->n_out;
+        const int32_t *ab = argmax + b * l->n_out;
         for (int64_t k = 0; k < l->n_out; k++) dx[ab[k]] += gb[k];
     }
     return other;
@@ -362,84 +370,89 @@ NN_HOT static float *pool_backward(nn_layer_ *l, const float *g, float *other, i
 
 /* Inverted dropout: element e of the batch is kept when word e of the Philox
  * stream keyed by (rng_key, layer index) is >= rate * 2^32, and scaled by
- * 1 / (1 - rate). The mask depends only on (key, layer, position). */
-NN_HOT static void dropout_forward(nn_layer_ *l, int li, const float *x, int64_t B, uint64_t rng_key)
+ * 1 / (1 - rate). The mask depends only on (key, layer, position in the
+ * whole batch): a chunk starting at element e0 of the batch draws words
+ * e0.. of the stream, so the mask does not depend on the chunking. */
+NN_HOT static void dropout_forward(const nn_layer_ *l, int li, const float *restrict x, float *restrict y,
+                                   uint8_t *restrict mk, int64_t e0, int64_t n, uint64_t rng_key)
 {
-    const int64_t n = B * l->n_out;
     const double rate = l->spec.rate;
     const uint64_t key = loom_rng_mix(rng_key, (uint64_t)li);
     const uint64_t thr = (uint64_t)(rate * 4294967296.0);
     const float scale = (float)(1.0 / (1.0 - rate));
     uint32_t w[4];
-    for (int64_t e0 = 0; e0 < n; e0 += 4) {
-        loom_philox4x32(key, (uint64_t)e0 >> 2, w);
-        int64_t lim = n - e0 < 4 ? n - e0 : 4;
-        for (int64_t k = 0; k < lim; k++) l->mask[e0 + k] = (uint64_t)w[k] >= thr;
+    for (int64_t e = 0; e < n;) {
+        int64_t ge = e0 + e, k0 = ge & 3, lim = 4 - k0 < n - e ? 4 - k0 : n - e;
+        loom_philox4x32(key, (uint64_t)ge >> 2, w);
+        for (int64_t k = 0; k < lim; k++) mk[e + k] = (uint64_t)w[k0 + k] >= thr;
+        e += lim;
     }
-    const uint8_t *restrict mk = l->mask;
-    float *restrict y = l->y;
     for (int64_t e = 0; e < n; e++) y[e] = mk[e] ? x[e] * scale : 0.f;
 }
 
-NN_HOT static float *dropout_backward(nn_layer_ *l, float *restrict g, int64_t B)
+NN_HOT static float *dropout_backward(const nn_layer_ *l, const uint8_t *restrict mk, float *restrict g, int64_t n)
 {
-    const int64_t n = B * l->n_out;
     const float scale = (float)(1.0 / (1.0 - l->spec.rate));
-    const uint8_t *restrict mk = l->mask;
     for (int64_t e = 0; e < n; e++) g[e] = mk[e] ? g[e] * scale : 0.f;
     return g;
 }
 
 /* ---- dispatch ------------------------------------------------------------- */
 
-void nn_layer_forward_(loom_model *m, nn_layer_ *l, int li, const float *x, int64_t B, int training, uint64_t rng_key)
+void nn_layer_forward_(const loom_model *m, int li, nn_chunk_ *c, int training, uint64_t rng_key)
 {
-    l->x = x;
-    l->yout = l->y;
+    const nn_layer_ *l = &m->layer[li];
+    const int64_t B = c->B, row0 = c->b0 * l->n_out;
+    const float *x = c->act[li];
+    float *y = l->y ? l->y + row0 : NULL;
+    c->act[li + 1] = y;
     switch (l->spec.kind) {
     case LOOM_LAYER_DENSE:
-        dense_forward(m, l, x, B);
+        dense_forward(m, l, x, y, B);
         break;
     case LOOM_LAYER_CONV2D:
-        conv_forward(m, l, x, B);
+        conv_forward(m, l, c, x, y);
         break;
     case LOOM_LAYER_MAX_POOL2D:
-        pool_forward(l, x, B);
+        pool_forward(l, x, y, l->argmax + row0, B);
         break;
     case LOOM_LAYER_DROPOUT:
-        if (training && l->spec.rate > 0) dropout_forward(l, li, x, B, rng_key);
-        else l->yout = x;
+        if (training && l->spec.rate > 0) dropout_forward(l, li, x, y, l->mask + row0, row0, B * l->n_out, rng_key);
+        else c->act[li + 1] = x;
         break;
     case LOOM_LAYER_FLATTEN:
-        l->yout = x;
+        c->act[li + 1] = x;
         break;
     case LOOM_LAYER_ACTIVATION:
         if (l->act == LOOM_ACT_NONE) {
-            l->yout = x;
+            c->act[li + 1] = x;
         } else {
-            memcpy(l->y, x, (size_t)(B * l->n_out) * sizeof *l->y);
-            bias_act(l->y, NULL, B, l->n_out, l->act);
+            memcpy(y, x, (size_t)(B * l->n_out) * sizeof *y);
+            bias_act(y, NULL, B, l->n_out, l->act);
         }
         break;
     }
 }
 
-float *nn_layer_backward_(loom_model *m, nn_layer_ *l, float *g, float *other, int64_t B)
+float *nn_layer_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, float *other)
 {
+    const nn_layer_ *l = &m->layer[li];
+    const int64_t B = c->B, row0 = c->b0 * l->n_out;
+    const float *x = c->act[li], *y = c->act[li + 1];
     switch (l->spec.kind) {
     case LOOM_LAYER_DENSE:
-        return dense_backward(m, l, g, other, B);
+        return dense_backward(m, l, c, x, y, g, other);
     case LOOM_LAYER_CONV2D:
-        return conv_backward(m, l, g, other, B);
+        return conv_backward(m, l, c, x, y, g, other);
     case LOOM_LAYER_MAX_POOL2D:
-        return pool_backward(l, g, other, B);
+        return pool_backward(l, l->argmax + row0, g, other, B);
     case LOOM_LAYER_DROPOUT:
-        if (l->yout == l->x) return g;
-        return dropout_backward(l, g, B);
+        if (y == x) return g;
+        return dropout_backward(l, l->mask + row0, g, B * l->n_out);
     case LOOM_LAYER_FLATTEN:
         return g;
     case LOOM_LAYER_ACTIVATION:
-        if (l->act != LOOM_ACT_NONE) act_grad_colsum(g, l->y, NULL, B, l->n_out, l->act);
+        if (l->act != LOOM_ACT_NONE) act_grad_colsum(g, y, NULL, B, l->n_out, l->act);
         return g;
     }
     return NULL;

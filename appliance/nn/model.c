@@ -279,10 +279,12 @@ int loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_sha
     if (!(m->params = loom_alloc_aligned(pbytes)) || !(m->grads = loom_alloc_aligned(pbytes))) goto nomem;
     memset(m->params, 0, pbytes);
     memset(m->grads, 0, pbytes);
+    m->gmax = gmax;
+    m->colmax = colmax;
     for (int k = 0; k < 2; k++)
         if (!(m->gbuf[k] = loom_alloc_aligned((size_t)(max_batch * gmax) * sizeof(float)))) goto nomem;
-    if (colmax && !(m->col = loom_alloc_aligned((size_t)colmax * sizeof(float)))) goto nomem;
     if (!(m->labels = loom_alloc_aligned((size_t)max_batch * sizeof(int32_t)))) goto nomem;
+    if ((rc = loom_model_set_threads(m, 1, err))) goto fail;
     *out = m;
     return LOOM_OK;
 nomem:
@@ -293,6 +295,55 @@ fail:
     return rc;
 }
 
+/* ---- intra-op threads ------------------------------------------------------ */
+
+static void free_chunks(loom_pool *pool, nn_chunk_ *chunk, int threads)
+{
+    loom_pool_free(pool);
+    for (int t = 0; chunk && t < threads; t++) {
+        loom_free(chunk[t].col);
+        if (t > 0) loom_free(chunk[t].grads);
+    }
+    loom_free(chunk);
+}
+
+int loom_model_set_threads(loom_model *m, int threads, loom_err *err)
+{
+    if (threads <= 0) threads = loom_num_cores();
+    if (threads > m->max_batch) threads = (int)m->max_batch; /* every chunk has an example */
+    if (threads == m->threads) return LOOM_OK;
+    size_t pbytes = (size_t)(m->n_params ? m->n_params : 1) * sizeof(float);
+    loom_pool *pool = NULL;
+    nn_chunk_ *chunk = loom_alloc_aligned((size_t)threads * sizeof *chunk);
+    if (!chunk) goto nomem;
+    memset(chunk, 0, (size_t)threads * sizeof *chunk);
+    for (int t = 0; t < threads; t++) {
+        nn_chunk_ *c = &chunk[t];
+        if (!(c->grads = t == 0 ? m->grads : loom_alloc_aligned(pbytes))) goto nomem;
+        if (m->colmax && !(c->col = loom_alloc_aligned((size_t)m->colmax * sizeof(float)))) goto nomem;
+    }
+    if (threads > 1) {
+        int rc = loom_pool_new(&pool, threads, err);
+        if (rc) {
+            free_chunks(NULL, chunk, threads);
+            return rc;
+        }
+        /* the chunks call BLAS concurrently; BLAS threads on top would oversubscribe the cores */
+        loom_blas_set_threads(1);
+    }
+    free_chunks(m->pool, m->chunk, m->threads);
+    m->pool = pool;
+    m->chunk = chunk;
+    m->threads = threads;
+    return LOOM_OK;
+nomem:
+    free_chunks(NULL, chunk, threads);
+    return loom_err_set(err, LOOM_ENOMEM, m->where, "cannot allocate the buffers of %d threads", threads);
+}
+
+int loom_model_threads(const loom_model *m) { return m->threads; }
+loom_pool *loom_model_pool(loom_model *m) { return m->pool; }
+
 void loom_model_free(loom_model *m)
 {
     if (!m) return;
@@ -301,11 +352,11 @@ void loom_model_free(loom_model *m)
         loom_free(m->layer[i].argmax);
         loom_free(m->layer[i].mask);
     }
+    free_chunks(m->pool, m->chunk, m->threads);
     loom_free(m->params);
     loom_free(m->grads);
     loom_free(m->gbuf[0]);
     loom_free(m->gbuf[1]);
-    loom_free(m->col);
     loom_free(m->labels);
     loom_free(m);
 }
@@ -461,65 +512,135 @@ static int read_labels(loom_model *m, const loom_tensor *label, int64_t B, loom_
     return LOOM_OK;
 }
 
-static const float *forward(loom_model *m, const float *x, int64_t B, int training, uint64_t rng_key)
+/* The chunks of a batch of B: n = min(threads, B) runs of contiguous
+ * examples, sizes differing by at most one, fixed for a given (B, threads). */
+static int split_batch(loom_model *m, int64_t B)
 {
-    for (int i = 0; i < m->n_layers; i++) {
-        nn_layer_ *l = &m->layer[i];
-        nn_layer_forward_(m, l, i, x, B, training, rng_key);
-        x = l->yout;
+    int n = B < m->threads ? (int)B : m->threads;
+    for (int t = 0; t < n; t++) {
+        nn_chunk_ *c = &m->chunk[t];
+        c->b0 = B * t / n;
+        c->B = B * (t + 1) / n - c->b0;
+        c->gbuf[0] = m->gbuf[0] + c->b0 * m->gmax;
+        c->gbuf[1] = m->gbuf[1] + c->b0 * m->gmax;
+        c->loss = 0;
+        c->correct = 0;
     }
-    return x;
+    return n;
 }
 
-static double loss_of(loom_model *m, const float *z, const loom_tensor *label, int64_t B, float inv_gb, float *g,
-                      int64_t *correct)
+enum { JOB_TRAIN, JOB_EVAL, JOB_PREDICT };
+
+/* One step's work, shared by its chunks. */
+typedef struct step_job {
+    loom_model        *m;
+    int                kind;      /* JOB_* */
+    const float       *x;         /* (B, n_in) */
+    const loom_tensor *label;     /* MSE targets (B, n) */
+    float              inv_gb;    /* 1 / global batch */
+    uint64_t           rng_key;
+    float             *out;       /* predict: (B, n) */
+    int                nchunks;   /* gradient reduction */
+} step_job;
+
+static void chunk_step(void *arg, int t)
 {
+    step_job *j = arg;
+    loom_model *m = j->m;
+    nn_chunk_ *c = &m->chunk[t];
     const int64_t n = m->layer[m->n_layers - 1].n_out;
-    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) return nn_loss_sparse_ce_(z, m->labels, B, n, inv_gb, g, correct);
-    return nn_loss_mse_(z, label->data, B, n, inv_gb, g, correct);
-}
-
-int loom_model_train_step(loom_model *m, const loom_tensor *x, const loom_tensor *label, int64_t global_batch,
-                          uint64_t rng_key, double *loss_sum, int64_t *correct, loom_err *err)
-{
-    int64_t B, ok = 0;
-    int rc;
-    if ((rc = check_batch(m, x, label, &B, err))) return rc;
-    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && (rc = read_labels(m, label, B, err))) return rc;
-    if (global_batch < 1) global_batch = B;
-    const float *z = forward(m, x->data, B, 1, rng_key);
-    float *g = m->gbuf[0], *other = m->gbuf[1];
-    double loss = loss_of(m, z, label, B, (float)(1.0 / (double)global_batch), g, &ok);
-    if (loss_sum) *loss_sum = loss;
-    if (correct) *correct = ok;
-    if (!isfinite(loss))
-        return loom_err_set(err, LOOM_ENUMERIC, m->where, "the loss is %g on a batch of %lld examples", loss,
-                            (long long)B),
-               loom_err_hint(err, "lower the learning rate, or check the inputs are scaled (e.g. to [0, 1])");
+    c->act[0] = j->x + c->b0 * m->layer[0].n_in;
+    for (int i = 0; i < m->n_layers; i++) nn_layer_forward_(m, i, c, j->kind == JOB_TRAIN, j->rng_key);
+    const float *z = c->act[m->n_layers];
+    if (j->kind == JOB_PREDICT) {
+        float *out = j->out + c->b0 * n;
+        if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) nn_softmax_rows_(z, out, c->B, n);
+        else memcpy(out, z, (size_t)(c->B * n) * sizeof *out);
+        return;
+    }
+    float *g = j->kind == JOB_TRAIN ? c->gbuf[0] : NULL, *other = c->gbuf[1];
+    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE)
+        c->loss = nn_loss_sparse_ce_(z, m->labels + c->b0, c->B, n, j->inv_gb, g, &c->correct);
+    else
+        c->loss = nn_loss_mse_(z, (const float *)j->label->data + c->b0 * n, c->B, n, j->inv_gb, g, &c->correct);
+    /* a non-finite loss fails the step (the caller checks the sum), so its gradient is never used */
+    if (!g || !isfinite(c->loss)) return;
     for (int i = m->n_layers - 1; i >= 0; i--) {
-        nn_layer_ *l = &m->layer[i];
+        const nn_layer_ *l = &m->layer[i];
         if (!l->needs_dx && l->kernel_off < 0) break;
-        float *r = nn_layer_backward_(m, l, g, other, B);
+        float *r = nn_layer_backward_(m, i, c, g, other);
         if (!r) break;
         if (r == other) {
             other = g;
             g = r;
         }
     }
+}
+
+/* grads += chunk 1 + chunk 2 + ..., in that order, over part t of the parameters. */
+static void reduce_part(void *arg, int t)
+{
+    const step_job *j = arg;
+    const loom_model *m = j->m;
+    const int parts = m->threads;
+    /* part boundaries on 16-float (64-byte) lines, so parts share no cache line */
+    int64_t lines = (m->n_params + 15) / 16;
+    int64_t i0 = lines * t / parts * 16, i1 = lines * (t + 1) / parts * 16;
+    if (i1 > m->n_params) i1 = m->n_params;
+    float *restrict dst = m->grads;
+    for (int k = 1; k < j->nchunks; k++) {
+        const float *restrict src = m->chunk[k].grads;
+        for (int64_t i = i0; i < i1; i++) dst[i] += src[i];
+    }
+}
+
+/* Runs job over the batch's chunks, one per thread, and sums their results
+ * in chunk order. */
+static void run_chunks(loom_model *m, step_job *j, int64_t B, double *loss, int64_t *correct)
+{
+    j->m = m;
+    j->nchunks = split_batch(m, B);
+    loom_pool_run(m->pool, j->nchunks, chunk_step, j);
+    double l = 0;
+    int64_t ok = 0;
+    for (int t = 0; t < j->nchunks; t++) {
+        l += m->chunk[t].loss;
+        ok += m->chunk[t].correct;
+    }
+    if (loss) *loss = l;
+    if (correct) *correct = ok;
+    if (j->kind == JOB_TRAIN && j->nchunks > 1 && isfinite(l)) loom_pool_run(m->pool, m->threads, reduce_part, j);
+}
+
+int loom_model_train_step(loom_model *m, const loom_tensor *x, const loom_tensor *label, int64_t global_batch,
+                          uint64_t rng_key, double *loss_sum, int64_t *correct, loom_err *err)
+{
+    int64_t B;
+    int rc;
+    if ((rc = check_batch(m, x, label, &B, err))) return rc;
+    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && (rc = read_labels(m, label, B, err))) return rc;
+    if (global_batch < 1) global_batch = B;
+    step_job j = {.kind = JOB_TRAIN, .x = x->data, .label = label, .inv_gb = (float)(1.0 / (double)global_batch),
+                  .rng_key = rng_key};
+    double loss;
+    run_chunks(m, &j, B, &loss, correct);
+    if (loss_sum) *loss_sum = loss;
+    if (!isfinite(loss))
+        return loom_err_set(err, LOOM_ENUMERIC, m->where, "the loss is %g on a batch of %lld examples", loss,
+                            (long long)B),
+               loom_err_hint(err, "lower the learning rate, or check the inputs are scaled (e.g. to [0, 1])");
     return LOOM_OK;
 }
 
 int loom_model_evaluate(loom_model *m, const loom_tensor *x, const loom_tensor *label, double *loss_sum,
                         int64_t *correct, loom_err *err)
 {
-    int64_t B, ok = 0;
+    int64_t B;
     int rc;
     if ((rc = check_batch(m, x, label, &B, err))) return rc;
     if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && (rc = read_labels(m, label, B, err))) return rc;
-    const float *z = forward(m, x->data, B, 0, 0);
-    double loss = loss_of(m, z, label, B, 1.f, NULL, &ok);
-    if (loss_sum) *loss_sum = loss;
-    if (correct) *correct = ok;
+    step_job j = {.kind = JOB_EVAL, .x = x->data, .label = label, .inv_gb = 1.f};
+    run_chunks(m, &j, B, loss_sum, correct);
     return LOOM_OK;
 }
 
@@ -528,9 +649,7 @@ int loom_model_predict(loom_model *m, const loom_tensor *x, float *out, loom_err
     int64_t B;
     int rc;
     if ((rc = check_batch(m, x, NULL, &B, err))) return rc;
-    const float *z = forward(m, x->data, B, 0, 0);
-    const int64_t n = m->layer[m->n_layers - 1].n_out;
-    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) nn_softmax_rows_(z, out, B, n);
-    else memcpy(out, z, (size_t)(B * n) * sizeof *out);
+    step_job j = {.kind = JOB_PREDICT, .x = x->data, .out = out};
+    run_chunks(m, &j, B, NULL, NULL);
     return LOOM_OK;
 }

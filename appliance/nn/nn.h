@@ -9,9 +9,14 @@
  * losses of its (per-replica) batch and the gradient of that sum divided by
  * the GLOBAL batch size, so N replicas' gradients add up to one device's.
  *
- * Threads: a model is used by one thread at a time; matrix products use the
- * BLAS threads set by loom_blas_init. Randomness (dropout) is keyed by
- * (seed, step, replica) given to each call. */
+ * Threads: a model is used by one thread at a time. Inside a step it may use
+ * more (loom_model_set_threads): the batch is split into one chunk of
+ * contiguous examples per thread, each chunk runs forward and backward with
+ * single-threaded BLAS, and the chunks' gradients, losses and counts are
+ * summed in chunk order, so a step is deterministic for a given thread count
+ * and differs between thread counts only by float summation order.
+ * Randomness (dropout) is keyed by (seed, step, replica) given to each call
+ * and by the example's position in the batch, never by the chunking. */
 #ifndef LOOM_NN_H
 #define LOOM_NN_H
 
@@ -48,6 +53,19 @@ double       loom_model_forward_flops(const loom_model *m);
 /* Prints a Keras-like summary: layer, output shape, parameters. */
 void         loom_model_summary(const loom_model *m, FILE *f);
 
+/* Sets the threads a step uses (0 = all cores; at most max_batch) and
+ * preallocates their buffers: an im2col scratch each and, for all but the
+ * first, a gradient buffer of the model's size. The default is 1. With more
+ * than 1 this also sets BLAS to 1 thread (loom_blas_set_threads, a process-
+ * wide setting), since the model's threads call BLAS concurrently and BLAS
+ * threads on top would oversubscribe the cores. On failure (LOOM_ENOMEM) the
+ * model keeps its previous setting. */
+int  loom_model_set_threads(loom_model *m, int threads, loom_err *err);
+int  loom_model_threads(const loom_model *m);
+/* The pool of the model's threads, borrowed until the next set_threads or
+ * free; NULL with 1 thread. For loom_optimizer_set_pool. */
+loom_pool *loom_model_pool(loom_model *m);
+
 /* Initialises the parameters from seed (kernels by their initialiser, biases zero). */
 void loom_model_init_params(loom_model *m, uint64_t seed);
 
@@ -76,6 +94,10 @@ void loom_optimizer_free(loom_optimizer *o); /* NULL is a no-op */
 double loom_optimizer_lr(const loom_optimizer *o, int64_t step);
 /* Overrides the schedule from now on (callbacks); <= 0 restores the schedule. */
 void loom_optimizer_set_lr(loom_optimizer *o, double lr);
+/* Runs loom_optimizer_apply on pool's threads (borrowed, e.g. loom_model_pool;
+ * NULL: the calling thread alone). The update is element-wise, so the result
+ * is the same with or without a pool. */
+void loom_optimizer_set_pool(loom_optimizer *o, loom_pool *pool);
 /* params -= update(grads) for the `step`-th update (0-based). */
 void loom_optimizer_apply(loom_optimizer *o, float *params, const float *grads, int64_t step);
 /* The slot buffers (momentum, Adam m and v), contiguous, for checkpoints. */

@@ -1,8 +1,10 @@
 /* nn_internal.h - the model's private layout shared by model.c and layers.c.
  * A layer is a small record of its resolved geometry plus the buffers it owns
  * (output activations, pooling argmax, dropout mask), all sized for max_batch
- * at loom_model_new so a step never allocates. Not thread-safe: one model,
- * one thread at a time. */
+ * at loom_model_new so a step never allocates. A step splits its batch into
+ * chunks of contiguous examples, one per thread (nn_chunk_): each chunk uses
+ * its own rows of those shared buffers, so chunks never touch the same
+ * bytes, plus its own im2col scratch and gradient buffer. */
 #ifndef LOOM_NN_INTERNAL_H
 #define LOOM_NN_INTERNAL_H
 
@@ -21,11 +23,23 @@ typedef struct nn_layer_ {
     int ih, iw, cin, oh, ow, cout, kh, kw, sh, sw, pad_t, pad_l;
     int chunk;                     /* conv2d: examples per im2col chunk */
     float         *y;              /* (max_batch, n_out) owned output; NULL for flatten */
-    const float   *x;              /* (B, n_in) this step's input (borrowed) */
-    const float   *yout;           /* (B, n_out) this step's output: y, or x for flatten / dropout off */
     int32_t       *argmax;         /* max_pool2d: (max_batch, n_out) input index within the example */
     uint8_t       *mask;           /* dropout: (max_batch, n_out) 1 = kept */
 } nn_layer_;
+
+/* The slice of a step's batch that one thread works on: examples [b0, b0 + B).
+ * Layer outputs go to rows b0.. of the layers' shared buffers; parameter
+ * gradients to `grads` (the model's own for chunk 0, a private buffer for the
+ * others, summed into the model's in chunk order after the step). */
+typedef struct nn_chunk_ {
+    int64_t      b0, B;
+    float       *grads;                    /* (P,) */
+    float       *col;                      /* im2col scratch; NULL when no conv needs one */
+    float       *gbuf[2];                  /* (B, max n) ping-pong gradient rows of this chunk */
+    const float *act[LOOM_MAX_LAYERS + 1]; /* act[i] (B, n_in of layer i): layer i's input; act[n_layers]: output */
+    double       loss;                     /* results of the chunk */
+    int64_t      correct;
+} __attribute__((aligned(64))) nn_chunk_;
 
 struct loom_model {
     int              n_layers;
@@ -42,9 +56,14 @@ struct loom_model {
     int              pinit[2 * LOOM_MAX_LAYERS];   /* loom_init of each tensor (bias: zeros) */
     double           pfan_in[2 * LOOM_MAX_LAYERS], pfan_out[2 * LOOM_MAX_LAYERS];
     float           *gbuf[2];       /* ping-pong gradient buffers, (max_batch, max n) each */
-    float           *col;           /* im2col scratch, largest conv chunk */
+    int64_t          gmax;          /* max n: the row stride of gbuf */
+    int64_t          colmax;        /* floats of im2col scratch per chunk (0: none) */
     int32_t         *labels;        /* (max_batch,) sparse labels converted to int */
     double           flops;         /* forward, per example */
+    /* intra-op threads: chunk[t] belongs to thread t; chunk[0] always exists */
+    int              threads;
+    loom_pool       *pool;          /* NULL when threads == 1 */
+    nn_chunk_       *chunk;         /* (threads,) 64-byte aligned */
 };
 
 /* ---- kernels (layers.c) ------------------------------------------------- */
@@ -53,14 +72,16 @@ const char *nn_loc_str_(const loom_loc *l, char *buf, size_t n);
 const char *nn_layer_kind_name_(loom_layer_kind k);
 const char *nn_activation_name_(loom_activation a);
 
-/* Forward of layer l on B examples from x (the previous output). training
- * switches dropout on; rng_key seeds it. */
-void nn_layer_forward_(loom_model *m, nn_layer_ *l, int li, const float *x, int64_t B, int training, uint64_t rng_key);
-/* Backward of layer l: g holds d(loss)/d(output) (B, n_out) and may be
- * overwritten; writes parameter gradients and, when l->needs_dx, the input
- * gradient into *gx (either g itself for element-wise layers or other).
- * Returns the buffer holding the input gradient. */
-float *nn_layer_backward_(loom_model *m, nn_layer_ *l, float *g, float *other, int64_t B);
+/* Forward of layer li on chunk c: reads c->act[li], sets c->act[li + 1].
+ * training switches dropout on; rng_key seeds it (the mask depends on the
+ * example's position in the whole batch, not on the chunking). */
+void nn_layer_forward_(const loom_model *m, int li, nn_chunk_ *c, int training, uint64_t rng_key);
+/* Backward of layer li on chunk c: g holds d(loss)/d(output) (c->B, n_out)
+ * and may be overwritten; writes parameter gradients into c->grads and, when
+ * the layer's needs_dx, the input gradient into g itself (element-wise
+ * layers) or into other. Returns the buffer holding the input gradient, or
+ * NULL when none is needed. */
+float *nn_layer_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, float *other);
 
 /* Loss on the final outputs z (B, n): per-example loss sum, correct count, and
  * (when g is not NULL) d(sum loss)/dz * inv_gb into g. */

@@ -1,7 +1,9 @@
 /* optimizer.c - SGD, momentum (Keras/TF), Adam (Keras/TF), LR schedules.
  * Each update is one fused pass over the flat parameter buffer; the slots
  * (momentum; Adam m then v) live in one contiguous allocation so a
- * checkpoint saves them with one write.
+ * checkpoint saves them with one write. With a pool, the pass is split into
+ * contiguous parameter ranges, one per thread; the update is element-wise,
+ * so the result does not depend on the split.
  * Adam follows TF/Keras: with t = step + 1,
  *   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
  *   lr_t = lr sqrt(1 - b2^t) / (1 - b1^t);  p -= lr_t m / (sqrt(v) + eps)
@@ -25,6 +27,7 @@ struct loom_optimizer {
     int                 n_slots;
     float              *slots;       /* (n_slots * n,) 64-byte aligned, zeroed */
     double              lr_override; /* > 0 replaces the schedule */
+    loom_pool          *pool;        /* borrowed; NULL: the calling thread alone */
 };
 
 double loom_schedule_lr(const loom_schedule_spec *s, double base_lr, int64_t step)
@@ -130,24 +133,53 @@ NN_HOT static void apply_adam(int64_t n, float lr_t, float b1, float b2, float e
     }
 }
 
+/* One update, over parameters [i0, i1) of part `part` out of `parts`. */
+typedef struct apply_job {
+    const loom_optimizer *o;
+    float                *params;
+    const float          *grads;
+    float                 lr;     /* sgd, momentum: lr; adam: lr_t */
+    int                   parts;
+} apply_job;
+
+static void apply_part(void *arg, int part)
+{
+    const apply_job *j = arg;
+    const loom_optimizer *o = j->o;
+    /* ranges on 16-float (64-byte) lines, so parts share no cache line */
+    int64_t lines = (o->n + 15) / 16;
+    int64_t i0 = lines * part / j->parts * 16, i1 = lines * (part + 1) / j->parts * 16;
+    if (i1 > o->n) i1 = o->n;
+    if (i0 >= i1) return;
+    float *p = j->params + i0;
+    const float *g = j->grads + i0;
+    switch (o->spec.kind) {
+    case LOOM_OPT_SGD:
+        apply_sgd(i1 - i0, j->lr, p, g);
+        break;
+    case LOOM_OPT_MOMENTUM:
+        apply_momentum(i1 - i0, j->lr, (float)o->spec.momentum, o->spec.nesterov, p, g, o->slots + i0);
+        break;
+    case LOOM_OPT_ADAM:
+        apply_adam(i1 - i0, j->lr, (float)o->spec.beta1, (float)o->spec.beta2, (float)o->spec.epsilon, p, g,
+                   o->slots + i0, o->slots + o->n + i0);
+        break;
+    }
+}
+
+void loom_optimizer_set_pool(loom_optimizer *o, loom_pool *pool) { o->pool = pool; }
+
 void loom_optimizer_apply(loom_optimizer *o, float *params, const float *grads, int64_t step)
 {
     double lr = loom_optimizer_lr(o, step);
-    switch (o->spec.kind) {
-    case LOOM_OPT_SGD:
-        apply_sgd(o->n, (float)lr, params, grads);
-        break;
-    case LOOM_OPT_MOMENTUM:
-        apply_momentum(o->n, (float)lr, (float)o->spec.momentum, o->spec.nesterov, params, grads, o->slots);
-        break;
-    case LOOM_OPT_ADAM: {
+    if (o->spec.kind == LOOM_OPT_ADAM) {
         double t = (double)(step + 1);
-        double lr_t = lr * sqrt(1.0 - pow(o->spec.beta2, t)) / (1.0 - pow(o->spec.beta1, t));
-        apply_adam(o->n, (float)lr_t, (float)o->spec.beta1, (float)o->spec.beta2, (float)o->spec.epsilon, params,
-                   grads, o->slots, o->slots + o->n);
-        break;
+        lr = lr * sqrt(1.0 - pow(o->spec.beta2, t)) / (1.0 - pow(o->spec.beta1, t));
     }
-    }
+    /* below ~64K parameters a wake-up of the pool costs more than the pass */
+    int parts = o->pool && o->n >= 65536 ? loom_pool_size(o->pool) : 1;
+    apply_job j = {.o = o, .params = params, .grads = grads, .lr = (float)lr, .parts = parts};
+    loom_pool_run(parts > 1 ? o->pool : NULL, parts, apply_part, &j);
 }
 
 int loom_optimizer_num_slots(const loom_optimizer *o) { return o->n_slots; }

@@ -1,9 +1,11 @@
 /* test_nn.c - the nn module: GEMM against a float64 reference, every layer's
  * backward against central finite differences, loss scaling, optimizers and
  * schedules against hand-computed values, initialiser statistics,
- * reproducibility, shape errors; MLP and CNN step timings as TAP comments. */
+ * reproducibility, shape errors, intra-op threads against one thread;
+ * MLP and CNN step timings as TAP comments. */
 #include "harness.h"
 #include "nn/nn.h"
+#include "nn/nn_internal.h" /* white box: the dropout masks across thread counts */
 
 #include <stdint.h>
 
@@ -796,16 +798,212 @@ static void test_shape_errors(void)
     loom_model_free(m);
 }
 
+/* ---- intra-op threads ------------------------------------------------------------ */
+
+/* What one step leaves behind: loss, correct count, gradients; evaluate's
+ * loss and count; predict's outputs; the dropout masks. */
+typedef struct step_out {
+    double   loss, eval_loss;
+    int64_t  correct, eval_correct;
+    float   *grads, *pred;
+    uint8_t *masks;
+    int64_t  n_mask;
+} step_out;
+
+/* Runs one train step, evaluate and predict on the first B examples of f with
+ * `threads` threads. */
+static void run_threads(fixture *f, int threads, int64_t B, uint64_t key, step_out *o)
+{
+    memset(o, 0, sizeof *o);
+    CHECK(loom_model_set_threads(f->m, threads, &err) == LOOM_OK);
+    loom_tensor x = f->x, y = f->y;
+    x.shape.dim[0] = y.shape.dim[0] = B;
+    x.owns = y.owns = 0;
+    int64_t P = loom_model_num_params(f->m), n_out = loom_shape_numel(&f->out);
+    CHECK(loom_model_train_step(f->m, &x, &y, 2 * B, key, &o->loss, &o->correct, &err) == LOOM_OK);
+    o->grads = malloc((size_t)P * sizeof *o->grads);
+    memcpy(o->grads, loom_model_grads(f->m), (size_t)P * sizeof *o->grads);
+    for (int i = 0; i < f->m->n_layers; i++) o->n_mask += f->m->layer[i].mask ? B * f->m->layer[i].n_out : 0;
+    o->masks = malloc((size_t)o->n_mask + 1);
+    for (int i = 0, k = 0; i < f->m->n_layers; i++)
+        if (f->m->layer[i].mask) {
+            memcpy(o->masks + k, f->m->layer[i].mask, (size_t)(B * f->m->layer[i].n_out));
+            k += (int)(B * f->m->layer[i].n_out);
+        }
+    CHECK(loom_model_evaluate(f->m, &x, &y, &o->eval_loss, &o->eval_correct, &err) == LOOM_OK);
+    o->pred = malloc((size_t)(B * n_out) * sizeof *o->pred);
+    CHECK(loom_model_predict(f->m, &x, o->pred, &err) == LOOM_OK);
+}
+
+static void step_out_free(step_out *o)
+{
+    free(o->grads);
+    free(o->pred);
+    free(o->masks);
+}
+
+/* |a - b| within 1e-5 of the larger, or of the vector's scale for values
+ * near zero (a sum split in chunks rounds differently, not more). */
+static int close_vec(const char *what, const float *a, const float *b, int64_t n)
+{
+    double scale = 0;
+    for (int64_t k = 0; k < n; k++) scale = fmax(scale, fabs(a[k]));
+    int64_t bad = 0;
+    for (int64_t k = 0; k < n; k++) {
+        double tol = 1e-5 * fmax(fmax(fabs(a[k]), fabs(b[k])), 1e-2 * scale);
+        if (fabs((double)a[k] - b[k]) > tol) {
+            if (bad < 3) printf("#   %s[%lld]: %.9g vs %.9g\n", what, (long long)k, a[k], b[k]);
+            bad++;
+        }
+    }
+    return bad == 0 && scale > 0;
+}
+
+static void check_threads(const char *what, const loom_layer_spec *ls, int n, loom_loss_kind loss, loom_shape in,
+                          int64_t max_batch)
+{
+    fixture f;
+    if (fixture_new(&f, mk(loss, n, ls), in, LOOM_I32, max_batch, 5) != LOOM_OK) {
+        CHECK_MSG(0, "%s: cannot build", what);
+        return;
+    }
+    int64_t P = loom_model_num_params(f.m), n_out = loom_shape_numel(&f.out);
+    const int64_t batches[] = {max_batch, max_batch - 1, 2, 1};
+    for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
+        int64_t B = batches[bi];
+        step_out one, o, again;
+        run_threads(&f, 1, B, 77, &one);
+        for (int t = 2; t <= 3; t++) {
+            run_threads(&f, t, B, 77, &o);
+            CHECK(loom_model_threads(f.m) == t);
+            CHECK_MSG(fabs(o.loss - one.loss) <= 1e-5 * fabs(one.loss), "%s B=%lld threads %d: loss %.9g vs %.9g", what,
+                      (long long)B, t, o.loss, one.loss);
+            CHECK_MSG(o.correct == one.correct, "%s B=%lld threads %d: correct %lld vs %lld", what, (long long)B, t,
+                      (long long)o.correct, (long long)one.correct);
+            CHECK_MSG(close_vec("grads", one.grads, o.grads, P), "%s B=%lld threads %d: gradients differ", what,
+                      (long long)B, t);
+            CHECK_MSG(o.n_mask == one.n_mask && !memcmp(o.masks, one.masks, (size_t)o.n_mask),
+                      "%s B=%lld threads %d: dropout masks differ", what, (long long)B, t);
+            CHECK(fabs(o.eval_loss - one.eval_loss) <= 1e-5 * fabs(one.eval_loss));
+            CHECK(o.eval_correct == one.eval_correct);
+            CHECK_MSG(close_vec("predict", one.pred, o.pred, B * n_out), "%s B=%lld threads %d: predictions differ",
+                      what, (long long)B, t);
+            /* the same thread count again: bit for bit */
+            run_threads(&f, t, B, 77, &again);
+            CHECK_MSG(again.loss == o.loss && again.correct == o.correct &&
+                          !memcmp(again.grads, o.grads, (size_t)P * sizeof(float)) &&
+                          !memcmp(again.pred, o.pred, (size_t)(B * n_out) * sizeof(float)),
+                      "%s B=%lld threads %d: two runs differ", what, (long long)B, t);
+            step_out_free(&again);
+            step_out_free(&o);
+        }
+        step_out_free(&one);
+    }
+    printf("# %s: threads 2 and 3 match 1 thread for batches of %lld, %lld, 2 and 1\n", what, (long long)max_batch,
+           (long long)max_batch - 1);
+    fixture_free(&f);
+}
+
+static void test_threads(void)
+{
+    loom_layer_spec mlp[] = {L_dense(24, LOOM_ACT_RELU), L_kind(LOOM_LAYER_DROPOUT, 0.4, 0), L_dense(16, LOOM_ACT_TANH),
+                             L_dense(5, LOOM_ACT_NONE)};
+    check_threads("mlp + dropout, CE", mlp, 4, LOOM_LOSS_SPARSE_SOFTMAX_CE, shp(1, 13, 0, 0), 8);
+    /* odd element counts per example (3 * 7 = 21), so chunks start inside a Philox block of 4 words */
+    loom_layer_spec odd[] = {L_kind(LOOM_LAYER_DROPOUT, 0.5, 0), L_dense(7, LOOM_ACT_SIGMOID),
+                             L_kind(LOOM_LAYER_DROPOUT, 0.3, 0), L_dense(3, LOOM_ACT_NONE)};
+    check_threads("dropout at odd offsets, MSE", odd, 4, LOOM_LOSS_MSE, shp(1, 21, 0, 0), 7);
+    loom_layer_spec cnn[] = {L_conv(4, 3, 1, LOOM_PAD_SAME, LOOM_ACT_RELU), L_pool(2, 2, LOOM_PAD_VALID),
+                             L_conv(6, 3, 2, LOOM_PAD_SAME, LOOM_ACT_RELU), L_pool(3, 2, LOOM_PAD_SAME),
+                             L_kind(LOOM_LAYER_FLATTEN, 0, 0), L_dense(12, LOOM_ACT_RELU),
+                             L_kind(LOOM_LAYER_DROPOUT, 0.4, 0), L_dense(4, LOOM_ACT_NONE)};
+    check_threads("cnn + dropout, CE", cnn, 8, LOOM_LOSS_SPARSE_SOFTMAX_CE, shp(3, 12, 10, 3), 7);
+
+    /* a fresh model with the same seed and threads gives the same step, bit for bit */
+    fixture a, b;
+    if (fixture_new(&a, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 8, cnn), shp(3, 12, 10, 3), LOOM_I32, 9, 5) == LOOM_OK &&
+        fixture_new(&b, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 8, cnn), shp(3, 12, 10, 3), LOOM_I32, 9, 5) == LOOM_OK) {
+        step_out oa, ob;
+        run_threads(&a, 2, 9, 3, &oa);
+        run_threads(&b, 2, 9, 3, &ob);
+        CHECK(oa.loss == ob.loss && !memcmp(oa.grads, ob.grads, (size_t)loom_model_num_params(a.m) * sizeof(float)));
+        step_out_free(&oa);
+        step_out_free(&ob);
+        /* 0 = all cores; never more threads than examples */
+        CHECK(loom_model_set_threads(a.m, 0, &err) == LOOM_OK);
+        CHECK(loom_model_threads(a.m) == (loom_num_cores() < 9 ? loom_num_cores() : 9));
+        CHECK(loom_model_set_threads(a.m, 64, &err) == LOOM_OK);
+        CHECK(loom_model_threads(a.m) == 9);
+        CHECK(loom_model_pool(a.m) != NULL);
+        CHECK(loom_model_set_threads(a.m, 1, &err) == LOOM_OK);
+        CHECK(loom_model_pool(a.m) == NULL);
+        /* a threaded step allocates nothing; a failed set_threads keeps the old setting */
+        CHECK(loom_model_set_threads(a.m, 3, &err) == LOOM_OK);
+        loom_alloc_fail_after(0);
+        double loss;
+        int64_t c;
+        CHECK(loom_model_train_step(a.m, &a.x, &a.y, 9, 1, &loss, &c, &err) == LOOM_OK);
+        CHECK(loom_model_set_threads(a.m, 2, &err) == LOOM_ENOMEM);
+        loom_alloc_fail_after(-1);
+        CHECK(loom_model_threads(a.m) == 3);
+        CHECK(loom_model_train_step(a.m, &a.x, &a.y, 9, 1, &loss, &c, &err) == LOOM_OK);
+    }
+    fixture_free(&a);
+    fixture_free(&b);
+    loom_blas_set_threads(1);
+}
+
+/* The optimizers' update split over a pool equals the single-threaded one, bit for bit. */
+static void test_optimizer_pool(void)
+{
+    const int64_t n = 100003;
+    loom_pool *pool = NULL;
+    CHECK(loom_pool_new(&pool, 3, &err) == LOOM_OK);
+    float *g = malloc((size_t)n * sizeof *g), *p1 = malloc((size_t)n * sizeof *p1), *p2 = malloc((size_t)n * sizeof *p2);
+    loom_rng r;
+    loom_rng_init(&r, 4, 0, 0, 0);
+    fill_normal(g, n, &r, 1.f);
+    loom_opt_kind kinds[] = {LOOM_OPT_SGD, LOOM_OPT_MOMENTUM, LOOM_OPT_ADAM};
+    for (int k = 0; k < 3; k++) {
+        loom_optimizer_spec s = opt_spec(kinds[k]);
+        loom_optimizer *a = NULL, *b = NULL;
+        CHECK(loom_optimizer_new(&a, &s, n, &err) == LOOM_OK);
+        CHECK(loom_optimizer_new(&b, &s, n, &err) == LOOM_OK);
+        if (!a || !b) break;
+        loom_optimizer_set_pool(b, pool);
+        loom_rng_init(&r, 5, 0, 0, 0);
+        fill_normal(p1, n, &r, 1.f);
+        memcpy(p2, p1, (size_t)n * sizeof *p1);
+        for (int t = 0; t < 3; t++) {
+            loom_optimizer_apply(a, p1, g, t);
+            loom_optimizer_apply(b, p2, g, t);
+        }
+        CHECK_MSG(!memcmp(p1, p2, (size_t)n * sizeof *p1), "optimizer %d: pool changes the update", k);
+        int ns = loom_optimizer_num_slots(a);
+        CHECK(!ns || !memcmp(loom_optimizer_slots(a), loom_optimizer_slots(b), (size_t)(ns * n) * sizeof(float)));
+        loom_optimizer_free(a);
+        loom_optimizer_free(b);
+    }
+    free(g);
+    free(p1);
+    free(p2);
+    loom_pool_free(pool);
+}
+
 /* ---- timing (TAP comments only) ------------------------------------------------- */
 
-static double time_steps(const loom_model_spec *spec, loom_shape in, int64_t B, int steps, int threads,
+/* samples/s with `threads` model threads (BLAS 1 thread), or with 1 model
+ * thread and `blas` BLAS threads. */
+static double time_steps(const loom_model_spec *spec, loom_shape in, int64_t B, int steps, int threads, int blas,
                          loom_optimizer_spec os)
 {
     fixture f;
-    loom_blas_init(threads, &err);
     if (fixture_new(&f, spec, in, LOOM_U8, B, 1) != LOOM_OK) return 0;
+    loom_model_set_threads(f.m, threads, &err);
+    loom_blas_init(blas, &err);
     loom_optimizer *o = NULL;
     loom_optimizer_new(&o, &os, loom_model_num_params(f.m), &err);
+    loom_optimizer_set_pool(o, loom_model_pool(f.m));
     double loss;
     int64_t c;
     for (int t = 0; t < 3; t++) loom_model_train_step(f.m, &f.x, &f.y, B, (uint64_t)t, &loss, &c, &err);
@@ -826,17 +1024,21 @@ static void test_timing(void)
     loom_optimizer_spec os = opt_spec(LOOM_OPT_MOMENTUM);
     os.learning_rate = 0.01;
     loom_layer_spec mlp[] = {L_dense(256, LOOM_ACT_RELU), L_dense(128, LOOM_ACT_RELU), L_dense(10, LOOM_ACT_NONE)};
-    for (int th = 1; th <= 2; th++)
-        printf("# MLP 784-256-128-10 relu, batch 128, momentum: %d BLAS thread(s): %.0f samples/s\n", th,
-               time_steps(mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 3, mlp), shp(1, 784, 0, 0), 128, 200, th, os));
+    for (int th = 1; th <= 3; th++)
+        printf("# MLP 784-256-128-10 relu, batch 128, momentum: %d thread(s), %d BLAS thread(s): %.0f samples/s\n",
+               th < 3 ? th : 1, th < 3 ? 1 : 2,
+               time_steps(mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 3, mlp), shp(1, 784, 0, 0), 128, 200, th < 3 ? th : 1,
+                          th < 3 ? 1 : 2, os));
     loom_layer_spec cnn[] = {L_conv(32, 5, 1, LOOM_PAD_SAME, LOOM_ACT_RELU), L_pool(2, 2, LOOM_PAD_VALID),
                              L_conv(64, 5, 1, LOOM_PAD_SAME, LOOM_ACT_RELU), L_pool(2, 2, LOOM_PAD_VALID),
                              L_kind(LOOM_LAYER_FLATTEN, 0, 0), L_dense(128, LOOM_ACT_RELU),
                              L_kind(LOOM_LAYER_DROPOUT, 0.4, 0), L_dense(10, LOOM_ACT_NONE)};
-    for (int th = 1; th <= 2; th++)
-        printf("# CNN conv5x5x32-pool-conv5x5x64-pool-128-10, batch 128, momentum: %d BLAS thread(s): %.0f "
-               "samples/s\n",
-               th, time_steps(mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 8, cnn), shp(3, 28, 28, 1), 128, 20, th, os));
+    for (int th = 1; th <= 3; th++)
+        printf("# CNN conv5x5x32-pool-conv5x5x64-pool-128-10, batch 128, momentum: %d thread(s), %d BLAS thread(s): "
+               "%.0f samples/s\n",
+               th < 3 ? th : 1, th < 3 ? 1 : 2,
+               time_steps(mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 8, cnn), shp(3, 28, 28, 1), 128, 20, th < 3 ? th : 1,
+                          th < 3 ? 1 : 2, os));
 }
 
 static const loom_test tests[] = {
@@ -854,6 +1056,8 @@ static const loom_test tests[] = {
     {"initialisers", test_init},
     {"reproducible init and layout", test_reproducible},
     {"shape errors", test_shape_errors},
+    {"intra-op threads match one thread", test_threads},
+    {"optimizer over a pool", test_optimizer_pool},
     {"timing", test_timing},
     {0},
 };
