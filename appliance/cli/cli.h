@@ -12,4 +12,8 @@ enum { LOOM_EXIT_OK = 0, LOOM_EXIT_RUNTIME = 1, LOOM_EXIT_USAGE = 2 };
  * process start. */
 int loom_cli_main(int argc, char **argv, double start_time);
 
+/* Internal to the cli module (records.c): `loom records ...`, with argv[0]
+ * = "records"; prints its own output and errors, returns the exit status. */
+int loom_cli_records_(int argc, char **argv, double start_time);
+
 #endif

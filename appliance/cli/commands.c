@@ -1,5 +1,7 @@
-/* commands.c - `loom train|evaluate|predict|check`, options, help, and the
- * mapping of errors to exit statuses (0 ok, 2 bad config or usage, 1 runtime). */
+/* commands.c - `loom train|evaluate|predict|check|inspect|records`, options,
+ * help, and the mapping of errors to exit statuses (0 ok, 2 bad config or
+ * usage, 1 runtime). Commands with subcommands (records) parse their own
+ * arguments through `main`. */
 #include "cli.h"
 
 #include <stdio.h>
@@ -24,6 +26,9 @@ typedef struct command {
     const char *help;
     int (*run)(const cli_opts *o, double start, loom_err *err);
     unsigned    accepts; /* option bits below */
+    /* (optional) parses argv (argv[0] is the command's name) itself and
+     * returns the exit status; run, usage, help and accepts are then unused */
+    int (*main)(int argc, char **argv, double start);
 } command;
 
 enum { OPT_MODEL_DIR = 1, OPT_SET = 2, OPT_FRESH = 4, OPT_PRINT = 8, OPT_INPUT = 16, OPT_OUTPUT = 32,
@@ -131,28 +136,30 @@ static const command commands[] = {
      "<model_dir>/metrics.jsonl. If the model directory holds checkpoints, training\n"
      "resumes exactly where the latest one left off; --fresh starts over instead.\n"
      "Ctrl-C (or SIGTERM) saves a checkpoint and stops; run the command again to resume.\n",
-     cmd_train, OPT_MODEL_DIR | OPT_SET | OPT_FRESH},
+     cmd_train, OPT_MODEL_DIR | OPT_SET | OPT_FRESH, NULL},
     {"evaluate", "evaluate the latest checkpoint on data.eval",
      "loom evaluate CONFIG [--model-dir DIR] [--checkpoint FILE] [--set key.path=value ...]",
      "Prints one JSON line with eval_loss and eval_accuracy on stdout.\n", cmd_evaluate,
-     OPT_MODEL_DIR | OPT_SET | OPT_CHECKPOINT},
+     OPT_MODEL_DIR | OPT_SET | OPT_CHECKPOINT, NULL},
     {"predict", "write predictions (class and probabilities) as CSV",
      "loom predict CONFIG --output FILE [--input train|eval|FILE.idx] [--model-dir DIR] [--checkpoint FILE]",
      "--input names a dataset of the config (\"eval\", the default, or \"train\"; read in order,\n"
      "without shuffle, repeat or random maps) or an IDX file of inputs, which gets the\n"
      "eval pipeline's maps of the model input. The CSV has columns index,class,p0,p1,...\n",
-     cmd_predict, OPT_MODEL_DIR | OPT_SET | OPT_INPUT | OPT_OUTPUT | OPT_CHECKPOINT},
+     cmd_predict, OPT_MODEL_DIR | OPT_SET | OPT_INPUT | OPT_OUTPUT | OPT_CHECKPOINT, NULL},
     {"check", "validate a config, its data and its model without training",
      "loom check CONFIG [--print] [--set key.path=value ...]",
      "Reports unknown keys, wrong types, out-of-range values, missing files and shape or\n"
      "dtype mismatches between the pipeline and the model, then prints the plan.\n"
      "--print prints the fully resolved config with every default filled in instead.\n",
-     cmd_check, OPT_SET | OPT_PRINT},
+     cmd_check, OPT_SET | OPT_PRINT, NULL},
     {"inspect", "verify a checkpoint and list its tensors", "loom inspect CHECKPOINT",
      "Checks every checksum of a checkpoint file and lists its tensors (name, shape,\n"
      "CRC-32C of the values) and blobs (trainer and iterator state). Two checkpoints\n"
      "with the same tensor lines hold bit-identical weights and optimizer slots.\n",
-     cmd_inspect, 0},
+     cmd_inspect, 0, NULL},
+    {"records", "convert IDX or CSV to TFRecord shards; count, verify, show records",
+     "loom records convert|count|verify|head ...", "", NULL, 0, loom_cli_records_},
 };
 #define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
 
@@ -242,6 +249,7 @@ int loom_cli_main(int argc, char **argv, double start_time)
         usage(stderr);
         return LOOM_EXIT_USAGE;
     }
+    if (cmd->main) return cmd->main(argc - 1, argv + 1, start_time);
     cli_opts o = {0};
     loom_err err = {0};
     for (int i = 2; i < argc; i++) {

@@ -91,6 +91,13 @@ void loom_iter_close(loom_iter *it); /* NULL is a no-op */
 int loom_catalog_resolve(const char *name, const char *split, char images[LOOM_PATH_MAX],
                          char labels[LOOM_PATH_MAX], loom_err *err);
 
+/* Loads a whole IDX file (plain or gzip) into *out: shape (items, ...) with
+ * the file's dims, dtype uint8, int32 (int8/int16/int32 files, widened),
+ * float32 or float64, values in host order. A file that is not IDX, is
+ * truncated, or has more than LOOM_MAX_RANK dims is LOOM_EDATA naming it.
+ * *out is zeroed on failure; free with loom_tensor_fini. */
+int loom_idx_load(const char *path, loom_tensor *out, loom_err *err);
+
 #include "data/records.h"
 
 #endif

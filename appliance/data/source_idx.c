@@ -277,3 +277,43 @@ fail:
     source_close(st);
     return rc;
 }
+
+/* ---- whole-file loading (loom records convert) ---------------------------- */
+
+int loom_idx_load(const char *path, loom_tensor *out, loom_err *err)
+{
+    memset(out, 0, sizeof *out);
+    idx_array a = {0};
+    loom_dtype dt = LOOM_U8;
+    loom_shape item = {0};
+    int rc = idx_load(path, &a, &dt, &item, err);
+    if (rc) goto done;
+    if (item.rank + 1 > LOOM_MAX_RANK) {
+        rc = loom_err_set(err, LOOM_EDATA, path, "IDX file has %d dims; at most %d are supported", item.rank + 1, LOOM_MAX_RANK);
+        goto done;
+    }
+    int64_t dims[LOOM_MAX_RANK];
+    dims[0] = a.items;
+    for (int d = 0; d < item.rank; d++) dims[d + 1] = item.dim[d];
+    loom_shape shape = loom_shape_make(item.rank + 1, dims);
+    size_t n = (size_t)a.items * a.item_bytes;
+    if (a.own_data) { /* already a converted, aligned copy: hand it over */
+        out->dtype = dt;
+        out->shape = shape;
+        out->data = a.data;
+        out->owns = 1;
+        a.own_data = 0;
+        a.data = NULL;
+    } else if (n == 0) {
+        out->dtype = dt;
+        out->shape = shape;
+    } else {
+        if ((rc = loom_tensor_init(out, dt, &shape, err))) goto done;
+        memcpy(out->data, a.data, n);
+    }
+done:
+    if (a.own_data) loom_free(a.data);
+    loom_free(a.raw);
+    if (rc) memset(out, 0, sizeof *out);
+    return rc;
+}

@@ -1,0 +1,1062 @@
+/* records.c - `loom records convert|count|verify|head`: writes IDX or CSV data
+ * as sharded TFRecord files of tf.train.Examples, and counts, verifies and
+ * shows TFRecord files (compression detected from each file's leading bytes).
+ * Part of the cli module, so it prints: results on stdout, errors on stderr
+ * ("loom: where: what"), and returns the exit status: 0 ok, 1 runtime failure
+ * (a missing, unreadable or damaged input file, a failed write), 2 usage. */
+#include "cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define MAX_SHARDS 99999 /* TF's shard names have 5 digits */
+#define HEAD_VALUES 8    /* values shown per feature by `head` */
+#define HEAD_HEX 16      /* leading bytes shown of a binary string */
+#define HEAD_TEXT 48     /* leading characters shown of a printable string */
+
+/* ---- options and subcommands --------------------------------------------- */
+
+enum { R_IMAGES = 1, R_LABELS = 2, R_CSV = 4, R_LABEL_COLUMN = 8, R_OUTPUT = 16, R_SHARDS = 32, R_COMPRESSION = 64,
+       R_N = 128 };
+
+typedef struct rec_opts {
+    const char      *images, *labels, *csv, *label_column, *output;
+    long             shards;  /* convert: 1..MAX_SHARDS */
+    loom_compression comp;    /* convert: NONE, GZIP, ZLIB or ZSTD */
+    long             n;       /* head: records shown per file */
+    char           **files;   /* positional FILE arguments (count, verify, head) */
+    int              n_files;
+    double           start;
+} rec_opts;
+
+typedef struct subcommand {
+    const char *name, *summary, *usage, *help;
+    unsigned    accepts;   /* R_* bits */
+    bool        takes_files;
+    int (*run)(const rec_opts *o); /* returns the exit status */
+} subcommand;
+
+static int run_convert(const rec_opts *o);
+static int run_count(const rec_opts *o);
+static int run_verify(const rec_opts *o);
+static int run_head(const rec_opts *o);
+
+static const subcommand subcommands[] = {
+    {"convert", "write IDX or CSV data as sharded TFRecord files of tf.train.Examples",
+     "loom records convert (--images IDX --labels IDX | --csv FILE [--label-column NAME])\n"
+     "                     --output PREFIX [--shards N] [--compression none|gzip|zlib|zstd]",
+     "Writes N files PREFIX-00000-of-0000N.tfrecord (TensorFlow's shard naming), with the\n"
+     "suffix .gz, .zz or .zst when compressed, one tf.train.Example per item or row.\n"
+     "Sharding is contiguous: shard i holds items [i*total/N, (i+1)*total/N), so reading\n"
+     "the shards in order gives the input order.\n"
+     "\n"
+     "From IDX (plain or gzip): `image` is a bytes_list holding the item's raw bytes\n"
+     "(uint8 files byte for byte; other types as little-endian values of the loaded\n"
+     "dtype, int8/int16 widened to int32, as tf.io.decode_raw reads them) and `label`\n"
+     "an int64_list of the item's label value(s).\n"
+     "\n"
+     "From CSV (plain or gzip; a header row is required): one feature per column, named\n"
+     "after it and typed from all rows: int64_list when every non-empty value is an\n"
+     "integer, float_list when every non-empty value is a number, else bytes_list. An\n"
+     "empty field of a numeric column gives an empty list. Fields follow RFC 4180:\n"
+     "quoted fields may hold commas, line breaks and doubled quotes (\"\"). Blank lines\n"
+     "are skipped. --label-column NAME stores that column, which must be numeric and\n"
+     "never empty, as the feature `label`.\n"
+     "\n"
+     "Each shard is written to PATH.tmp and renamed when complete; when a shard fails,\n"
+     "the shards this run already wrote are removed; PREFIX's directory is created\n"
+     "when missing. zstd is a Loom extension that stock TensorFlow cannot read; gzip\n"
+     "and zlib are its GZIP and ZLIB.\n",
+     R_IMAGES | R_LABELS | R_CSV | R_LABEL_COLUMN | R_OUTPUT | R_SHARDS | R_COMPRESSION, false, run_convert},
+    {"count", "count the records of TFRecord files", "loom records count FILE...",
+     "Prints the number of records of each file (and its compression, detected from the\n"
+     "leading bytes) and the total. Every CRC is checked on the way: a damaged or\n"
+     "unreadable file is reported, the others are still counted, and the exit status is 1.\n",
+     0, true, run_count},
+    {"verify", "check every CRC of TFRecord files", "loom records verify FILE...",
+     "Reads every record of each file, checking the length and payload CRCs and the\n"
+     "integrity of the compressed stream, and prints one line per file. Exit status 0\n"
+     "when all files are sound; otherwise 1, with each bad file named together with the\n"
+     "byte offset of its first bad record (offsets count bytes of the uncompressed\n"
+     "stream). Checking goes on with the next file after a bad one.\n",
+     0, true, run_verify},
+    {"head", "show the first records of TFRecord files as tf.train.Examples", "loom records head FILE... [-n N]",
+     "Decodes the first N records (default 3) of each file as tf.train.Examples and prints\n"
+     "each feature (sorted by name) with its kind, its number of values and the first\n"
+     "values; a bytes_list string shows as text when printable, else as its length and\n"
+     "its first bytes in hex. A record that is not an Example is shown as bytes.\n",
+     R_N, true, run_head},
+};
+#define N_SUB (int)(sizeof subcommands / sizeof subcommands[0])
+
+static const char exit_text[] =
+    "\nexit status: 0 success, 1 runtime failure (a missing, unreadable or damaged input\n"
+    "file, a failed write), 2 usage\n";
+
+static void records_usage(FILE *f)
+{
+    fprintf(f, "usage: loom records SUBCOMMAND [options] [FILE...]\n\nsubcommands:\n");
+    for (int i = 0; i < N_SUB; i++) fprintf(f, "  %-8s %s\n", subcommands[i].name, subcommands[i].summary);
+    fprintf(f, "\nloom records SUBCOMMAND --help for a subcommand's options%s", exit_text);
+}
+
+static void sub_help(const subcommand *sc)
+{
+    printf("usage: %s\n\nrecords %s: %s.\n\n%s\noptions:\n", sc->usage, sc->name, sc->summary, sc->help);
+    if (sc->accepts & R_IMAGES) printf("  --images IDX          images (one item per record)\n");
+    if (sc->accepts & R_LABELS) printf("  --labels IDX          labels, as many items as --images\n");
+    if (sc->accepts & R_CSV) printf("  --csv FILE            a CSV file with a header row, instead of IDX\n");
+    if (sc->accepts & R_LABEL_COLUMN) printf("  --label-column NAME   CSV column stored as the feature `label`\n");
+    if (sc->accepts & R_OUTPUT) printf("  --output PREFIX       path prefix of the shards\n");
+    if (sc->accepts & R_SHARDS) printf("  --shards N            number of files, 1..%d (default 1)\n", MAX_SHARDS);
+    if (sc->accepts & R_COMPRESSION) printf("  --compression NAME    none (default), gzip, zlib or zstd\n");
+    if (sc->accepts & R_N) printf("  -n N                  records shown per file (default 3)\n");
+    printf("  -q, --quiet           only warnings and errors on stderr\n  -h, --help            this help\n%s", exit_text);
+}
+
+static int usage_error(const subcommand *sc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int usage_error(const subcommand *sc, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "loom records %s: %s\nusage: %s\n", sc->name, msg, sc->usage);
+    return LOOM_EXIT_USAGE;
+}
+
+/* Prints err as "loom: where: msg" (+ hint) and returns its exit status. */
+static int report(const loom_err *err)
+{
+    char buf[1200];
+    loom_err_format(err, buf, sizeof buf);
+    fprintf(stderr, "loom: %s", buf);
+    return err->code == LOOM_EUSAGE || err->code == LOOM_ECONFIG ? LOOM_EXIT_USAGE : LOOM_EXIT_RUNTIME;
+}
+
+static bool is_opt(const char *arg, const char *name)
+{
+    size_t n = strlen(name);
+    return !strncmp(arg, name, n) && (arg[n] == 0 || arg[n] == '=');
+}
+
+/* A whole-string decimal integer in [lo, hi]. */
+static bool parse_long(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_compression(const char *s, loom_compression *out)
+{
+    static const struct { const char *name; loom_compression c; } tab[] = {
+        {"none", LOOM_COMP_NONE}, {"gzip", LOOM_COMP_GZIP}, {"zlib", LOOM_COMP_ZLIB}, {"zstd", LOOM_COMP_ZSTD}};
+    for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
+        if (!strcasecmp(s, tab[i].name)) {
+            *out = tab[i].c;
+            return true;
+        }
+    return false;
+}
+
+int loom_cli_records_(int argc, char **argv, double start_time)
+{
+    if (argc < 2) {
+        fprintf(stderr, "loom records: missing subcommand\n");
+        records_usage(stderr);
+        return LOOM_EXIT_USAGE;
+    }
+    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        records_usage(stdout);
+        return LOOM_EXIT_OK;
+    }
+    const subcommand *sc = NULL;
+    for (int i = 0; i < N_SUB; i++)
+        if (!strcmp(argv[1], subcommands[i].name)) sc = &subcommands[i];
+    if (!sc) {
+        const char *best = NULL;
+        int bd = 3;
+        for (int i = 0; i < N_SUB; i++) {
+            int d = loom_edit_distance(argv[1], subcommands[i].name);
+            if (d < bd) bd = d, best = subcommands[i].name;
+        }
+        fprintf(stderr, "loom records: unknown subcommand \"%s\"%s%s%s\n", argv[1], best ? " (did you mean \"" : "",
+                best ? best : "", best ? "\"?)" : "");
+        records_usage(stderr);
+        return LOOM_EXIT_USAGE;
+    }
+    rec_opts o = {.shards = 1, .comp = LOOM_COMP_NONE, .n = 3, .start = start_time};
+    char **files = calloc((size_t)argc, sizeof *files);
+    if (!files) {
+        fprintf(stderr, "loom: out of memory\n");
+        return LOOM_EXIT_RUNTIME;
+    }
+    o.files = files;
+    int status = -1;
+    bool quiet = false, verbose = false, only_files = false;
+    for (int i = 2; i < argc && status < 0; i++) {
+        const char *a = argv[i];
+        if (only_files || a[0] != '-' || !a[1]) {
+            if (!sc->takes_files) status = usage_error(sc, "unexpected argument \"%s\"", a);
+            else files[o.n_files++] = argv[i];
+            continue;
+        }
+        if (!strcmp(a, "--")) {
+            only_files = true;
+            continue;
+        }
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            sub_help(sc);
+            status = LOOM_EXIT_OK;
+            continue;
+        }
+        if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
+            quiet = true;
+            continue;
+        }
+        if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
+            verbose = true;
+            continue;
+        }
+        static const struct { const char *name; unsigned bit; } valued[] = {
+            {"--images", R_IMAGES}, {"--labels", R_LABELS}, {"--csv", R_CSV}, {"--label-column", R_LABEL_COLUMN},
+            {"--output", R_OUTPUT}, {"--shards", R_SHARDS}, {"--compression", R_COMPRESSION}, {"-n", R_N},
+        };
+        int k = -1;
+        for (int j = 0; j < (int)(sizeof valued / sizeof valued[0]); j++)
+            if (is_opt(a, valued[j].name)) k = j;
+        if (k < 0 && !strncmp(a, "-n", 2) && a[2] >= '0' && a[2] <= '9') k = 7; /* -n5 */
+        if (k < 0) {
+            status = usage_error(sc, "unknown option %s", a);
+            continue;
+        }
+        if (!(sc->accepts & valued[k].bit)) {
+            status = usage_error(sc, "option %s does not apply to this subcommand", valued[k].name);
+            continue;
+        }
+        size_t nl = strlen(valued[k].name);
+        const char *v;
+        if (a[nl] == '=') v = a + nl + 1;
+        else if (a[nl]) v = a + nl; /* -n5 */
+        else if (i + 1 < argc) v = argv[++i];
+        else {
+            status = usage_error(sc, "%s needs a value", valued[k].name);
+            continue;
+        }
+        switch (valued[k].bit) {
+        case R_IMAGES: o.images = v; break;
+        case R_LABELS: o.labels = v; break;
+        case R_CSV: o.csv = v; break;
+        case R_LABEL_COLUMN: o.label_column = v; break;
+        case R_OUTPUT: o.output = v; break;
+        case R_SHARDS:
+            if (!parse_long(v, 1, MAX_SHARDS, &o.shards))
+                status = usage_error(sc, "--shards \"%s\": expected an integer from 1 to %d", v, MAX_SHARDS);
+            break;
+        case R_COMPRESSION:
+            if (!parse_compression(v, &o.comp))
+                status = usage_error(sc, "unknown --compression \"%s\" (expected one of: none, gzip, zlib, zstd)", v);
+            break;
+        case R_N:
+            if (!parse_long(v, 0, 1000000000L, &o.n))
+                status = usage_error(sc, "-n \"%s\": expected a number of records (0 or more)", v);
+            break;
+        }
+    }
+    if (status < 0 && sc->takes_files && o.n_files == 0) status = usage_error(sc, "missing FILE");
+    if (status < 0) {
+        if (quiet) loom_log_set_level(LOOM_LOG_WARN);
+        if (verbose) loom_log_set_level(LOOM_LOG_DEBUG);
+        status = sc->run(&o);
+    }
+    free(files);
+    return status;
+}
+
+/* ---- convert: shards -------------------------------------------------------- */
+
+/* Writes `total` records into `shards` files, contiguously. Shards are
+ * committed (renamed) one at a time; sharder_abort removes them again. */
+typedef struct sharder {
+    const char          *prefix, *ext;
+    loom_compression     comp;
+    int                  shards, cur;   /* cur: shard open in w, -1 before the first */
+    int64_t              total, written;
+    loom_tfrecord_writer *w;
+    char               (*path)[LOOM_PATH_MAX];
+    int64_t             *records;       /* per shard */
+    int64_t             *bytes;         /* per shard, the file's size once committed */
+    int                  committed;     /* shards 0..committed-1 are in place */
+} sharder;
+
+static const char *comp_ext(loom_compression c)
+{
+    switch (c) {
+    case LOOM_COMP_GZIP: return ".tfrecord.gz";
+    case LOOM_COMP_ZLIB: return ".tfrecord.zz";
+    case LOOM_COMP_ZSTD: return ".tfrecord.zst";
+    default: return ".tfrecord";
+    }
+}
+
+static const char *comp_lower(loom_compression c)
+{
+    switch (c) {
+    case LOOM_COMP_GZIP: return "gzip";
+    case LOOM_COMP_ZLIB: return "zlib";
+    case LOOM_COMP_ZSTD: return "zstd";
+    default: return "none";
+    }
+}
+
+static int sharder_init(sharder *s, const rec_opts *o, loom_err *err)
+{
+    memset(s, 0, sizeof *s);
+    s->prefix = o->output;
+    s->ext = comp_ext(o->comp);
+    s->comp = o->comp;
+    s->shards = (int)o->shards;
+    s->cur = -1;
+    s->path = loom_calloc((size_t)s->shards, sizeof *s->path);
+    s->records = loom_calloc((size_t)s->shards, sizeof *s->records);
+    s->bytes = loom_calloc((size_t)s->shards, sizeof *s->bytes);
+    if (!s->path || !s->records || !s->bytes) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate %d shard names", s->shards);
+    for (int i = 0; i < s->shards; i++) {
+        int k = snprintf(s->path[i], LOOM_PATH_MAX, "%s-%05d-of-%05d%s", s->prefix, i, s->shards, s->ext);
+        if (k < 0 || k >= LOOM_PATH_MAX - 8) /* room for ".tmp" */
+            return loom_err_set(err, LOOM_EUSAGE, NULL, "--output \"%s\": the shard names would be too long (limit %d bytes)",
+                                s->prefix, LOOM_PATH_MAX - 8);
+    }
+    return LOOM_OK;
+}
+
+static void sharder_fini(sharder *s)
+{
+    loom_tfrecord_writer_abort(s->w);
+    s->w = NULL;
+    loom_free(s->path);
+    loom_free(s->records);
+    loom_free(s->bytes);
+}
+
+/* Commits the open shard and records its size. */
+static int sharder_commit(sharder *s, loom_err *err)
+{
+    loom_tfrecord_writer *w = s->w;
+    s->w = NULL;
+    int rc = loom_tfrecord_writer_close(w, err);
+    if (rc) return rc;
+    s->committed = s->cur + 1;
+    struct stat st;
+    s->bytes[s->cur] = stat(s->path[s->cur], &st) == 0 ? (int64_t)st.st_size : 0;
+    return LOOM_OK;
+}
+
+/* Moves on until the open shard is the one record `written` belongs in
+ * (all shards when written == total), committing the ones passed. */
+static int sharder_advance(sharder *s, loom_err *err)
+{
+    for (;;) {
+        if (s->cur >= 0 && s->written < s->total * (s->cur + 1) / s->shards) return LOOM_OK;
+        if (s->w) {
+            int rc = sharder_commit(s, err);
+            if (rc) return rc;
+        }
+        if (s->cur + 1 >= s->shards) return LOOM_OK;
+        if (s->cur < 0) { /* the first shard: create PREFIX's directory, as train creates the model dir */
+            char dir[LOOM_PATH_MAX];
+            snprintf(dir, sizeof dir, "%s", s->path[0]);
+            char *slash = strrchr(dir, '/');
+            if (slash && slash != dir) {
+                *slash = 0;
+                int rc = loom_mkdirs(dir, err);
+                if (rc) return rc;
+            }
+        }
+        s->cur++;
+        int rc = loom_tfrecord_writer_open(&s->w, s->path[s->cur], s->comp, err);
+        if (rc) return rc;
+    }
+}
+
+static int sharder_put(sharder *s, const uint8_t *data, size_t len, loom_err *err)
+{
+    int rc = sharder_advance(s, err);
+    if (rc) return rc;
+    LOOM_ASSERT(s->w && s->written < s->total);
+    if ((rc = loom_tfrecord_writer_write(s->w, data, len, err))) return rc;
+    s->records[s->cur]++;
+    s->written++;
+    return LOOM_OK;
+}
+
+/* Commits the remaining shards (empty ones too). */
+static int sharder_finish(sharder *s, loom_err *err)
+{
+    LOOM_ASSERT(s->written == s->total);
+    return sharder_advance(s, err);
+}
+
+/* Removes the open shard's .tmp and the shards this run committed. */
+static void sharder_abort(sharder *s)
+{
+    loom_tfrecord_writer_abort(s->w);
+    s->w = NULL;
+    for (int i = 0; i < s->committed; i++) unlink(s->path[i]);
+    s->committed = 0;
+}
+
+static void sharder_summary(const sharder *s, double seconds)
+{
+    int64_t bytes = 0;
+    for (int i = 0; i < s->shards; i++) {
+        printf("%s: %lld records, %lld bytes\n", s->path[i], (long long)s->records[i], (long long)s->bytes[i]);
+        bytes += s->bytes[i];
+    }
+    printf("converted %lld records into %d %s shard%s, %lld bytes, in %.2f s\n", (long long)s->total, s->shards,
+           s->comp == LOOM_COMP_NONE ? "uncompressed" : comp_lower(s->comp), s->shards == 1 ? "" : "s", (long long)bytes, seconds);
+}
+
+/* ---- convert: IDX ------------------------------------------------------------ */
+
+static bool host_is_little_endian(void)
+{
+    const uint16_t one = 1;
+    uint8_t b;
+    memcpy(&b, &one, 1);
+    return b == 1;
+}
+
+static int convert_idx(const rec_opts *o, sharder *sh, loom_err *err)
+{
+    loom_tensor img = {0}, lab = {0};
+    loom_example_builder b;
+    loom_example_builder_init(&b);
+    int64_t *lv = NULL;
+    uint8_t *swap = NULL;
+    int rc = loom_idx_load(o->images, &img, err);
+    if (!rc) rc = loom_idx_load(o->labels, &lab, err);
+    if (rc) goto done;
+    int64_t n = img.shape.dim[0];
+    if (lab.shape.dim[0] != n) {
+        rc = loom_err_set(err, LOOM_EDATA, o->labels, "holds %lld labels but %s holds %lld images", (long long)lab.shape.dim[0],
+                          o->images, (long long)n);
+        goto done;
+    }
+    size_t item_bytes = n ? loom_tensor_nbytes(&img) / (size_t)n : 0;
+    int64_t per = n ? loom_shape_numel(&lab.shape) / n : 0;
+    size_t esz = loom_dtype_size(img.dtype);
+    bool need_swap = esz > 1 && !host_is_little_endian();
+    lv = loom_alloc((size_t)(per ? per : 1) * sizeof *lv);
+    swap = need_swap ? loom_alloc(item_bytes ? item_bytes : 1) : NULL;
+    if (!lv || (need_swap && !swap)) {
+        rc = loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate a record buffer");
+        goto done;
+    }
+    bool float_labels = lab.dtype == LOOM_F32 || lab.dtype == LOOM_F64;
+    sh->total = n;
+    for (int64_t i = 0; i < n; i++) {
+        for (int64_t j = 0; j < per; j++) {
+            double v = loom_tensor_get(&lab, i * per + j);
+            if (float_labels && (!(v == floor(v)) || fabs(v) > 9.0e18)) {
+                rc = loom_err_set(err, LOOM_EDATA, o->labels, "label of item %lld is %g, not an integer", (long long)i, v);
+                goto done;
+            }
+            lv[j] = (int64_t)v;
+        }
+        const uint8_t *item = (const uint8_t *)img.data + (size_t)i * item_bytes;
+        if (need_swap) { /* tf.io.decode_raw reads little-endian by default */
+            for (size_t e = 0; e < item_bytes; e += esz)
+                for (size_t k = 0; k < esz; k++) swap[e + k] = item[e + esz - 1 - k];
+            item = swap;
+        }
+        loom_bytes_view view = {item, item_bytes};
+        loom_example_builder_reset(&b);
+        loom_example_add_bytes(&b, "image", &view, 1);
+        loom_example_add_int64s(&b, "label", lv, per);
+        const uint8_t *data;
+        size_t len;
+        if ((rc = loom_example_finish(&b, &data, &len, err))) goto done;
+        if ((rc = sharder_put(sh, data, len, err))) goto done;
+    }
+    rc = sharder_finish(sh, err);
+done:
+    loom_free(lv);
+    loom_free(swap);
+    loom_example_builder_fini(&b);
+    loom_tensor_fini(&img);
+    loom_tensor_fini(&lab);
+    return rc;
+}
+
+/* ---- convert: CSV (RFC 4180) ---------------------------------------------------- */
+
+typedef struct csv_reader {
+    const char *path;
+    const char *text, *p, *end;
+    int64_t     line;      /* 1-based line of p */
+    int64_t     row_line;  /* line where the current row starts */
+    char       *buf;       /* the current row's fields, each NUL-terminated */
+    size_t      len, cap;
+    size_t     *off, *flen; /* per field: offset into buf and length (fields may hold NULs) */
+    int         nf, fcap;
+} csv_reader;
+
+
+static void csv_rewind(csv_reader *c)
+{
+    c->p = c->text;
+    c->line = 1;
+    if (c->end - c->p >= 3 && !memcmp(c->p, "\xef\xbb\xbf", 3)) c->p += 3; /* UTF-8 byte order mark */
+}
+
+static void csv_init(csv_reader *c, const char *path, const uint8_t *text, size_t len)
+{
+    memset(c, 0, sizeof *c);
+    c->path = path;
+    c->text = (const char *)text;
+    c->end = c->text + len;
+    csv_rewind(c);
+}
+
+static void csv_fini(csv_reader *c)
+{
+    loom_free(c->buf);
+    loom_free(c->off);
+    loom_free(c->flen);
+}
+
+static int csv_err(const csv_reader *c, int64_t line, int code, loom_err *err, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int csv_err(const csv_reader *c, int64_t line, int code, loom_err *err, const char *fmt, ...)
+{
+    char where[LOOM_PATH_MAX + 32], msg[512];
+    snprintf(where, sizeof where, "%s:%lld", c->path, (long long)line);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return loom_err_set(err, code, where, "%s", msg);
+}
+
+static int csv_putc(csv_reader *c, char ch, loom_err *err)
+{
+    if (c->len == c->cap) {
+        size_t cap = c->cap ? c->cap * 2 : 256;
+        char *nb = loom_realloc(c->buf, cap);
+        if (!nb) return loom_err_set(err, LOOM_ENOMEM, c->path, "cannot allocate %zu bytes for a CSV row", cap);
+        c->buf = nb;
+        c->cap = cap;
+    }
+    c->buf[c->len++] = ch;
+    return LOOM_OK;
+}
+
+/* At a line break ("\n", "\r\n", or a "\r" ending the file) or the end. */
+static bool csv_at_eol(const csv_reader *c)
+{
+    return c->p == c->end || *c->p == '\n' || (*c->p == '\r' && (c->p + 1 == c->end || c->p[1] == '\n'));
+}
+
+/* Reads the next row into buf/off/flen/nf; LOOM_EEOF when none is left.
+ * Blank lines are skipped. */
+static int csv_row(csv_reader *c, loom_err *err)
+{
+    c->len = 0;
+    c->nf = 0;
+    for (;;) {
+        if (c->p == c->end) return LOOM_EEOF;
+        if (!csv_at_eol(c)) break;
+        c->p += *c->p == '\r' ? 1 : 0;
+        if (c->p < c->end) c->p++;
+        c->line++;
+    }
+    c->row_line = c->line;
+    for (;;) { /* one field per iteration */
+        if (c->nf == c->fcap) {
+            int cap = c->fcap ? c->fcap * 2 : 16;
+            size_t *o = loom_realloc(c->off, (size_t)cap * sizeof *o);
+            if (o) c->off = o;
+            size_t *l = o ? loom_realloc(c->flen, (size_t)cap * sizeof *l) : NULL;
+            if (!l) return loom_err_set(err, LOOM_ENOMEM, c->path, "cannot allocate %d CSV fields", cap);
+            c->flen = l;
+            c->fcap = cap;
+        }
+        c->off[c->nf] = c->len;
+        int rc;
+        if (c->p < c->end && *c->p == '"') {
+            int64_t start = c->line;
+            c->p++;
+            for (;;) {
+                if (c->p == c->end)
+                    return csv_err(c, start, LOOM_EDATA, err, "unterminated quoted field (its closing \" is missing)");
+                char ch = *c->p++;
+                if (ch == '"') {
+                    if (c->p == c->end || *c->p != '"') break;
+                    c->p++; /* "" is one quote */
+                }
+                if (ch == '\n') c->line++;
+                if ((rc = csv_putc(c, ch, err))) return rc;
+            }
+            if (!csv_at_eol(c) && *c->p != ',')
+                return csv_err(c, c->line, LOOM_EDATA, err,
+                               "unexpected '%c' after the closing quote of a field (a quote inside a quoted field is written \"\")",
+                               *c->p);
+        } else {
+            while (!csv_at_eol(c) && *c->p != ',')
+                if ((rc = csv_putc(c, *c->p++, err))) return rc;
+        }
+        c->flen[c->nf] = c->len - c->off[c->nf];
+        if ((rc = csv_putc(c, 0, err))) return rc;
+        c->nf++;
+        if (c->p < c->end && *c->p == ',') {
+            c->p++;
+            continue;
+        }
+        if (c->p < c->end) { /* the line break */
+            if (*c->p == '\r') c->p++;
+            if (c->p < c->end && *c->p == '\n') c->p++;
+            c->line++;
+        }
+        return LOOM_OK;
+    }
+}
+
+static const char *skip_blanks(const char *s)
+{
+    while (*s == ' ' || *s == '\t') s++;
+    return s;
+}
+
+/* A decimal integer that fits int64 (blanks around it allowed). */
+static bool csv_int(const char *s, int64_t *out)
+{
+    s = skip_blanks(s);
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *skip_blanks(end)) return false;
+    *out = v;
+    return true;
+}
+
+/* A finite decimal number within float range; not "nan", "inf" or hex. */
+static bool csv_num(const char *s, double *out)
+{
+    s = skip_blanks(s);
+    char c0 = s[0] == '+' || s[0] == '-' ? s[1] : s[0];
+    if (!((c0 >= '0' && c0 <= '9') || c0 == '.') || strpbrk(s, "xX")) return false;
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || *skip_blanks(end) || !isfinite(v) || fabs(v) > 3.4028234663852886e38) return false;
+    *out = v;
+    return true;
+}
+
+typedef struct csv_col {
+    char             *name;     /* the feature's name (owned) */
+    bool              all_int, all_num;
+    int64_t           nonempty; /* non-empty values seen */
+    loom_feature_kind kind;
+} csv_col;
+
+static int convert_csv(const rec_opts *o, sharder *sh, loom_err *err)
+{
+    uint8_t *text = NULL;
+    size_t len = 0;
+    int rc = loom_read_file(o->csv, &text, &len, err);
+    if (rc) return rc;
+    csv_reader c;
+    csv_init(&c, o->csv, text, len);
+    loom_example_builder b;
+    loom_example_builder_init(&b);
+    csv_col *cols = NULL;
+    int ncols = 0, label = -1;
+
+    /* Pass 1: the header, then every row, to infer each column's kind. */
+    rc = csv_row(&c, err);
+    if (rc == LOOM_EEOF) rc = loom_err_set(err, LOOM_EDATA, o->csv, "empty CSV file: a header row naming the columns is required");
+    if (rc) goto done;
+    ncols = c.nf;
+    if (!(cols = loom_calloc((size_t)ncols, sizeof *cols))) {
+        rc = loom_err_set(err, LOOM_ENOMEM, o->csv, "cannot allocate %d columns", ncols);
+        goto done;
+    }
+    for (int j = 0; j < ncols; j++) {
+        const char *name = c.buf + c.off[j];
+        if (c.flen[j] == 0 || strlen(name) != c.flen[j]) {
+            rc = csv_err(&c, c.row_line, LOOM_EDATA, err, "column %d of the header has %s name (the first row must name every column)",
+                         j + 1, c.flen[j] ? "a NUL byte in its" : "an empty");
+            goto done;
+        }
+        for (int k = 0; k < j; k++)
+            if (!strcmp(cols[k].name, name)) {
+                rc = csv_err(&c, c.row_line, LOOM_EDATA, err, "column \"%s\" appears twice in the header (columns %d and %d)", name,
+                             k + 1, j + 1);
+                goto done;
+            }
+        if (!(cols[j].name = loom_strdup(name))) {
+            rc = loom_err_set(err, LOOM_ENOMEM, o->csv, "cannot allocate a column name");
+            goto done;
+        }
+        cols[j].all_int = cols[j].all_num = true;
+        if (o->label_column && !strcmp(name, o->label_column)) label = j;
+    }
+    if (o->label_column) {
+        if (label < 0) {
+            char list[400];
+            size_t k = 0;
+            for (int j = 0; j < ncols && k < sizeof list - 8; j++)
+                k += (size_t)snprintf(list + k, sizeof list - k, "%s%s", j ? ", " : "", cols[j].name);
+            if (k >= sizeof list - 8) snprintf(list + sizeof list - 8, 8, ", ...");
+            rc = loom_err_set(err, LOOM_EUSAGE, o->csv, "--label-column \"%s\": no such column (columns: %s)", o->label_column, list);
+            goto done;
+        }
+        for (int j = 0; j < ncols; j++)
+            if (j != label && !strcmp(cols[j].name, "label")) {
+                rc = loom_err_set(err, LOOM_EUSAGE, o->csv, "--label-column \"%s\" would be stored as the feature \"label\", "
+                                  "but column %d is already named \"label\"", o->label_column, j + 1);
+                loom_err_hint(err, "omit --label-column to keep every column's own name");
+                goto done;
+            }
+    }
+    int64_t rows = 0;
+    while ((rc = csv_row(&c, err)) == LOOM_OK) {
+        if (c.nf != ncols) {
+            rc = csv_err(&c, c.row_line, LOOM_EDATA, err, "row has %d field%s but the header has %d columns", c.nf,
+                         c.nf == 1 ? "" : "s", ncols);
+            goto done;
+        }
+        for (int j = 0; j < ncols; j++) {
+            const char *f = c.buf + c.off[j];
+            size_t fl = c.flen[j];
+            if (fl == 0) {
+                if (j == label) {
+                    rc = csv_err(&c, c.row_line, LOOM_EDATA, err, "empty label (column \"%s\")", o->label_column);
+                    goto done;
+                }
+                continue;
+            }
+            bool nul = strlen(f) != fl;
+            int64_t iv;
+            double dv;
+            cols[j].nonempty++;
+            if (cols[j].all_int && (nul || !csv_int(f, &iv))) cols[j].all_int = false;
+            if (cols[j].all_num && !cols[j].all_int && (nul || !csv_num(f, &dv))) cols[j].all_num = false;
+            if (j == label && !cols[j].all_num) {
+                rc = csv_err(&c, c.row_line, LOOM_EDATA, err, "label \"%.64s\" (column \"%s\") is not a number", f, o->label_column);
+                goto done;
+            }
+        }
+        rows++;
+    }
+    if (rc != LOOM_EEOF) goto done;
+    printf("%s: %lld rows; features:", o->csv, (long long)rows);
+    for (int j = 0; j < ncols; j++) {
+        cols[j].kind = !cols[j].nonempty ? LOOM_FEATURE_BYTES
+                       : cols[j].all_int ? LOOM_FEATURE_INT64
+                       : cols[j].all_num ? LOOM_FEATURE_FLOAT
+                                         : LOOM_FEATURE_BYTES;
+        if (j == label) {
+            loom_free(cols[j].name);
+            if (!(cols[j].name = loom_strdup("label"))) {
+                rc = loom_err_set(err, LOOM_ENOMEM, o->csv, "cannot allocate a column name");
+                goto done;
+            }
+        }
+        printf("%s %s %s", j ? "," : "", cols[j].name, loom_feature_kind_name(cols[j].kind));
+        if (j == label) printf(" (from column \"%s\")", o->label_column);
+    }
+    printf("\n");
+
+    /* Pass 2: one Example per row. */
+    sh->total = rows;
+    csv_rewind(&c);
+    if ((rc = csv_row(&c, err))) goto done; /* the header */
+    while ((rc = csv_row(&c, err)) == LOOM_OK) {
+        loom_example_builder_reset(&b);
+        for (int j = 0; j < ncols; j++) {
+            const char *f = c.buf + c.off[j];
+            size_t fl = c.flen[j];
+            int64_t iv;
+            double dv;
+            float fv;
+            loom_bytes_view view = {(const uint8_t *)f, fl};
+            switch (cols[j].kind) {
+            case LOOM_FEATURE_INT64:
+                if (fl && !csv_int(f, &iv)) LOOM_ASSERT(!"integer column changed between passes");
+                loom_example_add_int64s(&b, cols[j].name, &iv, fl ? 1 : 0);
+                break;
+            case LOOM_FEATURE_FLOAT:
+                if (fl && !csv_num(f, &dv)) LOOM_ASSERT(!"number column changed between passes");
+                fv = fl ? (float)dv : 0.0f;
+                loom_example_add_floats(&b, cols[j].name, &fv, fl ? 1 : 0);
+                break;
+            default: loom_example_add_bytes(&b, cols[j].name, &view, 1); break;
+            }
+        }
+        const uint8_t *data;
+        size_t n;
+        if ((rc = loom_example_finish(&b, &data, &n, err))) goto done;
+        if ((rc = sharder_put(sh, data, n, err))) goto done;
+    }
+    if (rc != LOOM_EEOF) goto done;
+    rc = sharder_finish(sh, err);
+done:
+    for (int j = 0; cols && j < ncols; j++) loom_free(cols[j].name);
+    loom_free(cols);
+    loom_example_builder_fini(&b);
+    csv_fini(&c);
+    loom_free(text);
+    return rc;
+}
+
+static int run_convert(const rec_opts *o)
+{
+    const subcommand *sc = &subcommands[0];
+    if (o->csv && (o->images || o->labels)) return usage_error(sc, "--csv and --images/--labels are alternatives: give one");
+    if (!o->csv && (!o->images || !o->labels)) return usage_error(sc, "needs --images IDX and --labels IDX, or --csv FILE");
+    if (o->label_column && !o->csv) return usage_error(sc, "--label-column applies to --csv only");
+    if (!o->output) return usage_error(sc, "missing --output PREFIX");
+    size_t n = strlen(o->output);
+    if (!n || o->output[n - 1] == '/')
+        return usage_error(sc, "--output \"%s\": expected a path prefix such as data/train (shards are PREFIX-00000-of-0000N...)",
+                           o->output);
+    double t0 = loom_now();
+    loom_err err = {0};
+    sharder sh;
+    int rc = sharder_init(&sh, o, &err);
+    if (!rc) rc = o->csv ? convert_csv(o, &sh, &err) : convert_idx(o, &sh, &err);
+    if (rc) {
+        sharder_abort(&sh);
+        sharder_fini(&sh);
+        return report(&err);
+    }
+    sharder_summary(&sh, loom_now() - t0);
+    sharder_fini(&sh);
+    return LOOM_EXIT_OK;
+}
+
+/* ---- count, verify ---------------------------------------------------------- */
+
+/* The reader's hint speaks of the config's on_corrupt; say what fits here. */
+static int reader_failed(int rc, loom_err *err)
+{
+    if (rc == LOOM_EDATA) loom_err_hint(err, "the file is damaged, truncated or not a TFRecord file");
+    return rc;
+}
+
+/* Reads every record of path (checking every CRC); *n records read. */
+static int read_all(const char *path, int64_t *n, loom_compression *comp, loom_err *err)
+{
+    loom_tfrecord *r;
+    *n = 0;
+    *comp = LOOM_COMP_NONE;
+    int rc = loom_tfrecord_open(&r, path, LOOM_COMP_AUTO, LOOM_CORRUPT_ERROR, err);
+    if (rc) return reader_failed(rc, err);
+    *comp = loom_tfrecord_compression(r);
+    const uint8_t *data;
+    size_t len;
+    while ((rc = loom_tfrecord_next(r, &data, &len, err)) == LOOM_OK) {}
+    *n = loom_tfrecord_count(r);
+    loom_tfrecord_close(r);
+    return rc == LOOM_EEOF ? LOOM_OK : reader_failed(rc, err);
+}
+
+static int run_count(const rec_opts *o)
+{
+    int64_t total = 0;
+    int bad = 0;
+    for (int i = 0; i < o->n_files; i++) {
+        loom_err err = {0};
+        int64_t n;
+        loom_compression comp;
+        if (read_all(o->files[i], &n, &comp, &err)) {
+            report(&err);
+            bad++;
+            continue;
+        }
+        printf("%12lld  %-4s  %s\n", (long long)n, comp_lower(comp), o->files[i]);
+        total += n;
+    }
+    printf("%12lld  total (%d file%s", (long long)total, o->n_files - bad, o->n_files - bad == 1 ? "" : "s");
+    if (bad) printf("; %d unreadable or damaged, not counted", bad);
+    printf(")\n");
+    return bad ? LOOM_EXIT_RUNTIME : LOOM_EXIT_OK;
+}
+
+static int run_verify(const rec_opts *o)
+{
+    int bad = 0;
+    for (int i = 0; i < o->n_files; i++) {
+        loom_err err = {0};
+        int64_t n;
+        loom_compression comp;
+        if (read_all(o->files[i], &n, &comp, &err)) {
+            printf("%s: BAD: %s\n", o->files[i], err.msg);
+            bad++;
+            continue;
+        }
+        printf("%s: ok, %lld records (%s)\n", o->files[i], (long long)n, comp_lower(comp));
+    }
+    if (bad) {
+        fprintf(stderr, "loom records verify: %d of %d file%s damaged or unreadable\n", bad, o->n_files, o->n_files == 1 ? "" : "s");
+        return LOOM_EXIT_RUNTIME;
+    }
+    printf("all %d file%s sound\n", o->n_files, o->n_files == 1 ? "" : "s");
+    return LOOM_EXIT_OK;
+}
+
+/* ---- head ---------------------------------------------------------------------- */
+
+/* A string as "text" when printable ASCII (tabs and line breaks escaped),
+ * else as its length and first bytes in hex. */
+static void print_string(const uint8_t *s, size_t n)
+{
+    bool printable = true;
+    for (size_t i = 0; i < n && printable; i++)
+        printable = (s[i] >= 0x20 && s[i] < 0x7f) || s[i] == '\t' || s[i] == '\n' || s[i] == '\r';
+    if (printable && n > 0) {
+        putchar('"');
+        for (size_t i = 0; i < n && i < HEAD_TEXT; i++) {
+            if (s[i] == '\t' || s[i] == '\n' || s[i] == '\r') {
+                printf("\\%c", s[i] == '\t' ? 't' : s[i] == '\n' ? 'n' : 'r');
+                continue;
+            }
+            if (s[i] == '"' || s[i] == '\\') putchar('\\');
+            putchar(s[i]);
+        }
+        if (n > HEAD_TEXT) printf("...\" (%zu bytes)", n);
+        else putchar('"');
+        return;
+    }
+    if (n == 0) {
+        printf("\"\"");
+        return;
+    }
+    printf("%zu bytes:", n);
+    for (size_t i = 0; i < n && i < HEAD_HEX; i++) printf(" %02x", s[i]);
+    if (n > HEAD_HEX) printf(" ...");
+}
+
+static int cmp_feature(const void *a, const void *b)
+{
+    const loom_example_feature *x = *(const loom_example_feature *const *)a, *y = *(const loom_example_feature *const *)b;
+    size_t n = x->name.len < y->name.len ? x->name.len : y->name.len;
+    int c = n ? memcmp(x->name.data, y->name.data, n) : 0;
+    return c ? c : (x->name.len > y->name.len) - (x->name.len < y->name.len);
+}
+
+static void print_values(const loom_example_feature *f)
+{
+    int64_t k = 0;
+    putchar('[');
+    if (f->kind == LOOM_FEATURE_INT64) {
+        int64_t v[HEAD_VALUES];
+        k = loom_example_int64s(f, v, HEAD_VALUES);
+        for (int64_t i = 0; i < k; i++) printf("%s%lld", i ? ", " : "", (long long)v[i]);
+    } else if (f->kind == LOOM_FEATURE_FLOAT) {
+        float v[HEAD_VALUES];
+        k = loom_example_floats(f, v, HEAD_VALUES);
+        for (int64_t i = 0; i < k; i++) printf("%s%.7g", i ? ", " : "", (double)v[i]);
+    } else if (f->kind == LOOM_FEATURE_BYTES) {
+        loom_bytes_view v[HEAD_VALUES];
+        k = loom_example_bytes(f, v, HEAD_VALUES);
+        for (int64_t i = 0; i < k; i++) {
+            if (i) printf(", ");
+            print_string(v[i].data, v[i].len);
+        }
+    }
+    if (f->count > k) printf(", ... (%lld more)", (long long)(f->count - k));
+    putchar(']');
+}
+
+static void print_record(int64_t index, uint64_t at, const uint8_t *data, size_t len, loom_example *ex)
+{
+    loom_err perr = {0};
+    printf("record %lld (offset %llu, %zu bytes): ", (long long)index, (unsigned long long)at, len);
+    if (loom_example_parse(ex, data, len, &perr)) {
+        printf("not a tf.train.Example (%s): ", perr.msg);
+        print_string(data, len);
+        putchar('\n');
+        return;
+    }
+    printf("%d feature%s\n", ex->n, ex->n == 1 ? "" : "s");
+    const loom_example_feature **order = loom_alloc((size_t)(ex->n ? ex->n : 1) * sizeof *order);
+    if (!order) {
+        printf("  (out of memory listing the features)\n");
+        return;
+    }
+    int width = 0;
+    for (int i = 0; i < ex->n; i++) {
+        order[i] = &ex->f[i];
+        if ((int)ex->f[i].name.len > width) width = (int)ex->f[i].name.len;
+    }
+    if (width > 32) width = 32;
+    qsort(order, (size_t)ex->n, sizeof *order, cmp_feature);
+    for (int i = 0; i < ex->n; i++) {
+        const loom_example_feature *f = order[i];
+        printf("  %-*.*s  ", width, (int)f->name.len, (const char *)f->name.data);
+        if (f->kind == LOOM_FEATURE_NONE) {
+            printf("(no kind set: read as missing)\n");
+            continue;
+        }
+        printf("%-10s  length %-4lld ", loom_feature_kind_name(f->kind), (long long)f->count);
+        print_values(f);
+        putchar('\n');
+    }
+    loom_free(order);
+}
+
+static int head_file(const char *path, int64_t n, loom_example *ex, loom_err *err)
+{
+    loom_tfrecord *r;
+    int rc = loom_tfrecord_open(&r, path, LOOM_COMP_AUTO, LOOM_CORRUPT_ERROR, err);
+    if (rc) return reader_failed(rc, err);
+    printf("%s (%s)\n", path, comp_lower(loom_tfrecord_compression(r)));
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t at = loom_tfrecord_offset(r);
+        const uint8_t *data;
+        size_t len;
+        rc = loom_tfrecord_next(r, &data, &len, err);
+        if (rc == LOOM_EEOF) {
+            if (i == 0) printf("(no records)\n");
+            rc = LOOM_OK;
+            break;
+        }
+        if (rc) break;
+        print_record(i, at, data, len, ex);
+    }
+    loom_tfrecord_close(r);
+    return reader_failed(rc, err);
+}
+
+static int run_head(const rec_opts *o)
+{
+    loom_example ex;
+    loom_example_init(&ex);
+    int status = LOOM_EXIT_OK;
+    for (int i = 0; i < o->n_files; i++) {
+        loom_err err = {0};
+        if (i) putchar('\n');
+        if (head_file(o->files[i], o->n, &ex, &err)) {
+            fflush(stdout);
+            report(&err);
+            status = LOOM_EXIT_RUNTIME;
+        }
+    }
+    loom_example_fini(&ex);
+    return status;
+}
