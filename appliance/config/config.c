@@ -9,6 +9,7 @@
 #include "config/config_internal.h"
 
 #include <errno.h>
+#include <glob.h>
 #include <libconfig.h>
 #include <limits.h>
 #include <math.h>
@@ -21,7 +22,10 @@
 /* ---- names --------------------------------------------------------------- */
 
 const char *const loom_cfg_dtype_names_[] = {"uint8", "int32", "int64", "float32", "float64", NULL};
-const char *const loom_source_names_[] = {"idx", "catalog", NULL};
+const char *const loom_source_names_[] = {"idx", "catalog", "tfrecord", NULL};
+const char *const loom_tfr_dtype_names_[] = {"uint8", "int64", "float32", NULL};
+const char *const loom_tfr_comp_names_[] = {"auto", "none", "gzip", "zlib", "zstd", NULL};
+const char *const loom_tfr_corrupt_names_[] = {"error", "skip", NULL};
 const char *const loom_map_names_[] = {"cast", "scale", "normalize", "one_hot", "reshape",
                                        "random_flip_left_right", NULL};
 const char *const loom_transform_names_[] = {"map", "shuffle", "batch", "repeat", "take", "skip", "prefetch", NULL};
@@ -311,6 +315,9 @@ static void parse_features(ctx *c, const config_setting_t *s, void *base);
 static void parse_shape(ctx *c, const config_setting_t *s, void *base);
 static void parse_boundaries(ctx *c, const config_setting_t *s, void *base);
 static void parse_values(ctx *c, const config_setting_t *s, void *base);
+static void parse_files(ctx *c, const config_setting_t *s, void *base);
+static void parse_tfr_features(ctx *c, const config_setting_t *s, void *base);
+static void parse_tfr_shape(ctx *c, const config_setting_t *s, void *base);
 
 static const opt root_opts[] = {
     O_CUSTOM("version", parse_version, ALL, ALL, "config format version; must be 1"),
@@ -343,6 +350,27 @@ static const opt source_opts[] = {
     O_CUSTOM("features", parse_features, SRC(IDX), SRC(IDX), "feature name = \"file.idx[.gz]\", 1 to 8"),
     O_STR(loom_source_spec, "name", name, NULL, catalog_names, SRC(CATALOG), SRC(CATALOG), "catalog dataset"),
     O_STR(loom_source_spec, "split", split, NULL, split_names, SRC(CATALOG), SRC(CATALOG), "catalog split"),
+    O_CUSTOM("files", parse_files, SRC(TFRECORD), SRC(TFRECORD),
+             "TFRecord paths or glob patterns, 1 to 16, relative to the config's directory"),
+    O_ENUM(loom_source_spec, "compression", compression, LOOM_TFR_COMP_AUTO, loom_tfr_comp_names_, SRC(TFRECORD), 0,
+           "auto detects it per file from the leading bytes"),
+    O_ENUM(loom_source_spec, "on_corrupt", on_corrupt, LOOM_TFR_CORRUPT_ERROR, loom_tfr_corrupt_names_, SRC(TFRECORD),
+           0, "error, or skip (count and report) bad records"),
+    O_BOOL(loom_source_spec, "shuffle_files", shuffle_files, 0, SRC(TFRECORD), "shuffle the file order each epoch"),
+    O_CUSTOM("features", parse_tfr_features, SRC(TFRECORD), SRC(TFRECORD),
+             "NAME = { dtype = ...; shape = [...]; }, 1 to 8"),
+    O_END,
+};
+
+/* One feature group of a tfrecord source; the dtype selects the kind. */
+static const opt tfr_feature_opts[] = {
+    O_KIND(loom_tfr_feature, "dtype", dtype, 0, loom_tfr_dtype_names_, ALL,
+           "uint8 (one bytes value), int64 (int64_list) or float32 (float_list)"),
+    O_CUSTOM("shape", parse_tfr_shape, ALL, ALL, "[] for a scalar, else [d0, d1, ...], each >= 1"),
+    O_F64(loom_tfr_feature, "default", default_value, 0.0, 0, 0, F_NO_LO | F_NO_HI, ALL, 0,
+          "fills a missing fixed-length feature; without it a missing feature is an error"),
+    O_BOOL(loom_tfr_feature, "var_len", var_len, 0, ALL, "0 to numel values, padded with pad"),
+    O_F64(loom_tfr_feature, "pad", pad, 0.0, 0, 0, F_NO_LO | F_NO_HI, ALL, 0, "fill after a var_len feature's values"),
     O_END,
 };
 
@@ -817,6 +845,193 @@ static void parse_features(ctx *c, const config_setting_t *s, void *base)
         int k = src->n_features++;
         snprintf(src->feature[k], sizeof src->feature[k], "%s", name);
         memcpy(src->file[k], full, (size_t)w + 1); /* w < LOOM_PATH_MAX, checked above */
+    }
+}
+
+/* ---- tfrecord source ------------------------------------------------------ */
+
+/* dir with glob's metacharacters escaped, so only the user's pattern globs. */
+static int escape_glob(const char *dir, char *out, size_t n)
+{
+    size_t k = 0;
+    for (const char *p = dir; *p; p++) {
+        if (strchr("*?[]\\", *p)) {
+            if (k + 1 >= n) return -1;
+            out[k++] = '\\';
+        }
+        if (k + 1 >= n) return -1;
+        out[k++] = *p;
+    }
+    out[k] = 0;
+    return (int)k;
+}
+
+/* Regular files matching pattern; -1 when glob itself fails. */
+static int count_matches(const char *pattern)
+{
+    glob_t g;
+    int rc = glob(pattern, GLOB_MARK, NULL, &g);
+    if (rc == GLOB_NOMATCH) return 0;
+    if (rc) return -1;
+    int n = 0;
+    struct stat st;
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        const char *m = g.gl_pathv[i];
+        size_t l = strlen(m);
+        if (l && m[l - 1] != '/' && stat(m, &st) == 0 && S_ISREG(st.st_mode)) n++;
+    }
+    globfree(&g);
+    return n;
+}
+
+static void parse_files(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_source_spec *src = base;
+    char v[300];
+    bool one = config_setting_type(s) == CONFIG_TYPE_STRING;
+    if (!one && !config_setting_is_array(s) && !config_setting_is_list(s)) {
+        cerr(c, s, "expected a list of paths or glob patterns [\"data/train-*.tfrecord\", ...], got %s",
+             value_str(s, v, sizeof v));
+        return;
+    }
+    int n = one ? 1 : config_setting_length(s);
+    if (n < 1 || n > LOOM_MAX_FILE_PATTERNS) {
+        cerr(c, s, "expected 1 to %d paths or patterns, got %d", LOOM_MAX_FILE_PATTERNS, n);
+        return;
+    }
+    char edir[LOOM_PATH_MAX];
+    if (escape_glob(c->dir, edir, sizeof edir) < 0) {
+        cerr(c, s, "the config's directory %s is too long", c->dir);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *e = one ? s : config_setting_get_elem(s, i);
+        if (config_setting_type(e) != CONFIG_TYPE_STRING) {
+            cerr(c, e, "expected a path or glob pattern string, got %s", value_str(e, v, sizeof v));
+            continue;
+        }
+        const char *pat = config_setting_get_string(e);
+        char full[LOOM_PATH_MAX + 8], shown[LOOM_PATH_MAX + 8];
+        int w =
+            pat[0] == '/' ? snprintf(full, sizeof full, "%s", pat) : snprintf(full, sizeof full, "%s/%s", edir, pat);
+        if (pat[0] == '/')
+            snprintf(shown, sizeof shown, "%s", pat);
+        else
+            snprintf(shown, sizeof shown, "%s/%s", c->dir, pat);
+        if (!pat[0] || w < 0 || w >= LOOM_PATH_MAX) {
+            cerr(c, e, "bad path \"%s\" (empty or too long)", pat);
+            continue;
+        }
+        int m = count_matches(full);
+        if (m < 0) {
+            cerr(c, e, "cannot expand \"%s\" (resolved to %s): %s", pat, shown, strerror(errno));
+            continue;
+        }
+        if (m == 0) {
+            loom_err *er;
+            if (!strpbrk(pat, "*?[") && access(shown, R_OK) != 0)
+                er = cerr(c, e, "cannot read \"%s\" (resolved to %s): %s", pat, shown, strerror(errno));
+            else if (!strpbrk(pat, "*?["))
+                er = cerr(c, e, "\"%s\" (resolved to %s) is not a regular file", pat, shown);
+            else
+                er = cerr(c, e, "no files match \"%s\" (resolved to %s)", pat, shown);
+            if (er) loom_err_hint(er, "relative paths are relative to the config file's directory");
+            continue;
+        }
+        memcpy(src->pattern[src->n_patterns++], full, (size_t)w + 1); /* w < LOOM_PATH_MAX, checked above */
+    }
+}
+
+static void parse_tfr_shape(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_tfr_feature *f = base;
+    char v[300];
+    if (!config_setting_is_array(s) && !config_setting_is_list(s)) {
+        cerr(c, s, "expected a shape such as [28, 28] ([] for a scalar), got %s", value_str(s, v, sizeof v));
+        return;
+    }
+    int n = config_setting_length(s);
+    if (n > 8) {
+        cerr(c, s, "expected 0 to 8 dimensions, got %d", n);
+        return;
+    }
+    double numel = 1;
+    for (int i = 0; i < n; i++) {
+        int64_t x;
+        if (!get_int_in(c, config_setting_get_elem(s, i), 1, INT32_MAX, &x)) return;
+        f->shape[i] = x;
+        numel *= (double)x;
+    }
+    if (numel > (double)(1 << 30)) {
+        cerr(c, s, "%.0f values per element is too many (at most %d)", numel, 1 << 30);
+        return;
+    }
+    f->rank = n;
+}
+
+/* A value for a feature of dtype dt (default or pad): integral for the
+ * integer dtypes, in [0, 255] for uint8. */
+static void check_fill(ctx *c, const config_setting_t *s, loom_tfr_dtype dt)
+{
+    char v[300];
+    if (!s || !is_number(s)) return; /* a non-number was reported by the option engine */
+    if (dt == LOOM_TFR_FLOAT32) return;
+    int64_t x;
+    if (!is_int(s)) {
+        cerr(c, s, "expected an integer (the feature is %s), got %s", loom_tfr_dtype_names_[dt],
+             value_str(s, v, sizeof v));
+        return;
+    }
+    if (dt == LOOM_TFR_UINT8) get_int_in(c, s, 0, 255, &x);
+}
+
+static void parse_tfr_features(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_source_spec *src = base;
+    char v[300];
+    if (!config_setting_is_group(s)) {
+        cerr(c, s, "expected a group { NAME = { dtype = ...; shape = [...]; }; ... }, got %s",
+             value_str(s, v, sizeof v));
+        return;
+    }
+    int n = config_setting_length(s);
+    if (n < 1 || n > LOOM_MAX_FEATURES) {
+        cerr(c, s, "expected 1 to %d features, got %d", LOOM_MAX_FEATURES, n);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *g = config_setting_get_elem(s, i);
+        const char *name = config_setting_name(g);
+        if (!config_setting_is_group(g)) {
+            loom_err *e =
+                cerr(c, g, "expected a group { dtype = ...; shape = [...]; }, got %s", value_str(g, v, sizeof v));
+            if (e) loom_err_hint(e, "e.g. %s = { dtype = \"int64\"; shape = []; };", name);
+            continue;
+        }
+        if (strlen(name) >= LOOM_NAME_MAX) {
+            cerr(c, g, "feature name is too long (at most %d characters)", LOOM_NAME_MAX - 1);
+            continue;
+        }
+        loom_tfr_feature *f = &src->tfr[src->n_features];
+        int k = parse_kind(c, g, tfr_feature_opts, f);
+        parse_opts(c, g, tfr_feature_opts, k, f);
+        scope sc = {tfr_feature_opts, k, NULL};
+        check_keys(c, g, &sc, 1);
+        const config_setting_t *def = config_setting_get_member(g, "default");
+        const config_setting_t *pad = config_setting_get_member(g, "pad");
+        const config_setting_t *shp = config_setting_get_member(g, "shape");
+        f->has_default = def != NULL;
+        if (k >= 0) {
+            check_fill(c, def, (loom_tfr_dtype)k);
+            check_fill(c, pad, (loom_tfr_dtype)k);
+        }
+        if (def && f->var_len)
+            cerr(c, def, "default applies only to fixed-length features (a missing var_len feature is all pad)");
+        if (pad && !f->var_len) cerr(c, pad, "pad applies only with var_len = true");
+        if (f->var_len && shp && f->rank == 0 && config_setting_length(shp) == 0)
+            cerr(c, shp, "a var_len feature needs a shape with at least one dimension (its maximum length)");
+        snprintf(src->feature[src->n_features], LOOM_NAME_MAX, "%s", name);
+        src->n_features++;
     }
 }
 

@@ -34,7 +34,32 @@ typedef enum { LOOM_CFG_U8, LOOM_CFG_I32, LOOM_CFG_I64, LOOM_CFG_F32, LOOM_CFG_F
 
 /* ---- data ---------------------------------------------------------------- */
 
-typedef enum { LOOM_SRC_IDX, LOOM_SRC_CATALOG } loom_source_kind;
+typedef enum { LOOM_SRC_IDX, LOOM_SRC_CATALOG, LOOM_SRC_TFRECORD } loom_source_kind;
+
+#define LOOM_MAX_FILE_PATTERNS 16
+
+/* tfrecord: how a declared feature is read from a tf.train.Example. */
+typedef enum {
+    LOOM_TFR_UINT8,   /* one bytes_list value, its bytes as uint8 (tf.io.decode_raw); length = numel */
+    LOOM_TFR_INT64,   /* int64_list -> int64 */
+    LOOM_TFR_FLOAT32, /* float_list -> float32 */
+} loom_tfr_dtype;
+typedef enum { LOOM_TFR_COMP_AUTO, LOOM_TFR_COMP_NONE, LOOM_TFR_COMP_GZIP, LOOM_TFR_COMP_ZLIB,
+               LOOM_TFR_COMP_ZSTD } loom_tfr_compression;
+typedef enum { LOOM_TFR_CORRUPT_ERROR, LOOM_TFR_CORRUPT_SKIP } loom_tfr_on_corrupt;
+
+/* One declared tfrecord feature (tf.io.FixedLenFeature; with var_len a
+ * VarLenFeature densified to at most numel values). Its name is the source
+ * spec's feature[i]. */
+typedef struct loom_tfr_feature {
+    loom_tfr_dtype dtype;
+    int            rank;          /* 0 (scalar) to 8 */
+    int64_t        shape[8];      /* each >= 1 */
+    bool           has_default;   /* fixed-length only: a missing feature is filled with default_value; */
+    double         default_value; /*   without a default a missing feature is an error */
+    bool           var_len;       /* 0..numel values, the rest is pad; missing = all pad */
+    double         pad;           /* var_len only, default 0 */
+} loom_tfr_feature;
 
 typedef struct loom_source_spec {
     loom_source_kind kind;
@@ -48,6 +73,19 @@ typedef struct loom_source_spec {
      * yields features "image" (uint8 (28, 28)) and "label" (uint8 ()). */
     char name[LOOM_NAME_MAX];   /* "fashion_mnist" (also "mnist" when its package is present) */
     char split[16];             /* "train" | "test" */
+    /* tfrecord: files of serialized tf.train.Example, streamed record by record.
+     *   source: { type = "tfrecord"; files = ["data/train-*.tfrecord.zst"];
+     *             features: { image = { dtype = "uint8"; shape = [28, 28]; }; ... }; };
+     * Each pattern is absolute (relative ones are resolved against the config's
+     * directory, whose glob metacharacters are escaped) and matched at least one
+     * regular file at load; the source expands them again at open, sorted and
+     * without duplicates. Feature names are feature[i], i < n_features. */
+    int                  n_patterns;
+    char                 pattern[LOOM_MAX_FILE_PATTERNS][LOOM_PATH_MAX];
+    loom_tfr_compression compression;   /* default auto: detected per file from its leading bytes */
+    loom_tfr_on_corrupt  on_corrupt;    /* default error */
+    bool                 shuffle_files; /* shuffle the file order each epoch, keyed by (run seed, epoch) */
+    loom_tfr_feature     tfr[LOOM_MAX_FEATURES];
 } loom_source_spec;
 
 typedef enum {

@@ -19,6 +19,9 @@ extern const char *const loom_opt_names_[];           /* loom_opt_kind */
 extern const char *const loom_sched_names_[];         /* loom_sched_kind */
 extern const char *const loom_strategy_names_[];      /* loom_strategy_kind */
 extern const char *const loom_progress_names_[];      /* loom_progress */
+extern const char *const loom_tfr_dtype_names_[];     /* loom_tfr_dtype */
+extern const char *const loom_tfr_comp_names_[];      /* loom_tfr_compression */
+extern const char *const loom_tfr_corrupt_names_[];   /* loom_tfr_on_corrupt */
 
 /* names[i], or "?" when i is out of range. */
 const char *loom_cfg_name_(const char *const *names, int i);

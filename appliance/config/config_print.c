@@ -1,6 +1,7 @@
 /* config_print.c - a loom_spec back into libconfig syntax, every default
  * filled in, so that loom_config_load reads it back to an equal spec
- * (idx files are printed as the absolute paths they were resolved to).
+ * (idx files and tfrecord patterns are printed as the absolute paths they
+ * were resolved to).
  * Threads: none. */
 #include "config/config_internal.h"
 
@@ -105,6 +106,38 @@ static void print_dataset(FILE *f, const char *name, const loom_dataset_spec *ds
     if (src->kind == LOOM_SRC_IDX) {
         fputs("      features: {\n", f);
         for (int i = 0; i < src->n_features; i++) kv_str(f, 4, src->feature[i], src->file[i]);
+        fputs("      };\n", f);
+    } else if (src->kind == LOOM_SRC_TFRECORD) {
+        fputs("      files = [", f);
+        for (int i = 0; i < src->n_patterns; i++) {
+            if (i) fputs(", ", f);
+            put_str(f, src->pattern[i]);
+        }
+        fputs("];\n", f);
+        kv_str(f, 3, "compression", loom_cfg_name_(loom_tfr_comp_names_, (int)src->compression));
+        kv_str(f, 3, "on_corrupt", loom_cfg_name_(loom_tfr_corrupt_names_, (int)src->on_corrupt));
+        kv_bool(f, 3, "shuffle_files", src->shuffle_files);
+        fputs("      features: {\n", f);
+        for (int i = 0; i < src->n_features; i++) {
+            const loom_tfr_feature *t = &src->tfr[i];
+            bool integral = t->dtype != LOOM_TFR_FLOAT32; /* default and pad read back as integers */
+            fprintf(f, "        %s = { dtype = ", src->feature[i]);
+            put_str(f, loom_cfg_name_(loom_tfr_dtype_names_, (int)t->dtype));
+            fputs("; shape = ", f);
+            put_i64_array(f, t->shape, t->rank);
+            if (t->has_default) {
+                fputs("; default = ", f);
+                if (integral) put_i64(f, (int64_t)t->default_value);
+                else put_f64(f, t->default_value);
+            }
+            fprintf(f, "; var_len = %s", t->var_len ? "true" : "false");
+            if (t->var_len) {
+                fputs("; pad = ", f);
+                if (integral) put_i64(f, (int64_t)t->pad);
+                else put_f64(f, t->pad);
+            }
+            fputs("; };\n", f);
+        }
         fputs("      };\n", f);
     } else {
         kv_str(f, 3, "name", src->name);

@@ -17,6 +17,10 @@ struct loom_iter {
     char     fp[4096]; /* structure fingerprint: stage descriptions and the element spec */
 };
 
+/* source_tfrecord.c (declared here rather than in data_internal.h, which
+ * this change leaves alone: move it there with the next edit of that header) */
+int tfrecord_source_open_(dstage **out, const loom_source_spec *src, const loom_data_ctx *ctx, loom_err *err);
+
 static dstage *last(const loom_iter *it) { return it->st[it->n - 1]; }
 
 void loom_iter_close(loom_iter *it)
@@ -36,7 +40,8 @@ int loom_data_open(loom_iter **out, const loom_dataset_spec *spec, const loom_da
                             spec->n_transforms, LOOM_MAX_TRANSFORMS);
     loom_iter *it = loom_calloc(1, sizeof *it);
     if (!it) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate an iterator");
-    int rc = source_open_(&it->st[0], &spec->source, err);
+    int rc = spec->source.kind == LOOM_SRC_TFRECORD ? tfrecord_source_open_(&it->st[0], &spec->source, ctx, err)
+                                                    : source_open_(&it->st[0], &spec->source, err);
     if (rc) goto fail;
     it->n = 1;
     int threads = ctx->threads;

@@ -2,6 +2,12 @@
 # configs.sh - every config under configs/ validates, and each trains a few
 # steps on the real data, checkpoints and evaluates.
 source "$(dirname "$0")/lib.sh"
+# configs reading TFRecord shards (configs/fashion_mnist_tfrecord.cfg) need them
+# made first, by the test helper meson builds (tests/fixtures/make_fmnist_records.c)
+if grep -q "fashion_mnist_records/" configs/*.cfg; then
+    check "make runs/fashion_mnist_records" "${LOOM_MAKE_FMNIST_RECORDS:-$(dirname "$LOOM")/tests/make_fmnist_records}" \
+        runs/fashion_mnist_records
+fi
 for cfg in configs/*.cfg; do
     name=$(basename "$cfg" .cfg)
     out=$("$LOOM" check "$cfg" 2>&1); status=$?

@@ -1,0 +1,959 @@
+/* test_tfrecord_source.c - the tfrecord source: Fashion-MNIST-like Examples
+ * written with the records.h writer in every compression and read back
+ * through loom_data_open (shuffle, batch, prefetch), glob expansion over
+ * shards, shuffle_files, errors that name file/record/offset/feature, corrupt
+ * files in error and skip mode, exact mid-epoch save/restore, the files
+ * TensorFlow wrote (tests/fixtures/tf), the config grammar
+ * (tests/configs/good_tfrecord.cfg; the bad_tfrecord_*.cfg goldens run in
+ * test_config) and allocation failures. Fixtures go to a temporary directory. */
+#include "harness.h"
+#include "data/data.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char tmpdir[256];
+
+static const char *tpath(const char *name)
+{
+    static char buf[8][512];
+    static int k;
+    char *p = buf[k++ % 8];
+    snprintf(p, 512, "%s/%s", tmpdir, name);
+    return p;
+}
+
+/* ---- fixtures: Fashion-MNIST-like Examples -------------------------------- */
+
+#define IMG 784
+#define MAXTOK 16
+
+static uint8_t img_byte(int64_t id, int k) { return (uint8_t)(id * 7 + k * 3 + (k >> 5)); }
+static bool has_weight(int64_t id) { return id % 3 != 0; } /* else the default 1.0 */
+static float weight_of(int64_t id) { return (float)id * 0.5f - 3.0f; }
+static int ntok(int64_t id) { return (int)(id % (MAXTOK + 1)); } /* 0..16, var_len */
+static int64_t tok(int64_t id, int j) { return id * 1000 + j - (j & 1) * 5000000000LL; }
+
+/* Faults to plant in a file: record `at` gets them. */
+enum { F_NONE, F_LABEL_FLOAT, F_NO_LABEL, F_SHORT_IMAGE, F_LONG_TOKENS, F_GARBAGE };
+
+/* Writes Examples id = first .. first+n-1 to path; record `bad_at` (file-relative) gets `fault`. */
+static void write_examples(const char *path, loom_compression c, int64_t first, int n, int bad_at, int fault)
+{
+    loom_err err = {0};
+    loom_tfrecord_writer *w = NULL;
+    int rc = loom_tfrecord_writer_open(&w, path, c, &err);
+    CHECK_MSG(rc == LOOM_OK, "%s", err.msg);
+    if (rc) return;
+    loom_example_builder b;
+    loom_example_builder_init(&b);
+    for (int i = 0; i < n; i++) {
+        int64_t id = first + i;
+        int f = i == bad_at ? fault : F_NONE;
+        uint8_t img[IMG];
+        for (int k = 0; k < IMG; k++) img[k] = img_byte(id, k);
+        loom_example_builder_reset(&b);
+        loom_bytes_view iv = {img, f == F_SHORT_IMAGE ? IMG - 1 : IMG};
+        loom_example_add_bytes(&b, "image", &iv, 1);
+        float fl = (float)id;
+        if (f == F_LABEL_FLOAT)
+            loom_example_add_floats(&b, "label", &fl, 1);
+        else if (f != F_NO_LABEL)
+            loom_example_add_int64s(&b, "label", &id, 1);
+        float wt = weight_of(id);
+        if (has_weight(id)) loom_example_add_floats(&b, "weight", &wt, 1);
+        int64_t toks[MAXTOK + 1];
+        int nt = f == F_LONG_TOKENS ? MAXTOK + 1 : ntok(id);
+        for (int j = 0; j < nt; j++) toks[j] = tok(id, j);
+        loom_example_add_int64s(&b, "tokens", toks, nt);
+        const uint8_t *d;
+        size_t len;
+        CHECK(loom_example_finish(&b, &d, &len, &err) == LOOM_OK);
+        if (f == F_GARBAGE) {
+            static const uint8_t junk[] = {0x0a, 0x05, 0x0a, 0x03}; /* a length that runs past the end */
+            d = junk;
+            len = sizeof junk;
+        }
+        CHECK(loom_tfrecord_writer_write(w, d, len, &err) == LOOM_OK);
+    }
+    loom_example_builder_fini(&b);
+    CHECK_MSG(loom_tfrecord_writer_close(w, &err) == LOOM_OK, "%s", err.msg);
+}
+
+/* ---- spec builders ---------------------------------------------------------- */
+
+static loom_dataset_spec *spec_new(void)
+{
+    loom_dataset_spec *s = calloc(1, sizeof *s);
+    s->present = true;
+    s->source.kind = LOOM_SRC_TFRECORD;
+    snprintf(s->source.loc.file, sizeof s->source.loc.file, "test.cfg");
+    s->source.loc.line = 4;
+    snprintf(s->source.loc.path, sizeof s->source.loc.path, "data.train.source");
+    return s;
+}
+
+static void spec_files(loom_dataset_spec *s, const char *pattern)
+{
+    snprintf(s->source.pattern[s->source.n_patterns++], LOOM_PATH_MAX, "%s", pattern);
+}
+
+static loom_tfr_feature *spec_feat(loom_dataset_spec *s, const char *name, loom_tfr_dtype dt, int rank,
+                                   const int64_t *dims)
+{
+    loom_source_spec *src = &s->source;
+    loom_tfr_feature *f = &src->tfr[src->n_features];
+    snprintf(src->feature[src->n_features++], LOOM_NAME_MAX, "%s", name);
+    f->dtype = dt;
+    f->rank = rank;
+    for (int i = 0; i < rank; i++) f->shape[i] = dims[i];
+    return f;
+}
+
+/* image uint8 (28, 28), label int64 (), weight float32 () default 1, tokens int64 (16) var_len pad -7 */
+static loom_dataset_spec *spec_fmnist(const char *pattern)
+{
+    loom_dataset_spec *s = spec_new();
+    spec_files(s, pattern);
+    int64_t hw[2] = {28, 28}, nt[1] = {MAXTOK};
+    spec_feat(s, "image", LOOM_TFR_UINT8, 2, hw);
+    spec_feat(s, "label", LOOM_TFR_INT64, 0, NULL);
+    loom_tfr_feature *w = spec_feat(s, "weight", LOOM_TFR_FLOAT32, 0, NULL);
+    w->has_default = true;
+    w->default_value = 1.0;
+    loom_tfr_feature *t = spec_feat(s, "tokens", LOOM_TFR_INT64, 1, nt);
+    t->var_len = true;
+    t->pad = -7;
+    return s;
+}
+
+static loom_transform_spec *add(loom_dataset_spec *s, loom_transform_kind kind)
+{
+    loom_transform_spec *t = &s->transform[s->n_transforms];
+    memset(t, 0, sizeof *t);
+    t->kind = kind;
+    snprintf(t->loc.file, sizeof t->loc.file, "test.cfg");
+    t->loc.line = 20 + s->n_transforms;
+    s->n_transforms++;
+    return t;
+}
+
+static void add_shuffle(loom_dataset_spec *s, int64_t buffer)
+{
+    loom_transform_spec *t = add(s, LOOM_T_SHUFFLE);
+    t->buffer = buffer;
+    t->seed = 7;
+    t->seed_set = true;
+    t->reshuffle = true;
+}
+
+static void add_batch(loom_dataset_spec *s, int64_t size) { add(s, LOOM_T_BATCH)->batch_size = size; }
+static void add_prefetch(loom_dataset_spec *s, int64_t buffer) { add(s, LOOM_T_PREFETCH)->buffer = buffer; }
+
+static const loom_data_ctx ctx2 = {.seed = 42, .threads = 2, .name = "train"};
+
+static loom_iter *open_ok(const loom_dataset_spec *s)
+{
+    loom_iter *it = NULL;
+    loom_err err = {0};
+    int rc = loom_data_open(&it, s, &ctx2, &err);
+    CHECK_MSG(rc == LOOM_OK, "open: %s: %s (hint: %s)", err.where, err.msg, err.hint);
+    return rc == LOOM_OK ? it : NULL;
+}
+
+/* Checks every value of one unbatched or batched element against the generator;
+ * appends the ids to ids[*n]. Returns the number of wrong values. */
+static int check_elem(const loom_elem *e, int64_t *ids, int *n, int max)
+{
+    int bad = 0;
+    const loom_tensor *im = &e->t[0], *lb = &e->t[1], *wt = &e->t[2], *tk = &e->t[3];
+    bool batched = lb->shape.rank == 1;
+    int64_t B = batched ? lb->shape.dim[0] : 1;
+    bad += im->dtype != LOOM_U8 || lb->dtype != LOOM_I64 || wt->dtype != LOOM_F32 || tk->dtype != LOOM_I64;
+    bad += im->shape.rank != (batched ? 3 : 2) || im->shape.dim[batched] != 28 || tk->shape.dim[batched] != MAXTOK;
+    if (bad) return bad;
+    for (int64_t b = 0; b < B; b++) {
+        int64_t id = ((const int64_t *)lb->data)[b];
+        if (*n < max) ids[(*n)++] = id;
+        const uint8_t *px = (const uint8_t *)im->data + b * IMG;
+        for (int k = 0; k < IMG; k++) bad += px[k] != img_byte(id, k);
+        float w = ((const float *)wt->data)[b];
+        bad += w != (has_weight(id) ? weight_of(id) : 1.0f);
+        const int64_t *t = (const int64_t *)tk->data + b * MAXTOK;
+        for (int j = 0; j < MAXTOK; j++) bad += t[j] != (j < ntok(id) ? tok(id, j) : -7);
+    }
+    return bad;
+}
+
+/* Runs one pass; returns the element count (-1 on error, with err filled). */
+static int run_pass(loom_iter *it, int64_t *ids, int *n, int max, int *bad, loom_err *err)
+{
+    loom_elem *e;
+    int rc, count = 0;
+    while ((rc = loom_iter_next(it, &e, err)) == LOOM_OK) {
+        *bad += check_elem(e, ids, n, max);
+        count++;
+    }
+    return rc == LOOM_EEOF ? count : -1;
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* ---- reading ---------------------------------------------------------------- */
+
+static void test_all_compressions(void)
+{
+    const loom_compression cs[] = {LOOM_COMP_NONE, LOOM_COMP_GZIP, LOOM_COMP_ZLIB, LOOM_COMP_ZSTD};
+    const loom_tfr_compression decl[] = {LOOM_TFR_COMP_NONE, LOOM_TFR_COMP_GZIP, LOOM_TFR_COMP_ZLIB,
+                                         LOOM_TFR_COMP_ZSTD};
+    for (int c = 0; c < 4; c++) {
+        char name[64];
+        snprintf(name, sizeof name, "all-%s.tfrecord", loom_compression_name(cs[c]));
+        write_examples(tpath(name), cs[c], 100, 37, -1, F_NONE);
+        for (int mode = 0; mode < 2; mode++) { /* declared, then auto */
+            loom_dataset_spec *s = spec_fmnist(tpath(name));
+            s->source.compression = mode ? LOOM_TFR_COMP_AUTO : decl[c];
+            loom_iter *it = open_ok(s);
+            if (it) {
+                CHECK(loom_iter_cardinality(it) == -2);
+                char buf[256];
+                CHECK_CONTAINS(loom_elem_spec_str(loom_iter_spec(it), buf, sizeof buf),
+                               "image: uint8 (28, 28); label: int64 (); weight: float32 (); tokens: int64 (16,)");
+                int64_t ids[64];
+                int n = 0, bad = 0;
+                loom_err err = {0};
+                int count = run_pass(it, ids, &n, 64, &bad, &err);
+                CHECK_MSG(count == 37, "%s: %d elements: %s", name, count, err.msg);
+                CHECK_MSG(bad == 0, "%s: %d wrong values", name, bad);
+                for (int i = 0; i < n; i++) bad += ids[i] != 100 + i; /* file order */
+                CHECK(bad == 0);
+                /* a second epoch reads the same */
+                CHECK(loom_iter_rewind(it, 1, &err) == LOOM_OK);
+                n = 0;
+                CHECK(run_pass(it, ids, &n, 64, &bad, &err) == 37 && bad == 0);
+                loom_iter_close(it);
+            }
+            free(s);
+        }
+    }
+}
+
+/* 4 shards of 25 (ids 0..99), each in another compression, and a decoy file. */
+static void make_shards(void)
+{
+    static bool made;
+    if (made) return;
+    made = true;
+    const loom_compression cs[] = {LOOM_COMP_ZSTD, LOOM_COMP_GZIP, LOOM_COMP_NONE, LOOM_COMP_ZLIB};
+    for (int k = 0; k < 4; k++) {
+        char name[64];
+        snprintf(name, sizeof name, "train-%05d-of-00004.tfrecord", k);
+        write_examples(tpath(name), cs[k], 25 * k, 25, -1, F_NONE);
+    }
+    write_examples(tpath("test-00000-of-00001.tfrecord"), LOOM_COMP_NONE, 1000, 3, -1, F_NONE);
+}
+
+static void test_glob_shards(void)
+{
+    make_shards();
+    /* written out of order on purpose: the source sorts; overlapping patterns read each file once */
+    loom_dataset_spec *s = spec_fmnist(tpath("train-0000[23]-*"));
+    spec_files(s, tpath("train-*.tfrecord"));
+    spec_files(s, tpath("train-00000-of-00004.tfrecord"));
+    loom_iter *it = open_ok(s);
+    if (it) {
+        int64_t ids[200];
+        int n = 0, bad = 0;
+        loom_err err = {0};
+        CHECK(run_pass(it, ids, &n, 200, &bad, &err) == 100);
+        CHECK(bad == 0);
+        for (int i = 0; i < n; i++) bad += ids[i] != i;
+        CHECK_MSG(bad == 0, "shards not read in sorted order");
+        loom_iter_close(it);
+    }
+    free(s);
+
+    /* shuffle_files: each epoch a permutation of whole files, keyed by (seed, epoch) */
+    s = spec_fmnist(tpath("train-*.tfrecord"));
+    s->source.shuffle_files = true;
+    loom_iter *a = open_ok(s), *b = open_ok(s);
+    int distinct = 0;
+    for (int ep = 0; a && b && ep < 6; ep++) {
+        loom_err err = {0};
+        int64_t x[128], y[128];
+        int nx = 0, ny = 0, bad = 0;
+        if (ep) {
+            loom_iter_rewind(a, ep, &err);
+            loom_iter_rewind(b, ep, &err);
+        }
+        CHECK(run_pass(a, x, &nx, 128, &bad, &err) == 100 && run_pass(b, y, &ny, 128, &bad, &err) == 100);
+        CHECK(bad == 0);
+        CHECK_MSG(!memcmp(x, y, sizeof(int64_t) * 100), "epoch %d: not deterministic", ep);
+        for (int i = 0; i < 100; i++) bad += i % 25 ? x[i] != x[i - 1] + 1 : x[i] % 25 != 0; /* whole files */
+        CHECK_MSG(bad == 0, "epoch %d: files interleaved", ep);
+        distinct += x[0] != 0 || x[25] != 25 || x[50] != 50;
+        qsort(x, 100, sizeof x[0], cmp_i64);
+        for (int i = 0; i < 100; i++) bad += x[i] != i;
+        CHECK(bad == 0);
+    }
+    CHECK_MSG(distinct >= 3, "shuffle_files left the order sorted in %d of 6 epochs", 6 - distinct);
+    loom_iter_close(a);
+    loom_iter_close(b);
+    free(s);
+}
+
+static void test_shuffle_batch_prefetch(void)
+{
+    make_shards();
+    for (int threaded = 0; threaded < 2; threaded++) {
+        loom_dataset_spec *s = spec_fmnist(tpath("train-*.tfrecord"));
+        add_shuffle(s, 30);
+        add_batch(s, 8);
+        add_prefetch(s, threaded ? 3 : 0);
+        loom_iter *it = open_ok(s);
+        if (it) {
+            CHECK(loom_iter_cardinality(it) == -2);
+            int64_t ids[128], prev[128];
+            for (int ep = 0; ep < 2; ep++) {
+                int n = 0, bad = 0;
+                loom_err err = {0};
+                if (ep) loom_iter_rewind(it, ep, &err);
+                CHECK_MSG(run_pass(it, ids, &n, 128, &bad, &err) == 13, "%s", err.msg); /* 12 of 8 + 1 of 4 */
+                CHECK(bad == 0 && n == 100);
+                if (ep) CHECK_MSG(memcmp(ids, prev, sizeof prev[0] * 100), "reshuffle gave the same order");
+                memcpy(prev, ids, sizeof prev[0] * 100);
+                int in_order = 0;
+                for (int i = 1; i < 100; i++) in_order += ids[i] == ids[i - 1] + 1;
+                CHECK(in_order < 50);
+                qsort(ids, 100, sizeof ids[0], cmp_i64);
+                for (int i = 0; i < 100; i++) bad += ids[i] != i;
+                CHECK_MSG(bad == 0, "not a permutation of the 100 records");
+            }
+            loom_iter_close(it);
+        }
+        free(s);
+    }
+}
+
+/* ---- errors ------------------------------------------------------------------ */
+
+/* Opens (expecting success unless open_fails) and reads to the first error; returns rc, err filled. */
+static int read_until_error(const loom_dataset_spec *s, int *count, loom_err *err)
+{
+    loom_iter *it = NULL;
+    memset(err, 0, sizeof *err);
+    *count = 0;
+    int rc = loom_data_open(&it, s, &ctx2, err);
+    if (rc) return rc;
+    loom_elem *e;
+    while ((rc = loom_iter_next(it, &e, err)) == LOOM_OK) (*count)++;
+    loom_iter_close(it);
+    return rc;
+}
+
+static void test_feature_errors(void)
+{
+    static const struct {
+        int fault;
+        const char *want[3];
+    } cases[] = {
+        {F_LABEL_FLOAT, {"feature \"label\": expected int64_list (int64 ()), found float_list with 1 values"}},
+        {F_NO_LABEL, {"feature \"label\": required but missing (expected int64_list int64 ())"}},
+        {F_SHORT_IMAGE, {"feature \"image\": expected 784 bytes for uint8 (raw bytes), found 783"}},
+        {F_LONG_TOKENS, {"feature \"tokens\": expected at most 16 values of int64, found 17"}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        for (int at = 0; at < 2; at++) { /* record 0: caught at open by the probe; record 5: while reading */
+            int rec = at ? 5 : 0;
+            const char *path = tpath("bad-feature.tfrecord.gz");
+            write_examples(path, LOOM_COMP_GZIP, 0, 8, rec, cases[i].fault);
+            loom_dataset_spec *s = spec_fmnist(path);
+            int count;
+            loom_err err;
+            int rc = read_until_error(s, &count, &err);
+            CHECK_MSG(rc == LOOM_EDATA, "case %zu: rc %d: %s", i, rc, err.msg);
+            CHECK(count == rec);
+            CHECK_CONTAINS(err.where, "bad-feature.tfrecord.gz");
+            char want[64];
+            snprintf(want, sizeof want, "record %d at offset ", rec);
+            CHECK_CONTAINS(err.msg, want);
+            CHECK_CONTAINS(err.msg, cases[i].want[0]);
+            CHECK_CONTAINS(err.hint, "features declared at test.cfg:4");
+            if (rec == 0) CHECK_CONTAINS(err.msg, "record 0 at offset 0: ");
+            free(s);
+        }
+    }
+    /* a pattern whose files went away after the config was loaded */
+    loom_dataset_spec *s = spec_fmnist(tpath("gone-*.tfrecord"));
+    loom_iter *it = NULL;
+    loom_err err = {0};
+    CHECK(loom_data_open(&it, s, &ctx2, &err) == LOOM_EIO && !it);
+    CHECK_CONTAINS(err.where, "test.cfg:4");
+    CHECK_CONTAINS(err.msg, "data.train.source: no files match \"");
+    free(s);
+}
+
+static void test_corrupt(void)
+{
+    const char *path = tpath("corrupt.tfrecord");
+    write_examples(path, LOOM_COMP_NONE, 0, 10, -1, F_NONE);
+    /* flip a payload byte of record 3, found with the reader */
+    loom_tfrecord *rd;
+    loom_err e0 = {0};
+    const uint8_t *d;
+    size_t len;
+    CHECK(loom_tfrecord_open(&rd, path, LOOM_COMP_NONE, LOOM_CORRUPT_ERROR, &e0) == LOOM_OK);
+    for (int i = 0; i < 3; i++) CHECK(loom_tfrecord_next(rd, &d, &len, &e0) == LOOM_OK);
+    long rec3 = (long)loom_tfrecord_offset(rd), off3 = rec3 + 12 + 40;
+    loom_tfrecord_close(rd);
+    FILE *f = fopen(path, "r+b");
+    fseek(f, off3, SEEK_SET);
+    int ch = fgetc(f);
+    fseek(f, off3, SEEK_SET);
+    fputc(ch ^ 0x55, f);
+    fclose(f);
+    loom_log_set_level(LOOM_LOG_ERROR); /* the skip warnings are expected */
+    loom_dataset_spec *s = spec_fmnist(path);
+    int count;
+    loom_err err;
+    CHECK(read_until_error(s, &count, &err) == LOOM_EDATA);
+    CHECK(count == 3);
+    CHECK_CONTAINS(err.where, "corrupt.tfrecord");
+    char want[96];
+    snprintf(want, sizeof want, "record 3: corrupted record: data CRC mismatch");
+    CHECK_CONTAINS(err.msg, want);
+    snprintf(want, sizeof want, "at offset %ld (uncompressed stream)", rec3);
+    CHECK_CONTAINS(err.msg, want);
+    /* skip: the other 9, in order */
+    s->source.on_corrupt = LOOM_TFR_CORRUPT_SKIP;
+    loom_iter *it = open_ok(s);
+    if (it) {
+        int64_t ids[16];
+        int n = 0, bad = 0;
+        CHECK(run_pass(it, ids, &n, 16, &bad, &err) == 9 && bad == 0);
+        for (int i = 0; i < n; i++) bad += ids[i] != (i < 3 ? i : i + 1);
+        CHECK(bad == 0);
+        loom_iter_close(it);
+    }
+    free(s);
+
+    /* a record with valid CRCs whose payload is no Example: an error, or skipped */
+    path = tpath("garbage.tfrecord.zst");
+    write_examples(path, LOOM_COMP_ZSTD, 0, 6, 4, F_GARBAGE);
+    s = spec_fmnist(path);
+    CHECK(read_until_error(s, &count, &err) == LOOM_EDATA);
+    CHECK(count == 4);
+    CHECK_CONTAINS(err.msg, "record 4 at offset ");
+    s->source.on_corrupt = LOOM_TFR_CORRUPT_SKIP;
+    CHECK(read_until_error(s, &count, &err) == LOOM_EEOF);
+    CHECK(count == 5);
+    free(s);
+
+    /* a truncated shard in skip mode ends that file; the next shard is read */
+    make_shards();
+    size_t n = 0;
+    uint8_t *raw = NULL;
+    loom_err e2 = {0};
+    CHECK(loom_read_file(tpath("train-00002-of-00004.tfrecord"), &raw, &n, &e2) == LOOM_OK);
+    FILE *g = fopen(tpath("cut-a.tfrecord"), "wb");
+    fwrite(raw, 1, n * 2 / 3, g);
+    fclose(g);
+    loom_free(raw);
+    write_examples(tpath("cut-b.tfrecord"), LOOM_COMP_NONE, 500, 4, -1, F_NONE);
+    s = spec_fmnist(tpath("cut-*.tfrecord"));
+    CHECK(read_until_error(s, &count, &err) == LOOM_EDATA);
+    CHECK_CONTAINS(err.where, "cut-a.tfrecord");
+    int first = count;
+    CHECK(first > 0 && first < 25);
+    s->source.on_corrupt = LOOM_TFR_CORRUPT_SKIP;
+    CHECK(read_until_error(s, &count, &err) == LOOM_EEOF);
+    CHECK_MSG(count == first + 4, "%d elements, expected %d", count, first + 4);
+    free(s);
+    loom_log_set_level(LOOM_LOG_INFO);
+}
+
+/* ---- save / restore ------------------------------------------------------------- */
+
+typedef struct blob {
+    uint8_t *p;
+    size_t n, cap;
+    int count;
+} blob;
+
+static void blob_put(blob *b, const void *p, size_t n)
+{
+    if (b->n + n > b->cap) {
+        b->cap = (b->n + n) * 2 + 1024;
+        b->p = realloc(b->p, b->cap);
+    }
+    memcpy(b->p + b->n, p, n);
+    b->n += n;
+}
+
+/* One element, or EOF + rewind to the next epoch first; returns false after `epochs`. */
+static bool step(loom_iter *it, int *epoch, int epochs, blob *b)
+{
+    loom_elem *e;
+    loom_err err = {0};
+    for (;;) {
+        int rc = loom_iter_next(it, &e, &err);
+        if (rc == LOOM_OK) break;
+        CHECK_MSG(rc == LOOM_EEOF, "%s: %s", err.where, err.msg);
+        if (rc != LOOM_EEOF || ++*epoch >= epochs) return false;
+        CHECK(loom_iter_rewind(it, *epoch, &err) == LOOM_OK);
+    }
+    for (int f = 0; f < e->n; f++) {
+        blob_put(b, &e->t[f].shape, sizeof e->t[f].shape);
+        blob_put(b, e->t[f].data, loom_tensor_nbytes(&e->t[f]));
+    }
+    b->count++;
+    return true;
+}
+
+static void test_save_restore(void)
+{
+    make_shards();
+    for (int variant = 0; variant < 3; variant++) {
+        loom_dataset_spec *s = spec_fmnist(tpath("train-*.tfrecord"));
+        s->source.shuffle_files = variant > 0;
+        if (variant == 2) {
+            add_shuffle(s, 10);
+            add_batch(s, 7);
+            add_prefetch(s, 2);
+        }
+        const int epochs = 2;
+        blob ref = {0};
+        loom_iter *it = open_ok(s);
+        int ep = 0;
+        size_t off[256];
+        int total = 0;
+        while (it && total < 255) {
+            off[total] = ref.n;
+            if (!step(it, &ep, epochs, &ref)) break;
+            total++;
+        }
+        off[total] = ref.n;
+        loom_iter_close(it);
+        CHECK(total == (variant == 2 ? 2 * 15 : 200));
+        /* cuts: start, inside a file, at a file boundary, into the second epoch, the end */
+        int cuts[] = {0, 1, 13, 25, 26, 60, 99, 100, 101, 160, total};
+        for (size_t c = 0; c < sizeof cuts / sizeof cuts[0]; c++) {
+            int k = cuts[c];
+            if (k > total) continue;
+            loom_iter *a = open_ok(s);
+            if (!a) continue;
+            blob head = {0}, rest = {0};
+            int ea = 0;
+            for (int i = 0; i < k; i++) step(a, &ea, epochs, &head);
+            loom_buf b;
+            loom_buf_init(&b);
+            loom_err err = {0};
+            CHECK(loom_iter_save(a, &b, &err) == LOOM_OK);
+            loom_iter_close(a);
+            loom_iter *r = open_ok(s);
+            if (r) {
+                loom_buf rb;
+                loom_buf_wrap(&rb, b.data, b.len);
+                int rc = loom_iter_restore(r, &rb, &err);
+                CHECK_MSG(rc == LOOM_OK, "restore: %s: %s", err.where, err.msg);
+                int er = ea;
+                while (!rc && step(r, &er, epochs, &rest)) {
+                }
+                loom_iter_close(r);
+            }
+            size_t tail = ref.n - off[k];
+            CHECK_MSG(rest.n == tail && !memcmp(rest.p, ref.p + off[k], tail),
+                      "variant %d cut %d: the restored run differs (%zu vs %zu bytes)", variant, k, rest.n, tail);
+            free(head.p);
+            free(rest.p);
+            loom_buf_fini(&b);
+        }
+        free(ref.p);
+        free(s);
+    }
+}
+
+static void test_restore_refused(void)
+{
+    make_shards();
+    loom_dataset_spec *s = spec_fmnist(tpath("train-*.tfrecord"));
+    loom_iter *a = open_ok(s);
+    if (!a) {
+        free(s);
+        return;
+    }
+    loom_elem *e;
+    loom_err err = {0};
+    for (int i = 0; i < 30; i++) CHECK(loom_iter_next(a, &e, &err) == LOOM_OK);
+    loom_buf b;
+    loom_buf_init(&b);
+    CHECK(loom_iter_save(a, &b, &err) == LOOM_OK);
+    loom_iter_close(a);
+    /* another feature spec, or another file list: another fingerprint */
+    for (int v = 0; v < 3; v++) {
+        loom_dataset_spec *o = spec_fmnist(tpath(v == 2 ? "train-0000[012]-*" : "train-*.tfrecord"));
+        if (v == 0) o->source.tfr[3].pad = 0;
+        if (v == 1) o->source.tfr[2].default_value = 2.0;
+        loom_iter *r = open_ok(o);
+        if (r) {
+            loom_buf rb;
+            loom_buf_wrap(&rb, b.data, b.len);
+            CHECK(loom_iter_restore(r, &rb, &err) == LOOM_ECHECKPOINT);
+            CHECK_CONTAINS(err.msg, "iterator state was saved by a different pipeline");
+            loom_iter_close(r);
+        }
+        free(o);
+    }
+    /* the same names, but the file being read changed: found out while reading forward */
+    const char *p1 = tpath("train-00001-of-00004.tfrecord");
+    size_t n;
+    uint8_t *orig = NULL;
+    CHECK(loom_read_file(p1, &orig, &n, &err) == LOOM_OK);
+    write_examples(p1, LOOM_COMP_GZIP, 25, 3, -1, F_NONE);
+    loom_iter *r = open_ok(s);
+    if (r) {
+        loom_buf rb;
+        loom_buf_wrap(&rb, b.data, b.len);
+        CHECK(loom_iter_restore(r, &rb, &err) == LOOM_ECHECKPOINT);
+        CHECK_CONTAINS(err.where, "train-00001-of-00004.tfrecord");
+        CHECK_CONTAINS(err.msg, "the iterator state is 5 records into this file, but it holds only 3 now");
+        loom_iter_close(r);
+    }
+    /* restore the shard as it was (gzip), for the other tests */
+    FILE *f = fopen(p1, "wb");
+    fwrite(orig, 1, n, f);
+    fclose(f);
+    loom_free(orig);
+    loom_buf_fini(&b);
+    free(s);
+}
+
+/* ---- the files TensorFlow wrote --------------------------------------------------- */
+
+static char *read_text(const char *path)
+{
+    size_t n = 0;
+    uint8_t *raw = NULL;
+    loom_err err = {0};
+    if (loom_read_file(path, &raw, &n, &err)) return NULL;
+    char *t = malloc(n + 1);
+    memcpy(t, raw, n);
+    t[n] = 0;
+    loom_free(raw);
+    return t;
+}
+
+static const char *jkey(const char *p, const char *key)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    const char *q = p ? strstr(p, pat) : NULL;
+    return q ? q + strlen(pat) : NULL;
+}
+
+/* Integers of a JSON array (exact, unlike strtod) or numbers as doubles. */
+static int jints(const char *p, int64_t *out, int max)
+{
+    int n = 0;
+    if (!p || *p != '[') return -1;
+    for (p++; *p && *p != ']' && n < max;) {
+        char *e;
+        out[n++] = strtoll(p, &e, 10);
+        if (e == p) return -1;
+        for (p = e; *p == ',' || *p == ' ';) p++;
+    }
+    return n;
+}
+
+static int jnums(const char *p, double *out, int max)
+{
+    int n = 0;
+    if (!p || *p != '[') return -1;
+    for (p++; *p && *p != ']' && n < max;) {
+        char *e;
+        out[n++] = strtod(p, &e);
+        if (e == p) return -1;
+        for (p = e; *p == ',' || *p == ' ';) p++;
+    }
+    return n;
+}
+
+static char *fixture_dir(void)
+{
+    static char dir[512];
+    const char *root = getenv("LOOM_SOURCE_ROOT");
+    snprintf(dir, sizeof dir, "%s/tests/fixtures/tf", root ? root : ".");
+    return dir;
+}
+
+/* Checks one element (image, label, weights, tokens (8) pad -1) against record r of expected.json; returns wrong
+ * values. */
+static int check_tf_elem(const loom_elem *e, const char *json, int r)
+{
+    const char *cur = strstr(json, "\"records\"");
+    for (int i = 0; cur && i <= r; i++) cur = strstr(cur + 1, "{\"label\"");
+    if (!cur) return 1;
+    const char *next = strstr(cur + 1, "{\"label\"");
+    int bad = *(const int64_t *)e->t[1].data != strtoll(jkey(cur, "label"), NULL, 10);
+    double w[8];
+    bad += jnums(jkey(cur, "weights"), w, 8) != 3;
+    for (int k = 0; k < 3; k++) bad += ((const float *)e->t[2].data)[k] != (float)w[k];
+    int64_t toks[8];
+    const char *tp = jkey(cur, "tokens");
+    int nt = tp && (!next || tp < next) ? jints(tp, toks, 8) : -1;
+    bad += nt < 0;
+    for (int k = 0; k < 8; k++) bad += ((const int64_t *)e->t[3].data)[k] != (k < nt ? toks[k] : -1);
+    const char *hex = jkey(cur, "image_hex");
+    for (int k = 0; hex && k < IMG; k++) {
+        unsigned v;
+        if (sscanf(hex + 1 + 2 * k, "%2x", &v) != 1) return bad + 1;
+        bad += ((const uint8_t *)e->t[0].data)[k] != v;
+    }
+    return bad + !hex;
+}
+
+static void test_tf_fixtures(void)
+{
+    char path[400];
+    snprintf(path, sizeof path, "%.380s/expected.json", fixture_dir());
+    char *json = read_text(path);
+    CHECK_MSG(json, "cannot read %s", path);
+    if (!json) return;
+    /* the three files (none, gzip, zlib; detected) through one glob, each 20 records in file order */
+    snprintf(path, sizeof path, "%.380s/examples.tfrecord*", fixture_dir());
+    loom_dataset_spec *s = spec_new();
+    spec_files(s, path);
+    int64_t hw[2] = {28, 28}, three[1] = {3}, eight[1] = {8};
+    spec_feat(s, "image", LOOM_TFR_UINT8, 2, hw);
+    spec_feat(s, "label", LOOM_TFR_INT64, 0, NULL);
+    spec_feat(s, "weights", LOOM_TFR_FLOAT32, 1, three);
+    loom_tfr_feature *t = spec_feat(s, "tokens", LOOM_TFR_INT64, 1, eight);
+    t->var_len = true;
+    t->pad = -1;
+    add_prefetch(s, 2);
+    loom_iter *it = open_ok(s);
+    if (it) {
+        loom_elem *e;
+        loom_err err = {0};
+        int rc, n = 0, bad = 0;
+        while ((rc = loom_iter_next(it, &e, &err)) == LOOM_OK) bad += check_tf_elem(e, json, n++ % 20);
+        CHECK_MSG(rc == LOOM_EEOF, "%s: %s", err.where, err.msg);
+        CHECK_MSG(n == 60, "%d records", n);
+        CHECK_MSG(bad == 0, "%d values differ from expected.json", bad);
+        loom_iter_close(it);
+    }
+    free(s);
+    free(json);
+}
+
+/* ---- config ------------------------------------------------------------------------ */
+
+static char *cfg_path(const char *name)
+{
+    static char buf[1024];
+    const char *root = getenv("LOOM_SOURCE_ROOT");
+    snprintf(buf, sizeof buf, "%s/tests/configs/%s", root ? root : ".", name);
+    return buf;
+}
+
+static void errs_text(const loom_errlist *errs, char *buf, size_t n)
+{
+    size_t len = 0;
+    buf[0] = 0;
+    for (int i = 0; i < errs->n && len < n; i++) {
+        loom_err_format(&errs->e[i], buf + len, n - len);
+        len += strlen(buf + len);
+    }
+}
+
+static void test_config_good(void)
+{
+    loom_spec *spec = NULL;
+    loom_errlist errs;
+    char text[8192];
+    int rc = loom_config_load(&spec, cfg_path("good_tfrecord.cfg"), NULL, 0, &errs);
+    errs_text(&errs, text, sizeof text);
+    CHECK_MSG(rc == LOOM_OK, "%s", text);
+    if (rc) return;
+    const loom_source_spec *src = &spec->train.source;
+    CHECK(src->kind == LOOM_SRC_TFRECORD && src->n_patterns == 1 && src->n_features == 5);
+    CHECK(src->pattern[0][0] == '/');
+    CHECK_CONTAINS(src->pattern[0], "tests/configs/../fixtures/tf/examples.tfrecord*");
+    CHECK(src->compression == LOOM_TFR_COMP_AUTO && src->on_corrupt == LOOM_TFR_CORRUPT_ERROR && src->shuffle_files);
+    CHECK(!strcmp(src->feature[0], "image") && src->tfr[0].dtype == LOOM_TFR_UINT8 && src->tfr[0].rank == 2 &&
+          src->tfr[0].shape[1] == 28 && !src->tfr[0].has_default && !src->tfr[0].var_len);
+    CHECK(!strcmp(src->feature[1], "label") && src->tfr[1].dtype == LOOM_TFR_INT64 && src->tfr[1].rank == 0);
+    CHECK(src->tfr[3].var_len && src->tfr[3].pad == -1 && src->tfr[3].shape[0] == 8);
+    CHECK(src->tfr[4].has_default && src->tfr[4].default_value == 0.5 && src->tfr[4].dtype == LOOM_TFR_FLOAT32);
+    CHECK(spec->eval.source.n_patterns == 2 && spec->eval.source.on_corrupt == LOOM_TFR_CORRUPT_SKIP);
+
+    /* print -> load gives the same spec (locations aside) */
+    char path[] = "/tmp/loom_test_tfr_print_XXXXXX";
+    int fd = mkstemp(path);
+    FILE *f = fdopen(fd, "w");
+    loom_config_print(spec, f);
+    fclose(f);
+    loom_spec *back = NULL;
+    rc = loom_config_load(&back, path, NULL, 0, &errs);
+    errs_text(&errs, text, sizeof text);
+    CHECK_MSG(rc == LOOM_OK, "printed config does not load: %s", text);
+    if (!rc) {
+        loom_dataset_spec *d[4] = {&spec->train, &spec->eval, &back->train, &back->eval};
+        for (int i = 0; i < 4; i++) {
+            memset(&d[i]->loc, 0, sizeof d[i]->loc);
+            memset(&d[i]->source.loc, 0, sizeof d[i]->source.loc);
+            for (int j = 0; j < LOOM_MAX_TRANSFORMS; j++) memset(&d[i]->transform[j].loc, 0, sizeof(loom_loc));
+        }
+        CHECK_MSG(!memcmp(&spec->train, &back->train, sizeof spec->train) &&
+                      !memcmp(&spec->eval, &back->eval, sizeof spec->eval),
+                  "printed tfrecord sources load back different");
+        loom_config_free(back);
+    }
+    unlink(path);
+
+    /* the pipeline of the loaded spec reads the TensorFlow files: 60 records in batches of 8 */
+    loom_data_ctx ctx = {.seed = spec->run.seed, .threads = 1, .name = "train"};
+    loom_iter *it = NULL;
+    loom_err err = {0};
+    rc = loom_data_open(&it, &spec->train, &ctx, &err);
+    CHECK_MSG(rc == LOOM_OK, "%s: %s", err.where, err.msg);
+    if (!rc) {
+        loom_elem *e;
+        int n = 0, batches = 0, bad = 0;
+        while ((rc = loom_iter_next(it, &e, &err)) == LOOM_OK) {
+            n += (int)e->t[1].shape.dim[0];
+            batches++;
+            for (int64_t i = 0; i < e->t[4].shape.dim[0] * 2; i++) bad += ((const float *)e->t[4].data)[i] != 0.5f;
+        }
+        CHECK_MSG(rc == LOOM_EEOF && n == 60 && batches == 8 && bad == 0, "rc %d n %d batches %d bad %d: %s", rc, n,
+                  batches, bad, err.msg);
+        loom_iter_close(it);
+    }
+    rc = loom_data_open(&it, &spec->eval, &ctx, &err);
+    CHECK_MSG(rc == LOOM_OK, "%s: %s", err.where, err.msg);
+    if (!rc) {
+        loom_elem *e;
+        int n = 0;
+        while (loom_iter_next(it, &e, &err) == LOOM_OK) n++;
+        CHECK(n == 40);
+        loom_iter_close(it);
+    }
+    loom_config_free(spec);
+}
+
+/* More checks than the bad_tfrecord_*.cfg goldens, as overrides of the good config. */
+static void test_config_errors(void)
+{
+    static const struct {
+        const char *set, *want;
+    } cases[] = {
+        {"data.train.source.features.label.pad=3",
+         "--set data.train.source.features.label.pad: pad applies only with var_len = true"},
+        {"data.train.source.features.tokens.default=3", "default applies only to fixed-length features"},
+        {"data.train.source.features.image.default=300",
+         "features.image.default: expected an integer in [0, 255], got 300"},
+        {"data.train.source.features.label.default=1.5",
+         "features.label.default: expected an integer (the feature is int64), got 1.5"},
+        {"data.train.source.features.label.shape=[0]", "features.label.shape.[0]: expected an integer >= 1, got 0"},
+        {"data.train.source.features.label.shape=[1,2,3,4,5,6,7,8,9]", "expected 0 to 8 dimensions, got 9"},
+        {"data.train.source.features.tokens.shape=[]", "a var_len feature needs a shape with at least one dimension"},
+        {"data.train.source.features.label.dtype=\"int32\"",
+         "unknown value \"int32\" (expected one of: uint8, int64, float32)"},
+        {"data.train.source.features.label.shape=7", "expected a shape such as [28, 28] ([] for a scalar), got 7"},
+        {"data.train.source.compression=\"GZIP\"",
+         "unknown value \"GZIP\" (expected one of: auto, none, gzip, zlib, zstd)"},
+        {"data.train.source.on_corrupt=\"skp\"", "did you mean \"skip\"?"},
+        {"data.train.source.files=[]", "expected 1 to 16 paths or patterns, got 0"},
+        {"data.train.source.files=5", "expected a list of paths or glob patterns"},
+        {"data.train.source.files=\"/nonexistent/x.tfrecord\"", "cannot read \"/nonexistent/x.tfrecord\""},
+        {"data.train.source.shufle_files=true", "unknown setting `shufle_files` (did you mean `shuffle_files`?)"},
+        {"data.train.source.split=\"train\"", "split applies only to type = \"catalog\" (type is \"tfrecord\")"},
+        {"data.train.source.features.label.size=3", "unknown setting `size`"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        loom_spec *spec = NULL;
+        loom_errlist errs;
+        char text[8192];
+        const char *ov[1] = {cases[i].set};
+        int rc = loom_config_load(&spec, cfg_path("good_tfrecord.cfg"), ov, 1, &errs);
+        errs_text(&errs, text, sizeof text);
+        CHECK_MSG(rc == LOOM_ECONFIG, "%s: rc %d", cases[i].set, rc);
+        CHECK_MSG(strstr(text, cases[i].want), "%s: expected\n#   %s\n# in\n%s", cases[i].set, cases[i].want, text);
+        loom_config_free(spec);
+    }
+    /* a single string is one pattern */
+    loom_spec *spec = NULL;
+    loom_errlist errs;
+    const char *ov[1] = {"data.train.source.files=\"../fixtures/tf/examples.tfrecord.gz\""};
+    CHECK(loom_config_load(&spec, cfg_path("good_tfrecord.cfg"), ov, 1, &errs) == LOOM_OK);
+    if (spec) CHECK(spec->train.source.n_patterns == 1);
+    loom_config_free(spec);
+}
+
+/* ---- allocation failures ----------------------------------------------------------- */
+
+static void test_out_of_memory(void)
+{
+    make_shards();
+    loom_dataset_spec *s = spec_fmnist(tpath("train-0000[01]-*"));
+    add_batch(s, 10);
+    int nomem = 0, ok = 0;
+    for (long k = 0; k < 200; k++) {
+        loom_iter *it = NULL;
+        loom_err err = {0};
+        loom_alloc_fail_after(k);
+        int rc = loom_data_open(&it, s, &ctx2, &err);
+        loom_elem *e;
+        int n = 0;
+        while (!rc && (rc = loom_iter_next(it, &e, &err)) == LOOM_OK) n++;
+        loom_alloc_fail_after(-1);
+        if (rc == LOOM_EEOF) rc = n == 5 ? LOOM_OK : -1;
+        CHECK_MSG(rc == LOOM_OK || rc == LOOM_ENOMEM, "fail after %ld: rc %d: %s", k, rc, err.msg);
+        nomem += rc == LOOM_ENOMEM;
+        ok += rc == LOOM_OK;
+        loom_iter_close(it);
+    }
+    CHECK(nomem > 0 && ok > 0);
+    free(s);
+}
+
+static void cleanup(void)
+{
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    if (system(cmd) != 0) printf("# could not remove %s\n", tmpdir);
+}
+
+static const loom_test tests[] = {
+    {"all_compressions", test_all_compressions},
+    {"glob_shards", test_glob_shards},
+    {"shuffle_batch_prefetch", test_shuffle_batch_prefetch},
+    {"feature_errors", test_feature_errors},
+    {"corrupt_error_and_skip", test_corrupt},
+    {"save_restore", test_save_restore},
+    {"restore_refused", test_restore_refused},
+    {"tf_fixtures", test_tf_fixtures},
+    {"config_good", test_config_good},
+    {"config_errors", test_config_errors},
+    {"out_of_memory", test_out_of_memory},
+    {0},
+};
+
+int main(void)
+{
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/loom_test_tfrecord_source.XXXXXX");
+    if (!mkdtemp(tmpdir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    int rc = loom_test_run(tests);
+    cleanup();
+    return rc;
+}
