@@ -216,7 +216,8 @@ def main():
         # configs/fashion_mnist_mlp.cfg: Nesterov momentum 0.9, lr 0.1 with cosine decay to 0 over 4690 steps
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True)
     else:
-        opt = torch.optim.Adam(model.parameters(), lr=0.001, betas=(0.9, 0.999), eps=1e-7)
+        # configs/fashion_mnist_cnn.cfg: Adam lr 0.003 with cosine decay to 0 over 2345 steps
+        opt = torch.optim.Adam(model.parameters(), lr=0.003, betas=(0.9, 0.999), eps=1e-7)
     model.train()
 
     n = x.shape[0]
@@ -245,6 +246,8 @@ def main():
             loss.backward()
             if args.model == "mlp":
                 opt.param_groups[0]["lr"] = 0.1 * 0.5 * (1 + math.cos(math.pi * min(steps, 4690) / 4690))
+            else:
+                opt.param_groups[0]["lr"] = 0.003 * 0.5 * (1 + math.cos(math.pi * min(steps, 2345) / 2345))
             opt.step()
             ep_loss += loss.detach()
             ep_steps += 1
