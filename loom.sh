@@ -15,7 +15,8 @@ PACKAGES=(meson ninja-build pkg-config gcc libc6-dev
           libopenblas-dev libopenblas0-pthread
           dataset-fashion-mnist)
 # The tests also make fixtures with python3 (the project itself never uses it).
-TEST_PACKAGES=(python3)
+TEST_PACKAGES=(python3
+               clang libclang-rt-14-dev) # the fuzz suite: clang's libFuzzer and sanitizer runtimes
 
 install_missing() {
     local missing=()

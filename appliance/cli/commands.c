@@ -128,6 +128,66 @@ static int cmd_inspect(const cli_opts *o, double start, loom_err *err)
     return loom_ckpt_inspect(o->config, stdout, err);
 }
 
+static int exit_status(int code);
+
+/* `loom profile CONFIG [--steps N] [--set k=v ...]`: the training input
+ * pipeline alone, then its per-stage report (data/profile.c). */
+static int cmd_profile_main(int argc, char **argv, double start)
+{
+    (void)start;
+    cli_opts o = {0};
+    long long steps = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("usage: loom profile CONFIG [--steps N] [--set key.path=value ...]\n\n"
+                   "Runs data.train alone (no model) for N batches (default: one epoch, at most 500) and\n"
+                   "prints per stage: elements/s, own time per element, buffer occupancy, parallelism and\n"
+                   "memory, then the bottleneck (the stage with the highest own time).\n");
+            return LOOM_EXIT_OK;
+        } else if ((!strcmp(a, "--steps") || !strcmp(a, "--set")) && i + 1 < argc) {
+            const char *v = argv[++i];
+            if (a[3] == 'e') {
+                if (o.n_sets == MAX_SETS || !strchr(v, '=')) {
+                    fprintf(stderr, "loom profile: bad --set %s (key.path=value, at most %d)\n", v, MAX_SETS);
+                    return LOOM_EXIT_USAGE;
+                }
+                o.sets[o.n_sets++] = v;
+            } else {
+                char *end;
+                steps = strtoll(v, &end, 10);
+                if (*end || steps < 1 || steps > 1000000000) {
+                    fprintf(stderr, "loom profile: --steps expects an integer in [1, 1e9], got \"%s\"\n", v);
+                    return LOOM_EXIT_USAGE;
+                }
+            }
+        } else if (a[0] != '-' && !o.config) {
+            o.config = a;
+        } else {
+            fprintf(stderr, "loom profile: unexpected argument \"%s\"\nusage: loom profile CONFIG [--steps N]\n", a);
+            return LOOM_EXIT_USAGE;
+        }
+    }
+    if (!o.config) {
+        fprintf(stderr, "loom profile: missing CONFIG\nusage: loom profile CONFIG [--steps N]\n");
+        return LOOM_EXIT_USAGE;
+    }
+    int status = 0;
+    loom_spec *spec = load(&o, &status);
+    if (!spec) return status;
+    loom_err err = {0};
+    int threads = spec->run.threads > 0 ? spec->run.threads : loom_num_cores();
+    loom_data_ctx ctx = {.seed = spec->run.seed, .threads = threads, .name = "data.train"};
+    int rc = loom_data_profile(&spec->train, &ctx, steps, stdout, &err);
+    loom_config_free(spec);
+    if (rc) {
+        char buf[1200];
+        loom_err_format(&err, buf, sizeof buf);
+        fprintf(stderr, "loom: %s", buf);
+    }
+    return exit_status(rc);
+}
+
 static const command commands[] = {
     {"train", "train a model as the config says, resuming from the latest checkpoint",
      "loom train CONFIG [--model-dir DIR] [--set key.path=value ...] [--fresh]",
@@ -160,6 +220,8 @@ static const command commands[] = {
      cmd_inspect, 0, NULL},
     {"records", "convert IDX or CSV to TFRecord shards; count, verify, show records",
      "loom records convert|count|verify|head ...", "", NULL, 0, loom_cli_records_},
+    {"profile", "run the training input pipeline alone and report each stage and the bottleneck",
+     "loom profile CONFIG [--steps N]", "", NULL, 0, cmd_profile_main},
 };
 #define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
 

@@ -22,13 +22,15 @@
 /* ---- names --------------------------------------------------------------- */
 
 const char *const loom_cfg_dtype_names_[] = {"uint8", "int32", "int64", "float32", "float64", NULL};
-const char *const loom_source_names_[] = {"idx", "catalog", "tfrecord", NULL};
+const char *const loom_source_names_[] = {"idx", "catalog", "tfrecord", "csv", "text", "synthetic", NULL};
+const char *const loom_syn_dist_names_[] = {"uniform", "normal", NULL};
 const char *const loom_tfr_dtype_names_[] = {"uint8", "int64", "float32", NULL};
 const char *const loom_tfr_comp_names_[] = {"auto", "none", "gzip", "zlib", "zstd", NULL};
 const char *const loom_tfr_corrupt_names_[] = {"error", "skip", NULL};
 const char *const loom_map_names_[] = {"cast", "scale", "normalize", "one_hot", "reshape",
                                        "random_flip_left_right", NULL};
-const char *const loom_transform_names_[] = {"map", "shuffle", "batch", "repeat", "take", "skip", "prefetch", NULL};
+const char *const loom_transform_names_[] = {"map", "shuffle", "batch", "repeat", "take", "skip", "prefetch",
+                                             "filter", "shard", "enumerate", "unbatch", "padded_batch", "cache", NULL};
 const char *const loom_layer_names_[] = {"dense", "conv2d", "max_pool2d", "dropout", "flatten", "activation", NULL};
 const char *const loom_activation_names_[] = {"none", "relu", "sigmoid", "tanh", "softmax", NULL};
 const char *const loom_init_names_[] = {"glorot_uniform", "glorot_normal", "he_uniform", "he_normal", "zeros", NULL};
@@ -318,6 +320,14 @@ static void parse_values(ctx *c, const config_setting_t *s, void *base);
 static void parse_files(ctx *c, const config_setting_t *s, void *base);
 static void parse_tfr_features(ctx *c, const config_setting_t *s, void *base);
 static void parse_tfr_shape(ctx *c, const config_setting_t *s, void *base);
+static void parse_delimiter(ctx *c, const config_setting_t *s, void *base);
+static void parse_csv_columns(ctx *c, const config_setting_t *s, void *base);
+static void parse_syn_features(ctx *c, const config_setting_t *s, void *base);
+static void parse_syn_shape(ctx *c, const config_setting_t *s, void *base);
+static void parse_filter_values(ctx *c, const config_setting_t *s, void *base);
+static void parse_padded_shapes(ctx *c, const config_setting_t *s, void *base);
+static void parse_padding_values(ctx *c, const config_setting_t *s, void *base);
+static void parse_parallel(ctx *c, const config_setting_t *s, void *base);
 
 static const opt root_opts[] = {
     O_CUSTOM("version", parse_version, ALL, ALL, "config format version; must be 1"),
@@ -359,6 +369,43 @@ static const opt source_opts[] = {
     O_BOOL(loom_source_spec, "shuffle_files", shuffle_files, 0, SRC(TFRECORD), "shuffle the file order each epoch"),
     O_CUSTOM("features", parse_tfr_features, SRC(TFRECORD), SRC(TFRECORD),
              "NAME = { dtype = ...; shape = [...]; }, 1 to 8"),
+    O_CUSTOM("files", parse_files, SRC(CSV) | SRC(TEXT), SRC(CSV) | SRC(TEXT),
+             "paths or glob patterns, 1 to 16, relative to the config's directory"),
+    O_BOOL(loom_source_spec, "header", header, 1, SRC(CSV), "the first record of each file names the columns"),
+    O_CUSTOM("delimiter", parse_delimiter, SRC(CSV), 0, "one character, default \",\""),
+    O_CUSTOM("columns", parse_csv_columns, SRC(CSV), SRC(CSV), "NAME = { dtype = ...; }, 1 to 8"),
+    O_INT(loom_source_spec, "max_length", max_length, 0, 1, 1 << 24, SRC(TEXT), SRC(TEXT),
+          "bytes of the line feature (zero-padded)"),
+    O_BOOL(loom_source_spec, "truncate", truncate, 0, SRC(TEXT), "cut longer lines instead of failing"),
+    O_INT(loom_source_spec, "count", count, 0, -1, INT64_MAX, SRC(SYNTHETIC), SRC(SYNTHETIC),
+          "elements per pass; -1 = infinite"),
+    O_CUSTOM("features", parse_syn_features, SRC(SYNTHETIC), SRC(SYNTHETIC),
+             "NAME = { dtype = ...; shape = [...]; }, 1 to 8"),
+    O_END,
+};
+
+/* One column group of a csv source; the dtype selects the kind. */
+static const opt csv_column_opts[] = {
+    O_KIND(loom_csv_column, "dtype", dtype, 0, loom_cfg_dtype_names_, ALL, "uint8, int32, int64, float32 or float64"),
+    O_INT(loom_csv_column, "index", index, -1, 0, INT_MAX, ALL, 0,
+          "0-based field index; required with header = false"),
+    O_STR(loom_csv_column, "column", column, "", NULL, ALL, 0, "header name to select; default the feature's name"),
+    O_F64(loom_csv_column, "default", default_value, 0.0, 0, 0, F_NO_LO | F_NO_HI, ALL, 0,
+          "value of an empty field; without it an empty field is an error"),
+    O_END,
+};
+
+/* One feature group of a synthetic source; the dtype selects the kind. */
+static const opt syn_feature_opts[] = {
+    O_KIND(loom_syn_feature, "dtype", dtype, 0, loom_cfg_dtype_names_, ALL, "uint8, int32, int64, float32 or float64"),
+    O_CUSTOM("shape", parse_syn_shape, ALL, 0, "[] (default) for a scalar, else [d0, d1, ...], each >= 1"),
+    O_ENUM(loom_syn_feature, "distribution", dist, LOOM_SYN_UNIFORM, loom_syn_dist_names_, ALL, 0,
+           "uniform, or normal (float dtypes)"),
+    O_F64(loom_syn_feature, "min", min, 0.0, 0, 0, F_NO_LO | F_NO_HI, ALL, 0, "uniform: lower bound (inclusive)"),
+    O_F64(loom_syn_feature, "max", max, 1.0, 0, 0, F_NO_LO | F_NO_HI, ALL, 0,
+          "uniform: upper bound (exclusive); required for integer dtypes"),
+    O_F64(loom_syn_feature, "mean", mean, 0.0, 0, 0, F_NO_LO | F_NO_HI, ALL, 0, "normal: mean"),
+    O_F64(loom_syn_feature, "std", std, 1.0, 0.0, 0, F_LO_OPEN | F_NO_HI, ALL, 0, "normal: standard deviation"),
     O_END,
 };
 
@@ -386,6 +433,27 @@ static const opt transform_opts[] = {
     O_BOOL(loom_transform_spec, "drop_remainder", drop_remainder, 0, TR(BATCH), "drop a short last batch"),
     O_INT(loom_transform_spec, "count", count, -1, -1, INT64_MAX, TR(REPEAT) | TR(TAKE) | TR(SKIP),
           TR(TAKE) | TR(SKIP), "element or repeat count; -1 = all / forever"),
+    O_STR(loom_transform_spec, "feature", feature, NULL, NULL, TR(FILTER), TR(FILTER), "the scalar feature tested"),
+    O_CUSTOM("in", parse_filter_values, TR(FILTER), 0, "keep elements whose feature is one of these values"),
+    O_CUSTOM("not_in", parse_filter_values, TR(FILTER), 0, "keep elements whose feature is none of these values"),
+    O_F64(loom_transform_spec, "min", min, -INFINITY, 0, 0, F_NO_LO | F_NO_HI, TR(FILTER), 0,
+          "keep elements whose feature is >= min"),
+    O_F64(loom_transform_spec, "max", max, INFINITY, 0, 0, F_NO_LO | F_NO_HI, TR(FILTER), 0,
+          "keep elements whose feature is <= max"),
+    O_INT(loom_transform_spec, "num_shards", num_shards, 1, 1, INT64_MAX, TR(SHARD), TR(SHARD), "number of shards"),
+    O_INT(loom_transform_spec, "index", index, 0, 0, INT64_MAX, TR(SHARD), TR(SHARD), "this shard, < num_shards"),
+    O_STR(loom_transform_spec, "feature", feature, "index", NULL, TR(ENUMERATE), 0, "name of the added int64 feature"),
+    O_INT(loom_transform_spec, "start", start, 0, INT64_MIN, INT64_MAX, TR(ENUMERATE), 0, "first index"),
+    O_INT(loom_transform_spec, "size", batch_size, 0, 1, INT64_MAX, TR(PADDED_BATCH), TR(PADDED_BATCH), "batch size"),
+    O_BOOL(loom_transform_spec, "drop_remainder", drop_remainder, 0, TR(PADDED_BATCH), "drop a short last batch"),
+    O_CUSTOM("padded_shapes", parse_padded_shapes, TR(PADDED_BATCH), 0,
+             "feature = [d0, ...] per feature, -1 = the largest in the batch"),
+    O_CUSTOM("padding_values", parse_padding_values, TR(PADDED_BATCH), 0, "feature = value per feature, default 0"),
+    O_STR(loom_transform_spec, "file", cache_file, "", NULL, TR(CACHE), 0,
+          "cache file prefix (relative to the working directory); in memory when absent"),
+    O_CUSTOM("parallel", parse_parallel, TR(MAP), 0, "concurrent map calls: an int >= 1 or \"auto\"; default 1"),
+    O_BOOL(loom_transform_spec, "deterministic", deterministic, 1, TR(MAP),
+           "parallel map: emit in input order (true) or as completed (false)"),
     O_END,
 };
 
@@ -702,13 +770,24 @@ typedef struct scope {
 } scope;
 
 /* Every key of g must be an option that applies to its kind. */
+/* Whether some ungated scope has an entry named key that applies to its kind:
+ * a key such as `feature` may belong to the transform table for one op and
+ * to the map table for another, so every scope is asked before any complains. */
+static bool key_applies(const char *key, const scope *sc, int n_sc)
+{
+    for (int j = 0; j < n_sc; j++)
+        for (const opt *o = sc[j].tbl; o->name && !sc[j].gate; o++)
+            if (!strcmp(o->name, key) && (sc[j].kind < 0 || applies(o, sc[j].kind))) return true;
+    return false;
+}
+
 static void check_keys(ctx *c, const config_setting_t *g, const scope *sc, int n_sc)
 {
     int len = config_setting_length(g);
     for (int i = 0; i < len; i++) {
         const config_setting_t *s = config_setting_get_elem(g, i);
         const char *key = config_setting_name(s);
-        bool known = false, ok = false;
+        bool known = false, ok = key_applies(key, sc, n_sc);
         for (int j = 0; j < n_sc && !ok; j++) {
             unsigned mask = 0;
             bool here = false;
@@ -1035,6 +1114,152 @@ static void parse_tfr_features(ctx *c, const config_setting_t *s, void *base)
     }
 }
 
+/* ---- csv, text and synthetic sources -------------------------------------- */
+
+static bool cfg_dtype_is_int(loom_cfg_dtype dt) { return dt == LOOM_CFG_U8 || dt == LOOM_CFG_I32 || dt == LOOM_CFG_I64; }
+
+/* A number s (already checked to be one) that must fit dtype dt: integral and in range for the integer dtypes.
+ * hi_excl: an exclusive upper bound (synthetic max), one past the dtype's range. */
+static bool check_value(ctx *c, const config_setting_t *s, loom_cfg_dtype dt, bool hi_excl)
+{
+    char v[300];
+    if (!s || !is_number(s) || !cfg_dtype_is_int(dt)) return true;
+    if (!is_int(s)) {
+        cerr(c, s, "expected an integer (the feature is %s), got %s", loom_cfg_dtype_names_[dt],
+             value_str(s, v, sizeof v));
+        return false;
+    }
+    int64_t x, ex = hi_excl ? 1 : 0;
+    if (dt == LOOM_CFG_U8) return get_int_in(c, s, 0, 255 + ex, &x);
+    if (dt == LOOM_CFG_I32) return get_int_in(c, s, INT32_MIN, (int64_t)INT32_MAX + ex, &x);
+    return true;
+}
+
+static void parse_delimiter(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_source_spec *src = base;
+    char v[300];
+    const char *d = config_setting_type(s) == CONFIG_TYPE_STRING ? config_setting_get_string(s) : NULL;
+    if (!d || strlen(d) != 1 || strchr("\"\r\n", d[0])) {
+        loom_err *e = cerr(c, s, "expected one character other than '\"', CR or LF, got %s", value_str(s, v, sizeof v));
+        if (e) loom_err_hint(e, "e.g. delimiter = \";\"; or delimiter = \"\\t\";");
+        return;
+    }
+    src->delimiter = d[0];
+}
+
+static void parse_csv_columns(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_source_spec *src = base;
+    char v[300];
+    if (!src->delimiter) src->delimiter = ','; /* delimiter (parsed before, when given) is a custom option */
+    if (!config_setting_is_group(s)) {
+        cerr(c, s, "expected a group { NAME = { dtype = ...; }; ... }, got %s", value_str(s, v, sizeof v));
+        return;
+    }
+    int n = config_setting_length(s);
+    if (n < 1 || n > LOOM_MAX_FEATURES) {
+        cerr(c, s, "expected 1 to %d columns, got %d", LOOM_MAX_FEATURES, n);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *g = config_setting_get_elem(s, i);
+        const char *name = config_setting_name(g);
+        if (!config_setting_is_group(g)) {
+            loom_err *e = cerr(c, g, "expected a group { dtype = ...; }, got %s", value_str(g, v, sizeof v));
+            if (e) loom_err_hint(e, "e.g. %s = { dtype = \"float32\"; };", name);
+            continue;
+        }
+        if (strlen(name) >= LOOM_NAME_MAX) {
+            cerr(c, g, "feature name is too long (at most %d characters)", LOOM_NAME_MAX - 1);
+            continue;
+        }
+        loom_csv_column *col = &src->csv[src->n_features];
+        int k = parse_kind(c, g, csv_column_opts, col);
+        parse_opts(c, g, csv_column_opts, k, col);
+        scope sc = {csv_column_opts, k, NULL};
+        check_keys(c, g, &sc, 1);
+        const config_setting_t *def = config_setting_get_member(g, "default");
+        const config_setting_t *idx = config_setting_get_member(g, "index");
+        const config_setting_t *cn = config_setting_get_member(g, "column");
+        col->has_default = def != NULL;
+        if (k >= 0) check_value(c, def, (loom_cfg_dtype)k, false);
+        if (!src->header && !idx) {
+            loom_err *e = cerr(c, g, "missing required setting `index` (with header = false columns are selected by "
+                                     "position)");
+            if (e) loom_err_hint(e, "e.g. %s = { dtype = \"%s\"; index = 0; };", name, loom_cfg_name_(loom_cfg_dtype_names_, k));
+        }
+        if (idx && cn) cerr(c, cn, "give either index or column, not both");
+        if (!src->header && cn) cerr(c, cn, "column (a header name) needs header = true");
+        if (!col->column[0] && col->index < 0) snprintf(col->column, sizeof col->column, "%s", name);
+        snprintf(src->feature[src->n_features], LOOM_NAME_MAX, "%s", name);
+        src->n_features++;
+    }
+}
+
+static void parse_syn_shape(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_syn_feature *f = base;
+    loom_tfr_feature t = {0};
+    parse_tfr_shape(c, s, &t); /* the same grammar: [] or [d0, ...], each >= 1 */
+    f->rank = t.rank;
+    memcpy(f->shape, t.shape, sizeof f->shape);
+}
+
+static void parse_syn_features(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_source_spec *src = base;
+    char v[300];
+    if (!config_setting_is_group(s)) {
+        cerr(c, s, "expected a group { NAME = { dtype = ...; shape = [...]; }; ... }, got %s",
+             value_str(s, v, sizeof v));
+        return;
+    }
+    int n = config_setting_length(s);
+    if (n < 1 || n > LOOM_MAX_FEATURES) {
+        cerr(c, s, "expected 1 to %d features, got %d", LOOM_MAX_FEATURES, n);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *g = config_setting_get_elem(s, i);
+        const char *name = config_setting_name(g);
+        if (!config_setting_is_group(g)) {
+            loom_err *e =
+                cerr(c, g, "expected a group { dtype = ...; shape = [...]; }, got %s", value_str(g, v, sizeof v));
+            if (e) loom_err_hint(e, "e.g. %s = { dtype = \"float32\"; shape = [28, 28]; };", name);
+            continue;
+        }
+        if (strlen(name) >= LOOM_NAME_MAX) {
+            cerr(c, g, "feature name is too long (at most %d characters)", LOOM_NAME_MAX - 1);
+            continue;
+        }
+        loom_syn_feature *f = &src->syn[src->n_features];
+        int k = parse_kind(c, g, syn_feature_opts, f);
+        parse_opts(c, g, syn_feature_opts, k, f);
+        scope sc = {syn_feature_opts, k, NULL};
+        check_keys(c, g, &sc, 1);
+        const config_setting_t *lo = config_setting_get_member(g, "min");
+        const config_setting_t *hi = config_setting_get_member(g, "max");
+        const config_setting_t *ds = config_setting_get_member(g, "distribution");
+        if (k >= 0 && cfg_dtype_is_int((loom_cfg_dtype)k)) {
+            if (f->dist == LOOM_SYN_NORMAL && ds)
+                cerr(c, ds, "normal applies only to float32 and float64 features (this one is %s)",
+                     loom_cfg_dtype_names_[k]);
+            if (!hi && f->dist == LOOM_SYN_UNIFORM) {
+                loom_err *e = cerr(c, g, "missing required setting `max` (integer features draw from [min, max))");
+                if (e) loom_err_hint(e, "e.g. %s = { dtype = \"%s\"; max = 10; };", name, loom_cfg_dtype_names_[k]);
+            }
+            bool ok = check_value(c, lo, (loom_cfg_dtype)k, false) && check_value(c, hi, (loom_cfg_dtype)k, true);
+            if (ok && hi && !(f->max > f->min))
+                cerr(c, hi, "max must be greater than min (%g), got %g", f->min, f->max);
+        } else if (k >= 0 && f->dist == LOOM_SYN_UNIFORM && !(f->max > f->min)) {
+            cerr(c, hi ? hi : g, "max must be greater than min (min = %g, max = %g)", f->min, f->max);
+        }
+        snprintf(src->feature[src->n_features], LOOM_NAME_MAX, "%s", name);
+        src->n_features++;
+    }
+}
+
 static void parse_shape(ctx *c, const config_setting_t *s, void *base)
 {
     loom_map_spec *m = base;
@@ -1068,6 +1293,26 @@ static void parse_shape(ctx *c, const config_setting_t *s, void *base)
         m->shape[i] = x;
     }
     if (ok) m->rank = n;
+}
+
+/* map parallel: an int >= 1 or "auto" (LOOM_PARALLEL_AUTO). */
+static void parse_parallel(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_transform_spec *t = base;
+    char v[300];
+    if (config_setting_type(s) == CONFIG_TYPE_STRING) {
+        if (!strcmp(config_setting_get_string(s), "auto"))
+            t->parallel = LOOM_PARALLEL_AUTO;
+        else
+            cerr(c, s, "expected an integer >= 1 or \"auto\", got %s", value_str(s, v, sizeof v));
+        return;
+    }
+    if (!is_int(s)) {
+        cerr(c, s, "expected an integer >= 1 or \"auto\", got %s", value_str(s, v, sizeof v));
+        return;
+    }
+    int64_t x;
+    if (get_int_in(c, s, 1, 1024, &x)) t->parallel = (int)x;
 }
 
 static void parse_boundaries(ctx *c, const config_setting_t *s, void *base)
@@ -1120,6 +1365,120 @@ static void parse_values(ctx *c, const config_setting_t *s, void *base)
     }
 }
 
+/* filter: in = [...] or not_in = [...]; which one is given decides the predicate. */
+static void parse_filter_values(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_transform_spec *t = base;
+    char v[300];
+    if (!config_setting_is_array(s) && !config_setting_is_list(s)) {
+        cerr(c, s, "expected an array of numbers such as [0, 1, 2], got %s", value_str(s, v, sizeof v));
+        return;
+    }
+    int n = config_setting_length(s);
+    if (n < 1 || n > LOOM_MAX_FILTER_VALUES) {
+        cerr(c, s, "expected 1 to %d values, got %d", LOOM_MAX_FILTER_VALUES, n);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *e = config_setting_get_elem(s, i);
+        if (!is_number(e) || !isfinite(get_number(e))) {
+            cerr(c, e, "expected a number, got %s", value_str(e, v, sizeof v));
+            return;
+        }
+        t->values[i] = get_number(e);
+    }
+    t->n_values = n;
+    t->filter = strcmp(config_setting_name(s), "in") ? LOOM_FILTER_NOT_IN : LOOM_FILTER_IN;
+}
+
+/* padded_batch: padded_shapes: { NAME = [d0, ...]; ... }; each dim >= 1, or -1 for the largest in the batch. */
+static void parse_padded_shapes(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_transform_spec *t = base;
+    char v[300];
+    if (!config_setting_is_group(s)) {
+        cerr(c, s, "expected a group { feature = [d0, ...]; ... }, got %s", value_str(s, v, sizeof v));
+        return;
+    }
+    int n = config_setting_length(s);
+    for (int i = 0; i < n && t->n_padded < LOOM_MAX_FEATURES; i++) {
+        const config_setting_t *e = config_setting_get_elem(s, i);
+        if (!config_setting_is_array(e) && !config_setting_is_list(e)) {
+            cerr(c, e, "expected a shape such as [16] or [-1, 8], got %s", value_str(e, v, sizeof v));
+            continue;
+        }
+        int r = config_setting_length(e);
+        if (r > 8) {
+            cerr(c, e, "expected at most 8 dimensions, got %d", r);
+            continue;
+        }
+        int k = t->n_padded;
+        bool ok = true;
+        for (int d = 0; d < r; d++) {
+            const config_setting_t *x = config_setting_get_elem(e, d);
+            int64_t dim;
+            if (!get_int_in(c, x, -1, INT32_MAX, &dim)) {
+                ok = false;
+                continue;
+            }
+            if (dim == 0) {
+                cerr(c, x, "expected a dimension >= 1 (or -1: the largest in the batch), got 0");
+                ok = false;
+            }
+            t->padded_shape[k][d] = dim;
+        }
+        if (!ok) continue;
+        snprintf(t->padded_name[k], LOOM_NAME_MAX, "%s", config_setting_name(e));
+        t->padded_rank[k] = r;
+        t->n_padded++;
+    }
+}
+
+/* padded_batch: padding_values: { NAME = number; ... }. */
+static void parse_padding_values(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_transform_spec *t = base;
+    char v[300];
+    if (!config_setting_is_group(s)) {
+        cerr(c, s, "expected a group { feature = value; ... }, got %s", value_str(s, v, sizeof v));
+        return;
+    }
+    int n = config_setting_length(s);
+    for (int i = 0; i < n && t->n_padding < LOOM_MAX_FEATURES; i++) {
+        const config_setting_t *e = config_setting_get_elem(s, i);
+        if (!is_number(e) || !isfinite(get_number(e))) {
+            cerr(c, e, "expected a number, got %s", value_str(e, v, sizeof v));
+            continue;
+        }
+        snprintf(t->padding_name[t->n_padding], LOOM_NAME_MAX, "%s", config_setting_name(e));
+        t->padding_value[t->n_padding++] = get_number(e);
+    }
+}
+
+/* Cross-field checks of the transforms added with filter..cache. */
+static void check_transform_more(ctx *c, const config_setting_t *g, loom_transform_spec *t, int op)
+{
+    const config_setting_t *in = config_setting_get_member(g, "in"), *nin = config_setting_get_member(g, "not_in");
+    const config_setting_t *lo = config_setting_get_member(g, "min"), *hi = config_setting_get_member(g, "max");
+    if (op == LOOM_T_FILTER) {
+        int given = (in != NULL) + (nin != NULL) + (lo || hi);
+        if (given == 0)
+            cerr(c, g, "filter needs a predicate: one of `in`, `not_in`, or `min`/`max`");
+        else if (given > 1)
+            cerr(c, in && nin ? nin : (lo ? lo : hi), "filter takes one predicate: `in`, `not_in`, or `min`/`max`, not several");
+        else if (lo || hi)
+            t->filter = LOOM_FILTER_RANGE;
+        if (lo && hi && t->min > t->max) {
+            char a[40], b[40];
+            cerr(c, hi, "max (%s) is below min (%s): the filter would drop every element", fmt_double(t->max, a, sizeof a),
+                 fmt_double(t->min, b, sizeof b));
+        }
+    }
+    if (op == LOOM_T_SHARD && t->index >= t->num_shards && config_setting_get_member(g, "num_shards"))
+        cerr(c, config_setting_get_member(g, "index"), "index %lld is out of range: expected 0 <= index < num_shards (%lld)",
+             (long long)t->index, (long long)t->num_shards);
+}
+
 /* ---- groups -------------------------------------------------------------- */
 
 static void parse_map(ctx *c, const config_setting_t *g, loom_transform_spec *t, int op)
@@ -1169,6 +1528,8 @@ static void parse_dataset(ctx *c, const config_setting_t *g, loom_dataset_spec *
         int op = parse_kind(c, e, transform_opts, t);
         parse_opts(c, e, transform_opts, op, t);
         if (op == LOOM_T_SHUFFLE) t->seed_set = config_setting_get_member(e, "seed") != NULL;
+        if (op == LOOM_T_MAP && t->parallel == 0) t->parallel = 1; /* parallel's default (a custom option has none) */
+        if (op >= LOOM_T_FILTER) check_transform_more(c, e, t, op);
         parse_map(c, e, t, op);
     }
 }

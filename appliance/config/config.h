@@ -34,7 +34,8 @@ typedef enum { LOOM_CFG_U8, LOOM_CFG_I32, LOOM_CFG_I64, LOOM_CFG_F32, LOOM_CFG_F
 
 /* ---- data ---------------------------------------------------------------- */
 
-typedef enum { LOOM_SRC_IDX, LOOM_SRC_CATALOG, LOOM_SRC_TFRECORD } loom_source_kind;
+typedef enum { LOOM_SRC_IDX, LOOM_SRC_CATALOG, LOOM_SRC_TFRECORD, LOOM_SRC_CSV, LOOM_SRC_TEXT,
+               LOOM_SRC_SYNTHETIC } loom_source_kind;
 
 #define LOOM_MAX_FILE_PATTERNS 16
 
@@ -61,6 +62,26 @@ typedef struct loom_tfr_feature {
     double         pad;           /* var_len only, default 0 */
 } loom_tfr_feature;
 
+/* One declared csv column; its feature name is the source spec's feature[i]. */
+typedef struct loom_csv_column {
+    loom_cfg_dtype dtype;
+    int            index;         /* 0-based field index; -1 = by header name (header = true only) */
+    char           column[LOOM_NAME_MAX]; /* header name to select; default the feature name */
+    bool           has_default;   /* an empty field takes default_value; without it an empty field is an error */
+    double         default_value;
+} loom_csv_column;
+
+/* One synthetic feature. */
+typedef enum { LOOM_SYN_UNIFORM, LOOM_SYN_NORMAL } loom_syn_dist;
+typedef struct loom_syn_feature {
+    loom_cfg_dtype dtype;
+    int            rank;          /* 0 to 8 */
+    int64_t        shape[8];      /* each >= 1 */
+    loom_syn_dist  dist;          /* default uniform; normal only for float dtypes */
+    double         min, max;      /* uniform: floats in [min, max), integers in [min, max - 1]; default 0, 1 */
+    double         mean, std;     /* normal: default 0, 1 */
+} loom_syn_feature;
+
 typedef struct loom_source_spec {
     loom_source_kind kind;
     loom_loc         loc;
@@ -86,6 +107,22 @@ typedef struct loom_source_spec {
     loom_tfr_on_corrupt  on_corrupt;    /* default error */
     bool                 shuffle_files; /* shuffle the file order each epoch, keyed by (run seed, epoch) */
     loom_tfr_feature     tfr[LOOM_MAX_FEATURES];
+    /* csv: files (the patterns above) of RFC 4180 records, streamed.
+     *   source: { type = "csv"; files = ["a.csv"]; header = true; delimiter = ",";
+     *             columns: { x1 = { dtype = "float32"; }; label = { dtype = "int64"; }; }; };
+     * Each declared column is a scalar feature named feature[i]; undeclared columns are ignored. */
+    bool            header;    /* default true: each file's first record names the columns */
+    char            delimiter; /* default ','; one byte, not '"', '\r' or '\n' */
+    loom_csv_column csv[LOOM_MAX_FEATURES];
+    /* text: files (the patterns above), one element per line: "line" uint8 (max_length), zero-padded,
+     * and "length" int64 () (bytes of the line, '\n' and a trailing '\r' removed). */
+    int64_t max_length;        /* >= 1 */
+    bool    truncate;          /* default false: a longer line is an error; true: cut to max_length */
+    /* synthetic: seeded random tensors, element i a pure function of (run seed, i).
+     *   source: { type = "synthetic"; count = 100000;
+     *             features: { image = { dtype = "float32"; shape = [28, 28]; }; label = { dtype = "int64"; max = 10; }; }; }; */
+    int64_t            count;  /* elements per pass, >= 1, or -1 = infinite */
+    loom_syn_feature   syn[LOOM_MAX_FEATURES];
 } loom_source_spec;
 
 typedef enum {
@@ -110,7 +147,12 @@ typedef struct loom_map_spec {
 
 typedef enum {
     LOOM_T_MAP, LOOM_T_SHUFFLE, LOOM_T_BATCH, LOOM_T_REPEAT, LOOM_T_TAKE, LOOM_T_SKIP, LOOM_T_PREFETCH,
+    LOOM_T_FILTER, LOOM_T_SHARD, LOOM_T_ENUMERATE, LOOM_T_UNBATCH, LOOM_T_PADDED_BATCH, LOOM_T_CACHE,
 } loom_transform_kind;
+
+#define LOOM_MAX_FILTER_VALUES 64
+/* filter: which predicate the group gave (exactly one of in, not_in, min/max). */
+typedef enum { LOOM_FILTER_IN, LOOM_FILTER_NOT_IN, LOOM_FILTER_RANGE } loom_filter_kind;
 
 typedef struct loom_transform_spec {
     loom_transform_kind kind;
@@ -123,7 +165,27 @@ typedef struct loom_transform_spec {
     int64_t             batch_size;     /* BATCH: >= 1 */
     bool                drop_remainder; /* BATCH */
     int64_t             count;          /* REPEAT (-1 = forever), TAKE (-1 = all), SKIP (-1 = all) */
+    /* FILTER, SHARD, ENUMERATE, PADDED_BATCH (with batch_size, drop_remainder), CACHE */
+    char                feature[LOOM_NAME_MAX]; /* FILTER: the scalar feature tested; ENUMERATE: the added int64 feature */
+    loom_filter_kind    filter;                 /* FILTER */
+    int                 n_values;               /* FILTER in / not_in: 1 to LOOM_MAX_FILTER_VALUES */
+    double              values[LOOM_MAX_FILTER_VALUES];
+    double              min, max;               /* FILTER range, inclusive; -inf / +inf when not given */
+    int64_t             num_shards, index;      /* SHARD: 0 <= index < num_shards */
+    int64_t             start;                  /* ENUMERATE: first index, default 0 */
+    int                 n_padded;               /* PADDED_BATCH padded_shapes: feature, rank, dims (-1 = max in batch) */
+    char                padded_name[LOOM_MAX_FEATURES][LOOM_NAME_MAX];
+    int                 padded_rank[LOOM_MAX_FEATURES];
+    int64_t             padded_shape[LOOM_MAX_FEATURES][8];
+    int                 n_padding;              /* PADDED_BATCH padding_values (default 0) */
+    char                padding_name[LOOM_MAX_FEATURES][LOOM_NAME_MAX];
+    double              padding_value[LOOM_MAX_FEATURES];
+    char                cache_file[LOOM_PATH_MAX]; /* CACHE: "" = in memory; else a path prefix, relative to the working directory */
+    int                 parallel;               /* MAP: concurrent calls >= 1, LOOM_PARALLEL_AUTO = tuned; 0 (unset) = 1 */
+    bool                deterministic;          /* MAP with parallel != 1: emit in input order (default true) */
 } loom_transform_spec;
+
+#define LOOM_PARALLEL_AUTO (-1)
 
 typedef struct loom_dataset_spec {
     bool                present;

@@ -5,6 +5,7 @@
  * Threads: none. */
 #include "config/config_internal.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -98,6 +99,79 @@ static void kv_pair(FILE *f, int d, const char *k, const int v[2])
     fprintf(f, "%s = [%d, %d];\n", k, v[0], v[1]);
 }
 
+/* An integer dtype's value reads back as an integer, a float dtype's as a float. */
+static void put_value(FILE *f, loom_cfg_dtype dt, double v)
+{
+    if (dt == LOOM_CFG_F32 || dt == LOOM_CFG_F64)
+        put_f64(f, v);
+    else
+        put_i64(f, (int64_t)v);
+}
+
+/* The csv, text and synthetic sources' settings. */
+static void print_csv_text_synthetic(FILE *f, const loom_source_spec *src)
+{
+    if (src->kind == LOOM_SRC_CSV || src->kind == LOOM_SRC_TEXT) {
+        fputs("      files = [", f);
+        for (int i = 0; i < src->n_patterns; i++) {
+            if (i) fputs(", ", f);
+            put_str(f, src->pattern[i]);
+        }
+        fputs("];\n", f);
+    }
+    if (src->kind == LOOM_SRC_CSV) {
+        char d[2] = {src->delimiter, 0};
+        kv_bool(f, 3, "header", src->header);
+        kv_str(f, 3, "delimiter", d);
+        fputs("      columns: {\n", f);
+        for (int i = 0; i < src->n_features; i++) {
+            const loom_csv_column *c = &src->csv[i];
+            fprintf(f, "        %s = { dtype = ", src->feature[i]);
+            put_str(f, loom_cfg_name_(loom_cfg_dtype_names_, (int)c->dtype));
+            if (c->index >= 0) {
+                fprintf(f, "; index = %d", c->index);
+            } else if (strcmp(c->column, src->feature[i])) {
+                fputs("; column = ", f);
+                put_str(f, c->column);
+            }
+            if (c->has_default) {
+                fputs("; default = ", f);
+                put_value(f, c->dtype, c->default_value);
+            }
+            fputs("; };\n", f);
+        }
+        fputs("      };\n", f);
+    } else if (src->kind == LOOM_SRC_TEXT) {
+        kv_i64(f, 3, "max_length", src->max_length);
+        kv_bool(f, 3, "truncate", src->truncate);
+    } else if (src->kind == LOOM_SRC_SYNTHETIC) {
+        kv_i64(f, 3, "count", src->count);
+        fputs("      features: {\n", f);
+        for (int i = 0; i < src->n_features; i++) {
+            const loom_syn_feature *s = &src->syn[i];
+            fprintf(f, "        %s = { dtype = ", src->feature[i]);
+            put_str(f, loom_cfg_name_(loom_cfg_dtype_names_, (int)s->dtype));
+            fputs("; shape = ", f);
+            put_i64_array(f, s->shape, s->rank);
+            fputs("; distribution = ", f);
+            put_str(f, loom_cfg_name_(loom_syn_dist_names_, (int)s->dist));
+            if (s->dist == LOOM_SYN_UNIFORM) {
+                fputs("; min = ", f);
+                put_value(f, s->dtype, s->min);
+                fputs("; max = ", f);
+                put_value(f, s->dtype, s->max);
+            } else {
+                fputs("; mean = ", f);
+                put_f64(f, s->mean);
+                fputs("; std = ", f);
+                put_f64(f, s->std);
+            }
+            fputs("; };\n", f);
+        }
+        fputs("      };\n", f);
+    }
+}
+
 static void print_dataset(FILE *f, const char *name, const loom_dataset_spec *ds)
 {
     const loom_source_spec *src = &ds->source;
@@ -139,6 +213,8 @@ static void print_dataset(FILE *f, const char *name, const loom_dataset_spec *ds
             fputs("; };\n", f);
         }
         fputs("      };\n", f);
+    } else if (src->kind == LOOM_SRC_CSV || src->kind == LOOM_SRC_TEXT || src->kind == LOOM_SRC_SYNTHETIC) {
+        print_csv_text_synthetic(f, src);
     } else {
         kv_str(f, 3, "name", src->name);
         kv_str(f, 3, "split", src->split);
@@ -172,6 +248,9 @@ static void print_dataset(FILE *f, const char *name, const loom_dataset_spec *ds
                 break;
             case LOOM_MAP_FLIP_LR: break;
             }
+            if (t->parallel == LOOM_PARALLEL_AUTO) kv_str(f, 4, "parallel", "auto");
+            else kv_i64(f, 4, "parallel", t->parallel > 0 ? t->parallel : 1);
+            kv_bool(f, 4, "deterministic", t->deterministic);
             break;
         case LOOM_T_SHUFFLE:
             kv_i64(f, 4, "buffer", t->buffer);
@@ -186,6 +265,53 @@ static void print_dataset(FILE *f, const char *name, const loom_dataset_spec *ds
         case LOOM_T_TAKE:
         case LOOM_T_SKIP: kv_i64(f, 4, "count", t->count); break;
         case LOOM_T_PREFETCH: kv_i64(f, 4, "buffer", t->buffer); break;
+        case LOOM_T_FILTER:
+            kv_str(f, 4, "feature", t->feature);
+            if (t->filter == LOOM_FILTER_RANGE) {
+                if (isfinite(t->min)) kv_f64(f, 4, "min", t->min);
+                if (isfinite(t->max)) kv_f64(f, 4, "max", t->max);
+            } else {
+                ind(f, 4);
+                fputs(t->filter == LOOM_FILTER_IN ? "in = [" : "not_in = [", f);
+                for (int j = 0; j < t->n_values; j++) {
+                    if (j) fputs(", ", f);
+                    put_f64(f, t->values[j]);
+                }
+                fputs("];\n", f);
+            }
+            break;
+        case LOOM_T_SHARD:
+            kv_i64(f, 4, "num_shards", t->num_shards);
+            kv_i64(f, 4, "index", t->index);
+            break;
+        case LOOM_T_ENUMERATE:
+            kv_str(f, 4, "feature", t->feature);
+            kv_i64(f, 4, "start", t->start);
+            break;
+        case LOOM_T_UNBATCH: break;
+        case LOOM_T_PADDED_BATCH:
+            kv_i64(f, 4, "size", t->batch_size);
+            kv_bool(f, 4, "drop_remainder", t->drop_remainder);
+            ind(f, 4);
+            fputs("padded_shapes: {", f);
+            for (int j = 0; j < t->n_padded; j++) {
+                fprintf(f, " %s = ", t->padded_name[j]);
+                put_i64_array(f, t->padded_shape[j], t->padded_rank[j]);
+                fputc(';', f);
+            }
+            fputs(" };\n", f);
+            ind(f, 4);
+            fputs("padding_values: {", f);
+            for (int j = 0; j < t->n_padding; j++) {
+                fprintf(f, " %s = ", t->padding_name[j]);
+                put_f64(f, t->padding_value[j]);
+                fputc(';', f);
+            }
+            fputs(" };\n", f);
+            break;
+        case LOOM_T_CACHE:
+            if (t->cache_file[0]) kv_str(f, 4, "file", t->cache_file);
+            break;
         }
         fputs("      }", f);
     }

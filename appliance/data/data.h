@@ -51,6 +51,8 @@ typedef struct loom_stage_stats {
     double      wait_sec;    /* prefetch: time the consumer waited for a ready element */
     int64_t     buffered;    /* shuffle/prefetch: elements held now */
     int64_t     capacity;    /* shuffle/prefetch: the limit */
+    int64_t     parallel;    /* parallel map: calls allowed at once now (the tuned value for "auto"); 0 otherwise */
+    int64_t     bytes;       /* buffer memory the stage holds */
 } loom_stage_stats;
 
 typedef struct loom_iter loom_iter;
@@ -83,6 +85,15 @@ int  loom_iter_save(loom_iter *it, loom_buf *b, loom_err *err);
 int  loom_iter_restore(loom_iter *it, loom_buf *b, loom_err *err);
 /* Per-stage stats, source first; returns the number of stages (<= max). */
 int  loom_iter_stats(const loom_iter *it, loom_stage_stats *out, int max);
+/* A per-stage table for `loom profile` on f: elements/s over `seconds` of
+ * wall time, time per element (own = busy minus the input's busy), buffer
+ * occupancy, parallelism, memory held, then a "bottleneck:" line naming the
+ * stage with the highest own time. Returns LOOM_OK. */
+int  loom_iter_report(const loom_iter *it, double seconds, FILE *f);
+/* `loom profile`: builds the pipeline of ds, pulls `steps` elements (batches
+ * after a batch; <= 0: one pass, at most 500) with no model, then prints the
+ * throughput and loom_iter_report to f. */
+int  loom_data_profile(const loom_dataset_spec *ds, const loom_data_ctx *ctx, int64_t steps, FILE *f, loom_err *err);
 void loom_iter_close(loom_iter *it); /* NULL is a no-op */
 
 /* The Debian package and files a catalog dataset resolves to. Returns

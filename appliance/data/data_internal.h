@@ -38,6 +38,8 @@ struct dstage {
     uint8_t        mut[LOOM_MAX_FEATURES]; /* last element's feature buffer may be modified in place downstream */
     /* stats, accessed with __atomic builtins */
     int64_t st_elements, st_busy_ns, st_wait_ns, st_buffered, st_capacity;
+    int64_t st_parallel;          /* parallel map: calls allowed in flight now (0 = not parallel) */
+    int64_t st_bytes;             /* buffer memory held by this stage (slot pools, outputs) */
 };
 
 /* Pulls the next element from s, accounting its stats. */
@@ -62,6 +64,7 @@ typedef struct elem_pool {
     int64_t     cap;
     uint8_t    *data[LOOM_MAX_FEATURES];        /* cap * slot_bytes, 64-byte aligned */
     loom_shape *shape;                          /* cap * nf when varshape, else the fixed shapes (nf) */
+    int64_t    *bytes_gauge;                    /* the owning stage's st_bytes, kept up to date */
 } elem_pool;
 
 int  elem_pool_init_(elem_pool *p, const dstage *s, int64_t cap, loom_err *err);
@@ -86,5 +89,94 @@ int take_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, l
 int skip_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
 /* threaded == 0: runs inline (no background thread). */
 int prefetch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, int threaded, loom_err *err);
+/* transforms_more.c; cache takes the source spec for its file fingerprint. */
+int filter_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
+int shard_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
+int enumerate_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
+int unbatch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
+int padded_batch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
+int cache_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, const loom_source_spec *src, loom_err *err);
+
+/* ---- parallel map (parmap.c) ------------------------------------------------
+ * One worker pool per pipeline, shared by every parallel map (no thread per
+ * element or per batch). A task runs fn(arg) on a worker; tasks must not
+ * block on each other. With 0 threads, submit runs the task inline. */
+typedef struct dtask {
+    void        (*fn)(void *arg);
+    void         *arg;
+    struct dtask *next;
+} dtask;
+typedef struct dpool dpool;
+int  dpool_new_(dpool **out, int threads, loom_err *err); /* free with dpool_free_ */
+void dpool_free_(dpool *p);                               /* NULL is a no-op; tasks must be finished */
+int  dpool_size_(const dpool *p);                         /* worker threads */
+
+/* The map op as a reentrant call, for the parallel map: maps feature f of e
+ * in place of e's tensor. writable: e's feature-f buffer may be overwritten;
+ * buf, flags: this call's scratch (sizes from map_scratch_); pos: the RNG
+ * index of e's first element. *mut: whether tensor f is writable afterwards. */
+int     map_apply_(const dstage *map, loom_elem *e, int writable, uint8_t *buf, uint8_t *flags, int64_t epoch, int64_t pos,
+                   int *mut, loom_err *err);
+int64_t map_count_(const dstage *map, const loom_elem *e);  /* RNG indices e consumes */
+void    map_scratch_(const dstage *map, size_t *buf_bytes, size_t *flag_bytes);
+/* t->parallel > 1 or LOOM_PARALLEL_AUTO: a map over *pool (created on first use, sized from ctx->threads). */
+int parmap_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, const loom_data_ctx *ctx, dpool **pool,
+                 loom_err *err);
+
+/* ---- file-list sources (source_files.c) ------------------------------------ */
+
+/* Expands src's patterns (each must still match a regular file) into *files,
+ * sorted and unique, *n of them; what ("tfrecord", "csv") names the list in
+ * messages. On failure *files may hold some entries: free with source_files_free_. */
+int  source_files_expand_(const dstage *st, const loom_source_spec *src, const char *what, char ***files, int64_t *n,
+                          loom_err *err);
+void source_files_free_(char **files, int64_t n);
+
+/* A buffered reader of one plain file that knows its byte offset. */
+typedef struct src_file {
+    FILE    *f;        /* NULL when closed */
+    uint8_t *buf;      /* SRC_FILE_BUF bytes */
+    size_t   len, pos; /* valid bytes in buf, next byte */
+    uint64_t offset;   /* file offset of buf[pos] */
+    int      error;    /* errno of a failed read, sticky */
+} src_file;
+/* Opens path positioned at byte offset (an offset past the end is LOOM_ECHECKPOINT). */
+int  src_file_open_(src_file *r, const char *path, uint64_t offset, loom_err *err);
+void src_file_close_(src_file *r);                /* closes; a closed reader is a no-op */
+int  src_file_refill_(src_file *r);               /* 1: bytes available, 0: end of file or error (see error) */
+static inline int src_file_peek_(src_file *r) { return r->pos < r->len || src_file_refill_(r) ? r->buf[r->pos] : -1; }
+static inline int src_file_getc_(src_file *r)
+{
+    if (r->pos >= r->len && !src_file_refill_(r)) return -1;
+    r->offset++;
+    return r->buf[r->pos++];
+}
+
+/* ---- CSV records (source_csv.c; also driven by tests/fuzz/fuzz_csv.c) ------- */
+
+/* The fields of one record, each NUL-terminated in text (quotes removed). */
+typedef struct csv_record {
+    char   *text;        /* owned */
+    size_t  len, cap;
+    size_t *start;       /* owned: field i starts at text + start[i] */
+    int     n, fcap;
+    int64_t line;        /* 1-based line on which the record starts */
+} csv_record;
+#define CSV_MAX_RECORD (16u << 20) /* bytes of one record: a longer one is an error */
+void csv_record_fini_(csv_record *r);
+/* Reads one RFC 4180 record from in; *line is the line of the next byte and
+ * advances over newlines (also quoted ones). Blank lines are skipped. Returns
+ * LOOM_OK, LOOM_EEOF (nothing left), LOOM_EDATA (unterminated quote, a character
+ * after a closing quote, a record over CSV_MAX_RECORD), LOOM_EIO or LOOM_ENOMEM;
+ * where = path:line. */
+int  csv_read_record_(src_file *in, const char *path, char delim, int64_t *line, csv_record *rec, loom_err *err);
+/* Parses a field as dt into out (one value); false when it is not a number of
+ * that dtype (in range, nothing after it but spaces). */
+bool csv_parse_value_(const char *s, loom_dtype dt, void *out);
+
+int tfrecord_source_open_(dstage **out, const loom_source_spec *src, const loom_data_ctx *ctx, loom_err *err);
+int csv_source_open_(dstage **out, const loom_source_spec *src, loom_err *err);
+int text_source_open_(dstage **out, const loom_source_spec *src, loom_err *err);
+int synthetic_source_open_(dstage **out, const loom_source_spec *src, const loom_data_ctx *ctx, loom_err *err);
 
 #endif

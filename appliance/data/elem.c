@@ -92,6 +92,8 @@ int elem_pool_init_(elem_pool *p, const dstage *s, int64_t cap, loom_err *err)
         for (int d = 0; d < s->spec.shape[f].rank; d++)
             if (s->spec.shape[f].dim[d] < 0) p->varshape = 1;
     }
+    /* a stats gauge (atomic), not the stage's state: fine to update through a const stage */
+    p->bytes_gauge = (int64_t *)&s->st_bytes;
     if (!p->varshape) {
         p->shape = loom_calloc((size_t)(p->nf ? p->nf : 1), sizeof *p->shape);
         if (!p->shape) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate an element pool");
@@ -111,6 +113,8 @@ int elem_pool_grow_(elem_pool *p, int64_t cap, loom_err *err)
         if (p->data[f]) memcpy(d, p->data[f], (size_t)p->cap * p->slot_bytes[f]);
         loom_free(p->data[f]);
         p->data[f] = d;
+        if (p->bytes_gauge)
+            __atomic_fetch_add(p->bytes_gauge, (int64_t)((size_t)(cap - p->cap) * p->slot_bytes[f]), __ATOMIC_RELAXED);
     }
     if (p->varshape) {
         loom_shape *sh = loom_realloc(p->shape, (size_t)cap * (size_t)p->nf * sizeof *sh);

@@ -15,6 +15,7 @@ struct loom_iter {
     dstage  *st[LOOM_MAX_TRANSFORMS + 1]; /* st[0] is the source */
     int64_t  epoch;
     char     fp[4096]; /* structure fingerprint: stage descriptions and the element spec */
+    dpool   *pool;     /* workers shared by the parallel maps; NULL when there are none */
 };
 
 /* source_tfrecord.c (declared here rather than in data_internal.h, which
@@ -27,6 +28,7 @@ void loom_iter_close(loom_iter *it)
 {
     if (!it) return;
     for (int i = it->n - 1; i >= 0; i--) it->st[i]->ops->close(it->st[i]);
+    dpool_free_(it->pool); /* after the stages: each waits for its own calls */
     loom_free(it);
 }
 
@@ -40,8 +42,14 @@ int loom_data_open(loom_iter **out, const loom_dataset_spec *spec, const loom_da
                             spec->n_transforms, LOOM_MAX_TRANSFORMS);
     loom_iter *it = loom_calloc(1, sizeof *it);
     if (!it) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate an iterator");
-    int rc = spec->source.kind == LOOM_SRC_TFRECORD ? tfrecord_source_open_(&it->st[0], &spec->source, ctx, err)
-                                                    : source_open_(&it->st[0], &spec->source, err);
+    int rc;
+    switch (spec->source.kind) {
+    case LOOM_SRC_TFRECORD: rc = tfrecord_source_open_(&it->st[0], &spec->source, ctx, err); break;
+    case LOOM_SRC_CSV: rc = csv_source_open_(&it->st[0], &spec->source, err); break;
+    case LOOM_SRC_TEXT: rc = text_source_open_(&it->st[0], &spec->source, err); break;
+    case LOOM_SRC_SYNTHETIC: rc = synthetic_source_open_(&it->st[0], &spec->source, ctx, err); break;
+    default: rc = source_open_(&it->st[0], &spec->source, err); break;
+    }
     if (rc) goto fail;
     it->n = 1;
     int threads = ctx->threads;
@@ -50,7 +58,10 @@ int loom_data_open(loom_iter **out, const loom_dataset_spec *spec, const loom_da
         dstage *in = last(it), *s = NULL;
         int id = i + 1;
         switch (t->kind) {
-        case LOOM_T_MAP: rc = map_open_(&s, in, id, t, ctx, err); break;
+        case LOOM_T_MAP:
+            rc = t->parallel > 1 || t->parallel == LOOM_PARALLEL_AUTO ? parmap_open_(&s, in, id, t, ctx, &it->pool, err)
+                                                                     : map_open_(&s, in, id, t, ctx, err);
+            break;
         case LOOM_T_SHUFFLE: rc = shuffle_open_(&s, in, id, t, ctx, err); break;
         case LOOM_T_BATCH: rc = batch_open_(&s, in, id, t, err); break;
         case LOOM_T_REPEAT: rc = repeat_open_(&s, in, id, t, err); break;
@@ -60,6 +71,12 @@ int loom_data_open(loom_iter **out, const loom_dataset_spec *spec, const loom_da
             rc = prefetch_open_(&s, in, id, t, threads > 0, err);
             if (!rc && threads > 0 && t->buffer != 0) threads--;
             break;
+        case LOOM_T_FILTER: rc = filter_open_(&s, in, id, t, err); break;
+        case LOOM_T_SHARD: rc = shard_open_(&s, in, id, t, err); break;
+        case LOOM_T_ENUMERATE: rc = enumerate_open_(&s, in, id, t, err); break;
+        case LOOM_T_UNBATCH: rc = unbatch_open_(&s, in, id, t, err); break;
+        case LOOM_T_PADDED_BATCH: rc = padded_batch_open_(&s, in, id, t, err); break;
+        case LOOM_T_CACHE: rc = cache_open_(&s, in, id, t, &spec->source, err); break;
         default: {
             char where[LOOM_PATH_MAX + 16] = "";
             if (t->loc.file[0]) snprintf(where, sizeof where, "%s:%d", t->loc.file, t->loc.line);
@@ -169,6 +186,8 @@ int loom_iter_stats(const loom_iter *it, loom_stage_stats *out, int max)
         out[k].wait_sec = (double)dstage_load_(&s->st_wait_ns) * 1e-9;
         out[k].buffered = dstage_load_(&s->st_buffered);
         out[k].capacity = dstage_load_(&s->st_capacity);
+        out[k].parallel = dstage_load_(&s->st_parallel);
+        out[k].bytes = dstage_load_(&s->st_bytes);
     }
     return k;
 }

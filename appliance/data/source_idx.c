@@ -81,12 +81,16 @@ static int idx_load(const char *path, idx_array *a, loom_dtype *dt, loom_shape *
     size_t header = 4 + 4 * (size_t)ndim;
     if (len < header)
         return loom_err_set(err, LOOM_EDATA, path, "truncated IDX file: expected at least %zu header bytes, found %zu", header, len);
-    uint64_t count = 1;
+    /* nonzero: the product of the dims that are not 0, so that a 0 anywhere
+     * cannot hide huge others (whose partial products would overflow later) */
+    uint64_t count = 1, nonzero = 1;
     int64_t dims[LOOM_MAX_RANK + 1];
     for (int d = 0; d < ndim; d++) {
         dims[d] = be32(r + 4 + 4 * d);
+        if (dims[d] && nonzero > ((uint64_t)1 << 40) / (uint64_t)dims[d]) /* checked before multiplying: no wrap */
+            return loom_err_set(err, LOOM_EDATA, path, "IDX header claims an absurd size");
         count *= (uint64_t)dims[d];
-        if (count > ((uint64_t)1 << 40)) return loom_err_set(err, LOOM_EDATA, path, "IDX header claims an absurd size");
+        if (dims[d]) nonzero *= (uint64_t)dims[d];
     }
     uint64_t expect = header + count * esz;
     if ((uint64_t)len != expect)

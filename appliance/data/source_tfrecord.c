@@ -42,60 +42,11 @@ typedef struct tfr_source {
 
 /* ---- file list ------------------------------------------------------------ */
 
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
 /* Expands every pattern (each must match a regular file) into t->files, sorted and unique. */
 static int expand_files(tfr_source *t, const loom_source_spec *src, loom_err *err)
 {
-    dstage *st = &t->s;
-    int64_t cap = 0;
-    for (int p = 0; p < src->n_patterns; p++) {
-        glob_t g;
-        int rc = glob(src->pattern[p], GLOB_MARK, NULL, &g);
-        if (rc && rc != GLOB_NOMATCH) {
-            globfree(&g);
-            return dstage_err_(st, err, rc == GLOB_NOSPACE ? LOOM_ENOMEM : LOOM_EIO, "cannot expand \"%s\"",
-                               src->pattern[p]);
-        }
-        int64_t matched = 0;
-        for (size_t i = 0; !rc && i < g.gl_pathc; i++) {
-            const char *m = g.gl_pathv[i];
-            size_t l = strlen(m);
-            struct stat sb;
-            if (!l || m[l - 1] == '/' || stat(m, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
-            if (t->n_files == cap) {
-                int64_t nc = cap ? cap * 2 : 16;
-                char **nf = loom_realloc(t->files, (size_t)nc * sizeof *nf);
-                if (!nf) {
-                    globfree(&g);
-                    return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate the tfrecord file list");
-                }
-                t->files = nf;
-                cap = nc;
-            }
-            if (!(t->files[t->n_files] = loom_strdup(m))) {
-                globfree(&g);
-                return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate the tfrecord file list");
-            }
-            t->n_files++;
-            matched++;
-        }
-        globfree(&g);
-        if (!matched) {
-            dstage_err_(st, err, LOOM_EIO, "no files match \"%s\"", src->pattern[p]);
-            return loom_err_hint(err, "the files existed when the config was loaded; were they moved or deleted?");
-        }
-    }
-    qsort(t->files, (size_t)t->n_files, sizeof *t->files, cmp_str);
-    int64_t k = 0; /* overlapping patterns: each file once */
-    for (int64_t i = 0; i < t->n_files; i++) {
-        if (k && !strcmp(t->files[k - 1], t->files[i])) {
-            loom_free(t->files[i]);
-            continue;
-        }
-        t->files[k++] = t->files[i];
-    }
-    t->n_files = k;
+    int rc = source_files_expand_(&t->s, src, "tfrecord", &t->files, &t->n_files, err);
+    if (rc) return rc;
     t->order = loom_calloc((size_t)t->n_files, sizeof *t->order);
     if (!t->order) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate the tfrecord file order");
     return LOOM_OK;

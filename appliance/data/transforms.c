@@ -108,6 +108,7 @@ typedef struct mapst {
     uint64_t      seed;     /* random ops */
     int64_t       epoch, pos; /* pos: elements (images for flip) seen this pass: the RNG index */
     uint8_t      *flags;    /* flip: per image of a batched element */
+    size_t        buf_bytes, flag_bytes;
 } mapst;
 
 static void flip_image(const uint8_t *src, uint8_t *dst, int64_t H, int64_t W, size_t px)
@@ -142,20 +143,29 @@ static int64_t elems_of(const loom_tensor *t, int bd)
     return k;
 }
 
-static int map_next(dstage *st, loom_elem **out, loom_err *err)
+int64_t map_count_(const dstage *st, const loom_elem *e)
 {
-    mapst *s = (mapst *)st;
-    loom_elem *e;
-    int rc = dstage_next_(st->in, &e, err);
-    if (rc) return rc;
+    return elems_of(&e->t[((const mapst *)st)->f], st->batch_dims);
+}
+
+void map_scratch_(const dstage *st, size_t *buf_bytes, size_t *flag_bytes)
+{
+    const mapst *s = (const mapst *)st;
+    *buf_bytes = s->buf ? s->buf_bytes : 0;
+    *flag_bytes = s->flags ? s->flag_bytes : 0;
+}
+
+/* Reentrant: reads only the stage's settings, writes e, buf and flags. */
+int map_apply_(const dstage *st, loom_elem *e, int writable, uint8_t *buf, uint8_t *flags, int64_t epoch, int64_t pos,
+               int *mut, loom_err *err)
+{
+    const mapst *s = (const mapst *)st;
     int f = s->f;
-    st->out = *e;
-    memcpy(st->mut, st->in->mut, sizeof st->mut);
-    *out = &st->out;
-    loom_tensor *t = &st->out.t[f];
+    loom_tensor *t = &e->t[f];
     size_t n = (size_t)loom_shape_numel(&t->shape);
-    int inplace = st->in->mut[f] && loom_dtype_size(t->dtype) == loom_dtype_size(s->out_dt);
-    void *dst = inplace ? t->data : s->buf;
+    int inplace = writable && loom_dtype_size(t->dtype) == loom_dtype_size(s->out_dt);
+    void *dst = inplace ? t->data : buf;
+    *mut = writable;
     switch (s->m.kind) {
     case LOOM_MAP_CAST:
         if (t->dtype != s->out_dt) convert(t->data, t->dtype, dst, s->out_dt, n);
@@ -169,12 +179,12 @@ static int map_next(dstage *st, loom_elem **out, loom_err *err)
         break;
     case LOOM_MAP_ONE_HOT: {
         size_t depth = (size_t)s->m.depth;
-        float *o = (float *)s->buf;
+        float *o = (float *)buf;
         memset(o, 0, n * depth * sizeof *o);
         for (size_t i = 0; i < n; i++) {
             int64_t v = (int64_t)loom_tensor_get(t, (int64_t)i);
             if (v < 0 || v >= (int64_t)depth) {
-                int64_t idx = s->pos + (int64_t)(i / (n / (size_t)elems_of(t, st->batch_dims)));
+                int64_t idx = pos + (int64_t)(i / (n / (size_t)elems_of(t, st->batch_dims)));
                 return dstage_err_(st, err, LOOM_EDATA, "map(one_hot) on \"%s\": element %lld has value %lld, outside [0, %lld)",
                                    st->spec.name[f], (long long)idx, (long long)v, (long long)depth);
             }
@@ -189,7 +199,6 @@ static int map_next(dstage *st, loom_elem **out, loom_err *err)
         loom_shape sh = st->spec.shape[f];
         for (int d = 0; d < st->batch_dims; d++) sh.dim[d] = t->shape.dim[d];
         t->shape = sh;
-        s->pos += elems_of(t, st->batch_dims);
         return LOOM_OK; /* a view: mut unchanged */
     }
     case LOOM_MAP_FLIP_LR: {
@@ -201,28 +210,44 @@ static int map_next(dstage *st, loom_elem **out, loom_err *err)
         int any = 0;
         for (int64_t k = 0; k < images; k++) {
             loom_rng g;
-            loom_rng_init(&g, s->seed, (uint64_t)st->id, (uint64_t)s->epoch, (uint64_t)(s->pos + k));
-            s->flags[k] = loom_rng_uniform(&g) < 0.5f;
-            any |= s->flags[k];
+            loom_rng_init(&g, s->seed, (uint64_t)st->id, (uint64_t)epoch, (uint64_t)(pos + k));
+            flags[k] = loom_rng_uniform(&g) < 0.5f;
+            any |= flags[k];
         }
-        s->pos += images;
         if (!any) return LOOM_OK; /* untouched: pass the input through */
-        uint8_t *src = t->data, *o = inplace ? src : s->buf;
+        uint8_t *src = t->data, *o = inplace ? src : buf;
         for (int64_t k = 0; k < images; k++) {
-            if (s->flags[k])
+            if (flags[k])
                 flip_image(src + (size_t)k * img, o + (size_t)k * img, H, W, px);
             else if (o != src)
                 memcpy(o + (size_t)k * img, src + (size_t)k * img, img);
         }
         t->data = o;
-        st->mut[f] = 1;
+        *mut = 1;
         return LOOM_OK;
     }
     }
-    s->pos += elems_of(t, st->batch_dims);
     t->data = dst;
     t->dtype = s->out_dt;
-    st->mut[f] = dst == s->buf || st->in->mut[f];
+    *mut = dst == buf || writable;
+    return LOOM_OK;
+}
+
+static int map_next(dstage *st, loom_elem **out, loom_err *err)
+{
+    mapst *s = (mapst *)st;
+    loom_elem *e;
+    int rc = dstage_next_(st->in, &e, err);
+    if (rc) return rc;
+    st->out = *e;
+    memcpy(st->mut, st->in->mut, sizeof st->mut);
+    *out = &st->out;
+    int64_t k = map_count_(st, &st->out);
+    int mut;
+    rc = map_apply_(st, &st->out, st->in->mut[s->f], s->buf, s->flags, s->epoch, s->pos, &mut, err);
+    if (rc) return rc;
+    st->mut[s->f] = (uint8_t)mut;
+    s->pos += k;
     return LOOM_OK;
 }
 
@@ -395,7 +420,8 @@ int map_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, co
         }
         int64_t images = 1;
         for (int d = 0; d < bd; d++) images *= mx->dim[d];
-        s->flags = loom_alloc((size_t)images + 1);
+        s->flag_bytes = (size_t)images + 1;
+        s->flags = loom_alloc(s->flag_bytes);
         if (!s->flags) {
             rc = loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate flip flags");
             goto fail;
@@ -407,11 +433,13 @@ int map_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, co
     st->spec.dtype[f] = s->out_dt;
     if (s->m.kind != LOOM_MAP_RESHAPE && !(s->m.kind == LOOM_MAP_CAST && s->out_dt == s->in_dt)) {
         size_t bytes = (size_t)loom_shape_numel(mx) * loom_dtype_size(s->out_dt);
-        s->buf = loom_alloc_aligned(bytes ? bytes : 1);
+        s->buf_bytes = bytes ? bytes : 1;
+        s->buf = loom_alloc_aligned(s->buf_bytes);
         if (!s->buf) {
             rc = loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate %zu bytes for map(%s)", bytes, kn);
             goto fail;
         }
+        dstage_gauge_(&st->st_bytes, (int64_t)s->buf_bytes);
     }
     *out = st;
     return LOOM_OK;
@@ -696,6 +724,7 @@ int batch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, 
         rc = loom_tensor_init(&st->out.t[f], st->spec.dtype[f], mx, err);
         if (rc) goto fail;
         st->mut[f] = 1;
+        __atomic_fetch_add(&st->st_bytes, (int64_t)loom_tensor_nbytes(&st->out.t[f]), __ATOMIC_RELAXED);
     }
     *out = st;
     return LOOM_OK;

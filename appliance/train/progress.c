@@ -53,9 +53,9 @@ void loom_progress_update(loom_progress_state *p, int64_t epoch, int64_t epochs,
         return;
     }
     if (step % p->log_steps != 0) return;
-    fprintf(stderr, "loom: epoch %lld/%lld step %lld (%lld in epoch): loss %.4f acc %.4f, %.0f samples/s, ETA %s\n",
+    fprintf(stderr, "loom: epoch %lld/%lld step %lld (%lld in epoch): loss %.4f acc %.4f, %.0f samples/s, input_wait %.1f%%, ETA %s\n",
             (long long)epoch + 1, (long long)epochs, (long long)step, (long long)step_in_epoch, loss, acc,
-            samples_per_sec, eta);
+            samples_per_sec, p->input_wait * 100, eta);
 }
 
 void loom_progress_break(loom_progress_state *p)

@@ -9,6 +9,7 @@ typedef struct loom_progress_state {
     int64_t       log_steps;
     double        last;     /* last bar redraw */
     int           dirty;    /* a bar line is open */
+    double        input_wait; /* share of the epoch's step time spent in loom_iter_next, set by the caller */
 } loom_progress_state;
 
 void loom_progress_init(loom_progress_state *p, loom_progress mode, int64_t log_steps);

@@ -298,6 +298,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
     sigaction(SIGTERM, &sa, &old_term);
 
     double run_start = loom_now(), epoch_start = run_start, train_sec = 0, run_train_sec = 0;
+    double input_sec = 0; /* this epoch's time inside loom_iter_next, part of train_sec */
     int64_t run_examples = 0, start_step = st.step, last_saved = st.step;
     double first_step_ms = -1, last_eval_loss = NAN, last_eval_acc = NAN;
     int64_t last_eval_step = -1;
@@ -316,6 +317,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
         double t0 = loom_now();
         loom_elem *batch;
         rc = loom_iter_next(r.train, &batch, err);
+        double t_input = loom_now() - t0;
         if (rc == LOOM_EEOF) {
             rc = LOOM_OK;
             if (st.step_in_epoch == 0) {
@@ -338,10 +340,11 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
             double train_loss = st.examples ? st.loss_sum / (double)st.examples : NAN;
             double train_acc = st.examples ? (double)st.correct / (double)st.examples : NAN;
             double sps = train_sec > 0 ? (double)st.examples / train_sec : 0;
-            loom_info("epoch %lld/%lld: step %lld, train loss %.4f, accuracy %.4f%s%.4f%s%.4f, %.0f samples/s, %.1f s",
+            double input_wait = train_sec > 0 ? input_sec / train_sec : 0;
+            loom_info("epoch %lld/%lld: step %lld, train loss %.4f, accuracy %.4f%s%.4f%s%.4f, %.0f samples/s, input_wait %.1f%%, %.1f s",
                       (long long)st.epoch + 1, (long long)epochs, (long long)st.step, train_loss, train_acc,
                       ev.examples ? "; eval loss " : "", last_eval_loss, ev.examples ? ", accuracy " : "", last_eval_acc,
-                      sps, ep_sec);
+                      sps, input_wait * 100, ep_sec);
             fprintf(metrics, "{\"event\": \"epoch\", \"epoch\": %lld, \"step\": %lld", (long long)st.epoch + 1,
                     (long long)st.step);
             json_num(metrics, "train_loss", train_loss, 0);
@@ -351,6 +354,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
             json_num(metrics, "samples_per_sec", sps, 0);
             json_num(metrics, "learning_rate", loom_optimizer_lr(opt, st.step), 0);
             json_num(metrics, "epoch_seconds", ep_sec, 0);
+            json_num(metrics, "input_wait_fraction", input_wait, 0);
             json_time(metrics, "wall_time", loom_wall_time());
             fprintf(metrics, "}\n");
             fflush(metrics);
@@ -359,6 +363,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
             st.loss_sum = 0;
             st.correct = st.examples = 0;
             train_sec = 0;
+            input_sec = 0;
             rc = loom_iter_rewind(r.train, st.epoch, err);
             if (rc) break;
             rc = save_ckpt(&r, &st, ckpt, err);
@@ -385,6 +390,8 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
         double dt = loom_now() - t0;
         train_sec += dt;
         run_train_sec += dt;
+        input_sec += t_input;
+        prog.input_wait = train_sec > 0 ? input_sec / train_sec : 0;
         st.step++;
         st.step_in_epoch++;
         st.loss_sum += res.loss_sum;

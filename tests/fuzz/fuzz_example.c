@@ -1,6 +1,6 @@
 /* fuzz_example.c - libFuzzer target for the tf.train.Example parser, the
  * value walkers and the parse-spec extraction, plus a re-encode round trip.
- * Not built by meson yet. Build and run from the repository root:
+ * Built and run by tests/fuzz/run.sh (meson test --suite fuzz), or by hand from the repository root:
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -I appliance \
  *     tests/fuzz/fuzz_example.c appliance/data/example.c \
  *     appliance/core/[a-z]*.c appliance/tensor/{tensor,blas}.c -lz -lm -ldl -lpthread -o /tmp/fuzz_example

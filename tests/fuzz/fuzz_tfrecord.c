@@ -1,6 +1,6 @@
 /* fuzz_tfrecord.c - libFuzzer target for the TFRecord reader (all
  * compressions, both on_corrupt modes) and the Example parser on every record.
- * Not built by meson yet. Build and run from the repository root:
+ * Built and run by tests/fuzz/run.sh (meson test --suite fuzz), or by hand from the repository root:
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -I appliance \
  *     tests/fuzz/fuzz_tfrecord.c appliance/data/tfrecord.c appliance/data/example.c \
  *     appliance/core/[a-z]*.c appliance/tensor/{tensor,blas}.c -lz -lzstd -lm -ldl -lpthread -o /tmp/fuzz_tfrecord

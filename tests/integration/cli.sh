@@ -25,4 +25,13 @@ a=$("$LOOM" check --print "$WORK/printed.cfg" 2>&1)
 if [ "$(echo "$a" | grep -v '^#')" = "$(echo "$out" | grep -v '^#')" ]; then pass "print is a fixed point"; else fail "print is a fixed point" "$(diff <(echo "$out") <(echo "$a") | head -5)"; fi
 expect_fail 2 "--set with a wrong type is checked like the file" "--set" "$LOOM" check configs/fashion_mnist_mlp.cfg --set run.epochs='"ten"'
 expect_fail 2 "--set of an unknown key suggests the nearest" "epochs" "$LOOM" check configs/fashion_mnist_mlp.cfg --set run.epocs=3
+
+# loom profile: every stage of data.train, then the bottleneck
+out=$("$LOOM" profile configs/fashion_mnist_mlp.cfg --steps 50 --set 'data.train.transforms.[2].parallel="auto"' 2>&1)
+for s in "catalog(fashion_mnist)" "shuffle" "batch" "map(scale)" "prefetch(auto)"; do
+    contains "profile lists stage $s" "$s" "$out"
+done
+contains "profile counts the batches" "50 elements" "$out"
+contains "profile names the bottleneck" "bottleneck: " "$out"
+expect_fail 2 "profile --steps must be a positive integer" "--steps expects" "$LOOM" profile configs/fashion_mnist_mlp.cfg --steps 0
 finish

@@ -1,0 +1,119 @@
+/* source_files.c - what the file-list sources (tfrecord, csv, text) share:
+ * expanding the spec's glob patterns into a sorted, duplicate-free file list
+ * (tf.data.Dataset.list_files with shuffle=False), and a buffered reader of
+ * one plain file that tracks its byte offset, so a stage can save "file,
+ * offset" and reopen there.
+ * Threads: none of its own; a reader belongs to one stage. */
+#include "data_internal.h"
+
+#include <errno.h>
+#include <glob.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define SRC_FILE_BUF (64u << 10)
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+void source_files_free_(char **files, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) loom_free(files[i]);
+    loom_free(files);
+}
+
+int source_files_expand_(const dstage *st, const loom_source_spec *src, const char *what, char ***files, int64_t *n,
+                         loom_err *err)
+{
+    int64_t cap = 0;
+    *files = NULL;
+    *n = 0;
+    for (int p = 0; p < src->n_patterns; p++) {
+        glob_t g;
+        int rc = glob(src->pattern[p], GLOB_MARK, NULL, &g);
+        if (rc && rc != GLOB_NOMATCH) {
+            globfree(&g);
+            return dstage_err_(st, err, rc == GLOB_NOSPACE ? LOOM_ENOMEM : LOOM_EIO, "cannot expand \"%s\"",
+                               src->pattern[p]);
+        }
+        int64_t matched = 0;
+        for (size_t i = 0; !rc && i < g.gl_pathc; i++) {
+            const char *m = g.gl_pathv[i];
+            size_t l = strlen(m);
+            struct stat sb;
+            if (!l || m[l - 1] == '/' || stat(m, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
+            if (*n == cap) {
+                int64_t nc = cap ? cap * 2 : 16;
+                char **nf = loom_realloc(*files, (size_t)nc * sizeof *nf);
+                if (!nf) {
+                    globfree(&g);
+                    return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate the %s file list", what);
+                }
+                *files = nf;
+                cap = nc;
+            }
+            if (!((*files)[*n] = loom_strdup(m))) {
+                globfree(&g);
+                return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate the %s file list", what);
+            }
+            (*n)++;
+            matched++;
+        }
+        globfree(&g);
+        if (!matched) {
+            dstage_err_(st, err, LOOM_EIO, "no files match \"%s\"", src->pattern[p]);
+            return loom_err_hint(err, "the files existed when the config was loaded; were they moved or deleted?");
+        }
+    }
+    qsort(*files, (size_t)*n, sizeof **files, cmp_str);
+    int64_t k = 0; /* overlapping patterns: each file once */
+    for (int64_t i = 0; i < *n; i++) {
+        if (k && !strcmp((*files)[k - 1], (*files)[i])) {
+            loom_free((*files)[i]);
+            continue;
+        }
+        (*files)[k++] = (*files)[i];
+    }
+    *n = k;
+    return LOOM_OK;
+}
+
+/* ---- buffered reader ------------------------------------------------------- */
+
+int src_file_open_(src_file *r, const char *path, uint64_t offset, loom_err *err)
+{
+    memset(r, 0, sizeof *r);
+    if (!(r->buf = loom_alloc(SRC_FILE_BUF))) return loom_err_set(err, LOOM_ENOMEM, path, "cannot allocate a read buffer");
+    if (!(r->f = fopen(path, "rb"))) {
+        int e = errno;
+        src_file_close_(r);
+        return loom_err_set(err, LOOM_EIO, path, "fopen() failed: %s", strerror(e));
+    }
+    if (offset) {
+        struct stat sb;
+        if (fstat(fileno(r->f), &sb) != 0 || (uint64_t)sb.st_size < offset || fseeko(r->f, (off_t)offset, SEEK_SET)) {
+            src_file_close_(r);
+            return loom_err_set(err, LOOM_ECHECKPOINT, path,
+                                "cannot seek to byte %llu: the file is shorter than when the state was saved",
+                                (unsigned long long)offset);
+        }
+    }
+    r->offset = offset;
+    return LOOM_OK;
+}
+
+void src_file_close_(src_file *r)
+{
+    if (r->f) fclose(r->f);
+    loom_free(r->buf);
+    memset(r, 0, sizeof *r);
+}
+
+int src_file_refill_(src_file *r)
+{
+    if (!r->f || r->error) return 0;
+    r->pos = 0;
+    r->len = fread(r->buf, 1, SRC_FILE_BUF, r->f);
+    if (r->len == 0 && ferror(r->f)) r->error = errno ? errno : EIO;
+    return r->len > 0;
+}

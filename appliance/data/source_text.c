@@ -1,0 +1,207 @@
+/* source_text.c - the text source (tf.data.TextLineDataset without a string
+ * dtype): files streamed line by line, each line an element of two features,
+ * "line" uint8 (max_length) holding its bytes zero-padded, and "length" int64 ()
+ * the number of bytes kept. The line end ('\n', and a '\r' before it) is
+ * removed; empty lines are elements of length 0; a last line without '\n'
+ * counts. A line longer than max_length is an error naming file:line, or cut
+ * to max_length with truncate = true. State = (epoch, file, byte offset,
+ * line), so resuming mid-file reopens the file at that byte. Cardinality is
+ * unknown (-2).
+ * Threads: one thread at a time drives the stage (see data_internal.h). */
+#include "data_internal.h"
+
+#include <string.h>
+
+typedef struct text_source {
+    dstage   s;
+    char   **files; /* sorted, unique; owned */
+    int64_t  n_files;
+    int64_t  max_length;
+    bool     truncate;
+    uint8_t *line;   /* (max_length + 1): the lent "line" */
+    int64_t *length; /* the lent "length" */
+    src_file in;
+    bool     open;
+    int64_t  epoch, fi, lineno; /* lineno: of the next line of in */
+    bool     done;
+} text_source;
+
+static void close_file(text_source *t)
+{
+    src_file_close_(&t->in);
+    t->open = false;
+}
+
+static int open_file(text_source *t, uint64_t offset, int64_t lineno, loom_err *err)
+{
+    int rc = src_file_open_(&t->in, t->files[t->fi], offset, err);
+    if (rc) return rc;
+    t->open = true;
+    t->lineno = lineno;
+    return LOOM_OK;
+}
+
+static int text_next(dstage *st, loom_elem **out, loom_err *err)
+{
+    text_source *t = (text_source *)st;
+    for (;;) {
+        if (t->done) return LOOM_EEOF;
+        if (t->fi >= t->n_files) {
+            t->done = true;
+            return LOOM_EEOF;
+        }
+        int rc;
+        if (!t->open && (rc = open_file(t, 0, 1, err))) return rc;
+        int c = src_file_getc_(&t->in);
+        if (c < 0) {
+            if (t->in.error)
+                return loom_err_set(err, LOOM_EIO, t->files[t->fi], "read() failed at byte %llu: %s",
+                                    (unsigned long long)t->in.offset, strerror(t->in.error));
+            close_file(t);
+            t->fi++;
+            continue;
+        }
+        int64_t n = 0, cap = t->max_length + 1; /* one more byte: room for a '\r' to drop */
+        int last = -1;
+        for (; c >= 0 && c != '\n'; c = src_file_getc_(&t->in)) {
+            if (n < cap) t->line[n] = (uint8_t)c;
+            n++;
+            last = c;
+        }
+        if (c < 0 && t->in.error)
+            return loom_err_set(err, LOOM_EIO, t->files[t->fi], "read() failed at byte %llu: %s",
+                                (unsigned long long)t->in.offset, strerror(t->in.error));
+        int64_t at = t->lineno++;
+        if (last == '\r') n--; /* CRLF */
+        if (n > t->max_length) {
+            if (!t->truncate) {
+                char where[LOOM_PATH_MAX + 32];
+                snprintf(where, sizeof where, "%s:%lld", t->files[t->fi], (long long)at);
+                loom_err_set(err, LOOM_EDATA, where, "line of %lld bytes is longer than max_length = %lld",
+                             (long long)n, (long long)t->max_length);
+                return loom_err_hint(err, "raise max_length (at %s) or set truncate = true", st->where);
+            }
+            n = t->max_length;
+        }
+        memset(t->line + n, 0, (size_t)(t->max_length - n));
+        *t->length = n;
+        *out = &st->out;
+        return LOOM_OK;
+    }
+}
+
+static int text_rewind(dstage *st, int64_t epoch, loom_err *err)
+{
+    (void)err;
+    text_source *t = (text_source *)st;
+    close_file(t);
+    t->epoch = epoch;
+    t->fi = 0;
+    t->done = false;
+    return LOOM_OK;
+}
+
+static void text_save(dstage *st, loom_buf *b)
+{
+    text_source *t = (text_source *)st;
+    loom_buf_put_i64(b, t->epoch);
+    loom_buf_put_i64(b, t->fi);
+    loom_buf_put_u64(b, t->open ? t->in.offset : 0);
+    loom_buf_put_i64(b, t->open ? t->lineno : 0);
+    loom_buf_put_u32(b, t->done);
+}
+
+static int text_restore(dstage *st, loom_buf *b, loom_err *err)
+{
+    text_source *t = (text_source *)st;
+    int64_t epoch = loom_buf_get_i64(b), fi = loom_buf_get_i64(b);
+    uint64_t offset = loom_buf_get_u64(b);
+    int64_t lineno = loom_buf_get_i64(b);
+    uint32_t done = loom_buf_get_u32(b);
+    if (b->failed || epoch < 0 || fi < 0 || fi > t->n_files || lineno < 0 || done > 1 || (fi == t->n_files && offset) ||
+        (offset && lineno < 2))
+        return loom_err_set(err, LOOM_ECHECKPOINT, NULL,
+                            "iterator state is corrupt: text position (file %lld, byte %llu, line %lld) out of range "
+                            "(%lld files)",
+                            (long long)fi, (unsigned long long)offset, (long long)lineno, (long long)t->n_files);
+    close_file(t);
+    t->epoch = epoch;
+    t->fi = fi;
+    t->done = done;
+    if (offset) {
+        int rc = open_file(t, offset, lineno, err);
+        if (rc) {
+            loom_err_hint(err, "restart the input from the beginning of an epoch, or restore the original files");
+            return rc;
+        }
+    }
+    return LOOM_OK;
+}
+
+static void text_close(dstage *st)
+{
+    text_source *t = (text_source *)st;
+    src_file_close_(&t->in);
+    source_files_free_(t->files, t->n_files);
+    loom_free(t->line);
+    loom_free(t->length);
+    loom_free(t);
+}
+
+static const dstage_ops text_ops = {
+    .next = text_next, .rewind = text_rewind, .save = text_save, .restore = text_restore, .close = text_close,
+};
+
+int text_source_open_(dstage **out, const loom_source_spec *src, loom_err *err)
+{
+    *out = NULL;
+    text_source *t = loom_calloc(1, sizeof *t);
+    if (!t) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate the text source");
+    dstage *st = &t->s;
+    dstage_init_(st, &text_ops, NULL, 0, &src->loc);
+    snprintf(st->name, sizeof st->name, "text");
+    int rc = LOOM_OK;
+    t->max_length = src->max_length;
+    t->truncate = src->truncate;
+    if (t->max_length < 1 || t->max_length > (1 << 24) || src->n_patterns < 1 ||
+        src->n_patterns > LOOM_MAX_FILE_PATTERNS) {
+        rc = dstage_err_(st, err, LOOM_ECONFIG, "text source needs max_length in [1, %d] and 1 to %d file patterns, "
+                         "got %lld and %d", 1 << 24, LOOM_MAX_FILE_PATTERNS, (long long)t->max_length, src->n_patterns);
+        goto fail;
+    }
+    t->line = loom_alloc_aligned((size_t)t->max_length + 1);
+    t->length = loom_alloc_aligned(sizeof *t->length);
+    if (!t->line || !t->length) {
+        rc = loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate a line of %lld bytes", (long long)t->max_length);
+        goto fail;
+    }
+    st->spec.n = st->out.n = 2;
+    snprintf(st->spec.name[0], LOOM_NAME_MAX, "line");
+    snprintf(st->spec.name[1], LOOM_NAME_MAX, "length");
+    st->spec.dtype[0] = LOOM_U8;
+    st->spec.dtype[1] = LOOM_I64;
+    st->spec.shape[0] = loom_shape_make(1, &t->max_length);
+    st->spec.shape[1] = (loom_shape){0};
+    for (int f = 0; f < 2; f++) {
+        st->maxshape[f] = st->spec.shape[f];
+        st->mut[f] = 1;
+    }
+    st->out.t[0] = (loom_tensor){.dtype = LOOM_U8, .shape = st->spec.shape[0], .data = t->line};
+    st->out.t[1] = (loom_tensor){.dtype = LOOM_I64, .shape = st->spec.shape[1], .data = t->length};
+    if ((rc = source_files_expand_(st, src, "text", &t->files, &t->n_files, err))) goto fail;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int64_t i = 0; i < t->n_files; i++) {
+        const char *base = strrchr(t->files[i], '/');
+        base = base ? base + 1 : t->files[i];
+        for (const char *p = base; *p; p++) h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
+        h = (h ^ 0) * 0x100000001b3ull;
+    }
+    st->card = -2;
+    snprintf(st->desc, sizeof st->desc, "text(%lld files,max_length %lld,%s,%016llx)", (long long)t->n_files,
+             (long long)t->max_length, t->truncate ? "truncate" : "error", (unsigned long long)h);
+    *out = st;
+    return LOOM_OK;
+fail:
+    text_close(st);
+    return rc;
+}
