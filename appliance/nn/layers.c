@@ -2,6 +2,7 @@
  * Each kernel works on one chunk of the batch (nn_chunk_) and may run
  * concurrently with the same kernel on other chunks: it reads the shared
  * parameters, writes only its chunk's rows and its chunk's gradient buffer.
+ * Dense parameter gradients come after all chunks, over the whole batch.
  * Matrix work goes to loom_sgemm; element-wise work is
  * written as single fused passes over restrict pointers so gcc -O3
  * vectorises it: bias+activation after a product, activation gradient +
@@ -21,20 +22,25 @@
 #define NN_HOT
 #endif
 
-/* Short copies in im2col (a kernel row of a few channels) are faster inline
- * than as memcpy calls; keep gcc from turning the loop back into one. */
+/* 16 floats as one GNU C vector: one AVX-512 register, two AVX2 or four SSE
+ * ones; loads and stores through it need only float alignment. gcc leaves
+ * some 16-long loops unrolled but scalar, and turns copy loops into memcpy
+ * calls, which for im2col's short rows cost more than the copy. */
+#define NN_CB 16
+typedef float nn_v16_ __attribute__((vector_size(NN_CB * sizeof(float)), aligned(sizeof(float))));
+
 static inline __attribute__((always_inline)) void copy_short(float *restrict d, const float *restrict s, int n)
 {
-    if (n >= 32) {
-        memcpy(d, s, (size_t)n * sizeof *d);
-        return;
-    }
-    for (int k = 0; k < n; k++) d[k] = s[k];
+    int k = 0;
+    for (; k + NN_CB <= n; k += NN_CB) *(nn_v16_ *)(d + k) = *(const nn_v16_ *)(s + k);
+    for (; k < n; k++) d[k] = s[k];
 }
 
 static inline __attribute__((always_inline)) void zero_short(float *restrict d, int n)
 {
-    for (int k = 0; k < n; k++) d[k] = 0.f;
+    int k = 0;
+    for (; k + NN_CB <= n; k += NN_CB) *(nn_v16_ *)(d + k) = (nn_v16_){0};
+    for (; k < n; k++) d[k] = 0.f;
 }
 
 const char *nn_loc_str_(const loom_loc *l, char *buf, size_t n)
@@ -154,26 +160,68 @@ static void dense_forward(const loom_model *m, const nn_layer_ *l, const float *
     bias_act(y, b, B, out, l->act);
 }
 
-static float *dense_backward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, const float *x, const float *y,
-                             float *g, float *other)
+/* dz (rows, n) = g * act'(y), out of place; one pass. */
+NN_HOT static void act_grad_to(float *restrict dz, const float *restrict g, const float *restrict y, int64_t rows,
+                               int64_t n, loom_activation act)
+{
+    switch (act) {
+    case LOOM_ACT_RELU:
+        for (int64_t e = 0; e < rows * n; e++) dz[e] = y[e] > 0.f ? g[e] : 0.f;
+        break;
+    case LOOM_ACT_SIGMOID:
+        for (int64_t e = 0; e < rows * n; e++) dz[e] = g[e] * (y[e] * (1.f - y[e]));
+        break;
+    case LOOM_ACT_TANH:
+        for (int64_t e = 0; e < rows * n; e++) dz[e] = g[e] * (1.f - y[e] * y[e]);
+        break;
+    case LOOM_ACT_SOFTMAX:
+        memcpy(dz, g, (size_t)(rows * n) * sizeof *dz);
+        act_grad_colsum(dz, y, NULL, rows, n, act);
+        break;
+    default:
+        memcpy(dz, g, (size_t)(rows * n) * sizeof *dz);
+        break;
+    }
+}
+
+/* The chunk's part: dz rows = g * act'(y) into l->dz, and dX (B, in) = dz W^T.
+ * dW and db wait for all chunks' dz rows (nn_dense_param_grads_): one product
+ * over the whole batch instead of one per chunk plus a sum of the chunks. */
+static float *dense_backward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, const float *y, float *g,
+                             float *other)
 {
     const int64_t B = c->B;
     const float *W = m->params + l->kernel_off;
-    float *dW = c->grads + l->kernel_off;
-    float *db = l->bias_off >= 0 ? c->grads + l->bias_off : NULL;
+    float *dz = l->dz + c->b0 * l->n_out;
     int in = (int)l->n_in, out = (int)l->n_out;
-    act_grad_colsum(g, y, db, B, out, l->act);
-    /* dW (in, out) = X^T dZ; dX (B, in) = dZ W^T */
-    loom_sgemm(true, false, in, out, (int)B, 1.f, x, in, g, out, 0.f, dW, out);
+    act_grad_to(dz, g, y, B, out, l->act);
     if (!l->needs_dx) return NULL;
-    loom_sgemm(false, true, (int)B, in, out, 1.f, g, out, W, out, 0.f, other, in);
+    loom_sgemm(false, true, (int)B, in, out, 1.f, dz, out, W, out, 0.f, other, in);
     return other;
+}
+
+void nn_dense_param_grads_(const loom_model *m, int li, const float *x, int64_t B, int part, int parts)
+{
+    const nn_layer_ *l = &m->layer[li];
+    const int64_t in = l->n_in, out = l->n_out;
+    const float *restrict dz = l->dz;
+    int64_t r0 = in * part / parts, r1 = in * (part + 1) / parts;
+    /* dW rows [r0, r1) (r1 - r0, out) = x[:, r0:r1]^T dz */
+    if (r1 > r0)
+        loom_sgemm(true, false, (int)(r1 - r0), (int)out, (int)B, 1.f, x + r0, (int)in, dz, (int)out, 0.f,
+                   m->grads + l->kernel_off + r0 * out, (int)out);
+    if (l->bias_off < 0) return;
+    int64_t c0 = out * part / parts, c1 = out * (part + 1) / parts;
+    float *restrict db = m->grads + l->bias_off;
+    for (int64_t j = c0; j < c1; j++) db[j] = 0.f;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t j = c0; j < c1; j++) db[j] += dz[b * out + j];
 }
 
 /* ---- conv2d: batch-chunked im2col + sgemm --------------------------------- */
 
 /* col (nb*OH*OW, KH*KW*C), columns in kernel order (i, j, c), from x (nb, H, W, C). */
-__attribute__((optimize("no-tree-loop-distribute-patterns"))) static void im2col(const nn_layer_ *l, const float *restrict x, int64_t nb, float *restrict col)
+NN_HOT __attribute__((optimize("no-tree-loop-distribute-patterns"))) static void im2col(const nn_layer_ *l, const float *restrict x, int64_t nb, float *restrict col)
 {
     const int H = l->ih, W = l->iw, C = l->cin, OH = l->oh, OW = l->ow, KH = l->kh, KW = l->kw;
     const int64_t K = (int64_t)KH * KW * C;
@@ -191,15 +239,12 @@ __attribute__((optimize("no-tree-loop-distribute-patterns"))) static void im2col
                         continue;
                     }
                     const float *src = xb + ((int64_t)yy * W) * C;
-                    if (x0 >= 0 && x0 + KW <= W) {
-                        copy_short(dst, src + (int64_t)x0 * C, KW * C);
-                        continue;
-                    }
-                    for (int j = 0; j < KW; j++) {
-                        int xx = x0 + j;
-                        if (xx < 0 || xx >= W) zero_short(dst + j * C, C);
-                        else copy_short(dst + j * C, src + (int64_t)xx * C, C);
-                    }
+                    /* columns [ja, jb) of the kernel row fall inside the image: one copy, zeros around it */
+                    int ja = x0 < 0 ? (-x0 < KW ? -x0 : KW) : 0, jb = x0 + KW > W ? W - x0 : KW;
+                    if (jb < ja) jb = ja;
+                    zero_short(dst, ja * C);
+                    copy_short(dst + ja * C, src + (int64_t)(x0 + ja) * C, (jb - ja) * C);
+                    zero_short(dst + jb * C, (KW - jb) * C);
                 }
             }
         }
@@ -239,6 +284,140 @@ NN_HOT static void col2im(const nn_layer_ *l, const float *restrict col, int64_t
     }
 }
 
+/* ---- conv2d with one input channel: direct ----------------------------------
+ * With cin = 1 an im2col row is kh*kw scalars: the product has K = kh*kw (25)
+ * and im2col writes, and BLAS packs, kh*kw floats per output pixel. Direct
+ * loops over a zero-padded copy of the example instead: each output pixel's
+ * channels (16 at a time) stay in registers over the kh*kw taps, four pixels
+ * at once so the multiply-adds do not wait on each other. */
+
+/* xp (Hp, Wp) = x (H, W) with the layer's zero padding around it. */
+static void pad_plane(const nn_layer_ *l, const float *restrict x, float *restrict xp, int Hp, int Wp)
+{
+    for (int r = 0; r < Hp; r++) {
+        int yy = r - l->pad_t;
+        float *restrict d = xp + (int64_t)r * Wp;
+        for (int q = 0; q < Wp; q++) {
+            int xx = q - l->pad_l;
+            d[q] = yy >= 0 && yy < l->ih && xx >= 0 && xx < l->iw ? x[(int64_t)yy * l->iw + xx] : 0.f;
+        }
+    }
+}
+
+static void plane_dims(const nn_layer_ *l, int *Hp, int *Wp)
+{
+    *Hp = (l->oh - 1) * l->sh + l->kh;
+    *Wp = (l->ow - 1) * l->sw + l->kw;
+}
+
+/* Output channels go in blocks of 16 (NN_CB) held in registers across the
+ * taps; a last partial block goes element-wise. */
+
+/* y (nb, OH, OW, cout) = conv(x) + b for cin = 1 (activation left to the
+ * caller); scratch xp holds Hp*Wp floats. */
+NN_HOT static void conv1_forward(const nn_layer_ *l, const float *restrict Wt, const float *restrict bias,
+                                 const float *restrict x, float *restrict y, int64_t nb, float *restrict xp)
+{
+    int Hp, Wp;
+    plane_dims(l, &Hp, &Wp);
+    const int OH = l->oh, OW = l->ow, CO = l->cout, KH = l->kh, KW = l->kw, SH = l->sh, SW = l->sw;
+    const int CB = CO - CO % NN_CB;
+    for (int64_t b = 0; b < nb; b++) {
+        pad_plane(l, x + b * l->n_in, xp, Hp, Wp);
+        for (int oy = 0; oy < OH; oy++)
+            for (int ox = 0; ox < OW; ox++) {
+                float *restrict yp = y + ((b * OH + oy) * OW + ox) * (int64_t)CO;
+                const float *restrict x0 = xp + (int64_t)oy * SH * Wp + (int64_t)ox * SW;
+                /* four pixels at a time: four independent sums hide the FMA latency */
+                if (ox + 4 <= OW) {
+                    for (int c0 = 0; c0 < CB; c0 += NN_CB) {
+                        nn_v16_ a0 = bias ? *(const nn_v16_ *)(bias + c0) : (nn_v16_){0}, a1 = a0, a2 = a0, a3 = a0;
+                        for (int i = 0; i < KH; i++)
+                            for (int j = 0; j < KW; j++) {
+                                const float *xv = x0 + i * Wp + j;
+                                nn_v16_ w = *(const nn_v16_ *)(Wt + (i * KW + j) * CO + c0);
+                                a0 += xv[0] * w;
+                                a1 += xv[SW] * w;
+                                a2 += xv[2 * SW] * w;
+                                a3 += xv[3 * SW] * w;
+                            }
+                        *(nn_v16_ *)(yp + c0) = a0;
+                        *(nn_v16_ *)(yp + CO + c0) = a1;
+                        *(nn_v16_ *)(yp + 2 * CO + c0) = a2;
+                        *(nn_v16_ *)(yp + 3 * CO + c0) = a3;
+                    }
+                    for (int q = 0; q < 4; q++)
+                        for (int co = CB; co < CO; co++) {
+                            float a = bias ? bias[co] : 0.f;
+                            for (int i = 0; i < KH; i++)
+                                for (int j = 0; j < KW; j++) a += x0[i * Wp + j + q * SW] * Wt[(i * KW + j) * CO + co];
+                            yp[q * CO + co] = a;
+                        }
+                    ox += 3;
+                    continue;
+                }
+                for (int c0 = 0; c0 < CB; c0 += NN_CB) {
+                    nn_v16_ acc = bias ? *(const nn_v16_ *)(bias + c0) : (nn_v16_){0};
+                    for (int i = 0; i < KH; i++)
+                        for (int j = 0; j < KW; j++)
+                            acc += x0[i * Wp + j] * *(const nn_v16_ *)(Wt + (i * KW + j) * CO + c0);
+                    *(nn_v16_ *)(yp + c0) = acc;
+                }
+                for (int co = CB; co < CO; co++) {
+                    float a = bias ? bias[co] : 0.f;
+                    for (int i = 0; i < KH; i++)
+                        for (int j = 0; j < KW; j++) a += x0[i * Wp + j] * Wt[(i * KW + j) * CO + co];
+                    yp[co] = a;
+                }
+            }
+    }
+}
+
+/* dW (kh, kw, 1, cout) += sum over the examples and pixels of x * dz: per
+ * output row a sum over its pixels, added to the example's sum in acc
+ * (kh*kw*cout), added to dW in example order; scratch xp holds Hp*Wp floats.
+ * The caller zeroes dW. */
+NN_HOT static void conv1_kernel_grad(const nn_layer_ *l, const float *restrict x, const float *restrict dz, int64_t nb,
+                                     float *restrict dW, float *restrict xp, float *restrict acc)
+{
+    int Hp, Wp;
+    plane_dims(l, &Hp, &Wp);
+    const int OH = l->oh, OW = l->ow, CO = l->cout, KH = l->kh, KW = l->kw, SH = l->sh, SW = l->sw;
+    const int T = KH * KW, CB = CO - CO % NN_CB;
+    for (int64_t b = 0; b < nb; b++) {
+        pad_plane(l, x + b * l->n_in, xp, Hp, Wp);
+        for (int e = 0; e < T * CO; e++) acc[e] = 0.f;
+        for (int oy = 0; oy < OH; oy++) {
+            const float *restrict gr = dz + (b * OH + oy) * (int64_t)OW * CO;
+            for (int i = 0; i < KH; i++)
+                for (int j = 0; j < KW; j++) {
+                    const float *restrict xr = xp + (int64_t)(oy * SH + i) * Wp + j;
+                    float *restrict at = acc + (i * KW + j) * CO;
+                    for (int c0 = 0; c0 < CB; c0 += NN_CB) {
+                        /* four partial sums (pixel mod 4) hide the FMA latency */
+                        nn_v16_ s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+                        int ox = 0;
+                        for (; ox + 4 <= OW; ox += 4) {
+                            const float *gp = gr + ox * CO + c0, *xv = xr + ox * SW;
+                            s0 += xv[0] * *(const nn_v16_ *)gp;
+                            s1 += xv[SW] * *(const nn_v16_ *)(gp + CO);
+                            s2 += xv[2 * SW] * *(const nn_v16_ *)(gp + 2 * CO);
+                            s3 += xv[3 * SW] * *(const nn_v16_ *)(gp + 3 * CO);
+                        }
+                        for (; ox < OW; ox++) s0 += xr[ox * SW] * *(const nn_v16_ *)(gr + ox * CO + c0);
+                        *(nn_v16_ *)(at + c0) += (s0 + s1) + (s2 + s3);
+                    }
+                    for (int co = CB; co < CO; co++) {
+                        float a = 0.f;
+                        for (int ox = 0; ox < OW; ox++) a += xr[ox * SW] * gr[ox * CO + co];
+                        at[co] += a;
+                    }
+                }
+        }
+        for (int e = 0; e < T * CO; e++) dW[e] += acc[e];
+    }
+}
+
 static int conv_is_pointwise(const nn_layer_ *l)
 {
     return l->kh == 1 && l->kw == 1 && l->sh == 1 && l->sw == 1 && l->pad_t == 0 && l->pad_l == 0;
@@ -250,6 +429,11 @@ static void conv_forward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, 
     const float *W = m->params + l->kernel_off;
     const float *bias = l->bias_off >= 0 ? m->params + l->bias_off : NULL;
     const int64_t K = (int64_t)l->kh * l->kw * l->cin, P = (int64_t)l->oh * l->ow;
+    if (l->cin == 1 && !conv_is_pointwise(l)) {
+        conv1_forward(l, W, bias, x, yc, B, c->col);
+        if (l->act != LOOM_ACT_NONE) bias_act(yc, NULL, B * P, l->cout, l->act);
+        return;
+    }
     for (int64_t b0 = 0; b0 < B; b0 += l->chunk) {
         int64_t nb = B - b0 < l->chunk ? B - b0 : l->chunk;
         const float *col = x + b0 * l->n_in;
@@ -272,17 +456,27 @@ static float *conv_backward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *
     float *db = l->bias_off >= 0 ? c->grads + l->bias_off : NULL;
     const int64_t K = (int64_t)l->kh * l->kw * l->cin, P = (int64_t)l->oh * l->ow;
     act_grad_colsum(g, y, db, B * P, l->cout, l->act);
+    const int direct = l->cin == 1 && !conv_is_pointwise(l);
+    if (direct) {
+        int Hp, Wp;
+        plane_dims(l, &Hp, &Wp);
+        memset(dW, 0, (size_t)(K * l->cout) * sizeof *dW);
+        conv1_kernel_grad(l, x, g, B, dW, c->col, c->col + Hp * Wp);
+        if (!l->needs_dx) return NULL;
+    }
     for (int64_t b0 = 0; b0 < B; b0 += l->chunk) {
         int64_t nb = B - b0 < l->chunk ? B - b0 : l->chunk;
         const float *col = x + b0 * l->n_in;
         const float *gz = g + b0 * l->n_out;
-        if (!conv_is_pointwise(l)) {
-            im2col(l, x + b0 * l->n_in, nb, c->col);
-            col = c->col;
+        if (!direct) {
+            if (!conv_is_pointwise(l)) {
+                im2col(l, x + b0 * l->n_in, nb, c->col);
+                col = c->col;
+            }
+            /* dW (K, cout) += col^T dZ; the first chunk overwrites */
+            loom_sgemm(true, false, (int)K, l->cout, (int)(nb * P), 1.f, col, (int)K, gz, l->cout, b0 ? 1.f : 0.f,
+                       dW, l->cout);
         }
-        /* dW (K, cout) += col^T dZ; the first chunk overwrites */
-        loom_sgemm(true, false, (int)K, l->cout, (int)(nb * P), 1.f, col, (int)K, gz, l->cout, b0 ? 1.f : 0.f, dW,
-                   l->cout);
         if (!l->needs_dx) continue;
         float *dx = other + b0 * l->n_in;
         if (conv_is_pointwise(l)) {
@@ -304,6 +498,33 @@ static float *conv_backward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *
 NN_HOT static void pool_forward(const nn_layer_ *l, const float *x, float *y, int32_t *argmax, int64_t B)
 {
     const int H = l->ih, W = l->iw, C = l->cin, OH = l->oh, OW = l->ow;
+    if (l->kh == 2 && l->kw == 2 && l->sh == 2 && l->sw == 2 && l->pad_t == 0 && l->pad_l == 0 && 2 * OH <= H &&
+        2 * OW <= W) {
+        /* 2x2 windows, stride 2, no padding (the usual case): the four taps in
+         * (i, j) order, unrolled, with the same first-wins rule on ties */
+        for (int64_t b = 0; b < B; b++) {
+            const float *xb = x + b * l->n_in;
+            for (int oy = 0; oy < OH; oy++)
+                for (int ox = 0; ox < OW; ox++) {
+                    int64_t o = b * l->n_out + ((int64_t)oy * OW + ox) * C;
+                    int32_t p0 = (2 * oy * W + 2 * ox) * C, p1 = p0 + C, p2 = p0 + W * C, p3 = p2 + C;
+                    const float *restrict x0 = xb + p0, *restrict x1 = xb + p1, *restrict x2 = xb + p2,
+                                          *restrict x3 = xb + p3;
+                    float *restrict yo = y + o;
+                    int32_t *restrict ao = argmax + o;
+                    for (int c = 0; c < C; c++) {
+                        float v = x0[c];
+                        int32_t a = p0 + c;
+                        if (x1[c] > v) v = x1[c], a = p1 + c;
+                        if (x2[c] > v) v = x2[c], a = p2 + c;
+                        if (x3[c] > v) v = x3[c], a = p3 + c;
+                        yo[c] = v;
+                        ao[c] = a;
+                    }
+                }
+        }
+        return;
+    }
     for (int64_t b = 0; b < B; b++) {
         const float *xb = x + b * l->n_in;
         for (int oy = 0; oy < OH; oy++) {
@@ -441,7 +662,7 @@ float *nn_layer_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, f
     const float *x = c->act[li], *y = c->act[li + 1];
     switch (l->spec.kind) {
     case LOOM_LAYER_DENSE:
-        return dense_backward(m, l, c, x, y, g, other);
+        return dense_backward(m, l, c, y, g, other);
     case LOOM_LAYER_CONV2D:
         return conv_backward(m, l, c, x, y, g, other);
     case LOOM_LAYER_MAX_POOL2D:

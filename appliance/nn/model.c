@@ -263,6 +263,8 @@ int loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_sha
         if (k == LOOM_LAYER_MAX_POOL2D &&
             !(l->argmax = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(int32_t))))
             goto nomem;
+        if (k == LOOM_LAYER_DENSE && !(l->dz = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(float))))
+            goto nomem;
         if (k == LOOM_LAYER_DROPOUT && l->spec.rate > 0 && !(l->mask = loom_alloc_aligned((size_t)(max_batch * l->n_out))))
             goto nomem;
         if (k == LOOM_LAYER_CONV2D) {
@@ -273,6 +275,10 @@ int loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_sha
             if (pointwise) l->chunk = (int)max_batch;
             else colmax = l->chunk * per / (int64_t)sizeof(float) > colmax ? l->chunk * per / (int64_t)sizeof(float)
                                                                            : colmax;
+            /* cin = 1 runs direct (layers.c): a padded plane and a kernel-sized sum */
+            int64_t direct = ((int64_t)(l->oh - 1) * l->sh + l->kh) * ((int64_t)(l->ow - 1) * l->sw + l->kw) +
+                             (int64_t)l->kh * l->kw * l->cout;
+            if (l->cin == 1 && !pointwise && direct > colmax) colmax = direct;
         }
     }
     size_t pbytes = (size_t)(m->n_params ? m->n_params : 1) * sizeof(float);
@@ -313,13 +319,17 @@ int loom_model_set_threads(loom_model *m, int threads, loom_err *err)
     if (threads > m->max_batch) threads = (int)m->max_batch; /* every chunk has an example */
     if (threads == m->threads) return LOOM_OK;
     size_t pbytes = (size_t)(m->n_params ? m->n_params : 1) * sizeof(float);
+    /* only conv layers' gradients are per chunk (dense ones are whole-batch) */
+    int conv = 0;
+    for (int i = 0; i < m->n_layers; i++) conv |= m->layer[i].spec.kind == LOOM_LAYER_CONV2D;
     loom_pool *pool = NULL;
     nn_chunk_ *chunk = loom_alloc_aligned((size_t)threads * sizeof *chunk);
     if (!chunk) goto nomem;
     memset(chunk, 0, (size_t)threads * sizeof *chunk);
     for (int t = 0; t < threads; t++) {
         nn_chunk_ *c = &chunk[t];
-        if (!(c->grads = t == 0 ? m->grads : loom_alloc_aligned(pbytes))) goto nomem;
+        if (t == 0) c->grads = m->grads;
+        else if (conv && !(c->grads = loom_alloc_aligned(pbytes))) goto nomem;
         if (m->colmax && !(c->col = loom_alloc_aligned((size_t)m->colmax * sizeof(float)))) goto nomem;
     }
     if (threads > 1) {
@@ -351,6 +361,7 @@ void loom_model_free(loom_model *m)
         loom_free(m->layer[i].y);
         loom_free(m->layer[i].argmax);
         loom_free(m->layer[i].mask);
+        loom_free(m->layer[i].dz);
     }
     free_chunks(m->pool, m->chunk, m->threads);
     loom_free(m->params);
@@ -540,7 +551,8 @@ typedef struct step_job {
     float              inv_gb;    /* 1 / global batch */
     uint64_t           rng_key;
     float             *out;       /* predict: (B, n) */
-    int                nchunks;   /* gradient reduction */
+    int64_t            B;         /* examples in the batch */
+    int                nchunks;   /* chunks of the batch, and parts of the gradient pass */
 } step_job;
 
 static void chunk_step(void *arg, int t)
@@ -577,28 +589,42 @@ static void chunk_step(void *arg, int t)
     }
 }
 
-/* grads += chunk 1 + chunk 2 + ..., in that order, over part t of the parameters. */
-static void reduce_part(void *arg, int t)
+/* Part t of the gradients that wait for all chunks: dense layers' kernel
+ * rows and bias columns over the whole batch, and conv layers' parameters as
+ * grads += chunk 1 + chunk 2 + ..., in that order. */
+static void grad_part(void *arg, int t)
 {
     const step_job *j = arg;
     const loom_model *m = j->m;
-    const int parts = m->threads;
-    /* part boundaries on 16-float (64-byte) lines, so parts share no cache line */
-    int64_t lines = (m->n_params + 15) / 16;
-    int64_t i0 = lines * t / parts * 16, i1 = lines * (t + 1) / parts * 16;
-    if (i1 > m->n_params) i1 = m->n_params;
-    float *restrict dst = m->grads;
-    for (int k = 1; k < j->nchunks; k++) {
-        const float *restrict src = m->chunk[k].grads;
-        for (int64_t i = i0; i < i1; i++) dst[i] += src[i];
+    const int parts = j->nchunks;
+    for (int i = 0; i < m->n_layers; i++) {
+        const nn_layer_ *l = &m->layer[i];
+        if (l->kernel_off < 0) continue;
+        if (l->spec.kind == LOOM_LAYER_DENSE) {
+            /* chunk 0 starts at example 0: its input pointer is the whole batch's */
+            nn_dense_param_grads_(m, i, m->chunk[0].act[i], j->B, t, parts);
+            continue;
+        }
+        if (j->nchunks < 2) continue;
+        /* the layer's kernel and bias are adjacent; parts on 16-float (64-byte) lines */
+        int64_t p0 = l->kernel_off, n = (int64_t)l->kh * l->kw * l->cin * l->cout + (l->bias_off >= 0 ? l->cout : 0);
+        int64_t lines = (n + 15) / 16;
+        int64_t i0 = p0 + lines * t / parts * 16, i1 = p0 + lines * (t + 1) / parts * 16;
+        if (i1 > p0 + n) i1 = p0 + n;
+        float *restrict dst = m->grads;
+        for (int k = 1; k < j->nchunks; k++) {
+            const float *restrict src = m->chunk[k].grads;
+            for (int64_t e = i0; e < i1; e++) dst[e] += src[e];
+        }
     }
 }
 
 /* Runs job over the batch's chunks, one per thread, and sums their results
- * in chunk order. */
+ * in chunk order; a train step then finishes the gradients (grad_part). */
 static void run_chunks(loom_model *m, step_job *j, int64_t B, double *loss, int64_t *correct)
 {
     j->m = m;
+    j->B = B;
     j->nchunks = split_batch(m, B);
     loom_pool_run(m->pool, j->nchunks, chunk_step, j);
     double l = 0;
@@ -609,7 +635,7 @@ static void run_chunks(loom_model *m, step_job *j, int64_t B, double *loss, int6
     }
     if (loss) *loss = l;
     if (correct) *correct = ok;
-    if (j->kind == JOB_TRAIN && j->nchunks > 1 && isfinite(l)) loom_pool_run(m->pool, m->threads, reduce_part, j);
+    if (j->kind == JOB_TRAIN && isfinite(l)) loom_pool_run(m->pool, j->nchunks, grad_part, j);
 }
 
 int loom_model_train_step(loom_model *m, const loom_tensor *x, const loom_tensor *label, int64_t global_batch,

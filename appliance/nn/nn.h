@@ -12,9 +12,11 @@
  * Threads: a model is used by one thread at a time. Inside a step it may use
  * more (loom_model_set_threads): the batch is split into one chunk of
  * contiguous examples per thread, each chunk runs forward and backward with
- * single-threaded BLAS, and the chunks' gradients, losses and counts are
- * summed in chunk order, so a step is deterministic for a given thread count
- * and differs between thread counts only by float summation order.
+ * single-threaded BLAS; then dense layers' parameter gradients are computed
+ * once over the whole batch, split by kernel rows across the threads, and
+ * the chunks' conv gradients, losses and counts are summed in chunk order.
+ * So a step is deterministic for a given thread count and differs between
+ * thread counts only by float summation order.
  * Randomness (dropout) is keyed by (seed, step, replica) given to each call
  * and by the example's position in the batch, never by the chunking. */
 #ifndef LOOM_NN_H
@@ -55,7 +57,8 @@ void         loom_model_summary(const loom_model *m, FILE *f);
 
 /* Sets the threads a step uses (0 = all cores; at most max_batch) and
  * preallocates their buffers: an im2col scratch each and, for all but the
- * first, a gradient buffer of the model's size. The default is 1. With more
+ * first, a gradient buffer of the model's size when the model has conv
+ * layers (dense gradients are whole-batch). The default is 1. With more
  * than 1 this also sets BLAS to 1 thread (loom_blas_set_threads, a process-
  * wide setting), since the model's threads call BLAS concurrently and BLAS
  * threads on top would oversubscribe the cores. On failure (LOOM_ENOMEM) the

@@ -25,15 +25,19 @@ typedef struct nn_layer_ {
     float         *y;              /* (max_batch, n_out) owned output; NULL for flatten */
     int32_t       *argmax;         /* max_pool2d: (max_batch, n_out) input index within the example */
     uint8_t       *mask;           /* dropout: (max_batch, n_out) 1 = kept */
+    float         *dz;             /* dense: (max_batch, n_out) d(loss)/d(pre-activation), kept from the
+                                      chunks' backward for the whole-batch kernel and bias gradients */
 } nn_layer_;
 
 /* The slice of a step's batch that one thread works on: examples [b0, b0 + B).
- * Layer outputs go to rows b0.. of the layers' shared buffers; parameter
+ * Layer outputs go to rows b0.. of the layers' shared buffers; conv parameter
  * gradients to `grads` (the model's own for chunk 0, a private buffer for the
- * others, summed into the model's in chunk order after the step). */
+ * others, summed into the model's in chunk order after the step). Dense
+ * layers leave their dz rows instead; their parameter gradients are computed
+ * once over the whole batch after all chunks finish (nn_dense_param_grads_). */
 typedef struct nn_chunk_ {
     int64_t      b0, B;
-    float       *grads;                    /* (P,) */
+    float       *grads;                    /* (P,); NULL for chunks > 0 of a model without conv layers */
     float       *col;                      /* im2col scratch; NULL when no conv needs one */
     float       *gbuf[2];                  /* (B, max n) ping-pong gradient rows of this chunk */
     const float *act[LOOM_MAX_LAYERS + 1]; /* act[i] (B, n_in of layer i): layer i's input; act[n_layers]: output */
@@ -77,11 +81,22 @@ const char *nn_activation_name_(loom_activation a);
  * example's position in the whole batch, not on the chunking). */
 void nn_layer_forward_(const loom_model *m, int li, nn_chunk_ *c, int training, uint64_t rng_key);
 /* Backward of layer li on chunk c: g holds d(loss)/d(output) (c->B, n_out)
- * and may be overwritten; writes parameter gradients into c->grads and, when
+ * and may be overwritten; writes conv parameter gradients into c->grads and
+ * dense layers' dz rows into l->dz (see nn_dense_param_grads_) and, when
  * the layer's needs_dx, the input gradient into g itself (element-wise
  * layers) or into other. Returns the buffer holding the input gradient, or
  * NULL when none is needed. */
 float *nn_layer_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, float *other);
+
+/* Part `part` of `parts` of dense layer li's parameter gradients over the
+ * whole batch of B examples whose layer input is x (B, n_in): kernel rows
+ * [in * part / parts, in * (part + 1) / parts) = x^T dz, and the matching
+ * range of bias columns = column sums of dz in example order. Parts write
+ * disjoint ranges, each a fixed computation, so the result is the same run to
+ * run for a given number of parts; bias sums are also the same for any number
+ * of parts, and kernel rows differ between part counts at most by the BLAS's
+ * blocking (with OpenBLAS they come out bit-identical). */
+void nn_dense_param_grads_(const loom_model *m, int li, const float *x, int64_t B, int part, int parts);
 
 /* Loss on the final outputs z (B, n): per-example loss sum, correct count, and
  * (when g is not NULL) d(sum loss)/dz * inv_gb into g. */

@@ -347,6 +347,15 @@ static void test_grad_conv(void)
     loom_layer_spec pw[] = {L_conv(3, 3, 1, LOOM_PAD_SAME, LOOM_ACT_TANH), L_conv(2, 1, 1, LOOM_PAD_VALID, LOOM_ACT_NONE),
                             L_kind(LOOM_LAYER_FLATTEN, 0, 0), L_dense(2, LOOM_ACT_NONE)};
     gradcheck("conv 1x1", pw, 4, LOOM_LOSS_MSE, shp(3, 4, 5, 1), LOOM_F32, 2, 1);
+    /* one input channel runs the direct kernels: SAME and VALID, strides 1 and 2, 5x5 as in the CNN, and a
+     * cin = 1 conv that needs its input gradient (after a 1-filter conv) */
+    loom_layer_spec d1[] = {L_conv(3, 5, 1, LOOM_PAD_SAME, LOOM_ACT_TANH), L_kind(LOOM_LAYER_FLATTEN, 0, 0),
+                            L_dense(3, LOOM_ACT_NONE)};
+    gradcheck("conv cin 1, 5x5 same", d1, 3, LOOM_LOSS_SPARSE_SOFTMAX_CE, shp(3, 9, 8, 1), LOOM_I32, 3, 1);
+    loom_layer_spec d2[] = {L_conv(1, 3, 2, LOOM_PAD_SAME, LOOM_ACT_TANH), L_conv(4, 2, 1, LOOM_PAD_VALID, LOOM_ACT_TANH),
+                            L_conv(2, 3, 2, LOOM_PAD_VALID, LOOM_ACT_NONE), L_kind(LOOM_LAYER_FLATTEN, 0, 0),
+                            L_dense(2, LOOM_ACT_NONE)};
+    gradcheck("conv cin 1, stride 2, with dx", d2, 5, LOOM_LOSS_MSE, shp(3, 11, 10, 1), LOOM_F32, 2, 1);
     /* TF's SAME rule: in 7, k 3, s 2 -> out 4, pad_total 2 -> 1 before */
     fixture f;
     loom_layer_spec one[] = {L_conv(1, 3, 2, LOOM_PAD_SAME, LOOM_ACT_NONE), L_kind(LOOM_LAYER_FLATTEN, 0, 0),
@@ -918,6 +927,8 @@ static void test_threads(void)
                              L_kind(LOOM_LAYER_FLATTEN, 0, 0), L_dense(12, LOOM_ACT_RELU),
                              L_kind(LOOM_LAYER_DROPOUT, 0.4, 0), L_dense(4, LOOM_ACT_NONE)};
     check_threads("cnn + dropout, CE", cnn, 8, LOOM_LOSS_SPARSE_SOFTMAX_CE, shp(3, 12, 10, 3), 7);
+    /* one input channel: the direct first conv */
+    check_threads("cnn cin 1, CE", cnn, 8, LOOM_LOSS_SPARSE_SOFTMAX_CE, shp(3, 12, 10, 1), 7);
 
     /* a fresh model with the same seed and threads gives the same step, bit for bit */
     fixture a, b;
@@ -950,6 +961,68 @@ static void test_threads(void)
     }
     fixture_free(&a);
     fixture_free(&b);
+    loom_blas_set_threads(1);
+}
+
+/* Dense kernel and bias gradients are one product over the whole batch, split
+ * into parts (kernel rows, bias columns) across threads: at the real MLP's
+ * shapes, for 1 to 4 parts and odd batches, every part count gives the
+ * float64 reference x^T dz within 1e-5, the 1-thread gradients within 1e-5,
+ * and the same bits run to run. */
+static void test_dense_split(void)
+{
+    loom_layer_spec mlp[] = {L_dense(256, LOOM_ACT_RELU), L_dense(128, LOOM_ACT_TANH), L_dense(10, LOOM_ACT_NONE)};
+    fixture f;
+    if (fixture_new(&f, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 3, mlp), shp(1, 784, 0, 0), LOOM_I32, 128, 11) != LOOM_OK) {
+        CHECK_MSG(0, "cannot build");
+        return;
+    }
+    const int64_t P = loom_model_num_params(f.m);
+    const int64_t batches[] = {128, 97, 3};
+    for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
+        int64_t B = batches[bi];
+        step_out one;
+        run_threads(&f, 1, B, 5, &one);
+        /* float64 reference of every dense layer's dW and db from the step's dz and inputs */
+        for (int li = 0; li < 3; li++) {
+            const nn_layer_ *l = &f.m->layer[li];
+            const float *x = li ? f.m->layer[li - 1].y : f.x.data, *dz = l->dz;
+            double worst = 0;
+            for (int64_t r = 0; r < l->n_in; r++)
+                for (int64_t c = 0; c < l->n_out; c++) {
+                    double s = 0, a = 0;
+                    for (int64_t b = 0; b < B; b++) {
+                        s += (double)x[b * l->n_in + r] * dz[b * l->n_out + c];
+                        a += fabs((double)x[b * l->n_in + r] * dz[b * l->n_out + c]);
+                    }
+                    double e = fabs(one.grads[l->kernel_off + r * l->n_out + c] - s) / (a + 1e-30);
+                    worst = e > worst ? e : worst;
+                }
+            for (int64_t c = 0; c < l->n_out; c++) {
+                double s = 0, a = 0;
+                for (int64_t b = 0; b < B; b++) {
+                    s += dz[b * l->n_out + c];
+                    a += fabs(dz[b * l->n_out + c]);
+                }
+                double e = fabs(one.grads[l->bias_off + c] - s) / (a + 1e-30);
+                worst = e > worst ? e : worst;
+            }
+            CHECK_MSG(worst < 1e-5, "B=%lld layer %d: dW/db vs float64 reference: %.3g", (long long)B, li, worst);
+        }
+        for (int t = 2; t <= 4; t++) {
+            step_out o, again;
+            run_threads(&f, t, B, 5, &o);
+            CHECK_MSG(close_vec("grads", one.grads, o.grads, P), "B=%lld threads %d: gradients differ", (long long)B, t);
+            CHECK(o.loss == one.loss || fabs(o.loss - one.loss) <= 1e-6 * fabs(one.loss));
+            run_threads(&f, t, B, 5, &again);
+            CHECK_MSG(!memcmp(again.grads, o.grads, (size_t)P * sizeof(float)), "B=%lld threads %d: two runs differ",
+                      (long long)B, t);
+            step_out_free(&again);
+            step_out_free(&o);
+        }
+        step_out_free(&one);
+    }
+    fixture_free(&f);
     loom_blas_set_threads(1);
 }
 
@@ -1057,6 +1130,7 @@ static const loom_test tests[] = {
     {"reproducible init and layout", test_reproducible},
     {"shape errors", test_shape_errors},
     {"intra-op threads match one thread", test_threads},
+    {"dense gradients split across threads", test_dense_split},
     {"optimizer over a pool", test_optimizer_pool},
     {"timing", test_timing},
     {0},
