@@ -227,11 +227,12 @@ static const command commands[] = {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: loom COMMAND CONFIG [options]\n\ncommands:\n");
+    fprintf(f, "usage: loom COMMAND ARGS [options]   (most commands take a CONFIG file)\n\ncommands:\n");
     for (int i = 0; i < N_COMMANDS; i++) fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].summary);
     fprintf(f,
-            "\noptions for every command:\n"
-            "  --set key.path=value  override a config setting (libconfig syntax; quotes optional for strings)\n"
+            "\noptions:\n"
+            "  --set key.path=value  override a config setting (commands that read a config;\n"
+            "                        libconfig syntax; quotes optional for strings)\n"
             "  --quiet, --verbose    less or more logging\n"
             "  -h, --help            help (loom COMMAND --help for a command's)\n"
             "  --version             print the version\n"
