@@ -1064,54 +1064,84 @@ static void check_fill(ctx *c, const config_setting_t *s, loom_tfr_dtype dt)
     if (dt == LOOM_TFR_UINT8) get_int_in(c, s, 0, 255, &x);
 }
 
-static void parse_tfr_features(ctx *c, const config_setting_t *s, void *base)
+/* One kind of NAME = { ... } group under a source (tfrecord features, csv
+ * columns, synthetic features): the shared grammar is walked by
+ * parse_feature_groups, the kind-specific cross-checks are left to check. */
+typedef struct feature_kind {
+    const char *noun;     /* "features" | "columns", in the count error */
+    const char *body;     /* the entry's grammar in errors: "dtype = ...; shape = [...];" */
+    const char *example;  /* the hint's entry body: "dtype = \"int64\"; shape = [];" */
+    const opt  *opts;     /* the entry's option table; tbl[0] is its kind (dtype) */
+    size_t      size;     /* sizeof one entry of items */
+    void (*check)(ctx *c, const loom_source_spec *src, const config_setting_t *g, const char *name, void *item,
+                  int k);
+} feature_kind;
+
+/* Parses group s into items[0..] (src->tfr, ->csv or ->syn) and src->feature,
+ * counting them in src->n_features. */
+static void parse_feature_groups(ctx *c, const config_setting_t *s, loom_source_spec *src, void *items,
+                                 const feature_kind *fk)
 {
-    loom_source_spec *src = base;
     char v[300];
     if (!config_setting_is_group(s)) {
-        cerr(c, s, "expected a group { NAME = { dtype = ...; shape = [...]; }; ... }, got %s",
-             value_str(s, v, sizeof v));
+        cerr(c, s, "expected a group { NAME = { %s }; ... }, got %s", fk->body, value_str(s, v, sizeof v));
         return;
     }
     int n = config_setting_length(s);
     if (n < 1 || n > LOOM_MAX_FEATURES) {
-        cerr(c, s, "expected 1 to %d features, got %d", LOOM_MAX_FEATURES, n);
+        cerr(c, s, "expected 1 to %d %s, got %d", LOOM_MAX_FEATURES, fk->noun, n);
         return;
     }
     for (int i = 0; i < n; i++) {
         const config_setting_t *g = config_setting_get_elem(s, i);
         const char *name = config_setting_name(g);
         if (!config_setting_is_group(g)) {
-            loom_err *e =
-                cerr(c, g, "expected a group { dtype = ...; shape = [...]; }, got %s", value_str(g, v, sizeof v));
-            if (e) loom_err_hint(e, "e.g. %s = { dtype = \"int64\"; shape = []; };", name);
+            loom_err *e = cerr(c, g, "expected a group { %s }, got %s", fk->body, value_str(g, v, sizeof v));
+            if (e) loom_err_hint(e, "e.g. %s = { %s };", name, fk->example);
             continue;
         }
         if (strlen(name) >= LOOM_NAME_MAX) {
             cerr(c, g, "feature name is too long (at most %d characters)", LOOM_NAME_MAX - 1);
             continue;
         }
-        loom_tfr_feature *f = &src->tfr[src->n_features];
-        int k = parse_kind(c, g, tfr_feature_opts, f);
-        parse_opts(c, g, tfr_feature_opts, k, f);
-        scope sc = {tfr_feature_opts, k, NULL};
+        void *item = (char *)items + (size_t)src->n_features * fk->size;
+        int k = parse_kind(c, g, fk->opts, item);
+        parse_opts(c, g, fk->opts, k, item);
+        scope sc = {fk->opts, k, NULL};
         check_keys(c, g, &sc, 1);
-        const config_setting_t *def = config_setting_get_member(g, "default");
-        const config_setting_t *pad = config_setting_get_member(g, "pad");
-        const config_setting_t *shp = config_setting_get_member(g, "shape");
-        f->has_default = def != NULL;
-        if (k >= 0) {
-            check_fill(c, def, (loom_tfr_dtype)k);
-            check_fill(c, pad, (loom_tfr_dtype)k);
-        }
-        if (def && f->var_len)
-            cerr(c, def, "default applies only to fixed-length features (a missing var_len feature is all pad)");
-        if (pad && !f->var_len) cerr(c, pad, "pad applies only with var_len = true");
-        if (f->var_len && shp && f->rank == 0 && config_setting_length(shp) == 0)
-            cerr(c, shp, "a var_len feature needs a shape with at least one dimension (its maximum length)");
+        fk->check(c, src, g, name, item, k);
         snprintf(src->feature[src->n_features], LOOM_NAME_MAX, "%s", name);
         src->n_features++;
     }
+}
+
+static void check_tfr_feature(ctx *c, const loom_source_spec *src, const config_setting_t *g, const char *name,
+                              void *item, int k)
+{
+    (void)src;
+    (void)name;
+    loom_tfr_feature *f = item;
+    const config_setting_t *def = config_setting_get_member(g, "default");
+    const config_setting_t *pad = config_setting_get_member(g, "pad");
+    const config_setting_t *shp = config_setting_get_member(g, "shape");
+    f->has_default = def != NULL;
+    if (k >= 0) {
+        check_fill(c, def, (loom_tfr_dtype)k);
+        check_fill(c, pad, (loom_tfr_dtype)k);
+    }
+    if (def && f->var_len)
+        cerr(c, def, "default applies only to fixed-length features (a missing var_len feature is all pad)");
+    if (pad && !f->var_len) cerr(c, pad, "pad applies only with var_len = true");
+    if (f->var_len && shp && f->rank == 0 && config_setting_length(shp) == 0)
+        cerr(c, shp, "a var_len feature needs a shape with at least one dimension (its maximum length)");
+}
+
+static void parse_tfr_features(ctx *c, const config_setting_t *s, void *base)
+{
+    static const feature_kind fk = {"features", "dtype = ...; shape = [...];", "dtype = \"int64\"; shape = [];",
+                                    tfr_feature_opts, sizeof(loom_tfr_feature), check_tfr_feature};
+    loom_source_spec *src = base;
+    parse_feature_groups(c, s, src, src->tfr, &fk);
 }
 
 /* ---- csv, text and synthetic sources -------------------------------------- */
@@ -1148,53 +1178,32 @@ static void parse_delimiter(ctx *c, const config_setting_t *s, void *base)
     src->delimiter = d[0];
 }
 
+static void check_csv_column(ctx *c, const loom_source_spec *src, const config_setting_t *g, const char *name,
+                             void *item, int k)
+{
+    loom_csv_column *col = item;
+    const config_setting_t *def = config_setting_get_member(g, "default");
+    const config_setting_t *idx = config_setting_get_member(g, "index");
+    const config_setting_t *cn = config_setting_get_member(g, "column");
+    col->has_default = def != NULL;
+    if (k >= 0) check_value(c, def, (loom_cfg_dtype)k, false);
+    if (!src->header && !idx) {
+        loom_err *e = cerr(c, g, "missing required setting `index` (with header = false columns are selected by "
+                                 "position)");
+        if (e) loom_err_hint(e, "e.g. %s = { dtype = \"%s\"; index = 0; };", name, loom_cfg_name_(loom_cfg_dtype_names_, k));
+    }
+    if (idx && cn) cerr(c, cn, "give either index or column, not both");
+    if (!src->header && cn) cerr(c, cn, "column (a header name) needs header = true");
+    if (!col->column[0] && col->index < 0) snprintf(col->column, sizeof col->column, "%s", name);
+}
+
 static void parse_csv_columns(ctx *c, const config_setting_t *s, void *base)
 {
+    static const feature_kind fk = {"columns", "dtype = ...;", "dtype = \"float32\";", csv_column_opts,
+                                    sizeof(loom_csv_column), check_csv_column};
     loom_source_spec *src = base;
-    char v[300];
     if (!src->delimiter) src->delimiter = ','; /* delimiter (parsed before, when given) is a custom option */
-    if (!config_setting_is_group(s)) {
-        cerr(c, s, "expected a group { NAME = { dtype = ...; }; ... }, got %s", value_str(s, v, sizeof v));
-        return;
-    }
-    int n = config_setting_length(s);
-    if (n < 1 || n > LOOM_MAX_FEATURES) {
-        cerr(c, s, "expected 1 to %d columns, got %d", LOOM_MAX_FEATURES, n);
-        return;
-    }
-    for (int i = 0; i < n; i++) {
-        const config_setting_t *g = config_setting_get_elem(s, i);
-        const char *name = config_setting_name(g);
-        if (!config_setting_is_group(g)) {
-            loom_err *e = cerr(c, g, "expected a group { dtype = ...; }, got %s", value_str(g, v, sizeof v));
-            if (e) loom_err_hint(e, "e.g. %s = { dtype = \"float32\"; };", name);
-            continue;
-        }
-        if (strlen(name) >= LOOM_NAME_MAX) {
-            cerr(c, g, "feature name is too long (at most %d characters)", LOOM_NAME_MAX - 1);
-            continue;
-        }
-        loom_csv_column *col = &src->csv[src->n_features];
-        int k = parse_kind(c, g, csv_column_opts, col);
-        parse_opts(c, g, csv_column_opts, k, col);
-        scope sc = {csv_column_opts, k, NULL};
-        check_keys(c, g, &sc, 1);
-        const config_setting_t *def = config_setting_get_member(g, "default");
-        const config_setting_t *idx = config_setting_get_member(g, "index");
-        const config_setting_t *cn = config_setting_get_member(g, "column");
-        col->has_default = def != NULL;
-        if (k >= 0) check_value(c, def, (loom_cfg_dtype)k, false);
-        if (!src->header && !idx) {
-            loom_err *e = cerr(c, g, "missing required setting `index` (with header = false columns are selected by "
-                                     "position)");
-            if (e) loom_err_hint(e, "e.g. %s = { dtype = \"%s\"; index = 0; };", name, loom_cfg_name_(loom_cfg_dtype_names_, k));
-        }
-        if (idx && cn) cerr(c, cn, "give either index or column, not both");
-        if (!src->header && cn) cerr(c, cn, "column (a header name) needs header = true");
-        if (!col->column[0] && col->index < 0) snprintf(col->column, sizeof col->column, "%s", name);
-        snprintf(src->feature[src->n_features], LOOM_NAME_MAX, "%s", name);
-        src->n_features++;
-    }
+    parse_feature_groups(c, s, src, src->csv, &fk);
 }
 
 static void parse_syn_shape(ctx *c, const config_setting_t *s, void *base)
@@ -1206,58 +1215,37 @@ static void parse_syn_shape(ctx *c, const config_setting_t *s, void *base)
     memcpy(f->shape, t.shape, sizeof f->shape);
 }
 
+static void check_syn_feature(ctx *c, const loom_source_spec *src, const config_setting_t *g, const char *name,
+                              void *item, int k)
+{
+    (void)src;
+    loom_syn_feature *f = item;
+    const config_setting_t *lo = config_setting_get_member(g, "min");
+    const config_setting_t *hi = config_setting_get_member(g, "max");
+    const config_setting_t *ds = config_setting_get_member(g, "distribution");
+    if (k >= 0 && cfg_dtype_is_int((loom_cfg_dtype)k)) {
+        if (f->dist == LOOM_SYN_NORMAL && ds)
+            cerr(c, ds, "normal applies only to float32 and float64 features (this one is %s)",
+                 loom_cfg_dtype_names_[k]);
+        if (!hi && f->dist == LOOM_SYN_UNIFORM) {
+            loom_err *e = cerr(c, g, "missing required setting `max` (integer features draw from [min, max))");
+            if (e) loom_err_hint(e, "e.g. %s = { dtype = \"%s\"; max = 10; };", name, loom_cfg_dtype_names_[k]);
+        }
+        bool ok = check_value(c, lo, (loom_cfg_dtype)k, false) && check_value(c, hi, (loom_cfg_dtype)k, true);
+        if (ok && hi && !(f->max > f->min))
+            cerr(c, hi, "max must be greater than min (%g), got %g", f->min, f->max);
+    } else if (k >= 0 && f->dist == LOOM_SYN_UNIFORM && !(f->max > f->min)) {
+        cerr(c, hi ? hi : g, "max must be greater than min (min = %g, max = %g)", f->min, f->max);
+    }
+}
+
 static void parse_syn_features(ctx *c, const config_setting_t *s, void *base)
 {
+    static const feature_kind fk = {"features", "dtype = ...; shape = [...];",
+                                    "dtype = \"float32\"; shape = [28, 28];", syn_feature_opts,
+                                    sizeof(loom_syn_feature), check_syn_feature};
     loom_source_spec *src = base;
-    char v[300];
-    if (!config_setting_is_group(s)) {
-        cerr(c, s, "expected a group { NAME = { dtype = ...; shape = [...]; }; ... }, got %s",
-             value_str(s, v, sizeof v));
-        return;
-    }
-    int n = config_setting_length(s);
-    if (n < 1 || n > LOOM_MAX_FEATURES) {
-        cerr(c, s, "expected 1 to %d features, got %d", LOOM_MAX_FEATURES, n);
-        return;
-    }
-    for (int i = 0; i < n; i++) {
-        const config_setting_t *g = config_setting_get_elem(s, i);
-        const char *name = config_setting_name(g);
-        if (!config_setting_is_group(g)) {
-            loom_err *e =
-                cerr(c, g, "expected a group { dtype = ...; shape = [...]; }, got %s", value_str(g, v, sizeof v));
-            if (e) loom_err_hint(e, "e.g. %s = { dtype = \"float32\"; shape = [28, 28]; };", name);
-            continue;
-        }
-        if (strlen(name) >= LOOM_NAME_MAX) {
-            cerr(c, g, "feature name is too long (at most %d characters)", LOOM_NAME_MAX - 1);
-            continue;
-        }
-        loom_syn_feature *f = &src->syn[src->n_features];
-        int k = parse_kind(c, g, syn_feature_opts, f);
-        parse_opts(c, g, syn_feature_opts, k, f);
-        scope sc = {syn_feature_opts, k, NULL};
-        check_keys(c, g, &sc, 1);
-        const config_setting_t *lo = config_setting_get_member(g, "min");
-        const config_setting_t *hi = config_setting_get_member(g, "max");
-        const config_setting_t *ds = config_setting_get_member(g, "distribution");
-        if (k >= 0 && cfg_dtype_is_int((loom_cfg_dtype)k)) {
-            if (f->dist == LOOM_SYN_NORMAL && ds)
-                cerr(c, ds, "normal applies only to float32 and float64 features (this one is %s)",
-                     loom_cfg_dtype_names_[k]);
-            if (!hi && f->dist == LOOM_SYN_UNIFORM) {
-                loom_err *e = cerr(c, g, "missing required setting `max` (integer features draw from [min, max))");
-                if (e) loom_err_hint(e, "e.g. %s = { dtype = \"%s\"; max = 10; };", name, loom_cfg_dtype_names_[k]);
-            }
-            bool ok = check_value(c, lo, (loom_cfg_dtype)k, false) && check_value(c, hi, (loom_cfg_dtype)k, true);
-            if (ok && hi && !(f->max > f->min))
-                cerr(c, hi, "max must be greater than min (%g), got %g", f->min, f->max);
-        } else if (k >= 0 && f->dist == LOOM_SYN_UNIFORM && !(f->max > f->min)) {
-            cerr(c, hi ? hi : g, "max must be greater than min (min = %g, max = %g)", f->min, f->max);
-        }
-        snprintf(src->feature[src->n_features], LOOM_NAME_MAX, "%s", name);
-        src->n_features++;
-    }
+    parse_feature_groups(c, s, src, src->syn, &fk);
 }
 
 static void parse_shape(ctx *c, const config_setting_t *s, void *base)

@@ -51,6 +51,11 @@ void dstage_gauge_(int64_t *field, int64_t v);
 int64_t dstage_load_(const int64_t *field);
 /* Error located at the stage's spec: where = file:line, message prefixed with the setting path. */
 int  dstage_err_(const dstage *s, loom_err *err, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* Ready-made ops for stateless stages: rewind only the input, no state of their own, a close that frees s alone. */
+int  dstage_pass_rewind_(dstage *s, int64_t epoch, loom_err *err);
+void dstage_no_save_(dstage *s, loom_buf *b);
+int  dstage_no_restore_(dstage *s, loom_buf *b, loom_err *err);
+void dstage_free_(dstage *s);
 
 /* ---- element slot pools (elem.c) ---------------------------------------- */
 
@@ -151,6 +156,23 @@ static inline int src_file_getc_(src_file *r)
     r->offset++;
     return r->buf[r->pos++];
 }
+/* Records r's sticky read error (LOOM_EIO, where = path); returns LOOM_EIO. */
+int  src_file_read_err_(const src_file *r, const char *path, loom_err *err);
+
+/* The state of a line-oriented file-list source (csv, text): epoch, file
+ * index, and in the open file the byte offset and line of the next read
+ * (both 0 when no file is open). */
+typedef struct src_pos {
+    int64_t  epoch, fi;
+    uint64_t offset;
+    int64_t  line;
+    bool     done;
+} src_pos;
+void src_pos_save_(loom_buf *b, const src_pos *p);
+/* Reads what src_pos_save_ wrote and checks it against n_files; an open file
+ * (offset > 0) must be at line >= min_line. what ("csv", "text") names the
+ * source in the LOOM_ECHECKPOINT message. */
+int  src_pos_restore_(loom_buf *b, const char *what, int64_t n_files, int64_t min_line, src_pos *p, loom_err *err);
 
 /* ---- CSV records (source_csv.c; also driven by tests/fuzz/fuzz_csv.c) ------- */
 

@@ -69,6 +69,11 @@ void dstage_init_(dstage *s, const dstage_ops *ops, dstage *in, int id, const lo
     }
 }
 
+int dstage_pass_rewind_(dstage *s, int64_t epoch, loom_err *err) { return s->in->ops->rewind(s->in, epoch, err); }
+void dstage_no_save_(dstage *s, loom_buf *b) { (void)s; (void)b; }
+int dstage_no_restore_(dstage *s, loom_buf *b, loom_err *err) { (void)s; (void)b; (void)err; return LOOM_OK; }
+void dstage_free_(dstage *s) { loom_free(s); }
+
 int dstage_err_(const dstage *s, loom_err *err, int code, const char *fmt, ...)
 {
     char msg[sizeof err->msg];

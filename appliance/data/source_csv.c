@@ -75,8 +75,7 @@ int csv_read_record_(src_file *in, const char *path, char delim, int64_t *line, 
         c = src_file_peek_(in);
         if (c < 0) {
             if (in->error)
-                return loom_err_set(err, LOOM_EIO, path, "read() failed at byte %llu: %s",
-                                    (unsigned long long)in->offset, strerror(in->error));
+                return src_file_read_err_(in, path, err);
             return LOOM_EEOF;
         }
         if (c == '\n') {
@@ -107,8 +106,7 @@ int csv_read_record_(src_file *in, const char *path, char delim, int64_t *line, 
         c = src_file_getc_(in);
         if (c < 0) {
             if (in->error)
-                return loom_err_set(err, LOOM_EIO, path, "read() failed at byte %llu: %s",
-                                    (unsigned long long)in->offset, strerror(in->error));
+                return src_file_read_err_(in, path, err);
             if (st == ST_QUOTED) {
                 snprintf(where, sizeof where, "%s:%lld", path, (long long)qline);
                 loom_err_set(err, LOOM_EDATA, where, "field %d: the quoted field that starts here is never closed",
@@ -362,32 +360,22 @@ static int csv_rewind(dstage *st, int64_t epoch, loom_err *err)
 static void csv_save(dstage *st, loom_buf *b)
 {
     csv_source *t = (csv_source *)st;
-    loom_buf_put_i64(b, t->epoch);
-    loom_buf_put_i64(b, t->fi);
-    loom_buf_put_u64(b, t->open ? t->in.offset : 0);
-    loom_buf_put_i64(b, t->open ? t->line : 0);
-    loom_buf_put_u32(b, t->done);
+    src_pos p = {t->epoch, t->fi, t->open ? t->in.offset : 0, t->open ? t->line : 0, t->done};
+    src_pos_save_(b, &p);
 }
 
 static int csv_restore(dstage *st, loom_buf *b, loom_err *err)
 {
     csv_source *t = (csv_source *)st;
-    int64_t epoch = loom_buf_get_i64(b), fi = loom_buf_get_i64(b);
-    uint64_t offset = loom_buf_get_u64(b);
-    int64_t line = loom_buf_get_i64(b);
-    uint32_t done = loom_buf_get_u32(b);
-    if (b->failed || epoch < 0 || fi < 0 || fi > t->n_files || line < 0 || done > 1 || (fi == t->n_files && offset) ||
-        (offset && line < 1))
-        return loom_err_set(err, LOOM_ECHECKPOINT, NULL,
-                            "iterator state is corrupt: csv position (file %lld, byte %llu, line %lld) out of range "
-                            "(%lld files)",
-                            (long long)fi, (unsigned long long)offset, (long long)line, (long long)t->n_files);
+    src_pos p;
+    int rc = src_pos_restore_(b, "csv", t->n_files, 1, &p, err);
+    if (rc) return rc;
     close_file(t);
-    t->epoch = epoch;
-    t->fi = fi;
-    t->done = done;
-    if (offset) {
-        int rc = open_file(t, offset, line, err);
+    t->epoch = p.epoch;
+    t->fi = p.fi;
+    t->done = p.done;
+    if (p.offset) {
+        rc = open_file(t, p.offset, p.line, err);
         if (rc) {
             loom_err_hint(err, "restart the input from the beginning of an epoch, or restore the original files");
             return rc;

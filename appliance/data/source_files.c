@@ -2,7 +2,7 @@
  * expanding the spec's glob patterns into a sorted, duplicate-free file list
  * (tf.data.Dataset.list_files with shuffle=False), and a buffered reader of
  * one plain file that tracks its byte offset, so a stage can save "file,
- * offset" and reopen there.
+ * offset" and reopen there; the saved position of the csv and text sources.
  * Threads: none of its own; a reader belongs to one stage. */
 #include "data_internal.h"
 
@@ -116,4 +116,35 @@ int src_file_refill_(src_file *r)
     r->len = fread(r->buf, 1, SRC_FILE_BUF, r->f);
     if (r->len == 0 && ferror(r->f)) r->error = errno ? errno : EIO;
     return r->len > 0;
+}
+
+int src_file_read_err_(const src_file *r, const char *path, loom_err *err)
+{
+    return loom_err_set(err, LOOM_EIO, path, "read() failed at byte %llu: %s", (unsigned long long)r->offset,
+                        strerror(r->error));
+}
+
+void src_pos_save_(loom_buf *b, const src_pos *p)
+{
+    loom_buf_put_i64(b, p->epoch);
+    loom_buf_put_i64(b, p->fi);
+    loom_buf_put_u64(b, p->offset);
+    loom_buf_put_i64(b, p->line);
+    loom_buf_put_u32(b, p->done);
+}
+
+int src_pos_restore_(loom_buf *b, const char *what, int64_t n_files, int64_t min_line, src_pos *p, loom_err *err)
+{
+    int64_t epoch = loom_buf_get_i64(b), fi = loom_buf_get_i64(b);
+    uint64_t offset = loom_buf_get_u64(b);
+    int64_t line = loom_buf_get_i64(b);
+    uint32_t done = loom_buf_get_u32(b);
+    if (b->failed || epoch < 0 || fi < 0 || fi > n_files || line < 0 || done > 1 || (fi == n_files && offset) ||
+        (offset && line < min_line))
+        return loom_err_set(err, LOOM_ECHECKPOINT, NULL,
+                            "iterator state is corrupt: %s position (file %lld, byte %llu, line %lld) out of range "
+                            "(%lld files)",
+                            what, (long long)fi, (unsigned long long)offset, (long long)line, (long long)n_files);
+    *p = (src_pos){.epoch = epoch, .fi = fi, .offset = offset, .line = line, .done = done};
+    return LOOM_OK;
 }

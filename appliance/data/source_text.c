@@ -55,8 +55,7 @@ static int text_next(dstage *st, loom_elem **out, loom_err *err)
         int c = src_file_getc_(&t->in);
         if (c < 0) {
             if (t->in.error)
-                return loom_err_set(err, LOOM_EIO, t->files[t->fi], "read() failed at byte %llu: %s",
-                                    (unsigned long long)t->in.offset, strerror(t->in.error));
+                return src_file_read_err_(&t->in, t->files[t->fi], err);
             close_file(t);
             t->fi++;
             continue;
@@ -69,8 +68,7 @@ static int text_next(dstage *st, loom_elem **out, loom_err *err)
             last = c;
         }
         if (c < 0 && t->in.error)
-            return loom_err_set(err, LOOM_EIO, t->files[t->fi], "read() failed at byte %llu: %s",
-                                (unsigned long long)t->in.offset, strerror(t->in.error));
+            return src_file_read_err_(&t->in, t->files[t->fi], err);
         int64_t at = t->lineno++;
         if (last == '\r') n--; /* CRLF */
         if (n > t->max_length) {
@@ -104,32 +102,22 @@ static int text_rewind(dstage *st, int64_t epoch, loom_err *err)
 static void text_save(dstage *st, loom_buf *b)
 {
     text_source *t = (text_source *)st;
-    loom_buf_put_i64(b, t->epoch);
-    loom_buf_put_i64(b, t->fi);
-    loom_buf_put_u64(b, t->open ? t->in.offset : 0);
-    loom_buf_put_i64(b, t->open ? t->lineno : 0);
-    loom_buf_put_u32(b, t->done);
+    src_pos p = {t->epoch, t->fi, t->open ? t->in.offset : 0, t->open ? t->lineno : 0, t->done};
+    src_pos_save_(b, &p);
 }
 
 static int text_restore(dstage *st, loom_buf *b, loom_err *err)
 {
     text_source *t = (text_source *)st;
-    int64_t epoch = loom_buf_get_i64(b), fi = loom_buf_get_i64(b);
-    uint64_t offset = loom_buf_get_u64(b);
-    int64_t lineno = loom_buf_get_i64(b);
-    uint32_t done = loom_buf_get_u32(b);
-    if (b->failed || epoch < 0 || fi < 0 || fi > t->n_files || lineno < 0 || done > 1 || (fi == t->n_files && offset) ||
-        (offset && lineno < 2))
-        return loom_err_set(err, LOOM_ECHECKPOINT, NULL,
-                            "iterator state is corrupt: text position (file %lld, byte %llu, line %lld) out of range "
-                            "(%lld files)",
-                            (long long)fi, (unsigned long long)offset, (long long)lineno, (long long)t->n_files);
+    src_pos p;
+    int rc = src_pos_restore_(b, "text", t->n_files, 2, &p, err);
+    if (rc) return rc;
     close_file(t);
-    t->epoch = epoch;
-    t->fi = fi;
-    t->done = done;
-    if (offset) {
-        int rc = open_file(t, offset, lineno, err);
+    t->epoch = p.epoch;
+    t->fi = p.fi;
+    t->done = p.done;
+    if (p.offset) {
+        rc = open_file(t, p.offset, p.line, err);
         if (rc) {
             loom_err_hint(err, "restart the input from the beginning of an epoch, or restore the original files");
             return rc;

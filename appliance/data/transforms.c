@@ -674,10 +674,6 @@ static int batch_next(dstage *st, loom_elem **out, loom_err *err)
     return LOOM_OK;
 }
 
-static int pass_rewind(dstage *st, int64_t epoch, loom_err *err) { return st->in->ops->rewind(st->in, epoch, err); }
-static void nothing_save(dstage *st, loom_buf *b) { (void)st; (void)b; }
-static int nothing_restore(dstage *st, loom_buf *b, loom_err *err) { (void)st; (void)b; (void)err; return LOOM_OK; }
-
 static void batch_close(dstage *st)
 {
     for (int f = 0; f < st->out.n; f++) loom_tensor_fini(&st->out.t[f]);
@@ -685,7 +681,8 @@ static void batch_close(dstage *st)
 }
 
 static const dstage_ops batch_ops = {
-    .next = batch_next, .rewind = pass_rewind, .save = nothing_save, .restore = nothing_restore, .close = batch_close,
+    .next = batch_next, .rewind = dstage_pass_rewind_, .save = dstage_no_save_, .restore = dstage_no_restore_,
+    .close = batch_close,
 };
 
 int batch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err)
@@ -804,8 +801,6 @@ static int count_restore(dstage *st, loom_buf *b, loom_err *err)
     return LOOM_OK;
 }
 
-static void count_close(dstage *st) { loom_free(st); }
-
 static int take_next(dstage *st, loom_elem **out, loom_err *err)
 {
     countst *s = (countst *)st;
@@ -847,13 +842,13 @@ static int count_rewind(dstage *st, int64_t epoch, loom_err *err)
 }
 
 static const dstage_ops repeat_ops = {
-    .next = repeat_next, .rewind = repeat_rewind, .save = count_save, .restore = count_restore, .close = count_close,
+    .next = repeat_next, .rewind = repeat_rewind, .save = count_save, .restore = count_restore, .close = dstage_free_,
 };
 static const dstage_ops take_ops = {
-    .next = take_next, .rewind = count_rewind, .save = count_save, .restore = count_restore, .close = count_close,
+    .next = take_next, .rewind = count_rewind, .save = count_save, .restore = count_restore, .close = dstage_free_,
 };
 static const dstage_ops skip_ops = {
-    .next = skip_next, .rewind = count_rewind, .save = count_save, .restore = count_restore, .close = count_close,
+    .next = skip_next, .rewind = count_rewind, .save = count_save, .restore = count_restore, .close = dstage_free_,
 };
 
 static int count_open(dstage **out, dstage *in, int id, const loom_transform_spec *t, const dstage_ops *ops, const char *name,

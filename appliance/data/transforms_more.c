@@ -16,11 +16,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int pass_rewind(dstage *st, int64_t epoch, loom_err *err) { return st->in->ops->rewind(st->in, epoch, err); }
-static void nothing_save(dstage *st, loom_buf *b) { (void)st; (void)b; }
-static int nothing_restore(dstage *st, loom_buf *b, loom_err *err) { (void)st; (void)b; (void)err; return LOOM_OK; }
-static void plain_close(dstage *st) { loom_free(st); }
-
 static int truncated(dstage *st, loom_err *err)
 {
     return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "iterator state is truncated (%s)", st->name);
@@ -82,7 +77,8 @@ static int filter_next(dstage *st, loom_elem **out, loom_err *err)
 }
 
 static const dstage_ops filter_ops = {
-    .next = filter_next, .rewind = pass_rewind, .save = nothing_save, .restore = nothing_restore, .close = plain_close,
+    .next = filter_next, .rewind = dstage_pass_rewind_, .save = dstage_no_save_, .restore = dstage_no_restore_,
+    .close = dstage_free_,
 };
 
 int filter_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err)
@@ -168,7 +164,7 @@ static int shard_restore(dstage *st, loom_buf *b, loom_err *err)
 }
 
 static const dstage_ops shard_ops = {
-    .next = shard_next, .rewind = shard_rewind, .save = shard_save, .restore = shard_restore, .close = plain_close,
+    .next = shard_next, .rewind = shard_rewind, .save = shard_save, .restore = shard_restore, .close = dstage_free_,
 };
 
 int shard_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err)

@@ -6,6 +6,7 @@
  * LOOM_DATA_SKIP_CATALOG=1 skips the tests that read the real dataset
  * (for valgrind runs). */
 #include "harness.h"
+#include "test_util.h"
 #include "data/data.h"
 
 #include <stdint.h>
@@ -16,17 +17,6 @@
 #include <zlib.h>
 
 /* ---- fixtures ------------------------------------------------------------- */
-
-static char tmpdir[256];
-
-static const char *tpath(const char *name)
-{
-    static char buf[8][512];
-    static int k;
-    char *p = buf[k++ % 8];
-    snprintf(p, 512, "%s/%s", tmpdir, name);
-    return p;
-}
 
 static size_t idx_esize(uint8_t code)
 {
@@ -106,17 +96,6 @@ static void cleanup(void)
 /* ---- spec builders -------------------------------------------------------- */
 
 static loom_dataset_spec *spec_new(void) { return calloc(1, sizeof(loom_dataset_spec)); }
-
-static void spec_feature(loom_dataset_spec *s, const char *name, const char *file)
-{
-    loom_source_spec *src = &s->source;
-    src->kind = LOOM_SRC_IDX;
-    snprintf(src->loc.file, sizeof src->loc.file, "test.cfg");
-    src->loc.line = 3;
-    snprintf(src->feature[src->n_features], LOOM_NAME_MAX, "%s", name);
-    snprintf(src->file[src->n_features], LOOM_PATH_MAX, "%s", file);
-    src->n_features++;
-}
 
 /* the small fixture: image (4, 3) u8, label u8 */
 static loom_dataset_spec *spec_small(int gz)
@@ -206,23 +185,7 @@ static int collect_labels(loom_iter *it, int64_t *out, int max)
     return rc == LOOM_EEOF ? n : -1;
 }
 
-/* A growable byte log of whole elements (shapes + bytes), to compare sequences. */
-typedef struct blob {
-    uint8_t *p;
-    size_t   n, cap;
-    int      count;
-} blob;
-
-static void blob_put(blob *b, const void *p, size_t n)
-{
-    if (b->n + n > b->cap) {
-        b->cap = (b->n + n) * 2 + 1024;
-        b->p = realloc(b->p, b->cap);
-    }
-    memcpy(b->p + b->n, p, n);
-    b->n += n;
-}
-
+/* Logs shapes and bytes of every feature of e. */
 static void blob_elem(blob *b, const loom_elem *e)
 {
     for (int f = 0; f < e->n; f++) {

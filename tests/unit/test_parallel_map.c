@@ -5,6 +5,7 @@
  * report, and samples/s of Fashion-MNIST with parallel 1 vs 2 (a TAP
  * comment, not a check). LOOM_DATA_SKIP_CATALOG=1 skips the real dataset. */
 #include "harness.h"
+#include "test_util.h"
 #include "data/data.h"
 
 #include <stdint.h>
@@ -12,17 +13,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static char tmpdir[256];
-
-static const char *tpath(const char *name)
-{
-    static char buf[8][512];
-    static int k;
-    char *p = buf[k++ % 8];
-    snprintf(p, 512, "%s/%s", tmpdir, name);
-    return p;
-}
 
 /* An uncompressed IDX file of uint8 (code 0x08) or int32 (0x0C) values. */
 static void write_idx(const char *path, uint8_t code, int ndim, const uint32_t *dims, const void *vals)
@@ -65,17 +55,6 @@ static void setup(void)
 }
 
 /* ---- spec builders -------------------------------------------------------- */
-
-static void spec_feature(loom_dataset_spec *s, const char *name, const char *file)
-{
-    loom_source_spec *src = &s->source;
-    src->kind = LOOM_SRC_IDX;
-    snprintf(src->loc.file, sizeof src->loc.file, "test.cfg");
-    src->loc.line = 3;
-    snprintf(src->feature[src->n_features], LOOM_NAME_MAX, "%s", name);
-    snprintf(src->file[src->n_features], LOOM_PATH_MAX, "%s", file);
-    src->n_features++;
-}
 
 static loom_dataset_spec *spec_base(int bad_labels)
 {

@@ -7,23 +7,13 @@
  * good_text.cfg; the bad_csv/bad_synthetic goldens run in test_config).
  * Fixtures go to a temporary directory. */
 #include "harness.h"
+#include "test_util.h"
 #include "data/data_internal.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-static char tmpdir[256];
-
-static const char *tpath(const char *name)
-{
-    static char buf[8][512];
-    static int k;
-    char *p = buf[k++ % 8];
-    snprintf(p, 512, "%s/%s", tmpdir, name);
-    return p;
-}
 
 static void write_file(const char *name, const char *text)
 {

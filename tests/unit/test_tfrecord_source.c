@@ -7,6 +7,7 @@
  * (tests/configs/good_tfrecord.cfg; the bad_tfrecord_*.cfg goldens run in
  * test_config) and allocation failures. Fixtures go to a temporary directory. */
 #include "harness.h"
+#include "test_util.h"
 #include "data/data.h"
 
 #include <stdint.h>
@@ -14,17 +15,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static char tmpdir[256];
-
-static const char *tpath(const char *name)
-{
-    static char buf[8][512];
-    static int k;
-    char *p = buf[k++ % 8];
-    snprintf(p, 512, "%s/%s", tmpdir, name);
-    return p;
-}
 
 /* ---- fixtures: Fashion-MNIST-like Examples -------------------------------- */
 
@@ -480,22 +470,6 @@ static void test_corrupt(void)
 }
 
 /* ---- save / restore ------------------------------------------------------------- */
-
-typedef struct blob {
-    uint8_t *p;
-    size_t n, cap;
-    int count;
-} blob;
-
-static void blob_put(blob *b, const void *p, size_t n)
-{
-    if (b->n + n > b->cap) {
-        b->cap = (b->n + n) * 2 + 1024;
-        b->p = realloc(b->p, b->cap);
-    }
-    memcpy(b->p + b->n, p, n);
-    b->n += n;
-}
 
 /* One element, or EOF + rewind to the next epoch first; returns false after `epochs`. */
 static bool step(loom_iter *it, int *epoch, int epochs, blob *b)

@@ -5,6 +5,7 @@
  * their config options (load, print round trip). Fixtures live in a
  * temporary directory made at run time. */
 #include "harness.h"
+#include "test_util.h"
 #include "data/data.h"
 
 #include <stdint.h>
@@ -15,17 +16,6 @@
 #include <unistd.h>
 
 #define N 10
-
-static char tmpdir[256];
-
-static const char *tpath(const char *name)
-{
-    static char buf[8][512];
-    static int k;
-    char *p = buf[k++ % 8];
-    snprintf(p, 512, "%s/%s", tmpdir, name);
-    return p;
-}
 
 /* An uncompressed IDX file of uint8 values. */
 static void write_idx_u8(const char *path, int ndim, const uint32_t *dims, const uint8_t *vals)
@@ -171,22 +161,7 @@ static int eq(const int64_t *a, int n, const int64_t *b, int m)
     return 1;
 }
 
-/* A byte log of whole elements (rank, dims, bytes of every feature). */
-typedef struct blob {
-    uint8_t *p;
-    size_t   n, cap;
-} blob;
-
-static void blob_put(blob *b, const void *p, size_t n)
-{
-    if (b->n + n > b->cap) {
-        b->cap = (b->n + n) * 2 + 1024;
-        b->p = realloc(b->p, b->cap);
-    }
-    memcpy(b->p + b->n, p, n);
-    b->n += n;
-}
-
+/* Logs rank, dims and bytes of every feature of e. */
 static void blob_elem(blob *b, const loom_elem *e)
 {
     for (int f = 0; f < e->n; f++) {
