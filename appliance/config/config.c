@@ -28,7 +28,8 @@ const char *const loom_tfr_dtype_names_[] = {"uint8", "int64", "float32", NULL};
 const char *const loom_tfr_comp_names_[] = {"auto", "none", "gzip", "zlib", "zstd", NULL};
 const char *const loom_tfr_corrupt_names_[] = {"error", "skip", NULL};
 const char *const loom_map_names_[] = {"cast", "scale", "normalize", "one_hot", "reshape",
-                                       "random_flip_left_right", NULL};
+                                       "random_flip_left_right", "pad", "random_crop",
+                                       "per_image_standardization", NULL};
 const char *const loom_transform_names_[] = {"map", "shuffle", "batch", "repeat", "take", "skip", "prefetch",
                                              "filter", "shard", "enumerate", "unbatch", "padded_batch", "cache", NULL};
 const char *const loom_layer_names_[] = {"dense", "conv2d", "max_pool2d", "dropout", "flatten", "activation", NULL};
@@ -468,6 +469,9 @@ static const opt map_opts[] = {
     O_F64(loom_map_spec, "std", std, 1.0, 0, 0, F_LO_OPEN | F_NO_HI, MAP(NORMALIZE), 0, "(x - mean) / std"),
     O_INT(loom_map_spec, "depth", depth, 0, 1, INT_MAX, MAP(ONE_HOT), MAP(ONE_HOT), "number of classes"),
     O_CUSTOM("shape", parse_shape, MAP(RESHAPE), MAP(RESHAPE), "target shape, one dim may be -1"),
+    O_INT(loom_map_spec, "padding", padding, 0, 0, 1 << 20, MAP(PAD), MAP(PAD), "added on every side of H and W"),
+    O_F64(loom_map_spec, "value", value, 0.0, 0, 0, F_NO_LO | F_NO_HI, MAP(PAD), 0, "fill value of the padding"),
+    O_PAIR(loom_map_spec, "size", size, 0, 1, INT_MAX, MAP(RANDOM_CROP), MAP(RANDOM_CROP), "crop size: int or [h, w]"),
     O_END,
 };
 
@@ -788,7 +792,16 @@ static void check_keys(ctx *c, const config_setting_t *g, const scope *sc, int n
         const config_setting_t *s = config_setting_get_elem(g, i);
         const char *key = config_setting_name(s);
         bool known = false, ok = key_applies(key, sc, n_sc);
-        for (int j = 0; j < n_sc && !ok; j++) {
+        /* complain from the innermost ungated scope first: with op = "map" and fn = "pad",
+         * `size` is a random_crop setting before it is a batch one */
+        int order[8], no = 0;
+        LOOM_ASSERT(n_sc <= 8);
+        for (int j = n_sc - 1; j >= 0; j--)
+            if (!sc[j].gate) order[no++] = j;
+        for (int j = 0; j < n_sc; j++)
+            if (sc[j].gate) order[no++] = j;
+        for (int q = 0; q < n_sc && !ok; q++) {
+            int j = order[q];
             unsigned mask = 0;
             bool here = false;
             for (const opt *o = sc[j].tbl; o->name; o++)

@@ -132,6 +132,9 @@ typedef enum {
     LOOM_MAP_ONE_HOT,     /* depth; int feature -> float32 (depth,) */
     LOOM_MAP_RESHAPE,     /* shape; same element count */
     LOOM_MAP_FLIP_LR,     /* random_flip_left_right: (H, W) or (H, W, C), probability 0.5 */
+    LOOM_MAP_PAD,         /* pad: (H, W[, C]) -> (H + 2p, W + 2p[, C]) filled with value; unbatched only */
+    LOOM_MAP_RANDOM_CROP, /* random_crop: (H, W[, C]) -> (h, w[, C]) at uniform offsets; unbatched only */
+    LOOM_MAP_STANDARDIZE, /* per_image_standardization: (x - mean) / max(std, 1/sqrt(N)), float32; unbatched only */
 } loom_map_kind;
 
 typedef struct loom_map_spec {
@@ -143,6 +146,9 @@ typedef struct loom_map_spec {
     int            depth;                  /* one_hot (>= 1) */
     int            rank;                   /* reshape: target shape; one dim may be -1 */
     int64_t        shape[8];
+    int            padding;                /* pad (>= 0), on every side of H and W */
+    double         value;                  /* pad: the fill value */
+    int            size[2];                /* random_crop: [h, w] */
 } loom_map_spec;
 
 typedef enum {

@@ -247,6 +247,15 @@ static void print_dataset(FILE *f, const char *name, const loom_dataset_spec *ds
                 fputs(";\n", f);
                 break;
             case LOOM_MAP_FLIP_LR: break;
+            case LOOM_MAP_PAD:
+                kv_i64(f, 4, "padding", m->padding);
+                kv_f64(f, 4, "value", m->value);
+                break;
+            case LOOM_MAP_RANDOM_CROP:
+                ind(f, 4);
+                fprintf(f, "size = [%d, %d];\n", m->size[0], m->size[1]);
+                break;
+            case LOOM_MAP_STANDARDIZE: break;
             }
             if (t->parallel == LOOM_PARALLEL_AUTO) kv_str(f, 4, "parallel", "auto");
             else kv_i64(f, 4, "parallel", t->parallel > 0 ? t->parallel : 1);

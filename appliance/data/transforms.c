@@ -7,6 +7,7 @@
  * preallocated output. */
 #include "data_internal.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -95,7 +96,48 @@ static int is_int(loom_dtype t) { return t == LOOM_U8 || t == LOOM_I32 || t == L
 static const char *const map_names[] = {
     [LOOM_MAP_CAST] = "cast", [LOOM_MAP_SCALE] = "scale", [LOOM_MAP_NORMALIZE] = "normalize",
     [LOOM_MAP_ONE_HOT] = "one_hot", [LOOM_MAP_RESHAPE] = "reshape", [LOOM_MAP_FLIP_LR] = "random_flip_left_right",
+    [LOOM_MAP_PAD] = "pad", [LOOM_MAP_RANDOM_CROP] = "random_crop", [LOOM_MAP_STANDARDIZE] = "per_image_standardization",
 };
+
+/* Mean and population standard deviation of n values (two passes, in double). */
+#define STATS_LOOP_(ST)                                                                 \
+    {                                                                                   \
+        const ST *a = src;                                                              \
+        for (size_t i = 0; i < n; i++) sum += (double)a[i];                             \
+        *mean = sum / (double)n;                                                        \
+        for (size_t i = 0; i < n; i++) sq += ((double)a[i] - *mean) * ((double)a[i] - *mean); \
+        break;                                                                          \
+    }
+static void stats_vals(const void *src, loom_dtype sd, size_t n, double *mean, double *std)
+{
+    double sum = 0, sq = 0;
+    *mean = *std = 0;
+    if (!n) return;
+    switch (sd) {
+    case LOOM_U8: STATS_LOOP_(uint8_t)
+    case LOOM_I32: STATS_LOOP_(int32_t)
+    case LOOM_I64: STATS_LOOP_(int64_t)
+    case LOOM_F32: STATS_LOOP_(float)
+    case LOOM_F64: STATS_LOOP_(double)
+    default: LOOM_ASSERT(!"bad dtype");
+    }
+    *std = sqrt(sq / (double)n);
+}
+#undef STATS_LOOP_
+
+/* (H, W, px bytes) at src -> (H + 2p, W + 2p, px) at dst, the border filled with the dtype value at fill (esz bytes). */
+static void pad_image(const uint8_t *src, uint8_t *dst, int64_t H, int64_t W, int64_t p, size_t px, const uint8_t *fill,
+                      size_t esz)
+{
+    int64_t OW = W + 2 * p;
+    size_t total = (size_t)((H + 2 * p) * OW) * px, row = (size_t)W * px;
+    int zero = 1;
+    for (size_t k = 0; k < esz; k++) zero &= fill[k] == 0;
+    if (zero) memset(dst, 0, total);
+    else
+        for (size_t k = 0; k < total; k += esz) memcpy(dst + k, fill, esz);
+    for (int64_t h = 0; h < H; h++) memcpy(dst + (size_t)((h + p) * OW + p) * px, src + (size_t)h * row, row);
+}
 
 /* ---- map ------------------------------------------------------------------ */
 
@@ -226,6 +268,47 @@ int map_apply_(const dstage *st, loom_elem *e, int writable, uint8_t *buf, uint8
         *mut = 1;
         return LOOM_OK;
     }
+    case LOOM_MAP_PAD: { /* unbatched: (H, W[, C]) */
+        int64_t H = t->shape.dim[0], W = t->shape.dim[1], p = s->m.padding;
+        int64_t C = t->shape.rank == 3 ? t->shape.dim[2] : 1;
+        size_t esz = loom_dtype_size(t->dtype);
+        uint8_t fill[8];
+        double v = s->m.value;
+        convert(&v, LOOM_F64, fill, t->dtype, 1);
+        pad_image(t->data, buf, H, W, p, (size_t)C * esz, fill, esz);
+        t->shape.dim[0] = H + 2 * p;
+        t->shape.dim[1] = W + 2 * p;
+        t->data = buf;
+        *mut = 1;
+        return LOOM_OK;
+    }
+    case LOOM_MAP_RANDOM_CROP: { /* unbatched: (H, W[, C]) */
+        int64_t H = t->shape.dim[0], W = t->shape.dim[1], h = s->m.size[0], w = s->m.size[1];
+        int64_t C = t->shape.rank == 3 ? t->shape.dim[2] : 1;
+        if (H < h || W < w)
+            return dstage_err_(st, err, LOOM_EDATA, "map(random_crop) on \"%s\": element %lld is %lld x %lld, smaller than the "
+                               "crop %lld x %lld", st->spec.name[f], (long long)pos, (long long)H, (long long)W, (long long)h,
+                               (long long)w);
+        loom_rng g;
+        loom_rng_init(&g, s->seed, (uint64_t)st->id, (uint64_t)epoch, (uint64_t)pos);
+        int64_t oh = (int64_t)loom_rng_below(&g, (uint64_t)(H - h + 1));
+        int64_t ow = (int64_t)loom_rng_below(&g, (uint64_t)(W - w + 1));
+        size_t px = (size_t)C * loom_dtype_size(t->dtype), row = (size_t)w * px;
+        const uint8_t *src = t->data;
+        for (int64_t r = 0; r < h; r++) memcpy(buf + (size_t)r * row, src + (size_t)((oh + r) * W + ow) * px, row);
+        t->shape.dim[0] = h;
+        t->shape.dim[1] = w;
+        t->data = buf;
+        *mut = 1;
+        return LOOM_OK;
+    }
+    case LOOM_MAP_STANDARDIZE: {
+        double mean, sd;
+        stats_vals(t->data, t->dtype, n, &mean, &sd);
+        double floor_sd = n ? 1.0 / sqrt((double)n) : 1.0;
+        normalize_vals(t->data, t->dtype, dst, n, (float)mean, (float)(sd > floor_sd ? sd : floor_sd));
+        break;
+    }
     }
     t->data = dst;
     t->dtype = s->out_dt;
@@ -342,6 +425,51 @@ static int reshape_check(mapst *s, loom_err *err)
     return LOOM_OK;
 }
 
+/* pad, random_crop, per_image_standardization: unbatched elements only; fills the new
+ * spec and max shapes, the output dtype and the description. */
+static int image_map_check(mapst *s, loom_err *err)
+{
+    dstage *st = &s->s;
+    const loom_map_spec *m = &s->m;
+    const char *kn = map_names[m->kind];
+    int f = s->f;
+    loom_shape *sh = &st->spec.shape[f], *mx = &st->maxshape[f];
+    char a[128];
+    if (st->batch_dims > 0)
+        return dstage_err_(st, err, LOOM_ECONFIG, "map(%s) on \"%s\" applies to single elements, but the elements here are "
+                           "batched %s: put it before the batch", kn, m->feature, loom_shape_str(sh, a, sizeof a));
+    if (m->kind == LOOM_MAP_STANDARDIZE) {
+        s->out_dt = LOOM_F32;
+        snprintf(st->desc, sizeof st->desc, "map(per_image_standardization,%s)", m->feature);
+        return LOOM_OK;
+    }
+    if (sh->rank != 2 && sh->rank != 3)
+        return dstage_err_(st, err, LOOM_ESHAPE, "map(%s) needs images (H, W) or (H, W, C), \"%s\" has shape %s", kn,
+                           m->feature, loom_shape_str(sh, a, sizeof a));
+    if (m->kind == LOOM_MAP_PAD) {
+        if (m->padding < 0)
+            return dstage_err_(st, err, LOOM_ECONFIG, "map(pad): padding must be >= 0, got %d", m->padding);
+        static const double lo[] = {[LOOM_U8] = 0, [LOOM_I32] = -2147483648.0, [LOOM_I64] = -9223372036854775808.0};
+        static const double hi[] = {[LOOM_U8] = 255, [LOOM_I32] = 2147483647.0, [LOOM_I64] = 9223372036854774784.0};
+        if (is_int(s->in_dt) && (m->value != floor(m->value) || m->value < lo[s->in_dt] || m->value > hi[s->in_dt]))
+            return dstage_err_(st, err, LOOM_ECONFIG, "map(pad) on \"%s\": value %g is not a %s value", m->feature, m->value,
+                               loom_dtype_name(s->in_dt));
+        for (int d = 0; d < 2; d++) {
+            if (sh->dim[d] >= 0) sh->dim[d] += 2 * (int64_t)m->padding;
+            mx->dim[d] += 2 * (int64_t)m->padding;
+        }
+        snprintf(st->desc, sizeof st->desc, "map(pad,%s,%d,%.17g)", m->feature, m->padding, m->value);
+        return LOOM_OK;
+    }
+    for (int d = 0; d < 2; d++)
+        if (m->size[d] < 1 || mx->dim[d] < m->size[d])
+            return dstage_err_(st, err, LOOM_ECONFIG, "map(random_crop) on \"%s\": crop size [%d, %d] does not fit in the "
+                               "input %s", m->feature, m->size[0], m->size[1], loom_shape_str(sh, a, sizeof a));
+    for (int d = 0; d < 2; d++) sh->dim[d] = mx->dim[d] = m->size[d];
+    snprintf(st->desc, sizeof st->desc, "map(random_crop,%s,%d,%d)", m->feature, m->size[0], m->size[1]);
+    return LOOM_OK;
+}
+
 int map_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, const loom_data_ctx *ctx, loom_err *err)
 {
     mapst *s = loom_calloc(1, sizeof *s);
@@ -429,6 +557,12 @@ int map_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, co
         snprintf(st->desc, sizeof st->desc, "map(flip_lr,%s)", s->m.feature);
         break;
     }
+    case LOOM_MAP_PAD:
+    case LOOM_MAP_RANDOM_CROP:
+    case LOOM_MAP_STANDARDIZE:
+        rc = image_map_check(s, err);
+        if (rc) goto fail;
+        break;
     }
     st->spec.dtype[f] = s->out_dt;
     if (s->m.kind != LOOM_MAP_RESHAPE && !(s->m.kind == LOOM_MAP_CAST && s->out_dt == s->in_dt)) {
