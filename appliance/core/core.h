@@ -186,6 +186,36 @@ int loom_write_file_atomic(const char *path, const void *data, size_t len, loom_
 /* mkdir -p; fails with a clear error when the directory is not writable. */
 int loom_mkdirs(const char *path, loom_err *err);
 
+/* ---- registry ------------------------------------------------------------ */
+
+/* Named providers shared by built-ins and plugins: each is a pointer to a
+ * vtable whose type belongs to the module that uses it (loom_cross_device_ops
+ * and loom_strategy_ops in distribute.h, ...). Names are unique per kind; a
+ * second registration of a taken name is LOOM_EPLUGIN naming both origins.
+ * origin says who registered it: "built-in" (NULL) or the plugin's path.
+ * The name string and the vtable must outlive the process (static storage).
+ * Thread-safe. */
+typedef enum {
+    LOOM_REG_CROSS_DEVICE_OPS,
+    LOOM_REG_STRATEGY,
+    LOOM_REG_SOURCE,
+    LOOM_REG_TRANSFORM,
+    LOOM_REG_DEVICE,
+    LOOM_REG_KINDS
+} loom_reg_kind;
+
+const char *loom_reg_kind_name(loom_reg_kind kind); /* "cross-device ops" */
+int         loom_registry_add(loom_reg_kind kind, const char *name, const void *provider, const char *origin,
+                              loom_err *err);
+/* The provider registered under name, NULL when none; *origin (may be NULL) its origin. */
+const void *loom_registry_find(loom_reg_kind kind, const char *name, const char **origin);
+int         loom_registry_count(loom_reg_kind kind);
+/* The idx-th provider of kind in registration order; -1 past the end. */
+int         loom_registry_entry(loom_reg_kind kind, int idx, const char **name, const void **provider,
+                                const char **origin);
+/* "a, b, c" into buf; returns buf. */
+char       *loom_registry_names(loom_reg_kind kind, char *buf, size_t n);
+
 /* Levenshtein distance, for "did you mean" suggestions. */
 int loom_edit_distance(const char *a, const char *b);
 

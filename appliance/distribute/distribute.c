@@ -5,58 +5,59 @@
 #include <stdio.h>
 #include <string.h>
 
-#define MAX_REGISTERED 32
+static int distribute_inited;
 
-static const loom_strategy_ops *strategies[MAX_REGISTERED];
-static int n_strategies;
-static const loom_cross_device_ops *xops_list[MAX_REGISTERED];
-static int n_xops;
+/* Strategies and cross-device ops live in the shared registry (core.h), so a
+ * plugin's and a built-in's are found the same way. origin: NULL = built-in. */
+int loom_register_strategy_from(const loom_strategy_ops *ops, const char *origin, loom_err *err)
+{
+    if (ops->version != LOOM_STRATEGY_OPS_VERSION)
+        return loom_err_set(err, LOOM_EPLUGIN, origin ? origin : ops->name,
+                            "strategy \"%s\": ops version %u, this build speaks %u", ops->name, ops->version,
+                            LOOM_STRATEGY_OPS_VERSION);
+    return loom_registry_add(LOOM_REG_STRATEGY, ops->name, ops, origin, err);
+}
+
+int loom_register_cross_device_ops_from(const loom_cross_device_ops *ops, const char *origin, loom_err *err)
+{
+    if (ops->version != LOOM_CROSS_DEVICE_OPS_VERSION)
+        return loom_err_set(err, LOOM_EPLUGIN, origin ? origin : ops->name,
+                            "cross-device ops \"%s\": version %u, this build speaks %u", ops->name, ops->version,
+                            LOOM_CROSS_DEVICE_OPS_VERSION);
+    if (!ops->all_reduce || !ops->broadcast)
+        return loom_err_set(err, LOOM_EPLUGIN, origin ? origin : ops->name,
+                            "cross-device ops \"%s\" lack all_reduce or broadcast", ops->name);
+    return loom_registry_add(LOOM_REG_CROSS_DEVICE_OPS, ops->name, ops, origin, err);
+}
 
 int loom_register_strategy(const loom_strategy_ops *ops, loom_err *err)
 {
-    if (ops->version != LOOM_STRATEGY_OPS_VERSION)
-        return loom_err_set(err, LOOM_EPLUGIN, ops->name, "strategy ops version %u, this build speaks %u", ops->version,
-                            LOOM_STRATEGY_OPS_VERSION);
-    if (loom_find_strategy(ops->name))
-        return loom_err_set(err, LOOM_EPLUGIN, ops->name, "a strategy named \"%s\" is already registered", ops->name);
-    if (n_strategies == MAX_REGISTERED) return loom_err_set(err, LOOM_EPLUGIN, ops->name, "too many strategies");
-    strategies[n_strategies++] = ops;
-    return LOOM_OK;
+    return loom_register_strategy_from(ops, NULL, err);
 }
 
 int loom_register_cross_device_ops(const loom_cross_device_ops *ops, loom_err *err)
 {
-    if (ops->version != LOOM_CROSS_DEVICE_OPS_VERSION)
-        return loom_err_set(err, LOOM_EPLUGIN, ops->name, "cross-device ops version %u, this build speaks %u",
-                            ops->version, LOOM_CROSS_DEVICE_OPS_VERSION);
-    if (loom_find_cross_device_ops(ops->name))
-        return loom_err_set(err, LOOM_EPLUGIN, ops->name, "cross-device ops \"%s\" are already registered", ops->name);
-    if (n_xops == MAX_REGISTERED) return loom_err_set(err, LOOM_EPLUGIN, ops->name, "too many cross-device ops");
-    xops_list[n_xops++] = ops;
-    return LOOM_OK;
+    return loom_register_cross_device_ops_from(ops, NULL, err);
 }
 
 const loom_strategy_ops *loom_find_strategy(const char *name)
 {
-    for (int i = 0; i < n_strategies; i++)
-        if (!strcmp(strategies[i]->name, name)) return strategies[i];
-    return NULL;
+    return loom_registry_find(LOOM_REG_STRATEGY, name, NULL);
 }
 
 const loom_cross_device_ops *loom_find_cross_device_ops(const char *name)
 {
-    for (int i = 0; i < n_xops; i++)
-        if (!strcmp(xops_list[i]->name, name)) return xops_list[i];
-    return NULL;
+    return loom_registry_find(LOOM_REG_CROSS_DEVICE_OPS, name, NULL);
 }
 
 char *loom_strategy_names(char *buf, size_t n)
 {
-    size_t k = 0;
-    buf[0] = 0;
-    for (int i = 0; i < n_strategies && k < n; i++)
-        k += (size_t)snprintf(buf + k, n - k, "%s%s", i ? ", " : "", strategies[i]->name);
-    return buf;
+    return loom_registry_names(LOOM_REG_STRATEGY, buf, n);
+}
+
+char *loom_cross_device_ops_names(char *buf, size_t n)
+{
+    return loom_registry_names(LOOM_REG_CROSS_DEVICE_OPS, buf, n);
 }
 
 /* ---- reduce_to_one_device ------------------------------------------------- */
@@ -198,9 +199,10 @@ static const loom_strategy_ops one_device_ops = {
 
 int loom_distribute_init(loom_err *err)
 {
-    if (n_strategies) return LOOM_OK;
+    if (distribute_inited) return LOOM_OK;
     int rc = loom_register_cross_device_ops(&reduce_to_one_device, err);
     if (!rc) rc = loom_register_strategy(&one_device_ops, err);
+    if (!rc) distribute_inited = 1;
     return rc;
 }
 

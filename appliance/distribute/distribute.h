@@ -4,8 +4,8 @@
  * parameter and gradient buffers), splits each global batch among them,
  * reduces their gradients with a cross-device op and applies the update.
  * The trainer talks only to this interface. Both strategies and
- * cross-device ops are vtables found by name in a registry that built-ins
- * (and, later, plugins) register into.
+ * cross-device ops are vtables found by name in the shared registry (core.h)
+ * that built-ins and plugins register into.
  *
  * Loss scaling (tf.distribute): each replica's gradient is that of the sum of
  * its per-example losses divided by the GLOBAL batch size, so the SUM over
@@ -86,10 +86,15 @@ struct loom_strategy {
 int loom_distribute_init(loom_err *err);
 int loom_register_strategy(const loom_strategy_ops *ops, loom_err *err);
 int loom_register_cross_device_ops(const loom_cross_device_ops *ops, loom_err *err);
+/* The same with the registering plugin's path as origin (NULL = built-in);
+ * a vtable of another version, or a name already taken, is LOOM_EPLUGIN. */
+int loom_register_strategy_from(const loom_strategy_ops *ops, const char *origin, loom_err *err);
+int loom_register_cross_device_ops_from(const loom_cross_device_ops *ops, const char *origin, loom_err *err);
 const loom_strategy_ops     *loom_find_strategy(const char *name);
 const loom_cross_device_ops *loom_find_cross_device_ops(const char *name);
 /* "one_device, ..." into buf, for error messages. */
 char *loom_strategy_names(char *buf, size_t n);
+char *loom_cross_device_ops_names(char *buf, size_t n);
 
 /* Creates the strategy the spec names. Free with loom_strategy_close. */
 int  loom_strategy_open(loom_strategy **out, const loom_strategy_args *a, loom_err *err);
