@@ -32,6 +32,11 @@ install_missing() {
 }
 
 build() {
+    # The GPU plugins build when meson finds nvcc; the toolkit's usual home
+    # is often not on PATH (meson_options.txt: -Dcuda=disabled skips them).
+    if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
+        export PATH="/usr/local/cuda/bin:$PATH"
+    fi
     if [ ! -f build/build.ninja ]; then
         meson setup build --buildtype=release >&2
     fi

@@ -16,4 +16,7 @@ int loom_cli_main(int argc, char **argv, double start_time);
  * = "records"; prints its own output and errors, returns the exit status. */
 int loom_cli_records_(int argc, char **argv, double start_time);
 
+/* devices.c: `loom devices`: the devices a config can name, and why GPUs cannot be used. */
+int loom_cli_devices_(int argc, char **argv, double start_time);
+
 #endif

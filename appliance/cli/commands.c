@@ -3,6 +3,8 @@
  * usage, 1 runtime). Commands with subcommands (records) parse their own
  * arguments through `main`. */
 #include "cli.h"
+#include "plugin/plugin.h"
+#include "script/script.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,7 +46,25 @@ static void print_errlist(const loom_errlist *l)
     if (l->n == LOOM_MAX_ERRORS) fprintf(stderr, "loom: (stopped after %d errors)\n", LOOM_MAX_ERRORS);
 }
 
-/* Loads the config, printing every problem; returns NULL on failure. */
+/* Plugins load once, after the config (for its plugins.path and require)
+ * and before anything needs a provider; then the provider names the config
+ * gives (strategy.type, cross_device_ops, strategy.options) are checked. */
+static int load_plugins(const loom_spec *spec, loom_errlist *errs)
+{
+    loom_err err = {0};
+    int rc = loom_script_register(&err); /* the "lua" map/filter provider, a built-in */
+    if (!rc) rc = loom_plugins_load(spec, &err);
+    if (rc) {
+        errs->n = 1;
+        errs->e[0] = err;
+    } else {
+        rc = loom_plugins_check_spec(spec, errs);
+    }
+    if (rc) print_errlist(errs);
+    return rc;
+}
+
+/* Loads the config and the plugins, printing every problem; returns NULL on failure. */
 static loom_spec *load(const cli_opts *o, int *status)
 {
     loom_spec *spec = NULL;
@@ -58,6 +78,10 @@ static loom_spec *load(const cli_opts *o, int *status)
         print_errlist(errs);
         if (errs->n == 0) fprintf(stderr, "loom: %s: %s\n", o->config, loom_err_string(rc));
         *status = rc == LOOM_EIO ? LOOM_EXIT_USAGE : LOOM_EXIT_USAGE;
+        spec = NULL;
+    } else if (load_plugins(spec, errs)) {
+        *status = LOOM_EXIT_USAGE;
+        loom_config_free(spec);
         spec = NULL;
     }
     free(errs);
@@ -137,14 +161,25 @@ static int cmd_profile_main(int argc, char **argv, double start)
     (void)start;
     cli_opts o = {0};
     long long steps = 0;
+    loom_input_ctx input = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: loom profile CONFIG [--steps N] [--set key.path=value ...]\n\n"
+            printf("usage: loom profile CONFIG [--steps N] [--input-pipeline ID/N] [--set key.path=value ...]\n\n"
                    "Runs data.train alone (no model) for N batches (default: one epoch, at most 500) and\n"
                    "prints per stage: elements/s, own time per element, buffer occupancy, parallelism and\n"
-                   "memory, then the bottleneck (the stage with the highest own time).\n");
+                   "memory, then the bottleneck (the stage with the highest own time).\n"
+                   "--input-pipeline ID/N builds input pipeline ID of N, as worker ID of N would, sharded\n"
+                   "by data.train.shard_policy, and first prints which files or elements it gets.\n");
             return LOOM_EXIT_OK;
+        } else if (!strcmp(a, "--input-pipeline") && i + 1 < argc) {
+            const char *v = argv[++i];
+            int id, n, len = 0;
+            if (sscanf(v, "%d/%d%n", &id, &n, &len) != 2 || v[len] || n < 1 || n > 1000000 || id < 0 || id >= n) {
+                fprintf(stderr, "loom profile: --input-pipeline expects ID/N with 0 <= ID < N, got \"%s\"\n", v);
+                return LOOM_EXIT_USAGE;
+            }
+            input = (loom_input_ctx){.num_input_pipelines = n, .input_pipeline_id = id, .num_replicas_in_sync = n};
         } else if ((!strcmp(a, "--steps") || !strcmp(a, "--set")) && i + 1 < argc) {
             const char *v = argv[++i];
             if (a[3] == 'e') {
@@ -177,8 +212,12 @@ static int cmd_profile_main(int argc, char **argv, double start)
     if (!spec) return status;
     loom_err err = {0};
     int threads = spec->run.threads > 0 ? spec->run.threads : loom_num_cores();
-    loom_data_ctx ctx = {.seed = spec->run.seed, .threads = threads, .name = "data.train"};
-    int rc = loom_data_profile(&spec->train, &ctx, steps, stdout, &err);
+    loom_lua_opts lua = {.model_dir = spec->run.model_dir, .unsafe = spec->hooks.unsafe, /* as loom train runs Lua maps */
+                         .memory_limit = spec->hooks.memory_limit, .instruction_limit = spec->hooks.instruction_limit};
+    loom_data_ctx ctx = {.seed = spec->run.seed, .threads = threads, .name = "data.train", .input = input,
+                         .custom_options = &lua};
+    int rc = input.num_input_pipelines ? loom_data_input_report(&spec->train, &ctx, stdout, &err) : LOOM_OK;
+    if (!rc) rc = loom_data_profile(&spec->train, &ctx, steps, stdout, &err);
     loom_config_free(spec);
     if (rc) {
         char buf[1200];
@@ -186,6 +225,50 @@ static int cmd_profile_main(int argc, char **argv, double start)
         fprintf(stderr, "loom: %s", buf);
     }
     return exit_status(rc);
+}
+
+/* `loom plugins [--config CONFIG] [--set key.path=value ...]`: loads the
+ * plugins as a command reading CONFIG would, then lists them. */
+static int cmd_plugins_main(int argc, char **argv, double start)
+{
+    (void)start;
+    cli_opts o = {0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("usage: loom plugins [--config CONFIG] [--set key.path=value ...]\n\n"
+                   "Loads every plugin (*.so) of plugins/ next to the loom binary, of CONFIG's plugins.path and\n"
+                   "of $LOOM_PLUGIN_PATH (colon-separated), then lists the directories searched, the plugins\n"
+                   "loaded with what each provides, the files refused and why, and the built-in providers.\n"
+                   "With CONFIG, its plugins.require and provider names are checked too (exit 2 if wrong).\n");
+            return LOOM_EXIT_OK;
+        } else if ((!strcmp(a, "--config") || !strcmp(a, "--set")) && i + 1 < argc) {
+            const char *v = argv[++i];
+            if (a[2] == 'c') {
+                o.config = v;
+            } else if (o.n_sets == MAX_SETS || !strchr(v, '=')) {
+                fprintf(stderr, "loom plugins: bad --set %s (key.path=value, at most %d)\n", v, MAX_SETS);
+                return LOOM_EXIT_USAGE;
+            } else {
+                o.sets[o.n_sets++] = v;
+            }
+        } else {
+            fprintf(stderr, "loom plugins: unexpected argument \"%s\"\nusage: loom plugins [--config CONFIG]\n", a);
+            return LOOM_EXIT_USAGE;
+        }
+    }
+    int status = LOOM_EXIT_OK;
+    loom_spec *spec = o.config ? load(&o, &status) : NULL;
+    loom_err err = {0};
+    if (!spec && loom_plugins_load(NULL, &err)) { /* no config, or a bad one: still list what loads */
+        char buf[1200];
+        loom_err_format(&err, buf, sizeof buf);
+        fprintf(stderr, "loom: %s", buf);
+        return LOOM_EXIT_RUNTIME;
+    }
+    loom_plugins_report(stdout);
+    loom_config_free(spec);
+    return status;
 }
 
 static const command commands[] = {
@@ -220,8 +303,12 @@ static const command commands[] = {
      cmd_inspect, 0, NULL},
     {"records", "convert IDX or CSV to TFRecord shards; count, verify, show records",
      "loom records convert|count|verify|head ...", "", NULL, 0, loom_cli_records_},
+    {"plugins", "list the plugins loaded, what each provides, and the files refused and why",
+     "loom plugins [--config CONFIG]", "", NULL, 0, cmd_plugins_main},
+    {"devices", "list the devices a config can use (cpu:N, gpu:N) and why GPUs are not usable",
+     "loom devices", "", NULL, 0, loom_cli_devices_},
     {"profile", "run the training input pipeline alone and report each stage and the bottleneck",
-     "loom profile CONFIG [--steps N]", "", NULL, 0, cmd_profile_main},
+     "loom profile CONFIG [--steps N] [--input-pipeline ID/N]", "", NULL, 0, cmd_profile_main},
 };
 #define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
 

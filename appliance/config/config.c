@@ -4,7 +4,8 @@
  * table for the group's kind (layer type, transform op, ...), then cross-field
  * checks run. Every error carries file:line (or "--set key" for an override)
  * and the setting path, and quotes the offending value.
- * Threads: none. Ownership: the spec is one allocation, freed with loom_config_free. */
+ * Threads: none. Ownership: the spec is one allocation, plus the nested source
+ * of each interleave and dataset of each zip; loom_config_free frees them all. */
 #include "config/config.h"
 #include "config/config_internal.h"
 
@@ -22,16 +23,18 @@
 /* ---- names --------------------------------------------------------------- */
 
 const char *const loom_cfg_dtype_names_[] = {"uint8", "int32", "int64", "float32", "float64", NULL};
-const char *const loom_source_names_[] = {"idx", "catalog", "tfrecord", "csv", "text", "synthetic", NULL};
+const char *const loom_source_names_[] = {"idx", "catalog", "tfrecord", "csv", "text", "synthetic", "list_files", NULL};
 const char *const loom_syn_dist_names_[] = {"uniform", "normal", NULL};
 const char *const loom_tfr_dtype_names_[] = {"uint8", "int64", "float32", NULL};
 const char *const loom_tfr_comp_names_[] = {"auto", "none", "gzip", "zlib", "zstd", NULL};
 const char *const loom_tfr_corrupt_names_[] = {"error", "skip", NULL};
+const char *const loom_shard_policy_names_[] = {"auto", "file", "data", "off", NULL};
 const char *const loom_map_names_[] = {"cast", "scale", "normalize", "one_hot", "reshape",
                                        "random_flip_left_right", "pad", "random_crop",
-                                       "per_image_standardization", NULL};
+                                       "per_image_standardization", "sleep", "lua", NULL};
 const char *const loom_transform_names_[] = {"map", "shuffle", "batch", "repeat", "take", "skip", "prefetch",
-                                             "filter", "shard", "enumerate", "unbatch", "padded_batch", "cache", NULL};
+                                             "filter", "shard", "enumerate", "unbatch", "padded_batch", "cache",
+                                             "interleave", "zip", NULL};
 const char *const loom_layer_names_[] = {"dense", "conv2d", "max_pool2d", "dropout", "flatten", "activation", NULL};
 const char *const loom_activation_names_[] = {"none", "relu", "sigmoid", "tanh", "softmax", NULL};
 const char *const loom_init_names_[] = {"glorot_uniform", "glorot_normal", "he_uniform", "he_normal", "zeros", NULL};
@@ -77,6 +80,8 @@ typedef struct ctx {
     char          pdir[LOOM_PATH_MAX]; /* its directory as given: "" or "configs/" */
     char          dir[LOOM_PATH_MAX];  /* its directory, absolute when it can be resolved */
     loom_errlist *errs;
+    const char   *skip_key;            /* parse_opts neither reads nor requires this key (an interleave's source files) */
+    int           depth;               /* datasets nested by zip */
 } ctx;
 
 /* "--set key" when s (or a group holding it) came from an override, else "file:line". */
@@ -328,7 +333,14 @@ static void parse_syn_shape(ctx *c, const config_setting_t *s, void *base);
 static void parse_filter_values(ctx *c, const config_setting_t *s, void *base);
 static void parse_padded_shapes(ctx *c, const config_setting_t *s, void *base);
 static void parse_padding_values(ctx *c, const config_setting_t *s, void *base);
+static void resolve_lua_ref(ctx *c, const config_setting_t *s, char *out, size_t n);
 static void parse_parallel(ctx *c, const config_setting_t *s, void *base);
+static void parse_strategy_options(ctx *c, const config_setting_t *s, void *base);
+static void parse_strategy_devices(ctx *c, const config_setting_t *s, void *base);
+static void parse_plugin_path(ctx *c, const config_setting_t *s, void *base);
+static void parse_plugin_require(ctx *c, const config_setting_t *s, void *base);
+static void parse_prefetch_buffer(ctx *c, const config_setting_t *s, void *base);
+static void parse_ram_budget(ctx *c, const config_setting_t *s, void *base);
 
 static const opt root_opts[] = {
     O_CUSTOM("version", parse_version, ALL, ALL, "config format version; must be 1"),
@@ -338,20 +350,52 @@ static const opt root_opts[] = {
     O_SUB("strategy", 0, 0, "how the model is placed on devices"),
     O_SUB("run", 0, ALL, "model_dir, epochs, seed, checkpoints"),
     O_SUB("cluster", F_UNSUPPORTED, 0, "multi-worker clusters"),
-    O_SUB("hooks", F_UNSUPPORTED, 0, "Lua hooks"),
-    O_SUB("plugins", F_UNSUPPORTED, 0, "plugins"),
+    O_SUB("hooks", 0, 0, "Lua callbacks, a custom training step, the Lua sandbox"),
+    O_SUB("plugins", 0, 0, "plugin directories and plugins that must load"),
     O_END,
 };
 
 static const opt data_opts[] = {
     O_SUB("train", 0, ALL, "the training dataset"),
     O_SUB("eval", 0, 0, "the evaluation dataset"),
+    O_SUB("options", 0, 0, "tf.data.Options for both datasets: deterministic, autotune, optimization"),
+    O_END,
+};
+
+/* data.options and its two sub-groups */
+static const opt options_opts[] = {
+    O_BOOL(loom_data_options, "deterministic", deterministic, 1, ALL, "default of every map's `deterministic`"),
+    O_SUB("autotune", 0, 0, "enabled, cpu_budget, ram_budget"),
+    O_SUB("optimization", 0, 0, "static rewrites of the pipeline"),
+    O_END,
+};
+
+static const opt autotune_opts[] = {
+    O_BOOL(loom_data_options, "enabled", autotune, 1, ALL, "tune \"auto\" parallelism and buffers while running"),
+    O_INT(loom_data_options, "cpu_budget", cpu_budget, 0, 0, 4096, ALL, 0, "threads for tuned parallelism; 0 = the cores"),
+    O_CUSTOM("ram_budget", parse_ram_budget, ALL, 0, "bytes, \"4GiB\"-style, or \"50%\" of physical memory (default)"),
+    O_END,
+};
+
+static const opt optimization_opts[] = {
+    O_BOOL(loom_data_options, "noop_elimination", noop_elimination, 1, ALL,
+           "drop take(-1), skip(0), repeat(1), prefetch(0), shard(1, 0)"),
+    O_BOOL(loom_data_options, "map_and_batch_fusion", map_and_batch_fusion, 1, ALL, "map straight into the batch buffer"),
+    O_BOOL(loom_data_options, "map_fusion", map_fusion, 1, ALL, "run consecutive maps as one stage"),
+    O_BOOL(loom_data_options, "shuffle_and_repeat_fusion", shuffle_and_repeat_fusion, 1, ALL,
+           "shuffle then repeat as one stage that fills from the next pass"),
+    O_BOOL(loom_data_options, "map_parallelization", map_parallelization, 0, ALL,
+           "run sequential maps as parallel = \"auto\" (needs autotune)"),
+    O_BOOL(loom_data_options, "inject_prefetch", inject_prefetch, 1, ALL,
+           "append prefetch(\"auto\") when the last transform is not a prefetch"),
     O_END,
 };
 
 static const opt dataset_opts[] = {
     O_SUB("source", 0, ALL, "where elements come from"),
     O_SUB("transforms", 0, 0, "a list of transforms applied in order"),
+    O_ENUM(loom_dataset_spec, "shard_policy", shard_policy, LOOM_SHARD_AUTO, loom_shard_policy_names_, ALL, 0,
+           "how each of several input pipelines takes its share: auto, file, data or off"),
     O_END,
 };
 
@@ -370,8 +414,10 @@ static const opt source_opts[] = {
     O_BOOL(loom_source_spec, "shuffle_files", shuffle_files, 0, SRC(TFRECORD), "shuffle the file order each epoch"),
     O_CUSTOM("features", parse_tfr_features, SRC(TFRECORD), SRC(TFRECORD),
              "NAME = { dtype = ...; shape = [...]; }, 1 to 8"),
-    O_CUSTOM("files", parse_files, SRC(CSV) | SRC(TEXT), SRC(CSV) | SRC(TEXT),
+    O_CUSTOM("files", parse_files, SRC(CSV) | SRC(TEXT) | SRC(LIST_FILES), SRC(CSV) | SRC(TEXT) | SRC(LIST_FILES),
              "paths or glob patterns, 1 to 16, relative to the config's directory"),
+    O_BOOL(loom_source_spec, "shuffle", shuffle_files, 1, SRC(LIST_FILES), "shuffle the file names each epoch"),
+    O_INT(loom_source_spec, "seed", seed, 0, 0, INT64_MAX, SRC(LIST_FILES), 0, "shuffle seed; default run.seed"),
     O_BOOL(loom_source_spec, "header", header, 1, SRC(CSV), "the first record of each file names the columns"),
     O_CUSTOM("delimiter", parse_delimiter, SRC(CSV), 0, "one character, default \",\""),
     O_CUSTOM("columns", parse_csv_columns, SRC(CSV), SRC(CSV), "NAME = { dtype = ...; }, 1 to 8"),
@@ -426,15 +472,16 @@ static const opt tfr_feature_opts[] = {
 static const opt transform_opts[] = {
     O_KIND(loom_transform_spec, "op", kind, 0, loom_transform_names_, ALL, "transform op"),
     O_INT(loom_transform_spec, "buffer", buffer, 0, 1, INT64_MAX, TR(SHUFFLE), TR(SHUFFLE), "shuffle buffer"),
-    O_INT(loom_transform_spec, "buffer", buffer, -1, -1, INT64_MAX, TR(PREFETCH), 0,
-          "prefetch queue depth; -1 = auto, 0 disables"),
+    O_CUSTOM("buffer", parse_prefetch_buffer, TR(PREFETCH), 0, "prefetch queue depth; \"auto\" or -1 (default), 0 disables"),
     O_INT(loom_transform_spec, "seed", seed, 0, 0, INT64_MAX, TR(SHUFFLE), 0, "shuffle seed; default run.seed"),
     O_BOOL(loom_transform_spec, "reshuffle", reshuffle, 1, TR(SHUFFLE), "reshuffle each epoch"),
     O_INT(loom_transform_spec, "size", batch_size, 0, 1, INT64_MAX, TR(BATCH), TR(BATCH), "batch size"),
     O_BOOL(loom_transform_spec, "drop_remainder", drop_remainder, 0, TR(BATCH), "drop a short last batch"),
     O_INT(loom_transform_spec, "count", count, -1, -1, INT64_MAX, TR(REPEAT) | TR(TAKE) | TR(SKIP),
           TR(TAKE) | TR(SKIP), "element or repeat count; -1 = all / forever"),
-    O_STR(loom_transform_spec, "feature", feature, NULL, NULL, TR(FILTER), TR(FILTER), "the scalar feature tested"),
+    O_STR(loom_transform_spec, "feature", feature, NULL, NULL, TR(FILTER), 0, "the scalar feature tested"),
+    O_STR(loom_transform_spec, "lua", map.lua, "", NULL, TR(FILTER), 0,
+          "\"file.lua:function\": fn(elem, rng) returns true to keep the element (instead of feature and a predicate)"),
     O_CUSTOM("in", parse_filter_values, TR(FILTER), 0, "keep elements whose feature is one of these values"),
     O_CUSTOM("not_in", parse_filter_values, TR(FILTER), 0, "keep elements whose feature is none of these values"),
     O_F64(loom_transform_spec, "min", min, -INFINITY, 0, 0, F_NO_LO | F_NO_HI, TR(FILTER), 0,
@@ -452,16 +499,25 @@ static const opt transform_opts[] = {
     O_CUSTOM("padding_values", parse_padding_values, TR(PADDED_BATCH), 0, "feature = value per feature, default 0"),
     O_STR(loom_transform_spec, "file", cache_file, "", NULL, TR(CACHE), 0,
           "cache file prefix (relative to the working directory); in memory when absent"),
-    O_CUSTOM("parallel", parse_parallel, TR(MAP), 0, "concurrent map calls: an int >= 1 or \"auto\"; default 1"),
-    O_BOOL(loom_transform_spec, "deterministic", deterministic, 1, TR(MAP),
-           "parallel map: emit in input order (true) or as completed (false)"),
+    O_CUSTOM("parallel", parse_parallel, TR(MAP) | TR(INTERLEAVE), 0,
+             "concurrent map calls / files read ahead: an int >= 1 or \"auto\"; default 1"),
+    O_BOOL(loom_transform_spec, "deterministic", deterministic, 1, TR(MAP) | TR(INTERLEAVE),
+           "parallel map/interleave: emit in the sequential order (true) or as ready (false)"),
+    O_INT(loom_transform_spec, "cycle_length", cycle_length, 0, 1, 1024, TR(INTERLEAVE), TR(INTERLEAVE),
+          "files read at once"),
+    O_INT(loom_transform_spec, "block_length", block_length, 1, 1, INT64_MAX, TR(INTERLEAVE), 0,
+          "elements taken from one file before moving to the next"),
+    {.name = "source", .type = OT_SUB, .applies = TR(INTERLEAVE), .required = TR(INTERLEAVE),
+     .help = "the tfrecord, csv or text source opened on each input file name (without files)"},
+    {.name = "dataset", .type = OT_SUB, .applies = TR(ZIP), .required = TR(ZIP),
+     .help = "the dataset { source: ...; transforms: ...; } zipped with this one"},
     O_END,
 };
 
 #define MAP(k) K(LOOM_MAP_##k)
 static const opt map_opts[] = {
     O_KIND(loom_map_spec, "fn", kind, 0, loom_map_names_, ALL, "map function"),
-    O_STR(loom_map_spec, "feature", feature, NULL, NULL, ALL, ALL, "the feature it applies to"),
+    O_STR(loom_map_spec, "feature", feature, NULL, NULL, ALL & ~MAP(LUA), ALL & ~MAP(LUA), "the feature it applies to"),
     O_ENUM(loom_map_spec, "dtype", dtype, 0, loom_cfg_dtype_names_, MAP(CAST), MAP(CAST), "target dtype"),
     O_F64(loom_map_spec, "scale", scale, 1.0, 0, 0, F_NO_LO | F_NO_HI, MAP(SCALE), 0, "x * scale + offset"),
     O_F64(loom_map_spec, "offset", offset, 0.0, 0, 0, F_NO_LO | F_NO_HI, MAP(SCALE), 0, "x * scale + offset"),
@@ -472,6 +528,9 @@ static const opt map_opts[] = {
     O_INT(loom_map_spec, "padding", padding, 0, 0, 1 << 20, MAP(PAD), MAP(PAD), "added on every side of H and W"),
     O_F64(loom_map_spec, "value", value, 0.0, 0, 0, F_NO_LO | F_NO_HI, MAP(PAD), 0, "fill value of the padding"),
     O_PAIR(loom_map_spec, "size", size, 0, 1, INT_MAX, MAP(RANDOM_CROP), MAP(RANDOM_CROP), "crop size: int or [h, w]"),
+    O_F64(loom_map_spec, "ms", ms, 0.0, 0.0, 60000.0, 0, MAP(SLEEP), MAP(SLEEP), "milliseconds to sleep per element"),
+    O_STR(loom_map_spec, "lua", lua, NULL, NULL, MAP(LUA), MAP(LUA),
+          "\"file.lua:function\": fn(elem, rng) returns the element (fn = \"lua\" may be omitted)"),
     O_END,
 };
 
@@ -534,9 +593,29 @@ static const opt schedule_opts[] = {
     O_END,
 };
 
+#define STRAT_REPLICATED (K(LOOM_STRAT_MIRRORED) | K(LOOM_STRAT_CENTRAL_STORAGE) | K(LOOM_STRAT_PLUGIN))
 static const opt strategy_opts[] = {
     O_KIND(loom_strategy_spec, "type", kind, LOOM_STRAT_ONE_DEVICE, loom_strategy_names_, 0, "strategy"),
+    O_INT(loom_strategy_spec, "replicas", replicas, 1, 1, 64, STRAT_REPLICATED, 0,
+          "replicas cpu:0..cpu:N-1; mirrored, central_storage: default one per core"),
+    O_CUSTOM("devices", parse_strategy_devices, K(LOOM_STRAT_MIRRORED) | K(LOOM_STRAT_CENTRAL_STORAGE), 0,
+             "[\"cpu:0\", \"cpu:1\"], one replica each; or [\"gpu:*\"]"),
+    O_STR(loom_strategy_spec, "cross_device_ops", cross_device_ops, "reduce_to_one_device", NULL,
+          K(LOOM_STRAT_MIRRORED) | K(LOOM_STRAT_PLUGIN), 0, "cross-device op by name, built in or from a plugin"),
+    O_INT(loom_strategy_spec, "bytes_per_pack", bytes_per_pack, 0, 0, INT64_MAX, K(LOOM_STRAT_MIRRORED), 0,
+          "all-reduce gradients in packs of at least N bytes, last layers first; 0 = one pack"),
+    O_INT(loom_strategy_spec, "num_packs", num_packs, 1, 0, 4096, K(LOOM_STRAT_MIRRORED), 0,
+          "all-reduce gradients in N equal packs; 0 = one per parameter tensor"),
+    O_CUSTOM("options", parse_strategy_options, K(LOOM_STRAT_PLUGIN), 0,
+             "a plugin strategy's own settings: KEY = value; ..."),
     O_STR(loom_strategy_spec, "device", device, "cpu:0", NULL, K(LOOM_STRAT_ONE_DEVICE), 0, "\"cpu:N\""),
+    O_END,
+};
+
+static const opt plugins_opts[] = {
+    O_CUSTOM("path", parse_plugin_path, ALL, 0,
+             "directories searched for plugins (*.so), relative to the config's directory"),
+    O_CUSTOM("require", parse_plugin_require, ALL, 0, "names of plugins that must load"),
     O_END,
 };
 
@@ -549,6 +628,8 @@ static const opt run_opts[] = {
     O_INT(loom_run_spec, "keep_checkpoints", keep_checkpoints, 5, 1, INT_MAX, ALL, 0, "newest K are kept"),
     O_INT(loom_run_spec, "log_steps", log_steps, 100, 1, INT64_MAX, ALL, 0, "progress line every N steps"),
     O_INT(loom_run_spec, "threads", threads, 0, 0, 4096, ALL, 0, "compute threads; 0 = all cores"),
+    O_INT(loom_run_spec, "steps_per_execution", steps_per_execution, 1, 1, 1 << 20, ALL, 0,
+          "training steps per trip through the host loop (logging, checkpoints, signals)"),
     O_INT(loom_run_spec, "eval_steps", eval_steps, 0, 0, INT64_MAX, ALL, 0, "evaluate at most N batches (0 = all)"),
     O_BOOL(loom_run_spec, "eval_each_epoch", eval_each_epoch, 1, ALL, "evaluate data.eval at each epoch end"),
     O_ENUM(loom_run_spec, "progress", progress, LOOM_PROGRESS_AUTO, loom_progress_names_, ALL, 0,
@@ -750,7 +831,7 @@ static int parse_kind(ctx *c, const config_setting_t *g, const opt *tbl, void *b
 static void parse_opts(ctx *c, const config_setting_t *g, const opt *tbl, int kind, void *base)
 {
     for (const opt *o = tbl; o->name; o++) {
-        if ((o->flags & F_KIND) || !applies(o, kind)) continue;
+        if ((o->flags & F_KIND) || !applies(o, kind) || (c->skip_key && !strcmp(o->name, c->skip_key))) continue;
         const config_setting_t *s = config_setting_get_member(g, o->name);
         if (!s) {
             if (required(o, kind) || (kind < 0 && o->required == ALL && o->applies == ALL))
@@ -826,8 +907,14 @@ static void check_keys(ctx *c, const config_setting_t *g, const scope *sc, int n
                     int w = snprintf(kinds + kl, sizeof kinds - kl, "%s\"%s\"", kl ? " or " : "", k0->names[b]);
                     if (w > 0) kl += (size_t)w;
                 }
-            cerr(c, s, "%s applies only to %s = %s (%s is \"%s\")", key, k0->name, kinds, k0->name,
-                 k0->names[sc[j].kind]);
+            /* the kind as written: a plugin's strategy has no name in the table */
+            const config_setting_t *ks = config_setting_get_member(g, k0->name);
+            const char *kind = ks && config_setting_type(ks) == CONFIG_TYPE_STRING ? config_setting_get_string(ks)
+                                                                                   : loom_cfg_name_(k0->names, sc[j].kind);
+            if (!kinds[0]) /* only to kinds without a name in the table */
+                cerr(c, s, "%s does not apply to %s = \"%s\"", key, k0->name, kind);
+            else
+                cerr(c, s, "%s applies only to %s = %s (%s is \"%s\")", key, k0->name, kinds, k0->name, kind);
         }
         if (ok || known) continue;
         /* unknown: suggest the closest valid key of this group */
@@ -1316,6 +1403,58 @@ static void parse_parallel(ctx *c, const config_setting_t *s, void *base)
     if (get_int_in(c, s, 1, 1024, &x)) t->parallel = (int)x;
 }
 
+/* prefetch buffer: an int >= -1 or "auto" (-1). */
+static void parse_prefetch_buffer(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_transform_spec *t = base;
+    char v[300];
+    if (config_setting_type(s) == CONFIG_TYPE_STRING) {
+        if (!strcmp(config_setting_get_string(s), "auto"))
+            t->buffer = -1;
+        else
+            cerr(c, s, "expected an integer >= 0 or \"auto\", got %s", value_str(s, v, sizeof v));
+        return;
+    }
+    int64_t x;
+    if (get_int_in(c, s, -1, INT64_MAX, &x)) t->buffer = x;
+}
+
+/* autotune.ram_budget: bytes (an integer, or "512MiB", "4GiB", "1.5GB", "800kB"),
+ * or a share of physical memory ("50%"); 0 means the default share. */
+static void parse_ram_budget(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_data_options *o = base;
+    char v[300];
+    if (is_int(s)) {
+        int64_t x;
+        if (get_int_in(c, s, 0, INT64_MAX, &x)) o->ram_budget = x;
+        return;
+    }
+    static const struct { const char *suffix; double mul; } units[] = {
+        {"", 1}, {"B", 1}, {"kB", 1e3}, {"KB", 1e3}, {"KiB", 1024.0}, {"MB", 1e6}, {"MiB", 1048576.0},
+        {"GB", 1e9}, {"GiB", 1073741824.0}, {"TB", 1e12}, {"TiB", 1099511627776.0},
+    };
+    const char *str = config_setting_type(s) == CONFIG_TYPE_STRING ? config_setting_get_string(s) : NULL;
+    if (str) {
+        char *end;
+        double x = strtod(str, &end);
+        while (*end == ' ') end++;
+        if (end != str && isfinite(x) && x > 0 && !strcmp(end, "%") && x <= 100) {
+            o->ram_budget = 0;
+            o->ram_fraction = x / 100.0;
+            return;
+        }
+        for (size_t i = 0; end != str && isfinite(x) && x > 0 && i < sizeof units / sizeof units[0]; i++)
+            if (!strcmp(end, units[i].suffix) && x * units[i].mul < 9.2e18) {
+                o->ram_budget = (int64_t)(x * units[i].mul);
+                return;
+            }
+    }
+    loom_err *e = cerr(c, s, "expected bytes (an integer, or a string such as \"4GiB\" or \"512MB\") or a share of "
+                       "memory (\"50%%\"), got %s", value_str(s, v, sizeof v));
+    if (e) loom_err_hint(e, "units: B, kB, MB, GB, TB (powers of 1000), KiB, MiB, GiB, TiB (powers of 1024)");
+}
+
 static void parse_boundaries(ctx *c, const config_setting_t *s, void *base)
 {
     loom_schedule_spec *sch = base;
@@ -1461,8 +1600,16 @@ static void check_transform_more(ctx *c, const config_setting_t *g, loom_transfo
 {
     const config_setting_t *in = config_setting_get_member(g, "in"), *nin = config_setting_get_member(g, "not_in");
     const config_setting_t *lo = config_setting_get_member(g, "min"), *hi = config_setting_get_member(g, "max");
-    if (op == LOOM_T_FILTER) {
+    const config_setting_t *lua = config_setting_get_member(g, "lua"), *feat = config_setting_get_member(g, "feature");
+    if (op == LOOM_T_FILTER && lua) {
+        if (feat || in || nin || lo || hi)
+            cerr(c, lua, "a filter takes either `lua` or `feature` with a predicate, not both");
+        t->filter = LOOM_FILTER_LUA;
+        resolve_lua_ref(c, lua, t->map.lua, sizeof t->map.lua);
+    } else if (op == LOOM_T_FILTER) {
         int given = (in != NULL) + (nin != NULL) + (lo || hi);
+        if (!feat)
+            cerr(c, g, "missing required setting `feature` (the scalar feature tested), or `lua` (a Lua predicate)");
         if (given == 0)
             cerr(c, g, "filter needs a predicate: one of `in`, `not_in`, or `min`/`max`");
         else if (given > 1)
@@ -1486,12 +1633,106 @@ static void parse_map(ctx *c, const config_setting_t *g, loom_transform_spec *t,
 {
     int fn = -1;
     if (op == LOOM_T_MAP) {
-        fn = parse_kind(c, g, map_opts, &t->map);
+        /* `lua = ...` without `fn` is a Lua map */
+        bool lua_only = !config_setting_get_member(g, "fn") && config_setting_get_member(g, "lua");
+        fn = lua_only ? (int)(t->map.kind = LOOM_MAP_LUA) : parse_kind(c, g, map_opts, &t->map);
         parse_opts(c, g, map_opts, fn, &t->map);
+        if (fn == LOOM_MAP_LUA && config_setting_get_member(g, "lua"))
+            resolve_lua_ref(c, config_setting_get_member(g, "lua"), t->map.lua, sizeof t->map.lua);
     }
     scope sc[2] = {{transform_opts, op, NULL}, {map_opts, fn, NULL}};
     if (op >= 0 && op != LOOM_T_MAP) sc[1].gate = "op = \"map\"";
     check_keys(c, g, sc, 2);
+}
+
+/* Defaults for the options of tbl (all of them when the group is absent). */
+static void opts_default(const opt *tbl, void *base)
+{
+    for (const opt *o = tbl; o->name; o++) opt_default(o, base);
+}
+
+/* data.options (g may be NULL: every default) into *o. */
+static void parse_data_options(ctx *c, const config_setting_t *g, loom_data_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->present = true;
+    o->ram_fraction = 0.5;
+    opts_default(options_opts, o);
+    opts_default(autotune_opts, o);
+    opts_default(optimization_opts, o);
+    if (!g) return;
+    loc_of(c, g, &o->loc);
+    parse_opts(c, g, options_opts, 0, o);
+    scope sc = {options_opts, 0, NULL};
+    check_keys(c, g, &sc, 1);
+    static const struct { const char *key; const opt *tbl; } subs[] = {{"autotune", autotune_opts},
+                                                                       {"optimization", optimization_opts}};
+    for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) {
+        const config_setting_t *sg = sub_group(c, g, subs[i].key);
+        if (!sg) continue;
+        parse_opts(c, sg, subs[i].tbl, 0, o);
+        scope ss = {subs[i].tbl, 0, NULL};
+        check_keys(c, sg, &ss, 1);
+    }
+    const config_setting_t *og = config_setting_get_member(g, "optimization");
+    const config_setting_t *mp = og && config_setting_is_group(og) ? config_setting_get_member(og, "map_parallelization") : NULL;
+    if (o->map_parallelization && !o->autotune && mp)
+        cerr(c, mp, "map_parallelization makes maps parallel = \"auto\", which needs autotune.enabled = true");
+}
+
+static void parse_dataset(ctx *c, const config_setting_t *g, loom_dataset_spec *d);
+
+/* An interleave's source: a tfrecord, csv or text source whose files are the
+ * interleave's input elements, so `files` is refused rather than required. */
+static void parse_interleave_source(ctx *c, const config_setting_t *e, loom_transform_spec *t)
+{
+    const config_setting_t *g = sub_group(c, e, "source");
+    if (!g) return;
+    if (!(t->source = loom_calloc(1, sizeof *t->source))) {
+        rawerr(c, LOOM_ENOMEM, "", "out of memory");
+        return;
+    }
+    loc_of(c, g, &t->source->loc);
+    int k = parse_kind(c, g, source_opts, t->source);
+    if (k >= 0 && k != LOOM_SRC_TFRECORD && k != LOOM_SRC_CSV && k != LOOM_SRC_TEXT) {
+        loom_err *er = cerr(c, config_setting_get_member(g, "type"),
+                            "an interleave opens a tfrecord, csv or text source on each input file, not \"%s\"",
+                            loom_cfg_name_(loom_source_names_, k));
+        if (er) loom_err_hint(er, "write type = \"tfrecord\", \"csv\" or \"text\"");
+        return;
+    }
+    const config_setting_t *files = config_setting_get_member(g, "files");
+    if (files) {
+        loom_err *er = cerr(c, files, "an interleave's source reads the files its input names; remove `files` here");
+        if (er) loom_err_hint(er, "give the file patterns to a list_files source: source: { type = \"list_files\"; files = [...]; }");
+    }
+    c->skip_key = "files";
+    parse_opts(c, g, source_opts, k, t->source);
+    c->skip_key = NULL;
+    if (t->source->shuffle_files)
+        cerr(c, config_setting_get_member(g, "shuffle_files"),
+             "an interleave's source reads one file at a time: shuffle the list_files source instead");
+    scope ss = {source_opts, k, NULL};
+    if (!files) check_keys(c, g, &ss, 1);
+}
+
+/* A zip's dataset: a whole dataset of its own, with the options of the one it is zipped into. */
+static void parse_zip_dataset(ctx *c, const config_setting_t *e, loom_transform_spec *t, const loom_dataset_spec *d)
+{
+    const config_setting_t *g = sub_group(c, e, "dataset");
+    if (!g) return;
+    if (c->depth >= 4) {
+        cerr(c, g, "datasets nested more than 4 deep by zip");
+        return;
+    }
+    if (!(t->dataset = loom_calloc(1, sizeof *t->dataset))) {
+        rawerr(c, LOOM_ENOMEM, "", "out of memory");
+        return;
+    }
+    t->dataset->options = d->options;
+    c->depth++;
+    parse_dataset(c, g, t->dataset);
+    c->depth--;
 }
 
 static void parse_dataset(ctx *c, const config_setting_t *g, loom_dataset_spec *d)
@@ -1507,6 +1748,7 @@ static void parse_dataset(ctx *c, const config_setting_t *g, loom_dataset_spec *
         loc_of(c, src, &d->source.loc);
         int k = parse_kind(c, src, source_opts, &d->source);
         parse_opts(c, src, source_opts, k, &d->source);
+        d->source.seed_set = k == LOOM_SRC_LIST_FILES && config_setting_get_member(src, "seed");
         scope ss = {source_opts, k, NULL};
         check_keys(c, src, &ss, 1);
     }
@@ -1530,7 +1772,15 @@ static void parse_dataset(ctx *c, const config_setting_t *g, loom_dataset_spec *
         parse_opts(c, e, transform_opts, op, t);
         if (op == LOOM_T_SHUFFLE) t->seed_set = config_setting_get_member(e, "seed") != NULL;
         if (op == LOOM_T_MAP && t->parallel == 0) t->parallel = 1; /* parallel's default (a custom option has none) */
+        if (op == LOOM_T_MAP && !config_setting_get_member(e, "deterministic")) t->deterministic = d->options.deterministic;
+        if (op == LOOM_T_PREFETCH && !config_setting_get_member(e, "buffer")) t->buffer = -1;
         if (op >= LOOM_T_FILTER) check_transform_more(c, e, t, op);
+        if (op == LOOM_T_INTERLEAVE) {
+            if (t->parallel == 0) t->parallel = 1;
+            if (!config_setting_get_member(e, "deterministic")) t->deterministic = d->options.deterministic;
+            parse_interleave_source(c, e, t);
+        }
+        if (op == LOOM_T_ZIP) parse_zip_dataset(c, e, t, d);
         parse_map(c, e, t, op);
     }
 }
@@ -1600,6 +1850,225 @@ static void parse_schedule(ctx *c, const config_setting_t *og, loom_optimizer_sp
     }
 }
 
+/* A strategy type that is not built in names a plugin's strategy: kept as
+ * text (kind LOOM_STRAT_PLUGIN) and found in the registry once plugins are
+ * loaded, where an unknown name is reported. Returns the kind, or -1 when t
+ * is absent, not a string, or a built-in name (parse_kind handles those). */
+static int plugin_strategy_type(ctx *c, const config_setting_t *t, loom_strategy_spec *st)
+{
+    if (!t || config_setting_type(t) != CONFIG_TYPE_STRING) return -1;
+    const char *name = config_setting_get_string(t);
+    if (find_name(loom_strategy_names_, name) >= 0) return -1;
+    if (!name[0] || strlen(name) >= sizeof st->name)
+        cerr(c, t, "bad strategy name \"%s\" (empty or longer than %zu characters)", name, sizeof st->name - 1);
+    snprintf(st->name, sizeof st->name, "%s", name);
+    st->kind = LOOM_STRAT_PLUGIN;
+    return LOOM_STRAT_PLUGIN;
+}
+
+/* strategy.options: scalars only, each kept as text for the plugin. */
+static void parse_strategy_options(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_strategy_spec *st = base;
+    char v[300];
+    if (!config_setting_is_group(s)) {
+        cerr(c, s, "expected a group { KEY = value; ... }, got %s", value_str(s, v, sizeof v));
+        return;
+    }
+    int n = config_setting_length(s);
+    if (n > LOOM_MAX_STRATEGY_OPTIONS) {
+        cerr(c, s, "too many options: %d (at most %d)", n, LOOM_MAX_STRATEGY_OPTIONS);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *e = config_setting_get_elem(s, i);
+        const char *key = config_setting_name(e);
+        int type = config_setting_type(e);
+        if (config_setting_is_aggregate(e)) {
+            cerr(c, e, "expected a number, a string or true/false, got %s", value_str(e, v, sizeof v));
+            continue;
+        }
+        if (type == CONFIG_TYPE_STRING)
+            snprintf(v, sizeof v, "%s", config_setting_get_string(e));
+        else
+            value_str(e, v, sizeof v);
+        if (strlen(key) >= LOOM_NAME_MAX || strlen(v) >= LOOM_NAME_MAX) {
+            cerr(c, e, "key or value too long (at most %d characters each)", LOOM_NAME_MAX - 1);
+            continue;
+        }
+        int k = st->n_options++;
+        snprintf(st->option_key[k], sizeof st->option_key[k], "%s", key);
+        snprintf(st->option_value[k], sizeof st->option_value[k], "%s", v);
+        char where[300];
+        where_of(c, e, where, sizeof where, &st->option_line[k]);
+    }
+}
+
+/* Checks that s is one non-empty string or a list of at most max; returns
+ * how many, or -1 after reporting the problem. */
+static int string_list(ctx *c, const config_setting_t *s, int max, const char *what)
+{
+    char v[300];
+    bool one = config_setting_type(s) == CONFIG_TYPE_STRING;
+    if (!one && !config_setting_is_array(s) && !config_setting_is_list(s)) {
+        cerr(c, s, "expected a list of %s [\"...\", ...], got %s", what, value_str(s, v, sizeof v));
+        return -1;
+    }
+    int n = one ? 1 : config_setting_length(s);
+    if (n > max) {
+        cerr(c, s, "expected at most %d %s, got %d", max, what, n);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *e = one ? s : config_setting_get_elem(s, i);
+        if (config_setting_type(e) != CONFIG_TYPE_STRING || !config_setting_get_string(e)[0]) {
+            cerr(c, e, "expected a non-empty string, got %s", value_str(e, v, sizeof v));
+            return -1;
+        }
+    }
+    return n;
+}
+
+static void parse_plugin_path(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_plugins_spec *p = base;
+    int n = string_list(c, s, LOOM_MAX_PLUGIN_DIRS, "directories");
+    bool one = config_setting_type(s) == CONFIG_TYPE_STRING;
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *e = one ? s : config_setting_get_elem(s, i);
+        const char *dir = config_setting_get_string(e);
+        char full[LOOM_PATH_MAX + 8];
+        int w = dir[0] == '/' ? snprintf(full, sizeof full, "%s", dir) : snprintf(full, sizeof full, "%s/%s", c->dir, dir);
+        struct stat st;
+        if (w < 0 || w >= LOOM_PATH_MAX) {
+            cerr(c, e, "directory name \"%s\" is too long", dir);
+        } else if (stat(full, &st) != 0 || !S_ISDIR(st.st_mode)) {
+            loom_err *er = cerr(c, e, "\"%s\" (resolved to %s) is not a directory", dir, full);
+            if (er) loom_err_hint(er, "relative paths are relative to the config file's directory");
+        } else {
+            memcpy(p->path[p->n_path++], full, (size_t)w + 1);
+        }
+    }
+}
+
+static void parse_plugin_require(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_plugins_spec *p = base;
+    int n = string_list(c, s, LOOM_MAX_PLUGIN_REQUIRES, "plugin names");
+    bool one = config_setting_type(s) == CONFIG_TYPE_STRING;
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *e = one ? s : config_setting_get_elem(s, i);
+        const char *name = config_setting_get_string(e);
+        if (strlen(name) >= LOOM_NAME_MAX) {
+            cerr(c, e, "plugin name \"%s\" is too long (at most %d characters)", name, LOOM_NAME_MAX - 1);
+            continue;
+        }
+        int k = p->n_require++;
+        snprintf(p->require[k], sizeof p->require[k], "%s", name);
+        char where[300];
+        where_of(c, e, where, sizeof where, &p->require_line[k]);
+    }
+}
+
+/* strategy.devices = ["cpu:0", "cpu:1"] or ["gpu:*"]: the syntax and
+ * distinctness here; whether each exists is known only at strategy open. */
+static void parse_strategy_devices(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_strategy_spec *st = base;
+    char v[300];
+    loc_of(c, s, &st->devices_loc);
+    if (!config_setting_is_array(s) && !config_setting_is_list(s)) {
+        cerr(c, s, "expected a list of devices [\"cpu:0\", \"cpu:1\"], got %s", value_str(s, v, sizeof v));
+        return;
+    }
+    int n = config_setting_length(s);
+    if (n < 1 || n > LOOM_MAX_DEVICES) {
+        cerr(c, s, "expected 1 to %d devices, got %d", LOOM_MAX_DEVICES, n);
+        return;
+    }
+    int cpus = 0;
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *e = config_setting_get_elem(s, i);
+        const char *d = config_setting_type(e) == CONFIG_TYPE_STRING ? config_setting_get_string(e) : NULL;
+        unsigned idx;
+        char kind[4], tail;
+        bool ok = d && strlen(d) < sizeof st->devices[0] &&
+                  (!strcmp(d, "gpu:*") || (sscanf(d, "%3[a-z]:%u%c", kind, &idx, &tail) == 2 &&
+                                           (!strcmp(kind, "cpu") || !strcmp(kind, "gpu"))));
+        if (!ok) {
+            loom_err *er = cerr(c, e, "unknown device %s (expected \"cpu:N\", \"gpu:N\" or \"gpu:*\")",
+                                value_str(e, v, sizeof v));
+            if (er) loom_err_hint(er, "cpu:N is replica N on the host's cores, e.g. devices = [\"cpu:0\", \"cpu:1\"];");
+            return;
+        }
+        for (int j = 0; j < i; j++)
+            if (!strcmp(st->devices[j], d)) {
+                cerr(c, e, "device \"%s\" is listed twice", d);
+                return;
+            }
+        if (!strcmp(d, "gpu:*") && n > 1) {
+            cerr(c, e, "\"gpu:*\" (every GPU) must be the only device");
+            return;
+        }
+        cpus += d[0] == 'c';
+        snprintf(st->devices[i], sizeof st->devices[i], "%s", d);
+    }
+    if (cpus && cpus < n) {
+        cerr(c, s, "devices mix cpu and gpu; list devices of one kind");
+        return;
+    }
+    st->n_devices = n;
+    st->devices_listed = true;
+}
+
+/* mirrored, central_storage: replicas and devices agree (either may be
+ * given; neither = one replica per core, resolved at strategy open). */
+static void resolve_replicas(ctx *c, const config_setting_t *g, loom_strategy_spec *st)
+{
+    const config_setting_t *r = config_setting_get_member(g, "replicas");
+    const config_setting_t *x = config_setting_get_member(g, "cross_device_ops");
+    if (x)
+        loc_of(c, x, &st->cross_device_ops_loc);
+    else
+        st->cross_device_ops_loc = st->loc;
+    bool all_gpus = st->devices_listed && !strcmp(st->devices[0], "gpu:*");
+    if (r && st->devices_listed && !all_gpus && st->replicas != st->n_devices) {
+        cerr(c, r, "replicas = %d but %d devices are listed; give one of the two", st->replicas, st->n_devices);
+        return;
+    }
+    if (st->devices_listed) {
+        st->replicas = all_gpus ? 0 : st->n_devices;
+    } else if (r) {
+        loc_of(c, r, &st->devices_loc);
+    } else {
+        st->devices_loc = st->loc;
+        st->replicas = 0;
+    }
+}
+
+/* More replicas than the global batch would leave a replica without an
+ * example in every step. */
+static void check_replicas_batch(ctx *c, const config_setting_t *root, const loom_spec *spec)
+{
+    const loom_strategy_spec *st = &spec->strategy;
+    const config_setting_t *g = config_setting_get_member(root, "strategy");
+    if (!g || !config_setting_is_group(g) || st->replicas < 2 || st->kind == LOOM_STRAT_ONE_DEVICE) return;
+    const config_setting_t *r = config_setting_get_member(g, st->devices_listed ? "devices" : "replicas");
+    const loom_dataset_spec *d = &spec->train;
+    for (int i = d->n_transforms - 1; i >= 0; i--) {
+        const loom_transform_spec *t = &d->transform[i];
+        if (t->kind != LOOM_T_BATCH && t->kind != LOOM_T_PADDED_BATCH) continue;
+        if (t->batch_size < st->replicas) {
+            loom_err *e = cerr(c, r ? r : g, "%d replicas but the global batch (data.train, line %d) is %lld: each "
+                               "replica needs at least one example", st->replicas, t->loc.line, (long long)t->batch_size);
+            if (e)
+                loom_err_hint(e, "the batch size is the global batch, split among the replicas; raise it to >= %d or "
+                              "use fewer replicas", st->replicas);
+        }
+        return;
+    }
+}
+
 static void parse_strategy(ctx *c, const config_setting_t *root, loom_strategy_spec *st)
 {
     const config_setting_t *g = sub_group(c, root, "strategy");
@@ -1610,15 +2079,21 @@ static void parse_strategy(ctx *c, const config_setting_t *root, loom_strategy_s
         snprintf(st->loc.path, sizeof st->loc.path, "strategy");
     } else {
         loc_of(c, g, &st->loc);
-        int k = parse_kind(c, g, strategy_opts, st);
+        const config_setting_t *t = config_setting_get_member(g, "type");
+        int k = plugin_strategy_type(c, t, st);
+        if (k < 0) k = parse_kind(c, g, strategy_opts, st);
         parse_opts(c, g, strategy_opts, k, st);
         scope sc = {strategy_opts, k, NULL};
         check_keys(c, g, &sc, 1);
-        const config_setting_t *t = config_setting_get_member(g, "type");
-        if (k > LOOM_STRAT_ONE_DEVICE) {
-            loom_err *e = cerr(c, t, "strategy \"%s\" is not supported yet (supported: one_device)",
-                               loom_strategy_names_[k]);
-            if (e) loom_err_hint(e, "use type = \"one_device\";");
+        if (k == LOOM_STRAT_MULTI_WORKER_MIRRORED || k == LOOM_STRAT_PARAMETER_SERVER) {
+            loom_err *e = cerr(c, t, "strategy \"%s\" is not supported yet (supported: one_device, mirrored, "
+                               "central_storage)", loom_strategy_names_[k]);
+            if (e) loom_err_hint(e, "use type = \"mirrored\"; for several replicas on this machine");
+        }
+        const config_setting_t *np = config_setting_get_member(g, "num_packs");
+        if (np && st->bytes_per_pack > 0 && k == LOOM_STRAT_MIRRORED) {
+            loom_err *e = cerr(c, np, "num_packs and bytes_per_pack both set; they are two ways to pack gradients");
+            if (e) loom_err_hint(e, "keep one: bytes_per_pack (packs of at least N bytes) or num_packs (N packs)");
         }
         const config_setting_t *d = config_setting_get_member(g, "device");
         unsigned idx;
@@ -1627,9 +2102,203 @@ static void parse_strategy(ctx *c, const config_setting_t *root, loom_strategy_s
             sscanf(st->device, "cpu:%u%c", &idx, &tail) != 1)
             cerr(c, d, "unknown device \"%s\" (expected \"cpu:N\")", st->device);
     }
-    st->replicas = 1;
+    if (g && (st->kind == LOOM_STRAT_MIRRORED || st->kind == LOOM_STRAT_CENTRAL_STORAGE)) {
+        resolve_replicas(c, g, st);
+        snprintf(st->name, sizeof st->name, "%s", loom_strategy_kind_name(st->kind));
+        return;
+    }
+    if (st->kind != LOOM_STRAT_PLUGIN) {
+        st->replicas = 1;
+        snprintf(st->name, sizeof st->name, "%s", loom_strategy_kind_name(st->kind));
+    }
     st->n_devices = 1;
     snprintf(st->devices[0], sizeof st->devices[0], "%s", st->device);
+}
+
+/* plugins = { path = [...]; require = [...]; }: the directories are checked
+ * here, the names once plugins are loaded (plugin/plugin.c). */
+static void parse_plugins(ctx *c, const config_setting_t *root, loom_plugins_spec *p)
+{
+    const config_setting_t *g = sub_group(c, root, "plugins");
+    if (!g) {
+        snprintf(p->loc.file, sizeof p->loc.file, "%s", c->path);
+        snprintf(p->loc.path, sizeof p->loc.path, "plugins");
+        return;
+    }
+    loc_of(c, g, &p->loc);
+    parse_opts(c, g, plugins_opts, 0, p);
+    scope sc = {plugins_opts, 0, NULL};
+    check_keys(c, g, &sc, 1);
+}
+
+/* ---- hooks ----------------------------------------------------------------- */
+
+static void parse_hook_callbacks(ctx *c, const config_setting_t *s, void *base);
+static void parse_hook_train_step(ctx *c, const config_setting_t *s, void *base);
+
+static const opt hooks_opts[] = {
+    O_CUSTOM("callbacks", parse_hook_callbacks, ALL, 0,
+             "a list of \"file.lua:function\" or { fn = ...; args = { ... }; }, each function returning a table of "
+             "callbacks"),
+    O_CUSTOM("train_step", parse_hook_train_step, ALL, 0,
+             "\"file.lua:function\" or { fn = ...; args = { ... }; }: train_step(ctx, batch, args) replaces the "
+             "built-in step"),
+    O_INT(loom_hooks_spec, "step_interval", step_interval, 1, 1, INT64_MAX, ALL, 0, "on_step_end every N steps"),
+    O_BOOL(loom_hooks_spec, "unsafe", unsafe, 0, ALL, "the whole Lua standard library, file writes anywhere"),
+    O_INT(loom_hooks_spec, "memory_limit", memory_limit, 0, -1, INT64_MAX, ALL, 0,
+          "bytes per Lua state; 0 = 64 MiB, -1 = no cap"),
+    O_INT(loom_hooks_spec, "instruction_limit", instruction_limit, 0, -1, INT64_MAX, ALL, 0,
+          "Lua VM instructions per call; 0 = 100 million, -1 = no budget"),
+    O_END,
+};
+
+/* "file.lua:function" whose file exists (relative to the config's directory). */
+static bool hook_ref_string(ctx *c, const config_setting_t *s, loom_hook_ref *h)
+{
+    char v[300];
+    if (config_setting_type(s) != CONFIG_TYPE_STRING) {
+        cerr(c, s, "expected \"file.lua:function\", got %s", value_str(s, v, sizeof v));
+        return false;
+    }
+    const char *ref = config_setting_get_string(s);
+    const char *colon = strrchr(ref, ':');
+    if (!colon || colon == ref || !colon[1] || strlen(ref) >= sizeof h->ref) {
+        loom_err *e = cerr(c, s, "expected \"file.lua:function\", got \"%s\"", ref);
+        if (e) loom_err_hint(e, "e.g. \"../lua/early_stopping.lua:early_stopping\" (the file relative to the config's "
+                                "directory)");
+        return false;
+    }
+    char full[LOOM_PATH_MAX + 8];
+    int n = (int)(colon - ref);
+    int w = ref[0] == '/' ? snprintf(full, sizeof full, "%.*s", n, ref)
+                          : snprintf(full, sizeof full, "%s/%.*s", c->dir, n, ref);
+    struct stat st;
+    if (w < 0 || w >= (int)sizeof full || stat(full, &st) != 0 || !S_ISREG(st.st_mode)) {
+        loom_err *e = cerr(c, s, "cannot read the Lua file \"%.*s\" (resolved to %s)", n, ref, full);
+        if (e) loom_err_hint(e, "the file is relative to the config file's directory");
+        return false;
+    }
+    snprintf(h->ref, sizeof h->ref, "%s", ref);
+    loc_of(c, s, &h->loc);
+    return true;
+}
+
+/* A map's or filter's `lua`: checked as a hook's reference, then stored with
+ * the file resolved against the config's directory ("/abs/lua/augment.lua:cutout"),
+ * so the data module needs no directory. */
+static void resolve_lua_ref(ctx *c, const config_setting_t *s, char *out, size_t n)
+{
+    loom_hook_ref h;
+    if (!hook_ref_string(c, s, &h)) return;
+    const char *colon = strrchr(h.ref, ':');
+    int len = (int)(colon - h.ref);
+    int w = h.ref[0] == '/' ? snprintf(out, n, "%s", h.ref) : snprintf(out, n, "%s/%.*s%s", c->dir, len, h.ref, colon);
+    if (w < 0 || (size_t)w >= n) cerr(c, s, "the Lua file's path is too long (at most %zu characters)", n - 1);
+}
+
+/* A hook: "file.lua:function", or { fn = "file.lua:function"; args = { name = value; ... }; }. */
+static bool parse_hook_ref(ctx *c, const config_setting_t *s, loom_hook_ref *h)
+{
+    memset(h, 0, sizeof *h);
+    if (!config_setting_is_group(s)) return hook_ref_string(c, s, h);
+    static const char *const keys[] = {"fn", "args", NULL};
+    int len = config_setting_length(s);
+    for (int i = 0; i < len; i++) {
+        const config_setting_t *k = config_setting_get_elem(s, i);
+        if (find_name(keys, config_setting_name(k)) >= 0) continue;
+        const char *near = closest(keys, config_setting_name(k));
+        if (near) cerr(c, k, "unknown setting `%s` (did you mean `%s`?)", config_setting_name(k), near);
+        else cerr(c, k, "unknown setting `%s` (valid here: fn, args)", config_setting_name(k));
+    }
+    const config_setting_t *fn = config_setting_get_member(s, "fn");
+    if (!fn) {
+        cerr(c, s, "missing required setting `fn` (\"file.lua:function\")");
+        return false;
+    }
+    bool ok = hook_ref_string(c, fn, h);
+    const config_setting_t *a = config_setting_get_member(s, "args");
+    if (!a) return ok;
+    char v[300];
+    if (!config_setting_is_group(a)) {
+        cerr(c, a, "expected a group { name = value; ... }, got %s", value_str(a, v, sizeof v));
+        return false;
+    }
+    int na = config_setting_length(a);
+    if (na > LOOM_MAX_HOOK_ARGS) {
+        cerr(c, a, "expected at most %d arguments, got %d", LOOM_MAX_HOOK_ARGS, na);
+        return false;
+    }
+    for (int i = 0; i < na; i++) {
+        const config_setting_t *e = config_setting_get_elem(a, i);
+        int k = h->n_args;
+        snprintf(h->arg_name[k], sizeof h->arg_name[k], "%s", config_setting_name(e));
+        if (is_number(e)) {
+            h->arg_type[k] = is_int(e) ? LOOM_HOOK_ARG_INT : LOOM_HOOK_ARG_NUMBER;
+            h->arg_num[k] = get_number(e);
+        } else if (config_setting_type(e) == CONFIG_TYPE_BOOL) {
+            h->arg_type[k] = LOOM_HOOK_ARG_BOOL;
+            h->arg_num[k] = config_setting_get_bool(e);
+        } else if (config_setting_type(e) == CONFIG_TYPE_STRING &&
+                   strlen(config_setting_get_string(e)) < sizeof h->arg_str[k]) {
+            h->arg_type[k] = LOOM_HOOK_ARG_STRING;
+            snprintf(h->arg_str[k], sizeof h->arg_str[k], "%s", config_setting_get_string(e));
+        } else {
+            cerr(c, e, "expected a number, a string (at most %d characters) or a boolean, got %s", LOOM_NAME_MAX - 1,
+                 value_str(e, v, sizeof v));
+            ok = false;
+            continue;
+        }
+        h->n_args++;
+    }
+    return ok;
+}
+
+static void parse_hook_callbacks(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_hooks_spec *h = base;
+    char v[300];
+    if (!config_setting_is_array(s) && !config_setting_is_list(s)) {
+        cerr(c, s, "expected a list [\"file.lua:function\", ...] or ( { fn = ...; args = { ... }; }, ... ), got %s",
+             value_str(s, v, sizeof v));
+        return;
+    }
+    int n = config_setting_length(s);
+    if (n > LOOM_MAX_CALLBACKS) {
+        cerr(c, s, "expected at most %d callbacks, got %d", LOOM_MAX_CALLBACKS, n);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        if (parse_hook_ref(c, config_setting_get_elem(s, i), &h->callback[h->n_callbacks])) h->n_callbacks++;
+}
+
+static void parse_hook_train_step(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_hooks_spec *h = base;
+    h->has_train_step = parse_hook_ref(c, s, &h->train_step);
+}
+
+/* hooks = { callbacks = [...]; train_step = "..."; step_interval = N; ... }; */
+static void parse_hooks(ctx *c, const config_setting_t *root, loom_hooks_spec *h)
+{
+    const config_setting_t *g = sub_group(c, root, "hooks");
+    for (const opt *o = hooks_opts; o->name; o++) opt_default(o, h);
+    if (!g) return;
+    h->present = true;
+    loc_of(c, g, &h->loc);
+    parse_opts(c, g, hooks_opts, 0, h);
+    scope sc = {hooks_opts, 0, NULL};
+    check_keys(c, g, &sc, 1);
+}
+
+/* Shuffles and list_files sources without a seed of their own, also in zipped datasets, take the run's. */
+static void default_seeds(loom_dataset_spec *d, uint64_t seed)
+{
+    if (d->source.kind == LOOM_SRC_LIST_FILES && !d->source.seed_set) d->source.seed = seed;
+    for (int j = 0; j < d->n_transforms; j++) {
+        loom_transform_spec *t = &d->transform[j];
+        if (t->kind == LOOM_T_SHUFFLE && !t->seed_set) t->seed = seed;
+        if (t->kind == LOOM_T_ZIP && t->dataset) default_seeds(t->dataset, seed);
+    }
 }
 
 static void validate(ctx *c, const config_setting_t *root, loom_spec *spec)
@@ -1644,6 +2313,8 @@ static void validate(ctx *c, const config_setting_t *root, loom_spec *spec)
         scope sc = {data_opts, 0, NULL};
         check_keys(c, g, &sc, 1);
         const config_setting_t *d;
+        parse_data_options(c, sub_group(c, g, "options"), &spec->train.options);
+        spec->eval.options = spec->train.options;
         if ((d = sub_group(c, g, "train"))) parse_dataset(c, d, &spec->train);
         if ((d = sub_group(c, g, "eval"))) parse_dataset(c, d, &spec->eval);
     }
@@ -1665,6 +2336,9 @@ static void validate(ctx *c, const config_setting_t *root, loom_spec *spec)
         parse_schedule(c, g, o);
     }
     parse_strategy(c, root, &spec->strategy);
+    check_replicas_batch(c, root, spec);
+    parse_plugins(c, root, &spec->plugins);
+    parse_hooks(c, root, &spec->hooks);
     if ((g = sub_group(c, root, "run"))) {
         loom_run_spec *r = &spec->run;
         loc_of(c, g, &r->loc);
@@ -1676,12 +2350,8 @@ static void validate(ctx *c, const config_setting_t *root, loom_spec *spec)
             cerr(c, g, "nothing to train: set epochs >= 1 or max_steps >= 1 (epochs = %lld, max_steps = %lld)",
                  (long long)r->epochs, (long long)r->max_steps);
         /* shuffles without a seed of their own use the run's */
-        loom_dataset_spec *ds[2] = {&spec->train, &spec->eval};
-        for (int i = 0; i < 2; i++)
-            for (int j = 0; j < ds[i]->n_transforms; j++) {
-                loom_transform_spec *t = &ds[i]->transform[j];
-                if (t->kind == LOOM_T_SHUFFLE && !t->seed_set) t->seed = r->seed;
-            }
+        default_seeds(&spec->train, r->seed);
+        default_seeds(&spec->eval, r->seed);
     }
 }
 
@@ -1986,7 +2656,7 @@ int loom_config_load(loom_spec **out, const char *path, const char *const *overr
 
     if (errs->n) {
         sort_errors(errs);
-        loom_free(spec);
+        loom_config_free(spec);
         for (int i = 0; i < errs->n; i++)
             if (errs->e[i].code == LOOM_ENOMEM) return LOOM_ENOMEM;
         return LOOM_ECONFIG;
@@ -1995,4 +2665,23 @@ int loom_config_load(loom_spec **out, const char *path, const char *const *overr
     return LOOM_OK;
 }
 
-void loom_config_free(loom_spec *s) { loom_free(s); }
+/* What zip and interleave transforms hold outside the spec's own allocation. */
+static void free_nested(loom_dataset_spec *d)
+{
+    for (int i = 0; i < d->n_transforms; i++) {
+        loom_transform_spec *t = &d->transform[i];
+        loom_free(t->source);
+        if (t->dataset) free_nested(t->dataset);
+        loom_free(t->dataset);
+        t->source = NULL;
+        t->dataset = NULL;
+    }
+}
+
+void loom_config_free(loom_spec *s)
+{
+    if (!s) return;
+    free_nested(&s->train);
+    free_nested(&s->eval);
+    loom_free(s);
+}

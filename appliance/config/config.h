@@ -35,7 +35,7 @@ typedef enum { LOOM_CFG_U8, LOOM_CFG_I32, LOOM_CFG_I64, LOOM_CFG_F32, LOOM_CFG_F
 /* ---- data ---------------------------------------------------------------- */
 
 typedef enum { LOOM_SRC_IDX, LOOM_SRC_CATALOG, LOOM_SRC_TFRECORD, LOOM_SRC_CSV, LOOM_SRC_TEXT,
-               LOOM_SRC_SYNTHETIC } loom_source_kind;
+               LOOM_SRC_SYNTHETIC, LOOM_SRC_LIST_FILES } loom_source_kind;
 
 #define LOOM_MAX_FILE_PATTERNS 16
 
@@ -106,6 +106,11 @@ typedef struct loom_source_spec {
     loom_tfr_compression compression;   /* default auto: detected per file from its leading bytes */
     loom_tfr_on_corrupt  on_corrupt;    /* default error */
     bool                 shuffle_files; /* shuffle the file order each epoch, keyed by (run seed, epoch) */
+    /* Not a config key: FILE auto-sharding (data/distribute_input.c) sets them
+     * on the pipeline's copy of the spec, and every file-list source then keeps
+     * file i of its sorted list only when i % file_shards == file_shard.
+     * 0 (the loaded value) = all files. */
+    int                  file_shards, file_shard;
     loom_tfr_feature     tfr[LOOM_MAX_FEATURES];
     /* csv: files (the patterns above) of RFC 4180 records, streamed.
      *   source: { type = "csv"; files = ["a.csv"]; header = true; delimiter = ",";
@@ -123,6 +128,12 @@ typedef struct loom_source_spec {
      *             features: { image = { dtype = "float32"; shape = [28, 28]; }; label = { dtype = "int64"; max = 10; }; }; }; */
     int64_t            count;  /* elements per pass, >= 1, or -1 = infinite */
     loom_syn_feature   syn[LOOM_MAX_FEATURES];
+    /* list_files: the file names matching `files` (the patterns above), sorted, one element each:
+     * "filename" uint8 (LOOM_PATH_MAX) zero-padded and "length" int64 (), as the text source's lines.
+     *   source: { type = "list_files"; files = ["data/train-*.tfrecord"]; shuffle = false; };
+     * shuffle (the shuffle_files field, default true here) reorders them each epoch by (seed, epoch). */
+    uint64_t           seed;      /* list_files: the run's seed unless set */
+    bool               seed_set;
 } loom_source_spec;
 
 typedef enum {
@@ -135,6 +146,8 @@ typedef enum {
     LOOM_MAP_PAD,         /* pad: (H, W[, C]) -> (H + 2p, W + 2p[, C]) filled with value; unbatched only */
     LOOM_MAP_RANDOM_CROP, /* random_crop: (H, W[, C]) -> (h, w[, C]) at uniform offsets; unbatched only */
     LOOM_MAP_STANDARDIZE, /* per_image_standardization: (x - mean) / max(std, 1/sqrt(N)), float32; unbatched only */
+    LOOM_MAP_SLEEP,       /* sleep: ms per element, values unchanged; for benchmarks and autotune tests */
+    LOOM_MAP_LUA,         /* lua: a Lua function maps the whole element (script/provider.c); fn may be omitted */
 } loom_map_kind;
 
 typedef struct loom_map_spec {
@@ -149,16 +162,20 @@ typedef struct loom_map_spec {
     int            padding;                /* pad (>= 0), on every side of H and W */
     double         value;                  /* pad: the fill value */
     int            size[2];                /* random_crop: [h, w] */
+    double         ms;                     /* sleep: milliseconds per element (>= 0) */
+    char           lua[LOOM_PATH_MAX + LOOM_NAME_MAX]; /* lua, and a filter's lua: "file.lua:function", the file
+                                                          resolved against the config's directory at load */
 } loom_map_spec;
 
 typedef enum {
     LOOM_T_MAP, LOOM_T_SHUFFLE, LOOM_T_BATCH, LOOM_T_REPEAT, LOOM_T_TAKE, LOOM_T_SKIP, LOOM_T_PREFETCH,
     LOOM_T_FILTER, LOOM_T_SHARD, LOOM_T_ENUMERATE, LOOM_T_UNBATCH, LOOM_T_PADDED_BATCH, LOOM_T_CACHE,
+    LOOM_T_INTERLEAVE, LOOM_T_ZIP,
 } loom_transform_kind;
 
 #define LOOM_MAX_FILTER_VALUES 64
 /* filter: which predicate the group gave (exactly one of in, not_in, min/max). */
-typedef enum { LOOM_FILTER_IN, LOOM_FILTER_NOT_IN, LOOM_FILTER_RANGE } loom_filter_kind;
+typedef enum { LOOM_FILTER_IN, LOOM_FILTER_NOT_IN, LOOM_FILTER_RANGE, LOOM_FILTER_LUA /* map.lua */ } loom_filter_kind;
 
 typedef struct loom_transform_spec {
     loom_transform_kind kind;
@@ -187,11 +204,42 @@ typedef struct loom_transform_spec {
     char                padding_name[LOOM_MAX_FEATURES][LOOM_NAME_MAX];
     double              padding_value[LOOM_MAX_FEATURES];
     char                cache_file[LOOM_PATH_MAX]; /* CACHE: "" = in memory; else a path prefix, relative to the working directory */
-    int                 parallel;               /* MAP: concurrent calls >= 1, LOOM_PARALLEL_AUTO = tuned; 0 (unset) = 1 */
-    bool                deterministic;          /* MAP with parallel != 1: emit in input order (default true) */
+    int                 parallel;               /* MAP, INTERLEAVE: >= 1, LOOM_PARALLEL_AUTO = tuned; 0 (unset) = 1 */
+    bool                deterministic;          /* MAP, INTERLEAVE with parallel != 1: the sequential order (default true) */
+    /* INTERLEAVE (with parallel, deterministic): each input element's "filename" opened with *source */
+    int64_t             cycle_length;           /* INTERLEAVE: files read at once, >= 1 */
+    int64_t             block_length;           /* INTERLEAVE: elements from one file before the next, >= 1 */
+    struct loom_source_spec  *source;           /* INTERLEAVE: tfrecord, csv or text without files; owned by the spec */
+    struct loom_dataset_spec *dataset;          /* ZIP: the dataset zipped with this one; owned by the spec */
 } loom_transform_spec;
 
 #define LOOM_PARALLEL_AUTO (-1)
+
+/* How a pipeline built for one of several workers is auto-sharded
+ * (tf.data.experimental.AutoShardPolicy, tf_semantics 4.11): FILE splits the
+ * source's sorted file list, DATA keeps every num_input_pipelines-th final
+ * element, AUTO is FILE when there are at least as many files as pipelines and
+ * DATA otherwise, OFF gives every worker everything. */
+typedef enum { LOOM_SHARD_AUTO, LOOM_SHARD_FILE, LOOM_SHARD_DATA, LOOM_SHARD_OFF } loom_shard_policy;
+
+/* data.options (tf.data.Options): one group for data.train and data.eval.
+ * A spec built in code without it (present == false) gets no static rewrites,
+ * autotuning on and the default budgets. */
+typedef struct loom_data_options {
+    bool     present;
+    loom_loc loc;
+    bool     deterministic;             /* default for a map's `deterministic` (true) */
+    bool     autotune;                  /* autotune.enabled (true): tune "auto" values while running */
+    int      cpu_budget;                /* autotune.cpu_budget: threads for tuned parallelism; 0 = the cores */
+    int64_t  ram_budget;                /* autotune.ram_budget in bytes; 0 = ram_fraction of physical memory */
+    double   ram_fraction;              /* (0, 1], default 0.5 (tf.data's kRamBudgetShare) */
+    bool     noop_elimination;          /* optimization.*: tf.data's defaults where they pay here */
+    bool     map_and_batch_fusion;
+    bool     map_fusion;
+    bool     shuffle_and_repeat_fusion;
+    bool     map_parallelization;
+    bool     inject_prefetch;
+} loom_data_options;
 
 typedef struct loom_dataset_spec {
     bool                present;
@@ -199,6 +247,8 @@ typedef struct loom_dataset_spec {
     loom_source_spec    source;
     int                 n_transforms;
     loom_transform_spec transform[LOOM_MAX_TRANSFORMS];
+    loom_shard_policy   shard_policy;   /* default auto; applies only with several input pipelines */
+    loom_data_options   options;        /* data.options, the same for train and eval */
 } loom_dataset_spec;
 
 /* ---- model --------------------------------------------------------------- */
@@ -267,17 +317,53 @@ typedef struct loom_optimizer_spec {
 /* ---- strategy ------------------------------------------------------------ */
 
 typedef enum { LOOM_STRAT_ONE_DEVICE, LOOM_STRAT_MIRRORED, LOOM_STRAT_CENTRAL_STORAGE,
-               LOOM_STRAT_MULTI_WORKER_MIRRORED, LOOM_STRAT_PARAMETER_SERVER } loom_strategy_kind;
+               LOOM_STRAT_MULTI_WORKER_MIRRORED, LOOM_STRAT_PARAMETER_SERVER,
+               LOOM_STRAT_PLUGIN /* any other type: a plugin's strategy, found by `name` once plugins are loaded */
+} loom_strategy_kind;
+
+#define LOOM_MAX_STRATEGY_OPTIONS 16
 
 typedef struct loom_strategy_spec {
     loom_strategy_kind kind;
     loom_loc           loc;
     char               device[16];  /* one_device: "cpu:0" */
-    int                replicas;    /* mirrored, central_storage (later) */
+    /* mirrored, central_storage: strategy.replicas = N (devices cpu:0..cpu:N-1,
+     * which may outnumber the cores) or strategy.devices = ["cpu:0", ...]
+     * (each must exist: checked at strategy open); neither = one per core:
+     * replicas = 0 and n_devices = 0 until the strategy resolves them. */
+    int                replicas;
     int                n_devices;
-    char               devices[LOOM_MAX_DEVICES][16];
-    char               cross_device_ops[LOOM_NAME_MAX];
+    char               devices[LOOM_MAX_DEVICES][16]; /* "cpu:N", "gpu:N" or "gpu:*" */
+    bool               devices_listed;                /* they came from strategy.devices */
+    loom_loc           devices_loc;                   /* strategy.devices or .replicas, for later errors */
+    char               cross_device_ops[LOOM_NAME_MAX]; /* mirrored: a registered op; "" = the default */
+    loom_loc           cross_device_ops_loc;          /* checked at strategy open, where plugins are known */
+    /* mirrored: gradient packing (tf_semantics 5.5, 5.7; loom_pack_plan in distribute.h) */
+    int64_t            bytes_per_pack; /* > 0: packs of at least this many bytes, last layers first; 0 = unset */
+    int                num_packs;      /* with bytes_per_pack = 0: 1 (default) one pack, N equal packs, 0 per tensor */
+    char               name[LOOM_NAME_MAX]; /* `type` as written, for every kind: the registry's name */
+    /* plugin strategies: strategy.options = { KEY = value; ... }, scalars kept as
+     * text (strings unquoted); the plugin declares and parses its keys */
+    int                n_options;
+    char               option_key[LOOM_MAX_STRATEGY_OPTIONS][LOOM_NAME_MAX];
+    char               option_value[LOOM_MAX_STRATEGY_OPTIONS][LOOM_NAME_MAX];
+    int                option_line[LOOM_MAX_STRATEGY_OPTIONS]; /* in loc.file; 0 for --set */
 } loom_strategy_spec;
+
+/* ---- plugins ------------------------------------------------------------- */
+
+#define LOOM_MAX_PLUGIN_DIRS     8
+#define LOOM_MAX_PLUGIN_REQUIRES 16
+
+/* plugins = { path = ["dir", ...]; require = ["name", ...]; }; */
+typedef struct loom_plugins_spec {
+    loom_loc loc;                                        /* the plugins group (or the file) */
+    int      n_path;                                     /* directories searched for *.so, in order */
+    char     path[LOOM_MAX_PLUGIN_DIRS][LOOM_PATH_MAX];  /* resolved against the config's directory */
+    int      n_require;                                  /* plugins that must load, by their declared name */
+    char     require[LOOM_MAX_PLUGIN_REQUIRES][LOOM_NAME_MAX];
+    int      require_line[LOOM_MAX_PLUGIN_REQUIRES];     /* in loc.file; 0 for --set */
+} loom_plugins_spec;
 
 /* ---- run ----------------------------------------------------------------- */
 
@@ -293,10 +379,45 @@ typedef struct loom_run_spec {
     int           keep_checkpoints; /* default 5 */
     int64_t       log_steps;        /* default 100 */
     int           threads;          /* compute threads; 0 = all cores */
+    int64_t       steps_per_execution; /* training steps per trip through the host loop; default 1 */
     int64_t       eval_steps;       /* evaluate at most this many batches; 0 = the whole eval set */
     bool          eval_each_epoch;  /* default true when data.eval is present */
     loom_progress progress;
 } loom_run_spec;
+
+/* ---- hooks (Lua) --------------------------------------------------------- */
+
+#define LOOM_MAX_CALLBACKS 8
+#define LOOM_MAX_HOOK_ARGS 16
+
+/* A Lua function named "file.lua:function" (the file relative to the config's
+ * directory), with arguments from the config: a string, or a group
+ * { fn = "file.lua:function"; args = { name = value; ... }; } whose values are
+ * numbers, strings or booleans. The file is checked to exist at load; the
+ * function is looked up when the hooks are opened (loom check does). */
+typedef struct loom_hook_ref {
+    loom_loc loc;
+    char     ref[LOOM_PATH_MAX + LOOM_NAME_MAX]; /* as written */
+    int      n_args;
+    char     arg_name[LOOM_MAX_HOOK_ARGS][LOOM_NAME_MAX];
+    int      arg_type[LOOM_MAX_HOOK_ARGS];   /* LOOM_HOOK_ARG_* */
+    double   arg_num[LOOM_MAX_HOOK_ARGS];
+    char     arg_str[LOOM_MAX_HOOK_ARGS][LOOM_NAME_MAX];
+} loom_hook_ref;
+enum { LOOM_HOOK_ARG_NUMBER, LOOM_HOOK_ARG_INT, LOOM_HOOK_ARG_STRING, LOOM_HOOK_ARG_BOOL };
+
+typedef struct loom_hooks_spec {
+    bool          present;
+    loom_loc      loc;
+    int           n_callbacks;   /* each names a factory: fn(args) returns a table of callbacks */
+    loom_hook_ref callback[LOOM_MAX_CALLBACKS];
+    bool          has_train_step;
+    loom_hook_ref train_step;    /* train_step(ctx, batch, args) replaces the built-in step */
+    int64_t       step_interval; /* on_step_end every N steps (default 1); a callback table may set its own */
+    bool          unsafe;            /* the whole standard library, file writes anywhere */
+    int64_t       memory_limit;      /* bytes per Lua state; 0 = the default */
+    int64_t       instruction_limit; /* VM instructions per call; 0 = the default */
+} loom_hooks_spec;
 
 /* ---- the whole config ---------------------------------------------------- */
 
@@ -308,6 +429,8 @@ typedef struct loom_spec {
     loom_optimizer_spec optimizer;
     loom_strategy_spec  strategy;
     loom_run_spec       run;
+    loom_plugins_spec   plugins;
+    loom_hooks_spec     hooks;
 } loom_spec;
 
 /* Up to LOOM_MAX_ERRORS problems are collected before giving up. */

@@ -5,6 +5,7 @@
  * Threads: none. */
 #include "config/config_internal.h"
 
+#include <ctype.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -111,7 +112,7 @@ static void put_value(FILE *f, loom_cfg_dtype dt, double v)
 /* The csv, text and synthetic sources' settings. */
 static void print_csv_text_synthetic(FILE *f, const loom_source_spec *src)
 {
-    if (src->kind == LOOM_SRC_CSV || src->kind == LOOM_SRC_TEXT) {
+    if ((src->kind == LOOM_SRC_CSV || src->kind == LOOM_SRC_TEXT) && src->n_patterns) {
         fputs("      files = [", f);
         for (int i = 0; i < src->n_patterns; i++) {
             if (i) fputs(", ", f);
@@ -172,22 +173,33 @@ static void print_csv_text_synthetic(FILE *f, const loom_source_spec *src)
     }
 }
 
-static void print_dataset(FILE *f, const char *name, const loom_dataset_spec *ds)
+/* The settings of a source group (its braces are the caller's). An
+ * interleave's source has no patterns: files are then left out. */
+static void print_source(FILE *f, const loom_source_spec *src)
 {
-    const loom_source_spec *src = &ds->source;
-    fprintf(f, "  %s: {\n    source: {\n", name);
     kv_str(f, 3, "type", loom_cfg_name_(loom_source_names_, (int)src->kind));
-    if (src->kind == LOOM_SRC_IDX) {
-        fputs("      features: {\n", f);
-        for (int i = 0; i < src->n_features; i++) kv_str(f, 4, src->feature[i], src->file[i]);
-        fputs("      };\n", f);
-    } else if (src->kind == LOOM_SRC_TFRECORD) {
+    if (src->kind == LOOM_SRC_LIST_FILES) {
         fputs("      files = [", f);
         for (int i = 0; i < src->n_patterns; i++) {
             if (i) fputs(", ", f);
             put_str(f, src->pattern[i]);
         }
         fputs("];\n", f);
+        kv_bool(f, 3, "shuffle", src->shuffle_files);
+        if (src->seed_set) kv_i64(f, 3, "seed", (int64_t)src->seed);
+    } else if (src->kind == LOOM_SRC_IDX) {
+        fputs("      features: {\n", f);
+        for (int i = 0; i < src->n_features; i++) kv_str(f, 4, src->feature[i], src->file[i]);
+        fputs("      };\n", f);
+    } else if (src->kind == LOOM_SRC_TFRECORD) {
+        if (src->n_patterns) {
+            fputs("      files = [", f);
+            for (int i = 0; i < src->n_patterns; i++) {
+                if (i) fputs(", ", f);
+                put_str(f, src->pattern[i]);
+            }
+            fputs("];\n", f);
+        }
         kv_str(f, 3, "compression", loom_cfg_name_(loom_tfr_comp_names_, (int)src->compression));
         kv_str(f, 3, "on_corrupt", loom_cfg_name_(loom_tfr_corrupt_names_, (int)src->on_corrupt));
         kv_bool(f, 3, "shuffle_files", src->shuffle_files);
@@ -219,6 +231,12 @@ static void print_dataset(FILE *f, const char *name, const loom_dataset_spec *ds
         kv_str(f, 3, "name", src->name);
         kv_str(f, 3, "split", src->split);
     }
+}
+
+static void print_dataset(FILE *f, const char *name, const loom_dataset_spec *ds)
+{
+    fprintf(f, "  %s: {\n    source: {\n", name);
+    print_source(f, &ds->source);
     fputs("    };\n    transforms = (", f);
     for (int i = 0; i < ds->n_transforms; i++) {
         const loom_transform_spec *t = &ds->transform[i];
@@ -228,7 +246,7 @@ static void print_dataset(FILE *f, const char *name, const loom_dataset_spec *ds
         switch (t->kind) {
         case LOOM_T_MAP:
             kv_str(f, 4, "fn", loom_map_kind_name(m->kind));
-            kv_str(f, 4, "feature", m->feature);
+            if (m->kind != LOOM_MAP_LUA) kv_str(f, 4, "feature", m->feature);
             switch (m->kind) {
             case LOOM_MAP_CAST: kv_str(f, 4, "dtype", loom_cfg_name_(loom_cfg_dtype_names_, (int)m->dtype)); break;
             case LOOM_MAP_SCALE:
@@ -256,6 +274,8 @@ static void print_dataset(FILE *f, const char *name, const loom_dataset_spec *ds
                 fprintf(f, "size = [%d, %d];\n", m->size[0], m->size[1]);
                 break;
             case LOOM_MAP_STANDARDIZE: break;
+            case LOOM_MAP_SLEEP: kv_f64(f, 4, "ms", m->ms); break;
+            case LOOM_MAP_LUA: kv_str(f, 4, "lua", m->lua); break;
             }
             if (t->parallel == LOOM_PARALLEL_AUTO) kv_str(f, 4, "parallel", "auto");
             else kv_i64(f, 4, "parallel", t->parallel > 0 ? t->parallel : 1);
@@ -275,6 +295,10 @@ static void print_dataset(FILE *f, const char *name, const loom_dataset_spec *ds
         case LOOM_T_SKIP: kv_i64(f, 4, "count", t->count); break;
         case LOOM_T_PREFETCH: kv_i64(f, 4, "buffer", t->buffer); break;
         case LOOM_T_FILTER:
+            if (t->filter == LOOM_FILTER_LUA) {
+                kv_str(f, 4, "lua", m->lua);
+                break;
+            }
             kv_str(f, 4, "feature", t->feature);
             if (t->filter == LOOM_FILTER_RANGE) {
                 if (isfinite(t->min)) kv_f64(f, 4, "min", t->min);
@@ -321,10 +345,86 @@ static void print_dataset(FILE *f, const char *name, const loom_dataset_spec *ds
         case LOOM_T_CACHE:
             if (t->cache_file[0]) kv_str(f, 4, "file", t->cache_file);
             break;
+        case LOOM_T_INTERLEAVE:
+            kv_i64(f, 4, "cycle_length", t->cycle_length);
+            kv_i64(f, 4, "block_length", t->block_length);
+            if (t->parallel == LOOM_PARALLEL_AUTO) kv_str(f, 4, "parallel", "auto");
+            else kv_i64(f, 4, "parallel", t->parallel > 0 ? t->parallel : 1);
+            kv_bool(f, 4, "deterministic", t->deterministic);
+            fputs("        source: {\n", f);
+            if (t->source) print_source(f, t->source);
+            fputs("        };\n", f);
+            break;
+        case LOOM_T_ZIP:
+            if (t->dataset) print_dataset(f, "dataset", t->dataset); /* nested: indentation is cosmetic */
+            break;
         }
         fputs("      }", f);
     }
-    fputs(ds->n_transforms ? "\n    );\n  };\n" : ");\n  };\n", f);
+    fputs(ds->n_transforms ? "\n    );\n" : ");\n", f);
+    kv_str(f, 2, "shard_policy", loom_cfg_name_(loom_shard_policy_names_, (int)ds->shard_policy));
+    fputs("  };\n", f);
+}
+
+/* mirrored, central_storage: the devices as listed, or the replica count
+ * (absent: one per core). */
+static void print_replicated_strategy(FILE *f, const loom_strategy_spec *st)
+{
+    if (st->devices_listed) {
+        fputs("  devices = [", f);
+        for (int i = 0; i < st->n_devices; i++) {
+            if (i) fputs(", ", f);
+            put_str(f, st->devices[i]);
+        }
+        fputs("];\n", f);
+    } else if (st->replicas > 0) {
+        kv_i64(f, 1, "replicas", st->replicas);
+    }
+    if (st->kind == LOOM_STRAT_MIRRORED) {
+        kv_str(f, 1, "cross_device_ops", st->cross_device_ops);
+        if (st->bytes_per_pack > 0)
+            kv_i64(f, 1, "bytes_per_pack", st->bytes_per_pack);
+        else
+            kv_i64(f, 1, "num_packs", st->num_packs);
+    }
+}
+
+/* A plugin strategy's replicas, op and options; an option's text is printed
+ * bare when it reads back as a number or a boolean, else quoted. */
+static void print_plugin_strategy(FILE *f, const loom_strategy_spec *st)
+{
+    kv_i64(f, 1, "replicas", st->replicas);
+    kv_str(f, 1, "cross_device_ops", st->cross_device_ops);
+    fputs("  options: {\n", f);
+    for (int i = 0; i < st->n_options; i++) {
+        const char *v = st->option_value[i];
+        char *end;
+        (void)strtod(v, &end);
+        bool bare = (*v && !*end && !isspace((unsigned char)*v)) || !strcmp(v, "true") || !strcmp(v, "false");
+        fprintf(f, "    %s = ", st->option_key[i]);
+        if (bare)
+            fputs(v, f);
+        else
+            put_str(f, v);
+        fputs(";\n", f);
+    }
+    fputs("  };\n", f);
+}
+
+/* plugins = { path = [...]; require = [...]; } with the directories resolved. */
+static void print_plugins(FILE *f, const loom_plugins_spec *p)
+{
+    fputs("\nplugins: {\n  path = [", f);
+    for (int i = 0; i < p->n_path; i++) {
+        if (i) fputs(", ", f);
+        put_str(f, p->path[i]);
+    }
+    fputs("];\n  require = [", f);
+    for (int i = 0; i < p->n_require; i++) {
+        if (i) fputs(", ", f);
+        put_str(f, p->require[i]);
+    }
+    fputs("];\n};\n", f);
 }
 
 static void print_layer(FILE *f, const loom_layer_spec *l)
@@ -356,10 +456,75 @@ static void print_layer(FILE *f, const loom_layer_spec *l)
     }
 }
 
+static void print_options(FILE *f, const loom_data_options *o)
+{
+    fputs("  options: {\n", f);
+    kv_bool(f, 2, "deterministic", o->deterministic);
+    fputs("    autotune: {\n", f);
+    kv_bool(f, 3, "enabled", o->autotune);
+    kv_i64(f, 3, "cpu_budget", o->cpu_budget);
+    if (o->ram_budget > 0) {
+        ind(f, 3);
+        fputs("ram_budget = ", f);
+        put_int(f, o->ram_budget, o->ram_budget > INT32_MAX);
+        fputs(";\n", f);
+    } else {
+        char pct[40];
+        snprintf(pct, sizeof pct, "%.15g%%", o->ram_fraction * 100.0);
+        kv_str(f, 3, "ram_budget", pct);
+    }
+    fputs("    };\n    optimization: {\n", f);
+    kv_bool(f, 3, "noop_elimination", o->noop_elimination);
+    kv_bool(f, 3, "map_and_batch_fusion", o->map_and_batch_fusion);
+    kv_bool(f, 3, "map_fusion", o->map_fusion);
+    kv_bool(f, 3, "shuffle_and_repeat_fusion", o->shuffle_and_repeat_fusion);
+    kv_bool(f, 3, "map_parallelization", o->map_parallelization);
+    kv_bool(f, 3, "inject_prefetch", o->inject_prefetch);
+    fputs("    };\n  };\n", f);
+}
+
+/* { fn = "file.lua:function"; args = { ... }; } */
+static void print_hook_ref(FILE *f, const loom_hook_ref *h)
+{
+    fputs("{ fn = ", f);
+    put_str(f, h->ref);
+    fputs("; args = {", f);
+    for (int i = 0; i < h->n_args; i++) {
+        fprintf(f, " %s = ", h->arg_name[i]);
+        if (h->arg_type[i] == LOOM_HOOK_ARG_STRING) put_str(f, h->arg_str[i]);
+        else if (h->arg_type[i] == LOOM_HOOK_ARG_BOOL) fputs(h->arg_num[i] != 0 ? "true" : "false", f);
+        else if (h->arg_type[i] == LOOM_HOOK_ARG_INT) put_i64(f, (int64_t)h->arg_num[i]);
+        else put_f64(f, h->arg_num[i]);
+        fputc(';', f);
+    }
+    fputs(" }; }", f);
+}
+
+static void print_hooks(FILE *f, const loom_hooks_spec *h)
+{
+    fputs("\nhooks: {\n  callbacks = (", f);
+    for (int i = 0; i < h->n_callbacks; i++) {
+        fputs(i ? ",\n    " : "\n    ", f);
+        print_hook_ref(f, &h->callback[i]);
+    }
+    fputs(h->n_callbacks ? "\n  );\n" : ");\n", f);
+    if (h->has_train_step) {
+        fputs("  train_step = ", f);
+        print_hook_ref(f, &h->train_step);
+        fputs(";\n", f);
+    }
+    kv_i64(f, 1, "step_interval", h->step_interval);
+    kv_bool(f, 1, "unsafe", h->unsafe);
+    kv_i64(f, 1, "memory_limit", h->memory_limit);
+    kv_i64(f, 1, "instruction_limit", h->instruction_limit);
+    fputs("};\n", f);
+}
+
 void loom_config_print(const loom_spec *s, FILE *f)
 {
     fprintf(f, "# %s, resolved by loom %s: every default filled in\n", s->path, LOOM_VERSION);
     fputs("version = 1;\n\ndata: {\n", f);
+    print_options(f, &s->train.options);
     print_dataset(f, "train", &s->train);
     if (s->eval.present) print_dataset(f, "eval", &s->eval);
     fputs("};\n\nmodel: {\n", f);
@@ -412,8 +577,11 @@ void loom_config_print(const loom_spec *s, FILE *f)
         break;
     }
     fputs("  };\n};\n\nstrategy: {\n", f);
-    kv_str(f, 1, "type", loom_strategy_kind_name(s->strategy.kind));
+    kv_str(f, 1, "type", s->strategy.name);
     if (s->strategy.kind == LOOM_STRAT_ONE_DEVICE) kv_str(f, 1, "device", s->strategy.device);
+    if (s->strategy.kind == LOOM_STRAT_PLUGIN) print_plugin_strategy(f, &s->strategy);
+    if (s->strategy.kind == LOOM_STRAT_MIRRORED || s->strategy.kind == LOOM_STRAT_CENTRAL_STORAGE)
+        print_replicated_strategy(f, &s->strategy);
     fputs("};\n\nrun: {\n", f);
     const loom_run_spec *r = &s->run;
     kv_str(f, 1, "model_dir", r->model_dir);
@@ -424,8 +592,11 @@ void loom_config_print(const loom_spec *s, FILE *f)
     kv_i64(f, 1, "keep_checkpoints", r->keep_checkpoints);
     kv_i64(f, 1, "log_steps", r->log_steps);
     kv_i64(f, 1, "threads", r->threads);
+    kv_i64(f, 1, "steps_per_execution", r->steps_per_execution);
     kv_i64(f, 1, "eval_steps", r->eval_steps);
     kv_bool(f, 1, "eval_each_epoch", r->eval_each_epoch);
     kv_str(f, 1, "progress", loom_cfg_name_(loom_progress_names_, (int)r->progress));
     fputs("};\n", f);
+    print_plugins(f, &s->plugins);
+    if (s->hooks.present) print_hooks(f, &s->hooks);
 }

@@ -4,7 +4,9 @@
  *
  * An element is a fixed set of named tensors described by a loom_elem_spec;
  * after `batch` every tensor gains a leading batch dimension (the last batch
- * of an epoch may be short unless drop_remainder).
+ * of an epoch may be short unless drop_remainder). There is no string dtype:
+ * a text line, or a file name (list_files, whose elements interleave opens),
+ * is uint8 (max) zero-padded plus an int64 () "length".
  *
  * Epochs: an iterator runs one pass of its dataset and then returns
  * LOOM_EEOF; loom_iter_rewind(it, epoch) starts the next pass, as Keras
@@ -51,18 +53,50 @@ typedef struct loom_stage_stats {
     double      wait_sec;    /* prefetch: time the consumer waited for a ready element */
     int64_t     buffered;    /* shuffle/prefetch: elements held now */
     int64_t     capacity;    /* shuffle/prefetch: the limit */
-    int64_t     parallel;    /* parallel map: calls allowed at once now (the tuned value for "auto"); 0 otherwise */
+    int64_t     parallel;    /* parallel map: calls allowed at once now; parallel interleave: files read ahead at
+                                once (the tuned value for "auto"); 0 otherwise */
     int64_t     bytes;       /* buffer memory the stage holds */
 } loom_stage_stats;
 
 typedef struct loom_iter loom_iter;
+
+/* Which of several input pipelines is being built (tf.distribute.InputContext,
+ * tf_semantics 5.3): a multi-worker run builds one pipeline per worker, and the
+ * dataset's shard_policy (4.11) decides what each one reads. All zero = one
+ * pipeline feeding one replica. */
+typedef struct loom_input_ctx {
+    int num_input_pipelines;  /* pipelines (workers) of the run; 0 = 1 */
+    int input_pipeline_id;    /* this one, 0 .. num_input_pipelines - 1 */
+    int num_replicas_in_sync; /* replicas over all workers; 0 = 1 */
+} loom_input_ctx;
 
 /* Context for building a pipeline. */
 typedef struct loom_data_ctx {
     uint64_t seed;        /* the run's seed: default for shuffles and random maps */
     int      threads;     /* threads the pipeline may use besides the train thread (>= 0) */
     const char *name;     /* "train", "eval", for messages */
+    loom_input_ctx input; /* zero: the only pipeline, nothing is sharded */
+    const void *custom_options; /* handed to custom element-function providers (custom.h); "lua": a
+                                   loom_lua_opts (script.h), sandbox and limits; NULL = defaults */
 } loom_data_ctx;
+
+/* get_per_replica_batch_size: global_batch / num_replicas_in_sync into *out.
+ * A global batch that does not divide evenly is LOOM_ECONFIG saying so (as
+ * TensorFlow's ValueError), and so is a context out of range. */
+int loom_input_per_replica_batch(const loom_input_ctx *ic, int64_t global_batch, int64_t *out, loom_err *err);
+
+/* Replica r's part of a global batch b for R replicas, as tf.distribute
+ * splits it (experimental_distribute_dataset, tf_semantics 5.3): with n =
+ * b's leading dim, each replica takes c = ceil(n / R) consecutive examples,
+ * replica r rows [r*c, min((r+1)*c, n)). A full global batch divisible by R
+ * thus splits evenly; a short last batch splits unevenly (range(6).batch(4)
+ * over 2 replicas: [0,1],[2,3], then [4],[5]); and with more replicas than
+ * examples the last replicas get empty batches, leading dim 0
+ * (range(4).batch(4) over 5: [0],[1],[2],[3],[]). out's tensors are views
+ * into b's buffers, no copy: valid while b is, owning nothing (out->t[i].owns
+ * = 0). Every tensor of b must have rank >= 1 and the same leading dim; else,
+ * or with r outside [0, R), LOOM_ESHAPE / LOOM_EUSAGE. */
+int loom_batch_split(const loom_elem *b, int replicas, int r, loom_elem *out, loom_err *err);
 
 /* Builds the pipeline of spec. Opens and checks the source files (a missing
  * file, a wrong magic, a truncated file or features of different lengths are
@@ -83,6 +117,14 @@ int  loom_iter_save(loom_iter *it, loom_buf *b, loom_err *err);
 /* Restores a state saved by the same pipeline; refuses state from another
  * pipeline with a clear error. */
 int  loom_iter_restore(loom_iter *it, loom_buf *b, loom_err *err);
+/* The stages as built, after data.options.optimization's rewrites, as one
+ * line: "idx -> map(cast+scale)+batch -> prefetch(auto)". */
+void loom_iter_plan(const loom_iter *it, FILE *f);
+/* What the autotuner chose ("map(scale): parallel 2 (of 2); prefetch(auto):
+ * buffer 3 (of 16)") into buf; returns 1 when the values have settled (no
+ * change for a few tuning periods) and differ from the last time it returned
+ * 1, else 0. From the thread that uses it. */
+int  loom_iter_tuned(loom_iter *it, char *buf, size_t n);
 /* Per-stage stats, source first; returns the number of stages (<= max). */
 int  loom_iter_stats(const loom_iter *it, loom_stage_stats *out, int max);
 /* A per-stage table for `loom profile` on f: elements/s over `seconds` of
@@ -90,6 +132,10 @@ int  loom_iter_stats(const loom_iter *it, loom_stage_stats *out, int max);
  * occupancy, parallelism, memory held, then a "bottleneck:" line naming the
  * stage with the highest own time. Returns LOOM_OK. */
 int  loom_iter_report(const loom_iter *it, double seconds, FILE *f);
+/* Prints which share of ds the pipeline of ctx->input reads (the policy
+ * applied and, for FILE, its files; for DATA, which final elements), one
+ * "input pipeline ..." line per fact. Errors as loom_data_open's. */
+int  loom_data_input_report(const loom_dataset_spec *ds, const loom_data_ctx *ctx, FILE *f, loom_err *err);
 /* `loom profile`: builds the pipeline of ds, pulls `steps` elements (batches
  * after a batch; <= 0: one pass, at most 500) with no model, then prints the
  * throughput and loom_iter_report to f. */
@@ -110,5 +156,6 @@ int loom_catalog_resolve(const char *name, const char *split, char images[LOOM_P
 int loom_idx_load(const char *path, loom_tensor *out, loom_err *err);
 
 #include "data/records.h"
+#include "data/custom.h"
 
 #endif

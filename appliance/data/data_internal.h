@@ -10,6 +10,7 @@
 #include "data.h"
 
 typedef struct dstage dstage;
+typedef struct dtuner dtuner;
 
 typedef struct dstage_ops {
     int  (*next)(dstage *s, loom_elem **out, loom_err *err);     /* LOOM_EEOF at the end of a pass, sticky */
@@ -19,6 +20,10 @@ typedef struct dstage_ops {
     void (*pause)(dstage *s);                                    /* (optional) quiesce background work */
     void (*resume)(dstage *s);                                   /* (optional) undo pause */
     void (*close)(dstage *s);                                    /* frees s */
+    /* (optional) next() writing the element into dst's buffers (views sized for
+     * the stage's max shapes), setting dst's shapes: saves a copy downstream */
+    int  (*next_into)(dstage *s, loom_elem *dst, loom_err *err);
+    void (*tune)(dstage *s, dtuner *t);                          /* (optional) registers "auto" knobs (autotune.c) */
 } dstage_ops;
 
 /* The part every stage shares; each kind embeds it as its first member. */
@@ -40,6 +45,7 @@ struct dstage {
     int64_t st_elements, st_busy_ns, st_wait_ns, st_buffered, st_capacity;
     int64_t st_parallel;          /* parallel map: calls allowed in flight now (0 = not parallel) */
     int64_t st_bytes;             /* buffer memory held by this stage (slot pools, outputs) */
+    int64_t st_work_ns;           /* parallel stages: time inside calls on any thread (their CPU-side load) */
 };
 
 /* Pulls the next element from s, accounting its stats. */
@@ -92,8 +98,11 @@ int batch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, 
 int repeat_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
 int take_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
 int skip_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
-/* threaded == 0: runs inline (no background thread). */
-int prefetch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, int threaded, loom_err *err);
+/* threaded == 0: runs inline (no background thread). ram_left: bytes the
+ * queue may take at most (buffer "auto" is capped to fit, a fixed buffer that
+ * does not fit is LOOM_ECONFIG naming the transform). */
+int prefetch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, int threaded, int64_t ram_left,
+                   loom_err *err);
 /* transforms_more.c; cache takes the source spec for its file fingerprint. */
 int filter_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
 int shard_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
@@ -110,6 +119,7 @@ typedef struct dtask {
     void        (*fn)(void *arg);
     void         *arg;
     struct dtask *next;
+    const void   *owner; /* (optional) the stage waiting for it, for dpool_help_ */
 } dtask;
 typedef struct dpool dpool;
 int  dpool_new_(dpool **out, int threads, loom_err *err); /* free with dpool_free_ */
@@ -123,10 +133,41 @@ int  dpool_size_(const dpool *p);                         /* worker threads */
 int     map_apply_(const dstage *map, loom_elem *e, int writable, uint8_t *buf, uint8_t *flags, int64_t epoch, int64_t pos,
                    int *mut, loom_err *err);
 int64_t map_count_(const dstage *map, const loom_elem *e);  /* RNG indices e consumes */
+int     map_feature_(const dstage *map);                     /* the feature index it maps */
+void    map_buffers_(const dstage *map, uint8_t **buf, uint8_t **flags); /* its own scratch (may be NULL) */
 void    map_scratch_(const dstage *map, size_t *buf_bytes, size_t *flag_bytes);
-/* t->parallel > 1 or LOOM_PARALLEL_AUTO: a map over *pool (created on first use, sized from ctx->threads). */
-int parmap_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, const loom_data_ctx *ctx, dpool **pool,
-                 loom_err *err);
+/* Runs the oldest queued task on the calling thread; 0 when none is queued. */
+int  dpool_help_(dpool *p);
+/* The same for the tasks of owner only. A consumer waiting for its results
+ * calls it rather than sleeping: its own tasks it needs next anyway, while
+ * another stage's could be long and delay it. */
+int  dpool_help_own_(dpool *p, const void *owner);
+/* Queues t to run fn(arg) on a worker (inline when the pool has no threads). */
+void dpool_submit_(dpool *p, dtask *t);
+/* Maps t[0..n-1] (consecutive maps with the same parallel and deterministic
+ * settings, n > 1 when fused) as one stage over *pool (created on first use,
+ * sized from ctx->threads): parallel = N, or LOOM_PARALLEL_AUTO for a window
+ * the autotuner sizes within ram_left bytes; the maps' own `parallel` is
+ * ignored (map_parallelization may have changed it). batch != 0: t[n] is a
+ * batch fused in, each call mapping a whole batch into its buffer. */
+int parmap_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, int n, int parallel, int batch,
+                 const loom_data_ctx *ctx, dpool **pool, int64_t ram_left, loom_err *err);
+
+
+/* ---- custom maps and filters (custom.c) -------------------------------------
+ * Through a provider registered by name (custom.h): map_open_ hands a
+ * LOOM_MAP_LUA map to custom_map_open_, and map_apply_ & co. to the custom_*
+ * functions below for such a stage. A custom map maps the whole element: its
+ * scratch buffer holds every output feature, custom_offset_ says where (and
+ * *cap how many bytes fit), and its map_feature_ is 0. */
+int    custom_map_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, const loom_data_ctx *ctx,
+                        loom_err *err);
+int    custom_filter_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, const loom_data_ctx *ctx,
+                           loom_err *err);
+bool   custom_is_(const dstage *st);   /* a custom map stage */
+int    custom_apply_(const dstage *st, loom_elem *e, uint8_t *buf, int64_t epoch, int64_t pos, loom_err *err);
+size_t custom_scratch_(const dstage *st);
+size_t custom_offset_(const dstage *st, int f, size_t *cap);
 
 /* ---- file-list sources (source_files.c) ------------------------------------ */
 
@@ -196,9 +237,105 @@ int  csv_read_record_(src_file *in, const char *path, char delim, int64_t *line,
  * that dtype (in range, nothing after it but spaces). */
 bool csv_parse_value_(const char *s, loom_dtype dt, void *out);
 
+/* ---- distributed input (distribute_input.c) -------------------------------------
+ * What one of several input pipelines reads, decided before its stages open. */
+typedef struct dinput_plan {
+    loom_shard_policy policy; /* FILE, DATA, or OFF (nothing to shard) */
+    int               n, id;  /* pipelines, this one */
+    loom_source_spec *source; /* FILE: the source spec with file_shards set (owned); else NULL */
+    int               data_at; /* DATA: index of the transform the shard stage goes before; -1 none */
+    int64_t           n_files; /* files of the source before sharding; -1 not counted */
+} dinput_plan;
+/* Plans ctx->input's share of spec; a share with no data is LOOM_ECONFIG naming the pipeline.
+ * warn: log AUTO's fallback to DATA. */
+int  dinput_plan_(dinput_plan *p, const loom_dataset_spec *spec, const loom_data_ctx *ctx, bool warn, loom_err *err);
+void dinput_plan_fini_(dinput_plan *p);
+/* FILE: keeps files i % src->file_shards == src->file_shard of the sorted list (frees the rest). */
+int  dinput_keep_files_(const dstage *st, const loom_source_spec *src, char **files, int64_t *n, loom_err *err);
+/* DATA: the stage keeping p's share of in's elements; an empty share is an error. */
+int  dinput_shard_open_(dstage **out, dstage *in, const dinput_plan *p, const loom_dataset_spec *spec, loom_err *err);
+
 int tfrecord_source_open_(dstage **out, const loom_source_spec *src, const loom_data_ctx *ctx, loom_err *err);
 int csv_source_open_(dstage **out, const loom_source_spec *src, loom_err *err);
 int text_source_open_(dstage **out, const loom_source_spec *src, loom_err *err);
 int synthetic_source_open_(dstage **out, const loom_source_spec *src, const loom_data_ctx *ctx, loom_err *err);
+
+/* ---- list_files, interleave, zip (source_list_files.c, interleave.c, zip.c) ----- */
+
+int list_files_source_open_(dstage **out, const loom_source_spec *src, loom_err *err);
+/* The first (sorted) file of a list_files stage; NULL for any other stage. */
+const char *list_files_first_(const dstage *s);
+/* t->source opened on each input element's "filename" (from a list_files
+ * source upstream); t->parallel > 1 or "auto" reads ahead on *pool (created
+ * on first use, sized from ctx->threads). */
+int interleave_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, const loom_data_ctx *ctx,
+                     dpool **pool, loom_err *err);
+/* in zipped with the pipeline of t->dataset (built with ctx, unsharded). */
+int zip_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, const loom_data_ctx *ctx, loom_err *err);
+/* The last stage of it (pipeline.c): what zip reads the zipped pipeline's spec from. */
+dstage *iter_last_(loom_iter *it);
+
+/* ---- static rewrites (optimize.c) ------------------------------------------------
+ * tf.data's graph rewrites (tf_semantics 4.9) on the transform list, then the
+ * fused stages they need. Each rewrite yields exactly the elements of the plain
+ * pipeline: stage ids (which key the RNG streams) stay those of the transforms. */
+typedef enum { DPLAN_ONE, DPLAN_MAPS, DPLAN_MAP_BATCH, DPLAN_SHUFFLE_REPEAT } dplan_kind;
+typedef struct dplan_step {
+    dplan_kind kind;
+    int        first, n; /* transforms [first, first + n) of the spec; an injected prefetch has first = -1 */
+    int        parallel; /* DPLAN_MAPS, DPLAN_MAP_BATCH: N or LOOM_PARALLEL_AUTO (1: sequential) */
+} dplan_step;
+typedef struct dplan {
+    int        n;
+    dplan_step step[LOOM_MAX_TRANSFORMS + 1];
+    loom_transform_spec injected; /* the prefetch appended by inject_prefetch */
+} dplan;
+/* The rewritten plan of spec under o (which rewrites apply); no fused step
+ * spans transform index barrier (where a stage gets inserted; -1 none). */
+void dplan_make_(dplan *p, const loom_dataset_spec *spec, const loom_data_options *o, int threads, int barrier);
+/* Sequential fused stages: maps t[0..n-1] (n >= 2); maps t[0..n-2] then batch
+ * t[n-1] (n >= 2), the last map writing into the batch buffer; shuffle t[0]
+ * then repeat t[1]. */
+int mapchain_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, int n, const loom_data_ctx *ctx,
+                   loom_err *err);
+int mapbatch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, int n, const loom_data_ctx *ctx,
+                   loom_err *err);
+int shufrep_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, const loom_data_ctx *ctx, loom_err *err);
+/* "map(cast+scale)" + suffix for the maps of a fused stage, shortened to fit n. */
+void dmaps_name_(char *out, size_t n, dstage *const *map, int nmap, const char *suffix);
+/* Bytes a shuffle of t over in may buffer at most (its buffer, or one pass when smaller). */
+int64_t shuffle_max_bytes_(const dstage *in, const loom_transform_spec *t);
+
+/* ---- autotuning (autotune.c) --------------------------------------------------------
+ * Stages with "auto" settings register knobs (their .tune op); a tuner thread
+ * per pipeline reads each knob's stage's st_wait_ns (the time its consumer
+ * waited for it: keep it up to date) every period (10 ms, doubling to 2 s
+ * while nothing changes) and raises the knob of the stage waited on most by
+ * one while the CPU budget allows (tf.data's hill climb, measured rather than
+ * modelled). Memory is settled at open: every buffer is allocated for its
+ * knob's maximum, which the RAM budget caps. Stages read knob values with
+ * dknob_get_ (relaxed atomics). An interleave registers its parallelism the
+ * same way: dtuner_knob_(t, st, "parallel", 1, 1, cycle_length, 1) in .tune. */
+typedef struct dknob {
+    dstage     *stage;
+    const char *what;        /* "parallel", "buffer" */
+    int64_t     value;       /* atomic */
+    int64_t     min, max;
+    int         cpu;         /* a unit is a thread's worth of work: counts against the CPU budget */
+    void      (*changed)(dstage *s); /* (optional) called on the tuner thread after value changes */
+} dknob;
+static inline int64_t dknob_get_(const dknob *k) { return __atomic_load_n(&k->value, __ATOMIC_RELAXED); }
+/* Registers a knob starting at value; NULL when the tuner is full (the stage keeps value). */
+dknob *dtuner_knob_(dtuner *t, dstage *s, const char *what, int64_t value, int64_t min, int64_t max, int cpu);
+/* A tuner whose knobs of cpu units sum to at most cpu_budget. Free with dtuner_free_. */
+int  dtuner_new_(dtuner **out, int cpu_budget, loom_err *err);
+/* Starts the thread once the knobs are registered (none: no thread). */
+int  dtuner_start_(dtuner *t, loom_err *err);
+void dtuner_stop_(dtuner *t); /* stops the thread, the knobs stay readable; NULL is a no-op */
+void dtuner_free_(dtuner *t); /* stops and frees, knobs included; NULL is a no-op */
+/* "map(scale): parallel 3; prefetch(auto): buffer 2" into buf; whether the values have settled. */
+int  dtuner_summary_(dtuner *t, char *buf, size_t n);
+/* The RAM budget of o in bytes (its share of physical memory when not given). */
+int64_t dtuner_ram_budget_(const loom_data_options *o);
 
 #endif

@@ -12,11 +12,16 @@
 
 struct loom_iter {
     int      n;
-    dstage  *st[LOOM_MAX_TRANSFORMS + 1]; /* st[0] is the source */
+    dstage  *st[LOOM_MAX_TRANSFORMS + 3]; /* st[0] is the source; + a DATA auto-shard stage, an injected prefetch */
     int64_t  epoch;
     char     fp[4096]; /* structure fingerprint: stage descriptions and the element spec */
     dpool   *pool;     /* workers shared by the parallel maps; NULL when there are none */
+    dtuner  *tuner;    /* the autotuner of the "auto" knobs; NULL when autotuning is off */
+    char     tuned[512]; /* the last settled choice reported by loom_iter_tuned */
 };
+
+/* A spec built in code without data.options: no rewrites, autotuning on. */
+static const loom_data_options no_options = {.deterministic = true, .autotune = true};
 
 /* source_tfrecord.c (declared here rather than in data_internal.h, which
  * this change leaves alone: move it there with the next edit of that header) */
@@ -24,12 +29,129 @@ int tfrecord_source_open_(dstage **out, const loom_source_spec *src, const loom_
 
 static dstage *last(const loom_iter *it) { return it->st[it->n - 1]; }
 
+dstage *iter_last_(loom_iter *it) { return last(it); }
+
 void loom_iter_close(loom_iter *it)
 {
     if (!it) return;
+    dtuner_stop_(it->tuner); /* first: it reads the stages; they read its knobs until closed */
     for (int i = it->n - 1; i >= 0; i--) it->st[i]->ops->close(it->st[i]);
+    dtuner_free_(it->tuner);
     dpool_free_(it->pool); /* after the stages: each waits for its own calls */
     loom_free(it);
+}
+
+/* "6800 bytes", or "188160000 bytes (179.4 MiB)". */
+static const char *bytes_str(int64_t n, char *buf, size_t len)
+{
+    if (n < (1 << 20)) snprintf(buf, len, "%lld bytes", (long long)n);
+    else snprintf(buf, len, "%lld bytes (%.1f MiB)", (long long)n, (double)n / 1048576.0);
+    return buf;
+}
+
+/* Bytes a memory cache of t over in comes to hold: a whole pass (0 for a file
+ * cache, or when the pass's length is unknown and cannot be bounded ahead). */
+static int64_t cache_max_bytes(const dstage *in, const loom_transform_spec *t)
+{
+    if (t->cache_file[0] || in->card < 0) return 0;
+    int64_t slot = 0;
+    for (int f = 0; f < in->spec.n; f++) slot += loom_shape_numel(&in->maxshape[f]) * (int64_t)loom_dtype_size(in->spec.dtype[f]);
+    return in->card * slot;
+}
+
+/* A buffer of need bytes when only left of the budget remain: LOOM_ECONFIG at t. */
+static int over_budget(const loom_transform_spec *t, const char *what, int64_t need, int64_t left, int64_t budget,
+                       loom_err *err)
+{
+    char where[LOOM_PATH_MAX + 16], a[48], b[48], c[48];
+    loom_loc_str(&t->loc, where, sizeof where);
+    loom_err_set(err, LOOM_ECONFIG, where, "%s%s%s needs %s, more than the %s left of the RAM budget of %s", t->loc.path,
+                 t->loc.path[0] ? ": " : "", what, bytes_str(need, a, sizeof a), bytes_str(left, b, sizeof b),
+                 bytes_str(budget, c, sizeof c));
+    return loom_err_hint(err, "lower the buffer, or raise data.options.autotune.ram_budget (bytes, \"4GiB\" or \"80%%\"; "
+                         "default 50%% of physical memory)");
+}
+
+/* Opens the stage of plan step ps over the pipeline's last stage. */
+static int open_step(loom_iter *it, const dplan *dp, const dplan_step *ps, const loom_dataset_spec *spec,
+                     const loom_data_ctx *ctx, int *threads_left, int64_t ram_left, int64_t ram, dstage **out,
+                     loom_err *err)
+{
+    const loom_transform_spec *t = ps->first >= 0 ? &spec->transform[ps->first] : &dp->injected;
+    dstage *in = last(it), *s = NULL;
+    int id = ps->first >= 0 ? ps->first + 1 : spec->n_transforms + 1, rc, threads = *threads_left;
+    char what[128];
+    switch (ps->kind) {
+    case DPLAN_MAPS:
+        rc = ps->parallel == 1 ? mapchain_open_(&s, in, id, t, ps->n, ctx, err)
+                               : parmap_open_(&s, in, id, t, ps->n, ps->parallel, 0, ctx, &it->pool, ram_left, err);
+        break;
+    case DPLAN_MAP_BATCH:
+        rc = ps->parallel == 1 ? mapbatch_open_(&s, in, id, t, ps->n, ctx, err)
+                               : parmap_open_(&s, in, id, t, ps->n - 1, ps->parallel, 1, ctx, &it->pool, ram_left, err);
+        break;
+    case DPLAN_SHUFFLE_REPEAT:
+        snprintf(what, sizeof what, "shuffle: a buffer of %lld elements", (long long)t->buffer);
+        rc = shuffle_max_bytes_(in, t) > ram_left ? over_budget(t, what, shuffle_max_bytes_(in, t), ram_left, ram, err)
+                                                  : shufrep_open_(&s, in, id, t, ctx, err);
+        break;
+    default:
+        switch (t->kind) {
+        case LOOM_T_MAP: rc = map_open_(&s, in, id, t, ctx, err); break;
+        case LOOM_T_SHUFFLE:
+            snprintf(what, sizeof what, "shuffle: a buffer of %lld elements", (long long)t->buffer);
+            rc = shuffle_max_bytes_(in, t) > ram_left ? over_budget(t, what, shuffle_max_bytes_(in, t), ram_left, ram, err)
+                                                      : shuffle_open_(&s, in, id, t, ctx, err);
+            break;
+        case LOOM_T_BATCH: rc = batch_open_(&s, in, id, t, err); break;
+        case LOOM_T_REPEAT: rc = repeat_open_(&s, in, id, t, err); break;
+        case LOOM_T_TAKE: rc = take_open_(&s, in, id, t, err); break;
+        case LOOM_T_SKIP: rc = skip_open_(&s, in, id, t, err); break;
+        case LOOM_T_PREFETCH:
+            rc = prefetch_open_(&s, in, id, t, threads > 0, ram_left, err);
+            if (!rc && threads > 0 && t->buffer != 0) threads--;
+            break;
+        case LOOM_T_FILTER:
+            rc = t->filter == LOOM_FILTER_LUA ? custom_filter_open_(&s, in, id, t, ctx, err) : filter_open_(&s, in, id, t, err);
+            break;
+        case LOOM_T_SHARD: rc = shard_open_(&s, in, id, t, err); break;
+        case LOOM_T_ENUMERATE: rc = enumerate_open_(&s, in, id, t, err); break;
+        case LOOM_T_UNBATCH: rc = unbatch_open_(&s, in, id, t, err); break;
+        case LOOM_T_PADDED_BATCH: rc = padded_batch_open_(&s, in, id, t, err); break;
+        case LOOM_T_CACHE:
+            snprintf(what, sizeof what, "cache: a pass of %lld elements in memory", (long long)in->card);
+            rc = cache_max_bytes(in, t) > ram_left ? over_budget(t, what, cache_max_bytes(in, t), ram_left, ram, err)
+                                                   : cache_open_(&s, in, id, t, &spec->source, err);
+            break;
+        case LOOM_T_INTERLEAVE: rc = interleave_open_(&s, in, id, t, ctx, &it->pool, err); break;
+        case LOOM_T_ZIP: rc = zip_open_(&s, in, id, t, ctx, err); break;
+        default: {
+            char where[LOOM_PATH_MAX + 16] = "";
+            if (t->loc.file[0]) snprintf(where, sizeof where, "%s:%d", t->loc.file, t->loc.line);
+            rc = loom_err_set(err, LOOM_ECONFIG, where, "unknown transform kind %d", (int)t->kind);
+        }
+        }
+    }
+    *threads_left = threads;
+    *out = s;
+    return rc;
+}
+
+/* Bytes stage s may come to hold: what it holds now, or what a plain shuffle or a memory cache grows to. */
+static int64_t stage_max_bytes(const dstage *s, const loom_transform_spec *t)
+{
+    int64_t b = dstage_load_(&s->st_bytes), m = 0;
+    if (t && t->kind == LOOM_T_SHUFFLE) m = shuffle_max_bytes_(s->in, t);
+    if (t && t->kind == LOOM_T_CACHE) m = cache_max_bytes(s->in, t);
+    return m > b ? m : b;
+}
+
+/* Appends s; its "auto" knobs join the tuner at once, before a stage opened
+ * after it (a prefetch's producer) can pull from it. */
+static void append(loom_iter *it, dstage *s)
+{
+    it->st[it->n++] = s;
+    if (it->tuner && s->ops->tune) s->ops->tune(s, it->tuner);
 }
 
 int loom_data_open(loom_iter **out, const loom_dataset_spec *spec, const loom_data_ctx *ctx, loom_err *err)
@@ -42,50 +164,43 @@ int loom_data_open(loom_iter **out, const loom_dataset_spec *spec, const loom_da
                             spec->n_transforms, LOOM_MAX_TRANSFORMS);
     loom_iter *it = loom_calloc(1, sizeof *it);
     if (!it) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate an iterator");
-    int rc;
-    switch (spec->source.kind) {
-    case LOOM_SRC_TFRECORD: rc = tfrecord_source_open_(&it->st[0], &spec->source, ctx, err); break;
-    case LOOM_SRC_CSV: rc = csv_source_open_(&it->st[0], &spec->source, err); break;
-    case LOOM_SRC_TEXT: rc = text_source_open_(&it->st[0], &spec->source, err); break;
-    case LOOM_SRC_SYNTHETIC: rc = synthetic_source_open_(&it->st[0], &spec->source, ctx, err); break;
-    default: rc = source_open_(&it->st[0], &spec->source, err); break;
+    dinput_plan plan; /* this pipeline's share when ctx->input names one of several */
+    int rc = dinput_plan_(&plan, spec, ctx, true, err);
+    if (rc) goto fail;
+    const loom_source_spec *src = plan.source ? plan.source : &spec->source;
+    switch (src->kind) {
+    case LOOM_SRC_TFRECORD: rc = tfrecord_source_open_(&it->st[0], src, ctx, err); break;
+    case LOOM_SRC_CSV: rc = csv_source_open_(&it->st[0], src, err); break;
+    case LOOM_SRC_TEXT: rc = text_source_open_(&it->st[0], src, err); break;
+    case LOOM_SRC_SYNTHETIC: rc = synthetic_source_open_(&it->st[0], src, ctx, err); break;
+    case LOOM_SRC_LIST_FILES: rc = list_files_source_open_(&it->st[0], src, err); break;
+    default: rc = source_open_(&it->st[0], src, err); break;
     }
     if (rc) goto fail;
     it->n = 1;
-    int threads = ctx->threads;
-    for (int i = 0; i < spec->n_transforms; i++) {
-        const loom_transform_spec *t = &spec->transform[i];
-        dstage *in = last(it), *s = NULL;
-        int id = i + 1;
-        switch (t->kind) {
-        case LOOM_T_MAP:
-            rc = t->parallel > 1 || t->parallel == LOOM_PARALLEL_AUTO ? parmap_open_(&s, in, id, t, ctx, &it->pool, err)
-                                                                     : map_open_(&s, in, id, t, ctx, err);
-            break;
-        case LOOM_T_SHUFFLE: rc = shuffle_open_(&s, in, id, t, ctx, err); break;
-        case LOOM_T_BATCH: rc = batch_open_(&s, in, id, t, err); break;
-        case LOOM_T_REPEAT: rc = repeat_open_(&s, in, id, t, err); break;
-        case LOOM_T_TAKE: rc = take_open_(&s, in, id, t, err); break;
-        case LOOM_T_SKIP: rc = skip_open_(&s, in, id, t, err); break;
-        case LOOM_T_PREFETCH:
-            rc = prefetch_open_(&s, in, id, t, threads > 0, err);
-            if (!rc && threads > 0 && t->buffer != 0) threads--;
-            break;
-        case LOOM_T_FILTER: rc = filter_open_(&s, in, id, t, err); break;
-        case LOOM_T_SHARD: rc = shard_open_(&s, in, id, t, err); break;
-        case LOOM_T_ENUMERATE: rc = enumerate_open_(&s, in, id, t, err); break;
-        case LOOM_T_UNBATCH: rc = unbatch_open_(&s, in, id, t, err); break;
-        case LOOM_T_PADDED_BATCH: rc = padded_batch_open_(&s, in, id, t, err); break;
-        case LOOM_T_CACHE: rc = cache_open_(&s, in, id, t, &spec->source, err); break;
-        default: {
-            char where[LOOM_PATH_MAX + 16] = "";
-            if (t->loc.file[0]) snprintf(where, sizeof where, "%s:%d", t->loc.file, t->loc.line);
-            rc = loom_err_set(err, LOOM_ECONFIG, where, "unknown transform kind %d", (int)t->kind);
+    const loom_data_options *opts = spec->options.present ? &spec->options : &no_options;
+    int threads = ctx->threads, sharded = 0;
+    if (opts->autotune &&
+        (rc = dtuner_new_(&it->tuner, opts->present && opts->cpu_budget > 0 ? opts->cpu_budget : loom_num_cores(), err)))
+        goto fail;
+    dplan dp; /* the transforms after data.options.optimization's rewrites */
+    dplan_make_(&dp, spec, opts, threads, plan.data_at);
+    int64_t ram = dtuner_ram_budget_(opts), used = stage_max_bytes(it->st[0], NULL);
+    for (int si = 0; si <= dp.n; si++) {
+        int i = si == dp.n ? spec->n_transforms + 1 : dp.step[si].first >= 0 ? dp.step[si].first : spec->n_transforms;
+        if (!sharded && plan.data_at >= 0 && i >= plan.data_at) {
+            if ((rc = dinput_shard_open_(&it->st[it->n], last(it), &plan, spec, err))) goto fail;
+            it->n++;
+            sharded = 1;
         }
-        }
+        if (si == dp.n) break;
+        dstage *s;
+        rc = open_step(it, &dp, &dp.step[si], spec, ctx, &threads, ram - used, ram, &s, err);
         if (rc) goto fail;
-        it->st[it->n++] = s;
+        append(it, s);
+        used += stage_max_bytes(s, dp.step[si].kind == DPLAN_ONE && i < spec->n_transforms ? &spec->transform[i] : NULL);
     }
+    if (it->tuner && (rc = dtuner_start_(it->tuner, err))) goto fail;
     size_t k = 0;
     for (int i = 0; i < it->n && k < sizeof it->fp; i++)
         k += (size_t)snprintf(it->fp + k, sizeof it->fp - k, "%s%s", i ? " | " : "", it->st[i]->desc);
@@ -93,9 +208,11 @@ int loom_data_open(loom_iter **out, const loom_dataset_spec *spec, const loom_da
         k += (size_t)snprintf(it->fp + k, sizeof it->fp - k, " => ");
         if (k < sizeof it->fp) loom_elem_spec_str(&last(it)->spec, it->fp + k, sizeof it->fp - k);
     }
+    dinput_plan_fini_(&plan);
     *out = it;
     return LOOM_OK;
 fail:
+    dinput_plan_fini_(&plan);
     loom_iter_close(it);
     return rc;
 }
@@ -173,6 +290,20 @@ int loom_iter_restore(loom_iter *it, loom_buf *b, loom_err *err)
     if (!rc) it->epoch = epoch;
     resume_all(it);
     return rc;
+}
+
+int loom_iter_tuned(loom_iter *it, char *buf, size_t n)
+{
+    int settled = dtuner_summary_(it->tuner, buf, n);
+    if (!settled || !strcmp(buf, it->tuned)) return 0;
+    snprintf(it->tuned, sizeof it->tuned, "%s", buf);
+    return 1;
+}
+
+void loom_iter_plan(const loom_iter *it, FILE *f)
+{
+    for (int i = 0; i < it->n; i++) fprintf(f, "%s%s", i ? " -> " : "", it->st[i]->name);
+    fputc('\n', f);
 }
 
 int loom_iter_stats(const loom_iter *it, loom_stage_stats *out, int max)

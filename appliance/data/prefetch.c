@@ -3,9 +3,12 @@
  * allocation per element, one thread per stage, condition variables only.
  * The consumer's element stays valid until its next call; upstream errors
  * and EOF travel through the queue in order and then stick until rewind.
- * buffer -1 = autotune: tf.data's legacy prefetch autotuner (start at 1;
- * upswing until the buffer reaches the limit, then if it drains to 0 double
- * the limit), capped at PREFETCH_AUTO_CAP.
+ * buffer -1 ("auto"): a knob of the pipeline's autotuner (autotune.c), from
+ * 1 up to PREFETCH_AUTO_CAP slots or what the RAM budget leaves; with
+ * autotuning off, tf.data's legacy prefetch autotuner (start at 1; upswing
+ * until the buffer reaches the limit, then if it drains to 0 double it).
+ * When the input can write into a slot (next_into: batch, map+batch) the
+ * producer hands it the free slot, so a batch is assembled once, in place.
  * Save/restore: the producer is paused, so upstream state is exactly "after
  * the queued elements"; the queued elements are saved with it. */
 #include "data_internal.h"
@@ -26,6 +29,7 @@ typedef struct pent {
 typedef struct prefst {
     dstage    s;
     int       threaded, autotune;
+    dknob    *knob;         /* autotune with the pipeline's tuner; NULL: legacy or fixed */
     int64_t   cap;          /* most elements queued */
     int64_t   limit;        /* current limit (autotune grows it up to cap) */
     int       upswing;
@@ -60,14 +64,58 @@ static void q_push(prefst *s, int64_t slot, int rc, const loom_err *err)
     else loom_err_clear(&e->err);
 }
 
+/* The input's next element straight into slot: its next_into with the stats of dstage_next_. */
+static int next_into_slot(prefst *s, int64_t slot, loom_err *err)
+{
+    dstage *in = s->s.in;
+    loom_elem v;
+    elem_pool_view_(&s->pool, slot, &v);
+    for (int f = 0; f < v.n; f++) memset(&v.t[f].shape, 0, sizeof v.t[f].shape); /* set by next_into, unused dims 0 */
+    int64_t t0 = now_ns();
+    int rc = in->ops->next_into(in, &v, err);
+    __atomic_fetch_add(&in->st_busy_ns, now_ns() - t0, __ATOMIC_RELAXED);
+    if (rc) return rc;
+    __atomic_fetch_add(&in->st_elements, 1, __ATOMIC_RELAXED);
+    for (int f = 0; f < v.n; f++) {
+        if (s->pool.varshape) s->pool.shape[slot * s->pool.nf + f] = v.t[f].shape;
+        else LOOM_ASSERT(loom_shape_eq(&v.t[f].shape, &s->pool.shape[f]));
+    }
+    return LOOM_OK;
+}
+
+/* One element from the input into a free slot; *slot = -1 unless LOOM_OK. */
+static int produce(prefst *s, int64_t *slot, loom_err *err)
+{
+    pthread_mutex_lock(&s->mu);
+    LOOM_ASSERT(s->nfree > 0);
+    *slot = s->freel[--s->nfree];
+    pthread_mutex_unlock(&s->mu);
+    int rc;
+    if (s->s.in->ops->next_into) {
+        rc = next_into_slot(s, *slot, err);
+    } else {
+        loom_elem *e;
+        rc = dstage_next_(s->s.in, &e, err);
+        if (rc == LOOM_OK) rc = elem_pool_put_(&s->pool, *slot, e, err);
+    }
+    if (rc != LOOM_OK) {
+        pthread_mutex_lock(&s->mu);
+        s->freel[s->nfree++] = *slot;
+        pthread_mutex_unlock(&s->mu);
+        *slot = -1;
+    }
+    return rc;
+}
+
+static int64_t limit_now(prefst *s) { return s->knob ? dknob_get_(s->knob) : s->limit; }
+
 static void *producer(void *arg)
 {
     prefst *s = arg;
-    dstage *in = s->s.in;
     loom_err perr;
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        while (!s->stop && (s->pause_req || s->done || s->qlen >= s->limit)) {
+        while (!s->stop && (s->pause_req || s->done || s->qlen >= limit_now(s))) {
             if (s->pause_req && !s->paused) {
                 s->paused = 1;
                 pthread_cond_broadcast(&s->ccons);
@@ -76,22 +124,10 @@ static void *producer(void *arg)
         }
         if (s->stop) break;
         pthread_mutex_unlock(&s->mu);
-        loom_elem *e;
         loom_err_clear(&perr);
-        int rc = dstage_next_(in, &e, &perr);
-        int64_t slot = -1;
-        if (rc == LOOM_OK) {
-            pthread_mutex_lock(&s->mu);
-            LOOM_ASSERT(s->nfree > 0);
-            slot = s->freel[--s->nfree];
-            pthread_mutex_unlock(&s->mu);
-            rc = elem_pool_put_(&s->pool, slot, e, &perr);
-        }
+        int64_t slot;
+        int rc = produce(s, &slot, &perr);
         pthread_mutex_lock(&s->mu);
-        if (rc != LOOM_OK && slot >= 0) {
-            s->freel[s->nfree++] = slot;
-            slot = -1;
-        }
         q_push(s, slot, rc, &perr);
         if (rc != LOOM_OK) s->done = 1;
         dstage_gauge_(&s->s.st_buffered, s->qlen);
@@ -126,7 +162,7 @@ static void pref_resume(dstage *st)
 /* tf.data's PrefetchAutotuner::RecordConsumption; called with the lock held. */
 static void autotune(prefst *s)
 {
-    if (!s->autotune) return;
+    if (!s->autotune || s->knob) return;
     if (s->upswing) {
         if (s->qlen >= s->limit) s->upswing = 0;
     } else if (s->qlen == 0 && s->limit < s->cap) {
@@ -190,6 +226,7 @@ static int pref_next(dstage *st, loom_elem **out, loom_err *err)
     s->qhead = (s->qhead + 1) % s->qcap;
     s->qlen--;
     dstage_gauge_(&st->st_buffered, s->qlen);
+    if (s->knob) dstage_gauge_(&st->st_capacity, dknob_get_(s->knob));
     pthread_cond_broadcast(&s->cprod);
     pthread_mutex_unlock(&s->mu);
     for (int f = 0; f < st->spec.n; f++) st->mut[f] = 1;
@@ -242,7 +279,7 @@ static void get_marker(loom_buf *b, pent *e)
 static void pref_save(dstage *st, loom_buf *b)
 {
     prefst *s = (prefst *)st;
-    loom_buf_put_i64(b, s->limit);
+    loom_buf_put_i64(b, limit_now(s));
     loom_buf_put_u32(b, (uint32_t)s->upswing);
     loom_buf_put_u32(b, (uint32_t)s->done);
     loom_buf_put_u32(b, (uint32_t)s->sticky);
@@ -269,6 +306,7 @@ static int pref_restore(dstage *st, loom_buf *b, loom_err *err)
     if (b->failed || limit < 1 || limit > s->cap || n < 0 || n > s->cap + 1)
         return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "iterator state is corrupt (prefetch queue)");
     s->limit = limit;
+    if (s->knob) __atomic_store_n(&s->knob->value, limit, __ATOMIC_RELAXED);
     dstage_gauge_(&st->st_capacity, limit);
     for (int64_t i = 0; i < n; i++) {
         uint32_t kind = loom_buf_get_u32(b);
@@ -307,12 +345,32 @@ static void pref_close(dstage *st)
     loom_free(s);
 }
 
+/* The tuner moved the knob: wake the producer (a larger limit frees it). */
+static void pref_changed(dstage *st)
+{
+    prefst *s = (prefst *)st;
+    pthread_mutex_lock(&s->mu);
+    pthread_cond_broadcast(&s->cprod);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void pref_tune(dstage *st, dtuner *t)
+{
+    prefst *s = (prefst *)st;
+    if (!s->autotune || !s->threaded) return;
+    pthread_mutex_lock(&s->mu);
+    s->knob = dtuner_knob_(t, st, "buffer", s->limit, 1, s->cap, 0);
+    if (s->knob) s->knob->changed = pref_changed;
+    pthread_mutex_unlock(&s->mu);
+}
+
 static const dstage_ops pref_ops = {
     .next = pref_next, .rewind = pref_rewind, .save = pref_save, .restore = pref_restore,
-    .pause = pref_pause, .resume = pref_resume, .close = pref_close,
+    .pause = pref_pause, .resume = pref_resume, .close = pref_close, .tune = pref_tune,
 };
 
-int prefetch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, int threaded, loom_err *err)
+int prefetch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, int threaded, int64_t ram_left,
+                   loom_err *err)
 {
     prefst *s = loom_calloc(1, sizeof *s);
     if (!s) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate a prefetch stage");
@@ -330,6 +388,18 @@ int prefetch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *
     }
     s->autotune = t->buffer == -1;
     s->cap = s->autotune ? PREFETCH_AUTO_CAP : t->buffer;
+    int64_t slot = 0;
+    for (int f = 0; f < st->spec.n; f++) slot += loom_shape_numel(&st->maxshape[f]) * (int64_t)loom_dtype_size(st->spec.dtype[f]);
+    if (threaded && s->cap > 0 && slot > 0 && (s->cap + 1) * slot > ram_left) { /* the queue plus the consumer's slot */
+        if (!s->autotune || 2 * slot > ram_left) {
+            rc = dstage_err_(st, err, LOOM_ECONFIG, "prefetch: %lld elements of %lld bytes need %lld bytes, more than the "
+                             "%lld bytes left of the RAM budget", (long long)(s->cap + 1), (long long)slot,
+                             (long long)((s->cap + 1) * slot), (long long)ram_left);
+            loom_err_hint(err, "lower `buffer`, or raise data.options.autotune.ram_budget");
+            goto fail;
+        }
+        s->cap = ram_left / slot - 1;
+    }
     s->limit = s->autotune ? 1 : s->cap;
     s->upswing = 1;
     s->threaded = threaded && s->cap > 0;

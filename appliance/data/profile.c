@@ -74,7 +74,12 @@ int loom_data_profile(const loom_dataset_spec *ds, const loom_data_ctx *ctx, int
         fprintf(f, "profile %s: %lld elements (%lld samples) in %.3f s: %.1f elements/s, %.0f samples/s (open %.3f s, %d threads)\n",
                 ctx && ctx->name ? ctx->name : "data", (long long)n, (long long)samples, dt, dt > 0 ? (double)n / dt : 0,
                 dt > 0 ? (double)samples / dt : 0, t1 - t0, ctx ? ctx->threads : 1);
+        fputs("plan: ", f);
+        loom_iter_plan(it, f);
         loom_iter_report(it, dt, f);
+        char tuned[512];
+        int settled = loom_iter_tuned(it, tuned, sizeof tuned);
+        if (tuned[0]) fprintf(f, "autotune%s: %s\n", settled ? "" : " (still moving)", tuned);
     }
     loom_iter_close(it);
     return rc;

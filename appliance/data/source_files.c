@@ -75,7 +75,7 @@ int source_files_expand_(const dstage *st, const loom_source_spec *src, const ch
         (*files)[k++] = (*files)[i];
     }
     *n = k;
-    return LOOM_OK;
+    return dinput_keep_files_(st, src, *files, n, err);
 }
 
 /* ---- buffered reader ------------------------------------------------------- */

@@ -10,6 +10,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 /* ---- dtype conversion ------------------------------------------------------ */
 
@@ -97,6 +98,7 @@ static const char *const map_names[] = {
     [LOOM_MAP_CAST] = "cast", [LOOM_MAP_SCALE] = "scale", [LOOM_MAP_NORMALIZE] = "normalize",
     [LOOM_MAP_ONE_HOT] = "one_hot", [LOOM_MAP_RESHAPE] = "reshape", [LOOM_MAP_FLIP_LR] = "random_flip_left_right",
     [LOOM_MAP_PAD] = "pad", [LOOM_MAP_RANDOM_CROP] = "random_crop", [LOOM_MAP_STANDARDIZE] = "per_image_standardization",
+    [LOOM_MAP_SLEEP] = "sleep",
 };
 
 /* Mean and population standard deviation of n values (two passes, in double). */
@@ -139,6 +141,20 @@ static void pad_image(const uint8_t *src, uint8_t *dst, int64_t H, int64_t W, in
     for (int64_t h = 0; h < H; h++) memcpy(dst + (size_t)((h + p) * OW + p) * px, src + (size_t)h * row, row);
 }
 
+/* The ops above (and flip_image below) for custom element functions (custom.h). */
+void loom_data_convert(const void *src, loom_dtype sd, void *dst, loom_dtype dd, size_t n) { convert(src, sd, dst, dd, n); }
+void loom_data_scale(const void *src, loom_dtype sd, float *dst, size_t n, float sc, float off) { scale_vals(src, sd, dst, n, sc, off); }
+void loom_data_normalize(const void *src, loom_dtype sd, float *dst, size_t n, float mean, float std)
+{
+    normalize_vals(src, sd, dst, n, mean, std);
+}
+void loom_data_moments(const void *src, loom_dtype sd, size_t n, double *mean, double *std) { stats_vals(src, sd, n, mean, std); }
+void loom_data_pad_image(const uint8_t *src, uint8_t *dst, int64_t H, int64_t W, int64_t p, size_t px, const uint8_t *fill,
+                         size_t esz)
+{
+    pad_image(src, dst, H, W, p, px, fill, esz);
+}
+
 /* ---- map ------------------------------------------------------------------ */
 
 typedef struct mapst {
@@ -177,6 +193,8 @@ static void flip_image(const uint8_t *src, uint8_t *dst, int64_t H, int64_t W, s
     }
 }
 
+void loom_data_flip_image(const uint8_t *src, uint8_t *dst, int64_t H, int64_t W, size_t px) { flip_image(src, dst, H, W, px); }
+
 /* Elements in a tensor with bd leading batch dims (1 when unbatched). */
 static int64_t elems_of(const loom_tensor *t, int bd)
 {
@@ -187,11 +205,27 @@ static int64_t elems_of(const loom_tensor *t, int bd)
 
 int64_t map_count_(const dstage *st, const loom_elem *e)
 {
+    if (custom_is_(st)) return 1; /* one call per element, batched or not */
     return elems_of(&e->t[((const mapst *)st)->f], st->batch_dims);
+}
+
+int map_feature_(const dstage *st) { return custom_is_(st) ? 0 : ((const mapst *)st)->f; }
+
+void map_buffers_(const dstage *st, uint8_t **buf, uint8_t **flags)
+{
+    LOOM_ASSERT(!custom_is_(st)); /* the plan never fuses a Lua map (optimize.c) */
+    const mapst *s = (const mapst *)st;
+    *buf = s->buf;
+    *flags = s->flags;
 }
 
 void map_scratch_(const dstage *st, size_t *buf_bytes, size_t *flag_bytes)
 {
+    if (custom_is_(st)) {
+        *buf_bytes = custom_scratch_(st);
+        *flag_bytes = 0;
+        return;
+    }
     const mapst *s = (const mapst *)st;
     *buf_bytes = s->buf ? s->buf_bytes : 0;
     *flag_bytes = s->flags ? s->flag_bytes : 0;
@@ -201,6 +235,10 @@ void map_scratch_(const dstage *st, size_t *buf_bytes, size_t *flag_bytes)
 int map_apply_(const dstage *st, loom_elem *e, int writable, uint8_t *buf, uint8_t *flags, int64_t epoch, int64_t pos,
                int *mut, loom_err *err)
 {
+    if (custom_is_(st)) { /* every feature lands in buf */
+        *mut = 1;
+        return custom_apply_(st, e, buf, epoch, pos, err);
+    }
     const mapst *s = (const mapst *)st;
     int f = s->f;
     loom_tensor *t = &e->t[f];
@@ -236,6 +274,13 @@ int map_apply_(const dstage *st, loom_elem *e, int writable, uint8_t *buf, uint8
         dst = o;
         break;
     }
+    case LOOM_MAP_SLEEP: { /* a stand-in for slow work that takes no CPU: ms per element of the batch */
+        double ns = s->m.ms * 1e6 * (double)elems_of(t, st->batch_dims);
+        struct timespec d = {(time_t)(ns / 1e9), (long)fmod(ns, 1e9)};
+        while (nanosleep(&d, &d) != 0) {}
+        return LOOM_OK; /* values untouched: mut unchanged */
+    }
+    case LOOM_MAP_LUA: break; /* custom_apply_ above */
     case LOOM_MAP_RESHAPE: {
         /* keep the actual leading batch dims, replace the rest */
         loom_shape sh = st->spec.shape[f];
@@ -472,6 +517,7 @@ static int image_map_check(mapst *s, loom_err *err)
 
 int map_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, const loom_data_ctx *ctx, loom_err *err)
 {
+    if (t->map.kind == LOOM_MAP_LUA) return custom_map_open_(out, in, id, t, ctx, err);
     mapst *s = loom_calloc(1, sizeof *s);
     if (!s) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate a map stage");
     dstage *st = &s->s;
@@ -563,9 +609,17 @@ int map_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, co
         rc = image_map_check(s, err);
         if (rc) goto fail;
         break;
+    case LOOM_MAP_SLEEP:
+        if (!(s->m.ms >= 0)) {
+            rc = dstage_err_(st, err, LOOM_ECONFIG, "map(sleep): ms must be >= 0, got %g", s->m.ms);
+            goto fail;
+        }
+        snprintf(st->desc, sizeof st->desc, "map(sleep,%s,%.17g)", s->m.feature, s->m.ms);
+        break;
+    case LOOM_MAP_LUA: break; /* custom_map_open_ above */
     }
     st->spec.dtype[f] = s->out_dt;
-    if (s->m.kind != LOOM_MAP_RESHAPE && !(s->m.kind == LOOM_MAP_CAST && s->out_dt == s->in_dt)) {
+    if (s->m.kind != LOOM_MAP_RESHAPE && s->m.kind != LOOM_MAP_SLEEP && !(s->m.kind == LOOM_MAP_CAST && s->out_dt == s->in_dt)) {
         size_t bytes = (size_t)loom_shape_numel(mx) * loom_dtype_size(s->out_dt);
         s->buf_bytes = bytes ? bytes : 1;
         s->buf = loom_alloc_aligned(s->buf_bytes);
@@ -773,10 +827,10 @@ typedef struct batchst {
     int     drop;
 } batchst;
 
-static int batch_next(dstage *st, loom_elem **out, loom_err *err)
+/* The next batch into o's buffers (sized for the max shapes); sets o's shapes. */
+static int batch_into(dstage *st, loom_elem *o, loom_err *err)
 {
     batchst *s = (batchst *)st;
-    loom_elem *o = &st->out;
     loom_shape first[LOOM_MAX_FEATURES];
     size_t bytes[LOOM_MAX_FEATURES];
     int64_t i;
@@ -804,8 +858,14 @@ static int batch_next(dstage *st, loom_elem **out, loom_err *err)
         o->t[f].shape.dim[0] = i;
         for (int d = 0; d < first[f].rank; d++) o->t[f].shape.dim[d + 1] = first[f].dim[d];
     }
-    *out = o;
     return LOOM_OK;
+}
+
+static int batch_next(dstage *st, loom_elem **out, loom_err *err)
+{
+    int rc = batch_into(st, &st->out, err);
+    if (rc == LOOM_OK) *out = &st->out;
+    return rc;
 }
 
 static void batch_close(dstage *st)
@@ -816,7 +876,7 @@ static void batch_close(dstage *st)
 
 static const dstage_ops batch_ops = {
     .next = batch_next, .rewind = dstage_pass_rewind_, .save = dstage_no_save_, .restore = dstage_no_restore_,
-    .close = batch_close,
+    .close = batch_close, .next_into = batch_into,
 };
 
 int batch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err)

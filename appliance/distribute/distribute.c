@@ -1,6 +1,8 @@
-/* distribute.c - the strategy and cross-device-ops registries, the built-in
- * reduce_to_one_device op and the one_device strategy. */
+/* distribute.c - the strategy and cross-device-ops registries and the
+ * one_device strategy (the built-in cross-device ops are in xops.c). */
 #include "distribute.h"
+#include "mirrored_internal.h"
+#include "xops_internal.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -20,13 +22,17 @@ int loom_register_strategy_from(const loom_strategy_ops *ops, const char *origin
 
 int loom_register_cross_device_ops_from(const loom_cross_device_ops *ops, const char *origin, loom_err *err)
 {
-    if (ops->version != LOOM_CROSS_DEVICE_OPS_VERSION)
+    if (ops->version < 1 || ops->version > LOOM_CROSS_DEVICE_OPS_VERSION)
         return loom_err_set(err, LOOM_EPLUGIN, origin ? origin : ops->name,
-                            "cross-device ops \"%s\": version %u, this build speaks %u", ops->name, ops->version,
-                            LOOM_CROSS_DEVICE_OPS_VERSION);
+                            "cross-device ops \"%s\": version %u, this build speaks 1 to %u", ops->name,
+                            ops->version, LOOM_CROSS_DEVICE_OPS_VERSION);
     if (!ops->all_reduce || !ops->broadcast)
         return loom_err_set(err, LOOM_EPLUGIN, origin ? origin : ops->name,
                             "cross-device ops \"%s\" lack all_reduce or broadcast", ops->name);
+    if (ops->version >= 2 && ops->comm_new && (!ops->comm_free || !ops->all_reduce_rank || !ops->broadcast_rank))
+        return loom_err_set(err, LOOM_EPLUGIN, origin ? origin : ops->name,
+                            "cross-device ops \"%s\" have comm_new but lack comm_free, all_reduce_rank or "
+                            "broadcast_rank", ops->name);
     return loom_registry_add(LOOM_REG_CROSS_DEVICE_OPS, ops->name, ops, origin, err);
 }
 
@@ -59,43 +65,6 @@ char *loom_cross_device_ops_names(char *buf, size_t n)
 {
     return loom_registry_names(LOOM_REG_CROSS_DEVICE_OPS, buf, n);
 }
-
-/* ---- reduce_to_one_device ------------------------------------------------- */
-
-static int rto_all_reduce(float *const *bufs, int n, int64_t count, loom_redop op, loom_err *err)
-{
-    (void)err;
-    if (n <= 1) return LOOM_OK;
-    float *dst = bufs[0];
-    for (int r = 1; r < n; r++) {
-        const float *src = bufs[r];
-        if (op == LOOM_REDUCE_MAX)
-            for (int64_t i = 0; i < count; i++) dst[i] = src[i] > dst[i] ? src[i] : dst[i];
-        else
-            for (int64_t i = 0; i < count; i++) dst[i] += src[i];
-    }
-    if (op == LOOM_REDUCE_MEAN) {
-        float inv = 1.0f / (float)n;
-        for (int64_t i = 0; i < count; i++) dst[i] *= inv;
-    }
-    for (int r = 1; r < n; r++) memcpy(bufs[r], dst, (size_t)count * sizeof(float));
-    return LOOM_OK;
-}
-
-static int rto_broadcast(float *const *bufs, int n, int64_t count, int root, loom_err *err)
-{
-    (void)err;
-    for (int r = 0; r < n; r++)
-        if (r != root) memcpy(bufs[r], bufs[root], (size_t)count * sizeof(float));
-    return LOOM_OK;
-}
-
-static const loom_cross_device_ops reduce_to_one_device = {
-    .version = LOOM_CROSS_DEVICE_OPS_VERSION,
-    .name = "reduce_to_one_device",
-    .all_reduce = rto_all_reduce,
-    .broadcast = rto_broadcast,
-};
 
 int loom_all_reduce(const loom_cross_device_ops *x, float *const *bufs, int n, int64_t count, loom_redop op,
                     loom_err *err)
@@ -176,6 +145,27 @@ static int od_predict(loom_strategy *s, const loom_elem *batch, float *out, loom
     return loom_model_predict(od->model, &batch->t[s->args->input_idx], out, err);
 }
 
+static int od_step_part(loom_strategy *s, loom_step_part part, const loom_elem *batch, int64_t step,
+                        loom_step_result *per_replica, loom_err *err)
+{
+    one_device *od = s->impl;
+    const loom_tensor *x = batch ? &batch->t[s->args->input_idx] : NULL, *y = batch ? &batch->t[s->args->label_idx] : NULL;
+    switch (part) {
+    case LOOM_PART_FORWARD: return loom_model_forward(od->model, x, loom_rng_mix(od->seed, (uint64_t)step), err);
+    case LOOM_PART_LOSS:
+        per_replica[0].examples = y->shape.dim[0];
+        return loom_model_loss(od->model, y, y->shape.dim[0], &per_replica[0].loss_sum, &per_replica[0].correct, err);
+    case LOOM_PART_BACKWARD: return loom_model_backward(od->model, err);
+    case LOOM_PART_ALL_REDUCE: return LOOM_OK; /* one replica */
+    case LOOM_PART_APPLY:
+        loom_optimizer_apply(od->opt, loom_model_params(od->model), loom_model_grads(od->model), step);
+        return LOOM_OK;
+    }
+    return loom_err_set(err, LOOM_EUSAGE, NULL, "unknown step part %d", (int)part);
+}
+
+static loom_model *od_replica(loom_strategy *s, int r) { return r == 0 ? ((one_device *)s->impl)->model : NULL; }
+
 static loom_model *od_model(loom_strategy *s) { return ((one_device *)s->impl)->model; }
 static loom_optimizer *od_optimizer(loom_strategy *s) { return ((one_device *)s->impl)->opt; }
 static int od_sync(loom_strategy *s, loom_err *err) { (void)s; (void)err; return LOOM_OK; }
@@ -193,6 +183,8 @@ static const loom_strategy_ops one_device_ops = {
     .optimizer = od_optimizer,
     .sync = od_sync,
     .num_replicas = od_num_replicas,
+    .step_part = od_step_part,
+    .replica = od_replica,
 };
 
 /* ---- registry setup and wrappers ------------------------------------------ */
@@ -200,10 +192,30 @@ static const loom_strategy_ops one_device_ops = {
 int loom_distribute_init(loom_err *err)
 {
     if (distribute_inited) return LOOM_OK;
-    int rc = loom_register_cross_device_ops(&reduce_to_one_device, err);
+    int rc = loom_xops_register_builtins_(err);
     if (!rc) rc = loom_register_strategy(&one_device_ops, err);
+    if (!rc) rc = loom_replicated_register_(err);
     if (!rc) distribute_inited = 1;
     return rc;
+}
+
+/* An unknown strategy.cross_device_ops, at its file:line (or --set), listing
+ * every registered op (plugins' included) and the closest one. */
+static int unknown_xops(const loom_strategy_spec *st, const char *name, loom_err *err)
+{
+    char names[256], w[600];
+    loom_loc_str(st->cross_device_ops_loc.file[0] ? &st->cross_device_ops_loc : &st->loc, w, sizeof w);
+    const char *setting = strncmp(w, "--set ", 6) ? "strategy.cross_device_ops: " : ""; /* --set names it */
+    loom_err_set(err, LOOM_ECONFIG, w, "%sunknown cross-device op \"%s\" (available: %s, auto)", setting, name,
+                 loom_cross_device_ops_names(names, sizeof names));
+    const char *known, *best = NULL;
+    int best_d = 3;
+    for (int i = 0; loom_registry_entry(LOOM_REG_CROSS_DEVICE_OPS, i, &known, NULL, NULL) == 0; i++) {
+        int d = loom_edit_distance(name, known);
+        if (d < best_d) best_d = d, best = known;
+    }
+    if (best) return loom_err_hint(err, "did you mean \"%s\"?", best);
+    return loom_err_hint(err, "a plugin's op is available once its plugin is loaded (plugins.path)");
 }
 
 int loom_strategy_open(loom_strategy **out, const loom_strategy_args *a, loom_err *err)
@@ -211,7 +223,7 @@ int loom_strategy_open(loom_strategy **out, const loom_strategy_args *a, loom_er
     *out = NULL;
     int rc = loom_distribute_init(err);
     if (rc) return rc;
-    const char *name = loom_strategy_kind_name(a->spec->strategy.kind);
+    const char *name = a->spec->strategy.name; /* a built-in's or a plugin's */
     const loom_strategy_ops *ops = loom_find_strategy(name);
     if (!ops) {
         char names[256], w[600];
@@ -223,7 +235,13 @@ int loom_strategy_open(loom_strategy **out, const loom_strategy_args *a, loom_er
     if (!s) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating a strategy");
     s->ops = ops;
     s->args = a;
-    s->xops = loom_find_cross_device_ops("reduce_to_one_device");
+    const char *xname = a->spec->strategy.cross_device_ops[0] ? a->spec->strategy.cross_device_ops
+                                                              : "reduce_to_one_device";
+    /* "auto" is left to the strategy (s->xops NULL), which knows the replicas */
+    if (strcmp(xname, "auto") && !(s->xops = loom_find_cross_device_ops(xname))) {
+        loom_free(s);
+        return unknown_xops(&a->spec->strategy, xname, err);
+    }
     rc = ops->open(s, a, err);
     if (rc) {
         loom_strategy_close(s);
@@ -260,3 +278,11 @@ loom_model *loom_strategy_model(loom_strategy *s) { return s->ops->model(s); }
 loom_optimizer *loom_strategy_optimizer(loom_strategy *s) { return s->ops->optimizer(s); }
 int loom_strategy_sync(loom_strategy *s, loom_err *err) { return s->ops->sync(s, err); }
 int loom_strategy_num_replicas(loom_strategy *s) { return s->ops->num_replicas(s); }
+bool loom_strategy_has_parts(loom_strategy *s) { return s->ops->step_part && s->ops->replica; }
+loom_model *loom_strategy_replica(loom_strategy *s, int r) { return s->ops->replica(s, r); }
+
+int loom_strategy_step_part(loom_strategy *s, loom_step_part part, const loom_elem *batch, int64_t step,
+                            loom_step_result *per_replica, loom_err *err)
+{
+    return s->ops->step_part(s, part, batch, step, per_replica, err);
+}

@@ -32,8 +32,63 @@ typedef struct loom_cross_device_ops {
     int (*broadcast)(float *const *bufs, int n, int64_t count, int root, loom_err *err);
     /* (optional) out = concat(bufs[0..n)), each count floats; NULL => generic copy */
     int (*all_gather)(float *const *bufs, int n, int64_t count, float *out, loom_err *err);
+    /* ---- version 2 (appended; read only when version >= 2) ----
+     * (optional) Collectives that each of n ranks calls from its own thread
+     * (see loom_xcomm below). NULL comm_new => the generic rendezvous: the
+     * last rank to arrive runs the N-buffer entry point for all. */
+    void *(*comm_new)(int n, loom_err *err); /* state the n ranks share; NULL + err on failure */
+    void  (*comm_free)(void *comm);
+    int   (*all_reduce_rank)(void *comm, int rank, float *buf, int64_t count, loom_redop op, loom_err *err);
+    int   (*broadcast_rank)(void *comm, int rank, float *buf, int64_t count, int root, loom_err *err);
+    /* (optional) out (n * count floats, one per rank) = concat of every rank's buf */
+    int   (*all_gather_rank)(void *comm, int rank, const float *buf, int64_t count, float *out, loom_err *err);
 } loom_cross_device_ops;
-#define LOOM_CROSS_DEVICE_OPS_VERSION 1
+/* 2 added the per-rank collectives; version 1 vtables (without them) still register. */
+#define LOOM_CROSS_DEVICE_OPS_VERSION 2
+
+/* A communicator: n ranks of one cross-device op, each on its own thread
+ * (a replica's), calling the same collectives in the same order with the
+ * same count, op and root. All n must run concurrently: a rank waits inside a
+ * collective until the others arrive (sleeping, not spinning), so n replicas
+ * driven by loom_pool_run need a pool of at least n threads. A collective
+ * returns on a rank once no other rank still reads its buffer. For one op the
+ * result is bit-identical on every rank, on every run, and to the op's
+ * N-buffer entry point; different ops sum in different orders (see README).
+ * Free with loom_xcomm_close, after the last collective. */
+typedef struct loom_xcomm loom_xcomm;
+int  loom_xcomm_open(loom_xcomm **out, const loom_cross_device_ops *x, int n, loom_err *err);
+void loom_xcomm_close(loom_xcomm *c); /* NULL is a no-op */
+int  loom_xcomm_size(const loom_xcomm *c);
+const loom_cross_device_ops *loom_xcomm_ops(const loom_xcomm *c);
+/* buf (count floats) becomes the SUM, MEAN (SUM / n) or MAX over the ranks. */
+int  loom_xcomm_all_reduce(loom_xcomm *c, int rank, float *buf, int64_t count, loom_redop op, loom_err *err);
+/* root's buf is copied into every other rank's buf. */
+int  loom_xcomm_broadcast(loom_xcomm *c, int rank, float *buf, int64_t count, int root, loom_err *err);
+/* out (n * count floats, this rank's own) = concat of every rank's buf, in rank order. */
+int  loom_xcomm_all_gather(loom_xcomm *c, int rank, const float *buf, int64_t count, float *out, loom_err *err);
+
+/* Gradient packing (tf.distribute). A pack is a contiguous range of the flat
+ * parameter/gradient buffer, all-reduced as one; packs are listed in the
+ * order to reduce them: last layers first, as backprop produces them, so a
+ * strategy can start reducing a pack once backward has passed tensor `first`. */
+typedef struct loom_pack {
+    int64_t offset, count; /* floats */
+    int     first, last;   /* the parameter tensors it covers (model order, inclusive; the ends may be partial) */
+} loom_pack;
+
+/* Packs for n parameter tensors that tile [0, total) in order, as a model's
+ * do (loom_model_param_tensor(m, 0..n-1)).
+ * bytes_per_pack > 0 (CommunicationOptions.bytes_per_pack): the tensors in
+ *   reverse order, grouped greedily: a new pack starts once the current one
+ *   holds more than bytes_per_pack bytes, so packs are at least that large.
+ * else num_packs >= 1 (NcclAllReduce(num_packs)): all tensors concatenated in
+ *   model order and cut into num_packs chunks of total / num_packs floats, the
+ *   last taking the remainder (empty chunks dropped); num_packs = 0: one pack
+ *   per tensor.
+ * bytes_per_pack = 0 with num_packs = 1 is one pack of everything.
+ * *out is freed with loom_free; a tensor list that does not tile is LOOM_ESHAPE. */
+int loom_pack_plan(const loom_param_info *params, int n, int64_t bytes_per_pack, int num_packs, loom_pack **out,
+                   int *n_out, loom_err *err);
 
 /* ---- strategies ---------------------------------------------------------- */
 
@@ -55,6 +110,16 @@ typedef struct loom_step_result {
     int64_t examples;
 } loom_step_result;
 
+/* The parts of a training step, for custom steps (a Lua train_step): in this
+ * order they must do exactly what train_step does, bit for bit. */
+typedef enum {
+    LOOM_PART_FORWARD,    /* each replica: forward on its share of the batch (dropout keyed by step) */
+    LOOM_PART_LOSS,       /* each replica: the loss of its share, and its gradient w.r.t. the outputs */
+    LOOM_PART_BACKWARD,   /* each replica: gradients into its flat gradient buffer */
+    LOOM_PART_ALL_REDUCE, /* SUM the replicas' gradient buffers with the cross-device op */
+    LOOM_PART_APPLY,      /* the optimizer's `step`-th update with the (reduced) gradients */
+} loom_step_part;
+
 typedef struct loom_strategy_ops {
     uint32_t    version; /* LOOM_STRATEGY_OPS_VERSION; append fields only */
     const char *name;    /* "one_device" */
@@ -71,6 +136,13 @@ typedef struct loom_strategy_ops {
     /* After the variables of model() were overwritten (restore): make every replica agree. */
     int  (*sync)(loom_strategy *s, loom_err *err);
     int  (*num_replicas)(loom_strategy *s);
+    /* (optional, both or neither) custom training steps; NULL => refused.
+     * One part on every replica; batch is read by FORWARD and LOSS, step by
+     * FORWARD and APPLY; LOSS fills per_replica[r] for r < num_replicas. */
+    int  (*step_part)(loom_strategy *s, loom_step_part part, const loom_elem *batch, int64_t step,
+                      loom_step_result *per_replica, loom_err *err);
+    /* Replica r's model, whose gradient buffer a custom step may change (clipping). */
+    loom_model *(*replica)(loom_strategy *s, int r);
 } loom_strategy_ops;
 #define LOOM_STRATEGY_OPS_VERSION 1
 
@@ -109,9 +181,24 @@ loom_model     *loom_strategy_model(loom_strategy *s);
 loom_optimizer *loom_strategy_optimizer(loom_strategy *s);
 int  loom_strategy_sync(loom_strategy *s, loom_err *err);
 int  loom_strategy_num_replicas(loom_strategy *s);
+/* Custom training steps: whether the strategy has step_part, one part, and
+ * replica r's model (r < num_replicas). */
+bool loom_strategy_has_parts(loom_strategy *s);
+int  loom_strategy_step_part(loom_strategy *s, loom_step_part part, const loom_elem *batch, int64_t step,
+                             loom_step_result *per_replica, loom_err *err);
+loom_model *loom_strategy_replica(loom_strategy *s, int r);
+
+/* For `loom check`: prints the plan of a built-in replicated strategy
+ * (mirrored, central_storage) for a global batch: replicas, devices, threads,
+ * per-replica batches, the cross-device op and its packs, the bytes reduced
+ * per step. Returns 1 when it printed, 0 for any other strategy. */
+int loom_strategy_print_plan(loom_strategy *s, int64_t global_batch, FILE *f);
 
 /* Generic all-reduce over n buffers with a cross-device op (n == 1 is a no-op). */
 int loom_all_reduce(const loom_cross_device_ops *x, float *const *bufs, int n, int64_t count, loom_redop op,
+                    loom_err *err);
+/* out = concat(bufs[0..n)) with the op's all_gather, or a plain copy when it has none. */
+int loom_all_gather(const loom_cross_device_ops *x, float *const *bufs, int n, int64_t count, float *out,
                     loom_err *err);
 
 #endif

@@ -456,6 +456,8 @@ void loom_model_init_params(loom_model *m, uint64_t seed)
 
 /* ---- steps ------------------------------------------------------------------ */
 
+static int check_label(loom_model *m, const loom_tensor *label, int64_t B, loom_err *err);
+
 static int check_batch(loom_model *m, const loom_tensor *x, const loom_tensor *label, int64_t *B, loom_err *err)
 {
     char a[96], b[96];
@@ -475,12 +477,17 @@ static int check_batch(loom_model *m, const loom_tensor *x, const loom_tensor *l
     if (*B < 1 || *B > m->max_batch)
         return loom_err_set(err, LOOM_ESHAPE, m->where, "batch of %lld examples; the model takes 1 to %lld",
                             (long long)*B, (long long)m->max_batch);
-    if (!label) return LOOM_OK;
-    ok = label->shape.rank == m->label.rank + 1 && label->shape.dim[0] == *B;
+    return label ? check_label(m, label, *B, err) : LOOM_OK;
+}
+
+static int check_label(loom_model *m, const loom_tensor *label, int64_t B, loom_err *err)
+{
+    char a[96], b[96];
+    int ok = label->shape.rank == m->label.rank + 1 && label->shape.dim[0] == B;
     for (int i = 0; ok && i < m->label.rank; i++) ok = label->shape.dim[i + 1] == m->label.dim[i];
     if (!ok) {
         loom_shape lw = {.rank = m->label.rank + 1};
-        lw.dim[0] = *B;
+        lw.dim[0] = B;
         for (int i = 0; i < m->label.rank; i++) lw.dim[i + 1] = m->label.dim[i];
         return loom_err_set(err, LOOM_ESHAPE, m->where, "label batch has shape %s, expected %s",
                             loom_shape_str(&label->shape, a, sizeof a), loom_shape_str(&lw, b, sizeof b));
@@ -555,28 +562,36 @@ typedef struct step_job {
     int                nchunks;   /* chunks of the batch, and parts of the gradient pass */
 } step_job;
 
-static void chunk_step(void *arg, int t)
+/* The three phases of a chunk's step. chunk_step runs them back to back;
+ * loom_model_forward / _loss / _backward run one each over all chunks, and
+ * since a phase reads only what the previous one left in the chunk's own
+ * rows and buffers, the result is the same bit for bit. */
+static void chunk_forward(const step_job *j, nn_chunk_ *c)
 {
-    step_job *j = arg;
-    loom_model *m = j->m;
-    nn_chunk_ *c = &m->chunk[t];
-    const int64_t n = m->layer[m->n_layers - 1].n_out;
+    const loom_model *m = j->m;
     c->act[0] = j->x + c->b0 * m->layer[0].n_in;
     for (int i = 0; i < m->n_layers; i++) nn_layer_forward_(m, i, c, j->kind == JOB_TRAIN, j->rng_key);
+}
+
+/* The loss of the chunk's outputs and, for a train step, its gradient into gbuf[0]. */
+static void chunk_loss(const step_job *j, nn_chunk_ *c)
+{
+    const loom_model *m = j->m;
+    const int64_t n = m->layer[m->n_layers - 1].n_out;
     const float *z = c->act[m->n_layers];
-    if (j->kind == JOB_PREDICT) {
-        float *out = j->out + c->b0 * n;
-        if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) nn_softmax_rows_(z, out, c->B, n);
-        else memcpy(out, z, (size_t)(c->B * n) * sizeof *out);
-        return;
-    }
-    float *g = j->kind == JOB_TRAIN ? c->gbuf[0] : NULL, *other = c->gbuf[1];
+    float *g = j->kind == JOB_TRAIN ? c->gbuf[0] : NULL;
     if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE)
         c->loss = nn_loss_sparse_ce_(z, m->labels + c->b0, c->B, n, j->inv_gb, g, &c->correct);
     else
         c->loss = nn_loss_mse_(z, (const float *)j->label->data + c->b0 * n, c->B, n, j->inv_gb, g, &c->correct);
+}
+
+static void chunk_backward(const step_job *j, nn_chunk_ *c)
+{
+    const loom_model *m = j->m;
+    float *g = c->gbuf[0], *other = c->gbuf[1];
     /* a non-finite loss fails the step (the caller checks the sum), so its gradient is never used */
-    if (!g || !isfinite(c->loss)) return;
+    if (!isfinite(c->loss)) return;
     for (int i = m->n_layers - 1; i >= 0; i--) {
         const nn_layer_ *l = &m->layer[i];
         if (!l->needs_dx && l->kernel_off < 0) break;
@@ -588,6 +603,28 @@ static void chunk_step(void *arg, int t)
         }
     }
 }
+
+static void chunk_step(void *arg, int t)
+{
+    step_job *j = arg;
+    loom_model *m = j->m;
+    nn_chunk_ *c = &m->chunk[t];
+    chunk_forward(j, c);
+    if (j->kind == JOB_PREDICT) {
+        const int64_t n = m->layer[m->n_layers - 1].n_out;
+        const float *z = c->act[m->n_layers];
+        float *out = j->out + c->b0 * n;
+        if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) nn_softmax_rows_(z, out, c->B, n);
+        else memcpy(out, z, (size_t)(c->B * n) * sizeof *out);
+        return;
+    }
+    chunk_loss(j, c);
+    if (j->kind == JOB_TRAIN) chunk_backward(j, c);
+}
+
+static void part_forward(void *arg, int t) { step_job *j = arg; chunk_forward(j, &j->m->chunk[t]); }
+static void part_loss(void *arg, int t) { step_job *j = arg; chunk_loss(j, &j->m->chunk[t]); }
+static void part_backward(void *arg, int t) { step_job *j = arg; chunk_backward(j, &j->m->chunk[t]); }
 
 /* Part t of the gradients that wait for all chunks: dense layers' kernel
  * rows and bias columns over the whole batch, and conv layers' parameters as
@@ -626,6 +663,7 @@ static void run_chunks(loom_model *m, step_job *j, int64_t B, double *loss, int6
     j->m = m;
     j->B = B;
     j->nchunks = split_batch(m, B);
+    m->part_done = 0; /* the chunks' buffers no longer hold a step in parts */
     loom_pool_run(m->pool, j->nchunks, chunk_step, j);
     double l = 0;
     int64_t ok = 0;
@@ -655,6 +693,62 @@ int loom_model_train_step(loom_model *m, const loom_tensor *x, const loom_tensor
         return loom_err_set(err, LOOM_ENUMERIC, m->where, "the loss is %g on a batch of %lld examples", loss,
                             (long long)B),
                loom_err_hint(err, "lower the learning rate, or check the inputs are scaled (e.g. to [0, 1])");
+    return LOOM_OK;
+}
+
+/* ---- a train step in parts ------------------------------------------------ */
+
+int loom_model_forward(loom_model *m, const loom_tensor *x, uint64_t rng_key, loom_err *err)
+{
+    int64_t B;
+    int rc;
+    m->part_done = 0;
+    if ((rc = check_batch(m, x, NULL, &B, err))) return rc;
+    step_job j = {.m = m, .kind = JOB_TRAIN, .x = x->data, .rng_key = rng_key, .B = B};
+    j.nchunks = split_batch(m, B);
+    for (int t = 0; t < j.nchunks; t++) m->chunk[t].loss = 0;
+    loom_pool_run(m->pool, j.nchunks, part_forward, &j);
+    m->part_B = B;
+    m->part_done = 1;
+    return LOOM_OK;
+}
+
+int loom_model_loss(loom_model *m, const loom_tensor *label, int64_t global_batch, double *loss_sum, int64_t *correct,
+                    loom_err *err)
+{
+    if (m->part_done < 1)
+        return loom_err_set(err, LOOM_EUSAGE, m->where, "the loss needs a forward pass on the batch first");
+    int64_t B = m->part_B;
+    int rc;
+    if ((rc = check_label(m, label, B, err))) return rc;
+    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && (rc = read_labels(m, label, B, err))) return rc;
+    if (global_batch < 1) global_batch = B;
+    step_job j = {.m = m, .kind = JOB_TRAIN, .label = label, .inv_gb = (float)(1.0 / (double)global_batch), .B = B};
+    j.nchunks = B < m->threads ? (int)B : m->threads;
+    loom_pool_run(m->pool, j.nchunks, part_loss, &j);
+    double l = 0;
+    int64_t ok = 0;
+    for (int t = 0; t < j.nchunks; t++) {
+        l += m->chunk[t].loss;
+        ok += m->chunk[t].correct;
+    }
+    if (loss_sum) *loss_sum = l;
+    if (correct) *correct = ok;
+    if (!isfinite(l))
+        return loom_err_set(err, LOOM_ENUMERIC, m->where, "the loss is %g on a batch of %lld examples", l, (long long)B);
+    m->part_done = 2;
+    return LOOM_OK;
+}
+
+int loom_model_backward(loom_model *m, loom_err *err)
+{
+    if (m->part_done < 2)
+        return loom_err_set(err, LOOM_EUSAGE, m->where, "backward needs the loss of a forward pass first");
+    step_job j = {.m = m, .kind = JOB_TRAIN, .B = m->part_B};
+    j.nchunks = j.B < m->threads ? (int)j.B : m->threads;
+    loom_pool_run(m->pool, j.nchunks, part_backward, &j);
+    loom_pool_run(m->pool, j.nchunks, grad_part, &j);
+    m->part_done = 0;
     return LOOM_OK;
 }
 

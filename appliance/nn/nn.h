@@ -80,6 +80,17 @@ void loom_model_init_params(loom_model *m, uint64_t seed);
  * rng_key seeds dropout for this step. LOOM_ENUMERIC if the loss is not finite. */
 int loom_model_train_step(loom_model *m, const loom_tensor *x, const loom_tensor *label, int64_t global_batch,
                           uint64_t rng_key, double *loss_sum, int64_t *correct, loom_err *err);
+/* The same training step in three parts, for custom training steps (a Lua
+ * train_step): forward (dropout on, keyed by rng_key), then the loss (its sum
+ * and correct count, as train_step returns them; LOOM_ENUMERIC if not
+ * finite), then backward into the grads buffer (overwriting it). Called in
+ * this order on one batch, they give gradients bit-identical to
+ * loom_model_train_step's; out of order, LOOM_EUSAGE. Any other step
+ * (train_step, evaluate, predict) in between discards the parts done. */
+int loom_model_forward(loom_model *m, const loom_tensor *x, uint64_t rng_key, loom_err *err);
+int loom_model_loss(loom_model *m, const loom_tensor *label, int64_t global_batch, double *loss_sum, int64_t *correct,
+                    loom_err *err);
+int loom_model_backward(loom_model *m, loom_err *err);
 /* Forward only (dropout off): loss sum and correct count. */
 int loom_model_evaluate(loom_model *m, const loom_tensor *x, const loom_tensor *label, double *loss_sum,
                         int64_t *correct, loom_err *err);

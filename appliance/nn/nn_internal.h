@@ -68,6 +68,9 @@ struct loom_model {
     int              threads;
     loom_pool       *pool;          /* NULL when threads == 1 */
     nn_chunk_       *chunk;         /* (threads,) 64-byte aligned */
+    /* a train step taken in parts (loom_model_forward, _loss, _backward) */
+    int              part_done;     /* phases done on the current batch: 0, 1 (forward), 2 (loss) */
+    int64_t          part_B;        /* its examples */
 };
 
 /* ---- kernels (layers.c) ------------------------------------------------- */

@@ -88,37 +88,3 @@ double loom_tensor_get(const loom_tensor *t, int64_t i)
     default: LOOM_ASSERT(!"bad dtype");
     }
 }
-
-/* ---- the CPU backend ----------------------------------------------------- */
-
-static void *cpu_alloc(loom_backend *b, size_t n) { (void)b; return loom_alloc_aligned(n); }
-static void cpu_free(loom_backend *b, void *p) { (void)b; loom_free(p); }
-static void cpu_copy(loom_backend *b, void *d, const void *s, size_t n) { (void)b; memcpy(d, s, n); }
-
-static void cpu_sgemm(loom_backend *b, bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
-                      const float *B, int ldb, float beta, float *C, int ldc)
-{
-    (void)b;
-    loom_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
-
-static void cpu_axpy(loom_backend *b, int64_t n, float alpha, const float *x, float *y)
-{
-    (void)b;
-    for (int64_t i = 0; i < n; i++) y[i] += alpha * x[i];
-}
-
-static void cpu_scale(loom_backend *b, int64_t n, float alpha, float *x)
-{
-    (void)b;
-    for (int64_t i = 0; i < n; i++) x[i] *= alpha;
-}
-
-static const loom_backend_ops cpu_ops = {
-    .version = LOOM_BACKEND_OPS_VERSION, .name = "cpu", .alloc = cpu_alloc, .free = cpu_free,
-    .to_device = cpu_copy, .to_host = cpu_copy, .sgemm = cpu_sgemm, .axpy = cpu_axpy, .scale = cpu_scale,
-};
-
-static loom_backend cpu_backend = {.ops = &cpu_ops};
-
-loom_backend *loom_backend_cpu(void) { return &cpu_backend; }

@@ -65,34 +65,7 @@ const char *loom_blas_pick_core(bool avx512f, bool avx512bw, bool avx512vl, bool
 void loom_sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda,
                 const float *B, int ldb, float beta, float *C, int ldc);
 
-/* ---- device backends ----------------------------------------------------- */
-
-/* A device backend: memory, copies and the compute primitives the layers
- * need. The CPU backend is built in; a CUDA backend registers the same table
- * from a plugin. Device pointers are opaque to callers. */
-typedef struct loom_backend loom_backend;
-typedef struct loom_backend_ops {
-    uint32_t    version; /* LOOM_BACKEND_OPS_VERSION; append fields only */
-    const char *name;    /* "cpu", "cuda" */
-    void *(*alloc)(loom_backend *b, size_t bytes);
-    void  (*free)(loom_backend *b, void *p);
-    void  (*to_device)(loom_backend *b, void *dst, const void *host_src, size_t bytes);
-    void  (*to_host)(loom_backend *b, void *host_dst, const void *src, size_t bytes);
-    void  (*sgemm)(loom_backend *b, bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
-                   const float *B, int ldb, float beta, float *C, int ldc);
-    void  (*axpy)(loom_backend *b, int64_t n, float alpha, const float *x, float *y); /* y += alpha x */
-    void  (*scale)(loom_backend *b, int64_t n, float alpha, float *x);
-    void  (*sync)(loom_backend *b);  /* (optional) wait for queued work */
-} loom_backend_ops;
-#define LOOM_BACKEND_OPS_VERSION 1
-
-struct loom_backend {
-    const loom_backend_ops *ops;
-    int   device; /* index within the backend */
-    void *impl;   /* backend-private */
-};
-
-/* The built-in CPU backend (a static instance; never freed). */
-loom_backend *loom_backend_cpu(void);
+/* The device-backend interface (memory, copies, the layers' compute
+ * primitives; CPU built in, CUDA from a plugin) is tensor/device.h. */
 
 #endif

@@ -1,6 +1,7 @@
 /* train.c - the train / evaluate / predict / check loops. */
 #include "train.h"
 #include "progress.h"
+#include "train_hooks.h"
 
 #include <errno.h>
 #include <math.h>
@@ -17,6 +18,8 @@ typedef struct run {
     loom_strategy     *strat;
     loom_strategy_args args;
     double             decode_sec; /* opening the pipelines: reading and decompressing sources */
+    train_hooks_       hooks;      /* the config's Lua hooks (loom_train, loom_check) */
+    bool               no_iter;    /* save_ckpt: without data.train's state (data_hook_failed) */
 } run;
 
 #define TRAINER_STATE_VERSION 1
@@ -89,6 +92,7 @@ static int data_open_failed(loom_err *err, const char *which)
 
 static void run_close(run *r)
 {
+    train_hooks_close_(&r->hooks);
     loom_strategy_close(r->strat);
     loom_iter_close(r->train);
     loom_iter_close(r->eval);
@@ -102,8 +106,9 @@ static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool n
     snprintf(r->model_dir, sizeof r->model_dir, "%s", model_dir ? model_dir : spec->run.model_dir);
     /* one_device spends run.threads on the model's own threads (intra-op data
      * parallelism, measured faster than BLAS threads on these small GEMMs),
-     * each calling single-threaded BLAS, so the cores are never oversubscribed */
-    int rc = loom_blas_init(spec->strategy.kind == LOOM_STRAT_ONE_DEVICE ? 1 : spec->run.threads, err);
+     * each calling single-threaded BLAS, so the cores are never oversubscribed;
+     * mirrored and central_storage share them out among their replicas */
+    int rc = loom_blas_init(spec->strategy.kind == LOOM_STRAT_PLUGIN ? spec->run.threads : 1, err);
     if (rc) return rc;
     char w[600];
     if (need_eval && !spec->eval.present)
@@ -116,11 +121,14 @@ static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool n
                loom_err_hint(err, "add { op = \"batch\"; size = 128; } to data.train.transforms");
     int threads = spec->run.threads > 0 ? spec->run.threads : loom_num_cores();
     double t0 = loom_now();
-    loom_data_ctx ctx = {.seed = spec->run.seed, .threads = threads, .name = "train"};
+    /* Lua maps and filters run under the hooks section's sandbox and limits */
+    loom_lua_opts lua = {.model_dir = r->model_dir, .unsafe = spec->hooks.unsafe, .memory_limit = spec->hooks.memory_limit,
+                         .instruction_limit = spec->hooks.instruction_limit};
+    loom_data_ctx ctx = {.seed = spec->run.seed, .threads = threads, .name = "train", .custom_options = &lua};
     rc = loom_data_open(&r->train, &spec->train, &ctx, err);
     if (rc) return data_open_failed(err, "data.train");
     if (spec->eval.present) {
-        loom_data_ctx ectx = {.seed = spec->run.seed, .threads = threads, .name = "eval"};
+        loom_data_ctx ectx = {.seed = spec->run.seed, .threads = threads, .name = "eval", .custom_options = &lua};
         rc = loom_data_open(&r->eval, &spec->eval, &ectx, err);
         if (rc) return data_open_failed(err, "data.eval");
         int64_t eb = batch_size_of(&spec->eval);
@@ -203,6 +211,17 @@ static void json_num(FILE *f, const char *key, double v, int first)
         fprintf(f, "%s\"%s\": null", first ? "" : ", ", key);
 }
 
+/* "cpu:0", or "2 mirrored replicas, each", for the log. */
+static const char *strategy_where(const loom_spec *spec, loom_strategy *s, char *buf, size_t n)
+{
+    if (spec->strategy.kind == LOOM_STRAT_ONE_DEVICE)
+        snprintf(buf, n, "%s", spec->strategy.device);
+    else
+        snprintf(buf, n, "%d %s replica%s, each", loom_strategy_num_replicas(s), spec->strategy.name,
+                 loom_strategy_num_replicas(s) == 1 ? "" : "s");
+    return buf;
+}
+
 static volatile sig_atomic_t stop_signal;
 static void on_signal(int sig) { stop_signal = sig; }
 
@@ -212,12 +231,91 @@ static int save_ckpt(run *r, const trainer_state *st, char path[LOOM_PATH_MAX], 
     loom_buf_init(&ts);
     loom_buf_init(&is);
     state_save(st, &ts);
-    int rc = loom_iter_save(r->train, &is, err);
+    /* the Lua callbacks' state follows the trainer's fields; when a callback
+     * keeps something unsaveable there, the checkpoint is written without it
+     * (rather than not at all) and the callback's error reported */
+    loom_err herr;
+    size_t mark = ts.len;
+    int hrc = r->hooks.hooks ? loom_hooks_save(r->hooks.hooks, &ts, &herr) : LOOM_OK;
+    if (hrc) ts.len = mark;
+    int rc = r->no_iter ? LOOM_OK : loom_iter_save(r->train, &is, err);
     if (!rc)
         rc = loom_ckpt_save(r->model_dir, st->step, loom_strategy_model(r->strat), loom_strategy_optimizer(r->strat),
                             &ts, &is, r->spec->run.keep_checkpoints, path, err);
+    if (!rc && hrc) {
+        *err = herr;
+        loom_err_hint(err, "saved %s without the callbacks' state; fix the hook, then run the same command to resume",
+                      path);
+        rc = hrc;
+    }
     loom_buf_fini(&ts);
     loom_buf_fini(&is);
+    return rc;
+}
+
+/* ctx:save_checkpoint() of a Lua hook. */
+typedef struct hook_save_arg {
+    run                 *r;
+    const trainer_state *st;
+} hook_save_arg;
+
+static int hook_save(void *arg, char path[LOOM_PATH_MAX], loom_err *err)
+{
+    hook_save_arg *a = arg;
+    return save_ckpt(a->r, a->st, path, err);
+}
+
+/* ctx.step, ctx.epoch and ctx.logs of a hook call. */
+static loom_hook_logs hook_logs(const trainer_state *st, int64_t epoch, loom_optimizer *opt, double sps,
+                                double eval_loss, double eval_acc)
+{
+    loom_hook_logs g = {.step = st->step, .epoch = epoch, .eval_loss = eval_loss, .eval_accuracy = eval_acc,
+                        .samples_per_sec = sps, .learning_rate = loom_optimizer_lr(opt, st->step)};
+    g.loss = st->examples ? st->loss_sum / (double)st->examples : NAN;
+    g.accuracy = st->examples ? (double)st->correct / (double)st->examples : NAN;
+    return g;
+}
+
+/* A hook failed (err): save a checkpoint, which is whole because hooks run
+ * between steps (or after a custom step's update, counted in st), and say
+ * where it is. */
+static int hook_failed(run *r, const trainer_state *st, loom_err *err)
+{
+    char path[LOOM_PATH_MAX];
+    loom_err e2;
+    if (save_ckpt(r, st, path, &e2) == LOOM_OK)
+        loom_err_hint(err, "saved %s; fix the hook, then run the same command to resume", path);
+    else if (e2.code == LOOM_ELUA) /* saved, without the callbacks' state */
+        loom_err_hint(err, "%s", e2.hint);
+    else
+        loom_err_hint(err, "no checkpoint could be saved: %s", e2.msg);
+    return err->code;
+}
+
+/* A Lua map or filter in data.train failed (LOOM_ELUA from the pipeline).
+ * The pipeline is past where the model is, and its read-ahead stages
+ * (prefetch, parallel maps) may hold the error, so the checkpoint is saved
+ * without data.train's state: resuming replays the pipeline to the model's
+ * step (replay_data), running the Lua function as it is by then. */
+static int data_hook_failed(run *r, const trainer_state *st, loom_err *err)
+{
+    r->no_iter = true;
+    int rc = hook_failed(r, st, err);
+    r->no_iter = false;
+    return rc;
+}
+
+/* Resuming from a checkpoint without data.train's state (data_hook_failed):
+ * the pipeline is deterministic, so the pass the model was in is started
+ * again and the batches it had trained on are pulled and dropped. */
+static int replay_data(run *r, const trainer_state *st, loom_err *err)
+{
+    loom_elem *b;
+    int rc = loom_iter_rewind(r->train, st->epoch, err);
+    for (int64_t i = 0; !rc && i < st->step_in_epoch; i++) rc = loom_iter_next(r->train, &b, err);
+    if (rc == LOOM_EEOF)
+        rc = loom_err_set(err, LOOM_ECHECKPOINT, NULL, "data.train ends before step %lld of epoch %lld: it is not the "
+                          "pipeline the checkpoint was trained on", (long long)st->step_in_epoch, (long long)st->epoch + 1);
     return rc;
 }
 
@@ -227,6 +325,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
     const char *dir = opts->model_dir ? opts->model_dir : spec->run.model_dir;
     /* Everything is checked before anything is written. */
     int rc = run_open(&r, spec, dir, false, err);
+    if (!rc) rc = train_hooks_open_(&r.hooks, spec, r.model_dir, r.strat, err);
     if (!rc && (rc = loom_mkdirs(dir, err)) != LOOM_OK)
         loom_err_hint(err, "set run.model_dir (or --model-dir) to a directory you can write");
     if (rc) {
@@ -242,7 +341,8 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
         loom_buf ts, is;
         rc = loom_ckpt_load(ckpt, loom_strategy_model(r.strat), loom_strategy_optimizer(r.strat), &ts, &is, err);
         if (!rc) rc = state_restore(&st, &ts, ckpt, err);
-        if (!rc) rc = loom_iter_restore(r.train, &is, err);
+        if (!rc && r.hooks.hooks) rc = loom_hooks_restore(r.hooks.hooks, &ts, err);
+        if (!rc) rc = is.len ? loom_iter_restore(r.train, &is, err) : replay_data(&r, &st, err);
         if (!rc) rc = loom_strategy_sync(r.strat, err);
         loom_buf_fini(&ts);
         loom_buf_fini(&is);
@@ -274,9 +374,10 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
     int64_t steps_per_epoch = card >= 0 ? card : -1;
     loom_model *model = loom_strategy_model(r.strat);
     loom_optimizer *opt = loom_strategy_optimizer(r.strat);
+    char where[96];
     loom_info("training %lld parameters on %s, %d thread%s; BLAS %s (%s), %d thread%s each; model_dir %s",
               (long long)loom_model_num_params(model),
-              spec->strategy.kind == LOOM_STRAT_ONE_DEVICE ? spec->strategy.device : "?", loom_model_threads(model),
+              strategy_where(spec, r.strat, where, sizeof where), loom_model_threads(model),
               loom_model_threads(model) == 1 ? "" : "s", loom_blas_core(), loom_blas_core_reason(), loom_blas_threads(),
               loom_blas_threads() == 1 ? "" : "s", r.model_dir);
 
@@ -303,9 +404,36 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
     double first_step_ms = -1, last_eval_loss = NAN, last_eval_acc = NAN;
     int64_t last_eval_step = -1;
 
-    for (;;) {
+    /* run.steps_per_execution = K: the steps of one execution run back to
+     * back; the host-side work (signals, progress, checkpoints; callbacks
+     * belong there too) happens only at its boundaries: after K steps, at an
+     * epoch's end and at the last step (TPUEstimator's iterations_per_loop).
+     * The steps themselves are the same, so the weights are too. */
+    const int64_t K = rs->steps_per_execution > 0 ? rs->steps_per_execution : 1;
+    int64_t in_exec = 0, boundary_step = st.step; /* steps since the last boundary, and its step */
+    hook_save_arg hsa = {&r, &st};
+    r.hooks.metrics = metrics;
+    r.hooks.save = hook_save;
+    r.hooks.save_arg = &hsa;
+    bool epoch_open = false; /* on_epoch_begin was called for the epoch in progress */
+    loom_hook_logs hl = hook_logs(&st, st.epoch + 1, opt, NAN, last_eval_loss, last_eval_acc);
+    if ((rc = train_hooks_call_(&r.hooks, LOOM_HOOK_TRAIN_BEGIN, &hl, err))) hook_failed(&r, &st, err);
+    for (; !rc;) {
         if (max_steps > 0 ? st.step >= max_steps : st.epoch >= epochs) break;
-        if (stop_signal) {
+        if (r.hooks.stop) {
+            loom_info("stopped by a hook (ctx:stop()) at step %lld, epoch %lld", (long long)st.step,
+                      (long long)st.epoch + (st.step_in_epoch > 0));
+            break;
+        }
+        if (!epoch_open) {
+            epoch_open = true;
+            hl = hook_logs(&st, st.epoch + 1, opt, NAN, last_eval_loss, last_eval_acc);
+            if ((rc = train_hooks_call_(&r.hooks, LOOM_HOOK_EPOCH_BEGIN, &hl, err))) {
+                hook_failed(&r, &st, err);
+                break;
+            }
+        }
+        if (in_exec == 0 && stop_signal) {
             loom_progress_break(&prog);
             rc = save_ckpt(&r, &st, ckpt, err);
             if (!rc)
@@ -326,7 +454,9 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
                 loom_err_hint(err, "the dataset is empty after take/skip/batch(drop_remainder)");
                 break;
             }
-            /* epoch end: evaluate, log, start the next pass, checkpoint */
+            /* epoch end (an execution boundary): evaluate, log, start the next pass, checkpoint */
+            in_exec = 0;
+            boundary_step = st.step;
             loom_progress_break(&prog);
             double ep_sec = loom_now() - epoch_start;
             loom_step_result ev = {0};
@@ -358,6 +488,12 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
             json_time(metrics, "wall_time", loom_wall_time());
             fprintf(metrics, "}\n");
             fflush(metrics);
+            hl = hook_logs(&st, st.epoch + 1, opt, sps, last_eval_loss, last_eval_acc);
+            if ((rc = train_hooks_call_(&r.hooks, LOOM_HOOK_EPOCH_END, &hl, err))) {
+                hook_failed(&r, &st, err);
+                break;
+            }
+            epoch_open = false;
             st.epoch++;
             st.step_in_epoch = 0;
             st.loss_sum = 0;
@@ -373,9 +509,24 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
             epoch_start = loom_now();
             continue;
         }
+        if (rc == LOOM_ELUA) data_hook_failed(&r, &st, err);
         if (rc) break;
         loom_step_result res;
-        rc = loom_strategy_train_step(r.strat, batch, st.step, &res, err);
+        bool custom = r.hooks.hooks && loom_hooks_has_train_step(r.hooks.hooks), applied = false;
+        if (custom) {
+            hl = hook_logs(&st, st.epoch + 1, opt, NAN, last_eval_loss, last_eval_acc);
+            rc = train_hooks_step_(&r.hooks, loom_iter_spec(r.train), batch, &hl, &res, &applied, err);
+        } else {
+            rc = loom_strategy_train_step(r.strat, batch, st.step, &res, err);
+        }
+        if (rc && rc != LOOM_ENUMERIC && custom) {
+            if (applied) { /* the step's update is in the weights: count it */
+                st.step++;
+                st.step_in_epoch++;
+            }
+            hook_failed(&r, &st, err);
+            break;
+        }
         if (rc == LOOM_ENUMERIC) {
             loom_progress_break(&prog);
             loom_err_set(err, LOOM_ENUMERIC, NULL, "the loss is not finite at step %lld (epoch %lld); training stopped",
@@ -400,6 +551,8 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
         run_examples += res.examples;
         if (first_step_ms < 0)
             first_step_ms = ((loom_now() - (opts->start_time > 0 ? opts->start_time : run_start)) - r.decode_sec) * 1e3;
+        if (++in_exec < K && !(max_steps > 0 && st.step >= max_steps)) continue; /* inside an execution */
+        in_exec = 0;
         double sps = train_sec > 0 ? (double)st.examples / train_sec : 0;
         double per_step = (loom_now() - epoch_start) / (double)st.step_in_epoch;
         int64_t left = max_steps > 0 ? max_steps - st.step
@@ -407,11 +560,24 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
         loom_progress_update(&prog, st.epoch, max_steps > 0 ? (steps_per_epoch > 0 ? (max_steps + steps_per_epoch - 1) / steps_per_epoch : 1) : epochs,
                              st.step_in_epoch, steps_per_epoch, st.step, st.loss_sum / (double)st.examples,
                              (double)st.correct / (double)st.examples, sps, left >= 0 ? per_step * (double)left : -1);
-        if (rs->checkpoint_steps > 0 && st.step % rs->checkpoint_steps == 0) {
+        char tuned[512];
+        if (loom_iter_tuned(r.train, tuned, sizeof tuned)) { /* once the autotuner's choice settles, and after a change */
+            loom_progress_break(&prog);
+            loom_info("input pipeline tuned: %s", tuned);
+        }
+        /* a multiple of checkpoint_steps passed in this execution (with K = 1: this step is one) */
+        bool ckpt_due = rs->checkpoint_steps > 0 && st.step / rs->checkpoint_steps != boundary_step / rs->checkpoint_steps;
+        boundary_step = st.step;
+        if (ckpt_due) {
             rc = save_ckpt(&r, &st, ckpt, err);
             if (rc) break;
             snprintf(last_ckpt, sizeof last_ckpt, "%s", ckpt);
             last_saved = st.step;
+        }
+        hl = hook_logs(&st, st.epoch + 1, opt, sps, last_eval_loss, last_eval_acc);
+        if ((rc = train_hooks_call_(&r.hooks, LOOM_HOOK_STEP_END, &hl, err))) {
+            hook_failed(&r, &st, err);
+            break;
         }
     }
     loom_progress_break(&prog);
@@ -431,8 +597,14 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
         }
     }
     if (!rc) {
+        hl = hook_logs(&st, st.epoch + (st.step_in_epoch > 0), opt, NAN, last_eval_loss, last_eval_acc);
+        if ((rc = train_hooks_call_(&r.hooks, LOOM_HOOK_TRAIN_END, &hl, err))) hook_failed(&r, &st, err);
+    }
+    if (!rc) {
         double total = loom_now() - run_start;
-        if (st.step == start_step)
+        if (st.step == start_step && r.hooks.stop)
+            ; /* a hook stopped the run before its first step, and said so */
+        else if (st.step == start_step)
             loom_info("nothing to do: %s is already at step %lld (epoch %lld of %lld); raise run.epochs or run.max_steps "
                       "to train further",
                       r.model_dir, (long long)st.step, (long long)st.epoch, (long long)epochs);
@@ -547,6 +719,14 @@ int loom_predict(const loom_spec *spec, const char *model_dir, const char *check
         snprintf(ds->source.file[0], sizeof ds->source.file[0], "%s", input);
         for (int i = 0; i < base->n_transforms; i++) {
             const loom_transform_spec *t = &base->transform[i];
+            if (t->kind == LOOM_T_MAP && t->map.kind == LOOM_MAP_LUA) { /* maps whole elements: not a bare input file's */
+                char w[LOOM_PATH_MAX + 16];
+                loom_free(ds);
+                run_close(&r);
+                loom_err_set(err, LOOM_EUSAGE, loom_loc_str(&t->loc, w, sizeof w),
+                             "--input %s: the preprocessing has a Lua map, which needs whole elements", input);
+                return loom_err_hint(err, "use --input eval (or train), or make the map a built-in op");
+            }
             if (t->kind == LOOM_T_MAP && t->map.kind != LOOM_MAP_FLIP_LR && !strcmp(t->map.feature, spec->model.input))
                 ds->transform[ds->n_transforms++] = *t;
         }
@@ -627,12 +807,19 @@ static void print_pipeline(FILE *f, const char *name, loom_iter *it)
     fprintf(f, "data.%s: %s", name, loom_elem_spec_str(loom_iter_spec(it), buf, sizeof buf));
     if (card >= 0) fprintf(f, "; %lld batches per epoch\n", (long long)card);
     else fprintf(f, "; %s\n", card == -1 ? "infinite" : "unknown length");
+    fprintf(f, "  plan: "); /* the stages after data.options.optimization's rewrites */
+    loom_iter_plan(it, f);
 }
 
 int loom_check(const loom_spec *spec, FILE *f, loom_err *err)
 {
     run r;
     int rc = run_open(&r, spec, NULL, false, err);
+    if (!rc) rc = train_hooks_open_(&r.hooks, spec, r.model_dir, r.strat, err); /* finds every Lua function */
+    if (!rc && r.hooks.hooks)
+        fprintf(f, "hooks: %d callback%s, %s training step\n", loom_hooks_num_callbacks(r.hooks.hooks),
+                loom_hooks_num_callbacks(r.hooks.hooks) == 1 ? "" : "s",
+                loom_hooks_has_train_step(r.hooks.hooks) ? "a custom (Lua)" : "the built-in");
     if (!rc) {
         print_pipeline(f, "train", r.train);
         if (r.eval) print_pipeline(f, "eval", r.eval);
@@ -642,9 +829,15 @@ int loom_check(const loom_spec *spec, FILE *f, loom_err *err)
                 spec->optimizer.kind == LOOM_OPT_SGD ? "sgd" : spec->optimizer.kind == LOOM_OPT_MOMENTUM ? "momentum" : "adam",
                 loom_optimizer_lr(loom_strategy_optimizer(r.strat), 0));
         int64_t gb = batch_size_of(&spec->train);
-        fprintf(f, "strategy: %s on %s, %d replica, global batch %lld, per-replica batch %lld, no cross-device reduction\n",
-                loom_strategy_kind_name(spec->strategy.kind), spec->strategy.device, loom_strategy_num_replicas(r.strat),
-                (long long)gb, (long long)gb);
+        const char *origin = NULL;
+        if (spec->strategy.kind == LOOM_STRAT_PLUGIN && loom_registry_find(LOOM_REG_STRATEGY, spec->strategy.name, &origin))
+            fprintf(f, "strategy: %s (from %s), %d replicas, global batch %lld, cross-device op %s\n",
+                    spec->strategy.name, origin, loom_strategy_num_replicas(r.strat), (long long)gb,
+                    spec->strategy.cross_device_ops);
+        else if (!loom_strategy_print_plan(r.strat, gb, f))
+            fprintf(f, "strategy: %s on %s, %d replica, global batch %lld, per-replica batch %lld, no cross-device "
+                    "reduction\n", loom_strategy_kind_name(spec->strategy.kind), spec->strategy.device,
+                    loom_strategy_num_replicas(r.strat), (long long)gb, (long long)gb);
         fprintf(f, "compute: %d thread%s; BLAS %s (%s), %d thread%s each\n", loom_model_threads(m),
                 loom_model_threads(m) == 1 ? "" : "s", loom_blas_core(), loom_blas_core_reason(), loom_blas_threads(),
                 loom_blas_threads() == 1 ? "" : "s");

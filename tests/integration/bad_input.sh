@@ -28,7 +28,32 @@ nothing_written "$WORK/m3" "wrong type"
 sed 's/size = 64;/size = -64;/' $CFG > "$D/negbatch.cfg"
 expect_fail 2 "negative batch size" "size" "$LOOM" train "$D/negbatch.cfg" --model-dir "$WORK/m4"
 out=$("$LOOM" check "$D/negbatch.cfg" 2>&1); contains "negative batch size names the line" "negbatch.cfg:12" "$out"
+
+expect_fail 2 "shuffle buffer over the RAM budget names its line and the bytes" \
+    "small_mlp.cfg:11: data.train: data.train.transforms.[3]: shuffle: a buffer of 1000 elements needs 3137000 bytes" \
+    "$LOOM" train $CFG --set 'data.options.autotune.ram_budget="1MB"' --model-dir "$WORK/m4b"
+nothing_written "$WORK/m4b" "shuffle over the RAM budget"
 nothing_written "$WORK/m4" "negative batch"
+
+# list_files + interleave + zip: a feature on both sides of a zip is refused at open, naming the zip's line
+O="$PWD/tests/fixtures/tf/order"
+mk zipclash <<EOF
+version = 1;
+data: { train: {
+  source: { type = "list_files"; files = ["$O/part-*.tfrecord"]; };
+  transforms = ( { op = "interleave"; cycle_length = 2; source: { type = "tfrecord"; features: { id = { dtype = "int64"; shape = []; }; }; }; },
+                 { op = "zip"; dataset: { source: { type = "tfrecord"; files = ["$O/ids.tfrecord"];
+                                                    features: { id = { dtype = "int64"; shape = []; }; }; }; }; },
+                 { op = "batch"; size = 2; } ); }; };
+model: { input = "id"; label = "id"; layers = ( { type = "dense"; units = 10; } ); };
+optimizer: { type = "sgd"; learning_rate = 0.1; };
+run: { model_dir = "$WORK/m4z"; };
+EOF
+expect_fail 2 "zip name clash names the zip" 'zipclash.cfg:5: data.train: data.train.transforms.[1]: feature "id" is in both' \
+    "$LOOM" train "$D/zipclash.cfg"
+nothing_written "$WORK/m4z" "zip name clash"
+sed 's#part-\*#nothing-*#' "$D/zipclash.cfg" > "$D/noglob.cfg"
+expect_fail 2 "list_files glob matching nothing" 'noglob.cfg:3: data.train.source.files.[0]: no files match' "$LOOM" check "$D/noglob.cfg"
 
 # --- data ----------------------------------------------------------------
 I="$WORK/idx"; mkdir -p "$I"

@@ -24,6 +24,16 @@ check "resume to the end" "$LOOM" train $CFG --model-dir "$WORK/c" --set run.pro
 fc=$(final "$WORK/c")
 same_weights "resumed mid-epoch = uninterrupted (bit-identical weights and slots)" "$fa" "$fc"
 
+# the same through list_files (shuffled) + parallel interleave + shuffle + prefetch over TFRecord shards
+TCFG=configs/fashion_mnist_tfrecord.cfg
+[ -f runs/fashion_mnist_records/train-00003-of-00004.tfrecord.zst ] ||
+    check "make runs/fashion_mnist_records" "${LOOM_MAKE_FMNIST_RECORDS:-$(dirname "$LOOM")/tests/make_fmnist_records}" \
+        runs/fashion_mnist_records
+check "tfrecord interleave: run to step 150" "$LOOM" train $TCFG --model-dir "$WORK/t1" --set run.max_steps=150 --set run.progress='"none"'
+check "tfrecord interleave: run to step 70 (mid-epoch)" "$LOOM" train $TCFG --model-dir "$WORK/t2" --set run.max_steps=70 --set run.progress='"none"'
+check "tfrecord interleave: resume to step 150" "$LOOM" train $TCFG --model-dir "$WORK/t2" --set run.max_steps=150 --set run.progress='"none"'
+same_weights "interleaved input resumed mid-epoch = uninterrupted" "$WORK/t1/ckpt-150.loom" "$WORK/t2/ckpt-150.loom"
+
 # SIGKILL at an arbitrary moment, then resume from whatever checkpoint survived
 "$LOOM" train $CFG --model-dir "$WORK/d" --set run.progress='"none"' --set run.epochs=40 >/dev/null 2>&1 &
 pid=$!

@@ -322,6 +322,7 @@ static void strip_locs(loom_spec *s)
     for (int i = 0; i < 2; i++) {
         memset(&ds[i]->loc, 0, sizeof ds[i]->loc);
         memset(&ds[i]->source.loc, 0, sizeof ds[i]->source.loc);
+        memset(&ds[i]->options.loc, 0, sizeof ds[i]->options.loc);
         for (int j = 0; j < LOOM_MAX_TRANSFORMS; j++) memset(&ds[i]->transform[j].loc, 0, sizeof(loom_loc));
     }
     memset(&s->model.loc, 0, sizeof(loom_loc));
@@ -330,6 +331,7 @@ static void strip_locs(loom_spec *s)
     memset(&s->optimizer.schedule.loc, 0, sizeof(loom_loc));
     memset(&s->strategy.loc, 0, sizeof(loom_loc));
     memset(&s->run.loc, 0, sizeof(loom_loc));
+    memset(&s->plugins.loc, 0, sizeof(loom_loc));
 }
 
 static void roundtrip(const char *name, const char *const *ov, int n)
@@ -422,8 +424,40 @@ static void test_oom(void)
     CHECK(nomem >= 3);
 }
 
+/* data.options: tf.data's defaults where they pay here, one group for both datasets, budgets in bytes or shares. */
+static void test_data_options(void)
+{
+    loom_spec *s = load_ok(cfg_path("good_minimal.cfg"), NULL, 0);
+    if (s) {
+        const loom_data_options *o = &s->train.options;
+        CHECK(o->present && o->deterministic && o->autotune && o->cpu_budget == 0 && o->ram_budget == 0);
+        CHECK(o->ram_fraction == 0.5 && o->noop_elimination && o->map_and_batch_fusion && o->map_fusion);
+        CHECK(o->shuffle_and_repeat_fusion && !o->map_parallelization && o->inject_prefetch);
+        CHECK(!memcmp(&s->eval.options, o, sizeof *o));
+        loom_config_free(s);
+    }
+    const char *ov[] = {"data.options.autotune.ram_budget=\"4GiB\"", "data.options.deterministic=false",
+                        "data.options.optimization.map_fusion=false", "data.train.transforms=({ op = \"map\"; fn = \"sleep\"; "
+                        "feature = \"image\"; ms = 2; parallel = \"auto\"; }, { op = \"prefetch\"; buffer = \"auto\"; })"};
+    s = load_ok(cfg_path("good_minimal.cfg"), ov, 4);
+    if (s) {
+        const loom_data_options *o = &s->train.options;
+        CHECK(o->ram_budget == 4294967296LL && !o->deterministic && !o->map_fusion);
+        const loom_transform_spec *t = s->train.transform;
+        CHECK(t[0].map.kind == LOOM_MAP_SLEEP && t[0].map.ms == 2.0 && t[0].parallel == LOOM_PARALLEL_AUTO);
+        CHECK(!t[0].deterministic); /* from data.options.deterministic */
+        CHECK(t[1].kind == LOOM_T_PREFETCH && t[1].buffer == -1);
+        loom_config_free(s);
+    }
+    const char *pct[] = {"data.options.autotune.ram_budget=\"80%\""};
+    s = load_ok(cfg_path("good_minimal.cfg"), pct, 1);
+    if (s) CHECK(s->train.options.ram_budget == 0 && s->train.options.ram_fraction == 0.8);
+    loom_config_free(s);
+}
+
 static const loom_test tests[] = {
     {"good_full", test_good_full},
+    {"data_options", test_data_options},
     {"defaults", test_defaults},
     {"bad_fixtures", test_bad_fixtures},
     {"unreadable", test_unreadable},

@@ -193,6 +193,35 @@ static void test_same_output_any_parallelism(void)
     }
 }
 
+/* With the autotuner moving the window while the pipeline runs (data.options
+ * present, maps fused, sequential maps made parallel by map_parallelization),
+ * the output is still that of the sequential maps, and the choice is reported. */
+static void test_tuned_same_output(void)
+{
+    static uint64_t ref[MAXH], got[MAXH];
+    loom_dataset_spec *s = spec_maps(1, true, 8);
+    loom_iter *it = open_ok(s);
+    int nref = it ? run(it, 0, 3, ref, MAXH) : 0;
+    loom_iter_close(it);
+    const int pars[] = {LOOM_PARALLEL_AUTO, 1};
+    for (int k = 0; k < 2; k++) {
+        free(s);
+        s = spec_maps(pars[k], true, 8);
+        s->options = (loom_data_options){.present = true, .deterministic = true, .autotune = true, .cpu_budget = 3,
+                                         .ram_fraction = 0.5, .noop_elimination = true, .map_fusion = true,
+                                         .map_and_batch_fusion = true, .map_parallelization = true, .inject_prefetch = true};
+        it = open_ok(s);
+        if (!it) continue;
+        int n = run(it, 0, 3, got, MAXH);
+        CHECK_MSG(n == nref && !memcmp(ref, got, (size_t)n * sizeof *got), "parallel %d tuned: differs", pars[k]);
+        char tuned[512];
+        loom_iter_tuned(it, tuned, sizeof tuned);
+        CHECK_CONTAINS(tuned, "map(cast+random_flip_left_right+scale+..)+batch: parallel "); /* maps and batch fused */
+        loom_iter_close(it);
+    }
+    free(s);
+}
+
 static int cmp_u64(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -459,6 +488,7 @@ static void test_cleanup(void)
 static const loom_test tests[] = {
     {"same_output_any_parallelism", test_same_output_any_parallelism},
     {"nondeterministic_same_multiset", test_nondeterministic_same_multiset},
+    {"tuned_same_output", test_tuned_same_output},
     {"save_restore_exact", test_save_restore_exact},
     {"error_in_order", test_error_in_order},
     {"shutdown_mid_epoch", test_shutdown_mid_epoch},

@@ -783,6 +783,7 @@ static void test_config_good(void)
         for (int i = 0; i < 4; i++) {
             memset(&d[i]->loc, 0, sizeof d[i]->loc);
             memset(&d[i]->source.loc, 0, sizeof d[i]->source.loc);
+            memset(&d[i]->options.loc, 0, sizeof d[i]->options.loc);
             for (int j = 0; j < LOOM_MAX_TRANSFORMS; j++) memset(&d[i]->transform[j].loc, 0, sizeof(loom_loc));
         }
         CHECK_MSG(!memcmp(&spec->train, &back->train, sizeof spec->train) &&

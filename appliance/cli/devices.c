@@ -1,0 +1,94 @@
+/* devices.c - `loom devices`: what strategy.devices can name on this
+ * machine, and for GPUs what is missing when they cannot be used (the
+ * plugin not built or refused, no driver, no device), with the library
+ * versions the plugins found. Reads the plugin records and the registry;
+ * starts nothing on a device. */
+#include "cli/cli.h"
+#include "plugin/plugin.h"
+#include "tensor/device.h"
+
+#include <string.h>
+
+/* The record of the plugin file named <name>.so, loaded or refused; NULL if none was seen. */
+static const loom_plugin_record *record_of(const char *name)
+{
+    char file[64];
+    snprintf(file, sizeof file, "/%s.so", name);
+    const loom_plugin_record *found = NULL, *r;
+    for (int i = 0; (r = loom_plugin_record_at(i)); i++) {
+        size_t n = strlen(r->path), k = strlen(file);
+        if (n >= k && !strcmp(r->path + n - k, file) && (!found || r->loaded)) found = r;
+    }
+    return found;
+}
+
+/* Why a plugin that provides nothing usable is absent: refused (and why) or never found. */
+static void print_absent(FILE *f, const char *name, const char *what)
+{
+    const loom_plugin_record *r = record_of(name);
+    if (r && !r->loaded)
+        fprintf(f, "  %-6s refused: %s: %s\n", name, r->path, r->why.msg);
+    else
+        fprintf(f,
+                "  %-6s not loaded: no %s.so in the plugin directories (%s is built only where the CUDA toolkit "
+                "is found; see `loom plugins`)\n",
+                name, name, what);
+}
+
+static void print_gpus(FILE *f)
+{
+    const char *origin = NULL;
+    const loom_device_ops *cuda = loom_registry_find(LOOM_REG_DEVICE, "cuda", &origin);
+    if (!cuda) {
+        print_absent(f, "cuda", "the cuda plugin");
+        return;
+    }
+    char line[400], why[400];
+    cuda->describe(-1, line, sizeof line);
+    fprintf(f, "  cuda   loaded: %s (%s)\n", origin, line);
+    int n = cuda->probe(why, sizeof why);
+    if (n == 0) fprintf(f, "         gpu: none usable: %s\n", why);
+    for (int i = 0; i < n; i++) {
+        cuda->describe(i, line, sizeof line);
+        fprintf(f, "         gpu:%d  %s\n", i, line);
+    }
+    const char *xorigin = NULL;
+    if (!loom_registry_find(LOOM_REG_CROSS_DEVICE_OPS, "nccl", &xorigin)) {
+        print_absent(f, "nccl", "the nccl plugin, which also needs libnccl and nccl.h,");
+        return;
+    }
+    const loom_plugin_record *r = record_of("nccl");
+    fprintf(f, "  nccl   loaded: %s (%s)%s\n", xorigin, r ? r->description : "",
+            n ? "" : "; collectives report the missing device");
+}
+
+int loom_cli_devices_(int argc, char **argv, double start_time)
+{
+    (void)start_time;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("usage: loom devices\n\n"
+                   "Lists the devices strategy.devices can name: cpu:0 to cpu:N-1 (one per core), and\n"
+                   "gpu:N when the cuda plugin is loaded and finds a driver and a GPU; otherwise it says\n"
+                   "which of them is missing. Plugins load as for `loom plugins` ($LOOM_PLUGIN_PATH).\n");
+            return LOOM_EXIT_OK;
+        }
+        fprintf(stderr, "loom devices: unexpected argument \"%s\"\nusage: loom devices\n", argv[i]);
+        return LOOM_EXIT_USAGE;
+    }
+    loom_err err = {0};
+    if (loom_plugins_load(NULL, &err)) {
+        char buf[1200];
+        loom_err_format(&err, buf, sizeof buf);
+        fprintf(stderr, "loom: %s", buf);
+        return LOOM_EXIT_RUNTIME;
+    }
+    loom_blas_init(0, &err); /* only so the line below names the BLAS kernel; failure shows as "not loaded" */
+    char line[400];
+    loom_device_cpu()->describe(0, line, sizeof line);
+    int cores = loom_num_cores();
+    printf("cpu:0 to cpu:%d  usable (%s)\n", cores - 1, line);
+    printf("gpu backends:\n");
+    print_gpus(stdout);
+    return LOOM_EXIT_OK;
+}

@@ -1,0 +1,614 @@
+/* mirrored.c - the mirrored and central_storage strategies: N replicas of the
+ * model in this process, each computing its share of the global batch on a
+ * thread of a persistent pool (the train thread is one of them), so a step
+ * costs one wake-up of the replica threads, never a thread of its own.
+ *
+ * mirrored: every replica holds its own variables and optimizer slots. In one
+ * trip through the replica threads each replica runs forward and backward on
+ * its share, all-reduces (SUM) its gradient buffer with the others through
+ * the cross-device op's per-rank collective (loom_xcomm), and applies the
+ * reduced gradient with its own optimizer. The op gives every rank the same
+ * bits and the optimizer is element-wise, so the replicas stay bit-equal
+ * without a broadcast of the variables.
+ *
+ * central_storage: one copy of the variables and the one optimizer live with
+ * replica 0 (on the host). The replicas sum their gradients once into replica
+ * 0's buffer (each sums a slice, over the replicas in a fixed order), the
+ * update is applied once, and the other replicas copy the variables in at the
+ * start of their next step, as devices read CPU-held variables in TensorFlow.
+ *
+ * Batches are split as tf.distribute splits them (loom_batch_split: ceil(B /
+ * N) consecutive examples each; a short last batch splits unevenly, and a
+ * replica may get none). Each replica's gradient is of its per-example losses
+ * over the GLOBAL batch, so the SUM over replicas is one device's gradient:
+ * any split gives the same update, up to float summation order.
+ * Threads: run.threads (0 = the cores) are shared out: each replica's model
+ * gets max(1, threads / N) intra-op threads, BLAS 1 (train.c). More replicas
+ * than cores is allowed when asked for (replicas = N) and logged. The pool
+ * has exactly N threads: a training job waits inside (a collective, a
+ * barrier) until every replica arrives, so each must be on a thread of its
+ * own, and a waiting replica sleeps rather than spins when they outnumber
+ * the cores.
+ * Dropout is keyed by (seed, step, replica); replica 0 draws one_device's mask. */
+#include "distribute.h"
+#include "mirrored_internal.h"
+#include "xops_internal.h"
+#include "tensor/device.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef struct replica {
+    loom_model     *model;
+    loom_optimizer *opt;   /* mirrored: its own copy; central_storage: replica 0's only */
+    loom_elem       share; /* this job's slice of the batch (views) */
+    int64_t         row0;  /* its first row in the batch */
+    loom_step_result res;
+    int              rc;        /* the replica's own work: set before any collective */
+    loom_err         err;
+    int              reduce_rc; /* mirrored: the all-reduce's, after it */
+    loom_err         reduce_err;
+} __attribute__((aligned(64))) replica;
+
+enum { JOB_TRAIN, JOB_EVAL, JOB_PREDICT, JOB_PART };
+
+typedef struct replicated {
+    int          central;   /* central_storage, else mirrored */
+    int          n;         /* replicas */
+    replica     *rep;       /* (n,) */
+    loom_pool   *pool;      /* n threads with the caller: item r is replica r's work */
+    loom_xcomm  *comm;      /* mirrored: the cross-device op's n ranks */
+    pthread_barrier_t bar;  /* central_storage: all gradients ready before the sum */
+    int          bar_init;
+    int64_t      P;         /* parameters */
+    int          n_packs;   /* mirrored: gradient packs, all-reduced one after the other, in plan order */
+    loom_pack   *packs;
+    int          stale;     /* central_storage: replicas > 0 hold variables older than replica 0's */
+    uint64_t     seed;
+    char         devices[LOOM_MAX_DEVICES][16]; /* for the plan (the first ones) */
+    /* the current job */
+    int          job;
+    int64_t      step, global_batch;
+    float       *out;       /* predict: (B, classes) */
+    int64_t      classes;
+    loom_step_part part;
+} replicated;
+
+static int input_idx(const loom_strategy *s) { return s->args->input_idx; }
+static int label_idx(const loom_strategy *s) { return s->args->label_idx; }
+
+/* ---- opening ------------------------------------------------------------------ */
+
+static const char *kind_name(const replicated *m) { return m->central ? "central_storage" : "mirrored"; }
+
+/* The replica count and device names the spec asks for, checked against this
+ * machine: cpu:N exists for N below the cores this process may run on; GPUs
+ * need the CUDA backend, which only a plugin provides. */
+static int resolve_devices(replicated *m, const loom_strategy_spec *st, int64_t max_batch, loom_err *err)
+{
+    int cores = loom_num_cores();
+    char w[600];
+    loom_loc_str(&st->devices_loc, w, sizeof w);
+    char setting[160] = ""; /* the setting's path, unless "--set path" already names it */
+    if (strncmp(w, "--set ", 6)) snprintf(setting, sizeof setting, "%s: ", st->devices_loc.path);
+    if (st->devices_listed && st->devices[0][0] == 'g') {
+        const char *dev = st->devices[0];
+        char why[600];
+        if (loom_device_gpus(why, sizeof why) == 0) /* why names what is missing: plugin, driver or device */
+            return loom_err_set(err, LOOM_ECONFIG, w, "%sdevice \"%s\" is not usable: %s", setting, dev, why),
+                   loom_err_hint(err, "`loom devices` lists what this machine can use; build the cuda plugin where "
+                                 "the CUDA toolkit is installed and run where a GPU and its driver are, or use "
+                                 "devices = [\"cpu:0\", \"cpu:1\"];");
+        return loom_err_set(err, LOOM_EUNSUPPORTED, w,
+                            "%s\"%s\": the %s strategy runs its replicas on the CPU only in this build", setting, dev,
+                            kind_name(m));
+    }
+    if (st->devices_listed) {
+        for (int i = 0; i < st->n_devices; i++) {
+            unsigned idx = 0;
+            sscanf(st->devices[i], "cpu:%u", &idx);
+            if ((int)idx >= cores)
+                return loom_err_set(err, LOOM_ECONFIG, w,
+                                    "%sdevice \"%s\" does not exist: this machine has cpu:0 to cpu:%d (one per "
+                                    "core this process may run on)", setting, st->devices[i], cores - 1),
+                       loom_err_hint(err, "cpu:N is replica N on core N; for more replicas than cores set "
+                                     "replicas = N instead of devices");
+            snprintf(m->devices[i], sizeof m->devices[i], "%s", st->devices[i]);
+        }
+        m->n = st->n_devices;
+    } else {
+        m->n = st->replicas > 0 ? st->replicas : cores;
+        for (int i = 0; i < m->n && i < LOOM_MAX_DEVICES; i++) snprintf(m->devices[i], sizeof m->devices[i], "cpu:%d", i);
+    }
+    if (m->n > max_batch)
+        return loom_err_set(err, LOOM_ECONFIG, w,
+                            "%s%d replicas but the global batch is %lld: each replica needs at least one example",
+                            setting, m->n, (long long)max_batch),
+               loom_err_hint(err, "raise the batch size (the global batch, split among the replicas) or set replicas");
+    if (m->n > cores)
+        loom_info("%s: %d replicas on %d cores: the replica threads outnumber the cores, as configured", kind_name(m),
+                  m->n, cores);
+    return LOOM_OK;
+}
+
+/* "auto" resolves here, where the replica count is known; any other name was
+ * resolved by loom_strategy_open. */
+static int resolve_xops(loom_strategy *s, replicated *m, loom_err *err)
+{
+    if (m->central) return LOOM_OK;
+    if (!s->xops) {
+        char why[256];
+        s->xops = loom_xops_auto_(m->n, 0, why, sizeof why);
+        if (!s->xops) return loom_err_set(err, LOOM_EPLUGIN, NULL, "cross_device_ops = \"auto\" found no op");
+        loom_info("cross_device_ops = \"auto\": %s (%s)", s->xops->name, why);
+    }
+    return m->n > 1 ? loom_xcomm_open(&m->comm, s->xops, m->n, err) : LOOM_OK;
+}
+
+static int new_replica(loom_strategy *s, replicated *m, replica *rp, int intra, int64_t max_share, loom_err *err)
+{
+    const loom_strategy_args *a = s->args;
+    const loom_spec *spec = a->spec;
+    const loom_elem_spec *in = a->input;
+    loom_shape x = in->shape[a->input_idx], y = in->shape[a->label_idx];
+    loom_shape xe = loom_shape_make(x.rank - 1, x.dim + 1), ye = loom_shape_make(y.rank - 1, y.dim + 1);
+    int rc = loom_model_new(&rp->model, &spec->model, &xe, in->dtype[a->input_idx], &ye, in->dtype[a->label_idx],
+                            max_share, err);
+    if (!rc) rc = loom_model_set_threads(rp->model, intra, err);
+    if (rc) return rc;
+    /* every replica starts from the same seed: equal variables, as a broadcast would make them */
+    loom_model_init_params(rp->model, m->seed);
+    if (m->central && rp != m->rep) return LOOM_OK;
+    rc = loom_optimizer_new(&rp->opt, &spec->optimizer, loom_model_num_params(rp->model), err);
+    /* mirrored: the update runs on the replica's own threads; central: on all replica threads */
+    if (!rc) loom_optimizer_set_pool(rp->opt, m->central ? m->pool : loom_model_pool(rp->model));
+    return rc;
+}
+
+static int rep_open(loom_strategy *s, const loom_strategy_args *a, int central, loom_err *err)
+{
+    const loom_spec *spec = a->spec;
+    replicated *m = loom_calloc(1, sizeof *m);
+    if (!m) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the %s strategy", central ? "central_storage" : "mirrored");
+    s->impl = m;
+    m->central = central;
+    m->seed = spec->run.seed;
+    int rc = resolve_devices(m, &spec->strategy, a->max_batch, err);
+    if (rc) return rc;
+    int budget = spec->run.threads > 0 ? spec->run.threads : loom_num_cores();
+    int intra = budget / m->n > 1 ? budget / m->n : 1;
+    m->rep = loom_alloc_aligned((size_t)m->n * sizeof *m->rep);
+    if (!m->rep) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating %d replicas", m->n);
+    memset(m->rep, 0, (size_t)m->n * sizeof *m->rep);
+    if ((rc = loom_pool_new(&m->pool, m->n, err))) return rc;
+    if (central) {
+        if (pthread_barrier_init(&m->bar, NULL, (unsigned)m->n))
+            return loom_err_set(err, LOOM_ENOMEM, NULL, "pthread_barrier_init failed");
+        m->bar_init = 1;
+    }
+    int64_t share = (a->max_batch + m->n - 1) / m->n; /* the largest share loom_batch_split gives */
+    for (int r = 0; r < m->n; r++)
+        if ((rc = new_replica(s, m, &m->rep[r], intra, share, err))) return rc;
+    m->P = loom_model_num_params(m->rep[0].model);
+    if ((rc = resolve_xops(s, m, err)) || central) return rc;
+    /* strategy.bytes_per_pack / num_packs (default: one pack of everything) */
+    loom_model *m0 = m->rep[0].model;
+    int nt = loom_model_num_param_tensors(m0);
+    loom_param_info *pi = loom_alloc((size_t)(nt ? nt : 1) * sizeof *pi);
+    if (!pi) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the parameter list");
+    for (int i = 0; i < nt; i++) pi[i] = *loom_model_param_tensor(m0, i);
+    rc = loom_pack_plan(pi, nt, spec->strategy.bytes_per_pack, spec->strategy.num_packs, &m->packs, &m->n_packs, err);
+    loom_free(pi);
+    return rc;
+}
+
+static int mirrored_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err) { return rep_open(s, a, 0, err); }
+static int central_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err) { return rep_open(s, a, 1, err); }
+
+static void rep_close(loom_strategy *s)
+{
+    replicated *m = s->impl;
+    if (!m) return;
+    loom_pool_free(m->pool);
+    loom_xcomm_close(m->comm);
+    if (m->bar_init) pthread_barrier_destroy(&m->bar);
+    for (int r = 0; m->rep && r < m->n; r++) {
+        loom_model_free(m->rep[r].model);
+        loom_optimizer_free(m->rep[r].opt);
+    }
+    loom_free(m->rep);
+    loom_free(m->packs);
+    loom_free(m);
+}
+
+/* ---- the replicas' work ------------------------------------------------------ */
+
+/* central_storage: replica r > 0 reads the central variables after an update. */
+static void refresh(replicated *m, int r)
+{
+    if (m->central && m->stale && r > 0)
+        memcpy(loom_model_params(m->rep[r].model), loom_model_params(m->rep[0].model), (size_t)m->P * sizeof(float));
+}
+
+static uint64_t rng_key(const replicated *m, int r)
+{
+    uint64_t k = loom_rng_mix(m->seed, (uint64_t)m->step);
+    return r == 0 ? k : loom_rng_mix(k, (uint64_t)r);
+}
+
+/* Forward, loss and backward of replica r's share; a replica without
+ * examples contributes a zero gradient. */
+static int replica_grads(loom_strategy *s, replicated *m, int r)
+{
+    replica *rp = &m->rep[r];
+    const loom_tensor *x = &rp->share.t[input_idx(s)], *y = &rp->share.t[label_idx(s)];
+    rp->res.examples = x->shape.dim[0];
+    if (rp->res.examples == 0) {
+        memset(loom_model_grads(rp->model), 0, (size_t)m->P * sizeof(float));
+        return LOOM_OK;
+    }
+    return loom_model_train_step(rp->model, x, y, m->global_batch, rng_key(m, r), &rp->res.loss_sum,
+                                 &rp->res.correct, &rp->err);
+}
+
+/* mirrored: SUM-all-reduce replica r's gradient buffer with the others', pack
+ * by pack. Every rank calls it even after a failure of its own, so the others
+ * never wait for it. */
+static int mirrored_reduce(replicated *m, int r, loom_err *err)
+{
+    float *g = loom_model_grads(m->rep[r].model);
+    int rc = LOOM_OK;
+    for (int k = 0; k < m->n_packs && m->comm; k++) {
+        int c = loom_xcomm_all_reduce(m->comm, r, g + m->packs[k].offset, m->packs[k].count, LOOM_REDUCE_SUM, err);
+        if (!rc) rc = c;
+    }
+    return rc;
+}
+
+/* central_storage: replica r sums its slice (on 16-float lines) of every
+ * replica's gradients into replica 0's, in replica order. */
+static void central_sum(replicated *m, int r)
+{
+    int64_t lines = (m->P + 15) / 16, i0 = lines * r / m->n * 16, i1 = lines * (r + 1) / m->n * 16;
+    if (i1 > m->P) i1 = m->P;
+    float *restrict dst = loom_model_grads(m->rep[0].model);
+    for (int k = 1; k < m->n; k++) {
+        const float *restrict src = loom_model_grads(m->rep[k].model);
+        for (int64_t i = i0; i < i1; i++) dst[i] += src[i];
+    }
+}
+
+/* After the all-reduce every rank has arrived, so every replica's rc of its
+ * gradients (set before arriving) is visible: all apply, or none does. */
+static int all_ok(const replicated *m)
+{
+    for (int k = 0; k < m->n; k++)
+        if (m->rep[k].rc) return 0;
+    return 1;
+}
+
+/* mirrored: one training step of replica r, update included. */
+static void mirrored_train(loom_strategy *s, replicated *m, int r)
+{
+    replica *rp = &m->rep[r];
+    rp->rc = replica_grads(s, m, r);
+    loom_err rerr;
+    int rc = mirrored_reduce(m, r, &rerr);
+    if (rc) {
+        rp->reduce_rc = rc;
+        rp->reduce_err = rerr;
+        return;
+    }
+    if (all_ok(m)) loom_optimizer_apply(rp->opt, loom_model_params(rp->model), loom_model_grads(rp->model), m->step);
+}
+
+static int step_part_item(loom_strategy *s, replicated *m, int r);
+
+/* Item r of a job: replica r's work. */
+static void replica_item(void *arg, int r)
+{
+    loom_strategy *s = arg;
+    replicated *m = s->impl;
+    replica *rp = &m->rep[r];
+    rp->rc = rp->reduce_rc = LOOM_OK;
+    memset(&rp->res, 0, sizeof rp->res);
+    refresh(m, r);
+    const loom_tensor *x = &rp->share.t[input_idx(s)];
+    switch (m->job) {
+    case JOB_TRAIN:
+        if (!m->central) {
+            mirrored_train(s, m, r);
+            break;
+        }
+        rp->rc = replica_grads(s, m, r);
+        pthread_barrier_wait(&m->bar); /* every gradient is ready */
+        central_sum(m, r);
+        break;
+    case JOB_EVAL:
+        rp->res.examples = x->shape.dim[0];
+        if (rp->res.examples)
+            rp->rc = loom_model_evaluate(rp->model, x, &rp->share.t[label_idx(s)], &rp->res.loss_sum,
+                                         &rp->res.correct, &rp->err);
+        break;
+    case JOB_PREDICT:
+        if (x->shape.dim[0]) rp->rc = loom_model_predict(rp->model, x, m->out + rp->row0 * m->classes, &rp->err);
+        break;
+    case JOB_PART:
+        rp->rc = step_part_item(s, m, r);
+        break;
+    }
+}
+
+/* Splits batch among the replicas (NULL: keep the last split) and runs the
+ * job; the first failing replica's error, in replica order, is the job's. */
+static int run_job(loom_strategy *s, int job, const loom_elem *batch, loom_err *err)
+{
+    replicated *m = s->impl;
+    m->job = job;
+    if (batch) {
+        m->global_batch = batch->t[input_idx(s)].shape.dim[0];
+        int64_t row0 = 0;
+        for (int r = 0; r < m->n; r++) {
+            int rc = loom_batch_split(batch, m->n, r, &m->rep[r].share, err);
+            if (rc) return rc;
+            m->rep[r].row0 = row0;
+            row0 += m->rep[r].share.t[input_idx(s)].shape.dim[0];
+        }
+    }
+    loom_pool_run(m->pool, m->n, replica_item, s);
+    m->stale = 0; /* every replica has read the variables */
+    for (int r = 0; r < m->n; r++)
+        if (m->rep[r].rc || m->rep[r].reduce_rc) {
+            if (err) *err = m->rep[r].rc ? m->rep[r].err : m->rep[r].reduce_err;
+            return m->rep[r].rc ? m->rep[r].rc : m->rep[r].reduce_rc;
+        }
+    return LOOM_OK;
+}
+
+static void sum_results(const replicated *m, loom_step_result *out)
+{
+    memset(out, 0, sizeof *out);
+    for (int r = 0; r < m->n; r++) {
+        out->loss_sum += m->rep[r].res.loss_sum;
+        out->correct += m->rep[r].res.correct;
+        out->examples += m->rep[r].res.examples;
+    }
+}
+
+/* mirrored: replicas > 0 take replica 0's learning rate for this step, so an
+ * override a callback sets on loom_strategy_optimizer reaches every copy. */
+static void share_lr(replicated *m, int64_t step)
+{
+    if (m->central) return;
+    double lr = loom_optimizer_lr(m->rep[0].opt, step);
+    for (int r = 1; r < m->n; r++) loom_optimizer_set_lr(m->rep[r].opt, lr);
+}
+
+/* central_storage: the one update, on all replica threads; the others read
+ * the new variables at their next job. */
+static void central_apply(replicated *m)
+{
+    loom_optimizer_apply(m->rep[0].opt, loom_model_params(m->rep[0].model), loom_model_grads(m->rep[0].model),
+                         m->step);
+    m->stale = 1;
+}
+
+static int rep_train_step(loom_strategy *s, const loom_elem *batch, int64_t step, loom_step_result *out, loom_err *err)
+{
+    replicated *m = s->impl;
+    m->step = step;
+    share_lr(m, step);
+    int rc = run_job(s, JOB_TRAIN, batch, err);
+    sum_results(m, out);
+    if (!rc && m->central) central_apply(m);
+    return rc;
+}
+
+static int rep_eval_step(loom_strategy *s, const loom_elem *batch, loom_step_result *out, loom_err *err)
+{
+    replicated *m = s->impl;
+    int rc = run_job(s, JOB_EVAL, batch, err);
+    sum_results(m, out);
+    return rc;
+}
+
+static int rep_predict(loom_strategy *s, const loom_elem *batch, float *out, loom_err *err)
+{
+    replicated *m = s->impl;
+    loom_shape os = loom_model_output_shape(m->rep[0].model);
+    m->classes = loom_shape_numel(&os);
+    m->out = out;
+    /* predict passes an element holding only the input: split that tensor alone */
+    loom_elem in = {.n = 1};
+    in.t[0] = batch->t[input_idx(s)];
+    int64_t row0 = 0;
+    for (int r = 0; r < m->n; r++) {
+        loom_elem part;
+        int rc = loom_batch_split(&in, m->n, r, &part, err);
+        if (rc) return rc;
+        m->rep[r].share.n = batch->n;
+        m->rep[r].share.t[input_idx(s)] = part.t[0];
+        m->rep[r].row0 = row0;
+        row0 += part.t[0].shape.dim[0];
+    }
+    return run_job(s, JOB_PREDICT, NULL, err);
+}
+
+/* ---- custom training steps (a Lua train_step), part by part ---------------------- */
+
+static int step_part_item(loom_strategy *s, replicated *m, int r)
+{
+    replica *rp = &m->rep[r];
+    const loom_tensor *x = &rp->share.t[input_idx(s)], *y = &rp->share.t[label_idx(s)];
+    int64_t B = x->shape.dim[0];
+    switch (m->part) {
+    case LOOM_PART_FORWARD:
+        return B ? loom_model_forward(rp->model, x, rng_key(m, r), &rp->err) : LOOM_OK;
+    case LOOM_PART_LOSS:
+        rp->res.examples = B;
+        return B ? loom_model_loss(rp->model, y, m->global_batch, &rp->res.loss_sum, &rp->res.correct, &rp->err)
+                 : LOOM_OK;
+    case LOOM_PART_BACKWARD:
+        if (B) return loom_model_backward(rp->model, &rp->err);
+        memset(loom_model_grads(rp->model), 0, (size_t)m->P * sizeof(float));
+        return LOOM_OK;
+    case LOOM_PART_ALL_REDUCE:
+        if (m->central) {
+            central_sum(m, r); /* backward finished in the previous job */
+            return LOOM_OK;
+        }
+        return mirrored_reduce(m, r, &rp->err);
+    case LOOM_PART_APPLY:
+        if (!m->central)
+            loom_optimizer_apply(rp->opt, loom_model_params(rp->model), loom_model_grads(rp->model), m->step);
+        return LOOM_OK;
+    }
+    return loom_err_set(&rp->err, LOOM_EUSAGE, NULL, "unknown step part %d", (int)m->part);
+}
+
+static int rep_step_part(loom_strategy *s, loom_step_part part, const loom_elem *batch, int64_t step,
+                         loom_step_result *per_replica, loom_err *err)
+{
+    replicated *m = s->impl;
+    m->part = part;
+    m->step = step;
+    if (part == LOOM_PART_APPLY) share_lr(m, step);
+    int rc = run_job(s, JOB_PART, part == LOOM_PART_FORWARD || part == LOOM_PART_LOSS ? batch : NULL, err);
+    if (part == LOOM_PART_LOSS)
+        for (int r = 0; r < m->n; r++) per_replica[r] = m->rep[r].res;
+    if (!rc && part == LOOM_PART_APPLY && m->central) central_apply(m);
+    return rc;
+}
+
+/* ---- the rest of the vtable ------------------------------------------------------- */
+
+static loom_model *rep_model(loom_strategy *s) { return ((replicated *)s->impl)->rep[0].model; }
+static loom_optimizer *rep_optimizer(loom_strategy *s) { return ((replicated *)s->impl)->rep[0].opt; }
+static int rep_num_replicas(loom_strategy *s) { return ((replicated *)s->impl)->n; }
+
+static loom_model *rep_replica(loom_strategy *s, int r)
+{
+    replicated *m = s->impl;
+    return r >= 0 && r < m->n ? m->rep[r].model : NULL;
+}
+
+/* Replica 0's variables (and, mirrored, its optimizer slots) were overwritten
+ * by a restore: every replica takes them. */
+static int rep_sync(loom_strategy *s, loom_err *err)
+{
+    (void)err;
+    replicated *m = s->impl;
+    if (m->central) {
+        m->stale = 1;
+        return LOOM_OK;
+    }
+    const float *p0 = loom_model_params(m->rep[0].model), *s0 = loom_optimizer_slots(m->rep[0].opt);
+    size_t sb = (size_t)loom_optimizer_num_slots(m->rep[0].opt) * (size_t)m->P * sizeof(float);
+    for (int r = 1; r < m->n; r++) {
+        memcpy(loom_model_params(m->rep[r].model), p0, (size_t)m->P * sizeof(float));
+        if (sb) memcpy(loom_optimizer_slots(m->rep[r].opt), s0, sb);
+    }
+    return LOOM_OK;
+}
+
+static const loom_strategy_ops mirrored_ops = {
+    .version = LOOM_STRATEGY_OPS_VERSION,
+    .name = "mirrored",
+    .open = mirrored_open,
+    .close = rep_close,
+    .train_step = rep_train_step,
+    .eval_step = rep_eval_step,
+    .predict = rep_predict,
+    .model = rep_model,
+    .optimizer = rep_optimizer,
+    .sync = rep_sync,
+    .num_replicas = rep_num_replicas,
+    .step_part = rep_step_part,
+    .replica = rep_replica,
+};
+
+static const loom_strategy_ops central_storage_ops = {
+    .version = LOOM_STRATEGY_OPS_VERSION,
+    .name = "central_storage",
+    .open = central_open,
+    .close = rep_close,
+    .train_step = rep_train_step,
+    .eval_step = rep_eval_step,
+    .predict = rep_predict,
+    .model = rep_model,
+    .optimizer = rep_optimizer,
+    .sync = rep_sync,
+    .num_replicas = rep_num_replicas,
+    .step_part = rep_step_part,
+    .replica = rep_replica,
+};
+
+int loom_replicated_register_(loom_err *err)
+{
+    int rc = loom_register_strategy(&mirrored_ops, err);
+    return rc ? rc : loom_register_strategy(&central_storage_ops, err);
+}
+
+/* ---- the plan, for `loom check` ------------------------------------------------- */
+
+static void print_bytes(FILE *f, int64_t b)
+{
+    if (b >= 1 << 20)
+        fprintf(f, "%.2f MiB", (double)b / (1 << 20));
+    else if (b >= 1 << 10)
+        fprintf(f, "%.1f KiB", (double)b / (1 << 10));
+    else
+        fprintf(f, "%lld bytes", (long long)b);
+}
+
+static void print_shares(FILE *f, const replicated *m, int64_t b)
+{
+    int64_t c = (b + m->n - 1) / m->n;
+    for (int r = 0; r < m->n; r++) {
+        int64_t lo = c * r < b ? c * r : b, hi = c * (r + 1) < b ? c * (r + 1) : b;
+        if (r == 8 && m->n > 9) {
+            fprintf(f, ", ...");
+            break;
+        }
+        fprintf(f, "%s%lld", r ? ", " : "", (long long)(hi - lo));
+    }
+}
+
+int loom_strategy_print_plan(loom_strategy *s, int64_t global_batch, FILE *f)
+{
+    if (s->ops != &mirrored_ops && s->ops != &central_storage_ops) return 0;
+    const replicated *m = s->impl;
+    const loom_model *m0 = m->rep[0].model;
+    fprintf(f, "strategy: %s, %d replica%s on ", kind_name(m), m->n, m->n == 1 ? "" : "s");
+    for (int r = 0; r < m->n && r < LOOM_MAX_DEVICES; r++) fprintf(f, "%s%s", r ? ", " : "", m->devices[r]);
+    fprintf(f, "%s; %d compute thread%s each\n", m->n > LOOM_MAX_DEVICES ? ", ..." : "", loom_model_threads(m0),
+            loom_model_threads(m0) == 1 ? "" : "s");
+    fprintf(f, "  global batch %lld, per-replica batch ", (long long)global_batch);
+    print_shares(f, m, global_batch);
+    fprintf(f, " (ceil(B / %d) each, in order; a short last batch splits unevenly)\n", m->n);
+    int64_t bytes = m->P * (int64_t)sizeof(float);
+    if (m->central) {
+        fprintf(f, "  variables: one copy on the host (replica 0), one optimizer; per step the %d gradient buffers "
+                "are summed once (", m->n);
+        print_bytes(f, bytes);
+        fprintf(f, " each), the update applied once, and ");
+        print_bytes(f, bytes * (m->n - 1));
+        fprintf(f, " of variables copied to the other replicas\n");
+        return 1;
+    }
+    fprintf(f, "  cross-device op: %s; %d pack%s (", s->xops ? s->xops->name : "none", m->n_packs,
+            m->n_packs == 1 ? "" : "s");
+    for (int k = 0; k < m->n_packs && k < 4; k++) {
+        if (k) fputs(", ", f);
+        print_bytes(f, m->packs[k].count * (int64_t)sizeof(float));
+    }
+    fprintf(f, "%s)%s; bytes_per_pack %lld, num_packs %d\n", m->n_packs > 4 ? ", ..." : "",
+            m->n_packs > 1 ? " in reduction order" : "", (long long)s->args->spec->strategy.bytes_per_pack,
+            s->args->spec->strategy.num_packs);
+    fprintf(f, "  all-reduced per step: ");
+    print_bytes(f, m->n > 1 ? bytes : 0);
+    fprintf(f, " per replica (SUM of the gradients); every replica applies the same update with its own optimizer "
+            "copy\n");
+    return 1;
+}

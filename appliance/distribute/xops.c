@@ -1,0 +1,668 @@
+/* xops.c - the built-in cross-device ops (reduce_to_one_device,
+ * hierarchical_copy, ring), the communicator that runs any registered op
+ * collectively from n threads (loom_xcomm), and the choice behind "auto".
+ *
+ * Two ways in. The N-buffer entry points get every buffer from one thread and
+ * run on it. The per-rank collectives are called by each of n ranks from its
+ * own thread and split the work among them. Both run the same arithmetic in
+ * the same order, so for one op they give the same bits, on every rank, on
+ * every run. Different ops sum in different orders and may differ from each
+ * other in the last bits (for n = 2 they agree: a + b == b + a).
+ *
+ * Waiting never burns a core: a rank polls briefly, only while every rank has
+ * a core of its own, then sleeps on a futex until the rank it waits for posts. */
+#include "distribute.h"
+#include "xops_internal.h"
+
+#include <limits.h>
+#include <linux/futex.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define XOPS_CHUNK 16384 /* floats per pipelined chunk (64 KiB): a chunk's three streams stay in L2 */
+#define XOPS_SPIN  256   /* polls before sleeping (~10 us), only when the ranks fit on the cores */
+
+/* ---- waiting: poll briefly, then sleep on a futex ------------------------ */
+
+/* A counter that only grows (modulo 2^32); waiters sleep until it reaches a target. */
+typedef struct xsig {
+    _Atomic uint32_t v;
+    _Atomic uint32_t sleepers;
+    char             pad[56]; /* one cache line per counter: ranks post to their own */
+} xsig;
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static inline int reached(uint32_t v, uint32_t target) { return (int32_t)(v - target) >= 0; }
+
+/* The seq_cst store of v and load of sleepers pair with sig_wait's increment of
+ * sleepers and load of v: either the waiter sees the new value or we see it. */
+static void sig_post(xsig *s, uint32_t v)
+{
+    atomic_store(&s->v, v);
+    if (atomic_load(&s->sleepers)) syscall(SYS_futex, &s->v, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+static void sig_wait(xsig *s, uint32_t target, int spin)
+{
+    for (int i = 0; i < spin; i++) {
+        if (reached(atomic_load_explicit(&s->v, memory_order_acquire), target)) return;
+        cpu_relax();
+    }
+    atomic_fetch_add(&s->sleepers, 1);
+    uint32_t v;
+    while (!reached(v = atomic_load(&s->v), target))
+        syscall(SYS_futex, &s->v, FUTEX_WAIT_PRIVATE, v, NULL, NULL, 0); /* returns at once if v moved */
+    atomic_fetch_sub(&s->sleepers, 1);
+}
+
+/* A reusable barrier of n ranks. */
+typedef struct xbar {
+    _Atomic int arrived;
+    xsig        gen;
+} xbar;
+
+/* Returns when all n ranks have arrived. The last to arrive first runs
+ * last(arg) (may be NULL), whose effects every rank then sees. */
+static void bar_sync(xbar *b, int n, int spin, void (*last)(void *), void *arg)
+{
+    uint32_t g = atomic_load(&b->gen.v);
+    if (atomic_fetch_add(&b->arrived, 1) + 1 == n) {
+        atomic_store(&b->arrived, 0);
+        if (last) last(arg);
+        sig_post(&b->gen, g + 1);
+    } else {
+        sig_wait(&b->gen, g + 1, spin);
+    }
+}
+
+/* ---- the state n ranks share --------------------------------------------- */
+
+typedef struct xstate {
+    int       n, spin;
+    xbar      bar;
+    float   **bufs;   /* (n,) each rank's buffer in the current collective */
+    float   **outs;   /* (n,) each rank's all_gather output */
+    xsig     *done;   /* ring: (n,) items each rank has completed, over all calls */
+    uint32_t *base;   /* ring: (n,) rank r's own count of items before this call */
+} xstate;
+
+static void xstate_free(void *p)
+{
+    xstate *s = p;
+    if (!s) return;
+    loom_free(s->bufs);
+    loom_free(s->outs);
+    loom_free(s->done);
+    loom_free(s->base);
+    loom_free(s);
+}
+
+static void *xstate_new(int n, loom_err *err)
+{
+    xstate *s = loom_calloc(1, sizeof *s);
+    if (s) {
+        s->n = n;
+        s->spin = n <= loom_num_cores() ? XOPS_SPIN : 0; /* more ranks than cores: sleep at once */
+        s->bufs = loom_calloc((size_t)n, sizeof *s->bufs);
+        s->outs = loom_calloc((size_t)n, sizeof *s->outs);
+        s->done = loom_alloc_aligned((size_t)n * sizeof *s->done);
+        s->base = loom_calloc((size_t)n, sizeof *s->base);
+    }
+    if (!s || !s->bufs || !s->outs || !s->done || !s->base) {
+        xstate_free(s);
+        loom_err_set(err, LOOM_ENOMEM, NULL, "allocating a communicator of %d ranks", n);
+        return NULL;
+    }
+    memset(s->done, 0, (size_t)n * sizeof *s->done);
+    return s;
+}
+
+static void bar(xstate *s) { bar_sync(&s->bar, s->n, s->spin, NULL, NULL); }
+
+/* ---- element-wise kernels ------------------------------------------------ */
+
+/* dst op= src over m floats (SUM and MEAN add; MAX keeps the larger). */
+static void combine(float *restrict dst, const float *restrict src, int64_t m, loom_redop op)
+{
+    if (op == LOOM_REDUCE_MAX)
+        for (int64_t i = 0; i < m; i++) dst[i] = src[i] > dst[i] ? src[i] : dst[i];
+    else
+        for (int64_t i = 0; i < m; i++) dst[i] += src[i];
+}
+
+/* MEAN = SUM / n, divided (not multiplied by 1/n) so it matches the float64 reference's rounding. */
+static void finish(float *dst, int64_t m, loom_redop op, int n)
+{
+    if (op != LOOM_REDUCE_MEAN) return;
+    float d = (float)n;
+    for (int64_t i = 0; i < m; i++) dst[i] /= d;
+}
+
+/* The ring's last reduce step: mine op= theirs, finished, written to both
+ * (one pass; the same bits as combine, finish and copy). */
+static void combine_both(float *restrict mine, float *restrict theirs, int64_t m, loom_redop op, int n)
+{
+    float d = (float)n;
+    if (op == LOOM_REDUCE_MAX)
+        for (int64_t i = 0; i < m; i++) mine[i] = theirs[i] = theirs[i] > mine[i] ? theirs[i] : mine[i];
+    else if (op == LOOM_REDUCE_MEAN)
+        for (int64_t i = 0; i < m; i++) mine[i] = theirs[i] = (mine[i] + theirs[i]) / d;
+    else
+        for (int64_t i = 0; i < m; i++) mine[i] = theirs[i] = mine[i] + theirs[i];
+}
+
+static void copy(float *dst, const float *src, int64_t m)
+{
+    if (m > 0 && dst != src) memcpy(dst, src, (size_t)m * sizeof *dst);
+}
+
+/* [lo, hi) of part j of [0, count) split k ways. */
+static void split(int64_t count, int k, int j, int64_t *lo, int64_t *hi)
+{
+    *lo = count * j / k;
+    *hi = count * (j + 1) / k;
+}
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* ---- generic per-rank pieces: direct copies after a rendezvous ------------- */
+
+static int copy_broadcast_rank(void *comm, int r, float *buf, int64_t count, int root, loom_err *err)
+{
+    (void)err;
+    xstate *s = comm;
+    s->bufs[r] = buf;
+    bar(s);
+    if (r != root) copy(buf, s->bufs[root], count);
+    bar(s); /* the root's buffer stays untouched until everyone has copied */
+    return LOOM_OK;
+}
+
+static int copy_all_gather_rank(void *comm, int r, const float *buf, int64_t count, float *out, loom_err *err)
+{
+    (void)err;
+    xstate *s = comm;
+    s->bufs[r] = (float *)buf;
+    bar(s);
+    for (int k = 0; k < s->n; k++) copy(out + (int64_t)k * count, s->bufs[k], count);
+    bar(s);
+    return LOOM_OK;
+}
+
+static int copy_broadcast(float *const *bufs, int n, int64_t count, int root, loom_err *err)
+{
+    (void)err;
+    for (int r = 0; r < n; r++)
+        if (r != root) copy(bufs[r], bufs[root], count);
+    return LOOM_OK;
+}
+
+static int copy_all_gather(float *const *bufs, int n, int64_t count, float *out, loom_err *err)
+{
+    (void)err;
+    for (int k = 0; k < n; k++) copy(out + (int64_t)k * count, bufs[k], count);
+    return LOOM_OK;
+}
+
+/* ---- reduce_to_one_device -------------------------------------------------
+ * tf.distribute's ReductionToOneDevice: rank 0 sums every buffer in rank
+ * order, ((b0 + b1) + b2) + ..., divides for MEAN, and the others copy the
+ * result. */
+
+static void rto_reduce(float *const *bufs, int n, int64_t count, loom_redop op)
+{
+    for (int r = 1; r < n; r++) combine(bufs[0], bufs[r], count, op);
+    finish(bufs[0], count, op, n);
+}
+
+static int rto_all_reduce(float *const *bufs, int n, int64_t count, loom_redop op, loom_err *err)
+{
+    rto_reduce(bufs, n, count, op);
+    return copy_broadcast(bufs, n, count, 0, err);
+}
+
+static int rto_all_reduce_rank(void *comm, int r, float *buf, int64_t count, loom_redop op, loom_err *err)
+{
+    (void)err;
+    xstate *s = comm;
+    s->bufs[r] = buf;
+    bar(s);
+    if (r == 0) rto_reduce(s->bufs, s->n, count, op);
+    bar(s);
+    if (r != 0) copy(buf, s->bufs[0], count);
+    bar(s);
+    return LOOM_OK;
+}
+
+static const loom_cross_device_ops reduce_to_one_device = {
+    .version = LOOM_CROSS_DEVICE_OPS_VERSION,
+    .name = "reduce_to_one_device",
+    .all_reduce = rto_all_reduce,
+    .broadcast = copy_broadcast,
+    .all_gather = copy_all_gather,
+    .comm_new = xstate_new,
+    .comm_free = xstate_free,
+    .all_reduce_rank = rto_all_reduce_rank,
+    .broadcast_rank = copy_broadcast_rank,
+    .all_gather_rank = copy_all_gather_rank,
+};
+
+/* ---- hierarchical_copy ----------------------------------------------------
+ * tf.distribute's HierarchicalCopyAllReduce (built for the two 4-GPU halves
+ * of a DGX-1), on threads: the ranks form two groups, [0, h) and [h, n) with
+ * h = ceil(n/2), each led by its first rank.
+ *   A. each leader sums its group, in rank order;
+ *   B. half p of the buffer is finished at leader p, which adds the other
+ *      leader's half (and divides for MEAN);
+ *   C. each leader copies the half it did not finish from the other leader,
+ *      then the members copy the whole buffer from their leader.
+ * Per rank, a group's members share each phase's work by slices. */
+
+typedef struct hgeo {
+    int g, lead, other, j, size; /* my group, its leader, the other leader, my index in it, its size */
+} hgeo;
+
+static hgeo hier_geo(int n, int r)
+{
+    int h = (n + 1) / 2;
+    hgeo q;
+    q.g = r >= h;
+    q.lead = q.g ? h : 0;
+    q.other = q.g ? 0 : h;
+    q.j = r - q.lead;
+    q.size = q.g ? n - h : h;
+    return q;
+}
+
+static void hier_phase_a(float *const *bufs, int n, const hgeo *q, int64_t lo, int64_t hi, loom_redop op)
+{
+    (void)n;
+    for (int m = q->lead + 1; m < q->lead + q->size; m++) combine(bufs[q->lead] + lo, bufs[m] + lo, hi - lo, op);
+}
+
+static int hier_all_reduce(float *const *bufs, int n, int64_t count, loom_redop op, loom_err *err)
+{
+    (void)err;
+    if (n == 1) return LOOM_OK;
+    hgeo q[2] = {hier_geo(n, 0), hier_geo(n, n - 1)};
+    for (int g = 0; g < 2; g++) hier_phase_a(bufs, n, &q[g], 0, count, op);
+    for (int g = 0; g < 2; g++) {
+        int64_t lo, hi;
+        split(count, 2, g, &lo, &hi);
+        combine(bufs[q[g].lead] + lo, bufs[q[g].other] + lo, hi - lo, op);
+        finish(bufs[q[g].lead] + lo, hi - lo, op, n);
+    }
+    for (int g = 0; g < 2; g++) {
+        int64_t lo, hi;
+        split(count, 2, 1 - g, &lo, &hi);
+        copy(bufs[q[g].lead] + lo, bufs[q[g].other] + lo, hi - lo);
+    }
+    for (int r = 0; r < n; r++) {
+        hgeo m = hier_geo(n, r);
+        if (r != m.lead) copy(bufs[r], bufs[m.lead], count);
+    }
+    return LOOM_OK;
+}
+
+static int hier_all_reduce_rank(void *comm, int r, float *buf, int64_t count, loom_redop op, loom_err *err)
+{
+    (void)err;
+    xstate *s = comm;
+    int n = s->n;
+    if (n == 1) return LOOM_OK;
+    hgeo q = hier_geo(n, r);
+    int64_t lo, hi, hlo, hhi;
+    s->bufs[r] = buf;
+    bar(s);
+    split(count, q.size, q.j, &lo, &hi); /* A: my slice of the whole buffer */
+    hier_phase_a(s->bufs, n, &q, lo, hi, op);
+    bar(s);
+    split(count, 2, q.g, &hlo, &hhi); /* B: my slice of my group's half */
+    split(hhi - hlo, q.size, q.j, &lo, &hi);
+    combine(s->bufs[q.lead] + hlo + lo, s->bufs[q.other] + hlo + lo, hi - lo, op);
+    finish(s->bufs[q.lead] + hlo + lo, hi - lo, op, n);
+    bar(s);
+    split(count, 2, 1 - q.g, &hlo, &hhi); /* C: my slice of the other half, into my leader */
+    split(hhi - hlo, q.size, q.j, &lo, &hi);
+    copy(s->bufs[q.lead] + hlo + lo, s->bufs[q.other] + hlo + lo, hi - lo);
+    bar(s);
+    if (r != q.lead) copy(buf, s->bufs[q.lead], count);
+    bar(s);
+    return LOOM_OK;
+}
+
+static const loom_cross_device_ops hierarchical_copy = {
+    .version = LOOM_CROSS_DEVICE_OPS_VERSION,
+    .name = "hierarchical_copy",
+    .all_reduce = hier_all_reduce,
+    .broadcast = copy_broadcast,
+    .all_gather = copy_all_gather,
+    .comm_new = xstate_new,
+    .comm_free = xstate_free,
+    .all_reduce_rank = hier_all_reduce_rank,
+    .broadcast_rank = copy_broadcast_rank,
+    .all_gather_rank = copy_all_gather_rank,
+};
+
+/* ---- ring -------------------------------------------------------------------
+ * The bandwidth-optimal ring (as NCCL and Horovod run it), over buffers that
+ * every thread can read. The buffer is cut into n segments and each segment
+ * into chunks of XOPS_CHUNK floats.
+ *   reduce-scatter, steps s = 0..n-2: rank r adds segment (r-1-s) of rank
+ *     r-1's buffer into its own, so segment k is summed in the fixed order
+ *     b[k] + b[k+1] + ... around the ring and ends complete at rank k-1,
+ *     which at that last step also writes it back into rank k-2's buffer
+ *     (it has just read that chunk; no one reads it there again);
+ *   all-gather, steps s = 0..n-3: rank r copies segment (r-s) from rank r-1.
+ * The write-back saves the last all-gather step, the whole of it for n = 2.
+ * Pipelined: each rank counts the chunk-steps it has done (done[r]); a
+ * chunk-step waits only for the same chunk of the step before at rank r-1,
+ * so ranks work on different chunks at once. Only rank r+1 touches rank r's
+ * buffer (reads it, writes back into it), so rank r returns once rank r+1
+ * has finished. The counters run on
+ * across calls; every rank does the same number of chunk-steps per call, so
+ * their bases agree. */
+
+static int64_t ring_chunks(int64_t count, int n)
+{
+    int64_t c = ceil_div(ceil_div(count, n), XOPS_CHUNK);
+    return c ? c : 1;
+}
+
+static int mod(int a, int n) { return ((a % n) + n) % n; }
+
+/* Chunk c of segment k. */
+static void seg_chunk(int64_t count, int n, int k, int64_t c, int64_t *lo, int64_t *hi)
+{
+    int64_t s0, s1;
+    split(count, n, k, &s0, &s1);
+    *lo = s0 + c * XOPS_CHUNK < s1 ? s0 + c * XOPS_CHUNK : s1;
+    *hi = *lo + XOPS_CHUNK < s1 ? *lo + XOPS_CHUNK : s1;
+}
+
+static void ring_rs_item(float *const *bufs, int n, int r, int s, int64_t c, int64_t count, loom_redop op)
+{
+    int p = mod(r - 1, n);
+    int64_t lo, hi;
+    seg_chunk(count, n, mod(r - 1 - s, n), c, &lo, &hi);
+    if (s == n - 2)
+        combine_both(bufs[r] + lo, bufs[p] + lo, hi - lo, op, n);
+    else
+        combine(bufs[r] + lo, bufs[p] + lo, hi - lo, op);
+}
+
+static void ring_ag_item(float *const *bufs, int n, int r, int s, int64_t c, int64_t count)
+{
+    int64_t lo, hi;
+    seg_chunk(count, n, mod(r - s, n), c, &lo, &hi);
+    copy(bufs[r] + lo, bufs[mod(r - 1, n)] + lo, hi - lo);
+}
+
+/* One thread plays every rank, step by step: within a step no rank touches
+ * what another reads, so this is the same arithmetic as the pipelined ring. */
+static int ring_all_reduce(float *const *bufs, int n, int64_t count, loom_redop op, loom_err *err)
+{
+    (void)err;
+    int64_t C = ring_chunks(count, n);
+    for (int s = 0; s < n - 1; s++)
+        for (int r = 0; r < n; r++)
+            for (int64_t c = 0; c < C; c++) ring_rs_item(bufs, n, r, s, c, count, op);
+    for (int s = 0; s < n - 2; s++)
+        for (int r = 0; r < n; r++)
+            for (int64_t c = 0; c < C; c++) ring_ag_item(bufs, n, r, s, c, count);
+    return LOOM_OK;
+}
+
+/* Waits until rank p has done its chunk-step `item` (0 = published its buffer). */
+static void ring_wait(xstate *s, int p, uint32_t base, uint32_t item)
+{
+    sig_wait(&s->done[p], base + item + 1, s->spin);
+}
+
+static void ring_post(xstate *s, int r, uint32_t base, uint32_t item) { sig_post(&s->done[r], base + item + 1); }
+
+/* After rank r's T chunk-steps: wait for its reader, rank r+1, then move on. */
+static void ring_end(xstate *s, int r, uint32_t T)
+{
+    uint32_t base = s->base[r];
+    sig_wait(&s->done[(r + 1) % s->n], base + T, s->spin);
+    s->base[r] = base + T;
+}
+
+static int ring_all_reduce_rank(void *comm, int r, float *buf, int64_t count, loom_redop op, loom_err *err)
+{
+    (void)err;
+    xstate *s = comm;
+    int n = s->n, p = mod(r - 1, n);
+    if (n == 1) return LOOM_OK;
+    int64_t C = ring_chunks(count, n);
+    LOOM_ASSERT(C < (1 << 28) / n); /* chunk-steps per call must stay far below 2^31 */
+    uint32_t base = s->base[r], T = 1 + (uint32_t)(2 * n - 3) * (uint32_t)C;
+    s->bufs[r] = buf;
+    ring_post(s, r, base, 0);
+    for (int st = 0; st < n - 1; st++)
+        for (int64_t c = 0; c < C; c++) {
+            ring_wait(s, p, base, st == 0 ? 0 : 1 + (uint32_t)((st - 1) * C + c));
+            ring_rs_item(s->bufs, n, r, st, c, count, op);
+            ring_post(s, r, base, 1 + (uint32_t)(st * C + c));
+        }
+    uint32_t ag = 1 + (uint32_t)((n - 1) * C);
+    for (int st = 0; st < n - 2; st++)
+        for (int64_t c = 0; c < C; c++) {
+            ring_wait(s, p, base, st == 0 ? ag - (uint32_t)C + (uint32_t)c : ag + (uint32_t)((st - 1) * C + c));
+            ring_ag_item(s->bufs, n, r, st, c, count);
+            ring_post(s, r, base, ag + (uint32_t)(st * C + c));
+        }
+    ring_end(s, r, T);
+    return LOOM_OK;
+}
+
+/* Broadcast down the ring from root, chunk by chunk (a pipelined chain). */
+static int ring_broadcast_rank(void *comm, int r, float *buf, int64_t count, int root, loom_err *err)
+{
+    (void)err;
+    xstate *s = comm;
+    int n = s->n, p = mod(r - 1, n);
+    if (n == 1) return LOOM_OK;
+    int64_t C = ceil_div(count, XOPS_CHUNK);
+    uint32_t base = s->base[r], T = 1 + (uint32_t)C;
+    s->bufs[r] = buf;
+    if (r == root) {
+        ring_post(s, r, base, T - 1); /* the root has every chunk */
+    } else {
+        ring_post(s, r, base, 0);
+        for (int64_t c = 0; c < C; c++) {
+            int64_t lo = c * XOPS_CHUNK, hi = lo + XOPS_CHUNK < count ? lo + XOPS_CHUNK : count;
+            ring_wait(s, p, base, 1 + (uint32_t)c);
+            copy(buf + lo, s->bufs[p] + lo, hi - lo);
+            ring_post(s, r, base, 1 + (uint32_t)c);
+        }
+    }
+    ring_end(s, r, T);
+    return LOOM_OK;
+}
+
+/* All-gather around the ring: each rank's block travels to the next rank,
+ * which passes it on at the next step. */
+static int ring_all_gather_rank(void *comm, int r, const float *buf, int64_t count, float *out, loom_err *err)
+{
+    (void)err;
+    xstate *s = comm;
+    int n = s->n, p = mod(r - 1, n);
+    int64_t C = ceil_div(count, XOPS_CHUNK);
+    if (!C) C = 1;
+    uint32_t base = s->base[r], T = 1 + (uint32_t)(n - 1) * (uint32_t)C;
+    copy(out + (int64_t)r * count, buf, count);
+    s->outs[r] = out;
+    ring_post(s, r, base, 0);
+    for (int st = 0; st < n - 1; st++) {
+        int64_t blk = (int64_t)mod(r - 1 - st, n) * count;
+        for (int64_t c = 0; c < C; c++) {
+            int64_t lo = c * XOPS_CHUNK, hi = lo + XOPS_CHUNK < count ? lo + XOPS_CHUNK : count;
+            ring_wait(s, p, base, st == 0 ? 0 : 1 + (uint32_t)((st - 1) * C + c));
+            copy(out + blk + lo, s->outs[p] + blk + lo, hi - lo);
+            ring_post(s, r, base, 1 + (uint32_t)(st * C + c));
+        }
+    }
+    if (n > 1) ring_end(s, r, T);
+    return LOOM_OK;
+}
+
+static const loom_cross_device_ops ring = {
+    .version = LOOM_CROSS_DEVICE_OPS_VERSION,
+    .name = "ring",
+    .all_reduce = ring_all_reduce,
+    .broadcast = copy_broadcast,
+    .all_gather = copy_all_gather,
+    .comm_new = xstate_new,
+    .comm_free = xstate_free,
+    .all_reduce_rank = ring_all_reduce_rank,
+    .broadcast_rank = ring_broadcast_rank,
+    .all_gather_rank = ring_all_gather_rank,
+};
+
+int loom_xops_register_builtins_(loom_err *err)
+{
+    int rc = loom_register_cross_device_ops(&reduce_to_one_device, err);
+    if (!rc) rc = loom_register_cross_device_ops(&hierarchical_copy, err);
+    if (!rc) rc = loom_register_cross_device_ops(&ring, err);
+    return rc;
+}
+
+/* ---- wrappers of the N-buffer entry points -------------------------------- */
+
+int loom_all_gather(const loom_cross_device_ops *x, float *const *bufs, int n, int64_t count, float *out,
+                    loom_err *err)
+{
+    if (x->all_gather) return x->all_gather(bufs, n, count, out, err);
+    return copy_all_gather(bufs, n, count, out, err);
+}
+
+/* ---- the communicator ------------------------------------------------------ */
+
+/* Per-rank entry points exist only from version 2 on. */
+static int has_ranked(const loom_cross_device_ops *x) { return x->version >= 2 && x->comm_new; }
+
+struct loom_xcomm {
+    const loom_cross_device_ops *x;
+    int                          n;
+    void                        *state; /* x->comm_new's, or NULL */
+    xstate                      *gen;   /* the rendezvous for ops without per-rank entry points */
+    /* the collective the last rank to arrive runs for everyone (written by rank 0) */
+    int      what; /* 0 all_reduce, 1 broadcast, 2 all_gather */
+    int64_t  count;
+    loom_redop op;
+    int      root, rc;
+    loom_err err;
+};
+
+int loom_xcomm_open(loom_xcomm **out, const loom_cross_device_ops *x, int n, loom_err *err)
+{
+    *out = NULL;
+    if (n < 1)
+        return loom_err_set(err, LOOM_EUSAGE, x->name, "a communicator needs at least 1 rank, got %d", n);
+    loom_xcomm *c = loom_calloc(1, sizeof *c);
+    if (!c) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating a communicator");
+    c->x = x;
+    c->n = n;
+    if (!(c->gen = xstate_new(n, err)) || (has_ranked(x) && !(c->state = x->comm_new(n, err)))) {
+        loom_xcomm_close(c);
+        return err ? err->code : LOOM_ENOMEM;
+    }
+    *out = c;
+    return LOOM_OK;
+}
+
+void loom_xcomm_close(loom_xcomm *c)
+{
+    if (!c) return;
+    if (c->state) c->x->comm_free(c->state);
+    xstate_free(c->gen);
+    loom_free(c);
+}
+
+int loom_xcomm_size(const loom_xcomm *c) { return c->n; }
+const loom_cross_device_ops *loom_xcomm_ops(const loom_xcomm *c) { return c->x; }
+
+/* Run by the last rank to arrive: the op's N-buffer entry point for all. */
+static void generic_run(void *arg)
+{
+    loom_xcomm *c = arg;
+    float *const *bufs = c->gen->bufs;
+    loom_err_clear(&c->err);
+    if (c->what == 0)
+        c->rc = c->x->all_reduce(bufs, c->n, c->count, c->op, &c->err);
+    else if (c->what == 1)
+        c->rc = c->x->broadcast(bufs, c->n, c->count, c->root, &c->err);
+    else
+        for (int r = 0; r < c->n && !c->rc; r++)
+            c->rc = loom_all_gather(c->x, bufs, c->n, c->count, c->gen->outs[r], &c->err);
+}
+
+static int generic_rank(loom_xcomm *c, int r, int what, float *buf, float *out, int64_t count, loom_redop op,
+                        int root, loom_err *err)
+{
+    if (r == 0) {
+        c->what = what;
+        c->count = count;
+        c->op = op;
+        c->root = root;
+        c->rc = LOOM_OK;
+    }
+    c->gen->bufs[r] = buf;
+    c->gen->outs[r] = out;
+    bar_sync(&c->gen->bar, c->n, c->gen->spin, generic_run, c);
+    int rc = c->rc;
+    if (rc && err) *err = c->err;
+    bar_sync(&c->gen->bar, c->n, c->gen->spin, NULL, NULL); /* everyone has read rc before the next call */
+    return rc;
+}
+
+int loom_xcomm_all_reduce(loom_xcomm *c, int rank, float *buf, int64_t count, loom_redop op, loom_err *err)
+{
+    LOOM_ASSERT(rank >= 0 && rank < c->n && count >= 0);
+    if (has_ranked(c->x)) return c->x->all_reduce_rank(c->state, rank, buf, count, op, err);
+    return generic_rank(c, rank, 0, buf, NULL, count, op, 0, err);
+}
+
+int loom_xcomm_broadcast(loom_xcomm *c, int rank, float *buf, int64_t count, int root, loom_err *err)
+{
+    LOOM_ASSERT(rank >= 0 && rank < c->n && root >= 0 && root < c->n && count >= 0);
+    if (has_ranked(c->x)) return c->x->broadcast_rank(c->state, rank, buf, count, root, err);
+    return generic_rank(c, rank, 1, buf, NULL, count, LOOM_REDUCE_SUM, root, err);
+}
+
+int loom_xcomm_all_gather(loom_xcomm *c, int rank, const float *buf, int64_t count, float *out, loom_err *err)
+{
+    LOOM_ASSERT(rank >= 0 && rank < c->n && count >= 0);
+    if (has_ranked(c->x) && c->x->all_gather_rank)
+        return c->x->all_gather_rank(c->state, rank, buf, count, out, err);
+    return generic_rank(c, rank, 2, (float *)buf, out, count, LOOM_REDUCE_SUM, 0, err);
+}
+
+/* ---- "auto" ------------------------------------------------------------------
+ * Measured with tests/bench/allreduce_bench (README): on CPU threads the ring
+ * is never slower than the other two and moves the fewest bytes per rank,
+ * 2(n-1)/n of the buffer; with more replicas than cores all three ran within
+ * the noise of each other. */
+
+const loom_cross_device_ops *loom_xops_auto_(int n, int gpus, char *why, size_t why_n)
+{
+    const loom_cross_device_ops *nccl = gpus ? loom_find_cross_device_ops("nccl") : NULL;
+    if (nccl) {
+        snprintf(why, why_n, "GPU devices, and the nccl plugin is loaded");
+        return nccl;
+    }
+    snprintf(why, why_n, "%d replicas on %d cores: the pipelined ring moves 2(n-1)/n of the gradients per replica, "
+             "the fewest bytes", n, loom_num_cores());
+    return loom_find_cross_device_ops("ring");
+}

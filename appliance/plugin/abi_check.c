@@ -1,0 +1,226 @@
+/* abi_check.c - compile-time proof that plugins/loom_plugin.h restates
+ * Loom's own types exactly: the same error codes, log levels, reduction ops
+ * and the same layout of loom_err and of every vtable and struct a plugin
+ * shares with Loom. The ABI header is included first with its names
+ * renamed (abi_*), then Loom's headers; a drift on either side stops the
+ * build here instead of corrupting memory in a plugin.
+ * Nothing in this file runs. */
+#define loom_errcode                  abi_loom_errcode
+#define loom_err                      abi_loom_err
+#define loom_log_level                abi_loom_log_level
+#define loom_redop                    abi_loom_redop
+#define loom_cross_device_ops         abi_loom_cross_device_ops
+#define loom_strategy                 abi_loom_strategy
+#define loom_strategy_args            abi_loom_strategy_args
+#define loom_step_result              abi_loom_step_result
+#define loom_strategy_ops             abi_loom_strategy_ops
+#define loom_step_part                abi_loom_step_part
+#define loom_device                   abi_loom_device
+#define loom_dev_act                  abi_loom_dev_act
+#define loom_dev_binop                abi_loom_dev_binop
+#define loom_dev_reduce               abi_loom_dev_reduce
+#define loom_dev_window               abi_loom_dev_window
+#define loom_device_ops               abi_loom_device_ops
+#define LOOM_ABI_DEV_CONSTS_(X) X(DEV_ACT_NONE) X(DEV_ACT_RELU) X(DEV_ACT_SIGMOID) X(DEV_ACT_TANH) X(DEV_ADD) \
+    X(DEV_SUB) X(DEV_MUL) X(DEV_SUM) X(DEV_MAX) X(DEV_STREAM_COMPUTE) X(DEV_STREAM_COPY)
+#define LOOM_DEV_ACT_NONE       ABI_LOOM_DEV_ACT_NONE
+#define LOOM_DEV_ACT_RELU       ABI_LOOM_DEV_ACT_RELU
+#define LOOM_DEV_ACT_SIGMOID    ABI_LOOM_DEV_ACT_SIGMOID
+#define LOOM_DEV_ACT_TANH       ABI_LOOM_DEV_ACT_TANH
+#define LOOM_DEV_ADD            ABI_LOOM_DEV_ADD
+#define LOOM_DEV_SUB            ABI_LOOM_DEV_SUB
+#define LOOM_DEV_MUL            ABI_LOOM_DEV_MUL
+#define LOOM_DEV_SUM            ABI_LOOM_DEV_SUM
+#define LOOM_DEV_MAX            ABI_LOOM_DEV_MAX
+#define LOOM_DEV_STREAM_COMPUTE ABI_LOOM_DEV_STREAM_COMPUTE
+#define LOOM_DEV_STREAM_COPY    ABI_LOOM_DEV_STREAM_COPY
+#define LOOM_ABI_CODES_(X) X(OK) X(NOMEM) X(CONFIG) X(USAGE) X(IO) X(DATA) X(SHAPE) X(CHECKPOINT) X(NUMERIC) \
+    X(UNSUPPORTED) X(CUDA) X(NCCL) X(NET) X(LUA) X(PLUGIN) X(EOF)
+#define LOOM_EOK          ABI_LOOM_EOK
+#define LOOM_ENOMEM       ABI_LOOM_ENOMEM
+#define LOOM_ECONFIG      ABI_LOOM_ECONFIG
+#define LOOM_EUSAGE       ABI_LOOM_EUSAGE
+#define LOOM_EIO          ABI_LOOM_EIO
+#define LOOM_EDATA        ABI_LOOM_EDATA
+#define LOOM_ESHAPE       ABI_LOOM_ESHAPE
+#define LOOM_ECHECKPOINT  ABI_LOOM_ECHECKPOINT
+#define LOOM_ENUMERIC     ABI_LOOM_ENUMERIC
+#define LOOM_EUNSUPPORTED ABI_LOOM_EUNSUPPORTED
+#define LOOM_ECUDA        ABI_LOOM_ECUDA
+#define LOOM_ENCCL        ABI_LOOM_ENCCL
+#define LOOM_ENET         ABI_LOOM_ENET
+#define LOOM_ELUA         ABI_LOOM_ELUA
+#define LOOM_EPLUGIN      ABI_LOOM_EPLUGIN
+#define LOOM_EEOF         ABI_LOOM_EEOF
+#define LOOM_LOG_DEBUG    ABI_LOOM_LOG_DEBUG
+#define LOOM_LOG_INFO     ABI_LOOM_LOG_INFO
+#define LOOM_LOG_WARN     ABI_LOOM_LOG_WARN
+#define LOOM_LOG_ERROR    ABI_LOOM_LOG_ERROR
+#define LOOM_REDUCE_SUM   ABI_LOOM_REDUCE_SUM
+#define LOOM_REDUCE_MEAN  ABI_LOOM_REDUCE_MEAN
+#define LOOM_REDUCE_MAX   ABI_LOOM_REDUCE_MAX
+#define LOOM_PART_FORWARD    ABI_LOOM_PART_FORWARD
+#define LOOM_PART_LOSS       ABI_LOOM_PART_LOSS
+#define LOOM_PART_BACKWARD   ABI_LOOM_PART_BACKWARD
+#define LOOM_PART_ALL_REDUCE ABI_LOOM_PART_ALL_REDUCE
+#define LOOM_PART_APPLY      ABI_LOOM_PART_APPLY
+#include "loom_plugin.h"
+enum { ABI_XOPS_VERSION = LOOM_CROSS_DEVICE_OPS_VERSION, ABI_STRATEGY_VERSION = LOOM_STRATEGY_OPS_VERSION };
+enum { ABI_DEVICE_VERSION = LOOM_DEVICE_OPS_VERSION };
+#undef loom_device
+#undef loom_dev_act
+#undef loom_dev_binop
+#undef loom_dev_reduce
+#undef loom_dev_window
+#undef loom_device_ops
+#undef LOOM_DEVICE_OPS_VERSION
+#undef LOOM_DEV_ACT_NONE
+#undef LOOM_DEV_ACT_RELU
+#undef LOOM_DEV_ACT_SIGMOID
+#undef LOOM_DEV_ACT_TANH
+#undef LOOM_DEV_ADD
+#undef LOOM_DEV_SUB
+#undef LOOM_DEV_MUL
+#undef LOOM_DEV_SUM
+#undef LOOM_DEV_MAX
+#undef LOOM_DEV_STREAM_COMPUTE
+#undef LOOM_DEV_STREAM_COPY
+#undef loom_errcode
+#undef loom_err
+#undef loom_log_level
+#undef loom_redop
+#undef loom_cross_device_ops
+#undef loom_strategy
+#undef loom_strategy_args
+#undef loom_step_result
+#undef loom_strategy_ops
+#undef loom_step_part
+#undef LOOM_CROSS_DEVICE_OPS_VERSION
+#undef LOOM_STRATEGY_OPS_VERSION
+#undef LOOM_PART_FORWARD
+#undef LOOM_PART_LOSS
+#undef LOOM_PART_BACKWARD
+#undef LOOM_PART_ALL_REDUCE
+#undef LOOM_PART_APPLY
+#undef LOOM_EOK
+#undef LOOM_ENOMEM
+#undef LOOM_ECONFIG
+#undef LOOM_EUSAGE
+#undef LOOM_EIO
+#undef LOOM_EDATA
+#undef LOOM_ESHAPE
+#undef LOOM_ECHECKPOINT
+#undef LOOM_ENUMERIC
+#undef LOOM_EUNSUPPORTED
+#undef LOOM_ECUDA
+#undef LOOM_ENCCL
+#undef LOOM_ENET
+#undef LOOM_ELUA
+#undef LOOM_EPLUGIN
+#undef LOOM_EEOF
+#undef LOOM_LOG_DEBUG
+#undef LOOM_LOG_INFO
+#undef LOOM_LOG_WARN
+#undef LOOM_LOG_ERROR
+#undef LOOM_REDUCE_SUM
+#undef LOOM_REDUCE_MEAN
+#undef LOOM_REDUCE_MAX
+
+#include "distribute/distribute.h"
+#include "tensor/device.h"
+
+#include <stddef.h>
+
+/* Same value for every error code, and no code on one side only. */
+#define SAME_CODE_(name) _Static_assert((int)ABI_LOOM_E##name == (int)LOOM_E##name, "error code " #name);
+LOOM_ABI_CODES_(SAME_CODE_)
+_Static_assert((int)ABI_LOOM_EEOF + 1 == (int)LOOM_ENUM_ERRORS_, "loom_plugin.h lacks an error code of core.h");
+
+_Static_assert((int)ABI_LOOM_LOG_DEBUG == (int)LOOM_LOG_DEBUG && (int)ABI_LOOM_LOG_INFO == (int)LOOM_LOG_INFO &&
+                   (int)ABI_LOOM_LOG_WARN == (int)LOOM_LOG_WARN && (int)ABI_LOOM_LOG_ERROR == (int)LOOM_LOG_ERROR,
+               "log levels");
+_Static_assert((int)ABI_LOOM_REDUCE_SUM == (int)LOOM_REDUCE_SUM && (int)ABI_LOOM_REDUCE_MEAN == (int)LOOM_REDUCE_MEAN &&
+                   (int)ABI_LOOM_REDUCE_MAX == (int)LOOM_REDUCE_MAX,
+               "reduction ops");
+_Static_assert((int)ABI_LOOM_PART_FORWARD == (int)LOOM_PART_FORWARD && (int)ABI_LOOM_PART_LOSS == (int)LOOM_PART_LOSS &&
+                   (int)ABI_LOOM_PART_BACKWARD == (int)LOOM_PART_BACKWARD &&
+                   (int)ABI_LOOM_PART_ALL_REDUCE == (int)LOOM_PART_ALL_REDUCE &&
+                   (int)ABI_LOOM_PART_APPLY == (int)LOOM_PART_APPLY,
+               "step parts");
+_Static_assert(ABI_XOPS_VERSION == LOOM_CROSS_DEVICE_OPS_VERSION, "cross-device ops version");
+_Static_assert(ABI_STRATEGY_VERSION == LOOM_STRATEGY_OPS_VERSION, "strategy ops version");
+
+/* Same size, and each member at the same offset with the same size. */
+#define SAME_SIZE_(T) _Static_assert(sizeof(abi_##T) == sizeof(T), "size of " #T);
+#define SAME_FIELD_(T, f)                                                                                   \
+    _Static_assert(offsetof(abi_##T, f) == offsetof(T, f) && sizeof(((abi_##T *)0)->f) == sizeof(((T *)0)->f), \
+                   #T "." #f);
+
+SAME_SIZE_(loom_err)
+SAME_FIELD_(loom_err, code)
+SAME_FIELD_(loom_err, where)
+SAME_FIELD_(loom_err, msg)
+SAME_FIELD_(loom_err, hint)
+
+SAME_SIZE_(loom_cross_device_ops)
+SAME_FIELD_(loom_cross_device_ops, version)
+SAME_FIELD_(loom_cross_device_ops, name)
+SAME_FIELD_(loom_cross_device_ops, all_reduce)
+SAME_FIELD_(loom_cross_device_ops, broadcast)
+SAME_FIELD_(loom_cross_device_ops, all_gather)
+SAME_FIELD_(loom_cross_device_ops, comm_new)
+SAME_FIELD_(loom_cross_device_ops, comm_free)
+SAME_FIELD_(loom_cross_device_ops, all_reduce_rank)
+SAME_FIELD_(loom_cross_device_ops, broadcast_rank)
+SAME_FIELD_(loom_cross_device_ops, all_gather_rank)
+
+SAME_SIZE_(loom_strategy_args)
+SAME_FIELD_(loom_strategy_args, spec)
+SAME_FIELD_(loom_strategy_args, input)
+SAME_FIELD_(loom_strategy_args, input_idx)
+SAME_FIELD_(loom_strategy_args, label_idx)
+SAME_FIELD_(loom_strategy_args, max_batch)
+
+SAME_SIZE_(loom_step_result)
+SAME_FIELD_(loom_step_result, loss_sum)
+SAME_FIELD_(loom_step_result, correct)
+SAME_FIELD_(loom_step_result, examples)
+
+SAME_SIZE_(loom_strategy_ops)
+SAME_FIELD_(loom_strategy_ops, version)
+SAME_FIELD_(loom_strategy_ops, name)
+SAME_FIELD_(loom_strategy_ops, open)
+SAME_FIELD_(loom_strategy_ops, close)
+SAME_FIELD_(loom_strategy_ops, train_step)
+SAME_FIELD_(loom_strategy_ops, eval_step)
+SAME_FIELD_(loom_strategy_ops, predict)
+SAME_FIELD_(loom_strategy_ops, model)
+SAME_FIELD_(loom_strategy_ops, optimizer)
+SAME_FIELD_(loom_strategy_ops, sync)
+SAME_FIELD_(loom_strategy_ops, num_replicas)
+SAME_FIELD_(loom_strategy_ops, step_part)
+SAME_FIELD_(loom_strategy_ops, replica)
+
+SAME_SIZE_(loom_strategy)
+SAME_FIELD_(loom_strategy, ops)
+SAME_FIELD_(loom_strategy, xops)
+SAME_FIELD_(loom_strategy, args)
+SAME_FIELD_(loom_strategy, impl)
+
+/* Device backends: the constants, and the vtable field by field. */
+#define SAME_DEV_CONST_(name) _Static_assert((int)ABI_LOOM_##name == (int)LOOM_##name, "device constant " #name);
+LOOM_ABI_DEV_CONSTS_(SAME_DEV_CONST_)
+_Static_assert(ABI_DEVICE_VERSION == LOOM_DEVICE_OPS_VERSION, "device ops version");
+SAME_SIZE_(loom_dev_window)
+SAME_FIELD_(loom_dev_window, batch)
+SAME_FIELD_(loom_dev_window, c)
+SAME_FIELD_(loom_dev_window, sw)
+SAME_FIELD_(loom_dev_window, pad_l)
+SAME_FIELD_(loom_dev_window, cout)
+#define LOOM_ABI_DEVICE_FIELDS_(X) X(version) X(name) X(probe) X(describe) X(open) X(close) X(alloc) X(free) \
+    X(host_alloc) X(host_free) X(upload) X(download) X(stream_wait) X(synchronize) X(gemm) X(binary) X(axpy) \
+    X(scale) X(bias_act) X(act_backward) X(bias_grad) X(reduce) X(softmax_xent) X(conv2d_forward) \
+    X(conv2d_backward) X(maxpool_forward) X(maxpool_backward)
+#define SAME_DEVICE_FIELD_(f) SAME_FIELD_(loom_device_ops, f)
+SAME_SIZE_(loom_device_ops)
+LOOM_ABI_DEVICE_FIELDS_(SAME_DEVICE_FIELD_)

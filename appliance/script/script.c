@@ -1,0 +1,566 @@
+/* script.c - sandboxed Lua states: the capped allocator, the instruction
+ * budget hook, the safe subset of the standard library, loading files into
+ * their own environments, resolving "file.lua:function" references, and
+ * protected calls whose errors become a loom_err with file:line + traceback.
+ * Threads: a loom_lua is used by one thread at a time (see script.h). */
+#include "script_internal.h"
+
+#include <lauxlib.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <lualib.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FILES_KEY  "loom.files"   /* registry: path -> { env = ..., ret = ... } */
+#define HOOK_EVERY 1000           /* instructions between budget checks */
+
+/* ---- allocation -------------------------------------------------------------- */
+
+/* Lua's allocator. The limit itself (S->soft) is enforced where a location is
+ * known: by the hook every HOOK_EVERY instructions and by tensor allocations,
+ * each raising a Lua error at the running line. The allocator only refuses to
+ * grow past twice the limit (S->cap), a backstop for one huge allocation
+ * between two checks (a memory error without a line). */
+static void *capped_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
+{
+    loom_lua *S = ud;
+    size_t old = ptr ? osize : 0;
+    if (nsize == 0) {
+        loom_free(ptr);
+        S->mem -= old;
+        return NULL;
+    }
+    if (S->cap && nsize > old && S->mem - old + nsize > S->cap) {
+        S->hit_cap = 1;
+        return NULL;
+    }
+    void *p = loom_realloc(ptr, nsize);
+    if (!p) return NULL;
+    S->mem = S->mem - old + nsize;
+    if (S->mem > S->peak) S->peak = S->mem;
+    return p;
+}
+
+/* "64 MiB" */
+static const char *bytes_str(size_t n, char *buf, size_t len)
+{
+    if (n >= (1u << 20) && n % (1u << 20) == 0) snprintf(buf, len, "%zu MiB", n >> 20);
+    else if (n >= 1024 && n % 1024 == 0) snprintf(buf, len, "%zu KiB", n >> 10);
+    else snprintf(buf, len, "%zu bytes", n);
+    return buf;
+}
+
+/* Raises "file:line: message" for the function at level (0 in a hook: the
+ * running Lua function; 1 in a C function: its Lua caller). */
+static int error_at(lua_State *L, int level, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    luaL_where(L, level);
+    lua_pushvfstring(L, fmt, ap);
+    va_end(ap);
+    lua_concat(L, 2);
+    return lua_error(L);
+}
+
+static int memory_error(lua_State *L, int level)
+{
+    loom_lua *S = loom_lua_from_state(L);
+    char b[32];
+    S->hit_cap = 1;
+    return error_at(L, level, "memory limit of %s reached (hooks.memory_limit)", bytes_str(S->soft, b, sizeof b));
+}
+
+int loom_lua_memory_error_(lua_State *L) { return memory_error(L, 1); }
+
+void *loom_lua_alloc_(lua_State *L, size_t n)
+{
+    void *ud;
+    lua_Alloc f = lua_getallocf(L, &ud);
+    loom_lua *S = loom_lua_from_state(L);
+    if (S->soft && (n > S->soft || S->mem + n > S->soft)) {
+        lua_gc(L, LUA_GCCOLLECT);
+        if (n > S->soft || S->mem + n > S->soft) loom_lua_memory_error_(L);
+    }
+    void *p = n ? f(ud, NULL, 0, n) : NULL;
+    if (n && !p) loom_lua_memory_error_(L);
+    return p;
+}
+
+void loom_lua_free_(lua_State *L, void *p, size_t n)
+{
+    void *ud;
+    lua_Alloc f = lua_getallocf(L, &ud);
+    if (p) f(ud, p, n, 0);
+}
+
+/* ---- the instruction budget ---------------------------------------------------- */
+
+static void budget_hook(lua_State *L, lua_Debug *ar)
+{
+    (void)ar;
+    loom_lua *S = loom_lua_from_state(L);
+    if (S->soft && S->mem > S->soft) { /* garbage first: only live data counts */
+        lua_gc(L, LUA_GCCOLLECT);
+        if (S->mem > S->soft) memory_error(L, 0);
+    }
+    if (S->budget <= 0) return;
+    S->used += S->every;
+    if (S->used > S->budget) {
+        /* from now on every instruction fails, so a pcall inside the hook cannot swallow it */
+        lua_sethook(L, budget_hook, LUA_MASKCOUNT, 1);
+        S->every = 1;
+        error_at(L, 0, "instruction limit of %I reached (hooks.instruction_limit): the function runs too long or loops "
+                      "forever", (lua_Integer)S->budget);
+    }
+}
+
+static void arm_hook(loom_lua *S)
+{
+    S->used = 0;
+    S->every = S->budget > 0 && S->budget < HOOK_EVERY ? (int)S->budget : HOOK_EVERY;
+    lua_sethook(S->L, budget_hook, LUA_MASKCOUNT, S->every);
+}
+
+/* ---- the sandbox ------------------------------------------------------------------ */
+
+static int refused(lua_State *L)
+{
+    return luaL_error(L, "%s is not available in the sandbox (set hooks.unsafe = true to allow it)",
+                      lua_tostring(L, lua_upvalueindex(1)));
+}
+
+static void refuse(lua_State *L, const char *lib, const char *name)
+{
+    lua_getglobal(L, lib);
+    lua_pushfstring(L, "%s.%s", lib, name);
+    lua_pushcclosure(L, refused, 1);
+    lua_setfield(L, -2, name);
+    lua_pop(L, 1);
+}
+
+static int no_math_random(lua_State *L)
+{
+    return luaL_error(L, "math.random is not reproducible across data threads: use the rng argument "
+                         "(rng:uniform(), rng:int(lo, hi), rng:normal())");
+}
+
+/* Absolute, symlink-free form of path, which need not exist (its directory must). */
+static int real_target(const char *path, char out[PATH_MAX])
+{
+    if (realpath(path, out)) return 0;
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    const char *base = slash ? slash + 1 : path;
+    if (slash == dir) snprintf(dir, sizeof dir, "/");
+    else if (slash) *slash = 0;
+    else snprintf(dir, sizeof dir, ".");
+    char rd[PATH_MAX];
+    if (!realpath(dir, rd) || !*base || !strcmp(base, "..") || !strcmp(base, ".")) return -1;
+    if ((size_t)snprintf(out, PATH_MAX, "%s/%s", strcmp(rd, "/") ? rd : "", base) >= PATH_MAX) return -1;
+    return 0;
+}
+
+int loom_lua_write_allowed_(loom_lua *S, const char *path)
+{
+    if (S->opts.unsafe) return 1;
+    if (!S->model_dir[0]) return 0;
+    char md[PATH_MAX], tg[PATH_MAX];
+    if (!realpath(S->model_dir, md) || real_target(path, tg)) return 0;
+    size_t n = strlen(md);
+    return !strncmp(tg, md, n) && tg[n] == '/';
+}
+
+/* io.open that refuses writes outside the model directory. */
+static int safe_open(lua_State *L)
+{
+    const char *path = luaL_checkstring(L, 1);
+    const char *mode = luaL_optstring(L, 2, "r");
+    loom_lua *S = loom_lua_from_state(L);
+    if (strpbrk(mode, "wa+") && !loom_lua_write_allowed_(S, path))
+        return luaL_error(L, "io.open(\"%s\", \"%s\"): writing outside the model directory (%s) is refused "
+                             "(set hooks.unsafe = true to allow it)", path, mode, S->model_dir[0] ? S->model_dir : "none");
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+    return lua_gettop(L);
+}
+
+/* load() for text chunks only: a binary chunk can crash the VM. */
+static int safe_load(lua_State *L)
+{
+    int n = lua_gettop(L);
+    if (n < 3) lua_settop(L, 3);
+    lua_pushliteral(L, "t");
+    lua_replace(L, 3);
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+    return lua_gettop(L);
+}
+
+static void open_safe_libs(loom_lua *S)
+{
+    lua_State *L = S->L;
+    static const luaL_Reg libs[] = {
+        {LUA_GNAME, luaopen_base}, {LUA_LOADLIBNAME, luaopen_package}, {LUA_COLIBNAME, luaopen_coroutine},
+        {LUA_TABLIBNAME, luaopen_table}, {LUA_IOLIBNAME, luaopen_io}, {LUA_OSLIBNAME, luaopen_os},
+        {LUA_STRLIBNAME, luaopen_string}, {LUA_MATHLIBNAME, luaopen_math}, {LUA_UTF8LIBNAME, luaopen_utf8},
+        {NULL, NULL},
+    };
+    for (const luaL_Reg *l = libs; l->func; l++) {
+        luaL_requiref(L, l->name, l->func, 1);
+        lua_pop(L, 1);
+    }
+    static const char *const os_off[] = {"execute", "exit", "remove", "rename", "tmpname", "setlocale", NULL};
+    static const char *const io_off[] = {"popen", "tmpfile", "output", NULL};
+    for (int i = 0; os_off[i]; i++) refuse(L, "os", os_off[i]);
+    for (int i = 0; io_off[i]; i++) refuse(L, "io", io_off[i]);
+    refuse(L, "package", "loadlib");
+    lua_getglobal(L, "io");
+    lua_getfield(L, -1, "open");
+    lua_pushcclosure(L, safe_open, 1);
+    lua_setfield(L, -2, "open");
+    lua_pop(L, 1);
+    lua_getglobal(L, "load");
+    lua_pushcclosure(L, safe_load, 1);
+    lua_setglobal(L, "load");
+    /* loadfile/dofile could read binary chunks; require covers loading Lua files */
+    lua_pushliteral(L, "loadfile");
+    lua_pushcclosure(L, refused, 1);
+    lua_setglobal(L, "loadfile");
+    lua_pushliteral(L, "dofile");
+    lua_pushcclosure(L, refused, 1);
+    lua_setglobal(L, "dofile");
+    lua_getglobal(L, "math");
+    lua_pushcfunction(L, no_math_random);
+    lua_setfield(L, -2, "random");
+    lua_pushcfunction(L, no_math_random);
+    lua_setfield(L, -2, "randomseed");
+    lua_pop(L, 1);
+    /* require: Lua files only, from the config's directory; no C searchers */
+    lua_getglobal(L, "package");
+    lua_pushliteral(L, "");
+    lua_setfield(L, -2, "cpath");
+    lua_getfield(L, -1, "searchers");
+    for (int i = (int)luaL_len(L, -1); i > 2; i--) {
+        lua_pushnil(L);
+        lua_rawseti(L, -2, i);
+    }
+    lua_pop(L, 2);
+}
+
+static void set_package_path(loom_lua *S)
+{
+    lua_State *L = S->L;
+    const char *b = S->base_dir[0] ? S->base_dir : ".";
+    lua_getglobal(L, "package");
+    lua_pushfstring(L, "%s/?.lua;%s/lua/?.lua;%s/?/init.lua", b, b, b);
+    lua_setfield(L, -2, "path");
+    lua_pop(L, 1);
+}
+
+/* ---- open / close ---------------------------------------------------------------- */
+
+int loom_lua_open(loom_lua **out, const loom_lua_opts *opts, loom_err *err)
+{
+    static const loom_lua_opts defaults;
+    if (!opts) opts = &defaults;
+    *out = NULL;
+    loom_lua *S = loom_calloc(1, sizeof *S);
+    if (!S) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate a Lua state");
+    S->opts = *opts;
+    snprintf(S->model_dir, sizeof S->model_dir, "%s", opts->model_dir ? opts->model_dir : "");
+    snprintf(S->base_dir, sizeof S->base_dir, "%s", opts->base_dir ? opts->base_dir : "");
+    S->opts.model_dir = S->model_dir;
+    S->opts.base_dir = S->base_dir;
+    int64_t cap = opts->memory_limit ? opts->memory_limit : LOOM_LUA_DEFAULT_MEMORY;
+    S->soft = cap > 0 ? (size_t)cap : 0;
+    S->cap = S->soft > SIZE_MAX / 2 ? SIZE_MAX : 2 * S->soft;
+    S->budget = opts->instruction_limit ? opts->instruction_limit : LOOM_LUA_DEFAULT_INSTRUCTIONS;
+    S->gen = 1;
+    S->L = lua_newstate(capped_alloc, S);
+    if (!S->L) {
+        loom_free(S);
+        return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot create a Lua state (memory limit too small?)");
+    }
+    *(loom_lua **)lua_getextraspace(S->L) = S;
+    lua_State *L = S->L;
+    lua_pushcfunction(L, loom_lua_setup_);
+    if (lua_pcall(L, 0, 0, 0) != LUA_OK) {
+        loom_err_set(err, LOOM_ELUA, NULL, "cannot set up a Lua state: %s", lua_tostring(L, -1));
+        loom_lua_close(S);
+        return LOOM_ELUA;
+    }
+    *out = S;
+    return LOOM_OK;
+}
+
+/* Runs protected: the libraries, the sandbox, the loom module, the file table. */
+int loom_lua_setup_(lua_State *L)
+{
+    loom_lua *S = loom_lua_from_state(L);
+    if (S->opts.unsafe) luaL_openlibs(L);
+    else open_safe_libs(S);
+    set_package_path(S);
+    loom_lua_open_module_(L);
+    lua_newtable(L);
+    lua_setfield(L, LUA_REGISTRYINDEX, FILES_KEY);
+    return 0;
+}
+
+void loom_lua_close(loom_lua *S)
+{
+    if (!S) return;
+    if (S->L) lua_close(S->L);
+    loom_free(S);
+}
+
+lua_State *loom_lua_state(loom_lua *S) { return S->L; }
+loom_lua *loom_lua_from_state(lua_State *s) { return s ? *(loom_lua **)lua_getextraspace(s) : NULL; }
+size_t loom_lua_memory(const loom_lua *S) { return S->mem; }
+size_t loom_lua_memory_peak(const loom_lua *S) { return S->peak; }
+void loom_lua_drop_views(loom_lua *S) { S->gen++; }
+
+/* ---- calls and their errors -------------------------------------------------------- */
+
+static int traceback(lua_State *L)
+{
+    const char *msg = lua_tostring(L, 1);
+    if (!msg) {
+        if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING) return 1;
+        msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+    }
+    luaL_traceback(L, L, msg, 1);
+    return 1;
+}
+
+/* Splits "file:line: message..." into where and the rest; returns the rest. */
+static const char *split_where(const char *s, char *where, size_t n)
+{
+    where[0] = 0;
+    for (const char *p = s; *p && *p != '\n'; p++) {
+        if (*p != ':' || p[1] < '0' || p[1] > '9') continue;
+        const char *q = p + 1;
+        while (*q >= '0' && *q <= '9') q++;
+        if (q[0] != ':' || q[1] != ' ') continue;
+        snprintf(where, n, "%.*s", (int)(q - s), s);
+        return q + 2;
+    }
+    return s;
+}
+
+/* The traceback, tabs as two spaces, without the frames of loom's own C glue. */
+static void append_traceback(char *dst, size_t n, const char *tb)
+{
+    size_t k = strlen(dst);
+    for (const char *p = tb; *p && k + 1 < n; p++) {
+        if (*p == '\t') {
+            if (k + 2 < n) dst[k++] = ' ', dst[k++] = ' ';
+            continue;
+        }
+        dst[k++] = *p;
+    }
+    dst[k] = 0;
+    while (k > 0 && dst[k - 1] == '\n') dst[--k] = 0;
+}
+
+static void call_error(loom_lua *S, int rc, const char *fallback_where, loom_err *err)
+{
+    lua_State *L = S->L;
+    const char *s = lua_tostring(L, -1);
+    if (rc == LUA_ERRMEM || !s) {
+        char b[32];
+        loom_err_set(err, LOOM_ELUA, fallback_where, "memory limit of %s reached (hooks.memory_limit)",
+                     bytes_str(S->soft, b, sizeof b));
+        loom_err_hint(err, "allocate less per call, or raise hooks.memory_limit (bytes)");
+        return;
+    }
+    char where[sizeof err->where];
+    const char *rest = split_where(s, where, sizeof where);
+    const char *tb = strstr(rest, "\nstack traceback:");
+    loom_err_set(err, LOOM_ELUA, where[0] ? where : fallback_where, "%.*s", tb ? (int)(tb - rest) : (int)strlen(rest), rest);
+    if (tb) append_traceback(err->msg, sizeof err->msg, tb);
+    if (strstr(rest, "hooks.instruction_limit"))
+        loom_err_hint(err, "make the function finish sooner, or raise hooks.instruction_limit");
+    else if (strstr(rest, "hooks.memory_limit"))
+        loom_err_hint(err, "allocate less per call, or raise hooks.memory_limit (bytes)");
+}
+
+int loom_lua_call(loom_lua *S, int nargs, int nresults, loom_err *err)
+{
+    lua_State *L = S->L;
+    int fidx = lua_gettop(L) - nargs;
+    char fallback[LOOM_PATH_MAX + 16] = "";
+    lua_Debug ar;
+    lua_pushvalue(L, fidx);
+    if (lua_getinfo(L, ">S", &ar) && ar.source[0] == '@')
+        snprintf(fallback, sizeof fallback, "%s:%d", ar.short_src, ar.linedefined);
+    lua_pushcfunction(L, traceback);
+    lua_insert(L, fidx);
+    S->hit_cap = 0;
+    arm_hook(S);
+    S->in_call++;
+    int rc = lua_pcall(L, nargs, nresults, fidx);
+    S->in_call--;
+    lua_sethook(L, NULL, 0, 0);
+    S->gen++;
+    lua_remove(L, fidx);
+    if (rc == LUA_OK) return LOOM_OK;
+    call_error(S, rc, fallback, err);
+    lua_pop(L, 1);
+    if (S->mem > S->soft) lua_gc(L, LUA_GCCOLLECT);
+    return LOOM_ELUA;
+}
+
+/* ---- files and references ----------------------------------------------------------- */
+
+int loom_lua_parse_ref(const char *ref, const char *base_dir, loom_lua_ref *out, loom_err *err)
+{
+    memset(out, 0, sizeof *out);
+    const char *colon = ref ? strrchr(ref, ':') : NULL;
+    if (!colon || colon == ref || !colon[1] || strlen(colon + 1) >= sizeof out->func) {
+        loom_err_set(err, LOOM_ECONFIG, NULL, "bad Lua function reference \"%s\"", ref ? ref : "");
+        return loom_err_hint(err, "write \"FILE.lua:FUNCTION\", e.g. \"lua/augment.lua:cutout\" (relative to the config's directory)");
+    }
+    for (const char *p = colon + 1; *p; p++)
+        if (!(*p == '_' || *p == '.' || (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9'))) {
+            loom_err_set(err, LOOM_ECONFIG, NULL, "bad Lua function name \"%s\" in \"%s\"", colon + 1, ref);
+            return loom_err_hint(err, "a function name is a Lua identifier, or a dotted path such as M.cutout");
+        }
+    int flen = (int)(colon - ref);
+    int n = ref[0] == '/' || !base_dir || !base_dir[0] || !strcmp(base_dir, ".")
+                ? snprintf(out->file, sizeof out->file, "%.*s", flen, ref)
+                : snprintf(out->file, sizeof out->file, "%s/%.*s", base_dir, flen, ref);
+    if (n >= (int)sizeof out->file) return loom_err_set(err, LOOM_ECONFIG, NULL, "Lua file path too long in \"%s\"", ref);
+    snprintf(out->func, sizeof out->func, "%s", colon + 1);
+    return LOOM_OK;
+}
+
+/* Pushes the entry of path in the file table, or nil. */
+static int push_file_entry(lua_State *L, const char *path)
+{
+    lua_getfield(L, LUA_REGISTRYINDEX, FILES_KEY);
+    int t = lua_getfield(L, -1, path);
+    lua_remove(L, -2);
+    return t;
+}
+
+int loom_lua_load(loom_lua *S, const char *path, loom_err *err)
+{
+    lua_State *L = S->L;
+    int t = push_file_entry(L, path);
+    lua_pop(L, 1);
+    if (t != LUA_TNIL) return LOOM_OK;
+    if (!lua_checkstack(L, 8)) return loom_err_set(err, LOOM_ENOMEM, path, "Lua stack overflow");
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        loom_err_set(err, LOOM_EIO, path, "cannot open Lua file: %s", strerror(errno));
+        return loom_err_hint(err, "Lua paths are relative to the config's directory");
+    }
+    fclose(f);
+    int rc = luaL_loadfilex(L, path, "t");
+    if (rc != LUA_OK) {
+        const char *m = lua_tostring(L, -1);
+        char where[sizeof err->where];
+        const char *rest = split_where(m ? m : "", where, sizeof where);
+        loom_err_set(err, rc == LUA_ERRSYNTAX ? LOOM_ELUA : LOOM_EIO, where[0] ? where : path, "%s%s",
+                     rc == LUA_ERRSYNTAX ? "syntax error: " : "", rest);
+        lua_pop(L, 1);
+        return err ? err->code : LOOM_ELUA;
+    }
+    /* own environment, reading through to the globals */
+    lua_newtable(L);
+    lua_newtable(L);
+    lua_pushglobaltable(L);
+    lua_setfield(L, -2, "__index");
+    lua_setmetatable(L, -2);
+    lua_pushvalue(L, -1);
+    lua_setupvalue(L, -3, 1); /* chunk's _ENV; stack: chunk env */
+    lua_insert(L, -2);        /* env chunk */
+    rc = loom_lua_call(S, 0, 1, err);
+    if (rc) {
+        lua_pop(L, 1);
+        return rc;
+    }
+    lua_newtable(L); /* env ret entry */
+    lua_insert(L, -3);
+    lua_setfield(L, -3, "ret");
+    lua_setfield(L, -2, "env");
+    lua_getfield(L, LUA_REGISTRYINDEX, FILES_KEY);
+    lua_insert(L, -2);
+    lua_setfield(L, -2, path);
+    lua_pop(L, 1);
+    return LOOM_OK;
+}
+
+/* Looks up a dotted path in the table at the top, replacing it with the value. */
+static void get_path(lua_State *L, const char *name)
+{
+    char part[LOOM_NAME_MAX];
+    while (*name) {
+        const char *dot = strchr(name, '.');
+        size_t n = dot ? (size_t)(dot - name) : strlen(name);
+        snprintf(part, sizeof part, "%.*s", (int)n, name);
+        if (lua_istable(L, -1)) lua_getfield(L, -1, part);
+        else lua_pushnil(L);
+        lua_remove(L, -2);
+        name += n + (dot != NULL);
+    }
+}
+
+/* "a, b, c": the functions a file defines (its globals and returned table). */
+static void list_functions(lua_State *L, int entry, char *buf, size_t n)
+{
+    size_t k = 0;
+    buf[0] = 0;
+    static const char *const fields[] = {"ret", "env"};
+    for (int i = 0; i < 2; i++) {
+        lua_getfield(L, entry, fields[i]);
+        if (lua_istable(L, -1)) {
+            lua_pushnil(L);
+            while (lua_next(L, -2)) {
+                if (lua_isfunction(L, -1) && lua_type(L, -2) == LUA_TSTRING && k < n)
+                    k += (size_t)snprintf(buf + k, n - k, "%s%s", k ? ", " : "", lua_tostring(L, -2));
+                lua_pop(L, 1);
+            }
+        }
+        lua_pop(L, 1);
+    }
+}
+
+int loom_lua_resolve(loom_lua *S, const loom_lua_ref *ref, int *fn, loom_err *err)
+{
+    lua_State *L = S->L;
+    *fn = LUA_NOREF;
+    int rc = loom_lua_load(S, ref->file, err);
+    if (rc) return rc;
+    push_file_entry(L, ref->file);
+    int entry = lua_gettop(L);
+    lua_getfield(L, entry, "ret");
+    get_path(L, ref->func);
+    if (!lua_isfunction(L, -1)) {
+        lua_pop(L, 1);
+        lua_getfield(L, entry, "env");
+        get_path(L, ref->func);
+    }
+    if (!lua_isfunction(L, -1)) {
+        char have[300];
+        list_functions(L, entry, have, sizeof have);
+        loom_err_set(err, LOOM_ELUA, ref->file, "no function \"%s\" in %s (it defines: %s)", ref->func, ref->file,
+                     have[0] ? have : "no functions");
+        loom_err_hint(err, "define `function %s(...)` in %s, or fix the name after ':' in the config", ref->func, ref->file);
+        lua_settop(L, entry - 1);
+        return LOOM_ELUA;
+    }
+    *fn = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_settop(L, entry - 1);
+    return LOOM_OK;
+}
+
+void loom_lua_unref(loom_lua *S, int fn) { luaL_unref(S->L, LUA_REGISTRYINDEX, fn); }
+void loom_lua_push_fn(loom_lua *S, int fn) { lua_rawgeti(S->L, LUA_REGISTRYINDEX, fn); }

@@ -1,0 +1,351 @@
+/* loom_plugin.h - the whole ABI between Loom and its plugins.
+ *
+ * A plugin is a shared object that includes this header (and libc's) only.
+ * It exports one function, loom_plugin_entry(), returning a static
+ * loom_plugin; Loom checks its ABI version before touching anything else,
+ * then calls init() once with the host table, through which the plugin
+ * registers named providers (cross-device ops, strategies) and reaches
+ * everything else it may use. Nothing of Loom is linked into a plugin.
+ *
+ *   cc -shared -fPIC -O2 -I <loom>/plugins my_op.c -o my_op.so
+ *
+ * Loom loads every *.so in plugins/ next to the loom binary, then in each
+ * directory of the config's plugins.path, then of $LOOM_PLUGIN_PATH
+ * (colon-separated); `loom plugins` lists what loaded and what was refused.
+ *
+ * Compatibility: LOOM_PLUGIN_ABI_VERSION changes whenever something here
+ * changes incompatibly; a plugin built for another version is refused. The
+ * host table and the vtables only grow at their end, and each vtable starts
+ * with its own version.
+ * Memory: names and vtables a plugin registers must be static (they are
+ * used until the process exits; plugins are never unloaded).
+ * Threads: init runs once on the main thread. Vtable functions are called as
+ * their comments say; host functions are thread-safe unless noted.
+ * Device backends (a GPU's memory and kernels) register a loom_device_ops
+ * (appliance/tensor/device.h, restated below) with host->register_device.
+ * Not in the ABI yet: dataset sources and transforms (the data module's
+ * custom element functions, appliance/data/custom.h, which Lua map/filter
+ * use). Their registry kinds exist; exposing them means restating
+ * loom_tensor, loom_elem and loom_custom_ops here, checked like the rest. */
+#ifndef LOOM_PLUGIN_H
+#define LOOM_PLUGIN_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define LOOM_PLUGIN_ABI_VERSION 1
+
+#if defined(__GNUC__)
+#define LOOM_PLUGIN_EXPORT __attribute__((visibility("default")))
+#else
+#define LOOM_PLUGIN_EXPORT
+#endif
+
+/* Inside Loom, its own headers (core.h, distribute.h) define the types
+ * below and are included first, so the guards skip the copies here;
+ * appliance/plugin/abi_check.c proves at compile time that both agree. */
+
+/* ---- errors and logging ---------------------------------------------------- */
+
+#ifndef LOOM_CORE_H
+/* Return codes: 0 is success. The same values as Loom's own. */
+typedef enum {
+    LOOM_EOK, LOOM_ENOMEM, LOOM_ECONFIG, LOOM_EUSAGE, LOOM_EIO, LOOM_EDATA, LOOM_ESHAPE, LOOM_ECHECKPOINT,
+    LOOM_ENUMERIC, LOOM_EUNSUPPORTED, LOOM_ECUDA, LOOM_ENCCL, LOOM_ENET, LOOM_ELUA, LOOM_EPLUGIN, LOOM_EEOF
+} loom_errcode;
+
+/* Detail of a failure: caller-owned, filled with host->err_set. */
+typedef struct loom_err {
+    int  code;        /* LOOM_E* */
+    char where[256];  /* "configs/x.cfg:12", "plugins/my_op.so" */
+    char msg[512];    /* what failed, quoting the offending value */
+    char hint[256];   /* what to do about it; may be empty */
+} loom_err;
+
+typedef enum { LOOM_LOG_DEBUG, LOOM_LOG_INFO, LOOM_LOG_WARN, LOOM_LOG_ERROR } loom_log_level;
+#endif
+
+/* Opaque to plugins: reached only through host functions. */
+typedef struct loom_spec      loom_spec;      /* the loaded config */
+typedef struct loom_elem_spec loom_elem_spec; /* names, dtypes and shapes of an element */
+typedef struct loom_elem      loom_elem;      /* a (batched) element: the model input, the label, ... */
+typedef struct loom_model     loom_model;     /* one replica's layers, flat parameters and gradients */
+typedef struct loom_optimizer loom_optimizer; /* an optimizer with its slots and schedule */
+typedef struct loom_pool      loom_pool;      /* a fixed pool of worker threads */
+
+#ifndef LOOM_DISTRIBUTE_H
+/* ---- cross-device ops ------------------------------------------------------ */
+
+typedef enum { LOOM_REDUCE_SUM, LOOM_REDUCE_MEAN, LOOM_REDUCE_MAX } loom_redop;
+
+/* Collectives over n in-process buffers of count floats each (one per
+ * replica). Called from the train thread, one call at a time per op. */
+typedef struct loom_cross_device_ops {
+    uint32_t    version; /* LOOM_CROSS_DEVICE_OPS_VERSION; append fields only */
+    const char *name;    /* the registry name, what strategy.cross_device_ops selects */
+    /* Afterwards every bufs[i] holds the reduction of all n. */
+    int (*all_reduce)(float *const *bufs, int n, int64_t count, loom_redop op, loom_err *err);
+    /* bufs[root] copied into every other buffer. */
+    int (*broadcast)(float *const *bufs, int n, int64_t count, int root, loom_err *err);
+    /* (optional) out = concat(bufs[0..n)), n * count floats; NULL: Loom copies */
+    int (*all_gather)(float *const *bufs, int n, int64_t count, float *out, loom_err *err);
+    /* ---- version 2 (read only when version >= 2) ----
+     * (optional) the same collectives called by each of n ranks from its own
+     * thread, all n concurrently, in the same order with the same arguments;
+     * a rank returns once no other rank still reads its buffer. NULL
+     * comm_new: Loom gathers the ranks and calls the entry points above. */
+    void *(*comm_new)(int n, loom_err *err); /* state the n ranks share; NULL + err on failure */
+    void  (*comm_free)(void *comm);
+    int   (*all_reduce_rank)(void *comm, int rank, float *buf, int64_t count, loom_redop op, loom_err *err);
+    int   (*broadcast_rank)(void *comm, int rank, float *buf, int64_t count, int root, loom_err *err);
+    /* (optional) out (n * count floats, one per rank) = concat of every rank's buf */
+    int   (*all_gather_rank)(void *comm, int rank, const float *buf, int64_t count, float *out, loom_err *err);
+} loom_cross_device_ops;
+/* Version 1 vtables (up to all_gather) are still accepted. */
+#define LOOM_CROSS_DEVICE_OPS_VERSION 2
+
+/* ---- strategies ------------------------------------------------------------ */
+
+typedef struct loom_strategy loom_strategy;
+
+/* What the trainer gives a strategy to build its replicas: pass it to the
+ * host's model_new, optimizer_new and option functions. */
+typedef struct loom_strategy_args {
+    const loom_spec      *spec;       /* model, optimizer, strategy, run */
+    const loom_elem_spec *input;      /* the batched training element */
+    int                   input_idx;  /* index of model.input in the element */
+    int                   label_idx;  /* index of model.label */
+    int64_t               max_batch;  /* the largest global batch */
+} loom_strategy_args;
+
+/* Result of one step, summed over replicas. */
+typedef struct loom_step_result {
+    double  loss_sum; /* sum of per-example losses */
+    int64_t correct;  /* correctly classified examples */
+    int64_t examples;
+} loom_step_result;
+
+/* The parts of a training step, for custom steps (a Lua train_step): in
+ * this order they must do exactly what train_step does, bit for bit. */
+typedef enum {
+    LOOM_PART_FORWARD,    /* each replica: forward on its share of the batch (dropout keyed by step) */
+    LOOM_PART_LOSS,       /* each replica: the loss of its share, and its gradient w.r.t. the outputs */
+    LOOM_PART_BACKWARD,   /* each replica: gradients into its flat gradient buffer */
+    LOOM_PART_ALL_REDUCE, /* SUM the replicas' gradient buffers with the cross-device op */
+    LOOM_PART_APPLY,      /* the optimizer's `step`-th update with the (reduced) gradients */
+} loom_step_part;
+
+/* A strategy owns its replicas and runs training steps on global batches.
+ * Every function is called from the train thread. */
+typedef struct loom_strategy_ops {
+    uint32_t    version; /* LOOM_STRATEGY_OPS_VERSION; append fields only */
+    const char *name;    /* the registry name, what strategy.type selects */
+    /* Builds the replicas; store private state in s->impl. close() is called
+     * even when open fails, with whatever impl holds. */
+    int  (*open)(loom_strategy *s, const loom_strategy_args *a, loom_err *err);
+    void (*close)(loom_strategy *s);
+    /* One training step on a global batch; step = updates applied so far. */
+    int  (*train_step)(loom_strategy *s, const loom_elem *batch, int64_t step, loom_step_result *out, loom_err *err);
+    int  (*eval_step)(loom_strategy *s, const loom_elem *batch, loom_step_result *out, loom_err *err);
+    /* The model's outputs (B, outputs) for a batch. */
+    int  (*predict)(loom_strategy *s, const loom_elem *batch, float *out, loom_err *err);
+    /* The replica whose variables are checkpointed, evaluated and restored, and its optimizer. */
+    loom_model     *(*model)(loom_strategy *s);
+    loom_optimizer *(*optimizer)(loom_strategy *s);
+    /* After the variables of model() were overwritten (restore): make every replica agree. */
+    int  (*sync)(loom_strategy *s, loom_err *err);
+    int  (*num_replicas)(loom_strategy *s);
+    /* (optional, both or neither) custom training steps; NULL: refused.
+     * One part on every replica; batch is read by FORWARD and LOSS, step by
+     * FORWARD and APPLY; LOSS fills per_replica[r] for r < num_replicas. */
+    int  (*step_part)(loom_strategy *s, loom_step_part part, const loom_elem *batch, int64_t step,
+                      loom_step_result *per_replica, loom_err *err);
+    /* Replica r's model, whose gradient buffer a custom step may change (clipping). */
+    loom_model *(*replica)(loom_strategy *s, int r);
+} loom_strategy_ops;
+#define LOOM_STRATEGY_OPS_VERSION 1
+
+/* The instance Loom passes to every strategy function. */
+struct loom_strategy {
+    const loom_strategy_ops     *ops;
+    const loom_cross_device_ops *xops; /* strategy.cross_device_ops, resolved; NULL for "auto":
+                                          the strategy picks one (host->find_cross_device_ops) */
+    const loom_strategy_args    *args;
+    void                        *impl; /* the strategy's own */
+};
+#endif
+
+#ifndef LOOM_DEVICE_H
+/* ---- device backends (appliance/tensor/device.h has the full comments) ----- */
+
+typedef struct loom_device loom_device; /* one open device: the backend's own */
+typedef enum { LOOM_DEV_ACT_NONE, LOOM_DEV_ACT_RELU, LOOM_DEV_ACT_SIGMOID, LOOM_DEV_ACT_TANH } loom_dev_act;
+typedef enum { LOOM_DEV_ADD, LOOM_DEV_SUB, LOOM_DEV_MUL } loom_dev_binop;
+typedef enum { LOOM_DEV_SUM, LOOM_DEV_MAX } loom_dev_reduce;
+enum { LOOM_DEV_STREAM_COMPUTE = 0, LOOM_DEV_STREAM_COPY = 1 };
+
+/* A batch of NHWC images through a window: output (batch, oh, ow, cout). */
+typedef struct loom_dev_window {
+    int32_t batch, h, w, c;
+    int32_t kh, kw, sh, sw;
+    int32_t pad_t, pad_l;
+    int32_t oh, ow, cout;
+} loom_dev_window;
+
+/* Memory, copies on streams and the layers' compute primitives of one kind
+ * of device. Row-major; images NHWC; conv weights (kh*kw*c, cout). Compute
+ * is queued on the compute stream; each returns 0 or LOOM_E* with err. */
+typedef struct loom_device_ops {
+    uint32_t    version; /* LOOM_DEVICE_OPS_VERSION; append fields only */
+    const char *name;    /* "cuda": devices are "gpu:N" */
+    int  (*probe)(char *why, size_t why_n);             /* usable devices; 0 + why ("no CUDA driver") */
+    void (*describe)(int device, char *buf, size_t n);  /* one line; device -1: the libraries */
+    int  (*open)(loom_device **out, int device, loom_err *err);
+    void (*close)(loom_device *d);
+    int  (*alloc)(loom_device *d, void **out, size_t bytes, loom_err *err);
+    void (*free)(loom_device *d, void *p);
+    int  (*host_alloc)(loom_device *d, void **out, size_t bytes, loom_err *err); /* pinned */
+    void (*host_free)(loom_device *d, void *p);
+    int (*upload)(loom_device *d, int stream, void *dst, const void *host_src, size_t bytes, loom_err *err);
+    int (*download)(loom_device *d, int stream, void *host_dst, const void *src, size_t bytes, loom_err *err);
+    int (*stream_wait)(loom_device *d, int waiter, int signaller, loom_err *err);
+    int (*synchronize)(loom_device *d, int stream, loom_err *err); /* stream -1: all */
+    int (*gemm)(loom_device *d, bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
+                const float *B, int ldb, float beta, float *C, int ldc, loom_err *err);
+    int (*binary)(loom_device *d, loom_dev_binop op, int64_t n, const float *a, const float *b, float *out,
+                  loom_err *err);
+    int (*axpy)(loom_device *d, int64_t n, float alpha, const float *x, float *y, loom_err *err);
+    int (*scale)(loom_device *d, int64_t n, float alpha, float *x, loom_err *err);
+    int (*bias_act)(loom_device *d, loom_dev_act act, int64_t rows, int64_t cols, const float *bias, float *x,
+                    loom_err *err);
+    int (*act_backward)(loom_device *d, loom_dev_act act, int64_t n, const float *y, float *g, loom_err *err);
+    int (*bias_grad)(loom_device *d, int64_t rows, int64_t cols, const float *g, float *db, loom_err *err);
+    int (*reduce)(loom_device *d, loom_dev_reduce op, int64_t n, const float *x, float *out, loom_err *err);
+    int (*softmax_xent)(loom_device *d, int64_t rows, int64_t classes, const float *z, const int32_t *labels,
+                        float scale, float *loss, int32_t *hit, float *g, loom_err *err);
+    int (*conv2d_forward)(loom_device *d, const loom_dev_window *g, const float *x, const float *w, const float *b,
+                          float *y, float *col, loom_err *err);
+    int (*conv2d_backward)(loom_device *d, const loom_dev_window *g, const float *x, const float *w,
+                           const float *dy, float *dx, float *dw, float *db, float *col, loom_err *err);
+    int (*maxpool_forward)(loom_device *d, const loom_dev_window *g, const float *x, float *y, int32_t *argmax,
+                           loom_err *err);
+    int (*maxpool_backward)(loom_device *d, const loom_dev_window *g, const float *dy, const int32_t *argmax,
+                            float *dx, loom_err *err);
+} loom_device_ops;
+#define LOOM_DEVICE_OPS_VERSION 1
+#endif
+
+/* ---- the host -------------------------------------------------------------- */
+
+/* Everything a plugin may call. Check host->size before using a field added
+ * after the ABI version you need (offsetof(loom_host, field) < host->size). */
+typedef struct loom_host {
+    uint32_t    abi;          /* LOOM_PLUGIN_ABI_VERSION of this Loom */
+    uint32_t    size;         /* sizeof(loom_host) in this Loom */
+    const char *loom_version; /* "0.1.0" */
+
+    /* logging (to Loom's log, at its level) and errors */
+    void (*log)(loom_log_level lvl, const char *fmt, ...);
+    /* Fills err and returns code, so `return host->err_set(err, ...)` works; where may be NULL. */
+    int  (*err_set)(loom_err *err, int code, const char *where, const char *fmt, ...);
+    int  (*err_hint)(loom_err *err, const char *fmt, ...); /* returns err->code */
+
+    /* memory: Loom's allocator (NULL on failure, never aborts) */
+    void *(*alloc)(size_t n);
+    void *(*calloc)(size_t count, size_t size);
+    void *(*alloc_aligned)(size_t n); /* 64-byte aligned */
+    void  (*free)(void *p);           /* any of the three; NULL is a no-op */
+
+    /* the registry: the provider's origin is this plugin's file. A name
+     * already taken is refused (err says by whom), as is a vtable of
+     * another version. Only during init. */
+    int (*register_cross_device_ops)(const loom_cross_device_ops *ops, loom_err *err);
+    /* options: the keys the strategy accepts in strategy.options (NULL-
+     * terminated, static; NULL = none); any other key is a config error. */
+    int (*register_strategy)(const loom_strategy_ops *ops, const char *const *options, loom_err *err);
+    /* A cross-device op by name (built in or a plugin's); NULL when unknown. */
+    const loom_cross_device_ops *(*find_cross_device_ops)(const char *name);
+
+    /* threads */
+    int  (*num_cores)(void);
+    int  (*pool_new)(loom_pool **out, int threads, loom_err *err); /* free with pool_free */
+    void (*pool_free)(loom_pool *p);                               /* NULL is a no-op */
+    int  (*pool_size)(const loom_pool *p);                         /* threads incl. the caller */
+    /* Runs fn(arg, i) for i in [0, n) on the pool and the calling thread; returns when all are done. */
+    void (*pool_run)(loom_pool *p, int n, void (*fn)(void *arg, int i), void *arg);
+    /* BLAS threads, process-wide: set 1 when replicas run on threads of their own. */
+    void (*blas_set_threads)(int n);
+
+    /* strategy settings */
+    int      (*replicas)(const loom_strategy_args *a);         /* strategy.replicas */
+    uint64_t (*seed)(const loom_strategy_args *a);             /* run.seed */
+    int      (*threads)(const loom_strategy_args *a);          /* run.threads, 0 resolved to the cores */
+    /* strategy.options KEY as text, NULL when absent. */
+    const char *(*option)(const loom_strategy_args *a, const char *key);
+    /* strategy.options KEY as an integer in [lo, hi], def when absent; else
+     * LOOM_ECONFIG naming the option's file:line. */
+    int (*option_int)(const loom_strategy_args *a, const char *key, int64_t def, int64_t lo, int64_t hi,
+                      int64_t *out, loom_err *err);
+    uint64_t (*rng_mix)(uint64_t seed, uint64_t label); /* splits a seed into independent streams */
+
+    /* batches: examples in a global batch (its leading dimension) */
+    int64_t (*batch_size)(const loom_strategy_args *a, const loom_elem *batch);
+
+    /* models: a replica of the configured model, parameters initialised from
+     * run.seed (so replicas built alike start equal), single-threaded. Free
+     * with model_free. A model is used by one thread at a time. */
+    int     (*model_new)(loom_model **out, const loom_strategy_args *a, loom_err *err);
+    void    (*model_free)(loom_model *m); /* NULL is a no-op */
+    int64_t (*model_num_params)(const loom_model *m);
+    float  *(*model_params)(loom_model *m); /* (P,) flat, borrowed */
+    float  *(*model_grads)(loom_model *m);  /* (P,) flat, borrowed */
+    int64_t (*model_outputs)(const loom_model *m); /* outputs per example */
+    /* Forward and backward on examples [lo, hi) of batch: overwrites the
+     * gradients with d(sum of their losses)/d(params) / global_batch, and
+     * adds to *out (loss sum, correct, examples). rng_key seeds dropout. */
+    int (*model_train_step)(loom_model *m, const loom_strategy_args *a, const loom_elem *batch, int64_t lo,
+                            int64_t hi, int64_t global_batch, uint64_t rng_key, loom_step_result *out,
+                            loom_err *err);
+    /* Forward only on examples [lo, hi): adds to *out. */
+    int (*model_evaluate)(loom_model *m, const loom_strategy_args *a, const loom_elem *batch, int64_t lo,
+                          int64_t hi, loom_step_result *out, loom_err *err);
+    /* Forward only on examples [lo, hi): outputs into out ((hi - lo), outputs). */
+    int (*model_predict)(loom_model *m, const loom_strategy_args *a, const loom_elem *batch, int64_t lo,
+                         int64_t hi, float *out, loom_err *err);
+
+    /* optimizers: the configured optimizer for num_params parameters. */
+    int    (*optimizer_new)(loom_optimizer **out, const loom_strategy_args *a, int64_t num_params, loom_err *err);
+    void   (*optimizer_free)(loom_optimizer *o); /* NULL is a no-op */
+    /* params -= update(grads) for the step-th update (0-based). */
+    void   (*optimizer_apply)(loom_optimizer *o, float *params, const float *grads, int64_t step);
+    /* The slots (momentum, Adam m and v), num_slots * P floats, borrowed. */
+    float *(*optimizer_slots)(loom_optimizer *o, int *num_slots);
+
+    /* The cluster transport between processes: NULL until Loom has one. */
+    const void *cluster;
+
+    /* A device backend, registered under ops->name (LOOM_REG_DEVICE), even
+     * when it finds no device: probe() says why. Only during init. */
+    int (*register_device)(const loom_device_ops *ops, loom_err *err);
+} loom_host;
+
+/* ---- the entry point ------------------------------------------------------- */
+
+typedef struct loom_plugin {
+    uint32_t    abi;         /* LOOM_PLUGIN_ABI_VERSION the plugin was built with; must stay first */
+    uint32_t    size;        /* sizeof(loom_plugin) */
+    const char *name;        /* unique among loaded plugins; what plugins.require names */
+    const char *version;     /* the plugin's own, for `loom plugins` */
+    const char *description; /* one line, for `loom plugins` */
+    /* Registers the providers. On failure fill err (its message is shown
+     * with the plugin's file) and return non-zero: the plugin is refused and
+     * whatever it registered stays unused. */
+    int (*init)(const loom_host *host, loom_err *err);
+} loom_plugin;
+
+/* The one symbol Loom looks up; returns a pointer to static storage. */
+LOOM_PLUGIN_EXPORT const loom_plugin *loom_plugin_entry(void);
+
+#endif

@@ -1,0 +1,3 @@
+function broken(elem, rng)
+  return elem +
+end

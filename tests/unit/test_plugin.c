@@ -1,0 +1,403 @@
+/* test_plugin.c - the plugin loader and the plugins that ship: each refusal
+ * with its exact message (not an ELF file, no entry point, another ABI, a
+ * failing init, a taken name), halving_doubling against a float64 reference
+ * for 1 to 8 buffers of odd sizes, and local_sgd on real batches (it averages
+ * every average_every steps and leaves the replicas equal, matches
+ * synchronous SGD with average_every = 1, is deterministic whatever its
+ * thread count, and checks its options). Needs LOOM_BUILD_ROOT (set by meson) to find the .so files. */
+#include "harness.h"
+#include "plugin/plugin.h"
+
+#include "loom_plugin.h" /* after Loom's headers: only what they lack */
+
+#include <limits.h>
+#include <unistd.h>
+
+static char build_so[3][1024]; /* scratch for so_path */
+
+/* LOOM_BUILD_ROOT/dir/name */
+static const char *so_path(const char *dir, const char *name)
+{
+    static int k;
+    char *p = build_so[k++ % 3];
+    const char *root = getenv("LOOM_BUILD_ROOT");
+    snprintf(p, sizeof build_so[0], "%s/%s/%s", root ? root : "build", dir, name);
+    return p;
+}
+
+static const loom_cross_device_ops *load_hd(void)
+{
+    loom_err err = {0};
+    int rc = loom_plugin_load_file(so_path("plugins", "halving_doubling.so"), NULL, &err);
+    CHECK_MSG(rc == LOOM_OK, "%s: %s", err.where, err.msg);
+    return loom_find_cross_device_ops("halving_doubling");
+}
+
+/* ---- refusals -------------------------------------------------------------- */
+
+static void expect_refused(const char *path, const char *msg, const char *hint)
+{
+    loom_err err = {0};
+    const loom_plugin_record *rec = NULL;
+    int rc = loom_plugin_load_file(path, &rec, &err);
+    CHECK(rc == LOOM_EPLUGIN);
+    CHECK(rec && !rec->loaded && rec->n_providers == 0);
+    CHECK_MSG(!strcmp(err.where, path), "where = %s", err.where);
+    CHECK_MSG(!strcmp(err.msg, msg), "msg = %s", err.msg);
+    if (hint) CHECK_MSG(!strcmp(err.hint, hint), "hint = %s", err.hint);
+}
+
+static void test_refuses_text_file(void)
+{
+    char path[] = "/tmp/loom_plugin_XXXXXX.so";
+    int fd = mkstemps(path, 3);
+    CHECK(fd >= 0);
+    CHECK(write(fd, "not a plugin\n", 13) == 13);
+    close(fd);
+    expect_refused(path, "not a shared object (no ELF header)",
+                   "a plugin is built with cc -shared -fPIC; remove other files from the plugin directories");
+    unlink(path);
+}
+
+static void test_refuses_other_abi(void)
+{
+    char msg[128];
+    snprintf(msg, sizeof msg, "built for plugin ABI %d, this loom speaks %d", LOOM_PLUGIN_ABI_VERSION + 98,
+             LOOM_PLUGIN_ABI_VERSION);
+    expect_refused(so_path("tests/plugins", "abi_mismatch.so"), msg,
+                   "rebuild it against the loom_plugin.h of this loom");
+}
+
+static void test_refuses_missing_entry(void)
+{
+    expect_refused(so_path("tests/plugins", "no_entry.so"), "no loom_plugin_entry function: not a Loom plugin",
+                   "a plugin defines `const loom_plugin *loom_plugin_entry(void)` (plugins/loom_plugin.h)");
+}
+
+static void test_refuses_failing_init(void)
+{
+    expect_refused(so_path("tests/plugins", "init_fails.so"), "init failed: libfoo.so.3 not found", "install libfoo3");
+    /* what it registered before failing was never committed */
+    CHECK(loom_find_cross_device_ops("never_registered") == NULL);
+}
+
+static void test_refuses_taken_name(void)
+{
+    CHECK(load_hd() != NULL);
+    char real[PATH_MAX], msg[PATH_MAX + 100];
+    CHECK(realpath(so_path("plugins", "halving_doubling.so"), real) != NULL);
+    const char *origin = NULL;
+    loom_registry_find(LOOM_REG_CROSS_DEVICE_OPS, "halving_doubling", &origin);
+    snprintf(msg, sizeof msg, "cross-device ops \"halving_doubling\" is already registered by %s", origin);
+    expect_refused(so_path("tests/plugins", "dup_provider.so"), msg, NULL);
+    CHECK_CONTAINS(origin, "plugins/halving_doubling.so");
+    /* the same file reached again is the same record, not a second load */
+    const loom_plugin_record *a = NULL, *b = NULL;
+    CHECK(loom_plugin_load_file(so_path("plugins", "halving_doubling.so"), &a, NULL) == LOOM_OK);
+    CHECK(loom_plugin_load_file(real, &b, NULL) == LOOM_OK);
+    CHECK(a && a == b && a->n_providers == 1 && !strcmp(a->name, "halving_doubling"));
+}
+
+/* ---- halving_doubling ---------------------------------------------------------- */
+
+static float value(int r, int64_t i, uint64_t salt)
+{
+    loom_rng g;
+    loom_rng_init(&g, salt, (uint64_t)r, (uint64_t)i, 0);
+    return loom_rng_uniform(&g) * 2.0f - 1.0f;
+}
+
+static void check_all_reduce(const loom_cross_device_ops *x, int n, int64_t count, loom_redop op)
+{
+    float *bufs[8];
+    double *ref = calloc((size_t)count, sizeof *ref);
+    for (int r = 0; r < n; r++) {
+        bufs[r] = malloc((size_t)count * sizeof(float));
+        for (int64_t i = 0; i < count; i++) {
+            float v = value(r, i, (uint64_t)op);
+            bufs[r][i] = v;
+            ref[i] = op == LOOM_REDUCE_MAX ? (r == 0 || v > ref[i] ? v : ref[i]) : ref[i] + v;
+        }
+    }
+    loom_err err = {0};
+    CHECK(x->all_reduce(bufs, n, count, op, &err) == LOOM_OK);
+    int bad = 0, unequal = 0;
+    for (int64_t i = 0; i < count; i++) {
+        double want = op == LOOM_REDUCE_MEAN ? ref[i] / n : ref[i];
+        bad += fabs(bufs[0][i] - want) > 1e-5 * (1 + fabs(want));
+        for (int r = 1; r < n; r++) unequal += bufs[r][i] != bufs[0][i];
+    }
+    CHECK_MSG(bad == 0 && unequal == 0, "n = %d, count = %lld, op %d: %d wrong, %d differ between buffers", n,
+              (long long)count, op, bad, unequal);
+    for (int r = 0; r < n; r++) free(bufs[r]);
+    free(ref);
+}
+
+static void test_halving_doubling_all_reduce(void)
+{
+    const loom_cross_device_ops *x = load_hd();
+    if (!x) return;
+    static const int64_t counts[] = {1, 2, 3, 7, 13, 64, 1009, 65537};
+    for (int n = 1; n <= 8; n++)
+        for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++)
+            for (int op = LOOM_REDUCE_SUM; op <= LOOM_REDUCE_MAX; op++) check_all_reduce(x, n, counts[c], op);
+}
+
+static void test_halving_doubling_broadcast(void)
+{
+    const loom_cross_device_ops *x = load_hd();
+    if (!x) return;
+    float data[8][5];
+    float *bufs[8];
+    for (int n = 1; n <= 8; n++)
+        for (int root = 0; root < n; root++) {
+            for (int r = 0; r < n; r++) {
+                bufs[r] = data[r];
+                for (int i = 0; i < 5; i++) data[r][i] = (float)(r * 10 + i);
+            }
+            loom_err err = {0};
+            CHECK(x->broadcast(bufs, n, 5, root, &err) == LOOM_OK);
+            for (int r = 0; r < n; r++)
+                CHECK(!memcmp(data[r], data[root], sizeof data[r]) && data[r][1] == root * 10 + 1);
+        }
+}
+
+/* ---- local_sgd ------------------------------------------------------------------- */
+
+static int cfg_threads = 2; /* run.threads of the next config() */
+
+/* A config over 512 synthetic examples of 8 features in 4 classes; strategy
+ * is the text of the strategy group. Returns the loaded spec. */
+static loom_spec *config(const char *strategy)
+{
+    char path[] = "/tmp/loom_plugin_cfg_XXXXXX";
+    int fd = mkstemp(path);
+    FILE *f = fdopen(fd, "w");
+    fprintf(f,
+            "version = 1;\n"
+            "data: { train: { source: { type = \"synthetic\"; count = 512; features: {\n"
+            "  image = { dtype = \"float32\"; shape = [8]; }; label = { dtype = \"int64\"; max = 4; }; }; };\n"
+            "  transforms = ({ op = \"batch\"; size = 32; }); }; };\n"
+            "model: { layers = ({ type = \"dense\"; units = 16; activation = \"relu\"; },\n"
+            "                   { type = \"dense\"; units = 4; }); };\n"
+            "optimizer: { type = \"sgd\"; learning_rate = 0.1; };\n"
+            "strategy: { %s };\n"
+            "run: { model_dir = \"/tmp/loom_plugin_unused\"; seed = 7; threads = %d; };\n",
+            strategy, cfg_threads);
+    fclose(f);
+    loom_spec *spec = NULL;
+    loom_errlist errs = {0};
+    int rc = loom_config_load(&spec, path, NULL, 0, &errs);
+    CHECK_MSG(rc == LOOM_OK, "%s", errs.n ? errs.e[0].msg : "?");
+    unlink(path);
+    return spec;
+}
+
+/* Counts the averagings of the strategy under test and checks, around each,
+ * that the replicas differed before and are bit-identical after. */
+static struct {
+    int calls, differed, equal;
+    int64_t step, last_step;
+    int n;
+} rec;
+
+static int recording_all_reduce(float *const *bufs, int n, int64_t count, loom_redop op, loom_err *err)
+{
+    rec.calls++;
+    rec.n = n;
+    rec.last_step = rec.step;
+    bool differ = false;
+    for (int r = 1; r < n; r++) differ = differ || memcmp(bufs[r], bufs[0], (size_t)count * sizeof(float));
+    rec.differed += differ && op == LOOM_REDUCE_MEAN;
+    int rc = loom_find_cross_device_ops("reduce_to_one_device")->all_reduce(bufs, n, count, op, err);
+    bool equal = true;
+    for (int r = 1; r < n; r++) equal = equal && !memcmp(bufs[r], bufs[0], (size_t)count * sizeof(float));
+    rec.equal += equal;
+    return rc;
+}
+
+static int recording_broadcast(float *const *bufs, int n, int64_t count, int root, loom_err *err)
+{
+    return loom_find_cross_device_ops("reduce_to_one_device")->broadcast(bufs, n, count, root, err);
+}
+
+static const loom_cross_device_ops recording = {
+    .version = 1, .name = "recording", .all_reduce = recording_all_reduce, .broadcast = recording_broadcast};
+
+typedef struct run {
+    loom_spec *spec;
+    loom_iter *it;
+    loom_strategy *s;
+    loom_strategy_args args;
+} run;
+
+static int run_open(run *r, const char *strategy)
+{
+    memset(r, 0, sizeof *r);
+    loom_err err = {0};
+    CHECK(loom_plugin_load_file(so_path("plugins", "local_sgd.so"), NULL, &err) == LOOM_OK);
+    if (!loom_find_cross_device_ops("recording")) CHECK(loom_register_cross_device_ops(&recording, &err) == LOOM_OK);
+    if (!(r->spec = config(strategy))) return -1;
+    loom_data_ctx ctx = {.seed = 7, .threads = 0, .name = "train"};
+    CHECK(loom_data_open(&r->it, &r->spec->train, &ctx, &err) == LOOM_OK);
+    const loom_elem_spec *in = loom_iter_spec(r->it);
+    r->args = (loom_strategy_args){.spec = r->spec,
+                                   .input = in,
+                                   .input_idx = loom_elem_spec_find(in, "image"),
+                                   .label_idx = loom_elem_spec_find(in, "label"),
+                                   .max_batch = 32};
+    int rc = loom_strategy_open(&r->s, &r->args, &err);
+    if (rc) printf("# %s: %s\n", err.where, err.msg);
+    return rc;
+}
+
+/* Trains `steps` steps; returns the sum of losses. */
+static double run_steps(run *r, int steps)
+{
+    double loss = 0;
+    for (int step = 0; step < steps; step++) {
+        loom_elem *b;
+        loom_err err = {0};
+        CHECK(loom_iter_next(r->it, &b, &err) == LOOM_OK);
+        loom_step_result res = {0};
+        rec.step = step;
+        CHECK_MSG(loom_strategy_train_step(r->s, b, step, &res, &err) == LOOM_OK, "%s", err.msg);
+        CHECK(res.examples == 32);
+        loss += res.loss_sum;
+    }
+    return loss;
+}
+
+static void run_close(run *r)
+{
+    loom_strategy_close(r->s);
+    loom_iter_close(r->it);
+    loom_config_free(r->spec);
+}
+
+static void test_local_sgd_averages(void)
+{
+    run r;
+    memset(&rec, 0, sizeof rec);
+    if (run_open(&r, "type = \"local_sgd\"; replicas = 3; cross_device_ops = \"recording\"; "
+                     "options: { average_every = 2; };"))
+        return;
+    CHECK(loom_strategy_num_replicas(r.s) == 3);
+    run_steps(&r, 6);
+    /* after steps 1, 3 and 5 (0-based), over all 3 replicas, which had drifted apart and then agree */
+    CHECK_MSG(rec.calls == 3 && rec.last_step == 5 && rec.n == 3, "calls %d, last at step %lld", rec.calls,
+              (long long)rec.last_step);
+    CHECK(rec.differed == 3 && rec.equal == 3);
+    run_close(&r);
+}
+
+static void test_local_sgd_matches_sync_sgd(void)
+{
+    run a, b;
+    if (run_open(&a, "type = \"local_sgd\"; replicas = 2; options: { average_every = 1; };")) return;
+    if (run_open(&b, "type = \"one_device\";")) return;
+    run_steps(&a, 4);
+    run_steps(&b, 4);
+    loom_model *ma = loom_strategy_model(a.s), *mb = loom_strategy_model(b.s);
+    const float *pa = loom_model_params(ma), *pb = loom_model_params(mb);
+    double diff = 0, norm = 0;
+    for (int64_t i = 0; i < loom_model_num_params(ma); i++) diff += fabs(pa[i] - pb[i]), norm += fabs(pb[i]);
+    CHECK_MSG(diff <= 1e-5 * norm, "relative difference %g", diff / norm);
+    run_close(&a);
+    run_close(&b);
+}
+
+static void test_local_sgd_deterministic(void)
+{
+    const char *st = "type = \"local_sgd\"; replicas = 3; cross_device_ops = \"halving_doubling\"; "
+                     "options: { average_every = 3; };";
+    run a, b;
+    load_hd();
+    /* the second on one thread: the replicas' results do not depend on the pool */
+    if (run_open(&a, st)) return;
+    cfg_threads = 1;
+    int rc = run_open(&b, st);
+    cfg_threads = 2;
+    if (rc) return;
+    double la = run_steps(&a, 7), lb = run_steps(&b, 7);
+    loom_model *ma = loom_strategy_model(a.s), *mb = loom_strategy_model(b.s);
+    CHECK(la == lb);
+    CHECK(!memcmp(loom_model_params(ma), loom_model_params(mb), (size_t)loom_model_num_params(ma) * sizeof(float)));
+    run_close(&a);
+    run_close(&b);
+}
+
+static void test_local_sgd_options(void)
+{
+    loom_err err = {0};
+    CHECK(loom_plugin_load_file(so_path("plugins", "local_sgd.so"), NULL, &err) == LOOM_OK);
+    /* an unknown key: found before training, naming its line and the valid ones */
+    loom_spec *spec = config("type = \"local_sgd\"; replicas = 2;\n  options: { average_evry = 2; };");
+    loom_errlist errs = {0};
+    CHECK(loom_plugins_check_spec(spec, &errs) == LOOM_ECONFIG);
+    CHECK(errs.n == 1);
+    CHECK_CONTAINS(errs.e[0].where, ":9");
+    CHECK_MSG(!strcmp(errs.e[0].msg, "strategy.options.average_evry: unknown option of strategy \"local_sgd\" "
+                                     "(valid: average_every)"),
+              "%s", errs.e[0].msg);
+    CHECK(!strcmp(errs.e[0].hint, "did you mean `average_every`?"));
+    loom_config_free(spec);
+    /* a strategy or an op nobody registered */
+    spec = config("type = \"local_sdg\"; cross_device_ops = \"ring_of_fire\";");
+    errs.n = 0;
+    CHECK(loom_plugins_check_spec(spec, &errs) == LOOM_ECONFIG && errs.n == 2);
+    CHECK_CONTAINS(errs.e[0].msg, "strategy.type: unknown strategy \"local_sdg\" (available: one_device");
+    CHECK(!strcmp(errs.e[0].hint, "did you mean \"local_sgd\"?"));
+    CHECK_CONTAINS(errs.e[1].msg, "strategy.cross_device_ops: unknown cross-device ops \"ring_of_fire\"");
+    loom_config_free(spec);
+    /* a bad value: refused when the strategy opens (loom check does) */
+    run r;
+    CHECK(run_open(&r, "type = \"local_sgd\"; replicas = 2;\n  options: { average_every = 0; };") == LOOM_ECONFIG);
+    run_close(&r);
+}
+
+static void test_require(void)
+{
+    loom_spec *spec = config("type = \"one_device\";");
+    if (!spec) return;
+    spec->plugins.n_require = 2;
+    snprintf(spec->plugins.require[0], LOOM_NAME_MAX, "local_sgd");
+    snprintf(spec->plugins.require[1], LOOM_NAME_MAX, "abi_mismatch");
+    spec->plugins.require_line[1] = 12;
+    loom_err err = {0};
+    CHECK(loom_plugin_load_file(so_path("plugins", "local_sgd.so"), NULL, &err) == LOOM_OK);
+    CHECK(loom_plugins_load(spec, &err) == LOOM_ECONFIG);
+    CHECK_CONTAINS(err.where, ":12");
+    /* its name was never read (the ABI check comes first), so it is "not loaded" */
+    CHECK_CONTAINS(err.msg, "plugins.require: plugin \"abi_mismatch\" is not loaded (searched: ");
+    spec->plugins.n_require = 1;
+    CHECK(loom_plugins_load(spec, &err) == LOOM_OK);
+    loom_config_free(spec);
+}
+
+static const loom_test tests[] = {
+    {"refuses_text_file", test_refuses_text_file},
+    {"refuses_other_abi", test_refuses_other_abi},
+    {"refuses_missing_entry", test_refuses_missing_entry},
+    {"refuses_failing_init", test_refuses_failing_init},
+    {"refuses_taken_name", test_refuses_taken_name},
+    {"halving_doubling_all_reduce", test_halving_doubling_all_reduce},
+    {"halving_doubling_broadcast", test_halving_doubling_broadcast},
+    {"local_sgd_averages", test_local_sgd_averages},
+    {"local_sgd_matches_sync_sgd", test_local_sgd_matches_sync_sgd},
+    {"local_sgd_deterministic", test_local_sgd_deterministic},
+    {"local_sgd_options", test_local_sgd_options},
+    {"require", test_require},
+    {0},
+};
+
+int main(void)
+{
+    loom_log_set_level(LOOM_LOG_WARN);
+    loom_err err = {0};
+    if (loom_blas_init(1, &err)) {
+        printf("Bail out! %s\n", err.msg);
+        return 1;
+    }
+    return loom_test_run(tests);
+}
