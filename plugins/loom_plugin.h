@@ -4,8 +4,9 @@
  * It exports one function, loom_plugin_entry(), returning a static
  * loom_plugin; Loom checks its ABI version before touching anything else,
  * then calls init() once with the host table, through which the plugin
- * registers named providers (cross-device ops, strategies) and reaches
- * everything else it may use. Nothing of Loom is linked into a plugin.
+ * registers named providers of four kinds (cross-device ops, strategies,
+ * dataset sources, transforms; device backends too) and reaches everything
+ * else it may use. Nothing of Loom is linked into a plugin.
  *
  *   cc -shared -fPIC -O2 -I <loom>/plugins my_op.c -o my_op.so
  *
@@ -23,10 +24,9 @@
  * their comments say; host functions are thread-safe unless noted.
  * Device backends (a GPU's memory and kernels) register a loom_device_ops
  * (appliance/tensor/device.h, restated below) with host->register_device.
- * Not in the ABI yet: dataset sources and transforms (the data module's
- * custom element functions, appliance/data/custom.h, which Lua map/filter
- * use). Their registry kinds exist; exposing them means restating
- * loom_tensor, loom_elem and loom_custom_ops here, checked like the rest. */
+ * Dataset sources (source.type) and transforms (map/filter `plugin =
+ * "provider:function"`) are the data module's provider interfaces
+ * (appliance/data/custom.h, restated below; Lua map/filter use the same). */
 #ifndef LOOM_PLUGIN_H
 #define LOOM_PLUGIN_H
 
@@ -67,10 +67,143 @@ typedef struct loom_err {
 typedef enum { LOOM_LOG_DEBUG, LOOM_LOG_INFO, LOOM_LOG_WARN, LOOM_LOG_ERROR } loom_log_level;
 #endif
 
+#ifndef LOOM_TENSOR_H
+/* ---- tensors and elements (appliance/tensor/tensor.h, data/data.h) ---------- */
+
+typedef enum { LOOM_U8, LOOM_I32, LOOM_I64, LOOM_F32, LOOM_F64, LOOM_NDTYPES_ } loom_dtype;
+
+#define LOOM_MAX_RANK 8
+
+typedef struct loom_shape {
+    int     rank;
+    int64_t dim[LOOM_MAX_RANK];
+} loom_shape;
+
+/* A host tensor: row-major data of shape.dim[0] * ... values of dtype. */
+typedef struct loom_tensor {
+    loom_dtype dtype;
+    loom_shape shape;
+    void      *data;
+    int        owns; /* Loom's; plugins leave it 0 */
+} loom_tensor;
+#endif
+
+#ifndef LOOM_DATA_H
+#define LOOM_MAX_FEATURES 8
+#define LOOM_NAME_MAX     64
+
+/* Names, dtypes and shapes of an element; batched: dim[0] is the batch
+ * size, -1 when the last batch may be short. */
+typedef struct loom_elem_spec {
+    int        n;
+    char       name[LOOM_MAX_FEATURES][LOOM_NAME_MAX];
+    loom_dtype dtype[LOOM_MAX_FEATURES];
+    loom_shape shape[LOOM_MAX_FEATURES];
+} loom_elem_spec;
+
+/* An element (the model input, the label, ...): tensors in the spec's order. */
+typedef struct loom_elem {
+    int         n;
+    loom_tensor t[LOOM_MAX_FEATURES];
+} loom_elem;
+#endif
+
+#ifndef LOOM_DATA_CUSTOM_H
+/* ---- transforms and dataset sources (appliance/data/custom.h has more) ------ */
+
+#define LOOM_CUSTOM_OPS_VERSION 1
+#define LOOM_SOURCE_OPS_VERSION 1
+
+/* A config's options for a provider (a plugin map's `args`, a source's
+ * `options`): scalars as text, in config order. */
+#define LOOM_MAX_OPTIONS 8
+typedef struct loom_options {
+    int         n;
+    const char *key[LOOM_MAX_OPTIONS];
+    const char *value[LOOM_MAX_OPTIONS];
+    const char *where[LOOM_MAX_OPTIONS]; /* "configs/x.cfg:12": name it in errors (host->err_set's where) */
+} loom_options;
+
+/* What a transform provider is opened with: `plugin = "image_ops:cutout"`
+ * opens provider "image_ops" with ref "cutout". */
+typedef struct loom_custom_args {
+    uint32_t              size;      /* sizeof at Loom's build: fields past it are absent */
+    const char           *ref;       /* the function, "cutout" */
+    const char           *base_dir;
+    const char           *where;     /* "configs/x.cfg:31", the transform */
+    const loom_elem_spec *in;        /* the elements it receives (may be batched) */
+    const loom_shape     *in_max;    /* in's shapes with every -1 at its largest value */
+    int                   filter;    /* 1: a predicate, 0: a map */
+    int                   max_calls; /* most calls in flight at once (>= 1) */
+    uint64_t              seed;      /* the run's seed */
+    const void           *options;   /* Loom's own; plugins ignore it */
+    const loom_options   *args;      /* the transform's `args` */
+} loom_custom_args;
+
+/* The RNG key of one call: derive the call's random numbers from it alone
+ * (host->rng_mix), and results do not depend on threads or resume points. */
+typedef struct loom_custom_key {
+    uint64_t seed;
+    int64_t  stage;  /* the transform's position in the pipeline */
+    int64_t  epoch;
+    int64_t  index;  /* the element's position in this pass of the stage's input */
+} loom_custom_key;
+
+/* A transform provider: map and/or filter functions selected by ref.
+ * open/close run on the pipeline's thread; map and filter on up to
+ * max_calls threads at once, each call with its own in/out. */
+typedef struct loom_custom_ops {
+    uint32_t    version; /* LOOM_CUSTOM_OPS_VERSION */
+    const char *name;    /* what `plugin = "NAME:function"` selects */
+    /* A map fills *out with the spec of what it returns (max shapes; a dim
+     * that varies is -1 and out_max gives its largest value). */
+    int  (*open)(void **inst, const loom_custom_args *args, loom_elem_spec *out, loom_shape *out_max, loom_err *err);
+    /* out's tensors arrive with the output dtypes and buffers of the max
+     * shapes: write the data and the actual shapes. in is read-only. */
+    int  (*map)(void *inst, const loom_elem *in, loom_elem *out, const loom_custom_key *key, loom_err *err);
+    int  (*filter)(void *inst, const loom_elem *in, int *keep, const loom_custom_key *key, loom_err *err);
+    void (*close)(void *inst);
+} loom_custom_ops;
+
+/* What a source is opened with (source: { type = NAME; options: {...}; }). */
+typedef struct loom_source_args {
+    uint32_t            size;     /* sizeof at Loom's build */
+    const char         *type;     /* the registry name */
+    const char         *base_dir; /* the config's directory: resolve relative paths against it */
+    const char         *where;    /* "configs/x.cfg:12", the source group */
+    const loom_options *options;  /* keys already checked against loom_source_ops.options */
+    uint64_t            seed;     /* the run's seed */
+} loom_source_args;
+
+/* A dataset source. Every function runs on the thread driving the
+ * pipeline, one call at a time per instance. The same (options, seed,
+ * epoch, position) must give the same element: that is what makes runs
+ * reproducible and resumable. */
+typedef struct loom_source_ops {
+    uint32_t           version; /* LOOM_SOURCE_OPS_VERSION */
+    const char        *name;    /* what source.type selects */
+    const char *const *options; /* keys accepted in source.options (NULL-terminated, static); NULL: none;
+                                   a "*" entry: any key (keys that name features) */
+    /* Fills *spec with the elements next() yields and max with their
+     * largest shapes. close() is called whenever *inst is not NULL, also
+     * after a failed open. */
+    int     (*open)(void **inst, const loom_source_args *a, loom_elem_spec *spec, loom_shape *max, loom_err *err);
+    int64_t (*cardinality)(void *inst);                          /* per pass; -1 infinite, -2 unknown */
+    int     (*rewind)(void *inst, int64_t epoch, loom_err *err); /* starts pass epoch (0, 1, ...) */
+    /* The next element of the pass, LOOM_EEOF after the last. out's tensors
+     * arrive with buffers of the max shapes: write them and set the shapes,
+     * or point data at the source's own memory (read-only, valid until the
+     * next call). */
+    int     (*next)(void *inst, loom_elem *out, loom_err *err);
+    /* The state (epoch, position) into buf when it fits in cap; returns its size either way. */
+    size_t  (*save)(void *inst, void *buf, size_t cap);
+    int     (*restore)(void *inst, const void *buf, size_t len, loom_err *err); /* bad state: LOOM_ECHECKPOINT */
+    void    (*close)(void *inst);
+} loom_source_ops;
+#endif
+
 /* Opaque to plugins: reached only through host functions. */
 typedef struct loom_spec      loom_spec;      /* the loaded config */
-typedef struct loom_elem_spec loom_elem_spec; /* names, dtypes and shapes of an element */
-typedef struct loom_elem      loom_elem;      /* a (batched) element: the model input, the label, ... */
 typedef struct loom_model     loom_model;     /* one replica's layers, flat parameters and gradients */
 typedef struct loom_optimizer loom_optimizer; /* an optimizer with its slots and schedule */
 typedef struct loom_pool      loom_pool;      /* a fixed pool of worker threads */
@@ -329,6 +462,13 @@ typedef struct loom_host {
     /* A device backend, registered under ops->name (LOOM_REG_DEVICE), even
      * when it finds no device: probe() says why. Only during init. */
     int (*register_device)(const loom_device_ops *ops, loom_err *err);
+
+    /* A dataset source, registered under ops->name (LOOM_REG_SOURCE): what
+     * source.type selects. Only during init. */
+    int (*register_source)(const loom_source_ops *ops, loom_err *err);
+    /* A transform provider under ops->name (LOOM_REG_TRANSFORM): what a
+     * map's or filter's `plugin = "NAME:function"` selects. Only during init. */
+    int (*register_transform)(const loom_custom_ops *ops, loom_err *err);
 } loom_host;
 
 /* ---- the entry point ------------------------------------------------------- */

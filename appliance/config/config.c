@@ -336,6 +336,12 @@ static void parse_padding_values(ctx *c, const config_setting_t *s, void *base);
 static void resolve_lua_ref(ctx *c, const config_setting_t *s, char *out, size_t n);
 static void parse_parallel(ctx *c, const config_setting_t *s, void *base);
 static void parse_strategy_options(ctx *c, const config_setting_t *s, void *base);
+static void parse_source_options(ctx *c, const config_setting_t *s, void *base);
+static int plugin_source_type(ctx *c, const config_setting_t *t, loom_source_spec *src);
+static void parse_map_plugin(ctx *c, const config_setting_t *s, void *base);
+static void parse_map_args(ctx *c, const config_setting_t *s, void *base);
+static void parse_filter_plugin(ctx *c, const config_setting_t *s, void *base);
+static void parse_filter_args(ctx *c, const config_setting_t *s, void *base);
 static void parse_strategy_devices(ctx *c, const config_setting_t *s, void *base);
 static void parse_plugin_path(ctx *c, const config_setting_t *s, void *base);
 static void parse_plugin_require(ctx *c, const config_setting_t *s, void *base);
@@ -402,6 +408,8 @@ static const opt dataset_opts[] = {
 #define SRC(k) K(LOOM_SRC_##k)
 static const opt source_opts[] = {
     O_KIND(loom_source_spec, "type", kind, 0, loom_source_names_, ALL, "source type"),
+    O_CUSTOM("options", parse_source_options, SRC(PLUGIN), 0,
+             "a plugin source's options: KEY = number, string or true/false, at most 8"),
     O_CUSTOM("features", parse_features, SRC(IDX), SRC(IDX), "feature name = \"file.idx[.gz]\", 1 to 8"),
     O_STR(loom_source_spec, "name", name, NULL, catalog_names, SRC(CATALOG), SRC(CATALOG), "catalog dataset"),
     O_STR(loom_source_spec, "split", split, NULL, split_names, SRC(CATALOG), SRC(CATALOG), "catalog split"),
@@ -482,6 +490,9 @@ static const opt transform_opts[] = {
     O_STR(loom_transform_spec, "feature", feature, NULL, NULL, TR(FILTER), 0, "the scalar feature tested"),
     O_STR(loom_transform_spec, "lua", map.lua, "", NULL, TR(FILTER), 0,
           "\"file.lua:function\": fn(elem, rng) returns true to keep the element (instead of feature and a predicate)"),
+    O_CUSTOM("plugin", parse_filter_plugin, TR(FILTER), 0,
+             "\"provider:function\": a plugin's predicate keeps the element (instead of feature and a predicate)"),
+    O_CUSTOM("args", parse_filter_args, TR(FILTER), 0, "the plugin predicate's arguments: KEY = scalar, at most 8"),
     O_CUSTOM("in", parse_filter_values, TR(FILTER), 0, "keep elements whose feature is one of these values"),
     O_CUSTOM("not_in", parse_filter_values, TR(FILTER), 0, "keep elements whose feature is none of these values"),
     O_F64(loom_transform_spec, "min", min, -INFINITY, 0, 0, F_NO_LO | F_NO_HI, TR(FILTER), 0,
@@ -529,8 +540,11 @@ static const opt map_opts[] = {
     O_F64(loom_map_spec, "value", value, 0.0, 0, 0, F_NO_LO | F_NO_HI, MAP(PAD), 0, "fill value of the padding"),
     O_PAIR(loom_map_spec, "size", size, 0, 1, INT_MAX, MAP(RANDOM_CROP), MAP(RANDOM_CROP), "crop size: int or [h, w]"),
     O_F64(loom_map_spec, "ms", ms, 0.0, 0.0, 60000.0, 0, MAP(SLEEP), MAP(SLEEP), "milliseconds to sleep per element"),
-    O_STR(loom_map_spec, "lua", lua, NULL, NULL, MAP(LUA), MAP(LUA),
+    O_STR(loom_map_spec, "lua", lua, NULL, NULL, MAP(LUA), 0,
           "\"file.lua:function\": fn(elem, rng) returns the element (fn = \"lua\" may be omitted)"),
+    O_CUSTOM("plugin", parse_map_plugin, MAP(LUA), 0,
+             "\"provider:function\": a plugin's function maps the element (instead of lua)"),
+    O_CUSTOM("args", parse_map_args, MAP(LUA), 0, "the plugin function's arguments: KEY = scalar, at most 8"),
     O_END,
 };
 
@@ -1601,11 +1615,15 @@ static void check_transform_more(ctx *c, const config_setting_t *g, loom_transfo
     const config_setting_t *in = config_setting_get_member(g, "in"), *nin = config_setting_get_member(g, "not_in");
     const config_setting_t *lo = config_setting_get_member(g, "min"), *hi = config_setting_get_member(g, "max");
     const config_setting_t *lua = config_setting_get_member(g, "lua"), *feat = config_setting_get_member(g, "feature");
-    if (op == LOOM_T_FILTER && lua) {
-        if (feat || in || nin || lo || hi)
-            cerr(c, lua, "a filter takes either `lua` or `feature` with a predicate, not both");
+    const config_setting_t *plug = config_setting_get_member(g, "plugin");
+    if (op == LOOM_T_FILTER && (lua || plug)) {
+        if (lua && plug)
+            cerr(c, plug, "a filter takes either `lua` or `plugin`, not both");
+        else if (feat || in || nin || lo || hi)
+            cerr(c, lua ? lua : plug, "a filter takes either `%s` or `feature` with a predicate, not both",
+                 lua ? "lua" : "plugin");
         t->filter = LOOM_FILTER_LUA;
-        resolve_lua_ref(c, lua, t->map.lua, sizeof t->map.lua);
+        if (lua) resolve_lua_ref(c, lua, t->map.lua, sizeof t->map.lua);
     } else if (op == LOOM_T_FILTER) {
         int given = (in != NULL) + (nin != NULL) + (lo || hi);
         if (!feat)
@@ -1633,12 +1651,19 @@ static void parse_map(ctx *c, const config_setting_t *g, loom_transform_spec *t,
 {
     int fn = -1;
     if (op == LOOM_T_MAP) {
-        /* `lua = ...` without `fn` is a Lua map */
-        bool lua_only = !config_setting_get_member(g, "fn") && config_setting_get_member(g, "lua");
-        fn = lua_only ? (int)(t->map.kind = LOOM_MAP_LUA) : parse_kind(c, g, map_opts, &t->map);
+        /* `lua = ...` or `plugin = ...` without `fn` is a custom map */
+        const config_setting_t *lua = config_setting_get_member(g, "lua"), *plug = config_setting_get_member(g, "plugin");
+        bool custom_only = !config_setting_get_member(g, "fn") && (lua || plug);
+        fn = custom_only ? (int)(t->map.kind = LOOM_MAP_LUA) : parse_kind(c, g, map_opts, &t->map);
         parse_opts(c, g, map_opts, fn, &t->map);
-        if (fn == LOOM_MAP_LUA && config_setting_get_member(g, "lua"))
-            resolve_lua_ref(c, config_setting_get_member(g, "lua"), t->map.lua, sizeof t->map.lua);
+        if (fn == LOOM_MAP_LUA && lua && plug)
+            cerr(c, plug, "a map takes either `lua` or `plugin`, not both");
+        else if (fn == LOOM_MAP_LUA && lua)
+            resolve_lua_ref(c, lua, t->map.lua, sizeof t->map.lua);
+        else if (fn == LOOM_MAP_LUA && !plug)
+            cerr(c, g, "missing required setting `lua` (\"file.lua:function\") or `plugin` (\"provider:function\")");
+        if (fn == LOOM_MAP_LUA && lua && config_setting_get_member(g, "args"))
+            cerr(c, config_setting_get_member(g, "args"), "`args` go to a plugin's function; a Lua map takes none");
     }
     scope sc[2] = {{transform_opts, op, NULL}, {map_opts, fn, NULL}};
     if (op >= 0 && op != LOOM_T_MAP) sc[1].gate = "op = \"map\"";
@@ -1746,7 +1771,8 @@ static void parse_dataset(ctx *c, const config_setting_t *g, loom_dataset_spec *
     const config_setting_t *src = sub_group(c, g, "source");
     if (src) {
         loc_of(c, src, &d->source.loc);
-        int k = parse_kind(c, src, source_opts, &d->source);
+        int k = plugin_source_type(c, config_setting_get_member(src, "type"), &d->source);
+        if (k < 0) k = parse_kind(c, src, source_opts, &d->source);
         parse_opts(c, src, source_opts, k, &d->source);
         d->source.seed_set = k == LOOM_SRC_LIST_FILES && config_setting_get_member(src, "seed");
         scope ss = {source_opts, k, NULL};
@@ -1848,6 +1874,96 @@ static void parse_schedule(ctx *c, const config_setting_t *og, loom_optimizer_sp
             cerr(c, v, "expected %d values (one more than the %d boundaries), got %d", config_setting_length(b) + 1,
                  config_setting_length(b), config_setting_length(v));
     }
+}
+
+/* A source type that is neither built in nor a likely misspelling of one
+ * (edit distance <= 2: parse_kind reports those with did-you-mean) names a
+ * plugin's source: kept as text (kind LOOM_SRC_PLUGIN) and found in the
+ * registry once plugins are loaded, where an unknown name is reported.
+ * Returns the kind, or -1 for parse_kind to handle. */
+static int plugin_source_type(ctx *c, const config_setting_t *t, loom_source_spec *src)
+{
+    if (!t || config_setting_type(t) != CONFIG_TYPE_STRING) return -1;
+    const char *name = config_setting_get_string(t);
+    for (int i = 0; loom_source_names_[i]; i++)
+        if (loom_edit_distance(name, loom_source_names_[i]) <= 2) return -1;
+    if (!name[0] || strlen(name) >= sizeof src->plugin)
+        cerr(c, t, "bad source type \"%s\" (empty or longer than %zu characters)", name, sizeof src->plugin - 1);
+    snprintf(src->plugin, sizeof src->plugin, "%s", name);
+    src->kind = LOOM_SRC_PLUGIN;
+    return LOOM_SRC_PLUGIN;
+}
+
+/* A group of scalars for a plugin's provider, each kept as text with its line. */
+static void plugin_opts_group(ctx *c, const config_setting_t *s, loom_plugin_opts *o)
+{
+    char v[300];
+    o->n = 0;
+    if (!config_setting_is_group(s)) {
+        cerr(c, s, "expected a group { KEY = value; ... }, got %s", value_str(s, v, sizeof v));
+        return;
+    }
+    int n = config_setting_length(s);
+    if (n > LOOM_MAX_PLUGIN_OPTS) {
+        cerr(c, s, "too many options: %d (at most %d)", n, LOOM_MAX_PLUGIN_OPTS);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *e = config_setting_get_elem(s, i);
+        const char *key = config_setting_name(e);
+        if (config_setting_is_aggregate(e)) {
+            cerr(c, e, "expected a number, a string or true/false, got %s", value_str(e, v, sizeof v));
+            continue;
+        }
+        if (config_setting_type(e) == CONFIG_TYPE_STRING)
+            snprintf(v, sizeof v, "%s", config_setting_get_string(e));
+        else
+            value_str(e, v, sizeof v);
+        if (strlen(key) >= sizeof o->key[0] || strlen(v) >= sizeof o->value[0]) {
+            cerr(c, e, "key or value too long (at most %zu and %zu characters)", sizeof o->key[0] - 1,
+                 sizeof o->value[0] - 1);
+            continue;
+        }
+        int k = o->n++;
+        snprintf(o->key[k], sizeof o->key[k], "%s", key);
+        snprintf(o->value[k], sizeof o->value[k], "%s", v);
+        char where[300];
+        where_of(c, e, where, sizeof where, &o->line[k]);
+    }
+}
+
+static void parse_source_options(ctx *c, const config_setting_t *s, void *base)
+{
+    plugin_opts_group(c, s, &((loom_source_spec *)base)->options);
+}
+
+/* `plugin = "provider:function"` into m->provider and m->lua (the function). */
+static void plugin_ref(ctx *c, const config_setting_t *s, loom_map_spec *m)
+{
+    const char *ref = config_setting_type(s) == CONFIG_TYPE_STRING ? config_setting_get_string(s) : NULL;
+    const char *colon = ref ? strchr(ref, ':') : NULL;
+    if (!colon || colon == ref || !colon[1] || colon - ref >= LOOM_NAME_MAX || strlen(colon + 1) >= LOOM_NAME_MAX) {
+        char v[300];
+        loom_err *e = cerr(c, s, "expected \"provider:function\", got %s", value_str(s, v, sizeof v));
+        if (e) loom_err_hint(e, "e.g. plugin = \"image_ops:cutout\"; `loom plugins` lists the transform providers");
+        return;
+    }
+    snprintf(m->provider, sizeof m->provider, "%.*s", (int)(colon - ref), ref);
+    snprintf(m->lua, sizeof m->lua, "%s", colon + 1);
+}
+
+static void parse_map_plugin(ctx *c, const config_setting_t *s, void *base) { plugin_ref(c, s, base); }
+static void parse_map_args(ctx *c, const config_setting_t *s, void *base)
+{
+    plugin_opts_group(c, s, &((loom_map_spec *)base)->args);
+}
+static void parse_filter_plugin(ctx *c, const config_setting_t *s, void *base)
+{
+    plugin_ref(c, s, &((loom_transform_spec *)base)->map);
+}
+static void parse_filter_args(ctx *c, const config_setting_t *s, void *base)
+{
+    plugin_opts_group(c, s, &((loom_transform_spec *)base)->map.args);
 }
 
 /* A strategy type that is not built in names a plugin's strategy: kept as

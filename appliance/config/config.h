@@ -35,7 +35,19 @@ typedef enum { LOOM_CFG_U8, LOOM_CFG_I32, LOOM_CFG_I64, LOOM_CFG_F32, LOOM_CFG_F
 /* ---- data ---------------------------------------------------------------- */
 
 typedef enum { LOOM_SRC_IDX, LOOM_SRC_CATALOG, LOOM_SRC_TFRECORD, LOOM_SRC_CSV, LOOM_SRC_TEXT,
-               LOOM_SRC_SYNTHETIC, LOOM_SRC_LIST_FILES } loom_source_kind;
+               LOOM_SRC_SYNTHETIC, LOOM_SRC_LIST_FILES,
+               LOOM_SRC_PLUGIN /* any other type: a plugin's source, found by `plugin` once plugins are loaded */
+} loom_source_kind;
+
+/* Options a config hands a plugin's provider (a source's `options`, a
+ * plugin map's or filter's `args`): scalars kept as text, in config order. */
+#define LOOM_MAX_PLUGIN_OPTS 8
+typedef struct loom_plugin_opts {
+    int  n;
+    char key[LOOM_MAX_PLUGIN_OPTS][LOOM_NAME_MAX];
+    char value[LOOM_MAX_PLUGIN_OPTS][256];
+    int  line[LOOM_MAX_PLUGIN_OPTS]; /* in the config file; 0 for --set */
+} loom_plugin_opts;
 
 #define LOOM_MAX_FILE_PATTERNS 16
 
@@ -134,6 +146,10 @@ typedef struct loom_source_spec {
      * shuffle (the shuffle_files field, default true here) reorders them each epoch by (seed, epoch). */
     uint64_t           seed;      /* list_files: the run's seed unless set */
     bool               seed_set;
+    /* plugin: a source a plugin registered (LOOM_REG_SOURCE) under its type.
+     *   source: { type = "npy"; options: { image = "x.npy"; label = "y.npy"; }; }; */
+    char               plugin[LOOM_NAME_MAX];
+    loom_plugin_opts   options;
 } loom_source_spec;
 
 typedef enum {
@@ -147,7 +163,7 @@ typedef enum {
     LOOM_MAP_RANDOM_CROP, /* random_crop: (H, W[, C]) -> (h, w[, C]) at uniform offsets; unbatched only */
     LOOM_MAP_STANDARDIZE, /* per_image_standardization: (x - mean) / max(std, 1/sqrt(N)), float32; unbatched only */
     LOOM_MAP_SLEEP,       /* sleep: ms per element, values unchanged; for benchmarks and autotune tests */
-    LOOM_MAP_LUA,         /* lua: a Lua function maps the whole element (script/provider.c); fn may be omitted */
+    LOOM_MAP_LUA,         /* lua (or plugin): a custom function maps the whole element (data/custom.h); fn may be omitted */
 } loom_map_kind;
 
 typedef struct loom_map_spec {
@@ -165,6 +181,11 @@ typedef struct loom_map_spec {
     double         ms;                     /* sleep: milliseconds per element (>= 0) */
     char           lua[LOOM_PATH_MAX + LOOM_NAME_MAX]; /* lua, and a filter's lua: "file.lua:function", the file
                                                           resolved against the config's directory at load */
+    /* plugin, and a filter's plugin: `plugin = "provider:function"` selects a
+     * transform provider a plugin registered; lua then holds "function" and
+     * provider its name ("" = the Lua provider, "lua"). args: its `args`. */
+    char             provider[LOOM_NAME_MAX];
+    loom_plugin_opts args;
 } loom_map_spec;
 
 typedef enum {

@@ -173,10 +173,38 @@ static void print_csv_text_synthetic(FILE *f, const loom_source_spec *src)
     }
 }
 
+/* A plugin provider's options group (values as the text the plugin gets). */
+static void print_plugin_opts(FILE *f, int level, const char *name, const loom_plugin_opts *o)
+{
+    ind(f, level);
+    fprintf(f, "%s: {\n", name);
+    for (int i = 0; i < o->n; i++) kv_str(f, level + 1, o->key[i], o->value[i]);
+    ind(f, level);
+    fputs("};\n", f);
+}
+
+/* A plugin map's or filter's function: plugin and args, or lua. */
+static void print_custom_fn(FILE *f, const loom_map_spec *m)
+{
+    if (!m->provider[0]) {
+        kv_str(f, 4, "lua", m->lua);
+        return;
+    }
+    char ref[sizeof m->provider + sizeof m->lua + 1];
+    snprintf(ref, sizeof ref, "%s:%s", m->provider, m->lua);
+    kv_str(f, 4, "plugin", ref);
+    print_plugin_opts(f, 4, "args", &m->args);
+}
+
 /* The settings of a source group (its braces are the caller's). An
  * interleave's source has no patterns: files are then left out. */
 static void print_source(FILE *f, const loom_source_spec *src)
 {
+    if (src->kind == LOOM_SRC_PLUGIN) {
+        kv_str(f, 3, "type", src->plugin);
+        print_plugin_opts(f, 3, "options", &src->options);
+        return;
+    }
     kv_str(f, 3, "type", loom_cfg_name_(loom_source_names_, (int)src->kind));
     if (src->kind == LOOM_SRC_LIST_FILES) {
         fputs("      files = [", f);
@@ -275,7 +303,7 @@ static void print_dataset(FILE *f, const char *name, const loom_dataset_spec *ds
                 break;
             case LOOM_MAP_STANDARDIZE: break;
             case LOOM_MAP_SLEEP: kv_f64(f, 4, "ms", m->ms); break;
-            case LOOM_MAP_LUA: kv_str(f, 4, "lua", m->lua); break;
+            case LOOM_MAP_LUA: print_custom_fn(f, m); break;
             }
             if (t->parallel == LOOM_PARALLEL_AUTO) kv_str(f, 4, "parallel", "auto");
             else kv_i64(f, 4, "parallel", t->parallel > 0 ? t->parallel : 1);
@@ -296,7 +324,7 @@ static void print_dataset(FILE *f, const char *name, const loom_dataset_spec *ds
         case LOOM_T_PREFETCH: kv_i64(f, 4, "buffer", t->buffer); break;
         case LOOM_T_FILTER:
             if (t->filter == LOOM_FILTER_LUA) {
-                kv_str(f, 4, "lua", m->lua);
+                print_custom_fn(f, m);
                 break;
             }
             kv_str(f, 4, "feature", t->feature);

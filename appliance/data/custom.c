@@ -23,6 +23,9 @@ typedef struct custst {
     size_t                 off[LOOM_MAX_FEATURES], total; /* map: where each output feature goes in a buffer */
     uint8_t               *buf;          /* map: the sequential output buffer */
     char                   ref[LOOM_PATH_MAX + LOOM_NAME_MAX];
+    char                   label[LOOM_PATH_MAX + 2 * LOOM_NAME_MAX]; /* the setting, for messages: lua = "...", plugin = "..." */
+    loom_options           args;         /* the transform's args, pointing into map.args and argw */
+    char                   argw[LOOM_MAX_OPTIONS][LOOM_PATH_MAX + 48];
 } custst;
 
 static const dstage_ops custom_map_ops, custom_filter_ops;
@@ -45,8 +48,8 @@ static int call_failed(const custst *s, int64_t epoch, int64_t pos, loom_err *er
     if (!err) return LOOM_ELUA;
     char at[LOOM_PATH_MAX + 16] = "";
     if (s->s.where[0]) snprintf(at, sizeof at, " (%.400s)", s->s.where);
-    loom_err_prefix(err, "%s %s = \"%.200s\"%s, element %lld of epoch %lld", s->filter ? "filter" : "map", s->ops->name,
-                    s->ref, at, (long long)pos, (long long)epoch);
+    loom_err_prefix(err, "%s %.260s%s, element %lld of epoch %lld", s->filter ? "filter" : "map", s->label, at,
+                    (long long)pos, (long long)epoch);
     return err->code;
 }
 
@@ -140,6 +143,22 @@ static const dstage_ops custom_filter_ops = {
     .next = cfilter_next, .rewind = cust_rewind, .save = cust_save, .restore = cust_restore, .close = cust_close,
 };
 
+/* The transform's args as loom_options, each with the file:line it came from. */
+static void point_args(custst *s, const loom_transform_spec *t)
+{
+    const loom_plugin_opts *o = &t->map.args;
+    s->args.n = o->n < LOOM_MAX_OPTIONS ? o->n : LOOM_MAX_OPTIONS;
+    for (int i = 0; i < s->args.n; i++) {
+        if (o->line[i] > 0)
+            snprintf(s->argw[i], sizeof s->argw[i], "%s:%d", t->loc.file, o->line[i]);
+        else
+            snprintf(s->argw[i], sizeof s->argw[i], "--set ...args.%s", o->key[i]);
+        s->args.key[i] = o->key[i];
+        s->args.value[i] = o->value[i];
+        s->args.where[i] = s->argw[i];
+    }
+}
+
 /* Lays out the output features in a buffer, each 64-byte aligned. */
 static int layout(custst *s, loom_err *err)
 {
@@ -166,7 +185,11 @@ static int cust_open(dstage **out, dstage *in, int id, const loom_transform_spec
     s->filter = filter;
     s->seed = ctx->seed;
     snprintf(s->ref, sizeof s->ref, "%s", t->map.lua);
-    const char *provider = "lua"; /* the only key that names a provider so far */
+    const char *provider = t->map.provider[0] ? t->map.provider : "lua"; /* `plugin` or `lua` */
+    if (t->map.provider[0])
+        snprintf(s->label, sizeof s->label, "plugin = \"%s:%.200s\"", provider, s->ref);
+    else
+        snprintf(s->label, sizeof s->label, "lua = \"%.200s\"", s->ref);
     s->ops = loom_registry_find(LOOM_REG_TRANSFORM, provider, NULL);
     if (!s->ops || s->ops->version < 1 || !s->ops->open || (filter ? !s->ops->filter : !s->ops->map)) {
         char all[256];
@@ -175,21 +198,26 @@ static int cust_open(dstage **out, dstage *in, int id, const loom_transform_spec
                      loom_registry_names(LOOM_REG_TRANSFORM, all, sizeof all));
         s->ops = NULL;
         cust_close(st);
+        if (t->map.provider[0])
+            return loom_err_hint(err, "a plugin's transform provider is available once its .so is in plugins/ or a "
+                                      "plugins.path directory (`loom plugins` lists them)");
         return loom_err_hint(err, "this build lacks Lua support, or loom_script_register() was not called at startup");
     }
     const char *fn = strrchr(s->ref, ':'), *base = strrchr(s->ref, '/');
-    snprintf(st->name, sizeof st->name, "%s(%s:%.24s)", filter ? "filter" : "map", provider, fn ? fn + 1 : s->ref);
+    snprintf(st->name, sizeof st->name, "%s(%.16s:%.20s)", filter ? "filter" : "map", provider, fn ? fn + 1 : s->ref);
     /* the state fingerprint names the file without its directory: a moved checkout still resumes */
-    snprintf(st->desc, sizeof st->desc, "%s(%s,%.130s)", filter ? "filter" : "map", provider, base ? base + 1 : s->ref);
+    snprintf(st->desc, sizeof st->desc, "%s(%.16s,%.130s)", filter ? "filter" : "map", provider, base ? base + 1 : s->ref);
     loom_custom_args a = { /* the config resolved the reference's file */
         .size = sizeof a, .ref = s->ref, .base_dir = "", .where = st->where, .in = &in->spec, .in_max = in->maxshape,
         .filter = filter, .max_calls = max_calls, .seed = ctx->seed, .options = ctx->custom_options,
+        .args = &s->args,
     };
+    point_args(s, t);
     loom_elem_spec ospec;
     loom_shape omax[LOOM_MAX_FEATURES];
     int rc = s->ops->open(&s->inst, &a, &ospec, omax, err);
     if (rc) { /* a syntax error, a missing function, a bad first result: the config's to fix (exit 2) */
-        loom_err_prefix(err, "%s %s = \"%.200s\" (%s)", filter ? "filter" : "map", provider, s->ref, st->where);
+        loom_err_prefix(err, "%s %.260s (%s)", filter ? "filter" : "map", s->label, st->where);
         if (err && rc == LOOM_ELUA) rc = err->code = LOOM_ECONFIG;
         cust_close(st);
         return rc;

@@ -169,6 +169,10 @@ int    custom_apply_(const dstage *st, loom_elem *e, uint8_t *buf, int64_t epoch
 size_t custom_scratch_(const dstage *st);
 size_t custom_offset_(const dstage *st, int f, size_t *cap);
 
+/* A source from a provider in the registry (source_plugin.c): src->plugin
+ * names it; an unknown name is LOOM_ECONFIG listing the registered ones. */
+int plugin_source_open_(dstage **out, const loom_source_spec *src, const loom_data_ctx *ctx, loom_err *err);
+
 /* ---- file-list sources (source_files.c) ------------------------------------ */
 
 /* Expands src's patterns (each must still match a regular file) into *files,

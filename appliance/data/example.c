@@ -31,8 +31,12 @@ static int pb_fail(pb *r, const char *fmt, ...)
     return LOOM_EDATA;
 }
 
-static int pb_varint(pb *r, uint64_t *v)
+static inline int pb_varint(pb *r, uint64_t *v)
 {
+    if (r->p < r->end && *r->p < 0x80) { /* one byte: keys, small lengths and values */
+        *v = *r->p++;
+        return LOOM_OK;
+    }
     uint64_t x = 0;
     *v = 0;
     for (int i = 0; i < 10; i++) {
@@ -439,8 +443,8 @@ static int extract_one(const loom_example *ex, const loom_feature_spec *s, int64
 {
     LOOM_ASSERT(s->name && (unsigned)s->dtype <= LOOM_PARSE_BYTES && o->data);
     int64_t numel = loom_shape_numel(&s->shape);
-    char shp[96];
-    loom_shape_str(&s->shape, shp, sizeof shp);
+    char shp[96]; /* the shape in words, formatted only for an error (SHP_) */
+#define SHP_ loom_shape_str(&s->shape, shp, sizeof shp)
     const char *dtn = parse_dtype_names[s->dtype];
     loom_feature_kind want = parse_kind[s->dtype];
     const loom_example_feature *f = loom_example_find(ex, s->name);
@@ -448,21 +452,21 @@ static int extract_one(const loom_example *ex, const loom_feature_spec *s, int64
     if (!f || f->kind == LOOM_FEATURE_NONE) {
         if (s->required)
             return loom_err_set(err, LOOM_EDATA, NULL, "record %lld: feature \"%s\": required but missing (expected %s %s %s)",
-                                (long long)record, s->name, loom_feature_kind_name(want), dtn, shp);
+                                (long long)record, s->name, loom_feature_kind_name(want), dtn, SHP_);
         if (s->default_data && !s->var_len) memcpy(o->data, s->default_data, (size_t)numel * parse_esize[s->dtype]);
         else fill(s->dtype, o->data, 0, numel, s->var_len ? s->pad_value : s->default_value);
         return LOOM_OK;
     }
     if (f->kind != want)
         return loom_err_set(err, LOOM_EDATA, NULL, "record %lld: feature \"%s\": expected %s (%s %s), found %s with %lld values",
-                            (long long)record, s->name, loom_feature_kind_name(want), dtn, shp,
+                            (long long)record, s->name, loom_feature_kind_name(want), dtn, SHP_,
                             loom_feature_kind_name(f->kind), (long long)f->count);
     int64_t have = f->count;
     loom_bytes_view raw;
     if (s->dtype == LOOM_PARSE_U8_BYTES) {
         if (f->count != 1)
             return loom_err_set(err, LOOM_EDATA, NULL, "record %lld: feature \"%s\": expected 1 bytes value holding %lld raw uint8 %s, "
-                                "found %lld bytes values", (long long)record, s->name, (long long)numel, shp, (long long)f->count);
+                                "found %lld bytes values", (long long)record, s->name, (long long)numel, SHP_, (long long)f->count);
         loom_example_bytes(f, &raw, 1);
         have = (int64_t)raw.len;
     }
@@ -479,6 +483,7 @@ static int extract_one(const loom_example *ex, const loom_feature_spec *s, int64
     fill(s->dtype, o->data, have, numel, s->pad_value);
     o->length = have;
     return LOOM_OK;
+#undef SHP_
 }
 
 int loom_example_extract(const loom_example *ex, const loom_feature_spec *spec, int n, int64_t record,

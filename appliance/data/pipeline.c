@@ -174,6 +174,7 @@ int loom_data_open(loom_iter **out, const loom_dataset_spec *spec, const loom_da
     case LOOM_SRC_TEXT: rc = text_source_open_(&it->st[0], src, err); break;
     case LOOM_SRC_SYNTHETIC: rc = synthetic_source_open_(&it->st[0], src, ctx, err); break;
     case LOOM_SRC_LIST_FILES: rc = list_files_source_open_(&it->st[0], src, err); break;
+    case LOOM_SRC_PLUGIN: rc = plugin_source_open_(&it->st[0], src, ctx, err); break;
     default: rc = source_open_(&it->st[0], src, err); break;
     }
     if (rc) goto fail;

@@ -169,26 +169,67 @@ typedef struct mapst {
     size_t        buf_bytes, flag_bytes;
 } mapst;
 
+/* A row of W px-byte pixels reversed into a distinct row. Inlined with px
+ * constant for the common pixel sizes, where it compiles to vector shuffles. */
+static inline __attribute__((always_inline)) void reverse_px(const uint8_t *restrict r, uint8_t *restrict o, int64_t W,
+                                                             size_t px)
+{
+    for (int64_t w = 0; w < W; w++) memcpy(o + (size_t)w * px, r + (size_t)(W - 1 - w) * px, px);
+}
+
+/* One row flipped, in place (src == dst: through a copy of the row, or by
+ * swapping pixels when it is too long for the stack) or not. */
+static inline __attribute__((always_inline)) void flip_row(const uint8_t *r, uint8_t *o, int64_t W, size_t px)
+{
+    uint8_t row[4096];
+    if (r != o) {
+        reverse_px(r, o, W, px);
+    } else if ((size_t)W * px <= sizeof row) {
+        memcpy(row, r, (size_t)W * px);
+        reverse_px(row, o, W, px);
+    } else {
+        for (int64_t w = 0; w < W / 2; w++) {
+            uint8_t *x = o + (size_t)w * px, *y = o + (size_t)(W - 1 - w) * px;
+            memcpy(row, x, px);
+            memcpy(x, y, px);
+            memcpy(y, row, px);
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void flip_rows(const uint8_t *src, uint8_t *dst, int64_t H, int64_t W, size_t px)
+{
+    for (int64_t h = 0; h < H; h++) flip_row(src + (size_t)(h * W) * px, dst + (size_t)(h * W) * px, W, px);
+}
+
 static void flip_image(const uint8_t *src, uint8_t *dst, int64_t H, int64_t W, size_t px)
 {
-    for (int64_t h = 0; h < H; h++) {
+    switch (px) {
+    case 1: flip_rows(src, dst, H, W, 1); return;
+    case 2: flip_rows(src, dst, H, W, 2); return;
+    case 3: flip_rows(src, dst, H, W, 3); return;
+    case 4: flip_rows(src, dst, H, W, 4); return;
+    case 8: flip_rows(src, dst, H, W, 8); return;
+    case 12: flip_rows(src, dst, H, W, 12); return;
+    case 16: flip_rows(src, dst, H, W, 16); return;
+    default: break;
+    }
+    for (int64_t h = 0; h < H; h++) { /* other pixel sizes: swap in 64-byte pieces */
         const uint8_t *r = src + (size_t)(h * W) * px;
         uint8_t *o = dst + (size_t)(h * W) * px;
-        if (r == o) {
-            uint8_t tmp[64];
-            for (int64_t w = 0; w < W / 2; w++) {
-                uint8_t *x = o + (size_t)w * px, *y = o + (size_t)(W - 1 - w) * px;
-                for (size_t done = 0; done < px; done += sizeof tmp) {
-                    size_t k = px - done < sizeof tmp ? px - done : sizeof tmp;
-                    memcpy(tmp, x + done, k);
-                    memcpy(x + done, y + done, k);
-                    memcpy(y + done, tmp, k);
-                }
-            }
-        } else if (px == 1) {
-            for (int64_t w = 0; w < W; w++) o[w] = r[W - 1 - w];
-        } else {
+        if (r != o) {
             for (int64_t w = 0; w < W; w++) memcpy(o + (size_t)w * px, r + (size_t)(W - 1 - w) * px, px);
+            continue;
+        }
+        uint8_t tmp[64];
+        for (int64_t w = 0; w < W / 2; w++) {
+            uint8_t *x = o + (size_t)w * px, *y = o + (size_t)(W - 1 - w) * px;
+            for (size_t done = 0; done < px; done += sizeof tmp) {
+                size_t k = px - done < sizeof tmp ? px - done : sizeof tmp;
+                memcpy(tmp, x + done, k);
+                memcpy(x + done, y + done, k);
+                memcpy(y + done, tmp, k);
+            }
         }
     }
 }

@@ -66,6 +66,17 @@ int  loom_xcomm_all_reduce(loom_xcomm *c, int rank, float *buf, int64_t count, l
 int  loom_xcomm_broadcast(loom_xcomm *c, int rank, float *buf, int64_t count, int root, loom_err *err);
 /* out (n * count floats, this rank's own) = concat of every rank's buf, in rank order. */
 int  loom_xcomm_all_gather(loom_xcomm *c, int rank, const float *buf, int64_t count, float *out, loom_err *err);
+/* A sharded update (ZeRO-1): reduce-scatter, each rank updates its shard,
+ * all-gather in place. loom_xcomm_shard is rank's shard [lo, hi) of a buffer
+ * of count floats: the shards partition it. After loom_xcomm_reduce_scatter
+ * rank's shard of buf holds the reduction, with the same bits that
+ * loom_xcomm_all_reduce gives there (the rest of buf is unspecified);
+ * loom_xcomm_all_gather_shards then copies every other rank's shard of its
+ * buf into this rank's, so all ranks' bufs are equal. The ring moves half the
+ * bytes of its all-reduce in each; other ops all-reduce the whole buffer. */
+void loom_xcomm_shard(const loom_xcomm *c, int rank, int64_t count, int64_t *lo, int64_t *hi);
+int  loom_xcomm_reduce_scatter(loom_xcomm *c, int rank, float *buf, int64_t count, loom_redop op, loom_err *err);
+int  loom_xcomm_all_gather_shards(loom_xcomm *c, int rank, float *buf, int64_t count, loom_err *err);
 
 /* Gradient packing (tf.distribute). A pack is a contiguous range of the flat
  * parameter/gradient buffer, all-reduced as one; packs are listed in the

@@ -3,13 +3,18 @@
  * thread of a persistent pool (the train thread is one of them), so a step
  * costs one wake-up of the replica threads, never a thread of its own.
  *
- * mirrored: every replica holds its own variables and optimizer slots. In one
- * trip through the replica threads each replica runs forward and backward on
- * its share, all-reduces (SUM) its gradient buffer with the others through
- * the cross-device op's per-rank collective (loom_xcomm), and applies the
- * reduced gradient with its own optimizer. The op gives every rank the same
- * bits and the optimizer is element-wise, so the replicas stay bit-equal
- * without a broadcast of the variables.
+ * mirrored: every replica holds its own variables. In one trip through the
+ * replica threads each replica runs forward and backward on its share, then
+ * the update is sharded (ZeRO-1): the gradient buffers are reduce-scattered
+ * (SUM) through the cross-device op's per-rank collectives (loom_xcomm), each
+ * replica applies the optimizer to its own shard of its variables, and the
+ * variables are all-gathered. The ring moves the bytes of one all-reduce so,
+ * and the optimizer's work is split among the replicas instead of repeated by
+ * each. The optimizer is element-wise and the reduce-scatter gives the bits
+ * of the all-reduce, so the variables are those of every replica applying
+ * the whole all-reduced update, and the replicas stay bit-equal. There is one
+ * optimizer, replica 0's: the replicas update disjoint ranges of its slots,
+ * so it always holds them whole, for checkpoints.
  *
  * central_storage: one copy of the variables and the one optimizer live with
  * replica 0 (on the host). The replicas sum their gradients once into replica
@@ -41,7 +46,7 @@
 
 typedef struct replica {
     loom_model     *model;
-    loom_optimizer *opt;   /* mirrored: its own copy; central_storage: replica 0's only */
+    loom_optimizer *opt;   /* replica 0's only: the one optimizer */
     loom_elem       share; /* this job's slice of the batch (views) */
     int64_t         row0;  /* its first row in the batch */
     loom_step_result res;
@@ -159,10 +164,10 @@ static int new_replica(loom_strategy *s, replicated *m, replica *rp, int intra, 
     if (rc) return rc;
     /* every replica starts from the same seed: equal variables, as a broadcast would make them */
     loom_model_init_params(rp->model, m->seed);
-    if (m->central && rp != m->rep) return LOOM_OK;
+    if (rp != m->rep) return LOOM_OK;
     rc = loom_optimizer_new(&rp->opt, &spec->optimizer, loom_model_num_params(rp->model), err);
-    /* mirrored: the update runs on the replica's own threads; central: on all replica threads */
-    if (!rc) loom_optimizer_set_pool(rp->opt, m->central ? m->pool : loom_model_pool(rp->model));
+    /* central: the update runs on all replica threads; mirrored: each replica's shard on its own */
+    if (!rc && m->central) loom_optimizer_set_pool(rp->opt, m->pool);
     return rc;
 }
 
@@ -253,14 +258,52 @@ static int replica_grads(loom_strategy *s, replicated *m, int r)
 }
 
 /* mirrored: SUM-all-reduce replica r's gradient buffer with the others', pack
- * by pack. Every rank calls it even after a failure of its own, so the others
- * never wait for it. */
+ * by pack (the per-pack variants below work likewise). Every rank calls it
+ * even after a failure of its own, so the others never wait for it. */
 static int mirrored_reduce(replicated *m, int r, loom_err *err)
 {
     float *g = loom_model_grads(m->rep[r].model);
     int rc = LOOM_OK;
     for (int k = 0; k < m->n_packs && m->comm; k++) {
         int c = loom_xcomm_all_reduce(m->comm, r, g + m->packs[k].offset, m->packs[k].count, LOOM_REDUCE_SUM, err);
+        if (!rc) rc = c;
+    }
+    return rc;
+}
+
+static int mirrored_reduce_scatter(replicated *m, int r, loom_err *err)
+{
+    float *g = loom_model_grads(m->rep[r].model);
+    int rc = LOOM_OK;
+    for (int k = 0; k < m->n_packs && m->comm; k++) {
+        int c = loom_xcomm_reduce_scatter(m->comm, r, g + m->packs[k].offset, m->packs[k].count, LOOM_REDUCE_SUM,
+                                          err);
+        if (!rc) rc = c;
+    }
+    return rc;
+}
+
+/* Replica r's update of its shard of every pack, with the one optimizer. */
+static void mirrored_apply_shard(replicated *m, int r)
+{
+    replica *rp = &m->rep[r];
+    float *p = loom_model_params(rp->model);
+    const float *g = loom_model_grads(rp->model);
+    loom_pool *pool = loom_model_pool(rp->model);
+    for (int k = 0; k < m->n_packs; k++) {
+        int64_t lo = 0, hi = m->packs[k].count;
+        if (m->comm) loom_xcomm_shard(m->comm, r, m->packs[k].count, &lo, &hi);
+        loom_optimizer_apply_range(m->rep[0].opt, pool, p, g, m->step, m->packs[k].offset + lo,
+                                   m->packs[k].offset + hi);
+    }
+}
+
+static int mirrored_gather(replicated *m, int r, loom_err *err)
+{
+    float *p = loom_model_params(m->rep[r].model);
+    int rc = LOOM_OK;
+    for (int k = 0; k < m->n_packs && m->comm; k++) {
+        int c = loom_xcomm_all_gather_shards(m->comm, r, p + m->packs[k].offset, m->packs[k].count, err);
         if (!rc) rc = c;
     }
     return rc;
@@ -294,13 +337,13 @@ static void mirrored_train(loom_strategy *s, replicated *m, int r)
     replica *rp = &m->rep[r];
     rp->rc = replica_grads(s, m, r);
     loom_err rerr;
-    int rc = mirrored_reduce(m, r, &rerr);
-    if (rc) {
-        rp->reduce_rc = rc;
+    int rc = mirrored_reduce_scatter(m, r, &rerr);
+    if (!rc && all_ok(m)) mirrored_apply_shard(m, r);
+    int gc = mirrored_gather(m, r, rc ? NULL : &rerr); /* every rank gathers, as every rank reduced */
+    if (rc || gc) {
+        rp->reduce_rc = rc ? rc : gc;
         rp->reduce_err = rerr;
-        return;
     }
-    if (all_ok(m)) loom_optimizer_apply(rp->opt, loom_model_params(rp->model), loom_model_grads(rp->model), m->step);
 }
 
 static int step_part_item(loom_strategy *s, replicated *m, int r);
@@ -376,15 +419,6 @@ static void sum_results(const replicated *m, loom_step_result *out)
     }
 }
 
-/* mirrored: replicas > 0 take replica 0's learning rate for this step, so an
- * override a callback sets on loom_strategy_optimizer reaches every copy. */
-static void share_lr(replicated *m, int64_t step)
-{
-    if (m->central) return;
-    double lr = loom_optimizer_lr(m->rep[0].opt, step);
-    for (int r = 1; r < m->n; r++) loom_optimizer_set_lr(m->rep[r].opt, lr);
-}
-
 /* central_storage: the one update, on all replica threads; the others read
  * the new variables at their next job. */
 static void central_apply(replicated *m)
@@ -398,7 +432,6 @@ static int rep_train_step(loom_strategy *s, const loom_elem *batch, int64_t step
 {
     replicated *m = s->impl;
     m->step = step;
-    share_lr(m, step);
     int rc = run_job(s, JOB_TRAIN, batch, err);
     sum_results(m, out);
     if (!rc && m->central) central_apply(m);
@@ -460,9 +493,9 @@ static int step_part_item(loom_strategy *s, replicated *m, int r)
         }
         return mirrored_reduce(m, r, &rp->err);
     case LOOM_PART_APPLY:
-        if (!m->central)
-            loom_optimizer_apply(rp->opt, loom_model_params(rp->model), loom_model_grads(rp->model), m->step);
-        return LOOM_OK;
+        if (m->central) return LOOM_OK;
+        mirrored_apply_shard(m, r); /* the gradients are all-reduced: every shard is complete */
+        return mirrored_gather(m, r, &rp->err);
     }
     return loom_err_set(&rp->err, LOOM_EUSAGE, NULL, "unknown step part %d", (int)m->part);
 }
@@ -473,7 +506,6 @@ static int rep_step_part(loom_strategy *s, loom_step_part part, const loom_elem 
     replicated *m = s->impl;
     m->part = part;
     m->step = step;
-    if (part == LOOM_PART_APPLY) share_lr(m, step);
     int rc = run_job(s, JOB_PART, part == LOOM_PART_FORWARD || part == LOOM_PART_LOSS ? batch : NULL, err);
     if (part == LOOM_PART_LOSS)
         for (int r = 0; r < m->n; r++) per_replica[r] = m->rep[r].res;
@@ -493,8 +525,8 @@ static loom_model *rep_replica(loom_strategy *s, int r)
     return r >= 0 && r < m->n ? m->rep[r].model : NULL;
 }
 
-/* Replica 0's variables (and, mirrored, its optimizer slots) were overwritten
- * by a restore: every replica takes them. */
+/* Replica 0's variables (and the optimizer's slots, which it holds whole) were
+ * overwritten by a restore: every replica takes the variables. */
 static int rep_sync(loom_strategy *s, loom_err *err)
 {
     (void)err;
@@ -503,12 +535,8 @@ static int rep_sync(loom_strategy *s, loom_err *err)
         m->stale = 1;
         return LOOM_OK;
     }
-    const float *p0 = loom_model_params(m->rep[0].model), *s0 = loom_optimizer_slots(m->rep[0].opt);
-    size_t sb = (size_t)loom_optimizer_num_slots(m->rep[0].opt) * (size_t)m->P * sizeof(float);
-    for (int r = 1; r < m->n; r++) {
-        memcpy(loom_model_params(m->rep[r].model), p0, (size_t)m->P * sizeof(float));
-        if (sb) memcpy(loom_optimizer_slots(m->rep[r].opt), s0, sb);
-    }
+    const float *p0 = loom_model_params(m->rep[0].model);
+    for (int r = 1; r < m->n; r++) memcpy(loom_model_params(m->rep[r].model), p0, (size_t)m->P * sizeof(float));
     return LOOM_OK;
 }
 
@@ -608,7 +636,7 @@ int loom_strategy_print_plan(loom_strategy *s, int64_t global_batch, FILE *f)
             s->args->spec->strategy.num_packs);
     fprintf(f, "  all-reduced per step: ");
     print_bytes(f, m->n > 1 ? bytes : 0);
-    fprintf(f, " per replica (SUM of the gradients); every replica applies the same update with its own optimizer "
-            "copy\n");
+    fprintf(f, " per replica (SUM of the gradients, reduce-scattered); each replica updates its 1/%d of the "
+            "variables, which are then all-gathered\n", m->n);
     return 1;
 }

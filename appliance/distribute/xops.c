@@ -389,15 +389,20 @@ static void seg_chunk(int64_t count, int n, int k, int64_t c, int64_t *lo, int64
     *hi = *lo + XOPS_CHUNK < s1 ? *lo + XOPS_CHUNK : s1;
 }
 
-static void ring_rs_item(float *const *bufs, int n, int r, int s, int64_t c, int64_t count, loom_redop op)
+/* Chunk-step (s, c) of rank r's reduce-scatter; the last step writes the sum
+ * back into rank r-1's buffer when write_back (the all-reduce). */
+static void ring_rs_item(float *const *bufs, int n, int r, int s, int64_t c, int64_t count, loom_redop op,
+                         int write_back)
 {
     int p = mod(r - 1, n);
     int64_t lo, hi;
     seg_chunk(count, n, mod(r - 1 - s, n), c, &lo, &hi);
-    if (s == n - 2)
+    if (s == n - 2 && write_back) {
         combine_both(bufs[r] + lo, bufs[p] + lo, hi - lo, op, n);
-    else
+    } else {
         combine(bufs[r] + lo, bufs[p] + lo, hi - lo, op);
+        if (s == n - 2) finish(bufs[r] + lo, hi - lo, op, n);
+    }
 }
 
 static void ring_ag_item(float *const *bufs, int n, int r, int s, int64_t c, int64_t count)
@@ -415,7 +420,7 @@ static int ring_all_reduce(float *const *bufs, int n, int64_t count, loom_redop 
     int64_t C = ring_chunks(count, n);
     for (int s = 0; s < n - 1; s++)
         for (int r = 0; r < n; r++)
-            for (int64_t c = 0; c < C; c++) ring_rs_item(bufs, n, r, s, c, count, op);
+            for (int64_t c = 0; c < C; c++) ring_rs_item(bufs, n, r, s, c, count, op, 1);
     for (int s = 0; s < n - 2; s++)
         for (int r = 0; r < n; r++)
             for (int64_t c = 0; c < C; c++) ring_ag_item(bufs, n, r, s, c, count);
@@ -452,7 +457,7 @@ static int ring_all_reduce_rank(void *comm, int r, float *buf, int64_t count, lo
     for (int st = 0; st < n - 1; st++)
         for (int64_t c = 0; c < C; c++) {
             ring_wait(s, p, base, st == 0 ? 0 : 1 + (uint32_t)((st - 1) * C + c));
-            ring_rs_item(s->bufs, n, r, st, c, count, op);
+            ring_rs_item(s->bufs, n, r, st, c, count, op, 1);
             ring_post(s, r, base, 1 + (uint32_t)(st * C + c));
         }
     uint32_t ag = 1 + (uint32_t)((n - 1) * C);
@@ -461,6 +466,27 @@ static int ring_all_reduce_rank(void *comm, int r, float *buf, int64_t count, lo
             ring_wait(s, p, base, st == 0 ? ag - (uint32_t)C + (uint32_t)c : ag + (uint32_t)((st - 1) * C + c));
             ring_ag_item(s->bufs, n, r, st, c, count);
             ring_post(s, r, base, ag + (uint32_t)(st * C + c));
+        }
+    ring_end(s, r, T);
+    return LOOM_OK;
+}
+
+/* The all-reduce's reduce-scatter alone, without the write-back: segment
+ * r+1 ends complete at rank r (ring_shard). */
+static int ring_reduce_scatter_rank(xstate *s, int r, float *buf, int64_t count, loom_redop op)
+{
+    int n = s->n, p = mod(r - 1, n);
+    if (n == 1) return LOOM_OK;
+    int64_t C = ring_chunks(count, n);
+    LOOM_ASSERT(C < (1 << 28) / n);
+    uint32_t base = s->base[r], T = 1 + (uint32_t)(n - 1) * (uint32_t)C;
+    s->bufs[r] = buf;
+    ring_post(s, r, base, 0);
+    for (int st = 0; st < n - 1; st++)
+        for (int64_t c = 0; c < C; c++) {
+            ring_wait(s, p, base, st == 0 ? 0 : 1 + (uint32_t)((st - 1) * C + c));
+            ring_rs_item(s->bufs, n, r, st, c, count, op, 0);
+            ring_post(s, r, base, 1 + (uint32_t)(st * C + c));
         }
     ring_end(s, r, T);
     return LOOM_OK;
@@ -647,6 +673,43 @@ int loom_xcomm_all_gather(loom_xcomm *c, int rank, const float *buf, int64_t cou
     if (has_ranked(c->x) && c->x->all_gather_rank)
         return c->x->all_gather_rank(c->state, rank, buf, count, out, err);
     return generic_rank(c, rank, 2, (float *)buf, out, count, LOOM_REDUCE_SUM, 0, err);
+}
+
+/* ---- sharded updates ------------------------------------------------------
+ * The ring's reduce-scatter leaves segment r+1 complete at rank r, so that is
+ * rank r's shard; the other ops all-reduce the whole buffer and shard it in
+ * rank order. The all-gather copies directly from the other ranks' buffers,
+ * through the generic rendezvous, which every op has. */
+
+static int is_ring(const loom_xcomm *c) { return c->x == &ring; }
+
+void loom_xcomm_shard(const loom_xcomm *c, int rank, int64_t count, int64_t *lo, int64_t *hi)
+{
+    LOOM_ASSERT(rank >= 0 && rank < c->n && count >= 0);
+    split(count, c->n, is_ring(c) ? (rank + 1) % c->n : rank, lo, hi);
+}
+
+int loom_xcomm_reduce_scatter(loom_xcomm *c, int rank, float *buf, int64_t count, loom_redop op, loom_err *err)
+{
+    LOOM_ASSERT(rank >= 0 && rank < c->n && count >= 0);
+    if (is_ring(c)) return ring_reduce_scatter_rank(c->state, rank, buf, count, op);
+    return loom_xcomm_all_reduce(c, rank, buf, count, op, err);
+}
+
+int loom_xcomm_all_gather_shards(loom_xcomm *c, int rank, float *buf, int64_t count, loom_err *err)
+{
+    (void)err;
+    LOOM_ASSERT(rank >= 0 && rank < c->n && count >= 0);
+    xstate *s = c->gen;
+    s->bufs[rank] = buf;
+    bar(s);
+    for (int k = 0; k < c->n; k++) {
+        int64_t lo, hi;
+        loom_xcomm_shard(c, k, count, &lo, &hi);
+        if (k != rank) copy(buf + lo, s->bufs[k] + lo, hi - lo);
+    }
+    bar(s); /* no rank changes its buffer before every other has copied from it */
+    return LOOM_OK;
 }
 
 /* ---- "auto" ------------------------------------------------------------------

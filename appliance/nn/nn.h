@@ -114,6 +114,14 @@ void loom_optimizer_set_lr(loom_optimizer *o, double lr);
 void loom_optimizer_set_pool(loom_optimizer *o, loom_pool *pool);
 /* params -= update(grads) for the `step`-th update (0-based). */
 void loom_optimizer_apply(loom_optimizer *o, float *params, const float *grads, int64_t step);
+/* The same update for parameters [lo, hi) only (params, grads and slots at
+ * those offsets; the rest untouched), on pool's threads (NULL: the calling
+ * thread). The update is element-wise, so applying the ranges of a partition
+ * of [0, P) equals loom_optimizer_apply, bit for bit; it reads the optimizer
+ * without changing it, so disjoint ranges may be applied concurrently from
+ * different threads (each with its own pool, or none). */
+void loom_optimizer_apply_range(const loom_optimizer *o, loom_pool *pool, float *params, const float *grads,
+                                int64_t step, int64_t lo, int64_t hi);
 /* The slot buffers (momentum, Adam m and v), contiguous, for checkpoints. */
 int     loom_optimizer_num_slots(const loom_optimizer *o);  /* 0, 1 or 2 */
 float  *loom_optimizer_slots(loom_optimizer *o);            /* (num_slots * P,) borrowed */

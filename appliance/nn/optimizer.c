@@ -133,12 +133,13 @@ NN_HOT static void apply_adam(int64_t n, float lr_t, float b1, float b2, float e
     }
 }
 
-/* One update, over parameters [i0, i1) of part `part` out of `parts`. */
+/* One update, over part `part` out of `parts` of parameters [lo, hi). */
 typedef struct apply_job {
     const loom_optimizer *o;
     float                *params;
     const float          *grads;
     float                 lr;     /* sgd, momentum: lr; adam: lr_t */
+    int64_t               lo, hi;
     int                   parts;
 } apply_job;
 
@@ -146,10 +147,10 @@ static void apply_part(void *arg, int part)
 {
     const apply_job *j = arg;
     const loom_optimizer *o = j->o;
-    /* ranges on 16-float (64-byte) lines, so parts share no cache line */
-    int64_t lines = (o->n + 15) / 16;
-    int64_t i0 = lines * part / j->parts * 16, i1 = lines * (part + 1) / j->parts * 16;
-    if (i1 > o->n) i1 = o->n;
+    /* parts of whole 16-float (64-byte) lines, so parts share no cache line */
+    int64_t lines = (j->hi - j->lo + 15) / 16;
+    int64_t i0 = j->lo + lines * part / j->parts * 16, i1 = j->lo + lines * (part + 1) / j->parts * 16;
+    if (i1 > j->hi) i1 = j->hi;
     if (i0 >= i1) return;
     float *p = j->params + i0;
     const float *g = j->grads + i0;
@@ -169,7 +170,10 @@ static void apply_part(void *arg, int part)
 
 void loom_optimizer_set_pool(loom_optimizer *o, loom_pool *pool) { o->pool = pool; }
 
-void loom_optimizer_apply(loom_optimizer *o, float *params, const float *grads, int64_t step)
+/* Reads o and writes only params, and the slots, in [lo, hi): disjoint ranges
+ * may run at once from different threads. */
+static void apply_range(const loom_optimizer *o, loom_pool *pool, float *params, const float *grads, int64_t step,
+                        int64_t lo, int64_t hi)
 {
     double lr = loom_optimizer_lr(o, step);
     if (o->spec.kind == LOOM_OPT_ADAM) {
@@ -177,9 +181,21 @@ void loom_optimizer_apply(loom_optimizer *o, float *params, const float *grads, 
         lr = lr * sqrt(1.0 - pow(o->spec.beta2, t)) / (1.0 - pow(o->spec.beta1, t));
     }
     /* below ~64K parameters a wake-up of the pool costs more than the pass */
-    int parts = o->pool && o->n >= 65536 ? loom_pool_size(o->pool) : 1;
-    apply_job j = {.o = o, .params = params, .grads = grads, .lr = (float)lr, .parts = parts};
-    loom_pool_run(parts > 1 ? o->pool : NULL, parts, apply_part, &j);
+    int parts = pool && hi - lo >= 65536 ? loom_pool_size(pool) : 1;
+    apply_job j = {.o = o, .params = params, .grads = grads, .lr = (float)lr, .lo = lo, .hi = hi, .parts = parts};
+    loom_pool_run(parts > 1 ? pool : NULL, parts, apply_part, &j);
+}
+
+void loom_optimizer_apply(loom_optimizer *o, float *params, const float *grads, int64_t step)
+{
+    apply_range(o, o->pool, params, grads, step, 0, o->n);
+}
+
+void loom_optimizer_apply_range(const loom_optimizer *o, loom_pool *pool, float *params, const float *grads,
+                                int64_t step, int64_t lo, int64_t hi)
+{
+    LOOM_ASSERT(lo >= 0 && lo <= hi && hi <= o->n);
+    apply_range(o, pool, params, grads, step, lo, hi);
 }
 
 int loom_optimizer_num_slots(const loom_optimizer *o) { return o->n_slots; }

@@ -21,6 +21,24 @@
 #define loom_dev_reduce               abi_loom_dev_reduce
 #define loom_dev_window               abi_loom_dev_window
 #define loom_device_ops               abi_loom_device_ops
+#define loom_dtype                    abi_loom_dtype
+#define loom_shape                    abi_loom_shape
+#define loom_tensor                   abi_loom_tensor
+#define loom_elem_spec                abi_loom_elem_spec
+#define loom_elem                     abi_loom_elem
+#define loom_options                  abi_loom_options
+#define loom_custom_args              abi_loom_custom_args
+#define loom_custom_key               abi_loom_custom_key
+#define loom_custom_ops               abi_loom_custom_ops
+#define loom_source_args              abi_loom_source_args
+#define loom_source_ops               abi_loom_source_ops
+#define LOOM_ABI_DTYPES_(X) X(U8) X(I32) X(I64) X(F32) X(F64) X(NDTYPES_)
+#define LOOM_U8                 ABI_LOOM_U8
+#define LOOM_I32                ABI_LOOM_I32
+#define LOOM_I64                ABI_LOOM_I64
+#define LOOM_F32                ABI_LOOM_F32
+#define LOOM_F64                ABI_LOOM_F64
+#define LOOM_NDTYPES_           ABI_LOOM_NDTYPES_
 #define LOOM_ABI_DEV_CONSTS_(X) X(DEV_ACT_NONE) X(DEV_ACT_RELU) X(DEV_ACT_SIGMOID) X(DEV_ACT_TANH) X(DEV_ADD) \
     X(DEV_SUB) X(DEV_MUL) X(DEV_SUM) X(DEV_MAX) X(DEV_STREAM_COMPUTE) X(DEV_STREAM_COPY)
 #define LOOM_DEV_ACT_NONE       ABI_LOOM_DEV_ACT_NONE
@@ -67,6 +85,32 @@
 #include "loom_plugin.h"
 enum { ABI_XOPS_VERSION = LOOM_CROSS_DEVICE_OPS_VERSION, ABI_STRATEGY_VERSION = LOOM_STRATEGY_OPS_VERSION };
 enum { ABI_DEVICE_VERSION = LOOM_DEVICE_OPS_VERSION };
+enum { ABI_CUSTOM_VERSION = LOOM_CUSTOM_OPS_VERSION, ABI_SOURCE_VERSION = LOOM_SOURCE_OPS_VERSION,
+       ABI_MAX_RANK = LOOM_MAX_RANK, ABI_MAX_FEATURES = LOOM_MAX_FEATURES, ABI_NAME_MAX = LOOM_NAME_MAX,
+       ABI_MAX_OPTIONS = LOOM_MAX_OPTIONS };
+#undef loom_dtype
+#undef loom_shape
+#undef loom_tensor
+#undef loom_elem_spec
+#undef loom_elem
+#undef loom_options
+#undef loom_custom_args
+#undef loom_custom_key
+#undef loom_custom_ops
+#undef loom_source_args
+#undef loom_source_ops
+#undef LOOM_U8
+#undef LOOM_I32
+#undef LOOM_I64
+#undef LOOM_F32
+#undef LOOM_F64
+#undef LOOM_NDTYPES_
+#undef LOOM_CUSTOM_OPS_VERSION
+#undef LOOM_SOURCE_OPS_VERSION
+#undef LOOM_MAX_RANK
+#undef LOOM_MAX_FEATURES
+#undef LOOM_NAME_MAX
+#undef LOOM_MAX_OPTIONS
 #undef loom_device
 #undef loom_dev_act
 #undef loom_dev_binop
@@ -128,6 +172,7 @@ enum { ABI_DEVICE_VERSION = LOOM_DEVICE_OPS_VERSION };
 
 #include "distribute/distribute.h"
 #include "tensor/device.h"
+#include "data/data.h"
 
 #include <stddef.h>
 
@@ -224,3 +269,65 @@ SAME_FIELD_(loom_dev_window, cout)
 #define SAME_DEVICE_FIELD_(f) SAME_FIELD_(loom_device_ops, f)
 SAME_SIZE_(loom_device_ops)
 LOOM_ABI_DEVICE_FIELDS_(SAME_DEVICE_FIELD_)
+
+/* Tensors and elements: the dtypes, the limits, and the structs field by field. */
+#define SAME_DTYPE_(name) _Static_assert((int)ABI_LOOM_##name == (int)LOOM_##name, "dtype " #name);
+LOOM_ABI_DTYPES_(SAME_DTYPE_)
+_Static_assert(ABI_MAX_RANK == LOOM_MAX_RANK && ABI_MAX_FEATURES == LOOM_MAX_FEATURES && ABI_NAME_MAX == LOOM_NAME_MAX &&
+                   ABI_MAX_OPTIONS == LOOM_MAX_OPTIONS && ABI_MAX_OPTIONS == LOOM_MAX_PLUGIN_OPTS,
+               "limits");
+_Static_assert(ABI_CUSTOM_VERSION == LOOM_CUSTOM_OPS_VERSION, "custom ops version");
+_Static_assert(ABI_SOURCE_VERSION == LOOM_SOURCE_OPS_VERSION, "source ops version");
+SAME_SIZE_(loom_dtype)
+SAME_SIZE_(loom_shape)
+SAME_FIELD_(loom_shape, rank)
+SAME_FIELD_(loom_shape, dim)
+SAME_SIZE_(loom_tensor)
+SAME_FIELD_(loom_tensor, dtype)
+SAME_FIELD_(loom_tensor, shape)
+SAME_FIELD_(loom_tensor, data)
+SAME_FIELD_(loom_tensor, owns)
+SAME_SIZE_(loom_elem_spec)
+SAME_FIELD_(loom_elem_spec, n)
+SAME_FIELD_(loom_elem_spec, name)
+SAME_FIELD_(loom_elem_spec, dtype)
+SAME_FIELD_(loom_elem_spec, shape)
+SAME_SIZE_(loom_elem)
+SAME_FIELD_(loom_elem, n)
+SAME_FIELD_(loom_elem, t)
+
+/* Transform and source providers. */
+SAME_SIZE_(loom_options)
+SAME_FIELD_(loom_options, n)
+SAME_FIELD_(loom_options, key)
+SAME_FIELD_(loom_options, value)
+SAME_FIELD_(loom_options, where)
+#define LOOM_ABI_CUSTOM_ARGS_FIELDS_(X) X(size) X(ref) X(base_dir) X(where) X(in) X(in_max) X(filter) X(max_calls) \
+    X(seed) X(options) X(args)
+#define SAME_CUSTOM_ARGS_FIELD_(f) SAME_FIELD_(loom_custom_args, f)
+SAME_SIZE_(loom_custom_args)
+LOOM_ABI_CUSTOM_ARGS_FIELDS_(SAME_CUSTOM_ARGS_FIELD_)
+SAME_SIZE_(loom_custom_key)
+SAME_FIELD_(loom_custom_key, seed)
+SAME_FIELD_(loom_custom_key, stage)
+SAME_FIELD_(loom_custom_key, epoch)
+SAME_FIELD_(loom_custom_key, index)
+SAME_SIZE_(loom_custom_ops)
+SAME_FIELD_(loom_custom_ops, version)
+SAME_FIELD_(loom_custom_ops, name)
+SAME_FIELD_(loom_custom_ops, open)
+SAME_FIELD_(loom_custom_ops, map)
+SAME_FIELD_(loom_custom_ops, filter)
+SAME_FIELD_(loom_custom_ops, close)
+SAME_SIZE_(loom_source_args)
+SAME_FIELD_(loom_source_args, size)
+SAME_FIELD_(loom_source_args, type)
+SAME_FIELD_(loom_source_args, base_dir)
+SAME_FIELD_(loom_source_args, where)
+SAME_FIELD_(loom_source_args, options)
+SAME_FIELD_(loom_source_args, seed)
+#define LOOM_ABI_SOURCE_FIELDS_(X) X(version) X(name) X(options) X(open) X(cardinality) X(rewind) X(next) X(save) \
+    X(restore) X(close)
+#define SAME_SOURCE_FIELD_(f) SAME_FIELD_(loom_source_ops, f)
+SAME_SIZE_(loom_source_ops)
+LOOM_ABI_SOURCE_FIELDS_(SAME_SOURCE_FIELD_)

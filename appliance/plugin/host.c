@@ -93,6 +93,34 @@ static int h_register_device(const loom_device_ops *ops, loom_err *err)
     return loom_plugin_register_(LOOM_REG_DEVICE, ops->name, ops, NULL, err);
 }
 
+static int h_register_source(const loom_source_ops *ops, loom_err *err)
+{
+    if (!ops) return loom_err_set(err, LOOM_EPLUGIN, NULL, "register_source(NULL)");
+    const char *name = ops->name ? ops->name : "?";
+    if (ops->version != LOOM_SOURCE_OPS_VERSION)
+        return loom_err_set(err, LOOM_EPLUGIN, NULL, "source \"%s\": version %u, this loom speaks %u", name,
+                            ops->version, LOOM_SOURCE_OPS_VERSION);
+    if (!ops->open || !ops->cardinality || !ops->rewind || !ops->next || !ops->save || !ops->restore || !ops->close)
+        return loom_err_set(err, LOOM_EPLUGIN, NULL, "source \"%s\" leaves a required function NULL", name);
+    return loom_plugin_register_(LOOM_REG_SOURCE, ops->name, ops, NULL, err);
+}
+
+/* "lua" is the Lua provider's, taken at startup like any built-in name. */
+static int h_register_transform(const loom_custom_ops *ops, loom_err *err)
+{
+    if (!ops) return loom_err_set(err, LOOM_EPLUGIN, NULL, "register_transform(NULL)");
+    const char *name = ops->name ? ops->name : "?";
+    if (ops->version != LOOM_CUSTOM_OPS_VERSION)
+        return loom_err_set(err, LOOM_EPLUGIN, NULL, "transform provider \"%s\": version %u, this loom speaks %u",
+                            name, ops->version, LOOM_CUSTOM_OPS_VERSION);
+    if (!ops->open || !ops->close || (!ops->map && !ops->filter))
+        return loom_err_set(err, LOOM_EPLUGIN, NULL,
+                            "transform provider \"%s\" needs open, close and a map or filter function", name);
+    if (strchr(name, ':'))
+        return loom_err_set(err, LOOM_EPLUGIN, NULL, "transform provider \"%s\": a name cannot contain ':'", name);
+    return loom_plugin_register_(LOOM_REG_TRANSFORM, ops->name, ops, NULL, err);
+}
+
 /* ---- strategy settings --------------------------------------------------------- */
 
 static int h_replicas(const loom_strategy_args *a) { return a->spec->strategy.replicas; }
@@ -285,6 +313,8 @@ static const loom_host host = {
     .optimizer_slots = h_optimizer_slots,
     .cluster = NULL,
     .register_device = h_register_device,
+    .register_source = h_register_source,
+    .register_transform = h_register_transform,
 };
 
 const loom_host *loom_plugin_host_(void) { return &host; }

@@ -415,9 +415,37 @@ static void check_options(const loom_strategy_spec *st, loom_errlist *errs)
     }
 }
 
+/* A dataset's plugin source type and plugin transform providers (what
+ * config.c kept as text) against the registry. */
+static void check_dataset(const loom_dataset_spec *d, const char *setting, loom_errlist *errs)
+{
+    char where[LOOM_PATH_MAX + 16], what[160];
+    if (!d->present) return;
+    if (d->source.kind == LOOM_SRC_PLUGIN && !loom_registry_find(LOOM_REG_SOURCE, d->source.plugin, NULL)) {
+        loom_loc_str(&d->source.loc, where, sizeof where);
+        snprintf(what, sizeof what, "%s.source.type", setting);
+        unknown_name(errs, where, LOOM_REG_SOURCE, what, d->source.plugin);
+        loom_err *e = errs->n ? &errs->e[errs->n - 1] : NULL;
+        if (e && !strstr(e->hint, "did you mean"))
+            loom_err_hint(e, "built in: idx, catalog, tfrecord, csv, text, synthetic, list_files; a plugin's source "
+                             "is available once its .so is in plugins/ or a plugins.path directory");
+    }
+    for (int i = 0; i < d->n_transforms; i++) {
+        const loom_transform_spec *t = &d->transform[i];
+        bool custom = (t->kind == LOOM_T_MAP && t->map.kind == LOOM_MAP_LUA) ||
+                      (t->kind == LOOM_T_FILTER && t->filter == LOOM_FILTER_LUA);
+        if (!custom || !t->map.provider[0] || loom_registry_find(LOOM_REG_TRANSFORM, t->map.provider, NULL)) continue;
+        loom_loc_str(&t->loc, where, sizeof where);
+        snprintf(what, sizeof what, "%s.transforms.[%d].plugin", setting, i);
+        unknown_name(errs, where, LOOM_REG_TRANSFORM, what, t->map.provider);
+    }
+}
+
 int loom_plugins_check_spec(const loom_spec *spec, loom_errlist *errs)
 {
     int before = errs->n;
+    check_dataset(&spec->train, "data.train", errs);
+    check_dataset(&spec->eval, "data.eval", errs);
     const loom_strategy_spec *st = &spec->strategy;
     char where[LOOM_PATH_MAX + 16];
     loom_loc_str(&st->loc, where, sizeof where);
@@ -436,7 +464,9 @@ int loom_plugins_check_spec(const loom_spec *spec, loom_errlist *errs)
 
 void loom_plugins_report(FILE *f)
 {
-    fprintf(f, "plugin directories (in search order):\n");
+    fprintf(f, "provider kinds a plugin may register (plugin ABI %d):", LOOM_PLUGIN_ABI_VERSION);
+    for (int k = 0; k < LOOM_REG_KINDS; k++) fprintf(f, "%s %s", k ? "," : "", loom_reg_kind_name((loom_reg_kind)k));
+    fprintf(f, "\nplugin directories (in search order):\n");
     for (int i = 0; i < n_dirs; i++) {
         struct stat st;
         fprintf(f, "  %s%s\n", dirs[i], stat(dirs[i], &st) == 0 && S_ISDIR(st.st_mode) ? "" : "  (absent)");

@@ -126,4 +126,20 @@ const loom_device_ops *loom_device_backend(const char *name);
  * driver, no device) and what to do. Call after plugins are loaded. */
 int loom_device_gpus(char *why, size_t why_n);
 
+/* Double-buffered upload of batches: while the compute stream works on
+ * batch k, batch k+1 is copied (through pinned memory) on the copy stream.
+ *   put(b0); for k: { put(b[k+1]); take(&x); queue compute on x; }
+ * put copies the host batch and queues its upload (at most two batches put
+ * and not yet taken); take makes the compute stream wait for the oldest
+ * upload and returns its device buffer, valid until the second put after
+ * it. Device work is ordered by events (the upload into a buffer waits for
+ * the compute queued before it); on the host, put waits for the copies
+ * queued before it, so that its staging buffer is free. One thread at a time. */
+typedef struct loom_dev_stager loom_dev_stager;
+int loom_dev_stager_open(loom_dev_stager **out, const loom_device_ops *ops, loom_device *dev, size_t bytes,
+                         loom_err *err); /* close with loom_dev_stager_close */
+int loom_dev_stager_put(loom_dev_stager *s, const void *host, size_t bytes, loom_err *err);
+int loom_dev_stager_take(loom_dev_stager *s, void **dev_buf, loom_err *err);
+void loom_dev_stager_close(loom_dev_stager *s); /* waits for the device; NULL is a no-op */
+
 #endif

@@ -295,21 +295,3 @@ static const loom_device_ops cpu_ops = {
 };
 
 const loom_device_ops *loom_device_cpu(void) { return &cpu_ops; }
-
-const loom_device_ops *loom_device_backend(const char *name) { return loom_registry_find(LOOM_REG_DEVICE, name, NULL); }
-
-int loom_device_gpus(char *why, size_t why_n)
-{
-    const char *origin = NULL;
-    const loom_device_ops *cuda = loom_registry_find(LOOM_REG_DEVICE, "cuda", &origin);
-    if (!cuda) {
-        snprintf(why, why_n,
-                 "no GPU backend: the cuda plugin is not loaded (it is built only where the CUDA toolkit "
-                 "is found; `loom plugins` lists the files refused and why)");
-        return 0;
-    }
-    char reason[400] = "";
-    int n = cuda->probe(reason, sizeof reason);
-    if (n <= 0) snprintf(why, why_n, "the cuda plugin (%s) is loaded but %s", origin, reason);
-    return n > 0 ? n : 0;
-}

@@ -5,7 +5,9 @@
  *
  * n replica threads each hold one buffer and call loom_xcomm_all_reduce (SUM)
  * back to back, as mirrored replicas do. For each size from min to max MiB
- * (powers of two): the median time of `reps` all-reduces, the bus bandwidth
+ * (powers of two): the median time of an all-reduce over `reps` timings
+ * (each of enough back-to-back calls to move 16 MiB, as nccl-tests times
+ * batches of iterations, so a thread's wake-up is not counted), the bus bandwidth
  * as nccl-tests defines it, 2(n-1)/n * bytes / time, and the median bandwidth
  * of memcpy of the same size on one thread (bytes / time) in the same run;
  * then busbw / memcpy, of the medians and of the fastest runs (on a loaded
@@ -21,7 +23,7 @@
 
 typedef struct bench {
     loom_xcomm       *comm;
-    int               n, reps;
+    int               n, reps, iters; /* iters: all-reduces per timing */
     int64_t           count;
     float           **bufs;
     double           *times; /* (reps,) seconds, rank 0's */
@@ -33,9 +35,8 @@ typedef struct rank_arg {
     int    r;
 } rank_arg;
 
-/* Each all-reduce is timed on rank 0 from a barrier that releases every rank
- * to the return of its own call, which comes only after its peers are done
- * with its buffer. */
+/* Timed on rank 0 from a barrier that releases every rank to the return of
+ * its last call, which comes only after its peers are done with its buffer. */
 static void *rank_main(void *p)
 {
     rank_arg *a = p;
@@ -44,11 +45,12 @@ static void *rank_main(void *p)
     for (int i = -2; i < b->reps; i++) { /* two warm-ups */
         pthread_barrier_wait(&b->bar);
         double t0 = loom_now();
-        if (loom_xcomm_all_reduce(b->comm, a->r, b->bufs[a->r], b->count, LOOM_REDUCE_SUM, &err)) {
-            fprintf(stderr, "allreduce_bench: %s\n", err.msg);
-            exit(1);
-        }
-        if (a->r == 0 && i >= 0) b->times[i] = loom_now() - t0;
+        for (int k = 0; k < b->iters; k++)
+            if (loom_xcomm_all_reduce(b->comm, a->r, b->bufs[a->r], b->count, LOOM_REDUCE_SUM, &err)) {
+                fprintf(stderr, "allreduce_bench: %s\n", err.msg);
+                exit(1);
+            }
+        if (a->r == 0 && i >= 0) b->times[i] = (loom_now() - t0) / b->iters;
     }
     return NULL;
 }
@@ -68,10 +70,13 @@ static double median(double *v, int n, double *best)
 }
 
 /* Median seconds of one all-reduce of count floats over n threads. */
+/* Calls per timing: enough to move 16 MiB. */
+static int iters_for(int64_t count) { return count >= (4 << 20) ? 1 : (int)((4 << 20) / count); }
+
 static double time_all_reduce(const loom_cross_device_ops *x, int n, int64_t count, int reps, float **bufs,
                               double *best)
 {
-    bench b = {.n = n, .reps = reps, .count = count, .bufs = bufs};
+    bench b = {.n = n, .reps = reps, .iters = iters_for(count), .count = count, .bufs = bufs};
     loom_err err;
     if (loom_xcomm_open(&b.comm, x, n, &err)) {
         fprintf(stderr, "allreduce_bench: %s\n", err.msg);
@@ -93,15 +98,18 @@ static double time_all_reduce(const loom_cross_device_ops *x, int n, int64_t cou
     return m;
 }
 
-/* Median seconds of memcpy of count floats on this thread. */
+/* Median seconds of a memcpy of count floats on this thread, timed like the all-reduces. */
 static double time_memcpy(int64_t count, int reps, float *dst, const float *src, double *best)
 {
     double *t = calloc((size_t)reps, sizeof *t);
+    int iters = iters_for(count);
     for (int i = -2; i < reps; i++) {
         double t0 = loom_now();
-        memcpy(dst, src, (size_t)count * sizeof(float));
-        __asm__ volatile("" ::: "memory");
-        if (i >= 0) t[i] = loom_now() - t0;
+        for (int k = 0; k < iters; k++) {
+            memcpy(dst, src, (size_t)count * sizeof(float));
+            __asm__ volatile("" ::: "memory");
+        }
+        if (i >= 0) t[i] = (loom_now() - t0) / iters;
     }
     double m = median(t, reps, best);
     free(t);

@@ -264,31 +264,24 @@ static void test_maxpool(void)
     pool_case(g);
 }
 
-/* The next batch uploads on the copy stream while the current one's gemm
- * runs on the compute stream; events order them both ways (the copy into a
- * buffer waits for the gemm that last read it). */
+/* The stager (tensor/device.c) uploads batch k+1 on the copy stream while
+ * batch k's gemm runs on the compute stream; every result must be that of
+ * its own batch. */
 static void test_double_buffered_upload(void)
 {
     enum { BATCHES = 5, M = 64, K = 48, N = 32 };
     float *W = host_rand(K * N), *X[BATCHES], ref_out[M * N];
-    void *pinned[2], *dX[2], *dW = up(W, sizeof(float) * K * N), *dY[BATCHES];
-    for (int i = 0; i < 2; i++) {
-        OK(dut->host_alloc(dd, &pinned[i], sizeof(float) * M * K, &err_));
-        OK(dut->alloc(dd, &dX[i], sizeof(float) * M * K, &err_));
-    }
+    void *dW = up(W, sizeof(float) * K * N), *dY[BATCHES];
+    loom_dev_stager *st = NULL;
+    OK(loom_dev_stager_open(&st, dut, dd, sizeof(float) * M * K, &err_));
+    if (!st) return;
     for (int k = 0; k < BATCHES; k++) X[k] = host_rand(M * K), dY[k] = dzeros(sizeof(float) * M * N);
-    memcpy(pinned[0], X[0], sizeof(float) * M * K);
-    OK(dut->upload(dd, LOOM_DEV_STREAM_COPY, dX[0], pinned[0], sizeof(float) * M * K, &err_));
+    OK(loom_dev_stager_put(st, X[0], sizeof(float) * M * K, &err_));
     for (int k = 0; k < BATCHES; k++) {
-        int cur = k & 1, nxt = cur ^ 1;
-        OK(dut->stream_wait(dd, LOOM_DEV_STREAM_COMPUTE, LOOM_DEV_STREAM_COPY, &err_)); /* batch k is on the device */
-        OK(dut->gemm(dd, false, false, M, N, K, 1.f, dX[cur], K, dW, N, 0.f, dY[k], N, &err_));
-        if (k + 1 < BATCHES) {
-            OK(dut->synchronize(dd, LOOM_DEV_STREAM_COPY, &err_)); /* pinned[nxt]'s last upload is done */
-            memcpy(pinned[nxt], X[k + 1], sizeof(float) * M * K);
-            OK(dut->stream_wait(dd, LOOM_DEV_STREAM_COPY, LOOM_DEV_STREAM_COMPUTE, &err_)); /* dX[nxt] is free */
-            OK(dut->upload(dd, LOOM_DEV_STREAM_COPY, dX[nxt], pinned[nxt], sizeof(float) * M * K, &err_));
-        }
+        void *x = NULL;
+        if (k + 1 < BATCHES) OK(loom_dev_stager_put(st, X[k + 1], sizeof(float) * M * K, &err_));
+        OK(loom_dev_stager_take(st, &x, &err_));
+        OK(dut->gemm(dd, false, false, M, N, K, 1.f, x, K, dW, N, 0.f, dY[k], N, &err_));
     }
     OK(dut->synchronize(dd, -1, &err_));
     for (int k = 0; k < BATCHES; k++) {
@@ -297,7 +290,7 @@ static void test_double_buffered_upload(void)
         dut->free(dd, dY[k]);
         free(X[k]);
     }
-    for (int i = 0; i < 2; i++) dut->host_free(dd, pinned[i]), dut->free(dd, dX[i]);
+    loom_dev_stager_close(st);
     dut->free(dd, dW);
     free(W);
 }

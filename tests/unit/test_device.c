@@ -2,7 +2,8 @@
  * compared with (tests/gpu/), checked against independent math: convolution
  * against the direct sum, every backward against central finite
  * differences of its forward (caffe's GradientChecker), pooling's argmax
- * against a scan, and the gpu-availability report without a cuda plugin. */
+ * against a scan, the stager's order, and the gpu-availability report
+ * without a cuda plugin. */
 #include "harness.h"
 #include "tensor/device.h"
 
@@ -196,7 +197,35 @@ static void test_gpus_without_the_plugin(void)
     CHECK(cpu->probe(why, sizeof why) == 1);
 }
 
+/* Batches come out of the stager in the order they went in, each intact,
+ * alternating between its two device buffers. */
+static void test_stager_order(void)
+{
+    loom_dev_stager *st = NULL;
+    loom_err err = {0};
+    CHECK(loom_dev_stager_open(&st, cpu, d, 4 * sizeof(float), &err) == 0);
+    if (!st) return;
+    float batch[4];
+    void *got[6] = {0};
+    int taken = 0;
+    for (int k = 0; k < 6; k++) {
+        for (int i = 0; i < 4; i++) batch[i] = (float)(10 * k + i);
+        CHECK(loom_dev_stager_put(st, batch, sizeof batch, &err) == 0);
+        if (k == 0) continue; /* two in flight from here on */
+        CHECK(loom_dev_stager_take(st, &got[taken], &err) == 0);
+        const float *x = got[taken];
+        CHECK(x[0] == 10.f * taken && x[3] == 10.f * taken + 3);
+        taken++;
+    }
+    CHECK(loom_dev_stager_take(st, &got[taken], &err) == 0);
+    CHECK(((const float *)got[taken])[2] == 52.f);
+    CHECK(got[0] != got[1] && got[0] == got[2] && got[1] == got[5]);
+    loom_dev_stager_close(st);
+    loom_dev_stager_close(NULL);
+}
+
 static const loom_test tests[] = {
+    {"stager_order", test_stager_order},
     {"conv_forward_is_the_direct_sum", test_conv_forward_is_the_direct_sum},
     {"conv_backward_matches_finite_differences", test_conv_backward_matches_finite_differences},
     {"maxpool_argmax_and_gradient", test_maxpool_argmax_and_gradient},

@@ -4,7 +4,12 @@
  * for 1 to 8 buffers of odd sizes, and local_sgd on real batches (it averages
  * every average_every steps and leaves the replicas equal, matches
  * synchronous SGD with average_every = 1, is deterministic whatever its
- * thread count, and checks its options). Needs LOOM_BUILD_ROOT (set by meson) to find the .so files. */
+ * thread count, and checks its options); image_ops: the npy source on .npy
+ * files written here (values, dtypes, cardinality, mid-epoch save/restore,
+ * each bad file named), the option keys Loom checks for a source, cutout
+ * (one clipped square per image, the same with parallel calls, new squares
+ * each epoch) and min_std, and the errors of bad functions, arguments and
+ * providers at their file:line. Needs LOOM_BUILD_ROOT (set by meson) to find the .so files. */
 #include "harness.h"
 #include "plugin/plugin.h"
 
@@ -375,6 +380,300 @@ static void test_require(void)
     loom_config_free(spec);
 }
 
+
+/* ---- image_ops: a transform provider and the npy source ---------------------------- */
+
+static char npy_dir[] = "/tmp/loom_plugin_npy_XXXXXX";
+
+/* Writes DIR/name as np.save would: magic, version 1.0, the header dict padded to 64 bytes, the data. */
+static void npy_write(const char *name, const char *descr, const char *shape, const void *data, size_t bytes)
+{
+    char path[256], h[256];
+    snprintf(path, sizeof path, "%s/%s", npy_dir, name);
+    int n = snprintf(h, sizeof h, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }", descr, shape);
+    while ((10 + n + 1) % 64) h[n++] = ' ';
+    h[n++] = '\n';
+    FILE *f = fopen(path, "wb");
+    uint8_t pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (uint8_t)(n & 0xff), (uint8_t)(n >> 8)};
+    CHECK(f && fwrite(pre, 1, 10, f) == 10 && fwrite(h, 1, (size_t)n, f) == (size_t)n &&
+          fwrite(data, 1, bytes, f) == bytes);
+    if (f) fclose(f);
+}
+
+/* Five (2, 3) uint8 images (image i: 10 * i + pixel; odd images constant), int64 labels 0..4, float32 weights. */
+static void npy_fixtures(void)
+{
+    static int made;
+    if (made++) return;
+    CHECK(mkdtemp(npy_dir) != NULL);
+    uint8_t x[5][6];
+    int64_t y[5];
+    float w[5];
+    for (int i = 0; i < 5; i++) {
+        for (int p = 0; p < 6; p++) x[i][p] = (uint8_t)(i % 2 ? 100 : 10 * i + p);
+        y[i] = i, w[i] = 0.5f * (float)i;
+    }
+    npy_write("x.npy", "|u1", "(5, 2, 3)", x, sizeof x);
+    npy_write("y.npy", "<i8", "(5,)", y, sizeof y);
+    npy_write("w.npy", "<f4", "(5,)", w, sizeof w);
+    npy_write("y4.npy", "<i8", "(4,)", y, 4 * sizeof y[0]);
+    npy_write("big.npy", ">f4", "(5,)", w, sizeof w);
+    npy_write("short.npy", "<i8", "(6,)", y, sizeof y);
+    char path[256];
+    snprintf(path, sizeof path, "%s/text.npy", npy_dir);
+    FILE *f = fopen(path, "w");
+    if (f) fputs("image,label\n1,2\n", f), fclose(f);
+    loom_err err = {0};
+    int rc = loom_plugin_load_file(so_path("plugins", "image_ops.so"), NULL, &err);
+    CHECK_MSG(rc == LOOM_OK, "%s: %s", err.where, err.msg);
+}
+
+/* Loads a config whose data.train is `train` (line 2 on), from npy_dir. */
+static loom_spec *npy_config(const char *train)
+{
+    npy_fixtures();
+    char path[256];
+    snprintf(path, sizeof path, "%s/c.cfg", npy_dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return NULL;
+    fprintf(f, "version = 1;\ndata: { train: {\n%s\n}; };\nmodel: { layers = ({ type = \"dense\"; units = 2; }); };\n"
+               "optimizer: { type = \"sgd\"; learning_rate = 0.1; };\nrun: { model_dir = \"/tmp/loom_plugin_unused\"; };\n",
+            train);
+    fclose(f);
+    loom_spec *spec = NULL;
+    loom_errlist errs = {0};
+    int rc = loom_config_load(&spec, path, NULL, 0, &errs);
+    CHECK_MSG(rc == LOOM_OK, "%s: %s", errs.n ? errs.e[0].where : "", errs.n ? errs.e[0].msg : "?");
+    return spec;
+}
+
+/* Opens the train pipeline of a config; NULL with *err filled on failure. */
+static loom_iter *npy_open(const char *train, int threads, loom_err *err)
+{
+    loom_spec *spec = npy_config(train);
+    if (!spec) return NULL;
+    loom_data_ctx ctx = {.seed = 11, .threads = threads, .name = "train"};
+    loom_iter *it = NULL;
+    if (loom_data_open(&it, &spec->train, &ctx, err)) it = NULL;
+    loom_config_free(spec);
+    return it;
+}
+
+#define NPY_SRC "source: { type = \"npy\"; options: { image = \"x.npy\"; label = \"y.npy\"; w = \"w.npy\"; }; };"
+
+static void test_image_ops_registers(void)
+{
+    npy_fixtures();
+    const loom_plugin_record *rec = NULL;
+    for (int i = 0; (rec = loom_plugin_record_at(i)) != NULL; i++)
+        if (rec->loaded && !strcmp(rec->name, "image_ops")) break;
+    CHECK(rec && rec->n_providers == 2);
+    CHECK(loom_registry_find(LOOM_REG_TRANSFORM, "image_ops", NULL) != NULL);
+    CHECK(loom_registry_find(LOOM_REG_SOURCE, "npy", NULL) != NULL);
+}
+
+static void test_npy_source(void)
+{
+    loom_err err = {0};
+    loom_iter *it = npy_open(NPY_SRC, 0, &err);
+    CHECK_MSG(it, "%s: %s", err.where, err.msg);
+    if (!it) return;
+    CHECK(loom_iter_cardinality(it) == 5);
+    loom_elem *e;
+    loom_buf b;
+    loom_buf_init(&b);
+    for (int i = 0; i < 5; i++) {
+        CHECK(loom_iter_next(it, &e, &err) == LOOM_OK);
+        CHECK(e->n == 3 && e->t[0].dtype == LOOM_U8 && e->t[0].shape.rank == 2 && e->t[0].shape.dim[1] == 3);
+        CHECK(((uint8_t *)e->t[0].data)[5] == (i % 2 ? 100 : 10 * i + 5));
+        CHECK(e->t[1].dtype == LOOM_I64 && e->t[1].shape.rank == 0 && *(int64_t *)e->t[1].data == i);
+        CHECK(e->t[2].dtype == LOOM_F32 && *(float *)e->t[2].data == 0.5f * (float)i);
+        if (i == 1) CHECK(loom_iter_save(it, &b, &err) == LOOM_OK); /* mid-epoch: after element 1 */
+    }
+    CHECK(loom_iter_next(it, &e, &err) == LOOM_EEOF);
+    CHECK(loom_iter_rewind(it, 1, &err) == LOOM_OK);
+    CHECK(loom_iter_next(it, &e, &err) == LOOM_OK && *(int64_t *)e->t[1].data == 0);
+    loom_iter_close(it);
+    /* a new iterator restored from the state continues at element 2 */
+    it = npy_open(NPY_SRC, 0, &err);
+    loom_buf rb;
+    loom_buf_wrap(&rb, b.data, b.len);
+    CHECK(it && loom_iter_restore(it, &rb, &err) == LOOM_OK);
+    CHECK(it && loom_iter_next(it, &e, &err) == LOOM_OK && *(int64_t *)e->t[1].data == 2);
+    loom_iter_close(it);
+    loom_buf_fini(&b);
+}
+
+/* The error of opening a pipeline over source options `opts`. */
+static loom_err npy_error(const char *train)
+{
+    loom_err err = {0};
+    loom_iter *it = npy_open(train, 0, &err);
+    CHECK(it == NULL);
+    loom_iter_close(it);
+    return err;
+}
+
+static void test_npy_errors(void)
+{
+    char cfg[300];
+    snprintf(cfg, sizeof cfg, "%s/c.cfg:", npy_dir);
+    loom_err e = npy_error("source: { type = \"npy\"; options: {\n image = \"x.npy\";\n label = \"y4.npy\"; }; };");
+    CHECK_MSG(strstr(e.where, cfg) && strstr(e.where, ":5"), "where = %s", e.where);
+    CHECK_CONTAINS(e.msg, "y4.npy holds 4 elements, x.npy holds 5: they must agree");
+    e = npy_error("source: { type = \"npy\"; options: {\n image = \"missing.npy\"; }; };");
+    CHECK_MSG(strstr(e.where, ":4"), "where = %s", e.where);
+    CHECK_CONTAINS(e.msg, "missing.npy: No such file or directory");
+    e = npy_error("source: { type = \"npy\"; options: { w = \"big.npy\"; }; };");
+    CHECK_CONTAINS(e.where, "big.npy");
+    CHECK_CONTAINS(e.msg, "unsupported array: {'descr': '>f4'");
+    CHECK_CONTAINS(e.hint, "np.ascontiguousarray");
+    e = npy_error("source: { type = \"npy\"; options: { w = \"short.npy\"; }; };");
+    CHECK_CONTAINS(e.msg, "holds 40 bytes of data, the header's shape needs 48");
+    e = npy_error("source: { type = \"npy\"; options: { w = \"text.npy\"; }; };");
+    CHECK_CONTAINS(e.msg, "not a NumPy .npy file");
+    e = npy_error("source: { type = \"npz\"; options: { w = \"w.npy\"; }; };");
+    CHECK_CONTAINS(e.msg, "no source \"npz\" is registered (have: npy");
+}
+
+/* A counting source registered directly: its option keys are checked by Loom. */
+static int cnt_open(void **inst, const loom_source_args *a, loom_elem_spec *spec, loom_shape *max, loom_err *err)
+{
+    (void)a, (void)err;
+    *inst = calloc(1, sizeof(int64_t));
+    spec->n = 1;
+    snprintf(spec->name[0], LOOM_NAME_MAX, "i");
+    spec->dtype[0] = LOOM_I64;
+    spec->shape[0] = max[0] = (loom_shape){0};
+    return LOOM_OK;
+}
+static int64_t cnt_card(void *inst) { (void)inst; return -1; }
+static int cnt_rewind(void *inst, int64_t epoch, loom_err *err) { (void)epoch, (void)err; *(int64_t *)inst = 0; return 0; }
+static int cnt_next(void *inst, loom_elem *out, loom_err *err)
+{
+    (void)err;
+    *(int64_t *)out->t[0].data = (*(int64_t *)inst)++;
+    return LOOM_OK;
+}
+static size_t cnt_save(void *inst, void *buf, size_t cap)
+{
+    if (cap >= 8) memcpy(buf, inst, 8);
+    return 8;
+}
+static int cnt_restore(void *inst, const void *buf, size_t len, loom_err *err)
+{
+    (void)err;
+    memcpy(inst, buf, 8);
+    return len == 8 ? LOOM_OK : LOOM_ECHECKPOINT;
+}
+static const char *const cnt_options[] = {"count", NULL};
+static const loom_source_ops counting = {
+    .version = LOOM_SOURCE_OPS_VERSION, .name = "counting", .options = cnt_options, .open = cnt_open,
+    .cardinality = cnt_card, .rewind = cnt_rewind, .next = cnt_next, .save = cnt_save, .restore = cnt_restore,
+    .close = free,
+};
+
+static void test_source_options_checked(void)
+{
+    loom_err err = {0};
+    if (!loom_registry_find(LOOM_REG_SOURCE, "counting", NULL))
+        CHECK(loom_registry_add(LOOM_REG_SOURCE, "counting", &counting, "test", &err) == LOOM_OK);
+    loom_err e = npy_error("source: { type = \"counting\"; options: {\n cont = 3; }; };");
+    CHECK_MSG(strstr(e.where, "c.cfg:4"), "where = %s", e.where);
+    CHECK_CONTAINS(e.msg, "source.options.cont: unknown option of source \"counting\" (valid: count)");
+    CHECK_CONTAINS(e.hint, "did you mean `count`?");
+    /* an infinite source with lent buffers: values written into Loom's buffers, state restored */
+    loom_iter *it = npy_open("source: { type = \"counting\"; options: { count = 3; }; };", 0, &err);
+    CHECK_MSG(it, "%s", err.msg);
+    if (!it) return;
+    loom_elem *el;
+    CHECK(loom_iter_cardinality(it) == -1);
+    for (int i = 0; i < 3; i++) CHECK(loom_iter_next(it, &el, &err) == LOOM_OK && *(int64_t *)el->t[0].data == i);
+    loom_buf b;
+    loom_buf_init(&b);
+    CHECK(loom_iter_save(it, &b, &err) == LOOM_OK);
+    loom_iter_close(it);
+    it = npy_open("source: { type = \"counting\"; options: { count = 3; }; };", 0, &err);
+    loom_buf rb;
+    loom_buf_wrap(&rb, b.data, b.len);
+    CHECK(it && loom_iter_restore(it, &rb, &err) == LOOM_OK);
+    CHECK(it && loom_iter_next(it, &el, &err) == LOOM_OK && *(int64_t *)el->t[0].data == 3);
+    loom_iter_close(it);
+    loom_buf_fini(&b);
+}
+
+/* Every byte of every image of two epochs, through cutout with `parallel` calls. */
+static int cutout_pass(int parallel, int threads, uint8_t out[2][5][6])
+{
+    char cfg[512];
+    snprintf(cfg, sizeof cfg, "%s transforms = ({ op = \"map\"; plugin = \"image_ops:cutout\"; parallel = %d;\n"
+                              " args: { size = 2; value = 255; }; });", NPY_SRC, parallel);
+    loom_err err = {0};
+    loom_iter *it = npy_open(cfg, threads, &err);
+    CHECK_MSG(it, "%s: %s", err.where, err.msg);
+    if (!it) return 0;
+    int n = 0;
+    for (int ep = 0; ep < 2; ep++) {
+        loom_elem *e;
+        if (ep) loom_iter_rewind(it, ep, &err);
+        for (int i = 0; i < 5 && loom_iter_next(it, &e, &err) == LOOM_OK; i++, n++) memcpy(out[ep][i], e->t[0].data, 6);
+    }
+    loom_iter_close(it);
+    return n;
+}
+
+static void test_cutout(void)
+{
+    uint8_t a[2][5][6], b[2][5][6];
+    CHECK(cutout_pass(1, 0, a) == 10);
+    CHECK(cutout_pass(3, 2, b) == 10);
+    CHECK_MSG(!memcmp(a, b, sizeof a), "parallel 3 on 2 threads differs from parallel 1");
+    int differs = 0;
+    for (int ep = 0; ep < 2; ep++)
+        for (int i = 0; i < 5; i++) {
+            int erased = 0, kept = 0; /* a 2x2 square clipped at the border: 1 to 4 pixels, the rest unchanged */
+            for (int p = 0; p < 6; p++) {
+                int orig = i % 2 ? 100 : 10 * i + p;
+                erased += a[ep][i][p] == 255, kept += a[ep][i][p] == orig;
+            }
+            CHECK_MSG(erased >= 1 && erased <= 4 && erased + kept == 6, "epoch %d image %d: %d erased", ep, i, erased);
+            differs |= memcmp(a[0][i], a[1][i], 6) != 0;
+        }
+    CHECK_MSG(differs, "both epochs erased the same squares");
+}
+
+static void test_min_std_filter(void)
+{
+    loom_err err = {0};
+    loom_iter *it = npy_open(NPY_SRC " transforms = ({ op = \"filter\"; plugin = \"image_ops:min_std\"; "
+                             "args: { min = 0.5; }; });", 0, &err);
+    CHECK_MSG(it, "%s: %s", err.where, err.msg);
+    if (!it) return;
+    loom_elem *e;
+    int64_t kept[5], n = 0;
+    while (n < 5 && loom_iter_next(it, &e, &err) == LOOM_OK) kept[n++] = *(int64_t *)e->t[1].data;
+    CHECK_MSG(n == 3 && kept[0] == 0 && kept[1] == 2 && kept[2] == 4, "kept %lld", (long long)n); /* odd ones are blank */
+    loom_iter_close(it);
+}
+
+static void test_transform_errors(void)
+{
+    loom_err e = npy_error(NPY_SRC "\n transforms = ({ op = \"map\"; plugin = \"image_ops:cutot\"; });");
+    CHECK_MSG(strstr(e.where, "c.cfg:4"), "where = %s", e.where); /* the transform's line */
+    CHECK_CONTAINS(e.msg, "image_ops has no map function \"cutot\" (maps: cutout, gaussian_noise)");
+    e = npy_error(NPY_SRC " transforms = ({ op = \"map\"; plugin = \"image_ops:cutout\";\n args: {\n size = 0; }; });");
+    CHECK_MSG(strstr(e.where, "c.cfg:5"), "where = %s", e.where);
+    CHECK_CONTAINS(e.msg, "args.size: expected a number in [1, 1.04858e+06], got \"0\"");
+    e = npy_error(NPY_SRC " transforms = ({ op = \"map\"; plugin = \"image_ops:cutout\";\n args: { sise = 2; }; });");
+    CHECK_MSG(strstr(e.where, "c.cfg:4"), "where = %s", e.where);
+    CHECK_CONTAINS(e.msg, "args.sise: unknown argument of image_ops:cutout (valid: feature, size, p, value)");
+    e = npy_error(NPY_SRC " transforms = ({ op = \"map\"; plugin = \"image_ops:gaussian_noise\"; });");
+    CHECK_CONTAINS(e.msg, "feature \"image\" must be one unbatched image (H, W) or (H, W, C) of float32");
+    e = npy_error(NPY_SRC " transforms = ({ op = \"map\"; plugin = \"image_opz:cutout\"; });");
+    CHECK_CONTAINS(e.msg, "no map provider \"image_opz\" is registered (have: ");
+    CHECK_CONTAINS(e.msg, "image_ops");
+}
+
 static const loom_test tests[] = {
     {"refuses_text_file", test_refuses_text_file},
     {"refuses_other_abi", test_refuses_other_abi},
@@ -388,6 +687,13 @@ static const loom_test tests[] = {
     {"local_sgd_deterministic", test_local_sgd_deterministic},
     {"local_sgd_options", test_local_sgd_options},
     {"require", test_require},
+    {"image_ops_registers", test_image_ops_registers},
+    {"npy_source", test_npy_source},
+    {"npy_errors", test_npy_errors},
+    {"source_options_checked", test_source_options_checked},
+    {"cutout", test_cutout},
+    {"min_std_filter", test_min_std_filter},
+    {"transform_errors", test_transform_errors},
     {0},
 };
 
