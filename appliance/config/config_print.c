@@ -273,7 +273,7 @@ static void print_dataset(FILE *f, const char *name, const loom_dataset_spec *ds
         kv_str(f, 4, "op", loom_transform_kind_name(t->kind));
         switch (t->kind) {
         case LOOM_T_MAP:
-            kv_str(f, 4, "fn", loom_map_kind_name(m->kind));
+            if (!m->provider[0]) kv_str(f, 4, "fn", loom_map_kind_name(m->kind)); /* a plugin map has no fn */
             if (m->kind != LOOM_MAP_LUA) kv_str(f, 4, "feature", m->feature);
             switch (m->kind) {
             case LOOM_MAP_CAST: kv_str(f, 4, "dtype", loom_cfg_name_(loom_cfg_dtype_names_, (int)m->dtype)); break;

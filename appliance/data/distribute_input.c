@@ -184,20 +184,6 @@ int dinput_plan_(dinput_plan *p, const loom_dataset_spec *spec, const loom_data_
 
 void dinput_plan_fini_(dinput_plan *p) { loom_free(p->source); }
 
-int dinput_keep_files_(const dstage *st, const loom_source_spec *src, char **files, int64_t *n, loom_err *err)
-{
-    if (src->file_shards <= 1) return LOOM_OK;
-    int64_t k = 0, all = *n;
-    for (int64_t i = 0; i < all; i++) {
-        if (i % src->file_shards == src->file_shard) files[k++] = files[i];
-        else loom_free(files[i]);
-    }
-    *n = k;
-    if (!k) /* the files changed since the plan counted them */
-        return dstage_err_(st, err, LOOM_EIO, "input pipeline %d of %d: no files left to read (%lld match now)",
-                           src->file_shard, src->file_shards, (long long)all);
-    return LOOM_OK;
-}
 
 /* ---- DATA: the shard stage ------------------------------------------------------------ */
 

@@ -211,10 +211,12 @@ static void fill_task(void *arg)
     pthread_mutex_unlock(&s->mu);
 }
 
-/* Whether a task should run on r; under mu. */
+/* Whether a task should run on r; under mu. Only once its ring is half
+ * empty: each task then reads many elements, so the hand-off to a worker
+ * (a wake-up, the locks) is paid per half ring, not per element. */
 static bool wants_fill(const ilv *s, const reader *r)
 {
-    return !r->is_err && !r->busy && !r->eof && !r->rc && r->count + (r->lent >= 0) < s->ring_cap;
+    return !r->is_err && !r->busy && !r->eof && !r->rc && r->count + (r->lent >= 0) <= s->ring_cap / 2;
 }
 
 /* Submits fill tasks up to the parallelism: the cursor's slot first, then the

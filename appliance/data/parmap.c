@@ -4,12 +4,15 @@
  * one map, or several consecutive maps fused (map_fusion) as one call.
  * Threads: the consumer (train thread, or a prefetch producer downstream)
  * pulls the input, copies each element into a free slot and submits the
- * call; pool workers run map_apply_ on the slot and mark it done under the
- * stage's mutex. A consumer that must wait runs queued calls itself (no
- * hand-off latency on cheap maps, no spinning). Results leave in input order
- * when deterministic, else in completion order; EOF/errors from upstream
- * travel as markers in order. parallel = "auto": the window is a knob the
- * autotuner (autotune.c) moves between 1 and the pool's size.
+ * calls of up to PAR_GROUP consecutive slots as one task (the window is
+ * parallel x group slots, refilled a group at a time), so one wake-up of a
+ * worker serves a group; pool workers run map_apply_ on each slot and mark
+ * it done under the stage's mutex. A consumer that must wait runs queued
+ * tasks itself (no hand-off latency on cheap maps, no spinning). Results
+ * leave in input order when deterministic, else in completion order;
+ * EOF/errors from upstream travel as markers in order. parallel = "auto":
+ * the parallelism is a knob the autotuner (autotune.c) moves between 1 and
+ * the pool's size.
  * Fused with a batch (map_and_batch_fusion), a slot holds a whole batch: the
  * consumer pulls its elements, and one call maps them straight into the
  * slot's batch buffer (the last map of each feature writes the element's
@@ -138,6 +141,10 @@ void dpool_submit_(dpool *p, dtask *t) { dpool_submit(p, t); }
 
 /* ---- the stage ---------------------------------------------------------------- */
 
+/* Calls per task for element maps: one hand-off to a worker (a wake-up, the
+ * pool's lock) costs about as much as a cheap call, so calls go in groups. */
+#define PAR_GROUP 8
+
 enum { SL_FREE, SL_QUEUED, SL_DONE, SL_LENT };
 
 typedef struct parst parst;
@@ -154,6 +161,7 @@ typedef struct pslot {
     int       rc;
     loom_err  err;
     loom_elem res;    /* the result: views of the slot's input copy and obuf (or of bout) */
+    struct pslot *gnext; /* the next slot of the same task (group), NULL */
     uint8_t **obuf, **flags; /* per map of the chain */
     int64_t   n;      /* batch mode: elements pulled into this slot */
     loom_tensor bout[LOOM_MAX_FEATURES]; /* batch mode: the batch buffer, the batch's max shapes */
@@ -172,7 +180,8 @@ struct parst {
     int       det;
     int       autotune;   /* parallel = "auto" */
     int       pmax;       /* slots - 1: most elements in the window */
-    int       p;          /* the window now (calls in flight plus finished results) */
+    int       group;      /* elements per task (1 in batch mode): cheap calls share one hand-off */
+    int       p;          /* the window now (calls in flight plus finished results): parallelism x group */
     elem_pool in;         /* input copies, pmax + 1 slots */
     pslot    *sl;
     int64_t   epoch, pos; /* pos: RNG index of the next element pulled */
@@ -285,6 +294,16 @@ static void run_call(void *arg)
     pthread_mutex_unlock(&s->mu);
 }
 
+/* The task: the calls of a group of slots, in input order. */
+static void run_group(void *arg)
+{
+    for (pslot *sl = arg; sl;) {
+        pslot *next = sl->gnext; /* read first: a finished slot may be reused at once */
+        run_call(sl);
+        sl = next;
+    }
+}
+
 /* Waits until no call is in flight, running queued ones meanwhile. */
 static void quiesce(parst *s)
 {
@@ -331,17 +350,21 @@ static int pull(parst *s, int i, loom_err *err)
     return rc;
 }
 
-/* Pulls input and submits calls until the window is full or a marker is in it.
+/* Pulls input and submits calls until the window is full or a marker is in it,
+ * group calls per task. A window that is not empty is refilled only once a
+ * whole group fits, so each hand-off to a worker carries a group of calls.
  * Runs on the consumer thread without the lock: only it changes FREE slots. */
 static void fill(parst *s)
 {
     dstage *st = &s->s;
     if (s->knob) {
-        s->p = (int)dknob_get_(s->knob);
-        dstage_gauge_(&st->st_parallel, s->p);
+        s->p = (int)dknob_get_(s->knob) * s->group;
+        dstage_gauge_(&st->st_parallel, s->p / s->group);
         dstage_gauge_(&st->st_capacity, s->p);
     }
-    while (!s->blocked && s->occupied < s->p) {
+    pslot *head = NULL, *last = NULL;
+    int ng = 0;
+    while (!s->blocked && s->occupied < s->p && (s->occupied == 0 || s->p - s->occupied >= s->group || head)) {
         int i = free_slot(s);
         LOOM_ASSERT(i >= 0);
         pslot *sl = &s->sl[i];
@@ -363,8 +386,21 @@ static void fill(parst *s)
         sl->state = SL_QUEUED;
         s->inflight++;
         pthread_mutex_unlock(&s->mu);
-        dpool_submit(s->pool, &sl->task);
+        if (head && ng == s->group) {
+            dpool_submit(s->pool, &head->task);
+            head = NULL;
+        }
+        sl->gnext = NULL;
+        if (head) {
+            last->gnext = sl;
+        } else {
+            head = sl;
+            ng = 0;
+        }
+        last = sl;
+        ng++;
     }
+    if (head) dpool_submit(s->pool, &head->task);
     dstage_gauge_(&st->st_buffered, s->occupied);
 }
 
@@ -500,7 +536,7 @@ static void par_save(dstage *st, loom_buf *b)
     int n = window(s, order);
     loom_buf_put_i64(b, s->epoch);
     loom_buf_put_i64(b, s->pos);
-    loom_buf_put_u32(b, (uint32_t)s->p);
+    loom_buf_put_u32(b, (uint32_t)(s->p / s->group)); /* the parallelism */
     loom_buf_put_u32(b, (uint32_t)n);
     for (int k = 0; k < n; k++) {
         const pslot *sl = &s->sl[order[k]];
@@ -637,9 +673,9 @@ static void par_tune(dstage *st, dtuner *t)
 {
     parst *s = (parst *)st;
     if (!s->autotune) return;
-    s->knob = dtuner_knob_(t, st, "parallel", 1, 1, s->pmax, 1);
-    if (s->knob) s->p = 1; /* else (no room left in the tuner) the window stays at its maximum */
-    dstage_gauge_(&st->st_parallel, s->p);
+    s->knob = dtuner_knob_(t, st, "parallel", 1, 1, s->pmax / s->group, 1);
+    if (s->knob) s->p = s->group; /* else (no room left in the tuner) the window stays at its maximum */
+    dstage_gauge_(&st->st_parallel, s->p / s->group);
     dstage_gauge_(&st->st_capacity, s->p);
 }
 
@@ -657,7 +693,7 @@ static int alloc_slots(parst *s, loom_err *err)
         pslot *sl = &s->sl[i];
         sl->owner = s;
         sl->idx = i;
-        sl->task.fn = run_call;
+        sl->task.fn = run_group;
         sl->task.arg = sl;
         sl->task.owner = s;
         sl->obuf = loom_calloc((size_t)s->nmap, sizeof *sl->obuf);
@@ -744,9 +780,13 @@ int parmap_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t,
         if (rc) goto fail;
     }
     s->pool = *pool;
-    s->pmax = autotune ? dpool_size_(s->pool) : parallel;
-    if (s->pmax < 1) s->pmax = 1;
+    int level = autotune ? dpool_size_(s->pool) : parallel;
+    if (level < 1) level = 1;
     int64_t per = slot_bytes(s);
+    /* per element, a group of calls per task (as the RAM budget allows); a batch is one call's worth */
+    s->group = batch ? 1 : PAR_GROUP;
+    while (s->group > 1 && per > 0 && (int64_t)(level * s->group + 1) * per > ram_left) s->group--;
+    s->pmax = level * s->group;
     if (per > 0 && (int64_t)(s->pmax + 1) * per > ram_left) {
         if (!autotune || 2 * per > ram_left) {
             rc = dstage_err_(st, err, LOOM_ECONFIG, "%s: a window of %d %s needs %lld bytes, more than the %lld bytes "
@@ -758,7 +798,7 @@ int parmap_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t,
         s->pmax = (int)(ram_left / per) - 1; /* "auto" stays within the budget */
     }
     s->p = s->pmax; /* "auto" without the autotuner: the pool's size, as tf.data; par_tune lowers it to 1 */
-    dstage_gauge_(&st->st_parallel, s->p);
+    dstage_gauge_(&st->st_parallel, s->p / s->group);
     dstage_gauge_(&st->st_capacity, s->p);
     /* the input copies are this stage's memory, though sized from the input's spec */
     int64_t before = dstage_load_(&in->st_bytes);

@@ -148,3 +148,20 @@ int src_pos_restore_(loom_buf *b, const char *what, int64_t n_files, int64_t min
     *p = (src_pos){.epoch = epoch, .fi = fi, .offset = offset, .line = line, .done = done};
     return LOOM_OK;
 }
+
+/* FILE sharding (distribute_input.c plans it): keeps every file_shards-th file,
+ * starting at file_shard, of the sorted list. */
+int dinput_keep_files_(const dstage *st, const loom_source_spec *src, char **files, int64_t *n, loom_err *err)
+{
+    if (src->file_shards <= 1) return LOOM_OK;
+    int64_t k = 0, all = *n;
+    for (int64_t i = 0; i < all; i++) {
+        if (i % src->file_shards == src->file_shard) files[k++] = files[i];
+        else loom_free(files[i]);
+    }
+    *n = k;
+    if (!k) /* the files changed since the plan counted them */
+        return dstage_err_(st, err, LOOM_EIO, "input pipeline %d of %d: no files left to read (%lld match now)",
+                           src->file_shard, src->file_shards, (long long)all);
+    return LOOM_OK;
+}

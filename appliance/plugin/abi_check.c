@@ -1,7 +1,7 @@
 /* abi_check.c - compile-time proof that plugins/loom_plugin.h restates
- * Loom's own types exactly: the same error codes, log levels, reduction ops
- * and the same layout of loom_err and of every vtable and struct a plugin
- * shares with Loom. The ABI header is included first with its names
+ * Loom's own types exactly: the same error codes, log levels, reduction ops,
+ * dtypes and limits, and the same layout of loom_err, of tensors and
+ * elements, and of every vtable and struct a plugin shares with Loom. The ABI header is included first with its names
  * renamed (abi_*), then Loom's headers; a drift on either side stops the
  * build here instead of corrupting memory in a plugin.
  * Nothing in this file runs. */

@@ -4,10 +4,11 @@
  * Dependency direction: this module sits above distribute (core ... nn,
  * data <- distribute <- plugin <- cli), not below it as the other
  * extension points do, because the ABI carries distribute's vtables
- * (cross-device ops, strategies) and the host table hands a strategy
- * plugin the model and optimizer functions of nn. Nothing below needs to
- * know plugins exist: the registry lives in core, so distribute and the
- * trainer find a plugin's provider exactly as they find a built-in one.
+ * (cross-device ops, strategies; data's sources and transforms too) and
+ * the host table hands a strategy plugin the model and optimizer functions
+ * of nn. Nothing below needs to know plugins exist: the registry lives in
+ * core, so distribute, data and the trainer find a plugin's provider
+ * exactly as they find a built-in one.
  *
  * Threads: everything here runs on the main thread at startup. Loaded
  * plugins are never unloaded; the records below live until exit. */
@@ -57,7 +58,10 @@ int loom_plugin_load_file(const char *path, const loom_plugin_record **rec, loom
 
 /* The names a config gives providers, checked against the registry once
  * plugins are loaded: strategy.type, strategy.cross_device_ops and the keys
- * of strategy.options (against what the strategy declared). Each problem is
+ * of strategy.options (against what the strategy declared), a plugin
+ * source's data.*.source.type and the providers of map/filter `plugin`
+ * settings (a source's option keys and a function's args are checked when
+ * the pipeline opens). Each problem is
  * appended to errs as "file:line: setting: message" with the known names;
  * returns LOOM_ECONFIG when there was any. */
 int loom_plugins_check_spec(const loom_spec *spec, loom_errlist *errs);

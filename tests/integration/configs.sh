@@ -8,6 +8,10 @@ if grep -q "fashion_mnist_records/" configs/*.cfg; then
     check "make runs/fashion_mnist_records" "${LOOM_MAKE_FMNIST_RECORDS:-$(dirname "$LOOM")/tests/make_fmnist_records}" \
         runs/fashion_mnist_records
 fi
+# and those reading NumPy arrays (configs/fashion_mnist_npy.cfg) theirs (tests/fixtures/make_fmnist_npy.c)
+if grep -q "fashion_mnist_npy/" configs/*.cfg; then
+    check "make runs/fashion_mnist_npy" "${LOOM_MAKE_FMNIST_NPY:-$(dirname "$LOOM")/tests/make_fmnist_npy}" runs/fashion_mnist_npy
+fi
 for cfg in configs/*.cfg; do
     name=$(basename "$cfg" .cfg)
     out=$("$LOOM" check "$cfg" 2>&1); status=$?

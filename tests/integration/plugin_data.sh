@@ -7,15 +7,9 @@
 # did-you-mean, bad arguments and files their file:line.
 source "$(dirname "$0")/lib.sh"
 
-# --- the arrays, converted from the IDX files as the config's comment says --------------
+# --- the arrays, converted from the IDX files as the config's comment says ---------------------
 N="$WORK/npy"; mkdir -p "$N"
-if python3 -c 'import gzip, numpy as np, sys
-d = "/usr/share/datasets/fashion-mnist/"
-for split, pre in (("train", "train"), ("test", "t10k")):
-    x = np.frombuffer(gzip.open(d + pre + "-images-idx3-ubyte.gz").read(), np.uint8, offset=16).reshape(-1, 28, 28)
-    y = np.frombuffer(gzip.open(d + pre + "-labels-idx1-ubyte.gz").read(), np.uint8, offset=8).astype(np.int64)
-    np.save(sys.argv[1] + "/x_" + split + ".npy", x); np.save(sys.argv[1] + "/y_" + split + ".npy", y)' "$N" 2>&1; then
-    pass "Fashion-MNIST converted to .npy with numpy"; else fail "Fashion-MNIST converted to .npy with numpy"; fi
+check "Fashion-MNIST converted to .npy (tests/fixtures/make_fmnist_npy.c)" "${LOOM_MAKE_FMNIST_NPY:-$(dirname "$LOOM")/tests/make_fmnist_npy}" "$N"
 CFG="$WORK/fm.cfg"
 sed "s|\.\./runs/fashion_mnist_npy/|$N/|g" configs/fashion_mnist_npy.cfg > "$CFG"
 

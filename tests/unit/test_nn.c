@@ -1063,6 +1063,49 @@ static void test_optimizer_pool(void)
     loom_pool_free(pool);
 }
 
+/* Updates applied range by range (a partition of the parameters, in any
+ * order, with or without a pool) equal the whole update, params and slots,
+ * bit for bit, and leave everything outside the range alone. */
+static void test_optimizer_ranges(void)
+{
+    const int64_t n = 100003, cut = 70001; /* odd cut: ranges not on cache lines */
+    loom_pool *pool = NULL;
+    CHECK(loom_pool_new(&pool, 2, &err) == LOOM_OK);
+    float *g = malloc((size_t)n * sizeof *g), *p1 = malloc((size_t)n * sizeof *p1), *p2 = malloc((size_t)n * sizeof *p2);
+    loom_rng r;
+    loom_rng_init(&r, 6, 0, 0, 0);
+    fill_normal(g, n, &r, 1.f);
+    loom_opt_kind kinds[] = {LOOM_OPT_SGD, LOOM_OPT_MOMENTUM, LOOM_OPT_ADAM};
+    for (int k = 0; k < 3; k++) {
+        loom_optimizer_spec s = opt_spec(kinds[k]);
+        loom_optimizer *a = NULL, *b = NULL;
+        CHECK(loom_optimizer_new(&a, &s, n, &err) == LOOM_OK);
+        CHECK(loom_optimizer_new(&b, &s, n, &err) == LOOM_OK);
+        if (!a || !b) break;
+        loom_rng_init(&r, 7, 0, 0, 0);
+        fill_normal(p1, n, &r, 1.f);
+        memcpy(p2, p1, (size_t)n * sizeof *p1);
+        for (int t = 0; t < 3; t++) {
+            loom_optimizer_apply(a, p1, g, t);
+            loom_optimizer_apply_range(b, NULL, p2, g, t, cut, n);
+            loom_optimizer_apply_range(b, pool, p2, g, t, 5, 5);
+            if (t == 0) /* half done: the rest is untouched */
+                CHECK_MSG(p2[cut - 1] != p1[cut - 1] && (kinds[k] == LOOM_OPT_SGD || loom_optimizer_slots(b)[0] == 0),
+                          "optimizer %d: a range changed parameters outside it", k);
+            loom_optimizer_apply_range(b, pool, p2, g, t, 0, cut);
+        }
+        CHECK_MSG(!memcmp(p1, p2, (size_t)n * sizeof *p1), "optimizer %d: ranges change the update", k);
+        int ns = loom_optimizer_num_slots(a);
+        CHECK(!ns || !memcmp(loom_optimizer_slots(a), loom_optimizer_slots(b), (size_t)(ns * n) * sizeof(float)));
+        loom_optimizer_free(a);
+        loom_optimizer_free(b);
+    }
+    free(g);
+    free(p1);
+    free(p2);
+    loom_pool_free(pool);
+}
+
 /* ---- timing (TAP comments only) ------------------------------------------------- */
 
 /* samples/s with `threads` model threads (BLAS 1 thread), or with 1 model
@@ -1132,6 +1175,7 @@ static const loom_test tests[] = {
     {"intra-op threads match one thread", test_threads},
     {"dense gradients split across threads", test_dense_split},
     {"optimizer over a pool", test_optimizer_pool},
+    {"optimizer applied by ranges", test_optimizer_ranges},
     {"timing", test_timing},
     {0},
 };

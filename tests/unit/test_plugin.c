@@ -8,7 +8,7 @@
  * files written here (values, dtypes, cardinality, mid-epoch save/restore,
  * each bad file named), the option keys Loom checks for a source, cutout
  * (one clipped square per image, the same with parallel calls, new squares
- * each epoch) and min_std, and the errors of bad functions, arguments and
+ * each epoch), gaussian_noise and min_std, and the errors of bad functions, arguments and
  * providers at their file:line. Needs LOOM_BUILD_ROOT (set by meson) to find the .so files. */
 #include "harness.h"
 #include "plugin/plugin.h"
@@ -417,6 +417,8 @@ static void npy_fixtures(void)
     npy_write("y.npy", "<i8", "(5,)", y, sizeof y);
     npy_write("w.npy", "<f4", "(5,)", w, sizeof w);
     npy_write("y4.npy", "<i8", "(4,)", y, 4 * sizeof y[0]);
+    float zeros[5][2][3] = {{{0}}};
+    npy_write("xf.npy", "<f4", "(5, 2, 3)", zeros, sizeof zeros);
     npy_write("big.npy", ">f4", "(5,)", w, sizeof w);
     npy_write("short.npy", "<i8", "(6,)", y, sizeof y);
     char path[256];
@@ -642,6 +644,33 @@ static void test_cutout(void)
     CHECK_MSG(differs, "both epochs erased the same squares");
 }
 
+/* 30 float32 values of noise over zero images, with `parallel` calls. */
+static void noise_pass(int parallel, float out[30])
+{
+    char cfg[512];
+    snprintf(cfg, sizeof cfg, "source: { type = \"npy\"; options: { image = \"xf.npy\"; }; };\n"
+                              "transforms = ({ op = \"map\"; plugin = \"image_ops:gaussian_noise\"; parallel = %d;"
+                              " args: { std = 0.5; }; });", parallel);
+    loom_err err = {0};
+    loom_iter *it = npy_open(cfg, 2, &err);
+    CHECK_MSG(it, "%s: %s", err.where, err.msg);
+    loom_elem *e;
+    for (int i = 0; it && i < 5 && loom_iter_next(it, &e, &err) == LOOM_OK; i++) memcpy(out + 6 * i, e->t[0].data, 24);
+    loom_iter_close(it);
+}
+
+static void test_gaussian_noise(void)
+{
+    float a[30] = {0}, b[30] = {0};
+    noise_pass(1, a);
+    noise_pass(2, b);
+    CHECK_MSG(!memcmp(a, b, sizeof a), "parallel 2 differs from parallel 1");
+    double sq = 0;
+    for (int i = 0; i < 30; i++) sq += (double)a[i] * a[i];
+    double sd = sqrt(sq / 30);
+    CHECK_MSG(sd > 0.3 && sd < 0.75, "noise of std 0.5 has sample std %g", sd);
+}
+
 static void test_min_std_filter(void)
 {
     loom_err err = {0};
@@ -692,6 +721,7 @@ static const loom_test tests[] = {
     {"npy_errors", test_npy_errors},
     {"source_options_checked", test_source_options_checked},
     {"cutout", test_cutout},
+    {"gaussian_noise", test_gaussian_noise},
     {"min_std_filter", test_min_std_filter},
     {"transform_errors", test_transform_errors},
     {0},
@@ -705,5 +735,13 @@ int main(void)
         printf("Bail out! %s\n", err.msg);
         return 1;
     }
-    return loom_test_run(tests);
+    int rc = loom_test_run(tests);
+    if (strcmp(npy_dir + strlen(npy_dir) - 6, "XXXXXX")) { /* made: remove the fixtures */
+        const char *files[] = {"x.npy", "y.npy", "w.npy", "y4.npy", "xf.npy", "big.npy", "short.npy", "text.npy", "c.cfg"};
+        char path[256];
+        for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
+            snprintf(path, sizeof path, "%s/%s", npy_dir, files[i]), unlink(path);
+        rmdir(npy_dir);
+    }
+    return rc;
 }

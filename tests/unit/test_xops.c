@@ -644,6 +644,74 @@ static void test_packs_reduce_like_whole(void)
     loom_free(k);
 }
 
+/* ---- sharded update: reduce_scatter, shard, all_gather_shards --------------- */
+
+static const int64_t ssizes[] = {1, 2, 7, 257, 16411, 65537};
+#define NSSIZES (int)(sizeof ssizes / sizeof ssizes[0])
+
+/* g->arg: (NSSIZES,) the all-reduce of each size's inputs, from the N-buffer
+ * entry point. Each rank reduce-scatters, halves its shard (an element-wise
+ * update) and all-gathers: every rank must end with the halved all-reduce,
+ * bit for bit, and the shards must tile the buffer. */
+static void shard_cases(ranks *g, int r)
+{
+    loom_err err;
+    float **want = g->arg;
+    for (int si = 0; si < NSSIZES; si++) {
+        int64_t count = ssizes[si], lo, hi;
+        fill(g->bufs[r], 11 + si, r, 0, count);
+        if (loom_xcomm_reduce_scatter(g->comm, r, g->bufs[r], count, LOOM_REDUCE_SUM, &err))
+            atomic_store(&g->failed_rc, 1);
+        loom_xcomm_shard(g->comm, r, count, &lo, &hi);
+        if (lo < 0 || hi > count || lo > hi || memcmp(g->bufs[r] + lo, want[si] + lo, (size_t)(hi - lo) * 4))
+            atomic_fetch_add(&g->bad, 1);
+        for (int64_t i = lo; i < hi; i++) g->bufs[r][i] *= 0.5f;
+        if (loom_xcomm_all_gather_shards(g->comm, r, g->bufs[r], count, &err)) atomic_store(&g->failed_rc, 1);
+        for (int64_t i = 0; i < count; i++)
+            if (g->bufs[r][i] != want[si][i] * 0.5f) {
+                atomic_fetch_add(&g->bad, 1);
+                break;
+            }
+        /* the shards tile [0, count): their sizes add up and they do not overlap */
+        int64_t total = 0, plo, phi;
+        for (int k = 0; k < g->n; k++) {
+            loom_xcomm_shard(g->comm, k, count, &plo, &phi);
+            total += phi - plo;
+            for (int j = 0; j < k; j++) {
+                int64_t qlo, qhi;
+                loom_xcomm_shard(g->comm, j, count, &qlo, &qhi);
+                if (plo < qhi && qlo < phi) atomic_fetch_add(&g->bad, 1);
+            }
+        }
+        if (total != count) atomic_fetch_add(&g->bad, 1);
+        pthread_barrier_wait(&g->bar);
+    }
+}
+
+static void test_sharded_update(void)
+{
+    loom_err err;
+    const loom_cross_device_ops *ops[4] = {op_named(builtin[0]), op_named(builtin[1]), op_named(builtin[2]),
+                                           (const loom_cross_device_ops *)&test_v1};
+    for (int o = 0; o < 4; o++)
+        for (int n = 1; n <= 8; n++) {
+            float *want[NSSIZES];
+            float **b = new_bufs(n, ssizes[NSSIZES - 1]);
+            for (int si = 0; si < NSSIZES; si++) {
+                for (int r = 0; r < n; r++) fill(b[r], 11 + si, r, 0, ssizes[si]);
+                CHECK(loom_all_reduce(ops[o], b, n, ssizes[si], LOOM_REDUCE_SUM, &err) == LOOM_OK);
+                want[si] = malloc((size_t)ssizes[si] * sizeof(float));
+                memcpy(want[si], b[0], (size_t)ssizes[si] * sizeof(float));
+            }
+            ranks g = {.bufs = b, .arg = want};
+            run_ranks(ops[o], n, shard_cases, &g);
+            CHECK_MSG(atomic_load(&g.bad) == 0 && !atomic_load(&g.failed_rc), "%s, n %d: %ld bad cases", ops[o]->name,
+                      n, atomic_load(&g.bad));
+            for (int si = 0; si < NSSIZES; si++) free(want[si]);
+            free_bufs(b, n);
+        }
+}
+
 static const loom_test tests[] = {
     {"all_reduce_per_rank", test_all_reduce_per_rank},
     {"all_reduce_n_buffers", test_all_reduce_n_buffers},
@@ -659,6 +727,7 @@ static const loom_test tests[] = {
     {"pack_plan_bytes_per_pack", test_pack_plan_bytes_per_pack},
     {"pack_plan_num_packs", test_pack_plan_num_packs},
     {"packs_reduce_like_whole", test_packs_reduce_like_whole},
+    {"sharded_update", test_sharded_update},
     {0},
 };
 
