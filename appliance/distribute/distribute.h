@@ -68,7 +68,7 @@ int  loom_xcomm_broadcast(loom_xcomm *c, int rank, float *buf, int64_t count, in
 int  loom_xcomm_all_gather(loom_xcomm *c, int rank, const float *buf, int64_t count, float *out, loom_err *err);
 /* A sharded update (ZeRO-1): reduce-scatter, each rank updates its shard,
  * all-gather in place. loom_xcomm_shard is rank's shard [lo, hi) of a buffer
- * of count floats: the shards partition it. After loom_xcomm_reduce_scatter
+ * of count floats: the shards partition it on 16-float lines. After loom_xcomm_reduce_scatter
  * rank's shard of buf holds the reduction, with the same bits that
  * loom_xcomm_all_reduce gives there (the rest of buf is unspecified);
  * loom_xcomm_all_gather_shards then copies every other rank's shard of its

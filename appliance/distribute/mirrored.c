@@ -10,7 +10,9 @@
  * replica applies the optimizer to its own shard of its variables, and the
  * variables are all-gathered. The ring moves the bytes of one all-reduce so,
  * and the optimizer's work is split among the replicas instead of repeated by
- * each. The optimizer is element-wise and the reduce-scatter gives the bits
+ * each. (With several gradient packs the packs are all-reduced instead, as
+ * their cuts fall inside shards.) The optimizer is element-wise and the
+ * shards lie on whole cache lines, and the reduce-scatter gives the bits
  * of the all-reduce, so the variables are those of every replica applying
  * the whole all-reduced update, and the replicas stay bit-equal. There is one
  * optimizer, replica 0's: the replicas update disjoint ranges of its slots,
@@ -258,8 +260,8 @@ static int replica_grads(loom_strategy *s, replicated *m, int r)
 }
 
 /* mirrored: SUM-all-reduce replica r's gradient buffer with the others', pack
- * by pack (the per-pack variants below work likewise). Every rank calls it
- * even after a failure of its own, so the others never wait for it. */
+ * by pack. Every rank calls it (and the collectives below) even after a
+ * failure of its own, so the others never wait for it. */
 static int mirrored_reduce(replicated *m, int r, loom_err *err)
 {
     float *g = loom_model_grads(m->rep[r].model);
@@ -271,42 +273,33 @@ static int mirrored_reduce(replicated *m, int r, loom_err *err)
     return rc;
 }
 
+/* The reduction before a sharded update: with one pack, a reduce-scatter of
+ * the whole buffer; with several, packs cut the buffer where the shards must
+ * not (see mirrored_apply_shard), so every pack is all-reduced. */
 static int mirrored_reduce_scatter(replicated *m, int r, loom_err *err)
 {
-    float *g = loom_model_grads(m->rep[r].model);
-    int rc = LOOM_OK;
-    for (int k = 0; k < m->n_packs && m->comm; k++) {
-        int c = loom_xcomm_reduce_scatter(m->comm, r, g + m->packs[k].offset, m->packs[k].count, LOOM_REDUCE_SUM,
-                                          err);
-        if (!rc) rc = c;
-    }
-    return rc;
+    if (m->n_packs > 1 || !m->comm) return mirrored_reduce(m, r, err);
+    return loom_xcomm_reduce_scatter(m->comm, r, loom_model_grads(m->rep[r].model), m->P, LOOM_REDUCE_SUM, err);
 }
 
-/* Replica r's update of its shard of every pack, with the one optimizer. */
+/* Replica r's update of its shard of the variables with the one optimizer.
+ * The shards of the whole buffer are on 16-float lines: the optimizer's
+ * vector loop then covers the same elements as when it updates everything,
+ * so the bits are those of one whole update (a loop's scalar tail may round
+ * differently). */
 static void mirrored_apply_shard(replicated *m, int r)
 {
     replica *rp = &m->rep[r];
-    float *p = loom_model_params(rp->model);
-    const float *g = loom_model_grads(rp->model);
-    loom_pool *pool = loom_model_pool(rp->model);
-    for (int k = 0; k < m->n_packs; k++) {
-        int64_t lo = 0, hi = m->packs[k].count;
-        if (m->comm) loom_xcomm_shard(m->comm, r, m->packs[k].count, &lo, &hi);
-        loom_optimizer_apply_range(m->rep[0].opt, pool, p, g, m->step, m->packs[k].offset + lo,
-                                   m->packs[k].offset + hi);
-    }
+    int64_t lo = 0, hi = m->P;
+    if (m->comm) loom_xcomm_shard(m->comm, r, m->P, &lo, &hi);
+    loom_optimizer_apply_range(m->rep[0].opt, loom_model_pool(rp->model), loom_model_params(rp->model),
+                               loom_model_grads(rp->model), m->step, lo, hi);
 }
 
 static int mirrored_gather(replicated *m, int r, loom_err *err)
 {
-    float *p = loom_model_params(m->rep[r].model);
-    int rc = LOOM_OK;
-    for (int k = 0; k < m->n_packs && m->comm; k++) {
-        int c = loom_xcomm_all_gather_shards(m->comm, r, p + m->packs[k].offset, m->packs[k].count, err);
-        if (!rc) rc = c;
-    }
-    return rc;
+    return m->comm ? loom_xcomm_all_gather_shards(m->comm, r, loom_model_params(m->rep[r].model), m->P, err)
+                   : LOOM_OK;
 }
 
 /* central_storage: replica r sums its slice (on 16-float lines) of every
@@ -636,7 +629,7 @@ int loom_strategy_print_plan(loom_strategy *s, int64_t global_batch, FILE *f)
             s->args->spec->strategy.num_packs);
     fprintf(f, "  all-reduced per step: ");
     print_bytes(f, m->n > 1 ? bytes : 0);
-    fprintf(f, " per replica (SUM of the gradients, reduce-scattered); each replica updates its 1/%d of the "
-            "variables, which are then all-gathered\n", m->n);
+    fprintf(f, " per replica (SUM of the gradients, %s); each replica updates its 1/%d of the variables, which "
+            "are then all-gathered\n", m->n_packs > 1 ? "all-reduced pack by pack" : "reduce-scattered", m->n);
     return 1;
 }

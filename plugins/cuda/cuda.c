@@ -3,9 +3,12 @@
  * kernels.cu. Each open device has two streams: compute (kernels, cuBLAS)
  * and copy (uploads of the next batch while the current one computes,
  * ordered against compute by events, never host waits).
- * Linked against libcudart and libcublas only: the runtime finds the driver
- * (libcuda.so.1) lazily at the first call, so without a driver or a GPU the
- * plugin still loads and registers, and probe() says what is missing.
+ * Linked against libcudart only: the runtime finds the driver (libcuda.so.1)
+ * lazily at the first call, so without a driver or a GPU the plugin still
+ * loads and registers, and probe() says what is missing. cuBLAS is opened
+ * with dlopen when the first device opens: mapping it costs about 150 MB of
+ * resident memory and tens of milliseconds, which every loom run would pay
+ * at plugin load on machines that never use a GPU.
  * Threads: a loom_device is used by one thread at a time; every entry point
  * selects its device first (cudaSetDevice is per thread). */
 #include "kernels.h"
@@ -13,6 +16,8 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -38,9 +43,54 @@ static int cuda_fail(loom_err *err, cudaError_t e, const char *call, int line)
                          cudaGetErrorName(e));
 }
 
+/* ---- cuBLAS, loaded on first use ------------------------------------------------ */
+
+#define CUBLAS_SONAME "libcublas.so." CUDA_STR_(CUBLAS_VER_MAJOR)
+#define CUDA_STR_(x) CUDA_STR2_(x)
+#define CUDA_STR2_(x) #x
+
+static struct {
+    cublasStatus_t (*create)(cublasHandle_t *);
+    cublasStatus_t (*destroy)(cublasHandle_t);
+    cublasStatus_t (*set_stream)(cublasHandle_t, cudaStream_t);
+    cublasStatus_t (*sgemm)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const float *,
+                            const float *, int, const float *, int, const float *, float *, int);
+    const char *(*status_string)(cublasStatus_t);
+} blas;
+static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+static char blas_error[300];
+
+static void blas_load(void)
+{
+    void *h = dlopen(CUBLAS_SONAME, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(blas_error, sizeof blas_error, "cannot load %s: %s", CUBLAS_SONAME, dlerror());
+        return;
+    }
+    /* the _v2 entry points are what cublas_v2.h's names resolve to */
+    *(void **)&blas.create = dlsym(h, "cublasCreate_v2");
+    *(void **)&blas.destroy = dlsym(h, "cublasDestroy_v2");
+    *(void **)&blas.set_stream = dlsym(h, "cublasSetStream_v2");
+    *(void **)&blas.sgemm = dlsym(h, "cublasSgemm_v2");
+    *(void **)&blas.status_string = dlsym(h, "cublasGetStatusString");
+    if (!blas.create || !blas.destroy || !blas.set_stream || !blas.sgemm || !blas.status_string) {
+        snprintf(blas_error, sizeof blas_error, "%s lacks the cuBLAS v2 entry points", CUBLAS_SONAME);
+        blas.create = NULL;
+    }
+}
+
+static int blas_ready(loom_err *err)
+{
+    pthread_once(&blas_once, blas_load);
+    if (blas.create) return 0;
+    host->err_set(err, LOOM_ECUDA, NULL, "%s", blas_error);
+    return host->err_hint(err, "install the CUDA toolkit's cuBLAS (it ships with the toolkit) or add its directory "
+                               "to LD_LIBRARY_PATH");
+}
+
 static int cublas_fail(loom_err *err, cublasStatus_t st, const char *call, int line)
 {
-    return host->err_set(err, LOOM_ECUDA, NULL, "%s failed at cuda.c:%d: %s", call, line, cublasGetStatusString(st));
+    return host->err_set(err, LOOM_ECUDA, NULL, "%s failed at cuda.c:%d: %s", call, line, blas.status_string(st));
 }
 
 #define CUDA_TRY(call)                                                                                                 \
@@ -80,11 +130,9 @@ static int cu_probe(char *why, size_t why_n)
 
 static void cu_describe(int device, char *buf, size_t n)
 {
-    int rt = 0, drv = 0, blas_major = 0, blas_minor = 0;
+    int rt = 0, drv = 0, blas_major = CUBLAS_VER_MAJOR, blas_minor = CUBLAS_VER_MINOR; /* built against */
     cudaRuntimeGetVersion(&rt);
     cudaDriverGetVersion(&drv);
-    cublasGetProperty(MAJOR_VERSION, &blas_major);
-    cublasGetProperty(MINOR_VERSION, &blas_minor);
     struct cudaDeviceProp p;
     if (device >= 0 && cudaGetDeviceProperties(&p, device) == cudaSuccess) {
         snprintf(buf, n, "%s, %.1f GiB, compute capability %d.%d", p.name, (double)p.totalGlobalMem / (1 << 30),
@@ -102,7 +150,7 @@ static void cu_close(loom_device *d)
 {
     if (!d) return;
     cudaSetDevice(d->id);
-    if (d->blas) cublasDestroy(d->blas);
+    if (d->blas) blas.destroy(d->blas);
     if (d->ev) cudaEventDestroy(d->ev);
     for (int i = 0; i < 2; i++)
         if (d->stream[i]) cudaStreamDestroy(d->stream[i]);
@@ -114,8 +162,9 @@ static int open_streams(loom_device *d, loom_err *err)
     CUDA_TRY(cudaSetDevice(d->id));
     for (int i = 0; i < 2; i++) CUDA_TRY(cudaStreamCreateWithFlags(&d->stream[i], cudaStreamNonBlocking));
     CUDA_TRY(cudaEventCreateWithFlags(&d->ev, cudaEventDisableTiming));
-    CUBLAS_TRY(cublasCreate(&d->blas));
-    CUBLAS_TRY(cublasSetStream(d->blas, d->stream[LOOM_DEV_STREAM_COMPUTE]));
+    if (blas_ready(err)) return LOOM_ECUDA;
+    CUBLAS_TRY(blas.create(&d->blas));
+    CUBLAS_TRY(blas.set_stream(d->blas, d->stream[LOOM_DEV_STREAM_COMPUTE]));
     return 0;
 }
 
@@ -222,7 +271,7 @@ static int cu_gemm(loom_device *d, bool ta, bool tb, int M, int N, int K, float 
                    const float *B, int ldb, float beta, float *C, int ldc, loom_err *err)
 {
     CUDA_TRY(cudaSetDevice(d->id));
-    CUBLAS_TRY(cublasSgemm(d->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B,
+    CUBLAS_TRY(blas.sgemm(d->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B,
                            ldb, A, lda, &beta, C, ldc));
     return 0;
 }
