@@ -424,20 +424,14 @@ static int ready(const parst *s)
     return -1;
 }
 
-/* Whether running one of our queued calls now gets the consumer its result
- * sooner: in input order only the call it waits for (the oldest queued one,
- * when it is queued at all), else any. Under the lock. */
-static int worth_helping(const parst *s)
-{
-    if (!s->det) return 1;
-    for (int i = 0; i <= s->pmax; i++)
-        if (s->sl[i].seq == s->emit_seq && (s->sl[i].state == SL_QUEUED || s->sl[i].state == SL_DONE))
-            return s->sl[i].state == SL_QUEUED;
-    return 0;
-}
-
-/* The next slot to emit, under the lock (returned held): runs the call it
- * needs itself while that is still queued, and sleeps otherwise. */
+/* The next slot to emit, under the lock (returned held). While it waits the
+ * consumer runs this stage's queued calls itself, any of them, not only the
+ * one it waits for: the pool's workers take calls in order, so with fewer
+ * workers than `parallel` (the consumer counts as one of the stage's threads)
+ * the calls behind the awaited one would queue until a worker frees and the
+ * stage would run at the pool's width. Running a later call first delays the
+ * awaited result by at most one call; the output order is the slots'. It
+ * sleeps only when nothing of its own is queued. */
 static int await_ready(parst *s)
 {
     pthread_mutex_lock(&s->mu);
@@ -445,9 +439,8 @@ static int await_ready(parst *s)
     if (i >= 0) return i;
     int64_t t0 = now_ns();
     while ((i = ready(s)) < 0) {
-        int help = worth_helping(s);
         pthread_mutex_unlock(&s->mu);
-        int ran = help && dpool_help_own_(s->pool, s);
+        int ran = dpool_help_own_(s->pool, s);
         pthread_mutex_lock(&s->mu);
         if (ran || (i = ready(s)) >= 0) continue;
         s->waiting = 1;
