@@ -1,10 +1,11 @@
 /* test_util.h - helpers the data unit tests share: a per-test scratch
- * directory with paths under it, a byte log for comparing element sequences,
- * and an IDX source feature for a dataset spec.
+ * directory with paths under it, a byte log and a hash for comparing element
+ * sequences, and builders for a dataset spec's IDX features and transforms.
  * Included by one test file per executable; all static, nothing shared between tests. */
 #ifndef LOOM_TEST_UTIL_H
 #define LOOM_TEST_UTIL_H
 
+#include "harness.h"
 #include "data/data.h"
 
 #include <stdio.h>
@@ -21,6 +22,28 @@ static inline const char *tpath(const char *name)
     char *p = buf[k++ % 8];
     snprintf(p, 512, "%s/%s", tmpdir, name);
     return p;
+}
+
+/* Removes tmpdir and everything in it (nothing when it was never set). */
+static inline void tmpdir_remove(void)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    if (tmpdir[0] && system(cmd) != 0) printf("# could not remove %s\n", tmpdir);
+}
+
+/* main() of a test that works in a fresh tmpdir /tmp/<prefix>.XXXXXX: runs the
+ * tests there, then removes it. */
+static inline int run_in_tmpdir(const char *prefix, const loom_test *tests)
+{
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/%s.XXXXXX", prefix);
+    if (!mkdtemp(tmpdir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    int rc = loom_test_run(tests);
+    tmpdir_remove();
+    return rc;
 }
 
 /* A growable byte log of whole elements, to compare sequences (each test serialises its own way). */
@@ -50,6 +73,51 @@ static inline void spec_feature(loom_dataset_spec *s, const char *name, const ch
     snprintf(src->feature[src->n_features], LOOM_NAME_MAX, "%s", name);
     snprintf(src->file[src->n_features], LOOM_PATH_MAX, "%s", file);
     src->n_features++;
+}
+
+/* Appends a zeroed transform of kind to s, located at test.cfg:(20 + its index) with its setting path. */
+static inline loom_transform_spec *spec_add(loom_dataset_spec *s, loom_transform_kind kind)
+{
+    loom_transform_spec *t = &s->transform[s->n_transforms];
+    memset(t, 0, sizeof *t);
+    t->kind = kind;
+    snprintf(t->loc.file, sizeof t->loc.file, "test.cfg");
+    t->loc.line = 20 + s->n_transforms;
+    snprintf(t->loc.path, sizeof t->loc.path, "data.train.transforms.[%d]", s->n_transforms);
+    s->n_transforms++;
+    return t;
+}
+
+/* A reshuffling shuffle with seed 7. */
+static inline void spec_shuffle(loom_dataset_spec *s, int64_t buffer)
+{
+    loom_transform_spec *t = spec_add(s, LOOM_T_SHUFFLE);
+    t->buffer = buffer;
+    t->seed = 7;
+    t->seed_set = true;
+    t->reshuffle = true;
+}
+
+/* take/skip/repeat (k) with count, a batch, a prefetch. */
+static inline void spec_count(loom_dataset_spec *s, loom_transform_kind k, int64_t count) { spec_add(s, k)->count = count; }
+static inline void spec_batch(loom_dataset_spec *s, int64_t size) { spec_add(s, LOOM_T_BATCH)->batch_size = size; }
+static inline void spec_prefetch(loom_dataset_spec *s, int64_t buffer) { spec_add(s, LOOM_T_PREFETCH)->buffer = buffer; }
+
+/* FNV-1a over every feature's dtype, shape and bytes: one number per element to compare sequences. */
+static inline uint64_t elem_hash(const loom_elem *e)
+{
+    uint64_t h = 1469598103934665603ull;
+#define MIX_(p, n)                                                             \
+    for (size_t i_ = 0; i_ < (n); i_++) h = (h ^ ((const uint8_t *)(p))[i_]) * 1099511628211ull
+    for (int f = 0; f < e->n; f++) {
+        const loom_tensor *t = &e->t[f];
+        MIX_(&t->dtype, sizeof t->dtype);
+        MIX_(&t->shape.rank, sizeof t->shape.rank);
+        MIX_(t->shape.dim, (size_t)t->shape.rank * sizeof t->shape.dim[0]);
+        MIX_(t->data, loom_tensor_nbytes(t));
+    }
+#undef MIX_
+    return h;
 }
 
 #endif

@@ -1043,22 +1043,6 @@ static void parse_features(ctx *c, const config_setting_t *s, void *base)
 
 /* ---- tfrecord source ------------------------------------------------------ */
 
-/* dir with glob's metacharacters escaped, so only the user's pattern globs. */
-static int escape_glob(const char *dir, char *out, size_t n)
-{
-    size_t k = 0;
-    for (const char *p = dir; *p; p++) {
-        if (strchr("*?[]\\", *p)) {
-            if (k + 1 >= n) return -1;
-            out[k++] = '\\';
-        }
-        if (k + 1 >= n) return -1;
-        out[k++] = *p;
-    }
-    out[k] = 0;
-    return (int)k;
-}
-
 /* Regular files matching pattern; -1 when glob itself fails. */
 static int count_matches(const char *pattern)
 {
@@ -1093,7 +1077,7 @@ static void parse_files(ctx *c, const config_setting_t *s, void *base)
         return;
     }
     char edir[LOOM_PATH_MAX];
-    if (escape_glob(c->dir, edir, sizeof edir) < 0) {
+    if (loom_glob_escape(c->dir, edir, sizeof edir) < 0) {
         cerr(c, s, "the config's directory %s is too long", c->dir);
         return;
     }

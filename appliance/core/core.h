@@ -185,6 +185,9 @@ int loom_read_file(const char *path, uint8_t **out, size_t *len, loom_err *err);
 int loom_write_file_atomic(const char *path, const void *data, size_t len, loom_err *err);
 /* mkdir -p; fails with a clear error when the directory is not writable. */
 int loom_mkdirs(const char *path, loom_err *err);
+/* s with glob's metacharacters (*?[]\) backslash-escaped into out (n bytes),
+ * so that only a pattern appended to it globs. Returns its length, -1 when it does not fit. */
+int loom_glob_escape(const char *s, char *out, size_t n);
 
 /* ---- registry ------------------------------------------------------------ */
 

@@ -183,3 +183,18 @@ int loom_mkdirs(const char *path, loom_err *err)
     if (access(tmp, W_OK | X_OK) < 0) return loom_err_set(err, LOOM_EIO, path, "directory is not writable: %s", strerror(errno));
     return LOOM_OK;
 }
+
+int loom_glob_escape(const char *s, char *out, size_t n)
+{
+    size_t k = 0;
+    for (const char *p = s; *p; p++) {
+        if (strchr("*?[]\\", *p)) {
+            if (k + 1 >= n) return -1;
+            out[k++] = '\\';
+        }
+        if (k + 1 >= n) return -1;
+        out[k++] = *p;
+    }
+    out[k] = 0;
+    return (int)k;
+}

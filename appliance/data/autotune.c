@@ -41,13 +41,6 @@ struct dtuner {
     pthread_cond_t  cv;
 };
 
-static int64_t now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
 int64_t dtuner_ram_budget_(const loom_data_options *o)
 {
     if (o && o->present && o->ram_budget > 0) return o->ram_budget;
@@ -112,7 +105,7 @@ static int step(dtuner *t, int64_t dt)
 static void *tuner_main(void *arg)
 {
     dtuner *t = arg;
-    int64_t period = PERIOD_MIN_NS, t0 = now_ns();
+    int64_t period = PERIOD_MIN_NS, t0 = dnow_ns_();
     pthread_mutex_lock(&t->mu);
     while (!t->stop) {
         struct timespec until;
@@ -123,7 +116,7 @@ static void *tuner_main(void *arg)
         while (!t->stop && pthread_cond_timedwait(&t->cv, &t->mu, &until) == 0) {}
         if (t->stop) break;
         pthread_mutex_unlock(&t->mu);
-        int64_t t1 = now_ns();
+        int64_t t1 = dnow_ns_();
         int changed = step(t, t1 - t0);
         t0 = t1;
         pthread_mutex_lock(&t->mu);

@@ -107,24 +107,20 @@ static int cfilter_next(dstage *st, loom_elem **out, loom_err *err)
 static int cust_rewind(dstage *st, int64_t epoch, loom_err *err)
 {
     custst *s = (custst *)st;
-    s->epoch = epoch;
-    s->pos = 0;
-    return st->in->ops->rewind(st->in, epoch, err);
+    return dcursor_rewind_(st, &s->epoch, &s->pos, epoch, err);
 }
 
 static void cust_save(dstage *st, loom_buf *b)
 {
     custst *s = (custst *)st;
-    loom_buf_put_i64(b, s->epoch);
-    loom_buf_put_i64(b, s->pos);
+    dcursor_save_(b, s->epoch, s->pos);
 }
 
 static int cust_restore(dstage *st, loom_buf *b, loom_err *err)
 {
     custst *s = (custst *)st;
-    s->epoch = loom_buf_get_i64(b);
-    s->pos = loom_buf_get_i64(b);
-    if (b->failed || s->pos < 0) return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "iterator state is truncated (%s)", st->name);
+    if (!dcursor_load_(b, &s->epoch, &s->pos) || s->pos < 0)
+        return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "iterator state is truncated (%s)", st->name);
     return LOOM_OK;
 }
 

@@ -62,6 +62,14 @@ int  dstage_pass_rewind_(dstage *s, int64_t epoch, loom_err *err);
 void dstage_no_save_(dstage *s, loom_buf *b);
 int  dstage_no_restore_(dstage *s, loom_buf *b, loom_err *err);
 void dstage_free_(dstage *s);
+/* The (epoch, pos) cursor of map stages and simple sources. rewind: *epoch = to,
+ * *pos = 0, then rewinds the input (if any). save writes epoch then pos as i64;
+ * load reads them back, false when the state is truncated (callers check the range). */
+int  dcursor_rewind_(dstage *s, int64_t *epoch, int64_t *pos, int64_t to, loom_err *err);
+void dcursor_save_(loom_buf *b, int64_t epoch, int64_t pos);
+bool dcursor_load_(loom_buf *b, int64_t *epoch, int64_t *pos);
+/* CLOCK_MONOTONIC in nanoseconds, for the stats timers. */
+int64_t dnow_ns_(void);
 
 /* ---- element slot pools (elem.c) ---------------------------------------- */
 

@@ -30,7 +30,7 @@ char *loom_elem_spec_str(const loom_elem_spec *s, char *buf, size_t n)
 
 /* ---- stage plumbing ------------------------------------------------------- */
 
-static int64_t now_ns(void)
+int64_t dnow_ns_(void)
 {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -42,9 +42,9 @@ int64_t dstage_load_(const int64_t *field) { return __atomic_load_n(field, __ATO
 
 int dstage_next_(dstage *s, loom_elem **out, loom_err *err)
 {
-    int64_t t0 = now_ns();
+    int64_t t0 = dnow_ns_();
     int rc = s->ops->next(s, out, err);
-    __atomic_fetch_add(&s->st_busy_ns, now_ns() - t0, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&s->st_busy_ns, dnow_ns_() - t0, __ATOMIC_RELAXED);
     if (rc == LOOM_OK) __atomic_fetch_add(&s->st_elements, 1, __ATOMIC_RELAXED);
     return rc;
 }
@@ -73,6 +73,26 @@ int dstage_pass_rewind_(dstage *s, int64_t epoch, loom_err *err) { return s->in-
 void dstage_no_save_(dstage *s, loom_buf *b) { (void)s; (void)b; }
 int dstage_no_restore_(dstage *s, loom_buf *b, loom_err *err) { (void)s; (void)b; (void)err; return LOOM_OK; }
 void dstage_free_(dstage *s) { loom_free(s); }
+
+int dcursor_rewind_(dstage *s, int64_t *epoch, int64_t *pos, int64_t to, loom_err *err)
+{
+    *epoch = to;
+    *pos = 0;
+    return s->in ? s->in->ops->rewind(s->in, to, err) : LOOM_OK;
+}
+
+void dcursor_save_(loom_buf *b, int64_t epoch, int64_t pos)
+{
+    loom_buf_put_i64(b, epoch);
+    loom_buf_put_i64(b, pos);
+}
+
+bool dcursor_load_(loom_buf *b, int64_t *epoch, int64_t *pos)
+{
+    *epoch = loom_buf_get_i64(b);
+    *pos = loom_buf_get_i64(b);
+    return !b->failed;
+}
 
 int dstage_err_(const dstage *s, loom_err *err, int code, const char *fmt, ...)
 {

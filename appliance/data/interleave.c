@@ -27,7 +27,6 @@
 
 #include <pthread.h>
 #include <string.h>
-#include <time.h>
 
 #define RING_MIN   16         /* prefetched elements per reader, at least (memory permitting) */
 #define RING_MAX   64         /* and at most */
@@ -82,13 +81,6 @@ struct ilv {
     pthread_cond_t  cv;
 };
 
-static int64_t now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
 static int par_now(const ilv *s)
 {
     const dknob *k = __atomic_load_n(&s->knob, __ATOMIC_ACQUIRE);
@@ -97,22 +89,6 @@ static int par_now(const ilv *s)
 }
 
 /* ---- readers ----------------------------------------------------------------- */
-
-/* path with glob's metacharacters escaped: the nested source expands its pattern. */
-static int escape_path(const char *path, char *out, size_t n)
-{
-    size_t k = 0;
-    for (const char *p = path; *p; p++) {
-        if (strchr("*?[]\\", *p)) {
-            if (k + 1 >= n) return -1;
-            out[k++] = '\\';
-        }
-        if (k + 1 >= n) return -1;
-        out[k++] = *p;
-    }
-    out[k] = 0;
-    return 0;
-}
 
 /* Opens the nested source on path (one spec for every file, so one element spec). */
 static int open_source(const ilv *s, const char *path, dstage **out, loom_err *err)
@@ -123,7 +99,8 @@ static int open_source(const ilv *s, const char *path, dstage **out, loom_err *e
     *spec = s->nested;
     spec->n_patterns = 1;
     int rc;
-    if (escape_path(path, spec->pattern[0], sizeof spec->pattern[0])) {
+    /* escaped: the nested source expands its pattern */
+    if (loom_glob_escape(path, spec->pattern[0], sizeof spec->pattern[0]) < 0) {
         rc = loom_err_set(err, LOOM_ECONFIG, path, "file name too long once its glob characters are escaped (%d bytes at most)",
                           LOOM_PATH_MAX - 1);
     } else {
@@ -176,7 +153,7 @@ static void fill_task(void *arg)
 {
     reader *r = arg;
     ilv *s = r->owner;
-    int64_t t0 = now_ns();
+    int64_t t0 = dnow_ns_();
     loom_err err;
     loom_err_clear(&err);
     int rc = r->src ? LOOM_OK : open_source(s, r->path, &r->src, &err);
@@ -197,7 +174,7 @@ static void fill_task(void *arg)
         if (s->waiting) pthread_cond_broadcast(&s->cv);
         pthread_mutex_unlock(&s->mu);
     }
-    __atomic_fetch_add(&s->s.st_work_ns, now_ns() - t0, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&s->s.st_work_ns, dnow_ns_() - t0, __ATOMIC_RELAXED);
     pthread_mutex_lock(&s->mu);
     if (rc == LOOM_EEOF) {
         r->eof = true;
@@ -386,7 +363,7 @@ static int pull_ring(ilv *s, reader *r, loom_elem *out, bool may_skip, int *rc, 
         }
         bool idle = !r->busy;
         pthread_mutex_unlock(&s->mu);
-        if (!t0) t0 = now_ns();
+        if (!t0) t0 = dnow_ns_();
         if (idle) schedule(s);
         int helped = dpool_help_own_(s->pool, s);
         pthread_mutex_lock(&s->mu);
@@ -397,7 +374,7 @@ static int pull_ring(ilv *s, reader *r, loom_elem *out, bool may_skip, int *rc, 
             s->waiting--;
         }
     }
-    if (t0) __atomic_fetch_add(&s->s.st_wait_ns, now_ns() - t0, __ATOMIC_RELAXED);
+    if (t0) __atomic_fetch_add(&s->s.st_wait_ns, dnow_ns_() - t0, __ATOMIC_RELAXED);
     int res = PULL_OK;
     if (r->count > 0) {
         r->lent = r->head;

@@ -197,24 +197,20 @@ static int chain_next_into(dstage *st, loom_elem *dst, loom_err *err)
 static int chain_rewind(dstage *st, int64_t epoch, loom_err *err)
 {
     chainst *s = (chainst *)st;
-    s->epoch = epoch;
-    s->pos = 0;
-    return st->in->ops->rewind(st->in, epoch, err);
+    return dcursor_rewind_(st, &s->epoch, &s->pos, epoch, err);
 }
 
 static void chain_save(dstage *st, loom_buf *b)
 {
     chainst *s = (chainst *)st;
-    loom_buf_put_i64(b, s->epoch);
-    loom_buf_put_i64(b, s->pos);
+    dcursor_save_(b, s->epoch, s->pos);
 }
 
 static int chain_restore(dstage *st, loom_buf *b, loom_err *err)
 {
     chainst *s = (chainst *)st;
-    s->epoch = loom_buf_get_i64(b);
-    s->pos = loom_buf_get_i64(b);
-    if (b->failed || s->pos < 0) return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "iterator state is corrupt (%s)", st->name);
+    if (!dcursor_load_(b, &s->epoch, &s->pos) || s->pos < 0)
+        return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "iterator state is corrupt (%s)", st->name);
     return LOOM_OK;
 }
 

@@ -26,7 +26,6 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 /* ---- the shared worker pool ------------------------------------------------ */
 
@@ -195,13 +194,6 @@ struct parst {
     pthread_cond_t  cv;
 };
 
-static int64_t now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
 /* The map chain on slot sl's element; every feature starts writable (the slot's own copy). */
 static int apply_chain(parst *s, pslot *sl, loom_elem *e, loom_err *err)
 {
@@ -271,7 +263,7 @@ static void run_call(void *arg)
 {
     pslot *sl = arg;
     parst *s = sl->owner;
-    int64_t t0 = now_ns();
+    int64_t t0 = dnow_ns_();
     loom_elem e;
     loom_err err;
     loom_err_clear(&err);
@@ -282,7 +274,7 @@ static void run_call(void *arg)
         elem_pool_view_(&s->in, sl->idx, &e);
         rc = apply_chain(s, sl, &e, &err);
     }
-    __atomic_fetch_add(&s->s.st_work_ns, now_ns() - t0, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&s->s.st_work_ns, dnow_ns_() - t0, __ATOMIC_RELAXED);
     pthread_mutex_lock(&s->mu);
     sl->res = e;
     sl->rc = rc;
@@ -437,7 +429,7 @@ static int await_ready(parst *s)
     pthread_mutex_lock(&s->mu);
     int i = ready(s);
     if (i >= 0) return i;
-    int64_t t0 = now_ns();
+    int64_t t0 = dnow_ns_();
     while ((i = ready(s)) < 0) {
         pthread_mutex_unlock(&s->mu);
         int ran = dpool_help_own_(s->pool, s);
@@ -447,7 +439,7 @@ static int await_ready(parst *s)
         pthread_cond_wait(&s->cv, &s->mu);
         s->waiting = 0;
     }
-    __atomic_fetch_add(&s->s.st_wait_ns, now_ns() - t0, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&s->s.st_wait_ns, dnow_ns_() - t0, __ATOMIC_RELAXED);
     return i;
 }
 

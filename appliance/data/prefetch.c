@@ -16,7 +16,6 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #define PREFETCH_AUTO_CAP 16
 
@@ -47,13 +46,6 @@ typedef struct prefst {
     pthread_cond_t  cprod, ccons;
 } prefst;
 
-static int64_t now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
 static void q_push(prefst *s, int64_t slot, int rc, const loom_err *err)
 {
     LOOM_ASSERT(s->qlen < s->qcap);
@@ -71,9 +63,9 @@ static int next_into_slot(prefst *s, int64_t slot, loom_err *err)
     loom_elem v;
     elem_pool_view_(&s->pool, slot, &v);
     for (int f = 0; f < v.n; f++) memset(&v.t[f].shape, 0, sizeof v.t[f].shape); /* set by next_into, unused dims 0 */
-    int64_t t0 = now_ns();
+    int64_t t0 = dnow_ns_();
     int rc = in->ops->next_into(in, &v, err);
-    __atomic_fetch_add(&in->st_busy_ns, now_ns() - t0, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&in->st_busy_ns, dnow_ns_() - t0, __ATOMIC_RELAXED);
     if (rc) return rc;
     __atomic_fetch_add(&in->st_elements, 1, __ATOMIC_RELAXED);
     for (int f = 0; f < v.n; f++) {
@@ -218,9 +210,9 @@ static int pref_next(dstage *st, loom_elem **out, loom_err *err)
     }
     autotune(s);
     if (s->qlen == 0) {
-        int64_t t0 = now_ns();
+        int64_t t0 = dnow_ns_();
         while (s->qlen == 0) pthread_cond_wait(&s->ccons, &s->mu);
-        __atomic_fetch_add(&st->st_wait_ns, now_ns() - t0, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&st->st_wait_ns, dnow_ns_() - t0, __ATOMIC_RELAXED);
     }
     e = s->q[s->qhead];
     s->qhead = (s->qhead + 1) % s->qcap;

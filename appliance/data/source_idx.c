@@ -170,26 +170,20 @@ static int source_next(dstage *st, loom_elem **out, loom_err *err)
 
 static int source_rewind(dstage *st, int64_t epoch, loom_err *err)
 {
-    (void)err;
     source *s = (source *)st;
-    s->pos = 0;
-    s->epoch = epoch;
-    return LOOM_OK;
+    return dcursor_rewind_(st, &s->epoch, &s->pos, epoch, err);
 }
 
 static void source_save(dstage *st, loom_buf *b)
 {
     source *s = (source *)st;
-    loom_buf_put_i64(b, s->epoch);
-    loom_buf_put_i64(b, s->pos);
+    dcursor_save_(b, s->epoch, s->pos);
 }
 
 static int source_restore(dstage *st, loom_buf *b, loom_err *err)
 {
     source *s = (source *)st;
-    s->epoch = loom_buf_get_i64(b);
-    s->pos = loom_buf_get_i64(b);
-    if (b->failed || s->pos < 0 || s->pos > st->card)
+    if (!dcursor_load_(b, &s->epoch, &s->pos) || s->pos < 0 || s->pos > st->card)
         return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "iterator state is corrupt: source position %lld out of range",
                             (long long)s->pos);
     return LOOM_OK;

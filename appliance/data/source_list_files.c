@@ -53,26 +53,22 @@ static int list_next(dstage *st, loom_elem **out, loom_err *err)
 
 static int list_rewind(dstage *st, int64_t epoch, loom_err *err)
 {
-    (void)err;
     list_source *t = (list_source *)st;
-    t->epoch = epoch;
-    t->pos = 0;
     make_order(t, epoch);
-    return LOOM_OK;
+    return dcursor_rewind_(st, &t->epoch, &t->pos, epoch, err);
 }
 
 static void list_save(dstage *st, loom_buf *b)
 {
     list_source *t = (list_source *)st;
-    loom_buf_put_i64(b, t->epoch);
-    loom_buf_put_i64(b, t->pos);
+    dcursor_save_(b, t->epoch, t->pos);
 }
 
 static int list_restore(dstage *st, loom_buf *b, loom_err *err)
 {
     list_source *t = (list_source *)st;
-    int64_t epoch = loom_buf_get_i64(b), pos = loom_buf_get_i64(b);
-    if (b->failed || epoch < 0 || pos < 0 || pos > t->n_files)
+    int64_t epoch, pos;
+    if (!dcursor_load_(b, &epoch, &pos) || epoch < 0 || pos < 0 || pos > t->n_files)
         return loom_err_set(err, LOOM_ECHECKPOINT, NULL,
                             "iterator state is corrupt: list_files position %lld out of range (%lld files)",
                             (long long)pos, (long long)t->n_files);

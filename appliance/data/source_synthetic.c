@@ -70,25 +70,21 @@ static int syn_next(dstage *st, loom_elem **out, loom_err *err)
 
 static int syn_rewind(dstage *st, int64_t epoch, loom_err *err)
 {
-    (void)err;
     syn_source *t = (syn_source *)st;
-    t->epoch = epoch;
-    t->pos = 0;
-    return LOOM_OK;
+    return dcursor_rewind_(st, &t->epoch, &t->pos, epoch, err);
 }
 
 static void syn_save(dstage *st, loom_buf *b)
 {
     syn_source *t = (syn_source *)st;
-    loom_buf_put_i64(b, t->epoch);
-    loom_buf_put_i64(b, t->pos);
+    dcursor_save_(b, t->epoch, t->pos);
 }
 
 static int syn_restore(dstage *st, loom_buf *b, loom_err *err)
 {
     syn_source *t = (syn_source *)st;
-    int64_t epoch = loom_buf_get_i64(b), pos = loom_buf_get_i64(b);
-    if (b->failed || epoch < 0 || pos < 0 || (t->count >= 0 && pos > t->count))
+    int64_t epoch, pos;
+    if (!dcursor_load_(b, &epoch, &pos) || epoch < 0 || pos < 0 || (t->count >= 0 && pos > t->count))
         return loom_err_set(err, LOOM_ECHECKPOINT, NULL,
                             "iterator state is corrupt: synthetic position %lld out of range (count %lld)",
                             (long long)pos, (long long)t->count);

@@ -423,24 +423,19 @@ static int map_next(dstage *st, loom_elem **out, loom_err *err)
 static int map_rewind(dstage *st, int64_t epoch, loom_err *err)
 {
     mapst *s = (mapst *)st;
-    s->epoch = epoch;
-    s->pos = 0;
-    return st->in->ops->rewind(st->in, epoch, err);
+    return dcursor_rewind_(st, &s->epoch, &s->pos, epoch, err);
 }
 
 static void map_save(dstage *st, loom_buf *b)
 {
     mapst *s = (mapst *)st;
-    loom_buf_put_i64(b, s->epoch);
-    loom_buf_put_i64(b, s->pos);
+    dcursor_save_(b, s->epoch, s->pos);
 }
 
 static int map_restore(dstage *st, loom_buf *b, loom_err *err)
 {
     mapst *s = (mapst *)st;
-    s->epoch = loom_buf_get_i64(b);
-    s->pos = loom_buf_get_i64(b);
-    if (b->failed) return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "iterator state is truncated (map)");
+    if (!dcursor_load_(b, &s->epoch, &s->pos)) return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "iterator state is truncated (map)");
     return LOOM_OK;
 }
 

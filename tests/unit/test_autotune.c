@@ -63,21 +63,9 @@ static loom_dataset_spec *spec_base(void)
     return s;
 }
 
-static loom_transform_spec *add(loom_dataset_spec *s, loom_transform_kind kind)
-{
-    loom_transform_spec *t = &s->transform[s->n_transforms];
-    memset(t, 0, sizeof *t);
-    t->kind = kind;
-    snprintf(t->loc.file, sizeof t->loc.file, "test.cfg");
-    t->loc.line = 20 + s->n_transforms;
-    snprintf(t->loc.path, sizeof t->loc.path, "data.train.transforms.[%d]", s->n_transforms);
-    s->n_transforms++;
-    return t;
-}
-
 static loom_map_spec *add_map(loom_dataset_spec *s, loom_map_kind k, const char *feature, int par)
 {
-    loom_transform_spec *t = add(s, LOOM_T_MAP);
+    loom_transform_spec *t = spec_add(s, LOOM_T_MAP);
     t->map.kind = k;
     snprintf(t->map.feature, sizeof t->map.feature, "%s", feature);
     t->map.scale = 1.0;
@@ -86,19 +74,6 @@ static loom_map_spec *add_map(loom_dataset_spec *s, loom_map_kind k, const char 
     t->deterministic = true;
     return &t->map;
 }
-
-static void add_shuffle(loom_dataset_spec *s, int64_t buffer)
-{
-    loom_transform_spec *t = add(s, LOOM_T_SHUFFLE);
-    t->buffer = buffer;
-    t->seed = 7;
-    t->seed_set = true;
-    t->reshuffle = true;
-}
-
-static void add_count(loom_dataset_spec *s, loom_transform_kind k, int64_t count) { add(s, k)->count = count; }
-static void add_batch(loom_dataset_spec *s, int64_t size) { add(s, LOOM_T_BATCH)->batch_size = size; }
-static void add_prefetch(loom_dataset_spec *s, int64_t buffer) { add(s, LOOM_T_PREFETCH)->buffer = buffer; }
 
 /* Options with every rewrite set to on, autotuning on. */
 static loom_data_options all_on(void)
@@ -131,23 +106,6 @@ static loom_iter *open_ok(const loom_dataset_spec *s)
     return rc == LOOM_OK ? it : NULL;
 }
 
-/* FNV-1a over every feature's dtype, shape and bytes. */
-static uint64_t elem_hash(const loom_elem *e)
-{
-    uint64_t h = 1469598103934665603ull;
-#define MIX_(p, n)                                                             \
-    for (size_t i_ = 0; i_ < (n); i_++) h = (h ^ ((const uint8_t *)(p))[i_]) * 1099511628211ull
-    for (int f = 0; f < e->n; f++) {
-        const loom_tensor *t = &e->t[f];
-        MIX_(&t->dtype, sizeof t->dtype);
-        MIX_(&t->shape.rank, sizeof t->shape.rank);
-        MIX_(t->shape.dim, (size_t)t->shape.rank * sizeof t->shape.dim[0]);
-        MIX_(t->data, loom_tensor_nbytes(t));
-    }
-#undef MIX_
-    return h;
-}
-
 #define MAXH 8192
 
 /* Hashes of up to max elements of passes 0..passes-1. */
@@ -170,51 +128,51 @@ static loom_dataset_spec *pipeline(int which)
     loom_dataset_spec *s = spec_base();
     switch (which) {
     case 0: /* maps (one random) into a batch, no-ops around them */
-        add_count(s, LOOM_T_TAKE, -1);
+        spec_count(s, LOOM_T_TAKE, -1);
         add_map(s, LOOM_MAP_CAST, "image", 1)->dtype = LOOM_CFG_F32;
         add_map(s, LOOM_MAP_FLIP_LR, "image", 1);
         add_map(s, LOOM_MAP_SCALE, "image", 1)->scale = 1.0 / 255.0;
         add_map(s, LOOM_MAP_ONE_HOT, "label", 1)->depth = 10;
-        add_batch(s, 8);
-        add_count(s, LOOM_T_SKIP, 0);
-        add(s, LOOM_T_SHARD)->num_shards = 1;
-        add_count(s, LOOM_T_REPEAT, 1);
-        add_prefetch(s, 0);
+        spec_batch(s, 8);
+        spec_count(s, LOOM_T_SKIP, 0);
+        spec_add(s, LOOM_T_SHARD)->num_shards = 1;
+        spec_count(s, LOOM_T_REPEAT, 1);
+        spec_prefetch(s, 0);
         break;
     case 1: /* shuffle + repeat, then a random crop and a batch */
-        add_shuffle(s, 50);
-        add_count(s, LOOM_T_REPEAT, 3);
+        spec_shuffle(s, 50);
+        spec_count(s, LOOM_T_REPEAT, 3);
         add_map(s, LOOM_MAP_PAD, "image", 1)->padding = 1;
         add_map(s, LOOM_MAP_RANDOM_CROP, "image", 1)->size[0] = 6;
         s->transform[s->n_transforms - 1].map.size[1] = 5;
-        add_batch(s, 16);
+        spec_batch(s, 16);
         break;
     case 2: /* a buffer larger than the data, an infinite repeat, parallel maps */
-        add_shuffle(s, 500);
-        add_count(s, LOOM_T_REPEAT, -1);
+        spec_shuffle(s, 500);
+        spec_count(s, LOOM_T_REPEAT, -1);
         add_map(s, LOOM_MAP_FLIP_LR, "image", 2);
         add_map(s, LOOM_MAP_CAST, "image", 2)->dtype = LOOM_CFG_F32;
-        add_count(s, LOOM_T_TAKE, 1000);
+        spec_count(s, LOOM_T_TAKE, 1000);
         break;
     case 3: /* parallel maps (one random) into a batch with a short last one */
         add_map(s, LOOM_MAP_PAD, "image", 3)->padding = 2;
         add_map(s, LOOM_MAP_RANDOM_CROP, "image", 3)->size[0] = 6;
         s->transform[s->n_transforms - 1].map.size[1] = 5;
         add_map(s, LOOM_MAP_ONE_HOT, "label", 3)->depth = 10;
-        add_batch(s, 16);
+        spec_batch(s, 16);
         break;
     case 4: /* a shuffle, then "auto" maps into a batch that drops its remainder */
-        add_shuffle(s, 64);
+        spec_shuffle(s, 64);
         add_map(s, LOOM_MAP_FLIP_LR, "image", LOOM_PARALLEL_AUTO);
         add_map(s, LOOM_MAP_CAST, "image", LOOM_PARALLEL_AUTO)->dtype = LOOM_CFG_F32;
-        add_batch(s, 10);
+        spec_batch(s, 10);
         s->transform[s->n_transforms - 1].drop_remainder = true;
         break;
     default: /* maps after a batch, a prefetch already last */
-        add_batch(s, 10);
+        spec_batch(s, 10);
         add_map(s, LOOM_MAP_FLIP_LR, "image", 1);
         add_map(s, LOOM_MAP_NORMALIZE, "image", 1)->std = 64.0;
-        add_prefetch(s, 2);
+        spec_prefetch(s, 2);
         break;
     }
     return s;
@@ -329,8 +287,8 @@ static void test_shuffle_over_ram_budget(void)
     loom_dataset_spec *s = spec_base();
     s->options = all_on();
     s->options.ram_budget = 4000; /* 100 elements of 34 bytes need 3400; 200 need 6800 */
-    add_shuffle(s, 200);
-    add_batch(s, 4);
+    spec_shuffle(s, 200);
+    spec_batch(s, 4);
     loom_iter *it = NULL;
     loom_err err = {0};
     CHECK(loom_data_open(&it, s, &ctx4, &err) == LOOM_ECONFIG && !it);
@@ -347,7 +305,7 @@ static void test_shuffle_over_ram_budget(void)
     s = spec_base();
     s->options = all_on();
     s->options.ram_budget = 6000;
-    add(s, LOOM_T_CACHE);
+    spec_add(s, LOOM_T_CACHE);
     CHECK(loom_data_open(&it, s, &ctx4, &err) == LOOM_ECONFIG && !it);
     CHECK_CONTAINS(err.msg, "cache: a pass of 203 elements in memory needs 6902 bytes");
     s->options.ram_budget = 100000;
@@ -414,11 +372,11 @@ static double tuned_rate(int read_par, int parse, int budget, int warm, int batc
     loom_dataset_spec *s = spec_base();
     s->options = without(-1);
     s->options.cpu_budget = budget;
-    add_count(s, LOOM_T_REPEAT, -1);
+    spec_count(s, LOOM_T_REPEAT, -1);
     add_map(s, LOOM_MAP_SLEEP, "image", read_par)->ms = 5.0;
     if (parse) add_map(s, LOOM_MAP_SLEEP, "image", LOOM_PARALLEL_AUTO)->ms = 2.0;
-    add_batch(s, 10);
-    add_prefetch(s, -1);
+    spec_batch(s, 10);
+    spec_prefetch(s, -1);
     const loom_data_ctx ctx = {.seed = 42, .threads = budget + 1, .name = "train"};
     loom_iter *it = NULL;
     loom_err err = {0};

@@ -87,13 +87,6 @@ static void setup(void)
     write_idx(tpath("big.idx"), 0, 0x0C, 1, d, lab, 0);
 }
 
-static void cleanup(void)
-{
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    if (tmpdir[0] && system(cmd) != 0) printf("# cleanup failed\n");
-}
-
 /* ---- spec builders -------------------------------------------------------- */
 
 static loom_dataset_spec *spec_new(void) { return calloc(1, sizeof(loom_dataset_spec)); }
@@ -108,21 +101,9 @@ static loom_dataset_spec *spec_small(int gz)
     return s;
 }
 
-static loom_transform_spec *add(loom_dataset_spec *s, loom_transform_kind kind)
-{
-    loom_transform_spec *t = &s->transform[s->n_transforms];
-    memset(t, 0, sizeof *t);
-    t->kind = kind;
-    snprintf(t->loc.file, sizeof t->loc.file, "test.cfg");
-    t->loc.line = 20 + s->n_transforms;
-    snprintf(t->loc.path, sizeof t->loc.path, "data.train.transforms.[%d]", s->n_transforms);
-    s->n_transforms++;
-    return t;
-}
-
 static loom_map_spec *add_map(loom_dataset_spec *s, loom_map_kind k, const char *feature)
 {
-    loom_transform_spec *t = add(s, LOOM_T_MAP);
+    loom_transform_spec *t = spec_add(s, LOOM_T_MAP);
     t->map.kind = k;
     snprintf(t->map.feature, sizeof t->map.feature, "%s", feature);
     t->map.scale = 1.0;
@@ -132,7 +113,7 @@ static loom_map_spec *add_map(loom_dataset_spec *s, loom_map_kind k, const char 
 
 static void add_shuffle(loom_dataset_spec *s, int64_t buffer, uint64_t seed, bool reshuffle)
 {
-    loom_transform_spec *t = add(s, LOOM_T_SHUFFLE);
+    loom_transform_spec *t = spec_add(s, LOOM_T_SHUFFLE);
     t->buffer = buffer;
     t->seed = seed;
     t->seed_set = true;
@@ -141,13 +122,10 @@ static void add_shuffle(loom_dataset_spec *s, int64_t buffer, uint64_t seed, boo
 
 static void add_batch(loom_dataset_spec *s, int64_t size, bool drop)
 {
-    loom_transform_spec *t = add(s, LOOM_T_BATCH);
+    loom_transform_spec *t = spec_add(s, LOOM_T_BATCH);
     t->batch_size = size;
     t->drop_remainder = drop;
 }
-
-static void add_count(loom_dataset_spec *s, loom_transform_kind k, int64_t count) { add(s, k)->count = count; }
-static void add_prefetch(loom_dataset_spec *s, int64_t buffer) { add(s, LOOM_T_PREFETCH)->buffer = buffer; }
 
 static const loom_data_ctx ctx2 = {.seed = 42, .threads = 2, .name = "train"};
 
@@ -1127,7 +1105,7 @@ static void test_repeat_take_skip(void)
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         loom_dataset_spec *s = spec_small(0);
         for (int k = 0; k < 3; k++)
-            if (cases[c].ops[k][0] >= 0) add_count(s, (loom_transform_kind)cases[c].ops[k][0], cases[c].ops[k][1]);
+            if (cases[c].ops[k][0] >= 0) spec_count(s, (loom_transform_kind)cases[c].ops[k][0], cases[c].ops[k][1]);
         loom_iter *it = open_ok(s);
         if (it) {
             CHECK_MSG(loom_iter_cardinality(it) == cases[c].card, "case %zu: cardinality %lld", c,
@@ -1144,7 +1122,7 @@ static void test_repeat_take_skip(void)
     }
     /* repeat(-1) alone is infinite; skip(-1) after it is refused */
     loom_dataset_spec *s = spec_small(0);
-    add_count(s, LOOM_T_REPEAT, -1);
+    spec_count(s, LOOM_T_REPEAT, -1);
     loom_iter *it = open_ok(s);
     if (it) {
         CHECK(loom_iter_cardinality(it) == -1);
@@ -1155,7 +1133,7 @@ static void test_repeat_take_skip(void)
         CHECK(ok == 1000);
         loom_iter_close(it);
     }
-    add_count(s, LOOM_T_SKIP, -1);
+    spec_count(s, LOOM_T_SKIP, -1);
     loom_err err;
     CHECK(open_fail(s, &err) == LOOM_ECONFIG);
     CHECK_CONTAINS(err.where, "test.cfg:21");
@@ -1163,7 +1141,7 @@ static void test_repeat_take_skip(void)
     /* shuffle then repeat: every pass is a permutation, and passes differ */
     s = spec_big();
     add_shuffle(s, 50, 9, true);
-    add_count(s, LOOM_T_REPEAT, 2);
+    spec_count(s, LOOM_T_REPEAT, 2);
     it = open_ok(s);
     if (it) {
         static int64_t two[2000];
@@ -1190,7 +1168,7 @@ static loom_dataset_spec *spec_train(int64_t prefetch, int64_t batch)
     add_shuffle(s, 4, 3, true);
     add_map(s, LOOM_MAP_FLIP_LR, "image");
     add_batch(s, batch, false);
-    if (prefetch != -2) add_prefetch(s, prefetch);
+    if (prefetch != -2) spec_prefetch(s, prefetch);
     return s;
 }
 
@@ -1210,7 +1188,7 @@ static void test_prefetch_same_sequence(void)
     int64_t bufs[] = {1, 2, -1, 0, 8};
     for (size_t b = 0; b < sizeof bufs / sizeof bufs[0]; b++) {
         loom_dataset_spec *s = spec_train(bufs[b], 3);
-        add_prefetch(s, 2); /* two in a row */
+        spec_prefetch(s, 2); /* two in a row */
         loom_iter *it = open_ok(s);
         blob got = {0};
         for (int ep = 0; it && ep < 3; ep++) {
@@ -1237,8 +1215,8 @@ static void test_prefetch_same_sequence(void)
     free(s0);
     /* close mid-epoch, with the producer blocked on a full queue */
     loom_dataset_spec *s = spec_big();
-    add_count(s, LOOM_T_REPEAT, -1);
-    add_prefetch(s, 2);
+    spec_count(s, LOOM_T_REPEAT, -1);
+    spec_prefetch(s, 2);
     for (int k = 0; k < 20; k++) {
         loom_iter *it = open_ok(s);
         loom_elem *e;
@@ -1249,7 +1227,7 @@ static void test_prefetch_same_sequence(void)
     /* upstream errors arrive in order */
     s = spec_small(0);
     add_map(s, LOOM_MAP_ONE_HOT, "label")->depth = 6;
-    add_prefetch(s, 3);
+    spec_prefetch(s, 3);
     loom_iter *it = open_ok(s);
     if (it) {
         loom_elem *e;
@@ -1446,7 +1424,7 @@ static void test_throughput(void)
     add_map(s, LOOM_MAP_SCALE, "image")->scale = 1.0 / 255.0;
     add_shuffle(s, 10000, 42, true);
     add_batch(s, 128, false);
-    add_prefetch(s, -1);
+    spec_prefetch(s, -1);
     double t0 = loom_now();
     loom_iter *it = open_ok(s);
     double t1 = loom_now();
@@ -1480,7 +1458,7 @@ static void test_throughput(void)
     free(s);
 }
 
-static void test_cleanup(void) { cleanup(); }
+static void test_cleanup(void) { tmpdir_remove(); }
 
 static const loom_test tests[] = {
     {"idx_source", test_idx_source},

@@ -89,16 +89,6 @@ static loom_dataset_spec *spec_new(loom_source_kind kind, const char *pattern)
     return s;
 }
 
-static loom_transform_spec *add(loom_dataset_spec *s, loom_transform_kind kind)
-{
-    loom_transform_spec *t = &s->transform[s->n_transforms];
-    memset(t, 0, sizeof *t);
-    t->kind = kind;
-    snprintf(t->loc.file, sizeof t->loc.file, "test.cfg");
-    t->loc.line = 20 + s->n_transforms++;
-    return t;
-}
-
 static loom_data_ctx ctx_for(int id, int n)
 {
     return (loom_data_ctx){.seed = 42, .threads = 2, .name = "train",
@@ -241,8 +231,8 @@ static void test_batch_split(void)
     /* through a real pipeline: 6 Examples, batch 4, 2 replicas */
     make_shards();
     loom_dataset_spec *s = spec_new(LOOM_SRC_TFRECORD, "train-00000-of-00004.tfrecord");
-    add(s, LOOM_T_TAKE)->count = 6;
-    add(s, LOOM_T_BATCH)->batch_size = 4;
+    spec_add(s, LOOM_T_TAKE)->count = 6;
+    spec_add(s, LOOM_T_BATCH)->batch_size = 4;
     loom_iter *it;
     CHECK(loom_data_open(&it, s, NULL, &err) == LOOM_OK);
     const int64_t want[2][2][2] = {{{0, 1}, {2, 3}}, {{4, -1}, {5, -1}}};
@@ -348,9 +338,9 @@ static void test_data(void)
     check_cover(s, 7, TOTAL, want_data);
     /* placed as TF does: on the final elements (batches), before the trailing prefetch */
     s->shard_policy = LOOM_SHARD_DATA;
-    add(s, LOOM_T_BATCH)->batch_size = 10;
-    add(s, LOOM_T_PREFETCH)->buffer = 2;
-    add(s, LOOM_T_PREFETCH)->buffer = 1;
+    spec_add(s, LOOM_T_BATCH)->batch_size = 10;
+    spec_add(s, LOOM_T_PREFETCH)->buffer = 2;
+    spec_add(s, LOOM_T_PREFETCH)->buffer = 1;
     check_cover(s, 3, TOTAL, want_data_b10);
     loom_data_ctx ctx = ctx_for(1, 3);
     loom_iter *it;
@@ -377,7 +367,7 @@ static void test_data_deterministic(void)
     make_shards();
     loom_dataset_spec *s = spec_new(LOOM_SRC_TFRECORD, "train-*.tfrecord");
     s->shard_policy = LOOM_SHARD_DATA;
-    loom_transform_spec *m = add(s, LOOM_T_MAP);
+    loom_transform_spec *m = spec_add(s, LOOM_T_MAP);
     m->map = (loom_map_spec){.kind = LOOM_MAP_CAST, .dtype = LOOM_CFG_F32};
     snprintf(m->map.feature, sizeof m->map.feature, "image");
     m->parallel = 2;
@@ -405,7 +395,7 @@ static void test_data_save_restore(void)
     make_shards();
     loom_dataset_spec *s = spec_new(LOOM_SRC_TFRECORD, "train-*.tfrecord");
     s->shard_policy = LOOM_SHARD_DATA;
-    add(s, LOOM_T_PREFETCH)->buffer = 4;
+    spec_add(s, LOOM_T_PREFETCH)->buffer = 4;
     loom_data_ctx ctx = ctx_for(2, 3);
     loom_iter *a, *b;
     loom_err err = {0};
@@ -473,7 +463,7 @@ static void test_no_data(void)
     /* DATA with an unknown cardinality: the starved pipeline fails at the end of its pass */
     s = spec_new(LOOM_SRC_TFRECORD, "train-00000-of-00004.tfrecord");
     s->shard_policy = LOOM_SHARD_DATA;
-    add(s, LOOM_T_BATCH)->batch_size = 10; /* 3 batches */
+    spec_add(s, LOOM_T_BATCH)->batch_size = 10; /* 3 batches */
     CHECK(read_ids(s, 2, 3, ids, 4, &err) == 4);
     CHECK(read_ids(s, 3, 4, ids, 4, &err) == -1);
     CHECK_CONTAINS(err.msg, "data.train: input pipeline 3 of 4 received no data in epoch 0: shard_policy \"data\" "
@@ -505,13 +495,6 @@ static void test_report(void)
     free(s);
 }
 
-static void cleanup(void)
-{
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    if (system(cmd) != 0) printf("# could not remove %s\n", tmpdir);
-}
-
 static const loom_test tests[] = {
     {"per_replica_batch", test_per_replica_batch},
     {"batch_split", test_batch_split},
@@ -527,12 +510,5 @@ static const loom_test tests[] = {
 int main(void)
 {
     loom_log_set_level(LOOM_LOG_ERROR); /* AUTO's fallback warnings */
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/loom_test_distribute_input.XXXXXX");
-    if (!mkdtemp(tmpdir)) {
-        perror("mkdtemp");
-        return 1;
-    }
-    int rc = loom_test_run(tests);
-    cleanup();
-    return rc;
+    return run_in_tmpdir("loom_test_distribute_input", tests);
 }

@@ -67,22 +67,10 @@ static loom_dataset_spec *spec_base(int bad_labels)
     return s;
 }
 
-static loom_transform_spec *add(loom_dataset_spec *s, loom_transform_kind kind)
-{
-    loom_transform_spec *t = &s->transform[s->n_transforms];
-    memset(t, 0, sizeof *t);
-    t->kind = kind;
-    snprintf(t->loc.file, sizeof t->loc.file, "test.cfg");
-    t->loc.line = 20 + s->n_transforms;
-    snprintf(t->loc.path, sizeof t->loc.path, "data.train.transforms.[%d]", s->n_transforms);
-    s->n_transforms++;
-    return t;
-}
-
 /* par: 1, N or LOOM_PARALLEL_AUTO */
 static loom_map_spec *add_map(loom_dataset_spec *s, loom_map_kind k, const char *feature, int par, bool det)
 {
-    loom_transform_spec *t = add(s, LOOM_T_MAP);
+    loom_transform_spec *t = spec_add(s, LOOM_T_MAP);
     t->map.kind = k;
     snprintf(t->map.feature, sizeof t->map.feature, "%s", feature);
     t->map.scale = 1.0;
@@ -91,18 +79,6 @@ static loom_map_spec *add_map(loom_dataset_spec *s, loom_map_kind k, const char 
     t->deterministic = det;
     return &t->map;
 }
-
-static void add_shuffle(loom_dataset_spec *s, int64_t buffer)
-{
-    loom_transform_spec *t = add(s, LOOM_T_SHUFFLE);
-    t->buffer = buffer;
-    t->seed = 7;
-    t->seed_set = true;
-    t->reshuffle = true;
-}
-
-static void add_batch(loom_dataset_spec *s, int64_t size) { add(s, LOOM_T_BATCH)->batch_size = size; }
-static void add_prefetch(loom_dataset_spec *s, int64_t buffer) { add(s, LOOM_T_PREFETCH)->buffer = buffer; }
 
 static const loom_data_ctx ctx4 = {.seed = 42, .threads = 4, .name = "train"};
 
@@ -113,23 +89,6 @@ static loom_iter *open_ok(const loom_dataset_spec *s)
     int rc = loom_data_open(&it, s, &ctx4, &err);
     CHECK_MSG(rc == LOOM_OK, "open: %s: %s", err.where, err.msg);
     return rc == LOOM_OK ? it : NULL;
-}
-
-/* FNV-1a over every feature's dtype, shape and bytes. */
-static uint64_t elem_hash(const loom_elem *e)
-{
-    uint64_t h = 1469598103934665603ull;
-#define MIX_(p, n)                                                             \
-    for (size_t i_ = 0; i_ < (n); i_++) h = (h ^ ((const uint8_t *)(p))[i_]) * 1099511628211ull
-    for (int f = 0; f < e->n; f++) {
-        const loom_tensor *t = &e->t[f];
-        MIX_(&t->dtype, sizeof t->dtype);
-        MIX_(&t->shape.rank, sizeof t->shape.rank);
-        MIX_(t->shape.dim, (size_t)t->shape.rank * sizeof t->shape.dim[0]);
-        MIX_(t->data, loom_tensor_nbytes(t));
-    }
-#undef MIX_
-    return h;
 }
 
 /* Hashes of the elements of passes [epoch0, epoch0 + passes), up to max in
@@ -154,7 +113,7 @@ static loom_dataset_spec *spec_maps(int par, bool det, int batch)
     add_map(s, LOOM_MAP_FLIP_LR, "image", par, det);
     add_map(s, LOOM_MAP_SCALE, "image", par, det)->scale = 1.0 / 255.0;
     add_map(s, LOOM_MAP_ONE_HOT, "label", par, det)->depth = 10;
-    if (batch) add_batch(s, batch);
+    if (batch) spec_batch(s, batch);
     return s;
 }
 
@@ -262,13 +221,13 @@ static void test_nondeterministic_same_multiset(void)
 static loom_dataset_spec *spec_resume(int par)
 {
     loom_dataset_spec *s = spec_base(0);
-    add_shuffle(s, 64);
+    spec_shuffle(s, 64);
     add_map(s, LOOM_MAP_FLIP_LR, "image", par, true);
     add_map(s, LOOM_MAP_CAST, "image", par, true)->dtype = LOOM_CFG_F32;
     add_map(s, LOOM_MAP_SCALE, "image", par == 1 ? 1 : 3, true)->scale = 0.5;
-    add_batch(s, 7);
+    spec_batch(s, 7);
     add_map(s, LOOM_MAP_ONE_HOT, "label", par == 1 ? 1 : LOOM_PARALLEL_AUTO, true)->depth = 10;
-    add_prefetch(s, 2);
+    spec_prefetch(s, 2);
     return s;
 }
 
@@ -453,12 +412,12 @@ static void test_throughput_fashion_mnist(void)
             s->source.kind = LOOM_SRC_CATALOG;
             snprintf(s->source.name, sizeof s->source.name, "fashion_mnist");
             snprintf(s->source.split, sizeof s->source.split, "train");
-            if (where) add_batch(s, 128);
+            if (where) spec_batch(s, 128);
             add_map(s, LOOM_MAP_CAST, "image", par, true)->dtype = LOOM_CFG_F32;
             add_map(s, LOOM_MAP_FLIP_LR, "image", par, true);
             add_map(s, LOOM_MAP_NORMALIZE, "image", par, true)->std = 64.0;
-            if (!where) add_batch(s, 128);
-            add_prefetch(s, -1);
+            if (!where) spec_batch(s, 128);
+            spec_prefetch(s, -1);
             loom_iter *it = open_ok(s);
             if (!it) {
                 free(s);

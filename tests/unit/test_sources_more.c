@@ -506,22 +506,6 @@ static void test_config(void)
     loom_config_free(s);
 }
 
-static void setup(void)
-{
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/loom_sources_XXXXXX");
-    if (!mkdtemp(tmpdir)) {
-        perror("mkdtemp");
-        exit(1);
-    }
-}
-
-static void cleanup(void)
-{
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", tmpdir);
-}
-
 static const loom_test tests[] = {
     {"csv_records", test_csv_records},
     {"csv_source", test_csv_source},
@@ -535,8 +519,5 @@ static const loom_test tests[] = {
 
 int main(void)
 {
-    setup();
-    int rc = loom_test_run(tests);
-    cleanup();
-    return rc;
+    return run_in_tmpdir("loom_sources", tests);
 }

@@ -120,29 +120,6 @@ static loom_dataset_spec *spec_fmnist(const char *pattern)
     return s;
 }
 
-static loom_transform_spec *add(loom_dataset_spec *s, loom_transform_kind kind)
-{
-    loom_transform_spec *t = &s->transform[s->n_transforms];
-    memset(t, 0, sizeof *t);
-    t->kind = kind;
-    snprintf(t->loc.file, sizeof t->loc.file, "test.cfg");
-    t->loc.line = 20 + s->n_transforms;
-    s->n_transforms++;
-    return t;
-}
-
-static void add_shuffle(loom_dataset_spec *s, int64_t buffer)
-{
-    loom_transform_spec *t = add(s, LOOM_T_SHUFFLE);
-    t->buffer = buffer;
-    t->seed = 7;
-    t->seed_set = true;
-    t->reshuffle = true;
-}
-
-static void add_batch(loom_dataset_spec *s, int64_t size) { add(s, LOOM_T_BATCH)->batch_size = size; }
-static void add_prefetch(loom_dataset_spec *s, int64_t buffer) { add(s, LOOM_T_PREFETCH)->buffer = buffer; }
-
 static const loom_data_ctx ctx2 = {.seed = 42, .threads = 2, .name = "train"};
 
 static loom_iter *open_ok(const loom_dataset_spec *s)
@@ -304,9 +281,9 @@ static void test_shuffle_batch_prefetch(void)
     make_shards();
     for (int threaded = 0; threaded < 2; threaded++) {
         loom_dataset_spec *s = spec_fmnist(tpath("train-*.tfrecord"));
-        add_shuffle(s, 30);
-        add_batch(s, 8);
-        add_prefetch(s, threaded ? 3 : 0);
+        spec_shuffle(s, 30);
+        spec_batch(s, 8);
+        spec_prefetch(s, threaded ? 3 : 0);
         loom_iter *it = open_ok(s);
         if (it) {
             CHECK(loom_iter_cardinality(it) == -2);
@@ -498,9 +475,9 @@ static void test_save_restore(void)
         loom_dataset_spec *s = spec_fmnist(tpath("train-*.tfrecord"));
         s->source.shuffle_files = variant > 0;
         if (variant == 2) {
-            add_shuffle(s, 10);
-            add_batch(s, 7);
-            add_prefetch(s, 2);
+            spec_shuffle(s, 10);
+            spec_batch(s, 7);
+            spec_prefetch(s, 2);
         }
         const int epochs = 2;
         blob ref = {0};
@@ -711,7 +688,7 @@ static void test_tf_fixtures(void)
     loom_tfr_feature *t = spec_feat(s, "tokens", LOOM_TFR_INT64, 1, eight);
     t->var_len = true;
     t->pad = -1;
-    add_prefetch(s, 2);
+    spec_prefetch(s, 2);
     loom_iter *it = open_ok(s);
     if (it) {
         loom_elem *e;
@@ -878,7 +855,7 @@ static void test_out_of_memory(void)
 {
     make_shards();
     loom_dataset_spec *s = spec_fmnist(tpath("train-0000[01]-*"));
-    add_batch(s, 10);
+    spec_batch(s, 10);
     int nomem = 0, ok = 0;
     for (long k = 0; k < 200; k++) {
         loom_iter *it = NULL;
@@ -899,13 +876,6 @@ static void test_out_of_memory(void)
     free(s);
 }
 
-static void cleanup(void)
-{
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    if (system(cmd) != 0) printf("# could not remove %s\n", tmpdir);
-}
-
 static const loom_test tests[] = {
     {"all_compressions", test_all_compressions},
     {"glob_shards", test_glob_shards},
@@ -923,12 +893,5 @@ static const loom_test tests[] = {
 
 int main(void)
 {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/loom_test_tfrecord_source.XXXXXX");
-    if (!mkdtemp(tmpdir)) {
-        perror("mkdtemp");
-        return 1;
-    }
-    int rc = loom_test_run(tests);
-    cleanup();
-    return rc;
+    return run_in_tmpdir("loom_test_tfrecord_source", tests);
 }

@@ -65,21 +65,9 @@ static loom_dataset_spec *spec_new(void)
     return s;
 }
 
-static loom_transform_spec *add(loom_dataset_spec *s, loom_transform_kind kind)
-{
-    loom_transform_spec *t = &s->transform[s->n_transforms];
-    memset(t, 0, sizeof *t);
-    t->kind = kind;
-    snprintf(t->loc.file, sizeof t->loc.file, "test.cfg");
-    t->loc.line = 20 + s->n_transforms;
-    snprintf(t->loc.path, sizeof t->loc.path, "data.train.transforms.[%d]", s->n_transforms);
-    s->n_transforms++;
-    return t;
-}
-
 static loom_transform_spec *add_filter(loom_dataset_spec *s, const char *feature, loom_filter_kind k, int n, const double *v)
 {
-    loom_transform_spec *t = add(s, LOOM_T_FILTER);
+    loom_transform_spec *t = spec_add(s, LOOM_T_FILTER);
     snprintf(t->feature, sizeof t->feature, "%s", feature);
     t->filter = k;
     t->n_values = n;
@@ -91,7 +79,7 @@ static loom_transform_spec *add_filter(loom_dataset_spec *s, const char *feature
 
 static void add_shuffle(loom_dataset_spec *s, int64_t buffer, uint64_t seed)
 {
-    loom_transform_spec *t = add(s, LOOM_T_SHUFFLE);
+    loom_transform_spec *t = spec_add(s, LOOM_T_SHUFFLE);
     t->buffer = buffer;
     t->seed = seed;
     t->seed_set = true;
@@ -100,14 +88,14 @@ static void add_shuffle(loom_dataset_spec *s, int64_t buffer, uint64_t seed)
 
 static void add_batch(loom_dataset_spec *s, loom_transform_kind k, int64_t size, bool drop)
 {
-    loom_transform_spec *t = add(s, k);
+    loom_transform_spec *t = spec_add(s, k);
     t->batch_size = size;
     t->drop_remainder = drop;
 }
 
 static void add_cache(loom_dataset_spec *s, const char *file)
 {
-    loom_transform_spec *t = add(s, LOOM_T_CACHE);
+    loom_transform_spec *t = spec_add(s, LOOM_T_CACHE);
     if (file) snprintf(t->cache_file, sizeof t->cache_file, "%s", file);
 }
 
@@ -297,7 +285,7 @@ static void test_shard(void)
     char msg[1024];
     for (int64_t i = 0; i < 3; i++) {
         loom_dataset_spec *s = spec_new();
-        loom_transform_spec *t = add(s, LOOM_T_SHARD);
+        loom_transform_spec *t = spec_add(s, LOOM_T_SHARD);
         t->num_shards = 3;
         t->index = i;
         loom_iter *it = open_ok(s);
@@ -318,7 +306,7 @@ static void test_shard(void)
     loom_dataset_spec *s = spec_new();
     double odd[] = {1, 3, 5, 7, 9};
     add_filter(s, "label", LOOM_FILTER_IN, 5, odd);
-    loom_transform_spec *t = add(s, LOOM_T_SHARD);
+    loom_transform_spec *t = spec_add(s, LOOM_T_SHARD);
     t->num_shards = 2;
     t->index = 1;
     loom_iter *it = open_ok(s);
@@ -342,7 +330,7 @@ static void test_enumerate(void)
     char msg[1024];
     loom_dataset_spec *s = spec_new();
     add_shuffle(s, 4, 7);
-    loom_transform_spec *t = add(s, LOOM_T_ENUMERATE);
+    loom_transform_spec *t = spec_add(s, LOOM_T_ENUMERATE);
     snprintf(t->feature, sizeof t->feature, "index");
     t->start = 5;
     loom_iter *it = open_ok(s);
@@ -361,7 +349,7 @@ static void test_enumerate(void)
     }
     /* enumerate then filter: the indices of the kept elements */
     loom_dataset_spec *s2 = spec_new();
-    add(s2, LOOM_T_ENUMERATE);
+    spec_add(s2, LOOM_T_ENUMERATE);
     snprintf(s2->transform[0].feature, LOOM_NAME_MAX, "i");
     double v[] = {2, 6};
     add_filter(s2, "label", LOOM_FILTER_IN, 2, v);
@@ -386,7 +374,7 @@ static void test_unbatch(void)
         for (int64_t bs = 1; bs <= 4; bs++) {
             loom_dataset_spec *ref = spec_new(), *s = spec_new();
             add_batch(s, LOOM_T_BATCH, bs, drop);
-            add(s, LOOM_T_UNBATCH);
+            spec_add(s, LOOM_T_UNBATCH);
             loom_iter *a = open_ok(ref), *b = open_ok(s);
             if (a && b) {
                 blob x = {0}, y = {0};
@@ -410,7 +398,7 @@ static void test_unbatch(void)
         }
     }
     loom_dataset_spec *s = spec_new();
-    add(s, LOOM_T_UNBATCH);
+    spec_add(s, LOOM_T_UNBATCH);
     open_fail(s, msg, sizeof msg);
     CHECK_CONTAINS(msg, "test.cfg:20: data.train.transforms.[0]: unbatch: feature \"label\" is a scalar");
     free(s);
@@ -707,17 +695,17 @@ static void test_save_restore(void)
     s = spec_new(); /* filter + shard + enumerate after a shuffle */
     add_shuffle(s, 4, 11);
     add_filter(s, "label", LOOM_FILTER_NOT_IN, 2, v);
-    loom_transform_spec *t = add(s, LOOM_T_SHARD);
+    loom_transform_spec *t = spec_add(s, LOOM_T_SHARD);
     t->num_shards = 2;
     t->index = 1;
-    snprintf(add(s, LOOM_T_ENUMERATE)->feature, LOOM_NAME_MAX, "index");
+    snprintf(spec_add(s, LOOM_T_ENUMERATE)->feature, LOOM_NAME_MAX, "index");
     check_restore(s, 3, 1, NULL);
     free(s);
 
     s = spec_new(); /* unbatch mid-element, after a shuffle of batches */
     add_batch(s, LOOM_T_BATCH, 3, false);
     add_shuffle(s, 2, 5);
-    add(s, LOOM_T_UNBATCH);
+    spec_add(s, LOOM_T_UNBATCH);
     check_restore(s, 3, 1, NULL);
     free(s);
 
