@@ -350,4 +350,10 @@ int  dtuner_summary_(dtuner *t, char *buf, size_t n);
 /* The RAM budget of o in bytes (its share of physical memory when not given). */
 int64_t dtuner_ram_budget_(const loom_data_options *o);
 
+/* batch and padded_batch: the batches a pass of c input elements (c < 0: the
+ * input's INFINITE / UNKNOWN, passed through) gives, and in *dim0 the static
+ * leading dimension: size when every batch is full (drop_remainder, an
+ * infinite pass, or c divisible by size), else -1. */
+int64_t dbatch_card_(int64_t c, int64_t size, bool drop, int64_t *dim0);
+
 #endif

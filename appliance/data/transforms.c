@@ -930,10 +930,8 @@ int batch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, 
         rc = dstage_err_(st, err, LOOM_ECONFIG, "batch: size must be >= 1, got %lld", (long long)s->size);
         goto fail;
     }
-    int64_t c = in->card;
-    /* a short last batch is possible unless dropped, or the pass is infinite, or it divides evenly */
-    int64_t d0 = s->drop || c == -1 || (c >= 0 && c % s->size == 0) ? s->size : -1;
-    st->card = c < 0 ? c : s->drop ? c / s->size : (c + s->size - 1) / s->size;
+    int64_t d0;
+    st->card = dbatch_card_(in->card, s->size, s->drop, &d0);
     st->batch_dims = in->batch_dims + 1;
     st->out.n = st->spec.n;
     for (int f = 0; f < st->spec.n; f++) {
@@ -1132,4 +1130,11 @@ int skip_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, l
     }
     (*out)->card = c < 0 ? c : n < 0 ? 0 : (c > n ? c - n : 0);
     return LOOM_OK;
+}
+
+int64_t dbatch_card_(int64_t c, int64_t size, bool drop, int64_t *dim0)
+{
+    /* a short last batch is possible unless dropped, or the pass is infinite, or it divides evenly */
+    *dim0 = drop || c == -1 || (c >= 0 && c % size == 0) ? size : -1;
+    return c < 0 ? c : drop ? c / size : (c + size - 1) / size;
 }

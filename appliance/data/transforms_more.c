@@ -651,9 +651,8 @@ int padded_batch_open_(dstage **out, dstage *in, int id, const loom_transform_sp
     }
     rc = elem_pool_init_(&s->pool, in, s->size, err);
     if (rc) goto fail;
-    int64_t c = in->card;
-    int64_t d0 = s->drop || c == -1 || (c >= 0 && c % s->size == 0) ? s->size : -1;
-    st->card = c < 0 ? c : s->drop ? c / s->size : (c + s->size - 1) / s->size;
+    int64_t d0;
+    st->card = dbatch_card_(in->card, s->size, s->drop, &d0);
     st->batch_dims = in->batch_dims + 1;
     st->out.n = st->spec.n;
     for (int f = 0; f < st->spec.n; f++) {
