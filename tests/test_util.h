@@ -63,6 +63,23 @@ static inline void blob_put(blob *b, const void *p, size_t n)
     b->n += n;
 }
 
+/* An uncompressed IDX file of uint8 (code 0x08) or int32 (0x0C) values. */
+static inline void write_idx_file(const char *path, uint8_t code, int ndim, const uint32_t *dims, const void *vals)
+{
+    size_t n = 1, es = code == 0x0C ? 4 : 1;
+    for (int d = 0; d < ndim; d++) n *= dims[d];
+    FILE *f = fopen(path, "wb");
+    uint8_t h[4] = {0, 0, code, (uint8_t)ndim};
+    fwrite(h, 1, 4, f);
+    for (int d = 0; d < ndim; d++) {
+        uint8_t b[4] = {(uint8_t)(dims[d] >> 24), (uint8_t)(dims[d] >> 16), (uint8_t)(dims[d] >> 8), (uint8_t)dims[d]};
+        fwrite(b, 1, 4, f);
+    }
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < es; j++) fputc(((const uint8_t *)vals)[i * es + es - 1 - j], f);
+    fclose(f);
+}
+
 /* Adds an IDX feature name read from file to s's source (located at test.cfg:3). */
 static inline void spec_feature(loom_dataset_spec *s, const char *name, const char *file)
 {

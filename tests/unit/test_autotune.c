@@ -18,21 +18,6 @@
 
 #define N_ITEMS 203 /* not a multiple of the batch: a short last batch */
 
-static void write_idx(const char *path, uint8_t code, int ndim, const uint32_t *dims, const void *vals)
-{
-    size_t n = 1, es = code == 0x0C ? 4 : 1;
-    for (int d = 0; d < ndim; d++) n *= dims[d];
-    FILE *f = fopen(path, "wb");
-    uint8_t h[4] = {0, 0, code, (uint8_t)ndim};
-    fwrite(h, 1, 4, f);
-    for (int d = 0; d < ndim; d++) {
-        uint8_t b[4] = {(uint8_t)(dims[d] >> 24), (uint8_t)(dims[d] >> 16), (uint8_t)(dims[d] >> 8), (uint8_t)dims[d]};
-        fwrite(b, 1, 4, f);
-    }
-    for (size_t i = 0; i < n; i++)
-        for (size_t j = 0; j < es; j++) fputc(((const uint8_t *)vals)[i * es + es - 1 - j], f);
-    fclose(f);
-}
 
 static void setup(void)
 {
@@ -46,8 +31,8 @@ static void setup(void)
         lab[i] = i % 10;
     }
     uint32_t di[3] = {N_ITEMS, 6, 5}, dl[1] = {N_ITEMS};
-    write_idx(tpath("img.idx"), 0x08, 3, di, im);
-    write_idx(tpath("lbl.idx"), 0x0C, 1, dl, lab);
+    write_idx_file(tpath("img.idx"), 0x08, 3, di, im);
+    write_idx_file(tpath("lbl.idx"), 0x0C, 1, dl, lab);
 }
 
 /* ---- spec builders -------------------------------------------------------- */
