@@ -324,15 +324,41 @@ static int all_ok(const replicated *m)
     return 1;
 }
 
-/* mirrored: one training step of replica r, update included. */
+/* The fused update's apply (loom_xcomm_update): parameters [lo, hi) of
+ * replica r with the one optimizer, unless some replica's gradients failed,
+ * which every rank knows by then (each set its rc before publishing them). */
+typedef struct update_arg {
+    replicated *m;
+    int         r;
+} update_arg;
+
+static void update_range(void *arg, int64_t lo, int64_t hi)
+{
+    const update_arg *u = arg;
+    replica *rp = &u->m->rep[u->r];
+    if (!all_ok(u->m)) return;
+    loom_optimizer_apply_range(u->m->rep[0].opt, loom_model_pool(rp->model), loom_model_params(rp->model),
+                               loom_model_grads(rp->model), u->m->step, lo, hi);
+}
+
+/* mirrored: one training step of replica r, update included. With one pack
+ * the reduce-scatter, the shard's update and the all-gather are one
+ * collective (loom_xcomm_update): the same bits in fewer passes. */
 static void mirrored_train(loom_strategy *s, replicated *m, int r)
 {
     replica *rp = &m->rep[r];
     rp->rc = replica_grads(s, m, r);
     loom_err rerr;
-    int rc = mirrored_reduce_scatter(m, r, &rerr);
-    if (!rc && all_ok(m)) mirrored_apply_shard(m, r);
-    int gc = mirrored_gather(m, r, rc ? NULL : &rerr); /* every rank gathers, as every rank reduced */
+    int rc, gc = LOOM_OK;
+    if (m->comm && m->n_packs <= 1) {
+        update_arg u = {m, r};
+        rc = loom_xcomm_update(m->comm, r, loom_model_grads(rp->model), loom_model_params(rp->model), m->P,
+                               update_range, &u, &rerr);
+    } else {
+        rc = mirrored_reduce_scatter(m, r, &rerr);
+        if (!rc && all_ok(m)) mirrored_apply_shard(m, r);
+        gc = mirrored_gather(m, r, rc ? NULL : &rerr); /* every rank gathers, as every rank reduced */
+    }
     if (rc || gc) {
         rp->reduce_rc = rc ? rc : gc;
         rp->reduce_err = rerr;

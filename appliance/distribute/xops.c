@@ -725,6 +725,59 @@ int loom_xcomm_all_gather_shards(loom_xcomm *c, int rank, float *buf, int64_t co
     return LOOM_OK;
 }
 
+/* The ring's fused update: its reduce-scatter, where each chunk of this
+ * rank's shard, once its last reduce step has completed it, is applied at
+ * once (the gradient and the variables it updates are still in cache) and
+ * the new variables written straight into every other rank's buffer. The
+ * last reduce step of a chunk waits, through the chain of ranks before it,
+ * for every rank to have published its gradients, so no rank still reads
+ * its variables for the step (forward, backward) when they are written; the
+ * closing barrier keeps every rank here until all writes into its buffer
+ * are done and nobody reads its gradients. */
+static int ring_update_rank(xstate *s, int r, float *grads, float *params, int64_t count, loom_xcomm_apply_fn apply,
+                            void *arg)
+{
+    int n = s->n, p = mod(r - 1, n);
+    int64_t C = ring_chunks(count, n);
+    LOOM_ASSERT(C < (1 << 28) / n);
+    uint32_t base = s->base[r], T = 1 + (uint32_t)(n - 1) * (uint32_t)C;
+    s->bufs[r] = grads;
+    s->outs[r] = params;
+    ring_post(s, r, base, 0);
+    for (int st = 0; st < n - 1; st++)
+        for (int64_t c = 0; c < C; c++) {
+            ring_wait(s, p, base, st == 0 ? 0 : 1 + (uint32_t)((st - 1) * C + c));
+            ring_rs_item(s->bufs, n, r, st, c, count, LOOM_REDUCE_SUM, 0);
+            ring_post(s, r, base, 1 + (uint32_t)(st * C + c));
+            if (st < n - 2) continue;
+            int64_t lo, hi;
+            seg_chunk(count, n, mod(r + 1, n), c, &lo, &hi);
+            if (lo == hi) continue;
+            apply(arg, lo, hi);
+            for (int k = 1; k < n; k++) copy(s->outs[mod(r + k, n)] + lo, params + lo, hi - lo);
+        }
+    s->base[r] = base + T;
+    bar(s);
+    return LOOM_OK;
+}
+
+int loom_xcomm_update(loom_xcomm *c, int rank, float *grads, float *params, int64_t count, loom_xcomm_apply_fn apply,
+                      void *arg, loom_err *err)
+{
+    LOOM_ASSERT(rank >= 0 && rank < c->n && count >= 0);
+    int64_t lo, hi;
+    if (c->n == 1) {
+        if (count) apply(arg, 0, count);
+        return LOOM_OK;
+    }
+    if (is_ring(c)) return ring_update_rank(c->state, rank, grads, params, count, apply, arg);
+    int rc = loom_xcomm_reduce_scatter(c, rank, grads, count, LOOM_REDUCE_SUM, err);
+    loom_xcomm_shard(c, rank, count, &lo, &hi);
+    if (!rc && lo < hi) apply(arg, lo, hi);
+    int gc = loom_xcomm_all_gather_shards(c, rank, params, count, rc ? NULL : err); /* every rank gathers */
+    return rc ? rc : gc;
+}
+
 /* ---- "auto" ------------------------------------------------------------------
  * Measured with tests/bench/allreduce_bench (README): on CPU threads the ring
  * is never slower than the other two and moves the fewest bytes per rank,

@@ -712,6 +712,88 @@ static void test_sharded_update(void)
         }
 }
 
+/* ---- the fused update: loom_xcomm_update ---------------------------------------- */
+
+/* The apply of the fused update: params -= 0.5 grads over [lo, hi), and a
+ * record of the ranges so the test can check they tile the rank's shard on
+ * 16-float lines. */
+typedef struct fused_rank {
+    ranks  *g;
+    int     r;
+    float  *params;
+    int64_t covered, lo_min, hi_max;
+    int     misaligned;
+} fused_rank;
+
+static void fused_apply(void *arg, int64_t lo, int64_t hi)
+{
+    fused_rank *f = arg;
+    float *grads = f->g->bufs[f->r];
+    if (lo % 16) f->misaligned = 1;
+    f->covered += hi - lo;
+    if (lo < f->lo_min) f->lo_min = lo;
+    if (hi > f->hi_max) f->hi_max = hi;
+    for (int64_t i = lo; i < hi; i++) f->params[i] -= 0.5f * grads[i];
+}
+
+/* g->arg: (NSSIZES,) the expected variables: start - 0.5 * the all-reduce. */
+static void fused_cases(ranks *g, int r)
+{
+    loom_err err;
+    float **want = g->arg;
+    for (int si = 0; si < NSSIZES; si++) {
+        int64_t count = ssizes[si], lo, hi;
+        fill(g->bufs[r], 21 + si, r, 0, count);
+        fill(g->outs[r], 99, 0, 0, count); /* the variables: equal on every rank */
+        fused_rank f = {.g = g, .r = r, .params = g->outs[r], .lo_min = count, .hi_max = 0};
+        pthread_barrier_wait(&g->bar); /* every rank's variables are set before any rank writes into them */
+        if (loom_xcomm_update(g->comm, r, g->bufs[r], g->outs[r], count, fused_apply, &f, &err))
+            atomic_store(&g->failed_rc, 1);
+        loom_xcomm_shard(g->comm, r, count, &lo, &hi);
+        if (f.misaligned || f.covered != hi - lo || (hi > lo && (f.lo_min != lo || f.hi_max != hi))) {
+            printf("#   rank %d of %d, count %lld: applied %lld floats in [%lld, %lld), shard [%lld, %lld)%s\n", r,
+                   g->n, (long long)count, (long long)f.covered, (long long)f.lo_min, (long long)f.hi_max,
+                   (long long)lo, (long long)hi, f.misaligned ? ", a range off a 16-float line" : "");
+            atomic_fetch_add(&g->bad, 1);
+        }
+        if (memcmp(g->outs[r], want[si], (size_t)count * sizeof(float))) {
+            printf("#   rank %d of %d, count %lld: variables differ from reduce + apply\n", r, g->n, (long long)count);
+            atomic_fetch_add(&g->bad, 1);
+        }
+        pthread_barrier_wait(&g->bar);
+    }
+}
+
+/* Every op, n = 1..8, odd sizes: the fused update gives every rank the
+ * variables of applying the all-reduced gradients, bit for bit, and calls
+ * apply exactly over the rank's shard. */
+static void test_fused_update(void)
+{
+    loom_err err;
+    const loom_cross_device_ops *ops[4] = {op_named(builtin[0]), op_named(builtin[1]), op_named(builtin[2]),
+                                           (const loom_cross_device_ops *)&test_v1};
+    for (int o = 0; o < 4; o++)
+        for (int n = 1; n <= 8; n++) {
+            float *want[NSSIZES];
+            float **b = new_bufs(n, ssizes[NSSIZES - 1]), **p = new_bufs(n, ssizes[NSSIZES - 1]);
+            for (int si = 0; si < NSSIZES; si++) {
+                int64_t count = ssizes[si];
+                for (int r = 0; r < n; r++) fill(b[r], 21 + si, r, 0, count);
+                CHECK(loom_all_reduce(ops[o], b, n, count, LOOM_REDUCE_SUM, &err) == LOOM_OK);
+                want[si] = malloc((size_t)count * sizeof(float));
+                fill(want[si], 99, 0, 0, count);
+                for (int64_t i = 0; i < count; i++) want[si][i] -= 0.5f * b[0][i];
+            }
+            ranks g = {.bufs = b, .outs = p, .arg = want};
+            run_ranks(ops[o], n, fused_cases, &g);
+            CHECK_MSG(atomic_load(&g.bad) == 0 && !atomic_load(&g.failed_rc), "%s, n %d: %ld bad cases", ops[o]->name,
+                      n, atomic_load(&g.bad));
+            for (int si = 0; si < NSSIZES; si++) free(want[si]);
+            free_bufs(b, n);
+            free_bufs(p, n);
+        }
+}
+
 static const loom_test tests[] = {
     {"all_reduce_per_rank", test_all_reduce_per_rank},
     {"all_reduce_n_buffers", test_all_reduce_n_buffers},
@@ -728,6 +810,7 @@ static const loom_test tests[] = {
     {"pack_plan_num_packs", test_pack_plan_num_packs},
     {"packs_reduce_like_whole", test_packs_reduce_like_whole},
     {"sharded_update", test_sharded_update},
+    {"fused_update", test_fused_update},
     {0},
 };
 
