@@ -688,7 +688,11 @@ static void shard_cases(ranks *g, int r)
     }
 }
 
-static void test_sharded_update(void)
+/* Runs fn on every op (the built-ins and a version 1 op), n = 1..8, with
+ * g->arg = want: for each size, the SUM all-reduce of the inputs fill(seed0
+ * + size index) gives (by the op's N-buffer entry point), passed through
+ * expect when not NULL; g->outs are a second buffer per rank. */
+static void run_update_cases(uint64_t seed0, void (*expect)(float *want, int64_t count), rank_fn fn)
 {
     loom_err err;
     const loom_cross_device_ops *ops[4] = {op_named(builtin[0]), op_named(builtin[1]), op_named(builtin[2]),
@@ -696,21 +700,25 @@ static void test_sharded_update(void)
     for (int o = 0; o < 4; o++)
         for (int n = 1; n <= 8; n++) {
             float *want[NSSIZES];
-            float **b = new_bufs(n, ssizes[NSSIZES - 1]);
+            float **b = new_bufs(n, ssizes[NSSIZES - 1]), **p = new_bufs(n, ssizes[NSSIZES - 1]);
             for (int si = 0; si < NSSIZES; si++) {
-                for (int r = 0; r < n; r++) fill(b[r], 11 + si, r, 0, ssizes[si]);
+                for (int r = 0; r < n; r++) fill(b[r], seed0 + (uint64_t)si, r, 0, ssizes[si]);
                 CHECK(loom_all_reduce(ops[o], b, n, ssizes[si], LOOM_REDUCE_SUM, &err) == LOOM_OK);
                 want[si] = malloc((size_t)ssizes[si] * sizeof(float));
                 memcpy(want[si], b[0], (size_t)ssizes[si] * sizeof(float));
+                if (expect) expect(want[si], ssizes[si]);
             }
-            ranks g = {.bufs = b, .arg = want};
-            run_ranks(ops[o], n, shard_cases, &g);
+            ranks g = {.bufs = b, .outs = p, .arg = want};
+            run_ranks(ops[o], n, fn, &g);
             CHECK_MSG(atomic_load(&g.bad) == 0 && !atomic_load(&g.failed_rc), "%s, n %d: %ld bad cases", ops[o]->name,
                       n, atomic_load(&g.bad));
             for (int si = 0; si < NSSIZES; si++) free(want[si]);
             free_bufs(b, n);
+            free_bufs(p, n);
         }
 }
+
+static void test_sharded_update(void) { run_update_cases(11, NULL, shard_cases); }
 
 /* ---- the fused update: loom_xcomm_update ---------------------------------------- */
 
@@ -764,35 +772,19 @@ static void fused_cases(ranks *g, int r)
     }
 }
 
+/* The variables the fused update must give: start - 0.5 * the all-reduce. */
+static void fused_expect(float *want, int64_t count)
+{
+    float *start = malloc((size_t)count * sizeof(float));
+    fill(start, 99, 0, 0, count);
+    for (int64_t i = 0; i < count; i++) want[i] = start[i] - 0.5f * want[i];
+    free(start);
+}
+
 /* Every op, n = 1..8, odd sizes: the fused update gives every rank the
  * variables of applying the all-reduced gradients, bit for bit, and calls
  * apply exactly over the rank's shard. */
-static void test_fused_update(void)
-{
-    loom_err err;
-    const loom_cross_device_ops *ops[4] = {op_named(builtin[0]), op_named(builtin[1]), op_named(builtin[2]),
-                                           (const loom_cross_device_ops *)&test_v1};
-    for (int o = 0; o < 4; o++)
-        for (int n = 1; n <= 8; n++) {
-            float *want[NSSIZES];
-            float **b = new_bufs(n, ssizes[NSSIZES - 1]), **p = new_bufs(n, ssizes[NSSIZES - 1]);
-            for (int si = 0; si < NSSIZES; si++) {
-                int64_t count = ssizes[si];
-                for (int r = 0; r < n; r++) fill(b[r], 21 + si, r, 0, count);
-                CHECK(loom_all_reduce(ops[o], b, n, count, LOOM_REDUCE_SUM, &err) == LOOM_OK);
-                want[si] = malloc((size_t)count * sizeof(float));
-                fill(want[si], 99, 0, 0, count);
-                for (int64_t i = 0; i < count; i++) want[si][i] -= 0.5f * b[0][i];
-            }
-            ranks g = {.bufs = b, .outs = p, .arg = want};
-            run_ranks(ops[o], n, fused_cases, &g);
-            CHECK_MSG(atomic_load(&g.bad) == 0 && !atomic_load(&g.failed_rc), "%s, n %d: %ld bad cases", ops[o]->name,
-                      n, atomic_load(&g.bad));
-            for (int si = 0; si < NSSIZES; si++) free(want[si]);
-            free_bufs(b, n);
-            free_bufs(p, n);
-        }
-}
+static void test_fused_update(void) { run_update_cases(21, fused_expect, fused_cases); }
 
 static const loom_test tests[] = {
     {"all_reduce_per_rank", test_all_reduce_per_rank},
