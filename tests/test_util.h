@@ -1,6 +1,8 @@
-/* test_util.h - helpers the data unit tests share: a per-test scratch
- * directory with paths under it, a byte log and a hash for comparing element
- * sequences, and builders for a dataset spec's IDX features and transforms.
+/* test_util.h - helpers the unit tests share: a per-test scratch directory
+ * with paths under it, reading a whole file, a byte log and a hash for
+ * comparing element sequences, builders for a dataset spec's IDX features and
+ * transforms, opening a pipeline that must open; and for config tests the
+ * path of a tests/configs fixture and an error list as loom prints it.
  * Included by one test file per executable; all static, nothing shared between tests. */
 #ifndef LOOM_TEST_UTIL_H
 #define LOOM_TEST_UTIL_H
@@ -44,6 +46,46 @@ static inline int run_in_tmpdir(const char *prefix, const loom_test *tests)
     int rc = loom_test_run(tests);
     tmpdir_remove();
     return rc;
+}
+
+/* $LOOM_SOURCE_ROOT/tests/configs/name (meson sets the root; "." otherwise); lives until the next call. */
+static inline const char *cfg_path(const char *name)
+{
+    static char buf[1024];
+    const char *root = getenv("LOOM_SOURCE_ROOT");
+    snprintf(buf, sizeof buf, "%s/tests/configs/%s", root ? root : ".", name);
+    return buf;
+}
+
+/* Every error of the list into buf (n bytes), formatted as loom prints them. */
+static inline void errs_text(const loom_errlist *errs, char *buf, size_t n)
+{
+    size_t len = 0;
+    buf[0] = 0;
+    for (int i = 0; i < errs->n && len < n; i++) {
+        loom_err_format(&errs->e[i], buf + len, n - len);
+        len += strlen(buf + len);
+    }
+}
+
+/* The whole file at path in a malloc'd buffer (one spare byte after it), its
+ * size in *len; NULL (and *len 0) when it cannot be read. */
+static inline uint8_t *slurp(const char *path, size_t *len)
+{
+    *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *d = malloc((size_t)n + 1);
+    if (d && fread(d, 1, (size_t)n, f) != (size_t)n) {
+        free(d);
+        d = NULL;
+    }
+    fclose(f);
+    if (d) *len = (size_t)n;
+    return d;
 }
 
 /* A growable byte log of whole elements, to compare sequences (each test serialises its own way). */
@@ -119,6 +161,31 @@ static inline void spec_shuffle(loom_dataset_spec *s, int64_t buffer)
 static inline void spec_count(loom_dataset_spec *s, loom_transform_kind k, int64_t count) { spec_add(s, k)->count = count; }
 static inline void spec_batch(loom_dataset_spec *s, int64_t size) { spec_add(s, LOOM_T_BATCH)->batch_size = size; }
 static inline void spec_prefetch(loom_dataset_spec *s, int64_t buffer) { spec_add(s, LOOM_T_PREFETCH)->buffer = buffer; }
+
+/* A map of kind k on feature (scale and std 1: the identity until set) with
+ * parallel = par and deterministic = det. */
+static inline loom_map_spec *spec_map(loom_dataset_spec *s, loom_map_kind k, const char *feature, int par, bool det)
+{
+    loom_transform_spec *t = spec_add(s, LOOM_T_MAP);
+    t->map.kind = k;
+    snprintf(t->map.feature, sizeof t->map.feature, "%s", feature);
+    t->map.scale = 1.0;
+    t->map.std = 1.0;
+    t->parallel = par;
+    t->deterministic = det;
+    return &t->map;
+}
+
+/* Opens s with ctx (NULL: the defaults); a failure is a failed check quoting
+ * the error and its hint, and NULL. */
+static inline loom_iter *iter_open_ok(const loom_dataset_spec *s, const loom_data_ctx *ctx)
+{
+    loom_iter *it = NULL;
+    loom_err err = {0};
+    int rc = loom_data_open(&it, s, ctx, &err);
+    CHECK_MSG(rc == LOOM_OK, "open: %s: %s (hint: %s)", err.where, err.msg, err.hint);
+    return rc == LOOM_OK ? it : NULL;
+}
 
 /* FNV-1a over every feature's dtype, shape and bytes: one number per element to compare sequences. */
 static inline uint64_t elem_hash(const loom_elem *e)

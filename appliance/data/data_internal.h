@@ -189,6 +189,9 @@ int plugin_source_open_(dstage **out, const loom_source_spec *src, const loom_da
 int  source_files_expand_(const dstage *st, const loom_source_spec *src, const char *what, char ***files, int64_t *n,
                           loom_err *err);
 void source_files_free_(char **files, int64_t n);
+/* h carried on (FNV-1a) over each file's name without its directory and its
+ * NUL: the file list in a stage's fingerprint, which a moved dataset still matches. */
+uint64_t source_files_hash_(uint64_t h, char *const *files, int64_t n);
 
 /* A buffered reader of one plain file that knows its byte offset. */
 typedef struct src_file {
@@ -212,20 +215,38 @@ static inline int src_file_getc_(src_file *r)
 /* Records r's sticky read error (LOOM_EIO, where = path); returns LOOM_EIO. */
 int  src_file_read_err_(const src_file *r, const char *path, loom_err *err);
 
-/* The state of a line-oriented file-list source (csv, text): epoch, file
- * index, and in the open file the byte offset and line of the next read
- * (both 0 when no file is open). */
-typedef struct src_pos {
-    int64_t  epoch, fi;
-    uint64_t offset;
-    int64_t  line;
-    bool     done;
-} src_pos;
-void src_pos_save_(loom_buf *b, const src_pos *p);
-/* Reads what src_pos_save_ wrote and checks it against n_files; an open file
- * (offset > 0) must be at line >= min_line. what ("csv", "text") names the
- * source in the LOOM_ECHECKPOINT message. */
-int  src_pos_restore_(loom_buf *b, const char *what, int64_t n_files, int64_t min_line, src_pos *p, loom_err *err);
+/* Where a line-oriented file-list source (csv, text) reads: its files in
+ * order, one epoch after another, the open one at a byte offset and line.
+ * The state it saves: epoch, file index, and in the open file the byte
+ * offset and line of the next read (both 0 when no file is open). Each
+ * source opens its files with its own src_cursor_open_fn (a csv file starts
+ * with a header to read), built on src_cursor_open_. */
+typedef struct src_cursor {
+    char   **files;   /* sorted, unique; owned */
+    int64_t  n_files;
+    src_file in;
+    bool     open;    /* in reads files[fi] */
+    int64_t  epoch, fi, line; /* line: of the next byte of in */
+    bool     done;    /* past the last file of the epoch */
+} src_cursor;
+/* Opens the source st's files[fi] so that the next read is at byte offset,
+ * on line `line` (0 and 1: its start); on failure no file is open. */
+typedef int (*src_cursor_open_fn)(dstage *st, uint64_t offset, int64_t line, loom_err *err);
+/* Opens files[fi] at offset and line, and does nothing else. */
+int  src_cursor_open_(src_cursor *c, uint64_t offset, int64_t line, loom_err *err);
+/* Makes c->in read the current file, opening it with open when none is
+ * open; LOOM_EEOF once every file of the epoch is read. */
+int  src_cursor_file_(src_cursor *c, dstage *st, src_cursor_open_fn open, loom_err *err);
+void src_cursor_next_file_(src_cursor *c); /* the current file is read: close it, go on to the next */
+void src_cursor_close_file_(src_cursor *c);
+void src_cursor_rewind_(src_cursor *c, int64_t epoch); /* to the first file of epoch */
+void src_cursor_save_(const src_cursor *c, loom_buf *b);
+/* Reads what src_cursor_save_ wrote, checks it against n_files (an open file
+ * must be at line >= min_line; what, "csv" or "text", names the source in the
+ * LOOM_ECHECKPOINT message), then moves there, reopening the file with open. */
+int  src_cursor_restore_(src_cursor *c, loom_buf *b, const char *what, int64_t min_line, dstage *st,
+                         src_cursor_open_fn open, loom_err *err);
+void src_cursor_fini_(src_cursor *c); /* closes the file, frees the list */
 
 /* ---- CSV records (source_csv.c; also driven by tests/fuzz/fuzz_csv.c) ------- */
 
@@ -355,5 +376,10 @@ int64_t dtuner_ram_budget_(const loom_data_options *o);
  * leading dimension: size when every batch is full (drop_remainder, an
  * infinite pass, or c divisible by size), else -1. */
 int64_t dbatch_card_(int64_t c, int64_t size, bool drop, int64_t *dim0);
+/* batch and padded_batch: gives feature f of st a leading batch dimension,
+ * dim0 in its spec and size in its maxshape, and allocates its output tensor
+ * at that maxshape; a feature already of rank LOOM_MAX_RANK is LOOM_ESHAPE,
+ * what ("batch") naming the stage. */
+int dbatch_feature_(dstage *st, int f, int64_t dim0, int64_t size, const char *what, loom_err *err);
 
 #endif

@@ -206,43 +206,32 @@ bool csv_parse_value_(const char *s, loom_dtype dt, void *out)
 
 typedef struct csv_source {
     dstage          s;
-    char          **files; /* sorted, unique; owned */
-    int64_t         n_files;
+    src_cursor      cur;
     char            delim;
     bool            header;
     int             nf;
     loom_csv_column col[LOOM_MAX_FEATURES];
     int             field[LOOM_MAX_FEATURES]; /* each column's field index in the open file */
     void           *buf[LOOM_MAX_FEATURES];   /* the lent element's data */
-    src_file        in;
     csv_record      rec;
-    bool            open;      /* in reads files[fi] */
     uint64_t        body;      /* offset of the first record after the header */
-    int64_t         epoch, fi, line; /* line: of the next byte of in */
-    bool            done;
 } csv_source;
 
 static const loom_dtype csv_dtypes[] = {[LOOM_CFG_U8] = LOOM_U8, [LOOM_CFG_I32] = LOOM_I32, [LOOM_CFG_I64] = LOOM_I64,
                                         [LOOM_CFG_F32] = LOOM_F32, [LOOM_CFG_F64] = LOOM_F64};
 
-static void close_file(csv_source *t)
-{
-    src_file_close_(&t->in);
-    t->open = false;
-}
-
 /* Opens files[fi], reads its header (resolving columns by name), then moves to
  * byte offset at `line` when offset is past the header (a restore). */
-static int open_file(csv_source *t, uint64_t offset, int64_t line, loom_err *err)
+static int open_file(dstage *st, uint64_t offset, int64_t line, loom_err *err)
 {
-    const char *path = t->files[t->fi];
-    int rc = src_file_open_(&t->in, path, 0, err);
+    csv_source *t = (csv_source *)st;
+    src_cursor *cur = &t->cur;
+    const char *path = cur->files[cur->fi];
+    int rc = src_cursor_open_(cur, 0, 1, err);
     if (rc) return rc;
-    t->open = true;
-    t->line = 1;
     for (int f = 0; f < t->nf; f++) t->field[f] = t->col[f].index;
     if (t->header) {
-        rc = csv_read_record_(&t->in, path, t->delim, &t->line, &t->rec, err);
+        rc = csv_read_record_(&cur->in, path, t->delim, &cur->line, &t->rec, err);
         if (rc == LOOM_EEOF) rc = LOOM_OK, t->rec.n = 0; /* an empty file: no records either */
         if (rc) goto fail;
         for (int f = 0; f < t->nf; f++) {
@@ -266,11 +255,10 @@ static int open_file(csv_source *t, uint64_t offset, int64_t line, loom_err *err
             goto fail;
         }
     }
-    t->body = t->in.offset;
+    t->body = cur->in.offset;
     if (offset > t->body) {
-        src_file_close_(&t->in);
-        if ((rc = src_file_open_(&t->in, path, offset, err))) goto fail;
-        t->line = line;
+        src_cursor_close_file_(cur);
+        if ((rc = src_cursor_open_(cur, offset, line, err))) goto fail;
     } else if (offset && offset < t->body) {
         rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "the iterator state is at byte %llu, inside the header (%llu bytes)",
                           (unsigned long long)offset, (unsigned long long)t->body);
@@ -278,7 +266,7 @@ static int open_file(csv_source *t, uint64_t offset, int64_t line, loom_err *err
     }
     return LOOM_OK;
 fail:
-    close_file(t);
+    src_cursor_close_file_(cur);
     return rc;
 }
 
@@ -287,7 +275,7 @@ static int field_err(const csv_source *t, int f, int idx, loom_err *err, const c
 static int field_err(const csv_source *t, int f, int idx, loom_err *err, const char *fmt, ...)
 {
     char where[LOOM_PATH_MAX + 48], msg[400];
-    snprintf(where, sizeof where, "%s:%lld:%d", t->files[t->fi], (long long)t->rec.line, idx + 1);
+    snprintf(where, sizeof where, "%s:%lld:%d", t->cur.files[t->cur.fi], (long long)t->rec.line, idx + 1);
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
@@ -298,18 +286,13 @@ static int field_err(const csv_source *t, int f, int idx, loom_err *err, const c
 static int csv_next(dstage *st, loom_elem **out, loom_err *err)
 {
     csv_source *t = (csv_source *)st;
+    src_cursor *cur = &t->cur;
     for (;;) {
-        if (t->done) return LOOM_EEOF;
-        if (t->fi >= t->n_files) {
-            t->done = true;
-            return LOOM_EEOF;
-        }
-        int rc;
-        if (!t->open && (rc = open_file(t, 0, 1, err))) return rc;
-        rc = csv_read_record_(&t->in, t->files[t->fi], t->delim, &t->line, &t->rec, err);
+        int rc = src_cursor_file_(cur, st, open_file, err);
+        if (rc) return rc;
+        rc = csv_read_record_(&cur->in, cur->files[cur->fi], t->delim, &cur->line, &t->rec, err);
         if (rc == LOOM_EEOF) {
-            close_file(t);
-            t->fi++;
+            src_cursor_next_file_(cur);
             continue;
         }
         if (rc) return rc;
@@ -347,49 +330,23 @@ static int csv_next(dstage *st, loom_elem **out, loom_err *err)
 static int csv_rewind(dstage *st, int64_t epoch, loom_err *err)
 {
     (void)err;
-    csv_source *t = (csv_source *)st;
-    close_file(t);
-    t->epoch = epoch;
-    t->fi = 0;
-    t->done = false;
+    src_cursor_rewind_(&((csv_source *)st)->cur, epoch);
     return LOOM_OK;
 }
 
-/* State: epoch, file position, and in the open file the byte offset and line
- * of the next record (0 when no file is open). */
-static void csv_save(dstage *st, loom_buf *b)
-{
-    csv_source *t = (csv_source *)st;
-    src_pos p = {t->epoch, t->fi, t->open ? t->in.offset : 0, t->open ? t->line : 0, t->done};
-    src_pos_save_(b, &p);
-}
+/* State: the cursor's (the open file's byte offset and line are of the next record). */
+static void csv_save(dstage *st, loom_buf *b) { src_cursor_save_(&((csv_source *)st)->cur, b); }
 
 static int csv_restore(dstage *st, loom_buf *b, loom_err *err)
 {
-    csv_source *t = (csv_source *)st;
-    src_pos p;
-    int rc = src_pos_restore_(b, "csv", t->n_files, 1, &p, err);
-    if (rc) return rc;
-    close_file(t);
-    t->epoch = p.epoch;
-    t->fi = p.fi;
-    t->done = p.done;
-    if (p.offset) {
-        rc = open_file(t, p.offset, p.line, err);
-        if (rc) {
-            loom_err_hint(err, "restart the input from the beginning of an epoch, or restore the original files");
-            return rc;
-        }
-    }
-    return LOOM_OK;
+    return src_cursor_restore_(&((csv_source *)st)->cur, b, "csv", 1, st, open_file, err);
 }
 
 static void csv_close(dstage *st)
 {
     csv_source *t = (csv_source *)st;
-    src_file_close_(&t->in);
+    src_cursor_fini_(&t->cur);
     csv_record_fini_(&t->rec);
-    source_files_free_(t->files, t->n_files);
     for (int f = 0; f < LOOM_MAX_FEATURES; f++) loom_free(t->buf[f]);
     loom_free(t);
 }
@@ -456,18 +413,14 @@ int csv_source_open_(dstage **out, const loom_source_spec *src, loom_err *err)
         h = fnv(h, fields, sizeof fields);
         h = fnv(h, &c->default_value, sizeof c->default_value);
     }
-    if ((rc = source_files_expand_(st, src, "csv", &t->files, &t->n_files, err))) goto fail;
-    for (int64_t i = 0; i < t->n_files; i++) {
-        const char *base = strrchr(t->files[i], '/');
-        base = base ? base + 1 : t->files[i];
-        h = fnv(h, base, strlen(base) + 1);
-    }
+    if ((rc = source_files_expand_(st, src, "csv", &t->cur.files, &t->cur.n_files, err))) goto fail;
+    h = source_files_hash_(h, t->cur.files, t->cur.n_files);
     st->card = -2;
-    snprintf(st->desc, sizeof st->desc, "csv(%lld files,delim 0x%02x,%s,%016llx)", (long long)t->n_files,
+    snprintf(st->desc, sizeof st->desc, "csv(%lld files,delim 0x%02x,%s,%016llx)", (long long)t->cur.n_files,
              (unsigned char)t->delim, t->header ? "header" : "no header", (unsigned long long)h);
     /* the first file's header, so that a column missing from it fails at open (and in `loom check`) */
-    if ((rc = open_file(t, 0, 1, err))) goto fail;
-    close_file(t);
+    if ((rc = open_file(st, 0, 1, err))) goto fail;
+    src_cursor_close_file_(&t->cur);
     *out = st;
     return LOOM_OK;
 fail:

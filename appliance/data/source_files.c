@@ -2,7 +2,8 @@
  * expanding the spec's glob patterns into a sorted, duplicate-free file list
  * (tf.data.Dataset.list_files with shuffle=False), and a buffered reader of
  * one plain file that tracks its byte offset, so a stage can save "file,
- * offset" and reopen there; the saved position of the csv and text sources.
+ * offset" and reopen there; the cursor (files, position, saved state) of
+ * the csv and text sources.
  * Threads: none of its own; a reader belongs to one stage. */
 #include "data_internal.h"
 
@@ -78,6 +79,16 @@ int source_files_expand_(const dstage *st, const loom_source_spec *src, const ch
     return dinput_keep_files_(st, src, *files, n, err);
 }
 
+uint64_t source_files_hash_(uint64_t h, char *const *files, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const char *base = strrchr(files[i], '/');
+        base = base ? base + 1 : files[i];
+        for (size_t k = 0, len = strlen(base) + 1; k < len; k++) h = (h ^ (uint8_t)base[k]) * 0x100000001b3ull;
+    }
+    return h;
+}
+
 /* ---- buffered reader ------------------------------------------------------- */
 
 int src_file_open_(src_file *r, const char *path, uint64_t offset, loom_err *err)
@@ -124,29 +135,83 @@ int src_file_read_err_(const src_file *r, const char *path, loom_err *err)
                         strerror(r->error));
 }
 
-void src_pos_save_(loom_buf *b, const src_pos *p)
+/* ---- the cursor of the line sources --------------------------------------- */
+
+int src_cursor_open_(src_cursor *c, uint64_t offset, int64_t line, loom_err *err)
 {
-    loom_buf_put_i64(b, p->epoch);
-    loom_buf_put_i64(b, p->fi);
-    loom_buf_put_u64(b, p->offset);
-    loom_buf_put_i64(b, p->line);
-    loom_buf_put_u32(b, p->done);
+    int rc = src_file_open_(&c->in, c->files[c->fi], offset, err);
+    if (rc) return rc;
+    c->open = true;
+    c->line = line;
+    return LOOM_OK;
 }
 
-int src_pos_restore_(loom_buf *b, const char *what, int64_t n_files, int64_t min_line, src_pos *p, loom_err *err)
+int src_cursor_file_(src_cursor *c, dstage *st, src_cursor_open_fn open, loom_err *err)
+{
+    if (c->done) return LOOM_EEOF;
+    if (c->fi >= c->n_files) {
+        c->done = true;
+        return LOOM_EEOF;
+    }
+    return c->open ? LOOM_OK : open(st, 0, 1, err);
+}
+
+void src_cursor_next_file_(src_cursor *c)
+{
+    src_cursor_close_file_(c);
+    c->fi++;
+}
+
+void src_cursor_close_file_(src_cursor *c)
+{
+    src_file_close_(&c->in);
+    c->open = false;
+}
+
+void src_cursor_rewind_(src_cursor *c, int64_t epoch)
+{
+    src_cursor_close_file_(c);
+    c->epoch = epoch;
+    c->fi = 0;
+    c->done = false;
+}
+
+void src_cursor_save_(const src_cursor *c, loom_buf *b)
+{
+    loom_buf_put_i64(b, c->epoch);
+    loom_buf_put_i64(b, c->fi);
+    loom_buf_put_u64(b, c->open ? c->in.offset : 0);
+    loom_buf_put_i64(b, c->open ? c->line : 0);
+    loom_buf_put_u32(b, c->done);
+}
+
+int src_cursor_restore_(src_cursor *c, loom_buf *b, const char *what, int64_t min_line, dstage *st,
+                        src_cursor_open_fn open, loom_err *err)
 {
     int64_t epoch = loom_buf_get_i64(b), fi = loom_buf_get_i64(b);
     uint64_t offset = loom_buf_get_u64(b);
     int64_t line = loom_buf_get_i64(b);
     uint32_t done = loom_buf_get_u32(b);
-    if (b->failed || epoch < 0 || fi < 0 || fi > n_files || line < 0 || done > 1 || (fi == n_files && offset) ||
+    if (b->failed || epoch < 0 || fi < 0 || fi > c->n_files || line < 0 || done > 1 || (fi == c->n_files && offset) ||
         (offset && line < min_line))
         return loom_err_set(err, LOOM_ECHECKPOINT, NULL,
                             "iterator state is corrupt: %s position (file %lld, byte %llu, line %lld) out of range "
                             "(%lld files)",
-                            what, (long long)fi, (unsigned long long)offset, (long long)line, (long long)n_files);
-    *p = (src_pos){.epoch = epoch, .fi = fi, .offset = offset, .line = line, .done = done};
-    return LOOM_OK;
+                            what, (long long)fi, (unsigned long long)offset, (long long)line, (long long)c->n_files);
+    src_cursor_close_file_(c);
+    c->epoch = epoch;
+    c->fi = fi;
+    c->done = done;
+    if (!offset) return LOOM_OK;
+    int rc = open(st, offset, line, err);
+    if (rc) loom_err_hint(err, "restart the input from the beginning of an epoch, or restore the original files");
+    return rc;
+}
+
+void src_cursor_fini_(src_cursor *c)
+{
+    src_file_close_(&c->in);
+    source_files_free_(c->files, c->n_files);
 }
 
 /* FILE sharding (distribute_input.c plans it): keeps every file_shards-th file,

@@ -103,13 +103,6 @@ const char *list_files_first_(const dstage *s)
     return t->n_files ? t->files[0] : NULL;
 }
 
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
-{
-    const uint8_t *b = p;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
-}
-
 int list_files_source_open_(dstage **out, const loom_source_spec *src, loom_err *err)
 {
     *out = NULL;
@@ -127,8 +120,6 @@ int list_files_source_open_(dstage **out, const loom_source_spec *src, loom_err 
         goto fail;
     }
     if ((rc = source_files_expand_(st, src, "list_files", &t->files, &t->n_files, err))) goto fail;
-    /* the fingerprint: file names without their directories, so a moved dataset still resumes */
-    uint64_t h = 0xcbf29ce484222325ull;
     for (int64_t i = 0; i < t->n_files; i++) {
         if (strlen(t->files[i]) >= LOOM_PATH_MAX) {
             rc = dstage_err_(st, err, LOOM_ECONFIG, "file name %.200s... is longer than %d bytes", t->files[i],
@@ -136,10 +127,8 @@ int list_files_source_open_(dstage **out, const loom_source_spec *src, loom_err 
             loom_err_hint(err, "move the files to a directory with a shorter path");
             goto fail;
         }
-        const char *base = strrchr(t->files[i], '/');
-        base = base ? base + 1 : t->files[i];
-        h = fnv(h, base, strlen(base) + 1);
     }
+    uint64_t h = source_files_hash_(0xcbf29ce484222325ull, t->files, t->n_files);
     t->order = loom_calloc((size_t)t->n_files, sizeof *t->order);
     t->name = loom_alloc_aligned(LOOM_PATH_MAX);
     t->length = loom_alloc_aligned(sizeof *t->length);

@@ -13,68 +13,48 @@
 #include <string.h>
 
 typedef struct text_source {
-    dstage   s;
-    char   **files; /* sorted, unique; owned */
-    int64_t  n_files;
-    int64_t  max_length;
-    bool     truncate;
-    uint8_t *line;   /* (max_length + 1): the lent "line" */
-    int64_t *length; /* the lent "length" */
-    src_file in;
-    bool     open;
-    int64_t  epoch, fi, lineno; /* lineno: of the next line of in */
-    bool     done;
+    dstage     s;
+    src_cursor cur;
+    int64_t    max_length;
+    bool       truncate;
+    uint8_t   *line;   /* (max_length + 1): the lent "line" */
+    int64_t   *length; /* the lent "length" */
 } text_source;
 
-static void close_file(text_source *t)
+static int open_file(dstage *st, uint64_t offset, int64_t line, loom_err *err)
 {
-    src_file_close_(&t->in);
-    t->open = false;
-}
-
-static int open_file(text_source *t, uint64_t offset, int64_t lineno, loom_err *err)
-{
-    int rc = src_file_open_(&t->in, t->files[t->fi], offset, err);
-    if (rc) return rc;
-    t->open = true;
-    t->lineno = lineno;
-    return LOOM_OK;
+    return src_cursor_open_(&((text_source *)st)->cur, offset, line, err);
 }
 
 static int text_next(dstage *st, loom_elem **out, loom_err *err)
 {
     text_source *t = (text_source *)st;
+    src_cursor *cur = &t->cur;
     for (;;) {
-        if (t->done) return LOOM_EEOF;
-        if (t->fi >= t->n_files) {
-            t->done = true;
-            return LOOM_EEOF;
-        }
-        int rc;
-        if (!t->open && (rc = open_file(t, 0, 1, err))) return rc;
-        int c = src_file_getc_(&t->in);
+        int rc = src_cursor_file_(cur, st, open_file, err);
+        if (rc) return rc;
+        int c = src_file_getc_(&cur->in);
         if (c < 0) {
-            if (t->in.error)
-                return src_file_read_err_(&t->in, t->files[t->fi], err);
-            close_file(t);
-            t->fi++;
+            if (cur->in.error)
+                return src_file_read_err_(&cur->in, cur->files[cur->fi], err);
+            src_cursor_next_file_(cur);
             continue;
         }
         int64_t n = 0, cap = t->max_length + 1; /* one more byte: room for a '\r' to drop */
         int last = -1;
-        for (; c >= 0 && c != '\n'; c = src_file_getc_(&t->in)) {
+        for (; c >= 0 && c != '\n'; c = src_file_getc_(&cur->in)) {
             if (n < cap) t->line[n] = (uint8_t)c;
             n++;
             last = c;
         }
-        if (c < 0 && t->in.error)
-            return src_file_read_err_(&t->in, t->files[t->fi], err);
-        int64_t at = t->lineno++;
+        if (c < 0 && cur->in.error)
+            return src_file_read_err_(&cur->in, cur->files[cur->fi], err);
+        int64_t at = cur->line++;
         if (last == '\r') n--; /* CRLF */
         if (n > t->max_length) {
             if (!t->truncate) {
                 char where[LOOM_PATH_MAX + 32];
-                snprintf(where, sizeof where, "%s:%lld", t->files[t->fi], (long long)at);
+                snprintf(where, sizeof where, "%s:%lld", cur->files[cur->fi], (long long)at);
                 loom_err_set(err, LOOM_EDATA, where, "line of %lld bytes is longer than max_length = %lld",
                              (long long)n, (long long)t->max_length);
                 return loom_err_hint(err, "raise max_length (at %s) or set truncate = true", st->where);
@@ -91,46 +71,22 @@ static int text_next(dstage *st, loom_elem **out, loom_err *err)
 static int text_rewind(dstage *st, int64_t epoch, loom_err *err)
 {
     (void)err;
-    text_source *t = (text_source *)st;
-    close_file(t);
-    t->epoch = epoch;
-    t->fi = 0;
-    t->done = false;
+    src_cursor_rewind_(&((text_source *)st)->cur, epoch);
     return LOOM_OK;
 }
 
-static void text_save(dstage *st, loom_buf *b)
-{
-    text_source *t = (text_source *)st;
-    src_pos p = {t->epoch, t->fi, t->open ? t->in.offset : 0, t->open ? t->lineno : 0, t->done};
-    src_pos_save_(b, &p);
-}
+static void text_save(dstage *st, loom_buf *b) { src_cursor_save_(&((text_source *)st)->cur, b); }
 
+/* A saved open file is past its first line (min_line 2): a line is read whole. */
 static int text_restore(dstage *st, loom_buf *b, loom_err *err)
 {
-    text_source *t = (text_source *)st;
-    src_pos p;
-    int rc = src_pos_restore_(b, "text", t->n_files, 2, &p, err);
-    if (rc) return rc;
-    close_file(t);
-    t->epoch = p.epoch;
-    t->fi = p.fi;
-    t->done = p.done;
-    if (p.offset) {
-        rc = open_file(t, p.offset, p.line, err);
-        if (rc) {
-            loom_err_hint(err, "restart the input from the beginning of an epoch, or restore the original files");
-            return rc;
-        }
-    }
-    return LOOM_OK;
+    return src_cursor_restore_(&((text_source *)st)->cur, b, "text", 2, st, open_file, err);
 }
 
 static void text_close(dstage *st)
 {
     text_source *t = (text_source *)st;
-    src_file_close_(&t->in);
-    source_files_free_(t->files, t->n_files);
+    src_cursor_fini_(&t->cur);
     loom_free(t->line);
     loom_free(t->length);
     loom_free(t);
@@ -176,16 +132,10 @@ int text_source_open_(dstage **out, const loom_source_spec *src, loom_err *err)
     }
     st->out.t[0] = (loom_tensor){.dtype = LOOM_U8, .shape = st->spec.shape[0], .data = t->line};
     st->out.t[1] = (loom_tensor){.dtype = LOOM_I64, .shape = st->spec.shape[1], .data = t->length};
-    if ((rc = source_files_expand_(st, src, "text", &t->files, &t->n_files, err))) goto fail;
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (int64_t i = 0; i < t->n_files; i++) {
-        const char *base = strrchr(t->files[i], '/');
-        base = base ? base + 1 : t->files[i];
-        for (const char *p = base; *p; p++) h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
-        h = (h ^ 0) * 0x100000001b3ull;
-    }
+    if ((rc = source_files_expand_(st, src, "text", &t->cur.files, &t->cur.n_files, err))) goto fail;
+    uint64_t h = source_files_hash_(0xcbf29ce484222325ull, t->cur.files, t->cur.n_files);
     st->card = -2;
-    snprintf(st->desc, sizeof st->desc, "text(%lld files,max_length %lld,%s,%016llx)", (long long)t->n_files,
+    snprintf(st->desc, sizeof st->desc, "text(%lld files,max_length %lld,%s,%016llx)", (long long)t->cur.n_files,
              (long long)t->max_length, t->truncate ? "truncate" : "error", (unsigned long long)h);
     *out = st;
     return LOOM_OK;

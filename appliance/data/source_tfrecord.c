@@ -383,11 +383,7 @@ int tfrecord_source_open_(dstage **out, const loom_source_spec *src, const loom_
         h = fnv(h, &fill, sizeof fill);
     }
     if ((rc = expand_files(t, src, err))) goto fail;
-    for (int64_t i = 0; i < t->n_files; i++) {
-        const char *base = strrchr(t->files[i], '/');
-        base = base ? base + 1 : t->files[i];
-        h = fnv(h, base, strlen(base) + 1);
-    }
+    h = source_files_hash_(h, t->files, t->n_files);
     int64_t opts[4] = {t->comp, t->on_corrupt, t->shuffle_files, t->shuffle_files ? (int64_t)t->seed : 0};
     h = fnv(h, opts, sizeof opts);
     make_order(t, 0);

@@ -935,20 +935,7 @@ int batch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, 
     st->batch_dims = in->batch_dims + 1;
     st->out.n = st->spec.n;
     for (int f = 0; f < st->spec.n; f++) {
-        loom_shape *sh = &st->spec.shape[f], *mx = &st->maxshape[f];
-        if (sh->rank >= LOOM_MAX_RANK) {
-            rc = dstage_err_(st, err, LOOM_ESHAPE, "batch: feature \"%s\" already has rank %d", st->spec.name[f], sh->rank);
-            goto fail;
-        }
-        memmove(sh->dim + 1, sh->dim, (size_t)sh->rank * sizeof sh->dim[0]);
-        memmove(mx->dim + 1, mx->dim, (size_t)mx->rank * sizeof mx->dim[0]);
-        sh->rank++;
-        mx->rank++;
-        sh->dim[0] = d0;
-        mx->dim[0] = s->size;
-        rc = loom_tensor_init(&st->out.t[f], st->spec.dtype[f], mx, err);
-        if (rc) goto fail;
-        st->mut[f] = 1;
+        if ((rc = dbatch_feature_(st, f, d0, s->size, "batch", err))) goto fail;
         __atomic_fetch_add(&st->st_bytes, (int64_t)loom_tensor_nbytes(&st->out.t[f]), __ATOMIC_RELAXED);
     }
     *out = st;
@@ -1137,4 +1124,20 @@ int64_t dbatch_card_(int64_t c, int64_t size, bool drop, int64_t *dim0)
     /* a short last batch is possible unless dropped, or the pass is infinite, or it divides evenly */
     *dim0 = drop || c == -1 || (c >= 0 && c % size == 0) ? size : -1;
     return c < 0 ? c : drop ? c / size : (c + size - 1) / size;
+}
+
+int dbatch_feature_(dstage *st, int f, int64_t dim0, int64_t size, const char *what, loom_err *err)
+{
+    loom_shape *sh = &st->spec.shape[f], *mx = &st->maxshape[f];
+    if (sh->rank >= LOOM_MAX_RANK)
+        return dstage_err_(st, err, LOOM_ESHAPE, "%s: feature \"%s\" already has rank %d", what, st->spec.name[f],
+                           sh->rank);
+    memmove(sh->dim + 1, sh->dim, (size_t)sh->rank * sizeof sh->dim[0]);
+    memmove(mx->dim + 1, mx->dim, (size_t)mx->rank * sizeof mx->dim[0]);
+    sh->rank++;
+    mx->rank++;
+    sh->dim[0] = dim0;
+    mx->dim[0] = size;
+    st->mut[f] = 1; /* refilled by every batch */
+    return loom_tensor_init(&st->out.t[f], st->spec.dtype[f], mx, err);
 }

@@ -657,10 +657,6 @@ int padded_batch_open_(dstage **out, dstage *in, int id, const loom_transform_sp
     st->out.n = st->spec.n;
     for (int f = 0; f < st->spec.n; f++) {
         loom_shape *sh = &st->spec.shape[f], *mx = &st->maxshape[f];
-        if (sh->rank >= LOOM_MAX_RANK) {
-            rc = dstage_err_(st, err, LOOM_ESHAPE, "padded_batch: feature \"%s\" already has rank %d", st->spec.name[f], sh->rank);
-            goto fail;
-        }
         for (int d = 0; d < sh->rank; d++) {
             if (s->fixed[f][d] > 0) {
                 sh->dim[d] = mx->dim[d] = s->fixed[f][d];
@@ -668,15 +664,7 @@ int padded_batch_open_(dstage **out, dstage *in, int id, const loom_transform_sp
             if (k < sizeof st->desc) k += (size_t)snprintf(st->desc + k, sizeof st->desc - k, "%s%lld", d ? "x" : ",", (long long)s->fixed[f][d]);
         }
         if (k < sizeof st->desc) k += (size_t)snprintf(st->desc + k, sizeof st->desc - k, ":%g", s->pad[f]);
-        memmove(sh->dim + 1, sh->dim, (size_t)sh->rank * sizeof sh->dim[0]);
-        memmove(mx->dim + 1, mx->dim, (size_t)mx->rank * sizeof mx->dim[0]);
-        sh->rank++;
-        mx->rank++;
-        sh->dim[0] = d0;
-        mx->dim[0] = s->size;
-        rc = loom_tensor_init(&st->out.t[f], st->spec.dtype[f], mx, err);
-        if (rc) goto fail;
-        st->mut[f] = 1;
+        if ((rc = dbatch_feature_(st, f, d0, s->size, "padded_batch", err))) goto fail;
     }
     if (k < sizeof st->desc) snprintf(st->desc + k, sizeof st->desc - k, ")");
     *out = st;

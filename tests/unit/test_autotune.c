@@ -50,14 +50,7 @@ static loom_dataset_spec *spec_base(void)
 
 static loom_map_spec *add_map(loom_dataset_spec *s, loom_map_kind k, const char *feature, int par)
 {
-    loom_transform_spec *t = spec_add(s, LOOM_T_MAP);
-    t->map.kind = k;
-    snprintf(t->map.feature, sizeof t->map.feature, "%s", feature);
-    t->map.scale = 1.0;
-    t->map.std = 1.0;
-    t->parallel = par;
-    t->deterministic = true;
-    return &t->map;
+    return spec_map(s, k, feature, par, true);
 }
 
 /* Options with every rewrite set to on, autotuning on. */
@@ -82,14 +75,7 @@ static loom_data_options without(int k)
 
 static const loom_data_ctx ctx4 = {.seed = 42, .threads = 4, .name = "train"};
 
-static loom_iter *open_ok(const loom_dataset_spec *s)
-{
-    loom_iter *it = NULL;
-    loom_err err = {0};
-    int rc = loom_data_open(&it, s, &ctx4, &err);
-    CHECK_MSG(rc == LOOM_OK, "open: %s: %s", err.where, err.msg);
-    return rc == LOOM_OK ? it : NULL;
-}
+static loom_iter *open_ok(const loom_dataset_spec *s) { return iter_open_ok(s, &ctx4); }
 
 #define MAXH 8192
 
@@ -401,12 +387,7 @@ static void test_paper_example(void)
               (long long)pr, (long long)pp);
 }
 
-static void test_cleanup(void)
-{
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    if (tmpdir[0] && system(cmd) != 0) printf("# cleanup failed\n");
-}
+static void test_cleanup(void) { tmpdir_remove(); }
 
 static const loom_test tests[] = {
     {"rewrites_identical", test_rewrites_identical},

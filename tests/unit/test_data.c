@@ -101,14 +101,10 @@ static loom_dataset_spec *spec_small(int gz)
     return s;
 }
 
+/* A sequential map (parallel and deterministic unset). */
 static loom_map_spec *add_map(loom_dataset_spec *s, loom_map_kind k, const char *feature)
 {
-    loom_transform_spec *t = spec_add(s, LOOM_T_MAP);
-    t->map.kind = k;
-    snprintf(t->map.feature, sizeof t->map.feature, "%s", feature);
-    t->map.scale = 1.0;
-    t->map.std = 1.0;
-    return &t->map;
+    return spec_map(s, k, feature, 0, false);
 }
 
 static void add_shuffle(loom_dataset_spec *s, int64_t buffer, uint64_t seed, bool reshuffle)
@@ -129,14 +125,7 @@ static void add_batch(loom_dataset_spec *s, int64_t size, bool drop)
 
 static const loom_data_ctx ctx2 = {.seed = 42, .threads = 2, .name = "train"};
 
-static loom_iter *open_ok(const loom_dataset_spec *s)
-{
-    loom_iter *it = NULL;
-    loom_err err = {0};
-    int rc = loom_data_open(&it, s, &ctx2, &err);
-    CHECK_MSG(rc == LOOM_OK, "open: %s: %s (hint: %s)", err.where, err.msg, err.hint);
-    return rc == LOOM_OK ? it : NULL;
-}
+static loom_iter *open_ok(const loom_dataset_spec *s) { return iter_open_ok(s, &ctx2); }
 
 static int open_fail(const loom_dataset_spec *s, loom_err *err)
 {

@@ -969,6 +969,35 @@ static void test_threads(void)
  * shapes, for 1 to 4 parts and odd batches, every part count gives the
  * float64 reference x^T dz within 1e-5, the 1-thread gradients within 1e-5,
  * and the same bits run to run. */
+/* Worst error of every dense layer's dW and db against a float64 sum of the step's own inputs
+ * and dz, relative to the sum of the terms' magnitudes (the rounding any order may incur). */
+static double dense_grad_error(const fixture *f, const float *grads, int64_t B)
+{
+    double worst = 0;
+    for (int li = 0; li < f->m->n_layers; li++) {
+        const nn_layer_ *l = &f->m->layer[li];
+        const float *x = li ? f->m->layer[li - 1].y : f->x.data, *dz = l->dz;
+        for (int64_t r = 0; r < l->n_in; r++)
+            for (int64_t c = 0; c < l->n_out; c++) {
+                double s = 0, a = 0;
+                for (int64_t b = 0; b < B; b++) {
+                    s += (double)x[b * l->n_in + r] * dz[b * l->n_out + c];
+                    a += fabs((double)x[b * l->n_in + r] * dz[b * l->n_out + c]);
+                }
+                worst = fmax(worst, fabs(grads[l->kernel_off + r * l->n_out + c] - s) / (a + 1e-30));
+            }
+        for (int64_t c = 0; c < l->n_out; c++) {
+            double s = 0, a = 0;
+            for (int64_t b = 0; b < B; b++) {
+                s += dz[b * l->n_out + c];
+                a += fabs(dz[b * l->n_out + c]);
+            }
+            worst = fmax(worst, fabs(grads[l->bias_off + c] - s) / (a + 1e-30));
+        }
+    }
+    return worst;
+}
+
 static void test_dense_split(void)
 {
     loom_layer_spec mlp[] = {L_dense(256, LOOM_ACT_RELU), L_dense(128, LOOM_ACT_TANH), L_dense(10, LOOM_ACT_NONE)};
@@ -983,36 +1012,16 @@ static void test_dense_split(void)
         int64_t B = batches[bi];
         step_out one;
         run_threads(&f, 1, B, 5, &one);
-        /* float64 reference of every dense layer's dW and db from the step's dz and inputs */
-        for (int li = 0; li < 3; li++) {
-            const nn_layer_ *l = &f.m->layer[li];
-            const float *x = li ? f.m->layer[li - 1].y : f.x.data, *dz = l->dz;
-            double worst = 0;
-            for (int64_t r = 0; r < l->n_in; r++)
-                for (int64_t c = 0; c < l->n_out; c++) {
-                    double s = 0, a = 0;
-                    for (int64_t b = 0; b < B; b++) {
-                        s += (double)x[b * l->n_in + r] * dz[b * l->n_out + c];
-                        a += fabs((double)x[b * l->n_in + r] * dz[b * l->n_out + c]);
-                    }
-                    double e = fabs(one.grads[l->kernel_off + r * l->n_out + c] - s) / (a + 1e-30);
-                    worst = e > worst ? e : worst;
-                }
-            for (int64_t c = 0; c < l->n_out; c++) {
-                double s = 0, a = 0;
-                for (int64_t b = 0; b < B; b++) {
-                    s += dz[b * l->n_out + c];
-                    a += fabs(dz[b * l->n_out + c]);
-                }
-                double e = fabs(one.grads[l->bias_off + c] - s) / (a + 1e-30);
-                worst = e > worst ? e : worst;
-            }
-            CHECK_MSG(worst < 1e-5, "B=%lld layer %d: dW/db vs float64 reference: %.3g", (long long)B, li, worst);
-        }
+        double e1 = dense_grad_error(&f, one.grads, B);
+        CHECK_MSG(e1 < 1e-5, "B=%lld 1 thread: dW/db vs float64 reference: %.3g", (long long)B, e1);
         for (int t = 2; t <= 4; t++) {
             step_out o, again;
             run_threads(&f, t, B, 5, &o);
-            CHECK_MSG(close_vec("grads", one.grads, o.grads, P), "B=%lld threads %d: gradients differ", (long long)B, t);
+            /* Split across threads the batch sums run in another order; where terms cancel the
+             * difference from one thread is large relative to the result but not to the terms,
+             * so each split is held to the float64 reference, as one thread is. */
+            double et = dense_grad_error(&f, o.grads, B);
+            CHECK_MSG(et < 1e-5, "B=%lld threads %d: dW/db vs float64 reference: %.3g", (long long)B, t, et);
             CHECK(o.loss == one.loss || fabs(o.loss - one.loss) <= 1e-6 * fabs(one.loss));
             run_threads(&f, t, B, 5, &again);
             CHECK_MSG(!memcmp(again.grads, o.grads, (size_t)P * sizeof(float)), "B=%lld threads %d: two runs differ",
@@ -1026,15 +1035,22 @@ static void test_dense_split(void)
     loom_blas_set_threads(1);
 }
 
-/* The optimizers' update split over a pool equals the single-threaded one, bit for bit. */
-static void test_optimizer_pool(void)
+enum { UPDATE_N = 100003, RANGE_CUT = 70001 }; /* parameters; odd cut: ranges not on cache lines */
+
+/* Checks that another way to update (way, through optimizer b on p2) equals
+ * loom_optimizer_apply (a on p1) for each optimizer, params and slots, bit
+ * for bit, over 3 steps: g from seed, the parameters from seed + 1. way runs
+ * after a has done step t, so it may compare p2 with p1. */
+typedef void (*update_way)(loom_optimizer *b, loom_pool *pool, float *p2, const float *g, int t, const float *p1,
+                           loom_opt_kind kind);
+static void check_update_way(update_way way, int threads, uint64_t seed, const char *what)
 {
-    const int64_t n = 100003;
+    const int64_t n = UPDATE_N;
     loom_pool *pool = NULL;
-    CHECK(loom_pool_new(&pool, 3, &err) == LOOM_OK);
+    CHECK(loom_pool_new(&pool, threads, &err) == LOOM_OK);
     float *g = malloc((size_t)n * sizeof *g), *p1 = malloc((size_t)n * sizeof *p1), *p2 = malloc((size_t)n * sizeof *p2);
     loom_rng r;
-    loom_rng_init(&r, 4, 0, 0, 0);
+    loom_rng_init(&r, seed, 0, 0, 0);
     fill_normal(g, n, &r, 1.f);
     loom_opt_kind kinds[] = {LOOM_OPT_SGD, LOOM_OPT_MOMENTUM, LOOM_OPT_ADAM};
     for (int k = 0; k < 3; k++) {
@@ -1043,15 +1059,14 @@ static void test_optimizer_pool(void)
         CHECK(loom_optimizer_new(&a, &s, n, &err) == LOOM_OK);
         CHECK(loom_optimizer_new(&b, &s, n, &err) == LOOM_OK);
         if (!a || !b) break;
-        loom_optimizer_set_pool(b, pool);
-        loom_rng_init(&r, 5, 0, 0, 0);
+        loom_rng_init(&r, seed + 1, 0, 0, 0);
         fill_normal(p1, n, &r, 1.f);
         memcpy(p2, p1, (size_t)n * sizeof *p1);
         for (int t = 0; t < 3; t++) {
             loom_optimizer_apply(a, p1, g, t);
-            loom_optimizer_apply(b, p2, g, t);
+            way(b, pool, p2, g, t, p1, kinds[k]);
         }
-        CHECK_MSG(!memcmp(p1, p2, (size_t)n * sizeof *p1), "optimizer %d: pool changes the update", k);
+        CHECK_MSG(!memcmp(p1, p2, (size_t)n * sizeof *p1), "optimizer %d: %s change the update", k, what);
         int ns = loom_optimizer_num_slots(a);
         CHECK(!ns || !memcmp(loom_optimizer_slots(a), loom_optimizer_slots(b), (size_t)(ns * n) * sizeof(float)));
         loom_optimizer_free(a);
@@ -1063,48 +1078,33 @@ static void test_optimizer_pool(void)
     loom_pool_free(pool);
 }
 
+static void update_pooled(loom_optimizer *b, loom_pool *pool, float *p2, const float *g, int t, const float *p1,
+                          loom_opt_kind kind)
+{
+    (void)p1, (void)kind;
+    loom_optimizer_set_pool(b, pool);
+    loom_optimizer_apply(b, p2, g, t);
+}
+
+/* The optimizers' update split over a pool equals the single-threaded one, bit for bit. */
+static void test_optimizer_pool(void) { check_update_way(update_pooled, 3, 4, "a pool does"); }
+
+static void update_ranges(loom_optimizer *b, loom_pool *pool, float *p2, const float *g, int t, const float *p1,
+                          loom_opt_kind kind)
+{
+    const int64_t n = UPDATE_N, cut = RANGE_CUT;
+    loom_optimizer_apply_range(b, NULL, p2, g, t, cut, n);
+    loom_optimizer_apply_range(b, pool, p2, g, t, 5, 5);
+    if (t == 0) /* half done: the rest is untouched */
+        CHECK_MSG(p2[cut - 1] != p1[cut - 1] && (kind == LOOM_OPT_SGD || loom_optimizer_slots(b)[0] == 0),
+                  "optimizer %d: a range changed parameters outside it", (int)kind);
+    loom_optimizer_apply_range(b, pool, p2, g, t, 0, cut);
+}
+
 /* Updates applied range by range (a partition of the parameters, in any
  * order, with or without a pool) equal the whole update, params and slots,
  * bit for bit, and leave everything outside the range alone. */
-static void test_optimizer_ranges(void)
-{
-    const int64_t n = 100003, cut = 70001; /* odd cut: ranges not on cache lines */
-    loom_pool *pool = NULL;
-    CHECK(loom_pool_new(&pool, 2, &err) == LOOM_OK);
-    float *g = malloc((size_t)n * sizeof *g), *p1 = malloc((size_t)n * sizeof *p1), *p2 = malloc((size_t)n * sizeof *p2);
-    loom_rng r;
-    loom_rng_init(&r, 6, 0, 0, 0);
-    fill_normal(g, n, &r, 1.f);
-    loom_opt_kind kinds[] = {LOOM_OPT_SGD, LOOM_OPT_MOMENTUM, LOOM_OPT_ADAM};
-    for (int k = 0; k < 3; k++) {
-        loom_optimizer_spec s = opt_spec(kinds[k]);
-        loom_optimizer *a = NULL, *b = NULL;
-        CHECK(loom_optimizer_new(&a, &s, n, &err) == LOOM_OK);
-        CHECK(loom_optimizer_new(&b, &s, n, &err) == LOOM_OK);
-        if (!a || !b) break;
-        loom_rng_init(&r, 7, 0, 0, 0);
-        fill_normal(p1, n, &r, 1.f);
-        memcpy(p2, p1, (size_t)n * sizeof *p1);
-        for (int t = 0; t < 3; t++) {
-            loom_optimizer_apply(a, p1, g, t);
-            loom_optimizer_apply_range(b, NULL, p2, g, t, cut, n);
-            loom_optimizer_apply_range(b, pool, p2, g, t, 5, 5);
-            if (t == 0) /* half done: the rest is untouched */
-                CHECK_MSG(p2[cut - 1] != p1[cut - 1] && (kinds[k] == LOOM_OPT_SGD || loom_optimizer_slots(b)[0] == 0),
-                          "optimizer %d: a range changed parameters outside it", k);
-            loom_optimizer_apply_range(b, pool, p2, g, t, 0, cut);
-        }
-        CHECK_MSG(!memcmp(p1, p2, (size_t)n * sizeof *p1), "optimizer %d: ranges change the update", k);
-        int ns = loom_optimizer_num_slots(a);
-        CHECK(!ns || !memcmp(loom_optimizer_slots(a), loom_optimizer_slots(b), (size_t)(ns * n) * sizeof(float)));
-        loom_optimizer_free(a);
-        loom_optimizer_free(b);
-    }
-    free(g);
-    free(p1);
-    free(p2);
-    loom_pool_free(pool);
-}
+static void test_optimizer_ranges(void) { check_update_way(update_ranges, 2, 6, "ranges"); }
 
 /* ---- timing (TAP comments only) ------------------------------------------------- */
 

@@ -54,26 +54,12 @@ static loom_dataset_spec *spec_base(int bad_labels)
 /* par: 1, N or LOOM_PARALLEL_AUTO */
 static loom_map_spec *add_map(loom_dataset_spec *s, loom_map_kind k, const char *feature, int par, bool det)
 {
-    loom_transform_spec *t = spec_add(s, LOOM_T_MAP);
-    t->map.kind = k;
-    snprintf(t->map.feature, sizeof t->map.feature, "%s", feature);
-    t->map.scale = 1.0;
-    t->map.std = 1.0;
-    t->parallel = par;
-    t->deterministic = det;
-    return &t->map;
+    return spec_map(s, k, feature, par, det);
 }
 
 static const loom_data_ctx ctx4 = {.seed = 42, .threads = 4, .name = "train"};
 
-static loom_iter *open_ok(const loom_dataset_spec *s)
-{
-    loom_iter *it = NULL;
-    loom_err err = {0};
-    int rc = loom_data_open(&it, s, &ctx4, &err);
-    CHECK_MSG(rc == LOOM_OK, "open: %s: %s", err.where, err.msg);
-    return rc == LOOM_OK ? it : NULL;
-}
+static loom_iter *open_ok(const loom_dataset_spec *s) { return iter_open_ok(s, &ctx4); }
 
 /* Hashes of the elements of passes [epoch0, epoch0 + passes), up to max in
  * total; errors end a pass. Returns the count. */
@@ -421,12 +407,7 @@ static void test_throughput_fashion_mnist(void)
         }
 }
 
-static void test_cleanup(void)
-{
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    if (tmpdir[0] && system(cmd) != 0) printf("# cleanup failed\n");
-}
+static void test_cleanup(void) { tmpdir_remove(); }
 
 static const loom_test tests[] = {
     {"same_output_any_parallelism", test_same_output_any_parallelism},

@@ -3,35 +3,11 @@
  * written by real TensorFlow (tests/fixtures/tf, see make_tf_fixtures.py). */
 #include "data/data.h"
 #include "harness.h"
+#include "test_util.h"
 
 #include <stdint.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static char tmpdir[256];
-
-static const char *tmp_path(const char *name)
-{
-    static char buf[4][512];
-    static int k;
-    char *p = buf[k++ & 3];
-    snprintf(p, 512, "%s/%s", tmpdir, name);
-    return p;
-}
-
-static uint8_t *read_all(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    *n = 0;
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc((size_t)sz + 1);
-    *n = fread(b, 1, (size_t)sz, f);
-    fclose(f);
-    return b;
-}
 
 static void write_all(const char *path, const void *p, size_t n)
 {
@@ -148,7 +124,7 @@ static void test_roundtrip_all(void)
     for (int k = 0; k < 4; k++) {
         char name[32];
         snprintf(name, sizeof name, "rt.%s", loom_compression_name(cs[k]));
-        const char *path = tmp_path(name);
+        const char *path = tpath(name);
         int n = 120;
         CHECK(write_file(path, cs[k], n) == LOOM_OK);
         char tmp[600];
@@ -164,7 +140,7 @@ static void test_roundtrip_all(void)
 
 static void test_empty_files(void)
 {
-    const char *path = tmp_path("empty");
+    const char *path = tpath("empty");
     write_all(path, "", 0);
     const loom_compression cs[] = {LOOM_COMP_NONE, LOOM_COMP_GZIP, LOOM_COMP_ZLIB, LOOM_COMP_ZSTD, LOOM_COMP_AUTO};
     for (int k = 0; k < 5; k++) CHECK(read_check(path, cs[k], 0, NULL) == 0);
@@ -193,7 +169,7 @@ static size_t make_small(const char *path, loom_compression c)
     }
     CHECK(loom_tfrecord_writer_close(w, &err) == LOOM_OK);
     size_t n = 0;
-    free(read_all(path, &n));
+    free(slurp(path, &n));
     return n;
 }
 
@@ -223,11 +199,11 @@ static int read_all_records(const char *path, loom_compression c, loom_on_corrup
 static void test_gzip_members(void)
 {
     /* concatenated gzip members are one stream (RFC 1952), as gzip(1) reads them */
-    const char *a = tmp_path("m1"), *b = tmp_path("m2");
+    const char *a = tpath("m1"), *b = tpath("m2");
     size_t na, nb;
     make_small(a, LOOM_COMP_GZIP);
     make_small(b, LOOM_COMP_GZIP);
-    uint8_t *pa = read_all(a, &na), *pb = read_all(b, &nb);
+    uint8_t *pa = slurp(a, &na), *pb = slurp(b, &nb);
     uint8_t *cat = malloc(na + nb);
     memcpy(cat, pa, na);
     memcpy(cat + na, pb, nb);
@@ -240,7 +216,7 @@ static void test_gzip_members(void)
     /* but trailing bytes after a zlib stream are an error */
     make_small(a, LOOM_COMP_ZLIB);
     free(pa);
-    pa = read_all(a, &na);
+    pa = slurp(a, &na);
     memcpy(cat, pa, na);
     cat[na] = 0x78;
     write_all(a, cat, na + 1);
@@ -253,9 +229,9 @@ static void test_gzip_members(void)
 
 static void test_corrupt_length_crc(void)
 {
-    const char *path = tmp_path("badlen");
+    const char *path = tpath("badlen");
     size_t n = make_small(path, LOOM_COMP_NONE);
-    uint8_t *b = read_all(path, &n);
+    uint8_t *b = slurp(path, &n);
     if (!b) return;
     size_t rec1 = 16 + small_sizes[0];  /* offset of record 1 */
     b[rec1 + 1] ^= 0x01;                /* its length */
@@ -279,9 +255,9 @@ static void test_corrupt_length_crc(void)
 
 static void test_corrupt_data_crc(void)
 {
-    const char *path = tmp_path("baddata");
+    const char *path = tpath("baddata");
     size_t n = make_small(path, LOOM_COMP_NONE);
-    uint8_t *b = read_all(path, &n);
+    uint8_t *b = slurp(path, &n);
     if (!b) return;
     size_t rec2 = 16 + small_sizes[0] + 16 + small_sizes[1]; /* offset of record 2 */
     b[rec2 + 12 + 4] ^= 0x80;                                /* a payload byte */
@@ -308,9 +284,9 @@ static void test_corrupt_data_crc(void)
 
 static void test_truncation_every_offset(void)
 {
-    const char *path = tmp_path("trunc.src"), *cut = tmp_path("trunc");
+    const char *path = tpath("trunc.src"), *cut = tpath("trunc");
     size_t n = make_small(path, LOOM_COMP_NONE);
-    uint8_t *b = read_all(path, &n);
+    uint8_t *b = slurp(path, &n);
     if (!b) return;
     size_t bounds[5] = {0};
     for (int i = 0; i < 4; i++) bounds[i + 1] = bounds[i] + small_sizes[i] + 16;
@@ -344,7 +320,7 @@ static void test_truncation_every_offset(void)
     for (int c = 0; c < 3; c++) {
         make_small(path, cs[c]);
         free(b);
-        b = read_all(path, &n);
+        b = slurp(path, &n);
         int errors = 0;
         for (size_t k = 1; k < n; k++) {
             write_all(cut, b, k);
@@ -373,14 +349,14 @@ static void test_truncation_every_offset(void)
 
 static void test_corrupt_compressed(void)
 {
-    const char *path = tmp_path("cz");
+    const char *path = tpath("cz");
     const loom_compression cs[] = {LOOM_COMP_GZIP, LOOM_COMP_ZLIB, LOOM_COMP_ZSTD};
     loom_log_level lvl = loom_log_get_level();
     loom_log_set_level(LOOM_LOG_ERROR);
     for (int c = 0; c < 3; c++) {
         CHECK(write_file(path, cs[c], 8) == LOOM_OK);
         size_t n = 0;
-        uint8_t *b = read_all(path, &n);
+        uint8_t *b = slurp(path, &n);
         for (size_t k = 4; k < n; k += n / 7 + 1) {
             b[k] ^= 0x5a;
             write_all(path, b, n);
@@ -412,7 +388,7 @@ static void write_plain_len(const char *path, size_t L)
 
 static void test_detection(void)
 {
-    const char *path = tmp_path("det");
+    const char *path = tpath("det");
     loom_compression det;
     /* 0x8b1f = 35615: a plain file starting with the gzip magic */
     write_plain_len(path, 0x8b1f);
@@ -455,7 +431,7 @@ static void test_detection(void)
     CHECK(loom_tfrecord_next(r, &d, &L, &err) == LOOM_EDATA); /* sticky */
     loom_tfrecord_close(r);
     /* missing file, directory */
-    CHECK(loom_tfrecord_open(&r, tmp_path("nope"), LOOM_COMP_AUTO, LOOM_CORRUPT_ERROR, &err) == LOOM_EIO);
+    CHECK(loom_tfrecord_open(&r, tpath("nope"), LOOM_COMP_AUTO, LOOM_CORRUPT_ERROR, &err) == LOOM_EIO);
     CHECK_CONTAINS(err.msg, "No such file");
     CHECK(loom_tfrecord_open(&r, tmpdir, LOOM_COMP_AUTO, LOOM_CORRUPT_ERROR, &err) == LOOM_EIO);
     unlink(path);
@@ -467,12 +443,12 @@ static void test_writer_errors(void)
     loom_tfrecord_writer *w;
     CHECK(loom_tfrecord_writer_open(&w, "/nonexistent-dir/x.tfrecord", LOOM_COMP_GZIP, &err) == LOOM_EIO);
     CHECK_CONTAINS(err.msg, "open(/nonexistent-dir/x.tfrecord.tmp) failed");
-    CHECK(loom_tfrecord_writer_open(&w, tmp_path("x"), LOOM_COMP_AUTO, &err) == LOOM_EUSAGE);
+    CHECK(loom_tfrecord_writer_open(&w, tpath("x"), LOOM_COMP_AUTO, &err) == LOOM_EUSAGE);
     /* abort leaves nothing behind */
-    CHECK(loom_tfrecord_writer_open(&w, tmp_path("ab"), LOOM_COMP_ZSTD, &err) == LOOM_OK);
+    CHECK(loom_tfrecord_writer_open(&w, tpath("ab"), LOOM_COMP_ZSTD, &err) == LOOM_OK);
     CHECK(loom_tfrecord_writer_write(w, "abc", 3, &err) == LOOM_OK);
     loom_tfrecord_writer_abort(w);
-    CHECK(!exists(tmp_path("ab")) && !exists(tmp_path("ab.tmp")));
+    CHECK(!exists(tpath("ab")) && !exists(tpath("ab.tmp")));
     loom_tfrecord_writer_abort(NULL);
     loom_tfrecord_close(NULL);
 }
@@ -894,7 +870,7 @@ static void test_tf_fixtures(void)
     snprintf(dir, sizeof dir, "%s/tests/fixtures/tf", root ? root : ".");
     snprintf(path, sizeof path, "%s/expected.json", dir);
     size_t jn;
-    char *json = (char *)read_all(path, &jn);
+    char *json = (char *)slurp(path, &jn);
     CHECK_MSG(json, "cannot read %s", path);
     if (!json) return;
     json[jn] = 0;
@@ -973,7 +949,7 @@ static void test_tf_fixtures(void)
 /* Every allocation failing in turn: LOOM_ENOMEM or success, no crash, no leak. */
 static void test_out_of_memory(void)
 {
-    const char *path = tmp_path("oom");
+    const char *path = tpath("oom");
     const loom_compression cs[] = {LOOM_COMP_NONE, LOOM_COMP_GZIP, LOOM_COMP_ZSTD};
     int nomem = 0, ok = 0;
     for (int c = 0; c < 3; c++) {
@@ -1016,13 +992,6 @@ static void test_out_of_memory(void)
     unlink(path);
 }
 
-static void rm_tmpdir(void)
-{
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    if (system(cmd) != 0) printf("# could not remove %s\n", tmpdir);
-}
-
 static const loom_test tests[] = {
     {"crc_vectors", test_crc_vectors},
     {"compression_names", test_compression_names},
@@ -1045,14 +1014,4 @@ static const loom_test tests[] = {
     {0},
 };
 
-int main(void)
-{
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/loom_test_records.XXXXXX");
-    if (!mkdtemp(tmpdir)) {
-        perror("mkdtemp");
-        return 1;
-    }
-    int rc = loom_test_run(tests);
-    rm_tmpdir();
-    return rc;
-}
+int main(void) { return run_in_tmpdir("loom_test_records", tests); }

@@ -51,14 +51,7 @@ static void add_col(loom_dataset_spec *d, const char *name, loom_cfg_dtype dt, i
     if (index < 0) snprintf(s->csv[k].column, LOOM_NAME_MAX, "%s", name);
 }
 
-static loom_iter *open_ok(const loom_dataset_spec *d)
-{
-    loom_iter *it = NULL;
-    loom_err err = {0};
-    int rc = loom_data_open(&it, d, NULL, &err);
-    CHECK_MSG(rc == LOOM_OK, "%s: %s", err.where, err.msg);
-    return it;
-}
+static loom_iter *open_ok(const loom_dataset_spec *d) { return iter_open_ok(d, NULL); }
 
 /* ---- csv ------------------------------------------------------------------- */
 
@@ -431,14 +424,6 @@ out:
 }
 
 /* ---- config ---------------------------------------------------------------- */
-
-static const char *cfg_path(const char *name)
-{
-    static char buf[1024];
-    const char *root = getenv("LOOM_SOURCE_ROOT");
-    snprintf(buf, sizeof buf, "%s/tests/configs/%s", root ? root : ".", name);
-    return buf;
-}
 
 static void test_config(void)
 {

@@ -122,14 +122,7 @@ static loom_dataset_spec *spec_fmnist(const char *pattern)
 
 static const loom_data_ctx ctx2 = {.seed = 42, .threads = 2, .name = "train"};
 
-static loom_iter *open_ok(const loom_dataset_spec *s)
-{
-    loom_iter *it = NULL;
-    loom_err err = {0};
-    int rc = loom_data_open(&it, s, &ctx2, &err);
-    CHECK_MSG(rc == LOOM_OK, "open: %s: %s (hint: %s)", err.where, err.msg, err.hint);
-    return rc == LOOM_OK ? it : NULL;
-}
+static loom_iter *open_ok(const loom_dataset_spec *s) { return iter_open_ok(s, &ctx2); }
 
 /* Checks every value of one unbatched or batched element against the generator;
  * appends the ids to ids[*n]. Returns the number of wrong values. */
@@ -705,24 +698,6 @@ static void test_tf_fixtures(void)
 }
 
 /* ---- config ------------------------------------------------------------------------ */
-
-static char *cfg_path(const char *name)
-{
-    static char buf[1024];
-    const char *root = getenv("LOOM_SOURCE_ROOT");
-    snprintf(buf, sizeof buf, "%s/tests/configs/%s", root ? root : ".", name);
-    return buf;
-}
-
-static void errs_text(const loom_errlist *errs, char *buf, size_t n)
-{
-    size_t len = 0;
-    buf[0] = 0;
-    for (int i = 0; i < errs->n && len < n; i++) {
-        loom_err_format(&errs->e[i], buf + len, n - len);
-        len += strlen(buf + len);
-    }
-}
 
 static void test_config_good(void)
 {

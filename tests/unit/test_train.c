@@ -5,6 +5,7 @@
  * allocation failure at every point of save, load and latest.
  * Every test works in its own directory under one mkdtemp root, removed at exit. */
 #include "harness.h"
+#include "test_util.h"
 #include "train/train.h"
 
 #include <dirent.h>
@@ -59,23 +60,6 @@ static int count_entries(const char *dir, const char *part)
         if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && (!part || strstr(e->d_name, part))) n++;
     closedir(d);
     return n;
-}
-
-static uint8_t *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *d = malloc((size_t)n + 1);
-    if (d && fread(d, 1, (size_t)n, f) != (size_t)n) {
-        free(d);
-        d = NULL;
-    }
-    fclose(f);
-    *len = (size_t)n;
-    return d;
 }
 
 static void spit(const char *path, const void *data, size_t len)
@@ -283,6 +267,42 @@ static void saved_fini(saved *s)
     loom_optimizer_free(s->o);
     loom_buf_fini(&s->tr);
     loom_buf_fini(&s->it);
+}
+
+/* A checkpoint to damage: one saved (5, 3 units, optimizer kind, step 3), its
+ * bytes, bad = name in its directory for the damaged copies, and a fresh
+ * model + optimizer of the same kind to load them into. */
+typedef struct damaged {
+    saved           s;
+    uint8_t        *d;
+    size_t          len;
+    char            bad[LOOM_PATH_MAX + 16];
+    loom_model     *m;
+    loom_optimizer *o;
+} damaged;
+
+static bool damaged_init(damaged *x, loom_opt_kind kind, const char *name)
+{
+    memset(x, 0, sizeof *x);
+    CHECK(save_fixture(&x->s, 5, 3, kind, 3) == LOOM_OK);
+    x->d = slurp(x->s.path, &x->len);
+    CHECK(x->d && x->len > 100);
+    if (!x->d) {
+        saved_fini(&x->s);
+        return false;
+    }
+    snprintf(x->bad, sizeof x->bad, "%s/%s", x->s.dir, name);
+    x->m = new_model(5, 3);
+    x->o = new_opt(x->m, kind);
+    return true;
+}
+
+static void damaged_fini(damaged *x)
+{
+    free(x->d);
+    loom_model_free(x->m);
+    loom_optimizer_free(x->o);
+    saved_fini(&x->s);
 }
 
 /* Load `path` into a fresh model (u1, u2) + optimizer of `kind` (or none);
@@ -533,29 +553,22 @@ static void test_keep_prunes_oldest(void)
 
 static void test_truncated(void)
 {
-    saved s;
-    CHECK(save_fixture(&s, 5, 3, LOOM_OPT_MOMENTUM, 3) == LOOM_OK);
-    size_t len;
-    uint8_t *d = slurp(s.path, &len);
-    CHECK(d && len > 100);
-    if (!d) return;
-    char bad[LOOM_PATH_MAX + 16];
-    snprintf(bad, sizeof bad, "%s/ckpt-4.loom", s.dir);
+    damaged x;
+    if (!damaged_init(&x, LOOM_OPT_MOMENTUM, "ckpt-4.loom")) return;
+    const size_t len = x.len;
     const size_t cuts[] = {0, 1, 10, 16, 27, 28, 40, len / 2, len - 13, len - 12, len - 4, len - 1};
-    loom_model *m = new_model(5, 3);
-    loom_optimizer *o = new_opt(m, LOOM_OPT_MOMENTUM);
     for (size_t i = 0; i < sizeof cuts / sizeof *cuts; i++) {
-        spit(bad, d, cuts[i]);
-        sentinel(m, o);
+        spit(x.bad, x.d, cuts[i]);
+        sentinel(x.m, x.o);
         loom_buf tr, it;
         loom_err_clear(&err);
-        int rc = loom_ckpt_load(bad, m, o, &tr, &it, &err);
+        int rc = loom_ckpt_load(x.bad, x.m, x.o, &tr, &it, &err);
         CHECK_MSG(rc == LOOM_ECHECKPOINT, "cut at %zu: rc %d %s", cuts[i], rc, err.msg);
-        CHECK_MSG(!strcmp(err.where, bad), "cut at %zu: where %s", cuts[i], err.where);
+        CHECK_MSG(!strcmp(err.where, x.bad), "cut at %zu: where %s", cuts[i], err.where);
         CHECK_MSG(strstr(err.msg, "truncated") || strstr(err.msg, "not a Loom checkpoint"), "cut at %zu: %s", cuts[i],
                   err.msg);
         CHECK(err.hint[0] != 0);
-        CHECK_MSG(all_sentinel(m, o), "cut at %zu changed the model", cuts[i]);
+        CHECK_MSG(all_sentinel(x.m, x.o), "cut at %zu changed the model", cuts[i]);
         CHECK(tr.len == 0 && it.len == 0);
         loom_buf_fini(&tr);
         loom_buf_fini(&it);
@@ -563,68 +576,54 @@ static void test_truncated(void)
     /* the truncated file is still the latest by name: refusing it is the caller's call */
     int64_t step;
     char latest[LOOM_PATH_MAX];
-    CHECK(loom_ckpt_latest(s.dir, latest, &step, &err) == LOOM_OK && step == 4);
-    free(d);
-    loom_model_free(m);
-    loom_optimizer_free(o);
-    saved_fini(&s);
+    CHECK(loom_ckpt_latest(x.s.dir, latest, &step, &err) == LOOM_OK && step == 4);
+    damaged_fini(&x);
 }
 
 static void test_flipped_bytes(void)
 {
-    saved s;
-    CHECK(save_fixture(&s, 5, 3, LOOM_OPT_ADAM, 3) == LOOM_OK);
-    size_t len;
-    uint8_t *d = slurp(s.path, &len);
-    if (!d) return;
-    char bad[LOOM_PATH_MAX + 16];
-    snprintf(bad, sizeof bad, "%s/bad.loom", s.dir);
-    spit(bad, d, len);
-    loom_model *m = new_model(5, 3);
-    loom_optimizer *o = new_opt(m, LOOM_OPT_ADAM);
+    damaged x;
+    if (!damaged_init(&x, LOOM_OPT_ADAM, "bad.loom")) return;
+    spit(x.bad, x.d, x.len);
     int failures = 0;
     /* every byte, one mask; a few more masks at some positions */
-    for (size_t pos = 0; pos < len && failures < 5; pos++) {
+    for (size_t pos = 0; pos < x.len && failures < 5; pos++) {
         const uint8_t masks[] = {0xff, 0x01, 0x80};
-        int nm = pos % 97 == 0 || pos < 20 || pos + 20 > len ? 3 : 1;
+        int nm = pos % 97 == 0 || pos < 20 || pos + 20 > x.len ? 3 : 1;
         for (int k = 0; k < nm; k++) {
-            poke(bad, pos, d[pos] ^ masks[k]);
-            sentinel(m, o);
+            poke(x.bad, pos, x.d[pos] ^ masks[k]);
+            sentinel(x.m, x.o);
             loom_buf tr;
             loom_err_clear(&err);
-            int rc = loom_ckpt_load(bad, m, o, &tr, NULL, &err);
-            const char *want = pos < 8 ? "not a Loom checkpoint" : pos >= len - 12 && pos < len - 4 ? "truncated"
-                                                                                                    : "corrupt";
-            int ok = rc == LOOM_ECHECKPOINT && !strcmp(err.where, bad) && strstr(err.msg, want) && all_sentinel(m, o) &&
-                     tr.len == 0;
+            int rc = loom_ckpt_load(x.bad, x.m, x.o, &tr, NULL, &err);
+            const char *want = pos < 8                                ? "not a Loom checkpoint"
+                               : pos >= x.len - 12 && pos < x.len - 4 ? "truncated"
+                                                                      : "corrupt";
+            int ok = rc == LOOM_ECHECKPOINT && !strcmp(err.where, x.bad) && strstr(err.msg, want) &&
+                     all_sentinel(x.m, x.o) && tr.len == 0;
             if (!ok) {
                 failures++;
                 CHECK_MSG(ok, "byte %zu ^ 0x%02x: rc %d, %s: %s", pos, masks[k], rc, err.where, err.msg);
             }
             loom_buf_fini(&tr);
         }
-        poke(bad, pos, d[pos]);
+        poke(x.bad, pos, x.d[pos]);
     }
     /* the intact file still loads */
-    CHECK(loom_ckpt_load(s.path, m, o, NULL, NULL, &err) == LOOM_OK && params_eq(s.m, m) && slots_eq(m, s.o, o));
-    free(d);
-    loom_model_free(m);
-    loom_optimizer_free(o);
-    saved_fini(&s);
+    CHECK(loom_ckpt_load(x.s.path, x.m, x.o, NULL, NULL, &err) == LOOM_OK && params_eq(x.s.m, x.m) &&
+          slots_eq(x.m, x.s.o, x.o));
+    damaged_fini(&x);
 }
 
 /* Files with a valid file checksum but a bad inside: only a buggy or hostile
  * writer makes these, so each check behind the checksum is exercised here. */
 static void test_crafted_records(void)
 {
-    saved s;
-    CHECK(save_fixture(&s, 5, 3, LOOM_OPT_MOMENTUM, 3) == LOOM_OK);
-    size_t len;
-    uint8_t *d = slurp(s.path, &len);
-    if (!d) return;
+    damaged x;
+    if (!damaged_init(&x, LOOM_OPT_MOMENTUM, "crafted.loom")) return;
+    const uint8_t *d = x.d;
+    const size_t len = x.len;
     uint8_t *c = malloc(len);
-    char bad[LOOM_PATH_MAX + 16];
-    snprintf(bad, sizeof bad, "%s/crafted.loom", s.dir);
     /* first record: kind@16 namelen@20 name@24 ("dense_1/kernel", 14) rank@38 dims@42 raw@58 stored@66 crc@74 frame@78 */
     CHECK(get_le32(d + 16) == 1 && get_le32(d + 20) == 14 && !memcmp(d + 24, "dense_1/kernel", 14));
     CHECK(get_le32(d + 38) == 2 && get_le32(d + 42) == 16 && get_le32(d + 50) == 5);
@@ -647,20 +646,18 @@ static void test_crafted_records(void)
         {100, 0, 1, "tensor \"dense_1/kernel\" is corrupt"},
         {24, 'x', 2, "tensor \"xense_1/kernel\" that this model does not have"},
     };
-    loom_model *m = new_model(5, 3);
-    loom_optimizer *o = new_opt(m, LOOM_OPT_MOMENTUM);
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         memcpy(c, d, len);
         if (cases[i].flip == 1) c[cases[i].off] ^= 0xff;
         else if (cases[i].flip == 2) c[cases[i].off] = (uint8_t)cases[i].val;
         else put_le32(c + cases[i].off, cases[i].val);
         reseal(c, len);
-        spit(bad, c, len);
+        spit(x.bad, c, len);
         loom_buf tr, it;
         loom_err_clear(&err);
-        int rc = loom_ckpt_load(bad, m, o, &tr, &it, &err);
+        int rc = loom_ckpt_load(x.bad, x.m, x.o, &tr, &it, &err);
         CHECK_MSG(rc == LOOM_ECHECKPOINT, "case %zu: rc %d", i, rc);
-        CHECK_MSG(!strcmp(err.where, bad), "case %zu: where %s", i, err.where);
+        CHECK_MSG(!strcmp(err.where, x.bad), "case %zu: where %s", i, err.where);
         CHECK_CONTAINS(err.msg, cases[i].want);
         CHECK(tr.len == 0 && it.len == 0);
         loom_buf_fini(&tr);
@@ -669,21 +666,18 @@ static void test_crafted_records(void)
     /* a resealed copy of the intact bytes is fine */
     memcpy(c, d, len);
     reseal(c, len);
-    spit(bad, c, len);
-    CHECK(loom_ckpt_load(bad, m, o, NULL, NULL, &err) == LOOM_OK && params_eq(s.m, m));
+    spit(x.bad, c, len);
+    CHECK(loom_ckpt_load(x.bad, x.m, x.o, NULL, NULL, &err) == LOOM_OK && params_eq(x.s.m, x.m));
     /* gzip magic: read as gzip, refused as a checkpoint, naming the file
      * (ISIZE, the last 4 bytes, kept small: gunzip sizes its first buffer by it) */
     const uint8_t gz[] = {0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 0, 1, 0, 0};
-    spit(bad, gz, sizeof gz);
+    spit(x.bad, gz, sizeof gz);
     loom_err_clear(&err);
-    CHECK(loom_ckpt_load(bad, m, o, NULL, NULL, &err) == LOOM_ECHECKPOINT);
-    CHECK(!strcmp(err.where, bad));
+    CHECK(loom_ckpt_load(x.bad, x.m, x.o, NULL, NULL, &err) == LOOM_ECHECKPOINT);
+    CHECK(!strcmp(err.where, x.bad));
     CHECK_CONTAINS(err.msg, "gzip");
     free(c);
-    free(d);
-    loom_model_free(m);
-    loom_optimizer_free(o);
-    saved_fini(&s);
+    damaged_fini(&x);
 }
 
 static void test_missing_file(void)

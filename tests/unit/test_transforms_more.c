@@ -101,14 +101,7 @@ static void add_cache(loom_dataset_spec *s, const char *file)
 
 static const loom_data_ctx ctx1 = {.seed = 42, .threads = 1, .name = "train"};
 
-static loom_iter *open_ok(const loom_dataset_spec *s)
-{
-    loom_iter *it = NULL;
-    loom_err err = {0};
-    int rc = loom_data_open(&it, s, &ctx1, &err);
-    CHECK_MSG(rc == LOOM_OK, "open: %s: %s (hint: %s)", err.where, err.msg, err.hint);
-    return rc == LOOM_OK ? it : NULL;
-}
+static loom_iter *open_ok(const loom_dataset_spec *s) { return iter_open_ok(s, &ctx1); }
 
 /* Opens expecting failure; the formatted error goes to buf. */
 static int open_fail(const loom_dataset_spec *s, char *buf, size_t n)
@@ -488,6 +481,17 @@ static void test_padded_batch(void)
     open_fail(s, msg, sizeof msg);
     CHECK_CONTAINS(msg, "padded_batch: padding_values.label = 300 does not fit the feature's dtype uint8");
     free(s);
+
+    /* a feature already of rank LOOM_MAX_RANK: refused at open by either batch, naming it */
+    for (int k = 0; k < 2; k++) {
+        s = spec_new();
+        for (int i = 0; i < 6; i++) add_batch(s, LOOM_T_BATCH, 1, false); /* image (4, 3) -> rank 8 */
+        add_batch(s, k ? LOOM_T_PADDED_BATCH : LOOM_T_BATCH, 1, false);
+        open_fail(s, msg, sizeof msg);
+        CHECK_CONTAINS(msg, k ? "transforms.[6]: padded_batch: feature \"image\" already has rank 8"
+                              : "transforms.[6]: batch: feature \"image\" already has rank 8");
+        free(s);
+    }
 }
 
 /* ---- cache (memory) ------------------------------------------------------------ */
@@ -805,12 +809,7 @@ static void test_config(void)
     loom_config_free(sp2);
 }
 
-static void test_cleanup(void)
-{
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    if (tmpdir[0] && system(cmd) != 0) printf("# cleanup failed\n");
-}
+static void test_cleanup(void) { tmpdir_remove(); }
 
 static const loom_test tests[] = {
     {"filter", test_filter},
