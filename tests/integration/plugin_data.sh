@@ -31,10 +31,11 @@ if awk -v a="$acc" 'BEGIN { exit !(a > 0.75) }'; then pass "it learns (eval accu
 weights() { "$LOOM" inspect "$1" | grep '^tensor'; }
 run() { "$LOOM" train "$1" --model-dir "$2" --set run.progress='"none"' --set run.eval_steps=1 "${@:3}" 2>/dev/null; }
 sed 's/parallel = 2;/parallel = 1;/' "$CFG" > "$WORK/p1.cfg"
-run "$CFG" "$WORK/d2" --set run.max_steps=40 && run "$WORK/p1.cfg" "$WORK/d1" --set run.max_steps=40 \
-    --set run.threads=1
+# Same compute threads for both: only the map's parallelism differs (how the trainer splits its
+# matrix products across threads may change rounding with some BLAS kernels).
+run "$CFG" "$WORK/d2" --set run.max_steps=40 && run "$WORK/p1.cfg" "$WORK/d1" --set run.max_steps=40
 if [ -n "$(weights "$WORK/d1/ckpt-40.loom")" ] && [ "$(weights "$WORK/d1/ckpt-40.loom")" = "$(weights "$WORK/d2/ckpt-40.loom")" ]; then
-    pass "cutout with parallel 1 on 1 thread and parallel 2 on 2 give bit-identical weights"
+    pass "cutout with parallel 1 and parallel 2 give bit-identical weights"
 else fail "cutout with parallel 1 and parallel 2 give bit-identical weights"; fi
 run "$CFG" "$WORK/r" --set run.max_steps=17 && run "$CFG" "$WORK/r" --set run.max_steps=40
 if [ -e "$WORK/r/ckpt-17.loom" ] && [ "$(weights "$WORK/d2/ckpt-40.loom")" = "$(weights "$WORK/r/ckpt-40.loom")" ]; then
