@@ -17,7 +17,9 @@
  * Compatibility: LOOM_PLUGIN_ABI_VERSION changes whenever something here
  * changes incompatibly; a plugin built for another version is refused. The
  * host table and the vtables only grow at their end, and each vtable starts
- * with its own version.
+ * with its own version: Loom reads a vtable only up to the fields of its
+ * version, so a plugin built against an older header keeps working, and a
+ * vtable newer than Loom knows is refused when it registers.
  * Memory: names and vtables a plugin registers must be static (they are
  * used until the process exits; plugins are never unloaded).
  * Threads: init runs once on the main thread. Vtable functions are called as
@@ -235,9 +237,18 @@ typedef struct loom_cross_device_ops {
     int   (*broadcast_rank)(void *comm, int rank, float *buf, int64_t count, int root, loom_err *err);
     /* (optional) out (n * count floats, one per rank) = concat of every rank's buf */
     int   (*all_gather_rank)(void *comm, int rank, const float *buf, int64_t count, float *out, loom_err *err);
+    /* ---- version 3 (read only when version >= 3) ----
+     * The memory the buffers may be in: LOOM_XOPS_HOST_MEM and/or
+     * LOOM_XOPS_DEVICE_MEM; 0 means host memory. A strategy whose replicas'
+     * buffers are elsewhere refuses the op when it opens (strategy.cross_device_ops'
+     * file:line), and "auto" never picks it there. */
+    uint32_t caps;
 } loom_cross_device_ops;
-/* Version 1 vtables (up to all_gather) are still accepted. */
-#define LOOM_CROSS_DEVICE_OPS_VERSION 2
+/* Version 1 (up to all_gather) and 2 (up to all_gather_rank) vtables are
+ * still accepted, and work on host memory. */
+#define LOOM_CROSS_DEVICE_OPS_VERSION 3
+#define LOOM_XOPS_HOST_MEM   1u /* host memory: CPU replicas */
+#define LOOM_XOPS_DEVICE_MEM 2u /* GPU memory from the device backend's alloc: GPU replicas */
 
 /* ---- strategies ------------------------------------------------------------ */
 

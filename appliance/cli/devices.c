@@ -1,9 +1,11 @@
 /* devices.c - `loom devices`: what strategy.devices can name on this
  * machine, and for GPUs what is missing when they cannot be used (the
  * plugin not built or refused, no driver, no device), with the library
- * versions the plugins found. Reads the plugin records and the registry;
- * starts nothing on a device. */
+ * versions the plugins found; then the cross-device ops and the memory each
+ * works on. Reads the plugin records and the registry; starts nothing on a
+ * device. */
 #include "cli/cli.h"
+#include "distribute/distribute.h"
 #include "plugin/plugin.h"
 #include "tensor/device.h"
 
@@ -39,18 +41,20 @@ static void print_gpus(FILE *f)
 {
     const char *origin = NULL;
     const loom_device_ops *cuda = loom_registry_find(LOOM_REG_DEVICE, "cuda", &origin);
+    int n = 0; /* usable GPUs */
+    char line[400], why[400];
     if (!cuda) {
         print_absent(f, "cuda", "the cuda plugin");
-        return;
-    }
-    char line[400], why[400];
-    cuda->describe(-1, line, sizeof line);
-    fprintf(f, "  cuda   loaded: %s (%s)\n", origin, line);
-    int n = cuda->probe(why, sizeof why);
-    if (n == 0) fprintf(f, "         gpu: none usable: %s\n", why);
-    for (int i = 0; i < n; i++) {
-        cuda->describe(i, line, sizeof line);
-        fprintf(f, "         gpu:%d  %s\n", i, line);
+        if (loom_device_gpus(why, sizeof why) == 0) fprintf(f, "         gpu: none usable: %s\n", why);
+    } else {
+        cuda->describe(-1, line, sizeof line);
+        fprintf(f, "  cuda   loaded: %s (%s)\n", origin, line);
+        n = cuda->probe(why, sizeof why);
+        if (n == 0) fprintf(f, "         gpu: none usable: %s\n", why);
+        for (int i = 0; i < n; i++) {
+            cuda->describe(i, line, sizeof line);
+            fprintf(f, "         gpu:%d  %s\n", i, line);
+        }
     }
     const char *xorigin = NULL;
     if (!loom_registry_find(LOOM_REG_CROSS_DEVICE_OPS, "nccl", &xorigin)) {
@@ -62,6 +66,22 @@ static void print_gpus(FILE *f)
             n ? "" : "; collectives report the missing device");
 }
 
+/* Every cross-device op with the memory it reduces: CPU replicas need one
+ * that works on host memory (strategy.cross_device_ops is checked so). */
+static void print_xops(FILE *f)
+{
+    fprintf(f, "cross-device ops (strategy.cross_device_ops), by the memory they work on:\n");
+    const char *name, *origin;
+    const void *x;
+    for (int i = 0; loom_registry_entry(LOOM_REG_CROSS_DEVICE_OPS, i, &name, &x, &origin) == 0; i++) {
+        unsigned m = loom_xops_memory(x);
+        const char *mem = m == (LOOM_XOPS_HOST_MEM | LOOM_XOPS_DEVICE_MEM) ? "host or GPU memory: any replicas"
+                          : m & LOOM_XOPS_DEVICE_MEM                      ? "GPU memory: GPU replicas only"
+                                                                          : "host memory: CPU replicas";
+        fprintf(f, "  %-22s %-32s %s\n", name, mem, origin);
+    }
+}
+
 int loom_cli_devices_(int argc, char **argv, double start_time)
 {
     (void)start_time;
@@ -70,7 +90,9 @@ int loom_cli_devices_(int argc, char **argv, double start_time)
             printf("usage: loom devices\n\n"
                    "Lists the devices strategy.devices can name: cpu:0 to cpu:N-1 (one per core), and\n"
                    "gpu:N when the cuda plugin is loaded and finds a driver and a GPU; otherwise it says\n"
-                   "which of them is missing. Plugins load as for `loom plugins` ($LOOM_PLUGIN_PATH).\n");
+                   "which of them is missing; then the cross-device ops and the memory each works on\n"
+                   "(host memory for CPU replicas, GPU memory for GPU replicas). Plugins load as for\n"
+                   "`loom plugins` ($LOOM_PLUGIN_PATH).\n");
             return LOOM_EXIT_OK;
         }
         fprintf(stderr, "loom devices: unexpected argument \"%s\"\nusage: loom devices\n", argv[i]);
@@ -90,5 +112,6 @@ int loom_cli_devices_(int argc, char **argv, double start_time)
     printf("cpu:0 to cpu:%d  usable (%s)\n", cores - 1, line);
     printf("gpu backends:\n");
     print_gpus(stdout);
+    print_xops(stdout);
     return LOOM_EXIT_OK;
 }

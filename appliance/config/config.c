@@ -622,7 +622,10 @@ static const opt strategy_opts[] = {
           "all-reduce gradients in N equal packs; 0 = one per parameter tensor"),
     O_CUSTOM("options", parse_strategy_options, K(LOOM_STRAT_PLUGIN), 0,
              "a plugin strategy's own settings: KEY = value; ..."),
-    O_STR(loom_strategy_spec, "device", device, "cpu:0", NULL, K(LOOM_STRAT_ONE_DEVICE), 0, "\"cpu:N\""),
+    O_STR(loom_strategy_spec, "device", device, "cpu:0", NULL, K(LOOM_STRAT_ONE_DEVICE), 0, "\"cpu:0\" or \"gpu:N\""),
+    O_STR(loom_strategy_spec, "device_backend", device_backend, "", NULL,
+          K(LOOM_STRAT_ONE_DEVICE) | K(LOOM_STRAT_MIRRORED) | K(LOOM_STRAT_CENTRAL_STORAGE), 0,
+          "device backend running the replicas: \"\" native (cuda for gpu), \"cpu\" the reference, a plugin's"),
     O_END,
 };
 
@@ -2199,8 +2202,13 @@ static void parse_strategy(ctx *c, const config_setting_t *root, loom_strategy_s
         unsigned idx;
         char tail;
         if (d && k == LOOM_STRAT_ONE_DEVICE && st->device[0] &&
-            sscanf(st->device, "cpu:%u%c", &idx, &tail) != 1)
-            cerr(c, d, "unknown device \"%s\" (expected \"cpu:N\")", st->device);
+            sscanf(st->device, "cpu:%u%c", &idx, &tail) != 1 && sscanf(st->device, "gpu:%u%c", &idx, &tail) != 1)
+            cerr(c, d, "unknown device \"%s\" (expected \"cpu:0\" or \"gpu:N\")", st->device);
+        if (d) loc_of(c, d, &st->device_loc);
+        else st->device_loc = st->loc;
+        const config_setting_t *db = config_setting_get_member(g, "device_backend");
+        if (db) loc_of(c, db, &st->device_backend_loc);
+        else st->device_backend_loc = st->loc;
     }
     if (g && (st->kind == LOOM_STRAT_MIRRORED || st->kind == LOOM_STRAT_CENTRAL_STORAGE)) {
         resolve_replicas(c, g, st);
@@ -2211,6 +2219,8 @@ static void parse_strategy(ctx *c, const config_setting_t *root, loom_strategy_s
         st->replicas = 1;
         snprintf(st->name, sizeof st->name, "%s", loom_strategy_kind_name(st->kind));
     }
+    const config_setting_t *x = g ? config_setting_get_member(g, "cross_device_ops") : NULL;
+    if (x) loc_of(c, x, &st->cross_device_ops_loc); /* a plugin strategy's, for errors at strategy open */
     st->n_devices = 1;
     snprintf(st->devices[0], sizeof st->devices[0], "%s", st->device);
 }

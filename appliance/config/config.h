@@ -347,7 +347,15 @@ typedef enum { LOOM_STRAT_ONE_DEVICE, LOOM_STRAT_MIRRORED, LOOM_STRAT_CENTRAL_ST
 typedef struct loom_strategy_spec {
     loom_strategy_kind kind;
     loom_loc           loc;
-    char               device[16];  /* one_device: "cpu:0" */
+    char               device[16];  /* one_device: "cpu:0" or "gpu:N" */
+    loom_loc           device_loc;  /* one_device: strategy.device (or the strategy), for later errors */
+    /* one_device, mirrored, central_storage: the device backend (tensor/device.h)
+     * that runs the replicas: "" = nn's native host code for cpu devices and
+     * "cuda" for gpu devices; "cpu" = the built-in CPU reference backend (to
+     * test the device path); else a plugin's. Checked at strategy open, where
+     * plugins are known. */
+    char               device_backend[LOOM_NAME_MAX];
+    loom_loc           device_backend_loc;
     /* mirrored, central_storage: strategy.replicas = N (devices cpu:0..cpu:N-1,
      * which may outnumber the cores) or strategy.devices = ["cpu:0", ...]
      * (each must exist: checked at strategy open); neither = one per core:

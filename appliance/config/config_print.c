@@ -610,6 +610,7 @@ void loom_config_print(const loom_spec *s, FILE *f)
     if (s->strategy.kind == LOOM_STRAT_PLUGIN) print_plugin_strategy(f, &s->strategy);
     if (s->strategy.kind == LOOM_STRAT_MIRRORED || s->strategy.kind == LOOM_STRAT_CENTRAL_STORAGE)
         print_replicated_strategy(f, &s->strategy);
+    if (s->strategy.device_backend[0]) kv_str(f, 1, "device_backend", s->strategy.device_backend);
     fputs("};\n\nrun: {\n", f);
     const loom_run_spec *r = &s->run;
     kv_str(f, 1, "model_dir", r->model_dir);

@@ -2,6 +2,7 @@
  * one_device strategy (the built-in cross-device ops are in xops.c). */
 #include "distribute.h"
 #include "mirrored_internal.h"
+#include "placement_internal.h"
 #include "xops_internal.h"
 
 #include <stdio.h>
@@ -75,16 +76,22 @@ int loom_all_reduce(const loom_cross_device_ops *x, float *const *bufs, int n, i
 
 /* ---- one_device ------------------------------------------------------------ */
 
+/* On a device backend (strategy.device = "gpu:N", or device_backend =
+ * "cpu"), the model's steps run through an executor (nn.h), the host model
+ * keeping the variables and the optimizer: parameters are uploaded after
+ * every update and restore. */
 typedef struct one_device {
-    loom_model     *model;
-    loom_optimizer *opt;
-    uint64_t        seed;
+    loom_model      *model;
+    loom_optimizer  *opt;
+    uint64_t         seed;
+    loom_placement_  place;
+    loom_model_dev  *dev; /* NULL: nn's host code */
 } one_device;
 
 static int od_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
 {
     const loom_spec *spec = a->spec;
-    if (strcmp(spec->strategy.device, "cpu:0") != 0) {
+    if (spec->strategy.device[0] != 'g' && strcmp(spec->strategy.device, "cpu:0") != 0) {
         char w[600];
         return loom_err_set(err, LOOM_ECONFIG, loom_loc_str(&spec->strategy.loc, w, sizeof w),
                             "strategy.device: device \"%s\" does not exist", spec->strategy.device),
@@ -94,16 +101,22 @@ static int od_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     if (!od) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the one_device strategy");
     s->impl = od;
     od->seed = spec->run.seed;
+    const loom_strategy_spec *st = &spec->strategy;
+    int rc = loom_place_devices_(st, &st->device, 1, &st->device_loc, &od->place, err);
+    if (rc) return rc;
     const loom_elem_spec *in = a->input;
     loom_shape x = in->shape[a->input_idx], y = in->shape[a->label_idx];
     /* per-example shapes: drop the batch dimension */
     loom_shape xe = loom_shape_make(x.rank - 1, x.dim + 1), ye = loom_shape_make(y.rank - 1, y.dim + 1);
-    int rc = loom_model_new(&od->model, &spec->model, &xe, in->dtype[a->input_idx], &ye, in->dtype[a->label_idx],
-                            a->max_batch, err);
+    rc = loom_model_new(&od->model, &spec->model, &xe, in->dtype[a->input_idx], &ye, in->dtype[a->label_idx],
+                        a->max_batch, err);
     if (rc) return rc;
     /* run.threads (0 = all cores) become the model's intra-op threads */
     if ((rc = loom_model_set_threads(od->model, spec->run.threads, err))) return rc;
     loom_model_init_params(od->model, spec->run.seed);
+    if (od->place.ops &&
+        (rc = loom_model_dev_open(&od->dev, od->model, od->place.ops, loom_place_index_(&od->place, 0), err)))
+        return rc;
     rc = loom_optimizer_new(&od->opt, &spec->optimizer, loom_model_num_params(od->model), err);
     if (!rc) loom_optimizer_set_pool(od->opt, loom_model_pool(od->model)); /* the update runs on the same threads */
     return rc;
@@ -113,9 +126,17 @@ static void od_close(loom_strategy *s)
 {
     one_device *od = s->impl;
     if (!od) return;
+    loom_model_dev_close(od->dev);
     loom_model_free(od->model);
     loom_optimizer_free(od->opt);
     loom_free(od);
+}
+
+/* The update on the host, then (on a device) the new parameters to it. */
+static int od_apply(one_device *od, int64_t step, loom_err *err)
+{
+    loom_optimizer_apply(od->opt, loom_model_params(od->model), loom_model_grads(od->model), step);
+    return od->dev ? loom_model_dev_upload_params(od->dev, err) : LOOM_OK;
 }
 
 static int od_train_step(loom_strategy *s, const loom_elem *batch, int64_t step, loom_step_result *out, loom_err *err)
@@ -124,11 +145,11 @@ static int od_train_step(loom_strategy *s, const loom_elem *batch, int64_t step,
     const loom_tensor *x = &batch->t[s->args->input_idx], *y = &batch->t[s->args->label_idx];
     int64_t B = x->shape.dim[0];
     out->examples = B;
-    int rc = loom_model_train_step(od->model, x, y, B, loom_rng_mix(od->seed, (uint64_t)step), &out->loss_sum,
-                                   &out->correct, err);
+    uint64_t key = loom_rng_mix(od->seed, (uint64_t)step);
+    int rc = od->dev ? loom_model_dev_train_step(od->dev, x, y, B, key, &out->loss_sum, &out->correct, err)
+                     : loom_model_train_step(od->model, x, y, B, key, &out->loss_sum, &out->correct, err);
     if (rc) return rc;
-    loom_optimizer_apply(od->opt, loom_model_params(od->model), loom_model_grads(od->model), step);
-    return LOOM_OK;
+    return od_apply(od, step, err);
 }
 
 static int od_eval_step(loom_strategy *s, const loom_elem *batch, loom_step_result *out, loom_err *err)
@@ -136,13 +157,15 @@ static int od_eval_step(loom_strategy *s, const loom_elem *batch, loom_step_resu
     one_device *od = s->impl;
     const loom_tensor *x = &batch->t[s->args->input_idx], *y = &batch->t[s->args->label_idx];
     out->examples = x->shape.dim[0];
+    if (od->dev) return loom_model_dev_evaluate(od->dev, x, y, &out->loss_sum, &out->correct, err);
     return loom_model_evaluate(od->model, x, y, &out->loss_sum, &out->correct, err);
 }
 
 static int od_predict(loom_strategy *s, const loom_elem *batch, float *out, loom_err *err)
 {
     one_device *od = s->impl;
-    return loom_model_predict(od->model, &batch->t[s->args->input_idx], out, err);
+    const loom_tensor *x = &batch->t[s->args->input_idx];
+    return od->dev ? loom_model_dev_predict(od->dev, x, out, err) : loom_model_predict(od->model, x, out, err);
 }
 
 static int od_step_part(loom_strategy *s, loom_step_part part, const loom_elem *batch, int64_t step,
@@ -150,16 +173,19 @@ static int od_step_part(loom_strategy *s, loom_step_part part, const loom_elem *
 {
     one_device *od = s->impl;
     const loom_tensor *x = batch ? &batch->t[s->args->input_idx] : NULL, *y = batch ? &batch->t[s->args->label_idx] : NULL;
+    uint64_t key = loom_rng_mix(od->seed, (uint64_t)step);
+    loom_step_result *r = per_replica;
     switch (part) {
-    case LOOM_PART_FORWARD: return loom_model_forward(od->model, x, loom_rng_mix(od->seed, (uint64_t)step), err);
+    case LOOM_PART_FORWARD:
+        return od->dev ? loom_model_dev_forward(od->dev, x, key, err) : loom_model_forward(od->model, x, key, err);
     case LOOM_PART_LOSS:
-        per_replica[0].examples = y->shape.dim[0];
-        return loom_model_loss(od->model, y, y->shape.dim[0], &per_replica[0].loss_sum, &per_replica[0].correct, err);
-    case LOOM_PART_BACKWARD: return loom_model_backward(od->model, err);
+        r->examples = y->shape.dim[0];
+        if (od->dev) return loom_model_dev_loss(od->dev, y, r->examples, &r->loss_sum, &r->correct, err);
+        return loom_model_loss(od->model, y, r->examples, &r->loss_sum, &r->correct, err);
+    case LOOM_PART_BACKWARD: /* on a device, the gradients are downloaded into the model's buffer */
+        return od->dev ? loom_model_dev_backward(od->dev, err) : loom_model_backward(od->model, err);
     case LOOM_PART_ALL_REDUCE: return LOOM_OK; /* one replica */
-    case LOOM_PART_APPLY:
-        loom_optimizer_apply(od->opt, loom_model_params(od->model), loom_model_grads(od->model), step);
-        return LOOM_OK;
+    case LOOM_PART_APPLY: return od_apply(od, step, err);
     }
     return loom_err_set(err, LOOM_EUSAGE, NULL, "unknown step part %d", (int)part);
 }
@@ -168,7 +194,12 @@ static loom_model *od_replica(loom_strategy *s, int r) { return r == 0 ? ((one_d
 
 static loom_model *od_model(loom_strategy *s) { return ((one_device *)s->impl)->model; }
 static loom_optimizer *od_optimizer(loom_strategy *s) { return ((one_device *)s->impl)->opt; }
-static int od_sync(loom_strategy *s, loom_err *err) { (void)s; (void)err; return LOOM_OK; }
+/* After a restore of the host variables: the device's copy. */
+static int od_sync(loom_strategy *s, loom_err *err)
+{
+    one_device *od = s->impl;
+    return od->dev ? loom_model_dev_upload_params(od->dev, err) : LOOM_OK;
+}
 static int od_num_replicas(loom_strategy *s) { (void)s; return 1; }
 
 static const loom_strategy_ops one_device_ops = {
@@ -187,6 +218,17 @@ static const loom_strategy_ops one_device_ops = {
     .replica = od_replica,
 };
 
+int loom_strategy_print_plan(loom_strategy *s, int64_t global_batch, FILE *f)
+{
+    if (s->ops != &one_device_ops) return loom_replicated_print_plan_(s, global_batch, f);
+    const one_device *od = s->impl;
+    char what[200];
+    fprintf(f, "strategy: one_device on %s, 1 replica, global batch %lld, per-replica batch %lld, no cross-device "
+            "reduction\n", s->args->spec->strategy.device, (long long)global_batch, (long long)global_batch);
+    fprintf(f, "  compute: %s\n", loom_place_describe_(&od->place, what, sizeof what));
+    return 1;
+}
+
 /* ---- registry setup and wrappers ------------------------------------------ */
 
 int loom_distribute_init(loom_err *err)
@@ -199,13 +241,20 @@ int loom_distribute_init(loom_err *err)
     return rc;
 }
 
+/* Where strategy.cross_device_ops was set, into w; returns the prefix that
+ * names the setting ("" when w is "--set ...", which names it). */
+static const char *xops_where(const loom_strategy_spec *st, char *w, size_t n)
+{
+    loom_loc_str(st->cross_device_ops_loc.file[0] ? &st->cross_device_ops_loc : &st->loc, w, n);
+    return strncmp(w, "--set ", 6) ? "strategy.cross_device_ops: " : "";
+}
+
 /* An unknown strategy.cross_device_ops, at its file:line (or --set), listing
  * every registered op (plugins' included) and the closest one. */
 static int unknown_xops(const loom_strategy_spec *st, const char *name, loom_err *err)
 {
     char names[256], w[600];
-    loom_loc_str(st->cross_device_ops_loc.file[0] ? &st->cross_device_ops_loc : &st->loc, w, sizeof w);
-    const char *setting = strncmp(w, "--set ", 6) ? "strategy.cross_device_ops: " : ""; /* --set names it */
+    const char *setting = xops_where(st, w, sizeof w);
     loom_err_set(err, LOOM_ECONFIG, w, "%sunknown cross-device op \"%s\" (available: %s, auto)", setting, name,
                  loom_cross_device_ops_names(names, sizeof names));
     const char *known, *best = NULL;
@@ -216,6 +265,42 @@ static int unknown_xops(const loom_strategy_spec *st, const char *name, loom_err
     }
     if (best) return loom_err_hint(err, "did you mean \"%s\"?", best);
     return loom_err_hint(err, "a plugin's op is available once its plugin is loaded (plugins.path)");
+}
+
+/* The replicas strategy.devices or .replicas put on the CPU, for messages:
+ * "cpu:0, cpu:1", "cpu:0 to cpu:3" or "one per core". */
+static void cpu_replicas_str(const loom_strategy_spec *st, char *buf, size_t n)
+{
+    size_t len = 0;
+    if (st->devices_listed)
+        for (int i = 0; i < st->n_devices && len < n; i++)
+            len += (size_t)snprintf(buf + len, n - len, "%s%s", i ? ", " : "", st->devices[i]);
+    else if (st->replicas > 1)
+        snprintf(buf, n, "cpu:0 to cpu:%d", st->replicas - 1);
+    else
+        snprintf(buf, n, "%s", st->replicas == 1 ? "cpu:0" : "one per core");
+}
+
+/* Replicas on the CPU keep their buffers in host memory: an op that works
+ * only on GPU memory (the nccl plugin's; loom_xops_memory) is refused here,
+ * at its setting, instead of failing at the first step. Whether GPU replicas
+ * hand an op device memory is their strategy's to check. */
+static int check_xops_memory(const loom_strategy_spec *st, const loom_cross_device_ops *x, loom_err *err)
+{
+    if ((st->devices_listed && st->devices[0][0] == 'g') || (loom_xops_memory(x) & LOOM_XOPS_HOST_MEM)) return LOOM_OK;
+    char w[600], devs[200], names[256];
+    const char *setting = xops_where(st, w, sizeof w), *name;
+    const void *op;
+    size_t len = 0;
+    names[0] = 0;
+    for (int i = 0; loom_registry_entry(LOOM_REG_CROSS_DEVICE_OPS, i, &name, &op, NULL) == 0 && len < sizeof names; i++)
+        if (loom_xops_memory(op) & LOOM_XOPS_HOST_MEM)
+            len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", len ? ", " : "", name);
+    cpu_replicas_str(st, devs, sizeof devs);
+    loom_err_set(err, LOOM_ECONFIG, w, "%s\"%s\" reduces GPU memory only, but the %s replicas are on the CPU (%s), "
+                 "with their buffers in host memory", setting, x->name, st->name, devs);
+    loom_err_hint(err, "for CPU replicas use an op that works on host memory: %s, or \"auto\"", names);
+    return LOOM_ECONFIG;
 }
 
 int loom_strategy_open(loom_strategy **out, const loom_strategy_args *a, loom_err *err)
@@ -241,6 +326,10 @@ int loom_strategy_open(loom_strategy **out, const loom_strategy_args *a, loom_er
     if (strcmp(xname, "auto") && !(s->xops = loom_find_cross_device_ops(xname))) {
         loom_free(s);
         return unknown_xops(&a->spec->strategy, xname, err);
+    }
+    if (s->xops && (rc = check_xops_memory(&a->spec->strategy, s->xops, err))) {
+        loom_free(s);
+        return rc;
     }
     rc = ops->open(s, a, err);
     if (rc) {

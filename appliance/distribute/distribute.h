@@ -42,9 +42,19 @@ typedef struct loom_cross_device_ops {
     int   (*broadcast_rank)(void *comm, int rank, float *buf, int64_t count, int root, loom_err *err);
     /* (optional) out (n * count floats, one per rank) = concat of every rank's buf */
     int   (*all_gather_rank)(void *comm, int rank, const float *buf, int64_t count, float *out, loom_err *err);
+    /* ---- version 3 (appended; read only when version >= 3: use loom_xops_memory) ---- */
+    uint32_t caps; /* LOOM_XOPS_*_MEM: the memory its buffers may be in; neither flag = host memory */
 } loom_cross_device_ops;
-/* 2 added the per-rank collectives; version 1 vtables (without them) still register. */
-#define LOOM_CROSS_DEVICE_OPS_VERSION 2
+/* 2 added the per-rank collectives, 3 caps; versions 1 and 2 (host memory) still register. */
+#define LOOM_CROSS_DEVICE_OPS_VERSION 3
+#define LOOM_XOPS_HOST_MEM   1u /* buffers in host memory: CPU replicas (every built-in op) */
+#define LOOM_XOPS_DEVICE_MEM 2u /* buffers in GPU memory: GPU replicas (the nccl plugin's op) */
+
+/* The memory x works on: LOOM_XOPS_HOST_MEM and/or LOOM_XOPS_DEVICE_MEM,
+ * never neither (an op that declares no memory works on host memory). A
+ * strategy refuses an op that cannot work where its replicas' buffers are
+ * when it opens (loom_strategy_open does so for CPU replicas). */
+unsigned loom_xops_memory(const loom_cross_device_ops *x);
 
 /* A communicator: n ranks of one cross-device op, each on its own thread
  * (a replica's), calling the same collectives in the same order with the
@@ -54,6 +64,11 @@ typedef struct loom_cross_device_ops {
  * returns on a rank once no other rank still reads its buffer. For one op the
  * result is bit-identical on every rank, on every run, and to the op's
  * N-buffer entry point; different ops sum in different orders (see README).
+ * Ranks that disagree (another collective, count, op or root) are caught at
+ * the collective's rendezvous: every rank returns LOOM_EUSAGE naming the
+ * collective and the differing values, having touched no buffer out of
+ * range (all_gather may have written its own block of out), and the
+ * communicator stays usable for the next call.
  * Free with loom_xcomm_close, after the last collective. */
 typedef struct loom_xcomm loom_xcomm;
 int  loom_xcomm_open(loom_xcomm **out, const loom_cross_device_ops *x, int n, loom_err *err);
@@ -212,10 +227,11 @@ int  loom_strategy_step_part(loom_strategy *s, loom_step_part part, const loom_e
                              loom_step_result *per_replica, loom_err *err);
 loom_model *loom_strategy_replica(loom_strategy *s, int r);
 
-/* For `loom check`: prints the plan of a built-in replicated strategy
- * (mirrored, central_storage) for a global batch: replicas, devices, threads,
- * per-replica batches, the cross-device op and its packs, the bytes reduced
- * per step. Returns 1 when it printed, 0 for any other strategy. */
+/* For `loom check`: prints the plan of a built-in strategy (one_device,
+ * mirrored, central_storage) for a global batch: replicas, devices, threads,
+ * what computes (nn's host code or a device backend), per-replica batches,
+ * the cross-device op and its packs, the bytes reduced per step. Returns 1
+ * when it printed, 0 for any other strategy. */
 int loom_strategy_print_plan(loom_strategy *s, int64_t global_batch, FILE *f);
 
 /* Generic all-reduce over n buffers with a cross-device op (n == 1 is a no-op). */

@@ -39,6 +39,7 @@
  * Dropout is keyed by (seed, step, replica); replica 0 draws one_device's mask. */
 #include "distribute.h"
 #include "mirrored_internal.h"
+#include "placement_internal.h"
 #include "xops_internal.h"
 #include "tensor/device.h"
 
@@ -48,6 +49,7 @@
 
 typedef struct replica {
     loom_model     *model;
+    loom_model_dev *dev;   /* on a device backend: the executor of model's steps; NULL: nn's host code */
     loom_optimizer *opt;   /* replica 0's only: the one optimizer */
     loom_elem       share; /* this job's slice of the batch (views) */
     int64_t         row0;  /* its first row in the batch */
@@ -74,6 +76,7 @@ typedef struct replicated {
     int          stale;     /* central_storage: replicas > 0 hold variables older than replica 0's */
     uint64_t     seed;
     char         devices[LOOM_MAX_DEVICES][16]; /* for the plan (the first ones) */
+    loom_placement_ place;  /* the device backend running the replicas (ops NULL: the host) */
     /* the current job */
     int          job;
     int64_t      step, global_batch;
@@ -91,7 +94,8 @@ static const char *kind_name(const replicated *m) { return m->central ? "central
 
 /* The replica count and device names the spec asks for, checked against this
  * machine: cpu:N exists for N below the cores this process may run on; GPUs
- * need the CUDA backend, which only a plugin provides. */
+ * need a GPU backend (cuda, from a plugin) that finds them usable now, and
+ * strategy.device_backend may run cpu replicas on the CPU reference backend. */
 static int resolve_devices(replicated *m, const loom_strategy_spec *st, int64_t max_batch, loom_err *err)
 {
     int cores = loom_num_cores();
@@ -99,19 +103,13 @@ static int resolve_devices(replicated *m, const loom_strategy_spec *st, int64_t 
     loom_loc_str(&st->devices_loc, w, sizeof w);
     char setting[160] = ""; /* the setting's path, unless "--set path" already names it */
     if (strncmp(w, "--set ", 6)) snprintf(setting, sizeof setting, "%s: ", st->devices_loc.path);
-    if (st->devices_listed && st->devices[0][0] == 'g') {
-        const char *dev = st->devices[0];
-        char why[600];
-        if (loom_device_gpus(why, sizeof why) == 0) /* why names what is missing: plugin, driver or device */
-            return loom_err_set(err, LOOM_ECONFIG, w, "%sdevice \"%s\" is not usable: %s", setting, dev, why),
-                   loom_err_hint(err, "`loom devices` lists what this machine can use; build the cuda plugin where "
-                                 "the CUDA toolkit is installed and run where a GPU and its driver are, or use "
-                                 "devices = [\"cpu:0\", \"cpu:1\"];");
-        return loom_err_set(err, LOOM_EUNSUPPORTED, w,
-                            "%s\"%s\": the %s strategy runs its replicas on the CPU only in this build", setting, dev,
-                            kind_name(m));
-    }
-    if (st->devices_listed) {
+    int rc = loom_place_devices_(st, st->devices, st->devices_listed ? st->n_devices : 0, &st->devices_loc, &m->place,
+                                 err);
+    if (rc) return rc;
+    if (m->place.gpu) {
+        m->n = m->place.n;
+        for (int i = 0; i < m->n; i++) snprintf(m->devices[i], sizeof m->devices[i], "gpu:%d", m->place.index[i]);
+    } else if (st->devices_listed) {
         for (int i = 0; i < st->n_devices; i++) {
             unsigned idx = 0;
             sscanf(st->devices[i], "cpu:%u", &idx);
@@ -133,7 +131,7 @@ static int resolve_devices(replicated *m, const loom_strategy_spec *st, int64_t 
                             "%s%d replicas but the global batch is %lld: each replica needs at least one example",
                             setting, m->n, (long long)max_batch),
                loom_err_hint(err, "raise the batch size (the global batch, split among the replicas) or set replicas");
-    if (m->n > cores)
+    if (m->n > cores && !m->place.gpu)
         loom_info("%s: %d replicas on %d cores: the replica threads outnumber the cores, as configured", kind_name(m),
                   m->n, cores);
     return LOOM_OK;
@@ -166,6 +164,10 @@ static int new_replica(loom_strategy *s, replicated *m, replica *rp, int intra, 
     if (rc) return rc;
     /* every replica starts from the same seed: equal variables, as a broadcast would make them */
     loom_model_init_params(rp->model, m->seed);
+    int r = (int)(rp - m->rep);
+    if (m->place.ops && (rc = loom_model_dev_open(&rp->dev, rp->model, m->place.ops, loom_place_index_(&m->place, r),
+                                                  err)))
+        return rc;
     if (rp != m->rep) return LOOM_OK;
     rc = loom_optimizer_new(&rp->opt, &spec->optimizer, loom_model_num_params(rp->model), err);
     /* central: the update runs on all replica threads; mirrored: each replica's shard on its own */
@@ -198,6 +200,14 @@ static int rep_open(loom_strategy *s, const loom_strategy_args *a, int central, 
     for (int r = 0; r < m->n; r++)
         if ((rc = new_replica(s, m, &m->rep[r], intra, share, err))) return rc;
     m->P = loom_model_num_params(m->rep[0].model);
+    /* device replicas reduce host copies of their gradients: never hand an op of GPU memory (nccl) host pointers */
+    if (m->place.ops && s->xops && !(loom_xops_memory(s->xops) & LOOM_XOPS_HOST_MEM)) {
+        char w[600];
+        return loom_err_set(err, LOOM_ECONFIG, loom_loc_str(&spec->strategy.cross_device_ops_loc, w, sizeof w),
+                            "strategy.cross_device_ops: \"%s\" reduces GPU memory only, but device replicas "
+                            "download their gradients and reduce them in host memory in this build", s->xops->name),
+               loom_err_hint(err, "use cross_device_ops = \"ring\", \"reduce_to_one_device\" or \"auto\"");
+    }
     if ((rc = resolve_xops(s, m, err)) || central) return rc;
     /* strategy.bytes_per_pack / num_packs (default: one pack of everything) */
     loom_model *m0 = m->rep[0].model;
@@ -221,6 +231,7 @@ static void rep_close(loom_strategy *s)
     loom_xcomm_close(m->comm);
     if (m->bar_init) pthread_barrier_destroy(&m->bar);
     for (int r = 0; m->rep && r < m->n; r++) {
+        loom_model_dev_close(m->rep[r].dev);
         loom_model_free(m->rep[r].model);
         loom_optimizer_free(m->rep[r].opt);
     }
@@ -231,11 +242,15 @@ static void rep_close(loom_strategy *s)
 
 /* ---- the replicas' work ------------------------------------------------------ */
 
-/* central_storage: replica r > 0 reads the central variables after an update. */
-static void refresh(replicated *m, int r)
+/* central_storage: replica r > 0 reads the central variables after an
+ * update; on a device every replica then uploads them (replica 0's were
+ * updated in place). */
+static int refresh(replicated *m, int r)
 {
-    if (m->central && m->stale && r > 0)
+    if (!m->central || !m->stale) return LOOM_OK;
+    if (r > 0)
         memcpy(loom_model_params(m->rep[r].model), loom_model_params(m->rep[0].model), (size_t)m->P * sizeof(float));
+    return m->rep[r].dev ? loom_model_dev_upload_params(m->rep[r].dev, &m->rep[r].err) : LOOM_OK;
 }
 
 static uint64_t rng_key(const replicated *m, int r)
@@ -255,6 +270,9 @@ static int replica_grads(loom_strategy *s, replicated *m, int r)
         memset(loom_model_grads(rp->model), 0, (size_t)m->P * sizeof(float));
         return LOOM_OK;
     }
+    if (rp->dev) /* the gradients are downloaded into the model's buffer */
+        return loom_model_dev_train_step(rp->dev, x, y, m->global_batch, rng_key(m, r), &rp->res.loss_sum,
+                                         &rp->res.correct, &rp->err);
     return loom_model_train_step(rp->model, x, y, m->global_batch, rng_key(m, r), &rp->res.loss_sum,
                                  &rp->res.correct, &rp->err);
 }
@@ -359,6 +377,7 @@ static void mirrored_train(loom_strategy *s, replicated *m, int r)
         if (!rc && all_ok(m)) mirrored_apply_shard(m, r);
         gc = mirrored_gather(m, r, rc ? NULL : &rerr); /* every rank gathers, as every rank reduced */
     }
+    if (!rc && !gc && rp->dev) gc = loom_model_dev_upload_params(rp->dev, &rerr); /* the new variables to the device */
     if (rc || gc) {
         rp->reduce_rc = rc ? rc : gc;
         rp->reduce_err = rerr;
@@ -375,7 +394,7 @@ static void replica_item(void *arg, int r)
     replica *rp = &m->rep[r];
     rp->rc = rp->reduce_rc = LOOM_OK;
     memset(&rp->res, 0, sizeof rp->res);
-    refresh(m, r);
+    int frc = refresh(m, r); /* on failure the job still runs (central_storage's barrier waits for all) but fails */
     const loom_tensor *x = &rp->share.t[input_idx(s)];
     switch (m->job) {
     case JOB_TRAIN:
@@ -389,17 +408,24 @@ static void replica_item(void *arg, int r)
         break;
     case JOB_EVAL:
         rp->res.examples = x->shape.dim[0];
-        if (rp->res.examples)
+        if (rp->res.examples && rp->dev)
+            rp->rc = loom_model_dev_evaluate(rp->dev, x, &rp->share.t[label_idx(s)], &rp->res.loss_sum,
+                                             &rp->res.correct, &rp->err);
+        else if (rp->res.examples)
             rp->rc = loom_model_evaluate(rp->model, x, &rp->share.t[label_idx(s)], &rp->res.loss_sum,
                                          &rp->res.correct, &rp->err);
         break;
     case JOB_PREDICT:
-        if (x->shape.dim[0]) rp->rc = loom_model_predict(rp->model, x, m->out + rp->row0 * m->classes, &rp->err);
+        if (x->shape.dim[0] && rp->dev)
+            rp->rc = loom_model_dev_predict(rp->dev, x, m->out + rp->row0 * m->classes, &rp->err);
+        else if (x->shape.dim[0])
+            rp->rc = loom_model_predict(rp->model, x, m->out + rp->row0 * m->classes, &rp->err);
         break;
     case JOB_PART:
         rp->rc = step_part_item(s, m, r);
         break;
     }
+    if (frc && !rp->rc) rp->rc = frc;
 }
 
 /* Splits batch among the replicas (NULL: keep the last split) and runs the
@@ -496,12 +522,16 @@ static int step_part_item(loom_strategy *s, replicated *m, int r)
     int64_t B = x->shape.dim[0];
     switch (m->part) {
     case LOOM_PART_FORWARD:
+        if (B && rp->dev) return loom_model_dev_forward(rp->dev, x, rng_key(m, r), &rp->err);
         return B ? loom_model_forward(rp->model, x, rng_key(m, r), &rp->err) : LOOM_OK;
     case LOOM_PART_LOSS:
         rp->res.examples = B;
+        if (B && rp->dev)
+            return loom_model_dev_loss(rp->dev, y, m->global_batch, &rp->res.loss_sum, &rp->res.correct, &rp->err);
         return B ? loom_model_loss(rp->model, y, m->global_batch, &rp->res.loss_sum, &rp->res.correct, &rp->err)
                  : LOOM_OK;
-    case LOOM_PART_BACKWARD:
+    case LOOM_PART_BACKWARD: /* on a device, the gradients are downloaded into the model's buffer */
+        if (B && rp->dev) return loom_model_dev_backward(rp->dev, &rp->err);
         if (B) return loom_model_backward(rp->model, &rp->err);
         memset(loom_model_grads(rp->model), 0, (size_t)m->P * sizeof(float));
         return LOOM_OK;
@@ -511,10 +541,12 @@ static int step_part_item(loom_strategy *s, replicated *m, int r)
             return LOOM_OK;
         }
         return mirrored_reduce(m, r, &rp->err);
-    case LOOM_PART_APPLY:
+    case LOOM_PART_APPLY: {
         if (m->central) return LOOM_OK;
         mirrored_apply_shard(m, r); /* the gradients are all-reduced: every shard is complete */
-        return mirrored_gather(m, r, &rp->err);
+        int rc = mirrored_gather(m, r, &rp->err);
+        return !rc && rp->dev ? loom_model_dev_upload_params(rp->dev, &rp->err) : rc;
+    }
     }
     return loom_err_set(&rp->err, LOOM_EUSAGE, NULL, "unknown step part %d", (int)m->part);
 }
@@ -548,14 +580,17 @@ static loom_model *rep_replica(loom_strategy *s, int r)
  * overwritten by a restore: every replica takes the variables. */
 static int rep_sync(loom_strategy *s, loom_err *err)
 {
-    (void)err;
     replicated *m = s->impl;
     if (m->central) {
-        m->stale = 1;
+        m->stale = 1; /* every replica's next job copies (r > 0) and uploads (on a device) them */
         return LOOM_OK;
     }
     const float *p0 = loom_model_params(m->rep[0].model);
     for (int r = 1; r < m->n; r++) memcpy(loom_model_params(m->rep[r].model), p0, (size_t)m->P * sizeof(float));
+    for (int r = 0; r < m->n; r++) {
+        int rc = m->rep[r].dev ? loom_model_dev_upload_params(m->rep[r].dev, err) : LOOM_OK;
+        if (rc) return rc;
+    }
     return LOOM_OK;
 }
 
@@ -622,7 +657,7 @@ static void print_shares(FILE *f, const replicated *m, int64_t b)
     }
 }
 
-int loom_strategy_print_plan(loom_strategy *s, int64_t global_batch, FILE *f)
+int loom_replicated_print_plan_(loom_strategy *s, int64_t global_batch, FILE *f)
 {
     if (s->ops != &mirrored_ops && s->ops != &central_storage_ops) return 0;
     const replicated *m = s->impl;
@@ -634,6 +669,9 @@ int loom_strategy_print_plan(loom_strategy *s, int64_t global_batch, FILE *f)
     fprintf(f, "  global batch %lld, per-replica batch ", (long long)global_batch);
     print_shares(f, m, global_batch);
     fprintf(f, " (ceil(B / %d) each, in order; a short last batch splits unevenly)\n", m->n);
+    char what[200];
+    fprintf(f, "  compute: %s%s\n", loom_place_describe_(&m->place, what, sizeof what),
+            m->place.ops ? "; gradients reduced on the host" : "");
     int64_t bytes = m->P * (int64_t)sizeof(float);
     if (m->central) {
         fprintf(f, "  variables: one copy on the host (replica 0), one optimizer; per step the %d gradient buffers "

@@ -7,5 +7,7 @@
 
 /* Registers mirrored and central_storage. */
 int loom_replicated_register_(loom_err *err);
+/* loom_strategy_print_plan for mirrored and central_storage; 0 for any other strategy. */
+int loom_replicated_print_plan_(loom_strategy *s, int64_t global_batch, FILE *f);
 
 #endif

@@ -10,7 +10,9 @@
  * other in the last bits (for n = 2 they agree: a + b == b + a).
  *
  * Waiting never burns a core: a rank polls briefly, only while every rank has
- * a core of its own, then sleeps on a futex until the rank it waits for posts. */
+ * a core of its own, then sleeps on a futex until the rank it waits for posts.
+ * Every per-rank collective checks at its rendezvous that the ranks agree on
+ * what they called (see "the ranks agree" below). */
 #include "distribute.h"
 #include "xops_internal.h"
 
@@ -86,13 +88,27 @@ static void bar_sync(xbar *b, int n, int spin, void (*last)(void *), void *arg)
 
 /* ---- the state n ranks share --------------------------------------------- */
 
+/* The per-rank collectives, as a rank names what it calls (the first three
+ * are also generic_rank's). */
+typedef enum { XC_ALL_REDUCE, XC_BROADCAST, XC_ALL_GATHER, XC_REDUCE_SCATTER, XC_ALL_GATHER_SHARDS, XC_UPDATE } xkind;
+
+/* What a rank asked for in a collective. */
+typedef struct xcall {
+    int64_t count;
+    int32_t kind; /* xkind */
+    int32_t arg;  /* the reduce op, or the broadcast's root; else 0 */
+} xcall;
+
 typedef struct xstate {
     int       n, spin;
+    const char *name; /* the op's, for messages (may be NULL) */
     xbar      bar;
     float   **bufs;   /* (n,) each rank's buffer in the current collective */
     float   **outs;   /* (n,) each rank's all_gather output */
     xsig     *done;   /* ring: (n,) items each rank has completed, over all calls */
     uint32_t *base;   /* ring: (n,) rank r's own count of items before this call */
+    xcall    *calls;  /* (2, n) what each rank asked for, in the slot of its call number's parity */
+    uint32_t *seq;    /* (n,) rank r's own count of its calls */
 } xstate;
 
 static void xstate_free(void *p)
@@ -103,6 +119,8 @@ static void xstate_free(void *p)
     loom_free(s->outs);
     loom_free(s->done);
     loom_free(s->base);
+    loom_free(s->calls);
+    loom_free(s->seq);
     loom_free(s);
 }
 
@@ -116,8 +134,10 @@ static void *xstate_new(int n, loom_err *err)
         s->outs = loom_calloc((size_t)n, sizeof *s->outs);
         s->done = loom_alloc_aligned((size_t)n * sizeof *s->done);
         s->base = loom_calloc((size_t)n, sizeof *s->base);
+        s->calls = loom_calloc(2 * (size_t)n, sizeof *s->calls);
+        s->seq = loom_calloc((size_t)n, sizeof *s->seq);
     }
-    if (!s || !s->bufs || !s->outs || !s->done || !s->base) {
+    if (!s || !s->bufs || !s->outs || !s->done || !s->base || !s->calls || !s->seq) {
         xstate_free(s);
         loom_err_set(err, LOOM_ENOMEM, NULL, "allocating a communicator of %d ranks", n);
         return NULL;
@@ -127,6 +147,82 @@ static void *xstate_new(int n, loom_err *err)
 }
 
 static void bar(xstate *s) { bar_sync(&s->bar, s->n, s->spin, NULL, NULL); }
+
+/* ---- the ranks agree --------------------------------------------------------
+ * A rank that called another collective, or passed another count, op or
+ * root, would make the others read or write past its buffer, or wait for
+ * steps that never come. So each rank publishes what it asked for (16 bytes)
+ * before the rendezvous its collective has anyway, and after it every rank
+ * compares all n: on a mismatch every rank returns LOOM_EUSAGE with the same
+ * message before touching another's buffer, and the ranks stay in step for
+ * the next call. The ring has no closing barrier, so a rank may already be
+ * in its next call when another compares: each rank has two slots, used by
+ * the parity of its call number. */
+
+static const char *const xkind_names[] = {"all_reduce", "broadcast", "all_gather", "reduce_scatter",
+                                          "all_gather_shards", "update"};
+
+/* The n slots of the call rank r is in. */
+static xcall *calls_of(const xstate *s, int r) { return s->calls + (size_t)(s->seq[r] & 1) * (size_t)s->n; }
+
+static void call_publish(xstate *s, int r, xkind kind, int64_t count, int arg)
+{
+    calls_of(s, r)[r] = (xcall){count, (int32_t)kind, (int32_t)arg};
+}
+
+static const char *redop_str(int op)
+{
+    return op == LOOM_REDUCE_SUM ? "SUM" : op == LOOM_REDUCE_MEAN ? "MEAN" : op == LOOM_REDUCE_MAX ? "MAX" : "?";
+}
+
+/* LOOM_OK when the n calls c[] are the same; else LOOM_EUSAGE naming the
+ * collective and the first rank that differs from rank 0. */
+static int calls_agree(const xstate *s, const xcall *c, loom_err *err)
+{
+    int n = s->n, k = 1;
+    while (k < n && c[k].kind == c[0].kind && c[k].count == c[0].count && c[k].arg == c[0].arg) k++;
+    if (k == n) return LOOM_OK;
+    const char *what = xkind_names[c[0].kind];
+    if (c[k].kind != c[0].kind) {
+        loom_err_set(err, LOOM_EUSAGE, s->name, "the ranks called different collectives: rank 0 loom_xcomm_%s, "
+                     "rank %d loom_xcomm_%s", what, k, xkind_names[c[k].kind]);
+    } else if (c[k].count != c[0].count) {
+        char by_rank[200];
+        size_t len = 0;
+        for (int r = 0; r < n && len < sizeof by_rank; r++)
+            len += (size_t)snprintf(by_rank + len, sizeof by_rank - len, "%s%lld", r ? ", " : "",
+                                    (long long)c[r].count);
+        loom_err_set(err, LOOM_EUSAGE, s->name, "loom_xcomm_%s: the ranks passed different counts: rank 0 %lld "
+                     "floats, rank %d %lld (by rank: %s)", what, (long long)c[0].count, k, (long long)c[k].count,
+                     by_rank);
+    } else if (c[0].kind == XC_BROADCAST) {
+        loom_err_set(err, LOOM_EUSAGE, s->name, "loom_xcomm_broadcast: the ranks named different roots: rank 0 "
+                     "root %d, rank %d root %d", c[0].arg, k, c[k].arg);
+    } else {
+        loom_err_set(err, LOOM_EUSAGE, s->name, "loom_xcomm_%s: the ranks asked for different reductions: rank 0 "
+                     "%s, rank %d %s", what, redop_str(c[0].arg), k, redop_str(c[k].arg));
+    }
+    loom_err_hint(err, "every rank must call the same collectives in the same order, with the same count, op and "
+                  "root; nothing was reduced or copied between the ranks, and they may go on with the next call");
+    return LOOM_EUSAGE;
+}
+
+/* After the rendezvous: whether every rank asked for what rank r did. Moves
+ * rank r on to its next call. */
+static int call_check(xstate *s, int r, loom_err *err)
+{
+    int rc = calls_agree(s, calls_of(s, r), err);
+    s->seq[r]++;
+    return rc;
+}
+
+/* The start of a collective whose rendezvous is a barrier. */
+static int bar_start(xstate *s, int r, xkind kind, int64_t count, int arg, loom_err *err)
+{
+    call_publish(s, r, kind, count, arg);
+    bar(s);
+    return call_check(s, r, err);
+}
 
 /* ---- element-wise kernels ------------------------------------------------ */
 
@@ -190,10 +286,10 @@ static void split_lines(int64_t count, int k, int j, int64_t *lo, int64_t *hi)
 
 static int copy_broadcast_rank(void *comm, int r, float *buf, int64_t count, int root, loom_err *err)
 {
-    (void)err;
     xstate *s = comm;
     s->bufs[r] = buf;
-    bar(s);
+    int rc = bar_start(s, r, XC_BROADCAST, count, root, err);
+    if (rc) return rc;
     if (r != root) copy(buf, s->bufs[root], count);
     bar(s); /* the root's buffer stays untouched until everyone has copied */
     return LOOM_OK;
@@ -201,10 +297,10 @@ static int copy_broadcast_rank(void *comm, int r, float *buf, int64_t count, int
 
 static int copy_all_gather_rank(void *comm, int r, const float *buf, int64_t count, float *out, loom_err *err)
 {
-    (void)err;
     xstate *s = comm;
     s->bufs[r] = (float *)buf;
-    bar(s);
+    int rc = bar_start(s, r, XC_ALL_GATHER, count, 0, err);
+    if (rc) return rc;
     for (int k = 0; k < s->n; k++) copy(out + (int64_t)k * count, s->bufs[k], count);
     bar(s);
     return LOOM_OK;
@@ -244,10 +340,10 @@ static int rto_all_reduce(float *const *bufs, int n, int64_t count, loom_redop o
 
 static int rto_all_reduce_rank(void *comm, int r, float *buf, int64_t count, loom_redop op, loom_err *err)
 {
-    (void)err;
     xstate *s = comm;
     s->bufs[r] = buf;
-    bar(s);
+    int rc = bar_start(s, r, XC_ALL_REDUCE, count, (int)op, err);
+    if (rc) return rc;
     if (r == 0) rto_reduce(s->bufs, s->n, count, op);
     bar(s);
     if (r != 0) copy(buf, s->bufs[0], count);
@@ -266,6 +362,7 @@ static const loom_cross_device_ops reduce_to_one_device = {
     .all_reduce_rank = rto_all_reduce_rank,
     .broadcast_rank = copy_broadcast_rank,
     .all_gather_rank = copy_all_gather_rank,
+    .caps = LOOM_XOPS_HOST_MEM,
 };
 
 /* ---- hierarchical_copy ----------------------------------------------------
@@ -327,14 +424,14 @@ static int hier_all_reduce(float *const *bufs, int n, int64_t count, loom_redop 
 
 static int hier_all_reduce_rank(void *comm, int r, float *buf, int64_t count, loom_redop op, loom_err *err)
 {
-    (void)err;
     xstate *s = comm;
     int n = s->n;
     if (n == 1) return LOOM_OK;
     hgeo q = hier_geo(n, r);
     int64_t lo, hi, hlo, hhi;
     s->bufs[r] = buf;
-    bar(s);
+    int rc = bar_start(s, r, XC_ALL_REDUCE, count, (int)op, err);
+    if (rc) return rc;
     split(count, q.size, q.j, &lo, &hi); /* A: my slice of the whole buffer */
     hier_phase_a(s->bufs, n, &q, lo, hi, op);
     bar(s);
@@ -363,6 +460,7 @@ static const loom_cross_device_ops hierarchical_copy = {
     .all_reduce_rank = hier_all_reduce_rank,
     .broadcast_rank = copy_broadcast_rank,
     .all_gather_rank = copy_all_gather_rank,
+    .caps = LOOM_XOPS_HOST_MEM,
 };
 
 /* ---- ring -------------------------------------------------------------------
@@ -456,17 +554,33 @@ static void ring_end(xstate *s, int r, uint32_t T)
     s->base[r] = base + T;
 }
 
+/* The start of rank r's ring collective, once it has published its buffer:
+ * post item 0 and wait until every rank has (not only rank r-1), so that
+ * the calls can be compared. When they differ the call is one item long on
+ * every rank, and nobody has touched another's buffer. */
+static int ring_start(xstate *s, int r, xkind kind, int64_t count, int arg, loom_err *err)
+{
+    uint32_t base = s->base[r];
+    call_publish(s, r, kind, count, arg);
+    ring_post(s, r, base, 0);
+    for (int k = 0; k < s->n; k++)
+        if (k != r) ring_wait(s, k, base, 0);
+    int rc = call_check(s, r, err);
+    if (rc) s->base[r] = base + 1;
+    return rc;
+}
+
 static int ring_all_reduce_rank(void *comm, int r, float *buf, int64_t count, loom_redop op, loom_err *err)
 {
-    (void)err;
     xstate *s = comm;
     int n = s->n, p = mod(r - 1, n);
     if (n == 1) return LOOM_OK;
+    s->bufs[r] = buf;
+    int rc = ring_start(s, r, XC_ALL_REDUCE, count, (int)op, err);
+    if (rc) return rc;
     int64_t C = ring_chunks(count, n);
     LOOM_ASSERT(C < (1 << 28) / n); /* chunk-steps per call must stay far below 2^31 */
     uint32_t base = s->base[r], T = 1 + (uint32_t)(2 * n - 3) * (uint32_t)C;
-    s->bufs[r] = buf;
-    ring_post(s, r, base, 0);
     for (int st = 0; st < n - 1; st++)
         for (int64_t c = 0; c < C; c++) {
             ring_wait(s, p, base, st == 0 ? 0 : 1 + (uint32_t)((st - 1) * C + c));
@@ -486,15 +600,16 @@ static int ring_all_reduce_rank(void *comm, int r, float *buf, int64_t count, lo
 
 /* The all-reduce's reduce-scatter alone, without the write-back: segment
  * r+1 ends complete at rank r (ring_shard). */
-static int ring_reduce_scatter_rank(xstate *s, int r, float *buf, int64_t count, loom_redop op)
+static int ring_reduce_scatter_rank(xstate *s, int r, float *buf, int64_t count, loom_redop op, loom_err *err)
 {
     int n = s->n, p = mod(r - 1, n);
     if (n == 1) return LOOM_OK;
+    s->bufs[r] = buf;
+    int rc = ring_start(s, r, XC_REDUCE_SCATTER, count, (int)op, err);
+    if (rc) return rc;
     int64_t C = ring_chunks(count, n);
     LOOM_ASSERT(C < (1 << 28) / n);
     uint32_t base = s->base[r], T = 1 + (uint32_t)(n - 1) * (uint32_t)C;
-    s->bufs[r] = buf;
-    ring_post(s, r, base, 0);
     for (int st = 0; st < n - 1; st++)
         for (int64_t c = 0; c < C; c++) {
             ring_wait(s, p, base, st == 0 ? 0 : 1 + (uint32_t)((st - 1) * C + c));
@@ -508,17 +623,17 @@ static int ring_reduce_scatter_rank(xstate *s, int r, float *buf, int64_t count,
 /* Broadcast down the ring from root, chunk by chunk (a pipelined chain). */
 static int ring_broadcast_rank(void *comm, int r, float *buf, int64_t count, int root, loom_err *err)
 {
-    (void)err;
     xstate *s = comm;
     int n = s->n, p = mod(r - 1, n);
     if (n == 1) return LOOM_OK;
+    s->bufs[r] = buf;
+    int rc = ring_start(s, r, XC_BROADCAST, count, root, err);
+    if (rc) return rc;
     int64_t C = ceil_div(count, XOPS_CHUNK);
     uint32_t base = s->base[r], T = 1 + (uint32_t)C;
-    s->bufs[r] = buf;
     if (r == root) {
         ring_post(s, r, base, T - 1); /* the root has every chunk */
     } else {
-        ring_post(s, r, base, 0);
         for (int64_t c = 0; c < C; c++) {
             int64_t lo = c * XOPS_CHUNK, hi = lo + XOPS_CHUNK < count ? lo + XOPS_CHUNK : count;
             ring_wait(s, p, base, 1 + (uint32_t)c);
@@ -534,15 +649,15 @@ static int ring_broadcast_rank(void *comm, int r, float *buf, int64_t count, int
  * which passes it on at the next step. */
 static int ring_all_gather_rank(void *comm, int r, const float *buf, int64_t count, float *out, loom_err *err)
 {
-    (void)err;
     xstate *s = comm;
     int n = s->n, p = mod(r - 1, n);
+    copy(out + (int64_t)r * count, buf, count); /* rank r+1 reads it once item 0 is posted */
+    s->outs[r] = out;
+    int rc = ring_start(s, r, XC_ALL_GATHER, count, 0, err);
+    if (rc) return rc;
     int64_t C = ceil_div(count, XOPS_CHUNK);
     if (!C) C = 1;
     uint32_t base = s->base[r], T = 1 + (uint32_t)(n - 1) * (uint32_t)C;
-    copy(out + (int64_t)r * count, buf, count);
-    s->outs[r] = out;
-    ring_post(s, r, base, 0);
     for (int st = 0; st < n - 1; st++) {
         int64_t blk = (int64_t)mod(r - 1 - st, n) * count;
         for (int64_t c = 0; c < C; c++) {
@@ -567,6 +682,7 @@ static const loom_cross_device_ops ring = {
     .all_reduce_rank = ring_all_reduce_rank,
     .broadcast_rank = ring_broadcast_rank,
     .all_gather_rank = ring_all_gather_rank,
+    .caps = LOOM_XOPS_HOST_MEM,
 };
 
 int loom_xops_register_builtins_(loom_err *err)
@@ -575,6 +691,12 @@ int loom_xops_register_builtins_(loom_err *err)
     if (!rc) rc = loom_register_cross_device_ops(&hierarchical_copy, err);
     if (!rc) rc = loom_register_cross_device_ops(&ring, err);
     return rc;
+}
+
+unsigned loom_xops_memory(const loom_cross_device_ops *x)
+{
+    unsigned m = x->version >= 3 ? x->caps & (LOOM_XOPS_HOST_MEM | LOOM_XOPS_DEVICE_MEM) : 0;
+    return m ? m : LOOM_XOPS_HOST_MEM;
 }
 
 /* ---- wrappers of the N-buffer entry points -------------------------------- */
@@ -591,13 +713,16 @@ int loom_all_gather(const loom_cross_device_ops *x, float *const *bufs, int n, i
 /* Per-rank entry points exist only from version 2 on. */
 static int has_ranked(const loom_cross_device_ops *x) { return x->version >= 2 && x->comm_new; }
 
+/* The built-ins' per-rank entry points check that the ranks agree themselves. */
+static int checks_itself(const loom_cross_device_ops *x) { return has_ranked(x) && x->comm_new == xstate_new; }
+
 struct loom_xcomm {
     const loom_cross_device_ops *x;
     int                          n;
     void                        *state; /* x->comm_new's, or NULL */
     xstate                      *gen;   /* the rendezvous for ops without per-rank entry points */
     /* the collective the last rank to arrive runs for everyone (written by rank 0) */
-    int      what; /* 0 all_reduce, 1 broadcast, 2 all_gather */
+    xkind    what; /* XC_ALL_REDUCE, XC_BROADCAST or XC_ALL_GATHER */
     int64_t  count;
     loom_redop op;
     int      root, rc;
@@ -617,6 +742,8 @@ int loom_xcomm_open(loom_xcomm **out, const loom_cross_device_ops *x, int n, loo
         loom_xcomm_close(c);
         return err ? err->code : LOOM_ENOMEM;
     }
+    c->gen->name = x->name;
+    if (checks_itself(x)) ((xstate *)c->state)->name = x->name;
     *out = c;
     return LOOM_OK;
 }
@@ -638,16 +765,17 @@ static void generic_run(void *arg)
     loom_xcomm *c = arg;
     float *const *bufs = c->gen->bufs;
     loom_err_clear(&c->err);
-    if (c->what == 0)
+    if (calls_agree(c->gen, calls_of(c->gen, 0), NULL)) return; /* each rank says so (generic_rank) */
+    if (c->what == XC_ALL_REDUCE)
         c->rc = c->x->all_reduce(bufs, c->n, c->count, c->op, &c->err);
-    else if (c->what == 1)
+    else if (c->what == XC_BROADCAST)
         c->rc = c->x->broadcast(bufs, c->n, c->count, c->root, &c->err);
     else
         for (int r = 0; r < c->n && !c->rc; r++)
             c->rc = loom_all_gather(c->x, bufs, c->n, c->count, c->gen->outs[r], &c->err);
 }
 
-static int generic_rank(loom_xcomm *c, int r, int what, float *buf, float *out, int64_t count, loom_redop op,
+static int generic_rank(loom_xcomm *c, int r, xkind what, float *buf, float *out, int64_t count, loom_redop op,
                         int root, loom_err *err)
 {
     if (r == 0) {
@@ -659,33 +787,49 @@ static int generic_rank(loom_xcomm *c, int r, int what, float *buf, float *out, 
     }
     c->gen->bufs[r] = buf;
     c->gen->outs[r] = out;
+    call_publish(c->gen, r, what, count, what == XC_BROADCAST ? root : what == XC_ALL_REDUCE ? (int)op : 0);
     bar_sync(&c->gen->bar, c->n, c->gen->spin, generic_run, c);
-    int rc = c->rc;
+    /* the same verdict on every rank, so all leave here after one barrier,
+     * as from bar_start (another collective may have been called there) */
+    int rc = call_check(c->gen, r, err);
+    if (rc) return rc;
+    rc = c->rc;
     if (rc && err) *err = c->err;
     bar_sync(&c->gen->bar, c->n, c->gen->spin, NULL, NULL); /* everyone has read rc before the next call */
     return rc;
 }
 
+/* A plugin's own per-rank entry points are called only once the ranks agree,
+ * at a rendezvous of ours (one barrier more per call); the built-ins check
+ * at their own. */
+static int plugin_agree(loom_xcomm *c, int r, xkind what, int64_t count, int arg, loom_err *err)
+{
+    return checks_itself(c->x) || c->n == 1 ? LOOM_OK : bar_start(c->gen, r, what, count, arg, err);
+}
+
 int loom_xcomm_all_reduce(loom_xcomm *c, int rank, float *buf, int64_t count, loom_redop op, loom_err *err)
 {
     LOOM_ASSERT(rank >= 0 && rank < c->n && count >= 0);
-    if (has_ranked(c->x)) return c->x->all_reduce_rank(c->state, rank, buf, count, op, err);
-    return generic_rank(c, rank, 0, buf, NULL, count, op, 0, err);
+    if (!has_ranked(c->x)) return generic_rank(c, rank, XC_ALL_REDUCE, buf, NULL, count, op, 0, err);
+    int rc = plugin_agree(c, rank, XC_ALL_REDUCE, count, (int)op, err);
+    return rc ? rc : c->x->all_reduce_rank(c->state, rank, buf, count, op, err);
 }
 
 int loom_xcomm_broadcast(loom_xcomm *c, int rank, float *buf, int64_t count, int root, loom_err *err)
 {
     LOOM_ASSERT(rank >= 0 && rank < c->n && root >= 0 && root < c->n && count >= 0);
-    if (has_ranked(c->x)) return c->x->broadcast_rank(c->state, rank, buf, count, root, err);
-    return generic_rank(c, rank, 1, buf, NULL, count, LOOM_REDUCE_SUM, root, err);
+    if (!has_ranked(c->x)) return generic_rank(c, rank, XC_BROADCAST, buf, NULL, count, LOOM_REDUCE_SUM, root, err);
+    int rc = plugin_agree(c, rank, XC_BROADCAST, count, root, err);
+    return rc ? rc : c->x->broadcast_rank(c->state, rank, buf, count, root, err);
 }
 
 int loom_xcomm_all_gather(loom_xcomm *c, int rank, const float *buf, int64_t count, float *out, loom_err *err)
 {
     LOOM_ASSERT(rank >= 0 && rank < c->n && count >= 0);
-    if (has_ranked(c->x) && c->x->all_gather_rank)
-        return c->x->all_gather_rank(c->state, rank, buf, count, out, err);
-    return generic_rank(c, rank, 2, (float *)buf, out, count, LOOM_REDUCE_SUM, 0, err);
+    if (!has_ranked(c->x) || !c->x->all_gather_rank)
+        return generic_rank(c, rank, XC_ALL_GATHER, (float *)buf, out, count, LOOM_REDUCE_SUM, 0, err);
+    int rc = plugin_agree(c, rank, XC_ALL_GATHER, count, 0, err);
+    return rc ? rc : c->x->all_gather_rank(c->state, rank, buf, count, out, err);
 }
 
 /* ---- sharded updates ------------------------------------------------------
@@ -705,17 +849,17 @@ void loom_xcomm_shard(const loom_xcomm *c, int rank, int64_t count, int64_t *lo,
 int loom_xcomm_reduce_scatter(loom_xcomm *c, int rank, float *buf, int64_t count, loom_redop op, loom_err *err)
 {
     LOOM_ASSERT(rank >= 0 && rank < c->n && count >= 0);
-    if (is_ring(c)) return ring_reduce_scatter_rank(c->state, rank, buf, count, op);
+    if (is_ring(c)) return ring_reduce_scatter_rank(c->state, rank, buf, count, op, err);
     return loom_xcomm_all_reduce(c, rank, buf, count, op, err);
 }
 
 int loom_xcomm_all_gather_shards(loom_xcomm *c, int rank, float *buf, int64_t count, loom_err *err)
 {
-    (void)err;
     LOOM_ASSERT(rank >= 0 && rank < c->n && count >= 0);
     xstate *s = c->gen;
     s->bufs[rank] = buf;
-    bar(s);
+    int rc = bar_start(s, rank, XC_ALL_GATHER_SHARDS, count, 0, err);
+    if (rc) return rc;
     for (int k = 0; k < c->n; k++) {
         int64_t lo, hi;
         loom_xcomm_shard(c, k, count, &lo, &hi);
@@ -735,15 +879,16 @@ int loom_xcomm_all_gather_shards(loom_xcomm *c, int rank, float *buf, int64_t co
  * closing barrier keeps every rank here until all writes into its buffer
  * are done and nobody reads its gradients. */
 static int ring_update_rank(xstate *s, int r, float *grads, float *params, int64_t count, loom_xcomm_apply_fn apply,
-                            void *arg)
+                            void *arg, loom_err *err)
 {
     int n = s->n, p = mod(r - 1, n);
+    s->bufs[r] = grads;
+    s->outs[r] = params;
+    int rc = ring_start(s, r, XC_UPDATE, count, 0, err);
+    if (rc) return rc;
     int64_t C = ring_chunks(count, n);
     LOOM_ASSERT(C < (1 << 28) / n);
     uint32_t base = s->base[r], T = 1 + (uint32_t)(n - 1) * (uint32_t)C;
-    s->bufs[r] = grads;
-    s->outs[r] = params;
-    ring_post(s, r, base, 0);
     for (int st = 0; st < n - 1; st++)
         for (int64_t c = 0; c < C; c++) {
             ring_wait(s, p, base, st == 0 ? 0 : 1 + (uint32_t)((st - 1) * C + c));
@@ -770,7 +915,7 @@ int loom_xcomm_update(loom_xcomm *c, int rank, float *grads, float *params, int6
         if (count) apply(arg, 0, count);
         return LOOM_OK;
     }
-    if (is_ring(c)) return ring_update_rank(c->state, rank, grads, params, count, apply, arg);
+    if (is_ring(c)) return ring_update_rank(c->state, rank, grads, params, count, apply, arg, err);
     int rc = loom_xcomm_reduce_scatter(c, rank, grads, count, LOOM_REDUCE_SUM, err);
     loom_xcomm_shard(c, rank, count, &lo, &hi);
     if (!rc && lo < hi) apply(arg, lo, hi);
@@ -786,12 +931,16 @@ int loom_xcomm_update(loom_xcomm *c, int rank, float *grads, float *params, int6
 
 const loom_cross_device_ops *loom_xops_auto_(int n, int gpus, char *why, size_t why_n)
 {
-    const loom_cross_device_ops *nccl = gpus ? loom_find_cross_device_ops("nccl") : NULL;
-    if (nccl) {
-        snprintf(why, why_n, "GPU devices, and the nccl plugin is loaded");
-        return nccl;
-    }
+    /* GPU replicas: the first op registered that works on GPU memory (the nccl plugin's) */
+    const char *name;
+    const void *x;
+    for (int i = 0; gpus && loom_registry_entry(LOOM_REG_CROSS_DEVICE_OPS, i, &name, &x, NULL) == 0; i++)
+        if (loom_xops_memory(x) & LOOM_XOPS_DEVICE_MEM) {
+            snprintf(why, why_n, "GPU devices, and %s works on GPU memory", name);
+            return x;
+        }
+    /* CPU replicas: the ring, which works on host memory, as every built-in does */
     snprintf(why, why_n, "%d replicas on %d cores: the pipelined ring moves 2(n-1)/n of the gradients per replica, "
              "the fewest bytes", n, loom_num_cores());
-    return loom_find_cross_device_ops("ring");
+    return &ring;
 }

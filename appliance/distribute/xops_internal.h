@@ -8,9 +8,11 @@
 /* Registers reduce_to_one_device, hierarchical_copy and ring. */
 int loom_xops_register_builtins_(loom_err *err);
 
-/* The op "auto" stands for with n replicas (gpus: they are GPU devices), and
- * why, in a sentence for the log. A rule, not a timing, so the choice (and with
- * it the summation order) is the same on every run of a config. */
+/* The op "auto" stands for with n replicas, and why, in a sentence for the
+ * log. gpus: the buffers it reduces are in GPU memory (then the first op
+ * registered that works there); else the ring, never an op of GPU memory
+ * only. A rule, not a timing, so the choice (and with it the summation
+ * order) is the same on every run of a config. */
 const loom_cross_device_ops *loom_xops_auto_(int n, int gpus, char *why, size_t why_n);
 
 #endif

@@ -594,13 +594,10 @@ NN_HOT static float *pool_backward(const nn_layer_ *l, const int32_t *argmax, co
  * 1 / (1 - rate). The mask depends only on (key, layer, position in the
  * whole batch): a chunk starting at element e0 of the batch draws words
  * e0.. of the stream, so the mask does not depend on the chunking. */
-NN_HOT static void dropout_forward(const nn_layer_ *l, int li, const float *restrict x, float *restrict y,
-                                   uint8_t *restrict mk, int64_t e0, int64_t n, uint64_t rng_key)
+void nn_dropout_mask_(const nn_layer_ *l, int li, uint8_t *mk, int64_t e0, int64_t n, uint64_t rng_key)
 {
-    const double rate = l->spec.rate;
     const uint64_t key = loom_rng_mix(rng_key, (uint64_t)li);
-    const uint64_t thr = (uint64_t)(rate * 4294967296.0);
-    const float scale = (float)(1.0 / (1.0 - rate));
+    const uint64_t thr = (uint64_t)(l->spec.rate * 4294967296.0);
     uint32_t w[4];
     for (int64_t e = 0; e < n;) {
         int64_t ge = e0 + e, k0 = ge & 3, lim = 4 - k0 < n - e ? 4 - k0 : n - e;
@@ -608,6 +605,13 @@ NN_HOT static void dropout_forward(const nn_layer_ *l, int li, const float *rest
         for (int64_t k = 0; k < lim; k++) mk[e + k] = (uint64_t)w[k0 + k] >= thr;
         e += lim;
     }
+}
+
+NN_HOT static void dropout_forward(const nn_layer_ *l, int li, const float *restrict x, float *restrict y,
+                                   uint8_t *restrict mk, int64_t e0, int64_t n, uint64_t rng_key)
+{
+    const float scale = (float)(1.0 / (1.0 - l->spec.rate));
+    nn_dropout_mask_(l, li, mk, e0, n, rng_key);
     for (int64_t e = 0; e < n; e++) y[e] = mk[e] ? x[e] * scale : 0.f;
 }
 

@@ -456,9 +456,7 @@ void loom_model_init_params(loom_model *m, uint64_t seed)
 
 /* ---- steps ------------------------------------------------------------------ */
 
-static int check_label(loom_model *m, const loom_tensor *label, int64_t B, loom_err *err);
-
-static int check_batch(loom_model *m, const loom_tensor *x, const loom_tensor *label, int64_t *B, loom_err *err)
+int nn_check_batch_(loom_model *m, const loom_tensor *x, const loom_tensor *label, int64_t *B, loom_err *err)
 {
     char a[96], b[96];
     if (x->dtype != LOOM_F32)
@@ -477,10 +475,10 @@ static int check_batch(loom_model *m, const loom_tensor *x, const loom_tensor *l
     if (*B < 1 || *B > m->max_batch)
         return loom_err_set(err, LOOM_ESHAPE, m->where, "batch of %lld examples; the model takes 1 to %lld",
                             (long long)*B, (long long)m->max_batch);
-    return label ? check_label(m, label, *B, err) : LOOM_OK;
+    return label ? nn_check_label_(m, label, *B, err) : LOOM_OK;
 }
 
-static int check_label(loom_model *m, const loom_tensor *label, int64_t B, loom_err *err)
+int nn_check_label_(loom_model *m, const loom_tensor *label, int64_t B, loom_err *err)
 {
     char a[96], b[96];
     int ok = label->shape.rank == m->label.rank + 1 && label->shape.dim[0] == B;
@@ -516,7 +514,7 @@ static int bad_label(loom_err *err, const loom_model *m, int64_t b, double v, in
                          (long long)(n - 1));
 }
 
-static int read_labels(loom_model *m, const loom_tensor *label, int64_t B, loom_err *err)
+int nn_read_labels_(loom_model *m, const loom_tensor *label, int64_t B, loom_err *err)
 {
     const int64_t n = m->layer[m->n_layers - 1].n_out;
     switch (label->dtype) {
@@ -681,8 +679,8 @@ int loom_model_train_step(loom_model *m, const loom_tensor *x, const loom_tensor
 {
     int64_t B;
     int rc;
-    if ((rc = check_batch(m, x, label, &B, err))) return rc;
-    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && (rc = read_labels(m, label, B, err))) return rc;
+    if ((rc = nn_check_batch_(m, x, label, &B, err))) return rc;
+    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && (rc = nn_read_labels_(m, label, B, err))) return rc;
     if (global_batch < 1) global_batch = B;
     step_job j = {.kind = JOB_TRAIN, .x = x->data, .label = label, .inv_gb = (float)(1.0 / (double)global_batch),
                   .rng_key = rng_key};
@@ -703,7 +701,7 @@ int loom_model_forward(loom_model *m, const loom_tensor *x, uint64_t rng_key, lo
     int64_t B;
     int rc;
     m->part_done = 0;
-    if ((rc = check_batch(m, x, NULL, &B, err))) return rc;
+    if ((rc = nn_check_batch_(m, x, NULL, &B, err))) return rc;
     step_job j = {.m = m, .kind = JOB_TRAIN, .x = x->data, .rng_key = rng_key, .B = B};
     j.nchunks = split_batch(m, B);
     for (int t = 0; t < j.nchunks; t++) m->chunk[t].loss = 0;
@@ -720,8 +718,8 @@ int loom_model_loss(loom_model *m, const loom_tensor *label, int64_t global_batc
         return loom_err_set(err, LOOM_EUSAGE, m->where, "the loss needs a forward pass on the batch first");
     int64_t B = m->part_B;
     int rc;
-    if ((rc = check_label(m, label, B, err))) return rc;
-    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && (rc = read_labels(m, label, B, err))) return rc;
+    if ((rc = nn_check_label_(m, label, B, err))) return rc;
+    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && (rc = nn_read_labels_(m, label, B, err))) return rc;
     if (global_batch < 1) global_batch = B;
     step_job j = {.m = m, .kind = JOB_TRAIN, .label = label, .inv_gb = (float)(1.0 / (double)global_batch), .B = B};
     j.nchunks = B < m->threads ? (int)B : m->threads;
@@ -757,8 +755,8 @@ int loom_model_evaluate(loom_model *m, const loom_tensor *x, const loom_tensor *
 {
     int64_t B;
     int rc;
-    if ((rc = check_batch(m, x, label, &B, err))) return rc;
-    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && (rc = read_labels(m, label, B, err))) return rc;
+    if ((rc = nn_check_batch_(m, x, label, &B, err))) return rc;
+    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && (rc = nn_read_labels_(m, label, B, err))) return rc;
     step_job j = {.kind = JOB_EVAL, .x = x->data, .label = label, .inv_gb = 1.f};
     run_chunks(m, &j, B, loss_sum, correct);
     return LOOM_OK;
@@ -768,7 +766,7 @@ int loom_model_predict(loom_model *m, const loom_tensor *x, float *out, loom_err
 {
     int64_t B;
     int rc;
-    if ((rc = check_batch(m, x, NULL, &B, err))) return rc;
+    if ((rc = nn_check_batch_(m, x, NULL, &B, err))) return rc;
     step_job j = {.kind = JOB_PREDICT, .x = x->data, .out = out};
     run_chunks(m, &j, B, NULL, NULL);
     return LOOM_OK;

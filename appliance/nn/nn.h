@@ -23,6 +23,7 @@
 #define LOOM_NN_H
 
 #include "config/config.h"
+#include "tensor/device.h"
 #include "tensor/tensor.h"
 
 typedef struct loom_model loom_model;
@@ -97,6 +98,41 @@ int loom_model_evaluate(loom_model *m, const loom_tensor *x, const loom_tensor *
 /* Forward only (dropout off): the model's outputs, probabilities when the loss
  * is softmax cross-entropy, into out (B, outputs). */
 int loom_model_predict(loom_model *m, const loom_tensor *x, float *out, loom_err *err);
+
+/* ---- running a model on a device (model_device.c) ---------------------------
+ * An executor runs a model's steps through a device backend (device.h): a
+ * GPU's, or the CPU reference to test that path anywhere. The host model
+ * keeps the master variables and the gradients: a train step uploads the
+ * batch, computes on the device and downloads the gradients into
+ * loom_model_grads(m); after the host optimizer changed the parameters (or a
+ * restore did), loom_model_dev_upload_params gives them to the device. The
+ * steps keep the contracts of the host ones above (losses, counts, errors,
+ * dropout masks) with results equal up to float rounding.
+ * Threads: one thread at a time per executor, and the model is not used by
+ * another thread meanwhile. */
+
+typedef struct loom_model_dev loom_model_dev;
+
+/* Opens device `device` of backend ops and allocates its buffers for m's
+ * batches (up to m's max_batch): parameters, gradients, activations,
+ * deltas, scratch; then uploads m's parameters. A layer the device cannot
+ * run is LOOM_EUNSUPPORTED naming its file:line. m is borrowed and must
+ * outlive the executor. Close with loom_model_dev_close. */
+int  loom_model_dev_open(loom_model_dev **out, loom_model *m, const loom_device_ops *ops, int device, loom_err *err);
+void loom_model_dev_close(loom_model_dev *d); /* NULL is a no-op */
+/* The host model's parameters to the device; returns once they are copied. */
+int  loom_model_dev_upload_params(loom_model_dev *d, loom_err *err);
+/* As loom_model_train_step, _forward, _loss, _backward, _evaluate and
+ * _predict; the gradients end up in the host model's grads buffer. */
+int loom_model_dev_train_step(loom_model_dev *d, const loom_tensor *x, const loom_tensor *label, int64_t global_batch,
+                              uint64_t rng_key, double *loss_sum, int64_t *correct, loom_err *err);
+int loom_model_dev_forward(loom_model_dev *d, const loom_tensor *x, uint64_t rng_key, loom_err *err);
+int loom_model_dev_loss(loom_model_dev *d, const loom_tensor *label, int64_t global_batch, double *loss_sum,
+                        int64_t *correct, loom_err *err);
+int loom_model_dev_backward(loom_model_dev *d, loom_err *err);
+int loom_model_dev_evaluate(loom_model_dev *d, const loom_tensor *x, const loom_tensor *label, double *loss_sum,
+                            int64_t *correct, loom_err *err);
+int loom_model_dev_predict(loom_model_dev *d, const loom_tensor *x, float *out, loom_err *err);
 
 /* ---- optimizers ------------------------------------------------------------ */
 

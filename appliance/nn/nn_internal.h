@@ -73,6 +73,16 @@ struct loom_model {
     int64_t          part_B;        /* its examples */
 };
 
+/* ---- batch checks (model.c), shared with the device executor ------------- */
+
+/* x (B, input...) is float32 of the model's input shape with 1 <= B <=
+ * max_batch, and label (when not NULL) matches: LOOM_ESHAPE otherwise,
+ * located at the model's file:line. */
+int nn_check_batch_(loom_model *m, const loom_tensor *x, const loom_tensor *label, int64_t *B, loom_err *err);
+int nn_check_label_(loom_model *m, const loom_tensor *label, int64_t B, loom_err *err);
+/* Sparse labels into m->labels as int32, each checked to be a class (LOOM_EDATA). */
+int nn_read_labels_(loom_model *m, const loom_tensor *label, int64_t B, loom_err *err);
+
 /* ---- kernels (layers.c) ------------------------------------------------- */
 
 const char *nn_loc_str_(const loom_loc *l, char *buf, size_t n);
@@ -83,6 +93,9 @@ const char *nn_activation_name_(loom_activation a);
  * training switches dropout on; rng_key seeds it (the mask depends on the
  * example's position in the whole batch, not on the chunking). */
 void nn_layer_forward_(const loom_model *m, int li, nn_chunk_ *c, int training, uint64_t rng_key);
+/* Dropout layer li's keep mask (1 = kept) of elements [e0, e0 + n) of a
+ * batch's outputs for rng_key: the mask the forward pass draws. */
+void nn_dropout_mask_(const nn_layer_ *l, int li, uint8_t *mk, int64_t e0, int64_t n, uint64_t rng_key);
 /* Backward of layer li on chunk c: g holds d(loss)/d(output) (c->B, n_out)
  * and may be overwritten; writes conv parameter gradients into c->grads and
  * dense layers' dz rows into l->dz (see nn_dense_param_grads_) and, when

@@ -84,6 +84,7 @@
 #define LOOM_PART_APPLY      ABI_LOOM_PART_APPLY
 #include "loom_plugin.h"
 enum { ABI_XOPS_VERSION = LOOM_CROSS_DEVICE_OPS_VERSION, ABI_STRATEGY_VERSION = LOOM_STRATEGY_OPS_VERSION };
+enum { ABI_XOPS_HOST_MEM = LOOM_XOPS_HOST_MEM, ABI_XOPS_DEVICE_MEM = LOOM_XOPS_DEVICE_MEM };
 enum { ABI_DEVICE_VERSION = LOOM_DEVICE_OPS_VERSION };
 enum { ABI_CUSTOM_VERSION = LOOM_CUSTOM_OPS_VERSION, ABI_SOURCE_VERSION = LOOM_SOURCE_OPS_VERSION,
        ABI_MAX_RANK = LOOM_MAX_RANK, ABI_MAX_FEATURES = LOOM_MAX_FEATURES, ABI_NAME_MAX = LOOM_NAME_MAX,
@@ -140,6 +141,8 @@ enum { ABI_CUSTOM_VERSION = LOOM_CUSTOM_OPS_VERSION, ABI_SOURCE_VERSION = LOOM_S
 #undef loom_strategy_ops
 #undef loom_step_part
 #undef LOOM_CROSS_DEVICE_OPS_VERSION
+#undef LOOM_XOPS_HOST_MEM
+#undef LOOM_XOPS_DEVICE_MEM
 #undef LOOM_STRATEGY_OPS_VERSION
 #undef LOOM_PART_FORWARD
 #undef LOOM_PART_LOSS
@@ -193,6 +196,8 @@ _Static_assert((int)ABI_LOOM_PART_FORWARD == (int)LOOM_PART_FORWARD && (int)ABI_
                    (int)ABI_LOOM_PART_APPLY == (int)LOOM_PART_APPLY,
                "step parts");
 _Static_assert(ABI_XOPS_VERSION == LOOM_CROSS_DEVICE_OPS_VERSION, "cross-device ops version");
+_Static_assert(ABI_XOPS_HOST_MEM == LOOM_XOPS_HOST_MEM && ABI_XOPS_DEVICE_MEM == LOOM_XOPS_DEVICE_MEM,
+               "cross-device ops memory caps");
 _Static_assert(ABI_STRATEGY_VERSION == LOOM_STRATEGY_OPS_VERSION, "strategy ops version");
 
 /* Same size, and each member at the same offset with the same size. */
@@ -218,6 +223,7 @@ SAME_FIELD_(loom_cross_device_ops, comm_free)
 SAME_FIELD_(loom_cross_device_ops, all_reduce_rank)
 SAME_FIELD_(loom_cross_device_ops, broadcast_rank)
 SAME_FIELD_(loom_cross_device_ops, all_gather_rank)
+SAME_FIELD_(loom_cross_device_ops, caps)
 
 SAME_SIZE_(loom_strategy_args)
 SAME_FIELD_(loom_strategy_args, spec)

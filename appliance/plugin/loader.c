@@ -479,8 +479,16 @@ void loom_plugins_report(FILE *f)
         if (!r->loaded) continue;
         fprintf(f, "  %s %s  %s\n", r->name, r->version, r->path);
         if (r->description[0]) fprintf(f, "    %s\n", r->description);
-        for (int j = 0; j < r->n_providers; j++)
-            fprintf(f, "    provides %s \"%s\"\n", loom_reg_kind_name(r->provider[j].kind), r->provider[j].name);
+        for (int j = 0; j < r->n_providers; j++) {
+            fprintf(f, "    provides %s \"%s\"", loom_reg_kind_name(r->provider[j].kind), r->provider[j].name);
+            const loom_cross_device_ops *x = r->provider[j].kind == LOOM_REG_CROSS_DEVICE_OPS
+                                                 ? loom_find_cross_device_ops(r->provider[j].name) : NULL;
+            unsigned m = x ? loom_xops_memory(x) : 0;
+            if (x) fprintf(f, " (%s)", m & LOOM_XOPS_DEVICE_MEM ? m & LOOM_XOPS_HOST_MEM ? "host or GPU memory"
+                                                                                          : "GPU memory only"
+                                                                : "host memory");
+            fputc('\n', f);
+        }
     }
     fprintf(f, "refused: %d\n", refused);
     for (int i = 0; i < n_records; i++) {

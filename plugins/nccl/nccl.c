@@ -184,6 +184,7 @@ static const loom_cross_device_ops nccl_ops = {
     .all_reduce = nccl_all_reduce,
     .broadcast = nccl_broadcast,
     .all_gather = nccl_all_gather,
+    .caps = LOOM_XOPS_DEVICE_MEM, /* GPU buffers only: CPU replicas are refused when the strategy opens */
 };
 
 static int nccl_init(const loom_host *h, loom_err *err)

@@ -12,8 +12,14 @@ fi
 if grep -q "fashion_mnist_npy/" configs/*.cfg; then
     check "make runs/fashion_mnist_npy" "${LOOM_MAKE_FMNIST_NPY:-$(dirname "$LOOM")/tests/make_fmnist_npy}" runs/fashion_mnist_npy
 fi
+gpus=$("$LOOM" devices 2>&1 | grep -c "gpu:[0-9]*  ")
 for cfg in configs/*.cfg; do
     name=$(basename "$cfg" .cfg)
+    # a GPU config (configs/fashion_mnist_gpu.cfg) without a usable GPU: check says what is missing
+    if grep -q '"gpu:' "$cfg" && [ "$gpus" -eq 0 ]; then
+        expect_fail 2 "check $cfg without a usable GPU says what is missing" 'is not usable: ' "$LOOM" check "$cfg"
+        continue
+    fi
     out=$("$LOOM" check "$cfg" 2>&1); status=$?
     if [ $status -eq 0 ] && grep -q ": ok$" <<<"$out"; then pass "check $cfg"; else fail "check $cfg" "$(echo "$out" | tail -5)"; fi
     check "train $name for 5 steps" "$LOOM" train "$cfg" --model-dir "$WORK/$name" --set run.max_steps=5 --set run.eval_steps=2 --set run.progress='"none"'

@@ -2,31 +2,13 @@
  * tests/configs/bad_*.cfg against its bad_*.expect, overrides, the error
  * limit, out-of-memory paths and the print -> load round trip. */
 #include "harness.h"
+#include "test_util.h"
 
 #include "config/config.h"
 
 #include <dirent.h>
 #include <stdint.h>
 #include <unistd.h>
-
-static char *cfg_path(const char *name)
-{
-    static char buf[1024];
-    const char *root = getenv("LOOM_SOURCE_ROOT");
-    snprintf(buf, sizeof buf, "%s/tests/configs/%s", root ? root : ".", name);
-    return buf;
-}
-
-/* Every error of the list, formatted as loom prints them. */
-static void errs_text(const loom_errlist *errs, char *buf, size_t n)
-{
-    size_t len = 0;
-    buf[0] = 0;
-    for (int i = 0; i < errs->n && len < n; i++) {
-        loom_err_format(&errs->e[i], buf + len, n - len);
-        len += strlen(buf + len);
-    }
-}
 
 static loom_spec *load_ok(const char *path, const char *const *ov, int n)
 {
@@ -330,6 +312,8 @@ static void strip_locs(loom_spec *s)
     memset(&s->optimizer.loc, 0, sizeof(loom_loc));
     memset(&s->optimizer.schedule.loc, 0, sizeof(loom_loc));
     memset(&s->strategy.loc, 0, sizeof(loom_loc));
+    memset(&s->strategy.device_loc, 0, sizeof(loom_loc));
+    memset(&s->strategy.device_backend_loc, 0, sizeof(loom_loc));
     memset(&s->run.loc, 0, sizeof(loom_loc));
     memset(&s->plugins.loc, 0, sizeof(loom_loc));
 }
@@ -374,6 +358,8 @@ static void test_print_roundtrip(void)
                                                    "decay_rate = 0.96; staircase = true; }",
                         "model.input=\"a \\\"quoted\\\" name\"", "run.seed=9000000000"};
     roundtrip("good_minimal.cfg", ov, 4);
+    const char *dev[] = {"strategy.device=\"gpu:1\"", "strategy.device_backend=cpu"};
+    roundtrip("good_minimal.cfg", dev, 2);
 }
 
 static void test_include(void)

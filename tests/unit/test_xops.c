@@ -496,10 +496,10 @@ static void test_registration_refusals(void)
     loom_err err;
     op_named("ring");
     loom_cross_device_ops bad = *op_named("ring");
-    bad.name = "test_v3";
-    bad.version = 3;
+    bad.name = "test_v4";
+    bad.version = 4;
     CHECK(loom_register_cross_device_ops_from(&bad, "plugins/new.so", &err) == LOOM_EPLUGIN);
-    CHECK_CONTAINS(err.msg, "version 3, this build speaks 1 to 2");
+    CHECK_CONTAINS(err.msg, "version 4, this build speaks 1 to 3");
     CHECK_CONTAINS(err.where, "plugins/new.so");
     bad.version = 2;
     bad.comm_free = NULL;

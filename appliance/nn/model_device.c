@@ -1,0 +1,491 @@
+/* model_device.c - a model's steps run through a device backend (device.h):
+ * every layer's forward and backward as the backend's ops on device memory,
+ * on a GPU (plugins/cuda) or, to test this same path on any machine, on the
+ * built-in CPU reference backend.
+ *
+ * Design. The host keeps the master variables and the optimizer: the model
+ * still owns the flat params and grads buffers that checkpoints, the
+ * strategies' reductions and their sharded, element-wise optimizer use
+ * unchanged. A train step uploads the batch (a loom_dev_stager: pinned
+ * staging, copy stream, an event before compute), runs forward, loss and
+ * backward on the compute stream in device buffers sized for the model's
+ * max_batch at open (parameters, gradients, activations, deltas, im2col
+ * scratch, pool argmax, dropout masks, labels) and downloads the gradients
+ * into the host grads buffer; after the host update the caller uploads the
+ * parameters (loom_model_dev_upload_params). That is 2 x P floats over PCIe
+ * per step (2 x 0.9 MiB for the 784-256-128-10 MLP, about 0.06 ms each way
+ * at 16 GB/s: more than the MLP's compute on a modern GPU). An optimizer on the
+ * device (slots in device memory, the update as one kernel) would save both
+ * copies with one device, and with NCCL reducing device buffers nothing
+ * would cross PCIe but the batch.
+ * Dropout masks are drawn on the host with nn's keyed Philox stream (the
+ * host path's mask for the same key and example positions) and uploaded as
+ * floats, 0 or 1 / (1 - rate), that multiply. Softmax cross-entropy runs on
+ * the device (softmax_xent); mean squared error runs on the host with nn's
+ * own loss on the downloaded outputs, and its gradient is uploaded.
+ * Convolutions run on the whole batch: the im2col scratch holds max_batch
+ * examples. A softmax activation other than the one fused into sparse
+ * softmax cross-entropy has no device op: open refuses it, naming the layer.
+ * Results equal the host path's up to float rounding: the CPU reference
+ * computes convolutions by im2col where nn has direct kernels, and its
+ * per-example losses in float.
+ * Threads: an executor is used by one thread at a time. */
+#include "nn_internal.h"
+#include "tensor/device.h"
+
+#include <math.h>
+#include <string.h>
+
+#define TRY(call)                      \
+    do {                               \
+        int rc_ = (call);              \
+        if (rc_) return rc_;           \
+    } while (0)
+
+/* Device memory and pinned host memory of one layer. */
+typedef struct dev_layer {
+    float          *y;      /* (max_batch, n_out) owned output; NULL: the layer passes its input on */
+    int32_t        *argmax; /* max_pool2d: (max_batch, n_out) */
+    float          *mask;   /* dropout: (max_batch, n_out) 0 or 1 / (1 - rate) */
+    float          *h_mask; /* dropout: its pinned host staging */
+    float          *db;     /* conv2d without bias: scratch for the bias gradient the op always writes */
+    loom_dev_window win;    /* conv2d, max_pool2d; batch set per step */
+} dev_layer;
+
+#define MAX_ALLOCS (4 * LOOM_MAX_LAYERS + 16)
+
+struct loom_model_dev {
+    loom_model            *m;
+    const loom_device_ops *ops;
+    loom_device           *dev;
+    float                 *params, *grads;                 /* (P,) device */
+    dev_layer              layer[LOOM_MAX_LAYERS];
+    const float           *act[LOOM_MAX_LAYERS + 1];       /* this batch: act[i] is layer i's input */
+    float                 *gbuf[2];                        /* (max_batch, gmax) device, ping-pong deltas */
+    float                 *col;                            /* im2col scratch, device; NULL without conv */
+    float                 *ones;                           /* activation layers: y = x * 1, then in place */
+    int32_t               *labels;                         /* (max_batch,) device */
+    float                 *loss;                           /* (max_batch,) device: softmax_xent's losses */
+    int32_t               *hit;                            /* (max_batch,) device */
+    float                 *h_loss;                         /* pinned host copies */
+    int32_t               *h_hit;
+    float                 *h_out, *h_grad;                 /* (max_batch, outputs) pinned: MSE's outputs, gradient */
+    uint8_t               *h_keep;                         /* (max_batch, max dropout n_out) host */
+    loom_dev_stager       *stage;                          /* input batches */
+    int64_t                B;                              /* examples of the current batch */
+    int                    part_done;                      /* as loom_model's: 0, 1 (forward), 2 (loss) */
+    void                  *dmem[MAX_ALLOCS], *hmem[MAX_ALLOCS];
+    int                    n_dmem, n_hmem;
+};
+
+static loom_dev_act dev_act(loom_activation a)
+{
+    switch (a) {
+    case LOOM_ACT_RELU: return LOOM_DEV_ACT_RELU;
+    case LOOM_ACT_SIGMOID: return LOOM_DEV_ACT_SIGMOID;
+    case LOOM_ACT_TANH: return LOOM_DEV_ACT_TANH;
+    default: return LOOM_DEV_ACT_NONE;
+    }
+}
+
+/* ---- opening ------------------------------------------------------------------ */
+
+/* Device (host = 0) or pinned host (host = 1) memory, freed at close. */
+static int mem(loom_model_dev *d, int host, void **out, int64_t bytes, loom_err *err)
+{
+    size_t n = (size_t)(bytes > 0 ? bytes : 1);
+    LOOM_ASSERT(d->n_dmem < MAX_ALLOCS && d->n_hmem < MAX_ALLOCS);
+    TRY(host ? d->ops->host_alloc(d->dev, out, n, err) : d->ops->alloc(d->dev, out, n, err));
+    if (host) d->hmem[d->n_hmem++] = *out;
+    else d->dmem[d->n_dmem++] = *out;
+    return LOOM_OK;
+}
+
+/* dst = device (DALLOC) or pinned host (HALLOC) memory of bytes, in a function with d and err. */
+#define ALLOC_(host, dst, bytes)                       \
+    do {                                               \
+        void *p_;                                      \
+        TRY(mem(d, (host), &p_, (bytes), err));        \
+        (dst) = p_;                                    \
+    } while (0)
+#define DALLOC(dst, bytes) ALLOC_(0, dst, bytes)
+#define HALLOC(dst, bytes) ALLOC_(1, dst, bytes)
+
+/* A layer the device ops cannot run: named at its file:line. */
+static int check_layer(const loom_device_ops *ops, const nn_layer_ *l, loom_err *err)
+{
+    if (l->act != LOOM_ACT_SOFTMAX) return LOOM_OK;
+    return loom_err_set(err, LOOM_EUNSUPPORTED, l->where,
+                        "layer \"%s\" (%s): the \"%s\" device backend has no softmax activation; only the softmax "
+                        "of the last layer under sparse_softmax_cross_entropy (fused into the loss) runs on a device",
+                        l->spec.name, nn_layer_kind_name_(l->spec.kind), ops->name),
+           loom_err_hint(err, "end the model with a linear dense layer and use loss = "
+                         "\"sparse_softmax_cross_entropy\", or train on the host (strategy.device_backend = \"\")");
+}
+
+static loom_dev_window window_of(const nn_layer_ *l)
+{
+    return (loom_dev_window){.h = l->ih, .w = l->iw, .c = l->cin, .kh = l->kh, .kw = l->kw, .sh = l->sh,
+                             .sw = l->sw, .pad_t = l->pad_t, .pad_l = l->pad_l, .oh = l->oh, .ow = l->ow,
+                             .cout = l->cout};
+}
+
+/* Layer li's buffers; *col, *ones and *keep grow to what it needs (elements per batch). */
+static int open_layer(loom_model_dev *d, int li, int64_t *col, int64_t *ones, int64_t *keep, loom_err *err)
+{
+    const nn_layer_ *l = &d->m->layer[li];
+    dev_layer *dl = &d->layer[li];
+    const int64_t mb = d->m->max_batch, out = mb * l->n_out;
+    switch (l->spec.kind) {
+    case LOOM_LAYER_DENSE:
+        DALLOC(dl->y, out * (int64_t)sizeof(float));
+        return LOOM_OK;
+    case LOOM_LAYER_CONV2D: {
+        dl->win = window_of(l);
+        int64_t c = mb * l->oh * l->ow * (int64_t)l->kh * l->kw * l->cin;
+        *col = c > *col ? c : *col;
+        DALLOC(dl->y, out * (int64_t)sizeof(float));
+        if (l->bias_off < 0) DALLOC(dl->db, l->cout * (int64_t)sizeof(float));
+        return LOOM_OK;
+    }
+    case LOOM_LAYER_MAX_POOL2D:
+        dl->win = window_of(l);
+        DALLOC(dl->y, out * (int64_t)sizeof(float));
+        DALLOC(dl->argmax, out * (int64_t)sizeof(int32_t));
+        return LOOM_OK;
+    case LOOM_LAYER_DROPOUT:
+        if (l->spec.rate <= 0) return LOOM_OK;
+        *keep = out > *keep ? out : *keep;
+        DALLOC(dl->y, out * (int64_t)sizeof(float));
+        DALLOC(dl->mask, out * (int64_t)sizeof(float));
+        HALLOC(dl->h_mask, out * (int64_t)sizeof(float));
+        return LOOM_OK;
+    case LOOM_LAYER_ACTIVATION:
+        if (l->act == LOOM_ACT_NONE) return LOOM_OK;
+        *ones = out > *ones ? out : *ones;
+        DALLOC(dl->y, out * (int64_t)sizeof(float));
+        return LOOM_OK;
+    default: /* flatten */
+        return LOOM_OK;
+    }
+}
+
+static int open_buffers(loom_model_dev *d, loom_err *err)
+{
+    loom_model *m = d->m;
+    const int64_t mb = m->max_batch, P = m->n_params, n = m->layer[m->n_layers - 1].n_out;
+    const int64_t F = (int64_t)sizeof(float);
+    int64_t col = 0, ones = 0, keep = 0;
+    for (int i = 0; i < m->n_layers; i++) TRY(open_layer(d, i, &col, &ones, &keep, err));
+    DALLOC(d->params, P * F);
+    DALLOC(d->grads, P * F);
+    for (int k = 0; k < 2; k++) DALLOC(d->gbuf[k], mb * m->gmax * F);
+    if (col) DALLOC(d->col, col * F);
+    if (ones) {
+        DALLOC(d->ones, ones * F);
+        float *h;
+        HALLOC(h, ones * F);
+        for (int64_t e = 0; e < ones; e++) h[e] = 1.f;
+        TRY(d->ops->upload(d->dev, LOOM_DEV_STREAM_COMPUTE, d->ones, h, (size_t)(ones * F), err));
+        TRY(d->ops->synchronize(d->dev, LOOM_DEV_STREAM_COMPUTE, err));
+    }
+    if (keep && !(d->h_keep = loom_alloc((size_t)keep)))
+        return loom_err_set(err, LOOM_ENOMEM, m->where, "cannot allocate the dropout masks for batch %lld",
+                            (long long)mb);
+    DALLOC(d->labels, mb * (int64_t)sizeof(int32_t));
+    DALLOC(d->loss, mb * F);
+    DALLOC(d->hit, mb * (int64_t)sizeof(int32_t));
+    HALLOC(d->h_loss, mb * F);
+    HALLOC(d->h_hit, mb * (int64_t)sizeof(int32_t));
+    HALLOC(d->h_out, mb * n * F);
+    HALLOC(d->h_grad, mb * n * F);
+    return loom_dev_stager_open(&d->stage, d->ops, d->dev, (size_t)(mb * m->layer[0].n_in * F), err);
+}
+
+int loom_model_dev_open(loom_model_dev **out, loom_model *m, const loom_device_ops *ops, int device, loom_err *err)
+{
+    *out = NULL;
+    for (int i = 0; i < m->n_layers; i++) TRY(check_layer(ops, &m->layer[i], err));
+    loom_model_dev *d = loom_calloc(1, sizeof *d);
+    if (!d) return loom_err_set(err, LOOM_ENOMEM, m->where, "cannot allocate a device executor");
+    d->m = m;
+    d->ops = ops;
+    int rc = ops->open(&d->dev, device, err);
+    if (!rc) rc = open_buffers(d, err);
+    if (!rc) rc = loom_model_dev_upload_params(d, err);
+    if (rc) {
+        if (!err->where[0]) snprintf(err->where, sizeof err->where, "%.200s", m->where);
+        loom_model_dev_close(d);
+        return rc;
+    }
+    *out = d;
+    return LOOM_OK;
+}
+
+void loom_model_dev_close(loom_model_dev *d)
+{
+    if (!d) return;
+    loom_dev_stager_close(d->stage);
+    if (d->dev) {
+        loom_err ignored;
+        d->ops->synchronize(d->dev, -1, &ignored);
+        for (int i = 0; i < d->n_dmem; i++) d->ops->free(d->dev, d->dmem[i]);
+        for (int i = 0; i < d->n_hmem; i++) d->ops->host_free(d->dev, d->hmem[i]);
+        d->ops->close(d->dev);
+    }
+    loom_free(d->h_keep);
+    loom_free(d);
+}
+
+int loom_model_dev_upload_params(loom_model_dev *d, loom_err *err)
+{
+    size_t bytes = (size_t)d->m->n_params * sizeof(float);
+    if (bytes) TRY(d->ops->upload(d->dev, LOOM_DEV_STREAM_COMPUTE, d->params, d->m->params, bytes, err));
+    /* the host may change its parameters again as soon as this returns */
+    return d->ops->synchronize(d->dev, LOOM_DEV_STREAM_COMPUTE, err);
+}
+
+/* ---- forward ------------------------------------------------------------------ */
+
+/* Dropout layer li's mask for this batch, drawn on the host as nn draws it. */
+static int upload_mask(loom_model_dev *d, int li, int64_t n, uint64_t rng_key, loom_err *err)
+{
+    const nn_layer_ *l = &d->m->layer[li];
+    dev_layer *dl = &d->layer[li];
+    const float scale = (float)(1.0 / (1.0 - l->spec.rate));
+    nn_dropout_mask_(l, li, d->h_keep, 0, n, rng_key);
+    for (int64_t e = 0; e < n; e++) dl->h_mask[e] = d->h_keep[e] ? scale : 0.f;
+    return d->ops->upload(d->dev, LOOM_DEV_STREAM_COMPUTE, dl->mask, dl->h_mask, (size_t)n * sizeof(float), err);
+}
+
+static int layer_forward(loom_model_dev *d, int li, int training, uint64_t rng_key, loom_err *err)
+{
+    const loom_device_ops *o = d->ops;
+    const nn_layer_ *l = &d->m->layer[li];
+    dev_layer *dl = &d->layer[li];
+    const int64_t B = d->B, n = B * l->n_out;
+    const float *x = d->act[li], *W = d->params + l->kernel_off;
+    const float *b = l->bias_off >= 0 ? d->params + l->bias_off : NULL;
+    float *y = dl->y;
+    loom_dev_window win = dl->win;
+    win.batch = (int32_t)B;
+    d->act[li + 1] = y ? y : x;
+    switch (l->spec.kind) {
+    case LOOM_LAYER_DENSE: {
+        int in = (int)l->n_in, out = (int)l->n_out;
+        TRY(o->gemm(d->dev, false, false, (int)B, out, in, 1.f, x, in, W, out, 0.f, y, out, err));
+        return b || l->act ? o->bias_act(d->dev, dev_act(l->act), B, out, b, y, err) : LOOM_OK;
+    }
+    case LOOM_LAYER_CONV2D:
+        TRY(o->conv2d_forward(d->dev, &win, x, W, b, y, d->col, err));
+        return l->act ? o->bias_act(d->dev, dev_act(l->act), B * l->oh * l->ow, l->cout, NULL, y, err) : LOOM_OK;
+    case LOOM_LAYER_MAX_POOL2D:
+        return o->maxpool_forward(d->dev, &win, x, y, dl->argmax, err);
+    case LOOM_LAYER_DROPOUT:
+        if (!y) return LOOM_OK;
+        if (!training) {
+            d->act[li + 1] = x;
+            return LOOM_OK;
+        }
+        TRY(upload_mask(d, li, n, rng_key, err));
+        return o->binary(d->dev, LOOM_DEV_MUL, n, x, dl->mask, y, err);
+    case LOOM_LAYER_ACTIVATION:
+        if (!y) return LOOM_OK;
+        TRY(o->binary(d->dev, LOOM_DEV_MUL, n, x, d->ones, y, err));
+        return o->bias_act(d->dev, dev_act(l->act), B, l->n_out, NULL, y, err);
+    default: /* flatten: the same NHWC bytes */
+        return LOOM_OK;
+    }
+}
+
+/* Uploads the batch and runs every layer; B was checked. */
+static int forward(loom_model_dev *d, const loom_tensor *x, int64_t B, int training, uint64_t rng_key, loom_err *err)
+{
+    d->part_done = 0;
+    d->B = B;
+    void *buf;
+    TRY(loom_dev_stager_put(d->stage, x->data, loom_tensor_nbytes(x), err));
+    TRY(loom_dev_stager_take(d->stage, &buf, err));
+    d->act[0] = buf;
+    for (int i = 0; i < d->m->n_layers; i++) TRY(layer_forward(d, i, training, rng_key, err));
+    return LOOM_OK;
+}
+
+/* ---- the loss ------------------------------------------------------------------ */
+
+/* The loss of the outputs of the batch (labels already read into m->labels
+ * for softmax cross-entropy) and, when grad, its gradient into gbuf[0]. */
+static int loss(loom_model_dev *d, const loom_tensor *label, float inv_gb, int grad, double *loss_sum,
+                int64_t *correct, loom_err *err)
+{
+    const loom_device_ops *o = d->ops;
+    const loom_model *m = d->m;
+    const int64_t B = d->B, n = m->layer[m->n_layers - 1].n_out;
+    const float *z = d->act[m->n_layers];
+    double l = 0;
+    int64_t ok = 0;
+    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) {
+        TRY(o->upload(d->dev, LOOM_DEV_STREAM_COMPUTE, d->labels, m->labels, (size_t)B * sizeof(int32_t), err));
+        TRY(o->softmax_xent(d->dev, B, n, z, d->labels, inv_gb, d->loss, d->hit, grad ? d->gbuf[0] : NULL, err));
+        TRY(o->download(d->dev, LOOM_DEV_STREAM_COMPUTE, d->h_loss, d->loss, (size_t)B * sizeof(float), err));
+        TRY(o->download(d->dev, LOOM_DEV_STREAM_COMPUTE, d->h_hit, d->hit, (size_t)B * sizeof(int32_t), err));
+        TRY(o->synchronize(d->dev, LOOM_DEV_STREAM_COMPUTE, err));
+        for (int64_t b = 0; b < B; b++) { /* in example order, in double, as nn sums */
+            l += (double)d->h_loss[b];
+            ok += d->h_hit[b];
+        }
+    } else {
+        size_t bytes = (size_t)(B * n) * sizeof(float);
+        TRY(o->download(d->dev, LOOM_DEV_STREAM_COMPUTE, d->h_out, z, bytes, err));
+        TRY(o->synchronize(d->dev, LOOM_DEV_STREAM_COMPUTE, err));
+        l = nn_loss_mse_(d->h_out, label->data, B, n, inv_gb, grad ? d->h_grad : NULL, &ok);
+        if (grad && isfinite(l)) TRY(o->upload(d->dev, LOOM_DEV_STREAM_COMPUTE, d->gbuf[0], d->h_grad, bytes, err));
+    }
+    if (loss_sum) *loss_sum = l;
+    if (correct) *correct = ok;
+    if (!isfinite(l))
+        return loom_err_set(err, LOOM_ENUMERIC, m->where, "the loss is %g on a batch of %lld examples", l,
+                            (long long)B),
+               loom_err_hint(err, "lower the learning rate, or check the inputs are scaled (e.g. to [0, 1])");
+    return LOOM_OK;
+}
+
+/* ---- backward ------------------------------------------------------------------ */
+
+/* Layer li's backward with g = d(loss)/d(output) (may be overwritten):
+ * parameter gradients into d->grads, and the input gradient into g or
+ * other, which *dx is set to (NULL when the layer needs none). */
+static int layer_backward(loom_model_dev *d, int li, float *g, float *other, float **dx, loom_err *err)
+{
+    const loom_device_ops *o = d->ops;
+    const nn_layer_ *l = &d->m->layer[li];
+    dev_layer *dl = &d->layer[li];
+    const int64_t B = d->B, n = B * l->n_out;
+    const float *x = d->act[li], *y = d->act[li + 1], *W = d->params + l->kernel_off;
+    float *dW = d->grads + l->kernel_off, *db = l->bias_off >= 0 ? d->grads + l->bias_off : dl->db;
+    loom_dev_window win = dl->win;
+    win.batch = (int32_t)B;
+    *dx = l->needs_dx ? other : NULL;
+    switch (l->spec.kind) {
+    case LOOM_LAYER_DENSE: {
+        int in = (int)l->n_in, out = (int)l->n_out;
+        if (l->act) TRY(o->act_backward(d->dev, dev_act(l->act), n, y, g, err));
+        TRY(o->gemm(d->dev, true, false, in, out, (int)B, 1.f, x, in, g, out, 0.f, dW, out, err));
+        if (l->bias_off >= 0) TRY(o->bias_grad(d->dev, B, out, g, db, err));
+        return *dx ? o->gemm(d->dev, false, true, (int)B, in, out, 1.f, g, out, W, out, 0.f, other, in, err)
+                   : LOOM_OK;
+    }
+    case LOOM_LAYER_CONV2D:
+        if (l->act) TRY(o->act_backward(d->dev, dev_act(l->act), n, y, g, err));
+        return o->conv2d_backward(d->dev, &win, x, W, g, *dx, dW, db, d->col, err);
+    case LOOM_LAYER_MAX_POOL2D:
+        return *dx ? o->maxpool_backward(d->dev, &win, g, dl->argmax, other, err) : LOOM_OK;
+    case LOOM_LAYER_DROPOUT:
+        *dx = g;
+        return y != x ? o->binary(d->dev, LOOM_DEV_MUL, n, g, dl->mask, g, err) : LOOM_OK;
+    case LOOM_LAYER_ACTIVATION:
+        *dx = g;
+        return l->act ? o->act_backward(d->dev, dev_act(l->act), n, y, g, err) : LOOM_OK;
+    default: /* flatten */
+        *dx = g;
+        return LOOM_OK;
+    }
+}
+
+/* Backward from gbuf[0] down to the first layer with parameters, then the
+ * gradients into the host model's grads buffer. */
+static int backward(loom_model_dev *d, loom_err *err)
+{
+    loom_model *m = d->m;
+    float *g = d->gbuf[0], *other = d->gbuf[1];
+    for (int i = m->n_layers - 1; i >= 0; i--) {
+        const nn_layer_ *l = &m->layer[i];
+        if (!l->needs_dx && l->kernel_off < 0) break;
+        float *r;
+        TRY(layer_backward(d, i, g, other, &r, err));
+        if (!r) break;
+        if (r == other) {
+            other = g;
+            g = r;
+        }
+    }
+    size_t bytes = (size_t)m->n_params * sizeof(float);
+    if (bytes) TRY(d->ops->download(d->dev, LOOM_DEV_STREAM_COMPUTE, m->grads, d->grads, bytes, err));
+    return d->ops->synchronize(d->dev, -1, err);
+}
+
+/* ---- steps ------------------------------------------------------------------------ */
+
+/* 1 / the global batch (< 1: this batch alone), as nn scales the loss gradient. */
+static float inv_batch(int64_t global_batch, int64_t B)
+{
+    return (float)(1.0 / (double)(global_batch < 1 ? B : global_batch));
+}
+
+int loom_model_dev_train_step(loom_model_dev *d, const loom_tensor *x, const loom_tensor *label, int64_t global_batch,
+                              uint64_t rng_key, double *loss_sum, int64_t *correct, loom_err *err)
+{
+    TRY(loom_model_dev_forward(d, x, rng_key, err));
+    TRY(loom_model_dev_loss(d, label, global_batch, loss_sum, correct, err));
+    return loom_model_dev_backward(d, err);
+}
+
+int loom_model_dev_forward(loom_model_dev *d, const loom_tensor *x, uint64_t rng_key, loom_err *err)
+{
+    int64_t B;
+    d->part_done = 0;
+    TRY(nn_check_batch_(d->m, x, NULL, &B, err));
+    TRY(forward(d, x, B, 1, rng_key, err));
+    d->part_done = 1;
+    return LOOM_OK;
+}
+
+int loom_model_dev_loss(loom_model_dev *d, const loom_tensor *label, int64_t global_batch, double *loss_sum,
+                        int64_t *correct, loom_err *err)
+{
+    loom_model *m = d->m;
+    if (d->part_done < 1)
+        return loom_err_set(err, LOOM_EUSAGE, m->where, "the loss needs a forward pass on the batch first");
+    TRY(nn_check_label_(m, label, d->B, err));
+    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) TRY(nn_read_labels_(m, label, d->B, err));
+    TRY(loss(d, label, inv_batch(global_batch, d->B), 1, loss_sum, correct, err));
+    d->part_done = 2;
+    return LOOM_OK;
+}
+
+int loom_model_dev_backward(loom_model_dev *d, loom_err *err)
+{
+    if (d->part_done < 2)
+        return loom_err_set(err, LOOM_EUSAGE, d->m->where, "backward needs the loss of a forward pass first");
+    d->part_done = 0;
+    return backward(d, err);
+}
+
+int loom_model_dev_evaluate(loom_model_dev *d, const loom_tensor *x, const loom_tensor *label, double *loss_sum,
+                            int64_t *correct, loom_err *err)
+{
+    loom_model *m = d->m;
+    int64_t B;
+    d->part_done = 0;
+    TRY(nn_check_batch_(m, x, label, &B, err));
+    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) TRY(nn_read_labels_(m, label, B, err));
+    TRY(forward(d, x, B, 0, 0, err));
+    /* evaluation reports a non-finite loss as a value, as the host path does */
+    int rc = loss(d, label, 1.f, 0, loss_sum, correct, err);
+    return rc == LOOM_ENUMERIC ? LOOM_OK : rc;
+}
+
+int loom_model_dev_predict(loom_model_dev *d, const loom_tensor *x, float *out, loom_err *err)
+{
+    loom_model *m = d->m;
+    int64_t B;
+    d->part_done = 0;
+    TRY(nn_check_batch_(m, x, NULL, &B, err));
+    TRY(forward(d, x, B, 0, 0, err));
+    const int64_t n = m->layer[m->n_layers - 1].n_out;
+    TRY(d->ops->download(d->dev, LOOM_DEV_STREAM_COMPUTE, out, d->act[m->n_layers], (size_t)(B * n) * sizeof(float),
+                         err));
+    TRY(d->ops->synchronize(d->dev, LOOM_DEV_STREAM_COMPUTE, err));
+    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) nn_softmax_rows_(out, out, B, n);
+    return LOOM_OK;
+}

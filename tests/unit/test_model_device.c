@@ -1,0 +1,298 @@
+/* test_model_device.c - the device executor (nn.h, model_device.c) on the
+ * built-in CPU reference backend against nn's host path, on real
+ * Fashion-MNIST batches, for an MLP (tests/configs/strategy_mlp.cfg), a CNN
+ * with every layer kind and dropout (device_cnn.cfg) and an MSE model
+ * (device_mse.cfg): one train step gives the same gradients (relative
+ * difference <= 1e-5), loss and correct count; evaluate and predict agree;
+ * 100 steps of SGD with momentum driven by hand end with the same weights
+ * (<= 1e-5); two runs of the device path are bit-identical; the parts of a
+ * step equal the whole step; a softmax activation the device cannot run is
+ * refused at open, naming its layer; bad batches and a non-finite loss give
+ * the host path's errors. */
+#include "harness.h"
+#include "data/data.h"
+#include "nn/nn.h"
+
+#include <math.h>
+#include <stdint.h>
+
+static loom_err err;
+
+static const char *cfg_path(const char *name)
+{
+    static char p[1024];
+    const char *root = getenv("LOOM_SOURCE_ROOT");
+    snprintf(p, sizeof p, "%s/tests/configs/%s", root ? root : ".", name);
+    return p;
+}
+
+/* A config's training pipeline and two equal models: one for the host path,
+ * one behind a device executor on the CPU backend. */
+typedef struct rig {
+    loom_spec      *spec;
+    loom_iter      *it;
+    int             xi, yi;
+    int64_t         epoch;
+    loom_model     *host, *dm;
+    loom_model_dev *dev;
+} rig;
+
+static void rig_close(rig *g)
+{
+    loom_model_dev_close(g->dev);
+    loom_model_free(g->host);
+    loom_model_free(g->dm);
+    loom_iter_close(g->it);
+    loom_config_free(g->spec);
+    memset(g, 0, sizeof *g);
+}
+
+static int new_model(rig *g, loom_model **m)
+{
+    const loom_elem_spec *es = loom_iter_spec(g->it);
+    loom_shape x = es->shape[g->xi], y = es->shape[g->yi];
+    loom_shape xe = loom_shape_make(x.rank - 1, x.dim + 1), ye = loom_shape_make(y.rank - 1, y.dim + 1);
+    int rc = loom_model_new(m, &g->spec->model, &xe, es->dtype[g->xi], &ye, es->dtype[g->yi], 64, &err);
+    if (!rc) loom_model_init_params(*m, g->spec->run.seed);
+    return rc;
+}
+
+static int rig_open(rig *g, const char *cfg, const char *const *sets, int n_sets)
+{
+    memset(g, 0, sizeof *g);
+    loom_errlist *errs = calloc(1, sizeof *errs);
+    int rc = loom_config_load(&g->spec, cfg_path(cfg), sets, n_sets, errs);
+    if (rc) err = errs->e[0];
+    free(errs);
+    if (rc) return rc;
+    loom_data_ctx ctx = {.seed = g->spec->run.seed, .threads = 1, .name = "train"};
+    if ((rc = loom_data_open(&g->it, &g->spec->train, &ctx, &err))) return rc;
+    g->xi = loom_elem_spec_find(loom_iter_spec(g->it), "image");
+    g->yi = loom_elem_spec_find(loom_iter_spec(g->it), "label");
+    if ((rc = new_model(g, &g->host)) || (rc = new_model(g, &g->dm))) return rc;
+    return loom_model_dev_open(&g->dev, g->dm, loom_device_cpu(), 0, &err);
+}
+
+static int rig_open_ok(rig *g, const char *cfg)
+{
+    int rc = rig_open(g, cfg, NULL, 0);
+    CHECK_MSG(rc == LOOM_OK, "%s: %s", err.where, err.msg);
+    return rc == LOOM_OK;
+}
+
+/* The next batch, starting a new epoch at the end of one. */
+static loom_elem *next(rig *g)
+{
+    loom_elem *b = NULL;
+    int rc = loom_iter_next(g->it, &b, &err);
+    if (rc == LOOM_EEOF && !(rc = loom_iter_rewind(g->it, ++g->epoch, &err))) rc = loom_iter_next(g->it, &b, &err);
+    CHECK_MSG(rc == LOOM_OK, "%s", err.msg);
+    return rc ? NULL : b;
+}
+
+/* ||a - b|| / ||a|| in double. */
+static double rel_diff(const float *a, const float *b, int64_t n)
+{
+    double d = 0, s = 0;
+    for (int64_t i = 0; i < n; i++) {
+        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        s += (double)a[i] * a[i];
+    }
+    return s > 0 ? sqrt(d / s) : sqrt(d);
+}
+
+/* One train step on both paths: gradients, loss and count agree. */
+static void one_step(const char *cfg)
+{
+    rig g;
+    if (!rig_open_ok(&g, cfg)) return rig_close(&g);
+    loom_elem *b = next(&g);
+    double lh, ld;
+    int64_t ch, cd;
+    const loom_tensor *x = &b->t[g.xi], *y = &b->t[g.yi];
+    CHECK(loom_model_train_step(g.host, x, y, 64, 1234, &lh, &ch, &err) == LOOM_OK);
+    CHECK(loom_model_dev_train_step(g.dev, x, y, 64, 1234, &ld, &cd, &err) == LOOM_OK);
+    int64_t P = loom_model_num_params(g.host);
+    double r = rel_diff(loom_model_grads(g.host), loom_model_grads(g.dm), P);
+    CHECK_MSG(r <= 1e-5, "%s: gradients differ by %g", cfg, r);
+    CHECK_NEAR(ld, lh, 1e-6 * fabs(lh));
+    CHECK(cd == ch);
+    printf("# %s: %lld parameters, gradients %.2g apart, loss %.9g vs %.9g\n", cfg, (long long)P, r, lh, ld);
+
+    /* the three parts give the whole step's gradients, bit for bit */
+    float *whole = malloc((size_t)P * sizeof *whole);
+    memcpy(whole, loom_model_grads(g.dm), (size_t)P * sizeof *whole);
+    memset(loom_model_grads(g.dm), 0, (size_t)P * sizeof *whole);
+    double lp;
+    int64_t cp;
+    CHECK(loom_model_dev_loss(g.dev, y, 64, &lp, &cp, &err) == LOOM_EUSAGE);
+    CHECK(loom_model_dev_forward(g.dev, x, 1234, &err) == LOOM_OK);
+    CHECK(loom_model_dev_backward(g.dev, &err) == LOOM_EUSAGE);
+    CHECK(loom_model_dev_loss(g.dev, y, 64, &lp, &cp, &err) == LOOM_OK);
+    CHECK(loom_model_dev_backward(g.dev, &err) == LOOM_OK);
+    CHECK(lp == ld && cp == cd);
+    CHECK(!memcmp(whole, loom_model_grads(g.dm), (size_t)P * sizeof *whole));
+    free(whole);
+
+    /* evaluate and predict, dropout off */
+    CHECK(loom_model_evaluate(g.host, x, y, &lh, &ch, &err) == LOOM_OK);
+    CHECK(loom_model_dev_evaluate(g.dev, x, y, &ld, &cd, &err) == LOOM_OK);
+    CHECK_NEAR(ld, lh, 1e-6 * fabs(lh));
+    CHECK(cd == ch);
+    int64_t n = x->shape.dim[0] * 10;
+    float *ph = malloc((size_t)n * sizeof *ph), *pd = malloc((size_t)n * sizeof *pd);
+    CHECK(loom_model_predict(g.host, x, ph, &err) == LOOM_OK);
+    CHECK(loom_model_dev_predict(g.dev, x, pd, &err) == LOOM_OK);
+    r = rel_diff(ph, pd, n);
+    CHECK_MSG(r <= 1e-5, "%s: predictions differ by %g", cfg, r);
+    free(ph);
+    free(pd);
+    rig_close(&g);
+}
+
+static void test_step_mlp(void) { one_step("strategy_mlp.cfg"); }
+static void test_step_cnn(void) { one_step("device_cnn.cfg"); }
+static void test_step_mse(void) { one_step("device_mse.cfg"); }
+
+/* 100 steps of the config's optimizer on the device path (host update,
+ * parameters uploaded after each) and, unless dev_only, on the host path
+ * in lockstep; the device path's weights into *out (malloc'd). */
+static void train_100(const char *cfg, int dev_only, float **out)
+{
+    *out = NULL;
+    rig g;
+    if (!rig_open_ok(&g, cfg)) return rig_close(&g);
+    int64_t P = loom_model_num_params(g.host);
+    loom_optimizer *oh = NULL, *od = NULL;
+    CHECK(loom_optimizer_new(&oh, &g.spec->optimizer, P, &err) == LOOM_OK);
+    CHECK(loom_optimizer_new(&od, &g.spec->optimizer, P, &err) == LOOM_OK);
+    double lh = 0, ld = 0;
+    for (int64_t step = 0; step < 100; step++) {
+        loom_elem *b = next(&g);
+        if (!b) break;
+        const loom_tensor *x = &b->t[g.xi], *y = &b->t[g.yi];
+        uint64_t key = loom_rng_mix(g.spec->run.seed, (uint64_t)step);
+        double l;
+        int64_t c;
+        if (!dev_only) {
+            int rc = loom_model_train_step(g.host, x, y, x->shape.dim[0], key, &l, &c, &err);
+            CHECK_MSG(rc == LOOM_OK, "step %lld: %s", (long long)step, err.msg);
+            if (rc) break;
+            loom_optimizer_apply(oh, loom_model_params(g.host), loom_model_grads(g.host), step);
+            lh += l;
+        }
+        int rc = loom_model_dev_train_step(g.dev, x, y, x->shape.dim[0], key, &l, &c, &err);
+        CHECK_MSG(rc == LOOM_OK, "step %lld: %s", (long long)step, err.msg);
+        if (rc) break;
+        loom_optimizer_apply(od, loom_model_params(g.dm), loom_model_grads(g.dm), step);
+        CHECK(loom_model_dev_upload_params(g.dev, &err) == LOOM_OK);
+        ld += l;
+    }
+    if (!dev_only) {
+        double r = rel_diff(loom_model_params(g.host), loom_model_params(g.dm), P);
+        CHECK_MSG(r <= 1e-5, "%s: weights after 100 steps differ by %g", cfg, r);
+        printf("# %s: after 100 steps weights %.2g apart; mean loss %.6f (host) vs %.6f (device)\n", cfg, r,
+               lh / 100, ld / 100);
+    }
+    *out = malloc((size_t)P * sizeof **out);
+    memcpy(*out, loom_model_params(g.dm), (size_t)P * sizeof **out);
+    loom_optimizer_free(oh);
+    loom_optimizer_free(od);
+    rig_close(&g);
+}
+
+static void train_twice(const char *cfg)
+{
+    float *a, *b;
+    train_100(cfg, 0, &a);
+    train_100(cfg, 1, &b);
+    CHECK_MSG(a && b, "%s: a run failed", cfg);
+    if (a && b) {
+        rig g;
+        if (rig_open_ok(&g, cfg)) CHECK(!memcmp(a, b, (size_t)loom_model_num_params(g.host) * sizeof *a));
+        rig_close(&g);
+    }
+    free(a);
+    free(b);
+}
+
+static void test_train_mlp(void) { train_twice("strategy_mlp.cfg"); }
+static void test_train_cnn(void) { train_twice("device_cnn.cfg"); }
+static void test_train_mse(void) { train_twice("device_mse.cfg"); }
+
+/* A softmax activation has no device op: refused at open at the layer's line. */
+static void test_softmax_refused(void)
+{
+    rig g;
+    if (!rig_open_ok(&g, "device_mse.cfg")) return rig_close(&g);
+    g.spec->model.layer[3].activation = LOOM_ACT_SOFTMAX; /* the last dense layer, under MSE: not fused */
+    loom_model *m = NULL;
+    loom_model_dev *d = NULL;
+    CHECK(new_model(&g, &m) == LOOM_OK);
+    CHECK(loom_model_dev_open(&d, m, loom_device_cpu(), 0, &err) == LOOM_EUNSUPPORTED);
+    CHECK(d == NULL);
+    CHECK_CONTAINS(err.where, "device_mse.cfg:");
+    CHECK_CONTAINS(err.msg, "(dense): the \"cpu\" device backend has no softmax activation");
+    CHECK_CONTAINS(err.hint, "strategy.device_backend");
+    loom_model_free(m);
+    rig_close(&g);
+}
+
+/* A batch over max_batch or of the wrong shape: the host path's errors. */
+static void test_bad_batch(void)
+{
+    rig g;
+    if (!rig_open_ok(&g, "strategy_mlp.cfg")) return rig_close(&g);
+    static float buf[70 * 784];
+    loom_tensor x = {.dtype = LOOM_F32, .shape = loom_shape_make(3, (int64_t[]){70, 28, 28}), .data = buf};
+    CHECK(loom_model_dev_predict(g.dev, &x, buf, &err) == LOOM_ESHAPE);
+    CHECK_CONTAINS(err.msg, "batch of 70 examples; the model takes 1 to 64");
+    x.shape = loom_shape_make(3, (int64_t[]){4, 28, 27});
+    CHECK(loom_model_dev_predict(g.dev, &x, buf, &err) == LOOM_ESHAPE);
+    CHECK_CONTAINS(err.msg, "input batch has shape");
+    rig_close(&g);
+}
+
+/* A non-finite loss fails the step as on the host: LOOM_ENUMERIC, the same message. */
+static void test_non_finite(void)
+{
+    rig g;
+    if (!rig_open_ok(&g, "strategy_mlp.cfg")) return rig_close(&g);
+    loom_elem *b = next(&g);
+    for (int64_t i = 0; i < loom_model_num_params(g.host); i++) /* logits overflow */
+        loom_model_params(g.host)[i] = loom_model_params(g.dm)[i] *= 1e20f;
+    CHECK(loom_model_dev_upload_params(g.dev, &err) == LOOM_OK);
+    double lh, ld;
+    int64_t c;
+    CHECK(loom_model_train_step(g.host, &b->t[g.xi], &b->t[g.yi], 64, 1, &lh, &c, &err) == LOOM_ENUMERIC);
+    char host[sizeof err.msg];
+    snprintf(host, sizeof host, "%s", err.msg);
+    CHECK(loom_model_dev_train_step(g.dev, &b->t[g.xi], &b->t[g.yi], 64, 1, &ld, &c, &err) == LOOM_ENUMERIC);
+    CHECK_MSG(!strcmp(err.msg, host), "host: %s; device: %s", host, err.msg);
+    CHECK_CONTAINS(err.msg, " on a batch of 64 examples");
+    CHECK_CONTAINS(err.hint, "lower the learning rate");
+    CHECK(!isfinite(lh) && !isfinite(ld));
+    rig_close(&g);
+}
+
+static const loom_test tests[] = {
+    {"step_mlp", test_step_mlp},
+    {"step_cnn", test_step_cnn},
+    {"step_mse", test_step_mse},
+    {"train_mlp", test_train_mlp},
+    {"train_cnn", test_train_cnn},
+    {"train_mse", test_train_mse},
+    {"softmax_refused", test_softmax_refused},
+    {"bad_batch", test_bad_batch},
+    {"non_finite", test_non_finite},
+    {0},
+};
+
+int main(void)
+{
+    if (loom_blas_init(1, &err) != LOOM_OK) {
+        printf("Bail out! %s\n", err.msg);
+        return 1;
+    }
+    return loom_test_run(tests);
+}
