@@ -63,7 +63,7 @@ unsigned loom_xops_memory(const loom_cross_device_ops *x);
  * driven by loom_pool_run need a pool of at least n threads. A collective
  * returns on a rank once no other rank still reads its buffer. For one op the
  * result is bit-identical on every rank, on every run, and to the op's
- * N-buffer entry point; different ops sum in different orders (see README).
+ * N-buffer entry point; different ops sum in different orders (see docs/distribution.md).
  * Ranks that disagree (another collective, count, op or root) are caught at
  * the collective's rendezvous: every rank returns LOOM_EUSAGE naming the
  * collective and the differing values, having touched no buffer out of

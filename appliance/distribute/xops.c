@@ -924,7 +924,7 @@ int loom_xcomm_update(loom_xcomm *c, int rank, float *grads, float *params, int6
 }
 
 /* ---- "auto" ------------------------------------------------------------------
- * Measured with tests/bench/allreduce_bench (README): on CPU threads the ring
+ * Measured with tests/bench/allreduce_bench (docs/distribution.md): on CPU threads the ring
  * is never slower than the other two and moves the fewest bytes per rank,
  * 2(n-1)/n of the buffer; with more replicas than cores all three ran within
  * the noise of each other. */

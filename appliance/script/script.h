@@ -93,7 +93,7 @@ size_t loom_lua_memory_peak(const loom_lua *L);
 /* ---- tensors in Lua ("loom.tensor" userdata) ------------------------------
  * Lua sees a tensor t with t:shape(), t:dtype(), t:numel(), t:get(i...),
  * t:set(i..., v) (1-based, flat index or one index per dim) and C ops (see
- * README "Lua"). A tensor either owns its data (allocated through the capped
+ * docs/lua.md). A tensor either owns its data (allocated through the capped
  * allocator, freed by the GC) or is a view of memory the caller owns. */
 
 /* Pushes a new zeroed tensor owned by Lua; returns it (valid while it is

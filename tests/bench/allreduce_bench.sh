@@ -61,7 +61,7 @@ for n in ${REPLICAS//,/ }; do
     echo
 done
 # The gradient buffers of the configs' models, one all-reduce each at 2
-# replicas: what a mirrored step pays (README: whether overlapping it with
+# replicas: what a mirrored step pays (docs/distribution.md: whether overlapping it with
 # backward can pay).
 echo "# 2 replicas, the models' whole gradient buffers (MLP 235,146 floats, CNN 454,922 floats)"
 for f in 235146 454922; do

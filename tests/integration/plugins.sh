@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# plugins.sh - plugins through the loom binary: the README's example plugin,
+# plugins.sh - plugins through the loom binary: docs/plugins.md's example plugin,
 # extracted and compiled against plugins/loom_plugin.h alone, loads and
 # trains; each kind of bad plugin is refused with its exact message and does
 # not stop the others; plugins.require and plugins.path; local_sgd learns,
@@ -10,14 +10,14 @@ FIX="$BUILD/tests/plugins"
 SHIPPED="$(cd "$(dirname "$LOOM")" && pwd)/plugins"
 CC="${CC:-cc}"
 
-# --- the README's example, exactly -------------------------------------------
+# --- docs/plugins.md's example, exactly ---------------------------------------
 P="$WORK/p"; mkdir -p "$P"
 awk '/^<!-- plugin-example: my_op.c/ { grab = 1; next }
      grab && /^```c$/ { inside = 1; next }
      inside && /^```$/ { exit }
-     inside { print }' README.md > "$P/my_op.c"
-if grep -q 'loom_plugin_entry' "$P/my_op.c"; then pass "the README's example is extracted"; else fail "the README's example is extracted" "$(head -3 "$P/my_op.c")"; fi
-check "the README's example compiles against plugins/loom_plugin.h only" \
+     inside { print }' docs/plugins.md > "$P/my_op.c"
+if grep -q 'loom_plugin_entry' "$P/my_op.c"; then pass "docs/plugins.md's example is extracted"; else fail "docs/plugins.md's example is extracted" "$(head -3 "$P/my_op.c")"; fi
+check "docs/plugins.md's example compiles against plugins/loom_plugin.h only" \
     "$CC" -std=c11 -Wall -Wextra -Werror -shared -fPIC -O2 -I plugins/ "$P/my_op.c" -o "$P/my_op.so"
 out=$(LOOM_PLUGIN_PATH="$P" "$LOOM" plugins 2>&1)
 contains "loom plugins lists it" "my_op 1.0  $P/my_op.so" "$out"
