@@ -248,7 +248,7 @@ typedef struct loom_cross_device_ops {
  * still accepted, and work on host memory. */
 #define LOOM_CROSS_DEVICE_OPS_VERSION 3
 #define LOOM_XOPS_HOST_MEM   1u /* host memory: CPU replicas */
-#define LOOM_XOPS_DEVICE_MEM 2u /* GPU memory from the device backend's alloc: GPU replicas */
+#define LOOM_XOPS_DEVICE_MEM 2u /* device memory from the device backend's alloc: replicas on a device backend */
 
 /* ---- strategies ------------------------------------------------------------ */
 

@@ -414,6 +414,8 @@ static void print_replicated_strategy(FILE *f, const loom_strategy_spec *st)
             kv_i64(f, 1, "bytes_per_pack", st->bytes_per_pack);
         else
             kv_i64(f, 1, "num_packs", st->num_packs);
+    } else if (strcmp(st->cross_device_ops, "reduce_to_one_device")) { /* central_storage: only an op it uses */
+        kv_str(f, 1, "cross_device_ops", st->cross_device_ops);
     }
 }
 

@@ -281,13 +281,19 @@ static void cpu_replicas_str(const loom_strategy_spec *st, char *buf, size_t n)
         snprintf(buf, n, "%s", st->replicas == 1 ? "cpu:0" : "one per core");
 }
 
-/* Replicas on the CPU keep their buffers in host memory: an op that works
- * only on GPU memory (the nccl plugin's; loom_xops_memory) is refused here,
- * at its setting, instead of failing at the first step. Whether GPU replicas
- * hand an op device memory is their strategy's to check. */
-static int check_xops_memory(const loom_strategy_spec *st, const loom_cross_device_ops *x, loom_err *err)
+/* Replicas on the CPU run natively keep their buffers in host memory: an op
+ * that works only on device memory (the nccl plugin's; loom_xops_memory) is
+ * refused here, at its setting, instead of failing at the first step.
+ * Replicas on a device backend may use it: GPU replicas (any strategy), and
+ * the built-in strategies' replicas on device_backend = "cpu", which reduce
+ * their device buffers with it (the CPU reference's device memory is host
+ * memory, so ops of either memory work there). builtin: the strategy is one
+ * of Loom's (plugins' strategies do not run on device backends). */
+static int check_xops_memory(const loom_strategy_spec *st, const loom_cross_device_ops *x, int builtin, loom_err *err)
 {
-    if ((st->devices_listed && st->devices[0][0] == 'g') || (loom_xops_memory(x) & LOOM_XOPS_HOST_MEM)) return LOOM_OK;
+    int on_device = (st->devices_listed && st->devices[0][0] == 'g') ||
+                    (builtin && (st->device_backend[0] || st->device[0] == 'g'));
+    if (on_device || (loom_xops_memory(x) & LOOM_XOPS_HOST_MEM)) return LOOM_OK;
     char w[600], devs[200], names[256];
     const char *setting = xops_where(st, w, sizeof w), *name;
     const void *op;
@@ -327,7 +333,8 @@ int loom_strategy_open(loom_strategy **out, const loom_strategy_args *a, loom_er
         loom_free(s);
         return unknown_xops(&a->spec->strategy, xname, err);
     }
-    if (s->xops && (rc = check_xops_memory(&a->spec->strategy, s->xops, err))) {
+    int builtin = ops == &one_device_ops || loom_replicated_owns_(ops);
+    if (s->xops && (rc = check_xops_memory(&a->spec->strategy, s->xops, builtin, err))) {
         loom_free(s);
         return rc;
     }

@@ -48,12 +48,14 @@ typedef struct loom_cross_device_ops {
 /* 2 added the per-rank collectives, 3 caps; versions 1 and 2 (host memory) still register. */
 #define LOOM_CROSS_DEVICE_OPS_VERSION 3
 #define LOOM_XOPS_HOST_MEM   1u /* buffers in host memory: CPU replicas (every built-in op) */
-#define LOOM_XOPS_DEVICE_MEM 2u /* buffers in GPU memory: GPU replicas (the nccl plugin's op) */
+#define LOOM_XOPS_DEVICE_MEM 2u /* buffers in device memory: replicas on a device backend (the nccl plugin's op) */
 
 /* The memory x works on: LOOM_XOPS_HOST_MEM and/or LOOM_XOPS_DEVICE_MEM,
  * never neither (an op that declares no memory works on host memory). A
  * strategy refuses an op that cannot work where its replicas' buffers are
- * when it opens (loom_strategy_open does so for CPU replicas). */
+ * when it opens (loom_strategy_open does so for CPU replicas run natively);
+ * mirrored and central_storage reduce device replicas' gradients in device
+ * memory with an op that has LOOM_XOPS_DEVICE_MEM. */
 unsigned loom_xops_memory(const loom_cross_device_ops *x);
 
 /* A communicator: n ranks of one cross-device op, each on its own thread

@@ -24,6 +24,17 @@
  * update is applied once, and the other replicas copy the variables in at the
  * start of their next step, as devices read CPU-held variables in TensorFlow.
  *
+ * Replicas on a device backend (model_device.c) download their gradients
+ * and reduce them on the host as above, unless the cross-device op works on
+ * device memory (nccl; LOOM_XOPS_DEVICE_MEM): then the gradients stay on the
+ * devices and the op all-reduces the n device buffers (SUM, pack by pack;
+ * the communicator's rendezvous hands the last replica to arrive all n, so
+ * the op's collective runs once). mirrored: each replica downloads its shard
+ * of the sum and updates its shard of the variables with the one optimizer;
+ * the variables are all-gathered on the host and uploaded, so the replicas
+ * stay bit-equal and replica 0 holds the variables and slots a checkpoint
+ * saves. central_storage: replica 0 downloads the sum for its one update.
+ *
  * Batches are split as tf.distribute splits them (loom_batch_split: ceil(B /
  * N) consecutive examples each; a short last batch splits unevenly, and a
  * replica may get none). Each replica's gradient is of its per-example losses
@@ -67,11 +78,12 @@ typedef struct replicated {
     int          n;         /* replicas */
     replica     *rep;       /* (n,) */
     loom_pool   *pool;      /* n threads with the caller: item r is replica r's work */
-    loom_xcomm  *comm;      /* mirrored: the cross-device op's n ranks */
+    loom_xcomm  *comm;      /* mirrored, or dev_reduce: the cross-device op's n ranks */
     pthread_barrier_t bar;  /* central_storage: all gradients ready before the sum */
     int          bar_init;
     int64_t      P;         /* parameters */
-    int          n_packs;   /* mirrored: gradient packs, all-reduced one after the other, in plan order */
+    int          dev_reduce; /* device replicas whose op works on device memory: gradients reduced there */
+    int          n_packs;   /* mirrored or dev_reduce: gradient packs, all-reduced one after the other, in plan order */
     loom_pack   *packs;
     int          stale;     /* central_storage: replicas > 0 hold variables older than replica 0's */
     uint64_t     seed;
@@ -137,16 +149,41 @@ static int resolve_devices(replicated *m, const loom_strategy_spec *st, int64_t 
     return LOOM_OK;
 }
 
-/* "auto" resolves here, where the replica count is known; any other name was
- * resolved by loom_strategy_open. */
-static int resolve_xops(loom_strategy *s, replicated *m, loom_err *err)
+/* "auto" resolves here, where the replicas are known; any other name was
+ * resolved by loom_strategy_open. Device replicas whose op works on device
+ * memory reduce their gradients there (dev_reduce). central_storage sums
+ * host gradients itself (in replica order: reduce_to_one_device's sum), so
+ * it takes an op only to reduce in device memory: "auto" resolves only for
+ * GPU replicas, and another op of host memory is refused. */
+static int resolve_xops(loom_strategy *s, replicated *m, const loom_strategy_spec *st, loom_err *err)
 {
-    if (m->central) return LOOM_OK;
-    if (!s->xops) {
-        char why[256];
-        s->xops = loom_xops_auto_(m->n, 0, why, sizeof why);
+    const int chosen = !s->xops; /* "auto" */
+    char why[256];
+    if (chosen && (!m->central || m->place.gpu)) {
+        s->xops = loom_xops_auto_(m->n, m->place.gpu, why, sizeof why);
         if (!s->xops) return loom_err_set(err, LOOM_EPLUGIN, NULL, "cross_device_ops = \"auto\" found no op");
-        loom_info("cross_device_ops = \"auto\": %s (%s)", s->xops->name, why);
+    }
+    m->dev_reduce = m->place.ops && s->xops && (loom_xops_memory(s->xops) & LOOM_XOPS_DEVICE_MEM);
+    if (chosen && s->xops && (m->dev_reduce || !m->central))
+        loom_info("cross_device_ops = \"auto\": %s (%s); the gradients are reduced in %s memory", s->xops->name,
+                  why, m->dev_reduce ? "device" : "host");
+    else if (chosen && s->xops)
+        loom_info("cross_device_ops = \"auto\": no op of GPU memory is loaded, so central_storage sums the "
+                  "downloaded gradients in host memory itself");
+    if (m->central && !m->dev_reduce) {
+        if (s->xops && !chosen && strcmp(s->xops->name, "reduce_to_one_device")) {
+            char w[600];
+            loom_loc_str(&st->cross_device_ops_loc, w, sizeof w);
+            const char *setting = strncmp(w, "--set ", 6) ? "strategy.cross_device_ops: " : "";
+            return loom_err_set(err, LOOM_ECONFIG, w, "%s\"%s\" would reduce the gradients in host memory, where "
+                                "central_storage sums them itself; it takes an op only to reduce device replicas' "
+                                "gradients in device memory", setting, s->xops->name),
+                   loom_err_hint(err, "remove the setting (central_storage sums in replica order, as "
+                                 "reduce_to_one_device does), use an op of device memory (nccl) with gpu devices, "
+                                 "or use type = \"mirrored\"");
+        }
+        if (chosen) s->xops = NULL;
+        return LOOM_OK;
     }
     return m->n > 1 ? loom_xcomm_open(&m->comm, s->xops, m->n, err) : LOOM_OK;
 }
@@ -200,22 +237,17 @@ static int rep_open(loom_strategy *s, const loom_strategy_args *a, int central, 
     for (int r = 0; r < m->n; r++)
         if ((rc = new_replica(s, m, &m->rep[r], intra, share, err))) return rc;
     m->P = loom_model_num_params(m->rep[0].model);
-    /* device replicas reduce host copies of their gradients: never hand an op of GPU memory (nccl) host pointers */
-    if (m->place.ops && s->xops && !(loom_xops_memory(s->xops) & LOOM_XOPS_HOST_MEM)) {
-        char w[600];
-        return loom_err_set(err, LOOM_ECONFIG, loom_loc_str(&spec->strategy.cross_device_ops_loc, w, sizeof w),
-                            "strategy.cross_device_ops: \"%s\" reduces GPU memory only, but device replicas "
-                            "download their gradients and reduce them in host memory in this build", s->xops->name),
-               loom_err_hint(err, "use cross_device_ops = \"ring\", \"reduce_to_one_device\" or \"auto\"");
-    }
-    if ((rc = resolve_xops(s, m, err)) || central) return rc;
-    /* strategy.bytes_per_pack / num_packs (default: one pack of everything) */
+    /* an op of device memory only with cpu replicas run natively was refused by loom_strategy_open */
+    if ((rc = resolve_xops(s, m, &spec->strategy, err)) || (central && !m->dev_reduce)) return rc;
+    /* strategy.bytes_per_pack / num_packs (default: one pack of everything); central_storage: dev_reduce's */
     loom_model *m0 = m->rep[0].model;
     int nt = loom_model_num_param_tensors(m0);
     loom_param_info *pi = loom_alloc((size_t)(nt ? nt : 1) * sizeof *pi);
     if (!pi) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the parameter list");
     for (int i = 0; i < nt; i++) pi[i] = *loom_model_param_tensor(m0, i);
-    rc = loom_pack_plan(pi, nt, spec->strategy.bytes_per_pack, spec->strategy.num_packs, &m->packs, &m->n_packs, err);
+    /* central_storage has no packing settings: one pack */
+    rc = loom_pack_plan(pi, nt, central ? 0 : spec->strategy.bytes_per_pack, central ? 1 : spec->strategy.num_packs,
+                        &m->packs, &m->n_packs, err);
     loom_free(pi);
     return rc;
 }
@@ -260,7 +292,8 @@ static uint64_t rng_key(const replicated *m, int r)
 }
 
 /* Forward, loss and backward of replica r's share; a replica without
- * examples contributes a zero gradient. */
+ * examples contributes a zero gradient. With dev_reduce the gradients stay in
+ * the device's buffer. */
 static int replica_grads(loom_strategy *s, replicated *m, int r)
 {
     replica *rp = &m->rep[r];
@@ -268,8 +301,11 @@ static int replica_grads(loom_strategy *s, replicated *m, int r)
     rp->res.examples = x->shape.dim[0];
     if (rp->res.examples == 0) {
         memset(loom_model_grads(rp->model), 0, (size_t)m->P * sizeof(float));
-        return LOOM_OK;
+        return m->dev_reduce ? loom_model_dev_upload_grads(rp->dev, &rp->err) : LOOM_OK;
     }
+    if (m->dev_reduce)
+        return loom_model_dev_train_step_keep(rp->dev, x, y, m->global_batch, rng_key(m, r), &rp->res.loss_sum,
+                                              &rp->res.correct, &rp->err);
     if (rp->dev) /* the gradients are downloaded into the model's buffer */
         return loom_model_dev_train_step(rp->dev, x, y, m->global_batch, rng_key(m, r), &rp->res.loss_sum,
                                          &rp->res.correct, &rp->err);
@@ -277,12 +313,12 @@ static int replica_grads(loom_strategy *s, replicated *m, int r)
                                  &rp->res.correct, &rp->err);
 }
 
-/* mirrored: SUM-all-reduce replica r's gradient buffer with the others', pack
- * by pack. Every rank calls it (and the collectives below) even after a
- * failure of its own, so the others never wait for it. */
-static int mirrored_reduce(replicated *m, int r, loom_err *err)
+/* SUM-all-reduce replica r's gradient buffer g (the host's, or with
+ * dev_reduce the device's) with the others', pack by pack. Every rank calls
+ * it (and the collectives below) even after a failure of its own, so the
+ * others never wait for it. */
+static int reduce_packs(replicated *m, int r, float *g, loom_err *err)
 {
-    float *g = loom_model_grads(m->rep[r].model);
     int rc = LOOM_OK;
     for (int k = 0; k < m->n_packs && m->comm; k++) {
         int c = loom_xcomm_all_reduce(m->comm, r, g + m->packs[k].offset, m->packs[k].count, LOOM_REDUCE_SUM, err);
@@ -296,7 +332,7 @@ static int mirrored_reduce(replicated *m, int r, loom_err *err)
  * not (see mirrored_apply_shard), so every pack is all-reduced. */
 static int mirrored_reduce_scatter(replicated *m, int r, loom_err *err)
 {
-    if (m->n_packs > 1 || !m->comm) return mirrored_reduce(m, r, err);
+    if (m->n_packs > 1 || !m->comm) return reduce_packs(m, r, loom_model_grads(m->rep[r].model), err);
     return loom_xcomm_reduce_scatter(m->comm, r, loom_model_grads(m->rep[r].model), m->P, LOOM_REDUCE_SUM, err);
 }
 
@@ -359,6 +395,32 @@ static void update_range(void *arg, int64_t lo, int64_t hi)
                                loom_model_grads(rp->model), u->m->step, lo, hi);
 }
 
+/* dev_reduce, mirrored: the device gradients are all-reduced; replica r
+ * downloads its shard of the sum and updates that shard of its variables,
+ * and the variables are all-gathered on the host. The all-gather of shards
+ * copies host memory at the communicator's own rendezvous and never calls the
+ * op, so the communicator of an op of device memory serves for it. */
+static int mirrored_update_device(replicated *m, int r, loom_err *err)
+{
+    replica *rp = &m->rep[r];
+    int rc = reduce_packs(m, r, loom_model_dev_grads(rp->dev), err);
+    if (!rc && all_ok(m)) {
+        int64_t lo = 0, hi = m->P;
+        if (m->comm) loom_xcomm_shard(m->comm, r, m->P, &lo, &hi);
+        if (!(rc = loom_model_dev_download_grads(rp->dev, lo, hi, err))) mirrored_apply_shard(m, r);
+    }
+    int gc = mirrored_gather(m, r, rc ? NULL : err); /* every rank gathers, as every rank reduced */
+    return rc ? rc : gc;
+}
+
+/* dev_reduce, central_storage: the device gradients are all-reduced and
+ * replica 0 downloads the sum for the one update. */
+static int central_reduce_device(replicated *m, int r, loom_err *err)
+{
+    int rc = reduce_packs(m, r, loom_model_dev_grads(m->rep[r].dev), err);
+    return !rc && r == 0 && all_ok(m) ? loom_model_dev_download_grads(m->rep[0].dev, 0, m->P, err) : rc;
+}
+
 /* mirrored: one training step of replica r, update included. With one pack
  * the reduce-scatter, the shard's update and the all-gather are one
  * collective (loom_xcomm_update): the same bits in fewer passes. */
@@ -368,7 +430,9 @@ static void mirrored_train(loom_strategy *s, replicated *m, int r)
     rp->rc = replica_grads(s, m, r);
     loom_err rerr;
     int rc, gc = LOOM_OK;
-    if (m->comm && m->n_packs <= 1) {
+    if (m->dev_reduce) {
+        rc = mirrored_update_device(m, r, &rerr);
+    } else if (m->comm && m->n_packs <= 1) {
         update_arg u = {m, r};
         rc = loom_xcomm_update(m->comm, r, loom_model_grads(rp->model), loom_model_params(rp->model), m->P,
                                update_range, &u, &rerr);
@@ -403,6 +467,11 @@ static void replica_item(void *arg, int r)
             break;
         }
         rp->rc = replica_grads(s, m, r);
+        if (m->dev_reduce) {
+            loom_err rerr;
+            if ((rp->reduce_rc = central_reduce_device(m, r, &rerr))) rp->reduce_err = rerr;
+            break;
+        }
         pthread_barrier_wait(&m->bar); /* every gradient is ready */
         central_sum(m, r);
         break;
@@ -515,6 +584,21 @@ static int rep_predict(loom_strategy *s, const loom_elem *batch, float *out, loo
 
 /* ---- custom training steps (a Lua train_step), part by part ---------------------- */
 
+/* dev_reduce, a custom step's all-reduce: backward downloaded the gradients,
+ * which the step may have changed since (clipping), so they go up again; the
+ * op sums them on the devices, and the sum comes down where the host path
+ * leaves it: into every mirrored replica's buffer, into replica 0's for
+ * central_storage. */
+static int part_reduce_device(replicated *m, int r, loom_err *err)
+{
+    replica *rp = &m->rep[r];
+    loom_err rerr;
+    int rc = loom_model_dev_upload_grads(rp->dev, err);
+    int c = reduce_packs(m, r, loom_model_dev_grads(rp->dev), rc ? &rerr : err); /* every rank reduces */
+    if (rc || (rc = c)) return rc;
+    return m->central && r > 0 ? LOOM_OK : loom_model_dev_download_grads(rp->dev, 0, m->P, err);
+}
+
 static int step_part_item(loom_strategy *s, replicated *m, int r)
 {
     replica *rp = &m->rep[r];
@@ -536,11 +620,12 @@ static int step_part_item(loom_strategy *s, replicated *m, int r)
         memset(loom_model_grads(rp->model), 0, (size_t)m->P * sizeof(float));
         return LOOM_OK;
     case LOOM_PART_ALL_REDUCE:
+        if (m->dev_reduce) return part_reduce_device(m, r, &rp->err);
         if (m->central) {
             central_sum(m, r); /* backward finished in the previous job */
             return LOOM_OK;
         }
-        return mirrored_reduce(m, r, &rp->err);
+        return reduce_packs(m, r, loom_model_grads(rp->model), &rp->err);
     case LOOM_PART_APPLY: {
         if (m->central) return LOOM_OK;
         mirrored_apply_shard(m, r); /* the gradients are all-reduced: every shard is complete */
@@ -626,6 +711,8 @@ static const loom_strategy_ops central_storage_ops = {
     .replica = rep_replica,
 };
 
+int loom_replicated_owns_(const loom_strategy_ops *ops) { return ops == &mirrored_ops || ops == &central_storage_ops; }
+
 int loom_replicated_register_(loom_err *err)
 {
     int rc = loom_register_strategy(&mirrored_ops, err);
@@ -659,7 +746,7 @@ static void print_shares(FILE *f, const replicated *m, int64_t b)
 
 int loom_replicated_print_plan_(loom_strategy *s, int64_t global_batch, FILE *f)
 {
-    if (s->ops != &mirrored_ops && s->ops != &central_storage_ops) return 0;
+    if (!loom_replicated_owns_(s->ops)) return 0;
     const replicated *m = s->impl;
     const loom_model *m0 = m->rep[0].model;
     fprintf(f, "strategy: %s, %d replica%s on ", kind_name(m), m->n, m->n == 1 ? "" : "s");
@@ -670,12 +757,20 @@ int loom_replicated_print_plan_(loom_strategy *s, int64_t global_batch, FILE *f)
     print_shares(f, m, global_batch);
     fprintf(f, " (ceil(B / %d) each, in order; a short last batch splits unevenly)\n", m->n);
     char what[200];
-    fprintf(f, "  compute: %s%s\n", loom_place_describe_(&m->place, what, sizeof what),
-            m->place.ops ? "; gradients reduced on the host" : "");
+    fprintf(f, "  compute: %s\n", loom_place_describe_(&m->place, what, sizeof what));
+    if (m->dev_reduce)
+        fprintf(f, "  gradients: reduced in device memory by \"%s\" (it works on device memory), then %s\n",
+                s->xops->name, m->central ? "replica 0 downloads the sum" : "each replica downloads its shard");
+    else if (m->central)
+        fprintf(f, "  gradients: reduced in host memory (summed by the replica threads%s)\n",
+                m->place.ops ? ", after every replica downloads its own" : "");
+    else
+        fprintf(f, "  gradients: reduced in host memory by \"%s\"%s\n", s->xops ? s->xops->name : "none",
+                m->place.ops ? ", after every replica downloads its own" : "");
     int64_t bytes = m->P * (int64_t)sizeof(float);
     if (m->central) {
         fprintf(f, "  variables: one copy on the host (replica 0), one optimizer; per step the %d gradient buffers "
-                "are summed once (", m->n);
+                "are %s (", m->n, m->dev_reduce ? "all-reduced once on the devices" : "summed once");
         print_bytes(f, bytes);
         fprintf(f, " each), the update applied once, and ");
         print_bytes(f, bytes * (m->n - 1));
@@ -693,7 +788,10 @@ int loom_replicated_print_plan_(loom_strategy *s, int64_t global_batch, FILE *f)
             s->args->spec->strategy.num_packs);
     fprintf(f, "  all-reduced per step: ");
     print_bytes(f, m->n > 1 ? bytes : 0);
+    const char *how = m->dev_reduce ? "all-reduced on the devices"
+                      : m->n_packs > 1 ? "all-reduced pack by pack"
+                                       : "reduce-scattered";
     fprintf(f, " per replica (SUM of the gradients, %s); each replica updates its 1/%d of the variables, which "
-            "are then all-gathered\n", m->n_packs > 1 ? "all-reduced pack by pack" : "reduce-scattered", m->n);
+            "are then all-gathered\n", how, m->n);
     return 1;
 }

@@ -939,8 +939,12 @@ const loom_cross_device_ops *loom_xops_auto_(int n, int gpus, char *why, size_t 
             snprintf(why, why_n, "GPU devices, and %s works on GPU memory", name);
             return x;
         }
-    /* CPU replicas: the ring, which works on host memory, as every built-in does */
-    snprintf(why, why_n, "%d replicas on %d cores: the pipelined ring moves 2(n-1)/n of the gradients per replica, "
-             "the fewest bytes", n, loom_num_cores());
+    /* CPU replicas, or GPU replicas without such an op: the ring, which works on host memory, as every built-in does */
+    if (gpus)
+        snprintf(why, why_n, "GPU devices, but no loaded op works on GPU memory (the nccl plugin is not loaded): the "
+                 "pipelined ring on the gradients downloaded to host memory");
+    else
+        snprintf(why, why_n, "%d replicas on %d cores: the pipelined ring moves 2(n-1)/n of the gradients per "
+                 "replica, the fewest bytes", n, loom_num_cores());
     return &ring;
 }

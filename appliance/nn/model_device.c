@@ -12,12 +12,18 @@
  * max_batch at open (parameters, gradients, activations, deltas, im2col
  * scratch, pool argmax, dropout masks, labels) and downloads the gradients
  * into the host grads buffer; after the host update the caller uploads the
- * parameters (loom_model_dev_upload_params). That is 2 x P floats over PCIe
- * per step (2 x 0.9 MiB for the 784-256-128-10 MLP, about 0.06 ms each way
- * at 16 GB/s: more than the MLP's compute on a modern GPU). An optimizer on the
+ * parameters (loom_model_dev_upload_params). A strategy whose cross-device
+ * op reduces device memory (nccl) keeps the gradients there instead
+ * (loom_model_dev_backward_keep: the one flat device buffer d->grads, laid out
+ * as the host's, so one collective covers every layer), reduces them in place
+ * and downloads only the range it applies (loom_model_dev_download_grads).
+ * Gradients down and parameters up are 2 x P floats over PCIe per step
+ * (2 x 0.9 MiB for the 784-256-128-10 MLP, about 0.06 ms each way at
+ * 16 GB/s: more than the MLP's compute on a modern GPU); a replica that
+ * downloads only its 1/N shard moves (1 + 1/N) x P. An optimizer on the
  * device (slots in device memory, the update as one kernel) would save both
- * copies with one device, and with NCCL reducing device buffers nothing
- * would cross PCIe but the batch.
+ * copies: with NCCL reducing device buffers nothing would then cross PCIe
+ * but the batch.
  * Dropout masks are drawn on the host with nn's keyed Philox stream (the
  * host path's mask for the same key and example positions) and uploaded as
  * floats, 0 or 1 / (1 - rate), that multiply. Softmax cross-entropy runs on
@@ -392,9 +398,11 @@ static int layer_backward(loom_model_dev *d, int li, float *g, float *other, flo
     }
 }
 
-/* Backward from gbuf[0] down to the first layer with parameters, then the
- * gradients into the host model's grads buffer. */
-static int backward(loom_model_dev *d, loom_err *err)
+/* Backward from gbuf[0] down to the first layer with parameters; then, with
+ * download, the gradients into the host model's grads buffer. Either way the
+ * device is idle on return, so another thread or library (a collective on
+ * streams of its own) may read d->grads at once. */
+static int backward(loom_model_dev *d, int download, loom_err *err)
 {
     loom_model *m = d->m;
     float *g = d->gbuf[0], *other = d->gbuf[1];
@@ -410,7 +418,7 @@ static int backward(loom_model_dev *d, loom_err *err)
         }
     }
     size_t bytes = (size_t)m->n_params * sizeof(float);
-    if (bytes) TRY(d->ops->download(d->dev, LOOM_DEV_STREAM_COMPUTE, m->grads, d->grads, bytes, err));
+    if (bytes && download) TRY(d->ops->download(d->dev, LOOM_DEV_STREAM_COMPUTE, m->grads, d->grads, bytes, err));
     return d->ops->synchronize(d->dev, -1, err);
 }
 
@@ -428,6 +436,15 @@ int loom_model_dev_train_step(loom_model_dev *d, const loom_tensor *x, const loo
     TRY(loom_model_dev_forward(d, x, rng_key, err));
     TRY(loom_model_dev_loss(d, label, global_batch, loss_sum, correct, err));
     return loom_model_dev_backward(d, err);
+}
+
+int loom_model_dev_train_step_keep(loom_model_dev *d, const loom_tensor *x, const loom_tensor *label,
+                                   int64_t global_batch, uint64_t rng_key, double *loss_sum, int64_t *correct,
+                                   loom_err *err)
+{
+    TRY(loom_model_dev_forward(d, x, rng_key, err));
+    TRY(loom_model_dev_loss(d, label, global_batch, loss_sum, correct, err));
+    return loom_model_dev_backward_keep(d, err);
 }
 
 int loom_model_dev_forward(loom_model_dev *d, const loom_tensor *x, uint64_t rng_key, loom_err *err)
@@ -453,12 +470,36 @@ int loom_model_dev_loss(loom_model_dev *d, const loom_tensor *label, int64_t glo
     return LOOM_OK;
 }
 
-int loom_model_dev_backward(loom_model_dev *d, loom_err *err)
+static int backward_part(loom_model_dev *d, int download, loom_err *err)
 {
     if (d->part_done < 2)
         return loom_err_set(err, LOOM_EUSAGE, d->m->where, "backward needs the loss of a forward pass first");
     d->part_done = 0;
-    return backward(d, err);
+    return backward(d, download, err);
+}
+
+int loom_model_dev_backward(loom_model_dev *d, loom_err *err) { return backward_part(d, 1, err); }
+int loom_model_dev_backward_keep(loom_model_dev *d, loom_err *err) { return backward_part(d, 0, err); }
+
+/* ---- the device gradients, for reductions in device memory ---------------------- */
+
+float *loom_model_dev_grads(loom_model_dev *d) { return d->grads; }
+
+int loom_model_dev_download_grads(loom_model_dev *d, int64_t lo, int64_t hi, loom_err *err)
+{
+    LOOM_ASSERT(0 <= lo && lo <= hi && hi <= d->m->n_params);
+    if (lo == hi) return LOOM_OK;
+    TRY(d->ops->download(d->dev, LOOM_DEV_STREAM_COMPUTE, d->m->grads + lo, d->grads + lo,
+                         (size_t)(hi - lo) * sizeof(float), err));
+    return d->ops->synchronize(d->dev, LOOM_DEV_STREAM_COMPUTE, err);
+}
+
+int loom_model_dev_upload_grads(loom_model_dev *d, loom_err *err)
+{
+    size_t bytes = (size_t)d->m->n_params * sizeof(float);
+    if (bytes) TRY(d->ops->upload(d->dev, LOOM_DEV_STREAM_COMPUTE, d->grads, d->m->grads, bytes, err));
+    /* the device is idle on return, as after backward: the buffer may be reduced at once */
+    return d->ops->synchronize(d->dev, -1, err);
 }
 
 int loom_model_dev_evaluate(loom_model_dev *d, const loom_tensor *x, const loom_tensor *label, double *loss_sum,

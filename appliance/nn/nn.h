@@ -133,6 +133,24 @@ int loom_model_dev_backward(loom_model_dev *d, loom_err *err);
 int loom_model_dev_evaluate(loom_model_dev *d, const loom_tensor *x, const loom_tensor *label, double *loss_sum,
                             int64_t *correct, loom_err *err);
 int loom_model_dev_predict(loom_model_dev *d, const loom_tensor *x, float *out, loom_err *err);
+/* For a reduction in device memory (a cross-device op of device memory, such
+ * as nccl): train_step and backward that leave the gradients in the device's
+ * gradient buffer and the host grads buffer untouched; the device is idle on
+ * return, so the buffer may be reduced at once, from any thread. */
+int loom_model_dev_train_step_keep(loom_model_dev *d, const loom_tensor *x, const loom_tensor *label,
+                                   int64_t global_batch, uint64_t rng_key, double *loss_sum, int64_t *correct,
+                                   loom_err *err);
+int loom_model_dev_backward_keep(loom_model_dev *d, loom_err *err);
+/* The device's gradient buffer: (P,) device memory, laid out as
+ * loom_model_grads (one flat buffer, every layer's tensors at their host
+ * offsets); borrowed until close. */
+float *loom_model_dev_grads(loom_model_dev *d);
+/* Gradients [lo, hi) (0 <= lo <= hi <= P) from the device buffer into the
+ * same range of loom_model_grads; returns once they are copied. */
+int loom_model_dev_download_grads(loom_model_dev *d, int64_t lo, int64_t hi, loom_err *err);
+/* loom_model_grads (all P) into the device buffer (a custom step's changed
+ * gradients, or zeros); the device is idle on return. */
+int loom_model_dev_upload_grads(loom_model_dev *d, loom_err *err);
 
 /* ---- optimizers ------------------------------------------------------------ */
 

@@ -8,8 +8,10 @@
  * synchronous), so callers synchronize their compute streams first.
  * Linked against libnccl and libcudart only: without a driver or a GPU it
  * loads and registers, and every collective says what is missing.
- * Threads: one collective at a time (the train thread); a lock guards the
- * communicator cache anyway. */
+ * Threads: one collective at a time, from any one thread (mirrored and
+ * central_storage call it from the replica thread that arrives last at
+ * their rendezvous, with every replica's gradients complete on its device);
+ * a lock guards the communicator cache anyway. */
 #include "loom_plugin.h"
 
 #include <cuda_runtime.h>

@@ -3,11 +3,14 @@
  * and gpu:1 when there are two, train 30 steps of the MLP (tests/configs/strategy_mlp.cfg) and the
  * CNN with every layer kind (device_cnn.cfg) on real Fashion-MNIST and end
  * within 1e-4 (relative, whole buffer) of nn's native weights; evaluate
- * agrees. The backend is the cuda plugin (LOOM_BUILD_ROOT/plugins/cuda.so);
+ * agrees. On two GPUs mirrored and central_storage also run with their
+ * gradients reduced in device memory by the nccl op (LOOM_BUILD_ROOT/
+ * plugins/nccl.so). The backend is the cuda plugin (LOOM_BUILD_ROOT/plugins/cuda.so);
  * without a usable GPU the test exits 77 (skip) saying why. With
  * LOOM_DEVICE_UNDER_TEST=cpu the same runs go through the CPU reference
  * backend (strategy.device_backend = "cpu"), which checks this test's own
- * plumbing on machines without a GPU. */
+ * plumbing on machines without a GPU, and the device-memory reduction uses
+ * the dev_mem_sum fixture (LOOM_BUILD_ROOT/tests/plugins) instead of nccl. */
 #include "harness.h"
 #include "plugin/plugin.h"
 #include "train/train.h"
@@ -17,6 +20,7 @@
 static loom_err err;
 static int use_cpu; /* LOOM_DEVICE_UNDER_TEST=cpu */
 static int gpus;
+static const char *dev_op; /* the op of device memory loaded ("nccl", "dev_mem_sum"); NULL: none */
 
 static const char *cfg_path(const char *name)
 {
@@ -99,7 +103,8 @@ static void compare(const char *cfg, const char *const *sets, int n_sets, const 
         loom_model *ma = loom_strategy_model(a.s), *mb = loom_strategy_model(b.s);
         double r = rel_diff(loom_model_params(ma), loom_model_params(mb), loom_model_num_params(ma));
         CHECK_MSG(r <= 1e-4, "%s: weights after 30 steps differ by %g", cfg, r);
-        printf("# %s, %s: weights %.2g apart after 30 steps\n", cfg, n_sets ? sets[0] : "one_device", r);
+        printf("# %s, %s%s%s: weights %.2g apart after 30 steps\n", cfg, n_sets ? sets[0] : "one_device",
+               n_extra > 1 ? ", " : "", n_extra > 1 ? extra[1] : "", r);
         loom_step_result ea, eb;
         CHECK(loom_strategy_eval_step(a.s, la, &ea, &err) == LOOM_OK);
         CHECK(loom_strategy_eval_step(b.s, lb, &eb, &err) == LOOM_OK);
@@ -120,6 +125,13 @@ static void run(const char *cfg)
         if (use_cpu) compare(cfg, rep, 2, dev_cpu, 1);
         else if (gpus >= 2) compare(cfg, rep, 2, two_gpus, 1);
         else printf("# %s on two GPUs: skipped, one GPU\n", rep[0]);
+        /* the gradients reduced in device memory */
+        char op[64];
+        snprintf(op, sizeof op, "strategy.cross_device_ops=\"%s\"", dev_op ? dev_op : "");
+        const char *dev_cpu_op[] = {dev_cpu[0], op}, *two_gpus_op[] = {two_gpus[0], op};
+        if (!dev_op) printf("# %s, gradients in device memory: skipped, no op of device memory loaded\n", rep[0]);
+        else if (use_cpu) compare(cfg, rep, 2, dev_cpu_op, 2);
+        else if (gpus >= 2) compare(cfg, rep, 2, two_gpus_op, 2);
     }
 }
 
@@ -140,6 +152,12 @@ int main(void)
         return 1;
     }
     use_cpu = which && !strcmp(which, "cpu");
+    if (root) { /* the op of device memory, when built */
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", root, use_cpu ? "tests/plugins/dev_mem_sum.so" : "plugins/nccl.so");
+        if (!loom_plugin_load_file(path, NULL, &err)) dev_op = use_cpu ? "dev_mem_sum" : "nccl";
+        else printf("# %s: %s\n", path, err.msg);
+    }
     if (!use_cpu) {
         char path[4096], why[600];
         snprintf(path, sizeof path, "%s/plugins/cuda.so", root ? root : "build");

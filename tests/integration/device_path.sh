@@ -9,8 +9,17 @@
 # two device runs are bit-identical; a custom Lua step gives the built-in
 # step's weights; evaluate and predict work; `loom check` says which
 # backend runs the replicas; a bad device_backend, the cpu backend on gpu
-# devices, nccl with device replicas and configs/fashion_mnist_gpu.cfg
-# without a GPU are clear errors at the setting's file:line.
+# devices and configs/fashion_mnist_gpu.cfg without a GPU are clear errors
+# at the setting's file:line.
+# Gradients reduced in device memory: with the dev_mem_sum fixture (an op of
+# device memory only, as nccl is, summing in replica order: the bits of
+# reduce_to_one_device, the default op, and of central_storage's own sum)
+# mirrored(2) and central_storage(2) keep their gradients on the devices; the
+# op is called once per step on the device buffers (its call log), the
+# weights equal the host-reduce device path's bit for bit and are within
+# 1e-6 of the native ones, runs repeat bit for bit, a resume at step 45 is
+# bit-exact, packs and a custom Lua step work; nccl, which needs CUDA
+# memory, fails at the first step on the CPU reference backend, saying why.
 source "$(dirname "$0")/lib.sh"
 DIFF="${LOOM_CKPT_DIFF:-$(dirname "$LOOM")/tests/ckpt_diff}"
 CFG=configs/fashion_mnist_mlp.cfg
@@ -25,21 +34,24 @@ same_weights() {
     if [ -n "$ta" ] && [ "$ta" = "$tb" ]; then pass "$1"; else fail "$1" "$2 vs $3"; fi
 }
 # close NAME A B: the weights of A and B within 1e-5 (relative, whole buffer)
+# (close6: within 1e-6)
 close() {
     local d
-    if d=$("$DIFF" $CFG "$2" "$3" 2>&1) && awk -v d="$d" 'BEGIN { exit !(d <= 1e-5) }'; then
+    if d=$("$DIFF" $CFG "$2" "$3" 2>&1) && awk -v d="$d" -v t="${TOL:-1e-5}" 'BEGIN { exit !(d <= t) }'; then
         pass "$1 (${d} apart)"
     else
         fail "$1" "ckpt_diff: $d"
     fi
 }
+close6() { TOL=1e-6 close "$@"; }
 
 # the plan says what computes
 out=$("$LOOM" check $CFG "${DEV[@]}" 2>&1)
 contains "check: one_device on the cpu device backend" 'compute: the "cpu" device backend (the reference' "$out"
 out=$("$LOOM" check $CFG "${MIR[@]}" "${DEV[@]}" 2>&1)
 contains "check: mirrored replicas on the cpu device backend" 'compute: the "cpu" device backend (the reference' "$out"
-contains "check: ... gradients reduced on the host" "gradients reduced on the host" "$out"
+contains "check: ... gradients reduced in host memory by the op" \
+    'gradients: reduced in host memory by "reduce_to_one_device", after every replica downloads its own' "$out"
 out=$("$LOOM" check $CFG "${CEN[@]}" 2>&1)
 contains "check: without device_backend, nn's native code" "compute: nn's native host code" "$out"
 
@@ -102,8 +114,12 @@ expect_fail 2 "a gpu backend for cpu replicas names its file:line" \
 expect_fail 2 "the cpu backend does not run gpu devices" 'the cpu backend runs cpu devices, not "gpu:0"' \
     "$LOOM" check $CFG --set strategy.device=gpu:0 "${DEV[@]}"
 if "$LOOM" plugins 2>&1 | grep -q 'cross-device ops "nccl"'; then
-    expect_fail 2 "nccl would get host buffers from cpu replicas: refused" '"nccl" reduces GPU memory only, but' \
-        "$LOOM" check $CFG "${MIR[@]}" "${DEV[@]}" --set strategy.cross_device_ops=nccl
+    out=$("$LOOM" check $CFG "${MIR[@]}" "${DEV[@]}" --set strategy.cross_device_ops=nccl 2>&1)
+    contains "nccl with replicas on a device backend: accepted, reducing device memory" \
+        'gradients: reduced in device memory by "nccl"' "$out"
+    expect_fail 1 "... but the CPU reference's device memory is not CUDA memory: nccl says so at the first step" \
+        'nccl: ' "$LOOM" train $CFG --model-dir "$WORK/nccl_cpu" "${MIR[@]}" "${DEV[@]}" \
+        --set strategy.cross_device_ops=nccl --set run.max_steps=2
 else
     pass "nccl with device replicas # SKIP the nccl plugin is not built"
 fi
@@ -116,4 +132,73 @@ if ! "$LOOM" devices 2>&1 | grep -q "gpu:[0-9]*  "; then
 else
     check "configs/fashion_mnist_gpu.cfg checks on this GPU machine" "$LOOM" check configs/fashion_mnist_gpu.cfg
 fi
+
+# ---- gradients reduced in device memory (the dev_mem_sum fixture) ----------------
+FIX="${LOOM_BUILD_ROOT:-$(dirname "$LOOM")}/tests/plugins"
+mkdir -p "$WORK/dm" && cp "$FIX/dev_mem_sum.so" "$WORK/dm/"
+DM=(--set strategy.cross_device_ops=dev_mem_sum)
+# dm LOG CMD...: CMD with the fixture loaded, its calls logged to LOG (emptied first)
+dm() {
+    local log="$1"; shift
+    : >"$log"
+    env LOOM_PLUGIN_PATH="$WORK/dm" LOOM_TEST_DEV_MEM_SUM_LOG="$log" "$@"
+}
+# calls NAME LOG N COUNT: LOG holds exactly N all-reduces, each of COUNT floats over 2 buffers
+calls() {
+    local got
+    got=$(sort "$2" | uniq -c | sed 's/^ *//')
+    if [ "$got" = "$3 all_reduce n=2 count=$4" ]; then pass "$1"
+    else fail "$1" "calls: $got" "want: $3 of $4 floats"; fi
+}
+P=235146
+out=$(dm "$WORK/c.log" "$LOOM" check $CFG "${MIR[@]}" "${DEV[@]}" "${DM[@]}" 2>&1)
+contains "check: mirrored says the gradients are reduced in device memory, by which op" \
+    'gradients: reduced in device memory by "dev_mem_sum" (it works on device memory), then each replica downloads' \
+    "$out"
+contains "... all-reduced on the devices" "(SUM of the gradients, all-reduced on the devices)" "$out"
+out=$(dm "$WORK/c.log" "$LOOM" check $CFG "${CEN[@]}" "${DEV[@]}" "${DM[@]}" 2>&1)
+contains "check: so does central_storage" \
+    'gradients: reduced in device memory by "dev_mem_sum" (it works on device memory), then replica 0 downloads' "$out"
+expect_fail 2 "an op of device memory only is still refused for replicas run natively" \
+    '"dev_mem_sum" reduces GPU memory only, but the mirrored replicas are on the CPU' \
+    dm "$WORK/c.log" "$LOOM" check $CFG "${MIR[@]}" "${DM[@]}"
+expect_fail 2 "central_storage refuses an op that would reduce in host memory" \
+    '"ring" would reduce the gradients in host memory, where central_storage sums them itself' \
+    "$LOOM" check $CFG "${CEN[@]}" "${DEV[@]}" --set strategy.cross_device_ops=ring
+for s in MIR CEN; do
+    case $s in MIR) set=("${MIR[@]}") ;; CEN) set=("${CEN[@]}") ;; esac
+    check "$s: device-memory reduction, 100 steps" dm "$WORK/m$s.log" "$LOOM" train $CFG --model-dir "$WORK/m$s" \
+        "${RUN[@]}" "${set[@]}" "${DEV[@]}" "${DM[@]}"
+    calls "$s: ... the op all-reduced the device buffers once per step, all $P gradients" "$WORK/m$s.log" 100 $P
+    same_weights "$s: ... the weights of the host-reduce device path, bit for bit" "$WORK/d$s/ckpt-100.loom" \
+        "$WORK/m$s/ckpt-100.loom"
+    close6 "$s: ... and of the native path" "$WORK/n$s/ckpt-100.loom" "$WORK/m$s/ckpt-100.loom"
+    check "$s: ... a second run" dm "$WORK/m$s.log" "$LOOM" train $CFG --model-dir "$WORK/m${s}2" "${RUN[@]}" \
+        "${set[@]}" "${DEV[@]}" "${DM[@]}"
+    same_weights "$s: ... is bit-identical" "$WORK/m$s/ckpt-100.loom" "$WORK/m${s}2/ckpt-100.loom"
+    check "$s: ... to step 45" dm "$WORK/r$s.log" "$LOOM" train $CFG --model-dir "$WORK/mr$s" "${RUN[@]}" \
+        "${set[@]}" "${DEV[@]}" "${DM[@]}" --set run.max_steps=45
+    check "$s: ... resumed to 100" dm "$WORK/r$s.log" "$LOOM" train $CFG --model-dir "$WORK/mr$s" "${RUN[@]}" \
+        "${set[@]}" "${DEV[@]}" "${DM[@]}"
+    calls "$s: ... the resumed run reduced its 55 steps on the devices" "$WORK/r$s.log" 55 $P
+    same_weights "$s: ... resumed at 45 = uninterrupted" "$WORK/m$s/ckpt-100.loom" "$WORK/mr$s/ckpt-100.loom"
+    check "$s: device memory, built-in step" dm "$WORK/hb$s.log" "$LOOM" train tests/configs/small_mlp.cfg \
+        --model-dir "$WORK/mhb$s" "${set[@]}" "${DEV[@]}" "${DM[@]}" --set run.progress='"none"'
+    check "$s: device memory, Lua step" dm "$WORK/hs$s.log" "$LOOM" train tests/configs/small_step.cfg \
+        --model-dir "$WORK/mhs$s" "${set[@]}" "${DEV[@]}" "${DM[@]}" --set run.progress='"none"'
+    nb=$(wc -l <"$WORK/hb$s.log") ns=$(wc -l <"$WORK/hs$s.log")
+    if [ "$ns" -gt 0 ] && [ "$ns" = "$nb" ]; then pass "$s: ... its all-reduce ran on the devices too ($ns calls)"
+    else fail "$s: the Lua step's all-reduce on the devices" "built-in: $nb calls, Lua: $ns"; fi
+    same_weights "$s: ... the Lua step's weights are the built-in step's" "$WORK/mhb$s/ckpt-96.loom" \
+        "$WORK/mhs$s/ckpt-96.loom"
+done
+# packs: each pack is one all-reduce on the devices; summed in replica order,
+# the weights do not depend on the cut
+check "mirrored: device memory, 3 packs" dm "$WORK/p.log" "$LOOM" train $CFG --model-dir "$WORK/mp" "${RUN[@]}" \
+    "${MIR[@]}" "${DEV[@]}" "${DM[@]}" --set strategy.num_packs=3
+first3=$(awk -F'count=' 'NR <= 3 { s += $2 } END { print s }' "$WORK/p.log")
+if [ "$(wc -l <"$WORK/p.log")" = 300 ] && [ "$first3" = $P ]; then
+    pass "... 3 all-reduces per step, covering the $P gradients"
+else fail "3 all-reduces per step" "$(head -4 "$WORK/p.log")" "$(wc -l <"$WORK/p.log") calls"; fi
+same_weights "... the weights of one pack" "$WORK/mMIR/ckpt-100.loom" "$WORK/mp/ckpt-100.loom"
 finish

@@ -6,7 +6,9 @@
  * difference <= 1e-5), loss and correct count; evaluate and predict agree;
  * 100 steps of SGD with momentum driven by hand end with the same weights
  * (<= 1e-5); two runs of the device path are bit-identical; the parts of a
- * step equal the whole step; a softmax activation the device cannot run is
+ * step equal the whole step; gradients kept on the device (for reductions
+ * in device memory) are the downloaded ones, bit for bit, and come down by
+ * range; a softmax activation the device cannot run is
  * refused at open, naming its layer; bad batches and a non-finite loss give
  * the host path's errors. */
 #include "harness.h"
@@ -150,6 +152,53 @@ static void one_step(const char *cfg)
     rig_close(&g);
 }
 
+/* Gradients kept on the device, for reductions in device memory: the fused
+ * step and the parts leave the host buffer alone and put the download's bits
+ * into the device buffer (one flat buffer, the host's layout); a range comes
+ * down alone; an upload replaces the device buffer. The CPU backend's device
+ * memory is host memory, so the test reads it directly. */
+static void keep_grads(const char *cfg)
+{
+    rig g;
+    if (!rig_open_ok(&g, cfg)) return rig_close(&g);
+    loom_elem *b = next(&g);
+    const loom_tensor *x = &b->t[g.xi], *y = &b->t[g.yi];
+    int64_t P = loom_model_num_params(g.dm), lo = P / 3, hi = 2 * P / 3, c, ck;
+    double l, lk;
+    float *host = loom_model_grads(g.dm), *dev = loom_model_dev_grads(g.dev);
+    float *whole = malloc((size_t)P * sizeof *whole);
+    CHECK(dev != NULL && dev != host);
+    CHECK(loom_model_dev_train_step(g.dev, x, y, 64, 99, &l, &c, &err) == LOOM_OK);
+    memcpy(whole, host, (size_t)P * sizeof *whole);
+    for (int64_t i = 0; i < P; i++) host[i] = 7.f;
+    memset(dev, 0, (size_t)P * sizeof *dev);
+    CHECK(loom_model_dev_train_step_keep(g.dev, x, y, 64, 99, &lk, &ck, &err) == LOOM_OK);
+    CHECK(lk == l && ck == c);
+    int64_t untouched = 0;
+    for (int64_t i = 0; i < P; i++) untouched += host[i] == 7.f;
+    CHECK_MSG(untouched == P, "%s: train_step_keep changed %lld host gradients", cfg, (long long)(P - untouched));
+    CHECK_MSG(!memcmp(dev, whole, (size_t)P * sizeof *dev), "%s: the kept gradients are not the downloaded ones", cfg);
+    CHECK(loom_model_dev_download_grads(g.dev, lo, hi, &err) == LOOM_OK);
+    CHECK(!memcmp(host + lo, whole + lo, (size_t)(hi - lo) * sizeof *host));
+    CHECK(host[lo - 1] == 7.f && host[hi] == 7.f);
+    /* the parts: backward_keep in order only, then the same bits */
+    memset(dev, 0, (size_t)P * sizeof *dev);
+    CHECK(loom_model_dev_forward(g.dev, x, 99, &err) == LOOM_OK);
+    CHECK(loom_model_dev_backward_keep(g.dev, &err) == LOOM_EUSAGE);
+    CHECK(loom_model_dev_loss(g.dev, y, 64, &lk, &ck, &err) == LOOM_OK);
+    CHECK(loom_model_dev_backward_keep(g.dev, &err) == LOOM_OK);
+    CHECK(!memcmp(dev, whole, (size_t)P * sizeof *dev));
+    CHECK(host[0] == 7.f && host[P - 1] == 7.f);
+    /* an upload replaces the device buffer with the host's */
+    CHECK(loom_model_dev_upload_grads(g.dev, &err) == LOOM_OK);
+    CHECK(dev[0] == 7.f && dev[lo] == whole[lo] && dev[P - 1] == 7.f);
+    free(whole);
+    rig_close(&g);
+}
+
+static void test_keep_mlp(void) { keep_grads("strategy_mlp.cfg"); }
+static void test_keep_cnn(void) { keep_grads("device_cnn.cfg"); }
+
 static void test_step_mlp(void) { one_step("strategy_mlp.cfg"); }
 static void test_step_cnn(void) { one_step("device_cnn.cfg"); }
 static void test_step_mse(void) { one_step("device_mse.cfg"); }
@@ -279,6 +328,8 @@ static const loom_test tests[] = {
     {"step_mlp", test_step_mlp},
     {"step_cnn", test_step_cnn},
     {"step_mse", test_step_mse},
+    {"keep_mlp", test_keep_mlp},
+    {"keep_cnn", test_keep_cnn},
     {"train_mlp", test_train_mlp},
     {"train_cnn", test_train_cnn},
     {"train_mse", test_train_mse},
