@@ -176,6 +176,16 @@ void loom_pool_run(loom_pool *p, int n, loom_pool_fn fn, void *arg);
 /* Number of cores this process may run on (sched_getaffinity). */
 int loom_num_cores(void);
 
+/* Pins a pool's threads to cores, each cores[i] an index in [0,
+ * loom_num_cores()) into the CPUs this process may run on: worker i to
+ * cores[i + 1] at once, and the calling thread to cores[0] for the length of
+ * each loom_pool_run (its own mask comes back after, so threads it starts
+ * between runs are not pinned). cores has loom_pool_size(p) entries.
+ * Collectives between the threads need this: unpinned, the scheduler now
+ * and then puts two of them on one core, which halves a ring all-reduce's
+ * bandwidth for that call (tests/bench/allreduce_bench). */
+int loom_pool_pin(loom_pool *p, const int *cores, loom_err *err);
+
 /* ---- files --------------------------------------------------------------- */
 
 /* Reads a whole file (plain or gzip, detected from the magic bytes) into

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <string.h>
 #include <unistd.h>
 
 struct loom_pool {
@@ -21,6 +22,8 @@ struct loom_pool {
     int             n;
     atomic_int      next;
     int             active; /* workers still inside the job */
+    /* loom_pool_pin: the caller's core during a run (-1: not pinned) */
+    int             caller_cpu;
 };
 
 static void run_items(loom_pool *p)
@@ -59,6 +62,7 @@ int loom_pool_new(loom_pool **out, int threads, loom_err *err)
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->wake, NULL);
     pthread_cond_init(&p->done, NULL);
+    p->caller_cpu = -1;
     p->threads = loom_calloc((size_t)threads, sizeof *p->threads);
     if (!p->threads) {
         loom_pool_free(p);
@@ -92,12 +96,50 @@ void loom_pool_free(loom_pool *p)
 
 int loom_pool_size(const loom_pool *p) { return p ? p->nthreads + 1 : 1; }
 
+/* The index-th CPU (counting from 0) this process may run on, or -1. */
+static int allowed_cpu(int index)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return -1;
+    for (int c = 0, seen = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &set) && seen++ == index) return c;
+    return -1;
+}
+
+int loom_pool_pin(loom_pool *p, const int *cores, loom_err *err)
+{
+    int cpu[64];
+    const int n = loom_pool_size(p);
+    if (n > 64) return loom_err_set(err, LOOM_EUSAGE, NULL, "pinning a pool of %d threads (at most 64)", n);
+    for (int i = 0; i < n; i++)
+        if ((cpu[i] = allowed_cpu(cores[i])) < 0)
+            return loom_err_set(err, LOOM_EUSAGE, NULL, "pinning to core %d: this process may run on %d", cores[i],
+                                loom_num_cores());
+    for (int i = 0; i < p->nthreads; i++) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(cpu[i + 1], &one);
+        int rc = pthread_setaffinity_np(p->threads[i], sizeof one, &one);
+        if (rc) return loom_err_set(err, LOOM_EIO, NULL, "pinning worker %d to CPU %d: %s", i, cpu[i + 1], strerror(rc));
+    }
+    p->caller_cpu = cpu[0];
+    return LOOM_OK;
+}
+
 void loom_pool_run(loom_pool *p, int n, loom_pool_fn fn, void *arg)
 {
     if (n <= 0) return;
     if (!p || p->nthreads == 0 || n == 1) {
         for (int i = 0; i < n; i++) fn(arg, i);
         return;
+    }
+    cpu_set_t own;
+    int pinned = p->caller_cpu >= 0 && pthread_getaffinity_np(pthread_self(), sizeof own, &own) == 0;
+    if (pinned) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(p->caller_cpu, &one);
+        pinned = pthread_setaffinity_np(pthread_self(), sizeof one, &one) == 0; /* a failure leaves it unpinned */
     }
     pthread_mutex_lock(&p->mu);
     p->fn = fn;
@@ -112,6 +154,7 @@ void loom_pool_run(loom_pool *p, int n, loom_pool_fn fn, void *arg)
     pthread_mutex_lock(&p->mu);
     while (p->active > 0) pthread_cond_wait(&p->done, &p->mu);
     pthread_mutex_unlock(&p->mu);
+    if (pinned) pthread_setaffinity_np(pthread_self(), sizeof own, &own);
 }
 
 int loom_num_cores(void)

@@ -149,6 +149,23 @@ static int resolve_devices(replicated *m, const loom_strategy_spec *st, int64_t 
     return LOOM_OK;
 }
 
+/* Replica threads on cpu devices, one compute thread each and no more than
+ * the cores, stay on their cores (cpu:N on the N-th core this process may
+ * use): the collectives of a step hand buffers between them, and the
+ * scheduler would otherwise now and then put two on one core for a while
+ * (MLP mirrored(2) whole runs: +3% pinned; a ring all-reduce of 8-16 MiB
+ * between two threads no longer drops to half speed in some runs). */
+static void pin_replicas(replicated *m, int intra)
+{
+    if (m->n < 2 || intra > 1 || m->n > loom_num_cores() || m->place.gpu || m->n > LOOM_MAX_DEVICES) return;
+    int core[LOOM_MAX_DEVICES];
+    for (int r = 0; r < m->n; r++)
+        if (sscanf(m->devices[r], "cpu:%d", &core[r]) != 1) return;
+    loom_err err;
+    if (loom_pool_pin(m->pool, core, &err)) /* only slower: train on, say so */
+        loom_warn("%s: replica threads not pinned to their cores: %s", kind_name(m), err.msg);
+}
+
 /* "auto" resolves here, where the replicas are known; any other name was
  * resolved by loom_strategy_open. Device replicas whose op works on device
  * memory reduce their gradients there (dev_reduce). central_storage sums
@@ -228,6 +245,7 @@ static int rep_open(loom_strategy *s, const loom_strategy_args *a, int central, 
     if (!m->rep) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating %d replicas", m->n);
     memset(m->rep, 0, (size_t)m->n * sizeof *m->rep);
     if ((rc = loom_pool_new(&m->pool, m->n, err))) return rc;
+    pin_replicas(m, intra);
     if (central) {
         if (pthread_barrier_init(&m->bar, NULL, (unsigned)m->n))
             return loom_err_set(err, LOOM_ENOMEM, NULL, "pthread_barrier_init failed");

@@ -4,7 +4,8 @@
  *   allreduce_bench [-n replicas] [-r reps] [-o op,op,...] [--min-mib M] [--max-mib M] [--floats F] [--json]
  *
  * n replica threads each hold one buffer and call loom_xcomm_all_reduce (SUM)
- * back to back, as mirrored replicas do. For each size from min to max MiB
+ * back to back, as mirrored replicas do: on a pool whose threads are pinned
+ * one per core when they fit (loom_pool_pin, as mirrored pins its replicas). For each size from min to max MiB
  * (powers of two): the median time of an all-reduce over `reps` timings
  * (each of enough back-to-back calls to move 16 MiB, as nccl-tests times
  * batches of iterations, so a thread's wake-up is not counted), the bus bandwidth
@@ -55,6 +56,8 @@ static void *rank_main(void *p)
     return NULL;
 }
 
+static void rank_item(void *arg, int r) { rank_main((rank_arg *)arg + r); }
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -84,13 +87,16 @@ static double time_all_reduce(const loom_cross_device_ops *x, int n, int64_t cou
     }
     b.times = calloc((size_t)reps, sizeof *b.times);
     pthread_barrier_init(&b.bar, NULL, (unsigned)n);
-    pthread_t t[64];
     rank_arg a[64];
-    for (int r = 0; r < n; r++) {
-        a[r] = (rank_arg){&b, r};
-        pthread_create(&t[r], NULL, rank_main, &a[r]);
+    int core[64];
+    for (int r = 0; r < n; r++) a[r] = (rank_arg){&b, r}, core[r] = r;
+    loom_pool *pool;
+    if (loom_pool_new(&pool, n, &err) || (n <= loom_num_cores() && loom_pool_pin(pool, core, &err))) {
+        fprintf(stderr, "allreduce_bench: %s\n", err.msg);
+        exit(1);
     }
-    for (int r = 0; r < n; r++) pthread_join(t[r], NULL);
+    loom_pool_run(pool, n, rank_item, a); /* each thread takes one rank: a rank blocks until all have one */
+    loom_pool_free(pool);
     pthread_barrier_destroy(&b.bar);
     loom_xcomm_close(b.comm);
     double m = median(b.times, reps, best);

@@ -2,6 +2,8 @@
 #include "core/core.h"
 #include "harness.h"
 
+#include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -136,6 +138,67 @@ static void test_pool(void)
     CHECK(loom_num_cores() >= 1);
 }
 
+/* Each item waits until every thread holds one, then records the CPU set it
+ * may run on: with n items on a pool of n, every thread runs exactly one. */
+typedef struct pin_probe {
+    pthread_barrier_t bar;
+    cpu_set_t         seen[2];
+} pin_probe;
+
+static void pin_fn(void *arg, int i)
+{
+    pin_probe *pp = arg;
+    pthread_barrier_wait(&pp->bar);
+    pthread_getaffinity_np(pthread_self(), sizeof pp->seen[i], &pp->seen[i]);
+}
+
+/* The k-th CPU this process may run on. */
+static int nth_cpu(const cpu_set_t *set, int k)
+{
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, set) && k-- == 0) return c;
+    return -1;
+}
+
+static void test_pool_pin(void)
+{
+    if (loom_num_cores() < 2) { /* a pool of one runs inline: nothing to pin */
+        loom_pool *one;
+        loom_err e;
+        const int core0 = 0;
+        CHECK(loom_pool_new(&one, 1, &e) == LOOM_OK && loom_pool_pin(one, &core0, &e) == LOOM_OK);
+        loom_pool_free(one);
+        printf("# one core: two threads cannot be pinned apart\n");
+        return;
+    }
+    cpu_set_t before, after, allowed;
+    CHECK(sched_getaffinity(0, sizeof allowed, &allowed) == 0);
+    pthread_getaffinity_np(pthread_self(), sizeof before, &before);
+    loom_pool *p;
+    loom_err e;
+    CHECK(loom_pool_new(&p, 2, &e) == LOOM_OK);
+    const int cores[2] = {1, 0}; /* the caller on the second core, the worker on the first */
+    CHECK(loom_pool_pin(p, cores, &e) == LOOM_OK);
+    for (int round = 0; round < 3; round++) {
+        pin_probe pp;
+        pthread_barrier_init(&pp.bar, NULL, 2);
+        loom_pool_run(p, 2, pin_fn, &pp);
+        pthread_barrier_destroy(&pp.bar);
+        int c1 = nth_cpu(&allowed, 1), c0 = nth_cpu(&allowed, 0), ok = 1;
+        for (int i = 0; i < 2; i++) ok &= CPU_COUNT(&pp.seen[i]) == 1;
+        /* one item ran on each thread: one on the caller's core, one on the worker's */
+        ok &= (CPU_ISSET(c1, &pp.seen[0]) && CPU_ISSET(c0, &pp.seen[1])) ||
+              (CPU_ISSET(c0, &pp.seen[0]) && CPU_ISSET(c1, &pp.seen[1]));
+        CHECK_MSG(ok, "round %d: the two threads were not pinned to CPUs %d and %d", round, c1, c0);
+        pthread_getaffinity_np(pthread_self(), sizeof after, &after);
+        CHECK_MSG(CPU_EQUAL(&before, &after), "the caller's own CPU set was not restored after the run");
+    }
+    const int bad[2] = {0, loom_num_cores()};
+    CHECK(loom_pool_pin(p, bad, &e) == LOOM_EUSAGE);
+    CHECK_CONTAINS(e.msg, "this process may run on");
+    loom_pool_free(p);
+}
+
 static void test_files(void)
 {
     char dir[] = "/tmp/loom_test_core_XXXXXX";
@@ -189,6 +252,7 @@ static const loom_test tests[] = {
     {"buf", test_buf},
     {"errors", test_errors},
     {"pool", test_pool},
+    {"pool pinned to cores", test_pool_pin},
     {"files", test_files},
     {0},
 };
