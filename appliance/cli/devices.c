@@ -66,8 +66,10 @@ static void print_gpus(FILE *f)
             n ? "" : "; collectives report the missing device");
 }
 
-/* Every cross-device op with the memory it reduces: CPU replicas need one
- * that works on host memory (strategy.cross_device_ops is checked so). */
+/* Every cross-device op with the memory it reduces: replicas run natively
+ * on the CPU need one that works on host memory (strategy.cross_device_ops
+ * is checked so); replicas on a device backend take either, downloading
+ * their gradients first for an op of host memory. */
 static void print_xops(FILE *f)
 {
     fprintf(f, "cross-device ops (strategy.cross_device_ops), by the memory they work on:\n");
@@ -75,10 +77,10 @@ static void print_xops(FILE *f)
     const void *x;
     for (int i = 0; loom_registry_entry(LOOM_REG_CROSS_DEVICE_OPS, i, &name, &x, &origin) == 0; i++) {
         unsigned m = loom_xops_memory(x);
-        const char *mem = m == (LOOM_XOPS_HOST_MEM | LOOM_XOPS_DEVICE_MEM) ? "host or GPU memory: any replicas"
-                          : m & LOOM_XOPS_DEVICE_MEM                      ? "GPU memory: GPU replicas only"
-                                                                          : "host memory: CPU replicas";
-        fprintf(f, "  %-22s %-32s %s\n", name, mem, origin);
+        const char *mem = m == (LOOM_XOPS_HOST_MEM | LOOM_XOPS_DEVICE_MEM) ? "host or device memory: any replicas"
+                          : m & LOOM_XOPS_DEVICE_MEM ? "device memory: device replicas"
+                                                     : "host memory: any replicas";
+        fprintf(f, "  %-22s %-35s %s\n", name, mem, origin);
     }
 }
 

@@ -16,8 +16,8 @@ out=$("$LOOM" devices 2>&1); status=$?
 if [ "$status" -eq 0 ]; then pass "loom devices exits 0"; else fail "loom devices exits 0" "status $status" "$out"; fi
 contains "it lists the cpu devices" "cpu:0 to cpu:$(($(nproc) - 1))  usable" "$out"
 contains "and the memory each cross-device op works on" \
-    "  ring                   host memory: CPU replicas        built-in" "$out"
-contains "plugins' ops included" "  halving_doubling       host memory: CPU replicas        $SHIPPED/halving_doubling.so" "$out"
+    "  ring                   host memory: any replicas           built-in" "$out"
+contains "plugins' ops included" "  halving_doubling       host memory: any replicas           $SHIPPED/halving_doubling.so" "$out"
 libs=$(ldd "$LOOM")
 if grep -qE 'libcudart|libcublas|libnccl|libcuda\.' <<<"$libs"; then
     fail "the loom binary links no CUDA or NCCL library" "$(grep -E 'cuda|nccl|cublas' <<<"$libs")"
@@ -45,7 +45,7 @@ if [ -f "$SHIPPED/cuda.so" ]; then
         contains "the nccl plugin is loaded, with the NCCL version" "nccl   loaded: $SHIPPED/nccl.so (NCCL 2." "$out"
         contains "loom plugins lists the nccl op, for GPU memory" 'provides cross-device ops "nccl" (GPU memory only)' "$plugins"
         contains "loom devices says nccl works on GPU memory only" \
-            "  nccl                   GPU memory: GPU replicas only    $SHIPPED/nccl.so" "$out"
+            "  nccl                   device memory: device replicas      $SHIPPED/nccl.so" "$out"
         sed 's/cross_device_ops = "auto";.*/cross_device_ops = "nccl";/' $CFG >"$WORK/nccl_cpu.cfg"
         line=$(grep -n 'cross_device_ops = "nccl"' "$WORK/nccl_cpu.cfg" | cut -d: -f1)
         expect_fail 2 "nccl with CPU replicas: refused by loom check, at its file:line, saying why" \
