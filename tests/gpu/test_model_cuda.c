@@ -12,6 +12,7 @@
  * plumbing on machines without a GPU, and the device-memory reduction uses
  * the dev_mem_sum fixture (LOOM_BUILD_ROOT/tests/plugins) instead of nccl. */
 #include "harness.h"
+#include "test_util.h"
 #include "plugin/plugin.h"
 #include "train/train.h"
 
@@ -21,14 +22,6 @@ static loom_err err;
 static int use_cpu; /* LOOM_DEVICE_UNDER_TEST=cpu */
 static int gpus;
 static const char *dev_op; /* the op of device memory loaded ("nccl", "dev_mem_sum"); NULL: none */
-
-static const char *cfg_path(const char *name)
-{
-    static char p[1024];
-    const char *root = getenv("LOOM_SOURCE_ROOT");
-    snprintf(p, sizeof p, "%s/tests/configs/%s", root ? root : ".", name);
-    return p;
-}
 
 typedef struct rig {
     loom_spec         *spec;

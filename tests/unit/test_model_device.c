@@ -12,6 +12,7 @@
  * refused at open, naming its layer; bad batches and a non-finite loss give
  * the host path's errors. */
 #include "harness.h"
+#include "test_util.h"
 #include "data/data.h"
 #include "nn/nn.h"
 
@@ -19,14 +20,6 @@
 #include <stdint.h>
 
 static loom_err err;
-
-static const char *cfg_path(const char *name)
-{
-    static char p[1024];
-    const char *root = getenv("LOOM_SOURCE_ROOT");
-    snprintf(p, sizeof p, "%s/tests/configs/%s", root ? root : ".", name);
-    return p;
-}
 
 /* A config's training pipeline and two equal models: one for the host path,
  * one behind a device executor on the CPU backend. */
