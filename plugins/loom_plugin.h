@@ -55,7 +55,8 @@
 /* Return codes: 0 is success. The same values as Loom's own. */
 typedef enum {
     LOOM_EOK, LOOM_ENOMEM, LOOM_ECONFIG, LOOM_EUSAGE, LOOM_EIO, LOOM_EDATA, LOOM_ESHAPE, LOOM_ECHECKPOINT,
-    LOOM_ENUMERIC, LOOM_EUNSUPPORTED, LOOM_ECUDA, LOOM_ENCCL, LOOM_ENET, LOOM_ELUA, LOOM_EPLUGIN, LOOM_EEOF
+    LOOM_ENUMERIC, LOOM_EUNSUPPORTED, LOOM_ECUDA, LOOM_ENCCL, LOOM_ENET, LOOM_ELUA, LOOM_EPLUGIN, LOOM_EEOF,
+    LOOM_ETIMEOUT /* appended: a collective waited past strategy.collective_timeout */
 } loom_errcode;
 
 /* Detail of a failure: caller-owned, filled with host->err_set. */

@@ -370,6 +370,7 @@ typedef struct loom_strategy_spec {
     /* mirrored: gradient packing (tf_semantics 5.5, 5.7; loom_pack_plan in distribute.h) */
     int64_t            bytes_per_pack; /* > 0: packs of at least this many bytes, last layers first; 0 = unset */
     int                num_packs;      /* with bytes_per_pack = 0: 1 (default) one pack, N equal packs, 0 per tensor */
+    double             collective_timeout; /* s a replica waits in a collective (loom_xcomm_set_timeouts); 0 = forever */
     char               name[LOOM_NAME_MAX]; /* `type` as written, for every kind: the registry's name */
     /* plugin strategies: strategy.options = { KEY = value; ... }, scalars kept as
      * text (strings unquoted); the plugin declares and parses its keys */

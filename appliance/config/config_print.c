@@ -417,6 +417,7 @@ static void print_replicated_strategy(FILE *f, const loom_strategy_spec *st)
     } else if (strcmp(st->cross_device_ops, "reduce_to_one_device")) { /* central_storage: only an op it uses */
         kv_str(f, 1, "cross_device_ops", st->cross_device_ops);
     }
+    if (st->collective_timeout > 0) kv_f64(f, 1, "collective_timeout", st->collective_timeout);
 }
 
 /* A plugin strategy's replicas, op and options; an option's text is printed

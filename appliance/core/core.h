@@ -30,7 +30,8 @@
     X(NET, "network error")                              \
     X(LUA, "Lua hook error")                             \
     X(PLUGIN, "plugin error")                            \
-    X(EOF, "end of data")
+    X(EOF, "end of data")                                \
+    X(TIMEOUT, "timed out")
 
 typedef enum {
 #define LOOM_ERR_ENUM_(name, msg) LOOM_E##name,

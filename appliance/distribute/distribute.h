@@ -71,10 +71,25 @@ unsigned loom_xops_memory(const loom_cross_device_ops *x);
  * collective and the differing values, having touched no buffer out of
  * range (all_gather may have written its own block of out), and the
  * communicator stays usable for the next call.
+ * Waits are watched (Loom's rendezvous and the built-ins' waits; a plugin's
+ * own per-rank entry points wait as they choose): ranks in collectives that
+ * start at different rendezvous (all_gather_shards against all_reduce, say)
+ * are found by the first rank that sleeps and all return LOOM_EUSAGE naming
+ * both; a rank that has waited warn_s logs a stall report (which ranks are
+ * ready, which are missing and what they last entered), again every warn_s;
+ * after fail_s every waiting rank returns LOOM_ETIMEOUT with that report.
+ * Either error breaks the communicator: every later call on any rank
+ * returns it at once (a rank that left may be read by a peer finishing the
+ * call, so close only once every rank has returned).
  * Free with loom_xcomm_close, after the last collective. */
 typedef struct loom_xcomm loom_xcomm;
 int  loom_xcomm_open(loom_xcomm **out, const loom_cross_device_ops *x, int n, loom_err *err);
 void loom_xcomm_close(loom_xcomm *c); /* NULL is a no-op */
+/* Stall threshold and hard timeout, seconds, per wait (0 = none); the
+ * defaults are LOOM_XCOMM_STALL_WARN and 0 (strategy.collective_timeout).
+ * Call between collectives. */
+void loom_xcomm_set_timeouts(loom_xcomm *c, double warn_s, double fail_s);
+#define LOOM_XCOMM_STALL_WARN 60.0
 int  loom_xcomm_size(const loom_xcomm *c);
 const loom_cross_device_ops *loom_xcomm_ops(const loom_xcomm *c);
 /* buf (count floats) becomes the SUM, MEAN (SUM / n) or MAX over the ranks. */

@@ -202,7 +202,10 @@ static int resolve_xops(loom_strategy *s, replicated *m, const loom_strategy_spe
         if (chosen) s->xops = NULL;
         return LOOM_OK;
     }
-    return m->n > 1 ? loom_xcomm_open(&m->comm, s->xops, m->n, err) : LOOM_OK;
+    if (m->n == 1) return LOOM_OK;
+    int rc = loom_xcomm_open(&m->comm, s->xops, m->n, err);
+    if (!rc) loom_xcomm_set_timeouts(m->comm, LOOM_XCOMM_STALL_WARN, st->collective_timeout);
+    return rc;
 }
 
 static int new_replica(loom_strategy *s, replicated *m, replica *rp, int intra, int64_t max_share, loom_err *err)

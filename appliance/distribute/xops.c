@@ -12,20 +12,26 @@
  * Waiting never burns a core: a rank polls briefly, only while every rank has
  * a core of its own, then sleeps on a futex until the rank it waits for posts.
  * Every per-rank collective checks at its rendezvous that the ranks agree on
- * what they called (see "the ranks agree" below). */
+ * what they called (see "the ranks agree" below), and a rank that sleeps
+ * wakes now and then to look at what the others are in (see "the watch"). */
 #include "distribute.h"
 #include "xops_internal.h"
 
 #include <limits.h>
 #include <linux/futex.h>
+#include <pthread.h>
+#include <stdalign.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #define XOPS_CHUNK 16384 /* floats per pipelined chunk (64 KiB): a chunk's three streams stay in L2 */
 #define XOPS_SPIN  256   /* polls before sleeping (~10 us), only when the ranks fit on the cores */
+#define XOPS_LOOK  0.25  /* s: a sleeping rank looks at the others at least this often */
+#define XOPS_BROKEN (-1) /* internal: a wait gave up because the communicator broke (see the watch) */
 
 /* ---- waiting: poll briefly, then sleep on a futex ------------------------ */
 
@@ -53,17 +59,19 @@ static void sig_post(xsig *s, uint32_t v)
     if (atomic_load(&s->sleepers)) syscall(SYS_futex, &s->v, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }
 
-static void sig_wait(xsig *s, uint32_t target, int spin)
+typedef struct xstate xstate;
+static int sig_sleep(xstate *st, int r, int whom, xsig *s, uint32_t target);
+
+/* Rank r waits until s reaches target; whom is the rank that posts it, or
+ * -1 for a barrier. LOOM_OK, or XOPS_BROKEN when the communicator broke
+ * while it slept (the watch). The poll is all a prompt wait costs. */
+static inline int sig_wait(xstate *st, int r, int whom, xsig *s, uint32_t target, int spin)
 {
     for (int i = 0; i < spin; i++) {
-        if (reached(atomic_load_explicit(&s->v, memory_order_acquire), target)) return;
+        if (reached(atomic_load_explicit(&s->v, memory_order_acquire), target)) return LOOM_OK;
         cpu_relax();
     }
-    atomic_fetch_add(&s->sleepers, 1);
-    uint32_t v;
-    while (!reached(v = atomic_load(&s->v), target))
-        syscall(SYS_futex, &s->v, FUTEX_WAIT_PRIVATE, v, NULL, NULL, 0); /* returns at once if v moved */
-    atomic_fetch_sub(&s->sleepers, 1);
+    return sig_sleep(st, r, whom, s, target);
 }
 
 /* A reusable barrier of n ranks. */
@@ -74,16 +82,16 @@ typedef struct xbar {
 
 /* Returns when all n ranks have arrived. The last to arrive first runs
  * last(arg) (may be NULL), whose effects every rank then sees. */
-static void bar_sync(xbar *b, int n, int spin, void (*last)(void *), void *arg)
+static int bar_sync(xstate *st, int r, xbar *b, int n, int spin, void (*last)(void *), void *arg)
 {
     uint32_t g = atomic_load(&b->gen.v);
     if (atomic_fetch_add(&b->arrived, 1) + 1 == n) {
         atomic_store(&b->arrived, 0);
         if (last) last(arg);
         sig_post(&b->gen, g + 1);
-    } else {
-        sig_wait(&b->gen, g + 1, spin);
+        return LOOM_OK;
     }
+    return sig_wait(st, r, -1, &b->gen, g + 1, spin);
 }
 
 /* ---- the state n ranks share --------------------------------------------- */
@@ -99,9 +107,12 @@ typedef struct xcall {
     int32_t arg;  /* the reduce op, or the broadcast's root; else 0 */
 } xcall;
 
-typedef struct xstate {
+typedef struct xwatch xwatch;
+
+struct xstate {
     int       n, spin;
     const char *name; /* the op's, for messages (may be NULL) */
+    xwatch   *w;      /* the communicator's watch, set once it opens */
     xbar      bar;
     float   **bufs;   /* (n,) each rank's buffer in the current collective */
     float   **outs;   /* (n,) each rank's all_gather output */
@@ -109,7 +120,7 @@ typedef struct xstate {
     uint32_t *base;   /* ring: (n,) rank r's own count of items before this call */
     xcall    *calls;  /* (2, n) what each rank asked for, in the slot of its call number's parity */
     uint32_t *seq;    /* (n,) rank r's own count of its calls */
-} xstate;
+};
 
 static void xstate_free(void *p)
 {
@@ -146,7 +157,30 @@ static void *xstate_new(int n, loom_err *err)
     return s;
 }
 
-static void bar(xstate *s) { bar_sync(&s->bar, s->n, s->spin, NULL, NULL); }
+static int bar(xstate *s, int r) { return bar_sync(s, r, &s->bar, s->n, s->spin, NULL, NULL); }
+
+/* What a rank is in: written only by that rank, on entry to and return from
+ * each public collective (a few stores into a line of its own), read by the
+ * others only once they have slept, so a prompt call moves no shared line. */
+typedef struct xslot {
+    alignas(64) _Atomic uint64_t seq; /* calls entered: the one it is in, or the last one */
+    _Atomic uint64_t left;            /* calls returned from (== seq: between calls) */
+    _Atomic int64_t  count;           /* of call seq */
+    _Atomic int32_t  kind;            /* xkind of call seq */
+} xslot;
+
+/* The communicator's watch over its waits (see "the watch" below). */
+struct xwatch {
+    int         n;
+    const char *name;                /* the op's */
+    xslot      *slots;               /* (n,) */
+    uint8_t     lane[XC_UPDATE + 1]; /* by xkind: where the collective starts, 0 gen's rendezvous, 1 the op's */
+    double      warn_s, fail_s;      /* stall threshold and hard timeout, s; 0 = none */
+    xstate     *states[2];           /* gen, and the op's when it is ours: woken when the communicator breaks */
+    _Atomic int broken;              /* 0, or the LOOM_E* code of the error that broke it */
+    pthread_mutex_t lock;            /* guards why while it is written */
+    loom_err    why;                 /* that error, complete once broken is set */
+};
 
 /* ---- the ranks agree --------------------------------------------------------
  * A rank that called another collective, or passed another count, op or
@@ -165,8 +199,12 @@ static const char *const xkind_names[] = {"all_reduce", "broadcast", "all_gather
 /* The n slots of the call rank r is in. */
 static xcall *calls_of(const xstate *s, int r) { return s->calls + (size_t)(s->seq[r] & 1) * (size_t)s->n; }
 
+/* The kind compared is the public collective rank r is in (its slot), so a
+ * sharded update that runs as an all-reduce and a gather never matches a
+ * plain all-reduce or gather. */
 static void call_publish(xstate *s, int r, xkind kind, int64_t count, int arg)
 {
+    if (s->w) kind = (xkind)atomic_load_explicit(&s->w->slots[r].kind, memory_order_relaxed);
     calls_of(s, r)[r] = (xcall){count, (int32_t)kind, (int32_t)arg};
 }
 
@@ -220,8 +258,179 @@ static int call_check(xstate *s, int r, loom_err *err)
 static int bar_start(xstate *s, int r, xkind kind, int64_t count, int arg, loom_err *err)
 {
     call_publish(s, r, kind, count, arg);
-    bar(s);
-    return call_check(s, r, err);
+    int rc = bar(s, r);
+    return rc ? rc : call_check(s, r, err);
+}
+
+/* ---- the watch ----------------------------------------------------------------
+ * Collectives that start at different rendezvous (the op's state and the
+ * generic one: all_gather_shards against all_reduce, say) never meet, and a
+ * rank that never arrives leaves the others waiting. So each rank publishes
+ * in its slot which collective it is in and its call number, and a rank that
+ * sleeps wakes at least every XOPS_LOOK s and looks:
+ *   - a rank in the same call number but in a collective that starts at the
+ *     other rendezvous: the communicator breaks with LOOM_EUSAGE naming both
+ *     (a collective that starts at the same one is caught there, cleanly);
+ *   - after warn_s of waiting, and every warn_s after: a stall report, logged;
+ *   - after fail_s: the communicator breaks with LOOM_ETIMEOUT and the report.
+ * Breaking records the error once, wakes every rank asleep in our states,
+ * and each returns it; the communicator stays broken (every later call
+ * returns the error at once): the ranks left it at different points, so no
+ * count or barrier can be trusted to be in step. */
+
+static uint64_t slot_load(_Atomic uint64_t *p) { return atomic_load_explicit(p, memory_order_acquire); }
+
+/* Rank k's slot, consistently: the kind and count of call *seq. */
+static void slot_read(const xwatch *w, int k, uint64_t *seq, uint64_t *left, xkind *kind, int64_t *count)
+{
+    xslot *sl = &w->slots[k];
+    uint64_t a;
+    do {
+        a = slot_load(&sl->seq);
+        *kind = (xkind)atomic_load_explicit(&sl->kind, memory_order_acquire);
+        *count = atomic_load_explicit(&sl->count, memory_order_acquire);
+        *left = slot_load(&sl->left);
+    } while (a != slot_load(&sl->seq));
+    *seq = a;
+}
+
+static void wake_all(xsig *s) { syscall(SYS_futex, &s->v, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0); }
+
+/* Records e as what broke the communicator, unless something already did,
+ * and wakes every sleeper. A timeout is also logged at once: the caller
+ * that would print it may wait for a rank stuck outside the collective
+ * (mirrored's step ends when every replica has returned). */
+static int watch_break(xwatch *w, const loom_err *e)
+{
+    pthread_mutex_lock(&w->lock);
+    if (!atomic_load_explicit(&w->broken, memory_order_relaxed)) {
+        w->why = *e;
+        atomic_store_explicit(&w->broken, e->code, memory_order_release);
+        if (e->code == LOOM_ETIMEOUT) loom_warn("%s: %s; every waiting rank returns this error", w->name, e->msg);
+    }
+    pthread_mutex_unlock(&w->lock);
+    for (int i = 0; i < 2; i++) {
+        xstate *s = w->states[i];
+        if (!s) continue;
+        wake_all(&s->bar.gen);
+        for (int k = 0; k < s->n; k++) wake_all(&s->done[k]);
+    }
+    return XOPS_BROKEN;
+}
+
+/* The stall report of rank r: what it waits in, for how long, and who is
+ * ready (has entered its call) and who is missing (and what they are in). */
+static void watch_report(const xwatch *w, int r, int whom, double waited, char *buf, size_t n)
+{
+    uint64_t q, left, sq;
+    xkind kind, kk;
+    int64_t count, kc;
+    slot_read(w, r, &q, &left, &kind, &count);
+    size_t len = (size_t)snprintf(buf, n, "rank %d has waited %.1f s in loom_xcomm_%s #%llu (%lld floats)", r, waited,
+                                  xkind_names[kind], (unsigned long long)q, (long long)count);
+    if (whom >= 0 && len < n) len += (size_t)snprintf(buf + len, n - len, " for rank %d", whom);
+    for (int pass = 0; pass < 2; pass++) {
+        int first = 1;
+        for (int k = 0; k < w->n && len < n; k++) {
+            slot_read(w, k, &sq, &left, &kk, &kc);
+            if ((sq >= q) != (pass == 0)) continue;
+            len += (size_t)snprintf(buf + len, n - len, "%s%s%d", first ? (pass ? "; missing: " : "; ready: ") : ", ",
+                                    first ? "rank " : "", k);
+            first = 0;
+            if (pass && len < n) {
+                if (!sq)
+                    len += (size_t)snprintf(buf + len, n - len, " (has made no call)");
+                else
+                    len += (size_t)snprintf(buf + len, n - len, " (last entered %s %s #%llu, %s, and has not reached "
+                                            "#%llu)", w->name, xkind_names[kk], (unsigned long long)sq,
+                                            left == sq ? "returned from it" : "is still in it", (unsigned long long)q);
+            }
+        }
+        if (!pass && first && len < n) len += (size_t)snprintf(buf + len, n - len, "; ready: none");
+    }
+}
+
+/* A rank in rank r's call number whose collective starts at the other
+ * rendezvous: break with LOOM_EUSAGE naming both. */
+static int watch_look(xwatch *w, int r)
+{
+    uint64_t q, left, sq;
+    xkind kind, kk;
+    int64_t count, kc;
+    slot_read(w, r, &q, &left, &kind, &count);
+    for (int k = 0; k < w->n; k++) {
+        slot_read(w, k, &sq, &left, &kk, &kc);
+        if (sq != q || w->lane[kk] == w->lane[kind]) continue;
+        int a = r < k ? r : k, b = r < k ? k : r;
+        loom_err e;
+        loom_err_clear(&e);
+        loom_err_set(&e, LOOM_EUSAGE, w->name, "the ranks called different collectives at call #%llu: rank %d "
+                     "loom_xcomm_%s, rank %d loom_xcomm_%s", (unsigned long long)q, a,
+                     xkind_names[a == r ? kind : kk], b, xkind_names[b == r ? kind : kk]);
+        loom_err_hint(&e, "every rank must call the same collectives in the same order; the communicator is broken "
+                      "(every later call fails at once)");
+        return watch_break(w, &e);
+    }
+    return LOOM_OK;
+}
+
+/* The slow path of sig_wait: sleep in timed futex waits, looking at the
+ * others at the start and every XOPS_LOOK s, reporting a stall every warn_s
+ * and giving up after fail_s. A state outside a communicator (an op's
+ * comm_new called directly) has no watch and sleeps until posted. */
+static __attribute__((noinline)) int sig_sleep(xstate *st, int r, int whom, xsig *s, uint32_t target)
+{
+    xwatch *w = st->w;
+    int rc = LOOM_OK, started = 0;
+    double t0 = 0, look = 0, warn = 0;
+    atomic_fetch_add(&s->sleepers, 1);
+    uint32_t v;
+    while (!reached(v = atomic_load(&s->v), target)) {
+        struct timespec ts, *tp = NULL;
+        if (w) {
+            if (atomic_load_explicit(&w->broken, memory_order_acquire)) {
+                rc = XOPS_BROKEN;
+                break;
+            }
+            double now = loom_now();
+            if (!started) {
+                started = 1;
+                t0 = look = now;
+                warn = now + w->warn_s;
+            }
+            if (now >= look) {
+                if ((rc = watch_look(w, r))) break;
+                look = now + XOPS_LOOK;
+            }
+            if (w->fail_s > 0 && now - t0 >= w->fail_s) {
+                char rep[400];
+                watch_report(w, r, whom, now - t0, rep, sizeof rep);
+                loom_err e;
+                loom_err_clear(&e);
+                loom_err_set(&e, LOOM_ETIMEOUT, w->name, "collective timed out after %.1f s: %s", w->fail_s, rep);
+                loom_err_hint(&e, "a rank is stuck elsewhere or calls other collectives; raise "
+                              "strategy.collective_timeout if the wait is legitimate");
+                rc = watch_break(w, &e);
+                break;
+            }
+            if (w->warn_s > 0 && now >= warn) {
+                char rep[400];
+                watch_report(w, r, whom, now - t0, rep, sizeof rep);
+                loom_warn("%s: collective stalled: %s", w->name, rep);
+                warn += w->warn_s;
+            }
+            double until = look;
+            if (w->warn_s > 0 && warn < until) until = warn;
+            if (w->fail_s > 0 && t0 + w->fail_s < until) until = t0 + w->fail_s;
+            double d = until - now > 1e-3 ? until - now : 1e-3;
+            ts.tv_sec = (time_t)d;
+            ts.tv_nsec = (long)((d - (double)ts.tv_sec) * 1e9);
+            tp = &ts;
+        }
+        syscall(SYS_futex, &s->v, FUTEX_WAIT_PRIVATE, v, tp, NULL, 0); /* returns at once if v moved */
+    }
+    atomic_fetch_sub(&s->sleepers, 1);
+    return rc;
 }
 
 /* ---- element-wise kernels ------------------------------------------------ */
@@ -291,8 +500,7 @@ static int copy_broadcast_rank(void *comm, int r, float *buf, int64_t count, int
     int rc = bar_start(s, r, XC_BROADCAST, count, root, err);
     if (rc) return rc;
     if (r != root) copy(buf, s->bufs[root], count);
-    bar(s); /* the root's buffer stays untouched until everyone has copied */
-    return LOOM_OK;
+    return bar(s, r); /* the root's buffer stays untouched until everyone has copied */
 }
 
 static int copy_all_gather_rank(void *comm, int r, const float *buf, int64_t count, float *out, loom_err *err)
@@ -302,8 +510,7 @@ static int copy_all_gather_rank(void *comm, int r, const float *buf, int64_t cou
     int rc = bar_start(s, r, XC_ALL_GATHER, count, 0, err);
     if (rc) return rc;
     for (int k = 0; k < s->n; k++) copy(out + (int64_t)k * count, s->bufs[k], count);
-    bar(s);
-    return LOOM_OK;
+    return bar(s, r);
 }
 
 static int copy_broadcast(float *const *bufs, int n, int64_t count, int root, loom_err *err)
@@ -345,10 +552,9 @@ static int rto_all_reduce_rank(void *comm, int r, float *buf, int64_t count, loo
     int rc = bar_start(s, r, XC_ALL_REDUCE, count, (int)op, err);
     if (rc) return rc;
     if (r == 0) rto_reduce(s->bufs, s->n, count, op);
-    bar(s);
+    if ((rc = bar(s, r))) return rc;
     if (r != 0) copy(buf, s->bufs[0], count);
-    bar(s);
-    return LOOM_OK;
+    return bar(s, r);
 }
 
 static const loom_cross_device_ops reduce_to_one_device = {
@@ -434,19 +640,18 @@ static int hier_all_reduce_rank(void *comm, int r, float *buf, int64_t count, lo
     if (rc) return rc;
     split(count, q.size, q.j, &lo, &hi); /* A: my slice of the whole buffer */
     hier_phase_a(s->bufs, n, &q, lo, hi, op);
-    bar(s);
+    if ((rc = bar(s, r))) return rc;
     split(count, 2, q.g, &hlo, &hhi); /* B: my slice of my group's half */
     split(hhi - hlo, q.size, q.j, &lo, &hi);
     combine(s->bufs[q.lead] + hlo + lo, s->bufs[q.other] + hlo + lo, hi - lo, op);
     finish(s->bufs[q.lead] + hlo + lo, hi - lo, op, n);
-    bar(s);
+    if ((rc = bar(s, r))) return rc;
     split(count, 2, 1 - q.g, &hlo, &hhi); /* C: my slice of the other half, into my leader */
     split(hhi - hlo, q.size, q.j, &lo, &hi);
     copy(s->bufs[q.lead] + hlo + lo, s->bufs[q.other] + hlo + lo, hi - lo);
-    bar(s);
+    if ((rc = bar(s, r))) return rc;
     if (r != q.lead) copy(buf, s->bufs[q.lead], count);
-    bar(s);
-    return LOOM_OK;
+    return bar(s, r);
 }
 
 static const loom_cross_device_ops hierarchical_copy = {
@@ -539,19 +744,20 @@ static int ring_all_reduce(float *const *bufs, int n, int64_t count, loom_redop 
 }
 
 /* Waits until rank p has done its chunk-step `item` (0 = published its buffer). */
-static void ring_wait(xstate *s, int p, uint32_t base, uint32_t item)
+static inline int ring_wait(xstate *s, int r, int p, uint32_t base, uint32_t item)
 {
-    sig_wait(&s->done[p], base + item + 1, s->spin);
+    return sig_wait(s, r, p, &s->done[p], base + item + 1, s->spin);
 }
 
 static void ring_post(xstate *s, int r, uint32_t base, uint32_t item) { sig_post(&s->done[r], base + item + 1); }
 
 /* After rank r's T chunk-steps: wait for its reader, rank r+1, then move on. */
-static void ring_end(xstate *s, int r, uint32_t T)
+static int ring_end(xstate *s, int r, uint32_t T)
 {
     uint32_t base = s->base[r];
-    sig_wait(&s->done[(r + 1) % s->n], base + T, s->spin);
+    int rc = sig_wait(s, r, (r + 1) % s->n, &s->done[(r + 1) % s->n], base + T, s->spin);
     s->base[r] = base + T;
+    return rc;
 }
 
 /* The start of rank r's ring collective, once it has published its buffer:
@@ -564,7 +770,7 @@ static int ring_start(xstate *s, int r, xkind kind, int64_t count, int arg, loom
     call_publish(s, r, kind, count, arg);
     ring_post(s, r, base, 0);
     for (int k = 0; k < s->n; k++)
-        if (k != r) ring_wait(s, k, base, 0);
+        if (k != r && ring_wait(s, r, k, base, 0)) return XOPS_BROKEN;
     int rc = call_check(s, r, err);
     if (rc) s->base[r] = base + 1;
     return rc;
@@ -583,19 +789,19 @@ static int ring_all_reduce_rank(void *comm, int r, float *buf, int64_t count, lo
     uint32_t base = s->base[r], T = 1 + (uint32_t)(2 * n - 3) * (uint32_t)C;
     for (int st = 0; st < n - 1; st++)
         for (int64_t c = 0; c < C; c++) {
-            ring_wait(s, p, base, st == 0 ? 0 : 1 + (uint32_t)((st - 1) * C + c));
+            if ((rc = ring_wait(s, r, p, base, st == 0 ? 0 : 1 + (uint32_t)((st - 1) * C + c)))) return rc;
             ring_rs_item(s->bufs, n, r, st, c, count, op, 1);
             ring_post(s, r, base, 1 + (uint32_t)(st * C + c));
         }
     uint32_t ag = 1 + (uint32_t)((n - 1) * C);
     for (int st = 0; st < n - 2; st++)
         for (int64_t c = 0; c < C; c++) {
-            ring_wait(s, p, base, st == 0 ? ag - (uint32_t)C + (uint32_t)c : ag + (uint32_t)((st - 1) * C + c));
+            uint32_t item = st == 0 ? ag - (uint32_t)C + (uint32_t)c : ag + (uint32_t)((st - 1) * C + c);
+            if ((rc = ring_wait(s, r, p, base, item))) return rc;
             ring_ag_item(s->bufs, n, r, st, c, count);
             ring_post(s, r, base, ag + (uint32_t)(st * C + c));
         }
-    ring_end(s, r, T);
-    return LOOM_OK;
+    return ring_end(s, r, T);
 }
 
 /* The all-reduce's reduce-scatter alone, without the write-back: segment
@@ -612,12 +818,11 @@ static int ring_reduce_scatter_rank(xstate *s, int r, float *buf, int64_t count,
     uint32_t base = s->base[r], T = 1 + (uint32_t)(n - 1) * (uint32_t)C;
     for (int st = 0; st < n - 1; st++)
         for (int64_t c = 0; c < C; c++) {
-            ring_wait(s, p, base, st == 0 ? 0 : 1 + (uint32_t)((st - 1) * C + c));
+            if ((rc = ring_wait(s, r, p, base, st == 0 ? 0 : 1 + (uint32_t)((st - 1) * C + c)))) return rc;
             ring_rs_item(s->bufs, n, r, st, c, count, op, 0);
             ring_post(s, r, base, 1 + (uint32_t)(st * C + c));
         }
-    ring_end(s, r, T);
-    return LOOM_OK;
+    return ring_end(s, r, T);
 }
 
 /* Broadcast down the ring from root, chunk by chunk (a pipelined chain). */
@@ -636,13 +841,12 @@ static int ring_broadcast_rank(void *comm, int r, float *buf, int64_t count, int
     } else {
         for (int64_t c = 0; c < C; c++) {
             int64_t lo = c * XOPS_CHUNK, hi = lo + XOPS_CHUNK < count ? lo + XOPS_CHUNK : count;
-            ring_wait(s, p, base, 1 + (uint32_t)c);
+            if ((rc = ring_wait(s, r, p, base, 1 + (uint32_t)c))) return rc;
             copy(buf + lo, s->bufs[p] + lo, hi - lo);
             ring_post(s, r, base, 1 + (uint32_t)c);
         }
     }
-    ring_end(s, r, T);
-    return LOOM_OK;
+    return ring_end(s, r, T);
 }
 
 /* All-gather around the ring: each rank's block travels to the next rank,
@@ -662,13 +866,12 @@ static int ring_all_gather_rank(void *comm, int r, const float *buf, int64_t cou
         int64_t blk = (int64_t)mod(r - 1 - st, n) * count;
         for (int64_t c = 0; c < C; c++) {
             int64_t lo = c * XOPS_CHUNK, hi = lo + XOPS_CHUNK < count ? lo + XOPS_CHUNK : count;
-            ring_wait(s, p, base, st == 0 ? 0 : 1 + (uint32_t)((st - 1) * C + c));
+            if ((rc = ring_wait(s, r, p, base, st == 0 ? 0 : 1 + (uint32_t)((st - 1) * C + c)))) return rc;
             copy(out + blk + lo, s->outs[p] + blk + lo, hi - lo);
             ring_post(s, r, base, 1 + (uint32_t)(st * C + c));
         }
     }
-    if (n > 1) ring_end(s, r, T);
-    return LOOM_OK;
+    return n > 1 ? ring_end(s, r, T) : LOOM_OK;
 }
 
 static const loom_cross_device_ops ring = {
@@ -727,6 +930,7 @@ struct loom_xcomm {
     loom_redop op;
     int      root, rc;
     loom_err err;
+    xwatch   w;
 };
 
 int loom_xcomm_open(loom_xcomm **out, const loom_cross_device_ops *x, int n, loom_err *err)
@@ -742,8 +946,28 @@ int loom_xcomm_open(loom_xcomm **out, const loom_cross_device_ops *x, int n, loo
         loom_xcomm_close(c);
         return err ? err->code : LOOM_ENOMEM;
     }
+    xwatch *w = &c->w;
+    if (!(w->slots = loom_alloc_aligned((size_t)n * sizeof *w->slots))) {
+        loom_xcomm_close(c);
+        return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating a communicator of %d ranks", n);
+    }
+    memset(w->slots, 0, (size_t)n * sizeof *w->slots);
+    pthread_mutex_init(&w->lock, NULL);
+    w->n = n;
+    w->name = x->name;
+    w->warn_s = LOOM_XCOMM_STALL_WARN;
+    w->states[0] = c->gen;
     c->gen->name = x->name;
-    if (checks_itself(x)) ((xstate *)c->state)->name = x->name;
+    c->gen->w = w;
+    if (checks_itself(x)) {
+        xstate *s = c->state;
+        s->name = x->name;
+        s->w = w;
+        w->states[1] = s;
+    }
+    /* where each collective starts (loom_xcomm_* below): the built-ins' at
+     * their own state except all_gather_shards; everything else at gen */
+    for (int k = 0; k <= XC_UPDATE; k++) w->lane[k] = checks_itself(x) && k != XC_ALL_GATHER_SHARDS;
     *out = c;
     return LOOM_OK;
 }
@@ -753,7 +977,50 @@ void loom_xcomm_close(loom_xcomm *c)
     if (!c) return;
     if (c->state) c->x->comm_free(c->state);
     xstate_free(c->gen);
+    if (c->w.slots) {
+        pthread_mutex_destroy(&c->w.lock);
+        loom_free(c->w.slots);
+    }
     loom_free(c);
+}
+
+void loom_xcomm_set_timeouts(loom_xcomm *c, double warn_s, double fail_s)
+{
+    LOOM_ASSERT(warn_s >= 0 && fail_s >= 0);
+    c->w.warn_s = warn_s;
+    c->w.fail_s = fail_s;
+}
+
+/* Rank r enters a public collective: fails at once on a broken
+ * communicator, else publishes what it is in (its own line, no waiting). */
+static int xc_enter(loom_xcomm *c, int r, xkind kind, int64_t count, loom_err *err)
+{
+    xwatch *w = &c->w;
+    if (atomic_load_explicit(&w->broken, memory_order_relaxed)) {
+        pthread_mutex_lock(&w->lock);
+        if (err) *err = w->why;
+        pthread_mutex_unlock(&w->lock);
+        loom_err_prefix(err, "loom_xcomm_%s: the communicator broke in an earlier call", xkind_names[kind]);
+        return atomic_load(&w->broken);
+    }
+    xslot *me = &w->slots[r];
+    atomic_store_explicit(&me->kind, (int32_t)kind, memory_order_relaxed);
+    atomic_store_explicit(&me->count, count, memory_order_relaxed);
+    atomic_store_explicit(&me->seq, atomic_load_explicit(&me->seq, memory_order_relaxed) + 1, memory_order_release);
+    return LOOM_OK;
+}
+
+/* Rank r returns rc from its collective: an XOPS_BROKEN becomes the error
+ * that broke the communicator, the same on every rank. */
+static int xc_leave(loom_xcomm *c, int r, int rc, loom_err *err)
+{
+    xslot *me = &c->w.slots[r];
+    atomic_store_explicit(&me->left, atomic_load_explicit(&me->seq, memory_order_relaxed), memory_order_release);
+    if (rc != XOPS_BROKEN) return rc;
+    pthread_mutex_lock(&c->w.lock);
+    if (err) *err = c->w.why;
+    pthread_mutex_unlock(&c->w.lock);
+    return c->w.why.code;
 }
 
 int loom_xcomm_size(const loom_xcomm *c) { return c->n; }
@@ -788,15 +1055,15 @@ static int generic_rank(loom_xcomm *c, int r, xkind what, float *buf, float *out
     c->gen->bufs[r] = buf;
     c->gen->outs[r] = out;
     call_publish(c->gen, r, what, count, what == XC_BROADCAST ? root : what == XC_ALL_REDUCE ? (int)op : 0);
-    bar_sync(&c->gen->bar, c->n, c->gen->spin, generic_run, c);
+    if (bar_sync(c->gen, r, &c->gen->bar, c->n, c->gen->spin, generic_run, c)) return XOPS_BROKEN;
     /* the same verdict on every rank, so all leave here after one barrier,
      * as from bar_start (another collective may have been called there) */
     int rc = call_check(c->gen, r, err);
     if (rc) return rc;
     rc = c->rc;
     if (rc && err) *err = c->err;
-    bar_sync(&c->gen->bar, c->n, c->gen->spin, NULL, NULL); /* everyone has read rc before the next call */
-    return rc;
+    /* everyone has read rc before the next call */
+    return bar_sync(c->gen, r, &c->gen->bar, c->n, c->gen->spin, NULL, NULL) ? XOPS_BROKEN : rc;
 }
 
 /* A plugin's own per-rank entry points are called only once the ranks agree,
@@ -807,29 +1074,47 @@ static int plugin_agree(loom_xcomm *c, int r, xkind what, int64_t count, int arg
     return checks_itself(c->x) || c->n == 1 ? LOOM_OK : bar_start(c->gen, r, what, count, arg, err);
 }
 
-int loom_xcomm_all_reduce(loom_xcomm *c, int rank, float *buf, int64_t count, loom_redop op, loom_err *err)
+static int all_reduce_(loom_xcomm *c, int rank, float *buf, int64_t count, loom_redop op, loom_err *err)
 {
-    LOOM_ASSERT(rank >= 0 && rank < c->n && count >= 0);
     if (!has_ranked(c->x)) return generic_rank(c, rank, XC_ALL_REDUCE, buf, NULL, count, op, 0, err);
     int rc = plugin_agree(c, rank, XC_ALL_REDUCE, count, (int)op, err);
     return rc ? rc : c->x->all_reduce_rank(c->state, rank, buf, count, op, err);
 }
 
-int loom_xcomm_broadcast(loom_xcomm *c, int rank, float *buf, int64_t count, int root, loom_err *err)
+int loom_xcomm_all_reduce(loom_xcomm *c, int rank, float *buf, int64_t count, loom_redop op, loom_err *err)
 {
-    LOOM_ASSERT(rank >= 0 && rank < c->n && root >= 0 && root < c->n && count >= 0);
+    LOOM_ASSERT(rank >= 0 && rank < c->n && count >= 0);
+    int rc = xc_enter(c, rank, XC_ALL_REDUCE, count, err);
+    return rc ? rc : xc_leave(c, rank, all_reduce_(c, rank, buf, count, op, err), err);
+}
+
+static int broadcast_(loom_xcomm *c, int rank, float *buf, int64_t count, int root, loom_err *err)
+{
     if (!has_ranked(c->x)) return generic_rank(c, rank, XC_BROADCAST, buf, NULL, count, LOOM_REDUCE_SUM, root, err);
     int rc = plugin_agree(c, rank, XC_BROADCAST, count, root, err);
     return rc ? rc : c->x->broadcast_rank(c->state, rank, buf, count, root, err);
 }
 
-int loom_xcomm_all_gather(loom_xcomm *c, int rank, const float *buf, int64_t count, float *out, loom_err *err)
+int loom_xcomm_broadcast(loom_xcomm *c, int rank, float *buf, int64_t count, int root, loom_err *err)
 {
-    LOOM_ASSERT(rank >= 0 && rank < c->n && count >= 0);
+    LOOM_ASSERT(rank >= 0 && rank < c->n && root >= 0 && root < c->n && count >= 0);
+    int rc = xc_enter(c, rank, XC_BROADCAST, count, err);
+    return rc ? rc : xc_leave(c, rank, broadcast_(c, rank, buf, count, root, err), err);
+}
+
+static int all_gather_(loom_xcomm *c, int rank, const float *buf, int64_t count, float *out, loom_err *err)
+{
     if (!has_ranked(c->x) || !c->x->all_gather_rank)
         return generic_rank(c, rank, XC_ALL_GATHER, (float *)buf, out, count, LOOM_REDUCE_SUM, 0, err);
     int rc = plugin_agree(c, rank, XC_ALL_GATHER, count, 0, err);
     return rc ? rc : c->x->all_gather_rank(c->state, rank, buf, count, out, err);
+}
+
+int loom_xcomm_all_gather(loom_xcomm *c, int rank, const float *buf, int64_t count, float *out, loom_err *err)
+{
+    LOOM_ASSERT(rank >= 0 && rank < c->n && count >= 0);
+    int rc = xc_enter(c, rank, XC_ALL_GATHER, count, err);
+    return rc ? rc : xc_leave(c, rank, all_gather_(c, rank, buf, count, out, err), err);
 }
 
 /* ---- sharded updates ------------------------------------------------------
@@ -846,16 +1131,21 @@ void loom_xcomm_shard(const loom_xcomm *c, int rank, int64_t count, int64_t *lo,
     split_lines(count, c->n, is_ring(c) ? (rank + 1) % c->n : rank, lo, hi);
 }
 
+static int reduce_scatter_(loom_xcomm *c, int rank, float *buf, int64_t count, loom_redop op, loom_err *err)
+{
+    if (is_ring(c)) return ring_reduce_scatter_rank(c->state, rank, buf, count, op, err);
+    return all_reduce_(c, rank, buf, count, op, err);
+}
+
 int loom_xcomm_reduce_scatter(loom_xcomm *c, int rank, float *buf, int64_t count, loom_redop op, loom_err *err)
 {
     LOOM_ASSERT(rank >= 0 && rank < c->n && count >= 0);
-    if (is_ring(c)) return ring_reduce_scatter_rank(c->state, rank, buf, count, op, err);
-    return loom_xcomm_all_reduce(c, rank, buf, count, op, err);
+    int rc = xc_enter(c, rank, XC_REDUCE_SCATTER, count, err);
+    return rc ? rc : xc_leave(c, rank, reduce_scatter_(c, rank, buf, count, op, err), err);
 }
 
-int loom_xcomm_all_gather_shards(loom_xcomm *c, int rank, float *buf, int64_t count, loom_err *err)
+static int all_gather_shards_(loom_xcomm *c, int rank, float *buf, int64_t count, loom_err *err)
 {
-    LOOM_ASSERT(rank >= 0 && rank < c->n && count >= 0);
     xstate *s = c->gen;
     s->bufs[rank] = buf;
     int rc = bar_start(s, rank, XC_ALL_GATHER_SHARDS, count, 0, err);
@@ -865,8 +1155,14 @@ int loom_xcomm_all_gather_shards(loom_xcomm *c, int rank, float *buf, int64_t co
         loom_xcomm_shard(c, k, count, &lo, &hi);
         if (k != rank) copy(buf + lo, s->bufs[k] + lo, hi - lo);
     }
-    bar(s); /* no rank changes its buffer before every other has copied from it */
-    return LOOM_OK;
+    return bar(s, rank); /* no rank changes its buffer before every other has copied from it */
+}
+
+int loom_xcomm_all_gather_shards(loom_xcomm *c, int rank, float *buf, int64_t count, loom_err *err)
+{
+    LOOM_ASSERT(rank >= 0 && rank < c->n && count >= 0);
+    int rc = xc_enter(c, rank, XC_ALL_GATHER_SHARDS, count, err);
+    return rc ? rc : xc_leave(c, rank, all_gather_shards_(c, rank, buf, count, err), err);
 }
 
 /* The ring's fused update: its reduce-scatter, where each chunk of this
@@ -891,7 +1187,7 @@ static int ring_update_rank(xstate *s, int r, float *grads, float *params, int64
     uint32_t base = s->base[r], T = 1 + (uint32_t)(n - 1) * (uint32_t)C;
     for (int st = 0; st < n - 1; st++)
         for (int64_t c = 0; c < C; c++) {
-            ring_wait(s, p, base, st == 0 ? 0 : 1 + (uint32_t)((st - 1) * C + c));
+            if ((rc = ring_wait(s, r, p, base, st == 0 ? 0 : 1 + (uint32_t)((st - 1) * C + c)))) return rc;
             ring_rs_item(s->bufs, n, r, st, c, count, LOOM_REDUCE_SUM, 0);
             ring_post(s, r, base, 1 + (uint32_t)(st * C + c));
             if (st < n - 2) continue;
@@ -902,25 +1198,36 @@ static int ring_update_rank(xstate *s, int r, float *grads, float *params, int64
             for (int k = 1; k < n; k++) copy(s->outs[mod(r + k, n)] + lo, params + lo, hi - lo);
         }
     s->base[r] = base + T;
-    bar(s);
-    return LOOM_OK;
+    return bar(s, r);
 }
 
-int loom_xcomm_update(loom_xcomm *c, int rank, float *grads, float *params, int64_t count, loom_xcomm_apply_fn apply,
-                      void *arg, loom_err *err)
+/* The other ops: their reduce-scatter, apply, their gather, both rendezvous
+ * published as the update. When the ranks disagree (LOOM_EUSAGE, on every
+ * rank) or the communicator broke, nobody gathers: a rank that called
+ * another collective has a single rendezvous. */
+static int update_(loom_xcomm *c, int rank, float *grads, float *params, int64_t count, loom_xcomm_apply_fn apply,
+                   void *arg, loom_err *err)
 {
-    LOOM_ASSERT(rank >= 0 && rank < c->n && count >= 0);
     int64_t lo, hi;
     if (c->n == 1) {
         if (count) apply(arg, 0, count);
         return LOOM_OK;
     }
     if (is_ring(c)) return ring_update_rank(c->state, rank, grads, params, count, apply, arg, err);
-    int rc = loom_xcomm_reduce_scatter(c, rank, grads, count, LOOM_REDUCE_SUM, err);
+    int rc = reduce_scatter_(c, rank, grads, count, LOOM_REDUCE_SUM, err);
+    if (rc == LOOM_EUSAGE || rc == XOPS_BROKEN) return rc;
     loom_xcomm_shard(c, rank, count, &lo, &hi);
     if (!rc && lo < hi) apply(arg, lo, hi);
-    int gc = loom_xcomm_all_gather_shards(c, rank, params, count, rc ? NULL : err); /* every rank gathers */
-    return rc ? rc : gc;
+    int gc = all_gather_shards_(c, rank, params, count, rc ? NULL : err); /* a plugin's failure: every rank gathers */
+    return rc && gc != XOPS_BROKEN ? rc : gc;
+}
+
+int loom_xcomm_update(loom_xcomm *c, int rank, float *grads, float *params, int64_t count, loom_xcomm_apply_fn apply,
+                      void *arg, loom_err *err)
+{
+    LOOM_ASSERT(rank >= 0 && rank < c->n && count >= 0);
+    int rc = xc_enter(c, rank, XC_UPDATE, count, err);
+    return rc ? rc : xc_leave(c, rank, update_(c, rank, grads, params, count, apply, arg, err), err);
 }
 
 /* ---- "auto" ------------------------------------------------------------------

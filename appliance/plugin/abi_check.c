@@ -53,7 +53,7 @@
 #define LOOM_DEV_STREAM_COMPUTE ABI_LOOM_DEV_STREAM_COMPUTE
 #define LOOM_DEV_STREAM_COPY    ABI_LOOM_DEV_STREAM_COPY
 #define LOOM_ABI_CODES_(X) X(OK) X(NOMEM) X(CONFIG) X(USAGE) X(IO) X(DATA) X(SHAPE) X(CHECKPOINT) X(NUMERIC) \
-    X(UNSUPPORTED) X(CUDA) X(NCCL) X(NET) X(LUA) X(PLUGIN) X(EOF)
+    X(UNSUPPORTED) X(CUDA) X(NCCL) X(NET) X(LUA) X(PLUGIN) X(EOF) X(TIMEOUT)
 #define LOOM_EOK          ABI_LOOM_EOK
 #define LOOM_ENOMEM       ABI_LOOM_ENOMEM
 #define LOOM_ECONFIG      ABI_LOOM_ECONFIG
@@ -70,6 +70,7 @@
 #define LOOM_ELUA         ABI_LOOM_ELUA
 #define LOOM_EPLUGIN      ABI_LOOM_EPLUGIN
 #define LOOM_EEOF         ABI_LOOM_EEOF
+#define LOOM_ETIMEOUT     ABI_LOOM_ETIMEOUT
 #define LOOM_LOG_DEBUG    ABI_LOOM_LOG_DEBUG
 #define LOOM_LOG_INFO     ABI_LOOM_LOG_INFO
 #define LOOM_LOG_WARN     ABI_LOOM_LOG_WARN
@@ -165,6 +166,7 @@ enum { ABI_CUSTOM_VERSION = LOOM_CUSTOM_OPS_VERSION, ABI_SOURCE_VERSION = LOOM_S
 #undef LOOM_ELUA
 #undef LOOM_EPLUGIN
 #undef LOOM_EEOF
+#undef LOOM_ETIMEOUT
 #undef LOOM_LOG_DEBUG
 #undef LOOM_LOG_INFO
 #undef LOOM_LOG_WARN
@@ -182,7 +184,7 @@ enum { ABI_CUSTOM_VERSION = LOOM_CUSTOM_OPS_VERSION, ABI_SOURCE_VERSION = LOOM_S
 /* Same value for every error code, and no code on one side only. */
 #define SAME_CODE_(name) _Static_assert((int)ABI_LOOM_E##name == (int)LOOM_E##name, "error code " #name);
 LOOM_ABI_CODES_(SAME_CODE_)
-_Static_assert((int)ABI_LOOM_EEOF + 1 == (int)LOOM_ENUM_ERRORS_, "loom_plugin.h lacks an error code of core.h");
+_Static_assert((int)ABI_LOOM_ETIMEOUT + 1 == (int)LOOM_ENUM_ERRORS_, "loom_plugin.h lacks an error code of core.h");
 
 _Static_assert((int)ABI_LOOM_LOG_DEBUG == (int)LOOM_LOG_DEBUG && (int)ABI_LOOM_LOG_INFO == (int)LOOM_LOG_INFO &&
                    (int)ABI_LOOM_LOG_WARN == (int)LOOM_LOG_WARN && (int)ABI_LOOM_LOG_ERROR == (int)LOOM_LOG_ERROR,

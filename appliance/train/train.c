@@ -519,7 +519,10 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
         } else {
             rc = loom_strategy_train_step(r.strat, batch, st.step, &res, err);
         }
-        if (rc && rc != LOOM_ENUMERIC && custom) {
+        /* a custom step's failure saves a checkpoint, but not after a
+         * collective timed out: the replicas left it at different points,
+         * so replica 0's variables may hold a half-gathered update */
+        if (rc && rc != LOOM_ENUMERIC && rc != LOOM_ETIMEOUT && custom) {
             if (applied) { /* the step's update is in the weights: count it */
                 st.step++;
                 st.step_in_epoch++;

@@ -50,6 +50,15 @@ contains "check: packs listed in reduction order, last layer first" \
 check "mirrored, num_packs = 0" "$LOOM" train $CFG --model-dir "$WORK/mp" "${MIR[@]}" --set strategy.num_packs=0
 same_weights "gradients all-reduced per tensor give the same weights as in one pack" "$(final "$WORK/ma")" "$(final "$WORK/mp")"
 
+# strategy.collective_timeout: checked at load, and a generous one changes nothing
+expect_fail 2 "collective_timeout = -1 is an error at its setting" \
+    "strategy.collective_timeout: expected a number >= 0.0, got -1" "$LOOM" check $CFG "${MIR[@]}" \
+    --set strategy.collective_timeout=-1
+check "check accepts collective_timeout = 30" "$LOOM" check $CFG "${MIR[@]}" --set strategy.collective_timeout=30
+check "mirrored, collective_timeout = 30" "$LOOM" train $CFG --model-dir "$WORK/mt" "${MIR[@]}" \
+    --set strategy.collective_timeout=30
+same_weights "a collective timeout gives the same weights" "$(final "$WORK/ma")" "$(final "$WORK/mt")"
+
 # stop mid-epoch (step 45 of 128) and resume
 check "mirrored: run to step 45" "$LOOM" train $CFG --model-dir "$WORK/mr" "${MIR[@]}" --set run.max_steps=45
 check "mirrored: resume to the end" "$LOOM" train $CFG --model-dir "$WORK/mr" "${MIR[@]}"

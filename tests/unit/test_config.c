@@ -314,6 +314,8 @@ static void strip_locs(loom_spec *s)
     memset(&s->strategy.loc, 0, sizeof(loom_loc));
     memset(&s->strategy.device_loc, 0, sizeof(loom_loc));
     memset(&s->strategy.device_backend_loc, 0, sizeof(loom_loc));
+    memset(&s->strategy.devices_loc, 0, sizeof(loom_loc));
+    memset(&s->strategy.cross_device_ops_loc, 0, sizeof(loom_loc));
     memset(&s->run.loc, 0, sizeof(loom_loc));
     memset(&s->plugins.loc, 0, sizeof(loom_loc));
 }
@@ -360,6 +362,8 @@ static void test_print_roundtrip(void)
     roundtrip("good_minimal.cfg", ov, 4);
     const char *dev[] = {"strategy.device=\"gpu:1\"", "strategy.device_backend=cpu"};
     roundtrip("good_minimal.cfg", dev, 2);
+    const char *timeout[] = {"strategy.type=mirrored", "strategy.replicas=2", "strategy.collective_timeout=0.3"};
+    roundtrip("good_minimal.cfg", timeout, 3);
 }
 
 static void test_include(void)
