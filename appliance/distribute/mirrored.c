@@ -86,6 +86,7 @@ typedef struct replicated {
     int          n_packs;   /* mirrored or dev_reduce: gradient packs, all-reduced one after the other, in plan order */
     loom_pack   *packs;
     int          stale;     /* central_storage: replicas > 0 hold variables older than replica 0's */
+    int          pinned;    /* the replica threads are pinned one per core (pin_replicas) */
     uint64_t     seed;
     char         devices[LOOM_MAX_DEVICES][16]; /* for the plan (the first ones) */
     loom_placement_ place;  /* the device backend running the replicas (ops NULL: the host) */
@@ -164,6 +165,8 @@ static void pin_replicas(replicated *m, int intra)
     loom_err err;
     if (loom_pool_pin(m->pool, core, &err)) /* only slower: train on, say so */
         loom_warn("%s: replica threads not pinned to their cores: %s", kind_name(m), err.msg);
+    else
+        m->pinned = 1;
 }
 
 /* "auto" resolves here, where the replicas are known; any other name was
@@ -772,8 +775,8 @@ int loom_replicated_print_plan_(loom_strategy *s, int64_t global_batch, FILE *f)
     const loom_model *m0 = m->rep[0].model;
     fprintf(f, "strategy: %s, %d replica%s on ", kind_name(m), m->n, m->n == 1 ? "" : "s");
     for (int r = 0; r < m->n && r < LOOM_MAX_DEVICES; r++) fprintf(f, "%s%s", r ? ", " : "", m->devices[r]);
-    fprintf(f, "%s; %d compute thread%s each\n", m->n > LOOM_MAX_DEVICES ? ", ..." : "", loom_model_threads(m0),
-            loom_model_threads(m0) == 1 ? "" : "s");
+    fprintf(f, "%s; %d compute thread%s each%s\n", m->n > LOOM_MAX_DEVICES ? ", ..." : "", loom_model_threads(m0),
+            loom_model_threads(m0) == 1 ? "" : "s", m->pinned ? ", pinned to its core" : "");
     fprintf(f, "  global batch %lld, per-replica batch ", (long long)global_batch);
     print_shares(f, m, global_batch);
     fprintf(f, " (ceil(B / %d) each, in order; a short last batch splits unevenly)\n", m->n);

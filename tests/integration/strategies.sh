@@ -30,6 +30,15 @@ contains "check: central_storage plan, uneven shares" "per-replica batch 32, 31"
 contains "check: central_storage sums once" "are summed once" "$out"
 out=$("$LOOM" check $CFG --set strategy.type=mirrored --set strategy.replicas=3 --set strategy.cross_device_ops=auto 2>&1)
 contains "check: \"auto\" picks an op and says why" 'cross_device_ops = "auto": ' "$out"
+# replica threads are pinned one per core when they fit (2 on this machine's 2 or more cores), not when they outnumber them
+if [ "$(nproc)" -ge 2 ]; then
+    contains "check: 2 replicas pinned to their cores" "1 compute thread each, pinned to its core" \
+        "$("$LOOM" check $CFG "${MIR[@]}" 2>&1)"
+fi
+if [ "$(nproc)" -lt 3 ]; then
+    if grep -q "pinned" <<<"$out"; then fail "check: 3 replicas on $(nproc) cores: not pinned" "$out"
+    else pass "check: 3 replicas on $(nproc) cores: not pinned"; fi
+fi
 
 # bit-identical runs, and the one_device reference
 check "one_device run" "$LOOM" train $CFG --model-dir "$WORK/one"
