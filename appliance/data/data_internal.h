@@ -24,6 +24,13 @@ typedef struct dstage_ops {
      * the stage's max shapes), setting dst's shapes: saves a copy downstream */
     int  (*next_into)(dstage *s, loom_elem *dst, loom_err *err);
     void (*tune)(dstage *s, dtuner *t);                          /* (optional) registers "auto" knobs (autotune.c) */
+    /* (optional) random access: element `index` (0 <= index < card, card known
+     * and finite), exactly as next() yields it at that position in every pass
+     * (only stages whose passes are all alike offer it); lent like next()'s
+     * element until the next get or next. It moves no cursor: a stage read only
+     * through get keeps the state rewind gave it. Offered only where it is exact
+     * and cheap (an in-memory or computed source, take and skip over one). */
+    int  (*get)(dstage *s, int64_t index, loom_elem **out, loom_err *err);
 } dstage_ops;
 
 /* The part every stage shares; each kind embeds it as its first member. */
@@ -50,6 +57,8 @@ struct dstage {
 
 /* Pulls the next element from s, accounting its stats. */
 int  dstage_next_(dstage *s, loom_elem **out, loom_err *err);
+/* s->ops->get (which must exist), accounting its stats as dstage_next_ does. */
+int  dstage_get_(dstage *s, int64_t index, loom_elem **out, loom_err *err);
 /* Fills the common fields; where/path from loc (may be NULL). */
 void dstage_init_(dstage *s, const dstage_ops *ops, dstage *in, int id, const loom_loc *loc);
 /* Sets a stats gauge / reads a counter (relaxed atomics). */
@@ -336,8 +345,12 @@ int mapbatch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *
 int shufrep_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, const loom_data_ctx *ctx, loom_err *err);
 /* "map(cast+scale)" + suffix for the maps of a fused stage, shortened to fit n. */
 void dmaps_name_(char *out, size_t n, dstage *const *map, int nmap, const char *suffix);
-/* Bytes a shuffle of t over in may buffer at most (its buffer, or one pass when smaller). */
-int64_t shuffle_max_bytes_(const dstage *in, const loom_transform_spec *t);
+/* Bytes a shuffle of t over in may buffer at most (its buffer, or one pass
+ * when smaller): elements, or 8-byte positions when by_index. */
+int64_t shuffle_max_bytes_(const dstage *in, const loom_transform_spec *t, bool by_index);
+/* Whether a plain shuffle over in buffers positions (index mode, transforms.c):
+ * in has get and a known finite cardinality. */
+bool shuffle_by_index_(const dstage *in);
 
 /* ---- autotuning (autotune.c) --------------------------------------------------------
  * Stages with "auto" settings register knobs (their .tune op); a tuner thread

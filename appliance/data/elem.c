@@ -49,6 +49,15 @@ int dstage_next_(dstage *s, loom_elem **out, loom_err *err)
     return rc;
 }
 
+int dstage_get_(dstage *s, int64_t index, loom_elem **out, loom_err *err)
+{
+    int64_t t0 = dnow_ns_();
+    int rc = s->ops->get(s, index, out, err);
+    __atomic_fetch_add(&s->st_busy_ns, dnow_ns_() - t0, __ATOMIC_RELAXED);
+    if (rc == LOOM_OK) __atomic_fetch_add(&s->st_elements, 1, __ATOMIC_RELAXED);
+    return rc;
+}
+
 void dstage_init_(dstage *s, const dstage_ops *ops, dstage *in, int id, const loom_loc *loc)
 {
     s->ops = ops;

@@ -349,7 +349,10 @@ int mapbatch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *
  * buffer drains at the end of a pass it already fills from the next one, as a
  * new slice; draws only ever come from the oldest slice, with the RNG the plain
  * shuffle would use for that pass, so epochs never mix and the elements are
- * exactly those of shuffle then repeat. Filling stops at SR_SLICES passes. */
+ * exactly those of shuffle then repeat. Filling stops at SR_SLICES passes.
+ * Over a random-access input (see the plain shuffle's index mode) the rings
+ * hold positions of the input's pass, read with get when drawn, and no slot
+ * pool exists: a pass's positions are 0..card-1 whatever the pass. */
 
 #define SR_SLICES 4 /* the pass being drawn plus three ahead (tf.data's bound of 3 epochs) */
 
@@ -365,7 +368,10 @@ typedef struct srst {
     int64_t   size, count;
     uint64_t  seed;
     int       reshuffle;
+    int       by_index;    /* rings hold input positions; no pool, no free list */
     elem_pool pool;
+    int64_t   cap;         /* ring size (pool.cap in element mode) */
+    int64_t   next_in;     /* index mode: the next position of pass pull_k */
     int64_t  *freel, nfree, total;
     srslice   sl[SR_SLICES]; /* sl[0] is the oldest */
     int       nsl;
@@ -389,8 +395,10 @@ static void sr_reset(srst *s, int64_t epoch)
     s->nsl = 0;
     s->total = 0;
     s->lent = -1;
+    s->next_in = 0;
     s->nfree = 0;
-    for (int64_t i = s->pool.cap - 1; i >= 0; i--) s->freel[s->nfree++] = i;
+    if (!s->by_index)
+        for (int64_t i = s->pool.cap - 1; i >= 0; i--) s->freel[s->nfree++] = i;
     dstage_gauge_(&s->s.st_buffered, 0);
 }
 
@@ -410,8 +418,8 @@ static int sr_fill(srst *s, loom_err *err)
     while (!s->done && s->total < s->size) {
         int newest = s->nsl > 0 && s->sl[s->nsl - 1].k == s->pull_k;
         if (!newest && s->nsl == SR_SLICES) break;
-        loom_elem *e;
-        int rc = dstage_next_(st->in, &e, err);
+        loom_elem *e = NULL;
+        int rc = !s->by_index ? dstage_next_(st->in, &e, err) : s->next_in < st->in->card ? LOOM_OK : LOOM_EEOF;
         if (rc == LOOM_EEOF) {
             /* as repeat: the last pass, or an empty pass of an infinite repeat, ends it */
             if ((s->count >= 0 && s->pull_k + 1 >= s->count) || (s->count < 0 && !s->produced)) {
@@ -420,6 +428,7 @@ static int sr_fill(srst *s, loom_err *err)
             }
             s->pull_k++;
             s->produced = 0;
+            s->next_in = 0;
             rc = st->in->ops->rewind(st->in, sr_inner(s, s->pull_k), err);
             if (rc) return rc;
             continue;
@@ -427,11 +436,16 @@ static int sr_fill(srst *s, loom_err *err)
         if (rc) return rc;
         s->produced = 1;
         srslice *x = newest ? &s->sl[s->nsl - 1] : sr_new_slice(s, s->pull_k);
+        if (s->by_index) {
+            x->ring[x->end++ % s->cap] = s->next_in++;
+            s->total++;
+            continue;
+        }
         LOOM_ASSERT(s->nfree > 0);
         int64_t slot = s->freel[--s->nfree];
         rc = elem_pool_put_(&s->pool, slot, e, err);
         if (rc) return dstage_err_(st, err, rc, "shuffle: %s", err->msg);
-        x->ring[x->end++ % s->pool.cap] = slot;
+        x->ring[x->end++ % s->cap] = slot;
         s->total++;
     }
     return LOOM_OK;
@@ -453,14 +467,19 @@ static int sr_next(dstage *st, loom_elem **out, loom_err *err)
     }
     if (s->nsl == 0) return LOOM_EEOF;
     srslice *x = &s->sl[0];
-    int64_t live = x->end - x->start, cap = s->pool.cap;
+    int64_t live = x->end - x->start, cap = s->cap;
     int64_t j = (x->start + (int64_t)loom_rng_below(&x->rng, (uint64_t)live)) % cap;
     int64_t slot = x->ring[j];
     x->ring[j] = x->ring[x->start % cap];
     x->start++;
     s->total--;
-    s->lent = slot;
     dstage_gauge_(&st->st_buffered, s->total);
+    if (s->by_index) {
+        rc = dstage_get_(st->in, slot, out, err);
+        if (rc == LOOM_OK) memcpy(st->mut, st->in->mut, sizeof st->mut);
+        return rc;
+    }
+    s->lent = slot;
     elem_pool_view_(&s->pool, slot, &st->out);
     *out = &st->out;
     return LOOM_OK;
@@ -480,13 +499,17 @@ static void sr_save(dstage *st, loom_buf *b)
     loom_buf_put_i64(b, s->pull_k);
     loom_buf_put_u32(b, (uint32_t)s->produced);
     loom_buf_put_u32(b, (uint32_t)s->done);
+    if (s->by_index) loom_buf_put_i64(b, s->next_in);
     loom_buf_put_u32(b, (uint32_t)s->nsl);
     for (int i = 0; i < s->nsl; i++) {
         const srslice *x = &s->sl[i];
         loom_buf_put_i64(b, x->k);
         loom_rng_save(&x->rng, b);
         loom_buf_put_i64(b, x->end - x->start);
-        for (int64_t j = x->start; j < x->end; j++) elem_pool_save_(&s->pool, x->ring[j % s->pool.cap], b);
+        for (int64_t j = x->start; j < x->end; j++) {
+            if (s->by_index) loom_buf_put_i64(b, x->ring[j % s->cap]);
+            else elem_pool_save_(&s->pool, x->ring[j % s->cap], b);
+        }
     }
 }
 
@@ -497,15 +520,23 @@ static int sr_restore(dstage *st, loom_buf *b, loom_err *err)
     s->pull_k = loom_buf_get_i64(b);
     s->produced = (int)loom_buf_get_u32(b);
     s->done = (int)loom_buf_get_u32(b);
+    if (s->by_index) s->next_in = loom_buf_get_i64(b);
     uint32_t nsl = loom_buf_get_u32(b);
-    if (b->failed || nsl > SR_SLICES || s->pull_k < 0) goto bad;
+    if (b->failed || nsl > SR_SLICES || s->pull_k < 0 || (s->by_index && (s->next_in < 0 || s->next_in > st->in->card)))
+        goto bad;
     int64_t next = 0;
     for (uint32_t i = 0; i < nsl; i++) {
         srslice *x = sr_new_slice(s, loom_buf_get_i64(b));
         int bad_rng = loom_rng_restore(&x->rng, b);
         int64_t live = loom_buf_get_i64(b);
-        if (bad_rng || b->failed || live < 0 || next + live > s->pool.cap) goto bad;
+        if (bad_rng || b->failed || live < 0 || next + live > s->cap) goto bad;
         for (int64_t j = 0; j < live; j++, next++) {
+            if (s->by_index) {
+                int64_t pos = loom_buf_get_i64(b);
+                if (b->failed || pos < 0 || pos >= st->in->card) goto bad;
+                x->ring[x->end++] = pos;
+                continue;
+            }
             int rc = elem_pool_load_(&s->pool, next, b, err);
             if (rc) return rc;
             x->ring[x->end++] = next;
@@ -513,7 +544,8 @@ static int sr_restore(dstage *st, loom_buf *b, loom_err *err)
         s->total += live;
     }
     s->nfree = 0;
-    for (int64_t i = s->pool.cap - 1; i >= next; i--) s->freel[s->nfree++] = i;
+    if (!s->by_index)
+        for (int64_t i = s->pool.cap - 1; i >= next; i--) s->freel[s->nfree++] = i;
     dstage_gauge_(&st->st_buffered, s->total);
     return LOOM_OK;
 bad:
@@ -533,10 +565,11 @@ static const dstage_ops sr_ops = {
     .next = sr_next, .rewind = sr_rewind, .save = sr_save, .restore = sr_restore, .close = sr_close,
 };
 
-int64_t shuffle_max_bytes_(const dstage *in, const loom_transform_spec *t)
+int64_t shuffle_max_bytes_(const dstage *in, const loom_transform_spec *t, bool by_index)
 {
     int64_t slot = 0, n = t->buffer;
     for (int f = 0; f < in->spec.n; f++) slot += loom_shape_numel(&in->maxshape[f]) * (int64_t)loom_dtype_size(in->spec.dtype[f]);
+    if (by_index) slot = (int64_t)sizeof(int64_t);
     if (in->card >= 0 && in->card < n) n = in->card;
     return n * slot;
 }
@@ -548,13 +581,14 @@ int shufrep_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t
     if (!s) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate a shuffle+repeat stage");
     dstage *st = &s->s;
     dstage_init_(st, &sr_ops, in, id, &t[0].loc);
-    snprintf(st->name, sizeof st->name, "shuffle+repeat");
     s->size = t[0].buffer;
     s->seed = t[0].seed_set ? t[0].seed : ctx->seed;
     s->reshuffle = t[0].reshuffle;
     s->count = t[1].count;
-    snprintf(st->desc, sizeof st->desc, "shuffle(%lld,%llu,%d)+repeat(%lld)", (long long)s->size,
-             (unsigned long long)s->seed, s->reshuffle, (long long)s->count);
+    s->by_index = shuffle_by_index_(in);
+    snprintf(st->name, sizeof st->name, s->by_index ? "shuffle(indices)+repeat" : "shuffle+repeat");
+    snprintf(st->desc, sizeof st->desc, "shuffle(%s%lld,%llu,%d)+repeat(%lld)", s->by_index ? "indices," : "",
+             (long long)s->size, (unsigned long long)s->seed, s->reshuffle, (long long)s->count);
     int rc = LOOM_OK;
     if (s->size < 1 || s->count < -1) {
         rc = dstage_err_(st, err, LOOM_ECONFIG, "shuffle+repeat: buffer %lld must be >= 1 and count %lld >= -1",
@@ -565,22 +599,28 @@ int shufrep_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t
     int64_t c = in->card, n = s->count;
     int64_t cap = c >= 0 && c * SR_SLICES < s->size ? c * SR_SLICES : s->size;
     st->card = n == 0 || c == 0 ? 0 : n < 0 ? (c == -2 ? -2 : -1) : c < 0 ? c : c * n;
-    rc = elem_pool_init_(&s->pool, st, cap < 1 ? 1 : cap, err);
-    if (rc) goto fail;
-    s->freel = loom_alloc((size_t)s->pool.cap * sizeof *s->freel);
-    int ok = s->freel != NULL;
+    s->cap = cap < 1 ? 1 : cap;
+    if (!s->by_index) {
+        rc = elem_pool_init_(&s->pool, st, s->cap, err);
+        if (rc) goto fail;
+    }
+    /* index mode: the rings alone (a position per element); element mode: rings and free list over the pool */
+    int nrings = s->by_index ? SR_SLICES : SR_SLICES + 1;
+    s->freel = s->by_index ? NULL : loom_alloc((size_t)s->cap * sizeof *s->freel);
+    int ok = s->by_index || s->freel != NULL;
     for (int i = 0; i < SR_SLICES; i++) {
-        s->sl[i].ring = loom_alloc((size_t)s->pool.cap * sizeof *s->sl[i].ring);
+        s->sl[i].ring = loom_alloc((size_t)s->cap * sizeof *s->sl[i].ring);
         ok = ok && s->sl[i].ring;
     }
     if (!ok) {
         rc = loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate the shuffle+repeat buffer of %lld elements", (long long)cap);
         goto fail;
     }
-    __atomic_fetch_add(&st->st_bytes, (int64_t)((SR_SLICES + 1) * s->pool.cap * (int64_t)sizeof(int64_t)), __ATOMIC_RELAXED);
+    __atomic_fetch_add(&st->st_bytes, (int64_t)nrings * s->cap * (int64_t)sizeof(int64_t), __ATOMIC_RELAXED);
     dstage_gauge_(&st->st_capacity, s->size);
     sr_reset(s, 0);
-    memset(st->mut, 1, sizeof st->mut);
+    if (s->by_index) memcpy(st->mut, in->mut, sizeof st->mut);
+    else memset(st->mut, 1, sizeof st->mut);
     *out = st;
     return LOOM_OK;
 fail:

@@ -80,6 +80,7 @@ static int open_step(loom_iter *it, const dplan *dp, const dplan_step *ps, const
     const loom_transform_spec *t = ps->first >= 0 ? &spec->transform[ps->first] : &dp->injected;
     dstage *in = last(it), *s = NULL;
     int id = ps->first >= 0 ? ps->first + 1 : spec->n_transforms + 1, rc, threads = *threads_left;
+    int64_t need;
     char what[128];
     switch (ps->kind) {
     case DPLAN_MAPS:
@@ -92,16 +93,17 @@ static int open_step(loom_iter *it, const dplan *dp, const dplan_step *ps, const
         break;
     case DPLAN_SHUFFLE_REPEAT:
         snprintf(what, sizeof what, "shuffle: a buffer of %lld elements", (long long)t->buffer);
-        rc = shuffle_max_bytes_(in, t) > ram_left ? over_budget(t, what, shuffle_max_bytes_(in, t), ram_left, ram, err)
-                                                  : shufrep_open_(&s, in, id, t, ctx, err);
+        need = shuffle_max_bytes_(in, t, shuffle_by_index_(in));
+        rc = need > ram_left ? over_budget(t, what, need, ram_left, ram, err) : shufrep_open_(&s, in, id, t, ctx, err);
         break;
     default:
         switch (t->kind) {
         case LOOM_T_MAP: rc = map_open_(&s, in, id, t, ctx, err); break;
         case LOOM_T_SHUFFLE:
             snprintf(what, sizeof what, "shuffle: a buffer of %lld elements", (long long)t->buffer);
-            rc = shuffle_max_bytes_(in, t) > ram_left ? over_budget(t, what, shuffle_max_bytes_(in, t), ram_left, ram, err)
-                                                      : shuffle_open_(&s, in, id, t, ctx, err);
+            need = shuffle_max_bytes_(in, t, shuffle_by_index_(in));
+            rc = need > ram_left ? over_budget(t, what, need, ram_left, ram, err)
+                                 : shuffle_open_(&s, in, id, t, ctx, err);
             break;
         case LOOM_T_BATCH: rc = batch_open_(&s, in, id, t, err); break;
         case LOOM_T_REPEAT: rc = repeat_open_(&s, in, id, t, err); break;
@@ -141,7 +143,7 @@ static int open_step(loom_iter *it, const dplan *dp, const dplan_step *ps, const
 static int64_t stage_max_bytes(const dstage *s, const loom_transform_spec *t)
 {
     int64_t b = dstage_load_(&s->st_bytes), m = 0;
-    if (t && t->kind == LOOM_T_SHUFFLE) m = shuffle_max_bytes_(s->in, t);
+    if (t && t->kind == LOOM_T_SHUFFLE) m = shuffle_max_bytes_(s->in, t, shuffle_by_index_(s->in));
     if (t && t->kind == LOOM_T_CACHE) m = cache_max_bytes(s->in, t);
     return m > b ? m : b;
 }
@@ -260,6 +262,25 @@ int loom_iter_save(loom_iter *it, loom_buf *b, loom_err *err)
     return LOOM_OK;
 }
 
+/* Whether saved is cur with each index-mode shuffle in element mode: a state
+ * from before index shuffling, which holds elements where cur expects positions. */
+static bool element_shuffle_state(const char *saved, const char *cur)
+{
+    static const char ix[] = "shuffle(indices,", el[] = "shuffle(";
+    bool any = false;
+    while (*cur) {
+        if (!strncmp(cur, ix, sizeof ix - 1)) {
+            if (strncmp(saved, el, sizeof el - 1)) return false;
+            cur += sizeof ix - 1;
+            saved += sizeof el - 1;
+            any = true;
+        } else if (*saved++ != *cur++) {
+            return false;
+        }
+    }
+    return any && !*saved;
+}
+
 int loom_iter_restore(loom_iter *it, loom_buf *b, loom_err *err)
 {
     uint32_t magic = loom_buf_get_u32(b), version = loom_buf_get_u32(b);
@@ -271,6 +292,13 @@ int loom_iter_restore(loom_iter *it, loom_buf *b, loom_err *err)
     char fp[sizeof it->fp];
     loom_buf_get_str(b, fp, sizeof fp);
     if (b->failed) return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "input iterator state is truncated");
+    if (strcmp(fp, it->fp) && element_shuffle_state(fp, it->fp)) {
+        loom_err_set(err, LOOM_ECHECKPOINT, NULL, "iterator state was saved by a shuffle that buffered elements "
+                     "(a build before index shuffling); this build's shuffle(indices) buffers the positions of a "
+                     "random-access input instead, and cannot resume from that state (saved: %.200s)", fp);
+        return loom_err_hint(err, "finish the run with the build that wrote this checkpoint, or pass --fresh to start "
+                             "over (the model restarts too)");
+    }
     if (strcmp(fp, it->fp)) {
         loom_err_set(err, LOOM_ECHECKPOINT, NULL, "iterator state was saved by a different pipeline (saved: %.200s; this one: %.200s)",
                      fp, it->fp);

@@ -168,6 +168,16 @@ static int source_next(dstage *st, loom_elem **out, loom_err *err)
     return LOOM_OK;
 }
 
+static int source_get(dstage *st, int64_t index, loom_elem **out, loom_err *err)
+{
+    (void)err;
+    source *s = (source *)st;
+    LOOM_ASSERT(index >= 0 && index < st->card);
+    for (int f = 0; f < st->out.n; f++) st->out.t[f].data = s->a[f].data + (size_t)index * s->a[f].item_bytes;
+    *out = &st->out;
+    return LOOM_OK;
+}
+
 static int source_rewind(dstage *st, int64_t epoch, loom_err *err)
 {
     source *s = (source *)st;
@@ -201,6 +211,7 @@ static void source_close(dstage *st)
 
 static const dstage_ops source_ops = {
     .next = source_next, .rewind = source_rewind, .save = source_save, .restore = source_restore, .close = source_close,
+    .get = source_get,
 };
 
 int source_open_(dstage **out, const loom_source_spec *src, loom_err *err)

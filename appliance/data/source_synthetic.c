@@ -68,6 +68,17 @@ static int syn_next(dstage *st, loom_elem **out, loom_err *err)
     return LOOM_OK;
 }
 
+/* An element is a pure function of its index: random access is next() without the cursor. */
+static int syn_get(dstage *st, int64_t index, loom_elem **out, loom_err *err)
+{
+    (void)err;
+    syn_source *t = (syn_source *)st;
+    LOOM_ASSERT(index >= 0 && t->count >= 0 && index < t->count);
+    for (int f = 0; f < st->out.n; f++) fill(t, f, index);
+    *out = &st->out;
+    return LOOM_OK;
+}
+
 static int syn_rewind(dstage *st, int64_t epoch, loom_err *err)
 {
     syn_source *t = (syn_source *)st;
@@ -102,6 +113,7 @@ static void syn_close(dstage *st)
 
 static const dstage_ops syn_ops = {
     .next = syn_next, .rewind = syn_rewind, .save = syn_save, .restore = syn_restore, .close = syn_close,
+    .get = syn_get,
 };
 
 int synthetic_source_open_(dstage **out, const loom_source_spec *src, const loom_data_ctx *ctx, loom_err *err)

@@ -1,5 +1,6 @@
 /* transforms.c - the synchronous stages: map (built-in ops on one feature),
- * shuffle (tf.data's buffer algorithm), batch, repeat, take, skip.
+ * shuffle (tf.data's buffer algorithm; by index over a random-access input),
+ * batch, repeat, take, skip (take and skip pass random access through).
  * Buffers are sized at open from the upstream max shapes; next() never
  * allocates, except while a shuffle buffer first grows towards its size when
  * the input's cardinality is unknown. Maps work in place when the upstream
@@ -677,19 +678,28 @@ fail:
  * buffer_size, pick a uniform index among the buffered elements, emit it and
  * move the oldest buffered element into the hole; refill one per emission.
  * The buffer is a ring of slot ids (perm) over a slot pool, so moving an
- * element is moving an id; the emitted slot stays lent until the next call. */
+ * element is moving an id; the emitted slot stays lent until the next call.
+ * Index mode, when the input has random access (get) and a known finite
+ * cardinality: the same algorithm on the input's positions 0, 1, 2, ... of
+ * the pass, the ring holding positions rather than slot ids and an emitted
+ * position read with get. The draws, and so the output, are those of element
+ * mode bit for bit; the buffer is 8 bytes an element and fills without
+ * reading anything, and the input's cursor stays where rewind put it. */
 
 typedef struct shufst {
     dstage    s;
     int64_t   size;        /* buffer_size */
     uint64_t  seed;
     int       reshuffle;
+    int       by_index;    /* index mode: perm holds input positions, there is no pool */
     elem_pool pool;
-    int64_t  *perm;        /* ring of pool.cap slot ids; logical positions [start, end) */
+    int64_t  *perm;        /* ring of cap slot ids (index mode: positions); logical positions [start, end) */
+    int64_t   cap;         /* ring size: pool.cap, or in index mode the most the buffer can hold */
     int64_t  *freel;       /* free slot ids */
     int64_t   nfree;
     int64_t   start, end;
     int64_t   lent;        /* slot lent out, -1 */
+    int64_t   next_in;     /* index mode: the input position the buffer takes next */
     int       eoi;         /* input exhausted this pass */
     int64_t   epoch;
     loom_rng  rng;
@@ -699,10 +709,12 @@ static void shuf_reset(shufst *s, int64_t epoch)
 {
     s->start = s->end = 0;
     s->lent = -1;
+    s->next_in = 0;
     s->eoi = 0;
     s->epoch = epoch;
     s->nfree = 0;
-    for (int64_t i = s->pool.cap - 1; i >= 0; i--) s->freel[s->nfree++] = i;
+    if (!s->by_index)
+        for (int64_t i = s->pool.cap - 1; i >= 0; i--) s->freel[s->nfree++] = i;
     loom_rng_init(&s->rng, s->seed, (uint64_t)s->s.id, s->reshuffle ? (uint64_t)epoch : 0, 0);
     dstage_gauge_(&s->s.st_buffered, 0);
 }
@@ -724,19 +736,17 @@ static int shuf_grow(shufst *s, int64_t cap, loom_err *err)
     loom_free(s->freel);
     s->perm = perm;
     s->freel = freel;
+    s->cap = cap;
     s->start = 0;
     s->end = live;
     dstage_gauge_(&s->s.st_capacity, s->size);
     return LOOM_OK;
 }
 
-static int shuf_next(dstage *st, loom_elem **out, loom_err *err)
+/* Fills the buffer up to size: element mode copies input elements into free slots. */
+static int shuf_fill_elems(shufst *s, loom_err *err)
 {
-    shufst *s = (shufst *)st;
-    if (s->lent >= 0) {
-        s->freel[s->nfree++] = s->lent;
-        s->lent = -1;
-    }
+    dstage *st = &s->s;
     while (!s->eoi && s->end - s->start < s->size) {
         loom_elem *e;
         int rc = dstage_next_(st->in, &e, err);
@@ -753,9 +763,29 @@ static int shuf_next(dstage *st, loom_elem **out, loom_err *err)
         int64_t slot = s->freel[--s->nfree];
         rc = elem_pool_put_(&s->pool, slot, e, err);
         if (rc) return dstage_err_(st, err, rc, "shuffle: %s", err->msg);
-        s->perm[s->end++ % s->pool.cap] = slot;
+        s->perm[s->end++ % s->cap] = slot;
     }
-    int64_t live = s->end - s->start, cap = s->pool.cap;
+    return LOOM_OK;
+}
+
+static int shuf_next(dstage *st, loom_elem **out, loom_err *err)
+{
+    shufst *s = (shufst *)st;
+    if (s->by_index) {
+        /* "pulling" position next_in; past the pass's end is the input's EOF */
+        while (!s->eoi && s->end - s->start < s->size) {
+            if (s->next_in >= st->in->card) s->eoi = 1;
+            else s->perm[s->end++ % s->cap] = s->next_in++;
+        }
+    } else {
+        if (s->lent >= 0) {
+            s->freel[s->nfree++] = s->lent;
+            s->lent = -1;
+        }
+        int rc = shuf_fill_elems(s, err);
+        if (rc) return rc;
+    }
+    int64_t live = s->end - s->start, cap = s->cap;
     if (live == 0) {
         dstage_gauge_(&st->st_buffered, 0);
         return LOOM_EEOF;
@@ -764,8 +794,14 @@ static int shuf_next(dstage *st, loom_elem **out, loom_err *err)
     int64_t slot = s->perm[j];
     s->perm[j] = s->perm[s->start % cap];
     s->start++;
-    s->lent = slot;
     dstage_gauge_(&st->st_buffered, live - 1);
+    if (s->by_index) {
+        int rc = dstage_get_(st->in, slot, out, err);
+        if (rc) return rc;
+        memcpy(st->mut, st->in->mut, sizeof st->mut); /* the input's element, as the input lends it */
+        return LOOM_OK;
+    }
+    s->lent = slot;
     elem_pool_view_(&s->pool, slot, &st->out);
     *out = &st->out;
     return LOOM_OK;
@@ -777,14 +813,21 @@ static int shuf_rewind(dstage *st, int64_t epoch, loom_err *err)
     return st->in->ops->rewind(st->in, epoch, err);
 }
 
+/* Element mode: epoch, eoi, rng, the buffered elements. Index mode: epoch,
+ * eoi, rng, next_in, the buffered positions (the pipeline fingerprint tells
+ * the two apart: the desc differs). */
 static void shuf_save(dstage *st, loom_buf *b)
 {
     shufst *s = (shufst *)st;
     loom_buf_put_i64(b, s->epoch);
     loom_buf_put_u32(b, (uint32_t)s->eoi);
     loom_rng_save(&s->rng, b);
+    if (s->by_index) loom_buf_put_i64(b, s->next_in);
     loom_buf_put_i64(b, s->end - s->start);
-    for (int64_t i = s->start; i < s->end; i++) elem_pool_save_(&s->pool, s->perm[i % s->pool.cap], b);
+    for (int64_t i = s->start; i < s->end; i++) {
+        if (s->by_index) loom_buf_put_i64(b, s->perm[i % s->cap]);
+        else elem_pool_save_(&s->pool, s->perm[i % s->cap], b);
+    }
 }
 
 static int shuf_restore(dstage *st, loom_buf *b, loom_err *err)
@@ -794,11 +837,19 @@ static int shuf_restore(dstage *st, loom_buf *b, loom_err *err)
     shuf_reset(s, epoch);
     s->eoi = (int)loom_buf_get_u32(b);
     int bad = loom_rng_restore(&s->rng, b);
+    if (s->by_index) s->next_in = loom_buf_get_i64(b);
     int64_t live = loom_buf_get_i64(b);
-    if (bad || b->failed || live < 0 || live > s->size)
+    bool bad_pos = s->by_index && (s->next_in < 0 || s->next_in > st->in->card || live > s->next_in || live > s->cap);
+    if (bad || bad_pos || b->failed || live < 0 || live > s->size)
         return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "iterator state is corrupt (shuffle buffer)");
-    if (live > s->pool.cap && shuf_grow(s, live, err)) return err->code;
+    if (!s->by_index && live > s->pool.cap && shuf_grow(s, live, err)) return err->code;
     for (int64_t i = 0; i < live; i++) {
+        if (s->by_index) {
+            s->perm[i] = loom_buf_get_i64(b);
+            if (b->failed || s->perm[i] < 0 || s->perm[i] >= s->next_in)
+                return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "iterator state is corrupt (shuffle buffer index)");
+            continue;
+        }
         int rc = elem_pool_load_(&s->pool, i, b, err);
         if (rc) return rc;
         s->perm[i] = i;
@@ -806,7 +857,8 @@ static int shuf_restore(dstage *st, loom_buf *b, loom_err *err)
     s->start = 0;
     s->end = live;
     s->nfree = 0;
-    for (int64_t i = s->pool.cap - 1; i >= live; i--) s->freel[s->nfree++] = i;
+    if (!s->by_index)
+        for (int64_t i = s->pool.cap - 1; i >= live; i--) s->freel[s->nfree++] = i;
     dstage_gauge_(&st->st_buffered, live);
     return LOOM_OK;
 }
@@ -824,17 +876,21 @@ static const dstage_ops shuf_ops = {
     .next = shuf_next, .rewind = shuf_rewind, .save = shuf_save, .restore = shuf_restore, .close = shuf_close,
 };
 
+bool shuffle_by_index_(const dstage *in) { return in->ops->get && in->card >= 0; }
+
 int shuffle_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, const loom_data_ctx *ctx, loom_err *err)
 {
     shufst *s = loom_calloc(1, sizeof *s);
     if (!s) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate a shuffle stage");
     dstage *st = &s->s;
     dstage_init_(st, &shuf_ops, in, id, &t->loc);
-    snprintf(st->name, sizeof st->name, "shuffle");
     s->size = t->buffer;
     s->seed = t->seed_set ? t->seed : ctx->seed;
     s->reshuffle = t->reshuffle;
-    snprintf(st->desc, sizeof st->desc, "shuffle(%lld,%llu,%d)", (long long)s->size, (unsigned long long)s->seed, s->reshuffle);
+    s->by_index = shuffle_by_index_(in);
+    snprintf(st->name, sizeof st->name, s->by_index ? "shuffle(indices)" : "shuffle");
+    snprintf(st->desc, sizeof st->desc, "shuffle(%s%lld,%llu,%d)", s->by_index ? "indices," : "", (long long)s->size,
+             (unsigned long long)s->seed, s->reshuffle);
     int rc;
     if (s->size < 1) {
         rc = dstage_err_(st, err, LOOM_ECONFIG, "shuffle: buffer must be >= 1, got %lld", (long long)s->size);
@@ -842,12 +898,25 @@ int shuffle_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t
     }
     /* with a known cardinality the buffer never holds more than one pass */
     int64_t cap = in->card >= 0 ? (in->card < s->size ? in->card : s->size) : (s->size < 1024 ? s->size : 1024);
-    rc = elem_pool_init_(&s->pool, st, 0, err);
-    if (rc) goto fail;
-    rc = shuf_grow(s, cap < 1 ? 1 : cap, err);
-    if (rc) goto fail;
+    if (cap < 1) cap = 1;
+    if (s->by_index) {
+        s->cap = cap;
+        if (!(s->perm = loom_alloc((size_t)cap * sizeof *s->perm))) {
+            rc = loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate the shuffle buffer of %lld indices",
+                              (long long)cap);
+            goto fail;
+        }
+        dstage_gauge_(&st->st_bytes, cap * (int64_t)sizeof *s->perm);
+        dstage_gauge_(&st->st_capacity, s->size);
+        memcpy(st->mut, in->mut, sizeof st->mut);
+    } else {
+        rc = elem_pool_init_(&s->pool, st, 0, err);
+        if (rc) goto fail;
+        rc = shuf_grow(s, cap, err);
+        if (rc) goto fail;
+        for (int f = 0; f < st->spec.n; f++) st->mut[f] = 1;
+    }
     shuf_reset(s, 0);
-    for (int f = 0; f < st->spec.n; f++) st->mut[f] = 1;
     *out = st;
     return LOOM_OK;
 fail:
@@ -1046,6 +1115,22 @@ static int skip_next(dstage *st, loom_elem **out, loom_err *err)
     return rc;
 }
 
+/* Random access through take and skip: a position of their pass is one of
+ * the input's, offset by what skip skips; card (set at open) bounds index. */
+static int take_get(dstage *st, int64_t index, loom_elem **out, loom_err *err)
+{
+    int rc = dstage_get_(st->in, index, out, err);
+    if (rc == LOOM_OK) memcpy(st->mut, st->in->mut, sizeof st->mut);
+    return rc;
+}
+
+static int skip_get(dstage *st, int64_t index, loom_elem **out, loom_err *err)
+{
+    int rc = dstage_get_(st->in, index + ((countst *)st)->count, out, err);
+    if (rc == LOOM_OK) memcpy(st->mut, st->in->mut, sizeof st->mut);
+    return rc;
+}
+
 static int count_rewind(dstage *st, int64_t epoch, loom_err *err)
 {
     countst *s = (countst *)st;
@@ -1064,6 +1149,15 @@ static const dstage_ops take_ops = {
 };
 static const dstage_ops skip_ops = {
     .next = skip_next, .rewind = count_rewind, .save = count_save, .restore = count_restore, .close = dstage_free_,
+};
+/* The same over an input with random access and a known finite pass. */
+static const dstage_ops take_get_ops = {
+    .next = take_next, .rewind = count_rewind, .save = count_save, .restore = count_restore, .close = dstage_free_,
+    .get = take_get,
+};
+static const dstage_ops skip_get_ops = {
+    .next = skip_next, .rewind = count_rewind, .save = count_save, .restore = count_restore, .close = dstage_free_,
+    .get = skip_get,
 };
 
 static int count_open(dstage **out, dstage *in, int id, const loom_transform_spec *t, const dstage_ops *ops, const char *name,
@@ -1097,7 +1191,7 @@ int repeat_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t,
 
 int take_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err)
 {
-    int rc = count_open(out, in, id, t, &take_ops, "take", err);
+    int rc = count_open(out, in, id, t, in->ops->get && in->card >= 0 ? &take_get_ops : &take_ops, "take", err);
     if (rc) return rc;
     int64_t c = in->card, n = t->count;
     (*out)->card = n < 0 ? c : c == -1 ? n : c == -2 ? -2 : (c < n ? c : n);
@@ -1106,7 +1200,7 @@ int take_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, l
 
 int skip_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err)
 {
-    int rc = count_open(out, in, id, t, &skip_ops, "skip", err);
+    int rc = count_open(out, in, id, t, in->ops->get && in->card >= 0 ? &skip_get_ops : &skip_ops, "skip", err);
     if (rc) return rc;
     int64_t c = in->card, n = t->count;
     if (n < 0 && c == -1) {

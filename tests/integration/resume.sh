@@ -34,6 +34,16 @@ check "tfrecord interleave: run to step 70 (mid-epoch)" "$LOOM" train $TCFG --mo
 check "tfrecord interleave: resume to step 150" "$LOOM" train $TCFG --model-dir "$WORK/t2" --set run.max_steps=150 --set run.progress='"none"'
 same_weights "interleaved input resumed mid-epoch = uninterrupted" "$WORK/t1/ckpt-150.loom" "$WORK/t2/ckpt-150.loom"
 
+# the same through fashion_mnist_mlp.cfg's shuffle(indices) over the whole catalog (a buffer of
+# 60000 positions): stopped mid-epoch 1, resumed across the epoch boundary
+MCFG=configs/fashion_mnist_mlp.cfg
+MOPT=(--set run.checkpoint_steps=0 --set run.eval_each_epoch=false --set run.progress='"none"')
+check "mlp shuffle(indices): run to step 600" "$LOOM" train $MCFG --model-dir "$WORK/m1" --set run.max_steps=600 "${MOPT[@]}"
+check "mlp shuffle(indices): run to step 300 (mid-epoch)" "$LOOM" train $MCFG --model-dir "$WORK/m2" --set run.max_steps=300 "${MOPT[@]}"
+out=$("$LOOM" train $MCFG --model-dir "$WORK/m2" --set run.max_steps=600 "${MOPT[@]}" 2>&1)
+contains "mlp shuffle(indices): resumed from step 300" "resuming from $WORK/m2/ckpt-300.loom (step 300" "$out"
+same_weights "shuffle(indices) resumed mid-epoch = uninterrupted" "$WORK/m1/ckpt-600.loom" "$WORK/m2/ckpt-600.loom"
+
 # SIGKILL at an arbitrary moment, then resume from whatever checkpoint survived
 "$LOOM" train $CFG --model-dir "$WORK/d" --set run.progress='"none"' --set run.epochs=40 >/dev/null 2>&1 &
 pid=$!

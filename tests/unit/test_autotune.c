@@ -204,7 +204,8 @@ static void test_plan_visible(void)
     s = pipeline(2);
     s->options = all_on();
     p = plan_of(s);
-    CHECK_MSG(!strcmp(p, "idx -> shuffle+repeat -> map(random_flip_left_right+cast) -> take -> prefetch(auto)\n"), "plan: %s", p);
+    CHECK_MSG(!strcmp(p, "idx -> shuffle(indices)+repeat -> map(random_flip_left_right+cast) -> take -> prefetch(auto)\n"),
+              "plan: %s", p);
     free(p);
     free(s);
     s = pipeline(3);
@@ -255,20 +256,36 @@ static void test_save_restore_rewritten(void)
 
 static void test_shuffle_over_ram_budget(void)
 {
+    /* over the IDX source a shuffle buffers positions: 200 need 1600 bytes */
     loom_dataset_spec *s = spec_base();
     s->options = all_on();
-    s->options.ram_budget = 4000; /* 100 elements of 34 bytes need 3400; 200 need 6800 */
+    s->options.ram_budget = 1200;
     spec_shuffle(s, 200);
     spec_batch(s, 4);
     loom_iter *it = NULL;
     loom_err err = {0};
     CHECK(loom_data_open(&it, s, &ctx4, &err) == LOOM_ECONFIG && !it);
     CHECK_MSG(!strcmp(err.where, "test.cfg:20"), "where: %s", err.where);
-    CHECK_CONTAINS(err.msg, "data.train.transforms.[0]: shuffle: a buffer of 200 elements needs 6800 bytes, more than "
-                            "the 4000 bytes left");
-    CHECK_CONTAINS(err.msg, "RAM budget of 4000 bytes");
+    CHECK_CONTAINS(err.msg, "data.train.transforms.[0]: shuffle: a buffer of 200 elements needs 1600 bytes, more than "
+                            "the 1200 bytes left");
+    CHECK_CONTAINS(err.msg, "RAM budget of 1200 bytes");
     CHECK_CONTAINS(err.hint, "ram_budget");
-    s->transform[0].buffer = 100;
+    s->options.ram_budget = 4000; /* fits, where the 200 elements (6800 bytes, below) would not */
+    it = open_ok(s);
+    loom_iter_close(it);
+    free(s);
+    /* behind a map (no random access) it buffers elements: 100 of 34 bytes need 3400; 200 need 6800 */
+    s = spec_base();
+    s->options = all_on();
+    s->options.ram_budget = 5200; /* the map's chain stage holds 1122 of it */
+    add_map(s, LOOM_MAP_CAST, "image", 1)->dtype = LOOM_CFG_U8;
+    spec_shuffle(s, 200);
+    spec_batch(s, 4);
+    CHECK(loom_data_open(&it, s, &ctx4, &err) == LOOM_ECONFIG && !it);
+    CHECK_MSG(!strcmp(err.where, "test.cfg:21"), "where: %s", err.where);
+    CHECK_CONTAINS(err.msg, "data.train.transforms.[1]: shuffle: a buffer of 200 elements needs 6800 bytes, more than "
+                            "the 4078 bytes left of the RAM budget of 5200 bytes");
+    s->transform[1].buffer = 100;
     it = open_ok(s);
     loom_iter_close(it);
     free(s);

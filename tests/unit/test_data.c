@@ -1,5 +1,7 @@
 /* test_data.c - the input pipeline: IDX and catalog sources (with their
  * errors), every map op, shuffle against a reference of tf.data's algorithm,
+ * shuffle by index (random-access sources) equal to shuffle by element, element
+ * for element, across buffers, seeds, epochs, repeat and resume,
  * batch/repeat/take/skip, prefetch equivalence, exact save/restore, stats,
  * and a throughput figure on Fashion-MNIST (a TAP comment, not a check).
  * Fixtures are written to a temporary directory at run time.
@@ -7,7 +9,7 @@
  * (for valgrind runs). */
 #include "harness.h"
 #include "test_util.h"
-#include "data/data.h"
+#include "data/data_internal.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -1020,6 +1022,329 @@ static void test_shuffle_epochs_and_seeds(void)
     free(s);
 }
 
+/* ---- shuffle by index ------------------------------------------------------------
+ * The shuffle over a source with random access (get) buffers positions; over
+ * the same source with get hidden it buffers copies of elements. Both must
+ * yield the same elements in the same order, whatever the buffer, seed,
+ * reshuffle, epoch, a repeat after it (or fused with it), and a resume. */
+
+/* The source's ops without get: the same source, read only through next()
+ * (one kind of source at a time has them hidden). */
+static dstage_ops no_get_ops;
+static void hide_get(dstage *src)
+{
+    no_get_ops = *src->ops;
+    no_get_ops.get = NULL;
+    src->ops = &no_get_ops;
+}
+
+/* Opens src (the synthetic or catalog source) and a shuffle of buffer over it
+ * as transform 0 (by index unless hidden), then a repeat of rep when rep != 1
+ * (fused: the shuffle+repeat stage). Returns the last stage; *first the source. */
+static dstage *shuf_chain(const loom_source_spec *src, int64_t buffer, uint64_t seed, bool reshuffle, bool hidden,
+                          int64_t rep, bool fused, dstage **first)
+{
+    static const loom_data_ctx ctx = {.seed = 42, .threads = 1, .name = "data"};
+    loom_err err = {0};
+    dstage *in = NULL, *sh = NULL, *out = NULL;
+    int rc = src->kind == LOOM_SRC_SYNTHETIC ? synthetic_source_open_(&in, src, &ctx, &err)
+                                             : source_open_(&in, src, &err);
+    CHECK_MSG(rc == LOOM_OK, "source: %s", err.msg);
+    if (rc) return NULL;
+    if (hidden) hide_get(in);
+    loom_transform_spec t[2] = {
+        {.kind = LOOM_T_SHUFFLE, .buffer = buffer, .seed = seed, .seed_set = true, .reshuffle = reshuffle},
+        {.kind = LOOM_T_REPEAT, .count = rep},
+    };
+    rc = fused && rep != 1 ? shufrep_open_(&sh, in, 1, t, &ctx, &err) : shuffle_open_(&sh, in, 1, t, &ctx, &err);
+    CHECK_MSG(rc == LOOM_OK, "shuffle: %s", err.msg);
+    if (rc) {
+        in->ops->close(in);
+        return NULL;
+    }
+    out = sh;
+    if (rep != 1 && !fused) {
+        rc = repeat_open_(&out, sh, 2, &t[1], &err);
+        CHECK_MSG(rc == LOOM_OK, "repeat: %s", err.msg);
+        if (rc) out = sh;
+    }
+    *first = in;
+    return out;
+}
+
+static void chain_close(dstage *last)
+{
+    while (last) {
+        dstage *in = last->in;
+        last->ops->close(last);
+        last = in;
+    }
+}
+
+static bool same_elem(const loom_elem *a, const loom_elem *b)
+{
+    if (a->n != b->n) return false;
+    for (int f = 0; f < a->n; f++) {
+        const loom_tensor *x = &a->t[f], *y = &b->t[f];
+        if (x->dtype != y->dtype || !loom_shape_eq(&x->shape, &y->shape) ||
+            memcmp(x->data, y->data, (size_t)loom_shape_numel(&x->shape) * loom_dtype_size(x->dtype)))
+            return false;
+    }
+    return true;
+}
+
+/* Pulls both until both end (at most max); the index of the first difference, or -1. */
+static int64_t first_diff(dstage *a, dstage *b, int64_t max, int64_t *count)
+{
+    loom_err err = {0};
+    int64_t i = 0;
+    for (; i < max; i++) {
+        loom_elem *x, *y;
+        int ra = dstage_next_(a, &x, &err), rb = dstage_next_(b, &y, &err);
+        if (ra != rb) return i;
+        if (ra == LOOM_EEOF) break;
+        if (ra || !same_elem(x, y)) return i;
+    }
+    *count = i;
+    return -1;
+}
+
+static loom_source_spec syn_spec(int64_t count)
+{
+    loom_source_spec src = {.kind = LOOM_SRC_SYNTHETIC, .n_features = 2, .count = count};
+    snprintf(src.feature[0], LOOM_NAME_MAX, "x");
+    snprintf(src.feature[1], LOOM_NAME_MAX, "y");
+    src.syn[0] = (loom_syn_feature){.dtype = LOOM_CFG_U8, .rank = 2, .shape = {3, 2}, .min = 0, .max = 256};
+    src.syn[1] = (loom_syn_feature){.dtype = LOOM_CFG_I64, .rank = 0, .min = 0, .max = 1000000};
+    return src;
+}
+
+static void test_shuffle_by_index(void)
+{
+    loom_err err = {0};
+    loom_source_spec syn = syn_spec(100);
+    int64_t buffers[] = {1, 2, 7, 99, 100, 101, 1000};
+    int cases = 0;
+    for (size_t b = 0; b < sizeof buffers / sizeof buffers[0]; b++)
+        for (uint64_t seed = 1; seed <= 2; seed++)
+            for (int re = 0; re < 2; re++)
+                /* rep 0: shuffle alone; 1: then repeat(3); 2: fused shuffle+repeat(3) */
+                for (int rep = 0; rep < 3; rep++) {
+                    dstage *sa, *sb;
+                    dstage *a = shuf_chain(&syn, buffers[b], seed, re, false, rep ? 3 : 1, rep == 2, &sa);
+                    dstage *e = shuf_chain(&syn, buffers[b], seed, re, true, rep ? 3 : 1, rep == 2, &sb);
+                    if (!a || !e) {
+                        chain_close(a);
+                        chain_close(e);
+                        continue;
+                    }
+                    /* the index shuffle is the shuffle stage itself, or under the repeat */
+                    const dstage *ash = rep == 1 ? a->in : a;
+                    if (rep < 2) {
+                        CHECK(!strcmp(ash->name, "shuffle(indices)") && !strcmp((rep ? e->in : e)->name, "shuffle"));
+                        CHECK(dstage_load_(&ash->st_bytes) == 8 * (buffers[b] < 100 ? buffers[b] : 100));
+                    } else {
+                        CHECK(!strcmp(a->name, "shuffle(indices)+repeat") && !strcmp(e->name, "shuffle+repeat"));
+                    }
+                    for (int64_t epoch = 0; epoch < 3; epoch++) {
+                        CHECK(a->ops->rewind(a, epoch, &err) == LOOM_OK && e->ops->rewind(e, epoch, &err) == LOOM_OK);
+                        int64_t n = 0, d = first_diff(a, e, 1000, &n);
+                        CHECK_MSG(d < 0 && n == (rep ? 300 : 100),
+                                  "buffer %lld seed %llu reshuffle %d repeat %d epoch %lld: element %lld of %lld",
+                                  (long long)buffers[b], (unsigned long long)seed, re, rep, (long long)epoch,
+                                  (long long)d, (long long)n);
+                        cases++;
+                    }
+                    chain_close(a);
+                    chain_close(e);
+                }
+    printf("# synthetic(100): %d passes equal by index and by element\n", cases);
+
+    /* resume mid-pass in index mode: the rest equals the uninterrupted run (and element mode); also
+     * the fused shuffle+repeat(3) (300 elements), its slices of passes 0 and 1 both live at 95 */
+    int64_t at[] = {0, 1, 37, 99, 100, 0, 95, 150, 299};
+    for (size_t k = 0; k < sizeof at / sizeof at[0]; k++) {
+        dstage *sa, *sb, *sc;
+        bool fused = k >= 5;
+        int64_t rep = fused ? 3 : 1, len = 100 * rep;
+        dstage *a = shuf_chain(&syn, 40, 9, true, false, rep, fused, &sa);
+        dstage *e = shuf_chain(&syn, 40, 9, true, true, rep, fused, &sb);
+        dstage *r = shuf_chain(&syn, 40, 9, true, false, rep, fused, &sc);
+        if (a && e && r) {
+            loom_elem *x;
+            a->ops->rewind(a, 1, &err);
+            e->ops->rewind(e, 1, &err);
+            for (int64_t i = 0; i < at[k]; i++) {
+                dstage_next_(a, &x, &err);
+                dstage_next_(e, &x, &err);
+            }
+            loom_buf buf;
+            loom_buf_init(&buf);
+            sa->ops->save(sa, &buf);
+            a->ops->save(a, &buf);
+            loom_buf rb;
+            loom_buf_wrap(&rb, buf.data, buf.len);
+            CHECK(sc->ops->restore(sc, &rb, &err) == LOOM_OK && r->ops->restore(r, &rb, &err) == LOOM_OK);
+            int64_t n = 0, d = first_diff(r, e, 1000, &n);
+            CHECK_MSG(d < 0 && n == len - at[k], "resumed at %lld (fused %d): element %lld differs", (long long)at[k],
+                      fused, (long long)d);
+            /* the next pass too (the source's state stayed valid) */
+            r->ops->rewind(r, 2, &err);
+            e->ops->rewind(e, 2, &err);
+            d = first_diff(r, e, 1000, &n);
+            CHECK(d < 0 && n == len);
+            /* a corrupt position is refused */
+            loom_buf_wrap(&rb, buf.data, buf.len);
+            sc->ops->restore(sc, &rb, &err);
+            size_t off = rb.pos;
+            memset(buf.data + buf.len - 8, 0x7f, 8); /* the last buffered position (or the count, none left) */
+            loom_buf_wrap(&rb, buf.data + off, buf.len - off);
+            CHECK(r->ops->restore(r, &rb, &err) == LOOM_ECHECKPOINT);
+            CHECK_CONTAINS(err.msg, "iterator state is corrupt (shuffle");
+            loom_buf_fini(&buf);
+        }
+        chain_close(a);
+        chain_close(e);
+        chain_close(r);
+    }
+
+    /* take and skip before the shuffle pass random access through: positions 5..72 */
+    int64_t tbuf[] = {1, 10, 68, 100};
+    for (size_t b = 0; b < sizeof tbuf / sizeof tbuf[0]; b++) {
+        static const loom_data_ctx ctx = {.seed = 42, .threads = 1, .name = "data"};
+        loom_transform_spec tt = {.kind = LOOM_T_TAKE, .count = 73}, ts = {.kind = LOOM_T_SKIP, .count = 5};
+        loom_transform_spec sh = {.kind = LOOM_T_SHUFFLE, .buffer = tbuf[b], .seed = 3, .seed_set = true,
+                                  .reshuffle = true};
+        dstage *c[2][4] = {{0}};
+        for (int m = 0; m < 2; m++) {
+            int ok = synthetic_source_open_(&c[m][0], &syn, &ctx, &err) == LOOM_OK;
+            if (ok && m) hide_get(c[m][0]);
+            ok = ok && take_open_(&c[m][1], c[m][0], 1, &tt, &err) == LOOM_OK;
+            ok = ok && skip_open_(&c[m][2], c[m][1], 2, &ts, &err) == LOOM_OK;
+            ok = ok && shuffle_open_(&c[m][3], c[m][2], 3, &sh, &ctx, &err) == LOOM_OK;
+            CHECK_MSG(ok, "open: %s", err.msg);
+        }
+        if (c[0][3] && c[1][3]) {
+            CHECK(!strcmp(c[0][3]->name, "shuffle(indices)") && !strcmp(c[1][3]->name, "shuffle"));
+            for (int64_t epoch = 0; epoch < 2; epoch++) {
+                c[0][3]->ops->rewind(c[0][3], epoch, &err);
+                c[1][3]->ops->rewind(c[1][3], epoch, &err);
+                int64_t n = 0, d = first_diff(c[0][3], c[1][3], 1000, &n);
+                CHECK_MSG(d < 0 && n == 68, "take+skip, buffer %lld epoch %lld: element %lld differs (%lld)",
+                          (long long)tbuf[b], (long long)epoch, (long long)d, (long long)n);
+            }
+        }
+        for (int m = 0; m < 2; m++)
+            for (int k = 3; k >= 0; k--)
+                if (c[m][k]) {
+                    chain_close(c[m][k]);
+                    break;
+                }
+    }
+
+    /* a source with get but an infinite pass buffers elements */
+    loom_source_spec inf = syn_spec(-1);
+    dstage *si, *i = shuf_chain(&inf, 10, 1, true, false, 1, false, &si);
+    if (i) CHECK(!strcmp(i->name, "shuffle"));
+    chain_close(i);
+
+    /* real Fashion-MNIST: buffers below, at and above 60000, two epochs */
+    if (skip_catalog()) return;
+    loom_source_spec cat = {.kind = LOOM_SRC_CATALOG};
+    snprintf(cat.name, sizeof cat.name, "fashion_mnist");
+    snprintf(cat.split, sizeof cat.split, "train");
+    int64_t cbuf[] = {1000, 60000, 100000};
+    for (size_t b = 0; b < sizeof cbuf / sizeof cbuf[0]; b++) {
+        dstage *sa, *sb;
+        dstage *a = shuf_chain(&cat, cbuf[b], 42, true, false, 1, false, &sa);
+        dstage *e = shuf_chain(&cat, cbuf[b], 42, true, true, 1, false, &sb);
+        if (a && e) {
+            CHECK(!strcmp(a->name, "shuffle(indices)"));
+            CHECK(dstage_load_(&a->st_bytes) == 8 * (cbuf[b] < 60000 ? cbuf[b] : 60000));
+            for (int64_t epoch = 0; epoch < 2; epoch++) {
+                a->ops->rewind(a, epoch, &err);
+                e->ops->rewind(e, epoch, &err);
+                int64_t n = 0, d = first_diff(a, e, 70000, &n);
+                CHECK_MSG(d < 0 && n == 60000, "fashion_mnist buffer %lld epoch %lld: element %lld differs",
+                          (long long)cbuf[b], (long long)epoch, (long long)d);
+            }
+            printf("# fashion_mnist shuffle(%lld): 2 epochs equal by index (%lld bytes) and by element (%lld bytes)\n",
+                   (long long)cbuf[b], (long long)dstage_load_(&a->st_bytes), (long long)dstage_load_(&e->st_bytes));
+        }
+        chain_close(a);
+        chain_close(e);
+    }
+}
+
+/* The plan names the index shuffle; a state saved by an element shuffle (an
+ * older build) is refused saying why and what to do. */
+static void test_shuffle_by_index_state(void)
+{
+    if (skip_catalog()) return;
+    loom_dataset_spec *s = spec_new();
+    s->source.kind = LOOM_SRC_CATALOG;
+    snprintf(s->source.name, sizeof s->source.name, "fashion_mnist");
+    snprintf(s->source.split, sizeof s->source.split, "train");
+    add_shuffle(s, 60000, 42, true);
+    add_batch(s, 128, false);
+    loom_iter *it = open_ok(s);
+    if (!it) {
+        free(s);
+        return;
+    }
+    loom_stage_stats st[4];
+    CHECK(loom_iter_stats(it, st, 4) == 3);
+    CHECK(!strcmp(st[1].name, "shuffle(indices)") && st[1].capacity == 60000 && st[1].bytes == 480000);
+    loom_err err = {0};
+    loom_elem *e;
+    CHECK(loom_iter_next(it, &e, &err) == LOOM_OK);
+    CHECK(loom_iter_stats(it, st, 4) == 3 && st[1].buffered == 60000 - 128 && st[0].elements == 128);
+    loom_buf b;
+    loom_buf_init(&b);
+    CHECK(loom_iter_save(it, &b, &err) == LOOM_OK);
+    /* the same state's header with the fingerprint an element shuffle wrote */
+    loom_buf rb;
+    loom_buf_wrap(&rb, b.data, b.len);
+    uint32_t magic = loom_buf_get_u32(&rb), version = loom_buf_get_u32(&rb);
+    char fp[4096], old[4096];
+    loom_buf_get_str(&rb, fp, sizeof fp);
+    const char *p = strstr(fp, "shuffle(indices,");
+    CHECK(p != NULL);
+    if (p) {
+        snprintf(old, sizeof old, "%.*sshuffle(%s", (int)(p - fp), fp, p + strlen("shuffle(indices,"));
+        loom_buf ob;
+        loom_buf_init(&ob);
+        loom_buf_put_u32(&ob, magic);
+        loom_buf_put_u32(&ob, version);
+        loom_buf_put_str(&ob, old);
+        loom_buf_put_i64(&ob, 0);
+        loom_buf wb;
+        loom_buf_wrap(&wb, ob.data, ob.len);
+        CHECK(loom_iter_restore(it, &wb, &err) == LOOM_ECHECKPOINT);
+        CHECK_CONTAINS(err.msg, "iterator state was saved by a shuffle that buffered elements");
+        CHECK_CONTAINS(err.msg, "shuffle(60000,42,1)");
+        CHECK_CONTAINS(err.hint, "--fresh");
+        loom_buf_fini(&ob);
+    }
+    /* the index state itself restores, and the iterator goes on as before */
+    loom_iter *r = open_ok(s);
+    if (r) {
+        loom_buf_wrap(&rb, b.data, b.len);
+        CHECK(loom_iter_restore(r, &rb, &err) == LOOM_OK);
+        loom_elem *x;
+        int same = 1;
+        for (int i = 0; i < 20; i++) {
+            CHECK(loom_iter_next(it, &e, &err) == LOOM_OK && loom_iter_next(r, &x, &err) == LOOM_OK);
+            same &= same_elem(e, x);
+        }
+        CHECK(same);
+        loom_iter_close(r);
+    }
+    loom_buf_fini(&b);
+    loom_iter_close(it);
+    free(s);
+}
+
 /* ---- batch, repeat, take, skip ------------------------------------------------ */
 
 static void test_batch(void)
@@ -1464,6 +1789,8 @@ static const loom_test tests[] = {
     {"map_standardize", test_map_standardize},
     {"shuffle_reference", test_shuffle_reference},
     {"shuffle_epochs_and_seeds", test_shuffle_epochs_and_seeds},
+    {"shuffle_by_index", test_shuffle_by_index},
+    {"shuffle_by_index_state", test_shuffle_by_index_state},
     {"batch", test_batch},
     {"repeat_take_skip", test_repeat_take_skip},
     {"prefetch_same_sequence", test_prefetch_same_sequence},
