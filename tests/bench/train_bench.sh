@@ -16,6 +16,9 @@
 # header and README.md); override with TORCH_MLP_THREADS, TORCH_CNN_THREADS,
 # TORCH_OPENBLAS_THREADS, TORCH_OPENBLAS_CORETYPE (empty: OpenBLAS decides),
 # TORCH_CNN_CHANNELS_LAST (1/0). tests/bench/torch_sweep.sh re-measures them.
+# Both run at their best BLAS kernel: an OPENBLAS_CORETYPE in the environment
+# is dropped for each (Loom then picks it from the CPU's features, OpenBLAS
+# from the CPU model for PyTorch); LOOM_OPENBLAS_CORETYPE sets Loom's.
 # Prints a table, then the raw medians as one JSON line (prefix "json: ").
 set -euo pipefail
 
@@ -34,8 +37,10 @@ TORCH_CNN_THREADS=${TORCH_CNN_THREADS:-2}
 TORCH_OPENBLAS_THREADS=${TORCH_OPENBLAS_THREADS:-2}
 TORCH_OPENBLAS_CORETYPE=${TORCH_OPENBLAS_CORETYPE-}
 TORCH_CNN_CHANNELS_LAST=${TORCH_CNN_CHANNELS_LAST:-1}
+LOOM_ENV=(env -u OPENBLAS_CORETYPE)
+[ -n "${LOOM_OPENBLAS_CORETYPE-}" ] && LOOM_ENV+=(OPENBLAS_CORETYPE="$LOOM_OPENBLAS_CORETYPE")
 
-usage() { sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 while [ $# -gt 0 ]; do
     case "$1" in
     --quick) MODE=quick ;;
@@ -80,7 +85,7 @@ fi
 GEMM=$TMP/gemm.json
 if [ -x "$BUILD/tests/bench/gemm_peak" ]; then
     echo "== gemm_peak" >&2
-    if ! "$BUILD/tests/bench/gemm_peak" -q -r 7 >"$GEMM" 2>"$TMP/gemm.err"; then
+    if ! "${LOOM_ENV[@]}" "$BUILD/tests/bench/gemm_peak" -q -r 7 >"$GEMM" 2>"$TMP/gemm.err"; then
         cat "$TMP/gemm.err" >&2
         echo "train_bench.sh: gemm_peak failed; GEMM-limit fractions left out" >&2
         echo '{}' >"$GEMM"
@@ -95,7 +100,7 @@ run_loom() { # model epochs run
     local m=$1 e=$2 r=$3 dir=$TMP/loom_${1}_$3
     local t0 t1
     t0=$(date +%s.%N)
-    if ! (cd "$ROOT" && "$BUILD/loom" train "configs/fashion_mnist_$m.cfg" --model-dir "$dir" \
+    if ! (cd "$ROOT" && "${LOOM_ENV[@]}" "$BUILD/loom" train "configs/fashion_mnist_$m.cfg" --model-dir "$dir" \
         --set "run.epochs=$e" --set run.progress=none) >"$TMP/loom.out" 2>"$TMP/loom.err"; then
         echo "train_bench.sh: loom train ($m, run $r) failed; its stderr:" >&2
         cat "$TMP/loom.err" >&2
