@@ -10,6 +10,7 @@
 #include "harness.h"
 #include "data/data.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -185,6 +186,32 @@ static inline loom_iter *iter_open_ok(const loom_dataset_spec *s, const loom_dat
     int rc = loom_data_open(&it, s, ctx, &err);
     CHECK_MSG(rc == LOOM_OK, "open: %s: %s (hint: %s)", err.where, err.msg, err.hint);
     return rc == LOOM_OK ? it : NULL;
+}
+
+/* Loads tests/configs/name with overrides and opens its training pipeline on
+ * one thread; on failure returns the code with *err set (a config's first error). */
+static inline int train_pipeline_open(loom_spec **spec, loom_iter **it, const char *name, const char *const *sets,
+                                      int n_sets, loom_err *err)
+{
+    loom_errlist *errs = calloc(1, sizeof *errs);
+    if (!errs) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating an error list");
+    int rc = loom_config_load(spec, cfg_path(name), sets, n_sets, errs);
+    if (rc) *err = errs->e[0];
+    free(errs);
+    if (rc) return rc;
+    loom_data_ctx ctx = {.seed = (*spec)->run.seed, .threads = 1, .name = "train"};
+    return loom_data_open(it, &(*spec)->train, &ctx, err);
+}
+
+/* ||a - b|| / ||a|| in double (||a - b|| when a is all zeros). */
+static inline double rel_diff(const float *a, const float *b, int64_t n)
+{
+    double d = 0, s = 0;
+    for (int64_t i = 0; i < n; i++) {
+        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        s += (double)a[i] * a[i];
+    }
+    return s > 0 ? sqrt(d / s) : sqrt(d);
 }
 
 /* FNV-1a over every feature's dtype, shape and bytes: one number per element to compare sequences. */

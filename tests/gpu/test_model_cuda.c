@@ -42,13 +42,8 @@ static void rig_close(rig *g)
 static int rig_open(rig *g, const char *cfg, const char *const *sets, int n_sets)
 {
     memset(g, 0, sizeof *g);
-    loom_errlist *errs = calloc(1, sizeof *errs);
-    int rc = loom_config_load(&g->spec, cfg_path(cfg), sets, n_sets, errs);
-    if (rc) err = errs->e[0];
-    free(errs);
+    int rc = train_pipeline_open(&g->spec, &g->train, cfg, sets, n_sets, &err);
     if (rc) return rc;
-    loom_data_ctx ctx = {.seed = g->spec->run.seed, .threads = 1, .name = "train"};
-    if ((rc = loom_data_open(&g->train, &g->spec->train, &ctx, &err))) return rc;
     const loom_elem_spec *es = loom_iter_spec(g->train);
     g->args = (loom_strategy_args){.spec = g->spec, .input = es, .input_idx = loom_elem_spec_find(es, "image"),
                                    .label_idx = loom_elem_spec_find(es, "label"), .max_batch = 64};
@@ -66,16 +61,6 @@ static int train(rig *g, int steps, loom_elem **last)
         if (rc || (rc = loom_strategy_train_step(g->s, *last, i, &res, &err))) return rc;
     }
     return LOOM_OK;
-}
-
-static double rel_diff(const float *a, const float *b, int64_t n)
-{
-    double d = 0, s = 0;
-    for (int64_t i = 0; i < n; i++) {
-        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        s += (double)a[i] * a[i];
-    }
-    return s > 0 ? sqrt(d / s) : sqrt(d);
 }
 
 /* The strategy of `sets` natively and on the device under test (extra). */

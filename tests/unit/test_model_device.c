@@ -55,13 +55,8 @@ static int new_model(rig *g, loom_model **m)
 static int rig_open(rig *g, const char *cfg, const char *const *sets, int n_sets)
 {
     memset(g, 0, sizeof *g);
-    loom_errlist *errs = calloc(1, sizeof *errs);
-    int rc = loom_config_load(&g->spec, cfg_path(cfg), sets, n_sets, errs);
-    if (rc) err = errs->e[0];
-    free(errs);
+    int rc = train_pipeline_open(&g->spec, &g->it, cfg, sets, n_sets, &err);
     if (rc) return rc;
-    loom_data_ctx ctx = {.seed = g->spec->run.seed, .threads = 1, .name = "train"};
-    if ((rc = loom_data_open(&g->it, &g->spec->train, &ctx, &err))) return rc;
     g->xi = loom_elem_spec_find(loom_iter_spec(g->it), "image");
     g->yi = loom_elem_spec_find(loom_iter_spec(g->it), "label");
     if ((rc = new_model(g, &g->host)) || (rc = new_model(g, &g->dm))) return rc;
@@ -83,17 +78,6 @@ static loom_elem *next(rig *g)
     if (rc == LOOM_EEOF && !(rc = loom_iter_rewind(g->it, ++g->epoch, &err))) rc = loom_iter_next(g->it, &b, &err);
     CHECK_MSG(rc == LOOM_OK, "%s", err.msg);
     return rc ? NULL : b;
-}
-
-/* ||a - b|| / ||a|| in double. */
-static double rel_diff(const float *a, const float *b, int64_t n)
-{
-    double d = 0, s = 0;
-    for (int64_t i = 0; i < n; i++) {
-        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        s += (double)a[i] * a[i];
-    }
-    return s > 0 ? sqrt(d / s) : sqrt(d);
 }
 
 /* One train step on both paths: gradients, loss and count agree. */

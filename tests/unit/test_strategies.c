@@ -7,6 +7,7 @@
  * predict agree with one_device; a restore reaches every replica; bad devices
  * and ops are refused with the config's file:line. */
 #include "harness.h"
+#include "test_util.h"
 #include "train/train.h"
 
 #include <math.h>
@@ -14,13 +15,6 @@
 
 static loom_err err;
 
-static const char *cfg_file(void)
-{
-    static char p[1024];
-    const char *root = getenv("LOOM_SOURCE_ROOT");
-    snprintf(p, sizeof p, "%s/tests/configs/strategy_mlp.cfg", root ? root : ".");
-    return p;
-}
 
 /* A strategy over the config's training pipeline, as the trainer builds it. */
 typedef struct rig {
@@ -44,17 +38,9 @@ static void rig_close(rig *g)
 static int rig_open(rig *g, const char *const *sets, int n_sets)
 {
     memset(g, 0, sizeof *g);
-    loom_errlist *errs = calloc(1, sizeof *errs);
-    int rc = loom_config_load(&g->spec, cfg_file(), sets, n_sets, errs);
-    if (rc) {
-        err = errs->e[0];
-        free(errs);
-        return rc;
-    }
-    free(errs);
-    loom_data_ctx ctx = {.seed = g->spec->run.seed, .threads = 1, .name = "train"};
-    if ((rc = loom_data_open(&g->train, &g->spec->train, &ctx, &err))) return rc;
-    ctx.name = "eval";
+    int rc = train_pipeline_open(&g->spec, &g->train, "strategy_mlp.cfg", sets, n_sets, &err);
+    if (rc) return rc;
+    loom_data_ctx ctx = {.seed = g->spec->run.seed, .threads = 1, .name = "eval"};
     if ((rc = loom_data_open(&g->eval, &g->spec->eval, &ctx, &err))) return rc;
     const loom_elem_spec *es = loom_iter_spec(g->train);
     g->args.spec = g->spec;
@@ -95,17 +81,6 @@ static int train(rig *g, int steps, double *loss)
 
 static float *params(rig *g) { return loom_model_params(loom_strategy_model(g->s)); }
 static int64_t nparams(rig *g) { return loom_model_num_params(loom_strategy_model(g->s)); }
-
-/* ||a - b|| / ||a|| in double. */
-static double rel_diff(const float *a, const float *b, int64_t n)
-{
-    double d = 0, s = 0;
-    for (int64_t i = 0; i < n; i++) {
-        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        s += (double)a[i] * a[i];
-    }
-    return sqrt(d / s);
-}
 
 /* The weights of one_device after `steps` steps with these overrides. */
 static float *reference(const char *const *sets, int n_sets, int steps)

@@ -6,6 +6,7 @@
 #include "distribute/distribute.h"
 #include "distribute/xops_internal.h"
 #include "harness.h"
+#include "xops_v1.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -428,26 +429,7 @@ static void test_more_ranks_than_cores_sleep(void)
 
 /* ---- a version-1 op (a plugin built before the per-rank entry points) -------- */
 
-/* The layout of a version-1 vtable: no per-rank fields after all_gather. */
-typedef struct v1_ops {
-    uint32_t    version;
-    const char *name;
-    int (*all_reduce)(float *const *bufs, int n, int64_t count, loom_redop op, loom_err *err);
-    int (*broadcast)(float *const *bufs, int n, int64_t count, int root, loom_err *err);
-    int (*all_gather)(float *const *bufs, int n, int64_t count, float *out, loom_err *err);
-} v1_ops;
-
-static int v1_all_reduce(float *const *bufs, int n, int64_t count, loom_redop op, loom_err *err)
-{
-    return op_named("reduce_to_one_device")->all_reduce(bufs, n, count, op, err);
-}
-
-static int v1_broadcast(float *const *bufs, int n, int64_t count, int root, loom_err *err)
-{
-    return op_named("reduce_to_one_device")->broadcast(bufs, n, count, root, err);
-}
-
-static const v1_ops test_v1 = {1, "test_v1", v1_all_reduce, v1_broadcast, NULL};
+static const v1_ops test_v1 = XOPS_V1("test_v1");
 
 static void v1_cases(ranks *g, int r)
 {

@@ -13,6 +13,7 @@
 #include "distribute/distribute.h"
 #include "distribute/xops_internal.h"
 #include "harness.h"
+#include "xops_v1.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -33,25 +34,8 @@ static const loom_cross_device_ops *op_named(const char *name)
 
 /* ---- two ops that are not built in ------------------------------------------- */
 
-static int rto_all_reduce(float *const *bufs, int n, int64_t count, loom_redop op, loom_err *err)
-{
-    return op_named("reduce_to_one_device")->all_reduce(bufs, n, count, op, err);
-}
-
-static int rto_broadcast(float *const *bufs, int n, int64_t count, int root, loom_err *err)
-{
-    return op_named("reduce_to_one_device")->broadcast(bufs, n, count, root, err);
-}
-
-/* Version 1: N-buffer entry points only (the layout ends at all_gather). */
-typedef struct v1_ops {
-    uint32_t    version;
-    const char *name;
-    int (*all_reduce)(float *const *bufs, int n, int64_t count, loom_redop op, loom_err *err);
-    int (*broadcast)(float *const *bufs, int n, int64_t count, int root, loom_err *err);
-    int (*all_gather)(float *const *bufs, int n, int64_t count, float *out, loom_err *err);
-} v1_ops;
-static const v1_ops agree_v1 = {1, "agree_v1", rto_all_reduce, rto_broadcast, NULL};
+/* Version 1: N-buffer entry points only (xops_v1.h). */
+static const v1_ops agree_v1 = XOPS_V1("agree_v1");
 
 /* Version 2 with per-rank entry points of its own, as a plugin's would be:
  * a barrier, rank 0 reduces, the others copy. It records whether it was
@@ -94,7 +78,7 @@ static int own_all_reduce(void *comm, int r, float *buf, int64_t count, loom_red
 {
     own_comm *c = comm;
     own_arrive(c, r, buf, count);
-    if (r == 0) rto_all_reduce(c->bufs, c->n, count, op, err);
+    if (r == 0) v1_all_reduce(c->bufs, c->n, count, op, err);
     pthread_barrier_wait(&c->bar);
     if (r) memcpy(buf, c->bufs[0], (size_t)count * sizeof(float));
     pthread_barrier_wait(&c->bar);
@@ -114,8 +98,8 @@ static int own_broadcast(void *comm, int r, float *buf, int64_t count, int root,
 static const loom_cross_device_ops agree_own = {
     .version = 2,
     .name = "agree_own",
-    .all_reduce = rto_all_reduce,
-    .broadcast = rto_broadcast,
+    .all_reduce = v1_all_reduce,
+    .broadcast = v1_broadcast,
     .comm_new = own_new,
     .comm_free = own_free,
     .all_reduce_rank = own_all_reduce,

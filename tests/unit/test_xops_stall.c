@@ -11,6 +11,7 @@
  * loom_log writes them. */
 #include "distribute/distribute.h"
 #include "harness.h"
+#include "xops_v1.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -22,28 +23,9 @@
 
 static const char *const builtin[] = {"reduce_to_one_device", "hierarchical_copy", "ring", "stall_v1"};
 
-static const loom_cross_device_ops *op_named(const char *name);
-
 /* A version 1 op (N-buffer entry points only): its ranks meet at Loom's
  * generic rendezvous, whose waits are watched too. */
-static int v1_all_reduce(float *const *bufs, int n, int64_t count, loom_redop op, loom_err *err)
-{
-    return op_named("reduce_to_one_device")->all_reduce(bufs, n, count, op, err);
-}
-
-static int v1_broadcast(float *const *bufs, int n, int64_t count, int root, loom_err *err)
-{
-    return op_named("reduce_to_one_device")->broadcast(bufs, n, count, root, err);
-}
-
-typedef struct v1_ops {
-    uint32_t    version;
-    const char *name;
-    int (*all_reduce)(float *const *bufs, int n, int64_t count, loom_redop op, loom_err *err);
-    int (*broadcast)(float *const *bufs, int n, int64_t count, int root, loom_err *err);
-    int (*all_gather)(float *const *bufs, int n, int64_t count, float *out, loom_err *err);
-} v1_ops;
-static const v1_ops stall_v1 = {1, "stall_v1", v1_all_reduce, v1_broadcast, NULL};
+static const v1_ops stall_v1 = XOPS_V1("stall_v1");
 
 static const loom_cross_device_ops *op_named(const char *name)
 {
