@@ -478,6 +478,12 @@ int nn_check_batch_(loom_model *m, const loom_tensor *x, const loom_tensor *labe
     return label ? nn_check_label_(m, label, *B, err) : LOOM_OK;
 }
 
+int nn_loss_error_(const loom_model *m, double loss, int64_t B, loom_err *err)
+{
+    return loom_err_set(err, LOOM_ENUMERIC, m->where, "the loss is %g on a batch of %lld examples", loss, (long long)B),
+           loom_err_hint(err, "lower the learning rate, or check the inputs are scaled (e.g. to [0, 1])");
+}
+
 int nn_check_label_(loom_model *m, const loom_tensor *label, int64_t B, loom_err *err)
 {
     char a[96], b[96];
@@ -687,11 +693,7 @@ int loom_model_train_step(loom_model *m, const loom_tensor *x, const loom_tensor
     double loss;
     run_chunks(m, &j, B, &loss, correct);
     if (loss_sum) *loss_sum = loss;
-    if (!isfinite(loss))
-        return loom_err_set(err, LOOM_ENUMERIC, m->where, "the loss is %g on a batch of %lld examples", loss,
-                            (long long)B),
-               loom_err_hint(err, "lower the learning rate, or check the inputs are scaled (e.g. to [0, 1])");
-    return LOOM_OK;
+    return isfinite(loss) ? LOOM_OK : nn_loss_error_(m, loss, B, err);
 }
 
 /* ---- a train step in parts ------------------------------------------------ */

@@ -349,11 +349,7 @@ static int loss(loom_model_dev *d, const loom_tensor *label, float inv_gb, int g
     }
     if (loss_sum) *loss_sum = l;
     if (correct) *correct = ok;
-    if (!isfinite(l))
-        return loom_err_set(err, LOOM_ENUMERIC, m->where, "the loss is %g on a batch of %lld examples", l,
-                            (long long)B),
-               loom_err_hint(err, "lower the learning rate, or check the inputs are scaled (e.g. to [0, 1])");
-    return LOOM_OK;
+    return isfinite(l) ? LOOM_OK : nn_loss_error_(m, l, B, err);
 }
 
 /* ---- backward ------------------------------------------------------------------ */

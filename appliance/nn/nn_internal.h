@@ -82,6 +82,8 @@ int nn_check_batch_(loom_model *m, const loom_tensor *x, const loom_tensor *labe
 int nn_check_label_(loom_model *m, const loom_tensor *label, int64_t B, loom_err *err);
 /* Sparse labels into m->labels as int32, each checked to be a class (LOOM_EDATA). */
 int nn_read_labels_(loom_model *m, const loom_tensor *label, int64_t B, loom_err *err);
+/* LOOM_ENUMERIC for a training batch of B examples whose loss is not finite, at the model's file:line, with a hint. */
+int nn_loss_error_(const loom_model *m, double loss, int64_t B, loom_err *err);
 
 /* ---- kernels (layers.c) ------------------------------------------------- */
 
