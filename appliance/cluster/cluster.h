@@ -1,0 +1,168 @@
+/* cluster.h - training across processes and machines: the topology (who
+ * plays which task, and where each setting came from), the transport between
+ * tasks (libevent; framed, checksummed, authenticated messages; heartbeats),
+ * and the collectives that synchronous training runs over it.
+ *
+ * A cluster is a set of `loom` processes started with the same config, each
+ * playing one task: chief, worker, ps or evaluator, with an index, as in
+ * TensorFlow's ClusterSpec. Which task a process plays comes from, in this
+ * order: `--task ROLE:I`, TF_CONFIG (as Kubeflow's TFJob sets it), Slurm
+ * (SLURM_PROCID ...), Open MPI / PMIx (OMPI_COMM_WORLD_RANK, PMIX_RANK);
+ * the addresses come from the config's `cluster` section, TF_CONFIG or
+ * Slurm's node list. Everything is resolved and checked before any socket
+ * opens.
+ *
+ * Module order: core, config, tensor, data, nn, script, cluster, distribute,
+ * plugin, train. cluster uses only core and config.
+ *
+ * Threads: a loom_cluster is immutable once resolved. A loom_net runs its
+ * event loop on a thread of its own; its functions may be called from any
+ * one thread at a time (the train thread), except loom_net_lost_peer which
+ * any thread may call. A loom_group belongs to the thread that drives it. */
+#ifndef LOOM_CLUSTER_H
+#define LOOM_CLUSTER_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "config/config.h"
+#include "core/core.h"
+
+/* ---- topology ------------------------------------------------------------ */
+
+typedef enum { LOOM_ROLE_CHIEF, LOOM_ROLE_WORKER, LOOM_ROLE_PS, LOOM_ROLE_EVALUATOR, LOOM_ROLE_COUNT } loom_role;
+
+const char *loom_role_name(loom_role r); /* "chief" */
+/* "worker" -> LOOM_ROLE_WORKER; -1 for an unknown name. */
+int loom_role_parse(const char *name);
+
+#define LOOM_HOST_MAX 256
+
+typedef struct loom_task_addr {
+    loom_role role;
+    int       index;
+    char      host[LOOM_HOST_MAX]; /* as written: a name or a numeric address */
+    int       port;
+} loom_task_addr;
+
+/* Where a resolved fact came from, for `loom check` and for errors. */
+typedef enum {
+    LOOM_FROM_NONE,    /* no cluster: a single process */
+    LOOM_FROM_CONFIG,  /* the config's cluster section (or --set cluster.*) */
+    LOOM_FROM_FLAG,    /* --task */
+    LOOM_FROM_TF_CONFIG,
+    LOOM_FROM_SLURM,
+    LOOM_FROM_MPI,
+    LOOM_FROM_LAUNCH,  /* `loom launch --local` (it sets --task and the addresses) */
+} loom_cluster_from;
+const char *loom_cluster_from_name(loom_cluster_from f); /* "TF_CONFIG" */
+
+typedef struct loom_cluster {
+    int               n_tasks[LOOM_ROLE_COUNT];
+    loom_task_addr   *tasks[LOOM_ROLE_COUNT]; /* tasks[role][index] */
+    loom_cluster_from addrs_from;             /* where the addresses came from */
+    loom_role         role;                   /* this process's task */
+    int               index;
+    loom_cluster_from task_from;              /* where the task came from */
+    /* The tasks that train in lock-step under multi_worker_mirrored, in rank
+     * order: the chief (if any) is rank 0, then worker 0, 1, ... (with no
+     * chief, worker 0 is rank 0 and is the chief). rank = -1 for a task that
+     * is not one of them (ps, evaluator). */
+    int               n_train_ranks;
+    int               rank;
+    /* Settings of the cluster section, defaults filled in. */
+    double            connect_timeout;   /* s: keep retrying a peer this long (default 60) */
+    double            heartbeat_timeout; /* s: a silent peer is lost after this (default 30) */
+    double            heartbeat_interval;/* s: default heartbeat_timeout / 5 */
+    uint8_t           secret[64];        /* from cluster.secret_file or LOOM_CLUSTER_SECRET */
+    size_t            secret_len;        /* 0 = none: loopback only, with a warning */
+    bool              tls;               /* cluster.tls */
+    char              tls_cert[LOOM_PATH_MAX], tls_key[LOOM_PATH_MAX], tls_ca[LOOM_PATH_MAX];
+    bool              insecure;          /* cluster.insecure: allow non-loopback without a secret */
+    /* SHA-256 of the resolved config as loom_config_print prints it, with
+     * the per-task keys excluded (cluster addresses are kept; --task,
+     * model_dir overrides of one task are not), and that text itself, so a
+     * handshake between tasks started with different configs can name the
+     * first setting that differs. */
+    uint8_t           config_digest[32];
+    char             *config_text; /* owned */
+} loom_cluster;
+
+/* Resolves the cluster from the spec's cluster section, task_flag (the
+ * `--task ROLE:I` argument, or NULL) and the environment (envp: NULL = the
+ * process's environ; tests pass their own). A spec with no cluster section
+ * and no cluster environment is a single process: *out = NULL, LOOM_OK.
+ * Errors (LOOM_ECONFIG, naming the config's file:line, the flag or the
+ * variable and, for JSON, the byte offset): unknown role, index out of range,
+ * duplicate address, malformed TF_CONFIG, two sources that disagree, a role
+ * the strategy cannot use, a non-loopback address without a secret (unless
+ * cluster.insecure), an unreadable secret file. Opens no socket.
+ * Free with loom_cluster_free. */
+int  loom_cluster_resolve(loom_cluster **out, const loom_spec *spec, const char *task_flag, char *const *envp,
+                          loom_err *err);
+void loom_cluster_free(loom_cluster *c); /* NULL is a no-op */
+/* "worker:1" into buf. */
+char *loom_task_name(loom_role role, int index, char *buf, size_t n);
+/* The train rank's task (rank in [0, n_train_ranks)). */
+const loom_task_addr *loom_cluster_rank_task(const loom_cluster *c, int rank);
+/* `loom check`: the resolved cluster, this process's task and where each came from. */
+void loom_cluster_print(const loom_cluster *c, FILE *f);
+
+/* ---- transport ----------------------------------------------------------- */
+
+/* Message types: the transport's own (below 16) and its users'. */
+enum {
+    LOOM_MSG_HELLO = 1,     /* handshake (challenge, response, config digest) */
+    LOOM_MSG_HEARTBEAT = 2,
+    LOOM_MSG_BYE = 3,       /* a task leaving on purpose (with a reason) */
+    LOOM_MSG_USER = 16,     /* first type free for users (collectives, ps RPCs) */
+};
+
+typedef struct loom_net loom_net;
+
+/* Opens this task's listener on its address, then connects to every task in
+ * peers (a list of (role, index)), retrying with back-off up to
+ * connect_timeout; every connection proves the shared secret (HMAC-SHA256
+ * challenge-response) and compares config digests; a mismatch is refused on
+ * both sides naming the first differing setting. A peer that never comes
+ * is LOOM_ETIMEOUT naming it. Starts heartbeats. */
+typedef struct loom_net_peer { loom_role role; int index; } loom_net_peer;
+int  loom_net_open(loom_net **out, const loom_cluster *c, const loom_net_peer *peers, int n_peers, loom_err *err);
+void loom_net_close(loom_net *n); /* says BYE to every peer; NULL is a no-op */
+/* Sends one message (copied; returns once queued) to peer p (an index into
+ * the peers given to loom_net_open). */
+int  loom_net_send(loom_net *n, int p, uint32_t type, const void *buf, size_t len, loom_err *err);
+/* Waits up to timeout_s (< 0: forever, still ended by a lost peer) for the
+ * next message of a type in [type_lo, type_hi] from peer p (p = -1: any
+ * peer; *from gets which). The message is in *msg (reset first). A lost
+ * peer ends the wait with LOOM_ENET naming it and what it last did. */
+int  loom_net_recv(loom_net *n, int p, uint32_t type_lo, uint32_t type_hi, int *from, uint32_t *type, loom_buf *msg,
+                   double timeout_s, loom_err *err);
+/* Whether a peer was declared lost (heartbeat timeout, closed connection);
+ * -1 when none, else its index, with a message naming it in err. */
+int  loom_net_lost_peer(loom_net *n, loom_err *err);
+
+/* ---- collectives among the training ranks ------------------------------- */
+
+/* The n_train_ranks tasks of a cluster, for synchronous training. Every rank
+ * calls the same collectives in the same order with the same sizes; a
+ * mismatch is LOOM_EUSAGE on every rank naming both, a lost rank is
+ * LOOM_ENET naming it, a wait longer than collective_timeout (0 = none) is
+ * LOOM_ETIMEOUT with a report of which ranks have not arrived and what each
+ * last entered. All results are bit-identical on every rank. */
+typedef struct loom_group loom_group;
+int  loom_group_open(loom_group **out, const loom_cluster *c, double collective_timeout, loom_err *err);
+void loom_group_close(loom_group *g); /* NULL is a no-op */
+int  loom_group_rank(const loom_group *g);
+int  loom_group_size(const loom_group *g);
+/* buf (count floats) becomes the elementwise SUM over the ranks (chunked,
+ * pipelined ring: reduce-scatter + all-gather). */
+int  loom_group_all_reduce(loom_group *g, float *buf, int64_t count, loom_err *err);
+/* root's len bytes are copied into every other rank's buf. */
+int  loom_group_broadcast(loom_group *g, void *buf, size_t len, int root, loom_err *err);
+/* Every rank's bytes (lengths may differ) gathered at every rank, in rank
+ * order: out[r] for r < size, each reset first and freed by the caller. */
+int  loom_group_all_gather_bytes(loom_group *g, const void *buf, size_t len, loom_buf *out, loom_err *err);
+int  loom_group_barrier(loom_group *g, loom_err *err);
+
+#endif
