@@ -36,6 +36,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define LOOM_PLUGIN_ABI_VERSION 1
 
@@ -68,6 +69,8 @@ typedef struct loom_err {
 } loom_err;
 
 typedef enum { LOOM_LOG_DEBUG, LOOM_LOG_INFO, LOOM_LOG_WARN, LOOM_LOG_ERROR } loom_log_level;
+
+typedef struct loom_buf loom_buf; /* Loom's byte buffer (iterator states); opaque here */
 #endif
 
 #ifndef LOOM_TENSOR_H
@@ -109,6 +112,13 @@ typedef struct loom_elem {
     int         n;
     loom_tensor t[LOOM_MAX_FEATURES];
 } loom_elem;
+
+/* Which of several input pipelines is built (tf.distribute.InputContext). */
+typedef struct loom_input_ctx {
+    int num_input_pipelines;  /* pipelines (workers) of the run; 0 = 1 */
+    int input_pipeline_id;    /* this one, 0 .. num_input_pipelines - 1 */
+    int num_replicas_in_sync; /* replicas over all workers; 0 = 1 */
+} loom_input_ctx;
 #endif
 
 #ifndef LOOM_DATA_CUSTOM_H
@@ -263,6 +273,9 @@ typedef struct loom_strategy_args {
     int                   input_idx;  /* index of model.input in the element */
     int                   label_idx;  /* index of model.label */
     int64_t               max_batch;  /* the largest global batch */
+    /* appended */
+    const struct loom_cluster *cluster; /* a job across processes (appliance/cluster/cluster.h); NULL: one process */
+    bool                  plan_only;  /* `loom check`: build, print the plan, open no socket */
 } loom_strategy_args;
 
 /* Result of one step, summed over replicas. */
@@ -309,8 +322,21 @@ typedef struct loom_strategy_ops {
                       loom_step_result *per_replica, loom_err *err);
     /* Replica r's model, whose gradient buffer a custom step may change (clipping). */
     loom_model *(*replica)(loom_strategy *s, int r);
+    /* ---- version 2 (appended; read only when version >= 2; each optional,
+     * see appliance/distribute/distribute.h): the strategy describes itself. ---- */
+    unsigned caps; /* LOOM_STRATEGY_OWN_THREADS: BLAS runs single-threaded under it */
+    void (*print_plan)(loom_strategy *s, int64_t global_batch, FILE *f);      /* `loom check` */
+    void (*where)(loom_strategy *s, char *buf, size_t n);                     /* for the log */
+    int  (*input_context)(const loom_strategy_args *a, loom_input_ctx *ctx, loom_err *err); /* before open */
+    bool (*is_chief)(loom_strategy *s); /* writes checkpoints, metrics, the log's progress */
+    int  (*gather_iter_state)(loom_strategy *s, const loom_buf *mine, loom_buf *stored, loom_err *err);
+    int  (*pick_iter_state)(loom_strategy *s, const loom_buf *stored, loom_buf *mine, loom_err *err);
+    void (*request_stop)(loom_strategy *s);
+    bool (*stop_agreed)(loom_strategy *s);
+    int  (*end_of_data)(loom_strategy *s, int64_t step, loom_step_result *out, bool *all_ended, loom_err *err);
 } loom_strategy_ops;
-#define LOOM_STRATEGY_OPS_VERSION 1
+#define LOOM_STRATEGY_OPS_VERSION 2 /* version 1 (without the appended fields) still registers */
+#define LOOM_STRATEGY_OWN_THREADS 1u
 
 /* The instance Loom passes to every strategy function. */
 struct loom_strategy {

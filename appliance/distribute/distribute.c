@@ -1,5 +1,6 @@
-/* distribute.c - the strategy and cross-device-ops registries and the
- * one_device strategy (the built-in cross-device ops are in xops.c). */
+/* distribute.c - the strategy and cross-device-ops registries and the thin
+ * wrappers over their vtables (the built-in strategies are in one_device.c,
+ * mirrored.c and multi_worker.c, the built-in cross-device ops in xops.c). */
 #include "distribute.h"
 #include "mirrored_internal.h"
 #include "placement_internal.h"
@@ -14,9 +15,9 @@ static int distribute_inited;
  * plugin's and a built-in's are found the same way. origin: NULL = built-in. */
 int loom_register_strategy_from(const loom_strategy_ops *ops, const char *origin, loom_err *err)
 {
-    if (ops->version != LOOM_STRATEGY_OPS_VERSION)
+    if (ops->version < 1 || ops->version > LOOM_STRATEGY_OPS_VERSION)
         return loom_err_set(err, LOOM_EPLUGIN, origin ? origin : ops->name,
-                            "strategy \"%s\": ops version %u, this build speaks %u", ops->name, ops->version,
+                            "strategy \"%s\": ops version %u, this build speaks 1 to %u", ops->name, ops->version,
                             LOOM_STRATEGY_OPS_VERSION);
     return loom_registry_add(LOOM_REG_STRATEGY, ops->name, ops, origin, err);
 }
@@ -74,168 +75,13 @@ int loom_all_reduce(const loom_cross_device_ops *x, float *const *bufs, int n, i
     return x->all_reduce(bufs, n, count, op, err);
 }
 
-/* ---- one_device ------------------------------------------------------------ */
-
-/* On a device backend (strategy.device = "gpu:N", or device_backend =
- * "cpu"), the model's steps run through an executor (nn.h), the host model
- * keeping the variables and the optimizer: parameters are uploaded after
- * every update and restore. */
-typedef struct one_device {
-    loom_model      *model;
-    loom_optimizer  *opt;
-    uint64_t         seed;
-    loom_placement_  place;
-    loom_model_dev  *dev; /* NULL: nn's host code */
-} one_device;
-
-static int od_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
-{
-    const loom_spec *spec = a->spec;
-    if (spec->strategy.device[0] != 'g' && strcmp(spec->strategy.device, "cpu:0") != 0) {
-        char w[600];
-        return loom_err_set(err, LOOM_ECONFIG, loom_loc_str(&spec->strategy.loc, w, sizeof w),
-                            "strategy.device: device \"%s\" does not exist", spec->strategy.device),
-               loom_err_hint(err, "this machine has: cpu:0");
-    }
-    one_device *od = loom_calloc(1, sizeof *od);
-    if (!od) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the one_device strategy");
-    s->impl = od;
-    od->seed = spec->run.seed;
-    const loom_strategy_spec *st = &spec->strategy;
-    int rc = loom_place_devices_(st, &st->device, 1, &st->device_loc, &od->place, err);
-    if (rc) return rc;
-    const loom_elem_spec *in = a->input;
-    loom_shape x = in->shape[a->input_idx], y = in->shape[a->label_idx];
-    /* per-example shapes: drop the batch dimension */
-    loom_shape xe = loom_shape_make(x.rank - 1, x.dim + 1), ye = loom_shape_make(y.rank - 1, y.dim + 1);
-    rc = loom_model_new(&od->model, &spec->model, &xe, in->dtype[a->input_idx], &ye, in->dtype[a->label_idx],
-                        a->max_batch, err);
-    if (rc) return rc;
-    /* run.threads (0 = all cores) become the model's intra-op threads */
-    if ((rc = loom_model_set_threads(od->model, spec->run.threads, err))) return rc;
-    loom_model_init_params(od->model, spec->run.seed);
-    if (od->place.ops &&
-        (rc = loom_model_dev_open(&od->dev, od->model, od->place.ops, loom_place_index_(&od->place, 0), err)))
-        return rc;
-    rc = loom_optimizer_new(&od->opt, &spec->optimizer, loom_model_num_params(od->model), err);
-    if (!rc) loom_optimizer_set_pool(od->opt, loom_model_pool(od->model)); /* the update runs on the same threads */
-    return rc;
-}
-
-static void od_close(loom_strategy *s)
-{
-    one_device *od = s->impl;
-    if (!od) return;
-    loom_model_dev_close(od->dev);
-    loom_model_free(od->model);
-    loom_optimizer_free(od->opt);
-    loom_free(od);
-}
-
-/* The update on the host, then (on a device) the new parameters to it. */
-static int od_apply(one_device *od, int64_t step, loom_err *err)
-{
-    loom_optimizer_apply(od->opt, loom_model_params(od->model), loom_model_grads(od->model), step);
-    return od->dev ? loom_model_dev_upload_params(od->dev, err) : LOOM_OK;
-}
-
-static int od_train_step(loom_strategy *s, const loom_elem *batch, int64_t step, loom_step_result *out, loom_err *err)
-{
-    one_device *od = s->impl;
-    const loom_tensor *x = &batch->t[s->args->input_idx], *y = &batch->t[s->args->label_idx];
-    int64_t B = x->shape.dim[0];
-    out->examples = B;
-    uint64_t key = loom_rng_mix(od->seed, (uint64_t)step);
-    int rc = od->dev ? loom_model_dev_train_step(od->dev, x, y, B, key, &out->loss_sum, &out->correct, err)
-                     : loom_model_train_step(od->model, x, y, B, key, &out->loss_sum, &out->correct, err);
-    if (rc) return rc;
-    return od_apply(od, step, err);
-}
-
-static int od_eval_step(loom_strategy *s, const loom_elem *batch, loom_step_result *out, loom_err *err)
-{
-    one_device *od = s->impl;
-    const loom_tensor *x = &batch->t[s->args->input_idx], *y = &batch->t[s->args->label_idx];
-    out->examples = x->shape.dim[0];
-    if (od->dev) return loom_model_dev_evaluate(od->dev, x, y, &out->loss_sum, &out->correct, err);
-    return loom_model_evaluate(od->model, x, y, &out->loss_sum, &out->correct, err);
-}
-
-static int od_predict(loom_strategy *s, const loom_elem *batch, float *out, loom_err *err)
-{
-    one_device *od = s->impl;
-    const loom_tensor *x = &batch->t[s->args->input_idx];
-    return od->dev ? loom_model_dev_predict(od->dev, x, out, err) : loom_model_predict(od->model, x, out, err);
-}
-
-static int od_step_part(loom_strategy *s, loom_step_part part, const loom_elem *batch, int64_t step,
-                        loom_step_result *per_replica, loom_err *err)
-{
-    one_device *od = s->impl;
-    const loom_tensor *x = batch ? &batch->t[s->args->input_idx] : NULL, *y = batch ? &batch->t[s->args->label_idx] : NULL;
-    uint64_t key = loom_rng_mix(od->seed, (uint64_t)step);
-    loom_step_result *r = per_replica;
-    switch (part) {
-    case LOOM_PART_FORWARD:
-        return od->dev ? loom_model_dev_forward(od->dev, x, key, err) : loom_model_forward(od->model, x, key, err);
-    case LOOM_PART_LOSS:
-        r->examples = y->shape.dim[0];
-        if (od->dev) return loom_model_dev_loss(od->dev, y, r->examples, &r->loss_sum, &r->correct, err);
-        return loom_model_loss(od->model, y, r->examples, &r->loss_sum, &r->correct, err);
-    case LOOM_PART_BACKWARD: /* on a device, the gradients are downloaded into the model's buffer */
-        return od->dev ? loom_model_dev_backward(od->dev, err) : loom_model_backward(od->model, err);
-    case LOOM_PART_ALL_REDUCE: return LOOM_OK; /* one replica */
-    case LOOM_PART_APPLY: return od_apply(od, step, err);
-    }
-    return loom_err_set(err, LOOM_EUSAGE, NULL, "unknown step part %d", (int)part);
-}
-
-static loom_model *od_replica(loom_strategy *s, int r) { return r == 0 ? ((one_device *)s->impl)->model : NULL; }
-
-static loom_model *od_model(loom_strategy *s) { return ((one_device *)s->impl)->model; }
-static loom_optimizer *od_optimizer(loom_strategy *s) { return ((one_device *)s->impl)->opt; }
-/* After a restore of the host variables: the device's copy. */
-static int od_sync(loom_strategy *s, loom_err *err)
-{
-    one_device *od = s->impl;
-    return od->dev ? loom_model_dev_upload_params(od->dev, err) : LOOM_OK;
-}
-static int od_num_replicas(loom_strategy *s) { (void)s; return 1; }
-
-static const loom_strategy_ops one_device_ops = {
-    .version = LOOM_STRATEGY_OPS_VERSION,
-    .name = "one_device",
-    .open = od_open,
-    .close = od_close,
-    .train_step = od_train_step,
-    .eval_step = od_eval_step,
-    .predict = od_predict,
-    .model = od_model,
-    .optimizer = od_optimizer,
-    .sync = od_sync,
-    .num_replicas = od_num_replicas,
-    .step_part = od_step_part,
-    .replica = od_replica,
-};
-
-int loom_strategy_print_plan(loom_strategy *s, int64_t global_batch, FILE *f)
-{
-    if (s->ops != &one_device_ops) return loom_replicated_print_plan_(s, global_batch, f);
-    const one_device *od = s->impl;
-    char what[200];
-    fprintf(f, "strategy: one_device on %s, 1 replica, global batch %lld, per-replica batch %lld, no cross-device "
-            "reduction\n", s->args->spec->strategy.device, (long long)global_batch, (long long)global_batch);
-    fprintf(f, "  compute: %s\n", loom_place_describe_(&od->place, what, sizeof what));
-    return 1;
-}
-
 /* ---- registry setup and wrappers ------------------------------------------ */
 
 int loom_distribute_init(loom_err *err)
 {
     if (distribute_inited) return LOOM_OK;
     int rc = loom_xops_register_builtins_(err);
-    if (!rc) rc = loom_register_strategy(&one_device_ops, err);
+    if (!rc) rc = loom_register_strategy(loom_one_device_ops_(), err);
     if (!rc) rc = loom_replicated_register_(err);
     if (!rc) distribute_inited = 1;
     return rc;
@@ -333,7 +179,7 @@ int loom_strategy_open(loom_strategy **out, const loom_strategy_args *a, loom_er
         loom_free(s);
         return unknown_xops(&a->spec->strategy, xname, err);
     }
-    int builtin = ops == &one_device_ops || loom_replicated_owns_(ops);
+    int builtin = ops == loom_one_device_ops_() || loom_replicated_owns_(ops);
     if (s->xops && (rc = check_xops_memory(&a->spec->strategy, s->xops, builtin, err))) {
         loom_free(s);
         return rc;
@@ -381,4 +227,89 @@ int loom_strategy_step_part(loom_strategy *s, loom_step_part part, const loom_el
                             loom_step_result *per_replica, loom_err *err)
 {
     return s->ops->step_part(s, part, batch, step, per_replica, err);
+}
+
+/* ---- the strategies' descriptions of themselves (version 2) ------------------- */
+
+#define V2(s, f) ((s)->ops->version >= 2 && (s)->ops->f)
+
+unsigned loom_strategy_caps(const loom_strategy *s) { return s->ops->version >= 2 ? s->ops->caps : 0; }
+
+int loom_strategy_blas_threads(const loom_spec *spec)
+{
+    loom_err err;
+    if (loom_distribute_init(&err)) return spec->run.threads;
+    const loom_strategy_ops *ops = loom_find_strategy(spec->strategy.name);
+    return ops && ops->version >= 2 && (ops->caps & LOOM_STRATEGY_OWN_THREADS) ? 1 : spec->run.threads;
+}
+
+void loom_strategy_print_plan(loom_strategy *s, int64_t global_batch, FILE *f)
+{
+    if (V2(s, print_plan)) {
+        s->ops->print_plan(s, global_batch, f);
+        return;
+    }
+    const char *origin = NULL;
+    loom_registry_find(LOOM_REG_STRATEGY, s->ops->name, &origin);
+    const loom_strategy_spec *st = &s->args->spec->strategy;
+    fprintf(f, "strategy: %s%s%s%s, %d replica%s, global batch %lld, cross-device op %s\n", s->ops->name,
+            origin ? " (from " : "", origin ? origin : "", origin ? ")" : "", loom_strategy_num_replicas(s),
+            loom_strategy_num_replicas(s) == 1 ? "" : "s", (long long)global_batch,
+            s->xops ? s->xops->name : st->cross_device_ops[0] ? st->cross_device_ops : "none");
+}
+
+char *loom_strategy_where(loom_strategy *s, char *buf, size_t n)
+{
+    if (V2(s, where))
+        s->ops->where(s, buf, n);
+    else
+        snprintf(buf, n, "%d %s replica%s, each", loom_strategy_num_replicas(s), s->ops->name,
+                 loom_strategy_num_replicas(s) == 1 ? "" : "s");
+    return buf;
+}
+
+int loom_strategy_input_context(const loom_strategy_args *a, loom_input_ctx *ctx, loom_err *err)
+{
+    memset(ctx, 0, sizeof *ctx);
+    int rc = loom_distribute_init(err);
+    if (rc) return rc;
+    const loom_strategy_ops *ops = loom_find_strategy(a->spec->strategy.name);
+    if (!ops || ops->version < 2 || !ops->input_context) return LOOM_OK; /* an unknown name fails at open */
+    return ops->input_context(a, ctx, err);
+}
+
+bool loom_strategy_is_chief(loom_strategy *s) { return V2(s, is_chief) ? s->ops->is_chief(s) : true; }
+
+static int buf_copy(const loom_buf *src, loom_buf *dst, loom_err *err)
+{
+    loom_buf_init(dst);
+    loom_buf_put(dst, src->data, src->len);
+    return dst->failed ? loom_err_set(err, LOOM_ENOMEM, NULL, "copying an iterator state of %zu bytes", src->len)
+                       : LOOM_OK;
+}
+
+int loom_strategy_gather_iter_state(loom_strategy *s, const loom_buf *mine, loom_buf *stored, loom_err *err)
+{
+    return V2(s, gather_iter_state) ? s->ops->gather_iter_state(s, mine, stored, err) : buf_copy(mine, stored, err);
+}
+
+int loom_strategy_pick_iter_state(loom_strategy *s, const loom_buf *stored, loom_buf *mine, loom_err *err)
+{
+    return V2(s, pick_iter_state) ? s->ops->pick_iter_state(s, stored, mine, err) : buf_copy(stored, mine, err);
+}
+
+bool loom_strategy_request_stop(loom_strategy *s)
+{
+    if (!V2(s, request_stop)) return false;
+    s->ops->request_stop(s);
+    return true;
+}
+
+bool loom_strategy_stop_agreed(loom_strategy *s) { return V2(s, stop_agreed) && s->ops->stop_agreed(s); }
+
+int loom_strategy_end_of_data(loom_strategy *s, int64_t step, loom_step_result *out, bool *all_ended, loom_err *err)
+{
+    *all_ended = true;
+    memset(out, 0, sizeof *out);
+    return V2(s, end_of_data) ? s->ops->end_of_data(s, step, out, all_ended, err) : LOOM_OK;
 }

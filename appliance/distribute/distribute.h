@@ -16,6 +16,7 @@
 #ifndef LOOM_DISTRIBUTE_H
 #define LOOM_DISTRIBUTE_H
 
+#include "cluster/cluster.h"
 #include "data/data.h"
 #include "nn/nn.h"
 
@@ -157,6 +158,9 @@ typedef struct loom_strategy_args {
     int                   input_idx;  /* index of model.input in the element */
     int                   label_idx;  /* index of model.label */
     int64_t               max_batch;  /* the largest global batch */
+    /* ---- appended (plugins built against the first layout never read them) ---- */
+    const loom_cluster   *cluster;    /* the resolved cluster of a job across processes; NULL: one process */
+    bool                  plan_only;  /* `loom check`: build the replicas, print the plan, open no socket */
 } loom_strategy_args;
 
 /* Result of one step, summed over replicas. */
@@ -199,8 +203,45 @@ typedef struct loom_strategy_ops {
                       loom_step_result *per_replica, loom_err *err);
     /* Replica r's model, whose gradient buffer a custom step may change (clipping). */
     loom_model *(*replica)(loom_strategy *s, int r);
+    /* ---- version 2 (appended; read only when version >= 2): the strategy
+     * describes itself, so the trainer treats every strategy alike. Each is
+     * optional; NULL gives the behaviour of one process. ---- */
+    unsigned caps; /* LOOM_STRATEGY_* below */
+    /* `loom check`: the plan (replicas, devices, per-replica batches, the
+     * reductions) for a global batch, into f. NULL: one generic line. */
+    void (*print_plan)(loom_strategy *s, int64_t global_batch, FILE *f);
+    /* Where the replicas run, for the log's "training N parameters on ..."
+     * line: "cpu:0", "2 mirrored replicas, each". NULL: "N <name> replicas, each". */
+    void (*where)(loom_strategy *s, char *buf, size_t n);
+    /* Called before open (the input pipelines are built first, with it):
+     * this task's input pipeline among the job's. NULL: the only one. */
+    int  (*input_context)(const loom_strategy_args *a, loom_input_ctx *ctx, loom_err *err);
+    /* Whether this task writes the job's checkpoints, metrics.jsonl and the
+     * log's progress lines (and evaluates). NULL: yes. */
+    bool (*is_chief)(loom_strategy *s);
+    /* Checkpoints: mine (this task's training-iterator state) into the blob
+     * the checkpoint stores (every task's, gathered: a collective, every task
+     * calls it at the same step). NULL: mine as it is. */
+    int  (*gather_iter_state)(loom_strategy *s, const loom_buf *mine, loom_buf *stored, loom_err *err);
+    /* Resuming: this task's state out of the stored blob (reset first);
+     * one written by another number of tasks is LOOM_ECHECKPOINT. NULL: the blob as it is. */
+    int  (*pick_iter_state)(loom_strategy *s, const loom_buf *stored, loom_buf *mine, loom_err *err);
+    /* A stop request on this task (SIGTERM, SIGINT): the next train_step (or
+     * end_of_data) carries it to every task, and each reports it in its
+     * result's stop flag, so all stop after the same step. NULL: the
+     * request concerns this process only. */
+    void (*request_stop)(loom_strategy *s);
+    bool (*stop_agreed)(loom_strategy *s); /* the last step carried a stop request of some task */
+    /* This task's training input ended for the epoch. The tasks agree:
+     * *all_ended when every task's ended (the epoch ends), else a step ran
+     * in which this task contributed no examples (out holds the step's
+     * result; its update was applied). NULL: *all_ended = true. */
+    int  (*end_of_data)(loom_strategy *s, int64_t step, loom_step_result *out, bool *all_ended, loom_err *err);
 } loom_strategy_ops;
-#define LOOM_STRATEGY_OPS_VERSION 1
+#define LOOM_STRATEGY_OPS_VERSION 2
+/* caps: the strategy runs its replicas on threads of its own sized from
+ * run.threads, so BLAS runs single-threaded under it (else BLAS gets run.threads). */
+#define LOOM_STRATEGY_OWN_THREADS 1u
 
 struct loom_strategy {
     const loom_strategy_ops     *ops;
@@ -244,12 +285,30 @@ int  loom_strategy_step_part(loom_strategy *s, loom_step_part part, const loom_e
                              loom_step_result *per_replica, loom_err *err);
 loom_model *loom_strategy_replica(loom_strategy *s, int r);
 
-/* For `loom check`: prints the plan of a built-in strategy (one_device,
- * mirrored, central_storage) for a global batch: replicas, devices, threads,
- * what computes (nn's host code or a device backend), per-replica batches,
- * the cross-device op and its packs, the bytes reduced per step. Returns 1
- * when it printed, 0 for any other strategy. */
-int loom_strategy_print_plan(loom_strategy *s, int64_t global_batch, FILE *f);
+/* For `loom check`: the strategy's plan for a global batch: replicas,
+ * devices, threads, what computes (nn's host code or a device backend),
+ * per-replica batches, the cross-device op and its packs, the bytes reduced
+ * per step (a strategy without print_plan: one line naming it, its origin
+ * and replicas). */
+void loom_strategy_print_plan(loom_strategy *s, int64_t global_batch, FILE *f);
+/* The version-2 descriptions (see loom_strategy_ops), with their defaults
+ * for strategies that leave them NULL (or speak version 1). */
+unsigned loom_strategy_caps(const loom_strategy *s);
+/* BLAS threads for the strategy the spec names (before it opens): 1 when it
+ * has LOOM_STRATEGY_OWN_THREADS, else run.threads. */
+int  loom_strategy_blas_threads(const loom_spec *spec);
+char *loom_strategy_where(loom_strategy *s, char *buf, size_t n);
+/* The input context of the strategy a->spec names, before it opens; zero
+ * (the only pipeline) for strategies without one. */
+int  loom_strategy_input_context(const loom_strategy_args *a, loom_input_ctx *ctx, loom_err *err);
+bool loom_strategy_is_chief(loom_strategy *s);
+int  loom_strategy_gather_iter_state(loom_strategy *s, const loom_buf *mine, loom_buf *stored, loom_err *err);
+int  loom_strategy_pick_iter_state(loom_strategy *s, const loom_buf *stored, loom_buf *mine, loom_err *err);
+/* Returns whether the strategy carries the request to the other tasks (then
+ * the trainer keeps stepping until stop_agreed); false: stop now. */
+bool loom_strategy_request_stop(loom_strategy *s);
+bool loom_strategy_stop_agreed(loom_strategy *s);
+int  loom_strategy_end_of_data(loom_strategy *s, int64_t step, loom_step_result *out, bool *all_ended, loom_err *err);
 
 /* Generic all-reduce over n buffers with a cross-device op (n == 1 is a no-op). */
 int loom_all_reduce(const loom_cross_device_ops *x, float *const *bufs, int n, int64_t count, loom_redop op,

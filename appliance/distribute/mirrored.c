@@ -703,46 +703,6 @@ static int rep_sync(loom_strategy *s, loom_err *err)
     return LOOM_OK;
 }
 
-static const loom_strategy_ops mirrored_ops = {
-    .version = LOOM_STRATEGY_OPS_VERSION,
-    .name = "mirrored",
-    .open = mirrored_open,
-    .close = rep_close,
-    .train_step = rep_train_step,
-    .eval_step = rep_eval_step,
-    .predict = rep_predict,
-    .model = rep_model,
-    .optimizer = rep_optimizer,
-    .sync = rep_sync,
-    .num_replicas = rep_num_replicas,
-    .step_part = rep_step_part,
-    .replica = rep_replica,
-};
-
-static const loom_strategy_ops central_storage_ops = {
-    .version = LOOM_STRATEGY_OPS_VERSION,
-    .name = "central_storage",
-    .open = central_open,
-    .close = rep_close,
-    .train_step = rep_train_step,
-    .eval_step = rep_eval_step,
-    .predict = rep_predict,
-    .model = rep_model,
-    .optimizer = rep_optimizer,
-    .sync = rep_sync,
-    .num_replicas = rep_num_replicas,
-    .step_part = rep_step_part,
-    .replica = rep_replica,
-};
-
-int loom_replicated_owns_(const loom_strategy_ops *ops) { return ops == &mirrored_ops || ops == &central_storage_ops; }
-
-int loom_replicated_register_(loom_err *err)
-{
-    int rc = loom_register_strategy(&mirrored_ops, err);
-    return rc ? rc : loom_register_strategy(&central_storage_ops, err);
-}
-
 /* ---- the plan, for `loom check` ------------------------------------------------- */
 
 static void print_bytes(FILE *f, int64_t b)
@@ -768,9 +728,8 @@ static void print_shares(FILE *f, const replicated *m, int64_t b)
     }
 }
 
-int loom_replicated_print_plan_(loom_strategy *s, int64_t global_batch, FILE *f)
+static void rep_print_plan(loom_strategy *s, int64_t global_batch, FILE *f)
 {
-    if (!loom_replicated_owns_(s->ops)) return 0;
     const replicated *m = s->impl;
     const loom_model *m0 = m->rep[0].model;
     fprintf(f, "strategy: %s, %d replica%s on ", kind_name(m), m->n, m->n == 1 ? "" : "s");
@@ -799,7 +758,7 @@ int loom_replicated_print_plan_(loom_strategy *s, int64_t global_batch, FILE *f)
         fprintf(f, " each), the update applied once, and ");
         print_bytes(f, bytes * (m->n - 1));
         fprintf(f, " of variables copied to the other replicas\n");
-        return 1;
+        return;
     }
     fprintf(f, "  cross-device op: %s; %d pack%s (", s->xops ? s->xops->name : "none", m->n_packs,
             m->n_packs == 1 ? "" : "s");
@@ -817,5 +776,57 @@ int loom_replicated_print_plan_(loom_strategy *s, int64_t global_batch, FILE *f)
                                        : "reduce-scattered";
     fprintf(f, " per replica (SUM of the gradients, %s); each replica updates its 1/%d of the variables, which "
             "are then all-gathered\n", how, m->n);
-    return 1;
 }
+
+static void rep_where(loom_strategy *s, char *buf, size_t n)
+{
+    const replicated *m = s->impl;
+    snprintf(buf, n, "%d %s replica%s, each", m->n, kind_name(m), m->n == 1 ? "" : "s");
+}
+
+static const loom_strategy_ops mirrored_ops = {
+    .version = LOOM_STRATEGY_OPS_VERSION,
+    .name = "mirrored",
+    .open = mirrored_open,
+    .close = rep_close,
+    .train_step = rep_train_step,
+    .eval_step = rep_eval_step,
+    .predict = rep_predict,
+    .model = rep_model,
+    .optimizer = rep_optimizer,
+    .sync = rep_sync,
+    .num_replicas = rep_num_replicas,
+    .step_part = rep_step_part,
+    .replica = rep_replica,
+    .caps = LOOM_STRATEGY_OWN_THREADS,
+    .print_plan = rep_print_plan,
+    .where = rep_where,
+};
+
+static const loom_strategy_ops central_storage_ops = {
+    .version = LOOM_STRATEGY_OPS_VERSION,
+    .name = "central_storage",
+    .open = central_open,
+    .close = rep_close,
+    .train_step = rep_train_step,
+    .eval_step = rep_eval_step,
+    .predict = rep_predict,
+    .model = rep_model,
+    .optimizer = rep_optimizer,
+    .sync = rep_sync,
+    .num_replicas = rep_num_replicas,
+    .step_part = rep_step_part,
+    .replica = rep_replica,
+    .caps = LOOM_STRATEGY_OWN_THREADS,
+    .print_plan = rep_print_plan,
+    .where = rep_where,
+};
+
+int loom_replicated_owns_(const loom_strategy_ops *ops) { return ops == &mirrored_ops || ops == &central_storage_ops; }
+
+int loom_replicated_register_(loom_err *err)
+{
+    int rc = loom_register_strategy(&mirrored_ops, err);
+    return rc ? rc : loom_register_strategy(&central_storage_ops, err);
+}
+

@@ -9,7 +9,7 @@
 int loom_replicated_register_(loom_err *err);
 /* Whether ops is mirrored's or central_storage's. */
 int loom_replicated_owns_(const loom_strategy_ops *ops);
-/* loom_strategy_print_plan for mirrored and central_storage; 0 for any other strategy. */
-int loom_replicated_print_plan_(loom_strategy *s, int64_t global_batch, FILE *f);
+/* The one_device strategy's vtable (one_device.c). */
+const loom_strategy_ops *loom_one_device_ops_(void);
 
 #endif

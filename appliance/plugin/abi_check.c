@@ -14,6 +14,7 @@
 #define loom_strategy_args            abi_loom_strategy_args
 #define loom_step_result              abi_loom_step_result
 #define loom_strategy_ops             abi_loom_strategy_ops
+#define loom_input_ctx                abi_loom_input_ctx
 #define loom_step_part                abi_loom_step_part
 #define loom_device                   abi_loom_device
 #define loom_dev_act                  abi_loom_dev_act
@@ -84,7 +85,8 @@
 #define LOOM_PART_ALL_REDUCE ABI_LOOM_PART_ALL_REDUCE
 #define LOOM_PART_APPLY      ABI_LOOM_PART_APPLY
 #include "loom_plugin.h"
-enum { ABI_XOPS_VERSION = LOOM_CROSS_DEVICE_OPS_VERSION, ABI_STRATEGY_VERSION = LOOM_STRATEGY_OPS_VERSION };
+enum { ABI_XOPS_VERSION = LOOM_CROSS_DEVICE_OPS_VERSION, ABI_STRATEGY_VERSION = LOOM_STRATEGY_OPS_VERSION,
+       ABI_STRATEGY_OWN_THREADS = LOOM_STRATEGY_OWN_THREADS };
 enum { ABI_XOPS_HOST_MEM = LOOM_XOPS_HOST_MEM, ABI_XOPS_DEVICE_MEM = LOOM_XOPS_DEVICE_MEM };
 enum { ABI_DEVICE_VERSION = LOOM_DEVICE_OPS_VERSION };
 enum { ABI_CUSTOM_VERSION = LOOM_CUSTOM_OPS_VERSION, ABI_SOURCE_VERSION = LOOM_SOURCE_OPS_VERSION,
@@ -140,6 +142,8 @@ enum { ABI_CUSTOM_VERSION = LOOM_CUSTOM_OPS_VERSION, ABI_SOURCE_VERSION = LOOM_S
 #undef loom_strategy_args
 #undef loom_step_result
 #undef loom_strategy_ops
+#undef loom_input_ctx
+#undef LOOM_STRATEGY_OWN_THREADS
 #undef loom_step_part
 #undef LOOM_CROSS_DEVICE_OPS_VERSION
 #undef LOOM_XOPS_HOST_MEM
@@ -201,6 +205,7 @@ _Static_assert(ABI_XOPS_VERSION == LOOM_CROSS_DEVICE_OPS_VERSION, "cross-device 
 _Static_assert(ABI_XOPS_HOST_MEM == LOOM_XOPS_HOST_MEM && ABI_XOPS_DEVICE_MEM == LOOM_XOPS_DEVICE_MEM,
                "cross-device ops memory caps");
 _Static_assert(ABI_STRATEGY_VERSION == LOOM_STRATEGY_OPS_VERSION, "strategy ops version");
+_Static_assert(ABI_STRATEGY_OWN_THREADS == LOOM_STRATEGY_OWN_THREADS, "strategy caps");
 
 /* Same size, and each member at the same offset with the same size. */
 #define SAME_SIZE_(T) _Static_assert(sizeof(abi_##T) == sizeof(T), "size of " #T);
@@ -233,6 +238,13 @@ SAME_FIELD_(loom_strategy_args, input)
 SAME_FIELD_(loom_strategy_args, input_idx)
 SAME_FIELD_(loom_strategy_args, label_idx)
 SAME_FIELD_(loom_strategy_args, max_batch)
+SAME_FIELD_(loom_strategy_args, cluster)
+SAME_FIELD_(loom_strategy_args, plan_only)
+
+SAME_SIZE_(loom_input_ctx)
+SAME_FIELD_(loom_input_ctx, num_input_pipelines)
+SAME_FIELD_(loom_input_ctx, input_pipeline_id)
+SAME_FIELD_(loom_input_ctx, num_replicas_in_sync)
 
 SAME_SIZE_(loom_step_result)
 SAME_FIELD_(loom_step_result, loss_sum)
@@ -253,6 +265,16 @@ SAME_FIELD_(loom_strategy_ops, sync)
 SAME_FIELD_(loom_strategy_ops, num_replicas)
 SAME_FIELD_(loom_strategy_ops, step_part)
 SAME_FIELD_(loom_strategy_ops, replica)
+SAME_FIELD_(loom_strategy_ops, caps)
+SAME_FIELD_(loom_strategy_ops, print_plan)
+SAME_FIELD_(loom_strategy_ops, where)
+SAME_FIELD_(loom_strategy_ops, input_context)
+SAME_FIELD_(loom_strategy_ops, is_chief)
+SAME_FIELD_(loom_strategy_ops, gather_iter_state)
+SAME_FIELD_(loom_strategy_ops, pick_iter_state)
+SAME_FIELD_(loom_strategy_ops, request_stop)
+SAME_FIELD_(loom_strategy_ops, stop_agreed)
+SAME_FIELD_(loom_strategy_ops, end_of_data)
 
 SAME_SIZE_(loom_strategy)
 SAME_FIELD_(loom_strategy, ops)

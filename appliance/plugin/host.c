@@ -67,8 +67,8 @@ static int h_register_strategy(const loom_strategy_ops *ops, const char *const *
 {
     if (!ops) return loom_err_set(err, LOOM_EPLUGIN, NULL, "register_strategy(NULL)");
     const char *name = ops->name ? ops->name : "?";
-    if (ops->version != LOOM_STRATEGY_OPS_VERSION)
-        return loom_err_set(err, LOOM_EPLUGIN, NULL, "strategy \"%s\": version %u, this loom speaks %u", name,
+    if (ops->version < 1 || ops->version > LOOM_STRATEGY_OPS_VERSION)
+        return loom_err_set(err, LOOM_EPLUGIN, NULL, "strategy \"%s\": version %u, this loom speaks 1 to %u", name,
                             ops->version, LOOM_STRATEGY_OPS_VERSION);
     if (!ops->open || !ops->close || !ops->train_step || !ops->eval_step || !ops->predict || !ops->model ||
         !ops->optimizer || !ops->sync || !ops->num_replicas)

@@ -104,11 +104,12 @@ static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool n
     memset(r, 0, sizeof *r);
     r->spec = spec;
     snprintf(r->model_dir, sizeof r->model_dir, "%s", model_dir ? model_dir : spec->run.model_dir);
-    /* one_device spends run.threads on the model's own threads (intra-op data
-     * parallelism, measured faster than BLAS threads on these small GEMMs),
-     * each calling single-threaded BLAS, so the cores are never oversubscribed;
-     * mirrored and central_storage share them out among their replicas */
-    int rc = loom_blas_init(spec->strategy.kind == LOOM_STRAT_PLUGIN ? spec->run.threads : 1, err);
+    /* the built-in strategies spend run.threads on their replicas' own
+     * threads (intra-op data parallelism, measured faster than BLAS threads
+     * on these small GEMMs), each calling single-threaded BLAS, so the cores
+     * are never oversubscribed (LOOM_STRATEGY_OWN_THREADS); a plugin's
+     * strategy without that cap gives BLAS run.threads */
+    int rc = loom_blas_init(loom_strategy_blas_threads(spec), err);
     if (rc) return rc;
     char w[600];
     if (need_eval && !spec->eval.present)
@@ -209,17 +210,6 @@ static void json_num(FILE *f, const char *key, double v, int first)
         fprintf(f, "%s\"%s\": %.9g", first ? "" : ", ", key, v);
     else
         fprintf(f, "%s\"%s\": null", first ? "" : ", ", key);
-}
-
-/* "cpu:0", or "2 mirrored replicas, each", for the log. */
-static const char *strategy_where(const loom_spec *spec, loom_strategy *s, char *buf, size_t n)
-{
-    if (spec->strategy.kind == LOOM_STRAT_ONE_DEVICE)
-        snprintf(buf, n, "%s", spec->strategy.device);
-    else
-        snprintf(buf, n, "%d %s replica%s, each", loom_strategy_num_replicas(s), spec->strategy.name,
-                 loom_strategy_num_replicas(s) == 1 ? "" : "s");
-    return buf;
 }
 
 static volatile sig_atomic_t stop_signal;
@@ -377,7 +367,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
     char where[96];
     loom_info("training %lld parameters on %s, %d thread%s; BLAS %s (%s), %d thread%s each; model_dir %s",
               (long long)loom_model_num_params(model),
-              strategy_where(spec, r.strat, where, sizeof where), loom_model_threads(model),
+              loom_strategy_where(r.strat, where, sizeof where), loom_model_threads(model),
               loom_model_threads(model) == 1 ? "" : "s", loom_blas_core(), loom_blas_core_reason(), loom_blas_threads(),
               loom_blas_threads() == 1 ? "" : "s", r.model_dir);
 
@@ -831,16 +821,7 @@ int loom_check(const loom_spec *spec, FILE *f, loom_err *err)
         fprintf(f, "optimizer: %s, learning rate %g at step 0\n",
                 spec->optimizer.kind == LOOM_OPT_SGD ? "sgd" : spec->optimizer.kind == LOOM_OPT_MOMENTUM ? "momentum" : "adam",
                 loom_optimizer_lr(loom_strategy_optimizer(r.strat), 0));
-        int64_t gb = batch_size_of(&spec->train);
-        const char *origin = NULL;
-        if (spec->strategy.kind == LOOM_STRAT_PLUGIN && loom_registry_find(LOOM_REG_STRATEGY, spec->strategy.name, &origin))
-            fprintf(f, "strategy: %s (from %s), %d replicas, global batch %lld, cross-device op %s\n",
-                    spec->strategy.name, origin, loom_strategy_num_replicas(r.strat), (long long)gb,
-                    spec->strategy.cross_device_ops);
-        else if (!loom_strategy_print_plan(r.strat, gb, f))
-            fprintf(f, "strategy: %s on %s, %d replica, global batch %lld, per-replica batch %lld, no cross-device "
-                    "reduction\n", loom_strategy_kind_name(spec->strategy.kind), spec->strategy.device,
-                    loom_strategy_num_replicas(r.strat), (long long)gb, (long long)gb);
+        loom_strategy_print_plan(r.strat, batch_size_of(&spec->train), f);
         fprintf(f, "compute: %d thread%s; BLAS %s (%s), %d thread%s each\n", loom_model_threads(m),
                 loom_model_threads(m) == 1 ? "" : "s", loom_blas_core(), loom_blas_core_reason(), loom_blas_threads(),
                 loom_blas_threads() == 1 ? "" : "s");
