@@ -58,6 +58,8 @@ const char *loom_cfg_name_(const char *const *names, int i)
 const char *loom_layer_kind_name(loom_layer_kind k) { return loom_cfg_name_(loom_layer_names_, (int)k); }
 const char *loom_activation_name(loom_activation a) { return loom_cfg_name_(loom_activation_names_, (int)a); }
 const char *loom_strategy_kind_name(loom_strategy_kind k) { return loom_cfg_name_(loom_strategy_names_, (int)k); }
+static const char *const loom_communication_names_[] = {"auto", "ring", "nccl", NULL};
+const char *loom_communication_name(loom_communication c) { return loom_cfg_name_(loom_communication_names_, (int)c); }
 const char *loom_map_kind_name(loom_map_kind k) { return loom_cfg_name_(loom_map_names_, (int)k); }
 const char *loom_transform_kind_name(loom_transform_kind k) { return loom_cfg_name_(loom_transform_names_, (int)k); }
 
@@ -607,23 +609,26 @@ static const opt schedule_opts[] = {
     O_END,
 };
 
-#define STRAT_REPLICATED (K(LOOM_STRAT_MIRRORED) | K(LOOM_STRAT_CENTRAL_STORAGE) | K(LOOM_STRAT_PLUGIN))
+#define STRAT_MWM K(LOOM_STRAT_MULTI_WORKER_MIRRORED)
+#define STRAT_REPLICATED (K(LOOM_STRAT_MIRRORED) | K(LOOM_STRAT_CENTRAL_STORAGE) | K(LOOM_STRAT_PLUGIN) | STRAT_MWM)
 static const opt strategy_opts[] = {
     O_KIND(loom_strategy_spec, "type", kind, LOOM_STRAT_ONE_DEVICE, loom_strategy_names_, 0, "strategy"),
     O_INT(loom_strategy_spec, "replicas", replicas, 1, 1, 64, STRAT_REPLICATED, 0,
           "replicas cpu:0..cpu:N-1; mirrored, central_storage: default one per core"),
-    O_CUSTOM("devices", parse_strategy_devices, K(LOOM_STRAT_MIRRORED) | K(LOOM_STRAT_CENTRAL_STORAGE), 0,
+    O_CUSTOM("devices", parse_strategy_devices, K(LOOM_STRAT_MIRRORED) | K(LOOM_STRAT_CENTRAL_STORAGE) | STRAT_MWM, 0,
              "[\"cpu:0\", \"cpu:1\"], one replica each; or [\"gpu:*\"]"),
     O_STR(loom_strategy_spec, "cross_device_ops", cross_device_ops, "reduce_to_one_device", NULL,
-          K(LOOM_STRAT_MIRRORED) | K(LOOM_STRAT_CENTRAL_STORAGE) | K(LOOM_STRAT_PLUGIN), 0,
+          K(LOOM_STRAT_MIRRORED) | K(LOOM_STRAT_CENTRAL_STORAGE) | K(LOOM_STRAT_PLUGIN) | STRAT_MWM, 0,
           "cross-device op by name, built in or from a plugin"),
-    O_INT(loom_strategy_spec, "bytes_per_pack", bytes_per_pack, 0, 0, INT64_MAX, K(LOOM_STRAT_MIRRORED), 0,
+    O_INT(loom_strategy_spec, "bytes_per_pack", bytes_per_pack, 0, 0, INT64_MAX, K(LOOM_STRAT_MIRRORED) | STRAT_MWM, 0,
           "all-reduce gradients in packs of at least N bytes, last layers first; 0 = one pack"),
-    O_INT(loom_strategy_spec, "num_packs", num_packs, 1, 0, 4096, K(LOOM_STRAT_MIRRORED), 0,
+    O_INT(loom_strategy_spec, "num_packs", num_packs, 1, 0, 4096, K(LOOM_STRAT_MIRRORED) | STRAT_MWM, 0,
           "all-reduce gradients in N equal packs; 0 = one per parameter tensor"),
     O_F64(loom_strategy_spec, "collective_timeout", collective_timeout, 0, 0.0, 0, F_NO_HI,
-          K(LOOM_STRAT_MIRRORED) | K(LOOM_STRAT_CENTRAL_STORAGE), 0,
+          K(LOOM_STRAT_MIRRORED) | K(LOOM_STRAT_CENTRAL_STORAGE) | STRAT_MWM, 0,
           "seconds a replica waits in a collective before the step fails with a stall report; 0 = forever"),
+    O_ENUM(loom_strategy_spec, "communication", communication, LOOM_COMM_AUTO, loom_communication_names_, STRAT_MWM, 0,
+           "how gradients cross workers: \"ring\" (the cluster transport), \"nccl\", \"auto\" (ring on CPU)"),
     O_CUSTOM("options", parse_strategy_options, K(LOOM_STRAT_PLUGIN), 0,
              "a plugin strategy's own settings: KEY = value; ..."),
     O_STR(loom_strategy_spec, "device", device, "cpu:0", NULL, K(LOOM_STRAT_ONE_DEVICE), 0, "\"cpu:0\" or \"gpu:N\""),
@@ -2192,13 +2197,13 @@ static void parse_strategy(ctx *c, const config_setting_t *root, loom_strategy_s
         parse_opts(c, g, strategy_opts, k, st);
         scope sc = {strategy_opts, k, NULL};
         check_keys(c, g, &sc, 1);
-        if (k == LOOM_STRAT_MULTI_WORKER_MIRRORED || k == LOOM_STRAT_PARAMETER_SERVER) {
+        if (k == LOOM_STRAT_PARAMETER_SERVER) {
             loom_err *e = cerr(c, t, "strategy \"%s\" is not supported yet (supported: one_device, mirrored, "
-                               "central_storage)", loom_strategy_names_[k]);
+                               "central_storage, multi_worker_mirrored)", loom_strategy_names_[k]);
             if (e) loom_err_hint(e, "use type = \"mirrored\"; for several replicas on this machine");
         }
         const config_setting_t *np = config_setting_get_member(g, "num_packs");
-        if (np && st->bytes_per_pack > 0 && k == LOOM_STRAT_MIRRORED) {
+        if (np && st->bytes_per_pack > 0 && (k == LOOM_STRAT_MIRRORED || k == LOOM_STRAT_MULTI_WORKER_MIRRORED)) {
             loom_err *e = cerr(c, np, "num_packs and bytes_per_pack both set; they are two ways to pack gradients");
             if (e) loom_err_hint(e, "keep one: bytes_per_pack (packs of at least N bytes) or num_packs (N packs)");
         }
@@ -2210,12 +2215,18 @@ static void parse_strategy(ctx *c, const config_setting_t *root, loom_strategy_s
             cerr(c, d, "unknown device \"%s\" (expected \"cpu:0\" or \"gpu:N\")", st->device);
         if (d) loc_of(c, d, &st->device_loc);
         else st->device_loc = st->loc;
+        const config_setting_t *cm = config_setting_get_member(g, "communication");
+        if (cm) loc_of(c, cm, &st->communication_loc);
+        else st->communication_loc = st->loc;
         const config_setting_t *db = config_setting_get_member(g, "device_backend");
         if (db) loc_of(c, db, &st->device_backend_loc);
         else st->device_backend_loc = st->loc;
     }
-    if (g && (st->kind == LOOM_STRAT_MIRRORED || st->kind == LOOM_STRAT_CENTRAL_STORAGE)) {
+    if (g && (st->kind == LOOM_STRAT_MIRRORED || st->kind == LOOM_STRAT_CENTRAL_STORAGE ||
+              st->kind == LOOM_STRAT_MULTI_WORKER_MIRRORED)) {
         resolve_replicas(c, g, st);
+        /* multi_worker_mirrored: one replica per worker unless told (TF: one per GPU, else the CPU) */
+        if (st->kind == LOOM_STRAT_MULTI_WORKER_MIRRORED && !st->devices_listed && st->replicas == 0) st->replicas = 1;
         snprintf(st->name, sizeof st->name, "%s", loom_strategy_kind_name(st->kind));
         return;
     }

@@ -344,6 +344,10 @@ typedef enum { LOOM_STRAT_ONE_DEVICE, LOOM_STRAT_MIRRORED, LOOM_STRAT_CENTRAL_ST
 
 #define LOOM_MAX_STRATEGY_OPTIONS 16
 
+/* multi_worker_mirrored: how gradients cross workers (tf CommunicationImplementation). */
+typedef enum { LOOM_COMM_AUTO, LOOM_COMM_RING, LOOM_COMM_NCCL } loom_communication;
+const char *loom_communication_name(loom_communication c); /* "ring" */
+
 typedef struct loom_strategy_spec {
     loom_strategy_kind kind;
     loom_loc           loc;
@@ -378,6 +382,9 @@ typedef struct loom_strategy_spec {
     char               option_key[LOOM_MAX_STRATEGY_OPTIONS][LOOM_NAME_MAX];
     char               option_value[LOOM_MAX_STRATEGY_OPTIONS][LOOM_NAME_MAX];
     int                option_line[LOOM_MAX_STRATEGY_OPTIONS]; /* in loc.file; 0 for --set */
+    /* multi_worker_mirrored: the reduction across workers ("auto" = the ring on CPU) */
+    loom_communication communication;
+    loom_loc           communication_loc;
 } loom_strategy_spec;
 
 /* ---- plugins ------------------------------------------------------------- */

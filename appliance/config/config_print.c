@@ -408,7 +408,8 @@ static void print_replicated_strategy(FILE *f, const loom_strategy_spec *st)
     } else if (st->replicas > 0) {
         kv_i64(f, 1, "replicas", st->replicas);
     }
-    if (st->kind == LOOM_STRAT_MIRRORED) {
+    if (st->kind == LOOM_STRAT_MULTI_WORKER_MIRRORED) kv_str(f, 1, "communication", loom_communication_name(st->communication));
+    if (st->kind == LOOM_STRAT_MIRRORED || st->kind == LOOM_STRAT_MULTI_WORKER_MIRRORED) {
         kv_str(f, 1, "cross_device_ops", st->cross_device_ops);
         if (st->bytes_per_pack > 0)
             kv_i64(f, 1, "bytes_per_pack", st->bytes_per_pack);
@@ -611,7 +612,8 @@ void loom_config_print(const loom_spec *s, FILE *f)
     kv_str(f, 1, "type", s->strategy.name);
     if (s->strategy.kind == LOOM_STRAT_ONE_DEVICE) kv_str(f, 1, "device", s->strategy.device);
     if (s->strategy.kind == LOOM_STRAT_PLUGIN) print_plugin_strategy(f, &s->strategy);
-    if (s->strategy.kind == LOOM_STRAT_MIRRORED || s->strategy.kind == LOOM_STRAT_CENTRAL_STORAGE)
+    if (s->strategy.kind == LOOM_STRAT_MIRRORED || s->strategy.kind == LOOM_STRAT_CENTRAL_STORAGE ||
+        s->strategy.kind == LOOM_STRAT_MULTI_WORKER_MIRRORED)
         print_replicated_strategy(f, &s->strategy);
     if (s->strategy.device_backend[0]) kv_str(f, 1, "device_backend", s->strategy.device_backend);
     fputs("};\n\nrun: {\n", f);

@@ -71,7 +71,7 @@ typedef struct replica {
     loom_err         reduce_err;
 } __attribute__((aligned(64))) replica;
 
-enum { JOB_TRAIN, JOB_EVAL, JOB_PREDICT, JOB_PART };
+enum { JOB_TRAIN, JOB_EVAL, JOB_PREDICT, JOB_PART, JOB_GRADS, JOB_APPLY };
 
 typedef struct replicated {
     int          central;   /* central_storage, else mirrored */
@@ -96,6 +96,12 @@ typedef struct replicated {
     float       *out;       /* predict: (B, classes) */
     int64_t      classes;
     loom_step_part part;
+    /* multi_worker_mirrored (loom_replicated_grads_ / _apply_): the losses'
+     * divisor (the job's global batch), replica 0's index among the job's
+     * replicas (dropout keys), and the gradients to apply (the job's sum) */
+    int64_t      loss_div;
+    int          rank0;
+    const float *ext_grads;
 } replicated;
 
 static int input_idx(const loom_strategy *s) { return s->args->input_idx; }
@@ -309,9 +315,12 @@ static int refresh(replicated *m, int r)
     return m->rep[r].dev ? loom_model_dev_upload_params(m->rep[r].dev, &m->rep[r].err) : LOOM_OK;
 }
 
+/* Replica r's dropout key: the job's replica index (rank0 + r) keys it, so
+ * replica k of a multi-worker job draws the mask of replica k in one process. */
 static uint64_t rng_key(const replicated *m, int r)
 {
     uint64_t k = loom_rng_mix(m->seed, (uint64_t)m->step);
+    r += m->rank0;
     return r == 0 ? k : loom_rng_mix(k, (uint64_t)r);
 }
 
@@ -517,6 +526,23 @@ static void replica_item(void *arg, int r)
     case JOB_PART:
         rp->rc = step_part_item(s, m, r);
         break;
+    case JOB_GRADS: { /* multi-worker: gradients, summed locally into every replica's buffer */
+        rp->rc = replica_grads(s, m, r);
+        loom_err rerr;
+        if ((rp->reduce_rc = reduce_packs(m, r, loom_model_grads(rp->model), &rerr))) rp->reduce_err = rerr;
+        break;
+    }
+    case JOB_APPLY: { /* multi-worker: the job's summed gradients, shard by shard */
+        int64_t lo = 0, hi = m->P;
+        if (m->comm) loom_xcomm_shard(m->comm, r, m->P, &lo, &hi);
+        loom_optimizer_apply_range(m->rep[0].opt, loom_model_pool(rp->model), loom_model_params(rp->model),
+                                   m->ext_grads, m->step, lo, hi);
+        loom_err rerr;
+        int gc = mirrored_gather(m, r, &rerr);
+        if (!gc && rp->dev) gc = loom_model_dev_upload_params(rp->dev, &rerr);
+        if (gc) rp->reduce_rc = gc, rp->reduce_err = rerr;
+        break;
+    }
     }
     if (frc && !rp->rc) rp->rc = frc;
 }
@@ -528,7 +554,7 @@ static int run_job(loom_strategy *s, int job, const loom_elem *batch, loom_err *
     replicated *m = s->impl;
     m->job = job;
     if (batch) {
-        m->global_batch = batch->t[input_idx(s)].shape.dim[0];
+        m->global_batch = m->loss_div > 0 ? m->loss_div : batch->t[input_idx(s)].shape.dim[0];
         int64_t row0 = 0;
         for (int r = 0; r < m->n; r++) {
             int rc = loom_batch_split(batch, m->n, r, &m->rep[r].share, err);
@@ -830,3 +856,49 @@ int loom_replicated_register_(loom_err *err)
     return rc ? rc : loom_register_strategy(&central_storage_ops, err);
 }
 
+
+/* ---- the local half of multi_worker_mirrored (mirrored_internal.h) ------------------ */
+
+int loom_replicated_open_(loom_strategy *s, const loom_strategy_args *a, int rank0, int64_t loss_div, loom_err *err)
+{
+    int rc = rep_open(s, a, 0, err);
+    if (rc) return rc;
+    replicated *m = s->impl;
+    m->rank0 = rank0;
+    m->loss_div = loss_div;
+    if (m->dev_reduce)
+        return loom_err_set(err, LOOM_EUNSUPPORTED, NULL, "multi_worker_mirrored reduces host memory only: \"%s\" "
+                            "works on device memory", s->xops->name),
+               loom_err_hint(err, "use strategy.communication = \"ring\" and cpu replicas");
+    return LOOM_OK;
+}
+
+int loom_replicated_grads_(loom_strategy *s, const loom_elem *batch, int64_t step, loom_step_result *out, loom_err *err)
+{
+    replicated *m = s->impl;
+    m->step = step;
+    memset(out, 0, sizeof *out);
+    if (!batch) { /* this worker has no examples in this step: a zero gradient */
+        memset(loom_model_grads(m->rep[0].model), 0, (size_t)m->P * sizeof(float));
+        return LOOM_OK;
+    }
+    int rc = run_job(s, JOB_GRADS, batch, err);
+    sum_results(m, out);
+    return rc;
+}
+
+float *loom_replicated_grads0_(loom_strategy *s) { return loom_model_grads(((replicated *)s->impl)->rep[0].model); }
+
+int64_t loom_replicated_num_params_(loom_strategy *s) { return ((replicated *)s->impl)->P; }
+
+int loom_replicated_apply_(loom_strategy *s, const float *grads, int64_t step, loom_err *err)
+{
+    replicated *m = s->impl;
+    m->step = step;
+    m->ext_grads = grads;
+    int rc = run_job(s, JOB_APPLY, NULL, err);
+    m->ext_grads = NULL;
+    return rc;
+}
+
+const loom_strategy_ops *loom_mirrored_ops_(void) { return &mirrored_ops; }

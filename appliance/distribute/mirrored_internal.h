@@ -9,7 +9,24 @@
 int loom_replicated_register_(loom_err *err);
 /* Whether ops is mirrored's or central_storage's. */
 int loom_replicated_owns_(const loom_strategy_ops *ops);
-/* The one_device strategy's vtable (one_device.c). */
+/* The one_device and multi_worker_mirrored vtables (one_device.c, multi_worker.c). */
 const loom_strategy_ops *loom_one_device_ops_(void);
+const loom_strategy_ops *loom_multi_worker_ops_(void);
+
+/* The mirrored machinery that multi_worker_mirrored runs on each worker:
+ * open mirrored's replicas (rank0: the index of this worker's replica 0 among
+ * the job's replicas, for dropout keys; loss_div: the job's global batch,
+ * the divisor of every replica's summed losses); one step's gradients,
+ * summed over this worker's replicas into replica 0's buffer (batch NULL:
+ * this worker has no examples: zero); the update of every replica with the
+ * job's summed gradients (P floats, read only). The other functions of the
+ * vtable are mirrored's (loom_mirrored_ops_). */
+const loom_strategy_ops *loom_mirrored_ops_(void);
+int    loom_replicated_open_(loom_strategy *s, const loom_strategy_args *a, int rank0, int64_t loss_div, loom_err *err);
+int    loom_replicated_grads_(loom_strategy *s, const loom_elem *batch, int64_t step, loom_step_result *out,
+                              loom_err *err);
+float *loom_replicated_grads0_(loom_strategy *s);
+int64_t loom_replicated_num_params_(loom_strategy *s);
+int    loom_replicated_apply_(loom_strategy *s, const float *grads, int64_t step, loom_err *err);
 
 #endif
