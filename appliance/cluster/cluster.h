@@ -86,6 +86,12 @@ typedef struct loom_cluster {
      * first setting that differs. */
     uint8_t           config_digest[32];
     char             *config_text; /* owned */
+    /* For `loom check` and messages: where exactly each fact came from,
+     * e.g. "configs/x.cfg:20", "TF_CONFIG", "SLURM_STEP_NODELIST=node[01-02]";
+     * "--task worker:1", "SLURM_PROCID=3"; "cluster.secret_file (/etc/loom/secret)". */
+    char              addrs_detail[LOOM_PATH_MAX];
+    char              task_detail[LOOM_PATH_MAX];
+    char              secret_from[LOOM_PATH_MAX + 32]; /* "" when there is no secret */
 } loom_cluster;
 
 /* Resolves the cluster from the spec's cluster section, task_flag (the
