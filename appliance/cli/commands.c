@@ -167,7 +167,7 @@ static int cmd_check(const cli_opts *o, double start, loom_err *err)
         loom_config_print(spec, stdout);
     } else if (!rc) {
         if (cl || spec->cluster.present) loom_cluster_print(cl, stdout);
-        rc = loom_check(spec, stdout, err);
+        rc = loom_check(spec, cl, stdout, err);
         if (!rc) printf("%s: ok\n", o->config);
     }
     loom_cluster_free(cl);

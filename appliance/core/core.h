@@ -75,6 +75,9 @@ _Noreturn void loom_assert_fail_(const char *cond, const char *file, int line);
 
 typedef enum { LOOM_LOG_DEBUG, LOOM_LOG_INFO, LOOM_LOG_WARN, LOOM_LOG_ERROR } loom_log_level;
 void loom_log_set_level(loom_log_level lvl);
+/* A name put in every log line, "loom[worker:1]: ...", for processes of one
+ * job whose logs interleave; NULL or "" = none. Set before threads log. */
+void loom_log_set_name(const char *name);
 loom_log_level loom_log_get_level(void);
 void loom_log(loom_log_level lvl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 #define loom_info(...)  loom_log(LOOM_LOG_INFO, __VA_ARGS__)

@@ -96,6 +96,9 @@ static loom_log_level log_level = LOOM_LOG_INFO;
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 
 void loom_log_set_level(loom_log_level lvl) { log_level = lvl; }
+
+static char log_name[64];
+void loom_log_set_name(const char *name) { snprintf(log_name, sizeof log_name, "%s", name ? name : ""); }
 loom_log_level loom_log_get_level(void) { return log_level; }
 
 void loom_log(loom_log_level lvl, const char *fmt, ...)
@@ -108,10 +111,11 @@ void loom_log(loom_log_level lvl, const char *fmt, ...)
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
     pthread_mutex_lock(&log_lock);
+    const char *o = log_name[0] ? "[" : "", *c = log_name[0] ? "]" : "";
     if (lvl == LOOM_LOG_INFO)
-        fprintf(stderr, "loom: %s\n", line);
+        fprintf(stderr, "loom%s%s%s: %s\n", o, log_name, c, line);
     else
-        fprintf(stderr, "loom: %s: %s\n", tag[lvl], line);
+        fprintf(stderr, "loom%s%s%s: %s: %s\n", o, log_name, c, tag[lvl], line);
     pthread_mutex_unlock(&log_lock);
 }
 

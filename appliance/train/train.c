@@ -1,5 +1,6 @@
 /* train.c - the train / evaluate / predict / check loops. */
 #include "train.h"
+#include "dir_lock.h"
 #include "progress.h"
 #include "train_hooks.h"
 
@@ -20,6 +21,12 @@ typedef struct run {
     double             decode_sec; /* opening the pipelines: reading and decompressing sources */
     train_hooks_       hooks;      /* the config's Lua hooks (loom_train, loom_check) */
     bool               no_iter;    /* save_ckpt: without data.train's state (data_hook_failed) */
+    /* A job across processes (the strategy's input context has several
+     * pipelines): every task trains in lock-step; the chief alone writes
+     * checkpoints, metrics.jsonl and the log's progress, and evaluates. */
+    bool               multi;
+    bool               chief;
+    loom_dataset_spec *train_spec; /* multi: data.train with this worker's share of the global batch (owned) */
 } run;
 
 #define TRAINER_STATE_VERSION 1
@@ -96,13 +103,49 @@ static void run_close(run *r)
     loom_strategy_close(r->strat);
     loom_iter_close(r->train);
     loom_iter_close(r->eval);
+    loom_free(r->train_spec);
 }
 
-/* Opens the pipelines and the strategy. `need_eval`: fail if data.eval is absent. */
-static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool need_eval, loom_err *err)
+/* The config's batch is the job's GLOBAL batch (tf.distribute): with N
+ * input pipelines (workers) each yields global / N examples a step, so the
+ * union of one step's batches over the workers is one process's batch
+ * (with shard_policy data, worker i keeps the batches i, i + N, ...). */
+static int share_batch(run *r, const loom_dataset_spec *train, const loom_input_ctx *ic, loom_err *err)
+{
+    int n = ic->num_input_pipelines;
+    r->train_spec = loom_alloc(sizeof *r->train_spec);
+    if (!r->train_spec) return loom_err_set(err, LOOM_ENOMEM, NULL, "copying data.train for %d workers", n);
+    *r->train_spec = *train;
+    for (int i = train->n_transforms - 1; i >= 0; i--) {
+        loom_transform_spec *t = &r->train_spec->transform[i];
+        if (t->kind != LOOM_T_BATCH) continue;
+        if (t->batch_size % n) {
+            char w[600];
+            loom_err_set(err, LOOM_ECONFIG, loom_loc_str(&t->loc, w, sizeof w),
+                         "data.train: the global batch %lld does not split evenly among the %d workers of the job",
+                         (long long)t->batch_size, n);
+            return loom_err_hint(err, "use a batch size that is a multiple of %d, e.g. %lld (it is the global batch, "
+                                 "split among the workers)", n,
+                                 (long long)(t->batch_size > n ? t->batch_size / n * n : n));
+        }
+        t->batch_size /= n;
+        return LOOM_OK;
+    }
+    return LOOM_OK; /* no batch transform: refused below */
+}
+
+/* Opens the pipelines and the strategy. `need_eval`: fail if data.eval is
+ * absent. cluster: this process's task in a job across processes (NULL: one
+ * process); plan_only: `loom check` (the strategy opens no socket). */
+static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool need_eval,
+                    const loom_cluster *cluster, bool plan_only, loom_err *err)
 {
     memset(r, 0, sizeof *r);
     r->spec = spec;
+    r->chief = true;
+    r->args.spec = spec;
+    r->args.cluster = cluster;
+    r->args.plan_only = plan_only;
     snprintf(r->model_dir, sizeof r->model_dir, "%s", model_dir ? model_dir : spec->run.model_dir);
     /* the built-in strategies spend run.threads on their replicas' own
      * threads (intra-op data parallelism, measured faster than BLAS threads
@@ -115,7 +158,12 @@ static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool n
     if (need_eval && !spec->eval.present)
         return loom_err_set(err, LOOM_ECONFIG, spec->path, "data.eval is not declared"),
                loom_err_hint(err, "add a data.eval section, e.g. the catalog's \"test\" split");
-    int64_t max_batch = batch_size_of(&spec->train);
+    loom_input_ctx ictx;
+    if ((rc = loom_strategy_input_context(&r->args, &ictx, err))) return rc;
+    r->multi = ictx.num_input_pipelines > 1;
+    if (r->multi && (rc = share_batch(r, &spec->train, &ictx, err))) return rc;
+    const loom_dataset_spec *train = r->train_spec ? r->train_spec : &spec->train;
+    int64_t max_batch = batch_size_of(train);
     if (max_batch <= 0)
         return loom_err_set(err, LOOM_ECONFIG, loom_loc_str(&spec->train.loc, w, sizeof w),
                             "data.train.transforms: no batch transform"),
@@ -125,8 +173,9 @@ static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool n
     /* Lua maps and filters run under the hooks section's sandbox and limits */
     loom_lua_opts lua = {.model_dir = r->model_dir, .unsafe = spec->hooks.unsafe, .memory_limit = spec->hooks.memory_limit,
                          .instruction_limit = spec->hooks.instruction_limit};
-    loom_data_ctx ctx = {.seed = spec->run.seed, .threads = threads, .name = "train", .custom_options = &lua};
-    rc = loom_data_open(&r->train, &spec->train, &ctx, err);
+    loom_data_ctx ctx = {.seed = spec->run.seed, .threads = threads, .name = "train", .input = ictx,
+                         .custom_options = &lua};
+    rc = loom_data_open(&r->train, train, &ctx, err);
     if (rc) return data_open_failed(err, "data.train");
     if (spec->eval.present) {
         loom_data_ctx ectx = {.seed = spec->run.seed, .threads = threads, .name = "eval", .custom_options = &lua};
@@ -141,7 +190,6 @@ static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool n
     }
     r->decode_sec = loom_now() - t0;
     const loom_elem_spec *es = loom_iter_spec(r->train);
-    r->args.spec = spec;
     r->args.input = es;
     r->args.max_batch = max_batch;
     rc = find_features(spec, es, "train", &r->args.input_idx, &r->args.label_idx, err);
@@ -171,7 +219,9 @@ static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool n
             }
         }
     }
-    return loom_strategy_open(&r->strat, &r->args, err);
+    if ((rc = loom_strategy_open(&r->strat, &r->args, err))) return rc;
+    r->chief = loom_strategy_is_chief(r->strat);
+    return LOOM_OK;
 }
 
 static int evaluate_all(run *r, loom_iter *it, loom_step_result *total, loom_err *err)
@@ -229,7 +279,18 @@ static int save_ckpt(run *r, const trainer_state *st, char path[LOOM_PATH_MAX], 
     int hrc = r->hooks.hooks ? loom_hooks_save(r->hooks.hooks, &ts, &herr) : LOOM_OK;
     if (hrc) ts.len = mark;
     int rc = r->no_iter ? LOOM_OK : loom_iter_save(r->train, &is, err);
-    if (!rc)
+    if (!rc && !r->no_iter) { /* every task's position (a collective in a job across processes) */
+        loom_buf all;
+        rc = loom_strategy_gather_iter_state(r->strat, &is, &all, err);
+        loom_buf_fini(&is);
+        is = all;
+    }
+    if (!rc && !r->chief) { /* the chief writes it */
+        char name[LOOM_PATH_MAX + 32];
+        snprintf(name, sizeof name, "%s/ckpt-%lld.loom", r->model_dir, (long long)st->step);
+        snprintf(path, LOOM_PATH_MAX, "%.*s", LOOM_PATH_MAX - 1, name);
+    }
+    else if (!rc)
         rc = loom_ckpt_save(r->model_dir, st->step, loom_strategy_model(r->strat), loom_strategy_optimizer(r->strat),
                             &ts, &is, r->spec->run.keep_checkpoints, path, err);
     if (!rc && hrc) {
@@ -273,7 +334,9 @@ static int hook_failed(run *r, const trainer_state *st, loom_err *err)
 {
     char path[LOOM_PATH_MAX];
     loom_err e2;
-    if (save_ckpt(r, st, path, &e2) == LOOM_OK)
+    if (r->multi) /* one task's failure: the others are not at a checkpoint, which is a collective */
+        loom_err_hint(err, "fix it, then run the job again: it resumes from the last checkpoint");
+    else if (save_ckpt(r, st, path, &e2) == LOOM_OK)
         loom_err_hint(err, "saved %s; fix the hook, then run the same command to resume", path);
     else if (e2.code == LOOM_ELUA) /* saved, without the callbacks' state */
         loom_err_hint(err, "%s", e2.hint);
@@ -314,10 +377,19 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
     run r;
     const char *dir = opts->model_dir ? opts->model_dir : spec->run.model_dir;
     /* Everything is checked before anything is written. */
-    int rc = run_open(&r, spec, dir, false, err);
+    int rc = run_open(&r, spec, dir, false, opts->cluster, false, err);
+    if (!rc && !r.chief) { /* the chief logs the job; the other tasks only their warnings and errors */
+        char task[64];
+        loom_log_set_name(loom_task_name(opts->cluster->role, opts->cluster->index, task, sizeof task));
+        if (loom_log_get_level() < LOOM_LOG_WARN) loom_log_set_level(LOOM_LOG_WARN);
+    }
     if (!rc) rc = train_hooks_open_(&r.hooks, spec, r.model_dir, r.strat, err);
     if (!rc && (rc = loom_mkdirs(dir, err)) != LOOM_OK)
         loom_err_hint(err, "set run.model_dir (or --model-dir) to a directory you can write");
+    /* two jobs must not share a model_dir: the chief (or the one process)
+     * holds its lock; the other tasks of the job share it */
+    int lock_fd = -1;
+    if (!rc && r.chief) rc = loom_dir_lock_(r.model_dir, opts->cluster, &lock_fd, err);
     if (rc) {
         run_close(&r);
         return rc;
@@ -327,30 +399,36 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
     char ckpt[LOOM_PATH_MAX] = "", last_ckpt[LOOM_PATH_MAX] = "";
     int64_t ckpt_step;
     rc = loom_ckpt_latest(r.model_dir, ckpt, &ckpt_step, err);
-    if (rc == LOOM_OK && !opts->fresh) {
-        loom_buf ts, is;
-        rc = loom_ckpt_load(ckpt, loom_strategy_model(r.strat), loom_strategy_optimizer(r.strat), &ts, &is, err);
+    if (rc == LOOM_OK && !opts->fresh) { /* every task reads it from the shared model_dir, as TF's do */
+        loom_buf ts, stored, is;
+        loom_buf_init(&is);
+        rc = loom_ckpt_load(ckpt, loom_strategy_model(r.strat), loom_strategy_optimizer(r.strat), &ts, &stored, err);
         if (!rc) rc = state_restore(&st, &ts, ckpt, err);
         if (!rc && r.hooks.hooks) rc = loom_hooks_restore(r.hooks.hooks, &ts, err);
+        if (!rc && stored.len) rc = loom_strategy_pick_iter_state(r.strat, &stored, &is, err); /* this task's */
         if (!rc) rc = is.len ? loom_iter_restore(r.train, &is, err) : replay_data(&r, &st, err);
         if (!rc) rc = loom_strategy_sync(r.strat, err);
         loom_buf_fini(&ts);
+        loom_buf_fini(&stored);
         loom_buf_fini(&is);
         if (rc) {
             if (!err->where[0]) snprintf(err->where, sizeof err->where, "%s", ckpt);
             if (!err->hint[0]) loom_err_hint(err, "pass --fresh to start from scratch, or use another model_dir");
+            loom_dir_unlock_(lock_fd);
             run_close(&r);
             return rc;
         }
         snprintf(last_ckpt, sizeof last_ckpt, "%s", ckpt);
         loom_info("resuming from %s (step %lld, epoch %lld)", ckpt, (long long)st.step, (long long)st.epoch + 1);
     } else if (rc != LOOM_OK && rc != LOOM_EEOF) {
+        loom_dir_unlock_(lock_fd);
         run_close(&r);
         return rc;
-    } else if (rc == LOOM_OK) {
+    } else if (rc == LOOM_OK && r.chief) {
         char moved[LOOM_PATH_MAX];
         rc = loom_ckpt_archive(r.model_dir, moved, err);
         if (rc) {
+            loom_dir_unlock_(lock_fd);
             run_close(&r);
             return rc;
         }
@@ -373,15 +451,16 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
 
     char metrics_path[LOOM_PATH_MAX + 16];
     snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", r.model_dir);
-    FILE *metrics = fopen(metrics_path, "a");
+    FILE *metrics = fopen(r.chief ? metrics_path : "/dev/null", "a"); /* the chief writes the job's */
     if (!metrics) {
         rc = loom_err_set(err, LOOM_EIO, metrics_path, "cannot open for appending: %s", strerror(errno));
+        loom_dir_unlock_(lock_fd);
         run_close(&r);
         return rc;
     }
 
     loom_progress_state prog;
-    loom_progress_init(&prog, rs->progress, rs->log_steps);
+    loom_progress_init(&prog, r.chief ? rs->progress : LOOM_PROGRESS_NONE, rs->log_steps);
     struct sigaction sa = {0}, old_int, old_term;
     sa.sa_handler = on_signal;
     stop_signal = 0;
@@ -406,6 +485,8 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
     r.hooks.save = hook_save;
     r.hooks.save_arg = &hsa;
     bool epoch_open = false; /* on_epoch_begin was called for the epoch in progress */
+    bool input_ended = false; /* data.train ended this epoch; other tasks of the job may still have a step */
+    sig_atomic_t stop_asked = 0; /* the signal whose stop request the strategy carries to the other tasks */
     loom_hook_logs hl = hook_logs(&st, st.epoch + 1, opt, NAN, last_eval_loss, last_eval_acc);
     if ((rc = train_hooks_call_(&r.hooks, LOOM_HOOK_TRAIN_BEGIN, &hl, err))) hook_failed(&r, &st, err);
     for (; !rc;) {
@@ -423,7 +504,10 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
                 break;
             }
         }
-        if (in_exec == 0 && stop_signal) {
+        /* a job across processes carries the request through the next step,
+         * so every task stops after the same one (stop_agreed below) */
+        if (in_exec == 0 && stop_signal && !stop_asked && loom_strategy_request_stop(r.strat)) stop_asked = stop_signal;
+        if (in_exec == 0 && stop_signal && !stop_asked) {
             loom_progress_break(&prog);
             rc = save_ckpt(&r, &st, ckpt, err);
             if (!rc)
@@ -434,10 +518,20 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
         }
         double t0 = loom_now();
         loom_elem *batch;
-        rc = loom_iter_next(r.train, &batch, err);
+        rc = input_ended ? LOOM_EEOF : loom_iter_next(r.train, &batch, err);
         double t_input = loom_now() - t0;
+        loom_step_result res;
+        bool all_ended = true;
+        if (rc == LOOM_EEOF) { /* the other tasks may have a step left, which this one takes with no examples */
+            input_ended = true;
+            rc = loom_strategy_end_of_data(r.strat, st.step, &res, &all_ended, err);
+            if (rc) break;
+            if (!all_ended) goto stepped;
+            rc = LOOM_EEOF;
+        }
         if (rc == LOOM_EEOF) {
             rc = LOOM_OK;
+            input_ended = false;
             if (st.step_in_epoch == 0) {
                 rc = loom_err_set(err, LOOM_EDATA, spec->path, "data.train yielded no batch in epoch %lld",
                                   (long long)st.epoch + 1);
@@ -450,7 +544,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
             loom_progress_break(&prog);
             double ep_sec = loom_now() - epoch_start;
             loom_step_result ev = {0};
-            if (r.eval && rs->eval_each_epoch) {
+            if (r.eval && rs->eval_each_epoch && r.chief) {
                 rc = evaluate_all(&r, r.eval, &ev, err);
                 if (rc) break;
                 last_eval_loss = ev.examples ? ev.loss_sum / (double)ev.examples : NAN;
@@ -501,7 +595,6 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
         }
         if (rc == LOOM_ELUA) data_hook_failed(&r, &st, err);
         if (rc) break;
-        loom_step_result res;
         bool custom = r.hooks.hooks && loom_hooks_has_train_step(r.hooks.hooks), applied = false;
         if (custom) {
             hl = hook_logs(&st, st.epoch + 1, opt, NAN, last_eval_loss, last_eval_acc);
@@ -531,6 +624,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
             break;
         }
         if (rc) break;
+    stepped:;
         double dt = loom_now() - t0;
         train_sec += dt;
         run_train_sec += dt;
@@ -544,6 +638,19 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
         run_examples += res.examples;
         if (first_step_ms < 0)
             first_step_ms = ((loom_now() - (opts->start_time > 0 ? opts->start_time : run_start)) - r.decode_sec) * 1e3;
+        if (loom_strategy_stop_agreed(r.strat)) { /* a stop request of some task rode on this step: all stop here */
+            loom_progress_break(&prog);
+            rc = save_ckpt(&r, &st, ckpt, err);
+            if (!rc && stop_asked)
+                rc = loom_err_set(err, LOOM_EIO, NULL, "interrupted by signal %d at step %lld; %s %s", (int)stop_asked,
+                                  (long long)st.step, r.chief ? "saved" : "the chief saved", ckpt),
+                loom_err_hint(err, "run the same command again to resume");
+            else if (!rc)
+                rc = loom_err_set(err, LOOM_EIO, NULL, "another task of the job was interrupted: stopped at step %lld; "
+                                  "%s %s", (long long)st.step, r.chief ? "saved" : "the chief saved", ckpt),
+                loom_err_hint(err, "run the job again to resume");
+            break;
+        }
         if (++in_exec < K && !(max_steps > 0 && st.step >= max_steps)) continue; /* inside an execution */
         in_exec = 0;
         double sps = train_sec > 0 ? (double)st.examples / train_sec : 0;
@@ -581,7 +688,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
         rc = save_ckpt(&r, &st, ckpt, err);
         if (!rc) snprintf(last_ckpt, sizeof last_ckpt, "%s", ckpt);
     }
-    if (!rc && r.eval && last_eval_step != st.step && st.step > start_step) {
+    if (!rc && r.eval && r.chief && last_eval_step != st.step && st.step > start_step) {
         loom_step_result ev;
         rc = evaluate_all(&r, r.eval, &ev, err);
         if (!rc && ev.examples) {
@@ -617,6 +724,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
     }
     fclose(metrics);
     run_close(&r);
+    loom_dir_unlock_(lock_fd);
     return rc;
 }
 
@@ -650,7 +758,7 @@ int loom_evaluate(const loom_spec *spec, const char *model_dir, const char *chec
 {
     run r;
     memset(out, 0, sizeof *out);
-    int rc = run_open(&r, spec, model_dir, true, err);
+    int rc = run_open(&r, spec, model_dir, true, NULL, false, err);
     if (!rc) rc = load_for_inference(&r, checkpoint, out->checkpoint, &out->step, err);
     loom_step_result ev;
     if (!rc) rc = evaluate_all(&r, r.eval, &ev, err);
@@ -680,7 +788,7 @@ int loom_predict(const loom_spec *spec, const char *model_dir, const char *check
                  const char *output, loom_err *err)
 {
     run r;
-    int rc = run_open(&r, spec, model_dir, false, err);
+    int rc = run_open(&r, spec, model_dir, false, NULL, false, err);
     char path[LOOM_PATH_MAX];
     int64_t step;
     if (!rc) rc = load_for_inference(&r, checkpoint, path, &step, err);
@@ -804,10 +912,10 @@ static void print_pipeline(FILE *f, const char *name, loom_iter *it)
     loom_iter_plan(it, f);
 }
 
-int loom_check(const loom_spec *spec, FILE *f, loom_err *err)
+int loom_check(const loom_spec *spec, const loom_cluster *cluster, FILE *f, loom_err *err)
 {
     run r;
-    int rc = run_open(&r, spec, NULL, false, err);
+    int rc = run_open(&r, spec, NULL, false, cluster, true, err);
     if (!rc) rc = train_hooks_open_(&r.hooks, spec, r.model_dir, r.strat, err); /* finds every Lua function */
     if (!rc && r.hooks.hooks)
         fprintf(f, "hooks: %d callback%s, %s training step\n", loom_hooks_num_callbacks(r.hooks.hooks),

@@ -50,7 +50,9 @@ int loom_predict(const loom_spec *spec, const char *model_dir, const char *check
 
 /* Opens every pipeline and builds the model without training, so that missing
  * files and shape mismatches surface; prints the plan to f. */
-int loom_check(const loom_spec *spec, FILE *f, loom_err *err);
+/* cluster: this process's task (NULL: one process); the strategy builds its
+ * replicas and prints its plan but opens no socket. */
+int loom_check(const loom_spec *spec, const struct loom_cluster *cluster, FILE *f, loom_err *err);
 
 /* ---- checkpoints ----------------------------------------------------------- */
 

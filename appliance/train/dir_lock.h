@@ -1,0 +1,15 @@
+/* dir_lock.h - the model_dir lock: two jobs must not write one model_dir.
+ * The chief of a job (or a process training alone) holds an flock on
+ * <model_dir>/.lock naming its pid, host and task; the other tasks of its
+ * job share the directory without it, as TensorFlow's tasks do. */
+#ifndef LOOM_DIR_LOCK_H
+#define LOOM_DIR_LOCK_H
+
+#include "cluster/cluster.h"
+
+/* Takes the lock (never waits): *fd holds it until loom_dir_unlock_. Held by
+ * another process: LOOM_EIO naming the holder (pid, host, task, since). */
+int  loom_dir_lock_(const char *dir, const loom_cluster *cluster, int *fd, loom_err *err);
+void loom_dir_unlock_(int fd); /* -1 is a no-op */
+
+#endif
