@@ -366,8 +366,11 @@ static int group_fail(loom_group *g, loom_err *err, bool tell)
     return g->broken;
 }
 
-/* The alert fd fired or a data connection ended: a lost peer or an abort notice. */
-static int check_alert(loom_group *g, loom_err *err, double wait_s)
+/* The alert fd fired, or a data connection ended: an abort notice from
+ * another rank, or a lost peer. A rank that left on purpose (BYE) is no
+ * reason to stop: it may simply have finished this collective first; if we
+ * still need it, its data connection ends and data_closed says so. */
+static int check_alert(loom_group *g, loom_err *err)
 {
     uint64_t v;
     if (read(g->alert_fd, &v, sizeof v) < 0) { /* nothing pending */
@@ -375,7 +378,8 @@ static int check_alert(loom_group *g, loom_err *err, double wait_s)
     loom_buf m;
     loom_buf_init(&m);
     int from;
-    if (loom_net_recv(g->net, -1, LOOM_MSG_GROUP_ABORT, LOOM_MSG_GROUP_ABORT, &from, NULL, &m, wait_s, err) == LOOM_OK) {
+    loom_err e = {0};
+    if (loom_net_recv(g->net, -1, LOOM_MSG_GROUP_ABORT, LOOM_MSG_GROUP_ABORT, &from, NULL, &m, 0, &e) == LOOM_OK) {
         int code = m.len >= 4 ? (int)get32(m.data) : LOOM_ENET;
         if (code <= 0 || code >= LOOM_ENUM_ERRORS_) code = LOOM_ENET;
         loom_err_set(err, code, loom_net_name_(g->net), "%s reports: %.*s", rname(g, g->peer_rank[from]),
@@ -384,7 +388,7 @@ static int check_alert(loom_group *g, loom_err *err, double wait_s)
         return code;
     }
     loom_buf_fini(&m);
-    if (err->code == LOOM_ENET) return LOOM_ENET; /* the net named a lost or departed peer */
+    if (loom_net_lost_peer(g->net, err) >= 0) return LOOM_ENET;
     return LOOM_OK;
 }
 
@@ -414,14 +418,16 @@ static int data_closed(loom_group *g, const coll_hdr *h, bool sending, loom_err 
 {
     /* The transport usually knows more (lost, or left on purpose): give it a moment to say so. */
     double until = loom_now() + 1.0;
+    int r = sending ? (g->rank + 1) % g->size : (g->rank + g->size - 1) % g->size;
+    int p = sending ? g->next_peer : g->prev_peer;
     while (loom_now() < until) {
-        if (loom_net_peer_down_(g->net, -1, err)) return group_fail(g, err, false);
-        int rc = check_alert(g, err, 0.05);
-        if (rc) return group_fail(g, err, false);
+        if (check_alert(g, err)) return group_fail(g, err, false);
+        if (loom_net_peer_down_(g->net, p, err)) return group_fail(g, err, false);
+        struct pollfd pf = {g->alert_fd, POLLIN, 0};
+        poll(&pf, 1, 20);
     }
     char what[128];
     describe(what, sizeof what, h);
-    int r = sending ? (g->rank + 1) % g->size : (g->rank + g->size - 1) % g->size;
     loom_err_set(err, LOOM_ENET, loom_net_name_(g->net), "the ring's data connection %s %s closed during %s",
                  sending ? "to" : "from", rname(g, r), what);
     return group_fail(g, err, true);
@@ -514,8 +520,7 @@ static int run(loom_group *g, coll_hdr *hdr, step *st, int ns, loom_err *err)
         double now = loom_now();
         if ((pr > 0 && (pf[np - 1].revents & POLLIN)) || now - last_check > 1.0) {
             last_check = now;
-            loom_err_clear(err);
-            int rc = check_alert(g, err, 0);
+            int rc = check_alert(g, err);
             if (rc) return group_fail(g, err, false);
         }
         if (g->timeout > 0 && now - t0 > g->timeout) {

@@ -333,6 +333,8 @@ static void on_read(struct bufferevent *bev, void *arg)
                 pe->bev = bev;
                 pe->last_heard = loom_now();
                 n->n_up++;
+                /* A first heartbeat at once, so the peer knows what we are doing from the start. */
+                bev_send(bev, LOOM_MSG_HEARTBEAT, n->status, strlen(n->status));
                 pthread_cond_broadcast(&n->cv);
                 pthread_mutex_unlock(&n->mu);
                 evtimer_del(c->timer);

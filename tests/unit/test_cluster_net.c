@@ -27,6 +27,16 @@
 
 static int ports[MAXR];
 
+/* Per-test variations, reset by new_ports(). */
+static struct {
+    const char *secret[MAXR];      /* NULL: the common one */
+    uint8_t     digest[MAXR];      /* 0: the common one */
+    const char *config[MAXR];
+    double      connect_timeout, hb_timeout;
+    int         stop_rank;         /* run_ranks kills this one once the others are done */
+} knob;
+
+
 static int free_port(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -45,6 +55,8 @@ static int free_port(void)
 static void new_ports(int n)
 {
     for (int i = 0; i < n; i++) ports[i] = free_port();
+    memset(&knob, 0, sizeof knob);
+    knob.stop_rank = -1;
 }
 
 typedef struct tcl {
@@ -67,13 +79,15 @@ static void mk_cluster(tcl *t, int n, int rank)
     t->c.index = rank;
     t->c.n_train_ranks = n;
     t->c.rank = rank;
-    t->c.connect_timeout = 10;
-    t->c.heartbeat_timeout = 3;
+    t->c.connect_timeout = knob.connect_timeout > 0 ? knob.connect_timeout : 10;
+    t->c.heartbeat_timeout = knob.hb_timeout > 0 ? knob.hb_timeout : 3;
     t->c.heartbeat_interval = 0.2;
-    memcpy(t->c.secret, "test-secret-0123456789", 22);
-    t->c.secret_len = 22;
-    memset(t->c.config_digest, 7, 32);
-    t->c.config_text = (char *)"version = 1;\nmodel = \"mlp\";\noptimizer.learning_rate = 0.1;\n";
+    const char *sec = knob.secret[rank] ? knob.secret[rank] : "test-secret-0123456789";
+    t->c.secret_len = strlen(sec);
+    memcpy(t->c.secret, sec, t->c.secret_len);
+    memset(t->c.config_digest, knob.digest[rank] ? knob.digest[rank] : 7, 32);
+    t->c.config_text = (char *)(knob.config[rank] ? knob.config[rank]
+                                                  : "version = 1;\nmodel = \"mlp\";\noptimizer.learning_rate = 0.1;\n");
 }
 
 /* ---- forking ranks ----------------------------------------------------------- */
@@ -133,6 +147,7 @@ static void run_ranks(int n, rank_fn fn, double deadline, int *status)
                 left--;
             }
         }
+        if (left == 1 && knob.stop_rank >= 0 && status[knob.stop_rank] == -1) kill(pid[knob.stop_rank], SIGKILL);
         if (left && loom_now() - t0 > deadline) {
             for (int r = 0; r < n; r++)
                 if (status[r] == -1) {
@@ -438,6 +453,361 @@ static void test_broadcast_gather_barrier(void)
     }
 }
 
+/* ---- refusals ------------------------------------------------------------- */
+
+/* Opens a group expecting failure; writes the code, message and seconds taken to rank<r>.out. */
+static void note(int rank, int rc, const loom_err *err, double secs)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/rank%d.out", tmpdir, rank);
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    fprintf(f, "%d %.3f %s\n", rc, secs, err ? err->msg : "");
+    fclose(f);
+}
+
+static char *read_note(int rank, int *rc, double *secs)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/rank%d.out", tmpdir, rank);
+    size_t len;
+    uint8_t *d = slurp(path, &len);
+    *rc = -1, *secs = -1;
+    if (!d) return strdup("");
+    char *s = malloc(len + 1);
+    memcpy(s, d, len);
+    s[len] = 0;
+    free(d);
+    int off = 0;
+    if (sscanf(s, "%d %lf %n", rc, secs, &off) < 2) off = 0;
+    memmove(s, s + off, strlen(s + off) + 1);
+    return s;
+}
+
+static int open_fails_rank(int rank, int n)
+{
+    tcl t;
+    mk_cluster(&t, n, rank);
+    loom_group *g = NULL;
+    loom_err err = {0};
+    double t0 = loom_now();
+    int rc = loom_group_open(&g, &t.c, 10, &err);
+    note(rank, rc, &err, loom_now() - t0);
+    loom_group_close(g);
+    return 0;
+}
+
+static void test_wrong_secret(void)
+{
+    new_ports(2);
+    knob.secret[1] = "not-the-secret";
+    knob.connect_timeout = 2;
+    int st[MAXR];
+    run_ranks(2, open_fails_rank, 30, st);
+    check_all_ok(2, st);
+    int rc0, rc1;
+    double s0, s1;
+    char *m0 = read_note(0, &rc0, &s0), *m1 = read_note(1, &rc1, &s1), *l0 = read_log(0), *l1 = read_log(1);
+    /* The dialer (worker:1) refuses at once; worker:0 waits out connect_timeout, then says why. */
+    CHECK_MSG(rc1 == LOOM_ENET, "%d %s", rc1, m1);
+    CHECK_CONTAINS(m1, "worker:0 failed to prove the shared secret");
+    CHECK_MSG(s1 < 1.5, "the dialer took %.2f s to refuse", s1);
+    CHECK_MSG(rc0 == LOOM_ETIMEOUT, "%d %s", rc0, m0);
+    CHECK_CONTAINS(m0, "worker:1 failed to prove the shared secret");
+    CHECK_MSG(s0 >= 1.9 && s0 < 4, "worker:0 took %.2f s", s0);
+    /* Both logged it with the other's address. */
+    CHECK_CONTAINS(l0, "dropped the connection from 127.0.0.1:");
+    CHECK_CONTAINS(l0, "claims to be worker:1): worker:1 failed to prove the shared secret");
+    char want[128];
+    snprintf(want, sizeof want, "dropped the connection to 127.0.0.1:%d (dialed as worker:0)", ports[0]);
+    CHECK_CONTAINS(l1, want);
+    free(m0), free(m1), free(l0), free(l1);
+}
+
+static void test_config_mismatch(void)
+{
+    new_ports(2);
+    knob.digest[1] = 9;
+    knob.config[1] = "version = 1;\nmodel = \"mlp\";\noptimizer.learning_rate = 0.2;\n";
+    knob.connect_timeout = 5;
+    int st[MAXR];
+    run_ranks(2, open_fails_rank, 30, st);
+    check_all_ok(2, st);
+    for (int r = 0; r < 2; r++) {
+        int rc;
+        double s;
+        char *m = read_note(r, &rc, &s);
+        CHECK_MSG(rc == LOOM_ECONFIG, "rank %d: %d %s", r, rc, m);
+        CHECK_CONTAINS(m, "was started with a different config");
+        CHECK_CONTAINS(m, r == 0 ? "`optimizer.learning_rate = 0.1;` here, `optimizer.learning_rate = 0.2;` there"
+                                 : "`optimizer.learning_rate = 0.2;` here, `optimizer.learning_rate = 0.1;` there");
+        CHECK_MSG(s < 3, "rank %d took %.2f s to refuse", r, s);
+        free(m);
+    }
+}
+
+static void test_peer_never_comes(void)
+{
+    /* worker:0 waits for worker:1 to dial it; worker:1 keeps dialing worker:0. */
+    for (int r = 0; r < 2; r++) {
+        new_ports(2);
+        knob.connect_timeout = 1;
+        tcl t;
+        mk_cluster(&t, 2, r);
+        loom_group *g = NULL;
+        loom_err err = {0};
+        double t0 = loom_now();
+        int rc = loom_group_open(&g, &t.c, 10, &err);
+        double s = loom_now() - t0;
+        CHECK_MSG(rc == LOOM_ETIMEOUT, "rank %d: %d %s", r, rc, err.msg);
+        CHECK_MSG(s >= 0.9 && s < 2.5, "rank %d gave up after %.2f s (connect_timeout 1 s)", r, s);
+        CHECK_CONTAINS(err.msg, "no connection within cluster.connect_timeout = 1 s");
+        CHECK_CONTAINS(err.msg, r == 0 ? "worker:1 at 127.0.0.1:" : "worker:0 at 127.0.0.1:");
+        CHECK_CONTAINS(err.msg, r == 0 ? "it never connected" : "Connection refused");
+        CHECK(g == NULL);
+    }
+}
+
+/* ---- a garbage client --------------------------------------------------------- */
+
+static int garbage_rank(int rank, int n)
+{
+    loom_group *g = open_group(rank, n, 30);
+    if (!g) return 1;
+    double t0 = loom_now();
+    int iters = 0;
+    float b[1000];
+    loom_err err = {0};
+    while (loom_now() - t0 < 2.8) {
+        for (int i = 0; i < 1000; i++) b[i] = (float)(rank + i);
+        int rc = loom_group_all_reduce(g, b, 1000, &err);
+        CHECK_MSG(rc == 0, "rank %d: %s", rank, err.msg);
+        if (rc) break;
+        for (int i = 0; i < 1000; i++) CHECK(b[i] == (float)(1 + 2 * i));
+        iters++;
+        usleep(2000);
+    }
+    CHECK(iters > 10);
+    CHECK(loom_net_lost_peer(loom_group_net(g), &err) == -1);
+    loom_group_close(g);
+    return 0;
+}
+
+static int connect_retry(int port, double secs)
+{
+    double t0 = loom_now();
+    while (loom_now() - t0 < secs) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {0};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        a.sin_port = htons((uint16_t)port);
+        if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) return fd;
+        close(fd);
+        usleep(20000);
+    }
+    return -1;
+}
+
+static void test_garbage_client(void)
+{
+    new_ports(2);
+    knob.connect_timeout = 2; /* so the handshake bound is 2 s */
+    pid_t helper = fork();
+    if (helper == 0) {
+        /* Random bytes to worker:0, a frame with a huge length to worker:1, a
+         * valid-looking hello with a wrong proof, and one that says nothing. */
+        alarm(20);
+        usleep(200000);
+        int fds[4];
+        fds[0] = connect_retry(ports[0], 5);
+        uint8_t junk[4096];
+        loom_rng rng;
+        loom_rng_init(&rng, 1, 2, 3, 4);
+        for (size_t i = 0; i < sizeof junk; i++) junk[i] = (uint8_t)loom_rng_u32(&rng);
+        if (fds[0] >= 0 && write(fds[0], junk, sizeof junk) < 0) {}
+        fds[1] = connect_retry(ports[1], 5);
+        uint8_t hdr[LOOM_NET_HDR];
+        loom_net_frame_header_(hdr, LOOM_MSG_HELLO, NULL, 0);
+        hdr[12] = 0xff, hdr[13] = 0xff, hdr[14] = 0xff, hdr[15] = 0x7f;
+        if (fds[1] >= 0 && write(fds[1], hdr, sizeof hdr) < 0) {}
+        fds[2] = connect_retry(ports[0], 5);
+        loom_hs h;
+        loom_buf out;
+        loom_buf_init(&out);
+        uint8_t dg[32] = {7};
+        loom_hs_init_(&h, true, LOOM_ROLE_WORKER, 1, LOOM_ROLE_WORKER, 0, (const uint8_t *)"guess", 5, dg, "", &out);
+        if (fds[2] >= 0 && write(fds[2], out.data, out.len) < 0) {}
+        fds[3] = connect_retry(ports[1], 5);
+        sleep(3); /* fds[3] sends nothing; fds[2] never proves anything */
+        _exit(0);
+    }
+    int st[MAXR];
+    run_ranks(2, garbage_rank, 30, st);
+    int hs;
+    waitpid(helper, &hs, 0);
+    check_all_ok(2, st);
+    char *l0 = read_log(0), *l1 = read_log(1);
+    CHECK_CONTAINS(l0, "dropped the connection from 127.0.0.1:");
+    CHECK_CONTAINS(l0, "not a loom frame (bad magic bytes");
+    CHECK_CONTAINS(l1, "above the limit of");
+    CHECK_CONTAINS(l0, "claims to be worker:1): no handshake within 2.0 s");
+    CHECK_CONTAINS(l1, "no handshake within 2.0 s");
+    free(l0), free(l1);
+}
+
+/* ---- lost peers ----------------------------------------------------------------- */
+
+static int lost_mode; /* 0: SIGKILL, 1: SIGSTOP (silent, still connected) */
+
+static int lost_rank(int rank, int n)
+{
+    loom_group *g = open_group(rank, n, 0);
+    if (!g) return 1;
+    float b[1000];
+    loom_err err = {0};
+    int rc = 0;
+    double t0 = loom_now();
+    for (int it = 0; it < 10000000 && !rc; it++) {
+        /* (after a few heartbeats, so the others know what it was doing) */
+        if (rank == n - 1 && loom_now() - t0 > 0.6) {
+            note(rank, 0, NULL, loom_now());
+            raise(lost_mode ? SIGSTOP : SIGKILL);
+        }
+        for (int i = 0; i < 1000; i++) b[i] = 1;
+        rc = loom_group_all_reduce(g, b, 1000, &err);
+    }
+    note(rank, rc, &err, loom_now());
+    loom_group_close(g);
+    return 0;
+}
+
+static void lost_test(int mode)
+{
+    new_ports(3);
+    knob.hb_timeout = 2;
+    lost_mode = mode;
+    if (mode) knob.stop_rank = 2;
+    int st[MAXR];
+    run_ranks(3, lost_rank, 30, st);
+    CHECK(st[0] == 0 && st[1] == 0 && st[2] == 128 + SIGKILL);
+    int rc;
+    double t_kill, t;
+    free(read_note(2, &rc, &t_kill));
+    for (int r = 0; r < 2; r++) {
+        char *m = read_note(r, &rc, &t), *l = read_log(r);
+        CHECK_MSG(rc == LOOM_ENET, "rank %d: %d %s", r, rc, m);
+        CHECK_CONTAINS(m, "lost worker:2 (127.0.0.1:");
+        CHECK_CONTAINS(m, mode ? "silent for" : "connection closed");
+        CHECK_CONTAINS(m, "it was in all_reduce #");
+        CHECK_MSG(t - t_kill < 2 + 1, "rank %d noticed after %.2f s (heartbeat_timeout 2 s)", r, t - t_kill);
+        if (mode) CHECK_MSG(t - t_kill > 1.5, "rank %d noticed a stopped peer after %.2f s", r, t - t_kill);
+        CHECK_CONTAINS(l, "lost worker:2");
+        printf("# rank %d: %s (%.2f s after)\n", r, m, t - t_kill);
+        free(m), free(l);
+    }
+}
+
+static void test_peer_killed(void) { lost_test(0); }
+static void test_peer_stopped(void) { lost_test(1); }
+
+/* ---- misuse and stalls ------------------------------------------------------------ */
+
+static int mismatch_rank(int rank, int n)
+{
+    loom_group *g = open_group(rank, n, 0);
+    if (!g) return 1;
+    float b[200] = {0};
+    loom_err err = {0};
+    int rc;
+    double t0 = loom_now();
+    if (n == 2)
+        rc = loom_group_all_reduce(g, b, rank == 0 ? 100 : 200, &err);
+    else if (rank < 2)
+        rc = loom_group_all_reduce(g, b, 100, &err);
+    else
+        rc = loom_group_broadcast(g, b, 400, 0, &err);
+    note(rank, rc, &err, loom_now() - t0);
+    /* The group stays stopped. */
+    loom_err e2 = {0};
+    CHECK(loom_group_barrier(g, &e2) == LOOM_EUSAGE);
+    CHECK_CONTAINS(e2.msg, "the group stopped earlier");
+    loom_group_close(g);
+    return 0;
+}
+
+static void test_mismatch(void)
+{
+    for (int n = 2; n <= 3; n++) {
+        new_ports(n);
+        int st[MAXR];
+        run_ranks(n, mismatch_rank, 30, st);
+        check_all_ok(n, st);
+        for (int r = 0; r < n; r++) {
+            int rc;
+            double s;
+            char *m = read_note(r, &rc, &s);
+            CHECK_MSG(rc == LOOM_EUSAGE, "n %d rank %d: %d %s", n, r, rc, m);
+            CHECK_CONTAINS(m, "collectives differ");
+            CHECK_MSG(s < 2, "rank %d took %.2f s", r, s);
+            printf("# n=%d rank %d: %s\n", n, r, m);
+            free(m);
+        }
+        if (n == 2) {
+            int rc;
+            double s;
+            char *m = read_note(0, &rc, &s);
+            CHECK_CONTAINS(m, "rank 0 (worker:0) entered all_reduce #1 (100 floats), rank 1 (worker:1) entered "
+                              "all_reduce #1 (200 floats)");
+            free(m);
+        } else {
+            int rc;
+            double s;
+            char *m = read_note(2, &rc, &s);
+            CHECK_CONTAINS(m, "rank 2 (worker:2) entered broadcast #1 (400 bytes from rank 0), rank 1 (worker:1) "
+                              "entered all_reduce #1 (100 floats)");
+            free(m);
+        }
+    }
+}
+
+static int timeout_rank(int rank, int n)
+{
+    loom_group *g = open_group(rank, n, 1.0);
+    if (!g) return 1;
+    float b[10] = {0};
+    loom_err err = {0};
+    CHECK(loom_group_all_reduce(g, b, 10, &err) == 0);
+    if (rank == 1) usleep(2500000);
+    double t0 = loom_now();
+    int rc = loom_group_all_reduce(g, b, 10, &err);
+    note(rank, rc, &err, loom_now() - t0);
+    loom_group_close(g);
+    return 0;
+}
+
+static void test_collective_timeout(void)
+{
+    new_ports(2);
+    int st[MAXR];
+    run_ranks(2, timeout_rank, 30, st);
+    check_all_ok(2, st);
+    int rc;
+    double s;
+    char *m = read_note(0, &rc, &s);
+    CHECK_MSG(rc == LOOM_ETIMEOUT, "%d %s", rc, m);
+    CHECK_MSG(s >= 0.9 && s < 2, "rank 0 gave up after %.2f s (timeout 1 s)", s);
+    CHECK_CONTAINS(m, "all_reduce #2 (10 floats) waited");
+    CHECK_CONTAINS(m, "not arrived: rank 1 (worker:1): last heard");
+    CHECK_CONTAINS(m, "between collectives, after all_reduce #1 (10 floats)");
+    printf("# rank 0: %s\n", m);
+    free(m);
+    m = read_note(1, &rc, &s);
+    CHECK_MSG(rc == LOOM_ETIMEOUT, "rank 1: %d %s", rc, m);
+    CHECK_CONTAINS(m, "worker:0 reports:");
+    free(m);
+}
+
 static const loom_test tests[] = {
     {"frames", test_frames},
     {"handshake", test_handshake},
@@ -445,6 +815,14 @@ static const loom_test tests[] = {
     {"all_reduce_2", test_all_reduce_2},
     {"all_reduce_3", test_all_reduce_3},
     {"broadcast_gather_barrier", test_broadcast_gather_barrier},
+    {"wrong_secret", test_wrong_secret},
+    {"config_mismatch", test_config_mismatch},
+    {"peer_never_comes", test_peer_never_comes},
+    {"garbage_client", test_garbage_client},
+    {"peer_killed", test_peer_killed},
+    {"peer_stopped", test_peer_stopped},
+    {"mismatched_collectives", test_mismatch},
+    {"collective_timeout", test_collective_timeout},
     {0},
 };
 
