@@ -170,5 +170,8 @@ int  loom_group_broadcast(loom_group *g, void *buf, size_t len, int root, loom_e
  * order: out[r] for r < size, each reset first and freed by the caller. */
 int  loom_group_all_gather_bytes(loom_group *g, const void *buf, size_t len, loom_buf *out, loom_err *err);
 int  loom_group_barrier(loom_group *g, loom_err *err);
+/* The group's transport (borrowed): for messages beside the collectives,
+ * with types from LOOM_MSG_USER + 16 up (the group uses the first 16). */
+loom_net *loom_group_net(loom_group *g);
 
 #endif

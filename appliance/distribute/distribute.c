@@ -83,6 +83,7 @@ int loom_distribute_init(loom_err *err)
     int rc = loom_xops_register_builtins_(err);
     if (!rc) rc = loom_register_strategy(loom_one_device_ops_(), err);
     if (!rc) rc = loom_replicated_register_(err);
+    if (!rc) rc = loom_register_strategy(loom_multi_worker_ops_(), err);
     if (!rc) distribute_inited = 1;
     return rc;
 }
@@ -179,7 +180,7 @@ int loom_strategy_open(loom_strategy **out, const loom_strategy_args *a, loom_er
         loom_free(s);
         return unknown_xops(&a->spec->strategy, xname, err);
     }
-    int builtin = ops == loom_one_device_ops_() || loom_replicated_owns_(ops);
+    int builtin = ops == loom_one_device_ops_() || ops == loom_multi_worker_ops_() || loom_replicated_owns_(ops);
     if (s->xops && (rc = check_xops_memory(&a->spec->strategy, s->xops, builtin, err))) {
         loom_free(s);
         return rc;
