@@ -1,0 +1,242 @@
+#!/usr/bin/env bash
+# multi_worker.sh - multi_worker_mirrored across processes on 127.0.0.1:
+# 2 and 3 workers; 2 workers x 2 replicas against mirrored with 4 replicas
+# in one process (same global batch and seed: within 1e-6, and the same bits
+# on a second run); a cluster from TF_CONFIG; the chief alone writes;
+# kill -9 of a worker (the other names it and stops) and an exact resume;
+# SIGTERM preemption; wrong secret; mismatched configs; resuming with another
+# number of workers; a global batch that does not split; the model_dir lock.
+# The tasks are started by hand (--task, TF_CONFIG), each under `timeout`,
+# and every process this script starts is killed on exit.
+source "$(dirname "$0")/lib.sh"
+DIFF="${LOOM_CKPT_DIFF:-$(dirname "$LOOM")/tests/ckpt_diff}"
+CFG=tests/configs/mwm_mlp.cfg
+PIDS=()
+kill_tree() { # PID and its descendants (all started here)
+    local c
+    for c in $(pgrep -P "$1"); do kill_tree "$c"; done
+    kill -9 "$1" 2>/dev/null
+}
+cleanup() {
+    local p
+    for p in "${PIDS[@]}"; do kill_tree "$p"; done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# A base port with N free ports after it (another test may hold some).
+free_ports() {
+    python3 - "$1" <<'EOF'
+import random, socket, sys
+n = int(sys.argv[1])
+for _ in range(100):
+    base = random.randint(20000, 60000)
+    socks = []
+    try:
+        for i in range(n):
+            s = socket.socket(); s.bind(("127.0.0.1", base + i)); socks.append(s)
+        print(base); break
+    except OSError:
+        pass
+    finally:
+        for s in socks: s.close()
+EOF
+}
+# workers_set N BASE: the --set giving N workers on BASE, BASE+1, ...
+workers_set() {
+    local n=$1 base=$2 list="" i
+    for ((i = 0; i < n; i++)); do list+="${list:+,}\"127.0.0.1:$((base + i))\""; done
+    echo "cluster.worker=[$list]"
+}
+# job NAME N DIR [ARGS...]: starts N workers of $CFG training into DIR, waits
+# for all; worker i's output in $WORK/NAME.i, its status in $WORK/NAME.i.rc.
+job() {
+    local name=$1 n=$2 dir=$3 i base; shift 3
+    base=$(free_ports "$n")
+    local pids=()
+    for ((i = 0; i < n; i++)); do
+        (timeout 60 "$LOOM" train $CFG --task worker:$i --model-dir "$dir" --set "$(workers_set "$n" "$base")" "$@" \
+            >"$WORK/$name.$i" 2>&1; echo $? >"$WORK/$name.$i.rc") &
+        pids+=($!)
+        PIDS+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p"; done
+}
+# loom_of PID: the loom process that `timeout` (PID, started here) runs.
+loom_of() {
+    local c i
+    for ((i = 0; i < 100; i++)); do c=$(pgrep -P "$1" | head -1); [ -n "$c" ] && break; sleep 0.02; done
+    echo "${c:-$1}"
+}
+# wait_for FILE [FILE2]: up to 15 s for FILE (with FILE2: FILE2 non-empty) to exist.
+wait_for() {
+    local i
+    for ((i = 0; i < 300; i++)); do
+        if [ -n "${2:-}" ]; then [ -s "$2" ] && return; elif [ -e "$1" ]; then return; fi
+        sleep 0.05
+    done
+}
+rc_of() { cat "$WORK/$1.rc" 2>/dev/null || echo none; }
+all_ok() { # NAME N: every worker exited 0
+    local i bad=""
+    for ((i = 0; i < $2; i++)); do [ "$(rc_of "$1.$i")" = 0 ] || bad+=" worker:$i=$(rc_of "$1.$i")"; done
+    if [ -z "$bad" ]; then pass "$1: every worker exits 0"; else fail "$1: every worker exits 0" "$bad" "$(tail -3 "$WORK/$1.0")" "$(tail -3 "$WORK/$1.1")"; fi
+}
+tensors() { "$LOOM" inspect "$1" | grep '^tensor'; }
+same_weights() {
+    local ta tb
+    ta=$(tensors "$2") && tb=$(tensors "$3")
+    if [ -n "$ta" ] && [ "$ta" = "$tb" ]; then pass "$1"; else fail "$1" "$2 vs $3"; fi
+}
+close6() {
+    local d
+    if d=$("$DIFF" $CFG "$2" "$3" 2>&1) && awk -v d="$d" 'BEGIN { exit !(d <= 1e-6) }'; then
+        pass "$1 (${d} apart)"
+    else
+        fail "$1" "ckpt_diff: $d"
+    fi
+}
+S40=(--set run.max_steps=40 --set run.eval_steps=1)
+
+# ---- 2 workers: the chief alone writes; the same weights as mirrored(2) --------------
+job two 2 "$WORK/two" "${S40[@]}"
+all_ok two 2
+contains "the chief logs the job" "done: step 40" "$(cat "$WORK/two.0")"
+if grep -q "done:\|epoch 1/" "$WORK/two.1"; then fail "worker:1 logs no progress" "$(cat "$WORK/two.1")"; else pass "worker:1 logs no progress"; fi
+contains "one checkpoint per checkpoint_steps, from the chief" "ckpt-40.loom" "$(ls "$WORK/two")"
+contains "metrics.jsonl holds the job's end line" '"event": "end", "step": 40' "$(cat "$WORK/two/metrics.jsonl" 2>&1)"
+check "mirrored(2) in one process" "$LOOM" train $CFG --model-dir "$WORK/mir2" "${S40[@]}" \
+    --set strategy.type=mirrored --set strategy.replicas=2 --set cluster.worker=[]
+close6 "2 workers = mirrored(2) within 1e-6" "$WORK/mir2/ckpt-40.loom" "$WORK/two/ckpt-40.loom"
+
+# ---- 2 workers x 2 replicas = mirrored(4), and the same bits twice -------------------
+job twotwo 2 "$WORK/twotwo" "${S40[@]}" --set strategy.replicas=2
+all_ok twotwo 2
+job twotwo_again 2 "$WORK/twotwo_again" "${S40[@]}" --set strategy.replicas=2
+check "mirrored(4) in one process" "$LOOM" train $CFG --model-dir "$WORK/mir4" "${S40[@]}" \
+    --set strategy.type=mirrored --set strategy.replicas=4 --set cluster.worker=[]
+close6 "2 workers x 2 replicas = mirrored(4) within 1e-6" "$WORK/mir4/ckpt-40.loom" "$WORK/twotwo/ckpt-40.loom"
+same_weights "2 workers x 2 replicas: the same bits on a second run" "$WORK/twotwo/ckpt-40.loom" "$WORK/twotwo_again/ckpt-40.loom"
+
+# ---- 3 workers (96 = 3 x 32) ----------------------------------------------------------
+job three 3 "$WORK/three" "${S40[@]}"
+all_ok three 3
+close6 "3 workers = mirrored(3) within 1e-6" "$WORK/three/ckpt-40.loom" \
+    "$("$LOOM" train $CFG --model-dir "$WORK/mir3" "${S40[@]}" --set strategy.type=mirrored --set strategy.replicas=3 \
+       --set cluster.worker=[] >/dev/null 2>&1; echo "$WORK/mir3/ckpt-40.loom")"
+
+# ---- a whole epoch (100 steps of 96 = 50 per worker... every worker ends together) ------
+job epoch 2 "$WORK/epoch" --set run.max_steps=0 --set run.eval_steps=1
+all_ok epoch 2
+contains "an epoch ends on every worker at once" "epoch 1/1: step 100" "$(cat "$WORK/epoch.0")"
+
+# ---- TF_CONFIG, started by hand ---------------------------------------------------------
+base=$(free_ports 2)
+for i in 0 1; do
+    (TF_CONFIG="{\"cluster\": {\"worker\": [\"127.0.0.1:$base\", \"127.0.0.1:$((base + 1))\"]}, \"task\": {\"type\": \"worker\", \"index\": $i}}" \
+        timeout 60 "$LOOM" train $CFG --model-dir "$WORK/tf" "${S40[@]}" --set cluster.worker=[] >"$WORK/tf.$i" 2>&1
+     echo $? >"$WORK/tf.$i.rc") &
+    PIDS+=($!)
+done
+wait
+all_ok tf 2
+same_weights "TF_CONFIG: the weights of --task" "$WORK/two/ckpt-40.loom" "$WORK/tf/ckpt-40.loom"
+
+# ---- kill -9 of a worker mid-epoch, then an exact resume ------------------------------
+SLOW=(--set run.max_steps=100 --set run.checkpoint_steps=10 --set run.eval_steps=1)
+base=$(free_ports 2)
+WS="$(workers_set 2 "$base")"
+timeout 60 "$LOOM" train $CFG --task worker:0 --model-dir "$WORK/kill" --set "$WS" "${SLOW[@]}" \
+    --set 'hooks.callbacks=["../lua/mwm_slow.lua:slow"]' >"$WORK/kill.0" 2>&1 &
+k0=$!; PIDS+=($k0)
+timeout 60 "$LOOM" train $CFG --task worker:1 --model-dir "$WORK/kill" --set "$WS" "${SLOW[@]}" \
+    --set 'hooks.callbacks=["../lua/mwm_slow.lua:slow"]' >"$WORK/kill.1" 2>&1 &
+k1=$!; PIDS+=($k1)
+wait_for "$WORK/kill/ckpt-20.loom"
+kill -9 "$(loom_of $k1)"
+t_kill=$(date +%s.%N)
+wait $k0; s0=$?
+t_seen=$(date +%s.%N)
+if [ $s0 -ne 0 ] && grep -q "worker:1" "$WORK/kill.0"; then
+    pass "the chief stops naming the lost worker:1 ($(awk -v a="$t_kill" -v b="$t_seen" 'BEGIN { printf "%.1f", b - a }') s after kill -9; heartbeat_timeout 3 s)"
+else
+    fail "the chief stops naming the lost worker:1" "status $s0" "$(tail -3 "$WORK/kill.0")"
+fi
+awk -v a="$t_kill" -v b="$t_seen" 'BEGIN { exit !(b - a <= 4.5) }' && pass "lost within heartbeat_timeout + 1.5 s" \
+    || fail "lost within heartbeat_timeout + 1.5 s" "$(awk -v a="$t_kill" -v b="$t_seen" 'BEGIN { print b - a }') s"
+job kill_resume 2 "$WORK/kill" "${SLOW[@]}"
+all_ok kill_resume 2
+contains "the job resumes from the last checkpoint" "resuming from $WORK/kill/ckpt-" "$(cat "$WORK/kill_resume.0")"
+job straight 2 "$WORK/straight" "${SLOW[@]}"
+same_weights "killed and resumed = uninterrupted, bit for bit" "$WORK/straight/ckpt-100.loom" "$WORK/kill/ckpt-100.loom"
+
+# ---- SIGTERM to one task: the whole job checkpoints at the next step and exits ---------
+base=$(free_ports 2)
+WS="$(workers_set 2 "$base")"
+timeout 60 "$LOOM" train $CFG --task worker:0 --model-dir "$WORK/term" --set "$WS" "${SLOW[@]}" \
+    --set run.checkpoint_steps=0 --set 'hooks.callbacks=["../lua/mwm_slow.lua:slow"]' >"$WORK/term.0" 2>&1 &
+t0=$!; PIDS+=($t0)
+timeout 60 "$LOOM" train $CFG --task worker:1 --model-dir "$WORK/term" --set "$WS" "${SLOW[@]}" \
+    --set run.checkpoint_steps=0 --set 'hooks.callbacks=["../lua/mwm_slow.lua:slow"]' >"$WORK/term.1" 2>&1 &
+t1=$!; PIDS+=($t1)
+wait_for "$WORK/term/ckpt-0.loom" "$WORK/term/.lock"
+sleep 0.5
+kill -TERM "$(loom_of $t1)"
+wait $t0; s0=$?
+wait $t1; s1=$?
+contains "SIGTERM: the chief checkpoints and says why" "another task of the job was interrupted: stopped at step" "$(cat "$WORK/term.0")"
+contains "SIGTERM: the signalled task says so" "interrupted by signal 15" "$(cat "$WORK/term.1")"
+step=$(sed -n 's/.*stopped at step \([0-9]*\).*/\1/p' "$WORK/term.0" | head -1)
+if [ -n "$step" ] && [ -e "$WORK/term/ckpt-$step.loom" ] && [ $s0 -ne 0 ] && [ $s1 -ne 0 ]; then
+    pass "SIGTERM: both stop after step $step, whose checkpoint exists"
+else
+    fail "SIGTERM: both stop after the same step, checkpointed" "step '$step', status $s0 $s1" "$(ls "$WORK/term")"
+fi
+job term_resume 2 "$WORK/term" "${SLOW[@]}" --set run.checkpoint_steps=0
+all_ok term_resume 2
+same_weights "preempted and resumed = uninterrupted, bit for bit" "$WORK/straight/ckpt-100.loom" "$WORK/term/ckpt-100.loom"
+
+# ---- refusals ---------------------------------------------------------------------------
+job three_on_two 3 "$WORK/two" --set run.max_steps=60
+contains "resuming with another number of workers is refused" \
+    "the checkpoint was written by a job of 2 workers, this job has 3" "$(cat "$WORK/three_on_two.0")"
+job split 5 "$WORK/split" "${S40[@]}" --set cluster.connect_timeout=5
+contains "a global batch that does not split among the workers is refused" \
+    "the global batch 96 does not split evenly among the 5 workers" "$(cat "$WORK/split.0")"
+base=$(free_ports 2)
+WS="$(workers_set 2 "$base")"
+(LOOM_CLUSTER_SECRET=one timeout 30 "$LOOM" train $CFG --task worker:0 --model-dir "$WORK/sec" --set "$WS" \
+    --set cluster.connect_timeout=4 "${S40[@]}" >"$WORK/sec.0" 2>&1) &
+PIDS+=($!)
+(LOOM_CLUSTER_SECRET=two timeout 30 "$LOOM" train $CFG --task worker:1 --model-dir "$WORK/sec" --set "$WS" \
+    --set cluster.connect_timeout=4 "${S40[@]}" >"$WORK/sec.1" 2>&1) &
+PIDS+=($!)
+wait
+if grep -qi "secret" "$WORK/sec.0" "$WORK/sec.1" && ! [ -e "$WORK/sec/ckpt-40.loom" ]; then
+    pass "a wrong secret is refused, nothing trained"
+else
+    fail "a wrong secret is refused, nothing trained" "$(tail -2 "$WORK/sec.0")" "$(tail -2 "$WORK/sec.1")"
+fi
+base=$(free_ports 2)
+WS="$(workers_set 2 "$base")"
+(timeout 30 "$LOOM" train $CFG --task worker:0 --model-dir "$WORK/mis" --set "$WS" --set cluster.connect_timeout=4 \
+    "${S40[@]}" >"$WORK/mis.0" 2>&1) &
+PIDS+=($!)
+(timeout 30 "$LOOM" train $CFG --task worker:1 --model-dir "$WORK/mis" --set "$WS" --set cluster.connect_timeout=4 \
+    "${S40[@]}" --set optimizer.learning_rate=0.5 >"$WORK/mis.1" 2>&1) &
+PIDS+=($!)
+wait
+contains "mismatched configs are refused naming the setting" "learning_rate" "$(cat "$WORK/mis.0" "$WORK/mis.1")"
+
+# ---- the model_dir lock -----------------------------------------------------------------
+timeout 60 "$LOOM" train $CFG --model-dir "$WORK/lock" --set cluster.worker=[] --set strategy.type=mirrored \
+    --set run.max_steps=100 --set 'hooks.callbacks=["../lua/mwm_slow.lua:slow"]' >"$WORK/lock.0" 2>&1 &
+l0=$!; PIDS+=($l0)
+wait_for "$WORK/lock/.lock"
+expect_fail 1 "a second job on the same model_dir is refused naming the holder" "model_dir is in use by another job: pid $(loom_of $l0)" \
+    "$LOOM" train $CFG --model-dir "$WORK/lock" --set cluster.worker=[] --set strategy.type=mirrored --set run.max_steps=5
+kill -9 "$(loom_of $l0)" 2>/dev/null
+wait $l0 2>/dev/null
+check "the lock dies with its holder (kill -9): the next job runs" "$LOOM" train $CFG --model-dir "$WORK/lock" \
+    --set cluster.worker=[] --set strategy.type=mirrored --set run.max_steps=5 --set run.eval_steps=1
+finish
