@@ -176,7 +176,9 @@ static int mw_step(loom_strategy *s, const loom_elem *batch, int64_t step, loom_
                             "%s stops with it", (long long)step + 1, mw->task),
                loom_err_hint(err, "fix what that worker reports, then run the job again: it resumes from the last "
                              "checkpoint");
-    mw->stop_seen = tail[TAIL_STOP] > 0;
+    /* sticky: a request carried by a step without examples (every input had
+     * ended: the epoch ends first) still stops the job after its next step */
+    if (tail[TAIL_STOP] > 0) mw->stop_seen = true;
     out->loss_sum = tail[TAIL_LOSS];
     out->correct = (int64_t)tail[TAIL_CORRECT];
     out->examples = (int64_t)tail[TAIL_EXAMPLES];

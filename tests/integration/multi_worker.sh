@@ -200,6 +200,9 @@ same_weights "preempted and resumed = uninterrupted, bit for bit" "$WORK/straigh
 job three_on_two 3 "$WORK/two" --set run.max_steps=60
 contains "resuming with another number of workers is refused" \
     "the checkpoint was written by a job of 2 workers, this job has 3" "$(cat "$WORK/three_on_two.0")"
+job on_one 2 "$WORK/mir2" --set run.max_steps=60
+contains "a checkpoint of one process is not resumed by 2 workers" \
+    "the checkpoint was written by a run of one process, this job has 2 workers" "$(cat "$WORK/on_one.0")"
 job split 5 "$WORK/split" "${S40[@]}" --set cluster.connect_timeout=5
 contains "a global batch that does not split among the workers is refused" \
     "the global batch 96 does not split evenly among the 5 workers" "$(cat "$WORK/split.0")"
