@@ -175,6 +175,29 @@ static int cmd_check(const cli_opts *o, double start, loom_err *err)
     return rc;
 }
 
+/* The hidden task `loom launch --command cluster-selftest` starts: resolves
+ * the cluster as train would, then does what $LOOM_SELFTEST says (launch.c). */
+static int cmd_selftest(const cli_opts *o, double start, loom_err *err)
+{
+    (void)start;
+    loom_spec *spec = NULL;
+    loom_errlist *errs = calloc(1, sizeof *errs);
+    if (!errs) return loom_err_set(err, LOOM_ENOMEM, NULL, "out of memory");
+    int rc = loom_config_load(&spec, o->config, o->sets, o->n_sets, errs);
+    if (rc) {
+        print_errlist(errs);
+        free(errs);
+        return -LOOM_EXIT_USAGE;
+    }
+    free(errs);
+    loom_cluster *cl = NULL;
+    rc = resolve_cluster(spec, o, &cl, err);
+    if (!rc) rc = -loom_cli_selftest_(cl, o->model_dir, o->fresh); /* its own exit status, negated as for a config that did not load */
+    loom_cluster_free(cl);
+    loom_config_free(spec);
+    return rc;
+}
+
 static int cmd_inspect(const cli_opts *o, double start, loom_err *err)
 {
     (void)start;
@@ -341,13 +364,19 @@ static const command commands[] = {
      "loom devices", "", NULL, 0, loom_cli_devices_},
     {"profile", "run the training input pipeline alone and report each stage and the bottleneck",
      "loom profile CONFIG [--steps N] [--input-pipeline ID/N]", "", NULL, 0, cmd_profile_main},
+    {"launch", "start every task of a cluster on this machine and supervise them (--local)",
+     "loom launch --local CONFIG [--workers N] [--ps N] [--evaluator] [--restarts K]", "", NULL, 0, loom_cli_launch_},
+    /* hidden (no summary): the stand-in task of the launch tests */
+    {"cluster-selftest", NULL, "loom cluster-selftest CONFIG --task ROLE:I [--set ...]", "", cmd_selftest,
+     OPT_MODEL_DIR | OPT_SET | OPT_FRESH | OPT_TASK, NULL},
 };
 #define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: loom COMMAND ARGS [options]   (most commands take a CONFIG file)\n\ncommands:\n");
-    for (int i = 0; i < N_COMMANDS; i++) fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].summary);
+    for (int i = 0; i < N_COMMANDS; i++)
+        if (commands[i].summary) fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].summary);
     fprintf(f,
             "\noptions:\n"
             "  --set key.path=value  override a config setting (commands that read a config;\n"

@@ -897,6 +897,9 @@ static int resolve(loom_cluster *c, const loom_spec *spec, const char *task_flag
         json_decref(tf.root);
         return rc;
     }
+    /* set by `loom launch --local` in the tasks it starts */
+    const char *launched = env_get(envp, "LOOM_LAUNCH");
+    if (launched && !launched[0]) launched = NULL;
     bool cfg_tasks = false;
     for (int r = 0; r < LOOM_ROLE_COUNT; r++) cfg_tasks = cfg_tasks || cs->n_tasks[r] > 0;
 
@@ -916,6 +919,10 @@ static int resolve(loom_cluster *c, const loom_spec *spec, const char *task_flag
                 snprintf(c->addrs_detail, sizeof c->addrs_detail, "%s", cfg_where(cs, r, -1, w, sizeof w));
                 break;
             }
+        if (launched) { /* loom launch --local chose the ports and passed them as --set cluster.* */
+            c->addrs_from = LOOM_FROM_LAUNCH;
+            snprintf(c->addrs_detail, sizeof c->addrs_detail, "%s", launched);
+        }
     } else if (tf.has_cluster) {
         for (int r = 0; !rc && r < LOOM_ROLE_COUNT; r++)
             for (int i = 0; !rc && i < tf.n[r]; i++) {
@@ -977,7 +984,7 @@ static int resolve(loom_cluster *c, const loom_spec *spec, const char *task_flag
         if (task_flag) {
             c->role = flag_role;
             c->index = flag_index;
-            c->task_from = LOOM_FROM_FLAG;
+            c->task_from = launched ? LOOM_FROM_LAUNCH : LOOM_FROM_FLAG;
             snprintf(c->task_detail, sizeof c->task_detail, "--task %s", task_flag);
         } else if (tf.has_task) {
             c->role = (loom_role)tf.role;
