@@ -92,10 +92,11 @@ static loom_spec *load(const cli_opts *o, int *status)
 
 /* This process's task in a cluster (NULL for one process), from --task,
  * TF_CONFIG, Slurm or MPI; every error before anything opens. */
-static int resolve_cluster(const loom_spec *spec, const cli_opts *o, loom_cluster **out, loom_err *err)
+static int resolve_cluster(const loom_spec *spec, const cli_opts *o, loom_cluster **out, bool need_task, loom_err *err)
 {
-    int rc = loom_cluster_resolve(out, spec, o->task, NULL, err);
-    if (!rc && *out && !(*out)->secret_len && !(*out)->insecure)
+    int rc = need_task ? loom_cluster_resolve(out, spec, o->task, NULL, err)
+                       : loom_cluster_resolve_any(out, spec, o->task, NULL, err);
+    if (!rc && *out && !(*out)->secret_len && !(*out)->insecure && !getenv("LOOM_LAUNCH"))
         loom_warn("the cluster has no secret: every address is loopback, so it runs, but any local process could "
                   "join it; set cluster.secret_file or LOOM_CLUSTER_SECRET");
     return rc;
@@ -107,7 +108,7 @@ static int cmd_train(const cli_opts *o, double start, loom_err *err)
     loom_spec *spec = load(o, &status);
     if (!spec) return -status;
     loom_cluster *cl = NULL;
-    int rc = resolve_cluster(spec, o, &cl, err);
+    int rc = resolve_cluster(spec, o, &cl, true, err);
     if (!rc) {
         if (cl) {
             char nm[32];
@@ -130,7 +131,7 @@ static int cmd_evaluate(const cli_opts *o, double start, loom_err *err)
     if (!spec) return -status;
     loom_eval_result res;
     loom_cluster *cl = NULL;
-    int rc = resolve_cluster(spec, o, &cl, err); /* evaluation itself runs in this process */
+    int rc = resolve_cluster(spec, o, &cl, false, err); /* checked; evaluation itself runs in this process */
     loom_cluster_free(cl);
     if (!rc) rc = loom_evaluate(spec, o->model_dir, o->checkpoint, &res, err);
     if (!rc) {
@@ -162,7 +163,7 @@ static int cmd_check(const cli_opts *o, double start, loom_err *err)
     loom_spec *spec = load(o, &status);
     if (!spec) return -status;
     loom_cluster *cl = NULL;
-    int rc = resolve_cluster(spec, o, &cl, err);
+    int rc = resolve_cluster(spec, o, &cl, false, err);
     if (!rc && o->print) {
         loom_config_print(spec, stdout);
     } else if (!rc) {
@@ -191,7 +192,7 @@ static int cmd_selftest(const cli_opts *o, double start, loom_err *err)
     }
     free(errs);
     loom_cluster *cl = NULL;
-    rc = resolve_cluster(spec, o, &cl, err);
+    rc = resolve_cluster(spec, o, &cl, true, err);
     if (!rc) rc = -loom_cli_selftest_(cl, o->model_dir, o->fresh); /* its own exit status, negated as for a config that did not load */
     loom_cluster_free(cl);
     loom_config_free(spec);

@@ -59,7 +59,11 @@ contains "PMIx rank with the config's addresses" "task: worker:0 from MPI (PMIX_
 expect_fail 2 "unknown role" 'unknown role "wroker" in "wroker:1"' "$LOOM" check $CFG --task wroker:1
 expect_fail 2 "index out of range" "task index out of range: worker:5, but the cluster (from $CFG:57) has 2 worker tasks" \
     "$LOOM" train $CFG --task worker:5
-expect_fail 2 "no task given for a 2-task cluster" "the cluster has 2 tasks; which one is this process?" "$LOOM" check $CFG
+expect_fail 2 "train: no task given for a 2-task cluster" "the cluster has 2 tasks; which one is this process?" \
+    "$LOOM" train $CFG --model-dir "$WORK/notask"
+nothing_there() { if [ ! -e "$1" ]; then pass "$2: nothing written"; else fail "$2: nothing written" "$(ls -la "$1")"; fi; }
+nothing_there "$WORK/notask" "train without a task"
+contains "check without a task: the cluster, no task" "task: none given (pass --task ROLE:I" "$("$LOOM" check $CFG 2>&1)"
 expect_fail 2 "duplicate address" 'duplicate address "127.0.0.1:1": worker:0 has it too' \
     "$LOOM" check $CFG --task worker:0 --set 'cluster.worker=["127.0.0.1:1", "127.0.0.1:1"]'
 expect_fail 2 "malformed TF_CONFIG names the byte offset" "TF_CONFIG: invalid JSON at byte 25 (line 1, column 25)" \
