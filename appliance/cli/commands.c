@@ -92,10 +92,11 @@ static loom_spec *load(const cli_opts *o, int *status)
 
 /* This process's task in a cluster (NULL for one process), from --task,
  * TF_CONFIG, Slurm or MPI; every error before anything opens. */
-static int resolve_cluster(const loom_spec *spec, const cli_opts *o, loom_cluster **out, loom_err *err)
+static int resolve_cluster(const loom_spec *spec, const cli_opts *o, loom_cluster **out, bool need_task, loom_err *err)
 {
-    int rc = loom_cluster_resolve(out, spec, o->task, NULL, err);
-    if (!rc && *out && !(*out)->secret_len && !(*out)->insecure)
+    int rc = need_task ? loom_cluster_resolve(out, spec, o->task, NULL, err)
+                       : loom_cluster_resolve_any(out, spec, o->task, NULL, err);
+    if (!rc && *out && !(*out)->secret_len && !(*out)->insecure && !getenv("LOOM_LAUNCH"))
         loom_warn("the cluster has no secret: every address is loopback, so it runs, but any local process could "
                   "join it; set cluster.secret_file or LOOM_CLUSTER_SECRET");
     return rc;
@@ -107,7 +108,7 @@ static int cmd_train(const cli_opts *o, double start, loom_err *err)
     loom_spec *spec = load(o, &status);
     if (!spec) return -status;
     loom_cluster *cl = NULL;
-    int rc = resolve_cluster(spec, o, &cl, err);
+    int rc = resolve_cluster(spec, o, &cl, true, err);
     if (!rc) {
         if (cl) {
             char nm[32];
@@ -130,7 +131,7 @@ static int cmd_evaluate(const cli_opts *o, double start, loom_err *err)
     if (!spec) return -status;
     loom_eval_result res;
     loom_cluster *cl = NULL;
-    int rc = resolve_cluster(spec, o, &cl, err); /* evaluation itself runs in this process */
+    int rc = resolve_cluster(spec, o, &cl, false, err); /* checked; evaluation itself runs in this process */
     loom_cluster_free(cl);
     if (!rc) rc = loom_evaluate(spec, o->model_dir, o->checkpoint, &res, err);
     if (!rc) {
@@ -162,7 +163,7 @@ static int cmd_check(const cli_opts *o, double start, loom_err *err)
     loom_spec *spec = load(o, &status);
     if (!spec) return -status;
     loom_cluster *cl = NULL;
-    int rc = resolve_cluster(spec, o, &cl, err);
+    int rc = resolve_cluster(spec, o, &cl, false, err);
     if (!rc && o->print) {
         loom_config_print(spec, stdout);
     } else if (!rc) {
@@ -170,6 +171,29 @@ static int cmd_check(const cli_opts *o, double start, loom_err *err)
         rc = loom_check(spec, cl, stdout, err);
         if (!rc) printf("%s: ok\n", o->config);
     }
+    loom_cluster_free(cl);
+    loom_config_free(spec);
+    return rc;
+}
+
+/* The hidden task `loom launch --command cluster-selftest` starts: resolves
+ * the cluster as train would, then does what $LOOM_SELFTEST says (launch.c). */
+static int cmd_selftest(const cli_opts *o, double start, loom_err *err)
+{
+    (void)start;
+    loom_spec *spec = NULL;
+    loom_errlist *errs = calloc(1, sizeof *errs);
+    if (!errs) return loom_err_set(err, LOOM_ENOMEM, NULL, "out of memory");
+    int rc = loom_config_load(&spec, o->config, o->sets, o->n_sets, errs);
+    if (rc) {
+        print_errlist(errs);
+        free(errs);
+        return -LOOM_EXIT_USAGE;
+    }
+    free(errs);
+    loom_cluster *cl = NULL;
+    rc = resolve_cluster(spec, o, &cl, true, err);
+    if (!rc) rc = -loom_cli_selftest_(cl, o->model_dir, o->fresh); /* its own exit status, negated as for a config that did not load */
     loom_cluster_free(cl);
     loom_config_free(spec);
     return rc;
@@ -341,13 +365,19 @@ static const command commands[] = {
      "loom devices", "", NULL, 0, loom_cli_devices_},
     {"profile", "run the training input pipeline alone and report each stage and the bottleneck",
      "loom profile CONFIG [--steps N] [--input-pipeline ID/N]", "", NULL, 0, cmd_profile_main},
+    {"launch", "start every task of a cluster on this machine and supervise them (--local)",
+     "loom launch --local CONFIG [--workers N] [--ps N] [--evaluator] [--restarts K]", "", NULL, 0, loom_cli_launch_},
+    /* hidden (no summary): the stand-in task of the launch tests */
+    {"cluster-selftest", NULL, "loom cluster-selftest CONFIG --task ROLE:I [--set ...]", "", cmd_selftest,
+     OPT_MODEL_DIR | OPT_SET | OPT_FRESH | OPT_TASK, NULL},
 };
 #define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: loom COMMAND ARGS [options]   (most commands take a CONFIG file)\n\ncommands:\n");
-    for (int i = 0; i < N_COMMANDS; i++) fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].summary);
+    for (int i = 0; i < N_COMMANDS; i++)
+        if (commands[i].summary) fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].summary);
     fprintf(f,
             "\noptions:\n"
             "  --set key.path=value  override a config setting (commands that read a config;\n"

@@ -106,6 +106,12 @@ typedef struct loom_cluster {
  * Free with loom_cluster_free. */
 int  loom_cluster_resolve(loom_cluster **out, const loom_spec *spec, const char *task_flag, char *const *envp,
                           loom_err *err);
+/* As loom_cluster_resolve, but a process whose task nothing names (no
+ * --task, TF_CONFIG task, Slurm or MPI rank) is not an error: *out has
+ * index = -1, rank = -1 and task_from = LOOM_FROM_NONE (`loom check` and
+ * `loom evaluate` without --task: the cluster is checked and printed). */
+int  loom_cluster_resolve_any(loom_cluster **out, const loom_spec *spec, const char *task_flag, char *const *envp,
+                              loom_err *err);
 void loom_cluster_free(loom_cluster *c); /* NULL is a no-op */
 /* "worker:1" into buf. */
 char *loom_task_name(loom_role role, int index, char *buf, size_t n);

@@ -865,8 +865,8 @@ void loom_cluster_free(loom_cluster *c)
     loom_free(c);
 }
 
-static int resolve(loom_cluster *c, const loom_spec *spec, const char *task_flag, char *const *envp, bool *single,
-                   loom_err *err)
+static int resolve(loom_cluster *c, const loom_spec *spec, const char *task_flag, char *const *envp, bool need_task,
+                   bool *single, loom_err *err)
 {
     const loom_cluster_spec *cs = &spec->cluster;
     int rc;
@@ -897,6 +897,9 @@ static int resolve(loom_cluster *c, const loom_spec *spec, const char *task_flag
         json_decref(tf.root);
         return rc;
     }
+    /* set by `loom launch --local` in the tasks it starts */
+    const char *launched = env_get(envp, "LOOM_LAUNCH");
+    if (launched && !launched[0]) launched = NULL;
     bool cfg_tasks = false;
     for (int r = 0; r < LOOM_ROLE_COUNT; r++) cfg_tasks = cfg_tasks || cs->n_tasks[r] > 0;
 
@@ -916,6 +919,10 @@ static int resolve(loom_cluster *c, const loom_spec *spec, const char *task_flag
                 snprintf(c->addrs_detail, sizeof c->addrs_detail, "%s", cfg_where(cs, r, -1, w, sizeof w));
                 break;
             }
+        if (launched) { /* loom launch --local chose the ports and passed them as --set cluster.* */
+            c->addrs_from = LOOM_FROM_LAUNCH;
+            snprintf(c->addrs_detail, sizeof c->addrs_detail, "%s", launched);
+        }
     } else if (tf.has_cluster) {
         for (int r = 0; !rc && r < LOOM_ROLE_COUNT; r++)
             for (int i = 0; !rc && i < tf.n[r]; i++) {
@@ -977,7 +984,7 @@ static int resolve(loom_cluster *c, const loom_spec *spec, const char *task_flag
         if (task_flag) {
             c->role = flag_role;
             c->index = flag_index;
-            c->task_from = LOOM_FROM_FLAG;
+            c->task_from = launched ? LOOM_FROM_LAUNCH : LOOM_FROM_FLAG;
             snprintf(c->task_detail, sizeof c->task_detail, "--task %s", task_flag);
         } else if (tf.has_task) {
             c->role = (loom_role)tf.role;
@@ -1000,6 +1007,10 @@ static int resolve(loom_cluster *c, const loom_spec *spec, const char *task_flag
             nth_task(c, 0, &c->role, &c->index);
             c->task_from = c->addrs_from;
             snprintf(c->task_detail, sizeof c->task_detail, "the only task of the cluster");
+        } else if (!need_task) {
+            c->index = -1;
+            c->task_from = LOOM_FROM_NONE;
+            snprintf(c->task_detail, sizeof c->task_detail, "none given");
         } else {
             rc = loom_err_set(err, LOOM_EUSAGE, c->addrs_detail, "the cluster has %d tasks; which one is this "
                               "process?", n);
@@ -1008,11 +1019,11 @@ static int resolve(loom_cluster *c, const loom_spec *spec, const char *task_flag
                                                       sizeof nm2));
         }
     }
-    if (!rc && c->n_tasks[c->role] == 0) {
+    if (!rc && c->index >= 0 && c->n_tasks[c->role] == 0) {
         rc = loom_err_set(err, LOOM_ECONFIG, c->task_detail, "this task is %s, but the cluster (from %s) has no %s "
                           "tasks", loom_task_name(c->role, c->index, nm, sizeof nm), c->addrs_detail,
                           role_names[c->role]);
-    } else if (!rc && c->index >= c->n_tasks[c->role]) {
+    } else if (!rc && c->index >= 0 && c->index >= c->n_tasks[c->role]) {
         rc = loom_err_set(err, LOOM_ECONFIG, c->task_detail, "task index out of range: %s, but the cluster (from %s) "
                           "has %d %s task%s (%s:0 to %s:%d)", loom_task_name(c->role, c->index, nm, sizeof nm),
                           c->addrs_detail, c->n_tasks[c->role], role_names[c->role],
@@ -1025,7 +1036,7 @@ static int resolve(loom_cluster *c, const loom_spec *spec, const char *task_flag
     /* training ranks: the chief, then the workers */
     int chiefs = c->n_tasks[LOOM_ROLE_CHIEF];
     c->n_train_ranks = chiefs + c->n_tasks[LOOM_ROLE_WORKER];
-    c->rank = c->role == LOOM_ROLE_CHIEF ? 0 : c->role == LOOM_ROLE_WORKER ? chiefs + c->index : -1;
+    c->rank = c->index < 0 ? -1 : c->role == LOOM_ROLE_CHIEF ? 0 : c->role == LOOM_ROLE_WORKER ? chiefs + c->index : -1;
 
     /* settings */
     c->connect_timeout = cs->connect_timeout;
@@ -1043,20 +1054,32 @@ static int resolve(loom_cluster *c, const loom_spec *spec, const char *task_flag
     return digest_config(c, spec, err);
 }
 
-int loom_cluster_resolve(loom_cluster **out, const loom_spec *spec, const char *task_flag, char *const *envp,
-                         loom_err *err)
+static int resolve_new(loom_cluster **out, const loom_spec *spec, const char *task_flag, char *const *envp,
+                       bool need_task, loom_err *err)
 {
     *out = NULL;
     loom_cluster *c = loom_calloc(1, sizeof *c);
     if (!c) return loom_err_set(err, LOOM_ENOMEM, spec->path, "out of memory");
     bool single = false;
-    int rc = resolve(c, spec, task_flag, envp, &single, err);
+    int rc = resolve(c, spec, task_flag, envp, need_task, &single, err);
     if (rc || single) {
         loom_cluster_free(c);
         return rc;
     }
     *out = c;
     return LOOM_OK;
+}
+
+int loom_cluster_resolve(loom_cluster **out, const loom_spec *spec, const char *task_flag, char *const *envp,
+                         loom_err *err)
+{
+    return resolve_new(out, spec, task_flag, envp, true, err);
+}
+
+int loom_cluster_resolve_any(loom_cluster **out, const loom_spec *spec, const char *task_flag, char *const *envp,
+                             loom_err *err)
+{
+    return resolve_new(out, spec, task_flag, envp, false, err);
 }
 
 /* ---- print ---------------------------------------------------------------- */
@@ -1077,15 +1100,19 @@ void loom_cluster_print(const loom_cluster *c, FILE *f)
             int rank = r == LOOM_ROLE_CHIEF ? 0 : r == LOOM_ROLE_WORKER ? c->n_tasks[LOOM_ROLE_CHIEF] + i : -1;
             fprintf(f, "  %-12s %-24s", loom_task_name(t->role, t->index, nm, sizeof nm), addr_str(t, a, sizeof a));
             if (rank >= 0) fprintf(f, " rank %d%s", rank, rank == 0 ? " (chief)" : "");
-            if ((int)c->role == r && c->index == i) fprintf(f, "  <- this task");
+            if (c->index >= 0 && (int)c->role == r && c->index == i) fprintf(f, "  <- this task");
             fputc('\n', f);
         }
-    fprintf(f, "task: %s from %s (%s)", loom_task_name(c->role, c->index, nm, sizeof nm),
-            loom_cluster_from_name(c->task_from), c->task_detail);
-    if (c->rank >= 0)
-        fprintf(f, ", training rank %d of %d\n", c->rank, c->n_train_ranks);
-    else
-        fprintf(f, ", not a training rank\n");
+    if (c->index < 0) {
+        fprintf(f, "task: none given (pass --task ROLE:I, or set TF_CONFIG, or start it under srun or mpirun)\n");
+    } else {
+        fprintf(f, "task: %s from %s (%s)", loom_task_name(c->role, c->index, nm, sizeof nm),
+                loom_cluster_from_name(c->task_from), c->task_detail);
+        if (c->rank >= 0)
+            fprintf(f, ", training rank %d of %d\n", c->rank, c->n_train_ranks);
+        else
+            fprintf(f, ", not a training rank\n");
+    }
     fprintf(f, "timeouts: connect %g s, heartbeat %g s (one every %g s)\n", c->connect_timeout, c->heartbeat_timeout,
             c->heartbeat_interval);
     if (c->secret_len)

@@ -151,6 +151,13 @@ static void test_config_and_flag(void)
     EXPECT_ERR(s, "ps:0", NULL, "no ps tasks");
     EXPECT_ERR(s, "boss:0", NULL, "unknown role \"boss\"");
     EXPECT_ERR(s, NULL, NULL, "the cluster has 4 tasks; which one is this process?");
+    loom_err err = {0};
+    c = NULL;
+    static const char *const none[] = {NULL};
+    CHECK(loom_cluster_resolve_any(&c, s, NULL, (char *const *)none, &err) == LOOM_OK && c && c->index == -1 &&
+          c->rank == -1 && c->task_from == LOOM_FROM_NONE && c->n_train_ranks == 3);
+    loom_cluster_free(c);
+    CHECK(loom_cluster_resolve_any(&c, s, "worker:7", (char *const *)none, &err) == LOOM_ECONFIG && !c);
     loom_config_free(s);
 
     /* no cluster: one process, and --task is refused */
