@@ -77,6 +77,12 @@ static int n_workers(const loom_strategy_args *a)
     return a->cluster && a->cluster->n_train_ranks > 0 ? a->cluster->n_train_ranks : 1;
 }
 
+/* This process's rank; `loom check` without a task plans as the chief. */
+static int rank_of(const loom_strategy_args *a)
+{
+    return n_workers(a) > 1 && a->cluster->rank > 0 ? a->cluster->rank : 0;
+}
+
 static int local_replicas(const loom_strategy_spec *st)
 {
     if (st->devices_listed) return st->n_devices;
@@ -89,7 +95,7 @@ static int mw_input_context(const loom_strategy_args *a, loom_input_ctx *ctx, lo
     (void)err;
     int n = n_workers(a);
     ctx->num_input_pipelines = n;
-    ctx->input_pipeline_id = n > 1 ? a->cluster->rank : 0;
+    ctx->input_pipeline_id = rank_of(a);
     ctx->num_replicas_in_sync = n * local_replicas(&a->spec->strategy);
     return LOOM_OK;
 }
@@ -112,8 +118,9 @@ static int mw_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     const loom_strategy_spec *st = &a->spec->strategy;
     if (st->communication == LOOM_COMM_NCCL) return refuse_nccl(st, err);
     mw->workers = n_workers(a);
-    mw->rank = mw->workers > 1 ? a->cluster->rank : 0;
-    if (a->cluster) loom_task_name(a->cluster->role, a->cluster->index, mw->task, sizeof mw->task);
+    mw->rank = rank_of(a);
+    if (a->cluster && a->cluster->rank >= 0) loom_task_name(a->cluster->role, a->cluster->index, mw->task, sizeof mw->task);
+    else if (a->cluster) snprintf(mw->task, sizeof mw->task, "no task given; planned as");
     else snprintf(mw->task, sizeof mw->task, "chief:0");
     mw->global_batch = last_batch_size(&a->spec->train);
     mw->local = (loom_strategy){.ops = loom_mirrored_ops_(), .xops = s->xops, .args = a};
@@ -328,9 +335,13 @@ static void mw_print_plan(loom_strategy *s, int64_t global_batch, FILE *f)
 {
     multi_worker *mw = s->impl;
     int64_t per_worker = global_batch / mw->workers;
-    fprintf(f, "strategy: multi_worker_mirrored, %d worker%s (this is %s, rank %d%s), global batch %lld, %lld per "
-            "worker\n", mw->workers, mw->workers == 1 ? "" : "s", mw->task, mw->rank, mw->rank == 0 ? ", the chief" : "",
-            (long long)global_batch, (long long)per_worker);
+    char who[160];
+    if (strchr(mw->task, ';')) /* `loom check` without a task */
+        snprintf(who, sizeof who, "no task given: planned as rank 0, the chief");
+    else
+        snprintf(who, sizeof who, "this is %s, rank %d%s", mw->task, mw->rank, mw->rank == 0 ? ", the chief" : "");
+    fprintf(f, "strategy: multi_worker_mirrored, %d worker%s (%s), global batch %lld, %lld per worker\n", mw->workers,
+            mw->workers == 1 ? "" : "s", who, (long long)global_batch, (long long)per_worker);
     fprintf(f, "  across workers: the ring all-reduce of the cluster transport (communication = \"%s\"), %lld floats "
             "per step (the gradients plus %d of agreement: stop, loss, correct, examples, failure); the chief "
             "broadcasts the variables at the start and after a restore\n",
