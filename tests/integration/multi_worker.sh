@@ -196,6 +196,27 @@ job term_resume 2 "$WORK/term" "${SLOW[@]}" --set run.checkpoint_steps=0
 all_ok term_resume 2
 same_weights "preempted and resumed = uninterrupted, bit for bit" "$WORK/straight/ckpt-100.loom" "$WORK/term/ckpt-100.loom"
 
+# ---- through loom launch --local: the same job, and kill -9 under --restarts -----------
+timeout 120 "$LOOM" launch --local $CFG --workers 2 --model-dir "$WORK/launch" "${S40[@]}" >"$WORK/launch.out" 2>&1
+status=$?
+if [ $status -eq 0 ]; then pass "launch --local --workers 2 trains"; else fail "launch --local --workers 2 trains" "status $status" "$(tail -3 "$WORK/launch.out")"; fi
+contains "launch prefixes the chief's lines" "[worker:0] loom: done: step 40" "$(cat "$WORK/launch.out")"
+same_weights "launch --local = the tasks started by hand, bit for bit" "$WORK/two/ckpt-40.loom" "$WORK/launch/ckpt-40.loom"
+timeout 120 "$LOOM" launch --local $CFG --workers 2 --restarts 1 --model-dir "$WORK/relaunch" "${SLOW[@]}" \
+    --set 'hooks.callbacks=["../lua/mwm_slow.lua:slow"]' >"$WORK/relaunch.out" 2>&1 &
+lp=$!; PIDS+=($lp)
+wait_for "$WORK/relaunch/ckpt-20.loom"
+victim=""
+descendants() { local c; for c in $(pgrep -P "$1"); do echo "$c"; descendants "$c"; done; }
+for c in $(descendants $lp); do
+    tr '\0' ' ' <"/proc/$c/cmdline" 2>/dev/null | grep -q "^[^ ]*loom train .*--task worker:1" && victim=$c
+done
+[ -n "$victim" ] && kill -9 "$victim"
+wait $lp; status=$?
+if [ -n "$victim" ] && [ $status -eq 0 ]; then pass "launch --restarts 1 survives kill -9 of worker:1"; else fail "launch --restarts 1 survives kill -9 of worker:1" "victim '$victim', status $status" "$(tail -5 "$WORK/relaunch.out")"; fi
+contains "the restarted job resumes from the last checkpoint" "resuming from $WORK/relaunch/ckpt-" "$(cat "$WORK/relaunch.out")"
+same_weights "killed under launch --restarts = uninterrupted, bit for bit" "$WORK/straight/ckpt-100.loom" "$WORK/relaunch/ckpt-100.loom"
+
 # ---- refusals ---------------------------------------------------------------------------
 job three_on_two 3 "$WORK/two" --set run.max_steps=60
 contains "resuming with another number of workers is refused" \
