@@ -170,6 +170,27 @@ contains "the job resumes from the last checkpoint" "resuming from $WORK/kill/ck
 job straight 2 "$WORK/straight" "${SLOW[@]}"
 same_weights "killed and resumed = uninterrupted, bit for bit" "$WORK/straight/ckpt-100.loom" "$WORK/kill/ckpt-100.loom"
 
+# ---- a worker that hangs (SIGSTOP): the collective times out naming it ----------------
+base=$(free_ports 2)
+WS="$(workers_set 2 "$base")"
+HANG=("${SLOW[@]}" --set strategy.collective_timeout=1.5 --set cluster.heartbeat_timeout=30
+      --set 'hooks.callbacks=["../lua/mwm_slow.lua:slow"]')
+timeout 60 "$LOOM" train $CFG --task worker:0 --model-dir "$WORK/hang" --set "$WS" "${HANG[@]}" >"$WORK/hang.0" 2>&1 &
+h0=$!; PIDS+=($h0)
+timeout 60 "$LOOM" train $CFG --task worker:1 --model-dir "$WORK/hang" --set "$WS" "${HANG[@]}" >"$WORK/hang.1" 2>&1 &
+h1=$!; PIDS+=($h1)
+wait_for "$WORK/hang/ckpt-20.loom"
+hv=$(loom_of $h1)
+kill -STOP "$hv"
+wait $h0; s0=$?
+kill -9 "$hv" 2>/dev/null
+wait $h1 2>/dev/null
+if [ $s0 -ne 0 ] && grep -q "not arrived: .*worker:1" "$WORK/hang.0"; then
+    pass "a hung worker: the chief's collective times out naming worker:1"
+else
+    fail "a hung worker: the chief's collective times out naming worker:1" "status $s0" "$(tail -3 "$WORK/hang.0")"
+fi
+
 # ---- SIGTERM to one task: the whole job checkpoints at the next step and exits ---------
 base=$(free_ports 2)
 WS="$(workers_set 2 "$base")"
