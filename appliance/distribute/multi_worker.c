@@ -104,9 +104,9 @@ static int refuse_nccl(const loom_strategy_spec *st, loom_err *err)
 {
     char w[600];
     loom_loc_str(st->communication_loc.file[0] ? &st->communication_loc : &st->loc, w, sizeof w);
-    loom_err_set(err, LOOM_EUNSUPPORTED, w, "strategy.communication: \"nccl\" across workers is not supported yet: "
-                 "the nccl plugin reduces GPU buffers within one process, and its unique id is not yet exchanged "
-                 "over the cluster transport");
+    loom_err_set(err, LOOM_EUNSUPPORTED, w, "%s\"nccl\" across workers is not supported yet: the nccl plugin "
+                 "reduces GPU buffers within one process, and its unique id is not yet exchanged over the cluster "
+                 "transport", strncmp(w, "--set ", 6) ? "strategy.communication: " : "");
     return loom_err_hint(err, "use communication = \"ring\" (or \"auto\"): the cluster transport's ring all-reduce");
 }
 

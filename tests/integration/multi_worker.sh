@@ -245,6 +245,8 @@ contains "resuming with another number of workers is refused" \
 job on_one 2 "$WORK/mir2" --set run.max_steps=60
 contains "a checkpoint of one process is not resumed by 2 workers" \
     "the checkpoint was written by a run of one process, this job has 2 workers" "$(cat "$WORK/on_one.0")"
+expect_fail 2 "communication = nccl is refused, saying why" '"nccl" across workers is not supported yet' \
+    "$LOOM" train $CFG --model-dir "$WORK/nccl" --set strategy.communication=nccl --set "cluster.worker=[]"
 job split 5 "$WORK/split" "${S40[@]}" --set cluster.connect_timeout=5
 contains "a global batch that does not split among the workers is refused" \
     "the global batch 96 does not split evenly among the 5 workers" "$(cat "$WORK/split.0")"
