@@ -11,6 +11,8 @@
 #include "train/train.h"
 
 #include <math.h>
+#include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 static loom_err err;
@@ -323,6 +325,77 @@ static void test_bad_devices_and_ops(void)
     }
 }
 
+/* multi_worker_mirrored with one worker (no cluster: TF's MWMS without
+ * TF_CONFIG) runs mirrored's replicas: it matches one_device, including the
+ * 1-example last batch (the losses over the global batch, rescaled by 63 / 1
+ * for that step). */
+static void test_multi_worker_alone_matches_one_device(void)
+{
+    const char *base[] = {"data.train.transforms.[2].size=63"};
+    const char *mw[] = {"strategy.type=multi_worker_mirrored", "strategy.replicas=3"};
+    match_one_device(mw, 2, base, 1, 70);
+}
+
+/* The version-2 descriptions, and their defaults for a version-1 strategy
+ * (a plugin built before them): no kind switch in the trainer needs them. */
+static loom_strategy_ops v1_ops;
+static void test_strategies_describe_themselves(void)
+{
+    const char *od[] = {"strategy.type=one_device"};
+    const char *mw[] = {"strategy.type=multi_worker_mirrored", "strategy.replicas=2"};
+    rig g;
+    char buf[200];
+    if (rig_open_ok(&g, od, 1)) {
+        CHECK(!strcmp(loom_strategy_where(g.s, buf, sizeof buf), "cpu:0"));
+        CHECK(loom_strategy_caps(g.s) & LOOM_STRATEGY_OWN_THREADS);
+        CHECK(loom_strategy_is_chief(g.s) && !loom_strategy_request_stop(g.s));
+        rig_close(&g);
+    }
+    if (rig_open_ok(&g, mw, 2)) {
+        CHECK_CONTAINS(loom_strategy_where(g.s, buf, sizeof buf), "1 worker x 2 replicas (multi_worker_mirrored");
+        loom_input_ctx ic;
+        CHECK(loom_strategy_input_context(&g.args, &ic, &err) == LOOM_OK);
+        CHECK(ic.num_input_pipelines == 1 && ic.input_pipeline_id == 0 && ic.num_replicas_in_sync == 2);
+        CHECK(loom_strategy_is_chief(g.s));
+        CHECK(loom_strategy_request_stop(g.s) && !loom_strategy_stop_agreed(g.s)); /* carried by the next step */
+        CHECK(train(&g, 1, NULL) == LOOM_OK && loom_strategy_stop_agreed(g.s));
+        loom_buf mine, stored, back;
+        loom_buf_init(&mine);
+        loom_buf_put_u32(&mine, 1234);
+        CHECK(loom_strategy_gather_iter_state(g.s, &mine, &stored, &err) == LOOM_OK && stored.len == mine.len);
+        CHECK(loom_strategy_pick_iter_state(g.s, &stored, &back, &err) == LOOM_OK && back.len == 4 &&
+              !memcmp(back.data, mine.data, 4));
+        loom_buf_fini(&mine);
+        loom_buf_fini(&stored);
+        loom_buf_fini(&back);
+        rig_close(&g);
+    }
+    /* mirrored's vtable as a version-1 plugin would register it */
+    v1_ops = *loom_find_strategy("mirrored");
+    v1_ops.version = 1;
+    v1_ops.name = "mirrored_v1";
+    memset(&v1_ops.caps, 0, sizeof v1_ops - offsetof(loom_strategy_ops, caps)); /* fields it never had */
+    CHECK(loom_register_strategy(&v1_ops, &err) == LOOM_OK);
+    const char *v1[] = {"strategy.type=\"mirrored_v1\"", "strategy.replicas=2"};
+    if (rig_open_ok(&g, v1, 2)) {
+        CHECK(!strcmp(loom_strategy_where(g.s, buf, sizeof buf), "2 mirrored_v1 replicas, each"));
+        CHECK(loom_strategy_caps(g.s) == 0 && loom_strategy_is_chief(g.s) && !loom_strategy_request_stop(g.s));
+        loom_input_ctx ic = {.num_input_pipelines = 7};
+        CHECK(loom_strategy_input_context(&g.args, &ic, &err) == LOOM_OK && ic.num_input_pipelines == 0);
+        bool all = false;
+        loom_step_result res;
+        CHECK(loom_strategy_end_of_data(g.s, 0, &res, &all, &err) == LOOM_OK && all);
+        char *text = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&text, &len);
+        loom_strategy_print_plan(g.s, 64, f);
+        fclose(f);
+        CHECK_CONTAINS(text, "strategy: mirrored_v1 (from built-in), 2 replicas, global batch 64");
+        free(text);
+        rig_close(&g);
+    }
+}
+
 static const loom_test tests[] = {
     {"mirrored_matches_one_device", test_mirrored_matches_one_device},
     {"central_storage_matches_one_device", test_central_storage_matches_one_device},
@@ -334,6 +407,8 @@ static const loom_test tests[] = {
     {"sync_after_restore", test_sync_after_restore},
     {"lr_override_reaches_replicas", test_lr_override_reaches_replicas},
     {"bad_devices_and_ops", test_bad_devices_and_ops},
+    {"multi_worker_alone_matches_one_device", test_multi_worker_alone_matches_one_device},
+    {"strategies_describe_themselves", test_strategies_describe_themselves},
     {0},
 };
 
