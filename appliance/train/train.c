@@ -814,11 +814,32 @@ static void print_pipeline(FILE *f, const char *name, loom_iter *it)
     loom_iter_plan(it, f);
 }
 
+/* An empty data.train is the config's error, found by check rather than by
+ * the first epoch: its size when known ahead, else by reading one batch. */
+static int check_train_not_empty(run *r, const loom_spec *spec, loom_err *err)
+{
+    int64_t card = loom_iter_cardinality(r->train);
+    if (card == -1 || card > 0) return LOOM_OK;
+    if (card < -1) {
+        loom_elem *b;
+        int rc = loom_iter_next(r->train, &b, err);
+        if (rc != LOOM_EEOF) return rc == LOOM_OK ? loom_iter_rewind(r->train, 0, err) : rc;
+    }
+    const loom_dataset_spec *d = &spec->train;
+    const loom_loc *l = d->loc.file[0] ? &d->loc : &d->source.loc;
+    char where[LOOM_PATH_MAX + 16];
+    loom_loc_str(l, where, sizeof where);
+    loom_err_set(err, LOOM_ECONFIG, where[0] ? where : spec->path, "data.train yields no batch: the training set is empty");
+    return loom_err_hint(err, "check the source's files and counts, and take/skip/filter/shard, or a batch with "
+                         "drop_remainder larger than the data");
+}
+
 int loom_check(const loom_spec *spec, FILE *f, loom_err *err)
 {
     run r;
     int rc = run_open(&r, spec, NULL, false, err);
     if (!rc) rc = train_hooks_open_(&r.hooks, spec, r.model_dir, r.strat, err); /* finds every Lua function */
+    if (!rc) rc = check_train_not_empty(&r, spec, err);
     if (!rc && r.hooks.hooks)
         fprintf(f, "hooks: %d callback%s, %s training step\n", loom_hooks_num_callbacks(r.hooks.hooks),
                 loom_hooks_num_callbacks(r.hooks.hooks) == 1 ? "" : "s",
