@@ -1364,15 +1364,19 @@ static void parse_tfr_shape(ctx *c, const config_setting_t *s, void *base)
         cerr(c, s, "expected 0 to 8 dimensions, got %d", n);
         return;
     }
-    double numel = 1;
+    int64_t numel = 1;
+    bool fits = true;
     for (int i = 0; i < n; i++) {
         int64_t x;
         if (!get_int_in(c, config_setting_get_elem(s, i), 1, INT32_MAX, &x)) return;
         f->shape[i] = x;
-        numel *= (double)x;
+        fits = fits && loom_mul_ok(numel, x, &numel);
     }
-    if (numel > (double)(1 << 30)) {
-        cerr(c, s, "%.0f values per element is too many (at most %d)", numel, 1 << 30);
+    if (!fits || numel > (1 << 30)) {
+        if (fits)
+            cerr(c, s, "%lld values per element is too many (at most %d)", (long long)numel, 1 << 30);
+        else
+            cerr(c, s, "more than 2^63 values per element is too many (at most %d)", 1 << 30);
         return;
     }
     f->rank = n;
@@ -1610,6 +1614,12 @@ static void parse_shape(ctx *c, const config_setting_t *s, void *base)
         }
         m->shape[i] = x;
     }
+    int64_t numel = 1;
+    for (int i = 0; ok && i < n; i++)
+        if (m->shape[i] > 0 && (!loom_mul_ok(numel, m->shape[i], &numel) || numel > (1 << 30))) {
+            cerr(c, s, "more than %d values per element is too many", 1 << 30);
+            ok = false;
+        }
     if (ok) m->rank = n;
 }
 

@@ -828,6 +828,14 @@ static void test_parse_spec(void)
     e = (loom_feature_spec){.name = "image", .dtype = LOOM_PARSE_U8_BYTES, .shape = {1, {783}}};
     CHECK(loom_example_extract(&ex, &e, 1, 9, &out[0], &err) == LOOM_EDATA);
     CHECK_CONTAINS(err.msg, "expected 783 bytes for uint8 (raw bytes), found 784");
+    /* a shape whose product wraps (2^32 * 2^32 = 0 mod 2^64) is refused, never read as 0 values */
+    e = (loom_feature_spec){.name = "absent", .dtype = LOOM_PARSE_F32, .shape = {2, {INT64_C(1) << 32, INT64_C(1) << 32}}};
+    CHECK(loom_example_extract(&ex, &e, 1, 10, &out[5], &err) == LOOM_ESHAPE);
+    CHECK_CONTAINS(err.msg, "feature \"absent\": shape (4294967296, 4294967296) has no size that fits in memory");
+    e.shape = (loom_shape){3, {1 << 21, 1 << 21, 1 << 22}};
+    CHECK(loom_feature_spec_tensor(&e, &t[5], &err) == LOOM_ESHAPE);
+    e.shape = (loom_shape){1, {-3}};
+    CHECK(loom_example_extract(&ex, &e, 1, 10, &out[5], &err) == LOOM_ESHAPE);
     e = (loom_feature_spec){.name = "image", .dtype = LOOM_PARSE_U8_BYTES, .shape = {1, {1000}}, .var_len = true, .pad_value = 9};
     uint8_t big[1000];
     loom_feature_out bo = {big, 0};
