@@ -471,10 +471,20 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
             double train_acc = st.examples ? (double)st.correct / (double)st.examples : NAN;
             double sps = train_sec > 0 ? (double)st.examples / train_sec : 0;
             double input_wait = train_sec > 0 ? input_sec / train_sec : 0;
-            loom_info("epoch %lld/%lld: step %lld, train loss %.4f, accuracy %.4f%s%.4f%s%.4f, %.0f samples/s, input_wait %.1f%%, %.1f s",
-                      (long long)st.epoch + 1, (long long)epochs, (long long)st.step, train_loss, train_acc,
-                      ev.examples ? "; eval loss " : "", last_eval_loss, ev.examples ? ", accuracy " : "", last_eval_acc,
-                      sps, input_wait * 100, ep_sec);
+            /* never a NaN in the log: metrics that were not measured are named as such */
+            char tr[96], evs[96];
+            if (st.examples)
+                snprintf(tr, sizeof tr, "train loss %.4f, accuracy %.4f", train_loss, train_acc);
+            else
+                snprintf(tr, sizeof tr, "no training examples this epoch");
+            if (ev.examples)
+                snprintf(evs, sizeof evs, "; eval loss %.4f, accuracy %.4f", last_eval_loss, last_eval_acc);
+            else
+                snprintf(evs, sizeof evs, "%s", r.eval ? (rs->eval_each_epoch ? "; eval data yielded no batch" : "")
+                                                       : "; no eval data");
+            loom_info("epoch %lld/%lld: step %lld, %s%s, %.0f samples/s, input_wait %.1f%%, %.1f s",
+                      (long long)st.epoch + 1, (long long)epochs, (long long)st.step, tr, evs, sps, input_wait * 100,
+                      ep_sec);
             fprintf(metrics, "{\"event\": \"epoch\", \"epoch\": %lld, \"step\": %lld", (long long)st.epoch + 1,
                     (long long)st.step);
             json_num(metrics, "train_loss", train_loss, 0);
@@ -612,8 +622,14 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
                       "to train further",
                       r.model_dir, (long long)st.step, (long long)st.epoch, (long long)epochs);
         else
-            loom_info("done: step %lld, eval accuracy %.4f, %.1f s, checkpoint %s", (long long)st.step, last_eval_acc,
-                      total, last_ckpt);
+        {
+            char evs[64];
+            if (!isnan(last_eval_acc))
+                snprintf(evs, sizeof evs, "eval accuracy %.4f", last_eval_acc);
+            else
+                snprintf(evs, sizeof evs, "%s", r.eval ? "not evaluated" : "no eval data");
+            loom_info("done: step %lld, %s, %.1f s, checkpoint %s", (long long)st.step, evs, total, last_ckpt);
+        }
         fprintf(metrics, "{\"event\": \"end\", \"step\": %lld, \"epoch\": %lld", (long long)st.step, (long long)st.epoch);
         json_num(metrics, "eval_loss", last_eval_loss, 0);
         json_num(metrics, "eval_accuracy", last_eval_acc, 0);

@@ -154,4 +154,15 @@ expect_fail 2 "an empty training set is found by check at its line" "small_mlp.c
 sed 's/{ op = "take"; count = 2048; },/{ op = "filter"; feature = "label"; in = [99]; },/' $CFG > "$D/emptyfilter.cfg"
 expect_fail 2 "an empty training set of unknown size is found by check" "emptyfilter.cfg:5: data.train yields no batch" \
     "$LOOM" check "$D/emptyfilter.cfg"
+# --- a run without data.eval: the log and metrics.jsonl never hold NaN ----
+sed '/^  eval: {/,/^  };/d' $CFG > "$D/noeval.cfg"
+out=$("$LOOM" train "$D/noeval.cfg" --model-dir "$WORK/noeval" --set run.max_steps=40 --set run.progress='"none"' 2>&1)
+contains "no eval data is said in the epoch line" "accuracy 0." "$out"
+contains "no eval data is said" "; no eval data," "$out"
+contains "the end line says no eval data" "done: step 40, no eval data" "$out"
+if grep -qi nan <<<"$out"; then fail "no NaN in the log" "$(grep -i nan <<<"$out")"; else pass "no NaN in the log"; fi
+if grep -qiE 'nan|infinity' "$WORK/noeval/metrics.jsonl"; then fail "no NaN in metrics.jsonl" "$(cat "$WORK/noeval/metrics.jsonl")"
+else pass "no NaN in metrics.jsonl"; fi
+python3 -c "import json,sys; [json.loads(l, parse_constant=lambda c: int('strict JSON has no ' + c)) for l in open(sys.argv[1])]" "$WORK/noeval/metrics.jsonl" \
+    && pass "metrics.jsonl is strict JSON" || fail "metrics.jsonl is strict JSON"
 finish
