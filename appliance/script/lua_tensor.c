@@ -27,7 +27,7 @@ static loom_tensor *writable(lua_State *L, ltensor *lt)
         if (n) memcpy(p, lt->t.data, n);
         lt->own = p;
         lt->own_bytes = n;
-        lt->t.data = p;
+        lt->t.data = n ? p : (void *)lt;
         lt->ro = 0;
         lt->gen = 0; /* owns its data now: outlives the call */
     }
@@ -79,7 +79,7 @@ static ltensor *new_lt_(lua_State *L, loom_dtype dt, const loom_shape *shape, in
     lt->own = loom_lua_alloc_(L, bytes);
     lt->own_bytes = bytes;
     if (bytes && zero) memset(lt->own, 0, bytes);
-    lt->t.data = lt->own;
+    lt->t.data = bytes ? lt->own : (void *)lt; /* never NULL: kernels memcpy/memset 0 bytes from it */
     return lt;
 }
 #define new_lt(L, dt, shape) new_lt_(L, dt, shape, 0)
@@ -241,7 +241,7 @@ static int m_copy(lua_State *L)
 {
     const loom_tensor *t = &check_lt(L, 1)->t;
     ltensor *o = new_lt(L, t->dtype, &t->shape);
-    if (o->own_bytes) memcpy(o->own, t->data, o->own_bytes);
+    if (o->own_bytes) memcpy(o->t.data, t->data, o->own_bytes);
     return 1;
 }
 
@@ -250,7 +250,7 @@ static int m_cast(lua_State *L)
     const loom_tensor *t = &check_lt(L, 1)->t;
     loom_dtype dt = check_dtype(L, 2);
     ltensor *o = new_lt(L, dt, &t->shape);
-    loom_data_convert(t->data, t->dtype, o->own, dt, (size_t)checked_numel(L, &t->shape));
+    loom_data_convert(t->data, t->dtype, o->t.data, dt, (size_t)checked_numel(L, &t->shape));
     return 1;
 }
 
@@ -264,7 +264,7 @@ static int m_reshape(lua_State *L)
                           loom_shape_str(&s, b, sizeof b));
     }
     ltensor *o = new_lt(L, t->dtype, &s);
-    if (o->own_bytes) memcpy(o->own, t->data, o->own_bytes);
+    if (o->own_bytes) memcpy(o->t.data, t->data, o->own_bytes);
     return 1;
 }
 
@@ -279,7 +279,7 @@ static int m_select(lua_State *L)
     loom_shape s = {.rank = t->shape.rank - 1};
     memcpy(s.dim, t->shape.dim + 1, sizeof s.dim[0] * (size_t)s.rank);
     ltensor *o = new_lt(L, t->dtype, &s);
-    if (o->own_bytes) memcpy(o->own, (const uint8_t *)t->data + (size_t)(i - 1) * o->own_bytes, o->own_bytes);
+    if (o->own_bytes) memcpy(o->t.data, (const uint8_t *)t->data + (size_t)(i - 1) * o->own_bytes, o->own_bytes);
     return 1;
 }
 
@@ -318,6 +318,10 @@ static int m_fill_rect(lua_State *L)
     size_t px;
     image_dims(L, &lt->t, "fill_rect", &H, &W, &px);
     int64_t y0, y1, x0, x1;
+    if (!px || !checked_numel(L, &lt->t.shape)) {
+        lua_settop(L, 1);
+        return 1; /* empty: nothing to fill, and no loop over up to 2^40 empty rows */
+    }
     clip_span(y, h, H, &y0, &y1);
     clip_span(x, w, W, &x0, &x1);
     loom_tensor *t = writable(L, lt);
@@ -338,7 +342,8 @@ static int m_flip_lr(lua_State *L)
     size_t px;
     image_dims(L, t, "flip_left_right", &H, &W, &px);
     ltensor *o = new_lt(L, t->dtype, &t->shape);
-    loom_data_flip_image(t->data, o->own, H, W, px);
+    if (!o->own_bytes) return 1; /* empty: no row loops over dims of up to 2^40 */
+    loom_data_flip_image(t->data, o->t.data, H, W, px);
     return 1;
 }
 
@@ -349,8 +354,9 @@ static int m_flip_ud(lua_State *L)
     size_t px;
     image_dims(L, t, "flip_up_down", &H, &W, &px);
     ltensor *o = new_lt(L, t->dtype, &t->shape);
+    if (!o->own_bytes) return 1; /* empty: no row loops over dims of up to 2^40 */
     size_t row = (size_t)W * px;
-    for (int64_t r = 0; r < H; r++) memcpy((uint8_t *)o->own + (size_t)r * row, (uint8_t *)t->data + (size_t)(H - 1 - r) * row, row);
+    for (int64_t r = 0; r < H; r++) memcpy((uint8_t *)o->t.data + (size_t)r * row, (uint8_t *)t->data + (size_t)(H - 1 - r) * row, row);
     return 1;
 }
 
@@ -370,9 +376,10 @@ static int m_crop(lua_State *L)
     s.dim[0] = h;
     s.dim[1] = w;
     ltensor *o = new_lt(L, t->dtype, &s);
+    if (!o->own_bytes) return 1; /* empty: no row loops over dims of up to 2^40 */
     size_t row = (size_t)w * px;
     for (int64_t r = 0; r < h; r++)
-        memcpy((uint8_t *)o->own + (size_t)r * row, (uint8_t *)t->data + ((size_t)(y - 1 + r) * (size_t)W + (size_t)(x - 1)) * px, row);
+        memcpy((uint8_t *)o->t.data + (size_t)r * row, (uint8_t *)t->data + ((size_t)(y - 1 + r) * (size_t)W + (size_t)(x - 1)) * px, row);
     return 1;
 }
 
@@ -389,9 +396,10 @@ static int m_pad(lua_State *L)
     s.dim[0] = H + 2 * p;
     s.dim[1] = W + 2 * p;
     ltensor *o = new_lt(L, t->dtype, &s);
+    if (!o->own_bytes) return 1; /* empty: no row loops over dims of up to 2^40 */
     uint8_t fill[8];
     loom_data_convert(&v, LOOM_F64, fill, t->dtype, 1);
-    loom_data_pad_image(t->data, o->own, H, W, p, px, fill, loom_dtype_size(t->dtype));
+    loom_data_pad_image(t->data, o->t.data, H, W, p, px, fill, loom_dtype_size(t->dtype));
     return 1;
 }
 
@@ -400,7 +408,7 @@ static int m_scale(lua_State *L)
     const loom_tensor *t = &check_lt(L, 1)->t;
     double sc = luaL_checknumber(L, 2), off = luaL_optnumber(L, 3, 0);
     ltensor *o = new_lt(L, LOOM_F32, &t->shape);
-    loom_data_scale(t->data, t->dtype, o->own, (size_t)checked_numel(L, &t->shape), (float)sc, (float)off);
+    loom_data_scale(t->data, t->dtype, o->t.data, (size_t)checked_numel(L, &t->shape), (float)sc, (float)off);
     return 1;
 }
 
@@ -410,7 +418,7 @@ static int m_normalize(lua_State *L)
     double mean = luaL_checknumber(L, 2), sd = luaL_checknumber(L, 3);
     luaL_argcheck(L, sd > 0, 3, "std must be > 0");
     ltensor *o = new_lt(L, LOOM_F32, &t->shape);
-    loom_data_normalize(t->data, t->dtype, o->own, (size_t)checked_numel(L, &t->shape), (float)mean, (float)sd);
+    loom_data_normalize(t->data, t->dtype, o->t.data, (size_t)checked_numel(L, &t->shape), (float)mean, (float)sd);
     return 1;
 }
 
@@ -423,7 +431,7 @@ static int m_standardize(lua_State *L)
     loom_data_moments(t->data, t->dtype, n, &mean, &sd);
     double floor_sd = n ? 1.0 / sqrt((double)n) : 1.0;
     ltensor *o = new_lt(L, LOOM_F32, &t->shape);
-    loom_data_normalize(t->data, t->dtype, o->own, n, (float)mean, (float)(sd > floor_sd ? sd : floor_sd));
+    loom_data_normalize(t->data, t->dtype, o->t.data, n, (float)mean, (float)(sd > floor_sd ? sd : floor_sd));
     return 1;
 }
 
@@ -436,7 +444,7 @@ static int elementwise(lua_State *L, int op)
     int64_t n = checked_numel(L, &t->shape);
     if (t->dtype == LOOM_F32) { /* one loop per op, so each vectorizes */
         const float *x = t->data;
-        float *y = o->own, fa = (float)a, fb = (float)b;
+        float *y = o->t.data, fa = (float)a, fb = (float)b;
         if (op == 0)
             for (int64_t i = 0; i < n; i++) y[i] = x[i] + fa;
         else if (op == 1)
@@ -596,7 +604,7 @@ static int l_stack(lua_State *L)
                               t ? loom_shape_str(&t->shape, a, sizeof a) : luaL_typename(L, -1), loom_dtype_name(dt),
                               loom_shape_str(&one, b, sizeof b));
         }
-        if (bytes) memcpy((uint8_t *)o->own + (size_t)(i - 1) * bytes, t->data, bytes);
+        if (bytes) memcpy((uint8_t *)o->t.data + (size_t)(i - 1) * bytes, t->data, bytes);
         lua_pop(L, 1);
     }
     return 1;

@@ -40,6 +40,8 @@ static void *capped_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
     }
     void *p = loom_realloc(ptr, nsize);
     if (!p) return NULL;
+    if (nsize > old && S->in_call) S->used += (int64_t)((nsize - old) >> 6); /* C loops that build big strings
+                                                                     cost their bytes / 64 (the hook raises) */
     S->mem = S->mem - old + nsize;
     if (S->mem > S->peak) S->peak = S->mem;
     return p;
@@ -279,6 +281,64 @@ static int limited_co(lua_State *L)
     return lua_gettop(L);
 }
 
+/* Charges n units of work done by a C function to the instruction budget
+ * (the count hook never sees a loop inside C). */
+static void charge(lua_State *L, lua_Integer n)
+{
+    loom_lua *S = loom_lua_from_state(L);
+    if (S->budget <= 0 || !S->in_call) return;
+    if (n > S->budget - S->used) {
+        S->used = S->budget + 1;
+        char m[200];
+        snprintf(m, sizeof m, "instruction limit of %lld reached (hooks.instruction_limit): the function runs too long or "
+                              "loops forever", (long long)S->budget);
+        fatal_error(L, 1, m);
+    }
+    S->used += n;
+}
+
+/* Calls the original function (upvalue 1) with the arguments as they are. */
+static int call_original(lua_State *L)
+{
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+    return lua_gettop(L);
+}
+
+/* string.rep(s, n[, sep]): n copies cost n (string.rep("", 1e18) loops 1e18 times in C). */
+static int limited_rep(lua_State *L)
+{
+    size_t l, ls = 0;
+    luaL_checklstring(L, 1, &l);
+    lua_Integer n = luaL_checkinteger(L, 2);
+    luaL_optlstring(L, 3, "", &ls);
+    if (n > 0) charge(L, n);
+    return call_original(L);
+}
+
+/* table.move(a1, f, e, t[, a2]): e - f + 1 moves. */
+static int limited_move(lua_State *L)
+{
+    lua_Integer f = luaL_checkinteger(L, 2), e = luaL_checkinteger(L, 3);
+    if (e >= f) charge(L, f > 0 || e < LUA_MAXINTEGER + f ? e - f + 1 : LUA_MAXINTEGER);
+    return call_original(L);
+}
+
+/* string.find/match/gmatch/gsub, table.insert/remove/sort/concat: a C loop
+ * over argument 1, a string or a table, costs its length (sort: n log n). */
+static int limited_len1(lua_State *L)
+{
+    int t = lua_type(L, 1);
+    if (t == LUA_TSTRING || t == LUA_TTABLE) {
+        lua_Integer n = (lua_Integer)lua_rawlen(L, 1), k = 1;
+        if (lua_toboolean(L, lua_upvalueindex(2)))
+            for (lua_Integer m = n; m > 1; m >>= 1) k++;
+        charge(L, n * k);
+    }
+    return call_original(L);
+}
+
 static void wrap_field(lua_State *L, const char *lib, const char *name, lua_CFunction f)
 {
     lua_getglobal(L, lib);
@@ -297,6 +357,19 @@ static void install_limits(lua_State *L)
     lua_setglobal(L, "xpcall");
     wrap_field(L, "coroutine", "resume", limited_co);
     wrap_field(L, "coroutine", "close", limited_co);
+    wrap_field(L, "string", "rep", limited_rep);
+    wrap_field(L, "table", "move", limited_move);
+    static const char *const len1[][2] = {{"string", "find"}, {"string", "match"}, {"string", "gmatch"},
+                                          {"string", "gsub"}, {"table", "insert"}, {"table", "remove"},
+                                          {"table", "concat"}, {"table", "sort"}};
+    for (size_t i = 0; i < sizeof len1 / sizeof len1[0]; i++) {
+        lua_getglobal(L, len1[i][0]);
+        lua_getfield(L, -1, len1[i][1]);
+        lua_pushboolean(L, !strcmp(len1[i][1], "sort"));
+        lua_pushcclosure(L, limited_len1, 2);
+        lua_setfield(L, -2, len1[i][1]);
+        lua_pop(L, 1);
+    }
 }
 
 /* ---- files, stdin, finalizers, require ------------------------------------------------------ */

@@ -41,7 +41,7 @@ data: { train: {
 model: { layers = ( { type = "flatten"; }, { type = "dense"; units = 10; } ); };
 optimizer: { type = "sgd"; learning_rate = 0.1; };
 run: { model_dir = "$model"; epochs = 1; progress = "none"; };
-hooks: { memory_limit = 16777216; instruction_limit = 1000000; };
+hooks: { memory_limit = 16777216; instruction_limit = 10000000; };
 CFG
     start=$(date +%s)
     out=$(cd "$RUN" && LOOM_ESCAPE_MODEL="$model" LOOM_ESCAPE_OUT="$OUT" timeout -k 5 "$BOUND" "$LOOM" train "$name.cfg" 2>&1 <"$WORK/stdin"); status=$?

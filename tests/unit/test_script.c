@@ -533,7 +533,12 @@ static const char *hard_lua =
     "function wrap_swallow() pcall(coroutine.wrap(function() while true do end end)); return true end\n"
     "function xp_swallow() xpcall(function() while true do end end, function(m) return m end); return true end\n"
     "function mem_swallow() pcall(function() local t = {} for i = 1, 1e9 do t[i] = {i} end end); return true end\n"
-    "function rep_swallow() pcall(string.rep, 'x', 1 << 30); return true end\n"
+    "function rep_swallow() pcall(string.rep, string.rep('x', 1024), 1 << 15); return true end\n"
+    "function rep_empty() string.rep('', 1 << 62); return true end\n"
+    "function move_bomb() table.move({}, 1, 1 << 62, 2); return true end\n"
+    "function insert_bomb() local t = {} for i = 1, 1e5 do t[i] = i end while true do table.insert(t, 1, 0); table.remove(t, 1) end end\n"
+    "function empty_rows() local t = loom.tensor('uint8', {1 << 40, 0}); t:flip_up_down(); t:fill_rect(1, 1, 1 << 40, 1, 0)\n"
+    "  loom.tensor('uint8', {1 << 40, 1, 0}):crop(1, 1, 1 << 40, 1); return true end\n"
     "function stdin(fifo)\n"
     "  assert(io.stdin == nil, 'io.stdin is there')\n"
     "  fails('no standard input', io.read); fails('no standard input', io.read, 'l'); fails('no standard input', io.lines)\n"
@@ -611,7 +616,8 @@ static void test_limits_not_caught(void)
 {
     loom_lua *S = open_state(false, 8 << 20, 1000000);
     loom_err err;
-    static const char *const insn[] = {"co_swallow", "co_close", "wrap_swallow", "xp_swallow", NULL};
+    static const char *const insn[] = {"co_swallow", "co_close", "wrap_swallow", "xp_swallow",
+                                       "rep_empty", "move_bomb", "insert_bomb", NULL}; /* the last three: loops in C */
     for (int i = 0; insn[i]; i++) {
         char ref[64];
         snprintf(ref, sizeof ref, "hard.lua:%s", insn[i]);
@@ -623,6 +629,7 @@ static void test_limits_not_caught(void)
     CHECK_CONTAINS(err.msg, "memory limit of 8 MiB reached");
     CHECK(call(S, "hard.lua:rep_swallow", &err) == LOOM_ELUA);
     CHECK_CONTAINS(err.msg, "memory limit of 8 MiB reached");
+    CHECK_MSG(call(S, "hard.lua:empty_rows", &err) == LOOM_OK, "%s", err.msg); /* no loop over 2^40 empty rows */
     CHECK(call(S, "limits.lua:fine", &err) == LOOM_OK); /* and the state is still usable */
     loom_lua_close(S);
 }

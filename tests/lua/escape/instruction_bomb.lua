@@ -1,2 +1,2 @@
--- expect: instruction limit of 1000000 reached (hooks.instruction_limit)
+-- expect: instruction limit of 10000000 reached (hooks.instruction_limit)
 function escape(elem) while true do end end
