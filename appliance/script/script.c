@@ -56,6 +56,8 @@ static const char *bytes_str(size_t n, char *buf, size_t len)
     return buf;
 }
 
+static void budget_hook(lua_State *L, lua_Debug *ar);
+
 /* Records a limit's error as fatal for the rest of the call and raises it:
  * pcall, xpcall and coroutine.resume re-raise it instead of returning it. */
 static int fatal_error(lua_State *L, int level, const char *msg)
@@ -67,6 +69,8 @@ static int fatal_error(lua_State *L, int level, const char *msg)
         snprintf(where, sizeof where, "%s:%d: ", ar.short_src, ar.currentline);
     if (!S->fatal || !S->fatal_msg[0]) snprintf(S->fatal_msg, sizeof S->fatal_msg, "%s%s", where, msg);
     S->fatal = 1;
+    /* from now on every instruction of this thread fails (others: at their next hook), so no handler runs long */
+    if (S->in_call) lua_sethook(L, budget_hook, LUA_MASKCOUNT, 1);
     lua_pushstring(L, S->fatal_msg);
     return lua_error(L);
 }
@@ -119,11 +123,11 @@ static void budget_hook(lua_State *L, lua_Debug *ar)
         if (S->mem > S->soft) memory_error(L, 0);
     }
     if (S->budget <= 0) return;
-    S->used += S->every;
+    int period = lua_gethookcount(L);
+    S->used += period;
+    if (period != S->every) /* a coroutine left at period 1 by an earlier call's limit */
+        lua_sethook(L, budget_hook, LUA_MASKCOUNT, S->every);
     if (S->used > S->budget) {
-        /* from now on every instruction fails, so a pcall inside the hook cannot swallow it */
-        lua_sethook(L, budget_hook, LUA_MASKCOUNT, 1);
-        S->every = 1;
         char m[200];
         snprintf(m, sizeof m, "instruction limit of %lld reached (hooks.instruction_limit): the function runs too long or "
                               "loops forever", (long long)S->budget);
@@ -407,13 +411,15 @@ static int safe_lines(lua_State *L)
  * off (in lua_close too), so one that loops would never be stopped. */
 static int safe_setmetatable(lua_State *L)
 {
-    if (lua_istable(L, 2) && (lua_pushliteral(L, "__gc"), lua_rawget(L, 2) != LUA_TNIL))
-        return luaL_error(L, "setmetatable: __gc finalizers are not available in the sandbox (they run outside the "
-                             "instruction limit; release resources explicitly, or use a to-be-closed variable)");
-    lua_pushvalue(L, lua_upvalueindex(1));
-    lua_insert(L, 1);
-    lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
-    return lua_gettop(L);
+    if (lua_istable(L, 2)) {
+        lua_pushliteral(L, "__gc");
+        int has_gc = lua_rawget(L, 2) != LUA_TNIL;
+        lua_pop(L, 1);
+        if (has_gc)
+            return luaL_error(L, "setmetatable: __gc finalizers are not available in the sandbox (they run outside "
+                                 "the instruction limit; release resources explicitly, or use a to-be-closed variable)");
+    }
+    return call_original(L);
 }
 
 /* require's one file searcher: "?.lua", "lua/?.lua", "?/init.lua" under the
