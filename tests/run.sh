@@ -13,6 +13,7 @@ python_count() {
     while IFS= read -r line; do
         case "$line" in
             "ok "*"# SKIP"*) skipped=$((skipped + 1)) ;;
+            "not ok "*"# TODO"*) ;;   # a known hole, marked as TAP says (meson counts it an expected failure)
             "ok "*) passed=$((passed + 1)) ;;
             "not ok "*) failed=$((failed + 1)) ;;
         esac

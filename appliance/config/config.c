@@ -9,6 +9,7 @@
 #include "config/config.h"
 #include "config/config_internal.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <glob.h>
 #include <libconfig.h>
@@ -85,6 +86,9 @@ typedef struct ctx {
     loom_errlist *errs;
     const char   *skip_key;            /* parse_opts neither reads nor requires this key (an interleave's source files) */
     int           depth;               /* datasets nested by zip */
+    const config_setting_t *huge[16];  /* integers written beyond 64 bits (see fix_wide_ints) */
+    char          huge_text[16][32];   /* ... as written */
+    int           n_huge;
 } ctx;
 
 /* "--set key" when s (or a group holding it) came from an override, else "file:line". */
@@ -253,6 +257,218 @@ static double get_number(const config_setting_t *s)
 {
     return config_setting_type(s) == CONFIG_TYPE_FLOAT ? config_setting_get_float(s)
                                                        : (double)config_setting_get_int64(s);
+}
+
+/* ---- integer literals beyond 32 bits -------------------------------------
+ * libconfig 1.5 reads an integer literal without an L suffix into an int,
+ * so 5000000000 becomes 705032704 and 4294967297 becomes 1; later versions
+ * read it as an int64. To get the written value whatever the version, the
+ * text is lexed here: its integer literals, in order, pair one to one with
+ * the tree's integer settings in depth-first order. A literal that did not
+ * fit an int is stored into its setting as an int64; one beyond 64 bits is
+ * remembered (ctx.huge) and refused by get_int_in with the setting's range. */
+
+typedef struct int_lit {
+    int64_t v;         /* the value written (clamped when huge) */
+    bool    suffix;    /* ends in L: libconfig read it as an int64 */
+    bool    huge;      /* beyond the 64-bit range */
+    char    text[32];  /* as written, cut */
+} int_lit;
+
+typedef struct int_lits {
+    int_lit *v;
+    int      n, cap;
+    bool     bad;      /* out of memory, or an include that could not be read */
+} int_lits;
+
+static void lits_push(int_lits *L, const int_lit *x)
+{
+    if (L->n == L->cap) {
+        int cap = L->cap ? 2 * L->cap : 64;
+        int_lit *p = loom_realloc(L->v, (size_t)cap * sizeof *p);
+        if (!p) {
+            L->bad = true;
+            return;
+        }
+        L->v = p;
+        L->cap = cap;
+    }
+    L->v[L->n++] = *x;
+}
+
+static void lex_file(const char *path, const char *dir, int_lits *L, int depth);
+
+/* One integer literal at p ("-12", "0x1F", "5L"), or a float (skipped); returns the end. */
+static const char *lex_number(const char *p, int_lits *L)
+{
+    const char *s = p;
+    bool neg = false;
+    if (*p == '+' || *p == '-') neg = *p++ == '-';
+    int_lit x = {0};
+    if (p[0] == '0' && (p[1] == 'x' || p[1] == 'X') && isxdigit((unsigned char)p[2])) {
+        uint64_t u = 0;
+        for (p += 2; isxdigit((unsigned char)*p); p++) {
+            int d = isdigit((unsigned char)*p) ? *p - '0' : (tolower((unsigned char)*p) - 'a' + 10);
+            if (u > (UINT64_MAX >> 4)) x.huge = true;
+            u = (u << 4) | (uint64_t)d;
+        }
+        /* libconfig reads hex as unsigned: 0xFFFFFFFF is -1 as an int, 0xFFFFFFFFFFFFFFFFL -1 as an int64 */
+        x.v = (int64_t)u;
+        if (!x.huge && neg) x.v = -x.v;
+    } else {
+        const char *d = p;
+        while (isdigit((unsigned char)*p)) p++;
+        bool digits = p > d;
+        if (*p == '.' || ((*p == 'e' || *p == 'E') && digits)) { /* a float: skip it */
+            if (*p == '.') p++;
+            while (isdigit((unsigned char)*p)) p++;
+            if (*p == 'e' || *p == 'E') {
+                p++;
+                if (*p == '+' || *p == '-') p++;
+                while (isdigit((unsigned char)*p)) p++;
+            }
+            return p;
+        }
+        if (!digits) return p;
+        errno = 0;
+        char *end;
+        long long v = strtoll(s, &end, 10);
+        x.huge = errno == ERANGE;
+        x.v = (int64_t)v;
+    }
+    if (*p == 'L') {
+        x.suffix = true;
+        p++;
+        if (*p == 'L') p++;
+    }
+    snprintf(x.text, sizeof x.text, "%.*s%s", (int)(p - s > 24 ? 24 : p - s), s, p - s > 24 ? "..." : "");
+    lits_push(L, &x);
+    return p;
+}
+
+/* The integer literals of text, in order; @include'd files (relative to dir) in place. */
+static void lex_text(const char *t, const char *dir, int_lits *L, int depth)
+{
+    const char *p = t;
+    while (*p && !L->bad) {
+        unsigned char ch = (unsigned char)*p;
+        if (ch == '#' || (ch == '/' && p[1] == '/')) {
+            while (*p && *p != '\n') p++;
+        } else if (ch == '/' && p[1] == '*') {
+            const char *e = strstr(p + 2, "*/");
+            p = e ? e + 2 : p + strlen(p);
+        } else if (ch == '"') {
+            for (p++; *p && *p != '"'; p++)
+                if (*p == '\\' && p[1]) p++;
+            if (*p) p++;
+        } else if (ch == '@' && !strncmp(p, "@include", 8)) {
+            p += 8;
+            while (*p == ' ' || *p == '\t') p++;
+            if (*p != '"') continue;
+            const char *q = ++p;
+            while (*q && *q != '"' && *q != '\n') q++;
+            char name[LOOM_PATH_MAX], full[2 * LOOM_PATH_MAX + 2];
+            snprintf(name, sizeof name, "%.*s", (int)(q - p), p);
+            if (name[0] == '/' || !dir[0])
+                snprintf(full, sizeof full, "%s", name);
+            else
+                snprintf(full, sizeof full, "%s/%s", dir, name);
+            if (!dir) { /* an override's value includes nothing */
+                L->bad = true;
+                return;
+            }
+            lex_file(full, dir, L, depth + 1);
+            p = *q ? q + 1 : q;
+        } else if (isalpha(ch) || ch == '*' || ch == '_') { /* a name, or true/false */
+            while (isalnum((unsigned char)*p) || *p == '-' || *p == '_' || *p == '*') p++;
+        } else if (isdigit(ch) || ((ch == '-' || ch == '+' || ch == '.') && (isdigit((unsigned char)p[1]) || p[1] == '.'))) {
+            const char *e = lex_number(p, L);
+            p = e > p ? e : p + 1;
+        } else {
+            p++;
+        }
+    }
+}
+
+static void lex_file(const char *path, const char *dir, int_lits *L, int depth)
+{
+    if (depth > 10) { /* libconfig refuses deeper includes itself */
+        L->bad = true;
+        return;
+    }
+    FILE *f = fopen(path, "rb");
+    char *text = NULL;
+    long len = -1;
+    if (f && fseek(f, 0, SEEK_END) == 0 && (len = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0)
+        text = loom_alloc((size_t)len + 1);
+    if (text && fread(text, 1, (size_t)len, f) == (size_t)len) {
+        text[len] = 0;
+        lex_text(text, dir, L, depth);
+    } else {
+        L->bad = true;
+    }
+    loom_free(text);
+    if (f) fclose(f);
+}
+
+/* The tree's integer settings in depth-first order, paired with lits from *k. */
+static bool fix_ints(ctx *c, config_setting_t *s, const int_lits *L, int *k, bool apply)
+{
+    int t = config_setting_type(s);
+    if (t == CONFIG_TYPE_INT || t == CONFIG_TYPE_INT64) {
+        if (*k >= L->n) return false;
+        const int_lit *x = &L->v[(*k)++];
+        if (!apply) return true;
+        if (x->huge) {
+            if (c->n_huge < (int)(sizeof c->huge / sizeof c->huge[0])) {
+                c->huge[c->n_huge] = s;
+                snprintf(c->huge_text[c->n_huge], sizeof c->huge_text[0], "%s", x->text);
+                c->n_huge++;
+            }
+        } else if (t == CONFIG_TYPE_INT && (x->v < INT_MIN || x->v > INT_MAX) &&
+                   (int32_t)(uint32_t)(uint64_t)x->v == config_setting_get_int(s)) {
+            /* the struct is public in every libconfig; its line and file stay */
+            s->type = CONFIG_TYPE_INT64;
+            s->value.llval = x->v;
+        }
+        return true;
+    }
+    if (!config_setting_is_aggregate(s)) return true;
+    int n = config_setting_length(s);
+    for (int i = 0; i < n; i++)
+        if (!fix_ints(c, config_setting_get_elem(s, (unsigned)i), L, k, apply)) return false;
+    return true;
+}
+
+/* Pairs the literals with root's integers; does nothing unless the counts agree. */
+static void fix_wide_ints(ctx *c, config_setting_t *root, int_lits *L)
+{
+    int k = 0;
+    if (!L->bad && fix_ints(c, root, L, &k, false) && k == L->n) {
+        k = 0;
+        fix_ints(c, root, L, &k, true);
+    }
+    loom_free(L->v);
+    L->v = NULL;
+    L->n = L->cap = 0;
+}
+
+/* Forgets the huge literals inside s, which an override is about to remove. */
+static void forget_huge(ctx *c, const config_setting_t *s)
+{
+    for (int i = 0; i < c->n_huge; i++)
+        for (const config_setting_t *p = c->huge[i]; p; p = config_setting_parent(p))
+            if (p == s) {
+                c->huge[i] = NULL;
+                break;
+            }
+}
+
+static const char *huge_text(const ctx *c, const config_setting_t *s)
+{
+    for (int i = 0; i < c->n_huge; i++)
+        if (c->huge[i] == s) return c->huge_text[i];
+    return NULL;
 }
 
 /* ---- option tables ------------------------------------------------------- */
@@ -488,7 +704,7 @@ static const opt transform_opts[] = {
     O_CUSTOM("buffer", parse_prefetch_buffer, TR(PREFETCH), 0, "prefetch queue depth; \"auto\" or -1 (default), 0 disables"),
     O_INT(loom_transform_spec, "seed", seed, 0, 0, INT64_MAX, TR(SHUFFLE), 0, "shuffle seed; default run.seed"),
     O_BOOL(loom_transform_spec, "reshuffle", reshuffle, 1, TR(SHUFFLE), "reshuffle each epoch"),
-    O_INT(loom_transform_spec, "size", batch_size, 0, 1, INT64_MAX, TR(BATCH), TR(BATCH), "batch size"),
+    O_INT(loom_transform_spec, "size", batch_size, 0, 1, LOOM_MAX_BATCH, TR(BATCH), TR(BATCH), "batch size"),
     O_BOOL(loom_transform_spec, "drop_remainder", drop_remainder, 0, TR(BATCH), "drop a short last batch"),
     O_INT(loom_transform_spec, "count", count, -1, -1, INT64_MAX, TR(REPEAT) | TR(TAKE) | TR(SKIP),
           TR(TAKE) | TR(SKIP), "element or repeat count; -1 = all / forever"),
@@ -508,7 +724,7 @@ static const opt transform_opts[] = {
     O_INT(loom_transform_spec, "index", index, 0, 0, INT64_MAX, TR(SHARD), TR(SHARD), "this shard, < num_shards"),
     O_STR(loom_transform_spec, "feature", feature, "index", NULL, TR(ENUMERATE), 0, "name of the added int64 feature"),
     O_INT(loom_transform_spec, "start", start, 0, INT64_MIN, INT64_MAX, TR(ENUMERATE), 0, "first index"),
-    O_INT(loom_transform_spec, "size", batch_size, 0, 1, INT64_MAX, TR(PADDED_BATCH), TR(PADDED_BATCH), "batch size"),
+    O_INT(loom_transform_spec, "size", batch_size, 0, 1, LOOM_MAX_BATCH, TR(PADDED_BATCH), TR(PADDED_BATCH), "batch size"),
     O_BOOL(loom_transform_spec, "drop_remainder", drop_remainder, 0, TR(PADDED_BATCH), "drop a short last batch"),
     O_CUSTOM("padded_shapes", parse_padded_shapes, TR(PADDED_BATCH), 0,
              "feature = [d0, ...] per feature, -1 = the largest in the batch"),
@@ -557,8 +773,8 @@ static const opt map_opts[] = {
 static const opt layer_opts[] = {
     O_KIND(loom_layer_spec, "type", kind, 0, loom_layer_names_, ALL, "layer type"),
     O_STR(loom_layer_spec, "name", name, "", NULL, ALL, 0, "layer name; default <type>_<index>"),
-    O_INT(loom_layer_spec, "units", units, 0, 1, INT_MAX, LY(DENSE), LY(DENSE), "output units"),
-    O_INT(loom_layer_spec, "filters", filters, 0, 1, INT_MAX, LY(CONV2D), LY(CONV2D), "output channels"),
+    O_INT(loom_layer_spec, "units", units, 0, 1, LOOM_MAX_UNITS, LY(DENSE), LY(DENSE), "output units"),
+    O_INT(loom_layer_spec, "filters", filters, 0, 1, LOOM_MAX_UNITS, LY(CONV2D), LY(CONV2D), "output channels"),
     O_PAIR(loom_layer_spec, "kernel_size", kernel, 0, 1, INT_MAX, LY(CONV2D), LY(CONV2D), "int or [h, w]"),
     O_PAIR(loom_layer_spec, "strides", stride, 1, 1, INT_MAX, LY(CONV2D) | LY(MAX_POOL2D), 0,
            "int or [h, w]; default 1 (conv2d) or pool_size (max_pool2d)"),
@@ -749,11 +965,20 @@ static const char *frange_str(const opt *o, char *buf, size_t n)
 static bool get_int_in(ctx *c, const config_setting_t *s, int64_t lo, int64_t hi, int64_t *out)
 {
     char r[80], v[300];
+    const char *h = huge_text(c, s);
+    if (h) {
+        cerr(c, s, "expected %s, got %s (beyond the 64-bit range)", irange_str(lo, hi, r, sizeof r), h);
+        return false;
+    }
     if (!is_int(s)) {
         cerr(c, s, "expected %s, got %s", irange_str(lo, hi, r, sizeof r), value_str(s, v, sizeof v));
         return false;
     }
     int64_t x = config_setting_get_int64(s);
+    if (x > hi && hi != INT64_MAX) { /* name the upper bound that "an integer >= lo" leaves out */
+        cerr(c, s, "expected an integer in [%lld, %lld], got %lld", (long long)lo, (long long)hi, (long long)x);
+        return false;
+    }
     if (x < lo || x > hi) {
         cerr(c, s, "expected %s, got %lld", irange_str(lo, hi, r, sizeof r), (long long)x);
         return false;
@@ -1172,15 +1397,19 @@ static void parse_tfr_shape(ctx *c, const config_setting_t *s, void *base)
         cerr(c, s, "expected 0 to 8 dimensions, got %d", n);
         return;
     }
-    double numel = 1;
+    int64_t numel = 1;
+    bool fits = true;
     for (int i = 0; i < n; i++) {
         int64_t x;
         if (!get_int_in(c, config_setting_get_elem(s, i), 1, INT32_MAX, &x)) return;
         f->shape[i] = x;
-        numel *= (double)x;
+        fits = fits && loom_mul_ok(numel, x, &numel);
     }
-    if (numel > (double)(1 << 30)) {
-        cerr(c, s, "%.0f values per element is too many (at most %d)", numel, 1 << 30);
+    if (!fits || numel > (1 << 30)) {
+        if (fits)
+            cerr(c, s, "%lld values per element is too many (at most %d)", (long long)numel, 1 << 30);
+        else
+            cerr(c, s, "more than 2^63 values per element is too many (at most %d)", 1 << 30);
         return;
     }
     f->rank = n;
@@ -1418,6 +1647,12 @@ static void parse_shape(ctx *c, const config_setting_t *s, void *base)
         }
         m->shape[i] = x;
     }
+    int64_t numel = 1;
+    for (int i = 0; ok && i < n; i++)
+        if (m->shape[i] > 0 && (!loom_mul_ok(numel, m->shape[i], &numel) || numel > (1 << 30))) {
+            cerr(c, s, "more than %d values per element is too many", 1 << 30);
+            ok = false;
+        }
     if (ok) m->rank = n;
 }
 
@@ -2756,7 +2991,22 @@ static void apply_override(ctx *c, config_t *cfg, const char *text, char *key)
     }
     snprintf(buf, vl + 16, "x = %s;", val);
     const config_setting_t *v = NULL;
-    if (config_read_string(&vc, buf) == CONFIG_TRUE) v = config_lookup(&vc, "x");
+    int_lits lits = {0};
+    if (config_read_string(&vc, buf) == CONFIG_TRUE) {
+        v = config_lookup(&vc, "x");
+        if (config_setting_length(config_root_setting(&vc)) > 1) {
+            /* "run.epochs=3; version=2" reads as two settings: the second would be lost */
+            const config_setting_t *extra = config_setting_get_elem(config_root_setting(&vc), 1);
+            const char *en = extra && config_setting_name(extra) ? config_setting_name(extra) : "?";
+            loom_err *e = rawerr(c, LOOM_ECONFIG, where,
+                                 "one assignment per --set: the value is followed by another setting, `%s`", en);
+            if (e) loom_err_hint(e, "give each setting its own --set: --set %s=... --set %s=...", key, en);
+            loom_free(buf);
+            config_destroy(&vc);
+            return;
+        }
+        lex_text(buf, NULL, &lits, 0);
+    }
     loom_free(buf);
     if (!v) {
         config_destroy(&vc);
@@ -2799,6 +3049,7 @@ static void apply_override(ctx *c, config_t *cfg, const char *text, char *key)
                 }
             } else if (config_setting_type(e) == config_setting_type(v) ||
                        (config_setting_type(e) == CONFIG_TYPE_FLOAT && is_int(v))) {
+                forget_huge(c, e);
                 while (config_setting_is_aggregate(e) && config_setting_length(e) > 0)
                     config_setting_remove_elem(e, 0);
                 bool ok = config_setting_type(e) == CONFIG_TYPE_FLOAT && is_int(v)
@@ -2814,6 +3065,7 @@ static void apply_override(ctx *c, config_t *cfg, const char *text, char *key)
                        comp[i], value_str(e, a, sizeof a), val);
                 break;
             }
+            fix_wide_ints(c, e, &lits);
             config_setting_set_hook(e, key);
             break;
         }
@@ -2835,7 +3087,10 @@ static void apply_override(ctx *c, config_t *cfg, const char *text, char *key)
             cur = s;
             continue;
         }
-        if (s) config_setting_remove(cur, comp[i]);
+        if (s) {
+            forget_huge(c, s);
+            config_setting_remove(cur, comp[i]);
+        }
         s = config_setting_add(cur, comp[i], config_setting_type(v));
         if (!s) {
             rawerr(c, LOOM_ECONFIG, where, "bad setting name `%s`", comp[i]);
@@ -2845,8 +3100,10 @@ static void apply_override(ctx *c, config_t *cfg, const char *text, char *key)
             rawerr(c, LOOM_ECONFIG, where, "cannot set this value: %s", val);
             break;
         }
+        fix_wide_ints(c, s, &lits);
         config_setting_set_hook(s, key);
     }
+    loom_free(lits.v);
     config_destroy(&vc);
 }
 
@@ -2931,6 +3188,12 @@ int loom_config_load(loom_spec **out, const char *path, const char *const *overr
                config_error_text(&cfg) ? config_error_text(&cfg) : "unparsable");
         config_destroy(&cfg);
         return LOOM_ECONFIG;
+    }
+
+    {
+        int_lits lits = {0};
+        lex_file(path, c.dir, &lits, 0);
+        fix_wide_ints(&c, config_root_setting(&cfg), &lits);
     }
 
     /* the keys of the overrides, kept as hooks on the settings they set */

@@ -18,6 +18,10 @@
 #define LOOM_MAX_DEVICES    16
 #define LOOM_NAME_MAX       64
 #define LOOM_PATH_MAX       512
+/* Static bounds that keep products of sizes far from overflow; what memory
+ * allows is checked again when the pipeline and the model are built. */
+#define LOOM_MAX_BATCH      (1 << 24) /* batch and padded_batch size */
+#define LOOM_MAX_UNITS      (1 << 24) /* dense units, conv2d filters */
 
 /* Where a setting was declared. */
 typedef struct loom_loc {

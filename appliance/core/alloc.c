@@ -4,6 +4,7 @@
 
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <unistd.h>
 #include <string.h>
 
 static _Atomic long fail_countdown = -1;
@@ -172,4 +173,12 @@ int loom_buf_get_str(loom_buf *b, char *dst, size_t n)
     memcpy(dst, s, k);
     dst[k] = 0;
     return 0;
+}
+
+int64_t loom_phys_bytes(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    int64_t n;
+    if (pages <= 0 || psz <= 0 || !loom_mul_ok(pages, psz, &n)) return INT64_MAX;
+    return n;
 }

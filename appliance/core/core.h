@@ -190,6 +190,25 @@ int loom_num_cores(void);
  * bandwidth for that call (tests/bench/allreduce_bench). */
 int loom_pool_pin(loom_pool *p, const int *cores, loom_err *err);
 
+/* ---- checked arithmetic ---------------------------------------------------- */
+
+/* *out = a * b (or a + b); 0 when it does not fit an int64_t, *out then unspecified.
+ * Every product of dimensions (a shape's element count, times a batch, times a
+ * dtype's size) goes through these. */
+static inline int loom_mul_ok(int64_t a, int64_t b, int64_t *out) { return !__builtin_mul_overflow(a, b, out); }
+static inline int loom_add_ok(int64_t a, int64_t b, int64_t *out) { return !__builtin_add_overflow(a, b, out); }
+/* The product of n dims (1 for n == 0); 0 when a dim is negative or it overflows. */
+static inline int loom_dims_ok(const int64_t *dim, int n, int64_t *out)
+{
+    int64_t p = 1;
+    for (int i = 0; i < n; i++)
+        if (dim[i] < 0 || !loom_mul_ok(p, dim[i], &p)) return 0;
+    *out = p;
+    return 1;
+}
+/* Physical memory in bytes (INT64_MAX when unknown). */
+int64_t loom_phys_bytes(void);
+
 /* ---- files --------------------------------------------------------------- */
 
 /* Reads a whole file (plain or gzip, detected from the magic bytes) into

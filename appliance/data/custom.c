@@ -161,10 +161,17 @@ static int layout(custst *s, loom_err *err)
     dstage *st = &s->s;
     size_t at = 0;
     for (int f = 0; f < st->spec.n; f++) {
-        int64_t n = loom_shape_numel(&st->maxshape[f]);
-        if (n < 0) return dstage_err_(st, err, LOOM_ESHAPE, "%s: output \"%s\" has no size", st->name, st->spec.name[f]);
+        const loom_shape *mx = &st->maxshape[f];
+        int64_t n, bytes, end;
+        if (mx->rank < 0 || mx->rank > LOOM_MAX_RANK || !loom_dims_ok(mx->dim, mx->rank, &n))
+            return dstage_err_(st, err, LOOM_ESHAPE, "%s: output \"%s\" has no size", st->name, st->spec.name[f]);
+        /* the provider's max shape: its product must not wrap into a small buffer */
+        if (!loom_mul_ok(n, (int64_t)loom_dtype_size(st->spec.dtype[f]), &bytes) || !loom_add_ok(bytes, 63, &bytes) ||
+            !loom_add_ok((int64_t)at, bytes & ~(int64_t)63, &end) || end > loom_phys_bytes())
+            return dstage_err_(st, err, LOOM_ESHAPE, "%s: output \"%s\" is too large for memory (max shape of %d dims)",
+                               st->name, st->spec.name[f], mx->rank);
         s->off[f] = at;
-        at += ((size_t)n * loom_dtype_size(st->spec.dtype[f]) + 63) & ~(size_t)63;
+        at = (size_t)end;
     }
     s->total = at;
     return LOOM_OK;

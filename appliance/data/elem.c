@@ -181,7 +181,7 @@ int elem_pool_put_(elem_pool *p, int64_t i, const loom_elem *e, loom_err *err)
             return loom_err_set(err, LOOM_ESHAPE, NULL, "element feature %d has shape %s (%zu bytes), larger than the %zu bytes expected",
                                 f, loom_shape_str(&e->t[f].shape, a, sizeof a), n, p->slot_bytes[f]);
         }
-        memcpy(p->data[f] + (size_t)i * p->slot_bytes[f], e->t[f].data, n);
+        if (n) memcpy(p->data[f] + (size_t)i * p->slot_bytes[f], e->t[f].data, n); /* a 0-size tensor may have no data */
         if (p->varshape) *slot_shape(p, i, f) = e->t[f].shape;
     }
     return LOOM_OK;
@@ -219,11 +219,13 @@ int elem_pool_load_(elem_pool *p, int64_t i, loom_buf *b, loom_err *err)
             sh.dim[d] = loom_buf_get_i64(b);
             if (sh.dim[d] < 0) goto bad;
         }
-        size_t n = (size_t)loom_shape_numel(&sh) * loom_dtype_size(p->dtype[f]);
+        int64_t nb;
+        if (!loom_dims_ok(sh.dim, sh.rank, &nb) || !loom_mul_ok(nb, (int64_t)loom_dtype_size(p->dtype[f]), &nb)) goto bad;
+        size_t n = (size_t)nb;
         if (n > p->slot_bytes[f] || (!p->varshape && !loom_shape_eq(&sh, &p->shape[f]))) goto bad;
         const void *src = loom_buf_take(b, n);
         if (!src) goto bad;
-        memcpy(p->data[f] + (size_t)i * p->slot_bytes[f], src, n);
+        if (n) memcpy(p->data[f] + (size_t)i * p->slot_bytes[f], src, n);
         if (p->varshape) *slot_shape(p, i, f) = sh;
     }
     return LOOM_OK;

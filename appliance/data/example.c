@@ -442,9 +442,13 @@ static void fill(loom_parse_dtype dt, void *out, int64_t from, int64_t to, doubl
 static int extract_one(const loom_example *ex, const loom_feature_spec *s, int64_t record, loom_feature_out *o, loom_err *err)
 {
     LOOM_ASSERT(s->name && (unsigned)s->dtype <= LOOM_PARSE_BYTES && o->data);
-    int64_t numel = loom_shape_numel(&s->shape);
     char shp[96]; /* the shape in words, formatted only for an error (SHP_) */
 #define SHP_ loom_shape_str(&s->shape, shp, sizeof shp)
+    int64_t numel, bytes;
+    if (s->shape.rank < 0 || s->shape.rank > LOOM_MAX_RANK || !loom_dims_ok(s->shape.dim, s->shape.rank, &numel) ||
+        !loom_mul_ok(numel, (int64_t)parse_esize[s->dtype], &bytes))
+        return loom_err_set(err, LOOM_ESHAPE, NULL, "feature \"%s\": shape %s has no size that fits in memory", s->name,
+                            s->shape.rank >= 0 && s->shape.rank <= LOOM_MAX_RANK ? SHP_ : "(bad rank)");
     const char *dtn = parse_dtype_names[s->dtype];
     loom_feature_kind want = parse_kind[s->dtype];
     const loom_example_feature *f = loom_example_find(ex, s->name);
@@ -453,7 +457,7 @@ static int extract_one(const loom_example *ex, const loom_feature_spec *s, int64
         if (s->required)
             return loom_err_set(err, LOOM_EDATA, NULL, "record %lld: feature \"%s\": required but missing (expected %s %s %s)",
                                 (long long)record, s->name, loom_feature_kind_name(want), dtn, SHP_);
-        if (s->default_data && !s->var_len) memcpy(o->data, s->default_data, (size_t)numel * parse_esize[s->dtype]);
+        if (s->default_data && !s->var_len) memcpy(o->data, s->default_data, (size_t)bytes);
         else fill(s->dtype, o->data, 0, numel, s->var_len ? s->pad_value : s->default_value);
         return LOOM_OK;
     }
@@ -501,6 +505,10 @@ int loom_feature_spec_tensor(const loom_feature_spec *s, loom_tensor *t, loom_er
     static const int dt[] = {LOOM_F32, LOOM_I64, LOOM_U8, -1};
     if ((unsigned)s->dtype > LOOM_PARSE_BYTES || dt[s->dtype] < 0)
         return loom_err_set(err, LOOM_EUNSUPPORTED, NULL, "feature \"%s\": bytes features have no tensor dtype", s->name);
+    int64_t n;
+    if (s->shape.rank < 0 || s->shape.rank > LOOM_MAX_RANK || !loom_dims_ok(s->shape.dim, s->shape.rank, &n) ||
+        !loom_mul_ok(n, (int64_t)parse_esize[s->dtype], &n) || n > loom_phys_bytes())
+        return loom_err_set(err, LOOM_ESHAPE, NULL, "feature \"%s\": its shape has no size that fits in memory", s->name);
     return loom_tensor_init(t, (loom_dtype)dt[s->dtype], &s->shape, err);
 }
 

@@ -140,11 +140,18 @@ static int setup(plug_source *p, const loom_source_spec *src, loom_err *err)
                            st->spec.n, LOOM_MAX_FEATURES);
     st->out.n = st->spec.n;
     for (int f = 0; f < st->spec.n; f++) {
-        int64_t n = loom_shape_numel(&st->maxshape[f]);
-        if (n < 0 || (unsigned)st->spec.dtype[f] >= LOOM_NDTYPES_ || st->maxshape[f].rank != st->spec.shape[f].rank)
+        const loom_shape *mx = &st->maxshape[f];
+        int64_t n, nb;
+        if ((unsigned)st->spec.dtype[f] >= LOOM_NDTYPES_ || mx->rank < 0 || mx->rank > LOOM_MAX_RANK ||
+            mx->rank != st->spec.shape[f].rank || !loom_dims_ok(mx->dim, mx->rank, &n))
             return dstage_err_(st, err, LOOM_EPLUGIN, "source \"%s\": feature \"%s\" has a bad dtype or max shape",
                                p->ops->name, st->spec.name[f]);
-        size_t bytes = (size_t)n * loom_dtype_size(st->spec.dtype[f]);
+        /* the plugin's max shape sizes the buffer it writes into: a wrapped product would be an overrun */
+        if (!loom_mul_ok(n, (int64_t)loom_dtype_size(st->spec.dtype[f]), &nb) || nb > loom_phys_bytes())
+            return dstage_err_(st, err, LOOM_EPLUGIN, "source \"%s\": feature \"%s\": a max shape of %lld values "
+                               "of %s is too large for memory", p->ops->name, st->spec.name[f], (long long)n,
+                               loom_dtype_name(st->spec.dtype[f]));
+        size_t bytes = (size_t)nb;
         if (!(p->buf[f] = loom_alloc_aligned(bytes ? bytes : 1)))
             return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate %zu bytes for feature \"%s\"", bytes,
                                 st->spec.name[f]);

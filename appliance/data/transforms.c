@@ -1233,5 +1233,17 @@ int dbatch_feature_(dstage *st, int f, int64_t dim0, int64_t size, const char *w
     sh->dim[0] = dim0;
     mx->dim[0] = size;
     st->mut[f] = 1; /* refilled by every batch */
+    /* a batch that cannot fit in memory (or whose size overflows) is the config's error, found at open */
+    int64_t bytes = 0, phys = loom_phys_bytes();
+    bool fits = loom_dims_ok(mx->dim, mx->rank, &bytes) &&
+                loom_mul_ok(bytes, (int64_t)loom_dtype_size(st->spec.dtype[f]), &bytes);
+    if (!fits || bytes > phys) {
+        char a[96], b[48];
+        snprintf(b, sizeof b, fits ? "%lld bytes" : "more than 2^63 bytes", (long long)bytes);
+        dstage_err_(st, err, LOOM_ECONFIG, "%s: a batch of %lld elements of feature \"%s\", %s %s, takes %s, more "
+                    "than this machine's %lld bytes of memory", what, (long long)size, st->spec.name[f],
+                    loom_shape_str(mx, a, sizeof a), loom_dtype_name(st->spec.dtype[f]), b, (long long)phys);
+        return loom_err_hint(err, "use a smaller batch size");
+    }
     return loom_tensor_init(&st->out.t[f], st->spec.dtype[f], mx, err);
 }

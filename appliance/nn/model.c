@@ -6,7 +6,9 @@
  * stable log-sum-exp (predict still returns probabilities). */
 #include "nn_internal.h"
 
+#include <limits.h>
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 /* im2col scratch per chunk: about half a typical L2, so the chunk's columns
@@ -39,6 +41,11 @@ static int64_t out_dim(int64_t in, int k, int s, loom_padding p, int *pad_before
 static int add_param(loom_model *m, const nn_layer_ *l, const char *suffix, const loom_shape *shape, int init,
                      double fan_in, double fan_out)
 {
+    int64_t numel, total;
+    if (!loom_dims_ok(shape->dim, shape->rank, &numel) || !loom_add_ok(m->n_params, numel, &total) || total > INT_MAX) {
+        m->params_overflow = 1; /* reported by loom_model_new at the layer */
+        return -1;
+    }
     int i = m->n_ptensors++;
     loom_param_info *p = &m->pinfo[i];
     snprintf(p->name, sizeof p->name, "%s/%s", l->spec.name, suffix);
@@ -47,7 +54,7 @@ static int add_param(loom_model *m, const nn_layer_ *l, const char *suffix, cons
     m->pinit[i] = init;
     m->pfan_in[i] = fan_in;
     m->pfan_out[i] = fan_out;
-    m->n_params += loom_shape_numel(shape);
+    m->n_params = total;
     return (int)p->offset;
 }
 
@@ -242,6 +249,13 @@ int loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_sha
         if (!l->where[0]) snprintf(l->where, sizeof l->where, "%s", m->where);
         l->in = cur;
         if ((rc = layer_shapes(m, l, i, err))) goto fail;
+        if (m->params_overflow) {
+            rc = loom_err_set(err, LOOM_ECONFIG, l->where,
+                              "layer \"%s\" (%s) takes the model past %d parameters (its input is %s)", l->spec.name,
+                              nn_layer_kind_name_(l->spec.kind), INT_MAX, loom_shape_str(&l->in, a, sizeof a));
+            loom_err_hint(err, "use fewer units or filters, or a smaller kernel");
+            goto fail;
+        }
         l->needs_dx = has_params;
         has_params |= l->kernel_off >= 0;
         cur = l->out;
@@ -249,6 +263,28 @@ int loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_sha
     if ((rc = check_loss(m, label, label_dtype, err))) goto fail;
     nn_layer_ *last = &m->layer[m->n_layers - 1];
     if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && last->act == LOOM_ACT_SOFTMAX) last->act = LOOM_ACT_NONE;
+
+    /* what the buffers below take, checked before any is allocated: a layer
+     * or a batch that cannot fit is the config's error, not an allocation's */
+    int64_t phys = loom_phys_bytes(), need = 0;
+    if (!loom_mul_ok(m->n_params, 2 * (int64_t)sizeof(float), &need)) need = INT64_MAX;
+    for (int i = 0; i < m->n_layers; i++) {
+        nn_layer_ *l = &m->layer[i];
+        int64_t act = 0;
+        bool ok = loom_mul_ok(max_batch, l->n_out > l->n_in ? l->n_out : l->n_in, &act) &&
+                  loom_mul_ok(act, 3 * (int64_t)sizeof(float), &act) && loom_add_ok(need, act, &need);
+        if (!ok || need > phys) {
+            char b[48];
+            snprintf(b, sizeof b, ok ? "%lld" : "more than 2^63", (long long)need);
+            rc = loom_err_set(err, LOOM_ECONFIG, l->where,
+                              "layer \"%s\" (%s, output %s) needs %s bytes of parameters and activations for batch "
+                              "%lld, more than this machine's %lld bytes of memory",
+                              l->spec.name, nn_layer_kind_name_(l->spec.kind), loom_shape_str(&l->out, a, sizeof a), b,
+                              (long long)max_batch, (long long)phys);
+            loom_err_hint(err, "use fewer units or filters, or a smaller batch size");
+            goto fail;
+        }
+    }
 
     /* buffers, all sized for max_batch */
     int64_t gmax = 1, colmax = 0;

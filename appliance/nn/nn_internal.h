@@ -54,6 +54,7 @@ struct loom_model {
     loom_dtype       label_dtype;
     int64_t          max_batch;
     int64_t          n_params;
+    int              params_overflow; /* add_param: the count passed INT_MAX (offsets are int) */
     float           *params, *grads; /* (P,) each, 64-byte aligned */
     int              n_ptensors;
     loom_param_info  pinfo[2 * LOOM_MAX_LAYERS];

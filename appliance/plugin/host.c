@@ -197,6 +197,9 @@ static int h_model_new(loom_model **out, const loom_strategy_args *a, loom_err *
 {
     const loom_elem_spec *in = a->input;
     loom_shape x = in->shape[a->input_idx], y = in->shape[a->label_idx];
+    if (x.rank < 1 || x.rank > LOOM_MAX_RANK || y.rank < 1 || y.rank > LOOM_MAX_RANK)
+        return loom_err_set(err, LOOM_EPLUGIN, NULL, "model_new: the input and label must be batched (rank 1 to %d), "
+                            "got ranks %d and %d", LOOM_MAX_RANK, x.rank, y.rank);
     /* per-example shapes: drop the batch dimension */
     loom_shape xe = loom_shape_make(x.rank - 1, x.dim + 1), ye = loom_shape_make(y.rank - 1, y.dim + 1);
     int rc = loom_model_new(out, &a->spec->model, &xe, in->dtype[a->input_idx], &ye, in->dtype[a->label_idx],

@@ -27,7 +27,7 @@ static loom_tensor *writable(lua_State *L, ltensor *lt)
         if (n) memcpy(p, lt->t.data, n);
         lt->own = p;
         lt->own_bytes = n;
-        lt->t.data = p;
+        lt->t.data = n ? p : (void *)lt;
         lt->ro = 0;
         lt->gen = 0; /* owns its data now: outlives the call */
     }
@@ -43,21 +43,43 @@ static int lt_gc(lua_State *L)
     return 0;
 }
 
+/* Bounds on a Lua-made tensor: any one dim and the element count (so
+ * index arithmetic, H + 2 * pad and the byte count never overflow). The
+ * memory limit (hooks.memory_limit) is what usually stops a big tensor. */
+#define MAX_ELEMS ((int64_t)1 << 40)
+
+/* The element count of a shape, raising a Lua error when it is invalid: a
+ * negative dim, a dim or a product above MAX_ELEMS, or an int64 overflow. */
+static int64_t checked_numel(lua_State *L, const loom_shape *s)
+{
+    int64_t n;
+    int bad = loom_shape_numel_checked(s, MAX_ELEMS, &n);
+    for (int d = 0; !bad && d < s->rank; d++) bad = s->dim[d] > MAX_ELEMS;
+    if (bad) {
+        char b[200];
+        luaL_error(L, "shape %s is too large (at most 2^40 elements, and 2^40 along any dim)", loom_shape_str(s, b, sizeof b));
+    }
+    return n;
+}
+
 /* A new Lua-owned tensor; its data is zeroed only when zero is set (ops overwrite it all). */
 static ltensor *new_lt_(lua_State *L, loom_dtype dt, const loom_shape *shape, int zero)
 {
+    size_t bytes;
+    checked_numel(L, shape);
+    if (loom_shape_nbytes_checked(shape, dt, (size_t)MAX_ELEMS * 8, &bytes)) {
+        char b[200];
+        luaL_error(L, "tensor %s %s is too large", loom_dtype_name(dt), loom_shape_str(shape, b, sizeof b));
+    }
     ltensor *lt = lua_newuserdatauv(L, sizeof *lt, 0);
     memset(lt, 0, sizeof *lt);
     luaL_setmetatable(L, TENSOR_MT);
     lt->t.dtype = dt;
     lt->t.shape = *shape;
-    int64_t n = loom_shape_numel(shape);
-    if (n < 0 || (uint64_t)n > SIZE_MAX / 16) luaL_error(L, "tensor of %I elements is too large", (lua_Integer)n);
-    size_t bytes = (size_t)n * loom_dtype_size(dt);
     lt->own = loom_lua_alloc_(L, bytes);
     lt->own_bytes = bytes;
     if (bytes && zero) memset(lt->own, 0, bytes);
-    lt->t.data = lt->own;
+    lt->t.data = bytes ? lt->own : (void *)lt; /* never NULL: kernels memcpy/memset 0 bytes from it */
     return lt;
 }
 #define new_lt(L, dt, shape) new_lt_(L, dt, shape, 0)
@@ -118,6 +140,7 @@ static loom_shape check_shape(lua_State *L, int idx)
         s.dim[d] = v;
         lua_pop(L, 1);
     }
+    checked_numel(L, &s);
     return s;
 }
 
@@ -147,7 +170,8 @@ static void push_value(lua_State *L, const loom_tensor *t, int64_t i)
  * one flat index, or one per dimension. */
 static int64_t check_index(lua_State *L, const loom_tensor *t, int first, int n)
 {
-    int64_t numel = loom_shape_numel(&t->shape);
+    int64_t numel = checked_numel(L, &t->shape);
+    if (numel == 0) luaL_error(L, "the tensor is empty: it has no element to index");
     if (n == 1) {
         lua_Integer i = luaL_checkinteger(L, first);
         if (i < 1 || i > numel)
@@ -182,7 +206,7 @@ static void image_dims(lua_State *L, const loom_tensor *t, const char *op, int64
 
 static int m_shape(lua_State *L) { push_shape(L, &check_lt(L, 1)->t.shape); return 1; }
 static int m_dtype(lua_State *L) { lua_pushstring(L, loom_dtype_name(check_lt(L, 1)->t.dtype)); return 1; }
-static int m_numel(lua_State *L) { lua_pushinteger(L, loom_shape_numel(&check_lt(L, 1)->t.shape)); return 1; }
+static int m_numel(lua_State *L) { lua_pushinteger(L, checked_numel(L, &check_lt(L, 1)->t.shape)); return 1; }
 static int m_rank(lua_State *L) { lua_pushinteger(L, check_lt(L, 1)->t.shape.rank); return 1; }
 
 static int m_dim(lua_State *L)
@@ -217,7 +241,7 @@ static int m_copy(lua_State *L)
 {
     const loom_tensor *t = &check_lt(L, 1)->t;
     ltensor *o = new_lt(L, t->dtype, &t->shape);
-    if (o->own_bytes) memcpy(o->own, t->data, o->own_bytes);
+    if (o->own_bytes) memcpy(o->t.data, t->data, o->own_bytes);
     return 1;
 }
 
@@ -226,7 +250,7 @@ static int m_cast(lua_State *L)
     const loom_tensor *t = &check_lt(L, 1)->t;
     loom_dtype dt = check_dtype(L, 2);
     ltensor *o = new_lt(L, dt, &t->shape);
-    loom_data_convert(t->data, t->dtype, o->own, dt, (size_t)loom_shape_numel(&t->shape));
+    loom_data_convert(t->data, t->dtype, o->t.data, dt, (size_t)checked_numel(L, &t->shape));
     return 1;
 }
 
@@ -234,13 +258,13 @@ static int m_reshape(lua_State *L)
 {
     const loom_tensor *t = &check_lt(L, 1)->t;
     loom_shape s = check_shape(L, 2);
-    if (loom_shape_numel(&s) != loom_shape_numel(&t->shape)) {
+    if (checked_numel(L, &s) != checked_numel(L, &t->shape)) {
         char a[96], b[96];
         return luaL_error(L, "cannot reshape %s to %s: element counts differ", loom_shape_str(&t->shape, a, sizeof a),
                           loom_shape_str(&s, b, sizeof b));
     }
     ltensor *o = new_lt(L, t->dtype, &s);
-    if (o->own_bytes) memcpy(o->own, t->data, o->own_bytes);
+    if (o->own_bytes) memcpy(o->t.data, t->data, o->own_bytes);
     return 1;
 }
 
@@ -255,7 +279,7 @@ static int m_select(lua_State *L)
     loom_shape s = {.rank = t->shape.rank - 1};
     memcpy(s.dim, t->shape.dim + 1, sizeof s.dim[0] * (size_t)s.rank);
     ltensor *o = new_lt(L, t->dtype, &s);
-    if (o->own_bytes) memcpy(o->own, (const uint8_t *)t->data + (size_t)(i - 1) * o->own_bytes, o->own_bytes);
+    if (o->own_bytes) memcpy(o->t.data, (const uint8_t *)t->data + (size_t)(i - 1) * o->own_bytes, o->own_bytes);
     return 1;
 }
 
@@ -264,10 +288,23 @@ static int m_fill(lua_State *L)
     ltensor *lt = check_lt(L, 1);
     double v = luaL_checknumber(L, 2);
     loom_tensor *t = writable(L, lt);
-    int64_t n = loom_shape_numel(&t->shape);
+    int64_t n = checked_numel(L, &t->shape);
     for (int64_t i = 0; i < n; i++) set_value(t, i, v);
     lua_settop(L, 1);
     return 1;
+}
+
+/* [*lo, *hi): the 0-based part of the 1-based span start..start+len-1 that
+ * lies in [0, n); any Lua integers, without overflow. */
+static void clip_span(lua_Integer start, lua_Integer len, int64_t n, int64_t *lo, int64_t *hi)
+{
+    *lo = *hi = 0;
+    if (len <= 0 || start > n) return;
+    lua_Integer end; /* 1-based, inclusive */
+    if (__builtin_add_overflow(start, len - 1, &end) || end > n) end = n;
+    if (end < 1) return;
+    *lo = start < 1 ? 0 : start - 1;
+    *hi = end;
 }
 
 /* fill_rect(y, x, h, w, v): rows y..y+h-1, columns x..x+w-1 (1-based), clipped to the image (cutout). */
@@ -280,8 +317,13 @@ static int m_fill_rect(lua_State *L)
     int64_t H, W;
     size_t px;
     image_dims(L, &lt->t, "fill_rect", &H, &W, &px);
-    int64_t y0 = y - 1 < 0 ? 0 : y - 1, x0 = x - 1 < 0 ? 0 : x - 1;
-    int64_t y1 = y - 1 + h > H ? H : y - 1 + h, x1 = x - 1 + w > W ? W : x - 1 + w;
+    int64_t y0, y1, x0, x1;
+    if (!px || !checked_numel(L, &lt->t.shape)) {
+        lua_settop(L, 1);
+        return 1; /* empty: nothing to fill, and no loop over up to 2^40 empty rows */
+    }
+    clip_span(y, h, H, &y0, &y1);
+    clip_span(x, w, W, &x0, &x1);
     loom_tensor *t = writable(L, lt);
     size_t es = loom_dtype_size(t->dtype), cpp = px / es;
     uint8_t one[8];
@@ -300,7 +342,8 @@ static int m_flip_lr(lua_State *L)
     size_t px;
     image_dims(L, t, "flip_left_right", &H, &W, &px);
     ltensor *o = new_lt(L, t->dtype, &t->shape);
-    loom_data_flip_image(t->data, o->own, H, W, px);
+    if (!o->own_bytes) return 1; /* empty: no row loops over dims of up to 2^40 */
+    loom_data_flip_image(t->data, o->t.data, H, W, px);
     return 1;
 }
 
@@ -311,8 +354,9 @@ static int m_flip_ud(lua_State *L)
     size_t px;
     image_dims(L, t, "flip_up_down", &H, &W, &px);
     ltensor *o = new_lt(L, t->dtype, &t->shape);
+    if (!o->own_bytes) return 1; /* empty: no row loops over dims of up to 2^40 */
     size_t row = (size_t)W * px;
-    for (int64_t r = 0; r < H; r++) memcpy((uint8_t *)o->own + (size_t)r * row, (uint8_t *)t->data + (size_t)(H - 1 - r) * row, row);
+    for (int64_t r = 0; r < H; r++) memcpy((uint8_t *)o->t.data + (size_t)r * row, (uint8_t *)t->data + (size_t)(H - 1 - r) * row, row);
     return 1;
 }
 
@@ -325,16 +369,17 @@ static int m_crop(lua_State *L)
     int64_t H, W;
     size_t px;
     image_dims(L, t, "crop", &H, &W, &px);
-    if (y < 1 || x < 1 || h < 1 || w < 1 || y - 1 + h > H || x - 1 + w > W)
+    if (y < 1 || x < 1 || h < 1 || w < 1 || y > H || x > W || h > H - (y - 1) || w > W - (x - 1))
         return luaL_error(L, "crop(%I, %I, %I, %I) does not fit in a %I x %I image", (lua_Integer)y, (lua_Integer)x,
                           (lua_Integer)h, (lua_Integer)w, (lua_Integer)H, (lua_Integer)W);
     loom_shape s = t->shape;
     s.dim[0] = h;
     s.dim[1] = w;
     ltensor *o = new_lt(L, t->dtype, &s);
+    if (!o->own_bytes) return 1; /* empty: no row loops over dims of up to 2^40 */
     size_t row = (size_t)w * px;
     for (int64_t r = 0; r < h; r++)
-        memcpy((uint8_t *)o->own + (size_t)r * row, (uint8_t *)t->data + ((size_t)(y - 1 + r) * (size_t)W + (size_t)(x - 1)) * px, row);
+        memcpy((uint8_t *)o->t.data + (size_t)r * row, (uint8_t *)t->data + ((size_t)(y - 1 + r) * (size_t)W + (size_t)(x - 1)) * px, row);
     return 1;
 }
 
@@ -351,9 +396,10 @@ static int m_pad(lua_State *L)
     s.dim[0] = H + 2 * p;
     s.dim[1] = W + 2 * p;
     ltensor *o = new_lt(L, t->dtype, &s);
+    if (!o->own_bytes) return 1; /* empty: no row loops over dims of up to 2^40 */
     uint8_t fill[8];
     loom_data_convert(&v, LOOM_F64, fill, t->dtype, 1);
-    loom_data_pad_image(t->data, o->own, H, W, p, px, fill, loom_dtype_size(t->dtype));
+    loom_data_pad_image(t->data, o->t.data, H, W, p, px, fill, loom_dtype_size(t->dtype));
     return 1;
 }
 
@@ -362,7 +408,7 @@ static int m_scale(lua_State *L)
     const loom_tensor *t = &check_lt(L, 1)->t;
     double sc = luaL_checknumber(L, 2), off = luaL_optnumber(L, 3, 0);
     ltensor *o = new_lt(L, LOOM_F32, &t->shape);
-    loom_data_scale(t->data, t->dtype, o->own, (size_t)loom_shape_numel(&t->shape), (float)sc, (float)off);
+    loom_data_scale(t->data, t->dtype, o->t.data, (size_t)checked_numel(L, &t->shape), (float)sc, (float)off);
     return 1;
 }
 
@@ -372,7 +418,7 @@ static int m_normalize(lua_State *L)
     double mean = luaL_checknumber(L, 2), sd = luaL_checknumber(L, 3);
     luaL_argcheck(L, sd > 0, 3, "std must be > 0");
     ltensor *o = new_lt(L, LOOM_F32, &t->shape);
-    loom_data_normalize(t->data, t->dtype, o->own, (size_t)loom_shape_numel(&t->shape), (float)mean, (float)sd);
+    loom_data_normalize(t->data, t->dtype, o->t.data, (size_t)checked_numel(L, &t->shape), (float)mean, (float)sd);
     return 1;
 }
 
@@ -380,12 +426,12 @@ static int m_normalize(lua_State *L)
 static int m_standardize(lua_State *L)
 {
     const loom_tensor *t = &check_lt(L, 1)->t;
-    size_t n = (size_t)loom_shape_numel(&t->shape);
+    size_t n = (size_t)checked_numel(L, &t->shape);
     double mean, sd;
     loom_data_moments(t->data, t->dtype, n, &mean, &sd);
     double floor_sd = n ? 1.0 / sqrt((double)n) : 1.0;
     ltensor *o = new_lt(L, LOOM_F32, &t->shape);
-    loom_data_normalize(t->data, t->dtype, o->own, n, (float)mean, (float)(sd > floor_sd ? sd : floor_sd));
+    loom_data_normalize(t->data, t->dtype, o->t.data, n, (float)mean, (float)(sd > floor_sd ? sd : floor_sd));
     return 1;
 }
 
@@ -395,10 +441,10 @@ static int elementwise(lua_State *L, int op)
     const loom_tensor *t = &check_lt(L, 1)->t;
     double a = luaL_checknumber(L, 2), b = op == 2 ? luaL_checknumber(L, 3) : 0;
     ltensor *o = new_lt(L, t->dtype, &t->shape);
-    int64_t n = loom_shape_numel(&t->shape);
+    int64_t n = checked_numel(L, &t->shape);
     if (t->dtype == LOOM_F32) { /* one loop per op, so each vectorizes */
         const float *x = t->data;
-        float *y = o->own, fa = (float)a, fb = (float)b;
+        float *y = o->t.data, fa = (float)a, fb = (float)b;
         if (op == 0)
             for (int64_t i = 0; i < n; i++) y[i] = x[i] + fa;
         else if (op == 1)
@@ -420,7 +466,7 @@ static int m_clamp(lua_State *L) { return elementwise(L, 2); }
 static int reduce(lua_State *L, int op)
 {
     const loom_tensor *t = &check_lt(L, 1)->t;
-    int64_t n = loom_shape_numel(&t->shape);
+    int64_t n = checked_numel(L, &t->shape);
     if (n == 0 && op >= 2) return luaL_error(L, "%s of an empty tensor", op == 2 ? "min" : "max");
     double acc = op >= 2 ? loom_tensor_get(t, 0) : 0;
     for (int64_t i = 0; i < n; i++) {
@@ -510,8 +556,9 @@ static int l_tensor(lua_State *L)
 {
     loom_dtype dt = check_dtype(L, 1);
     loom_shape s = check_shape(L, 2);
+    lua_settop(L, 3); /* the fill is slot 3 even when absent: the new tensor goes above it */
     ltensor *o = new_lt_(L, dt, &s, 1);
-    int64_t n = loom_shape_numel(&s);
+    int64_t n = checked_numel(L, &s);
     if (lua_type(L, 3) == LUA_TNUMBER) {
         double v = lua_tonumber(L, 3);
         for (int64_t i = 0; i < n; i++) set_value(&o->t, i, v);
@@ -557,7 +604,7 @@ static int l_stack(lua_State *L)
                               t ? loom_shape_str(&t->shape, a, sizeof a) : luaL_typename(L, -1), loom_dtype_name(dt),
                               loom_shape_str(&one, b, sizeof b));
         }
-        if (bytes) memcpy((uint8_t *)o->own + (size_t)(i - 1) * bytes, t->data, bytes);
+        if (bytes) memcpy((uint8_t *)o->t.data + (size_t)(i - 1) * bytes, t->data, bytes);
         lua_pop(L, 1);
     }
     return 1;

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define FILES_KEY  "loom.files"   /* registry: path -> { env = ..., ret = ... } */
 #define HOOK_EVERY 1000           /* instructions between budget checks */
@@ -39,6 +40,8 @@ static void *capped_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
     }
     void *p = loom_realloc(ptr, nsize);
     if (!p) return NULL;
+    if (nsize > old && S->in_call) S->used += (int64_t)((nsize - old) >> 6); /* C loops that build big strings
+                                                                     cost their bytes / 64 (the hook raises) */
     S->mem = S->mem - old + nsize;
     if (S->mem > S->peak) S->peak = S->mem;
     return p;
@@ -53,25 +56,32 @@ static const char *bytes_str(size_t n, char *buf, size_t len)
     return buf;
 }
 
-/* Raises "file:line: message" for the function at level (0 in a hook: the
- * running Lua function; 1 in a C function: its Lua caller). */
-static int error_at(lua_State *L, int level, const char *fmt, ...)
+static void budget_hook(lua_State *L, lua_Debug *ar);
+
+/* Records a limit's error as fatal for the rest of the call and raises it:
+ * pcall, xpcall and coroutine.resume re-raise it instead of returning it. */
+static int fatal_error(lua_State *L, int level, const char *msg)
 {
-    va_list ap;
-    va_start(ap, fmt);
-    luaL_where(L, level);
-    lua_pushvfstring(L, fmt, ap);
-    va_end(ap);
-    lua_concat(L, 2);
+    loom_lua *S = loom_lua_from_state(L);
+    lua_Debug ar;
+    char where[LOOM_PATH_MAX + 24] = "";
+    if (lua_getstack(L, level, &ar) && lua_getinfo(L, "Sl", &ar) && ar.currentline > 0)
+        snprintf(where, sizeof where, "%s:%d: ", ar.short_src, ar.currentline);
+    if (!S->fatal || !S->fatal_msg[0]) snprintf(S->fatal_msg, sizeof S->fatal_msg, "%s%s", where, msg);
+    S->fatal = 1;
+    /* from now on every instruction of this thread fails (others: at their next hook), so no handler runs long */
+    if (S->in_call) lua_sethook(L, budget_hook, LUA_MASKCOUNT, 1);
+    lua_pushstring(L, S->fatal_msg);
     return lua_error(L);
 }
 
 static int memory_error(lua_State *L, int level)
 {
     loom_lua *S = loom_lua_from_state(L);
-    char b[32];
+    char b[32], m[128];
     S->hit_cap = 1;
-    return error_at(L, level, "memory limit of %s reached (hooks.memory_limit)", bytes_str(S->soft, b, sizeof b));
+    snprintf(m, sizeof m, "memory limit of %s reached (hooks.memory_limit)", bytes_str(S->soft, b, sizeof b));
+    return fatal_error(L, level, m);
 }
 
 int loom_lua_memory_error_(lua_State *L) { return memory_error(L, 1); }
@@ -103,24 +113,33 @@ static void budget_hook(lua_State *L, lua_Debug *ar)
 {
     (void)ar;
     loom_lua *S = loom_lua_from_state(L);
+    if (S->fatal) { /* a limit was hit (maybe in another coroutine): fail at once, everywhere */
+        lua_sethook(L, budget_hook, LUA_MASKCOUNT, 1);
+        lua_pushstring(L, S->fatal_msg);
+        lua_error(L);
+    }
     if (S->soft && S->mem > S->soft) { /* garbage first: only live data counts */
         lua_gc(L, LUA_GCCOLLECT);
         if (S->mem > S->soft) memory_error(L, 0);
     }
     if (S->budget <= 0) return;
-    S->used += S->every;
+    int period = lua_gethookcount(L);
+    S->used += period;
+    if (period != S->every) /* a coroutine left at period 1 by an earlier call's limit */
+        lua_sethook(L, budget_hook, LUA_MASKCOUNT, S->every);
     if (S->used > S->budget) {
-        /* from now on every instruction fails, so a pcall inside the hook cannot swallow it */
-        lua_sethook(L, budget_hook, LUA_MASKCOUNT, 1);
-        S->every = 1;
-        error_at(L, 0, "instruction limit of %I reached (hooks.instruction_limit): the function runs too long or loops "
-                      "forever", (lua_Integer)S->budget);
+        char m[200];
+        snprintf(m, sizeof m, "instruction limit of %lld reached (hooks.instruction_limit): the function runs too long or "
+                              "loops forever", (long long)S->budget);
+        fatal_error(L, 0, m);
     }
 }
 
 static void arm_hook(loom_lua *S)
 {
     S->used = 0;
+    S->fatal = 0;
+    S->fatal_msg[0] = 0;
     S->every = S->budget > 0 && S->budget < HOOK_EVERY ? (int)S->budget : HOOK_EVERY;
     lua_sethook(S->L, budget_hook, LUA_MASKCOUNT, S->every);
 }
@@ -175,6 +194,8 @@ int loom_lua_write_allowed_(loom_lua *S, const char *path)
     return !strncmp(tg, md, n) && tg[n] == '/';
 }
 
+static int check_regular(lua_State *L, const char *fn, const char *path);
+
 /* io.open that refuses writes outside the model directory. */
 static int safe_open(lua_State *L)
 {
@@ -184,6 +205,7 @@ static int safe_open(lua_State *L)
     if (strpbrk(mode, "wa+") && !loom_lua_write_allowed_(S, path))
         return luaL_error(L, "io.open(\"%s\", \"%s\"): writing outside the model directory (%s) is refused "
                              "(set hooks.unsafe = true to allow it)", path, mode, S->model_dir[0] ? S->model_dir : "none");
+    check_regular(L, "io.open", path);
     lua_pushvalue(L, lua_upvalueindex(1));
     lua_insert(L, 1);
     lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
@@ -203,6 +225,246 @@ static int safe_load(lua_State *L)
     return lua_gettop(L);
 }
 
+/* ---- limits nothing may catch --------------------------------------------------------- */
+
+/* After a failed protected call: a limit (or a memory error, which Lua
+ * reports with its own status) goes on up; any other error is returned as
+ * pcall returns it. */
+static void reraise_limit(lua_State *L, int status)
+{
+    loom_lua *S = loom_lua_from_state(L);
+    if (status == LUA_ERRMEM && !S->fatal) memory_error(L, 1);
+    if (S->fatal) {
+        lua_pushstring(L, S->fatal_msg);
+        lua_error(L);
+    }
+}
+
+static int pcall_done(lua_State *L, int status, lua_KContext extra)
+{
+    if (status != LUA_OK && status != LUA_YIELD) {
+        reraise_limit(L, status);
+        lua_pushboolean(L, 0);
+        lua_pushvalue(L, -2);
+        return 2;
+    }
+    return lua_gettop(L) - (int)extra;
+}
+
+/* pcall(f, ...) as the base library's, but a limit error is not caught. */
+static int limited_pcall(lua_State *L)
+{
+    luaL_checkany(L, 1);
+    lua_pushboolean(L, 1);
+    lua_insert(L, 1); /* true f args... */
+    int status = lua_pcallk(L, lua_gettop(L) - 2, LUA_MULTRET, 0, 0, pcall_done);
+    return pcall_done(L, status, 0);
+}
+
+/* xpcall(f, handler, ...) likewise. */
+static int limited_xpcall(lua_State *L)
+{
+    int n = lua_gettop(L);
+    luaL_checktype(L, 2, LUA_TFUNCTION);
+    lua_pushboolean(L, 1);
+    lua_pushvalue(L, 1);
+    lua_rotate(L, 3, 2); /* f handler true f args... */
+    int status = lua_pcallk(L, n - 2, LUA_MULTRET, 2, 2, pcall_done);
+    return pcall_done(L, status, 2);
+}
+
+/* coroutine.resume / coroutine.close: the original (upvalue 1), then a
+ * coroutine that died of a limit re-raises it in the resumer. */
+static int limited_co(lua_State *L)
+{
+    lua_State *co = lua_tothread(L, 1);
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+    if (lua_gettop(L) >= 1 && lua_isboolean(L, 1) && !lua_toboolean(L, 1)) reraise_limit(L, co ? lua_status(co) : LUA_OK);
+    return lua_gettop(L);
+}
+
+/* Charges n units of work done by a C function to the instruction budget
+ * (the count hook never sees a loop inside C). */
+static void charge(lua_State *L, lua_Integer n)
+{
+    loom_lua *S = loom_lua_from_state(L);
+    if (S->budget <= 0 || !S->in_call) return;
+    if (n > S->budget - S->used) {
+        S->used = S->budget + 1;
+        char m[200];
+        snprintf(m, sizeof m, "instruction limit of %lld reached (hooks.instruction_limit): the function runs too long or "
+                              "loops forever", (long long)S->budget);
+        fatal_error(L, 1, m);
+    }
+    S->used += n;
+}
+
+/* Calls the original function (upvalue 1) with the arguments as they are. */
+static int call_original(lua_State *L)
+{
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+    return lua_gettop(L);
+}
+
+/* string.rep(s, n[, sep]): n copies cost n (string.rep("", 1e18) loops 1e18 times in C). */
+static int limited_rep(lua_State *L)
+{
+    size_t l, ls = 0;
+    luaL_checklstring(L, 1, &l);
+    lua_Integer n = luaL_checkinteger(L, 2);
+    luaL_optlstring(L, 3, "", &ls);
+    if (n > 0) charge(L, n);
+    return call_original(L);
+}
+
+/* table.move(a1, f, e, t[, a2]): e - f + 1 moves. */
+static int limited_move(lua_State *L)
+{
+    lua_Integer f = luaL_checkinteger(L, 2), e = luaL_checkinteger(L, 3);
+    if (e >= f) charge(L, f > 0 || e < LUA_MAXINTEGER + f ? e - f + 1 : LUA_MAXINTEGER);
+    return call_original(L);
+}
+
+/* string.find/match/gmatch/gsub, table.insert/remove/sort/concat: a C loop
+ * over argument 1, a string or a table, costs its length (sort: n log n). */
+static int limited_len1(lua_State *L)
+{
+    int t = lua_type(L, 1);
+    if (t == LUA_TSTRING || t == LUA_TTABLE) {
+        lua_Integer n = (lua_Integer)lua_rawlen(L, 1), k = 1;
+        if (lua_toboolean(L, lua_upvalueindex(2)))
+            for (lua_Integer m = n; m > 1; m >>= 1) k++;
+        charge(L, n * k);
+    }
+    return call_original(L);
+}
+
+static void wrap_field(lua_State *L, const char *lib, const char *name, lua_CFunction f)
+{
+    lua_getglobal(L, lib);
+    lua_getfield(L, -1, name);
+    lua_pushcclosure(L, f, 1);
+    lua_setfield(L, -2, name);
+    lua_pop(L, 1);
+}
+
+/* Installed in every state, unsafe ones included: the limits bound every hook. */
+static void install_limits(lua_State *L)
+{
+    lua_pushcfunction(L, limited_pcall);
+    lua_setglobal(L, "pcall");
+    lua_pushcfunction(L, limited_xpcall);
+    lua_setglobal(L, "xpcall");
+    wrap_field(L, "coroutine", "resume", limited_co);
+    wrap_field(L, "coroutine", "close", limited_co);
+    wrap_field(L, "string", "rep", limited_rep);
+    wrap_field(L, "table", "move", limited_move);
+    static const char *const len1[][2] = {{"string", "find"}, {"string", "match"}, {"string", "gmatch"},
+                                          {"string", "gsub"}, {"table", "insert"}, {"table", "remove"},
+                                          {"table", "concat"}, {"table", "sort"}};
+    for (size_t i = 0; i < sizeof len1 / sizeof len1[0]; i++) {
+        lua_getglobal(L, len1[i][0]);
+        lua_getfield(L, -1, len1[i][1]);
+        lua_pushboolean(L, !strcmp(len1[i][1], "sort"));
+        lua_pushcclosure(L, limited_len1, 2);
+        lua_setfield(L, -2, len1[i][1]);
+        lua_pop(L, 1);
+    }
+}
+
+/* ---- files, stdin, finalizers, require ------------------------------------------------------ */
+
+/* Opening a FIFO, a terminal or a device (/dev/stdin, /proc/self/fd/0) can
+ * block forever; hooks read and write regular files only. */
+static int check_regular(lua_State *L, const char *fn, const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode))
+        return luaL_error(L, "%s(\"%s\"): not a regular file (hooks read and write regular files only; stdin, "
+                             "FIFOs and devices are refused)", fn, path);
+    return 0;
+}
+
+static int no_stdin(lua_State *L)
+{
+    return luaL_error(L, "%s: hooks have no standard input (open a file with io.open(path) or io.lines(path))",
+                      lua_tostring(L, lua_upvalueindex(1)));
+}
+
+/* io.lines(path, ...) of a regular file; io.lines() (stdin) is refused. */
+static int safe_lines(lua_State *L)
+{
+    if (lua_isnoneornil(L, 1))
+        return luaL_error(L, "io.lines(): hooks have no standard input (give a file: io.lines(path))");
+    check_regular(L, "io.lines", luaL_checkstring(L, 1));
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+    return lua_gettop(L);
+}
+
+/* setmetatable that refuses a __gc field: Lua runs finalizers with hooks
+ * off (in lua_close too), so one that loops would never be stopped. */
+static int safe_setmetatable(lua_State *L)
+{
+    if (lua_istable(L, 2)) {
+        lua_pushliteral(L, "__gc");
+        int has_gc = lua_rawget(L, 2) != LUA_TNIL;
+        lua_pop(L, 1);
+        if (has_gc)
+            return luaL_error(L, "setmetatable: __gc finalizers are not available in the sandbox (they run outside "
+                                 "the instruction limit; release resources explicitly, or use a to-be-closed variable)");
+    }
+    return call_original(L);
+}
+
+/* require's one file searcher: "?.lua", "lua/?.lua", "?/init.lua" under the
+ * config's directory, fixed when the state opens (package.path is only
+ * informative: changing it changes nothing), text chunks only, and never a
+ * file in the model directory, which hooks may write. */
+static int script_searcher(lua_State *L)
+{
+    loom_lua *S = loom_lua_from_state(L);
+    const char *name = luaL_checkstring(L, 1);
+    for (const char *p = name; *p; p++)
+        if (!(*p == '_' || *p == '.' || *p == '-' || (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+              (*p >= '0' && *p <= '9')))
+            return luaL_error(L, "require(\"%s\"): a module name has letters, digits, '_', '-' and '.' only", name);
+    if (!name[0] || name[0] == '.') return luaL_error(L, "require(\"%s\"): bad module name", name);
+    char mod[LOOM_PATH_MAX];
+    snprintf(mod, sizeof mod, "%s", name);
+    for (char *p = mod; *p; p++)
+        if (*p == '.') *p = '/';
+    const char *b = S->base_dir[0] ? S->base_dir : ".";
+    static const char *const tmpl[] = {"%s/%s.lua", "%s/lua/%s.lua", "%s/%s/init.lua"};
+    luaL_Buffer tried;
+    luaL_buffinit(L, &tried);
+    for (int i = 0; i < 3; i++) {
+        char path[2 * LOOM_PATH_MAX + 16];
+        snprintf(path, sizeof path, tmpl[i], b, mod);
+        struct stat st;
+        if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) {
+            luaL_addstring(&tried, "\n\tno file '");
+            luaL_addstring(&tried, path);
+            luaL_addstring(&tried, "'");
+            continue;
+        }
+        if (S->model_dir[0] && loom_lua_write_allowed_(S, path))
+            return luaL_error(L, "require(\"%s\"): %s is in the model directory, which hooks may write; modules load "
+                                 "only from the config's directory", name, path);
+        if (luaL_loadfilex(L, path, "t") != LUA_OK)
+            return luaL_error(L, "error loading module '%s' from file '%s':\n\t%s", name, path, lua_tostring(L, -1));
+        lua_pushstring(L, path);
+        return 2;
+    }
+    luaL_pushresult(&tried);
+    return 1;
+}
+
 static void open_safe_libs(loom_lua *S)
 {
     lua_State *L = S->L;
@@ -218,9 +480,21 @@ static void open_safe_libs(loom_lua *S)
     }
     static const char *const os_off[] = {"execute", "exit", "remove", "rename", "tmpname", "setlocale", NULL};
     static const char *const io_off[] = {"popen", "tmpfile", "output", NULL};
+    static const char *const io_stdin[] = {"read", "input", NULL};
     for (int i = 0; os_off[i]; i++) refuse(L, "os", os_off[i]);
     for (int i = 0; io_off[i]; i++) refuse(L, "io", io_off[i]);
     refuse(L, "package", "loadlib");
+    lua_getglobal(L, "io");
+    for (int i = 0; io_stdin[i]; i++) {
+        lua_pushfstring(L, "io.%s", io_stdin[i]);
+        lua_pushcclosure(L, no_stdin, 1);
+        lua_setfield(L, -2, io_stdin[i]);
+    }
+    lua_pushnil(L);
+    lua_setfield(L, -2, "stdin");
+    lua_pop(L, 1);
+    wrap_field(L, "io", "lines", safe_lines);
+    wrap_field(L, LUA_GNAME, "setmetatable", safe_setmetatable);
     lua_getglobal(L, "io");
     lua_getfield(L, -1, "open");
     lua_pushcclosure(L, safe_open, 1);
@@ -251,6 +525,8 @@ static void open_safe_libs(loom_lua *S)
         lua_pushnil(L);
         lua_rawseti(L, -2, i);
     }
+    lua_pushcfunction(L, script_searcher);
+    lua_rawseti(L, -2, 2);
     lua_pop(L, 2);
 }
 
@@ -306,6 +582,7 @@ int loom_lua_setup_(lua_State *L)
     loom_lua *S = loom_lua_from_state(L);
     if (S->opts.unsafe) luaL_openlibs(L);
     else open_safe_libs(S);
+    install_limits(L);
     set_package_path(S);
     loom_lua_open_module_(L);
     lua_newtable(L);
@@ -316,7 +593,12 @@ int loom_lua_setup_(lua_State *L)
 void loom_lua_close(loom_lua *S)
 {
     if (!S) return;
-    if (S->L) lua_close(S->L);
+    /* to-be-closed variables still open run in lua_close: under the budget too
+       (finalizers run with hooks off, which is why the sandbox refuses __gc) */
+    if (S->L) {
+        arm_hook(S);
+        lua_close(S->L);
+    }
     loom_free(S);
 }
 

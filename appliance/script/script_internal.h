@@ -20,6 +20,9 @@ struct loom_lua {
     int           every;                   /* hook period */
     uint64_t      gen;                     /* view generation: views of older generations are dead */
     int           in_call;                 /* inside loom_lua_call */
+    int           fatal;                   /* a limit was hit in this call: nothing may catch it (pcall, xpcall,
+                                              coroutine.resume); cleared when the next call starts */
+    char          fatal_msg[512];          /* "file:line: instruction limit of ..." re-raised by those */
 };
 
 /* Whether a view (gen != 0) may be used: during a call, only its own views;

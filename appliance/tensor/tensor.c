@@ -22,11 +22,38 @@ int loom_dtype_parse(const char *s)
     return -1;
 }
 
-int64_t loom_shape_numel(const loom_shape *s)
+int loom_shape_numel_checked(const loom_shape *s, int64_t max, int64_t *numel)
 {
     int64_t n = 1;
-    for (int i = 0; i < s->rank; i++) n *= s->dim[i];
-    return n;
+    *numel = -1;
+    if (s->rank < 0 || s->rank > LOOM_MAX_RANK) return -1;
+    for (int i = 0; i < s->rank; i++) {
+        int64_t d = s->dim[i];
+        if (d < 0) return -1;
+        /* checked in order, so a product that overflows before a zero dim is refused too */
+        if (d && n > INT64_MAX / d) return -1;
+        n *= d;
+    }
+    if (max >= 0 && n > max) return -1;
+    *numel = n;
+    return 0;
+}
+
+int loom_shape_nbytes_checked(const loom_shape *s, loom_dtype dt, size_t max_bytes, size_t *nbytes)
+{
+    int64_t n;
+    size_t es = loom_dtype_size(dt);
+    *nbytes = 0;
+    if (!es || loom_shape_numel_checked(s, -1, &n)) return -1;
+    if ((uint64_t)n > SIZE_MAX / es || (size_t)n * es > max_bytes) return -1;
+    *nbytes = (size_t)n * es;
+    return 0;
+}
+
+int64_t loom_shape_numel(const loom_shape *s)
+{
+    int64_t n;
+    return loom_shape_numel_checked(s, -1, &n) ? -1 : n;
 }
 
 bool loom_shape_eq(const loom_shape *a, const loom_shape *b)

@@ -26,7 +26,16 @@ const char *loom_dtype_name(loom_dtype t); /* "float32" */
 /* Parses "float32", "uint8", ...; -1 when unknown. */
 int         loom_dtype_parse(const char *s);
 
+/* The element count; -1 when a dim is negative or the product overflows
+ * int64 (callers that index or allocate with it must check, or use the
+ * checked forms below). */
 int64_t loom_shape_numel(const loom_shape *s);
+/* *numel = the product of the dims; 0 when it fits, -1 (and *numel = -1) when
+ * a dim is negative, the rank is out of range, the product overflows int64 or
+ * exceeds max (max < 0: no bound beyond int64). */
+int     loom_shape_numel_checked(const loom_shape *s, int64_t max, int64_t *numel);
+/* *nbytes = numel * dtype size; 0 when it fits in max_bytes, else -1 (*nbytes = 0). */
+int     loom_shape_nbytes_checked(const loom_shape *s, loom_dtype dt, size_t max_bytes, size_t *nbytes);
 bool    loom_shape_eq(const loom_shape *a, const loom_shape *b);
 /* "(28, 28)" into buf; returns buf. */
 char   *loom_shape_str(const loom_shape *s, char *buf, size_t n);

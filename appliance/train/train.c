@@ -555,10 +555,20 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
             double train_acc = st.examples ? (double)st.correct / (double)st.examples : NAN;
             double sps = train_sec > 0 ? (double)st.examples / train_sec : 0;
             double input_wait = train_sec > 0 ? input_sec / train_sec : 0;
-            loom_info("epoch %lld/%lld: step %lld, train loss %.4f, accuracy %.4f%s%.4f%s%.4f, %.0f samples/s, input_wait %.1f%%, %.1f s",
-                      (long long)st.epoch + 1, (long long)epochs, (long long)st.step, train_loss, train_acc,
-                      ev.examples ? "; eval loss " : "", last_eval_loss, ev.examples ? ", accuracy " : "", last_eval_acc,
-                      sps, input_wait * 100, ep_sec);
+            /* never a NaN in the log: metrics that were not measured are named as such */
+            char tr[96], evs[96];
+            if (st.examples)
+                snprintf(tr, sizeof tr, "train loss %.4f, accuracy %.4f", train_loss, train_acc);
+            else
+                snprintf(tr, sizeof tr, "no training examples this epoch");
+            if (ev.examples)
+                snprintf(evs, sizeof evs, "; eval loss %.4f, accuracy %.4f", last_eval_loss, last_eval_acc);
+            else
+                snprintf(evs, sizeof evs, "%s", r.eval ? (rs->eval_each_epoch ? "; eval data yielded no batch" : "")
+                                                       : "; no eval data");
+            loom_info("epoch %lld/%lld: step %lld, %s%s, %.0f samples/s, input_wait %.1f%%, %.1f s",
+                      (long long)st.epoch + 1, (long long)epochs, (long long)st.step, tr, evs, sps, input_wait * 100,
+                      ep_sec);
             fprintf(metrics, "{\"event\": \"epoch\", \"epoch\": %lld, \"step\": %lld", (long long)st.epoch + 1,
                     (long long)st.step);
             json_num(metrics, "train_loss", train_loss, 0);
@@ -709,8 +719,14 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
                       "to train further",
                       r.model_dir, (long long)st.step, (long long)st.epoch, (long long)epochs);
         else
-            loom_info("done: step %lld, eval accuracy %.4f, %.1f s, checkpoint %s", (long long)st.step, last_eval_acc,
-                      total, last_ckpt);
+        {
+            char evs[64];
+            if (!isnan(last_eval_acc))
+                snprintf(evs, sizeof evs, "eval accuracy %.4f", last_eval_acc);
+            else
+                snprintf(evs, sizeof evs, "%s", r.eval ? "not evaluated" : "no eval data");
+            loom_info("done: step %lld, %s, %.1f s, checkpoint %s", (long long)st.step, evs, total, last_ckpt);
+        }
         fprintf(metrics, "{\"event\": \"end\", \"step\": %lld, \"epoch\": %lld", (long long)st.step, (long long)st.epoch);
         json_num(metrics, "eval_loss", last_eval_loss, 0);
         json_num(metrics, "eval_accuracy", last_eval_acc, 0);
@@ -912,11 +928,32 @@ static void print_pipeline(FILE *f, const char *name, loom_iter *it)
     loom_iter_plan(it, f);
 }
 
+/* An empty data.train is the config's error, found by check rather than by
+ * the first epoch: its size when known ahead, else by reading one batch. */
+static int check_train_not_empty(run *r, const loom_spec *spec, loom_err *err)
+{
+    int64_t card = loom_iter_cardinality(r->train);
+    if (card == -1 || card > 0) return LOOM_OK;
+    if (card < -1) {
+        loom_elem *b;
+        int rc = loom_iter_next(r->train, &b, err);
+        if (rc != LOOM_EEOF) return rc == LOOM_OK ? loom_iter_rewind(r->train, 0, err) : rc;
+    }
+    const loom_dataset_spec *d = &spec->train;
+    const loom_loc *l = d->loc.file[0] ? &d->loc : &d->source.loc;
+    char where[LOOM_PATH_MAX + 16];
+    loom_loc_str(l, where, sizeof where);
+    loom_err_set(err, LOOM_ECONFIG, where[0] ? where : spec->path, "data.train yields no batch: the training set is empty");
+    return loom_err_hint(err, "check the source's files and counts, and take/skip/filter/shard, or a batch with "
+                         "drop_remainder larger than the data");
+}
+
 int loom_check(const loom_spec *spec, const loom_cluster *cluster, FILE *f, loom_err *err)
 {
     run r;
     int rc = run_open(&r, spec, NULL, false, cluster, true, err);
     if (!rc) rc = train_hooks_open_(&r.hooks, spec, r.model_dir, r.strat, err); /* finds every Lua function */
+    if (!rc) rc = check_train_not_empty(&r, spec, err);
     if (!rc && r.hooks.hooks)
         fprintf(f, "hooks: %d callback%s, %s training step\n", loom_hooks_num_callbacks(r.hooks.hooks),
                 loom_hooks_num_callbacks(r.hooks.hooks) == 1 ? "" : "s",

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run.sh - builds the libFuzzer targets (tfrecord, example, idx, csv) with
+# run.sh - builds the libFuzzer targets (tfrecord, example, idx, csv, config, lua_tensor) with
 # clang -fsanitize=fuzzer,address,undefined and runs each for a short budget
 # over its committed seed corpus (tests/fuzz/corpus/<target>/; new inputs go to
 # a scratch directory, never into the repository).
@@ -33,11 +33,17 @@ declare -A srcs=(
     [example]="tests/fuzz/fuzz_example.c appliance/data/example.c"
     [idx]="tests/fuzz/fuzz_idx.c appliance/data/source_idx.c appliance/data/elem.c"
     [csv]="tests/fuzz/fuzz_csv.c appliance/data/source_csv.c appliance/data/source_files.c appliance/data/elem.c"
+    [config]="tests/fuzz/fuzz_config.c appliance/config/config.c appliance/config/config_print.c -lconfig"
+    [lua_tensor]="tests/fuzz/fuzz_lua_tensor.c appliance/script/script.c appliance/script/lua_tensor.c $(ls appliance/data/*.c appliance/config/*.c | tr '\n' ' ')"
+)
+# per-target compiler and linker flags beyond the common ones
+declare -A extra=(
+    [lua_tensor]="$(pkg-config --cflags --libs lua5.4 libconfig 2>/dev/null || echo -I/usr/include/lua5.4 -llua5.4 -lconfig)"
 )
 status=0
-for t in tfrecord example idx csv; do
+for t in tfrecord example idx csv config lua_tensor; do
     # shellcheck disable=SC2086
-    if ! "$cc" "${flags[@]}" ${srcs[$t]} "${core[@]}" "${libs[@]}" -o "$work/fuzz_$t" 2>"$work/build_$t.log"; then
+    if ! "$cc" "${flags[@]}" ${srcs[$t]} "${core[@]}" ${extra[$t]:-} "${libs[@]}" -o "$work/fuzz_$t" 2>"$work/build_$t.log"; then
         echo "fuzz_$t: build failed:"
         sed 's/^/  /' "$work/build_$t.log"
         status=1
@@ -45,7 +51,7 @@ for t in tfrecord example idx csv; do
     fi
     mkdir -p "$work/corpus_$t"
     echo "fuzz_$t: running for ${budget}s"
-    if ! ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    if ! ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 LSAN_OPTIONS="suppressions=$root/tests/fuzz/lsan.supp" \
         "$work/fuzz_$t" -max_total_time="$budget" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
         -artifact_prefix="$work/" "$work/corpus_$t" "tests/fuzz/corpus/$t" >"$work/run_$t.log" 2>&1; then
         echo "fuzz_$t: FAILED; the end of its log:"

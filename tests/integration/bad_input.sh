@@ -122,4 +122,47 @@ expect_fail 1 "checkpoint of a different model is refused" "different model" "$L
 
 # --- non-finite loss -----------------------------------------------------
 expect_fail 1 "a diverging loss stops with the step" "not finite at step" "$LOOM" train $CFG --model-dir "$WORK/nan" --set optimizer.learning_rate=1e30 --set optimizer.momentum=0.99 --set run.checkpoint_steps=1
+# --- sizes, integers and --set (issue 11) --------------------------------
+# integers past 32 bits: libconfig 1.5 reads 4294967297 as 1; loom keeps what was written
+out=$("$LOOM" check --print $CFG --set run.max_steps=4294967297 2>&1)
+contains "--set max_steps past 32 bits keeps its value" "max_steps = 4294967297L;" "$out"
+expect_fail 2 "--set beyond 64 bits names the range" "--set run.max_steps: expected an integer >= 0, got 99999999999999999999" \
+    "$LOOM" check $CFG --set run.max_steps=99999999999999999999
+expect_fail 2 "one assignment per --set" "--set run.epochs: one assignment per --set" \
+    "$LOOM" train $CFG --set 'run.epochs=3; version=2' --model-dir "$WORK/m5"
+nothing_written "$WORK/m5" "two assignments in one --set"
+expect_fail 2 "batch 10^9 is refused with its line" "--set data.train.transforms.[4].size: expected an integer in [1, 16777216], got 1000000000" \
+    "$LOOM" check $CFG --set 'data.train.transforms.[4].size=1000000000'
+expect_fail 2 "units = 2^31 - 1 is refused with its line" "model.layers.[1].units: expected an integer in [1, 16777216], got 2147483647" \
+    "$LOOM" check $CFG --set 'model.layers.[1].units=2147483647'
+expect_fail 2 "a layer past 2^31 parameters names its line" 'small_mlp.cfg:28: layer "dense_1" (dense) takes the model past 2147483647 parameters' \
+    "$LOOM" check $CFG --set 'model.layers.[1].units=16777216'
+mk hugebatch <<EOF
+version = 1;
+data: { train: { source: { type = "synthetic"; count = 100;
+                           features: { x = { dtype = "float32"; shape = [32768, 32768]; }; y = { dtype = "int32"; shape = []; max = 10; }; }; };
+                 transforms = ( { op = "batch"; size = 16777216; } ); }; };
+model: { input = "x"; label = "y"; layers = ( { type = "flatten"; }, { type = "dense"; units = 10; } ); };
+optimizer: { type = "sgd"; learning_rate = 0.1; };
+run: { model_dir = "$WORK/m6"; };
+EOF
+expect_fail 2 "a batch larger than memory is found by check at its line" \
+    'hugebatch.cfg:4: data.train: data.train.transforms.[0]: batch: a batch of 16777216 elements of feature "x"' \
+    "$LOOM" check "$D/hugebatch.cfg"
+expect_fail 2 "an empty training set is found by check at its line" "small_mlp.cfg:5: data.train yields no batch" \
+    "$LOOM" check $CFG --set 'data.train.transforms.[0].count=0'
+sed 's/{ op = "take"; count = 2048; },/{ op = "filter"; feature = "label"; in = [99]; },/' $CFG > "$D/emptyfilter.cfg"
+expect_fail 2 "an empty training set of unknown size is found by check" "emptyfilter.cfg:5: data.train yields no batch" \
+    "$LOOM" check "$D/emptyfilter.cfg"
+# --- a run without data.eval: the log and metrics.jsonl never hold NaN ----
+sed '/^  eval: {/,/^  };/d' $CFG > "$D/noeval.cfg"
+out=$("$LOOM" train "$D/noeval.cfg" --model-dir "$WORK/noeval" --set run.max_steps=40 --set run.progress='"none"' 2>&1)
+contains "no eval data is said in the epoch line" "accuracy 0." "$out"
+contains "no eval data is said" "; no eval data," "$out"
+contains "the end line says no eval data" "done: step 40, no eval data" "$out"
+if grep -qi nan <<<"$out"; then fail "no NaN in the log" "$(grep -i nan <<<"$out")"; else pass "no NaN in the log"; fi
+if grep -qiE 'nan|infinity' "$WORK/noeval/metrics.jsonl"; then fail "no NaN in metrics.jsonl" "$(cat "$WORK/noeval/metrics.jsonl")"
+else pass "no NaN in metrics.jsonl"; fi
+python3 -c "import json,sys; [json.loads(l, parse_constant=lambda c: int('strict JSON has no ' + c)) for l in open(sys.argv[1])]" "$WORK/noeval/metrics.jsonl" \
+    && pass "metrics.jsonl is strict JSON" || fail "metrics.jsonl is strict JSON"
 finish

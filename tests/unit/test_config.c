@@ -386,6 +386,55 @@ static void test_include(void)
     loom_config_free(s);
 }
 
+/* Integers past 32 bits keep the value written, in the file and in --set
+ * (libconfig 1.5 reads 4294967297 as 1); past 64 bits, or past a setting's
+ * range, they are refused with the range; one assignment per --set. */
+static void test_wide_ints(void)
+{
+    char path[] = "/tmp/loom_test_wide_XXXXXX.cfg";
+    int fd = mkstemps(path, 4);
+    CHECK(fd >= 0);
+    if (fd < 0) return;
+    const char *text = "version = 1;\n"
+                       "# 99999999999999999999 in a comment, \"4294967297\" in a string\n"
+                       "data: { train: { source: { type = \"catalog\"; name = \"fashion_mnist\"; split = \"train\"; }; }; };\n"
+                       "model: { layers = ( { type = \"flatten\"; }, { type = \"dense\"; units = 10; } ); };\n"
+                       "optimizer: { type = \"sgd\"; learning_rate = 1.5e3; };\n"
+                       "run: { model_dir = \"runs/x\"; max_steps = 5000000000; checkpoint_steps = 0x100000001;\n"
+                       "       seed = 4294967297; log_steps = 2147483648; eval_steps = 7L; };\n";
+    CHECK(write(fd, text, strlen(text)) == (ssize_t)strlen(text));
+    close(fd);
+    loom_spec *s = load_ok(path, NULL, 0);
+    if (s) {
+        CHECK(s->run.max_steps == 5000000000LL);
+        CHECK(s->run.checkpoint_steps == 4294967297LL);
+        CHECK(s->run.seed == 4294967297ULL);
+        CHECK(s->run.log_steps == 2147483648LL);
+        CHECK(s->run.eval_steps == 7);
+        loom_config_free(s);
+    }
+    const char *ov[] = {"run.max_steps=4294967297", "run.seed=0"};
+    s = load_ok(path, ov, 2);
+    if (s) {
+        CHECK(s->run.max_steps == 4294967297LL);
+        loom_config_free(s);
+    }
+    const char *bad[] = {
+        "run.max_steps=99999999999999999999999",
+        "run.keep_checkpoints=4294967297",
+        "run.epochs=3; version=2",
+        "run.threads=5000000000",
+    };
+    int rc = 0;
+    const char *t = load_fail(path, bad, 4, &rc);
+    CHECK(rc == LOOM_ECONFIG);
+    CHECK_CONTAINS(t, "--set run.max_steps: expected an integer >= 0, got 99999999999999999999999 (beyond the 64-bit range)");
+    CHECK_CONTAINS(t, "--set run.keep_checkpoints: expected an integer in [1, 2147483647], got 4294967297");
+    CHECK_CONTAINS(t, "--set run.epochs: one assignment per --set: the value is followed by another setting, `version`");
+    CHECK_CONTAINS(t, "--set run.threads: expected an integer in [0, 4096], got 5000000000");
+    unlink(path);
+}
+
 static void test_names(void)
 {
     CHECK(!strcmp(loom_layer_kind_name(LOOM_LAYER_MAX_POOL2D), "max_pool2d"));
@@ -464,6 +513,7 @@ static const loom_test tests[] = {
     {"print_roundtrip", test_print_roundtrip},
     {"include", test_include},
     {"names", test_names},
+    {"wide_ints", test_wide_ints},
     {"oom", test_oom},
     {0},
 };

@@ -604,6 +604,41 @@ static void test_source_options_checked(void)
     loom_buf_fini(&b);
 }
 
+/* A source whose max shape's product wraps (2^32 * 2^32 = 0 mod 2^64), or is
+ * past memory: refused at open, never a too-small buffer lent to next(). */
+static int wrap_open(void **inst, const loom_source_args *a, loom_elem_spec *spec, loom_shape *max, loom_err *err)
+{
+    (void)err;
+    *inst = calloc(1, sizeof(int64_t));
+    spec->n = 1;
+    snprintf(spec->name[0], LOOM_NAME_MAX, "x");
+    spec->dtype[0] = LOOM_U8;
+    int64_t d = a->options && a->options->n && strstr(a->options->value[0], "past_memory") ? INT64_C(1) << 31 : INT64_C(1) << 32;
+    spec->shape[0] = max[0] = (loom_shape){2, {d, d}};
+    return LOOM_OK;
+}
+static const char *const wrap_options[] = {"mode", NULL};
+static const loom_source_ops wrapping = {
+    .version = LOOM_SOURCE_OPS_VERSION, .name = "wrapping", .options = wrap_options, .open = wrap_open,
+    .cardinality = cnt_card, .rewind = cnt_rewind, .next = cnt_next, .save = cnt_save, .restore = cnt_restore,
+    .close = free,
+};
+
+static void test_source_max_shape_checked(void)
+{
+    loom_err err = {0};
+    if (!loom_registry_find(LOOM_REG_SOURCE, "wrapping", NULL))
+        CHECK(loom_registry_add(LOOM_REG_SOURCE, "wrapping", &wrapping, "test", &err) == LOOM_OK);
+    loom_iter *it = npy_open("source: { type = \"wrapping\"; };", 0, &err);
+    CHECK(it == NULL);
+    CHECK_CONTAINS(err.msg, "source \"wrapping\": feature \"x\" has a bad dtype or max shape");
+    loom_iter_close(it);
+    it = npy_open("source: { type = \"wrapping\"; options: { mode = \"past_memory\"; }; };", 0, &err);
+    CHECK(it == NULL);
+    CHECK_CONTAINS(err.msg, "a max shape of 4611686018427387904 values of uint8 is too large for memory");
+    loom_iter_close(it);
+}
+
 /* Every byte of every image of two epochs, through cutout with `parallel` calls. */
 static int cutout_pass(int parallel, int threads, uint8_t out[2][5][6])
 {
@@ -720,6 +755,7 @@ static const loom_test tests[] = {
     {"npy_source", test_npy_source},
     {"npy_errors", test_npy_errors},
     {"source_options_checked", test_source_options_checked},
+    {"source_max_shape_checked", test_source_max_shape_checked},
     {"cutout", test_cutout},
     {"gaussian_noise", test_gaussian_noise},
     {"min_std_filter", test_min_std_filter},

@@ -165,7 +165,8 @@ static size_t make_small(const char *path, loom_compression c)
     uint8_t buf[32];
     for (int i = 0; i < 4; i++) {
         for (size_t j = 0; j < small_sizes[i]; j++) buf[j] = rec_byte(i, j);
-        CHECK(loom_tfrecord_writer_write(w, buf, small_sizes[i], &err) == LOOM_OK);
+        /* an empty record from NULL, as callers with no payload write it (UBSan: memcpy from NULL) */
+        CHECK(loom_tfrecord_writer_write(w, small_sizes[i] ? buf : NULL, small_sizes[i], &err) == LOOM_OK);
     }
     CHECK(loom_tfrecord_writer_close(w, &err) == LOOM_OK);
     size_t n = 0;
@@ -828,6 +829,14 @@ static void test_parse_spec(void)
     e = (loom_feature_spec){.name = "image", .dtype = LOOM_PARSE_U8_BYTES, .shape = {1, {783}}};
     CHECK(loom_example_extract(&ex, &e, 1, 9, &out[0], &err) == LOOM_EDATA);
     CHECK_CONTAINS(err.msg, "expected 783 bytes for uint8 (raw bytes), found 784");
+    /* a shape whose product wraps (2^32 * 2^32 = 0 mod 2^64) is refused, never read as 0 values */
+    e = (loom_feature_spec){.name = "absent", .dtype = LOOM_PARSE_F32, .shape = {2, {INT64_C(1) << 32, INT64_C(1) << 32}}};
+    CHECK(loom_example_extract(&ex, &e, 1, 10, &out[5], &err) == LOOM_ESHAPE);
+    CHECK_CONTAINS(err.msg, "feature \"absent\": shape (4294967296, 4294967296) has no size that fits in memory");
+    e.shape = (loom_shape){3, {1 << 21, 1 << 21, 1 << 22}};
+    CHECK(loom_feature_spec_tensor(&e, &t[5], &err) == LOOM_ESHAPE);
+    e.shape = (loom_shape){1, {-3}};
+    CHECK(loom_example_extract(&ex, &e, 1, 10, &out[5], &err) == LOOM_ESHAPE);
     e = (loom_feature_spec){.name = "image", .dtype = LOOM_PARSE_U8_BYTES, .shape = {1, {1000}}, .var_len = true, .pad_value = 9};
     uint8_t big[1000];
     loom_feature_out bo = {big, 0};

@@ -485,6 +485,167 @@ static void test_map_errors(void)
     free(b.p);
 }
 
+/* ---- hardening: shapes, require, finalizers, limits nothing catches, stdin ---------------- */
+
+static const char *hard_lua =
+    "local function fails(pat, f, ...)\n"
+    "  local ok, e = pcall(f, ...)\n"
+    "  assert(not ok, pat .. ': no error')\n"
+    "  assert(tostring(e):find(pat, 1, true), tostring(e))\n"
+    "end\n"
+    "function shapes()\n"
+    "  fails('is too large', loom.tensor, 'uint8', {(1 << 62) + 1, 4}, 0)\n"
+    "  fails('is too large', loom.tensor, 'uint8', {1 << 32, 1 << 32, 0})\n"
+    "  fails('is too large', loom.tensor, 'float64', {1 << 41})\n"
+    "  fails('is too large', loom.tensor, 'uint8', {0, 1 << 62})\n"
+    "  local z = loom.tensor('float32', {2, 3})  -- no fill: zeros\n"
+    "  assert(z:numel() == 6 and z:sum() == 0 and z:get(2, 3) == 0)\n"
+    "  local e = loom.tensor('uint8', {0, 4})\n"
+    "  assert(e:numel() == 0); fails('empty', e.get, e, 1); fails('empty', e.set, e, 1, 1, 5)\n"
+    "  local t = loom.tensor('uint8', {4, 4}, 1)\n"
+    "  fails('out of range', t.set, t, 5, 1, 9); fails('out of range', t.get, t, 17)\n"
+    "  fails('is too large', t.reshape, t, {(1 << 62) + 1, 4})\n"
+    "  local m = math.maxinteger\n"
+    "  t:fill_rect(m, m, m, m, 0); t:fill_rect(-m, -m, m, m, 0); t:fill_rect(math.mininteger, 1, -1, 2, 0)\n"
+    "  assert(t:sum() == 16)  -- all outside the image\n"
+    "  t:fill_rect(-m, -m, m, m, 0); t:fill_rect(-3, -3, m, m, 0); assert(t:sum() == 0)\n"
+    "  t:fill(1); t:fill_rect(3, 3, m, m, 0); assert(t:sum() == 12)\n"
+    "  fails('does not fit', t.crop, t, m, m, m, m); fails('does not fit', t.crop, t, 2, 2, m, 1)\n"
+    "  fails('is too large', loom.stack, setmetatable({t}, {__len = function() return 1 << 62 end}))\n"
+    "  return true\n"
+    "end\n"
+    "function bytecode() return require('bc') end\n"
+    "function widen(model)\n"
+    "  local f = assert(io.open(model .. '/evil.lua', 'w')); f:write('return 42'); f:close()\n"
+    "  package.path = model .. '/?.lua;' .. package.path\n"
+    "  fails(\"module 'evil' not found\", require, 'evil')\n"
+    "  fails('bad module name', require, '..model.evil'); fails('letters, digits', require, '../model/evil')\n"
+    "  return require('helper').twice(2) == 4\n"
+    "end\n"
+    "function finalizer()\n"
+    "  fails('__gc finalizers are not available', setmetatable, {}, {__gc = function() while true do end end})\n"
+    "  fails('__gc finalizers are not available', setmetatable, {}, {__gc = true})\n"
+    "  return true\n"
+    "end\n"
+    "function co_swallow() coroutine.resume(coroutine.create(function() while true do end end)); return true end\n"
+    "function co_close() local co = coroutine.create(function() while true do end end); coroutine.resume(co)\n"
+    "  pcall(coroutine.close, co); return true end\n"
+    "function wrap_swallow() pcall(coroutine.wrap(function() while true do end end)); return true end\n"
+    "function xp_swallow() xpcall(function() while true do end end, function(m) return m end); return true end\n"
+    "function mem_swallow() pcall(function() local t = {} for i = 1, 1e9 do t[i] = {i} end end); return true end\n"
+    "function rep_swallow() pcall(string.rep, string.rep('x', 1024), 1 << 15); return true end\n"
+    "function rep_empty() string.rep('', 1 << 62); return true end\n"
+    "function move_bomb() table.move({}, 1, 1 << 62, 2); return true end\n"
+    "function insert_bomb() local t = {} for i = 1, 1e5 do t[i] = i end while true do table.insert(t, 1, 0); table.remove(t, 1) end end\n"
+    "function empty_rows() local t = loom.tensor('uint8', {1 << 40, 0}); t:flip_up_down(); t:fill_rect(1, 1, 1 << 40, 1, 0)\n"
+    "  loom.tensor('uint8', {1 << 40, 1, 0}):crop(1, 1, 1 << 40, 1); return true end\n"
+    "function stdin(fifo)\n"
+    "  assert(io.stdin == nil, 'io.stdin is there')\n"
+    "  fails('no standard input', io.read); fails('no standard input', io.read, 'l'); fails('no standard input', io.lines)\n"
+    "  fails('no standard input', io.input, '/etc/passwd')\n"
+    "  fails('not a regular file', io.open, fifo); fails('not a regular file', io.lines, fifo)\n"
+    "  fails('not a regular file', io.open, '/dev/zero')\n"
+    "  return pcall(coroutine.wrap(function() error('plain') end)) == false and select(2, pcall(error, 'x')) == 'x'\n"
+    "end\n";
+
+static int call_arg(loom_lua *S, const char *ref, const char *arg, loom_err *err)
+{
+    loom_lua_ref r;
+    int fn, rc = loom_lua_parse_ref(ref, tmpdir, &r, err);
+    if (!rc) rc = loom_lua_resolve(S, &r, &fn, err);
+    if (rc) return rc;
+    loom_lua_push_fn(S, fn);
+    lua_pushstring(loom_lua_state(S), arg);
+    rc = loom_lua_call(S, 1, 1, err);
+    loom_lua_unref(S, fn);
+    if (rc) return rc;
+    int ok = lua_toboolean(loom_lua_state(S), -1);
+    lua_pop(loom_lua_state(S), 1);
+    return ok ? LOOM_OK : loom_err_set(err, LOOM_ELUA, NULL, "returned false");
+}
+
+static void test_shape_overflow(void)
+{
+    loom_shape s = {.rank = 2, .dim = {((int64_t)1 << 62) + 1, 4}};
+    int64_t n;
+    size_t b;
+    CHECK(loom_shape_numel_checked(&s, -1, &n) == -1 && n == -1);
+    CHECK(loom_shape_numel(&s) == -1);
+    s = (loom_shape){.rank = 3, .dim = {2, 3, 4}};
+    CHECK(loom_shape_numel_checked(&s, -1, &n) == 0 && n == 24);
+    CHECK(loom_shape_numel_checked(&s, 23, &n) == -1);
+    CHECK(loom_shape_nbytes_checked(&s, LOOM_F64, 192, &b) == 0 && b == 192);
+    CHECK(loom_shape_nbytes_checked(&s, LOOM_F64, 191, &b) == -1);
+    s = (loom_shape){.rank = 2, .dim = {-1, -1}};
+    CHECK(loom_shape_numel_checked(&s, -1, &n) == -1);
+    write_file("hard.lua", hard_lua);
+    loom_lua *S = open_state(false, 0, 0);
+    loom_err err;
+    int rc = call(S, "hard.lua:shapes", &err);
+    CHECK_MSG(rc == LOOM_OK, "%s: %s", err.where, err.msg);
+    loom_lua_close(S);
+}
+
+static void test_require_text_only(void)
+{
+    /* a precompiled chunk where a module is looked for: it must not load */
+    loom_lua *U = open_state(true, 0, 0);
+    lua_State *UL = loom_lua_state(U);
+    CHECK(luaL_dostring(UL, "return string.dump(function() return 1 end)") == LUA_OK);
+    size_t n;
+    const char *dump = lua_tolstring(UL, -1, &n);
+    setup();
+    mkdir(tpath("lua"), 0755);
+    FILE *f = fopen(tpath("lua/bc.lua"), "wb");
+    fwrite(dump, 1, n, f);
+    fclose(f);
+    loom_lua_close(U);
+    write_file("helper.lua", "return { twice = function(x) return 2 * x end }\n");
+    loom_lua *S = open_state(false, 0, 0);
+    loom_err err;
+    CHECK(call(S, "hard.lua:bytecode", &err) == LOOM_ELUA);
+    CHECK_CONTAINS(err.msg, "attempt to load a binary chunk");
+    int rc = call_arg(S, "hard.lua:widen", tpath("model"), &err);
+    CHECK_MSG(rc == LOOM_OK, "%s: %s", err.where, err.msg);
+    rc = call(S, "hard.lua:finalizer", &err);
+    CHECK_MSG(rc == LOOM_OK, "%s: %s", err.where, err.msg);
+    loom_lua_close(S);
+}
+
+static void test_limits_not_caught(void)
+{
+    loom_lua *S = open_state(false, 8 << 20, 1000000);
+    loom_err err;
+    static const char *const insn[] = {"co_swallow", "co_close", "wrap_swallow", "xp_swallow",
+                                       "rep_empty", "move_bomb", "insert_bomb", NULL}; /* the last three: loops in C */
+    for (int i = 0; insn[i]; i++) {
+        char ref[64];
+        snprintf(ref, sizeof ref, "hard.lua:%s", insn[i]);
+        CHECK_MSG(call(S, ref, &err) == LOOM_ELUA, "%s was not stopped", insn[i]);
+        CHECK_CONTAINS(err.msg, "instruction limit of 1000000 reached");
+        CHECK_CONTAINS(err.where, "hard.lua:");
+    }
+    CHECK(call(S, "hard.lua:mem_swallow", &err) == LOOM_ELUA);
+    CHECK_CONTAINS(err.msg, "memory limit of 8 MiB reached");
+    CHECK(call(S, "hard.lua:rep_swallow", &err) == LOOM_ELUA);
+    CHECK_CONTAINS(err.msg, "memory limit of 8 MiB reached");
+    CHECK_MSG(call(S, "hard.lua:empty_rows", &err) == LOOM_OK, "%s", err.msg); /* no loop over 2^40 empty rows */
+    CHECK(call(S, "limits.lua:fine", &err) == LOOM_OK); /* and the state is still usable */
+    loom_lua_close(S);
+}
+
+static void test_no_stdin(void)
+{
+    setup();
+    unlink(tpath("fifo"));
+    CHECK(mkfifo(tpath("fifo"), 0600) == 0);
+    loom_lua *S = open_state(false, 0, 0);
+    loom_err err;
+    int rc = call_arg(S, "hard.lua:stdin", tpath("fifo"), &err);
+    CHECK_MSG(rc == LOOM_OK, "%s: %s", err.where, err.msg);
+    loom_lua_close(S);
+}
+
 static const loom_test tests[] = {
     {"tensor_api", test_tensor_api},
     {"views", test_views},
@@ -495,6 +656,10 @@ static const loom_test tests[] = {
     {"map_filter", test_map_filter},
     {"map_save_restore", test_map_save_restore},
     {"map_errors", test_map_errors},
+    {"shape_overflow", test_shape_overflow},
+    {"require_text_only", test_require_text_only},
+    {"limits_not_caught", test_limits_not_caught},
+    {"no_stdin", test_no_stdin},
     {0},
 };
 

@@ -1,0 +1,2 @@
+-- expect: instruction limit of 10000000 reached (hooks.instruction_limit)
+function escape(elem) while true do end end

@@ -1,0 +1,2 @@
+-- expect: writing outside the model directory
+function escape(elem) io.open(os.getenv("LOOM_ESCAPE_MODEL") .. "/../out/written", "w"):write("x"); return elem end
