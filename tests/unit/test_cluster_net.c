@@ -481,6 +481,8 @@ static char *read_note(int rank, int *rc, double *secs)
     int off = 0;
     if (sscanf(s, "%d %lf %n", rc, secs, &off) < 2) off = 0;
     memmove(s, s + off, strlen(s + off) + 1);
+    size_t l = strlen(s);
+    while (l && (s[l - 1] == '\n' || s[l - 1] == ' ')) s[--l] = 0;
     return s;
 }
 
