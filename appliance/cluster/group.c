@@ -219,10 +219,22 @@ static int ring_connect(loom_group *g, const loom_cluster *c, loom_err *err)
         if (getaddrinfo(nt->host, ps, &hints, &r2) || !r2)
             rc = loom_err_set(err, LOOM_ENET, who, "cannot resolve \"%s\"", nt->host);
         else {
-            sfd = socket(r2->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-            if (sfd < 0 || connect(sfd, r2->ai_addr, r2->ai_addrlen) < 0)
+            sfd = socket(r2->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+            int e = sfd < 0 ? errno : 0;
+            if (sfd >= 0 && connect(sfd, r2->ai_addr, r2->ai_addrlen) < 0) {
+                e = errno;
+                if (e == EINPROGRESS) {
+                    /* Bounded by connect_timeout, as the control connections are. */
+                    struct pollfd pf = {sfd, POLLOUT, 0};
+                    double left = deadline - loom_now();
+                    socklen_t el = sizeof e;
+                    if (left <= 0 || poll(&pf, 1, (int)(left * 1000) + 1) <= 0) e = ETIMEDOUT;
+                    else if (getsockopt(sfd, SOL_SOCKET, SO_ERROR, &e, &el) < 0) e = errno;
+                }
+            }
+            if (e)
                 rc = loom_err_set(err, LOOM_ENET, who, "connect(%s:%s) for the ring's data failed: %s", nt->host, ps,
-                                  strerror(errno));
+                                  strerror(e));
             freeaddrinfo(r2);
         }
         if (!rc) {
@@ -242,7 +254,8 @@ static int ring_connect(loom_group *g, const loom_cluster *c, loom_err *err)
     while (!rc && rfd < 0) {
         double left = deadline - loom_now();
         struct pollfd pf = {lfd, POLLIN, 0};
-        if (left <= 0 || poll(&pf, 1, (int)(left * 1000) + 1) <= 0) {
+        if (left <= 0 || poll(&pf, 1, left > 0.1 ? 100 : (int)(left * 1000) + 1) <= 0) {
+            if ((rc = loom_net_peer_down_(g->net, g->prev_peer, err))) break;
             if (deadline - loom_now() > 0) continue;
             rc = loom_err_set(err, LOOM_ETIMEOUT, who, "%s did not open its ring data connection within %g s",
                               rname(g, prev), c->connect_timeout);
