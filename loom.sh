@@ -14,8 +14,7 @@ PACKAGES=(meson ninja-build pkg-config gcc libc6-dev
           libconfig-dev libzstd-dev liblua5.4-dev libevent-dev zlib1g-dev
           libjansson-dev libssl-dev
           libopenblas-dev libopenblas0-pthread
-          dataset-fashion-mnist
-          libssl-dev) # the cluster transport: HMAC-SHA256 handshake and TLS (libcrypto, libssl)
+          dataset-fashion-mnist)
 # The tests also make fixtures with python3 (the project itself never uses it).
 TEST_PACKAGES=(python3
                clang libclang-rt-14-dev) # the fuzz suite: clang's libFuzzer and sanitizer runtimes

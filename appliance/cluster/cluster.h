@@ -147,7 +147,9 @@ int  loom_net_send(loom_net *n, int p, uint32_t type, const void *buf, size_t le
 /* Waits up to timeout_s (< 0: forever, still ended by a lost peer) for the
  * next message of a type in [type_lo, type_hi] from peer p (p = -1: any
  * peer; *from gets which). The message is in *msg (reset first). A lost
- * peer ends the wait with LOOM_ENET naming it and what it last did. */
+ * peer ends the wait with LOOM_ENET naming it and what it last did (with
+ * p >= 0, only p's loss or departure does; messages that came before it
+ * are still delivered). */
 int  loom_net_recv(loom_net *n, int p, uint32_t type_lo, uint32_t type_hi, int *from, uint32_t *type, loom_buf *msg,
                    double timeout_s, loom_err *err);
 /* Whether a peer was declared lost (heartbeat timeout, closed connection);

@@ -42,6 +42,7 @@
 #include <openssl/rand.h>
 #include <poll.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -52,6 +53,11 @@ static const char *const kind_names[] = {"?", "all_reduce", "broadcast", "all_ga
 #define HDR_MAGIC 0x4f434d4cu /* "LMCO" */
 #define DATA_MAGIC "LOOMDATA"
 #define TOKEN 32
+/* Receive buffer of a reducing step: small enough to stay in L2. */
+#define CHUNK (256u << 10)
+/* All-reduces up to this many bytes gather every rank's whole buffer and sum
+ * them in rank order on every rank: n - 1 hops instead of 2(n - 1). */
+#define SMALL (64u << 10)
 
 typedef struct coll_hdr {
     uint32_t magic, kind;
@@ -91,9 +97,14 @@ loom_net *loom_group_net(loom_group *g) { return g->net; }
 
 static int set_sock(int fd)
 {
-    int one = 1, buf = 4 << 20;
+    int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    (void)buf;
+    const char *e = getenv("LOOM_SOCKBUF");
+    if (e && atoi(e) > 0) {
+        int buf = atoi(e);
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+    }
     int fl = fcntl(fd, F_GETFL);
     return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
 }
@@ -208,10 +219,22 @@ static int ring_connect(loom_group *g, const loom_cluster *c, loom_err *err)
         if (getaddrinfo(nt->host, ps, &hints, &r2) || !r2)
             rc = loom_err_set(err, LOOM_ENET, who, "cannot resolve \"%s\"", nt->host);
         else {
-            sfd = socket(r2->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-            if (sfd < 0 || connect(sfd, r2->ai_addr, r2->ai_addrlen) < 0)
+            sfd = socket(r2->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+            int e = sfd < 0 ? errno : 0;
+            if (sfd >= 0 && connect(sfd, r2->ai_addr, r2->ai_addrlen) < 0) {
+                e = errno;
+                if (e == EINPROGRESS) {
+                    /* Bounded by connect_timeout, as the control connections are. */
+                    struct pollfd pf = {sfd, POLLOUT, 0};
+                    double left = deadline - loom_now();
+                    socklen_t el = sizeof e;
+                    if (left <= 0 || poll(&pf, 1, (int)(left * 1000) + 1) <= 0) e = ETIMEDOUT;
+                    else if (getsockopt(sfd, SOL_SOCKET, SO_ERROR, &e, &el) < 0) e = errno;
+                }
+            }
+            if (e)
                 rc = loom_err_set(err, LOOM_ENET, who, "connect(%s:%s) for the ring's data failed: %s", nt->host, ps,
-                                  strerror(errno));
+                                  strerror(e));
             freeaddrinfo(r2);
         }
         if (!rc) {
@@ -231,7 +254,8 @@ static int ring_connect(loom_group *g, const loom_cluster *c, loom_err *err)
     while (!rc && rfd < 0) {
         double left = deadline - loom_now();
         struct pollfd pf = {lfd, POLLIN, 0};
-        if (left <= 0 || poll(&pf, 1, (int)(left * 1000) + 1) <= 0) {
+        if (left <= 0 || poll(&pf, 1, left > 0.1 ? 100 : (int)(left * 1000) + 1) <= 0) {
+            if ((rc = loom_net_peer_down_(g->net, g->prev_peer, err))) break;
             if (deadline - loom_now() > 0) continue;
             rc = loom_err_set(err, LOOM_ETIMEOUT, who, "%s did not open its ring data connection within %g s",
                               rname(g, prev), c->connect_timeout);
@@ -491,17 +515,22 @@ static int run(loom_group *g, coll_hdr *hdr, step *st, int ns, loom_err *err)
         }
         if (ri < ns) {
             step *s = &all[ri];
-            uint8_t *dst = s->acc ? g->tmp : s->recv;
-            ssize_t r = recv(g->recv_fd, dst + ro, s->recv_len - ro, MSG_DONTWAIT);
+            /* A reducing step receives into a small buffer that stays in
+             * cache (its first ro - rdone < 4 bytes: a float cut in two by
+             * the last read), adds it in, and goes on. */
+            size_t carry = ro - rdone, want = s->recv_len - ro;
+            if (s->acc && want > CHUNK - carry) want = CHUNK - carry;
+            ssize_t r = recv(g->recv_fd, s->acc ? g->tmp + carry : s->recv + ro, want, MSG_DONTWAIT);
             if (r > 0) {
                 ro += (size_t)r;
                 progress = true;
                 if (s->acc) {
-                    size_t f0 = rdone / 4, f1 = ro / 4;
+                    size_t nf = (ro - rdone) / 4;
                     const float *src = (const float *)g->tmp;
-                    float *acc = s->acc;
-                    for (size_t i = f0; i < f1; i++) acc[i] += src[i];
-                    rdone = f1 * 4;
+                    float *acc = s->acc + rdone / 4;
+                    for (size_t i = 0; i < nf; i++) acc[i] += src[i];
+                    rdone += nf * 4;
+                    if (ro > rdone) memmove(g->tmp, g->tmp + nf * 4, ro - rdone);
                 } else
                     rdone = ro;
                 if (ri == 0 && rdone == s->recv_len) continue; /* check the header before anything else */
@@ -568,6 +597,18 @@ static void seg(int64_t count, int n, int k, int64_t *off, int64_t *len)
     *off = a, *len = b - a;
 }
 
+/* Ring all-gather of n pieces (piece r starts at this rank when r == rank). */
+static int gather_pieces(loom_group *g, coll_hdr *h, uint8_t **piece, const size_t *plen, loom_err *err)
+{
+    int n = g->size, r = g->rank;
+    step st[64];
+    for (int t = 0; t < n - 1; t++) {
+        int s = ((r - t) % n + n) % n, q = ((r - t - 1) % n + n) % n;
+        st[t] = (step){piece[s], plen[s], piece[q], plen[q], NULL, t > 0};
+    }
+    return run(g, h, st, n - 1, err);
+}
+
 int loom_group_all_reduce(loom_group *g, float *buf, int64_t count, loom_err *err)
 {
     coll_hdr h;
@@ -576,8 +617,25 @@ int loom_group_all_reduce(loom_group *g, float *buf, int64_t count, loom_err *er
     int n = g->size, r = g->rank;
     if (n > 64) return loom_err_set(err, LOOM_EUSAGE, NULL, "the ring supports up to 64 ranks");
     if (count < 0) return loom_err_set(err, LOOM_EUSAGE, NULL, "negative count");
-    int64_t maxseg = count / n + 1;
-    if ((rc = tmp_reserve(g, (size_t)maxseg * 4, err))) return rc;
+    size_t bytes = (size_t)count * 4;
+    if (bytes <= SMALL) {
+        /* Every rank's buffer to every rank, then the same sum in rank order everywhere. */
+        if ((rc = tmp_reserve(g, bytes * (size_t)n + 64, err))) return rc;
+        uint8_t *pp[64];
+        size_t pl[64];
+        for (int k = 0; k < n; k++) pp[k] = g->tmp + (size_t)k * bytes, pl[k] = bytes;
+        memcpy(pp[r], buf, bytes);
+        if ((rc = gather_pieces(g, &h, pp, pl, err))) return rc;
+        const float *x0 = (const float *)pp[0];
+        for (int64_t i = 0; i < count; i++) buf[i] = x0[i];
+        for (int k = 1; k < n; k++) {
+            const float *xk = (const float *)pp[k];
+            for (int64_t i = 0; i < count; i++) buf[i] += xk[i];
+        }
+        leave(g, &h);
+        return LOOM_OK;
+    }
+    if ((rc = tmp_reserve(g, CHUNK, err))) return rc;
     step st[128];
     int k = 0;
     for (int t = 0; t < 2 * (n - 1); t++) {
@@ -612,18 +670,6 @@ int loom_group_broadcast(loom_group *g, void *buf, size_t len, int root, loom_er
     rc = run(g, &h, st, k, err);
     if (!rc) leave(g, &h);
     return rc;
-}
-
-/* Ring all-gather of n pieces (piece r starts at this rank when r == rank). */
-static int gather_pieces(loom_group *g, coll_hdr *h, uint8_t **piece, const size_t *plen, loom_err *err)
-{
-    int n = g->size, r = g->rank;
-    step st[64];
-    for (int t = 0; t < n - 1; t++) {
-        int s = ((r - t) % n + n) % n, q = ((r - t - 1) % n + n) % n;
-        st[t] = (step){piece[s], plen[s], piece[q], plen[q], NULL, t > 0};
-    }
-    return run(g, h, st, n - 1, err);
 }
 
 int loom_group_all_gather_bytes(loom_group *g, const void *buf, size_t len, loom_buf *out, loom_err *err)

@@ -134,6 +134,10 @@ static void declare_lost(loom_net *n, int p, const char *why)
 {
     net_peer *pe = &n->peers[p];
     if (pe->state != P_UP) return;
+    if (n->closing) { /* we are leaving ourselves: the others' departures are no news */
+        pe->state = P_GONE;
+        return;
+    }
     pe->state = P_LOST;
     double ago = loom_now() - pe->last_heard;
     char msg[700];
@@ -941,12 +945,15 @@ int loom_net_open(loom_net **out, const loom_cluster *c, const loom_net_peer *pe
 void loom_net_close(loom_net *n)
 {
     if (!n) return;
+    pthread_mutex_lock(&n->mu);
+    n->closing = true;
+    pthread_mutex_unlock(&n->mu);
     /* Say BYE to every peer (queued on each connection, flushed by on_close). */
     pthread_mutex_lock(&n->mu);
     struct bufferevent *bevs[64];
     int nb = 0;
     for (int i = 0; i < n->n_peers && nb < 64; i++)
-        if (n->peers[i].state == P_UP && n->peers[i].c) bevs[nb++] = n->peers[i].bev;
+        if ((n->peers[i].state == P_UP || n->peers[i].state == P_GONE) && n->peers[i].c) bevs[nb++] = n->peers[i].bev;
     pthread_mutex_unlock(&n->mu);
     for (int i = 0; i < nb; i++) bev_send(bevs[i], LOOM_MSG_BYE, "closed", 6);
     net_free(n);

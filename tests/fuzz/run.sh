@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
+<<<<<<< HEAD
 # run.sh - builds the libFuzzer targets (tfrecord, example, idx, csv, config, lua_tensor) with
+=======
+# run.sh - builds the libFuzzer targets (tfrecord, example, idx, csv, net_frame, net_handshake) with
+>>>>>>> h-net
 # clang -fsanitize=fuzzer,address,undefined and runs each for a short budget
 # over its committed seed corpus (tests/fuzz/corpus/<target>/; new inputs go to
 # a scratch directory, never into the repository).
@@ -27,12 +31,13 @@ fi
 cd "$root"
 core=(appliance/core/[a-z]*.c appliance/tensor/tensor.c appliance/tensor/blas.c)
 flags=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -D_GNU_SOURCE -I appliance)
-libs=(-lz -lzstd -lm -ldl -lpthread)
+libs=(-lz -lzstd -lm -ldl -lpthread -lcrypto)
 declare -A srcs=(
     [tfrecord]="tests/fuzz/fuzz_tfrecord.c appliance/data/tfrecord.c appliance/data/example.c"
     [example]="tests/fuzz/fuzz_example.c appliance/data/example.c"
     [idx]="tests/fuzz/fuzz_idx.c appliance/data/source_idx.c appliance/data/elem.c"
     [csv]="tests/fuzz/fuzz_csv.c appliance/data/source_csv.c appliance/data/source_files.c appliance/data/elem.c"
+<<<<<<< HEAD
     [config]="tests/fuzz/fuzz_config.c appliance/config/config.c appliance/config/config_print.c -lconfig"
     [lua_tensor]="tests/fuzz/fuzz_lua_tensor.c appliance/script/script.c appliance/script/lua_tensor.c $(ls appliance/data/*.c appliance/config/*.c | tr '\n' ' ')"
 )
@@ -42,6 +47,13 @@ declare -A extra=(
 )
 status=0
 for t in tfrecord example idx csv config lua_tensor; do
+=======
+    [net_frame]="tests/fuzz/fuzz_net_frame.c appliance/cluster/wire.c"
+    [net_handshake]="tests/fuzz/fuzz_net_handshake.c appliance/cluster/wire.c"
+)
+status=0
+for t in tfrecord example idx csv net_frame net_handshake; do
+>>>>>>> h-net
     # shellcheck disable=SC2086
     if ! "$cc" "${flags[@]}" ${srcs[$t]} "${core[@]}" ${extra[$t]:-} "${libs[@]}" -o "$work/fuzz_$t" 2>"$work/build_$t.log"; then
         echo "fuzz_$t: build failed:"

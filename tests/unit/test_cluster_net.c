@@ -33,6 +33,8 @@ static struct {
     uint8_t     digest[MAXR];      /* 0: the common one */
     const char *config[MAXR];
     double      connect_timeout, hb_timeout;
+    int         tls[MAXR];
+    bool        no_secret;         /* 1: TLS with the CA-signed cert, 2: with one the CA did not sign */
     int         stop_rank;         /* run_ranks kills this one once the others are done */
 } knob;
 
@@ -83,9 +85,18 @@ static void mk_cluster(tcl *t, int n, int rank)
     t->c.heartbeat_timeout = knob.hb_timeout > 0 ? knob.hb_timeout : 3;
     t->c.heartbeat_interval = 0.2;
     const char *sec = knob.secret[rank] ? knob.secret[rank] : "test-secret-0123456789";
+    if (knob.no_secret) sec = "";
     t->c.secret_len = strlen(sec);
     memcpy(t->c.secret, sec, t->c.secret_len);
     memset(t->c.config_digest, knob.digest[rank] ? knob.digest[rank] : 7, 32);
+    if (knob.tls[rank]) {
+        const char *root = getenv("LOOM_SOURCE_ROOT") ? getenv("LOOM_SOURCE_ROOT") : ".";
+        const char *who = knob.tls[rank] == 1 ? "task" : "other";
+        t->c.tls = true;
+        snprintf(t->c.tls_cert, sizeof t->c.tls_cert, "%s/tests/fixtures/tls/%s.pem", root, who);
+        snprintf(t->c.tls_key, sizeof t->c.tls_key, "%s/tests/fixtures/tls/%s.key", root, who);
+        snprintf(t->c.tls_ca, sizeof t->c.tls_ca, "%s/tests/fixtures/tls/ca.pem", root);
+    }
     t->c.config_text = (char *)(knob.config[rank] ? knob.config[rank]
                                                   : "version = 1;\nmodel = \"mlp\";\noptimizer.learning_rate = 0.1;\n");
 }
@@ -481,6 +492,8 @@ static char *read_note(int rank, int *rc, double *secs)
     int off = 0;
     if (sscanf(s, "%d %lf %n", rc, secs, &off) < 2) off = 0;
     memmove(s, s + off, strlen(s + off) + 1);
+    size_t l = strlen(s);
+    while (l && (s[l - 1] == '\n' || s[l - 1] == ' ')) s[--l] = 0;
     return s;
 }
 
@@ -808,6 +821,75 @@ static void test_collective_timeout(void)
     free(m);
 }
 
+/* ---- no secret ---------------------------------------------------------------- */
+
+static void test_no_secret(void)
+{
+    /* On loopback: runs, with a warning. */
+    new_ports(2);
+    knob.no_secret = true;
+    int st[MAXR];
+    run_ranks(2, net_msgs_rank, 30, st);
+    check_all_ok(2, st);
+    for (int r = 0; r < 2; r++) {
+        char *l = read_log(r);
+        CHECK_CONTAINS(l, "no cluster secret (cluster.secret_file, LOOM_CLUSTER_SECRET)");
+        free(l);
+    }
+    /* A non-loopback address: refused before any socket opens, unless insecure. */
+    new_ports(2);
+    knob.no_secret = true;
+    tcl t;
+    mk_cluster(&t, 2, 0);
+    snprintf(t.addrs[1].host, sizeof t.addrs[1].host, "192.0.2.7"); /* TEST-NET-1: never answers */
+    loom_net_peer peer = {LOOM_ROLE_WORKER, 1};
+    loom_net *net = NULL;
+    loom_err err = {0};
+    double t0 = loom_now();
+    CHECK(loom_net_open(&net, &t.c, &peer, 1, &err) == LOOM_ECONFIG);
+    CHECK(loom_now() - t0 < 0.5);
+    CHECK_CONTAINS(err.msg, "non-loopback addresses and no shared secret");
+    CHECK_CONTAINS(err.hint, "cluster.insecure");
+    t.c.insecure = true;
+    t.c.connect_timeout = 0.5;
+    CHECK(loom_net_open(&net, &t.c, &peer, 1, &err) == LOOM_ETIMEOUT); /* it tries: nobody is there */
+    CHECK(net == NULL);
+}
+
+/* ---- TLS ------------------------------------------------------------------------ */
+
+static void test_tls(void)
+{
+    /* Messages, and collectives beside them, over TLS control connections. */
+    new_ports(2);
+    knob.tls[0] = knob.tls[1] = 1;
+    int st[MAXR];
+    run_ranks(2, net_msgs_rank, 30, st);
+    check_all_ok(2, st);
+    new_ports(3);
+    knob.tls[0] = knob.tls[1] = knob.tls[2] = 1;
+    run_ranks(3, bcast_gather_rank, 60, st);
+    check_all_ok(3, st);
+    /* A certificate the CA did not sign, and a task without TLS: refused, logged. */
+    for (int k = 0; k < 2; k++) {
+        new_ports(2);
+        knob.tls[0] = 1;
+        knob.tls[1] = k == 0 ? 2 : 0;
+        knob.connect_timeout = 2;
+        run_ranks(2, open_fails_rank, 30, st);
+        check_all_ok(2, st);
+        for (int r = 0; r < 2; r++) {
+            int rc;
+            double secs;
+            char *m = read_note(r, &rc, &secs), *l = read_log(r);
+            CHECK_MSG(rc == LOOM_ENET || rc == LOOM_ETIMEOUT, "case %d rank %d: %d %s", k, r, rc, m);
+            printf("# case %d rank %d: %s\n", k, r, m);
+            if (r == 0) CHECK_CONTAINS(l, "dropped the connection from 127.0.0.1:");
+            free(m), free(l);
+        }
+    }
+}
+
 static const loom_test tests[] = {
     {"frames", test_frames},
     {"handshake", test_handshake},
@@ -823,6 +905,8 @@ static const loom_test tests[] = {
     {"peer_stopped", test_peer_stopped},
     {"mismatched_collectives", test_mismatch},
     {"collective_timeout", test_collective_timeout},
+    {"tls", test_tls},
+    {"no_secret", test_no_secret},
     {0},
 };
 
