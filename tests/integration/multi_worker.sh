@@ -238,6 +238,25 @@ if [ -n "$victim" ] && [ $status -eq 0 ]; then pass "launch --restarts 1 survive
 contains "the restarted job resumes from the last checkpoint" "resuming from $WORK/relaunch/ckpt-" "$(cat "$WORK/relaunch.out")"
 same_weights "killed under launch --restarts = uninterrupted, bit for bit" "$WORK/straight/ckpt-100.loom" "$WORK/relaunch/ckpt-100.loom"
 
+# SIGTERM to launch: forwarded to every task; the job stops after one step, checkpointed
+timeout 120 "$LOOM" launch --local $CFG --workers 2 --model-dir "$WORK/lterm" "${SLOW[@]}" --set run.checkpoint_steps=0 \
+    --set 'hooks.callbacks=["../lua/mwm_slow.lua:slow"]' >"$WORK/lterm.out" 2>&1 &
+lp=$!; PIDS+=($lp)
+wait_for "$WORK/lterm/ckpt-0.loom" "$WORK/lterm/.lock"
+sleep 0.5
+kill -TERM "$(loom_of $lp)"
+wait $lp; status=$?
+step=$(sed -n 's/.*interrupted by signal 15 at step \([0-9]*\).*/\1/p' "$WORK/lterm.out" | head -1)
+if [ $status -ne 0 ] && [ -n "$step" ] && [ -e "$WORK/lterm/ckpt-$step.loom" ] && [ "$step" -lt 100 ]; then
+    pass "SIGTERM to launch: the job checkpoints step $step and exits $status"
+else
+    fail "SIGTERM to launch: the job checkpoints and exits" "status $status, step '$step'" "$(tail -4 "$WORK/lterm.out")"
+fi
+timeout 120 "$LOOM" launch --local $CFG --workers 2 --model-dir "$WORK/lterm" "${SLOW[@]}" --set run.checkpoint_steps=0 \
+    >"$WORK/lterm2.out" 2>&1
+same_weights "SIGTERM to launch, then launch again = uninterrupted, bit for bit" "$WORK/straight/ckpt-100.loom" \
+    "$WORK/lterm/ckpt-100.loom"
+
 # ---- refusals ---------------------------------------------------------------------------
 job three_on_two 3 "$WORK/two" --set run.max_steps=60
 contains "resuming with another number of workers is refused" \
