@@ -130,6 +130,12 @@ job epoch 2 "$WORK/epoch" --set run.max_steps=0 --set run.eval_steps=1
 all_ok epoch 2
 contains "an epoch ends on every worker at once" "epoch 1/1: step 100" "$(cat "$WORK/epoch.0")"
 
+# 9650 examples: 201 batches of 48, so worker:0 has 101 and worker:1 100; worker:1
+# takes step 101 with no examples (2 in all, the loss over those 2) and both end the epoch
+job uneven 2 "$WORK/uneven" --set run.max_steps=0 --set run.eval_steps=1 --set 'data.train.transforms.[0].count=9650'
+all_ok uneven 2
+contains "an uneven last step: both workers take it, the epoch ends after it" "epoch 1/1: step 101" "$(cat "$WORK/uneven.0")"
+
 # ---- TF_CONFIG, started by hand ---------------------------------------------------------
 base=$(free_ports 2)
 for i in 0 1; do
