@@ -107,9 +107,18 @@ static int idx_load(const char *path, idx_array *a, loom_dtype *dt, loom_shape *
         if (dims[d]) nonzero *= (uint64_t)dims[d];
     }
     uint64_t expect = header + count * esz;
-    /* a plain file's size is known: refuse a mismatch before allocating */
+    /* a plain file's size is known: refuse a mismatch before allocating; a
+     * gzip file cannot inflate to more than 1032 times its size (deflate's
+     * limit), so a tiny file declaring gigabytes is refused before allocating too */
     struct stat st;
-    if (!loom_rfile_is_gzip(f) && stat(path, &st) == 0 && (uint64_t)st.st_size != expect) {
+    bool gz = loom_rfile_is_gzip(f);
+    if (gz && stat(path, &st) == 0 && expect > (uint64_t)st.st_size * 1032 + 64) {
+        rc = loom_err_set(err, LOOM_EDATA, path, "truncated IDX file: the header (%d dims, %lld items) implies %llu bytes, "
+                          "more than %llu gzip bytes can hold", ndim, (long long)dims[0], (unsigned long long)expect,
+                          (unsigned long long)st.st_size);
+        goto fail;
+    }
+    if (!gz && stat(path, &st) == 0 && (uint64_t)st.st_size != expect) {
         rc = loom_err_set(err, LOOM_EDATA, path, "%s IDX file: the header (%d dims, %lld items) implies %llu bytes, found %llu",
                           (uint64_t)st.st_size < expect ? "truncated" : "oversized", ndim, (long long)dims[0],
                           (unsigned long long)expect, (unsigned long long)st.st_size);

@@ -329,6 +329,12 @@ static int scan_records(loom_buf *b, uint32_t records, const char *path, loom_er
             rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "record %u has unknown kind %u", r, seen[r].kind);
         else if (!seen[r].name[0])
             rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "record %u has no name", r);
+        /* what a record may claim to inflate to (and be allocated for):
+         * zstd's best case is an RLE block, 4 bytes for 128 KB */
+        if (!rc && seen[r].raw / 32768 > seen[r].stored)
+            rc = loom_err_set(err, LOOM_ECHECKPOINT, path,
+                              "record %u (%s) claims %llu bytes, which its %llu compressed bytes cannot hold", r,
+                              seen[r].name, (unsigned long long)seen[r].raw, (unsigned long long)seen[r].stored);
         for (int i = 0; i < seen[r].shape.rank && !rc; i++)
             if (seen[r].shape.dim[i] < 0 || seen[r].shape.dim[i] > ((int64_t)1 << 40))
                 rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "record %u (%s): dimension %d is %lld", r, seen[r].name,
