@@ -297,6 +297,30 @@ static int safe_load(lua_State *L)
     return lua_gettop(L);
 }
 
+/* require's file searcher: Lua's own opens the file with a blocking fopen
+ * (a FIFO on package.path hangs) and accepts binary chunks. This one finds
+ * the file with package.searchpath, opens it through loom_open_regular and
+ * loads text only. */
+static int search_lua_file(lua_State *L)
+{
+    const char *name = luaL_checkstring(L, 1);
+    lua_getglobal(L, "package");
+    lua_getfield(L, -1, "searchpath");
+    lua_pushstring(L, name);
+    lua_getfield(L, -3, "path");
+    lua_call(L, 2, 2);
+    if (lua_isnil(L, -2)) return 1; /* the "no file ..." message */
+    const char *file = lua_tostring(L, -2);
+    loom_err oe = {0};
+    int fd = loom_open_regular(file, &oe);
+    if (fd < 0) return luaL_error(L, "error loading module '%s' from file '%s': %s", name, file, oe.msg);
+    close(fd);
+    if (luaL_loadfilex(L, file, "t") != LUA_OK)
+        return luaL_error(L, "error loading module '%s' from file '%s':\n\t%s", name, file, lua_tostring(L, -1));
+    lua_pushstring(L, file);
+    return 2;
+}
+
 static void open_safe_libs(loom_lua *S)
 {
     lua_State *L = S->L;
@@ -345,6 +369,8 @@ static void open_safe_libs(loom_lua *S)
         lua_pushnil(L);
         lua_rawseti(L, -2, i);
     }
+    lua_pushcfunction(L, search_lua_file);
+    lua_rawseti(L, -2, 2);
     lua_pop(L, 2);
 }
 

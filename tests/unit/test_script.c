@@ -282,6 +282,46 @@ static void test_symlinks(void)
     loom_lua_close(S);
 }
 
+/* Lua files open through the regular-file helper: a FIFO as a hook file or
+ * as a module on package.path is refused, not waited on; require loads text
+ * chunks only (Lua's own searcher took binary ones). */
+static void test_fifo_and_binary_modules(void)
+{
+    setup();
+    unlink(tpath("pipe_mod.lua"));
+    unlink(tpath("pipe_hook.lua"));
+    CHECK(mkfifo(tpath("pipe_mod.lua"), 0644) == 0);
+    CHECK(mkfifo(tpath("pipe_hook.lua"), 0644) == 0);
+    /* a binary chunk, written by this Lua's string.dump */
+    loom_lua *S = open_state(true, 0, 0);
+    lua_State *L = loom_lua_state(S);
+    CHECK(luaL_dostring(L, "return string.dump(function() return 42 end)") == LUA_OK);
+    size_t n;
+    const char *chunk = lua_tolstring(L, -1, &n);
+    FILE *f = fopen(tpath("bin_mod.lua"), "wb");
+    CHECK(f && fwrite(chunk, 1, n, f) == n);
+    if (f) fclose(f);
+    loom_lua_close(S);
+    write_file("req.lua", "function fifo() local ok, e = pcall(require, 'pipe_mod'); assert(not ok, 'loaded'); "
+                          "assert(e:find('FIFO', 1, true), e); return true end\n"
+                          "function binary() local ok, e = pcall(require, 'bin_mod'); assert(not ok, 'loaded'); "
+                          "assert(e:find('binary', 1, true), e); return true end\n");
+    S = open_state(false, 0, 0);
+    loom_err err;
+    alarm(20); /* a regression hangs: fail instead */
+    int rc = call(S, "req.lua:fifo", &err);
+    CHECK_MSG(rc == LOOM_OK, "%s: %s", err.where, err.msg);
+    rc = call(S, "req.lua:binary", &err);
+    CHECK_MSG(rc == LOOM_OK, "%s: %s", err.where, err.msg);
+    loom_err_clear(&err);
+    CHECK(loom_lua_load(S, tpath("pipe_hook.lua"), &err) == LOOM_EIO);
+    alarm(0);
+    CHECK_CONTAINS(err.msg, "cannot open Lua file: is a FIFO");
+    loom_lua_close(S);
+    unlink(tpath("pipe_mod.lua"));
+    unlink(tpath("pipe_hook.lua"));
+}
+
 /* ---- limits and errors ---------------------------------------------------------------- */
 
 static const char *limits_lua =
@@ -541,6 +581,7 @@ static const loom_test tests[] = {
     {"views", test_views},
     {"sandbox", test_sandbox},
     {"symlinks", test_symlinks},
+    {"fifo_and_binary_modules", test_fifo_and_binary_modules},
     {"memory_cap", test_memory_cap},
     {"instruction_budget", test_instruction_budget},
     {"errors", test_errors},
