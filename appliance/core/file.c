@@ -178,7 +178,7 @@ int loom_read_file_max(const char *path, uint8_t **out, size_t *len, uint64_t ma
     size_t cap = 0;
     if (!f->gz) {
         struct stat st;
-        if (fstat(f->fd, &st) == 0) cap = (size_t)st.st_size;
+        if (fstat(f->fd, &st) == 0) cap = (size_t)st.st_size + 1; /* + 1: the end is seen without growing */
     }
     if (cap < 4096) cap = 4096;
     if (max && cap > max) cap = (size_t)max + 1;

@@ -305,12 +305,33 @@ static int search_lua_file(lua_State *L)
 {
     const char *name = luaL_checkstring(L, 1);
     lua_getglobal(L, "package");
-    lua_getfield(L, -1, "searchpath");
-    lua_pushstring(L, name);
-    lua_getfield(L, -3, "path");
-    lua_call(L, 2, 2);
-    if (lua_isnil(L, -2)) return 1; /* the "no file ..." message */
-    const char *file = lua_tostring(L, -2);
+    lua_getfield(L, -1, "path");
+    const char *path = lua_tostring(L, -1);
+    if (!path) return luaL_error(L, "package.path must be a string");
+    /* package.searchpath's own test opens each candidate with fopen, which
+     * blocks on a FIFO: candidates are tested with access() instead */
+    const char *mod = luaL_gsub(L, name, ".", LUA_DIRSEP);
+    luaL_Buffer tried;
+    luaL_buffinit(L, &tried);
+    const char *file = NULL;
+    for (const char *p = path; *p && !file;) {
+        const char *e = strchr(p, *LUA_PATH_SEP);
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        lua_pushlstring(L, p, n);
+        const char *cand = luaL_gsub(L, lua_tostring(L, -1), LUA_PATH_MARK, mod);
+        lua_remove(L, -2);
+        if (access(cand, R_OK) == 0) file = cand;
+        else {
+            lua_pushfstring(L, "\n\tno file '%s'", cand);
+            lua_remove(L, -2);
+            luaL_addvalue(&tried);
+        }
+        p += n + (e != NULL);
+    }
+    if (!file) {
+        luaL_pushresult(&tried);
+        return 1; /* the "no file ..." message */
+    }
     loom_err oe = {0};
     int fd = loom_open_regular(file, &oe);
     if (fd < 0) return luaL_error(L, "error loading module '%s' from file '%s': %s", name, file, oe.msg);

@@ -308,6 +308,24 @@ static int open_checkpoint(const char *path, uint8_t **data, loom_buf *b, uint32
     return rc;
 }
 
+/* A record's kind and name, where the name lies in the file (16 bytes a
+ * record: a hostile file of many tiny records costs little to check). */
+typedef struct rec_key {
+    uint32_t kind, len;
+    size_t off;
+} rec_key;
+static _Thread_local const uint8_t *sort_base; /* for cmp_key: qsort has no context argument */
+
+static int cmp_key(const void *x, const void *y)
+{
+    const rec_key *a = x, *b = y;
+    if (a->kind != b->kind) return a->kind < b->kind ? -1 : 1;
+    int c = memcmp(sort_base + a->off, sort_base + b->off, a->len < b->len ? a->len : b->len);
+    if (c) return c;
+    if (a->len != b->len) return a->len < b->len ? -1 : 1;
+    return a < b ? -1 : 1;
+}
+
 /* The structure of the records, before any is used: each header whole and
  * in the file, a known kind, a name, no (kind, name) twice, nothing after
  * the last record. CRCs only prove the bytes are the writer's; a forged or
@@ -317,37 +335,50 @@ static int scan_records(loom_buf *b, uint32_t records, const char *path, loom_er
     size_t first = b->pos;
     /* each record takes at least 32 bytes: a count beyond that is a lie */
     if (records > (b->len - b->pos) / 32 + 1)
-        return loom_err_set(err, LOOM_ECHECKPOINT, path, "checkpoint claims %u records in %zu bytes: the last runs past the end of the file", records,
+        return loom_err_set(err, LOOM_ECHECKPOINT, path,
+                            "checkpoint claims %u records in %zu bytes: the last runs past the end of the file", records,
                             b->len - b->pos);
     int rc = LOOM_OK;
-    record *seen = records ? loom_alloc(records * sizeof *seen) : NULL;
-    if (records && !seen) return loom_err_set(err, LOOM_ENOMEM, path, "checking %u records", records);
+    rec_key *key = records ? loom_alloc(records * sizeof *key) : NULL;
+    if (records && !key) return loom_err_set(err, LOOM_ENOMEM, path, "checking %u records", records);
     for (uint32_t r = 0; r < records && !rc; r++) {
-        rc = next_record(b, r, &seen[r], path, err);
+        record rec;
+        size_t at = b->pos;
+        rc = next_record(b, r, &rec, path, err);
         if (rc) break;
-        if (seen[r].kind != KIND_TENSOR && seen[r].kind != KIND_BLOB)
-            rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "record %u has unknown kind %u", r, seen[r].kind);
-        else if (!seen[r].name[0])
+        uint32_t nl;
+        memcpy(&nl, b->data + at + 4, 4);
+        key[r] = (rec_key){rec.kind, nl, at + 8};
+        if (rec.kind != KIND_TENSOR && rec.kind != KIND_BLOB)
+            rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "record %u has unknown kind %u", r, rec.kind);
+        else if (!rec.name[0])
             rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "record %u has no name", r);
         /* what a record may claim to inflate to (and be allocated for):
          * zstd's best case is an RLE block, 4 bytes for 128 KB */
-        if (!rc && seen[r].raw / 32768 > seen[r].stored)
+        if (!rc && rec.raw / 32768 > rec.stored)
             rc = loom_err_set(err, LOOM_ECHECKPOINT, path,
                               "record %u (%s) claims %llu bytes, which its %llu compressed bytes cannot hold", r,
-                              seen[r].name, (unsigned long long)seen[r].raw, (unsigned long long)seen[r].stored);
-        for (int i = 0; i < seen[r].shape.rank && !rc; i++)
-            if (seen[r].shape.dim[i] < 0 || seen[r].shape.dim[i] > ((int64_t)1 << 40))
-                rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "record %u (%s): dimension %d is %lld", r, seen[r].name,
-                                  i, (long long)seen[r].shape.dim[i]);
-        for (uint32_t q = 0; q < r && !rc; q++)
-            if (seen[q].kind == seen[r].kind && !strcmp(seen[q].name, seen[r].name))
-                rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "%s \"%s\" appears twice (records %u and %u)",
-                                  seen[r].kind == KIND_TENSOR ? "tensor" : "record", seen[r].name, q, r);
+                              rec.name, (unsigned long long)rec.raw, (unsigned long long)rec.stored);
+        for (int i = 0; i < rec.shape.rank && !rc; i++)
+            if (rec.shape.dim[i] < 0 || rec.shape.dim[i] > ((int64_t)1 << 40))
+                rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "record %u (%s): dimension %d is %lld", r, rec.name, i,
+                                  (long long)rec.shape.dim[i]);
+    }
+    if (!rc && records > 1) { /* sorted by (kind, name, index), twins are neighbours */
+        sort_base = b->data;
+        qsort(key, records, sizeof *key, cmp_key);
+        for (uint32_t i = 1; i < records && !rc; i++) {
+            const rec_key *x = &key[i - 1], *y = &key[i];
+            if (x->kind == y->kind && x->len == y->len && !memcmp(b->data + x->off, b->data + y->off, x->len))
+                rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "%s \"%.*s\" appears twice",
+                                  y->kind == KIND_TENSOR ? "tensor" : "record", (int)(y->len > 200 ? 200 : y->len),
+                                  (const char *)b->data + y->off);
+        }
     }
     if (!rc && b->pos != b->len)
         rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "%zu bytes after the last of the %u records", b->len - b->pos,
                           records);
-    loom_free(seen);
+    loom_free(key);
     b->pos = first;
     if (rc) loom_err_hint(err, "the file was not written by loom, or by a broken writer; delete it to resume from the "
                                "previous checkpoint, or pass --fresh");
