@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# run.sh - builds the libFuzzer targets (tfrecord, example, idx, csv, config, lua_tensor) with
+# run.sh - builds the libFuzzer targets (tfrecord, example, idx, csv, config, lua_tensor,
+# idx_gz, ckpt, elf) with
 # clang -fsanitize=fuzzer,address,undefined and runs each for a short budget
 # over its committed seed corpus (tests/fuzz/corpus/<target>/; new inputs go to
 # a scratch directory, never into the repository).
 #   tests/fuzz/run.sh [SECONDS]        default 20 per target (LOOM_FUZZ_TIME too)
+#   LOOM_FUZZ_TARGETS="ckpt elf"       only these targets
 # Exits 77 (meson's skip) when clang or its libFuzzer runtime is missing
 # (Debian: apt-get install clang libclang-rt-14-dev), 1 when a target crashes
 # or fails to build. Run from anywhere; paths are relative to the repository.
@@ -35,13 +37,17 @@ declare -A srcs=(
     [csv]="tests/fuzz/fuzz_csv.c appliance/data/source_csv.c appliance/data/source_files.c appliance/data/elem.c"
     [config]="tests/fuzz/fuzz_config.c appliance/config/config.c appliance/config/config_print.c -lconfig"
     [lua_tensor]="tests/fuzz/fuzz_lua_tensor.c appliance/script/script.c appliance/script/lua_tensor.c $(ls appliance/data/*.c appliance/config/*.c | tr '\n' ' ')"
+    [idx_gz]="tests/fuzz/fuzz_idx_gz.c appliance/data/source_idx.c appliance/data/elem.c"
+    [ckpt]="tests/fuzz/fuzz_ckpt.c appliance/train/checkpoint.c $(echo appliance/nn/[a-z]*.c appliance/tensor/device*.c)"
+    [elf]="tests/fuzz/fuzz_elf.c appliance/plugin/elf_check.c"
 )
 # per-target compiler and linker flags beyond the common ones
 declare -A extra=(
     [lua_tensor]="$(pkg-config --cflags --libs lua5.4 libconfig 2>/dev/null || echo -I/usr/include/lua5.4 -llua5.4 -lconfig)"
 )
 status=0
-for t in tfrecord example idx csv config lua_tensor; do
+targets=(${LOOM_FUZZ_TARGETS:-tfrecord example idx csv config lua_tensor idx_gz ckpt elf})
+for t in "${targets[@]}"; do
     # shellcheck disable=SC2086
     if ! "$cc" "${flags[@]}" ${srcs[$t]} "${core[@]}" ${extra[$t]:-} "${libs[@]}" -o "$work/fuzz_$t" 2>"$work/build_$t.log"; then
         echo "fuzz_$t: build failed:"
