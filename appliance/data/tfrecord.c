@@ -462,7 +462,7 @@ static int w_emit(loom_tfrecord_writer *w, const uint8_t *p, size_t n, bool fini
             if ((rc = w_flush_buf(w, err))) return rc;
             if (n >= CHUNK) return w_flush(w, p, n, err);
         }
-        memcpy(w->buf + w->len, p, n);
+        if (n) memcpy(w->buf + w->len, p, n); /* p may be NULL when finish flushes */
         w->len += n;
         return finish ? w_flush_buf(w, err) : LOOM_OK;
     }
