@@ -63,6 +63,10 @@ if [ -z "$bad_exit" ]; then pass "every resume after kill -9 started cleanly"; e
 if [ $kills -ge "$KILLS" ] || [ $finished -eq 1 ]; then pass "killed $kills times within the time budget"
 else fail "killed $KILLS times within the time budget" "only $kills kills in $attempts attempts"; fi
 
+# the test proves what it says only if some kills hit a checkpoint mid-write
+if [ $during_write -ge 1 ] || [ $kills -lt 10 ]; then pass "$during_write kills landed while a checkpoint was being written"
+else fail "some kills land while a checkpoint is being written" "none of $kills did (seed $SEED)"; fi
+
 check "final resume runs to the end" "$LOOM" train $CFG --model-dir "$dir" "${OPTS[@]}"
 ta=$(tensors "$WORK/ref/ckpt-$STEPS.loom") tb=$(tensors "$dir/ckpt-$STEPS.loom")
 if [ -n "$ta" ] && [ "$ta" = "$tb" ]; then pass "killed $kills times and resumed = uninterrupted (bit-identical weights and slots)"
