@@ -67,7 +67,9 @@ test_asan() {
     export ASAN_OPTIONS="detect_leaks=1:log_path=$logs/asan:log_exe_name=1"
     export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$logs/ubsan:log_exe_name=1"
     local status=0 out
-    out=$(tests/run.sh build-asan --suite unit --suite integration | tee /dev/stderr | tail -n 1) || status=1
+    tests/run.sh build-asan --suite unit --suite integration 2>&1 | tee build-asan/ci.log
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    out=$(tail -n 1 build-asan/ci.log)
     unset ASAN_OPTIONS UBSAN_OPTIONS
     local reports=("$logs"/*)
     if [ -e "${reports[0]}" ]; then
@@ -76,7 +78,7 @@ test_asan() {
         status=1
         out=$(awk -v n="${#reports[@]}" '{ $3 = $3 + n; print }' <<<"$out")   # "P passed, F failed"
     fi
-    echo "$out"
+    echo "$out" | tee build-asan/ci-total
     return $status
 }
 
@@ -101,9 +103,12 @@ case "$cmd" in
         clean_env
         export LOOM_FUZZ_REQUIRE=1
         status=0
-        r1=$(tests/run.sh build | tee /dev/stderr | tail -n 1) || status=1
-        r2=$(test_asan | tail -n 1) || status=1
-        echo "release: $r1; asan+ubsan: $r2; ${SECONDS}s in all" >&2
+        tests/run.sh build 2>&1 | tee build/ci.log
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+        r1=$(tail -n 1 build/ci.log)
+        test_asan || status=1
+        r2=$(cat build-asan/ci-total)
+        echo "release: $r1; asan+ubsan: $r2; ${SECONDS}s in all"
         printf '%s\n%s\n' "$r1" "$r2" | awk '{ p += $1; f += $3 } END { print p " passed, " f " failed" }'
         exit $status
         ;;
