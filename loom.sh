@@ -67,8 +67,7 @@ test_asan() {
     export ASAN_OPTIONS="detect_leaks=1:log_path=$logs/asan:log_exe_name=1"
     export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$logs/ubsan:log_exe_name=1"
     local status=0 out
-    tests/run.sh build-asan --suite unit --suite integration 2>&1 | tee build-asan/ci.log
-    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    tests/run.sh build-asan --suite unit --suite integration 2>&1 | tee build-asan/ci.log || status=1
     out=$(tail -n 1 build-asan/ci.log)
     unset ASAN_OPTIONS UBSAN_OPTIONS
     local reports=("$logs"/*)
@@ -103,8 +102,7 @@ case "$cmd" in
         clean_env
         export LOOM_FUZZ_REQUIRE=1
         status=0
-        tests/run.sh build 2>&1 | tee build/ci.log
-        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+        tests/run.sh build 2>&1 | tee build/ci.log || status=1
         r1=$(tail -n 1 build/ci.log)
         test_asan || status=1
         r2=$(cat build-asan/ci-total)
