@@ -1,77 +1,120 @@
 #!/usr/bin/env bash
-# run.sh - builds the libFuzzer targets (tfrecord, example, idx, csv, config, lua_tensor,
-# idx_gz, ckpt, elf) with
-# clang -fsanitize=fuzzer,address,undefined and runs each for a short budget
-# over its committed seed corpus (tests/fuzz/corpus/<target>/; new inputs go to
-# a scratch directory, never into the repository).
-#   tests/fuzz/run.sh [SECONDS]        default 20 per target (LOOM_FUZZ_TIME too)
-#   LOOM_FUZZ_TARGETS="ckpt elf"       only these targets
-# Exits 77 (meson's skip) when clang or its libFuzzer runtime is missing
-# (Debian: apt-get install clang libclang-rt-14-dev), 1 when a target crashes
-# or fails to build. Run from anywhere; paths are relative to the repository.
+# run.sh - builds every libFuzzer target tests/fuzz/fuzz_<name>.c with clang
+# -fsanitize=fuzzer,address,undefined and runs each for a time budget over its
+# committed seed corpus tests/fuzz/corpus/<name>/, printing one TAP line per target.
+#   tests/fuzz/run.sh [SECONDS] [NAME...]   default 20 s per target (LOOM_FUZZ_TIME too), all targets
+# A target needs no registration: it links against an archive of every appliance
+# source (all but main.c and cli/), built once with the same sanitizers, so a
+# fuzzer for any module just includes that module's headers. Optional per target:
+# tests/fuzz/fuzz_<name>.dict (a libFuzzer dictionary).
+# Environment:
+#   LOOM_FUZZ_BUILD  where objects, binaries, new inputs and crash files go
+#                    (default build-fuzz/; meson's test passes <build>/fuzz)
+#   LOOM_FUZZ_JOBS   parallel compiles (default 2)
+#   LOOM_FUZZ_REQUIRE=1  a missing clang/libFuzzer fails instead of skipping (CI sets it)
+#   CLANG            the compiler (default clang)
+# Exit: 0 all clean, 1 a target crashed, leaked, timed out or failed to build,
+# 0 with "1..0 # SKIP" (TAP) without clang's libFuzzer runtime. See tests/fuzz/README.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
-budget="${1:-${LOOM_FUZZ_TIME:-20}}"
+budget="${LOOM_FUZZ_TIME:-20}"
+if [[ "${1:-}" =~ ^[0-9]+$ ]]; then budget="$1"; shift; fi
 cc="${CLANG:-clang}"
-
-if ! command -v "$cc" >/dev/null 2>&1; then
-    echo "fuzz: $cc not found; skipping (apt-get install clang libclang-rt-14-dev)"
-    exit 77
-fi
-work="$(mktemp -d /tmp/loom-fuzz.XXXXXX)"
-trap 'rm -rf "$work"' EXIT
-echo 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { (void)d; (void)n; return 0; }' > "$work/probe.c"
-if ! "$cc" -fsanitize=fuzzer,address,undefined "$work/probe.c" -o "$work/probe" >/dev/null 2>&1; then
-    echo "fuzz: $cc cannot link -fsanitize=fuzzer (no libFuzzer runtime); skipping (apt-get install libclang-rt-14-dev)"
-    exit 77
-fi
-
+out="${LOOM_FUZZ_BUILD:-$root/build-fuzz}"
+jobs="${LOOM_FUZZ_JOBS:-2}"
 cd "$root"
-core=(appliance/core/[a-z]*.c appliance/tensor/tensor.c appliance/tensor/blas.c)
-flags=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -D_GNU_SOURCE -I appliance)
-libs=(-lz -lzstd -lm -ldl -lpthread)
-declare -A srcs=(
-    [tfrecord]="tests/fuzz/fuzz_tfrecord.c appliance/data/tfrecord.c appliance/data/example.c"
-    [example]="tests/fuzz/fuzz_example.c appliance/data/example.c"
-    [idx]="tests/fuzz/fuzz_idx.c appliance/data/source_idx.c appliance/data/elem.c"
-    [csv]="tests/fuzz/fuzz_csv.c appliance/data/source_csv.c appliance/data/source_files.c appliance/data/elem.c"
-    [config]="tests/fuzz/fuzz_config.c appliance/config/config.c appliance/config/config_print.c -lconfig"
-    [lua_tensor]="tests/fuzz/fuzz_lua_tensor.c appliance/script/script.c appliance/script/lua_tensor.c $(ls appliance/data/*.c appliance/config/*.c | tr '\n' ' ')"
-    [idx_gz]="tests/fuzz/fuzz_idx_gz.c appliance/data/source_idx.c appliance/data/elem.c"
-    [ckpt]="tests/fuzz/fuzz_ckpt.c appliance/train/checkpoint.c $(echo appliance/nn/[a-z]*.c appliance/tensor/device*.c)"
-    [elf]="tests/fuzz/fuzz_elf.c appliance/plugin/elf_check.c"
-)
-# per-target compiler and linker flags beyond the common ones
-declare -A extra=(
-    [lua_tensor]="$(pkg-config --cflags --libs lua5.4 libconfig 2>/dev/null || echo -I/usr/include/lua5.4 -llua5.4 -lconfig)"
-)
-status=0
-targets=(${LOOM_FUZZ_TARGETS:-tfrecord example idx csv config lua_tensor idx_gz ckpt elf})
+
+skip() {
+    if [ "${LOOM_FUZZ_REQUIRE:-0}" = 1 ]; then
+        echo "1..1"; echo "not ok 1 - fuzz: $1 (LOOM_FUZZ_REQUIRE=1)"; exit 1
+    fi
+    echo "1..0 # SKIP $1"; exit 0  # TAP skip (meson counts 77 under tap as an error)
+}
+command -v "$cc" >/dev/null 2>&1 || skip "$cc not found (apt-get install clang libclang-rt-14-dev)"
+mkdir -p "$out/obj" "$out/bin" "$out/new" "$out/artifacts" || exit 1
+echo 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { (void)d; (void)n; return 0; }' > "$out/probe.c"
+"$cc" -fsanitize=fuzzer,address,undefined "$out/probe.c" -o "$out/probe" >/dev/null 2>&1 ||
+    skip "$cc cannot link -fsanitize=fuzzer, no libFuzzer runtime (apt-get install libclang-rt-14-dev)"
+
+# The targets: every fuzz_*.c, or the names given.
+targets=()
+if [ $# -gt 0 ]; then
+    for n in "$@"; do
+        n="${n#fuzz_}"; n="${n%.c}"
+        [ -f "tests/fuzz/fuzz_$n.c" ] || { echo "fuzz: no tests/fuzz/fuzz_$n.c" >&2; exit 2; }
+        targets+=("$n")
+    done
+else
+    for f in tests/fuzz/fuzz_*.c; do n="${f#tests/fuzz/fuzz_}"; targets+=("${n%.c}"); done
+fi
+echo "1..${#targets[@]}"
+echo "# fuzz: ${#targets[@]} targets, ${budget}s each; build, new inputs and crashes in $out"
+
+# The appliance as one sanitized archive; an object is rebuilt when its source
+# or any appliance/plugin header is newer.
+pkgs=(zlib libzstd libconfig lua5.4)
+for p in libevent libevent_pthreads libevent_openssl jansson openssl; do
+    pkg-config --exists "$p" 2>/dev/null && pkgs+=("$p")
+done
+# shellcheck disable=SC2207
+pkgcflags=($(pkg-config --cflags "${pkgs[@]}")) pkglibs=($(pkg-config --libs "${pkgs[@]}"))
+blasdir="$(pkg-config --variable=libdir openblas 2>/dev/null)"
+cflags=(-g -O1 -std=gnu11 -D_GNU_SOURCE -fno-strict-aliasing -fno-sanitize-recover=undefined
+        -I appliance -I plugins "${pkgcflags[@]}" "-DLOOM_OPENBLAS_LIBDIR=\"${blasdir#/}\""
+        "-DLOOM_PLUGIN_INSTALL_DIR=\"/usr/local/lib/loom/plugins\"")
+newest_h=$(find appliance plugins -name '*.h' -printf '%T@\n' | sort -n | tail -1)
+srcs=() stale=()
+while IFS= read -r s; do
+    srcs+=("$s")
+    o="$out/obj/$(echo "${s%.c}" | tr / _).o"
+    if [ ! -f "$o" ] || [ "$s" -nt "$o" ] || awk -v h="$newest_h" -v t="$(stat -c %Y "$o")" 'BEGIN{exit !(h > t)}'; then
+        stale+=("$s")
+    fi
+done < <(find appliance -name '*.c' ! -path 'appliance/main.c' ! -path 'appliance/cli/*' | sort)
+if [ ${#stale[@]} -gt 0 ]; then
+    echo "# fuzz: compiling ${#stale[@]} appliance sources with $cc"
+    export cc out
+    if ! printf '%s\n' "${stale[@]}" | xargs -P "$jobs" -I{} bash -c \
+        'o="$out/obj/$(echo "${1%.c}" | tr / _).o"; "$cc" "${@:2}" -fsanitize=fuzzer-no-link,address,undefined -c "$1" -o "$o" 2>"$o.log" || { cat "$o.log" >&2; rm -f "$o"; exit 1; }' \
+        _ {} "${cflags[@]}"; then
+        for i in "${!targets[@]}"; do echo "not ok $((i + 1)) - fuzz_${targets[$i]}: the appliance did not compile (see above)"; done
+        exit 1
+    fi
+fi
+rm -f "$out/libloom_fuzz.a"
+objs=()
+for s in "${srcs[@]}"; do objs+=("$out/obj/$(echo "${s%.c}" | tr / _).o"); done
+ar rcs "$out/libloom_fuzz.a" "${objs[@]}" || exit 1
+
+status=0 i=0
 for t in "${targets[@]}"; do
-    # shellcheck disable=SC2086
-    if ! "$cc" "${flags[@]}" ${srcs[$t]} "${core[@]}" ${extra[$t]:-} "${libs[@]}" -o "$work/fuzz_$t" 2>"$work/build_$t.log"; then
-        echo "fuzz_$t: build failed:"
-        sed 's/^/  /' "$work/build_$t.log"
+    i=$((i + 1))
+    exe="$out/bin/fuzz_$t"
+    if ! "$cc" "${cflags[@]}" -fsanitize=fuzzer,address,undefined "tests/fuzz/fuzz_$t.c" "$out/libloom_fuzz.a" \
+        "${pkglibs[@]}" -lm -ldl -lpthread -o "$exe" 2>"$out/build_$t.log"; then
+        echo "not ok $i - fuzz_$t: build failed"
+        sed 's/^/#   /' "$out/build_$t.log" | head -40
         status=1
         continue
     fi
-    mkdir -p "$work/corpus_$t"
-    echo "fuzz_$t: running for ${budget}s"
-    if ! ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 LSAN_OPTIONS="suppressions=$root/tests/fuzz/lsan.supp" \
-        "$work/fuzz_$t" -max_total_time="$budget" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
-        -artifact_prefix="$work/" "$work/corpus_$t" "tests/fuzz/corpus/$t" >"$work/run_$t.log" 2>&1; then
-        echo "fuzz_$t: FAILED; the end of its log:"
-        tail -n 60 "$work/run_$t.log" | sed 's/^/  /'
-        for a in "$work"/crash-* "$work"/leak-* "$work"/timeout-* "$work"/oom-*; do
-            [ -e "$a" ] || continue
-            mkdir -p "$root/build-fuzz-artifacts"
-            cp "$a" "$root/build-fuzz-artifacts/fuzz_${t}_$(basename "$a")"
-            echo "  reproducer kept: build-fuzz-artifacts/fuzz_${t}_$(basename "$a")"
-            rm -f "$a"
+    mkdir -p "$out/new/$t" "tests/fuzz/corpus/$t"
+    dict=()
+    [ -f "tests/fuzz/fuzz_$t.dict" ] && dict=(-dict="tests/fuzz/fuzz_$t.dict")
+    rm -f "$out"/artifacts/"$t"-*
+    # New inputs go to $out/new/<name> (first directory); the committed corpus is only read.
+    # lsan.supp: leaks inside libconfig 1.5 itself on parse errors (not loom's)
+    if ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+        LSAN_OPTIONS="suppressions=$root/tests/fuzz/lsan.supp" \
+        "$exe" -max_total_time="$budget" -timeout=10 -rss_limit_mb=2048 -max_len=65536 "${dict[@]}" \
+        -artifact_prefix="$out/artifacts/$t-" "$out/new/$t" "tests/fuzz/corpus/$t" >"$out/run_$t.log" 2>&1; then
+        echo "ok $i - fuzz_$t: $(grep -E '^#[0-9]+' "$out/run_$t.log" | tail -n 1 | awk '{print $1, "runs,", $3, $4}' | tr -d '#')"
+    else
+        echo "not ok $i - fuzz_$t: crashed, leaked or timed out; the end of its log:"
+        grep -v '^#[0-9]' "$out/run_$t.log" | tail -n 40 | sed 's/^/#   /'
+        for a in "$out"/artifacts/"$t"-*; do
+            [ -e "$a" ] && echo "#   reproduce: $exe $a"
         done
         status=1
-    else
-        grep -E "^#[0-9]+.*DONE" "$work/run_$t.log" | tail -n 1 | sed "s/^/fuzz_$t: /"
     fi
 done
 exit $status
