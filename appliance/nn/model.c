@@ -346,6 +346,24 @@ nomem:
 }
 
 int loom_model_threads(const loom_model *m) { return m->threads; }
+
+int64_t loom_model_find_nonfinite(const loom_model *m, char *buf, size_t n)
+{
+    for (int64_t e = 0; e < m->n_params; e++) {
+        if (isfinite(m->params[e])) continue;
+        for (int i = 0; i < m->n_ptensors; i++) {
+            const loom_param_info *p = &m->pinfo[i];
+            if (e >= p->offset && e < p->offset + loom_shape_numel(&p->shape)) {
+                snprintf(buf, n, "%s[%lld] = %g", p->name, (long long)(e - p->offset), m->params[e]);
+                return e;
+            }
+        }
+        snprintf(buf, n, "parameter %lld = %g", (long long)e, m->params[e]);
+        return e;
+    }
+    if (n) buf[0] = 0;
+    return -1;
+}
 loom_pool *loom_model_pool(loom_model *m) { return m->pool; }
 
 void loom_model_free(loom_model *m)

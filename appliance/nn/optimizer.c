@@ -28,7 +28,23 @@ struct loom_optimizer {
     float              *slots;       /* (n_slots * n,) 64-byte aligned, zeroed */
     double              lr_override; /* > 0 replaces the schedule */
     loom_pool          *pool;        /* borrowed; NULL: the calling thread alone */
+    int                 nonfinite;   /* an update left a NaN or infinite weight (atomic: ranges run concurrently) */
 };
+
+/* The largest exponent field of p[0..n): 0xff << 23 when one is NaN or
+ * infinite. An integer max reduction, so it vectorises inside the update's
+ * pass over the freshly written weights (no second pass over memory). */
+static inline uint32_t exp_max(const float *restrict p, int64_t n)
+{
+    uint32_t m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t b;
+        memcpy(&b, &p[i], sizeof b);
+        b &= 0x7f800000u;
+        m = b > m ? b : m;
+    }
+    return m;
+}
 
 double loom_schedule_lr(const loom_schedule_spec *s, double base_lr, int64_t step)
 {
@@ -141,6 +157,7 @@ typedef struct apply_job {
     float                 lr;     /* sgd, momentum: lr; adam: lr_t */
     int64_t               lo, hi;
     int                   parts;
+    int                  *nonfinite; /* set when the part left a non-finite weight */
 } apply_job;
 
 static void apply_part(void *arg, int part)
@@ -166,6 +183,8 @@ static void apply_part(void *arg, int part)
                    o->slots + i0, o->slots + o->n + i0);
         break;
     }
+    /* a non-finite gradient (or slot) makes a non-finite weight in every optimizer */
+    if (exp_max(p, i1 - i0) == 0x7f800000u) __atomic_store_n(j->nonfinite, 1, __ATOMIC_RELAXED);
 }
 
 void loom_optimizer_set_pool(loom_optimizer *o, loom_pool *pool) { o->pool = pool; }
@@ -182,7 +201,8 @@ static void apply_range(const loom_optimizer *o, loom_pool *pool, float *params,
     }
     /* below ~64K parameters a wake-up of the pool costs more than the pass */
     int parts = pool && hi - lo >= 65536 ? loom_pool_size(pool) : 1;
-    apply_job j = {.o = o, .params = params, .grads = grads, .lr = (float)lr, .lo = lo, .hi = hi, .parts = parts};
+    apply_job j = {.o = o, .params = params, .grads = grads, .lr = (float)lr, .lo = lo, .hi = hi, .parts = parts,
+                   .nonfinite = (int *)&o->nonfinite}; /* the one field ranges may write, atomically */
     loom_pool_run(parts > 1 ? pool : NULL, parts, apply_part, &j);
 }
 
@@ -196,6 +216,11 @@ void loom_optimizer_apply_range(const loom_optimizer *o, loom_pool *pool, float 
 {
     LOOM_ASSERT(lo >= 0 && lo <= hi && hi <= o->n);
     apply_range(o, pool, params, grads, step, lo, hi);
+}
+
+int loom_optimizer_take_nonfinite(loom_optimizer *o)
+{
+    return __atomic_exchange_n(&o->nonfinite, 0, __ATOMIC_RELAXED);
 }
 
 int loom_optimizer_num_slots(const loom_optimizer *o) { return o->n_slots; }
