@@ -70,4 +70,42 @@ cfg upd.cfg c.csv "" 'hooks: { train_step = { fn = "nanstep.lua:train_step"; }; 
 expect_fail 1 "a non-finite update stops training, naming the step and the variable" \
     "a weight is not finite after step 4 (epoch 1): dense_1/kernel[" timeout 60 "$LOOM" train "$WORK/upd.cfg"
 
+# ---- a cache after an infinite repeat (item 3) ----
+cachecfg() { # cachecfg FILE BUDGET TRANSFORMS
+    cfg "$1" c.csv "" ""
+    python3 - "$WORK/$1" "$2" "$3" <<'PY'
+import sys
+p, budget, tr = sys.argv[1:]
+s = open(p).read()
+s = s.replace('data: {', 'data: {\n  options: { autotune: { ram_budget = %s; }; };' % budget, 1)
+s = s.replace('transforms = ( { op = "batch"; size = 50; } );', 'transforms = ( %s, { op = "batch"; size = 50; } );' % tr)
+open(p, "w").write(s)
+PY
+}
+cachecfg rc1.cfg '"1GiB"' '{ op = "repeat"; count = -1; }, { op = "filter"; feature = "label"; in = [0, 1]; }, { op = "cache"; }'
+expect_fail 2 "cache after repeat(-1) is refused at check, naming its line" 'rc1.cfg:7: data.train: cache: the repeat before it (transforms.[0]) has count = -1' \
+    timeout 30 "$LOOM" check "$WORK/rc1.cfg"
+out=$(timeout 30 "$LOOM" check "$WORK/rc1.cfg" 2>&1)
+contains "and told to put cache before repeat" "put cache before repeat" "$out"
+start=$(date +%s)
+expect_fail 2 "loom train refuses it before training" "never ends and the cache would grow without bound" \
+    timeout 30 "$LOOM" train "$WORK/rc1.cfg"
+[ $(( $(date +%s) - start )) -lt 10 ] && pass "refused within seconds" || fail "refused within seconds"
+
+# an endless source (synthetic count = -1) into a memory cache
+cachecfg rc2.cfg '"1GiB"' '{ op = "cache"; }'
+sed -i 's|source: { type = "csv"; files = \["c.csv"\];|source: { type = "synthetic"; count = -1; features: { x = { dtype = "float32"; shape = []; }; label = { dtype = "int64"; max = 2; }; }; }; old: { files = ["c.csv"];|' "$WORK/rc2.cfg"
+sed -i 's|old: { files = \["c.csv"\]; columns: { x = { dtype = "float32"; }; label = { dtype = "int64"; }; }; };||' "$WORK/rc2.cfg"
+expect_fail 2 "cache of an endless source is refused at open" "cache: its input is infinite" \
+    timeout 30 "$LOOM" check "$WORK/rc2.cfg"
+
+# a pass of unknown length (csv) held to the RAM budget as it fills: 4000
+# bytes hold 333 elements of 12 bytes; bounded in time and memory
+cachecfg rc3.cfg 4000 '{ op = "cache"; }, { op = "repeat"; count = -1; }'
+out=$( (ulimit -v 4000000; cd "$WORK" && timeout 30 "$LOOM" train rc3.cfg) 2>&1); rc=$?
+[ $rc -eq 1 ] && pass "a cache over the RAM budget stops training" || fail "a cache over the RAM budget stops training" "exit $rc" "$(echo "$out" | tail -3)"
+contains "the error names the cache's line, the bytes and the budget" \
+    "rc3.cfg:7: data.train.transforms.[0]: cache: the pass being cached in memory reached 333 elements (3996 bytes); one more would exceed the 4000 bytes left of the RAM budget of 4000 bytes" "$out"
+contains "and says what to do" "put it before repeat so the pass is finite" "$out"
+
 finish
