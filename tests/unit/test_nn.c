@@ -515,6 +515,30 @@ static void run_opt(loom_optimizer_spec s, float p[3], int steps)
     loom_optimizer_free(o);
 }
 
+/* Each optimizer flags a NaN or infinite gradient in its update pass, at
+ * any position (here the last of 37, past the vector loops' main part), and
+ * clears the flag when read; a finite update leaves it clear. */
+static void test_optimizer_nonfinite(void)
+{
+    const loom_opt_kind kinds[] = {LOOM_OPT_SGD, LOOM_OPT_MOMENTUM, LOOM_OPT_ADAM};
+    const float bad[] = {NAN, INFINITY, -INFINITY};
+    for (int k = 0; k < 3; k++)
+        for (int b = 0; b < 3; b++) {
+            loom_optimizer_spec s = opt_spec(kinds[k]);
+            loom_optimizer *o = NULL;
+            float p[37], g[37];
+            for (int i = 0; i < 37; i++) p[i] = 1.f, g[i] = 0.01f * (float)i;
+            CHECK(loom_optimizer_new(&o, &s, 37, &err) == LOOM_OK);
+            loom_optimizer_apply(o, p, g, 0);
+            CHECK_MSG(!loom_optimizer_take_nonfinite(o), "optimizer %d: finite update flagged", k);
+            g[36] = bad[b];
+            loom_optimizer_apply(o, p, g, 1);
+            CHECK_MSG(loom_optimizer_take_nonfinite(o), "optimizer %d: gradient %g not flagged", k, (double)bad[b]);
+            CHECK(!loom_optimizer_take_nonfinite(o));
+            loom_optimizer_free(o);
+        }
+}
+
 static void test_optimizers(void)
 {
     float p[3];
@@ -1182,6 +1206,7 @@ static const loom_test tests[] = {
     {"global batch scaling", test_global_batch},
     {"no allocation in a step", test_no_alloc},
     {"optimizers", test_optimizers},
+    {"optimizers flag non-finite updates", test_optimizer_nonfinite},
     {"schedules", test_schedules},
     {"initialisers", test_init},
     {"reproducible init and layout", test_reproducible},
