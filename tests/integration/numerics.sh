@@ -70,6 +70,28 @@ cfg upd.cfg c.csv "" 'hooks: { train_step = { fn = "nanstep.lua:train_step"; }; 
 expect_fail 1 "a non-finite update stops training, naming the step and the variable" \
     "a weight is not finite after step 4 (epoch 1): dense_1/kernel[" timeout 60 "$LOOM" train "$WORK/upd.cfg"
 
+# ---- IDX float features: x (200, 1) float32 with a nan at item 50, labels uint8 ----
+python3 - "$WORK" <<'PY'
+import struct, sys
+xs = [(i % 7) / 7.0 - 0.5 for i in range(200)]
+xs[50] = float("nan")
+with open(f"{sys.argv[1]}/x.idx", "wb") as f:
+    f.write(bytes([0, 0, 0x0D, 2]) + struct.pack(">II", 200, 1) + b"".join(struct.pack(">f", x) for x in xs))
+with open(f"{sys.argv[1]}/y.idx", "wb") as f:
+    f.write(bytes([0, 0, 0x08, 1]) + struct.pack(">I", 200) + bytes(int(x > 0) for x in [0 if i == 50 else xs[i] for i in range(200)]))
+PY
+idxcfg() { # idxcfg FILE EXTRA_DATASET_KEYS
+    cfg "$1" c.csv "$2" ""
+    sed -i 's|source: { type = "csv"; files = \["c.csv"\]; columns: { x = { dtype = "float32"; }; label = { dtype = "int64"; }; }; };|source: { type = "idx"; features: { x = "x.idx"; label = "y.idx"; }; };|' "$WORK/$1"
+}
+idxcfg idx_nan.cfg ""
+expect_fail 2 "a nan in an IDX float file is an error naming the file and item" \
+    'x.idx: data.train: item 50 (0-based) of feature "x": non-finite value nan at offset 0' timeout 60 "$LOOM" train "$WORK/idx_nan.cfg"
+idxcfg idx_skip.cfg 'on_nonfinite = "skip";'
+out=$(cd "$WORK" && timeout 60 "$LOOM" train idx_skip.cfg 2>&1); rc=$?
+[ $rc -eq 0 ] && pass "idx on_nonfinite = skip trains" || fail "idx on_nonfinite = skip trains" "exit $rc" "$(echo "$out" | tail -3)"
+contains "idx skip mode reports the count" "idx source: 1 item with a NaN or infinite value skipped (on_nonfinite = skip)" "$out"
+
 # ---- a cache after an infinite repeat (item 3) ----
 cachecfg() { # cachecfg FILE BUDGET TRANSFORMS
     cfg "$1" c.csv "" ""
