@@ -30,7 +30,7 @@ model: {
 };
 optimizer: { type = "sgd"; learning_rate = 0.1; };
 strategy: { type = "one_device"; };
-run: { model_dir = "run_$1"; epochs = 2; seed = 1; };
+run: { model_dir = "$WORK/run_$1"; epochs = 2; seed = 1; };
 $4
 CFG
 }
