@@ -29,6 +29,7 @@ const char *const loom_syn_dist_names_[] = {"uniform", "normal", NULL};
 const char *const loom_tfr_dtype_names_[] = {"uint8", "int64", "float32", NULL};
 const char *const loom_tfr_comp_names_[] = {"auto", "none", "gzip", "zlib", "zstd", NULL};
 const char *const loom_tfr_corrupt_names_[] = {"error", "skip", NULL};
+const char *const loom_nonfinite_names_[] = {"error", "skip", NULL};
 const char *const loom_shard_policy_names_[] = {"auto", "file", "data", "off", NULL};
 const char *const loom_map_names_[] = {"cast", "scale", "normalize", "one_hot", "reshape",
                                        "random_flip_left_right", "pad", "random_crop",
@@ -618,6 +619,8 @@ static const opt dataset_opts[] = {
     O_SUB("transforms", 0, 0, "a list of transforms applied in order"),
     O_ENUM(loom_dataset_spec, "shard_policy", shard_policy, LOOM_SHARD_AUTO, loom_shard_policy_names_, ALL, 0,
            "how each of several input pipelines takes its share: auto, file, data or off"),
+    O_ENUM(loom_dataset_spec, "on_nonfinite", on_nonfinite, LOOM_NONFINITE_ERROR, loom_nonfinite_names_, ALL, 0,
+           "a NaN or infinite float in a csv or idx source: error (naming the record) or skip (drop it, count it)"),
     O_END,
 };
 
@@ -2004,6 +2007,7 @@ static void parse_dataset(ctx *c, const config_setting_t *g, loom_dataset_spec *
         scope ss = {source_opts, k, NULL};
         check_keys(c, src, &ss, 1);
     }
+    d->source.on_nonfinite = (int)d->on_nonfinite;
     const config_setting_t *tl = sub_list(c, g, "transforms");
     if (!tl) return;
     int n = config_setting_length(tl);

@@ -6,6 +6,7 @@
  * big-endian; dim 0 counts the items. */
 #include "data_internal.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -256,6 +257,53 @@ static void source_close(dstage *st)
     loom_free(s);
 }
 
+/* NaN or infinite values in the float features, checked once at open:
+ * on_nonfinite error names the file and the item; skip drops the item from
+ * every feature (the arrays are compacted in place) and logs the count. */
+static int check_nonfinite(source *s, dstage *st, char files[][LOOM_PATH_MAX], int nf, int mode, loom_err *err)
+{
+    int any = 0;
+    for (int f = 0; f < nf; f++) any |= st->spec.dtype[f] == LOOM_F32 || st->spec.dtype[f] == LOOM_F64;
+    if (!any) return LOOM_OK;
+    int64_t items = s->a[0].items, kept = 0;
+    for (int64_t i = 0; i < items; i++) {
+        int bad = -1;
+        int64_t at = 0;
+        double v = 0;
+        for (int f = 0; f < nf && bad < 0; f++) {
+            loom_dtype dt = st->spec.dtype[f];
+            if (dt != LOOM_F32 && dt != LOOM_F64) continue;
+            int64_t n = (int64_t)(s->a[f].item_bytes / loom_dtype_size(dt));
+            const uint8_t *p = s->a[f].data + (size_t)i * s->a[f].item_bytes;
+            for (int64_t k = 0; k < n; k++) {
+                double x = dt == LOOM_F32 ? (double)((const float *)p)[k] : ((const double *)p)[k];
+                if (!isfinite(x)) {
+                    bad = f, at = k, v = x;
+                    break;
+                }
+            }
+        }
+        if (bad >= 0 && mode != LOOM_NONFINITE_SKIP) {
+            loom_err_set(err, LOOM_EDATA, files[bad], "item %lld (0-based) of feature \"%s\": non-finite value %g at "
+                         "offset %lld", (long long)i, st->spec.name[bad], v, (long long)at);
+            return loom_err_hint(err, "fix or drop the item, or set on_nonfinite = \"skip\"; in the dataset's group "
+                                      "(data.train / data.eval) to drop such items");
+        }
+        if (bad >= 0) continue;
+        if (kept != i)
+            for (int f = 0; f < nf; f++)
+                memmove(s->a[f].data + (size_t)kept * s->a[f].item_bytes, s->a[f].data + (size_t)i * s->a[f].item_bytes,
+                        s->a[f].item_bytes);
+        kept++;
+    }
+    if (kept < items) {
+        for (int f = 0; f < nf; f++) s->a[f].items = kept;
+        loom_warn("%s: idx source: %lld item%s with a NaN or infinite value skipped (on_nonfinite = skip)", st->where,
+                  (long long)(items - kept), items - kept == 1 ? "" : "s");
+    }
+    return LOOM_OK;
+}
+
 static const dstage_ops source_ops = {
     .next = source_next, .rewind = source_rewind, .save = source_save, .restore = source_restore, .close = source_close,
     .get = source_get,
@@ -324,6 +372,7 @@ int source_open_(dstage **out, const loom_source_spec *src, loom_err *err)
             goto fail;
         }
     }
+    if ((rc = check_nonfinite(s, st, files, nf, src->on_nonfinite, err))) goto fail;
     st->card = s->a[0].items;
     memset(st->mut, 0, sizeof st->mut); /* views into the dataset: read-only */
     snprintf(st->desc, sizeof st->desc, "%s[%lld]", st->name, (long long)st->card);

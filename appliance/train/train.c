@@ -577,6 +577,22 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
             break;
         }
         if (rc) break;
+        /* a non-finite gradient: the loss was finite, the update was not */
+        if (loom_optimizer_take_nonfinite(opt)) {
+            char what[160];
+            loom_progress_break(&prog);
+            loom_model_find_nonfinite(loom_strategy_model(r.strat), what, sizeof what);
+            rc = loom_err_set(err, LOOM_ENUMERIC, NULL,
+                              "a weight is not finite after step %lld (epoch %lld): %s, from a non-finite update "
+                              "(gradient or learning rate) with a finite loss; training stopped",
+                              (long long)st.step + 1, (long long)st.epoch + 1, what[0] ? what : "(another replica's)");
+            if (last_ckpt[0])
+                loom_err_hint(err, "the last good checkpoint is %s; lower the learning rate (or clip gradients) and run "
+                                   "again", last_ckpt);
+            else
+                loom_err_hint(err, "no checkpoint was written; lower the learning rate (or clip gradients) and run again");
+            break;
+        }
         double dt = loom_now() - t0;
         train_sec += dt;
         run_train_sec += dt;

@@ -480,9 +480,22 @@ static void test_map_cast_scale_normalize(void)
         loom_iter_close(it);
     }
     free(s);
-    /* float -> uint8 saturates, int32 in place, same dtype is a no-op */
+    /* a NaN in an IDX float file is refused at open (on_nonfinite = error),
+     * naming the file, the item and the offset */
     float fv[4] = {-5.0f, 3.7f, 300.0f, NAN};
     uint32_t d[2] = {1, 4};
+    write_idx(tpath("fsat.idx"), 0, 0x0D, 2, d, fv, 0);
+    s = spec_new();
+    spec_feature(s, "x", tpath("fsat.idx"));
+    {
+        loom_err err;
+        CHECK(open_fail(s, &err) == LOOM_EDATA);
+        CHECK_CONTAINS(err.where, "fsat.idx");
+        CHECK_CONTAINS(err.msg, "item 0 (0-based) of feature \"x\": non-finite value nan at offset 3");
+    }
+    free(s);
+    /* float -> uint8 saturates, int32 in place, same dtype is a no-op */
+    fv[3] = -0.5f;
     write_idx(tpath("fsat.idx"), 0, 0x0D, 2, d, fv, 0);
     s = spec_new();
     spec_feature(s, "x", tpath("fsat.idx"));
