@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run.sh - builds the libFuzzer targets (tfrecord, example, idx, csv) with
+# run.sh - builds the libFuzzer targets (tfrecord, example, idx, csv, topology) with
 # clang -fsanitize=fuzzer,address,undefined and runs each for a short budget
 # over its committed seed corpus (tests/fuzz/corpus/<target>/; new inputs go to
 # a scratch directory, never into the repository).
@@ -33,9 +33,10 @@ declare -A srcs=(
     [example]="tests/fuzz/fuzz_example.c appliance/data/example.c"
     [idx]="tests/fuzz/fuzz_idx.c appliance/data/source_idx.c appliance/data/elem.c"
     [csv]="tests/fuzz/fuzz_csv.c appliance/data/source_csv.c appliance/data/source_files.c appliance/data/elem.c"
+    [topology]="tests/fuzz/fuzz_topology.c appliance/cluster/topology.c appliance/config/config.c appliance/config/config_print.c -lconfig -ljansson -lcrypto"
 )
 status=0
-for t in tfrecord example idx csv; do
+for t in tfrecord example idx csv topology; do
     # shellcheck disable=SC2086
     if ! "$cc" "${flags[@]}" ${srcs[$t]} "${core[@]}" "${libs[@]}" -o "$work/fuzz_$t" 2>"$work/build_$t.log"; then
         echo "fuzz_$t: build failed:"
