@@ -19,4 +19,12 @@ int loom_cli_records_(int argc, char **argv, double start_time);
 /* devices.c: `loom devices`: the devices a config can name, and why GPUs cannot be used. */
 int loom_cli_devices_(int argc, char **argv, double start_time);
 
+/* launch.c: `loom launch --local CONFIG ...` (argv[0] = "launch"): starts,
+ * supervises and restarts every task of a cluster on this machine. */
+int loom_cli_launch_(int argc, char **argv, double start_time);
+/* launch.c: the hidden `loom cluster-selftest` task launch's tests start
+ * instead of `loom train`; c is this process's resolved cluster (NULL = none). */
+struct loom_cluster;
+int loom_cli_selftest_(const struct loom_cluster *c, const char *model_dir, bool fresh);
+
 #endif

@@ -3,6 +3,7 @@
  * usage, 1 runtime). Commands with subcommands (records) parse their own
  * arguments through `main`. */
 #include "cli.h"
+#include "cluster/cluster.h"
 #include "plugin/plugin.h"
 #include "script/script.h"
 
@@ -19,6 +20,7 @@ typedef struct cli_opts {
     int         n_sets;
     bool        fresh, print, quiet, verbose;
     const char *input, *output, *checkpoint;
+    const char *task; /* --task ROLE:I */
 } cli_opts;
 
 typedef struct command {
@@ -34,7 +36,7 @@ typedef struct command {
 } command;
 
 enum { OPT_MODEL_DIR = 1, OPT_SET = 2, OPT_FRESH = 4, OPT_PRINT = 8, OPT_INPUT = 16, OPT_OUTPUT = 32,
-       OPT_CHECKPOINT = 64 };
+       OPT_CHECKPOINT = 64, OPT_TASK = 128 };
 
 static void print_errlist(const loom_errlist *l)
 {
@@ -88,13 +90,35 @@ static loom_spec *load(const cli_opts *o, int *status)
     return spec;
 }
 
+/* This process's task in a cluster (NULL for one process), from --task,
+ * TF_CONFIG, Slurm or MPI; every error before anything opens. */
+static int resolve_cluster(const loom_spec *spec, const cli_opts *o, loom_cluster **out, bool need_task, loom_err *err)
+{
+    int rc = need_task ? loom_cluster_resolve(out, spec, o->task, NULL, err)
+                       : loom_cluster_resolve_any(out, spec, o->task, NULL, err);
+    if (!rc && *out && !(*out)->secret_len && !(*out)->insecure && !getenv("LOOM_LAUNCH"))
+        loom_warn("the cluster has no secret: every address is loopback, so it runs, but any local process could "
+                  "join it; set cluster.secret_file or LOOM_CLUSTER_SECRET");
+    return rc;
+}
+
 static int cmd_train(const cli_opts *o, double start, loom_err *err)
 {
     int status = 0;
     loom_spec *spec = load(o, &status);
     if (!spec) return -status;
-    loom_train_opts to = {.model_dir = o->model_dir, .fresh = o->fresh, .start_time = start};
-    int rc = loom_train(spec, &to, err);
+    loom_cluster *cl = NULL;
+    int rc = resolve_cluster(spec, o, &cl, true, err);
+    if (!rc) {
+        if (cl) {
+            char nm[32];
+            loom_info("cluster task %s (%s), training rank %d of %d", loom_task_name(cl->role, cl->index, nm, sizeof nm),
+                      cl->task_detail, cl->rank, cl->n_train_ranks);
+        }
+        loom_train_opts to = {.model_dir = o->model_dir, .fresh = o->fresh, .start_time = start, .cluster = cl};
+        rc = loom_train(spec, &to, err);
+    }
+    loom_cluster_free(cl);
     loom_config_free(spec);
     return rc;
 }
@@ -106,7 +130,10 @@ static int cmd_evaluate(const cli_opts *o, double start, loom_err *err)
     loom_spec *spec = load(o, &status);
     if (!spec) return -status;
     loom_eval_result res;
-    int rc = loom_evaluate(spec, o->model_dir, o->checkpoint, &res, err);
+    loom_cluster *cl = NULL;
+    int rc = resolve_cluster(spec, o, &cl, false, err); /* checked; evaluation itself runs in this process */
+    loom_cluster_free(cl);
+    if (!rc) rc = loom_evaluate(spec, o->model_dir, o->checkpoint, &res, err);
     if (!rc) {
         printf("{\"checkpoint\": \"%s\", \"step\": %lld, \"examples\": %lld, \"eval_loss\": %.6g, \"eval_accuracy\": %.6g}\n",
                res.checkpoint, (long long)res.step, (long long)res.examples, res.loss, res.accuracy);
@@ -135,13 +162,39 @@ static int cmd_check(const cli_opts *o, double start, loom_err *err)
     int status = 0;
     loom_spec *spec = load(o, &status);
     if (!spec) return -status;
-    int rc = LOOM_OK;
-    if (o->print) {
+    loom_cluster *cl = NULL;
+    int rc = resolve_cluster(spec, o, &cl, false, err);
+    if (!rc && o->print) {
         loom_config_print(spec, stdout);
-    } else {
+    } else if (!rc) {
+        if (cl || spec->cluster.present) loom_cluster_print(cl, stdout);
         rc = loom_check(spec, stdout, err);
         if (!rc) printf("%s: ok\n", o->config);
     }
+    loom_cluster_free(cl);
+    loom_config_free(spec);
+    return rc;
+}
+
+/* The hidden task `loom launch --command cluster-selftest` starts: resolves
+ * the cluster as train would, then does what $LOOM_SELFTEST says (launch.c). */
+static int cmd_selftest(const cli_opts *o, double start, loom_err *err)
+{
+    (void)start;
+    loom_spec *spec = NULL;
+    loom_errlist *errs = calloc(1, sizeof *errs);
+    if (!errs) return loom_err_set(err, LOOM_ENOMEM, NULL, "out of memory");
+    int rc = loom_config_load(&spec, o->config, o->sets, o->n_sets, errs);
+    if (rc) {
+        print_errlist(errs);
+        free(errs);
+        return -LOOM_EXIT_USAGE;
+    }
+    free(errs);
+    loom_cluster *cl = NULL;
+    rc = resolve_cluster(spec, o, &cl, true, err);
+    if (!rc) rc = -loom_cli_selftest_(cl, o->model_dir, o->fresh); /* its own exit status, negated as for a config that did not load */
+    loom_cluster_free(cl);
     loom_config_free(spec);
     return rc;
 }
@@ -278,12 +331,13 @@ static const command commands[] = {
      "writing checkpoints to the model directory and one JSON line per epoch to\n"
      "<model_dir>/metrics.jsonl. If the model directory holds checkpoints, training\n"
      "resumes exactly where the latest one left off; --fresh starts over instead.\n"
-     "Ctrl-C (or SIGTERM) saves a checkpoint and stops; run the command again to resume.\n",
-     cmd_train, OPT_MODEL_DIR | OPT_SET | OPT_FRESH, NULL},
+     "Ctrl-C (or SIGTERM) saves a checkpoint and stops; run the command again to resume.\n"
+     "In a cluster, this process's task comes from --task, TF_CONFIG, Slurm or MPI (docs/cluster.md).\n",
+     cmd_train, OPT_MODEL_DIR | OPT_SET | OPT_FRESH | OPT_TASK, NULL},
     {"evaluate", "evaluate the latest checkpoint on data.eval",
      "loom evaluate CONFIG [--model-dir DIR] [--checkpoint FILE] [--set key.path=value ...]",
      "Prints one JSON line with eval_loss and eval_accuracy on stdout.\n", cmd_evaluate,
-     OPT_MODEL_DIR | OPT_SET | OPT_CHECKPOINT, NULL},
+     OPT_MODEL_DIR | OPT_SET | OPT_CHECKPOINT | OPT_TASK, NULL},
     {"predict", "write predictions (class and probabilities) as CSV",
      "loom predict CONFIG --output FILE [--input train|eval|FILE.idx] [--model-dir DIR] [--checkpoint FILE]",
      "--input names a dataset of the config (\"eval\", the default, or \"train\"; read in order,\n"
@@ -291,11 +345,13 @@ static const command commands[] = {
      "eval pipeline's maps of the model input. The CSV has columns index,class,p0,p1,...\n",
      cmd_predict, OPT_MODEL_DIR | OPT_SET | OPT_INPUT | OPT_OUTPUT | OPT_CHECKPOINT, NULL},
     {"check", "validate a config, its data and its model without training",
-     "loom check CONFIG [--print] [--set key.path=value ...]",
+     "loom check CONFIG [--print] [--task ROLE:I] [--set key.path=value ...]",
      "Reports unknown keys, wrong types, out-of-range values, missing files and shape or\n"
      "dtype mismatches between the pipeline and the model, then prints the plan.\n"
-     "--print prints the fully resolved config with every default filled in instead.\n",
-     cmd_check, OPT_SET | OPT_PRINT, NULL},
+     "--print prints the fully resolved config with every default filled in instead.\n"
+     "With a cluster (the config's cluster section, TF_CONFIG, Slurm or MPI), prints every\n"
+     "task, this process's task and where each came from; it opens no socket.\n",
+     cmd_check, OPT_SET | OPT_PRINT | OPT_TASK, NULL},
     {"inspect", "verify a checkpoint and list its tensors", "loom inspect CHECKPOINT",
      "Checks every checksum of a checkpoint file and lists its tensors (name, shape,\n"
      "CRC-32C of the values) and blobs (trainer and iterator state). Two checkpoints\n"
@@ -309,13 +365,19 @@ static const command commands[] = {
      "loom devices", "", NULL, 0, loom_cli_devices_},
     {"profile", "run the training input pipeline alone and report each stage and the bottleneck",
      "loom profile CONFIG [--steps N] [--input-pipeline ID/N]", "", NULL, 0, cmd_profile_main},
+    {"launch", "start every task of a cluster on this machine and supervise them (--local)",
+     "loom launch --local CONFIG [--workers N] [--ps N] [--evaluator] [--restarts K]", "", NULL, 0, loom_cli_launch_},
+    /* hidden (no summary): the stand-in task of the launch tests */
+    {"cluster-selftest", NULL, "loom cluster-selftest CONFIG --task ROLE:I [--set ...]", "", cmd_selftest,
+     OPT_MODEL_DIR | OPT_SET | OPT_FRESH | OPT_TASK, NULL},
 };
 #define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: loom COMMAND ARGS [options]   (most commands take a CONFIG file)\n\ncommands:\n");
-    for (int i = 0; i < N_COMMANDS; i++) fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].summary);
+    for (int i = 0; i < N_COMMANDS; i++)
+        if (commands[i].summary) fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].summary);
     fprintf(f,
             "\noptions:\n"
             "  --set key.path=value  override a config setting (commands that read a config;\n"
@@ -338,6 +400,7 @@ static void command_help(const command *c)
     if (c->accepts & OPT_INPUT) printf("  --input WHAT          train, eval (default) or an IDX file\n");
     if (c->accepts & OPT_OUTPUT) printf("  --output FILE         where to write the CSV (- for stdout)\n");
     if (c->accepts & OPT_CHECKPOINT) printf("  --checkpoint FILE     use this checkpoint instead of the latest\n");
+    if (c->accepts & OPT_TASK) printf("  --task ROLE:I         this process's task in the cluster, e.g. worker:1\n");
 }
 
 /* Returns the option's value: "--opt value" or "--opt=value". */
@@ -441,6 +504,9 @@ int loom_cli_main(int argc, char **argv, double start_time)
         } else if (is_opt(a, "--output")) {
             need = OPT_OUTPUT;
             if ((v = opt_value(argc, argv, &i, "--output", &err))) o.output = v;
+        } else if (is_opt(a, "--task")) {
+            need = OPT_TASK;
+            if ((v = opt_value(argc, argv, &i, "--task", &err))) o.task = v;
         } else if (is_opt(a, "--checkpoint")) {
             need = OPT_CHECKPOINT;
             if ((v = opt_value(argc, argv, &i, "--checkpoint", &err))) o.checkpoint = v;

@@ -86,6 +86,12 @@ typedef struct loom_cluster {
      * first setting that differs. */
     uint8_t           config_digest[32];
     char             *config_text; /* owned */
+    /* For `loom check` and messages: where exactly each fact came from,
+     * e.g. "configs/x.cfg:20", "TF_CONFIG", "SLURM_STEP_NODELIST=node[01-02]";
+     * "--task worker:1", "SLURM_PROCID=3"; "cluster.secret_file (/etc/loom/secret)". */
+    char              addrs_detail[LOOM_PATH_MAX];
+    char              task_detail[LOOM_PATH_MAX];
+    char              secret_from[LOOM_PATH_MAX + 32]; /* "" when there is no secret */
 } loom_cluster;
 
 /* Resolves the cluster from the spec's cluster section, task_flag (the
@@ -100,6 +106,12 @@ typedef struct loom_cluster {
  * Free with loom_cluster_free. */
 int  loom_cluster_resolve(loom_cluster **out, const loom_spec *spec, const char *task_flag, char *const *envp,
                           loom_err *err);
+/* As loom_cluster_resolve, but a process whose task nothing names (no
+ * --task, TF_CONFIG task, Slurm or MPI rank) is not an error: *out has
+ * index = -1, rank = -1 and task_from = LOOM_FROM_NONE (`loom check` and
+ * `loom evaluate` without --task: the cluster is checked and printed). */
+int  loom_cluster_resolve_any(loom_cluster **out, const loom_spec *spec, const char *task_flag, char *const *envp,
+                              loom_err *err);
 void loom_cluster_free(loom_cluster *c); /* NULL is a no-op */
 /* "worker:1" into buf. */
 char *loom_task_name(loom_role role, int index, char *buf, size_t n);

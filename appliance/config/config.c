@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -564,6 +565,8 @@ static void parse_plugin_path(ctx *c, const config_setting_t *s, void *base);
 static void parse_plugin_require(ctx *c, const config_setting_t *s, void *base);
 static void parse_prefetch_buffer(ctx *c, const config_setting_t *s, void *base);
 static void parse_ram_budget(ctx *c, const config_setting_t *s, void *base);
+static void parse_cluster_role(ctx *c, const config_setting_t *s, void *base);
+static void parse_cluster_path(ctx *c, const config_setting_t *s, void *base);
 
 static const opt root_opts[] = {
     O_CUSTOM("version", parse_version, ALL, ALL, "config format version; must be 1"),
@@ -572,7 +575,7 @@ static const opt root_opts[] = {
     O_SUB("optimizer", 0, ALL, "type, learning_rate, schedule"),
     O_SUB("strategy", 0, 0, "how the model is placed on devices"),
     O_SUB("run", 0, ALL, "model_dir, epochs, seed, checkpoints"),
-    O_SUB("cluster", F_UNSUPPORTED, 0, "multi-worker clusters"),
+    O_SUB("cluster", 0, 0, "the tasks of a multi-process job by role, timeouts, the secret, TLS"),
     O_SUB("hooks", 0, 0, "Lua callbacks, a custom training step, the Lua sandbox"),
     O_SUB("plugins", 0, 0, "plugin directories and plugins that must load"),
     O_END,
@@ -826,28 +829,29 @@ static const opt schedule_opts[] = {
     O_END,
 };
 
-#define STRAT_REPLICATED (K(LOOM_STRAT_MIRRORED) | K(LOOM_STRAT_CENTRAL_STORAGE) | K(LOOM_STRAT_PLUGIN))
+#define STRAT_REPLICATED (K(LOOM_STRAT_MIRRORED) | K(LOOM_STRAT_CENTRAL_STORAGE) | K(LOOM_STRAT_PLUGIN) | \
+                          K(LOOM_STRAT_MULTI_WORKER_MIRRORED))
+/* Strategies whose replicas are local devices (multi_worker_mirrored: each worker's). */
+#define STRAT_LOCAL_DEVICES (K(LOOM_STRAT_MIRRORED) | K(LOOM_STRAT_CENTRAL_STORAGE) | K(LOOM_STRAT_MULTI_WORKER_MIRRORED))
 static const opt strategy_opts[] = {
     O_KIND(loom_strategy_spec, "type", kind, LOOM_STRAT_ONE_DEVICE, loom_strategy_names_, 0, "strategy"),
     O_INT(loom_strategy_spec, "replicas", replicas, 1, 1, 64, STRAT_REPLICATED, 0,
           "replicas cpu:0..cpu:N-1; mirrored, central_storage: default one per core"),
-    O_CUSTOM("devices", parse_strategy_devices, K(LOOM_STRAT_MIRRORED) | K(LOOM_STRAT_CENTRAL_STORAGE), 0,
+    O_CUSTOM("devices", parse_strategy_devices, STRAT_LOCAL_DEVICES, 0,
              "[\"cpu:0\", \"cpu:1\"], one replica each; or [\"gpu:*\"]"),
     O_STR(loom_strategy_spec, "cross_device_ops", cross_device_ops, "reduce_to_one_device", NULL,
-          K(LOOM_STRAT_MIRRORED) | K(LOOM_STRAT_CENTRAL_STORAGE) | K(LOOM_STRAT_PLUGIN), 0,
-          "cross-device op by name, built in or from a plugin"),
+          STRAT_REPLICATED, 0, "cross-device op by name, built in or from a plugin"),
     O_INT(loom_strategy_spec, "bytes_per_pack", bytes_per_pack, 0, 0, INT64_MAX, K(LOOM_STRAT_MIRRORED), 0,
           "all-reduce gradients in packs of at least N bytes, last layers first; 0 = one pack"),
     O_INT(loom_strategy_spec, "num_packs", num_packs, 1, 0, 4096, K(LOOM_STRAT_MIRRORED), 0,
           "all-reduce gradients in N equal packs; 0 = one per parameter tensor"),
-    O_F64(loom_strategy_spec, "collective_timeout", collective_timeout, 0, 0.0, 0, F_NO_HI,
-          K(LOOM_STRAT_MIRRORED) | K(LOOM_STRAT_CENTRAL_STORAGE), 0,
+    O_F64(loom_strategy_spec, "collective_timeout", collective_timeout, 0, 0.0, 0, F_NO_HI, STRAT_LOCAL_DEVICES, 0,
           "seconds a replica waits in a collective before the step fails with a stall report; 0 = forever"),
     O_CUSTOM("options", parse_strategy_options, K(LOOM_STRAT_PLUGIN), 0,
              "a plugin strategy's own settings: KEY = value; ..."),
     O_STR(loom_strategy_spec, "device", device, "cpu:0", NULL, K(LOOM_STRAT_ONE_DEVICE), 0, "\"cpu:0\" or \"gpu:N\""),
     O_STR(loom_strategy_spec, "device_backend", device_backend, "", NULL,
-          K(LOOM_STRAT_ONE_DEVICE) | K(LOOM_STRAT_MIRRORED) | K(LOOM_STRAT_CENTRAL_STORAGE), 0,
+          K(LOOM_STRAT_ONE_DEVICE) | STRAT_LOCAL_DEVICES, 0,
           "device backend running the replicas: \"\" native (cuda for gpu), \"cpu\" the reference, a plugin's"),
     O_END,
 };
@@ -874,6 +878,30 @@ static const opt run_opts[] = {
     O_BOOL(loom_run_spec, "eval_each_epoch", eval_each_epoch, 1, ALL, "evaluate data.eval at each epoch end"),
     O_ENUM(loom_run_spec, "progress", progress, LOOM_PROGRESS_AUTO, loom_progress_names_, ALL, 0,
            "auto, bar, plain or none"),
+    O_END,
+};
+
+const char *const loom_cluster_role_keys[LOOM_CLUSTER_ROLES + 1] = {"chief", "worker", "ps", "evaluator", NULL};
+
+static const opt cluster_opts[] = {
+    O_CUSTOM("chief", parse_cluster_role, ALL, 0, "[\"host:port\"]: at most one task that coordinates"),
+    O_CUSTOM("worker", parse_cluster_role, ALL, 0, "[\"host:port\", ...]: the tasks that train"),
+    O_CUSTOM("ps", parse_cluster_role, ALL, 0, "[\"host:port\", ...]: parameter servers"),
+    O_CUSTOM("evaluator", parse_cluster_role, ALL, 0, "[\"host:port\"]: a task that evaluates checkpoints"),
+    O_F64(loom_cluster_spec, "connect_timeout", connect_timeout, 60.0, 0.0, 0, F_LO_OPEN | F_NO_HI, ALL, 0,
+          "seconds to keep retrying a peer that is not up yet"),
+    O_F64(loom_cluster_spec, "heartbeat_timeout", heartbeat_timeout, 30.0, 0.0, 0, F_LO_OPEN | F_NO_HI, ALL, 0,
+          "seconds of silence after which a peer is declared lost"),
+    O_F64(loom_cluster_spec, "heartbeat_interval", heartbeat_interval, 0.0, 0.0, 0, F_NO_HI, ALL, 0,
+          "seconds between heartbeats; 0 = heartbeat_timeout / 5"),
+    O_CUSTOM("secret_file", parse_cluster_path, ALL, 0, "file holding the shared secret (or $LOOM_CLUSTER_SECRET)"),
+    O_BOOL(loom_cluster_spec, "tls", tls, 0, ALL, "TLS on every connection (needs tls_cert, tls_key, tls_ca)"),
+    O_CUSTOM("tls_cert", parse_cluster_path, ALL, 0, "this task's certificate (PEM)"),
+    O_CUSTOM("tls_key", parse_cluster_path, ALL, 0, "this task's private key (PEM)"),
+    O_CUSTOM("tls_ca", parse_cluster_path, ALL, 0, "the CA that signed every task's certificate (PEM)"),
+    O_BOOL(loom_cluster_spec, "insecure", insecure, 0, ALL, "allow non-loopback addresses without a secret"),
+    O_INT(loom_cluster_spec, "port_base", port_base, 8888, 1, 65535, ALL, 0,
+          "Slurm: the k-th task on a node listens on port_base + k"),
     O_END,
 };
 
@@ -2367,6 +2395,161 @@ static void parse_strategy_devices(ctx *c, const config_setting_t *s, void *base
     st->devices_listed = true;
 }
 
+/* ---- cluster --------------------------------------------------------------- */
+
+int loom_addr_parse(const char *addr, char *host, size_t n, int *port, const char **why)
+{
+    const char *colon, *h = addr;
+    size_t hl;
+    if (addr[0] == '[') {
+        const char *close = strchr(addr, ']');
+        if (!close) return *why = "an IPv6 address needs its closing ']'", -1;
+        h = addr + 1;
+        hl = (size_t)(close - h);
+        if (hl == 0) return *why = "empty IPv6 address in [...]", -1;
+        for (size_t i = 0; i < hl; i++)
+            if (!strchr("0123456789abcdefABCDEF:.", h[i]))
+                return *why = "an IPv6 address in [...] has only hex digits, ':' and '.'", -1;
+        if (close[1] != ':') return *why = "expected \"[address]:port\"", -1;
+        colon = close + 1;
+    } else {
+        colon = strrchr(addr, ':');
+        if (!colon) return *why = "missing \":port\" (expected \"host:port\")", -1;
+        if (memchr(addr, ':', (size_t)(colon - addr)))
+            return *why = "several ':' (write an IPv6 address as \"[addr]:port\")", -1;
+        hl = (size_t)(colon - addr);
+        if (hl == 0) return *why = "empty host (expected \"host:port\")", -1;
+        if (hl > 253) return *why = "host name longer than 253 characters", -1;
+        for (size_t i = 0; i < hl; i++) {
+            char ch = addr[i];
+            bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '-' ||
+                      ch == '.' || ch == '_';
+            if (!ok) return *why = "a host name has only letters, digits, '-', '_' and '.'", -1;
+        }
+        if (addr[0] == '-' || addr[0] == '.') return *why = "a host name cannot start with '-' or '.'", -1;
+    }
+    const char *p = colon + 1;
+    long v = 0;
+    if (!*p) return *why = "empty port (expected \"host:port\")", -1;
+    for (; *p; p++) {
+        if (*p < '0' || *p > '9') return *why = "the port is not a decimal number", -1;
+        v = v * 10 + (*p - '0');
+        if (v > 65535) break;
+    }
+    if (v < 1 || v > 65535) return *why = "the port must be in [1, 65535]", -1;
+    if (hl >= n) return *why = "host name too long", -1;
+    if (host) {
+        memcpy(host, h, hl);
+        host[hl] = 0;
+    }
+    if (port) *port = (int)v;
+    return 0;
+}
+
+/* cluster.chief / worker / ps / evaluator: a list of "host:port" strings. */
+static void parse_cluster_role(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_cluster_spec *cl = base;
+    int role = find_name(loom_cluster_role_keys, config_setting_name(s));
+    LOOM_ASSERT(role >= 0);
+    loc_of(c, s, &cl->role_loc[role]);
+    int n = string_list(c, s, LOOM_MAX_CLUSTER_TASKS, "addresses \"host:port\"");
+    bool one = config_setting_type(s) == CONFIG_TYPE_STRING;
+    if (n > 1 && role == 0) {
+        loom_err *e = cerr(c, s, "a cluster has at most one chief, got %d", n);
+        if (e) loom_err_hint(e, "list the others under worker");
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *e = one ? s : config_setting_get_elem(s, i);
+        const char *a = config_setting_get_string(e), *why = NULL;
+        if (strlen(a) >= LOOM_ADDR_MAX || loom_addr_parse(a, NULL, 256, NULL, &why)) {
+            loom_err *er = cerr(c, e, "bad address \"%s\": %s", a, why ? why : "too long");
+            if (er) loom_err_hint(er, "e.g. \"10.0.0.2:2222\", \"node01:2222\" or \"[::1]:2222\"");
+            continue;
+        }
+        int k = cl->n_tasks[role]++;
+        snprintf(cl->addr[role][k], sizeof cl->addr[role][k], "%s", a);
+        char where[300];
+        where_of(c, e, where, sizeof where, &cl->addr_line[role][k]);
+    }
+}
+
+/* cluster.secret_file, tls_cert, tls_key, tls_ca: a file, relative to the
+ * config's directory, that must exist and be readable. */
+static void parse_cluster_path(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_cluster_spec *cl = base;
+    const char *key = config_setting_name(s);
+    char *dst = !strcmp(key, "secret_file") ? cl->secret_file
+                : !strcmp(key, "tls_cert")  ? cl->tls_cert
+                : !strcmp(key, "tls_key")   ? cl->tls_key
+                                            : cl->tls_ca;
+    char v[300];
+    if (config_setting_type(s) != CONFIG_TYPE_STRING || !config_setting_get_string(s)[0]) {
+        cerr(c, s, "expected a file name, got %s", value_str(s, v, sizeof v));
+        return;
+    }
+    const char *f = config_setting_get_string(s);
+    int w = f[0] == '/' ? snprintf(dst, LOOM_PATH_MAX, "%s", f) : snprintf(dst, LOOM_PATH_MAX, "%s/%s", c->dir, f);
+    if (w < 0 || w >= LOOM_PATH_MAX) {
+        dst[0] = 0;
+        cerr(c, s, "file name \"%s\" is too long", f);
+    } else if (access(dst, R_OK) != 0) {
+        loom_err *e = cerr(c, s, "cannot read \"%s\" (resolved to %s): %s", f, dst, strerror(errno));
+        if (e) loom_err_hint(e, "relative paths are relative to the config file's directory");
+    }
+}
+
+/* Two tasks on one address: compared as written, host names without case. */
+static void check_cluster_duplicates(ctx *c, const config_setting_t *g, const loom_cluster_spec *cl)
+{
+    for (int r = 0; r < LOOM_CLUSTER_ROLES; r++)
+        for (int i = 0; i < cl->n_tasks[r]; i++)
+            for (int r2 = 0; r2 <= r; r2++)
+                for (int j = 0; j < (r2 == r ? i : cl->n_tasks[r2]); j++) {
+                    if (strcasecmp(cl->addr[r][i], cl->addr[r2][j])) continue;
+                    const config_setting_t *lst = config_setting_get_member(g, loom_cluster_role_keys[r]);
+                    const config_setting_t *e = lst && config_setting_type(lst) != CONFIG_TYPE_STRING
+                                                    ? config_setting_get_elem(lst, (unsigned)i) : lst;
+                    loom_err *er = cerr(c, e ? e : g, "duplicate address \"%s\": %s:%d has it too (line %d)",
+                                        cl->addr[r][i], loom_cluster_role_keys[r2], j, cl->addr_line[r2][j]);
+                    if (er) loom_err_hint(er, "every task listens on an address of its own");
+                    goto next;
+                }
+next:;
+}
+
+static void parse_cluster(ctx *c, const config_setting_t *root, loom_cluster_spec *cl)
+{
+    const config_setting_t *g = sub_group(c, root, "cluster");
+    opts_default(cluster_opts, cl);
+    if (!g) {
+        snprintf(cl->loc.file, sizeof cl->loc.file, "%s", c->path);
+        snprintf(cl->loc.path, sizeof cl->loc.path, "cluster");
+        return;
+    }
+    cl->present = true;
+    loc_of(c, g, &cl->loc);
+    for (int r = 0; r < LOOM_CLUSTER_ROLES; r++) cl->role_loc[r] = cl->loc;
+    parse_opts(c, g, cluster_opts, 0, cl);
+    scope sc = {cluster_opts, 0, NULL};
+    check_keys(c, g, &sc, 1);
+    check_cluster_duplicates(c, g, cl);
+    if (cl->tls) {
+        const char *need[] = {"tls_cert", "tls_key", "tls_ca"};
+        for (int i = 0; i < 3; i++)
+            if (!config_setting_get_member(g, need[i])) {
+                loom_err *e = cerr(c, config_setting_get_member(g, "tls"), "tls = true needs %s", need[i]);
+                if (e) loom_err_hint(e, "give tls_cert, tls_key and tls_ca (PEM files), or set tls = false");
+            }
+    }
+    const config_setting_t *hi = config_setting_get_member(g, "heartbeat_interval");
+    if (hi && cl->heartbeat_interval >= cl->heartbeat_timeout)
+        cerr(c, hi, "heartbeat_interval (%g s) must be shorter than heartbeat_timeout (%g s)", cl->heartbeat_interval,
+             cl->heartbeat_timeout);
+}
+
 /* mirrored, central_storage: replicas and devices agree (either may be
  * given; neither = one replica per core, resolved at strategy open). */
 static void resolve_replicas(ctx *c, const config_setting_t *g, loom_strategy_spec *st)
@@ -2431,10 +2614,10 @@ static void parse_strategy(ctx *c, const config_setting_t *root, loom_strategy_s
         parse_opts(c, g, strategy_opts, k, st);
         scope sc = {strategy_opts, k, NULL};
         check_keys(c, g, &sc, 1);
-        if (k == LOOM_STRAT_MULTI_WORKER_MIRRORED || k == LOOM_STRAT_PARAMETER_SERVER) {
+        if (k == LOOM_STRAT_PARAMETER_SERVER) {
             loom_err *e = cerr(c, t, "strategy \"%s\" is not supported yet (supported: one_device, mirrored, "
-                               "central_storage)", loom_strategy_names_[k]);
-            if (e) loom_err_hint(e, "use type = \"mirrored\"; for several replicas on this machine");
+                               "central_storage, multi_worker_mirrored)", loom_strategy_names_[k]);
+            if (e) loom_err_hint(e, "use type = \"multi_worker_mirrored\"; for synchronous training on several workers");
         }
         const config_setting_t *np = config_setting_get_member(g, "num_packs");
         if (np && st->bytes_per_pack > 0 && k == LOOM_STRAT_MIRRORED) {
@@ -2453,7 +2636,8 @@ static void parse_strategy(ctx *c, const config_setting_t *root, loom_strategy_s
         if (db) loc_of(c, db, &st->device_backend_loc);
         else st->device_backend_loc = st->loc;
     }
-    if (g && (st->kind == LOOM_STRAT_MIRRORED || st->kind == LOOM_STRAT_CENTRAL_STORAGE)) {
+    if (g && (st->kind == LOOM_STRAT_MIRRORED || st->kind == LOOM_STRAT_CENTRAL_STORAGE ||
+              st->kind == LOOM_STRAT_MULTI_WORKER_MIRRORED)) {
         resolve_replicas(c, g, st);
         snprintf(st->name, sizeof st->name, "%s", loom_strategy_kind_name(st->kind));
         return;
@@ -2692,6 +2876,7 @@ static void validate(ctx *c, const config_setting_t *root, loom_spec *spec)
     check_replicas_batch(c, root, spec);
     parse_plugins(c, root, &spec->plugins);
     parse_hooks(c, root, &spec->hooks);
+    parse_cluster(c, root, &spec->cluster);
     if ((g = sub_group(c, root, "run"))) {
         loom_run_spec *r = &spec->run;
         loc_of(c, g, &r->loc);

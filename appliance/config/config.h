@@ -458,6 +458,43 @@ typedef struct loom_hooks_spec {
     int64_t       instruction_limit; /* VM instructions per call; 0 = the default */
 } loom_hooks_spec;
 
+/* ---- cluster ------------------------------------------------------------- */
+
+/* cluster: { chief = ["h0:2222"]; worker = ["h1:2222", "h2:2222"]; ps = [...]; evaluator = [...];
+ *            connect_timeout = 60.0; heartbeat_timeout = 30.0; secret_file = "secret"; ... };
+ * The role lists are TensorFlow's ClusterSpec; roles are indexed as
+ * loom_role in cluster/cluster.h: chief, worker, ps, evaluator. Addresses are
+ * checked for syntax ("host:port", "[v6]:port") and duplicates here; names
+ * are resolved only when the transport opens. Which task this process plays,
+ * and addresses from TF_CONFIG or Slurm, are resolved by loom_cluster_resolve. */
+#define LOOM_CLUSTER_ROLES     4
+#define LOOM_MAX_CLUSTER_TASKS 64  /* per role */
+#define LOOM_ADDR_MAX          272 /* "host:port": a 255-byte name, brackets, the port */
+
+typedef struct loom_cluster_spec {
+    bool     present;                   /* the config (or --set cluster.*) has a cluster section */
+    loom_loc loc;                       /* the section (or the file) */
+    int      n_tasks[LOOM_CLUSTER_ROLES];
+    char     addr[LOOM_CLUSTER_ROLES][LOOM_MAX_CLUSTER_TASKS][LOOM_ADDR_MAX]; /* "host:port" as written */
+    int      addr_line[LOOM_CLUSTER_ROLES][LOOM_MAX_CLUSTER_TASKS];           /* in loc.file; 0 for --set */
+    loom_loc role_loc[LOOM_CLUSTER_ROLES];                                    /* each list, for later errors */
+    double   connect_timeout;           /* s, > 0; default 60 */
+    double   heartbeat_timeout;         /* s, > 0; default 30 */
+    double   heartbeat_interval;        /* s, > 0; 0 (default) = heartbeat_timeout / 5 */
+    char     secret_file[LOOM_PATH_MAX];/* resolved against the config's directory; "" = none */
+    bool     tls;                       /* TLS on every connection (libevent's OpenSSL bufferevents) */
+    char     tls_cert[LOOM_PATH_MAX], tls_key[LOOM_PATH_MAX], tls_ca[LOOM_PATH_MAX]; /* resolved like secret_file */
+    bool     insecure;                  /* allow non-loopback addresses without a secret */
+    int      port_base;                 /* Slurm: task k of a node listens on port_base + k; default 8888 */
+} loom_cluster_spec;
+
+/* "chief", "worker", "ps", "evaluator": the cluster section's role keys. */
+extern const char *const loom_cluster_role_keys[LOOM_CLUSTER_ROLES + 1];
+/* Splits "host:port" or "[v6addr]:port" into host (brackets removed; n
+ * bytes) and port, checking the syntax only (a name is not looked up).
+ * Returns 0, or -1 with *why (static text) saying what is wrong. */
+int loom_addr_parse(const char *addr, char *host, size_t n, int *port, const char **why);
+
 /* ---- the whole config ---------------------------------------------------- */
 
 typedef struct loom_spec {
@@ -470,6 +507,7 @@ typedef struct loom_spec {
     loom_run_spec       run;
     loom_plugins_spec   plugins;
     loom_hooks_spec     hooks;
+    loom_cluster_spec   cluster;
 } loom_spec;
 
 /* Up to LOOM_MAX_ERRORS problems are collected before giving up. */

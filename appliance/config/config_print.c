@@ -553,6 +553,32 @@ static void print_hooks(FILE *f, const loom_hooks_spec *h)
     fputs("};\n", f);
 }
 
+/* The cluster section, when the config has one: role lists as written,
+ * files as resolved. */
+static void print_cluster(FILE *f, const loom_cluster_spec *c)
+{
+    fputs("\ncluster: {\n", f);
+    for (int r = 0; r < LOOM_CLUSTER_ROLES; r++) {
+        fprintf(f, "  %s = [", loom_cluster_role_keys[r]);
+        for (int i = 0; i < c->n_tasks[r]; i++) {
+            if (i) fputs(", ", f);
+            put_str(f, c->addr[r][i]);
+        }
+        fputs("];\n", f);
+    }
+    kv_f64(f, 1, "connect_timeout", c->connect_timeout);
+    kv_f64(f, 1, "heartbeat_timeout", c->heartbeat_timeout);
+    kv_f64(f, 1, "heartbeat_interval", c->heartbeat_interval);
+    if (c->secret_file[0]) kv_str(f, 1, "secret_file", c->secret_file);
+    kv_bool(f, 1, "tls", c->tls);
+    if (c->tls_cert[0]) kv_str(f, 1, "tls_cert", c->tls_cert);
+    if (c->tls_key[0]) kv_str(f, 1, "tls_key", c->tls_key);
+    if (c->tls_ca[0]) kv_str(f, 1, "tls_ca", c->tls_ca);
+    kv_bool(f, 1, "insecure", c->insecure);
+    kv_i64(f, 1, "port_base", c->port_base);
+    fputs("};\n", f);
+}
+
 void loom_config_print(const loom_spec *s, FILE *f)
 {
     fprintf(f, "# %s, resolved by loom %s: every default filled in\n", s->path, LOOM_VERSION);
@@ -613,7 +639,8 @@ void loom_config_print(const loom_spec *s, FILE *f)
     kv_str(f, 1, "type", s->strategy.name);
     if (s->strategy.kind == LOOM_STRAT_ONE_DEVICE) kv_str(f, 1, "device", s->strategy.device);
     if (s->strategy.kind == LOOM_STRAT_PLUGIN) print_plugin_strategy(f, &s->strategy);
-    if (s->strategy.kind == LOOM_STRAT_MIRRORED || s->strategy.kind == LOOM_STRAT_CENTRAL_STORAGE)
+    if (s->strategy.kind == LOOM_STRAT_MIRRORED || s->strategy.kind == LOOM_STRAT_CENTRAL_STORAGE ||
+        s->strategy.kind == LOOM_STRAT_MULTI_WORKER_MIRRORED)
         print_replicated_strategy(f, &s->strategy);
     if (s->strategy.device_backend[0]) kv_str(f, 1, "device_backend", s->strategy.device_backend);
     fputs("};\n\nrun: {\n", f);
@@ -633,4 +660,5 @@ void loom_config_print(const loom_spec *s, FILE *f)
     fputs("};\n", f);
     print_plugins(f, &s->plugins);
     if (s->hooks.present) print_hooks(f, &s->hooks);
+    if (s->cluster.present) print_cluster(f, &s->cluster);
 }

@@ -19,6 +19,9 @@ typedef struct loom_train_opts {
     const char *model_dir;  /* NULL: spec->run.model_dir */
     bool        fresh;      /* start from scratch even if model_dir holds checkpoints */
     double      start_time; /* loom_now() at process start, for the first-step latency */
+    /* This process's task in a cluster (cluster/cluster.h), resolved and
+     * checked by the command line before anything opens; NULL = one process. */
+    const struct loom_cluster *cluster;
 } loom_train_opts;
 
 /* Trains as the spec says, resuming from the latest checkpoint in model_dir.

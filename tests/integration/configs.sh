@@ -20,9 +20,23 @@ for cfg in configs/*.cfg; do
         expect_fail 2 "check $cfg without a usable GPU says what is missing" 'is not usable: ' "$LOOM" check "$cfg"
         continue
     fi
-    out=$("$LOOM" check "$cfg" 2>&1); status=$?
-    if [ $status -eq 0 ] && grep -q ": ok$" <<<"$out"; then pass "check $cfg"; else fail "check $cfg" "$(echo "$out" | tail -5)"; fi
-    check "train $name for 5 steps" "$LOOM" train "$cfg" --model-dir "$WORK/$name" --set run.max_steps=5 --set run.eval_steps=2 --set run.progress='"none"'
+    # a cluster config (configs/fashion_mnist_multi_worker.cfg) trains through loom launch --local;
+    # until multi_worker_mirrored is in the build, its checks are skipped, saying so
+    if grep -q "^cluster:" "$cfg"; then
+        out=$("$LOOM" check "$cfg" 2>&1); status=$?
+        if grep -qF '"multi_worker_mirrored" is not supported yet' <<<"$out"; then
+            T=$((T + 1)); echo "ok $T - check and launch $cfg # SKIP multi_worker_mirrored is not in this build yet"
+            continue
+        fi
+        if [ $status -eq 0 ] && grep -q ": ok$" <<<"$out"; then pass "check $cfg"; else fail "check $cfg" "$(echo "$out" | tail -5)"; fi
+        check "launch $name for 5 steps" timeout 300 "$LOOM" launch --local "$cfg" --model-dir "$WORK/$name" --set run.max_steps=5 \
+            --set run.eval_steps=2 --set run.progress='"none"'
+    else
+        out=$("$LOOM" check "$cfg" 2>&1); status=$?
+        if [ $status -eq 0 ] && grep -q ": ok$" <<<"$out"; then pass "check $cfg"; else fail "check $cfg" "$(echo "$out" | tail -5)"; fi
+        check "train $name for 5 steps" "$LOOM" train "$cfg" --model-dir "$WORK/$name" --set run.max_steps=5 \
+            --set run.eval_steps=2 --set run.progress='"none"'
+    fi
     if [ -f "$WORK/$name/ckpt-5.loom" ] && [ -f "$WORK/$name/checkpoint" ]; then pass "$name wrote its checkpoint"; else fail "$name wrote its checkpoint" "$(ls "$WORK/$name")"; fi
     out=$("$LOOM" evaluate "$cfg" --model-dir "$WORK/$name" --set run.eval_steps=2 2>/dev/null)
     contains "evaluate $name" '"step": 5' "$out"

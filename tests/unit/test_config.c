@@ -318,6 +318,9 @@ static void strip_locs(loom_spec *s)
     memset(&s->strategy.cross_device_ops_loc, 0, sizeof(loom_loc));
     memset(&s->run.loc, 0, sizeof(loom_loc));
     memset(&s->plugins.loc, 0, sizeof(loom_loc));
+    memset(&s->cluster.loc, 0, sizeof(loom_loc));
+    memset(s->cluster.role_loc, 0, sizeof s->cluster.role_loc);
+    memset(s->cluster.addr_line, 0, sizeof s->cluster.addr_line);
 }
 
 static void roundtrip(const char *name, const char *const *ov, int n)
@@ -364,6 +367,10 @@ static void test_print_roundtrip(void)
     roundtrip("good_minimal.cfg", dev, 2);
     const char *timeout[] = {"strategy.type=mirrored", "strategy.replicas=2", "strategy.collective_timeout=0.3"};
     roundtrip("good_minimal.cfg", timeout, 3);
+    const char *cluster[] = {"strategy.type=multi_worker_mirrored", "strategy.replicas=2",
+                             "cluster.chief=[\"127.0.0.1:2222\"]", "cluster.worker=[\"127.0.0.1:2223\", \"[::1]:2224\"]",
+                             "cluster.heartbeat_timeout=5", "cluster.port_base=9000", "cluster.insecure=true"};
+    roundtrip("good_minimal.cfg", cluster, 7);
 }
 
 static void test_include(void)

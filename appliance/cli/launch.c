@@ -1,0 +1,733 @@
+/* launch.c - `loom launch --local`: every task of a cluster as a child
+ * process of this one, over loopback. Launch picks a free port per task,
+ * passes each child its task and the addresses as `--task ROLE:I --set
+ * cluster.ROLE=[...]` (so the config's own addresses are replaced, and every
+ * other cluster setting applies as written), prefixes each line a child
+ * prints with its name, forwards SIGINT and SIGTERM, stops the others when
+ * one task fails and exits with that task's status, and restarts the whole
+ * group up to --restarts times (training resumes from the last checkpoint).
+ * Children die with it (PR_SET_PDEATHSIG), even when it is killed.
+ * Also the hidden `loom cluster-selftest` task, a stand-in child for the
+ * launch tests (tests/integration/cluster_topo.sh).
+ * Threads: one; signals only set a flag the supervision loop reads. */
+#include "cli.h"
+#include "cluster/cluster.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+#define MAX_ARGS     256
+#define MAX_TASKS    256
+#define LINE_MAX_    65536
+
+typedef struct child {
+    loom_role role;
+    int       index;
+    char      name[32];   /* "worker:1" */
+    pid_t     pid;        /* 0 once reaped */
+    int       fd[2];      /* its stdout and stderr pipes; -1 at EOF */
+    char     *buf[2];     /* a partial line of each */
+    size_t    len[2];
+    int       status;     /* exit status once reaped (128 + signal when killed) */
+    bool      reaped, stopped_by_us;
+} child;
+
+typedef struct launch_opts {
+    const char *config;
+    const char *command;  /* "train" (default) or "cluster-selftest" */
+    int         n[LOOM_ROLE_COUNT];
+    bool        shape_given;
+    int         restarts;
+    double      grace;    /* s between SIGTERM and SIGKILL when stopping tasks */
+    const char *sets[MAX_ARGS];
+    int         n_sets;
+    const char *model_dir;
+    bool        fresh, quiet, verbose;
+} launch_opts;
+
+static volatile sig_atomic_t got_signal;
+static void on_signal(int sig) { got_signal = sig; }
+
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("[launch] ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    fflush(stderr);
+}
+
+static const char usage_text[] =
+    "usage: loom launch --local CONFIG [--workers N] [--ps N] [--evaluator] [--chief] [--restarts K]\n"
+    "                   [--grace SECONDS] [--set key.path=value ...] [--model-dir DIR] [--fresh]\n";
+
+static void help(void)
+{
+    printf("%s\n"
+           "Starts every task of a cluster on this machine, over loopback, each as `loom train CONFIG\n"
+           "--task ROLE:I`. The tasks are the config's cluster section, or --workers/--ps/--evaluator/\n"
+           "--chief (--workers N alone: N workers of multi_worker_mirrored, worker 0 the chief). Launch\n"
+           "chooses a free port per task and passes the addresses as --set cluster.ROLE=[...], which\n"
+           "replace the config's; other cluster settings (--set cluster.heartbeat_timeout=5) apply as\n"
+           "written. Each line a task prints is prefixed with its name, \"[worker:1] ...\".\n\n"
+           "SIGINT and SIGTERM are forwarded to every task (each saves a checkpoint and stops). When a\n"
+           "task fails, the others get SIGTERM (SIGKILL after --grace seconds, default 30) and launch\n"
+           "exits with the failed task's status (128 + N for a task killed by signal N); with\n"
+           "--restarts K the whole group is started again, up to K times, on new ports, and training\n"
+           "resumes from the latest checkpoint (--fresh applies to the first start only); status 2 (a\n"
+           "bad config or usage) is not restarted. Every task\n"
+           "is killed if launch itself dies. Only --local exists: on several machines, use srun,\n"
+           "mpirun or TF_CONFIG (docs/cluster.md).\n\n"
+           "options:\n"
+           "  --local               start the tasks on this machine (required)\n"
+           "  --workers N           N worker tasks\n"
+           "  --ps N                N parameter-server tasks\n"
+           "  --evaluator           one evaluator task\n"
+           "  --chief               one chief task besides the workers\n"
+           "  --restarts K          restart the whole group up to K times after a failure (default 0)\n"
+           "  --grace SECONDS       between SIGTERM and SIGKILL when stopping tasks (default 30)\n"
+           "  --set key.path=value  a config override for every task (repeatable)\n"
+           "  --model-dir DIR       the model directory every task shares\n"
+           "  --fresh               ignore existing checkpoints (the first start only)\n"
+           "  --quiet, --verbose    passed to every task\n",
+           usage_text);
+}
+
+static int usage_error(const char *fmt, const char *arg)
+{
+    fputs("loom launch: ", stderr);
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n%s", usage_text);
+    return LOOM_EXIT_USAGE;
+}
+
+static bool parse_count(const char *v, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (end == v || *end || errno || x < lo || x > hi) return false;
+    *out = x;
+    return true;
+}
+
+static int parse_args(int argc, char **argv, launch_opts *o)
+{
+    bool local = false;
+    memset(o, 0, sizeof *o);
+    o->command = "train";
+    o->grace = 30;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long x;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            help();
+            return -1;
+        } else if (!strcmp(a, "--local")) {
+            local = true;
+        } else if (!strcmp(a, "--workers") || !strcmp(a, "--ps")) {
+            if (!v || !parse_count(v, a[2] == 'w' ? 1 : 0, LOOM_MAX_CLUSTER_TASKS, &x))
+                return usage_error("%s expects a count in [1, 64]", a);
+            o->n[a[2] == 'w' ? LOOM_ROLE_WORKER : LOOM_ROLE_PS] = (int)x;
+            o->shape_given = true;
+            i++;
+        } else if (!strcmp(a, "--evaluator") || !strcmp(a, "--chief")) {
+            o->n[a[2] == 'e' ? LOOM_ROLE_EVALUATOR : LOOM_ROLE_CHIEF] = 1;
+            o->shape_given = true;
+        } else if (!strcmp(a, "--restarts")) {
+            if (!v || !parse_count(v, 0, 1000, &x)) return usage_error("%s expects a count in [0, 1000]", a);
+            o->restarts = (int)x;
+            i++;
+        } else if (!strcmp(a, "--grace")) {
+            char *end;
+            double g = v ? strtod(v, &end) : -1;
+            if (!v || *end || !(g >= 0 && g <= 3600)) return usage_error("%s expects seconds in [0, 3600]", a);
+            o->grace = g;
+            i++;
+        } else if (!strcmp(a, "--set")) {
+            if (!v || !strchr(v, '=')) return usage_error("%s expects key.path=value", a);
+            if (o->n_sets == MAX_ARGS / 2) return usage_error("too many %s options", a);
+            o->sets[o->n_sets++] = v;
+            i++;
+        } else if (!strcmp(a, "--model-dir")) {
+            if (!v) return usage_error("%s needs a directory", a);
+            o->model_dir = v;
+            i++;
+        } else if (!strcmp(a, "--command")) { /* hidden: the task command, for the launch tests */
+            if (!v || (strcmp(v, "train") && strcmp(v, "cluster-selftest")))
+                return usage_error("%s expects train or cluster-selftest", a);
+            o->command = v;
+            i++;
+        } else if (!strcmp(a, "--fresh")) {
+            o->fresh = true;
+        } else if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) {
+            o->quiet = true;
+        } else if (!strcmp(a, "--verbose") || !strcmp(a, "-v")) {
+            o->verbose = true;
+        } else if (!strcmp(a, "--task")) {
+            return usage_error("%s is chosen by launch for each task; drop it", a);
+        } else if (a[0] == '-' && a[1]) {
+            return usage_error("unknown option %s", a);
+        } else if (!o->config) {
+            o->config = a;
+        } else {
+            return usage_error("unexpected argument \"%s\"", a);
+        }
+    }
+    if (!local)
+        return usage_error("%s", "only --local is supported: on several machines start the tasks with srun, mpirun "
+                           "or TF_CONFIG (docs/cluster.md)");
+    if (!o->config) return usage_error("%s", "missing CONFIG");
+    if (o->shape_given && o->n[LOOM_ROLE_WORKER] == 0 && o->n[LOOM_ROLE_CHIEF] == 0)
+        return usage_error("%s", "--ps and --evaluator need --workers N (or --chief)");
+    return 0;
+}
+
+/* A port nobody listens on now: bound to 127.0.0.1:0 and released just
+ * before the tasks start (a port taken in between fails that task's listen,
+ * and the group restarts or fails with its message). */
+static int free_ports(int *ports, int n, loom_err *err)
+{
+    int fds[MAX_TASKS];
+    int rc = LOOM_OK, k = 0;
+    for (; k < n; k++) {
+        fds[k] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t sl = sizeof sa;
+        if (fds[k] < 0 || bind(fds[k], (struct sockaddr *)&sa, sizeof sa) ||
+            getsockname(fds[k], (struct sockaddr *)&sa, &sl)) {
+            rc = loom_err_set(err, LOOM_ENET, "127.0.0.1", "bind(127.0.0.1:0) for a free port failed: %s",
+                              strerror(errno));
+            if (fds[k] >= 0) close(fds[k]);
+            break;
+        }
+        ports[k] = ntohs(sa.sin_port);
+    }
+    for (int i = 0; i < k; i++) close(fds[i]);
+    return rc;
+}
+
+/* The environment of every task: launch's own, without TF_CONFIG (the
+ * addresses come from launch), with LOOM_LAUNCH saying who started it,
+ * LOOM_LAUNCH_ATTEMPT which start of the group this is and, when the user
+ * gave none, a secret of this job's own in LOOM_CLUSTER_SECRET (so the
+ * tasks authenticate each other without any setup; cluster.secret_file
+ * still wins). */
+static char **task_env(int attempt, const char *secret, char *mark, size_t mark_n, char *attempt_var, size_t attempt_n)
+{
+    int n = 0;
+    for (char **e = environ; *e; e++) n++;
+    char **env = loom_calloc((size_t)n + 4, sizeof *env);
+    if (!env) return NULL;
+    int k = 0;
+    for (char **e = environ; *e; e++)
+        if (strncmp(*e, "TF_CONFIG=", 10) && strncmp(*e, "LOOM_LAUNCH=", 12) && strncmp(*e, "LOOM_LAUNCH_ATTEMPT=", 20))
+            env[k++] = *e;
+    snprintf(mark, mark_n, "LOOM_LAUNCH=loom launch --local (pid %d)", (int)getpid());
+    snprintf(attempt_var, attempt_n, "LOOM_LAUNCH_ATTEMPT=%d", attempt);
+    env[k++] = mark;
+    env[k++] = attempt_var;
+    if (secret) env[k++] = (char *)secret;
+    env[k] = NULL;
+    return env;
+}
+
+/* "LOOM_CLUSTER_SECRET=<64 hex digits>" from the kernel's random source,
+ * unless the environment has one; false when none could be made. */
+static bool job_secret(char *out, size_t n)
+{
+    if (getenv("LOOM_CLUSTER_SECRET")) {
+        out[0] = 0;
+        return true;
+    }
+    uint8_t r[32];
+    FILE *f = fopen("/dev/urandom", "rb");
+    bool ok = f && fread(r, 1, sizeof r, f) == sizeof r;
+    if (f) fclose(f);
+    if (!ok) return false;
+    size_t len = (size_t)snprintf(out, n, "LOOM_CLUSTER_SECRET=");
+    for (int i = 0; i < 32 && len + 3 <= n; i++) len += (size_t)snprintf(out + len, n - len, "%02x", r[i]);
+    return true;
+}
+
+static void set_nonblock(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
+
+static int spawn(child *c, const char *exe, char **argv, char **env, loom_err *err)
+{
+    int out[2], errp[2];
+    if (pipe2(out, O_CLOEXEC)) return loom_err_set(err, LOOM_EIO, c->name, "pipe failed: %s", strerror(errno));
+    if (pipe2(errp, O_CLOEXEC)) {
+        close(out[0]), close(out[1]);
+        return loom_err_set(err, LOOM_EIO, c->name, "pipe failed: %s", strerror(errno));
+    }
+    pid_t parent = getpid();
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(out[0]), close(out[1]), close(errp[0]), close(errp[1]);
+        return loom_err_set(err, LOOM_EIO, c->name, "fork failed: %s", strerror(errno));
+    }
+    if (pid == 0) {
+        /* its own process group: a terminal's Ctrl-C reaches it through launch, once */
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(137); /* launch died before prctl */
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        dup2(out[1], 1);
+        dup2(errp[1], 2);
+        execve(exe, argv, env);
+        dprintf(2, "loom launch: cannot run %s: %s\n", exe, strerror(errno));
+        _exit(127);
+    }
+    close(out[1]);
+    close(errp[1]);
+    c->pid = pid;
+    c->fd[0] = out[0];
+    c->fd[1] = errp[0];
+    set_nonblock(c->fd[0]);
+    set_nonblock(c->fd[1]);
+    c->len[0] = c->len[1] = 0;
+    c->reaped = c->stopped_by_us = false;
+    c->status = 0;
+    return LOOM_OK;
+}
+
+/* Writes the complete lines of c's stream s with its prefix; at EOF also
+ * the rest. */
+static void flush_lines(child *c, int s, bool eof)
+{
+    FILE *f = s == 0 ? stdout : stderr;
+    char *b = c->buf[s];
+    size_t start = 0;
+    for (size_t i = 0; i < c->len[s]; i++)
+        if (b[i] == '\n') {
+            fprintf(f, "[%s] %.*s\n", c->name, (int)(i - start), b + start);
+            start = i + 1;
+        }
+    if (eof && start < c->len[s]) {
+        fprintf(f, "[%s] %.*s\n", c->name, (int)(c->len[s] - start), b + start);
+        start = c->len[s];
+    }
+    if (start == 0 && c->len[s] == LINE_MAX_) { /* one very long line: out it goes, cut */
+        fprintf(f, "[%s] %.*s\n", c->name, (int)c->len[s], b);
+        start = c->len[s];
+    }
+    memmove(b, b + start, c->len[s] - start);
+    c->len[s] -= start;
+    fflush(f);
+}
+
+static void drain(child *c, int s)
+{
+    for (;;) {
+        ssize_t r = read(c->fd[s], c->buf[s] + c->len[s], LINE_MAX_ - c->len[s]);
+        if (r > 0) {
+            c->len[s] += (size_t)r;
+            flush_lines(c, s, false);
+            continue;
+        }
+        if (r < 0 && (errno == EINTR)) continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+        flush_lines(c, s, true); /* EOF or error */
+        close(c->fd[s]);
+        c->fd[s] = -1;
+        return;
+    }
+}
+
+static int status_of(int ws) { return WIFEXITED(ws) ? WEXITSTATUS(ws) : WIFSIGNALED(ws) ? 128 + WTERMSIG(ws) : 1; }
+
+static void signal_all(child *cs, int n, int sig, bool mark)
+{
+    for (int i = 0; i < n; i++)
+        if (!cs[i].reaped && cs[i].pid > 0) {
+            kill(cs[i].pid, sig);
+            if (mark) cs[i].stopped_by_us = true;
+        }
+}
+
+typedef struct outcome {
+    int  status;        /* of the job: 0, the first failed task's, or 128 + signal */
+    bool failed;        /* a task failed on its own (restartable) */
+    int  interrupted;   /* the signal launch forwarded, or 0 */
+    char who[32];       /* the failed task */
+} outcome;
+
+/* Runs the group until every task has exited; see the file comment. */
+static void supervise(child *cs, int n, double grace, outcome *res)
+{
+    memset(res, 0, sizeof *res);
+    double kill_at = 0; /* when the stragglers get SIGKILL; 0 = not stopping */
+    bool training_done_stop = false;
+    for (;;) {
+        int live = 0, open_fds = 0;
+        struct pollfd pf[2 * MAX_TASKS];
+        int owner[2 * MAX_TASKS], stream[2 * MAX_TASKS], np = 0;
+        for (int i = 0; i < n; i++) {
+            live += !cs[i].reaped;
+            for (int s = 0; s < 2; s++)
+                if (cs[i].fd[s] >= 0) {
+                    pf[np] = (struct pollfd){.fd = cs[i].fd[s], .events = POLLIN};
+                    owner[np] = i, stream[np] = s, np++, open_fds++;
+                }
+        }
+        if (!live && !open_fds) break;
+        int pr = poll(pf, (nfds_t)np, 100);
+        for (int k = 0; pr > 0 && k < np; k++)
+            if (pf[k].revents) drain(&cs[owner[k]], stream[k]);
+        if (got_signal && !res->interrupted) {
+            res->interrupted = got_signal;
+            say("got %s: forwarding it to every task", got_signal == SIGINT ? "SIGINT" : "SIGTERM");
+            signal_all(cs, n, got_signal, true);
+            kill_at = loom_now() + grace;
+        } else if (got_signal && got_signal != res->interrupted) { /* a second signal: no more waiting */
+            kill_at = loom_now();
+        }
+        /* reap */
+        for (int i = 0; i < n; i++) {
+            if (cs[i].reaped) continue;
+            int ws;
+            pid_t p = waitpid(cs[i].pid, &ws, WNOHANG);
+            if (p != cs[i].pid) continue;
+            cs[i].reaped = true;
+            cs[i].status = status_of(ws);
+            if (cs[i].status == 0) {
+                /* training finished: ps tasks serve forever, evaluators are told to stop */
+                bool all_trainers_done = true;
+                for (int j = 0; j < n; j++)
+                    if ((cs[j].role == LOOM_ROLE_CHIEF || cs[j].role == LOOM_ROLE_WORKER) &&
+                        (!cs[j].reaped || cs[j].status != 0))
+                        all_trainers_done = false;
+                if (all_trainers_done && !training_done_stop && !kill_at) {
+                    training_done_stop = true;
+                    for (int j = 0; j < n; j++)
+                        if (!cs[j].reaped) {
+                            say("training is done: stopping %s", cs[j].name);
+                            kill(cs[j].pid, SIGTERM);
+                            cs[j].stopped_by_us = true;
+                        }
+                    kill_at = loom_now() + grace;
+                }
+                continue;
+            }
+            if (cs[i].stopped_by_us || res->failed || res->interrupted) continue;
+            res->failed = true;
+            res->status = cs[i].status;
+            snprintf(res->who, sizeof res->who, "%s", cs[i].name);
+            if (WIFSIGNALED(ws))
+                say("%s was killed by signal %d: stopping the other tasks", cs[i].name, WTERMSIG(ws));
+            else
+                say("%s exited with status %d: stopping the other tasks", cs[i].name, cs[i].status);
+            signal_all(cs, n, SIGTERM, true);
+            kill_at = loom_now() + grace;
+        }
+        if (kill_at && loom_now() >= kill_at) {
+            for (int i = 0; i < n; i++)
+                if (!cs[i].reaped) say("%s did not stop within %g s: SIGKILL", cs[i].name, grace);
+            signal_all(cs, n, SIGKILL, true);
+            kill_at = loom_now() + 3600;
+        }
+    }
+    if (res->interrupted) res->status = 128 + res->interrupted;
+}
+
+/* The config loaded as every task will load it, and the cluster resolved
+ * for the first task: every error any task would hit at startup is found
+ * here, before anything starts. */
+static int validate(const launch_opts *o, const char *const *sets, int n_sets, const char *task, char **env)
+{
+    loom_spec *spec = NULL;
+    loom_errlist *errs = loom_calloc(1, sizeof *errs);
+    if (!errs) return LOOM_EXIT_RUNTIME;
+    int rc = loom_config_load(&spec, o->config, sets, n_sets, errs);
+    for (int i = 0; i < errs->n; i++) {
+        char buf[1200];
+        loom_err_format(&errs->e[i], buf, sizeof buf);
+        fprintf(stderr, "loom: %s", buf);
+    }
+    loom_free(errs);
+    if (rc) return LOOM_EXIT_USAGE;
+    int status = LOOM_EXIT_OK;
+    loom_strategy_kind k = spec->strategy.kind;
+    if (k == LOOM_STRAT_ONE_DEVICE || k == LOOM_STRAT_MIRRORED || k == LOOM_STRAT_CENTRAL_STORAGE) {
+        char w[LOOM_PATH_MAX + 16];
+        fprintf(stderr, "loom: %s: launch starts a cluster, but strategy \"%s\" runs in one process\n"
+                        "  hint: use --set strategy.type=multi_worker_mirrored (or loom train for one process)\n",
+                loom_loc_str(&spec->strategy.loc, w, sizeof w), spec->strategy.name);
+        status = LOOM_EXIT_USAGE;
+    }
+    loom_cluster *c = NULL;
+    loom_err err = {0};
+    if (!status && (rc = loom_cluster_resolve(&c, spec, task, env, &err))) {
+        char buf[1200];
+        loom_err_format(&err, buf, sizeof buf);
+        fprintf(stderr, "loom: %s", buf);
+        status = rc == LOOM_ENOMEM ? LOOM_EXIT_RUNTIME : LOOM_EXIT_USAGE;
+    }
+    loom_cluster_free(c);
+    loom_config_free(spec);
+    return status;
+}
+
+int loom_cli_launch_(int argc, char **argv, double start)
+{
+    (void)start;
+    launch_opts o;
+    int prc = parse_args(argc, argv, &o);
+    if (prc) return prc < 0 ? LOOM_EXIT_OK : prc;
+    if (o.quiet) loom_log_set_level(LOOM_LOG_WARN);
+
+    /* the shape: the flags, else the config's cluster section */
+    if (!o.shape_given) {
+        loom_spec *spec = NULL;
+        loom_errlist *errs = loom_calloc(1, sizeof *errs);
+        if (!errs) return LOOM_EXIT_RUNTIME;
+        int rc = loom_config_load(&spec, o.config, o.sets, o.n_sets, errs);
+        for (int i = 0; i < errs->n; i++) {
+            char buf[1200];
+            loom_err_format(&errs->e[i], buf, sizeof buf);
+            fprintf(stderr, "loom: %s", buf);
+        }
+        loom_free(errs);
+        if (rc) return LOOM_EXIT_USAGE;
+        for (int r = 0; r < LOOM_ROLE_COUNT; r++) o.n[r] = spec->cluster.n_tasks[r];
+        loom_config_free(spec);
+    }
+    int n = 0;
+    for (int r = 0; r < LOOM_ROLE_COUNT; r++) n += o.n[r];
+    if (n == 0) {
+        fprintf(stderr, "loom launch: %s has no cluster tasks: give --workers N (or a cluster section)\n%s", o.config,
+                usage_text);
+        return LOOM_EXIT_USAGE;
+    }
+    if (n > MAX_TASKS) {
+        fprintf(stderr, "loom launch: %d tasks: at most %d on one machine\n", n, MAX_TASKS);
+        return LOOM_EXIT_USAGE;
+    }
+
+    char exe[PATH_MAX];
+    ssize_t el = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (el <= 0) {
+        fprintf(stderr, "loom launch: cannot find the loom binary (/proc/self/exe): %s\n", strerror(errno));
+        return LOOM_EXIT_RUNTIME;
+    }
+    exe[el] = 0;
+
+    child *cs = loom_calloc((size_t)n, sizeof *cs);
+    if (!cs) return LOOM_EXIT_RUNTIME;
+    int k = 0;
+    for (int r = 0; r < LOOM_ROLE_COUNT; r++)
+        for (int i = 0; i < o.n[r]; i++, k++) {
+            cs[k].role = (loom_role)r;
+            cs[k].index = i;
+            loom_task_name((loom_role)r, i, cs[k].name, sizeof cs[k].name);
+            cs[k].buf[0] = loom_alloc(LINE_MAX_);
+            cs[k].buf[1] = loom_alloc(LINE_MAX_);
+            cs[k].fd[0] = cs[k].fd[1] = -1;
+            if (!cs[k].buf[0] || !cs[k].buf[1]) return LOOM_EXIT_RUNTIME;
+        }
+
+    struct sigaction sa = {0}, old_int, old_term;
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+
+    int status = LOOM_EXIT_OK;
+    char secret[128];
+    if (!job_secret(secret, sizeof secret)) {
+        fprintf(stderr, "loom launch: cannot read /dev/urandom for the job's secret: %s\n", strerror(errno));
+        return LOOM_EXIT_RUNTIME;
+    }
+    /* the role lists: big enough for 64 tasks of 22 bytes */
+    static char lists[LOOM_ROLE_COUNT][64 * 24 + 64];
+    for (int attempt = 0; attempt <= o.restarts; attempt++) {
+        int ports[MAX_TASKS];
+        loom_err err = {0};
+        if (free_ports(ports, n, &err)) {
+            fprintf(stderr, "loom launch: %s: %s\n", err.where, err.msg);
+            status = LOOM_EXIT_RUNTIME;
+            break;
+        }
+        const char *sets[MAX_ARGS];
+        int ns = 0;
+        for (int i = 0; i < o.n_sets; i++) sets[ns++] = o.sets[i];
+        k = 0;
+        for (int r = 0; r < LOOM_ROLE_COUNT; r++) {
+            size_t len = (size_t)snprintf(lists[r], sizeof lists[r], "cluster.%s=[", loom_role_name((loom_role)r));
+            for (int i = 0; i < o.n[r]; i++, k++)
+                len += (size_t)snprintf(lists[r] + len, sizeof lists[r] - len, "%s\"127.0.0.1:%d\"", i ? ", " : "",
+                                        ports[k]);
+            snprintf(lists[r] + len, sizeof lists[r] - len, "]");
+            sets[ns++] = lists[r];
+        }
+        char mark[128], attempt_var[64];
+        char **env = task_env(attempt, secret[0] ? secret : NULL, mark, sizeof mark, attempt_var, sizeof attempt_var);
+        if (!env) {
+            status = LOOM_EXIT_RUNTIME;
+            break;
+        }
+        if (attempt == 0 && (status = validate(&o, sets, ns, cs[0].name, env))) {
+            loom_free(env);
+            break;
+        }
+        if (attempt > 0) say("restart %d of %d: starting every task again on new ports", attempt, o.restarts);
+        /* each task's argv: loom COMMAND CONFIG --task T --set ... [--model-dir D] [--fresh] */
+        int started = 0;
+        for (int i = 0; i < n; i++) {
+            char *argv_c[MAX_ARGS + 16];
+            int na = 0;
+            argv_c[na++] = exe;
+            argv_c[na++] = (char *)o.command;
+            argv_c[na++] = (char *)o.config;
+            argv_c[na++] = "--task";
+            argv_c[na++] = cs[i].name;
+            for (int s = 0; s < ns; s++) argv_c[na++] = "--set", argv_c[na++] = (char *)sets[s];
+            if (o.model_dir) argv_c[na++] = "--model-dir", argv_c[na++] = (char *)o.model_dir;
+            if (o.fresh && attempt == 0) argv_c[na++] = "--fresh";
+            if (o.quiet) argv_c[na++] = "--quiet";
+            if (o.verbose) argv_c[na++] = "--verbose";
+            argv_c[na] = NULL;
+            if (spawn(&cs[i], exe, argv_c, env, &err)) {
+                fprintf(stderr, "loom launch: %s: %s\n", err.where, err.msg);
+                break;
+            }
+            started++;
+        }
+        loom_free(env);
+        if (started == n) {
+            char all[2048];
+            size_t al = 0;
+            all[0] = 0;
+            for (int i = 0; i < n && al < sizeof all; i++)
+                al += (size_t)snprintf(all + al, sizeof all - al, "%s%s 127.0.0.1:%d", i ? ", " : "", cs[i].name,
+                                       ports[i]);
+            say("started %d task%s (loom %s%s): %s", n, n == 1 ? "" : "s", o.command,
+                attempt ? ", resuming from the latest checkpoint" : "", all);
+        }
+        outcome res;
+        if (started < n) signal_all(cs, started, SIGKILL, true);
+        supervise(cs, started, o.grace, &res);
+        if (started < n) {
+            status = LOOM_EXIT_RUNTIME;
+            break;
+        }
+        status = res.status;
+        if (res.interrupted) {
+            say("stopped by %s; run the same command again to resume", res.interrupted == SIGINT ? "SIGINT" : "SIGTERM");
+            break;
+        }
+        if (!res.failed) break;
+        if (status == LOOM_EXIT_USAGE && attempt < o.restarts) { /* a bad config fails the same way every time */
+            say("%s failed with status 2 (a bad config or usage): not restarting", res.who);
+            break;
+        }
+        if (attempt == o.restarts) {
+            if (o.restarts) say("%s failed and no restarts are left (--restarts %d): exit status %d", res.who,
+                                o.restarts, status);
+            else say("%s failed: exit status %d", res.who, status);
+        }
+    }
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    for (int i = 0; i < n; i++) loom_free(cs[i].buf[0]), loom_free(cs[i].buf[1]);
+    loom_free(cs);
+    return status;
+}
+
+/* ---- loom cluster-selftest ------------------------------------------------ */
+
+static bool rule_matches(const char *rule, size_t len, const char *name)
+{
+    return (len == 1 && rule[0] == '*') || (strlen(name) == len && !strncmp(rule, name, len));
+}
+
+int loom_cli_selftest_(const loom_cluster *c, const char *model_dir, bool fresh)
+{
+    char name[32];
+    if (!c) {
+        fprintf(stderr, "cluster-selftest: not in a cluster\n");
+        return 2;
+    }
+    loom_task_name(c->role, c->index, name, sizeof name);
+    const char *attempt_s = getenv("LOOM_LAUNCH_ATTEMPT");
+    int attempt = attempt_s ? atoi(attempt_s) : 0;
+    printf("task %s (pid %d) of %d, rank %d, addresses from %s, task from %s, attempt %d\n", name, (int)getpid(),
+           c->n_tasks[0] + c->n_tasks[1] + c->n_tasks[2] + c->n_tasks[3], c->rank, loom_cluster_from_name(c->addrs_from),
+           loom_cluster_from_name(c->task_from), attempt);
+    printf("heartbeat_timeout %g, model_dir %s, fresh %s\n", c->heartbeat_timeout, model_dir ? model_dir : "(config)",
+           fresh ? "yes" : "no");
+    printf("first line\nsecond line, no newline yet...");
+    fflush(stdout);
+    fprintf(stderr, "a line on stderr\n");
+    fflush(stderr);
+    printf(" done\n");
+    fflush(stdout);
+    /* LOOM_SELFTEST="worker:1=exit:3:0.5;*=sleep:20": the first rule naming this task (or *) says what
+     * it does; LOOM_SELFTEST_ATTEMPTS=K applies the rules to the first K starts only (then exit 0) */
+    const char *rules = getenv("LOOM_SELFTEST");
+    const char *lim = getenv("LOOM_SELFTEST_ATTEMPTS");
+    if (!rules || (lim && attempt >= atoi(lim))) return 0;
+    const char *p = rules;
+    while (*p) {
+        const char *end = strchr(p, ';');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        const char *eq = memchr(p, '=', len);
+        if (eq && rule_matches(p, (size_t)(eq - p), name)) {
+            const char *act = eq + 1;
+            if (!strncmp(act, "exit:", 5)) { /* exit:N or exit:N:SECONDS (after that long) */
+                const char *delay = strchr(act + 5, ':');
+                if (delay) {
+                    double secs = atof(delay + 1);
+                    struct timespec ts = {(time_t)secs, (long)((secs - (double)(time_t)secs) * 1e9)};
+                    while (nanosleep(&ts, &ts) && errno == EINTR) {
+                    }
+                }
+                printf("%s: exiting with status %d as told\n", name, atoi(act + 5));
+                return atoi(act + 5);
+            }
+            if (!strncmp(act, "sleep:", 6) || !strncmp(act, "hang:", 5)) {
+                bool hang = act[0] == 'h';
+                double secs = atof(act + (hang ? 5 : 6));
+                struct sigaction sa = {0};
+                sa.sa_handler = hang ? SIG_IGN : on_signal;
+                got_signal = 0;
+                sigaction(SIGINT, &sa, NULL);
+                sigaction(SIGTERM, &sa, NULL);
+                double t_end = loom_now() + secs;
+                while (loom_now() < t_end && !got_signal) {
+                    struct timespec ts = {0, 20 * 1000 * 1000};
+                    nanosleep(&ts, NULL);
+                }
+                if (got_signal) {
+                    printf("%s: got signal %d, stopping\n", name, (int)got_signal);
+                    return 1;
+                }
+                printf("%s: slept %g s\n", name, secs);
+                return 0;
+            }
+        }
+        if (!end) break;
+        p = end + 1;
+    }
+    return 0;
+}

@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# cluster_topo.sh - the cluster topology through the loom binary: `loom check`
+# with --task, TF_CONFIG, Slurm's and MPI's environments prints the resolved
+# cluster and where each fact came from; bad topologies are refused before
+# anything opens; and `loom launch --local` supervises its tasks (prefixed
+# output, a failed task's status, SIGTERM forwarded, SIGKILL after the grace
+# period, restarts, children dying with launch). The launch tests run the
+# hidden `loom cluster-selftest` task, which resolves its cluster exactly as
+# `loom train` does and then does what $LOOM_SELFTEST says.
+source "$(dirname "$0")/lib.sh"
+CFG=configs/fashion_mnist_multi_worker.cfg
+# the cluster section emptied: the addresses must come from the environment
+NOADDR=(--set 'cluster.worker=[]')
+unset TF_CONFIG LOOM_CLUSTER_SECRET LOOM_LAUNCH LOOM_LAUNCH_ATTEMPT
+for v in $(env | grep -oE '^(SLURM|OMPI|PMIX|PMI)_[A-Z_]*' || true); do unset "$v"; done
+
+# TAP skip for the one check that needs multi_worker_mirrored's strategy (another branch)
+not_registered() { grep -qF '"multi_worker_mirrored" is not supported yet' <<<"$1"; }
+
+# --- loom check: where the cluster and the task come from -------------------
+out=$("$LOOM" check $CFG --task worker:1 2>&1); st=$?
+contains "check --task: the tasks from the config" \
+    "cluster: 2 tasks, addresses from the config's cluster section ($CFG:57)" "$out"
+contains "check --task: worker:1 marked" "worker:1     127.0.0.1:23457          rank 1  <- this task" "$out"
+contains "check --task: the task and its source" "task: worker:1 from --task (--task worker:1), training rank 1 of 2" "$out"
+contains "check --task: the config digest" "config digest: sha256 " "$out"
+if [ $st -eq 0 ]; then
+    contains "check --task worker:0 accepts the multi-worker config" "$CFG: ok" "$("$LOOM" check $CFG --task worker:0 2>&1)"
+elif not_registered "$out"; then
+    T=$((T + 1)); echo "ok $T - check --task worker:0 accepts the multi-worker config # SKIP multi_worker_mirrored is not registered in this build yet"
+else
+    fail "check --task worker:1 exits 0" "status $st" "$(tail -3 <<<"$out")"
+fi
+contains "check prints the resolved cluster settings" "timeouts: connect 60 s, heartbeat 5 s (one every 1 s)" \
+    "$("$LOOM" check $CFG --task worker:0 --set cluster.heartbeat_timeout=5 2>&1)"
+
+TFC='{"cluster": {"chief": ["127.0.0.1:3000"], "worker": ["127.0.0.1:3001", "127.0.0.1:3002"]}, "task": {"type": "worker", "index": 1}}'
+out=$(TF_CONFIG="$TFC" "$LOOM" check $CFG "${NOADDR[@]}" 2>&1)
+contains "TF_CONFIG: the addresses" "cluster: 3 tasks, addresses from TF_CONFIG" "$out"
+contains "TF_CONFIG: the chief is rank 0" "chief:0      127.0.0.1:3000           rank 0 (chief)" "$out"
+contains "TF_CONFIG: the task" "task: worker:1 from TF_CONFIG (TF_CONFIG task), training rank 2 of 3" "$out"
+out=$(TF_CONFIG='{"task": {"type": "worker", "index": 1}}' "$LOOM" check $CFG 2>&1)
+contains "TF_CONFIG's task with the config's addresses" "task: worker:1 from TF_CONFIG" "$out"
+
+out=$(env SLURM_PROCID=3 SLURM_NTASKS=4 SLURM_STEP_NODELIST='node[01-02]' SLURM_STEP_TASKS_PER_NODE='2(x2)' \
+      LOOM_CLUSTER_SECRET=s3cret "$LOOM" check $CFG "${NOADDR[@]}" --set cluster.port_base=9000 2>&1)
+contains "Slurm: the node list expanded" "addresses from Slurm (SLURM_STEP_NODELIST=node[01-02], port_base 9000)" "$out"
+contains "Slurm: the second task of node02" "worker:3     node02:9001" "$out"
+contains "Slurm: the task" "task: worker:3 from Slurm (SLURM_PROCID=3 of SLURM_NTASKS=4)" "$out"
+contains "Slurm: the secret" "security: a shared secret from LOOM_CLUSTER_SECRET (HMAC-SHA256)" "$out"
+
+out=$(env OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_LOCAL_SIZE=2 "$LOOM" check $CFG "${NOADDR[@]}" 2>&1)
+contains "MPI: one host, loopback addresses" "worker:1     127.0.0.1:8889" "$out"
+contains "MPI: the task" "task: worker:1 from MPI (OMPI_COMM_WORLD_RANK=1 of OMPI_COMM_WORLD_SIZE=2)" "$out"
+out=$(env PMIX_RANK=0 OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_LOCAL_SIZE=2 "$LOOM" check $CFG 2>&1)
+contains "PMIx rank with the config's addresses" "task: worker:0 from MPI (PMIX_RANK=0 of OMPI_COMM_WORLD_SIZE=2)" "$out"
+
+# --- bad topologies: exit 2, a clear message, before any socket ---------------
+expect_fail 2 "unknown role" 'unknown role "wroker" in "wroker:1"' "$LOOM" check $CFG --task wroker:1
+expect_fail 2 "index out of range" "task index out of range: worker:5, but the cluster (from $CFG:57) has 2 worker tasks" \
+    "$LOOM" train $CFG --task worker:5
+expect_fail 2 "train: no task given for a 2-task cluster" "the cluster has 2 tasks; which one is this process?" \
+    "$LOOM" train $CFG --model-dir "$WORK/notask"
+nothing_there() { if [ ! -e "$1" ]; then pass "$2: nothing written"; else fail "$2: nothing written" "$(ls -la "$1")"; fi; }
+nothing_there "$WORK/notask" "train without a task"
+contains "check without a task: the cluster, no task" "task: none given (pass --task ROLE:I" "$("$LOOM" check $CFG 2>&1)"
+expect_fail 2 "duplicate address" 'duplicate address "127.0.0.1:1": worker:0 has it too' \
+    "$LOOM" check $CFG --task worker:0 --set 'cluster.worker=["127.0.0.1:1", "127.0.0.1:1"]'
+expect_fail 2 "malformed TF_CONFIG names the byte offset" "TF_CONFIG: invalid JSON at byte 25 (line 1, column 25)" \
+    env TF_CONFIG='{"cluster": {"worker": [}' "$LOOM" check $CFG
+expect_fail 2 "TF_CONFIG and the config disagree" \
+    "cluster.worker[1] is \"127.0.0.1:23457\" here but \"127.0.0.1:9\" in TF_CONFIG" \
+    env TF_CONFIG='{"cluster": {"worker": ["127.0.0.1:23456", "127.0.0.1:9"]}}' "$LOOM" check $CFG --task worker:0
+expect_fail 2 "--task and TF_CONFIG disagree" "--task worker:0 disagrees with TF_CONFIG's task worker:1" \
+    env TF_CONFIG='{"task": {"type": "worker", "index": 1}}' "$LOOM" check $CFG --task worker:0
+expect_fail 2 "a role the strategy cannot use" "multi_worker_mirrored has no use for ps tasks" \
+    "$LOOM" check $CFG --task worker:0 --set 'cluster.ps=["127.0.0.1:23460"]'
+expect_fail 2 "a one-process strategy with a cluster" 'strategy "one_device" runs in one process, but the cluster' \
+    "$LOOM" train tests/configs/small_mlp.cfg --task worker:0 --set 'cluster.worker=["127.0.0.1:1", "127.0.0.1:2"]'
+expect_fail 2 "non-loopback without a secret" \
+    "worker:1 listens on 10.0.0.2:2222, which is not loopback, and the cluster has no secret" \
+    "$LOOM" check $CFG --task worker:0 --set 'cluster.worker=["127.0.0.1:2222", "10.0.0.2:2222"]'
+check "non-loopback with cluster.insecure" "$LOOM" check $CFG --task worker:0 --print \
+    --set 'cluster.worker=["127.0.0.1:2222", "10.0.0.2:2222"]' --set cluster.insecure=true
+expect_fail 2 "malformed Slurm node list" "SLURM_STEP_NODELIST: malformed node list \"node[01-\": '[' at byte 4 is never closed" \
+    env SLURM_PROCID=0 SLURM_NTASKS=2 SLURM_STEP_NODELIST='node[01-' LOOM_CLUSTER_SECRET=x "$LOOM" check $CFG "${NOADDR[@]}"
+expect_fail 2 "bad address in the config" 'bad address "node01": missing ":port"' \
+    "$LOOM" check $CFG --set 'cluster.worker=["node01"]'
+expect_fail 2 "--task without a cluster" "--task worker:0, but there is no cluster" \
+    "$LOOM" check tests/configs/small_mlp.cfg --task worker:0
+
+# --- loom launch --local -------------------------------------------------------
+L=("$LOOM" launch --local $CFG --command cluster-selftest)
+out=$(LOOM_SELFTEST='worker:1=exit:3:1;*=sleep:20' timeout 60 "${L[@]}" --workers 3 --grace 5 2>&1); st=$?
+[ $st -eq 3 ] && pass "launch exits with the failed task's status (3)" || fail "launch exits with the failed task's status (3)" "status $st" "$(tail -5 <<<"$out")"
+contains "launch: stdout lines prefixed" "[worker:2] first line" "$out"
+contains "launch: a line written in two pieces stays one line" "[worker:0] second line, no newline yet... done" "$out"
+contains "launch: stderr lines prefixed" "[worker:1] a line on stderr" "$out"
+contains "launch: the tasks know they were launched" "addresses from loom launch, task from loom launch, attempt 0" "$out"
+contains "launch: the failure named" "[launch] worker:1 exited with status 3: stopping the other tasks" "$out"
+contains "launch: the others get SIGTERM" "[worker:0] worker:0: got signal 15, stopping" "$out"
+contains "launch: the others get SIGTERM (2)" "[worker:2] worker:2: got signal 15, stopping" "$out"
+contains "launch: --workers N alone: worker 0 is the chief" "task worker:0 (pid" "$(grep 'rank 0,' <<<"$out")"
+
+out=$(LOOM_SELFTEST='worker:1=exit:3:1;*=sleep:20' LOOM_SELFTEST_ATTEMPTS=2 timeout 60 "${L[@]}" --workers 2 --chief \
+      --restarts 2 --grace 5 --fresh --model-dir "$WORK/md" --set cluster.heartbeat_timeout=5 2>&1); st=$?
+[ $st -eq 0 ] && pass "launch --restarts: the third start succeeds" || fail "launch --restarts: the third start succeeds" "status $st" "$(tail -5 <<<"$out")"
+contains "launch --restarts: restart 2 announced" "[launch] restart 2 of 2: starting every task again on new ports" "$out"
+contains "launch --restarts: attempt 2 ran" "attempt 2" "$(grep '^\[chief:0\] task' <<<"$out")"
+contains "launch: --fresh on the first start" "[worker:0] heartbeat_timeout 5, model_dir $WORK/md, fresh yes" "$out"
+contains "launch: no --fresh on a restart (training resumes)" "[worker:0] heartbeat_timeout 5, model_dir $WORK/md, fresh no" "$out"
+out=$(LOOM_SELFTEST='worker:1=exit:3;*=sleep:20' timeout 60 "${L[@]}" --workers 2 --restarts 1 --grace 5 2>&1); st=$?
+[ $st -eq 3 ] && pass "launch --restarts 1: still failing, the task's status" || fail "launch --restarts 1: still failing, the task's status" "status $st"
+contains "launch --restarts: no restarts left" "worker:1 failed and no restarts are left (--restarts 1): exit status 3" "$out"
+
+out=$(LOOM_SELFTEST='worker:0=exit:2' timeout 60 "${L[@]}" --workers 2 --restarts 3 --grace 5 2>&1); st=$?
+[ $st -eq 2 ] && pass "launch: status 2 (bad config) is not restarted" || fail "launch: status 2 (bad config) is not restarted" "status $st"
+contains "launch: says why it does not restart" "[launch] worker:0 failed with status 2 (a bad config or usage): not restarting" "$out"
+
+# SIGTERM to launch: forwarded; the tasks stop; launch exits 128 + 15
+LOOM_SELFTEST='*=sleep:30' "${L[@]}" --workers 2 --grace 10 > "$WORK/term.out" 2>&1 &
+lp=$!
+for _ in $(seq 100); do [ "$(grep -c 'done$' "$WORK/term.out")" -ge 2 ] && break; sleep 0.1; done
+kill -TERM $lp; wait $lp; st=$?
+out=$(cat "$WORK/term.out")
+[ $st -eq 143 ] && pass "SIGTERM: launch exits 143" || fail "SIGTERM: launch exits 143" "status $st" "$(tail -5 <<<"$out")"
+contains "SIGTERM forwarded to worker:0" "[worker:0] worker:0: got signal 15, stopping" "$out"
+contains "SIGTERM forwarded to worker:1" "[worker:1] worker:1: got signal 15, stopping" "$out"
+
+# a task that ignores SIGTERM gets SIGKILL after --grace
+out=$(LOOM_SELFTEST='worker:0=exit:4:1;*=hang:30' timeout 60 "${L[@]}" --workers 2 --grace 1 2>&1); st=$?
+[ $st -eq 4 ] && pass "grace: the failed task's status" || fail "grace: the failed task's status" "status $st"
+contains "grace: SIGKILL after 1 s" "[launch] worker:1 did not stop within 1 s: SIGKILL" "$out"
+
+# launch killed with SIGKILL: its tasks die with it (PR_SET_PDEATHSIG)
+LOOM_SELFTEST='*=hang:30' "${L[@]}" --workers 2 > "$WORK/kill.out" 2>&1 &
+lp=$!
+for _ in $(seq 100); do [ "$(grep -c 'done$' "$WORK/kill.out")" -ge 2 ] && break; sleep 0.1; done
+pids=$(grep -oE '\(pid [0-9]+\)' "$WORK/kill.out" | grep -oE '[0-9]+')
+kill -KILL $lp; wait $lp 2>/dev/null
+sleep 0.5
+alive=""
+# (a dead task may stay a zombie where PID 1 does not reap orphans: state Z counts as dead)
+for p in $pids; do
+    st=$(awk '{print $3}' "/proc/$p/stat" 2>/dev/null)
+    [ -n "$st" ] && [ "$st" != Z ] && alive="$alive $p"
+done
+[ -n "$pids" ] && [ -z "$alive" ] && pass "launch killed: every task dies with it" || fail "launch killed: every task dies with it" "pids: $pids, alive:$alive"
+for p in $alive; do kill -KILL "$p"; done
+
+# refused before anything starts
+expect_fail 2 "launch without --local" "only --local is supported" "$LOOM" launch $CFG --workers 2
+expect_fail 2 "launch of a one-process strategy" "launch starts a cluster, but strategy \"mirrored\" runs in one process" \
+    "$LOOM" launch --local tests/configs/small_mlp.cfg --workers 2 --set strategy.type=mirrored --set strategy.replicas=2
+expect_fail 2 "launch of ps tasks under multi_worker_mirrored" "multi_worker_mirrored has no use for ps tasks" \
+    "${L[@]}" --workers 2 --ps 1
+expect_fail 2 "launch of a config without tasks" "has no cluster tasks: give --workers N" \
+    "$LOOM" launch --local $CFG "${NOADDR[@]}"
+expect_fail 2 "launch --task is launch's to choose" "--task is chosen by launch for each task" \
+    "$LOOM" launch --local $CFG --task worker:0
+finish
