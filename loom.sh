@@ -2,6 +2,8 @@
 # loom.sh - set up, build and run Loom on a Debian 12 machine.
 #   ./loom.sh train configs/fashion_mnist_mlp.cfg   install what is missing, build, train
 #   ./loom.sh test                                  install, build, run the test suite
+#   ./loom.sh test-asan                             the unit and integration suites under ASan+UBSan
+#   ./loom.sh ci                                    both, as CI runs them (.ci/run), one total at the end
 #   ./loom.sh build                                 install and build only
 #   ./loom.sh COMMAND ...                           any other loom command, after building
 # Installing needs root (or sudo); nothing is installed that is already there.
@@ -47,19 +49,74 @@ build() {
     ninja -C build >&2
 }
 
+# The suites run as on a user's machine: this one sets OpenBLAS's kernel and
+# cache size in the environment, a user's does not (loom picks them itself).
+clean_env() { unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE; }
+
+# build-asan: the same sources with AddressSanitizer and UBSan (debugoptimized;
+# b_lundef=false because plugins are shared modules resolved against the
+# sanitized binary). Any report fails the run: UBSan halts, and every report of
+# every process (also ones run in the background or expected to fail) lands in
+# build-asan/sanitizer/ as well, which must stay empty. Leaks are checked too.
+test_asan() {
+    if [ ! -f build-asan/build.ninja ]; then
+        meson setup build-asan --buildtype=debugoptimized -Db_sanitize=address,undefined -Db_lundef=false >&2
+    fi
+    ninja -C build-asan >&2
+    local logs="$PWD/build-asan/sanitizer"
+    rm -rf "$logs"; mkdir -p "$logs"
+    export ASAN_OPTIONS="detect_leaks=1:log_path=$logs/asan:log_exe_name=1"
+    export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$logs/ubsan:log_exe_name=1"
+    local status=0 out
+    tests/run.sh build-asan --suite unit --suite integration 2>&1 | tee build-asan/ci.log || status=1
+    out=$(tail -n 1 build-asan/ci.log)
+    unset ASAN_OPTIONS UBSAN_OPTIONS
+    local reports=("$logs"/*)
+    if [ -e "${reports[0]}" ]; then
+        echo "loom.sh: ${#reports[@]} sanitizer report(s) in $logs:" >&2
+        for r in "${reports[@]}"; do echo "== $r" >&2; head -n 40 "$r" >&2; done
+        status=1
+        out=$(awk -v n="${#reports[@]}" '{ $3 = $3 + n; print }' <<<"$out")   # "P passed, F failed"
+    fi
+    echo "$out" | tee build-asan/ci-total
+    return $status
+}
+
 cmd="${1:-}"
 case "$cmd" in
     test)
         install_missing "${TEST_PACKAGES[@]}"
         build
+        clean_env
         exec tests/run.sh build
+        ;;
+    test-asan)
+        install_missing "${TEST_PACKAGES[@]}"
+        clean_env
+        test_asan
+        ;;
+    ci)
+        # The release suite (fuzzers included, and required), then the sanitized
+        # one; the last line adds both up.
+        install_missing "${TEST_PACKAGES[@]}"
+        build
+        clean_env
+        export LOOM_FUZZ_REQUIRE=1
+        status=0
+        tests/run.sh build 2>&1 | tee build/ci.log || status=1
+        r1=$(tail -n 1 build/ci.log)
+        test_asan || status=1
+        r2=$(cat build-asan/ci-total)
+        echo "release: $r1; asan+ubsan: $r2; ${SECONDS}s in all"
+        printf '%s\n%s\n' "$r1" "$r2" | awk '{ p += $1; f += $3 } END { print p " passed, " f " failed" }'
+        exit $status
         ;;
     build)
         install_missing
         build
         ;;
     ""|-h|--help)
-        sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
         ;;
     *)
         install_missing

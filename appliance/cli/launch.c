@@ -91,7 +91,8 @@ static void help(void)
            "task fails, the others get SIGTERM (SIGKILL after --grace seconds, default 30) and launch\n"
            "exits with the failed task's status (128 + N for a task killed by signal N); with\n"
            "--restarts K the whole group is started again, up to K times, on new ports, and training\n"
-           "resumes from the latest checkpoint (--fresh applies to the first start only). Every task\n"
+           "resumes from the latest checkpoint (--fresh applies to the first start only); status 2 (a\n"
+           "bad config or usage) is not restarted. Every task\n"
            "is killed if launch itself dies. Only --local exists: on several machines, use srun,\n"
            "mpirun or TF_CONFIG (docs/cluster.md).\n\n"
            "options:\n"
@@ -636,6 +637,10 @@ int loom_cli_launch_(int argc, char **argv, double start)
             break;
         }
         if (!res.failed) break;
+        if (status == LOOM_EXIT_USAGE && attempt < o.restarts) { /* a bad config fails the same way every time */
+            say("%s failed with status 2 (a bad config or usage): not restarting", res.who);
+            break;
+        }
         if (attempt == o.restarts) {
             if (o.restarts) say("%s failed and no restarts are left (--restarts %d): exit status %d", res.who,
                                 o.restarts, status);

@@ -682,7 +682,7 @@ static int slurm_addresses(loom_cluster *c, char *const *envp, const rank_env *s
 
 static int check_duplicates(const loom_cluster *c, loom_err *err)
 {
-    char a[LOOM_ADDR_MAX], b[LOOM_ADDR_MAX], n1[32], n2[32];
+    char a[LOOM_ADDR_MAX], n1[32], n2[32];
     for (int r = 0; r < LOOM_ROLE_COUNT; r++)
         for (int i = 0; i < c->n_tasks[r]; i++)
             for (int r2 = 0; r2 <= r; r2++)
@@ -692,7 +692,6 @@ static int check_duplicates(const loom_cluster *c, loom_err *err)
                     loom_err_set(err, LOOM_ECONFIG, c->addrs_detail, "duplicate address %s: %s and %s both listen on it",
                                  addr_str(x, a, sizeof a), loom_task_name(y->role, y->index, n1, sizeof n1),
                                  loom_task_name(x->role, x->index, n2, sizeof n2));
-                    (void)b;
                     return loom_err_hint(err, "every task listens on an address of its own");
                 }
     if (c->n_tasks[LOOM_ROLE_CHIEF] > 1)

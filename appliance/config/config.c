@@ -30,6 +30,7 @@ const char *const loom_syn_dist_names_[] = {"uniform", "normal", NULL};
 const char *const loom_tfr_dtype_names_[] = {"uint8", "int64", "float32", NULL};
 const char *const loom_tfr_comp_names_[] = {"auto", "none", "gzip", "zlib", "zstd", NULL};
 const char *const loom_tfr_corrupt_names_[] = {"error", "skip", NULL};
+const char *const loom_nonfinite_names_[] = {"error", "skip", NULL};
 const char *const loom_shard_policy_names_[] = {"auto", "file", "data", "off", NULL};
 const char *const loom_map_names_[] = {"cast", "scale", "normalize", "one_hot", "reshape",
                                        "random_flip_left_right", "pad", "random_crop",
@@ -623,6 +624,8 @@ static const opt dataset_opts[] = {
     O_SUB("transforms", 0, 0, "a list of transforms applied in order"),
     O_ENUM(loom_dataset_spec, "shard_policy", shard_policy, LOOM_SHARD_AUTO, loom_shard_policy_names_, ALL, 0,
            "how each of several input pipelines takes its share: auto, file, data or off"),
+    O_ENUM(loom_dataset_spec, "on_nonfinite", on_nonfinite, LOOM_NONFINITE_ERROR, loom_nonfinite_names_, ALL, 0,
+           "a NaN or infinite float in a csv or idx source: error (naming the record) or skip (drop it, count it)"),
     O_END,
 };
 
@@ -2037,6 +2040,7 @@ static void parse_dataset(ctx *c, const config_setting_t *g, loom_dataset_spec *
         scope ss = {source_opts, k, NULL};
         check_keys(c, src, &ss, 1);
     }
+    d->source.on_nonfinite = (int)d->on_nonfinite;
     const config_setting_t *tl = sub_list(c, g, "transforms");
     if (!tl) return;
     int n = config_setting_length(tl);
@@ -3132,6 +3136,48 @@ static void sort_errors(loom_errlist *errs)
     }
 }
 
+/* libconfig 1.5 opens the config and its @include'd files itself, with a
+ * blocking fopen: each is opened first through loom_open_regular, so a FIFO
+ * or a directory is refused by name instead of hanging the parse. from is
+ * "file:line" of the @include (NULL for the config itself). */
+static int check_files(ctx *c, const char *path, const char *from, int depth)
+{
+    loom_err e = {0};
+    uint8_t *text;
+    size_t len;
+    if (loom_read_file_max(path, &text, &len, (uint64_t)64 << 20, &e)) {
+        if (e.code == LOOM_ENOMEM) {
+            rawerr(c, LOOM_ENOMEM, path, "%s", e.msg);
+            return LOOM_ENOMEM;
+        }
+        const char *why = strncmp(e.msg, "cannot open: ", 13) ? e.msg : e.msg + 13;
+        loom_err *o = rawerr(c, LOOM_EIO, from ? from : path, from ? "@include \"%s\": %s" : "cannot read the config file: %s%s",
+                             from ? path : why, from ? why : "");
+        if (o && e.hint[0]) loom_err_hint(o, "%s", e.hint);
+        return LOOM_EIO;
+    }
+    int rc = 0, line = 1;
+    for (char *p = (char *)text; !rc && depth < 10 && p < (char *)text + len; line++) {
+        char *nl = strchr(p, '\n'), *q = p;
+        if (nl) *nl = 0;
+        while (*q == ' ' || *q == '\t') q++;
+        if (!strncmp(q, "@include", 8)) {
+            char *a = strchr(q + 8, '"'), *b = a ? strchr(a + 1, '"') : NULL;
+            if (a && b) {
+                char inc[LOOM_PATH_MAX * 2 + 2], where[LOOM_PATH_MAX * 2 + 32];
+                snprintf(inc, sizeof inc, "%s%s%.*s", a[1] == '/' ? "" : c->dir, a[1] == '/' || !c->dir[0] ? "" : "/",
+                         (int)(b - a - 1), a + 1);
+                snprintf(where, sizeof where, "%s:%d", path, line);
+                rc = check_files(c, inc, where, depth + 1);
+            }
+        }
+        if (!nl) break;
+        p = nl + 1;
+    }
+    loom_free(text);
+    return rc;
+}
+
 static void config_dir(const char *path, char *dir, size_t n)
 {
     char tmp[LOOM_PATH_MAX];
@@ -3161,14 +3207,9 @@ int loom_config_load(loom_spec **out, const char *path, const char *const *overr
         rawerr(&c, LOOM_ECONFIG, path, "config path is too long");
         return LOOM_ECONFIG;
     }
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        loom_err *e = rawerr(&c, LOOM_EIO, path, "cannot read the config file: %s", strerror(errno));
-        (void)e;
-        return LOOM_EIO;
-    }
-    fclose(f);
     config_dir(path, c.dir, sizeof c.dir);
+    int frc = check_files(&c, path, NULL, 0);
+    if (frc) return frc;
     const char *slash = strrchr(path, '/');
     snprintf(c.pdir, sizeof c.pdir, "%.*s", slash ? (int)(slash - path + 1) : 0, path);
 

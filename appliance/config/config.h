@@ -154,6 +154,8 @@ typedef struct loom_source_spec {
      *   source: { type = "npy"; options: { image = "x.npy"; label = "y.npy"; }; }; */
     char               plugin[LOOM_NAME_MAX];
     loom_plugin_opts   options;
+    /* Not a config key: the dataset's on_nonfinite (csv and idx float features). */
+    int                on_nonfinite;      /* loom_on_nonfinite */
 } loom_source_spec;
 
 typedef enum {
@@ -245,6 +247,8 @@ typedef struct loom_transform_spec {
  * source's sorted file list, DATA keeps every num_input_pipelines-th final
  * element, AUTO is FILE when there are at least as many files as pipelines and
  * DATA otherwise, OFF gives every worker everything. */
+/* data.<split>.on_nonfinite: a NaN or infinite float value in a source's element */
+typedef enum { LOOM_NONFINITE_ERROR, LOOM_NONFINITE_SKIP } loom_on_nonfinite;
 typedef enum { LOOM_SHARD_AUTO, LOOM_SHARD_FILE, LOOM_SHARD_DATA, LOOM_SHARD_OFF } loom_shard_policy;
 
 /* data.options (tf.data.Options): one group for data.train and data.eval.
@@ -273,6 +277,7 @@ typedef struct loom_dataset_spec {
     int                 n_transforms;
     loom_transform_spec transform[LOOM_MAX_TRANSFORMS];
     loom_shard_policy   shard_policy;   /* default auto; applies only with several input pipelines */
+    loom_on_nonfinite   on_nonfinite;   /* default error; copied to source.on_nonfinite */
     loom_data_options   options;        /* data.options, the same for train and eval */
 } loom_dataset_spec;
 

@@ -23,6 +23,7 @@ extern const char *const loom_tfr_dtype_names_[];     /* loom_tfr_dtype */
 extern const char *const loom_tfr_comp_names_[];      /* loom_tfr_compression */
 extern const char *const loom_tfr_corrupt_names_[];   /* loom_tfr_on_corrupt */
 extern const char *const loom_syn_dist_names_[];      /* loom_syn_dist */
+extern const char *const loom_nonfinite_names_[];     /* loom_on_nonfinite */
 extern const char *const loom_shard_policy_names_[];  /* loom_shard_policy */
 
 /* names[i], or "?" when i is out of range. */

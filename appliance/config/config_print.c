@@ -391,6 +391,8 @@ static void print_dataset(FILE *f, const char *name, const loom_dataset_spec *ds
     }
     fputs(ds->n_transforms ? "\n    );\n" : ");\n", f);
     kv_str(f, 2, "shard_policy", loom_cfg_name_(loom_shard_policy_names_, (int)ds->shard_policy));
+    if (ds->on_nonfinite != LOOM_NONFINITE_ERROR)
+        kv_str(f, 2, "on_nonfinite", loom_cfg_name_(loom_nonfinite_names_, (int)ds->on_nonfinite));
     fputs("  };\n", f);
 }
 

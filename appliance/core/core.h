@@ -7,8 +7,10 @@
 #define LOOM_CORE_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define LOOM_VERSION "0.1.0"
 
@@ -211,9 +213,34 @@ int64_t loom_phys_bytes(void);
 
 /* ---- files --------------------------------------------------------------- */
 
+/* Opens a user's file for reading: without blocking (a FIFO would wait for a
+ * writer forever), then refuses anything but a regular file, naming what it
+ * is. Every file loom reads from the user (configs, includes, data,
+ * checkpoints, Lua files, plugins) is opened through it. Returns the fd
+ * (blocking again, close with close()) or -1 with err set. */
+int   loom_open_regular(const char *path, loom_err *err);
+/* The same as a stdio stream; fclose it. NULL with err set on failure. */
+FILE *loom_fopen_regular(const char *path, loom_err *err);
+
+/* A streaming reader of a regular file, plain or gzip (detected from the
+ * magic bytes): callers read a header, check it, and bound what follows by
+ * what the header declares, so a gzip bomb is refused before it inflates. */
+typedef struct loom_rfile loom_rfile; /* opaque; close with loom_rfile_close */
+int  loom_rfile_open(loom_rfile **out, const char *path, loom_err *err);
+/* Reads up to n bytes into buf; *got < n only at the end of the data. */
+int  loom_rfile_read(loom_rfile *f, void *buf, size_t n, size_t *got, loom_err *err);
+bool loom_rfile_is_gzip(const loom_rfile *f);
+void loom_rfile_close(loom_rfile *f); /* NULL is a no-op */
+
 /* Reads a whole file (plain or gzip, detected from the magic bytes) into
- * memory. *out is freed with loom_free. */
+ * memory, NUL-terminated. *out is freed with loom_free. */
 int loom_read_file(const char *path, uint8_t **out, size_t *len, loom_err *err);
+/* The same, refusing (LOOM_EDATA) a file whose content exceeds max bytes
+ * (0: no limit) without reading or inflating more than max + 1 of them. */
+int loom_read_file_max(const char *path, uint8_t **out, size_t *len, uint64_t max, loom_err *err);
+/* Removes path.tmp.<pid> files in dir (loom_write_file_atomic's) whose
+ * writer is no longer alive, logging each; returns how many. */
+int loom_remove_stale_tmp(const char *dir);
 /* Writes data to path atomically: path.tmp, fsync, rename, fsync dir. */
 int loom_write_file_atomic(const char *path, const void *data, size_t len, loom_err *err);
 /* mkdir -p; fails with a clear error when the directory is not writable. */

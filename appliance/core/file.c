@@ -1,119 +1,225 @@
-/* file.c - whole-file reads (plain or gzip), atomic writes, mkdir -p. */
+/* file.c - the one way loom opens a user's file for reading (regular files
+ * only, never blocking on a FIFO), streaming reads (plain or gzip), whole-file
+ * reads, atomic writes, mkdir -p, stale temporary files. */
 #include "core.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <signal.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
+#include <stdbool.h>
 
-static int read_plain(const char *path, uint8_t **out, size_t *len, loom_err *err)
+int loom_open_regular(const char *path, loom_err *err)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return loom_err_set(err, LOOM_EIO, path, "cannot open: %s", strerror(errno));
+    /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) return loom_err_set(err, LOOM_EIO, path, "cannot open: %s", strerror(errno)), -1;
     struct stat st;
-    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fd, &st) < 0) {
+        int e = errno;
         close(fd);
-        return loom_err_set(err, LOOM_EIO, path, "not a regular file");
+        return loom_err_set(err, LOOM_EIO, path, "cannot stat: %s", strerror(e)), -1;
     }
-    uint8_t *buf = loom_alloc((size_t)st.st_size + 1);
-    if (!buf) {
+    if (!S_ISREG(st.st_mode)) {
         close(fd);
-        return loom_err_set(err, LOOM_ENOMEM, path, "cannot allocate %lld bytes", (long long)st.st_size);
+        const char *what = S_ISFIFO(st.st_mode)  ? "a FIFO (named pipe)"
+                           : S_ISDIR(st.st_mode) ? "a directory"
+                           : S_ISCHR(st.st_mode) ? "a character device"
+                           : S_ISBLK(st.st_mode) ? "a block device"
+                           : S_ISSOCK(st.st_mode) ? "a socket"
+                                                  : "not a regular file";
+        loom_err_set(err, LOOM_EIO, path, "is %s, not a regular file: refused", what);
+        loom_err_hint(err, "loom reads configs, data, checkpoints, Lua files and plugins from regular files only");
+        return -1;
     }
-    size_t got = 0;
-    while (got < (size_t)st.st_size) {
-        ssize_t k = read(fd, buf + got, (size_t)st.st_size - got);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) {
-            int e = errno;
-            close(fd);
-            loom_free(buf);
-            return loom_err_set(err, LOOM_EIO, path, "read failed: %s", k == 0 ? "file shrank" : strerror(e));
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    return fd;
+}
+
+FILE *loom_fopen_regular(const char *path, loom_err *err)
+{
+    int fd = loom_open_regular(path, err);
+    if (fd < 0) return NULL;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        int e = errno;
+        close(fd);
+        loom_err_set(err, LOOM_ENOMEM, path, "fdopen failed: %s", strerror(e));
+    }
+    return f;
+}
+
+/* ---- streaming reader: plain or gzip ---------------------------------------- */
+
+#define RF_CHUNK 65536
+
+struct loom_rfile {
+    int fd;
+    bool gz, eof, zdone;
+    z_stream z;
+    uint8_t *in; /* RF_CHUNK compressed bytes (gzip only) */
+    uint64_t out_total;
+    char path[4096];
+};
+
+int loom_rfile_open(loom_rfile **out, const char *path, loom_err *err)
+{
+    *out = NULL;
+    loom_rfile *f = loom_alloc(sizeof *f);
+    if (!f) return loom_err_set(err, LOOM_ENOMEM, path, "cannot allocate a file reader");
+    memset(f, 0, sizeof *f);
+    snprintf(f->path, sizeof f->path, "%s", path);
+    if ((f->fd = loom_open_regular(path, err)) < 0) {
+        loom_free(f);
+        return err ? err->code : LOOM_EIO;
+    }
+    uint8_t magic[2];
+    ssize_t k;
+    do k = pread(f->fd, magic, 2, 0);
+    while (k < 0 && errno == EINTR);
+    if (k == 2 && magic[0] == 0x1f && magic[1] == 0x8b) {
+        f->gz = true;
+        f->in = loom_alloc(RF_CHUNK);
+        if (!f->in || inflateInit2(&f->z, 15 + 32) != Z_OK) {
+            close(f->fd);
+            loom_free(f->in);
+            loom_free(f);
+            return loom_err_set(err, LOOM_ENOMEM, path, "cannot set up gzip decompression");
         }
-        got += (size_t)k;
     }
-    close(fd);
-    *out = buf;
-    *len = got;
+    *out = f;
     return LOOM_OK;
 }
 
-static int gunzip(const char *path, const uint8_t *in, size_t n, uint8_t **out, size_t *len, loom_err *err)
+bool loom_rfile_is_gzip(const loom_rfile *f) { return f->gz; }
+
+static int raw_read(loom_rfile *f, uint8_t *buf, size_t n, size_t *got, loom_err *err)
 {
-    /* ISIZE (last 4 bytes) is the size mod 2^32: a good first guess. */
-    size_t cap = n >= 4 ? (size_t)in[n - 4] | (size_t)in[n - 3] << 8 | (size_t)in[n - 2] << 16 | (size_t)in[n - 1] << 24 : 0;
-    /* ISIZE is untrusted: deflate cannot expand more than about 1032:1 */
-    if (cap < n) cap = n * 4;
-    if (cap / 1032 > n) cap = n * 1032;
-    uint8_t *buf = loom_alloc(cap + 1);
-    if (!buf) return loom_err_set(err, LOOM_ENOMEM, path, "cannot allocate %zu bytes for decompression", cap);
-    z_stream z = {0};
-    if (inflateInit2(&z, 15 + 32) != Z_OK) {
-        loom_free(buf);
-        return loom_err_set(err, LOOM_ENOMEM, path, "inflateInit2 failed");
+    *got = 0;
+    while (*got < n) {
+        ssize_t k = read(f->fd, buf + *got, n - *got);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return loom_err_set(err, LOOM_EIO, f->path, "read failed: %s", strerror(errno));
+        if (k == 0) break;
+        *got += (size_t)k;
     }
-    z.next_in = (Bytef *)in;
-    z.avail_in = (uInt)n;
-    size_t got = 0;
-    int rc;
-    for (;;) {
-        if (got == cap) {
-            uint8_t *nb = loom_realloc(buf, cap * 2 + 1);
-            if (!nb) {
-                inflateEnd(&z);
-                loom_free(buf);
-                return loom_err_set(err, LOOM_ENOMEM, path, "cannot allocate %zu bytes for decompression", cap * 2);
-            }
-            buf = nb;
-            cap *= 2;
+    return LOOM_OK;
+}
+
+int loom_rfile_read(loom_rfile *f, void *buf, size_t n, size_t *got, loom_err *err)
+{
+    if (!f->gz) return raw_read(f, buf, n, got, err);
+    *got = 0;
+    uint8_t *o = buf;
+    while (*got < n && !f->zdone) {
+        if (f->z.avail_in == 0 && !f->eof) {
+            size_t k;
+            int rc = raw_read(f, f->in, RF_CHUNK, &k, err);
+            if (rc) return rc;
+            if (k == 0) f->eof = true;
+            f->z.next_in = f->in;
+            f->z.avail_in = (uInt)k;
         }
-        z.next_out = buf + got;
-        z.avail_out = (uInt)(cap - got);
-        rc = inflate(&z, Z_NO_FLUSH);
-        got = cap - z.avail_out;
-        if (rc == Z_STREAM_END) {
-            /* concatenated gzip members are legal */
-            if (z.avail_in == 0) break;
-            inflateReset(&z);
+        size_t want = n - *got;
+        if (want > (1u << 30)) want = 1u << 30;
+        f->z.next_out = o + *got;
+        f->z.avail_out = (uInt)want;
+        int zr = inflate(&f->z, Z_NO_FLUSH);
+        *got += want - f->z.avail_out;
+        f->out_total += want - f->z.avail_out;
+        if (zr == Z_STREAM_END) {
+            /* concatenated gzip members are legal: go on if more input follows */
+            if (f->z.avail_in == 0 && !f->eof) {
+                size_t k;
+                int rc = raw_read(f, f->in, RF_CHUNK, &k, err);
+                if (rc) return rc;
+                if (k == 0) f->eof = true;
+                f->z.next_in = f->in;
+                f->z.avail_in = (uInt)k;
+            }
+            if (f->z.avail_in == 0) f->zdone = true;
+            else inflateReset(&f->z);
             continue;
         }
-        if (rc == Z_BUF_ERROR && z.avail_in == 0) {
-            inflateEnd(&z);
-            loom_free(buf);
-            return loom_err_set(err, LOOM_EDATA, path, "gzip stream is truncated after %zu decompressed bytes", got);
-        }
-        if (rc != Z_OK && rc != Z_BUF_ERROR) {
-            const char *m = z.msg ? z.msg : "corrupt data";
-            loom_err_set(err, LOOM_EDATA, path, "gzip stream is corrupt at byte %lu: %s", (unsigned long)z.total_in, m);
-            inflateEnd(&z);
-            loom_free(buf);
-            return LOOM_EDATA;
-        }
+        if (zr == Z_BUF_ERROR && f->z.avail_in == 0 && f->eof)
+            return loom_err_set(err, LOOM_EDATA, f->path, "gzip stream is truncated after %llu decompressed bytes",
+                                (unsigned long long)f->out_total);
+        if (zr != Z_OK && zr != Z_BUF_ERROR)
+            return loom_err_set(err, LOOM_EDATA, f->path, "gzip stream is corrupt at byte %lu: %s",
+                                (unsigned long)f->z.total_in, f->z.msg ? f->z.msg : "corrupt data");
     }
-    inflateEnd(&z);
+    return LOOM_OK;
+}
+
+void loom_rfile_close(loom_rfile *f)
+{
+    if (!f) return;
+    if (f->gz) inflateEnd(&f->z);
+    close(f->fd);
+    loom_free(f->in);
+    loom_free(f);
+}
+
+int loom_read_file_max(const char *path, uint8_t **out, size_t *len, uint64_t max, loom_err *err)
+{
+    *out = NULL;
+    *len = 0;
+    loom_rfile *f;
+    int rc = loom_rfile_open(&f, path, err);
+    if (rc) return rc;
+    size_t cap = 0;
+    if (!f->gz) {
+        struct stat st;
+        if (fstat(f->fd, &st) == 0) cap = (size_t)st.st_size + 1; /* + 1: the end is seen without growing */
+    }
+    if (cap < 4096) cap = 4096;
+    if (max && cap > max) cap = (size_t)max + 1;
+    uint8_t *buf = loom_alloc(cap + 1);
+    size_t n = 0;
+    while (buf) {
+        if (n == cap) {
+            if (max && cap > max) break;
+            size_t nc = cap * 2;
+            if (max && nc > max) nc = (size_t)max + 1;
+            uint8_t *nb = loom_realloc(buf, nc + 1);
+            if (!nb) {
+                loom_free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+            cap = nc;
+        }
+        size_t got;
+        if ((rc = loom_rfile_read(f, buf + n, cap - n, &got, err))) break;
+        n += got;
+        if (n < cap) break; /* end of file */
+    }
+    loom_rfile_close(f);
+    if (!buf) return loom_err_set(err, LOOM_ENOMEM, path, "cannot allocate %zu bytes to read the file", cap * 2);
+    if (!rc && max && n > max)
+        rc = loom_err_set(err, LOOM_EDATA, path, "file is larger than the %llu bytes expected here", (unsigned long long)max);
+    if (rc) {
+        loom_free(buf);
+        return rc;
+    }
+    buf[n] = 0;
     *out = buf;
-    *len = got;
+    *len = n;
     return LOOM_OK;
 }
 
 int loom_read_file(const char *path, uint8_t **out, size_t *len, loom_err *err)
 {
-    uint8_t *raw = NULL;
-    size_t n = 0;
-    int rc = read_plain(path, &raw, &n, err);
-    if (rc) return rc;
-    if (n >= 2 && raw[0] == 0x1f && raw[1] == 0x8b) {
-        rc = gunzip(path, raw, n, out, len, err);
-        loom_free(raw);
-        return rc;
-    }
-    *out = raw;
-    *len = n;
-    return LOOM_OK;
+    return loom_read_file_max(path, out, len, 0, err);
 }
 
 static int fsync_dir(const char *path)
@@ -197,4 +303,35 @@ int loom_glob_escape(const char *s, char *out, size_t n)
     }
     out[k] = 0;
     return (int)k;
+}
+
+int loom_remove_stale_tmp(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int removed = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        const char *t = strstr(e->d_name, ".tmp.");
+        if (!t || t == e->d_name) continue;
+        const char *p = t + 5;
+        while (strstr(p, ".tmp.")) p = strstr(p, ".tmp.") + 5; /* the last ".tmp." */
+        char *end;
+        errno = 0;
+        long pid = strtol(p, &end, 10);
+        if (*p < '0' || *p > '9' || *end || errno || pid <= 0 || pid > INT32_MAX) continue;
+        if (pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno == EPERM) continue; /* alive */
+        char path[4096 + 300];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        struct stat st;
+        if (lstat(path, &st) < 0 || !S_ISREG(st.st_mode)) continue;
+        if (unlink(path) == 0) {
+            loom_info("%s: removed a temporary file left by process %ld, which is gone", path, pid);
+            removed++;
+        } else {
+            loom_warn("%s: cannot remove a stale temporary file: %s", path, strerror(errno));
+        }
+    }
+    closedir(d);
+    return removed;
 }

@@ -126,7 +126,11 @@ int shard_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, 
 int enumerate_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
 int unbatch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
 int padded_batch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
-int cache_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, const loom_source_spec *src, loom_err *err);
+/* ram_left / ram: the RAM budget left for it and the whole budget (bytes); a
+ * memory cache of unknown length is refused when it would outgrow ram_left,
+ * and a cache of an infinite input (card -1) at open. */
+int cache_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, const loom_source_spec *src,
+                int64_t ram_left, int64_t ram, loom_err *err);
 
 /* ---- parallel map (parmap.c) ------------------------------------------------
  * One worker pool per pipeline, shared by every parallel map (no thread per

@@ -121,9 +121,21 @@ static int open_step(loom_iter *it, const dplan *dp, const dplan_step *ps, const
         case LOOM_T_UNBATCH: rc = unbatch_open_(&s, in, id, t, err); break;
         case LOOM_T_PADDED_BATCH: rc = padded_batch_open_(&s, in, id, t, err); break;
         case LOOM_T_CACHE:
+            /* a repeat(-1) upstream makes the pass endless even when the
+             * stages cannot tell (a source of unknown length) */
+            for (int k = 0; ps->first >= 0 && k < ps->first; k++)
+                if (spec->transform[k].kind == LOOM_T_REPEAT && spec->transform[k].count < 0) {
+                    char where[LOOM_PATH_MAX + 16];
+                    loom_loc_str(&t->loc, where, sizeof where);
+                    loom_err_set(err, LOOM_ECONFIG, where,
+                                 "cache: the repeat before it (transforms.[%d]) has count = -1, so the pass it caches "
+                                 "never ends and the cache would grow without bound", k);
+                    rc = loom_err_hint(err, "put cache before repeat, so that it holds one finite pass");
+                    goto done;
+                }
             snprintf(what, sizeof what, "cache: a pass of %lld elements in memory", (long long)in->card);
             rc = cache_max_bytes(in, t) > ram_left ? over_budget(t, what, cache_max_bytes(in, t), ram_left, ram, err)
-                                                   : cache_open_(&s, in, id, t, &spec->source, err);
+                                                   : cache_open_(&s, in, id, t, &spec->source, ram_left, ram, err);
             break;
         case LOOM_T_INTERLEAVE: rc = interleave_open_(&s, in, id, t, ctx, &it->pool, err); break;
         case LOOM_T_ZIP: rc = zip_open_(&s, in, id, t, ctx, err); break;
@@ -134,6 +146,7 @@ static int open_step(loom_iter *it, const dplan *dp, const dplan_step *ps, const
         }
         }
     }
+done:
     *threads_left = threads;
     *out = s;
     return rc;

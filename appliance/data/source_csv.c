@@ -215,7 +215,18 @@ typedef struct csv_source {
     void           *buf[LOOM_MAX_FEATURES];   /* the lent element's data */
     csv_record      rec;
     uint64_t        body;      /* offset of the first record after the header */
+    int             on_nonfinite; /* loom_on_nonfinite */
+    int64_t         skipped;      /* records with a non-finite value dropped this pass (on_nonfinite = skip) */
 } csv_source;
+
+/* Logs the pass's skipped records once, and starts a new count. */
+static void report_skipped(csv_source *t)
+{
+    if (t->skipped)
+        loom_warn("%s: csv source: %lld record%s with a NaN or infinite value skipped (on_nonfinite = skip)",
+                  t->s.where, (long long)t->skipped, t->skipped == 1 ? "" : "s");
+    t->skipped = 0;
+}
 
 static const loom_dtype csv_dtypes[] = {[LOOM_CFG_U8] = LOOM_U8, [LOOM_CFG_I32] = LOOM_I32, [LOOM_CFG_I64] = LOOM_I64,
                                         [LOOM_CFG_F32] = LOOM_F32, [LOOM_CFG_F64] = LOOM_F64};
@@ -296,6 +307,7 @@ static int csv_next(dstage *st, loom_elem **out, loom_err *err)
             continue;
         }
         if (rc) return rc;
+        int bad = 0;
         for (int f = 0; f < t->nf; f++) {
             int idx = t->field[f];
             loom_dtype dt = st->spec.dtype[f];
@@ -321,6 +333,20 @@ static int csv_next(dstage *st, loom_elem **out, loom_err *err)
             }
             if (!csv_parse_value_(v, dt, t->buf[f]))
                 return field_err(t, f, idx, err, "cannot parse \"%.200s\" as %s", v, loom_dtype_name(dt));
+            double x = dt == LOOM_F32 ? *(float *)t->buf[f] : dt == LOOM_F64 ? *(double *)t->buf[f] : 0;
+            if (!isfinite(x)) {
+                if (t->on_nonfinite == LOOM_NONFINITE_SKIP) {
+                    bad = 1;
+                    break;
+                }
+                field_err(t, f, idx, err, "non-finite value \"%.200s\"", v);
+                return loom_err_hint(err, "fix or drop the record, or set on_nonfinite = \"skip\"; in the dataset's "
+                                          "group (data.train / data.eval) to drop such records");
+            }
+        }
+        if (bad) {
+            t->skipped++;
+            continue;
         }
         *out = &st->out;
         return LOOM_OK;
@@ -330,6 +356,7 @@ static int csv_next(dstage *st, loom_elem **out, loom_err *err)
 static int csv_rewind(dstage *st, int64_t epoch, loom_err *err)
 {
     (void)err;
+    report_skipped((csv_source *)st);
     src_cursor_rewind_(&((csv_source *)st)->cur, epoch);
     return LOOM_OK;
 }
@@ -345,6 +372,7 @@ static int csv_restore(dstage *st, loom_buf *b, loom_err *err)
 static void csv_close(dstage *st)
 {
     csv_source *t = (csv_source *)st;
+    report_skipped(t);
     src_cursor_fini_(&t->cur);
     csv_record_fini_(&t->rec);
     for (int f = 0; f < LOOM_MAX_FEATURES; f++) loom_free(t->buf[f]);
@@ -373,6 +401,7 @@ int csv_source_open_(dstage **out, const loom_source_spec *src, loom_err *err)
     int rc = LOOM_OK;
     t->nf = src->n_features;
     t->header = src->header;
+    t->on_nonfinite = src->on_nonfinite;
     t->delim = src->delimiter ? src->delimiter : ',';
     if (t->nf < 1 || t->nf > LOOM_MAX_FEATURES || src->n_patterns < 1 || src->n_patterns > LOOM_MAX_FILE_PATTERNS ||
         t->delim == '"' || t->delim == '\n' || t->delim == '\r') {

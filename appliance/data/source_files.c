@@ -95,10 +95,9 @@ int src_file_open_(src_file *r, const char *path, uint64_t offset, loom_err *err
 {
     memset(r, 0, sizeof *r);
     if (!(r->buf = loom_alloc(SRC_FILE_BUF))) return loom_err_set(err, LOOM_ENOMEM, path, "cannot allocate a read buffer");
-    if (!(r->f = fopen(path, "rb"))) {
-        int e = errno;
+    if (!(r->f = loom_fopen_regular(path, err))) { /* a regular file: a FIFO would block forever */
         src_file_close_(r);
-        return loom_err_set(err, LOOM_EIO, path, "fopen() failed: %s", strerror(e));
+        return err ? err->code : LOOM_EIO;
     }
     if (offset) {
         struct stat sb;

@@ -6,9 +6,11 @@
  * big-endian; dim 0 counts the items. */
 #include "data_internal.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 typedef struct idx_array {
@@ -58,13 +60,18 @@ static void idx_convert(uint8_t code, const uint8_t *src, void *dst, size_t n)
     }
 }
 
-/* Loads and checks one IDX file; fills the feature's dtype and per-item shape. */
+/* Loads and checks one IDX file; fills the feature's dtype and per-item shape.
+ * The header is read and checked first; only then is the body read, bounded
+ * by the size the header declares (a gzip file is inflated as it is read, so
+ * a bomb of zeros costs at most that size, never its whole expansion). */
 static int idx_load(const char *path, idx_array *a, loom_dtype *dt, loom_shape *item, loom_err *err)
 {
-    size_t len = 0;
-    int rc = loom_read_file(path, &a->raw, &len, err);
+    loom_rfile *f;
+    int rc = loom_rfile_open(&f, path, err);
     if (rc) return rc;
-    const uint8_t *r = a->raw;
+    uint8_t r[4 + 4 * (LOOM_MAX_RANK + 1)];
+    size_t len = 0;
+    if ((rc = loom_rfile_read(f, r, 4, &len, err))) goto fail;
     size_t esz = 0;
     if (len < 4 || r[0] != 0 || r[1] != 0 || idx_dtype(r[2], dt, &esz) || r[3] < 1 || r[3] > LOOM_MAX_RANK + 1) {
         char got[64] = "";
@@ -72,35 +79,73 @@ static int idx_load(const char *path, idx_array *a, loom_dtype *dt, loom_shape *
         for (size_t i = 0; i < len && i < 4; i++) k += (size_t)snprintf(got + k, sizeof got - k, "%s%02x", i ? " " : "", r[i]);
         if (!len) snprintf(got, sizeof got, "nothing (empty file)");
         if (len >= 4 && r[0] == 0 && r[1] == 0 && idx_dtype(r[2], dt, &esz))
-            return loom_err_set(err, LOOM_EDATA, path, "IDX file has unsupported type code 0x%02x (expected 0x08 uint8, 0x09 int8, "
-                                "0x0B int16, 0x0C int32, 0x0D float32 or 0x0E float64)", r[2]);
-        return loom_err_set(err, LOOM_EDATA, path, "not an IDX file: the first bytes are %s, expected 00 00 <type> <ndim> "
-                            "(ndim 1..%d)", got, LOOM_MAX_RANK + 1);
+            rc = loom_err_set(err, LOOM_EDATA, path, "IDX file has unsupported type code 0x%02x (expected 0x08 uint8, 0x09 int8, "
+                              "0x0B int16, 0x0C int32, 0x0D float32 or 0x0E float64)", r[2]);
+        else
+            rc = loom_err_set(err, LOOM_EDATA, path, "not an IDX file: the first bytes are %s, expected 00 00 <type> <ndim> "
+                              "(ndim 1..%d)", got, LOOM_MAX_RANK + 1);
+        goto fail;
     }
     int ndim = r[3];
-    size_t header = 4 + 4 * (size_t)ndim;
-    if (len < header)
-        return loom_err_set(err, LOOM_EDATA, path, "truncated IDX file: expected at least %zu header bytes, found %zu", header, len);
+    size_t header = 4 + 4 * (size_t)ndim, hgot = 0;
+    if ((rc = loom_rfile_read(f, r + 4, header - 4, &hgot, err))) goto fail;
+    len += hgot;
+    if (len < header) {
+        rc = loom_err_set(err, LOOM_EDATA, path, "truncated IDX file: expected at least %zu header bytes, found %zu", header, len);
+        goto fail;
+    }
     /* nonzero: the product of the dims that are not 0, so that a 0 anywhere
      * cannot hide huge others (whose partial products would overflow later) */
     uint64_t count = 1, nonzero = 1;
     int64_t dims[LOOM_MAX_RANK + 1];
     for (int d = 0; d < ndim; d++) {
         dims[d] = be32(r + 4 + 4 * d);
-        if (dims[d] && nonzero > ((uint64_t)1 << 40) / (uint64_t)dims[d]) /* checked before multiplying: no wrap */
-            return loom_err_set(err, LOOM_EDATA, path, "IDX header claims an absurd size");
+        if (dims[d] && nonzero > ((uint64_t)1 << 40) / (uint64_t)dims[d]) { /* checked before multiplying: no wrap */
+            rc = loom_err_set(err, LOOM_EDATA, path, "IDX header claims an absurd size");
+            goto fail;
+        }
         count *= (uint64_t)dims[d];
         if (dims[d]) nonzero *= (uint64_t)dims[d];
     }
     uint64_t expect = header + count * esz;
+    /* a plain file's size is known: refuse a mismatch before allocating; a
+     * gzip file cannot inflate to more than 1032 times its size (deflate's
+     * limit), so a tiny file declaring gigabytes is refused before allocating too */
+    struct stat st;
+    bool gz = loom_rfile_is_gzip(f);
+    if (gz && stat(path, &st) == 0 && expect > (uint64_t)st.st_size * 1032 + 64) {
+        rc = loom_err_set(err, LOOM_EDATA, path, "truncated IDX file: the header (%d dims, %lld items) implies %llu bytes, "
+                          "more than %llu gzip bytes can hold", ndim, (long long)dims[0], (unsigned long long)expect,
+                          (unsigned long long)st.st_size);
+        goto fail;
+    }
+    if (!gz && stat(path, &st) == 0 && (uint64_t)st.st_size != expect) {
+        rc = loom_err_set(err, LOOM_EDATA, path, "%s IDX file: the header (%d dims, %lld items) implies %llu bytes, found %llu",
+                          (uint64_t)st.st_size < expect ? "truncated" : "oversized", ndim, (long long)dims[0],
+                          (unsigned long long)expect, (unsigned long long)st.st_size);
+        goto fail;
+    }
+    a->raw = loom_alloc((size_t)expect + 1);
+    if (!a->raw) {
+        rc = loom_err_set(err, LOOM_ENOMEM, path, "cannot allocate %llu bytes for an IDX file", (unsigned long long)expect);
+        goto fail;
+    }
+    memcpy(a->raw, r, header);
+    size_t body = 0;
+    /* one byte more than declared: finding it means the file is oversized */
+    if ((rc = loom_rfile_read(f, a->raw + header, (size_t)(expect - header) + 1, &body, err))) goto fail;
+    len += body;
+    loom_rfile_close(f);
+    f = NULL;
     if ((uint64_t)len != expect)
-        return loom_err_set(err, LOOM_EDATA, path, "%s IDX file: the header (%d dims, %lld items) implies %llu bytes, found %zu",
+        return loom_err_set(err, LOOM_EDATA, path, "%s IDX file: the header (%d dims, %lld items) implies %llu bytes, found %s%zu",
                             (uint64_t)len < expect ? "truncated" : "oversized", ndim, (long long)dims[0],
-                            (unsigned long long)expect, len);
+                            (unsigned long long)expect, (uint64_t)len < expect ? "" : "more than ", len - ((uint64_t)len > expect));
+    r[0] = a->raw[2]; /* the type code, for what follows */
     a->items = dims[0];
     *item = loom_shape_make(ndim - 1, dims + 1);
     a->item_bytes = (size_t)loom_shape_numel(item) * loom_dtype_size(*dt);
-    if (r[2] == 0x08) {
+    if (r[0] == 0x08) {
         a->data = a->raw + header;
         return LOOM_OK;
     }
@@ -108,10 +153,13 @@ static int idx_load(const char *path, idx_array *a, loom_dtype *dt, loom_shape *
     a->data = loom_alloc_aligned(n ? n : 1);
     if (!a->data) return loom_err_set(err, LOOM_ENOMEM, path, "cannot allocate %zu bytes", n);
     a->own_data = 1;
-    idx_convert(r[2], r + header, a->data, (size_t)count);
+    idx_convert(r[0], a->raw + header, a->data, (size_t)count);
     loom_free(a->raw); /* the converted copy is all we need */
     a->raw = NULL;
     return LOOM_OK;
+fail:
+    loom_rfile_close(f);
+    return rc;
 }
 
 /* ---- catalog ------------------------------------------------------------- */
@@ -209,6 +257,53 @@ static void source_close(dstage *st)
     loom_free(s);
 }
 
+/* NaN or infinite values in the float features, checked once at open:
+ * on_nonfinite error names the file and the item; skip drops the item from
+ * every feature (the arrays are compacted in place) and logs the count. */
+static int check_nonfinite(source *s, dstage *st, char files[][LOOM_PATH_MAX], int nf, int mode, loom_err *err)
+{
+    int any = 0;
+    for (int f = 0; f < nf; f++) any |= st->spec.dtype[f] == LOOM_F32 || st->spec.dtype[f] == LOOM_F64;
+    if (!any) return LOOM_OK;
+    int64_t items = s->a[0].items, kept = 0;
+    for (int64_t i = 0; i < items; i++) {
+        int bad = -1;
+        int64_t at = 0;
+        double v = 0;
+        for (int f = 0; f < nf && bad < 0; f++) {
+            loom_dtype dt = st->spec.dtype[f];
+            if (dt != LOOM_F32 && dt != LOOM_F64) continue;
+            int64_t n = (int64_t)(s->a[f].item_bytes / loom_dtype_size(dt));
+            const uint8_t *p = s->a[f].data + (size_t)i * s->a[f].item_bytes;
+            for (int64_t k = 0; k < n; k++) {
+                double x = dt == LOOM_F32 ? (double)((const float *)p)[k] : ((const double *)p)[k];
+                if (!isfinite(x)) {
+                    bad = f, at = k, v = x;
+                    break;
+                }
+            }
+        }
+        if (bad >= 0 && mode != LOOM_NONFINITE_SKIP) {
+            loom_err_set(err, LOOM_EDATA, files[bad], "item %lld (0-based) of feature \"%s\": non-finite value %g at "
+                         "offset %lld", (long long)i, st->spec.name[bad], v, (long long)at);
+            return loom_err_hint(err, "fix or drop the item, or set on_nonfinite = \"skip\"; in the dataset's group "
+                                      "(data.train / data.eval) to drop such items");
+        }
+        if (bad >= 0) continue;
+        if (kept != i)
+            for (int f = 0; f < nf; f++)
+                memmove(s->a[f].data + (size_t)kept * s->a[f].item_bytes, s->a[f].data + (size_t)i * s->a[f].item_bytes,
+                        s->a[f].item_bytes);
+        kept++;
+    }
+    if (kept < items) {
+        for (int f = 0; f < nf; f++) s->a[f].items = kept;
+        loom_warn("%s: idx source: %lld item%s with a NaN or infinite value skipped (on_nonfinite = skip)", st->where,
+                  (long long)(items - kept), items - kept == 1 ? "" : "s");
+    }
+    return LOOM_OK;
+}
+
 static const dstage_ops source_ops = {
     .next = source_next, .rewind = source_rewind, .save = source_save, .restore = source_restore, .close = source_close,
     .get = source_get,
@@ -277,6 +372,7 @@ int source_open_(dstage **out, const loom_source_spec *src, loom_err *err)
             goto fail;
         }
     }
+    if ((rc = check_nonfinite(s, st, files, nf, src->on_nonfinite, err))) goto fail;
     st->card = s->a[0].items;
     memset(st->mut, 0, sizeof st->mut); /* views into the dataset: read-only */
     snprintf(st->desc, sizeof st->desc, "%s[%lld]", st->name, (long long)st->card);

@@ -226,9 +226,9 @@ int loom_tfrecord_open(loom_tfrecord **out, const char *path, loom_compression c
         rc = loom_err_set(err, LOOM_ENOMEM, path, "cannot allocate TFRecord reader buffers");
         goto fail;
     }
-    r->fd = open(path, O_RDONLY | O_CLOEXEC);
+    r->fd = loom_open_regular(path, err); /* a regular file: a FIFO would block forever */
     if (r->fd < 0) {
-        rc = loom_err_set(err, LOOM_EIO, path, "open(%s) failed: %s", path, strerror(errno));
+        rc = err ? err->code : LOOM_EIO;
         goto fail;
     }
     struct stat st;

@@ -704,6 +704,8 @@ typedef struct cachest {
     int64_t   refill;        /* pending after a restore: re-read this many (-1: the whole pass) */
     int64_t   refill_n;      /* with refill -1: the count the saved pass had */
     elem_pool pool;          /* memory: the cache; file: one slot for the element read */
+    int64_t   slot;          /* memory: bytes one cached element holds */
+    int64_t   ram_left, ram; /* memory: the RAM budget left for the cache, and the whole budget */
     char      fp[4096];      /* fingerprint of the upstream pipeline and element spec */
     /* file */
     char      prefix[LOOM_PATH_MAX];
@@ -741,8 +743,20 @@ static int cache_store(cachest *s, const loom_elem *e, loom_err *err)
 {
     dstage *st = &s->s;
     if (!s->file) {
+        /* a pass of unknown length is held to the RAM budget as it fills
+         * (a known one was checked at open) */
+        if (s->ram_left > 0 && (s->n + 1) * s->slot > s->ram_left) {
+            dstage_err_(st, err, LOOM_ENOMEM,
+                        "cache: the pass being cached in memory reached %lld elements (%lld bytes); one more would "
+                        "exceed the %lld bytes left of the RAM budget of %lld bytes (data.options.autotune.ram_budget)",
+                        (long long)s->n, (long long)(s->n * s->slot), (long long)s->ram_left, (long long)s->ram);
+            return loom_err_hint(err, "a memory cache holds a whole pass: put it before repeat so the pass is finite, "
+                                      "use a file cache (file = \"...\") or raise the RAM budget");
+        }
         if (s->n == s->pool.cap) {
-            int rc = elem_pool_grow_(&s->pool, s->pool.cap < 64 ? 64 : s->pool.cap * 2, err);
+            int64_t cap = s->pool.cap < 64 ? 64 : s->pool.cap * 2;
+            if (s->ram_left > 0 && cap * s->slot > s->ram_left) cap = s->ram_left / s->slot > s->n ? s->ram_left / s->slot : s->n + 1;
+            int rc = elem_pool_grow_(&s->pool, cap, err);
             if (rc) return dstage_err_(st, err, rc, "cache: %s", err->msg);
         }
         int rc = elem_pool_put_(&s->pool, s->n, e, err);
@@ -1088,7 +1102,8 @@ static void fp_source(char *fp, size_t n, size_t k, const loom_source_spec *src)
         snprintf(fp + k, n - k, " %s/%s", src->name, src->split);
 }
 
-int cache_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, const loom_source_spec *src, loom_err *err)
+int cache_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, const loom_source_spec *src,
+                int64_t ram_left, int64_t ram, loom_err *err)
 {
     cachest *s = loom_calloc(1, sizeof *s);
     if (!s) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate a cache stage");
@@ -1098,6 +1113,19 @@ int cache_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, 
     s->file = t->cache_file[0] != 0;
     snprintf(st->name, sizeof st->name, "cache(%s)", s->file ? "file" : "memory");
     snprintf(st->desc, sizeof st->desc, "cache(%.140s)", s->file ? t->cache_file : "");
+    if (in->card == -1) {
+        /* an endless input never ends a pass: the cache would only grow */
+        int rc = dstage_err_(st, err, LOOM_ECONFIG, "cache: its input is infinite (a repeat of -1 before it), so the "
+                             "pass it caches never ends and its %s would grow without bound", s->file ? "file" : "memory");
+        loom_err_hint(err, "put cache before repeat, so that it holds one finite pass");
+        cache_close(st);
+        return rc;
+    }
+    for (int f = 0; f < in->spec.n; f++)
+        s->slot += loom_shape_numel(&in->maxshape[f]) * (int64_t)loom_dtype_size(in->spec.dtype[f]);
+    if (s->slot < 1) s->slot = 1;
+    s->ram_left = ram_left;
+    s->ram = ram;
     /* upstream descriptions, source first, then the element spec */
     const dstage *chain[LOOM_MAX_TRANSFORMS + 2];
     int nc = 0;

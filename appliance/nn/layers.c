@@ -373,48 +373,77 @@ NN_HOT static void conv1_forward(const nn_layer_ *l, const float *restrict Wt, c
     }
 }
 
-/* dW (kh, kw, 1, cout) += sum over the examples and pixels of x * dz: per
- * output row a sum over its pixels, added to the example's sum in acc
- * (kh*kw*cout), added to dW in example order; scratch xp holds Hp*Wp floats.
- * The caller zeroes dW. */
+/* dW taps [t0, t1) (of kh*kw; each cout wide) = sum over the examples and
+ * pixels of x * dz: per output row a sum over its pixels, added to the
+ * example's sum in acc, added to dW in example order; scratch xp holds
+ * Hp*Wp floats. A tap's sums do not depend on the other taps, so any split
+ * of the taps gives the same bits. */
 NN_HOT static void conv1_kernel_grad(const nn_layer_ *l, const float *restrict x, const float *restrict dz, int64_t nb,
-                                     float *restrict dW, float *restrict xp, float *restrict acc)
+                                     int t0, int t1, float *restrict dW, float *restrict xp, float *restrict acc)
 {
     int Hp, Wp;
     plane_dims(l, &Hp, &Wp);
-    const int OH = l->oh, OW = l->ow, CO = l->cout, KH = l->kh, KW = l->kw, SH = l->sh, SW = l->sw;
-    const int T = KH * KW, CB = CO - CO % NN_CB;
+    const int OH = l->oh, OW = l->ow, CO = l->cout, KW = l->kw, SH = l->sh, SW = l->sw;
+    const int CB = CO - CO % NN_CB;
+    const int64_t n = (int64_t)(t1 - t0) * CO;
+    for (int64_t e = 0; e < n; e++) dW[(int64_t)t0 * CO + e] = 0.f;
     for (int64_t b = 0; b < nb; b++) {
         pad_plane(l, x + b * l->n_in, xp, Hp, Wp);
-        for (int e = 0; e < T * CO; e++) acc[e] = 0.f;
+        for (int64_t e = 0; e < n; e++) acc[e] = 0.f;
         for (int oy = 0; oy < OH; oy++) {
             const float *restrict gr = dz + (b * OH + oy) * (int64_t)OW * CO;
-            for (int i = 0; i < KH; i++)
-                for (int j = 0; j < KW; j++) {
-                    const float *restrict xr = xp + (int64_t)(oy * SH + i) * Wp + j;
-                    float *restrict at = acc + (i * KW + j) * CO;
-                    for (int c0 = 0; c0 < CB; c0 += NN_CB) {
-                        /* four partial sums (pixel mod 4) hide the FMA latency */
-                        nn_v16_ s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
-                        int ox = 0;
-                        for (; ox + 4 <= OW; ox += 4) {
-                            const float *gp = gr + ox * CO + c0, *xv = xr + ox * SW;
-                            s0 += xv[0] * *(const nn_v16_ *)gp;
-                            s1 += xv[SW] * *(const nn_v16_ *)(gp + CO);
-                            s2 += xv[2 * SW] * *(const nn_v16_ *)(gp + 2 * CO);
-                            s3 += xv[3 * SW] * *(const nn_v16_ *)(gp + 3 * CO);
-                        }
-                        for (; ox < OW; ox++) s0 += xr[ox * SW] * *(const nn_v16_ *)(gr + ox * CO + c0);
-                        *(nn_v16_ *)(at + c0) += (s0 + s1) + (s2 + s3);
+            for (int tap = t0; tap < t1; tap++) {
+                const int i = tap / KW, j = tap % KW;
+                const float *restrict xr = xp + (int64_t)(oy * SH + i) * Wp + j;
+                float *restrict at = acc + (int64_t)(tap - t0) * CO;
+                for (int c0 = 0; c0 < CB; c0 += NN_CB) {
+                    /* four partial sums (pixel mod 4) hide the FMA latency */
+                    nn_v16_ s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+                    int ox = 0;
+                    for (; ox + 4 <= OW; ox += 4) {
+                        const float *gp = gr + ox * CO + c0, *xv = xr + ox * SW;
+                        s0 += xv[0] * *(const nn_v16_ *)gp;
+                        s1 += xv[SW] * *(const nn_v16_ *)(gp + CO);
+                        s2 += xv[2 * SW] * *(const nn_v16_ *)(gp + 2 * CO);
+                        s3 += xv[3 * SW] * *(const nn_v16_ *)(gp + 3 * CO);
                     }
-                    for (int co = CB; co < CO; co++) {
-                        float a = 0.f;
-                        for (int ox = 0; ox < OW; ox++) a += xr[ox * SW] * gr[ox * CO + co];
-                        at[co] += a;
-                    }
+                    for (; ox < OW; ox++) s0 += xr[ox * SW] * *(const nn_v16_ *)(gr + ox * CO + c0);
+                    *(nn_v16_ *)(at + c0) += (s0 + s1) + (s2 + s3);
                 }
+                for (int co = CB; co < CO; co++) {
+                    float a = 0.f;
+                    for (int ox = 0; ox < OW; ox++) a += xr[ox * SW] * gr[ox * CO + co];
+                    at[co] += a;
+                }
+            }
         }
-        for (int e = 0; e < T * CO; e++) dW[e] += acc[e];
+        for (int64_t e = 0; e < n; e++) dW[(int64_t)t0 * CO + e] += acc[e];
+    }
+}
+
+/* col (nb*OH*OW, k1 - k0): columns [k0, k1) of im2col's (i, j, c) order. */
+NN_HOT static void im2col_cols(const nn_layer_ *l, const float *restrict x, int64_t nb, int64_t k0, int64_t k1,
+                               float *restrict col)
+{
+    const int H = l->ih, W = l->iw, C = l->cin, OH = l->oh, OW = l->ow, KW = l->kw;
+    const int64_t w = k1 - k0;
+    for (int64_t b = 0; b < nb; b++) {
+        const float *xb = x + b * (int64_t)H * W * C;
+        for (int oy = 0; oy < OH; oy++)
+            for (int ox = 0; ox < OW; ox++) {
+                float *restrict row = col + ((b * OH + oy) * OW + ox) * w;
+                int y0 = oy * l->sh - l->pad_t, x0 = ox * l->sw - l->pad_l;
+                for (int64_t k = k0; k < k1;) {
+                    int64_t tap = k / C, c = k % C, n = C - c < k1 - k ? C - c : k1 - k;
+                    int yy = y0 + (int)(tap / KW), xx = x0 + (int)(tap % KW);
+                    float *restrict d = row + (k - k0);
+                    if (yy < 0 || yy >= H || xx < 0 || xx >= W)
+                        for (int64_t q = 0; q < n; q++) d[q] = 0.f;
+                    else
+                        memcpy(d, xb + ((int64_t)yy * W + xx) * C + c, (size_t)n * sizeof *d);
+                    k += n;
+                }
+            }
     }
 }
 
@@ -447,48 +476,68 @@ static void conv_forward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, 
     }
 }
 
-static float *conv_backward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, const float *x, const float *y,
-                            float *g, float *other)
+/* The chunk's part: dz rows = g * act'(y) into l->dz, and dX from them. The
+ * kernel and bias gradients wait for all chunks' dz rows
+ * (nn_conv_param_grads_), so no sum is ever split at chunk boundaries. */
+static float *conv_backward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, const float *y, float *g,
+                            float *other)
 {
     const int64_t B = c->B;
     const float *W = m->params + l->kernel_off;
-    float *dW = c->grads + l->kernel_off;
-    float *db = l->bias_off >= 0 ? c->grads + l->bias_off : NULL;
     const int64_t K = (int64_t)l->kh * l->kw * l->cin, P = (int64_t)l->oh * l->ow;
-    act_grad_colsum(g, y, db, B * P, l->cout, l->act);
-    const int direct = l->cin == 1 && !conv_is_pointwise(l);
-    if (direct) {
-        int Hp, Wp;
-        plane_dims(l, &Hp, &Wp);
-        memset(dW, 0, (size_t)(K * l->cout) * sizeof *dW);
-        conv1_kernel_grad(l, x, g, B, dW, c->col, c->col + Hp * Wp);
-        if (!l->needs_dx) return NULL;
-    }
+    float *dz = l->dz + c->b0 * l->n_out;
+    act_grad_to(dz, g, y, B * P, l->cout, l->act);
+    if (!l->needs_dx) return NULL;
     for (int64_t b0 = 0; b0 < B; b0 += l->chunk) {
         int64_t nb = B - b0 < l->chunk ? B - b0 : l->chunk;
-        const float *col = x + b0 * l->n_in;
-        const float *gz = g + b0 * l->n_out;
-        if (!direct) {
-            if (!conv_is_pointwise(l)) {
-                im2col(l, x + b0 * l->n_in, nb, c->col);
-                col = c->col;
-            }
-            /* dW (K, cout) += col^T dZ; the first chunk overwrites */
-            loom_sgemm(true, false, (int)K, l->cout, (int)(nb * P), 1.f, col, (int)K, gz, l->cout, b0 ? 1.f : 0.f,
-                       dW, l->cout);
-        }
-        if (!l->needs_dx) continue;
+        const float *gz = dz + b0 * l->n_out;
         float *dx = other + b0 * l->n_in;
         if (conv_is_pointwise(l)) {
             loom_sgemm(false, true, (int)(nb * P), (int)K, l->cout, 1.f, gz, l->cout, W, l->cout, 0.f, dx, (int)K);
             continue;
         }
-        /* dcol (nb*P, K) = dZ W^T, reusing the col scratch, then scattered back */
+        /* dcol (nb*P, K) = dZ W^T, in the col scratch, then scattered back */
         loom_sgemm(false, true, (int)(nb * P), (int)K, l->cout, 1.f, gz, l->cout, W, l->cout, 0.f, c->col, (int)K);
         memset(dx, 0, (size_t)(nb * l->n_in) * sizeof *dx);
         col2im(l, c->col, nb, dx);
     }
-    return l->needs_dx ? other : NULL;
+    return other;
+}
+
+void nn_conv_param_grads_(const loom_model *m, int li, const float *x, int64_t B, int part, int parts, float *scratch)
+{
+    const nn_layer_ *l = &m->layer[li];
+    const int64_t K = (int64_t)l->kh * l->kw * l->cin, P = (int64_t)l->oh * l->ow, CO = l->cout;
+    const float *restrict dz = l->dz;
+    float *dW = m->grads + l->kernel_off;
+    if (l->cin == 1 && !conv_is_pointwise(l)) {
+        int T = l->kh * l->kw, t0 = (int)((int64_t)T * part / parts), t1 = (int)((int64_t)T * (part + 1) / parts);
+        int Hp, Wp;
+        plane_dims(l, &Hp, &Wp);
+        if (t1 > t0) conv1_kernel_grad(l, x, dz, B, t0, t1, dW, scratch, scratch + (int64_t)Hp * Wp);
+    } else {
+        /* dW rows [k0, k1) (k1 - k0, cout) = col[:, k0:k1]^T dZ, over im2col
+         * chunks at fixed example offsets, whatever the parts */
+        int64_t k0 = K * part / parts, k1 = K * (part + 1) / parts;
+        for (int64_t b0 = 0; k1 > k0 && b0 < B; b0 += l->chunk) {
+            int64_t nb = B - b0 < l->chunk ? B - b0 : l->chunk;
+            const float *col = x + b0 * l->n_in + k0;
+            int64_t ld = K;
+            if (!conv_is_pointwise(l)) {
+                im2col_cols(l, x + b0 * l->n_in, nb, k0, k1, scratch);
+                col = scratch;
+                ld = k1 - k0;
+            }
+            loom_sgemm(true, false, (int)(k1 - k0), (int)CO, (int)(nb * P), 1.f, col, (int)ld, dz + b0 * l->n_out,
+                       (int)CO, b0 ? 1.f : 0.f, dW + k0 * CO, (int)CO);
+        }
+    }
+    if (l->bias_off < 0) return;
+    int64_t c0 = CO * part / parts, c1 = CO * (part + 1) / parts;
+    float *restrict db = m->grads + l->bias_off;
+    for (int64_t j = c0; j < c1; j++) db[j] = 0.f;
+    for (int64_t r = 0; r < B * P; r++)
+        for (int64_t j = c0; j < c1; j++) db[j] += dz[r * CO + j];
 }
 
 /* ---- max_pool2d ------------------------------------------------------------ */
@@ -668,7 +717,7 @@ float *nn_layer_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, f
     case LOOM_LAYER_DENSE:
         return dense_backward(m, l, c, y, g, other);
     case LOOM_LAYER_CONV2D:
-        return conv_backward(m, l, c, x, y, g, other);
+        return conv_backward(m, l, c, y, g, other);
     case LOOM_LAYER_MAX_POOL2D:
         return pool_backward(l, l->argmax + row0, g, other, B);
     case LOOM_LAYER_DROPOUT:

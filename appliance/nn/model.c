@@ -299,7 +299,7 @@ int loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_sha
         if (k == LOOM_LAYER_MAX_POOL2D &&
             !(l->argmax = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(int32_t))))
             goto nomem;
-        if (k == LOOM_LAYER_DENSE && !(l->dz = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(float))))
+        if ((k == LOOM_LAYER_DENSE || k == LOOM_LAYER_CONV2D) && !(l->dz = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(float))))
             goto nomem;
         if (k == LOOM_LAYER_DROPOUT && l->spec.rate > 0 && !(l->mask = loom_alloc_aligned((size_t)(max_batch * l->n_out))))
             goto nomem;
@@ -344,7 +344,6 @@ static void free_chunks(loom_pool *pool, nn_chunk_ *chunk, int threads)
     loom_pool_free(pool);
     for (int t = 0; chunk && t < threads; t++) {
         loom_free(chunk[t].col);
-        if (t > 0) loom_free(chunk[t].grads);
     }
     loom_free(chunk);
 }
@@ -354,10 +353,6 @@ int loom_model_set_threads(loom_model *m, int threads, loom_err *err)
     if (threads <= 0) threads = loom_num_cores();
     if (threads > m->max_batch) threads = (int)m->max_batch; /* every chunk has an example */
     if (threads == m->threads) return LOOM_OK;
-    size_t pbytes = (size_t)(m->n_params ? m->n_params : 1) * sizeof(float);
-    /* only conv layers' gradients are per chunk (dense ones are whole-batch) */
-    int conv = 0;
-    for (int i = 0; i < m->n_layers; i++) conv |= m->layer[i].spec.kind == LOOM_LAYER_CONV2D;
     loom_pool *pool = NULL;
     nn_chunk_ *chunk = loom_alloc_aligned((size_t)threads * sizeof *chunk);
     if (!chunk) goto nomem;
@@ -365,7 +360,6 @@ int loom_model_set_threads(loom_model *m, int threads, loom_err *err)
     for (int t = 0; t < threads; t++) {
         nn_chunk_ *c = &chunk[t];
         if (t == 0) c->grads = m->grads;
-        else if (conv && !(c->grads = loom_alloc_aligned(pbytes))) goto nomem;
         if (m->colmax && !(c->col = loom_alloc_aligned((size_t)m->colmax * sizeof(float)))) goto nomem;
     }
     if (threads > 1) {
@@ -388,6 +382,24 @@ nomem:
 }
 
 int loom_model_threads(const loom_model *m) { return m->threads; }
+
+int64_t loom_model_find_nonfinite(const loom_model *m, char *buf, size_t n)
+{
+    for (int64_t e = 0; e < m->n_params; e++) {
+        if (isfinite(m->params[e])) continue;
+        for (int i = 0; i < m->n_ptensors; i++) {
+            const loom_param_info *p = &m->pinfo[i];
+            if (e >= p->offset && e < p->offset + loom_shape_numel(&p->shape)) {
+                snprintf(buf, n, "%s[%lld] = %g", p->name, (long long)(e - p->offset), m->params[e]);
+                return e;
+            }
+        }
+        snprintf(buf, n, "parameter %lld = %g", (long long)e, m->params[e]);
+        return e;
+    }
+    if (n) buf[0] = 0;
+    return -1;
+}
 loom_pool *loom_model_pool(loom_model *m) { return m->pool; }
 
 void loom_model_free(loom_model *m)
@@ -666,9 +678,10 @@ static void part_forward(void *arg, int t) { step_job *j = arg; chunk_forward(j,
 static void part_loss(void *arg, int t) { step_job *j = arg; chunk_loss(j, &j->m->chunk[t]); }
 static void part_backward(void *arg, int t) { step_job *j = arg; chunk_backward(j, &j->m->chunk[t]); }
 
-/* Part t of the gradients that wait for all chunks: dense layers' kernel
- * rows and bias columns over the whole batch, and conv layers' parameters as
- * grads += chunk 1 + chunk 2 + ..., in that order. */
+/* Part t of the gradients that wait for all chunks: dense and conv layers'
+ * kernel rows and bias columns, each over the whole batch, so no gradient
+ * element is a sum split at chunk boundaries: the same bits for any number
+ * of threads. */
 static void grad_part(void *arg, int t)
 {
     const step_job *j = arg;
@@ -677,22 +690,9 @@ static void grad_part(void *arg, int t)
     for (int i = 0; i < m->n_layers; i++) {
         const nn_layer_ *l = &m->layer[i];
         if (l->kernel_off < 0) continue;
-        if (l->spec.kind == LOOM_LAYER_DENSE) {
-            /* chunk 0 starts at example 0: its input pointer is the whole batch's */
-            nn_dense_param_grads_(m, i, m->chunk[0].act[i], j->B, t, parts);
-            continue;
-        }
-        if (j->nchunks < 2) continue;
-        /* the layer's kernel and bias are adjacent; parts on 16-float (64-byte) lines */
-        int64_t p0 = l->kernel_off, n = (int64_t)l->kh * l->kw * l->cin * l->cout + (l->bias_off >= 0 ? l->cout : 0);
-        int64_t lines = (n + 15) / 16;
-        int64_t i0 = p0 + lines * t / parts * 16, i1 = p0 + lines * (t + 1) / parts * 16;
-        if (i1 > p0 + n) i1 = p0 + n;
-        float *restrict dst = m->grads;
-        for (int k = 1; k < j->nchunks; k++) {
-            const float *restrict src = m->chunk[k].grads;
-            for (int64_t e = i0; e < i1; e++) dst[e] += src[e];
-        }
+        /* chunk 0 starts at example 0: its input pointer is the whole batch's */
+        if (l->spec.kind == LOOM_LAYER_DENSE) nn_dense_param_grads_(m, i, m->chunk[0].act[i], j->B, t, parts);
+        else nn_conv_param_grads_(m, i, m->chunk[0].act[i], j->B, t, parts, m->chunk[t].col);
     }
 }
 

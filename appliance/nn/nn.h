@@ -176,6 +176,13 @@ void loom_optimizer_apply(loom_optimizer *o, float *params, const float *grads, 
  * different threads (each with its own pool, or none). */
 void loom_optimizer_apply_range(const loom_optimizer *o, loom_pool *pool, float *params, const float *grads,
                                 int64_t step, int64_t lo, int64_t hi);
+/* 1 when an update since the last call left a NaN or infinite weight (from a
+ * non-finite gradient, learning rate or slot), then clears it. Checked in the
+ * update's own pass, so it costs no pass of its own. */
+int loom_optimizer_take_nonfinite(loom_optimizer *o);
+/* The first non-finite parameter: its index, or -1 when all are finite, and
+ * "layer/kernel[k] = nan" in buf. One pass; for error reports. */
+int64_t loom_model_find_nonfinite(const loom_model *m, char *buf, size_t n);
 /* The slot buffers (momentum, Adam m and v), contiguous, for checkpoints. */
 int     loom_optimizer_num_slots(const loom_optimizer *o);  /* 0, 1 or 2 */
 float  *loom_optimizer_slots(loom_optimizer *o);            /* (num_slots * P,) borrowed */

@@ -25,19 +25,17 @@ typedef struct nn_layer_ {
     float         *y;              /* (max_batch, n_out) owned output; NULL for flatten */
     int32_t       *argmax;         /* max_pool2d: (max_batch, n_out) input index within the example */
     uint8_t       *mask;           /* dropout: (max_batch, n_out) 1 = kept */
-    float         *dz;             /* dense: (max_batch, n_out) d(loss)/d(pre-activation), kept from the
+    float         *dz;             /* dense, conv2d: (max_batch, n_out) d(loss)/d(pre-activation), kept from the
                                       chunks' backward for the whole-batch kernel and bias gradients */
 } nn_layer_;
 
 /* The slice of a step's batch that one thread works on: examples [b0, b0 + B).
- * Layer outputs go to rows b0.. of the layers' shared buffers; conv parameter
- * gradients to `grads` (the model's own for chunk 0, a private buffer for the
- * others, summed into the model's in chunk order after the step). Dense
- * layers leave their dz rows instead; their parameter gradients are computed
- * once over the whole batch after all chunks finish (nn_dense_param_grads_). */
+ * Layer outputs go to rows b0.. of the layers' shared buffers. Dense and
+ * conv layers leave their dz rows; their parameter gradients are computed
+ * once over the whole batch after all chunks finish (nn_*_param_grads_). */
 typedef struct nn_chunk_ {
     int64_t      b0, B;
-    float       *grads;                    /* (P,); NULL for chunks > 0 of a model without conv layers */
+    float       *grads;                    /* the model's (P,) for chunk 0; NULL for the others */
     float       *col;                      /* im2col scratch; NULL when no conv needs one */
     float       *gbuf[2];                  /* (B, max n) ping-pong gradient rows of this chunk */
     const float *act[LOOM_MAX_LAYERS + 1]; /* act[i] (B, n_in of layer i): layer i's input; act[n_layers]: output */
@@ -100,8 +98,8 @@ void nn_layer_forward_(const loom_model *m, int li, nn_chunk_ *c, int training, 
  * batch's outputs for rng_key: the mask the forward pass draws. */
 void nn_dropout_mask_(const nn_layer_ *l, int li, uint8_t *mk, int64_t e0, int64_t n, uint64_t rng_key);
 /* Backward of layer li on chunk c: g holds d(loss)/d(output) (c->B, n_out)
- * and may be overwritten; writes conv parameter gradients into c->grads and
- * dense layers' dz rows into l->dz (see nn_dense_param_grads_) and, when
+ * and may be overwritten; writes
+ * dense and conv layers' dz rows into l->dz (see nn_*_param_grads_) and, when
  * the layer's needs_dx, the input gradient into g itself (element-wise
  * layers) or into other. Returns the buffer holding the input gradient, or
  * NULL when none is needed. */
@@ -116,6 +114,14 @@ float *nn_layer_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, f
  * of parts, and kernel rows differ between part counts at most by the BLAS's
  * blocking (with OpenBLAS they come out bit-identical). */
 void nn_dense_param_grads_(const loom_model *m, int li, const float *x, int64_t B, int part, int parts);
+
+/* The same for conv2d layer li: part `part` of `parts` of the kernel rows (of
+ * kh*kw*cin; taps of kh*kw when cin = 1) and bias columns, over the whole
+ * batch, im2col chunks at fixed example offsets; scratch is the part's
+ * chunk's col buffer. Each element is one fixed computation over the whole
+ * batch whatever the number of parts, so the gradients do not depend on the
+ * thread count (DESIGN: bit-identical across intra-op threads). */
+void nn_conv_param_grads_(const loom_model *m, int li, const float *x, int64_t B, int part, int parts, float *scratch);
 
 /* Loss on the final outputs z (B, n): per-example loss sum, correct count, and
  * (when g is not NULL) d(sum loss)/dz * inv_gb into g. */

@@ -28,7 +28,18 @@ struct loom_optimizer {
     float              *slots;       /* (n_slots * n,) 64-byte aligned, zeroed */
     double              lr_override; /* > 0 replaces the schedule */
     loom_pool          *pool;        /* borrowed; NULL: the calling thread alone */
+    int                 nonfinite;   /* an update left a NaN or infinite weight (atomic: ranges run concurrently) */
 };
+
+/* The exponent field of x: 0xff << 23 when x is NaN or infinite. Each update
+ * loop keeps the max over the weights it writes (an integer max, which
+ * vectorises), so the check rides on the update's own pass. */
+static inline uint32_t exp_bits(float x)
+{
+    uint32_t b;
+    memcpy(&b, &x, sizeof b);
+    return b & 0x7f800000u;
+}
 
 double loom_schedule_lr(const loom_schedule_spec *s, double base_lr, int64_t step)
 {
@@ -97,40 +108,60 @@ double loom_optimizer_lr(const loom_optimizer *o, int64_t step)
 
 void loom_optimizer_set_lr(loom_optimizer *o, double lr) { o->lr_override = lr > 0 ? lr : 0; }
 
-NN_HOT static void apply_sgd(int64_t n, float lr, float *restrict p, const float *restrict g)
+NN_HOT static uint32_t apply_sgd(int64_t n, float lr, float *restrict p, const float *restrict g)
 {
-    for (int64_t i = 0; i < n; i++) p[i] -= lr * g[i];
+    uint32_t e = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float pi = p[i] - lr * g[i];
+        p[i] = pi;
+        uint32_t b = exp_bits(pi);
+        e = b > e ? b : e;
+    }
+    return e;
 }
 
-NN_HOT static void apply_momentum(int64_t n, float lr, float mu, int nesterov, float *restrict p, const float *restrict g,
+NN_HOT static uint32_t apply_momentum(int64_t n, float lr, float mu, int nesterov, float *restrict p, const float *restrict g,
                            float *restrict v)
 {
+    uint32_t e = 0;
     if (nesterov) {
         for (int64_t i = 0; i < n; i++) {
             float vi = mu * v[i] - lr * g[i];
             v[i] = vi;
-            p[i] += mu * vi - lr * g[i];
+            float pi = p[i] + (mu * vi - lr * g[i]);
+            p[i] = pi;
+            uint32_t b = exp_bits(pi);
+            e = b > e ? b : e;
         }
     } else {
         for (int64_t i = 0; i < n; i++) {
             float vi = mu * v[i] - lr * g[i];
             v[i] = vi;
-            p[i] += vi;
+            float pi = p[i] + vi;
+            p[i] = pi;
+            uint32_t b = exp_bits(pi);
+            e = b > e ? b : e;
         }
     }
+    return e;
 }
 
-NN_HOT static void apply_adam(int64_t n, float lr_t, float b1, float b2, float eps, float *restrict p,
+NN_HOT static uint32_t apply_adam(int64_t n, float lr_t, float b1, float b2, float eps, float *restrict p,
                        const float *restrict g, float *restrict m, float *restrict v)
 {
+    uint32_t e = 0;
     for (int64_t i = 0; i < n; i++) {
         float gi = g[i];
         float mi = b1 * m[i] + (1.f - b1) * gi;
         float vi = b2 * v[i] + (1.f - b2) * gi * gi;
         m[i] = mi;
         v[i] = vi;
-        p[i] -= lr_t * mi / (sqrtf(vi) + eps);
+        float pi = p[i] - lr_t * mi / (sqrtf(vi) + eps);
+        p[i] = pi;
+        uint32_t b = exp_bits(pi);
+        e = b > e ? b : e;
     }
+    return e;
 }
 
 /* One update, over part `part` out of `parts` of parameters [lo, hi). */
@@ -141,6 +172,7 @@ typedef struct apply_job {
     float                 lr;     /* sgd, momentum: lr; adam: lr_t */
     int64_t               lo, hi;
     int                   parts;
+    int                  *nonfinite; /* set when the part left a non-finite weight */
 } apply_job;
 
 static void apply_part(void *arg, int part)
@@ -154,18 +186,21 @@ static void apply_part(void *arg, int part)
     if (i0 >= i1) return;
     float *p = j->params + i0;
     const float *g = j->grads + i0;
+    uint32_t e = 0;
     switch (o->spec.kind) {
     case LOOM_OPT_SGD:
-        apply_sgd(i1 - i0, j->lr, p, g);
+        e = apply_sgd(i1 - i0, j->lr, p, g);
         break;
     case LOOM_OPT_MOMENTUM:
-        apply_momentum(i1 - i0, j->lr, (float)o->spec.momentum, o->spec.nesterov, p, g, o->slots + i0);
+        e = apply_momentum(i1 - i0, j->lr, (float)o->spec.momentum, o->spec.nesterov, p, g, o->slots + i0);
         break;
     case LOOM_OPT_ADAM:
-        apply_adam(i1 - i0, j->lr, (float)o->spec.beta1, (float)o->spec.beta2, (float)o->spec.epsilon, p, g,
+        e = apply_adam(i1 - i0, j->lr, (float)o->spec.beta1, (float)o->spec.beta2, (float)o->spec.epsilon, p, g,
                    o->slots + i0, o->slots + o->n + i0);
         break;
     }
+    /* a non-finite gradient (or slot) makes a non-finite weight in every optimizer */
+    if (e == 0x7f800000u) __atomic_store_n(j->nonfinite, 1, __ATOMIC_RELAXED);
 }
 
 void loom_optimizer_set_pool(loom_optimizer *o, loom_pool *pool) { o->pool = pool; }
@@ -182,7 +217,8 @@ static void apply_range(const loom_optimizer *o, loom_pool *pool, float *params,
     }
     /* below ~64K parameters a wake-up of the pool costs more than the pass */
     int parts = pool && hi - lo >= 65536 ? loom_pool_size(pool) : 1;
-    apply_job j = {.o = o, .params = params, .grads = grads, .lr = (float)lr, .lo = lo, .hi = hi, .parts = parts};
+    apply_job j = {.o = o, .params = params, .grads = grads, .lr = (float)lr, .lo = lo, .hi = hi, .parts = parts,
+                   .nonfinite = (int *)&o->nonfinite}; /* the one field ranges may write, atomically */
     loom_pool_run(parts > 1 ? pool : NULL, parts, apply_part, &j);
 }
 
@@ -196,6 +232,11 @@ void loom_optimizer_apply_range(const loom_optimizer *o, loom_pool *pool, float 
 {
     LOOM_ASSERT(lo >= 0 && lo <= hi && hi <= o->n);
     apply_range(o, pool, params, grads, step, lo, hi);
+}
+
+int loom_optimizer_take_nonfinite(loom_optimizer *o)
+{
+    return __atomic_exchange_n(&o->nonfinite, 0, __ATOMIC_RELAXED);
 }
 
 int loom_optimizer_num_slots(const loom_optimizer *o) { return o->n_slots; }

@@ -4,6 +4,7 @@
  * A refusal is recorded with its reason and never stops the other plugins.
  * Threads: main thread, at startup (the state below is written only then). */
 #include "plugin/plugin_internal.h"
+#include "plugin/elf_check.h"
 
 #include <dirent.h>
 #include <dlfcn.h>
@@ -77,26 +78,6 @@ int loom_plugin_register_(loom_reg_kind kind, const char *name, const void *vtab
 
 /* ---- checking one file --------------------------------------------------------- */
 
-/* LOOM_OK when path starts with an ELF header of a shared object. */
-static int check_elf(const char *path, loom_err *err)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return loom_err_set(err, LOOM_EPLUGIN, path, "cannot open: %s", strerror(errno));
-    unsigned char h[EI_NIDENT + 2];
-    size_t n = fread(h, 1, sizeof h, f);
-    fclose(f);
-    if (n < sizeof h || memcmp(h, ELFMAG, SELFMAG) != 0)
-        return loom_err_set(err, LOOM_EPLUGIN, path, "not a shared object (no ELF header)"),
-               loom_err_hint(err, "a plugin is built with cc -shared -fPIC; remove other files from the plugin "
-                                  "directories");
-    uint16_t type = h[EI_DATA] == ELFDATA2MSB ? (uint16_t)(h[EI_NIDENT] << 8 | h[EI_NIDENT + 1])
-                                              : (uint16_t)(h[EI_NIDENT] | h[EI_NIDENT + 1] << 8);
-    if (type != ET_DYN)
-        return loom_err_set(err, LOOM_EPLUGIN, path, "an ELF file but not a shared object (e_type %u)", type),
-               loom_err_hint(err, "build the plugin with cc -shared -fPIC");
-    return LOOM_OK;
-}
-
 /* The entry's fields other than the ABI version: present and sane. */
 static int check_entry(const char *path, const loom_plugin *p, loom_err *err)
 {
@@ -131,7 +112,11 @@ static int run_init(const char *path, const loom_plugin *p, loom_plugin_record *
                                                "two plugins");
     }
     if (rc) {
-        loom_err_set(err, LOOM_EPLUGIN, path, "init failed: %s", ie.msg[0] ? ie.msg : loom_err_string(rc));
+        if (ie.msg[0])
+            loom_err_set(err, LOOM_EPLUGIN, path, "init failed: %s", ie.msg);
+        else
+            loom_err_set(err, LOOM_EPLUGIN, path, "plugin \"%s\"'s init returned failure (%d) without a message", p->name,
+                         rc);
         if (ie.hint[0]) loom_err_hint(err, "%s", ie.hint);
         return LOOM_EPLUGIN;
     }
@@ -152,7 +137,7 @@ static int run_init(const char *path, const loom_plugin *p, loom_plugin_record *
 
 static int load_checked(const char *path, loom_plugin_record *rec, loom_err *err)
 {
-    int rc = check_elf(path, err);
+    int rc = loom_plugin_elf_check_(path, "loom_plugin_entry", err);
     if (rc) return rc;
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!h) return loom_err_set(err, LOOM_EPLUGIN, path, "cannot load: %s", dlerror());

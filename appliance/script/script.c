@@ -13,7 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define FILES_KEY  "loom.files"   /* registry: path -> { env = ..., ret = ... } */
 #define HOOK_EVERY 1000           /* instructions between budget checks */
@@ -171,6 +173,8 @@ static int no_math_random(lua_State *L)
 static int real_target(const char *path, char out[PATH_MAX])
 {
     if (realpath(path, out)) return 0;
+    struct stat st;
+    if (lstat(path, &st) == 0) return -1; /* a dangling symlink: its target is unknown, never its parent */
     char dir[PATH_MAX];
     snprintf(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
@@ -196,15 +200,104 @@ int loom_lua_write_allowed_(loom_lua *S, const char *path)
 
 static int check_regular(lua_State *L, const char *fn, const char *path);
 
+static int stream_close(lua_State *L)
+{
+    luaL_Stream *p = luaL_checkudata(L, 1, LUA_FILEHANDLE);
+    int ok = fclose(p->f) == 0;
+    return luaL_fileresult(L, ok, NULL);
+}
+
+/* Opens path for writing inside the model directory md without following a
+ * symbolic link in its last component (openat on the resolved parent with
+ * O_NOFOLLOW), so a link planted there, dangling or not, cannot carry the
+ * write outside; a link whose target resolves inside md is followed once.
+ * Pushes a Lua file handle, or raises an error naming the path. */
+static int open_inside(lua_State *L, const char *path, const char *mode, const char *md)
+{
+    char dir[PATH_MAX], rd[PATH_MAX], tg[2][PATH_MAX];
+    const char *asked = path;
+    struct stat st;
+    /* follow the links of the last component by hand (their targets may not
+     * exist yet); each target's directory is checked below like any path */
+    for (int hop = 0; lstat(path, &st) == 0 && S_ISLNK(st.st_mode); hop++) {
+        char link[PATH_MAX];
+        ssize_t k = hop < 8 ? readlink(path, link, sizeof link - 1) : -1;
+        if (k < 0)
+            return luaL_error(L, "io.open(\"%s\", \"%s\"): a symbolic link that cannot be followed is refused", asked,
+                              mode);
+        link[k] = 0;
+        const char *slash = strrchr(path, '/');
+        char *next = tg[hop & 1];
+        int w = link[0] == '/' || !slash ? snprintf(next, PATH_MAX, "%s", link)
+                                         : snprintf(next, PATH_MAX, "%.*s/%.*s", (int)(slash - path), path,
+                                                    (int)(PATH_MAX - 2 - (slash - path)), link);
+        if (w < 0 || w >= PATH_MAX)
+            return luaL_error(L, "io.open(\"%s\", \"%s\"): a symbolic link with a too long target is refused", asked,
+                              mode);
+        path = next;
+    }
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    const char *base = slash ? path + (slash - dir) + 1 : path;
+    if (slash == dir) snprintf(dir, sizeof dir, "/");
+    else if (slash) *slash = 0;
+    else snprintf(dir, sizeof dir, ".");
+    size_t n = strlen(md);
+    if (!*base || !strcmp(base, ".") || !strcmp(base, "..") || !realpath(dir, rd) ||
+        (strcmp(rd, md) && (strncmp(rd, md, n) || rd[n] != '/'))) {
+        if (path != asked)
+            return luaL_error(L, "io.open(\"%s\", \"%s\"): a symbolic link whose target (%s) is outside the model "
+                                 "directory (%s) is refused", asked, mode, path, md);
+        return luaL_error(L, "io.open(\"%s\", \"%s\"): writing outside the model directory (%s) is refused "
+                             "(set hooks.unsafe = true to allow it)", path, mode, md);
+    }
+    int plus = strchr(mode, '+') != NULL;
+    int flags = (plus ? O_RDWR : O_WRONLY) | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY;
+    if (mode[0] == 'w') flags |= O_CREAT | O_TRUNC;
+    else if (mode[0] == 'a') flags |= O_CREAT | O_APPEND;
+    else if (mode[0] == 'r') flags = (flags & ~O_WRONLY) | O_RDWR;
+    int dfd = open(rd, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int fd = dfd < 0 ? -1 : openat(dfd, base, flags, 0644);
+    int e = errno;
+    if (dfd >= 0) close(dfd);
+    if (fd >= 0 && (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))) {
+        close(fd);
+        return luaL_error(L, "io.open(\"%s\", \"%s\"): not a regular file: refused", path, mode);
+    }
+    if (fd < 0) {
+        if (e == ELOOP)
+            return luaL_error(L, "io.open(\"%s\", \"%s\"): it became a symbolic link while opening: refused", path, mode);
+        lua_pushnil(L);
+        lua_pushfstring(L, "%s: %s", path, strerror(e));
+        lua_pushinteger(L, e);
+        return 3;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    luaL_Stream *p = lua_newuserdatauv(L, sizeof(luaL_Stream), 0);
+    p->closef = NULL;
+    luaL_setmetatable(L, LUA_FILEHANDLE);
+    char fm[4] = {mode[0], plus ? '+' : 0, 0, 0};
+    if (!(p->f = fdopen(fd, fm))) {
+        close(fd);
+        return luaL_error(L, "io.open(\"%s\", \"%s\"): fdopen failed", path, mode);
+    }
+    p->closef = stream_close;
+    return 1;
+}
+
 /* io.open that refuses writes outside the model directory. */
 static int safe_open(lua_State *L)
 {
     const char *path = luaL_checkstring(L, 1);
     const char *mode = luaL_optstring(L, 2, "r");
     loom_lua *S = loom_lua_from_state(L);
-    if (strpbrk(mode, "wa+") && !loom_lua_write_allowed_(S, path))
-        return luaL_error(L, "io.open(\"%s\", \"%s\"): writing outside the model directory (%s) is refused "
-                             "(set hooks.unsafe = true to allow it)", path, mode, S->model_dir[0] ? S->model_dir : "none");
+    if (strpbrk(mode, "wa+") && !S->opts.unsafe) {
+        char md[PATH_MAX];
+        if (!S->model_dir[0] || !realpath(S->model_dir, md))
+            return luaL_error(L, "io.open(\"%s\", \"%s\"): writing outside the model directory (%s) is refused "
+                                 "(set hooks.unsafe = true to allow it)", path, mode, S->model_dir[0] ? S->model_dir : "none");
+        return open_inside(L, path, mode, md);
+    }
     check_regular(L, "io.open", path);
     lua_pushvalue(L, lua_upvalueindex(1));
     lua_insert(L, 1);
@@ -447,6 +540,14 @@ static int script_searcher(lua_State *L)
         char path[2 * LOOM_PATH_MAX + 16];
         snprintf(path, sizeof path, tmpl[i], b, mod);
         struct stat st;
+        if (stat(path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+            /* a FIFO or a device would block or feed endless bytes: refused by name */
+            loom_err oe = {0};
+            int fd = loom_open_regular(path, &oe);
+            if (fd >= 0) close(fd);
+            return luaL_error(L, "error loading module '%s' from file '%s': %s", name, path,
+                              oe.msg[0] ? oe.msg : "not a regular file");
+        }
         if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) {
             luaL_addstring(&tried, "\n\tno file '");
             luaL_addstring(&tried, path);
@@ -739,12 +840,14 @@ int loom_lua_load(loom_lua *S, const char *path, loom_err *err)
     lua_pop(L, 1);
     if (t != LUA_TNIL) return LOOM_OK;
     if (!lua_checkstack(L, 8)) return loom_err_set(err, LOOM_ENOMEM, path, "Lua stack overflow");
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        loom_err_set(err, LOOM_EIO, path, "cannot open Lua file: %s", strerror(errno));
+    loom_err oe = {0};
+    int fd = loom_open_regular(path, &oe);
+    if (fd < 0) {
+        loom_err_set(err, LOOM_EIO, path, "cannot open Lua file: %s",
+                     strncmp(oe.msg, "cannot open: ", 13) ? oe.msg : oe.msg + 13);
         return loom_err_hint(err, "Lua paths are relative to the config's directory");
     }
-    fclose(f);
+    close(fd);
     int rc = luaL_loadfilex(L, path, "t");
     if (rc != LUA_OK) {
         const char *m = lua_tostring(L, -1);

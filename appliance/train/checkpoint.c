@@ -11,6 +11,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,13 +46,24 @@ static int put_record(loom_buf *b, int kind, const char *name, const loom_shape 
     return b->failed ? loom_err_set(err, LOOM_ENOMEM, name, "out of memory writing a checkpoint") : LOOM_OK;
 }
 
+/* The step of a checkpoint file name: "ckpt-" digits ".loom", the digits a
+ * step in [0, LOOM_CKPT_MAX_STEP] without a sign or leading zeros. 1 when it
+ * is one, 0 when the name is not a checkpoint's, -1 when it looks like one
+ * but its step is not valid (the caller warns and ignores it). */
 static int step_of(const char *fname, int64_t *step)
 {
-    char *end;
     if (strncmp(fname, "ckpt-", 5) != 0) return 0;
-    long long s = strtoll(fname + 5, &end, 10);
-    if (end == fname + 5 || strcmp(end, ".loom") != 0 || s < 0) return 0;
-    *step = s;
+    const char *p = fname + 5, *q = p;
+    size_t n = strlen(p);
+    if (n < 6 || strcmp(p + n - 5, ".loom") != 0) return 0;
+    uint64_t s = 0;
+    for (; q < p + n - 5; q++) {
+        if (*q < '0' || *q > '9') return -1;
+        if (s > (LOOM_CKPT_MAX_STEP - (uint64_t)(*q - '0')) / 10) return -1;
+        s = s * 10 + (uint64_t)(*q - '0');
+    }
+    if (q == p || (p[0] == '0' && q - p > 1)) return -1;
+    *step = (int64_t)s;
     return 1;
 }
 
@@ -67,7 +79,7 @@ static int cmp_entry(const void *a, const void *b)
 }
 
 /* All ckpt-*.loom in dir, oldest first; *out freed with loom_free. */
-static int list_ckpts(const char *dir, ckpt_entry **out, int *n, loom_err *err)
+static int list_ckpts(const char *dir, ckpt_entry **out, int *n, bool warn, loom_err *err)
 {
     *out = NULL;
     *n = 0;
@@ -80,7 +92,11 @@ static int list_ckpts(const char *dir, ckpt_entry **out, int *n, loom_err *err)
     struct dirent *e;
     while ((e = readdir(d))) {
         int64_t s;
-        if (!step_of(e->d_name, &s)) continue;
+        int k = step_of(e->d_name, &s);
+        if (k < 0 && warn)
+            loom_warn("%s/%s: ignored: not a checkpoint name (ckpt-<step>.loom, the step 0..%llu without leading zeros)",
+                      dir, e->d_name, (unsigned long long)LOOM_CKPT_MAX_STEP);
+        if (k <= 0) continue;
         if (*n == cap) {
             cap = cap ? cap * 2 : 16;
             ckpt_entry *nb = loom_realloc(*out, (size_t)cap * sizeof **out);
@@ -105,7 +121,7 @@ int loom_ckpt_latest(const char *dir, char path[LOOM_PATH_MAX], int64_t *step, l
 {
     ckpt_entry *list;
     int n;
-    int rc = list_ckpts(dir, &list, &n, err);
+    int rc = list_ckpts(dir, &list, &n, true, err);
     if (rc) return rc;
     if (n == 0) return LOOM_EEOF;
     snprintf(path, LOOM_PATH_MAX, "%s/%s", dir, list[n - 1].name);
@@ -173,7 +189,7 @@ int loom_ckpt_save(const char *dir, int64_t step, loom_model *m, loom_optimizer 
 
     ckpt_entry *list;
     int n;
-    rc = list_ckpts(dir, &list, &n, err);
+    rc = list_ckpts(dir, &list, &n, false, err);
     if (rc) return rc;
     int first = keep > 0 && n > keep ? n - keep : 0;
     for (int i = 0; i < first; i++) {
@@ -226,22 +242,49 @@ static int unpack(const record *rec, void *out, const char *path, loom_err *err)
     return LOOM_OK;
 }
 
+/* A checkpoint is read as it is, never inflated (it is not gzip): a regular
+ * file only (a FIFO is refused, not waited on). */
+static int read_plain(const char *path, uint8_t **data, size_t *len, loom_err *err)
+{
+    *data = NULL;
+    int fd = loom_open_regular(path, err);
+    if (fd < 0) return err ? err->code : LOOM_EIO;
+    struct stat st;
+    int rc = LOOM_OK;
+    if (fstat(fd, &st) < 0) rc = loom_err_set(err, LOOM_EIO, path, "cannot stat: %s", strerror(errno));
+    size_t n = rc ? 0 : (size_t)st.st_size, got = 0;
+    if (!rc && !(*data = loom_alloc(n ? n : 1)))
+        rc = loom_err_set(err, LOOM_ENOMEM, path, "cannot allocate %zu bytes to read a checkpoint", n);
+    while (!rc && got < n) {
+        ssize_t k = read(fd, *data + got, n - got);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) rc = loom_err_set(err, LOOM_EIO, path, "read failed: %s", k ? strerror(errno) : "the file shrank");
+        else got += (size_t)k;
+    }
+    close(fd);
+    if (rc) {
+        loom_free(*data);
+        *data = NULL;
+        return rc;
+    }
+    *len = n;
+    return LOOM_OK;
+}
+
 /* Reads a checkpoint file whole and checks its magic, end marker, file
  * checksum and version; on success b reads the records and *records says how
  * many. *data is freed with loom_free. */
 static int open_checkpoint(const char *path, uint8_t **data, loom_buf *b, uint32_t *records, loom_err *err)
 {
-    size_t len;
-    int rc = loom_read_file(path, data, &len, err);
-    if (rc == LOOM_EDATA) { /* a bad gzip stream: not a checkpoint; out of memory or i/o stay what they are */
-        if (err) err->code = LOOM_ECHECKPOINT;
-        return LOOM_ECHECKPOINT;
-    }
+    size_t len = 0;
+    int rc = read_plain(path, data, &len, err);
     if (rc) return rc;
     const char *hint = "delete it to resume from the previous checkpoint, or pass --fresh to start over";
     uint32_t stored_crc = 0;
     if (len >= 12) memcpy(&stored_crc, *data + len - 4, 4);
-    if (len < 16 + 12 || memcmp(*data, MAGIC, 8) != 0)
+    if (len >= 2 && (*data)[0] == 0x1f && (*data)[1] == 0x8b)
+        rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "a gzip file, not a Loom checkpoint (checkpoints are not gzipped)");
+    else if (len < 16 + 12 || memcmp(*data, MAGIC, 8) != 0)
         rc =
             loom_err_set(err, LOOM_ECHECKPOINT, path, "not a Loom checkpoint (bad magic or too short: %zu bytes)", len);
     else if (memcmp(*data + len - 12, TRAILER, 8) != 0)
@@ -263,6 +306,91 @@ static int open_checkpoint(const char *path, uint8_t **data, loom_buf *b, uint32
         *data = NULL;
     }
     return rc;
+}
+
+/* A record's kind and name, where the name lies in the file (16 bytes a
+ * record: a hostile file of many tiny records costs little to check). */
+typedef struct rec_key {
+    uint32_t kind, len;
+    size_t off;
+} rec_key;
+static _Thread_local const uint8_t *sort_base; /* for cmp_key: qsort has no context argument */
+
+static int cmp_key(const void *x, const void *y)
+{
+    const rec_key *a = x, *b = y;
+    if (a->kind != b->kind) return a->kind < b->kind ? -1 : 1;
+    int c = memcmp(sort_base + a->off, sort_base + b->off, a->len < b->len ? a->len : b->len);
+    if (c) return c;
+    if (a->len != b->len) return a->len < b->len ? -1 : 1;
+    return a < b ? -1 : 1;
+}
+
+/* The structure of the records, before any is used: each header whole and
+ * in the file, a known kind, a name, no (kind, name) twice, nothing after
+ * the last record. CRCs only prove the bytes are the writer's; a forged or
+ * buggy writer's file must still be refused, naming the record. */
+static int scan_records(loom_buf *b, uint32_t records, const char *path, loom_err *err)
+{
+    size_t first = b->pos;
+    /* each record takes at least 32 bytes: a count beyond that is a lie */
+    if (records > (b->len - b->pos) / 32 + 1)
+        return loom_err_set(err, LOOM_ECHECKPOINT, path,
+                            "checkpoint claims %u records in %zu bytes: the last runs past the end of the file", records,
+                            b->len - b->pos);
+    int rc = LOOM_OK;
+    rec_key *key = records ? loom_alloc(records * sizeof *key) : NULL;
+    if (records && !key) return loom_err_set(err, LOOM_ENOMEM, path, "checking %u records", records);
+    for (uint32_t r = 0; r < records && !rc; r++) {
+        record rec;
+        size_t at = b->pos;
+        rc = next_record(b, r, &rec, path, err);
+        if (rc) break;
+        uint32_t nl;
+        memcpy(&nl, b->data + at + 4, 4);
+        key[r] = (rec_key){rec.kind, nl, at + 8};
+        if (rec.kind != KIND_TENSOR && rec.kind != KIND_BLOB)
+            rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "record %u has unknown kind %u", r, rec.kind);
+        else if (!rec.name[0])
+            rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "record %u has no name", r);
+        /* what a record may claim to inflate to (and be allocated for):
+         * zstd's best case is an RLE block, 4 bytes for 128 KB */
+        if (!rc && rec.raw / 32768 > rec.stored)
+            rc = loom_err_set(err, LOOM_ECHECKPOINT, path,
+                              "record %u (%s) claims %llu bytes, which its %llu compressed bytes cannot hold", r,
+                              rec.name, (unsigned long long)rec.raw, (unsigned long long)rec.stored);
+        for (int i = 0; i < rec.shape.rank && !rc; i++)
+            if (rec.shape.dim[i] < 0 || rec.shape.dim[i] > ((int64_t)1 << 40))
+                rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "record %u (%s): dimension %d is %lld", r, rec.name, i,
+                                  (long long)rec.shape.dim[i]);
+    }
+    if (!rc && records > 1) { /* sorted by (kind, name, index), twins are neighbours */
+        sort_base = b->data;
+        qsort(key, records, sizeof *key, cmp_key);
+        for (uint32_t i = 1; i < records && !rc; i++) {
+            const rec_key *x = &key[i - 1], *y = &key[i];
+            if (x->kind == y->kind && x->len == y->len && !memcmp(b->data + x->off, b->data + y->off, x->len))
+                rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "%s \"%.*s\" appears twice",
+                                  y->kind == KIND_TENSOR ? "tensor" : "record", (int)(y->len > 200 ? 200 : y->len),
+                                  (const char *)b->data + y->off);
+        }
+    }
+    if (!rc && b->pos != b->len)
+        rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "%zu bytes after the last of the %u records", b->len - b->pos,
+                          records);
+    loom_free(key);
+    b->pos = first;
+    if (rc) loom_err_hint(err, "the file was not written by loom, or by a broken writer; delete it to resume from the "
+                               "previous checkpoint, or pass --fresh");
+    return rc;
+}
+
+/* The index of the first non-finite float among n, or -1. */
+static int64_t first_nonfinite(const float *v, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(v[i])) return i;
+    return -1;
 }
 
 /* Where a tensor record belongs: a parameter, or slot "<param>/<slot>". */
@@ -299,6 +427,10 @@ int loom_ckpt_load(const char *path, loom_model *m, loom_optimizer *o, loom_buf 
     uint32_t records;
     int rc = open_checkpoint(path, &data, &b, &records, err);
     if (rc) return rc;
+    if ((rc = scan_records(&b, records, path, err))) {
+        loom_free(data);
+        return rc;
+    }
     int nt = loom_model_num_param_tensors(m);
     int nslots = o ? loom_optimizer_num_slots(o) : 0;
     int found = 0;
@@ -364,6 +496,24 @@ int loom_ckpt_load(const char *path, loom_model *m, loom_optimizer *o, loom_buf 
             }
             if (pass == 0) continue;
             void *out = dst;
+            if (dst) { /* into a scratch copy: a tensor with a NaN or an infinity must not reach the model */
+                out = loom_alloc(rec.raw ? rec.raw : 1);
+                if (!out) {
+                    rc = loom_err_set(err, LOOM_ENOMEM, path, "loading %s", rec.name);
+                    break;
+                }
+                rc = unpack(&rec, out, path, err);
+                int64_t bad = rc ? -1 : first_nonfinite(out, (int64_t)(rec.raw / sizeof(float)));
+                if (bad >= 0) {
+                    rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "tensor \"%s\" holds %g at index %lld", rec.name,
+                                      (double)((float *)out)[bad], (long long)bad);
+                    loom_err_hint(err, "the run that wrote it diverged, or the file was altered; resume from an earlier "
+                                       "checkpoint or pass --fresh");
+                }
+                if (!rc) memcpy(dst, out, rec.raw);
+                loom_free(out);
+                continue;
+            }
             if (blob) {
                 out = loom_alloc(rec.raw ? rec.raw : 1);
                 if (!out) {
@@ -397,6 +547,10 @@ int loom_ckpt_inspect(const char *path, FILE *f, loom_err *err)
     uint32_t records;
     int rc = open_checkpoint(path, &data, &b, &records, err);
     if (rc) return rc;
+    if ((rc = scan_records(&b, records, path, err))) {
+        loom_free(data);
+        return rc;
+    }
     fprintf(f, "%s: Loom checkpoint version %d, %u records\n", path, CKPT_VERSION, records);
     for (uint32_t r = 0; r < records && !rc; r++) {
         record rec;
@@ -404,6 +558,12 @@ int loom_ckpt_inspect(const char *path, FILE *f, loom_err *err)
         void *out = rc ? NULL : loom_alloc(rec.raw ? rec.raw : 1);
         if (!rc && !out) rc = loom_err_set(err, LOOM_ENOMEM, path, "record %u (%s)", r, rec.name);
         if (!rc) rc = unpack(&rec, out, path, err);
+        if (!rc && rec.kind == KIND_TENSOR) {
+            int64_t bad = rec.raw % sizeof(float) ? 0 : first_nonfinite(out, (int64_t)(rec.raw / sizeof(float)));
+            if (bad >= 0)
+                rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "tensor \"%s\" %s", rec.name,
+                                  rec.raw % sizeof(float) ? "is not a whole number of floats" : "holds a NaN or an infinity");
+        }
         if (!rc && rec.kind == KIND_TENSOR) {
             char shape_s[128];
             fprintf(f, "tensor %-40s %-16s crc32c %08x\n", rec.name,
@@ -421,7 +581,7 @@ int loom_ckpt_archive(const char *dir, char out[LOOM_PATH_MAX], loom_err *err)
 {
     ckpt_entry *list;
     int n;
-    int rc = list_ckpts(dir, &list, &n, err);
+    int rc = list_ckpts(dir, &list, &n, false, err);
     if (rc) return rc;
     time_t now = time(NULL);
     struct tm tm;
@@ -447,4 +607,44 @@ int loom_ckpt_archive(const char *dir, char out[LOOM_PATH_MAX], loom_err *err)
     }
     loom_free(list);
     return rc;
+}
+
+int loom_metrics_trim(const char *path, int64_t max_step, loom_err *err)
+{
+    uint8_t *text;
+    size_t len;
+    struct stat st;
+    if (lstat(path, &st) < 0 && errno == ENOENT) return 0;
+    int rc = loom_read_file_max(path, &text, &len, (uint64_t)1 << 30, err);
+    if (rc) return -1;
+    /* kept: whole lines whose "step" is at most max_step (or that have none) */
+    size_t keep = 0;
+    int dropped = 0;
+    for (size_t i = 0; i < len;) {
+        char *nl = memchr(text + i, '\n', len - i);
+        if (!nl) { /* a line cut short by a kill */
+            dropped++;
+            break;
+        }
+        size_t n = (size_t)((uint8_t *)nl - text) + 1 - i;
+        *nl = 0;
+        const char *sp = strstr((char *)text + i, "\"step\":");
+        long long s = sp ? strtoll(sp + 7, NULL, 10) : 0;
+        *nl = '\n';
+        if (s <= max_step) {
+            memmove(text + keep, text + i, n);
+            keep += n;
+        } else {
+            dropped++;
+        }
+        i += n;
+    }
+    if (dropped) {
+        rc = loom_write_file_atomic(path, text, keep, err);
+        if (!rc)
+            loom_info("%s: removed %d line%s written after the checkpoint of step %lld (the run stopped before "
+                      "committing it)", path, dropped, dropped == 1 ? "" : "s", (long long)max_step);
+    }
+    loom_free(text);
+    return rc ? -1 : dropped;
 }

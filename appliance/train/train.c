@@ -60,8 +60,26 @@ static int state_restore(trainer_state *s, loom_buf *b, const char *path, loom_e
     s->loss_sum = loom_buf_get_f64(b);
     s->correct = loom_buf_get_i64(b);
     s->examples = loom_buf_get_i64(b);
-    if (b->failed || v != TRAINER_STATE_VERSION || s->step < 0 || s->epoch < 0)
+    if (b->failed || v != TRAINER_STATE_VERSION)
         return loom_err_set(err, LOOM_ECHECKPOINT, path, "the trainer state in the checkpoint is unreadable");
+    /* the CRCs prove only who wrote the bytes: every value must be one a run can reach */
+    const int64_t max = (int64_t)LOOM_CKPT_MAX_STEP;
+    const char *bad = s->step < 0 || s->step > max                       ? "step"
+                      : s->epoch < 0 || s->epoch > s->step                ? "epoch"
+                      : s->step_in_epoch < 0 || s->step_in_epoch > s->step ? "step_in_epoch"
+                      : !isfinite(s->loss_sum)                            ? "loss_sum"
+                      : s->examples < 0                                   ? "examples"
+                      : s->correct < 0 || s->correct > s->examples        ? "correct"
+                                                                          : NULL;
+    if (bad) {
+        loom_err_set(err, LOOM_ECHECKPOINT, path,
+                     "the trainer state is impossible: step %lld, epoch %lld, step_in_epoch %lld, loss_sum %g, "
+                     "correct %lld of %lld examples (%s is out of range)",
+                     (long long)s->step, (long long)s->epoch, (long long)s->step_in_epoch, s->loss_sum,
+                     (long long)s->correct, (long long)s->examples, bad);
+        return loom_err_hint(err, "the file was altered or written by a broken writer; delete it to resume from the "
+                                  "previous checkpoint, or pass --fresh");
+    }
     return LOOM_OK;
 }
 
@@ -397,13 +415,17 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
 
     trainer_state st = {0};
     char ckpt[LOOM_PATH_MAX] = "", last_ckpt[LOOM_PATH_MAX] = "";
-    int64_t ckpt_step;
+    int64_t ckpt_step = 0;
+    if (r.chief) loom_remove_stale_tmp(r.model_dir); /* left by runs killed while writing (the chief holds the lock) */
     rc = loom_ckpt_latest(r.model_dir, ckpt, &ckpt_step, err);
     if (rc == LOOM_OK && !opts->fresh) { /* every task reads it from the shared model_dir, as TF's do */
         loom_buf ts, stored, is;
         loom_buf_init(&is);
         rc = loom_ckpt_load(ckpt, loom_strategy_model(r.strat), loom_strategy_optimizer(r.strat), &ts, &stored, err);
         if (!rc) rc = state_restore(&st, &ts, ckpt, err);
+        if (!rc && st.step != ckpt_step)
+            rc = loom_err_set(err, LOOM_ECHECKPOINT, ckpt, "the file is named for step %lld but holds step %lld",
+                              (long long)ckpt_step, (long long)st.step);
         if (!rc && r.hooks.hooks) rc = loom_hooks_restore(r.hooks.hooks, &ts, err);
         if (!rc && stored.len) rc = loom_strategy_pick_iter_state(r.strat, &stored, &is, err); /* this task's */
         if (!rc) rc = is.len ? loom_iter_restore(r.train, &is, err) : replay_data(&r, &st, err);
@@ -451,6 +473,11 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
 
     char metrics_path[LOOM_PATH_MAX + 16];
     snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", r.model_dir);
+    if (r.chief && !opts->fresh && loom_metrics_trim(metrics_path, st.step, err) < 0) {
+        loom_dir_unlock_(lock_fd);
+        run_close(&r);
+        return err->code;
+    }
     FILE *metrics = fopen(r.chief ? metrics_path : "/dev/null", "a"); /* the chief writes the job's */
     if (!metrics) {
         rc = loom_err_set(err, LOOM_EIO, metrics_path, "cannot open for appending: %s", strerror(errno));
@@ -635,6 +662,22 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
         }
         if (rc) break;
     stepped:;
+        /* a non-finite gradient: the loss was finite, the update was not */
+        if (loom_optimizer_take_nonfinite(opt)) {
+            char what[160];
+            loom_progress_break(&prog);
+            loom_model_find_nonfinite(loom_strategy_model(r.strat), what, sizeof what);
+            rc = loom_err_set(err, LOOM_ENUMERIC, NULL,
+                              "a weight is not finite after step %lld (epoch %lld): %s, from a non-finite update "
+                              "(gradient or learning rate) with a finite loss; training stopped",
+                              (long long)st.step + 1, (long long)st.epoch + 1, what[0] ? what : "(another replica's)");
+            if (last_ckpt[0])
+                loom_err_hint(err, "the last good checkpoint is %s; lower the learning rate (or clip gradients) and run "
+                                   "again", last_ckpt);
+            else
+                loom_err_hint(err, "no checkpoint was written; lower the learning rate (or clip gradients) and run again");
+            break;
+        }
         double dt = loom_now() - t0;
         train_sec += dt;
         run_train_sec += dt;
@@ -715,7 +758,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
         if (st.step == start_step && r.hooks.stop)
             ; /* a hook stopped the run before its first step, and said so */
         else if (st.step == start_step)
-            loom_info("nothing to do: %s is already at step %lld (epoch %lld of %lld); raise run.epochs or run.max_steps "
+            loom_info("nothing to do: the run in %s is finished, at step %lld (epoch %lld of %lld); raise run.epochs or run.max_steps "
                       "to train further",
                       r.model_dir, (long long)st.step, (long long)st.epoch, (long long)epochs);
         else
@@ -727,16 +770,18 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
                 snprintf(evs, sizeof evs, "%s", r.eval ? "not evaluated" : "no eval data");
             loom_info("done: step %lld, %s, %.1f s, checkpoint %s", (long long)st.step, evs, total, last_ckpt);
         }
-        fprintf(metrics, "{\"event\": \"end\", \"step\": %lld, \"epoch\": %lld", (long long)st.step, (long long)st.epoch);
-        json_num(metrics, "eval_loss", last_eval_loss, 0);
-        json_num(metrics, "eval_accuracy", last_eval_acc, 0);
-        json_num(metrics, "samples_per_sec", run_train_sec > 0 ? (double)run_examples / run_train_sec : 0, 0);
-        json_num(metrics, "seconds", total, 0);
-        json_num(metrics, "first_step_ms", first_step_ms, 0);
-        json_num(metrics, "decode_ms", r.decode_sec * 1e3, 0);
-        json_num(metrics, "peak_rss_mb", peak_rss_mb(), 0);
-        json_time(metrics, "wall_time", loom_wall_time());
-        fprintf(metrics, "}\n");
+        if (st.step != start_step) { /* a rerun of a finished run adds no second end line */
+            fprintf(metrics, "{\"event\": \"end\", \"step\": %lld, \"epoch\": %lld", (long long)st.step, (long long)st.epoch);
+            json_num(metrics, "eval_loss", last_eval_loss, 0);
+            json_num(metrics, "eval_accuracy", last_eval_acc, 0);
+            json_num(metrics, "samples_per_sec", run_train_sec > 0 ? (double)run_examples / run_train_sec : 0, 0);
+            json_num(metrics, "seconds", total, 0);
+            json_num(metrics, "first_step_ms", first_step_ms, 0);
+            json_num(metrics, "decode_ms", r.decode_sec * 1e3, 0);
+            json_num(metrics, "peak_rss_mb", peak_rss_mb(), 0);
+            json_time(metrics, "wall_time", loom_wall_time());
+            fprintf(metrics, "}\n");
+        }
     }
     fclose(metrics);
     run_close(&r);

@@ -56,7 +56,14 @@ int loom_check(const loom_spec *spec, const struct loom_cluster *cluster, FILE *
 
 /* ---- checkpoints ----------------------------------------------------------- */
 
-/* Newest checkpoint in dir: LOOM_OK with path and step, LOOM_EEOF when none. */
+/* The largest step a checkpoint may hold (2^53: every step is exact as a
+ * double in metrics.jsonl); larger steps in a file name or the trainer state
+ * are refused as forged. */
+#define LOOM_CKPT_MAX_STEP ((uint64_t)1 << 53)
+
+/* Newest checkpoint in dir: LOOM_OK with path and step, LOOM_EEOF when none.
+ * A name that looks like a checkpoint's but whose step is not a valid one
+ * (signs, leading zeros, out of range) is ignored with a warning. */
 int loom_ckpt_latest(const char *dir, char path[LOOM_PATH_MAX], int64_t *step, loom_err *err);
 /* Writes ckpt-<step>.loom with the model's parameters, the optimizer's slots
  * and the given blobs (may be NULL), then prunes to `keep`. */
@@ -78,6 +85,12 @@ int loom_ckpt_load(const char *path, loom_model *m, loom_optimizer *o, loom_buf 
  * dir/superseded-<UTC time>/, named in out; for --fresh, which must neither
  * resume from nor destroy what an earlier run wrote. */
 int loom_ckpt_archive(const char *dir, char out[LOOM_PATH_MAX], loom_err *err);
+
+/* Makes metrics.jsonl (path) agree with the checkpoint a run resumes from:
+ * removes the lines whose "step" is above max_step (written after that
+ * checkpoint, by a run killed before it committed the next one) and a last
+ * line cut short. Returns how many lines it removed, -1 with err set. */
+int loom_metrics_trim(const char *path, int64_t max_step, loom_err *err);
 
 /* Verifies every checksum of a checkpoint and lists its records (tensor
  * name, shape and CRC-32C; blob name and size) without needing the model. */

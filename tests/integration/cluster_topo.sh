@@ -113,6 +113,10 @@ out=$(LOOM_SELFTEST='worker:1=exit:3;*=sleep:20' timeout 60 "${L[@]}" --workers 
 [ $st -eq 3 ] && pass "launch --restarts 1: still failing, the task's status" || fail "launch --restarts 1: still failing, the task's status" "status $st"
 contains "launch --restarts: no restarts left" "worker:1 failed and no restarts are left (--restarts 1): exit status 3" "$out"
 
+out=$(LOOM_SELFTEST='worker:0=exit:2' timeout 60 "${L[@]}" --workers 2 --restarts 3 --grace 5 2>&1); st=$?
+[ $st -eq 2 ] && pass "launch: status 2 (bad config) is not restarted" || fail "launch: status 2 (bad config) is not restarted" "status $st"
+contains "launch: says why it does not restart" "[launch] worker:0 failed with status 2 (a bad config or usage): not restarting" "$out"
+
 # SIGTERM to launch: forwarded; the tasks stop; launch exits 128 + 15
 LOOM_SELFTEST='*=sleep:30' "${L[@]}" --workers 2 --grace 10 > "$WORK/term.out" 2>&1 &
 lp=$!

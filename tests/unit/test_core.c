@@ -2,7 +2,10 @@
 #include "core/core.h"
 #include "harness.h"
 
+#include <fcntl.h>
 #include <pthread.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <unistd.h>
@@ -245,6 +248,80 @@ static void test_files(void)
     CHECK(system(cmd) == 0);
 }
 
+/* A FIFO, a directory or a device given as a file is refused by name at
+ * once: opening a FIFO for reading used to wait for a writer forever. */
+static void test_open_regular(void)
+{
+    char dir[] = "/tmp/loom_test_core_XXXXXX", fifo[256], file[256];
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(fifo, sizeof fifo, "%s/pipe", dir);
+    snprintf(file, sizeof file, "%s/f", dir);
+    CHECK(mkfifo(fifo, 0644) == 0);
+    loom_err e = {0};
+    alarm(20); /* a regression hangs: fail the test instead */
+    CHECK(loom_open_regular(fifo, &e) == -1 && e.code == LOOM_EIO);
+    CHECK(!strcmp(e.where, fifo));
+    CHECK_CONTAINS(e.msg, "is a FIFO (named pipe), not a regular file");
+    uint8_t *out = NULL;
+    size_t n;
+    CHECK(loom_read_file(fifo, &out, &n, &e) == LOOM_EIO && out == NULL);
+    CHECK_CONTAINS(e.msg, "FIFO");
+    loom_rfile *rf;
+    CHECK(loom_rfile_open(&rf, fifo, &e) == LOOM_EIO);
+    CHECK(loom_fopen_regular(fifo, &e) == NULL);
+    CHECK(loom_open_regular(dir, &e) == -1);
+    CHECK_CONTAINS(e.msg, "is a directory");
+    CHECK(loom_open_regular("/dev/null", &e) == -1);
+    CHECK_CONTAINS(e.msg, "is a character device");
+    alarm(0);
+    /* a regular file opens blocking (the O_NONBLOCK of the probe is cleared) */
+    CHECK(loom_write_file_atomic(file, "abc", 3, &e) == LOOM_OK);
+    int fd = loom_open_regular(file, &e);
+    CHECK(fd >= 0 && !(fcntl(fd, F_GETFL) & O_NONBLOCK));
+    if (fd >= 0) close(fd);
+    /* loom_read_file_max: within the bound, and beyond it */
+    CHECK(loom_read_file_max(file, &out, &n, 3, &e) == LOOM_OK && n == 3 && !memcmp(out, "abc", 3));
+    loom_free(out);
+    CHECK(loom_read_file_max(file, &out, &n, 2, &e) == LOOM_EDATA);
+    CHECK_CONTAINS(e.msg, "larger than the 2 bytes");
+    unlink(fifo);
+    unlink(file);
+    rmdir(dir);
+}
+
+/* Temporary files of writers that died are removed; a live writer's stay. */
+static void test_stale_tmp(void)
+{
+    char dir[] = "/tmp/loom_test_core_XXXXXX", p[300];
+    CHECK(mkdtemp(dir) != NULL);
+    pid_t dead = fork();
+    if (dead == 0) _exit(0);
+    waitpid(dead, NULL, 0);
+    const char *names[] = {"ckpt-5.loom.tmp.%ld", "checkpoint.tmp.%ld", "metrics.jsonl.tmp.%ld", "keep.tmp.%ld",
+                           "keep.tmp.x%ld", "ckpt-5.loom"};
+    long pids[] = {dead, dead, dead, (long)getpid(), dead, 0};
+    loom_err e = {0};
+    for (int i = 0; i < 6; i++) {
+        char name[64];
+        snprintf(name, sizeof name, names[i], pids[i]);
+        snprintf(p, sizeof p, "%s/%s", dir, name);
+        CHECK(loom_write_file_atomic(p, "x", 1, &e) == LOOM_OK);
+    }
+    CHECK(loom_remove_stale_tmp(dir) == 3);
+    int left = 0;
+    for (int i = 0; i < 6; i++) {
+        char name[64];
+        snprintf(name, sizeof name, names[i], pids[i]);
+        snprintf(p, sizeof p, "%s/%s", dir, name);
+        left += access(p, F_OK) == 0;
+        if (i >= 3) CHECK_MSG(access(p, F_OK) == 0, "%s was removed", name);
+        unlink(p);
+    }
+    CHECK(left == 3);
+    CHECK(loom_remove_stale_tmp("/nonexistent/dir") == 0);
+    rmdir(dir);
+}
+
 static const loom_test tests[] = {
     {"crc32c", test_crc32c},
     {"philox_known_answer", test_philox_known_answer},
@@ -254,6 +331,8 @@ static const loom_test tests[] = {
     {"pool", test_pool},
     {"pool pinned to cores", test_pool_pin},
     {"files", test_files},
+    {"open_regular", test_open_regular},
+    {"stale_tmp", test_stale_tmp},
     {0},
 };
 

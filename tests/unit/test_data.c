@@ -15,7 +15,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -478,9 +480,22 @@ static void test_map_cast_scale_normalize(void)
         loom_iter_close(it);
     }
     free(s);
-    /* float -> uint8 saturates, int32 in place, same dtype is a no-op */
+    /* a NaN in an IDX float file is refused at open (on_nonfinite = error),
+     * naming the file, the item and the offset */
     float fv[4] = {-5.0f, 3.7f, 300.0f, NAN};
     uint32_t d[2] = {1, 4};
+    write_idx(tpath("fsat.idx"), 0, 0x0D, 2, d, fv, 0);
+    s = spec_new();
+    spec_feature(s, "x", tpath("fsat.idx"));
+    {
+        loom_err err;
+        CHECK(open_fail(s, &err) == LOOM_EDATA);
+        CHECK_CONTAINS(err.where, "fsat.idx");
+        CHECK_CONTAINS(err.msg, "item 0 (0-based) of feature \"x\": non-finite value nan at offset 3");
+    }
+    free(s);
+    /* float -> uint8 saturates, int32 in place, same dtype is a no-op */
+    fv[3] = -0.5f;
     write_idx(tpath("fsat.idx"), 0, 0x0D, 2, d, fv, 0);
     s = spec_new();
     spec_feature(s, "x", tpath("fsat.idx"));
@@ -1637,9 +1652,9 @@ static void test_save_restore(void)
                 loom_iter_close(r);
             }
             size_t tail = ref.n - off[k];
-            CHECK_MSG(rest_a.n == tail && !memcmp(rest_a.p, ref.p + off[k], tail), "prefetch %lld cut %d: saving disturbed the run",
+            CHECK_MSG(rest_a.n == tail && (!tail || !memcmp(rest_a.p, ref.p + off[k], tail)), "prefetch %lld cut %d: saving disturbed the run",
                       (long long)prefetches[p], k);
-            CHECK_MSG(rest_r.n == tail && !memcmp(rest_r.p, ref.p + off[k], tail),
+            CHECK_MSG(rest_r.n == tail && (!tail || !memcmp(rest_r.p, ref.p + off[k], tail)),
                       "prefetch %lld cut %d: restored run differs (%zu vs %zu bytes)", (long long)prefetches[p], k, rest_r.n, tail);
             free(head.p);
             free(rest_a.p);
@@ -1774,10 +1789,95 @@ static void test_throughput(void)
 
 static void test_cleanup(void) { tmpdir_remove(); }
 
+/* The process's address-space size in bytes (VmSize), 0 when unknown. */
+static uint64_t vm_size(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    uint64_t kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmSize:", 7)) kb = strtoull(line + 7, NULL, 10);
+    if (f) fclose(f);
+    return kb * 1024;
+}
+
+/* Loads path in a child whose address space may grow by at most 48 MB
+ * (skipped under sanitizers, whose shadow memory is huge); returns the code
+ * and the message. */
+static int idx_load_bounded(const char *path, char *msg, size_t n)
+{
+    int fds[2];
+    if (pipe(fds)) return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fds[0]);
+        uint64_t vm = vm_size();
+        if (vm && vm < ((uint64_t)1 << 40)) {
+            struct rlimit rl = {vm + (48u << 20), vm + (48u << 20)};
+            setrlimit(RLIMIT_AS, &rl);
+        }
+        loom_tensor t;
+        loom_err e = {0};
+        int rc = loom_idx_load(path, &t, &e);
+        if (!rc) loom_tensor_fini(&t);
+        char out[600];
+        int k = snprintf(out, sizeof out, "%d %s", rc, e.msg);
+        if (write(fds[1], out, (size_t)k) < 0) _exit(2);
+        _exit(0);
+    }
+    close(fds[1]);
+    char buf[600] = "";
+    ssize_t k = read(fds[0], buf, sizeof buf - 1);
+    close(fds[0]);
+    waitpid(pid, NULL, 0);
+    if (k <= 0) return -1;
+    buf[k] = 0;
+    char *sp = strchr(buf, ' ');
+    snprintf(msg, n, "%s", sp ? sp + 1 : "");
+    return atoi(buf);
+}
+
+/* A gzip IDX file is checked by its header before the rest is inflated, and
+ * inflated no further than the header declares: 64 MB of zeros behind a bad
+ * type code, or behind a header declaring 16 bytes, cost no 64 MB buffer. */
+static void test_idx_gzip_bounded(void)
+{
+    static uint8_t zeros[1 << 20];
+    const uint8_t heads[2][12] = {{0, 0, 0x0A, 1, 0, 0, 1, 0}, {0, 0, 0x08, 2, 0, 0, 0, 1, 0, 0, 0, 16}};
+    const size_t head_len[2] = {8, 12};
+    const char *want[2] = {"unsupported type code 0x0a", "oversized IDX file: the header (2 dims, 1 items) implies 28 bytes"};
+    for (int i = 0; i < 2; i++) {
+        const char *path = tpath(i ? "bomb_oversized.idx.gz" : "bomb_type.idx.gz");
+        gzFile f = gzopen(path, "wb9");
+        gzwrite(f, heads[i], (unsigned)head_len[i]);
+        for (int k = 0; k < 64; k++) gzwrite(f, zeros, sizeof zeros);
+        gzclose(f);
+        struct stat st;
+        CHECK(stat(path, &st) == 0 && st.st_size < (1 << 20));
+        char msg[600];
+        double t0 = loom_now();
+        int rc = idx_load_bounded(path, msg, sizeof msg);
+        CHECK_MSG(rc == LOOM_EDATA, "rc %d: %s", rc, msg);
+        CHECK_CONTAINS(msg, want[i]);
+        printf("# gzip bomb (%s): refused in %.1f ms\n", i ? "oversized" : "bad type", (loom_now() - t0) * 1e3);
+    }
+    /* the same header, gzip and whole: still loads */
+    const uint8_t ok[] = {0, 0, 0x08, 2, 0, 0, 0, 1, 0, 0, 0, 3, 7, 8, 9};
+    gzFile f = gzopen(tpath("ok.idx.gz"), "wb");
+    gzwrite(f, ok, sizeof ok);
+    gzclose(f);
+    loom_tensor t;
+    loom_err e = {0};
+    CHECK(loom_idx_load(tpath("ok.idx.gz"), &t, &e) == LOOM_OK && t.shape.rank == 2 && t.shape.dim[1] == 3 &&
+          ((uint8_t *)t.data)[2] == 9);
+    if (!e.code) loom_tensor_fini(&t);
+}
+
 static const loom_test tests[] = {
     {"idx_source", test_idx_source},
     {"idx_dtypes", test_idx_dtypes},
     {"idx_errors", test_idx_errors},
+    {"idx_gzip_bounded", test_idx_gzip_bounded},
     {"catalog_resolve", test_catalog_resolve},
     {"catalog_fashion_mnist", test_catalog_fashion_mnist},
     {"map_cast_scale_normalize", test_map_cast_scale_normalize},

@@ -16,6 +16,8 @@
 #include "loom_plugin.h" /* after Loom's headers: only what they lack */
 
 #include <limits.h>
+#include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static char build_so[3][1024]; /* scratch for so_path */
@@ -75,8 +77,89 @@ static void test_refuses_other_abi(void)
 
 static void test_refuses_missing_entry(void)
 {
+    /* refused from its dynamic symbols, before dlopen: its constructor never runs */
+    char mark[] = "/tmp/loom_plugin_ctor_XXXXXX";
+    int fd = mkstemp(mark);
+    CHECK(fd >= 0);
+    close(fd);
+    unlink(mark);
+    setenv("LOOM_TEST_CTOR_MARK", mark, 1);
     expect_refused(so_path("tests/plugins", "no_entry.so"), "no loom_plugin_entry function: not a Loom plugin",
                    "a plugin defines `const loom_plugin *loom_plugin_entry(void)` (plugins/loom_plugin.h)");
+    unsetenv("LOOM_TEST_CTOR_MARK");
+    CHECK_MSG(access(mark, F_OK) != 0, "the refused shared object's constructor ran");
+    unlink(mark);
+}
+
+static void test_refuses_silent_init(void)
+{
+    expect_refused(so_path("tests/plugins", "init_silent.so"),
+                   "plugin \"init_silent\"'s init returned failure (1) without a message", NULL);
+}
+
+/* A truncated copy of a real plugin, at every kind of cut, and forged
+ * headers: refused naming what is wrong, never a SIGBUS inside dlopen. */
+static void test_refuses_truncated(void)
+{
+    FILE *f = fopen(so_path("plugins", "halving_doubling.so"), "rb");
+    CHECK(f != NULL);
+    if (!f) return;
+    static uint8_t so[1 << 22];
+    size_t n = fread(so, 1, sizeof so, f);
+    fclose(f);
+    CHECK(n > 8192 && n < sizeof so);
+    size_t cuts[] = {3, 17, 18, 63, 64, 100, 1000, 3000, 5000, n / 2, n - 4096, n - 100, n - 1};
+    char dir[] = "/tmp/loom_plugin_cut_XXXXXX", path[64];
+    CHECK(mkdtemp(dir) != NULL);
+    int k = 0; /* a new name each time: the loader loads (or refuses) a path once */
+    for (size_t i = 0; i < sizeof cuts / sizeof *cuts; i++) {
+        snprintf(path, sizeof path, "%s/%d.so", dir, k++);
+        FILE *w = fopen(path, "wb");
+        fwrite(so, 1, cuts[i], w);
+        fclose(w);
+        loom_err err = {0};
+        CHECK_MSG(loom_plugin_load_file(path, NULL, &err) == LOOM_EPLUGIN, "cut at %zu loaded", cuts[i]);
+        printf("# cut at %zu: %s\n", cuts[i], err.msg);
+        CHECK_MSG(!strcmp(err.where, path), "where = %s", err.where);
+        CHECK_MSG(strstr(err.msg, "not a usable shared object") || strstr(err.msg, "no ELF header"),
+                  "cut at %zu: %s", cuts[i], err.msg);
+    }
+    /* forged: program headers past the end, a section table past the end, a 32-bit class */
+    struct { size_t off; uint8_t val; const char *want; } forged[] = {
+        {32 + 5, 0x7f, "program headers lie past the end"},
+        {40 + 5, 0x7f, "section table lies past the end"},
+        {4, 1, "32-bit"},
+    };
+    for (size_t i = 0; i < sizeof forged / sizeof *forged; i++) {
+        uint8_t keep = so[forged[i].off];
+        so[forged[i].off] = forged[i].val;
+        snprintf(path, sizeof path, "%s/%d.so", dir, k++);
+        FILE *w = fopen(path, "wb");
+        fwrite(so, 1, n, w);
+        fclose(w);
+        so[forged[i].off] = keep;
+        loom_err err = {0};
+        CHECK(loom_plugin_load_file(path, NULL, &err) == LOOM_EPLUGIN);
+        CHECK_CONTAINS(err.msg, forged[i].want);
+    }
+    while (k--) {
+        snprintf(path, sizeof path, "%s/%d.so", dir, k);
+        unlink(path);
+    }
+    rmdir(dir);
+    /* a FIFO in a plugin directory is refused, not waited on */
+    char fifo[] = "/tmp/loom_plugin_fifo_XXXXXX";
+    CHECK(mkdtemp(fifo) != NULL);
+    char fp[64];
+    snprintf(fp, sizeof fp, "%s/p.so", fifo);
+    CHECK(mkfifo(fp, 0644) == 0);
+    loom_err err = {0};
+    alarm(20);
+    CHECK(loom_plugin_load_file(fp, NULL, &err) == LOOM_EPLUGIN);
+    alarm(0);
+    CHECK_CONTAINS(err.msg, "is a FIFO");
+    unlink(fp);
+    rmdir(fifo);
 }
 
 static void test_refuses_failing_init(void)
@@ -743,6 +826,8 @@ static const loom_test tests[] = {
     {"refuses_other_abi", test_refuses_other_abi},
     {"refuses_missing_entry", test_refuses_missing_entry},
     {"refuses_failing_init", test_refuses_failing_init},
+    {"refuses_silent_init", test_refuses_silent_init},
+    {"refuses_truncated", test_refuses_truncated},
     {"refuses_taken_name", test_refuses_taken_name},
     {"halving_doubling_all_reduce", test_halving_doubling_all_reduce},
     {"halving_doubling_broadcast", test_halving_doubling_broadcast},

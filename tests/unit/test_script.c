@@ -231,6 +231,97 @@ static void test_sandbox(void)
     loom_lua_close(S);
 }
 
+/* A symbolic link in the model directory cannot carry a hook's write outside
+ * it: dangling (its target would be created) or not; one that stays inside
+ * is followed. */
+static const char *symlink_lua =
+    "function links(model)\n"
+    "  for _, name in ipairs({'dangling', 'outside', 'chain'}) do\n"
+    "    for _, mode in ipairs({'w', 'a', 'r+', 'w+'}) do\n"
+    "      local ok, e = pcall(io.open, model .. '/' .. name, mode)\n"
+    "      assert(not ok, name .. ' opened with ' .. mode)\n"
+    "      assert(e:find('symbolic link', 1, true), e)\n"
+    "    end\n"
+    "  end\n"
+    "  local f = assert(io.open(model .. '/inside', 'w')); f:write('in'); f:close()\n"
+    "  local r = assert(io.open(model .. '/real.txt', 'r')); assert(r:read('a') == 'in'); r:close()\n"
+    "  local a = assert(io.open(model .. '/sub/../inside', 'a')); a:write('!'); a:close()\n"
+    "  r = assert(io.open(model .. '/real.txt')); assert(r:read('a') == 'in!'); r:close()\n"
+    "  return true\n"
+    "end\n";
+
+static void test_symlinks(void)
+{
+    setup();
+    write_file("links.lua", symlink_lua);
+    mkdir(tpath("model/sub"), 0755);
+    unlink(tpath("target_created")), unlink(tpath("outside_file")), unlink(tpath("model/real.txt"));
+    write_file("outside_file", "keep");
+    const char *links[][2] = {{"model/dangling", "target_created"}, {"model/outside", "outside_file"},
+                              {"model/chain", "model/dangling"}, {"model/inside", "model/real.txt"}};
+    for (int i = 0; i < 4; i++) {
+        unlink(tpath(links[i][0]));
+        CHECK(symlink(tpath(links[i][1]), tpath(links[i][0])) == 0);
+    }
+    loom_lua *S = open_state(false, 0, 0);
+    loom_lua_ref r;
+    loom_err err;
+    int fn;
+    CHECK(loom_lua_parse_ref("links.lua:links", tmpdir, &r, &err) == LOOM_OK);
+    CHECK(loom_lua_resolve(S, &r, &fn, &err) == LOOM_OK);
+    loom_lua_push_fn(S, fn);
+    lua_pushstring(loom_lua_state(S), tpath("model"));
+    int rc = loom_lua_call(S, 1, 1, &err);
+    CHECK_MSG(rc == LOOM_OK, "%s: %s", err.where, err.msg);
+    struct stat sb;
+    CHECK_MSG(stat(tpath("target_created"), &sb) != 0, "a write through a dangling link created its target");
+    FILE *f = fopen(tpath("outside_file"), "r");
+    char buf[16] = "";
+    CHECK(f && fgets(buf, sizeof buf, f) && !strcmp(buf, "keep"));
+    if (f) fclose(f);
+    loom_lua_close(S);
+}
+
+/* Lua files open through the regular-file helper: a FIFO as a hook file or
+ * as a module on package.path is refused, not waited on; require loads text
+ * chunks only (Lua's own searcher took binary ones). */
+static void test_fifo_and_binary_modules(void)
+{
+    setup();
+    unlink(tpath("pipe_mod.lua"));
+    unlink(tpath("pipe_hook.lua"));
+    CHECK(mkfifo(tpath("pipe_mod.lua"), 0644) == 0);
+    CHECK(mkfifo(tpath("pipe_hook.lua"), 0644) == 0);
+    /* a binary chunk, written by this Lua's string.dump */
+    loom_lua *S = open_state(true, 0, 0);
+    lua_State *L = loom_lua_state(S);
+    CHECK(luaL_dostring(L, "return string.dump(function() return 42 end)") == LUA_OK);
+    size_t n;
+    const char *chunk = lua_tolstring(L, -1, &n);
+    FILE *f = fopen(tpath("bin_mod.lua"), "wb");
+    CHECK(f && fwrite(chunk, 1, n, f) == n);
+    if (f) fclose(f);
+    loom_lua_close(S);
+    write_file("req.lua", "function fifo() local ok, e = pcall(require, 'pipe_mod'); assert(not ok, 'loaded'); "
+                          "assert(e:find('FIFO', 1, true), e); return true end\n"
+                          "function binary() local ok, e = pcall(require, 'bin_mod'); assert(not ok, 'loaded'); "
+                          "assert(e:find('binary', 1, true), e); return true end\n");
+    S = open_state(false, 0, 0);
+    loom_err err;
+    alarm(20); /* a regression hangs: fail instead */
+    int rc = call(S, "req.lua:fifo", &err);
+    CHECK_MSG(rc == LOOM_OK, "%s: %s", err.where, err.msg);
+    rc = call(S, "req.lua:binary", &err);
+    CHECK_MSG(rc == LOOM_OK, "%s: %s", err.where, err.msg);
+    loom_err_clear(&err);
+    CHECK(loom_lua_load(S, tpath("pipe_hook.lua"), &err) == LOOM_EIO);
+    alarm(0);
+    CHECK_CONTAINS(err.msg, "cannot open Lua file: is a FIFO");
+    loom_lua_close(S);
+    unlink(tpath("pipe_mod.lua"));
+    unlink(tpath("pipe_hook.lua"));
+}
+
 /* ---- limits and errors ---------------------------------------------------------------- */
 
 static const char *limits_lua =
@@ -650,6 +741,8 @@ static const loom_test tests[] = {
     {"tensor_api", test_tensor_api},
     {"views", test_views},
     {"sandbox", test_sandbox},
+    {"symlinks", test_symlinks},
+    {"fifo_and_binary_modules", test_fifo_and_binary_modules},
     {"memory_cap", test_memory_cap},
     {"instruction_budget", test_instruction_budget},
     {"errors", test_errors},

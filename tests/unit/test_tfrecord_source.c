@@ -513,7 +513,7 @@ static void test_save_restore(void)
                 loom_iter_close(r);
             }
             size_t tail = ref.n - off[k];
-            CHECK_MSG(rest.n == tail && !memcmp(rest.p, ref.p + off[k], tail),
+            CHECK_MSG(rest.n == tail && (!tail || !memcmp(rest.p, ref.p + off[k], tail)),
                       "variant %d cut %d: the restored run differs (%zu vs %zu bytes)", variant, k, rest.n, tail);
             free(head.p);
             free(rest.p);

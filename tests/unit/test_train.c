@@ -10,6 +10,8 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <float.h>
+#include <math.h>
 #include <ftw.h>
 #include <stdint.h>
 #include <sys/stat.h>
@@ -161,19 +163,19 @@ static loom_optimizer *new_opt(loom_model *m, loom_opt_kind kind)
     return o;
 }
 
-/* Normal floats, plus the values a lossy path would mangle: -0, a denormal,
- * infinity and a NaN with a payload. */
+/* Normal floats, plus the finite values a lossy path would mangle: -0, a
+ * denormal, the largest float and the smallest normal one. (A NaN or an
+ * infinity is refused on load: test_nonfinite_weights.) */
 static void fill(float *p, int64_t n, uint64_t seed)
 {
     loom_rng r;
     loom_rng_init(&r, seed, 7, 8, 9);
     for (int64_t i = 0; i < n; i++) p[i] = loom_rng_normal(&r);
     if (n >= 4) {
-        uint32_t nan = 0x7fc12345u;
         p[0] = -0.0f;
         p[1] = 1e-40f;
-        p[2] = INFINITY;
-        memcpy(&p[3], &nan, 4);
+        p[2] = FLT_MAX;
+        p[3] = -FLT_MIN;
     }
 }
 
@@ -474,6 +476,13 @@ static void test_latest(void)
     touch(dir, "CKPT-5007.loom", "x");
     touch(dir, "ckpt-12x.loom", "x");
     touch(dir, "checkpoint.tmp.1", "x");
+    /* digits out of range, leading zeros and signs: strtoll saturated the first to INT64_MAX (latest forever) */
+    touch(dir, "ckpt-99999999999999999999999.loom", "x");
+    touch(dir, "ckpt-9223372036854775807.loom", "x");
+    touch(dir, "ckpt-9007199254740993.loom", "x");
+    touch(dir, "ckpt-0500.loom", "x");
+    touch(dir, "ckpt-+600.loom", "x");
+    touch(dir, "ckpt- 700.loom", "x");
     step = -1;
     CHECK(loom_ckpt_latest(dir, path, &step, &err) == LOOM_OK);
     CHECK(step == 100);
@@ -678,6 +687,38 @@ static void test_crafted_records(void)
     CHECK_CONTAINS(err.msg, "gzip");
     free(c);
     damaged_fini(&x);
+}
+
+/* A checkpoint whose bytes are the writer's (CRCs valid) but whose content
+ * is impossible: a NaN or an infinity in a tensor, a record twice. */
+static void test_nonfinite_and_duplicates(void)
+{
+    const float bad[] = {NAN, INFINITY, -INFINITY};
+    for (int i = 0; i < 3; i++) {
+        saved s;
+        CHECK(save_fixture(&s, 5, 3, LOOM_OPT_MOMENTUM, 4) == LOOM_OK);
+        loom_model_params(s.m)[7] = bad[i];
+        char path[LOOM_PATH_MAX];
+        CHECK(loom_ckpt_save(s.dir, 5, s.m, s.o, &s.tr, &s.it, 5, path, &err) == LOOM_OK);
+        loom_model *m = new_model(5, 3);
+        loom_optimizer *o = new_opt(m, LOOM_OPT_MOMENTUM);
+        sentinel(m, o);
+        loom_err_clear(&err);
+        CHECK(loom_ckpt_load(path, m, o, NULL, NULL, &err) == LOOM_ECHECKPOINT);
+        CHECK(!strcmp(err.where, path));
+        CHECK_CONTAINS(err.msg, "tensor \"dense_1/kernel\" holds");
+        CHECK_CONTAINS(err.msg, "at index 7");
+        /* nothing of it reached the model */
+        CHECK(loom_model_params(m)[7] == 1234.5f);
+        loom_err_clear(&err);
+        FILE *null = fopen("/dev/null", "w");
+        CHECK(null && loom_ckpt_inspect(path, null, &err) == LOOM_ECHECKPOINT);
+        if (null) fclose(null);
+        CHECK_CONTAINS(err.msg, "holds a NaN or an infinity");
+        loom_model_free(m);
+        loom_optimizer_free(o);
+        saved_fini(&s);
+    }
 }
 
 static void test_missing_file(void)
@@ -928,6 +969,7 @@ static const loom_test tests[] = {
     {"truncated", test_truncated},
     {"flipped_bytes", test_flipped_bytes},
     {"crafted_records", test_crafted_records},
+    {"nonfinite_and_duplicates", test_nonfinite_and_duplicates},
     {"missing_file", test_missing_file},
     {"different_units", test_different_units},
     {"extra_layer", test_extra_layer},

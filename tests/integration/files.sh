@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# files.sh - the files loom reads and writes, against hostile or unlucky
+# input: a FIFO as the config or as a checkpoint is refused, not waited on;
+# checkpoint names are parsed strictly; a checkpoint with valid CRCs but
+# impossible content (a duplicated tensor, step 2^62, a negative
+# step_in_epoch, a NaN loss sum, a file named for another step) is refused
+# naming the file; stale *.tmp.<pid> files are removed; metrics.jsonl agrees
+# with the checkpoint after a kill; a rerun of a finished run says so and
+# writes no second "end" line.
+source "$(dirname "$0")/lib.sh"
+FORGE="${LOOM_CKPT_FORGE:-$(dirname "$LOOM")/tests/ckpt_forge}"
+CFG=tests/configs/small_mlp.cfg
+OPT=(--set run.progress='"none"' --set run.eval_each_epoch=false --set run.eval_steps=1)
+T0=$SECONDS
+
+# --- FIFOs: refused at once, naming them --------------------------------------
+mkfifo "$WORK/fifo.cfg"
+expect_fail 2 "a FIFO as the config is refused, not waited on" "fifo.cfg: cannot read the config file: is a FIFO (named pipe)" \
+    timeout 20 "$LOOM" check "$WORK/fifo.cfg"
+printf 'version = 1;\n@include "inc.cfg"\n' > "$WORK/top.cfg"
+mkfifo "$WORK/inc.cfg"
+expect_fail 2 "a FIFO as an @include'd file is refused at its line" "top.cfg:2: @include \"$WORK/inc.cfg\": is a FIFO" \
+    timeout 20 "$LOOM" check "$WORK/top.cfg"
+
+# --- a small run to work on: 3 steps, a checkpoint at each -------------------
+check "train 3 steps" "$LOOM" train $CFG --model-dir "$WORK/m" "${OPT[@]}" --set run.max_steps=3 --set run.checkpoint_steps=1
+[ -f "$WORK/m/ckpt-3.loom" ] && pass "ckpt-3.loom written" || fail "ckpt-3.loom written" "$(ls "$WORK/m")"
+fresh() { rm -rf "$WORK/$1"; mkdir -p "$WORK/$1"; cp "$WORK/m/ckpt-3.loom" "$WORK/$1/"; }
+
+mkfifo "$WORK/m/ckpt-5.loom"
+expect_fail 1 "a FIFO as the latest checkpoint is refused, not waited on" "ckpt-5.loom: is a FIFO (named pipe), not a regular file" \
+    timeout 20 "$LOOM" train $CFG --model-dir "$WORK/m" "${OPT[@]}" --set run.max_steps=6
+rm -f "$WORK/m/ckpt-5.loom"
+
+# --- checkpoint names ----------------------------------------------------------
+fresh names
+for bad in ckpt-99999999999999999999999.loom ckpt-007.loom ckpt-+9.loom ckpt--9.loom ckpt-9x.loom ckpt-9007199254740993.loom; do
+    cp "$WORK/names/ckpt-3.loom" "$WORK/names/$bad"
+done
+out=$("$LOOM" train $CFG --model-dir "$WORK/names" "${OPT[@]}" --set run.max_steps=4 2>&1); status=$?
+[ $status -eq 0 ] && pass "bad checkpoint names do not stop a run" || fail "bad checkpoint names do not stop a run" "$out"
+contains "it resumes from the real latest" "resuming from $WORK/names/ckpt-3.loom (step 3" "$out"
+contains "a saturating name is ignored with a warning" "ckpt-99999999999999999999999.loom: ignored: not a checkpoint name" "$out"
+contains "a leading zero is ignored with a warning" "ckpt-007.loom: ignored" "$out"
+contains "a step past 2^53 is ignored with a warning" "ckpt-9007199254740993.loom: ignored" "$out"
+[ -f "$WORK/names/ckpt-4.loom" ] && pass "and the next checkpoint is step 4" || fail "and the next checkpoint is step 4" "$(ls "$WORK/names")"
+
+# --- forged checkpoints: valid CRCs, impossible content --------------------------
+# the trainer blob: u32 version, i64 step @4, epoch @12, step_in_epoch @20, f64 loss_sum @28, i64 correct @36, examples @44
+forged() { # NAME WANT FORGE-ARGS...
+    local name="$1" want="$2"; shift 2
+    fresh forged
+    if ! "$FORGE" "$WORK/m/ckpt-3.loom" "$WORK/forged/ckpt-3.loom" "$@"; then fail "$name" "ckpt_forge $*"; return; fi
+    expect_fail 1 "$name" "$want" "$LOOM" train $CFG --model-dir "$WORK/forged" "${OPT[@]}" --set run.max_steps=5
+}
+forged "a duplicated tensor record is refused" 'ckpt-3.loom: tensor "dense_1/kernel" appears twice' dup dense_1/kernel
+forged "step 2^62 is refused" "(step is out of range)" blob-i64 trainer 4 4611686018427387904
+forged "a negative step_in_epoch is refused" "(step_in_epoch is out of range)" blob-i64 trainer 20 -1
+forged "a NaN loss sum is refused" "(loss_sum is out of range)" blob-f64 trainer 28 nan
+forged "more correct than examples is refused" "(correct is out of range)" blob-i64 trainer 36 1000000
+forged "a file named for another step is refused" "the file is named for step 3 but holds step 4" blob-i64 trainer 4 4
+fresh forged
+"$FORGE" "$WORK/m/ckpt-3.loom" "$WORK/forged/ckpt-3.loom" dup trainer
+expect_fail 1 "loom inspect refuses a duplicated record too" 'record "trainer" appears twice' "$LOOM" inspect "$WORK/forged/ckpt-3.loom"
+
+# --- stale temporary files --------------------------------------------------------
+fresh tmp
+sh -c 'exit 0' & dead=$!; wait $dead
+echo partial > "$WORK/tmp/ckpt-4.loom.tmp.$dead"
+echo partial > "$WORK/tmp/checkpoint.tmp.$dead"
+echo live > "$WORK/tmp/ckpt-4.loom.tmp.$$"
+out=$("$LOOM" train $CFG --model-dir "$WORK/tmp" "${OPT[@]}" --set run.max_steps=4 2>&1)
+contains "a dead writer's tmp file is removed, and said" "ckpt-4.loom.tmp.$dead: removed a temporary file left by process $dead" "$out"
+[ ! -e "$WORK/tmp/checkpoint.tmp.$dead" ] && pass "every one of them" || fail "every one of them" "$(ls "$WORK/tmp")"
+[ -e "$WORK/tmp/ckpt-4.loom.tmp.$$" ] && pass "a live writer's tmp file stays" || fail "a live writer's tmp file stays" "$(ls "$WORK/tmp")"
+
+# --- metrics.jsonl after a kill between an epoch's line and its checkpoint -------
+# 32 steps per epoch: run to step 35, then drop the checkpoints from step 32 on,
+# as if the run had been killed after writing epoch 1's line (step 32) but
+# before committing ckpt-32; the resumed run writes epoch 1's line again.
+check "train to step 35" "$LOOM" train $CFG --model-dir "$WORK/k" "${OPT[@]}" --set run.max_steps=35 --set run.checkpoint_steps=10
+rm -f "$WORK/k/ckpt-32.loom" "$WORK/k/ckpt-35.loom"
+printf '{"event": "epoch", "epoch": 2, "st' >> "$WORK/k/metrics.jsonl" # a line cut short by the kill
+out=$("$LOOM" train $CFG --model-dir "$WORK/k" "${OPT[@]}" --set run.max_steps=35 --set run.checkpoint_steps=10 2>&1)
+contains "resumed from step 30" "resuming from $WORK/k/ckpt-30.loom (step 30" "$out"
+contains "the lines after the checkpoint are removed, and said" "removed 3 lines written after the checkpoint of step 30" "$out"
+n=$(grep -c '"event": "epoch", "epoch": 1,' "$WORK/k/metrics.jsonl")
+[ "$n" = 1 ] && pass "epoch 1 has one line in metrics.jsonl" || fail "epoch 1 has one line in metrics.jsonl" "$n lines" "$(cat "$WORK/k/metrics.jsonl")"
+n=$(grep -c '"event": "end"' "$WORK/k/metrics.jsonl")
+[ "$n" = 1 ] && pass "and one end line" || fail "and one end line" "$n end lines"
+bad=$(grep -vc '}$' "$WORK/k/metrics.jsonl")
+[ "$bad" = 0 ] && pass "every line is whole" || fail "every line is whole" "$(grep -v '}$' "$WORK/k/metrics.jsonl")"
+
+# --- a rerun of a finished run ------------------------------------------------------
+before=$(cat "$WORK/k/metrics.jsonl")
+out=$("$LOOM" train $CFG --model-dir "$WORK/k" "${OPT[@]}" --set run.max_steps=35 2>&1); status=$?
+[ $status -eq 0 ] && pass "a rerun of a finished run succeeds" || fail "a rerun of a finished run succeeds" "$out"
+contains "and says the run is finished" "nothing to do: the run in $WORK/k is finished, at step 35" "$out"
+[ "$before" = "$(cat "$WORK/k/metrics.jsonl")" ] && pass "and writes no second end line" ||
+    fail "and writes no second end line" "$(diff <(echo "$before") "$WORK/k/metrics.jsonl" | head -4)"
+
+echo "# files.sh took $((SECONDS - T0)) s"
+finish
