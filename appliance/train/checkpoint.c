@@ -609,7 +609,7 @@ int loom_ckpt_archive(const char *dir, char out[LOOM_PATH_MAX], loom_err *err)
     return rc;
 }
 
-int loom_metrics_trim(const char *path, int64_t max_step, loom_err *err)
+int loom_metrics_trim(const char *path, int64_t max_step, int64_t max_epoch, loom_err *err)
 {
     uint8_t *text;
     size_t len;
@@ -630,8 +630,11 @@ int loom_metrics_trim(const char *path, int64_t max_step, loom_err *err)
         *nl = 0;
         const char *sp = strstr((char *)text + i, "\"step\":");
         long long s = sp ? strtoll(sp + 7, NULL, 10) : 0;
+        /* an epoch line: {"event": "epoch", "epoch": N, ...} (N counts completed epochs) */
+        const char *ep = strstr((char *)text + i, "\"event\": \"epoch\"") ? strstr((char *)text + i, "\"epoch\": ") : NULL;
+        long long e = ep ? strtoll(ep + 9, NULL, 10) : 0;
         *nl = '\n';
-        if (s <= max_step) {
+        if (s <= max_step && e <= max_epoch) {
             memmove(text + keep, text + i, n);
             keep += n;
         } else {

@@ -473,7 +473,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
 
     char metrics_path[LOOM_PATH_MAX + 16];
     snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", r.model_dir);
-    if (r.chief && !opts->fresh && loom_metrics_trim(metrics_path, st.step, err) < 0) {
+    if (r.chief && !opts->fresh && loom_metrics_trim(metrics_path, st.step, st.epoch, err) < 0) {
         loom_dir_unlock_(lock_fd);
         run_close(&r);
         return err->code;

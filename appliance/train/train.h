@@ -88,9 +88,12 @@ int loom_ckpt_archive(const char *dir, char out[LOOM_PATH_MAX], loom_err *err);
 
 /* Makes metrics.jsonl (path) agree with the checkpoint a run resumes from:
  * removes the lines whose "step" is above max_step (written after that
- * checkpoint, by a run killed before it committed the next one) and a last
- * line cut short. Returns how many lines it removed, -1 with err set. */
-int loom_metrics_trim(const char *path, int64_t max_step, loom_err *err);
+ * checkpoint, by a run killed before it committed the next one), the epoch
+ * lines of epochs past max_epoch (the epochs the checkpoint has completed:
+ * a checkpoint taken at an epoch's last step, before its end, has the step
+ * of that epoch's line but not the epoch), and a last line cut short.
+ * Returns how many lines it removed, -1 with err set. */
+int loom_metrics_trim(const char *path, int64_t max_step, int64_t max_epoch, loom_err *err);
 
 /* Verifies every checksum of a checkpoint and lists its records (tensor
  * name, shape and CRC-32C; blob name and size) without needing the model. */

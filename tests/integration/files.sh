@@ -99,5 +99,20 @@ contains "and says the run is finished" "nothing to do: the run in $WORK/k is fi
 [ "$before" = "$(cat "$WORK/k/metrics.jsonl")" ] && pass "and writes no second end line" ||
     fail "and writes no second end line" "$(diff <(echo "$before") "$WORK/k/metrics.jsonl" | head -4)"
 
+# --- a checkpoint at an epoch's last step, then its line, then a kill ------------------
+# checkpoint_steps = 32 = one epoch: ckpt-32 is taken at the epoch's last step, before
+# its end (epoch 0 in progress); its line (step 32, epoch 1) follows, then ckpt-32 is
+# rewritten for epoch 1. A kill between the line and that rewrite resumes from the
+# first ckpt-32, whose step is the line's: the line must go by its epoch.
+check "train to the last step of epoch 1" "$LOOM" train $CFG --model-dir "$WORK/e" "${OPT[@]}" --set run.max_steps=32 \
+    --set run.checkpoint_steps=32
+grep -v '"event": "end"' "$WORK/e/metrics.jsonl" >"$WORK/e/m" && mv "$WORK/e/m" "$WORK/e/metrics.jsonl"
+echo '{"event": "epoch", "epoch": 1, "step": 32, "train_loss": 1}' >>"$WORK/e/metrics.jsonl" # the line before the kill
+check "resume at the epoch's end" "$LOOM" train $CFG --model-dir "$WORK/e" "${OPT[@]}" --set run.max_steps=40 \
+    --set run.checkpoint_steps=32
+n=$(grep -c '"event": "epoch", "epoch": 1,' "$WORK/e/metrics.jsonl")
+[ "$n" = 1 ] && pass "epoch 1 has one line after a kill between its line and its end's checkpoint" ||
+    fail "epoch 1 has one line after a kill between its line and its end's checkpoint" "$n lines" "$(cat "$WORK/e/metrics.jsonl")"
+
 echo "# files.sh took $((SECONDS - T0)) s"
 finish
