@@ -380,7 +380,7 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
             ERR_error_string_n(se, sb, sizeof sb);
             snprintf(why, sizeof why, "TLS error: %s", sb);
         } else
-            snprintf(why, sizeof why, "%s", e ? evutil_socket_error_to_string(e) : "connection error");
+            snprintf(why, sizeof why, "connection closed (%s)", e ? evutil_socket_error_to_string(e) : "error");
     }
     pthread_mutex_lock(&n->mu);
     if (c->authed) {
