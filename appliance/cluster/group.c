@@ -118,12 +118,8 @@ static int set_sock(int fd)
 {
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    const char *e = getenv("LOOM_SOCKBUF");
-    if (e && atoi(e) > 0) {
-        int buf = atoi(e);
-        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
-        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
-    }
+    /* Socket buffers stay with the kernel's autotuning: fixed sizes from 256 KiB
+     * to 4 MiB measured no better on loopback, and fixing them turns the tuning off. */
     int fl = fcntl(fd, F_GETFL);
     return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
 }
