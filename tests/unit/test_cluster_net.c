@@ -351,10 +351,10 @@ static int all_reduce_rank(int rank, int n)
     loom_group *g = open_group(rank, n, 30);
     if (!g) return 1;
     CHECK(loom_group_rank(g) == rank && loom_group_size(g) == n);
-    static const int64_t counts[] = {1, 2, 3, 7, 100, 1000, 4097, 65539, 1 << 20};
+    static const int64_t counts[] = {0, 1, 2, 3, 7, 100, 1000, 4097, 16385, 65539, 1 << 20};
     for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
         int64_t c = counts[k];
-        float *b = malloc((size_t)c * 4), *want = malloc((size_t)c * 4);
+        float *b = malloc((size_t)c * 4 + 4), *want = malloc((size_t)c * 4 + 4);
         for (int64_t i = 0; i < c; i++) {
             b[i] = val(rank, i);
             want[i] = 0;
@@ -481,6 +481,29 @@ static void test_broadcast_gather_barrier(void)
         run_ranks(n, bcast_gather_rank, 60, st);
         check_all_ok(n, st);
     }
+}
+
+/* A group of one: every collective returns at once with the caller's data. */
+static void test_group_of_one(void)
+{
+    new_ports(1);
+    tcl t;
+    mk_cluster(&t, 1, 0);
+    loom_group *g = NULL;
+    loom_err err = {0};
+    CHECK_MSG(loom_group_open(&g, &t.c, 0, &err) == 0, "%s", err.msg);
+    if (!g) return;
+    float b[3] = {1, 2, 3};
+    CHECK(loom_group_all_reduce(g, b, 3, &err) == 0 && b[0] == 1 && b[2] == 3);
+    CHECK(loom_group_broadcast(g, b, sizeof b, 0, &err) == 0 && b[1] == 2);
+    CHECK(loom_group_broadcast(g, b, sizeof b, 1, &err) == LOOM_EUSAGE);
+    loom_buf out[1];
+    loom_buf_init(&out[0]);
+    CHECK(loom_group_all_gather_bytes(g, "abc", 3, out, &err) == 0 && out[0].len == 3 && !memcmp(out[0].data, "abc", 3));
+    loom_buf_fini(&out[0]);
+    CHECK(loom_group_barrier(g, &err) == 0);
+    CHECK(loom_group_size(g) == 1 && loom_group_rank(g) == 0);
+    loom_group_close(g);
 }
 
 /* ---- refusals ------------------------------------------------------------- */
@@ -924,6 +947,7 @@ static const loom_test tests[] = {
     {"all_reduce_3", test_all_reduce_3},
     {"broadcast_gather_barrier", test_broadcast_gather_barrier},
     {"all_reduce_sender_thread", test_all_reduce_sender_thread},
+    {"group_of_one", test_group_of_one},
     {"wrong_secret", test_wrong_secret},
     {"config_mismatch", test_config_mismatch},
     {"peer_never_comes", test_peer_never_comes},
