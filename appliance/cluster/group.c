@@ -521,7 +521,12 @@ static int check_header(loom_group *g, const coll_hdr *mine, const coll_hdr *the
  * receives and reduces: the kernel's send copy and receive copy then run at
  * once on two cores. The calling thread publishes how far its receiving has
  * got (recv_done, bytes over the whole schedule) and the sender goes as far
- * as each step's gate allows, sleeping on wake_fd when it must wait. */
+ * as each step's gate allows, sleeping on wake_fd when it must wait.
+ * A receive may land in a segment whose send() call is still running (the
+ * all-gather writes segments this rank sent earlier): each byte arriving
+ * there was first sent by this rank and came back round the ring, so the
+ * kernel had copied it out before the new one comes in (ThreadSanitizer
+ * sees the two calls overlap, not the bytes). */
 struct sender {
     pthread_t       th;
     pthread_mutex_t mu;
