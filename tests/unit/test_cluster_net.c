@@ -566,7 +566,7 @@ static void test_wrong_secret(void)
     /* The dialer (worker:1) refuses at once; worker:0 waits out connect_timeout, then says why. */
     CHECK_MSG(rc1 == LOOM_ENET, "%d %s", rc1, m1);
     CHECK_CONTAINS(m1, "worker:0 failed to prove the shared secret");
-    CHECK_MSG(s1 < 1.5, "the dialer took %.2f s to refuse", s1);
+    CHECK_MSG(s1 < 1.9, "the dialer took %.2f s to refuse (connect_timeout 2 s)", s1);
     CHECK_MSG(rc0 == LOOM_ETIMEOUT, "%d %s", rc0, m0);
     CHECK_CONTAINS(m0, "worker:1 failed to prove the shared secret");
     CHECK_MSG(s0 >= 1.9 && s0 < 4, "worker:0 took %.2f s", s0);
@@ -814,7 +814,7 @@ static void test_mismatch(void)
             char *m = read_note(r, &rc, &s);
             CHECK_MSG(rc == LOOM_EUSAGE, "n %d rank %d: %d %s", n, r, rc, m);
             CHECK_CONTAINS(m, "collectives differ");
-            CHECK_MSG(s < 2, "rank %d took %.2f s", r, s);
+            CHECK_MSG(s < 3, "rank %d took %.2f s", r, s);
             printf("# n=%d rank %d: %s\n", n, r, m);
             free(m);
         }
@@ -858,7 +858,7 @@ static void test_collective_timeout(void)
     double s;
     char *m = read_note(0, &rc, &s);
     CHECK_MSG(rc == LOOM_ETIMEOUT, "%d %s", rc, m);
-    CHECK_MSG(s >= 0.9 && s < 2, "rank 0 gave up after %.2f s (timeout 1 s)", s);
+    CHECK_MSG(s >= 0.9 && s < 2.5, "rank 0 gave up after %.2f s (timeout 1 s)", s);
     CHECK_CONTAINS(m, "all_reduce #2 (10 floats) waited");
     CHECK_CONTAINS(m, "not arrived: rank 1 (worker:1): last heard");
     CHECK_CONTAINS(m, "between collectives, after all_reduce #1 (10 floats)");
