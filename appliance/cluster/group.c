@@ -48,6 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 enum { K_ALL_REDUCE = 1, K_BROADCAST, K_ALL_GATHER, K_BARRIER };
@@ -496,7 +497,7 @@ static int data_closed(loom_group *g, const coll_hdr *h, bool sending, loom_err 
     return group_fail(g, err, true);
 }
 
-static int check_header(loom_group *g, const coll_hdr *mine, const coll_hdr *theirs, loom_err *err)
+static int check_header_from(loom_group *g, const coll_hdr *mine, const coll_hdr *theirs, int prev, loom_err *err)
 {
     if (theirs->magic == mine->magic && theirs->kind == mine->kind && theirs->seq == mine->seq &&
         theirs->count == mine->count && theirs->aux == mine->aux)
@@ -507,12 +508,16 @@ static int check_header(loom_group *g, const coll_hdr *mine, const coll_hdr *the
         snprintf(b, sizeof b, "sent bytes that are not a collective's header");
     else
         describe(b, sizeof b, theirs);
-    int prev = (g->rank + g->size - 1) % g->size;
     loom_err_set(err, LOOM_EUSAGE, loom_net_name_(g->net),
                  "collectives differ: rank %d (%s) entered %s, rank %d (%s) entered %s", g->rank, rname(g, g->rank), a,
                  prev, rname(g, prev), b);
     loom_err_hint(err, "every rank must call the same collectives in the same order with the same sizes");
     return group_fail(g, err, true);
+}
+
+static int check_header(loom_group *g, const coll_hdr *mine, const coll_hdr *theirs, loom_err *err)
+{
+    return check_header_from(g, mine, theirs, (g->rank + g->size - 1) % g->size, err);
 }
 
 /* ---- the sender thread ------------------------------------------------------ */
@@ -858,6 +863,87 @@ static int gather_pieces(loom_group *g, coll_hdr *h, uint8_t **piece, const size
     return run(g, h, st, n - 1, err);
 }
 
+/* A small all-reduce among 3 ranks in one hop: the ring's connections are
+ * full duplex, so each rank sends its header and buffer both ways (to its
+ * successor and, backwards, to its predecessor) and receives the other two
+ * ranks' at once; then every rank sums the three in rank order, as the
+ * n - 1 hop path does. */
+static int small3(loom_group *g, coll_hdr *hdr, const float *buf, size_t bytes, loom_err *err)
+{
+    int r = g->rank, next = (r + 1) % 3, prev = (r + 2) % 3;
+    memcpy(g->tmp + (size_t)r * bytes, buf, bytes);
+    coll_hdr in[2]; /* from prev (on recv_fd), from next (on send_fd) */
+    memset(in, 0, sizeof in);
+    int fd[2] = {g->recv_fd, g->send_fd};
+    uint8_t *dst[2] = {g->tmp + (size_t)prev * bytes, g->tmp + (size_t)next * bytes};
+    size_t out_n[2] = {0, 0}, in_n[2] = {0, 0}, total = sizeof *hdr + bytes;
+    bool checked[2] = {false, false};
+    double t0 = loom_now(), last_check = t0, idle_since = 0;
+    for (;;) {
+        bool progress = false, done = true;
+        for (int k = 0; k < 2; k++) {
+            if (out_n[k] < total) {
+                struct iovec iov[2];
+                int ni = 0;
+                if (out_n[k] < sizeof *hdr)
+                    iov[ni++] = (struct iovec){(uint8_t *)hdr + out_n[k], sizeof *hdr - out_n[k]};
+                size_t d0 = out_n[k] > sizeof *hdr ? out_n[k] - sizeof *hdr : 0;
+                if (bytes > d0) iov[ni++] = (struct iovec){g->tmp + (size_t)r * bytes + d0, bytes - d0};
+                struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)ni};
+                ssize_t w = sendmsg(fd[k], &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+                if (w > 0) out_n[k] += (size_t)w, progress = true;
+                else if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+                    return data_closed(g, hdr, k == 1, err);
+            }
+            if (in_n[k] < total) {
+                struct iovec iov[2];
+                int ni = 0;
+                if (in_n[k] < sizeof *hdr) iov[ni++] = (struct iovec){(uint8_t *)&in[k] + in_n[k], sizeof *hdr - in_n[k]};
+                size_t d0 = in_n[k] > sizeof *hdr ? in_n[k] - sizeof *hdr : 0;
+                if (bytes > d0) iov[ni++] = (struct iovec){dst[k] + d0, bytes - d0};
+                struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)ni};
+                ssize_t rd = recvmsg(fd[k], &mh, MSG_DONTWAIT);
+                if (rd > 0) in_n[k] += (size_t)rd, progress = true;
+                else if (rd == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+                    return data_closed(g, hdr, k == 1, err);
+            }
+            if (!checked[k] && in_n[k] >= sizeof *hdr) {
+                int rc = check_header_from(g, hdr, &in[k], k == 0 ? prev : next, err);
+                if (rc) return rc;
+                checked[k] = true;
+            }
+            if (out_n[k] < total || in_n[k] < total) done = false;
+        }
+        if (done) return LOOM_OK;
+        if (progress) {
+            idle_since = 0;
+            continue;
+        }
+        if (g->spin) {
+            double now = loom_now();
+            if (!idle_since) idle_since = now;
+            if (now - idle_since < SPIN_S) continue;
+            idle_since = 0;
+        }
+        struct pollfd pf[3];
+        for (int k = 0; k < 2; k++)
+            pf[k] = (struct pollfd){fd[k], (short)((out_n[k] < total ? POLLOUT : 0) | (in_n[k] < total ? POLLIN : 0)), 0};
+        pf[2] = (struct pollfd){g->alert_fd, POLLIN, 0};
+        int pr = poll(pf, 3, 200);
+        double now = loom_now();
+        if ((pr > 0 && (pf[2].revents & POLLIN)) || now - last_check > 1.0) {
+            last_check = now;
+            bool ab;
+            int rc = check_alert(g, err, &ab);
+            if (rc) return group_fail(g, err, !ab);
+        }
+        if (g->timeout > 0 && now - t0 > g->timeout) {
+            timeout_report(g, hdr, now - t0, err);
+            return group_fail(g, err, true);
+        }
+    }
+}
+
 int loom_group_all_reduce(loom_group *g, float *buf, int64_t count, loom_err *err)
 {
     coll_hdr h;
@@ -873,8 +959,13 @@ int loom_group_all_reduce(loom_group *g, float *buf, int64_t count, loom_err *er
         uint8_t *pp[64];
         size_t pl[64];
         for (int k = 0; k < n; k++) pp[k] = g->tmp + (size_t)k * bytes, pl[k] = bytes;
-        memcpy(pp[r], buf, bytes);
-        if ((rc = gather_pieces(g, &h, pp, pl, err))) return rc;
+        if (n == 3)
+            rc = small3(g, &h, buf, bytes, err);
+        else {
+            memcpy(pp[r], buf, bytes);
+            rc = gather_pieces(g, &h, pp, pl, err);
+        }
+        if (rc) return rc;
         const float *x0 = (const float *)pp[0];
         for (int64_t i = 0; i < count; i++) buf[i] = x0[i];
         for (int k = 1; k < n; k++) {
