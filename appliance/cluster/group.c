@@ -41,10 +41,14 @@
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
 #include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/eventfd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 enum { K_ALL_REDUCE = 1, K_BROADCAST, K_ALL_GATHER, K_BARRIER };
@@ -58,12 +62,21 @@ static const char *const kind_names[] = {"?", "all_reduce", "broadcast", "all_ga
 /* All-reduces up to this many bytes gather every rank's whole buffer and sum
  * them in rank order on every rank: n - 1 hops instead of 2(n - 1). */
 #define SMALL (64u << 10)
+/* Schedules that send at least this many bytes use the sender thread (when there is one). */
+#define THREAD_MIN (256u << 10)
+/* How long a small collective polls before it sleeps, when every local rank has a core. */
+#define SPIN_S 50e-6
 
 typedef struct coll_hdr {
     uint32_t magic, kind;
     uint64_t seq, count;
     uint32_t aux, pad;
 } coll_hdr;
+
+typedef struct sender sender;
+typedef struct step step;
+static int  sender_start(loom_group *g);
+static void sender_stop(sender *sd);
 
 struct loom_group {
     loom_net *net;
@@ -78,6 +91,8 @@ struct loom_group {
     uint8_t  *tmp;
     size_t    tmp_cap;
     char      names[16][32];          /* rank -> task name, for messages (first 16) */
+    sender   *sender;                 /* sends of large collectives; NULL: the calling thread sends */
+    bool      spin;                   /* every rank on this host has a core of its own */
 };
 
 static void task_of_rank(const loom_cluster *c, int r, loom_role *role, int *index)
@@ -87,6 +102,11 @@ static void task_of_rank(const loom_cluster *c, int r, loom_role *role, int *ind
         else *role = LOOM_ROLE_WORKER, *index = r - 1;
     } else
         *role = LOOM_ROLE_WORKER, *index = r;
+}
+
+static bool is_loopback_name(const char *h)
+{
+    return !strcmp(h, "localhost") || !strncmp(h, "127.", 4) || !strcmp(h, "::1");
 }
 
 static const char *rname(const loom_group *g, int r) { return r >= 0 && r < 16 ? g->names[r] : "a rank"; }
@@ -99,12 +119,8 @@ static int set_sock(int fd)
 {
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    const char *e = getenv("LOOM_SOCKBUF");
-    if (e && atoi(e) > 0) {
-        int buf = atoi(e);
-        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
-        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
-    }
+    /* Socket buffers stay with the kernel's autotuning: fixed sizes from 256 KiB
+     * to 4 MiB measured no better on loopback, and fixing them turns the tuning off. */
     int fl = fcntl(fd, F_GETFL);
     return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
 }
@@ -330,6 +346,26 @@ int loom_group_open(loom_group **out, const loom_cluster *c, double collective_t
         loom_group_close(g);
         return rc;
     }
+    if (n > 1) {
+        /* The ranks on this host (same host name, or both loopback), against its cores: a
+         * sender thread when each rank has two cores, polling before sleeping when it has one. */
+        int local = 0, cores = loom_num_cores();
+        loom_role mr;
+        int mi;
+        task_of_rank(c, g->rank, &mr, &mi);
+        const char *mh = c->tasks[mr][mi].host;
+        for (int r = 0; r < n; r++) {
+            loom_role rr;
+            int ri;
+            task_of_rank(c, r, &rr, &ri);
+            const char *h = c->tasks[rr][ri].host;
+            if (!strcmp(h, mh) || (is_loopback_name(h) && is_loopback_name(mh))) local++;
+        }
+        const char *e = getenv("LOOM_RING_SENDER");
+        bool use_sender = e && *e ? atoi(e) != 0 : cores >= 2 * local;
+        g->spin = local <= cores;
+        if (use_sender && sender_start(g)) loom_debug("%s: no sender thread; sending from the caller", loom_net_name_(g->net));
+    }
     loom_net_set_status_(g->net, "ready, before the first collective");
     *out = g;
     return LOOM_OK;
@@ -338,6 +374,7 @@ int loom_group_open(loom_group **out, const loom_cluster *c, double collective_t
 void loom_group_close(loom_group *g)
 {
     if (!g) return;
+    sender_stop(g->sender);
     if (g->send_fd >= 0) close(g->send_fd);
     if (g->recv_fd >= 0) close(g->recv_fd);
     loom_net_close(g->net);
@@ -353,14 +390,14 @@ void loom_group_close(loom_group *g)
  * go as far as the previous step's receive has been processed (reduced or
  * copied), which pipelines the ring piece by piece. With acc set, the
  * received bytes are floats added into acc; else they land in recv as they are. */
-typedef struct step {
+struct step {
     const uint8_t *send;
     size_t         send_len;
     uint8_t       *recv;
     size_t         recv_len;
     float         *acc;
     bool           gate;
-} step;
+};
 
 static void describe(char *buf, size_t n, const coll_hdr *h)
 {
@@ -394,8 +431,9 @@ static int group_fail(loom_group *g, loom_err *err, bool tell)
  * another rank, or a lost peer. A rank that left on purpose (BYE) is no
  * reason to stop: it may simply have finished this collective first; if we
  * still need it, its data connection ends and data_closed says so. */
-static int check_alert(loom_group *g, loom_err *err)
+static int check_alert(loom_group *g, loom_err *err, bool *from_abort)
 {
+    *from_abort = false;
     uint64_t v;
     if (read(g->alert_fd, &v, sizeof v) < 0) { /* nothing pending */
     }
@@ -409,6 +447,7 @@ static int check_alert(loom_group *g, loom_err *err)
         loom_err_set(err, code, loom_net_name_(g->net), "%s reports: %.*s", rname(g, g->peer_rank[from]),
                      (int)(m.len >= 4 ? (m.len - 4 > 400 ? 400 : m.len - 4) : 0), m.len >= 4 ? (char *)m.data + 4 : "");
         loom_buf_fini(&m);
+        *from_abort = true;
         return code;
     }
     loom_buf_fini(&m);
@@ -444,8 +483,9 @@ static int data_closed(loom_group *g, const coll_hdr *h, bool sending, loom_err 
     double until = loom_now() + 1.0;
     int r = sending ? (g->rank + 1) % g->size : (g->rank + g->size - 1) % g->size;
     int p = sending ? g->next_peer : g->prev_peer;
+    bool ab;
     while (loom_now() < until) {
-        if (check_alert(g, err)) return group_fail(g, err, false);
+        if (check_alert(g, err, &ab)) return group_fail(g, err, !ab);
         if (loom_net_peer_down_(g->net, p, err)) return group_fail(g, err, false);
         struct pollfd pf = {g->alert_fd, POLLIN, 0};
         poll(&pf, 1, 20);
@@ -457,7 +497,7 @@ static int data_closed(loom_group *g, const coll_hdr *h, bool sending, loom_err 
     return group_fail(g, err, true);
 }
 
-static int check_header(loom_group *g, const coll_hdr *mine, const coll_hdr *theirs, loom_err *err)
+static int check_header_from(loom_group *g, const coll_hdr *mine, const coll_hdr *theirs, int prev, loom_err *err)
 {
     if (theirs->magic == mine->magic && theirs->kind == mine->kind && theirs->seq == mine->seq &&
         theirs->count == mine->count && theirs->aux == mine->aux)
@@ -468,7 +508,6 @@ static int check_header(loom_group *g, const coll_hdr *mine, const coll_hdr *the
         snprintf(b, sizeof b, "sent bytes that are not a collective's header");
     else
         describe(b, sizeof b, theirs);
-    int prev = (g->rank + g->size - 1) % g->size;
     loom_err_set(err, LOOM_EUSAGE, loom_net_name_(g->net),
                  "collectives differ: rank %d (%s) entered %s, rank %d (%s) entered %s", g->rank, rname(g, g->rank), a,
                  prev, rname(g, prev), b);
@@ -476,30 +515,191 @@ static int check_header(loom_group *g, const coll_hdr *mine, const coll_hdr *the
     return group_fail(g, err, true);
 }
 
+static int check_header(loom_group *g, const coll_hdr *mine, const coll_hdr *theirs, loom_err *err)
+{
+    return check_header_from(g, mine, theirs, (g->rank + g->size - 1) % g->size, err);
+}
+
+/* ---- the sender thread ------------------------------------------------------ */
+
+/* Large collectives send from a thread of their own while the calling thread
+ * receives and reduces: the kernel's send copy and receive copy then run at
+ * once on two cores. The calling thread publishes how far its receiving has
+ * got (recv_done, bytes over the whole schedule) and the sender goes as far
+ * as each step's gate allows, sleeping on wake_fd when it must wait.
+ * A receive may land in a segment whose send() call is still running (the
+ * all-gather writes segments this rank sent earlier): each byte arriving
+ * there was first sent by this rank and came back round the ring, so the
+ * kernel had copied it out before the new one comes in (ThreadSanitizer
+ * sees the two calls overlap, not the bytes). */
+struct sender {
+    pthread_t       th;
+    pthread_mutex_t mu;
+    pthread_cond_t  cv;
+    int             wake_fd, done_fd;      /* eventfds: to the sender, from it */
+    int             fd;                    /* the data connection to the successor */
+    /* the job (under mu) */
+    const step     *steps;
+    const uint64_t *recv_start;            /* receive offset where step k begins */
+    int             ns;
+    uint64_t        job, finished;         /* job numbers */
+    int             failed_errno;          /* 0, or send()'s errno */
+    bool            quit;
+    _Atomic uint64_t recv_done;
+    _Atomic int      waiting, abort;
+};
+
+static void sender_wake(sender *sd)
+{
+    uint64_t one = 1;
+    if (write(sd->wake_fd, &one, sizeof one) < 0) { /* a full counter still wakes */
+    }
+}
+
+static void drain(int fd)
+{
+    uint64_t v;
+    if (read(fd, &v, sizeof v) < 0) { /* nothing pending */
+    }
+}
+
+static int sender_job(sender *sd)
+{
+    for (int si = 0; si < sd->ns; si++) {
+        const step *s = &sd->steps[si];
+        size_t so = 0;
+        while (so < s->send_len) {
+            if (atomic_load(&sd->abort)) return 0;
+            size_t allowed = s->send_len;
+            if (s->gate) {
+                uint64_t r = atomic_load(&sd->recv_done), start = sd->recv_start[si - 1];
+                allowed = r <= start ? 0 : r - start < s->send_len ? (size_t)(r - start) : s->send_len;
+            }
+            if (allowed > so) {
+                ssize_t w = send(sd->fd, s->send + so, allowed - so, MSG_DONTWAIT | MSG_NOSIGNAL);
+                if (w > 0) {
+                    so += (size_t)w;
+                    continue;
+                }
+                if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return errno;
+                struct pollfd pf[2] = {{sd->fd, POLLOUT, 0}, {sd->wake_fd, POLLIN, 0}};
+                if (poll(pf, 2, 100) > 0 && (pf[1].revents & POLLIN)) drain(sd->wake_fd);
+                continue;
+            }
+            /* Gated: wait for the receiver (flag first, then look again: no lost wake-up). */
+            atomic_store(&sd->waiting, 1);
+            uint64_t r = atomic_load(&sd->recv_done);
+            if (r <= sd->recv_start[si - 1] + so && !atomic_load(&sd->abort)) {
+                struct pollfd pf = {sd->wake_fd, POLLIN, 0};
+                if (poll(&pf, 1, 100) > 0) drain(sd->wake_fd);
+            }
+            atomic_store(&sd->waiting, 0);
+        }
+    }
+    return 0;
+}
+
+static void *sender_main(void *arg)
+{
+    sender *sd = arg;
+    uint64_t done = 0;
+    pthread_mutex_lock(&sd->mu);
+    for (;;) {
+        while (!sd->quit && sd->job == done) pthread_cond_wait(&sd->cv, &sd->mu);
+        if (sd->quit) break;
+        done = sd->job;
+        pthread_mutex_unlock(&sd->mu);
+        int e = sender_job(sd);
+        pthread_mutex_lock(&sd->mu);
+        sd->failed_errno = e;
+        sd->finished = done;
+        uint64_t one = 1;
+        if (write(sd->done_fd, &one, sizeof one) < 0) { /* cannot fail on a fresh eventfd */
+        }
+    }
+    pthread_mutex_unlock(&sd->mu);
+    return NULL;
+}
+
+static int sender_start(loom_group *g)
+{
+    sender *sd = loom_calloc(1, sizeof *sd);
+    if (!sd) return -1;
+    pthread_mutex_init(&sd->mu, NULL);
+    pthread_cond_init(&sd->cv, NULL);
+    sd->fd = g->send_fd;
+    sd->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    sd->done_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (sd->wake_fd < 0 || sd->done_fd < 0 || pthread_create(&sd->th, NULL, sender_main, sd) != 0) {
+        if (sd->wake_fd >= 0) close(sd->wake_fd);
+        if (sd->done_fd >= 0) close(sd->done_fd);
+        loom_free(sd);
+        return -1;
+    }
+    g->sender = sd;
+    return 0;
+}
+
+static void sender_stop(sender *sd)
+{
+    if (!sd) return;
+    pthread_mutex_lock(&sd->mu);
+    sd->quit = true;
+    pthread_cond_signal(&sd->cv);
+    pthread_mutex_unlock(&sd->mu);
+    pthread_join(sd->th, NULL);
+    close(sd->wake_fd);
+    close(sd->done_fd);
+    pthread_mutex_destroy(&sd->mu);
+    pthread_cond_destroy(&sd->cv);
+    loom_free(sd);
+}
+
+/* ---- running a schedule ------------------------------------------------------ */
+
+/* Runs the header step then st[0..ns). Small ones in one thread: a
+ * nonblocking loop that sends what the gates allow and receives what has
+ * come, sleeping in poll only when neither can move. Large ones hand the
+ * sends to the sender thread. */
 static int run(loom_group *g, coll_hdr *hdr, step *st, int ns, loom_err *err)
 {
     coll_hdr in;
     memset(&in, 0, sizeof in);
     step all[2 * 64 + 4];
+    uint64_t rstart[2 * 64 + 4];
     LOOM_ASSERT(ns + 1 <= (int)(sizeof all / sizeof all[0]));
     all[0] = (step){(const uint8_t *)hdr, sizeof *hdr, (uint8_t *)&in, sizeof in, NULL, false};
     memcpy(all + 1, st, (size_t)ns * sizeof *st);
     ns++;
-    int si = 0, ri = 0;
+    uint64_t total_send = 0, total_recv = 0;
+    for (int k = 0; k < ns; k++) rstart[k] = total_recv, total_recv += all[k].recv_len, total_send += all[k].send_len;
+    sender *sd = total_send >= THREAD_MIN ? g->sender : NULL;
+    if (sd) {
+        atomic_store(&sd->recv_done, 0);
+        atomic_store(&sd->abort, 0);
+        atomic_store(&sd->waiting, 0);
+        drain(sd->done_fd);
+        pthread_mutex_lock(&sd->mu);
+        sd->steps = all, sd->recv_start = rstart, sd->ns = ns;
+        sd->job++;
+        pthread_cond_signal(&sd->cv);
+        pthread_mutex_unlock(&sd->mu);
+    }
+    int si = sd ? ns : 0, ri = 0, rc = LOOM_OK;
     size_t so = 0, ro = 0, rdone = 0;
     double t0 = loom_now(), last_check = t0;
-    bool hdr_ok = false;
+    bool hdr_ok = false, sent_all = !sd, spin = g->spin && total_send <= SMALL + 64;
+    double idle_since = 0;
     for (;;) {
         while (si < ns && so == all[si].send_len) si++, so = 0;
         while (ri < ns && rdone == all[ri].recv_len) {
             if (ri == 0 && !hdr_ok) {
-                int rc = check_header(g, hdr, &in, err);
-                if (rc) return rc;
+                if ((rc = check_header(g, hdr, &in, err))) goto out;
                 hdr_ok = true;
             }
             ri++, ro = rdone = 0;
         }
-        if (si >= ns && ri >= ns) return LOOM_OK;
+        if (si >= ns && ri >= ns && sent_all) break;
         bool progress = false;
         size_t allowed = 0;
         if (si < ns) {
@@ -509,8 +709,10 @@ static int run(loom_group *g, coll_hdr *hdr, step *st, int ns, loom_err *err)
             if (allowed > so) {
                 ssize_t r = send(g->send_fd, s->send + so, allowed - so, MSG_DONTWAIT | MSG_NOSIGNAL);
                 if (r > 0) so += (size_t)r, progress = true;
-                else if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-                    return data_closed(g, hdr, true, err);
+                else if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+                    rc = data_closed(g, hdr, true, err);
+                    goto out;
+                }
             }
         }
         if (ri < ns) {
@@ -533,30 +735,82 @@ static int run(loom_group *g, coll_hdr *hdr, step *st, int ns, loom_err *err)
                     if (ro > rdone) memmove(g->tmp, g->tmp + nf * 4, ro - rdone);
                 } else
                     rdone = ro;
+                if (sd) {
+                    atomic_store(&sd->recv_done, rstart[ri] + rdone);
+                    if (atomic_load(&sd->waiting)) sender_wake(sd);
+                }
                 if (ri == 0 && rdone == s->recv_len) continue; /* check the header before anything else */
-            } else if (r == 0)
-                return data_closed(g, hdr, false, err);
-            else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-                return data_closed(g, hdr, false, err);
+            } else if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+                rc = data_closed(g, hdr, false, err);
+                goto out;
+            }
         }
-        if (progress) continue;
-        struct pollfd pf[3];
-        int np = 0;
-        if (si < ns && allowed > so) pf[np++] = (struct pollfd){g->send_fd, POLLOUT, 0};
-        if (ri < ns) pf[np++] = (struct pollfd){g->recv_fd, POLLIN, 0};
+        if (progress) {
+            idle_since = 0;
+            continue;
+        }
+        if (spin) {
+            /* Small collectives with a core per local rank: poll a little before sleeping (a wake-up costs more). */
+            double now = loom_now();
+            if (!idle_since) idle_since = now;
+            if (now - idle_since < SPIN_S) continue;
+            idle_since = 0;
+        }
+        struct pollfd pf[4];
+        int np = 0, i_send = -1, i_recv = -1, i_done = -1;
+        if (si < ns && allowed > so) i_send = np, pf[np++] = (struct pollfd){g->send_fd, POLLOUT, 0};
+        if (ri < ns) i_recv = np, pf[np++] = (struct pollfd){g->recv_fd, POLLIN, 0};
+        if (sd && !sent_all) i_done = np, pf[np++] = (struct pollfd){sd->done_fd, POLLIN, 0};
         pf[np++] = (struct pollfd){g->alert_fd, POLLIN, 0};
+        (void)i_send, (void)i_recv;
         int pr = poll(pf, (nfds_t)np, 200);
+        if (i_done >= 0 && (pf[i_done].revents & POLLIN)) {
+            drain(sd->done_fd);
+            pthread_mutex_lock(&sd->mu);
+            bool fin = sd->finished == sd->job;
+            int e = sd->failed_errno;
+            pthread_mutex_unlock(&sd->mu);
+            if (fin) {
+                sent_all = true;
+                if (e) {
+                    sd = NULL; /* it has stopped */
+                    rc = data_closed(g, hdr, true, err);
+                    goto out;
+                }
+            }
+        }
         double now = loom_now();
         if ((pr > 0 && (pf[np - 1].revents & POLLIN)) || now - last_check > 1.0) {
             last_check = now;
-            int rc = check_alert(g, err);
-            if (rc) return group_fail(g, err, false);
+            bool ab;
+            if ((rc = check_alert(g, err, &ab))) {
+                /* A lost rank: tell the others, who may not talk to it (or not have noticed yet). */
+                rc = group_fail(g, err, !ab);
+                goto out;
+            }
         }
         if (g->timeout > 0 && now - t0 > g->timeout) {
             timeout_report(g, hdr, now - t0, err);
-            return group_fail(g, err, true);
+            rc = group_fail(g, err, true);
+            goto out;
         }
     }
+out:
+    if (sd && !sent_all) {
+        /* Stop the sender before the buffers go back to the caller. */
+        atomic_store(&sd->abort, 1);
+        sender_wake(sd);
+        pthread_mutex_lock(&sd->mu);
+        while (sd->finished != sd->job) {
+            pthread_mutex_unlock(&sd->mu);
+            struct pollfd pf = {sd->done_fd, POLLIN, 0};
+            poll(&pf, 1, 100);
+            drain(sd->done_fd);
+            pthread_mutex_lock(&sd->mu);
+        }
+        pthread_mutex_unlock(&sd->mu);
+    }
+    return rc;
 }
 
 static int enter(loom_group *g, coll_hdr *h, int kind, uint64_t count, uint32_t aux, loom_err *err)
@@ -609,6 +863,87 @@ static int gather_pieces(loom_group *g, coll_hdr *h, uint8_t **piece, const size
     return run(g, h, st, n - 1, err);
 }
 
+/* A small all-reduce among 3 ranks in one hop: the ring's connections are
+ * full duplex, so each rank sends its header and buffer both ways (to its
+ * successor and, backwards, to its predecessor) and receives the other two
+ * ranks' at once; then every rank sums the three in rank order, as the
+ * n - 1 hop path does. */
+static int small3(loom_group *g, coll_hdr *hdr, const float *buf, size_t bytes, loom_err *err)
+{
+    int r = g->rank, next = (r + 1) % 3, prev = (r + 2) % 3;
+    memcpy(g->tmp + (size_t)r * bytes, buf, bytes);
+    coll_hdr in[2]; /* from prev (on recv_fd), from next (on send_fd) */
+    memset(in, 0, sizeof in);
+    int fd[2] = {g->recv_fd, g->send_fd};
+    uint8_t *dst[2] = {g->tmp + (size_t)prev * bytes, g->tmp + (size_t)next * bytes};
+    size_t out_n[2] = {0, 0}, in_n[2] = {0, 0}, total = sizeof *hdr + bytes;
+    bool checked[2] = {false, false};
+    double t0 = loom_now(), last_check = t0, idle_since = 0;
+    for (;;) {
+        bool progress = false, done = true;
+        for (int k = 0; k < 2; k++) {
+            if (out_n[k] < total) {
+                struct iovec iov[2];
+                int ni = 0;
+                if (out_n[k] < sizeof *hdr)
+                    iov[ni++] = (struct iovec){(uint8_t *)hdr + out_n[k], sizeof *hdr - out_n[k]};
+                size_t d0 = out_n[k] > sizeof *hdr ? out_n[k] - sizeof *hdr : 0;
+                if (bytes > d0) iov[ni++] = (struct iovec){g->tmp + (size_t)r * bytes + d0, bytes - d0};
+                struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)ni};
+                ssize_t w = sendmsg(fd[k], &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+                if (w > 0) out_n[k] += (size_t)w, progress = true;
+                else if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+                    return data_closed(g, hdr, k == 1, err);
+            }
+            if (in_n[k] < total) {
+                struct iovec iov[2];
+                int ni = 0;
+                if (in_n[k] < sizeof *hdr) iov[ni++] = (struct iovec){(uint8_t *)&in[k] + in_n[k], sizeof *hdr - in_n[k]};
+                size_t d0 = in_n[k] > sizeof *hdr ? in_n[k] - sizeof *hdr : 0;
+                if (bytes > d0) iov[ni++] = (struct iovec){dst[k] + d0, bytes - d0};
+                struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)ni};
+                ssize_t rd = recvmsg(fd[k], &mh, MSG_DONTWAIT);
+                if (rd > 0) in_n[k] += (size_t)rd, progress = true;
+                else if (rd == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+                    return data_closed(g, hdr, k == 1, err);
+            }
+            if (!checked[k] && in_n[k] >= sizeof *hdr) {
+                int rc = check_header_from(g, hdr, &in[k], k == 0 ? prev : next, err);
+                if (rc) return rc;
+                checked[k] = true;
+            }
+            if (out_n[k] < total || in_n[k] < total) done = false;
+        }
+        if (done) return LOOM_OK;
+        if (progress) {
+            idle_since = 0;
+            continue;
+        }
+        if (g->spin) {
+            double now = loom_now();
+            if (!idle_since) idle_since = now;
+            if (now - idle_since < SPIN_S) continue;
+            idle_since = 0;
+        }
+        struct pollfd pf[3];
+        for (int k = 0; k < 2; k++)
+            pf[k] = (struct pollfd){fd[k], (short)((out_n[k] < total ? POLLOUT : 0) | (in_n[k] < total ? POLLIN : 0)), 0};
+        pf[2] = (struct pollfd){g->alert_fd, POLLIN, 0};
+        int pr = poll(pf, 3, 200);
+        double now = loom_now();
+        if ((pr > 0 && (pf[2].revents & POLLIN)) || now - last_check > 1.0) {
+            last_check = now;
+            bool ab;
+            int rc = check_alert(g, err, &ab);
+            if (rc) return group_fail(g, err, !ab);
+        }
+        if (g->timeout > 0 && now - t0 > g->timeout) {
+            timeout_report(g, hdr, now - t0, err);
+            return group_fail(g, err, true);
+        }
+    }
+}
+
 int loom_group_all_reduce(loom_group *g, float *buf, int64_t count, loom_err *err)
 {
     coll_hdr h;
@@ -624,8 +959,13 @@ int loom_group_all_reduce(loom_group *g, float *buf, int64_t count, loom_err *er
         uint8_t *pp[64];
         size_t pl[64];
         for (int k = 0; k < n; k++) pp[k] = g->tmp + (size_t)k * bytes, pl[k] = bytes;
-        memcpy(pp[r], buf, bytes);
-        if ((rc = gather_pieces(g, &h, pp, pl, err))) return rc;
+        if (n == 3)
+            rc = small3(g, &h, buf, bytes, err);
+        else {
+            memcpy(pp[r], buf, bytes);
+            rc = gather_pieces(g, &h, pp, pl, err);
+        }
+        if (rc) return rc;
         const float *x0 = (const float *)pp[0];
         for (int64_t i = 0; i < count; i++) buf[i] = x0[i];
         for (int k = 1; k < n; k++) {

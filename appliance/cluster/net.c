@@ -380,7 +380,7 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
             ERR_error_string_n(se, sb, sizeof sb);
             snprintf(why, sizeof why, "TLS error: %s", sb);
         } else
-            snprintf(why, sizeof why, "%s", e ? evutil_socket_error_to_string(e) : "connection error");
+            snprintf(why, sizeof why, "connection closed (%s)", e ? evutil_socket_error_to_string(e) : "error");
     }
     pthread_mutex_lock(&n->mu);
     if (c->authed) {
@@ -588,22 +588,26 @@ static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
     (void)fd, (void)what;
     loom_net *n = arg;
     double now = loom_now();
-    pthread_mutex_lock(&n->mu);
+    /* Each send happens with mu released: libevent runs the read callbacks
+     * holding a bufferevent's lock, and they take mu. */
     char st[sizeof n->status];
+    pthread_mutex_lock(&n->mu);
     memcpy(st, n->status, sizeof st);
+    pthread_mutex_unlock(&n->mu);
     for (int i = 0; i < n->n_peers; i++) {
+        struct bufferevent *to = NULL;
+        pthread_mutex_lock(&n->mu);
         net_peer *pe = &n->peers[i];
-        if (pe->state != P_UP) continue;
-        if (now - pe->last_heard > n->hb_timeout) {
+        if (pe->state == P_UP && now - pe->last_heard > n->hb_timeout) {
             char why[160];
             snprintf(why, sizeof why, "silent for %.1f s (cluster.heartbeat_timeout = %g s)", now - pe->last_heard,
                      n->hb_timeout);
             declare_lost(n, i, why);
-            continue;
-        }
-        if (pe->c) bev_send(pe->bev, LOOM_MSG_HEARTBEAT, st, strlen(st));
+        } else if (pe->state == P_UP && pe->c)
+            to = pe->bev; /* (lives until net_free) */
+        pthread_mutex_unlock(&n->mu);
+        if (to) bev_send(to, LOOM_MSG_HEARTBEAT, st, strlen(st));
     }
-    pthread_mutex_unlock(&n->mu);
 }
 
 static void on_deadline(evutil_socket_t fd, short what, void *arg)
@@ -949,13 +953,13 @@ void loom_net_close(loom_net *n)
     n->closing = true;
     pthread_mutex_unlock(&n->mu);
     /* Say BYE to every peer (queued on each connection, flushed by on_close). */
-    pthread_mutex_lock(&n->mu);
-    struct bufferevent *bevs[64];
-    int nb = 0;
-    for (int i = 0; i < n->n_peers && nb < 64; i++)
-        if ((n->peers[i].state == P_UP || n->peers[i].state == P_GONE) && n->peers[i].c) bevs[nb++] = n->peers[i].bev;
-    pthread_mutex_unlock(&n->mu);
-    for (int i = 0; i < nb; i++) bev_send(bevs[i], LOOM_MSG_BYE, "closed", 6);
+    for (int i = 0; i < n->n_peers; i++) {
+        pthread_mutex_lock(&n->mu);
+        net_peer *pe = &n->peers[i];
+        struct bufferevent *to = (pe->state == P_UP || pe->state == P_GONE) && pe->c ? pe->bev : NULL;
+        pthread_mutex_unlock(&n->mu);
+        if (to) bev_send(to, LOOM_MSG_BYE, "closed", 6);
+    }
     net_free(n);
 }
 
