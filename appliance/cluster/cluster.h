@@ -147,7 +147,9 @@ int  loom_net_send(loom_net *n, int p, uint32_t type, const void *buf, size_t le
 /* Waits up to timeout_s (< 0: forever, still ended by a lost peer) for the
  * next message of a type in [type_lo, type_hi] from peer p (p = -1: any
  * peer; *from gets which). The message is in *msg (reset first). A lost
- * peer ends the wait with LOOM_ENET naming it and what it last did. */
+ * peer ends the wait with LOOM_ENET naming it and what it last did (with
+ * p >= 0, only p's loss or departure does; messages that came before it
+ * are still delivered). */
 int  loom_net_recv(loom_net *n, int p, uint32_t type_lo, uint32_t type_hi, int *from, uint32_t *type, loom_buf *msg,
                    double timeout_s, loom_err *err);
 /* Whether a peer was declared lost (heartbeat timeout, closed connection);
@@ -176,5 +178,8 @@ int  loom_group_broadcast(loom_group *g, void *buf, size_t len, int root, loom_e
  * order: out[r] for r < size, each reset first and freed by the caller. */
 int  loom_group_all_gather_bytes(loom_group *g, const void *buf, size_t len, loom_buf *out, loom_err *err);
 int  loom_group_barrier(loom_group *g, loom_err *err);
+/* The group's transport (borrowed): for messages beside the collectives,
+ * with types from LOOM_MSG_USER + 16 up (the group uses the first 16). */
+loom_net *loom_group_net(loom_group *g);
 
 #endif

@@ -1,0 +1,1073 @@
+/* group.c - collectives among the training ranks of a cluster: ring
+ * all-reduce (chunked, pipelined reduce-scatter + all-gather), pipelined
+ * chain broadcast, all-gather of byte strings, barrier.
+ *
+ * Two planes. The control plane is a loom_net among all ranks (libevent,
+ * authenticated handshake, config digests, heartbeats, lost-peer reports):
+ * it carries the group's setup, abort notices and what each rank is doing.
+ * The data plane is one plain TCP connection from each rank to the next in
+ * the ring, driven from the calling thread with nonblocking send/recv and a
+ * poll loop: a libevent bufferevent would copy every byte once more through
+ * an evbuffer and hop to the loop thread and back per chunk, which on
+ * loopback costs more than the wire; a poll loop in the caller sends and
+ * receives at once, reduces each received piece as it lands and forwards it
+ * in the same iteration (the pipelining), with no thread handoff. The data
+ * connections are set up after the control plane is authenticated: each
+ * rank listens on an ephemeral port, sends (port, random token) to its ring
+ * predecessor over the authenticated control connection, and accepts only
+ * the connection that presents that token (anything else is dropped and
+ * logged); the listener closes once the ring stands. With cluster.tls the
+ * data plane stays clear TCP: TLS protects the handshake and control
+ * messages, and the tokens keep strangers off the data connections.
+ *
+ * Every collective starts with a 32-byte header sent to the next rank
+ * (kind, sequence number, count, root): a rank whose predecessor entered a
+ * different collective stops with LOOM_EUSAGE naming both and tells every
+ * rank through the control plane. Data frames carry no CRC-32C of their
+ * own: TCP's checksum covers them and a CRC would cost a third of the
+ * loopback bandwidth; the control plane's frames carry one.
+ *
+ * Bit-identical results: in the reduce-scatter each segment is summed in
+ * the ring's fixed order by one rank, and the all-gather copies that rank's
+ * bytes to every other; no rank re-sums. */
+#include "cluster/net_internal.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <openssl/crypto.h>
+#include <openssl/rand.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/eventfd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+enum { K_ALL_REDUCE = 1, K_BROADCAST, K_ALL_GATHER, K_BARRIER };
+static const char *const kind_names[] = {"?", "all_reduce", "broadcast", "all_gather_bytes", "barrier"};
+
+#define HDR_MAGIC 0x4f434d4cu /* "LMCO" */
+#define DATA_MAGIC "LOOMDATA"
+#define TOKEN 32
+/* Receive buffer of a reducing step: small enough to stay in L2. */
+#define CHUNK (256u << 10)
+/* All-reduces up to this many bytes gather every rank's whole buffer and sum
+ * them in rank order on every rank: n - 1 hops instead of 2(n - 1). */
+#define SMALL (64u << 10)
+/* Schedules that send at least this many bytes use the sender thread (when there is one). */
+#define THREAD_MIN (256u << 10)
+/* How long a small collective polls before it sleeps, when every local rank has a core. */
+#define SPIN_S 50e-6
+
+typedef struct coll_hdr {
+    uint32_t magic, kind;
+    uint64_t seq, count;
+    uint32_t aux, pad;
+} coll_hdr;
+
+typedef struct sender sender;
+typedef struct step step;
+static int  sender_start(loom_group *g);
+static void sender_stop(sender *sd);
+
+struct loom_group {
+    loom_net *net;
+    int       rank, size;
+    int       next_peer, prev_peer;  /* net peer indexes of the ring neighbours */
+    int      *peer_rank;             /* net peer index -> rank */
+    int       send_fd, recv_fd, alert_fd;
+    double    timeout;
+    uint64_t  seq;
+    int       broken;
+    loom_err  broken_err;
+    uint8_t  *tmp;
+    size_t    tmp_cap;
+    char      names[16][32];          /* rank -> task name, for messages (first 16) */
+    sender   *sender;                 /* sends of large collectives; NULL: the calling thread sends */
+    bool      spin;                   /* every rank on this host has a core of its own */
+};
+
+static void task_of_rank(const loom_cluster *c, int r, loom_role *role, int *index)
+{
+    if (c->n_tasks[LOOM_ROLE_CHIEF] > 0) {
+        if (r == 0) *role = LOOM_ROLE_CHIEF, *index = 0;
+        else *role = LOOM_ROLE_WORKER, *index = r - 1;
+    } else
+        *role = LOOM_ROLE_WORKER, *index = r;
+}
+
+static bool is_loopback_name(const char *h)
+{
+    return !strcmp(h, "localhost") || !strncmp(h, "127.", 4) || !strcmp(h, "::1");
+}
+
+static const char *rname(const loom_group *g, int r) { return r >= 0 && r < 16 ? g->names[r] : "a rank"; }
+
+int loom_group_rank(const loom_group *g) { return g->rank; }
+int loom_group_size(const loom_group *g) { return g->size; }
+loom_net *loom_group_net(loom_group *g) { return g->net; }
+
+static int set_sock(int fd)
+{
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    /* Socket buffers stay with the kernel's autotuning: fixed sizes from 256 KiB
+     * to 4 MiB measured no better on loopback, and fixing them turns the tuning off. */
+    int fl = fcntl(fd, F_GETFL);
+    return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+/* Reads exactly n bytes from a blocking-or-not fd within deadline (loom_now()). */
+static int read_full(int fd, void *p, size_t n, double deadline)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = recv(fd, (uint8_t *)p + got, n - got, MSG_DONTWAIT);
+        if (r > 0) {
+            got += (size_t)r;
+            continue;
+        }
+        if (r == 0) return -1;
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return -1;
+        double left = deadline - loom_now();
+        if (left <= 0) return -1;
+        struct pollfd pf = {fd, POLLIN, 0};
+        poll(&pf, 1, (int)(left * 1000) + 1);
+    }
+    return 0;
+}
+
+static int write_full(int fd, const void *p, size_t n, double deadline)
+{
+    size_t put = 0;
+    while (put < n) {
+        ssize_t r = send(fd, (const uint8_t *)p + put, n - put, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (r > 0) {
+            put += (size_t)r;
+            continue;
+        }
+        if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return -1;
+        double left = deadline - loom_now();
+        if (left <= 0) return -1;
+        struct pollfd pf = {fd, POLLOUT, 0};
+        poll(&pf, 1, (int)(left * 1000) + 1);
+    }
+    return 0;
+}
+
+static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); } /* little-endian hosts only (x86-64, arm64) */
+static uint32_t get32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* The data plane: listen, tell the predecessor where, connect to the successor, accept the predecessor. */
+static int ring_connect(loom_group *g, const loom_cluster *c, loom_err *err)
+{
+    loom_role role;
+    int index;
+    task_of_rank(c, g->rank, &role, &index);
+    const loom_task_addr *me = &c->tasks[role][index];
+    double deadline = loom_now() + (c->connect_timeout > 0 ? c->connect_timeout : 60);
+    const char *who = loom_net_name_(g->net);
+
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(me->host, "0", &hints, &res) || !res)
+        return loom_err_set(err, LOOM_ENET, who, "cannot resolve this task's host \"%s\"", me->host);
+    struct sockaddr_storage sa;
+    memcpy(&sa, res->ai_addr, res->ai_addrlen);
+    socklen_t salen = res->ai_addrlen;
+    freeaddrinfo(res);
+    bool lo = sa.ss_family == AF_INET ? (ntohl(((struct sockaddr_in *)&sa)->sin_addr.s_addr) >> 24) == 127
+                                      : IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6 *)&sa)->sin6_addr);
+    if (!lo) {
+        if (sa.ss_family == AF_INET) ((struct sockaddr_in *)&sa)->sin_addr.s_addr = htonl(INADDR_ANY);
+        else ((struct sockaddr_in6 *)&sa)->sin6_addr = in6addr_any;
+    }
+    int lfd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (lfd < 0 || bind(lfd, (struct sockaddr *)&sa, salen) < 0 || listen(lfd, 8) < 0) {
+        int e = errno;
+        if (lfd >= 0) close(lfd);
+        return loom_err_set(err, LOOM_ENET, who, "cannot listen for the ring's data connection on %s: %s", me->host,
+                            strerror(e));
+    }
+    struct sockaddr_storage bound;
+    socklen_t bl = sizeof bound;
+    getsockname(lfd, (struct sockaddr *)&bound, &bl);
+    int port = ntohs(bound.ss_family == AF_INET ? ((struct sockaddr_in *)&bound)->sin_port
+                                                : ((struct sockaddr_in6 *)&bound)->sin6_port);
+    uint8_t token[TOKEN], hello[4 + TOKEN];
+    if (RAND_bytes(token, TOKEN) != 1) {
+        close(lfd);
+        return loom_err_set(err, LOOM_ENET, who, "no random bytes for the ring's token");
+    }
+    put32(hello, (uint32_t)port);
+    memcpy(hello + 4, token, TOKEN);
+    int rc = loom_net_send(g->net, g->prev_peer, LOOM_MSG_GROUP_HELLO, hello, sizeof hello, err);
+    loom_buf m;
+    loom_buf_init(&m);
+    if (!rc)
+        rc = loom_net_recv(g->net, g->next_peer, LOOM_MSG_GROUP_HELLO, LOOM_MSG_GROUP_HELLO, NULL, NULL, &m,
+                           deadline - loom_now(), err);
+    if (!rc && m.len != sizeof hello) rc = loom_err_set(err, LOOM_ENET, who, "bad ring hello from %s", rname(g, (g->rank + 1) % g->size));
+    int sfd = -1, rfd = -1;
+    if (!rc) {
+        /* Connect to the successor's data port, on the host the cluster names for it. */
+        loom_role nr;
+        int ni;
+        task_of_rank(c, (g->rank + 1) % g->size, &nr, &ni);
+        const loom_task_addr *nt = &c->tasks[nr][ni];
+        char ps[16];
+        snprintf(ps, sizeof ps, "%u", get32(m.data));
+        struct addrinfo *r2 = NULL;
+        if (getaddrinfo(nt->host, ps, &hints, &r2) || !r2)
+            rc = loom_err_set(err, LOOM_ENET, who, "cannot resolve \"%s\"", nt->host);
+        else {
+            sfd = socket(r2->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+            int e = sfd < 0 ? errno : 0;
+            if (sfd >= 0 && connect(sfd, r2->ai_addr, r2->ai_addrlen) < 0) {
+                e = errno;
+                if (e == EINPROGRESS) {
+                    /* Bounded by connect_timeout, as the control connections are. */
+                    struct pollfd pf = {sfd, POLLOUT, 0};
+                    double left = deadline - loom_now();
+                    socklen_t el = sizeof e;
+                    if (left <= 0 || poll(&pf, 1, (int)(left * 1000) + 1) <= 0) e = ETIMEDOUT;
+                    else if (getsockopt(sfd, SOL_SOCKET, SO_ERROR, &e, &el) < 0) e = errno;
+                }
+            }
+            if (e)
+                rc = loom_err_set(err, LOOM_ENET, who, "connect(%s:%s) for the ring's data failed: %s", nt->host, ps,
+                                  strerror(e));
+            freeaddrinfo(r2);
+        }
+        if (!rc) {
+            uint8_t pres[8 + 4 + TOKEN];
+            memcpy(pres, DATA_MAGIC, 8);
+            put32(pres + 8, (uint32_t)g->rank);
+            memcpy(pres + 12, m.data + 4, TOKEN);
+            set_sock(sfd);
+            if (write_full(sfd, pres, sizeof pres, deadline))
+                rc = loom_err_set(err, LOOM_ENET, who, "the ring's data connection to %s closed",
+                                  rname(g, (g->rank + 1) % g->size));
+        }
+    }
+    loom_buf_fini(&m);
+    /* Accept the predecessor: only the connection that shows our token. */
+    int prev = (g->rank + g->size - 1) % g->size;
+    while (!rc && rfd < 0) {
+        double left = deadline - loom_now();
+        struct pollfd pf = {lfd, POLLIN, 0};
+        if (left <= 0 || poll(&pf, 1, left > 0.1 ? 100 : (int)(left * 1000) + 1) <= 0) {
+            if ((rc = loom_net_peer_down_(g->net, g->prev_peer, err))) break;
+            if (deadline - loom_now() > 0) continue;
+            rc = loom_err_set(err, LOOM_ETIMEOUT, who, "%s did not open its ring data connection within %g s",
+                              rname(g, prev), c->connect_timeout);
+            break;
+        }
+        struct sockaddr_storage from;
+        socklen_t fl = sizeof from;
+        int fd = accept4(lfd, (struct sockaddr *)&from, &fl, SOCK_CLOEXEC);
+        if (fd < 0) continue;
+        set_sock(fd);
+        uint8_t pres[8 + 4 + TOKEN];
+        double dl = loom_now() + 5 < deadline ? loom_now() + 5 : deadline;
+        char addr[INET6_ADDRSTRLEN] = "?";
+        if (from.ss_family == AF_INET) inet_ntop(AF_INET, &((struct sockaddr_in *)&from)->sin_addr, addr, sizeof addr);
+        else inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&from)->sin6_addr, addr, sizeof addr);
+        if (read_full(fd, pres, sizeof pres, dl) || memcmp(pres, DATA_MAGIC, 8) != 0 ||
+            get32(pres + 8) != (uint32_t)prev || CRYPTO_memcmp(pres + 12, token, TOKEN) != 0) {
+            loom_log(LOOM_LOG_WARN, "%s: dropped a connection to the ring's data port from %s: it did not present "
+                                    "the token",
+                     who, addr);
+            close(fd);
+            continue;
+        }
+        rfd = fd;
+    }
+    close(lfd);
+    if (rc) {
+        if (sfd >= 0) close(sfd);
+        if (rfd >= 0) close(rfd);
+        return rc;
+    }
+    g->send_fd = sfd, g->recv_fd = rfd;
+    return LOOM_OK;
+}
+
+int loom_group_open(loom_group **out, const loom_cluster *c, double collective_timeout, loom_err *err)
+{
+    *out = NULL;
+    if (c->rank < 0 || c->rank >= c->n_train_ranks)
+        return loom_err_set(err, LOOM_EUSAGE, NULL, "this task is not one of the %d training ranks",
+                            c->n_train_ranks);
+    loom_group *g = loom_calloc(1, sizeof *g);
+    int n = c->n_train_ranks;
+    loom_net_peer *peers = loom_calloc((size_t)n, sizeof *peers);
+    if (g) g->peer_rank = loom_calloc((size_t)n, sizeof *g->peer_rank);
+    if (!g || !peers || !g->peer_rank) {
+        if (g) loom_free(g->peer_rank);
+        loom_free(g), loom_free(peers);
+        return loom_err_set(err, LOOM_ENOMEM, NULL, "no memory for the group");
+    }
+    g->rank = c->rank, g->size = n, g->timeout = collective_timeout;
+    g->send_fd = g->recv_fd = g->alert_fd = -1;
+    int np = 0;
+    for (int r = 0; r < n; r++) {
+        loom_role role;
+        int index;
+        task_of_rank(c, r, &role, &index);
+        if (r < 16) loom_net_task_name_(role, index, g->names[r], sizeof g->names[r]);
+        if (r == g->rank) continue;
+        if (r == (g->rank + 1) % n) g->next_peer = np;
+        if (r == (g->rank + n - 1) % n) g->prev_peer = np;
+        g->peer_rank[np] = r;
+        peers[np].role = role, peers[np++].index = index;
+    }
+    int rc = loom_net_open(&g->net, c, peers, np, err);
+    loom_free(peers);
+    if (!rc && n > 1) {
+        g->alert_fd = loom_net_alert_fd_(g->net, LOOM_MSG_GROUP_ABORT);
+        rc = ring_connect(g, c, err);
+    }
+    if (rc) {
+        loom_group_close(g);
+        return rc;
+    }
+    if (n > 1) {
+        /* The ranks on this host (same host name, or both loopback), against its cores: a
+         * sender thread when each rank has two cores, polling before sleeping when it has one. */
+        int local = 0, cores = loom_num_cores();
+        loom_role mr;
+        int mi;
+        task_of_rank(c, g->rank, &mr, &mi);
+        const char *mh = c->tasks[mr][mi].host;
+        for (int r = 0; r < n; r++) {
+            loom_role rr;
+            int ri;
+            task_of_rank(c, r, &rr, &ri);
+            const char *h = c->tasks[rr][ri].host;
+            if (!strcmp(h, mh) || (is_loopback_name(h) && is_loopback_name(mh))) local++;
+        }
+        const char *e = getenv("LOOM_RING_SENDER");
+        bool use_sender = e && *e ? atoi(e) != 0 : cores >= 2 * local;
+        g->spin = local <= cores;
+        if (use_sender && sender_start(g)) loom_debug("%s: no sender thread; sending from the caller", loom_net_name_(g->net));
+    }
+    loom_net_set_status_(g->net, "ready, before the first collective");
+    *out = g;
+    return LOOM_OK;
+}
+
+void loom_group_close(loom_group *g)
+{
+    if (!g) return;
+    sender_stop(g->sender);
+    if (g->send_fd >= 0) close(g->send_fd);
+    if (g->recv_fd >= 0) close(g->recv_fd);
+    loom_net_close(g->net);
+    loom_free(g->tmp);
+    loom_free(g->peer_rank);
+    loom_free(g);
+}
+
+/* ---- the engine ----------------------------------------------------------- */
+
+/* One step of a schedule: send send_len bytes to the successor and receive
+ * recv_len bytes from the predecessor, at once. A gated step's send may only
+ * go as far as the previous step's receive has been processed (reduced or
+ * copied), which pipelines the ring piece by piece. With acc set, the
+ * received bytes are floats added into acc; else they land in recv as they are. */
+struct step {
+    const uint8_t *send;
+    size_t         send_len;
+    uint8_t       *recv;
+    size_t         recv_len;
+    float         *acc;
+    bool           gate;
+};
+
+static void describe(char *buf, size_t n, const coll_hdr *h)
+{
+    const char *k = h->kind < 5 ? kind_names[h->kind] : "?";
+    if (h->kind == K_ALL_REDUCE)
+        snprintf(buf, n, "%s #%llu (%llu floats)", k, (unsigned long long)h->seq, (unsigned long long)h->count);
+    else if (h->kind == K_BROADCAST)
+        snprintf(buf, n, "%s #%llu (%llu bytes from rank %u)", k, (unsigned long long)h->seq,
+                 (unsigned long long)h->count, h->aux);
+    else
+        snprintf(buf, n, "%s #%llu", k, (unsigned long long)h->seq);
+}
+
+/* Tells every other rank why this group stopped (best effort) and keeps the error. */
+static int group_fail(loom_group *g, loom_err *err, bool tell)
+{
+    g->broken = err->code ? err->code : LOOM_ENET;
+    g->broken_err = *err;
+    if (tell) {
+        uint8_t msg[4 + sizeof err->msg];
+        put32(msg, (uint32_t)err->code);
+        size_t l = strlen(err->msg);
+        memcpy(msg + 4, err->msg, l);
+        loom_err e2;
+        for (int p = 0; p < g->size - 1; p++) loom_net_send(g->net, p, LOOM_MSG_GROUP_ABORT, msg, 4 + l, &e2);
+    }
+    return g->broken;
+}
+
+/* The alert fd fired, or a data connection ended: an abort notice from
+ * another rank, or a lost peer. A rank that left on purpose (BYE) is no
+ * reason to stop: it may simply have finished this collective first; if we
+ * still need it, its data connection ends and data_closed says so. */
+static int check_alert(loom_group *g, loom_err *err, bool *from_abort)
+{
+    *from_abort = false;
+    uint64_t v;
+    if (read(g->alert_fd, &v, sizeof v) < 0) { /* nothing pending */
+    }
+    loom_buf m;
+    loom_buf_init(&m);
+    int from;
+    loom_err e = {0};
+    if (loom_net_recv(g->net, -1, LOOM_MSG_GROUP_ABORT, LOOM_MSG_GROUP_ABORT, &from, NULL, &m, 0, &e) == LOOM_OK) {
+        int code = m.len >= 4 ? (int)get32(m.data) : LOOM_ENET;
+        if (code <= 0 || code >= LOOM_ENUM_ERRORS_) code = LOOM_ENET;
+        loom_err_set(err, code, loom_net_name_(g->net), "%s reports: %.*s", rname(g, g->peer_rank[from]),
+                     (int)(m.len >= 4 ? (m.len - 4 > 400 ? 400 : m.len - 4) : 0), m.len >= 4 ? (char *)m.data + 4 : "");
+        loom_buf_fini(&m);
+        *from_abort = true;
+        return code;
+    }
+    loom_buf_fini(&m);
+    if (loom_net_lost_peer(g->net, err) >= 0) return LOOM_ENET;
+    return LOOM_OK;
+}
+
+static int timeout_report(loom_group *g, const coll_hdr *h, double waited, loom_err *err)
+{
+    char what[128], rep[400] = "";
+    describe(what, sizeof what, h);
+    char prefix[160];
+    snprintf(prefix, sizeof prefix, "in %s", what);
+    size_t k = 0;
+    for (int p = 0; p < g->size - 1; p++) {
+        char name[32], st[160];
+        double age;
+        loom_net_peer_info_(g->net, p, name, sizeof name, st, sizeof st, &age);
+        if (strncmp(st, prefix, strlen(prefix)) == 0) continue;
+        k += (size_t)snprintf(rep + k, k < sizeof rep ? sizeof rep - k : 0, "%srank %d (%s): last heard %.1f s ago, %s",
+                              k ? "; " : "", g->peer_rank[p], name, age, st);
+        if (k >= sizeof rep) break;
+    }
+    loom_err_set(err, LOOM_ETIMEOUT, loom_net_name_(g->net), "%s waited %.1f s (collective timeout %g s); not arrived: %s",
+                 what, waited, g->timeout, k ? rep : "none by their last heartbeats (the ring is stuck on a slow link)");
+    return loom_err_hint(err, "a rank is stuck or much slower than the others; raise the collective timeout if it is "
+                              "only slow");
+}
+
+static int data_closed(loom_group *g, const coll_hdr *h, bool sending, loom_err *err)
+{
+    /* The transport usually knows more (lost, or left on purpose): give it a moment to say so. */
+    double until = loom_now() + 1.0;
+    int r = sending ? (g->rank + 1) % g->size : (g->rank + g->size - 1) % g->size;
+    int p = sending ? g->next_peer : g->prev_peer;
+    bool ab;
+    while (loom_now() < until) {
+        if (check_alert(g, err, &ab)) return group_fail(g, err, !ab);
+        if (loom_net_peer_down_(g->net, p, err)) return group_fail(g, err, false);
+        struct pollfd pf = {g->alert_fd, POLLIN, 0};
+        poll(&pf, 1, 20);
+    }
+    char what[128];
+    describe(what, sizeof what, h);
+    loom_err_set(err, LOOM_ENET, loom_net_name_(g->net), "the ring's data connection %s %s closed during %s",
+                 sending ? "to" : "from", rname(g, r), what);
+    return group_fail(g, err, true);
+}
+
+static int check_header_from(loom_group *g, const coll_hdr *mine, const coll_hdr *theirs, int prev, loom_err *err)
+{
+    if (theirs->magic == mine->magic && theirs->kind == mine->kind && theirs->seq == mine->seq &&
+        theirs->count == mine->count && theirs->aux == mine->aux)
+        return LOOM_OK;
+    char a[128], b[128];
+    describe(a, sizeof a, mine);
+    if (theirs->magic != HDR_MAGIC)
+        snprintf(b, sizeof b, "sent bytes that are not a collective's header");
+    else
+        describe(b, sizeof b, theirs);
+    loom_err_set(err, LOOM_EUSAGE, loom_net_name_(g->net),
+                 "collectives differ: rank %d (%s) entered %s, rank %d (%s) entered %s", g->rank, rname(g, g->rank), a,
+                 prev, rname(g, prev), b);
+    loom_err_hint(err, "every rank must call the same collectives in the same order with the same sizes");
+    return group_fail(g, err, true);
+}
+
+static int check_header(loom_group *g, const coll_hdr *mine, const coll_hdr *theirs, loom_err *err)
+{
+    return check_header_from(g, mine, theirs, (g->rank + g->size - 1) % g->size, err);
+}
+
+/* ---- the sender thread ------------------------------------------------------ */
+
+/* Large collectives send from a thread of their own while the calling thread
+ * receives and reduces: the kernel's send copy and receive copy then run at
+ * once on two cores. The calling thread publishes how far its receiving has
+ * got (recv_done, bytes over the whole schedule) and the sender goes as far
+ * as each step's gate allows, sleeping on wake_fd when it must wait.
+ * A receive may land in a segment whose send() call is still running (the
+ * all-gather writes segments this rank sent earlier): each byte arriving
+ * there was first sent by this rank and came back round the ring, so the
+ * kernel had copied it out before the new one comes in (ThreadSanitizer
+ * sees the two calls overlap, not the bytes). */
+struct sender {
+    pthread_t       th;
+    pthread_mutex_t mu;
+    pthread_cond_t  cv;
+    int             wake_fd, done_fd;      /* eventfds: to the sender, from it */
+    int             fd;                    /* the data connection to the successor */
+    /* the job (under mu) */
+    const step     *steps;
+    const uint64_t *recv_start;            /* receive offset where step k begins */
+    int             ns;
+    uint64_t        job, finished;         /* job numbers */
+    int             failed_errno;          /* 0, or send()'s errno */
+    bool            quit;
+    _Atomic uint64_t recv_done;
+    _Atomic int      waiting, abort;
+};
+
+static void sender_wake(sender *sd)
+{
+    uint64_t one = 1;
+    if (write(sd->wake_fd, &one, sizeof one) < 0) { /* a full counter still wakes */
+    }
+}
+
+static void drain(int fd)
+{
+    uint64_t v;
+    if (read(fd, &v, sizeof v) < 0) { /* nothing pending */
+    }
+}
+
+static int sender_job(sender *sd)
+{
+    for (int si = 0; si < sd->ns; si++) {
+        const step *s = &sd->steps[si];
+        size_t so = 0;
+        while (so < s->send_len) {
+            if (atomic_load(&sd->abort)) return 0;
+            size_t allowed = s->send_len;
+            if (s->gate) {
+                uint64_t r = atomic_load(&sd->recv_done), start = sd->recv_start[si - 1];
+                allowed = r <= start ? 0 : r - start < s->send_len ? (size_t)(r - start) : s->send_len;
+            }
+            if (allowed > so) {
+                ssize_t w = send(sd->fd, s->send + so, allowed - so, MSG_DONTWAIT | MSG_NOSIGNAL);
+                if (w > 0) {
+                    so += (size_t)w;
+                    continue;
+                }
+                if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return errno;
+                struct pollfd pf[2] = {{sd->fd, POLLOUT, 0}, {sd->wake_fd, POLLIN, 0}};
+                if (poll(pf, 2, 100) > 0 && (pf[1].revents & POLLIN)) drain(sd->wake_fd);
+                continue;
+            }
+            /* Gated: wait for the receiver (flag first, then look again: no lost wake-up). */
+            atomic_store(&sd->waiting, 1);
+            uint64_t r = atomic_load(&sd->recv_done);
+            if (r <= sd->recv_start[si - 1] + so && !atomic_load(&sd->abort)) {
+                struct pollfd pf = {sd->wake_fd, POLLIN, 0};
+                if (poll(&pf, 1, 100) > 0) drain(sd->wake_fd);
+            }
+            atomic_store(&sd->waiting, 0);
+        }
+    }
+    return 0;
+}
+
+static void *sender_main(void *arg)
+{
+    sender *sd = arg;
+    uint64_t done = 0;
+    pthread_mutex_lock(&sd->mu);
+    for (;;) {
+        while (!sd->quit && sd->job == done) pthread_cond_wait(&sd->cv, &sd->mu);
+        if (sd->quit) break;
+        done = sd->job;
+        pthread_mutex_unlock(&sd->mu);
+        int e = sender_job(sd);
+        pthread_mutex_lock(&sd->mu);
+        sd->failed_errno = e;
+        sd->finished = done;
+        uint64_t one = 1;
+        if (write(sd->done_fd, &one, sizeof one) < 0) { /* cannot fail on a fresh eventfd */
+        }
+    }
+    pthread_mutex_unlock(&sd->mu);
+    return NULL;
+}
+
+static int sender_start(loom_group *g)
+{
+    sender *sd = loom_calloc(1, sizeof *sd);
+    if (!sd) return -1;
+    pthread_mutex_init(&sd->mu, NULL);
+    pthread_cond_init(&sd->cv, NULL);
+    sd->fd = g->send_fd;
+    sd->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    sd->done_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (sd->wake_fd < 0 || sd->done_fd < 0 || pthread_create(&sd->th, NULL, sender_main, sd) != 0) {
+        if (sd->wake_fd >= 0) close(sd->wake_fd);
+        if (sd->done_fd >= 0) close(sd->done_fd);
+        loom_free(sd);
+        return -1;
+    }
+    g->sender = sd;
+    return 0;
+}
+
+static void sender_stop(sender *sd)
+{
+    if (!sd) return;
+    pthread_mutex_lock(&sd->mu);
+    sd->quit = true;
+    pthread_cond_signal(&sd->cv);
+    pthread_mutex_unlock(&sd->mu);
+    pthread_join(sd->th, NULL);
+    close(sd->wake_fd);
+    close(sd->done_fd);
+    pthread_mutex_destroy(&sd->mu);
+    pthread_cond_destroy(&sd->cv);
+    loom_free(sd);
+}
+
+/* ---- running a schedule ------------------------------------------------------ */
+
+/* Runs the header step then st[0..ns). Small ones in one thread: a
+ * nonblocking loop that sends what the gates allow and receives what has
+ * come, sleeping in poll only when neither can move. Large ones hand the
+ * sends to the sender thread. */
+static int run(loom_group *g, coll_hdr *hdr, step *st, int ns, loom_err *err)
+{
+    coll_hdr in;
+    memset(&in, 0, sizeof in);
+    step all[2 * 64 + 4];
+    uint64_t rstart[2 * 64 + 4];
+    LOOM_ASSERT(ns + 1 <= (int)(sizeof all / sizeof all[0]));
+    all[0] = (step){(const uint8_t *)hdr, sizeof *hdr, (uint8_t *)&in, sizeof in, NULL, false};
+    memcpy(all + 1, st, (size_t)ns * sizeof *st);
+    ns++;
+    uint64_t total_send = 0, total_recv = 0;
+    for (int k = 0; k < ns; k++) rstart[k] = total_recv, total_recv += all[k].recv_len, total_send += all[k].send_len;
+    sender *sd = total_send >= THREAD_MIN ? g->sender : NULL;
+    if (sd) {
+        atomic_store(&sd->recv_done, 0);
+        atomic_store(&sd->abort, 0);
+        atomic_store(&sd->waiting, 0);
+        drain(sd->done_fd);
+        pthread_mutex_lock(&sd->mu);
+        sd->steps = all, sd->recv_start = rstart, sd->ns = ns;
+        sd->job++;
+        pthread_cond_signal(&sd->cv);
+        pthread_mutex_unlock(&sd->mu);
+    }
+    int si = sd ? ns : 0, ri = 0, rc = LOOM_OK;
+    size_t so = 0, ro = 0, rdone = 0;
+    double t0 = loom_now(), last_check = t0;
+    bool hdr_ok = false, sent_all = !sd, spin = g->spin && total_send <= SMALL + 64;
+    double idle_since = 0;
+    for (;;) {
+        while (si < ns && so == all[si].send_len) si++, so = 0;
+        while (ri < ns && rdone == all[ri].recv_len) {
+            if (ri == 0 && !hdr_ok) {
+                if ((rc = check_header(g, hdr, &in, err))) goto out;
+                hdr_ok = true;
+            }
+            ri++, ro = rdone = 0;
+        }
+        if (si >= ns && ri >= ns && sent_all) break;
+        bool progress = false;
+        size_t allowed = 0;
+        if (si < ns) {
+            const step *s = &all[si];
+            if (!s->gate || ri > si - 1) allowed = s->send_len;
+            else if (ri == si - 1) allowed = rdone < s->send_len ? rdone : s->send_len;
+            if (allowed > so) {
+                ssize_t r = send(g->send_fd, s->send + so, allowed - so, MSG_DONTWAIT | MSG_NOSIGNAL);
+                if (r > 0) so += (size_t)r, progress = true;
+                else if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+                    rc = data_closed(g, hdr, true, err);
+                    goto out;
+                }
+            }
+        }
+        if (ri < ns) {
+            step *s = &all[ri];
+            /* A reducing step receives into a small buffer that stays in
+             * cache (its first ro - rdone < 4 bytes: a float cut in two by
+             * the last read), adds it in, and goes on. */
+            size_t carry = ro - rdone, want = s->recv_len - ro;
+            if (s->acc && want > CHUNK - carry) want = CHUNK - carry;
+            ssize_t r = recv(g->recv_fd, s->acc ? g->tmp + carry : s->recv + ro, want, MSG_DONTWAIT);
+            if (r > 0) {
+                ro += (size_t)r;
+                progress = true;
+                if (s->acc) {
+                    size_t nf = (ro - rdone) / 4;
+                    const float *src = (const float *)g->tmp;
+                    float *acc = s->acc + rdone / 4;
+                    for (size_t i = 0; i < nf; i++) acc[i] += src[i];
+                    rdone += nf * 4;
+                    if (ro > rdone) memmove(g->tmp, g->tmp + nf * 4, ro - rdone);
+                } else
+                    rdone = ro;
+                if (sd) {
+                    atomic_store(&sd->recv_done, rstart[ri] + rdone);
+                    if (atomic_load(&sd->waiting)) sender_wake(sd);
+                }
+                if (ri == 0 && rdone == s->recv_len) continue; /* check the header before anything else */
+            } else if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+                rc = data_closed(g, hdr, false, err);
+                goto out;
+            }
+        }
+        if (progress) {
+            idle_since = 0;
+            continue;
+        }
+        if (spin) {
+            /* Small collectives with a core per local rank: poll a little before sleeping (a wake-up costs more). */
+            double now = loom_now();
+            if (!idle_since) idle_since = now;
+            if (now - idle_since < SPIN_S) continue;
+            idle_since = 0;
+        }
+        struct pollfd pf[4];
+        int np = 0, i_send = -1, i_recv = -1, i_done = -1;
+        if (si < ns && allowed > so) i_send = np, pf[np++] = (struct pollfd){g->send_fd, POLLOUT, 0};
+        if (ri < ns) i_recv = np, pf[np++] = (struct pollfd){g->recv_fd, POLLIN, 0};
+        if (sd && !sent_all) i_done = np, pf[np++] = (struct pollfd){sd->done_fd, POLLIN, 0};
+        pf[np++] = (struct pollfd){g->alert_fd, POLLIN, 0};
+        (void)i_send, (void)i_recv;
+        int pr = poll(pf, (nfds_t)np, 200);
+        if (i_done >= 0 && (pf[i_done].revents & POLLIN)) {
+            drain(sd->done_fd);
+            pthread_mutex_lock(&sd->mu);
+            bool fin = sd->finished == sd->job;
+            int e = sd->failed_errno;
+            pthread_mutex_unlock(&sd->mu);
+            if (fin) {
+                sent_all = true;
+                if (e) {
+                    sd = NULL; /* it has stopped */
+                    rc = data_closed(g, hdr, true, err);
+                    goto out;
+                }
+            }
+        }
+        double now = loom_now();
+        if ((pr > 0 && (pf[np - 1].revents & POLLIN)) || now - last_check > 1.0) {
+            last_check = now;
+            bool ab;
+            if ((rc = check_alert(g, err, &ab))) {
+                /* A lost rank: tell the others, who may not talk to it (or not have noticed yet). */
+                rc = group_fail(g, err, !ab);
+                goto out;
+            }
+        }
+        if (g->timeout > 0 && now - t0 > g->timeout) {
+            timeout_report(g, hdr, now - t0, err);
+            rc = group_fail(g, err, true);
+            goto out;
+        }
+    }
+out:
+    if (sd && !sent_all) {
+        /* Stop the sender before the buffers go back to the caller. */
+        atomic_store(&sd->abort, 1);
+        sender_wake(sd);
+        pthread_mutex_lock(&sd->mu);
+        while (sd->finished != sd->job) {
+            pthread_mutex_unlock(&sd->mu);
+            struct pollfd pf = {sd->done_fd, POLLIN, 0};
+            poll(&pf, 1, 100);
+            drain(sd->done_fd);
+            pthread_mutex_lock(&sd->mu);
+        }
+        pthread_mutex_unlock(&sd->mu);
+    }
+    return rc;
+}
+
+static int enter(loom_group *g, coll_hdr *h, int kind, uint64_t count, uint32_t aux, loom_err *err)
+{
+    if (g->broken) {
+        *err = g->broken_err;
+        return loom_err_prefix(err, "the group stopped earlier");
+    }
+    memset(h, 0, sizeof *h);
+    h->magic = HDR_MAGIC, h->kind = (uint32_t)kind, h->seq = ++g->seq, h->count = count, h->aux = aux;
+    char what[128];
+    describe(what, sizeof what, h);
+    loom_net_set_status_(g->net, "in %s", what);
+    return LOOM_OK;
+}
+
+static void leave(loom_group *g, const coll_hdr *h)
+{
+    char what[128];
+    describe(what, sizeof what, h);
+    loom_net_set_status_(g->net, "between collectives, after %s", what);
+}
+
+static int tmp_reserve(loom_group *g, size_t n, loom_err *err)
+{
+    if (g->tmp_cap >= n) return LOOM_OK;
+    uint8_t *t = loom_alloc_aligned(n);
+    if (!t) return loom_err_set(err, LOOM_ENOMEM, loom_net_name_(g->net), "no memory for a %zu-byte buffer", n);
+    loom_free(g->tmp);
+    g->tmp = t, g->tmp_cap = n;
+    return LOOM_OK;
+}
+
+/* Segment k of count floats split n ways. */
+static void seg(int64_t count, int n, int k, int64_t *off, int64_t *len)
+{
+    int64_t a = count * k / n, b = count * (k + 1) / n;
+    *off = a, *len = b - a;
+}
+
+/* Ring all-gather of n pieces (piece r starts at this rank when r == rank). */
+static int gather_pieces(loom_group *g, coll_hdr *h, uint8_t **piece, const size_t *plen, loom_err *err)
+{
+    int n = g->size, r = g->rank;
+    step st[64];
+    for (int t = 0; t < n - 1; t++) {
+        int s = ((r - t) % n + n) % n, q = ((r - t - 1) % n + n) % n;
+        st[t] = (step){piece[s], plen[s], piece[q], plen[q], NULL, t > 0};
+    }
+    return run(g, h, st, n - 1, err);
+}
+
+/* A small all-reduce among 3 ranks in one hop: the ring's connections are
+ * full duplex, so each rank sends its header and buffer both ways (to its
+ * successor and, backwards, to its predecessor) and receives the other two
+ * ranks' at once; then every rank sums the three in rank order, as the
+ * n - 1 hop path does. */
+static int small3(loom_group *g, coll_hdr *hdr, const float *buf, size_t bytes, loom_err *err)
+{
+    int r = g->rank, next = (r + 1) % 3, prev = (r + 2) % 3;
+    memcpy(g->tmp + (size_t)r * bytes, buf, bytes);
+    coll_hdr in[2]; /* from prev (on recv_fd), from next (on send_fd) */
+    memset(in, 0, sizeof in);
+    int fd[2] = {g->recv_fd, g->send_fd};
+    uint8_t *dst[2] = {g->tmp + (size_t)prev * bytes, g->tmp + (size_t)next * bytes};
+    size_t out_n[2] = {0, 0}, in_n[2] = {0, 0}, total = sizeof *hdr + bytes;
+    bool checked[2] = {false, false};
+    double t0 = loom_now(), last_check = t0, idle_since = 0;
+    for (;;) {
+        bool progress = false, done = true;
+        for (int k = 0; k < 2; k++) {
+            if (out_n[k] < total) {
+                struct iovec iov[2];
+                int ni = 0;
+                if (out_n[k] < sizeof *hdr)
+                    iov[ni++] = (struct iovec){(uint8_t *)hdr + out_n[k], sizeof *hdr - out_n[k]};
+                size_t d0 = out_n[k] > sizeof *hdr ? out_n[k] - sizeof *hdr : 0;
+                if (bytes > d0) iov[ni++] = (struct iovec){g->tmp + (size_t)r * bytes + d0, bytes - d0};
+                struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)ni};
+                ssize_t w = sendmsg(fd[k], &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+                if (w > 0) out_n[k] += (size_t)w, progress = true;
+                else if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+                    return data_closed(g, hdr, k == 1, err);
+            }
+            if (in_n[k] < total) {
+                struct iovec iov[2];
+                int ni = 0;
+                if (in_n[k] < sizeof *hdr) iov[ni++] = (struct iovec){(uint8_t *)&in[k] + in_n[k], sizeof *hdr - in_n[k]};
+                size_t d0 = in_n[k] > sizeof *hdr ? in_n[k] - sizeof *hdr : 0;
+                if (bytes > d0) iov[ni++] = (struct iovec){dst[k] + d0, bytes - d0};
+                struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)ni};
+                ssize_t rd = recvmsg(fd[k], &mh, MSG_DONTWAIT);
+                if (rd > 0) in_n[k] += (size_t)rd, progress = true;
+                else if (rd == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+                    return data_closed(g, hdr, k == 1, err);
+            }
+            if (!checked[k] && in_n[k] >= sizeof *hdr) {
+                int rc = check_header_from(g, hdr, &in[k], k == 0 ? prev : next, err);
+                if (rc) return rc;
+                checked[k] = true;
+            }
+            if (out_n[k] < total || in_n[k] < total) done = false;
+        }
+        if (done) return LOOM_OK;
+        if (progress) {
+            idle_since = 0;
+            continue;
+        }
+        if (g->spin) {
+            double now = loom_now();
+            if (!idle_since) idle_since = now;
+            if (now - idle_since < SPIN_S) continue;
+            idle_since = 0;
+        }
+        struct pollfd pf[3];
+        for (int k = 0; k < 2; k++)
+            pf[k] = (struct pollfd){fd[k], (short)((out_n[k] < total ? POLLOUT : 0) | (in_n[k] < total ? POLLIN : 0)), 0};
+        pf[2] = (struct pollfd){g->alert_fd, POLLIN, 0};
+        int pr = poll(pf, 3, 200);
+        double now = loom_now();
+        if ((pr > 0 && (pf[2].revents & POLLIN)) || now - last_check > 1.0) {
+            last_check = now;
+            bool ab;
+            int rc = check_alert(g, err, &ab);
+            if (rc) return group_fail(g, err, !ab);
+        }
+        if (g->timeout > 0 && now - t0 > g->timeout) {
+            timeout_report(g, hdr, now - t0, err);
+            return group_fail(g, err, true);
+        }
+    }
+}
+
+int loom_group_all_reduce(loom_group *g, float *buf, int64_t count, loom_err *err)
+{
+    coll_hdr h;
+    int rc = enter(g, &h, K_ALL_REDUCE, (uint64_t)count, 0, err);
+    if (rc || g->size == 1) return rc;
+    int n = g->size, r = g->rank;
+    if (n > 64) return loom_err_set(err, LOOM_EUSAGE, NULL, "the ring supports up to 64 ranks");
+    if (count < 0) return loom_err_set(err, LOOM_EUSAGE, NULL, "negative count");
+    size_t bytes = (size_t)count * 4;
+    if (bytes <= SMALL) {
+        /* Every rank's buffer to every rank, then the same sum in rank order everywhere. */
+        if ((rc = tmp_reserve(g, bytes * (size_t)n + 64, err))) return rc;
+        uint8_t *pp[64];
+        size_t pl[64];
+        for (int k = 0; k < n; k++) pp[k] = g->tmp + (size_t)k * bytes, pl[k] = bytes;
+        if (n == 3)
+            rc = small3(g, &h, buf, bytes, err);
+        else {
+            memcpy(pp[r], buf, bytes);
+            rc = gather_pieces(g, &h, pp, pl, err);
+        }
+        if (rc) return rc;
+        const float *x0 = (const float *)pp[0];
+        for (int64_t i = 0; i < count; i++) buf[i] = x0[i];
+        for (int k = 1; k < n; k++) {
+            const float *xk = (const float *)pp[k];
+            for (int64_t i = 0; i < count; i++) buf[i] += xk[i];
+        }
+        leave(g, &h);
+        return LOOM_OK;
+    }
+    if ((rc = tmp_reserve(g, CHUNK, err))) return rc;
+    step st[128];
+    int k = 0;
+    for (int t = 0; t < 2 * (n - 1); t++) {
+        int s = ((r - t) % n + n) % n, q = ((r - t - 1) % n + n) % n;
+        int64_t so, sl, qo, ql;
+        seg(count, n, s, &so, &sl);
+        seg(count, n, q, &qo, &ql);
+        st[k].send = (const uint8_t *)(buf + so), st[k].send_len = (size_t)sl * 4;
+        st[k].recv = (uint8_t *)(buf + qo), st[k].recv_len = (size_t)ql * 4;
+        st[k].acc = t < n - 1 ? buf + qo : NULL;
+        st[k].gate = t > 0;
+        k++;
+    }
+    rc = run(g, &h, st, k, err);
+    if (!rc) leave(g, &h);
+    return rc;
+}
+
+int loom_group_broadcast(loom_group *g, void *buf, size_t len, int root, loom_err *err)
+{
+    if (root < 0 || root >= g->size)
+        return loom_err_set(err, LOOM_EUSAGE, NULL, "broadcast root %d is not a rank (size %d)", root, g->size);
+    coll_hdr h;
+    int rc = enter(g, &h, K_BROADCAST, len, (uint32_t)root, err);
+    if (rc || g->size == 1) return rc;
+    int n = g->size, d = (g->rank - root + n) % n;
+    step st[2];
+    memset(st, 0, sizeof st);
+    int k = 0;
+    if (d > 0) st[k].recv = buf, st[k].recv_len = len, k++;
+    if (d < n - 1) st[k].send = buf, st[k].send_len = len, st[k].gate = d > 0, k++;
+    rc = run(g, &h, st, k, err);
+    if (!rc) leave(g, &h);
+    return rc;
+}
+
+int loom_group_all_gather_bytes(loom_group *g, const void *buf, size_t len, loom_buf *out, loom_err *err)
+{
+    coll_hdr h;
+    int rc = enter(g, &h, K_ALL_GATHER, 0, 0, err);
+    if (rc) return rc;
+    int n = g->size;
+    if (n > 64) return loom_err_set(err, LOOM_EUSAGE, NULL, "the ring supports up to 64 ranks");
+    uint64_t lens[64];
+    uint8_t *lp[64];
+    size_t ll[64];
+    for (int i = 0; i < n; i++) lens[i] = 0, lp[i] = (uint8_t *)&lens[i], ll[i] = 8;
+    lens[g->rank] = len;
+    if (n > 1 && (rc = gather_pieces(g, &h, lp, ll, err))) return rc;
+    uint8_t *pp[64];
+    for (int i = 0; i < n; i++) {
+        if (lens[i] > LOOM_NET_FRAME_MAX * 4ull) {
+            loom_err_set(err, LOOM_EUSAGE, NULL, "rank %d gathers %llu bytes, above the limit", i,
+                         (unsigned long long)lens[i]);
+            return group_fail(g, err, true);
+        }
+        out[i].len = out[i].pos = 0;
+        out[i].failed = 0;
+        if (out[i].cap < lens[i] || !out[i].data) {
+            uint8_t *d = loom_realloc(out[i].data, lens[i] ? lens[i] : 1);
+            if (!d) {
+                loom_err_set(err, LOOM_ENOMEM, NULL, "no memory for rank %d's %llu bytes", i,
+                             (unsigned long long)lens[i]);
+                return group_fail(g, err, true);
+            }
+            out[i].data = d, out[i].cap = lens[i] ? lens[i] : 1;
+        }
+        out[i].len = lens[i];
+        pp[i] = out[i].data;
+        ll[i] = lens[i];
+    }
+    if (len) memcpy(out[g->rank].data, buf, len);
+    if (n > 1) {
+        /* The second pass runs under the same header (the count is now each rank's length). */
+        coll_hdr h2 = h;
+        h2.count = 1;
+        if ((rc = gather_pieces(g, &h2, pp, ll, err))) return rc;
+    }
+    leave(g, &h);
+    return LOOM_OK;
+}
+
+int loom_group_barrier(loom_group *g, loom_err *err)
+{
+    coll_hdr h;
+    int rc = enter(g, &h, K_BARRIER, 0, 0, err);
+    if (rc || g->size == 1) return rc;
+    uint64_t v[64] = {0};
+    uint8_t *lp[64];
+    size_t ll[64];
+    for (int i = 0; i < g->size; i++) lp[i] = (uint8_t *)&v[i], ll[i] = 8;
+    rc = gather_pieces(g, &h, lp, ll, err);
+    if (!rc) leave(g, &h);
+    return rc;
+}

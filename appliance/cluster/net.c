@@ -1,0 +1,1100 @@
+/* net.c - the cluster transport on libevent 2.1: one connection per pair of
+ * tasks, framed and checksummed messages (net_internal.h), an authenticated
+ * handshake that also compares the config digests, heartbeats, and lost-peer
+ * detection.
+ *
+ * Threads: the event loop runs on a thread of its own. The caller's thread
+ * (loom_net_send/recv) shares with it the message queue and the peer states
+ * under n->mu; it writes to a connection through its thread-safe
+ * bufferevent, holding a reference instead of n->mu (libevent calls our
+ * callbacks with the bufferevent's lock held, and they take n->mu: the
+ * opposite order would deadlock). Who dials: of two tasks, the later in
+ * (role, index) order dials the earlier, so each pair has one connection.
+ *
+ * Bounds: an unauthenticated connection may send frames of at most
+ * LOOM_NET_HANDSHAKE_MAX bytes and must finish the handshake within
+ * min(connect_timeout, 10) s; anything else (bad magic, checksum, order,
+ * secret) drops it with a log line naming its address. */
+#include "cluster/net_internal.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
+#include <event2/event.h>
+#include <event2/listener.h>
+#include <event2/thread.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct conn conn;
+
+enum { P_WAIT, P_UP, P_LOST, P_GONE };
+
+typedef struct net_peer {
+    loom_role role;
+    int       index;
+    char      name[32];
+    char      addr[LOOM_HOST_MAX + 16];  /* host:port as written */
+    struct sockaddr_storage sa;
+    socklen_t salen;
+    bool      dial;          /* we connect to it (else it connects to us) */
+    int       state;         /* P_*; under mu */
+    conn     *c;             /* its authenticated connection (loop thread; under mu) */
+    struct bufferevent *bev; /* c's, with a reference of its own held until net_free, so the
+                                caller's thread can write to it without locking it under mu */
+    double    last_heard;    /* loom_now() of its last frame */
+    char      status[160];   /* what its last heartbeat said it was doing; under mu */
+    char      gone_reason[160];
+    int       attempts;
+    char      last_error[700];
+    struct event *retry_ev;
+} net_peer;
+
+struct conn {
+    loom_net           *n;
+    struct bufferevent *bev;
+    char                addr[LOOM_HOST_MAX + 16]; /* the other end, "127.0.0.1:40312" */
+    int                 peer;     /* index into n->peers once known, else -1 */
+    bool                dialer, authed, closing;
+    loom_hs             hs;
+    struct event       *timer;    /* handshake deadline, then (closing) the flush bound */
+    conn               *next;     /* n->conns */
+};
+
+typedef struct qmsg {
+    struct qmsg *next;
+    int          from;
+    uint32_t     type;
+    uint8_t     *data;
+    size_t       len;
+} qmsg;
+
+struct loom_net {
+    struct event_base     *base;
+    struct evconnlistener *lis;
+    pthread_t              thread;
+    bool                   running;
+    pthread_mutex_t        mu;
+    pthread_cond_t         cv;
+    loom_role              role;
+    int                    index;
+    char                   name[32];
+    char                   listen_addr[LOOM_HOST_MAX + 16];
+    uint8_t                secret[64];
+    size_t                 secret_len;
+    uint8_t                digest[32];
+    char                  *config_text;
+    double                 connect_timeout, hb_timeout, hb_interval, hs_timeout;
+    SSL_CTX               *ssl;
+    net_peer              *peers;
+    int                    n_peers, n_up;
+    double                 t_open;
+    int                    fatal;    /* open failed (loop thread found it); under mu */
+    loom_err               fatal_err;
+    int                    lost;     /* first lost peer, -1 none; under mu */
+    loom_err               lost_err;
+    qmsg                  *qhead, *qtail;
+    char                   status[160];
+    conn                  *conns;
+    struct event          *hb_ev, *deadline_ev, *close_ev;
+    bool                   open_done, closing;
+    double                 close_started;
+    int                    alert_fd; /* eventfd: readable when a peer is lost or gone, or an alert message came */
+    uint32_t               alert_type;
+};
+
+static pthread_once_t evthread_once = PTHREAD_ONCE_INIT;
+static void evthread_init(void) { evthread_use_pthreads(); }
+
+static void conn_free(conn *c);
+static void conn_close_soon(conn *c);
+
+static void alert(loom_net *n)
+{
+    uint64_t one = 1;
+    if (n->alert_fd >= 0 && write(n->alert_fd, &one, sizeof one) < 0) { /* a full counter still reads */
+    }
+}
+
+/* ---- peers and losses (loop thread, mu held) ------------------------------ */
+
+static void declare_lost(loom_net *n, int p, const char *why)
+{
+    net_peer *pe = &n->peers[p];
+    if (pe->state != P_UP) return;
+    if (n->closing) { /* we are leaving ourselves: the others' departures are no news */
+        pe->state = P_GONE;
+        return;
+    }
+    pe->state = P_LOST;
+    double ago = loom_now() - pe->last_heard;
+    char msg[700];
+    snprintf(msg, sizeof msg, "lost %s (%s): %s; last heard %.1f s ago, it was %s", pe->name, pe->addr, why, ago,
+             pe->status[0] ? pe->status : "starting (no heartbeat yet)");
+    loom_log(LOOM_LOG_ERROR, "%s: %s", n->name, msg);
+    if (n->lost < 0) {
+        n->lost = p;
+        loom_err_set(&n->lost_err, LOOM_ENET, n->name, "%s", msg);
+        loom_err_hint(&n->lost_err, "the job stops: restart it (loom launch --restarts K does) to resume from the "
+                                    "last checkpoint");
+    }
+    pthread_cond_broadcast(&n->cv);
+    alert(n);
+}
+
+static void set_fatal(loom_net *n, int code, const char *where, const char *msg, const char *hint)
+{
+    if (n->fatal) return;
+    n->fatal = code;
+    loom_err_set(&n->fatal_err, code, where, "%s", msg);
+    if (hint && hint[0]) loom_err_hint(&n->fatal_err, "%s", hint);
+    pthread_cond_broadcast(&n->cv);
+}
+
+static int find_peer(const loom_net *n, loom_role role, int index)
+{
+    for (int i = 0; i < n->n_peers; i++)
+        if (n->peers[i].role == role && n->peers[i].index == index) return i;
+    return -1;
+}
+
+static bool accept_peer_cb(void *arg, loom_role role, int index)
+{
+    loom_net *n = arg;
+    int p = find_peer(n, role, index);
+    return p >= 0 && !n->peers[p].dial;
+}
+
+/* ---- sending -------------------------------------------------------------- */
+
+static int bev_send(struct bufferevent *bev, uint32_t type, const void *buf, size_t len)
+{
+    uint8_t hdr[LOOM_NET_HDR];
+    loom_net_frame_header_(hdr, type, buf, (uint32_t)len);
+    bufferevent_lock(bev);
+    struct evbuffer *out = bufferevent_get_output(bev);
+    int rc = evbuffer_add(out, hdr, sizeof hdr);
+    if (!rc && len) rc = evbuffer_add(out, buf, len);
+    bufferevent_unlock(bev);
+    return rc;
+}
+
+/* ---- frames --------------------------------------------------------------- */
+
+static void handle_authed(conn *c, const loom_net_frame *f)
+{
+    loom_net *n = c->n;
+    net_peer *pe = &n->peers[c->peer];
+    pthread_mutex_lock(&n->mu);
+    pe->last_heard = loom_now();
+    if (f->type == LOOM_MSG_HEARTBEAT) {
+        size_t l = f->len < sizeof pe->status - 1 ? f->len : sizeof pe->status - 1;
+        memcpy(pe->status, f->payload, l);
+        pe->status[l] = 0;
+    } else if (f->type == LOOM_MSG_BYE) {
+        size_t l = f->len < sizeof pe->gone_reason - 1 ? f->len : sizeof pe->gone_reason - 1;
+        memcpy(pe->gone_reason, f->payload, l);
+        pe->gone_reason[l] = 0;
+        if (pe->state == P_UP) pe->state = P_GONE;
+        pthread_cond_broadcast(&n->cv);
+        alert(n);
+    } else if (f->type >= LOOM_MSG_USER) {
+        qmsg *q = loom_alloc(sizeof *q);
+        uint8_t *d = loom_alloc(f->len ? f->len : 1);
+        if (!q || !d) {
+            loom_free(q), loom_free(d);
+            pthread_mutex_unlock(&n->mu);
+            loom_log(LOOM_LOG_ERROR, "%s: out of memory for a %u-byte message from %s; dropping the connection",
+                     n->name, f->len, pe->name);
+            pthread_mutex_lock(&n->mu);
+            declare_lost(n, c->peer, "out of memory for its message");
+        } else {
+            memcpy(d, f->payload, f->len);
+            q->next = NULL, q->from = c->peer, q->type = f->type, q->data = d, q->len = f->len;
+            if (n->qtail) n->qtail->next = q;
+            else n->qhead = q;
+            n->qtail = q;
+            pthread_cond_broadcast(&n->cv);
+            if (n->alert_type && f->type == n->alert_type) alert(n);
+        }
+    } /* HELLO after the handshake, or a reserved type: ignored */
+    pthread_mutex_unlock(&n->mu);
+}
+
+/* A handshake failed or a frame was garbage: log it with the address and drop. */
+static void drop(conn *c, const loom_err *e)
+{
+    loom_net *n = c->n;
+    char claim[48] = "";
+    if (c->hs.peer_known) {
+        char nm[32];
+        snprintf(claim, sizeof claim, " (%s %s)", c->dialer ? "dialed as" : "claims to be",
+                 loom_net_task_name_(c->hs.peer_role, c->hs.peer_index, nm, sizeof nm));
+    }
+    loom_log(LOOM_LOG_WARN, "%s: dropped the connection %s %s%s: %s", n->name, c->dialer ? "to" : "from", c->addr,
+             claim, e->msg);
+    pthread_mutex_lock(&n->mu);
+    if (c->authed && c->peer >= 0) {
+        declare_lost(n, c->peer, e->msg);
+    } else if (c->hs.peer_known) {
+        int p = find_peer(n, c->hs.peer_role, c->hs.peer_index);
+        if (p >= 0 && n->peers[p].state == P_WAIT) {
+            snprintf(n->peers[p].last_error, sizeof n->peers[p].last_error, "a connection %s %.280s failed: %.380s",
+                     c->dialer ? "to" : "from", c->addr, e->msg);
+            /* Refusals between authenticated peers (configs differ) and a
+             * dialed peer that cannot prove the secret end the open at once;
+             * a stranger claiming a name is only logged. */
+            if (!n->open_done && (e->code == LOOM_ECONFIG || c->dialer)) {
+                char m[600];
+                snprintf(m, sizeof m, "%s", e->msg);
+                set_fatal(n, e->code, n->peers[p].addr, m, e->hint);
+            }
+        }
+    }
+    pthread_mutex_unlock(&n->mu);
+    conn_close_soon(c);
+}
+
+static void on_read(struct bufferevent *bev, void *arg)
+{
+    conn *c = arg;
+    loom_net *n = c->n;
+    struct evbuffer *in = bufferevent_get_input(bev);
+    for (;;) {
+        if (c->closing) {
+            evbuffer_drain(in, evbuffer_get_length(in));
+            return;
+        }
+        size_t avail = evbuffer_get_length(in);
+        if (!avail) return;
+        size_t want = avail < LOOM_NET_HDR ? avail : LOOM_NET_HDR;
+        uint8_t *p = evbuffer_pullup(in, (ssize_t)want);
+        loom_net_frame f;
+        size_t need = 0;
+        loom_err e = {0};
+        uint32_t max = c->authed ? LOOM_NET_FRAME_MAX : LOOM_NET_HANDSHAKE_MAX;
+        long r = loom_net_frame_decode_(p, want, max, &f, &need, &e);
+        if (r == 0 && want == LOOM_NET_HDR) {
+            if (avail < need) {
+                /* Wait for the whole frame. */
+                bufferevent_setwatermark(bev, EV_READ, need, 0);
+                return;
+            }
+            p = evbuffer_pullup(in, (ssize_t)need);
+            r = loom_net_frame_decode_(p, need, max, &f, NULL, &e);
+        }
+        if (r == 0) return; /* fewer than a header */
+        bufferevent_setwatermark(bev, EV_READ, 0, 0);
+        if (r < 0) {
+            drop(c, &e);
+            return;
+        }
+        if (c->authed) {
+            handle_authed(c, &f);
+        } else if (f.type != LOOM_MSG_HELLO) {
+            loom_err_set(&e, LOOM_ENET, NULL, "a type-%u message before the handshake", f.type);
+            drop(c, &e);
+            return;
+        } else {
+            loom_buf out;
+            loom_buf_init(&out);
+            int rc = loom_hs_feed_(&c->hs, f.payload, f.len, &out, &e);
+            if (out.len) bufferevent_write(bev, out.data, out.len);
+            loom_buf_fini(&out);
+            if (rc) {
+                evbuffer_drain(in, (size_t)r);
+                drop(c, &e);
+                return;
+            }
+            if (c->hs.done) {
+                pthread_mutex_lock(&n->mu);
+                int pi = find_peer(n, c->hs.peer_role, c->hs.peer_index);
+                if (pi < 0 || n->peers[pi].state != P_WAIT) {
+                    pthread_mutex_unlock(&n->mu);
+                    loom_err_set(&e, LOOM_ENET, NULL, "a second connection for a task already connected or lost");
+                    evbuffer_drain(in, (size_t)r);
+                    drop(c, &e);
+                    return;
+                }
+                c->authed = true;
+                c->peer = pi;
+                net_peer *pe = &n->peers[pi];
+                pe->state = P_UP;
+                pe->c = c;
+                bufferevent_incref(bev);
+                pe->bev = bev;
+                pe->last_heard = loom_now();
+                n->n_up++;
+                /* A first heartbeat at once, so the peer knows what we are doing from the start. */
+                bev_send(bev, LOOM_MSG_HEARTBEAT, n->status, strlen(n->status));
+                pthread_cond_broadcast(&n->cv);
+                pthread_mutex_unlock(&n->mu);
+                evtimer_del(c->timer);
+                loom_debug("%s: connected to %s (%s)", n->name, pe->name, c->addr);
+            }
+        }
+        evbuffer_drain(in, (size_t)r);
+    }
+}
+
+static void on_write_closing(struct bufferevent *bev, void *arg)
+{
+    (void)bev;
+    conn_free(arg);
+}
+
+static void on_event(struct bufferevent *bev, short what, void *arg)
+{
+    conn *c = arg;
+    loom_net *n = c->n;
+    if (what & BEV_EVENT_CONNECTED) {
+        evutil_socket_t fd = bufferevent_getfd(bev);
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        return;
+    }
+    if (c->closing) {
+        conn_free(c);
+        return;
+    }
+    char why[300];
+    int e = EVUTIL_SOCKET_ERROR();
+    if (what & BEV_EVENT_EOF)
+        snprintf(why, sizeof why, "connection closed");
+    else {
+        unsigned long se = bufferevent_get_openssl_error(bev);
+        if (se) {
+            char sb[200];
+            ERR_error_string_n(se, sb, sizeof sb);
+            snprintf(why, sizeof why, "TLS error: %s", sb);
+        } else
+            snprintf(why, sizeof why, "connection closed (%s)", e ? evutil_socket_error_to_string(e) : "error");
+    }
+    pthread_mutex_lock(&n->mu);
+    if (c->authed) {
+        net_peer *pe = &n->peers[c->peer];
+        pe->c = NULL;
+        if (pe->state == P_UP) declare_lost(n, c->peer, why);
+        pthread_mutex_unlock(&n->mu);
+        conn_free(c);
+        return;
+    }
+    if (c->dialer && c->peer >= 0 && !n->open_done && !n->closing) {
+        /* A dial that failed (refused: the peer is not up yet): retry with back-off. */
+        net_peer *pe = &n->peers[c->peer];
+        bool tls_fail = (what & BEV_EVENT_ERROR) && bufferevent_get_openssl_error(bev);
+        snprintf(pe->last_error, sizeof pe->last_error, "connect(%.270s) failed: %.200s (attempt %d)", pe->addr, why,
+                 pe->attempts);
+        if (tls_fail) set_fatal(n, LOOM_ENET, pe->addr, pe->last_error, "check cluster.tls_cert, tls_key and tls_ca");
+        double back = 0.02 * (double)(1 << (pe->attempts < 6 ? pe->attempts : 6));
+        if (back > 1.0) back = 1.0;
+        struct timeval tv = {(time_t)back, (suseconds_t)((back - (double)(time_t)back) * 1e6)};
+        pthread_mutex_unlock(&n->mu);
+        conn_free(c);
+        evtimer_add(pe->retry_ev, &tv);
+        return;
+    }
+    pthread_mutex_unlock(&n->mu);
+    if (!c->dialer && !c->hs.peer_known && !(what & BEV_EVENT_EOF))
+        loom_log(LOOM_LOG_WARN, "%s: dropped the connection from %s: %s", n->name, c->addr, why);
+    else if (!c->dialer && c->hs.phase > 1)
+        loom_log(LOOM_LOG_WARN, "%s: the connection from %s closed during the handshake", n->name, c->addr);
+    else if (!c->dialer && c->hs.phase == 1)
+        loom_log(LOOM_LOG_WARN, "%s: the connection from %s closed before the handshake", n->name, c->addr);
+    conn_free(c);
+}
+
+static void on_conn_timer(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    conn *c = arg;
+    if (c->closing) {
+        conn_free(c);
+        return;
+    }
+    loom_err e = {0};
+    loom_err_set(&e, LOOM_ENET, NULL, "no handshake within %.1f s", c->n->hs_timeout);
+    drop(c, &e);
+}
+
+static conn *conn_new(loom_net *n, struct bufferevent *bev, bool dialer, int peer)
+{
+    conn *c = loom_calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->n = n, c->bev = bev, c->dialer = dialer, c->peer = peer;
+    c->timer = evtimer_new(n->base, on_conn_timer, c);
+    if (!c->timer) {
+        loom_free(c);
+        return NULL;
+    }
+    struct timeval tv = {(time_t)n->hs_timeout, (suseconds_t)((n->hs_timeout - (double)(time_t)n->hs_timeout) * 1e6)};
+    evtimer_add(c->timer, &tv);
+    c->next = n->conns;
+    n->conns = c;
+    bufferevent_setcb(bev, on_read, NULL, on_event, c);
+    bufferevent_enable(bev, EV_READ | EV_WRITE);
+    return c;
+}
+
+static void conn_free(conn *c)
+{
+    loom_net *n = c->n;
+    for (conn **pp = &n->conns; *pp; pp = &(*pp)->next)
+        if (*pp == c) {
+            *pp = c->next;
+            break;
+        }
+    pthread_mutex_lock(&n->mu);
+    if (c->authed && c->peer >= 0 && n->peers[c->peer].c == c) n->peers[c->peer].c = NULL;
+    pthread_mutex_unlock(&n->mu);
+    /* The peer's reference keeps the bufferevent (and its socket) until
+     * net_free: close the connection now, so the other side sees it. */
+    if (c->authed) shutdown(bufferevent_getfd(c->bev), SHUT_RDWR);
+    event_free(c->timer);
+    bufferevent_free(c->bev);
+    loom_free(c);
+}
+
+/* Stops reading, lets what is queued go out (bounded by 1 s), then frees. */
+static void conn_close_soon(conn *c)
+{
+    c->closing = true;
+    bufferevent_disable(c->bev, EV_READ);
+    if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0) {
+        conn_free(c);
+        return;
+    }
+    bufferevent_setcb(c->bev, NULL, on_write_closing, on_event, c);
+    struct timeval tv = {1, 0};
+    evtimer_add(c->timer, &tv);
+}
+
+static void sa_text(const struct sockaddr *sa, char *buf, size_t n)
+{
+    char h[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+    if (sa->sa_family == AF_INET) {
+        const struct sockaddr_in *s = (const struct sockaddr_in *)sa;
+        inet_ntop(AF_INET, &s->sin_addr, h, sizeof h);
+        port = ntohs(s->sin_port);
+        snprintf(buf, n, "%s:%d", h, port);
+    } else if (sa->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *s = (const struct sockaddr_in6 *)sa;
+        inet_ntop(AF_INET6, &s->sin6_addr, h, sizeof h);
+        port = ntohs(s->sin6_port);
+        snprintf(buf, n, "[%s]:%d", h, port);
+    } else
+        snprintf(buf, n, "?");
+}
+
+static struct bufferevent *bev_new(loom_net *n, evutil_socket_t fd, bool dialer)
+{
+    int opts = BEV_OPT_CLOSE_ON_FREE | BEV_OPT_THREADSAFE;
+    if (!n->ssl) return bufferevent_socket_new(n->base, fd, opts);
+    SSL *s = SSL_new(n->ssl);
+    if (!s) return NULL;
+    struct bufferevent *b = bufferevent_openssl_socket_new(
+        n->base, fd, s, dialer ? BUFFEREVENT_SSL_CONNECTING : BUFFEREVENT_SSL_ACCEPTING, opts);
+    if (!b) SSL_free(s);
+    return b;
+}
+
+static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg)
+{
+    (void)l, (void)salen;
+    loom_net *n = arg;
+    char addr[80];
+    sa_text(sa, addr, sizeof addr);
+    if (n->closing) {
+        evutil_closesocket(fd);
+        return;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    struct bufferevent *bev = bev_new(n, fd, false);
+    conn *c = bev ? conn_new(n, bev, false, -1) : NULL;
+    if (!c) {
+        loom_log(LOOM_LOG_WARN, "%s: dropped the connection from %s: out of memory", n->name, addr);
+        if (bev) bufferevent_free(bev);
+        else evutil_closesocket(fd);
+        return;
+    }
+    snprintf(c->addr, sizeof c->addr, "%s", addr);
+    loom_buf out;
+    loom_buf_init(&out);
+    loom_hs_init_(&c->hs, false, n->role, n->index, 0, 0, n->secret, n->secret_len, n->digest, n->config_text, &out);
+    c->hs.accept_peer = accept_peer_cb;
+    c->hs.accept_arg = n;
+    loom_buf_fini(&out);
+}
+
+/* A retry event's argument: the transport and the peer to dial. */
+typedef struct dial_arg { loom_net *n; int p; } dial_arg;
+
+static void dial_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    dial_arg *da = arg;
+    loom_net *n = da->n;
+    net_peer *pe = &n->peers[da->p];
+    if (n->open_done || n->closing || pe->state != P_WAIT || n->fatal) return;
+    pe->attempts++;
+    struct bufferevent *bev = bev_new(n, -1, true);
+    conn *c = bev ? conn_new(n, bev, true, da->p) : NULL;
+    if (!c) {
+        if (bev) bufferevent_free(bev);
+        pthread_mutex_lock(&n->mu);
+        set_fatal(n, LOOM_ENOMEM, pe->addr, "out of memory for a connection", NULL);
+        pthread_mutex_unlock(&n->mu);
+        return;
+    }
+    snprintf(c->addr, sizeof c->addr, "%s", pe->addr);
+    loom_buf out;
+    loom_buf_init(&out);
+    loom_hs_init_(&c->hs, true, n->role, n->index, pe->role, pe->index, n->secret, n->secret_len, n->digest,
+                  n->config_text, &out);
+    bufferevent_write(bev, out.data, out.len); /* queued until connected */
+    loom_buf_fini(&out);
+    if (bufferevent_socket_connect(bev, (struct sockaddr *)&pe->sa, (int)pe->salen) < 0) {
+        /* An immediate failure is reported through on_event by libevent 2.1
+         * only sometimes; treat it as a refused attempt here. */
+        int e = EVUTIL_SOCKET_ERROR();
+        pthread_mutex_lock(&n->mu);
+        snprintf(pe->last_error, sizeof pe->last_error, "connect(%s) failed: %s (attempt %d)", pe->addr,
+                 evutil_socket_error_to_string(e), pe->attempts);
+        pthread_mutex_unlock(&n->mu);
+        conn_free(c);
+        struct timeval tv = {0, 200000};
+        evtimer_add(pe->retry_ev, &tv);
+    }
+}
+
+/* ---- timers --------------------------------------------------------------- */
+
+static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    loom_net *n = arg;
+    double now = loom_now();
+    /* Each send happens with mu released: libevent runs the read callbacks
+     * holding a bufferevent's lock, and they take mu. */
+    char st[sizeof n->status];
+    pthread_mutex_lock(&n->mu);
+    memcpy(st, n->status, sizeof st);
+    pthread_mutex_unlock(&n->mu);
+    for (int i = 0; i < n->n_peers; i++) {
+        struct bufferevent *to = NULL;
+        pthread_mutex_lock(&n->mu);
+        net_peer *pe = &n->peers[i];
+        if (pe->state == P_UP && now - pe->last_heard > n->hb_timeout) {
+            char why[160];
+            snprintf(why, sizeof why, "silent for %.1f s (cluster.heartbeat_timeout = %g s)", now - pe->last_heard,
+                     n->hb_timeout);
+            declare_lost(n, i, why);
+        } else if (pe->state == P_UP && pe->c)
+            to = pe->bev; /* (lives until net_free) */
+        pthread_mutex_unlock(&n->mu);
+        if (to) bev_send(to, LOOM_MSG_HEARTBEAT, st, strlen(st));
+    }
+}
+
+static void on_deadline(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    loom_net *n = arg;
+    pthread_mutex_lock(&n->mu);
+    if (!n->open_done && !n->fatal && n->n_up < n->n_peers) {
+        char msg[900] = "";
+        size_t k = 0;
+        int first = -1;
+        for (int i = 0; i < n->n_peers; i++) {
+            net_peer *pe = &n->peers[i];
+            if (pe->state == P_UP) continue;
+            if (first < 0) first = i;
+            k += (size_t)snprintf(msg + k, k < sizeof msg ? sizeof msg - k : 0, "%s%s at %s (%s)", k ? "; " : "",
+                                  pe->name, pe->addr,
+                                  pe->last_error[0] ? pe->last_error
+                                                    : (pe->dial ? "no attempt finished" : "it never connected"));
+            if (k >= sizeof msg) break;
+        }
+        loom_err_set(&n->fatal_err, LOOM_ETIMEOUT, n->peers[first].addr,
+                     "%s: no connection within cluster.connect_timeout = %g s: %s", n->name, n->connect_timeout, msg);
+        loom_err_hint(&n->fatal_err, "start every task of the cluster (loom launch --local does), or raise "
+                                     "cluster.connect_timeout");
+        n->fatal = LOOM_ETIMEOUT;
+        pthread_cond_broadcast(&n->cv);
+    }
+    pthread_mutex_unlock(&n->mu);
+}
+
+static void on_close(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    loom_net *n = arg;
+    bool drained = true;
+    for (conn *c = n->conns; c; c = c->next)
+        if (evbuffer_get_length(bufferevent_get_output(c->bev))) drained = false;
+    if (drained || loom_now() - n->close_started > 1.0) {
+        event_base_loopbreak(n->base);
+        return;
+    }
+    struct timeval tv = {0, 5000};
+    evtimer_add(n->close_ev, &tv);
+}
+
+static void *loop_main(void *arg)
+{
+    loom_net *n = arg;
+    event_base_loop(n->base, EVLOOP_NO_EXIT_ON_EMPTY);
+    return NULL;
+}
+
+/* ---- public --------------------------------------------------------------- */
+
+static bool is_loopback(const struct sockaddr *sa)
+{
+    if (sa->sa_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
+    if (sa->sa_family == AF_INET6) {
+        const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+        if (IN6_IS_ADDR_LOOPBACK(a)) return true;
+        if (IN6_IS_ADDR_V4MAPPED(a)) return a->s6_addr[12] == 127;
+    }
+    return false;
+}
+
+static int resolve(const char *host, int port, struct sockaddr_storage *sa, socklen_t *len, const char *who,
+                   loom_err *err)
+{
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    int rc = getaddrinfo(host, ps, &hints, &res);
+    if (rc || !res) {
+        loom_err_set(err, LOOM_ENET, who, "cannot resolve host \"%s\": %s", host, rc ? gai_strerror(rc) : "no address");
+        return loom_err_hint(err, "check the cluster section's addresses (or TF_CONFIG, or the Slurm node list)");
+    }
+    memcpy(sa, res->ai_addr, res->ai_addrlen);
+    *len = res->ai_addrlen;
+    freeaddrinfo(res);
+    return LOOM_OK;
+}
+
+static const loom_task_addr *task_addr(const loom_cluster *c, loom_role role, int index)
+{
+    if ((unsigned)role >= LOOM_ROLE_COUNT || index < 0 || index >= c->n_tasks[role] || !c->tasks[role]) return NULL;
+    return &c->tasks[role][index];
+}
+
+static int tls_setup(loom_net *n, const loom_cluster *c, loom_err *err)
+{
+    n->ssl = SSL_CTX_new(TLS_method());
+    if (!n->ssl) return loom_err_set(err, LOOM_ENET, NULL, "cannot create a TLS context");
+    SSL_CTX_set_min_proto_version(n->ssl, TLS1_2_VERSION);
+    char eb[256];
+    if (!c->tls_cert[0] || !c->tls_key[0])
+        return loom_err_set(err, LOOM_ECONFIG, "cluster.tls", "cluster.tls needs cluster.tls_cert and cluster.tls_key");
+    if (SSL_CTX_use_certificate_chain_file(n->ssl, c->tls_cert) != 1) {
+        ERR_error_string_n(ERR_get_error(), eb, sizeof eb);
+        return loom_err_set(err, LOOM_ECONFIG, c->tls_cert, "cannot load the TLS certificate: %s", eb);
+    }
+    if (SSL_CTX_use_PrivateKey_file(n->ssl, c->tls_key, SSL_FILETYPE_PEM) != 1 || SSL_CTX_check_private_key(n->ssl) != 1) {
+        ERR_error_string_n(ERR_get_error(), eb, sizeof eb);
+        return loom_err_set(err, LOOM_ECONFIG, c->tls_key, "cannot load the TLS key: %s", eb);
+    }
+    if (c->tls_ca[0]) {
+        if (SSL_CTX_load_verify_locations(n->ssl, c->tls_ca, NULL) != 1) {
+            ERR_error_string_n(ERR_get_error(), eb, sizeof eb);
+            return loom_err_set(err, LOOM_ECONFIG, c->tls_ca, "cannot load the TLS CA: %s", eb);
+        }
+        /* Both ends present certificates signed by the CA (names are not
+         * checked: tasks are addressed by IP as often as by name; the shared
+         * secret binds the peer's identity). */
+        SSL_CTX_set_verify(n->ssl, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
+    }
+    return LOOM_OK;
+}
+
+static void net_free(loom_net *n)
+{
+    if (!n) return;
+    if (n->running) {
+        pthread_mutex_lock(&n->mu);
+        n->closing = true;
+        pthread_mutex_unlock(&n->mu);
+        n->close_started = loom_now();
+        event_active(n->close_ev, EV_TIMEOUT, 0);
+        pthread_join(n->thread, NULL);
+    }
+    while (n->conns) conn_free(n->conns);
+    for (int i = 0; i < n->n_peers; i++)
+        if (n->peers[i].bev) bufferevent_decref(n->peers[i].bev);
+    for (int i = 0; i < n->n_peers; i++)
+        if (n->peers[i].retry_ev) {
+            loom_free(event_get_callback_arg(n->peers[i].retry_ev));
+            event_free(n->peers[i].retry_ev);
+        }
+    if (n->lis) evconnlistener_free(n->lis);
+    if (n->hb_ev) event_free(n->hb_ev);
+    if (n->deadline_ev) event_free(n->deadline_ev);
+    if (n->close_ev) event_free(n->close_ev);
+    if (n->base) event_base_free(n->base);
+    if (n->ssl) SSL_CTX_free(n->ssl);
+    for (qmsg *q = n->qhead, *nx; q; q = nx) {
+        nx = q->next;
+        loom_free(q->data);
+        loom_free(q);
+    }
+    if (n->alert_fd >= 0) close(n->alert_fd);
+    OPENSSL_cleanse(n->secret, sizeof n->secret);
+    loom_free(n->config_text);
+    loom_free(n->peers);
+    pthread_mutex_destroy(&n->mu);
+    pthread_cond_destroy(&n->cv);
+    loom_free(n);
+}
+
+static struct timeval tv_of(double s)
+{
+    if (s < 0) s = 0;
+    struct timeval tv = {(time_t)s, (suseconds_t)((s - (double)(time_t)s) * 1e6)};
+    return tv;
+}
+
+int loom_net_open(loom_net **out, const loom_cluster *c, const loom_net_peer *peers, int n_peers, loom_err *err)
+{
+    *out = NULL;
+    pthread_once(&evthread_once, evthread_init);
+    const loom_task_addr *me = task_addr(c, c->role, c->index);
+    char myname[32];
+    loom_net_task_name_(c->role, c->index, myname, sizeof myname);
+    if (!me) return loom_err_set(err, LOOM_EUSAGE, NULL, "this task (%s) is not in the cluster", myname);
+    loom_net *n = loom_calloc(1, sizeof *n);
+    if (!n) return loom_err_set(err, LOOM_ENOMEM, NULL, "no memory for the transport");
+    pthread_mutex_init(&n->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&n->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    n->alert_fd = -1;
+    n->lost = -1;
+    n->role = c->role, n->index = c->index;
+    snprintf(n->name, sizeof n->name, "%s", myname);
+    snprintf(n->listen_addr, sizeof n->listen_addr, "%s:%d", me->host, me->port);
+    memcpy(n->secret, c->secret, c->secret_len <= sizeof n->secret ? c->secret_len : sizeof n->secret);
+    n->secret_len = c->secret_len <= sizeof n->secret ? c->secret_len : sizeof n->secret;
+    memcpy(n->digest, c->config_digest, 32);
+    n->config_text = loom_strdup(c->config_text ? c->config_text : "");
+    n->connect_timeout = c->connect_timeout > 0 ? c->connect_timeout : 60;
+    n->hb_timeout = c->heartbeat_timeout > 0 ? c->heartbeat_timeout : 30;
+    n->hb_interval = c->heartbeat_interval > 0 ? c->heartbeat_interval : n->hb_timeout / 5;
+    n->hs_timeout = n->connect_timeout < 10 ? n->connect_timeout : 10;
+    if (n->hs_timeout < 1) n->hs_timeout = 1;
+    n->peers = loom_calloc(n_peers > 0 ? (size_t)n_peers : 1, sizeof *n->peers);
+    n->n_peers = n_peers;
+    n->alert_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (!n->config_text || !n->peers || n->alert_fd < 0) {
+        net_free(n);
+        return loom_err_set(err, LOOM_ENOMEM, NULL, "no memory for the transport");
+    }
+
+    /* Resolve everything before any socket opens. */
+    struct sockaddr_storage my_sa;
+    socklen_t my_len;
+    int rc = resolve(me->host, me->port, &my_sa, &my_len, n->listen_addr, err);
+    bool all_loopback = is_loopback((struct sockaddr *)&my_sa);
+    for (int i = 0; !rc && i < n_peers; i++) {
+        net_peer *pe = &n->peers[i];
+        const loom_task_addr *t = task_addr(c, peers[i].role, peers[i].index);
+        pe->role = peers[i].role, pe->index = peers[i].index;
+        loom_net_task_name_(pe->role, pe->index, pe->name, sizeof pe->name);
+        if (!t) {
+            rc = loom_err_set(err, LOOM_EUSAGE, NULL, "peer %s is not in the cluster", pe->name);
+            break;
+        }
+        if (pe->role == c->role && pe->index == c->index) {
+            rc = loom_err_set(err, LOOM_EUSAGE, NULL, "%s lists itself as a peer", pe->name);
+            break;
+        }
+        snprintf(pe->addr, sizeof pe->addr, "%s:%d", t->host, t->port);
+        rc = resolve(t->host, t->port, &pe->sa, &pe->salen, pe->addr, err);
+        if (!rc && !is_loopback((struct sockaddr *)&pe->sa)) all_loopback = false;
+        pe->dial = ((int)c->role * 1000000 + c->index) > ((int)pe->role * 1000000 + pe->index);
+        snprintf(pe->status, sizeof pe->status, "starting (no heartbeat yet)");
+    }
+    if (!rc && c->secret_len == 0) {
+        if (!all_loopback && !c->insecure) {
+            rc = loom_err_set(err, LOOM_ECONFIG, "cluster.secret_file",
+                              "%s: the cluster has non-loopback addresses and no shared secret", n->name);
+            loom_err_hint(err, "set cluster.secret_file or LOOM_CLUSTER_SECRET on every task (or cluster.insecure "
+                               "= true on a trusted network)");
+        } else
+            loom_warn("%s: no cluster secret (cluster.secret_file, LOOM_CLUSTER_SECRET): connections are %s",
+                      n->name, all_loopback ? "authenticated by nothing but loopback" : "unauthenticated (insecure)");
+    }
+    if (!rc && c->tls) rc = tls_setup(n, c, err);
+    if (rc) {
+        net_free(n);
+        return rc;
+    }
+
+    n->base = event_base_new();
+    if (!n->base) {
+        net_free(n);
+        return loom_err_set(err, LOOM_ENET, NULL, "event_base_new failed");
+    }
+    /* Listen on the task's address when it is a loopback one; on every
+     * interface otherwise (a name in the cluster section may resolve to an
+     * address this host does not own, as a Kubernetes service's does). */
+    struct sockaddr_storage bind_sa = my_sa;
+    if (!is_loopback((struct sockaddr *)&my_sa)) {
+        if (my_sa.ss_family == AF_INET)
+            ((struct sockaddr_in *)&bind_sa)->sin_addr.s_addr = htonl(INADDR_ANY);
+        else
+            ((struct sockaddr_in6 *)&bind_sa)->sin6_addr = in6addr_any;
+    }
+    n->lis = evconnlistener_new_bind(n->base, on_accept, n,
+                                     LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_THREADSAFE |
+                                         LEV_OPT_CLOSE_ON_EXEC,
+                                     64, (struct sockaddr *)&bind_sa, (int)my_len);
+    if (!n->lis) {
+        int e = errno;
+        loom_err_set(err, LOOM_ENET, n->listen_addr, "%s: listen(%s) failed: %s", n->name, n->listen_addr, strerror(e));
+        loom_err_hint(err, e == EADDRINUSE ? "another process holds this port: stop it or give the task another port"
+                                           : "check this task's address in the cluster section");
+        net_free(n);
+        return LOOM_ENET;
+    }
+    n->hb_ev = event_new(n->base, -1, EV_PERSIST, on_heartbeat, n);
+    n->deadline_ev = evtimer_new(n->base, on_deadline, n);
+    n->close_ev = evtimer_new(n->base, on_close, n);
+    if (!n->hb_ev || !n->deadline_ev || !n->close_ev) {
+        net_free(n);
+        return loom_err_set(err, LOOM_ENOMEM, NULL, "no memory for the transport's timers");
+    }
+    for (int i = 0; i < n_peers; i++) {
+        dial_arg *da = loom_alloc(sizeof *da);
+        if (!da) {
+            net_free(n);
+            return loom_err_set(err, LOOM_ENOMEM, NULL, "no memory for the transport");
+        }
+        da->n = n, da->p = i;
+        n->peers[i].retry_ev = evtimer_new(n->base, dial_cb, da);
+        if (!n->peers[i].retry_ev) {
+            loom_free(da);
+            net_free(n);
+            return loom_err_set(err, LOOM_ENOMEM, NULL, "no memory for the transport");
+        }
+        if (n->peers[i].dial) {
+            struct timeval z = {0, 0};
+            evtimer_add(n->peers[i].retry_ev, &z);
+        }
+    }
+    snprintf(n->status, sizeof n->status, "connecting");
+    n->t_open = loom_now();
+    struct timeval hb = tv_of(n->hb_interval), dl = tv_of(n->connect_timeout);
+    event_add(n->hb_ev, &hb);
+    evtimer_add(n->deadline_ev, &dl);
+    if (pthread_create(&n->thread, NULL, loop_main, n) != 0) {
+        net_free(n);
+        return loom_err_set(err, LOOM_ENET, NULL, "cannot start the transport's thread");
+    }
+    n->running = true;
+
+    pthread_mutex_lock(&n->mu);
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += (time_t)n->connect_timeout + 5;
+    while (!n->fatal && n->n_up < n->n_peers && n->lost < 0)
+        if (pthread_cond_timedwait(&n->cv, &n->mu, &until) == ETIMEDOUT) break;
+    rc = LOOM_OK;
+    if (n->fatal) {
+        *err = n->fatal_err;
+        rc = n->fatal;
+    } else if (n->lost >= 0) {
+        *err = n->lost_err;
+        rc = LOOM_ENET;
+    } else if (n->n_up < n->n_peers) {
+        rc = loom_err_set(err, LOOM_ETIMEOUT, n->listen_addr, "%s: the transport did not connect in time", n->name);
+    }
+    if (!rc) {
+        n->open_done = true;
+        snprintf(n->status, sizeof n->status, "connected");
+    }
+    pthread_mutex_unlock(&n->mu);
+    if (rc) {
+        net_free(n);
+        return rc;
+    }
+    evtimer_del(n->deadline_ev); /* thread-safe after evthread_use_pthreads */
+    *out = n;
+    return LOOM_OK;
+}
+
+void loom_net_close(loom_net *n)
+{
+    if (!n) return;
+    pthread_mutex_lock(&n->mu);
+    n->closing = true;
+    pthread_mutex_unlock(&n->mu);
+    /* Say BYE to every peer (queued on each connection, flushed by on_close). */
+    for (int i = 0; i < n->n_peers; i++) {
+        pthread_mutex_lock(&n->mu);
+        net_peer *pe = &n->peers[i];
+        struct bufferevent *to = (pe->state == P_UP || pe->state == P_GONE) && pe->c ? pe->bev : NULL;
+        pthread_mutex_unlock(&n->mu);
+        if (to) bev_send(to, LOOM_MSG_BYE, "closed", 6);
+    }
+    net_free(n);
+}
+
+int loom_net_send(loom_net *n, int p, uint32_t type, const void *buf, size_t len, loom_err *err)
+{
+    if (p < 0 || p >= n->n_peers) return loom_err_set(err, LOOM_EUSAGE, n->name, "no peer %d", p);
+    if (len > LOOM_NET_FRAME_MAX)
+        return loom_err_set(err, LOOM_EUSAGE, n->name, "a %zu-byte message is above the limit of %u", len,
+                            LOOM_NET_FRAME_MAX);
+    pthread_mutex_lock(&n->mu);
+    net_peer *pe = &n->peers[p];
+    if (pe->state != P_UP || !pe->c) {
+        int rc;
+        if (pe->state == P_LOST && n->lost == p)
+            *err = n->lost_err, rc = LOOM_ENET;
+        else
+            rc = loom_err_set(err, LOOM_ENET, n->name, "cannot send to %s: %s", pe->name,
+                              pe->state == P_GONE ? "it left" : pe->state == P_LOST ? "it was lost" : "not connected");
+        pthread_mutex_unlock(&n->mu);
+        return rc;
+    }
+    struct bufferevent *bev = pe->bev;
+    pthread_mutex_unlock(&n->mu);
+    int rc = bev_send(bev, type, buf, len);
+    if (rc) return loom_err_set(err, LOOM_ENOMEM, n->name, "no memory to queue a %zu-byte message", len);
+    return LOOM_OK;
+}
+
+/* The error that ends a wait on peer p (-1: any): a lost or departed peer. mu held. */
+static int peer_down(loom_net *n, int p, loom_err *err)
+{
+    if (n->lost >= 0 && (p < 0 || p == n->lost)) {
+        *err = n->lost_err;
+        return LOOM_ENET;
+    }
+    for (int i = 0; i < n->n_peers; i++) {
+        if (p >= 0 && i != p) continue;
+        net_peer *pe = &n->peers[i];
+        if (pe->state == P_GONE)
+            return loom_err_set(err, LOOM_ENET, n->name, "%s left (%s); last heard it was %s", pe->name,
+                                pe->gone_reason, pe->status);
+        if (pe->state == P_LOST)
+            return loom_err_set(err, LOOM_ENET, n->name, "%s was lost; it was %s", pe->name, pe->status);
+    }
+    return LOOM_OK;
+}
+
+int loom_net_recv(loom_net *n, int p, uint32_t type_lo, uint32_t type_hi, int *from, uint32_t *type, loom_buf *msg,
+                  double timeout_s, loom_err *err)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    if (timeout_s >= 0) {
+        double s = (double)until.tv_sec + until.tv_nsec * 1e-9 + timeout_s;
+        until.tv_sec = (time_t)s;
+        until.tv_nsec = (long)((s - (double)(time_t)s) * 1e9);
+    }
+    pthread_mutex_lock(&n->mu);
+    for (;;) {
+        qmsg *prev = NULL;
+        for (qmsg *q = n->qhead; q; prev = q, q = q->next) {
+            if ((p >= 0 && q->from != p) || q->type < type_lo || q->type > type_hi) continue;
+            if (prev) prev->next = q->next;
+            else n->qhead = q->next;
+            if (n->qtail == q) n->qtail = prev;
+            pthread_mutex_unlock(&n->mu);
+            if (from) *from = q->from;
+            if (type) *type = q->type;
+            loom_buf_fini(msg);
+            msg->data = q->data, msg->len = msg->cap = q->len, msg->pos = 0, msg->failed = 0;
+            loom_free(q);
+            return LOOM_OK;
+        }
+        int rc = peer_down(n, p, err);
+        if (rc) {
+            pthread_mutex_unlock(&n->mu);
+            return rc;
+        }
+        if (timeout_s < 0)
+            pthread_cond_wait(&n->cv, &n->mu);
+        else if (pthread_cond_timedwait(&n->cv, &n->mu, &until) == ETIMEDOUT) {
+            pthread_mutex_unlock(&n->mu);
+            return loom_err_set(err, LOOM_ETIMEOUT, n->name, "no message from %s within %g s",
+                                p >= 0 ? n->peers[p].name : "any peer", timeout_s);
+        }
+    }
+}
+
+int loom_net_lost_peer(loom_net *n, loom_err *err)
+{
+    pthread_mutex_lock(&n->mu);
+    int p = n->lost;
+    if (p >= 0 && err) *err = n->lost_err;
+    pthread_mutex_unlock(&n->mu);
+    return p;
+}
+
+/* ---- for the collectives (net_internal.h) ---------------------------------- */
+
+int loom_net_alert_fd_(loom_net *n, uint32_t alert_type)
+{
+    pthread_mutex_lock(&n->mu);
+    n->alert_type = alert_type;
+    pthread_mutex_unlock(&n->mu);
+    return n->alert_fd;
+}
+
+void loom_net_set_status_(loom_net *n, const char *fmt, ...)
+{
+    char buf[sizeof n->status];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&n->mu);
+    memcpy(n->status, buf, sizeof buf);
+    pthread_mutex_unlock(&n->mu);
+}
+
+int loom_net_peer_down_(loom_net *n, int p, loom_err *err)
+{
+    pthread_mutex_lock(&n->mu);
+    int rc = peer_down(n, p, err);
+    pthread_mutex_unlock(&n->mu);
+    return rc;
+}
+
+void loom_net_peer_info_(loom_net *n, int p, char *name, size_t name_n, char *status, size_t status_n, double *age)
+{
+    pthread_mutex_lock(&n->mu);
+    net_peer *pe = &n->peers[p];
+    if (name) snprintf(name, name_n, "%s", pe->name);
+    if (status) snprintf(status, status_n, "%s", pe->status);
+    if (age) *age = loom_now() - pe->last_heard;
+    pthread_mutex_unlock(&n->mu);
+}
+
+const char *loom_net_name_(const loom_net *n) { return n->name; }

@@ -1,0 +1,969 @@
+/* test_cluster_net.c - the cluster transport and collectives between real
+ * processes over 127.0.0.1: frames and the handshake in memory, then 2 and 3
+ * forked ranks: messages, all-reduce of 1 to 1M floats against a serial sum
+ * (and bit-identical across ranks), broadcast, all_gather_bytes, barrier; a
+ * wrong secret and different configs refused on both sides; a garbage client
+ * dropped and logged while the group trains on; a peer that never comes; a
+ * peer killed with SIGKILL or stopped (heartbeats) reported within
+ * heartbeat_timeout + 1 s; mismatched collectives; a collective timeout.
+ * The cluster is filled by hand (the topology resolver is tested elsewhere).
+ * Every child runs under a deadline and is reaped; each child's stderr (where
+ * loom_log writes) goes to a file the parent reads back. */
+#include "cluster/cluster.h"
+#include "cluster/net_internal.h"
+#include "test_util.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MAXR 4
+
+/* ---- a hand-made cluster of n workers on 127.0.0.1 ------------------------ */
+
+static int ports[MAXR];
+
+/* Per-test variations, reset by new_ports(). */
+static struct {
+    const char *secret[MAXR];      /* NULL: the common one */
+    uint8_t     digest[MAXR];      /* 0: the common one */
+    const char *config[MAXR];
+    double      connect_timeout, hb_timeout;
+    int         tls[MAXR];
+    bool        no_secret;         /* 1: TLS with the CA-signed cert, 2: with one the CA did not sign */
+    int         stop_rank;         /* run_ranks kills this one once the others are done */
+} knob;
+
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t l = sizeof a;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) < 0 || getsockname(fd, (struct sockaddr *)&a, &l) < 0) {
+        close(fd);
+        return 0;
+    }
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static void new_ports(int n)
+{
+    for (int i = 0; i < n; i++) ports[i] = free_port();
+    memset(&knob, 0, sizeof knob);
+    knob.stop_rank = -1;
+}
+
+typedef struct tcl {
+    loom_cluster   c;
+    loom_task_addr addrs[MAXR];
+} tcl;
+
+static void mk_cluster(tcl *t, int n, int rank)
+{
+    memset(t, 0, sizeof *t);
+    for (int i = 0; i < n; i++) {
+        t->addrs[i].role = LOOM_ROLE_WORKER;
+        t->addrs[i].index = i;
+        snprintf(t->addrs[i].host, sizeof t->addrs[i].host, "127.0.0.1");
+        t->addrs[i].port = ports[i];
+    }
+    t->c.n_tasks[LOOM_ROLE_WORKER] = n;
+    t->c.tasks[LOOM_ROLE_WORKER] = t->addrs;
+    t->c.role = LOOM_ROLE_WORKER;
+    t->c.index = rank;
+    t->c.n_train_ranks = n;
+    t->c.rank = rank;
+    t->c.connect_timeout = knob.connect_timeout > 0 ? knob.connect_timeout : 10;
+    t->c.heartbeat_timeout = knob.hb_timeout > 0 ? knob.hb_timeout : 3;
+    t->c.heartbeat_interval = 0.2;
+    const char *sec = knob.secret[rank] ? knob.secret[rank] : "test-secret-0123456789";
+    if (knob.no_secret) sec = "";
+    t->c.secret_len = strlen(sec);
+    memcpy(t->c.secret, sec, t->c.secret_len);
+    memset(t->c.config_digest, knob.digest[rank] ? knob.digest[rank] : 7, 32);
+    if (knob.tls[rank]) {
+        const char *root = getenv("LOOM_SOURCE_ROOT") ? getenv("LOOM_SOURCE_ROOT") : ".";
+        const char *who = knob.tls[rank] == 1 ? "task" : "other";
+        t->c.tls = true;
+        snprintf(t->c.tls_cert, sizeof t->c.tls_cert, "%s/tests/fixtures/tls/%s.pem", root, who);
+        snprintf(t->c.tls_key, sizeof t->c.tls_key, "%s/tests/fixtures/tls/%s.key", root, who);
+        snprintf(t->c.tls_ca, sizeof t->c.tls_ca, "%s/tests/fixtures/tls/ca.pem", root);
+    }
+    t->c.config_text = (char *)(knob.config[rank] ? knob.config[rank]
+                                                  : "version = 1;\nmodel = \"mlp\";\noptimizer.learning_rate = 0.1;\n");
+}
+
+/* ---- forking ranks ----------------------------------------------------------- */
+
+typedef int (*rank_fn)(int rank, int n);
+
+static const char *log_path(int rank)
+{
+    static char buf[MAXR][600];
+    snprintf(buf[rank], sizeof buf[rank], "%s/rank%d.log", tmpdir, rank);
+    return buf[rank];
+}
+
+static char *read_log(int rank)
+{
+    size_t len;
+    uint8_t *d = slurp(log_path(rank), &len);
+    if (!d) return strdup("");
+    char *s = malloc(len + 1);
+    memcpy(s, d, len);
+    s[len] = 0;
+    free(d);
+    return s;
+}
+
+/* Runs fn(rank, n) in n forked children (stderr to rank<r>.log), reaps them
+ * all within deadline seconds (killing the late ones); status[r] = the
+ * child's exit code (0 = its checks passed), 128 + signal when killed. */
+static void run_ranks(int n, rank_fn fn, double deadline, int *status)
+{
+    pid_t pid[MAXR];
+    fflush(stdout);
+    fflush(stderr);
+    for (int r = 0; r < n; r++) {
+        pid[r] = fork();
+        if (pid[r] == 0) {
+            FILE *f = freopen(log_path(r), "w", stderr);
+            (void)f;
+            setvbuf(stderr, NULL, _IONBF, 0);
+            alarm((unsigned)deadline + 2); /* never outlive the parent's patience */
+            int before = harness_failures_;
+            int rc = fn(r, n);
+            fflush(stdout);
+            _exit(rc ? rc : harness_failures_ != before ? 1 : 0);
+        }
+    }
+    double t0 = loom_now();
+    for (int r = 0; r < n; r++) status[r] = -1;
+    int left = n;
+    while (left > 0) {
+        for (int r = 0; r < n; r++) {
+            if (status[r] != -1) continue;
+            int st;
+            pid_t w = waitpid(pid[r], &st, WNOHANG);
+            if (w == pid[r]) {
+                status[r] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+                left--;
+            }
+        }
+        if (left == 1 && knob.stop_rank >= 0 && status[knob.stop_rank] == -1) kill(pid[knob.stop_rank], SIGKILL);
+        if (left && loom_now() - t0 > deadline) {
+            for (int r = 0; r < n; r++)
+                if (status[r] == -1) {
+                    printf("# rank %d still running after %.0f s: killed\n", r, deadline);
+                    kill(pid[r], SIGKILL);
+                }
+            deadline += 5;
+        }
+        if (left) usleep(5000);
+    }
+}
+
+static void check_all_ok(int n, const int *status)
+{
+    for (int r = 0; r < n; r++) {
+        CHECK_MSG(status[r] == 0, "rank %d exited with %d", r, status[r]);
+        if (status[r] != 0) {
+            char *l = read_log(r);
+            printf("# rank %d's log:\n# %s\n", r, l);
+            free(l);
+        }
+    }
+}
+
+static loom_group *open_group(int rank, int n, double timeout)
+{
+    tcl t;
+    mk_cluster(&t, n, rank);
+    loom_group *g = NULL;
+    loom_err err = {0};
+    int rc = loom_group_open(&g, &t.c, timeout, &err);
+    CHECK_MSG(rc == LOOM_OK, "rank %d: open: %s", rank, err.msg);
+    return rc ? NULL : g;
+}
+
+/* ---- in memory: frames and the handshake ------------------------------------ */
+
+static void test_frames(void)
+{
+    uint8_t buf[LOOM_NET_HDR + 5];
+    loom_net_frame_header_(buf, 42, "hello", 5);
+    memcpy(buf + LOOM_NET_HDR, "hello", 5);
+    loom_net_frame f;
+    loom_err err = {0};
+    size_t need = 0;
+    CHECK(loom_net_frame_decode_(buf, sizeof buf, 1024, &f, &need, &err) == (long)sizeof buf);
+    CHECK(f.type == 42 && f.len == 5 && !memcmp(f.payload, "hello", 5));
+    /* Every prefix asks for more. */
+    for (size_t k = 1; k < sizeof buf; k++) {
+        need = 0;
+        long r = loom_net_frame_decode_(buf, k, 1024, &f, &need, &err);
+        CHECK_MSG(r == 0 && need >= k, "prefix %zu: %ld", k, r);
+    }
+    /* A flipped bit anywhere is caught. */
+    for (size_t k = 0; k < sizeof buf; k++) {
+        uint8_t b[sizeof buf];
+        memcpy(b, buf, sizeof b);
+        b[k] ^= 0x10;
+        /* (a flip in the length asks for more bytes, or exceeds the bound) */
+        CHECK_MSG(loom_net_frame_decode_(b, sizeof b, 1024, &f, NULL, &err) <= 0, "flip at byte %zu passed", k);
+    }
+    /* Bad magic at once, a length above the bound, another version. */
+    CHECK(loom_net_frame_decode_((const uint8_t *)"GET ", 4, 1024, &f, NULL, &err) < 0);
+    CHECK_CONTAINS(err.msg, "not a loom frame");
+    CHECK(loom_net_frame_decode_(buf, sizeof buf, 4, &f, NULL, &err) < 0);
+    CHECK_CONTAINS(err.msg, "above the limit");
+    uint8_t v2[sizeof buf];
+    memcpy(v2, buf, sizeof v2);
+    v2[4] = 2;
+    CHECK(loom_net_frame_decode_(v2, sizeof v2, 1024, &f, NULL, &err) < 0);
+    CHECK_CONTAINS(err.msg, "version 2");
+}
+
+/* Drives two handshakes against each other in memory; returns each side's rc. */
+static void handshake_pair(const char *sa, const char *sb, uint8_t da, uint8_t db, const char *ta, const char *tb,
+                           int *rca, int *rcb, loom_err *ea, loom_err *eb, bool *done)
+{
+    uint8_t dga[32], dgb[32];
+    memset(dga, da, 32), memset(dgb, db, 32);
+    loom_hs a, b; /* a dials (worker:1), b accepts (worker:0) */
+    loom_buf qa, qb;  /* frames a sent, frames b sent */
+    loom_buf_init(&qa), loom_buf_init(&qb);
+    loom_hs_init_(&a, true, LOOM_ROLE_WORKER, 1, LOOM_ROLE_WORKER, 0, (const uint8_t *)sa, strlen(sa), dga, ta, &qa);
+    loom_buf tmp;
+    loom_buf_init(&tmp);
+    loom_hs_init_(&b, false, LOOM_ROLE_WORKER, 0, 0, 0, (const uint8_t *)sb, strlen(sb), dgb, tb, &tmp);
+    *rca = *rcb = 0;
+    for (int round = 0; round < 10 && !(*rca && *rcb) && !(a.done && b.done); round++) {
+        /* b reads what a sent */
+        loom_buf in = qa;
+        loom_buf_init(&qa);
+        for (size_t off = 0; off < in.len && !*rcb;) {
+            loom_net_frame f;
+            long r = loom_net_frame_decode_(in.data + off, in.len - off, LOOM_NET_HANDSHAKE_MAX, &f, NULL, eb);
+            if (r <= 0) break;
+            *rcb = loom_hs_feed_(&b, f.payload, f.len, &qb, eb);
+            off += (size_t)r;
+        }
+        loom_buf_fini(&in);
+        in = qb;
+        loom_buf_init(&qb);
+        for (size_t off = 0; off < in.len && !*rca;) {
+            loom_net_frame f;
+            long r = loom_net_frame_decode_(in.data + off, in.len - off, LOOM_NET_HANDSHAKE_MAX, &f, NULL, ea);
+            if (r <= 0) break;
+            *rca = loom_hs_feed_(&a, f.payload, f.len, &qa, ea);
+            off += (size_t)r;
+        }
+        loom_buf_fini(&in);
+        if (*rca && !qa.len) break;
+    }
+    *done = a.done && b.done;
+    loom_buf_fini(&qa), loom_buf_fini(&qb), loom_buf_fini(&tmp);
+}
+
+static void test_handshake(void)
+{
+    const char *cfg = "version = 1;\nmodel = \"mlp\";\noptimizer.learning_rate = 0.1;\n";
+    const char *cfg2 = "version = 1;\nmodel = \"mlp\";\noptimizer.learning_rate = 0.2;\n";
+    int ra, rb;
+    loom_err ea = {0}, eb = {0};
+    bool done;
+    handshake_pair("s3cret", "s3cret", 1, 1, cfg, cfg, &ra, &rb, &ea, &eb, &done);
+    CHECK(ra == 0 && rb == 0 && done);
+    handshake_pair("s3cret", "other", 1, 1, cfg, cfg, &ra, &rb, &ea, &eb, &done);
+    CHECK(ra == LOOM_ENET && rb == LOOM_ENET && !done);
+    CHECK_CONTAINS(ea.msg, "worker:0 failed to prove the shared secret");
+    CHECK_CONTAINS(eb.msg, "worker:1 failed to prove the shared secret");
+    handshake_pair("s3cret", "s3cret", 1, 2, cfg, cfg2, &ra, &rb, &ea, &eb, &done);
+    CHECK(ra == LOOM_ECONFIG && rb == LOOM_ECONFIG && !done);
+    CHECK_CONTAINS(ea.msg, "optimizer.learning_rate = 0.1;` here, `optimizer.learning_rate = 0.2;` there");
+    CHECK_CONTAINS(eb.msg, "optimizer.learning_rate = 0.2;` here, `optimizer.learning_rate = 0.1;` there");
+}
+
+/* ---- messages ------------------------------------------------------------- */
+
+static int net_msgs_rank(int rank, int n)
+{
+    (void)n;
+    tcl t;
+    mk_cluster(&t, 2, rank);
+    loom_net_peer peer = {LOOM_ROLE_WORKER, 1 - rank};
+    loom_net *net;
+    loom_err err = {0};
+    int rc = loom_net_open(&net, &t.c, &peer, 1, &err);
+    CHECK_MSG(rc == 0, "open: %s", err.msg);
+    if (rc) return 1;
+    /* Nothing of these types will come (the peer waits for ours): a short wait times out. */
+    loom_buf m;
+    loom_buf_init(&m);
+    rc = loom_net_recv(net, 0, LOOM_MSG_USER + 50, LOOM_MSG_USER + 60, NULL, NULL, &m, 0.1, &err);
+    CHECK_MSG(rc == LOOM_ETIMEOUT, "%d %s", rc, err.msg);
+    size_t sizes[] = {0, 1, 1000, 3 << 20};
+    uint8_t *big = malloc(3 << 20);
+    for (size_t i = 0; i < (3u << 20); i++) big[i] = (uint8_t)(i * 7 + (size_t)rank);
+    for (int k = 0; k < 4; k++) CHECK(loom_net_send(net, 0, LOOM_MSG_USER + 1 + (uint32_t)k, big, sizes[k], &err) == 0);
+    /* Received in the order asked, whatever the arrival order. */
+    for (int k = 3; k >= 0; k--) {
+        int from = -1;
+        uint32_t type = 0;
+        rc = loom_net_recv(net, -1, LOOM_MSG_USER + 1 + (uint32_t)k, LOOM_MSG_USER + 1 + (uint32_t)k, &from, &type, &m,
+                           10, &err);
+        CHECK_MSG(rc == 0, "recv %d: %s", k, err.msg);
+        CHECK(from == 0 && type == LOOM_MSG_USER + 1 + (uint32_t)k && m.len == sizes[k]);
+        bool same = true;
+        for (size_t i = 0; i < m.len && i < sizes[k]; i++) same &= m.data[i] == (uint8_t)(i * 7 + (size_t)(1 - rank));
+        CHECK(same);
+    }
+    CHECK(loom_net_lost_peer(net, &err) == -1);
+    loom_buf_fini(&m);
+    free(big);
+    loom_net_close(net);
+    return 0;
+}
+
+static void test_net_messages(void)
+{
+    new_ports(2);
+    int st[MAXR];
+    run_ranks(2, net_msgs_rank, 30, st);
+    check_all_ok(2, st);
+}
+
+/* ---- collectives ------------------------------------------------------------ */
+
+static float val(int rank, int64_t i) { return (float)((i * 2654435761u + (uint64_t)rank * 97) % 1000) / 7.0f - 50.0f; }
+
+static int all_reduce_rank(int rank, int n)
+{
+    loom_group *g = open_group(rank, n, 30);
+    if (!g) return 1;
+    CHECK(loom_group_rank(g) == rank && loom_group_size(g) == n);
+    static const int64_t counts[] = {0, 1, 2, 3, 7, 100, 1000, 4097, 16385, 65539, 1 << 20};
+    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+        int64_t c = counts[k];
+        float *b = malloc((size_t)c * 4 + 4), *want = malloc((size_t)c * 4 + 4);
+        for (int64_t i = 0; i < c; i++) {
+            b[i] = val(rank, i);
+            want[i] = 0;
+            for (int r = 0; r < n; r++) want[i] += val(r, i);
+        }
+        loom_err err = {0};
+        int rc = loom_group_all_reduce(g, b, c, &err);
+        CHECK_MSG(rc == 0, "rank %d, %lld floats: %s", rank, (long long)c, err.msg);
+        double worst = 0;
+        for (int64_t i = 0; i < c; i++) {
+            double d = fabs((double)b[i] - (double)want[i]);
+            if (d > worst) worst = d;
+        }
+        CHECK_MSG(worst <= 1e-4, "%lld floats: off the serial sum by %g", (long long)c, worst);
+        /* Bit-identical on every rank: compare checksums of the results. */
+        uint32_t crc = loom_crc32c(b, (size_t)c * 4);
+        loom_buf out[MAXR];
+        for (int r = 0; r < n; r++) loom_buf_init(&out[r]);
+        rc = loom_group_all_gather_bytes(g, &crc, 4, out, &err);
+        CHECK_MSG(rc == 0, "gather: %s", err.msg);
+        for (int r = 0; r < n && !rc; r++) {
+            CHECK(out[r].len == 4);
+            CHECK_MSG(out[r].len == 4 && !memcmp(out[r].data, &crc, 4), "%lld floats: rank %d's result differs",
+                      (long long)c, r);
+        }
+        for (int r = 0; r < n; r++) loom_buf_fini(&out[r]);
+        free(b), free(want);
+    }
+    /* Integer-valued sums are exact. */
+    float e[5];
+    for (int i = 0; i < 5; i++) e[i] = (float)(rank + 1) * (float)(i + 1);
+    loom_err err = {0};
+    CHECK_MSG(loom_group_all_reduce(g, e, 5, &err) == 0, "rank %d: %s", rank, err.msg);
+    for (int i = 0; i < 5; i++) CHECK(e[i] == (float)(n * (n + 1) / 2 * (i + 1)));
+    loom_group_close(g);
+    return 0;
+}
+
+static int bcast_gather_rank(int rank, int n);
+
+static void test_all_reduce_2(void)
+{
+    new_ports(2);
+    int st[MAXR];
+    run_ranks(2, all_reduce_rank, 60, st);
+    check_all_ok(2, st);
+}
+
+static void test_all_reduce_3(void)
+{
+    new_ports(3);
+    int st[MAXR];
+    run_ranks(3, all_reduce_rank, 60, st);
+    check_all_ok(3, st);
+}
+
+/* The same with large collectives sent from the sender thread (used by
+ * default only where each local rank has two cores). */
+static void test_all_reduce_sender_thread(void)
+{
+    setenv("LOOM_RING_SENDER", "1", 1);
+    for (int n = 2; n <= 3; n++) {
+        new_ports(n);
+        int st[MAXR];
+        run_ranks(n, all_reduce_rank, 60, st);
+        check_all_ok(n, st);
+        new_ports(n);
+        run_ranks(n, bcast_gather_rank, 60, st);
+        check_all_ok(n, st);
+    }
+    unsetenv("LOOM_RING_SENDER");
+}
+
+static int bcast_gather_rank(int rank, int n)
+{
+    loom_group *g = open_group(rank, n, 30);
+    if (!g) return 1;
+    loom_err err = {0};
+    size_t sizes[] = {0, 1, 13, 100000, 5 << 20};
+    for (int root = 0; root < n; root++)
+        for (size_t k = 0; k < 5; k++) {
+            uint8_t *b = malloc(sizes[k] + 1);
+            for (size_t i = 0; i < sizes[k]; i++) b[i] = rank == root ? (uint8_t)(i * 13 + (size_t)root) : 0xee;
+            int rc = loom_group_broadcast(g, b, sizes[k], root, &err);
+            CHECK_MSG(rc == 0, "broadcast from %d: %s", root, err.msg);
+            bool same = true;
+            for (size_t i = 0; i < sizes[k]; i++) same &= b[i] == (uint8_t)(i * 13 + (size_t)root);
+            CHECK_MSG(same, "rank %d: broadcast of %zu bytes from %d differs", rank, sizes[k], root);
+            free(b);
+        }
+    /* Lengths differ per rank; rank 1 sends nothing. */
+    loom_buf out[MAXR];
+    for (int r = 0; r < n; r++) loom_buf_init(&out[r]);
+    for (int round = 0; round < 3; round++) {
+        size_t len = rank == 1 ? 0 : (size_t)(rank + 1) * 1000 * (size_t)(round * 300 + 1);
+        uint8_t *b = malloc(len + 1);
+        for (size_t i = 0; i < len; i++) b[i] = (uint8_t)(i + (size_t)rank * 31);
+        int rc = loom_group_all_gather_bytes(g, b, len, out, &err);
+        CHECK_MSG(rc == 0, "gather: %s", err.msg);
+        for (int r = 0; r < n && !rc; r++) {
+            size_t want = r == 1 ? 0 : (size_t)(r + 1) * 1000 * (size_t)(round * 300 + 1);
+            CHECK_MSG(out[r].len == want, "rank %d got %zu bytes from %d, want %zu", rank, out[r].len, r, want);
+            bool same = out[r].len == want;
+            for (size_t i = 0; same && i < want; i++) same = out[r].data[i] == (uint8_t)(i + (size_t)r * 31);
+            CHECK(same);
+        }
+        free(b);
+    }
+    for (int r = 0; r < n; r++) loom_buf_fini(&out[r]);
+    /* A barrier holds everyone until the last arrives. */
+    if (rank == n - 1) usleep(300000);
+    double t0 = loom_now();
+    CHECK(loom_group_barrier(g, &err) == 0);
+    if (rank != n - 1) CHECK_MSG(loom_now() - t0 > 0.2, "rank %d left the barrier after %.3f s", rank, loom_now() - t0);
+    loom_group_close(g);
+    return 0;
+}
+
+static void test_broadcast_gather_barrier(void)
+{
+    for (int n = 2; n <= 3; n++) {
+        new_ports(n);
+        int st[MAXR];
+        run_ranks(n, bcast_gather_rank, 60, st);
+        check_all_ok(n, st);
+    }
+}
+
+/* A group of one: every collective returns at once with the caller's data. */
+static void test_group_of_one(void)
+{
+    new_ports(1);
+    tcl t;
+    mk_cluster(&t, 1, 0);
+    loom_group *g = NULL;
+    loom_err err = {0};
+    CHECK_MSG(loom_group_open(&g, &t.c, 0, &err) == 0, "%s", err.msg);
+    if (!g) return;
+    float b[3] = {1, 2, 3};
+    CHECK(loom_group_all_reduce(g, b, 3, &err) == 0 && b[0] == 1 && b[2] == 3);
+    CHECK(loom_group_broadcast(g, b, sizeof b, 0, &err) == 0 && b[1] == 2);
+    CHECK(loom_group_broadcast(g, b, sizeof b, 1, &err) == LOOM_EUSAGE);
+    loom_buf out[1];
+    loom_buf_init(&out[0]);
+    CHECK(loom_group_all_gather_bytes(g, "abc", 3, out, &err) == 0 && out[0].len == 3 && !memcmp(out[0].data, "abc", 3));
+    loom_buf_fini(&out[0]);
+    CHECK(loom_group_barrier(g, &err) == 0);
+    CHECK(loom_group_size(g) == 1 && loom_group_rank(g) == 0);
+    loom_group_close(g);
+}
+
+/* ---- refusals ------------------------------------------------------------- */
+
+/* Opens a group expecting failure; writes the code, message and seconds taken to rank<r>.out. */
+static void note(int rank, int rc, const loom_err *err, double secs)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/rank%d.out", tmpdir, rank);
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    fprintf(f, "%d %.3f %s\n", rc, secs, err ? err->msg : "");
+    fclose(f);
+}
+
+static char *read_note(int rank, int *rc, double *secs)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/rank%d.out", tmpdir, rank);
+    size_t len;
+    uint8_t *d = slurp(path, &len);
+    *rc = -1, *secs = -1;
+    if (!d) return strdup("");
+    char *s = malloc(len + 1);
+    memcpy(s, d, len);
+    s[len] = 0;
+    free(d);
+    int off = 0;
+    if (sscanf(s, "%d %lf %n", rc, secs, &off) < 2) off = 0;
+    memmove(s, s + off, strlen(s + off) + 1);
+    size_t l = strlen(s);
+    while (l && (s[l - 1] == '\n' || s[l - 1] == ' ')) s[--l] = 0;
+    return s;
+}
+
+static int open_fails_rank(int rank, int n)
+{
+    tcl t;
+    mk_cluster(&t, n, rank);
+    loom_group *g = NULL;
+    loom_err err = {0};
+    double t0 = loom_now();
+    int rc = loom_group_open(&g, &t.c, 10, &err);
+    note(rank, rc, &err, loom_now() - t0);
+    loom_group_close(g);
+    return 0;
+}
+
+static void test_wrong_secret(void)
+{
+    new_ports(2);
+    knob.secret[1] = "not-the-secret";
+    knob.connect_timeout = 2;
+    int st[MAXR];
+    run_ranks(2, open_fails_rank, 30, st);
+    check_all_ok(2, st);
+    int rc0, rc1;
+    double s0, s1;
+    char *m0 = read_note(0, &rc0, &s0), *m1 = read_note(1, &rc1, &s1), *l0 = read_log(0), *l1 = read_log(1);
+    /* The dialer (worker:1) refuses at once; worker:0 waits out connect_timeout, then says why. */
+    CHECK_MSG(rc1 == LOOM_ENET, "%d %s", rc1, m1);
+    CHECK_CONTAINS(m1, "worker:0 failed to prove the shared secret");
+    CHECK_MSG(s1 < 1.9, "the dialer took %.2f s to refuse (connect_timeout 2 s)", s1);
+    CHECK_MSG(rc0 == LOOM_ETIMEOUT, "%d %s", rc0, m0);
+    CHECK_CONTAINS(m0, "worker:1 failed to prove the shared secret");
+    CHECK_MSG(s0 >= 1.9 && s0 < 4, "worker:0 took %.2f s", s0);
+    /* Both logged it with the other's address. */
+    CHECK_CONTAINS(l0, "dropped the connection from 127.0.0.1:");
+    CHECK_CONTAINS(l0, "claims to be worker:1): worker:1 failed to prove the shared secret");
+    char want[128];
+    snprintf(want, sizeof want, "dropped the connection to 127.0.0.1:%d (dialed as worker:0)", ports[0]);
+    CHECK_CONTAINS(l1, want);
+    free(m0), free(m1), free(l0), free(l1);
+}
+
+static void test_config_mismatch(void)
+{
+    new_ports(2);
+    knob.digest[1] = 9;
+    knob.config[1] = "version = 1;\nmodel = \"mlp\";\noptimizer.learning_rate = 0.2;\n";
+    knob.connect_timeout = 5;
+    int st[MAXR];
+    run_ranks(2, open_fails_rank, 30, st);
+    check_all_ok(2, st);
+    for (int r = 0; r < 2; r++) {
+        int rc;
+        double s;
+        char *m = read_note(r, &rc, &s);
+        CHECK_MSG(rc == LOOM_ECONFIG, "rank %d: %d %s", r, rc, m);
+        CHECK_CONTAINS(m, "was started with a different config");
+        CHECK_CONTAINS(m, r == 0 ? "`optimizer.learning_rate = 0.1;` here, `optimizer.learning_rate = 0.2;` there"
+                                 : "`optimizer.learning_rate = 0.2;` here, `optimizer.learning_rate = 0.1;` there");
+        CHECK_MSG(s < 3, "rank %d took %.2f s to refuse", r, s);
+        free(m);
+    }
+}
+
+static void test_peer_never_comes(void)
+{
+    /* worker:0 waits for worker:1 to dial it; worker:1 keeps dialing worker:0. */
+    for (int r = 0; r < 2; r++) {
+        new_ports(2);
+        knob.connect_timeout = 1;
+        tcl t;
+        mk_cluster(&t, 2, r);
+        loom_group *g = NULL;
+        loom_err err = {0};
+        double t0 = loom_now();
+        int rc = loom_group_open(&g, &t.c, 10, &err);
+        double s = loom_now() - t0;
+        CHECK_MSG(rc == LOOM_ETIMEOUT, "rank %d: %d %s", r, rc, err.msg);
+        CHECK_MSG(s >= 0.9 && s < 2.5, "rank %d gave up after %.2f s (connect_timeout 1 s)", r, s);
+        CHECK_CONTAINS(err.msg, "no connection within cluster.connect_timeout = 1 s");
+        CHECK_CONTAINS(err.msg, r == 0 ? "worker:1 at 127.0.0.1:" : "worker:0 at 127.0.0.1:");
+        CHECK_CONTAINS(err.msg, r == 0 ? "it never connected" : "Connection refused");
+        CHECK(g == NULL);
+    }
+}
+
+/* ---- a garbage client --------------------------------------------------------- */
+
+static int garbage_rank(int rank, int n)
+{
+    loom_group *g = open_group(rank, n, 30);
+    if (!g) return 1;
+    double t0 = loom_now();
+    int iters = 0;
+    float b[1000];
+    loom_err err = {0};
+    for (bool stop = false; !stop;) {
+        /* Rank 0 decides when to stop, through the sum itself, so every rank stops after the same call. */
+        for (int i = 0; i < 1000; i++) b[i] = (float)(rank + i);
+        if (rank == 0 && loom_now() - t0 > 2.8) b[0] += 1000;
+        int rc = loom_group_all_reduce(g, b, 1000, &err);
+        CHECK_MSG(rc == 0, "rank %d: %s", rank, err.msg);
+        if (rc) break;
+        stop = b[0] > 500;
+        if (stop) b[0] -= 1000;
+        for (int i = 0; i < 1000; i++) CHECK(b[i] == (float)(1 + 2 * i));
+        iters++;
+        usleep(2000);
+    }
+    CHECK(iters > 10);
+    CHECK(loom_net_lost_peer(loom_group_net(g), &err) == -1);
+    loom_group_close(g);
+    return 0;
+}
+
+static int connect_retry(int port, double secs)
+{
+    double t0 = loom_now();
+    while (loom_now() - t0 < secs) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {0};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        a.sin_port = htons((uint16_t)port);
+        if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) return fd;
+        close(fd);
+        usleep(20000);
+    }
+    return -1;
+}
+
+static void test_garbage_client(void)
+{
+    new_ports(2);
+    knob.connect_timeout = 2; /* so the handshake bound is 2 s */
+    pid_t helper = fork();
+    if (helper == 0) {
+        /* Random bytes to worker:0, a frame with a huge length to worker:1, a
+         * valid-looking hello with a wrong proof, and one that says nothing. */
+        alarm(20);
+        usleep(200000);
+        int fds[4];
+        fds[0] = connect_retry(ports[0], 5);
+        uint8_t junk[4096];
+        loom_rng rng;
+        loom_rng_init(&rng, 1, 2, 3, 4);
+        for (size_t i = 0; i < sizeof junk; i++) junk[i] = (uint8_t)loom_rng_u32(&rng);
+        if (fds[0] >= 0 && write(fds[0], junk, sizeof junk) < 0) {}
+        fds[1] = connect_retry(ports[1], 5);
+        uint8_t hdr[LOOM_NET_HDR];
+        loom_net_frame_header_(hdr, LOOM_MSG_HELLO, NULL, 0);
+        hdr[12] = 0xff, hdr[13] = 0xff, hdr[14] = 0xff, hdr[15] = 0x7f;
+        if (fds[1] >= 0 && write(fds[1], hdr, sizeof hdr) < 0) {}
+        fds[2] = connect_retry(ports[0], 5);
+        loom_hs h;
+        loom_buf out;
+        loom_buf_init(&out);
+        uint8_t dg[32] = {7};
+        loom_hs_init_(&h, true, LOOM_ROLE_WORKER, 1, LOOM_ROLE_WORKER, 0, (const uint8_t *)"guess", 5, dg, "", &out);
+        if (fds[2] >= 0 && write(fds[2], out.data, out.len) < 0) {}
+        fds[3] = connect_retry(ports[1], 5);
+        sleep(3); /* fds[3] sends nothing; fds[2] never proves anything */
+        _exit(0);
+    }
+    int st[MAXR];
+    run_ranks(2, garbage_rank, 30, st);
+    int hs;
+    waitpid(helper, &hs, 0);
+    check_all_ok(2, st);
+    char *l0 = read_log(0), *l1 = read_log(1);
+    CHECK_CONTAINS(l0, "dropped the connection from 127.0.0.1:");
+    CHECK_CONTAINS(l0, "not a loom frame (bad magic bytes");
+    CHECK_CONTAINS(l1, "above the limit of");
+    CHECK_CONTAINS(l0, "claims to be worker:1): no handshake within 2.0 s");
+    CHECK_CONTAINS(l1, "no handshake within 2.0 s");
+    free(l0), free(l1);
+}
+
+/* ---- lost peers ----------------------------------------------------------------- */
+
+static int lost_mode; /* 0: SIGKILL, 1: SIGSTOP (silent, still connected) */
+
+static int lost_rank(int rank, int n)
+{
+    loom_group *g = open_group(rank, n, 0);
+    if (!g) return 1;
+    int64_t count = lost_mode == 2 ? 1 << 20 : 1000; /* 2: large, through the sender thread */
+    float *b = malloc((size_t)count * 4);
+    loom_err err = {0};
+    int rc = 0;
+    double t0 = loom_now();
+    for (int it = 0; it < 10000000 && !rc; it++) {
+        /* (after a few heartbeats, so the others know what it was doing) */
+        if (rank == n - 1 && loom_now() - t0 > 0.6) {
+            note(rank, 0, NULL, loom_now());
+            raise(lost_mode == 1 ? SIGSTOP : SIGKILL);
+        }
+        for (int64_t i = 0; i < count; i++) b[i] = 1;
+        rc = loom_group_all_reduce(g, b, count, &err);
+    }
+    note(rank, rc, &err, loom_now());
+    free(b);
+    loom_group_close(g);
+    return 0;
+}
+
+static void lost_test(int mode)
+{
+    new_ports(3);
+    knob.hb_timeout = 2;
+    lost_mode = mode;
+    if (mode == 1) knob.stop_rank = 2;
+    if (mode == 2) setenv("LOOM_RING_SENDER", "1", 1);
+    int st[MAXR];
+    run_ranks(3, lost_rank, 30, st);
+    unsetenv("LOOM_RING_SENDER");
+    CHECK(st[0] == 0 && st[1] == 0 && st[2] == 128 + SIGKILL);
+    int rc;
+    double t_kill, t;
+    free(read_note(2, &rc, &t_kill));
+    for (int r = 0; r < 2; r++) {
+        char *m = read_note(r, &rc, &t), *l = read_log(r);
+        CHECK_MSG(rc == LOOM_ENET, "rank %d: %d %s", r, rc, m);
+        CHECK_CONTAINS(m, "lost worker:2 (127.0.0.1:");
+        CHECK_CONTAINS(m, mode == 1 ? "silent for" : "connection closed");
+        CHECK_CONTAINS(m, "it was in all_reduce #");
+        CHECK_MSG(t - t_kill < 2 + 1, "rank %d noticed after %.2f s (heartbeat_timeout 2 s)", r, t - t_kill);
+        if (mode == 1) CHECK_MSG(t - t_kill > 1.5, "rank %d noticed a stopped peer after %.2f s", r, t - t_kill);
+        /* (a rank may hear of it first from another: "worker:0 reports: lost worker:2 ...") */
+        if (!strstr(m, "reports:")) CHECK_CONTAINS(l, "lost worker:2");
+        printf("# rank %d: %s (%.2f s after)\n", r, m, t - t_kill);
+        free(m), free(l);
+    }
+}
+
+static void test_peer_killed(void) { lost_test(0); }
+static void test_peer_stopped(void) { lost_test(1); }
+static void test_peer_killed_large(void) { lost_test(2); }
+
+/* ---- misuse and stalls ------------------------------------------------------------ */
+
+static int mismatch_rank(int rank, int n)
+{
+    loom_group *g = open_group(rank, n, 0);
+    if (!g) return 1;
+    float b[200] = {0};
+    loom_err err = {0};
+    int rc;
+    double t0 = loom_now();
+    if (n == 2)
+        rc = loom_group_all_reduce(g, b, rank == 0 ? 100 : 200, &err);
+    else if (rank < 2)
+        rc = loom_group_all_reduce(g, b, 100, &err);
+    else
+        rc = loom_group_broadcast(g, b, 400, 0, &err);
+    note(rank, rc, &err, loom_now() - t0);
+    /* The group stays stopped. */
+    loom_err e2 = {0};
+    CHECK(loom_group_barrier(g, &e2) == LOOM_EUSAGE);
+    CHECK_CONTAINS(e2.msg, "the group stopped earlier");
+    loom_group_close(g);
+    return 0;
+}
+
+static void test_mismatch(void)
+{
+    for (int n = 2; n <= 3; n++) {
+        new_ports(n);
+        int st[MAXR];
+        run_ranks(n, mismatch_rank, 30, st);
+        check_all_ok(n, st);
+        for (int r = 0; r < n; r++) {
+            int rc;
+            double s;
+            char *m = read_note(r, &rc, &s);
+            CHECK_MSG(rc == LOOM_EUSAGE, "n %d rank %d: %d %s", n, r, rc, m);
+            CHECK_CONTAINS(m, "collectives differ");
+            CHECK_MSG(s < 3, "rank %d took %.2f s", r, s);
+            printf("# n=%d rank %d: %s\n", n, r, m);
+            free(m);
+        }
+        /* Each names both sides (whether it saw the difference or heard of it from another rank). */
+        for (int r = 0; r < n; r++) {
+            int rc;
+            double s;
+            char *m = read_note(r, &rc, &s);
+            if (n == 2) {
+                CHECK_CONTAINS(m, "(worker:0) entered all_reduce #1 (100 floats)");
+                CHECK_CONTAINS(m, "(worker:1) entered all_reduce #1 (200 floats)");
+            } else
+                CHECK_CONTAINS(m, "rank 2 (worker:2) entered broadcast #1 (400 bytes from rank 0)");
+            free(m);
+        }
+    }
+}
+
+static int timeout_rank(int rank, int n)
+{
+    loom_group *g = open_group(rank, n, 1.0);
+    if (!g) return 1;
+    float b[10] = {0};
+    loom_err err = {0};
+    CHECK(loom_group_all_reduce(g, b, 10, &err) == 0);
+    if (rank == 1) usleep(2500000);
+    double t0 = loom_now();
+    int rc = loom_group_all_reduce(g, b, 10, &err);
+    note(rank, rc, &err, loom_now() - t0);
+    loom_group_close(g);
+    return 0;
+}
+
+static void test_collective_timeout(void)
+{
+    new_ports(2);
+    int st[MAXR];
+    run_ranks(2, timeout_rank, 30, st);
+    check_all_ok(2, st);
+    int rc;
+    double s;
+    char *m = read_note(0, &rc, &s);
+    CHECK_MSG(rc == LOOM_ETIMEOUT, "%d %s", rc, m);
+    CHECK_MSG(s >= 0.9 && s < 2.5, "rank 0 gave up after %.2f s (timeout 1 s)", s);
+    CHECK_CONTAINS(m, "all_reduce #2 (10 floats) waited");
+    CHECK_CONTAINS(m, "not arrived: rank 1 (worker:1): last heard");
+    CHECK_CONTAINS(m, "between collectives, after all_reduce #1 (10 floats)");
+    printf("# rank 0: %s\n", m);
+    free(m);
+    m = read_note(1, &rc, &s);
+    CHECK_MSG(rc == LOOM_ETIMEOUT, "rank 1: %d %s", rc, m);
+    CHECK_CONTAINS(m, "worker:0 reports:");
+    free(m);
+}
+
+/* ---- no secret ---------------------------------------------------------------- */
+
+static void test_no_secret(void)
+{
+    /* On loopback: runs, with a warning. */
+    new_ports(2);
+    knob.no_secret = true;
+    int st[MAXR];
+    run_ranks(2, net_msgs_rank, 30, st);
+    check_all_ok(2, st);
+    for (int r = 0; r < 2; r++) {
+        char *l = read_log(r);
+        CHECK_CONTAINS(l, "no cluster secret (cluster.secret_file, LOOM_CLUSTER_SECRET)");
+        free(l);
+    }
+    /* A non-loopback address: refused before any socket opens, unless insecure. */
+    new_ports(2);
+    knob.no_secret = true;
+    tcl t;
+    mk_cluster(&t, 2, 0);
+    snprintf(t.addrs[1].host, sizeof t.addrs[1].host, "192.0.2.7"); /* TEST-NET-1: never answers */
+    loom_net_peer peer = {LOOM_ROLE_WORKER, 1};
+    loom_net *net = NULL;
+    loom_err err = {0};
+    double t0 = loom_now();
+    CHECK(loom_net_open(&net, &t.c, &peer, 1, &err) == LOOM_ECONFIG);
+    CHECK(loom_now() - t0 < 0.5);
+    CHECK_CONTAINS(err.msg, "non-loopback addresses and no shared secret");
+    CHECK_CONTAINS(err.hint, "cluster.insecure");
+    t.c.insecure = true;
+    t.c.connect_timeout = 0.5;
+    CHECK(loom_net_open(&net, &t.c, &peer, 1, &err) == LOOM_ETIMEOUT); /* it tries: nobody is there */
+    CHECK(net == NULL);
+}
+
+/* ---- TLS ------------------------------------------------------------------------ */
+
+static void test_tls(void)
+{
+    /* Messages, and collectives beside them, over TLS control connections. */
+    new_ports(2);
+    knob.tls[0] = knob.tls[1] = 1;
+    int st[MAXR];
+    run_ranks(2, net_msgs_rank, 30, st);
+    check_all_ok(2, st);
+    new_ports(3);
+    knob.tls[0] = knob.tls[1] = knob.tls[2] = 1;
+    run_ranks(3, bcast_gather_rank, 60, st);
+    check_all_ok(3, st);
+    /* A certificate the CA did not sign, and a task without TLS: refused, logged. */
+    for (int k = 0; k < 2; k++) {
+        new_ports(2);
+        knob.tls[0] = 1;
+        knob.tls[1] = k == 0 ? 2 : 0;
+        knob.connect_timeout = 2;
+        run_ranks(2, open_fails_rank, 30, st);
+        check_all_ok(2, st);
+        for (int r = 0; r < 2; r++) {
+            int rc;
+            double secs;
+            char *m = read_note(r, &rc, &secs), *l = read_log(r);
+            CHECK_MSG(rc == LOOM_ENET || rc == LOOM_ETIMEOUT, "case %d rank %d: %d %s", k, r, rc, m);
+            printf("# case %d rank %d: %s\n", k, r, m);
+            if (r == 0) CHECK_CONTAINS(l, "dropped the connection from 127.0.0.1:");
+            free(m), free(l);
+        }
+    }
+}
+
+static const loom_test tests[] = {
+    {"frames", test_frames},
+    {"handshake", test_handshake},
+    {"net_messages", test_net_messages},
+    {"all_reduce_2", test_all_reduce_2},
+    {"all_reduce_3", test_all_reduce_3},
+    {"broadcast_gather_barrier", test_broadcast_gather_barrier},
+    {"all_reduce_sender_thread", test_all_reduce_sender_thread},
+    {"group_of_one", test_group_of_one},
+    {"wrong_secret", test_wrong_secret},
+    {"config_mismatch", test_config_mismatch},
+    {"peer_never_comes", test_peer_never_comes},
+    {"garbage_client", test_garbage_client},
+    {"peer_killed", test_peer_killed},
+    {"peer_stopped", test_peer_stopped},
+    {"peer_killed_large", test_peer_killed_large},
+    {"mismatched_collectives", test_mismatch},
+    {"collective_timeout", test_collective_timeout},
+    {"tls", test_tls},
+    {"no_secret", test_no_secret},
+    {0},
+};
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    return run_in_tmpdir("loom-cluster-net", tests);
+}
