@@ -189,8 +189,12 @@ int loom_summary_open(loom_summary **out, const char *dir, int64_t resume_step, 
     event_begin(s, 0);
     pb_str(&s->ev, 3, "brain.Event:2");
     frame(&s->pending, &s->ev);
-    if (resume_step >= 0) { /* Event{step, session_log = 7 {status = 1 START}} */
-        event_begin(s, resume_step);
+    if (resume_step >= 0) {
+        /* Event{step, session_log = 7 {status = 1 START}}. TensorBoard's
+         * Python loader drops every point at or after a START's step; the
+         * points at the checkpoint's own step were written before that
+         * checkpoint was committed, so they stay: START at resume_step + 1 */
+        event_begin(s, resume_step + 1);
         const uint8_t start[] = {0x08, 0x01};
         pb_bytes(&s->ev, 7, start, sizeof start);
         frame(&s->pending, &s->ev);

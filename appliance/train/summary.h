@@ -17,9 +17,10 @@
 typedef struct loom_summary loom_summary; /* opaque */
 
 /* Creates dir (and its parents) and a new event file in it, then writes and
- * flushes the file_version event. When resume_step >= 0 it then writes a
- * SessionLog START at that step, which makes TensorBoard drop points a killed
- * run wrote after its last checkpoint, so the curve stays one line.
+ * flushes the file_version event. When resume_step >= 0 (the checkpoint's
+ * step) it then writes a SessionLog START at resume_step + 1, which makes
+ * TensorBoard drop the points a killed run wrote after its last checkpoint,
+ * so the curve stays one line.
  * Errors name the directory and say what to do. Free with loom_summary_close. */
 int loom_summary_open(loom_summary **out, const char *dir, int64_t resume_step, loom_err *err);
 
