@@ -515,6 +515,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
     double first_step_ms = -1, last_eval_loss = NAN, last_eval_acc = NAN;
     int64_t last_eval_step = -1;
     summary_window win = {0};
+    double summary_sec = 0; /* spent writing TensorBoard summaries, for the end line */
     double last_ckpt_time = loom_now(); /* run.checkpoint_secs counts from here */
 
     /* run.steps_per_execution = K: the steps of one execution run back to
@@ -580,11 +581,17 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
                 last_eval_loss = ev.examples ? ev.loss_sum / (double)ev.examples : NAN;
                 last_eval_acc = ev.examples ? (double)ev.correct / (double)ev.examples : NAN;
                 last_eval_step = st.step;
-                if ((rc = log_eval(tb_eval, st.step, last_eval_loss, last_eval_acc, err))) break;
+                double ts = loom_now();
+                rc = log_eval(tb_eval, st.step, last_eval_loss, last_eval_acc, err);
+                summary_sec += loom_now() - ts;
+                if (rc) break;
             }
-            if (tb && rs->histogram_epochs > 0 && (st.epoch + 1) % rs->histogram_epochs == 0 &&
-                (rc = log_histograms(tb, model, st.step, err)))
-                break;
+            if (tb && rs->histogram_epochs > 0 && (st.epoch + 1) % rs->histogram_epochs == 0) {
+                double ts = loom_now();
+                rc = log_histograms(tb, model, st.step, err);
+                summary_sec += loom_now() - ts;
+                if (rc) break;
+            }
             double train_loss = st.examples ? st.loss_sum / (double)st.examples : NAN;
             double train_acc = st.examples ? (double)st.correct / (double)st.examples : NAN;
             double sps = train_sec > 0 ? (double)st.examples / train_sec : 0;
@@ -723,7 +730,12 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
                         (rs->checkpoint_secs > 0 && loom_now() - last_ckpt_time >= rs->checkpoint_secs);
         bool summary_due = tb && st.step / rs->summary_steps != boundary_step / rs->summary_steps;
         boundary_step = st.step;
-        if (summary_due && (rc = log_summary(metrics, tb, &win, st.step, loom_optimizer_lr(opt, st.step), err))) break;
+        if (summary_due) {
+            double ts = loom_now();
+            rc = log_summary(metrics, tb, &win, st.step, loom_optimizer_lr(opt, st.step), err);
+            summary_sec += loom_now() - ts;
+            if (rc) break;
+        }
         if (ckpt_due) {
             rc = save_ckpt(&r, &st, ckpt, err);
             if (rc) break;
@@ -784,6 +796,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
             json_num(metrics, "first_step_ms", first_step_ms, 0);
             json_num(metrics, "decode_ms", r.decode_sec * 1e3, 0);
             json_num(metrics, "peak_rss_mb", peak_rss_mb(), 0);
+            json_num(metrics, "summary_ms", summary_sec * 1e3, 0);
             json_time(metrics, "wall_time", loom_wall_time());
             fprintf(metrics, "}\n");
         }

@@ -211,6 +211,51 @@ static void test_histogram(void)
     CHECK(found0);
 }
 
+/* values over every magnitude, both signs, and on the limits themselves:
+ * each non-empty bucket holds what a linear scan of TF's limits puts there */
+static void test_histogram_buckets_exact(void)
+{
+    static double lim[LOOM_SUMMARY_BUCKETS], ref[LOOM_SUMMARY_BUCKETS];
+    loom_summary_default_buckets(lim);
+    memset(ref, 0, sizeof ref);
+    enum { N = 6000 };
+    static float v[N];
+    uint64_t x = 88172645463325252ull;
+    for (int i = 0; i < N; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        double mag = pow(10.0, (double)(x % 6400) / 100.0 - 32.0); /* 1e-32 .. 1e32 */
+        v[i] = (float)((x >> 20) & 1 ? mag : -mag);
+        if (i % 10 == 0) v[i] = (float)lim[(x >> 24) % LOOM_SUMMARY_BUCKETS]; /* exactly on a limit (as a float) */
+        if (i % 97 == 0) v[i] = 0.0f;
+        if (!isfinite(v[i])) v[i] = 1.0f;
+        int b = 0;
+        while (b < LOOM_SUMMARY_BUCKETS - 1 && lim[b] <= (double)v[i]) b++;
+        ref[b] += 1;
+    }
+    const char *dir = tpath("hx");
+    loom_summary *s;
+    CHECK(loom_summary_open(&s, dir, -1, &err) == LOOM_OK);
+    CHECK(loom_summary_histogram(s, "w", 1, v, N, &err) == LOOM_OK);
+    char p[1024];
+    snprintf(p, sizeof p, "%s", loom_summary_path(s));
+    CHECK(loom_summary_close(s, &err) == LOOM_OK);
+    static seen sn;
+    memset(&sn, 0, sizeof sn);
+    char why[256] = "";
+    CHECK_MSG(ev_read_file(p, collect, &sn, why, sizeof why) == 2, "%s", why);
+    const ev_value *h = &sn.last_hist;
+    int bad = 0, nonempty = 0;
+    for (int i = 0, j = 0; i < h->nb; i++) {
+        while (j < LOOM_SUMMARY_BUCKETS && lim[j] != h->limit[i]) j++;
+        if (j == LOOM_SUMMARY_BUCKETS) { bad++; break; }
+        if (h->bucket[i] > 0) nonempty++, bad += h->bucket[i] != ref[j];
+    }
+    int ref_nonempty = 0;
+    for (int j = 0; j < LOOM_SUMMARY_BUCKETS; j++) ref_nonempty += ref[j] > 0;
+    CHECK_MSG(bad == 0 && nonempty == ref_nonempty, "%d buckets differ; %d non-empty, want %d", bad, nonempty, ref_nonempty);
+    CHECK(h->hnum == N);
+}
+
 static void test_unwritable_dir(void)
 {
     const char *f = tpath("file");
@@ -233,6 +278,7 @@ static const loom_test tests[] = {
     {"every CRC checked, scalars, text, SessionLog START", test_every_crc_and_values},
     {"TF's default histogram buckets", test_default_buckets},
     {"histogram statistics and buckets", test_histogram},
+    {"histogram buckets equal a linear scan of TF's limits", test_histogram_buckets_exact},
     {"unwritable summary directory", test_unwritable_dir},
     {0},
 };
