@@ -5,9 +5,9 @@
 #   tests/bench/summary_bench.sh [--runs N] [--epochs E] [--build DIR]
 #
 # "on" is run.summary_steps = 100 (the default: 5 scalars every 100 steps,
-# eval scalars per epoch, the config text) plus run.histogram_epochs = 1 (a
-# histogram of every variable each epoch, the costliest part); "off" is
-# run.summary_steps = 0 (no event file). Runs alternate on/off so load from
+# eval scalars per epoch, the config text); "hist" adds run.histogram_epochs
+# = 1 (a histogram of every variable each epoch, the costliest part); "off"
+# is run.summary_steps = 0 (no event file). Runs alternate so load from
 # other processes falls on both alike; medians of N (default 3) runs of E
 # (default 2) epochs. Reported: the run's training time ("seconds" of
 # metrics.jsonl's end line: the train loop with its evaluations and
@@ -33,9 +33,12 @@ TMP=$(mktemp -d /tmp/loom_summary_bench_XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
 cd "$ROOT"
 for i in $(seq 1 "$RUNS"); do
-    for mode in on off; do
-        if [ $mode = on ]; then set_=(--set run.summary_steps=100 --set run.histogram_epochs=1)
-        else set_=(--set run.summary_steps=0); fi
+    for mode in on hist off; do
+        case $mode in
+            on) set_=(--set run.summary_steps=100) ;;
+            hist) set_=(--set run.summary_steps=100 --set run.histogram_epochs=1) ;;
+            off) set_=(--set run.summary_steps=0) ;;
+        esac
         env -u OPENBLAS_CORETYPE timeout 600 "$LOOM" train configs/fashion_mnist_mlp.cfg --model-dir "$TMP/$mode$i" \
             --set run.epochs="$EPOCHS" --set run.progress='"none"' "${set_[@]}" >/dev/null 2>&1
         tail -1 "$TMP/$mode$i/metrics.jsonl" > "$TMP/$mode$i.end"
@@ -46,15 +49,18 @@ import json, statistics, sys
 tmp, runs, epochs = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 def med(mode, key):
     return statistics.median(json.load(open(f"{tmp}/{mode}{i}.end")).get(key) or 0 for i in range(1, runs + 1))
-on_s, off_s = med("on", "seconds"), med("off", "seconds")
-on_sps, off_sps = med("on", "samples_per_sec"), med("off", "samples_per_sec")
-writer_ms = med("on", "summary_ms")
-print(f"MLP (configs/fashion_mnist_mlp.cfg), {epochs} epochs, medians of {runs} runs, on/off alternating")
-print(f"{'':24}{'summaries on':>14}{'off':>12}")
-print(f"{'run seconds':24}{on_s:14.3f}{off_s:12.3f}")
-print(f"{'train samples/s':24}{on_sps:14.0f}{off_sps:12.0f}")
-print(f"time in the summary writer: {writer_ms:.2f} ms = {100 * writer_ms / 1e3 / on_s:.2f}% of the run (target < 1%)")
-print(f"wall difference (noisy on a shared machine): {100 * (on_s - off_s) / off_s:+.2f}%")
-print("json: " + json.dumps({"on_seconds": on_s, "off_seconds": off_s, "on_sps": on_sps, "off_sps": off_sps,
-                             "writer_ms": writer_ms, "writer_share": writer_ms / 1e3 / on_s}))
+modes = ["on", "hist", "off"]
+sec = {m: med(m, "seconds") for m in modes}
+sps = {m: med(m, "samples_per_sec") for m in modes}
+wms = {m: med(m, "summary_ms") for m in modes}
+print(f"MLP (configs/fashion_mnist_mlp.cfg), {epochs} epochs, medians of {runs} runs, modes alternating")
+print(f"{'':28}{'on (default)':>14}{'on+histograms':>15}{'off':>10}")
+print(f"{'run seconds':28}{sec['on']:14.3f}{sec['hist']:15.3f}{sec['off']:10.3f}")
+print(f"{'train samples/s':28}{sps['on']:14.0f}{sps['hist']:15.0f}{sps['off']:10.0f}")
+print(f"{'ms in the summary writer':28}{wms['on']:14.2f}{wms['hist']:15.2f}{'-':>10}")
+print(f"{'share of the run':28}{100 * wms['on'] / 1e3 / sec['on']:13.3f}%{100 * wms['hist'] / 1e3 / sec['hist']:14.3f}%{'-':>10}"
+      "   (target < 1%)")
+print(f"{'wall vs off (noisy here)':28}{100 * (sec['on'] - sec['off']) / sec['off']:+13.2f}%"
+      f"{100 * (sec['hist'] - sec['off']) / sec['off']:+14.2f}%")
+print("json: " + json.dumps({"seconds": sec, "samples_per_sec": sps, "writer_ms": wms}))
 PY
