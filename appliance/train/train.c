@@ -480,7 +480,8 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
               loom_blas_threads() == 1 ? "" : "s", r.model_dir);
 
     loom_summary *tb = NULL, *tb_eval = NULL; /* TensorBoard: <model_dir>, <model_dir>/eval */
-    if ((rc = open_summaries(&r, last_ckpt[0] ? st.step : -1, &tb, &tb_eval, err)) != LOOM_OK) {
+    bool finished = max_steps > 0 ? st.step >= max_steps : st.epoch >= epochs; /* a rerun adds no event file */
+    if (!finished && (rc = open_summaries(&r, last_ckpt[0] ? st.step : -1, &tb, &tb_eval, err)) != LOOM_OK) {
         run_close(&r);
         return rc;
     }

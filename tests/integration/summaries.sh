@@ -31,6 +31,11 @@ out=$("$CHECK_EVENTS" "$WORK/a" 2>&1) && pass "resumed: CRCs, values, and strict
 # the second run adds 2 versions, 2 STARTs, 30 + 4 + 8 + 1 summaries: 47
 contains "resumed: 4 files, 2 START events, summaries 10..120, 4 evals" "files 4 events 92 scalars 68 histograms 16 texts 2 starts 2 summaries 12 evals 4" "$out"
 
+n=$(find "$WORK/a" -name '*tfevents*' | wc -l)
+check "rerun of the finished run" "$LOOM" train $CFG --model-dir "$WORK/a" "${Q[@]}" --set run.epochs=4
+[ "$(find "$WORK/a" -name '*tfevents*' | wc -l)" = "$n" ] && pass "a finished run's rerun adds no event file" ||
+    fail "rerun adds no event file" "$(ls "$WORK/a")"
+
 # 3. ctx:log_scalar goes to the event file too
 check "logger hook" "$LOOM" train $CFG --model-dir "$WORK/log" "${Q[@]}" \
     --set 'hooks.callbacks=( { fn = "../../lua/logger.lua:logger"; args = { every = 16; param = "dense_1/kernel"; }; } )'
