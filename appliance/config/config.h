@@ -415,6 +415,9 @@ typedef struct loom_run_spec {
     int64_t       max_steps;        /* 0 = unset: train for `epochs` */
     uint64_t      seed;             /* default 42 */
     int64_t       checkpoint_steps; /* 0 = only at epoch ends and at the end */
+    double        checkpoint_secs;  /* also when this many seconds passed since the last one; 0 = off */
+    int64_t       summary_steps;    /* TensorBoard scalars every N steps; 0 = no event files; default 100 */
+    int64_t       histogram_epochs; /* histograms of every variable every N epochs; 0 = off (default) */
     int           keep_checkpoints; /* default 5 */
     int64_t       log_steps;        /* default 100 */
     int           threads;          /* compute threads; 0 = all cores */

@@ -1,12 +1,14 @@
 /* train.c - the train / evaluate / predict / check loops. */
 #include "train.h"
 #include "progress.h"
+#include "summary.h"
 #include "train_hooks.h"
 
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 
@@ -337,6 +339,80 @@ static int replay_data(run *r, const trainer_state *st, loom_err *err)
     return rc;
 }
 
+/* The steps since the last summary (run.summary_steps): their means go to
+ * TensorBoard and to a "summary" line of metrics.jsonl, the same values. */
+typedef struct summary_window {
+    double  loss_sum, sec, input_sec;
+    int64_t correct, examples;
+} summary_window;
+
+static int log_summary(FILE *metrics, loom_summary *tb, summary_window *w, int64_t step, double lr, loom_err *err)
+{
+    const char *tag[] = {"loss", "accuracy", "learning_rate", "samples_per_sec", "input_wait_fraction"};
+    double v[] = {w->examples ? w->loss_sum / (double)w->examples : NAN,
+                  w->examples ? (double)w->correct / (double)w->examples : NAN, lr,
+                  w->sec > 0 ? (double)w->examples / w->sec : 0, w->sec > 0 ? w->input_sec / w->sec : 0};
+    memset(w, 0, sizeof *w);
+    fprintf(metrics, "{\"event\": \"summary\", \"step\": %lld", (long long)step);
+    for (int i = 0; i < 5; i++) json_num(metrics, tag[i], v[i], 0);
+    json_time(metrics, "wall_time", loom_wall_time());
+    fprintf(metrics, "}\n");
+    int rc = LOOM_OK;
+    for (int i = 0; i < 5 && !rc; i++)
+        if (isfinite(v[i])) rc = loom_summary_scalar(tb, tag[i], step, v[i], err);
+    return rc ? rc : loom_summary_flush(tb, err);
+}
+
+/* Histograms of every parameter tensor, tagged with its name. */
+static int log_histograms(loom_summary *tb, loom_model *m, int64_t step, loom_err *err)
+{
+    const float *p = loom_model_params(m);
+    int rc = LOOM_OK;
+    for (int i = 0; i < loom_model_num_param_tensors(m) && !rc; i++) {
+        const loom_param_info *t = loom_model_param_tensor(m, i);
+        rc = loom_summary_histogram(tb, t->name, step, p + t->offset, loom_shape_numel(&t->shape), err);
+    }
+    return rc ? rc : loom_summary_flush(tb, err);
+}
+
+static int log_eval(loom_summary *tb, int64_t step, double loss, double acc, loom_err *err)
+{
+    if (!tb || !isfinite(loss)) return LOOM_OK;
+    int rc = loom_summary_scalar(tb, "loss", step, loss, err);
+    if (!rc) rc = loom_summary_scalar(tb, "accuracy", step, acc, err);
+    return rc ? rc : loom_summary_flush(tb, err);
+}
+
+/* The event files of <model_dir> and <model_dir>/eval (when there is eval
+ * data), opened before training starts, with the resolved config as text. */
+static int open_summaries(run *r, int64_t resume_step, loom_summary **train, loom_summary **eval, loom_err *err)
+{
+    *train = *eval = NULL;
+    if (r->spec->run.summary_steps <= 0) return LOOM_OK;
+    char dir[LOOM_PATH_MAX + 8];
+    snprintf(dir, sizeof dir, "%s/eval", r->model_dir);
+    int rc = loom_summary_open(train, r->model_dir, resume_step, err);
+    if (!rc && r->eval) rc = loom_summary_open(eval, dir, resume_step, err);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = rc ? NULL : open_memstream(&text, &len);
+    if (f) {
+        fputs("```\n", f); /* Markdown: keep the config's layout */
+        loom_config_print(r->spec, f);
+        fputs("```\n", f);
+        fclose(f);
+        rc = loom_summary_text(*train, "config", resume_step > 0 ? resume_step : 0, text, len, err);
+        if (!rc) rc = loom_summary_flush(*train, err);
+    }
+    free(text);
+    if (rc) {
+        loom_summary_close(*train, NULL);
+        loom_summary_close(*eval, NULL);
+        *train = *eval = NULL;
+    }
+    return rc;
+}
+
 int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err)
 {
     run r;
@@ -403,15 +479,25 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
               loom_model_threads(model) == 1 ? "" : "s", loom_blas_core(), loom_blas_core_reason(), loom_blas_threads(),
               loom_blas_threads() == 1 ? "" : "s", r.model_dir);
 
+    loom_summary *tb = NULL, *tb_eval = NULL; /* TensorBoard: <model_dir>, <model_dir>/eval */
+    bool finished = max_steps > 0 ? st.step >= max_steps : st.epoch >= epochs; /* a rerun adds no event file */
+    if (!finished && (rc = open_summaries(&r, last_ckpt[0] ? st.step : -1, &tb, &tb_eval, err)) != LOOM_OK) {
+        run_close(&r);
+        return rc;
+    }
     char metrics_path[LOOM_PATH_MAX + 16];
     snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", r.model_dir);
     if (!opts->fresh && loom_metrics_trim(metrics_path, st.step, err) < 0) {
+        loom_summary_close(tb, NULL);
+        loom_summary_close(tb_eval, NULL);
         run_close(&r);
         return err->code;
     }
     FILE *metrics = fopen(metrics_path, "a");
     if (!metrics) {
         rc = loom_err_set(err, LOOM_EIO, metrics_path, "cannot open for appending: %s", strerror(errno));
+        loom_summary_close(tb, NULL);
+        loom_summary_close(tb_eval, NULL);
         run_close(&r);
         return rc;
     }
@@ -429,6 +515,9 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
     int64_t run_examples = 0, start_step = st.step, last_saved = st.step;
     double first_step_ms = -1, last_eval_loss = NAN, last_eval_acc = NAN;
     int64_t last_eval_step = -1;
+    summary_window win = {0};
+    double summary_sec = 0; /* spent writing TensorBoard summaries, for the end line */
+    double last_ckpt_time = loom_now(); /* run.checkpoint_secs counts from here */
 
     /* run.steps_per_execution = K: the steps of one execution run back to
      * back; the host-side work (signals, progress, checkpoints; callbacks
@@ -439,6 +528,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
     int64_t in_exec = 0, boundary_step = st.step; /* steps since the last boundary, and its step */
     hook_save_arg hsa = {&r, &st};
     r.hooks.metrics = metrics;
+    r.hooks.summary = tb;
     r.hooks.save = hook_save;
     r.hooks.save_arg = &hsa;
     bool epoch_open = false; /* on_epoch_begin was called for the epoch in progress */
@@ -492,6 +582,16 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
                 last_eval_loss = ev.examples ? ev.loss_sum / (double)ev.examples : NAN;
                 last_eval_acc = ev.examples ? (double)ev.correct / (double)ev.examples : NAN;
                 last_eval_step = st.step;
+                double ts = loom_now();
+                rc = log_eval(tb_eval, st.step, last_eval_loss, last_eval_acc, err);
+                summary_sec += loom_now() - ts;
+                if (rc) break;
+            }
+            if (tb && rs->histogram_epochs > 0 && (st.epoch + 1) % rs->histogram_epochs == 0) {
+                double ts = loom_now();
+                rc = log_histograms(tb, model, st.step, err);
+                summary_sec += loom_now() - ts;
+                if (rc) break;
             }
             double train_loss = st.examples ? st.loss_sum / (double)st.examples : NAN;
             double train_acc = st.examples ? (double)st.correct / (double)st.examples : NAN;
@@ -542,7 +642,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
             if (rc) break;
             snprintf(last_ckpt, sizeof last_ckpt, "%s", ckpt);
             last_saved = st.step;
-            epoch_start = loom_now();
+            epoch_start = last_ckpt_time = loom_now();
             continue;
         }
         if (rc == LOOM_ELUA) data_hook_failed(&r, &st, err);
@@ -597,6 +697,11 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
         train_sec += dt;
         run_train_sec += dt;
         input_sec += t_input;
+        win.sec += dt;
+        win.input_sec += t_input;
+        win.loss_sum += res.loss_sum;
+        win.correct += res.correct;
+        win.examples += res.examples;
         prog.input_wait = train_sec > 0 ? input_sec / train_sec : 0;
         st.step++;
         st.step_in_epoch++;
@@ -620,14 +725,24 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
             loom_progress_break(&prog);
             loom_info("input pipeline tuned: %s", tuned);
         }
-        /* a multiple of checkpoint_steps passed in this execution (with K = 1: this step is one) */
-        bool ckpt_due = rs->checkpoint_steps > 0 && st.step / rs->checkpoint_steps != boundary_step / rs->checkpoint_steps;
+        /* a multiple of checkpoint_steps passed in this execution (with K = 1: this step is one),
+         * or checkpoint_secs since the last checkpoint (Estimator's save_checkpoints_secs) */
+        bool ckpt_due = (rs->checkpoint_steps > 0 && st.step / rs->checkpoint_steps != boundary_step / rs->checkpoint_steps) ||
+                        (rs->checkpoint_secs > 0 && loom_now() - last_ckpt_time >= rs->checkpoint_secs);
+        bool summary_due = tb && st.step / rs->summary_steps != boundary_step / rs->summary_steps;
         boundary_step = st.step;
+        if (summary_due) {
+            double ts = loom_now();
+            rc = log_summary(metrics, tb, &win, st.step, loom_optimizer_lr(opt, st.step), err);
+            summary_sec += loom_now() - ts;
+            if (rc) break;
+        }
         if (ckpt_due) {
             rc = save_ckpt(&r, &st, ckpt, err);
             if (rc) break;
             snprintf(last_ckpt, sizeof last_ckpt, "%s", ckpt);
             last_saved = st.step;
+            last_ckpt_time = loom_now();
         }
         hl = hook_logs(&st, st.epoch + 1, opt, sps, last_eval_loss, last_eval_acc);
         if ((rc = train_hooks_call_(&r.hooks, LOOM_HOOK_STEP_END, &hl, err))) {
@@ -649,6 +764,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
         if (!rc && ev.examples) {
             last_eval_loss = ev.loss_sum / (double)ev.examples;
             last_eval_acc = (double)ev.correct / (double)ev.examples;
+            rc = log_eval(tb_eval, st.step, last_eval_loss, last_eval_acc, err);
         }
     }
     if (!rc) {
@@ -681,11 +797,17 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
             json_num(metrics, "first_step_ms", first_step_ms, 0);
             json_num(metrics, "decode_ms", r.decode_sec * 1e3, 0);
             json_num(metrics, "peak_rss_mb", peak_rss_mb(), 0);
+            json_num(metrics, "summary_ms", summary_sec * 1e3, 0);
             json_time(metrics, "wall_time", loom_wall_time());
             fprintf(metrics, "}\n");
         }
     }
     fclose(metrics);
+    loom_err cerr;
+    int crc = loom_summary_close(tb, &cerr);
+    if (!crc) crc = loom_summary_close(tb_eval, &cerr);
+    else loom_summary_close(tb_eval, NULL);
+    if (crc && !rc) *err = cerr, rc = crc;
     run_close(&r);
     return rc;
 }
