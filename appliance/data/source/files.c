@@ -1,11 +1,11 @@
-/* source_files.c - what the file-list sources (tfrecord, csv, text) share:
+/* files.c - what the file-list sources (tfrecord, csv, text) share:
  * expanding the spec's glob patterns into a sorted, duplicate-free file list
  * (tf.data.Dataset.list_files with shuffle=False), and a buffered reader of
  * one plain file that tracks its byte offset, so a stage can save "file,
  * offset" and reopen there; the cursor (files, position, saved state) of
  * the csv and text sources.
  * Threads: none of its own; a reader belongs to one stage. */
-#include "data_internal.h"
+#include "data/data_internal.h"
 
 #include <errno.h>
 #include <glob.h>
