@@ -213,9 +213,12 @@ typedef struct src_file {
     size_t   len, pos; /* valid bytes in buf, next byte */
     uint64_t offset;   /* file offset of buf[pos] */
     int      error;    /* errno of a failed read, sticky */
+    bool     mem;      /* reads borrowed bytes (src_file_mem_), not a file */
 } src_file;
 /* Opens path positioned at byte offset (an offset past the end is LOOM_ECHECKPOINT). */
 int  src_file_open_(src_file *r, const char *path, uint64_t offset, loom_err *err);
+/* Reads the n bytes at data (borrowed, not copied) as if they were a file. */
+void src_file_mem_(src_file *r, const uint8_t *data, size_t n);
 void src_file_close_(src_file *r);                /* closes; a closed reader is a no-op */
 int  src_file_refill_(src_file *r);               /* 1: bytes available, 0: end of file or error (see error) */
 static inline int src_file_peek_(src_file *r) { return r->pos < r->len || src_file_refill_(r) ? r->buf[r->pos] : -1; }

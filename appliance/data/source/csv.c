@@ -109,7 +109,7 @@ int csv_read_record_(src_file *in, const char *path, char delim, int64_t *line, 
                 return src_file_read_err_(in, path, err);
             if (st == ST_QUOTED) {
                 snprintf(where, sizeof where, "%s:%lld", path, (long long)qline);
-                loom_err_set(err, LOOM_EDATA, where, "field %d: the quoted field that starts here is never closed",
+                loom_err_set(err, LOOM_EDATA, where, "unterminated quoted field (field %d): its opening quote is here and it is never closed",
                              rec->n);
                 return loom_err_hint(err, "a '\"' inside a quoted field is written as \"\"");
             }

@@ -112,10 +112,18 @@ int src_file_open_(src_file *r, const char *path, uint64_t offset, loom_err *err
     return LOOM_OK;
 }
 
+void src_file_mem_(src_file *r, const uint8_t *data, size_t n)
+{
+    memset(r, 0, sizeof *r);
+    r->buf = (uint8_t *)data; /* never written: refill returns 0 without a file */
+    r->len = n;
+    r->mem = true;
+}
+
 void src_file_close_(src_file *r)
 {
     if (r->f) fclose(r->f);
-    loom_free(r->buf);
+    if (!r->mem) loom_free(r->buf);
     memset(r, 0, sizeof *r);
 }
 
