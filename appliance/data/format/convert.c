@@ -318,150 +318,159 @@ static int row_err(const csv_reader *c, int code, loom_err *err, const char *fmt
     return loom_err_set(err, code, where, "%s", msg);
 }
 
-static int convert_csv(const loom_convert_opts *o, sharder *sh, loom_convert_result *res, loom_err *err)
-{
-    uint8_t *text = NULL;
-    size_t len = 0;
-    int rc = loom_read_file(o->csv, &text, &len, err); /* plain or gzip */
-    if (rc) return rc;
-    csv_reader c;
-    csv_init(&c, o->csv, text, len);
-    loom_example_builder b;
-    loom_example_builder_init(&b);
-    csv_col *cols = NULL;
-    int ncols = 0, label = -1;
+/* One CSV conversion: the reader, the columns, what pass 1 found. */
+typedef struct csv_conv {
+    const loom_convert_opts *o;
+    csv_reader               c;
+    csv_col                 *cols;  /* ncols of them, owned */
+    int                      ncols, label;
+    int64_t                  rows;
+} csv_conv;
 
-    /* Pass 1: the header, then every row, to infer each column's kind. */
-    rc = csv_next(&c, err);
-    if (rc == LOOM_EEOF) rc = loom_err_set(err, LOOM_EDATA, o->csv, "empty CSV file: a header row naming the columns is required");
-    if (rc) goto done;
-    ncols = c.rec.n;
-    if (!(cols = loom_calloc((size_t)ncols, sizeof *cols))) {
-        rc = loom_err_set(err, LOOM_ENOMEM, o->csv, "cannot allocate %d columns", ncols);
-        goto done;
-    }
-    for (int j = 0; j < ncols; j++) {
-        const char *name = csv_field(&c, j);
-        if (csv_field_len(&c, j) == 0 || strlen(name) != csv_field_len(&c, j)) {
-            rc = row_err(&c, LOOM_EDATA, err, "column %d of the header has %s name (the first row must name every column)",
-                         j + 1, csv_field_len(&c, j) ? "a NUL byte in its" : "an empty");
-            goto done;
+/* The header row: every column named, once; the label column found. */
+static int csv_header(csv_conv *cv, loom_err *err)
+{
+    int rc = csv_next(&cv->c, err);
+    if (rc == LOOM_EEOF) rc = loom_err_set(err, LOOM_EDATA, cv->o->csv, "empty CSV file: a header row naming the columns is required");
+    if (rc) return rc;
+    cv->ncols = cv->c.rec.n;
+    if (!(cv->cols = loom_calloc((size_t)cv->ncols, sizeof *cv->cols)))
+        return loom_err_set(err, LOOM_ENOMEM, cv->o->csv, "cannot allocate %d columns", cv->ncols);
+    for (int j = 0; j < cv->ncols; j++) {
+        const char *name = csv_field(&cv->c, j);
+        if (csv_field_len(&cv->c, j) == 0 || strlen(name) != csv_field_len(&cv->c, j)) {
+            return row_err(&cv->c, LOOM_EDATA, err, "column %d of the header has %s name (the first row must name every column)",
+                           j + 1, csv_field_len(&cv->c, j) ? "a NUL byte in its" : "an empty");
         }
         for (int k = 0; k < j; k++)
-            if (!strcmp(cols[k].name, name)) {
-                rc = row_err(&c, LOOM_EDATA, err, "column \"%s\" appears twice in the header (columns %d and %d)", name,
-                             k + 1, j + 1);
-                goto done;
+            if (!strcmp(cv->cols[k].name, name)) {
+                return row_err(&cv->c, LOOM_EDATA, err, "column \"%s\" appears twice in the header (columns %d and %d)", name,
+                               k + 1, j + 1);
             }
-        if (!(cols[j].name = loom_strdup(name))) {
-            rc = loom_err_set(err, LOOM_ENOMEM, o->csv, "cannot allocate a column name");
-            goto done;
+        if (!(cv->cols[j].name = loom_strdup(name))) {
+            return loom_err_set(err, LOOM_ENOMEM, cv->o->csv, "cannot allocate a column name");
         }
-        cols[j].all_int = cols[j].all_num = true;
-        if (o->label_column && !strcmp(name, o->label_column)) label = j;
+        cv->cols[j].all_int = cv->cols[j].all_num = true;
+        if (cv->o->label_column && !strcmp(name, cv->o->label_column)) cv->label = j;
     }
-    if (o->label_column) {
-        if (label < 0) {
+    if (cv->o->label_column) {
+        if (cv->label < 0) {
             char list[400];
             size_t k = 0;
-            for (int j = 0; j < ncols && k < sizeof list - 8; j++)
-                k += (size_t)snprintf(list + k, sizeof list - k, "%s%s", j ? ", " : "", cols[j].name);
+            for (int j = 0; j < cv->ncols && k < sizeof list - 8; j++)
+                k += (size_t)snprintf(list + k, sizeof list - k, "%s%s", j ? ", " : "", cv->cols[j].name);
             if (k >= sizeof list - 8) snprintf(list + sizeof list - 8, 8, ", ...");
-            rc = loom_err_set(err, LOOM_EUSAGE, o->csv, "--label-column \"%s\": no such column (columns: %s)", o->label_column, list);
-            goto done;
+            return loom_err_set(err, LOOM_EUSAGE, cv->o->csv, "--label-column \"%s\": no such column (columns: %s)", cv->o->label_column, list);
         }
-        for (int j = 0; j < ncols; j++)
-            if (j != label && !strcmp(cols[j].name, "label")) {
-                rc = loom_err_set(err, LOOM_EUSAGE, o->csv, "--label-column \"%s\" would be stored as the feature \"label\", "
-                                  "but column %d is already named \"label\"", o->label_column, j + 1);
+        for (int j = 0; j < cv->ncols; j++)
+            if (j != cv->label && !strcmp(cv->cols[j].name, "label")) {
+                rc = loom_err_set(err, LOOM_EUSAGE, cv->o->csv, "--label-column \"%s\" would be stored as the feature \"label\", "
+                                  "but column %d is already named \"label\"", cv->o->label_column, j + 1);
                 loom_err_hint(err, "omit --label-column to keep every column's own name");
-                goto done;
+                return rc;
             }
     }
-    int64_t rows = 0;
-    while ((rc = csv_next(&c, err)) == LOOM_OK) {
-        if (c.rec.n != ncols) {
-            rc = row_err(&c, LOOM_EDATA, err, "row has %d field%s but the header has %d columns", c.rec.n,
-                         c.rec.n == 1 ? "" : "s", ncols);
-            goto done;
+    return LOOM_OK;
+}
+
+/* Pass 1: every row, to infer each column's kind (and check the label's). */
+static int csv_infer(csv_conv *cv, loom_err *err)
+{
+    int rc;
+    while ((rc = csv_next(&cv->c, err)) == LOOM_OK) {
+        if (cv->c.rec.n != cv->ncols) {
+            return row_err(&cv->c, LOOM_EDATA, err, "row has %d field%s but the header has %d columns", cv->c.rec.n,
+                           cv->c.rec.n == 1 ? "" : "s", cv->ncols);
         }
-        for (int j = 0; j < ncols; j++) {
-            const char *f = csv_field(&c, j);
-            size_t fl = csv_field_len(&c, j);
+        for (int j = 0; j < cv->ncols; j++) {
+            const char *f = csv_field(&cv->c, j);
+            size_t fl = csv_field_len(&cv->c, j);
             if (fl == 0) {
-                if (j == label) {
-                    rc = row_err(&c, LOOM_EDATA, err, "empty label (column \"%s\")", o->label_column);
-                    goto done;
+                if (j == cv->label) {
+                    return row_err(&cv->c, LOOM_EDATA, err, "empty label (column \"%s\")", cv->o->label_column);
                 }
                 continue;
             }
             bool nul = strlen(f) != fl;
             int64_t iv;
             double dv;
-            cols[j].nonempty++;
-            if (cols[j].all_int && (nul || !csv_parse_value_(f, LOOM_I64, &iv))) cols[j].all_int = false;
-            if (cols[j].all_num && !cols[j].all_int && (nul || !csv_num(f, &dv))) cols[j].all_num = false;
-            if (j == label && !cols[j].all_num) {
-                rc = row_err(&c, LOOM_EDATA, err, "label \"%.64s\" (column \"%s\") is not a number", f, o->label_column);
-                goto done;
+            cv->cols[j].nonempty++;
+            if (cv->cols[j].all_int && (nul || !csv_parse_value_(f, LOOM_I64, &iv))) cv->cols[j].all_int = false;
+            if (cv->cols[j].all_num && !cv->cols[j].all_int && (nul || !csv_num(f, &dv))) cv->cols[j].all_num = false;
+            if (j == cv->label && !cv->cols[j].all_num) {
+                return row_err(&cv->c, LOOM_EDATA, err, "label \"%.64s\" (column \"%s\") is not a number", f, cv->o->label_column);
             }
         }
-        rows++;
+        cv->rows++;
     }
-    if (rc != LOOM_EEOF) goto done;
-    for (int j = 0; j < ncols; j++) {
-        cols[j].kind = !cols[j].nonempty ? LOOM_FEATURE_BYTES
-                       : cols[j].all_int ? LOOM_FEATURE_INT64
-                       : cols[j].all_num ? LOOM_FEATURE_FLOAT
-                                         : LOOM_FEATURE_BYTES;
-        if (j == label) {
-            loom_free(cols[j].name);
-            if (!(cols[j].name = loom_strdup("label"))) {
-                rc = loom_err_set(err, LOOM_ENOMEM, o->csv, "cannot allocate a column name");
-                goto done;
+    if (rc != LOOM_EEOF) return rc;
+    for (int j = 0; j < cv->ncols; j++) {
+        cv->cols[j].kind = !cv->cols[j].nonempty ? LOOM_FEATURE_BYTES
+                           : cv->cols[j].all_int ? LOOM_FEATURE_INT64
+                           : cv->cols[j].all_num ? LOOM_FEATURE_FLOAT
+                                                 : LOOM_FEATURE_BYTES;
+        if (j == cv->label) {
+            loom_free(cv->cols[j].name);
+            if (!(cv->cols[j].name = loom_strdup("label"))) {
+                return loom_err_set(err, LOOM_ENOMEM, cv->o->csv, "cannot allocate a column name");
             }
         }
     }
-    if ((rc = report_columns(res, cols, ncols, label, rows, err))) goto done;
+    return LOOM_OK;
+}
 
-    /* Pass 2: one Example per row. */
-    sh->total = rows;
-    csv_rewind(&c);
-    if ((rc = csv_next(&c, err))) goto done; /* the header */
-    while ((rc = csv_next(&c, err)) == LOOM_OK) {
+/* Pass 2: one Example per row, into sh. */
+static int csv_write(csv_conv *cv, sharder *sh, loom_err *err)
+{
+    loom_example_builder b;
+    loom_example_builder_init(&b);
+    sh->total = cv->rows;
+    csv_rewind(&cv->c);
+    int rc = csv_next(&cv->c, err); /* the header */
+    while (!rc && (rc = csv_next(&cv->c, err)) == LOOM_OK) {
         loom_example_builder_reset(&b);
-        for (int j = 0; j < ncols; j++) {
-            const char *f = csv_field(&c, j);
-            size_t fl = csv_field_len(&c, j);
+        for (int j = 0; j < cv->ncols; j++) {
+            const char *f = csv_field(&cv->c, j);
+            size_t fl = csv_field_len(&cv->c, j);
             int64_t iv;
             double dv;
             float fv;
             loom_bytes_view view = {(const uint8_t *)f, fl};
-            switch (cols[j].kind) {
+            switch (cv->cols[j].kind) {
             case LOOM_FEATURE_INT64:
                 if (fl && !csv_parse_value_(f, LOOM_I64, &iv)) LOOM_ASSERT(!"integer column changed between passes");
-                loom_example_add_int64s(&b, cols[j].name, &iv, fl ? 1 : 0);
+                loom_example_add_int64s(&b, cv->cols[j].name, &iv, fl ? 1 : 0);
                 break;
             case LOOM_FEATURE_FLOAT:
                 if (fl && !csv_num(f, &dv)) LOOM_ASSERT(!"number column changed between passes");
                 fv = fl ? (float)dv : 0.0f;
-                loom_example_add_floats(&b, cols[j].name, &fv, fl ? 1 : 0);
+                loom_example_add_floats(&b, cv->cols[j].name, &fv, fl ? 1 : 0);
                 break;
-            default: loom_example_add_bytes(&b, cols[j].name, &view, 1); break;
+            default: loom_example_add_bytes(&b, cv->cols[j].name, &view, 1); break;
             }
         }
         const uint8_t *data;
         size_t n;
-        if ((rc = loom_example_finish(&b, &data, &n, err))) goto done;
-        if ((rc = sharder_put(sh, data, n, err))) goto done;
+        if (!(rc = loom_example_finish(&b, &data, &n, err))) rc = sharder_put(sh, data, n, err);
     }
-    if (rc != LOOM_EEOF) goto done;
-    rc = sharder_finish(sh, err);
-done:
-    for (int j = 0; cols && j < ncols; j++) loom_free(cols[j].name);
-    loom_free(cols);
     loom_example_builder_fini(&b);
-    csv_fini(&c);
+    return rc == LOOM_EEOF ? sharder_finish(sh, err) : rc;
+}
+
+static int convert_csv(const loom_convert_opts *o, sharder *sh, loom_convert_result *res, loom_err *err)
+{
+    uint8_t *text = NULL;
+    size_t len = 0;
+    int rc = loom_read_file(o->csv, &text, &len, err); /* plain or gzip */
+    if (rc) return rc;
+    csv_conv cv = {.o = o, .label = -1};
+    csv_init(&cv.c, o->csv, text, len);
+    if (!(rc = csv_header(&cv, err)) && !(rc = csv_infer(&cv, err)) &&
+        !(rc = report_columns(res, cv.cols, cv.ncols, cv.label, cv.rows, err)))
+        rc = csv_write(&cv, sh, err);
+    for (int j = 0; cv.cols && j < cv.ncols; j++) loom_free(cv.cols[j].name);
+    loom_free(cv.cols);
+    csv_fini(&cv.c);
     loom_free(text);
     return rc;
 }
