@@ -8,14 +8,11 @@
 #include "cli.h"
 
 #include <errno.h>
-#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #define MAX_SHARDS LOOM_MAX_SHARDS
 #define HEAD_VALUES 8    /* values shown per feature by `head` */

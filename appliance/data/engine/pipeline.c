@@ -23,10 +23,6 @@ struct loom_iter {
 /* A spec built in code without data.options: no rewrites, autotuning on. */
 static const loom_data_options no_options = {.deterministic = true, .autotune = true};
 
-/* source/tfrecord.c (declared here rather than in data_internal.h, which
- * this change leaves alone: move it there with the next edit of that header) */
-int tfrecord_source_open_(dstage **out, const loom_source_spec *src, const loom_data_ctx *ctx, loom_err *err);
-
 static dstage *last(const loom_iter *it) { return it->st[it->n - 1]; }
 
 dstage *iter_last_(loom_iter *it) { return last(it); }
