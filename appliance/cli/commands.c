@@ -208,7 +208,7 @@ static int cmd_inspect(const cli_opts *o, double start, loom_err *err)
 static int exit_status(int code);
 
 /* `loom profile CONFIG [--steps N] [--set k=v ...]`: the training input
- * pipeline alone, then its per-stage report (data/profile.c). */
+ * pipeline alone, then its per-stage report (data/engine/profile.c). */
 static int cmd_profile_main(int argc, char **argv, double start)
 {
     (void)start;

@@ -122,7 +122,7 @@ typedef struct loom_source_spec {
     loom_tfr_compression compression;   /* default auto: detected per file from its leading bytes */
     loom_tfr_on_corrupt  on_corrupt;    /* default error */
     bool                 shuffle_files; /* shuffle the file order each epoch, keyed by (run seed, epoch) */
-    /* Not a config key: FILE auto-sharding (data/distribute_input.c) sets them
+    /* Not a config key: FILE auto-sharding (data/engine/distribute_input.c) sets them
      * on the pipeline's copy of the spec, and every file-list source then keeps
      * file i of its sorted list only when i % file_shards == file_shard.
      * 0 (the loaded value) = all files. */
@@ -169,7 +169,7 @@ typedef enum {
     LOOM_MAP_RANDOM_CROP, /* random_crop: (H, W[, C]) -> (h, w[, C]) at uniform offsets; unbatched only */
     LOOM_MAP_STANDARDIZE, /* per_image_standardization: (x - mean) / max(std, 1/sqrt(N)), float32; unbatched only */
     LOOM_MAP_SLEEP,       /* sleep: ms per element, values unchanged; for benchmarks and autotune tests */
-    LOOM_MAP_LUA,         /* lua (or plugin): a custom function maps the whole element (data/custom.h); fn may be omitted */
+    LOOM_MAP_LUA,         /* lua (or plugin): a custom function maps the whole element (data/engine/custom.h); fn may be omitted */
 } loom_map_kind;
 
 typedef struct loom_map_spec {

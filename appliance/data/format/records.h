@@ -8,6 +8,7 @@
 #ifndef LOOM_DATA_RECORDS_H
 #define LOOM_DATA_RECORDS_H
 
+#include "config/config.h" /* LOOM_PATH_MAX */
 #include "core/core.h"
 #include "tensor/tensor.h"
 #include <stdbool.h>
@@ -189,5 +190,39 @@ void loom_example_add_int64s(loom_example_builder *b, const char *name, const in
 /* The serialized Example, borrowed until the next call on b; LOOM_ENOMEM if
  * any add ran out of memory. */
 int  loom_example_finish(loom_example_builder *b, const uint8_t **data, size_t *len, loom_err *err);
+
+/* ---- conversion into sharded TFRecord files (format/convert.c) ------------ */
+
+#define LOOM_MAX_SHARDS 99999 /* TF's shard names have 5 digits */
+
+/* What `loom records convert` converts: IDX images and labels, or a CSV file. */
+typedef struct loom_convert_opts {
+    const char      *images, *labels;    /* IDX files (plain or gzip), both */
+    const char      *csv;                /* or a CSV file (plain or gzip) whose first row names the columns */
+    const char      *label_column;       /* (optional, CSV) the column stored as the feature "label" */
+    const char      *output;             /* shards are OUTPUT-00000-of-0000N.tfrecord[.gz|.zz|.zst] */
+    int              shards;             /* 1..LOOM_MAX_SHARDS */
+    loom_compression comp;               /* NONE, GZIP, ZLIB or ZSTD */
+} loom_convert_opts;
+
+/* What a conversion found and wrote; owned, free with loom_convert_result_fini. */
+typedef struct loom_convert_result {
+    int                ncols, label;  /* CSV: columns once the first pass is done (0 before); label's, or -1 */
+    char             **col_name;      /* each column's feature name ("label" for the label column) */
+    loom_feature_kind *col_kind;      /* each column's feature kind, inferred from all rows */
+    int64_t            rows;          /* CSV: data rows */
+    int                shards;
+    char             (*path)[LOOM_PATH_MAX]; /* per shard */
+    int64_t           *records, *bytes;      /* per shard: records written, the file's size */
+    int64_t            total;                /* records */
+} loom_convert_result;
+
+/* Converts o's input into o->shards files, contiguously, one tf.train.Example
+ * per item (IDX: "image" bytes, "label" int64s) or row (CSV: one feature per
+ * column, int64_list, float_list or bytes_list). On failure the shards
+ * written are removed; res holds what was found (the CSV columns). Errors
+ * name file:line; LOOM_EUSAGE for an option that cannot apply. */
+int  loom_records_convert(const loom_convert_opts *o, loom_convert_result *res, loom_err *err);
+void loom_convert_result_fini(loom_convert_result *res);
 
 #endif

@@ -4,7 +4,7 @@
  * the plain pipeline, bit for bit: each fused map keeps its own stage id, and
  * so its own RNG stream, and the fused shuffle+repeat draws with the RNG of
  * each pass as the plain shuffle does. Threads: as any stage (one consumer). */
-#include "data_internal.h"
+#include "data/data_internal.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-/* source_list_files.c - the list_files source (tf.data.Dataset.list_files,
+/* list_files.c - the list_files source (tf.data.Dataset.list_files,
  * tf_semantics §4.2): the spec's glob patterns expanded into a sorted,
  * duplicate-free list of file names, one element per file, optionally
  * shuffled each epoch by (seed, epoch). There is no string dtype: a name is
@@ -6,7 +6,7 @@
  * text source holds a line. Its consumer is the interleave transform, which
  * opens a source on each name. State = (epoch, position in the order).
  * Threads: one thread at a time drives the stage (see data_internal.h). */
-#include "data_internal.h"
+#include "data/data_internal.h"
 
 #include <string.h>
 

@@ -5,7 +5,7 @@
  * Threads: driven by one thread at a time, like every stage. Buffers are
  * allocated at open; next() does not allocate, except while a memory cache
  * grows during its first pass (doubling, so amortised). */
-#include "data_internal.h"
+#include "data/data_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -8,7 +8,7 @@
  * files as pipelines, else DATA; OFF gives every pipeline everything. A
  * pipeline that would get nothing is an error naming it, never an empty pass.
  * Threads: none of its own; the DATA stage runs on whichever thread drives it. */
-#include "data_internal.h"
+#include "data/data_internal.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -11,7 +11,7 @@
  * producer hands it the free slot, so a batch is assembled once, in place.
  * Save/restore: the producer is paused, so upstream state is exactly "after
  * the queued elements"; the queued elements are saved with it. */
-#include "data_internal.h"
+#include "data/data_internal.h"
 
 #include <pthread.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-/* elf_check.h - checks a plugin file before dlopen: a whole, well-formed ELF
+/* elf_check_internal.h - checks a plugin file before dlopen: a whole, well-formed ELF
  * shared object for this machine that exports the entry point. Private to
  * plugin/ (and its fuzzer: it needs only core/). */
 #ifndef LOOM_PLUGIN_ELF_CHECK_H

@@ -2,7 +2,7 @@
  * and implements the public loom_iter API on top of it: next, rewind,
  * cardinality, stats, and save/restore of the whole chain behind a
  * fingerprint of its structure. */
-#include "data_internal.h"
+#include "data/data_internal.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -22,10 +22,6 @@ struct loom_iter {
 
 /* A spec built in code without data.options: no rewrites, autotuning on. */
 static const loom_data_options no_options = {.deterministic = true, .autotune = true};
-
-/* source_tfrecord.c (declared here rather than in data_internal.h, which
- * this change leaves alone: move it there with the next edit of that header) */
-int tfrecord_source_open_(dstage **out, const loom_source_spec *src, const loom_data_ctx *ctx, loom_err *err);
 
 static dstage *last(const loom_iter *it) { return it->st[it->n - 1]; }
 

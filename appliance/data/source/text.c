@@ -1,4 +1,4 @@
-/* source_text.c - the text source (tf.data.TextLineDataset without a string
+/* text.c - the text source (tf.data.TextLineDataset without a string
  * dtype): files streamed line by line, each line an element of two features,
  * "line" uint8 (max_length) holding its bytes zero-padded, and "length" int64 ()
  * the number of bytes kept. The line end ('\n', and a '\r' before it) is
@@ -8,7 +8,7 @@
  * line), so resuming mid-file reopens the file at that byte. Cardinality is
  * unknown (-2).
  * Threads: one thread at a time drives the stage (see data_internal.h). */
-#include "data_internal.h"
+#include "data/data_internal.h"
 
 #include <string.h>
 

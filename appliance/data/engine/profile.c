@@ -3,7 +3,7 @@
  * time is busy minus the input's busy, clamped at 0: a threaded prefetch's
  * input runs on the producer thread, so the prefetch's own time is only the
  * consumer's wait. The bottleneck is the stage with the highest own time. */
-#include "data_internal.h"
+#include "data/data_internal.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -21,7 +21,7 @@
  * same for any parallelism. Save/restore: pause waits for the calls in
  * flight, so upstream is exactly "after the window", and the finished but
  * unconsumed results are saved with the stage (as prefetch does). */
-#include "data_internal.h"
+#include "data/data_internal.h"
 
 #include <pthread.h>
 #include <stdio.h>

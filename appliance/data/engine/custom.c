@@ -8,7 +8,7 @@
  * Threads: the stage is driven by one thread; for a parallel map, custom_apply_
  * runs on pool workers concurrently (the provider is thread-safe up to the
  * max_calls it was opened with). */
-#include "data_internal.h"
+#include "data/data_internal.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -23,7 +23,7 @@
  * State: cursor, block count, and per open slot and future the file, the
  * nested source's own state and the prefetched elements (after a pause), so
  * resuming mid-epoch is exact. */
-#include "data_internal.h"
+#include "data/data_internal.h"
 
 #include <pthread.h>
 #include <string.h>

@@ -1,11 +1,11 @@
-/* source_plugin.c - a source stage whose elements come from a provider in
+/* plugin.c - a source stage whose elements come from a provider in
  * the registry (LOOM_REG_SOURCE, custom.h): a plugin's source selected by
  * source.type with source.options. The stage lends the provider buffers of
  * the max shapes for each element (or the provider points at its own
  * memory, then the element is read-only downstream); the provider's state
  * is saved as opaque bytes.
  * Threads: one thread at a time drives the stage (see data_internal.h). */
-#include "data_internal.h"
+#include "data/data_internal.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-/* source_csv.c - the csv source: RFC 4180 files (quoted fields may hold the
+/* csv.c - the csv source: RFC 4180 files (quoted fields may hold the
  * delimiter, doubled quotes and newlines; CRLF or LF line ends) streamed
  * record by record through a buffered reader, never a whole file in memory.
  * Each declared column becomes a scalar feature of its dtype, selected by
@@ -8,7 +8,7 @@
  * at that byte, so resuming mid-file is exact without reading it again.
  * Cardinality is unknown (-2).
  * Threads: one thread at a time drives the stage (see data_internal.h). */
-#include "data_internal.h"
+#include "data/data_internal.h"
 
 #include <errno.h>
 #include <float.h>
@@ -109,7 +109,7 @@ int csv_read_record_(src_file *in, const char *path, char delim, int64_t *line, 
                 return src_file_read_err_(in, path, err);
             if (st == ST_QUOTED) {
                 snprintf(where, sizeof where, "%s:%lld", path, (long long)qline);
-                loom_err_set(err, LOOM_EDATA, where, "field %d: the quoted field that starts here is never closed",
+                loom_err_set(err, LOOM_EDATA, where, "unterminated quoted field (field %d): its opening quote is here and it is never closed",
                              rec->n);
                 return loom_err_hint(err, "a '\"' inside a quoted field is written as \"\"");
             }

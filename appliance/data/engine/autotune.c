@@ -15,7 +15,7 @@
  * Threads: knobs are registered before dtuner_start_; afterwards the tuner
  * thread writes values, and a stage's restore may put back a saved one
  * (relaxed atomics); stages read them. */
-#include "data_internal.h"
+#include "data/data_internal.h"
 
 #include <pthread.h>
 #include <stdio.h>

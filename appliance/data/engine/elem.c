@@ -1,7 +1,7 @@
 /* elem.c - element specs, the stage plumbing shared by every iterator (stats,
  * located errors) and slot pools: preallocated per-feature arrays that hold
  * copies of elements for shuffle and prefetch without a malloc per element. */
-#include "data_internal.h"
+#include "data/data_internal.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -1,10 +1,10 @@
-/* source_idx.c - the IDX source (one IDX file per feature, plain or gzip) and
+/* idx.c - the IDX source (one IDX file per feature, plain or gzip) and
  * the catalog, which resolves a dataset name to the IDX files of its Debian
  * package. Files are loaded and checked whole at open; items are then lent
  * out as views into the loaded arrays (no copy per element).
  * IDX: bytes 0 0 <dtype> <ndim>, ndim big-endian u32 dims, then the values
  * big-endian; dim 0 counts the items. */
-#include "data_internal.h"
+#include "data/data_internal.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,11 +1,11 @@
-/* source_files.c - what the file-list sources (tfrecord, csv, text) share:
+/* files.c - what the file-list sources (tfrecord, csv, text) share:
  * expanding the spec's glob patterns into a sorted, duplicate-free file list
  * (tf.data.Dataset.list_files with shuffle=False), and a buffered reader of
  * one plain file that tracks its byte offset, so a stage can save "file,
  * offset" and reopen there; the cursor (files, position, saved state) of
  * the csv and text sources.
  * Threads: none of its own; a reader belongs to one stage. */
-#include "data_internal.h"
+#include "data/data_internal.h"
 
 #include <errno.h>
 #include <glob.h>
@@ -112,10 +112,18 @@ int src_file_open_(src_file *r, const char *path, uint64_t offset, loom_err *err
     return LOOM_OK;
 }
 
+void src_file_mem_(src_file *r, const uint8_t *data, size_t n)
+{
+    memset(r, 0, sizeof *r);
+    r->buf = (uint8_t *)data; /* never written: refill returns 0 without a file */
+    r->len = n;
+    r->mem = true;
+}
+
 void src_file_close_(src_file *r)
 {
     if (r->f) fclose(r->f);
-    loom_free(r->buf);
+    if (!r->mem) loom_free(r->buf);
     memset(r, 0, sizeof *r);
 }
 

@@ -1,4 +1,4 @@
-/* source_tfrecord.c - the tfrecord source: files of serialized tf.train.Example
+/* tfrecord.c - the tfrecord source: files of serialized tf.train.Example
  * (tf_semantics §1), read file by file and record by record through the
  * streaming reader (never a whole file in memory), each Example parsed with the
  * declared features into the element's tensors (uint8 raw bytes, int64,
@@ -8,7 +8,7 @@
  * restore reopens the file and reads forward to the record, so resuming
  * mid-epoch is exact. Cardinality is unknown (-2): counting needs a full read.
  * Threads: one thread at a time drives the stage (see data_internal.h). */
-#include "data_internal.h"
+#include "data/data_internal.h"
 
 #include <glob.h>
 #include <stdio.h>

@@ -9,7 +9,7 @@
  * either is unknown. State: the zipped pipeline's whole state (its own
  * fingerprint inside), after the main chain's.
  * Threads: as any stage; the zipped pipeline's background stages run inside it. */
-#include "data_internal.h"
+#include "data/data_internal.h"
 
 #include <string.h>
 

@@ -6,7 +6,7 @@
  * the input's cardinality is unknown. Maps work in place when the upstream
  * buffer is writable (mut) and the dtype size allows, else into their own
  * preallocated output. */
-#include "data_internal.h"
+#include "data/data_internal.h"
 
 #include <math.h>
 #include <stdio.h>

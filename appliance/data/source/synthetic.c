@@ -1,4 +1,4 @@
-/* source_synthetic.c - the synthetic source, for benchmarks and tests: element
+/* synthetic.c - the synthetic source, for benchmarks and tests: element
  * i holds random tensors drawn from the counter-based RNG keyed by (run seed,
  * element index, feature index), so an element is a pure function of its
  * index, the same in every epoch and whatever the threads, prefetching or
@@ -6,7 +6,7 @@
  * uniform in [min, max). Cardinality = count, or -1 (infinite) for count = -1.
  * State = (epoch, index).
  * Threads: one thread at a time drives the stage (see data_internal.h). */
-#include "data_internal.h"
+#include "data/data_internal.h"
 
 #include <string.h>
 

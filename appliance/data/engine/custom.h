@@ -70,7 +70,7 @@ typedef struct loom_custom_ops {
     void (*close)(void *inst); /* NULL is never passed */
 } loom_custom_ops;
 
-/* ---- dataset sources from providers (source_plugin.c) ----------------------
+/* ---- dataset sources from providers (source/plugin.c) ----------------------
  * A source registered by name (LOOM_REG_SOURCE) by a plugin, selected by
  * source.type with its options. Threads: every function runs on the thread
  * driving the pipeline, one call at a time per instance. */
@@ -109,7 +109,7 @@ typedef struct loom_source_ops {
     void    (*close)(void *inst);
 } loom_source_ops;
 
-/* ---- built-in ops on raw buffers (transforms.c), for custom code ---------- */
+/* ---- built-in ops on raw buffers (transform/transforms.c), for custom code ---------- */
 
 /* n values of dtype sd at src to dd at dst: float to int truncates toward
  * zero and saturates, NaN becomes 0. src == dst is allowed when sizes agree. */
