@@ -8,7 +8,7 @@
 #include "harness.h"
 #include "test_util.h"
 #include "fixtures/events_read.h"
-#include "data/records.h"
+#include "data/format/records.h"
 #include "train/summary.h"
 
 #include <dirent.h>
