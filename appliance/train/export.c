@@ -522,12 +522,12 @@ static int write_npz(loom_model *m, const char *output, loom_err *err)
 
 /* The model input's shapes from the config's eval pipeline (train without
  * one), opened without its batch; for preprocessing, the source alone. */
-static int input_of(const loom_spec *spec, const loom_dataset_spec *base, export_input *in, loom_err *err)
+static int input_of(const loom_spec *spec, const loom_dataset_spec *base, bool raw, export_input *in, loom_err *err)
 {
     loom_dataset_spec *ds = loom_calloc(1, sizeof *ds);
     if (!ds) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating a dataset spec");
     int rc = LOOM_OK;
-    for (int pass = 0; pass < 2 && !rc; pass++) {
+    for (int pass = 0; pass < (raw ? 2 : 1) && !rc; pass++) { /* each pass reads the source: export's main cost */
         *ds = *base;
         ds->n_transforms = 0;
         if (pass == 0) /* the maps (and whatever else does not batch), per example */
@@ -581,7 +581,7 @@ int loom_export(const loom_spec *spec, const loom_export_opts *opts, loom_err *e
         return loom_err_set(err, LOOM_EIO, opts->output, "cannot write the export here: %s: %s", dir, strerror(errno)),
                loom_err_hint(err, "choose a path in a directory that exists and you may write to");
     export_input in;
-    int rc = input_of(spec, base, &in, err);
+    int rc = input_of(spec, base, opts->format == LOOM_EXPORT_ONNX && opts->include_preprocessing, &in, err);
     if (rc) return rc;
     loom_model *m = NULL;
     rc = loom_model_new(&m, &spec->model, &in.shape, in.dtype, &in.label_shape, in.label_dtype, 1, err);
