@@ -21,6 +21,7 @@ typedef struct cli_opts {
     bool        fresh, print, quiet, verbose;
     const char *input, *output, *checkpoint;
     const char *task; /* --task ROLE:I */
+    char        status_set[48]; /* --status-port N, as "run.status_port=N" in sets */
 } cli_opts;
 
 typedef struct command {
@@ -36,7 +37,7 @@ typedef struct command {
 } command;
 
 enum { OPT_MODEL_DIR = 1, OPT_SET = 2, OPT_FRESH = 4, OPT_PRINT = 8, OPT_INPUT = 16, OPT_OUTPUT = 32,
-       OPT_CHECKPOINT = 64, OPT_TASK = 128 };
+       OPT_CHECKPOINT = 64, OPT_TASK = 128, OPT_STATUS_PORT = 256 };
 
 static void print_errlist(const loom_errlist *l)
 {
@@ -411,8 +412,10 @@ static const command commands[] = {
      "<model_dir>/metrics.jsonl. If the model directory holds checkpoints, training\n"
      "resumes exactly where the latest one left off; --fresh starts over instead.\n"
      "Ctrl-C (or SIGTERM) saves a checkpoint and stops; run the command again to resume.\n"
-     "In a cluster, this process's task comes from --task, TF_CONFIG, Slurm or MPI (docs/cluster.md).\n",
-     cmd_train, OPT_MODEL_DIR | OPT_SET | OPT_FRESH | OPT_TASK, NULL},
+     "In a cluster, this process's task comes from --task, TF_CONFIG, Slurm or MPI (docs/cluster.md).\n"
+     "--status-port N (run.status_port) serves /metrics (Prometheus), /healthz and /status (JSON)\n"
+     "on run.status_bind (default 127.0.0.1) while training.\n",
+     cmd_train, OPT_MODEL_DIR | OPT_SET | OPT_FRESH | OPT_TASK | OPT_STATUS_PORT, NULL},
     {"evaluate", "evaluate the latest checkpoint on data.eval",
      "loom evaluate CONFIG [--model-dir DIR] [--checkpoint FILE] [--set key.path=value ...]",
      "Prints one JSON line with eval_loss and eval_accuracy on stdout.\n", cmd_evaluate,
@@ -482,6 +485,7 @@ static void command_help(const command *c)
     if (c->accepts & OPT_OUTPUT) printf("  --output FILE         where to write the CSV (- for stdout)\n");
     if (c->accepts & OPT_CHECKPOINT) printf("  --checkpoint FILE     use this checkpoint instead of the latest\n");
     if (c->accepts & OPT_TASK) printf("  --task ROLE:I         this process's task in the cluster, e.g. worker:1\n");
+    if (c->accepts & OPT_STATUS_PORT) printf("  --status-port N       HTTP status endpoint on port N (run.status_port)\n");
 }
 
 /* Returns the option's value: "--opt value" or "--opt=value". */
@@ -588,6 +592,22 @@ int loom_cli_main(int argc, char **argv, double start_time)
         } else if (is_opt(a, "--task")) {
             need = OPT_TASK;
             if ((v = opt_value(argc, argv, &i, "--task", &err))) o.task = v;
+        } else if (is_opt(a, "--status-port")) {
+            need = OPT_STATUS_PORT;
+            if ((v = opt_value(argc, argv, &i, "--status-port", &err))) {
+                char *end;
+                long port = strtol(v, &end, 10);
+                if (!*v || *end || port < 1 || port > 65535) {
+                    fprintf(stderr, "loom %s: --status-port expects a port in [1, 65535], got \"%s\"\n", cmd->name, v);
+                    return LOOM_EXIT_USAGE;
+                }
+                if (o.n_sets == MAX_SETS) {
+                    fprintf(stderr, "loom: too many --set options (at most %d)\n", MAX_SETS);
+                    return LOOM_EXIT_USAGE;
+                }
+                snprintf(o.status_set, sizeof o.status_set, "run.status_port=%ld", port);
+                o.sets[o.n_sets++] = o.status_set;
+            }
         } else if (is_opt(a, "--checkpoint")) {
             need = OPT_CHECKPOINT;
             if ((v = opt_value(argc, argv, &i, "--checkpoint", &err))) o.checkpoint = v;
