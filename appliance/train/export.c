@@ -334,14 +334,16 @@ static int build_graph(onnx_graph *o, const loom_spec *spec, loom_model *m, cons
             }
             bool conv = l->kind == LOOM_LAYER_CONV2D;
             int kh = conv ? l->kernel[0] : l->pool[0], kw = conv ? l->kernel[1] : l->pool[1];
+            /* as nn/model.c: an unset stride is 1 for a conv, the window for a pool */
+            int sh = l->stride[0] > 0 ? l->stride[0] : (conv ? 1 : kh), sw = l->stride[1] > 0 ? l->stride[1] : (conv ? 1 : kw);
             int64_t pads[4] = {0, 0, 0, 0}; /* top, left, bottom, right */
             if (l->padding == LOOM_PAD_SAME) {
-                same_pads(s.dim[0], kh, l->stride[0], &pads[0], &pads[2]);
-                same_pads(s.dim[1], kw, l->stride[1], &pads[1], &pads[3]);
+                same_pads(s.dim[0], kh, sh, &pads[0], &pads[2]);
+                same_pads(s.dim[1], kw, sw, &pads[1], &pads[3]);
             }
-            int64_t kernel[2] = {kh, kw}, strides[2] = {l->stride[0], l->stride[1]};
-            int64_t oh = (s.dim[0] + pads[0] + pads[2] - kh) / l->stride[0] + 1;
-            int64_t ow = (s.dim[1] + pads[1] + pads[3] - kw) / l->stride[1] + 1;
+            int64_t kernel[2] = {kh, kw}, strides[2] = {sh, sw};
+            int64_t oh = (s.dim[0] + pads[0] + pads[2] - kh) / sh + 1;
+            int64_t ow = (s.dim[1] + pads[1] + pads[3] - kw) / sw + 1;
             int64_t oc = conv ? l->filters : s.dim[2];
             strcpy(nb, fresh(o, cb));
             if (conv) {
@@ -564,7 +566,7 @@ int loom_export(const loom_spec *spec, const loom_export_opts *opts, loom_err *e
     const loom_dataset_spec *base = spec->eval.present ? &spec->eval : &spec->train;
     for (int i = 0; i < base->n_transforms; i++)
         if (base->transform[i].kind == LOOM_T_MAP && base->transform[i].map.kind == LOOM_MAP_LUA &&
-            !strcmp(base->transform[i].map.feature, spec->model.input) && opts->include_preprocessing) {
+            opts->include_preprocessing) { /* maps whole elements: the input's values may change */
             char w[LOOM_PATH_MAX + 16];
             loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&base->transform[i].loc, w, sizeof w),
                          "--include-preprocessing: a Lua map has no ONNX form");
