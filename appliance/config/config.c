@@ -10,6 +10,7 @@
 #include "config/config_internal.h"
 
 #include <ctype.h>
+#include <arpa/inet.h>
 #include <errno.h>
 #include <glob.h>
 #include <libconfig.h>
@@ -884,6 +885,10 @@ static const opt run_opts[] = {
     O_BOOL(loom_run_spec, "eval_each_epoch", eval_each_epoch, 1, ALL, "evaluate data.eval at each epoch end"),
     O_ENUM(loom_run_spec, "progress", progress, LOOM_PROGRESS_AUTO, loom_progress_names_, ALL, 0,
            "auto, bar, plain or none"),
+    O_INT(loom_run_spec, "status_port", status_port, 0, 0, 65535, ALL, 0,
+          "HTTP status endpoint (/metrics, /healthz, /status) on this port while training; 0 = off"),
+    O_STR(loom_run_spec, "status_bind", status_bind, "127.0.0.1", NULL, ALL, 0,
+          "address of the status endpoint: an IPv4 or IPv6 literal (0.0.0.0 = every interface)"),
     O_END,
 };
 
@@ -2893,6 +2898,11 @@ static void validate(ctx *c, const config_setting_t *root, loom_spec *spec)
         if (r->epochs < 1 && r->max_steps < 1)
             cerr(c, g, "nothing to train: set epochs >= 1 or max_steps >= 1 (epochs = %lld, max_steps = %lld)",
                  (long long)r->epochs, (long long)r->max_steps);
+        unsigned char ab[16];
+        const config_setting_t *sb = config_setting_get_member(g, "status_bind");
+        if (sb && inet_pton(AF_INET, r->status_bind, ab) != 1 && inet_pton(AF_INET6, r->status_bind, ab) != 1)
+            cerr(c, sb, "run.status_bind: \"%s\" is not an IPv4 or IPv6 address (a literal, not a host name)",
+                 r->status_bind);
         /* shuffles without a seed of their own use the run's */
         default_seeds(&spec->train, r->seed);
         default_seeds(&spec->eval, r->seed);

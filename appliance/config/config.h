@@ -425,6 +425,8 @@ typedef struct loom_run_spec {
     int64_t       eval_steps;       /* evaluate at most this many batches; 0 = the whole eval set */
     bool          eval_each_epoch;  /* default true when data.eval is present */
     loom_progress progress;
+    int           status_port;      /* HTTP status endpoint (/metrics, /healthz, /status); 0 = off */
+    char          status_bind[64];  /* its address, an IPv4 or IPv6 literal; default "127.0.0.1" */
 } loom_run_spec;
 
 /* ---- hooks (Lua) --------------------------------------------------------- */

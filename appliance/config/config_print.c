@@ -660,6 +660,8 @@ void loom_config_print(const loom_spec *s, FILE *f)
     kv_i64(f, 1, "eval_steps", r->eval_steps);
     kv_bool(f, 1, "eval_each_epoch", r->eval_each_epoch);
     kv_str(f, 1, "progress", loom_cfg_name_(loom_progress_names_, (int)r->progress));
+    kv_i64(f, 1, "status_port", r->status_port);
+    kv_str(f, 1, "status_bind", r->status_bind);
     fputs("};\n", f);
     print_plugins(f, &s->plugins);
     if (s->hooks.present) print_hooks(f, &s->hooks);

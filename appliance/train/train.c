@@ -2,6 +2,7 @@
 #include "train.h"
 #include "progress.h"
 #include "summary.h"
+#include "status.h"
 #include "train_hooks.h"
 
 #include <errno.h>
@@ -22,6 +23,8 @@ typedef struct run {
     double             decode_sec; /* opening the pipelines: reading and decompressing sources */
     train_hooks_       hooks;      /* the config's Lua hooks (loom_train, loom_check) */
     bool               no_iter;    /* save_ckpt: without data.train's state (data_hook_failed) */
+    loom_status       *status;     /* run.status_port's endpoint (loom_train), or NULL */
+    double             status_stages_at; /* when the pipeline's stages were last published */
 } run;
 
 #define TRAINER_STATE_VERSION 1
@@ -112,6 +115,7 @@ static int data_open_failed(loom_err *err, const char *which)
 
 static void run_close(run *r)
 {
+    loom_status_close(r->status);
     train_hooks_close_(&r->hooks);
     loom_strategy_close(r->strat);
     loom_iter_close(r->train);
@@ -317,6 +321,27 @@ static int hook_failed(run *r, const trainer_state *st, loom_err *err)
  * (prefetch, parallel maps) may hold the error, so the checkpoint is saved
  * without data.train's state: resuming replays the pipeline to the model's
  * step (replay_data), running the Lua function as it is by then. */
+/* Publishes the trainer's figures to the status endpoint (if any); the
+ * pipeline's stages at most once a second (loom_iter_stats walks them). */
+static void publish(run *r, const trainer_state *st, loom_status_state state, loom_optimizer *opt, double sps,
+                    double input_wait, double eval_loss, double eval_acc, int64_t examples_total)
+{
+    if (!r->status) return;
+    loom_status_figures f = {
+        .state = state, .step = st->step, .epoch = st->epoch + 1,
+        .loss = st->examples ? st->loss_sum / (double)st->examples : NAN,
+        .accuracy = st->examples ? (double)st->correct / (double)st->examples : NAN,
+        .samples_per_sec = sps, .input_wait_fraction = input_wait, .learning_rate = loom_optimizer_lr(opt, st->step),
+        .eval_loss = eval_loss, .eval_accuracy = eval_acc, .examples_total = examples_total};
+    loom_status_update(r->status, &f);
+    double now = loom_now();
+    if (now - r->status_stages_at >= 1.0 || state != LOOM_STATUS_TRAINING) {
+        loom_stage_stats ss[LOOM_STATUS_MAX_STAGES];
+        loom_status_stages(r->status, ss, loom_iter_stats(r->train, ss, LOOM_STATUS_MAX_STAGES));
+        r->status_stages_at = now;
+    }
+}
+
 static int data_hook_failed(run *r, const trainer_state *st, loom_err *err)
 {
     r->no_iter = true;
@@ -420,6 +445,15 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
     /* Everything is checked before anything is written. */
     int rc = run_open(&r, spec, dir, false, err);
     if (!rc) rc = train_hooks_open_(&r.hooks, spec, r.model_dir, r.strat, err);
+    if (!rc && spec->run.status_port) { /* a port in use fails here, before anything is written */
+        char w[600];
+        rc = loom_status_open(&r.status, spec->run.status_bind, spec->run.status_port,
+                              loom_loc_str(&spec->run.loc, w, sizeof w), err);
+        if (!rc)
+            loom_info("status endpoint: http://%s%s%s:%d/metrics (also /healthz, /status)",
+                      strchr(spec->run.status_bind, ':') ? "[" : "", spec->run.status_bind,
+                      strchr(spec->run.status_bind, ':') ? "]" : "", loom_status_port(r.status));
+    }
     if (!rc && (rc = loom_mkdirs(dir, err)) != LOOM_OK)
         loom_err_hint(err, "set run.model_dir (or --model-dir) to a directory you can write");
     if (rc) {
@@ -534,6 +568,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
     bool epoch_open = false; /* on_epoch_begin was called for the epoch in progress */
     loom_hook_logs hl = hook_logs(&st, st.epoch + 1, opt, NAN, last_eval_loss, last_eval_acc);
     if ((rc = train_hooks_call_(&r.hooks, LOOM_HOOK_TRAIN_BEGIN, &hl, err))) hook_failed(&r, &st, err);
+    publish(&r, &st, LOOM_STATUS_TRAINING, opt, 0, 0, last_eval_loss, last_eval_acc, run_examples);
     for (; !rc;) {
         if (max_steps > 0 ? st.step >= max_steps : st.epoch >= epochs) break;
         if (r.hooks.stop) {
@@ -624,6 +659,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
             json_time(metrics, "wall_time", loom_wall_time());
             fprintf(metrics, "}\n");
             fflush(metrics);
+            publish(&r, &st, LOOM_STATUS_TRAINING, opt, sps, input_wait, last_eval_loss, last_eval_acc, run_examples);
             hl = hook_logs(&st, st.epoch + 1, opt, sps, last_eval_loss, last_eval_acc);
             if ((rc = train_hooks_call_(&r.hooks, LOOM_HOOK_EPOCH_END, &hl, err))) {
                 hook_failed(&r, &st, err);
@@ -720,6 +756,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
         loom_progress_update(&prog, st.epoch, max_steps > 0 ? (steps_per_epoch > 0 ? (max_steps + steps_per_epoch - 1) / steps_per_epoch : 1) : epochs,
                              st.step_in_epoch, steps_per_epoch, st.step, st.loss_sum / (double)st.examples,
                              (double)st.correct / (double)st.examples, sps, left >= 0 ? per_step * (double)left : -1);
+        publish(&r, &st, LOOM_STATUS_TRAINING, opt, sps, prog.input_wait, last_eval_loss, last_eval_acc, run_examples);
         char tuned[512];
         if (loom_iter_tuned(r.train, tuned, sizeof tuned)) { /* once the autotuner's choice settles, and after a change */
             loom_progress_break(&prog);
@@ -802,6 +839,8 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
             fprintf(metrics, "}\n");
         }
     }
+    publish(&r, &st, rc ? LOOM_STATUS_FAILED : LOOM_STATUS_DONE, opt, 0, 0, last_eval_loss, last_eval_acc,
+            run_examples);
     fclose(metrics);
     loom_err cerr;
     int crc = loom_summary_close(tb, &cerr);
