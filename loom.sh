@@ -19,7 +19,8 @@ PACKAGES=(meson ninja-build pkg-config gcc libc6-dev
           dataset-fashion-mnist)
 # The tests also make fixtures with python3 (the project itself never uses it).
 TEST_PACKAGES=(python3
-               clang libclang-rt-14-dev) # the fuzz suite: clang's libFuzzer and sanitizer runtimes
+               clang libclang-rt-14-dev # the fuzz suite: clang's libFuzzer and sanitizer runtimes
+               curl)                    # integration/status.sh scrapes the status endpoint with it
 # Where the CUDA toolkit is installed, nvcc compiles host code with g++
 # (the cuda plugin; its kernels' host-emulation test too).
 if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null; then PACKAGES+=(g++); fi

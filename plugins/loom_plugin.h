@@ -28,7 +28,7 @@
  * (appliance/tensor/device.h, restated below) with host->register_device.
  * Dataset sources (source.type) and transforms (map/filter `plugin =
  * "provider:function"`) are the data module's provider interfaces
- * (appliance/data/custom.h, restated below; Lua map/filter use the same). */
+ * (appliance/data/engine/custom.h, restated below; Lua map/filter use the same). */
 #ifndef LOOM_PLUGIN_H
 #define LOOM_PLUGIN_H
 
@@ -122,7 +122,7 @@ typedef struct loom_input_ctx {
 #endif
 
 #ifndef LOOM_DATA_CUSTOM_H
-/* ---- transforms and dataset sources (appliance/data/custom.h has more) ------ */
+/* ---- transforms and dataset sources (appliance/data/engine/custom.h has more) ------ */
 
 #define LOOM_CUSTOM_OPS_VERSION 1
 #define LOOM_SOURCE_OPS_VERSION 1

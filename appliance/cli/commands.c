@@ -21,6 +21,7 @@ typedef struct cli_opts {
     bool        fresh, print, quiet, verbose;
     const char *input, *output, *checkpoint;
     const char *task; /* --task ROLE:I */
+    char        status_set[48]; /* --status-port N, as "run.status_port=N" in sets */
 } cli_opts;
 
 typedef struct command {
@@ -36,7 +37,7 @@ typedef struct command {
 } command;
 
 enum { OPT_MODEL_DIR = 1, OPT_SET = 2, OPT_FRESH = 4, OPT_PRINT = 8, OPT_INPUT = 16, OPT_OUTPUT = 32,
-       OPT_CHECKPOINT = 64, OPT_TASK = 128 };
+       OPT_CHECKPOINT = 64, OPT_TASK = 128, OPT_STATUS_PORT = 256 };
 
 static void print_errlist(const loom_errlist *l)
 {
@@ -208,7 +209,7 @@ static int cmd_inspect(const cli_opts *o, double start, loom_err *err)
 static int exit_status(int code);
 
 /* `loom profile CONFIG [--steps N] [--set k=v ...]`: the training input
- * pipeline alone, then its per-stage report (data/profile.c). */
+ * pipeline alone, then its per-stage report (data/engine/profile.c). */
 static int cmd_profile_main(int argc, char **argv, double start)
 {
     (void)start;
@@ -280,6 +281,85 @@ static int cmd_profile_main(int argc, char **argv, double start)
     return exit_status(rc);
 }
 
+/* `loom export CONFIG --format onnx|npz --output FILE [--checkpoint FILE]
+ * [--model-dir DIR] [--include-preprocessing] [--set key.path=value ...]`. */
+static int cmd_export_main(int argc, char **argv, double start)
+{
+    (void)start;
+    cli_opts o = {0};
+    loom_export_opts eo = {.format = LOOM_EXPORT_ONNX};
+    const char *usage_line = "usage: loom export CONFIG --format onnx|npz --output FILE [--checkpoint FILE] "
+                             "[--model-dir DIR] [--include-preprocessing] [--set key.path=value ...]\n";
+    bool have_format = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("%s\n"
+                   "Writes the model of CONFIG with the weights of a checkpoint (the latest in the model\n"
+                   "directory unless --checkpoint) as:\n"
+                   "  onnx  an ONNX model (opset 17) with input \"input\" (batch, ...) and output \"output\"\n"
+                   "        (batch, classes): probabilities under softmax cross-entropy, as loom predict;\n"
+                   "        --include-preprocessing folds the eval pipeline's cast/scale/normalize maps of\n"
+                   "        the input in, so the input is the source's raw feature (e.g. uint8 pixels)\n"
+                   "  npz   one float32 array per variable, named as loom inspect names them\n",
+                   usage_line);
+            return LOOM_EXIT_OK;
+        } else if (!strcmp(a, "--include-preprocessing")) {
+            eo.include_preprocessing = true;
+        } else if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) {
+            loom_log_set_level(LOOM_LOG_WARN);
+        } else if ((!strcmp(a, "--format") || !strcmp(a, "--output") || !strcmp(a, "--checkpoint") ||
+                    !strcmp(a, "--model-dir") || !strcmp(a, "--set")) && i + 1 < argc) {
+            const char *v = argv[++i];
+            if (!strcmp(a, "--format")) {
+                if (strcmp(v, "onnx") && strcmp(v, "npz")) {
+                    fprintf(stderr, "loom export: unknown --format \"%s\" (expected one of: onnx, npz)\n", v);
+                    return LOOM_EXIT_USAGE;
+                }
+                eo.format = strcmp(v, "npz") ? LOOM_EXPORT_ONNX : LOOM_EXPORT_NPZ;
+                have_format = true;
+            } else if (!strcmp(a, "--output")) {
+                eo.output = v;
+            } else if (!strcmp(a, "--checkpoint")) {
+                eo.checkpoint = v;
+            } else if (!strcmp(a, "--model-dir")) {
+                eo.model_dir = v;
+            } else if (o.n_sets == MAX_SETS || !strchr(v, '=')) {
+                fprintf(stderr, "loom export: bad --set %s (key.path=value, at most %d)\n", v, MAX_SETS);
+                return LOOM_EXIT_USAGE;
+            } else {
+                o.sets[o.n_sets++] = v;
+            }
+        } else if (a[0] != '-' && !o.config) {
+            o.config = a;
+        } else {
+            fprintf(stderr, "loom export: unexpected argument \"%s\"\n%s", a, usage_line);
+            return LOOM_EXIT_USAGE;
+        }
+    }
+    if (!o.config || !eo.output || !have_format) {
+        fprintf(stderr, "loom export: missing %s\n%s", !o.config ? "CONFIG" : !have_format ? "--format" : "--output",
+                usage_line);
+        return LOOM_EXIT_USAGE;
+    }
+    if (eo.include_preprocessing && eo.format != LOOM_EXPORT_ONNX) {
+        fprintf(stderr, "loom export: --include-preprocessing applies to --format onnx only\n");
+        return LOOM_EXIT_USAGE;
+    }
+    int status = 0;
+    loom_spec *spec = load(&o, &status);
+    if (!spec) return status;
+    loom_err err = {0};
+    int rc = loom_export(spec, &eo, &err);
+    loom_config_free(spec);
+    if (rc) {
+        char buf[1200];
+        loom_err_format(&err, buf, sizeof buf);
+        fprintf(stderr, "loom: %s", buf);
+    }
+    return exit_status(rc);
+}
+
 /* `loom plugins [--config CONFIG] [--set key.path=value ...]`: loads the
  * plugins as a command reading CONFIG would, then lists them. */
 static int cmd_plugins_main(int argc, char **argv, double start)
@@ -332,8 +412,10 @@ static const command commands[] = {
      "<model_dir>/metrics.jsonl. If the model directory holds checkpoints, training\n"
      "resumes exactly where the latest one left off; --fresh starts over instead.\n"
      "Ctrl-C (or SIGTERM) saves a checkpoint and stops; run the command again to resume.\n"
-     "In a cluster, this process's task comes from --task, TF_CONFIG, Slurm or MPI (docs/cluster.md).\n",
-     cmd_train, OPT_MODEL_DIR | OPT_SET | OPT_FRESH | OPT_TASK, NULL},
+     "In a cluster, this process's task comes from --task, TF_CONFIG, Slurm or MPI (docs/cluster.md).\n"
+     "--status-port N (run.status_port) serves /metrics (Prometheus), /healthz and /status (JSON)\n"
+     "on run.status_bind (default 127.0.0.1) while training.\n",
+     cmd_train, OPT_MODEL_DIR | OPT_SET | OPT_FRESH | OPT_TASK | OPT_STATUS_PORT, NULL},
     {"evaluate", "evaluate the latest checkpoint on data.eval",
      "loom evaluate CONFIG [--model-dir DIR] [--checkpoint FILE] [--set key.path=value ...]",
      "Prints one JSON line with eval_loss and eval_accuracy on stdout.\n", cmd_evaluate,
@@ -365,6 +447,8 @@ static const command commands[] = {
      "loom devices", "", NULL, 0, loom_cli_devices_},
     {"profile", "run the training input pipeline alone and report each stage and the bottleneck",
      "loom profile CONFIG [--steps N] [--input-pipeline ID/N]", "", NULL, 0, cmd_profile_main},
+    {"export", "write a trained model as ONNX (for onnxruntime) or its variables as npz (numpy)",
+     "loom export CONFIG --format onnx|npz --output FILE", "", NULL, 0, cmd_export_main},
     {"launch", "start every task of a cluster on this machine and supervise them (--local)",
      "loom launch --local CONFIG [--workers N] [--ps N] [--evaluator] [--restarts K]", "", NULL, 0, loom_cli_launch_},
     /* hidden (no summary): the stand-in task of the launch tests */
@@ -401,6 +485,7 @@ static void command_help(const command *c)
     if (c->accepts & OPT_OUTPUT) printf("  --output FILE         where to write the CSV (- for stdout)\n");
     if (c->accepts & OPT_CHECKPOINT) printf("  --checkpoint FILE     use this checkpoint instead of the latest\n");
     if (c->accepts & OPT_TASK) printf("  --task ROLE:I         this process's task in the cluster, e.g. worker:1\n");
+    if (c->accepts & OPT_STATUS_PORT) printf("  --status-port N       HTTP status endpoint on port N (run.status_port)\n");
 }
 
 /* Returns the option's value: "--opt value" or "--opt=value". */
@@ -507,6 +592,22 @@ int loom_cli_main(int argc, char **argv, double start_time)
         } else if (is_opt(a, "--task")) {
             need = OPT_TASK;
             if ((v = opt_value(argc, argv, &i, "--task", &err))) o.task = v;
+        } else if (is_opt(a, "--status-port")) {
+            need = OPT_STATUS_PORT;
+            if ((v = opt_value(argc, argv, &i, "--status-port", &err))) {
+                char *end;
+                long port = strtol(v, &end, 10);
+                if (!*v || *end || port < 1 || port > 65535) {
+                    fprintf(stderr, "loom %s: --status-port expects a port in [1, 65535], got \"%s\"\n", cmd->name, v);
+                    return LOOM_EXIT_USAGE;
+                }
+                if (o.n_sets == MAX_SETS) {
+                    fprintf(stderr, "loom: too many --set options (at most %d)\n", MAX_SETS);
+                    return LOOM_EXIT_USAGE;
+                }
+                snprintf(o.status_set, sizeof o.status_set, "run.status_port=%ld", port);
+                o.sets[o.n_sets++] = o.status_set;
+            }
         } else if (is_opt(a, "--checkpoint")) {
             need = OPT_CHECKPOINT;
             if ((v = opt_value(argc, argv, &i, "--checkpoint", &err))) o.checkpoint = v;

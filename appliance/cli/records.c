@@ -1,5 +1,6 @@
-/* records.c - `loom records convert|count|verify|head`: writes IDX or CSV data
- * as sharded TFRecord files of tf.train.Examples, and counts, verifies and
+/* records.c - `loom records convert|count|verify|head`: the command line of
+ * the conversion of IDX or CSV data into sharded TFRecord files of
+ * tf.train.Examples (data/format/convert.c does it), and counts, verifies and
  * shows TFRecord files (compression detected from each file's leading bytes).
  * Part of the cli module, so it prints: results on stdout, errors on stderr
  * ("loom: where: what"), and returns the exit status: 0 ok, 1 runtime failure
@@ -7,16 +8,13 @@
 #include "cli.h"
 
 #include <errno.h>
-#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#define MAX_SHARDS 99999 /* TF's shard names have 5 digits */
+#define MAX_SHARDS LOOM_MAX_SHARDS
 #define HEAD_VALUES 8    /* values shown per feature by `head` */
 #define HEAD_HEX 16      /* leading bytes shown of a binary string */
 #define HEAD_TEXT 48     /* leading characters shown of a printable string */
@@ -285,31 +283,7 @@ int loom_cli_records_(int argc, char **argv, double start_time)
     return status;
 }
 
-/* ---- convert: shards -------------------------------------------------------- */
-
-/* Writes `total` records into `shards` files, contiguously. Shards are
- * committed (renamed) one at a time; sharder_abort removes them again. */
-typedef struct sharder {
-    const char          *prefix, *ext;
-    loom_compression     comp;
-    int                  shards, cur;   /* cur: shard open in w, -1 before the first */
-    int64_t              total, written;
-    loom_tfrecord_writer *w;
-    char               (*path)[LOOM_PATH_MAX];
-    int64_t             *records;       /* per shard */
-    int64_t             *bytes;         /* per shard, the file's size once committed */
-    int                  committed;     /* shards 0..committed-1 are in place */
-} sharder;
-
-static const char *comp_ext(loom_compression c)
-{
-    switch (c) {
-    case LOOM_COMP_GZIP: return ".tfrecord.gz";
-    case LOOM_COMP_ZLIB: return ".tfrecord.zz";
-    case LOOM_COMP_ZSTD: return ".tfrecord.zst";
-    default: return ".tfrecord";
-    }
-}
+/* ---- convert (the work is data/format/convert.c's) --------------------------- */
 
 static const char *comp_lower(loom_compression c)
 {
@@ -321,506 +295,26 @@ static const char *comp_lower(loom_compression c)
     }
 }
 
-static int sharder_init(sharder *s, const rec_opts *o, loom_err *err)
+/* The columns a CSV conversion found, as pass 1 saw them. */
+static void print_columns(const rec_opts *o, const loom_convert_result *r)
 {
-    memset(s, 0, sizeof *s);
-    s->prefix = o->output;
-    s->ext = comp_ext(o->comp);
-    s->comp = o->comp;
-    s->shards = (int)o->shards;
-    s->cur = -1;
-    s->path = loom_calloc((size_t)s->shards, sizeof *s->path);
-    s->records = loom_calloc((size_t)s->shards, sizeof *s->records);
-    s->bytes = loom_calloc((size_t)s->shards, sizeof *s->bytes);
-    if (!s->path || !s->records || !s->bytes) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate %d shard names", s->shards);
-    for (int i = 0; i < s->shards; i++) {
-        int k = snprintf(s->path[i], LOOM_PATH_MAX, "%s-%05d-of-%05d%s", s->prefix, i, s->shards, s->ext);
-        if (k < 0 || k >= LOOM_PATH_MAX - 8) /* room for ".tmp" */
-            return loom_err_set(err, LOOM_EUSAGE, NULL, "--output \"%s\": the shard names would be too long (limit %d bytes)",
-                                s->prefix, LOOM_PATH_MAX - 8);
-    }
-    return LOOM_OK;
-}
-
-static void sharder_fini(sharder *s)
-{
-    loom_tfrecord_writer_abort(s->w);
-    s->w = NULL;
-    loom_free(s->path);
-    loom_free(s->records);
-    loom_free(s->bytes);
-}
-
-/* Commits the open shard and records its size. */
-static int sharder_commit(sharder *s, loom_err *err)
-{
-    loom_tfrecord_writer *w = s->w;
-    s->w = NULL;
-    int rc = loom_tfrecord_writer_close(w, err);
-    if (rc) return rc;
-    s->committed = s->cur + 1;
-    struct stat st;
-    s->bytes[s->cur] = stat(s->path[s->cur], &st) == 0 ? (int64_t)st.st_size : 0;
-    return LOOM_OK;
-}
-
-/* Moves on until the open shard is the one record `written` belongs in
- * (all shards when written == total), committing the ones passed. */
-static int sharder_advance(sharder *s, loom_err *err)
-{
-    for (;;) {
-        if (s->cur >= 0 && s->written < s->total * (s->cur + 1) / s->shards) return LOOM_OK;
-        if (s->w) {
-            int rc = sharder_commit(s, err);
-            if (rc) return rc;
-        }
-        if (s->cur + 1 >= s->shards) return LOOM_OK;
-        if (s->cur < 0) { /* the first shard: create PREFIX's directory, as train creates the model dir */
-            char dir[LOOM_PATH_MAX];
-            snprintf(dir, sizeof dir, "%s", s->path[0]);
-            char *slash = strrchr(dir, '/');
-            if (slash && slash != dir) {
-                *slash = 0;
-                int rc = loom_mkdirs(dir, err);
-                if (rc) return rc;
-            }
-        }
-        s->cur++;
-        int rc = loom_tfrecord_writer_open(&s->w, s->path[s->cur], s->comp, err);
-        if (rc) return rc;
-    }
-}
-
-static int sharder_put(sharder *s, const uint8_t *data, size_t len, loom_err *err)
-{
-    int rc = sharder_advance(s, err);
-    if (rc) return rc;
-    LOOM_ASSERT(s->w && s->written < s->total);
-    if ((rc = loom_tfrecord_writer_write(s->w, data, len, err))) return rc;
-    s->records[s->cur]++;
-    s->written++;
-    return LOOM_OK;
-}
-
-/* Commits the remaining shards (empty ones too). */
-static int sharder_finish(sharder *s, loom_err *err)
-{
-    LOOM_ASSERT(s->written == s->total);
-    return sharder_advance(s, err);
-}
-
-/* Removes the open shard's .tmp and the shards this run committed. */
-static void sharder_abort(sharder *s)
-{
-    loom_tfrecord_writer_abort(s->w);
-    s->w = NULL;
-    for (int i = 0; i < s->committed; i++) unlink(s->path[i]);
-    s->committed = 0;
-}
-
-static void sharder_summary(const sharder *s, double seconds)
-{
-    int64_t bytes = 0;
-    for (int i = 0; i < s->shards; i++) {
-        printf("%s: %lld records, %lld bytes\n", s->path[i], (long long)s->records[i], (long long)s->bytes[i]);
-        bytes += s->bytes[i];
-    }
-    printf("converted %lld records into %d %s shard%s, %lld bytes, in %.2f s\n", (long long)s->total, s->shards,
-           s->comp == LOOM_COMP_NONE ? "uncompressed" : comp_lower(s->comp), s->shards == 1 ? "" : "s", (long long)bytes, seconds);
-}
-
-/* ---- convert: IDX ------------------------------------------------------------ */
-
-static bool host_is_little_endian(void)
-{
-    const uint16_t one = 1;
-    uint8_t b;
-    memcpy(&b, &one, 1);
-    return b == 1;
-}
-
-static int convert_idx(const rec_opts *o, sharder *sh, loom_err *err)
-{
-    loom_tensor img = {0}, lab = {0};
-    loom_example_builder b;
-    loom_example_builder_init(&b);
-    int64_t *lv = NULL;
-    uint8_t *swap = NULL;
-    int rc = loom_idx_load(o->images, &img, err);
-    if (!rc) rc = loom_idx_load(o->labels, &lab, err);
-    if (rc) goto done;
-    int64_t n = img.shape.dim[0];
-    if (lab.shape.dim[0] != n) {
-        rc = loom_err_set(err, LOOM_EDATA, o->labels, "holds %lld labels but %s holds %lld images", (long long)lab.shape.dim[0],
-                          o->images, (long long)n);
-        goto done;
-    }
-    size_t item_bytes = n ? loom_tensor_nbytes(&img) / (size_t)n : 0;
-    int64_t per = n ? loom_shape_numel(&lab.shape) / n : 0;
-    size_t esz = loom_dtype_size(img.dtype);
-    bool need_swap = esz > 1 && !host_is_little_endian();
-    lv = loom_alloc((size_t)(per ? per : 1) * sizeof *lv);
-    swap = need_swap ? loom_alloc(item_bytes ? item_bytes : 1) : NULL;
-    if (!lv || (need_swap && !swap)) {
-        rc = loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate a record buffer");
-        goto done;
-    }
-    bool float_labels = lab.dtype == LOOM_F32 || lab.dtype == LOOM_F64;
-    sh->total = n;
-    for (int64_t i = 0; i < n; i++) {
-        for (int64_t j = 0; j < per; j++) {
-            double v = loom_tensor_get(&lab, i * per + j);
-            if (float_labels && (!(v == floor(v)) || fabs(v) > 9.0e18)) {
-                rc = loom_err_set(err, LOOM_EDATA, o->labels, "label of item %lld is %g, not an integer", (long long)i, v);
-                goto done;
-            }
-            lv[j] = (int64_t)v;
-        }
-        const uint8_t *item = (const uint8_t *)img.data + (size_t)i * item_bytes;
-        if (need_swap) { /* tf.io.decode_raw reads little-endian by default */
-            for (size_t e = 0; e < item_bytes; e += esz)
-                for (size_t k = 0; k < esz; k++) swap[e + k] = item[e + esz - 1 - k];
-            item = swap;
-        }
-        loom_bytes_view view = {item, item_bytes};
-        loom_example_builder_reset(&b);
-        loom_example_add_bytes(&b, "image", &view, 1);
-        loom_example_add_int64s(&b, "label", lv, per);
-        const uint8_t *data;
-        size_t len;
-        if ((rc = loom_example_finish(&b, &data, &len, err))) goto done;
-        if ((rc = sharder_put(sh, data, len, err))) goto done;
-    }
-    rc = sharder_finish(sh, err);
-done:
-    loom_free(lv);
-    loom_free(swap);
-    loom_example_builder_fini(&b);
-    loom_tensor_fini(&img);
-    loom_tensor_fini(&lab);
-    return rc;
-}
-
-/* ---- convert: CSV (RFC 4180) ---------------------------------------------------- */
-
-typedef struct csv_reader {
-    const char *path;
-    const char *text, *p, *end;
-    int64_t     line;      /* 1-based line of p */
-    int64_t     row_line;  /* line where the current row starts */
-    char       *buf;       /* the current row's fields, each NUL-terminated */
-    size_t      len, cap;
-    size_t     *off, *flen; /* per field: offset into buf and length (fields may hold NULs) */
-    int         nf, fcap;
-} csv_reader;
-
-
-static void csv_rewind(csv_reader *c)
-{
-    c->p = c->text;
-    c->line = 1;
-    if (c->end - c->p >= 3 && !memcmp(c->p, "\xef\xbb\xbf", 3)) c->p += 3; /* UTF-8 byte order mark */
-}
-
-static void csv_init(csv_reader *c, const char *path, const uint8_t *text, size_t len)
-{
-    memset(c, 0, sizeof *c);
-    c->path = path;
-    c->text = (const char *)text;
-    c->end = c->text + len;
-    csv_rewind(c);
-}
-
-static void csv_fini(csv_reader *c)
-{
-    loom_free(c->buf);
-    loom_free(c->off);
-    loom_free(c->flen);
-}
-
-static int csv_err(const csv_reader *c, int64_t line, int code, loom_err *err, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static int csv_err(const csv_reader *c, int64_t line, int code, loom_err *err, const char *fmt, ...)
-{
-    char where[LOOM_PATH_MAX + 32], msg[512];
-    snprintf(where, sizeof where, "%s:%lld", c->path, (long long)line);
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return loom_err_set(err, code, where, "%s", msg);
-}
-
-static int csv_putc(csv_reader *c, char ch, loom_err *err)
-{
-    if (c->len == c->cap) {
-        size_t cap = c->cap ? c->cap * 2 : 256;
-        char *nb = loom_realloc(c->buf, cap);
-        if (!nb) return loom_err_set(err, LOOM_ENOMEM, c->path, "cannot allocate %zu bytes for a CSV row", cap);
-        c->buf = nb;
-        c->cap = cap;
-    }
-    c->buf[c->len++] = ch;
-    return LOOM_OK;
-}
-
-/* At a line break ("\n", "\r\n", or a "\r" ending the file) or the end. */
-static bool csv_at_eol(const csv_reader *c)
-{
-    return c->p == c->end || *c->p == '\n' || (*c->p == '\r' && (c->p + 1 == c->end || c->p[1] == '\n'));
-}
-
-/* Reads the next row into buf/off/flen/nf; LOOM_EEOF when none is left.
- * Blank lines are skipped. */
-static int csv_row(csv_reader *c, loom_err *err)
-{
-    c->len = 0;
-    c->nf = 0;
-    for (;;) {
-        if (c->p == c->end) return LOOM_EEOF;
-        if (!csv_at_eol(c)) break;
-        c->p += *c->p == '\r' ? 1 : 0;
-        if (c->p < c->end) c->p++;
-        c->line++;
-    }
-    c->row_line = c->line;
-    for (;;) { /* one field per iteration */
-        if (c->nf == c->fcap) {
-            int cap = c->fcap ? c->fcap * 2 : 16;
-            size_t *o = loom_realloc(c->off, (size_t)cap * sizeof *o);
-            if (o) c->off = o;
-            size_t *l = o ? loom_realloc(c->flen, (size_t)cap * sizeof *l) : NULL;
-            if (!l) return loom_err_set(err, LOOM_ENOMEM, c->path, "cannot allocate %d CSV fields", cap);
-            c->flen = l;
-            c->fcap = cap;
-        }
-        c->off[c->nf] = c->len;
-        int rc;
-        if (c->p < c->end && *c->p == '"') {
-            int64_t start = c->line;
-            c->p++;
-            for (;;) {
-                if (c->p == c->end)
-                    return csv_err(c, start, LOOM_EDATA, err, "unterminated quoted field (its closing \" is missing)");
-                char ch = *c->p++;
-                if (ch == '"') {
-                    if (c->p == c->end || *c->p != '"') break;
-                    c->p++; /* "" is one quote */
-                }
-                if (ch == '\n') c->line++;
-                if ((rc = csv_putc(c, ch, err))) return rc;
-            }
-            if (!csv_at_eol(c) && *c->p != ',')
-                return csv_err(c, c->line, LOOM_EDATA, err,
-                               "unexpected '%c' after the closing quote of a field (a quote inside a quoted field is written \"\")",
-                               *c->p);
-        } else {
-            while (!csv_at_eol(c) && *c->p != ',')
-                if ((rc = csv_putc(c, *c->p++, err))) return rc;
-        }
-        c->flen[c->nf] = c->len - c->off[c->nf];
-        if ((rc = csv_putc(c, 0, err))) return rc;
-        c->nf++;
-        if (c->p < c->end && *c->p == ',') {
-            c->p++;
-            continue;
-        }
-        if (c->p < c->end) { /* the line break */
-            if (*c->p == '\r') c->p++;
-            if (c->p < c->end && *c->p == '\n') c->p++;
-            c->line++;
-        }
-        return LOOM_OK;
-    }
-}
-
-static const char *skip_blanks(const char *s)
-{
-    while (*s == ' ' || *s == '\t') s++;
-    return s;
-}
-
-/* A decimal integer that fits int64 (blanks around it allowed). */
-static bool csv_int(const char *s, int64_t *out)
-{
-    s = skip_blanks(s);
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *skip_blanks(end)) return false;
-    *out = v;
-    return true;
-}
-
-/* A finite decimal number within float range; not "nan", "inf" or hex. */
-static bool csv_num(const char *s, double *out)
-{
-    s = skip_blanks(s);
-    char c0 = s[0] == '+' || s[0] == '-' ? s[1] : s[0];
-    if (!((c0 >= '0' && c0 <= '9') || c0 == '.') || strpbrk(s, "xX")) return false;
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || *skip_blanks(end) || !isfinite(v) || fabs(v) > 3.4028234663852886e38) return false;
-    *out = v;
-    return true;
-}
-
-typedef struct csv_col {
-    char             *name;     /* the feature's name (owned) */
-    bool              all_int, all_num;
-    int64_t           nonempty; /* non-empty values seen */
-    loom_feature_kind kind;
-} csv_col;
-
-static int convert_csv(const rec_opts *o, sharder *sh, loom_err *err)
-{
-    uint8_t *text = NULL;
-    size_t len = 0;
-    int rc = loom_read_file(o->csv, &text, &len, err);
-    if (rc) return rc;
-    csv_reader c;
-    csv_init(&c, o->csv, text, len);
-    loom_example_builder b;
-    loom_example_builder_init(&b);
-    csv_col *cols = NULL;
-    int ncols = 0, label = -1;
-
-    /* Pass 1: the header, then every row, to infer each column's kind. */
-    rc = csv_row(&c, err);
-    if (rc == LOOM_EEOF) rc = loom_err_set(err, LOOM_EDATA, o->csv, "empty CSV file: a header row naming the columns is required");
-    if (rc) goto done;
-    ncols = c.nf;
-    if (!(cols = loom_calloc((size_t)ncols, sizeof *cols))) {
-        rc = loom_err_set(err, LOOM_ENOMEM, o->csv, "cannot allocate %d columns", ncols);
-        goto done;
-    }
-    for (int j = 0; j < ncols; j++) {
-        const char *name = c.buf + c.off[j];
-        if (c.flen[j] == 0 || strlen(name) != c.flen[j]) {
-            rc = csv_err(&c, c.row_line, LOOM_EDATA, err, "column %d of the header has %s name (the first row must name every column)",
-                         j + 1, c.flen[j] ? "a NUL byte in its" : "an empty");
-            goto done;
-        }
-        for (int k = 0; k < j; k++)
-            if (!strcmp(cols[k].name, name)) {
-                rc = csv_err(&c, c.row_line, LOOM_EDATA, err, "column \"%s\" appears twice in the header (columns %d and %d)", name,
-                             k + 1, j + 1);
-                goto done;
-            }
-        if (!(cols[j].name = loom_strdup(name))) {
-            rc = loom_err_set(err, LOOM_ENOMEM, o->csv, "cannot allocate a column name");
-            goto done;
-        }
-        cols[j].all_int = cols[j].all_num = true;
-        if (o->label_column && !strcmp(name, o->label_column)) label = j;
-    }
-    if (o->label_column) {
-        if (label < 0) {
-            char list[400];
-            size_t k = 0;
-            for (int j = 0; j < ncols && k < sizeof list - 8; j++)
-                k += (size_t)snprintf(list + k, sizeof list - k, "%s%s", j ? ", " : "", cols[j].name);
-            if (k >= sizeof list - 8) snprintf(list + sizeof list - 8, 8, ", ...");
-            rc = loom_err_set(err, LOOM_EUSAGE, o->csv, "--label-column \"%s\": no such column (columns: %s)", o->label_column, list);
-            goto done;
-        }
-        for (int j = 0; j < ncols; j++)
-            if (j != label && !strcmp(cols[j].name, "label")) {
-                rc = loom_err_set(err, LOOM_EUSAGE, o->csv, "--label-column \"%s\" would be stored as the feature \"label\", "
-                                  "but column %d is already named \"label\"", o->label_column, j + 1);
-                loom_err_hint(err, "omit --label-column to keep every column's own name");
-                goto done;
-            }
-    }
-    int64_t rows = 0;
-    while ((rc = csv_row(&c, err)) == LOOM_OK) {
-        if (c.nf != ncols) {
-            rc = csv_err(&c, c.row_line, LOOM_EDATA, err, "row has %d field%s but the header has %d columns", c.nf,
-                         c.nf == 1 ? "" : "s", ncols);
-            goto done;
-        }
-        for (int j = 0; j < ncols; j++) {
-            const char *f = c.buf + c.off[j];
-            size_t fl = c.flen[j];
-            if (fl == 0) {
-                if (j == label) {
-                    rc = csv_err(&c, c.row_line, LOOM_EDATA, err, "empty label (column \"%s\")", o->label_column);
-                    goto done;
-                }
-                continue;
-            }
-            bool nul = strlen(f) != fl;
-            int64_t iv;
-            double dv;
-            cols[j].nonempty++;
-            if (cols[j].all_int && (nul || !csv_int(f, &iv))) cols[j].all_int = false;
-            if (cols[j].all_num && !cols[j].all_int && (nul || !csv_num(f, &dv))) cols[j].all_num = false;
-            if (j == label && !cols[j].all_num) {
-                rc = csv_err(&c, c.row_line, LOOM_EDATA, err, "label \"%.64s\" (column \"%s\") is not a number", f, o->label_column);
-                goto done;
-            }
-        }
-        rows++;
-    }
-    if (rc != LOOM_EEOF) goto done;
-    printf("%s: %lld rows; features:", o->csv, (long long)rows);
-    for (int j = 0; j < ncols; j++) {
-        cols[j].kind = !cols[j].nonempty ? LOOM_FEATURE_BYTES
-                       : cols[j].all_int ? LOOM_FEATURE_INT64
-                       : cols[j].all_num ? LOOM_FEATURE_FLOAT
-                                         : LOOM_FEATURE_BYTES;
-        if (j == label) {
-            loom_free(cols[j].name);
-            if (!(cols[j].name = loom_strdup("label"))) {
-                rc = loom_err_set(err, LOOM_ENOMEM, o->csv, "cannot allocate a column name");
-                goto done;
-            }
-        }
-        printf("%s %s %s", j ? "," : "", cols[j].name, loom_feature_kind_name(cols[j].kind));
-        if (j == label) printf(" (from column \"%s\")", o->label_column);
+    printf("%s: %lld rows; features:", o->csv, (long long)r->rows);
+    for (int j = 0; j < r->ncols; j++) {
+        printf("%s %s %s", j ? "," : "", r->col_name[j], loom_feature_kind_name(r->col_kind[j]));
+        if (j == r->label) printf(" (from column \"%s\")", o->label_column);
     }
     printf("\n");
+}
 
-    /* Pass 2: one Example per row. */
-    sh->total = rows;
-    csv_rewind(&c);
-    if ((rc = csv_row(&c, err))) goto done; /* the header */
-    while ((rc = csv_row(&c, err)) == LOOM_OK) {
-        loom_example_builder_reset(&b);
-        for (int j = 0; j < ncols; j++) {
-            const char *f = c.buf + c.off[j];
-            size_t fl = c.flen[j];
-            int64_t iv;
-            double dv;
-            float fv;
-            loom_bytes_view view = {(const uint8_t *)f, fl};
-            switch (cols[j].kind) {
-            case LOOM_FEATURE_INT64:
-                if (fl && !csv_int(f, &iv)) LOOM_ASSERT(!"integer column changed between passes");
-                loom_example_add_int64s(&b, cols[j].name, &iv, fl ? 1 : 0);
-                break;
-            case LOOM_FEATURE_FLOAT:
-                if (fl && !csv_num(f, &dv)) LOOM_ASSERT(!"number column changed between passes");
-                fv = fl ? (float)dv : 0.0f;
-                loom_example_add_floats(&b, cols[j].name, &fv, fl ? 1 : 0);
-                break;
-            default: loom_example_add_bytes(&b, cols[j].name, &view, 1); break;
-            }
-        }
-        const uint8_t *data;
-        size_t n;
-        if ((rc = loom_example_finish(&b, &data, &n, err))) goto done;
-        if ((rc = sharder_put(sh, data, n, err))) goto done;
+static void print_summary(const loom_convert_result *r, loom_compression comp, double seconds)
+{
+    int64_t bytes = 0;
+    for (int i = 0; i < r->shards; i++) {
+        printf("%s: %lld records, %lld bytes\n", r->path[i], (long long)r->records[i], (long long)r->bytes[i]);
+        bytes += r->bytes[i];
     }
-    if (rc != LOOM_EEOF) goto done;
-    rc = sharder_finish(sh, err);
-done:
-    for (int j = 0; cols && j < ncols; j++) loom_free(cols[j].name);
-    loom_free(cols);
-    loom_example_builder_fini(&b);
-    csv_fini(&c);
-    loom_free(text);
-    return rc;
+    printf("converted %lld records into %d %s shard%s, %lld bytes, in %.2f s\n", (long long)r->total, r->shards,
+           comp == LOOM_COMP_NONE ? "uncompressed" : comp_lower(comp), r->shards == 1 ? "" : "s", (long long)bytes, seconds);
 }
 
 static int run_convert(const rec_opts *o)
@@ -836,17 +330,14 @@ static int run_convert(const rec_opts *o)
                            o->output);
     double t0 = loom_now();
     loom_err err = {0};
-    sharder sh;
-    int rc = sharder_init(&sh, o, &err);
-    if (!rc) rc = o->csv ? convert_csv(o, &sh, &err) : convert_idx(o, &sh, &err);
-    if (rc) {
-        sharder_abort(&sh);
-        sharder_fini(&sh);
-        return report(&err);
-    }
-    sharder_summary(&sh, loom_now() - t0);
-    sharder_fini(&sh);
-    return LOOM_EXIT_OK;
+    loom_convert_opts co = {.images = o->images, .labels = o->labels, .csv = o->csv, .label_column = o->label_column,
+                            .output = o->output, .shards = (int)o->shards, .comp = o->comp};
+    loom_convert_result res;
+    int rc = loom_records_convert(&co, &res, &err);
+    if (res.ncols) print_columns(o, &res);
+    if (!rc) print_summary(&res, o->comp, loom_now() - t0);
+    loom_convert_result_fini(&res);
+    return rc ? report(&err) : LOOM_EXIT_OK;
 }
 
 /* ---- count, verify ---------------------------------------------------------- */

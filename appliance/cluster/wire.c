@@ -46,6 +46,8 @@ long loom_net_frame_decode_(const uint8_t *p, size_t avail, uint32_t max_len, lo
             return loom_err_set(err, LOOM_ENET, NULL, "frame version %u, this loom speaks %d", v, LOOM_NET_VERSION),
                    -1;
     }
+    if (avail >= 8 && (p[6] || p[7])) /* reserved: a frame is only ever read as it was written */
+        return loom_err_set(err, LOOM_ENET, NULL, "frame with reserved header bytes set (%02x %02x)", p[6], p[7]), -1;
     if (avail < LOOM_NET_HDR) {
         if (need) *need = LOOM_NET_HDR;
         return 0;

@@ -122,7 +122,7 @@ typedef struct loom_source_spec {
     loom_tfr_compression compression;   /* default auto: detected per file from its leading bytes */
     loom_tfr_on_corrupt  on_corrupt;    /* default error */
     bool                 shuffle_files; /* shuffle the file order each epoch, keyed by (run seed, epoch) */
-    /* Not a config key: FILE auto-sharding (data/distribute_input.c) sets them
+    /* Not a config key: FILE auto-sharding (data/engine/distribute_input.c) sets them
      * on the pipeline's copy of the spec, and every file-list source then keeps
      * file i of its sorted list only when i % file_shards == file_shard.
      * 0 (the loaded value) = all files. */
@@ -169,7 +169,7 @@ typedef enum {
     LOOM_MAP_RANDOM_CROP, /* random_crop: (H, W[, C]) -> (h, w[, C]) at uniform offsets; unbatched only */
     LOOM_MAP_STANDARDIZE, /* per_image_standardization: (x - mean) / max(std, 1/sqrt(N)), float32; unbatched only */
     LOOM_MAP_SLEEP,       /* sleep: ms per element, values unchanged; for benchmarks and autotune tests */
-    LOOM_MAP_LUA,         /* lua (or plugin): a custom function maps the whole element (data/custom.h); fn may be omitted */
+    LOOM_MAP_LUA,         /* lua (or plugin): a custom function maps the whole element (data/engine/custom.h); fn may be omitted */
 } loom_map_kind;
 
 typedef struct loom_map_spec {
@@ -422,6 +422,9 @@ typedef struct loom_run_spec {
     int64_t       max_steps;        /* 0 = unset: train for `epochs` */
     uint64_t      seed;             /* default 42 */
     int64_t       checkpoint_steps; /* 0 = only at epoch ends and at the end */
+    double        checkpoint_secs;  /* also when this many seconds passed since the last one; 0 = off */
+    int64_t       summary_steps;    /* TensorBoard scalars every N steps; 0 = no event files; default 100 */
+    int64_t       histogram_epochs; /* histograms of every variable every N epochs; 0 = off (default) */
     int           keep_checkpoints; /* default 5 */
     int64_t       log_steps;        /* default 100 */
     int           threads;          /* compute threads; 0 = all cores */
@@ -429,6 +432,8 @@ typedef struct loom_run_spec {
     int64_t       eval_steps;       /* evaluate at most this many batches; 0 = the whole eval set */
     bool          eval_each_epoch;  /* default true when data.eval is present */
     loom_progress progress;
+    int           status_port;      /* HTTP status endpoint (/metrics, /healthz, /status); 0 = off */
+    char          status_bind[64];  /* its address, an IPv4 or IPv6 literal; default "127.0.0.1" */
 } loom_run_spec;
 
 /* ---- hooks (Lua) --------------------------------------------------------- */

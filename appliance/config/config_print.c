@@ -651,6 +651,9 @@ void loom_config_print(const loom_spec *s, FILE *f)
     kv_i64(f, 1, "max_steps", r->max_steps);
     kv_i64(f, 1, "seed", (int64_t)r->seed);
     kv_i64(f, 1, "checkpoint_steps", r->checkpoint_steps);
+    kv_f64(f, 1, "checkpoint_secs", r->checkpoint_secs);
+    kv_i64(f, 1, "summary_steps", r->summary_steps);
+    kv_i64(f, 1, "histogram_epochs", r->histogram_epochs);
     kv_i64(f, 1, "keep_checkpoints", r->keep_checkpoints);
     kv_i64(f, 1, "log_steps", r->log_steps);
     kv_i64(f, 1, "threads", r->threads);
@@ -658,6 +661,8 @@ void loom_config_print(const loom_spec *s, FILE *f)
     kv_i64(f, 1, "eval_steps", r->eval_steps);
     kv_bool(f, 1, "eval_each_epoch", r->eval_each_epoch);
     kv_str(f, 1, "progress", loom_cfg_name_(loom_progress_names_, (int)r->progress));
+    kv_i64(f, 1, "status_port", r->status_port);
+    kv_str(f, 1, "status_bind", r->status_bind);
     fputs("};\n", f);
     print_plugins(f, &s->plugins);
     if (s->hooks.present) print_hooks(f, &s->hooks);

@@ -155,7 +155,7 @@ int loom_catalog_resolve(const char *name, const char *split, char images[LOOM_P
  * *out is zeroed on failure; free with loom_tensor_fini. */
 int loom_idx_load(const char *path, loom_tensor *out, loom_err *err);
 
-#include "data/records.h"
-#include "data/custom.h"
+#include "data/format/records.h"
+#include "data/engine/custom.h"
 
 #endif

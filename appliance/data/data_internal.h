@@ -23,7 +23,7 @@ typedef struct dstage_ops {
     /* (optional) next() writing the element into dst's buffers (views sized for
      * the stage's max shapes), setting dst's shapes: saves a copy downstream */
     int  (*next_into)(dstage *s, loom_elem *dst, loom_err *err);
-    void (*tune)(dstage *s, dtuner *t);                          /* (optional) registers "auto" knobs (autotune.c) */
+    void (*tune)(dstage *s, dtuner *t);                          /* (optional) registers "auto" knobs (engine/autotune.c) */
     /* (optional) random access: element `index` (0 <= index < card, card known
      * and finite), exactly as next() yields it at that position in every pass
      * (only stages whose passes are all alike offer it); lent like next()'s
@@ -80,7 +80,7 @@ bool dcursor_load_(loom_buf *b, int64_t *epoch, int64_t *pos);
 /* CLOCK_MONOTONIC in nanoseconds, for the stats timers. */
 int64_t dnow_ns_(void);
 
-/* ---- element slot pools (elem.c) ---------------------------------------- */
+/* ---- element slot pools (engine/elem.c) ---------------------------------------- */
 
 /* cap slots, each able to hold one element of the pool's max shapes; stored
  * per feature as one contiguous array so a copy is a memcpy per feature. */
@@ -120,7 +120,7 @@ int skip_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, l
  * does not fit is LOOM_ECONFIG naming the transform). */
 int prefetch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, int threaded, int64_t ram_left,
                    loom_err *err);
-/* transforms_more.c; cache takes the source spec for its file fingerprint. */
+/* transform/transforms_more.c; cache takes the source spec for its file fingerprint. */
 int filter_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
 int shard_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
 int enumerate_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
@@ -132,7 +132,7 @@ int padded_batch_open_(dstage **out, dstage *in, int id, const loom_transform_sp
 int cache_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, const loom_source_spec *src,
                 int64_t ram_left, int64_t ram, loom_err *err);
 
-/* ---- parallel map (parmap.c) ------------------------------------------------
+/* ---- parallel map (engine/parmap.c) ------------------------------------------------
  * One worker pool per pipeline, shared by every parallel map (no thread per
  * element or per batch). A task runs fn(arg) on a worker; tasks must not
  * block on each other. With 0 threads, submit runs the task inline. */
@@ -175,7 +175,7 @@ int parmap_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t,
                  const loom_data_ctx *ctx, dpool **pool, int64_t ram_left, loom_err *err);
 
 
-/* ---- custom maps and filters (custom.c) -------------------------------------
+/* ---- custom maps and filters (engine/custom.c) -------------------------------------
  * Through a provider registered by name (custom.h): map_open_ hands a
  * LOOM_MAP_LUA map to custom_map_open_, and map_apply_ & co. to the custom_*
  * functions below for such a stage. A custom map maps the whole element: its
@@ -190,11 +190,11 @@ int    custom_apply_(const dstage *st, loom_elem *e, uint8_t *buf, int64_t epoch
 size_t custom_scratch_(const dstage *st);
 size_t custom_offset_(const dstage *st, int f, size_t *cap);
 
-/* A source from a provider in the registry (source_plugin.c): src->plugin
+/* A source from a provider in the registry (source/plugin.c): src->plugin
  * names it; an unknown name is LOOM_ECONFIG listing the registered ones. */
 int plugin_source_open_(dstage **out, const loom_source_spec *src, const loom_data_ctx *ctx, loom_err *err);
 
-/* ---- file-list sources (source_files.c) ------------------------------------ */
+/* ---- file-list sources (source/files.c) ------------------------------------ */
 
 /* Expands src's patterns (each must still match a regular file) into *files,
  * sorted and unique, *n of them; what ("tfrecord", "csv") names the list in
@@ -213,9 +213,12 @@ typedef struct src_file {
     size_t   len, pos; /* valid bytes in buf, next byte */
     uint64_t offset;   /* file offset of buf[pos] */
     int      error;    /* errno of a failed read, sticky */
+    bool     mem;      /* reads borrowed bytes (src_file_mem_), not a file */
 } src_file;
 /* Opens path positioned at byte offset (an offset past the end is LOOM_ECHECKPOINT). */
 int  src_file_open_(src_file *r, const char *path, uint64_t offset, loom_err *err);
+/* Reads the n bytes at data (borrowed, not copied) as if they were a file. */
+void src_file_mem_(src_file *r, const uint8_t *data, size_t n);
 void src_file_close_(src_file *r);                /* closes; a closed reader is a no-op */
 int  src_file_refill_(src_file *r);               /* 1: bytes available, 0: end of file or error (see error) */
 static inline int src_file_peek_(src_file *r) { return r->pos < r->len || src_file_refill_(r) ? r->buf[r->pos] : -1; }
@@ -261,7 +264,7 @@ int  src_cursor_restore_(src_cursor *c, loom_buf *b, const char *what, int64_t m
                          src_cursor_open_fn open, loom_err *err);
 void src_cursor_fini_(src_cursor *c); /* closes the file, frees the list */
 
-/* ---- CSV records (source_csv.c; also driven by tests/fuzz/fuzz_csv.c) ------- */
+/* ---- CSV records (source/csv.c; also driven by tests/fuzz/fuzz_csv.c) ------- */
 
 /* The fields of one record, each NUL-terminated in text (quotes removed). */
 typedef struct csv_record {
@@ -283,7 +286,7 @@ int  csv_read_record_(src_file *in, const char *path, char delim, int64_t *line,
  * that dtype (in range, nothing after it but spaces). */
 bool csv_parse_value_(const char *s, loom_dtype dt, void *out);
 
-/* ---- distributed input (distribute_input.c) -------------------------------------
+/* ---- distributed input (engine/distribute_input.c) -------------------------------------
  * What one of several input pipelines reads, decided before its stages open. */
 typedef struct dinput_plan {
     loom_shard_policy policy; /* FILE, DATA, or OFF (nothing to shard) */
@@ -306,7 +309,7 @@ int csv_source_open_(dstage **out, const loom_source_spec *src, loom_err *err);
 int text_source_open_(dstage **out, const loom_source_spec *src, loom_err *err);
 int synthetic_source_open_(dstage **out, const loom_source_spec *src, const loom_data_ctx *ctx, loom_err *err);
 
-/* ---- list_files, interleave, zip (source_list_files.c, interleave.c, zip.c) ----- */
+/* ---- list_files, interleave, zip (source/list_files.c, transform/interleave.c, transform/zip.c) ----- */
 
 int list_files_source_open_(dstage **out, const loom_source_spec *src, loom_err *err);
 /* The first (sorted) file of a list_files stage; NULL for any other stage. */
@@ -321,7 +324,7 @@ int zip_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, co
 /* The last stage of it (pipeline.c): what zip reads the zipped pipeline's spec from. */
 dstage *iter_last_(loom_iter *it);
 
-/* ---- static rewrites (optimize.c) ------------------------------------------------
+/* ---- static rewrites (engine/optimize.c) ------------------------------------------------
  * tf.data's graph rewrites (tf_semantics 4.9) on the transform list, then the
  * fused stages they need. Each rewrite yields exactly the elements of the plain
  * pipeline: stage ids (which key the RNG streams) stay those of the transforms. */
@@ -352,11 +355,11 @@ void dmaps_name_(char *out, size_t n, dstage *const *map, int nmap, const char *
 /* Bytes a shuffle of t over in may buffer at most (its buffer, or one pass
  * when smaller): elements, or 8-byte positions when by_index. */
 int64_t shuffle_max_bytes_(const dstage *in, const loom_transform_spec *t, bool by_index);
-/* Whether a plain shuffle over in buffers positions (index mode, transforms.c):
+/* Whether a plain shuffle over in buffers positions (index mode, transform/transforms.c):
  * in has get and a known finite cardinality. */
 bool shuffle_by_index_(const dstage *in);
 
-/* ---- autotuning (autotune.c) --------------------------------------------------------
+/* ---- autotuning (engine/autotune.c) --------------------------------------------------------
  * Stages with "auto" settings register knobs (their .tune op); a tuner thread
  * per pipeline reads each knob's stage's st_wait_ns (the time its consumer
  * waited for it: keep it up to date) every period (10 ms, doubling to 2 s

@@ -2,7 +2,7 @@
  * bounds-checking every offset against the file size, so that a truncated or
  * forged file, or a shared object that is not a plugin, is refused before
  * dlopen maps it or runs its constructors. Threads: any; no state. */
-#include "plugin/elf_check.h"
+#include "plugin/elf_check_internal.h"
 
 #include <elf.h>
 #include <errno.h>

@@ -4,7 +4,7 @@
  * A refusal is recorded with its reason and never stops the other plugins.
  * Threads: main thread, at startup (the state below is written only then). */
 #include "plugin/plugin_internal.h"
-#include "plugin/elf_check.h"
+#include "plugin/elf_check_internal.h"
 
 #include <dirent.h>
 #include <dlfcn.h>

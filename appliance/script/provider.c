@@ -1,4 +1,4 @@
-/* provider.c - the "lua" custom element-function provider (data/custom.h):
+/* provider.c - the "lua" custom element-function provider (data/engine/custom.h):
  * `map` and `filter` transforms that call a Lua function.
  *
  * A map function is called as fn(elem, rng) and returns the element (a table

@@ -129,9 +129,13 @@ void loom_lua_push_elem(lua_State *s, const loom_elem_spec *spec, const loom_ele
 
 /* ---- the data provider -------------------------------------------------- */
 
-/* Registers the "lua" custom element-function provider (data/custom.h) in the
+/* Registers the "lua" custom element-function provider (data/engine/custom.h) in the
  * shared registry, so `map` and `filter` transforms may name a Lua function.
  * Idempotent; call once at startup before any loom_data_open. */
 int  loom_script_register(loom_err *err);
+
+/* Lua callbacks and custom training steps (the config's `hooks`): the second
+ * part of this header, kept in its own file. */
+#include "script/hooks.h"
 
 #endif

@@ -75,6 +75,8 @@ void loom_sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, co
                 const float *B, int ldb, float beta, float *C, int ldc);
 
 /* The device-backend interface (memory, copies, the layers' compute
- * primitives; CPU built in, CUDA from a plugin) is tensor/device.h. */
+ * primitives; CPU built in, CUDA from a plugin): the second part of this
+ * header, kept in its own file. */
+#include "tensor/device.h"
 
 #endif

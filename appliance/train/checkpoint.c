@@ -460,11 +460,22 @@ int loom_ckpt_load(const char *path, loom_model *m, loom_optimizer *o, loom_buf 
                 dst = locate(m, o, rec.name, &pi, &slot_of_param);
                 if (!dst && slot_of_param && !o) continue; /* slots are skipped when no optimizer is loaded */
                 if (!dst) {
+                    /* both shapes: the record's, and the model's tensor at the same position (records alternate
+                     * parameter and slots in layer order, so "the same position" counts parameters alone) */
+                    char a[64], c[96] = "";
+                    int at = found / (1 + nslots);
+                    if (at >= nt) at = nt - 1;
+                    if (!slot_of_param && at >= 0) {
+                        const loom_param_info *mp = loom_model_param_tensor(m, at);
+                        char s2[64];
+                        snprintf(c, sizeof c, "; the model's tensor %d is \"%.40s\" %s", at, mp->name,
+                                 loom_shape_str(&mp->shape, s2, sizeof s2));
+                    }
                     rc = loom_err_set(err, LOOM_ECHECKPOINT, path,
                                       slot_of_param
                                           ? "checkpoint holds optimizer slot \"%s\" that this optimizer does not have"
-                                          : "checkpoint holds tensor \"%s\" that this model does not have",
-                                      rec.name);
+                                          : "checkpoint holds tensor \"%s\" that this model does not have (shape %s%s)",
+                                      rec.name, loom_shape_str(&rec.shape, a, sizeof a), c);
                     loom_err_hint(err, "the checkpoint was written by a different %s; use a new model_dir or --fresh",
                                   slot_of_param ? "optimizer" : "model");
                     break;

@@ -2,12 +2,15 @@
 #include "train.h"
 #include "dir_lock.h"
 #include "progress.h"
+#include "summary.h"
+#include "status.h"
 #include "train_hooks.h"
 
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 
@@ -27,6 +30,8 @@ typedef struct run {
     bool               multi;
     bool               chief;
     loom_dataset_spec *train_spec; /* multi: data.train with this worker's share of the global batch (owned) */
+    loom_status       *status;     /* run.status_port's endpoint (loom_train), or NULL */
+    double             status_stages_at; /* when the pipeline's stages were last published */
 } run;
 
 #define TRAINER_STATE_VERSION 1
@@ -117,6 +122,7 @@ static int data_open_failed(loom_err *err, const char *which)
 
 static void run_close(run *r)
 {
+    loom_status_close(r->status);
     train_hooks_close_(&r->hooks);
     loom_strategy_close(r->strat);
     loom_iter_close(r->train);
@@ -368,6 +374,27 @@ static int hook_failed(run *r, const trainer_state *st, loom_err *err)
  * (prefetch, parallel maps) may hold the error, so the checkpoint is saved
  * without data.train's state: resuming replays the pipeline to the model's
  * step (replay_data), running the Lua function as it is by then. */
+/* Publishes the trainer's figures to the status endpoint (if any); the
+ * pipeline's stages at most once a second (loom_iter_stats walks them). */
+static void publish(run *r, const trainer_state *st, loom_status_state state, loom_optimizer *opt, double sps,
+                    double input_wait, double eval_loss, double eval_acc, int64_t examples_total)
+{
+    if (!r->status) return;
+    loom_status_figures f = {
+        .state = state, .step = st->step, .epoch = st->epoch + 1,
+        .loss = st->examples ? st->loss_sum / (double)st->examples : NAN,
+        .accuracy = st->examples ? (double)st->correct / (double)st->examples : NAN,
+        .samples_per_sec = sps, .input_wait_fraction = input_wait, .learning_rate = loom_optimizer_lr(opt, st->step),
+        .eval_loss = eval_loss, .eval_accuracy = eval_acc, .examples_total = examples_total};
+    loom_status_update(r->status, &f);
+    double now = loom_now();
+    if (now - r->status_stages_at >= 1.0 || state != LOOM_STATUS_TRAINING) {
+        loom_stage_stats ss[LOOM_STATUS_MAX_STAGES];
+        loom_status_stages(r->status, ss, loom_iter_stats(r->train, ss, LOOM_STATUS_MAX_STAGES));
+        r->status_stages_at = now;
+    }
+}
+
 static int data_hook_failed(run *r, const trainer_state *st, loom_err *err)
 {
     r->no_iter = true;
@@ -390,6 +417,80 @@ static int replay_data(run *r, const trainer_state *st, loom_err *err)
     return rc;
 }
 
+/* The steps since the last summary (run.summary_steps): their means go to
+ * TensorBoard and to a "summary" line of metrics.jsonl, the same values. */
+typedef struct summary_window {
+    double  loss_sum, sec, input_sec;
+    int64_t correct, examples;
+} summary_window;
+
+static int log_summary(FILE *metrics, loom_summary *tb, summary_window *w, int64_t step, double lr, loom_err *err)
+{
+    const char *tag[] = {"loss", "accuracy", "learning_rate", "samples_per_sec", "input_wait_fraction"};
+    double v[] = {w->examples ? w->loss_sum / (double)w->examples : NAN,
+                  w->examples ? (double)w->correct / (double)w->examples : NAN, lr,
+                  w->sec > 0 ? (double)w->examples / w->sec : 0, w->sec > 0 ? w->input_sec / w->sec : 0};
+    memset(w, 0, sizeof *w);
+    fprintf(metrics, "{\"event\": \"summary\", \"step\": %lld", (long long)step);
+    for (int i = 0; i < 5; i++) json_num(metrics, tag[i], v[i], 0);
+    json_time(metrics, "wall_time", loom_wall_time());
+    fprintf(metrics, "}\n");
+    int rc = LOOM_OK;
+    for (int i = 0; i < 5 && !rc; i++)
+        if (isfinite(v[i])) rc = loom_summary_scalar(tb, tag[i], step, v[i], err);
+    return rc ? rc : loom_summary_flush(tb, err);
+}
+
+/* Histograms of every parameter tensor, tagged with its name. */
+static int log_histograms(loom_summary *tb, loom_model *m, int64_t step, loom_err *err)
+{
+    const float *p = loom_model_params(m);
+    int rc = LOOM_OK;
+    for (int i = 0; i < loom_model_num_param_tensors(m) && !rc; i++) {
+        const loom_param_info *t = loom_model_param_tensor(m, i);
+        rc = loom_summary_histogram(tb, t->name, step, p + t->offset, loom_shape_numel(&t->shape), err);
+    }
+    return rc ? rc : loom_summary_flush(tb, err);
+}
+
+static int log_eval(loom_summary *tb, int64_t step, double loss, double acc, loom_err *err)
+{
+    if (!tb || !isfinite(loss)) return LOOM_OK;
+    int rc = loom_summary_scalar(tb, "loss", step, loss, err);
+    if (!rc) rc = loom_summary_scalar(tb, "accuracy", step, acc, err);
+    return rc ? rc : loom_summary_flush(tb, err);
+}
+
+/* The event files of <model_dir> and <model_dir>/eval (when there is eval
+ * data), opened before training starts, with the resolved config as text. */
+static int open_summaries(run *r, int64_t resume_step, loom_summary **train, loom_summary **eval, loom_err *err)
+{
+    *train = *eval = NULL;
+    if (r->spec->run.summary_steps <= 0 || !r->chief) return LOOM_OK; /* the chief writes the job's */
+    char dir[LOOM_PATH_MAX + 8];
+    snprintf(dir, sizeof dir, "%s/eval", r->model_dir);
+    int rc = loom_summary_open(train, r->model_dir, resume_step, err);
+    if (!rc && r->eval) rc = loom_summary_open(eval, dir, resume_step, err);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = rc ? NULL : open_memstream(&text, &len);
+    if (f) {
+        fputs("```\n", f); /* Markdown: keep the config's layout */
+        loom_config_print(r->spec, f);
+        fputs("```\n", f);
+        fclose(f);
+        rc = loom_summary_text(*train, "config", resume_step > 0 ? resume_step : 0, text, len, err);
+        if (!rc) rc = loom_summary_flush(*train, err);
+    }
+    free(text);
+    if (rc) {
+        loom_summary_close(*train, NULL);
+        loom_summary_close(*eval, NULL);
+        *train = *eval = NULL;
+    }
+    return rc;
+}
+
 int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err)
 {
     run r;
@@ -402,6 +503,15 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
         if (loom_log_get_level() < LOOM_LOG_WARN) loom_log_set_level(LOOM_LOG_WARN);
     }
     if (!rc) rc = train_hooks_open_(&r.hooks, spec, r.model_dir, r.strat, err);
+    if (!rc && spec->run.status_port && r.chief) { /* the chief reports the job; a port in use fails here, before anything is written */
+        char w[600];
+        rc = loom_status_open(&r.status, spec->run.status_bind, spec->run.status_port,
+                              loom_loc_str(&spec->run.loc, w, sizeof w), err);
+        if (!rc)
+            loom_info("status endpoint: http://%s%s%s:%d/metrics (also /healthz, /status)",
+                      strchr(spec->run.status_bind, ':') ? "[" : "", spec->run.status_bind,
+                      strchr(spec->run.status_bind, ':') ? "]" : "", loom_status_port(r.status));
+    }
     if (!rc && (rc = loom_mkdirs(dir, err)) != LOOM_OK)
         loom_err_hint(err, "set run.model_dir (or --model-dir) to a directory you can write");
     /* two jobs must not share a model_dir: the chief (or the one process)
@@ -471,9 +581,18 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
               loom_model_threads(model) == 1 ? "" : "s", loom_blas_core(), loom_blas_core_reason(), loom_blas_threads(),
               loom_blas_threads() == 1 ? "" : "s", r.model_dir);
 
+    loom_summary *tb = NULL, *tb_eval = NULL; /* TensorBoard: <model_dir>, <model_dir>/eval */
+    bool finished = max_steps > 0 ? st.step >= max_steps : st.epoch >= epochs; /* a rerun adds no event file */
+    if (!finished && (rc = open_summaries(&r, last_ckpt[0] ? st.step : -1, &tb, &tb_eval, err)) != LOOM_OK) {
+        loom_dir_unlock_(lock_fd);
+        run_close(&r);
+        return rc;
+    }
     char metrics_path[LOOM_PATH_MAX + 16];
     snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", r.model_dir);
     if (r.chief && !opts->fresh && loom_metrics_trim(metrics_path, st.step, st.epoch, err) < 0) {
+        loom_summary_close(tb, NULL);
+        loom_summary_close(tb_eval, NULL);
         loom_dir_unlock_(lock_fd);
         run_close(&r);
         return err->code;
@@ -481,6 +600,8 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
     FILE *metrics = fopen(r.chief ? metrics_path : "/dev/null", "a"); /* the chief writes the job's */
     if (!metrics) {
         rc = loom_err_set(err, LOOM_EIO, metrics_path, "cannot open for appending: %s", strerror(errno));
+        loom_summary_close(tb, NULL);
+        loom_summary_close(tb_eval, NULL);
         loom_dir_unlock_(lock_fd);
         run_close(&r);
         return rc;
@@ -499,6 +620,9 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
     int64_t run_examples = 0, start_step = st.step, last_saved = st.step;
     double first_step_ms = -1, last_eval_loss = NAN, last_eval_acc = NAN;
     int64_t last_eval_step = -1;
+    summary_window win = {0};
+    double summary_sec = 0; /* spent writing TensorBoard summaries, for the end line */
+    double last_ckpt_time = loom_now(); /* run.checkpoint_secs counts from here */
 
     /* run.steps_per_execution = K: the steps of one execution run back to
      * back; the host-side work (signals, progress, checkpoints; callbacks
@@ -509,6 +633,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
     int64_t in_exec = 0, boundary_step = st.step; /* steps since the last boundary, and its step */
     hook_save_arg hsa = {&r, &st};
     r.hooks.metrics = metrics;
+    r.hooks.summary = tb;
     r.hooks.save = hook_save;
     r.hooks.save_arg = &hsa;
     bool epoch_open = false; /* on_epoch_begin was called for the epoch in progress */
@@ -516,6 +641,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
     sig_atomic_t stop_asked = 0; /* the signal whose stop request the strategy carries to the other tasks */
     loom_hook_logs hl = hook_logs(&st, st.epoch + 1, opt, NAN, last_eval_loss, last_eval_acc);
     if ((rc = train_hooks_call_(&r.hooks, LOOM_HOOK_TRAIN_BEGIN, &hl, err))) hook_failed(&r, &st, err);
+    publish(&r, &st, LOOM_STATUS_TRAINING, opt, 0, 0, last_eval_loss, last_eval_acc, run_examples);
     for (; !rc;) {
         if (max_steps > 0 ? st.step >= max_steps : st.epoch >= epochs) break;
         if (r.hooks.stop) {
@@ -577,6 +703,16 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
                 last_eval_loss = ev.examples ? ev.loss_sum / (double)ev.examples : NAN;
                 last_eval_acc = ev.examples ? (double)ev.correct / (double)ev.examples : NAN;
                 last_eval_step = st.step;
+                double ts = loom_now();
+                rc = log_eval(tb_eval, st.step, last_eval_loss, last_eval_acc, err);
+                summary_sec += loom_now() - ts;
+                if (rc) break;
+            }
+            if (tb && rs->histogram_epochs > 0 && (st.epoch + 1) % rs->histogram_epochs == 0) {
+                double ts = loom_now();
+                rc = log_histograms(tb, model, st.step, err);
+                summary_sec += loom_now() - ts;
+                if (rc) break;
             }
             double train_loss = st.examples ? st.loss_sum / (double)st.examples : NAN;
             double train_acc = st.examples ? (double)st.correct / (double)st.examples : NAN;
@@ -609,6 +745,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
             json_time(metrics, "wall_time", loom_wall_time());
             fprintf(metrics, "}\n");
             fflush(metrics);
+            publish(&r, &st, LOOM_STATUS_TRAINING, opt, sps, input_wait, last_eval_loss, last_eval_acc, run_examples);
             hl = hook_logs(&st, st.epoch + 1, opt, sps, last_eval_loss, last_eval_acc);
             if ((rc = train_hooks_call_(&r.hooks, LOOM_HOOK_EPOCH_END, &hl, err))) {
                 hook_failed(&r, &st, err);
@@ -627,7 +764,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
             if (rc) break;
             snprintf(last_ckpt, sizeof last_ckpt, "%s", ckpt);
             last_saved = st.step;
-            epoch_start = loom_now();
+            epoch_start = last_ckpt_time = loom_now();
             continue;
         }
         if (rc == LOOM_ELUA) data_hook_failed(&r, &st, err);
@@ -682,6 +819,11 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
         train_sec += dt;
         run_train_sec += dt;
         input_sec += t_input;
+        win.sec += dt;
+        win.input_sec += t_input;
+        win.loss_sum += res.loss_sum;
+        win.correct += res.correct;
+        win.examples += res.examples;
         prog.input_wait = train_sec > 0 ? input_sec / train_sec : 0;
         st.step++;
         st.step_in_epoch++;
@@ -713,19 +855,30 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
         loom_progress_update(&prog, st.epoch, max_steps > 0 ? (steps_per_epoch > 0 ? (max_steps + steps_per_epoch - 1) / steps_per_epoch : 1) : epochs,
                              st.step_in_epoch, steps_per_epoch, st.step, st.loss_sum / (double)st.examples,
                              (double)st.correct / (double)st.examples, sps, left >= 0 ? per_step * (double)left : -1);
+        publish(&r, &st, LOOM_STATUS_TRAINING, opt, sps, prog.input_wait, last_eval_loss, last_eval_acc, run_examples);
         char tuned[512];
         if (loom_iter_tuned(r.train, tuned, sizeof tuned)) { /* once the autotuner's choice settles, and after a change */
             loom_progress_break(&prog);
             loom_info("input pipeline tuned: %s", tuned);
         }
-        /* a multiple of checkpoint_steps passed in this execution (with K = 1: this step is one) */
-        bool ckpt_due = rs->checkpoint_steps > 0 && st.step / rs->checkpoint_steps != boundary_step / rs->checkpoint_steps;
+        /* a multiple of checkpoint_steps passed in this execution (with K = 1: this step is one),
+         * or checkpoint_secs since the last checkpoint (Estimator's save_checkpoints_secs) */
+        bool ckpt_due = (rs->checkpoint_steps > 0 && st.step / rs->checkpoint_steps != boundary_step / rs->checkpoint_steps) ||
+                        (rs->checkpoint_secs > 0 && loom_now() - last_ckpt_time >= rs->checkpoint_secs);
+        bool summary_due = tb && st.step / rs->summary_steps != boundary_step / rs->summary_steps;
         boundary_step = st.step;
+        if (summary_due) {
+            double ts = loom_now();
+            rc = log_summary(metrics, tb, &win, st.step, loom_optimizer_lr(opt, st.step), err);
+            summary_sec += loom_now() - ts;
+            if (rc) break;
+        }
         if (ckpt_due) {
             rc = save_ckpt(&r, &st, ckpt, err);
             if (rc) break;
             snprintf(last_ckpt, sizeof last_ckpt, "%s", ckpt);
             last_saved = st.step;
+            last_ckpt_time = loom_now();
         }
         hl = hook_logs(&st, st.epoch + 1, opt, sps, last_eval_loss, last_eval_acc);
         if ((rc = train_hooks_call_(&r.hooks, LOOM_HOOK_STEP_END, &hl, err))) {
@@ -747,6 +900,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
         if (!rc && ev.examples) {
             last_eval_loss = ev.loss_sum / (double)ev.examples;
             last_eval_acc = (double)ev.correct / (double)ev.examples;
+            rc = log_eval(tb_eval, st.step, last_eval_loss, last_eval_acc, err);
         }
     }
     if (!rc) {
@@ -779,11 +933,19 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
             json_num(metrics, "first_step_ms", first_step_ms, 0);
             json_num(metrics, "decode_ms", r.decode_sec * 1e3, 0);
             json_num(metrics, "peak_rss_mb", peak_rss_mb(), 0);
+            json_num(metrics, "summary_ms", summary_sec * 1e3, 0);
             json_time(metrics, "wall_time", loom_wall_time());
             fprintf(metrics, "}\n");
         }
     }
+    publish(&r, &st, rc ? LOOM_STATUS_FAILED : LOOM_STATUS_DONE, opt, 0, 0, last_eval_loss, last_eval_acc,
+            run_examples);
     fclose(metrics);
+    loom_err cerr;
+    int crc = loom_summary_close(tb, &cerr);
+    if (!crc) crc = loom_summary_close(tb_eval, &cerr);
+    else loom_summary_close(tb_eval, NULL);
+    if (crc && !rc) *err = cerr, rc = crc;
     run_close(&r);
     loom_dir_unlock_(lock_fd);
     return rc;

@@ -54,6 +54,26 @@ int loom_predict(const loom_spec *spec, const char *model_dir, const char *check
  * replicas and prints its plan but opens no socket. */
 int loom_check(const loom_spec *spec, const struct loom_cluster *cluster, FILE *f, loom_err *err);
 
+/* ---- export (export.c) ------------------------------------------------------ */
+
+typedef enum { LOOM_EXPORT_ONNX, LOOM_EXPORT_NPZ } loom_export_format;
+
+typedef struct loom_export_opts {
+    loom_export_format format;
+    const char *output;             /* the file to write (atomically) */
+    const char *model_dir;          /* NULL: spec->run.model_dir */
+    const char *checkpoint;         /* NULL: the latest in the model directory */
+    bool        include_preprocessing; /* onnx: fold the eval pipeline's maps of the input into the graph */
+} loom_export_opts;
+
+/* Writes the model of spec with a checkpoint's weights: ONNX (opset 17, input
+ * "input" and output "output" with a dynamic batch dimension; probabilities
+ * under softmax cross-entropy, as loom predict) or npz (one float32 array per
+ * variable, named as loom inspect names them). A layer or map with no ONNX
+ * form is LOOM_EUNSUPPORTED naming it; a checkpoint of another model is
+ * LOOM_ECHECKPOINT naming both shapes; an unwritable output LOOM_EIO. */
+int loom_export(const loom_spec *spec, const loom_export_opts *opts, loom_err *err);
+
 /* ---- checkpoints ----------------------------------------------------------- */
 
 /* The largest step a checkpoint may hold (2^53: every step is exact as a

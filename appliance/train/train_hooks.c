@@ -1,6 +1,7 @@
 /* train_hooks.c - the host of the Lua hooks: what each ctx method does to the
  * run (see train_hooks.h). */
 #include "train_hooks.h"
+#include "summary.h"
 
 #include <math.h>
 #include <string.h>
@@ -34,7 +35,7 @@ static int h_log_scalar(void *self, const char *name, double value, loom_err *er
     else fputs("null", t->metrics);
     fprintf(t->metrics, ", \"wall_time\": %.3f}\n", loom_wall_time());
     fflush(t->metrics);
-    return LOOM_OK;
+    return t->summary ? loom_summary_scalar(t->summary, name, t->step, value, err) : LOOM_OK;
 }
 
 static const char *h_param_name(void *self, int i)

@@ -15,6 +15,7 @@ typedef struct train_hooks_ {
     loom_hooks      *hooks;    /* NULL: the config has no hooks */
     loom_strategy   *strat;
     FILE            *metrics;  /* metrics.jsonl for ctx:log_scalar; NULL: refused (loom check) */
+    struct loom_summary *summary; /* and the TensorBoard event file; NULL: none */
     train_save_fn_   save;     /* NULL: refused (loom check) */
     void            *save_arg;
     const loom_elem *batch;    /* the custom step's batch */

@@ -5,7 +5,7 @@
  * /proc/self/fd/N. Built and run by tests/fuzz/run.sh, or by hand from the
  * repository root:
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -I appliance \
- *     tests/fuzz/fuzz_csv.c appliance/data/source_csv.c appliance/data/source_files.c appliance/data/elem.c \
+ *     tests/fuzz/fuzz_csv.c appliance/data/source/csv.c appliance/data/source/files.c appliance/data/engine/elem.c \
  *     appliance/core/[a-z]*.c appliance/tensor/{tensor,blas}.c -lz -lm -ldl -lpthread -o /tmp/fuzz_csv
  *   /tmp/fuzz_csv -max_total_time=30 /tmp/corpus_csv tests/fuzz/corpus/csv
  * Invariants checked: no over-read (ASan); every record has >= 1 field, each

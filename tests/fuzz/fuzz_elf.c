@@ -10,7 +10,7 @@
  * Invariants: no over-read (ASan: every table is read with pread into a
  * buffer of its checked size); a refusal says why and names the file; an
  * accepted file has a whole ELF header and program headers. */
-#include "plugin/elf_check.h"
+#include "plugin/elf_check_internal.h"
 
 #include <elf.h>
 #include <stdio.h>

@@ -2,7 +2,7 @@
  * value walkers and the parse-spec extraction, plus a re-encode round trip.
  * Built and run by tests/fuzz/run.sh (meson test --suite fuzz), or by hand from the repository root:
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -I appliance \
- *     tests/fuzz/fuzz_example.c appliance/data/example.c \
+ *     tests/fuzz/fuzz_example.c appliance/data/format/example.c \
  *     appliance/core/[a-z]*.c appliance/tensor/{tensor,blas}.c -lz -lm -ldl -lpthread -o /tmp/fuzz_example
  *   /tmp/fuzz_example -max_total_time=30 /tmp/corpus_example
  * Invariants checked: the parser never over-reads (ASan), counts agree with

@@ -4,7 +4,7 @@
  * a memfd as /proc/self/fd/N. Built and run by tests/fuzz/run.sh, or by hand
  * from the repository root:
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -I appliance \
- *     tests/fuzz/fuzz_idx.c appliance/data/source_idx.c appliance/data/elem.c \
+ *     tests/fuzz/fuzz_idx.c appliance/data/source/idx.c appliance/data/engine/elem.c \
  *     appliance/core/[a-z]*.c appliance/tensor/{tensor,blas}.c -lz -lm -ldl -lpthread -o /tmp/fuzz_idx
  *   /tmp/fuzz_idx -max_total_time=30 /tmp/corpus_idx tests/fuzz/corpus/idx
  * Invariants checked: no over-read (ASan), a loaded tensor's bytes agree with

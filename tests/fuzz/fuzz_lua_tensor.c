@@ -8,7 +8,7 @@
  * a Lua error is fine, a crash or an over-read is not. Built and run by
  * tests/fuzz/run.sh, or by hand from the repository root:
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -I appliance -I/usr/include/lua5.4 \
- *     tests/fuzz/fuzz_lua_tensor.c appliance/script/{script,lua_tensor}.c appliance/data/transforms.c \
+ *     tests/fuzz/fuzz_lua_tensor.c appliance/script/{script,lua_tensor}.c appliance/data/transform/transforms.c \
  *     appliance/core/[a-z]*.c appliance/tensor/{tensor,blas}.c -llua5.4 -lz -lzstd -lm -ldl -lpthread -o /tmp/fuzz_lua
  *   /tmp/fuzz_lua -max_total_time=30 /tmp/corpus_lua tests/fuzz/corpus/lua_tensor
  * Invariants checked: every tensor Lua holds has a valid shape (its checked

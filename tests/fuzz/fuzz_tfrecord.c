@@ -2,7 +2,7 @@
  * compressions, both on_corrupt modes) and the Example parser on every record.
  * Built and run by tests/fuzz/run.sh (meson test --suite fuzz), or by hand from the repository root:
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -I appliance \
- *     tests/fuzz/fuzz_tfrecord.c appliance/data/tfrecord.c appliance/data/example.c \
+ *     tests/fuzz/fuzz_tfrecord.c appliance/data/format/tfrecord.c appliance/data/format/example.c \
  *     appliance/core/[a-z]*.c appliance/tensor/{tensor,blas}.c -lz -lzstd -lm -ldl -lpthread -o /tmp/fuzz_tfrecord
  *   /tmp/fuzz_tfrecord -max_total_time=30 /tmp/corpus_tfrecord tests/fixtures/tf
  * The input's first byte picks the declared compression and the mode; the rest

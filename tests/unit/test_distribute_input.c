@@ -1,4 +1,4 @@
-/* test_distribute_input.c - distributed input hooks (data/distribute_input.c):
+/* test_distribute_input.c - distributed input hooks (data/engine/distribute_input.c):
  * get_per_replica_batch_size, the per-replica split of a global batch with
  * tf.distribute's partial-batch semantics (views, no copies), and auto-sharding
  * of N input pipelines over real TFRecord shards: FILE, DATA (placed before a

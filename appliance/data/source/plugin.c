@@ -1,0 +1,204 @@
+/* plugin.c - a source stage whose elements come from a provider in
+ * the registry (LOOM_REG_SOURCE, custom.h): a plugin's source selected by
+ * source.type with source.options. The stage lends the provider buffers of
+ * the max shapes for each element (or the provider points at its own
+ * memory, then the element is read-only downstream); the provider's state
+ * is saved as opaque bytes.
+ * Threads: one thread at a time drives the stage (see data_internal.h). */
+#include "data/data_internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+typedef struct plug_source {
+    dstage                 s;
+    const loom_source_ops *ops;
+    void                  *inst;
+    uint8_t               *buf[LOOM_MAX_FEATURES]; /* the lent buffers, max shapes */
+    loom_options           opts;
+    char                   optw[LOOM_MAX_OPTIONS][LOOM_PATH_MAX + 48];
+} plug_source;
+
+static int ps_next(dstage *st, loom_elem **out, loom_err *err)
+{
+    plug_source *p = (plug_source *)st;
+    for (int f = 0; f < st->out.n; f++) {
+        st->out.t[f] = (loom_tensor){.dtype = st->spec.dtype[f], .shape = st->maxshape[f], .data = p->buf[f]};
+    }
+    int rc = p->ops->next(p->inst, &st->out, err);
+    if (rc == LOOM_EEOF) return rc;
+    if (rc) {
+        if (err) loom_err_prefix(err, "source \"%s\" (%s)", p->ops->name, st->where);
+        return rc;
+    }
+    for (int f = 0; f < st->out.n; f++) {
+        loom_tensor *t = &st->out.t[f];
+        st->mut[f] = t->data == p->buf[f]; /* the provider's own memory is read-only */
+        if (t->dtype != st->spec.dtype[f] || t->shape.rank != st->spec.shape[f].rank || !t->data)
+            return dstage_err_(st, err, LOOM_EDATA, "source \"%s\" returned feature \"%s\" with another dtype or rank "
+                               "than it declared", p->ops->name, st->spec.name[f]);
+        for (int d = 0; d < t->shape.rank; d++)
+            if (t->shape.dim[d] < 0 || t->shape.dim[d] > st->maxshape[f].dim[d])
+                return dstage_err_(st, err, LOOM_EDATA, "source \"%s\" returned feature \"%s\" larger than its max "
+                                   "shape", p->ops->name, st->spec.name[f]);
+    }
+    *out = &st->out;
+    return LOOM_OK;
+}
+
+static int ps_rewind(dstage *st, int64_t epoch, loom_err *err)
+{
+    plug_source *p = (plug_source *)st;
+    int rc = p->ops->rewind(p->inst, epoch, err);
+    if (rc && err) loom_err_prefix(err, "source \"%s\" (%s)", p->ops->name, st->where);
+    return rc;
+}
+
+static void ps_save(dstage *st, loom_buf *b)
+{
+    plug_source *p = (plug_source *)st;
+    uint8_t small[256], *big = NULL, *s = small;
+    size_t n = p->ops->save(p->inst, small, sizeof small);
+    if (n > sizeof small && (big = loom_alloc(n)) != NULL) n = p->ops->save(p->inst, s = big, n);
+    if (n > sizeof small && !big) n = 0; /* out of memory: the restore will say the state is truncated */
+    loom_buf_put_u64(b, n);
+    loom_buf_put(b, s, n);
+    loom_free(big);
+}
+
+static int ps_restore(dstage *st, loom_buf *b, loom_err *err)
+{
+    plug_source *p = (plug_source *)st;
+    uint64_t n = loom_buf_get_u64(b);
+    if (b->failed || n == 0 || n > (1u << 20))
+        return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "iterator state is truncated (%s)", st->name);
+    uint8_t *s = loom_alloc(n);
+    if (!s) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate %llu bytes of source state", (unsigned long long)n);
+    int rc = loom_buf_get(b, s, n) ? loom_err_set(err, LOOM_ECHECKPOINT, NULL, "iterator state is truncated (%s)", st->name)
+                                   : p->ops->restore(p->inst, s, n, err);
+    loom_free(s);
+    return rc;
+}
+
+static void ps_close(dstage *st)
+{
+    plug_source *p = (plug_source *)st;
+    if (p->inst) p->ops->close(p->inst);
+    for (int f = 0; f < LOOM_MAX_FEATURES; f++) loom_free(p->buf[f]);
+    loom_free(p);
+}
+
+static const dstage_ops plug_ops = {
+    .next = ps_next, .rewind = ps_rewind, .save = ps_save, .restore = ps_restore, .close = ps_close,
+};
+
+/* Points p->opts at src's options and checks their keys against what the provider accepts. */
+static int check_options(plug_source *p, const loom_source_spec *src, loom_err *err)
+{
+    const loom_plugin_opts *o = &src->options;
+    p->opts.n = o->n < LOOM_MAX_OPTIONS ? o->n : LOOM_MAX_OPTIONS;
+    for (int i = 0; i < p->opts.n; i++) {
+        if (o->line[i] > 0)
+            snprintf(p->optw[i], sizeof p->optw[i], "%s:%d", src->loc.file, o->line[i]);
+        else
+            snprintf(p->optw[i], sizeof p->optw[i], "--set ...source.options.%s", o->key[i]);
+        p->opts.key[i] = o->key[i];
+        p->opts.value[i] = o->value[i];
+        p->opts.where[i] = p->optw[i];
+        const char *const *valid = p->ops->options, *near = NULL;
+        bool ok = false;
+        char list[512] = "none";
+        size_t k = 0;
+        int bd = 3;
+        for (int j = 0; valid && valid[j] && !ok; j++) {
+            ok = !strcmp(valid[j], o->key[i]) || !strcmp(valid[j], "*");
+            int w = snprintf(list + k, k < sizeof list ? sizeof list - k : 0, "%s%s", j ? ", " : "", valid[j]);
+            if (w > 0) k += (size_t)w;
+            int d = loom_edit_distance(o->key[i], valid[j]);
+            if (d < bd && d < (int)strlen(o->key[i])) bd = d, near = valid[j];
+        }
+        if (ok) continue;
+        loom_err_set(err, LOOM_ECONFIG, p->optw[i], "source.options.%s: unknown option of source \"%s\" (valid: %s)",
+                     o->key[i], p->ops->name, list);
+        return near ? loom_err_hint(err, "did you mean `%s`?", near) : LOOM_ECONFIG;
+    }
+    return LOOM_OK;
+}
+
+/* The buffers lent to next(), and the state fingerprint. */
+static int setup(plug_source *p, const loom_source_spec *src, loom_err *err)
+{
+    dstage *st = &p->s;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int i = 0; i < src->options.n; i++) {
+        for (const char *c = src->options.key[i]; *c; c++) h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
+        for (const char *c = src->options.value[i]; *c; c++) h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
+    }
+    snprintf(st->desc, sizeof st->desc, "%.40s(%016llx)", p->ops->name, (unsigned long long)h);
+    if (st->spec.n < 1 || st->spec.n > LOOM_MAX_FEATURES)
+        return dstage_err_(st, err, LOOM_EPLUGIN, "source \"%s\" declared %d features (1 to %d)", p->ops->name,
+                           st->spec.n, LOOM_MAX_FEATURES);
+    st->out.n = st->spec.n;
+    for (int f = 0; f < st->spec.n; f++) {
+        const loom_shape *mx = &st->maxshape[f];
+        int64_t n, nb;
+        if ((unsigned)st->spec.dtype[f] >= LOOM_NDTYPES_ || mx->rank < 0 || mx->rank > LOOM_MAX_RANK ||
+            mx->rank != st->spec.shape[f].rank || !loom_dims_ok(mx->dim, mx->rank, &n))
+            return dstage_err_(st, err, LOOM_EPLUGIN, "source \"%s\": feature \"%s\" has a bad dtype or max shape",
+                               p->ops->name, st->spec.name[f]);
+        /* the plugin's max shape sizes the buffer it writes into: a wrapped product would be an overrun */
+        if (!loom_mul_ok(n, (int64_t)loom_dtype_size(st->spec.dtype[f]), &nb) || nb > loom_phys_bytes())
+            return dstage_err_(st, err, LOOM_EPLUGIN, "source \"%s\": feature \"%s\": a max shape of %lld values "
+                               "of %s is too large for memory", p->ops->name, st->spec.name[f], (long long)n,
+                               loom_dtype_name(st->spec.dtype[f]));
+        size_t bytes = (size_t)nb;
+        if (!(p->buf[f] = loom_alloc_aligned(bytes ? bytes : 1)))
+            return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate %zu bytes for feature \"%s\"", bytes,
+                                st->spec.name[f]);
+        dstage_gauge_(&st->st_bytes, dstage_load_(&st->st_bytes) + (int64_t)bytes);
+    }
+    st->card = p->ops->cardinality(p->inst);
+    if (st->card < -2) st->card = -2;
+    return LOOM_OK;
+}
+
+int plugin_source_open_(dstage **out, const loom_source_spec *src, const loom_data_ctx *ctx, loom_err *err)
+{
+    *out = NULL;
+    plug_source *p = loom_calloc(1, sizeof *p);
+    if (!p) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate a plugin source");
+    dstage *st = &p->s;
+    dstage_init_(st, &plug_ops, NULL, 0, &src->loc);
+    snprintf(st->name, sizeof st->name, "%.47s", src->plugin);
+    p->ops = loom_registry_find(LOOM_REG_SOURCE, src->plugin, NULL);
+    if (!p->ops) {
+        char all[256];
+        loom_err_set(err, LOOM_ECONFIG, st->where, "source.type: no source \"%s\" is registered (have: %s)",
+                     src->plugin, loom_registry_names(LOOM_REG_SOURCE, all, sizeof all));
+        ps_close(st);
+        return loom_err_hint(err, "a plugin's source is available once its .so is in plugins/ or a plugins.path "
+                                  "directory (`loom plugins` lists them)");
+    }
+    int rc = check_options(p, src, err);
+    if (rc) {
+        ps_close(st);
+        return rc;
+    }
+    char dir[LOOM_PATH_MAX];
+    const char *slash = strrchr(src->loc.file, '/');
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - src->loc.file) : 1, slash ? src->loc.file : ".");
+    loom_source_args a = {.size = sizeof a, .type = src->plugin, .base_dir = dir, .where = st->where,
+                          .options = &p->opts, .seed = ctx ? ctx->seed : 42};
+    if ((rc = p->ops->open(&p->inst, &a, &st->spec, st->maxshape, err)) != LOOM_OK) {
+        if (err && !err->where[0]) snprintf(err->where, sizeof err->where, "%.255s", st->where);
+        if (err) loom_err_prefix(err, "source \"%s\"", src->plugin);
+        ps_close(st);
+        return rc;
+    }
+    if ((rc = setup(p, src, err)) != LOOM_OK) {
+        ps_close(st);
+        return rc;
+    }
+    *out = st;
+    return LOOM_OK;
+}

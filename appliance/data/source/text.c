@@ -1,0 +1,145 @@
+/* text.c - the text source (tf.data.TextLineDataset without a string
+ * dtype): files streamed line by line, each line an element of two features,
+ * "line" uint8 (max_length) holding its bytes zero-padded, and "length" int64 ()
+ * the number of bytes kept. The line end ('\n', and a '\r' before it) is
+ * removed; empty lines are elements of length 0; a last line without '\n'
+ * counts. A line longer than max_length is an error naming file:line, or cut
+ * to max_length with truncate = true. State = (epoch, file, byte offset,
+ * line), so resuming mid-file reopens the file at that byte. Cardinality is
+ * unknown (-2).
+ * Threads: one thread at a time drives the stage (see data_internal.h). */
+#include "data/data_internal.h"
+
+#include <string.h>
+
+typedef struct text_source {
+    dstage     s;
+    src_cursor cur;
+    int64_t    max_length;
+    bool       truncate;
+    uint8_t   *line;   /* (max_length + 1): the lent "line" */
+    int64_t   *length; /* the lent "length" */
+} text_source;
+
+static int open_file(dstage *st, uint64_t offset, int64_t line, loom_err *err)
+{
+    return src_cursor_open_(&((text_source *)st)->cur, offset, line, err);
+}
+
+static int text_next(dstage *st, loom_elem **out, loom_err *err)
+{
+    text_source *t = (text_source *)st;
+    src_cursor *cur = &t->cur;
+    for (;;) {
+        int rc = src_cursor_file_(cur, st, open_file, err);
+        if (rc) return rc;
+        int c = src_file_getc_(&cur->in);
+        if (c < 0) {
+            if (cur->in.error)
+                return src_file_read_err_(&cur->in, cur->files[cur->fi], err);
+            src_cursor_next_file_(cur);
+            continue;
+        }
+        int64_t n = 0, cap = t->max_length + 1; /* one more byte: room for a '\r' to drop */
+        int last = -1;
+        for (; c >= 0 && c != '\n'; c = src_file_getc_(&cur->in)) {
+            if (n < cap) t->line[n] = (uint8_t)c;
+            n++;
+            last = c;
+        }
+        if (c < 0 && cur->in.error)
+            return src_file_read_err_(&cur->in, cur->files[cur->fi], err);
+        int64_t at = cur->line++;
+        if (last == '\r') n--; /* CRLF */
+        if (n > t->max_length) {
+            if (!t->truncate) {
+                char where[LOOM_PATH_MAX + 32];
+                snprintf(where, sizeof where, "%s:%lld", cur->files[cur->fi], (long long)at);
+                loom_err_set(err, LOOM_EDATA, where, "line of %lld bytes is longer than max_length = %lld",
+                             (long long)n, (long long)t->max_length);
+                return loom_err_hint(err, "raise max_length (at %s) or set truncate = true", st->where);
+            }
+            n = t->max_length;
+        }
+        memset(t->line + n, 0, (size_t)(t->max_length - n));
+        *t->length = n;
+        *out = &st->out;
+        return LOOM_OK;
+    }
+}
+
+static int text_rewind(dstage *st, int64_t epoch, loom_err *err)
+{
+    (void)err;
+    src_cursor_rewind_(&((text_source *)st)->cur, epoch);
+    return LOOM_OK;
+}
+
+static void text_save(dstage *st, loom_buf *b) { src_cursor_save_(&((text_source *)st)->cur, b); }
+
+/* A saved open file is past its first line (min_line 2): a line is read whole. */
+static int text_restore(dstage *st, loom_buf *b, loom_err *err)
+{
+    return src_cursor_restore_(&((text_source *)st)->cur, b, "text", 2, st, open_file, err);
+}
+
+static void text_close(dstage *st)
+{
+    text_source *t = (text_source *)st;
+    src_cursor_fini_(&t->cur);
+    loom_free(t->line);
+    loom_free(t->length);
+    loom_free(t);
+}
+
+static const dstage_ops text_ops = {
+    .next = text_next, .rewind = text_rewind, .save = text_save, .restore = text_restore, .close = text_close,
+};
+
+int text_source_open_(dstage **out, const loom_source_spec *src, loom_err *err)
+{
+    *out = NULL;
+    text_source *t = loom_calloc(1, sizeof *t);
+    if (!t) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate the text source");
+    dstage *st = &t->s;
+    dstage_init_(st, &text_ops, NULL, 0, &src->loc);
+    snprintf(st->name, sizeof st->name, "text");
+    int rc = LOOM_OK;
+    t->max_length = src->max_length;
+    t->truncate = src->truncate;
+    if (t->max_length < 1 || t->max_length > (1 << 24) || src->n_patterns < 1 ||
+        src->n_patterns > LOOM_MAX_FILE_PATTERNS) {
+        rc = dstage_err_(st, err, LOOM_ECONFIG, "text source needs max_length in [1, %d] and 1 to %d file patterns, "
+                         "got %lld and %d", 1 << 24, LOOM_MAX_FILE_PATTERNS, (long long)t->max_length, src->n_patterns);
+        goto fail;
+    }
+    t->line = loom_alloc_aligned((size_t)t->max_length + 1);
+    t->length = loom_alloc_aligned(sizeof *t->length);
+    if (!t->line || !t->length) {
+        rc = loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate a line of %lld bytes", (long long)t->max_length);
+        goto fail;
+    }
+    st->spec.n = st->out.n = 2;
+    snprintf(st->spec.name[0], LOOM_NAME_MAX, "line");
+    snprintf(st->spec.name[1], LOOM_NAME_MAX, "length");
+    st->spec.dtype[0] = LOOM_U8;
+    st->spec.dtype[1] = LOOM_I64;
+    st->spec.shape[0] = loom_shape_make(1, &t->max_length);
+    st->spec.shape[1] = (loom_shape){0};
+    for (int f = 0; f < 2; f++) {
+        st->maxshape[f] = st->spec.shape[f];
+        st->mut[f] = 1;
+    }
+    st->out.t[0] = (loom_tensor){.dtype = LOOM_U8, .shape = st->spec.shape[0], .data = t->line};
+    st->out.t[1] = (loom_tensor){.dtype = LOOM_I64, .shape = st->spec.shape[1], .data = t->length};
+    if ((rc = source_files_expand_(st, src, "text", &t->cur.files, &t->cur.n_files, err))) goto fail;
+    uint64_t h = source_files_hash_(0xcbf29ce484222325ull, t->cur.files, t->cur.n_files);
+    st->card = -2;
+    snprintf(st->desc, sizeof st->desc, "text(%lld files,max_length %lld,%s,%016llx)", (long long)t->cur.n_files,
+             (long long)t->max_length, t->truncate ? "truncate" : "error", (unsigned long long)h);
+    *out = st;
+    return LOOM_OK;
+fail:
+    text_close(st);
+    return rc;
+}

@@ -1,0 +1,1249 @@
+/* transforms.c - the synchronous stages: map (built-in ops on one feature),
+ * shuffle (tf.data's buffer algorithm; by index over a random-access input),
+ * batch, repeat, take, skip (take and skip pass random access through).
+ * Buffers are sized at open from the upstream max shapes; next() never
+ * allocates, except while a shuffle buffer first grows towards its size when
+ * the input's cardinality is unknown. Maps work in place when the upstream
+ * buffer is writable (mut) and the dtype size allows, else into their own
+ * preallocated output. */
+#include "data/data_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- dtype conversion ------------------------------------------------------ */
+
+#define SAT_(x, lo, hi) ((x) != (x) ? 0 : (x) <= (lo) ? (lo) : (x) >= (hi) ? (hi) : (x))
+#define CONV_LOOP_(ST, DT, E)                                       \
+    {                                                               \
+        const ST *a = src;                                          \
+        DT *b = dst;                                                \
+        for (size_t i = 0; i < n; i++) {                            \
+            ST x = a[i];                                            \
+            b[i] = (DT)(E);                                         \
+        }                                                           \
+        return;                                                     \
+    }
+#define ROW_INT_(ST)                                                \
+    switch (dd) {                                                   \
+    case LOOM_U8: CONV_LOOP_(ST, uint8_t, x)                        \
+    case LOOM_I32: CONV_LOOP_(ST, int32_t, x)                       \
+    case LOOM_I64: CONV_LOOP_(ST, int64_t, x)                       \
+    case LOOM_F32: CONV_LOOP_(ST, float, x)                         \
+    case LOOM_F64: CONV_LOOP_(ST, double, x)                        \
+    default: break;                                                 \
+    }                                                               \
+    break
+/* float to int truncates toward zero, saturates, and maps NaN to 0 */
+#define ROW_FLT_(ST)                                                                        \
+    switch (dd) {                                                                           \
+    case LOOM_U8: CONV_LOOP_(ST, uint8_t, SAT_(x, 0, 255))                                  \
+    case LOOM_I32: CONV_LOOP_(ST, int32_t, SAT_((double)x, -2147483648.0, 2147483647.0))    \
+    case LOOM_I64: CONV_LOOP_(ST, int64_t, SAT_((double)x, -9223372036854775808.0, 9223372036854774784.0)) \
+    case LOOM_F32: CONV_LOOP_(ST, float, x)                                                 \
+    case LOOM_F64: CONV_LOOP_(ST, double, x)                                                \
+    default: break;                                                                         \
+    }                                                                                       \
+    break
+
+/* n values of sd at src into dd at dst; src == dst is allowed when the sizes are equal. */
+static void convert(const void *src, loom_dtype sd, void *dst, loom_dtype dd, size_t n)
+{
+    switch (sd) {
+    case LOOM_U8: ROW_INT_(uint8_t);
+    case LOOM_I32: ROW_INT_(int32_t);
+    case LOOM_I64: ROW_INT_(int64_t);
+    case LOOM_F32: ROW_FLT_(float);
+    case LOOM_F64: ROW_FLT_(double);
+    default: break;
+    }
+    LOOM_ASSERT(!"bad dtype pair");
+}
+
+/* Elementwise float32 results of any input dtype; E_(v) is the op, defined around each use. */
+#define AFFINE_LOOP_(ST)                                                \
+    {                                                                   \
+        const ST *a = src;                                              \
+        for (size_t i = 0; i < n; i++) dst[i] = E_((float)a[i]);        \
+        return;                                                         \
+    }
+#define AFFINE_ALL_                                                     \
+    switch (sd) {                                                       \
+    case LOOM_U8: AFFINE_LOOP_(uint8_t)                                 \
+    case LOOM_I32: AFFINE_LOOP_(int32_t)                                \
+    case LOOM_I64: AFFINE_LOOP_(int64_t)                                \
+    case LOOM_F32: AFFINE_LOOP_(float)                                  \
+    case LOOM_F64: AFFINE_LOOP_(double)                                 \
+    default: LOOM_ASSERT(!"bad dtype");                                 \
+    }
+
+static void scale_vals(const void *src, loom_dtype sd, float *dst, size_t n, float sc, float off)
+{
+#define E_(v) ((v) * sc + off)
+    AFFINE_ALL_
+#undef E_
+}
+
+static void normalize_vals(const void *src, loom_dtype sd, float *dst, size_t n, float mean, float std)
+{
+#define E_(v) (((v) - mean) / std)
+    AFFINE_ALL_
+#undef E_
+}
+
+static int is_int(loom_dtype t) { return t == LOOM_U8 || t == LOOM_I32 || t == LOOM_I64; }
+
+static const char *const map_names[] = {
+    [LOOM_MAP_CAST] = "cast", [LOOM_MAP_SCALE] = "scale", [LOOM_MAP_NORMALIZE] = "normalize",
+    [LOOM_MAP_ONE_HOT] = "one_hot", [LOOM_MAP_RESHAPE] = "reshape", [LOOM_MAP_FLIP_LR] = "random_flip_left_right",
+    [LOOM_MAP_PAD] = "pad", [LOOM_MAP_RANDOM_CROP] = "random_crop", [LOOM_MAP_STANDARDIZE] = "per_image_standardization",
+    [LOOM_MAP_SLEEP] = "sleep",
+};
+
+/* Mean and population standard deviation of n values (two passes, in double). */
+#define STATS_LOOP_(ST)                                                                 \
+    {                                                                                   \
+        const ST *a = src;                                                              \
+        for (size_t i = 0; i < n; i++) sum += (double)a[i];                             \
+        *mean = sum / (double)n;                                                        \
+        for (size_t i = 0; i < n; i++) sq += ((double)a[i] - *mean) * ((double)a[i] - *mean); \
+        break;                                                                          \
+    }
+static void stats_vals(const void *src, loom_dtype sd, size_t n, double *mean, double *std)
+{
+    double sum = 0, sq = 0;
+    *mean = *std = 0;
+    if (!n) return;
+    switch (sd) {
+    case LOOM_U8: STATS_LOOP_(uint8_t)
+    case LOOM_I32: STATS_LOOP_(int32_t)
+    case LOOM_I64: STATS_LOOP_(int64_t)
+    case LOOM_F32: STATS_LOOP_(float)
+    case LOOM_F64: STATS_LOOP_(double)
+    default: LOOM_ASSERT(!"bad dtype");
+    }
+    *std = sqrt(sq / (double)n);
+}
+#undef STATS_LOOP_
+
+/* (H, W, px bytes) at src -> (H + 2p, W + 2p, px) at dst, the border filled with the dtype value at fill (esz bytes). */
+static void pad_image(const uint8_t *src, uint8_t *dst, int64_t H, int64_t W, int64_t p, size_t px, const uint8_t *fill,
+                      size_t esz)
+{
+    int64_t OW = W + 2 * p;
+    size_t total = (size_t)((H + 2 * p) * OW) * px, row = (size_t)W * px;
+    int zero = 1;
+    for (size_t k = 0; k < esz; k++) zero &= fill[k] == 0;
+    if (zero) memset(dst, 0, total);
+    else
+        for (size_t k = 0; k < total; k += esz) memcpy(dst + k, fill, esz);
+    for (int64_t h = 0; h < H; h++) memcpy(dst + (size_t)((h + p) * OW + p) * px, src + (size_t)h * row, row);
+}
+
+/* The ops above (and flip_image below) for custom element functions (custom.h). */
+void loom_data_convert(const void *src, loom_dtype sd, void *dst, loom_dtype dd, size_t n) { convert(src, sd, dst, dd, n); }
+void loom_data_scale(const void *src, loom_dtype sd, float *dst, size_t n, float sc, float off) { scale_vals(src, sd, dst, n, sc, off); }
+void loom_data_normalize(const void *src, loom_dtype sd, float *dst, size_t n, float mean, float std)
+{
+    normalize_vals(src, sd, dst, n, mean, std);
+}
+void loom_data_moments(const void *src, loom_dtype sd, size_t n, double *mean, double *std) { stats_vals(src, sd, n, mean, std); }
+void loom_data_pad_image(const uint8_t *src, uint8_t *dst, int64_t H, int64_t W, int64_t p, size_t px, const uint8_t *fill,
+                         size_t esz)
+{
+    pad_image(src, dst, H, W, p, px, fill, esz);
+}
+
+/* ---- map ------------------------------------------------------------------ */
+
+typedef struct mapst {
+    dstage        s;
+    loom_map_spec m;
+    int           f;        /* the feature */
+    loom_dtype    in_dt, out_dt;
+    uint8_t      *buf;      /* own output, sized for the max shape; NULL when never needed */
+    uint64_t      seed;     /* random ops */
+    int64_t       epoch, pos; /* pos: elements (images for flip) seen this pass: the RNG index */
+    uint8_t      *flags;    /* flip: per image of a batched element */
+    size_t        buf_bytes, flag_bytes;
+} mapst;
+
+/* A row of W px-byte pixels reversed into a distinct row. Inlined with px
+ * constant for the common pixel sizes, where it compiles to vector shuffles. */
+static inline __attribute__((always_inline)) void reverse_px(const uint8_t *restrict r, uint8_t *restrict o, int64_t W,
+                                                             size_t px)
+{
+    for (int64_t w = 0; w < W; w++) memcpy(o + (size_t)w * px, r + (size_t)(W - 1 - w) * px, px);
+}
+
+/* One row flipped, in place (src == dst: through a copy of the row, or by
+ * swapping pixels when it is too long for the stack) or not. */
+static inline __attribute__((always_inline)) void flip_row(const uint8_t *r, uint8_t *o, int64_t W, size_t px)
+{
+    uint8_t row[4096];
+    if (r != o) {
+        reverse_px(r, o, W, px);
+    } else if ((size_t)W * px <= sizeof row) {
+        memcpy(row, r, (size_t)W * px);
+        reverse_px(row, o, W, px);
+    } else {
+        for (int64_t w = 0; w < W / 2; w++) {
+            uint8_t *x = o + (size_t)w * px, *y = o + (size_t)(W - 1 - w) * px;
+            memcpy(row, x, px);
+            memcpy(x, y, px);
+            memcpy(y, row, px);
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void flip_rows(const uint8_t *src, uint8_t *dst, int64_t H, int64_t W, size_t px)
+{
+    for (int64_t h = 0; h < H; h++) flip_row(src + (size_t)(h * W) * px, dst + (size_t)(h * W) * px, W, px);
+}
+
+static void flip_image(const uint8_t *src, uint8_t *dst, int64_t H, int64_t W, size_t px)
+{
+    switch (px) {
+    case 1: flip_rows(src, dst, H, W, 1); return;
+    case 2: flip_rows(src, dst, H, W, 2); return;
+    case 3: flip_rows(src, dst, H, W, 3); return;
+    case 4: flip_rows(src, dst, H, W, 4); return;
+    case 8: flip_rows(src, dst, H, W, 8); return;
+    case 12: flip_rows(src, dst, H, W, 12); return;
+    case 16: flip_rows(src, dst, H, W, 16); return;
+    default: break;
+    }
+    for (int64_t h = 0; h < H; h++) { /* other pixel sizes: swap in 64-byte pieces */
+        const uint8_t *r = src + (size_t)(h * W) * px;
+        uint8_t *o = dst + (size_t)(h * W) * px;
+        if (r != o) {
+            for (int64_t w = 0; w < W; w++) memcpy(o + (size_t)w * px, r + (size_t)(W - 1 - w) * px, px);
+            continue;
+        }
+        uint8_t tmp[64];
+        for (int64_t w = 0; w < W / 2; w++) {
+            uint8_t *x = o + (size_t)w * px, *y = o + (size_t)(W - 1 - w) * px;
+            for (size_t done = 0; done < px; done += sizeof tmp) {
+                size_t k = px - done < sizeof tmp ? px - done : sizeof tmp;
+                memcpy(tmp, x + done, k);
+                memcpy(x + done, y + done, k);
+                memcpy(y + done, tmp, k);
+            }
+        }
+    }
+}
+
+void loom_data_flip_image(const uint8_t *src, uint8_t *dst, int64_t H, int64_t W, size_t px) { flip_image(src, dst, H, W, px); }
+
+/* Elements in a tensor with bd leading batch dims (1 when unbatched). */
+static int64_t elems_of(const loom_tensor *t, int bd)
+{
+    int64_t k = 1;
+    for (int d = 0; d < bd; d++) k *= t->shape.dim[d];
+    return k;
+}
+
+int64_t map_count_(const dstage *st, const loom_elem *e)
+{
+    if (custom_is_(st)) return 1; /* one call per element, batched or not */
+    return elems_of(&e->t[((const mapst *)st)->f], st->batch_dims);
+}
+
+int map_feature_(const dstage *st) { return custom_is_(st) ? 0 : ((const mapst *)st)->f; }
+
+void map_buffers_(const dstage *st, uint8_t **buf, uint8_t **flags)
+{
+    LOOM_ASSERT(!custom_is_(st)); /* the plan never fuses a Lua map (optimize.c) */
+    const mapst *s = (const mapst *)st;
+    *buf = s->buf;
+    *flags = s->flags;
+}
+
+void map_scratch_(const dstage *st, size_t *buf_bytes, size_t *flag_bytes)
+{
+    if (custom_is_(st)) {
+        *buf_bytes = custom_scratch_(st);
+        *flag_bytes = 0;
+        return;
+    }
+    const mapst *s = (const mapst *)st;
+    *buf_bytes = s->buf ? s->buf_bytes : 0;
+    *flag_bytes = s->flags ? s->flag_bytes : 0;
+}
+
+/* Reentrant: reads only the stage's settings, writes e, buf and flags. */
+int map_apply_(const dstage *st, loom_elem *e, int writable, uint8_t *buf, uint8_t *flags, int64_t epoch, int64_t pos,
+               int *mut, loom_err *err)
+{
+    if (custom_is_(st)) { /* every feature lands in buf */
+        *mut = 1;
+        return custom_apply_(st, e, buf, epoch, pos, err);
+    }
+    const mapst *s = (const mapst *)st;
+    int f = s->f;
+    loom_tensor *t = &e->t[f];
+    size_t n = (size_t)loom_shape_numel(&t->shape);
+    int inplace = writable && loom_dtype_size(t->dtype) == loom_dtype_size(s->out_dt);
+    void *dst = inplace ? t->data : buf;
+    *mut = writable;
+    switch (s->m.kind) {
+    case LOOM_MAP_CAST:
+        if (t->dtype != s->out_dt) convert(t->data, t->dtype, dst, s->out_dt, n);
+        else dst = t->data;
+        break;
+    case LOOM_MAP_SCALE:
+        scale_vals(t->data, t->dtype, dst, n, (float)s->m.scale, (float)s->m.offset);
+        break;
+    case LOOM_MAP_NORMALIZE:
+        normalize_vals(t->data, t->dtype, dst, n, (float)s->m.mean, (float)s->m.std);
+        break;
+    case LOOM_MAP_ONE_HOT: {
+        size_t depth = (size_t)s->m.depth;
+        float *o = (float *)buf;
+        memset(o, 0, n * depth * sizeof *o);
+        for (size_t i = 0; i < n; i++) {
+            int64_t v = (int64_t)loom_tensor_get(t, (int64_t)i);
+            if (v < 0 || v >= (int64_t)depth) {
+                int64_t idx = pos + (int64_t)(i / (n / (size_t)elems_of(t, st->batch_dims)));
+                return dstage_err_(st, err, LOOM_EDATA, "map(one_hot) on \"%s\": element %lld has value %lld, outside [0, %lld)",
+                                   st->spec.name[f], (long long)idx, (long long)v, (long long)depth);
+            }
+            o[i * depth + (size_t)v] = 1.0f;
+        }
+        t->shape.dim[t->shape.rank++] = (int64_t)depth;
+        dst = o;
+        break;
+    }
+    case LOOM_MAP_SLEEP: { /* a stand-in for slow work that takes no CPU: ms per element of the batch */
+        double ns = s->m.ms * 1e6 * (double)elems_of(t, st->batch_dims);
+        struct timespec d = {(time_t)(ns / 1e9), (long)fmod(ns, 1e9)};
+        while (nanosleep(&d, &d) != 0) {}
+        return LOOM_OK; /* values untouched: mut unchanged */
+    }
+    case LOOM_MAP_LUA: break; /* custom_apply_ above */
+    case LOOM_MAP_RESHAPE: {
+        /* keep the actual leading batch dims, replace the rest */
+        loom_shape sh = st->spec.shape[f];
+        for (int d = 0; d < st->batch_dims; d++) sh.dim[d] = t->shape.dim[d];
+        t->shape = sh;
+        return LOOM_OK; /* a view: mut unchanged */
+    }
+    case LOOM_MAP_FLIP_LR: {
+        int bd = st->batch_dims;
+        int64_t images = elems_of(t, bd);
+        int64_t H = t->shape.dim[bd], W = t->shape.dim[bd + 1];
+        int64_t C = t->shape.rank - bd == 3 ? t->shape.dim[bd + 2] : 1;
+        size_t px = (size_t)C * loom_dtype_size(t->dtype), img = (size_t)(H * W) * px;
+        int any = 0;
+        for (int64_t k = 0; k < images; k++) {
+            loom_rng g;
+            loom_rng_init(&g, s->seed, (uint64_t)st->id, (uint64_t)epoch, (uint64_t)(pos + k));
+            flags[k] = loom_rng_uniform(&g) < 0.5f;
+            any |= flags[k];
+        }
+        if (!any) return LOOM_OK; /* untouched: pass the input through */
+        uint8_t *src = t->data, *o = inplace ? src : buf;
+        for (int64_t k = 0; k < images; k++) {
+            if (flags[k])
+                flip_image(src + (size_t)k * img, o + (size_t)k * img, H, W, px);
+            else if (o != src)
+                memcpy(o + (size_t)k * img, src + (size_t)k * img, img);
+        }
+        t->data = o;
+        *mut = 1;
+        return LOOM_OK;
+    }
+    case LOOM_MAP_PAD: { /* unbatched: (H, W[, C]) */
+        int64_t H = t->shape.dim[0], W = t->shape.dim[1], p = s->m.padding;
+        int64_t C = t->shape.rank == 3 ? t->shape.dim[2] : 1;
+        size_t esz = loom_dtype_size(t->dtype);
+        uint8_t fill[8];
+        double v = s->m.value;
+        convert(&v, LOOM_F64, fill, t->dtype, 1);
+        pad_image(t->data, buf, H, W, p, (size_t)C * esz, fill, esz);
+        t->shape.dim[0] = H + 2 * p;
+        t->shape.dim[1] = W + 2 * p;
+        t->data = buf;
+        *mut = 1;
+        return LOOM_OK;
+    }
+    case LOOM_MAP_RANDOM_CROP: { /* unbatched: (H, W[, C]) */
+        int64_t H = t->shape.dim[0], W = t->shape.dim[1], h = s->m.size[0], w = s->m.size[1];
+        int64_t C = t->shape.rank == 3 ? t->shape.dim[2] : 1;
+        if (H < h || W < w)
+            return dstage_err_(st, err, LOOM_EDATA, "map(random_crop) on \"%s\": element %lld is %lld x %lld, smaller than the "
+                               "crop %lld x %lld", st->spec.name[f], (long long)pos, (long long)H, (long long)W, (long long)h,
+                               (long long)w);
+        loom_rng g;
+        loom_rng_init(&g, s->seed, (uint64_t)st->id, (uint64_t)epoch, (uint64_t)pos);
+        int64_t oh = (int64_t)loom_rng_below(&g, (uint64_t)(H - h + 1));
+        int64_t ow = (int64_t)loom_rng_below(&g, (uint64_t)(W - w + 1));
+        size_t px = (size_t)C * loom_dtype_size(t->dtype), row = (size_t)w * px;
+        const uint8_t *src = t->data;
+        for (int64_t r = 0; r < h; r++) memcpy(buf + (size_t)r * row, src + (size_t)((oh + r) * W + ow) * px, row);
+        t->shape.dim[0] = h;
+        t->shape.dim[1] = w;
+        t->data = buf;
+        *mut = 1;
+        return LOOM_OK;
+    }
+    case LOOM_MAP_STANDARDIZE: {
+        double mean, sd;
+        stats_vals(t->data, t->dtype, n, &mean, &sd);
+        double floor_sd = n ? 1.0 / sqrt((double)n) : 1.0;
+        normalize_vals(t->data, t->dtype, dst, n, (float)mean, (float)(sd > floor_sd ? sd : floor_sd));
+        break;
+    }
+    }
+    t->data = dst;
+    t->dtype = s->out_dt;
+    *mut = dst == buf || writable;
+    return LOOM_OK;
+}
+
+static int map_next(dstage *st, loom_elem **out, loom_err *err)
+{
+    mapst *s = (mapst *)st;
+    loom_elem *e;
+    int rc = dstage_next_(st->in, &e, err);
+    if (rc) return rc;
+    st->out = *e;
+    memcpy(st->mut, st->in->mut, sizeof st->mut);
+    *out = &st->out;
+    int64_t k = map_count_(st, &st->out);
+    int mut;
+    rc = map_apply_(st, &st->out, st->in->mut[s->f], s->buf, s->flags, s->epoch, s->pos, &mut, err);
+    if (rc) return rc;
+    st->mut[s->f] = (uint8_t)mut;
+    s->pos += k;
+    return LOOM_OK;
+}
+
+static int map_rewind(dstage *st, int64_t epoch, loom_err *err)
+{
+    mapst *s = (mapst *)st;
+    return dcursor_rewind_(st, &s->epoch, &s->pos, epoch, err);
+}
+
+static void map_save(dstage *st, loom_buf *b)
+{
+    mapst *s = (mapst *)st;
+    dcursor_save_(b, s->epoch, s->pos);
+}
+
+static int map_restore(dstage *st, loom_buf *b, loom_err *err)
+{
+    mapst *s = (mapst *)st;
+    if (!dcursor_load_(b, &s->epoch, &s->pos)) return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "iterator state is truncated (map)");
+    return LOOM_OK;
+}
+
+static void map_close(dstage *st)
+{
+    mapst *s = (mapst *)st;
+    loom_free(s->buf);
+    loom_free(s->flags);
+    loom_free(s);
+}
+
+static const dstage_ops map_ops = {
+    .next = map_next, .rewind = map_rewind, .save = map_save, .restore = map_restore, .close = map_close,
+};
+
+static char *shape_str(const loom_shape *s, char *buf, size_t n) { return loom_shape_str(s, buf, n); }
+
+/* Checks and resolves a reshape; fills the new spec and max shapes of feature f. */
+static int reshape_check(mapst *s, loom_err *err)
+{
+    dstage *st = &s->s;
+    int f = s->f, bd = st->batch_dims;
+    const loom_map_spec *m = &s->m;
+    loom_shape in = st->spec.shape[f];
+    char a[128], b[128];
+    if (m->rank < 0 || m->rank > 8 || bd + m->rank > LOOM_MAX_RANK)
+        return dstage_err_(st, err, LOOM_ECONFIG, "map(reshape): target rank %d is out of range (at most %d after %d batch dims)",
+                           m->rank, LOOM_MAX_RANK - bd, bd);
+    int64_t numel = 1;
+    for (int d = bd; d < in.rank; d++) {
+        if (in.dim[d] < 0)
+            return dstage_err_(st, err, LOOM_EUNSUPPORTED, "map(reshape) on \"%s\": the input shape %s has an unknown dimension",
+                               st->spec.name[f], shape_str(&in, a, sizeof a));
+        numel *= in.dim[d];
+    }
+    loom_shape tgt = {0};
+    tgt.rank = m->rank;
+    int infer = -1;
+    int64_t known = 1;
+    for (int d = 0; d < m->rank; d++) {
+        tgt.dim[d] = m->shape[d];
+        if (m->shape[d] == -1 && infer < 0) infer = d;
+        else if (m->shape[d] < 0)
+            return dstage_err_(st, err, LOOM_ECONFIG, "map(reshape): bad target shape %s (one dimension may be -1, the others >= 0)",
+                               shape_str(&tgt, a, sizeof a));
+        else known *= m->shape[d];
+    }
+    if (infer >= 0) {
+        if (known == 0 || numel % known)
+            return dstage_err_(st, err, LOOM_ESHAPE, "map(reshape) on \"%s\": cannot reshape %s (%lld values) to %s: %lld is not "
+                               "a multiple of %lld", st->spec.name[f], shape_str(&in, a, sizeof a), (long long)numel,
+                               shape_str(&tgt, b, sizeof b), (long long)numel, (long long)known);
+        tgt.dim[infer] = numel / known;
+    } else if (known != numel) {
+        return dstage_err_(st, err, LOOM_ESHAPE, "map(reshape) on \"%s\": cannot reshape %s (%lld values) to %s (%lld values)",
+                           st->spec.name[f], shape_str(&in, a, sizeof a), (long long)numel, shape_str(&tgt, b, sizeof b),
+                           (long long)known);
+    }
+    loom_shape sp = {0}, mx = {0};
+    sp.rank = mx.rank = bd + tgt.rank;
+    for (int d = 0; d < bd; d++) {
+        sp.dim[d] = in.dim[d];
+        mx.dim[d] = st->maxshape[f].dim[d];
+    }
+    for (int d = 0; d < tgt.rank; d++) sp.dim[bd + d] = mx.dim[bd + d] = tgt.dim[d];
+    st->spec.shape[f] = sp;
+    st->maxshape[f] = mx;
+    return LOOM_OK;
+}
+
+/* pad, random_crop, per_image_standardization: unbatched elements only; fills the new
+ * spec and max shapes, the output dtype and the description. */
+static int image_map_check(mapst *s, loom_err *err)
+{
+    dstage *st = &s->s;
+    const loom_map_spec *m = &s->m;
+    const char *kn = map_names[m->kind];
+    int f = s->f;
+    loom_shape *sh = &st->spec.shape[f], *mx = &st->maxshape[f];
+    char a[128];
+    if (st->batch_dims > 0)
+        return dstage_err_(st, err, LOOM_ECONFIG, "map(%s) on \"%s\" applies to single elements, but the elements here are "
+                           "batched %s: put it before the batch", kn, m->feature, loom_shape_str(sh, a, sizeof a));
+    if (m->kind == LOOM_MAP_STANDARDIZE) {
+        s->out_dt = LOOM_F32;
+        snprintf(st->desc, sizeof st->desc, "map(per_image_standardization,%s)", m->feature);
+        return LOOM_OK;
+    }
+    if (sh->rank != 2 && sh->rank != 3)
+        return dstage_err_(st, err, LOOM_ESHAPE, "map(%s) needs images (H, W) or (H, W, C), \"%s\" has shape %s", kn,
+                           m->feature, loom_shape_str(sh, a, sizeof a));
+    if (m->kind == LOOM_MAP_PAD) {
+        if (m->padding < 0)
+            return dstage_err_(st, err, LOOM_ECONFIG, "map(pad): padding must be >= 0, got %d", m->padding);
+        static const double lo[] = {[LOOM_U8] = 0, [LOOM_I32] = -2147483648.0, [LOOM_I64] = -9223372036854775808.0};
+        static const double hi[] = {[LOOM_U8] = 255, [LOOM_I32] = 2147483647.0, [LOOM_I64] = 9223372036854774784.0};
+        if (is_int(s->in_dt) && (m->value != floor(m->value) || m->value < lo[s->in_dt] || m->value > hi[s->in_dt]))
+            return dstage_err_(st, err, LOOM_ECONFIG, "map(pad) on \"%s\": value %g is not a %s value", m->feature, m->value,
+                               loom_dtype_name(s->in_dt));
+        for (int d = 0; d < 2; d++) {
+            if (sh->dim[d] >= 0) sh->dim[d] += 2 * (int64_t)m->padding;
+            mx->dim[d] += 2 * (int64_t)m->padding;
+        }
+        snprintf(st->desc, sizeof st->desc, "map(pad,%s,%d,%.17g)", m->feature, m->padding, m->value);
+        return LOOM_OK;
+    }
+    for (int d = 0; d < 2; d++)
+        if (m->size[d] < 1 || mx->dim[d] < m->size[d])
+            return dstage_err_(st, err, LOOM_ECONFIG, "map(random_crop) on \"%s\": crop size [%d, %d] does not fit in the "
+                               "input %s", m->feature, m->size[0], m->size[1], loom_shape_str(sh, a, sizeof a));
+    for (int d = 0; d < 2; d++) sh->dim[d] = mx->dim[d] = m->size[d];
+    snprintf(st->desc, sizeof st->desc, "map(random_crop,%s,%d,%d)", m->feature, m->size[0], m->size[1]);
+    return LOOM_OK;
+}
+
+int map_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, const loom_data_ctx *ctx, loom_err *err)
+{
+    if (t->map.kind == LOOM_MAP_LUA) return custom_map_open_(out, in, id, t, ctx, err);
+    mapst *s = loom_calloc(1, sizeof *s);
+    if (!s) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate a map stage");
+    dstage *st = &s->s;
+    dstage_init_(st, &map_ops, in, id, &t->loc);
+    s->m = t->map;
+    s->seed = ctx->seed;
+    int rc = LOOM_OK;
+    const char *kn = (unsigned)s->m.kind < sizeof map_names / sizeof map_names[0] ? map_names[s->m.kind] : NULL;
+    if (!kn) {
+        rc = dstage_err_(st, err, LOOM_ECONFIG, "unknown map fn %d", (int)s->m.kind);
+        goto fail;
+    }
+    snprintf(st->name, sizeof st->name, "map(%s)", kn);
+    s->f = loom_elem_spec_find(&st->spec, s->m.feature);
+    if (s->f < 0) {
+        char avail[LOOM_MAX_FEATURES * (LOOM_NAME_MAX + 2)] = "";
+        size_t k = 0;
+        for (int i = 0; i < st->spec.n; i++) k += (size_t)snprintf(avail + k, sizeof avail - k, "%s%s", i ? ", " : "", st->spec.name[i]);
+        rc = dstage_err_(st, err, LOOM_ECONFIG, "map(%s): no feature \"%s\" (available: %s)", kn, s->m.feature, avail);
+        goto fail;
+    }
+    int f = s->f, bd = st->batch_dims;
+    loom_shape *sh = &st->spec.shape[f], *mx = &st->maxshape[f];
+    char a[128];
+    s->in_dt = s->out_dt = st->spec.dtype[f];
+    switch (s->m.kind) {
+    case LOOM_MAP_CAST:
+        if ((unsigned)s->m.dtype >= LOOM_NDTYPES_) {
+            rc = dstage_err_(st, err, LOOM_ECONFIG, "map(cast): bad dtype %d", (int)s->m.dtype);
+            goto fail;
+        }
+        s->out_dt = (loom_dtype)s->m.dtype;
+        snprintf(st->desc, sizeof st->desc, "map(cast,%s,%s)", s->m.feature, loom_dtype_name(s->out_dt));
+        break;
+    case LOOM_MAP_SCALE:
+        s->out_dt = LOOM_F32;
+        snprintf(st->desc, sizeof st->desc, "map(scale,%s,%.17g,%.17g)", s->m.feature, s->m.scale, s->m.offset);
+        break;
+    case LOOM_MAP_NORMALIZE:
+        if (!(s->m.std > 0)) {
+            rc = dstage_err_(st, err, LOOM_ECONFIG, "map(normalize): std must be > 0, got %g", s->m.std);
+            goto fail;
+        }
+        s->out_dt = LOOM_F32;
+        snprintf(st->desc, sizeof st->desc, "map(normalize,%s,%.17g,%.17g)", s->m.feature, s->m.mean, s->m.std);
+        break;
+    case LOOM_MAP_ONE_HOT:
+        if (!is_int(s->in_dt)) {
+            rc = dstage_err_(st, err, LOOM_ESHAPE, "map(one_hot) needs an integer feature, \"%s\" is %s", s->m.feature,
+                             loom_dtype_name(s->in_dt));
+            goto fail;
+        }
+        if (s->m.depth < 1 || sh->rank >= LOOM_MAX_RANK) {
+            rc = dstage_err_(st, err, LOOM_ECONFIG, "map(one_hot) on \"%s\": depth %d with shape %s is not possible (depth >= 1, "
+                             "rank < %d)", s->m.feature, s->m.depth, loom_shape_str(sh, a, sizeof a), LOOM_MAX_RANK);
+            goto fail;
+        }
+        s->out_dt = LOOM_F32;
+        sh->dim[sh->rank++] = s->m.depth;
+        mx->dim[mx->rank++] = s->m.depth;
+        snprintf(st->desc, sizeof st->desc, "map(one_hot,%s,%d)", s->m.feature, s->m.depth);
+        break;
+    case LOOM_MAP_RESHAPE:
+        rc = reshape_check(s, err);
+        if (rc) goto fail;
+        snprintf(st->desc, sizeof st->desc, "map(reshape,%s,%s)", s->m.feature, loom_shape_str(sh, a, sizeof a));
+        break;
+    case LOOM_MAP_FLIP_LR: {
+        int r = sh->rank - bd;
+        if (r != 2 && r != 3) {
+            rc = dstage_err_(st, err, LOOM_ESHAPE, "map(random_flip_left_right) needs images (H, W) or (H, W, C), \"%s\" has shape %s",
+                             s->m.feature, loom_shape_str(sh, a, sizeof a));
+            goto fail;
+        }
+        int64_t images = 1;
+        for (int d = 0; d < bd; d++) images *= mx->dim[d];
+        s->flag_bytes = (size_t)images + 1;
+        s->flags = loom_alloc(s->flag_bytes);
+        if (!s->flags) {
+            rc = loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate flip flags");
+            goto fail;
+        }
+        snprintf(st->desc, sizeof st->desc, "map(flip_lr,%s)", s->m.feature);
+        break;
+    }
+    case LOOM_MAP_PAD:
+    case LOOM_MAP_RANDOM_CROP:
+    case LOOM_MAP_STANDARDIZE:
+        rc = image_map_check(s, err);
+        if (rc) goto fail;
+        break;
+    case LOOM_MAP_SLEEP:
+        if (!(s->m.ms >= 0)) {
+            rc = dstage_err_(st, err, LOOM_ECONFIG, "map(sleep): ms must be >= 0, got %g", s->m.ms);
+            goto fail;
+        }
+        snprintf(st->desc, sizeof st->desc, "map(sleep,%s,%.17g)", s->m.feature, s->m.ms);
+        break;
+    case LOOM_MAP_LUA: break; /* custom_map_open_ above */
+    }
+    st->spec.dtype[f] = s->out_dt;
+    if (s->m.kind != LOOM_MAP_RESHAPE && s->m.kind != LOOM_MAP_SLEEP && !(s->m.kind == LOOM_MAP_CAST && s->out_dt == s->in_dt)) {
+        size_t bytes = (size_t)loom_shape_numel(mx) * loom_dtype_size(s->out_dt);
+        s->buf_bytes = bytes ? bytes : 1;
+        s->buf = loom_alloc_aligned(s->buf_bytes);
+        if (!s->buf) {
+            rc = loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate %zu bytes for map(%s)", bytes, kn);
+            goto fail;
+        }
+        dstage_gauge_(&st->st_bytes, (int64_t)s->buf_bytes);
+    }
+    *out = st;
+    return LOOM_OK;
+fail:
+    map_close(st);
+    return rc;
+}
+
+/* ---- shuffle -----------------------------------------------------------------
+ * tf.data ShuffleDataset (shuffle_dataset_op.cc): fill the buffer up to
+ * buffer_size, pick a uniform index among the buffered elements, emit it and
+ * move the oldest buffered element into the hole; refill one per emission.
+ * The buffer is a ring of slot ids (perm) over a slot pool, so moving an
+ * element is moving an id; the emitted slot stays lent until the next call.
+ * Index mode, when the input has random access (get) and a known finite
+ * cardinality: the same algorithm on the input's positions 0, 1, 2, ... of
+ * the pass, the ring holding positions rather than slot ids and an emitted
+ * position read with get. The draws, and so the output, are those of element
+ * mode bit for bit; the buffer is 8 bytes an element and fills without
+ * reading anything, and the input's cursor stays where rewind put it. */
+
+typedef struct shufst {
+    dstage    s;
+    int64_t   size;        /* buffer_size */
+    uint64_t  seed;
+    int       reshuffle;
+    int       by_index;    /* index mode: perm holds input positions, there is no pool */
+    elem_pool pool;
+    int64_t  *perm;        /* ring of cap slot ids (index mode: positions); logical positions [start, end) */
+    int64_t   cap;         /* ring size: pool.cap, or in index mode the most the buffer can hold */
+    int64_t  *freel;       /* free slot ids */
+    int64_t   nfree;
+    int64_t   start, end;
+    int64_t   lent;        /* slot lent out, -1 */
+    int64_t   next_in;     /* index mode: the input position the buffer takes next */
+    int       eoi;         /* input exhausted this pass */
+    int64_t   epoch;
+    loom_rng  rng;
+} shufst;
+
+static void shuf_reset(shufst *s, int64_t epoch)
+{
+    s->start = s->end = 0;
+    s->lent = -1;
+    s->next_in = 0;
+    s->eoi = 0;
+    s->epoch = epoch;
+    s->nfree = 0;
+    if (!s->by_index)
+        for (int64_t i = s->pool.cap - 1; i >= 0; i--) s->freel[s->nfree++] = i;
+    loom_rng_init(&s->rng, s->seed, (uint64_t)s->s.id, s->reshuffle ? (uint64_t)epoch : 0, 0);
+    dstage_gauge_(&s->s.st_buffered, 0);
+}
+
+/* Grows the pool (and ring) to cap, keeping the buffered elements' order. */
+static int shuf_grow(shufst *s, int64_t cap, loom_err *err)
+{
+    int64_t old = s->pool.cap, live = s->end - s->start;
+    int64_t *perm = loom_alloc((size_t)cap * sizeof *perm), *freel = loom_alloc((size_t)cap * sizeof *freel);
+    if (!perm || !freel || elem_pool_grow_(&s->pool, cap, err)) {
+        loom_free(perm);
+        loom_free(freel);
+        return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot grow the shuffle buffer to %lld elements", (long long)cap);
+    }
+    for (int64_t i = 0; i < live; i++) perm[i] = s->perm[(s->start + i) % old];
+    if (s->freel) memcpy(freel, s->freel, (size_t)s->nfree * sizeof *freel);
+    for (int64_t i = cap - 1; i >= old; i--) freel[s->nfree++] = i;
+    loom_free(s->perm);
+    loom_free(s->freel);
+    s->perm = perm;
+    s->freel = freel;
+    s->cap = cap;
+    s->start = 0;
+    s->end = live;
+    dstage_gauge_(&s->s.st_capacity, s->size);
+    return LOOM_OK;
+}
+
+/* Fills the buffer up to size: element mode copies input elements into free slots. */
+static int shuf_fill_elems(shufst *s, loom_err *err)
+{
+    dstage *st = &s->s;
+    while (!s->eoi && s->end - s->start < s->size) {
+        loom_elem *e;
+        int rc = dstage_next_(st->in, &e, err);
+        if (rc == LOOM_EEOF) {
+            s->eoi = 1;
+            break;
+        }
+        if (rc) return rc;
+        if (s->nfree == 0) {
+            int64_t cap = s->pool.cap * 2 < 64 ? 64 : s->pool.cap * 2;
+            rc = shuf_grow(s, cap < s->size ? cap : s->size, err);
+            if (rc) return rc;
+        }
+        int64_t slot = s->freel[--s->nfree];
+        rc = elem_pool_put_(&s->pool, slot, e, err);
+        if (rc) return dstage_err_(st, err, rc, "shuffle: %s", err->msg);
+        s->perm[s->end++ % s->cap] = slot;
+    }
+    return LOOM_OK;
+}
+
+static int shuf_next(dstage *st, loom_elem **out, loom_err *err)
+{
+    shufst *s = (shufst *)st;
+    if (s->by_index) {
+        /* "pulling" position next_in; past the pass's end is the input's EOF */
+        while (!s->eoi && s->end - s->start < s->size) {
+            if (s->next_in >= st->in->card) s->eoi = 1;
+            else s->perm[s->end++ % s->cap] = s->next_in++;
+        }
+    } else {
+        if (s->lent >= 0) {
+            s->freel[s->nfree++] = s->lent;
+            s->lent = -1;
+        }
+        int rc = shuf_fill_elems(s, err);
+        if (rc) return rc;
+    }
+    int64_t live = s->end - s->start, cap = s->cap;
+    if (live == 0) {
+        dstage_gauge_(&st->st_buffered, 0);
+        return LOOM_EEOF;
+    }
+    int64_t j = (s->start + (int64_t)loom_rng_below(&s->rng, (uint64_t)live)) % cap;
+    int64_t slot = s->perm[j];
+    s->perm[j] = s->perm[s->start % cap];
+    s->start++;
+    dstage_gauge_(&st->st_buffered, live - 1);
+    if (s->by_index) {
+        int rc = dstage_get_(st->in, slot, out, err);
+        if (rc) return rc;
+        memcpy(st->mut, st->in->mut, sizeof st->mut); /* the input's element, as the input lends it */
+        return LOOM_OK;
+    }
+    s->lent = slot;
+    elem_pool_view_(&s->pool, slot, &st->out);
+    *out = &st->out;
+    return LOOM_OK;
+}
+
+static int shuf_rewind(dstage *st, int64_t epoch, loom_err *err)
+{
+    shuf_reset((shufst *)st, epoch);
+    return st->in->ops->rewind(st->in, epoch, err);
+}
+
+/* Element mode: epoch, eoi, rng, the buffered elements. Index mode: epoch,
+ * eoi, rng, next_in, the buffered positions (the pipeline fingerprint tells
+ * the two apart: the desc differs). */
+static void shuf_save(dstage *st, loom_buf *b)
+{
+    shufst *s = (shufst *)st;
+    loom_buf_put_i64(b, s->epoch);
+    loom_buf_put_u32(b, (uint32_t)s->eoi);
+    loom_rng_save(&s->rng, b);
+    if (s->by_index) loom_buf_put_i64(b, s->next_in);
+    loom_buf_put_i64(b, s->end - s->start);
+    for (int64_t i = s->start; i < s->end; i++) {
+        if (s->by_index) loom_buf_put_i64(b, s->perm[i % s->cap]);
+        else elem_pool_save_(&s->pool, s->perm[i % s->cap], b);
+    }
+}
+
+static int shuf_restore(dstage *st, loom_buf *b, loom_err *err)
+{
+    shufst *s = (shufst *)st;
+    int64_t epoch = loom_buf_get_i64(b);
+    shuf_reset(s, epoch);
+    s->eoi = (int)loom_buf_get_u32(b);
+    int bad = loom_rng_restore(&s->rng, b);
+    if (s->by_index) s->next_in = loom_buf_get_i64(b);
+    int64_t live = loom_buf_get_i64(b);
+    bool bad_pos = s->by_index && (s->next_in < 0 || s->next_in > st->in->card || live > s->next_in || live > s->cap);
+    if (bad || bad_pos || b->failed || live < 0 || live > s->size)
+        return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "iterator state is corrupt (shuffle buffer)");
+    if (!s->by_index && live > s->pool.cap && shuf_grow(s, live, err)) return err->code;
+    for (int64_t i = 0; i < live; i++) {
+        if (s->by_index) {
+            s->perm[i] = loom_buf_get_i64(b);
+            if (b->failed || s->perm[i] < 0 || s->perm[i] >= s->next_in)
+                return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "iterator state is corrupt (shuffle buffer index)");
+            continue;
+        }
+        int rc = elem_pool_load_(&s->pool, i, b, err);
+        if (rc) return rc;
+        s->perm[i] = i;
+    }
+    s->start = 0;
+    s->end = live;
+    s->nfree = 0;
+    if (!s->by_index)
+        for (int64_t i = s->pool.cap - 1; i >= live; i--) s->freel[s->nfree++] = i;
+    dstage_gauge_(&st->st_buffered, live);
+    return LOOM_OK;
+}
+
+static void shuf_close(dstage *st)
+{
+    shufst *s = (shufst *)st;
+    elem_pool_fini_(&s->pool);
+    loom_free(s->perm);
+    loom_free(s->freel);
+    loom_free(s);
+}
+
+static const dstage_ops shuf_ops = {
+    .next = shuf_next, .rewind = shuf_rewind, .save = shuf_save, .restore = shuf_restore, .close = shuf_close,
+};
+
+bool shuffle_by_index_(const dstage *in) { return in->ops->get && in->card >= 0; }
+
+int shuffle_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, const loom_data_ctx *ctx, loom_err *err)
+{
+    shufst *s = loom_calloc(1, sizeof *s);
+    if (!s) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate a shuffle stage");
+    dstage *st = &s->s;
+    dstage_init_(st, &shuf_ops, in, id, &t->loc);
+    s->size = t->buffer;
+    s->seed = t->seed_set ? t->seed : ctx->seed;
+    s->reshuffle = t->reshuffle;
+    s->by_index = shuffle_by_index_(in);
+    snprintf(st->name, sizeof st->name, s->by_index ? "shuffle(indices)" : "shuffle");
+    snprintf(st->desc, sizeof st->desc, "shuffle(%s%lld,%llu,%d)", s->by_index ? "indices," : "", (long long)s->size,
+             (unsigned long long)s->seed, s->reshuffle);
+    int rc;
+    if (s->size < 1) {
+        rc = dstage_err_(st, err, LOOM_ECONFIG, "shuffle: buffer must be >= 1, got %lld", (long long)s->size);
+        goto fail;
+    }
+    /* with a known cardinality the buffer never holds more than one pass */
+    int64_t cap = in->card >= 0 ? (in->card < s->size ? in->card : s->size) : (s->size < 1024 ? s->size : 1024);
+    if (cap < 1) cap = 1;
+    if (s->by_index) {
+        s->cap = cap;
+        if (!(s->perm = loom_alloc((size_t)cap * sizeof *s->perm))) {
+            rc = loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate the shuffle buffer of %lld indices",
+                              (long long)cap);
+            goto fail;
+        }
+        dstage_gauge_(&st->st_bytes, cap * (int64_t)sizeof *s->perm);
+        dstage_gauge_(&st->st_capacity, s->size);
+        memcpy(st->mut, in->mut, sizeof st->mut);
+    } else {
+        rc = elem_pool_init_(&s->pool, st, 0, err);
+        if (rc) goto fail;
+        rc = shuf_grow(s, cap, err);
+        if (rc) goto fail;
+        for (int f = 0; f < st->spec.n; f++) st->mut[f] = 1;
+    }
+    shuf_reset(s, 0);
+    *out = st;
+    return LOOM_OK;
+fail:
+    shuf_close(st);
+    return rc;
+}
+
+/* ---- batch ------------------------------------------------------------------ */
+
+typedef struct batchst {
+    dstage  s;
+    int64_t size;
+    int     drop;
+} batchst;
+
+/* The next batch into o's buffers (sized for the max shapes); sets o's shapes. */
+static int batch_into(dstage *st, loom_elem *o, loom_err *err)
+{
+    batchst *s = (batchst *)st;
+    loom_shape first[LOOM_MAX_FEATURES];
+    size_t bytes[LOOM_MAX_FEATURES];
+    int64_t i;
+    for (i = 0; i < s->size; i++) {
+        loom_elem *e;
+        int rc = dstage_next_(st->in, &e, err);
+        if (rc == LOOM_EEOF) break;
+        if (rc) return rc;
+        for (int f = 0; f < o->n; f++) {
+            if (i == 0) {
+                first[f] = e->t[f].shape;
+                bytes[f] = loom_tensor_nbytes(&e->t[f]);
+            } else if (!loom_shape_eq(&first[f], &e->t[f].shape)) {
+                char a[128], b[128];
+                return dstage_err_(st, err, LOOM_ESHAPE, "batch: feature \"%s\" has shape %s in element %lld of the batch but %s "
+                                   "in its first element (a batch needs equal shapes)", st->spec.name[f],
+                                   loom_shape_str(&e->t[f].shape, a, sizeof a), (long long)i, loom_shape_str(&first[f], b, sizeof b));
+            }
+            memcpy((uint8_t *)o->t[f].data + (size_t)i * bytes[f], e->t[f].data, bytes[f]);
+        }
+    }
+    if (i == 0 || (i < s->size && s->drop)) return LOOM_EEOF;
+    for (int f = 0; f < o->n; f++) {
+        o->t[f].shape.rank = first[f].rank + 1;
+        o->t[f].shape.dim[0] = i;
+        for (int d = 0; d < first[f].rank; d++) o->t[f].shape.dim[d + 1] = first[f].dim[d];
+    }
+    return LOOM_OK;
+}
+
+static int batch_next(dstage *st, loom_elem **out, loom_err *err)
+{
+    int rc = batch_into(st, &st->out, err);
+    if (rc == LOOM_OK) *out = &st->out;
+    return rc;
+}
+
+static void batch_close(dstage *st)
+{
+    for (int f = 0; f < st->out.n; f++) loom_tensor_fini(&st->out.t[f]);
+    loom_free(st);
+}
+
+static const dstage_ops batch_ops = {
+    .next = batch_next, .rewind = dstage_pass_rewind_, .save = dstage_no_save_, .restore = dstage_no_restore_,
+    .close = batch_close, .next_into = batch_into,
+};
+
+int batch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err)
+{
+    batchst *s = loom_calloc(1, sizeof *s);
+    if (!s) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate a batch stage");
+    dstage *st = &s->s;
+    dstage_init_(st, &batch_ops, in, id, &t->loc);
+    snprintf(st->name, sizeof st->name, "batch");
+    s->size = t->batch_size;
+    s->drop = t->drop_remainder;
+    snprintf(st->desc, sizeof st->desc, "batch(%lld,%d)", (long long)s->size, s->drop);
+    int rc = LOOM_OK;
+    if (s->size < 1) {
+        rc = dstage_err_(st, err, LOOM_ECONFIG, "batch: size must be >= 1, got %lld", (long long)s->size);
+        goto fail;
+    }
+    int64_t d0;
+    st->card = dbatch_card_(in->card, s->size, s->drop, &d0);
+    st->batch_dims = in->batch_dims + 1;
+    st->out.n = st->spec.n;
+    for (int f = 0; f < st->spec.n; f++) {
+        if ((rc = dbatch_feature_(st, f, d0, s->size, "batch", err))) goto fail;
+        __atomic_fetch_add(&st->st_bytes, (int64_t)loom_tensor_nbytes(&st->out.t[f]), __ATOMIC_RELAXED);
+    }
+    *out = st;
+    return LOOM_OK;
+fail:
+    batch_close(st);
+    return rc;
+}
+
+/* ---- repeat, take, skip ------------------------------------------------------ */
+
+typedef struct countst {
+    dstage  s;
+    int64_t count;    /* the spec's count */
+    int64_t epoch;    /* this stage's pass */
+    int64_t k;        /* repeat: pass within the epoch; take: taken; skip: skipped */
+    int     produced; /* repeat: the current inner pass yielded something */
+    int     done;     /* repeat: finished; skip: done skipping */
+} countst;
+
+/* Upstream epoch of repeat's inner pass k: distinct for every (epoch, k). */
+static int64_t repeat_inner_epoch(const countst *s, int64_t k)
+{
+    return s->count > 0 ? s->epoch * s->count + k : (int64_t)((uint64_t)s->epoch << 32) + k;
+}
+
+static int repeat_next(dstage *st, loom_elem **out, loom_err *err)
+{
+    countst *s = (countst *)st;
+    while (!s->done) {
+        int rc = dstage_next_(st->in, out, err);
+        if (rc == LOOM_OK) {
+            s->produced = 1;
+            memcpy(st->mut, st->in->mut, sizeof st->mut);
+            return LOOM_OK;
+        }
+        if (rc != LOOM_EEOF) return rc;
+        /* tf.data ends an infinite repeat whose pass is empty, rather than spinning */
+        if ((s->count >= 0 && s->k + 1 >= s->count) || (s->count < 0 && !s->produced)) {
+            s->done = 1;
+            break;
+        }
+        s->k++;
+        s->produced = 0;
+        rc = st->in->ops->rewind(st->in, repeat_inner_epoch(s, s->k), err);
+        if (rc) return rc;
+    }
+    return LOOM_EEOF;
+}
+
+static int repeat_rewind(dstage *st, int64_t epoch, loom_err *err)
+{
+    countst *s = (countst *)st;
+    s->epoch = epoch;
+    s->k = 0;
+    s->produced = 0;
+    s->done = s->count == 0;
+    return st->in->ops->rewind(st->in, repeat_inner_epoch(s, 0), err);
+}
+
+static void count_save(dstage *st, loom_buf *b)
+{
+    countst *s = (countst *)st;
+    loom_buf_put_i64(b, s->epoch);
+    loom_buf_put_i64(b, s->k);
+    loom_buf_put_u32(b, (uint32_t)s->produced);
+    loom_buf_put_u32(b, (uint32_t)s->done);
+}
+
+static int count_restore(dstage *st, loom_buf *b, loom_err *err)
+{
+    countst *s = (countst *)st;
+    s->epoch = loom_buf_get_i64(b);
+    s->k = loom_buf_get_i64(b);
+    s->produced = (int)loom_buf_get_u32(b);
+    s->done = (int)loom_buf_get_u32(b);
+    if (b->failed) return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "iterator state is truncated (%s)", st->name);
+    return LOOM_OK;
+}
+
+static int take_next(dstage *st, loom_elem **out, loom_err *err)
+{
+    countst *s = (countst *)st;
+    if (s->count >= 0 && s->k >= s->count) return LOOM_EEOF;
+    int rc = dstage_next_(st->in, out, err);
+    if (rc == LOOM_OK) {
+        s->k++;
+        memcpy(st->mut, st->in->mut, sizeof st->mut);
+    }
+    return rc;
+}
+
+static int skip_next(dstage *st, loom_elem **out, loom_err *err)
+{
+    countst *s = (countst *)st;
+    int rc;
+    while (!s->done) {
+        if (s->count >= 0 && s->k >= s->count) {
+            s->done = 1;
+            break;
+        }
+        rc = dstage_next_(st->in, out, err);
+        if (rc) return rc; /* EOF included: the pass is shorter than the skip */
+        s->k++;
+    }
+    rc = dstage_next_(st->in, out, err);
+    if (rc == LOOM_OK) memcpy(st->mut, st->in->mut, sizeof st->mut);
+    return rc;
+}
+
+/* Random access through take and skip: a position of their pass is one of
+ * the input's, offset by what skip skips; card (set at open) bounds index. */
+static int take_get(dstage *st, int64_t index, loom_elem **out, loom_err *err)
+{
+    int rc = dstage_get_(st->in, index, out, err);
+    if (rc == LOOM_OK) memcpy(st->mut, st->in->mut, sizeof st->mut);
+    return rc;
+}
+
+static int skip_get(dstage *st, int64_t index, loom_elem **out, loom_err *err)
+{
+    int rc = dstage_get_(st->in, index + ((countst *)st)->count, out, err);
+    if (rc == LOOM_OK) memcpy(st->mut, st->in->mut, sizeof st->mut);
+    return rc;
+}
+
+static int count_rewind(dstage *st, int64_t epoch, loom_err *err)
+{
+    countst *s = (countst *)st;
+    s->epoch = epoch;
+    s->k = 0;
+    s->produced = 0;
+    s->done = 0;
+    return st->in->ops->rewind(st->in, epoch, err);
+}
+
+static const dstage_ops repeat_ops = {
+    .next = repeat_next, .rewind = repeat_rewind, .save = count_save, .restore = count_restore, .close = dstage_free_,
+};
+static const dstage_ops take_ops = {
+    .next = take_next, .rewind = count_rewind, .save = count_save, .restore = count_restore, .close = dstage_free_,
+};
+static const dstage_ops skip_ops = {
+    .next = skip_next, .rewind = count_rewind, .save = count_save, .restore = count_restore, .close = dstage_free_,
+};
+/* The same over an input with random access and a known finite pass. */
+static const dstage_ops take_get_ops = {
+    .next = take_next, .rewind = count_rewind, .save = count_save, .restore = count_restore, .close = dstage_free_,
+    .get = take_get,
+};
+static const dstage_ops skip_get_ops = {
+    .next = skip_next, .rewind = count_rewind, .save = count_save, .restore = count_restore, .close = dstage_free_,
+    .get = skip_get,
+};
+
+static int count_open(dstage **out, dstage *in, int id, const loom_transform_spec *t, const dstage_ops *ops, const char *name,
+                      loom_err *err)
+{
+    countst *s = loom_calloc(1, sizeof *s);
+    if (!s) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate a %s stage", name);
+    dstage_init_(&s->s, ops, in, id, &t->loc);
+    snprintf(s->s.name, sizeof s->s.name, "%s", name);
+    snprintf(s->s.desc, sizeof s->s.desc, "%s(%lld)", name, (long long)t->count);
+    s->count = t->count;
+    if (s->count < -1) {
+        int rc = dstage_err_(&s->s, err, LOOM_ECONFIG, "%s: count must be >= -1, got %lld", name, (long long)t->count);
+        loom_free(s);
+        return rc;
+    }
+    *out = &s->s;
+    return LOOM_OK;
+}
+
+int repeat_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err)
+{
+    int rc = count_open(out, in, id, t, &repeat_ops, "repeat", err);
+    if (rc) return rc;
+    countst *s = (countst *)*out;
+    int64_t c = in->card, n = s->count;
+    (*out)->card = n == 0 || c == 0 ? 0 : n < 0 ? (c == -2 ? -2 : -1) : c < 0 ? c : c * n;
+    s->done = n == 0;
+    return LOOM_OK;
+}
+
+int take_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err)
+{
+    int rc = count_open(out, in, id, t, in->ops->get && in->card >= 0 ? &take_get_ops : &take_ops, "take", err);
+    if (rc) return rc;
+    int64_t c = in->card, n = t->count;
+    (*out)->card = n < 0 ? c : c == -1 ? n : c == -2 ? -2 : (c < n ? c : n);
+    return LOOM_OK;
+}
+
+int skip_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err)
+{
+    int rc = count_open(out, in, id, t, in->ops->get && in->card >= 0 ? &skip_get_ops : &skip_ops, "skip", err);
+    if (rc) return rc;
+    int64_t c = in->card, n = t->count;
+    if (n < 0 && c == -1) {
+        rc = dstage_err_(*out, err, LOOM_ECONFIG, "skip(-1) after an infinite repeat would never yield an element");
+        loom_free(*out);
+        *out = NULL;
+        return rc;
+    }
+    (*out)->card = c < 0 ? c : n < 0 ? 0 : (c > n ? c - n : 0);
+    return LOOM_OK;
+}
+
+int64_t dbatch_card_(int64_t c, int64_t size, bool drop, int64_t *dim0)
+{
+    /* a short last batch is possible unless dropped, or the pass is infinite, or it divides evenly */
+    *dim0 = drop || c == -1 || (c >= 0 && c % size == 0) ? size : -1;
+    return c < 0 ? c : drop ? c / size : (c + size - 1) / size;
+}
+
+int dbatch_feature_(dstage *st, int f, int64_t dim0, int64_t size, const char *what, loom_err *err)
+{
+    loom_shape *sh = &st->spec.shape[f], *mx = &st->maxshape[f];
+    if (sh->rank >= LOOM_MAX_RANK)
+        return dstage_err_(st, err, LOOM_ESHAPE, "%s: feature \"%s\" already has rank %d", what, st->spec.name[f],
+                           sh->rank);
+    memmove(sh->dim + 1, sh->dim, (size_t)sh->rank * sizeof sh->dim[0]);
+    memmove(mx->dim + 1, mx->dim, (size_t)mx->rank * sizeof mx->dim[0]);
+    sh->rank++;
+    mx->rank++;
+    sh->dim[0] = dim0;
+    mx->dim[0] = size;
+    st->mut[f] = 1; /* refilled by every batch */
+    /* a batch that cannot fit in memory (or whose size overflows) is the config's error, found at open */
+    int64_t bytes = 0, phys = loom_phys_bytes();
+    bool fits = loom_dims_ok(mx->dim, mx->rank, &bytes) &&
+                loom_mul_ok(bytes, (int64_t)loom_dtype_size(st->spec.dtype[f]), &bytes);
+    if (!fits || bytes > phys) {
+        char a[96], b[48];
+        snprintf(b, sizeof b, fits ? "%lld bytes" : "more than 2^63 bytes", (long long)bytes);
+        dstage_err_(st, err, LOOM_ECONFIG, "%s: a batch of %lld elements of feature \"%s\", %s %s, takes %s, more "
+                    "than this machine's %lld bytes of memory", what, (long long)size, st->spec.name[f],
+                    loom_shape_str(mx, a, sizeof a), loom_dtype_name(st->spec.dtype[f]), b, (long long)phys);
+        return loom_err_hint(err, "use a smaller batch size");
+    }
+    return loom_tensor_init(&st->out.t[f], st->spec.dtype[f], mx, err);
+}

@@ -1,0 +1,614 @@
+/* export.c - `loom export`: a trained model as ONNX (for onnxruntime and
+ * the rest of the ONNX world) or as an .npz of its variables (for numpy).
+ *
+ * ONNX is protobuf. The few messages needed (ModelProto, GraphProto,
+ * NodeProto, AttributeProto, TensorProto, ValueInfoProto and the type
+ * protos) are written here with a small wire-format writer, field numbers
+ * from onnx.proto (named beside each constant): see README.md's dependency
+ * list for why not protobuf-c. Each submessage is built in its own buffer
+ * and appended with its length, so nothing needs sizes up front.
+ *
+ * Layouts: Loom runs images NHWC, ONNX's Conv and MaxPool take NCHW. The
+ * graph keeps Loom's input layout (the same arrays `loom predict` reads),
+ * transposes to NCHW before the first conv or pool and back to NHWC before
+ * a flatten, so flatten's element order, and hence the dense kernels after
+ * it, are Loom's. Conv kernels (kh, kw, cin, cout) become (cout, cin, kh, kw).
+ *
+ * Threads: the main thread. */
+#include "train.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#define ONNX_OPSET      17 /* onnxruntime >= 1.13 (PyPI, 2022) */
+#define ONNX_IR_VERSION 8  /* the IR of opset 17 */
+
+/* ---- protobuf wire format --------------------------------------------------- */
+
+enum { WT_VARINT = 0, WT_I32 = 5, WT_LEN = 2 };
+
+static void pb_varint(loom_buf *b, uint64_t v)
+{
+    uint8_t tmp[10];
+    int n = 0;
+    do {
+        tmp[n++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+        v >>= 7;
+    } while (v);
+    loom_buf_put(b, tmp, (size_t)n);
+}
+static void pb_key(loom_buf *b, int field, int wt) { pb_varint(b, (uint64_t)field << 3 | (uint64_t)wt); }
+static void pb_int(loom_buf *b, int field, int64_t v) { pb_key(b, field, WT_VARINT), pb_varint(b, (uint64_t)v); }
+static void pb_bytes(loom_buf *b, int field, const void *p, size_t n)
+{
+    pb_key(b, field, WT_LEN);
+    pb_varint(b, n);
+    loom_buf_put(b, p, n);
+}
+static void pb_str(loom_buf *b, int field, const char *s) { pb_bytes(b, field, s, strlen(s)); }
+/* Appends sub as a length-delimited field and empties it for reuse. */
+static void pb_msg(loom_buf *b, int field, loom_buf *sub)
+{
+    pb_bytes(b, field, sub->data, sub->len);
+    if (sub->failed) b->failed = 1;
+    sub->len = 0;
+}
+
+/* onnx.proto field numbers */
+enum { MODEL_IR_VERSION = 1, MODEL_PRODUCER_NAME = 2, MODEL_PRODUCER_VERSION = 3, MODEL_DOC = 6, MODEL_GRAPH = 7,
+       MODEL_OPSET_IMPORT = 8 };
+enum { OPSET_DOMAIN = 1, OPSET_VERSION = 2 };
+enum { GRAPH_NODE = 1, GRAPH_NAME = 2, GRAPH_INITIALIZER = 5, GRAPH_INPUT = 11, GRAPH_OUTPUT = 12 };
+enum { NODE_INPUT = 1, NODE_OUTPUT = 2, NODE_NAME = 3, NODE_OP_TYPE = 4, NODE_ATTRIBUTE = 5 };
+enum { ATTR_NAME = 1, ATTR_F = 2, ATTR_I = 3, ATTR_INTS = 8, ATTR_TYPE = 20 };
+enum { ATTR_TYPE_FLOAT = 1, ATTR_TYPE_INT = 2, ATTR_TYPE_INTS = 7 };
+enum { TENSOR_DIMS = 1, TENSOR_DATA_TYPE = 2, TENSOR_NAME = 8, TENSOR_RAW_DATA = 9 };
+enum { ONNX_FLOAT = 1, ONNX_UINT8 = 2, ONNX_INT32 = 6, ONNX_INT64 = 7, ONNX_DOUBLE = 11 };
+enum { VALUE_NAME = 1, VALUE_TYPE = 2 };
+enum { TYPE_TENSOR = 1, TTENSOR_ELEM_TYPE = 1, TTENSOR_SHAPE = 2, SHAPE_DIM = 1, DIM_VALUE = 1, DIM_PARAM = 2 };
+
+/* The graph under construction. */
+typedef struct onnx_graph {
+    loom_buf g;         /* GraphProto fields */
+    loom_buf node, sub; /* scratch for a NodeProto and its attributes */
+    int      n_nodes;
+    int      n_values;  /* for fresh value names */
+} onnx_graph;
+
+static void attr_int(onnx_graph *o, const char *name, int64_t v)
+{
+    pb_str(&o->sub, ATTR_NAME, name);
+    pb_int(&o->sub, ATTR_TYPE, ATTR_TYPE_INT);
+    pb_int(&o->sub, ATTR_I, v);
+    pb_msg(&o->node, NODE_ATTRIBUTE, &o->sub);
+}
+
+static void attr_ints(onnx_graph *o, const char *name, const int64_t *v, int n)
+{
+    pb_str(&o->sub, ATTR_NAME, name);
+    pb_int(&o->sub, ATTR_TYPE, ATTR_TYPE_INTS);
+    for (int i = 0; i < n; i++) pb_int(&o->sub, ATTR_INTS, v[i]);
+    pb_msg(&o->node, NODE_ATTRIBUTE, &o->sub);
+}
+
+/* Starts a node: op with up to 3 inputs (NULL ends the list) and one output,
+ * named out. Attributes follow (attr_*), then node_end. */
+static void node_begin(onnx_graph *o, const char *op, const char *out, const char *in0, const char *in1,
+                       const char *in2)
+{
+    const char *in[3] = {in0, in1, in2};
+    for (int i = 0; i < 3 && in[i]; i++) pb_str(&o->node, NODE_INPUT, in[i]);
+    pb_str(&o->node, NODE_OUTPUT, out);
+    char name[64];
+    snprintf(name, sizeof name, "%s_%d", op, o->n_nodes++);
+    pb_str(&o->node, NODE_NAME, name);
+    pb_str(&o->node, NODE_OP_TYPE, op);
+}
+static void node_end(onnx_graph *o) { pb_msg(&o->g, GRAPH_NODE, &o->node); }
+
+/* A fresh value name "v<N>" into buf. */
+static const char *fresh(onnx_graph *o, char buf[32])
+{
+    snprintf(buf, 32, "v%d", o->n_values++);
+    return buf;
+}
+
+static void initializer(onnx_graph *o, const char *name, int dtype, const int64_t *dims, int rank, const void *raw,
+                        size_t bytes)
+{
+    for (int i = 0; i < rank; i++) pb_int(&o->sub, TENSOR_DIMS, dims[i]);
+    pb_int(&o->sub, TENSOR_DATA_TYPE, dtype);
+    pb_str(&o->sub, TENSOR_NAME, name);
+    pb_bytes(&o->sub, TENSOR_RAW_DATA, raw, bytes);
+    pb_msg(&o->g, GRAPH_INITIALIZER, &o->sub);
+}
+
+/* A graph input or output: dtype, dim 0 the symbolic "batch", then dims. */
+static void value_info(onnx_graph *o, int field, const char *name, int dtype, const loom_shape *per_example)
+{
+    loom_buf shape, tt, type, vi;
+    loom_buf_init(&shape), loom_buf_init(&tt), loom_buf_init(&type), loom_buf_init(&vi);
+    loom_buf dim;
+    loom_buf_init(&dim);
+    pb_str(&dim, DIM_PARAM, "batch");
+    pb_msg(&shape, SHAPE_DIM, &dim);
+    for (int i = 0; i < per_example->rank; i++) {
+        pb_int(&dim, DIM_VALUE, per_example->dim[i]);
+        pb_msg(&shape, SHAPE_DIM, &dim);
+    }
+    pb_int(&tt, TTENSOR_ELEM_TYPE, dtype);
+    pb_msg(&tt, TTENSOR_SHAPE, &shape);
+    pb_msg(&type, TYPE_TENSOR, &tt);
+    pb_str(&vi, VALUE_NAME, name);
+    pb_msg(&vi, VALUE_TYPE, &type);
+    pb_msg(&o->g, field, &vi);
+    if (dim.failed || shape.failed || tt.failed || type.failed) o->g.failed = 1;
+    loom_buf_fini(&shape), loom_buf_fini(&tt), loom_buf_fini(&type), loom_buf_fini(&vi), loom_buf_fini(&dim);
+}
+
+/* A float32 scalar constant as an initializer named name. */
+static void const_scalar(onnx_graph *o, const char *name, float v) { initializer(o, name, ONNX_FLOAT, NULL, 0, &v, 4); }
+
+static int onnx_dtype(loom_dtype t)
+{
+    switch (t) {
+    case LOOM_U8: return ONNX_UINT8;
+    case LOOM_I32: return ONNX_INT32;
+    case LOOM_I64: return ONNX_INT64;
+    case LOOM_F64: return ONNX_DOUBLE;
+    default: return ONNX_FLOAT;
+    }
+}
+
+/* ---- the model's graph ---------------------------------------------------------- */
+
+/* What export needs of the config's data: the model input's per-example
+ * shape and dtype as the model sees it, and, for --include-preprocessing,
+ * as the source yields it with the maps between. */
+typedef struct export_input {
+    loom_shape shape, label_shape; /* per example, after the eval pipeline's maps */
+    loom_dtype dtype, label_dtype;
+    loom_shape raw_shape;          /* per example, as the source yields it */
+    loom_dtype raw_dtype;
+} export_input;
+
+/* The eval pipeline's maps of the model input folded into the graph: cast,
+ * scale, normalize and reshape, in order; anything else that changes values
+ * is an error naming the map. Writes the name of the value the model's first
+ * layer reads into cur. */
+static int fold_preprocessing(onnx_graph *o, const loom_spec *spec, const loom_dataset_spec *ds,
+                              const export_input *in, char cur[32], loom_err *err)
+{
+    char nb[32], cb[32];
+    bool is_float = in->raw_dtype == LOOM_F32;
+    for (int i = 0; i < ds->n_transforms; i++) {
+        const loom_transform_spec *t = &ds->transform[i];
+        if (t->kind != LOOM_T_MAP || strcmp(t->map.feature, spec->model.input)) continue;
+        const loom_map_spec *m = &t->map;
+        char w[LOOM_PATH_MAX + 16];
+        if (m->kind == LOOM_MAP_RESHAPE) continue; /* the final Reshape below gives the model's shape */
+        if (m->kind != LOOM_MAP_CAST && m->kind != LOOM_MAP_SCALE && m->kind != LOOM_MAP_NORMALIZE) {
+            loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&t->loc, w, sizeof w),
+                         "--include-preprocessing: the map \"%s\" of feature \"%s\" has no ONNX form in Loom's export",
+                         loom_map_kind_name(m->kind), m->feature);
+            return loom_err_hint(err, "export without --include-preprocessing and apply it before the model");
+        }
+        if (!is_float) { /* every map here computes in float32 (a cast to another dtype is refused at load) */
+            strcpy(nb, fresh(o, cb));
+            node_begin(o, "Cast", nb, cur, NULL, NULL);
+            attr_int(o, "to", ONNX_FLOAT);
+            node_end(o);
+            strcpy(cur, nb);
+            is_float = true;
+        }
+        if (m->kind == LOOM_MAP_SCALE || m->kind == LOOM_MAP_NORMALIZE) {
+            char k1[48], k2[48];
+            snprintf(k1, sizeof k1, "preprocess_%d/a", i);
+            snprintf(k2, sizeof k2, "preprocess_%d/b", i);
+            const_scalar(o, k1, (float)(m->kind == LOOM_MAP_SCALE ? m->scale : m->mean));
+            const_scalar(o, k2, (float)(m->kind == LOOM_MAP_SCALE ? m->offset : m->std));
+            strcpy(nb, fresh(o, cb));
+            node_begin(o, m->kind == LOOM_MAP_SCALE ? "Mul" : "Sub", nb, cur, k1, NULL);
+            node_end(o);
+            strcpy(cur, nb);
+            strcpy(nb, fresh(o, cb));
+            node_begin(o, m->kind == LOOM_MAP_SCALE ? "Add" : "Div", nb, cur, k2, NULL);
+            node_end(o);
+            strcpy(cur, nb);
+        }
+    }
+    if (!is_float) {
+        char w[LOOM_PATH_MAX + 16];
+        return loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&ds->loc, w, sizeof w),
+                            "--include-preprocessing: feature \"%s\" reaches the model as %s without a cast or scale map",
+                            spec->model.input, loom_dtype_name(in->raw_dtype));
+    }
+    /* the model's per-example shape, batch dim free */
+    int64_t dims[LOOM_MAX_RANK + 1] = {-1};
+    for (int i = 0; i < in->shape.rank; i++) dims[i + 1] = in->shape.dim[i];
+    initializer(o, "preprocess/shape", ONNX_INT64, (int64_t[]){in->shape.rank + 1}, 1, dims,
+                (size_t)(in->shape.rank + 1) * sizeof(int64_t));
+    strcpy(nb, fresh(o, cb));
+    node_begin(o, "Reshape", nb, cur, "preprocess/shape", NULL);
+    node_end(o);
+    strcpy(cur, nb);
+    return LOOM_OK;
+}
+
+static const char *act_op(loom_activation a)
+{
+    switch (a) {
+    case LOOM_ACT_RELU: return "Relu";
+    case LOOM_ACT_SIGMOID: return "Sigmoid";
+    case LOOM_ACT_TANH: return "Tanh";
+    case LOOM_ACT_SOFTMAX: return "Softmax";
+    default: return NULL;
+    }
+}
+
+/* Appends an activation node after cur (none: nothing). */
+static void activation(onnx_graph *o, loom_activation a, char cur[32])
+{
+    const char *op = act_op(a);
+    if (!op) return;
+    char nb[32], cb[32];
+    strcpy(nb, fresh(o, cb));
+    node_begin(o, op, nb, cur, NULL, NULL);
+    if (a == LOOM_ACT_SOFTMAX) attr_int(o, "axis", -1);
+    node_end(o);
+    strcpy(cur, nb);
+}
+
+/* TF's SAME padding along one axis (as nn/model.c): before and after. */
+static void same_pads(int64_t in, int k, int s, int64_t *before, int64_t *after)
+{
+    int64_t out = (in + s - 1) / s;
+    int64_t tot = (out - 1) * s + k - in;
+    if (tot < 0) tot = 0;
+    *before = tot / 2;
+    *after = tot - tot / 2;
+}
+
+static int build_graph(onnx_graph *o, const loom_spec *spec, loom_model *m, const export_input *in,
+                       bool preprocessing, const loom_dataset_spec *ds, loom_err *err)
+{
+    const loom_model_spec *ms = &spec->model;
+    char cur[32], nb[32], cb[32];
+    snprintf(cur, sizeof cur, "%s", "input");
+    pb_str(&o->g, GRAPH_NAME, "loom");
+    if (preprocessing) {
+        value_info(o, GRAPH_INPUT, "input", onnx_dtype(in->raw_dtype), &in->raw_shape);
+        int rc = fold_preprocessing(o, spec, ds, in, cur, err);
+        if (rc) return rc;
+    } else {
+        if (in->dtype != LOOM_F32)
+            return loom_err_set(err, LOOM_EUNSUPPORTED, spec->path, "the model input \"%s\" is %s, not float32",
+                                ms->input, loom_dtype_name(in->dtype));
+        value_info(o, GRAPH_INPUT, "input", ONNX_FLOAT, &in->shape);
+    }
+    loom_shape s = in->shape; /* per example, Loom's layout (HWC) */
+    bool nchw = false;        /* cur is in ONNX's layout (CHW) */
+    const float *params = loom_model_params(m);
+    int pi = 0; /* the next parameter tensor */
+    static const int64_t to_nchw[] = {0, 3, 1, 2}, to_nhwc[] = {0, 2, 3, 1};
+    for (int li = 0; li < ms->n_layers; li++) {
+        const loom_layer_spec *l = &ms->layer[li];
+        char w[LOOM_PATH_MAX + 16];
+        switch (l->kind) {
+        case LOOM_LAYER_DENSE: {
+            const loom_param_info *k = loom_model_param_tensor(m, pi++);
+            char kname[128], bname[128];
+            snprintf(kname, sizeof kname, "%s", k->name);
+            initializer(o, kname, ONNX_FLOAT, k->shape.dim, 2, params + k->offset,
+                        (size_t)loom_shape_numel(&k->shape) * sizeof(float));
+            strcpy(nb, fresh(o, cb));
+            if (l->use_bias) {
+                const loom_param_info *b = loom_model_param_tensor(m, pi++);
+                snprintf(bname, sizeof bname, "%s", b->name);
+                initializer(o, bname, ONNX_FLOAT, b->shape.dim, 1, params + b->offset,
+                            (size_t)loom_shape_numel(&b->shape) * sizeof(float));
+                node_begin(o, "Gemm", nb, cur, kname, bname);
+            } else {
+                node_begin(o, "MatMul", nb, cur, kname, NULL);
+            }
+            node_end(o);
+            strcpy(cur, nb);
+            activation(o, l->activation, cur);
+            s = (loom_shape){.rank = 1, .dim = {l->units}};
+            break;
+        }
+        case LOOM_LAYER_CONV2D:
+        case LOOM_LAYER_MAX_POOL2D: {
+            if (!nchw) {
+                strcpy(nb, fresh(o, cb));
+                node_begin(o, "Transpose", nb, cur, NULL, NULL);
+                attr_ints(o, "perm", to_nchw, 4);
+                node_end(o);
+                strcpy(cur, nb);
+                nchw = true;
+            }
+            bool conv = l->kind == LOOM_LAYER_CONV2D;
+            int kh = conv ? l->kernel[0] : l->pool[0], kw = conv ? l->kernel[1] : l->pool[1];
+            /* as nn/model.c: an unset stride is 1 for a conv, the window for a pool */
+            int sh = l->stride[0] > 0 ? l->stride[0] : (conv ? 1 : kh), sw = l->stride[1] > 0 ? l->stride[1] : (conv ? 1 : kw);
+            int64_t pads[4] = {0, 0, 0, 0}; /* top, left, bottom, right */
+            if (l->padding == LOOM_PAD_SAME) {
+                same_pads(s.dim[0], kh, sh, &pads[0], &pads[2]);
+                same_pads(s.dim[1], kw, sw, &pads[1], &pads[3]);
+            }
+            int64_t kernel[2] = {kh, kw}, strides[2] = {sh, sw};
+            int64_t oh = (s.dim[0] + pads[0] + pads[2] - kh) / sh + 1;
+            int64_t ow = (s.dim[1] + pads[1] + pads[3] - kw) / sw + 1;
+            int64_t oc = conv ? l->filters : s.dim[2];
+            strcpy(nb, fresh(o, cb));
+            if (conv) {
+                const loom_param_info *k = loom_model_param_tensor(m, pi++);
+                const int64_t *d = k->shape.dim; /* (kh, kw, cin, cout) */
+                int64_t n = loom_shape_numel(&k->shape);
+                float *t = loom_alloc((size_t)n * sizeof(float));
+                if (!t) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating a conv kernel");
+                const float *src = params + k->offset;
+                for (int64_t y = 0; y < d[0]; y++)
+                    for (int64_t x = 0; x < d[1]; x++)
+                        for (int64_t ci = 0; ci < d[2]; ci++)
+                            for (int64_t co = 0; co < d[3]; co++)
+                                t[((co * d[2] + ci) * d[0] + y) * d[1] + x] = src[((y * d[1] + x) * d[2] + ci) * d[3] + co];
+                int64_t od[4] = {d[3], d[2], d[0], d[1]};
+                initializer(o, k->name, ONNX_FLOAT, od, 4, t, (size_t)n * sizeof(float));
+                loom_free(t);
+                const char *bias = NULL;
+                if (l->use_bias) {
+                    const loom_param_info *b = loom_model_param_tensor(m, pi++);
+                    initializer(o, b->name, ONNX_FLOAT, b->shape.dim, 1, params + b->offset,
+                                (size_t)loom_shape_numel(&b->shape) * sizeof(float));
+                    bias = b->name;
+                }
+                node_begin(o, "Conv", nb, cur, k->name, bias);
+                attr_ints(o, "kernel_shape", kernel, 2);
+            } else {
+                node_begin(o, "MaxPool", nb, cur, NULL, NULL);
+                attr_ints(o, "kernel_shape", kernel, 2);
+            }
+            attr_ints(o, "strides", strides, 2);
+            attr_ints(o, "pads", pads, 4);
+            node_end(o);
+            strcpy(cur, nb);
+            if (conv) activation(o, l->activation, cur);
+            s = (loom_shape){.rank = 3, .dim = {oh, ow, oc}};
+            break;
+        }
+        case LOOM_LAYER_FLATTEN:
+            if (nchw) {
+                strcpy(nb, fresh(o, cb));
+                node_begin(o, "Transpose", nb, cur, NULL, NULL);
+                attr_ints(o, "perm", to_nhwc, 4);
+                node_end(o);
+                strcpy(cur, nb);
+                nchw = false;
+            }
+            strcpy(nb, fresh(o, cb));
+            node_begin(o, "Flatten", nb, cur, NULL, NULL);
+            attr_int(o, "axis", 1);
+            node_end(o);
+            strcpy(cur, nb);
+            s = (loom_shape){.rank = 1, .dim = {loom_shape_numel(&s)}};
+            break;
+        case LOOM_LAYER_DROPOUT: /* identity at inference */
+            break;
+        case LOOM_LAYER_ACTIVATION:
+            if (nchw && l->activation == LOOM_ACT_SOFTMAX) /* not reached: softmax needs rank 1 (model.c) */
+                return loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&l->loc, w, sizeof w),
+                                    "layer \"%s\": softmax over an image", l->name);
+            activation(o, l->activation, cur);
+            break;
+        default:
+            return loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&l->loc, w, sizeof w),
+                                "layer \"%s\" (%s) has no ONNX form in Loom's export", l->name,
+                                loom_layer_kind_name(l->kind));
+        }
+    }
+    if (nchw) { /* a model ending on a conv or pool: its output in Loom's layout */
+        strcpy(nb, fresh(o, cb));
+        node_begin(o, "Transpose", nb, cur, NULL, NULL);
+        attr_ints(o, "perm", to_nhwc, 4);
+        node_end(o);
+        strcpy(cur, nb);
+    }
+    /* as loom predict: probabilities under softmax cross-entropy (unless the model ends on its own softmax) */
+    bool ends_softmax = ms->n_layers > 0 && ms->layer[ms->n_layers - 1].activation == LOOM_ACT_SOFTMAX;
+    node_begin(o, ms->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && !ends_softmax ? "Softmax" : "Identity", "output", cur,
+               NULL, NULL);
+    if (ms->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && !ends_softmax) attr_int(o, "axis", -1);
+    node_end(o);
+    value_info(o, GRAPH_OUTPUT, "output", ONNX_FLOAT, &s);
+    return LOOM_OK;
+}
+
+static int write_onnx(const loom_spec *spec, loom_model *m, const export_input *in, bool preprocessing,
+                      const loom_dataset_spec *ds, const char *ckpt, const char *output, loom_err *err)
+{
+    onnx_graph o = {0};
+    loom_buf_init(&o.g), loom_buf_init(&o.node), loom_buf_init(&o.sub);
+    int rc = build_graph(&o, spec, m, in, preprocessing, ds, err);
+    loom_buf model, opset;
+    loom_buf_init(&model), loom_buf_init(&opset);
+    if (!rc) {
+        pb_int(&model, MODEL_IR_VERSION, ONNX_IR_VERSION);
+        pb_str(&model, MODEL_PRODUCER_NAME, "loom");
+        pb_str(&model, MODEL_PRODUCER_VERSION, LOOM_VERSION);
+        char doc[LOOM_PATH_MAX * 2 + 64];
+        snprintf(doc, sizeof doc, "%s, checkpoint %s", spec->path, ckpt);
+        pb_str(&model, MODEL_DOC, doc);
+        pb_msg(&model, MODEL_GRAPH, &o.g);
+        pb_str(&opset, OPSET_DOMAIN, "");
+        pb_int(&opset, OPSET_VERSION, ONNX_OPSET);
+        pb_msg(&model, MODEL_OPSET_IMPORT, &opset);
+        if (model.failed || o.g.failed) rc = loom_err_set(err, LOOM_ENOMEM, NULL, "building the ONNX model");
+    }
+    if (!rc) rc = loom_write_file_atomic(output, model.data, model.len, err);
+    loom_buf_fini(&o.g), loom_buf_fini(&o.node), loom_buf_fini(&o.sub), loom_buf_fini(&model), loom_buf_fini(&opset);
+    return rc;
+}
+
+/* ---- npz: a zip (stored, no compression) of .npy files ------------------------------ */
+
+static void put_u16(loom_buf *b, uint16_t v) { loom_buf_put(b, (uint8_t[]){v & 0xff, v >> 8}, 2); }
+static void put_u32le(loom_buf *b, uint32_t v) { loom_buf_put_u32(b, v); } /* loom_buf is little-endian */
+
+static int write_npz(loom_model *m, const char *output, loom_err *err)
+{
+    loom_buf zip, cdir, npy;
+    loom_buf_init(&zip), loom_buf_init(&cdir), loom_buf_init(&npy);
+    int n = loom_model_num_param_tensors(m);
+    const float *params = loom_model_params(m);
+    for (int i = 0; i < n; i++) {
+        const loom_param_info *p = loom_model_param_tensor(m, i);
+        /* .npy v1.0: magic, version, header length, a dict padded to 64 bytes with a newline */
+        char hdr[256], shape[160] = "";
+        size_t sl = 0;
+        for (int d = 0; d < p->shape.rank; d++)
+            sl += (size_t)snprintf(shape + sl, sizeof shape - sl, "%lld,%s", (long long)p->shape.dim[d],
+                                   p->shape.rank > 1 && d < p->shape.rank - 1 ? " " : "");
+        if (p->shape.rank > 1) shape[sl - 1] = 0; /* "(784, 128)" but "(128,)" */
+        int hl = snprintf(hdr, sizeof hdr, "{'descr': '<f4', 'fortran_order': False, 'shape': (%s), }", shape);
+        int total = 10 + hl + 1;
+        int pad = (64 - total % 64) % 64;
+        npy.len = 0;
+        loom_buf_put(&npy, "\x93NUMPY\x01\x00", 8);
+        put_u16(&npy, (uint16_t)(hl + pad + 1));
+        loom_buf_put(&npy, hdr, (size_t)hl);
+        for (int k = 0; k < pad; k++) loom_buf_put(&npy, " ", 1);
+        loom_buf_put(&npy, "\n", 1);
+        loom_buf_put(&npy, params + p->offset, (size_t)loom_shape_numel(&p->shape) * sizeof(float));
+        if (npy.len > 0xffffffffu) {
+            loom_buf_fini(&zip), loom_buf_fini(&cdir), loom_buf_fini(&npy);
+            return loom_err_set(err, LOOM_EUNSUPPORTED, p->name, "over 4 GiB: npz without zip64 cannot hold it");
+        }
+        char name[128];
+        int nl = snprintf(name, sizeof name, "%s.npy", p->name);
+        uint32_t crc = (uint32_t)crc32(0L, npy.data, (uInt)npy.len);
+        uint32_t off = (uint32_t)zip.len;
+        /* local file header: stored, no data descriptor; DOS time 1980-01-01 */
+        put_u32le(&zip, 0x04034b50);
+        put_u16(&zip, 20), put_u16(&zip, 0), put_u16(&zip, 0), put_u16(&zip, 0), put_u16(&zip, 0x21);
+        put_u32le(&zip, crc), put_u32le(&zip, (uint32_t)npy.len), put_u32le(&zip, (uint32_t)npy.len);
+        put_u16(&zip, (uint16_t)nl), put_u16(&zip, 0);
+        loom_buf_put(&zip, name, (size_t)nl);
+        loom_buf_put(&zip, npy.data, npy.len);
+        /* its central directory entry */
+        put_u32le(&cdir, 0x02014b50);
+        put_u16(&cdir, 20), put_u16(&cdir, 20), put_u16(&cdir, 0), put_u16(&cdir, 0), put_u16(&cdir, 0),
+            put_u16(&cdir, 0x21);
+        put_u32le(&cdir, crc), put_u32le(&cdir, (uint32_t)npy.len), put_u32le(&cdir, (uint32_t)npy.len);
+        put_u16(&cdir, (uint16_t)nl), put_u16(&cdir, 0), put_u16(&cdir, 0), put_u16(&cdir, 0), put_u16(&cdir, 0);
+        put_u32le(&cdir, 0), put_u32le(&cdir, off);
+        loom_buf_put(&cdir, name, (size_t)nl);
+    }
+    uint32_t cd_off = (uint32_t)zip.len;
+    loom_buf_put(&zip, cdir.data, cdir.len);
+    put_u32le(&zip, 0x06054b50);
+    put_u16(&zip, 0), put_u16(&zip, 0), put_u16(&zip, (uint16_t)n), put_u16(&zip, (uint16_t)n);
+    put_u32le(&zip, (uint32_t)cdir.len), put_u32le(&zip, cd_off), put_u16(&zip, 0);
+    int rc = zip.failed || cdir.failed || npy.failed ? loom_err_set(err, LOOM_ENOMEM, NULL, "building the npz")
+                                                     : loom_write_file_atomic(output, zip.data, zip.len, err);
+    loom_buf_fini(&zip), loom_buf_fini(&cdir), loom_buf_fini(&npy);
+    return rc;
+}
+
+/* ---- the command ---------------------------------------------------------------- */
+
+/* The model input's shapes from the config's eval pipeline (train without
+ * one), opened without its batch; for preprocessing, the source alone. */
+static int input_of(const loom_spec *spec, const loom_dataset_spec *base, bool raw, export_input *in, loom_err *err)
+{
+    loom_dataset_spec *ds = loom_calloc(1, sizeof *ds);
+    if (!ds) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating a dataset spec");
+    int rc = LOOM_OK;
+    for (int pass = 0; pass < (raw ? 2 : 1) && !rc; pass++) { /* each pass reads the source: export's main cost */
+        *ds = *base;
+        ds->n_transforms = 0;
+        if (pass == 0) /* the maps (and whatever else does not batch), per example */
+            for (int i = 0; i < base->n_transforms; i++)
+                if (base->transform[i].kind == LOOM_T_MAP) ds->transform[ds->n_transforms++] = base->transform[i];
+        loom_iter *it = NULL;
+        loom_data_ctx ctx = {.seed = spec->run.seed, .threads = 0, .name = "export"};
+        rc = loom_data_open(&it, ds, &ctx, err);
+        if (rc) {
+            loom_err_prefix(err, "%s", base == &spec->eval ? "data.eval" : "data.train");
+            break;
+        }
+        const loom_elem_spec *es = loom_iter_spec(it);
+        int xi = loom_elem_spec_find(es, spec->model.input), yi = loom_elem_spec_find(es, spec->model.label);
+        if (xi < 0 || (pass == 0 && yi < 0)) {
+            char have[512];
+            rc = loom_err_set(err, LOOM_ESHAPE, spec->path, "the pipeline has no feature \"%s\" (it yields %s)",
+                              xi < 0 ? spec->model.input : spec->model.label, loom_elem_spec_str(es, have, sizeof have));
+        } else if (pass == 0) {
+            in->shape = es->shape[xi], in->dtype = es->dtype[xi];
+            in->label_shape = es->shape[yi], in->label_dtype = es->dtype[yi];
+        } else {
+            in->raw_shape = es->shape[xi], in->raw_dtype = es->dtype[xi];
+        }
+        loom_iter_close(it);
+    }
+    loom_free(ds);
+    return rc;
+}
+
+int loom_export(const loom_spec *spec, const loom_export_opts *opts, loom_err *err)
+{
+    double t0 = loom_now();
+    const loom_dataset_spec *base = spec->eval.present ? &spec->eval : &spec->train;
+    for (int i = 0; i < base->n_transforms; i++)
+        if (base->transform[i].kind == LOOM_T_MAP && base->transform[i].map.kind == LOOM_MAP_LUA &&
+            opts->include_preprocessing) { /* maps whole elements: the input's values may change */
+            char w[LOOM_PATH_MAX + 16];
+            loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&base->transform[i].loc, w, sizeof w),
+                         "--include-preprocessing: a Lua map has no ONNX form");
+            return loom_err_hint(err, "export without --include-preprocessing and apply it before the model");
+        }
+    /* the output's directory must exist and be writable before any work */
+    char dir[LOOM_PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", opts->output);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+    else snprintf(dir, sizeof dir, ".");
+    if (!*dir) snprintf(dir, sizeof dir, "/");
+    if (access(dir, W_OK | X_OK) != 0)
+        return loom_err_set(err, LOOM_EIO, opts->output, "cannot write the export here: %s: %s", dir, strerror(errno)),
+               loom_err_hint(err, "choose a path in a directory that exists and you may write to");
+    export_input in;
+    int rc = input_of(spec, base, opts->format == LOOM_EXPORT_ONNX && opts->include_preprocessing, &in, err);
+    if (rc) return rc;
+    loom_model *m = NULL;
+    rc = loom_model_new(&m, &spec->model, &in.shape, in.dtype, &in.label_shape, in.label_dtype, 1, err);
+    if (rc) return rc;
+    char path[LOOM_PATH_MAX];
+    int64_t step = -1;
+    if (opts->checkpoint) {
+        snprintf(path, sizeof path, "%s", opts->checkpoint);
+    } else {
+        const char *md = opts->model_dir ? opts->model_dir : spec->run.model_dir;
+        rc = loom_ckpt_latest(md, path, &step, err);
+        if (rc == LOOM_EEOF)
+            rc = loom_err_set(err, LOOM_EIO, md, "no checkpoint in the model directory"),
+            loom_err_hint(err, "train first (loom train %s) or pass --checkpoint FILE", spec->path);
+    }
+    if (!rc) rc = loom_ckpt_load(path, m, NULL, NULL, NULL, err);
+    double t1 = loom_now();
+    if (!rc)
+        rc = opts->format == LOOM_EXPORT_NPZ
+                 ? write_npz(m, opts->output, err)
+                 : write_onnx(spec, m, &in, opts->include_preprocessing, base, path, opts->output, err);
+    if (!rc)
+        loom_info("exported %s to %s as %s in %.1f ms (%.1f ms of it building the model and reading the checkpoint)",
+                  path, opts->output, opts->format == LOOM_EXPORT_NPZ ? "npz" : "onnx", 1e3 * (loom_now() - t0),
+                  1e3 * (t1 - t0));
+    loom_model_free(m);
+    return rc;
+}
