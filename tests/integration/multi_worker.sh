@@ -104,6 +104,8 @@ all_ok two 2
 contains "the chief logs the job" "done: step 40" "$(cat "$WORK/two.0")"
 if grep -q "done:\|epoch 1/" "$WORK/two.1"; then fail "worker:1 logs no progress" "$(cat "$WORK/two.1")"; else pass "worker:1 logs no progress"; fi
 contains "one checkpoint per checkpoint_steps, from the chief" "ckpt-40.loom" "$(ls "$WORK/two")"
+n=$(ls "$WORK/two" | grep -c '^events.out.tfevents')
+[ "$n" = 1 ] && pass "one TensorBoard event file, the chief's" || fail "one TensorBoard event file, the chief's" "$(ls "$WORK/two")"
 contains "metrics.jsonl holds the job's end line" '"event": "end", "step": 40' "$(cat "$WORK/two/metrics.jsonl" 2>&1)"
 check "mirrored(2) in one process" "$LOOM" train $CFG --model-dir "$WORK/mir2" "${S40[@]}" \
     --set strategy.type=mirrored --set strategy.replicas=2 --set cluster.worker=[]
