@@ -34,7 +34,8 @@ static int feed(loom_hs *h, const uint8_t *in, size_t n, loom_buf *out, loom_err
         loom_net_frame f;
         long r = loom_net_frame_decode_(in + off, n - off, LOOM_NET_HANDSHAKE_MAX, &f, NULL, err);
         if (r <= 0) return r < 0 ? LOOM_ENET : 0;
-        if (f.type != LOOM_MSG_HELLO) return LOOM_ENET;
+        if (f.type != LOOM_MSG_HELLO) /* as net.c refuses any other frame before the handshake ends */
+            return loom_err_set(err, LOOM_ENET, NULL, "frame of type %u before the handshake ended", f.type);
         int rc = loom_hs_feed_(h, f.payload, f.len, out, err);
         if (rc) return rc;
         off += (size_t)r;

@@ -12,6 +12,8 @@
 #                    (default build-fuzz/; meson's test passes <build>/fuzz)
 #   LOOM_FUZZ_JOBS   parallel compiles (default 2)
 #   LOOM_FUZZ_REQUIRE=1  a missing clang/libFuzzer fails instead of skipping (CI sets it)
+#   LOOM_FUZZ_SEED   libFuzzer's seed (the suite fixes it, so that a CI run replays the
+#                    exploration that was clean when committed; by hand it is random)
 #   CLANG            the compiler (default clang)
 # Exit: 0 all clean, 1 a target crashed, leaked, timed out or failed to build,
 # 0 with "1..0 # SKIP" (TAP) without clang's libFuzzer runtime. See tests/fuzz/README.
@@ -105,7 +107,7 @@ for t in "${targets[@]}"; do
     # lsan.supp: leaks inside libconfig 1.5 itself on parse errors (not loom's)
     if ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
         LSAN_OPTIONS="suppressions=$root/tests/fuzz/lsan.supp" \
-        "$exe" -max_total_time="$budget" -timeout=10 -rss_limit_mb=2048 -max_len=65536 "${dict[@]}" \
+        "$exe" ${LOOM_FUZZ_SEED:+-seed="$LOOM_FUZZ_SEED"} -max_total_time="$budget" -timeout=10 -rss_limit_mb=2048 -max_len=65536 "${dict[@]}" \
         -artifact_prefix="$out/artifacts/$t-" "$out/new/$t" "tests/fuzz/corpus/$t" >"$out/run_$t.log" 2>&1; then
         echo "ok $i - fuzz_$t: $(grep -E '^#[0-9]+' "$out/run_$t.log" | tail -n 1 | awk '{print $1, "runs,", $3, $4}' | tr -d '#')"
     else
