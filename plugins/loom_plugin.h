@@ -297,6 +297,7 @@ typedef enum {
 
 /* A strategy owns its replicas and runs training steps on global batches.
  * Every function is called from the train thread. */
+struct loom_peer_info;
 typedef struct loom_strategy_ops {
     uint32_t    version; /* LOOM_STRATEGY_OPS_VERSION; append fields only */
     const char *name;    /* the registry name, what strategy.type selects */
@@ -334,8 +335,12 @@ typedef struct loom_strategy_ops {
     void (*request_stop)(loom_strategy *s);
     bool (*stop_agreed)(loom_strategy *s);
     int  (*end_of_data)(loom_strategy *s, int64_t step, loom_step_result *out, bool *all_ended, loom_err *err);
+    /* ---- version 3 (appended; read only when version >= 3; optional) ---- */
+    /* The other tasks of a job across processes, for the status endpoint
+     * (struct loom_peer_info: appliance/cluster/cluster.h); returns how many. */
+    int  (*peers)(loom_strategy *s, struct loom_peer_info *out, int max);
 } loom_strategy_ops;
-#define LOOM_STRATEGY_OPS_VERSION 2 /* version 1 (without the appended fields) still registers */
+#define LOOM_STRATEGY_OPS_VERSION 3 /* versions 1 and 2 (without the appended fields) still register */
 #define LOOM_STRATEGY_OWN_THREADS 1u
 
 /* The instance Loom passes to every strategy function. */

@@ -182,4 +182,22 @@ int  loom_group_barrier(loom_group *g, loom_err *err);
  * with types from LOOM_MSG_USER + 16 up (the group uses the first 16). */
 loom_net *loom_group_net(loom_group *g);
 
+/* ---- what this task knows of its peers (the status endpoint) ------------ */
+
+/* One peer as this task sees it. */
+typedef struct loom_peer_info {
+    char   task[32];            /* "worker:1" */
+    int    alive;               /* 1 while connected and its heartbeats arrive */
+    double last_seen_sec;       /* seconds since its last frame (heartbeat or message); -1: never */
+    double collective_wait_sec; /* total time this task's collectives blocked on it */
+} loom_peer_info;
+/* The transport's peers (up to max, in the order given to loom_net_open);
+ * returns how many were written. collective_wait_sec is 0. Any thread. */
+int  loom_net_peers(loom_net *n, loom_peer_info *out, int max);
+/* The group's other ranks, in rank order, with the time this rank waited
+ * on each in collectives: a ring collective blocked on receiving counts
+ * against its predecessor, blocked on sending against its successor. From
+ * the thread that drives the group. */
+int  loom_group_peers(loom_group *g, loom_peer_info *out, int max);
+
 #endif

@@ -83,6 +83,7 @@ struct loom_group {
     int       rank, size;
     int       next_peer, prev_peer;  /* net peer indexes of the ring neighbours */
     int      *peer_rank;             /* net peer index -> rank */
+    double   *waited;                /* net peer index -> seconds collectives blocked on it */
     int       send_fd, recv_fd, alert_fd;
     double    timeout;
     uint64_t  seq;
@@ -317,8 +318,9 @@ int loom_group_open(loom_group **out, const loom_cluster *c, double collective_t
     int n = c->n_train_ranks;
     loom_net_peer *peers = loom_calloc((size_t)n, sizeof *peers);
     if (g) g->peer_rank = loom_calloc((size_t)n, sizeof *g->peer_rank);
-    if (!g || !peers || !g->peer_rank) {
-        if (g) loom_free(g->peer_rank);
+    if (g) g->waited = loom_calloc((size_t)n, sizeof *g->waited);
+    if (!g || !peers || !g->peer_rank || !g->waited) {
+        if (g) loom_free(g->peer_rank), loom_free(g->waited);
         loom_free(g), loom_free(peers);
         return loom_err_set(err, LOOM_ENOMEM, NULL, "no memory for the group");
     }
@@ -380,7 +382,16 @@ void loom_group_close(loom_group *g)
     loom_net_close(g->net);
     loom_free(g->tmp);
     loom_free(g->peer_rank);
+    loom_free(g->waited);
     loom_free(g);
+}
+
+int loom_group_peers(loom_group *g, loom_peer_info *out, int max)
+{
+    int k = loom_net_peers(g->net, out, max);
+    /* net peers are in rank order without this rank (loom_group_open lists them so) */
+    for (int p = 0; p < k; p++) out[p].collective_wait_sec = g->waited[p];
+    return k;
 }
 
 /* ---- the engine ----------------------------------------------------------- */
@@ -762,8 +773,11 @@ static int run(loom_group *g, coll_hdr *hdr, step *st, int ns, loom_err *err)
         if (ri < ns) i_recv = np, pf[np++] = (struct pollfd){g->recv_fd, POLLIN, 0};
         if (sd && !sent_all) i_done = np, pf[np++] = (struct pollfd){sd->done_fd, POLLIN, 0};
         pf[np++] = (struct pollfd){g->alert_fd, POLLIN, 0};
-        (void)i_send, (void)i_recv;
+        (void)i_send;
+        /* Blocked: on the predecessor while a receive is due, else on the successor draining our sends. */
+        double blocked_at = loom_now();
         int pr = poll(pf, (nfds_t)np, 200);
+        g->waited[i_recv >= 0 ? g->prev_peer : g->next_peer] += loom_now() - blocked_at;
         if (i_done >= 0 && (pf[i_done].revents & POLLIN)) {
             drain(sd->done_fd);
             pthread_mutex_lock(&sd->mu);
@@ -929,8 +943,10 @@ static int small3(loom_group *g, coll_hdr *hdr, const float *buf, size_t bytes, 
         for (int k = 0; k < 2; k++)
             pf[k] = (struct pollfd){fd[k], (short)((out_n[k] < total ? POLLOUT : 0) | (in_n[k] < total ? POLLIN : 0)), 0};
         pf[2] = (struct pollfd){g->alert_fd, POLLIN, 0};
+        double blocked_at = loom_now();
         int pr = poll(pf, 3, 200);
         double now = loom_now();
+        g->waited[in_n[0] < total ? g->prev_peer : g->next_peer] += now - blocked_at;
         if ((pr > 0 && (pf[2].revents & POLLIN)) || now - last_check > 1.0) {
             last_check = now;
             bool ab;

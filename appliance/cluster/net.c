@@ -1098,3 +1098,19 @@ void loom_net_peer_info_(loom_net *n, int p, char *name, size_t name_n, char *st
 }
 
 const char *loom_net_name_(const loom_net *n) { return n->name; }
+
+int loom_net_peers(loom_net *n, loom_peer_info *out, int max)
+{
+    pthread_mutex_lock(&n->mu);
+    int k = n->n_peers < max ? n->n_peers : max;
+    double now = loom_now();
+    for (int p = 0; p < k; p++) {
+        const net_peer *pe = &n->peers[p];
+        snprintf(out[p].task, sizeof out[p].task, "%s", pe->name);
+        out[p].alive = pe->state == P_UP;
+        out[p].last_seen_sec = pe->last_heard > 0 ? now - pe->last_heard : -1;
+        out[p].collective_wait_sec = 0;
+    }
+    pthread_mutex_unlock(&n->mu);
+    return k < 0 ? 0 : k;
+}

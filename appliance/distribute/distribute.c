@@ -314,3 +314,8 @@ int loom_strategy_end_of_data(loom_strategy *s, int64_t step, loom_step_result *
     memset(out, 0, sizeof *out);
     return V2(s, end_of_data) ? s->ops->end_of_data(s, step, out, all_ended, err) : LOOM_OK;
 }
+
+int loom_strategy_peers(loom_strategy *s, loom_peer_info *out, int max)
+{
+    return s->ops->version >= 3 && s->ops->peers ? s->ops->peers(s, out, max) : 0;
+}

@@ -237,8 +237,13 @@ typedef struct loom_strategy_ops {
      * in which this task contributed no examples (out holds the step's
      * result; its update was applied). NULL: *all_ended = true. */
     int  (*end_of_data)(loom_strategy *s, int64_t step, loom_step_result *out, bool *all_ended, loom_err *err);
+    /* ---- version 3 (appended; read only when version >= 3; optional) ---- */
+    /* The other tasks of a job across processes as this task sees them
+     * (alive, last heard, time its collectives waited on each), up to max;
+     * returns how many. For the status endpoint. NULL: none (one process). */
+    int  (*peers)(loom_strategy *s, loom_peer_info *out, int max);
 } loom_strategy_ops;
-#define LOOM_STRATEGY_OPS_VERSION 2
+#define LOOM_STRATEGY_OPS_VERSION 3 /* versions 1 and 2 (without the appended fields) still register */
 /* caps: the strategy runs its replicas on threads of its own sized from
  * run.threads, so BLAS runs single-threaded under it (else BLAS gets run.threads). */
 #define LOOM_STRATEGY_OWN_THREADS 1u
@@ -309,6 +314,8 @@ int  loom_strategy_pick_iter_state(loom_strategy *s, const loom_buf *stored, loo
 bool loom_strategy_request_stop(loom_strategy *s);
 bool loom_strategy_stop_agreed(loom_strategy *s);
 int  loom_strategy_end_of_data(loom_strategy *s, int64_t step, loom_step_result *out, bool *all_ended, loom_err *err);
+/* The job's other tasks as this one sees them (0 for one process). */
+int  loom_strategy_peers(loom_strategy *s, loom_peer_info *out, int max);
 
 /* Generic all-reduce over n buffers with a cross-device op (n == 1 is a no-op). */
 int loom_all_reduce(const loom_cross_device_ops *x, float *const *bufs, int n, int64_t count, loom_redop op,

@@ -350,6 +350,13 @@ static void mw_print_plan(loom_strategy *s, int64_t global_batch, FILE *f)
     mw->local.ops->print_plan(&mw->local, per_worker, f);
 }
 
+/* The other ranks' liveness and the time this rank's collectives waited on each. */
+static int mw_peers(loom_strategy *s, loom_peer_info *out, int max)
+{
+    multi_worker *mw = s->impl;
+    return mw->group ? loom_group_peers(mw->group, out, max) : 0;
+}
+
 static const loom_strategy_ops multi_worker_ops = {
     .version = LOOM_STRATEGY_OPS_VERSION,
     .name = "multi_worker_mirrored",
@@ -372,6 +379,7 @@ static const loom_strategy_ops multi_worker_ops = {
     .request_stop = mw_request_stop,
     .stop_agreed = mw_stop_agreed,
     .end_of_data = mw_end_of_data,
+    .peers = mw_peers,
 };
 
 const loom_strategy_ops *loom_multi_worker_ops_(void) { return &multi_worker_ops; }

@@ -275,6 +275,7 @@ SAME_FIELD_(loom_strategy_ops, pick_iter_state)
 SAME_FIELD_(loom_strategy_ops, request_stop)
 SAME_FIELD_(loom_strategy_ops, stop_agreed)
 SAME_FIELD_(loom_strategy_ops, end_of_data)
+SAME_FIELD_(loom_strategy_ops, peers)
 
 SAME_SIZE_(loom_strategy)
 SAME_FIELD_(loom_strategy, ops)

@@ -34,7 +34,8 @@ typedef struct loom_status_figures {
 } loom_status_figures;
 
 /* A cluster peer, as the cluster layer sees it (filled through
- * loom_status_peers; nothing publishes peers yet in one process). */
+ * loom_status_peers: the trainer publishes the strategy's peers, once a
+ * second, in a job across processes; none in one process). */
 typedef struct loom_status_peer {
     char    task[32];               /* "worker:1" */
     int     alive;                  /* 1 while its heartbeats arrive */

@@ -391,6 +391,17 @@ static void publish(run *r, const trainer_state *st, loom_status_state state, lo
     if (now - r->status_stages_at >= 1.0 || state != LOOM_STATUS_TRAINING) {
         loom_stage_stats ss[LOOM_STATUS_MAX_STAGES];
         loom_status_stages(r->status, ss, loom_iter_stats(r->train, ss, LOOM_STATUS_MAX_STAGES));
+        /* the job's other tasks, when the strategy spans processes */
+        loom_peer_info pi[LOOM_STATUS_MAX_PEERS];
+        loom_status_peer sp[LOOM_STATUS_MAX_PEERS];
+        int np = loom_strategy_peers(r->strat, pi, LOOM_STATUS_MAX_PEERS);
+        for (int i = 0; i < np; i++) {
+            _Static_assert(sizeof sp[i].task == sizeof pi[i].task, "task names");
+            memcpy(sp[i].task, pi[i].task, sizeof sp[i].task);
+            sp[i].alive = pi[i].alive, sp[i].last_seen_sec = pi[i].last_seen_sec;
+            sp[i].collective_wait_sec = pi[i].collective_wait_sec;
+        }
+        if (np > 0) loom_status_peers(r->status, sp, np);
         r->status_stages_at = now;
     }
 }
