@@ -16,6 +16,7 @@
  *
  * Threads: the main thread. */
 #include "train.h"
+#include "protobuf_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -30,27 +31,7 @@
 
 /* ---- protobuf wire format --------------------------------------------------- */
 
-enum { WT_VARINT = 0, WT_I32 = 5, WT_LEN = 2 };
-
-static void pb_varint(loom_buf *b, uint64_t v)
-{
-    uint8_t tmp[10];
-    int n = 0;
-    do {
-        tmp[n++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
-        v >>= 7;
-    } while (v);
-    loom_buf_put(b, tmp, (size_t)n);
-}
-static void pb_key(loom_buf *b, int field, int wt) { pb_varint(b, (uint64_t)field << 3 | (uint64_t)wt); }
 static void pb_int(loom_buf *b, int field, int64_t v) { pb_key(b, field, WT_VARINT), pb_varint(b, (uint64_t)v); }
-static void pb_bytes(loom_buf *b, int field, const void *p, size_t n)
-{
-    pb_key(b, field, WT_LEN);
-    pb_varint(b, n);
-    loom_buf_put(b, p, n);
-}
-static void pb_str(loom_buf *b, int field, const char *s) { pb_bytes(b, field, s, strlen(s)); }
 /* Appends sub as a length-delimited field and empties it for reuse. */
 static void pb_msg(loom_buf *b, int field, loom_buf *sub)
 {

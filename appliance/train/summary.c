@@ -10,6 +10,7 @@
  * file by rename at close, but TensorBoard must read an event file while the
  * run is still writing it, so the records are framed here and appended. */
 #include "summary.h"
+#include "protobuf_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -35,35 +36,13 @@ struct loom_summary {
 
 /* ---- protobuf wire format (§1.6) ---------------------------------------- */
 
-static void pb_varint(loom_buf *b, uint64_t v)
-{
-    uint8_t tmp[10];
-    int n = 0;
-    do {
-        tmp[n++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
-        v >>= 7;
-    } while (v);
-    loom_buf_put(b, tmp, (size_t)n);
-}
-
-static void pb_key(loom_buf *b, int field, int wire) { pb_varint(b, (uint64_t)field << 3 | (uint64_t)wire); }
-
-static void pb_bytes(loom_buf *b, int field, const void *p, size_t n)
-{
-    pb_key(b, field, 2);
-    pb_varint(b, n);
-    loom_buf_put(b, p, n);
-}
-
-static void pb_str(loom_buf *b, int field, const char *s) { pb_bytes(b, field, s, strlen(s)); }
-
 static void pb_double(loom_buf *b, int field, double v)
 {
     uint64_t u;
     memcpy(&u, &v, 8);
     uint8_t le[8];
     for (int i = 0; i < 8; i++) le[i] = (uint8_t)(u >> (8 * i));
-    pb_key(b, field, 1);
+    pb_key(b, field, WT_I64);
     loom_buf_put(b, le, 8);
 }
 
@@ -72,14 +51,14 @@ static void pb_float(loom_buf *b, int field, float v)
     uint32_t u;
     memcpy(&u, &v, 4);
     uint8_t le[4] = {(uint8_t)u, (uint8_t)(u >> 8), (uint8_t)(u >> 16), (uint8_t)(u >> 24)};
-    pb_key(b, field, 5);
+    pb_key(b, field, WT_I32);
     loom_buf_put(b, le, 4);
 }
 
 /* packed repeated double */
 static void pb_packed_doubles(loom_buf *b, int field, const double *v, int n)
 {
-    pb_key(b, field, 2);
+    pb_key(b, field, WT_LEN);
     pb_varint(b, (uint64_t)n * 8);
     for (int i = 0; i < n; i++) {
         uint64_t u;
@@ -114,7 +93,7 @@ static void event_begin(loom_summary *s, int64_t step)
     s->ev.len = 0;
     pb_double(&s->ev, 1, loom_wall_time());
     if (step) {
-        pb_key(&s->ev, 2, 0);
+        pb_key(&s->ev, 2, WT_VARINT);
         pb_varint(&s->ev, (uint64_t)step);
     }
 }
@@ -322,7 +301,7 @@ int loom_summary_text(loom_summary *s, const char *tag, int64_t step, const char
     pb_bytes(&s->val, 9, s->sub.data, s->sub.len);
     /* TensorProto{dtype = 1 DT_STRING (7), tensor_shape = 2 {} (rank 0), string_val = 8} */
     s->sub.len = 0;
-    pb_key(&s->sub, 1, 0);
+    pb_key(&s->sub, 1, WT_VARINT);
     pb_varint(&s->sub, 7);
     pb_bytes(&s->sub, 2, "", 0);
     pb_bytes(&s->sub, 8, text, len);
