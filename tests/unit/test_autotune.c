@@ -387,21 +387,36 @@ static double tuned_rate(int read_par, int parse, int budget, int warm, int batc
     return rate;
 }
 
+/* Both cases measure time, so each is tried up to three times and passes
+ * on the first attempt that holds: a sanitized build on a busy CI machine
+ * can lose one window to the scheduler, never three in a row unless the
+ * tuner is wrong. Every attempt is printed. */
 static void test_paper_example(void)
 {
     char tuned[512] = "";
     loom_stage_stats st[6];
-    double read = tuned_rate(2, 0, 10, 10, 60, tuned, sizeof tuned, st), best = read < 40 ? read : 40;
-    double r = tuned_rate(2, 1, 10, 20, 80, tuned, sizeof tuned, st);
-    printf("# read 5 ms x 2, parse 2 ms auto: %.1f batches/s; best %.1f (40, or the read alone: %.1f); %s\n", r, best, read,
-           tuned);
+    double r = 0, best = 0;
+    int ok = 0;
+    for (int attempt = 1; attempt <= 3 && !ok; attempt++) {
+        double read = tuned_rate(2, 0, 10, 10, 60, tuned, sizeof tuned, st);
+        best = read < 40 ? read : 40;
+        r = tuned_rate(2, 1, 10, 20, 80, tuned, sizeof tuned, st);
+        printf("# attempt %d: read 5 ms x 2, parse 2 ms auto: %.1f batches/s; best %.1f (40, or the read alone: %.1f); %s\n",
+               attempt, r, best, read, tuned);
+        ok = r >= 0.9 * best && strstr(tuned, "map(sleep): parallel ");
+    }
     CHECK_MSG(r >= 0.9 * best, "%.1f batches/s, below 90%% of %.1f", r, best);
     CHECK_CONTAINS(tuned, "map(sleep): parallel ");
-    r = tuned_rate(LOOM_PARALLEL_AUTO, 1, 12, 40, 160, tuned, sizeof tuned, st);
-    printf("# read 5 ms auto, parse 2 ms auto, budget 12: %.1f batches/s (best 160); %s\n", r, tuned);
-    int64_t pr = st[2].parallel, pp = st[3].parallel;
-    CHECK_MSG(pr + pp <= 12 && pr >= 7 && pr <= 9 && pp >= 3 && pp <= 5, "read %lld, parse %lld: not within a step of 8 and 4",
-              (long long)pr, (long long)pp);
+    int64_t pr = 0, pp = 0;
+    ok = 0;
+    for (int attempt = 1; attempt <= 3 && !ok; attempt++) {
+        r = tuned_rate(LOOM_PARALLEL_AUTO, 1, 12, 40, 160, tuned, sizeof tuned, st);
+        printf("# attempt %d: read 5 ms auto, parse 2 ms auto, budget 12: %.1f batches/s (best 160); %s\n", attempt, r,
+               tuned);
+        pr = st[2].parallel, pp = st[3].parallel;
+        ok = pr + pp <= 12 && pr >= 7 && pr <= 9 && pp >= 3 && pp <= 5;
+    }
+    CHECK_MSG(ok, "read %lld, parse %lld: not within a step of 8 and 4", (long long)pr, (long long)pp);
 }
 
 static void test_cleanup(void) { tmpdir_remove(); }
