@@ -39,12 +39,14 @@ const char *const loom_map_names_[] = {"cast", "scale", "normalize", "one_hot", 
 const char *const loom_transform_names_[] = {"map", "shuffle", "batch", "repeat", "take", "skip", "prefetch",
                                              "filter", "shard", "enumerate", "unbatch", "padded_batch", "cache",
                                              "interleave", "zip", NULL};
-const char *const loom_layer_names_[] = {"dense", "conv2d", "max_pool2d", "dropout", "flatten", "activation", NULL};
+const char *const loom_layer_names_[] = {"dense", "conv2d", "max_pool2d", "dropout", "flatten", "activation",
+                                         "embedding", NULL};
+const char *const loom_combiner_names_[] = {"sum", "mean", NULL};
 const char *const loom_activation_names_[] = {"none", "relu", "sigmoid", "tanh", "softmax", NULL};
 const char *const loom_init_names_[] = {"glorot_uniform", "glorot_normal", "he_uniform", "he_normal", "zeros", NULL};
 const char *const loom_padding_names_[] = {"valid", "same", NULL};
 const char *const loom_loss_names_[] = {"sparse_softmax_cross_entropy", "mean_squared_error", NULL};
-const char *const loom_opt_names_[] = {"sgd", "momentum", "adam", NULL};
+const char *const loom_opt_names_[] = {"sgd", "momentum", "adam", "adagrad", NULL};
 const char *const loom_sched_names_[] = {"constant", "exponential_decay", "piecewise_constant", "cosine", NULL};
 const char *const loom_strategy_names_[] = {"one_device", "mirrored", "central_storage", "multi_worker_mirrored",
                                             "parameter_server", NULL};
@@ -548,6 +550,7 @@ static void parse_tfr_shape(ctx *c, const config_setting_t *s, void *base);
 static void parse_delimiter(ctx *c, const config_setting_t *s, void *base);
 static void parse_csv_columns(ctx *c, const config_setting_t *s, void *base);
 static void parse_syn_features(ctx *c, const config_setting_t *s, void *base);
+static void parse_syn_ctr(ctx *c, const config_setting_t *s, void *base);
 static void parse_syn_shape(ctx *c, const config_setting_t *s, void *base);
 static void parse_filter_values(ctx *c, const config_setting_t *s, void *base);
 static void parse_padded_shapes(ctx *c, const config_setting_t *s, void *base);
@@ -657,8 +660,10 @@ static const opt source_opts[] = {
     O_BOOL(loom_source_spec, "truncate", truncate, 0, SRC(TEXT), "cut longer lines instead of failing"),
     O_INT(loom_source_spec, "count", count, 0, -1, INT64_MAX, SRC(SYNTHETIC), SRC(SYNTHETIC),
           "elements per pass; -1 = infinite"),
-    O_CUSTOM("features", parse_syn_features, SRC(SYNTHETIC), SRC(SYNTHETIC),
-             "NAME = { dtype = ...; shape = [...]; }, 1 to 8"),
+    O_CUSTOM("features", parse_syn_features, SRC(SYNTHETIC), 0,
+             "NAME = { dtype = ...; shape = [...]; }, 1 to 8 (required without ctr)"),
+    O_CUSTOM("ctr", parse_syn_ctr, SRC(SYNTHETIC), 0,
+             "{ columns = 26; ... }: click-through-rate data (features ids and label) from a known logistic model"),
     O_END,
 };
 
@@ -670,6 +675,18 @@ static const opt csv_column_opts[] = {
     O_STR(loom_csv_column, "column", column, "", NULL, ALL, 0, "header name to select; default the feature's name"),
     O_F64(loom_csv_column, "default", default_value, 0.0, 0, 0, F_NO_LO | F_NO_HI, ALL, 0,
           "value of an empty field; without it an empty field is an error"),
+    O_END,
+};
+
+static const opt syn_ctr_opts[] = {
+    O_INT(loom_syn_ctr, "columns", columns, 26, 1, 1024, ALL, 0, "categorical columns"),
+    O_INT(loom_syn_ctr, "ids_per_column", ids_per_column, 1, 1, 64, ALL, 0, "ids per column (multi-hot)"),
+    O_INT(loom_syn_ctr, "id_space", id_space, (int64_t)1 << 20, 1, (int64_t)1 << 31, ALL, 0,
+          "hashed ids fall in [0, id_space)"),
+    O_INT(loom_syn_ctr, "vocab", vocab, 10000, 1, (int64_t)1 << 31, ALL, 0, "distinct values per column"),
+    O_F64(loom_syn_ctr, "zipf", zipf, 1.1, 0.0, 4.0, 0, ALL, 0, "value popularity exponent; 0 = uniform"),
+    O_F64(loom_syn_ctr, "weight_std", weight_std, 0.5, 0.0, 0, F_NO_HI, ALL, 0, "spread of the true weights"),
+    O_F64(loom_syn_ctr, "bias", bias, -1.5, 0, 0, F_NO_LO | F_NO_HI, ALL, 0, "the true model's bias"),
     O_END,
 };
 
@@ -789,6 +806,12 @@ static const opt layer_opts[] = {
            LY(DENSE) | LY(CONV2D), 0, "kernel initialiser"),
     O_BOOL(loom_layer_spec, "use_bias", use_bias, 1, LY(DENSE) | LY(CONV2D), "add a bias"),
     O_F64(loom_layer_spec, "rate", rate, 0, 0.0, 1.0, F_HI_OPEN, LY(DROPOUT), LY(DROPOUT), "drop probability"),
+    O_INT(loom_layer_spec, "input_dim", input_dim, 0, 1, (int64_t)1 << 31, LY(EMBEDDING), LY(EMBEDDING),
+          "rows of the table: ids are in [0, input_dim)"),
+    O_INT(loom_layer_spec, "output_dim", output_dim, 0, 1, 1 << 16, LY(EMBEDDING), LY(EMBEDDING),
+          "the embedding width"),
+    O_ENUM(loom_layer_spec, "combiner", combiner, LOOM_COMBINER_SUM, loom_combiner_names_, LY(EMBEDDING), 0,
+           "several ids per column (input (columns, k)): sum or mean of their rows"),
     O_END,
 };
 
@@ -809,7 +832,10 @@ static const opt optimizer_opts[] = {
     O_BOOL(loom_optimizer_spec, "nesterov", nesterov, 0, OPT(MOMENTUM), "Nesterov momentum"),
     O_F64(loom_optimizer_spec, "beta1", beta1, 0.9, 0.0, 1.0, F_HI_OPEN, OPT(ADAM), 0, "adam beta1"),
     O_F64(loom_optimizer_spec, "beta2", beta2, 0.999, 0.0, 1.0, F_HI_OPEN, OPT(ADAM), 0, "adam beta2"),
-    O_F64(loom_optimizer_spec, "epsilon", epsilon, 1e-7, 0.0, 0, F_LO_OPEN | F_NO_HI, OPT(ADAM), 0, "adam epsilon"),
+    O_F64(loom_optimizer_spec, "epsilon", epsilon, 1e-7, 0.0, 0, F_LO_OPEN | F_NO_HI, OPT(ADAM) | OPT(ADAGRAD), 0,
+          "adam, adagrad epsilon"),
+    O_F64(loom_optimizer_spec, "initial_accumulator_value", initial_accumulator, 0.1, 0.0, 0, F_NO_HI, OPT(ADAGRAD), 0,
+          "adagrad: the accumulator's start"),
     O_SUB("schedule", 0, 0, "learning-rate schedule"),
     O_END,
 };
@@ -1627,6 +1653,20 @@ static void parse_syn_features(ctx *c, const config_setting_t *s, void *base)
     parse_feature_groups(c, s, src, src->syn, &fk);
 }
 
+static void parse_syn_ctr(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_source_spec *src = base;
+    char v[300];
+    if (!config_setting_is_group(s)) {
+        cerr(c, s, "expected a group such as ctr = { columns = 26; }, got %s", value_str(s, v, sizeof v));
+        return;
+    }
+    src->ctr.on = true;
+    parse_opts(c, s, syn_ctr_opts, 0, &src->ctr);
+    scope sc = {syn_ctr_opts, 0, NULL};
+    check_keys(c, s, &sc, 1);
+}
+
 static void parse_shape(ctx *c, const config_setting_t *s, void *base)
 {
     loom_map_spec *m = base;
@@ -2046,6 +2086,10 @@ static void parse_dataset(ctx *c, const config_setting_t *g, loom_dataset_spec *
         if (k < 0) k = parse_kind(c, src, source_opts, &d->source);
         parse_opts(c, src, source_opts, k, &d->source);
         d->source.seed_set = k == LOOM_SRC_LIST_FILES && config_setting_get_member(src, "seed");
+        if (k == LOOM_SRC_SYNTHETIC && !config_setting_get_member(src, "features") && !d->source.ctr.on) {
+            loom_err *e = cerr(c, src, "missing required setting `features` (a synthetic source needs features, or ctr)");
+            if (e) loom_err_hint(e, "e.g. features: { x = { dtype = \"float32\"; shape = [4]; }; }; or ctr = { columns = 26; };");
+        }
         scope ss = {source_opts, k, NULL};
         check_keys(c, src, &ss, 1);
     }

@@ -98,6 +98,24 @@ typedef struct loom_syn_feature {
     double         mean, std;     /* normal: default 0, 1 */
 } loom_syn_feature;
 
+/* A synthetic click-through-rate data set with known structure (synthetic
+ * source, `ctr = { ... }`): features "ids" (int64 (columns,) or (columns,
+ * ids_per_column)) and "label" (float32 (), 0 or 1). Column c's values v are
+ * drawn from a Zipf(zipf) law over [0, vocab) and hashed with c into
+ * [0, id_space); the click is Bernoulli(sigmoid(bias + sum over the
+ * example's values of w(c, v))), w(c, v) ~ normal(0, weight_std) a pure
+ * function of (seed, c, v). */
+typedef struct loom_syn_ctr {
+    bool    on;
+    int     columns;        /* categorical columns, 1 to 1024 */
+    int     ids_per_column; /* multi-hot width, default 1 */
+    int64_t id_space;       /* hashed ids in [0, id_space), default 2^20 */
+    int64_t vocab;          /* distinct values per column, default 10000 */
+    double  zipf;           /* value popularity exponent, default 1.1; 0 = uniform */
+    double  weight_std;     /* spread of the true logistic weights, default 0.5 */
+    double  bias;           /* the true model's bias, default -1.5 (about 25% clicks) */
+} loom_syn_ctr;
+
 typedef struct loom_source_spec {
     loom_source_kind kind;
     loom_loc         loc;
@@ -144,6 +162,7 @@ typedef struct loom_source_spec {
      *             features: { image = { dtype = "float32"; shape = [28, 28]; }; label = { dtype = "int64"; max = 10; }; }; }; */
     int64_t            count;  /* elements per pass, >= 1, or -1 = infinite */
     loom_syn_feature   syn[LOOM_MAX_FEATURES];
+    loom_syn_ctr       ctr;    /* synthetic: CTR data, before the declared features (which may then be absent) */
     /* list_files: the file names matching `files` (the patterns above), sorted, one element each:
      * "filename" uint8 (LOOM_PATH_MAX) zero-padded and "length" int64 (), as the text source's lines.
      *   source: { type = "list_files"; files = ["data/train-*.tfrecord"]; shuffle = false; };
@@ -284,7 +303,8 @@ typedef struct loom_dataset_spec {
 /* ---- model --------------------------------------------------------------- */
 
 typedef enum { LOOM_LAYER_DENSE, LOOM_LAYER_CONV2D, LOOM_LAYER_MAX_POOL2D, LOOM_LAYER_DROPOUT, LOOM_LAYER_FLATTEN,
-               LOOM_LAYER_ACTIVATION } loom_layer_kind;
+               LOOM_LAYER_ACTIVATION, LOOM_LAYER_EMBEDDING } loom_layer_kind;
+typedef enum { LOOM_COMBINER_SUM, LOOM_COMBINER_MEAN } loom_combiner;
 typedef enum { LOOM_ACT_NONE, LOOM_ACT_RELU, LOOM_ACT_SIGMOID, LOOM_ACT_TANH, LOOM_ACT_SOFTMAX } loom_activation;
 typedef enum { LOOM_INIT_GLOROT_UNIFORM, LOOM_INIT_GLOROT_NORMAL, LOOM_INIT_HE_UNIFORM, LOOM_INIT_HE_NORMAL,
                LOOM_INIT_ZEROS } loom_init;
@@ -305,6 +325,11 @@ typedef struct loom_layer_spec {
     double          rate;                /* dropout, [0, 1) */
     loom_init       kernel_init;         /* default glorot_uniform (he_normal is common for relu) */
     bool            use_bias;            /* default true; biases start at zero */
+    /* embedding: a table (input_dim, output_dim) looked up by integer ids
+     * (the model input, int32 or int64); see nn.h for the shapes */
+    int64_t         input_dim;           /* rows of the table */
+    int             output_dim;          /* columns: the embedding width */
+    loom_combiner   combiner;            /* several ids per column: sum (default) or mean */
 } loom_layer_spec;
 
 typedef struct loom_model_spec {
@@ -318,7 +343,7 @@ typedef struct loom_model_spec {
 
 /* ---- optimizer ----------------------------------------------------------- */
 
-typedef enum { LOOM_OPT_SGD, LOOM_OPT_MOMENTUM, LOOM_OPT_ADAM } loom_opt_kind;
+typedef enum { LOOM_OPT_SGD, LOOM_OPT_MOMENTUM, LOOM_OPT_ADAM, LOOM_OPT_ADAGRAD } loom_opt_kind;
 typedef enum { LOOM_SCHED_CONSTANT, LOOM_SCHED_EXPONENTIAL_DECAY, LOOM_SCHED_PIECEWISE_CONSTANT,
                LOOM_SCHED_COSINE } loom_sched_kind;
 
@@ -340,7 +365,8 @@ typedef struct loom_optimizer_spec {
     double             learning_rate; /* > 0 */
     double             momentum;      /* momentum: [0, 1), default 0.9 */
     bool               nesterov;      /* momentum */
-    double             beta1, beta2, epsilon; /* adam: 0.9, 0.999, 1e-7 (Keras defaults) */
+    double             beta1, beta2, epsilon; /* adam: 0.9, 0.999, 1e-7 (Keras defaults); adagrad: epsilon */
+    double             initial_accumulator; /* adagrad: the accumulator's start, default 0.1 (Keras) */
     loom_schedule_spec schedule;
 } loom_optimizer_spec;
 

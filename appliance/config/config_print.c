@@ -147,7 +147,19 @@ static void print_csv_text_synthetic(FILE *f, const loom_source_spec *src)
         kv_bool(f, 3, "truncate", src->truncate);
     } else if (src->kind == LOOM_SRC_SYNTHETIC) {
         kv_i64(f, 3, "count", src->count);
-        fputs("      features: {\n", f);
+        if (src->ctr.on) {
+            const loom_syn_ctr *k = &src->ctr;
+            fputs("      ctr: {\n", f);
+            kv_i64(f, 4, "columns", k->columns);
+            kv_i64(f, 4, "ids_per_column", k->ids_per_column);
+            kv_i64(f, 4, "id_space", k->id_space);
+            kv_i64(f, 4, "vocab", k->vocab);
+            kv_f64(f, 4, "zipf", k->zipf);
+            kv_f64(f, 4, "weight_std", k->weight_std);
+            kv_f64(f, 4, "bias", k->bias);
+            fputs("      };\n", f);
+        }
+        if (src->n_features) fputs("      features: {\n", f);
         for (int i = 0; i < src->n_features; i++) {
             const loom_syn_feature *s = &src->syn[i];
             fprintf(f, "        %s = { dtype = ", src->feature[i]);
@@ -169,7 +181,7 @@ static void print_csv_text_synthetic(FILE *f, const loom_source_spec *src)
             }
             fputs("; };\n", f);
         }
-        fputs("      };\n", f);
+        if (src->n_features) fputs("      };\n", f);
     }
 }
 
@@ -481,6 +493,11 @@ static void print_layer(FILE *f, const loom_layer_spec *l)
     case LOOM_LAYER_DROPOUT: kv_f64(f, 3, "rate", l->rate); break;
     case LOOM_LAYER_FLATTEN: break;
     case LOOM_LAYER_ACTIVATION: break;
+    case LOOM_LAYER_EMBEDDING:
+        kv_i64(f, 3, "input_dim", l->input_dim);
+        kv_i64(f, 3, "output_dim", l->output_dim);
+        kv_str(f, 3, "combiner", loom_cfg_name_(loom_combiner_names_, (int)l->combiner));
+        break;
     }
     if (l->kind == LOOM_LAYER_DENSE || l->kind == LOOM_LAYER_CONV2D || l->kind == LOOM_LAYER_ACTIVATION)
         kv_str(f, 3, "activation", loom_activation_name(l->activation));
@@ -610,6 +627,10 @@ void loom_config_print(const loom_spec *s, FILE *f)
         kv_f64(f, 1, "beta1", o->beta1);
         kv_f64(f, 1, "beta2", o->beta2);
         kv_f64(f, 1, "epsilon", o->epsilon);
+    }
+    if (o->kind == LOOM_OPT_ADAGRAD) {
+        kv_f64(f, 1, "epsilon", o->epsilon);
+        kv_f64(f, 1, "initial_accumulator_value", o->initial_accumulator);
     }
     const loom_schedule_spec *sch = &o->schedule;
     fputs("  schedule: {\n", f);

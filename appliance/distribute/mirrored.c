@@ -238,6 +238,9 @@ static int new_replica(loom_strategy *s, replicated *m, replica *rp, int intra, 
     rc = loom_optimizer_new(&rp->opt, &spec->optimizer, loom_model_num_params(rp->model), err);
     /* central: the update runs on all replica threads; mirrored: each replica's shard on its own */
     if (!rc && m->central) loom_optimizer_set_pool(rp->opt, m->pool);
+    /* embedding tables: the reduced gradient holds every replica's rows, so
+     * the lazy update scans the table's gradient for them (densified) */
+    if (!rc) loom_optimizer_set_tables(rp->opt, rp->model, 0);
     return rc;
 }
 

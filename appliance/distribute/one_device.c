@@ -51,6 +51,12 @@ static int od_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
         return rc;
     rc = loom_optimizer_new(&od->opt, &spec->optimizer, loom_model_num_params(od->model), err);
     if (!rc) loom_optimizer_set_pool(od->opt, loom_model_pool(od->model)); /* the update runs on the same threads */
+    /* embedding tables: one replica writes its own gradients, so the update
+     * visits just the rows the batch touched (sparse) */
+    if (!rc) {
+        loom_model_set_sparse_owner(od->model, 1);
+        loom_optimizer_set_tables(od->opt, od->model, 1);
+    }
     return rc;
 }
 

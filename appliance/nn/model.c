@@ -15,6 +15,9 @@
  * stay in cache between im2col and the product that reads them. */
 #define NN_COL_BYTES ((int64_t)1 << 20)
 
+/* An embedding table's initialiser, as Keras': uniform in [-0.05, 0.05). */
+#define NN_INIT_EMBEDDING 100
+
 static void shape_of(loom_shape *s, int rank, int64_t d0, int64_t d1, int64_t d2)
 {
     memset(s, 0, sizeof *s);
@@ -141,6 +144,31 @@ static int layer_shapes(loom_model *m, nn_layer_ *l, int li, loom_err *err)
         shape_of(&l->out, 3, l->oh, l->ow, l->cout);
         break;
     }
+    case LOOM_LAYER_EMBEDDING: {
+        if (li != 0)
+            return loom_err_set(err, LOOM_ESHAPE, l->where,
+                                "layer \"%s\" (embedding) is layer %d; an embedding looks up the model's input ids, "
+                                "so it must be the first layer", s->name, li),
+                   loom_err_hint(err, "move it to the top of model.layers");
+        if (in->rank > 2)
+            return loom_err_set(err, LOOM_ESHAPE, l->where,
+                                "layer \"%s\" (embedding) needs ids of shape (), (columns,) or (columns, k), got %s",
+                                s->name, loom_shape_str(in, a, sizeof a));
+        if (s->input_dim < 1 || s->output_dim < 1)
+            return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\": input_dim = %lld and output_dim = %d "
+                                "must be >= 1", s->name, (long long)s->input_dim, s->output_dim);
+        l->rows = s->input_dim;
+        l->dim = s->output_dim;
+        l->cols = in->rank >= 1 ? (int)in->dim[0] : 1;
+        l->k = in->rank == 2 ? (int)in->dim[1] : 1;
+        if (in->rank == 0) shape_of(&l->out, 1, l->dim, 0, 0);
+        else shape_of(&l->out, 2, l->cols, l->dim, 0);
+        loom_shape ks;
+        shape_of(&ks, 2, l->rows, l->dim, 0);
+        l->kernel_off = add_param(m, l, "embeddings", &ks, NN_INIT_EMBEDDING, 0, 0);
+        m->flops += (double)l->cols * l->k * l->dim;
+        break;
+    }
     case LOOM_LAYER_DROPOUT:
         if (!(s->rate >= 0 && s->rate < 1))
             return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\": rate = %g, must be in [0, 1)", s->name,
@@ -220,7 +248,16 @@ int loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_sha
     m->label_dtype = label_dtype;
     m->max_batch = max_batch;
     int rc = LOOM_OK;
-    if (input_dtype != LOOM_F32) {
+    m->input_dtype = input_dtype;
+    int ids_in = spec->n_layers >= 1 && spec->layer[0].kind == LOOM_LAYER_EMBEDDING;
+    if (ids_in && input_dtype != LOOM_I32 && input_dtype != LOOM_I64) {
+        rc = loom_err_set(err, LOOM_ESHAPE, m->where, "model input \"%s\" is %s %s; an embedding layer needs "
+                          "int32 or int64 ids", spec->input, loom_dtype_name(input_dtype),
+                          loom_shape_str(input, a, sizeof a));
+        loom_err_hint(err, "add a cast map (dtype = \"int64\") for \"%s\" to the data transforms", spec->input);
+        goto fail;
+    }
+    if (!ids_in && input_dtype != LOOM_F32) {
         rc = loom_err_set(err, LOOM_ESHAPE, m->where, "model input \"%s\" is %s %s; layers need float32",
                           spec->input, loom_dtype_name(input_dtype), loom_shape_str(input, a, sizeof a));
         loom_err_hint(err,
@@ -301,6 +338,19 @@ int loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_sha
             goto nomem;
         if ((k == LOOM_LAYER_DENSE || k == LOOM_LAYER_CONV2D) && !(l->dz = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(float))))
             goto nomem;
+        if (k == LOOM_LAYER_EMBEDDING) {
+            int64_t per = (int64_t)l->cols * l->k, mx = max_batch * per;
+            l->sp_max = mx < l->rows ? mx : l->rows;
+            for (l->hsize = 16; l->hsize < 2 * l->sp_max;) l->hsize *= 2;
+            if (!(l->y = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(float))) ||
+                !(l->dz = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(float))) ||
+                !(l->sp_ids = loom_alloc_aligned((size_t)l->sp_max * sizeof(int64_t))) ||
+                !(l->sp_val = loom_alloc_aligned((size_t)(l->sp_max * l->dim) * sizeof(float))) ||
+                !(l->hkey = loom_alloc_aligned((size_t)l->hsize * sizeof(int64_t))) ||
+                !(l->hval = loom_alloc_aligned((size_t)l->hsize * sizeof(int32_t))))
+                goto nomem;
+            memset(l->hkey, 0xff, (size_t)l->hsize * sizeof(int64_t)); /* all -1: empty */
+        }
         if (k == LOOM_LAYER_DROPOUT && l->spec.rate > 0 && !(l->mask = loom_alloc_aligned((size_t)(max_batch * l->n_out))))
             goto nomem;
         if (k == LOOM_LAYER_CONV2D) {
@@ -410,6 +460,10 @@ void loom_model_free(loom_model *m)
         loom_free(m->layer[i].argmax);
         loom_free(m->layer[i].mask);
         loom_free(m->layer[i].dz);
+        loom_free(m->layer[i].sp_ids);
+        loom_free(m->layer[i].sp_val);
+        loom_free(m->layer[i].hkey);
+        loom_free(m->layer[i].hval);
     }
     free_chunks(m->pool, m->chunk, m->threads);
     loom_free(m->params);
@@ -478,6 +532,9 @@ void loom_model_init_params(loom_model *m, uint64_t seed)
         }
         if (fan < 1) fan = 1;
         switch (init) {
+        case NN_INIT_EMBEDDING:
+            for (int64_t k = 0; k < n; k++) p[k] = (float)((2.0 * loom_rng_uniform64(&r) - 1.0) * 0.05);
+            break;
         case LOOM_INIT_GLOROT_UNIFORM:
         case LOOM_INIT_HE_UNIFORM: {
             double limit = sqrt(3.0 * scale / fan);
@@ -507,9 +564,9 @@ void loom_model_init_params(loom_model *m, uint64_t seed)
 int nn_check_batch_(loom_model *m, const loom_tensor *x, const loom_tensor *label, int64_t *B, loom_err *err)
 {
     char a[96], b[96];
-    if (x->dtype != LOOM_F32)
-        return loom_err_set(err, LOOM_ESHAPE, m->where, "input batch is %s, the model needs float32",
-                            loom_dtype_name(x->dtype)),
+    if (x->dtype != m->input_dtype)
+        return loom_err_set(err, LOOM_ESHAPE, m->where, "input batch is %s, the model needs %s",
+                            loom_dtype_name(x->dtype), loom_dtype_name(m->input_dtype)),
                loom_err_hint(err, "add a cast or scale map to the input transforms");
     int ok = x->shape.rank == m->input.rank + 1;
     for (int i = 0; ok && i < m->input.rank; i++) ok = x->shape.dim[i + 1] == m->input.dim[i];
@@ -523,6 +580,9 @@ int nn_check_batch_(loom_model *m, const loom_tensor *x, const loom_tensor *labe
     if (*B < 1 || *B > m->max_batch)
         return loom_err_set(err, LOOM_ESHAPE, m->where, "batch of %lld examples; the model takes 1 to %lld",
                             (long long)*B, (long long)m->max_batch);
+    int rc;
+    if (m->layer[0].spec.kind == LOOM_LAYER_EMBEDDING && (rc = nn_embedding_check_ids_(m, 0, x->data, *B, err)))
+        return rc;
     return label ? nn_check_label_(m, label, *B, err) : LOOM_OK;
 }
 
@@ -621,7 +681,8 @@ typedef struct step_job {
 static void chunk_forward(const step_job *j, nn_chunk_ *c)
 {
     const loom_model *m = j->m;
-    c->act[0] = j->x + c->b0 * m->layer[0].n_in;
+    /* the input may be ids (int32, int64) rather than floats: offset in bytes */
+    c->act[0] = (const float *)((const char *)j->x + c->b0 * m->layer[0].n_in * (int64_t)loom_dtype_size(m->input_dtype));
     for (int i = 0; i < m->n_layers; i++) nn_layer_forward_(m, i, c, j->kind == JOB_TRAIN, j->rng_key);
 }
 
@@ -690,6 +751,10 @@ static void grad_part(void *arg, int t)
     for (int i = 0; i < m->n_layers; i++) {
         const nn_layer_ *l = &m->layer[i];
         if (l->kernel_off < 0) continue;
+        if (l->spec.kind == LOOM_LAYER_EMBEDDING) {
+            if (t == 0) nn_embedding_param_grads_(j->m, i, j->m->chunk[0].act[0], j->B);
+            continue;
+        }
         /* chunk 0 starts at example 0: its input pointer is the whole batch's */
         if (l->spec.kind == LOOM_LAYER_DENSE) nn_dense_param_grads_(m, i, m->chunk[0].act[i], j->B, t, parts);
         else nn_conv_param_grads_(m, i, m->chunk[0].act[i], j->B, t, parts, m->chunk[t].col);
@@ -809,3 +874,30 @@ int loom_model_predict(loom_model *m, const loom_tensor *x, float *out, loom_err
     run_chunks(m, &j, B, NULL, NULL);
     return LOOM_OK;
 }
+
+/* ---- sparse gradients ------------------------------------------------------ */
+
+int loom_model_num_sparse(const loom_model *m)
+{
+    int n = 0;
+    for (int i = 0; i < m->n_layers; i++) n += m->layer[i].spec.kind == LOOM_LAYER_EMBEDDING;
+    return n;
+}
+
+void loom_model_sparse_grad(const loom_model *m, int i, loom_sparse_grad *out)
+{
+    memset(out, 0, sizeof *out);
+    out->param = -1;
+    for (int li = 0; li < m->n_layers; li++) {
+        const nn_layer_ *l = &m->layer[li];
+        if (l->spec.kind != LOOM_LAYER_EMBEDDING || i-- > 0) continue;
+        for (int p = 0; p < m->n_ptensors; p++)
+            if (m->pinfo[p].offset == l->kernel_off) out->param = p;
+        *out = (loom_sparse_grad){.param = out->param, .offset = l->kernel_off, .rows = l->rows, .dim = l->dim,
+                                  .n = l->sp_n, .ids = l->sp_ids, .values = l->sp_val};
+        return;
+    }
+    LOOM_ASSERT(!"loom_model_sparse_grad: no such table");
+}
+
+void loom_model_set_sparse_owner(loom_model *m, int on) { m->sparse_owner = on != 0; }

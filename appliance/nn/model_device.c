@@ -120,6 +120,11 @@ static int mem(loom_model_dev *d, int host, void **out, int64_t bytes, loom_err 
 /* A layer the device ops cannot run: named at its file:line. */
 static int check_layer(const loom_device_ops *ops, const nn_layer_ *l, loom_err *err)
 {
+    if (l->spec.kind == LOOM_LAYER_EMBEDDING)
+        return loom_err_set(err, LOOM_EUNSUPPORTED, l->where,
+                            "layer \"%s\" (embedding): the \"%s\" device backend has no embedding lookup",
+                            l->spec.name, ops->name),
+               loom_err_hint(err, "train embeddings on the host (strategy.device_backend = \"\")");
     if (l->act != LOOM_ACT_SOFTMAX) return LOOM_OK;
     return loom_err_set(err, LOOM_EUNSUPPORTED, l->where,
                         "layer \"%s\" (%s): the \"%s\" device backend has no softmax activation; only the softmax "

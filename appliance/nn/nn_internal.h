@@ -26,7 +26,18 @@ typedef struct nn_layer_ {
     int32_t       *argmax;         /* max_pool2d: (max_batch, n_out) input index within the example */
     uint8_t       *mask;           /* dropout: (max_batch, n_out) 1 = kept */
     float         *dz;             /* dense, conv2d: (max_batch, n_out) d(loss)/d(pre-activation), kept from the
-                                      chunks' backward for the whole-batch kernel and bias gradients */
+                                      chunks' backward for the whole-batch kernel and bias gradients;
+                                      embedding: d(loss)/d(output) */
+    /* embedding: the table is the kernel, (rows, dim); input (cols,) or (cols, k) ids, output (cols, dim) */
+    int64_t        rows;           /* input_dim */
+    int            dim, cols, k;   /* output_dim; columns and ids per column of an example */
+    int64_t        sp_max;         /* distinct rows a batch can touch: min(max_batch * cols * k, rows) */
+    int64_t        sp_n;           /* rows touched by the last backward */
+    int64_t       *sp_ids;         /* (sp_max,) their ids, first-seen order */
+    float         *sp_val;         /* (sp_max, dim) their summed gradient rows */
+    int64_t       *hkey;           /* (hsize,) open-addressing id -> slot map, -1 = empty */
+    int32_t       *hval;           /* (hsize,) */
+    int64_t        hsize;          /* a power of two >= 2 sp_max */
 } nn_layer_;
 
 /* The slice of a step's batch that one thread works on: examples [b0, b0 + B).
@@ -68,6 +79,8 @@ struct loom_model {
     loom_pool       *pool;          /* NULL when threads == 1 */
     nn_chunk_       *chunk;         /* (threads,) 64-byte aligned */
     /* a train step taken in parts (loom_model_forward, _loss, _backward) */
+    loom_dtype       input_dtype;   /* float32, or int32 / int64 ids when layer 0 is an embedding */
+    int              sparse_owner;  /* tables' dense grads are written by the model alone (loom_model_set_sparse_owner) */
     int              part_done;     /* phases done on the current batch: 0, 1 (forward), 2 (loss) */
     int64_t          part_B;        /* its examples */
 };
@@ -85,6 +98,16 @@ int nn_read_labels_(loom_model *m, const loom_tensor *label, int64_t B, loom_err
 int nn_loss_error_(const loom_model *m, double loss, int64_t B, loom_err *err);
 
 /* ---- kernels (layers.c) ------------------------------------------------- */
+
+/* Embedding layer li (layer 0): the sparse gradient of the whole batch of B
+ * examples with ids x from its dz rows, in example order (so the same bits
+ * for any number of threads), and the table's rows of the dense grads buffer:
+ * the previous batch's rows cleared (or, unless m->sparse_owner, the whole
+ * table region), the new ones written. */
+void nn_embedding_param_grads_(loom_model *m, int li, const void *x, int64_t B);
+/* Checks the ids of a batch for embedding layer li: each in [0, rows) or -1
+ * (no id); LOOM_EDATA naming the example and column otherwise. */
+int nn_embedding_check_ids_(const loom_model *m, int li, const void *x, int64_t B, loom_err *err);
 
 const char *nn_loc_str_(const loom_loc *l, char *buf, size_t n);
 const char *nn_layer_kind_name_(loom_layer_kind k);
