@@ -1182,7 +1182,10 @@ int loom_check(const loom_spec *spec, const loom_cluster *cluster, FILE *f, loom
         loom_model *m = loom_strategy_model(r.strat);
         loom_model_summary(m, f);
         fprintf(f, "optimizer: %s, learning rate %g at step 0\n",
-                spec->optimizer.kind == LOOM_OPT_SGD ? "sgd" : spec->optimizer.kind == LOOM_OPT_MOMENTUM ? "momentum" : "adam",
+                spec->optimizer.kind == LOOM_OPT_SGD        ? "sgd"
+                : spec->optimizer.kind == LOOM_OPT_MOMENTUM ? "momentum"
+                : spec->optimizer.kind == LOOM_OPT_ADAGRAD  ? "adagrad"
+                                                            : "adam",
                 loom_optimizer_lr(loom_strategy_optimizer(r.strat), 0));
         loom_strategy_print_plan(r.strat, batch_size_of(&spec->train), f);
         fprintf(f, "compute: %d thread%s; BLAS %s (%s), %d thread%s each\n", loom_model_threads(m),

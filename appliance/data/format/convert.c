@@ -502,7 +502,9 @@ static int convert_dataset(const loom_convert_opts *o, sharder *sh, loom_err *er
     if (rc) goto done;
     int64_t card = loom_iter_cardinality(it), n = o->count > 0 ? o->count : card;
     if (n < 0) {
-        rc = loom_err_set(err, LOOM_EUSAGE, NULL, "the source of data.train is infinite (or of unknown length)");
+        char w[LOOM_PATH_MAX + 16];
+        rc = loom_err_set(err, LOOM_EUSAGE, loom_loc_str(&ds->source.loc, w, sizeof w),
+                          "the source of data.train is infinite (or of unknown length)");
         loom_err_hint(err, "give --count N, the number of records to write");
         goto done;
     }
