@@ -687,6 +687,8 @@ static const opt syn_ctr_opts[] = {
     O_F64(loom_syn_ctr, "zipf", zipf, 1.1, 0.0, 4.0, 0, ALL, 0, "value popularity exponent; 0 = uniform"),
     O_F64(loom_syn_ctr, "weight_std", weight_std, 0.5, 0.0, 0, F_NO_HI, ALL, 0, "spread of the true weights"),
     O_F64(loom_syn_ctr, "bias", bias, -1.5, 0, 0, F_NO_LO | F_NO_HI, ALL, 0, "the true model's bias"),
+    O_INT(loom_syn_ctr, "offset", offset, 0, 0, INT64_MAX / 2, ALL, 0,
+          "the source starts at this example of the set (e.g. a held-out split after the training examples)"),
     O_END,
 };
 

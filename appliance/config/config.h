@@ -113,7 +113,8 @@ typedef struct loom_syn_ctr {
     int64_t vocab;          /* distinct values per column, default 10000 */
     double  zipf;           /* value popularity exponent, default 1.1; 0 = uniform */
     double  weight_std;     /* spread of the true logistic weights, default 0.5 */
-    double  bias;           /* the true model's bias, default -1.5 (about 25% clicks) */
+    double  bias;           /* the true model's bias, default -1.5 */
+    int64_t offset;         /* element i of the source is example offset + i of the set (a held-out split) */
 } loom_syn_ctr;
 
 typedef struct loom_source_spec {

@@ -157,6 +157,7 @@ static void print_csv_text_synthetic(FILE *f, const loom_source_spec *src)
             kv_f64(f, 4, "zipf", k->zipf);
             kv_f64(f, 4, "weight_std", k->weight_std);
             kv_f64(f, 4, "bias", k->bias);
+            kv_i64(f, 4, "offset", k->offset);
             fputs("      };\n", f);
         }
         if (src->n_features) fputs("      features: {\n", f);

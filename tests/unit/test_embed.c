@@ -459,6 +459,8 @@ static void test_adagrad(void)
 
 /* ---- the synthetic ctr source --------------------------------------------------- */
 
+static int64_t ctr_offset;
+
 static int open_ctr(loom_iter **it, uint64_t seed, int64_t count, int k)
 {
     static loom_dataset_spec ds;
@@ -467,7 +469,8 @@ static int open_ctr(loom_iter **it, uint64_t seed, int64_t count, int k)
     ds.source.kind = LOOM_SRC_SYNTHETIC;
     ds.source.count = count;
     ds.source.ctr = (loom_syn_ctr){.on = true, .columns = 8, .ids_per_column = k, .id_space = 1 << 16,
-                                   .vocab = 500, .zipf = 1.1, .weight_std = 0.8, .bias = -1.0};
+                                   .vocab = 500, .zipf = 1.1, .weight_std = 0.8, .bias = -1.0,
+                                   .offset = ctr_offset};
     loom_data_ctx ctx = {.seed = seed, .name = "train"};
     int rc = loom_data_open(it, &ds, &ctx, &err);
     if (rc) printf("# data_open: %s: %s\n", err.where, err.msg);
@@ -522,6 +525,21 @@ static void test_ctr_source(void)
     printf("# %d distinct ids of 32000 lookups, the most popular %d times\n", distinct, maxc);
     CHECK(maxc > 300);         /* Zipf: value 0 of a column is common */
     CHECK(distinct > 1000);
+    /* offset 3000: element i is element 3000 + i of the set (a held-out split) */
+    loom_iter_close(b);
+    ctr_offset = 3000;
+    b = NULL;
+    if (open_ctr(&b, 1, 10, 1) == LOOM_OK) {
+        loom_iter_rewind(a, 1, &err);
+        for (int i = 0; i < 3000; i++) loom_iter_next(a, &ea, &err);
+        for (int i = 0; i < 10; i++) {
+            CHECK(loom_iter_next(a, &ea, &err) == LOOM_OK && loom_iter_next(b, &eb, &err) == LOOM_OK);
+            CHECK(!memcmp(ea->t[0].data, eb->t[0].data, 8 * sizeof(int64_t)));
+            CHECK(!memcmp(ea->t[2].data, eb->t[2].data, sizeof(float)));
+        }
+        CHECK(loom_iter_next(b, &eb, &err) == LOOM_EEOF);
+    }
+    ctr_offset = 0;
 done:
     loom_iter_close(a);
     loom_iter_close(b);

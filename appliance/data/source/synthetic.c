@@ -85,7 +85,7 @@ static void fill_ctr(const syn_source *t, int64_t index)
 {
     const loom_syn_ctr *k = &t->ctr;
     loom_rng r;
-    loom_rng_init(&r, t->seed, SYN_CTR_LABEL, (uint64_t)index, 0);
+    loom_rng_init(&r, t->seed, SYN_CTR_LABEL, (uint64_t)(index + k->offset), 0);
     int64_t *ids = t->buf[0];
     double logit = k->bias;
     for (int c = 0; c < k->columns; c++) {
@@ -215,8 +215,8 @@ int synthetic_source_open_(dstage **out, const loom_source_spec *src, const loom
         st->mut[f] = 1;
     }
     if (t->nctr) {
-        double params[7] = {k->columns, k->ids_per_column, (double)k->id_space, (double)k->vocab, k->zipf,
-                            k->weight_std, k->bias};
+        double params[8] = {k->columns, k->ids_per_column, (double)k->id_space, (double)k->vocab, k->zipf,
+                            k->weight_std, k->bias, (double)k->offset};
         const uint8_t *b = (const uint8_t *)params;
         for (size_t i = 0; i < sizeof params; i++) h = (h ^ b[i]) * 0x100000001b3ull;
     }
