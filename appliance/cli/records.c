@@ -341,7 +341,7 @@ static int run_convert(const rec_opts *o)
     if (o->count && !o->config) return usage_error(sc, "--count applies to --config only");
     if (o->csv && (o->images || o->labels)) return usage_error(sc, "--csv and --images/--labels are alternatives: give one");
     if (!o->config && !o->csv && (!o->images || !o->labels))
-        return usage_error(sc, "needs --images IDX and --labels IDX, --csv FILE or --config CFG");
+        return usage_error(sc, "needs --images IDX and --labels IDX, or --csv FILE (or --config CFG)");
     if (o->label_column && !o->csv) return usage_error(sc, "--label-column applies to --csv only");
     if (!o->output) return usage_error(sc, "missing --output PREFIX");
     size_t n = strlen(o->output);

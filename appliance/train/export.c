@@ -266,6 +266,11 @@ static int build_graph(onnx_graph *o, const loom_spec *spec, loom_model *m, cons
         value_info(o, GRAPH_INPUT, "input", onnx_dtype(in->raw_dtype), &in->raw_shape);
         int rc = fold_preprocessing(o, spec, ds, in, cur, err);
         if (rc) return rc;
+    } else if (ms->n_layers > 0 && ms->layer[0].kind == LOOM_LAYER_EMBEDDING) {
+        char w[LOOM_PATH_MAX + 16];
+        return loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&ms->layer[0].loc, w, sizeof w),
+                            "layer \"%s\" (embedding) has no ONNX form in Loom's export", ms->layer[0].name),
+               loom_err_hint(err, "export the weights with --format npz");
     } else {
         if (in->dtype != LOOM_F32)
             return loom_err_set(err, LOOM_EUNSUPPORTED, spec->path, "the model input \"%s\" is %s, not float32",
