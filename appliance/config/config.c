@@ -47,7 +47,7 @@ const char *const loom_loss_names_[] = {"sparse_softmax_cross_entropy", "mean_sq
                                         "mean_absolute_error", "huber", NULL};
 const char *const loom_metric_names_[] = {"accuracy", "auc", "precision", "recall", "top_k_accuracy", "mae", "rmse",
                                           NULL};
-const char *const loom_opt_names_[] = {"sgd", "momentum", "adam", NULL};
+const char *const loom_opt_names_[] = {"sgd", "momentum", "adam", "adamw", "rmsprop", NULL};
 const char *const loom_sched_names_[] = {"constant", "exponential_decay", "piecewise_constant", "cosine", NULL};
 const char *const loom_strategy_names_[] = {"one_device", "mirrored", "central_storage", "multi_worker_mirrored",
                                             "parameter_server", NULL};
@@ -809,6 +809,8 @@ static const opt model_opts[] = {
     O_INT(loom_model_spec, "auc_thresholds", auc_thresholds, 200, 2, 100000, ALL, 0, "auc: number of thresholds"),
     O_BOOL(loom_model_spec, "multi_label", multi_label, 0, ALL, "auc: one curve per output, averaged"),
     O_INT(loom_model_spec, "top_k", top_k, 5, 1, LOOM_MAX_UNITS, ALL, 0, "top_k_accuracy: k"),
+    O_F64(loom_model_spec, "l2", l2, 0.0, 0.0, 0, F_NO_HI, ALL, 0,
+          "L2 penalty on every dense and conv kernel: loss += l2 * sum(w^2)"),
     O_F64(loom_model_spec, "huber_delta", huber_delta, 1.0, 0.0, 0, F_LO_OPEN | F_NO_HI, ALL, 0,
           "huber: where the loss turns from quadratic to linear"),
     O_CUSTOM("class_weight", parse_class_weight, ALL, 0,
@@ -824,9 +826,15 @@ static const opt optimizer_opts[] = {
           "base learning rate"),
     O_F64(loom_optimizer_spec, "momentum", momentum, 0.9, 0.0, 1.0, F_HI_OPEN, OPT(MOMENTUM), 0, "momentum"),
     O_BOOL(loom_optimizer_spec, "nesterov", nesterov, 0, OPT(MOMENTUM), "Nesterov momentum"),
-    O_F64(loom_optimizer_spec, "beta1", beta1, 0.9, 0.0, 1.0, F_HI_OPEN, OPT(ADAM), 0, "adam beta1"),
-    O_F64(loom_optimizer_spec, "beta2", beta2, 0.999, 0.0, 1.0, F_HI_OPEN, OPT(ADAM), 0, "adam beta2"),
-    O_F64(loom_optimizer_spec, "epsilon", epsilon, 1e-7, 0.0, 0, F_LO_OPEN | F_NO_HI, OPT(ADAM), 0, "adam epsilon"),
+    O_F64(loom_optimizer_spec, "beta1", beta1, 0.9, 0.0, 1.0, F_HI_OPEN, OPT(ADAM) | OPT(ADAMW), 0, "adam beta1"),
+    O_F64(loom_optimizer_spec, "beta2", beta2, 0.999, 0.0, 1.0, F_HI_OPEN, OPT(ADAM) | OPT(ADAMW), 0, "adam beta2"),
+    O_F64(loom_optimizer_spec, "epsilon", epsilon, 1e-7, 0.0, 0, F_LO_OPEN | F_NO_HI, OPT(ADAM) | OPT(ADAMW) | OPT(RMSPROP),
+          0, "adam, adamw, rmsprop epsilon"),
+    O_F64(loom_optimizer_spec, "weight_decay", weight_decay, 0.004, 0.0, 1.0, F_HI_OPEN, OPT(ADAMW), 0,
+          "adamw: decoupled weight decay, p -= lr * weight_decay * p"),
+    O_F64(loom_optimizer_spec, "rho", rho, 0.9, 0.0, 1.0, F_HI_OPEN, OPT(RMSPROP), 0, "rmsprop: decay of the mean square"),
+    O_F64(loom_optimizer_spec, "clip_norm", clip_norm, 0.0, 0.0, 0, F_NO_HI, ALL, 0,
+          "> 0: clip the gradients to this global norm (0 = off)"),
     O_SUB("schedule", 0, 0, "learning-rate schedule"),
     O_END,
 };

@@ -329,12 +329,13 @@ typedef struct loom_model_spec {
     double           huber_delta;         /* huber: delta, default 1.0 */
     int              n_class_weights;     /* 0: none; else one weight per class (binary: [negative, positive]) */
     float            class_weight[LOOM_MAX_CLASS_WEIGHTS];
+    double           l2;                  /* kernel_regularizer l2: loss += l2 * sum(kernel^2), every dense and conv kernel */
     loom_layer_spec layer[LOOM_MAX_LAYERS];
 } loom_model_spec;
 
 /* ---- optimizer ----------------------------------------------------------- */
 
-typedef enum { LOOM_OPT_SGD, LOOM_OPT_MOMENTUM, LOOM_OPT_ADAM } loom_opt_kind;
+typedef enum { LOOM_OPT_SGD, LOOM_OPT_MOMENTUM, LOOM_OPT_ADAM, LOOM_OPT_ADAMW, LOOM_OPT_RMSPROP } loom_opt_kind;
 typedef enum { LOOM_SCHED_CONSTANT, LOOM_SCHED_EXPONENTIAL_DECAY, LOOM_SCHED_PIECEWISE_CONSTANT,
                LOOM_SCHED_COSINE } loom_sched_kind;
 
@@ -357,6 +358,9 @@ typedef struct loom_optimizer_spec {
     double             momentum;      /* momentum: [0, 1), default 0.9 */
     bool               nesterov;      /* momentum */
     double             beta1, beta2, epsilon; /* adam: 0.9, 0.999, 1e-7 (Keras defaults) */
+    double             weight_decay;  /* adamw: decoupled, p -= lr wd p (Keras AdamW, default 0.004) */
+    double             rho;           /* rmsprop: 0.9 (Keras) */
+    double             clip_norm;     /* > 0: gradients scaled to this global norm at most (tf.clip_by_global_norm) */
     loom_schedule_spec schedule;
 } loom_optimizer_spec;
 

@@ -604,6 +604,7 @@ void loom_config_print(const loom_spec *s, FILE *f)
     kv_bool(f, 1, "multi_label", m->multi_label);
     kv_i64(f, 1, "top_k", m->top_k);
     kv_f64(f, 1, "huber_delta", m->huber_delta);
+    kv_f64(f, 1, "l2", m->l2);
     if (m->n_class_weights) {
         fputs("  class_weight = [", f);
         for (int i = 0; i < m->n_class_weights; i++) {
@@ -626,11 +627,15 @@ void loom_config_print(const loom_spec *s, FILE *f)
         kv_f64(f, 1, "momentum", o->momentum);
         kv_bool(f, 1, "nesterov", o->nesterov);
     }
-    if (o->kind == LOOM_OPT_ADAM) {
+    if (o->kind == LOOM_OPT_ADAM || o->kind == LOOM_OPT_ADAMW) {
         kv_f64(f, 1, "beta1", o->beta1);
         kv_f64(f, 1, "beta2", o->beta2);
-        kv_f64(f, 1, "epsilon", o->epsilon);
     }
+    if (o->kind == LOOM_OPT_ADAM || o->kind == LOOM_OPT_ADAMW || o->kind == LOOM_OPT_RMSPROP)
+        kv_f64(f, 1, "epsilon", o->epsilon);
+    if (o->kind == LOOM_OPT_ADAMW) kv_f64(f, 1, "weight_decay", o->weight_decay);
+    if (o->kind == LOOM_OPT_RMSPROP) kv_f64(f, 1, "rho", o->rho);
+    kv_f64(f, 1, "clip_norm", o->clip_norm);
     const loom_schedule_spec *sch = &o->schedule;
     fputs("  schedule: {\n", f);
     kv_str(f, 2, "type", loom_cfg_name_(loom_sched_names_, (int)sch->kind));

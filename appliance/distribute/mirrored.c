@@ -365,7 +365,8 @@ static int reduce_packs(replicated *m, int r, float *g, loom_err *err)
  * not (see mirrored_apply_shard), so every pack is all-reduced. */
 static int mirrored_reduce_scatter(replicated *m, int r, loom_err *err)
 {
-    if (m->n_packs > 1 || !m->comm) return reduce_packs(m, r, loom_model_grads(m->rep[r].model), err);
+    if (m->n_packs > 1 || !m->comm || loom_optimizer_needs_full_grads(m->rep[0].opt)) /* clip_norm: the whole norm */
+        return reduce_packs(m, r, loom_model_grads(m->rep[r].model), err);
     return loom_xcomm_reduce_scatter(m->comm, r, loom_model_grads(m->rep[r].model), m->P, LOOM_REDUCE_SUM, err);
 }
 
@@ -440,6 +441,7 @@ static int mirrored_update_device(replicated *m, int r, loom_err *err)
     if (!rc && all_ok(m)) {
         int64_t lo = 0, hi = m->P;
         if (m->comm) loom_xcomm_shard(m->comm, r, m->P, &lo, &hi);
+        if (loom_optimizer_needs_full_grads(m->rep[0].opt)) lo = 0, hi = m->P; /* clip_norm reads all */
         if (!(rc = loom_model_dev_download_grads(rp->dev, lo, hi, err))) mirrored_apply_shard(m, r);
     }
     int gc = mirrored_gather(m, r, rc ? NULL : err); /* every rank gathers, as every rank reduced */
@@ -465,7 +467,7 @@ static void mirrored_train(loom_strategy *s, replicated *m, int r)
     int rc, gc = LOOM_OK;
     if (m->dev_reduce) {
         rc = mirrored_update_device(m, r, &rerr);
-    } else if (m->comm && m->n_packs <= 1) {
+    } else if (m->comm && m->n_packs <= 1 && !loom_optimizer_needs_full_grads(m->rep[0].opt)) {
         update_arg u = {m, r};
         rc = loom_xcomm_update(m->comm, r, loom_model_grads(rp->model), loom_model_params(rp->model), m->P,
                                update_range, &u, &rerr);

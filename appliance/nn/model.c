@@ -233,6 +233,7 @@ int loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_sha
     m->n_cw = spec->n_class_weights;
     memcpy(m->cw, spec->class_weight, sizeof m->cw);
     m->huber_delta = spec->huber_delta > 0 ? (float)spec->huber_delta : 1.f;
+    m->l2 = (float)spec->l2;
     m->input = *input;
     m->label = *label;
     m->label_dtype = label_dtype;
@@ -672,6 +673,7 @@ typedef struct step_job {
     const float       *x;         /* (B, n_in) */
     const loom_tensor *label;     /* MSE targets (B, n) */
     float              inv_gb;    /* 1 / global batch */
+    int64_t            gb;        /* the global batch (train) */
     uint64_t           rng_key;
     float             *out;       /* predict: (B, n) */
     int64_t            B;         /* examples in the batch */
@@ -760,6 +762,30 @@ static void grad_part(void *arg, int t)
     }
 }
 
+/* model.l2 for a batch of B of a global batch gb: returns l2 * sum(kernel^2) * B
+ * (the penalty's share of the batch's loss sum, so the mean loss carries it
+ * once) and, when grads is set, adds its gradient 2 l2 w * B / gb there (the
+ * replicas' shares add up to one penalty). */
+static double l2_penalty(const loom_model *m, int64_t B, int64_t gb, float *grads)
+{
+    if (m->l2 <= 0) return 0;
+    double ss = 0;
+    const float k = 2.f * m->l2 * (float)B / (float)gb;
+    for (int i = 0; i < m->n_layers; i++) {
+        const nn_layer_ *l = &m->layer[i];
+        if (l->kernel_off < 0) continue;
+        int64_t n = 0;
+        for (int t = 0; t < m->n_ptensors; t++)
+            if (m->pinfo[t].offset == l->kernel_off) n = loom_shape_numel(&m->pinfo[t].shape);
+        const float *w = m->params + l->kernel_off;
+        for (int64_t e = 0; e < n; e++) {
+            ss += (double)w[e] * w[e];
+            if (grads) grads[l->kernel_off + e] += k * w[e];
+        }
+    }
+    return (double)m->l2 * ss * (double)B;
+}
+
 /* Runs job over the batch's chunks, one per thread, and sums their results
  * in chunk order; a train step then finishes the gradients (grad_part). */
 static void run_chunks(loom_model *m, step_job *j, int64_t B, double *loss, int64_t *correct)
@@ -779,6 +805,8 @@ static void run_chunks(loom_model *m, step_job *j, int64_t B, double *loss, int6
     if (correct) *correct = ok;
     if (j->kind != JOB_PREDICT) nn_metrics_update_(m, m->chunk[0].act[m->n_layers], B);
     if (j->kind == JOB_TRAIN && isfinite(l)) loom_pool_run(m->pool, j->nchunks, grad_part, j);
+    if (j->kind != JOB_PREDICT && loss && isfinite(l)) /* Keras reports the loss with its regularisation */
+        *loss += l2_penalty(m, B, j->gb > 0 ? j->gb : B, j->kind == JOB_TRAIN ? m->grads : NULL);
 }
 
 int loom_model_train_step(loom_model *m, const loom_tensor *x, const loom_tensor *label, int64_t global_batch,
@@ -790,7 +818,7 @@ int loom_model_train_step(loom_model *m, const loom_tensor *x, const loom_tensor
     if ((rc = nn_read_label_(m, label, B, err))) return rc;
     if (global_batch < 1) global_batch = B;
     step_job j = {.kind = JOB_TRAIN, .x = x->data, .label = label, .inv_gb = (float)(1.0 / (double)global_batch),
-                  .rng_key = rng_key};
+                  .gb = global_batch, .rng_key = rng_key};
     double loss;
     run_chunks(m, &j, B, &loss, correct);
     if (loss_sum) *loss_sum = loss;
@@ -834,6 +862,8 @@ int loom_model_loss(loom_model *m, const loom_tensor *label, int64_t global_batc
         ok += m->chunk[t].correct;
     }
     if (loss_sum) *loss_sum = l;
+    if (isfinite(l)) l += l2_penalty(m, B, global_batch, NULL);
+    m->part_gb = global_batch;
     if (correct) *correct = ok;
     nn_metrics_update_(m, m->chunk[0].act[m->n_layers], B);
     if (!isfinite(l))
@@ -850,6 +880,7 @@ int loom_model_backward(loom_model *m, loom_err *err)
     j.nchunks = j.B < m->threads ? (int)j.B : m->threads;
     loom_pool_run(m->pool, j.nchunks, part_backward, &j);
     loom_pool_run(m->pool, j.nchunks, grad_part, &j);
+    l2_penalty(m, j.B, m->part_gb, m->grads);
     m->part_done = 0;
     return LOOM_OK;
 }

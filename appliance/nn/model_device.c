@@ -212,6 +212,11 @@ int loom_model_dev_open(loom_model_dev **out, loom_model *m, const loom_device_o
 {
     *out = NULL;
     for (int i = 0; i < m->n_layers; i++) TRY(check_layer(ops, &m->layer[i], err));
+    if (m->l2 > 0)
+        return loom_err_set(err, LOOM_EUNSUPPORTED, m->where,
+                            "model.l2 does not run on the \"%s\" device backend yet", ops->name),
+               loom_err_hint(err, "train on the host (strategy.device_backend = \"\"), or use optimizer type "
+                                  "\"adamw\" (decoupled weight decay)");
     if (m->n_cw && m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE)
         return loom_err_set(err, LOOM_EUNSUPPORTED, m->where,
                             "model.class_weight with sparse_softmax_cross_entropy does not run on the \"%s\" device "

@@ -184,7 +184,8 @@ void loom_optimizer_set_lr(loom_optimizer *o, double lr);
  * NULL: the calling thread alone). The update is element-wise, so the result
  * is the same with or without a pool. */
 void loom_optimizer_set_pool(loom_optimizer *o, loom_pool *pool);
-/* params -= update(grads) for the `step`-th update (0-based). */
+/* params -= update(grads) for the `step`-th update (0-based); with clip_norm
+ * the update uses grads scaled to that global norm at most (grads unchanged). */
 void loom_optimizer_apply(loom_optimizer *o, float *params, const float *grads, int64_t step);
 /* The same update for parameters [lo, hi) only (params, grads and slots at
  * those offsets; the rest untouched), on pool's threads (NULL: the calling
@@ -201,10 +202,15 @@ int loom_optimizer_take_nonfinite(loom_optimizer *o);
 /* The first non-finite parameter: its index, or -1 when all are finite, and
  * "layer/kernel[k] = nan" in buf. One pass; for error reports. */
 int64_t loom_model_find_nonfinite(const loom_model *m, char *buf, size_t n);
-/* The slot buffers (momentum, Adam m and v), contiguous, for checkpoints. */
+/* The slot buffers (momentum, Adam m and v, RMSprop rms), contiguous, for checkpoints. */
 int     loom_optimizer_num_slots(const loom_optimizer *o);  /* 0, 1 or 2 */
 float  *loom_optimizer_slots(loom_optimizer *o);            /* (num_slots * P,) borrowed */
-const char *loom_optimizer_slot_name(const loom_optimizer *o, int i); /* "momentum", "m", "v" */
+const char *loom_optimizer_slot_name(const loom_optimizer *o, int i); /* "momentum", "m", "v", "rms" */
+/* With optimizer.clip_norm the update reads the global norm of the whole
+ * gradient buffer it is given, so loom_optimizer_apply_range needs every
+ * element of grads [0, P) reduced, not only [lo, hi): a sharded update must
+ * all-reduce (not reduce-scatter) first. */
+bool    loom_optimizer_needs_full_grads(const loom_optimizer *o);
 
 /* The schedule alone, for tests and for printing. */
 double loom_schedule_lr(const loom_schedule_spec *s, double base_lr, int64_t step);

@@ -66,6 +66,7 @@ struct loom_model {
     int              n_cw;          /* model.class_weight: 0 (none) or one per class */
     float            cw[LOOM_MAX_CLASS_WEIGHTS];
     float            huber_delta;
+    float            l2;            /* model.l2 on every dense and conv kernel */
     /* model.metrics (metrics.c): additive state over the steps since the last take */
     int              n_metrics;
     loom_metric_kind metric[LOOM_MAX_METRICS];
@@ -81,6 +82,7 @@ struct loom_model {
     /* a train step taken in parts (loom_model_forward, _loss, _backward) */
     int              part_done;     /* phases done on the current batch: 0, 1 (forward), 2 (loss) */
     int64_t          part_B;        /* its examples */
+    int64_t          part_gb;       /* and the global batch of its loss */
 };
 
 /* ---- batch checks (model.c), shared with the device executor ------------- */

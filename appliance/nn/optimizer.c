@@ -1,4 +1,5 @@
-/* optimizer.c - SGD, momentum (Keras/TF), Adam (Keras/TF), LR schedules.
+/* optimizer.c - SGD, momentum (Keras/TF), Adam, AdamW, RMSprop (Keras), LR
+ * schedules, gradient clipping by global norm.
  * Each update is one fused pass over the flat parameter buffer; the slots
  * (momentum; Adam m then v) live in one contiguous allocation so a
  * checkpoint saves them with one write. With a pool, the pass is split into
@@ -8,7 +9,13 @@
  *   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
  *   lr_t = lr sqrt(1 - b2^t) / (1 - b1^t);  p -= lr_t m / (sqrt(v) + eps)
  * (epsilon is "epsilon hat" of the paper, applied after the bias correction
- * folded into lr_t, as TF does; not PyTorch's eps placement). */
+ * folded into lr_t, as TF does; not PyTorch's eps placement).
+ * AdamW (Keras): first p -= lr wd p (decoupled: lr, not lr_t), then Adam's step.
+ * RMSprop (Keras 3, momentum 0, not centered): v = rho v + (1 - rho) g^2;
+ *   p -= lr g / sqrt(v + eps).
+ * clip_norm (tf.clip_by_global_norm): with n = ||g|| over the whole buffer,
+ *   every g is used as g * clip / max(n, clip); the gradients themselves are
+ *   not changed. */
 #include "nn.h"
 
 #include <math.h>
@@ -74,13 +81,13 @@ int loom_optimizer_new(loom_optimizer **out, const loom_optimizer_spec *spec, in
     if (spec->loc.file[0]) snprintf(where, sizeof where, "%s:%d", spec->loc.file, spec->loc.line);
     *out = NULL;
     if (num_params < 0) return loom_err_set(err, LOOM_EUSAGE, where, "num_params = %lld", (long long)num_params);
-    if (spec->kind != LOOM_OPT_SGD && spec->kind != LOOM_OPT_MOMENTUM && spec->kind != LOOM_OPT_ADAM)
+    if ((unsigned)spec->kind > LOOM_OPT_RMSPROP)
         return loom_err_set(err, LOOM_ECONFIG, where, "unknown optimizer kind %d", (int)spec->kind);
     loom_optimizer *o = loom_calloc(1, sizeof *o);
     if (!o) return loom_err_set(err, LOOM_ENOMEM, where, "cannot allocate the optimizer");
     o->spec = *spec;
     o->n = num_params;
-    o->n_slots = spec->kind == LOOM_OPT_SGD ? 0 : spec->kind == LOOM_OPT_MOMENTUM ? 1 : 2;
+    o->n_slots = spec->kind == LOOM_OPT_SGD ? 0 : spec->kind == LOOM_OPT_MOMENTUM || spec->kind == LOOM_OPT_RMSPROP ? 1 : 2;
     if (o->n_slots) {
         size_t bytes = (size_t)(o->n_slots * (num_params ? num_params : 1)) * sizeof(float);
         if (!(o->slots = loom_alloc_aligned(bytes))) {
@@ -164,28 +171,78 @@ NN_HOT static uint32_t apply_adam(int64_t n, float lr_t, float b1, float b2, flo
     return e;
 }
 
+NN_HOT static uint32_t apply_rmsprop(int64_t n, float lr, float rho, float eps, float *restrict p,
+                                     const float *restrict g, float *restrict v)
+{
+    uint32_t e = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float gi = g[i];
+        float vi = rho * v[i] + (1.f - rho) * gi * gi;
+        v[i] = vi;
+        float pi = p[i] - lr * gi / sqrtf(vi + eps);
+        p[i] = pi;
+        uint32_t b = exp_bits(pi);
+        e = b > e ? b : e;
+    }
+    return e;
+}
+
+/* p *= (1 - lr wd) (AdamW's decoupled decay, before its Adam step). */
+NN_HOT static void decay(int64_t n, float k, float *restrict p)
+{
+    for (int64_t i = 0; i < n; i++) p[i] -= k * p[i];
+}
+
+/* g (n) * scale into out: the clipped gradients of one part. */
+NN_HOT static void scaled(int64_t n, float scale, const float *restrict g, float *restrict out)
+{
+    for (int64_t i = 0; i < n; i++) out[i] = g[i] * scale;
+}
+
 /* One update, over part `part` out of `parts` of parameters [lo, hi). */
 typedef struct apply_job {
     const loom_optimizer *o;
     float                *params;
     const float          *grads;
-    float                 lr;     /* sgd, momentum: lr; adam: lr_t */
+    float                 clip;   /* clip_norm's factor (1: none) */
+    float                 lr_raw; /* the schedule's lr (adamw's decay) */
+    float                 lr;     /* sgd, momentum, rmsprop: lr; adam, adamw: lr_t */
     int64_t               lo, hi;
     int                   parts;
     int                  *nonfinite; /* set when the part left a non-finite weight */
 } apply_job;
 
+static uint32_t apply_block(const apply_job *j, int64_t i0, int64_t i1, const float *g);
+
 static void apply_part(void *arg, int part)
 {
     const apply_job *j = arg;
-    const loom_optimizer *o = j->o;
     /* parts of whole 16-float (64-byte) lines, so parts share no cache line */
     int64_t lines = (j->hi - j->lo + 15) / 16;
     int64_t i0 = j->lo + lines * part / j->parts * 16, i1 = j->lo + lines * (part + 1) / j->parts * 16;
     if (i1 > j->hi) i1 = j->hi;
     if (i0 >= i1) return;
+    uint32_t e = 0;
+    if (j->clip != 1.f) { /* clipped gradients through a stack buffer, 4 KiB at a time */
+        float buf[1024];
+        for (int64_t a = i0; a < i1; a += 1024) {
+            int64_t b = a + 1024 < i1 ? a + 1024 : i1;
+            scaled(b - a, j->clip, j->grads + a, buf);
+            uint32_t eb = apply_block(j, a, b, buf);
+            e = eb > e ? eb : e;
+        }
+    } else {
+        e = apply_block(j, i0, i1, j->grads + i0);
+    }
+    /* a non-finite gradient (or slot) makes a non-finite weight in every optimizer */
+    if (e == 0x7f800000u) __atomic_store_n(j->nonfinite, 1, __ATOMIC_RELAXED);
+}
+
+/* The update of parameters [i0, i1) with their gradients g (i1 - i0); the max exponent bits written. */
+static uint32_t apply_block(const apply_job *j, int64_t i0, int64_t i1, const float *g)
+{
+    const loom_optimizer *o = j->o;
     float *p = j->params + i0;
-    const float *g = j->grads + i0;
     uint32_t e = 0;
     switch (o->spec.kind) {
     case LOOM_OPT_SGD:
@@ -194,13 +251,18 @@ static void apply_part(void *arg, int part)
     case LOOM_OPT_MOMENTUM:
         e = apply_momentum(i1 - i0, j->lr, (float)o->spec.momentum, o->spec.nesterov, p, g, o->slots + i0);
         break;
+    case LOOM_OPT_ADAMW:
+        decay(i1 - i0, j->lr_raw * (float)o->spec.weight_decay, p);
+        /* fall through */
     case LOOM_OPT_ADAM:
         e = apply_adam(i1 - i0, j->lr, (float)o->spec.beta1, (float)o->spec.beta2, (float)o->spec.epsilon, p, g,
                    o->slots + i0, o->slots + o->n + i0);
         break;
+    case LOOM_OPT_RMSPROP:
+        e = apply_rmsprop(i1 - i0, j->lr, (float)o->spec.rho, (float)o->spec.epsilon, p, g, o->slots + i0);
+        break;
     }
-    /* a non-finite gradient (or slot) makes a non-finite weight in every optimizer */
-    if (e == 0x7f800000u) __atomic_store_n(j->nonfinite, 1, __ATOMIC_RELAXED);
+    return e;
 }
 
 void loom_optimizer_set_pool(loom_optimizer *o, loom_pool *pool) { o->pool = pool; }
@@ -210,14 +272,22 @@ void loom_optimizer_set_pool(loom_optimizer *o, loom_pool *pool) { o->pool = poo
 static void apply_range(const loom_optimizer *o, loom_pool *pool, float *params, const float *grads, int64_t step,
                         int64_t lo, int64_t hi)
 {
-    double lr = loom_optimizer_lr(o, step);
-    if (o->spec.kind == LOOM_OPT_ADAM) {
+    double lr = loom_optimizer_lr(o, step), lr_raw = lr;
+    if (o->spec.kind == LOOM_OPT_ADAM || o->spec.kind == LOOM_OPT_ADAMW) {
         double t = (double)(step + 1);
         lr = lr * sqrt(1.0 - pow(o->spec.beta2, t)) / (1.0 - pow(o->spec.beta1, t));
     }
     /* below ~64K parameters a wake-up of the pool costs more than the pass */
     int parts = pool && hi - lo >= 65536 ? loom_pool_size(pool) : 1;
-    apply_job j = {.o = o, .params = params, .grads = grads, .lr = (float)lr, .lo = lo, .hi = hi, .parts = parts,
+    float clip = 1.f;
+    if (o->spec.clip_norm > 0) { /* the global norm of the whole (reduced) buffer, whichever range is applied */
+        double ss = 0;
+        for (int64_t i = 0; i < o->n; i++) ss += (double)grads[i] * grads[i];
+        double norm = sqrt(ss);
+        if (norm > o->spec.clip_norm) clip = (float)(o->spec.clip_norm / norm);
+    }
+    apply_job j = {.o = o, .params = params, .grads = grads, .clip = clip, .lr_raw = (float)lr_raw, .lr = (float)lr,
+                   .lo = lo, .hi = hi, .parts = parts,
                    .nonfinite = (int *)&o->nonfinite}; /* the one field ranges may write, atomically */
     loom_pool_run(parts > 1 ? pool : NULL, parts, apply_part, &j);
 }
@@ -240,11 +310,13 @@ int loom_optimizer_take_nonfinite(loom_optimizer *o)
 }
 
 int loom_optimizer_num_slots(const loom_optimizer *o) { return o->n_slots; }
+bool loom_optimizer_needs_full_grads(const loom_optimizer *o) { return o->spec.clip_norm > 0; }
 float *loom_optimizer_slots(loom_optimizer *o) { return o->slots; }
 
 const char *loom_optimizer_slot_name(const loom_optimizer *o, int i)
 {
     if (i < 0 || i >= o->n_slots) return NULL;
     if (o->spec.kind == LOOM_OPT_MOMENTUM) return "momentum";
+    if (o->spec.kind == LOOM_OPT_RMSPROP) return "rms";
     return i == 0 ? "m" : "v";
 }

@@ -530,6 +530,143 @@ static void test_metric_fit(void)
     loom_model_free(m);
 }
 
+
+/* ---- optimizers -------------------------------------------------------------- */
+
+static loom_optimizer_spec opt_spec(loom_opt_kind k)
+{
+    loom_optimizer_spec s = {0};
+    s.kind = k;
+    s.learning_rate = 0.1;
+    s.beta1 = 0.9;
+    s.beta2 = 0.999;
+    s.epsilon = 1e-7;
+    s.rho = 0.9;
+    s.weight_decay = 0.004;
+    s.schedule.kind = LOOM_SCHED_CONSTANT;
+    return s;
+}
+
+static const float G3[3] = {0.1f, -0.2f, 0.3f};
+
+static void run_opt(loom_optimizer_spec s, float p[3], const float *g, int steps)
+{
+    loom_optimizer *o = NULL;
+    CHECK(loom_optimizer_new(&o, &s, 3, &err) == LOOM_OK);
+    if (!o) return;
+    p[0] = 1, p[1] = 2, p[2] = 3;
+    for (int t = 0; t < steps; t++) loom_optimizer_apply(o, p, g, t);
+    loom_optimizer_free(o);
+}
+
+static void test_optimizers_more(void)
+{
+    /* AdamW (Keras): p -= lr wd p, then Adam's step, in double for 3 steps */
+    float p[3];
+    run_opt(opt_spec(LOOM_OPT_ADAMW), p, G3, 3);
+    for (int i = 0; i < 3; i++) {
+        double w = i + 1, m = 0, v = 0;
+        for (int t = 1; t <= 3; t++) {
+            w -= 0.1 * 0.004 * w;
+            m = 0.9 * m + 0.1 * G3[i];
+            v = 0.999 * v + 0.001 * G3[i] * G3[i];
+            double lr_t = 0.1 * sqrt(1 - pow(0.999, t)) / (1 - pow(0.9, t));
+            w -= lr_t * m / (sqrt(v) + 1e-7);
+        }
+        CHECK_NEAR(p[i], w, 1e-5);
+    }
+    /* AdamW with weight_decay 0 is Adam, bit for bit */
+    float a[3], b[3];
+    loom_optimizer_spec s = opt_spec(LOOM_OPT_ADAMW);
+    s.weight_decay = 0;
+    run_opt(s, a, G3, 4);
+    run_opt(opt_spec(LOOM_OPT_ADAM), b, G3, 4);
+    CHECK(memcmp(a, b, sizeof a) == 0);
+    /* RMSprop (Keras 3): v = rho v + (1 - rho) g^2; p -= lr g / sqrt(v + eps) */
+    run_opt(opt_spec(LOOM_OPT_RMSPROP), p, G3, 3);
+    for (int i = 0; i < 3; i++) {
+        double w = i + 1, v = 0;
+        for (int t = 0; t < 3; t++) {
+            v = 0.9 * v + 0.1 * G3[i] * G3[i];
+            w -= 0.1 * G3[i] / sqrt(v + 1e-7);
+        }
+        CHECK_NEAR(p[i], w, 1e-5);
+    }
+    loom_optimizer *o = NULL;
+    loom_optimizer_spec rs = opt_spec(LOOM_OPT_RMSPROP);
+    CHECK(loom_optimizer_new(&o, &rs, 3, &err) == LOOM_OK);
+    CHECK(loom_optimizer_num_slots(o) == 1 && !strcmp(loom_optimizer_slot_name(o, 0), "rms"));
+    loom_optimizer_free(o);
+    /* clip_norm: g = (3, 4, 0) has norm 5; clipped to 1 it is (0.6, 0.8, 0) */
+    const float g[3] = {3, 4, 0};
+    s = opt_spec(LOOM_OPT_SGD);
+    s.clip_norm = 1.0;
+    run_opt(s, p, g, 1);
+    CHECK_NEAR(p[0], 1 - 0.1 * 0.6, 1e-7);
+    CHECK_NEAR(p[1], 2 - 0.1 * 0.8, 1e-7);
+    CHECK_NEAR(p[2], 3, 0);
+    s.clip_norm = 10.0; /* under the norm: unchanged */
+    run_opt(s, p, g, 1);
+    CHECK_NEAR(p[0], 1 - 0.3, 1e-7);
+    CHECK_NEAR(p[1], 2 - 0.4, 1e-7);
+}
+
+/* With clip_norm, ranges that partition [0, P) give apply's bits: each range
+ * reads the norm of the whole buffer (mirrored's sharded update relies on it). */
+static void test_clip_ranges(void)
+{
+    enum { P = 5000 };
+    float *g = malloc(P * sizeof *g), *p1 = malloc(P * sizeof *p1), *p2 = malloc(P * sizeof *p2);
+    loom_rng r;
+    loom_rng_init(&r, 3, 0, 0, 0);
+    for (int i = 0; i < P; i++) g[i] = loom_rng_normal(&r), p1[i] = p2[i] = loom_rng_normal(&r);
+    static const loom_opt_kind kinds[] = {LOOM_OPT_SGD, LOOM_OPT_ADAMW, LOOM_OPT_RMSPROP};
+    for (int k = 0; k < 3; k++) {
+        loom_optimizer_spec s = opt_spec(kinds[k]);
+        s.clip_norm = 2.5;
+        loom_optimizer *a = NULL, *b = NULL;
+        CHECK(loom_optimizer_new(&a, &s, P, &err) == LOOM_OK && loom_optimizer_new(&b, &s, P, &err) == LOOM_OK);
+        CHECK(loom_optimizer_needs_full_grads(a));
+        for (int t = 0; t < 3; t++) {
+            loom_optimizer_apply(a, p1, g, t);
+            loom_optimizer_apply_range(b, NULL, p2, g, t, 0, 1600);
+            loom_optimizer_apply_range(b, NULL, p2, g, t, 1600, 3200);
+            loom_optimizer_apply_range(b, NULL, p2, g, t, 3200, P);
+        }
+        CHECK_MSG(memcmp(p1, p2, P * sizeof *p1) == 0, "optimizer %d: ranges differ from one apply", (int)kinds[k]);
+        /* the clipped step is small: no weight moved by more than lr * clip_norm */
+        loom_optimizer_free(a);
+        loom_optimizer_free(b);
+    }
+    free(g), free(p1), free(p2);
+}
+
+static void test_l2(void)
+{
+    loom_layer_spec ls[] = {L_dense(6, LOOM_ACT_TANH), L_dense(3, LOOM_ACT_NONE)};
+    loom_model_spec *s = mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 2, ls);
+    s->l2 = 0.05;
+    gradcheck("sparse ce + l2 0.05", s, shp(1, 5, 0, 0), shp(0, 0, 0, 0), LOOM_I64, 6, 0);
+    /* the reported mean loss carries l2 * sum(kernel^2) once; biases are not penalised */
+    fixture f;
+    if (fixture_new(&f, s, shp(1, 5, 0, 0), shp(0, 0, 0, 0), LOOM_I64, 6, 11, 0) != LOOM_OK) return;
+    double with = step_loss(&f), ss = 0;
+    for (int i = 0; i < loom_model_num_param_tensors(f.m); i++) {
+        const loom_param_info *t = loom_model_param_tensor(f.m, i);
+        if (!strstr(t->name, "/kernel")) continue;
+        for (int64_t k = 0; k < loom_shape_numel(&t->shape); k++)
+            ss += (double)loom_model_params(f.m)[t->offset + k] * loom_model_params(f.m)[t->offset + k];
+    }
+    fixture g;
+    s->l2 = 0;
+    if (fixture_new(&g, s, shp(1, 5, 0, 0), shp(0, 0, 0, 0), LOOM_I64, 6, 11, 0) == LOOM_OK) {
+        double without = step_loss(&g);
+        CHECK_NEAR(with / 6, without / 6 + 0.05 * ss, 1e-6);
+        fixture_free(&g);
+    }
+    fixture_free(&f);
+}
+
 static const loom_test tests[] = {
     {"loss gradients (bce, mae, huber, class weights)", test_grad_losses},
     {"binary cross-entropy values and bad labels", test_bce_values},
@@ -537,6 +674,9 @@ static const loom_test tests[] = {
     {"auc as Keras, precision, recall, mae, rmse", test_auc},
     {"top_k, accuracy, precision of classes", test_classification_metrics},
     {"metrics that do not fit the task", test_metric_fit},
+    {"adamw, rmsprop, clip_norm against their formulas", test_optimizers_more},
+    {"clip_norm: ranges read the whole norm", test_clip_ranges},
+    {"l2 regularisation: gradient and reported loss", test_l2},
     {0},
 };
 
