@@ -39,8 +39,10 @@ const char *const loom_map_names_[] = {"cast", "scale", "normalize", "one_hot", 
 const char *const loom_transform_names_[] = {"map", "shuffle", "batch", "repeat", "take", "skip", "prefetch",
                                              "filter", "shard", "enumerate", "unbatch", "padded_batch", "cache",
                                              "interleave", "zip", NULL};
-const char *const loom_layer_names_[] = {"dense", "conv2d", "max_pool2d", "dropout", "flatten", "activation", NULL};
-const char *const loom_activation_names_[] = {"none", "relu", "sigmoid", "tanh", "softmax", NULL};
+const char *const loom_layer_names_[] = {"dense", "conv2d", "max_pool2d", "dropout", "flatten", "activation",
+                                         "batch_normalization", "layer_normalization", "average_pooling2d",
+                                         "global_average_pooling2d", NULL};
+const char *const loom_activation_names_[] = {"none", "relu", "sigmoid", "tanh", "softmax", "leaky_relu", "gelu", NULL};
 const char *const loom_init_names_[] = {"glorot_uniform", "glorot_normal", "he_uniform", "he_normal", "zeros", NULL};
 const char *const loom_padding_names_[] = {"valid", "same", NULL};
 const char *const loom_loss_names_[] = {"sparse_softmax_cross_entropy", "mean_squared_error", "binary_cross_entropy",
@@ -785,11 +787,16 @@ static const opt layer_opts[] = {
     O_INT(loom_layer_spec, "units", units, 0, 1, LOOM_MAX_UNITS, LY(DENSE), LY(DENSE), "output units"),
     O_INT(loom_layer_spec, "filters", filters, 0, 1, LOOM_MAX_UNITS, LY(CONV2D), LY(CONV2D), "output channels"),
     O_PAIR(loom_layer_spec, "kernel_size", kernel, 0, 1, INT_MAX, LY(CONV2D), LY(CONV2D), "int or [h, w]"),
-    O_PAIR(loom_layer_spec, "strides", stride, 1, 1, INT_MAX, LY(CONV2D) | LY(MAX_POOL2D), 0,
-           "int or [h, w]; default 1 (conv2d) or pool_size (max_pool2d)"),
-    O_PAIR(loom_layer_spec, "pool_size", pool, 2, 1, INT_MAX, LY(MAX_POOL2D), 0, "int or [h, w]"),
-    O_ENUM(loom_layer_spec, "padding", padding, LOOM_PAD_VALID, loom_padding_names_, LY(CONV2D) | LY(MAX_POOL2D), 0,
-           "valid or same"),
+    O_PAIR(loom_layer_spec, "strides", stride, 1, 1, INT_MAX, LY(CONV2D) | LY(MAX_POOL2D) | LY(AVG_POOL2D), 0,
+           "int or [h, w]; default 1 (conv2d) or pool_size (pooling)"),
+    O_PAIR(loom_layer_spec, "pool_size", pool, 2, 1, INT_MAX, LY(MAX_POOL2D) | LY(AVG_POOL2D), 0, "int or [h, w]"),
+    O_ENUM(loom_layer_spec, "padding", padding, LOOM_PAD_VALID, loom_padding_names_,
+           LY(CONV2D) | LY(MAX_POOL2D) | LY(AVG_POOL2D), 0, "valid or same"),
+    O_F64(loom_layer_spec, "alpha", alpha, 0.3, 0.0, 0, F_NO_HI, LY(ACTIVATION), 0, "leaky_relu: slope below 0"),
+    O_F64(loom_layer_spec, "momentum", momentum, 0.99, 0.0, 1.0, F_HI_OPEN, LY(BATCH_NORM), 0,
+          "moving statistics: m = momentum * m + (1 - momentum) * batch"),
+    O_F64(loom_layer_spec, "epsilon", epsilon, 0.001, 0.0, 0, F_LO_OPEN | F_NO_HI, LY(BATCH_NORM) | LY(LAYER_NORM), 0,
+          "added to the variance"),
     O_ENUM(loom_layer_spec, "activation", activation, LOOM_ACT_NONE, loom_activation_names_,
            LY(DENSE) | LY(CONV2D) | LY(ACTIVATION), LY(ACTIVATION), "activation function"),
     O_ENUM(loom_layer_spec, "kernel_init", kernel_init, LOOM_INIT_GLOROT_UNIFORM, loom_init_names_,
@@ -2184,7 +2191,7 @@ static void parse_layers(ctx *c, const config_setting_t *g, loom_model_spec *m)
         parse_opts(c, e, layer_opts, k, l);
         scope sc = {layer_opts, k, NULL};
         check_keys(c, e, &sc, 1);
-        if (k == LOOM_LAYER_MAX_POOL2D && !config_setting_get_member(e, "strides"))
+        if ((k == LOOM_LAYER_MAX_POOL2D || k == LOOM_LAYER_AVG_POOL2D) && !config_setting_get_member(e, "strides"))
             l->stride[0] = l->pool[0], l->stride[1] = l->pool[1];
         if (!l->name[0] && k >= 0) snprintf(l->name, sizeof l->name, "%s_%d", loom_layer_names_[k], i);
     }

@@ -284,8 +284,11 @@ typedef struct loom_dataset_spec {
 /* ---- model --------------------------------------------------------------- */
 
 typedef enum { LOOM_LAYER_DENSE, LOOM_LAYER_CONV2D, LOOM_LAYER_MAX_POOL2D, LOOM_LAYER_DROPOUT, LOOM_LAYER_FLATTEN,
-               LOOM_LAYER_ACTIVATION } loom_layer_kind;
-typedef enum { LOOM_ACT_NONE, LOOM_ACT_RELU, LOOM_ACT_SIGMOID, LOOM_ACT_TANH, LOOM_ACT_SOFTMAX } loom_activation;
+               LOOM_LAYER_ACTIVATION, LOOM_LAYER_BATCH_NORM, LOOM_LAYER_LAYER_NORM, LOOM_LAYER_AVG_POOL2D,
+               LOOM_LAYER_GLOBAL_AVG_POOL2D } loom_layer_kind;
+/* leaky_relu and gelu only as activation layers (their gradients need the input) */
+typedef enum { LOOM_ACT_NONE, LOOM_ACT_RELU, LOOM_ACT_SIGMOID, LOOM_ACT_TANH, LOOM_ACT_SOFTMAX, LOOM_ACT_LEAKY_RELU,
+               LOOM_ACT_GELU } loom_activation;
 typedef enum { LOOM_INIT_GLOROT_UNIFORM, LOOM_INIT_GLOROT_NORMAL, LOOM_INIT_HE_UNIFORM, LOOM_INIT_HE_NORMAL,
                LOOM_INIT_ZEROS } loom_init;
 typedef enum { LOOM_PAD_VALID, LOOM_PAD_SAME } loom_padding;
@@ -308,6 +311,10 @@ typedef struct loom_layer_spec {
     int             pool[2];             /* max_pool2d; default 2 */
     loom_padding    padding;             /* conv2d, max_pool2d; default valid */
     double          rate;                /* dropout, [0, 1) */
+    /* ---- appended ---- */
+    double          alpha;               /* activation leaky_relu: slope below 0, default 0.3 (Keras LeakyReLU) */
+    double          momentum;            /* batch_normalization: of the moving statistics, default 0.99 */
+    double          epsilon;             /* batch_ and layer_normalization: default 0.001 (Keras) */
     loom_init       kernel_init;         /* default glorot_uniform (he_normal is common for relu) */
     bool            use_bias;            /* default true; biases start at zero */
 } loom_layer_spec;

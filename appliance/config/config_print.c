@@ -474,13 +474,22 @@ static void print_layer(FILE *f, const loom_layer_spec *l)
         kv_str(f, 3, "padding", loom_cfg_name_(loom_padding_names_, (int)l->padding));
         break;
     case LOOM_LAYER_MAX_POOL2D:
+    case LOOM_LAYER_AVG_POOL2D:
         kv_pair(f, 3, "pool_size", l->pool);
         kv_pair(f, 3, "strides", l->stride);
         kv_str(f, 3, "padding", loom_cfg_name_(loom_padding_names_, (int)l->padding));
         break;
     case LOOM_LAYER_DROPOUT: kv_f64(f, 3, "rate", l->rate); break;
     case LOOM_LAYER_FLATTEN: break;
-    case LOOM_LAYER_ACTIVATION: break;
+    case LOOM_LAYER_ACTIVATION:
+        if (l->activation == LOOM_ACT_LEAKY_RELU) kv_f64(f, 3, "alpha", l->alpha);
+        break;
+    case LOOM_LAYER_BATCH_NORM:
+        kv_f64(f, 3, "momentum", l->momentum);
+        kv_f64(f, 3, "epsilon", l->epsilon);
+        break;
+    case LOOM_LAYER_LAYER_NORM: kv_f64(f, 3, "epsilon", l->epsilon); break;
+    default: break;
     }
     if (l->kind == LOOM_LAYER_DENSE || l->kind == LOOM_LAYER_CONV2D || l->kind == LOOM_LAYER_ACTIVATION)
         kv_str(f, 3, "activation", loom_activation_name(l->activation));

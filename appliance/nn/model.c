@@ -64,7 +64,7 @@ static int layer_shapes(loom_model *m, nn_layer_ *l, int li, loom_err *err)
     const loom_layer_spec *s = &l->spec;
     const char *kind = nn_layer_kind_name_(s->kind);
     const loom_shape *in = &l->in;
-    l->kernel_off = l->bias_off = -1;
+    l->kernel_off = l->bias_off = l->mm_off = l->mv_off = -1;
     l->act = LOOM_ACT_NONE;
     switch (s->kind) {
     case LOOM_LAYER_DENSE: {
@@ -92,7 +92,8 @@ static int layer_shapes(loom_model *m, nn_layer_ *l, int li, loom_err *err)
         break;
     }
     case LOOM_LAYER_CONV2D:
-    case LOOM_LAYER_MAX_POOL2D: {
+    case LOOM_LAYER_MAX_POOL2D:
+    case LOOM_LAYER_AVG_POOL2D: {
         if (in->rank != 3) {
             loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\" (%s) needs an (H, W, C) input, got %s", s->name,
                          kind, loom_shape_str(in, a, sizeof a));
@@ -141,6 +142,34 @@ static int layer_shapes(loom_model *m, nn_layer_ *l, int li, loom_err *err)
         shape_of(&l->out, 3, l->oh, l->ow, l->cout);
         break;
     }
+    case LOOM_LAYER_GLOBAL_AVG_POOL2D:
+        if (in->rank != 3)
+            return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\" (%s) needs an (H, W, C) input, got %s",
+                                s->name, kind, loom_shape_str(in, a, sizeof a));
+        l->ih = (int)in->dim[0], l->iw = (int)in->dim[1], l->cin = l->cout = (int)in->dim[2];
+        shape_of(&l->out, 1, in->dim[2], 0, 0);
+        break;
+    case LOOM_LAYER_BATCH_NORM:
+    case LOOM_LAYER_LAYER_NORM: {
+        if (in->rank < 1)
+            return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\" (%s) needs features, got a scalar", s->name,
+                                kind);
+        l->out = *in;
+        l->C = in->dim[in->rank - 1];
+        loom_shape cs;
+        shape_of(&cs, 1, l->C, 0, 0);
+        l->kernel_off = add_param(m, l, "gamma", &cs, NN_INIT_ONES_, 0, 0);
+        l->bias_off = add_param(m, l, "beta", &cs, LOOM_INIT_ZEROS, 0, 0);
+        if (s->kind == LOOM_LAYER_BATCH_NORM) {
+            l->mm_off = add_param(m, l, "moving_mean", &cs, LOOM_INIT_ZEROS, 0, 0);
+            l->mv_off = add_param(m, l, "moving_variance", &cs, NN_INIT_ONES_, 0, 0);
+            m->n_bn++;
+        }
+        if (!(s->epsilon > 0)) l->spec.epsilon = 1e-3;
+        if (s->kind == LOOM_LAYER_BATCH_NORM && !(s->momentum >= 0 && s->momentum < 1)) l->spec.momentum = 0.99;
+        m->flops += 4.0 * (double)loom_shape_numel(in);
+        break;
+    }
     case LOOM_LAYER_DROPOUT:
         if (!(s->rate >= 0 && s->rate < 1))
             return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\": rate = %g, must be in [0, 1)", s->name,
@@ -153,6 +182,7 @@ static int layer_shapes(loom_model *m, nn_layer_ *l, int li, loom_err *err)
     case LOOM_LAYER_ACTIVATION:
         l->out = *in;
         l->act = s->activation;
+        if (l->act == LOOM_ACT_LEAKY_RELU && !(s->alpha >= 0)) l->spec.alpha = 0.3;
         if (l->act == LOOM_ACT_SOFTMAX && in->rank != 1)
             return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\": softmax needs a rank-1 input, got %s",
                                 s->name, loom_shape_str(in, a, sizeof a)),
@@ -161,6 +191,12 @@ static int layer_shapes(loom_model *m, nn_layer_ *l, int li, loom_err *err)
     default:
         return loom_err_set(err, LOOM_ESHAPE, l->where, "layer %d: unknown kind %d", li, (int)s->kind);
     }
+    if ((s->kind == LOOM_LAYER_DENSE || s->kind == LOOM_LAYER_CONV2D) &&
+        (l->act == LOOM_ACT_LEAKY_RELU || l->act == LOOM_ACT_GELU))
+        return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\" (%s): activation \"%s\" is an activation layer "
+                            "of its own", s->name, kind, nn_activation_name_(l->act)),
+               loom_err_hint(err, "set activation = \"none\" here and add { type = \"activation\"; activation = \"%s\"; } "
+                                  "after it", nn_activation_name_(l->act));
     if ((s->kind == LOOM_LAYER_DENSE || s->kind == LOOM_LAYER_CONV2D) && l->act == LOOM_ACT_SOFTMAX &&
         l->out.rank != 1)
         return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\": softmax needs a rank-1 output, got %s",
@@ -315,8 +351,16 @@ int loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_sha
         gmax = l->n_in > gmax ? l->n_in : gmax;
         gmax = l->n_out > gmax ? l->n_out : gmax;
         loom_layer_kind k = l->spec.kind;
+        int norm = k == LOOM_LAYER_BATCH_NORM || k == LOOM_LAYER_LAYER_NORM;
         int owns_y = k == LOOM_LAYER_DENSE || k == LOOM_LAYER_CONV2D || k == LOOM_LAYER_MAX_POOL2D ||
-                     (k == LOOM_LAYER_DROPOUT && l->spec.rate > 0) || (k == LOOM_LAYER_ACTIVATION && l->act);
+                     (k == LOOM_LAYER_DROPOUT && l->spec.rate > 0) || (k == LOOM_LAYER_ACTIVATION && l->act) ||
+                     norm || k == LOOM_LAYER_AVG_POOL2D || k == LOOM_LAYER_GLOBAL_AVG_POOL2D;
+        if (norm && !(l->xhat = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(float)))) goto nomem;
+        if (norm && !(l->stat = loom_alloc_aligned(
+                          (size_t)(k == LOOM_LAYER_BATCH_NORM ? 10 * l->C : max_batch * l->n_out / l->C) * sizeof(float))))
+            goto nomem;
+        if (k == LOOM_LAYER_LAYER_NORM && !(l->dz = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(float))))
+            goto nomem;
         if (owns_y && !(l->y = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(float)))) goto nomem;
         if (k == LOOM_LAYER_MAX_POOL2D &&
             !(l->argmax = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(int32_t))))
@@ -435,6 +479,8 @@ void loom_model_free(loom_model *m)
         loom_free(m->layer[i].argmax);
         loom_free(m->layer[i].mask);
         loom_free(m->layer[i].dz);
+        loom_free(m->layer[i].xhat);
+        loom_free(m->layer[i].stat);
     }
     free_chunks(m->pool, m->chunk, m->threads);
     loom_free(m->params);
@@ -468,7 +514,8 @@ void loom_model_summary(const loom_model *m, FILE *f)
         const nn_layer_ *l = &m->layer[i];
         int64_t np = 0;
         for (int k = 0; k < m->n_ptensors; k++)
-            if (m->pinfo[k].offset == l->kernel_off || m->pinfo[k].offset == l->bias_off)
+            if (m->pinfo[k].offset == l->kernel_off || m->pinfo[k].offset == l->bias_off ||
+                m->pinfo[k].offset == l->mm_off || m->pinfo[k].offset == l->mv_off)
                 np += loom_shape_numel(&m->pinfo[k].shape);
         snprintf(b, sizeof b, "%s (%s)", l->spec.name, nn_layer_kind_name_(l->spec.kind));
         loom_shape_str(&l->out, a, sizeof a);
@@ -522,6 +569,9 @@ void loom_model_init_params(loom_model *m, uint64_t seed)
             }
             break;
         }
+        case NN_INIT_ONES_:
+            for (int64_t k = 0; k < n; k++) p[k] = 1.f;
+            break;
         default:
             memset(p, 0, (size_t)n * sizeof *p);
             break;
@@ -678,6 +728,7 @@ typedef struct step_job {
     float             *out;       /* predict: (B, n) */
     int64_t            B;         /* examples in the batch */
     int                nchunks;   /* chunks of the batch, and parts of the gradient pass */
+    int                l0, l1;    /* the layers [l0, l1) of a segment (between batch normalizations) */
 } step_job;
 
 /* The three phases of a chunk's step. chunk_step runs them back to back;
@@ -687,8 +738,8 @@ typedef struct step_job {
 static void chunk_forward(const step_job *j, nn_chunk_ *c)
 {
     const loom_model *m = j->m;
-    c->act[0] = j->x + c->b0 * m->layer[0].n_in;
-    for (int i = 0; i < m->n_layers; i++) nn_layer_forward_(m, i, c, j->kind == JOB_TRAIN, j->rng_key);
+    if (j->l0 == 0) c->act[0] = j->x + c->b0 * m->layer[0].n_in;
+    for (int i = j->l0; i < j->l1; i++) nn_layer_forward_(m, i, c, j->kind == JOB_TRAIN, j->rng_key);
 }
 
 /* The loss of the chunk's outputs and, for a train step, its gradient into gbuf[0]. */
@@ -702,27 +753,78 @@ static void chunk_loss(const step_job *j, nn_chunk_ *c)
     c->loss = nn_loss_(m, z, c->b0, c->B, j->inv_gb, g, &c->correct);
 }
 
+/* The backward of layers [l0, l1), from the top; the gradient buffers carry
+ * over between segments in c->g and c->other (set by the top segment). */
 static void chunk_backward(const step_job *j, nn_chunk_ *c)
 {
     const loom_model *m = j->m;
-    float *g = c->gbuf[0], *other = c->gbuf[1];
+    if (j->l1 == m->n_layers) {
+        c->g = c->gbuf[0], c->other = c->gbuf[1];
+        c->bw_done = 0;
+    }
     /* a non-finite loss fails the step (the caller checks the sum), so its gradient is never used */
-    if (!isfinite(c->loss)) return;
-    for (int i = m->n_layers - 1; i >= 0; i--) {
+    if (!isfinite(c->loss) || c->bw_done) return;
+    float *g = c->g, *other = c->other;
+    for (int i = j->l1 - 1; i >= j->l0; i--) {
         const nn_layer_ *l = &m->layer[i];
-        if (!l->needs_dx && l->kernel_off < 0) break;
-        float *r = nn_layer_backward_(m, i, c, g, other);
-        if (!r) break;
+        float *r = NULL;
+        if (l->needs_dx || l->kernel_off >= 0) r = nn_layer_backward_(m, i, c, g, other);
+        if (!r) {
+            c->bw_done = 1;
+            break;
+        }
         if (r == other) {
             other = g;
             g = r;
         }
     }
+    c->g = g, c->other = other;
+}
+
+static void part_forward_(void *arg, int t) { step_job *j = arg; chunk_forward(j, &j->m->chunk[t]); }
+static void part_backward_(void *arg, int t) { step_job *j = arg; chunk_backward(j, &j->m->chunk[t]); }
+
+/* The forward of every segment (whole-model job j, its chunks split): the
+ * chunks run the layers between batch normalizations, which run once over
+ * the whole batch. */
+static void forward_all(loom_model *m, step_job *j)
+{
+    int l0 = 0;
+    for (int t = 0; t < j->nchunks; t++) m->chunk[t].act[0] = j->x + m->chunk[t].b0 * m->layer[0].n_in;
+    for (int i = 0; i <= m->n_layers; i++) {
+        if (i < m->n_layers && m->layer[i].spec.kind != LOOM_LAYER_BATCH_NORM) continue;
+        j->l0 = l0, j->l1 = i;
+        if (i > l0) loom_pool_run(m->pool, j->nchunks, part_forward_, j);
+        if (i < m->n_layers) {
+            nn_bn_forward_(m, i, m->chunk[0].act[i], j->B, j->kind == JOB_TRAIN);
+            for (int t = 0; t < j->nchunks; t++) m->chunk[t].act[i + 1] = m->layer[i].y + m->chunk[t].b0 * m->layer[i].n_out;
+        }
+        l0 = i + 1;
+    }
+    j->l0 = 0, j->l1 = m->n_layers;
+}
+
+static void backward_all(loom_model *m, step_job *j)
+{
+    int l1 = m->n_layers;
+    for (int i = m->n_layers - 1; i >= -1; i--) {
+        if (i >= 0 && m->layer[i].spec.kind != LOOM_LAYER_BATCH_NORM) continue;
+        j->l0 = i + 1, j->l1 = l1;
+        if (l1 > i + 1 || l1 == m->n_layers) loom_pool_run(m->pool, j->nchunks, part_backward_, j);
+        if (i >= 0) {
+            int done = 1;
+            for (int t = 0; t < j->nchunks; t++) done &= m->chunk[t].bw_done || !isfinite(m->chunk[t].loss);
+            if (!done) nn_bn_backward_(m, i, m->chunk, j->nchunks, j->B);
+        }
+        l1 = i;
+    }
+    j->l0 = 0, j->l1 = m->n_layers;
 }
 
 static void chunk_step(void *arg, int t)
 {
     step_job *j = arg;
+    j->l0 = 0, j->l1 = j->m->n_layers;
     loom_model *m = j->m;
     nn_chunk_ *c = &m->chunk[t];
     chunk_forward(j, c);
@@ -740,9 +842,21 @@ static void chunk_step(void *arg, int t)
     if (j->kind == JOB_TRAIN) chunk_backward(j, c);
 }
 
-static void part_forward(void *arg, int t) { step_job *j = arg; chunk_forward(j, &j->m->chunk[t]); }
 static void part_loss(void *arg, int t) { step_job *j = arg; chunk_loss(j, &j->m->chunk[t]); }
-static void part_backward(void *arg, int t) { step_job *j = arg; chunk_backward(j, &j->m->chunk[t]); }
+/* a predict job's output rows (after forward_all) */
+static void part_predict(void *arg, int t)
+{
+    step_job *j = arg;
+    const loom_model *m = j->m;
+    nn_chunk_ *c = &j->m->chunk[t];
+    const int64_t n = m->layer[m->n_layers - 1].n_out;
+    const float *z = c->act[m->n_layers];
+    float *out = j->out + c->b0 * n;
+    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) nn_softmax_rows_(z, out, c->B, n);
+    else if (m->loss == LOOM_LOSS_BCE)
+        for (int64_t e = 0; e < c->B * n; e++) out[e] = 1.f / (1.f + expf(-z[e]));
+    else memcpy(out, z, (size_t)(c->B * n) * sizeof *out);
+}
 
 /* Part t of the gradients that wait for all chunks: dense and conv layers'
  * kernel rows and bias columns, each over the whole batch, so no gradient
@@ -755,9 +869,10 @@ static void grad_part(void *arg, int t)
     const int parts = j->nchunks;
     for (int i = 0; i < m->n_layers; i++) {
         const nn_layer_ *l = &m->layer[i];
-        if (l->kernel_off < 0) continue;
+        if (l->kernel_off < 0 || l->spec.kind == LOOM_LAYER_BATCH_NORM) continue; /* BN's: nn_bn_backward_ */
         /* chunk 0 starts at example 0: its input pointer is the whole batch's */
         if (l->spec.kind == LOOM_LAYER_DENSE) nn_dense_param_grads_(m, i, m->chunk[0].act[i], j->B, t, parts);
+        else if (l->spec.kind == LOOM_LAYER_LAYER_NORM) nn_ln_param_grads_(m, i, j->B, t, parts);
         else nn_conv_param_grads_(m, i, m->chunk[0].act[i], j->B, t, parts, m->chunk[t].col);
     }
 }
@@ -773,7 +888,7 @@ static double l2_penalty(const loom_model *m, int64_t B, int64_t gb, float *grad
     const float k = 2.f * m->l2 * (float)B / (float)gb;
     for (int i = 0; i < m->n_layers; i++) {
         const nn_layer_ *l = &m->layer[i];
-        if (l->kernel_off < 0) continue;
+        if (l->spec.kind != LOOM_LAYER_DENSE && l->spec.kind != LOOM_LAYER_CONV2D) continue; /* kernels only */
         int64_t n = 0;
         for (int t = 0; t < m->n_ptensors; t++)
             if (m->pinfo[t].offset == l->kernel_off) n = loom_shape_numel(&m->pinfo[t].shape);
@@ -794,7 +909,18 @@ static void run_chunks(loom_model *m, step_job *j, int64_t B, double *loss, int6
     j->B = B;
     j->nchunks = split_batch(m, B);
     m->part_done = 0; /* the chunks' buffers no longer hold a step in parts */
-    loom_pool_run(m->pool, j->nchunks, chunk_step, j);
+    if (!m->n_bn) {
+        loom_pool_run(m->pool, j->nchunks, chunk_step, j);
+    } else { /* batch normalization needs the whole batch between segments */
+        int kind = j->kind;
+        forward_all(m, j);
+        if (kind == JOB_PREDICT) {
+            loom_pool_run(m->pool, j->nchunks, part_predict, j);
+            return;
+        }
+        loom_pool_run(m->pool, j->nchunks, part_loss, j);
+        if (kind == JOB_TRAIN) backward_all(m, j);
+    }
     double l = 0;
     int64_t ok = 0;
     for (int t = 0; t < j->nchunks; t++) {
@@ -836,7 +962,7 @@ int loom_model_forward(loom_model *m, const loom_tensor *x, uint64_t rng_key, lo
     step_job j = {.m = m, .kind = JOB_TRAIN, .x = x->data, .rng_key = rng_key, .B = B};
     j.nchunks = split_batch(m, B);
     for (int t = 0; t < j.nchunks; t++) m->chunk[t].loss = 0;
-    loom_pool_run(m->pool, j.nchunks, part_forward, &j);
+    forward_all(m, &j);
     m->part_B = B;
     m->part_done = 1;
     return LOOM_OK;
@@ -878,7 +1004,7 @@ int loom_model_backward(loom_model *m, loom_err *err)
         return loom_err_set(err, LOOM_EUSAGE, m->where, "backward needs the loss of a forward pass first");
     step_job j = {.m = m, .kind = JOB_TRAIN, .B = m->part_B};
     j.nchunks = j.B < m->threads ? (int)j.B : m->threads;
-    loom_pool_run(m->pool, j.nchunks, part_backward, &j);
+    backward_all(m, &j);
     loom_pool_run(m->pool, j.nchunks, grad_part, &j);
     l2_penalty(m, j.B, m->part_gb, m->grads);
     m->part_done = 0;

@@ -120,6 +120,11 @@ static int mem(loom_model_dev *d, int host, void **out, int64_t bytes, loom_err 
 /* A layer the device ops cannot run: named at its file:line. */
 static int check_layer(const loom_device_ops *ops, const nn_layer_ *l, loom_err *err)
 {
+    if (l->spec.kind > LOOM_LAYER_ACTIVATION || l->act == LOOM_ACT_LEAKY_RELU || l->act == LOOM_ACT_GELU)
+        return loom_err_set(err, LOOM_EUNSUPPORTED, l->where, "layer \"%s\" (%s%s%s) does not run on the \"%s\" device "
+                            "backend yet", l->spec.name, nn_layer_kind_name_(l->spec.kind),
+                            l->act ? ", " : "", l->act ? nn_activation_name_(l->act) : "", ops->name),
+               loom_err_hint(err, "train on the host (strategy.device_backend = \"\")");
     if (l->act != LOOM_ACT_SOFTMAX) return LOOM_OK;
     return loom_err_set(err, LOOM_EUNSUPPORTED, l->where,
                         "layer \"%s\" (%s): the \"%s\" device backend has no softmax activation; only the softmax "

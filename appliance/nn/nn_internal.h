@@ -26,7 +26,13 @@ typedef struct nn_layer_ {
     int32_t       *argmax;         /* max_pool2d: (max_batch, n_out) input index within the example */
     uint8_t       *mask;           /* dropout: (max_batch, n_out) 1 = kept */
     float         *dz;             /* dense, conv2d: (max_batch, n_out) d(loss)/d(pre-activation), kept from the
-                                      chunks' backward for the whole-batch kernel and bias gradients */
+                                      chunks' backward for the whole-batch kernel and bias gradients;
+                                      layer_normalization: d(loss)/d(output) */
+    /* batch_ and layer_normalization: kernel_off is gamma, bias_off beta; C the normalised axis (the last) */
+    int64_t        mm_off, mv_off; /* batch_normalization: moving mean and variance (not trained) */
+    int64_t        C;
+    float         *xhat;           /* (max_batch, n_out) the normalised input */
+    float         *stat;           /* batch: (2 C) mean, 1/std of the batch; layer: (max_batch * n_out / C) 1/std */
 } nn_layer_;
 
 /* The slice of a step's batch that one thread works on: examples [b0, b0 + B).
@@ -39,6 +45,8 @@ typedef struct nn_chunk_ {
     float       *col;                      /* im2col scratch; NULL when no conv needs one */
     float       *gbuf[2];                  /* (B, max n) ping-pong gradient rows of this chunk */
     const float *act[LOOM_MAX_LAYERS + 1]; /* act[i] (B, n_in of layer i): layer i's input; act[n_layers]: output */
+    float       *g, *other;                /* the backward's gradient buffers between segments */
+    int          bw_done;                  /* the backward needs no earlier layer */
     double       loss;                     /* results of the chunk */
     int64_t      correct;
 } __attribute__((aligned(64))) nn_chunk_;
@@ -81,9 +89,13 @@ struct loom_model {
     nn_chunk_       *chunk;         /* (threads,) 64-byte aligned */
     /* a train step taken in parts (loom_model_forward, _loss, _backward) */
     int              part_done;     /* phases done on the current batch: 0, 1 (forward), 2 (loss) */
+    int              n_bn;          /* batch_normalization layers: a step runs in segments between them */
     int64_t          part_B;        /* its examples */
     int64_t          part_gb;       /* and the global batch of its loss */
 };
+
+/* loom_init of the tensors that start at one (normalisation scales and variances) */
+#define NN_INIT_ONES_ 100
 
 /* ---- batch checks (model.c), shared with the device executor ------------- */
 
@@ -151,6 +163,17 @@ void nn_dense_param_grads_(const loom_model *m, int li, const float *x, int64_t 
  * batch whatever the number of parts, so the gradients do not depend on the
  * thread count (DESIGN: bit-identical across intra-op threads). */
 void nn_conv_param_grads_(const loom_model *m, int li, const float *x, int64_t B, int part, int parts, float *scratch);
+/* The same for layer_normalization layer li: gamma and beta columns of part `part`. */
+void nn_ln_param_grads_(const loom_model *m, int li, int64_t B, int part, int parts);
+
+/* batch_normalization layer li over the whole batch of B (statistics cross
+ * the chunks, so these run once, between the chunks' segments): forward
+ * from x (B, n) into the layer's y with the batch's statistics (training:
+ * also updates the moving ones) or the moving ones; backward on the
+ * chunks' gradient rows in place (chunk t's g at chunk[t].g), writing gamma
+ * and beta's gradients. */
+void nn_bn_forward_(loom_model *m, int li, const float *x, int64_t B, int training);
+void nn_bn_backward_(loom_model *m, int li, nn_chunk_ *chunk, int nchunks, int64_t B);
 
 /* Loss on the final outputs z (B, n): per-example loss sum, correct count, and
  * (when g is not NULL) d(sum loss)/dz * inv_gb into g. */

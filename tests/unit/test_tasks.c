@@ -667,6 +667,182 @@ static void test_l2(void)
     fixture_free(&f);
 }
 
+/* ---- layers -------------------------------------------------------------------- */
+
+static loom_layer_spec L_kind(loom_layer_kind k)
+{
+    loom_layer_spec s = {0};
+    s.kind = k;
+    s.epsilon = 1e-3;
+    s.momentum = 0.99;
+    s.alpha = 0.3;
+    return s;
+}
+
+static loom_layer_spec L_conv(int filters, int k)
+{
+    loom_layer_spec s = {0};
+    s.kind = LOOM_LAYER_CONV2D;
+    s.filters = filters;
+    s.kernel[0] = s.kernel[1] = k;
+    s.stride[0] = s.stride[1] = 1;
+    s.padding = LOOM_PAD_SAME;
+    s.kernel_init = LOOM_INIT_GLOROT_UNIFORM;
+    s.use_bias = true;
+    return s;
+}
+
+static loom_layer_spec L_avg(int k, int stride, loom_padding p)
+{
+    loom_layer_spec s = L_kind(LOOM_LAYER_AVG_POOL2D);
+    s.pool[0] = s.pool[1] = k;
+    s.stride[0] = s.stride[1] = stride;
+    s.padding = p;
+    return s;
+}
+
+static loom_layer_spec L_act(loom_activation a)
+{
+    loom_layer_spec s = L_kind(LOOM_LAYER_ACTIVATION);
+    s.activation = a;
+    return s;
+}
+
+/* Each new layer's backward against central differences, behind a layer with
+ * parameters (so its input gradient is checked too). */
+static void test_grad_layers(void)
+{
+    loom_shape img = shp(3, 5, 5, 2), vec = shp(1, 5, 0, 0), scalar = shp(0, 0, 0, 0);
+    loom_layer_spec bn_dense[] = {L_dense(6, LOOM_ACT_NONE), L_kind(LOOM_LAYER_BATCH_NORM), L_act(LOOM_ACT_TANH),
+                                  L_dense(3, LOOM_ACT_NONE)};
+    gradcheck("batch_normalization (features)", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, bn_dense), vec, scalar, LOOM_I64, 8, 0);
+    /* tanh, not relu, after it: a weight's step moves every normalised value, and relu kinks would blur the check */
+    loom_layer_spec bn_conv[] = {L_conv(3, 3), L_kind(LOOM_LAYER_BATCH_NORM), L_act(LOOM_ACT_TANH),
+                                 L_kind(LOOM_LAYER_FLATTEN), L_dense(3, LOOM_ACT_NONE)};
+    gradcheck("batch_normalization (conv channels)", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 5, bn_conv), img, scalar, LOOM_I64,
+              4, 0);
+    loom_layer_spec bn_first[] = {L_kind(LOOM_LAYER_BATCH_NORM), L_dense(3, LOOM_ACT_NONE)}; /* no input gradient */
+    gradcheck("batch_normalization first", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 2, bn_first), vec, scalar, LOOM_I64, 8, 0);
+    loom_layer_spec ln[] = {L_dense(6, LOOM_ACT_NONE), L_kind(LOOM_LAYER_LAYER_NORM), L_dense(3, LOOM_ACT_NONE)};
+    gradcheck("layer_normalization", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 3, ln), vec, scalar, LOOM_I64, 6, 0);
+    loom_layer_spec ln_img[] = {L_conv(4, 3), L_kind(LOOM_LAYER_LAYER_NORM), L_kind(LOOM_LAYER_FLATTEN),
+                                L_dense(3, LOOM_ACT_NONE)};
+    gradcheck("layer_normalization (per position)", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, ln_img), img, scalar, LOOM_I64, 3,
+              0);
+    loom_layer_spec gap[] = {L_conv(4, 3), L_kind(LOOM_LAYER_GLOBAL_AVG_POOL2D), L_dense(3, LOOM_ACT_NONE)};
+    gradcheck("global_average_pooling2d", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 3, gap), img, scalar, LOOM_I64, 4, 0);
+    loom_layer_spec avg_v[] = {L_conv(3, 3), L_avg(2, 2, LOOM_PAD_VALID), L_kind(LOOM_LAYER_FLATTEN),
+                               L_dense(3, LOOM_ACT_NONE)};
+    gradcheck("average_pooling2d valid", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, avg_v), img, scalar, LOOM_I64, 4, 0);
+    loom_layer_spec avg_s[] = {L_conv(3, 3), L_avg(3, 2, LOOM_PAD_SAME), L_kind(LOOM_LAYER_FLATTEN),
+                               L_dense(3, LOOM_ACT_NONE)};
+    gradcheck("average_pooling2d same 3/2", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, avg_s), img, scalar, LOOM_I64, 4, 0);
+    loom_layer_spec leaky[] = {L_dense(6, LOOM_ACT_NONE), L_act(LOOM_ACT_LEAKY_RELU), L_dense(3, LOOM_ACT_NONE)};
+    gradcheck("leaky_relu", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 3, leaky), vec, scalar, LOOM_I64, 6, 0);
+    loom_layer_spec gelu[] = {L_dense(6, LOOM_ACT_NONE), L_act(LOOM_ACT_GELU), L_dense(3, LOOM_ACT_NONE)};
+    gradcheck("gelu", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 3, gelu), vec, scalar, LOOM_I64, 6, 0);
+    /* gelu and leaky_relu inside a dense layer: an error with the layer to write instead */
+    loom_layer_spec bad[] = {L_dense(6, LOOM_ACT_GELU)};
+    loom_model *m = NULL;
+    CHECK(loom_model_new(&m, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 1, bad), &vec, LOOM_F32, &scalar, LOOM_I64, 4, &err) ==
+          LOOM_ESHAPE);
+    CHECK_CONTAINS(err.hint, "{ type = \"activation\"; activation = \"gelu\"; }");
+}
+
+static void test_layer_values(void)
+{
+    /* gelu(1) = 0.8413447, leaky_relu(-2) = -0.6 with alpha 0.3; avg pool same counts only the inside */
+    loom_layer_spec g1[] = {L_act(LOOM_ACT_GELU)}, l1[] = {L_act(LOOM_ACT_LEAKY_RELU)};
+    loom_shape vec = shp(1, 2, 0, 0);
+    loom_model *m = NULL;
+    float x[] = {1.f, -2.f}, out[2];
+    loom_tensor xt;
+    tensor_of(&xt, LOOM_F32, shp(2, 1, 2, 0), x);
+    CHECK(loom_model_new(&m, mk(LOOM_LOSS_MSE, 1, g1), &vec, LOOM_F32, &vec, LOOM_F32, 1, &err) == LOOM_OK);
+    if (m && loom_model_predict(m, &xt, out, &err) == LOOM_OK) {
+        CHECK_NEAR(out[0], 0.8413447, 1e-6);
+        CHECK_NEAR(out[1], -2 * 0.0227501319, 1e-6);
+    }
+    loom_model_free(m);
+    CHECK(loom_model_new(&m, mk(LOOM_LOSS_MSE, 1, l1), &vec, LOOM_F32, &vec, LOOM_F32, 1, &err) == LOOM_OK);
+    if (m && loom_model_predict(m, &xt, out, &err) == LOOM_OK) CHECK(out[0] == 1.f && fabsf(out[1] + 0.6f) < 1e-7f);
+    loom_model_free(m);
+    loom_tensor_fini(&xt);
+    loom_layer_spec ap[] = {L_avg(2, 2, LOOM_PAD_SAME)};
+    loom_shape in = shp(3, 3, 3, 1), o = shp(3, 2, 2, 1);
+    CHECK(loom_model_new(&m, mk(LOOM_LOSS_MSE, 1, ap), &in, LOOM_F32, &o, LOOM_F32, 1, &err) == LOOM_OK);
+    float img[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, po[4];
+    loom_shape xs4 = {.rank = 4, .dim = {1, 3, 3, 1}};
+    tensor_of(&xt, LOOM_F32, xs4, img);
+    if (m && loom_model_predict(m, &xt, po, &err) == LOOM_OK) {
+        CHECK_NEAR(po[0], 3.0, 1e-6); /* (1 + 2 + 4 + 5) / 4 */
+        CHECK_NEAR(po[1], 4.5, 1e-6); /* (3 + 6) / 2: the padding is not counted */
+        CHECK_NEAR(po[3], 9.0, 1e-6);
+    }
+    loom_model_free(m);
+    loom_tensor_fini(&xt);
+}
+
+/* Batch normalization: moving statistics move toward the batch's as Keras
+ * does, evaluation uses them, and a step gives the same bits with 1 and 3
+ * threads (the statistics cross the chunks). */
+static void test_batch_norm(void)
+{
+    loom_layer_spec ls[] = {L_dense(4, LOOM_ACT_NONE), L_kind(LOOM_LAYER_BATCH_NORM), L_dense(3, LOOM_ACT_NONE)};
+    loom_model_spec *s = mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 3, ls);
+    fixture a, b;
+    if (fixture_new(&a, s, shp(1, 5, 0, 0), shp(0, 0, 0, 0), LOOM_I64, 9, 3, 0) ||
+        fixture_new(&b, s, shp(1, 5, 0, 0), shp(0, 0, 0, 0), LOOM_I64, 9, 3, 0)) {
+        CHECK(0);
+        return;
+    }
+    const loom_param_info *mm = NULL, *mv = NULL;
+    for (int i = 0; i < loom_model_num_param_tensors(a.m); i++) {
+        const loom_param_info *t = loom_model_param_tensor(a.m, i);
+        if (strstr(t->name, "/moving_mean")) mm = t;
+        if (strstr(t->name, "/moving_variance")) mv = t;
+    }
+    CHECK(mm && mv && !strcmp(mm->name, "layer_1/moving_mean"));
+    if (!mm || !mv) return;
+    float *pa = loom_model_params(a.m);
+    CHECK(pa[mm->offset] == 0.f && pa[mv->offset] == 1.f);
+    /* the batch's mean of the dense outputs, by hand */
+    double mean0 = 0;
+    const float *W = pa, *bias = pa + 5 * 4;
+    for (int e = 0; e < 9; e++) {
+        double z = bias[0];
+        for (int k = 0; k < 5; k++) z += (double)((float *)a.x.data)[e * 5 + k] * W[k * 4];
+        mean0 += z / 9;
+    }
+    step_loss(&a);
+    CHECK_NEAR(pa[mm->offset], 0.01 * mean0, 1e-6);
+    loom_model_set_threads(b.m, 3, &err);
+    step_loss(&b);
+    CHECK(memcmp(loom_model_grads(a.m), loom_model_grads(b.m), (size_t)loom_model_num_params(a.m) * sizeof(float)) == 0);
+    CHECK(memcmp(pa, loom_model_params(b.m), (size_t)loom_model_num_params(a.m) * sizeof(float)) == 0);
+    /* evaluation normalises with the moving statistics: set them to the identity and compare */
+    for (int k = 0; k < 4; k++) pa[mm->offset + k] = 0.f, pa[mv->offset + k] = 1.f - 1e-3f;
+    double l_eval;
+    int64_t c;
+    CHECK(loom_model_evaluate(a.m, &a.x, &a.y, &l_eval, &c, &err) == LOOM_OK);
+    loom_layer_spec plain[] = {L_dense(4, LOOM_ACT_NONE), L_dense(3, LOOM_ACT_NONE)};
+    fixture p;
+    if (fixture_new(&p, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 2, plain), shp(1, 5, 0, 0), shp(0, 0, 0, 0), LOOM_I64, 9, 3, 0) ==
+        LOOM_OK) {
+        float *pp = loom_model_params(p.m);
+        memcpy(pp, pa, 24 * sizeof(float));                    /* dense 0 */
+        memcpy(pp + 24, pa + 24 + 16, 15 * sizeof(float));     /* dense 1, past gamma, beta, mean, variance */
+        memcpy(p.x.data, a.x.data, 9 * 5 * sizeof(float));
+        memcpy(p.y.data, a.y.data, 9 * sizeof(int64_t));
+        double l_plain;
+        CHECK(loom_model_evaluate(p.m, &p.x, &p.y, &l_plain, &c, &err) == LOOM_OK);
+        CHECK_NEAR(l_eval, l_plain, 1e-4);
+        fixture_free(&p);
+    }
+    fixture_free(&a);
+    fixture_free(&b);
+}
+
 static const loom_test tests[] = {
     {"loss gradients (bce, mae, huber, class weights)", test_grad_losses},
     {"binary cross-entropy values and bad labels", test_bce_values},
@@ -677,6 +853,9 @@ static const loom_test tests[] = {
     {"adamw, rmsprop, clip_norm against their formulas", test_optimizers_more},
     {"clip_norm: ranges read the whole norm", test_clip_ranges},
     {"l2 regularisation: gradient and reported loss", test_l2},
+    {"new layers' gradients", test_grad_layers},
+    {"gelu, leaky_relu, average pooling values", test_layer_values},
+    {"batch normalization: moving statistics, threads, eval", test_batch_norm},
     {0},
 };
 
