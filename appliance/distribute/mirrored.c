@@ -236,6 +236,7 @@ static int new_replica(loom_strategy *s, replicated *m, replica *rp, int intra, 
         return rc;
     if (rp != m->rep) return LOOM_OK;
     rc = loom_optimizer_new(&rp->opt, &spec->optimizer, loom_model_num_params(rp->model), err);
+    if (!rc) loom_optimizer_for_model(rp->opt, rp->model);
     /* central: the update runs on all replica threads; mirrored: each replica's shard on its own */
     if (!rc && m->central) loom_optimizer_set_pool(rp->opt, m->pool);
     return rc;

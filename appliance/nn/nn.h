@@ -211,6 +211,11 @@ const char *loom_optimizer_slot_name(const loom_optimizer *o, int i); /* "moment
  * element of grads [0, P) reduced, not only [lo, hi): a sharded update must
  * all-reduce (not reduce-scatter) first. */
 bool    loom_optimizer_needs_full_grads(const loom_optimizer *o);
+/* Tells the optimizer which of m's parameters are not trained (batch
+ * normalization's moving statistics): their gradients are zero, and AdamW's
+ * decoupled decay leaves them alone too. Call once after loom_optimizer_new
+ * with the model it updates. */
+void    loom_optimizer_for_model(loom_optimizer *o, const loom_model *m);
 
 /* The schedule alone, for tests and for printing. */
 double loom_schedule_lr(const loom_schedule_spec *s, double base_lr, int64_t step);

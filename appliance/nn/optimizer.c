@@ -16,7 +16,7 @@
  * clip_norm (tf.clip_by_global_norm): with n = ||g|| over the whole buffer,
  *   every g is used as g * clip / max(n, clip); the gradients themselves are
  *   not changed. */
-#include "nn.h"
+#include "nn_internal.h"
 
 #include <math.h>
 #include <string.h>
@@ -36,6 +36,8 @@ struct loom_optimizer {
     double              lr_override; /* > 0 replaces the schedule */
     loom_pool          *pool;        /* borrowed; NULL: the calling thread alone */
     int                 nonfinite;   /* an update left a NaN or infinite weight (atomic: ranges run concurrently) */
+    int                 n_frozen;    /* parameter ranges that are not trained (loom_optimizer_for_model) */
+    int64_t             frozen[2 * LOOM_MAX_LAYERS][2];
 };
 
 /* The exponent field of x: 0xff << 23 when x is NaN or infinite. Each update
@@ -193,6 +195,31 @@ NN_HOT static void decay(int64_t n, float k, float *restrict p)
     for (int64_t i = 0; i < n; i++) p[i] -= k * p[i];
 }
 
+/* The decay of parameters [i0, i1) (at p), but not of the frozen ranges. */
+static void decay_trained(const loom_optimizer *o, int64_t i0, int64_t i1, float k, float *p)
+{
+    int64_t a = i0;
+    for (int f = 0; f < o->n_frozen && a < i1; f++) {
+        int64_t f0 = o->frozen[f][0], f1 = o->frozen[f][1];
+        if (f1 <= a || f0 >= i1) continue;
+        if (f0 > a) decay(f0 - a, k, p + (a - i0));
+        a = f1;
+    }
+    if (a < i1) decay(i1 - a, k, p + (a - i0));
+}
+
+void loom_optimizer_for_model(loom_optimizer *o, const loom_model *m)
+{
+    o->n_frozen = 0;
+    for (int i = 0; i < m->n_layers; i++) { /* in layer order: the ranges ascend */
+        const nn_layer_ *l = &m->layer[i];
+        if (l->mm_off < 0) continue;
+        o->frozen[o->n_frozen][0] = l->mm_off;
+        o->frozen[o->n_frozen][1] = l->mm_off + 2 * l->C; /* moving mean, then moving variance */
+        o->n_frozen++;
+    }
+}
+
 /* g (n) * scale into out: the clipped gradients of one part. */
 NN_HOT static void scaled(int64_t n, float scale, const float *restrict g, float *restrict out)
 {
@@ -252,7 +279,7 @@ static uint32_t apply_block(const apply_job *j, int64_t i0, int64_t i1, const fl
         e = apply_momentum(i1 - i0, j->lr, (float)o->spec.momentum, o->spec.nesterov, p, g, o->slots + i0);
         break;
     case LOOM_OPT_ADAMW:
-        decay(i1 - i0, j->lr_raw * (float)o->spec.weight_decay, p);
+        decay_trained(o, i0, i1, j->lr_raw * (float)o->spec.weight_decay, p);
         /* fall through */
     case LOOM_OPT_ADAM:
         e = apply_adam(i1 - i0, j->lr, (float)o->spec.beta1, (float)o->spec.beta2, (float)o->spec.epsilon, p, g,

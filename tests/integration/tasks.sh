@@ -105,6 +105,29 @@ for l in mean_absolute_error huber; do
     contains "$l trains and logs mae and rmse" ", mae 0." "$(grep 'epoch 20/20' <<<"$out")"
 done
 
+# exact resume with the new optimizers and layers: 45 steps straight = 20, then resumed to 45
+final() { ls "$1"/ckpt-*.loom | sed 's/.*ckpt-\([0-9]*\).loom/\1 &/' | sort -n | tail -1 | cut -d' ' -f2; }
+LAYERS='model.layers=( { type = "flatten"; }, { type = "dense"; units = 32; use_bias = false; }, { type = "batch_normalization"; }, { type = "activation"; activation = "leaky_relu"; }, { type = "dense"; units = 16; }, { type = "layer_normalization"; }, { type = "activation"; activation = "gelu"; }, { type = "dense"; units = 10; } )'
+for opt in 'optimizer={ type = "adamw"; learning_rate = 0.01; weight_decay = 0.01; clip_norm = 1.0; }' \
+           'optimizer={ type = "rmsprop"; learning_rate = 0.003; clip_norm = 0.5; }'; do
+    name=$(sed 's/.*type = "\([a-z]*\)".*/\1/' <<<"$opt")
+    common=(--set run.progress='"none"' --set "$opt" --set "$LAYERS" --set model.l2=0.0001 --set run.epochs=2)
+    timeout 120 "$LOOM" train tests/configs/small_mlp.cfg --model-dir "$WORK/r_$name" "${common[@]}" --set run.max_steps=45 >/dev/null 2>&1
+    timeout 120 "$LOOM" train tests/configs/small_mlp.cfg --model-dir "$WORK/s_$name" "${common[@]}" --set run.max_steps=20 >/dev/null 2>&1
+    timeout 120 "$LOOM" train tests/configs/small_mlp.cfg --model-dir "$WORK/s_$name" "${common[@]}" --set run.max_steps=45 >/dev/null 2>&1
+    a=$("$LOOM" inspect "$(final "$WORK/r_$name")" 2>/dev/null | grep '^tensor'); b=$("$LOOM" inspect "$(final "$WORK/s_$name")" 2>/dev/null | grep '^tensor')
+    if [ -n "$a" ] && [ "$a" = "$b" ]; then pass "$name, clip_norm, l2, batch/layer norm: resumed = uninterrupted, bit for bit"
+    else fail "$name: resumed = uninterrupted" "$(diff <(echo "$a") <(echo "$b") | head -4)"; fi
+    contains "$name's slots and the moving statistics are in the checkpoint" "moving_variance" "$a"
+done
+
+# mirrored: clip_norm all-reduces whole, and batch normalization per replica; the run trains
+out=$(timeout 120 "$LOOM" train tests/configs/small_mlp.cfg --model-dir "$WORK/mir" --set run.progress='"none"' \
+      --set 'optimizer={ type = "adamw"; learning_rate = 0.01; clip_norm = 1.0; }' --set "$LAYERS" \
+      --set 'strategy={ type = "mirrored"; replicas = 2; }' --set run.epochs=1 2>&1); rc=$?
+[ $rc -eq 0 ] && grep -q "eval loss" <<<"$out" && pass "mirrored, 2 replicas: clip_norm and batch normalization train" \
+    || fail "mirrored with clip_norm and batch normalization" "$(echo "$out" | tail -3)"
+
 # bad input: an unknown metric, AUC on ten classes, accuracy of a regression, BCE labels outside [0, 1]
 expect_fail 2 "an unknown metric is a config error with the choices" \
     'model.metrics.[1]: unknown value "aucc" (expected one of: accuracy, auc, precision, recall, top_k_accuracy, mae, rmse)' \

@@ -839,6 +839,22 @@ static void test_batch_norm(void)
         CHECK_NEAR(l_eval, l_plain, 1e-4);
         fixture_free(&p);
     }
+    /* AdamW's decay leaves the moving statistics alone (not trained), and decays gamma */
+    loom_optimizer_spec os = opt_spec(LOOM_OPT_ADAMW);
+    os.weight_decay = 0.5;
+    loom_optimizer *o = NULL;
+    CHECK(loom_optimizer_new(&o, &os, loom_model_num_params(b.m), &err) == LOOM_OK);
+    if (o) {
+        loom_optimizer_for_model(o, b.m);
+        float *pb = loom_model_params(b.m);
+        step_loss(&b);
+        float mm0 = pb[mm->offset + 1], mv0 = pb[mv->offset + 2], gamma0 = pb[mm->offset - 8];
+        memset(loom_model_grads(b.m), 0, (size_t)loom_model_num_params(b.m) * sizeof(float));
+        loom_optimizer_apply(o, pb, loom_model_grads(b.m), 0);
+        CHECK(pb[mm->offset + 1] == mm0 && pb[mv->offset + 2] == mv0);
+        CHECK_NEAR(pb[mm->offset - 8], gamma0 * (1 - 0.1 * 0.5), 1e-6);
+        loom_optimizer_free(o);
+    }
     fixture_free(&a);
     fixture_free(&b);
 }
