@@ -40,13 +40,17 @@ const char *const loom_transform_names_[] = {"map", "shuffle", "batch", "repeat"
                                              "filter", "shard", "enumerate", "unbatch", "padded_batch", "cache",
                                              "interleave", "zip", NULL};
 const char *const loom_layer_names_[] = {"dense", "conv2d", "max_pool2d", "dropout", "flatten", "activation",
-                                         "embedding", NULL};
+                                         "batch_normalization", "layer_normalization", "average_pooling2d",
+                                         "global_average_pooling2d", "embedding", NULL};
 const char *const loom_combiner_names_[] = {"sum", "mean", NULL};
-const char *const loom_activation_names_[] = {"none", "relu", "sigmoid", "tanh", "softmax", NULL};
+const char *const loom_activation_names_[] = {"none", "relu", "sigmoid", "tanh", "softmax", "leaky_relu", "gelu", NULL};
 const char *const loom_init_names_[] = {"glorot_uniform", "glorot_normal", "he_uniform", "he_normal", "zeros", NULL};
 const char *const loom_padding_names_[] = {"valid", "same", NULL};
-const char *const loom_loss_names_[] = {"sparse_softmax_cross_entropy", "mean_squared_error", NULL};
-const char *const loom_opt_names_[] = {"sgd", "momentum", "adam", "adagrad", NULL};
+const char *const loom_loss_names_[] = {"sparse_softmax_cross_entropy", "mean_squared_error", "binary_cross_entropy",
+                                        "mean_absolute_error", "huber", NULL};
+const char *const loom_metric_names_[] = {"accuracy", "auc", "precision", "recall", "top_k_accuracy", "mae", "rmse",
+                                          NULL};
+const char *const loom_opt_names_[] = {"sgd", "momentum", "adam", "adamw", "rmsprop", "adagrad", NULL};
 const char *const loom_sched_names_[] = {"constant", "exponential_decay", "piecewise_constant", "cosine", NULL};
 const char *const loom_strategy_names_[] = {"one_device", "mirrored", "central_storage", "multi_worker_mirrored",
                                             "parameter_server", NULL};
@@ -63,6 +67,8 @@ const char *loom_cfg_name_(const char *const *names, int i)
 
 const char *loom_layer_kind_name(loom_layer_kind k) { return loom_cfg_name_(loom_layer_names_, (int)k); }
 const char *loom_activation_name(loom_activation a) { return loom_cfg_name_(loom_activation_names_, (int)a); }
+const char *loom_metric_name(loom_metric_kind k) { return loom_cfg_name_(loom_metric_names_, (int)k); }
+const char *loom_loss_name(loom_loss_kind k) { return loom_cfg_name_(loom_loss_names_, (int)k); }
 const char *loom_strategy_kind_name(loom_strategy_kind k) { return loom_cfg_name_(loom_strategy_names_, (int)k); }
 static const char *const loom_communication_names_[] = {"auto", "ring", "nccl", NULL};
 const char *loom_communication_name(loom_communication c) { return loom_cfg_name_(loom_communication_names_, (int)c); }
@@ -571,6 +577,8 @@ static void parse_prefetch_buffer(ctx *c, const config_setting_t *s, void *base)
 static void parse_ram_budget(ctx *c, const config_setting_t *s, void *base);
 static void parse_cluster_role(ctx *c, const config_setting_t *s, void *base);
 static void parse_cluster_path(ctx *c, const config_setting_t *s, void *base);
+static void parse_metrics(ctx *c, const config_setting_t *s, void *base);
+static void parse_class_weight(ctx *c, const config_setting_t *s, void *base);
 
 static const opt root_opts[] = {
     O_CUSTOM("version", parse_version, ALL, ALL, "config format version; must be 1"),
@@ -797,11 +805,16 @@ static const opt layer_opts[] = {
     O_INT(loom_layer_spec, "units", units, 0, 1, LOOM_MAX_UNITS, LY(DENSE), LY(DENSE), "output units"),
     O_INT(loom_layer_spec, "filters", filters, 0, 1, LOOM_MAX_UNITS, LY(CONV2D), LY(CONV2D), "output channels"),
     O_PAIR(loom_layer_spec, "kernel_size", kernel, 0, 1, INT_MAX, LY(CONV2D), LY(CONV2D), "int or [h, w]"),
-    O_PAIR(loom_layer_spec, "strides", stride, 1, 1, INT_MAX, LY(CONV2D) | LY(MAX_POOL2D), 0,
-           "int or [h, w]; default 1 (conv2d) or pool_size (max_pool2d)"),
-    O_PAIR(loom_layer_spec, "pool_size", pool, 2, 1, INT_MAX, LY(MAX_POOL2D), 0, "int or [h, w]"),
-    O_ENUM(loom_layer_spec, "padding", padding, LOOM_PAD_VALID, loom_padding_names_, LY(CONV2D) | LY(MAX_POOL2D), 0,
-           "valid or same"),
+    O_PAIR(loom_layer_spec, "strides", stride, 1, 1, INT_MAX, LY(CONV2D) | LY(MAX_POOL2D) | LY(AVG_POOL2D), 0,
+           "int or [h, w]; default 1 (conv2d) or pool_size (pooling)"),
+    O_PAIR(loom_layer_spec, "pool_size", pool, 2, 1, INT_MAX, LY(MAX_POOL2D) | LY(AVG_POOL2D), 0, "int or [h, w]"),
+    O_ENUM(loom_layer_spec, "padding", padding, LOOM_PAD_VALID, loom_padding_names_,
+           LY(CONV2D) | LY(MAX_POOL2D) | LY(AVG_POOL2D), 0, "valid or same"),
+    O_F64(loom_layer_spec, "alpha", alpha, 0.3, 0.0, 0, F_NO_HI, LY(ACTIVATION), 0, "leaky_relu: slope below 0"),
+    O_F64(loom_layer_spec, "momentum", momentum, 0.99, 0.0, 1.0, F_HI_OPEN, LY(BATCH_NORM), 0,
+          "moving statistics: m = momentum * m + (1 - momentum) * batch"),
+    O_F64(loom_layer_spec, "epsilon", epsilon, 0.001, 0.0, 0, F_LO_OPEN | F_NO_HI, LY(BATCH_NORM) | LY(LAYER_NORM), 0,
+          "added to the variance"),
     O_ENUM(loom_layer_spec, "activation", activation, LOOM_ACT_NONE, loom_activation_names_,
            LY(DENSE) | LY(CONV2D) | LY(ACTIVATION), LY(ACTIVATION), "activation function"),
     O_ENUM(loom_layer_spec, "kernel_init", kernel_init, LOOM_INIT_GLOROT_UNIFORM, loom_init_names_,
@@ -821,6 +834,18 @@ static const opt model_opts[] = {
     O_STR(loom_model_spec, "input", input, "image", NULL, ALL, 0, "feature fed to the first layer"),
     O_STR(loom_model_spec, "label", label, "label", NULL, ALL, 0, "feature holding the target"),
     O_ENUM(loom_model_spec, "loss", loss, LOOM_LOSS_SPARSE_SOFTMAX_CE, loom_loss_names_, ALL, 0, "loss function"),
+    O_CUSTOM("metrics", parse_metrics, ALL, 0,
+             "list of: accuracy, auc, precision, recall, top_k_accuracy, mae, rmse (default: accuracy for a "
+             "classification, none for a regression)"),
+    O_INT(loom_model_spec, "auc_thresholds", auc_thresholds, 200, 2, 100000, ALL, 0, "auc: number of thresholds"),
+    O_BOOL(loom_model_spec, "multi_label", multi_label, 0, ALL, "auc: one curve per output, averaged"),
+    O_INT(loom_model_spec, "top_k", top_k, 5, 1, LOOM_MAX_UNITS, ALL, 0, "top_k_accuracy: k"),
+    O_F64(loom_model_spec, "l2", l2, 0.0, 0.0, 0, F_NO_HI, ALL, 0,
+          "L2 penalty on every dense and conv kernel: loss += l2 * sum(w^2)"),
+    O_F64(loom_model_spec, "huber_delta", huber_delta, 1.0, 0.0, 0, F_LO_OPEN | F_NO_HI, ALL, 0,
+          "huber: where the loss turns from quadratic to linear"),
+    O_CUSTOM("class_weight", parse_class_weight, ALL, 0,
+             "one loss weight per class (binary_cross_entropy: [negative, positive])"),
     O_SUB("layers", 0, ALL, "a list of layer groups"),
     O_END,
 };
@@ -832,10 +857,15 @@ static const opt optimizer_opts[] = {
           "base learning rate"),
     O_F64(loom_optimizer_spec, "momentum", momentum, 0.9, 0.0, 1.0, F_HI_OPEN, OPT(MOMENTUM), 0, "momentum"),
     O_BOOL(loom_optimizer_spec, "nesterov", nesterov, 0, OPT(MOMENTUM), "Nesterov momentum"),
-    O_F64(loom_optimizer_spec, "beta1", beta1, 0.9, 0.0, 1.0, F_HI_OPEN, OPT(ADAM), 0, "adam beta1"),
-    O_F64(loom_optimizer_spec, "beta2", beta2, 0.999, 0.0, 1.0, F_HI_OPEN, OPT(ADAM), 0, "adam beta2"),
-    O_F64(loom_optimizer_spec, "epsilon", epsilon, 1e-7, 0.0, 0, F_LO_OPEN | F_NO_HI, OPT(ADAM) | OPT(ADAGRAD), 0,
-          "adam, adagrad epsilon"),
+    O_F64(loom_optimizer_spec, "beta1", beta1, 0.9, 0.0, 1.0, F_HI_OPEN, OPT(ADAM) | OPT(ADAMW), 0, "adam beta1"),
+    O_F64(loom_optimizer_spec, "beta2", beta2, 0.999, 0.0, 1.0, F_HI_OPEN, OPT(ADAM) | OPT(ADAMW), 0, "adam beta2"),
+    O_F64(loom_optimizer_spec, "epsilon", epsilon, 1e-7, 0.0, 0, F_LO_OPEN | F_NO_HI,
+          OPT(ADAM) | OPT(ADAMW) | OPT(RMSPROP) | OPT(ADAGRAD), 0, "adam, adamw, rmsprop, adagrad epsilon"),
+    O_F64(loom_optimizer_spec, "weight_decay", weight_decay, 0.004, 0.0, 1.0, F_HI_OPEN, OPT(ADAMW), 0,
+          "adamw: decoupled weight decay, p -= lr * weight_decay * p"),
+    O_F64(loom_optimizer_spec, "rho", rho, 0.9, 0.0, 1.0, F_HI_OPEN, OPT(RMSPROP), 0, "rmsprop: decay of the mean square"),
+    O_F64(loom_optimizer_spec, "clip_norm", clip_norm, 0.0, 0.0, 0, F_NO_HI, ALL, 0,
+          "> 0: clip the gradients to this global norm (0 = off)"),
     O_F64(loom_optimizer_spec, "initial_accumulator_value", initial_accumulator, 0.1, 0.0, 0, F_NO_HI, OPT(ADAGRAD), 0,
           "adagrad: the accumulator's start"),
     O_SUB("schedule", 0, 0, "learning-rate schedule"),
@@ -1809,6 +1839,56 @@ static void parse_boundaries(ctx *c, const config_setting_t *s, void *base)
     sch->n_boundaries = n;
 }
 
+static void parse_metrics(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_model_spec *m = base;
+    char v[300];
+    loc_of(c, s, &m->metrics_loc);
+    if (!config_setting_is_array(s) && !config_setting_is_list(s)) {
+        cerr(c, s, "expected a list of metric names [\"accuracy\", \"auc\", ...], got %s", value_str(s, v, sizeof v));
+        return;
+    }
+    int n = config_setting_length(s);
+    m->n_metrics = 0;
+    m->metrics_set = true;
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *e = config_setting_get_elem(s, i);
+        int k = get_enum(c, e, loom_metric_names_);
+        if (k < 0) continue;
+        bool dup = false;
+        for (int j = 0; j < m->n_metrics; j++) dup |= (int)m->metric[j] == k;
+        if (dup) {
+            cerr(c, e, "metric \"%s\" is listed twice", loom_metric_names_[k]);
+            continue;
+        }
+        m->metric[m->n_metrics++] = (loom_metric_kind)k;
+    }
+}
+
+static void parse_class_weight(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_model_spec *m = base;
+    char v[300];
+    if (!config_setting_is_array(s) && !config_setting_is_list(s)) {
+        cerr(c, s, "expected an array of weights, one per class [w0, w1, ...], got %s", value_str(s, v, sizeof v));
+        return;
+    }
+    int n = config_setting_length(s);
+    if (n < 2 || n > LOOM_MAX_CLASS_WEIGHTS) {
+        cerr(c, s, "expected 2 to %d class weights, got %d", LOOM_MAX_CLASS_WEIGHTS, n);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *e = config_setting_get_elem(s, i);
+        if (!is_number(e) || !(get_number(e) >= 0) || !isfinite(get_number(e))) {
+            cerr(c, e, "expected a class weight >= 0, got %s", value_str(e, v, sizeof v));
+            return;
+        }
+        m->class_weight[i] = (float)get_number(e);
+    }
+    m->n_class_weights = n;
+}
+
 static void parse_values(ctx *c, const config_setting_t *s, void *base)
 {
     loom_schedule_spec *sch = base;
@@ -2155,7 +2235,7 @@ static void parse_layers(ctx *c, const config_setting_t *g, loom_model_spec *m)
         parse_opts(c, e, layer_opts, k, l);
         scope sc = {layer_opts, k, NULL};
         check_keys(c, e, &sc, 1);
-        if (k == LOOM_LAYER_MAX_POOL2D && !config_setting_get_member(e, "strides"))
+        if ((k == LOOM_LAYER_MAX_POOL2D || k == LOOM_LAYER_AVG_POOL2D) && !config_setting_get_member(e, "strides"))
             l->stride[0] = l->pool[0], l->stride[1] = l->pool[1];
         if (!l->name[0] && k >= 0) snprintf(l->name, sizeof l->name, "%s_%d", loom_layer_names_[k], i);
     }
@@ -2923,6 +3003,7 @@ static void validate(ctx *c, const config_setting_t *root, loom_spec *spec)
     if ((g = sub_group(c, root, "model"))) {
         loom_model_spec *m = &spec->model;
         loc_of(c, g, &m->loc);
+        m->metrics_loc = m->loc;
         parse_opts(c, g, model_opts, 0, m);
         scope sc = {model_opts, 0, NULL};
         check_keys(c, g, &sc, 1);

@@ -304,13 +304,21 @@ typedef struct loom_dataset_spec {
 /* ---- model --------------------------------------------------------------- */
 
 typedef enum { LOOM_LAYER_DENSE, LOOM_LAYER_CONV2D, LOOM_LAYER_MAX_POOL2D, LOOM_LAYER_DROPOUT, LOOM_LAYER_FLATTEN,
-               LOOM_LAYER_ACTIVATION, LOOM_LAYER_EMBEDDING } loom_layer_kind;
+               LOOM_LAYER_ACTIVATION, LOOM_LAYER_BATCH_NORM, LOOM_LAYER_LAYER_NORM, LOOM_LAYER_AVG_POOL2D,
+               LOOM_LAYER_GLOBAL_AVG_POOL2D, LOOM_LAYER_EMBEDDING } loom_layer_kind;
 typedef enum { LOOM_COMBINER_SUM, LOOM_COMBINER_MEAN } loom_combiner;
-typedef enum { LOOM_ACT_NONE, LOOM_ACT_RELU, LOOM_ACT_SIGMOID, LOOM_ACT_TANH, LOOM_ACT_SOFTMAX } loom_activation;
+/* leaky_relu and gelu only as activation layers (their gradients need the input) */
+typedef enum { LOOM_ACT_NONE, LOOM_ACT_RELU, LOOM_ACT_SIGMOID, LOOM_ACT_TANH, LOOM_ACT_SOFTMAX, LOOM_ACT_LEAKY_RELU,
+               LOOM_ACT_GELU } loom_activation;
 typedef enum { LOOM_INIT_GLOROT_UNIFORM, LOOM_INIT_GLOROT_NORMAL, LOOM_INIT_HE_UNIFORM, LOOM_INIT_HE_NORMAL,
                LOOM_INIT_ZEROS } loom_init;
 typedef enum { LOOM_PAD_VALID, LOOM_PAD_SAME } loom_padding;
-typedef enum { LOOM_LOSS_SPARSE_SOFTMAX_CE, LOOM_LOSS_MSE } loom_loss_kind;
+typedef enum { LOOM_LOSS_SPARSE_SOFTMAX_CE, LOOM_LOSS_MSE, LOOM_LOSS_BCE, LOOM_LOSS_MAE, LOOM_LOSS_HUBER } loom_loss_kind;
+/* model.metrics: Keras' metrics of those names (see nn.h for each one's definition) */
+typedef enum { LOOM_METRIC_ACCURACY, LOOM_METRIC_AUC, LOOM_METRIC_PRECISION, LOOM_METRIC_RECALL,
+               LOOM_METRIC_TOP_K_ACCURACY, LOOM_METRIC_MAE, LOOM_METRIC_RMSE, LOOM_NMETRICS_ } loom_metric_kind;
+#define LOOM_MAX_METRICS       LOOM_NMETRICS_
+#define LOOM_MAX_CLASS_WEIGHTS 256
 
 typedef struct loom_layer_spec {
     loom_layer_kind kind;
@@ -324,6 +332,10 @@ typedef struct loom_layer_spec {
     int             pool[2];             /* max_pool2d; default 2 */
     loom_padding    padding;             /* conv2d, max_pool2d; default valid */
     double          rate;                /* dropout, [0, 1) */
+    /* ---- appended ---- */
+    double          alpha;               /* activation leaky_relu: slope below 0, default 0.3 (Keras LeakyReLU) */
+    double          momentum;            /* batch_normalization: of the moving statistics, default 0.99 */
+    double          epsilon;             /* batch_ and layer_normalization: default 0.001 (Keras) */
     loom_init       kernel_init;         /* default glorot_uniform (he_normal is common for relu) */
     bool            use_bias;            /* default true; biases start at zero */
     /* embedding: a table (input_dim, output_dim) looked up by integer ids
@@ -339,12 +351,25 @@ typedef struct loom_model_spec {
     char            label[LOOM_NAME_MAX]; /* feature holding the target, default "label" */
     loom_loss_kind  loss;                 /* default sparse_softmax_cross_entropy */
     int             n_layers;
+    /* ---- metrics and weights (appended) ---- */
+    bool             metrics_set;         /* model.metrics given; else accuracy for a classification, none for a regression */
+    int              n_metrics;
+    loom_metric_kind metric[LOOM_MAX_METRICS];
+    loom_loc         metrics_loc;         /* of model.metrics (or the model block) */
+    int              auc_thresholds;      /* auc: num_thresholds, default 200 (Keras) */
+    bool             multi_label;         /* auc: one curve per output, averaged (Keras multi_label) */
+    int              top_k;               /* top_k_accuracy: k, default 5 */
+    double           huber_delta;         /* huber: delta, default 1.0 */
+    int              n_class_weights;     /* 0: none; else one weight per class (binary: [negative, positive]) */
+    float            class_weight[LOOM_MAX_CLASS_WEIGHTS];
+    double           l2;                  /* kernel_regularizer l2: loss += l2 * sum(kernel^2), every dense and conv kernel */
     loom_layer_spec layer[LOOM_MAX_LAYERS];
 } loom_model_spec;
 
 /* ---- optimizer ----------------------------------------------------------- */
 
-typedef enum { LOOM_OPT_SGD, LOOM_OPT_MOMENTUM, LOOM_OPT_ADAM, LOOM_OPT_ADAGRAD } loom_opt_kind;
+typedef enum { LOOM_OPT_SGD, LOOM_OPT_MOMENTUM, LOOM_OPT_ADAM, LOOM_OPT_ADAMW, LOOM_OPT_RMSPROP,
+               LOOM_OPT_ADAGRAD } loom_opt_kind;
 typedef enum { LOOM_SCHED_CONSTANT, LOOM_SCHED_EXPONENTIAL_DECAY, LOOM_SCHED_PIECEWISE_CONSTANT,
                LOOM_SCHED_COSINE } loom_sched_kind;
 
@@ -367,6 +392,9 @@ typedef struct loom_optimizer_spec {
     double             momentum;      /* momentum: [0, 1), default 0.9 */
     bool               nesterov;      /* momentum */
     double             beta1, beta2, epsilon; /* adam: 0.9, 0.999, 1e-7 (Keras defaults); adagrad: epsilon */
+    double             weight_decay;  /* adamw: decoupled, p -= lr wd p (Keras AdamW, default 0.004) */
+    double             rho;           /* rmsprop: 0.9 (Keras) */
+    double             clip_norm;     /* > 0: gradients scaled to this global norm at most (tf.clip_by_global_norm) */
     double             initial_accumulator; /* adagrad: the accumulator's start, default 0.1 (Keras) */
     loom_schedule_spec schedule;
 } loom_optimizer_spec;
@@ -572,6 +600,8 @@ void loom_config_print(const loom_spec *s, FILE *f);
 /* Names, for messages and printing. */
 const char *loom_layer_kind_name(loom_layer_kind k);
 const char *loom_activation_name(loom_activation a);
+const char *loom_metric_name(loom_metric_kind k); /* "auc" */
+const char *loom_loss_name(loom_loss_kind k);     /* "binary_cross_entropy" */
 const char *loom_strategy_kind_name(loom_strategy_kind k);
 const char *loom_map_kind_name(loom_map_kind k);
 const char *loom_transform_kind_name(loom_transform_kind k);

@@ -50,6 +50,7 @@ static int od_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
         (rc = loom_model_dev_open(&od->dev, od->model, od->place.ops, loom_place_index_(&od->place, 0), err)))
         return rc;
     rc = loom_optimizer_new(&od->opt, &spec->optimizer, loom_model_num_params(od->model), err);
+    if (!rc) loom_optimizer_for_model(od->opt, od->model);
     if (!rc) loom_optimizer_set_pool(od->opt, loom_model_pool(od->model)); /* the update runs on the same threads */
     /* embedding tables: one replica writes its own gradients, so the update
      * visits just the rows the batch touched (sparse) */

@@ -37,7 +37,8 @@ typedef struct loom_param_info {
 
 /* Builds the model for inputs of shape `input` (per example, no batch dim;
  * must be float32) and targets `label` (per example: an integer scalar for
- * sparse softmax cross-entropy, float32 of the output's shape for MSE), for
+ * sparse softmax cross-entropy; for the other losses any number type of the
+ * output's shape, or a scalar when the output is one unit), for
  * batches of up to max_batch examples. Shape mismatches between layers, or
  * between the data and the model, are LOOM_ESHAPE naming the layer's
  * file:line and both shapes. Free with loom_model_free. */
@@ -96,8 +97,25 @@ int loom_model_backward(loom_model *m, loom_err *err);
 int loom_model_evaluate(loom_model *m, const loom_tensor *x, const loom_tensor *label, double *loss_sum,
                         int64_t *correct, loom_err *err);
 /* Forward only (dropout off): the model's outputs, probabilities when the loss
- * is softmax cross-entropy, into out (B, outputs). */
+ * is softmax or binary cross-entropy, into out (B, outputs). */
 int loom_model_predict(loom_model *m, const loom_tensor *x, float *out, loom_err *err);
+
+/* ---- metrics (model.metrics; metrics.c) --------------------------------------
+ * The model's metrics, in the config's order (without model.metrics:
+ * accuracy for a classification, none for a regression). accuracy is the
+ * steps' correct / examples; every other metric is computed from a state of
+ * sums that each train, loss and evaluate step of this model adds to (never
+ * predict), so the states of several replicas, or of several takes, add up. */
+int              loom_model_num_metrics(const loom_model *m);
+loom_metric_kind loom_model_metric(const loom_model *m, int i);
+int64_t          loom_model_metrics_size(const loom_model *m); /* doubles of state; 0: none kept */
+/* acc (metrics_size doubles; NULL: dropped) += the state; then the state is cleared. */
+void             loom_model_metrics_take(loom_model *m, double *acc);
+/* Metric i's value from an accumulated state (acc, may be NULL when
+ * metrics_size is 0) and the same steps' correct and examples; NaN when no
+ * example was seen. */
+double           loom_model_metric_value(const loom_model *m, int i, const double *acc, int64_t correct,
+                                         int64_t examples);
 
 /* ---- embeddings and sparse gradients -------------------------------------
  * An embedding layer (type = "embedding"; input_dim, output_dim, combiner)
@@ -205,7 +223,8 @@ void loom_optimizer_set_lr(loom_optimizer *o, double lr);
  * NULL: the calling thread alone). The update is element-wise, so the result
  * is the same with or without a pool. */
 void loom_optimizer_set_pool(loom_optimizer *o, loom_pool *pool);
-/* params -= update(grads) for the `step`-th update (0-based). */
+/* params -= update(grads) for the `step`-th update (0-based); with clip_norm
+ * the update uses grads scaled to that global norm at most (grads unchanged). */
 void loom_optimizer_apply(loom_optimizer *o, float *params, const float *grads, int64_t step);
 /* The same update for parameters [lo, hi) only (params, grads and slots at
  * those offsets; the rest untouched), on pool's threads (NULL: the calling
@@ -222,10 +241,20 @@ int loom_optimizer_take_nonfinite(loom_optimizer *o);
 /* The first non-finite parameter: its index, or -1 when all are finite, and
  * "layer/kernel[k] = nan" in buf. One pass; for error reports. */
 int64_t loom_model_find_nonfinite(const loom_model *m, char *buf, size_t n);
-/* The slot buffers (momentum, Adam m and v, Adagrad accumulator), contiguous, for checkpoints. */
+/* The slot buffers (momentum, Adam m and v, RMSprop rms, Adagrad accumulator), contiguous, for checkpoints. */
 int     loom_optimizer_num_slots(const loom_optimizer *o);  /* 0, 1 or 2 */
 float  *loom_optimizer_slots(loom_optimizer *o);            /* (num_slots * P,) borrowed */
-const char *loom_optimizer_slot_name(const loom_optimizer *o, int i); /* "momentum", "m", "v", "accumulator" */
+const char *loom_optimizer_slot_name(const loom_optimizer *o, int i); /* "momentum", "m", "v", "rms", "accumulator" */
+/* With optimizer.clip_norm the update reads the global norm of the whole
+ * gradient buffer it is given, so loom_optimizer_apply_range needs every
+ * element of grads [0, P) reduced, not only [lo, hi): a sharded update must
+ * all-reduce (not reduce-scatter) first. */
+bool    loom_optimizer_needs_full_grads(const loom_optimizer *o);
+/* Tells the optimizer which of m's parameters are not trained (batch
+ * normalization's moving statistics): their gradients are zero, and AdamW's
+ * decoupled decay leaves them alone too. Call once after loom_optimizer_new
+ * with the model it updates. */
+void    loom_optimizer_for_model(loom_optimizer *o, const loom_model *m);
 
 /* Sparse (lazy) updates of the model's embedding tables. After this call,
  * apply and apply_range update an element of a table only where its
