@@ -432,6 +432,33 @@ static void test_lazy(void)
     }
 }
 
+/* AdamW and RMSprop are lazy on tables too: a row not looked up keeps its
+ * weights and slots, a looked-up one moves. */
+static void test_lazy_more(void)
+{
+    const loom_opt_kind kinds[] = {LOOM_OPT_ADAMW, LOOM_OPT_RMSPROP, LOOM_OPT_ADAGRAD};
+    for (int k = 0; k < 3; k++) {
+        loom_optimizer_spec s = opt_spec(kinds[k]);
+        s.weight_decay = 0.004;
+        s.rho = 0.9;
+        loom_optimizer *o = NULL;
+        CHECK(loom_optimizer_new(&o, &s, 8, &err) == LOOM_OK);
+        float p[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+        const int64_t ids0[2] = {0, 1}, ids1[1] = {1};
+        const float v0[4] = {0.5f, -0.25f, 1.0f, 0.125f}, v1[2] = {-0.75f, 0.5f};
+        loom_optimizer_apply_rows(o, p, NULL, 0, 0, 2, ids0, 2, v0);
+        float after0[8], s0[8];
+        memcpy(after0, p, sizeof p);
+        memcpy(s0, loom_optimizer_slots(o), sizeof s0);
+        loom_optimizer_apply_rows(o, p, NULL, 1, 0, 2, ids1, 1, v1);
+        CHECK_MSG(p[0] == after0[0] && p[1] == after0[1] && !memcmp(loom_optimizer_slots(o), s0, 2 * sizeof(float)),
+                  "optimizer %d: row 0 moved at step 1", (int)kinds[k]);
+        CHECK(p[2] != after0[2] && p[3] != after0[3]);
+        for (int i = 4; i < 8; i++) CHECK(p[i] == (float)(i + 1));
+        loom_optimizer_free(o);
+    }
+}
+
 /* Dense Adagrad against Keras' ResourceApplyAdagradV2 numbers. */
 static void test_adagrad(void)
 {
@@ -554,6 +581,7 @@ static const loom_test tests[] = {
     {"bad_ids", test_bad_ids},
     {"sparse_equals_dense", test_sparse_equals_dense},
     {"lazy", test_lazy},
+    {"lazy_more", test_lazy_more},
     {"adagrad", test_adagrad},
     {"ctr_source", test_ctr_source},
     {0},
