@@ -105,5 +105,7 @@ int  loom_net_peer_down_(loom_net *n, int p, loom_err *err);
 /* Peer p's name, what its last heartbeat said, and how long ago it was heard. */
 void loom_net_peer_info_(loom_net *n, int p, char *name, size_t name_n, char *status, size_t status_n, double *age);
 const char *loom_net_name_(const loom_net *n);
+/* Bytes queued to peer p, not yet written to its socket (tests). */
+size_t loom_net_queued_(loom_net *n, int p);
 
 #endif

@@ -776,6 +776,66 @@ static void test_peer_killed(void) { lost_test(0); }
 static void test_peer_stopped(void) { lost_test(1); }
 static void test_peer_killed_large(void) { lost_test(2); }
 
+/* ---- the bounded send queue ----------------------------------------------------- */
+
+/* worker:1 stops (SIGSTOP: connected, reads nothing); worker:0 keeps sending
+ * 1 MiB messages. The queue to worker:1 never holds more than the bound plus
+ * one message, and the send that would pass it waits, then fails naming
+ * worker:1 (lost to its silence, heartbeat_timeout 2 s) instead of queueing
+ * every byte. */
+#define SENDQ_BOUND ((size_t)4 << 20)
+static int sendq_rank(int rank, int n)
+{
+    (void)n;
+    tcl t;
+    mk_cluster(&t, 2, rank);
+    t.c.send_queue_max = SENDQ_BOUND;
+    loom_net_peer peer = {LOOM_ROLE_WORKER, 1 - rank};
+    loom_net *net;
+    loom_err err = {0};
+    int rc = loom_net_open(&net, &t.c, &peer, 1, &err);
+    CHECK_MSG(rc == 0, "open: %s", err.msg);
+    if (rc) return 1;
+    if (rank == 1) {
+        raise(SIGSTOP); /* killed by run_ranks once worker:0 is done */
+        return 0;
+    }
+    size_t mib = (size_t)1 << 20, peak = 0;
+    uint8_t *big = calloc(1, mib);
+    double t0 = loom_now();
+    int sent = 0;
+    for (; sent < 256 && !rc; sent++) {
+        rc = loom_net_send(net, 0, LOOM_MSG_USER + 1, big, mib, &err);
+        size_t q = loom_net_queued_(net, 0);
+        if (q > peak) peak = q;
+    }
+    double secs = loom_now() - t0;
+    printf("# worker:0 sent %d MiB, queue peak %.2f MiB, then after %.2f s: %s\n", sent, (double)peak / mib, secs,
+           rc ? err.msg : "no error");
+    CHECK_MSG(rc == LOOM_ENET, "sending 256 MiB to a stopped peer never failed (%d)", rc);
+    CHECK_CONTAINS(err.msg, "worker:1");
+    CHECK_MSG(peak <= SENDQ_BOUND + mib + LOOM_NET_HDR, "%zu bytes queued (bound %zu)", peak, SENDQ_BOUND);
+    CHECK_MSG(secs < 2 + 3, "the blocked send ended after %.2f s (heartbeat_timeout 2 s)", secs);
+    free(big);
+    loom_net_close(net);
+    return 0;
+}
+
+static void test_send_queue_bounded(void)
+{
+    new_ports(2);
+    knob.hb_timeout = 2;
+    knob.stop_rank = 1;
+    int st[MAXR];
+    run_ranks(2, sendq_rank, 30, st);
+    CHECK_MSG(st[0] == 0, "worker:0 exited with %d", st[0]);
+    if (st[0]) {
+        char *l = read_log(0);
+        printf("# %s\n", l);
+        free(l);
+    }
+}
+
 /* ---- misuse and stalls ------------------------------------------------------------ */
 
 static int mismatch_rank(int rank, int n)
@@ -959,6 +1019,7 @@ static const loom_test tests[] = {
     {"collective_timeout", test_collective_timeout},
     {"tls", test_tls},
     {"no_secret", test_no_secret},
+    {"send_queue_bounded", test_send_queue_bounded},
     {0},
 };
 
