@@ -32,6 +32,13 @@
  * the steps the others still take (end_of_data), so every worker takes the
  * same number of steps and the epoch ends on all at once.
  *
+ * A custom (Lua) train_step runs part by part (mw_step_part): its
+ * all_reduce_gradients is the local sum and this cross-worker all-reduce,
+ * with the same tail, so it trains as the built-in step does and 2 workers
+ * match mirrored(2) in one process. Every worker's train_step must call
+ * all_reduce_gradients once per step; one that does not is found at its
+ * next step and stops the job naming the step.
+ *
  * Packs are reduced as one buffer after the backward pass: the reduction does
  * not yet overlap the backward pass (strategy.bytes_per_pack packs only the
  * local reduction).
@@ -61,6 +68,11 @@ typedef struct multi_worker {
     int64_t        P;
     float         *stage;      /* (P + TAIL_N): replica 0's sum, then the job's */
     bool           stop_req, stop_seen;
+    /* a custom (Lua) step: this worker's results (LOSS), and whether the
+     * step that ran FORWARD has yet to take part in the all-reduce */
+    loom_step_result part_mine;
+    bool           reduce_pending;
+    int64_t        pending_step;
     char           task[64];   /* "worker:1", for messages */
 } multi_worker;
 
@@ -150,32 +162,31 @@ static void mw_close(loom_strategy *s)
     loom_free(mw);
 }
 
-/* One step of the job: this worker's gradients (batch NULL: none), the
- * all-reduce across workers with the tail, the update. */
-static int mw_step(loom_strategy *s, const loom_elem *batch, int64_t step, loom_step_result *out, loom_err *err)
+/* The cross-worker half of a step: this worker's local sum (in replica 0's
+ * buffer; lrc: its computation failed, zeros go instead) and results ride
+ * the all-reduce with the tail; *out gets the job's results and g (the
+ * stage) the job's gradients, rescaled for a short global batch. */
+static int reduce_across(multi_worker *mw, int lrc, const loom_err *lerr, const loom_step_result *mine, int64_t step,
+                         loom_step_result *out, loom_err *err)
 {
-    multi_worker *mw = s->impl;
-    loom_step_result mine;
-    loom_err lerr;
-    int lrc = loom_replicated_grads_(&mw->local, batch, step, &mine, &lerr);
     float *g = mw->stage, *tail = mw->stage + mw->P;
     if (lrc) memset(g, 0, (size_t)mw->P * sizeof(float));
     else memcpy(g, loom_replicated_grads0_(&mw->local), (size_t)mw->P * sizeof(float));
     tail[TAIL_STOP] = mw->stop_req ? 1.0f : 0.0f;
-    tail[TAIL_LOSS] = (float)mine.loss_sum;
-    tail[TAIL_CORRECT] = (float)mine.correct;
-    tail[TAIL_EXAMPLES] = (float)mine.examples;
+    tail[TAIL_LOSS] = (float)mine->loss_sum;
+    tail[TAIL_CORRECT] = (float)mine->correct;
+    tail[TAIL_EXAMPLES] = (float)mine->examples;
     tail[TAIL_FAILED] = lrc ? 1.0f : 0.0f;
     mw->stop_req = false;
     if (mw->group) {
         int rc = loom_group_all_reduce(mw->group, mw->stage, mw->P + TAIL_N, err);
         if (rc) {
-            if (lrc) *err = lerr; /* this worker's own failure explains it better */
+            if (lrc) *err = *lerr; /* this worker's own failure explains it better */
             return lrc ? lrc : rc;
         }
     }
     if (lrc) {
-        *err = lerr;
+        *err = *lerr;
         return lrc;
     }
     if (tail[TAIL_FAILED] > 0)
@@ -189,12 +200,25 @@ static int mw_step(loom_strategy *s, const loom_elem *batch, int64_t step, loom_
     out->loss_sum = tail[TAIL_LOSS];
     out->correct = (int64_t)tail[TAIL_CORRECT];
     out->examples = (int64_t)tail[TAIL_EXAMPLES];
-    if (out->examples == 0) return LOOM_OK; /* every worker's input had ended: no update */
-    if (out->examples != mw->global_batch) { /* a short global batch: the losses over its own size */
+    if (out->examples > 0 && out->examples != mw->global_batch) { /* a short global batch: the losses over its own size */
         float k = (float)((double)mw->global_batch / (double)out->examples);
         for (int64_t i = 0; i < mw->P; i++) g[i] *= k;
     }
-    return loom_replicated_apply_(&mw->local, g, step, err);
+    return LOOM_OK;
+}
+
+/* One step of the job: this worker's gradients (batch NULL: none), the
+ * all-reduce across workers with the tail, the update. */
+static int mw_step(loom_strategy *s, const loom_elem *batch, int64_t step, loom_step_result *out, loom_err *err)
+{
+    multi_worker *mw = s->impl;
+    loom_step_result mine;
+    loom_err lerr;
+    int lrc = loom_replicated_grads_(&mw->local, batch, step, &mine, &lerr);
+    int rc = reduce_across(mw, lrc, &lerr, &mine, step, out, err);
+    if (rc) return rc;
+    if (out->examples == 0) return LOOM_OK; /* every worker's input had ended: no update */
+    return loom_replicated_apply_(&mw->local, mw->stage, step, err);
 }
 
 static int mw_train_step(loom_strategy *s, const loom_elem *batch, int64_t step, loom_step_result *out, loom_err *err)
@@ -203,14 +227,86 @@ static int mw_train_step(loom_strategy *s, const loom_elem *batch, int64_t step,
     return mw_step(s, batch, step, out, err);
 }
 
+static int settle_pending(multi_worker *mw, loom_err *err);
+
 static int mw_end_of_data(loom_strategy *s, int64_t step, loom_step_result *out, bool *all_ended, loom_err *err)
 {
     multi_worker *mw = s->impl;
     *all_ended = true;
     if (!mw->group) return LOOM_OK;
-    int rc = mw_step(s, NULL, step, out, err);
+    int rc = settle_pending(mw, err);
+    if (!rc) rc = mw_step(s, NULL, step, out, err);
     *all_ended = !rc && out->examples == 0;
     return rc;
+}
+
+/* ---- custom training steps (a Lua train_step) ------------------------------------------ */
+
+/* A custom step that ran FORWARD in step `pending_step` but never called
+ * all_reduce_gradients: the other workers wait in that step's all-reduce.
+ * It takes part now, carrying the failure flag, so every worker stops
+ * naming the step instead of pairing this worker's next all-reduce with
+ * that one. */
+static int settle_pending(multi_worker *mw, loom_err *err)
+{
+    if (!mw->reduce_pending) return LOOM_OK;
+    mw->reduce_pending = false;
+    loom_err lerr;
+    loom_err_set(&lerr, LOOM_ELUA, NULL, "the custom train_step did not call ctx:all_reduce_gradients() in step %lld: "
+                 "under multi_worker_mirrored every worker's train_step must call it once per step (the other workers "
+                 "wait for it)", (long long)mw->pending_step + 1);
+    loom_err_hint(&lerr, "call ctx:all_reduce_gradients() in every step, on every worker; decide to skip an update "
+                  "from values every worker shares (after the all-reduce)");
+    loom_step_result none = {0}, out;
+    return reduce_across(mw, LOOM_ELUA, &lerr, &none, mw->pending_step, &out, err);
+}
+
+/* FORWARD, LOSS, BACKWARD and APPLY are mirrored's on this worker's
+ * replicas; ALL_REDUCE sums the gradients over them, then across the
+ * workers (the tail with them, as in the built-in step: stop, results,
+ * failure), and every local replica's buffer gets the job's sum, so a clip
+ * after it and APPLY see what every worker sees. per_replica[0] gets the
+ * job's results at ALL_REDUCE (the others zero): the step's result is the
+ * job's, as the built-in step reports it. */
+static int mw_step_part(loom_strategy *s, loom_step_part part, const loom_elem *batch, int64_t step,
+                        loom_step_result *per_replica, loom_err *err)
+{
+    multi_worker *mw = s->impl;
+    int nloc = mw->local.ops->num_replicas(&mw->local), rc;
+    if (part == LOOM_PART_FORWARD) {
+        if (mw->reduce_pending && mw->pending_step != step && (rc = settle_pending(mw, err))) return rc;
+        mw->reduce_pending = true;
+        mw->pending_step = step;
+    }
+    if (part != LOOM_PART_ALL_REDUCE) {
+        rc = mw->local.ops->step_part(&mw->local, part, batch, step, per_replica, err);
+        if (!rc && part == LOOM_PART_LOSS) {
+            memset(&mw->part_mine, 0, sizeof mw->part_mine);
+            for (int r = 0; r < nloc; r++) {
+                mw->part_mine.loss_sum += per_replica[r].loss_sum;
+                mw->part_mine.correct += per_replica[r].correct;
+                mw->part_mine.examples += per_replica[r].examples;
+            }
+        }
+        return rc;
+    }
+    mw->reduce_pending = false;
+    loom_err lerr;
+    int lrc = mw->local.ops->step_part(&mw->local, part, batch, step, per_replica, &lerr);
+    loom_step_result job = {0};
+    if ((rc = reduce_across(mw, lrc, &lerr, &mw->part_mine, step, &job, err))) return rc;
+    for (int r = 0; r < nloc; r++) {
+        memcpy(loom_model_grads(mw->local.ops->replica(&mw->local, r)), mw->stage, (size_t)mw->P * sizeof(float));
+        memset(&per_replica[r], 0, sizeof per_replica[r]);
+    }
+    per_replica[0] = job;
+    return LOOM_OK;
+}
+
+static loom_model *mw_replica(loom_strategy *s, int r)
+{
+    multi_worker *mw = s->impl;
+    return mw->local.ops->replica(&mw->local, r);
 }
 
 static int mw_eval_step(loom_strategy *s, const loom_elem *batch, loom_step_result *out, loom_err *err)
@@ -369,6 +465,8 @@ static const loom_strategy_ops multi_worker_ops = {
     .optimizer = mw_optimizer,
     .sync = mw_sync,
     .num_replicas = mw_num_replicas,
+    .step_part = mw_step_part,
+    .replica = mw_replica,
     .caps = LOOM_STRATEGY_OWN_THREADS,
     .print_plan = mw_print_plan,
     .where = mw_where,
