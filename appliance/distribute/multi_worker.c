@@ -52,7 +52,9 @@
 #include "distribute.h"
 #include "mirrored_internal.h"
 
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 enum { TAIL_STOP, TAIL_LOSS, TAIL_CORRECT, TAIL_EXAMPLES, TAIL_FAILED, TAIL_N };
@@ -66,7 +68,24 @@ typedef struct multi_worker {
     int            workers, rank;
     int64_t        global_batch;
     int64_t        P;
-    float         *stage;      /* (P + TAIL_N): replica 0's sum, then the job's */
+    float         *stage;      /* the all-reduce buffer: g and tail (see stage_layout) */
+    float         *g, *tail;   /* (P,) replica 0's sum, then the job's; (TAIL_N,) */
+    /* packs (strategy.bytes_per_pack / num_packs), all-reduced across the
+     * workers one after the other in plan order (the last layers' first);
+     * the last carries the tail */
+    const loom_pack *packs;
+    int            n_packs;
+    int            staged;     /* packs copied into g (and announced) during this step's backward */
+    /* overlap: the communicator thread all-reduces the packs as the
+     * backward pass announces them (LOOM_OVERLAP=0: after it, on the train thread) */
+    bool           overlap, thread_started, quit;
+    pthread_t      thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int            submitted, reduced; /* packs handed to the thread, and done by it (under mu) */
+    int            comm_rc;            /* the first failure of this step's pack all-reduces (under mu) */
+    loom_err       comm_err;
+    int64_t        packs_early, packs_total; /* announced during backward, and all (the chief logs them) */
     bool           stop_req, stop_seen;
     /* a custom (Lua) step: this worker's results (LOSS), and whether the
      * step that ran FORWARD has yet to take part in the all-reduce */
@@ -122,6 +141,8 @@ static int refuse_nccl(const loom_strategy_spec *st, loom_err *err)
     return loom_err_hint(err, "use communication = \"ring\" (or \"auto\"): the cluster transport's ring all-reduce");
 }
 
+static int start_communicator(multi_worker *mw, loom_err *err);
+
 static int mw_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
 {
     multi_worker *mw = loom_calloc(1, sizeof *mw);
@@ -141,11 +162,20 @@ static int mw_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     int rc = loom_replicated_open_(&mw->local, a, mw->rank * nloc, mw->global_batch, err);
     if (rc) return rc;
     mw->P = loom_replicated_num_params_(&mw->local);
-    mw->stage = loom_alloc_aligned((size_t)(mw->P + TAIL_N) * sizeof(float));
+    mw->packs = loom_replicated_packs_(&mw->local, &mw->n_packs);
+    /* one pack: g then the tail, one all-reduce of P + TAIL_N floats; several:
+     * the tail just before g (which stays on a 64-byte line), so the last pack
+     * reduced (the first layers', at offset 0) carries it */
+    mw->stage = loom_alloc_aligned((size_t)(16 + mw->P + TAIL_N) * sizeof(float));
     if (!mw->stage) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the all-reduce buffer (%lld floats)",
                                         (long long)(mw->P + TAIL_N));
+    if (mw->n_packs <= 1) mw->g = mw->stage, mw->tail = mw->g + mw->P;
+    else mw->g = mw->stage + 16, mw->tail = mw->g - TAIL_N;
     if (mw->workers == 1 || a->plan_only) return LOOM_OK;
     if ((rc = loom_group_open(&mw->group, a->cluster, st->collective_timeout, err))) return rc;
+    const char *ov = getenv("LOOM_OVERLAP");
+    mw->overlap = mw->n_packs > 1 && !(ov && !strcmp(ov, "0"));
+    if (mw->overlap && (rc = start_communicator(mw, err))) return rc;
     /* the chief's initial variables on every worker (they agree already: the same seed) */
     rc = loom_group_broadcast(mw->group, loom_model_params(loom_strategy_model(&mw->local)),
                               (size_t)mw->P * sizeof(float), 0, err);
@@ -156,30 +186,151 @@ static void mw_close(loom_strategy *s)
 {
     multi_worker *mw = s->impl;
     if (!mw) return;
+    if (mw->thread_started) {
+        pthread_mutex_lock(&mw->mu);
+        mw->quit = true;
+        pthread_cond_broadcast(&mw->cv);
+        pthread_mutex_unlock(&mw->mu);
+        pthread_join(mw->thread, NULL);
+        pthread_mutex_destroy(&mw->mu);
+        pthread_cond_destroy(&mw->cv);
+        if (mw->rank == 0 && mw->packs_total > 0)
+            loom_info("multi_worker_mirrored: %lld of %lld pack all-reduces across the workers started while the "
+                      "backward pass still ran (%d packs a step)", (long long)mw->packs_early,
+                      (long long)mw->packs_total, mw->n_packs);
+    }
     loom_group_close(mw->group);
     if (mw->local_open) mw->local.ops->close(&mw->local);
     loom_free(mw->stage);
     loom_free(mw);
 }
 
+/* Pack k's range of the stage: the last pack carries the tail, just before it. */
+static float *pack_buf(const multi_worker *mw, int k, int64_t *count)
+{
+    float *b = mw->g + mw->packs[k].offset;
+    *count = mw->packs[k].count;
+    if (k == mw->n_packs - 1) b -= TAIL_N, *count += TAIL_N;
+    return b;
+}
+
+/* The communicator: all-reduces the packs handed to it, in order; after a
+ * failure it only counts the rest off (every worker fails the step). It
+ * drives the group while a step runs; the train thread drives it between
+ * steps (broadcasts, iterator states), never both at once: a step waits for
+ * every pack before it returns. */
+static void *communicator(void *arg)
+{
+    multi_worker *mw = arg;
+    pthread_mutex_lock(&mw->mu);
+    for (;;) {
+        while (!mw->quit && mw->reduced == mw->submitted) pthread_cond_wait(&mw->cv, &mw->mu);
+        if (mw->quit) break;
+        int k = mw->reduced, failed = mw->comm_rc;
+        pthread_mutex_unlock(&mw->mu);
+        loom_err e;
+        int64_t count;
+        float *b = pack_buf(mw, k, &count);
+        int rc = failed ? LOOM_OK : loom_group_all_reduce(mw->group, b, count, &e);
+        pthread_mutex_lock(&mw->mu);
+        if (rc && !mw->comm_rc) mw->comm_rc = rc, mw->comm_err = e;
+        mw->reduced++;
+        pthread_cond_broadcast(&mw->cv);
+    }
+    pthread_mutex_unlock(&mw->mu);
+    return NULL;
+}
+
+static int start_communicator(multi_worker *mw, loom_err *err)
+{
+    pthread_mutex_init(&mw->mu, NULL);
+    pthread_cond_init(&mw->cv, NULL);
+    if (pthread_create(&mw->thread, NULL, communicator, mw)) {
+        pthread_mutex_destroy(&mw->mu);
+        pthread_cond_destroy(&mw->cv);
+        return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot start the communicator thread");
+    }
+    mw->thread_started = true;
+    return LOOM_OK;
+}
+
+static void submit(multi_worker *mw, int upto)
+{
+    pthread_mutex_lock(&mw->mu);
+    if (upto > mw->submitted) mw->submitted = upto;
+    pthread_cond_broadcast(&mw->cv);
+    pthread_mutex_unlock(&mw->mu);
+}
+
+/* loom_replicated_grads_'s announcement (replica 0's thread, during
+ * backward): pack k's local sum is final. The last pack waits for the tail. */
+static void on_pack_ready(void *arg, int k)
+{
+    multi_worker *mw = arg;
+    if (k != mw->staged || k >= mw->n_packs - 1) return;
+    const loom_pack *p = &mw->packs[k];
+    memcpy(mw->g + p->offset, loom_replicated_grads0_(&mw->local) + p->offset, (size_t)p->count * sizeof(float));
+    mw->staged = k + 1;
+    mw->packs_early++;
+    submit(mw, mw->staged);
+}
+
+/* A step's all-reduces across the workers: one of P + TAIL_N floats with one
+ * pack; with several, pack by pack in plan order, on the communicator
+ * (handing it what backward did not) or here: the same calls either way. */
+static int all_reduce_packs(multi_worker *mw, loom_err *err)
+{
+    if (mw->n_packs <= 1) return loom_group_all_reduce(mw->group, mw->stage, mw->P + TAIL_N, err);
+    mw->packs_total += mw->n_packs;
+    if (!mw->overlap) {
+        for (int k = 0; k < mw->n_packs; k++) {
+            int64_t count;
+            float *b = pack_buf(mw, k, &count);
+            int rc = loom_group_all_reduce(mw->group, b, count, err);
+            if (rc) return rc;
+        }
+        return LOOM_OK;
+    }
+    submit(mw, mw->n_packs);
+    pthread_mutex_lock(&mw->mu);
+    while (mw->reduced < mw->n_packs) pthread_cond_wait(&mw->cv, &mw->mu);
+    int rc = mw->comm_rc;
+    if (rc) *err = mw->comm_err;
+    mw->submitted = mw->reduced = 0, mw->comm_rc = 0;
+    pthread_mutex_unlock(&mw->mu);
+    return rc;
+}
+
+/* Before a step: nothing staged; the communicator idle (it finished the last step's packs). */
+static void begin_step(multi_worker *mw)
+{
+    mw->staged = 0;
+    if (mw->overlap) loom_replicated_set_pack_ready_(&mw->local, on_pack_ready, mw);
+}
+
 /* The cross-worker half of a step: this worker's local sum (in replica 0's
  * buffer; lrc: its computation failed, zeros go instead) and results ride
  * the all-reduce with the tail; *out gets the job's results and g (the
- * stage) the job's gradients, rescaled for a short global batch. */
+ * stage) the job's gradients, rescaled for a short global batch. Packs
+ * staged during backward are already on their way. */
 static int reduce_across(multi_worker *mw, int lrc, const loom_err *lerr, const loom_step_result *mine, int64_t step,
                          loom_step_result *out, loom_err *err)
 {
-    float *g = mw->stage, *tail = mw->stage + mw->P;
-    if (lrc) memset(g, 0, (size_t)mw->P * sizeof(float));
-    else memcpy(g, loom_replicated_grads0_(&mw->local), (size_t)mw->P * sizeof(float));
+    float *g = mw->g, *tail = mw->tail;
+    if (mw->overlap) loom_replicated_set_pack_ready_(&mw->local, NULL, NULL);
+    /* packs are in plan order from the top of the buffer down: the unstaged ones are [0, from) */
+    int64_t from = mw->staged ? mw->packs[mw->staged].offset + mw->packs[mw->staged].count : mw->P;
+    if (lrc) memset(g, 0, (size_t)from * sizeof(float));
+    else memcpy(g, loom_replicated_grads0_(&mw->local), (size_t)from * sizeof(float));
     tail[TAIL_STOP] = mw->stop_req ? 1.0f : 0.0f;
     tail[TAIL_LOSS] = (float)mine->loss_sum;
     tail[TAIL_CORRECT] = (float)mine->correct;
     tail[TAIL_EXAMPLES] = (float)mine->examples;
     tail[TAIL_FAILED] = lrc ? 1.0f : 0.0f;
     mw->stop_req = false;
+    mw->staged = 0;
     if (mw->group) {
-        int rc = loom_group_all_reduce(mw->group, mw->stage, mw->P + TAIL_N, err);
+        int rc = all_reduce_packs(mw, err);
         if (rc) {
             if (lrc) *err = *lerr; /* this worker's own failure explains it better */
             return lrc ? lrc : rc;
@@ -214,11 +365,12 @@ static int mw_step(loom_strategy *s, const loom_elem *batch, int64_t step, loom_
     multi_worker *mw = s->impl;
     loom_step_result mine;
     loom_err lerr;
+    begin_step(mw);
     int lrc = loom_replicated_grads_(&mw->local, batch, step, &mine, &lerr);
     int rc = reduce_across(mw, lrc, &lerr, &mine, step, out, err);
     if (rc) return rc;
     if (out->examples == 0) return LOOM_OK; /* every worker's input had ended: no update */
-    return loom_replicated_apply_(&mw->local, mw->stage, step, err);
+    return loom_replicated_apply_(&mw->local, mw->g, step, err);
 }
 
 static int mw_train_step(loom_strategy *s, const loom_elem *batch, int64_t step, loom_step_result *out, loom_err *err)
@@ -296,7 +448,7 @@ static int mw_step_part(loom_strategy *s, loom_step_part part, const loom_elem *
     loom_step_result job = {0};
     if ((rc = reduce_across(mw, lrc, &lerr, &mw->part_mine, step, &job, err))) return rc;
     for (int r = 0; r < nloc; r++) {
-        memcpy(loom_model_grads(mw->local.ops->replica(&mw->local, r)), mw->stage, (size_t)mw->P * sizeof(float));
+        memcpy(loom_model_grads(mw->local.ops->replica(&mw->local, r)), mw->g, (size_t)mw->P * sizeof(float));
         memset(&per_replica[r], 0, sizeof per_replica[r]);
     }
     per_replica[0] = job;
