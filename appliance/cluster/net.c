@@ -701,34 +701,36 @@ static const loom_task_addr *task_addr(const loom_cluster *c, loom_role role, in
     return &c->tasks[role][index];
 }
 
-static int tls_setup(loom_net *n, const loom_cluster *c, loom_err *err)
+int loom_net_tls_ctx_(const loom_cluster *c, SSL_CTX **out, loom_err *err)
 {
-    n->ssl = SSL_CTX_new(TLS_method());
-    if (!n->ssl) return loom_err_set(err, LOOM_ENET, NULL, "cannot create a TLS context");
-    SSL_CTX_set_min_proto_version(n->ssl, TLS1_2_VERSION);
+    SSL_CTX *ctx = *out = SSL_CTX_new(TLS_method());
+    if (!ctx) return loom_err_set(err, LOOM_ENET, NULL, "cannot create a TLS context");
+    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
     char eb[256];
     if (!c->tls_cert[0] || !c->tls_key[0])
         return loom_err_set(err, LOOM_ECONFIG, "cluster.tls", "cluster.tls needs cluster.tls_cert and cluster.tls_key");
-    if (SSL_CTX_use_certificate_chain_file(n->ssl, c->tls_cert) != 1) {
+    if (SSL_CTX_use_certificate_chain_file(ctx, c->tls_cert) != 1) {
         ERR_error_string_n(ERR_get_error(), eb, sizeof eb);
         return loom_err_set(err, LOOM_ECONFIG, c->tls_cert, "cannot load the TLS certificate: %s", eb);
     }
-    if (SSL_CTX_use_PrivateKey_file(n->ssl, c->tls_key, SSL_FILETYPE_PEM) != 1 || SSL_CTX_check_private_key(n->ssl) != 1) {
+    if (SSL_CTX_use_PrivateKey_file(ctx, c->tls_key, SSL_FILETYPE_PEM) != 1 || SSL_CTX_check_private_key(ctx) != 1) {
         ERR_error_string_n(ERR_get_error(), eb, sizeof eb);
         return loom_err_set(err, LOOM_ECONFIG, c->tls_key, "cannot load the TLS key: %s", eb);
     }
     if (c->tls_ca[0]) {
-        if (SSL_CTX_load_verify_locations(n->ssl, c->tls_ca, NULL) != 1) {
+        if (SSL_CTX_load_verify_locations(ctx, c->tls_ca, NULL) != 1) {
             ERR_error_string_n(ERR_get_error(), eb, sizeof eb);
             return loom_err_set(err, LOOM_ECONFIG, c->tls_ca, "cannot load the TLS CA: %s", eb);
         }
         /* Both ends present certificates signed by the CA (names are not
          * checked: tasks are addressed by IP as often as by name; the shared
          * secret binds the peer's identity). */
-        SSL_CTX_set_verify(n->ssl, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
+        SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
     }
     return LOOM_OK;
 }
+
+static int tls_setup(loom_net *n, const loom_cluster *c, loom_err *err) { return loom_net_tls_ctx_(c, &n->ssl, err); }
 
 static void net_free(loom_net *n)
 {

@@ -15,6 +15,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -999,6 +1000,88 @@ static void test_tls(void)
     }
 }
 
+/* ---- what crosses the ring's data connections under cluster.tls ----------- */
+
+/* Rank 0 all-reduces a buffer whose bytes spell "PLAINGRADIENT-###"; rank 1,
+ * before entering the collective, peeks (MSG_PEEK: the collective still
+ * reads them) at what arrived on its data connection from rank 0. With TLS:
+ * TLS application-data records (type 23, version 3.3) and not one copy of
+ * the pattern; without (LOOM_RING_TLS=0): the pattern, so the check can see
+ * plaintext. The sum is right either way. */
+static int data_expect_tls;
+static int peek_rank(int rank, int n)
+{
+    loom_group *g = open_group(rank, n, 20);
+    if (!g) return 1;
+    enum { COUNT = 8192 }; /* 32 KiB: the small all-reduce, sent at once */
+    float *b = malloc(COUNT * sizeof(float));
+    static const char pat[] = "PLAINGRADIENT-#";
+    for (size_t i = 0; i < COUNT * sizeof(float); i++) ((char *)b)[i] = pat[i % 16 == 15 ? 14 : i % 16];
+    float *want = malloc(COUNT * sizeof(float));
+    for (int i = 0; i < COUNT; i++) want[i] = b[i] + b[i];
+    loom_err err = {0};
+    if (rank == 1) {
+        int fd = loom_group_data_fd_(g, true);
+        struct pollfd pf = {fd, POLLIN, 0};
+        CHECK(poll(&pf, 1, 10000) == 1);
+        usleep(200000); /* the rest of rank 0's send */
+        uint8_t *seen = malloc(1 << 17);
+        ssize_t got = recv(fd, seen, 1 << 17, MSG_PEEK | MSG_DONTWAIT);
+        CHECK_MSG(got > 1000, "peeked %zd bytes", got);
+        bool plain = got > 0 && memmem(seen, (size_t)got, pat, 14) != NULL;
+        bool record = got >= 5 && seen[0] == 23 && seen[1] == 3 && seen[2] == 3;
+        if (data_expect_tls)
+            CHECK_MSG(!plain && record, "TLS: %zd bytes, plaintext pattern %s, first bytes %02x %02x %02x", got,
+                      plain ? "found" : "absent", seen[0], seen[1], seen[2]);
+        else
+            CHECK_MSG(plain, "clear: the pattern is not in the %zd bytes peeked", got);
+        printf("# rank 1 peeked %zd bytes from rank 0: %s, first bytes %02x %02x %02x\n", got,
+               plain ? "the plaintext pattern" : "no plaintext pattern", seen[0], seen[1], seen[2]);
+        free(seen);
+    }
+    int rc = loom_group_all_reduce(g, b, COUNT, &err);
+    CHECK_MSG(rc == 0, "all_reduce: %s", err.msg);
+    CHECK(!memcmp(b, want, COUNT * sizeof(float)));
+    /* and a large one (the pipelined ring and, with 2 cores per rank, the sender thread) */
+    int64_t big = 3 << 20;
+    float *x = malloc((size_t)big * sizeof(float));
+    for (int64_t i = 0; i < big; i++) x[i] = val(rank, i);
+    rc = loom_group_all_reduce(g, x, big, &err);
+    CHECK_MSG(rc == 0, "large all_reduce: %s", err.msg);
+    bool ok = true;
+    for (int64_t i = 0; i < big && ok; i++) ok = x[i] == val(0, i) + val(1, i);
+    CHECK_MSG(ok, "large all-reduce over %s is wrong", data_expect_tls ? "TLS" : "clear TCP");
+    free(x), free(b), free(want);
+    loom_group_close(g);
+    return 0;
+}
+
+static void test_tls_data_plane(void)
+{
+    int st[MAXR];
+    for (int k = 0; k < 2; k++) {
+        new_ports(2);
+        knob.tls[0] = knob.tls[1] = 1;
+        data_expect_tls = k == 0;
+        if (k == 1) setenv("LOOM_RING_TLS", "0", 1);
+        run_ranks(2, peek_rank, 60, st);
+        unsetenv("LOOM_RING_TLS");
+        check_all_ok(2, st);
+    }
+    /* 3 ranks over TLS: the one-hop small path (both directions of each connection) and the ring */
+    new_ports(3);
+    knob.tls[0] = knob.tls[1] = knob.tls[2] = 1;
+    run_ranks(3, all_reduce_rank, 60, st);
+    check_all_ok(3, st);
+    /* the sender thread over TLS */
+    new_ports(2);
+    knob.tls[0] = knob.tls[1] = 1;
+    setenv("LOOM_RING_SENDER", "1", 1);
+    run_ranks(2, all_reduce_rank, 60, st);
+    unsetenv("LOOM_RING_SENDER");
+    check_all_ok(2, st);
+}
+
 static const loom_test tests[] = {
     {"frames", test_frames},
     {"handshake", test_handshake},
@@ -1020,6 +1103,7 @@ static const loom_test tests[] = {
     {"tls", test_tls},
     {"no_secret", test_no_secret},
     {"send_queue_bounded", test_send_queue_bounded},
+    {"tls_data_plane", test_tls_data_plane},
     {0},
 };
 
