@@ -39,9 +39,16 @@
  * all_reduce_gradients once per step; one that does not is found at its
  * next step and stops the job naming the step.
  *
- * Packs are reduced as one buffer after the backward pass: the reduction does
- * not yet overlap the backward pass (strategy.bytes_per_pack packs only the
- * local reduction).
+ * Packs (strategy.bytes_per_pack / num_packs; default one) overlap the
+ * reduction with the backward pass, as DDP's buckets do: nn calls a hook as
+ * each layer's gradients become final (last layer first); mirrored sums
+ * each finished pack over the local replicas there, and replica 0 hands it
+ * to this strategy's communicator thread, which all-reduces it across the
+ * workers while backward goes on for the earlier layers. The last pack (the
+ * first layers') carries the tail and goes after the step. The all-reduce
+ * calls are the same, in the same order, as reducing the packs after the
+ * backward pass (LOOM_OVERLAP=0), so the bits are too; with one pack the step
+ * is one all-reduce of P + TAIL_N floats, as before packs existed.
  *
  * strategy.communication: "ring" (and "auto", which is the ring on CPU) is
  * the group's ring; "nccl" is refused for now (the nccl plugin reduces within
@@ -594,6 +601,10 @@ static void mw_print_plan(loom_strategy *s, int64_t global_batch, FILE *f)
             "per step (the gradients plus %d of agreement: stop, loss, correct, examples, failure); the chief "
             "broadcasts the variables at the start and after a restore\n",
             loom_communication_name(s->args->spec->strategy.communication), (long long)(mw->P + TAIL_N), TAIL_N);
+    if (mw->n_packs > 1)
+        fprintf(f, "  in %d packs (strategy.bytes_per_pack / num_packs), each all-reduced across the workers as soon as "
+                "backward has finished it, the last layers' first, on a communicator thread (LOOM_OVERLAP=0: after "
+                "backward); the same bits either way\n", mw->n_packs);
     fprintf(f, "  on this worker: ");
     mw->local.ops->print_plan(&mw->local, per_worker, f);
 }
