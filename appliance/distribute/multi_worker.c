@@ -75,7 +75,7 @@ typedef struct multi_worker {
     int            workers, rank;
     int64_t        global_batch;
     int64_t        P;
-    float         *stage;      /* the all-reduce buffer: g and tail (see stage_layout) */
+    float         *stage;      /* the all-reduce buffer: g and tail (laid out in mw_open) */
     float         *g, *tail;   /* (P,) replica 0's sum, then the job's; (TAIL_N,) */
     /* packs (strategy.bytes_per_pack / num_packs), all-reduced across the
      * workers one after the other in plan order (the last layers' first);
@@ -176,6 +176,7 @@ static int mw_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     mw->stage = loom_alloc_aligned((size_t)(16 + mw->P + TAIL_N) * sizeof(float));
     if (!mw->stage) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the all-reduce buffer (%lld floats)",
                                         (long long)(mw->P + TAIL_N));
+    LOOM_ASSERT(mw->n_packs >= 1 && mw->packs[mw->n_packs - 1].offset == 0); /* plan order: top of the buffer down */
     if (mw->n_packs <= 1) mw->g = mw->stage, mw->tail = mw->g + mw->P;
     else mw->g = mw->stage + 16, mw->tail = mw->g - TAIL_N;
     if (mw->workers == 1 || a->plan_only) return LOOM_OK;
