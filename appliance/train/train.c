@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* Everything a command needs: the pipelines and the strategy. */
@@ -1050,22 +1051,50 @@ static int64_t final_step(const char *dir, double after_wall)
     return k && v >= 0 ? (int64_t)v : -1;
 }
 
-/* The newest step an earlier watcher of this model_dir evaluated (its
- * "eval" lines in metrics.jsonl), or -1. */
-static int64_t last_watched(const char *metrics_path)
+/* The evaluations an earlier watcher of this model_dir wrote (its "eval"
+ * lines in metrics.jsonl): (step, wall_time) pairs, *n of them. */
+typedef struct watched {
+    int64_t step;
+    double  at;
+} watched;
+
+static watched *read_watched(const char *metrics_path, int *n)
 {
+    *n = 0;
     FILE *f = fopen(metrics_path, "r");
-    if (!f) return -1;
+    if (!f) return NULL;
     char line[4096];
-    int64_t last = -1;
+    watched *w = NULL;
+    int cap = 0;
     static const char key[] = "{\"event\": \"eval\", \"step\": ";
-    while (fgets(line, sizeof line, f))
-        if (!strncmp(line, key, sizeof key - 1)) {
-            long long v = strtoll(line + sizeof key - 1, NULL, 10);
-            if (v > last) last = v;
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, key, sizeof key - 1)) continue;
+        const char *t = strstr(line, "\"wall_time\": ");
+        if (!t) continue;
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 16;
+            watched *nw = loom_realloc(w, (size_t)cap * sizeof *w);
+            if (!nw) break;
+            w = nw;
         }
+        w[*n].step = strtoll(line + sizeof key - 1, NULL, 10);
+        w[(*n)++].at = strtod(t + 13, NULL);
+    }
     fclose(f);
-    return last;
+    return w;
+}
+
+/* Whether checkpoint `path` (of `step`) was evaluated by an earlier watcher:
+ * an eval line of its step written after the file (a --fresh run writes a
+ * new ckpt-<step>.loom, which is evaluated again). */
+static bool watched_before(const watched *w, int n, const char *path, int64_t step)
+{
+    struct stat sb;
+    if (stat(path, &sb)) return false;
+    double mtime = (double)sb.st_mtim.tv_sec + sb.st_mtim.tv_nsec * 1e-9;
+    for (int i = 0; i < n; i++)
+        if (w[i].step == step && w[i].at >= mtime) return true;
+    return false;
 }
 
 static volatile sig_atomic_t watch_signal;
@@ -1077,8 +1106,9 @@ static int watch_loop(run *r, const loom_watch_opts *o, const char *who, int *ev
     snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", r->model_dir);
     snprintf(eval_dir, sizeof eval_dir, "%s/eval", r->model_dir);
     double poll = o && o->poll_secs > 0 ? o->poll_secs : 0.2, idle = o ? o->idle_secs : 0;
-    int64_t last = last_watched(metrics_path);
-    if (last >= 0) loom_info("%s: checkpoints up to step %lld were evaluated before (metrics.jsonl)", who, (long long)last);
+    int n_before = 0;
+    watched *before = read_watched(metrics_path, &n_before);
+    int64_t last = -1;
     loom_summary *tb = NULL;
     int rc = LOOM_OK;
     double idle_since = loom_now();
@@ -1089,8 +1119,14 @@ static int watch_loop(run *r, const loom_watch_opts *o, const char *who, int *ev
                               (int)watch_signal, *evaluated, *evaluated == 1 ? "" : "s");
             break;
         }
-        int64_t fin = final_step(r->model_dir, o ? o->after_wall : 0), step;
+        int64_t fin = final_step(r->model_dir, o ? o->after_wall : 0), step, top;
         int newer = 0;
+        loom_err lerr;
+        if (last >= 0 && loom_ckpt_newest_after(r->model_dir, -1, path, &top, &newer, &lerr) == LOOM_OK && top < last) {
+            loom_info("%s: the checkpoints start over (newest step %lld, after step %lld: a --fresh run): watching "
+                      "them anew", who, (long long)top, (long long)last);
+            last = -1;
+        }
         rc = loom_ckpt_newest_after(r->model_dir, last, path, &step, &newer, err);
         if (rc == LOOM_EEOF) {
             rc = LOOM_OK;
@@ -1117,6 +1153,12 @@ static int watch_loop(run *r, const loom_watch_opts *o, const char *who, int *ev
             continue;
         }
         if (rc) break;
+        if (watched_before(before, n_before, path, step)) {
+            loom_info("%s: %s (step %lld) was evaluated before (metrics.jsonl)%s", who, path, (long long)step,
+                      newer > 1 ? "; so were, or are skipped, the older ones" : "");
+            last = step;
+            continue;
+        }
         if (newer > 1)
             loom_info("%s: %d new checkpoints: evaluating the newest (step %lld), skipping %d older", who, newer,
                       (long long)step, newer - 1);
@@ -1165,6 +1207,7 @@ static int watch_loop(run *r, const loom_watch_opts *o, const char *who, int *ev
         if (!rc && !tb && r->spec->run.summary_steps > 0) rc = loom_summary_open(&tb, eval_dir, -1, err);
         if (!rc) rc = log_eval(tb, step, loss, acc, err);
     }
+    loom_free(before);
     loom_err cerr;
     if (loom_summary_close(tb, &cerr) && !rc) *err = cerr, rc = cerr.code;
     return rc;

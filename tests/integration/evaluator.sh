@@ -65,7 +65,7 @@ timeout 60 "$LOOM" evaluate $CFG --watch --model-dir "$WORK/late" "${S[@]}" >"$W
 st=$?
 got=$(eval_steps "$WORK/late")
 [ $st -eq 0 ] && [ "$got" = "40 " ] && pass "a second watcher evaluates nothing twice" || fail "a second watcher evaluates nothing twice" "status $st, steps: $got" "$(tail -3 "$WORK/late2.out")"
-contains "it says what was evaluated before" "checkpoints up to step 40 were evaluated before" "$(cat "$WORK/late2.out")"
+contains "it says what was evaluated before" "ckpt-40.loom (step 40) was evaluated before (metrics.jsonl)" "$(cat "$WORK/late2.out")"
 
 # ---- loom evaluate --watch beside a one-process run (mirrored) ---------------------------
 ONE=(--set strategy.type=mirrored --set cluster.worker=[] --model-dir "$WORK/one")
@@ -89,6 +89,18 @@ st=$?
 got=$(eval_steps "$WORK/job")
 [ $st -eq 0 ] && [ "$got" = "10 20 30 40 50 60 " ] && pass "resumed to step 60: the evaluator evaluated 50 and 60 once" || fail "resumed to step 60: the evaluator evaluated 50 and 60 once" "status $st, steps: $got" "$(grep evaluator "$WORK/job60.out" | tail -4)"
 contains "final.json names the new end" '"step": 60' "$(cat "$WORK/job/final.json" 2>&1)"
+
+# ---- --fresh in the same model_dir: the new checkpoints are evaluated, not taken for the old ones ----
+timeout 120 "$LOOM" launch --local $CFG --workers 2 --evaluator --fresh --model-dir "$WORK/job" "${S[@]}" \
+    --set "$SLOW" --set run.max_steps=20 >"$WORK/fresh.out" 2>&1
+st=$?
+n10=$(grep -c '"event": "eval", "step": 10,' "$WORK/job/metrics.jsonl")
+n20=$(grep -c '"event": "eval", "step": 20,' "$WORK/job/metrics.jsonl")
+if [ $st -eq 0 ] && [ "$n20" = 2 ] && grep -q "training ended at step 20, evaluated" "$WORK/fresh.out"; then
+    pass "--fresh: the evaluator evaluates the new run's checkpoints (step 20 again; step 10: $n10 lines)"
+else
+    fail "--fresh: the evaluator evaluates the new run's checkpoints" "status $st, step 10: $n10 lines, step 20: $n20" "$(grep evaluator "$WORK/fresh.out" | tail -4)"
+fi
 
 # ---- nothing to watch --------------------------------------------------------------------
 expect_fail 1 "a watcher with nothing to watch gives up after --idle-timeout" "no new checkpoint for 1 s" \
