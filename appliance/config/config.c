@@ -62,7 +62,7 @@ const char *loom_cfg_name_(const char *const *names, int i)
 const char *loom_layer_kind_name(loom_layer_kind k) { return loom_cfg_name_(loom_layer_names_, (int)k); }
 const char *loom_activation_name(loom_activation a) { return loom_cfg_name_(loom_activation_names_, (int)a); }
 const char *loom_strategy_kind_name(loom_strategy_kind k) { return loom_cfg_name_(loom_strategy_names_, (int)k); }
-static const char *const loom_communication_names_[] = {"auto", "ring", "nccl", NULL};
+static const char *const loom_communication_names_[] = {"auto", "ring", "nccl", "mpi", NULL};
 const char *loom_communication_name(loom_communication c) { return loom_cfg_name_(loom_communication_names_, (int)c); }
 const char *loom_map_kind_name(loom_map_kind k) { return loom_cfg_name_(loom_map_names_, (int)k); }
 const char *loom_transform_kind_name(loom_transform_kind k) { return loom_cfg_name_(loom_transform_names_, (int)k); }
@@ -850,7 +850,7 @@ static const opt strategy_opts[] = {
     O_F64(loom_strategy_spec, "collective_timeout", collective_timeout, 0, 0.0, 0, F_NO_HI, STRAT_LOCAL_DEVICES, 0,
           "seconds a replica waits in a collective before the step fails with a stall report; 0 = forever"),
     O_ENUM(loom_strategy_spec, "communication", communication, LOOM_COMM_AUTO, loom_communication_names_, STRAT_MWM, 0,
-           "how gradients cross workers: \"ring\" (the cluster transport), \"nccl\", \"auto\" (ring on CPU)"),
+           "how gradients cross workers: \"ring\" (the cluster transport), \"nccl\", \"mpi\" (plugins), \"auto\" (ring on CPU)"),
     O_CUSTOM("options", parse_strategy_options, K(LOOM_STRAT_PLUGIN), 0,
              "a plugin strategy's own settings: KEY = value; ..."),
     O_STR(loom_strategy_spec, "device", device, "cpu:0", NULL, K(LOOM_STRAT_ONE_DEVICE), 0, "\"cpu:0\" or \"gpu:N\""),

@@ -354,7 +354,7 @@ typedef enum { LOOM_STRAT_ONE_DEVICE, LOOM_STRAT_MIRRORED, LOOM_STRAT_CENTRAL_ST
 #define LOOM_MAX_STRATEGY_OPTIONS 16
 
 /* multi_worker_mirrored: how gradients cross workers (tf CommunicationImplementation). */
-typedef enum { LOOM_COMM_AUTO, LOOM_COMM_RING, LOOM_COMM_NCCL } loom_communication;
+typedef enum { LOOM_COMM_AUTO, LOOM_COMM_RING, LOOM_COMM_NCCL, LOOM_COMM_MPI } loom_communication;
 const char *loom_communication_name(loom_communication c); /* "ring" */
 
 typedef struct loom_strategy_spec {
