@@ -28,7 +28,9 @@ cleanup() {
 trap cleanup EXIT
 # Open MPI's own allocations at MPI_Init are never freed (known, outside Loom):
 # under LeakSanitizer (the ASan suite) they are suppressed, nothing else is.
-export LSAN_OPTIONS="${LSAN_OPTIONS:+$LSAN_OPTIONS:}suppressions=$ROOT/tests/integration/mpi.lsan"
+# Full stacks, so that Open MPI's frames are there to match.
+export LSAN_OPTIONS="${LSAN_OPTIONS:+$LSAN_OPTIONS:}suppressions=$ROOT/tests/integration/mpi.lsan:print_suppressions=0"
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0"
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe --mca btl tcp,self --mca btl_tcp_if_include lo)
 
 # A base port with N free ports after it (another test may hold some).
