@@ -20,6 +20,13 @@ for cfg in configs/*.cfg; do
         expect_fail 2 "check $cfg without a usable GPU says what is missing" 'is not usable: ' "$LOOM" check "$cfg"
         continue
     fi
+    # an mpi config (configs/fashion_mnist_mpi.cfg) without the mpi plugin: check says it is missing
+    # (in one process it trains as one worker; tests/integration/mpi.sh runs it under mpirun)
+    if grep -q 'communication = "mpi"' "$cfg" && ! "$LOOM" plugins 2>&1 | grep -q 'cross-device ops "mpi"'; then
+        expect_fail 2 "check $cfg without the mpi plugin says it is missing" 'no cross-device op "mpi" is loaded' \
+            "$LOOM" check "$cfg"
+        continue
+    fi
     # a cluster config (configs/fashion_mnist_multi_worker.cfg) trains through loom launch --local;
     # until multi_worker_mirrored is in the build, its checks are skipped, saying so
     if grep -q "^cluster:" "$cfg"; then
