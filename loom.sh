@@ -15,6 +15,7 @@ cd "$(dirname "$0")"
 PACKAGES=(meson ninja-build pkg-config gcc libc6-dev
           libconfig-dev libzstd-dev liblua5.4-dev libevent-dev zlib1g-dev
           libjansson-dev libssl-dev
+          libpng-dev libjpeg62-turbo-dev   # decode_image: PNG and JPEG
           libopenblas-dev libopenblas0-pthread
           dataset-fashion-mnist)
 # The tests also make fixtures with python3 (the project itself never uses it).
