@@ -12,6 +12,10 @@ fi
 if grep -q "fashion_mnist_npy/" configs/*.cfg; then
     check "make runs/fashion_mnist_npy" "${LOOM_MAKE_FMNIST_NPY:-$(dirname "$LOOM")/tests/make_fmnist_npy}" runs/fashion_mnist_npy
 fi
+# and those reading PNG-encoded records (configs/fashion_mnist_png.cfg) theirs (tests/fixtures/make_fmnist_png.c)
+if grep -q "fashion_mnist_png/" configs/*.cfg; then
+    check "make runs/fashion_mnist_png" "${LOOM_MAKE_FMNIST_PNG:-$(dirname "$LOOM")/tests/make_fmnist_png}" runs/fashion_mnist_png
+fi
 gpus=$("$LOOM" devices 2>&1 | grep -c "gpu:[0-9]*  ")
 for cfg in configs/*.cfg; do
     name=$(basename "$cfg" .cfg)
