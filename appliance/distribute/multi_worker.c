@@ -51,11 +51,22 @@
  * is one all-reduce of P + TAIL_N floats, as before packs existed.
  *
  * strategy.communication: "ring" (and "auto", which is the ring on CPU) is
- * the group's ring; "nccl" is refused for now (the nccl plugin reduces within
- * one process; across hosts it needs its unique id exchanged over the
- * transport, which is not built yet).
+ * the group's ring; "mpi" and "nccl" name a plugin's cross-device op with
+ * collectives across processes (loom_cross_device_ops version 4: job_open,
+ * job_all_reduce, job_close): the gradient all-reduce goes through it (the
+ * mpi plugin's MPI_Allreduce, NCCL's ncclAllReduce), everything else (the
+ * variables' broadcast, iterator states, heartbeats, lost peers) stays on
+ * the group, which also carries the op's bootstrap (NCCL's unique id). After
+ * job_open every rank says whether it succeeded, so a rank that could not
+ * open the op stops the job at once instead of leaving the others waiting
+ * inside the library.
  *
- * Threads: driven from the train thread, which also drives the group. */
+ * With a plugin's op (mpi, nccl) the packs are reduced after backward, on
+ * the train thread: the libraries are not handed a second thread.
+ *
+ * Threads: driven from the train thread, which also drives the group, except
+ * that during a step with overlapping packs the communicator thread drives
+ * the group's all-reduces (the step waits for it before it returns). */
 #include "distribute.h"
 #include "mirrored_internal.h"
 
@@ -100,6 +111,10 @@ typedef struct multi_worker {
     bool           reduce_pending;
     int64_t        pending_step;
     char           task[64];   /* "worker:1", for messages */
+    const loom_cross_device_ops *job_ops; /* communication = "mpi" | "nccl": the plugin's op; NULL: the ring */
+    void          *job_comm;   /* job_ops' state */
+    loom_job_args  job_args;   /* what job_open got (valid until job_close) */
+    char           comm_where[600];
 } multi_worker;
 
 static int64_t last_batch_size(const loom_dataset_spec *d)
@@ -138,14 +153,96 @@ static int mw_input_context(const loom_strategy_args *a, loom_input_ctx *ctx, lo
     return LOOM_OK;
 }
 
-static int refuse_nccl(const loom_strategy_spec *st, loom_err *err)
+/* communication = "mpi" | "nccl": the plugin's cross-device op of that name
+ * with collectives across processes, else an error at the setting. */
+static int find_job_op(multi_worker *mw, const loom_strategy_spec *st, loom_err *err)
 {
-    char w[600];
-    loom_loc_str(st->communication_loc.file[0] ? &st->communication_loc : &st->loc, w, sizeof w);
-    loom_err_set(err, LOOM_EUNSUPPORTED, w, "%s\"nccl\" across workers is not supported yet: the nccl plugin "
-                 "reduces GPU buffers within one process, and its unique id is not yet exchanged over the cluster "
-                 "transport", strncmp(w, "--set ", 6) ? "strategy.communication: " : "");
-    return loom_err_hint(err, "use communication = \"ring\" (or \"auto\"): the cluster transport's ring all-reduce");
+    const char *name = loom_communication_name(st->communication), *origin = NULL;
+    loom_loc_str(st->communication_loc.file[0] ? &st->communication_loc : &st->loc, mw->comm_where,
+                 sizeof mw->comm_where);
+    const char *setting = strncmp(mw->comm_where, "--set ", 6) ? "strategy.communication: " : "";
+    const loom_cross_device_ops *x = loom_registry_find(LOOM_REG_CROSS_DEVICE_OPS, name, &origin);
+    if (loom_xops_job(x)) {
+        mw->job_ops = x;
+        return LOOM_OK;
+    }
+    if (!x) {
+        loom_err_set(err, LOOM_EUNSUPPORTED, mw->comm_where, "%s\"%s\": no cross-device op \"%s\" is loaded (the %s "
+                     "plugin is not built or not found)", setting, name, name, name);
+        return loom_err_hint(err, "%s; `loom plugins` lists what loaded and what was refused. Or use communication "
+                             "= \"ring\": the cluster transport's all-reduce",
+                             st->communication == LOOM_COMM_MPI
+                                 ? "the mpi plugin is built when Open MPI is found (Debian: libopenmpi-dev)"
+                                 : "the nccl plugin is built when the CUDA toolkit and NCCL are found");
+    }
+    loom_err_set(err, LOOM_EUNSUPPORTED, mw->comm_where, "%s\"%s\": the cross-device op \"%s\" (%s) has no "
+                 "collectives across processes (its vtable is version %u; job_open and job_all_reduce came in 4)",
+                 setting, name, name, origin ? origin : "built in", x->version);
+    return loom_err_hint(err, "rebuild the plugin against this loom's plugins/loom_plugin.h, or use communication = "
+                         "\"ring\"");
+}
+
+/* The bootstrap channel of loom_job_args: the group's collectives. */
+static int boot_broadcast(void *boot, void *buf, size_t len, int root, loom_err *err)
+{
+    return loom_group_broadcast(boot, buf, len, root, err);
+}
+
+static int boot_all_gather(void *boot, const void *buf, size_t len, void *out, loom_err *err)
+{
+    loom_group *g = boot;
+    int n = loom_group_size(g);
+    loom_buf *all = loom_calloc((size_t)n, sizeof *all);
+    if (!all) return loom_err_set(err, LOOM_ENOMEM, NULL, "gathering %d bootstrap messages", n);
+    int rc = loom_group_all_gather_bytes(g, buf, len, all, err);
+    for (int r = 0; r < n && !rc; r++) {
+        if (all[r].len != len)
+            rc = loom_err_set(err, LOOM_EUSAGE, NULL, "bootstrap all-gather: rank %d sent %zu bytes, this rank %zu",
+                              r, all[r].len, len);
+        else if (len)
+            memcpy((char *)out + (size_t)r * len, all[r].data, len);
+    }
+    for (int r = 0; r < n; r++) loom_buf_fini(&all[r]);
+    loom_free(all);
+    return rc;
+}
+
+/* Opens the op's job collectives on every rank, then every rank learns
+ * whether all of them could: a failure anywhere stops the whole job now. */
+static int open_job_op(multi_worker *mw, const loom_strategy_args *a, loom_err *err)
+{
+    mw->job_args = (loom_job_args){.size = sizeof(loom_job_args), .rank = mw->rank, .ranks = mw->workers,
+                                   .task = mw->task, .where = mw->comm_where,
+                                   .timeout_s = a->spec->strategy.collective_timeout, .boot = mw->group,
+                                   .boot_broadcast = boot_broadcast, .boot_all_gather = boot_all_gather};
+    loom_err own;
+    memset(&own, 0, sizeof own);
+    int orc = mw->job_ops->job_open(&mw->job_comm, &mw->job_args, &own);
+    if (orc && !own.where[0]) snprintf(own.where, sizeof own.where, "%.255s", mw->comm_where);
+    uint8_t mine = orc ? 1 : 0, *all = loom_calloc((size_t)mw->workers, 1);
+    if (!all) return loom_err_set(err, LOOM_ENOMEM, NULL, "agreeing on communication");
+    int rc = boot_all_gather(mw->group, &mine, 1, all, err);
+    char failed[256] = "";
+    size_t len = 0;
+    for (int r = 0; r < mw->workers && !rc; r++)
+        if (all[r] && len < sizeof failed) {
+            char t[64];
+            const loom_task_addr *ta = loom_cluster_rank_task(a->cluster, r);
+            len += (size_t)snprintf(failed + len, sizeof failed - len, "%s%s", len ? ", " : "",
+                                    ta ? loom_task_name(ta->role, ta->index, t, sizeof t) : "?");
+        }
+    loom_free(all);
+    if (orc) { /* this rank's own failure says most */
+        *err = own;
+        return orc;
+    }
+    if (rc) return rc;
+    if (failed[0])
+        return loom_err_set(err, LOOM_ENET, mw->comm_where, "communication = \"%s\" could not open on %s (see %s "
+                            "log); %s stops with it", mw->job_ops->name, failed, strchr(failed, ',') ? "their" : "its",
+                            mw->task),
+               loom_err_hint(err, "fix what that task reports, or use communication = \"ring\"");
+    return LOOM_OK;
 }
 
 static int start_communicator(multi_worker *mw, loom_err *err);
@@ -156,7 +253,6 @@ static int mw_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     if (!mw) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the multi_worker_mirrored strategy");
     s->impl = mw;
     const loom_strategy_spec *st = &a->spec->strategy;
-    if (st->communication == LOOM_COMM_NCCL) return refuse_nccl(st, err);
     mw->workers = n_workers(a);
     mw->rank = rank_of(a);
     if (a->cluster && a->cluster->rank >= 0) loom_task_name(a->cluster->role, a->cluster->index, mw->task, sizeof mw->task);
@@ -179,10 +275,16 @@ static int mw_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     LOOM_ASSERT(mw->n_packs >= 1 && mw->packs[mw->n_packs - 1].offset == 0); /* plan order: top of the buffer down */
     if (mw->n_packs <= 1) mw->g = mw->stage, mw->tail = mw->g + mw->P;
     else mw->g = mw->stage + 16, mw->tail = mw->g - TAIL_N;
+    if ((st->communication == LOOM_COMM_MPI || st->communication == LOOM_COMM_NCCL) &&
+        (rc = find_job_op(mw, st, err)))
+        return rc;
     if (mw->workers == 1 || a->plan_only) return LOOM_OK;
     if ((rc = loom_group_open(&mw->group, a->cluster, st->collective_timeout, err))) return rc;
+    if (mw->job_ops && (rc = open_job_op(mw, a, err))) return rc;
+    /* a plugin's op (MPI, NCCL) is driven from the train thread alone: its
+     * packs are reduced after backward */
     const char *ov = getenv("LOOM_OVERLAP");
-    mw->overlap = mw->n_packs > 1 && !(ov && !strcmp(ov, "0"));
+    mw->overlap = mw->n_packs > 1 && !mw->job_ops && !(ov && !strcmp(ov, "0"));
     if (mw->overlap && (rc = start_communicator(mw, err))) return rc;
     /* the chief's initial variables on every worker (they agree already: the same seed) */
     rc = loom_group_broadcast(mw->group, loom_model_params(loom_strategy_model(&mw->local)),
@@ -207,6 +309,7 @@ static void mw_close(loom_strategy *s)
                       "backward pass still ran (%d packs a step)", (long long)mw->packs_early,
                       (long long)mw->packs_total, mw->n_packs);
     }
+    if (mw->job_comm) mw->job_ops->job_close(mw->job_comm);
     loom_group_close(mw->group);
     if (mw->local_open) mw->local.ops->close(&mw->local);
     loom_free(mw->stage);
@@ -286,15 +389,21 @@ static void on_pack_ready(void *arg, int k)
 /* A step's all-reduces across the workers: one of P + TAIL_N floats with one
  * pack; with several, pack by pack in plan order, on the communicator
  * (handing it what backward did not) or here: the same calls either way. */
+static int cross_all_reduce(multi_worker *mw, float *buf, int64_t count, loom_err *err)
+{
+    return mw->job_ops ? mw->job_ops->job_all_reduce(mw->job_comm, buf, count, LOOM_REDUCE_SUM, err)
+                       : loom_group_all_reduce(mw->group, buf, count, err);
+}
+
 static int all_reduce_packs(multi_worker *mw, loom_err *err)
 {
-    if (mw->n_packs <= 1) return loom_group_all_reduce(mw->group, mw->stage, mw->P + TAIL_N, err);
+    if (mw->n_packs <= 1) return cross_all_reduce(mw, mw->stage, mw->P + TAIL_N, err);
     mw->packs_total += mw->n_packs;
     if (!mw->overlap) {
         for (int k = 0; k < mw->n_packs; k++) {
             int64_t count;
             float *b = pack_buf(mw, k, &count);
-            int rc = loom_group_all_reduce(mw->group, b, count, err);
+            int rc = cross_all_reduce(mw, b, count, err);
             if (rc) return rc;
         }
         return LOOM_OK;
@@ -598,9 +707,14 @@ static void mw_print_plan(loom_strategy *s, int64_t global_batch, FILE *f)
         snprintf(who, sizeof who, "this is %s, rank %d%s", mw->task, mw->rank, mw->rank == 0 ? ", the chief" : "");
     fprintf(f, "strategy: multi_worker_mirrored, %d worker%s (%s), global batch %lld, %lld per worker\n", mw->workers,
             mw->workers == 1 ? "" : "s", who, (long long)global_batch, (long long)per_worker);
-    fprintf(f, "  across workers: the ring all-reduce of the cluster transport (communication = \"%s\"), %lld floats "
+    char how[160];
+    if (mw->job_ops)
+        snprintf(how, sizeof how, "the %s plugin's all-reduce across processes", mw->job_ops->name);
+    else
+        snprintf(how, sizeof how, "the ring all-reduce of the cluster transport");
+    fprintf(f, "  across workers: %s (communication = \"%s\"), %lld floats "
             "per step (the gradients plus %d of agreement: stop, loss, correct, examples, failure); the chief "
-            "broadcasts the variables at the start and after a restore\n",
+            "broadcasts the variables at the start and after a restore\n", how,
             loom_communication_name(s->args->spec->strategy.communication), (long long)(mw->P + TAIL_N), TAIL_N);
     if (mw->n_packs > 1)
         fprintf(f, "  in %d packs (strategy.bytes_per_pack / num_packs), each all-reduced across the workers as soon as "
