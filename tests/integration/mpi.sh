@@ -111,6 +111,8 @@ out=$("$LOOM" check $CFG --task worker:0 --set strategy.communication=mpi 2>&1)
 contains "loom check: the plan names the mpi op" "the mpi plugin's all-reduce across processes (communication = \"mpi\")" "$out"
 contains "loom plugins: the mpi op reduces across processes only" 'provides cross-device ops "mpi" (host memory) (across processes only' \
     "$("$LOOM" plugins 2>&1)"
+contains "loom devices: the mpi op is for strategy.communication, not the replicas" \
+    "  mpi                    across processes: communication" "$("$LOOM" devices 2>&1)"
 
 # ---- refusals ---------------------------------------------------------------------------
 # not started by mpirun: both tasks refuse, the job stops, nothing is trained
