@@ -13,11 +13,8 @@ trap 'rm -rf "$WORK"' EXIT
 export LOOM_TEST=1
 
 pass() { T=$((T + 1)); echo "ok $T - $1"; }
-fail() { # every line of every detail as a TAP comment (a multi-line detail would break the TAP stream)
-    T=$((T + 1)); FAILED=$((FAILED + 1)); echo "not ok $T - $1"; shift
-    local l x
-    for l in "$@"; do while IFS= read -r x; do echo "#   $x"; done <<<"$l"; done
-}
+# (every line of the details is a TAP comment, also the lines inside one argument)
+fail() { T=$((T + 1)); FAILED=$((FAILED + 1)); echo "not ok $T - $1"; shift; printf '%s\n' "$@" | sed 's/^/#   /'; }
 
 # check NAME CMD...: passes when CMD exits 0.
 check() {
