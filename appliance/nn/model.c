@@ -816,9 +816,53 @@ static void chunk_loss(const step_job *j, nn_chunk_ *c)
     c->loss = nn_loss_(m, z, c->b0, c->B, j->inv_gb, g, &c->correct);
 }
 
+/* The index of layer i's first parameter tensor (its kernel), or -1. */
+static int first_tensor(const loom_model *m, const nn_layer_ *l)
+{
+    for (int t = 0; t < m->n_ptensors && l->kernel_off >= 0; t++)
+        if (m->pinfo[t].offset == l->kernel_off) return t;
+    return -1;
+}
+
+/* Part `part` of `parts` of layer i's whole-batch parameter gradients (dense,
+ * conv2d, layer_normalization; an embedding's sparse rows in part 0; batch
+ * normalization's come from nn_bn_backward_). */
+static void layer_param_grads(const step_job *j, int i, int part, int parts)
+{
+    loom_model *m = j->m;
+    const nn_layer_ *l = &m->layer[i];
+    if (l->kernel_off < 0 || l->spec.kind == LOOM_LAYER_BATCH_NORM) return;
+    if (l->spec.kind == LOOM_LAYER_EMBEDDING) {
+        if (part == 0) nn_embedding_param_grads_(m, i, m->chunk[0].act[0], j->B);
+        return;
+    }
+    /* chunk 0 starts at example 0: its input pointer is the whole batch's */
+    if (l->spec.kind == LOOM_LAYER_DENSE) nn_dense_param_grads_(m, i, m->chunk[0].act[i], j->B, part, parts);
+    else if (l->spec.kind == LOOM_LAYER_LAYER_NORM) nn_ln_param_grads_(m, i, j->B, part, parts);
+    else nn_conv_param_grads_(m, i, m->chunk[0].act[i], j->B, part, parts, m->chunk[part].col);
+}
+
+/* Whether a gradient hook can be told layer by layer: not with batch
+ * normalization (its gradients come from a whole-batch pass between
+ * segments), an embedding (its rows are gathered over the whole batch, and
+ * its dense region is cleared and rewritten then) or model.l2 (its penalty
+ * is added to the kernels' gradients after every layer's). Those models
+ * compute their gradients as without a hook and tell it once (t = 0): the
+ * same bits, no overlap. */
+static bool hook_per_layer(const loom_model *m)
+{
+    if (m->n_bn || m->l2 > 0) return false;
+    for (int i = 0; i < m->n_layers; i++)
+        if (m->layer[i].spec.kind == LOOM_LAYER_EMBEDDING) return false;
+    return true;
+}
+
 /* The backward of layers [l0, l1), from the top; the gradient buffers carry
- * over between segments in c->g and c->other (set by the top segment). */
-static void chunk_backward(const step_job *j, nn_chunk_ *c)
+ * over between segments in c->g and c->other (set by the top segment).
+ * with_hook: one chunk (the whole batch), one segment, and a per-layer
+ * gradient hook: each layer's parameter gradients right after its backward,
+ * then the hook. */
+static void chunk_backward_(const step_job *j, nn_chunk_ *c, bool with_hook)
 {
     const loom_model *m = j->m;
     if (j->l1 == m->n_layers) {
@@ -832,6 +876,10 @@ static void chunk_backward(const step_job *j, nn_chunk_ *c)
         const nn_layer_ *l = &m->layer[i];
         float *r = NULL;
         if (l->needs_dx || l->kernel_off >= 0) r = nn_layer_backward_(m, i, c, g, other);
+        if (with_hook && l->kernel_off >= 0) {
+            layer_param_grads(j, i, 0, 1);
+            m->grad_hook(m->grad_hook_arg, first_tensor(m, l));
+        }
         if (!r) {
             c->bw_done = 1;
             break;
@@ -844,6 +892,8 @@ static void chunk_backward(const step_job *j, nn_chunk_ *c)
     c->g = g, c->other = other;
 }
 
+static void chunk_backward(const step_job *j, nn_chunk_ *c) { chunk_backward_(j, c, false); }
+
 static void part_forward_(void *arg, int t) { step_job *j = arg; chunk_forward(j, &j->m->chunk[t]); }
 static void part_backward_(void *arg, int t) { step_job *j = arg; chunk_backward(j, &j->m->chunk[t]); }
 
@@ -853,7 +903,10 @@ static void part_backward_(void *arg, int t) { step_job *j = arg; chunk_backward
 static void forward_all(loom_model *m, step_job *j)
 {
     int l0 = 0;
-    for (int t = 0; t < j->nchunks; t++) m->chunk[t].act[0] = j->x + m->chunk[t].b0 * m->layer[0].n_in;
+    /* the input may be ids (int32, int64) rather than floats: offset in bytes */
+    for (int t = 0; t < j->nchunks; t++)
+        m->chunk[t].act[0] = (const float *)((const char *)j->x + m->chunk[t].b0 * m->layer[0].n_in *
+                                                                      (int64_t)loom_dtype_size(m->input_dtype));
     for (int i = 0; i <= m->n_layers; i++) {
         if (i < m->n_layers && m->layer[i].spec.kind != LOOM_LAYER_BATCH_NORM) continue;
         j->l0 = l0, j->l1 = i;
@@ -902,7 +955,7 @@ static void chunk_step(void *arg, int t)
         return;
     }
     chunk_loss(j, c);
-    if (j->kind == JOB_TRAIN) chunk_backward(j, c);
+    if (j->kind == JOB_TRAIN) chunk_backward_(j, c, j->nchunks == 1 && m->grad_hook && hook_per_layer(m));
 }
 
 static void part_loss(void *arg, int t) { step_job *j = arg; chunk_loss(j, &j->m->chunk[t]); }
@@ -929,19 +982,21 @@ static void grad_part(void *arg, int t)
 {
     const step_job *j = arg;
     const loom_model *m = j->m;
-    const int parts = j->nchunks;
-    for (int i = 0; i < m->n_layers; i++) {
-        const nn_layer_ *l = &m->layer[i];
-        if (l->kernel_off < 0 || l->spec.kind == LOOM_LAYER_BATCH_NORM) continue; /* BN's: nn_bn_backward_ */
-        if (l->spec.kind == LOOM_LAYER_EMBEDDING) {
-            if (t == 0) nn_embedding_param_grads_(j->m, i, j->m->chunk[0].act[0], j->B);
-            continue;
-        }
-        /* chunk 0 starts at example 0: its input pointer is the whole batch's */
-        if (l->spec.kind == LOOM_LAYER_DENSE) nn_dense_param_grads_(m, i, m->chunk[0].act[i], j->B, t, parts);
-        else if (l->spec.kind == LOOM_LAYER_LAYER_NORM) nn_ln_param_grads_(m, i, j->B, t, parts);
-        else nn_conv_param_grads_(m, i, m->chunk[0].act[i], j->B, t, parts, m->chunk[t].col);
-    }
+    for (int i = 0; i < m->n_layers; i++) layer_param_grads(j, i, t, j->nchunks);
+}
+
+/* With a per-layer gradient hook and several chunks: the whole-batch
+ * gradient pass of one layer (job->layer), split among the threads as
+ * grad_part splits it. */
+typedef struct layer_job {
+    const step_job *j;
+    int             layer;
+} layer_job;
+
+static void grad_part_layer(void *arg, int t)
+{
+    const layer_job *lj = arg;
+    layer_param_grads(lj->j, lj->layer, t, lj->j->nchunks);
 }
 
 /* model.l2 for a batch of B of a global batch gb: returns l2 * sum(kernel^2) * B
@@ -997,9 +1052,29 @@ static void run_chunks(loom_model *m, step_job *j, int64_t B, double *loss, int6
     if (loss) *loss = l;
     if (correct) *correct = ok;
     if (j->kind != JOB_PREDICT) nn_metrics_update_(m, m->chunk[0].act[m->n_layers], B);
-    if (j->kind == JOB_TRAIN && isfinite(l)) loom_pool_run(m->pool, j->nchunks, grad_part, j);
+    if (j->kind == JOB_TRAIN && isfinite(l)) {
+        bool per_layer = m->grad_hook && hook_per_layer(m);
+        if (!per_layer) {
+            loom_pool_run(m->pool, j->nchunks, grad_part, j);
+        } else if (j->nchunks > 1) { /* last layer first, the hook after each (one chunk: chunk_backward_ did) */
+            for (int i = m->n_layers - 1; i >= 0; i--) {
+                if (m->layer[i].kernel_off < 0) continue;
+                layer_job lj = {j, i};
+                loom_pool_run(m->pool, j->nchunks, grad_part_layer, &lj);
+                m->grad_hook(m->grad_hook_arg, first_tensor(m, &m->layer[i]));
+            }
+        }
+    }
     if (j->kind != JOB_PREDICT && loss && isfinite(l)) /* Keras reports the loss with its regularisation */
         *loss += l2_penalty(m, B, j->gb > 0 ? j->gb : B, j->kind == JOB_TRAIN ? m->grads : NULL);
+    /* every gradient is final (layers without parameters below, the l2 penalty added) */
+    if (j->kind == JOB_TRAIN && isfinite(l) && m->grad_hook) m->grad_hook(m->grad_hook_arg, 0);
+}
+
+void loom_model_set_grad_hook(loom_model *m, loom_grad_ready_fn fn, void *arg)
+{
+    m->grad_hook = fn;
+    m->grad_hook_arg = arg;
 }
 
 int loom_model_train_step(loom_model *m, const loom_tensor *x, const loom_tensor *label, int64_t global_batch,

@@ -104,6 +104,8 @@ struct loom_model {
     int              n_bn;          /* batch_normalization layers: a step runs in segments between them */
     int64_t          part_B;        /* its examples */
     int64_t          part_gb;       /* and the global batch of its loss */
+    loom_grad_ready_fn grad_hook;   /* loom_model_set_grad_hook */
+    void            *grad_hook_arg;
 };
 
 /* loom_init of the tensors that start at one (normalisation scales and variances) */
