@@ -385,7 +385,7 @@ static void on_read(struct bufferevent *bev, void *arg)
                 n->n_up++;
                 if (back) {
                     queue_news(n, pi, LOOM_MSG_PEER_UP);
-                    loom_log(LOOM_LOG_WARN, "%s: %s is back (%s)", n->name, pe->name, c->addr);
+                    loom_log(LOOM_LOG_INFO, "%s: %s is back (%s)", n->name, pe->name, c->addr);
                 }
                 /* A first heartbeat at once, so the peer knows what we are doing from the start. */
                 bev_send(bev, LOOM_MSG_HEARTBEAT, n->status, strlen(n->status));

@@ -92,6 +92,7 @@ typedef struct ps_strategy {
     /* ---- chief ---- */
     bool            need_init;  /* the ps tasks need the chief's variables (open, restore) */
     bool            fresh;      /* the chief's model holds the ps tasks' variables */
+    bool            restored;   /* the next INIT carries a checkpoint: read it back */
     int64_t         dispatched; /* the step after the last one scheduled */
     uint64_t        next_fn;
     fn_slot        *fns;        /* queued or running */
@@ -127,6 +128,25 @@ static const char *peer_name(const ps_strategy *ps, int p, char *buf, size_t n)
     return loom_task_name(ps->peer_role[p], ps->peer_index[p], buf, n);
 }
 
+
+/* Tests: LOOM_TEST_PS_DIE = "TASK@N" kills this task (_exit 137) at its Nth
+ * step function (a worker) or Nth push (a ps), once per file named by
+ * LOOM_TEST_PS_DIE_MARK (created on dying) when that is set. */
+static bool test_die_now(const char *task, int64_t nth)
+{
+    const char *die = getenv("LOOM_TEST_PS_DIE");
+    char want[48];
+    long long at = 0;
+    if (!die || sscanf(die, "%47[^@]@%lld", want, &at) != 2 || strcmp(want, task) || at != nth) return false;
+    const char *mark = getenv("LOOM_TEST_PS_DIE_MARK");
+    if (mark) {
+        if (access(mark, F_OK) == 0) return false;
+        FILE *f = fopen(mark, "w");
+        if (f) fclose(f);
+    }
+    loom_warn("%s: LOOM_TEST_PS_DIE: dying now (%s)", task, die);
+    return true;
+}
 
 /* ---- open / close ---------------------------------------------------------- */
 
@@ -458,7 +478,7 @@ static int worker_serve(ps_strategy *ps, const loom_strategy_args *a, loom_iter 
     loom_buf_init(&msg);
     loom_ps_step_out *out = loom_calloc(LOOM_PS_MAX_STEPS, sizeof *out);
     if (!out) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating step results");
-    int64_t epoch = 0;
+    int64_t epoch = 0, runs = 0;
     int rc;
     for (;;) {
         int from;
@@ -471,13 +491,7 @@ static int worker_serve(ps_strategy *ps, const loom_strategy_args *a, loom_iter 
         if ((rc = loom_ps_decode_run_(msg.data, msg.len, &r, err))) break;
         ps->nonce = r.nonce;
         uint32_t n = 0;
-        const char *die = getenv("LOOM_TEST_PS_WORKER_DIE"); /* tests: "worker:1@3" dies in its 3rd step function */
-        char want[48];
-        int nth = 0;
-        if (die && sscanf(die, "%47[^@]@%d", want, &nth) == 2 && !strcmp(want, ps->task) && (int64_t)r.fn == nth &&
-            !getenv("LOOM_TEST_PS_REJOINED")) {
-            loom_warn("%s: LOOM_TEST_PS_WORKER_DIE: dying in the middle of step function %llu", ps->task,
-                      (unsigned long long)r.fn);
+        if (test_die_now(ps->task, ++runs)) { /* in the middle of the function: some of its steps pushed */
             loom_ps_run half = r;
             half.steps = r.steps > 1 ? r.steps / 2 : 1;
             if (!ps->sync) run_fn(ps, a, it, &epoch, &half, out, &n, err);
@@ -512,7 +526,7 @@ typedef struct ps_state {
     int64_t         L;
     float          *params, *grads, *acc, *slots;
     loom_optimizer *opt;
-    int64_t         step, stale, refused;
+    int64_t         step, stale, refused, pushes;
     int             acc_n;
     bool            inited;
     pending_pull   *pend;
@@ -625,6 +639,7 @@ static int handle_push(ps_state *st, int from, const loom_buf *msg, loom_err *er
     loom_err e;
     if (loom_ps_decode_(msg->data, msg->len, &ps->plan, st->q, ps->n_slots, true, &m, &e))
         return refuse(st, from, "a gradient push that does not decode: %s", e.msg);
+    if (test_die_now(ps->task, ++st->pushes)) _exit(137);
     if (m.h.nonce != ps->nonce) {
         loom_ps_msg_fini_(&m);
         return refuse(st, from, "a gradient push for another run of the job (nonce %016llx, this run's is %016llx)",
@@ -858,6 +873,28 @@ static int init_ps_tasks(ps_strategy *ps, int64_t step, loom_err *err)
     if (!rc) {
         ps->need_init = false;
         ps->ps_step = step;
+    }
+    if (!rc && ps->restored) { /* a restore: read it back, every bit must be the checkpoint's */
+        ps->restored = false;
+        size_t nb = (size_t)ps->P * sizeof(float) * (size_t)(1 + ps->n_slots);
+        float *back = loom_alloc_aligned(nb ? nb : 1), *want = loom_alloc_aligned(nb ? nb : 1);
+        if (!back || !want) rc = loom_err_set(err, LOOM_ENOMEM, NULL, "checking the restored variables");
+        int64_t got = 0;
+        if (!rc) {
+            memcpy(want, loom_model_params(ps->model), (size_t)ps->P * sizeof(float));
+            if (ps->n_slots)
+                memcpy(want + ps->P, loom_optimizer_slots(ps->opt), (size_t)ps->P * ps->n_slots * sizeof(float));
+            rc = pull_all(ps, back, ps->n_slots ? back + ps->P : NULL, 0, &got, err);
+        }
+        if (!rc && (memcmp(back, want, nb) || got != step))
+            rc = loom_err_set(err, LOOM_ECHECKPOINT, ps->task, "the ps tasks do not hold the restored checkpoint's "
+                              "variables (step %lld, they report %lld)", (long long)step, (long long)got);
+        if (!rc)
+            loom_info("the %d ps task%s hold the checkpoint's %lld variables and %d slot%s exactly, at step %lld",
+                      ps->n_ps, ps->n_ps == 1 ? "" : "s", (long long)ps->P, ps->n_slots, ps->n_slots == 1 ? "" : "s",
+                      (long long)step);
+        loom_free(back);
+        loom_free(want);
     }
     return rc;
 }
@@ -1150,6 +1187,7 @@ static int ps_sync(loom_strategy *s, loom_err *err)
     (void)err;
     ps_strategy *ps = s->impl;
     ps->need_init = ps->net != NULL;
+    ps->restored = ps->net != NULL;
     ps->fresh = true;
     return LOOM_OK;
 }
