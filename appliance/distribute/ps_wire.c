@@ -170,9 +170,10 @@ int loom_ps_decode_result_(const uint8_t *p, size_t len, uint64_t *fn, loom_ps_s
         s[i].correct = (int64_t)rd64(q + 20);
         s[i].examples = (int64_t)rd64(q + 28);
         if (s[i].step < 0 || s[i].examples < 0 || s[i].correct < 0 || s[i].correct > s[i].examples) {
+            loom_err_set(err, LOOM_EDATA, NULL, "step result %u is out of range (step %lld, %lld of %lld correct)", i,
+                         (long long)s[i].step, (long long)s[i].correct, (long long)s[i].examples);
             loom_free(s);
-            return loom_err_set(err, LOOM_EDATA, NULL, "step result %u is out of range (step %lld, %lld of %lld "
-                                "correct)", i, (long long)s[i].step, (long long)s[i].correct, (long long)s[i].examples);
+            return LOOM_EDATA;
         }
     }
     *out = s;
