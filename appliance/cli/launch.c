@@ -532,7 +532,18 @@ int loom_cli_launch_(int argc, char **argv, double start)
     if (prc) return prc < 0 ? LOOM_EXIT_OK : prc;
     if (o.quiet) loom_log_set_level(LOOM_LOG_WARN);
 
-    /* the shape: the flags, else the config's cluster section */
+    /* the shape: the flags, else the config's cluster section; parameter_server
+     * always has its coordinator, the chief, even when the flags name none */
+    if (o.shape_given && o.n[LOOM_ROLE_CHIEF] == 0) {
+        loom_spec *spec = NULL;
+        loom_errlist *errs = loom_calloc(1, sizeof *errs);
+        if (!errs) return LOOM_EXIT_RUNTIME;
+        if (loom_config_load(&spec, o.config, o.sets, o.n_sets, errs) == LOOM_OK &&
+            spec->strategy.kind == LOOM_STRAT_PARAMETER_SERVER)
+            o.n[LOOM_ROLE_CHIEF] = 1; /* (a bad config is reported below, by validate) */
+        loom_config_free(spec);
+        loom_free(errs);
+    }
     if (!o.shape_given) {
         loom_spec *spec = NULL;
         loom_errlist *errs = loom_calloc(1, sizeof *errs);

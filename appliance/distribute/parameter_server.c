@@ -86,6 +86,7 @@ typedef struct ps_strategy {
     int            *peer_index;
     uint64_t        nonce, seed;
     int64_t         K;
+    unsigned        test_step_us; /* LOOM_TEST_PS_STEP_MS: tests slow the workers' steps down */
     bool            sync;
     int             sync_n;
     double          wait_s;     /* how long the chief waits for a lost worker to come back */
@@ -167,25 +168,22 @@ static int ps_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     if (!ps) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the parameter_server strategy");
     s->impl = ps;
     ps->args = a;
-    char w[600];
-    loom_loc_str(&spec->strategy.loc, w, sizeof w);
-    if (!c)
-        return loom_err_set(err, LOOM_ECONFIG, w, "parameter_server runs across processes, but no cluster is given: "
-                            "it needs a chief, workers and ps tasks"),
-               loom_err_hint(err, "run it with loom launch --local CONFIG --workers 2 --ps 1 (or declare a cluster "
-                                  "section); for one process use one_device or mirrored");
-    ps->role = c->index >= 0 ? c->role : LOOM_ROLE_CHIEF;
-    ps->index = c->index >= 0 ? c->index : 0;
+    /* no cluster, or no task (loom evaluate, predict, export, check): the
+     * model alone, as the coordinator holds it; training refuses */
+    ps->role = c && c->index >= 0 ? c->role : LOOM_ROLE_CHIEF;
+    ps->index = c && c->index >= 0 ? c->index : 0;
     loom_task_name(ps->role, ps->index, ps->task, sizeof ps->task);
-    ps->n_workers = c->n_tasks[LOOM_ROLE_WORKER];
-    ps->n_ps = c->n_tasks[LOOM_ROLE_PS];
+    ps->n_workers = c ? c->n_tasks[LOOM_ROLE_WORKER] : 0;
+    ps->n_ps = c ? c->n_tasks[LOOM_ROLE_PS] : 1;
     ps->seed = spec->run.seed;
     ps->K = spec->run.steps_per_execution > 0 ? spec->run.steps_per_execution : 1;
     if (ps->K > LOOM_PS_MAX_STEPS) ps->K = LOOM_PS_MAX_STEPS;
     ps->sync = spec->strategy.sync.enabled;
     ps->sync_n = spec->strategy.sync.replicas_to_aggregate;
-    ps->wait_s = c->connect_timeout > 0 ? c->connect_timeout : 60;
+    ps->wait_s = c && c->connect_timeout > 0 ? c->connect_timeout : 60;
     ps->peer_chief = -1;
+    const char *slow = getenv("LOOM_TEST_PS_STEP_MS");
+    if (slow && atoi(slow) > 0 && atoi(slow) < 10000) ps->test_step_us = (unsigned)atoi(slow) * 1000u;
     if (ps->role == LOOM_ROLE_EVALUATOR) return LOOM_OK; /* no part in training */
     const loom_elem_spec *in = a->input;
     loom_shape x = in->shape[a->input_idx], y = in->shape[a->label_idx];
@@ -211,7 +209,7 @@ static int ps_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     rc = loom_optimizer_new(&ps->opt, &spec->optimizer, ps->role == LOOM_ROLE_PS ? 1 : ps->P, err);
     if (rc) return rc;
     ps->n_slots = loom_optimizer_num_slots(ps->opt);
-    if (a->plan_only || c->index < 0) return LOOM_OK;
+    if (a->plan_only || !c || c->index < 0) return LOOM_OK;
 
     int maxp = ps->n_workers + ps->n_ps + 1;
     loom_net_peer *peers = loom_calloc((size_t)maxp, sizeof *peers);
@@ -259,7 +257,7 @@ static void ps_close(loom_strategy *s)
     if (!ps) return;
     if (ps->net && ps->role == LOOM_ROLE_CHIEF) {
         send_end(ps);
-        if (ps->stale || ps->requeued)
+        if (ps->stale || ps->requeued || ps->sync)
             loom_info("parameter_server: %lld stale gradient%s dropped, %lld step function%s put back in the queue "
                       "after a lost worker", (long long)ps->stale, ps->stale == 1 ? "" : "s", (long long)ps->requeued,
                       ps->requeued == 1 ? "" : "s");
@@ -461,6 +459,7 @@ static int run_fn(ps_strategy *ps, const loom_strategy_args *a, loom_iter *it, i
         uint64_t key = loom_rng_mix(loom_rng_mix(ps->seed, 0x50530000u + (uint64_t)ps->index), (uint64_t)seen);
         rc = loom_model_train_step(ps->model, x, y, B, key, &o->loss_sum, &o->correct, err);
         if (rc) return rc;
+        if (ps->test_step_us) usleep(ps->test_step_us); /* tests: a slower worker */
         bool accepted;
         int64_t applied;
         if ((rc = push_all(ps, seen, &accepted, &applied, err))) return rc;
@@ -869,6 +868,13 @@ static int init_ps_tasks(ps_strategy *ps, int64_t step, loom_err *err)
         rc = loom_net_recv(ps->net, ps->peer_ps[q], LOOM_PS_MSG_INIT_OK, LOOM_PS_MSG_REFUSED, &from, &type, &b, -1, err);
         if (!rc && type == LOOM_PS_MSG_REFUSED) rc = refused(ps, from, &b, err);
     }
+    if (!rc && getenv("LOOM_TEST_PS_FORGE_PUSH")) { /* tests: a push from a task that is no worker is refused */
+        b.len = 0;
+        loom_ps_hdr h = {.req = ++ps->req, .nonce = ps->nonce, .step = step};
+        if (!put_shards(&b, ps, 0, &h, loom_model_grads(ps->model), NULL))
+            rc = loom_net_send(ps->net, ps->peer_ps[0], LOOM_PS_MSG_PUSH, b.data, b.len, err);
+        loom_warn("LOOM_TEST_PS_FORGE_PUSH: the coordinator pushed gradients to ps:0 itself");
+    }
     loom_buf_fini(&b);
     if (!rc) {
         ps->need_init = false;
@@ -1139,11 +1145,17 @@ static int ps_train_step(loom_strategy *s, const loom_elem *batch, int64_t step,
     (void)batch; /* the workers compute on their own pipelines */
     ps_strategy *ps = s->impl;
     memset(out, 0, sizeof *out);
-    if (!ps->net)
-        return loom_err_set(err, LOOM_EUSAGE, ps->task, "parameter_server trains only across processes"),
-               loom_err_hint(err, "loom launch --local CONFIG --workers 2 --ps 1");
+    if (!ps->net) {
+        char w[600];
+        return loom_err_set(err, LOOM_ECONFIG, loom_loc_str(&s->args->spec->strategy.loc, w, sizeof w),
+                            "parameter_server trains across processes, but this one has no task of a cluster: it needs "
+                            "a chief, workers and ps tasks"),
+               loom_err_hint(err, "run it with loom launch --local CONFIG --workers 2 --ps 1 (or --task ROLE:I for "
+                                  "each task); for one process use one_device or mirrored");
+    }
     int rc;
     if (ps->need_init && (rc = init_ps_tasks(ps, step, err))) return rc;
+    if (test_die_now(ps->task, step + 1)) _exit(137); /* tests: the coordinator lost */
     ps->fresh = false;
     while (ps->ready_head == ps->n_ready) {
         if ((rc = schedule(ps, step, err))) return rc;

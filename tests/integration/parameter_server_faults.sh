@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# parameter_server_faults.sh - parameter-server training (issue 14) through
+# `loom launch --local` on 127.0.0.1 (a coordinator, 2 workers, 2 ps): a worker
+# killed in the middle of a step function (the job completes every step
+# without it, and again when it rejoins); a ps killed (the job restarts
+# exactly from its checkpoint); the coordinator killed (the restart
+# resumes); a push from a task that is not a worker (refused, logged); a
+# checkpoint of 2 ps restored onto 1 (refused). Every launch runs
+# under `timeout`; launch kills its tasks when it exits.
+source "$(dirname "$0")/lib.sh"
+CFG=tests/configs/ps_mlp.cfg
+L() { timeout 120 "$LOOM" launch --local $CFG --workers 2 --ps 2 "$@"; }
+
+# --- a worker lost -------------------------------------------------------------------
+out=$(LOOM_TEST_PS_DIE=worker:1@3 L --model-dir "$WORK/wkill" 2>&1); st=$?
+[ $st -eq 0 ] && pass "worker killed: the job completes" || fail "worker killed: the job completes" "status $st" "$(tail -8 <<<"$out")"
+contains "worker killed: launch lets the job go on" "worker:1 exited with status 137: parameter_server goes on without it" "$out"
+contains "worker killed: its step function is put back in the queue" "put back in the queue for another worker" "$out"
+contains "worker killed: every step applied" "done: step 100" "$out"
+# (each step 15 ms longer, so the job outlasts the restart of the worker: 300 steps)
+out=$(LOOM_TEST_PS_STEP_MS=15 LOOM_TEST_PS_DIE=worker:1@3 LOOM_TEST_PS_DIE_MARK="$WORK/wmark" L --model-dir "$WORK/wback" \
+      --restarts 1 --set run.epochs=3 2>&1); st=$?
+[ $st -eq 0 ] && pass "worker killed and restarted: the job completes" || fail "worker killed and restarted: the job completes" "status $st" "$(tail -8 <<<"$out")"
+contains "worker restarted alone" "starting it again alone (1 of 1), it rejoins" "$out"
+contains "worker rejoins and takes step functions" "worker:1 rejoined" "$out"
+contains "worker restarted: every step applied" "done: step 300" "$out"
+
+# --- a ps lost: the job restarts from its checkpoint -----------------------------------
+out=$(LOOM_TEST_PS_DIE=ps:1@70 LOOM_TEST_PS_DIE_MARK="$WORK/pmark" L --model-dir "$WORK/pkill" --restarts 1 2>&1); st=$?
+[ $st -eq 0 ] && pass "ps killed: the job restarts and completes" || fail "ps killed: the job restarts and completes" "status $st" "$(tail -8 <<<"$out")"
+contains "ps killed: the coordinator reports it" "lost ps:1" "$out"
+contains "ps killed: resumed from the checkpoint" "resuming from $WORK/pkill/ckpt-50.loom (step 50" "$out"
+contains "ps killed: the ps tasks hold the checkpoint's variables bit for bit" \
+    "the 2 ps tasks hold the checkpoint's 50890 variables and 1 slot exactly, at step 50" "$out"
+contains "ps killed: every step applied" "done: step 100" "$out"
+
+# --- the coordinator lost: the restart resumes ------------------------------------------
+out=$(LOOM_TEST_PS_DIE=chief:0@73 LOOM_TEST_PS_DIE_MARK="$WORK/cmark" L --model-dir "$WORK/ckill" --restarts 1 2>&1); st=$?
+[ $st -eq 0 ] && pass "coordinator killed: the job restarts and completes" || fail "coordinator killed: the job restarts and completes" "status $st" "$(tail -8 <<<"$out")"
+contains "coordinator killed: resumed from the checkpoint" "resuming from $WORK/ckill/ckpt-50.loom (step 50" "$out"
+contains "coordinator killed: every step applied" "done: step 100" "$out"
+
+# --- a ps count changed between checkpoint and restore -----------------------------------
+out=$(timeout 120 "$LOOM" launch --local $CFG --workers 2 --ps 1 --model-dir "$WORK/wkill" --set run.epochs=2 2>&1); st=$?
+[ $st -ne 0 ] && pass "another ps count: refused" || fail "another ps count: refused" "status 0" "$(tail -5 <<<"$out")"
+contains "another ps count: says which and what to do" "written by a job of 2 ps tasks, this job has 1" "$out"
+
+# --- a push from a task that is not a worker ----------------------------------------------
+out=$(LOOM_TEST_PS_FORGE_PUSH=1 L --model-dir "$WORK/forge" 2>&1); st=$?
+[ $st -eq 0 ] && pass "forged push: the job still completes" || fail "forged push: the job still completes" "status $st" "$(tail -5 <<<"$out")"
+contains "forged push: refused and logged by the ps" "refused a message from chief:0: a gradient push from chief:0, which is not a worker of this job" "$out"
+contains "forged push: the sender is told" "ps:0 refused a message of the coordinator" "$out"
+
+finish
