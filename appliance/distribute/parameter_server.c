@@ -392,8 +392,9 @@ static int next_batch(loom_iter *it, int64_t *epoch, loom_elem **out, loom_err *
     return rc;
 }
 
-/* Pushes the model's gradients (flat) to every ps; *accepted: all took them. */
-static int push_all(ps_strategy *ps, int64_t tag, bool *accepted, int64_t *applied, loom_err *err)
+/* Pushes the model's gradients (flat) to every ps; *accepted: all took them.
+ * pull: the ps tasks answer with the new values, into the model (async). */
+static int push_all(ps_strategy *ps, int64_t tag, bool pull, bool *accepted, int64_t *applied, loom_err *err)
 {
     loom_buf b;
     loom_buf_init(&b);
@@ -402,7 +403,7 @@ static int push_all(ps_strategy *ps, int64_t tag, bool *accepted, int64_t *appli
     int rc = LOOM_OK;
     for (int q = 0; q < ps->n_ps && !rc; q++) {
         b.len = 0;
-        loom_ps_hdr h = {.req = req, .nonce = ps->nonce, .step = tag};
+        loom_ps_hdr h = {.req = req, .nonce = ps->nonce, .step = tag, .flags = pull ? LOOM_PS_F_PULL : 0};
         if (put_shards(&b, ps, q, &h, g, NULL)) rc = loom_err_set(err, LOOM_ENOMEM, NULL, "building a push");
         else rc = loom_net_send(ps->net, ps->peer_ps[q], LOOM_PS_MSG_PUSH, b.data, b.len, err);
     }
@@ -412,16 +413,18 @@ static int push_all(ps_strategy *ps, int64_t tag, bool *accepted, int64_t *appli
         uint32_t type;
         int from;
         for (;;) {
-            rc = loom_net_recv(ps->net, ps->peer_ps[q], LOOM_PS_MSG_PUSHED, LOOM_PS_MSG_REFUSED, &from, &type, &b, -1, err);
+            rc = loom_net_recv(ps->net, ps->peer_ps[q], LOOM_PS_MSG_VALUES, LOOM_PS_MSG_REFUSED, &from, &type, &b, -1, err);
             if (rc) break;
             if (type == LOOM_PS_MSG_REFUSED) {
                 rc = refused(ps, from, &b, err);
                 break;
             }
-            if (type != LOOM_PS_MSG_PUSHED) continue;
+            if (type != LOOM_PS_MSG_PUSHED && type != LOOM_PS_MSG_VALUES) continue;
             loom_ps_msg m;
-            if ((rc = loom_ps_decode_(b.data, b.len, &ps->plan, q, ps->n_slots, false, &m, err))) break;
+            if ((rc = loom_ps_decode_(b.data, b.len, &ps->plan, q, ps->n_slots, type == LOOM_PS_MSG_VALUES, &m, err)))
+                break;
             bool mine = m.h.req == req;
+            if (mine && type == LOOM_PS_MSG_VALUES) take_values(ps, &m, loom_model_params(ps->model), NULL);
             if (mine) {
                 if (!(m.h.flags & LOOM_PS_F_ACCEPTED)) *accepted = false;
                 if (m.h.step < *applied) *applied = m.h.step;
@@ -442,9 +445,10 @@ static int run_fn(ps_strategy *ps, const loom_strategy_args *a, loom_iter *it, i
     float *params = loom_model_params(ps->model);
     *n_out = 0;
     int64_t end = r->first + r->steps, t = r->first;
+    bool have = false; /* (async) the last push brought the new values back */
     for (uint32_t i = 0; i < r->steps || ps->sync; i++) {
-        int64_t seen;
-        int rc = pull_all(ps, params, NULL, ps->sync ? t : 0, &seen, err);
+        int64_t seen = 0;
+        int rc = have ? LOOM_OK : pull_all(ps, params, NULL, ps->sync ? t : 0, &seen, err);
         if (rc) return rc;
         if (ps->sync && seen >= end) break;
         if (!ps->sync) seen = r->first + i;
@@ -462,7 +466,8 @@ static int run_fn(ps_strategy *ps, const loom_strategy_args *a, loom_iter *it, i
         if (ps->test_step_us) usleep(ps->test_step_us); /* tests: a slower worker */
         bool accepted;
         int64_t applied;
-        if ((rc = push_all(ps, seen, &accepted, &applied, err))) return rc;
+        have = !ps->sync && i + 1 < r->steps;
+        if ((rc = push_all(ps, seen, have, &accepted, &applied, err))) return rc;
         o->accepted = accepted;
         (*n_out)++;
         t = seen + 1;
@@ -546,14 +551,15 @@ static int refuse(ps_state *st, int from, const char *fmt, ...)
     return loom_net_send(st->ps->net, from, LOOM_PS_MSG_REFUSED, text, strlen(text), &e) ? LOOM_OK : LOOM_OK;
 }
 
-/* Answers a PULL (already decoded as m). */
-static int answer_pull(ps_state *st, int from, const loom_ps_msg *m, loom_err *err)
+/* Answers a PULL (already decoded as m), or a PUSH asking for the new values. */
+static int answer_pull(ps_state *st, int from, const loom_ps_msg *m, bool pushed, loom_err *err)
 {
     ps_strategy *ps = st->ps;
-    bool slots = (m->h.flags & LOOM_PS_F_SLOTS) && ps->n_slots > 0;
+    bool slots = (m->h.flags & LOOM_PS_F_SLOTS) && ps->n_slots > 0 && !pushed;
     loom_buf b;
     loom_buf_init(&b);
-    loom_ps_hdr h = {.req = m->h.req, .nonce = ps->nonce, .step = st->step, .flags = slots ? LOOM_PS_F_SLOTS : 0,
+    loom_ps_hdr h = {.req = m->h.req, .nonce = ps->nonce, .step = st->step,
+                     .flags = (slots ? LOOM_PS_F_SLOTS : 0) | (pushed ? LOOM_PS_F_ACCEPTED : 0),
                      .n_ranges = (uint32_t)m->n};
     loom_ps_put_hdr_(&b, &h);
     for (int i = 0; i < m->n; i++) {
@@ -594,7 +600,7 @@ static int flush_pulls(ps_state *st, loom_err *err)
         if (!rc && pp->min_step <= st->step) {
             loom_ps_msg m;
             rc = loom_ps_decode_(pp->msg.data, pp->msg.len, &st->ps->plan, st->q, st->ps->n_slots, false, &m, err);
-            if (!rc) rc = answer_pull(st, pp->from, &m, err);
+            if (!rc) rc = answer_pull(st, pp->from, &m, false, err);
             loom_ps_msg_fini_(&m);
             loom_buf_fini(&pp->msg);
         } else {
@@ -661,6 +667,11 @@ static int handle_push(ps_state *st, int from, const loom_buf *msg, loom_err *er
             }
         }
         st->step++;
+        if (m.h.flags & LOOM_PS_F_PULL) { /* the new values back at once: one round trip a step */
+            int rc = answer_pull(st, from, &m, true, err);
+            loom_ps_msg_fini_(&m);
+            return rc == LOOM_ENET ? LOOM_OK : rc;
+        }
     } else if (m.h.step < st->step) { /* a gradient for a step already applied: stale */
         accepted = false;
         st->stale++;
@@ -811,7 +822,7 @@ static int ps_serve_loop(ps_strategy *ps, const loom_spec *spec, loom_err *err)
                 loom_buf_init(&msg); /* handed over */
                 continue;
             }
-            rc = answer_pull(&st, from, &m, err);
+            rc = answer_pull(&st, from, &m, false, err);
             loom_ps_msg_fini_(&m);
             if (rc == LOOM_ENET) rc = LOOM_OK; /* the puller is gone */
             if (rc) break;

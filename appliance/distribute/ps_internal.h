@@ -26,7 +26,9 @@
  *   VALUES  ps ->: the values of a PULL's ranges; step = applied updates
  *   PUSH    worker -> ps: gradients of ranges; step = the applied count the
  *           worker read (synchronous mode: the step they are for); nonce
- *   PUSHED  ps -> worker: step = applied updates; flags ACCEPTED (or stale)
+ *   PUSHED  ps -> worker: step = applied updates; flags ACCEPTED (or stale);
+ *           a PUSH with flag PULL is answered with VALUES (flag ACCEPTED): one
+ *           round trip per step instead of two
  *   RUN     chief -> worker: u64 fn, u64 nonce, i64 first step, u32 steps, u32 flags
  *   RESULT  worker -> chief: u64 fn, u32 n, then per step i64 step,
  *           u32 accepted, f64 loss_sum, i64 correct, i64 examples
@@ -92,6 +94,7 @@ enum {
 #define LOOM_PS_WHOLE      0xffffffffu
 #define LOOM_PS_F_SLOTS    1u /* ranges carry the optimizer's slots after the values */
 #define LOOM_PS_F_ACCEPTED 2u /* PUSHED: the gradients were applied (or aggregated) */
+#define LOOM_PS_F_PULL     4u /* PUSH (asynchronous): answer with the ranges' new values (VALUES) instead of PUSHED */
 #define LOOM_PS_HDR        32
 
 typedef struct loom_ps_hdr {

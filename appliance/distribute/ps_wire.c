@@ -48,7 +48,7 @@ int loom_ps_decode_(const uint8_t *p, size_t len, const loom_ps_plan *plan, int 
     m->h.flags = rd32(p + 24);
     m->h.n_ranges = rd32(p + 28);
     if (m->h.step < 0) return loom_err_set(err, LOOM_EDATA, NULL, "negative step %lld", (long long)m->h.step);
-    if (m->h.flags & ~(LOOM_PS_F_SLOTS | LOOM_PS_F_ACCEPTED))
+    if (m->h.flags & ~(LOOM_PS_F_SLOTS | LOOM_PS_F_ACCEPTED | LOOM_PS_F_PULL))
         return loom_err_set(err, LOOM_EDATA, NULL, "unknown flags 0x%x", m->h.flags);
     if (m->h.n_ranges > (uint32_t)plan->n_shards)
         return loom_err_set(err, LOOM_EDATA, NULL, "%u ranges, but the plan has %d shards", m->h.n_ranges,
