@@ -1025,10 +1025,18 @@ static int pump(ps_strategy *ps, loom_err *err)
     loom_buf_init(&msg);
     int from;
     uint32_t type;
-    double wait = alive_workers(ps) ? -1 : ps->wait_s;
-    int rc = loom_net_recv(ps->net, -1, LOOM_MSG_PEER_DOWN, LOOM_PS_MSG_LAST, &from, &type, &msg, wait, err);
+    int alive = alive_workers(ps);
+    bool starved = alive == 0 || (ps->sync && alive < ps->sync_n); /* no step can complete until one is back */
+    int rc = loom_net_recv(ps->net, -1, LOOM_MSG_PEER_DOWN, LOOM_PS_MSG_LAST, &from, &type, &msg,
+                           starved ? ps->wait_s : -1, err);
     if (rc == LOOM_ETIMEOUT) {
-        loom_err_set(err, LOOM_ENET, ps->task, "every worker was lost and none came back within %g s", ps->wait_s);
+        if (alive)
+            loom_err_set(err, LOOM_ENET, ps->task, "only %d worker%s left, fewer than replicas_to_aggregate = %d, and "
+                         "none came back within %g s (cluster.connect_timeout)", alive, alive == 1 ? "" : "s",
+                         ps->sync_n, ps->wait_s);
+        else
+            loom_err_set(err, LOOM_ENET, ps->task, "every worker was lost and none came back within %g s "
+                         "(cluster.connect_timeout)", ps->wait_s);
         loom_err_hint(err, "the job stops; restart it (loom launch --restarts K) to resume from the last checkpoint");
         return LOOM_ENET;
     }

@@ -25,6 +25,12 @@ contains "worker restarted alone" "starting it again alone (1 of 1), it rejoins"
 contains "worker rejoins and takes step functions" "worker:1 rejoined" "$out"
 contains "worker restarted: every step applied" "done: step 300" "$out"
 
+# synchronous, 2 of 2, a worker lost for good: no step can complete; the coordinator says so and stops
+out=$(LOOM_TEST_PS_DIE=worker:1@3 L --model-dir "$WORK/wsync" --set 'strategy.sync={replicas_to_aggregate=2;}' \
+      --set cluster.connect_timeout=10 2>&1); st=$?
+[ $st -ne 0 ] && pass "sync, a worker short for good: the job stops" || fail "sync, a worker short for good: the job stops" "status 0"
+contains "sync, a worker short for good: says why" "only 1 worker left, fewer than replicas_to_aggregate = 2" "$out"
+
 # --- a ps lost: the job restarts from its checkpoint -----------------------------------
 out=$(LOOM_TEST_PS_DIE=ps:1@70 LOOM_TEST_PS_DIE_MARK="$WORK/pmark" L --model-dir "$WORK/pkill" --restarts 1 2>&1); st=$?
 [ $st -eq 0 ] && pass "ps killed: the job restarts and completes" || fail "ps killed: the job restarts and completes" "status $st" "$(tail -8 <<<"$out")"
