@@ -52,6 +52,7 @@
 #include "ps_internal.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,6 +110,29 @@ typedef struct ps_strategy {
 } ps_strategy;
 
 /* ---- small helpers -------------------------------------------------------- */
+
+/* A ps or worker that gets SIGTERM or SIGINT (launch forwards them to every
+ * task) keeps serving until the coordinator, which saves a checkpoint with
+ * the ps tasks' variables, ends the job; a second signal stops it at once. */
+static volatile sig_atomic_t serve_signals;
+static void on_serve_signal(int sig)
+{
+    (void)sig;
+    serve_signals++;
+}
+
+/* loom_net_recv in one-second waits, so a second signal is seen. */
+static int recv_or_stop(ps_strategy *ps, int p, uint32_t lo, uint32_t hi, int *from, uint32_t *type, loom_buf *msg,
+                        loom_err *err)
+{
+    for (;;) {
+        int rc = loom_net_recv(ps->net, p, lo, hi, from, type, msg, 1.0, err);
+        if (rc != LOOM_ETIMEOUT) return rc;
+        if (serve_signals >= 2)
+            return loom_err_set(err, LOOM_EIO, ps->task, "interrupted twice while waiting for the coordinator: stopped"),
+                   loom_err_hint(err, "the coordinator saves the checkpoints; run the job again to resume");
+    }
+}
 
 static uint64_t fresh_nonce(void)
 {
@@ -487,7 +511,7 @@ static int worker_serve(ps_strategy *ps, const loom_strategy_args *a, loom_iter 
     for (;;) {
         int from;
         uint32_t type;
-        rc = loom_net_recv(ps->net, ps->peer_chief, LOOM_PS_MSG_RUN, LOOM_PS_MSG_END, &from, &type, &msg, -1, err);
+        rc = recv_or_stop(ps, ps->peer_chief, LOOM_PS_MSG_RUN, LOOM_PS_MSG_END, &from, &type, &msg, err);
         if (rc) break;
         if (type == LOOM_PS_MSG_END) break;
         if (type != LOOM_PS_MSG_RUN) continue;
@@ -771,7 +795,7 @@ static int ps_serve_loop(ps_strategy *ps, const loom_spec *spec, loom_err *err)
     for (;;) {
         int from;
         uint32_t type;
-        rc = loom_net_recv(ps->net, -1, LOOM_MSG_PEER_DOWN, LOOM_PS_MSG_LAST, &from, &type, &msg, -1, err);
+        rc = recv_or_stop(ps, -1, LOOM_MSG_PEER_DOWN, LOOM_PS_MSG_LAST, &from, &type, &msg, err);
         if (rc) break;
         char who[32];
         peer_name(ps, from, who, sizeof who);
@@ -1272,8 +1296,15 @@ static int ps_serve(loom_strategy *s, loom_iter *train, loom_err *err)
         return LOOM_OK;
     }
     if (!ps->net) return LOOM_OK;
-    if (ps->role == LOOM_ROLE_PS) return ps_serve_loop(ps, s->args->spec, err);
-    return worker_serve(ps, s->args, train, err);
+    struct sigaction sa = {0}, old_int, old_term;
+    sa.sa_handler = on_serve_signal;
+    serve_signals = 0;
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    int rc = ps->role == LOOM_ROLE_PS ? ps_serve_loop(ps, s->args->spec, err) : worker_serve(ps, s->args, train, err);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    return rc;
 }
 
 static void ps_where(loom_strategy *s, char *buf, size_t n)
