@@ -1085,7 +1085,8 @@ int loom_net_recv(loom_net *n, int p, uint32_t type_lo, uint32_t type_hi, int *f
             if (from) *from = q->from;
             if (type) *type = q->type;
             loom_buf_fini(msg);
-            msg->data = q->data, msg->len = msg->cap = q->len, msg->pos = 0, msg->failed = 0;
+            /* (cap >= 1: an empty message still owns its 1-byte block, which loom_buf_fini frees) */
+            msg->data = q->data, msg->len = q->len, msg->cap = q->len ? q->len : 1, msg->pos = 0, msg->failed = 0;
             loom_free(q);
             return LOOM_OK;
         }
