@@ -31,6 +31,7 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -119,7 +120,14 @@ struct loom_net {
 };
 
 static pthread_once_t evthread_once = PTHREAD_ONCE_INIT;
-static void evthread_init(void) { evthread_use_pthreads(); }
+/* Once per process: libevent's locks, and SIGPIPE ignored: a write to a
+ * peer that has just closed (a parameter-server worker leaving while its ps
+ * answers) must come back as a closed connection, not kill this task. */
+static void evthread_init(void)
+{
+    evthread_use_pthreads();
+    signal(SIGPIPE, SIG_IGN);
+}
 
 static void conn_free(conn *c);
 static void conn_close_soon(conn *c);

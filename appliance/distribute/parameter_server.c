@@ -269,6 +269,8 @@ static int ps_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     return LOOM_OK;
 }
 
+static void drain_workers(ps_strategy *ps);
+
 static void send_end(ps_strategy *ps)
 {
     loom_err e;
@@ -280,6 +282,7 @@ static void ps_close(loom_strategy *s)
     ps_strategy *ps = s->impl;
     if (!ps) return;
     if (ps->net && ps->role == LOOM_ROLE_CHIEF) {
+        drain_workers(ps);
         send_end(ps);
         if (ps->stale || ps->requeued || ps->sync)
             loom_info("parameter_server: %lld stale gradient%s dropped, %lld step function%s put back in the queue "
@@ -699,8 +702,8 @@ static int handle_push(ps_state *st, int from, const loom_buf *msg, loom_err *er
     } else if (m.h.step < st->step) { /* a gradient for a step already applied: stale */
         accepted = false;
         st->stale++;
-        loom_info("%s: dropped a stale gradient from %s for step %lld (now at step %lld; %lld dropped so far)",
-                  ps->task, who, (long long)m.h.step + 1, (long long)st->step + 1, (long long)st->stale);
+        loom_debug("%s: dropped a stale gradient from %s for step %lld (now at step %lld; %lld dropped so far)",
+                   ps->task, who, (long long)m.h.step + 1, (long long)st->step + 1, (long long)st->stale);
     } else if (m.h.step > st->step) {
         loom_ps_msg_fini_(&m);
         return refuse(st, from, "a gradient for step %lld, but this ps is at step %lld", (long long)m.h.step + 1,
@@ -854,9 +857,9 @@ static int ps_serve_loop(ps_strategy *ps, const loom_spec *spec, loom_err *err)
             refuse(&st, from, "an unexpected message of type %u", type);
         }
     }
-    if (st.stale || st.refused)
-        loom_warn("%s: %lld stale gradient%s dropped, %lld message%s refused", ps->task, (long long)st.stale,
-                  st.stale == 1 ? "" : "s", (long long)st.refused, st.refused == 1 ? "" : "s");
+    if (st.refused) /* (stale gradients are a synchronous job's routine: the coordinator reports them) */
+        loom_warn("%s: %lld message%s refused (see above), %lld stale gradient%s dropped", ps->task,
+                  (long long)st.refused, st.refused == 1 ? "" : "s", (long long)st.stale, st.stale == 1 ? "" : "s");
     loom_buf_fini(&msg);
     ps_state_fini(&st);
     return rc;
@@ -1043,7 +1046,7 @@ static int worker_of_peer(const ps_strategy *ps, int p)
 
 /* Waits for one piece of news from the workers (a result, a loss, a
  * return) and acts on it. */
-static int pump(ps_strategy *ps, loom_err *err)
+static int pump_for(ps_strategy *ps, double wait_s, loom_err *err)
 {
     loom_buf msg;
     loom_buf_init(&msg);
@@ -1052,7 +1055,8 @@ static int pump(ps_strategy *ps, loom_err *err)
     int alive = alive_workers(ps);
     bool starved = alive == 0 || (ps->sync && alive < ps->sync_n); /* no step can complete until one is back */
     int rc = loom_net_recv(ps->net, -1, LOOM_MSG_PEER_DOWN, LOOM_PS_MSG_LAST, &from, &type, &msg,
-                           starved ? ps->wait_s : -1, err);
+                           wait_s >= 0 ? wait_s : starved ? ps->wait_s : -1, err);
+    if (rc == LOOM_ETIMEOUT && wait_s >= 0) return rc;
     if (rc == LOOM_ETIMEOUT) {
         if (alive)
             loom_err_set(err, LOOM_ENET, ps->task, "only %d worker%s left, fewer than replicas_to_aggregate = %d, and "
@@ -1102,11 +1106,9 @@ static int pump(ps_strategy *ps, loom_err *err)
         if (!ps->sync) ps->busy[w] = false;
         else if (ps->fns && i < 0) ps->busy[w] = false;
         for (uint32_t k = 0; k < n; k++)
-            if (!out[k].accepted) {
-                ps->stale++;
-                loom_info("the gradient %s computed for step %lld was stale: dropped (%lld so far)", who,
-                          (long long)out[k].step + 1, (long long)ps->stale);
-            }
+            if (!out[k].accepted && ++ps->stale <= 3) /* the first few named; all counted, in the end line */
+                loom_info("the gradient %s computed for step %lld was stale: dropped%s", who,
+                          (long long)out[k].step + 1, ps->stale == 3 ? " (further ones are counted, not logged)" : "");
         if (i >= 0) {
             fn_slot f = ps->fns[i];
             drop_fn(ps, i);
@@ -1147,6 +1149,24 @@ static int pump(ps_strategy *ps, loom_err *err)
     } /* anything else (late VALUES of an abandoned pull): ignored */
     loom_buf_fini(&msg);
     return rc;
+}
+
+static int pump(ps_strategy *ps, loom_err *err) { return pump_for(ps, -1, err); }
+
+/* The end of the job: waits (at most 10 s) for every worker still busy
+ * (a synchronous backup finishing a stale step) to report, so none is
+ * cut off from the ps tasks in the middle of a push. */
+static void drain_workers(ps_strategy *ps)
+{
+    double until = loom_now() + 10;
+    for (;;) {
+        bool any = false;
+        for (int w = 0; w < ps->n_workers; w++) any |= ps->alive[w] && ps->busy[w];
+        double left = until - loom_now();
+        if (!any || left <= 0) return;
+        loom_err e;
+        if (pump_for(ps, left, &e)) return;
+    }
 }
 
 /* Waits until no step function runs (the variables at rest on the ps tasks). */
