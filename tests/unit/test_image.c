@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #define N_FMNIST 256
@@ -23,7 +24,9 @@ static const char *fixture(const char *name)
     static int k;
     char *p = buf[k++ % 8];
     const char *root = getenv("LOOM_SOURCE_ROOT");
-    snprintf(p, 1024, "%s/tests/fixtures/img/%s", root ? root : ".", name);
+    char cwd[512]; /* absolute: configs written under tmpdir name it */
+    if (!root) root = getcwd(cwd, sizeof cwd) ? cwd : ".";
+    snprintf(p, 1024, "%s/tests/fixtures/img/%s", root, name);
     return p;
 }
 
@@ -236,6 +239,19 @@ static void test_tf_reference(void)
         CHECK(image_decode_(jpeg.data, jpeg.len, 1, LOOM_U8, 64, 64, out, &ii, why, sizeof why) == 0);
         CHECK_MSG(jg.len == hw && u8_diff(out, jg.data, hw) == 0, "record %d: jpeg gray differs by up to %d", recs,
                   u8_diff(out, jg.data, hw));
+        /* 2 and 4 channels: grey or RGB with an opaque alpha (TF's decode_jpeg has no such mode; decode_image does) */
+        CHECK(image_decode_(jpeg.data, jpeg.len, 2, LOOM_U8, 64, 64, out, &ii, why, sizeof why) == 0 && ii.c == 2);
+        int ga_ok = jg.len == hw;
+        for (size_t i = 0; ga_ok && i < hw; i++) ga_ok = out[2 * i] == jg.data[i] && out[2 * i + 1] == 255;
+        CHECK(ga_ok);
+        CHECK(image_decode_(jpeg.data, jpeg.len, 4, LOOM_U8, 64, 64, out, &ii, why, sizeof why) == 0 && ii.c == 4);
+        int rgba_ok = jr.len == hw * 3;
+        for (size_t i = 0; rgba_ok && i < hw; i++) rgba_ok = !memcmp(out + 4 * i, jr.data + 3 * i, 3) && out[4 * i + 3] == 255;
+        CHECK(rgba_ok);
+        /* as stored: 3 channels; a size limit below the image refuses it from the header */
+        CHECK(image_decode_(jpeg.data, jpeg.len, 0, LOOM_U8, 64, 64, out, &ii, why, sizeof why) == 0 && ii.c == 3);
+        CHECK(image_decode_(jpeg.data, jpeg.len, 0, LOOM_U8, H - 1, 64, out, &ii, why, sizeof why) != 0 &&
+              strstr(why, "larger than"));
         /* resize to 10 x 31: bilinear, half-pixel centres */
         image_resize_(rgb, LOOM_U8, H, W, 3, fl, 10, 31);
         const loom_example_feature *rf = loom_example_find(&ex, "resized");
