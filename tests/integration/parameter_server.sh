@@ -45,6 +45,11 @@ contains "async: loom evaluate reads the parameter-server checkpoint" '"step": 1
 acc=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["eval_accuracy"] > 0.5)' "$ev" 2>/dev/null)
 [ "$acc" = True ] && pass "async: it learned (eval accuracy above 0.5)" || fail "async: it learned (eval accuracy above 0.5)" "$ev"
 
+# --- the sidecar evaluator evaluates the coordinator's checkpoints -------------------------
+out=$(L --evaluator --model-dir "$WORK/sidecar" 2>&1); st=$?
+[ $st -eq 0 ] && pass "with an evaluator task: completes" || fail "with an evaluator task: completes" "status $st" "$(tail -5 <<<"$out")"
+contains "with an evaluator task: it evaluates the final checkpoint and ends" "training ended at step 100, evaluated: done" "$out"
+
 # --- synchronous ------------------------------------------------------------------
 out=$(L --model-dir "$WORK/sync2" --set 'strategy.sync={replicas_to_aggregate=2;total_replicas=2;}' 2>&1); st=$?
 [ $st -eq 0 ] && pass "sync 2 of 2: completes" || fail "sync 2 of 2: completes" "status $st" "$(tail -5 <<<"$out")"
