@@ -73,6 +73,8 @@ const char *loom_metric_name(loom_metric_kind k) { return loom_cfg_name_(loom_me
 const char *loom_loss_name(loom_loss_kind k) { return loom_cfg_name_(loom_loss_names_, (int)k); }
 const char *loom_strategy_kind_name(loom_strategy_kind k) { return loom_cfg_name_(loom_strategy_names_, (int)k); }
 static const char *const loom_communication_names_[] = {"auto", "ring", "nccl", "mpi", NULL};
+static const char *const loom_partitioner_names_[] = {"none", "fixed", "min_size", "max_size", NULL};
+const char *loom_partitioner_name(loom_partitioner_kind k) { return loom_cfg_name_(loom_partitioner_names_, (int)k); }
 const char *loom_communication_name(loom_communication c) { return loom_cfg_name_(loom_communication_names_, (int)c); }
 const char *loom_map_kind_name(loom_map_kind k) { return loom_cfg_name_(loom_map_names_, (int)k); }
 const char *loom_transform_kind_name(loom_transform_kind k) { return loom_cfg_name_(loom_transform_names_, (int)k); }
@@ -927,10 +929,36 @@ static const opt strategy_opts[] = {
            "how gradients cross workers: \"ring\" (the cluster transport), \"nccl\", \"mpi\" (plugins), \"auto\" (ring on CPU)"),
     O_CUSTOM("options", parse_strategy_options, K(LOOM_STRAT_PLUGIN), 0,
              "a plugin strategy's own settings: KEY = value; ..."),
+    {.name = "variable_partitioner", .type = OT_SUB, .applies = K(LOOM_STRAT_PARAMETER_SERVER),
+     .help = "split variables along axis 0 over the ps tasks: type = \"fixed\" | \"min_size\" | \"max_size\""},
+    {.name = "sync", .type = OT_SUB, .applies = K(LOOM_STRAT_PARAMETER_SERVER),
+     .help = "synchronous updates: replicas_to_aggregate = N; total_replicas = M"},
     O_STR(loom_strategy_spec, "device", device, "cpu:0", NULL, K(LOOM_STRAT_ONE_DEVICE), 0, "\"cpu:0\" or \"gpu:N\""),
     O_STR(loom_strategy_spec, "device_backend", device_backend, "", NULL,
           K(LOOM_STRAT_ONE_DEVICE) | STRAT_LOCAL_DEVICES, 0,
           "device backend running the replicas: \"\" native (cuda for gpu), \"cpu\" the reference, a plugin's"),
+    O_END,
+};
+
+#define PART(k) K(LOOM_PARTITIONER_##k)
+static const opt partitioner_opts[] = {
+    O_KIND(loom_partitioner_spec, "type", kind, 0, loom_partitioner_names_, ALL, "partitioner"),
+    O_INT(loom_partitioner_spec, "num_shards", num_shards, 0, 1, 1 << 20, PART(FIXED), PART(FIXED),
+          "shards per variable (at most its rows)"),
+    O_INT(loom_partitioner_spec, "min_shard_bytes", min_shard_bytes, 256 << 10, 1, INT64_MAX, PART(MIN_SIZE), 0,
+          "smallest shard in bytes (default 256 KiB)"),
+    O_INT(loom_partitioner_spec, "max_shard_bytes", max_shard_bytes, 0, 1, INT64_MAX, PART(MAX_SIZE), PART(MAX_SIZE),
+          "largest shard in bytes"),
+    O_INT(loom_partitioner_spec, "max_shards", max_shards, 0, 0, 1 << 20, PART(MIN_SIZE) | PART(MAX_SIZE), 0,
+          "at most this many shards (min_size: default 1; max_size: 0 = no cap)"),
+    O_END,
+};
+
+static const opt ps_sync_opts[] = {
+    O_INT(loom_ps_sync_spec, "replicas_to_aggregate", replicas_to_aggregate, 0, 1, 4096, ALL, ALL,
+          "gradients aggregated per step (the first N to arrive)"),
+    O_INT(loom_ps_sync_spec, "total_replicas", total_replicas, 0, 0, 4096, ALL, 0,
+          "workers taking part (M - N are backups); 0 = the number of workers"),
     O_END,
 };
 
@@ -2777,6 +2805,41 @@ static void check_replicas_batch(ctx *c, const config_setting_t *root, const loo
     }
 }
 
+/* strategy.variable_partitioner and strategy.sync (parameter_server). */
+static void parse_ps_settings(ctx *c, const config_setting_t *g, loom_strategy_spec *st)
+{
+    loom_partitioner_spec *p = &st->partitioner;
+    const config_setting_t *pg = config_setting_get_member(g, "variable_partitioner");
+    if (pg && config_setting_is_group(pg)) {
+        loc_of(c, pg, &p->loc);
+        int k = parse_kind(c, pg, partitioner_opts, p);
+        parse_opts(c, pg, partitioner_opts, k, p);
+        scope sc = {partitioner_opts, k, NULL};
+        check_keys(c, pg, &sc, 1);
+        if (k == LOOM_PARTITIONER_MIN_SIZE && !config_setting_get_member(pg, "max_shards")) p->max_shards = 1;
+    } else if (pg) {
+        cerr(c, pg, "expected a group { type = \"fixed\"; num_shards = 2; }");
+    }
+    loom_ps_sync_spec *y = &st->sync;
+    const config_setting_t *yg = config_setting_get_member(g, "sync");
+    if (yg && config_setting_is_group(yg)) {
+        y->enabled = true;
+        loc_of(c, yg, &y->loc);
+        parse_opts(c, yg, ps_sync_opts, 0, y);
+        scope sc = {ps_sync_opts, 0, NULL};
+        check_keys(c, yg, &sc, 1);
+        if (y->total_replicas > 0 && y->replicas_to_aggregate > y->total_replicas) {
+            loom_err *e = cerr(c, config_setting_get_member(yg, "replicas_to_aggregate"),
+                               "replicas_to_aggregate = %d is more than total_replicas = %d: a step could never "
+                               "gather that many gradients", y->replicas_to_aggregate, y->total_replicas);
+            if (e) loom_err_hint(e, "aggregate at most total_replicas gradients; total_replicas - replicas_to_aggregate "
+                                    "workers are backups");
+        }
+    } else if (yg) {
+        cerr(c, yg, "expected a group { replicas_to_aggregate = 2; total_replicas = 3; }");
+    }
+}
+
 static void parse_strategy(ctx *c, const config_setting_t *root, loom_strategy_spec *st)
 {
     const config_setting_t *g = sub_group(c, root, "strategy");
@@ -2793,11 +2856,7 @@ static void parse_strategy(ctx *c, const config_setting_t *root, loom_strategy_s
         parse_opts(c, g, strategy_opts, k, st);
         scope sc = {strategy_opts, k, NULL};
         check_keys(c, g, &sc, 1);
-        if (k == LOOM_STRAT_PARAMETER_SERVER) {
-            loom_err *e = cerr(c, t, "strategy \"%s\" is not supported yet (supported: one_device, mirrored, "
-                               "central_storage, multi_worker_mirrored)", loom_strategy_names_[k]);
-            if (e) loom_err_hint(e, "use type = \"multi_worker_mirrored\"; for synchronous training on several workers");
-        }
+        if (k == LOOM_STRAT_PARAMETER_SERVER) parse_ps_settings(c, g, st);
         const config_setting_t *np = config_setting_get_member(g, "num_packs");
         if (np && st->bytes_per_pack > 0 && (k == LOOM_STRAT_MIRRORED || k == LOOM_STRAT_MULTI_WORKER_MIRRORED)) {
             loom_err *e = cerr(c, np, "num_packs and bytes_per_pack both set; they are two ways to pack gradients");

@@ -423,6 +423,25 @@ typedef enum { LOOM_STRAT_ONE_DEVICE, LOOM_STRAT_MIRRORED, LOOM_STRAT_CENTRAL_ST
 typedef enum { LOOM_COMM_AUTO, LOOM_COMM_RING, LOOM_COMM_NCCL, LOOM_COMM_MPI } loom_communication;
 const char *loom_communication_name(loom_communication c); /* "ring" */
 
+/* parameter_server: strategy.variable_partitioner = { type = ...; ... } */
+typedef enum { LOOM_PARTITIONER_NONE, LOOM_PARTITIONER_FIXED, LOOM_PARTITIONER_MIN_SIZE, LOOM_PARTITIONER_MAX_SIZE } loom_partitioner_kind;
+typedef struct loom_partitioner_spec {
+    loom_partitioner_kind kind;       /* NONE: whole variables */
+    loom_loc              loc;
+    int64_t               num_shards;      /* fixed: >= 1 */
+    int64_t               min_shard_bytes; /* min_size: default 256 KiB */
+    int64_t               max_shard_bytes; /* max_size: required */
+    int64_t               max_shards;      /* min_size: default 1; max_size: 0 = no cap */
+} loom_partitioner_spec;
+/* parameter_server: strategy.sync = { replicas_to_aggregate = N; total_replicas = M; } */
+typedef struct loom_ps_sync_spec {
+    bool     enabled;
+    loom_loc loc;
+    int      replicas_to_aggregate; /* N >= 1 */
+    int      total_replicas;        /* M >= N; 0 = the number of workers */
+} loom_ps_sync_spec;
+const char *loom_partitioner_name(loom_partitioner_kind k); /* "fixed" */
+
 typedef struct loom_strategy_spec {
     loom_strategy_kind kind;
     loom_loc           loc;
@@ -460,6 +479,11 @@ typedef struct loom_strategy_spec {
     /* multi_worker_mirrored: the reduction across workers ("auto" = the ring on CPU) */
     loom_communication communication;
     loom_loc           communication_loc;
+    /* parameter_server: how variables are split along axis 0 over the ps
+     * tasks (tf.distribute.experimental.partitioners; none = whole variables
+     * round-robin), and synchronous updates (SyncReplicasOptimizer) */
+    loom_partitioner_spec partitioner;
+    loom_ps_sync_spec     sync;
 } loom_strategy_spec;
 
 /* ---- plugins ------------------------------------------------------------- */

@@ -206,6 +206,9 @@ static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool n
                          .instruction_limit = spec->hooks.instruction_limit};
     loom_data_ctx ctx = {.seed = spec->run.seed, .threads = threads, .name = "train", .input = ictx,
                          .custom_options = &lua};
+    /* parameter_server: each worker's own pipeline shuffles with a seed of its own (create_per_worker_dataset) */
+    if (spec->strategy.kind == LOOM_STRAT_PARAMETER_SERVER && cluster && cluster->role == LOOM_ROLE_WORKER)
+        ctx.seed = loom_rng_mix(spec->run.seed, 0x7073776bu + (uint64_t)cluster->index);
     rc = loom_data_open(&r->train, train, &ctx, err);
     if (rc) return data_open_failed(err, "data.train");
     if (spec->eval.present) {
@@ -223,6 +226,7 @@ static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool n
     const loom_elem_spec *es = loom_iter_spec(r->train);
     r->args.input = es;
     r->args.max_batch = max_batch;
+    r->args.steps_per_epoch = loom_iter_cardinality(r->train);
     rc = find_features(spec, es, "train", &r->args.input_idx, &r->args.label_idx, err);
     if (rc) return rc;
     if (r->eval) {
@@ -620,6 +624,14 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
     const char *dir = opts->model_dir ? opts->model_dir : spec->run.model_dir;
     /* Everything is checked before anything is written. */
     int rc = run_open(&r, spec, dir, false, opts->cluster, false, err);
+    if (!rc && loom_strategy_serves(r.strat)) { /* a ps task or a parameter-server worker: it serves the job */
+        char task[64];
+        loom_log_set_name(loom_task_name(opts->cluster->role, opts->cluster->index, task, sizeof task));
+        if (loom_log_get_level() < LOOM_LOG_WARN) loom_log_set_level(LOOM_LOG_WARN);
+        rc = loom_strategy_serve(r.strat, r.train, err);
+        run_close(&r);
+        return rc;
+    }
     r.sidecar_eval = opts->cluster && opts->cluster->n_tasks[LOOM_ROLE_EVALUATOR] > 0;
     if (!rc && !r.chief) { /* the chief logs the job; the other tasks only their warnings and errors */
         char task[64];
