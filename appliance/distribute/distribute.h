@@ -161,7 +161,14 @@ typedef struct loom_strategy_args {
     /* ---- appended (plugins built against the first layout never read them) ---- */
     const loom_cluster   *cluster;    /* the resolved cluster of a job across processes; NULL: one process */
     bool                  plan_only;  /* `loom check`: build the replicas, print the plan, open no socket */
+    int                   weight_idx1; /* model.sample_weight's feature index + 1; 0: none */
 } loom_strategy_args;
+
+/* e's sample weights (args->weight_idx1) to m for its next steps (none: NULL). */
+static inline void loom_strategy_weights_(const loom_strategy_args *a, loom_model *m, const loom_elem *e)
+{
+    loom_model_set_sample_weights(m, a->weight_idx1 > 0 && e ? &e->t[a->weight_idx1 - 1] : NULL);
+}
 
 /* Result of one step, summed over replicas. */
 typedef struct loom_step_result {

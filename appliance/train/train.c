@@ -222,6 +222,20 @@ static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool n
     r->args.max_batch = max_batch;
     rc = find_features(spec, es, "train", &r->args.input_idx, &r->args.label_idx, err);
     if (rc) return rc;
+    if (spec->model.sample_weight[0]) { /* model.sample_weight: in both pipelines, at the same place */
+        int wi = loom_elem_spec_find(es, spec->model.sample_weight);
+        int we = r->eval ? loom_elem_spec_find(loom_iter_spec(r->eval), spec->model.sample_weight) : wi;
+        if (wi < 0 || we != wi) {
+            char have[512];
+            const loom_elem_spec *in = wi < 0 ? es : loom_iter_spec(r->eval);
+            return loom_err_set(err, LOOM_ESHAPE, loom_loc_str(&spec->model.loc, w, sizeof w),
+                                "model.sample_weight: the %s pipeline has no feature \"%s\" where data.train has it "
+                                "(it yields %s)",
+                                wi < 0 ? "train" : "eval", spec->model.sample_weight,
+                                loom_elem_spec_str(in, have, sizeof have));
+        }
+        r->args.weight_idx1 = wi + 1;
+    }
     if (r->eval) {
         /* eval batches go through the same replicas: same features, same per-example shapes */
         const loom_elem_spec *ev = loom_iter_spec(r->eval);
