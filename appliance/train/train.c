@@ -363,6 +363,7 @@ static int evaluate_all(run *r, loom_iter *it, loom_step_result *total, loom_err
         if (rc) return rc;
         loom_step_result s;
         rc = loom_strategy_eval_step(r->strat, b, &s, err);
+        if (rc == LOOM_EDATA) loom_err_prefix(err, "data.eval batch %lld", (long long)n + 1);
         if (rc) return rc;
         total->loss_sum += s.loss_sum;
         total->correct += s.correct;
@@ -904,6 +905,9 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
             rc = train_hooks_step_(&r.hooks, loom_iter_spec(r.train), batch, &hl, &res, &applied, err);
         } else {
             rc = loom_strategy_train_step(r.strat, batch, st.step, &res, err);
+            if (rc == LOOM_EDATA) /* a label or weight the loss cannot take: say which batch holds it */
+                loom_err_prefix(err, "data.train batch %lld of epoch %lld (step %lld)", (long long)st.step_in_epoch + 1,
+                                (long long)st.epoch + 1, (long long)st.step + 1);
         }
         /* a custom step's failure saves a checkpoint, but not after a
          * collective timed out: the replicas left it at different points,

@@ -173,7 +173,11 @@ expect_fail 2 "auc on ten classes without multi_label is a config error" \
     "$LOOM" check configs/fashion_mnist_mlp.cfg --set 'model.metrics=["auc"]'
 expect_fail 2 "accuracy of a regression is a config error" '"accuracy" does not fit this model' \
     "$LOOM" check "$WORK/mse.cfg" --set 'model.metrics=["accuracy"]'
-expect_fail 1 "a BCE label outside [0, 1] names the example" 'is 6, outside [0, 1] for binary_cross_entropy' \
+expect_fail 1 "a BCE label outside [0, 1] names the batch and the example" \
+    'data.train batch 1 of epoch 1 (step 1): label of example ' \
+    timeout 120 "$LOOM" train "$BIN" --model-dir "$WORK/badlab0" --set run.max_steps=3 \
+    --set 'data.train.transforms.[4]={ op = "map"; fn = "cast"; feature = "label"; dtype = "float32"; }'
+expect_fail 1 "... and its value" 'is 6, outside [0, 1] for binary_cross_entropy' \
     timeout 120 "$LOOM" train "$BIN" --model-dir "$WORK/badlab" --set run.max_steps=3 \
     --set 'data.train.transforms.[4]={ op = "map"; fn = "cast"; feature = "label"; dtype = "float32"; }'
 finish
