@@ -308,6 +308,7 @@ typedef struct loom_strategy_args {
     bool                  plan_only;  /* `loom check`: build, print the plan, open no socket */
     /* appended (strategy ops version 4) */
     int64_t               steps_per_epoch; /* batches of one pass of data.train on this task; < 0 unknown */
+    int                   weight_idx1; /* model.sample_weight's feature index + 1 in the element; 0: none */
 } loom_strategy_args;
 
 /* Result of one step, summed over replicas. */

@@ -862,6 +862,8 @@ static const opt model_opts[] = {
           "L2 penalty on every dense and conv kernel: loss += l2 * sum(w^2)"),
     O_F64(loom_model_spec, "huber_delta", huber_delta, 1.0, 0.0, 0, F_LO_OPEN | F_NO_HI, ALL, 0,
           "huber: where the loss turns from quadratic to linear"),
+    O_STR(loom_model_spec, "sample_weight", sample_weight, "", NULL, ALL, 0,
+          "feature of per-example loss weights (Keras sample_weight), shape () or [1]"),
     O_CUSTOM("class_weight", parse_class_weight, ALL, 0,
              "one loss weight per class (binary_cross_entropy: [negative, positive])"),
     O_SUB("layers", 0, ALL, "a list of layer groups"),

@@ -373,6 +373,7 @@ typedef struct loom_model_spec {
     double           huber_delta;         /* huber: delta, default 1.0 */
     int              n_class_weights;     /* 0: none; else one weight per class (binary: [negative, positive]) */
     float            class_weight[LOOM_MAX_CLASS_WEIGHTS];
+    char             sample_weight[LOOM_NAME_MAX]; /* feature of per-example loss weights; "" = none */
     double           l2;                  /* kernel_regularizer l2: loss += l2 * sum(kernel^2), every dense and conv kernel */
     loom_layer_spec layer[LOOM_MAX_LAYERS];
 } loom_model_spec;

@@ -649,6 +649,7 @@ void loom_config_print(const loom_spec *s, FILE *f)
     kv_i64(f, 1, "top_k", m->top_k);
     kv_f64(f, 1, "huber_delta", m->huber_delta);
     kv_f64(f, 1, "l2", m->l2);
+    if (m->sample_weight[0]) kv_str(f, 1, "sample_weight", m->sample_weight);
     if (m->n_class_weights) {
         fputs("  class_weight = [", f);
         for (int i = 0; i < m->n_class_weights; i++) {

@@ -195,7 +195,14 @@ typedef struct loom_strategy_args {
     bool                  plan_only;  /* `loom check`: build the replicas, print the plan, open no socket */
     /* ---- appended (version 4) ---- */
     int64_t               steps_per_epoch; /* batches of one pass of data.train on this task; < 0 unknown */
+    int                   weight_idx1; /* model.sample_weight's feature index + 1; 0: none */
 } loom_strategy_args;
+
+/* e's sample weights (args->weight_idx1) to m for its next steps (none: NULL). */
+static inline void loom_strategy_weights_(const loom_strategy_args *a, loom_model *m, const loom_elem *e)
+{
+    loom_model_set_sample_weights(m, a->weight_idx1 > 0 && e ? &e->t[a->weight_idx1 - 1] : NULL);
+}
 
 /* Result of one step, summed over replicas. */
 typedef struct loom_step_result {

@@ -343,6 +343,7 @@ static int replica_grads(loom_strategy *s, replicated *m, int r)
     replica *rp = &m->rep[r];
     const loom_tensor *x = &rp->share.t[input_idx(s)], *y = &rp->share.t[label_idx(s)];
     rp->res.examples = x->shape.dim[0];
+    loom_strategy_weights_(s->args, rp->model, &rp->share);
     if (rp->res.examples == 0) {
         memset(loom_model_grads(rp->model), 0, (size_t)m->P * sizeof(float));
         return m->dev_reduce ? loom_model_dev_upload_grads(rp->dev, &rp->err) : LOOM_OK;
@@ -544,6 +545,7 @@ static void replica_item(void *arg, int r)
         break;
     case JOB_EVAL:
         rp->res.examples = x->shape.dim[0];
+        loom_strategy_weights_(s->args, rp->model, &rp->share);
         if (rp->res.examples && rp->dev)
             rp->rc = loom_model_dev_evaluate(rp->dev, x, &rp->share.t[label_idx(s)], &rp->res.loss_sum,
                                              &rp->res.correct, &rp->err);
@@ -701,6 +703,7 @@ static int step_part_item(loom_strategy *s, replicated *m, int r)
         return B ? loom_model_forward(rp->model, x, rng_key(m, r), &rp->err) : LOOM_OK;
     case LOOM_PART_LOSS:
         rp->res.examples = B;
+        loom_strategy_weights_(s->args, rp->model, &rp->share);
         if (B && rp->dev)
             return loom_model_dev_loss(rp->dev, y, m->global_batch, &rp->res.loss_sum, &rp->res.correct, &rp->err);
         return B ? loom_model_loss(rp->model, y, m->global_batch, &rp->res.loss_sum, &rp->res.correct, &rp->err)

@@ -1190,8 +1190,8 @@ double nn_loss_mse_(const float *z, const float *t, int64_t B, int64_t n, float 
  *   huber (Keras, delta d): e^2 / 2 for |e| <= d, else d |e| - d^2 / 2;
  *     dz = e clipped to [-d, d]
  *   mean_squared_error as nn_loss_mse_. */
-static double loss_targets(const loom_model *m, const float *z, const float *t, int64_t B, int64_t n, float inv_gb,
-                           float *g, int64_t *correct)
+static double loss_targets(const loom_model *m, const float *z, const float *t, const float *sw, int64_t B, int64_t n,
+                           float inv_gb, float *g, int64_t *correct)
 {
     double total = 0;
     int64_t ok = 0;
@@ -1201,6 +1201,7 @@ static double loss_targets(const loom_model *m, const float *z, const float *t, 
         float *gr = g ? g + b * n : NULL;
         float w = 1.f;
         if (m->n_cw == 2) w = m->cw[1] * tr[0] + m->cw[0] * (1.f - tr[0]);
+        if (sw) w *= sw[b];
         const float k = w * inv_n * inv_gb;
         double s = 0;
         int64_t hits = 0, az = 0, at = 0;
@@ -1241,16 +1242,17 @@ static double loss_targets(const loom_model *m, const float *z, const float *t, 
 }
 
 /* Sparse softmax cross-entropy with class weights: each example's loss and gradient times w[label]. */
-static double sparse_ce_weighted(const float *z, const int32_t *labels, const float *cw, int64_t B, int64_t n,
-                                 float inv_gb, float *g, int64_t *correct)
+static double sparse_ce_weighted(const float *z, const int32_t *labels, const float *cw, const float *sw, int64_t B,
+                                 int64_t n, float inv_gb, float *g, int64_t *correct)
 {
     double total = 0;
     int64_t ok = 0;
     for (int64_t b = 0; b < B; b++) {
         int64_t c;
-        double l = nn_loss_sparse_ce_(z + b * n, labels + b, 1, n, inv_gb * cw[labels[b]], g ? g + b * n : NULL, &c);
+        float w = (cw ? cw[labels[b]] : 1.f) * (sw ? sw[b] : 1.f);
+        double l = nn_loss_sparse_ce_(z + b * n, labels + b, 1, n, inv_gb * w, g ? g + b * n : NULL, &c);
         ok += c;
-        total += (double)cw[labels[b]] * l;
+        total += (double)w * l;
     }
     *correct = ok;
     return total;
@@ -1259,9 +1261,11 @@ static double sparse_ce_weighted(const float *z, const int32_t *labels, const fl
 double nn_loss_(const loom_model *m, const float *z, int64_t b0, int64_t B, float inv_gb, float *g, int64_t *correct)
 {
     const int64_t n = m->layer[m->n_layers - 1].n_out;
+    const float *sw = m->sw ? m->swb + b0 : NULL;
     if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE)
-        return m->n_cw ? sparse_ce_weighted(z, m->labels + b0, m->cw, B, n, inv_gb, g, correct)
-                       : nn_loss_sparse_ce_(z, m->labels + b0, B, n, inv_gb, g, correct);
-    if (m->loss == LOOM_LOSS_MSE && !m->n_cw) return nn_loss_mse_(z, m->targets + b0 * n, B, n, inv_gb, g, correct);
-    return loss_targets(m, z, m->targets + b0 * n, B, n, inv_gb, g, correct);
+        return m->n_cw || sw ? sparse_ce_weighted(z, m->labels + b0, m->n_cw ? m->cw : NULL, sw, B, n, inv_gb, g, correct)
+                             : nn_loss_sparse_ce_(z, m->labels + b0, B, n, inv_gb, g, correct);
+    if (m->loss == LOOM_LOSS_MSE && !m->n_cw && !sw)
+        return nn_loss_mse_(z, m->targets + b0 * n, B, n, inv_gb, g, correct);
+    return loss_targets(m, z, m->targets + b0 * n, sw, B, n, inv_gb, g, correct);
 }

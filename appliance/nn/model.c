@@ -442,6 +442,7 @@ int loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_sha
     for (int k = 0; k < 2; k++)
         if (!(m->gbuf[k] = loom_alloc_aligned((size_t)(max_batch * gmax) * sizeof(float)))) goto nomem;
     if (!(m->labels = loom_alloc_aligned((size_t)max_batch * sizeof(int32_t)))) goto nomem;
+    if (!(m->swb = loom_alloc_aligned((size_t)max_batch * sizeof(float)))) goto nomem;
     if (m->loss != LOOM_LOSS_SPARSE_SOFTMAX_CE &&
         !(m->targets = loom_alloc_aligned((size_t)(max_batch * m->layer[m->n_layers - 1].n_out) * sizeof(float))))
         goto nomem;
@@ -543,6 +544,7 @@ void loom_model_free(loom_model *m)
     loom_free(m->gbuf[1]);
     loom_free(m->labels);
     loom_free(m->targets);
+    loom_free(m->swb);
     loom_free(m->mstate);
     loom_free(m);
 }
@@ -741,8 +743,45 @@ static int bad_target(loom_err *err, const loom_model *m, int64_t b, int64_t j, 
            loom_err_hint(err, "filter or fix the records with missing targets");
 }
 
+void loom_model_set_sample_weights(loom_model *m, const loom_tensor *w) { m->sw = w; }
+
+#define WEIGHT_LOOP(T)                                                                           \
+    do {                                                                                         \
+        const T *v = m->sw->data;                                                                \
+        for (int64_t b = 0; b < B; b++) {                                                        \
+            double x = (double)v[b];                                                             \
+            if (!(x >= 0) || !isfinite(x))                                                       \
+                return loom_err_set(err, LOOM_EDATA, m->where,                                   \
+                                    "sample weight of example %lld in the batch is %g, not a finite number >= 0", \
+                                    (long long)b, x);                                            \
+            m->swb[b] = (float)x;                                                                \
+        }                                                                                        \
+    } while (0)
+
+/* The sample weights of a batch of B into m->swb. */
+static int read_weights(loom_model *m, int64_t B, loom_err *err)
+{
+    char a[96];
+    const loom_tensor *w = m->sw;
+    if (w->shape.rank < 1 || w->shape.dim[0] != B || loom_shape_numel(&w->shape) != B)
+        return loom_err_set(err, LOOM_ESHAPE, m->where, "sample weights of shape %s for a batch of %lld examples",
+                            loom_shape_str(&w->shape, a, sizeof a), (long long)B),
+               loom_err_hint(err, "model.sample_weight names a feature with one number per example");
+    switch (w->dtype) {
+    case LOOM_U8: WEIGHT_LOOP(uint8_t); break;
+    case LOOM_I32: WEIGHT_LOOP(int32_t); break;
+    case LOOM_I64: WEIGHT_LOOP(int64_t); break;
+    case LOOM_F32: WEIGHT_LOOP(float); break;
+    case LOOM_F64: WEIGHT_LOOP(double); break;
+    default: return loom_err_set(err, LOOM_ESHAPE, m->where, "sample weight dtype %d is not a number", (int)w->dtype);
+    }
+    return LOOM_OK;
+}
+
 int nn_read_label_(loom_model *m, const loom_tensor *label, int64_t B, loom_err *err)
 {
+    int rc;
+    if (m->sw && (rc = read_weights(m, B, err))) return rc;
     if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) return nn_read_labels_(m, label, B, err);
     const int64_t n = m->layer[m->n_layers - 1].n_out;
     const int bce = m->loss == LOOM_LOSS_BCE;

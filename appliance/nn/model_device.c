@@ -351,6 +351,11 @@ static int loss(loom_model_dev *d, const loom_tensor *label, float inv_gb, int g
     double l = 0;
     int64_t ok = 0;
     (void)label; /* read into m->labels or m->targets by nn_read_label_ */
+    if (m->sw && m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE)
+        return loom_err_set(err, LOOM_EUNSUPPORTED, m->where,
+                            "model.sample_weight with sparse_softmax_cross_entropy does not run on the \"%s\" device "
+                            "backend (its fused softmax_xent is unweighted)", o->name),
+               loom_err_hint(err, "train on the host (strategy.device_backend = \"\")");
     if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) {
         TRY(o->upload(d->dev, LOOM_DEV_STREAM_COMPUTE, d->labels, m->labels, (size_t)B * sizeof(int32_t), err));
         TRY(o->softmax_xent(d->dev, B, n, z, d->labels, inv_gb, d->loss, d->hit, grad ? d->gbuf[0] : NULL, err));

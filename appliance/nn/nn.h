@@ -115,6 +115,15 @@ int loom_model_evaluate(loom_model *m, const loom_tensor *x, const loom_tensor *
  * is softmax or binary cross-entropy, into out (B, outputs). */
 int loom_model_predict(loom_model *m, const loom_tensor *x, float *out, loom_err *err);
 
+/* Per-example loss weights (model.sample_weight, Keras' sample_weight) for
+ * the train, loss and evaluate steps that follow: w is (B,) or (B, 1) of any
+ * number type for the step's B examples, each finite and >= 0 (else the
+ * step is LOOM_EDATA naming the example); each example's loss and gradient
+ * are multiplied by its weight (the sum still divided by the global batch,
+ * as Keras' SUM_OVER_BATCH_SIZE). Borrowed until the next call; NULL: none.
+ * The metrics are not weighted. */
+void loom_model_set_sample_weights(loom_model *m, const loom_tensor *w);
+
 /* ---- metrics (model.metrics; metrics.c) --------------------------------------
  * The model's metrics, in the config's order (without model.metrics:
  * accuracy for a classification, none for a regression). accuracy is the

@@ -85,6 +85,8 @@ struct loom_model {
     float            cw[LOOM_MAX_CLASS_WEIGHTS];
     float            huber_delta;
     float            l2;            /* model.l2 on every dense and conv kernel */
+    const loom_tensor *sw;          /* loom_model_set_sample_weights: the next steps' weights, or NULL */
+    float           *swb;           /* (max_batch,) those weights as float (nn_read_label_) */
     /* model.metrics (metrics.c): additive state over the steps since the last take */
     int              n_metrics;
     loom_metric_kind metric[LOOM_MAX_METRICS];

@@ -229,6 +229,20 @@ static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool n
     r->args.steps_per_epoch = loom_iter_cardinality(r->train);
     rc = find_features(spec, es, "train", &r->args.input_idx, &r->args.label_idx, err);
     if (rc) return rc;
+    if (spec->model.sample_weight[0]) { /* model.sample_weight: in both pipelines, at the same place */
+        int wi = loom_elem_spec_find(es, spec->model.sample_weight);
+        int we = r->eval ? loom_elem_spec_find(loom_iter_spec(r->eval), spec->model.sample_weight) : wi;
+        if (wi < 0 || we != wi) {
+            char have[512];
+            const loom_elem_spec *in = wi < 0 ? es : loom_iter_spec(r->eval);
+            return loom_err_set(err, LOOM_ESHAPE, loom_loc_str(&spec->model.loc, w, sizeof w),
+                                "model.sample_weight: the %s pipeline has no feature \"%s\" where data.train has it "
+                                "(it yields %s)",
+                                wi < 0 ? "train" : "eval", spec->model.sample_weight,
+                                loom_elem_spec_str(in, have, sizeof have));
+        }
+        r->args.weight_idx1 = wi + 1;
+    }
     if (r->eval) {
         /* eval batches go through the same replicas: same features, same per-example shapes */
         const loom_elem_spec *ev = loom_iter_spec(r->eval);
@@ -356,6 +370,7 @@ static int evaluate_all(run *r, loom_iter *it, loom_step_result *total, loom_err
         if (rc) return rc;
         loom_step_result s;
         rc = loom_strategy_eval_step(r->strat, b, &s, err);
+        if (rc == LOOM_EDATA) loom_err_prefix(err, "data.eval batch %lld", (long long)n + 1);
         if (rc) return rc;
         total->loss_sum += s.loss_sum;
         total->correct += s.correct;
@@ -925,6 +940,9 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
             rc = train_hooks_step_(&r.hooks, loom_iter_spec(r.train), batch, &hl, &res, &applied, err);
         } else {
             rc = loom_strategy_train_step(r.strat, batch, st.step, &res, err);
+            if (rc == LOOM_EDATA) /* a label or weight the loss cannot take: say which batch holds it */
+                loom_err_prefix(err, "data.train batch %lld of epoch %lld (step %lld)", (long long)st.step_in_epoch + 1,
+                                (long long)st.epoch + 1, (long long)st.step + 1);
         }
         /* a custom step's failure saves a checkpoint, but not after a
          * collective timed out: the replicas left it at different points,

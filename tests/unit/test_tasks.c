@@ -859,6 +859,73 @@ static void test_batch_norm(void)
     fixture_free(&b);
 }
 
+/* Per-example weights multiply each example's loss and gradient. */
+static void test_sample_weights(void)
+{
+    loom_layer_spec ls[] = {L_dense(6, LOOM_ACT_TANH), L_dense(3, LOOM_ACT_NONE)};
+    static const loom_loss_kind losses[] = {LOOM_LOSS_SPARSE_SOFTMAX_CE, LOOM_LOSS_MSE};
+    for (int k = 0; k < 2; k++) {
+        loom_model_spec *s = mk(losses[k], 2, ls);
+        loom_shape lab = k ? shp(1, 3, 0, 0) : shp(0, 0, 0, 0);
+        fixture f;
+        if (fixture_new(&f, s, shp(1, 5, 0, 0), lab, k ? LOOM_F32 : LOOM_I64, 4, 5, 0) != LOOM_OK) {
+            CHECK(0);
+            return;
+        }
+        /* each example's loss alone, from evaluate on a batch of one */
+        double each[4], loss, want = 0;
+        int64_t c;
+        const double wv[4] = {2, 0, 1, 0.5};
+        for (int b = 0; b < 4; b++) {
+            loom_tensor x1 = f.x, y1 = f.y;
+            x1.shape.dim[0] = y1.shape.dim[0] = 1;
+            x1.data = (float *)f.x.data + b * 5;
+            y1.data = (char *)f.y.data + b * (k ? 3 * sizeof(float) : sizeof(int64_t));
+            CHECK(loom_model_evaluate(f.m, &x1, &y1, &each[b], &c, &err) == LOOM_OK);
+            want += wv[b] * each[b];
+        }
+        loom_tensor w;
+        tensor_of(&w, LOOM_F64, shp(1, 4, 0, 0), wv);
+        loom_model_set_sample_weights(f.m, &w);
+        CHECK(loom_model_evaluate(f.m, &f.x, &f.y, &loss, &c, &err) == LOOM_OK);
+        CHECK_NEAR(loss, want, 1e-5);
+        char what[64];
+        snprintf(what, sizeof what, "loss %d with sample weights", k);
+        loom_model_set_sample_weights(f.m, NULL);
+        fixture_free(&f);
+        /* the gradient of the weighted loss against finite differences: the
+         * fixture's weights stay set through gradcheck's steps */
+        fixture g;
+        if (fixture_new(&g, s, shp(1, 5, 0, 0), lab, k ? LOOM_F32 : LOOM_I64, 4, 5, 0) == LOOM_OK) {
+            loom_model_set_sample_weights(g.m, &w);
+            int64_t P = loom_model_num_params(g.m), bad = 0;
+            float *p = loom_model_params(g.m);
+            double l0 = step_loss(&g);
+            float *ga = malloc((size_t)P * sizeof *ga);
+            memcpy(ga, loom_model_grads(g.m), (size_t)P * sizeof *ga);
+            (void)l0;
+            for (int64_t q = 0; q < P; q++) {
+                float p0 = p[q];
+                p[q] = p0 + 1e-2f;
+                double lp = step_loss(&g);
+                p[q] = p0 - 1e-2f;
+                double lm = step_loss(&g);
+                p[q] = p0;
+                double num = (lp - lm) / 2e-2 / 4, an = ga[q];
+                bad += fabs(num - an) / fmax(fmax(fabs(num), fabs(an)), 1e-2) > 1e-2;
+            }
+            CHECK_MSG(bad == 0, "%s: %lld gradients off", what, (long long)bad);
+            free(ga);
+            /* a negative weight is the data's error */
+            ((double *)w.data)[2] = -1;
+            CHECK(loom_model_train_step(g.m, &g.x, &g.y, 4, 0, &loss, &c, &err) == LOOM_EDATA);
+            CHECK_CONTAINS(err.msg, "sample weight of example 2 in the batch is -1");
+            fixture_free(&g);
+        }
+        loom_tensor_fini(&w);
+    }
+}
+
 static const loom_test tests[] = {
     {"loss gradients (bce, mae, huber, class weights)", test_grad_losses},
     {"binary cross-entropy values and bad labels", test_bce_values},
@@ -872,6 +939,7 @@ static const loom_test tests[] = {
     {"new layers' gradients", test_grad_layers},
     {"gelu, leaky_relu, average pooling values", test_layer_values},
     {"batch normalization: moving statistics, threads, eval", test_batch_norm},
+    {"sample weights: loss, gradient, bad weights", test_sample_weights},
     {0},
 };
 
