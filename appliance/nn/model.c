@@ -638,22 +638,37 @@ static void chunk_loss(const step_job *j, nn_chunk_ *c)
         c->loss = nn_loss_mse_(z, (const float *)j->label->data + c->b0 * n, c->B, n, j->inv_gb, g, &c->correct);
 }
 
+/* Layer i's backward on chunk c, the gradient rows in c->bg (the other
+ * buffer c->bo); sets c->bdone when no earlier layer needs anything. */
+static void chunk_backward_layer(const loom_model *m, nn_chunk_ *c, int i)
+{
+    const nn_layer_ *l = &m->layer[i];
+    if (c->bdone) return;
+    if (!l->needs_dx && l->kernel_off < 0) {
+        c->bdone = 1;
+        return;
+    }
+    float *r = nn_layer_backward_(m, i, c, c->bg, c->bo);
+    if (!r) c->bdone = 1;
+    else if (r == c->bo) {
+        c->bo = c->bg;
+        c->bg = r;
+    }
+}
+
+static void chunk_backward_begin(nn_chunk_ *c)
+{
+    c->bg = c->gbuf[0];
+    c->bo = c->gbuf[1];
+    /* a non-finite loss fails the step (the caller checks the sum), so its gradient is never used */
+    c->bdone = !isfinite(c->loss);
+}
+
 static void chunk_backward(const step_job *j, nn_chunk_ *c)
 {
     const loom_model *m = j->m;
-    float *g = c->gbuf[0], *other = c->gbuf[1];
-    /* a non-finite loss fails the step (the caller checks the sum), so its gradient is never used */
-    if (!isfinite(c->loss)) return;
-    for (int i = m->n_layers - 1; i >= 0; i--) {
-        const nn_layer_ *l = &m->layer[i];
-        if (!l->needs_dx && l->kernel_off < 0) break;
-        float *r = nn_layer_backward_(m, i, c, g, other);
-        if (!r) break;
-        if (r == other) {
-            other = g;
-            g = r;
-        }
-    }
+    chunk_backward_begin(c);
+    for (int i = m->n_layers - 1; i >= 0 && !c->bdone; i--) chunk_backward_layer(m, c, i);
 }
 
 static void chunk_step(void *arg, int t)
@@ -682,19 +697,84 @@ static void part_backward(void *arg, int t) { step_job *j = arg; chunk_backward(
  * kernel rows and bias columns, each over the whole batch, so no gradient
  * element is a sum split at chunk boundaries: the same bits for any number
  * of threads. */
+static void grad_part_layer(const step_job *j, int t, int i)
+{
+    const loom_model *m = j->m;
+    const nn_layer_ *l = &m->layer[i];
+    if (l->kernel_off < 0) return;
+    /* chunk 0 starts at example 0: its input pointer is the whole batch's */
+    if (l->spec.kind == LOOM_LAYER_DENSE) nn_dense_param_grads_(m, i, m->chunk[0].act[i], j->B, t, j->nchunks);
+    else nn_conv_param_grads_(m, i, m->chunk[0].act[i], j->B, t, j->nchunks, m->chunk[t].col);
+}
+
 static void grad_part(void *arg, int t)
 {
     const step_job *j = arg;
+    for (int i = 0; i < j->m->n_layers; i++) grad_part_layer(j, t, i);
+}
+
+/* ---- a profiled step: each chunk times its layers -------------------------- */
+
+/* Each chunk clocks its own layers into c->pt (no barrier added between
+ * layers); the caller adds the mean over the chunks to the profile. */
+static void prof_forward(void *arg, int t)
+{
+    const step_job *j = arg;
     const loom_model *m = j->m;
-    const int parts = j->nchunks;
+    nn_chunk_ *c = &m->chunk[t];
+    c->act[0] = j->x + c->b0 * m->layer[0].n_in;
+    double t0 = loom_now();
     for (int i = 0; i < m->n_layers; i++) {
-        const nn_layer_ *l = &m->layer[i];
-        if (l->kernel_off < 0) continue;
-        /* chunk 0 starts at example 0: its input pointer is the whole batch's */
-        if (l->spec.kind == LOOM_LAYER_DENSE) nn_dense_param_grads_(m, i, m->chunk[0].act[i], j->B, t, parts);
-        else nn_conv_param_grads_(m, i, m->chunk[0].act[i], j->B, t, parts, m->chunk[t].col);
+        nn_layer_forward_(m, i, c, 1, j->rng_key);
+        double t1 = loom_now();
+        c->pt[i] = t1 - t0;
+        t0 = t1;
     }
 }
+
+static void prof_backward(void *arg, int t)
+{
+    const step_job *j = arg;
+    const loom_model *m = j->m;
+    nn_chunk_ *c = &m->chunk[t];
+    chunk_backward_begin(c);
+    double t0 = loom_now();
+    for (int i = m->n_layers - 1; i >= 0; i--) {
+        chunk_backward_layer(m, c, i);
+        double t1 = loom_now();
+        c->pt[i] = t1 - t0;
+        t0 = t1;
+    }
+}
+
+static void prof_grads(void *arg, int t)
+{
+    const step_job *j = arg;
+    const loom_model *m = j->m;
+    nn_chunk_ *c = &m->chunk[t];
+    double t0 = loom_now();
+    for (int i = 0; i < m->n_layers; i++) {
+        grad_part_layer(j, t, i);
+        double t1 = loom_now();
+        c->pt[i] = t1 - t0;
+        t0 = t1;
+    }
+}
+
+/* Runs fn over the chunks and adds each layer's mean chunk time to acc. */
+static void prof_run(loom_model *m, step_job *j, loom_pool_fn fn, double *acc)
+{
+    for (int t = 0; t < j->nchunks; t++) memset(m->chunk[t].pt, 0, sizeof m->chunk[t].pt);
+    loom_pool_run(m->pool, j->nchunks, fn, j);
+    for (int i = 0; i < m->n_layers; i++) {
+        double s = 0;
+        for (int t = 0; t < j->nchunks; t++) s += m->chunk[t].pt[i];
+        acc[i] += s / j->nchunks;
+    }
+}
+
+void loom_model_set_prof(loom_model *m, loom_model_prof *p) { m->prof = p; }
+int loom_model_num_layers(const loom_model *m) { return m->n_layers; }
 
 /* Runs job over the batch's chunks, one per thread, and sums their results
  * in chunk order; a train step then finishes the gradients (grad_part). */
@@ -743,7 +823,11 @@ int loom_model_forward(loom_model *m, const loom_tensor *x, uint64_t rng_key, lo
     step_job j = {.m = m, .kind = JOB_TRAIN, .x = x->data, .rng_key = rng_key, .B = B};
     j.nchunks = split_batch(m, B);
     for (int t = 0; t < j.nchunks; t++) m->chunk[t].loss = 0;
-    loom_pool_run(m->pool, j.nchunks, part_forward, &j);
+    if (m->prof) {
+        prof_run(m, &j, prof_forward, m->prof->fwd);
+    } else {
+        loom_pool_run(m->pool, j.nchunks, part_forward, &j);
+    }
     m->part_B = B;
     m->part_done = 1;
     return LOOM_OK;
@@ -782,8 +866,13 @@ int loom_model_backward(loom_model *m, loom_err *err)
         return loom_err_set(err, LOOM_EUSAGE, m->where, "backward needs the loss of a forward pass first");
     step_job j = {.m = m, .kind = JOB_TRAIN, .B = m->part_B};
     j.nchunks = j.B < m->threads ? (int)j.B : m->threads;
-    loom_pool_run(m->pool, j.nchunks, part_backward, &j);
-    loom_pool_run(m->pool, j.nchunks, grad_part, &j);
+    if (m->prof) {
+        prof_run(m, &j, prof_backward, m->prof->bwd);
+        prof_run(m, &j, prof_grads, m->prof->pgrad);
+    } else {
+        loom_pool_run(m->pool, j.nchunks, part_backward, &j);
+        loom_pool_run(m->pool, j.nchunks, grad_part, &j);
+    }
     m->part_done = 0;
     return LOOM_OK;
 }
@@ -808,4 +897,52 @@ int loom_model_predict(loom_model *m, const loom_tensor *x, float *out, loom_err
     step_job j = {.kind = JOB_PREDICT, .x = x->data, .out = out};
     run_chunks(m, &j, B, NULL, NULL);
     return LOOM_OK;
+}
+
+/* ---- describing layers for a profile ---------------------------------------- */
+
+const char *loom_model_layer_describe(const loom_model *m, int i, char *buf, size_t n)
+{
+    const nn_layer_ *l = &m->layer[i];
+    const char *kind = nn_layer_kind_name_(l->spec.kind), *act = l->act ? nn_activation_name_(l->act) : "";
+    switch (l->spec.kind) {
+    case LOOM_LAYER_DENSE:
+        snprintf(buf, n, "%s %s %lld->%lld%s%s", l->spec.name, kind, (long long)l->n_in, (long long)l->n_out,
+                 *act ? " " : "", act);
+        break;
+    case LOOM_LAYER_CONV2D:
+        snprintf(buf, n, "%s %s %dx%d %d->%d%s%s", l->spec.name, kind, l->kh, l->kw, l->cin, l->cout, *act ? " " : "",
+                 act);
+        break;
+    case LOOM_LAYER_MAX_POOL2D:
+        snprintf(buf, n, "%s %s %dx%d", l->spec.name, kind, l->kh, l->kw);
+        break;
+    default:
+        snprintf(buf, n, "%s %s%s%s", l->spec.name, kind, *act ? " " : "", act);
+        break;
+    }
+    return buf;
+}
+
+int loom_model_layer_gemm(const loom_model *m, int i, int64_t B, int which, loom_gemm_shape *out)
+{
+    const nn_layer_ *l = &m->layer[i];
+    int64_t rows, in, outn; /* the product's batch rows, its inner and outer widths */
+    if (l->spec.kind == LOOM_LAYER_DENSE) {
+        rows = B, in = l->n_in, outn = l->n_out;
+    } else if (l->spec.kind == LOOM_LAYER_CONV2D) {
+        rows = B * l->oh * l->ow, in = (int64_t)l->kh * l->kw * l->cin, outn = l->cout;
+    } else {
+        return 0;
+    }
+    if (rows > INT_MAX || in > INT_MAX) return 0;
+    switch (which) {
+    case 0: *out = (loom_gemm_shape){false, false, (int)rows, (int)outn, (int)in}; return 1; /* y = x W */
+    case 1: /* dx = dz W^T */
+        if (!l->needs_dx) return 0;
+        *out = (loom_gemm_shape){false, true, (int)rows, (int)in, (int)outn};
+        return 1;
+    case 2: *out = (loom_gemm_shape){true, false, (int)in, (int)outn, (int)rows}; return 1; /* dW = x^T dz */
+    }
+    return 0;
 }

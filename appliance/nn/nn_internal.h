@@ -39,6 +39,9 @@ typedef struct nn_chunk_ {
     float       *col;                      /* im2col scratch; NULL when no conv needs one */
     float       *gbuf[2];                  /* (B, max n) ping-pong gradient rows of this chunk */
     const float *act[LOOM_MAX_LAYERS + 1]; /* act[i] (B, n_in of layer i): layer i's input; act[n_layers]: output */
+    float       *bg, *bo;                  /* backward, one layer at a time: the gradient rows */
+    int          bdone;                    /*   and the other buffer between layers; 1 = no layer left */
+    double       pt[LOOM_MAX_LAYERS];      /* a profiled phase: seconds of each layer on this chunk */
     double       loss;                     /* results of the chunk */
     int64_t      correct;
 } __attribute__((aligned(64))) nn_chunk_;
@@ -70,6 +73,7 @@ struct loom_model {
     /* a train step taken in parts (loom_model_forward, _loss, _backward) */
     int              part_done;     /* phases done on the current batch: 0, 1 (forward), 2 (loss) */
     int64_t          part_B;        /* its examples */
+    loom_model_prof *prof;          /* loom_model_set_prof; NULL: off */
 };
 
 /* ---- batch checks (model.c), shared with the device executor ------------- */
