@@ -22,6 +22,7 @@ typedef struct nn_layer_ {
     /* conv2d, max_pool2d geometry */
     int ih, iw, cin, oh, ow, cout, kh, kw, sh, sw, pad_t, pad_l;
     int chunk;                     /* conv2d: examples per im2col chunk */
+    int fma;                       /* conv2d with cin = 1: the explicit-FMA direct kernels (the CPU has AVX2+FMA) */
     float         *y;              /* (max_batch, n_out) owned output; NULL for flatten */
     int32_t       *argmax;         /* max_pool2d: (max_batch, n_out) input index within the example */
     uint8_t       *mask;           /* dropout: (max_batch, n_out) 1 = kept */
