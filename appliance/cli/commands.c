@@ -230,7 +230,8 @@ static int cmd_profile_main(int argc, char **argv, double start)
                    "--train profiles training steps instead (default 20, after 3 warm-up), writing nothing:\n"
                    "microseconds per step of the input hand-off, each layer's forward, the loss, each\n"
                    "layer's backward and weight gradients, the gradient reduction and the optimizer, each\n"
-                   "as a share of the step and against the GEMM-only time of its products.\n");
+                   "as a share of the step and against the GEMM-only time of its products. Lua hooks\n"
+                   "(callbacks, a custom train_step) are not run.\n");
             return LOOM_EXIT_OK;
         } else if (!strcmp(a, "--train")) {
             train = true;
