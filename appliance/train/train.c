@@ -1292,7 +1292,7 @@ int loom_train_profile(const loom_spec *spec, int64_t steps, int64_t warmup, FIL
     bool parts = loom_strategy_has_parts(s);
     loom_model *m0 = parts ? loom_strategy_replica(s, 0) : loom_strategy_model(s);
     int nl = loom_model_num_layers(m0);
-    loom_model_prof prof, zero = {0};
+    loom_model_prof prof = {0}, zero = {0};
     loom_step_result *per = loom_calloc((size_t)R, sizeof *per);
     double (*bound)[3] = loom_calloc((size_t)nl, sizeof *bound);
     if (!per || !bound) {
