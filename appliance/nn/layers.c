@@ -423,27 +423,176 @@ NN_HOT static void conv1_kernel_grad(const nn_layer_ *l, const float *restrict x
     }
 }
 
-/* col (nb*OH*OW, k1 - k0): columns [k0, k1) of im2col's (i, j, c) order. */
-NN_HOT static void im2col_cols(const nn_layer_ *l, const float *restrict x, int64_t nb, int64_t k0, int64_t k1,
-                               float *restrict col)
+/* ---- the same two kernels with explicit FMA (AVX2 + FMA) --------------------
+ * The build keeps -ffp-contract=off (a multiply-add is fused only where the
+ * code says so, so the bits do not depend on the compiler's mood), which
+ * leaves the generic kernels above a multiply and an add per tap. These say
+ * fused multiply-add explicitly: one rounding per tap, the same loops and
+ * summation order as above, so a split of the taps or the batch still gives
+ * the same bits. Chosen at model build from the CPU's features
+ * (loom_cpu()->level >= LOOM_CPU_AVX2_FMA, nn_layer_.fma), on AVX-512 CPUs
+ * too: the taps' work is 256 bits wide either way on the cores measured. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define NN_FMA_TARGET __attribute__((target("avx2,fma")))
+
+NN_FMA_TARGET static void conv1_forward_fma(const nn_layer_ *l, const float *restrict Wt, const float *restrict bias,
+                                            const float *restrict x, float *restrict y, int64_t nb, float *restrict xp)
 {
-    const int H = l->ih, W = l->iw, C = l->cin, OH = l->oh, OW = l->ow, KW = l->kw;
-    const int64_t w = k1 - k0;
+    int Hp, Wp;
+    plane_dims(l, &Hp, &Wp);
+    const int OH = l->oh, OW = l->ow, CO = l->cout, KH = l->kh, KW = l->kw, SH = l->sh, SW = l->sw;
+    const int CB = CO - CO % NN_CB;
+    for (int64_t b = 0; b < nb; b++) {
+        pad_plane(l, x + b * l->n_in, xp, Hp, Wp);
+        for (int oy = 0; oy < OH; oy++)
+            for (int ox = 0; ox < OW; ox++) {
+                float *restrict yp = y + ((b * OH + oy) * OW + ox) * (int64_t)CO;
+                const float *restrict x0 = xp + (int64_t)oy * SH * Wp + (int64_t)ox * SW;
+                int q = ox + 4 <= OW ? 4 : 1; /* pixels done together */
+                for (int c0 = 0; c0 < CB; c0 += NN_CB) {
+                    __m256 lo = bias ? _mm256_loadu_ps(bias + c0) : _mm256_setzero_ps();
+                    __m256 hi = bias ? _mm256_loadu_ps(bias + c0 + 8) : _mm256_setzero_ps();
+                    __m256 a0 = lo, a1 = lo, a2 = lo, a3 = lo, b0 = hi, b1 = hi, b2 = hi, b3 = hi;
+                    for (int i = 0; i < KH; i++)
+                        for (int j = 0; j < KW; j++) {
+                            const float *xv = x0 + i * Wp + j;
+                            const float *wp = Wt + (i * KW + j) * CO + c0;
+                            __m256 wl = _mm256_loadu_ps(wp), wh = _mm256_loadu_ps(wp + 8);
+                            __m256 v = _mm256_broadcast_ss(xv);
+                            a0 = _mm256_fmadd_ps(v, wl, a0);
+                            b0 = _mm256_fmadd_ps(v, wh, b0);
+                            if (q == 4) {
+                                v = _mm256_broadcast_ss(xv + SW);
+                                a1 = _mm256_fmadd_ps(v, wl, a1);
+                                b1 = _mm256_fmadd_ps(v, wh, b1);
+                                v = _mm256_broadcast_ss(xv + 2 * SW);
+                                a2 = _mm256_fmadd_ps(v, wl, a2);
+                                b2 = _mm256_fmadd_ps(v, wh, b2);
+                                v = _mm256_broadcast_ss(xv + 3 * SW);
+                                a3 = _mm256_fmadd_ps(v, wl, a3);
+                                b3 = _mm256_fmadd_ps(v, wh, b3);
+                            }
+                        }
+                    _mm256_storeu_ps(yp + c0, a0);
+                    _mm256_storeu_ps(yp + c0 + 8, b0);
+                    if (q == 4) {
+                        _mm256_storeu_ps(yp + CO + c0, a1);
+                        _mm256_storeu_ps(yp + CO + c0 + 8, b1);
+                        _mm256_storeu_ps(yp + 2 * CO + c0, a2);
+                        _mm256_storeu_ps(yp + 2 * CO + c0 + 8, b2);
+                        _mm256_storeu_ps(yp + 3 * CO + c0, a3);
+                        _mm256_storeu_ps(yp + 3 * CO + c0 + 8, b3);
+                    }
+                }
+                for (int p = 0; p < q; p++)
+                    for (int co = CB; co < CO; co++) {
+                        float a = bias ? bias[co] : 0.f;
+                        for (int i = 0; i < KH; i++)
+                            for (int j = 0; j < KW; j++)
+                                a = __builtin_fmaf(x0[i * Wp + j + p * SW], Wt[(i * KW + j) * CO + co], a);
+                        yp[p * CO + co] = a;
+                    }
+                ox += q - 1;
+            }
+    }
+}
+
+NN_FMA_TARGET static void conv1_kernel_grad_fma(const nn_layer_ *l, const float *restrict x, const float *restrict dz,
+                                                int64_t nb, int t0, int t1, float *restrict dW, float *restrict xp,
+                                                float *restrict acc)
+{
+    int Hp, Wp;
+    plane_dims(l, &Hp, &Wp);
+    const int OH = l->oh, OW = l->ow, CO = l->cout, KW = l->kw, SH = l->sh, SW = l->sw;
+    const int CB = CO - CO % NN_CB;
+    const int64_t n = (int64_t)(t1 - t0) * CO;
+    for (int64_t e = 0; e < n; e++) dW[(int64_t)t0 * CO + e] = 0.f;
+    for (int64_t b = 0; b < nb; b++) {
+        pad_plane(l, x + b * l->n_in, xp, Hp, Wp);
+        for (int64_t e = 0; e < n; e++) acc[e] = 0.f;
+        for (int oy = 0; oy < OH; oy++) {
+            const float *restrict gr = dz + (b * OH + oy) * (int64_t)OW * CO;
+            for (int tap = t0; tap < t1; tap++) {
+                const int i = tap / KW, j = tap % KW;
+                const float *restrict xr = xp + (int64_t)(oy * SH + i) * Wp + j;
+                float *restrict at = acc + (int64_t)(tap - t0) * CO;
+                for (int c0 = 0; c0 < CB; c0 += NN_CB) {
+                    /* four partial sums (pixel mod 4), as the generic kernel keeps them */
+                    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, h0 = s0, h1 = s0, h2 = s0, h3 = s0;
+                    int ox = 0;
+                    for (; ox + 4 <= OW; ox += 4) {
+                        const float *gp = gr + ox * CO + c0, *xv = xr + ox * SW;
+                        __m256 v = _mm256_broadcast_ss(xv);
+                        s0 = _mm256_fmadd_ps(v, _mm256_loadu_ps(gp), s0);
+                        h0 = _mm256_fmadd_ps(v, _mm256_loadu_ps(gp + 8), h0);
+                        v = _mm256_broadcast_ss(xv + SW);
+                        s1 = _mm256_fmadd_ps(v, _mm256_loadu_ps(gp + CO), s1);
+                        h1 = _mm256_fmadd_ps(v, _mm256_loadu_ps(gp + CO + 8), h1);
+                        v = _mm256_broadcast_ss(xv + 2 * SW);
+                        s2 = _mm256_fmadd_ps(v, _mm256_loadu_ps(gp + 2 * CO), s2);
+                        h2 = _mm256_fmadd_ps(v, _mm256_loadu_ps(gp + 2 * CO + 8), h2);
+                        v = _mm256_broadcast_ss(xv + 3 * SW);
+                        s3 = _mm256_fmadd_ps(v, _mm256_loadu_ps(gp + 3 * CO), s3);
+                        h3 = _mm256_fmadd_ps(v, _mm256_loadu_ps(gp + 3 * CO + 8), h3);
+                    }
+                    for (; ox < OW; ox++) {
+                        __m256 v = _mm256_broadcast_ss(xr + ox * SW);
+                        s0 = _mm256_fmadd_ps(v, _mm256_loadu_ps(gr + ox * CO + c0), s0);
+                        h0 = _mm256_fmadd_ps(v, _mm256_loadu_ps(gr + ox * CO + c0 + 8), h0);
+                    }
+                    __m256 sl = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
+                    __m256 sh = _mm256_add_ps(_mm256_add_ps(h0, h1), _mm256_add_ps(h2, h3));
+                    _mm256_storeu_ps(at + c0, _mm256_add_ps(_mm256_loadu_ps(at + c0), sl));
+                    _mm256_storeu_ps(at + c0 + 8, _mm256_add_ps(_mm256_loadu_ps(at + c0 + 8), sh));
+                }
+                for (int co = CB; co < CO; co++) {
+                    float a = 0.f;
+                    for (int ox = 0; ox < OW; ox++) a = __builtin_fmaf(xr[ox * SW], gr[ox * CO + co], a);
+                    at[co] += a;
+                }
+            }
+        }
+        for (int64_t e = 0; e < n; e++) dW[(int64_t)t0 * CO + e] += acc[e];
+    }
+}
+#define NN_HAVE_FMA 1
+#else
+#define NN_HAVE_FMA 0
+#endif
+
+/* col (nb*OH*OW, k1 - k0): columns [k0, k1) of im2col's (i, j, c) order. */
+/* A kernel row's columns are KW*C floats of one image row, contiguous where
+ * the window lies inside the image: as im2col, one copy per kernel row (of
+ * its columns inside [k0, k1)) with zeros around it, not one call per tap. */
+NN_HOT __attribute__((optimize("no-tree-loop-distribute-patterns"))) static void im2col_cols(
+    const nn_layer_ *l, const float *restrict x, int64_t nb, int64_t k0, int64_t k1, float *restrict col)
+{
+    const int H = l->ih, W = l->iw, C = l->cin, OH = l->oh, OW = l->ow, KH = l->kh, KW = l->kw;
+    const int64_t w = k1 - k0, RW = (int64_t)KW * C; /* a kernel row's columns */
+    const int i0 = (int)(k0 / RW), i1 = (int)((k1 - 1) / RW) + 1 < KH ? (int)((k1 - 1) / RW) + 1 : KH;
     for (int64_t b = 0; b < nb; b++) {
         const float *xb = x + b * (int64_t)H * W * C;
         for (int oy = 0; oy < OH; oy++)
             for (int ox = 0; ox < OW; ox++) {
                 float *restrict row = col + ((b * OH + oy) * OW + ox) * w;
                 int y0 = oy * l->sh - l->pad_t, x0 = ox * l->sw - l->pad_l;
-                for (int64_t k = k0; k < k1;) {
-                    int64_t tap = k / C, c = k % C, n = C - c < k1 - k ? C - c : k1 - k;
-                    int yy = y0 + (int)(tap / KW), xx = x0 + (int)(tap % KW);
-                    float *restrict d = row + (k - k0);
-                    if (yy < 0 || yy >= H || xx < 0 || xx >= W)
-                        for (int64_t q = 0; q < n; q++) d[q] = 0.f;
-                    else
-                        memcpy(d, xb + ((int64_t)yy * W + xx) * C + c, (size_t)n * sizeof *d);
-                    k += n;
+                /* columns [ja*C, jb*C) of a kernel row fall inside the image */
+                int ja = x0 < 0 ? (-x0 < KW ? -x0 : KW) : 0, jb = x0 + KW > W ? W - x0 : KW;
+                if (jb < ja) jb = ja;
+                for (int i = i0; i < i1; i++) {
+                    int64_t r0 = (int64_t)i * RW, a = k0 > r0 ? k0 - r0 : 0, e = k1 < r0 + RW ? k1 - r0 : RW;
+                    float *restrict d = row + (r0 + a - k0); /* columns [a, e) of kernel row i */
+                    int yy = y0 + i;
+                    if (yy < 0 || yy >= H) {
+                        zero_short(d, (int)(e - a));
+                        continue;
+                    }
+                    int64_t va = (int64_t)ja * C > a ? (int64_t)ja * C : a, vb = (int64_t)jb * C < e ? (int64_t)jb * C : e;
+                    if (vb < va) vb = va;
+                    zero_short(d, (int)(va - a));
+                    copy_short(d + (va - a), xb + (((int64_t)yy * W + x0) * C + va), (int)(vb - va));
+                    zero_short(d + (vb - a), (int)(e - vb));
                 }
             }
     }
@@ -461,7 +610,11 @@ static void conv_forward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, 
     const float *bias = l->bias_off >= 0 ? m->params + l->bias_off : NULL;
     const int64_t K = (int64_t)l->kh * l->kw * l->cin, P = (int64_t)l->oh * l->ow;
     if (l->cin == 1 && !conv_is_pointwise(l)) {
-        conv1_forward(l, W, bias, x, yc, B, c->col);
+#if NN_HAVE_FMA
+        if (l->fma) conv1_forward_fma(l, W, bias, x, yc, B, c->col);
+        else
+#endif
+            conv1_forward(l, W, bias, x, yc, B, c->col);
         if (l->act != LOOM_ACT_NONE) bias_act(yc, NULL, B * P, l->cout, l->act);
         return;
     }
@@ -516,7 +669,11 @@ void nn_conv_param_grads_(const loom_model *m, int li, const float *x, int64_t B
         int T = l->kh * l->kw, t0 = (int)((int64_t)T * part / parts), t1 = (int)((int64_t)T * (part + 1) / parts);
         int Hp, Wp;
         plane_dims(l, &Hp, &Wp);
-        if (t1 > t0) conv1_kernel_grad(l, x, dz, B, t0, t1, dW, scratch, scratch + (int64_t)Hp * Wp);
+#if NN_HAVE_FMA
+        if (t1 > t0 && l->fma) conv1_kernel_grad_fma(l, x, dz, B, t0, t1, dW, scratch, scratch + (int64_t)Hp * Wp);
+        else
+#endif
+            if (t1 > t0) conv1_kernel_grad(l, x, dz, B, t0, t1, dW, scratch, scratch + (int64_t)Hp * Wp);
     } else {
         /* dW rows [k0, k1) (k1 - k0, cout) = col[:, k0:k1]^T dZ, over im2col
          * chunks at fixed example offsets, whatever the parts */

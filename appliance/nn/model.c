@@ -431,6 +431,7 @@ int loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_sha
             int64_t direct = ((int64_t)(l->oh - 1) * l->sh + l->kh) * ((int64_t)(l->ow - 1) * l->sw + l->kw) +
                              (int64_t)l->kh * l->kw * l->cout;
             if (l->cin == 1 && !pointwise && direct > colmax) colmax = direct;
+            l->fma = loom_cpu()->level >= LOOM_CPU_AVX2_FMA; /* kernels by the CPU's features, read at start */
         }
     }
     size_t pbytes = (size_t)(m->n_params ? m->n_params : 1) * sizeof(float);
@@ -828,7 +829,18 @@ typedef struct step_job {
     int64_t            B;         /* examples in the batch */
     int                nchunks;   /* chunks of the batch, and parts of the gradient pass */
     int                l0, l1;    /* the layers [l0, l1) of a segment (between batch normalizations) */
+    bool               timed;     /* a profiled phase: each chunk clocks its layers into c->pt (run_phase) */
 } step_job;
+
+/* With j->timed, a chunk's phase clocks layer i when it is done: the time
+ * since the previous clock t, into c->pt[i]; returns the new clock. Reading
+ * the clock changes no computation, so a profiled step has the same bits. */
+static double clock_layer(nn_chunk_ *c, int i, double t)
+{
+    double now = loom_now();
+    c->pt[i] = now - t;
+    return now;
+}
 
 /* The three phases of a chunk's step. chunk_step runs them back to back;
  * loom_model_forward / _loss / _backward run one each over all chunks, and
@@ -841,7 +853,11 @@ static void chunk_forward(const step_job *j, nn_chunk_ *c)
     if (j->l0 == 0)
         c->act[0] = (const float *)((const char *)j->x +
                                     c->b0 * m->layer[0].n_in * (int64_t)loom_dtype_size(m->input_dtype));
-    for (int i = j->l0; i < j->l1; i++) nn_layer_forward_(m, i, c, j->kind == JOB_TRAIN, j->rng_key);
+    double t = j->timed ? loom_now() : 0;
+    for (int i = j->l0; i < j->l1; i++) {
+        nn_layer_forward_(m, i, c, j->kind == JOB_TRAIN, j->rng_key);
+        if (j->timed) t = clock_layer(c, i, t);
+    }
 }
 
 /* The loss of the chunk's outputs and, for a train step, its gradient into gbuf[0]. */
@@ -866,11 +882,13 @@ static int first_tensor(const loom_model *m, const nn_layer_ *l)
 /* Part `part` of `parts` of layer i's whole-batch parameter gradients (dense,
  * conv2d, layer_normalization; an embedding's sparse rows in part 0; batch
  * normalization's come from nn_bn_backward_). */
+static bool has_grad_pass(const nn_layer_ *l) { return l->kernel_off >= 0 && l->spec.kind != LOOM_LAYER_BATCH_NORM; }
+
 static void layer_param_grads(const step_job *j, int i, int part, int parts)
 {
     loom_model *m = j->m;
     const nn_layer_ *l = &m->layer[i];
-    if (l->kernel_off < 0 || l->spec.kind == LOOM_LAYER_BATCH_NORM) return;
+    if (!has_grad_pass(l)) return;
     if (l->spec.kind == LOOM_LAYER_EMBEDDING) {
         if (part == 0) nn_embedding_param_grads_(m, i, m->chunk[0].act[0], j->B);
         return;
@@ -896,6 +914,28 @@ static bool hook_per_layer(const loom_model *m)
     return true;
 }
 
+/* Layer i's backward on chunk c: the gradient rows in c->g, the other
+ * buffer c->other (swapped when the layer writes there); sets c->bw_done
+ * when no earlier layer needs anything. with_hook: then the layer's
+ * parameter gradients and the hook (see chunk_backward_). */
+static void chunk_backward_layer(const step_job *j, nn_chunk_ *c, int i, bool with_hook)
+{
+    const loom_model *m = j->m;
+    const nn_layer_ *l = &m->layer[i];
+    float *r = NULL;
+    if (l->needs_dx || l->kernel_off >= 0) r = nn_layer_backward_(m, i, c, c->g, c->other);
+    if (with_hook && l->kernel_off >= 0) {
+        layer_param_grads(j, i, 0, 1);
+        m->grad_hook(m->grad_hook_arg, first_tensor(m, l));
+    }
+    if (!r) {
+        c->bw_done = 1;
+    } else if (r == c->other) {
+        c->other = c->g;
+        c->g = r;
+    }
+}
+
 /* The backward of layers [l0, l1), from the top; the gradient buffers carry
  * over between segments in c->g and c->other (set by the top segment).
  * with_hook: one chunk (the whole batch), one segment, and a per-layer
@@ -909,26 +949,12 @@ static void chunk_backward_(const step_job *j, nn_chunk_ *c, bool with_hook)
         c->bw_done = 0;
     }
     /* a non-finite loss fails the step (the caller checks the sum), so its gradient is never used */
-    if (!isfinite(c->loss) || c->bw_done) return;
-    float *g = c->g, *other = c->other;
-    for (int i = j->l1 - 1; i >= j->l0; i--) {
-        const nn_layer_ *l = &m->layer[i];
-        float *r = NULL;
-        if (l->needs_dx || l->kernel_off >= 0) r = nn_layer_backward_(m, i, c, g, other);
-        if (with_hook && l->kernel_off >= 0) {
-            layer_param_grads(j, i, 0, 1);
-            m->grad_hook(m->grad_hook_arg, first_tensor(m, l));
-        }
-        if (!r) {
-            c->bw_done = 1;
-            break;
-        }
-        if (r == other) {
-            other = g;
-            g = r;
-        }
+    if (!isfinite(c->loss)) return;
+    double t = j->timed ? loom_now() : 0;
+    for (int i = j->l1 - 1; i >= j->l0 && !c->bw_done; i--) {
+        chunk_backward_layer(j, c, i, with_hook);
+        if (j->timed) t = clock_layer(c, i, t);
     }
-    c->g = g, c->other = other;
 }
 
 static void chunk_backward(const step_job *j, nn_chunk_ *c) { chunk_backward_(j, c, false); }
@@ -936,10 +962,31 @@ static void chunk_backward(const step_job *j, nn_chunk_ *c) { chunk_backward_(j,
 static void part_forward_(void *arg, int t) { step_job *j = arg; chunk_forward(j, &j->m->chunk[t]); }
 static void part_backward_(void *arg, int t) { step_job *j = arg; chunk_backward(j, &j->m->chunk[t]); }
 
+/* Runs fn over j's chunks. acc: a profile's phase (NULL: none); the chunks
+ * clock the layers they run (j->timed) and acc gets each layer's mean over
+ * the chunks. */
+static void run_phase(loom_model *m, step_job *j, loom_pool_fn fn, double *acc)
+{
+    if (!acc) {
+        loom_pool_run(m->pool, j->nchunks, fn, j);
+        return;
+    }
+    for (int t = 0; t < j->nchunks; t++) memset(m->chunk[t].pt, 0, sizeof m->chunk[t].pt);
+    j->timed = true;
+    loom_pool_run(m->pool, j->nchunks, fn, j);
+    j->timed = false;
+    for (int i = 0; i < m->n_layers; i++) {
+        double s = 0;
+        for (int t = 0; t < j->nchunks; t++) s += m->chunk[t].pt[i];
+        acc[i] += s / j->nchunks;
+    }
+}
+
 /* The forward of every segment (whole-model job j, its chunks split): the
  * chunks run the layers between batch normalizations, which run once over
- * the whole batch. */
-static void forward_all(loom_model *m, step_job *j)
+ * the whole batch. acc: a profile's forward (NULL: none); a batch
+ * normalization is clocked whole, on this thread. */
+static void forward_all(loom_model *m, step_job *j, double *acc)
 {
     int l0 = 0;
     /* the input may be ids (int32, int64) rather than floats: offset in bytes */
@@ -949,9 +996,11 @@ static void forward_all(loom_model *m, step_job *j)
     for (int i = 0; i <= m->n_layers; i++) {
         if (i < m->n_layers && m->layer[i].spec.kind != LOOM_LAYER_BATCH_NORM) continue;
         j->l0 = l0, j->l1 = i;
-        if (i > l0) loom_pool_run(m->pool, j->nchunks, part_forward_, j);
+        if (i > l0) run_phase(m, j, part_forward_, acc);
         if (i < m->n_layers) {
+            double t0 = acc ? loom_now() : 0;
             nn_bn_forward_(m, i, m->chunk[0].act[i], j->B, j->kind == JOB_TRAIN);
+            if (acc) acc[i] += loom_now() - t0;
             for (int t = 0; t < j->nchunks; t++) m->chunk[t].act[i + 1] = m->layer[i].y + m->chunk[t].b0 * m->layer[i].n_out;
         }
         l0 = i + 1;
@@ -959,17 +1008,20 @@ static void forward_all(loom_model *m, step_job *j)
     j->l0 = 0, j->l1 = m->n_layers;
 }
 
-static void backward_all(loom_model *m, step_job *j)
+/* The backward of every segment, from the top (as forward_all). */
+static void backward_all(loom_model *m, step_job *j, double *acc)
 {
     int l1 = m->n_layers;
     for (int i = m->n_layers - 1; i >= -1; i--) {
         if (i >= 0 && m->layer[i].spec.kind != LOOM_LAYER_BATCH_NORM) continue;
         j->l0 = i + 1, j->l1 = l1;
-        if (l1 > i + 1 || l1 == m->n_layers) loom_pool_run(m->pool, j->nchunks, part_backward_, j);
+        if (l1 > i + 1 || l1 == m->n_layers) run_phase(m, j, part_backward_, acc);
         if (i >= 0) {
             int done = 1;
             for (int t = 0; t < j->nchunks; t++) done &= m->chunk[t].bw_done || !isfinite(m->chunk[t].loss);
+            double t0 = acc ? loom_now() : 0;
             if (!done) nn_bn_backward_(m, i, m->chunk, j->nchunks, j->B);
+            if (acc) acc[i] += loom_now() - t0;
         }
         l1 = i;
     }
@@ -1016,12 +1068,17 @@ static void part_predict(void *arg, int t)
 /* Part t of the gradients that wait for all chunks: dense and conv layers'
  * kernel rows and bias columns, each over the whole batch, so no gradient
  * element is a sum split at chunk boundaries: the same bits for any number
- * of threads. */
+ * of threads. Timed, only the layers with such a pass are clocked (the
+ * others' few instructions go to the next one's). */
 static void grad_part(void *arg, int t)
 {
     const step_job *j = arg;
     const loom_model *m = j->m;
-    for (int i = 0; i < m->n_layers; i++) layer_param_grads(j, i, t, j->nchunks);
+    double t0 = j->timed ? loom_now() : 0;
+    for (int i = 0; i < m->n_layers; i++) {
+        layer_param_grads(j, i, t, j->nchunks);
+        if (j->timed && has_grad_pass(&m->layer[i])) t0 = clock_layer(&m->chunk[t], i, t0);
+    }
 }
 
 /* With a per-layer gradient hook and several chunks: the whole-batch
@@ -1074,13 +1131,13 @@ static void run_chunks(loom_model *m, step_job *j, int64_t B, double *loss, int6
         loom_pool_run(m->pool, j->nchunks, chunk_step, j);
     } else { /* batch normalization needs the whole batch between segments */
         int kind = j->kind;
-        forward_all(m, j);
+        forward_all(m, j, NULL);
         if (kind == JOB_PREDICT) {
             loom_pool_run(m->pool, j->nchunks, part_predict, j);
             return;
         }
         loom_pool_run(m->pool, j->nchunks, part_loss, j);
-        if (kind == JOB_TRAIN) backward_all(m, j);
+        if (kind == JOB_TRAIN) backward_all(m, j, NULL);
     }
     double l = 0;
     int64_t ok = 0;
@@ -1109,6 +1166,9 @@ static void run_chunks(loom_model *m, step_job *j, int64_t B, double *loss, int6
     /* every gradient is final (layers without parameters below, the l2 penalty added) */
     if (j->kind == JOB_TRAIN && isfinite(l) && m->grad_hook) m->grad_hook(m->grad_hook_arg, 0);
 }
+
+void loom_model_set_prof(loom_model *m, loom_model_prof *p) { m->prof = p; }
+int loom_model_num_layers(const loom_model *m) { return m->n_layers; }
 
 void loom_model_set_grad_hook(loom_model *m, loom_grad_ready_fn fn, void *arg)
 {
@@ -1143,7 +1203,7 @@ int loom_model_forward(loom_model *m, const loom_tensor *x, uint64_t rng_key, lo
     step_job j = {.m = m, .kind = JOB_TRAIN, .x = x->data, .rng_key = rng_key, .B = B};
     j.nchunks = split_batch(m, B);
     for (int t = 0; t < j.nchunks; t++) m->chunk[t].loss = 0;
-    forward_all(m, &j);
+    forward_all(m, &j, m->prof ? m->prof->fwd : NULL);
     m->part_B = B;
     m->part_done = 1;
     return LOOM_OK;
@@ -1185,8 +1245,8 @@ int loom_model_backward(loom_model *m, loom_err *err)
         return loom_err_set(err, LOOM_EUSAGE, m->where, "backward needs the loss of a forward pass first");
     step_job j = {.m = m, .kind = JOB_TRAIN, .B = m->part_B};
     j.nchunks = j.B < m->threads ? (int)j.B : m->threads;
-    backward_all(m, &j);
-    loom_pool_run(m->pool, j.nchunks, grad_part, &j);
+    backward_all(m, &j, m->prof ? m->prof->bwd : NULL);
+    run_phase(m, &j, grad_part, m->prof ? m->prof->pgrad : NULL);
     l2_penalty(m, j.B, m->part_gb, m->grads);
     m->part_done = 0;
     return LOOM_OK;
@@ -1240,3 +1300,51 @@ void loom_model_sparse_grad(const loom_model *m, int i, loom_sparse_grad *out)
 }
 
 void loom_model_set_sparse_owner(loom_model *m, int on) { m->sparse_owner = on != 0; }
+
+/* ---- describing layers for a profile ---------------------------------------- */
+
+const char *loom_model_layer_describe(const loom_model *m, int i, char *buf, size_t n)
+{
+    const nn_layer_ *l = &m->layer[i];
+    const char *kind = nn_layer_kind_name_(l->spec.kind), *act = l->act ? nn_activation_name_(l->act) : "";
+    switch (l->spec.kind) {
+    case LOOM_LAYER_DENSE:
+        snprintf(buf, n, "%s %s %lld->%lld%s%s", l->spec.name, kind, (long long)l->n_in, (long long)l->n_out,
+                 *act ? " " : "", act);
+        break;
+    case LOOM_LAYER_CONV2D:
+        snprintf(buf, n, "%s %s %dx%d %d->%d%s%s", l->spec.name, kind, l->kh, l->kw, l->cin, l->cout, *act ? " " : "",
+                 act);
+        break;
+    case LOOM_LAYER_MAX_POOL2D:
+        snprintf(buf, n, "%s %s %dx%d", l->spec.name, kind, l->kh, l->kw);
+        break;
+    default:
+        snprintf(buf, n, "%s %s%s%s", l->spec.name, kind, *act ? " " : "", act);
+        break;
+    }
+    return buf;
+}
+
+int loom_model_layer_gemm(const loom_model *m, int i, int64_t B, int which, loom_gemm_shape *out)
+{
+    const nn_layer_ *l = &m->layer[i];
+    int64_t rows, in, outn; /* the product's batch rows, its inner and outer widths */
+    if (l->spec.kind == LOOM_LAYER_DENSE) {
+        rows = B, in = l->n_in, outn = l->n_out;
+    } else if (l->spec.kind == LOOM_LAYER_CONV2D) {
+        rows = B * l->oh * l->ow, in = (int64_t)l->kh * l->kw * l->cin, outn = l->cout;
+    } else {
+        return 0;
+    }
+    if (rows > INT_MAX || in > INT_MAX) return 0;
+    switch (which) {
+    case 0: *out = (loom_gemm_shape){false, false, (int)rows, (int)outn, (int)in}; return 1; /* y = x W */
+    case 1: /* dx = dz W^T */
+        if (!l->needs_dx) return 0;
+        *out = (loom_gemm_shape){false, true, (int)rows, (int)in, (int)outn};
+        return 1;
+    case 2: *out = (loom_gemm_shape){true, false, (int)in, (int)outn, (int)rows}; return 1; /* dW = x^T dz */
+    }
+    return 0;
+}

@@ -108,6 +108,33 @@ int loom_model_forward(loom_model *m, const loom_tensor *x, uint64_t rng_key, lo
 int loom_model_loss(loom_model *m, const loom_tensor *label, int64_t global_batch, double *loss_sum, int64_t *correct,
                     loom_err *err);
 int loom_model_backward(loom_model *m, loom_err *err);
+/* ---- profiling a step (`loom profile --train`) -----------------------------
+ * With a profile attached, loom_model_forward and loom_model_backward clock
+ * each layer on each chunk (no barrier is added between layers) and add the
+ * mean over the chunks to it; the time a phase takes beyond its layers' is
+ * dispatch and imbalance between the chunks (and model.l2's gradient). A
+ * batch normalization runs over the whole batch between the chunks' segments
+ * and is clocked whole, its parameter gradients in its backward; an
+ * embedding's sparse rows are gathered by one part of the weight-gradient
+ * pass, so its weights row is that time over the chunks. The computations
+ * are the unprofiled ones, so the bits are too (tests/unit/test_nn.c,
+ * "profiled step"). loom_model_train_step ignores the profile. */
+typedef struct loom_model_prof {
+    double fwd[LOOM_MAX_LAYERS];   /* seconds, summed over the steps profiled, mean over the chunks: forward */
+    double bwd[LOOM_MAX_LAYERS];   /* the layer's dz rows and input gradient */
+    double pgrad[LOOM_MAX_LAYERS]; /* its part of the parameter gradients over the whole batch; 0: none */
+} loom_model_prof;
+void loom_model_set_prof(loom_model *m, loom_model_prof *p); /* p borrowed until unset; NULL: off */
+int  loom_model_num_layers(const loom_model *m);
+/* Layer i for a profile row, e.g. "dense_1 dense 256->128 relu", "conv2d_0 conv2d 5x5 1->32 relu". */
+const char *loom_model_layer_describe(const loom_model *m, int i, char *buf, size_t n);
+/* The matrix products (row-major C(M,N) = op(A)(M,K) op(B)(K,N), as
+ * loom_sgemm takes them) that layer i's phases amount to on a batch of B:
+ * which = 0 forward, 1 input gradient, 2 kernel gradient. A conv layer
+ * counts as its im2col product. Returns 0 when the phase has none. */
+typedef struct loom_gemm_shape { bool ta, tb; int M, N, K; } loom_gemm_shape;
+int  loom_model_layer_gemm(const loom_model *m, int i, int64_t B, int which, loom_gemm_shape *out);
+
 /* Forward only (dropout off): loss sum and correct count. */
 int loom_model_evaluate(loom_model *m, const loom_tensor *x, const loom_tensor *label, double *loss_sum,
                         int64_t *correct, loom_err *err);

@@ -22,6 +22,7 @@ typedef struct nn_layer_ {
     /* conv2d, max_pool2d geometry */
     int ih, iw, cin, oh, ow, cout, kh, kw, sh, sw, pad_t, pad_l;
     int chunk;                     /* conv2d: examples per im2col chunk */
+    int fma;                       /* conv2d with cin = 1: the explicit-FMA direct kernels (the CPU has AVX2+FMA) */
     float         *y;              /* (max_batch, n_out) owned output; NULL for flatten */
     int32_t       *argmax;         /* max_pool2d: (max_batch, n_out) input index within the example */
     uint8_t       *mask;           /* dropout: (max_batch, n_out) 1 = kept */
@@ -55,8 +56,9 @@ typedef struct nn_chunk_ {
     float       *col;                      /* im2col scratch; NULL when no conv needs one */
     float       *gbuf[2];                  /* (B, max n) ping-pong gradient rows of this chunk */
     const float *act[LOOM_MAX_LAYERS + 1]; /* act[i] (B, n_in of layer i): layer i's input; act[n_layers]: output */
-    float       *g, *other;                /* the backward's gradient buffers between segments */
+    float       *g, *other;                /* the backward's gradient buffers between layers and segments */
     int          bw_done;                  /* the backward needs no earlier layer */
+    double       pt[LOOM_MAX_LAYERS];      /* a profiled phase: seconds of each layer on this chunk */
     double       loss;                     /* results of the chunk */
     int64_t      correct;
 } __attribute__((aligned(64))) nn_chunk_;
@@ -108,6 +110,7 @@ struct loom_model {
     int64_t          part_gb;       /* and the global batch of its loss */
     loom_grad_ready_fn grad_hook;   /* loom_model_set_grad_hook */
     void            *grad_hook_arg;
+    loom_model_prof *prof;          /* loom_model_set_prof; NULL: off */
 };
 
 /* loom_init of the tensors that start at one (normalisation scales and variances) */

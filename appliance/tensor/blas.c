@@ -6,9 +6,11 @@
  * slower, although the CPU runs the SkylakeX (AVX-512) kernel correctly.
  * Both the kernel (OPENBLAS_CORETYPE) and the thread count
  * (OPENBLAS_NUM_THREADS) are read once, in the library's constructor, so we
- * do not link OpenBLAS: we set both from CPUID features and our thread
- * budget, then dlopen it. A user's own OPENBLAS_CORETYPE is respected, and
- * LOOM_BLAS names another CBLAS library (e.g. BLIS) to load instead. */
+ * do not link OpenBLAS: we set both from CPUID features (cpu.c) and our
+ * thread budget, then dlopen it. An OPENBLAS_CORETYPE in the environment is
+ * overridden (some VMs export one that does not fit their CPU) and named in
+ * the reason; LOOM_BLAS names another CBLAS library (e.g. BLIS) to load
+ * instead. */
 #include "tensor.h"
 
 #include <dlfcn.h>
@@ -45,15 +47,13 @@ const char *loom_blas_pick_core(bool avx512f, bool avx512bw, bool avx512vl, bool
 
 static const char *cpu_core(void)
 {
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    return loom_blas_pick_core(__builtin_cpu_supports("avx512f"), __builtin_cpu_supports("avx512bw"),
-                               __builtin_cpu_supports("avx512vl"), __builtin_cpu_supports("avx512dq"), false,
-                               __builtin_cpu_supports("avx2"), __builtin_cpu_supports("fma"));
-#else
-    return NULL;
-#endif
+    const loom_cpu_info *c = loom_cpu();
+    return loom_blas_pick_core(c->avx512f, c->avx512bw, c->avx512vl, c->avx512dq, false, c->avx2, c->fma);
 }
+
+static const char *wanted_core;
+
+void loom_blas_want_core(const char *core) { wanted_core = core && *core ? core : NULL; }
 
 int loom_blas_init(int threads, loom_err *err)
 {
@@ -62,17 +62,24 @@ int loom_blas_init(int threads, loom_err *err)
         loom_blas_set_threads(threads);
         return LOOM_OK;
     }
-    const char *user_core = getenv("OPENBLAS_CORETYPE");
+    const char *env_core = getenv("OPENBLAS_CORETYPE");
     const char *custom = getenv("LOOM_BLAS");
-    if (user_core && *user_core) {
-        snprintf(blas.reason, sizeof blas.reason, "OPENBLAS_CORETYPE=%s set by the user", user_core);
+    char env_note[96] = "";
+    if (env_core && *env_core)
+        snprintf(env_note, sizeof env_note, "; OPENBLAS_CORETYPE=%.40s in the environment overridden", env_core);
+    if (wanted_core) {
+        setenv("OPENBLAS_CORETYPE", wanted_core, 1);
+        snprintf(blas.reason, sizeof blas.reason, "%s asked for by the caller", wanted_core);
     } else if (!custom) {
         const char *core = cpu_core();
         if (core) {
+            if (env_core && !strcmp(env_core, core)) env_note[0] = 0;
             setenv("OPENBLAS_CORETYPE", core, 1);
-            snprintf(blas.reason, sizeof blas.reason, "chosen from CPU features");
+            snprintf(blas.reason, sizeof blas.reason, "chosen from CPU features (%s)%s",
+                     loom_cpu_level_name(loom_cpu()->level), env_note);
         } else {
-            snprintf(blas.reason, sizeof blas.reason, "detected by OpenBLAS");
+            unsetenv("OPENBLAS_CORETYPE"); /* OpenBLAS reads the CPU model itself */
+            snprintf(blas.reason, sizeof blas.reason, "detected by OpenBLAS from the CPU model%s", env_note);
         }
     }
     char nt[16];

@@ -55,11 +55,41 @@ size_t loom_tensor_nbytes(const loom_tensor *t);
 /* Element i converted to double (any dtype). */
 double loom_tensor_get(const loom_tensor *t, int64_t i);
 
+/* ---- the CPU (cpu.c) -------------------------------------------------------- */
+
+/* The vector kernels Loom runs, chosen from CPUID features at start. */
+typedef enum {
+    LOOM_CPU_BASELINE,  /* x86-64's SSE2 (or not x86) */
+    LOOM_CPU_AVX2_FMA,  /* Haswell on, Zen on */
+    LOOM_CPU_AVX512,    /* F+BW+VL+DQ: Skylake-SP on, Zen 4 on */
+} loom_cpu_level;
+
+typedef struct loom_cpu_info {
+    char vendor[13];    /* "GenuineIntel", "AuthenticAMD" */
+    char brand[49];     /* "AMD EPYC 9R14 96-Core Processor"; may be empty */
+    int  family, model; /* as CPUID leaf 1 gives them, extended fields folded in */
+    bool avx2, fma, avx512f, avx512bw, avx512vl, avx512dq; /* supported by the CPU and saved by the OS */
+    loom_cpu_level level;
+} loom_cpu_info;
+
+/* Read once (thread-safe); borrowed for the process's life. */
+const loom_cpu_info *loom_cpu(void);
+/* The level those features call for. Pure; exposed for tests. */
+loom_cpu_level loom_cpu_pick_level(bool avx512f, bool avx512bw, bool avx512vl, bool avx512dq, bool avx2, bool fma);
+const char *loom_cpu_level_name(loom_cpu_level l); /* "avx512", "avx2-fma", "baseline" */
+/* One line for `loom devices`: the CPU, its features and the kernel level. */
+char *loom_cpu_describe(char *buf, size_t n);
+
 /* ---- BLAS ---------------------------------------------------------------- */
 
-/* Loads OpenBLAS with `threads` threads (0 = all cores). Chooses
- * OPENBLAS_CORETYPE from CPUID when the user has not set it. Idempotent. */
+/* Loads OpenBLAS with `threads` threads (0 = all cores). Chooses its core
+ * (OPENBLAS_CORETYPE) from the CPU's features (loom_cpu), overriding one set
+ * in the environment; where the features name none, OpenBLAS picks by CPU
+ * model. Idempotent. */
 int  loom_blas_init(int threads, loom_err *err);
+/* Tests and benchmarks only, before loom_blas_init: load OpenBLAS with this
+ * core instead of the CPU's (to check results on other kernels). NULL: the CPU's. */
+void loom_blas_want_core(const char *core);
 /* The kernel OpenBLAS runs ("SkylakeX") and how it was chosen. */
 const char *loom_blas_core(void);
 const char *loom_blas_core_reason(void);

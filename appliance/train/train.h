@@ -151,4 +151,18 @@ int loom_metrics_trim(const char *path, int64_t max_step, int64_t max_epoch, loo
  * name, shape and CRC-32C; blob name and size) without needing the model. */
 int loom_ckpt_inspect(const char *path, FILE *f, loom_err *err);
 
+/* ---- profile (`loom profile --train`) --------------------------------------- */
+
+/* Trains `steps` steps (after `warmup` unmeasured ones) from a fresh model on
+ * data.train, writing nothing, and prints to f where a step goes: the input
+ * hand-off, each layer's forward, the loss, each layer's backward and
+ * kernel/bias gradients, the gradient reduction, the optimizer, and the
+ * rest; each in microseconds per step, as a share of the step (the rows add
+ * up to it: they are read off one run of contiguous clock readings) and,
+ * for the products, against the GEMM-only time of that phase at the same
+ * shapes on all the cores (the bound tests/bench/gemm_peak computes). Then
+ * the same batches through the strategy's whole train step, unprofiled, for
+ * the cost of profiling. A strategy without step parts is timed whole. */
+int loom_train_profile(const loom_spec *spec, int64_t steps, int64_t warmup, FILE *f, loom_err *err);
+
 #endif

@@ -17,8 +17,8 @@
 # TORCH_OPENBLAS_THREADS, TORCH_OPENBLAS_CORETYPE (empty: OpenBLAS decides),
 # TORCH_CNN_CHANNELS_LAST (1/0). tests/bench/torch_sweep.sh re-measures them.
 # Both run at their best BLAS kernel: an OPENBLAS_CORETYPE in the environment
-# is dropped for each (Loom then picks it from the CPU's features, OpenBLAS
-# from the CPU model for PyTorch); LOOM_OPENBLAS_CORETYPE sets Loom's.
+# is dropped for each (Loom picks its kernel from the CPU's features whatever
+# the environment says, OpenBLAS from the CPU model for PyTorch).
 # Prints a table, then the raw medians as one JSON line (prefix "json: ").
 set -euo pipefail
 
@@ -38,7 +38,6 @@ TORCH_OPENBLAS_THREADS=${TORCH_OPENBLAS_THREADS:-2}
 TORCH_OPENBLAS_CORETYPE=${TORCH_OPENBLAS_CORETYPE-}
 TORCH_CNN_CHANNELS_LAST=${TORCH_CNN_CHANNELS_LAST:-1}
 LOOM_ENV=(env -u OPENBLAS_CORETYPE)
-[ -n "${LOOM_OPENBLAS_CORETYPE-}" ] && LOOM_ENV+=(OPENBLAS_CORETYPE="$LOOM_OPENBLAS_CORETYPE")
 
 usage() { sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 while [ $# -gt 0 ]; do

@@ -102,4 +102,17 @@ mkdir -p "$WORK/bad" && echo "not a plugin" > "$WORK/bad/cuda.so"
 out=$(LOOM_PLUGIN_PATH="$WORK/bad" "$WORK/bin/loom" devices 2>&1)
 contains "a broken cuda.so is shown as refused, with the reason" "cuda   refused: $WORK/bad/cuda.so: " "$out"
 
+# The kernels come from the CPU's features, printed here; an OPENBLAS_CORETYPE
+# in the environment does not change them (it is named as overridden).
+out=$(env -u OPENBLAS_CORETYPE "$LOOM" devices 2>&1)
+contains "devices names the CPU's features and Loom's kernel level" "Loom's kernels: " "$out"
+core=$(sed -n 's/^  BLAS core: \([^ ]*\) .*/\1/p' <<<"$out")
+if grep -q "chosen from CPU features" <<<"$out"; then
+    out2=$(OPENBLAS_CORETYPE=Sandybridge "$LOOM" devices 2>&1)
+    contains "an OPENBLAS_CORETYPE in the environment is overridden" \
+        "  BLAS core: $core (chosen from CPU features" "$out2"
+    contains "and named as such" "OPENBLAS_CORETYPE=Sandybridge in the environment overridden" "$out2"
+else
+    contains "without a core for these features OpenBLAS detects it" "detected by OpenBLAS" "$out"
+fi
 finish

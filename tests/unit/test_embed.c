@@ -290,6 +290,43 @@ static void test_threads(void)
     free(g1);
 }
 
+/* `loom profile --train` on an embedding model: forward, loss and backward
+ * in parts with a profile attached give the dense and sparse gradients of an
+ * unprofiled train_step bit for bit (1 and 3 threads); the table has a
+ * forward and a weights time, flatten no weights time. */
+static void test_profiled(void)
+{
+    for (int t = 1; t <= 3; t += 2) {
+        fixture a, b;
+        if (fixture_new(&a, 40, LOOM_COMBINER_SUM, 9, LOOM_I32, 23) ||
+            fixture_new(&b, 40, LOOM_COMBINER_SUM, 9, LOOM_I32, 23)) {
+            CHECK(0);
+            return;
+        }
+        CHECK(loom_model_set_threads(a.m, t, &err) == LOOM_OK);
+        CHECK(loom_model_set_threads(b.m, t, &err) == LOOM_OK);
+        step(&a);
+        loom_model_prof prof = {0};
+        double lb;
+        int64_t cb;
+        loom_model_set_prof(b.m, &prof);
+        CHECK(loom_model_forward(b.m, &b.x, 1, &err) == LOOM_OK);
+        CHECK(loom_model_loss(b.m, &b.y, b.B, &lb, &cb, &err) == LOOM_OK);
+        CHECK(loom_model_backward(b.m, &err) == LOOM_OK);
+        loom_model_set_prof(b.m, NULL);
+        int64_t P = loom_model_num_params(a.m);
+        CHECK(!memcmp(loom_model_grads(a.m), loom_model_grads(b.m), (size_t)P * sizeof(float)));
+        loom_sparse_grad sa, sb;
+        loom_model_sparse_grad(a.m, 0, &sa);
+        loom_model_sparse_grad(b.m, 0, &sb);
+        CHECK(sa.n == sb.n && !memcmp(sa.ids, sb.ids, (size_t)sa.n * sizeof *sa.ids) &&
+              !memcmp(sa.values, sb.values, (size_t)sa.n * sa.dim * sizeof *sa.values));
+        CHECK(prof.fwd[0] > 0 && prof.pgrad[0] > 0 && prof.pgrad[1] == 0 && prof.pgrad[2] > 0);
+        fixture_free(&a);
+        fixture_free(&b);
+    }
+}
+
 /* An id outside the table fails the step naming layer, example, column and
  * id; ids of a float input and an embedding not first are refused at build. */
 static void test_bad_ids(void)
@@ -579,6 +616,7 @@ static const loom_test tests[] = {
     {"sparse_grad", test_sparse_grad},
     {"threads", test_threads},
     {"bad_ids", test_bad_ids},
+    {"profiled", test_profiled},
     {"sparse_equals_dense", test_sparse_equals_dense},
     {"lazy", test_lazy},
     {"lazy_more", test_lazy_more},

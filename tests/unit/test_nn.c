@@ -1004,6 +1004,104 @@ static void test_threads(void)
     loom_blas_set_threads(1);
 }
 
+/* A profiled step (loom profile --train): forward, loss and backward in
+ * parts with a profile attached give the gradients of an unprofiled
+ * train_step bit for bit, at 1 and 3 threads, for a CNN and for a model with
+ * batch normalization (its segments), layer normalization and model.l2, and
+ * the profile holds a time for every layer's forward and backward and every
+ * parameter layer's weight gradients; the GEMM shapes match the layers. */
+static void test_profiled_step(void)
+{
+    loom_layer_spec cnn[] = {L_conv(4, 3, 1, LOOM_PAD_SAME, LOOM_ACT_RELU), L_pool(2, 2, LOOM_PAD_VALID),
+                             L_conv(6, 3, 2, LOOM_PAD_SAME, LOOM_ACT_RELU), L_kind(LOOM_LAYER_FLATTEN, 0, 0),
+                             L_dense(12, LOOM_ACT_RELU), L_kind(LOOM_LAYER_DROPOUT, 0.4, 0),
+                             L_dense(4, LOOM_ACT_NONE)};
+    for (int threads = 1; threads <= 3; threads += 2) {
+        fixture a, b;
+        if (fixture_new(&a, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 7, cnn), shp(3, 12, 10, 1), LOOM_I32, 9, 5) != LOOM_OK ||
+            fixture_new(&b, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 7, cnn), shp(3, 12, 10, 1), LOOM_I32, 9, 5) != LOOM_OK) {
+            CHECK(0);
+            return;
+        }
+        CHECK(loom_model_set_threads(a.m, threads, &err) == LOOM_OK);
+        CHECK(loom_model_set_threads(b.m, threads, &err) == LOOM_OK);
+        double la, lb;
+        int64_t ca, cb;
+        CHECK(loom_model_train_step(a.m, &a.x, &a.y, 9, 77, &la, &ca, &err) == LOOM_OK);
+        loom_model_prof prof = {0};
+        loom_model_set_prof(b.m, &prof);
+        CHECK(loom_model_forward(b.m, &b.x, 77, &err) == LOOM_OK);
+        CHECK(loom_model_loss(b.m, &b.y, 9, &lb, &cb, &err) == LOOM_OK);
+        CHECK(loom_model_backward(b.m, &err) == LOOM_OK);
+        loom_model_set_prof(b.m, NULL);
+        int64_t P = loom_model_num_params(a.m);
+        CHECK(la == lb && ca == cb);
+        CHECK(!memcmp(loom_model_grads(a.m), loom_model_grads(b.m), (size_t)P * sizeof(float)));
+        CHECK(loom_model_num_layers(b.m) == 7);
+        for (int i = 0; i < 7; i++) {
+            CHECK(prof.fwd[i] >= 0 && prof.bwd[i] >= 0 && prof.pgrad[i] >= 0);
+            if (i == 0 || i == 2 || i == 4 || i == 6) CHECK(prof.pgrad[i] > 0);
+        }
+        CHECK(prof.fwd[0] > 0 && prof.fwd[2] > 0 && prof.bwd[2] > 0);
+        /* once detached, the profile is not written */
+        loom_model_prof kept = prof;
+        CHECK(loom_model_forward(b.m, &b.x, 77, &err) == LOOM_OK);
+        CHECK(!memcmp(&kept, &prof, sizeof prof));
+        fixture_free(&a);
+        fixture_free(&b);
+    }
+    /* batch normalization (segments, clocked whole), layer normalization and
+     * model.l2: the same bits, and a time for the normalizations' rows */
+    loom_layer_spec norm[] = {L_dense(6, LOOM_ACT_NONE), L_kind(LOOM_LAYER_BATCH_NORM, 0, 0),
+                              L_kind(LOOM_LAYER_ACTIVATION, 0, LOOM_ACT_TANH), L_dense(5, LOOM_ACT_NONE),
+                              L_kind(LOOM_LAYER_LAYER_NORM, 0, 0), L_dense(3, LOOM_ACT_NONE)};
+    for (int threads = 1; threads <= 3; threads += 2) {
+        fixture a, b;
+        loom_model_spec s = *mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 6, norm);
+        s.l2 = 0.01;
+        for (int i = 0; i < 6; i++) s.layer[i].epsilon = 1e-3, s.layer[i].momentum = 0.99;
+        if (fixture_new(&a, &s, shp(1, 7, 0, 0), LOOM_I32, 9, 4) != LOOM_OK ||
+            fixture_new(&b, &s, shp(1, 7, 0, 0), LOOM_I32, 9, 4) != LOOM_OK) {
+            CHECK(0);
+            return;
+        }
+        CHECK(loom_model_set_threads(a.m, threads, &err) == LOOM_OK);
+        CHECK(loom_model_set_threads(b.m, threads, &err) == LOOM_OK);
+        double la, lb;
+        int64_t ca, cb;
+        CHECK(loom_model_train_step(a.m, &a.x, &a.y, 9, 3, &la, &ca, &err) == LOOM_OK);
+        loom_model_prof prof = {0};
+        loom_model_set_prof(b.m, &prof);
+        CHECK(loom_model_forward(b.m, &b.x, 3, &err) == LOOM_OK);
+        CHECK(loom_model_loss(b.m, &b.y, 9, &lb, &cb, &err) == LOOM_OK);
+        CHECK(loom_model_backward(b.m, &err) == LOOM_OK);
+        loom_model_set_prof(b.m, NULL);
+        int64_t P = loom_model_num_params(a.m);
+        CHECK(ca == cb);
+        CHECK(!memcmp(loom_model_grads(a.m), loom_model_grads(b.m), (size_t)P * sizeof(float)));
+        CHECK(prof.fwd[1] > 0 && prof.bwd[1] > 0 && prof.fwd[4] > 0 && prof.bwd[4] > 0);
+        CHECK(prof.pgrad[0] > 0 && prof.pgrad[4] > 0 && prof.pgrad[5] > 0);
+        CHECK(prof.pgrad[1] == 0 && prof.pgrad[2] == 0); /* batch norm's are in its backward */
+        fixture_free(&a);
+        fixture_free(&b);
+    }
+    fixture f;
+    if (fixture_new(&f, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 7, cnn), shp(3, 12, 10, 1), LOOM_I32, 9, 5) == LOOM_OK) {
+        loom_gemm_shape g;
+        char d[160];
+        /* conv 3x3 1->4, SAME, stride 1 on 12x10: im2col (B*120, 9) x (9, 4) */
+        CHECK(loom_model_layer_gemm(f.m, 0, 9, 0, &g) && !g.ta && !g.tb && g.M == 9 * 120 && g.N == 4 && g.K == 9);
+        CHECK(!loom_model_layer_gemm(f.m, 0, 9, 1, &g)); /* the first layer needs no input gradient */
+        CHECK(loom_model_layer_gemm(f.m, 0, 9, 2, &g) && g.ta && g.M == 9 && g.N == 4 && g.K == 9 * 120);
+        CHECK(loom_model_layer_gemm(f.m, 6, 9, 1, &g) && g.tb && g.M == 9 && g.N == 12 && g.K == 4);
+        CHECK(!loom_model_layer_gemm(f.m, 1, 9, 0, &g)); /* pooling: no product */
+        CHECK_MSG(!strcmp(loom_model_layer_describe(f.m, 0, d, sizeof d), "conv2d_0 conv2d 3x3 1->4 relu"), "%s", d);
+        CHECK_MSG(!strcmp(loom_model_layer_describe(f.m, 6, d, sizeof d), "dense_6 dense 12->4"), "%s", d);
+    }
+    fixture_free(&f);
+    loom_blas_set_threads(1);
+}
+
 /* Dense kernel and bias gradients are one product over the whole batch, split
  * into parts (kernel rows, bias columns) across threads: at the real MLP's
  * shapes, for 1 to 4 parts and odd batches, every part count gives the
@@ -1353,6 +1451,7 @@ static const loom_test tests[] = {
     {"shape errors", test_shape_errors},
     {"intra-op threads match one thread", test_threads},
     {"dense gradients split across threads", test_dense_split},
+    {"profiled step", test_profiled_step},
     {"optimizer over a pool", test_optimizer_pool},
     {"optimizer applied by ranges", test_optimizer_ranges},
     {"updates are the C formulas, bit for bit", test_update_formulas},
@@ -1363,6 +1462,9 @@ static const loom_test tests[] = {
 
 int main(void)
 {
+    /* `OPENBLAS_CORETYPE=X test_nn` checks the thread-count tolerance on
+     * OpenBLAS core X (loom itself ignores the variable) */
+    loom_blas_want_core(getenv("OPENBLAS_CORETYPE"));
     if (loom_blas_init(1, &err) != LOOM_OK) {
         printf("Bail out! %s: %s\n", err.where, err.msg);
         return 1;

@@ -31,11 +31,50 @@ static void test_pick_core(void)
     CHECK(loom_blas_pick_core(false, false, false, false, false, false, false) == NULL);
 }
 
+/* The CPU's features are read once, agree with the compiler's own reading,
+ * and give the kernel level by the table; the level is never taken from the
+ * environment. */
+static void test_cpu_features(void)
+{
+    CHECK(loom_cpu_pick_level(true, true, true, true, true, true) == LOOM_CPU_AVX512);
+    CHECK(loom_cpu_pick_level(true, false, true, true, true, true) == LOOM_CPU_AVX2_FMA); /* Knights Landing */
+    CHECK(loom_cpu_pick_level(false, false, false, false, true, true) == LOOM_CPU_AVX2_FMA);
+    CHECK(loom_cpu_pick_level(false, false, false, false, true, false) == LOOM_CPU_BASELINE);
+    CHECK(loom_cpu_pick_level(false, false, false, false, false, false) == LOOM_CPU_BASELINE);
+    CHECK(!strcmp(loom_cpu_level_name(LOOM_CPU_AVX512), "avx512"));
+    CHECK(!strcmp(loom_cpu_level_name(LOOM_CPU_AVX2_FMA), "avx2-fma"));
+    CHECK(!strcmp(loom_cpu_level_name(LOOM_CPU_BASELINE), "baseline"));
+    const loom_cpu_info *c = loom_cpu();
+    CHECK(c == loom_cpu());
+    CHECK(c->level == loom_cpu_pick_level(c->avx512f, c->avx512bw, c->avx512vl, c->avx512dq, c->avx2, c->fma));
+#if defined(__x86_64__) && defined(__GNUC__)
+    CHECK(c->vendor[0] && strcmp(c->vendor, "unknown") != 0);
+    CHECK(c->avx2 == !!__builtin_cpu_supports("avx2") && c->fma == !!__builtin_cpu_supports("fma"));
+    CHECK(c->avx512f == !!__builtin_cpu_supports("avx512f"));
+#endif
+    char line[400];
+    loom_cpu_describe(line, sizeof line);
+    CHECK_CONTAINS(line, loom_cpu_level_name(c->level));
+    CHECK_CONTAINS(line, c->vendor);
+    printf("# %s\n", line);
+}
+
 static void test_blas_loaded(void)
 {
     loom_err e = {0};
+    /* a core named in the environment does not decide: the CPU's features do */
+    const char *mine = loom_blas_pick_core(loom_cpu()->avx512f, loom_cpu()->avx512bw, loom_cpu()->avx512vl,
+                                           loom_cpu()->avx512dq, false, loom_cpu()->avx2, loom_cpu()->fma);
+    setenv("OPENBLAS_CORETYPE", "Sandybridge", 1);
     CHECK(loom_blas_init(1, &e) == LOOM_OK);
     CHECK(strcmp(loom_blas_core(), "not loaded") != 0);
+    if (mine) {
+        CHECK_MSG(!strcmp(loom_blas_core(), mine), "core %s, the CPU's features call for %s", loom_blas_core(), mine);
+        CHECK_CONTAINS(loom_blas_core_reason(), "chosen from CPU features");
+        CHECK_CONTAINS(loom_blas_core_reason(), "OPENBLAS_CORETYPE=Sandybridge in the environment overridden");
+    } else {
+        CHECK(getenv("OPENBLAS_CORETYPE") == NULL); /* OpenBLAS reads the CPU model itself */
+    }
     CHECK(loom_blas_threads() == 1);
     printf("# BLAS core %s (%s)\n", loom_blas_core(), loom_blas_core_reason());
     /* an odd-shaped product against a float64 reference, all transposes */
@@ -66,6 +105,7 @@ static void test_blas_loaded(void)
 static const loom_test tests[] = {
     {"dtypes_shapes", test_dtypes_shapes},
     {"pick_core", test_pick_core},
+    {"cpu_features", test_cpu_features},
     {"blas_loaded", test_blas_loaded},
     {0},
 };

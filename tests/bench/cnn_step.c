@@ -1,0 +1,111 @@
+/* cnn_step.c - train steps of the Fashion-MNIST CNN on synthetic data, in
+ * process, for instruction counts of the kernels under callgrind:
+ *
+ *   valgrind --tool=callgrind build/tests/bench/cnn_step [-b 16] [-s 1] [-t 1]
+ *   callgrind_annotate callgrind.out.<pid> | grep layers.c
+ *
+ * Prints the wall time per step and a CRC-32C of the gradients and
+ * parameters after the steps, so a change meant to keep the bits (a copy
+ * done another way) can be checked to keep them. The architecture is
+ * configs/fashion_mnist_cnn.cfg's. */
+#include "nn/nn.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static loom_layer_spec layer(loom_layer_kind k)
+{
+    loom_layer_spec s = {0};
+    s.kind = k;
+    s.kernel_init = LOOM_INIT_GLOROT_UNIFORM;
+    s.use_bias = true;
+    s.stride[0] = s.stride[1] = 1;
+    return s;
+}
+
+int main(int argc, char **argv)
+{
+    int B = 16, steps = 1, threads = 1;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "-b")) B = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-s")) steps = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-t")) threads = atoi(argv[i + 1]);
+    }
+    if (B < 1 || steps < 1 || threads < 1) {
+        fprintf(stderr, "usage: cnn_step [-b batch] [-s steps] [-t threads]\n");
+        return 2;
+    }
+    loom_model_spec spec = {0};
+    snprintf(spec.input, sizeof spec.input, "image");
+    snprintf(spec.label, sizeof spec.label, "label");
+    spec.loss = LOOM_LOSS_SPARSE_SOFTMAX_CE;
+    loom_layer_spec *L = spec.layer;
+    for (int c = 0; c < 2; c++) {
+        L[3 * c] = layer(LOOM_LAYER_CONV2D);
+        L[3 * c].filters = c ? 64 : 32;
+        L[3 * c].kernel[0] = L[3 * c].kernel[1] = 5;
+        L[3 * c].padding = LOOM_PAD_SAME;
+        L[3 * c].activation = LOOM_ACT_RELU;
+        L[3 * c + 1] = layer(LOOM_LAYER_MAX_POOL2D);
+        L[3 * c + 1].pool[0] = L[3 * c + 1].pool[1] = 2;
+        L[3 * c + 1].stride[0] = L[3 * c + 1].stride[1] = 2;
+        L[3 * c + 2] = layer(LOOM_LAYER_FLATTEN);
+    }
+    /* conv pool conv pool flatten dense(128) dropout dense(10): the flatten after the first pool is replaced */
+    L[2] = L[3], L[3] = L[4];
+    L[4] = layer(LOOM_LAYER_FLATTEN);
+    L[5] = layer(LOOM_LAYER_DENSE);
+    L[5].units = 128;
+    L[5].activation = LOOM_ACT_RELU;
+    L[6] = layer(LOOM_LAYER_DROPOUT);
+    L[6].rate = 0.4;
+    L[7] = layer(LOOM_LAYER_DENSE);
+    L[7].units = 10;
+    spec.n_layers = 8;
+
+    loom_err err = {0};
+    int64_t in_d[3] = {28, 28, 1};
+    loom_shape in = loom_shape_make(3, in_d), lab = loom_shape_make(0, in_d);
+    loom_model *m = NULL;
+    if (loom_blas_init(1, &err) || loom_model_new(&m, &spec, &in, LOOM_F32, &lab, LOOM_I32, B, &err) ||
+        loom_model_set_threads(m, threads, &err)) {
+        fprintf(stderr, "cnn_step: %s: %s\n", err.where, err.msg);
+        return 1;
+    }
+    loom_model_init_params(m, 7);
+    int64_t xd[4] = {B, 28, 28, 1}, yd[1] = {B};
+    loom_tensor x = {0}, y = {0};
+    loom_shape xs = loom_shape_make(4, xd), ys = loom_shape_make(1, yd);
+    if (loom_tensor_init(&x, LOOM_F32, &xs, &err) || loom_tensor_init(&y, LOOM_I32, &ys, &err)) {
+        fprintf(stderr, "cnn_step: %s\n", err.msg);
+        return 1;
+    }
+    float *xp = x.data;
+    int32_t *yp = y.data;
+    uint32_t h = 12345;
+    for (int64_t i = 0; i < (int64_t)B * 784; i++) {
+        h = h * 1664525u + 1013904223u;
+        xp[i] = (float)(h >> 8) / 16777216.0f;
+    }
+    for (int b = 0; b < B; b++) yp[b] = b % 10;
+    double loss = 0, t0 = loom_now();
+    int64_t correct;
+    for (int s = 0; s < steps; s++) {
+        if (loom_model_train_step(m, &x, &y, B, (uint64_t)s, &loss, &correct, &err)) {
+            fprintf(stderr, "cnn_step: %s\n", err.msg);
+            return 1;
+        }
+        float *p = loom_model_params(m);
+        const float *g = loom_model_grads(m);
+        for (int64_t i = 0; i < loom_model_num_params(m); i++) p[i] -= 0.01f * g[i];
+    }
+    double dt = (loom_now() - t0) / steps;
+    size_t nb = (size_t)loom_model_num_params(m) * sizeof(float);
+    printf("cnn_step: batch %d, %d thread(s), %d step(s): %.2f ms/step, loss %.6f, crc32c grads %08x params %08x\n", B,
+           threads, steps, dt * 1e3, loss, loom_crc32c(loom_model_grads(m), nb), loom_crc32c(loom_model_params(m), nb));
+    loom_tensor_fini(&x);
+    loom_tensor_fini(&y);
+    loom_model_free(m);
+    return 0;
+}
