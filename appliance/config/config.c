@@ -547,6 +547,7 @@ static void parse_tfr_features(ctx *c, const config_setting_t *s, void *base);
 static void parse_tfr_shape(ctx *c, const config_setting_t *s, void *base);
 static void parse_delimiter(ctx *c, const config_setting_t *s, void *base);
 static void parse_csv_columns(ctx *c, const config_setting_t *s, void *base);
+static void parse_csv_index(ctx *c, const config_setting_t *s, void *base);
 static void parse_syn_features(ctx *c, const config_setting_t *s, void *base);
 static void parse_syn_shape(ctx *c, const config_setting_t *s, void *base);
 static void parse_filter_values(ctx *c, const config_setting_t *s, void *base);
@@ -633,7 +634,7 @@ static const opt source_opts[] = {
     O_KIND(loom_source_spec, "type", kind, 0, loom_source_names_, ALL, "source type"),
     O_CUSTOM("options", parse_source_options, SRC(PLUGIN), 0,
              "a plugin source's options: KEY = number, string or true/false, at most 8"),
-    O_CUSTOM("features", parse_features, SRC(IDX), SRC(IDX), "feature name = \"file.idx[.gz]\", 1 to 8"),
+    O_CUSTOM("features", parse_features, SRC(IDX), SRC(IDX), "feature name = \"file.idx[.gz]\", 1 to 256"),
     O_STR(loom_source_spec, "name", name, NULL, catalog_names, SRC(CATALOG), SRC(CATALOG), "catalog dataset"),
     O_STR(loom_source_spec, "split", split, NULL, split_names, SRC(CATALOG), SRC(CATALOG), "catalog split"),
     O_CUSTOM("files", parse_files, SRC(TFRECORD), SRC(TFRECORD),
@@ -644,29 +645,30 @@ static const opt source_opts[] = {
            0, "error, or skip (count and report) bad records"),
     O_BOOL(loom_source_spec, "shuffle_files", shuffle_files, 0, SRC(TFRECORD), "shuffle the file order each epoch"),
     O_CUSTOM("features", parse_tfr_features, SRC(TFRECORD), SRC(TFRECORD),
-             "NAME = { dtype = ...; shape = [...]; }, 1 to 8"),
+             "NAME = { dtype = ...; shape = [...]; }, 1 to 256"),
     O_CUSTOM("files", parse_files, SRC(CSV) | SRC(TEXT) | SRC(LIST_FILES), SRC(CSV) | SRC(TEXT) | SRC(LIST_FILES),
              "paths or glob patterns, 1 to 16, relative to the config's directory"),
     O_BOOL(loom_source_spec, "shuffle", shuffle_files, 1, SRC(LIST_FILES), "shuffle the file names each epoch"),
     O_INT(loom_source_spec, "seed", seed, 0, 0, INT64_MAX, SRC(LIST_FILES), 0, "shuffle seed; default run.seed"),
     O_BOOL(loom_source_spec, "header", header, 1, SRC(CSV), "the first record of each file names the columns"),
     O_CUSTOM("delimiter", parse_delimiter, SRC(CSV), 0, "one character, default \",\""),
-    O_CUSTOM("columns", parse_csv_columns, SRC(CSV), SRC(CSV), "NAME = { dtype = ...; }, 1 to 8"),
+    O_CUSTOM("columns", parse_csv_columns, SRC(CSV), SRC(CSV), "NAME = { dtype = ...; }, 1 to 256"),
     O_INT(loom_source_spec, "max_length", max_length, 0, 1, 1 << 24, SRC(TEXT), SRC(TEXT),
           "bytes of the line feature (zero-padded)"),
     O_BOOL(loom_source_spec, "truncate", truncate, 0, SRC(TEXT), "cut longer lines instead of failing"),
     O_INT(loom_source_spec, "count", count, 0, -1, INT64_MAX, SRC(SYNTHETIC), SRC(SYNTHETIC),
           "elements per pass; -1 = infinite"),
     O_CUSTOM("features", parse_syn_features, SRC(SYNTHETIC), SRC(SYNTHETIC),
-             "NAME = { dtype = ...; shape = [...]; }, 1 to 8"),
+             "NAME = { dtype = ...; shape = [...]; }, 1 to 256"),
     O_END,
 };
 
 /* One column group of a csv source; the dtype selects the kind. */
 static const opt csv_column_opts[] = {
     O_KIND(loom_csv_column, "dtype", dtype, 0, loom_cfg_dtype_names_, ALL, "uint8, int32, int64, float32 or float64"),
-    O_INT(loom_csv_column, "index", index, -1, 0, INT_MAX, ALL, 0,
-          "0-based field index; required with header = false"),
+    O_CUSTOM("index", parse_csv_index, ALL, 0,
+             "0-based field index, or a range \"a-b\" (inclusive) gathered into one vector feature of shape [b - a + 1]; "
+             "required with header = false"),
     O_STR(loom_csv_column, "column", column, "", NULL, ALL, 0, "header name to select; default the feature's name"),
     O_F64(loom_csv_column, "default", default_value, 0.0, 0, 0, F_NO_LO | F_NO_HI, ALL, 0,
           "value of an empty field; without it an empty field is an error"),
@@ -1557,6 +1559,33 @@ static void parse_delimiter(ctx *c, const config_setting_t *s, void *base)
     src->delimiter = d[0];
 }
 
+#define CSV_MAX_FIELDS_ (1 << 20) /* a range's last field: far beyond any real table, far from overflow */
+
+/* index = 3 (one field, a scalar feature) or index = "1-30" (fields 1 to 30, a vector feature of shape [30]). */
+static void parse_csv_index(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_csv_column *col = base;
+    char v[300];
+    int64_t x;
+    col->count = 0;
+    if (is_int(s)) {
+        if (get_int_in(c, s, 0, INT_MAX, &x)) col->index = (int)x;
+        return;
+    }
+    const char *str = config_setting_type(s) == CONFIG_TYPE_STRING ? config_setting_get_string(s) : NULL;
+    long long a = -1, b = -1;
+    int used = 0;
+    if (!str || sscanf(str, " %lld - %lld %n", &a, &b, &used) != 2 || str[used] || a < 0 || b < a ||
+        b >= CSV_MAX_FIELDS_) {
+        loom_err *e = cerr(c, s, "expected a field index >= 0 or a range \"first-last\" (0-based, inclusive, "
+                                 "first <= last < %d), got %s", CSV_MAX_FIELDS_, value_str(s, v, sizeof v));
+        if (e) loom_err_hint(e, "e.g. index = \"1-30\"; gathers fields 1 to 30 into one feature of shape [30]");
+        return;
+    }
+    col->index = (int)a;
+    col->count = (int)(b - a + 1);
+}
+
 static void check_csv_column(ctx *c, const loom_source_spec *src, const config_setting_t *g, const char *name,
                              void *item, int k)
 {
@@ -1571,6 +1600,7 @@ static void check_csv_column(ctx *c, const loom_source_spec *src, const config_s
                                  "position)");
         if (e) loom_err_hint(e, "e.g. %s = { dtype = \"%s\"; index = 0; };", name, loom_cfg_name_(loom_cfg_dtype_names_, k));
     }
+    if (!idx) col->index = -1;
     if (idx && cn) cerr(c, cn, "give either index or column, not both");
     if (!src->header && cn) cerr(c, cn, "column (a header name) needs header = true");
     if (!col->column[0] && col->index < 0) snprintf(col->column, sizeof col->column, "%s", name);

@@ -11,7 +11,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-#define LOOM_MAX_FEATURES   8
+#define LOOM_MAX_FEATURES   256 /* features of an element (and declared columns of a source) */
 #define LOOM_MAX_TRANSFORMS 32
 #define LOOM_MAX_LAYERS     64
 #define LOOM_MAX_BOUNDARIES 16
@@ -82,6 +82,8 @@ typedef struct loom_tfr_feature {
 typedef struct loom_csv_column {
     loom_cfg_dtype dtype;
     int            index;         /* 0-based field index; -1 = by header name (header = true only) */
+    int            count;         /* index = "a-b": the fields a..b (0-based, inclusive) gathered into one
+                                     vector feature of shape (count,); 0 = one field, a scalar feature */
     char           column[LOOM_NAME_MAX]; /* header name to select; default the feature name */
     bool           has_default;   /* an empty field takes default_value; without it an empty field is an error */
     double         default_value;

@@ -129,7 +129,9 @@ static void print_csv_text_synthetic(FILE *f, const loom_source_spec *src)
             const loom_csv_column *c = &src->csv[i];
             fprintf(f, "        %s = { dtype = ", src->feature[i]);
             put_str(f, loom_cfg_name_(loom_cfg_dtype_names_, (int)c->dtype));
-            if (c->index >= 0) {
+            if (c->index >= 0 && c->count > 0) {
+                fprintf(f, "; index = \"%d-%d\"", c->index, c->index + c->count - 1);
+            } else if (c->index >= 0) {
                 fprintf(f, "; index = %d", c->index);
             } else if (strcmp(c->column, src->feature[i])) {
                 fputs("; column = ", f);
