@@ -91,6 +91,17 @@ static loom_spec *load(const cli_opts *o, int *status)
     return spec;
 }
 
+/* normalize maps with adapt = true get their numbers (data.h loom_data_adapt),
+ * with the context loom train builds its pipelines with. */
+static int adapt(loom_spec *spec, const char *model_dir, loom_adapt_mode mode, loom_err *err)
+{
+    loom_lua_opts lua = {.model_dir = spec->run.model_dir, .unsafe = spec->hooks.unsafe,
+                         .memory_limit = spec->hooks.memory_limit, .instruction_limit = spec->hooks.instruction_limit};
+    loom_data_ctx ctx = {.seed = spec->run.seed, .threads = spec->run.threads > 0 ? spec->run.threads : loom_num_cores(),
+                         .name = "adapt", .custom_options = &lua};
+    return loom_data_adapt(spec, model_dir ? model_dir : spec->run.model_dir, mode, &ctx, err);
+}
+
 /* This process's task in a cluster (NULL for one process), from --task,
  * TF_CONFIG, Slurm or MPI; every error before anything opens. */
 static int resolve_cluster(const loom_spec *spec, const cli_opts *o, loom_cluster **out, bool need_task, loom_err *err)
@@ -117,7 +128,8 @@ static int cmd_train(const cli_opts *o, double start, loom_err *err)
                       cl->task_detail, cl->rank, cl->n_train_ranks);
         }
         loom_train_opts to = {.model_dir = o->model_dir, .fresh = o->fresh, .start_time = start, .cluster = cl};
-        rc = loom_train(spec, &to, err);
+        rc = adapt(spec, o->model_dir, o->fresh ? LOOM_ADAPT_FRESH : LOOM_ADAPT_TRAIN, err);
+        if (!rc) rc = loom_train(spec, &to, err);
     }
     loom_cluster_free(cl);
     loom_config_free(spec);
@@ -134,6 +146,7 @@ static int cmd_evaluate(const cli_opts *o, double start, loom_err *err)
     loom_cluster *cl = NULL;
     int rc = resolve_cluster(spec, o, &cl, false, err); /* checked; evaluation itself runs in this process */
     loom_cluster_free(cl);
+    if (!rc) rc = adapt(spec, o->model_dir, LOOM_ADAPT_LOAD, err);
     if (!rc) rc = loom_evaluate(spec, o->model_dir, o->checkpoint, &res, err);
     if (!rc) {
         printf("{\"checkpoint\": \"%s\", \"step\": %lld, \"examples\": %lld, \"eval_loss\": %.6g, \"eval_accuracy\": %.6g}\n",
@@ -152,7 +165,8 @@ static int cmd_predict(const cli_opts *o, double start, loom_err *err)
     int status = 0;
     loom_spec *spec = load(o, &status);
     if (!spec) return -status;
-    int rc = loom_predict(spec, o->model_dir, o->checkpoint, o->input ? o->input : "eval", o->output, err);
+    int rc = adapt(spec, o->model_dir, LOOM_ADAPT_LOAD, err);
+    if (!rc) rc = loom_predict(spec, o->model_dir, o->checkpoint, o->input ? o->input : "eval", o->output, err);
     loom_config_free(spec);
     return rc;
 }
@@ -169,7 +183,8 @@ static int cmd_check(const cli_opts *o, double start, loom_err *err)
         loom_config_print(spec, stdout);
     } else if (!rc) {
         if (cl || spec->cluster.present) loom_cluster_print(cl, stdout);
-        rc = loom_check(spec, cl, stdout, err);
+        rc = adapt(spec, o->model_dir, LOOM_ADAPT_CHECK, err);
+        if (!rc) rc = loom_check(spec, cl, stdout, err);
         if (!rc) printf("%s: ok\n", o->config);
     }
     loom_cluster_free(cl);
@@ -270,7 +285,8 @@ static int cmd_profile_main(int argc, char **argv, double start)
                          .memory_limit = spec->hooks.memory_limit, .instruction_limit = spec->hooks.instruction_limit};
     loom_data_ctx ctx = {.seed = spec->run.seed, .threads = threads, .name = "data.train", .input = input,
                          .custom_options = &lua};
-    int rc = input.num_input_pipelines ? loom_data_input_report(&spec->train, &ctx, stdout, &err) : LOOM_OK;
+    int rc = adapt(spec, NULL, LOOM_ADAPT_CHECK, &err);
+    if (!rc && input.num_input_pipelines) rc = loom_data_input_report(&spec->train, &ctx, stdout, &err);
     if (!rc) rc = loom_data_profile(&spec->train, &ctx, steps, stdout, &err);
     loom_config_free(spec);
     if (rc) {
@@ -350,7 +366,8 @@ static int cmd_export_main(int argc, char **argv, double start)
     loom_spec *spec = load(&o, &status);
     if (!spec) return status;
     loom_err err = {0};
-    int rc = loom_export(spec, &eo, &err);
+    int rc = adapt(spec, eo.model_dir, LOOM_ADAPT_LOAD, &err);
+    if (!rc) rc = loom_export(spec, &eo, &err);
     loom_config_free(spec);
     if (rc) {
         char buf[1200];

@@ -38,7 +38,7 @@ const char *const loom_map_names_[] = {"cast", "scale", "normalize", "one_hot", 
                                        "per_image_standardization", "sleep", "lua", NULL};
 const char *const loom_transform_names_[] = {"map", "shuffle", "batch", "repeat", "take", "skip", "prefetch",
                                              "filter", "shard", "enumerate", "unbatch", "padded_batch", "cache",
-                                             "interleave", "zip", NULL};
+                                             "interleave", "zip", "split", NULL};
 const char *const loom_layer_names_[] = {"dense", "conv2d", "max_pool2d", "dropout", "flatten", "activation", NULL};
 const char *const loom_activation_names_[] = {"none", "relu", "sigmoid", "tanh", "softmax", NULL};
 const char *const loom_init_names_[] = {"glorot_uniform", "glorot_normal", "he_uniform", "he_normal", "zeros", NULL};
@@ -51,6 +51,7 @@ const char *const loom_strategy_names_[] = {"one_device", "mirrored", "central_s
 const char *const loom_progress_names_[] = {"auto", "bar", "plain", "none", NULL};
 static const char *const catalog_names[] = {"fashion_mnist", "mnist", NULL};
 static const char *const split_names[] = {"train", "test", NULL};
+static const char *const split_part_names[] = {"train", "eval", NULL};
 
 const char *loom_cfg_name_(const char *const *names, int i)
 {
@@ -548,6 +549,7 @@ static void parse_tfr_shape(ctx *c, const config_setting_t *s, void *base);
 static void parse_delimiter(ctx *c, const config_setting_t *s, void *base);
 static void parse_csv_columns(ctx *c, const config_setting_t *s, void *base);
 static void parse_csv_index(ctx *c, const config_setting_t *s, void *base);
+static void parse_norm_values(ctx *c, const config_setting_t *s, void *base);
 static void parse_syn_features(ctx *c, const config_setting_t *s, void *base);
 static void parse_syn_shape(ctx *c, const config_setting_t *s, void *base);
 static void parse_filter_values(ctx *c, const config_setting_t *s, void *base);
@@ -707,6 +709,12 @@ static const opt transform_opts[] = {
     O_INT(loom_transform_spec, "buffer", buffer, 0, 1, INT64_MAX, TR(SHUFFLE), TR(SHUFFLE), "shuffle buffer"),
     O_CUSTOM("buffer", parse_prefetch_buffer, TR(PREFETCH), 0, "prefetch queue depth; \"auto\" or -1 (default), 0 disables"),
     O_INT(loom_transform_spec, "seed", seed, 0, 0, INT64_MAX, TR(SHUFFLE), 0, "shuffle seed; default run.seed"),
+    O_F64(loom_transform_spec, "fraction", fraction, 0.8, 0.0, 1.0, F_LO_OPEN | F_HI_OPEN, TR(SPLIT), TR(SPLIT),
+          "share of the elements in the training part, in (0, 1)"),
+    O_ENUM(loom_transform_spec, "part", part, LOOM_SPLIT_TRAIN, split_part_names, TR(SPLIT), TR(SPLIT),
+           "which part this pipeline keeps: train or eval"),
+    O_INT(loom_transform_spec, "seed", seed, 0, 0, INT64_MAX, TR(SPLIT), 0,
+          "which elements go where; default run.seed (give the same seed in data.train and data.eval)"),
     O_BOOL(loom_transform_spec, "reshuffle", reshuffle, 1, TR(SHUFFLE), "reshuffle each epoch"),
     O_INT(loom_transform_spec, "size", batch_size, 0, 1, LOOM_MAX_BATCH, TR(BATCH), TR(BATCH), "batch size"),
     O_BOOL(loom_transform_spec, "drop_remainder", drop_remainder, 0, TR(BATCH), "drop a short last batch"),
@@ -757,8 +765,11 @@ static const opt map_opts[] = {
     O_ENUM(loom_map_spec, "dtype", dtype, 0, loom_cfg_dtype_names_, MAP(CAST), MAP(CAST), "target dtype"),
     O_F64(loom_map_spec, "scale", scale, 1.0, 0, 0, F_NO_LO | F_NO_HI, MAP(SCALE), 0, "x * scale + offset"),
     O_F64(loom_map_spec, "offset", offset, 0.0, 0, 0, F_NO_LO | F_NO_HI, MAP(SCALE), 0, "x * scale + offset"),
-    O_F64(loom_map_spec, "mean", mean, 0.0, 0, 0, F_NO_LO | F_NO_HI, MAP(NORMALIZE), 0, "(x - mean) / std"),
-    O_F64(loom_map_spec, "std", std, 1.0, 0, 0, F_LO_OPEN | F_NO_HI, MAP(NORMALIZE), 0, "(x - mean) / std"),
+    O_CUSTOM("mean", parse_norm_values, MAP(NORMALIZE), 0,
+             "(x - mean) / std: a number, or one per index of the feature's last axis [m0, m1, ...]"),
+    O_CUSTOM("std", parse_norm_values, MAP(NORMALIZE), 0, "(x - mean) / std: a number > 0, or one per index [s0, ...]"),
+    O_BOOL(loom_map_spec, "adapt", adapt, 0, MAP(NORMALIZE),
+           "mean and std per index of the last axis from one pass over data.train at start (cached in model_dir)"),
     O_INT(loom_map_spec, "depth", depth, 0, 1, INT_MAX, MAP(ONE_HOT), MAP(ONE_HOT), "number of classes"),
     O_CUSTOM("shape", parse_shape, MAP(RESHAPE), MAP(RESHAPE), "target shape, one dim may be -1"),
     O_INT(loom_map_spec, "padding", padding, 0, 0, 1 << 20, MAP(PAD), MAP(PAD), "added on every side of H and W"),
@@ -1946,6 +1957,47 @@ static void check_transform_more(ctx *c, const config_setting_t *g, loom_transfo
              (long long)t->index, (long long)t->num_shards);
 }
 
+/* normalize's mean or std: a number, or an array of numbers (one per index of
+ * the feature's last axis); arrays go to mean_v/std_v, the other side repeated. */
+static void parse_norm_values(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_map_spec *m = base;
+    bool is_std = !strcmp(config_setting_name(s), "std");
+    double *scalar = is_std ? &m->std : &m->mean;
+    char v[300];
+    if (is_number(s)) {
+        double d = get_number(s);
+        if (!isfinite(d) || (is_std && !(d > 0))) {
+            cerr(c, s, "expected a %snumber, got %s", is_std ? "positive " : "finite ", value_str(s, v, sizeof v));
+            return;
+        }
+        *scalar = d;
+        return;
+    }
+    int n = (config_setting_is_array(s) || config_setting_is_list(s)) ? config_setting_length(s) : -1;
+    if (n < 1 || n > LOOM_MAX_NORM) {
+        cerr(c, s, "expected a number or an array of 1 to %d numbers, got %s", LOOM_MAX_NORM, value_str(s, v, sizeof v));
+        return;
+    }
+    if (m->n_norm && m->n_norm != n) {
+        cerr(c, s, "mean has %d values and std %d: give both the same length (one per index of the last axis), or "
+             "one of them as a number", is_std ? m->n_norm : n, is_std ? n : m->n_norm);
+        return;
+    }
+    float *dst = is_std ? m->std_v : m->mean_v, *other = is_std ? m->mean_v : m->std_v;
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *e = config_setting_get_elem(s, i);
+        double d = is_number(e) ? get_number(e) : NAN;
+        if (!isfinite(d) || (is_std && !(d > 0))) {
+            cerr(c, e, "expected a %snumber, got %s", is_std ? "positive " : "finite ", value_str(e, v, sizeof v));
+            return;
+        }
+        dst[i] = (float)d;
+        if (!m->n_norm) other[i] = (float)(is_std ? m->mean : m->std); /* the other side so far: a number or its default */
+    }
+    m->n_norm = n;
+}
+
 /* ---- groups -------------------------------------------------------------- */
 
 static void parse_map(ctx *c, const config_setting_t *g, loom_transform_spec *t, int op)
@@ -1956,6 +2008,7 @@ static void parse_map(ctx *c, const config_setting_t *g, loom_transform_spec *t,
         const config_setting_t *lua = config_setting_get_member(g, "lua"), *plug = config_setting_get_member(g, "plugin");
         bool custom_only = !config_setting_get_member(g, "fn") && (lua || plug);
         fn = custom_only ? (int)(t->map.kind = LOOM_MAP_LUA) : parse_kind(c, g, map_opts, &t->map);
+        if (fn == LOOM_MAP_NORMALIZE) t->map.mean = 0, t->map.std = 1; /* before mean/std, which may be arrays */
         parse_opts(c, g, map_opts, fn, &t->map);
         if (fn == LOOM_MAP_LUA && lua && plug)
             cerr(c, plug, "a map takes either `lua` or `plugin`, not both");
@@ -1965,6 +2018,16 @@ static void parse_map(ctx *c, const config_setting_t *g, loom_transform_spec *t,
             cerr(c, g, "missing required setting `lua` (\"file.lua:function\") or `plugin` (\"provider:function\")");
         if (fn == LOOM_MAP_LUA && lua && config_setting_get_member(g, "args"))
             cerr(c, config_setting_get_member(g, "args"), "`args` go to a plugin's function; a Lua map takes none");
+        if (fn == LOOM_MAP_NORMALIZE) {
+            const config_setting_t *mn = config_setting_get_member(g, "mean"), *sd = config_setting_get_member(g, "std");
+            if (t->map.adapt && (mn || sd))
+                cerr(c, mn ? mn : sd, "adapt = true computes mean and std from data.train; remove `%s` or adapt",
+                     mn ? "mean" : "std");
+            for (int i = 0; i < t->map.n_norm; i++) { /* a number given beside an array applies to every index */
+                if (mn && is_number(mn)) t->map.mean_v[i] = (float)t->map.mean;
+                if (sd && is_number(sd)) t->map.std_v[i] = (float)t->map.std;
+            }
+        }
     }
     scope sc[2] = {{transform_opts, op, NULL}, {map_opts, fn, NULL}};
     if (op >= 0 && op != LOOM_T_MAP) sc[1].gate = "op = \"map\"";
@@ -2098,7 +2161,7 @@ static void parse_dataset(ctx *c, const config_setting_t *g, loom_dataset_spec *
         }
         int op = parse_kind(c, e, transform_opts, t);
         parse_opts(c, e, transform_opts, op, t);
-        if (op == LOOM_T_SHUFFLE) t->seed_set = config_setting_get_member(e, "seed") != NULL;
+        if (op == LOOM_T_SHUFFLE || op == LOOM_T_SPLIT) t->seed_set = config_setting_get_member(e, "seed") != NULL;
         if (op == LOOM_T_MAP && t->parallel == 0) t->parallel = 1; /* parallel's default (a custom option has none) */
         if (op == LOOM_T_MAP && !config_setting_get_member(e, "deterministic")) t->deterministic = d->options.deterministic;
         if (op == LOOM_T_PREFETCH && !config_setting_get_member(e, "buffer")) t->buffer = -1;
@@ -2882,7 +2945,7 @@ static void default_seeds(loom_dataset_spec *d, uint64_t seed)
     if (d->source.kind == LOOM_SRC_LIST_FILES && !d->source.seed_set) d->source.seed = seed;
     for (int j = 0; j < d->n_transforms; j++) {
         loom_transform_spec *t = &d->transform[j];
-        if (t->kind == LOOM_T_SHUFFLE && !t->seed_set) t->seed = seed;
+        if ((t->kind == LOOM_T_SHUFFLE || t->kind == LOOM_T_SPLIT) && !t->seed_set) t->seed = seed;
         if (t->kind == LOOM_T_ZIP && t->dataset) default_seeds(t->dataset, seed);
     }
 }

@@ -284,8 +284,22 @@ static void print_dataset(FILE *f, const char *name, const loom_dataset_spec *ds
                 kv_f64(f, 4, "offset", m->offset);
                 break;
             case LOOM_MAP_NORMALIZE:
-                kv_f64(f, 4, "mean", m->mean);
-                kv_f64(f, 4, "std", m->std);
+                if (m->adapt) {
+                    kv_bool(f, 4, "adapt", true);
+                } else if (m->n_norm) {
+                    for (int k = 0; k < 2; k++) {
+                        ind(f, 4);
+                        fputs(k ? "std = [" : "mean = [", f);
+                        for (int j = 0; j < m->n_norm; j++) {
+                            if (j) fputs(", ", f);
+                            put_f64(f, (double)(k ? m->std_v[j] : m->mean_v[j]));
+                        }
+                        fputs("];\n", f);
+                    }
+                } else {
+                    kv_f64(f, 4, "mean", m->mean);
+                    kv_f64(f, 4, "std", m->std);
+                }
                 break;
             case LOOM_MAP_ONE_HOT: kv_i64(f, 4, "depth", m->depth); break;
             case LOOM_MAP_RESHAPE:
@@ -342,6 +356,11 @@ static void print_dataset(FILE *f, const char *name, const loom_dataset_spec *ds
                 }
                 fputs("];\n", f);
             }
+            break;
+        case LOOM_T_SPLIT:
+            kv_f64(f, 4, "fraction", t->fraction);
+            kv_str(f, 4, "part", t->part == LOOM_SPLIT_EVAL ? "eval" : "train");
+            if (t->seed_set) kv_i64(f, 4, "seed", (int64_t)t->seed);
             break;
         case LOOM_T_SHARD:
             kv_i64(f, 4, "num_shards", t->num_shards);

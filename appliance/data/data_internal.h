@@ -122,7 +122,7 @@ int prefetch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *
                    loom_err *err);
 /* transform/transforms_more.c; cache takes the source spec for its file fingerprint. */
 int filter_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
-int shard_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
+int shard_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, uint64_t run_seed, loom_err *err); /* shard, split */
 int enumerate_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
 int unbatch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
 int padded_batch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);

@@ -124,14 +124,36 @@ fail:
     return rc;
 }
 
-/* ---- shard ---------------------------------------------------------------------
- * Keeps the elements whose position p in the pass has p % num_shards == index. */
+/* ---- shard, split ---------------------------------------------------------------
+ * shard keeps the elements whose position p in the pass has p % num_shards == index;
+ * split keeps those whose loom_split_u(seed, p) is below fraction (part train) or
+ * not (part eval): the same in every pass, so the two parts stay disjoint. */
 
 typedef struct shardst {
-    dstage  s;
-    int64_t n, index;
-    int64_t pos; /* input elements consumed this pass */
+    dstage   s;
+    int64_t  n, index;
+    int64_t  pos;      /* input elements consumed this pass */
+    int      split;    /* a split rather than a shard */
+    int      part;     /* split: LOOM_SPLIT_TRAIN or LOOM_SPLIT_EVAL */
+    double   fraction; /* split */
+    uint64_t seed;     /* split */
 } shardst;
+
+double loom_split_u(uint64_t seed, int64_t pos)
+{
+    uint64_t z = seed * 0x9e3779b97f4a7c15ull + (uint64_t)pos; /* splitmix64 of (seed, pos) */
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (double)(z >> 11) * 0x1.0p-53;
+}
+
+static int shard_keep(const shardst *s, int64_t pos)
+{
+    if (!s->split) return pos % s->n == s->index;
+    return (loom_split_u(s->seed, pos) < s->fraction) == (s->part == LOOM_SPLIT_TRAIN);
+}
 
 static int shard_next(dstage *st, loom_elem **out, loom_err *err)
 {
@@ -140,7 +162,7 @@ static int shard_next(dstage *st, loom_elem **out, loom_err *err)
         loom_elem *e;
         int rc = dstage_next_(st->in, &e, err);
         if (rc) return rc;
-        if (s->pos++ % s->n != s->index) continue;
+        if (!shard_keep(s, s->pos++)) continue;
         memcpy(st->mut, st->in->mut, sizeof st->mut);
         *out = e;
         return LOOM_OK;
@@ -167,12 +189,28 @@ static const dstage_ops shard_ops = {
     .next = shard_next, .rewind = shard_rewind, .save = shard_save, .restore = shard_restore, .close = dstage_free_,
 };
 
-int shard_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err)
+int shard_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, uint64_t run_seed, loom_err *err)
 {
     shardst *s = loom_calloc(1, sizeof *s);
     if (!s) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate a shard stage");
     dstage *st = &s->s;
     dstage_init_(st, &shard_ops, in, id, &t->loc);
+    if (t->kind == LOOM_T_SPLIT) {
+        s->split = 1;
+        s->part = t->part;
+        s->fraction = t->fraction;
+        s->seed = t->seed_set ? t->seed : run_seed;
+        snprintf(st->name, sizeof st->name, "split(%s)", s->part == LOOM_SPLIT_EVAL ? "eval" : "train");
+        snprintf(st->desc, sizeof st->desc, "split(%.17g,%d,%llu)", s->fraction, s->part, (unsigned long long)s->seed);
+        if (!(s->fraction > 0 && s->fraction < 1)) {
+            int rc = dstage_err_(st, err, LOOM_ECONFIG, "split: fraction %g is outside (0, 1)", s->fraction);
+            loom_free(s);
+            return rc;
+        }
+        st->card = in->card < 0 ? in->card : -2; /* how many fall on each side is known only by reading */
+        *out = st;
+        return LOOM_OK;
+    }
     s->n = t->num_shards;
     s->index = t->index;
     snprintf(st->name, sizeof st->name, "shard(%lld/%lld)", (long long)s->index, (long long)s->n);
