@@ -20,6 +20,7 @@ typedef struct cli_opts {
     int         n_sets;
     bool        fresh, print, quiet, verbose;
     const char *input, *output, *checkpoint;
+    const char *id;   /* predict --id NAMES */
     const char *task; /* --task ROLE:I */
     char        status_set[48]; /* --status-port N, as "run.status_port=N" in sets */
 } cli_opts;
@@ -37,7 +38,7 @@ typedef struct command {
 } command;
 
 enum { OPT_MODEL_DIR = 1, OPT_SET = 2, OPT_FRESH = 4, OPT_PRINT = 8, OPT_INPUT = 16, OPT_OUTPUT = 32,
-       OPT_CHECKPOINT = 64, OPT_TASK = 128, OPT_STATUS_PORT = 256 };
+       OPT_CHECKPOINT = 64, OPT_TASK = 128, OPT_STATUS_PORT = 256, OPT_ID = 512 };
 
 static void print_errlist(const loom_errlist *l)
 {
@@ -166,7 +167,9 @@ static int cmd_predict(const cli_opts *o, double start, loom_err *err)
     loom_spec *spec = load(o, &status);
     if (!spec) return -status;
     int rc = adapt(spec, o->model_dir, LOOM_ADAPT_LOAD, err);
-    if (!rc) rc = loom_predict(spec, o->model_dir, o->checkpoint, o->input ? o->input : "eval", o->output, err);
+    loom_predict_opts po = {.model_dir = o->model_dir, .checkpoint = o->checkpoint, .input = o->input ? o->input : "eval",
+                            .output = o->output, .id = o->id};
+    if (!rc) rc = loom_predict_run(spec, &po, err);
     loom_config_free(spec);
     return rc;
 }
@@ -438,11 +441,14 @@ static const command commands[] = {
      "Prints one JSON line with eval_loss and eval_accuracy on stdout.\n", cmd_evaluate,
      OPT_MODEL_DIR | OPT_SET | OPT_CHECKPOINT | OPT_TASK, NULL},
     {"predict", "write predictions (class and probabilities) as CSV",
-     "loom predict CONFIG --output FILE [--input train|eval|FILE.idx] [--model-dir DIR] [--checkpoint FILE]",
+     "loom predict CONFIG --output FILE [--input train|eval|FILE] [--id NAMES] [--model-dir DIR] [--checkpoint FILE]",
      "--input names a dataset of the config (\"eval\", the default, or \"train\"; read in order,\n"
-     "without shuffle, repeat or random maps) or an IDX file of inputs, which gets the\n"
-     "eval pipeline's maps of the model input. The CSV has columns index,class,p0,p1,...\n",
-     cmd_predict, OPT_MODEL_DIR | OPT_SET | OPT_INPUT | OPT_OUTPUT | OPT_CHECKPOINT, NULL},
+     "without shuffle, repeat or random maps), an IDX file of inputs, or a new file read by the\n"
+     "config's csv or tfrecord source (only the model input and the --id features: labels may\n"
+     "be absent); files get the eval pipeline's maps of the model input. --id id,label copies\n"
+     "those features beside each prediction. Columns: index, the --id features, then by loss:\n"
+     "class,p0,p1,... (softmax cross-entropy) or prediction (mean squared error).\n",
+     cmd_predict, OPT_MODEL_DIR | OPT_SET | OPT_INPUT | OPT_OUTPUT | OPT_CHECKPOINT | OPT_ID, NULL},
     {"check", "validate a config, its data and its model without training",
      "loom check CONFIG [--print] [--task ROLE:I] [--set key.path=value ...]",
      "Reports unknown keys, wrong types, out-of-range values, missing files and shape or\n"
@@ -498,7 +504,10 @@ static void command_help(const command *c)
     if (c->accepts & OPT_SET) printf("  --set key.path=value  override a config setting (repeatable)\n");
     if (c->accepts & OPT_FRESH) printf("  --fresh               ignore existing checkpoints and start from scratch\n");
     if (c->accepts & OPT_PRINT) printf("  --print               print the resolved config\n");
-    if (c->accepts & OPT_INPUT) printf("  --input WHAT          train, eval (default) or an IDX file\n");
+    if (c->accepts & OPT_INPUT)
+        printf("  --input WHAT          train, eval (default), an IDX file, or a file for the config's csv/tfrecord "
+               "source\n");
+    if (c->accepts & OPT_ID) printf("  --id NAMES            features copied to the output beside each prediction (id,label)\n");
     if (c->accepts & OPT_OUTPUT) printf("  --output FILE         where to write the CSV (- for stdout)\n");
     if (c->accepts & OPT_CHECKPOINT) printf("  --checkpoint FILE     use this checkpoint instead of the latest\n");
     if (c->accepts & OPT_TASK) printf("  --task ROLE:I         this process's task in the cluster, e.g. worker:1\n");
@@ -603,6 +612,9 @@ int loom_cli_main(int argc, char **argv, double start_time)
         } else if (is_opt(a, "--input")) {
             need = OPT_INPUT;
             if ((v = opt_value(argc, argv, &i, "--input", &err))) o.input = v;
+        } else if (is_opt(a, "--id")) {
+            need = OPT_ID;
+            if ((v = opt_value(argc, argv, &i, "--id", &err))) o.id = v;
         } else if (is_opt(a, "--output")) {
             need = OPT_OUTPUT;
             if ((v = opt_value(argc, argv, &i, "--output", &err))) o.output = v;

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 /* Everything a command needs: the pipelines and the strategy. */
 typedef struct run {
@@ -1018,9 +1019,57 @@ static void deterministic_copy(loom_dataset_spec *dst, const loom_dataset_spec *
     }
 }
 
+/* Keeps only the source features named in keep[] (csv columns, tfrecord
+ * features): a new file need not hold the label. */
+static void keep_features(loom_source_spec *s, const char *const *keep, int n_keep)
+{
+    int k = 0;
+    for (int f = 0; f < s->n_features; f++) {
+        bool want = false;
+        for (int i = 0; i < n_keep; i++) want |= !strcmp(s->feature[f], keep[i]);
+        if (!want) continue;
+        if (k != f) {
+            memcpy(s->feature[k], s->feature[f], sizeof s->feature[k]);
+            s->csv[k] = s->csv[f];
+            s->tfr[k] = s->tfr[f];
+        }
+        k++;
+    }
+    s->n_features = k;
+}
+
+static bool is_idx_name(const char *p)
+{
+    size_t n = strlen(p);
+    const char *ends[] = {".idx", ".idx.gz", "ubyte", "ubyte.gz"};
+    for (size_t i = 0; i < sizeof ends / sizeof ends[0]; i++) {
+        size_t m = strlen(ends[i]);
+        if (n >= m && !strcmp(p + n - m, ends[i])) return true;
+    }
+    return false;
+}
+
 int loom_predict(const loom_spec *spec, const char *model_dir, const char *checkpoint, const char *input,
                  const char *output, loom_err *err)
 {
+    loom_predict_opts o = {.model_dir = model_dir, .checkpoint = checkpoint, .input = input, .output = output};
+    return loom_predict_run(spec, &o, err);
+}
+
+int loom_predict_run(const loom_spec *spec, const loom_predict_opts *po, loom_err *err)
+{
+    const char *model_dir = po->model_dir, *checkpoint = po->checkpoint, *input = po->input, *output = po->output;
+    enum { MAX_IDS = 8 };
+    char ids[MAX_IDS][LOOM_NAME_MAX];
+    int n_ids = 0;
+    for (const char *p = po->id ? po->id : ""; *p;) {
+        size_t n = strcspn(p, ",");
+        if (n && n < LOOM_NAME_MAX && n_ids < MAX_IDS) snprintf(ids[n_ids++], LOOM_NAME_MAX, "%.*s", (int)n, p);
+        else if (n)
+            return loom_err_set(err, LOOM_EUSAGE, NULL, "--id: at most %d names of up to %d characters, got \"%s\"",
+                                MAX_IDS, LOOM_NAME_MAX - 1, po->id);
+        p += n + (p[n] == ',');
+    }
     run r;
     int rc = run_open(&r, spec, model_dir, false, NULL, false, err);
     char path[LOOM_PATH_MAX];
@@ -1044,14 +1093,38 @@ int loom_predict(const loom_spec *spec, const char *model_dir, const char *check
         }
         deterministic_copy(ds, !strcmp(input, "train") ? &spec->train : &spec->eval);
     } else {
-        /* An IDX file of inputs: the base pipeline's deterministic maps of the model input, then batch. */
+        /* An IDX file of inputs, or a file for the config's csv/tfrecord/text
+         * source: the base pipeline's deterministic maps of the model input, then batch. */
+        loom_source_kind bk = base->source.kind;
+        bool same_kind = (bk == LOOM_SRC_CSV || bk == LOOM_SRC_TFRECORD || bk == LOOM_SRC_TEXT) && !is_idx_name(input);
         ds->present = true;
         ds->loc = base->loc;
-        ds->source.kind = LOOM_SRC_IDX;
-        ds->source.loc = base->loc;
-        ds->source.n_features = 1;
-        snprintf(ds->source.feature[0], sizeof ds->source.feature[0], "%s", spec->model.input);
-        snprintf(ds->source.file[0], sizeof ds->source.file[0], "%s", input);
+        if (same_kind) {
+            ds->source = base->source;
+            ds->source.n_patterns = 1;
+            ds->source.file_shards = ds->source.file_shard = 0;
+            ds->source.shuffle_files = false;
+            char abs[LOOM_PATH_MAX];
+            if (input[0] != '/' && getcwd(abs, sizeof abs))
+                snprintf(ds->source.pattern[0], LOOM_PATH_MAX, "%.*s/%s", (int)(LOOM_PATH_MAX / 2), abs, input);
+            else
+                snprintf(ds->source.pattern[0], LOOM_PATH_MAX, "%s", input);
+            const char *keep[MAX_IDS + 1];
+            keep[0] = spec->model.input;
+            for (int i = 0; i < n_ids; i++) keep[i + 1] = ids[i];
+            if (bk != LOOM_SRC_TEXT) keep_features(&ds->source, keep, n_ids + 1);
+        } else {
+            ds->source.kind = LOOM_SRC_IDX;
+            ds->source.loc = base->loc;
+            ds->source.n_features = 1;
+            snprintf(ds->source.feature[0], sizeof ds->source.feature[0], "%s", spec->model.input);
+            snprintf(ds->source.file[0], sizeof ds->source.file[0], "%s", input);
+            if (n_ids) {
+                loom_free(ds);
+                run_close(&r);
+                return loom_err_set(err, LOOM_EUSAGE, input, "--id: an IDX file holds only the model input");
+            }
+        }
         for (int i = 0; i < base->n_transforms; i++) {
             const loom_transform_spec *t = &base->transform[i];
             if (t->kind == LOOM_T_MAP && t->map.kind == LOOM_MAP_LUA) { /* maps whole elements: not a bare input file's */
@@ -1075,10 +1148,26 @@ int loom_predict(const loom_spec *spec, const char *model_dir, const char *check
     loom_data_ctx ctx = {.seed = spec->run.seed, .threads = 1, .name = "predict"};
     rc = loom_data_open(&it, ds, &ctx, err);
     if (rc) loom_err_prefix(err, "--input %s", input);
-    int in_idx = -1;
+    int in_idx = -1, id_idx[MAX_IDS];
     if (!rc) {
         const loom_elem_spec *es = loom_iter_spec(it);
         in_idx = loom_elem_spec_find(es, spec->model.input);
+        for (int i = 0; i < n_ids && !rc; i++) {
+            id_idx[i] = loom_elem_spec_find(es, ids[i]);
+            char buf[1024];
+            if (id_idx[i] < 0)
+                rc = loom_err_set(err, LOOM_EUSAGE, input, "--id: no feature \"%s\" in the predicted elements (%s)",
+                                  ids[i], loom_elem_spec_str(es, buf, sizeof buf));
+            else if (es->shape[id_idx[i]].rank != 1)
+                rc = loom_err_set(err, LOOM_EUSAGE, input, "--id: feature \"%s\" is not one value per example (%s)",
+                                  ids[i], loom_elem_spec_str(es, buf, sizeof buf));
+        }
+        if (rc) {
+            loom_iter_close(it);
+            loom_free(ds);
+            run_close(&r);
+            return rc;
+        }
         loom_shape want = r.args.input->shape[r.args.input_idx], got = es->shape[in_idx];
         want.dim[0] = got.dim[0] = 0;
         if (es->dtype[in_idx] != r.args.input->dtype[r.args.input_idx] || !loom_shape_eq(&want, &got)) {
@@ -1097,9 +1186,17 @@ int loom_predict(const loom_spec *spec, const char *model_dir, const char *check
     int64_t classes = loom_shape_numel(&os);
     float *probs = rc ? NULL : loom_alloc((size_t)(r.args.max_batch * classes) * sizeof(float));
     if (!rc && !probs) rc = loom_err_set(err, LOOM_ENOMEM, NULL, "allocating predictions");
+    bool regression = spec->model.loss == LOOM_LOSS_MSE;
     if (!rc) {
-        fprintf(f, "index,class");
-        for (int64_t c = 0; c < classes; c++) fprintf(f, ",p%lld", (long long)c);
+        fprintf(f, "index");
+        for (int i = 0; i < n_ids; i++) fprintf(f, ",%s", ids[i]);
+        if (regression && classes == 1) fprintf(f, ",prediction");
+        else if (regression)
+            for (int64_t c = 0; c < classes; c++) fprintf(f, ",prediction_%lld", (long long)c);
+        else {
+            fprintf(f, ",class");
+            for (int64_t c = 0; c < classes; c++) fprintf(f, ",p%lld", (long long)c);
+        }
         fputc('\n', f);
     }
     int64_t index = 0;
@@ -1118,10 +1215,19 @@ int loom_predict(const loom_spec *spec, const char *model_dir, const char *check
         int64_t B = b->t[in_idx].shape.dim[0];
         for (int64_t i = 0; i < B && !rc; i++) {
             const float *p = probs + i * classes;
-            int64_t best = 0;
-            for (int64_t c = 1; c < classes; c++)
-                if (p[c] > p[best]) best = c;
-            fprintf(f, "%lld,%lld", (long long)index++, (long long)best);
+            fprintf(f, "%lld", (long long)index++);
+            for (int k = 0; k < n_ids; k++) {
+                const loom_tensor *t = &b->t[id_idx[k]];
+                double v = loom_tensor_get(t, i);
+                if (t->dtype == LOOM_F32 || t->dtype == LOOM_F64) fprintf(f, ",%.9g", v);
+                else fprintf(f, ",%lld", (long long)v);
+            }
+            if (!regression) {
+                int64_t best = 0;
+                for (int64_t c = 1; c < classes; c++)
+                    if (p[c] > p[best]) best = c;
+                fprintf(f, ",%lld", (long long)best);
+            }
             for (int64_t c = 0; c < classes; c++) fprintf(f, ",%.6g", p[c]);
             fputc('\n', f);
         }
