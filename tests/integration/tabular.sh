@@ -49,4 +49,93 @@ expect_fail 2 "column range outside the file" 't.csv:1: data.train: feature "x" 
 cfg range2 "x = { dtype = \"float32\"; index = \"5-2\"; }; label = { dtype = \"int64\"; };" '{ op = "batch"; size = 32; }'
 expect_fail 2 "a reversed range is a config error" 'range2.cfg:4: data.train.source.columns.x.index: expected a field index >= 0 or a range "first-last"' \
     bash -c "cd '$WORK' && timeout 60 '$LOOM' check range2.cfg"
+
+# 3. split + normalize adapt in both pipelines + predict with ids passed through
+SRC='id = { dtype = "int64"; index = 0; }; x = { dtype = "float32"; index = "1-12"; }; label = { dtype = "int64"; index = 13; };'
+SPLIT='{ op = "split"; fraction = 0.8; seed = 7; part'
+ADAPT='{ op = "map"; fn = "normalize"; feature = "x"; adapt = true; }'
+cfg tab "$SRC" "$SPLIT = \"train\"; }, $ADAPT, { op = \"shuffle\"; buffer = 500; }, { op = \"batch\"; size = 32; }" \
+    "eval: { source: { type = \"csv\"; files = [\"t.csv\"]; columns: { $SRC }; }; transforms = ( $SPLIT = \"eval\"; }, $ADAPT, { op = \"batch\"; size = 64; } ); };"
+out=$(cd "$WORK" && timeout 120 "$LOOM" train tab.cfg 2>&1)
+contains "adapt runs once at start on data.train" 'normalize adapt: "x" (12 values per example) from' "$out"
+check "adapt numbers cached in model_dir" test -s "$WORK/run_tab/adapt.txt"
+(cd "$WORK" && timeout 60 "$LOOM" predict tab.cfg --input train --id id,label --output train_pred.csv >/dev/null 2>&1)
+(cd "$WORK" && timeout 60 "$LOOM" predict tab.cfg --input eval --id id,label --output eval_pred.csv >/dev/null 2>&1)
+(cd "$WORK" && timeout 60 "$LOOM" predict tab.cfg --input eval --id id --output eval_pred2.csv >/dev/null 2>&1)
+res=$(python3 - "$WORK" <<'PY'
+import csv, math, sys
+w = sys.argv[1]
+rows = {int(r[0]): [float(v) for v in r[1:13]] for r in list(csv.reader(open(w + "/t.csv")))[1:]}
+tr = [int(r["id"]) for r in csv.DictReader(open(w + "/train_pred.csv"))]
+ev = [int(r["id"]) for r in csv.DictReader(open(w + "/eval_pred.csv"))]
+ev2 = [int(r["id"]) for r in csv.DictReader(open(w + "/eval_pred2.csv"))]
+out = []
+out.append("disjoint" if not set(tr) & set(ev) else "overlap")
+out.append("cover" if sorted(tr + ev) == sorted(rows) else "gaps")
+out.append("same" if ev == ev2 else "differs")
+out.append("share_ok" if 0.7 < len(tr) / len(rows) < 0.9 else "share_bad %d" % len(tr))
+lines = open(w + "/run_tab/adapt.txt").read().split("\n")
+mean = [float(v) for v in lines[2].split()[1:]]
+std = [float(v) for v in lines[3].split()[1:]]
+bad = 0
+for j in range(12):
+    xs = [rows[i][j] for i in tr]
+    mu = sum(xs) / len(xs)
+    sd = math.sqrt(sum((x - mu) ** 2 for x in xs) / len(xs))
+    bad += abs(mu - mean[j]) > 1e-4 * (1 + abs(mu)) or abs(sd - std[j]) > 1e-4 * sd
+out.append("stats_ok" if bad == 0 else "stats_bad %d" % bad)
+acc = sum(int(r["class"]) == int(r["label"]) for r in csv.DictReader(open(w + "/eval_pred.csv"))) / len(ev)
+out.append("acc_ok" if acc > 0.8 else "acc_low %.3f" % acc)
+print(" ".join(out))
+PY
+)
+contains "split: train and eval parts are disjoint" "disjoint" "$res"
+contains "split: together they are the whole file" "cover" "$res"
+contains "split: the same parts every time" "same" "$res"
+contains "split: the fraction is about 0.8" "share_ok" "$res"
+contains "adapt: per-index mean and population std of the training part" "stats_ok" "$res"
+contains "adapted normalization trains a good model (eval accuracy > 0.8)" "acc_ok" "$res"
+
+# resume, evaluate and predict read the cached numbers
+out=$(cd "$WORK" && timeout 120 "$LOOM" train tab.cfg --set run.epochs=4 2>&1)
+contains "a resumed run reads adapt.txt" "normalize adapt: the numbers of 1 map from run_tab/adapt.txt" "$out"
+out=$(cd "$WORK" && timeout 60 "$LOOM" evaluate tab.cfg 2>/dev/null)
+contains "evaluate with adapted numbers" '"eval_accuracy"' "$out"
+mv "$WORK/run_tab/adapt.txt" "$WORK/adapt.saved"
+expect_fail 1 "evaluate without adapt.txt says to train first" "run_tab/adapt.txt: no adapted normalize numbers" \
+    bash -c "cd '$WORK' && timeout 60 '$LOOM' evaluate tab.cfg"
+mv "$WORK/adapt.saved" "$WORK/run_tab/adapt.txt"
+
+# predict on a new file without labels, ids passed through
+python3 - "$WORK" <<'PY'
+import sys
+w = sys.argv[1]
+rows = open(w + "/t.csv").read().split("\n")[1:6]
+with open(w + "/new.csv", "w") as f:
+    f.write("id," + ",".join("c%d" % i for i in range(12)) + "\n")
+    for r in rows:
+        f.write(",".join(r.split(",")[:13]) + "\n")
+PY
+out=$(cd "$WORK" && timeout 60 "$LOOM" predict tab.cfg --input new.csv --id id --output - 2>/dev/null)
+contains "predict on a new CSV without labels: header" "index,id,class,p0,p1" "$out"
+contains "predict on a new CSV: ids passed through" "4,1004," "$out"
+expect_fail 2 "predict --id of an absent feature" '--id: no feature "name" in the predicted elements' \
+    bash -c "cd '$WORK' && timeout 60 '$LOOM' predict tab.cfg --id name --output -"
+
+# 4. bad input: adapt on an empty split; a split fraction outside (0, 1); eval adapt without a train one
+cfg empty "$SRC" "{ op = \"filter\"; feature = \"label\"; in = [7]; }, $ADAPT, { op = \"batch\"; size = 32; }"
+expect_fail 1 "adapt on an empty split" 'map(normalize) adapt on "x": data.train yields no elements before this map' \
+    bash -c "cd '$WORK' && timeout 60 '$LOOM' train empty.cfg"
+cfg frac "$SRC" "{ op = \"split\"; fraction = 1.5; part = \"train\"; }, { op = \"batch\"; size = 32; }"
+expect_fail 2 "split fraction outside (0, 1)" "fraction: expected a number in (0.0, 1.0), got 1.5" \
+    bash -c "cd '$WORK' && timeout 60 '$LOOM' check frac.cfg"
+cfg noadapt "$SRC" '{ op = "batch"; size = 32; }' \
+    "eval: { source: { type = \"csv\"; files = [\"t.csv\"]; columns: { $SRC }; }; transforms = ( $ADAPT, { op = \"batch\"; size = 64; } ); };"
+expect_fail 2 "eval adapt without a train adapt map" 'takes the numbers adapted in data.train, but data.train has no normalize map with adapt = true on "x"' \
+    bash -c "cd '$WORK' && timeout 60 '$LOOM' check noadapt.cfg"
+
+# 5. normalize with per-index arrays: a length that does not fit the last axis
+cfg arr "$SRC" '{ op = "map"; fn = "normalize"; feature = "x"; mean = [0.0, 1.0]; std = 2.0; }, { op = "batch"; size = 32; }'
+expect_fail 2 "normalize arrays must fit the last axis" '2 mean/std values, but the feature has shape (12,)' \
+    bash -c "cd '$WORK' && timeout 60 '$LOOM' check arr.cfg"
 finish

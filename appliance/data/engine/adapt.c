@@ -259,6 +259,8 @@ int loom_data_adapt(loom_spec *spec, const char *model_dir, loom_adapt_mode mode
         }
     } else if (rc) {
         return rc;
+    } else if (n) {
+        loom_info("normalize adapt: the numbers of %d map%s from %s", n, n == 1 ? "" : "s", path);
     }
     return spec->eval.present ? share_with(&spec->eval, &spec->train, ks, n, err) : LOOM_OK;
 }
