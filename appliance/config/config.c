@@ -38,7 +38,7 @@ const char *const loom_map_names_[] = {"cast", "scale", "normalize", "one_hot", 
                                        "per_image_standardization", "sleep", "lua", NULL};
 const char *const loom_transform_names_[] = {"map", "shuffle", "batch", "repeat", "take", "skip", "prefetch",
                                              "filter", "shard", "enumerate", "unbatch", "padded_batch", "cache",
-                                             "interleave", "zip", "split", NULL};
+                                             "interleave", "zip", "split", "concat", "select", NULL};
 const char *const loom_layer_names_[] = {"dense", "conv2d", "max_pool2d", "dropout", "flatten", "activation", NULL};
 const char *const loom_activation_names_[] = {"none", "relu", "sigmoid", "tanh", "softmax", NULL};
 const char *const loom_init_names_[] = {"glorot_uniform", "glorot_normal", "he_uniform", "he_normal", "zeros", NULL};
@@ -550,6 +550,7 @@ static void parse_delimiter(ctx *c, const config_setting_t *s, void *base);
 static void parse_csv_columns(ctx *c, const config_setting_t *s, void *base);
 static void parse_csv_index(ctx *c, const config_setting_t *s, void *base);
 static void parse_norm_values(ctx *c, const config_setting_t *s, void *base);
+static void parse_feature_names(ctx *c, const config_setting_t *s, void *base);
 static void parse_syn_features(ctx *c, const config_setting_t *s, void *base);
 static void parse_syn_shape(ctx *c, const config_setting_t *s, void *base);
 static void parse_filter_values(ctx *c, const config_setting_t *s, void *base);
@@ -709,6 +710,9 @@ static const opt transform_opts[] = {
     O_INT(loom_transform_spec, "buffer", buffer, 0, 1, INT64_MAX, TR(SHUFFLE), TR(SHUFFLE), "shuffle buffer"),
     O_CUSTOM("buffer", parse_prefetch_buffer, TR(PREFETCH), 0, "prefetch queue depth; \"auto\" or -1 (default), 0 disables"),
     O_INT(loom_transform_spec, "seed", seed, 0, 0, INT64_MAX, TR(SHUFFLE), 0, "shuffle seed; default run.seed"),
+    O_CUSTOM("features", parse_feature_names, TR(CONCAT) | TR(SELECT), TR(CONCAT) | TR(SELECT),
+             "[\"a\", \"b\", ...]: concat joins them (each flattened per example) into `output`; select keeps only them"),
+    O_STR(loom_transform_spec, "output", output, NULL, NULL, TR(CONCAT), TR(CONCAT), "the feature concat adds"),
     O_F64(loom_transform_spec, "fraction", fraction, 0.8, 0.0, 1.0, F_LO_OPEN | F_HI_OPEN, TR(SPLIT), TR(SPLIT),
           "share of the elements in the training part, in (0, 1)"),
     O_ENUM(loom_transform_spec, "part", part, LOOM_SPLIT_TRAIN, split_part_names, TR(SPLIT), TR(SPLIT),
@@ -1832,6 +1836,29 @@ static void parse_values(ctx *c, const config_setting_t *s, void *base)
 }
 
 /* filter: in = [...] or not_in = [...]; which one is given decides the predicate. */
+static void parse_feature_names(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_transform_spec *t = base;
+    char v[300];
+    int n = (config_setting_is_array(s) || config_setting_is_list(s)) ? config_setting_length(s) : -1;
+    if (n < 1 || n > LOOM_MAX_FEATURES) {
+        cerr(c, s, "expected a list of 1 to %d feature names, got %s", LOOM_MAX_FEATURES, value_str(s, v, sizeof v));
+        return;
+    }
+    t->n_names = 0;
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *e = config_setting_get_elem(s, i);
+        const char *str = config_setting_type(e) == CONFIG_TYPE_STRING ? config_setting_get_string(e) : NULL;
+        if (!str || !str[0] || strlen(str) >= LOOM_NAME_MAX) {
+            cerr(c, e, "expected a feature name (1 to %d characters), got %s", LOOM_NAME_MAX - 1, value_str(e, v, sizeof v));
+            continue;
+        }
+        for (int j = 0; j < t->n_names; j++)
+            if (!strcmp(t->names[j], str)) cerr(c, e, "\"%s\" is listed twice", str);
+        snprintf(t->names[t->n_names++], LOOM_NAME_MAX, "%s", str);
+    }
+}
+
 static void parse_filter_values(ctx *c, const config_setting_t *s, void *base)
 {
     loom_transform_spec *t = base;

@@ -206,7 +206,7 @@ typedef struct loom_map_spec {
 typedef enum {
     LOOM_T_MAP, LOOM_T_SHUFFLE, LOOM_T_BATCH, LOOM_T_REPEAT, LOOM_T_TAKE, LOOM_T_SKIP, LOOM_T_PREFETCH,
     LOOM_T_FILTER, LOOM_T_SHARD, LOOM_T_ENUMERATE, LOOM_T_UNBATCH, LOOM_T_PADDED_BATCH, LOOM_T_CACHE,
-    LOOM_T_INTERLEAVE, LOOM_T_ZIP, LOOM_T_SPLIT,
+    LOOM_T_INTERLEAVE, LOOM_T_ZIP, LOOM_T_SPLIT, LOOM_T_CONCAT, LOOM_T_SELECT,
 } loom_transform_kind;
 
 #define LOOM_MAX_FILTER_VALUES 64
@@ -232,6 +232,9 @@ typedef struct loom_transform_spec {
     double              min, max;               /* FILTER range, inclusive; -inf / +inf when not given */
     int64_t             num_shards, index;      /* SHARD: 0 <= index < num_shards */
     double              fraction;               /* SPLIT: the training part's share, in (0, 1) */
+    int                 n_names;                /* CONCAT: the features joined; SELECT: those kept, in order */
+    char                names[LOOM_MAX_FEATURES][LOOM_NAME_MAX];
+    char                output[LOOM_NAME_MAX];  /* CONCAT: the added feature */
     int                 part;                   /* SPLIT: LOOM_SPLIT_TRAIN or LOOM_SPLIT_EVAL */
     int64_t             start;                  /* ENUMERATE: first index, default 0 */
     int                 n_padded;               /* PADDED_BATCH padded_shapes: feature, rank, dims (-1 = max in batch) */

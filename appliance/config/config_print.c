@@ -357,6 +357,17 @@ static void print_dataset(FILE *f, const char *name, const loom_dataset_spec *ds
                 fputs("];\n", f);
             }
             break;
+        case LOOM_T_CONCAT:
+        case LOOM_T_SELECT:
+            ind(f, 4);
+            fputs("features = [", f);
+            for (int j = 0; j < t->n_names; j++) {
+                if (j) fputs(", ", f);
+                put_str(f, t->names[j]);
+            }
+            fputs("];\n", f);
+            if (t->kind == LOOM_T_CONCAT) kv_str(f, 4, "output", t->output);
+            break;
         case LOOM_T_SPLIT:
             kv_f64(f, 4, "fraction", t->fraction);
             kv_str(f, 4, "part", t->part == LOOM_SPLIT_EVAL ? "eval" : "train");

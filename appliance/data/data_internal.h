@@ -124,6 +124,8 @@ int prefetch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *
 int filter_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
 int shard_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, uint64_t run_seed, loom_err *err); /* shard, split */
 int enumerate_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
+int concat_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
+int select_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
 int unbatch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
 int padded_batch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
 /* ram_left / ram: the RAM budget left for it and the whole budget (bytes); a

@@ -227,6 +227,210 @@ int shard_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, 
     return LOOM_OK;
 }
 
+/* ---- concat, select ---------------------------------------------------------------
+ * concat appends feature `output`: the listed features, each flattened per
+ * example (what follows the batch dims), joined in order (Keras
+ * Concatenate on the last axis of flat features; scalars count as one
+ * value); float32 unless all share one dtype. select keeps the listed
+ * features, in the listed order (tf.data map(lambda e: {k: e[k] ...})). */
+
+typedef struct catst {
+    dstage   s;
+    int      n, idx[LOOM_MAX_FEATURES]; /* concat: inputs; select: kept features */
+    int64_t  per[LOOM_MAX_FEATURES];    /* concat: values per example of each input */
+    int64_t  total;                     /* concat: values per example of the output */
+    loom_dtype dt;
+    void    *buf;
+} catst;
+
+static int cat_next(dstage *st, loom_elem **out, loom_err *err)
+{
+    catst *s = (catst *)st;
+    loom_elem *e;
+    int rc = dstage_next_(st->in, &e, err);
+    if (rc) return rc;
+    int n = e->n, bd = st->batch_dims;
+    memcpy(st->out.t, e->t, (size_t)n * sizeof e->t[0]);
+    memcpy(st->mut, st->in->mut, sizeof st->mut);
+    int64_t rows = 1;
+    loom_tensor *o = &st->out.t[n];
+    o->dtype = s->dt;
+    o->shape.rank = bd + 1;
+    for (int d = 0; d < bd; d++) rows *= (o->shape.dim[d] = e->t[s->idx[0]].shape.dim[d]);
+    o->shape.dim[bd] = s->total;
+    o->data = s->buf;
+    o->owns = 0;
+    size_t esz = loom_dtype_size(s->dt);
+    for (int64_t r = 0; r < rows; r++) {
+        uint8_t *dst = (uint8_t *)s->buf + (size_t)(r * s->total) * esz;
+        for (int k = 0; k < s->n; k++) {
+            const loom_tensor *t = &e->t[s->idx[k]];
+            if (t->dtype == s->dt) {
+                memcpy(dst, (const uint8_t *)t->data + (size_t)(r * s->per[k]) * esz, (size_t)s->per[k] * esz);
+            } else { /* mixed dtypes: float32 out */
+                for (int64_t j = 0; j < s->per[k]; j++) ((float *)dst)[j] = (float)loom_tensor_get(t, r * s->per[k] + j);
+            }
+            dst += (size_t)s->per[k] * esz;
+        }
+    }
+    st->out.n = n + 1;
+    st->mut[n] = 1;
+    *out = &st->out;
+    return LOOM_OK;
+}
+
+static int sel_next(dstage *st, loom_elem **out, loom_err *err)
+{
+    catst *s = (catst *)st;
+    loom_elem *e;
+    int rc = dstage_next_(st->in, &e, err);
+    if (rc) return rc;
+    uint8_t mut[LOOM_MAX_FEATURES];
+    memcpy(mut, st->in->mut, sizeof mut);
+    for (int k = 0; k < s->n; k++) {
+        st->out.t[k] = e->t[s->idx[k]];
+        st->mut[k] = mut[s->idx[k]];
+    }
+    st->out.n = s->n;
+    *out = &st->out;
+    return LOOM_OK;
+}
+
+static int cat_rewind(dstage *st, int64_t epoch, loom_err *err) { return st->in->ops->rewind(st->in, epoch, err); }
+static void cat_save(dstage *st, loom_buf *b) { (void)st, (void)b; }
+static int cat_restore(dstage *st, loom_buf *b, loom_err *err) { (void)st, (void)b, (void)err; return LOOM_OK; }
+
+static void cat_close(dstage *st)
+{
+    loom_free(((catst *)st)->buf);
+    loom_free(st);
+}
+
+static const dstage_ops cat_ops = {
+    .next = cat_next, .rewind = cat_rewind, .save = cat_save, .restore = cat_restore, .close = cat_close,
+};
+static const dstage_ops sel_ops = {
+    .next = sel_next, .rewind = cat_rewind, .save = cat_save, .restore = cat_restore, .close = cat_close,
+};
+
+/* The indices of t's names in st's spec; an absent name is an error listing the features. */
+static int find_names(catst *s, const loom_transform_spec *t, const char *op, loom_err *err)
+{
+    dstage *st = &s->s;
+    s->n = t->n_names;
+    for (int k = 0; k < t->n_names; k++) {
+        s->idx[k] = loom_elem_spec_find(&st->spec, t->names[k]);
+        if (s->idx[k] < 0) {
+            char have[2048];
+            return dstage_err_(st, err, LOOM_ECONFIG, "%s: no feature \"%s\" (the element has %s)", op, t->names[k],
+                               loom_elem_spec_str(&st->spec, have, sizeof have));
+        }
+    }
+    return s->n >= 1 ? LOOM_OK : dstage_err_(st, err, LOOM_ECONFIG, "%s: no features listed", op);
+}
+
+int concat_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err)
+{
+    catst *s = loom_calloc(1, sizeof *s);
+    if (!s) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate a concat stage");
+    dstage *st = &s->s;
+    dstage_init_(st, &cat_ops, in, id, &t->loc);
+    snprintf(st->name, sizeof st->name, "concat");
+    snprintf(st->desc, sizeof st->desc, "concat(%s", t->output);
+    for (int k = 0; k < t->n_names; k++) {
+        size_t l = strlen(st->desc);
+        snprintf(st->desc + l, sizeof st->desc - l, ",%s", t->names[k]);
+    }
+    size_t l = strlen(st->desc);
+    snprintf(st->desc + l, sizeof st->desc - l, ")");
+    int rc = find_names(s, t, "concat", err), bd = st->batch_dims;
+    char a[128];
+    if (rc) goto fail;
+    if (loom_elem_spec_find(&st->spec, t->output) >= 0) {
+        rc = dstage_err_(st, err, LOOM_ECONFIG, "concat: the element already has a feature \"%s\" (set `output` to "
+                         "another name)", t->output);
+        goto fail;
+    }
+    if (st->spec.n >= LOOM_MAX_FEATURES) {
+        rc = dstage_err_(st, err, LOOM_ECONFIG, "concat: the element already has %d features (at most %d)", st->spec.n,
+                         LOOM_MAX_FEATURES);
+        goto fail;
+    }
+    s->dt = st->spec.dtype[s->idx[0]];
+    for (int k = 0; k < s->n; k++) {
+        const loom_shape *sh = &st->spec.shape[s->idx[k]];
+        s->per[k] = 1;
+        for (int d = bd; d < sh->rank; d++) {
+            if (sh->dim[d] < 0) {
+                rc = dstage_err_(st, err, LOOM_ESHAPE, "concat: feature \"%s\" has shape %s, which varies per example "
+                                 "(pad it first)", t->names[k], loom_shape_str(sh, a, sizeof a));
+                goto fail;
+            }
+            s->per[k] *= sh->dim[d];
+        }
+        if (st->spec.dtype[s->idx[k]] != s->dt) s->dt = LOOM_F32;
+        s->total += s->per[k];
+    }
+    int n = st->spec.n;
+    const loom_shape *mx0 = &st->maxshape[s->idx[0]];
+    int64_t rows = 1;
+    loom_shape osh = {.rank = bd + 1}, omx = {.rank = bd + 1};
+    for (int d = 0; d < bd; d++) {
+        osh.dim[d] = st->spec.shape[s->idx[0]].dim[d];
+        rows *= (omx.dim[d] = mx0->dim[d]);
+    }
+    osh.dim[bd] = omx.dim[bd] = s->total;
+    snprintf(st->spec.name[n], LOOM_NAME_MAX, "%s", t->output);
+    st->spec.dtype[n] = s->dt;
+    st->spec.shape[n] = osh;
+    st->maxshape[n] = omx;
+    st->spec.n = n + 1;
+    size_t bytes = (size_t)(rows * s->total) * loom_dtype_size(s->dt);
+    if (!(s->buf = loom_alloc_aligned(bytes ? bytes : 1))) {
+        rc = loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate %zu bytes for concat", bytes);
+        goto fail;
+    }
+    dstage_gauge_(&st->st_bytes, (int64_t)bytes);
+    *out = st;
+    return LOOM_OK;
+fail:
+    cat_close(st);
+    return rc;
+}
+
+int select_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err)
+{
+    catst *s = loom_calloc(1, sizeof *s);
+    if (!s) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate a select stage");
+    dstage *st = &s->s;
+    dstage_init_(st, &sel_ops, in, id, &t->loc);
+    snprintf(st->name, sizeof st->name, "select");
+    snprintf(st->desc, sizeof st->desc, "select(");
+    for (int k = 0; k < t->n_names; k++) {
+        size_t l = strlen(st->desc);
+        snprintf(st->desc + l, sizeof st->desc - l, "%s%s", k ? "," : "", t->names[k]);
+    }
+    size_t l = strlen(st->desc);
+    snprintf(st->desc + l, sizeof st->desc - l, ")");
+    int rc = find_names(s, t, "select", err);
+    if (rc) {
+        cat_close(st);
+        return rc;
+    }
+    loom_elem_spec sp = st->spec;
+    loom_shape mx[LOOM_MAX_FEATURES];
+    memcpy(mx, st->maxshape, sizeof mx);
+    for (int k = 0; k < s->n; k++) {
+        memcpy(st->spec.name[k], sp.name[s->idx[k]], LOOM_NAME_MAX);
+        st->spec.dtype[k] = sp.dtype[s->idx[k]];
+        st->spec.shape[k] = sp.shape[s->idx[k]];
+        st->maxshape[k] = mx[s->idx[k]];
+    }
+    st->spec.n = s->n;
+    *out = st;
+    return LOOM_OK;
+}
+
 /* ---- enumerate -----------------------------------------------------------------
  * zip(range(start, int64 max), ds): appends an int64 scalar feature. */
 
