@@ -149,7 +149,11 @@ static int cmd_evaluate(const cli_opts *o, double start, loom_err *err)
     loom_cluster_free(cl);
     if (!rc) rc = adapt(spec, o->model_dir, LOOM_ADAPT_LOAD, err);
     if (!rc) rc = loom_evaluate(spec, o->model_dir, o->checkpoint, &res, err);
-    if (!rc) {
+    if (!rc && res.examples == 0) { /* JSON has no nan: null, and say why */
+        printf("{\"checkpoint\": \"%s\", \"step\": %lld, \"examples\": 0, \"eval_loss\": null, \"eval_accuracy\": null}\n",
+               res.checkpoint, (long long)res.step);
+        loom_info("%s (step %lld): no eval data: data.eval yielded no examples", res.checkpoint, (long long)res.step);
+    } else if (!rc) {
         printf("{\"checkpoint\": \"%s\", \"step\": %lld, \"examples\": %lld, \"eval_loss\": %.6g, \"eval_accuracy\": %.6g}\n",
                res.checkpoint, (long long)res.step, (long long)res.examples, res.loss, res.accuracy);
         loom_info("%s (step %lld): eval loss %.4f, accuracy %.4f on %lld examples", res.checkpoint, (long long)res.step,

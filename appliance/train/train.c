@@ -563,7 +563,14 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
             return rc;
         }
         snprintf(last_ckpt, sizeof last_ckpt, "%s", ckpt);
-        loom_info("resuming from %s (step %lld, epoch %lld)", ckpt, (long long)st.step, (long long)st.epoch + 1);
+        /* st.epoch counts finished epochs, as "nothing to do" and the epoch lines do */
+        if (st.step_in_epoch == 0)
+            loom_info("resuming from %s (step %lld, after epoch %lld of %lld)", ckpt, (long long)st.step,
+                      (long long)st.epoch, (long long)spec->run.epochs);
+        else
+            loom_info("resuming from %s (step %lld, %lld step%s into epoch %lld of %lld)", ckpt, (long long)st.step,
+                      (long long)st.step_in_epoch, st.step_in_epoch == 1 ? "" : "s", (long long)st.epoch + 1,
+                      (long long)spec->run.epochs);
     } else if (rc != LOOM_OK && rc != LOOM_EEOF) {
         loom_dir_unlock_(lock_fd);
         run_close(&r);
@@ -1256,13 +1263,20 @@ static void print_pipeline(FILE *f, const char *name, loom_iter *it)
  * the first epoch: its size when known ahead, else by reading one batch. */
 static int check_train_not_empty(run *r, const loom_spec *spec, loom_err *err)
 {
-    int64_t card = loom_iter_cardinality(r->train);
-    if (card == -1 || card > 0) return LOOM_OK;
-    if (card < -1) {
-        loom_elem *b;
-        int rc = loom_iter_next(r->train, &b, err);
-        if (rc != LOOM_EEOF) return rc == LOOM_OK ? loom_iter_rewind(r->train, 0, err) : rc;
+    /* the first batch of each pipeline is read, so a wrong header, a field of
+     * the wrong dtype or a missing feature fails here rather than mid-run */
+    loom_elem *b;
+    int rc;
+    if (r->eval) {
+        rc = loom_iter_next(r->eval, &b, err);
+        if (rc == LOOM_EEOF)
+            loom_warn("data.eval yields no batch: there will be no eval data");
+        else if (rc)
+            return loom_err_prefix(err, "data.eval, first batch"), rc;
+        if ((rc = loom_iter_rewind(r->eval, 0, err))) return rc;
     }
+    rc = loom_iter_next(r->train, &b, err);
+    if (rc != LOOM_EEOF) return rc == LOOM_OK ? loom_iter_rewind(r->train, 0, err) : rc;
     const loom_dataset_spec *d = &spec->train;
     const loom_loc *l = d->loc.file[0] ? &d->loc : &d->source.loc;
     char where[LOOM_PATH_MAX + 16];

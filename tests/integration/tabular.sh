@@ -99,6 +99,9 @@ contains "adapted normalization trains a good model (eval accuracy > 0.8)" "acc_
 # resume, evaluate and predict read the cached numbers
 out=$(cd "$WORK" && timeout 120 "$LOOM" train tab.cfg --set run.epochs=4 2>&1)
 contains "a resumed run reads adapt.txt" "normalize adapt: the numbers of 1 map from run_tab/adapt.txt" "$out"
+contains "the resume message counts finished epochs, as the epoch lines do" "(step 33, after epoch 3 of 4)" "$out"
+out=$(cd "$WORK" && timeout 120 "$LOOM" train tab.cfg --set run.epochs=4 2>&1)
+contains "... and so does the finished run's" "at step 44 (epoch 4 of 4)" "$out"
 out=$(cd "$WORK" && timeout 60 "$LOOM" evaluate tab.cfg 2>/dev/null)
 contains "evaluate with adapted numbers" '"eval_accuracy"' "$out"
 mv "$WORK/run_tab/adapt.txt" "$WORK/adapt.saved"
@@ -134,7 +137,27 @@ cfg noadapt "$SRC" '{ op = "batch"; size = 32; }' \
 expect_fail 2 "eval adapt without a train adapt map" 'takes the numbers adapted in data.train, but data.train has no normalize map with adapt = true on "x"' \
     bash -c "cd '$WORK' && timeout 60 '$LOOM' check noadapt.cfg"
 
-# 5. normalize with per-index arrays: a length that does not fit the last axis
+# 5. no eval data: said, never nan; check reads the first record of each source
+cfg noeval "$SRC" '{ op = "batch"; size = 32; }' \
+    "eval: { source: { type = \"csv\"; files = [\"t.csv\"]; columns: { $SRC }; }; transforms = ( { op = \"filter\"; feature = \"label\"; in = [7]; }, { op = \"batch\"; size = 64; } ); };"
+out=$(cd "$WORK" && timeout 120 "$LOOM" train noeval.cfg --set run.epochs=1 2>&1)
+(echo "$out" | grep -q nan) && fail "an empty eval split prints no nan" "$out" || pass "an empty eval split prints no nan"
+out=$(cd "$WORK" && timeout 60 "$LOOM" evaluate noeval.cfg 2>&1)
+contains "evaluate on no eval data: JSON null" '"examples": 0, "eval_loss": null, "eval_accuracy": null' "$out"
+contains "evaluate on no eval data: said so" "no eval data: data.eval yielded no examples" "$out"
+out=$(cd "$WORK" && timeout 60 "$LOOM" check noeval.cfg 2>&1)
+contains "check warns of an empty eval split" "data.eval yields no batch: there will be no eval data" "$out"
+head -1 "$WORK/t.csv" > "$WORK/bad.csv"; echo "1,abc,1,1,1,1,1,1,1,1,1,1,1,0" >> "$WORK/bad.csv"
+cfg badeval "$SRC" '{ op = "batch"; size = 32; }' \
+    "eval: { source: { type = \"csv\"; files = [\"bad.csv\"]; columns: { $SRC }; }; transforms = ( { op = \"batch\"; size = 64; } ); };"
+expect_fail 1 "check reads the eval source's first record (a wrong dtype)" 'bad.csv:2:2: data.eval, first batch: column 2 (feature "x"): cannot parse "abc" as float32' \
+    bash -c "cd '$WORK' && timeout 60 '$LOOM' check badeval.cfg"
+cfg nohead "${SRC/index = 13;/index = 13;}" '{ op = "batch"; size = 32; }'
+sed -i 's/type = "csv";/type = "csv"; header = false;/' "$WORK/nohead.cfg"
+expect_fail 1 "check reads the first record: header = false on a file with a header" 't.csv:1:1: column 1 (feature "id"): cannot parse "id" as int64' \
+    bash -c "cd '$WORK' && timeout 60 '$LOOM' check nohead.cfg"
+
+# 6. normalize with per-index arrays: a length that does not fit the last axis
 cfg arr "$SRC" '{ op = "map"; fn = "normalize"; feature = "x"; mean = [0.0, 1.0]; std = 2.0; }, { op = "batch"; size = 32; }'
 expect_fail 2 "normalize arrays must fit the last axis" '2 mean/std values, but the feature has shape (12,)' \
     bash -c "cd '$WORK' && timeout 60 '$LOOM' check arr.cfg"
