@@ -1045,6 +1045,14 @@ static void keep_features(loom_source_spec *s, const char *const *keep, int n_ke
     s->n_features = k;
 }
 
+/* Values per example of a batched shape: the product of the dims after the first. */
+static int64_t per_example(const loom_shape *s)
+{
+    int64_t n = 1;
+    for (int d = 1; d < s->rank; d++) n *= s->dim[d];
+    return n;
+}
+
 static bool is_idx_name(const char *p)
 {
     size_t n = strlen(p);
@@ -1165,7 +1173,7 @@ int loom_predict_run(const loom_spec *spec, const loom_predict_opts *po, loom_er
             if (id_idx[i] < 0)
                 rc = loom_err_set(err, LOOM_EUSAGE, input, "--id: no feature \"%s\" in the predicted elements (%s)",
                                   ids[i], loom_elem_spec_str(es, buf, sizeof buf));
-            else if (es->shape[id_idx[i]].rank != 1)
+            else if (es->shape[id_idx[i]].rank < 1 || per_example(&es->shape[id_idx[i]]) != 1)
                 rc = loom_err_set(err, LOOM_EUSAGE, input, "--id: feature \"%s\" is not one value per example (%s)",
                                   ids[i], loom_elem_spec_str(es, buf, sizeof buf));
         }

@@ -157,7 +157,34 @@ sed -i 's/type = "csv";/type = "csv"; header = false;/' "$WORK/nohead.cfg"
 expect_fail 1 "check reads the first record: header = false on a file with a header" 't.csv:1:1: column 1 (feature "id"): cannot parse "id" as int64' \
     bash -c "cd '$WORK' && timeout 60 '$LOOM' check nohead.cfg"
 
-# 6. normalize with per-index arrays: a length that does not fit the last axis
+# 6. the shipped configs on scikit-learn's bundled data (skipped without scikit-learn)
+if python3 "$ROOT/tests/fixtures/make_sklearn_csv.py" "$WORK/sklearn" 2>/dev/null; then
+    sed "s#\.\./runs/sklearn/#$WORK/sklearn/#" configs/breast_cancer.cfg > "$WORK/bc.cfg"
+    out=$(timeout 120 "$LOOM" train "$WORK/bc.cfg" --model-dir "$WORK/bc" --set 'run.progress="none"' 2>&1)
+    acc=$(grep -o "done: step [0-9]*, eval accuracy [0-9.]*" <<<"$out" | awk '{print $NF}')
+    if python3 -c "import sys; sys.exit(0 if float('${acc:-0}') >= 0.94 else 1)"; then
+        pass "breast_cancer.cfg: eval accuracy $acc >= 0.94 (30 columns, split 0.8, adapt)"
+    else
+        fail "breast_cancer.cfg: eval accuracy >= 0.94" "$(echo "$out" | tail -3)"
+    fi
+    sed "s#\.\./runs/sklearn/#$WORK/sklearn/#" configs/diabetes_regression.cfg > "$WORK/db.cfg"
+    timeout 120 "$LOOM" train "$WORK/db.cfg" --model-dir "$WORK/db" --set 'run.progress="none"' >/dev/null 2>&1
+    out=$(timeout 60 "$LOOM" predict "$WORK/db.cfg" --model-dir "$WORK/db" --id id,label --output - 2>/dev/null)
+    contains "regression predictions are named prediction" "index,id,label,prediction" "$out"
+    rmse=$(python3 -c "
+import csv, io, math, sys
+r = list(csv.DictReader(io.StringIO(sys.stdin.read())))
+print('%.1f' % (100 * math.sqrt(sum((float(x['prediction']) - float(x['label'])) ** 2 for x in r) / len(r))))" <<<"$out")
+    if python3 -c "import sys; sys.exit(0 if float('$rmse') < 65 else 1)"; then
+        pass "diabetes_regression.cfg: test RMSE $rmse < 65 (the target's std is 77)"
+    else
+        fail "diabetes_regression.cfg: test RMSE < 65" "rmse $rmse"
+    fi
+else
+    T=$((T + 1)); echo "ok $T - shipped tabular configs # SKIP scikit-learn is not installed"
+fi
+
+# 7. normalize with per-index arrays: a length that does not fit the last axis
 cfg arr "$SRC" '{ op = "map"; fn = "normalize"; feature = "x"; mean = [0.0, 1.0]; std = 2.0; }, { op = "batch"; size = 32; }'
 expect_fail 2 "normalize arrays must fit the last axis" '2 mean/std values, but the feature has shape (12,)' \
     bash -c "cd '$WORK' && timeout 60 '$LOOM' check arr.cfg"
