@@ -7,9 +7,11 @@
 #include "plugin/plugin.h"
 #include "script/script.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MAX_SETS 64
 
@@ -496,6 +498,7 @@ static void usage(FILE *f)
             "  --quiet, --verbose    less or more logging\n"
             "  -h, --help            help (loom COMMAND --help for a command's)\n"
             "  --version             print the version\n"
+            "  --cflags              compiler flags for building a plugin: -I<dir of loom_plugin.h>\n"
             "\nexit status: 0 success, 2 bad config or usage, 1 runtime failure\n"
             "config reference: docs/config.md\n");
 }
@@ -548,6 +551,41 @@ static int exit_status(int code)
     }
 }
 
+/* `loom --cflags`: -I of the directory holding loom_plugin.h, so a plugin
+ * builds from anywhere: cc -shared -fPIC -O2 $(loom --cflags) op.c -o op.so.
+ * Looked for beside an installed binary (<bin>/../include/loom), then where
+ * this build installs headers, then in this build's source tree. */
+static int print_cflags(void)
+{
+    char exe[LOOM_PATH_MAX], cand[LOOM_PATH_MAX + 32];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    const char *dirs = LOOM_PLUGIN_HEADER_DIRS;
+    if (n > 0) {
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) *slash = 0;
+        snprintf(cand, sizeof cand, "%s/../include/loom/loom_plugin.h", exe);
+        char real[PATH_MAX];
+        if (realpath(cand, real)) {
+            *strrchr(real, '/') = 0;
+            printf("-I%s\n", real);
+            return LOOM_EXIT_OK;
+        }
+    }
+    for (const char *p = dirs; *p;) {
+        size_t len = strcspn(p, ":");
+        snprintf(cand, sizeof cand, "%.*s/loom_plugin.h", (int)len, p);
+        if (access(cand, R_OK) == 0) {
+            printf("-I%.*s\n", (int)len, p);
+            return LOOM_EXIT_OK;
+        }
+        p += len + (p[len] == ':');
+    }
+    fprintf(stderr, "loom: loom_plugin.h is not installed beside this binary nor in %s\n"
+                    "  hint: install loom (meson install), or pass -I<loom source>/plugins\n", dirs);
+    return LOOM_EXIT_RUNTIME;
+}
+
 int loom_cli_main(int argc, char **argv, double start_time)
 {
     if (argc < 2) {
@@ -558,6 +596,7 @@ int loom_cli_main(int argc, char **argv, double start_time)
         printf("loom %s\n", LOOM_VERSION);
         return LOOM_EXIT_OK;
     }
+    if (!strcmp(argv[1], "--cflags")) return print_cflags();
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);
         return LOOM_EXIT_OK;

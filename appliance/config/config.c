@@ -2303,11 +2303,30 @@ static void plugin_opts_group(ctx *c, const config_setting_t *s, loom_plugin_opt
     for (int i = 0; i < n; i++) {
         const config_setting_t *e = config_setting_get_elem(s, i);
         const char *key = config_setting_name(e);
-        if (config_setting_is_aggregate(e)) {
-            cerr(c, e, "expected a number, a string or true/false, got %s", value_str(e, v, sizeof v));
+        if (config_setting_is_group(e)) {
+            cerr(c, e, "expected a number, a string, true/false or an array of them, got %s", value_str(e, v, sizeof v));
             continue;
         }
-        if (config_setting_type(e) == CONFIG_TYPE_STRING)
+        if (config_setting_is_aggregate(e)) { /* an array: its values as text, joined by commas ("1,2,3") */
+            size_t len = 0;
+            bool ok = true;
+            v[0] = 0;
+            for (int j = 0; j < config_setting_length(e) && ok; j++) {
+                const config_setting_t *x = config_setting_get_elem(e, j);
+                char one[300];
+                if (config_setting_is_aggregate(x)) ok = false;
+                else if (config_setting_type(x) == CONFIG_TYPE_STRING) snprintf(one, sizeof one, "%s", config_setting_get_string(x));
+                else value_str(x, one, sizeof one);
+                if (ok && strchr(one, ',')) ok = false;
+                if (ok) len += (size_t)snprintf(v + len, sizeof v - len, "%s%s", j ? "," : "", one);
+                if (len >= sizeof v) len = sizeof v - 1;
+            }
+            if (!ok) {
+                cerr(c, e, "an array argument holds numbers, true/false or strings without commas (it reaches the "
+                           "plugin as its values joined by commas)");
+                continue;
+            }
+        } else if (config_setting_type(e) == CONFIG_TYPE_STRING)
             snprintf(v, sizeof v, "%s", config_setting_get_string(e));
         else
             value_str(e, v, sizeof v);

@@ -184,7 +184,39 @@ else
     T=$((T + 1)); echo "ok $T - shipped tabular configs # SKIP scikit-learn is not installed"
 fi
 
-# 7. normalize with per-index arrays: a length that does not fit the last axis
+# 7. docs/plugins.md's transform plugin, built from another directory with
+# `loom --cflags`, clamps the normalised feature with an array argument
+P="$WORK/clip"; mkdir -p "$P"
+awk '/^<!-- plugin-example: clip.c/ { grab = 1; next }
+     grab && /^```c$/ { inside = 1; next }
+     inside && /^```$/ { exit }
+     inside { print }' docs/plugins.md > "$P/clip.c"
+cflags=$("$LOOM" --cflags)
+contains "loom --cflags names the directory of loom_plugin.h" "-I" "$cflags"
+check "the transform example builds from any directory with loom --cflags" \
+    bash -c "cd '$P' && ${CC:-cc} -std=c11 -Wall -Wextra -Werror -shared -fPIC -O2 $cflags clip.c -o clip.so"
+cfg clip "$SRC" "$ADAPT, { op = \"map\"; plugin = \"clip:range\"; args: { feature = \"x\"; range = [-0.5, 0.25]; }; }, { op = \"map\"; lua = \"chk.lua:in_range\"; }, { op = \"batch\"; size = 32; }"
+# a Lua map after it fails the run unless every value is in [-0.5, 0.25] and both ends occur
+cat > "$WORK/chk.lua" <<'LUA'
+local lo_seen, hi_seen = false, false
+function in_range(e)
+  for i = 1, e.x:numel() do
+    local v = e.x:get(i)
+    if v < -0.5 - 1e-6 or v > 0.25 + 1e-6 then error("value " .. v .. " outside [-0.5, 0.25]") end
+    if v == -0.5 then lo_seen = true end
+    if math.abs(v - 0.25) < 1e-7 then hi_seen = true end
+  end
+  if e.id:get(1) == 1399 and not (lo_seen and hi_seen) then error("nothing was clamped") end
+  return e
+end
+LUA
+check "a config runs the example map with an array argument (values clamped into [-0.5, 0.25])" \
+    bash -c "cd '$WORK' && LOOM_PLUGIN_PATH='$P' timeout 60 '$LOOM' train clip.cfg --set run.epochs=1 --set 'run.progress=\"none\"'"
+sed -i 's/range = \[-0.5, 0.25\]/range = [1.0, 0.0]/' "$WORK/clip.cfg"
+expect_fail 2 "the example's error for a bad array argument" 'clip.cfg:5: data.train: map plugin = "clip:range" (clip.cfg:5): clip: args.range must be [lo, hi] with lo <= hi' \
+    bash -c "cd '$WORK' && LOOM_PLUGIN_PATH='$P' timeout 60 '$LOOM' check clip.cfg"
+
+# 8. normalize with per-index arrays: a length that does not fit the last axis
 cfg arr "$SRC" '{ op = "map"; fn = "normalize"; feature = "x"; mean = [0.0, 1.0]; std = 2.0; }, { op = "batch"; size = 32; }'
 expect_fail 2 "normalize arrays must fit the last axis" '2 mean/std values, but the feature has shape (12,)' \
     bash -c "cd '$WORK' && timeout 60 '$LOOM' check arr.cfg"
