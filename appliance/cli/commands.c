@@ -8,6 +8,7 @@
 #include "script/script.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -152,14 +153,25 @@ static int cmd_evaluate(const cli_opts *o, double start, loom_err *err)
     if (!rc) rc = adapt(spec, o->model_dir, LOOM_ADAPT_LOAD, err);
     if (!rc) rc = loom_evaluate(spec, o->model_dir, o->checkpoint, &res, err);
     if (!rc && res.examples == 0) { /* JSON has no nan: null, and say why */
-        printf("{\"checkpoint\": \"%s\", \"step\": %lld, \"examples\": 0, \"eval_loss\": null, \"eval_accuracy\": null}\n",
-               res.checkpoint, (long long)res.step);
+        printf("{\"checkpoint\": \"%s\", \"step\": %lld, \"examples\": 0, \"eval_loss\": null}\n", res.checkpoint,
+               (long long)res.step);
         loom_info("%s (step %lld): no eval data: data.eval yielded no examples", res.checkpoint, (long long)res.step);
     } else if (!rc) {
-        printf("{\"checkpoint\": \"%s\", \"step\": %lld, \"examples\": %lld, \"eval_loss\": %.6g, \"eval_accuracy\": %.6g}\n",
-               res.checkpoint, (long long)res.step, (long long)res.examples, res.loss, res.accuracy);
-        loom_info("%s (step %lld): eval loss %.4f, accuracy %.4f on %lld examples", res.checkpoint, (long long)res.step,
-                  res.loss, res.accuracy, (long long)res.examples);
+        /* eval_loss, then eval_<metric> for each of model.metrics */
+        char js[512] = "", tx[400] = "";
+        size_t jl = 0, tl = 0;
+        for (int i = 0; i < res.n_metrics; i++) {
+            int w = isfinite(res.metric[i])
+                        ? snprintf(js + jl, sizeof js - jl, ", \"eval_%s\": %.6g", res.metric_name[i], res.metric[i])
+                        : snprintf(js + jl, sizeof js - jl, ", \"eval_%s\": null", res.metric_name[i]);
+            if (w > 0 && jl + (size_t)w < sizeof js) jl += (size_t)w;
+            w = snprintf(tx + tl, sizeof tx - tl, ", %s %.4f", res.metric_name[i], res.metric[i]);
+            if (w > 0 && tl + (size_t)w < sizeof tx) tl += (size_t)w;
+        }
+        printf("{\"checkpoint\": \"%s\", \"step\": %lld, \"examples\": %lld, \"eval_loss\": %.6g%s}\n",
+               res.checkpoint, (long long)res.step, (long long)res.examples, res.loss, js);
+        loom_info("%s (step %lld): eval loss %.4f%s on %lld examples", res.checkpoint, (long long)res.step,
+                  res.loss, tx, (long long)res.examples);
     }
     loom_config_free(spec);
     return rc;

@@ -43,7 +43,10 @@ const char *const loom_layer_names_[] = {"dense", "conv2d", "max_pool2d", "dropo
 const char *const loom_activation_names_[] = {"none", "relu", "sigmoid", "tanh", "softmax", NULL};
 const char *const loom_init_names_[] = {"glorot_uniform", "glorot_normal", "he_uniform", "he_normal", "zeros", NULL};
 const char *const loom_padding_names_[] = {"valid", "same", NULL};
-const char *const loom_loss_names_[] = {"sparse_softmax_cross_entropy", "mean_squared_error", NULL};
+const char *const loom_loss_names_[] = {"sparse_softmax_cross_entropy", "mean_squared_error", "binary_cross_entropy",
+                                        "mean_absolute_error", "huber", NULL};
+const char *const loom_metric_names_[] = {"accuracy", "auc", "precision", "recall", "top_k_accuracy", "mae", "rmse",
+                                          NULL};
 const char *const loom_opt_names_[] = {"sgd", "momentum", "adam", NULL};
 const char *const loom_sched_names_[] = {"constant", "exponential_decay", "piecewise_constant", "cosine", NULL};
 const char *const loom_strategy_names_[] = {"one_device", "mirrored", "central_storage", "multi_worker_mirrored",
@@ -62,6 +65,8 @@ const char *loom_cfg_name_(const char *const *names, int i)
 
 const char *loom_layer_kind_name(loom_layer_kind k) { return loom_cfg_name_(loom_layer_names_, (int)k); }
 const char *loom_activation_name(loom_activation a) { return loom_cfg_name_(loom_activation_names_, (int)a); }
+const char *loom_metric_name(loom_metric_kind k) { return loom_cfg_name_(loom_metric_names_, (int)k); }
+const char *loom_loss_name(loom_loss_kind k) { return loom_cfg_name_(loom_loss_names_, (int)k); }
 const char *loom_strategy_kind_name(loom_strategy_kind k) { return loom_cfg_name_(loom_strategy_names_, (int)k); }
 static const char *const loom_communication_names_[] = {"auto", "ring", "nccl", NULL};
 const char *loom_communication_name(loom_communication c) { return loom_cfg_name_(loom_communication_names_, (int)c); }
@@ -572,6 +577,8 @@ static void parse_prefetch_buffer(ctx *c, const config_setting_t *s, void *base)
 static void parse_ram_budget(ctx *c, const config_setting_t *s, void *base);
 static void parse_cluster_role(ctx *c, const config_setting_t *s, void *base);
 static void parse_cluster_path(ctx *c, const config_setting_t *s, void *base);
+static void parse_metrics(ctx *c, const config_setting_t *s, void *base);
+static void parse_class_weight(ctx *c, const config_setting_t *s, void *base);
 
 static const opt root_opts[] = {
     O_CUSTOM("version", parse_version, ALL, ALL, "config format version; must be 1"),
@@ -813,6 +820,16 @@ static const opt model_opts[] = {
     O_STR(loom_model_spec, "input", input, "image", NULL, ALL, 0, "feature fed to the first layer"),
     O_STR(loom_model_spec, "label", label, "label", NULL, ALL, 0, "feature holding the target"),
     O_ENUM(loom_model_spec, "loss", loss, LOOM_LOSS_SPARSE_SOFTMAX_CE, loom_loss_names_, ALL, 0, "loss function"),
+    O_CUSTOM("metrics", parse_metrics, ALL, 0,
+             "list of: accuracy, auc, precision, recall, top_k_accuracy, mae, rmse (default: accuracy for a "
+             "classification, none for a regression)"),
+    O_INT(loom_model_spec, "auc_thresholds", auc_thresholds, 200, 2, 100000, ALL, 0, "auc: number of thresholds"),
+    O_BOOL(loom_model_spec, "multi_label", multi_label, 0, ALL, "auc: one curve per output, averaged"),
+    O_INT(loom_model_spec, "top_k", top_k, 5, 1, LOOM_MAX_UNITS, ALL, 0, "top_k_accuracy: k"),
+    O_F64(loom_model_spec, "huber_delta", huber_delta, 1.0, 0.0, 0, F_LO_OPEN | F_NO_HI, ALL, 0,
+          "huber: where the loss turns from quadratic to linear"),
+    O_CUSTOM("class_weight", parse_class_weight, ALL, 0,
+             "one loss weight per class (binary_cross_entropy: [negative, positive])"),
     O_SUB("layers", 0, ALL, "a list of layer groups"),
     O_END,
 };
@@ -1810,6 +1827,56 @@ static void parse_boundaries(ctx *c, const config_setting_t *s, void *base)
         sch->boundaries[i] = x;
     }
     sch->n_boundaries = n;
+}
+
+static void parse_metrics(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_model_spec *m = base;
+    char v[300];
+    loc_of(c, s, &m->metrics_loc);
+    if (!config_setting_is_array(s) && !config_setting_is_list(s)) {
+        cerr(c, s, "expected a list of metric names [\"accuracy\", \"auc\", ...], got %s", value_str(s, v, sizeof v));
+        return;
+    }
+    int n = config_setting_length(s);
+    m->n_metrics = 0;
+    m->metrics_set = true;
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *e = config_setting_get_elem(s, i);
+        int k = get_enum(c, e, loom_metric_names_);
+        if (k < 0) continue;
+        bool dup = false;
+        for (int j = 0; j < m->n_metrics; j++) dup |= (int)m->metric[j] == k;
+        if (dup) {
+            cerr(c, e, "metric \"%s\" is listed twice", loom_metric_names_[k]);
+            continue;
+        }
+        m->metric[m->n_metrics++] = (loom_metric_kind)k;
+    }
+}
+
+static void parse_class_weight(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_model_spec *m = base;
+    char v[300];
+    if (!config_setting_is_array(s) && !config_setting_is_list(s)) {
+        cerr(c, s, "expected an array of weights, one per class [w0, w1, ...], got %s", value_str(s, v, sizeof v));
+        return;
+    }
+    int n = config_setting_length(s);
+    if (n < 2 || n > LOOM_MAX_CLASS_WEIGHTS) {
+        cerr(c, s, "expected 2 to %d class weights, got %d", LOOM_MAX_CLASS_WEIGHTS, n);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *e = config_setting_get_elem(s, i);
+        if (!is_number(e) || !(get_number(e) >= 0) || !isfinite(get_number(e))) {
+            cerr(c, e, "expected a class weight >= 0, got %s", value_str(e, v, sizeof v));
+            return;
+        }
+        m->class_weight[i] = (float)get_number(e);
+    }
+    m->n_class_weights = n;
 }
 
 static void parse_values(ctx *c, const config_setting_t *s, void *base)
@@ -3016,6 +3083,7 @@ static void validate(ctx *c, const config_setting_t *root, loom_spec *spec)
     if ((g = sub_group(c, root, "model"))) {
         loom_model_spec *m = &spec->model;
         loc_of(c, g, &m->loc);
+        m->metrics_loc = m->loc;
         parse_opts(c, g, model_opts, 0, m);
         scope sc = {model_opts, 0, NULL};
         check_keys(c, g, &sc, 1);

@@ -308,7 +308,12 @@ typedef enum { LOOM_ACT_NONE, LOOM_ACT_RELU, LOOM_ACT_SIGMOID, LOOM_ACT_TANH, LO
 typedef enum { LOOM_INIT_GLOROT_UNIFORM, LOOM_INIT_GLOROT_NORMAL, LOOM_INIT_HE_UNIFORM, LOOM_INIT_HE_NORMAL,
                LOOM_INIT_ZEROS } loom_init;
 typedef enum { LOOM_PAD_VALID, LOOM_PAD_SAME } loom_padding;
-typedef enum { LOOM_LOSS_SPARSE_SOFTMAX_CE, LOOM_LOSS_MSE } loom_loss_kind;
+typedef enum { LOOM_LOSS_SPARSE_SOFTMAX_CE, LOOM_LOSS_MSE, LOOM_LOSS_BCE, LOOM_LOSS_MAE, LOOM_LOSS_HUBER } loom_loss_kind;
+/* model.metrics: Keras' metrics of those names (see nn.h for each one's definition) */
+typedef enum { LOOM_METRIC_ACCURACY, LOOM_METRIC_AUC, LOOM_METRIC_PRECISION, LOOM_METRIC_RECALL,
+               LOOM_METRIC_TOP_K_ACCURACY, LOOM_METRIC_MAE, LOOM_METRIC_RMSE, LOOM_NMETRICS_ } loom_metric_kind;
+#define LOOM_MAX_METRICS       LOOM_NMETRICS_
+#define LOOM_MAX_CLASS_WEIGHTS 256
 
 typedef struct loom_layer_spec {
     loom_layer_kind kind;
@@ -332,6 +337,17 @@ typedef struct loom_model_spec {
     char            label[LOOM_NAME_MAX]; /* feature holding the target, default "label" */
     loom_loss_kind  loss;                 /* default sparse_softmax_cross_entropy */
     int             n_layers;
+    /* ---- metrics and weights (appended) ---- */
+    bool             metrics_set;         /* model.metrics given; else accuracy for a classification, none for a regression */
+    int              n_metrics;
+    loom_metric_kind metric[LOOM_MAX_METRICS];
+    loom_loc         metrics_loc;         /* of model.metrics (or the model block) */
+    int              auc_thresholds;      /* auc: num_thresholds, default 200 (Keras) */
+    bool             multi_label;         /* auc: one curve per output, averaged (Keras multi_label) */
+    int              top_k;               /* top_k_accuracy: k, default 5 */
+    double           huber_delta;         /* huber: delta, default 1.0 */
+    int              n_class_weights;     /* 0: none; else one weight per class (binary: [negative, positive]) */
+    float            class_weight[LOOM_MAX_CLASS_WEIGHTS];
     loom_layer_spec layer[LOOM_MAX_LAYERS];
 } loom_model_spec;
 
@@ -564,6 +580,8 @@ void loom_config_print(const loom_spec *s, FILE *f);
 /* Names, for messages and printing. */
 const char *loom_layer_kind_name(loom_layer_kind k);
 const char *loom_activation_name(loom_activation a);
+const char *loom_metric_name(loom_metric_kind k); /* "auc" */
+const char *loom_loss_name(loom_loss_kind k);     /* "binary_cross_entropy" */
 const char *loom_strategy_kind_name(loom_strategy_kind k);
 const char *loom_map_kind_name(loom_map_kind k);
 const char *loom_transform_kind_name(loom_transform_kind k);

@@ -624,6 +624,26 @@ void loom_config_print(const loom_spec *s, FILE *f)
     kv_str(f, 1, "input", m->input);
     kv_str(f, 1, "label", m->label);
     kv_str(f, 1, "loss", loom_cfg_name_(loom_loss_names_, (int)m->loss));
+    if (m->metrics_set) {
+        fputs("  metrics = [", f);
+        for (int i = 0; i < m->n_metrics; i++) {
+            fputs(i ? ", " : "", f);
+            put_str(f, loom_cfg_name_(loom_metric_names_, (int)m->metric[i]));
+        }
+        fputs("];\n", f);
+    }
+    kv_i64(f, 1, "auc_thresholds", m->auc_thresholds);
+    kv_bool(f, 1, "multi_label", m->multi_label);
+    kv_i64(f, 1, "top_k", m->top_k);
+    kv_f64(f, 1, "huber_delta", m->huber_delta);
+    if (m->n_class_weights) {
+        fputs("  class_weight = [", f);
+        for (int i = 0; i < m->n_class_weights; i++) {
+            fputs(i ? ", " : "", f);
+            put_f64(f, m->class_weight[i]);
+        }
+        fputs("];\n", f);
+    }
     fputs("  layers = (", f);
     for (int i = 0; i < m->n_layers; i++) {
         fprintf(f, "%s\n    {\n", i ? "," : "");

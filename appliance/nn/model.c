@@ -175,6 +175,9 @@ static int check_loss(loom_model *m, const loom_shape *label, loom_dtype label_d
     char a[96], b[96];
     const loom_shape out = m->layer[m->n_layers - 1].out;
     const char *where = m->layer[m->n_layers - 1].where;
+    const char *lname = loom_loss_name(m->loss);
+    if ((unsigned)label_dtype >= LOOM_NDTYPES_)
+        return loom_err_set(err, LOOM_ESHAPE, m->where, "label dtype %d is not known", (int)label_dtype);
     if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) {
         if (out.rank != 1)
             return loom_err_set(err, LOOM_ESHAPE, where,
@@ -187,22 +190,34 @@ static int check_loss(loom_model *m, const loom_shape *label, loom_dtype label_d
                                 "example, got %s (model output %s)",
                                 loom_shape_str(label, a, sizeof a), loom_shape_str(&out, b, sizeof b)),
                    loom_err_hint(err, "for one-hot labels use loss = \"mean_squared_error\", or drop the one_hot map");
-        if ((unsigned)label_dtype >= LOOM_NDTYPES_)
-            return loom_err_set(err, LOOM_ESHAPE, m->where, "label dtype %d is not known", (int)label_dtype);
-    } else {
-        if (!loom_shape_eq(label, &out))
-            return loom_err_set(err, LOOM_ESHAPE, where,
-                                "mean_squared_error needs labels of the output's shape: label %s, model output %s",
-                                loom_shape_str(label, a, sizeof a), loom_shape_str(&out, b, sizeof b)),
-                   loom_err_hint(err, out.rank == 1 && label->rank == 0
-                                          ? "add a one_hot map with depth = %lld to the label"
-                                          : "change the last layer or the label transforms so the shapes agree",
-                                 (long long)out.dim[0]);
-        if (label_dtype != LOOM_F32)
-            return loom_err_set(err, LOOM_ESHAPE, m->where, "mean_squared_error needs float32 labels, got %s",
-                                loom_dtype_name(label_dtype)),
-                   loom_err_hint(err, "add a cast map with dtype = \"float32\" to the label");
+        if (m->n_cw && m->n_cw != out.dim[0])
+            return loom_err_set(err, LOOM_ECONFIG, m->where, "model.class_weight has %d weights for %lld classes",
+                                m->n_cw, (long long)out.dim[0]);
+        return LOOM_OK;
     }
+    int64_t n = loom_shape_numel(&out);
+    /* a scalar label for a one-unit output: the usual regression or binary target */
+    int scalar_ok = label->rank == 0 && n == 1;
+    if (!scalar_ok && !loom_shape_eq(label, &out)) {
+        loom_err_set(err, LOOM_ESHAPE, where, "%s needs labels of the output's shape: label %s, model output %s",
+                     lname, loom_shape_str(label, a, sizeof a), loom_shape_str(&out, b, sizeof b));
+        int ints = label_dtype == LOOM_U8 || label_dtype == LOOM_I32 || label_dtype == LOOM_I64;
+        if (out.rank == 1 && label->rank == 0 && ints && m->loss != LOOM_LOSS_BCE)
+            return loom_err_hint(err, "for class labels add a one_hot map with depth = %lld to the label, or use loss "
+                                      "= \"sparse_softmax_cross_entropy\"",
+                                 (long long)out.dim[0]);
+        if (label->rank == 0)
+            return loom_err_hint(err, "for a scalar target end the model with a dense layer with units = 1");
+        return loom_err_hint(err, "change the last layer or the label transforms so the shapes agree");
+    }
+    if (m->n_cw && m->loss != LOOM_LOSS_BCE)
+        return loom_err_set(err, LOOM_ECONFIG, m->where, "model.class_weight needs classes; the loss %s has none",
+                            lname);
+    if (m->n_cw && (m->n_cw != 2 || n != 1))
+        return loom_err_set(err, LOOM_ECONFIG, m->where,
+                            "model.class_weight for binary_cross_entropy is [negative, positive] with one output "
+                            "unit; got %d weights for %lld outputs",
+                            m->n_cw, (long long)n);
     return LOOM_OK;
 }
 
@@ -215,6 +230,9 @@ int loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_sha
     if (!m) return loom_err_set(err, LOOM_ENOMEM, "", "cannot allocate the model");
     nn_loc_str_(&spec->loc, m->where, sizeof m->where);
     m->loss = spec->loss;
+    m->n_cw = spec->n_class_weights;
+    memcpy(m->cw, spec->class_weight, sizeof m->cw);
+    m->huber_delta = spec->huber_delta > 0 ? (float)spec->huber_delta : 1.f;
     m->input = *input;
     m->label = *label;
     m->label_dtype = label_dtype;
@@ -261,8 +279,11 @@ int loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_sha
         cur = l->out;
     }
     if ((rc = check_loss(m, label, label_dtype, err))) goto fail;
+    if ((rc = nn_metrics_init_(m, spec, err))) goto fail;
     nn_layer_ *last = &m->layer[m->n_layers - 1];
+    /* the loss takes logits: a softmax (sigmoid) ending the model is fused into softmax (binary) cross-entropy */
     if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && last->act == LOOM_ACT_SOFTMAX) last->act = LOOM_ACT_NONE;
+    if (m->loss == LOOM_LOSS_BCE && last->act == LOOM_ACT_SIGMOID) last->act = LOOM_ACT_NONE;
 
     /* what the buffers below take, checked before any is allocated: a layer
      * or a batch that cannot fit is the config's error, not an allocation's */
@@ -326,6 +347,9 @@ int loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_sha
     for (int k = 0; k < 2; k++)
         if (!(m->gbuf[k] = loom_alloc_aligned((size_t)(max_batch * gmax) * sizeof(float)))) goto nomem;
     if (!(m->labels = loom_alloc_aligned((size_t)max_batch * sizeof(int32_t)))) goto nomem;
+    if (m->loss != LOOM_LOSS_SPARSE_SOFTMAX_CE &&
+        !(m->targets = loom_alloc_aligned((size_t)(max_batch * m->layer[m->n_layers - 1].n_out) * sizeof(float))))
+        goto nomem;
     if ((rc = loom_model_set_threads(m, 1, err))) goto fail;
     *out = m;
     return LOOM_OK;
@@ -417,6 +441,8 @@ void loom_model_free(loom_model *m)
     loom_free(m->gbuf[0]);
     loom_free(m->gbuf[1]);
     loom_free(m->labels);
+    loom_free(m->targets);
+    loom_free(m->mstate);
     loom_free(m);
 }
 
@@ -544,9 +570,6 @@ int nn_check_label_(loom_model *m, const loom_tensor *label, int64_t B, loom_err
         return loom_err_set(err, LOOM_ESHAPE, m->where, "label batch has shape %s, expected %s",
                             loom_shape_str(&label->shape, a, sizeof a), loom_shape_str(&lw, b, sizeof b));
     }
-    if (m->loss == LOOM_LOSS_MSE && label->dtype != LOOM_F32)
-        return loom_err_set(err, LOOM_ESHAPE, m->where, "mean_squared_error needs float32 labels, got %s",
-                            loom_dtype_name(label->dtype));
     return LOOM_OK;
 }
 
@@ -577,6 +600,47 @@ int nn_read_labels_(loom_model *m, const loom_tensor *label, int64_t B, loom_err
     case LOOM_I64: LABEL_LOOP(int64_t); break;
     case LOOM_F32: LABEL_LOOP(float); break;
     case LOOM_F64: LABEL_LOOP(double); break;
+    default: return loom_err_set(err, LOOM_ESHAPE, m->where, "label dtype %d is not known", (int)label->dtype);
+    }
+    return LOOM_OK;
+}
+
+#define TARGET_LOOP(T)                                                                           \
+    do {                                                                                         \
+        const T *v = label->data;                                                                \
+        for (int64_t e = 0; e < B * n; e++) {                                                    \
+            double x = (double)v[e];                                                             \
+            if (!isfinite(x) || (bce && !(x >= 0 && x <= 1))) return bad_target(err, m, e / n, e % n, n, x); \
+            m->targets[e] = (float)x;                                                            \
+        }                                                                                        \
+    } while (0)
+
+static int bad_target(loom_err *err, const loom_model *m, int64_t b, int64_t j, int64_t n, double v)
+{
+    char at[48] = "";
+    if (n > 1) snprintf(at, sizeof at, " (output %lld)", (long long)j);
+    if (m->loss == LOOM_LOSS_BCE && isfinite(v))
+        return loom_err_set(err, LOOM_EDATA, m->where,
+                            "label of example %lld in the batch%s is %.9g, outside [0, 1] for binary_cross_entropy",
+                            (long long)b, at, v),
+               loom_err_hint(err, "binary labels are 0 or 1 (or a probability between); for more classes use "
+                                  "sparse_softmax_cross_entropy with one output unit per class");
+    return loom_err_set(err, LOOM_EDATA, m->where, "label of example %lld in the batch%s is %g, not a finite number",
+                        (long long)b, at, v),
+           loom_err_hint(err, "filter or fix the records with missing targets");
+}
+
+int nn_read_label_(loom_model *m, const loom_tensor *label, int64_t B, loom_err *err)
+{
+    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) return nn_read_labels_(m, label, B, err);
+    const int64_t n = m->layer[m->n_layers - 1].n_out;
+    const int bce = m->loss == LOOM_LOSS_BCE;
+    switch (label->dtype) {
+    case LOOM_U8: TARGET_LOOP(uint8_t); break;
+    case LOOM_I32: TARGET_LOOP(int32_t); break;
+    case LOOM_I64: TARGET_LOOP(int64_t); break;
+    case LOOM_F32: TARGET_LOOP(float); break;
+    case LOOM_F64: TARGET_LOOP(double); break;
     default: return loom_err_set(err, LOOM_ESHAPE, m->where, "label dtype %d is not known", (int)label->dtype);
     }
     return LOOM_OK;
@@ -632,10 +696,8 @@ static void chunk_loss(const step_job *j, nn_chunk_ *c)
     const int64_t n = m->layer[m->n_layers - 1].n_out;
     const float *z = c->act[m->n_layers];
     float *g = j->kind == JOB_TRAIN ? c->gbuf[0] : NULL;
-    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE)
-        c->loss = nn_loss_sparse_ce_(z, m->labels + c->b0, c->B, n, j->inv_gb, g, &c->correct);
-    else
-        c->loss = nn_loss_mse_(z, (const float *)j->label->data + c->b0 * n, c->B, n, j->inv_gb, g, &c->correct);
+    (void)n;
+    c->loss = nn_loss_(m, z, c->b0, c->B, j->inv_gb, g, &c->correct);
 }
 
 static void chunk_backward(const step_job *j, nn_chunk_ *c)
@@ -667,6 +729,8 @@ static void chunk_step(void *arg, int t)
         const float *z = c->act[m->n_layers];
         float *out = j->out + c->b0 * n;
         if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) nn_softmax_rows_(z, out, c->B, n);
+        else if (m->loss == LOOM_LOSS_BCE)
+            for (int64_t e = 0; e < c->B * n; e++) out[e] = 1.f / (1.f + expf(-z[e]));
         else memcpy(out, z, (size_t)(c->B * n) * sizeof *out);
         return;
     }
@@ -713,6 +777,7 @@ static void run_chunks(loom_model *m, step_job *j, int64_t B, double *loss, int6
     }
     if (loss) *loss = l;
     if (correct) *correct = ok;
+    if (j->kind != JOB_PREDICT) nn_metrics_update_(m, m->chunk[0].act[m->n_layers], B);
     if (j->kind == JOB_TRAIN && isfinite(l)) loom_pool_run(m->pool, j->nchunks, grad_part, j);
 }
 
@@ -722,7 +787,7 @@ int loom_model_train_step(loom_model *m, const loom_tensor *x, const loom_tensor
     int64_t B;
     int rc;
     if ((rc = nn_check_batch_(m, x, label, &B, err))) return rc;
-    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && (rc = nn_read_labels_(m, label, B, err))) return rc;
+    if ((rc = nn_read_label_(m, label, B, err))) return rc;
     if (global_batch < 1) global_batch = B;
     step_job j = {.kind = JOB_TRAIN, .x = x->data, .label = label, .inv_gb = (float)(1.0 / (double)global_batch),
                   .rng_key = rng_key};
@@ -757,7 +822,7 @@ int loom_model_loss(loom_model *m, const loom_tensor *label, int64_t global_batc
     int64_t B = m->part_B;
     int rc;
     if ((rc = nn_check_label_(m, label, B, err))) return rc;
-    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && (rc = nn_read_labels_(m, label, B, err))) return rc;
+    if ((rc = nn_read_label_(m, label, B, err))) return rc;
     if (global_batch < 1) global_batch = B;
     step_job j = {.m = m, .kind = JOB_TRAIN, .label = label, .inv_gb = (float)(1.0 / (double)global_batch), .B = B};
     j.nchunks = B < m->threads ? (int)B : m->threads;
@@ -770,6 +835,7 @@ int loom_model_loss(loom_model *m, const loom_tensor *label, int64_t global_batc
     }
     if (loss_sum) *loss_sum = l;
     if (correct) *correct = ok;
+    nn_metrics_update_(m, m->chunk[0].act[m->n_layers], B);
     if (!isfinite(l))
         return loom_err_set(err, LOOM_ENUMERIC, m->where, "the loss is %g on a batch of %lld examples", l, (long long)B);
     m->part_done = 2;
@@ -794,7 +860,7 @@ int loom_model_evaluate(loom_model *m, const loom_tensor *x, const loom_tensor *
     int64_t B;
     int rc;
     if ((rc = nn_check_batch_(m, x, label, &B, err))) return rc;
-    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && (rc = nn_read_labels_(m, label, B, err))) return rc;
+    if ((rc = nn_read_label_(m, label, B, err))) return rc;
     step_job j = {.kind = JOB_EVAL, .x = x->data, .label = label, .inv_gb = 1.f};
     run_chunks(m, &j, B, loss_sum, correct);
     return LOOM_OK;

@@ -37,7 +37,8 @@ typedef struct loom_param_info {
 
 /* Builds the model for inputs of shape `input` (per example, no batch dim;
  * must be float32) and targets `label` (per example: an integer scalar for
- * sparse softmax cross-entropy, float32 of the output's shape for MSE), for
+ * sparse softmax cross-entropy; for the other losses any number type of the
+ * output's shape, or a scalar when the output is one unit), for
  * batches of up to max_batch examples. Shape mismatches between layers, or
  * between the data and the model, are LOOM_ESHAPE naming the layer's
  * file:line and both shapes. Free with loom_model_free. */
@@ -96,8 +97,25 @@ int loom_model_backward(loom_model *m, loom_err *err);
 int loom_model_evaluate(loom_model *m, const loom_tensor *x, const loom_tensor *label, double *loss_sum,
                         int64_t *correct, loom_err *err);
 /* Forward only (dropout off): the model's outputs, probabilities when the loss
- * is softmax cross-entropy, into out (B, outputs). */
+ * is softmax or binary cross-entropy, into out (B, outputs). */
 int loom_model_predict(loom_model *m, const loom_tensor *x, float *out, loom_err *err);
+
+/* ---- metrics (model.metrics; metrics.c) --------------------------------------
+ * The model's metrics, in the config's order (without model.metrics:
+ * accuracy for a classification, none for a regression). accuracy is the
+ * steps' correct / examples; every other metric is computed from a state of
+ * sums that each train, loss and evaluate step of this model adds to (never
+ * predict), so the states of several replicas, or of several takes, add up. */
+int              loom_model_num_metrics(const loom_model *m);
+loom_metric_kind loom_model_metric(const loom_model *m, int i);
+int64_t          loom_model_metrics_size(const loom_model *m); /* doubles of state; 0: none kept */
+/* acc (metrics_size doubles; NULL: dropped) += the state; then the state is cleared. */
+void             loom_model_metrics_take(loom_model *m, double *acc);
+/* Metric i's value from an accumulated state (acc, may be NULL when
+ * metrics_size is 0) and the same steps' correct and examples; NaN when no
+ * example was seen. */
+double           loom_model_metric_value(const loom_model *m, int i, const double *acc, int64_t correct,
+                                         int64_t examples);
 
 /* ---- running a model on a device (model_device.c) ---------------------------
  * An executor runs a model's steps through a device backend (device.h): a

@@ -62,6 +62,17 @@ struct loom_model {
     int64_t          gmax;          /* max n: the row stride of gbuf */
     int64_t          colmax;        /* floats of im2col scratch per chunk (0: none) */
     int32_t         *labels;        /* (max_batch,) sparse labels converted to int */
+    float           *targets;       /* (max_batch, outputs) the other losses' labels converted to float */
+    int              n_cw;          /* model.class_weight: 0 (none) or one per class */
+    float            cw[LOOM_MAX_CLASS_WEIGHTS];
+    float            huber_delta;
+    /* model.metrics (metrics.c): additive state over the steps since the last take */
+    int              n_metrics;
+    loom_metric_kind metric[LOOM_MAX_METRICS];
+    int64_t          moff[LOOM_MAX_METRICS]; /* each metric's doubles in mstate */
+    int64_t          msize;         /* doubles of state (0: none kept) */
+    double          *mstate;        /* (msize,) */
+    int              auc_T, auc_curves, top_k;
     double           flops;         /* forward, per example */
     /* intra-op threads: chunk[t] belongs to thread t; chunk[0] always exists */
     int              threads;
@@ -81,6 +92,22 @@ int nn_check_batch_(loom_model *m, const loom_tensor *x, const loom_tensor *labe
 int nn_check_label_(loom_model *m, const loom_tensor *label, int64_t B, loom_err *err);
 /* Sparse labels into m->labels as int32, each checked to be a class (LOOM_EDATA). */
 int nn_read_labels_(loom_model *m, const loom_tensor *label, int64_t B, loom_err *err);
+/* The batch's labels as the loss reads them: sparse classes into m->labels,
+ * the other losses' targets into m->targets as float (binary_cross_entropy's
+ * checked to be in [0, 1], all to be finite: LOOM_EDATA naming the example). */
+int nn_read_label_(loom_model *m, const loom_tensor *label, int64_t B, loom_err *err);
+/* The loss of every kind on outputs z (B, n) of the batch's examples [b0, b0 + B)
+ * (labels read by nn_read_label_), as nn_loss_sparse_ce_ below. */
+double nn_loss_(const loom_model *m, const float *z, int64_t b0, int64_t B, float inv_gb, float *g, int64_t *correct);
+
+/* ---- metrics (metrics.c) ---------------------------------------------------- */
+
+/* Resolves model.metrics for the built model (output, loss): the state
+ * layout, and LOOM_ECONFIG at model.metrics' file:line for a metric that
+ * does not fit the task. Allocates m->mstate. */
+int  nn_metrics_init_(loom_model *m, const loom_model_spec *spec, loom_err *err);
+/* Adds the outputs z (B, n) of the examples [0, B) (labels read) to the state. */
+void nn_metrics_update_(loom_model *m, const float *z, int64_t B);
 /* LOOM_ENUMERIC for a training batch of B examples whose loss is not finite, at the model's file:line, with a hint. */
 int nn_loss_error_(const loom_model *m, double loss, int64_t B, loom_err *err);
 

@@ -32,6 +32,8 @@ typedef struct run {
     bool               chief;
     loom_dataset_spec *train_spec; /* multi: data.train with this worker's share of the global batch (owned) */
     loom_status       *status;     /* run.status_port's endpoint (loom_train), or NULL */
+    double            *macc[2];    /* model.metrics' state: [0] the epoch's training steps, [1] the last evaluation */
+    bool               has_acc;    /* "accuracy" is one of model.metrics */
     double             status_stages_at; /* when the pipeline's stages were last published */
 } run;
 
@@ -129,6 +131,8 @@ static void run_close(run *r)
     loom_iter_close(r->train);
     loom_iter_close(r->eval);
     loom_free(r->train_spec);
+    loom_free(r->macc[0]);
+    loom_free(r->macc[1]);
 }
 
 /* The config's batch is the job's GLOBAL batch (tf.distribute): with N
@@ -249,9 +253,93 @@ static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool n
     return LOOM_OK;
 }
 
+/* ---- model.metrics ---- */
+
+/* Adds every replica's metric state into acc and clears them (a strategy
+ * without replica(): its model, replica 0). */
+static void take_metrics(run *r, double *acc)
+{
+    loom_strategy *s = r->strat;
+    if (s->ops->replica)
+        for (int i = 0, n = loom_strategy_num_replicas(s); i < n; i++) {
+            loom_model *m = loom_strategy_replica(s, i);
+            if (m) loom_model_metrics_take(m, acc);
+        }
+    else
+        loom_model_metrics_take(loom_strategy_model(s), acc);
+}
+
+/* The state of model.metrics (zeroed); LOOM_ENOMEM. */
+static int metrics_open(run *r, loom_err *err)
+{
+    loom_model *m = loom_strategy_model(r->strat);
+    int64_t n = loom_model_metrics_size(m);
+    r->has_acc = false;
+    for (int i = 0; i < loom_model_num_metrics(m); i++) r->has_acc |= loom_model_metric(m, i) == LOOM_METRIC_ACCURACY;
+    r->hooks.has_acc = r->has_acc;
+    for (int k = 0; k < 2; k++)
+        if (!(r->macc[k] = loom_calloc((size_t)(n ? n : 1), sizeof(double))))
+            return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate the metrics' state");
+    r->hooks.n_metrics = 0;
+    for (int i = 0; i < loom_model_num_metrics(m) && r->hooks.n_metrics < LOOM_HOOK_MAX_METRICS; i++)
+        if (loom_model_metric(m, i) != LOOM_METRIC_ACCURACY)
+            r->hooks.metric_name[r->hooks.n_metrics++] = loom_metric_name(loom_model_metric(m, i));
+    for (int i = 0; i < LOOM_HOOK_MAX_METRICS; i++) r->hooks.metric[i] = r->hooks.eval_metric[i] = NAN;
+    return LOOM_OK;
+}
+
+static void metrics_clear(run *r, int k)
+{
+    loom_model *m = loom_strategy_model(r->strat);
+    if (r->macc[k]) memset(r->macc[k], 0, (size_t)loom_model_metrics_size(m) * sizeof(double));
+}
+
+/* ", accuracy 0.9123, auc 0.9500" (state k, with the steps' correct and examples) into buf. */
+static char *metrics_text(run *r, int k, int64_t correct, int64_t examples, char *buf, size_t n)
+{
+    loom_model *m = loom_strategy_model(r->strat);
+    size_t len = 0;
+    buf[0] = 0;
+    for (int i = 0; i < loom_model_num_metrics(m); i++) {
+        double v = loom_model_metric_value(m, i, r->macc[k], correct, examples);
+        int w = snprintf(buf + len, n - len, ", %s %.4f", loom_metric_name(loom_model_metric(m, i)), v);
+        if (w < 0 || len + (size_t)w >= n) break;
+        len += (size_t)w;
+    }
+    return buf;
+}
+
+/* "train_accuracy": ..., "train_auc": ... of state k into a metrics.jsonl line. */
+static void json_num(FILE *f, const char *key, double v, int first);
+static void metrics_json(run *r, FILE *f, const char *prefix, int k, int64_t correct, int64_t examples)
+{
+    loom_model *m = loom_strategy_model(r->strat);
+    for (int i = 0; i < loom_model_num_metrics(m); i++) {
+        char key[64];
+        snprintf(key, sizeof key, "%s%s", prefix, loom_metric_name(loom_model_metric(m, i)));
+        json_num(f, key, examples ? loom_model_metric_value(m, i, r->macc[k], correct, examples) : NAN, 0);
+    }
+}
+
+/* The hooks' ctx.logs values of the metrics beside accuracy: state k into metric (k = 0) or eval_metric. */
+static void metrics_to_hooks(run *r, int k, int64_t correct, int64_t examples)
+{
+    loom_model *m = loom_strategy_model(r->strat);
+    for (int i = 0, h = 0; i < loom_model_num_metrics(m) && h < LOOM_HOOK_MAX_METRICS; i++) {
+        if (loom_model_metric(m, i) == LOOM_METRIC_ACCURACY) continue;
+        double v = examples ? loom_model_metric_value(m, i, r->macc[k], correct, examples) : NAN;
+        if (k == 0) r->hooks.metric[h++] = v;
+        else r->hooks.eval_metric[h++] = v;
+    }
+}
+
+/* Evaluates data.eval; its metric state ends in r->macc[1] (the training
+ * steps' state so far is first added to r->macc[0]). */
 static int evaluate_all(run *r, loom_iter *it, loom_step_result *total, loom_err *err)
 {
     memset(total, 0, sizeof *total);
+    take_metrics(r, r->macc[0]);
+    metrics_clear(r, 1);
     int rc = loom_iter_rewind(it, 0, err);
     if (rc) return rc;
     int64_t limit = r->spec->run.eval_steps;
@@ -267,6 +355,8 @@ static int evaluate_all(run *r, loom_iter *it, loom_step_result *total, loom_err
         total->correct += s.correct;
         total->examples += s.examples;
     }
+    take_metrics(r, r->macc[1]);
+    metrics_to_hooks(r, 1, total->correct, total->examples);
     return LOOM_OK;
 }
 
@@ -349,7 +439,7 @@ static loom_hook_logs hook_logs(const trainer_state *st, int64_t epoch, loom_opt
                         .samples_per_sec = sps, .learning_rate = loom_optimizer_lr(opt, st->step)};
     g.loss = st->examples ? st->loss_sum / (double)st->examples : NAN;
     g.accuracy = st->examples ? (double)st->correct / (double)st->examples : NAN;
-    return g;
+    return g; /* train_hooks_call_ adds model.metrics (and drops accuracy when it is not one) */
 }
 
 /* A hook failed (err): save a checkpoint, which is whole because hooks run
@@ -384,7 +474,7 @@ static void publish(run *r, const trainer_state *st, loom_status_state state, lo
     loom_status_figures f = {
         .state = state, .step = st->step, .epoch = st->epoch + 1,
         .loss = st->examples ? st->loss_sum / (double)st->examples : NAN,
-        .accuracy = st->examples ? (double)st->correct / (double)st->examples : NAN,
+        .accuracy = st->examples && r->has_acc ? (double)st->correct / (double)st->examples : NAN,
         .samples_per_sec = sps, .input_wait_fraction = input_wait, .learning_rate = loom_optimizer_lr(opt, st->step),
         .eval_loss = eval_loss, .eval_accuracy = eval_acc, .examples_total = examples_total};
     loom_status_update(r->status, &f);
@@ -436,15 +526,17 @@ typedef struct summary_window {
     int64_t correct, examples;
 } summary_window;
 
-static int log_summary(FILE *metrics, loom_summary *tb, summary_window *w, int64_t step, double lr, loom_err *err)
+static int log_summary(FILE *metrics, loom_summary *tb, summary_window *w, int64_t step, double lr, bool has_acc,
+                       loom_err *err)
 {
     const char *tag[] = {"loss", "accuracy", "learning_rate", "samples_per_sec", "input_wait_fraction"};
     double v[] = {w->examples ? w->loss_sum / (double)w->examples : NAN,
-                  w->examples ? (double)w->correct / (double)w->examples : NAN, lr,
+                  w->examples && has_acc ? (double)w->correct / (double)w->examples : NAN, lr,
                   w->sec > 0 ? (double)w->examples / w->sec : 0, w->sec > 0 ? w->input_sec / w->sec : 0};
     memset(w, 0, sizeof *w);
     fprintf(metrics, "{\"event\": \"summary\", \"step\": %lld", (long long)step);
-    for (int i = 0; i < 5; i++) json_num(metrics, tag[i], v[i], 0);
+    for (int i = 0; i < 5; i++)
+        if (i != 1 || has_acc) json_num(metrics, tag[i], v[i], 0); /* a regression has no accuracy */
     json_time(metrics, "wall_time", loom_wall_time());
     fprintf(metrics, "}\n");
     int rc = LOOM_OK;
@@ -465,11 +557,16 @@ static int log_histograms(loom_summary *tb, loom_model *m, int64_t step, loom_er
     return rc ? rc : loom_summary_flush(tb, err);
 }
 
-static int log_eval(loom_summary *tb, int64_t step, double loss, double acc, loom_err *err)
+/* An evaluation (ev, its metrics in r->macc[1]) to TensorBoard: loss and each metric. */
+static int log_eval(run *r, loom_summary *tb, int64_t step, double loss, const loom_step_result *ev, loom_err *err)
 {
     if (!tb || !isfinite(loss)) return LOOM_OK;
     int rc = loom_summary_scalar(tb, "loss", step, loss, err);
-    if (!rc) rc = loom_summary_scalar(tb, "accuracy", step, acc, err);
+    loom_model *m = loom_strategy_model(r->strat);
+    for (int i = 0; i < loom_model_num_metrics(m) && !rc; i++) {
+        double v = loom_model_metric_value(m, i, r->macc[1], ev->correct, ev->examples);
+        if (isfinite(v)) rc = loom_summary_scalar(tb, loom_metric_name(loom_model_metric(m, i)), step, v, err);
+    }
     return rc ? rc : loom_summary_flush(tb, err);
 }
 
@@ -515,6 +612,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
         if (loom_log_get_level() < LOOM_LOG_WARN) loom_log_set_level(LOOM_LOG_WARN);
     }
     if (!rc) rc = train_hooks_open_(&r.hooks, spec, r.model_dir, r.strat, err);
+    if (!rc) rc = metrics_open(&r, err);
     if (!rc && spec->run.status_port && r.chief) { /* the chief reports the job; a port in use fails here, before anything is written */
         char w[600];
         rc = loom_status_open(&r.status, spec->run.status_bind, spec->run.status_port,
@@ -639,6 +737,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
     int64_t run_examples = 0, start_step = st.step, last_saved = st.step;
     double first_step_ms = -1, last_eval_loss = NAN, last_eval_acc = NAN;
     int64_t last_eval_step = -1;
+    loom_step_result last_ev = {0}; /* the last evaluation (its metrics in r.macc[1]) */
     summary_window win = {0};
     double summary_sec = 0; /* spent writing TensorBoard summaries, for the end line */
     double last_ckpt_time = loom_now(); /* run.checkpoint_secs counts from here */
@@ -720,10 +819,11 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
                 rc = evaluate_all(&r, r.eval, &ev, err);
                 if (rc) break;
                 last_eval_loss = ev.examples ? ev.loss_sum / (double)ev.examples : NAN;
-                last_eval_acc = ev.examples ? (double)ev.correct / (double)ev.examples : NAN;
+                last_eval_acc = ev.examples && r.has_acc ? (double)ev.correct / (double)ev.examples : NAN;
                 last_eval_step = st.step;
+                last_ev = ev;
                 double ts = loom_now();
-                rc = log_eval(tb_eval, st.step, last_eval_loss, last_eval_acc, err);
+                rc = log_eval(&r, tb_eval, st.step, last_eval_loss, &ev, err);
                 summary_sec += loom_now() - ts;
                 if (rc) break;
             }
@@ -734,17 +834,20 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
                 if (rc) break;
             }
             double train_loss = st.examples ? st.loss_sum / (double)st.examples : NAN;
-            double train_acc = st.examples ? (double)st.correct / (double)st.examples : NAN;
+            take_metrics(&r, r.macc[0]);
+            metrics_to_hooks(&r, 0, st.correct, st.examples);
             double sps = train_sec > 0 ? (double)st.examples / train_sec : 0;
             double input_wait = train_sec > 0 ? input_sec / train_sec : 0;
             /* never a NaN in the log: metrics that were not measured are named as such */
-            char tr[96], evs[96];
+            char tr[320], evs[320], mt[256];
             if (st.examples)
-                snprintf(tr, sizeof tr, "train loss %.4f, accuracy %.4f", train_loss, train_acc);
+                snprintf(tr, sizeof tr, "train loss %.4f%s", train_loss,
+                         metrics_text(&r, 0, st.correct, st.examples, mt, sizeof mt));
             else
                 snprintf(tr, sizeof tr, "no training examples this epoch");
             if (ev.examples)
-                snprintf(evs, sizeof evs, "; eval loss %.4f, accuracy %.4f", last_eval_loss, last_eval_acc);
+                snprintf(evs, sizeof evs, "; eval loss %.4f%s", last_eval_loss,
+                         metrics_text(&r, 1, ev.correct, ev.examples, mt, sizeof mt));
             else
                 snprintf(evs, sizeof evs, "%s", r.eval ? (rs->eval_each_epoch ? "; eval data yielded no batch" : "")
                                                        : "; no eval data");
@@ -754,9 +857,9 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
             fprintf(metrics, "{\"event\": \"epoch\", \"epoch\": %lld, \"step\": %lld", (long long)st.epoch + 1,
                     (long long)st.step);
             json_num(metrics, "train_loss", train_loss, 0);
-            json_num(metrics, "train_accuracy", train_acc, 0);
+            metrics_json(&r, metrics, "train_", 0, st.correct, st.examples);
             json_num(metrics, "eval_loss", ev.examples ? last_eval_loss : NAN, 0);
-            json_num(metrics, "eval_accuracy", ev.examples ? last_eval_acc : NAN, 0);
+            metrics_json(&r, metrics, "eval_", 1, ev.correct, ev.examples);
             json_num(metrics, "samples_per_sec", sps, 0);
             json_num(metrics, "learning_rate", loom_optimizer_lr(opt, st.step), 0);
             json_num(metrics, "epoch_seconds", ep_sec, 0);
@@ -775,6 +878,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
             st.step_in_epoch = 0;
             st.loss_sum = 0;
             st.correct = st.examples = 0;
+            metrics_clear(&r, 0);
             train_sec = 0;
             input_sec = 0;
             rc = loom_iter_rewind(r.train, st.epoch, err);
@@ -873,7 +977,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
                        : steps_per_epoch > 0 ? (epochs - st.epoch) * steps_per_epoch - st.step_in_epoch : -1;
         loom_progress_update(&prog, st.epoch, max_steps > 0 ? (steps_per_epoch > 0 ? (max_steps + steps_per_epoch - 1) / steps_per_epoch : 1) : epochs,
                              st.step_in_epoch, steps_per_epoch, st.step, st.loss_sum / (double)st.examples,
-                             (double)st.correct / (double)st.examples, sps, left >= 0 ? per_step * (double)left : -1);
+                             r.has_acc ? (double)st.correct / (double)st.examples : NAN, sps, left >= 0 ? per_step * (double)left : -1);
         publish(&r, &st, LOOM_STATUS_TRAINING, opt, sps, prog.input_wait, last_eval_loss, last_eval_acc, run_examples);
         char tuned[512];
         if (loom_iter_tuned(r.train, tuned, sizeof tuned)) { /* once the autotuner's choice settles, and after a change */
@@ -888,7 +992,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
         boundary_step = st.step;
         if (summary_due) {
             double ts = loom_now();
-            rc = log_summary(metrics, tb, &win, st.step, loom_optimizer_lr(opt, st.step), err);
+            rc = log_summary(metrics, tb, &win, st.step, loom_optimizer_lr(opt, st.step), r.has_acc, err);
             summary_sec += loom_now() - ts;
             if (rc) break;
         }
@@ -898,6 +1002,10 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
             snprintf(last_ckpt, sizeof last_ckpt, "%s", ckpt);
             last_saved = st.step;
             last_ckpt_time = loom_now();
+        }
+        if (r.hooks.hooks && r.hooks.n_metrics) { /* ctx.logs: the metrics of the epoch so far */
+            take_metrics(&r, r.macc[0]);
+            metrics_to_hooks(&r, 0, st.correct, st.examples);
         }
         hl = hook_logs(&st, st.epoch + 1, opt, sps, last_eval_loss, last_eval_acc);
         if ((rc = train_hooks_call_(&r.hooks, LOOM_HOOK_STEP_END, &hl, err))) {
@@ -916,10 +1024,11 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
     if (!rc && r.eval && r.chief && last_eval_step != st.step && st.step > start_step) {
         loom_step_result ev;
         rc = evaluate_all(&r, r.eval, &ev, err);
+        if (!rc) last_ev = ev;
         if (!rc && ev.examples) {
             last_eval_loss = ev.loss_sum / (double)ev.examples;
-            last_eval_acc = (double)ev.correct / (double)ev.examples;
-            rc = log_eval(tb_eval, st.step, last_eval_loss, last_eval_acc, err);
+            last_eval_acc = r.has_acc ? (double)ev.correct / (double)ev.examples : NAN;
+            rc = log_eval(&r, tb_eval, st.step, last_eval_loss, &ev, err);
         }
     }
     if (!rc) {
@@ -936,9 +1045,12 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
                       r.model_dir, (long long)st.step, (long long)st.epoch, (long long)epochs);
         else
         {
-            char evs[64];
+            char evs[320], mt[256];
             if (!isnan(last_eval_acc))
                 snprintf(evs, sizeof evs, "eval accuracy %.4f", last_eval_acc);
+            else if (last_ev.examples) /* a regression, or metrics without accuracy */
+                snprintf(evs, sizeof evs, "eval loss %.4f%s", last_eval_loss,
+                         metrics_text(&r, 1, last_ev.correct, last_ev.examples, mt, sizeof mt));
             else
                 snprintf(evs, sizeof evs, "%s", r.eval ? "not evaluated" : "no eval data");
             loom_info("done: step %lld, %s, %.1f s, checkpoint %s", (long long)st.step, evs, total, last_ckpt);
@@ -946,7 +1058,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
         if (st.step != start_step) { /* a rerun of a finished run adds no second end line */
             fprintf(metrics, "{\"event\": \"end\", \"step\": %lld, \"epoch\": %lld", (long long)st.step, (long long)st.epoch);
             json_num(metrics, "eval_loss", last_eval_loss, 0);
-            json_num(metrics, "eval_accuracy", last_eval_acc, 0);
+            metrics_json(&r, metrics, "eval_", 1, last_ev.correct, last_ev.examples);
             json_num(metrics, "samples_per_sec", run_train_sec > 0 ? (double)run_examples / run_train_sec : 0, 0);
             json_num(metrics, "seconds", total, 0);
             json_num(metrics, "first_step_ms", first_step_ms, 0);
@@ -1001,13 +1113,20 @@ int loom_evaluate(const loom_spec *spec, const char *model_dir, const char *chec
     run r;
     memset(out, 0, sizeof *out);
     int rc = run_open(&r, spec, model_dir, true, NULL, false, err);
+    if (!rc) rc = metrics_open(&r, err);
     if (!rc) rc = load_for_inference(&r, checkpoint, out->checkpoint, &out->step, err);
     loom_step_result ev;
     if (!rc) rc = evaluate_all(&r, r.eval, &ev, err);
     if (!rc) {
         out->examples = ev.examples;
         out->loss = ev.examples ? ev.loss_sum / (double)ev.examples : NAN;
-        out->accuracy = ev.examples ? (double)ev.correct / (double)ev.examples : NAN;
+        out->accuracy = ev.examples && r.has_acc ? (double)ev.correct / (double)ev.examples : NAN;
+        loom_model *m = loom_strategy_model(r.strat);
+        out->n_metrics = loom_model_num_metrics(m);
+        for (int i = 0; i < out->n_metrics; i++) {
+            snprintf(out->metric_name[i], sizeof out->metric_name[i], "%s", loom_metric_name(loom_model_metric(m, i)));
+            out->metric[i] = ev.examples ? loom_model_metric_value(m, i, r.macc[1], ev.correct, ev.examples) : NAN;
+        }
     }
     run_close(&r);
     return rc;
@@ -1201,13 +1320,21 @@ int loom_predict_run(const loom_spec *spec, const loom_predict_opts *po, loom_er
     int64_t classes = loom_shape_numel(&os);
     float *probs = rc ? NULL : loom_alloc((size_t)(r.args.max_batch * classes) * sizeof(float));
     if (!rc && !probs) rc = loom_err_set(err, LOOM_ENOMEM, NULL, "allocating predictions");
-    bool regression = spec->model.loss == LOOM_LOSS_MSE;
+    /* columns by task: regression "prediction"; binary (one sigmoid) "class,probability";
+     * multi-label (several sigmoids) "probability_k"; softmax "class,p0,..." */
+    loom_loss_kind lk = spec->model.loss;
+    bool regression = lk == LOOM_LOSS_MSE || lk == LOOM_LOSS_MAE || lk == LOOM_LOSS_HUBER;
+    bool multi_label = lk == LOOM_LOSS_BCE && classes > 1;
     if (!rc) {
         fprintf(f, "index");
         for (int i = 0; i < n_ids; i++) fprintf(f, ",%s", ids[i]);
         if (regression && classes == 1) fprintf(f, ",prediction");
         else if (regression)
             for (int64_t c = 0; c < classes; c++) fprintf(f, ",prediction_%lld", (long long)c);
+        else if (lk == LOOM_LOSS_BCE && classes == 1)
+            fprintf(f, ",class,probability");
+        else if (multi_label)
+            for (int64_t c = 0; c < classes; c++) fprintf(f, ",probability_%lld", (long long)c);
         else {
             fprintf(f, ",class");
             for (int64_t c = 0; c < classes; c++) fprintf(f, ",p%lld", (long long)c);
@@ -1237,10 +1364,11 @@ int loom_predict_run(const loom_spec *spec, const loom_predict_opts *po, loom_er
                 if (t->dtype == LOOM_F32 || t->dtype == LOOM_F64) fprintf(f, ",%.9g", v);
                 else fprintf(f, ",%lld", (long long)v);
             }
-            if (!regression) {
+            if (!regression && !multi_label) {
                 int64_t best = 0;
                 for (int64_t c = 1; c < classes; c++)
                     if (p[c] > p[best]) best = c;
+                if (classes == 1) best = p[0] > 0.5f; /* one sigmoid output: its probability decides */
                 fprintf(f, ",%lld", (long long)best);
             }
             for (int64_t c = 0; c < classes; c++) fprintf(f, ",%.6g", p[c]);

@@ -308,6 +308,7 @@ static void strip_locs(loom_spec *s)
         for (int j = 0; j < LOOM_MAX_TRANSFORMS; j++) memset(&ds[i]->transform[j].loc, 0, sizeof(loom_loc));
     }
     memset(&s->model.loc, 0, sizeof(loom_loc));
+    memset(&s->model.metrics_loc, 0, sizeof(loom_loc));
     for (int j = 0; j < LOOM_MAX_LAYERS; j++) memset(&s->model.layer[j].loc, 0, sizeof(loom_loc));
     memset(&s->optimizer.loc, 0, sizeof(loom_loc));
     memset(&s->optimizer.schedule.loc, 0, sizeof(loom_loc));
