@@ -109,6 +109,30 @@ expect_fail 1 "evaluate without adapt.txt says to train first" "run_tab/adapt.tx
     bash -c "cd '$WORK' && timeout 60 '$LOOM' evaluate tab.cfg"
 mv "$WORK/adapt.saved" "$WORK/run_tab/adapt.txt"
 
+# export --include-preprocessing folds the adapted per-index numbers: onnxruntime on raw
+# rows gives loom predict's probabilities (skipped without onnxruntime and numpy)
+if python3 -c "import onnxruntime, numpy" 2>/dev/null; then
+    check "export --include-preprocessing with adapted numbers" \
+        bash -c "cd '$WORK' && timeout 60 '$LOOM' export tab.cfg --format onnx --include-preprocessing --output tab.onnx &&
+                 timeout 60 '$LOOM' predict tab.cfg --input eval --id id --output eval_now.csv"
+    res=$(python3 - "$WORK" <<'PY'
+import csv, sys
+import numpy as np, onnxruntime as ort
+w = sys.argv[1]
+rows = {int(r[0]): [float(v) for v in r[1:13]] for r in list(csv.reader(open(w + "/t.csv")))[1:]}
+pred = list(csv.DictReader(open(w + "/eval_now.csv")))
+x = np.array([rows[int(r["id"])] for r in pred], np.float32)
+p = ort.InferenceSession(w + "/tab.onnx").run(None, {"input": x})[0]
+want = np.array([[float(r["p0"]), float(r["p1"])] for r in pred], np.float32)
+print("max_diff %.2e" % float(np.abs(p - want).max()))
+PY
+)
+    python3 -c "import sys; sys.exit(0 if float('${res#max_diff }') < 1e-4 else 1)" 2>/dev/null \
+        && pass "onnxruntime on raw rows matches loom predict ($res)" || fail "onnxruntime on raw rows matches loom predict" "$res"
+else
+    T=$((T + 1)); echo "ok $T - export folds adapted numbers # SKIP onnxruntime or numpy is not installed"
+fi
+
 # predict on a new file without labels, ids passed through
 python3 - "$WORK" <<'PY'
 import sys
