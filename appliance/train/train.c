@@ -7,6 +7,7 @@
 #include "train_hooks.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -691,12 +692,13 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
     int64_t steps_per_epoch = card >= 0 ? card : -1;
     loom_model *model = loom_strategy_model(r.strat);
     loom_optimizer *opt = loom_strategy_optimizer(r.strat);
-    char where[96];
+    char where[96], abs_dir[PATH_MAX] = "";
+    if (!realpath(r.model_dir, abs_dir)) abs_dir[0] = 0; /* messages show where it really is */
     loom_info("training %lld parameters on %s, %d thread%s; BLAS %s (%s), %d thread%s each; model_dir %s",
               (long long)loom_model_num_params(model),
               loom_strategy_where(r.strat, where, sizeof where), loom_model_threads(model),
               loom_model_threads(model) == 1 ? "" : "s", loom_blas_core(), loom_blas_core_reason(), loom_blas_threads(),
-              loom_blas_threads() == 1 ? "" : "s", r.model_dir);
+              loom_blas_threads() == 1 ? "" : "s", abs_dir[0] ? abs_dir : r.model_dir);
 
     loom_summary *tb = NULL, *tb_eval = NULL; /* TensorBoard: <model_dir>, <model_dir>/eval */
     bool finished = max_steps > 0 ? st.step >= max_steps : st.epoch >= epochs; /* a rerun adds no event file */

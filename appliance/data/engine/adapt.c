@@ -9,6 +9,7 @@
 #include "data/data_internal.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -239,6 +240,8 @@ int loom_data_adapt(loom_spec *spec, const char *model_dir, loom_adapt_mode mode
         rc = LOOM_EEOF;
     }
     if (rc == LOOM_EEOF && mode == LOOM_ADAPT_LOAD) {
+        char abs[PATH_MAX];
+        if (model_dir && realpath(model_dir, abs)) snprintf(path, sizeof path, "%.*s/adapt.txt", LOOM_PATH_MAX, abs);
         rc = loom_err_set(err, LOOM_EIO, path, "no adapted normalize numbers: data.train has %d normalize map%s with "
                           "adapt = true", n, n == 1 ? "" : "s");
         return loom_err_hint(err, "run loom train first (it adapts them and writes this file), or point --model-dir at "
