@@ -2062,7 +2062,7 @@ static void parse_norm_values(ctx *c, const config_setting_t *s, void *base)
     if (is_number(s)) {
         double d = get_number(s);
         if (!isfinite(d) || (is_std && !(d > 0))) {
-            cerr(c, s, "expected a %snumber, got %s", is_std ? "positive " : "finite ", value_str(s, v, sizeof v));
+            cerr(c, s, "expected a number%s, got %s", is_std ? " > 0.0" : "", value_str(s, v, sizeof v));
             return;
         }
         *scalar = d;
@@ -2083,7 +2083,7 @@ static void parse_norm_values(ctx *c, const config_setting_t *s, void *base)
         const config_setting_t *e = config_setting_get_elem(s, i);
         double d = is_number(e) ? get_number(e) : NAN;
         if (!isfinite(d) || (is_std && !(d > 0))) {
-            cerr(c, e, "expected a %snumber, got %s", is_std ? "positive " : "finite ", value_str(e, v, sizeof v));
+            cerr(c, e, "expected a number%s, got %s", is_std ? " > 0.0" : "", value_str(e, v, sizeof v));
             return;
         }
         dst[i] = (float)d;

@@ -1147,15 +1147,13 @@ static void deterministic_copy(loom_dataset_spec *dst, const loom_dataset_spec *
     }
 }
 
-/* Keeps only the source features named in keep[] (csv columns, tfrecord
- * features): a new file need not hold the label. */
-static void keep_features(loom_source_spec *s, const char *const *keep, int n_keep)
+/* Removes source feature `name` (a csv column, a tfrecord feature), if declared:
+ * a new file need not hold the label. */
+static void drop_feature(loom_source_spec *s, const char *name)
 {
     int k = 0;
     for (int f = 0; f < s->n_features; f++) {
-        bool want = false;
-        for (int i = 0; i < n_keep; i++) want |= !strcmp(s->feature[f], keep[i]);
-        if (!want) continue;
+        if (!strcmp(s->feature[f], name)) continue;
         if (k != f) {
             memcpy(s->feature[k], s->feature[f], sizeof s->feature[k]);
             s->csv[k] = s->csv[f];
@@ -1245,10 +1243,28 @@ int loom_predict_run(const loom_spec *spec, const loom_predict_opts *po, loom_er
                 snprintf(ds->source.pattern[0], LOOM_PATH_MAX, "%.*s/%s", (int)(LOOM_PATH_MAX / 2), abs, input);
             else
                 snprintf(ds->source.pattern[0], LOOM_PATH_MAX, "%s", input);
-            const char *keep[MAX_IDS + 1];
-            keep[0] = spec->model.input;
-            for (int i = 0; i < n_ids; i++) keep[i + 1] = ids[i];
-            if (bk != LOOM_SRC_TEXT) keep_features(&ds->source, keep, n_ids + 1);
+            /* the base pipeline in order, without its split, shuffles, repeats and random
+             * flips; without the label (unless --id names it), which a new file may lack */
+            bool keep_label = false;
+            for (int i = 0; i < n_ids; i++) keep_label |= !strcmp(ids[i], spec->model.label);
+            if (!keep_label && bk != LOOM_SRC_TEXT) drop_feature(&ds->source, spec->model.label);
+            for (int i = 0; i < base->n_transforms; i++) {
+                loom_transform_spec t = base->transform[i];
+                if (t.kind == LOOM_T_SHUFFLE || t.kind == LOOM_T_REPEAT || t.kind == LOOM_T_SPLIT) continue;
+                if (t.kind == LOOM_T_MAP && t.map.kind == LOOM_MAP_FLIP_LR) continue;
+                if (!keep_label && ((t.kind == LOOM_T_MAP && t.map.kind != LOOM_MAP_LUA &&
+                                     !strcmp(t.map.feature, spec->model.label)) ||
+                                    (t.kind == LOOM_T_FILTER && t.filter != LOOM_FILTER_LUA &&
+                                     !strcmp(t.feature, spec->model.label))))
+                    continue;
+                if (!keep_label && t.kind == LOOM_T_SELECT) {
+                    int k = 0;
+                    for (int j = 0; j < t.n_names; j++)
+                        if (strcmp(t.names[j], spec->model.label)) memcpy(t.names[k++], t.names[j], LOOM_NAME_MAX);
+                    t.n_names = k;
+                }
+                ds->transform[ds->n_transforms++] = t;
+            }
         } else {
             ds->source.kind = LOOM_SRC_IDX;
             ds->source.loc = base->loc;
@@ -1261,7 +1277,7 @@ int loom_predict_run(const loom_spec *spec, const loom_predict_opts *po, loom_er
                 return loom_err_set(err, LOOM_EUSAGE, input, "--id: an IDX file holds only the model input");
             }
         }
-        for (int i = 0; i < base->n_transforms; i++) {
+        for (int i = 0; i < base->n_transforms && !same_kind; i++) {
             const loom_transform_spec *t = &base->transform[i];
             if (t->kind == LOOM_T_MAP && t->map.kind == LOOM_MAP_LUA) { /* maps whole elements: not a bare input file's */
                 char w[LOOM_PATH_MAX + 16];
@@ -1274,11 +1290,13 @@ int loom_predict_run(const loom_spec *spec, const loom_predict_opts *po, loom_er
             if (t->kind == LOOM_T_MAP && t->map.kind != LOOM_MAP_FLIP_LR && !strcmp(t->map.feature, spec->model.input))
                 ds->transform[ds->n_transforms++] = *t;
         }
-        loom_transform_spec *b = &ds->transform[ds->n_transforms++];
-        memset(b, 0, sizeof *b);
-        b->kind = LOOM_T_BATCH;
-        b->batch_size = r.args.max_batch;
-        b->loc = base->loc;
+        if (!same_kind) {
+            loom_transform_spec *b = &ds->transform[ds->n_transforms++];
+            memset(b, 0, sizeof *b);
+            b->kind = LOOM_T_BATCH;
+            b->batch_size = r.args.max_batch;
+            b->loc = base->loc;
+        }
     }
     loom_iter *it = NULL;
     loom_data_ctx ctx = {.seed = spec->run.seed, .threads = 1, .name = "predict"};

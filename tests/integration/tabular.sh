@@ -42,6 +42,35 @@ out=$(cd "$WORK" && timeout 60 "$LOOM" check many.cfg 2>&1)
 contains "14 features in one csv source" "c11: float32 (-1,); label: int64 (-1,); x: float32 (-1, 12)" "$out"
 contains "a range is one vector feature" "x: float32 (-1, 12)" "$out"
 
+# 1b. a tfrecord source of 21 features (records convert of a 21-column CSV), joined by concat;
+# predict on a new TFRecord file without the label column
+python3 - "$WORK" <<'PY'
+import random, sys
+random.seed(4)
+for name, n, label in (("wide", 60, True), ("wide_new", 3, False)):
+    with open("%s/%s.csv" % (sys.argv[1], name), "w") as f:
+        f.write(",".join("c%d" % i for i in range(20)) + (",label\n" if label else "\n"))
+        for i in range(n):
+            f.write(",".join("%.3f" % random.random() for _ in range(20)) + (",%d\n" % (i % 2) if label else "\n"))
+PY
+(cd "$WORK" && "$LOOM" records convert --csv wide.csv --output wide && "$LOOM" records convert --csv wide_new.csv --output wide_new) >/dev/null 2>&1
+feats=""; names=""
+for i in $(seq 0 19); do feats="$feats c$i = { dtype = \"float32\"; shape = []; };"; names="$names${names:+, }\"c$i\""; done
+cat > "$WORK/wide.cfg" <<CFG
+version = 1;
+data: { train: {
+  source: { type = "tfrecord"; files = ["wide-*.tfrecord"]; features: { $feats label = { dtype = "int64"; shape = []; }; }; };
+  transforms = ( { op = "concat"; features = [$names]; output = "x"; }, { op = "batch"; size = 10; } );
+}; };
+model: { input = "x"; label = "label"; layers = ( { type = "dense"; units = 2; } ); };
+optimizer: { type = "sgd"; learning_rate = 0.1; };
+run: { model_dir = "run_wide"; epochs = 1; progress = "none"; };
+CFG
+check "a tfrecord source of 21 features trains" bash -c "cd '$WORK' && timeout 60 '$LOOM' train wide.cfg"
+out=$(cd "$WORK" && timeout 60 "$LOOM" predict wide.cfg --input wide_new-00000-of-00001.tfrecord --output - 2>&1)
+contains "predict on a new TFRecord file without labels" "wrote 3 predictions" "$out"
+contains "... with the class and probabilities of each" "index,class,p0,p1" "$out"
+
 # 2. a range outside the file names the file, the header's width and the config line
 cfg range "x = { dtype = \"float32\"; index = \"1-20\"; }; label = { dtype = \"int64\"; };" '{ op = "batch"; size = 32; }'
 expect_fail 2 "column range outside the file" 't.csv:1: data.train: feature "x" gathers fields 1-20 (0-based), but the header has only 14 fields (0-13)' \
