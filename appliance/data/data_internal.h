@@ -9,6 +9,17 @@
 
 #include "data.h"
 
+#include <string.h>
+
+/* Copies an element: its n tensors only. A loom_elem holds room for
+ * LOOM_MAX_FEATURES (256) tensors, 24 KiB, so a struct assignment per
+ * element would copy mostly nothing at a high price. */
+static inline void elem_copy_(loom_elem *dst, const loom_elem *src)
+{
+    dst->n = src->n;
+    memcpy(dst->t, src->t, (size_t)src->n * sizeof src->t[0]);
+}
+
 typedef struct dstage dstage;
 typedef struct dtuner dtuner;
 

@@ -452,7 +452,7 @@ static int ilv_next(dstage *st, loom_elem **out, loom_err *err)
             rc = dstage_next_(r->src, &e, err);
             res = rc == LOOM_OK ? PULL_OK : rc == LOOM_EEOF ? PULL_END : PULL_ERR;
             if (rc == LOOM_OK) {
-                st->out = *e;
+                elem_copy_(&st->out, e);
                 memcpy(st->mut, r->src->mut, sizeof st->mut);
             }
         }

@@ -438,7 +438,7 @@ static int map_next(dstage *st, loom_elem **out, loom_err *err)
     loom_elem *e;
     int rc = dstage_next_(st->in, &e, err);
     if (rc) return rc;
-    st->out = *e;
+    elem_copy_(&st->out, e);
     memcpy(st->mut, st->in->mut, sizeof st->mut);
     *out = &st->out;
     int64_t k = map_count_(st, &st->out);
