@@ -15,6 +15,8 @@ cd "$(dirname "$0")"
 PACKAGES=(meson ninja-build pkg-config gcc libc6-dev
           libconfig-dev libzstd-dev liblua5.4-dev libevent-dev zlib1g-dev
           libjansson-dev libssl-dev
+          libopenmpi-dev openmpi-bin   # the mpi plugin, and mpirun for its test (tests/integration/mpi.sh)
+          libpng-dev libjpeg62-turbo-dev   # decode_image: PNG and JPEG
           libopenblas-dev libopenblas0-pthread
           dataset-fashion-mnist)
 # The tests also make fixtures with python3 (the project itself never uses it).

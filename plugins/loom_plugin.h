@@ -226,6 +226,24 @@ typedef struct loom_pool      loom_pool;      /* a fixed pool of worker threads 
 
 typedef enum { LOOM_REDUCE_SUM, LOOM_REDUCE_MEAN, LOOM_REDUCE_MAX } loom_redop;
 
+/* What a cross-device op's job_open gets (version 4, below): this rank, the
+ * job, and a bootstrap channel over Loom's own cluster transport (already
+ * connected and authenticated), for what the op's library must exchange
+ * before it can talk (NCCL's unique id). */
+typedef struct loom_job_args {
+    uint32_t    size;      /* sizeof at Loom's build: fields past it are absent */
+    int         rank;      /* this process among the training ranks, 0 (the chief) .. ranks - 1 */
+    int         ranks;
+    const char *task;      /* "worker:1", for messages */
+    const char *where;     /* strategy.communication's file:line (or --set), for errors */
+    double      timeout_s; /* strategy.collective_timeout, 0 = none */
+    void       *boot;      /* Loom's; pass it to the functions below */
+    /* root's len bytes into every other rank's buf (every rank calls it). */
+    int (*boot_broadcast)(void *boot, void *buf, size_t len, int root, loom_err *err);
+    /* Every rank's len bytes, in rank order, into out (ranks * len bytes). */
+    int (*boot_all_gather)(void *boot, const void *buf, size_t len, void *out, loom_err *err);
+} loom_job_args;
+
 /* Collectives over n in-process buffers of count floats each (one per
  * replica). Called from the train thread, one call at a time per op. */
 typedef struct loom_cross_device_ops {
@@ -254,10 +272,22 @@ typedef struct loom_cross_device_ops {
      * buffers are elsewhere refuses the op when it opens (strategy.cross_device_ops'
      * file:line), and "auto" never picks it there. */
     uint32_t caps;
+    /* ---- version 4 (read only when version >= 4) ----
+     * (optional: all three or none) The same collectives across the
+     * processes of a job (multi_worker_mirrored, strategy.communication =
+     * NAME): every training rank, one per process, calls them from its train
+     * thread, in the same order with the same arguments; buf is host memory.
+     * An op that has them may leave all_reduce and broadcast NULL: it then
+     * reduces across processes only (strategy.cross_device_ops refuses it).
+     * job_close is called whenever *comm is not NULL, also after a failed open. */
+    int  (*job_open)(void **comm, const loom_job_args *a, loom_err *err);
+    void (*job_close)(void *comm);
+    /* buf (count floats) becomes the reduction over the ranks, with the same bits on every rank. */
+    int  (*job_all_reduce)(void *comm, float *buf, int64_t count, loom_redop op, loom_err *err);
 } loom_cross_device_ops;
-/* Version 1 (up to all_gather) and 2 (up to all_gather_rank) vtables are
- * still accepted, and work on host memory. */
-#define LOOM_CROSS_DEVICE_OPS_VERSION 3
+/* Version 1 (up to all_gather), 2 (up to all_gather_rank) and 3 (up to caps)
+ * vtables are still accepted; 1 and 2 work on host memory. */
+#define LOOM_CROSS_DEVICE_OPS_VERSION 4
 #define LOOM_XOPS_HOST_MEM   1u /* host memory: CPU replicas */
 #define LOOM_XOPS_DEVICE_MEM 2u /* device memory from the device backend's alloc: replicas on a device backend */
 

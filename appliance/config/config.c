@@ -35,7 +35,9 @@ const char *const loom_nonfinite_names_[] = {"error", "skip", NULL};
 const char *const loom_shard_policy_names_[] = {"auto", "file", "data", "off", NULL};
 const char *const loom_map_names_[] = {"cast", "scale", "normalize", "one_hot", "reshape",
                                        "random_flip_left_right", "pad", "random_crop",
-                                       "per_image_standardization", "sleep", "lua", NULL};
+                                       "per_image_standardization", "sleep", "lua",
+                                       "decode_image", "resize", "central_crop", "random_brightness", "random_contrast",
+                                       NULL};
 const char *const loom_transform_names_[] = {"map", "shuffle", "batch", "repeat", "take", "skip", "prefetch",
                                              "filter", "shard", "enumerate", "unbatch", "padded_batch", "cache",
                                              "interleave", "zip", "split", "concat", "select", NULL};
@@ -68,7 +70,7 @@ const char *loom_activation_name(loom_activation a) { return loom_cfg_name_(loom
 const char *loom_metric_name(loom_metric_kind k) { return loom_cfg_name_(loom_metric_names_, (int)k); }
 const char *loom_loss_name(loom_loss_kind k) { return loom_cfg_name_(loom_loss_names_, (int)k); }
 const char *loom_strategy_kind_name(loom_strategy_kind k) { return loom_cfg_name_(loom_strategy_names_, (int)k); }
-static const char *const loom_communication_names_[] = {"auto", "ring", "nccl", NULL};
+static const char *const loom_communication_names_[] = {"auto", "ring", "nccl", "mpi", NULL};
 const char *loom_communication_name(loom_communication c) { return loom_cfg_name_(loom_communication_names_, (int)c); }
 const char *loom_map_kind_name(loom_map_kind k) { return loom_cfg_name_(loom_map_names_, (int)k); }
 const char *loom_transform_kind_name(loom_transform_kind k) { return loom_cfg_name_(loom_transform_names_, (int)k); }
@@ -773,7 +775,8 @@ static const opt transform_opts[] = {
 static const opt map_opts[] = {
     O_KIND(loom_map_spec, "fn", kind, 0, loom_map_names_, ALL, "map function"),
     O_STR(loom_map_spec, "feature", feature, NULL, NULL, ALL & ~MAP(LUA), ALL & ~MAP(LUA), "the feature it applies to"),
-    O_ENUM(loom_map_spec, "dtype", dtype, 0, loom_cfg_dtype_names_, MAP(CAST), MAP(CAST), "target dtype"),
+    O_ENUM(loom_map_spec, "dtype", dtype, 0, loom_cfg_dtype_names_, MAP(CAST) | MAP(DECODE_IMAGE), MAP(CAST),
+           "target dtype (decode_image: uint8, or float32 in [0, 1])"),
     O_F64(loom_map_spec, "scale", scale, 1.0, 0, 0, F_NO_LO | F_NO_HI, MAP(SCALE), 0, "x * scale + offset"),
     O_F64(loom_map_spec, "offset", offset, 0.0, 0, 0, F_NO_LO | F_NO_HI, MAP(SCALE), 0, "x * scale + offset"),
     O_CUSTOM("mean", parse_norm_values, MAP(NORMALIZE), 0,
@@ -785,7 +788,20 @@ static const opt map_opts[] = {
     O_CUSTOM("shape", parse_shape, MAP(RESHAPE), MAP(RESHAPE), "target shape, one dim may be -1"),
     O_INT(loom_map_spec, "padding", padding, 0, 0, 1 << 20, MAP(PAD), MAP(PAD), "added on every side of H and W"),
     O_F64(loom_map_spec, "value", value, 0.0, 0, 0, F_NO_LO | F_NO_HI, MAP(PAD), 0, "fill value of the padding"),
-    O_PAIR(loom_map_spec, "size", size, 0, 1, INT_MAX, MAP(RANDOM_CROP), MAP(RANDOM_CROP), "crop size: int or [h, w]"),
+    O_PAIR(loom_map_spec, "size", size, 0, 1, INT_MAX, MAP(RANDOM_CROP) | MAP(RESIZE) | MAP(DECODE_IMAGE),
+           MAP(RANDOM_CROP) | MAP(RESIZE), "crop size: int or [h, w] (resize: output size; decode_image: every image's)"),
+    O_INT(loom_map_spec, "channels", channels, 0, 0, 4, MAP(DECODE_IMAGE), 0,
+          "0: as stored, 1: gray, 2: gray + alpha, 3: RGB, 4: RGBA"),
+    O_PAIR(loom_map_spec, "max_size", max_size, 0, 1, 65535, MAP(DECODE_IMAGE), 0,
+           "images of any size up to [h, w] (instead of size)"),
+    O_F64(loom_map_spec, "fraction", fraction, 1.0, 0.0, 1.0, F_LO_OPEN, MAP(CENTRAL_CROP), MAP(CENTRAL_CROP),
+          "the central fraction of height and width kept"),
+    O_F64(loom_map_spec, "max_delta", max_delta, 0.0, 0.0, 0, F_NO_HI, MAP(RANDOM_BRIGHTNESS), MAP(RANDOM_BRIGHTNESS),
+          "delta uniform in [-max_delta, max_delta), on the [0, 1] scale"),
+    O_F64(loom_map_spec, "lower", lower, 0.0, 0.0, 0, F_NO_HI, MAP(RANDOM_CONTRAST), MAP(RANDOM_CONTRAST),
+          "contrast factor uniform in [lower, upper)"),
+    O_F64(loom_map_spec, "upper", upper, 0.0, 0.0, 0, F_NO_HI, MAP(RANDOM_CONTRAST), MAP(RANDOM_CONTRAST),
+          "contrast factor uniform in [lower, upper)"),
     O_F64(loom_map_spec, "ms", ms, 0.0, 0.0, 60000.0, 0, MAP(SLEEP), MAP(SLEEP), "milliseconds to sleep per element"),
     O_STR(loom_map_spec, "lua", lua, NULL, NULL, MAP(LUA), 0,
           "\"file.lua:function\": fn(elem, rng) returns the element (fn = \"lua\" may be omitted)"),
@@ -884,7 +900,7 @@ static const opt strategy_opts[] = {
     O_F64(loom_strategy_spec, "collective_timeout", collective_timeout, 0, 0.0, 0, F_NO_HI, STRAT_LOCAL_DEVICES, 0,
           "seconds a replica waits in a collective before the step fails with a stall report; 0 = forever"),
     O_ENUM(loom_strategy_spec, "communication", communication, LOOM_COMM_AUTO, loom_communication_names_, STRAT_MWM, 0,
-           "how gradients cross workers: \"ring\" (the cluster transport), \"nccl\", \"auto\" (ring on CPU)"),
+           "how gradients cross workers: \"ring\" (the cluster transport), \"nccl\", \"mpi\" (plugins), \"auto\" (ring on CPU)"),
     O_CUSTOM("options", parse_strategy_options, K(LOOM_STRAT_PLUGIN), 0,
              "a plugin strategy's own settings: KEY = value; ..."),
     O_STR(loom_strategy_spec, "device", device, "cpu:0", NULL, K(LOOM_STRAT_ONE_DEVICE), 0, "\"cpu:0\" or \"gpu:N\""),
@@ -2094,6 +2110,28 @@ static void parse_norm_values(ctx *c, const config_setting_t *s, void *base)
 
 /* ---- groups -------------------------------------------------------------- */
 
+/* The image maps' cross-field checks: decode_image's size or max_size, random_contrast's range. */
+static void check_image_map(ctx *c, const config_setting_t *g, const loom_map_spec *m, int fn)
+{
+    const config_setting_t *size = config_setting_get_member(g, "size"), *max = config_setting_get_member(g, "max_size");
+    if (fn == LOOM_MAP_DECODE_IMAGE) {
+        if (!size && !max)
+            cerr(c, g, "decode_image needs `size = [h, w]` (every image that size) or `max_size = [h, w]` (images up to "
+                 "that size, for a resize after it)");
+        else if (size && max)
+            cerr(c, max, "decode_image takes `size` (every image that size) or `max_size` (up to that size), not both");
+        const config_setting_t *dt = config_setting_get_member(g, "dtype");
+        if (dt && m->dtype != LOOM_CFG_U8 && m->dtype != LOOM_CFG_F32)
+            cerr(c, dt, "decode_image decodes to \"uint8\" or \"float32\" (values in [0, 1]), not \"%s\"",
+                 loom_cfg_name_(loom_cfg_dtype_names_, (int)m->dtype));
+    }
+    if (fn == LOOM_MAP_RANDOM_CONTRAST && config_setting_get_member(g, "upper") && !(m->lower < m->upper)) {
+        char a[40], b[40];
+        cerr(c, config_setting_get_member(g, "upper"), "upper (%s) must be above lower (%s)", fmt_double(m->upper, a, sizeof a),
+             fmt_double(m->lower, b, sizeof b));
+    }
+}
+
 static void parse_map(ctx *c, const config_setting_t *g, loom_transform_spec *t, int op)
 {
     int fn = -1;
@@ -2122,6 +2160,7 @@ static void parse_map(ctx *c, const config_setting_t *g, loom_transform_spec *t,
                 if (sd && is_number(sd)) t->map.std_v[i] = (float)t->map.std;
             }
         }
+        check_image_map(c, g, &t->map, fn);
     }
     scope sc[2] = {{transform_opts, op, NULL}, {map_opts, fn, NULL}};
     if (op >= 0 && op != LOOM_T_MAP) sc[1].gate = "op = \"map\"";

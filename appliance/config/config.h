@@ -173,12 +173,18 @@ typedef enum {
     LOOM_MAP_STANDARDIZE, /* per_image_standardization: (x - mean) / max(std, 1/sqrt(N)), float32; unbatched only */
     LOOM_MAP_SLEEP,       /* sleep: ms per element, values unchanged; for benchmarks and autotune tests */
     LOOM_MAP_LUA,         /* lua (or plugin): a custom function maps the whole element (data/engine/custom.h); fn may be omitted */
+    /* images (data/transform/image.c); all unbatched only */
+    LOOM_MAP_DECODE_IMAGE,      /* decode_image: PNG/JPEG bytes (uint8 [N]) -> (H, W, C) uint8 or float32 in [0, 1] */
+    LOOM_MAP_RESIZE,            /* resize: (H, W[, C]) -> (h, w[, C]) float32, bilinear, half-pixel centres */
+    LOOM_MAP_CENTRAL_CROP,      /* central_crop: the central fraction of H and W, as tf.image.central_crop */
+    LOOM_MAP_RANDOM_BRIGHTNESS, /* random_brightness: + delta, delta uniform in [-max_delta, max_delta) */
+    LOOM_MAP_RANDOM_CONTRAST,   /* random_contrast: (x - mean) * f + mean per channel, f uniform in [lower, upper) */
 } loom_map_kind;
 
 typedef struct loom_map_spec {
     loom_map_kind  kind;
     char           feature[LOOM_NAME_MAX]; /* the feature it applies to */
-    loom_cfg_dtype dtype;                  /* cast */
+    loom_cfg_dtype dtype;                  /* cast; decode_image (uint8 or float32) */
     double         scale, offset;          /* scale */
     double         mean, std;              /* normalize (std > 0) */
     /* normalize per index of the feature's last axis (Keras Normalization, axis -1):
@@ -192,8 +198,13 @@ typedef struct loom_map_spec {
     int64_t        shape[8];
     int            padding;                /* pad (>= 0), on every side of H and W */
     double         value;                  /* pad: the fill value */
-    int            size[2];                /* random_crop: [h, w] */
+    int            size[2];                /* random_crop, resize, decode_image: [h, w] */
     double         ms;                     /* sleep: milliseconds per element (>= 0) */
+    int            channels;               /* decode_image: 0 (as stored), 1 to 4 */
+    int            max_size[2];            /* decode_image: [h, w] bound when images vary (0: use size) */
+    double         fraction;               /* central_crop: (0, 1] */
+    double         max_delta;              /* random_brightness (>= 0) */
+    double         lower, upper;           /* random_contrast (0 <= lower < upper) */
     char           lua[LOOM_PATH_MAX + LOOM_NAME_MAX]; /* lua, and a filter's lua: "file.lua:function", the file
                                                           resolved against the config's directory at load */
     /* plugin, and a filter's plugin: `plugin = "provider:function"` selects a
@@ -389,7 +400,7 @@ typedef enum { LOOM_STRAT_ONE_DEVICE, LOOM_STRAT_MIRRORED, LOOM_STRAT_CENTRAL_ST
 #define LOOM_MAX_STRATEGY_OPTIONS 16
 
 /* multi_worker_mirrored: how gradients cross workers (tf CommunicationImplementation). */
-typedef enum { LOOM_COMM_AUTO, LOOM_COMM_RING, LOOM_COMM_NCCL } loom_communication;
+typedef enum { LOOM_COMM_AUTO, LOOM_COMM_RING, LOOM_COMM_NCCL, LOOM_COMM_MPI } loom_communication;
 const char *loom_communication_name(loom_communication c); /* "ring" */
 
 typedef struct loom_strategy_spec {

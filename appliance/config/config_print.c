@@ -320,6 +320,23 @@ static void print_dataset(FILE *f, const char *name, const loom_dataset_spec *ds
             case LOOM_MAP_STANDARDIZE: break;
             case LOOM_MAP_SLEEP: kv_f64(f, 4, "ms", m->ms); break;
             case LOOM_MAP_LUA: print_custom_fn(f, m); break;
+            case LOOM_MAP_DECODE_IMAGE:
+                kv_i64(f, 4, "channels", m->channels);
+                kv_str(f, 4, "dtype", loom_cfg_name_(loom_cfg_dtype_names_, (int)m->dtype));
+                ind(f, 4);
+                if (m->max_size[0]) fprintf(f, "max_size = [%d, %d];\n", m->max_size[0], m->max_size[1]);
+                else fprintf(f, "size = [%d, %d];\n", m->size[0], m->size[1]);
+                break;
+            case LOOM_MAP_RESIZE:
+                ind(f, 4);
+                fprintf(f, "size = [%d, %d];\n", m->size[0], m->size[1]);
+                break;
+            case LOOM_MAP_CENTRAL_CROP: kv_f64(f, 4, "fraction", m->fraction); break;
+            case LOOM_MAP_RANDOM_BRIGHTNESS: kv_f64(f, 4, "max_delta", m->max_delta); break;
+            case LOOM_MAP_RANDOM_CONTRAST:
+                kv_f64(f, 4, "lower", m->lower);
+                kv_f64(f, 4, "upper", m->upper);
+                break;
             }
             if (t->parallel == LOOM_PARALLEL_AUTO) kv_str(f, 4, "parallel", "auto");
             else kv_i64(f, 4, "parallel", t->parallel > 0 ? t->parallel : 1);

@@ -415,4 +415,31 @@ int64_t dbatch_card_(int64_t c, int64_t size, bool drop, int64_t *dim0);
  * what ("batch") naming the stage. */
 int dbatch_feature_(dstage *st, int f, int64_t dim0, int64_t size, const char *what, loom_err *err);
 
+/* ---- image pixel work (transform/image.c) ------------------------------------------ */
+
+/* "PNG" or "JPEG" when the n bytes at p start with that format's signature, else NULL. */
+const char *image_format_(const uint8_t *p, size_t n);
+typedef struct image_info {
+    int64_t h, w; /* from the header, 0 until it is read */
+    int     c;    /* channels of the output */
+} image_info;
+/* Decodes the PNG or JPEG in the len bytes at data (bytes after the image's
+ * end are ignored, so a zero-padded var_len feature decodes) into out as
+ * (H, W, C) of dt: LOOM_U8, or LOOM_F32 in [0, 1] (16-bit PNGs keep their
+ * precision). C = channels, or as stored when 0 (PNG 1 to 4, JPEG 1 or 3).
+ * out holds max_h * max_w * C values of dt (C = 4 when channels is 0); an
+ * image larger is refused from its header. 0, or -1 with why (whyn bytes)
+ * saying what is wrong ("corrupt PNG: IDAT: CRC error"); info is filled
+ * once the header is read. Reentrant. */
+int  image_decode_(const uint8_t *data, size_t len, int channels, loom_dtype dt, int64_t max_h, int64_t max_w,
+                   void *out, image_info *info, char *why, size_t whyn);
+/* (H, W, C) of sd at src -> (h, w, C) float32 at dst: bilinear, half-pixel centres, as tf.image.resize. */
+void image_resize_(const void *src, loom_dtype sd, int64_t H, int64_t W, int64_t C, float *dst, int64_t h, int64_t w);
+/* tf.image.central_crop's box of an H x W image: box = {y0, x0, h, w}. */
+void image_central_box_(int64_t H, int64_t W, double fraction, int64_t box[4]);
+/* tf.image.adjust_brightness / adjust_contrast of n (hw * C) values of dt
+ * (uint8 through [0, 1] floats, float32, float64); src == dst is allowed. */
+void image_brightness_(const void *src, void *dst, loom_dtype dt, size_t n, double delta);
+void image_contrast_(const void *src, void *dst, loom_dtype dt, int64_t hw, int64_t C, double factor);
+
 #endif

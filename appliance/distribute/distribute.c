@@ -28,9 +28,15 @@ int loom_register_cross_device_ops_from(const loom_cross_device_ops *ops, const 
         return loom_err_set(err, LOOM_EPLUGIN, origin ? origin : ops->name,
                             "cross-device ops \"%s\": version %u, this build speaks 1 to %u", ops->name,
                             ops->version, LOOM_CROSS_DEVICE_OPS_VERSION);
-    if (!ops->all_reduce || !ops->broadcast)
+    int job = ops->version >= 4 && (ops->job_open || ops->job_close || ops->job_all_reduce);
+    if (job && (!ops->job_open || !ops->job_close || !ops->job_all_reduce))
         return loom_err_set(err, LOOM_EPLUGIN, origin ? origin : ops->name,
-                            "cross-device ops \"%s\" lack all_reduce or broadcast", ops->name);
+                            "cross-device ops \"%s\" have some of job_open, job_close and job_all_reduce: all three "
+                            "or none", ops->name);
+    if (!job ? !ops->all_reduce || !ops->broadcast : !ops->all_reduce != !ops->broadcast)
+        return loom_err_set(err, LOOM_EPLUGIN, origin ? origin : ops->name,
+                            "cross-device ops \"%s\" lack all_reduce or broadcast%s", ops->name,
+                            job ? " (an op with job collectives may leave out both, not one)" : "");
     if (ops->version >= 2 && ops->comm_new && (!ops->comm_free || !ops->all_reduce_rank || !ops->broadcast_rank))
         return loom_err_set(err, LOOM_EPLUGIN, origin ? origin : ops->name,
                             "cross-device ops \"%s\" have comm_new but lack comm_free, all_reduce_rank or "
@@ -179,6 +185,16 @@ int loom_strategy_open(loom_strategy **out, const loom_strategy_args *a, loom_er
     if (strcmp(xname, "auto") && !(s->xops = loom_find_cross_device_ops(xname))) {
         loom_free(s);
         return unknown_xops(&a->spec->strategy, xname, err);
+    }
+    if (s->xops && !s->xops->all_reduce) { /* an op of the job's collectives only */
+        char w[600];
+        const char *setting = xops_where(&a->spec->strategy, w, sizeof w);
+        loom_err_set(err, LOOM_ECONFIG, w, "%s\"%s\" reduces across the processes of a job only, not among the "
+                     "replicas of one process", setting, s->xops->name);
+        loom_err_hint(err, "select it with strategy.communication = \"%s\" under multi_worker_mirrored; for the "
+                      "replicas of a process use \"auto\" or a built-in op", s->xops->name);
+        loom_free(s);
+        return LOOM_ECONFIG;
     }
     int builtin = ops == loom_one_device_ops_() || ops == loom_multi_worker_ops_() || loom_replicated_owns_(ops);
     if (s->xops && (rc = check_xops_memory(&a->spec->strategy, s->xops, builtin, err))) {

@@ -24,6 +24,23 @@
 
 typedef enum { LOOM_REDUCE_SUM, LOOM_REDUCE_MEAN, LOOM_REDUCE_MAX } loom_redop;
 
+/* What job_open gets: this rank, the job, and a bootstrap channel over Loom's
+ * own cluster transport (already connected and authenticated), for what the
+ * op's library needs exchanged before it can talk (NCCL's unique id). */
+typedef struct loom_job_args {
+    uint32_t    size;      /* sizeof at Loom's build: fields past it are absent */
+    int         rank;      /* this process among the training ranks, 0 (the chief) .. ranks - 1 */
+    int         ranks;
+    const char *task;      /* "worker:1", for messages */
+    const char *where;     /* strategy.communication's file:line (or --set), for errors */
+    double      timeout_s; /* strategy.collective_timeout, 0 = none */
+    void       *boot;      /* Loom's; pass it to the functions below */
+    /* root's len bytes into every other rank's buf (every rank calls it). */
+    int (*boot_broadcast)(void *boot, void *buf, size_t len, int root, loom_err *err);
+    /* Every rank's len bytes, in rank order, into out (ranks * len bytes). */
+    int (*boot_all_gather)(void *boot, const void *buf, size_t len, void *out, loom_err *err);
+} loom_job_args;
+
 typedef struct loom_cross_device_ops {
     uint32_t    version; /* LOOM_CROSS_DEVICE_OPS_VERSION; append fields only */
     const char *name;    /* "reduce_to_one_device", "ring", a plugin's name */
@@ -45,11 +62,26 @@ typedef struct loom_cross_device_ops {
     int   (*all_gather_rank)(void *comm, int rank, const float *buf, int64_t count, float *out, loom_err *err);
     /* ---- version 3 (appended; read only when version >= 3: use loom_xops_memory) ---- */
     uint32_t caps; /* LOOM_XOPS_*_MEM: the memory its buffers may be in; neither flag = host memory */
+    /* ---- version 4 (appended; read only when version >= 4: use loom_xops_job) ----
+     * (optional: all three or none) Collectives across the processes of a
+     * job: every training rank (one process each) calls them from its train
+     * thread, in the same order with the same arguments (multi_worker_mirrored
+     * with strategy.communication naming the op). buf is host memory. An op
+     * with them may leave all_reduce and broadcast NULL: it then reduces
+     * across processes only, and strategy.cross_device_ops refuses it. */
+    int  (*job_open)(void **comm, const loom_job_args *a, loom_err *err); /* close even after a failure */
+    void (*job_close)(void *comm); /* NULL is a no-op */
+    /* buf (count floats) becomes the reduction over the ranks, with the same bits on every rank. */
+    int  (*job_all_reduce)(void *comm, float *buf, int64_t count, loom_redop op, loom_err *err);
 } loom_cross_device_ops;
-/* 2 added the per-rank collectives, 3 caps; versions 1 and 2 (host memory) still register. */
-#define LOOM_CROSS_DEVICE_OPS_VERSION 3
+/* 2 added the per-rank collectives, 3 caps, 4 the job's collectives; versions 1 to 3 still register. */
+#define LOOM_CROSS_DEVICE_OPS_VERSION 4
+
 #define LOOM_XOPS_HOST_MEM   1u /* buffers in host memory: CPU replicas (every built-in op) */
 #define LOOM_XOPS_DEVICE_MEM 2u /* buffers in device memory: replicas on a device backend (the nccl plugin's op) */
+
+/* x's job collectives, or NULL when x has none (version < 4 or no job_open). */
+const loom_cross_device_ops *loom_xops_job(const loom_cross_device_ops *x);
 
 /* The memory x works on: LOOM_XOPS_HOST_MEM and/or LOOM_XOPS_DEVICE_MEM,
  * never neither (an op that declares no memory works on host memory). A

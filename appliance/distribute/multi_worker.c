@@ -37,9 +37,15 @@
  * local reduction).
  *
  * strategy.communication: "ring" (and "auto", which is the ring on CPU) is
- * the group's ring; "nccl" is refused for now (the nccl plugin reduces within
- * one process; across hosts it needs its unique id exchanged over the
- * transport, which is not built yet).
+ * the group's ring; "mpi" and "nccl" name a plugin's cross-device op with
+ * collectives across processes (loom_cross_device_ops version 4: job_open,
+ * job_all_reduce, job_close): the gradient all-reduce goes through it (the
+ * mpi plugin's MPI_Allreduce, NCCL's ncclAllReduce), everything else (the
+ * variables' broadcast, iterator states, heartbeats, lost peers) stays on
+ * the group, which also carries the op's bootstrap (NCCL's unique id). After
+ * job_open every rank says whether it succeeded, so a rank that could not
+ * open the op stops the job at once instead of leaving the others waiting
+ * inside the library.
  *
  * Threads: driven from the train thread, which also drives the group. */
 #include "distribute.h"
@@ -62,6 +68,10 @@ typedef struct multi_worker {
     float         *stage;      /* (P + TAIL_N): replica 0's sum, then the job's */
     bool           stop_req, stop_seen;
     char           task[64];   /* "worker:1", for messages */
+    const loom_cross_device_ops *job_ops; /* communication = "mpi" | "nccl": the plugin's op; NULL: the ring */
+    void          *job_comm;   /* job_ops' state */
+    loom_job_args  job_args;   /* what job_open got (valid until job_close) */
+    char           comm_where[600];
 } multi_worker;
 
 static int64_t last_batch_size(const loom_dataset_spec *d)
@@ -100,14 +110,96 @@ static int mw_input_context(const loom_strategy_args *a, loom_input_ctx *ctx, lo
     return LOOM_OK;
 }
 
-static int refuse_nccl(const loom_strategy_spec *st, loom_err *err)
+/* communication = "mpi" | "nccl": the plugin's cross-device op of that name
+ * with collectives across processes, else an error at the setting. */
+static int find_job_op(multi_worker *mw, const loom_strategy_spec *st, loom_err *err)
 {
-    char w[600];
-    loom_loc_str(st->communication_loc.file[0] ? &st->communication_loc : &st->loc, w, sizeof w);
-    loom_err_set(err, LOOM_EUNSUPPORTED, w, "%s\"nccl\" across workers is not supported yet: the nccl plugin "
-                 "reduces GPU buffers within one process, and its unique id is not yet exchanged over the cluster "
-                 "transport", strncmp(w, "--set ", 6) ? "strategy.communication: " : "");
-    return loom_err_hint(err, "use communication = \"ring\" (or \"auto\"): the cluster transport's ring all-reduce");
+    const char *name = loom_communication_name(st->communication), *origin = NULL;
+    loom_loc_str(st->communication_loc.file[0] ? &st->communication_loc : &st->loc, mw->comm_where,
+                 sizeof mw->comm_where);
+    const char *setting = strncmp(mw->comm_where, "--set ", 6) ? "strategy.communication: " : "";
+    const loom_cross_device_ops *x = loom_registry_find(LOOM_REG_CROSS_DEVICE_OPS, name, &origin);
+    if (loom_xops_job(x)) {
+        mw->job_ops = x;
+        return LOOM_OK;
+    }
+    if (!x) {
+        loom_err_set(err, LOOM_EUNSUPPORTED, mw->comm_where, "%s\"%s\": no cross-device op \"%s\" is loaded (the %s "
+                     "plugin is not built or not found)", setting, name, name, name);
+        return loom_err_hint(err, "%s; `loom plugins` lists what loaded and what was refused. Or use communication "
+                             "= \"ring\": the cluster transport's all-reduce",
+                             st->communication == LOOM_COMM_MPI
+                                 ? "the mpi plugin is built when Open MPI is found (Debian: libopenmpi-dev)"
+                                 : "the nccl plugin is built when the CUDA toolkit and NCCL are found");
+    }
+    loom_err_set(err, LOOM_EUNSUPPORTED, mw->comm_where, "%s\"%s\": the cross-device op \"%s\" (%s) has no "
+                 "collectives across processes (its vtable is version %u; job_open and job_all_reduce came in 4)",
+                 setting, name, name, origin ? origin : "built in", x->version);
+    return loom_err_hint(err, "rebuild the plugin against this loom's plugins/loom_plugin.h, or use communication = "
+                         "\"ring\"");
+}
+
+/* The bootstrap channel of loom_job_args: the group's collectives. */
+static int boot_broadcast(void *boot, void *buf, size_t len, int root, loom_err *err)
+{
+    return loom_group_broadcast(boot, buf, len, root, err);
+}
+
+static int boot_all_gather(void *boot, const void *buf, size_t len, void *out, loom_err *err)
+{
+    loom_group *g = boot;
+    int n = loom_group_size(g);
+    loom_buf *all = loom_calloc((size_t)n, sizeof *all);
+    if (!all) return loom_err_set(err, LOOM_ENOMEM, NULL, "gathering %d bootstrap messages", n);
+    int rc = loom_group_all_gather_bytes(g, buf, len, all, err);
+    for (int r = 0; r < n && !rc; r++) {
+        if (all[r].len != len)
+            rc = loom_err_set(err, LOOM_EUSAGE, NULL, "bootstrap all-gather: rank %d sent %zu bytes, this rank %zu",
+                              r, all[r].len, len);
+        else if (len)
+            memcpy((char *)out + (size_t)r * len, all[r].data, len);
+    }
+    for (int r = 0; r < n; r++) loom_buf_fini(&all[r]);
+    loom_free(all);
+    return rc;
+}
+
+/* Opens the op's job collectives on every rank, then every rank learns
+ * whether all of them could: a failure anywhere stops the whole job now. */
+static int open_job_op(multi_worker *mw, const loom_strategy_args *a, loom_err *err)
+{
+    mw->job_args = (loom_job_args){.size = sizeof(loom_job_args), .rank = mw->rank, .ranks = mw->workers,
+                                   .task = mw->task, .where = mw->comm_where,
+                                   .timeout_s = a->spec->strategy.collective_timeout, .boot = mw->group,
+                                   .boot_broadcast = boot_broadcast, .boot_all_gather = boot_all_gather};
+    loom_err own;
+    memset(&own, 0, sizeof own);
+    int orc = mw->job_ops->job_open(&mw->job_comm, &mw->job_args, &own);
+    if (orc && !own.where[0]) snprintf(own.where, sizeof own.where, "%.255s", mw->comm_where);
+    uint8_t mine = orc ? 1 : 0, *all = loom_calloc((size_t)mw->workers, 1);
+    if (!all) return loom_err_set(err, LOOM_ENOMEM, NULL, "agreeing on communication");
+    int rc = boot_all_gather(mw->group, &mine, 1, all, err);
+    char failed[256] = "";
+    size_t len = 0;
+    for (int r = 0; r < mw->workers && !rc; r++)
+        if (all[r] && len < sizeof failed) {
+            char t[64];
+            const loom_task_addr *ta = loom_cluster_rank_task(a->cluster, r);
+            len += (size_t)snprintf(failed + len, sizeof failed - len, "%s%s", len ? ", " : "",
+                                    ta ? loom_task_name(ta->role, ta->index, t, sizeof t) : "?");
+        }
+    loom_free(all);
+    if (orc) { /* this rank's own failure says most */
+        *err = own;
+        return orc;
+    }
+    if (rc) return rc;
+    if (failed[0])
+        return loom_err_set(err, LOOM_ENET, mw->comm_where, "communication = \"%s\" could not open on %s (see %s "
+                            "log); %s stops with it", mw->job_ops->name, failed, strchr(failed, ',') ? "their" : "its",
+                            mw->task),
+               loom_err_hint(err, "fix what that task reports, or use communication = \"ring\"");
+    return LOOM_OK;
 }
 
 static int mw_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
@@ -116,7 +208,6 @@ static int mw_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     if (!mw) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the multi_worker_mirrored strategy");
     s->impl = mw;
     const loom_strategy_spec *st = &a->spec->strategy;
-    if (st->communication == LOOM_COMM_NCCL) return refuse_nccl(st, err);
     mw->workers = n_workers(a);
     mw->rank = rank_of(a);
     if (a->cluster && a->cluster->rank >= 0) loom_task_name(a->cluster->role, a->cluster->index, mw->task, sizeof mw->task);
@@ -132,8 +223,12 @@ static int mw_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     mw->stage = loom_alloc_aligned((size_t)(mw->P + TAIL_N) * sizeof(float));
     if (!mw->stage) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the all-reduce buffer (%lld floats)",
                                         (long long)(mw->P + TAIL_N));
+    if ((st->communication == LOOM_COMM_MPI || st->communication == LOOM_COMM_NCCL) &&
+        (rc = find_job_op(mw, st, err)))
+        return rc;
     if (mw->workers == 1 || a->plan_only) return LOOM_OK;
     if ((rc = loom_group_open(&mw->group, a->cluster, st->collective_timeout, err))) return rc;
+    if (mw->job_ops && (rc = open_job_op(mw, a, err))) return rc;
     /* the chief's initial variables on every worker (they agree already: the same seed) */
     rc = loom_group_broadcast(mw->group, loom_model_params(loom_strategy_model(&mw->local)),
                               (size_t)mw->P * sizeof(float), 0, err);
@@ -144,6 +239,7 @@ static void mw_close(loom_strategy *s)
 {
     multi_worker *mw = s->impl;
     if (!mw) return;
+    if (mw->job_comm) mw->job_ops->job_close(mw->job_comm);
     loom_group_close(mw->group);
     if (mw->local_open) mw->local.ops->close(&mw->local);
     loom_free(mw->stage);
@@ -168,7 +264,8 @@ static int mw_step(loom_strategy *s, const loom_elem *batch, int64_t step, loom_
     tail[TAIL_FAILED] = lrc ? 1.0f : 0.0f;
     mw->stop_req = false;
     if (mw->group) {
-        int rc = loom_group_all_reduce(mw->group, mw->stage, mw->P + TAIL_N, err);
+        int rc = mw->job_ops ? mw->job_ops->job_all_reduce(mw->job_comm, mw->stage, mw->P + TAIL_N, LOOM_REDUCE_SUM, err)
+                             : loom_group_all_reduce(mw->group, mw->stage, mw->P + TAIL_N, err);
         if (rc) {
             if (lrc) *err = lerr; /* this worker's own failure explains it better */
             return lrc ? lrc : rc;
@@ -342,9 +439,14 @@ static void mw_print_plan(loom_strategy *s, int64_t global_batch, FILE *f)
         snprintf(who, sizeof who, "this is %s, rank %d%s", mw->task, mw->rank, mw->rank == 0 ? ", the chief" : "");
     fprintf(f, "strategy: multi_worker_mirrored, %d worker%s (%s), global batch %lld, %lld per worker\n", mw->workers,
             mw->workers == 1 ? "" : "s", who, (long long)global_batch, (long long)per_worker);
-    fprintf(f, "  across workers: the ring all-reduce of the cluster transport (communication = \"%s\"), %lld floats "
+    char how[160];
+    if (mw->job_ops)
+        snprintf(how, sizeof how, "the %s plugin's all-reduce across processes", mw->job_ops->name);
+    else
+        snprintf(how, sizeof how, "the ring all-reduce of the cluster transport");
+    fprintf(f, "  across workers: %s (communication = \"%s\"), %lld floats "
             "per step (the gradients plus %d of agreement: stop, loss, correct, examples, failure); the chief "
-            "broadcasts the variables at the start and after a restore\n",
+            "broadcasts the variables at the start and after a restore\n", how,
             loom_communication_name(s->args->spec->strategy.communication), (long long)(mw->P + TAIL_N), TAIL_N);
     fprintf(f, "  on this worker: ");
     mw->local.ops->print_plan(&mw->local, per_worker, f);

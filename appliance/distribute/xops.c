@@ -902,6 +902,11 @@ unsigned loom_xops_memory(const loom_cross_device_ops *x)
     return m ? m : LOOM_XOPS_HOST_MEM;
 }
 
+const loom_cross_device_ops *loom_xops_job(const loom_cross_device_ops *x)
+{
+    return x && x->version >= 4 && x->job_open ? x : NULL;
+}
+
 /* ---- wrappers of the N-buffer entry points -------------------------------- */
 
 int loom_all_gather(const loom_cross_device_ops *x, float *const *bufs, int n, int64_t count, float *out,
@@ -1242,7 +1247,7 @@ const loom_cross_device_ops *loom_xops_auto_(int n, int gpus, char *why, size_t 
     const char *name;
     const void *x;
     for (int i = 0; gpus && loom_registry_entry(LOOM_REG_CROSS_DEVICE_OPS, i, &name, &x, NULL) == 0; i++)
-        if (loom_xops_memory(x) & LOOM_XOPS_DEVICE_MEM) {
+        if ((loom_xops_memory(x) & LOOM_XOPS_DEVICE_MEM) && ((const loom_cross_device_ops *)x)->all_reduce) {
             snprintf(why, why_n, "GPU devices, and %s works on GPU memory", name);
             return x;
         }

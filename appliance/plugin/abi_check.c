@@ -10,6 +10,7 @@
 #define loom_log_level                abi_loom_log_level
 #define loom_redop                    abi_loom_redop
 #define loom_cross_device_ops         abi_loom_cross_device_ops
+#define loom_job_args                 abi_loom_job_args
 #define loom_strategy                 abi_loom_strategy
 #define loom_strategy_args            abi_loom_strategy_args
 #define loom_step_result              abi_loom_step_result
@@ -138,6 +139,7 @@ enum { ABI_CUSTOM_VERSION = LOOM_CUSTOM_OPS_VERSION, ABI_SOURCE_VERSION = LOOM_S
 #undef loom_log_level
 #undef loom_redop
 #undef loom_cross_device_ops
+#undef loom_job_args
 #undef loom_strategy
 #undef loom_strategy_args
 #undef loom_step_result
@@ -231,6 +233,15 @@ SAME_FIELD_(loom_cross_device_ops, all_reduce_rank)
 SAME_FIELD_(loom_cross_device_ops, broadcast_rank)
 SAME_FIELD_(loom_cross_device_ops, all_gather_rank)
 SAME_FIELD_(loom_cross_device_ops, caps)
+SAME_FIELD_(loom_cross_device_ops, job_open)
+SAME_FIELD_(loom_cross_device_ops, job_close)
+SAME_FIELD_(loom_cross_device_ops, job_all_reduce)
+
+#define LOOM_ABI_JOB_ARGS_FIELDS_(X) X(size) X(rank) X(ranks) X(task) X(where) X(timeout_s) X(boot) \
+    X(boot_broadcast) X(boot_all_gather)
+#define SAME_JOB_ARGS_FIELD_(f) SAME_FIELD_(loom_job_args, f)
+SAME_SIZE_(loom_job_args)
+LOOM_ABI_JOB_ARGS_FIELDS_(SAME_JOB_ARGS_FIELD_)
 
 SAME_SIZE_(loom_strategy_args)
 SAME_FIELD_(loom_strategy_args, spec)

@@ -52,9 +52,14 @@ static int h_register_cross_device_ops(const loom_cross_device_ops *ops, loom_er
     if (ops->version < 1 || ops->version > LOOM_CROSS_DEVICE_OPS_VERSION)
         return loom_err_set(err, LOOM_EPLUGIN, NULL, "cross-device ops \"%s\": version %u, this loom speaks 1 to %u",
                             ops->name ? ops->name : "?", ops->version, LOOM_CROSS_DEVICE_OPS_VERSION);
-    if (!ops->all_reduce || !ops->broadcast)
-        return loom_err_set(err, LOOM_EPLUGIN, NULL, "cross-device ops \"%s\" lack all_reduce or broadcast",
-                            ops->name ? ops->name : "?");
+    int job = ops->version >= 4 && (ops->job_open || ops->job_close || ops->job_all_reduce);
+    if (job && (!ops->job_open || !ops->job_close || !ops->job_all_reduce))
+        return loom_err_set(err, LOOM_EPLUGIN, NULL, "cross-device ops \"%s\" have some of job_open, job_close and "
+                            "job_all_reduce: all three or none", ops->name ? ops->name : "?");
+    if (!job ? !ops->all_reduce || !ops->broadcast : !ops->all_reduce != !ops->broadcast)
+        return loom_err_set(err, LOOM_EPLUGIN, NULL, "cross-device ops \"%s\" lack all_reduce or broadcast%s",
+                            ops->name ? ops->name : "?",
+                            job ? " (an op with job collectives may leave out both, not one)" : "");
     if (ops->version >= 2 && ops->comm_new && (!ops->comm_free || !ops->all_reduce_rank || !ops->broadcast_rank))
         return loom_err_set(err, LOOM_EPLUGIN, NULL,
                             "cross-device ops \"%s\" have comm_new but lack comm_free, "

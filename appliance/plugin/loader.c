@@ -472,6 +472,9 @@ void loom_plugins_report(FILE *f)
             if (x) fprintf(f, " (%s)", m & LOOM_XOPS_DEVICE_MEM ? m & LOOM_XOPS_HOST_MEM ? "host or GPU memory"
                                                                                           : "GPU memory only"
                                                                 : "host memory");
+            if (x && loom_xops_job(x))
+                fprintf(f, "%s", x->all_reduce ? " (also across processes: strategy.communication)"
+                                               : " (across processes only: strategy.communication)");
             fputc('\n', f);
         }
     }

@@ -1142,7 +1142,9 @@ static void deterministic_copy(loom_dataset_spec *dst, const loom_dataset_spec *
     for (int i = 0; i < src->n_transforms; i++) {
         const loom_transform_spec *t = &src->transform[i];
         if (t->kind == LOOM_T_SHUFFLE || t->kind == LOOM_T_REPEAT) continue;
-        if (t->kind == LOOM_T_MAP && t->map.kind == LOOM_MAP_FLIP_LR) continue;
+        if (t->kind == LOOM_T_MAP && (t->map.kind == LOOM_MAP_FLIP_LR || t->map.kind == LOOM_MAP_RANDOM_BRIGHTNESS ||
+                                      t->map.kind == LOOM_MAP_RANDOM_CONTRAST))
+            continue;
         dst->transform[dst->n_transforms++] = *t;
     }
 }

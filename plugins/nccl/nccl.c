@@ -11,13 +11,29 @@
  * Threads: one collective at a time, from any one thread (mirrored and
  * central_storage call it from the replica thread that arrives last at
  * their rendezvous, with every replica's gradients complete on its device);
- * a lock guards the communicator cache anyway. */
+ * a lock guards the communicator cache anyway.
+ *
+ * Across the processes of a job (multi_worker_mirrored, strategy.
+ * communication = "nccl"; the job entry points of cross-device ops version
+ * 4): the chief creates the job's ncclUniqueId (which needs no device) and
+ * Loom's bootstrap broadcast carries it over the cluster transport to every
+ * task; then every task looks for its GPU and all of them learn the result
+ * (bootstrap all-gather), so a task without one stops the whole job, named,
+ * before ncclCommInitRank (which would wait forever for a rank that never
+ * comes). Rank r uses gpu:(r mod the GPUs it sees), which gives distinct
+ * GPUs to the ranks of one host when each host runs as many ranks as it has
+ * GPUs, in consecutive ranks. The gradients are host memory there (the
+ * strategy reduces its local replicas first): each all-reduce uploads them,
+ * runs ncclAllReduce on the job's stream and downloads the result. Only the
+ * exchange and the refusal without a device are tested on a machine without
+ * a GPU (tests/integration/nccl_job.sh). */
 #include "loom_plugin.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <string.h>
 
 #define MAX_GPUS 16
 #define MAX_SETS 8
@@ -180,6 +196,151 @@ static int nccl_all_gather(float *const *bufs, int n, int64_t count, float *out,
     return collective(OP_ALL_GATHER, bufs, n, count, LOOM_REDUCE_SUM, 0, out, err);
 }
 
+/* ---- across the processes of a job ------------------------------------------ */
+
+#define BOOT_MAGIC 0x4c434e4cu /* "LNCL" */
+
+/* What the chief broadcasts: its ncclGetUniqueId's result and the id. */
+typedef struct boot_id {
+    uint32_t     magic;
+    int32_t      status;   /* ncclResult_t of ncclGetUniqueId on the chief */
+    char         why[120]; /* its text when it failed */
+    ncclUniqueId id;
+} boot_id;
+
+/* What every task tells every other once it looked for its GPU. */
+typedef struct boot_ready {
+    int32_t ok;
+    char    task[32];
+    char    why[120];
+} boot_ready;
+
+typedef struct nccl_job {
+    int          dev;
+    int          ranks;
+    ncclComm_t   comm;
+    cudaStream_t stream;
+    float       *dbuf;  /* device copy of the buffer being reduced */
+    size_t       cap;   /* its floats */
+} nccl_job;
+
+/* FNV-1a of the id: the same number in every task's log shows the exchange worked. */
+static uint32_t fingerprint(const ncclUniqueId *id)
+{
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < sizeof id->internal; i++) h = (h ^ (uint8_t)id->internal[i]) * 16777619u;
+    return h;
+}
+
+static void nccl_job_close(void *comm)
+{
+    nccl_job *j = comm;
+    if (!j) return;
+    if (j->comm) ncclCommDestroy(j->comm);
+    if (j->dbuf) cudaFree(j->dbuf);
+    if (j->stream) cudaStreamDestroy(j->stream);
+    host->free(j);
+}
+
+/* This task's GPU, into ready (ok or why not). */
+static void find_gpu(nccl_job *j, int rank, boot_ready *ready)
+{
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+        cudaGetLastError();
+        snprintf(ready->why, sizeof ready->why, "no CUDA device: %s",
+                 e == cudaErrorInsufficientDriver ? "no CUDA driver (libcuda.so.1 not found or too old)"
+                 : e == cudaSuccess               ? "the driver sees no GPU"
+                                                  : cudaGetErrorString(e));
+        return;
+    }
+    j->dev = rank % count;
+    e = cudaSetDevice(j->dev);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&j->stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(ready->why, sizeof ready->why, "gpu:%d: %s", j->dev, cudaGetErrorString(e));
+        return;
+    }
+    ready->ok = 1;
+}
+
+static int nccl_job_open(void **comm, const loom_job_args *a, loom_err *err)
+{
+    *comm = NULL;
+    nccl_job *j = host->calloc(1, sizeof *j);
+    if (!j) return host->err_set(err, LOOM_ENOMEM, NULL, "nccl: allocating the job's communicator");
+    *comm = j;
+    j->ranks = a->ranks;
+    /* 1. the chief's unique id to every task, over Loom's transport */
+    boot_id b;
+    memset(&b, 0, sizeof b);
+    if (a->rank == 0) {
+        ncclResult_t r = ncclGetUniqueId(&b.id);
+        b.magic = BOOT_MAGIC;
+        b.status = (int32_t)r;
+        if (r != ncclSuccess) snprintf(b.why, sizeof b.why, "%s", ncclGetErrorString(r));
+    }
+    int rc = a->boot_broadcast(a->boot, &b, sizeof b, 0, err);
+    if (rc) return rc;
+    if (b.magic != BOOT_MAGIC)
+        return host->err_set(err, LOOM_ENCCL, a->where, "nccl: the unique id %s received from the chief is not one",
+                             a->task);
+    if (b.status != ncclSuccess)
+        return host->err_set(err, LOOM_ENCCL, a->where, "nccl: ncclGetUniqueId failed on the chief: %s", b.why);
+    if (a->rank == 0)
+        host->log(LOOM_LOG_INFO, "nccl: %s created the job's unique id (fingerprint %08x) and sent it to %d task%s",
+                  a->task, fingerprint(&b.id), a->ranks - 1, a->ranks == 2 ? "" : "s");
+    else
+        host->log(LOOM_LOG_INFO, "nccl: %s received the job's unique id from the chief (fingerprint %08x)", a->task,
+                  fingerprint(&b.id));
+    /* 2. every task's GPU, known to all before anyone waits inside NCCL */
+    boot_ready mine, *all = host->calloc((size_t)a->ranks, sizeof *all);
+    if (!all) return host->err_set(err, LOOM_ENOMEM, NULL, "nccl: gathering %d tasks' devices", a->ranks);
+    memset(&mine, 0, sizeof mine);
+    snprintf(mine.task, sizeof mine.task, "%s", a->task);
+    find_gpu(j, a->rank, &mine);
+    rc = a->boot_all_gather(a->boot, &mine, sizeof mine, all, err);
+    char missing[480] = "";
+    size_t len = 0;
+    for (int r = 0; !rc && r < a->ranks && len < sizeof missing; r++)
+        if (!all[r].ok)
+            len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%.32s (%.120s)", len ? "; " : "",
+                                    all[r].task, all[r].why);
+    host->free(all);
+    if (rc) return rc;
+    if (missing[0])
+        return host->err_set(err, LOOM_ENCCL, a->where, "nccl: no usable GPU on %s", missing),
+               host->err_hint(err, "run every task where the NVIDIA driver and a GPU are, or use communication = "
+                              "\"ring\" (the cluster transport's all-reduce on the CPU)");
+    /* 3. the communicator (every task has a GPU: all of them come) */
+    NCCL_TRY(ncclCommInitRank(&j->comm, a->ranks, b.id, a->rank));
+    host->log(LOOM_LOG_INFO, "nccl: %s is NCCL rank %d of %d on gpu:%d", a->task, a->rank, a->ranks, j->dev);
+    return 0;
+}
+
+static int nccl_job_all_reduce(void *comm, float *buf, int64_t count, loom_redop op, loom_err *err)
+{
+    nccl_job *j = comm;
+    if (count <= 0) return 0;
+    size_t n = (size_t)count;
+    CUDA_TRY(cudaSetDevice(j->dev));
+    if (n > j->cap) {
+        if (j->dbuf) CUDA_TRY(cudaFree(j->dbuf));
+        j->dbuf = NULL;
+        j->cap = 0;
+        CUDA_TRY(cudaMalloc((void **)&j->dbuf, n * sizeof(float)));
+        j->cap = n;
+    }
+    ncclRedOp_t rop = op == LOOM_REDUCE_SUM ? ncclSum : op == LOOM_REDUCE_MEAN ? ncclAvg : ncclMax;
+    CUDA_TRY(cudaMemcpyAsync(j->dbuf, buf, n * sizeof(float), cudaMemcpyHostToDevice, j->stream));
+    NCCL_TRY(ncclAllReduce(j->dbuf, j->dbuf, n, ncclFloat, rop, j->comm, j->stream));
+    CUDA_TRY(cudaMemcpyAsync(buf, j->dbuf, n * sizeof(float), cudaMemcpyDeviceToHost, j->stream));
+    CUDA_TRY(cudaStreamSynchronize(j->stream));
+    return 0;
+}
+
 static const loom_cross_device_ops nccl_ops = {
     .version = LOOM_CROSS_DEVICE_OPS_VERSION,
     .name = "nccl",
@@ -187,6 +348,9 @@ static const loom_cross_device_ops nccl_ops = {
     .broadcast = nccl_broadcast,
     .all_gather = nccl_all_gather,
     .caps = LOOM_XOPS_DEVICE_MEM, /* GPU buffers only: CPU replicas are refused when the strategy opens */
+    .job_open = nccl_job_open,
+    .job_close = nccl_job_close,
+    .job_all_reduce = nccl_job_all_reduce,
 };
 
 static int nccl_init(const loom_host *h, loom_err *err)
@@ -211,7 +375,7 @@ LOOM_PLUGIN_EXPORT const loom_plugin *loom_plugin_entry(void)
 {
     int v = 0;
     ncclGetVersion(&v);
-    snprintf(description, sizeof description, "NCCL %d.%d.%d: all-reduce, broadcast, all-gather over local GPUs",
+    snprintf(description, sizeof description, "NCCL %d.%d.%d: all-reduce, broadcast, all-gather over local GPUs; all-reduce across a job's hosts",
              v / 10000, v / 100 % 100, v % 100);
     return &plugin;
 }

@@ -10,6 +10,12 @@
 #               1 compute thread each, the cluster transport's ring)
 #   loom mirr   `loom train` with mirrored, 2 replicas in one process
 #   torch ddp   tests/bench/ddp_ref.py: DistributedDataParallel, gloo, 2 processes
+#   loom mpi    `mpirun -np 2 --mca btl tcp,self loom train` with strategy.communication
+#               = "mpi" (the mpi plugin's MPI_Allreduce instead of the ring), and the
+#   mpirun ring same under mpirun with the ring: mpirun pins each rank to a core
+#               (--bind-to core, its default for 2 ranks), which launch does not, so
+#               compare the mpi op with the ring under the same launcher. Only where
+#               mpirun and the plugin are; no target.
 # Samples/s over the training steps (Loom: the chief's metrics.jsonl "end"
 # line, the job's examples over its training time; DDP: steps x 128 over the
 # slowest rank's time), medians of N runs (default 3), the three alternating
@@ -26,7 +32,7 @@ while [ $# -gt 0 ]; do
     --runs) RUNS=$2; shift ;;
     --steps) STEPS=$2; shift ;;
     --build) BUILD=$2; shift ;;
-    *) sed -n '2,17p' "${BASH_SOURCE[0]}"; exit 2 ;;
+    *) sed -n '2,23p' "${BASH_SOURCE[0]}"; exit 2 ;;
     esac
     shift
 done
@@ -43,7 +49,9 @@ sps() { # the samples/s of a model_dir's last "end" line
 }
 median() { printf '%s\n' "$@" | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 
-mwm=() mir=() ddp=()
+mwm=() mir=() ddp=() mpi=() mring=()
+MPI=0
+if command -v mpirun >/dev/null && [ -f "$BUILD/plugins/mpi.so" ]; then MPI=1; fi
 for ((r = 1; r <= RUNS; r++)); do
     env -u OPENBLAS_CORETYPE timeout 300 "$LOOM" launch --local "$CFG" --workers 2 --model-dir "$W/mwm$r" "${COMMON[@]}" \
         >"$W/mwm$r.log" 2>&1 || { echo "loom launch failed:"; tail -5 "$W/mwm$r.log"; exit 1; }
@@ -55,14 +63,31 @@ for ((r = 1; r <= RUNS; r++)); do
     timeout 600 /usr/bin/python3 "$HERE/ddp_ref.py" --world 2 --port $((29500 + RANDOM % 500)) --steps "$STEPS" \
         >"$W/ddp$r.json" 2>"$W/ddp$r.log" || { echo "ddp_ref.py failed:"; tail -5 "$W/ddp$r.log"; exit 1; }
     ddp+=("$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["samples_per_sec"])' "$W/ddp$r.json")")
-    echo "run $r: mwm ${mwm[-1]}  mirrored ${mir[-1]}  ddp ${ddp[-1]} samples/s"
+    if [ "$MPI" = 1 ]; then
+        for c in mpi ring; do
+            env -u OPENBLAS_CORETYPE timeout 300 mpirun --allow-run-as-root --oversubscribe -np 2 --mca btl tcp,self \
+                "$LOOM" train "$CFG" --model-dir "$W/mpi_$c$r" "${COMMON[@]}" --set "cluster.worker=[]" \
+                --set cluster.port_base=$((30000 + RANDOM % 20000)) --set strategy.communication=$c \
+                >"$W/mpi_$c$r.log" 2>&1 || { echo "mpirun loom train (communication = $c) failed:"; tail -5 "$W/mpi_$c$r.log"; exit 1; }
+        done
+        mpi+=("$(sps "$W/mpi_mpi$r")")
+        mring+=("$(sps "$W/mpi_ring$r")")
+    fi
+    echo "run $r: mwm ${mwm[-1]}  mirrored ${mir[-1]}  ddp ${ddp[-1]}${mpi:+  mpirun+mpi ${mpi[-1]}  mpirun+ring ${mring[-1]}} samples/s"
 done
 m=$(median "${mwm[@]}") i=$(median "${mir[@]}") d=$(median "${ddp[@]}")
 printf '%-44s %12s\n' "MLP, global batch 128, $STEPS steps (median of $RUNS)" "samples/s"
 printf '%-44s %12.0f\n' "loom launch --local --workers 2 (mwm)" "$m"
 printf '%-44s %12.0f\n' "loom mirrored, 2 replicas in one process" "$i"
 printf '%-44s %12.0f\n' "PyTorch DDP, gloo, 2 processes" "$d"
+p=null q=null
+if [ "$MPI" = 1 ]; then
+    p=$(median "${mpi[@]}") q=$(median "${mring[@]}")
+    printf '%-44s %12.0f\n' "mpirun -np 2, communication = mpi" "$p"
+    printf '%-44s %12.0f\n' "mpirun -np 2, communication = ring" "$q"
+fi
 awk -v m="$m" -v i="$i" -v d="$d" 'BEGIN {
     printf "mwm / DDP      %.2fx (target >= 4x)\n", m / d
     printf "mwm / mirrored %.2fx (target >= 0.8x)\n", m / i }'
-echo "json: {\"mwm\": $m, \"mirrored\": $i, \"ddp\": $d}"
+[ "$MPI" = 1 ] && awk -v q="$q" -v p="$p" 'BEGIN { printf "mpi / ring under mpirun %.2fx\n", p / q }'
+echo "json: {\"mwm\": $m, \"mirrored\": $i, \"ddp\": $d, \"mpirun_mpi\": $p, \"mpirun_ring\": $q}"

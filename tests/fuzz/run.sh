@@ -54,7 +54,7 @@ echo "# fuzz: ${#targets[@]} targets, ${budget}s each; build, new inputs and cra
 
 # The appliance as one sanitized archive; an object is rebuilt when its source
 # or any appliance/plugin header is newer.
-pkgs=(zlib libzstd libconfig lua5.4)
+pkgs=(zlib libzstd libconfig lua5.4 libpng libjpeg)
 for p in libevent libevent_pthreads libevent_openssl jansson openssl; do
     pkg-config --exists "$p" 2>/dev/null && pkgs+=("$p")
 done

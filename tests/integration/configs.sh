@@ -18,6 +18,10 @@ sklearn=0
 if grep -q "runs/sklearn/" configs/*.cfg; then
     python3 tests/fixtures/make_sklearn_csv.py runs/sklearn 2>/dev/null && sklearn=1
 fi
+# and those reading PNG-encoded records (configs/fashion_mnist_png.cfg) theirs (tests/fixtures/make_fmnist_png.c)
+if grep -q "fashion_mnist_png/" configs/*.cfg; then
+    check "make runs/fashion_mnist_png" "${LOOM_MAKE_FMNIST_PNG:-$(dirname "$LOOM")/tests/make_fmnist_png}" runs/fashion_mnist_png
+fi
 gpus=$("$LOOM" devices 2>&1 | grep -c "gpu:[0-9]*  ")
 for cfg in configs/*.cfg; do
     name=$(basename "$cfg" .cfg)
@@ -28,6 +32,13 @@ for cfg in configs/*.cfg; do
     # a GPU config (configs/fashion_mnist_gpu.cfg) without a usable GPU: check says what is missing
     if grep -q '"gpu:' "$cfg" && [ "$gpus" -eq 0 ]; then
         expect_fail 2 "check $cfg without a usable GPU says what is missing" 'is not usable: ' "$LOOM" check "$cfg"
+        continue
+    fi
+    # an mpi config (configs/fashion_mnist_mpi.cfg) without the mpi plugin: check says it is missing
+    # (in one process it trains as one worker; tests/integration/mpi.sh runs it under mpirun)
+    if grep -q 'communication = "mpi"' "$cfg" && ! "$LOOM" plugins 2>&1 | grep -q 'cross-device ops "mpi"'; then
+        expect_fail 2 "check $cfg without the mpi plugin says it is missing" 'no cross-device op "mpi" is loaded' \
+            "$LOOM" check "$cfg"
         continue
     fi
     # a cluster config (configs/fashion_mnist_multi_worker.cfg) trains through loom launch --local;

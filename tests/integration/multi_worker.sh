@@ -272,8 +272,12 @@ contains "resuming with another number of workers is refused" \
 job on_one 2 "$WORK/mir2" --set run.max_steps=60
 contains "a checkpoint of one process is not resumed by 2 workers" \
     "the checkpoint was written by a run of one process, this job has 2 workers" "$(cat "$WORK/on_one.0")"
-expect_fail 2 "communication = nccl is refused, saying why" '"nccl" across workers is not supported yet' \
-    "$LOOM" train $CFG --model-dir "$WORK/nccl" --set strategy.communication=nccl --set "cluster.worker=[]"
+# communication = nccl across workers: tests/integration/nccl_job.sh; without the plugin it is refused
+mkdir -p "$WORK/bare" && cp "$LOOM" "$WORK/bare/loom"
+expect_fail 2 "communication = nccl without the nccl plugin is refused, saying why" \
+    'strategy.communication: "nccl": no cross-device op "nccl" is loaded' \
+    env -u LOOM_PLUGIN_PATH "$WORK/bare/loom" train $CFG --model-dir "$WORK/nccl" --set strategy.communication=nccl \
+    --set "cluster.worker=[]"
 job split 5 "$WORK/split" "${S40[@]}" --set cluster.connect_timeout=5
 contains "a global batch that does not split among the workers is refused" \
     "the global batch 96 does not split evenly among the 5 workers" "$(cat "$WORK/split.0")"

@@ -478,10 +478,10 @@ static void test_registration_refusals(void)
     loom_err err;
     op_named("ring");
     loom_cross_device_ops bad = *op_named("ring");
-    bad.name = "test_v4";
-    bad.version = 4;
+    bad.name = "test_v5";
+    bad.version = 5;
     CHECK(loom_register_cross_device_ops_from(&bad, "plugins/new.so", &err) == LOOM_EPLUGIN);
-    CHECK_CONTAINS(err.msg, "version 4, this build speaks 1 to 3");
+    CHECK_CONTAINS(err.msg, "version 5, this build speaks 1 to 4");
     CHECK_CONTAINS(err.where, "plugins/new.so");
     bad.version = 2;
     bad.comm_free = NULL;
@@ -489,6 +489,59 @@ static void test_registration_refusals(void)
     CHECK_CONTAINS(err.msg, "lack comm_free");
     bad = *op_named("ring");
     CHECK(loom_register_cross_device_ops_from(&bad, "plugins/dup.so", &err) == LOOM_EPLUGIN); /* name taken */
+}
+
+/* ---- version 4: collectives across the processes of a job ------------------------ */
+
+static int job_open_stub(void **comm, const loom_job_args *a, loom_err *err)
+{
+    (void)a, (void)err;
+    *comm = NULL;
+    return LOOM_OK;
+}
+static void job_close_stub(void *comm) { (void)comm; }
+static int job_all_reduce_stub(void *comm, float *buf, int64_t count, loom_redop op, loom_err *err)
+{
+    (void)comm, (void)buf, (void)count, (void)op, (void)err;
+    return LOOM_OK;
+}
+
+static void test_job_ops_registration(void)
+{
+    loom_err err;
+    op_named("ring");
+    /* some of the three job entry points: refused, saying all or none */
+    loom_cross_device_ops x = {.version = 4, .name = "test_job_half", .job_open = job_open_stub,
+                               .job_all_reduce = job_all_reduce_stub};
+    CHECK(loom_register_cross_device_ops_from(&x, "plugins/job_half.so", &err) == LOOM_EPLUGIN);
+    CHECK_CONTAINS(err.msg, "some of job_open, job_close and job_all_reduce: all three or none");
+    /* a job-only op (no in-process entry points): accepted, and found as one */
+    static const loom_cross_device_ops job_only = {.version = 4, .name = "test_job_only", .caps = LOOM_XOPS_DEVICE_MEM,
+                                                   .job_open = job_open_stub, .job_close = job_close_stub,
+                                                   .job_all_reduce = job_all_reduce_stub};
+    if (!loom_find_cross_device_ops("test_job_only"))
+        CHECK(loom_register_cross_device_ops_from(&job_only, "plugins/job_only.so", &err) == LOOM_OK);
+    CHECK(loom_xops_job(loom_find_cross_device_ops("test_job_only")) == &job_only);
+    /* ... which "auto" never picks for replicas, even on GPUs (it works on device memory) */
+    char why[256];
+    CHECK(loom_xops_auto_(2, 1, why, sizeof why) != &job_only);
+    /* one of all_reduce and broadcast without the other: refused */
+    x = job_only;
+    x.name = "test_job_one";
+    x.all_reduce = op_named("ring")->all_reduce;
+    CHECK(loom_register_cross_device_ops_from(&x, "plugins/job_one.so", &err) == LOOM_EPLUGIN);
+    CHECK_CONTAINS(err.msg, "may leave out both, not one");
+    /* the built-ins and version-3 ops have no job collectives */
+    CHECK(loom_xops_job(op_named("ring")) == NULL);
+    loom_cross_device_ops v3 = job_only;
+    v3.version = 3; /* the job fields are not read at version 3 */
+    CHECK(loom_xops_job(&v3) == NULL);
+    /* version 3 still registers (and needs its in-process entry points) */
+    v3 = *op_named("ring");
+    v3.version = 3;
+    v3.name = "test_v3";
+    if (!loom_find_cross_device_ops("test_v3"))
+        CHECK(loom_register_cross_device_ops_from(&v3, "plugins/v3.so", &err) == LOOM_OK);
 }
 
 /* ---- "auto" -------------------------------------------------------------------- */
@@ -779,6 +832,7 @@ static const loom_test tests[] = {
     {"more_ranks_than_cores_sleep", test_more_ranks_than_cores_sleep},
     {"version1_op_generic_rendezvous", test_version1_op_generic_rendezvous},
     {"registration_refusals", test_registration_refusals},
+    {"job_ops_registration", test_job_ops_registration},
     {"auto_choice", test_auto_choice},
     {"pack_plan_bytes_per_pack", test_pack_plan_bytes_per_pack},
     {"pack_plan_num_packs", test_pack_plan_num_packs},

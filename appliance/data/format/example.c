@@ -474,10 +474,21 @@ static int extract_one(const loom_example *ex, const loom_feature_spec *s, int64
         loom_example_bytes(f, &raw, 1);
         have = (int64_t)raw.len;
     }
-    if (s->var_len ? have > numel : have != numel)
-        return loom_err_set(err, LOOM_EDATA, NULL, "record %lld: feature \"%s\": expected %s%lld %s %s, found %lld",
-                            (long long)record, s->name, s->var_len ? "at most " : "", (long long)numel,
-                            s->dtype == LOOM_PARSE_U8_BYTES ? "bytes for" : "values of", dtn, (long long)have);
+    if (s->var_len ? have > numel : have != numel) {
+        loom_err_set(err, LOOM_EDATA, NULL, "record %lld: feature \"%s\": expected %s%lld %s %s, found %lld",
+                     (long long)record, s->name, s->var_len ? "at most " : "", (long long)numel,
+                     s->dtype == LOOM_PARSE_U8_BYTES ? "bytes for" : "values of", dtn, (long long)have);
+        /* encoded images stored the TensorFlow way (tf.io.encode_png) look like this: say so */
+        static const uint8_t png_sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+        const char *img = s->dtype != LOOM_PARSE_U8_BYTES ? NULL
+                          : raw.len >= 8 && !memcmp(raw.data, png_sig, 8) ? "PNG"
+                          : raw.len >= 3 && raw.data[0] == 0xFF && raw.data[1] == 0xD8 && raw.data[2] == 0xFF ? "JPEG" : NULL;
+        if (img)
+            loom_err_hint(err, "it holds a %s image, not raw pixels: declare it { dtype = \"uint8\"; shape = [N]; var_len = "
+                          "true; } (N >= the largest encoded size, %lld here) and decode it with map fn = \"decode_image\"",
+                          img, (long long)have);
+        return err->code;
+    }
     switch (s->dtype) {
     case LOOM_PARSE_F32: loom_example_floats(f, o->data, numel); break;
     case LOOM_PARSE_I64: loom_example_int64s(f, o->data, numel); break;

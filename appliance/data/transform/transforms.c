@@ -123,7 +123,9 @@ static const char *const map_names[] = {
     [LOOM_MAP_CAST] = "cast", [LOOM_MAP_SCALE] = "scale", [LOOM_MAP_NORMALIZE] = "normalize",
     [LOOM_MAP_ONE_HOT] = "one_hot", [LOOM_MAP_RESHAPE] = "reshape", [LOOM_MAP_FLIP_LR] = "random_flip_left_right",
     [LOOM_MAP_PAD] = "pad", [LOOM_MAP_RANDOM_CROP] = "random_crop", [LOOM_MAP_STANDARDIZE] = "per_image_standardization",
-    [LOOM_MAP_SLEEP] = "sleep",
+    [LOOM_MAP_SLEEP] = "sleep", [LOOM_MAP_DECODE_IMAGE] = "decode_image", [LOOM_MAP_RESIZE] = "resize",
+    [LOOM_MAP_CENTRAL_CROP] = "central_crop", [LOOM_MAP_RANDOM_BRIGHTNESS] = "random_brightness",
+    [LOOM_MAP_RANDOM_CONTRAST] = "random_contrast",
 };
 
 /* Mean and population standard deviation of n values (two passes, in double). */
@@ -181,6 +183,13 @@ void loom_data_pad_image(const uint8_t *src, uint8_t *dst, int64_t H, int64_t W,
 }
 
 /* ---- map ------------------------------------------------------------------ */
+
+/* A bad value in element pos of the pass: a map right after the source counts the source's records. */
+static int elem_err(const dstage *st, loom_err *err, const char *kn, const char *feature, int64_t pos, const char *why)
+{
+    return dstage_err_(st, err, LOOM_EDATA, "map(%s) on \"%s\": %s %lld%s: %s", kn, feature, st->id == 1 ? "record" : "element",
+                       (long long)pos, st->id == 1 ? " of this epoch's reading order (from 0)" : "", why);
+}
 
 typedef struct mapst {
     dstage        s;
@@ -418,6 +427,72 @@ int map_apply_(const dstage *st, loom_elem *e, int writable, uint8_t *buf, uint8
         *mut = 1;
         return LOOM_OK;
     }
+    case LOOM_MAP_DECODE_IMAGE: { /* unbatched: uint8 [N] -> (H, W, C) */
+        const loom_shape *mx = &st->maxshape[f];
+        image_info ii;
+        char why[256];
+        if (image_decode_(t->data, n, s->m.channels, s->out_dt, mx->dim[0], mx->dim[1], buf, &ii, why, sizeof why)) {
+            elem_err(st, err, "decode_image", s->m.feature, pos, why);
+            if (ii.h > mx->dim[0] || ii.w > mx->dim[1])
+                loom_err_hint(err, s->m.max_size[0] ? "raise max_size" : "images of several sizes: set max_size = [h, w] (the "
+                              "largest) instead of size, and resize after the decode");
+            return err->code;
+        }
+        if (!s->m.max_size[0] && (ii.h != s->m.size[0] || ii.w != s->m.size[1])) {
+            char m[160];
+            snprintf(m, sizeof m, "the image is %lld x %lld (H x W), not size [%d, %d]", (long long)ii.h, (long long)ii.w,
+                     s->m.size[0], s->m.size[1]);
+            elem_err(st, err, "decode_image", s->m.feature, pos, m);
+            return loom_err_hint(err, "images of several sizes: set max_size = [h, w] (the largest) instead of size, and "
+                                 "resize after the decode");
+        }
+        t->shape = (loom_shape){.rank = 3, .dim = {ii.h, ii.w, ii.c}};
+        t->data = buf;
+        t->dtype = s->out_dt;
+        *mut = 1;
+        return LOOM_OK;
+    }
+    case LOOM_MAP_RESIZE: { /* unbatched: (H, W[, C]) -> (h, w[, C]) float32 */
+        int64_t H = t->shape.dim[0], W = t->shape.dim[1], C = t->shape.rank == 3 ? t->shape.dim[2] : 1;
+        if (H < 1 || W < 1) {
+            char m[96];
+            snprintf(m, sizeof m, "an empty image (%lld x %lld) has nothing to resize", (long long)H, (long long)W);
+            return elem_err(st, err, "resize", s->m.feature, pos, m);
+        }
+        image_resize_(t->data, t->dtype, H, W, C, (float *)buf, s->m.size[0], s->m.size[1]);
+        t->shape.dim[0] = s->m.size[0];
+        t->shape.dim[1] = s->m.size[1];
+        t->data = buf;
+        t->dtype = LOOM_F32;
+        *mut = 1;
+        return LOOM_OK;
+    }
+    case LOOM_MAP_CENTRAL_CROP: { /* unbatched: (H, W[, C]) -> the central box */
+        int64_t H = t->shape.dim[0], W = t->shape.dim[1], C = t->shape.rank == 3 ? t->shape.dim[2] : 1, b[4];
+        image_central_box_(H, W, s->m.fraction, b);
+        if (b[2] == H && b[3] == W) return LOOM_OK; /* all of it: pass the input through */
+        size_t px = (size_t)C * loom_dtype_size(t->dtype), row = (size_t)b[3] * px;
+        const uint8_t *src = t->data;
+        for (int64_t r = 0; r < b[2]; r++) memcpy(buf + (size_t)r * row, src + (size_t)((b[0] + r) * W + b[1]) * px, row);
+        t->shape.dim[0] = b[2];
+        t->shape.dim[1] = b[3];
+        t->data = buf;
+        *mut = 1;
+        return LOOM_OK;
+    }
+    case LOOM_MAP_RANDOM_BRIGHTNESS:
+    case LOOM_MAP_RANDOM_CONTRAST: { /* unbatched: one draw per image, keyed by its position like random_crop */
+        loom_rng g;
+        loom_rng_init(&g, s->seed, (uint64_t)st->id, (uint64_t)epoch, (uint64_t)pos);
+        double u = loom_rng_uniform64(&g);
+        if (s->m.kind == LOOM_MAP_RANDOM_BRIGHTNESS) {
+            image_brightness_(t->data, dst, t->dtype, n, -s->m.max_delta + 2 * s->m.max_delta * u);
+        } else {
+            int64_t C = t->shape.rank == 3 ? t->shape.dim[2] : 1;
+            image_contrast_(t->data, dst, t->dtype, C ? (int64_t)n / C : 0, C, s->m.lower + (s->m.upper - s->m.lower) * u);
+        }
+        break;
+    }
     case LOOM_MAP_STANDARDIZE: {
         double mean, sd;
         stats_vals(t->data, t->dtype, n, &mean, &sd);
@@ -536,6 +611,36 @@ static int reshape_check(mapst *s, loom_err *err)
     return LOOM_OK;
 }
 
+/* decode_image: uint8 [N] in, (H, W, C) out; -1 where images vary (max_size, channels 0). */
+static int decode_check(mapst *s, loom_err *err)
+{
+    dstage *st = &s->s;
+    const loom_map_spec *m = &s->m;
+    loom_shape *sh = &st->spec.shape[s->f], *mx = &st->maxshape[s->f];
+    char a[128];
+    if (s->in_dt != LOOM_U8 || sh->rank != 1) {
+        dstage_err_(st, err, LOOM_ESHAPE, "map(decode_image) needs the encoded image as uint8 bytes of shape [N], \"%s\" is "
+                    "%s %s", m->feature, loom_dtype_name(s->in_dt), loom_shape_str(sh, a, sizeof a));
+        return loom_err_hint(err, "in a tfrecord source declare it { dtype = \"uint8\"; shape = [N]; var_len = true; }, "
+                             "N at least the largest encoded image's bytes");
+    }
+    if (m->dtype != LOOM_CFG_U8 && m->dtype != LOOM_CFG_F32)
+        return dstage_err_(st, err, LOOM_ECONFIG, "map(decode_image): dtype must be uint8 or float32");
+    if (m->channels < 0 || m->channels > 4)
+        return dstage_err_(st, err, LOOM_ECONFIG, "map(decode_image): channels must be 0 (as stored) to 4, got %d", m->channels);
+    bool vary = m->max_size[0] > 0;
+    int64_t H = vary ? m->max_size[0] : m->size[0], W = vary ? m->max_size[1] : m->size[1];
+    if (H < 1 || W < 1)
+        return dstage_err_(st, err, LOOM_ECONFIG, "map(decode_image) needs size = [h, w] (every image that size) or "
+                           "max_size = [h, w] (images up to that size)");
+    s->out_dt = m->dtype == LOOM_CFG_F32 ? LOOM_F32 : LOOM_U8;
+    *sh = (loom_shape){.rank = 3, .dim = {vary ? -1 : H, vary ? -1 : W, m->channels ? m->channels : -1}};
+    *mx = (loom_shape){.rank = 3, .dim = {H, W, m->channels ? m->channels : 4}};
+    snprintf(st->desc, sizeof st->desc, "map(decode_image,%s,%d,%s,%s%lld,%lld)", m->feature, m->channels,
+             loom_dtype_name(s->out_dt), vary ? "max_size," : "", (long long)H, (long long)W);
+    return LOOM_OK;
+}
+
 /* pad, random_crop, per_image_standardization: unbatched elements only; fills the new
  * spec and max shapes, the output dtype and the description. */
 static int image_map_check(mapst *s, loom_err *err)
@@ -554,6 +659,7 @@ static int image_map_check(mapst *s, loom_err *err)
         snprintf(st->desc, sizeof st->desc, "map(per_image_standardization,%s)", m->feature);
         return LOOM_OK;
     }
+    if (m->kind == LOOM_MAP_DECODE_IMAGE) return decode_check(s, err);
     if (sh->rank != 2 && sh->rank != 3)
         return dstage_err_(st, err, LOOM_ESHAPE, "map(%s) needs images (H, W) or (H, W, C), \"%s\" has shape %s", kn,
                            m->feature, loom_shape_str(sh, a, sizeof a));
@@ -570,6 +676,39 @@ static int image_map_check(mapst *s, loom_err *err)
             mx->dim[d] += 2 * (int64_t)m->padding;
         }
         snprintf(st->desc, sizeof st->desc, "map(pad,%s,%d,%.17g)", m->feature, m->padding, m->value);
+        return LOOM_OK;
+    }
+    if (m->kind == LOOM_MAP_RESIZE) {
+        if (m->size[0] < 1 || m->size[1] < 1)
+            return dstage_err_(st, err, LOOM_ECONFIG, "map(resize): size [%d, %d] must be at least 1 x 1", m->size[0],
+                               m->size[1]);
+        for (int d = 0; d < 2; d++) sh->dim[d] = mx->dim[d] = m->size[d];
+        s->out_dt = LOOM_F32;
+        snprintf(st->desc, sizeof st->desc, "map(resize,%s,%d,%d)", m->feature, m->size[0], m->size[1]);
+        return LOOM_OK;
+    }
+    if (m->kind == LOOM_MAP_CENTRAL_CROP) {
+        if (!(m->fraction > 0 && m->fraction <= 1))
+            return dstage_err_(st, err, LOOM_ECONFIG, "map(central_crop): fraction must be in (0, 1], got %g", m->fraction);
+        int64_t b[4];
+        image_central_box_(sh->dim[0], sh->dim[1], m->fraction, b);
+        for (int d = 0; d < 2; d++) /* an unknown size keeps its bound: the box is never larger than the image */
+            if (sh->dim[d] >= 0) sh->dim[d] = mx->dim[d] = b[2 + d];
+        snprintf(st->desc, sizeof st->desc, "map(central_crop,%s,%.17g)", m->feature, m->fraction);
+        return LOOM_OK;
+    }
+    if (m->kind == LOOM_MAP_RANDOM_BRIGHTNESS || m->kind == LOOM_MAP_RANDOM_CONTRAST) {
+        if (s->in_dt != LOOM_U8 && s->in_dt != LOOM_F32 && s->in_dt != LOOM_F64) {
+            dstage_err_(st, err, LOOM_ESHAPE, "map(%s) needs uint8 or float pixels, \"%s\" is %s", kn, m->feature,
+                        loom_dtype_name(s->in_dt));
+            return loom_err_hint(err, "cast it to float32 first (map fn = \"cast\")");
+        }
+        bool bright = m->kind == LOOM_MAP_RANDOM_BRIGHTNESS;
+        if (bright ? !(m->max_delta >= 0) : !(m->lower >= 0 && m->lower < m->upper))
+            return dstage_err_(st, err, LOOM_ECONFIG, bright ? "map(%s): max_delta must be >= 0" :
+                               "map(%s): needs 0 <= lower < upper", kn);
+        if (bright) snprintf(st->desc, sizeof st->desc, "map(random_brightness,%s,%.17g)", m->feature, m->max_delta);
+        else snprintf(st->desc, sizeof st->desc, "map(random_contrast,%s,%.17g,%.17g)", m->feature, m->lower, m->upper);
         return LOOM_OK;
     }
     for (int d = 0; d < 2; d++)
@@ -698,6 +837,11 @@ int map_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, co
     case LOOM_MAP_PAD:
     case LOOM_MAP_RANDOM_CROP:
     case LOOM_MAP_STANDARDIZE:
+    case LOOM_MAP_DECODE_IMAGE:
+    case LOOM_MAP_RESIZE:
+    case LOOM_MAP_CENTRAL_CROP:
+    case LOOM_MAP_RANDOM_BRIGHTNESS:
+    case LOOM_MAP_RANDOM_CONTRAST:
         rc = image_map_check(s, err);
         if (rc) goto fail;
         break;
