@@ -42,6 +42,16 @@ out=$(cd "$WORK" && timeout 60 "$LOOM" check many.cfg 2>&1)
 contains "14 features in one csv source" "c11: float32 (-1,); label: int64 (-1,); x: float32 (-1, 12)" "$out"
 contains "a range is one vector feature" "x: float32 (-1, 12)" "$out"
 
+# the resolved config prints the range and the new settings so that they load back the same
+cfg printed "x = { dtype = \"float32\"; index = \"1-12\"; }; label = { dtype = \"int64\"; index = 13; };" \
+    '{ op = "split"; fraction = 0.75; part = "eval"; seed = 3; }, { op = "map"; fn = "normalize"; feature = "x"; mean = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0]; std = 2.0; }, { op = "batch"; size = 32; }'
+out=$(cd "$WORK" && "$LOOM" check --print printed.cfg 2>&1)
+contains "check --print shows the range" 'index = "1-12"' "$out"
+contains "check --print shows split" 'part = "eval";' "$out"
+echo "$out" > "$WORK/printed2.cfg"
+out2=$(cd "$WORK" && "$LOOM" check --print printed2.cfg 2>&1)
+[ "$(echo "$out" | tail -n +2)" = "$(echo "$out2" | tail -n +2)" ] && pass "the printed config loads back to the same config" || fail "printed config round trip" "$(diff <(echo "$out") <(echo "$out2") | head -5)"
+
 # 1b. a tfrecord source of 21 features (records convert of a 21-column CSV), joined by concat;
 # predict on a new TFRecord file without the label column
 python3 - "$WORK" <<'PY'
