@@ -3423,7 +3423,13 @@ static int check_files(ctx *c, const char *path, const char *from, int depth)
         while (*q == ' ' || *q == '\t') q++;
         if (!strncmp(q, "@include", 8)) {
             char *a = strchr(q + 8, '"'), *b = a ? strchr(a + 1, '"') : NULL;
-            if (a && b) {
+            if (a && !b) { /* libconfig's scanner exits the process on a file name that runs past the line */
+                char where[LOOM_PATH_MAX + 16];
+                snprintf(where, sizeof where, "%s:%d", path, line);
+                loom_err *o = rawerr(c, LOOM_ECONFIG, where, "@include: the file name's closing quote is missing");
+                if (o) loom_err_hint(o, "write @include \"file.cfg\" on one line");
+                rc = LOOM_ECONFIG;
+            } else if (a && b) {
                 char inc[LOOM_PATH_MAX * 2 + 2], where[LOOM_PATH_MAX * 2 + 32];
                 snprintf(inc, sizeof inc, "%s%s%.*s", a[1] == '/' ? "" : c->dir, a[1] == '/' || !c->dir[0] ? "" : "/",
                          (int)(b - a - 1), a + 1);
