@@ -77,7 +77,8 @@ static void print_xops(FILE *f)
     const void *x;
     for (int i = 0; loom_registry_entry(LOOM_REG_CROSS_DEVICE_OPS, i, &name, &x, &origin) == 0; i++) {
         unsigned m = loom_xops_memory(x);
-        const char *mem = m == (LOOM_XOPS_HOST_MEM | LOOM_XOPS_DEVICE_MEM) ? "host or device memory: any replicas"
+        const char *mem = !((const loom_cross_device_ops *)x)->all_reduce ? "across processes: communication"
+                          : m == (LOOM_XOPS_HOST_MEM | LOOM_XOPS_DEVICE_MEM) ? "host or device memory: any replicas"
                           : m & LOOM_XOPS_DEVICE_MEM ? "device memory: device replicas"
                                                      : "host memory: any replicas";
         fprintf(f, "  %-22s %-35s %s\n", name, mem, origin);

@@ -153,7 +153,7 @@ static int check_xops_memory(const loom_strategy_spec *st, const loom_cross_devi
     size_t len = 0;
     names[0] = 0;
     for (int i = 0; loom_registry_entry(LOOM_REG_CROSS_DEVICE_OPS, i, &name, &op, NULL) == 0 && len < sizeof names; i++)
-        if (loom_xops_memory(op) & LOOM_XOPS_HOST_MEM)
+        if ((loom_xops_memory(op) & LOOM_XOPS_HOST_MEM) && ((const loom_cross_device_ops *)op)->all_reduce)
             len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", len ? ", " : "", name);
     cpu_replicas_str(st, devs, sizeof devs);
     loom_err_set(err, LOOM_ECONFIG, w, "%s\"%s\" reduces GPU memory only, but the %s replicas are on the CPU (%s), "

@@ -13,7 +13,8 @@ trap 'rm -rf "$WORK"' EXIT
 export LOOM_TEST=1
 
 pass() { T=$((T + 1)); echo "ok $T - $1"; }
-fail() { T=$((T + 1)); FAILED=$((FAILED + 1)); echo "not ok $T - $1"; shift; for l in "$@"; do echo "#   $l"; done; }
+# (every line of the details is a TAP comment, also the lines inside one argument)
+fail() { T=$((T + 1)); FAILED=$((FAILED + 1)); echo "not ok $T - $1"; shift; printf '%s\n' "$@" | sed 's/^/#   /'; }
 
 # check NAME CMD...: passes when CMD exits 0.
 check() {

@@ -111,13 +111,15 @@ out=$("$LOOM" check $CFG --task worker:0 --set strategy.communication=mpi 2>&1)
 contains "loom check: the plan names the mpi op" "the mpi plugin's all-reduce across processes (communication = \"mpi\")" "$out"
 contains "loom plugins: the mpi op reduces across processes only" 'provides cross-device ops "mpi" (host memory) (across processes only' \
     "$("$LOOM" plugins 2>&1)"
+contains "loom devices: the mpi op is for strategy.communication, not the replicas" \
+    "  mpi                    across processes: communication" "$("$LOOM" devices 2>&1)"
 
 # ---- refusals ---------------------------------------------------------------------------
 # not started by mpirun: both tasks refuse, the job stops, nothing is trained
 run_bg nompi timeout -k 5 60 "$LOOM" launch --local $CFG --workers 2 --model-dir "$WORK/nompi" "${S40[@]}" \
     --set strategy.communication=mpi
 rc_is nompi 2 "communication = mpi outside mpirun: the job fails"
-contains "... saying the task was not started by mpirun" 'communication = "mpi": worker:0 was not started by mpirun' \
+contains "... saying the task was not started by mpirun" 'was not started by mpirun (none of OMPI_COMM_WORLD_SIZE' \
     "$(cat "$WORK/nompi.out")"
 contains "... naming the setting" "--set strategy.communication" "$(cat "$WORK/nompi.out")"
 [ ! -e "$WORK/nompi/ckpt-40.loom" ] && pass "... and trains nothing" || fail "... and trains nothing" "$(ls "$WORK/nompi")"
