@@ -3417,6 +3417,16 @@ static int check_files(ctx *c, const char *path, const char *from, int depth)
         return LOOM_EIO;
     }
     int rc = 0, line = 1;
+    const uint8_t *nul = memchr(text, 0, len);
+    if (nul) { /* libconfig's flex scanner exits the process on a NUL byte */
+        for (const uint8_t *q = text; q < nul; q++) line += *q == '\n';
+        char where[LOOM_PATH_MAX + 16];
+        snprintf(where, sizeof where, "%s:%d", path, line);
+        loom_err *o = rawerr(c, LOOM_ECONFIG, where, "a NUL byte (byte %zu): a config file is text", (size_t)(nul - text) + 1);
+        if (o) loom_err_hint(o, "is this the right file? configs are libconfig text (docs/config.md)");
+        loom_free(text);
+        return LOOM_ECONFIG;
+    }
     for (char *p = (char *)text; !rc && depth < 10 && p < (char *)text + len; line++) {
         char *nl = strchr(p, '\n'), *q = p;
         if (nl) *nl = 0;
