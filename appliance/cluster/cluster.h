@@ -79,6 +79,9 @@ typedef struct loom_cluster {
     bool              tls;               /* cluster.tls */
     char              tls_cert[LOOM_PATH_MAX], tls_key[LOOM_PATH_MAX], tls_ca[LOOM_PATH_MAX];
     bool              insecure;          /* cluster.insecure: allow non-loopback without a secret */
+    /* Bytes loom_net_send may hold queued for one peer (0 = LOOM_NET_SENDQ_MAX).
+     * Not a config setting: tests lower it. */
+    size_t            send_queue_max;
     /* SHA-256 of the resolved config as loom_config_print prints it, with
      * the per-task keys excluded (cluster addresses are kept; --task,
      * model_dir overrides of one task are not), and that text itself, so a
@@ -127,6 +130,8 @@ enum {
     LOOM_MSG_HELLO = 1,     /* handshake (challenge, response, config digest) */
     LOOM_MSG_HEARTBEAT = 2,
     LOOM_MSG_BYE = 3,       /* a task leaving on purpose (with a reason) */
+    LOOM_MSG_PEER_DOWN = 4, /* (queued, empty) a tolerated peer was lost or left; from = the peer */
+    LOOM_MSG_PEER_UP = 5,   /* (queued, empty) a tolerated peer connected again */
     LOOM_MSG_USER = 16,     /* first type free for users (collectives, ps RPCs) */
 };
 
@@ -142,7 +147,14 @@ typedef struct loom_net_peer { loom_role role; int index; } loom_net_peer;
 int  loom_net_open(loom_net **out, const loom_cluster *c, const loom_net_peer *peers, int n_peers, loom_err *err);
 void loom_net_close(loom_net *n); /* says BYE to every peer; NULL is a no-op */
 /* Sends one message (copied; returns once queued) to peer p (an index into
- * the peers given to loom_net_open). */
+ * the peers given to loom_net_open). The queue to one peer is bounded
+ * (LOOM_NET_SENDQ_MAX bytes, or loom_cluster.send_queue_max): a send that
+ * would pass the bound waits until the peer has read enough (back-pressure;
+ * a message larger than the bound waits for an empty queue). A peer that
+ * reads nothing for heartbeat_timeout ends the wait with LOOM_ENET naming it
+ * and the bytes it left unread (a stopped peer is also declared lost by its
+ * silence), so a stalled reader never makes a sender grow without bound. */
+#define LOOM_NET_SENDQ_MAX ((size_t)64 << 20)
 int  loom_net_send(loom_net *n, int p, uint32_t type, const void *buf, size_t len, loom_err *err);
 /* Waits up to timeout_s (< 0: forever, still ended by a lost peer) for the
  * next message of a type in [type_lo, type_hi] from peer p (p = -1: any
@@ -152,6 +164,12 @@ int  loom_net_send(loom_net *n, int p, uint32_t type, const void *buf, size_t le
  * are still delivered). */
 int  loom_net_recv(loom_net *n, int p, uint32_t type_lo, uint32_t type_hi, int *from, uint32_t *type, loom_buf *msg,
                    double timeout_s, loom_err *err);
+/* Peer p may leave and come back (a parameter-server worker, which launch
+ * restarts alone): its loss ends no wait and sets no lost peer; instead a
+ * LOOM_MSG_PEER_DOWN message from it is queued, and LOOM_MSG_PEER_UP when
+ * it connects again (a dialed peer is dialed again with back-off, an
+ * accepted one may connect again). Call after loom_net_open. */
+void loom_net_tolerate(loom_net *n, int p);
 /* Whether a peer was declared lost (heartbeat timeout, closed connection);
  * -1 when none, else its index, with a message naming it in err. */
 int  loom_net_lost_peer(loom_net *n, loom_err *err);

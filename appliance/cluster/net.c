@@ -31,6 +31,7 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -60,6 +61,7 @@ typedef struct net_peer {
     int       attempts;
     char      last_error[700];
     struct event *retry_ev;
+    bool      tolerated;     /* may leave and come back (loom_net_tolerate) */
 } net_peer;
 
 struct conn {
@@ -97,6 +99,7 @@ struct loom_net {
     uint8_t                digest[32];
     char                  *config_text;
     double                 connect_timeout, hb_timeout, hb_interval, hs_timeout;
+    size_t                 sendq_max;  /* bytes queued to one peer at most (loom_net_send waits) */
     SSL_CTX               *ssl;
     net_peer              *peers;
     int                    n_peers, n_up;
@@ -113,10 +116,19 @@ struct loom_net {
     double                 close_started;
     int                    alert_fd; /* eventfd: readable when a peer is lost or gone, or an alert message came */
     uint32_t               alert_type;
+    struct bufferevent   **retired;  /* tolerated peers' earlier connections, referenced until net_free */
+    int                    n_retired;
 };
 
 static pthread_once_t evthread_once = PTHREAD_ONCE_INIT;
-static void evthread_init(void) { evthread_use_pthreads(); }
+/* Once per process: libevent's locks, and SIGPIPE ignored: a write to a
+ * peer that has just closed (a parameter-server worker leaving while its ps
+ * answers) must come back as a closed connection, not kill this task. */
+static void evthread_init(void)
+{
+    evthread_use_pthreads();
+    signal(SIGPIPE, SIG_IGN);
+}
 
 static void conn_free(conn *c);
 static void conn_close_soon(conn *c);
@@ -130,12 +142,48 @@ static void alert(loom_net *n)
 
 /* ---- peers and losses (loop thread, mu held) ------------------------------ */
 
+/* Queues an empty message of type from peer p (news of a tolerated peer). */
+static void queue_news(loom_net *n, int p, uint32_t type)
+{
+    qmsg *q = loom_alloc(sizeof *q);
+    uint8_t *d = loom_alloc(1);
+    if (!q || !d) {
+        loom_free(q), loom_free(d);
+        return;
+    }
+    q->next = NULL, q->from = p, q->type = type, q->data = d, q->len = 0;
+    if (n->qtail) n->qtail->next = q;
+    else n->qhead = q;
+    n->qtail = q;
+    pthread_cond_broadcast(&n->cv);
+}
+
+/* A tolerated peer went away: news, and (if we dial it) a dial again. */
+static void tolerated_down(loom_net *n, int p, const char *why)
+{
+    net_peer *pe = &n->peers[p];
+    /* a departure on purpose (BYE) is routine; a loss is worth a warning */
+    loom_log(strcmp(why, "it left") ? LOOM_LOG_WARN : LOOM_LOG_DEBUG, "%s: lost %s (%s): %s; it may come back",
+             n->name, pe->name, pe->addr, why);
+    pe->state = pe->dial ? P_WAIT : P_LOST;
+    pe->attempts = 0;
+    queue_news(n, p, LOOM_MSG_PEER_DOWN);
+    if (pe->dial && pe->retry_ev) {
+        struct timeval tv = {0, 200000};
+        evtimer_add(pe->retry_ev, &tv);
+    }
+}
+
 static void declare_lost(loom_net *n, int p, const char *why)
 {
     net_peer *pe = &n->peers[p];
     if (pe->state != P_UP) return;
     if (n->closing) { /* we are leaving ourselves: the others' departures are no news */
         pe->state = P_GONE;
+        return;
+    }
+    if (pe->tolerated && n->open_done) {
+        tolerated_down(n, p, why);
         return;
     }
     pe->state = P_LOST;
@@ -207,7 +255,8 @@ static void handle_authed(conn *c, const loom_net_frame *f)
         size_t l = f->len < sizeof pe->gone_reason - 1 ? f->len : sizeof pe->gone_reason - 1;
         memcpy(pe->gone_reason, f->payload, l);
         pe->gone_reason[l] = 0;
-        if (pe->state == P_UP) pe->state = P_GONE;
+        if (pe->state == P_UP && pe->tolerated && n->open_done && !n->closing) tolerated_down(n, c->peer, "it left");
+        else if (pe->state == P_UP) pe->state = P_GONE;
         pthread_cond_broadcast(&n->cv);
         alert(n);
     } else if (f->type >= LOOM_MSG_USER) {
@@ -321,7 +370,9 @@ static void on_read(struct bufferevent *bev, void *arg)
             if (c->hs.done) {
                 pthread_mutex_lock(&n->mu);
                 int pi = find_peer(n, c->hs.peer_role, c->hs.peer_index);
-                if (pi < 0 || n->peers[pi].state != P_WAIT) {
+                bool back = pi >= 0 && n->peers[pi].tolerated && n->open_done && !n->closing &&
+                            n->peers[pi].state != P_UP; /* a tolerated peer coming back */
+                if (pi < 0 || (n->peers[pi].state != P_WAIT && !back)) {
                     pthread_mutex_unlock(&n->mu);
                     loom_err_set(&e, LOOM_ENET, NULL, "a second connection for a task already connected or lost");
                     evbuffer_drain(in, (size_t)r);
@@ -334,9 +385,17 @@ static void on_read(struct bufferevent *bev, void *arg)
                 pe->state = P_UP;
                 pe->c = c;
                 bufferevent_incref(bev);
+                if (pe->bev) { /* its earlier connection's: the caller's thread may still hold it */
+                    struct bufferevent **r = loom_realloc(n->retired, (size_t)(n->n_retired + 1) * sizeof *r);
+                    if (r) n->retired = r, n->retired[n->n_retired++] = pe->bev;
+                }
                 pe->bev = bev;
                 pe->last_heard = loom_now();
                 n->n_up++;
+                if (back) {
+                    queue_news(n, pi, LOOM_MSG_PEER_UP);
+                    loom_log(LOOM_LOG_INFO, "%s: %s is back (%s)", n->name, pe->name, c->addr);
+                }
                 /* A first heartbeat at once, so the peer knows what we are doing from the start. */
                 bev_send(bev, LOOM_MSG_HEARTBEAT, n->status, strlen(n->status));
                 pthread_cond_broadcast(&n->cv);
@@ -385,13 +444,16 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
     pthread_mutex_lock(&n->mu);
     if (c->authed) {
         net_peer *pe = &n->peers[c->peer];
-        pe->c = NULL;
-        if (pe->state == P_UP) declare_lost(n, c->peer, why);
+        if (pe->c == c) { /* (a tolerated peer may already be back on another connection) */
+            pe->c = NULL;
+            if (pe->state == P_UP) declare_lost(n, c->peer, why);
+        }
         pthread_mutex_unlock(&n->mu);
         conn_free(c);
         return;
     }
-    if (c->dialer && c->peer >= 0 && !n->open_done && !n->closing) {
+    if (c->dialer && c->peer >= 0 && (!n->open_done || n->peers[c->peer].tolerated) && !n->closing &&
+        n->peers[c->peer].state == P_WAIT) {
         /* A dial that failed (refused: the peer is not up yet): retry with back-off. */
         net_peer *pe = &n->peers[c->peer];
         bool tls_fail = (what & BEV_EVENT_ERROR) && bufferevent_get_openssl_error(bev);
@@ -549,7 +611,7 @@ static void dial_cb(evutil_socket_t fd, short what, void *arg)
     dial_arg *da = arg;
     loom_net *n = da->n;
     net_peer *pe = &n->peers[da->p];
-    if (n->open_done || n->closing || pe->state != P_WAIT || n->fatal) return;
+    if ((n->open_done && !pe->tolerated) || n->closing || pe->state != P_WAIT || n->fatal) return;
     pe->attempts++;
     struct bufferevent *bev = bev_new(n, -1, true);
     conn *c = bev ? conn_new(n, bev, true, da->p) : NULL;
@@ -700,34 +762,36 @@ static const loom_task_addr *task_addr(const loom_cluster *c, loom_role role, in
     return &c->tasks[role][index];
 }
 
-static int tls_setup(loom_net *n, const loom_cluster *c, loom_err *err)
+int loom_net_tls_ctx_(const loom_cluster *c, SSL_CTX **out, loom_err *err)
 {
-    n->ssl = SSL_CTX_new(TLS_method());
-    if (!n->ssl) return loom_err_set(err, LOOM_ENET, NULL, "cannot create a TLS context");
-    SSL_CTX_set_min_proto_version(n->ssl, TLS1_2_VERSION);
+    SSL_CTX *ctx = *out = SSL_CTX_new(TLS_method());
+    if (!ctx) return loom_err_set(err, LOOM_ENET, NULL, "cannot create a TLS context");
+    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
     char eb[256];
     if (!c->tls_cert[0] || !c->tls_key[0])
         return loom_err_set(err, LOOM_ECONFIG, "cluster.tls", "cluster.tls needs cluster.tls_cert and cluster.tls_key");
-    if (SSL_CTX_use_certificate_chain_file(n->ssl, c->tls_cert) != 1) {
+    if (SSL_CTX_use_certificate_chain_file(ctx, c->tls_cert) != 1) {
         ERR_error_string_n(ERR_get_error(), eb, sizeof eb);
         return loom_err_set(err, LOOM_ECONFIG, c->tls_cert, "cannot load the TLS certificate: %s", eb);
     }
-    if (SSL_CTX_use_PrivateKey_file(n->ssl, c->tls_key, SSL_FILETYPE_PEM) != 1 || SSL_CTX_check_private_key(n->ssl) != 1) {
+    if (SSL_CTX_use_PrivateKey_file(ctx, c->tls_key, SSL_FILETYPE_PEM) != 1 || SSL_CTX_check_private_key(ctx) != 1) {
         ERR_error_string_n(ERR_get_error(), eb, sizeof eb);
         return loom_err_set(err, LOOM_ECONFIG, c->tls_key, "cannot load the TLS key: %s", eb);
     }
     if (c->tls_ca[0]) {
-        if (SSL_CTX_load_verify_locations(n->ssl, c->tls_ca, NULL) != 1) {
+        if (SSL_CTX_load_verify_locations(ctx, c->tls_ca, NULL) != 1) {
             ERR_error_string_n(ERR_get_error(), eb, sizeof eb);
             return loom_err_set(err, LOOM_ECONFIG, c->tls_ca, "cannot load the TLS CA: %s", eb);
         }
         /* Both ends present certificates signed by the CA (names are not
          * checked: tasks are addressed by IP as often as by name; the shared
          * secret binds the peer's identity). */
-        SSL_CTX_set_verify(n->ssl, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
+        SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
     }
     return LOOM_OK;
 }
+
+static int tls_setup(loom_net *n, const loom_cluster *c, loom_err *err) { return loom_net_tls_ctx_(c, &n->ssl, err); }
 
 static void net_free(loom_net *n)
 {
@@ -743,6 +807,8 @@ static void net_free(loom_net *n)
     while (n->conns) conn_free(n->conns);
     for (int i = 0; i < n->n_peers; i++)
         if (n->peers[i].bev) bufferevent_decref(n->peers[i].bev);
+    for (int i = 0; i < n->n_retired; i++) bufferevent_decref(n->retired[i]);
+    loom_free(n->retired);
     for (int i = 0; i < n->n_peers; i++)
         if (n->peers[i].retry_ev) {
             loom_free(event_get_callback_arg(n->peers[i].retry_ev));
@@ -802,6 +868,7 @@ int loom_net_open(loom_net **out, const loom_cluster *c, const loom_net_peer *pe
     n->config_text = loom_strdup(c->config_text ? c->config_text : "");
     n->connect_timeout = c->connect_timeout > 0 ? c->connect_timeout : 60;
     n->hb_timeout = c->heartbeat_timeout > 0 ? c->heartbeat_timeout : 30;
+    n->sendq_max = c->send_queue_max > 0 ? c->send_queue_max : LOOM_NET_SENDQ_MAX;
     n->hb_interval = c->heartbeat_interval > 0 ? c->heartbeat_interval : n->hb_timeout / 5;
     n->hs_timeout = n->connect_timeout < 10 ? n->connect_timeout : 10;
     if (n->hs_timeout < 1) n->hs_timeout = 1;
@@ -963,6 +1030,55 @@ void loom_net_close(loom_net *n)
     net_free(n);
 }
 
+static int peer_down(loom_net *n, int p, loom_err *err);
+
+static size_t queued(struct bufferevent *bev)
+{
+    bufferevent_lock(bev);
+    size_t q = evbuffer_get_length(bufferevent_get_output(bev));
+    bufferevent_unlock(bev);
+    return q;
+}
+
+size_t loom_net_queued_(loom_net *n, int p)
+{
+    pthread_mutex_lock(&n->mu);
+    struct bufferevent *bev = p >= 0 && p < n->n_peers ? n->peers[p].bev : NULL;
+    pthread_mutex_unlock(&n->mu);
+    return bev ? queued(bev) : 0;
+}
+
+/* Back-pressure: waits until `add` more bytes fit in the queue to peer p
+ * (or the queue is empty), sleeping 0.1 to 10 ms between looks (the loop
+ * thread drains it; this is the rare path of a peer that reads slower than
+ * we write). Ends with the peer's loss, or after heartbeat_timeout without
+ * the queue shrinking. */
+static int wait_for_room(loom_net *n, int p, struct bufferevent *bev, size_t add, loom_err *err)
+{
+    size_t q = queued(bev), last = q;
+    if (q == 0 || q + add <= n->sendq_max) return LOOM_OK;
+    double t_moved = loom_now();
+    useconds_t nap = 100;
+    for (;;) {
+        pthread_mutex_lock(&n->mu);
+        int rc = peer_down(n, p, err);
+        pthread_mutex_unlock(&n->mu);
+        if (rc) return rc;
+        usleep(nap);
+        if (nap < 10000) nap *= 2;
+        q = queued(bev);
+        if (q == 0 || q + add <= n->sendq_max) return LOOM_OK;
+        if (q < last) t_moved = loom_now(), last = q;
+        if (loom_now() - t_moved > n->hb_timeout) {
+            loom_err_set(err, LOOM_ENET, n->name, "%s (%s) has read none of the %.1f MiB queued to it for %g s "
+                         "(cluster.heartbeat_timeout): the send queue is full (%.0f MiB at most per peer)",
+                         n->peers[p].name, n->peers[p].addr, (double)q / (1 << 20), n->hb_timeout,
+                         (double)n->sendq_max / (1 << 20));
+            return loom_err_hint(err, "the peer is stuck or its network is; see its log");
+        }
+    }
+}
+
 int loom_net_send(loom_net *n, int p, uint32_t type, const void *buf, size_t len, loom_err *err)
 {
     if (p < 0 || p >= n->n_peers) return loom_err_set(err, LOOM_EUSAGE, n->name, "no peer %d", p);
@@ -983,7 +1099,9 @@ int loom_net_send(loom_net *n, int p, uint32_t type, const void *buf, size_t len
     }
     struct bufferevent *bev = pe->bev;
     pthread_mutex_unlock(&n->mu);
-    int rc = bev_send(bev, type, buf, len);
+    int rc = wait_for_room(n, p, bev, len + LOOM_NET_HDR, err);
+    if (rc) return rc;
+    rc = bev_send(bev, type, buf, len);
     if (rc) return loom_err_set(err, LOOM_ENOMEM, n->name, "no memory to queue a %zu-byte message", len);
     return LOOM_OK;
 }
@@ -998,6 +1116,7 @@ static int peer_down(loom_net *n, int p, loom_err *err)
     for (int i = 0; i < n->n_peers; i++) {
         if (p >= 0 && i != p) continue;
         net_peer *pe = &n->peers[i];
+        if (pe->tolerated && n->open_done) continue; /* its losses are news (LOOM_MSG_PEER_DOWN) */
         if (pe->state == P_GONE)
             return loom_err_set(err, LOOM_ENET, n->name, "%s left (%s); last heard it was %s", pe->name,
                                 pe->gone_reason, pe->status);
@@ -1029,7 +1148,8 @@ int loom_net_recv(loom_net *n, int p, uint32_t type_lo, uint32_t type_hi, int *f
             if (from) *from = q->from;
             if (type) *type = q->type;
             loom_buf_fini(msg);
-            msg->data = q->data, msg->len = msg->cap = q->len, msg->pos = 0, msg->failed = 0;
+            /* (cap >= 1: an empty message still owns its 1-byte block, which loom_buf_fini frees) */
+            msg->data = q->data, msg->len = q->len, msg->cap = q->len ? q->len : 1, msg->pos = 0, msg->failed = 0;
             loom_free(q);
             return LOOM_OK;
         }
@@ -1046,6 +1166,14 @@ int loom_net_recv(loom_net *n, int p, uint32_t type_lo, uint32_t type_hi, int *f
                                 p >= 0 ? n->peers[p].name : "any peer", timeout_s);
         }
     }
+}
+
+void loom_net_tolerate(loom_net *n, int p)
+{
+    if (p < 0 || p >= n->n_peers) return;
+    pthread_mutex_lock(&n->mu);
+    n->peers[p].tolerated = true;
+    pthread_mutex_unlock(&n->mu);
 }
 
 int loom_net_lost_peer(loom_net *n, loom_err *err)

@@ -69,6 +69,8 @@ typedef struct replica {
     loom_err         err;
     int              reduce_rc; /* mirrored: the all-reduce's, after it */
     loom_err         reduce_err;
+    void            *owner;     /* the replicated it belongs to (the gradient hook's argument is the replica) */
+    int              packs_done; /* multi-worker overlap: packs this replica has reduced locally in this step */
 } __attribute__((aligned(64))) replica;
 
 enum { JOB_TRAIN, JOB_EVAL, JOB_PREDICT, JOB_PART, JOB_GRADS, JOB_APPLY };
@@ -102,6 +104,10 @@ typedef struct replicated {
     int64_t      loss_div;
     int          rank0;
     const float *ext_grads;
+    /* multi-worker overlap (loom_replicated_set_pack_ready_): called on
+     * replica 0's thread as each pack's local sum becomes final during backward */
+    void       (*pack_ready)(void *arg, int pack);
+    void        *pack_arg;
 } replicated;
 
 static int input_idx(const loom_strategy *s) { return s->args->input_idx; }
@@ -236,8 +242,12 @@ static int new_replica(loom_strategy *s, replicated *m, replica *rp, int intra, 
         return rc;
     if (rp != m->rep) return LOOM_OK;
     rc = loom_optimizer_new(&rp->opt, &spec->optimizer, loom_model_num_params(rp->model), err);
+    if (!rc) loom_optimizer_for_model(rp->opt, rp->model);
     /* central: the update runs on all replica threads; mirrored: each replica's shard on its own */
     if (!rc && m->central) loom_optimizer_set_pool(rp->opt, m->pool);
+    /* embedding tables: the reduced gradient holds every replica's rows, so
+     * the lazy update scans the table's gradient for them (densified) */
+    if (!rc) loom_optimizer_set_tables(rp->opt, rp->model, 0);
     return rc;
 }
 
@@ -256,6 +266,7 @@ static int rep_open(loom_strategy *s, const loom_strategy_args *a, int central, 
     m->rep = loom_alloc_aligned((size_t)m->n * sizeof *m->rep);
     if (!m->rep) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating %d replicas", m->n);
     memset(m->rep, 0, (size_t)m->n * sizeof *m->rep);
+    for (int r = 0; r < m->n; r++) m->rep[r].owner = m;
     if ((rc = loom_pool_new(&m->pool, m->n, err))) return rc;
     pin_replicas(m, intra);
     if (central) {
@@ -332,6 +343,7 @@ static int replica_grads(loom_strategy *s, replicated *m, int r)
     replica *rp = &m->rep[r];
     const loom_tensor *x = &rp->share.t[input_idx(s)], *y = &rp->share.t[label_idx(s)];
     rp->res.examples = x->shape.dim[0];
+    loom_strategy_weights_(s->args, rp->model, &rp->share);
     if (rp->res.examples == 0) {
         memset(loom_model_grads(rp->model), 0, (size_t)m->P * sizeof(float));
         return m->dev_reduce ? loom_model_dev_upload_grads(rp->dev, &rp->err) : LOOM_OK;
@@ -365,7 +377,8 @@ static int reduce_packs(replicated *m, int r, float *g, loom_err *err)
  * not (see mirrored_apply_shard), so every pack is all-reduced. */
 static int mirrored_reduce_scatter(replicated *m, int r, loom_err *err)
 {
-    if (m->n_packs > 1 || !m->comm) return reduce_packs(m, r, loom_model_grads(m->rep[r].model), err);
+    if (m->n_packs > 1 || !m->comm || loom_optimizer_needs_full_grads(m->rep[0].opt)) /* clip_norm: the whole norm */
+        return reduce_packs(m, r, loom_model_grads(m->rep[r].model), err);
     return loom_xcomm_reduce_scatter(m->comm, r, loom_model_grads(m->rep[r].model), m->P, LOOM_REDUCE_SUM, err);
 }
 
@@ -440,6 +453,7 @@ static int mirrored_update_device(replicated *m, int r, loom_err *err)
     if (!rc && all_ok(m)) {
         int64_t lo = 0, hi = m->P;
         if (m->comm) loom_xcomm_shard(m->comm, r, m->P, &lo, &hi);
+        if (loom_optimizer_needs_full_grads(m->rep[0].opt)) lo = 0, hi = m->P; /* clip_norm reads all */
         if (!(rc = loom_model_dev_download_grads(rp->dev, lo, hi, err))) mirrored_apply_shard(m, r);
     }
     int gc = mirrored_gather(m, r, rc ? NULL : err); /* every rank gathers, as every rank reduced */
@@ -465,7 +479,7 @@ static void mirrored_train(loom_strategy *s, replicated *m, int r)
     int rc, gc = LOOM_OK;
     if (m->dev_reduce) {
         rc = mirrored_update_device(m, r, &rerr);
-    } else if (m->comm && m->n_packs <= 1) {
+    } else if (m->comm && m->n_packs <= 1 && !loom_optimizer_needs_full_grads(m->rep[0].opt)) {
         update_arg u = {m, r};
         rc = loom_xcomm_update(m->comm, r, loom_model_grads(rp->model), loom_model_params(rp->model), m->P,
                                update_range, &u, &rerr);
@@ -482,6 +496,27 @@ static void mirrored_train(loom_strategy *s, replicated *m, int r)
 }
 
 static int step_part_item(loom_strategy *s, replicated *m, int r);
+
+/* The gradient hook of replica rp during a multi-worker step (JOB_GRADS):
+ * the packs whose gradients are now final are summed over the local
+ * replicas (the same all-reduces, in the same order, as after the step),
+ * and replica 0 hands each to multi_worker's communicator. */
+static void on_grads_ready(void *arg, int first_final)
+{
+    replica *rp = arg;
+    replicated *m = rp->owner;
+    int r = (int)(rp - m->rep);
+    while (rp->packs_done < m->n_packs && m->packs[rp->packs_done].first >= first_final) {
+        int k = rp->packs_done++;
+        if (m->comm) {
+            loom_err rerr;
+            int c = loom_xcomm_all_reduce(m->comm, r, loom_model_grads(rp->model) + m->packs[k].offset,
+                                          m->packs[k].count, LOOM_REDUCE_SUM, &rerr);
+            if (c && !rp->reduce_rc) rp->reduce_rc = c, rp->reduce_err = rerr;
+        }
+        if (r == 0) m->pack_ready(m->pack_arg, k);
+    }
+}
 
 /* Item r of a job: replica r's work. */
 static void replica_item(void *arg, int r)
@@ -510,6 +545,7 @@ static void replica_item(void *arg, int r)
         break;
     case JOB_EVAL:
         rp->res.examples = x->shape.dim[0];
+        loom_strategy_weights_(s->args, rp->model, &rp->share);
         if (rp->res.examples && rp->dev)
             rp->rc = loom_model_dev_evaluate(rp->dev, x, &rp->share.t[label_idx(s)], &rp->res.loss_sum,
                                              &rp->res.correct, &rp->err);
@@ -527,9 +563,16 @@ static void replica_item(void *arg, int r)
         rp->rc = step_part_item(s, m, r);
         break;
     case JOB_GRADS: { /* multi-worker: gradients, summed locally into every replica's buffer */
+        rp->packs_done = 0;
+        if (m->pack_ready) loom_model_set_grad_hook(rp->model, on_grads_ready, rp); /* packs reduced during backward */
         rp->rc = replica_grads(s, m, r);
-        loom_err rerr;
-        if ((rp->reduce_rc = reduce_packs(m, r, loom_model_grads(rp->model), &rerr))) rp->reduce_err = rerr;
+        loom_model_set_grad_hook(rp->model, NULL, NULL);
+        for (int k = rp->packs_done; k < m->n_packs && m->comm; k++) { /* the packs no hook reduced, in order */
+            loom_err rerr;
+            int c = loom_xcomm_all_reduce(m->comm, r, loom_model_grads(rp->model) + m->packs[k].offset,
+                                          m->packs[k].count, LOOM_REDUCE_SUM, &rerr);
+            if (c && !rp->reduce_rc) rp->reduce_rc = c, rp->reduce_err = rerr;
+        }
         break;
     }
     case JOB_APPLY: { /* multi-worker: the job's summed gradients, shard by shard */
@@ -660,6 +703,7 @@ static int step_part_item(loom_strategy *s, replicated *m, int r)
         return B ? loom_model_forward(rp->model, x, rng_key(m, r), &rp->err) : LOOM_OK;
     case LOOM_PART_LOSS:
         rp->res.examples = B;
+        loom_strategy_weights_(s->args, rp->model, &rp->share);
         if (B && rp->dev)
             return loom_model_dev_loss(rp->dev, y, m->global_batch, &rp->res.loss_sum, &rp->res.correct, &rp->err);
         return B ? loom_model_loss(rp->model, y, m->global_batch, &rp->res.loss_sum, &rp->res.correct, &rp->err)
@@ -899,6 +943,20 @@ int loom_replicated_apply_(loom_strategy *s, const float *grads, int64_t step, l
     int rc = run_job(s, JOB_APPLY, NULL, err);
     m->ext_grads = NULL;
     return rc;
+}
+
+void loom_replicated_set_pack_ready_(loom_strategy *s, void (*fn)(void *arg, int pack), void *arg)
+{
+    replicated *m = s->impl;
+    m->pack_ready = fn;
+    m->pack_arg = arg;
+}
+
+const loom_pack *loom_replicated_packs_(loom_strategy *s, int *n)
+{
+    replicated *m = s->impl;
+    *n = m->n_packs;
+    return m->packs;
 }
 
 const loom_strategy_ops *loom_mirrored_ops_(void) { return &mirrored_ops; }

@@ -120,6 +120,16 @@ static int mem(loom_model_dev *d, int host, void **out, int64_t bytes, loom_err 
 /* A layer the device ops cannot run: named at its file:line. */
 static int check_layer(const loom_device_ops *ops, const nn_layer_ *l, loom_err *err)
 {
+    if (l->spec.kind == LOOM_LAYER_EMBEDDING)
+        return loom_err_set(err, LOOM_EUNSUPPORTED, l->where,
+                            "layer \"%s\" (embedding): the \"%s\" device backend has no embedding lookup",
+                            l->spec.name, ops->name),
+               loom_err_hint(err, "train embeddings on the host (strategy.device_backend = \"\")");
+    if (l->spec.kind > LOOM_LAYER_ACTIVATION || l->act == LOOM_ACT_LEAKY_RELU || l->act == LOOM_ACT_GELU)
+        return loom_err_set(err, LOOM_EUNSUPPORTED, l->where, "layer \"%s\" (%s%s%s) does not run on the \"%s\" device "
+                            "backend yet", l->spec.name, nn_layer_kind_name_(l->spec.kind),
+                            l->act ? ", " : "", l->act ? nn_activation_name_(l->act) : "", ops->name),
+               loom_err_hint(err, "train on the host (strategy.device_backend = \"\")");
     if (l->act != LOOM_ACT_SOFTMAX) return LOOM_OK;
     return loom_err_set(err, LOOM_EUNSUPPORTED, l->where,
                         "layer \"%s\" (%s): the \"%s\" device backend has no softmax activation; only the softmax "
@@ -212,6 +222,11 @@ int loom_model_dev_open(loom_model_dev **out, loom_model *m, const loom_device_o
 {
     *out = NULL;
     for (int i = 0; i < m->n_layers; i++) TRY(check_layer(ops, &m->layer[i], err));
+    if (m->l2 > 0)
+        return loom_err_set(err, LOOM_EUNSUPPORTED, m->where,
+                            "model.l2 does not run on the \"%s\" device backend yet", ops->name),
+               loom_err_hint(err, "train on the host (strategy.device_backend = \"\"), or use optimizer type "
+                                  "\"adamw\" (decoupled weight decay)");
     if (m->n_cw && m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE)
         return loom_err_set(err, LOOM_EUNSUPPORTED, m->where,
                             "model.class_weight with sparse_softmax_cross_entropy does not run on the \"%s\" device "
@@ -336,6 +351,11 @@ static int loss(loom_model_dev *d, const loom_tensor *label, float inv_gb, int g
     double l = 0;
     int64_t ok = 0;
     (void)label; /* read into m->labels or m->targets by nn_read_label_ */
+    if (m->sw && m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE)
+        return loom_err_set(err, LOOM_EUNSUPPORTED, m->where,
+                            "model.sample_weight with sparse_softmax_cross_entropy does not run on the \"%s\" device "
+                            "backend (its fused softmax_xent is unweighted)", o->name),
+               loom_err_hint(err, "train on the host (strategy.device_backend = \"\")");
     if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) {
         TRY(o->upload(d->dev, LOOM_DEV_STREAM_COMPUTE, d->labels, m->labels, (size_t)B * sizeof(int32_t), err));
         TRY(o->softmax_xent(d->dev, B, n, z, d->labels, inv_gb, d->loss, d->hit, grad ? d->gbuf[0] : NULL, err));

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* Everything a command needs: the pipelines and the strategy. */
@@ -35,6 +36,7 @@ typedef struct run {
     loom_status       *status;     /* run.status_port's endpoint (loom_train), or NULL */
     double            *macc[2];    /* model.metrics' state: [0] the epoch's training steps, [1] the last evaluation */
     bool               has_acc;    /* "accuracy" is one of model.metrics */
+    bool               sidecar_eval; /* the cluster has an evaluator task: it evaluates, the chief does not */
     double             status_stages_at; /* when the pipeline's stages were last published */
 } run;
 
@@ -205,6 +207,9 @@ static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool n
                          .instruction_limit = spec->hooks.instruction_limit};
     loom_data_ctx ctx = {.seed = spec->run.seed, .threads = threads, .name = "train", .input = ictx,
                          .custom_options = &lua};
+    /* parameter_server: each worker's own pipeline shuffles with a seed of its own (create_per_worker_dataset) */
+    if (spec->strategy.kind == LOOM_STRAT_PARAMETER_SERVER && cluster && cluster->role == LOOM_ROLE_WORKER)
+        ctx.seed = loom_rng_mix(spec->run.seed, 0x7073776bu + (uint64_t)cluster->index);
     rc = loom_data_open(&r->train, train, &ctx, err);
     if (rc) return data_open_failed(err, "data.train");
     if (spec->eval.present) {
@@ -222,8 +227,23 @@ static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool n
     const loom_elem_spec *es = loom_iter_spec(r->train);
     r->args.input = es;
     r->args.max_batch = max_batch;
+    r->args.steps_per_epoch = loom_iter_cardinality(r->train);
     rc = find_features(spec, es, "train", &r->args.input_idx, &r->args.label_idx, err);
     if (rc) return rc;
+    if (spec->model.sample_weight[0]) { /* model.sample_weight: in both pipelines, at the same place */
+        int wi = loom_elem_spec_find(es, spec->model.sample_weight);
+        int we = r->eval ? loom_elem_spec_find(loom_iter_spec(r->eval), spec->model.sample_weight) : wi;
+        if (wi < 0 || we != wi) {
+            char have[512];
+            const loom_elem_spec *in = wi < 0 ? es : loom_iter_spec(r->eval);
+            return loom_err_set(err, LOOM_ESHAPE, loom_loc_str(&spec->model.loc, w, sizeof w),
+                                "model.sample_weight: the %s pipeline has no feature \"%s\" where data.train has it "
+                                "(it yields %s)",
+                                wi < 0 ? "train" : "eval", spec->model.sample_weight,
+                                loom_elem_spec_str(in, have, sizeof have));
+        }
+        r->args.weight_idx1 = wi + 1;
+    }
     if (r->eval) {
         /* eval batches go through the same replicas: same features, same per-example shapes */
         const loom_elem_spec *ev = loom_iter_spec(r->eval);
@@ -351,6 +371,7 @@ static int evaluate_all(run *r, loom_iter *it, loom_step_result *total, loom_err
         if (rc) return rc;
         loom_step_result s;
         rc = loom_strategy_eval_step(r->strat, b, &s, err);
+        if (rc == LOOM_EDATA) loom_err_prefix(err, "data.eval batch %lld", (long long)n + 1);
         if (rc) return rc;
         total->loss_sum += s.loss_sum;
         total->correct += s.correct;
@@ -580,7 +601,7 @@ static int open_summaries(run *r, int64_t resume_step, loom_summary **train, loo
     char dir[LOOM_PATH_MAX + 8];
     snprintf(dir, sizeof dir, "%s/eval", r->model_dir);
     int rc = loom_summary_open(train, r->model_dir, resume_step, err);
-    if (!rc && r->eval) rc = loom_summary_open(eval, dir, resume_step, err);
+    if (!rc && r->eval && !r->sidecar_eval) rc = loom_summary_open(eval, dir, resume_step, err);
     char *text = NULL;
     size_t len = 0;
     FILE *f = rc ? NULL : open_memstream(&text, &len);
@@ -601,12 +622,33 @@ static int open_summaries(run *r, int64_t resume_step, loom_summary **train, loo
     return rc;
 }
 
+/* <model_dir>/final.json: training ended (not stopped by a signal or a
+ * failure) with this checkpoint, for the sidecar evaluator. */
+static int write_final_marker(const char *dir, int64_t step, const char *ckpt, loom_err *err)
+{
+    char path[LOOM_PATH_MAX + 16], text[LOOM_PATH_MAX + 128];
+    const char *base = strrchr(ckpt, '/');
+    snprintf(path, sizeof path, "%s/" LOOM_FINAL_MARKER, dir);
+    int n = snprintf(text, sizeof text, "{\"step\": %lld, \"checkpoint\": \"%s\", \"wall_time\": %.3f}\n",
+                     (long long)step, base ? base + 1 : ckpt, loom_wall_time());
+    return loom_write_file_atomic(path, text, (size_t)n, err);
+}
+
 int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err)
 {
     run r;
     const char *dir = opts->model_dir ? opts->model_dir : spec->run.model_dir;
     /* Everything is checked before anything is written. */
     int rc = run_open(&r, spec, dir, false, opts->cluster, false, err);
+    if (!rc && loom_strategy_serves(r.strat)) { /* a ps task or a parameter-server worker: it serves the job */
+        char task[64];
+        loom_log_set_name(loom_task_name(opts->cluster->role, opts->cluster->index, task, sizeof task));
+        if (loom_log_get_level() < LOOM_LOG_WARN) loom_log_set_level(LOOM_LOG_WARN);
+        rc = loom_strategy_serve(r.strat, r.train, err);
+        run_close(&r);
+        return rc;
+    }
+    r.sidecar_eval = opts->cluster && opts->cluster->n_tasks[LOOM_ROLE_EVALUATOR] > 0;
     if (!rc && !r.chief) { /* the chief logs the job; the other tasks only their warnings and errors */
         char task[64];
         loom_log_set_name(loom_task_name(opts->cluster->role, opts->cluster->index, task, sizeof task));
@@ -702,6 +744,13 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
 
     loom_summary *tb = NULL, *tb_eval = NULL; /* TensorBoard: <model_dir>, <model_dir>/eval */
     bool finished = max_steps > 0 ? st.step >= max_steps : st.epoch >= epochs; /* a rerun adds no event file */
+    if (!finished && r.chief) { /* the job goes on: a watcher must not stop at an earlier run's end */
+        char fin[LOOM_PATH_MAX + 16];
+        snprintf(fin, sizeof fin, "%s/" LOOM_FINAL_MARKER, r.model_dir);
+        unlink(fin);
+    }
+    if (r.sidecar_eval && r.chief && r.eval)
+        loom_info("the cluster's evaluator task evaluates the checkpoints; the chief does not evaluate");
     if (!finished && (rc = open_summaries(&r, last_ckpt[0] ? st.step : -1, &tb, &tb_eval, err)) != LOOM_OK) {
         loom_dir_unlock_(lock_fd);
         run_close(&r);
@@ -817,7 +866,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
             loom_progress_break(&prog);
             double ep_sec = loom_now() - epoch_start;
             loom_step_result ev = {0};
-            if (r.eval && rs->eval_each_epoch && r.chief) {
+            if (r.eval && rs->eval_each_epoch && r.chief && !r.sidecar_eval) {
                 rc = evaluate_all(&r, r.eval, &ev, err);
                 if (rc) break;
                 last_eval_loss = ev.examples ? ev.loss_sum / (double)ev.examples : NAN;
@@ -900,6 +949,9 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
             rc = train_hooks_step_(&r.hooks, loom_iter_spec(r.train), batch, &hl, &res, &applied, err);
         } else {
             rc = loom_strategy_train_step(r.strat, batch, st.step, &res, err);
+            if (rc == LOOM_EDATA) /* a label or weight the loss cannot take: say which batch holds it */
+                loom_err_prefix(err, "data.train batch %lld of epoch %lld (step %lld)", (long long)st.step_in_epoch + 1,
+                                (long long)st.epoch + 1, (long long)st.step + 1);
         }
         /* a custom step's failure saves a checkpoint, but not after a
          * collective timed out: the replicas left it at different points,
@@ -1023,7 +1075,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
         rc = save_ckpt(&r, &st, ckpt, err);
         if (!rc) snprintf(last_ckpt, sizeof last_ckpt, "%s", ckpt);
     }
-    if (!rc && r.eval && r.chief && last_eval_step != st.step && st.step > start_step) {
+    if (!rc && r.eval && r.chief && !r.sidecar_eval && last_eval_step != st.step && st.step > start_step) {
         loom_step_result ev;
         rc = evaluate_all(&r, r.eval, &ev, err);
         if (!rc) last_ev = ev;
@@ -1054,7 +1106,8 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
                 snprintf(evs, sizeof evs, "eval loss %.4f%s", last_eval_loss,
                          metrics_text(&r, 1, last_ev.correct, last_ev.examples, mt, sizeof mt));
             else
-                snprintf(evs, sizeof evs, "%s", r.eval ? "not evaluated" : "no eval data");
+                snprintf(evs, sizeof evs, "%s", r.sidecar_eval ? "evaluated by the evaluator task"
+                                                : r.eval ? "not evaluated" : "no eval data");
             loom_info("done: step %lld, %s, %.1f s, checkpoint %s", (long long)st.step, evs, total, last_ckpt);
         }
         if (st.step != start_step) { /* a rerun of a finished run adds no second end line */
@@ -1071,6 +1124,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
             fprintf(metrics, "}\n");
         }
     }
+    if (!rc && r.chief && last_ckpt[0]) rc = write_final_marker(r.model_dir, st.step, last_ckpt, err);
     publish(&r, &st, rc ? LOOM_STATUS_FAILED : LOOM_STATUS_DONE, opt, 0, 0, last_eval_loss, last_eval_acc,
             run_examples);
     fclose(metrics);
@@ -1130,6 +1184,216 @@ int loom_evaluate(const loom_spec *spec, const char *model_dir, const char *chec
             out->metric[i] = ev.examples ? loom_model_metric_value(m, i, r.macc[1], ev.correct, ev.examples) : NAN;
         }
     }
+    run_close(&r);
+    return rc;
+}
+
+/* ---- the sidecar evaluator ---------------------------------------------------- */
+
+/* The final step named by <dir>/final.json, or -1 while training goes on
+ * (or when the marker was written before after_wall: an earlier run's). */
+static int64_t final_step(const char *dir, double after_wall)
+{
+    char path[LOOM_PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/" LOOM_FINAL_MARKER, dir);
+    uint8_t *d = NULL;
+    size_t len;
+    loom_err e;
+    if (access(path, F_OK) || loom_read_file_max(path, &d, &len, 1 << 16, &e)) return -1;
+    const char *k = strstr((const char *)d, "\"step\":");
+    long long v = k ? strtoll(k + 7, NULL, 10) : -1;
+    const char *w = strstr((const char *)d, "\"wall_time\":");
+    double at = w ? strtod(w + 12, NULL) : 0;
+    loom_free(d);
+    if (after_wall > 0 && at < after_wall) return -1;
+    return k && v >= 0 ? (int64_t)v : -1;
+}
+
+/* The evaluations an earlier watcher of this model_dir wrote (its "eval"
+ * lines in metrics.jsonl): (step, wall_time) pairs, *n of them. */
+typedef struct watched {
+    int64_t step;
+    double  at;
+} watched;
+
+static watched *read_watched(const char *metrics_path, int *n)
+{
+    *n = 0;
+    FILE *f = fopen(metrics_path, "r");
+    if (!f) return NULL;
+    char line[4096];
+    watched *w = NULL;
+    int cap = 0;
+    static const char key[] = "{\"event\": \"eval\", \"step\": ";
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, key, sizeof key - 1)) continue;
+        const char *t = strstr(line, "\"wall_time\": ");
+        if (!t) continue;
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 16;
+            watched *nw = loom_realloc(w, (size_t)cap * sizeof *w);
+            if (!nw) break;
+            w = nw;
+        }
+        w[*n].step = strtoll(line + sizeof key - 1, NULL, 10);
+        w[(*n)++].at = strtod(t + 13, NULL);
+    }
+    fclose(f);
+    return w;
+}
+
+/* Whether checkpoint `path` (of `step`) was evaluated by an earlier watcher:
+ * an eval line of its step written after the file (a --fresh run writes a
+ * new ckpt-<step>.loom, which is evaluated again). */
+static bool watched_before(const watched *w, int n, const char *path, int64_t step)
+{
+    struct stat sb;
+    if (stat(path, &sb)) return false;
+    double mtime = (double)sb.st_mtim.tv_sec + sb.st_mtim.tv_nsec * 1e-9;
+    for (int i = 0; i < n; i++)
+        if (w[i].step == step && w[i].at >= mtime) return true;
+    return false;
+}
+
+static volatile sig_atomic_t watch_signal;
+static void on_watch_signal(int sig) { watch_signal = sig; }
+
+static int watch_loop(run *r, const loom_watch_opts *o, const char *who, int *evaluated, loom_err *err)
+{
+    char metrics_path[LOOM_PATH_MAX + 16], eval_dir[LOOM_PATH_MAX + 8], path[LOOM_PATH_MAX];
+    snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", r->model_dir);
+    snprintf(eval_dir, sizeof eval_dir, "%s/eval", r->model_dir);
+    double poll = o && o->poll_secs > 0 ? o->poll_secs : 0.2, idle = o ? o->idle_secs : 0;
+    int n_before = 0;
+    watched *before = read_watched(metrics_path, &n_before);
+    int64_t last = -1;
+    loom_summary *tb = NULL;
+    int rc = LOOM_OK;
+    double idle_since = loom_now();
+    bool waiting_said = false;
+    while (!rc) {
+        if (watch_signal) {
+            rc = loom_err_set(err, LOOM_EIO, NULL, "%s: stopped by signal %d after %d evaluation%s", who,
+                              (int)watch_signal, *evaluated, *evaluated == 1 ? "" : "s");
+            break;
+        }
+        int64_t fin = final_step(r->model_dir, o ? o->after_wall : 0), step, top;
+        int newer = 0;
+        loom_err lerr;
+        if (last >= 0 && loom_ckpt_newest_after(r->model_dir, -1, path, &top, &newer, &lerr) == LOOM_OK && top < last) {
+            loom_info("%s: the checkpoints start over (newest step %lld, after step %lld: a --fresh run): watching "
+                      "them anew", who, (long long)top, (long long)last);
+            last = -1;
+        }
+        rc = loom_ckpt_newest_after(r->model_dir, last, path, &step, &newer, err);
+        if (rc == LOOM_EEOF) {
+            rc = LOOM_OK;
+            if (fin >= 0 && fin <= last) {
+                loom_info("%s: training ended at step %lld, evaluated: done (%d evaluation%s here)", who,
+                          (long long)fin, *evaluated, *evaluated == 1 ? "" : "s");
+                break;
+            }
+            if (fin > last) {
+                rc = loom_err_set(err, LOOM_EIO, r->model_dir, "%s: training ended at step %lld, but its checkpoint "
+                                  "is not in the model directory (newest evaluated: step %lld)", who, (long long)fin,
+                                  (long long)last);
+                loom_err_hint(err, "was it deleted? evaluate what is there with loom evaluate --checkpoint FILE");
+                break;
+            }
+            if (!waiting_said) loom_info("%s: waiting for checkpoints in %s", who, r->model_dir);
+            waiting_said = true;
+            if (idle > 0 && loom_now() - idle_since > idle) {
+                rc = loom_err_set(err, LOOM_ETIMEOUT, r->model_dir, "%s: no new checkpoint for %g s and training has "
+                                  "not ended (no %s)", who, idle, LOOM_FINAL_MARKER);
+                break;
+            }
+            usleep((useconds_t)(poll * 1e6));
+            continue;
+        }
+        if (rc) break;
+        if (watched_before(before, n_before, path, step)) {
+            loom_info("%s: %s (step %lld) was evaluated before (metrics.jsonl)%s", who, path, (long long)step,
+                      newer > 1 ? "; so were, or are skipped, the older ones" : "");
+            last = step;
+            continue;
+        }
+        if (newer > 1)
+            loom_info("%s: %d new checkpoints: evaluating the newest (step %lld), skipping %d older", who, newer,
+                      (long long)step, newer - 1);
+        int64_t loaded = -1;
+        loom_step_result ev;
+        char used[LOOM_PATH_MAX];
+        rc = load_for_inference(r, path, used, &loaded, err);
+        if (rc && access(path, F_OK)) { /* pruned (keep_checkpoints) between the listing and the load: look again */
+            loom_warn("%s: %s went away before it was read; looking again", who, path);
+            rc = LOOM_OK;
+            continue;
+        }
+        if (!rc) rc = evaluate_all(r, r->eval, &ev, err);
+        if (rc) break;
+        last = step;
+        idle_since = loom_now();
+        waiting_said = false;
+        double loss = ev.examples ? ev.loss_sum / (double)ev.examples : NAN,
+               acc = ev.examples ? (double)ev.correct / (double)ev.examples : NAN;
+        (*evaluated)++;
+        loom_info("%s: %s (step %lld): eval loss %.4f, accuracy %.4f on %lld examples", who, path, (long long)step,
+                  loss, acc, (long long)ev.examples);
+        printf("{\"checkpoint\": \"%s\", \"step\": %lld, \"examples\": %lld, \"eval_loss\": %.6g, \"eval_accuracy\": "
+               "%.6g}\n", path, (long long)step, (long long)ev.examples, loss, acc);
+        fflush(stdout);
+        FILE *m = fopen(metrics_path, "a");
+        if (!m) {
+            rc = loom_err_set(err, LOOM_EIO, metrics_path, "cannot open for appending: %s", strerror(errno));
+            break;
+        }
+        /* one line, one write (O_APPEND): the chief appends to the same file */
+        char line[LOOM_PATH_MAX + 512];
+        FILE *lf = fmemopen(line, sizeof line, "w");
+        fprintf(lf, "{\"event\": \"eval\", \"step\": %lld, \"evaluator\": \"%s\"", (long long)step, who);
+        json_num(lf, "eval_loss", loss, 0);
+        json_num(lf, "eval_accuracy", acc, 0);
+        fprintf(lf, ", \"examples\": %lld", (long long)ev.examples);
+        json_time(lf, "wall_time", loom_wall_time());
+        fprintf(lf, "}\n");
+        long ll = ftell(lf);
+        fclose(lf);
+        setvbuf(m, NULL, _IONBF, 0);
+        if (ll <= 0 || fwrite(line, 1, (size_t)ll, m) != (size_t)ll)
+            rc = loom_err_set(err, LOOM_EIO, metrics_path, "cannot append the eval line: %s", strerror(errno));
+        fclose(m);
+        if (!rc && !tb && r->spec->run.summary_steps > 0) rc = loom_summary_open(&tb, eval_dir, -1, err);
+        if (!rc) rc = log_eval(r, tb, step, loss, &ev, err);
+    }
+    loom_free(before);
+    loom_err cerr;
+    if (loom_summary_close(tb, &cerr) && !rc) *err = cerr, rc = cerr.code;
+    return rc;
+}
+
+int loom_evaluate_watch(const loom_spec *spec, const char *model_dir, const loom_watch_opts *o, int *evaluated,
+                        loom_err *err)
+{
+    run r;
+    *evaluated = 0;
+    int rc = run_open(&r, spec, model_dir, true, NULL, false, err);
+    if (!rc) rc = metrics_open(&r, err);
+    if (rc) {
+        run_close(&r);
+        return rc;
+    }
+    const char *who = o && o->who ? o->who : "evaluate --watch";
+    struct sigaction sa = {0}, old_int, old_term;
+    sa.sa_handler = on_watch_signal;
+    sigemptyset(&sa.sa_mask);
+    watch_signal = 0;
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    loom_info("%s: evaluating each new checkpoint of %s until training ends (%s)", who, r.model_dir,
+              LOOM_FINAL_MARKER);
+    rc = watch_loop(&r, o, who, evaluated, err);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
     run_close(&r);
     return rc;
 }
@@ -1460,7 +1724,7 @@ int loom_check(const loom_spec *spec, const loom_cluster *cluster, FILE *f, loom
         loom_model *m = loom_strategy_model(r.strat);
         loom_model_summary(m, f);
         fprintf(f, "optimizer: %s, learning rate %g at step 0\n",
-                spec->optimizer.kind == LOOM_OPT_SGD ? "sgd" : spec->optimizer.kind == LOOM_OPT_MOMENTUM ? "momentum" : "adam",
+                (const char *const[]){"sgd", "momentum", "adam", "adamw", "rmsprop", "adagrad"}[spec->optimizer.kind],
                 loom_optimizer_lr(loom_strategy_optimizer(r.strat), 0));
         loom_strategy_print_plan(r.strat, batch_size_of(&spec->train), f);
         fprintf(f, "compute: %d thread%s; BLAS %s (%s), %d thread%s each\n", loom_model_threads(m),

@@ -105,6 +105,65 @@ for l in mean_absolute_error huber; do
     contains "$l trains and logs mae and rmse" ", mae 0." "$(grep 'epoch 20/20' <<<"$out")"
 done
 
+# exact resume with the new optimizers and layers: 45 steps straight = 20, then resumed to 45
+final() { ls "$1"/ckpt-*.loom | sed 's/.*ckpt-\([0-9]*\).loom/\1 &/' | sort -n | tail -1 | cut -d' ' -f2; }
+LAYERS='model.layers=( { type = "flatten"; }, { type = "dense"; units = 32; use_bias = false; }, { type = "batch_normalization"; }, { type = "activation"; activation = "leaky_relu"; }, { type = "dense"; units = 16; }, { type = "layer_normalization"; }, { type = "activation"; activation = "gelu"; }, { type = "dense"; units = 10; } )'
+for opt in 'optimizer={ type = "adamw"; learning_rate = 0.01; weight_decay = 0.01; clip_norm = 1.0; }' \
+           'optimizer={ type = "rmsprop"; learning_rate = 0.003; clip_norm = 0.5; }'; do
+    name=$(sed 's/.*type = "\([a-z]*\)".*/\1/' <<<"$opt")
+    common=(--set run.progress='"none"' --set "$opt" --set "$LAYERS" --set model.l2=0.0001 --set run.epochs=2)
+    timeout 120 "$LOOM" train tests/configs/small_mlp.cfg --model-dir "$WORK/r_$name" "${common[@]}" --set run.max_steps=45 >/dev/null 2>&1
+    timeout 120 "$LOOM" train tests/configs/small_mlp.cfg --model-dir "$WORK/s_$name" "${common[@]}" --set run.max_steps=20 >/dev/null 2>&1
+    timeout 120 "$LOOM" train tests/configs/small_mlp.cfg --model-dir "$WORK/s_$name" "${common[@]}" --set run.max_steps=45 >/dev/null 2>&1
+    a=$("$LOOM" inspect "$(final "$WORK/r_$name")" 2>/dev/null | grep '^tensor'); b=$("$LOOM" inspect "$(final "$WORK/s_$name")" 2>/dev/null | grep '^tensor')
+    if [ -n "$a" ] && [ "$a" = "$b" ]; then pass "$name, clip_norm, l2, batch/layer norm: resumed = uninterrupted, bit for bit"
+    else fail "$name: resumed = uninterrupted" "$(diff <(echo "$a") <(echo "$b") | head -4)"; fi
+    contains "$name's slots and the moving statistics are in the checkpoint" "moving_variance" "$a"
+done
+
+# mirrored: clip_norm all-reduces whole, and batch normalization per replica; the run trains
+out=$(timeout 120 "$LOOM" train tests/configs/small_mlp.cfg --model-dir "$WORK/mir" --set run.progress='"none"' \
+      --set 'optimizer={ type = "adamw"; learning_rate = 0.01; clip_norm = 1.0; }' --set "$LAYERS" \
+      --set 'strategy={ type = "mirrored"; replicas = 2; }' --set run.epochs=1 2>&1); rc=$?
+[ $rc -eq 0 ] && grep -q "eval loss" <<<"$out" && pass "mirrored, 2 replicas: clip_norm and batch normalization train" \
+    || fail "mirrored with clip_norm and batch normalization" "$(echo "$out" | tail -3)"
+
+# model.sample_weight: weight 0 on corrupted rows leaves the fit as if they were not there
+python3 - "$WORK" <<'PY'
+import random, sys
+random.seed(4)
+with open(sys.argv[1] + "/wreg.csv", "w") as f:
+    f.write("x,y,w\n")
+    for i in range(400):
+        x = random.uniform(-2, 2)
+        bad = i < 320 and i % 5 == 0
+        f.write("%.5f,%.5f,%d\n" % (x, 3 * x - 1 + (40 if bad else random.gauss(0, 0.1)), 0 if bad else 1))
+PY
+wreg() { # wreg NAME EXTRA_MODEL_KEYS
+    cat > "$WORK/$1.cfg" <<CFG
+version = 1;
+data: {
+  train: { source: { type = "csv"; files = ["wreg.csv"]; columns: { x = { dtype = "float32"; }; y = { dtype = "float32"; }; w = { dtype = "float32"; }; }; };
+           transforms = ( { op = "take"; count = 320; }, { op = "batch"; size = 32; } ); };
+  eval:  { source: { type = "csv"; files = ["wreg.csv"]; columns: { x = { dtype = "float32"; }; y = { dtype = "float32"; }; w = { dtype = "float32"; }; }; };
+           transforms = ( { op = "skip"; count = 320; }, { op = "batch"; size = 40; } ); };
+};
+model: { input = "x"; label = "y"; loss = "mean_squared_error"; $2
+         layers = ( { type = "flatten"; }, { type = "dense"; units = 1; } ); };
+optimizer: { type = "sgd"; learning_rate = 0.02; };
+run: { model_dir = "run_$1"; epochs = 20; seed = 1; progress = "none"; };
+CFG
+}
+wreg weighted 'sample_weight = "w";'
+wreg unweighted ''
+(cd "$WORK" && timeout 120 "$LOOM" train weighted.cfg >/dev/null 2>&1 && timeout 120 "$LOOM" train unweighted.cfg >/dev/null 2>&1)
+lw=$(grep -o '"eval_loss": [0-9.e-]*' "$WORK/run_weighted/metrics.jsonl" | tail -1 | cut -d' ' -f2)
+lu=$(grep -o '"eval_loss": [0-9.e-]*' "$WORK/run_unweighted/metrics.jsonl" | tail -1 | cut -d' ' -f2)
+python3 -c 'import sys; w, u = map(float, sys.argv[1:]); sys.exit(0 if w < 0.05 and u > 1 else 1)' "${lw:-9}" "${lu:-0}" \
+    && pass "sample_weight 0 on corrupted rows: eval mse $lw (unweighted $lu)" || fail "sample_weight" "weighted ${lw:-none}, unweighted ${lu:-none}"
+expect_fail 2 "sample_weight naming a missing feature is an error" 'model.sample_weight: the train pipeline has no feature "wt"' \
+    "$LOOM" check "$WORK/weighted.cfg" --set 'model.sample_weight="wt"'
+
 # bad input: an unknown metric, AUC on ten classes, accuracy of a regression, BCE labels outside [0, 1]
 expect_fail 2 "an unknown metric is a config error with the choices" \
     'model.metrics.[1]: unknown value "aucc" (expected one of: accuracy, auc, precision, recall, top_k_accuracy, mae, rmse)' \
@@ -114,7 +173,11 @@ expect_fail 2 "auc on ten classes without multi_label is a config error" \
     "$LOOM" check configs/fashion_mnist_mlp.cfg --set 'model.metrics=["auc"]'
 expect_fail 2 "accuracy of a regression is a config error" '"accuracy" does not fit this model' \
     "$LOOM" check "$WORK/mse.cfg" --set 'model.metrics=["accuracy"]'
-expect_fail 1 "a BCE label outside [0, 1] names the example" 'is 6, outside [0, 1] for binary_cross_entropy' \
+expect_fail 1 "a BCE label outside [0, 1] names the batch and the example" \
+    'data.train batch 1 of epoch 1 (step 1): label of example ' \
+    timeout 120 "$LOOM" train "$BIN" --model-dir "$WORK/badlab0" --set run.max_steps=3 \
+    --set 'data.train.transforms.[4]={ op = "map"; fn = "cast"; feature = "label"; dtype = "float32"; }'
+expect_fail 1 "... and its value" 'is 6, outside [0, 1] for binary_cross_entropy' \
     timeout 120 "$LOOM" train "$BIN" --model-dir "$WORK/badlab" --set run.max_steps=3 \
     --set 'data.train.transforms.[4]={ op = "map"; fn = "cast"; feature = "label"; dtype = "float32"; }'
 finish

@@ -530,6 +530,402 @@ static void test_metric_fit(void)
     loom_model_free(m);
 }
 
+
+/* ---- optimizers -------------------------------------------------------------- */
+
+static loom_optimizer_spec opt_spec(loom_opt_kind k)
+{
+    loom_optimizer_spec s = {0};
+    s.kind = k;
+    s.learning_rate = 0.1;
+    s.beta1 = 0.9;
+    s.beta2 = 0.999;
+    s.epsilon = 1e-7;
+    s.rho = 0.9;
+    s.weight_decay = 0.004;
+    s.schedule.kind = LOOM_SCHED_CONSTANT;
+    return s;
+}
+
+static const float G3[3] = {0.1f, -0.2f, 0.3f};
+
+static void run_opt(loom_optimizer_spec s, float p[3], const float *g, int steps)
+{
+    loom_optimizer *o = NULL;
+    CHECK(loom_optimizer_new(&o, &s, 3, &err) == LOOM_OK);
+    if (!o) return;
+    p[0] = 1, p[1] = 2, p[2] = 3;
+    for (int t = 0; t < steps; t++) loom_optimizer_apply(o, p, g, t);
+    loom_optimizer_free(o);
+}
+
+static void test_optimizers_more(void)
+{
+    /* AdamW (Keras): p -= lr wd p, then Adam's step, in double for 3 steps */
+    float p[3];
+    run_opt(opt_spec(LOOM_OPT_ADAMW), p, G3, 3);
+    for (int i = 0; i < 3; i++) {
+        double w = i + 1, m = 0, v = 0;
+        for (int t = 1; t <= 3; t++) {
+            w -= 0.1 * 0.004 * w;
+            m = 0.9 * m + 0.1 * G3[i];
+            v = 0.999 * v + 0.001 * G3[i] * G3[i];
+            double lr_t = 0.1 * sqrt(1 - pow(0.999, t)) / (1 - pow(0.9, t));
+            w -= lr_t * m / (sqrt(v) + 1e-7);
+        }
+        CHECK_NEAR(p[i], w, 1e-5);
+    }
+    /* AdamW with weight_decay 0 is Adam, bit for bit */
+    float a[3], b[3];
+    loom_optimizer_spec s = opt_spec(LOOM_OPT_ADAMW);
+    s.weight_decay = 0;
+    run_opt(s, a, G3, 4);
+    run_opt(opt_spec(LOOM_OPT_ADAM), b, G3, 4);
+    CHECK(memcmp(a, b, sizeof a) == 0);
+    /* RMSprop (Keras 3): v = rho v + (1 - rho) g^2; p -= lr g / sqrt(v + eps) */
+    run_opt(opt_spec(LOOM_OPT_RMSPROP), p, G3, 3);
+    for (int i = 0; i < 3; i++) {
+        double w = i + 1, v = 0;
+        for (int t = 0; t < 3; t++) {
+            v = 0.9 * v + 0.1 * G3[i] * G3[i];
+            w -= 0.1 * G3[i] / sqrt(v + 1e-7);
+        }
+        CHECK_NEAR(p[i], w, 1e-5);
+    }
+    loom_optimizer *o = NULL;
+    loom_optimizer_spec rs = opt_spec(LOOM_OPT_RMSPROP);
+    CHECK(loom_optimizer_new(&o, &rs, 3, &err) == LOOM_OK);
+    CHECK(loom_optimizer_num_slots(o) == 1 && !strcmp(loom_optimizer_slot_name(o, 0), "rms"));
+    loom_optimizer_free(o);
+    /* clip_norm: g = (3, 4, 0) has norm 5; clipped to 1 it is (0.6, 0.8, 0) */
+    const float g[3] = {3, 4, 0};
+    s = opt_spec(LOOM_OPT_SGD);
+    s.clip_norm = 1.0;
+    run_opt(s, p, g, 1);
+    CHECK_NEAR(p[0], 1 - 0.1 * 0.6, 1e-7);
+    CHECK_NEAR(p[1], 2 - 0.1 * 0.8, 1e-7);
+    CHECK_NEAR(p[2], 3, 0);
+    s.clip_norm = 10.0; /* under the norm: unchanged */
+    run_opt(s, p, g, 1);
+    CHECK_NEAR(p[0], 1 - 0.3, 1e-7);
+    CHECK_NEAR(p[1], 2 - 0.4, 1e-7);
+}
+
+/* With clip_norm, ranges that partition [0, P) give apply's bits: each range
+ * reads the norm of the whole buffer (mirrored's sharded update relies on it). */
+static void test_clip_ranges(void)
+{
+    enum { P = 5000 };
+    float *g = malloc(P * sizeof *g), *p1 = malloc(P * sizeof *p1), *p2 = malloc(P * sizeof *p2);
+    loom_rng r;
+    loom_rng_init(&r, 3, 0, 0, 0);
+    for (int i = 0; i < P; i++) g[i] = loom_rng_normal(&r), p1[i] = p2[i] = loom_rng_normal(&r);
+    static const loom_opt_kind kinds[] = {LOOM_OPT_SGD, LOOM_OPT_ADAMW, LOOM_OPT_RMSPROP};
+    for (int k = 0; k < 3; k++) {
+        loom_optimizer_spec s = opt_spec(kinds[k]);
+        s.clip_norm = 2.5;
+        loom_optimizer *a = NULL, *b = NULL;
+        CHECK(loom_optimizer_new(&a, &s, P, &err) == LOOM_OK && loom_optimizer_new(&b, &s, P, &err) == LOOM_OK);
+        CHECK(loom_optimizer_needs_full_grads(a));
+        for (int t = 0; t < 3; t++) {
+            loom_optimizer_apply(a, p1, g, t);
+            loom_optimizer_apply_range(b, NULL, p2, g, t, 0, 1600);
+            loom_optimizer_apply_range(b, NULL, p2, g, t, 1600, 3200);
+            loom_optimizer_apply_range(b, NULL, p2, g, t, 3200, P);
+        }
+        CHECK_MSG(memcmp(p1, p2, P * sizeof *p1) == 0, "optimizer %d: ranges differ from one apply", (int)kinds[k]);
+        /* the clipped step is small: no weight moved by more than lr * clip_norm */
+        loom_optimizer_free(a);
+        loom_optimizer_free(b);
+    }
+    free(g), free(p1), free(p2);
+}
+
+static void test_l2(void)
+{
+    loom_layer_spec ls[] = {L_dense(6, LOOM_ACT_TANH), L_dense(3, LOOM_ACT_NONE)};
+    loom_model_spec *s = mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 2, ls);
+    s->l2 = 0.05;
+    gradcheck("sparse ce + l2 0.05", s, shp(1, 5, 0, 0), shp(0, 0, 0, 0), LOOM_I64, 6, 0);
+    /* the reported mean loss carries l2 * sum(kernel^2) once; biases are not penalised */
+    fixture f;
+    if (fixture_new(&f, s, shp(1, 5, 0, 0), shp(0, 0, 0, 0), LOOM_I64, 6, 11, 0) != LOOM_OK) return;
+    double with = step_loss(&f), ss = 0;
+    for (int i = 0; i < loom_model_num_param_tensors(f.m); i++) {
+        const loom_param_info *t = loom_model_param_tensor(f.m, i);
+        if (!strstr(t->name, "/kernel")) continue;
+        for (int64_t k = 0; k < loom_shape_numel(&t->shape); k++)
+            ss += (double)loom_model_params(f.m)[t->offset + k] * loom_model_params(f.m)[t->offset + k];
+    }
+    fixture g;
+    s->l2 = 0;
+    if (fixture_new(&g, s, shp(1, 5, 0, 0), shp(0, 0, 0, 0), LOOM_I64, 6, 11, 0) == LOOM_OK) {
+        double without = step_loss(&g);
+        CHECK_NEAR(with / 6, without / 6 + 0.05 * ss, 1e-6);
+        fixture_free(&g);
+    }
+    fixture_free(&f);
+}
+
+/* ---- layers -------------------------------------------------------------------- */
+
+static loom_layer_spec L_kind(loom_layer_kind k)
+{
+    loom_layer_spec s = {0};
+    s.kind = k;
+    s.epsilon = 1e-3;
+    s.momentum = 0.99;
+    s.alpha = 0.3;
+    return s;
+}
+
+static loom_layer_spec L_conv(int filters, int k)
+{
+    loom_layer_spec s = {0};
+    s.kind = LOOM_LAYER_CONV2D;
+    s.filters = filters;
+    s.kernel[0] = s.kernel[1] = k;
+    s.stride[0] = s.stride[1] = 1;
+    s.padding = LOOM_PAD_SAME;
+    s.kernel_init = LOOM_INIT_GLOROT_UNIFORM;
+    s.use_bias = true;
+    return s;
+}
+
+static loom_layer_spec L_avg(int k, int stride, loom_padding p)
+{
+    loom_layer_spec s = L_kind(LOOM_LAYER_AVG_POOL2D);
+    s.pool[0] = s.pool[1] = k;
+    s.stride[0] = s.stride[1] = stride;
+    s.padding = p;
+    return s;
+}
+
+static loom_layer_spec L_act(loom_activation a)
+{
+    loom_layer_spec s = L_kind(LOOM_LAYER_ACTIVATION);
+    s.activation = a;
+    return s;
+}
+
+/* Each new layer's backward against central differences, behind a layer with
+ * parameters (so its input gradient is checked too). */
+static void test_grad_layers(void)
+{
+    loom_shape img = shp(3, 5, 5, 2), vec = shp(1, 5, 0, 0), scalar = shp(0, 0, 0, 0);
+    loom_layer_spec bn_dense[] = {L_dense(6, LOOM_ACT_NONE), L_kind(LOOM_LAYER_BATCH_NORM), L_act(LOOM_ACT_TANH),
+                                  L_dense(3, LOOM_ACT_NONE)};
+    gradcheck("batch_normalization (features)", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, bn_dense), vec, scalar, LOOM_I64, 8, 0);
+    /* tanh, not relu, after it: a weight's step moves every normalised value, and relu kinks would blur the check */
+    loom_layer_spec bn_conv[] = {L_conv(3, 3), L_kind(LOOM_LAYER_BATCH_NORM), L_act(LOOM_ACT_TANH),
+                                 L_kind(LOOM_LAYER_FLATTEN), L_dense(3, LOOM_ACT_NONE)};
+    gradcheck("batch_normalization (conv channels)", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 5, bn_conv), img, scalar, LOOM_I64,
+              4, 0);
+    loom_layer_spec bn_first[] = {L_kind(LOOM_LAYER_BATCH_NORM), L_dense(3, LOOM_ACT_NONE)}; /* no input gradient */
+    gradcheck("batch_normalization first", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 2, bn_first), vec, scalar, LOOM_I64, 8, 0);
+    loom_layer_spec ln[] = {L_dense(6, LOOM_ACT_NONE), L_kind(LOOM_LAYER_LAYER_NORM), L_dense(3, LOOM_ACT_NONE)};
+    gradcheck("layer_normalization", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 3, ln), vec, scalar, LOOM_I64, 6, 0);
+    loom_layer_spec ln_img[] = {L_conv(4, 3), L_kind(LOOM_LAYER_LAYER_NORM), L_kind(LOOM_LAYER_FLATTEN),
+                                L_dense(3, LOOM_ACT_NONE)};
+    gradcheck("layer_normalization (per position)", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, ln_img), img, scalar, LOOM_I64, 3,
+              0);
+    loom_layer_spec gap[] = {L_conv(4, 3), L_kind(LOOM_LAYER_GLOBAL_AVG_POOL2D), L_dense(3, LOOM_ACT_NONE)};
+    gradcheck("global_average_pooling2d", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 3, gap), img, scalar, LOOM_I64, 4, 0);
+    loom_layer_spec avg_v[] = {L_conv(3, 3), L_avg(2, 2, LOOM_PAD_VALID), L_kind(LOOM_LAYER_FLATTEN),
+                               L_dense(3, LOOM_ACT_NONE)};
+    gradcheck("average_pooling2d valid", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, avg_v), img, scalar, LOOM_I64, 4, 0);
+    loom_layer_spec avg_s[] = {L_conv(3, 3), L_avg(3, 2, LOOM_PAD_SAME), L_kind(LOOM_LAYER_FLATTEN),
+                               L_dense(3, LOOM_ACT_NONE)};
+    gradcheck("average_pooling2d same 3/2", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, avg_s), img, scalar, LOOM_I64, 4, 0);
+    loom_layer_spec leaky[] = {L_dense(6, LOOM_ACT_NONE), L_act(LOOM_ACT_LEAKY_RELU), L_dense(3, LOOM_ACT_NONE)};
+    gradcheck("leaky_relu", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 3, leaky), vec, scalar, LOOM_I64, 6, 0);
+    loom_layer_spec gelu[] = {L_dense(6, LOOM_ACT_NONE), L_act(LOOM_ACT_GELU), L_dense(3, LOOM_ACT_NONE)};
+    gradcheck("gelu", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 3, gelu), vec, scalar, LOOM_I64, 6, 0);
+    /* gelu and leaky_relu inside a dense layer: an error with the layer to write instead */
+    loom_layer_spec bad[] = {L_dense(6, LOOM_ACT_GELU)};
+    loom_model *m = NULL;
+    CHECK(loom_model_new(&m, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 1, bad), &vec, LOOM_F32, &scalar, LOOM_I64, 4, &err) ==
+          LOOM_ESHAPE);
+    CHECK_CONTAINS(err.hint, "{ type = \"activation\"; activation = \"gelu\"; }");
+}
+
+static void test_layer_values(void)
+{
+    /* gelu(1) = 0.8413447, leaky_relu(-2) = -0.6 with alpha 0.3; avg pool same counts only the inside */
+    loom_layer_spec g1[] = {L_act(LOOM_ACT_GELU)}, l1[] = {L_act(LOOM_ACT_LEAKY_RELU)};
+    loom_shape vec = shp(1, 2, 0, 0);
+    loom_model *m = NULL;
+    float x[] = {1.f, -2.f}, out[2];
+    loom_tensor xt;
+    tensor_of(&xt, LOOM_F32, shp(2, 1, 2, 0), x);
+    CHECK(loom_model_new(&m, mk(LOOM_LOSS_MSE, 1, g1), &vec, LOOM_F32, &vec, LOOM_F32, 1, &err) == LOOM_OK);
+    if (m && loom_model_predict(m, &xt, out, &err) == LOOM_OK) {
+        CHECK_NEAR(out[0], 0.8413447, 1e-6);
+        CHECK_NEAR(out[1], -2 * 0.0227501319, 1e-6);
+    }
+    loom_model_free(m);
+    CHECK(loom_model_new(&m, mk(LOOM_LOSS_MSE, 1, l1), &vec, LOOM_F32, &vec, LOOM_F32, 1, &err) == LOOM_OK);
+    if (m && loom_model_predict(m, &xt, out, &err) == LOOM_OK) CHECK(out[0] == 1.f && fabsf(out[1] + 0.6f) < 1e-7f);
+    loom_model_free(m);
+    loom_tensor_fini(&xt);
+    loom_layer_spec ap[] = {L_avg(2, 2, LOOM_PAD_SAME)};
+    loom_shape in = shp(3, 3, 3, 1), o = shp(3, 2, 2, 1);
+    CHECK(loom_model_new(&m, mk(LOOM_LOSS_MSE, 1, ap), &in, LOOM_F32, &o, LOOM_F32, 1, &err) == LOOM_OK);
+    float img[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, po[4];
+    loom_shape xs4 = {.rank = 4, .dim = {1, 3, 3, 1}};
+    tensor_of(&xt, LOOM_F32, xs4, img);
+    if (m && loom_model_predict(m, &xt, po, &err) == LOOM_OK) {
+        CHECK_NEAR(po[0], 3.0, 1e-6); /* (1 + 2 + 4 + 5) / 4 */
+        CHECK_NEAR(po[1], 4.5, 1e-6); /* (3 + 6) / 2: the padding is not counted */
+        CHECK_NEAR(po[3], 9.0, 1e-6);
+    }
+    loom_model_free(m);
+    loom_tensor_fini(&xt);
+}
+
+/* Batch normalization: moving statistics move toward the batch's as Keras
+ * does, evaluation uses them, and a step gives the same bits with 1 and 3
+ * threads (the statistics cross the chunks). */
+static void test_batch_norm(void)
+{
+    loom_layer_spec ls[] = {L_dense(4, LOOM_ACT_NONE), L_kind(LOOM_LAYER_BATCH_NORM), L_dense(3, LOOM_ACT_NONE)};
+    loom_model_spec *s = mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 3, ls);
+    fixture a, b;
+    if (fixture_new(&a, s, shp(1, 5, 0, 0), shp(0, 0, 0, 0), LOOM_I64, 9, 3, 0) ||
+        fixture_new(&b, s, shp(1, 5, 0, 0), shp(0, 0, 0, 0), LOOM_I64, 9, 3, 0)) {
+        CHECK(0);
+        return;
+    }
+    const loom_param_info *mm = NULL, *mv = NULL;
+    for (int i = 0; i < loom_model_num_param_tensors(a.m); i++) {
+        const loom_param_info *t = loom_model_param_tensor(a.m, i);
+        if (strstr(t->name, "/moving_mean")) mm = t;
+        if (strstr(t->name, "/moving_variance")) mv = t;
+    }
+    CHECK(mm && mv && !strcmp(mm->name, "layer_1/moving_mean"));
+    if (!mm || !mv) return;
+    float *pa = loom_model_params(a.m);
+    CHECK(pa[mm->offset] == 0.f && pa[mv->offset] == 1.f);
+    /* the batch's mean of the dense outputs, by hand */
+    double mean0 = 0;
+    const float *W = pa, *bias = pa + 5 * 4;
+    for (int e = 0; e < 9; e++) {
+        double z = bias[0];
+        for (int k = 0; k < 5; k++) z += (double)((float *)a.x.data)[e * 5 + k] * W[k * 4];
+        mean0 += z / 9;
+    }
+    step_loss(&a);
+    CHECK_NEAR(pa[mm->offset], 0.01 * mean0, 1e-6);
+    loom_model_set_threads(b.m, 3, &err);
+    step_loss(&b);
+    CHECK(memcmp(loom_model_grads(a.m), loom_model_grads(b.m), (size_t)loom_model_num_params(a.m) * sizeof(float)) == 0);
+    CHECK(memcmp(pa, loom_model_params(b.m), (size_t)loom_model_num_params(a.m) * sizeof(float)) == 0);
+    /* evaluation normalises with the moving statistics: set them to the identity and compare */
+    for (int k = 0; k < 4; k++) pa[mm->offset + k] = 0.f, pa[mv->offset + k] = 1.f - 1e-3f;
+    double l_eval;
+    int64_t c;
+    CHECK(loom_model_evaluate(a.m, &a.x, &a.y, &l_eval, &c, &err) == LOOM_OK);
+    loom_layer_spec plain[] = {L_dense(4, LOOM_ACT_NONE), L_dense(3, LOOM_ACT_NONE)};
+    fixture p;
+    if (fixture_new(&p, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 2, plain), shp(1, 5, 0, 0), shp(0, 0, 0, 0), LOOM_I64, 9, 3, 0) ==
+        LOOM_OK) {
+        float *pp = loom_model_params(p.m);
+        memcpy(pp, pa, 24 * sizeof(float));                    /* dense 0 */
+        memcpy(pp + 24, pa + 24 + 16, 15 * sizeof(float));     /* dense 1, past gamma, beta, mean, variance */
+        memcpy(p.x.data, a.x.data, 9 * 5 * sizeof(float));
+        memcpy(p.y.data, a.y.data, 9 * sizeof(int64_t));
+        double l_plain;
+        CHECK(loom_model_evaluate(p.m, &p.x, &p.y, &l_plain, &c, &err) == LOOM_OK);
+        CHECK_NEAR(l_eval, l_plain, 1e-4);
+        fixture_free(&p);
+    }
+    /* AdamW's decay leaves the moving statistics alone (not trained), and decays gamma */
+    loom_optimizer_spec os = opt_spec(LOOM_OPT_ADAMW);
+    os.weight_decay = 0.5;
+    loom_optimizer *o = NULL;
+    CHECK(loom_optimizer_new(&o, &os, loom_model_num_params(b.m), &err) == LOOM_OK);
+    if (o) {
+        loom_optimizer_for_model(o, b.m);
+        float *pb = loom_model_params(b.m);
+        step_loss(&b);
+        float mm0 = pb[mm->offset + 1], mv0 = pb[mv->offset + 2], gamma0 = pb[mm->offset - 8];
+        memset(loom_model_grads(b.m), 0, (size_t)loom_model_num_params(b.m) * sizeof(float));
+        loom_optimizer_apply(o, pb, loom_model_grads(b.m), 0);
+        CHECK(pb[mm->offset + 1] == mm0 && pb[mv->offset + 2] == mv0);
+        CHECK_NEAR(pb[mm->offset - 8], gamma0 * (1 - 0.1 * 0.5), 1e-6);
+        loom_optimizer_free(o);
+    }
+    fixture_free(&a);
+    fixture_free(&b);
+}
+
+/* Per-example weights multiply each example's loss and gradient. */
+static void test_sample_weights(void)
+{
+    loom_layer_spec ls[] = {L_dense(6, LOOM_ACT_TANH), L_dense(3, LOOM_ACT_NONE)};
+    static const loom_loss_kind losses[] = {LOOM_LOSS_SPARSE_SOFTMAX_CE, LOOM_LOSS_MSE};
+    for (int k = 0; k < 2; k++) {
+        loom_model_spec *s = mk(losses[k], 2, ls);
+        loom_shape lab = k ? shp(1, 3, 0, 0) : shp(0, 0, 0, 0);
+        fixture f;
+        if (fixture_new(&f, s, shp(1, 5, 0, 0), lab, k ? LOOM_F32 : LOOM_I64, 4, 5, 0) != LOOM_OK) {
+            CHECK(0);
+            return;
+        }
+        /* each example's loss alone, from evaluate on a batch of one */
+        double each[4], loss, want = 0;
+        int64_t c;
+        const double wv[4] = {2, 0, 1, 0.5};
+        for (int b = 0; b < 4; b++) {
+            loom_tensor x1 = f.x, y1 = f.y;
+            x1.shape.dim[0] = y1.shape.dim[0] = 1;
+            x1.data = (float *)f.x.data + b * 5;
+            y1.data = (char *)f.y.data + b * (k ? 3 * sizeof(float) : sizeof(int64_t));
+            CHECK(loom_model_evaluate(f.m, &x1, &y1, &each[b], &c, &err) == LOOM_OK);
+            want += wv[b] * each[b];
+        }
+        loom_tensor w;
+        tensor_of(&w, LOOM_F64, shp(1, 4, 0, 0), wv);
+        loom_model_set_sample_weights(f.m, &w);
+        CHECK(loom_model_evaluate(f.m, &f.x, &f.y, &loss, &c, &err) == LOOM_OK);
+        CHECK_NEAR(loss, want, 1e-5);
+        char what[64];
+        snprintf(what, sizeof what, "loss %d with sample weights", k);
+        loom_model_set_sample_weights(f.m, NULL);
+        fixture_free(&f);
+        /* the gradient of the weighted loss against finite differences: the
+         * fixture's weights stay set through gradcheck's steps */
+        fixture g;
+        if (fixture_new(&g, s, shp(1, 5, 0, 0), lab, k ? LOOM_F32 : LOOM_I64, 4, 5, 0) == LOOM_OK) {
+            loom_model_set_sample_weights(g.m, &w);
+            int64_t P = loom_model_num_params(g.m), bad = 0;
+            float *p = loom_model_params(g.m);
+            double l0 = step_loss(&g);
+            float *ga = malloc((size_t)P * sizeof *ga);
+            memcpy(ga, loom_model_grads(g.m), (size_t)P * sizeof *ga);
+            (void)l0;
+            for (int64_t q = 0; q < P; q++) {
+                float p0 = p[q];
+                p[q] = p0 + 1e-2f;
+                double lp = step_loss(&g);
+                p[q] = p0 - 1e-2f;
+                double lm = step_loss(&g);
+                p[q] = p0;
+                double num = (lp - lm) / 2e-2 / 4, an = ga[q];
+                bad += fabs(num - an) / fmax(fmax(fabs(num), fabs(an)), 1e-2) > 1e-2;
+            }
+            CHECK_MSG(bad == 0, "%s: %lld gradients off", what, (long long)bad);
+            free(ga);
+            /* a negative weight is the data's error */
+            ((double *)w.data)[2] = -1;
+            CHECK(loom_model_train_step(g.m, &g.x, &g.y, 4, 0, &loss, &c, &err) == LOOM_EDATA);
+            CHECK_CONTAINS(err.msg, "sample weight of example 2 in the batch is -1");
+            fixture_free(&g);
+        }
+        loom_tensor_fini(&w);
+    }
+}
+
 static const loom_test tests[] = {
     {"loss gradients (bce, mae, huber, class weights)", test_grad_losses},
     {"binary cross-entropy values and bad labels", test_bce_values},
@@ -537,6 +933,13 @@ static const loom_test tests[] = {
     {"auc as Keras, precision, recall, mae, rmse", test_auc},
     {"top_k, accuracy, precision of classes", test_classification_metrics},
     {"metrics that do not fit the task", test_metric_fit},
+    {"adamw, rmsprop, clip_norm against their formulas", test_optimizers_more},
+    {"clip_norm: ranges read the whole norm", test_clip_ranges},
+    {"l2 regularisation: gradient and reported loss", test_l2},
+    {"new layers' gradients", test_grad_layers},
+    {"gelu, leaky_relu, average pooling values", test_layer_values},
+    {"batch normalization: moving statistics, threads, eval", test_batch_norm},
+    {"sample weights: loss, gradient, bad weights", test_sample_weights},
     {0},
 };
 
