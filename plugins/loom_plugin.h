@@ -38,7 +38,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define LOOM_PLUGIN_ABI_VERSION 1
+#define LOOM_PLUGIN_ABI_VERSION 2 /* 2: LOOM_MAX_FEATURES 8 -> 256 (loom_elem_spec, loom_elem grew) */
 
 #if defined(__GNUC__)
 #define LOOM_PLUGIN_EXPORT __attribute__((visibility("default")))
@@ -95,7 +95,7 @@ typedef struct loom_tensor {
 #endif
 
 #ifndef LOOM_DATA_H
-#define LOOM_MAX_FEATURES 8
+#define LOOM_MAX_FEATURES 256
 #define LOOM_NAME_MAX     64
 
 /* Names, dtypes and shapes of an element; batched: dim[0] is the batch

@@ -7,10 +7,12 @@
 #include "plugin/plugin.h"
 #include "script/script.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MAX_SETS 64
 
@@ -21,6 +23,7 @@ typedef struct cli_opts {
     int         n_sets;
     bool        fresh, print, quiet, verbose;
     const char *input, *output, *checkpoint;
+    const char *id;   /* predict --id NAMES */
     const char *task; /* --task ROLE:I */
     bool        watch;        /* evaluate --watch */
     double      idle_timeout; /* evaluate --watch --idle-timeout S */
@@ -40,7 +43,7 @@ typedef struct command {
 } command;
 
 enum { OPT_MODEL_DIR = 1, OPT_SET = 2, OPT_FRESH = 4, OPT_PRINT = 8, OPT_INPUT = 16, OPT_OUTPUT = 32,
-       OPT_CHECKPOINT = 64, OPT_TASK = 128, OPT_STATUS_PORT = 256, OPT_WATCH = 512 };
+       OPT_CHECKPOINT = 64, OPT_TASK = 128, OPT_STATUS_PORT = 256, OPT_WATCH = 512, OPT_ID = 1024 };
 
 static void print_errlist(const loom_errlist *l)
 {
@@ -94,6 +97,17 @@ static loom_spec *load(const cli_opts *o, int *status)
     return spec;
 }
 
+/* normalize maps with adapt = true get their numbers (data.h loom_data_adapt),
+ * with the context loom train builds its pipelines with. */
+static int adapt(loom_spec *spec, const char *model_dir, loom_adapt_mode mode, loom_err *err)
+{
+    loom_lua_opts lua = {.model_dir = spec->run.model_dir, .unsafe = spec->hooks.unsafe,
+                         .memory_limit = spec->hooks.memory_limit, .instruction_limit = spec->hooks.instruction_limit};
+    loom_data_ctx ctx = {.seed = spec->run.seed, .threads = spec->run.threads > 0 ? spec->run.threads : loom_num_cores(),
+                         .name = "adapt", .custom_options = &lua};
+    return loom_data_adapt(spec, model_dir ? model_dir : spec->run.model_dir, mode, &ctx, err);
+}
+
 /* This process's task in a cluster (NULL for one process), from --task,
  * TF_CONFIG, Slurm or MPI; every error before anything opens. */
 static int resolve_cluster(const loom_spec *spec, const cli_opts *o, loom_cluster **out, bool need_task, loom_err *err)
@@ -133,10 +147,12 @@ static int cmd_train(const cli_opts *o, double start, loom_err *err)
                       cl->task_detail, cl->rank, cl->n_train_ranks);
         }
         if (cl && cl->role == LOOM_ROLE_EVALUATOR) { /* the sidecar evaluator: it trains nothing */
-            rc = watch(spec, o, cl, err);
+            rc = adapt(spec, o->model_dir, LOOM_ADAPT_CHECK, err); /* the trainer's file, or the same pass */
+            if (!rc) rc = watch(spec, o, cl, err);
         } else {
             loom_train_opts to = {.model_dir = o->model_dir, .fresh = o->fresh, .start_time = start, .cluster = cl};
-            rc = loom_train(spec, &to, err);
+            rc = adapt(spec, o->model_dir, o->fresh ? LOOM_ADAPT_FRESH : LOOM_ADAPT_TRAIN, err);
+            if (!rc) rc = loom_train(spec, &to, err);
         }
     }
     loom_cluster_free(cl);
@@ -156,14 +172,20 @@ static int cmd_evaluate(const cli_opts *o, double start, loom_err *err)
     if (!rc && (o->watch || (cl && cl->role == LOOM_ROLE_EVALUATOR && cl->index >= 0))) {
         if (o->checkpoint) rc = loom_err_set(err, LOOM_EUSAGE, NULL, "--watch evaluates every new checkpoint: "
                                              "it takes no --checkpoint");
-        else rc = watch(spec, o, cl, err);
+        else if (!(rc = adapt(spec, o->model_dir, LOOM_ADAPT_CHECK, err))) /* the trainer's file, or the same pass */
+            rc = watch(spec, o, cl, err);
         loom_cluster_free(cl);
         loom_config_free(spec);
         return rc;
     }
     loom_cluster_free(cl);
+    if (!rc) rc = adapt(spec, o->model_dir, LOOM_ADAPT_LOAD, err);
     if (!rc) rc = loom_evaluate(spec, o->model_dir, o->checkpoint, &res, err);
-    if (!rc) {
+    if (!rc && res.examples == 0) { /* JSON has no nan: null, and say why */
+        printf("{\"checkpoint\": \"%s\", \"step\": %lld, \"examples\": 0, \"eval_loss\": null}\n", res.checkpoint,
+               (long long)res.step);
+        loom_info("%s (step %lld): no eval data: data.eval yielded no examples", res.checkpoint, (long long)res.step);
+    } else if (!rc) {
         /* eval_loss, then eval_<metric> for each of model.metrics */
         char js[512] = "", tx[400] = "";
         size_t jl = 0, tl = 0;
@@ -191,7 +213,10 @@ static int cmd_predict(const cli_opts *o, double start, loom_err *err)
     int status = 0;
     loom_spec *spec = load(o, &status);
     if (!spec) return -status;
-    int rc = loom_predict(spec, o->model_dir, o->checkpoint, o->input ? o->input : "eval", o->output, err);
+    int rc = adapt(spec, o->model_dir, LOOM_ADAPT_LOAD, err);
+    loom_predict_opts po = {.model_dir = o->model_dir, .checkpoint = o->checkpoint, .input = o->input ? o->input : "eval",
+                            .output = o->output, .id = o->id};
+    if (!rc) rc = loom_predict_run(spec, &po, err);
     loom_config_free(spec);
     return rc;
 }
@@ -208,7 +233,8 @@ static int cmd_check(const cli_opts *o, double start, loom_err *err)
         loom_config_print(spec, stdout);
     } else if (!rc) {
         if (cl || spec->cluster.present) loom_cluster_print(cl, stdout);
-        rc = loom_check(spec, cl, stdout, err);
+        rc = adapt(spec, o->model_dir, LOOM_ADAPT_CHECK, err);
+        if (!rc) rc = loom_check(spec, cl, stdout, err);
         if (!rc) printf("%s: ok\n", o->config);
     }
     loom_cluster_free(cl);
@@ -333,7 +359,8 @@ static int cmd_profile_main(int argc, char **argv, double start)
                          .memory_limit = spec->hooks.memory_limit, .instruction_limit = spec->hooks.instruction_limit};
     loom_data_ctx ctx = {.seed = spec->run.seed, .threads = threads, .name = "data.train", .input = input,
                          .custom_options = &lua};
-    int rc = input.num_input_pipelines ? loom_data_input_report(&spec->train, &ctx, stdout, &err) : LOOM_OK;
+    int rc = adapt(spec, NULL, LOOM_ADAPT_CHECK, &err);
+    if (!rc && input.num_input_pipelines) rc = loom_data_input_report(&spec->train, &ctx, stdout, &err);
     if (!rc) rc = loom_data_profile(&spec->train, &ctx, steps, stdout, &err);
     loom_config_free(spec);
     if (rc) {
@@ -413,7 +440,8 @@ static int cmd_export_main(int argc, char **argv, double start)
     loom_spec *spec = load(&o, &status);
     if (!spec) return status;
     loom_err err = {0};
-    int rc = loom_export(spec, &eo, &err);
+    int rc = adapt(spec, eo.model_dir, LOOM_ADAPT_LOAD, &err);
+    if (!rc) rc = loom_export(spec, &eo, &err);
     loom_config_free(spec);
     if (rc) {
         char buf[1200];
@@ -490,11 +518,14 @@ static const command commands[] = {
      "seconds without a new checkpoint. A cluster's evaluator task does the same.\n", cmd_evaluate,
      OPT_MODEL_DIR | OPT_SET | OPT_CHECKPOINT | OPT_TASK | OPT_WATCH, NULL},
     {"predict", "write predictions (class and probabilities) as CSV",
-     "loom predict CONFIG --output FILE [--input train|eval|FILE.idx] [--model-dir DIR] [--checkpoint FILE]",
+     "loom predict CONFIG --output FILE [--input train|eval|FILE] [--id NAMES] [--model-dir DIR] [--checkpoint FILE]",
      "--input names a dataset of the config (\"eval\", the default, or \"train\"; read in order,\n"
-     "without shuffle, repeat or random maps) or an IDX file of inputs, which gets the\n"
-     "eval pipeline's maps of the model input. The CSV has columns index,class,p0,p1,...\n",
-     cmd_predict, OPT_MODEL_DIR | OPT_SET | OPT_INPUT | OPT_OUTPUT | OPT_CHECKPOINT, NULL},
+     "without shuffle, repeat or random maps), an IDX file of inputs, or a new file read by the\n"
+     "config's csv or tfrecord source (only the model input and the --id features: labels may\n"
+     "be absent); files get the eval pipeline's maps of the model input. --id id,label copies\n"
+     "those features beside each prediction. Columns: index, the --id features, then by loss:\n"
+     "class,p0,p1,... (softmax cross-entropy) or prediction (mean squared error).\n",
+     cmd_predict, OPT_MODEL_DIR | OPT_SET | OPT_INPUT | OPT_OUTPUT | OPT_CHECKPOINT | OPT_ID, NULL},
     {"check", "validate a config, its data and its model without training",
      "loom check CONFIG [--print] [--task ROLE:I] [--set key.path=value ...]",
      "Reports unknown keys, wrong types, out-of-range values, missing files and shape or\n"
@@ -538,6 +569,7 @@ static void usage(FILE *f)
             "  --quiet, --verbose    less or more logging\n"
             "  -h, --help            help (loom COMMAND --help for a command's)\n"
             "  --version             print the version\n"
+            "  --cflags              compiler flags for building a plugin: -I<dir of loom_plugin.h>\n"
             "\nexit status: 0 success, 2 bad config or usage, 1 runtime failure\n"
             "config reference: docs/config.md\n");
 }
@@ -550,7 +582,10 @@ static void command_help(const command *c)
     if (c->accepts & OPT_SET) printf("  --set key.path=value  override a config setting (repeatable)\n");
     if (c->accepts & OPT_FRESH) printf("  --fresh               ignore existing checkpoints and start from scratch\n");
     if (c->accepts & OPT_PRINT) printf("  --print               print the resolved config\n");
-    if (c->accepts & OPT_INPUT) printf("  --input WHAT          train, eval (default) or an IDX file\n");
+    if (c->accepts & OPT_INPUT)
+        printf("  --input WHAT          train, eval (default), an IDX file, or a file for the config's csv/tfrecord "
+               "source\n");
+    if (c->accepts & OPT_ID) printf("  --id NAMES            features copied to the output beside each prediction (id,label)\n");
     if (c->accepts & OPT_OUTPUT) printf("  --output FILE         where to write the CSV (- for stdout)\n");
     if (c->accepts & OPT_CHECKPOINT) printf("  --checkpoint FILE     use this checkpoint instead of the latest\n");
     if (c->accepts & OPT_WATCH) printf("  --watch               evaluate each new checkpoint until training ends\n"
@@ -589,6 +624,41 @@ static int exit_status(int code)
     }
 }
 
+/* `loom --cflags`: -I of the directory holding loom_plugin.h, so a plugin
+ * builds from anywhere: cc -shared -fPIC -O2 $(loom --cflags) op.c -o op.so.
+ * Looked for beside an installed binary (<bin>/../include/loom), then where
+ * this build installs headers, then in this build's source tree. */
+static int print_cflags(void)
+{
+    char exe[LOOM_PATH_MAX], cand[LOOM_PATH_MAX + 32];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    const char *dirs = LOOM_PLUGIN_HEADER_DIRS;
+    if (n > 0) {
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) *slash = 0;
+        snprintf(cand, sizeof cand, "%s/../include/loom/loom_plugin.h", exe);
+        char real[PATH_MAX];
+        if (realpath(cand, real)) {
+            *strrchr(real, '/') = 0;
+            printf("-I%s\n", real);
+            return LOOM_EXIT_OK;
+        }
+    }
+    for (const char *p = dirs; *p;) {
+        size_t len = strcspn(p, ":");
+        snprintf(cand, sizeof cand, "%.*s/loom_plugin.h", (int)len, p);
+        if (access(cand, R_OK) == 0) {
+            printf("-I%.*s\n", (int)len, p);
+            return LOOM_EXIT_OK;
+        }
+        p += len + (p[len] == ':');
+    }
+    fprintf(stderr, "loom: loom_plugin.h is not installed beside this binary nor in %s\n"
+                    "  hint: install loom (meson install), or pass -I<loom source>/plugins\n", dirs);
+    return LOOM_EXIT_RUNTIME;
+}
+
 int loom_cli_main(int argc, char **argv, double start_time)
 {
     if (argc < 2) {
@@ -599,6 +669,7 @@ int loom_cli_main(int argc, char **argv, double start_time)
         printf("loom %s\n", LOOM_VERSION);
         return LOOM_EXIT_OK;
     }
+    if (!strcmp(argv[1], "--cflags")) return print_cflags();
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);
         return LOOM_EXIT_OK;
@@ -657,6 +728,9 @@ int loom_cli_main(int argc, char **argv, double start_time)
         } else if (is_opt(a, "--input")) {
             need = OPT_INPUT;
             if ((v = opt_value(argc, argv, &i, "--input", &err))) o.input = v;
+        } else if (is_opt(a, "--id")) {
+            need = OPT_ID;
+            if ((v = opt_value(argc, argv, &i, "--id", &err))) o.id = v;
         } else if (is_opt(a, "--output")) {
             need = OPT_OUTPUT;
             if ((v = opt_value(argc, argv, &i, "--output", &err))) o.output = v;

@@ -40,7 +40,7 @@ const char *const loom_map_names_[] = {"cast", "scale", "normalize", "one_hot", 
                                        NULL};
 const char *const loom_transform_names_[] = {"map", "shuffle", "batch", "repeat", "take", "skip", "prefetch",
                                              "filter", "shard", "enumerate", "unbatch", "padded_batch", "cache",
-                                             "interleave", "zip", NULL};
+                                             "interleave", "zip", "split", "concat", "select", NULL};
 const char *const loom_layer_names_[] = {"dense", "conv2d", "max_pool2d", "dropout", "flatten", "activation",
                                          "batch_normalization", "layer_normalization", "average_pooling2d",
                                          "global_average_pooling2d", "embedding", NULL};
@@ -59,6 +59,7 @@ const char *const loom_strategy_names_[] = {"one_device", "mirrored", "central_s
 const char *const loom_progress_names_[] = {"auto", "bar", "plain", "none", NULL};
 static const char *const catalog_names[] = {"fashion_mnist", "mnist", NULL};
 static const char *const split_names[] = {"train", "test", NULL};
+static const char *const split_part_names[] = {"train", "eval", NULL};
 
 const char *loom_cfg_name_(const char *const *names, int i)
 {
@@ -559,6 +560,9 @@ static void parse_tfr_features(ctx *c, const config_setting_t *s, void *base);
 static void parse_tfr_shape(ctx *c, const config_setting_t *s, void *base);
 static void parse_delimiter(ctx *c, const config_setting_t *s, void *base);
 static void parse_csv_columns(ctx *c, const config_setting_t *s, void *base);
+static void parse_csv_index(ctx *c, const config_setting_t *s, void *base);
+static void parse_norm_values(ctx *c, const config_setting_t *s, void *base);
+static void parse_feature_names(ctx *c, const config_setting_t *s, void *base);
 static void parse_syn_features(ctx *c, const config_setting_t *s, void *base);
 static void parse_syn_ctr(ctx *c, const config_setting_t *s, void *base);
 static void parse_syn_shape(ctx *c, const config_setting_t *s, void *base);
@@ -648,7 +652,7 @@ static const opt source_opts[] = {
     O_KIND(loom_source_spec, "type", kind, 0, loom_source_names_, ALL, "source type"),
     O_CUSTOM("options", parse_source_options, SRC(PLUGIN), 0,
              "a plugin source's options: KEY = number, string or true/false, at most 8"),
-    O_CUSTOM("features", parse_features, SRC(IDX), SRC(IDX), "feature name = \"file.idx[.gz]\", 1 to 8"),
+    O_CUSTOM("features", parse_features, SRC(IDX), SRC(IDX), "feature name = \"file.idx[.gz]\", 1 to 256"),
     O_STR(loom_source_spec, "name", name, NULL, catalog_names, SRC(CATALOG), SRC(CATALOG), "catalog dataset"),
     O_STR(loom_source_spec, "split", split, NULL, split_names, SRC(CATALOG), SRC(CATALOG), "catalog split"),
     O_CUSTOM("files", parse_files, SRC(TFRECORD), SRC(TFRECORD),
@@ -659,21 +663,21 @@ static const opt source_opts[] = {
            0, "error, or skip (count and report) bad records"),
     O_BOOL(loom_source_spec, "shuffle_files", shuffle_files, 0, SRC(TFRECORD), "shuffle the file order each epoch"),
     O_CUSTOM("features", parse_tfr_features, SRC(TFRECORD), SRC(TFRECORD),
-             "NAME = { dtype = ...; shape = [...]; }, 1 to 8"),
+             "NAME = { dtype = ...; shape = [...]; }, 1 to 256"),
     O_CUSTOM("files", parse_files, SRC(CSV) | SRC(TEXT) | SRC(LIST_FILES), SRC(CSV) | SRC(TEXT) | SRC(LIST_FILES),
              "paths or glob patterns, 1 to 16, relative to the config's directory"),
     O_BOOL(loom_source_spec, "shuffle", shuffle_files, 1, SRC(LIST_FILES), "shuffle the file names each epoch"),
     O_INT(loom_source_spec, "seed", seed, 0, 0, INT64_MAX, SRC(LIST_FILES), 0, "shuffle seed; default run.seed"),
     O_BOOL(loom_source_spec, "header", header, 1, SRC(CSV), "the first record of each file names the columns"),
     O_CUSTOM("delimiter", parse_delimiter, SRC(CSV), 0, "one character, default \",\""),
-    O_CUSTOM("columns", parse_csv_columns, SRC(CSV), SRC(CSV), "NAME = { dtype = ...; }, 1 to 8"),
+    O_CUSTOM("columns", parse_csv_columns, SRC(CSV), SRC(CSV), "NAME = { dtype = ...; }, 1 to 256"),
     O_INT(loom_source_spec, "max_length", max_length, 0, 1, 1 << 24, SRC(TEXT), SRC(TEXT),
           "bytes of the line feature (zero-padded)"),
     O_BOOL(loom_source_spec, "truncate", truncate, 0, SRC(TEXT), "cut longer lines instead of failing"),
     O_INT(loom_source_spec, "count", count, 0, -1, INT64_MAX, SRC(SYNTHETIC), SRC(SYNTHETIC),
           "elements per pass; -1 = infinite"),
     O_CUSTOM("features", parse_syn_features, SRC(SYNTHETIC), 0,
-             "NAME = { dtype = ...; shape = [...]; }, 1 to 8 (required without ctr)"),
+             "NAME = { dtype = ...; shape = [...]; }, 1 to 256 (required without ctr)"),
     O_CUSTOM("ctr", parse_syn_ctr, SRC(SYNTHETIC), 0,
              "{ columns = 26; ... }: click-through-rate data (features ids and label) from a known logistic model"),
     O_END,
@@ -682,8 +686,9 @@ static const opt source_opts[] = {
 /* One column group of a csv source; the dtype selects the kind. */
 static const opt csv_column_opts[] = {
     O_KIND(loom_csv_column, "dtype", dtype, 0, loom_cfg_dtype_names_, ALL, "uint8, int32, int64, float32 or float64"),
-    O_INT(loom_csv_column, "index", index, -1, 0, INT_MAX, ALL, 0,
-          "0-based field index; required with header = false"),
+    O_CUSTOM("index", parse_csv_index, ALL, 0,
+             "0-based field index, or a range \"a-b\" (inclusive) gathered into one vector feature of shape [b - a + 1]; "
+             "required with header = false"),
     O_STR(loom_csv_column, "column", column, "", NULL, ALL, 0, "header name to select; default the feature's name"),
     O_F64(loom_csv_column, "default", default_value, 0.0, 0, 0, F_NO_LO | F_NO_HI, ALL, 0,
           "value of an empty field; without it an empty field is an error"),
@@ -736,6 +741,15 @@ static const opt transform_opts[] = {
     O_INT(loom_transform_spec, "buffer", buffer, 0, 1, INT64_MAX, TR(SHUFFLE), TR(SHUFFLE), "shuffle buffer"),
     O_CUSTOM("buffer", parse_prefetch_buffer, TR(PREFETCH), 0, "prefetch queue depth; \"auto\" or -1 (default), 0 disables"),
     O_INT(loom_transform_spec, "seed", seed, 0, 0, INT64_MAX, TR(SHUFFLE), 0, "shuffle seed; default run.seed"),
+    O_CUSTOM("features", parse_feature_names, TR(CONCAT) | TR(SELECT), TR(CONCAT) | TR(SELECT),
+             "[\"a\", \"b\", ...]: concat joins them (each flattened per example) into `output`; select keeps only them"),
+    O_STR(loom_transform_spec, "output", output, NULL, NULL, TR(CONCAT), TR(CONCAT), "the feature concat adds"),
+    O_F64(loom_transform_spec, "fraction", fraction, 0.8, 0.0, 1.0, F_LO_OPEN | F_HI_OPEN, TR(SPLIT), TR(SPLIT),
+          "share of the elements in the training part, in (0, 1)"),
+    O_ENUM(loom_transform_spec, "part", part, LOOM_SPLIT_TRAIN, split_part_names, TR(SPLIT), TR(SPLIT),
+           "which part this pipeline keeps: train or eval"),
+    O_INT(loom_transform_spec, "seed", seed, 0, 0, INT64_MAX, TR(SPLIT), 0,
+          "which elements go where; default run.seed (give the same seed in data.train and data.eval)"),
     O_BOOL(loom_transform_spec, "reshuffle", reshuffle, 1, TR(SHUFFLE), "reshuffle each epoch"),
     O_INT(loom_transform_spec, "size", batch_size, 0, 1, LOOM_MAX_BATCH, TR(BATCH), TR(BATCH), "batch size"),
     O_BOOL(loom_transform_spec, "drop_remainder", drop_remainder, 0, TR(BATCH), "drop a short last batch"),
@@ -787,8 +801,11 @@ static const opt map_opts[] = {
            "target dtype (decode_image: uint8, or float32 in [0, 1])"),
     O_F64(loom_map_spec, "scale", scale, 1.0, 0, 0, F_NO_LO | F_NO_HI, MAP(SCALE), 0, "x * scale + offset"),
     O_F64(loom_map_spec, "offset", offset, 0.0, 0, 0, F_NO_LO | F_NO_HI, MAP(SCALE), 0, "x * scale + offset"),
-    O_F64(loom_map_spec, "mean", mean, 0.0, 0, 0, F_NO_LO | F_NO_HI, MAP(NORMALIZE), 0, "(x - mean) / std"),
-    O_F64(loom_map_spec, "std", std, 1.0, 0, 0, F_LO_OPEN | F_NO_HI, MAP(NORMALIZE), 0, "(x - mean) / std"),
+    O_CUSTOM("mean", parse_norm_values, MAP(NORMALIZE), 0,
+             "(x - mean) / std: a number, or one per index of the feature's last axis [m0, m1, ...]"),
+    O_CUSTOM("std", parse_norm_values, MAP(NORMALIZE), 0, "(x - mean) / std: a number > 0, or one per index [s0, ...]"),
+    O_BOOL(loom_map_spec, "adapt", adapt, 0, MAP(NORMALIZE),
+           "mean and std per index of the last axis from one pass over data.train at start (cached in model_dir)"),
     O_INT(loom_map_spec, "depth", depth, 0, 1, INT_MAX, MAP(ONE_HOT), MAP(ONE_HOT), "number of classes"),
     O_CUSTOM("shape", parse_shape, MAP(RESHAPE), MAP(RESHAPE), "target shape, one dim may be -1"),
     O_INT(loom_map_spec, "padding", padding, 0, 0, 1 << 20, MAP(PAD), MAP(PAD), "added on every side of H and W"),
@@ -1661,6 +1678,33 @@ static void parse_delimiter(ctx *c, const config_setting_t *s, void *base)
     src->delimiter = d[0];
 }
 
+#define CSV_MAX_FIELDS_ (1 << 20) /* a range's last field: far beyond any real table, far from overflow */
+
+/* index = 3 (one field, a scalar feature) or index = "1-30" (fields 1 to 30, a vector feature of shape [30]). */
+static void parse_csv_index(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_csv_column *col = base;
+    char v[300];
+    int64_t x;
+    col->count = 0;
+    if (is_int(s)) {
+        if (get_int_in(c, s, 0, INT_MAX, &x)) col->index = (int)x;
+        return;
+    }
+    const char *str = config_setting_type(s) == CONFIG_TYPE_STRING ? config_setting_get_string(s) : NULL;
+    long long a = -1, b = -1;
+    int used = 0;
+    if (!str || sscanf(str, " %lld - %lld %n", &a, &b, &used) != 2 || str[used] || a < 0 || b < a ||
+        b >= CSV_MAX_FIELDS_) {
+        loom_err *e = cerr(c, s, "expected a field index >= 0 or a range \"first-last\" (0-based, inclusive, "
+                                 "first <= last < %d), got %s", CSV_MAX_FIELDS_, value_str(s, v, sizeof v));
+        if (e) loom_err_hint(e, "e.g. index = \"1-30\"; gathers fields 1 to 30 into one feature of shape [30]");
+        return;
+    }
+    col->index = (int)a;
+    col->count = (int)(b - a + 1);
+}
+
 static void check_csv_column(ctx *c, const loom_source_spec *src, const config_setting_t *g, const char *name,
                              void *item, int k)
 {
@@ -1675,6 +1719,7 @@ static void check_csv_column(ctx *c, const loom_source_spec *src, const config_s
                                  "position)");
         if (e) loom_err_hint(e, "e.g. %s = { dtype = \"%s\"; index = 0; };", name, loom_cfg_name_(loom_cfg_dtype_names_, k));
     }
+    if (!idx) col->index = -1;
     if (idx && cn) cerr(c, cn, "give either index or column, not both");
     if (!src->header && cn) cerr(c, cn, "column (a header name) needs header = true");
     if (!col->column[0] && col->index < 0) snprintf(col->column, sizeof col->column, "%s", name);
@@ -1959,6 +2004,29 @@ static void parse_values(ctx *c, const config_setting_t *s, void *base)
 }
 
 /* filter: in = [...] or not_in = [...]; which one is given decides the predicate. */
+static void parse_feature_names(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_transform_spec *t = base;
+    char v[300];
+    int n = (config_setting_is_array(s) || config_setting_is_list(s)) ? config_setting_length(s) : -1;
+    if (n < 1 || n > LOOM_MAX_FEATURES) {
+        cerr(c, s, "expected a list of 1 to %d feature names, got %s", LOOM_MAX_FEATURES, value_str(s, v, sizeof v));
+        return;
+    }
+    t->n_names = 0;
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *e = config_setting_get_elem(s, i);
+        const char *str = config_setting_type(e) == CONFIG_TYPE_STRING ? config_setting_get_string(e) : NULL;
+        if (!str || !str[0] || strlen(str) >= LOOM_NAME_MAX) {
+            cerr(c, e, "expected a feature name (1 to %d characters), got %s", LOOM_NAME_MAX - 1, value_str(e, v, sizeof v));
+            continue;
+        }
+        for (int j = 0; j < t->n_names; j++)
+            if (!strcmp(t->names[j], str)) cerr(c, e, "\"%s\" is listed twice", str);
+        snprintf(t->names[t->n_names++], LOOM_NAME_MAX, "%s", str);
+    }
+}
+
 static void parse_filter_values(ctx *c, const config_setting_t *s, void *base)
 {
     loom_transform_spec *t = base;
@@ -2084,6 +2152,47 @@ static void check_transform_more(ctx *c, const config_setting_t *g, loom_transfo
              (long long)t->index, (long long)t->num_shards);
 }
 
+/* normalize's mean or std: a number, or an array of numbers (one per index of
+ * the feature's last axis); arrays go to mean_v/std_v, the other side repeated. */
+static void parse_norm_values(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_map_spec *m = base;
+    bool is_std = !strcmp(config_setting_name(s), "std");
+    double *scalar = is_std ? &m->std : &m->mean;
+    char v[300];
+    if (is_number(s)) {
+        double d = get_number(s);
+        if (!isfinite(d) || (is_std && !(d > 0))) {
+            cerr(c, s, "expected a number%s, got %s", is_std ? " > 0.0" : "", value_str(s, v, sizeof v));
+            return;
+        }
+        *scalar = d;
+        return;
+    }
+    int n = (config_setting_is_array(s) || config_setting_is_list(s)) ? config_setting_length(s) : -1;
+    if (n < 1 || n > LOOM_MAX_NORM) {
+        cerr(c, s, "expected a number or an array of 1 to %d numbers, got %s", LOOM_MAX_NORM, value_str(s, v, sizeof v));
+        return;
+    }
+    if (m->n_norm && m->n_norm != n) {
+        cerr(c, s, "mean has %d values and std %d: give both the same length (one per index of the last axis), or "
+             "one of them as a number", is_std ? m->n_norm : n, is_std ? n : m->n_norm);
+        return;
+    }
+    float *dst = is_std ? m->std_v : m->mean_v, *other = is_std ? m->mean_v : m->std_v;
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *e = config_setting_get_elem(s, i);
+        double d = is_number(e) ? get_number(e) : NAN;
+        if (!isfinite(d) || (is_std && !(d > 0))) {
+            cerr(c, e, "expected a number%s, got %s", is_std ? " > 0.0" : "", value_str(e, v, sizeof v));
+            return;
+        }
+        dst[i] = (float)d;
+        if (!m->n_norm) other[i] = (float)(is_std ? m->mean : m->std); /* the other side so far: a number or its default */
+    }
+    m->n_norm = n;
+}
+
 /* ---- groups -------------------------------------------------------------- */
 
 /* The image maps' cross-field checks: decode_image's size or max_size, random_contrast's range. */
@@ -2116,6 +2225,7 @@ static void parse_map(ctx *c, const config_setting_t *g, loom_transform_spec *t,
         const config_setting_t *lua = config_setting_get_member(g, "lua"), *plug = config_setting_get_member(g, "plugin");
         bool custom_only = !config_setting_get_member(g, "fn") && (lua || plug);
         fn = custom_only ? (int)(t->map.kind = LOOM_MAP_LUA) : parse_kind(c, g, map_opts, &t->map);
+        if (fn == LOOM_MAP_NORMALIZE) t->map.mean = 0, t->map.std = 1; /* before mean/std, which may be arrays */
         parse_opts(c, g, map_opts, fn, &t->map);
         if (fn == LOOM_MAP_LUA && lua && plug)
             cerr(c, plug, "a map takes either `lua` or `plugin`, not both");
@@ -2125,6 +2235,16 @@ static void parse_map(ctx *c, const config_setting_t *g, loom_transform_spec *t,
             cerr(c, g, "missing required setting `lua` (\"file.lua:function\") or `plugin` (\"provider:function\")");
         if (fn == LOOM_MAP_LUA && lua && config_setting_get_member(g, "args"))
             cerr(c, config_setting_get_member(g, "args"), "`args` go to a plugin's function; a Lua map takes none");
+        if (fn == LOOM_MAP_NORMALIZE) {
+            const config_setting_t *mn = config_setting_get_member(g, "mean"), *sd = config_setting_get_member(g, "std");
+            if (t->map.adapt && (mn || sd))
+                cerr(c, mn ? mn : sd, "adapt = true computes mean and std from data.train; remove `%s` or adapt",
+                     mn ? "mean" : "std");
+            for (int i = 0; i < t->map.n_norm; i++) { /* a number given beside an array applies to every index */
+                if (mn && is_number(mn)) t->map.mean_v[i] = (float)t->map.mean;
+                if (sd && is_number(sd)) t->map.std_v[i] = (float)t->map.std;
+            }
+        }
         check_image_map(c, g, &t->map, fn);
     }
     scope sc[2] = {{transform_opts, op, NULL}, {map_opts, fn, NULL}};
@@ -2263,7 +2383,7 @@ static void parse_dataset(ctx *c, const config_setting_t *g, loom_dataset_spec *
         }
         int op = parse_kind(c, e, transform_opts, t);
         parse_opts(c, e, transform_opts, op, t);
-        if (op == LOOM_T_SHUFFLE) t->seed_set = config_setting_get_member(e, "seed") != NULL;
+        if (op == LOOM_T_SHUFFLE || op == LOOM_T_SPLIT) t->seed_set = config_setting_get_member(e, "seed") != NULL;
         if (op == LOOM_T_MAP && t->parallel == 0) t->parallel = 1; /* parallel's default (a custom option has none) */
         if (op == LOOM_T_MAP && !config_setting_get_member(e, "deterministic")) t->deterministic = d->options.deterministic;
         if (op == LOOM_T_PREFETCH && !config_setting_get_member(e, "buffer")) t->buffer = -1;
@@ -2378,11 +2498,30 @@ static void plugin_opts_group(ctx *c, const config_setting_t *s, loom_plugin_opt
     for (int i = 0; i < n; i++) {
         const config_setting_t *e = config_setting_get_elem(s, i);
         const char *key = config_setting_name(e);
-        if (config_setting_is_aggregate(e)) {
-            cerr(c, e, "expected a number, a string or true/false, got %s", value_str(e, v, sizeof v));
+        if (config_setting_is_group(e)) {
+            cerr(c, e, "expected a number, a string, true/false or an array of them, got %s", value_str(e, v, sizeof v));
             continue;
         }
-        if (config_setting_type(e) == CONFIG_TYPE_STRING)
+        if (config_setting_is_aggregate(e)) { /* an array: its values as text, joined by commas ("1,2,3") */
+            size_t len = 0;
+            bool ok = true;
+            v[0] = 0;
+            for (int j = 0; j < config_setting_length(e) && ok; j++) {
+                const config_setting_t *x = config_setting_get_elem(e, j);
+                char one[300];
+                if (config_setting_is_aggregate(x)) ok = false;
+                else if (config_setting_type(x) == CONFIG_TYPE_STRING) snprintf(one, sizeof one, "%s", config_setting_get_string(x));
+                else value_str(x, one, sizeof one);
+                if (ok && strchr(one, ',')) ok = false;
+                if (ok) len += (size_t)snprintf(v + len, sizeof v - len, "%s%s", j ? "," : "", one);
+                if (len >= sizeof v) len = sizeof v - 1;
+            }
+            if (!ok) {
+                cerr(c, e, "an array argument holds numbers, true/false or strings without commas (it reaches the "
+                           "plugin as its values joined by commas)");
+                continue;
+            }
+        } else if (config_setting_type(e) == CONFIG_TYPE_STRING)
             snprintf(v, sizeof v, "%s", config_setting_get_string(e));
         else
             value_str(e, v, sizeof v);
@@ -3078,7 +3217,7 @@ static void default_seeds(loom_dataset_spec *d, uint64_t seed)
     if (d->source.kind == LOOM_SRC_LIST_FILES && !d->source.seed_set) d->source.seed = seed;
     for (int j = 0; j < d->n_transforms; j++) {
         loom_transform_spec *t = &d->transform[j];
-        if (t->kind == LOOM_T_SHUFFLE && !t->seed_set) t->seed = seed;
+        if ((t->kind == LOOM_T_SHUFFLE || t->kind == LOOM_T_SPLIT) && !t->seed_set) t->seed = seed;
         if (t->kind == LOOM_T_ZIP && t->dataset) default_seeds(t->dataset, seed);
     }
 }
@@ -3398,13 +3537,29 @@ static int check_files(ctx *c, const char *path, const char *from, int depth)
         return LOOM_EIO;
     }
     int rc = 0, line = 1;
+    const uint8_t *nul = memchr(text, 0, len);
+    if (nul) { /* libconfig's flex scanner exits the process on a NUL byte */
+        for (const uint8_t *q = text; q < nul; q++) line += *q == '\n';
+        char where[LOOM_PATH_MAX + 16];
+        snprintf(where, sizeof where, "%s:%d", path, line);
+        loom_err *o = rawerr(c, LOOM_ECONFIG, where, "a NUL byte (byte %zu): a config file is text", (size_t)(nul - text) + 1);
+        if (o) loom_err_hint(o, "is this the right file? configs are libconfig text (docs/config.md)");
+        loom_free(text);
+        return LOOM_ECONFIG;
+    }
     for (char *p = (char *)text; !rc && depth < 10 && p < (char *)text + len; line++) {
         char *nl = strchr(p, '\n'), *q = p;
         if (nl) *nl = 0;
         while (*q == ' ' || *q == '\t') q++;
         if (!strncmp(q, "@include", 8)) {
             char *a = strchr(q + 8, '"'), *b = a ? strchr(a + 1, '"') : NULL;
-            if (a && b) {
+            if (a && !b) { /* libconfig's scanner exits the process on a file name that runs past the line */
+                char where[LOOM_PATH_MAX + 16];
+                snprintf(where, sizeof where, "%s:%d", path, line);
+                loom_err *o = rawerr(c, LOOM_ECONFIG, where, "@include: the file name's closing quote is missing");
+                if (o) loom_err_hint(o, "write @include \"file.cfg\" on one line");
+                rc = LOOM_ECONFIG;
+            } else if (a && b) {
                 char inc[LOOM_PATH_MAX * 2 + 2], where[LOOM_PATH_MAX * 2 + 32];
                 snprintf(inc, sizeof inc, "%s%s%.*s", a[1] == '/' ? "" : c->dir, a[1] == '/' || !c->dir[0] ? "" : "/",
                          (int)(b - a - 1), a + 1);

@@ -11,7 +11,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-#define LOOM_MAX_FEATURES   8
+#define LOOM_MAX_FEATURES   256 /* features of an element (and declared columns of a source) */
 #define LOOM_MAX_TRANSFORMS 32
 #define LOOM_MAX_LAYERS     64
 #define LOOM_MAX_BOUNDARIES 16
@@ -54,6 +54,7 @@ typedef struct loom_plugin_opts {
 } loom_plugin_opts;
 
 #define LOOM_MAX_FILE_PATTERNS 16
+#define LOOM_MAX_NORM 1024 /* a normalize map's per-element mean/std values (its feature's last axis) */
 
 /* tfrecord: how a declared feature is read from a tf.train.Example. */
 typedef enum {
@@ -82,6 +83,8 @@ typedef struct loom_tfr_feature {
 typedef struct loom_csv_column {
     loom_cfg_dtype dtype;
     int            index;         /* 0-based field index; -1 = by header name (header = true only) */
+    int            count;         /* index = "a-b": the fields a..b (0-based, inclusive) gathered into one
+                                     vector feature of shape (count,); 0 = one field, a scalar feature */
     char           column[LOOM_NAME_MAX]; /* header name to select; default the feature name */
     bool           has_default;   /* an empty field takes default_value; without it an empty field is an error */
     double         default_value;
@@ -204,6 +207,12 @@ typedef struct loom_map_spec {
     loom_cfg_dtype dtype;                  /* cast; decode_image (uint8 or float32) */
     double         scale, offset;          /* scale */
     double         mean, std;              /* normalize (std > 0) */
+    /* normalize per index of the feature's last axis (Keras Normalization, axis -1):
+     * mean = [...] and/or std = [...] in the config, or adapt = true (filled by
+     * loom_data_adapt from the training data). 0 = the scalars above. */
+    int            n_norm;                 /* 0, or 1 to LOOM_MAX_NORM */
+    float          mean_v[LOOM_MAX_NORM], std_v[LOOM_MAX_NORM];
+    bool           adapt;                  /* normalize: mean_v/std_v computed from data.train (data.h) */
     int            depth;                  /* one_hot (>= 1) */
     int            rank;                   /* reshape: target shape; one dim may be -1 */
     int64_t        shape[8];
@@ -228,7 +237,7 @@ typedef struct loom_map_spec {
 typedef enum {
     LOOM_T_MAP, LOOM_T_SHUFFLE, LOOM_T_BATCH, LOOM_T_REPEAT, LOOM_T_TAKE, LOOM_T_SKIP, LOOM_T_PREFETCH,
     LOOM_T_FILTER, LOOM_T_SHARD, LOOM_T_ENUMERATE, LOOM_T_UNBATCH, LOOM_T_PADDED_BATCH, LOOM_T_CACHE,
-    LOOM_T_INTERLEAVE, LOOM_T_ZIP,
+    LOOM_T_INTERLEAVE, LOOM_T_ZIP, LOOM_T_SPLIT, LOOM_T_CONCAT, LOOM_T_SELECT,
 } loom_transform_kind;
 
 #define LOOM_MAX_FILTER_VALUES 64
@@ -253,6 +262,11 @@ typedef struct loom_transform_spec {
     double              values[LOOM_MAX_FILTER_VALUES];
     double              min, max;               /* FILTER range, inclusive; -inf / +inf when not given */
     int64_t             num_shards, index;      /* SHARD: 0 <= index < num_shards */
+    double              fraction;               /* SPLIT: the training part's share, in (0, 1) */
+    int                 n_names;                /* CONCAT: the features joined; SELECT: those kept, in order */
+    char                names[LOOM_MAX_FEATURES][LOOM_NAME_MAX];
+    char                output[LOOM_NAME_MAX];  /* CONCAT: the added feature */
+    int                 part;                   /* SPLIT: LOOM_SPLIT_TRAIN or LOOM_SPLIT_EVAL */
     int64_t             start;                  /* ENUMERATE: first index, default 0 */
     int                 n_padded;               /* PADDED_BATCH padded_shapes: feature, rank, dims (-1 = max in batch) */
     char                padded_name[LOOM_MAX_FEATURES][LOOM_NAME_MAX];
@@ -272,6 +286,11 @@ typedef struct loom_transform_spec {
 } loom_transform_spec;
 
 #define LOOM_PARALLEL_AUTO (-1)
+
+/* split: element p of the pass belongs to the training part when
+ * loom_split_u(seed, p) < fraction, else to the eval part; the same
+ * (seed, fraction) on the same source gives disjoint parts that cover it. */
+enum { LOOM_SPLIT_TRAIN, LOOM_SPLIT_EVAL };
 
 /* How a pipeline built for one of several workers is auto-sharded
  * (tf.data.experimental.AutoShardPolicy, tf_semantics 4.11): FILE splits the

@@ -129,7 +129,9 @@ static void print_csv_text_synthetic(FILE *f, const loom_source_spec *src)
             const loom_csv_column *c = &src->csv[i];
             fprintf(f, "        %s = { dtype = ", src->feature[i]);
             put_str(f, loom_cfg_name_(loom_cfg_dtype_names_, (int)c->dtype));
-            if (c->index >= 0) {
+            if (c->index >= 0 && c->count > 0) {
+                fprintf(f, "; index = \"%d-%d\"", c->index, c->index + c->count - 1);
+            } else if (c->index >= 0) {
                 fprintf(f, "; index = %d", c->index);
             } else if (strcmp(c->column, src->feature[i])) {
                 fputs("; column = ", f);
@@ -295,8 +297,22 @@ static void print_dataset(FILE *f, const char *name, const loom_dataset_spec *ds
                 kv_f64(f, 4, "offset", m->offset);
                 break;
             case LOOM_MAP_NORMALIZE:
-                kv_f64(f, 4, "mean", m->mean);
-                kv_f64(f, 4, "std", m->std);
+                if (m->adapt) {
+                    kv_bool(f, 4, "adapt", true);
+                } else if (m->n_norm) {
+                    for (int k = 0; k < 2; k++) {
+                        ind(f, 4);
+                        fputs(k ? "std = [" : "mean = [", f);
+                        for (int j = 0; j < m->n_norm; j++) {
+                            if (j) fputs(", ", f);
+                            put_f64(f, (double)(k ? m->std_v[j] : m->mean_v[j]));
+                        }
+                        fputs("];\n", f);
+                    }
+                } else {
+                    kv_f64(f, 4, "mean", m->mean);
+                    kv_f64(f, 4, "std", m->std);
+                }
                 break;
             case LOOM_MAP_ONE_HOT: kv_i64(f, 4, "depth", m->depth); break;
             case LOOM_MAP_RESHAPE:
@@ -370,6 +386,22 @@ static void print_dataset(FILE *f, const char *name, const loom_dataset_spec *ds
                 }
                 fputs("];\n", f);
             }
+            break;
+        case LOOM_T_CONCAT:
+        case LOOM_T_SELECT:
+            ind(f, 4);
+            fputs("features = [", f);
+            for (int j = 0; j < t->n_names; j++) {
+                if (j) fputs(", ", f);
+                put_str(f, t->names[j]);
+            }
+            fputs("];\n", f);
+            if (t->kind == LOOM_T_CONCAT) kv_str(f, 4, "output", t->output);
+            break;
+        case LOOM_T_SPLIT:
+            kv_f64(f, 4, "fraction", t->fraction);
+            kv_str(f, 4, "part", t->part == LOOM_SPLIT_EVAL ? "eval" : "train");
+            if (t->seed_set) kv_i64(f, 4, "seed", (int64_t)t->seed);
             break;
         case LOOM_T_SHARD:
             kv_i64(f, 4, "num_shards", t->num_shards);

@@ -142,6 +142,21 @@ int  loom_data_input_report(const loom_dataset_spec *ds, const loom_data_ctx *ct
 int  loom_data_profile(const loom_dataset_spec *ds, const loom_data_ctx *ctx, int64_t steps, FILE *f, loom_err *err);
 void loom_iter_close(loom_iter *it); /* NULL is a no-op */
 
+/* normalize maps with adapt = true: fills their per-index mean and std
+ * (mean_v, std_v, n_norm) in spec->train, and gives data.eval's adapt maps
+ * the numbers of train's map on the same feature. TRAIN reads
+ * <model_dir>/adapt.txt when it fits the config, else adapts (one pass over
+ * data.train up to the map) and writes it; FRESH always adapts and writes;
+ * LOAD only reads it (evaluate, predict, export: an error when absent);
+ * CHECK reads it or adapts without writing. No adapt map: nothing happens. */
+typedef enum { LOOM_ADAPT_TRAIN, LOOM_ADAPT_FRESH, LOOM_ADAPT_LOAD, LOOM_ADAPT_CHECK } loom_adapt_mode;
+int loom_data_adapt(loom_spec *spec, const char *model_dir, loom_adapt_mode mode, const loom_data_ctx *ctx,
+                    loom_err *err);
+
+/* The transform `split`'s draw for element pos of a pass: uniform in [0, 1);
+ * the element is in the training part when it is below the fraction. */
+double loom_split_u(uint64_t seed, int64_t pos);
+
 /* The Debian package and files a catalog dataset resolves to. Returns
  * LOOM_ECONFIG for an unknown name or split, LOOM_EIO with an install hint
  * when the package is absent. */

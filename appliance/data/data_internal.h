@@ -9,6 +9,17 @@
 
 #include "data.h"
 
+#include <string.h>
+
+/* Copies an element: its n tensors only. A loom_elem holds room for
+ * LOOM_MAX_FEATURES (256) tensors, 24 KiB, so a struct assignment per
+ * element would copy mostly nothing at a high price. */
+static inline void elem_copy_(loom_elem *dst, const loom_elem *src)
+{
+    dst->n = src->n;
+    memcpy(dst->t, src->t, (size_t)src->n * sizeof src->t[0]);
+}
+
 typedef struct dstage dstage;
 typedef struct dtuner dtuner;
 
@@ -122,8 +133,10 @@ int prefetch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *
                    loom_err *err);
 /* transform/transforms_more.c; cache takes the source spec for its file fingerprint. */
 int filter_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
-int shard_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
+int shard_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, uint64_t run_seed, loom_err *err); /* shard, split */
 int enumerate_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
+int concat_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
+int select_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
 int unbatch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
 int padded_batch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
 /* ram_left / ram: the RAM budget left for it and the whole budget (bytes); a

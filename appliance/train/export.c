@@ -178,13 +178,22 @@ static int fold_preprocessing(onnx_graph *o, const loom_spec *spec, const loom_d
                               const export_input *in, char cur[32], loom_err *err)
 {
     char nb[32], cb[32];
-    bool is_float = in->raw_dtype == LOOM_F32;
+    bool is_float = in->raw_dtype == LOOM_F32, reshaped = false;
     for (int i = 0; i < ds->n_transforms; i++) {
         const loom_transform_spec *t = &ds->transform[i];
         if (t->kind != LOOM_T_MAP || strcmp(t->map.feature, spec->model.input)) continue;
         const loom_map_spec *m = &t->map;
         char w[LOOM_PATH_MAX + 16];
-        if (m->kind == LOOM_MAP_RESHAPE) continue; /* the final Reshape below gives the model's shape */
+        if (m->kind == LOOM_MAP_RESHAPE) { /* the final Reshape below gives the model's shape */
+            reshaped = true;
+            continue;
+        }
+        if (m->kind == LOOM_MAP_NORMALIZE && m->n_norm > 1 && reshaped) {
+            loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&t->loc, w, sizeof w),
+                         "--include-preprocessing: a per-index normalize of \"%s\" after a reshape has no ONNX form in "
+                         "Loom's export (the values broadcast over the raw input's last axis)", m->feature);
+            return loom_err_hint(err, "export without --include-preprocessing, or normalize before the reshape");
+        }
         if (m->kind != LOOM_MAP_CAST && m->kind != LOOM_MAP_SCALE && m->kind != LOOM_MAP_NORMALIZE) {
             loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&t->loc, w, sizeof w),
                          "--include-preprocessing: the map \"%s\" of feature \"%s\" has no ONNX form in Loom's export",
@@ -203,8 +212,14 @@ static int fold_preprocessing(onnx_graph *o, const loom_spec *spec, const loom_d
             char k1[48], k2[48];
             snprintf(k1, sizeof k1, "preprocess_%d/a", i);
             snprintf(k2, sizeof k2, "preprocess_%d/b", i);
-            const_scalar(o, k1, (float)(m->kind == LOOM_MAP_SCALE ? m->scale : m->mean));
-            const_scalar(o, k2, (float)(m->kind == LOOM_MAP_SCALE ? m->offset : m->std));
+            if (m->kind == LOOM_MAP_NORMALIZE && m->n_norm > 0) { /* per index of the last axis: broadcast [L] */
+                int64_t L = m->n_norm;
+                initializer(o, k1, ONNX_FLOAT, &L, 1, m->mean_v, (size_t)L * sizeof(float));
+                initializer(o, k2, ONNX_FLOAT, &L, 1, m->std_v, (size_t)L * sizeof(float));
+            } else {
+                const_scalar(o, k1, (float)(m->kind == LOOM_MAP_SCALE ? m->scale : m->mean));
+                const_scalar(o, k2, (float)(m->kind == LOOM_MAP_SCALE ? m->offset : m->std));
+            }
             strcpy(nb, fresh(o, cb));
             node_begin(o, m->kind == LOOM_MAP_SCALE ? "Mul" : "Sub", nb, cur, k1, NULL);
             node_end(o);

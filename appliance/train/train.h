@@ -74,6 +74,22 @@ int loom_evaluate_watch(const loom_spec *spec, const char *model_dir, const loom
 int loom_predict(const loom_spec *spec, const char *model_dir, const char *checkpoint, const char *input,
                  const char *output, loom_err *err);
 
+/* loom_predict with more: input may also be a file of the kind of the
+ * config's csv, tfrecord or text source (the eval source's declaration, or
+ * train's, reading that file: only the model input and the id features are
+ * read, so a file without labels is fine; the maps of the model input, then
+ * batch). id: comma-separated scalar features passed through to the output
+ * after `index` (e.g. "id" or "id,label"); NULL or "" = none. Columns by task:
+ * softmax cross-entropy "class,p0,...", mean squared error "prediction" (one
+ * output) or "prediction_0,...". */
+typedef struct loom_predict_opts {
+    const char *model_dir, *checkpoint; /* NULL: spec->run.model_dir, the latest checkpoint */
+    const char *input;                  /* "train", "eval", an IDX file, or a file for the config's source */
+    const char *output;                 /* a file, or "-" for stdout */
+    const char *id;
+} loom_predict_opts;
+int loom_predict_run(const loom_spec *spec, const loom_predict_opts *o, loom_err *err);
+
 /* Opens every pipeline and builds the model without training, so that missing
  * files and shape mismatches surface; prints the plan to f. */
 /* cluster: this process's task (NULL: one process); the strategy builds its

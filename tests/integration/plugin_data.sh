@@ -15,7 +15,7 @@ sed "s|\.\./runs/fashion_mnist_npy/|$N/|g" configs/fashion_mnist_npy.cfg > "$CFG
 
 out=$("$LOOM" plugins 2>&1)
 contains "loom plugins names the four provider kinds" \
-    "provider kinds a plugin may register (plugin ABI 1): cross-device ops, strategy, dataset source, transform" "$out"
+    "provider kinds a plugin may register (plugin ABI 2): cross-device ops, strategy, dataset source, transform" "$out"
 contains "loom plugins lists image_ops" "image_ops 1.0" "$out"
 contains "... providing the npy source" 'provides dataset source "npy"' "$out"
 contains "... and the image_ops transforms" 'provides transform "image_ops"' "$out"

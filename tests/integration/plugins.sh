@@ -40,7 +40,7 @@ cp "$P/my_op.so" "$B/zz_good.so"
 out=$(LOOM_PLUGIN_PATH="$B:$B/copy" "$LOOM" plugins 2>/dev/null); status=$?
 if [ $status -eq 0 ]; then pass "refusals do not fail loom plugins"; else fail "refusals do not fail loom plugins" "exit $status"; fi
 contains "not an ELF file" "  $B/x.so: not a shared object (no ELF header)" "$out"
-contains "another ABI, both versions named" "  $B/abi_mismatch.so: built for plugin ABI 99, this loom speaks 1" "$out"
+contains "another ABI, both versions named" "  $B/abi_mismatch.so: built for plugin ABI 100, this loom speaks 2" "$out"
 contains "no entry point" "  $B/no_entry.so: no loom_plugin_entry function: not a Loom plugin" "$out"
 contains "a failing init, with its own message" "  $B/init_fails.so: init failed: libfoo.so.3 not found" "$out"
 contains "... and its hint" "    hint: install libfoo3" "$out"

@@ -34,7 +34,7 @@ root = sys.argv[2] + "/fashion-mnist/t10k-labels-idx1-ubyte"
 raw = gzip.open(root + ".gz").read() if os.path.exists(root + ".gz") else open(root, "rb").read()
 labels = np.frombuffer(raw[8:], np.uint8)
 y = (labels[(labels == 0) | (labels == 6)] == 6).astype(np.float32)
-p = np.array([float(r["p0"]) for r in csv.DictReader(open(sys.argv[1]))], np.float32)
+p = np.array([float(r["probability"]) for r in csv.DictReader(open(sys.argv[1]))], np.float32)
 assert len(p) == len(y), (len(p), len(y))
 m = tf.keras.metrics.AUC(num_thresholds=200)
 m.update_state(y, p)

@@ -75,6 +75,15 @@ static void test_refuses_other_abi(void)
                    "rebuild it against the loom_plugin.h of this loom");
 }
 
+/* A plugin built before the feature cap went from 8 to 256 (ABI 1) is stale. */
+static void test_refuses_abi_1(void)
+{
+    char msg[128];
+    snprintf(msg, sizeof msg, "built for plugin ABI 1, this loom speaks %d", LOOM_PLUGIN_ABI_VERSION);
+    CHECK(LOOM_PLUGIN_ABI_VERSION >= 2);
+    expect_refused(so_path("tests/plugins", "abi_v1.so"), msg, "rebuild it against the loom_plugin.h of this loom");
+}
+
 static void test_refuses_missing_entry(void)
 {
     /* refused from its dynamic symbols, before dlopen: its constructor never runs */
@@ -824,6 +833,7 @@ static void test_transform_errors(void)
 static const loom_test tests[] = {
     {"refuses_text_file", test_refuses_text_file},
     {"refuses_other_abi", test_refuses_other_abi},
+    {"refuses_abi_1", test_refuses_abi_1},
     {"refuses_missing_entry", test_refuses_missing_entry},
     {"refuses_failing_init", test_refuses_failing_init},
     {"refuses_silent_init", test_refuses_silent_init},

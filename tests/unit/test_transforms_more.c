@@ -357,6 +357,91 @@ static void test_enumerate(void)
     free(s2);
 }
 
+/* ---- concat, select, split ------------------------------------------------------ */
+
+/* image (4, 3) uint8 i*16+k and label i: concat [label, image] is (13,) uint8,
+ * row i = i, i*16+0, ..., i*16+11; batched the same per example; select keeps
+ * the listed features in order. */
+static void test_concat_select(void)
+{
+    setup();
+    char msg[1024];
+    for (int batched = 0; batched < 2; batched++) {
+        loom_dataset_spec *s = spec_new();
+        if (batched) add_batch(s, LOOM_T_BATCH, 3, false);
+        loom_transform_spec *t = spec_add(s, LOOM_T_CONCAT);
+        t->n_names = 2;
+        snprintf(t->names[0], LOOM_NAME_MAX, "label");
+        snprintf(t->names[1], LOOM_NAME_MAX, "image");
+        snprintf(t->output, LOOM_NAME_MAX, "all");
+        t = spec_add(s, LOOM_T_SELECT);
+        t->n_names = 2;
+        snprintf(t->names[0], LOOM_NAME_MAX, "all");
+        snprintf(t->names[1], LOOM_NAME_MAX, "label");
+        loom_iter *it = open_ok(s);
+        if (it) {
+            const loom_elem_spec *sp = loom_iter_spec(it);
+            CHECK(sp->n == 2 && !strcmp(sp->name[0], "all") && !strcmp(sp->name[1], "label"));
+            CHECK(sp->dtype[0] == LOOM_U8 && sp->shape[0].rank == 1 + batched && sp->shape[0].dim[batched] == 13);
+            int64_t v[N * 13];
+            CHECK(collect(it, "all", v, N * 13, NULL, 0) == N * 13);
+            int bad = 0;
+            for (int i = 0; i < N; i++) {
+                bad += v[i * 13] != i;
+                for (int k = 0; k < 12; k++) bad += v[i * 13 + 1 + k] != i * 16 + k;
+            }
+            CHECK_MSG(bad == 0, "batched %d: %d values out of place", batched, bad);
+            loom_iter_close(it);
+        }
+        free(s);
+    }
+    loom_dataset_spec *s = spec_new();
+    loom_transform_spec *t = spec_add(s, LOOM_T_SELECT);
+    t->n_names = 1;
+    snprintf(t->names[0], LOOM_NAME_MAX, "lable");
+    open_fail(s, msg, sizeof msg);
+    CHECK_CONTAINS(msg, "select: no feature \"lable\" (the element has image: uint8 (4, 3); label: uint8 ())");
+    free(s);
+}
+
+/* split: the train and eval parts of one seed are disjoint, cover the input,
+ * and are the same in every pass; another seed gives other parts. */
+static void test_split(void)
+{
+    setup();
+    int64_t tr[64], ev[64], tr2[64], other[64];
+    int nt = 0, ne = 0, n2 = 0, no = 0;
+    for (int part = 0; part < 2; part++)
+        for (uint64_t seed = 3; seed <= 4; seed++) {
+            loom_dataset_spec *s = spec_new();
+            loom_transform_spec *t = spec_add(s, LOOM_T_SPLIT);
+            t->fraction = 0.6;
+            t->part = part;
+            t->seed = seed;
+            t->seed_set = true;
+            loom_iter *it = open_ok(s);
+            if (!it) continue;
+            if (seed == 4 && part == 0) no = labels(it, other);
+            if (seed == 3 && part == 1) ne = labels(it, ev);
+            if (seed == 3 && part == 0) {
+                nt = labels(it, tr);
+                CHECK(loom_iter_rewind(it, 1, &(loom_err){0}) == LOOM_OK);
+                n2 = labels(it, tr2);
+            }
+            loom_iter_close(it);
+            free(s);
+        }
+    CHECK(nt + ne == N && nt > 0 && ne > 0);
+    CHECK(n2 == nt && !memcmp(tr, tr2, sizeof tr[0] * (size_t)nt));
+    int seen[N] = {0};
+    for (int i = 0; i < nt; i++) seen[tr[i]]++;
+    for (int i = 0; i < ne; i++) seen[ev[i]]++;
+    for (int i = 0; i < N; i++) CHECK_MSG(seen[i] == 1, "label %d is in %d parts", i, seen[i]);
+    CHECK(no != nt || memcmp(other, tr, sizeof tr[0] * (size_t)nt));
+    /* the draw is splitmix64 of (seed, position): the documented value for (3, 0) */
+    CHECK(loom_split_u(3, 0) >= 0 && loom_split_u(3, 0) < 1 && loom_split_u(3, 0) != loom_split_u(3, 1));
+}
+
 /* ---- unbatch ----------------------------------------------------------------- */
 
 static void test_unbatch(void)
@@ -752,7 +837,11 @@ static const char *good_cfg =
     "    { op = \"cache\"; },\n"
     "    { op = \"cache\"; file = \"runs/cache/train\"; },\n"
     "    { op = \"padded_batch\"; size = 2; padded_shapes: { image = [5, -1]; }; padding_values: { label = 9; }; },\n"
-    "    { op = \"unbatch\"; }\n"
+    "    { op = \"unbatch\"; },\n"
+    "    { op = \"split\"; fraction = 0.75; part = \"eval\"; seed = 5; },\n"
+    "    { op = \"concat\"; features = [\"label\", \"image\"]; output = \"all\"; },\n"
+    "    { op = \"select\"; features = [\"all\", \"label\"]; },\n"
+    "    { op = \"map\"; fn = \"normalize\"; feature = \"all\"; mean = [1.0, 2.0, 3.0]; std = 2.0; }\n"
     "  );\n"
     "}; };\n"
     "model: { layers = ( { type = \"flatten\"; }, { type = \"dense\"; units = 3; } ); };\n"
@@ -773,7 +862,7 @@ static void test_config(void)
     CHECK_MSG(rc == LOOM_OK, "%s: %s", errs.n ? errs.e[0].where : "", errs.n ? errs.e[0].msg : "");
     if (rc) return;
     const loom_transform_spec *t = sp->train.transform;
-    CHECK(sp->train.n_transforms == 9);
+    CHECK(sp->train.n_transforms == 13);
     CHECK(t[0].kind == LOOM_T_FILTER && t[0].filter == LOOM_FILTER_IN && t[0].n_values == 3 && t[0].values[2] == 2.0 &&
           !strcmp(t[0].feature, "label"));
     CHECK(t[1].filter == LOOM_FILTER_RANGE && t[1].min == 1.0 && isinf(t[1].max));
@@ -784,6 +873,13 @@ static void test_config(void)
     CHECK(t[7].kind == LOOM_T_PADDED_BATCH && t[7].batch_size == 2 && t[7].n_padded == 1 && t[7].padded_rank[0] == 2 &&
           t[7].padded_shape[0][0] == 5 && t[7].padded_shape[0][1] == -1 && t[7].n_padding == 1 && t[7].padding_value[0] == 9.0);
     CHECK(t[8].kind == LOOM_T_UNBATCH);
+    CHECK(t[9].kind == LOOM_T_SPLIT && t[9].fraction == 0.75 && t[9].part == LOOM_SPLIT_EVAL && t[9].seed == 5 &&
+          t[9].seed_set);
+    CHECK(t[10].kind == LOOM_T_CONCAT && t[10].n_names == 2 && !strcmp(t[10].names[1], "image") &&
+          !strcmp(t[10].output, "all"));
+    CHECK(t[11].kind == LOOM_T_SELECT && t[11].n_names == 2 && !strcmp(t[11].names[0], "all"));
+    CHECK(t[12].map.kind == LOOM_MAP_NORMALIZE && t[12].map.n_norm == 3 && t[12].map.mean_v[2] == 3.0f &&
+          t[12].map.std_v[0] == 2.0f && t[12].map.std_v[2] == 2.0f && !t[12].map.adapt);
     /* print, reload: the same transforms */
     const char *p2 = tpath("printed.cfg");
     f = fopen(p2, "w");
@@ -794,8 +890,13 @@ static void test_config(void)
     rc = loom_config_load(&sp2, p2, NULL, 0, &errs);
     CHECK_MSG(rc == LOOM_OK, "%s: %s", errs.n ? errs.e[0].where : "", errs.n ? errs.e[0].msg : "");
     if (!rc) {
-        for (int i = 0; i < 9; i++) {
+        for (int i = 0; i < 13; i++) {
             const loom_transform_spec *a = &sp->train.transform[i], *b = &sp2->train.transform[i];
+            CHECK_MSG(a->fraction == b->fraction && a->part == b->part && a->n_names == b->n_names &&
+                      !memcmp(a->names, b->names, sizeof a->names) && !strcmp(a->output, b->output) &&
+                      a->map.n_norm == b->map.n_norm && !memcmp(a->map.mean_v, b->map.mean_v, sizeof a->map.mean_v) &&
+                      !memcmp(a->map.std_v, b->map.std_v, sizeof a->map.std_v),
+                      "transform %d's new settings differ after print and reload", i);
             CHECK_MSG(a->kind == b->kind && a->filter == b->filter && a->n_values == b->n_values &&
                       !memcmp(a->values, b->values, sizeof a->values) && a->min == b->min && a->max == b->max &&
                       a->num_shards == b->num_shards && a->index == b->index && a->start == b->start &&
@@ -815,6 +916,8 @@ static const loom_test tests[] = {
     {"filter", test_filter},
     {"shard", test_shard},
     {"enumerate", test_enumerate},
+    {"concat_select", test_concat_select},
+    {"split", test_split},
     {"unbatch", test_unbatch},
     {"padded_batch", test_padded_batch},
     {"cache_memory", test_cache_memory},

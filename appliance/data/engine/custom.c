@@ -56,8 +56,10 @@ static int call_failed(const custst *s, int64_t epoch, int64_t pos, loom_err *er
 int custom_apply_(const dstage *st, loom_elem *e, uint8_t *buf, int64_t epoch, int64_t pos, loom_err *err)
 {
     const custst *s = (const custst *)st;
-    loom_elem out = {.n = st->spec.n};
+    loom_elem out;
+    out.n = st->spec.n;
     for (int f = 0; f < out.n; f++) {
+        out.t[f].owns = 0;
         out.t[f].dtype = st->spec.dtype[f];
         out.t[f].shape = st->maxshape[f];
         out.t[f].data = buf + s->off[f];
@@ -65,7 +67,7 @@ int custom_apply_(const dstage *st, loom_elem *e, uint8_t *buf, int64_t epoch, i
     loom_custom_key k = {.seed = s->seed, .stage = st->id, .epoch = epoch, .index = pos};
     int rc = s->ops->map(s->inst, e, &out, &k, err);
     if (rc) return call_failed(s, epoch, pos, err);
-    *e = out;
+    elem_copy_(e, &out);
     return LOOM_OK;
 }
 
@@ -75,7 +77,7 @@ static int cmap_next(dstage *st, loom_elem **out, loom_err *err)
     loom_elem *e;
     int rc = dstage_next_(st->in, &e, err);
     if (rc) return rc;
-    st->out = *e;
+    elem_copy_(&st->out, e);
     rc = custom_apply_(st, &st->out, s->buf, s->epoch, s->pos, err);
     if (rc) return rc;
     s->pos++;
@@ -97,7 +99,7 @@ static int cfilter_next(dstage *st, loom_elem **out, loom_err *err)
         if (rc) return call_failed(s, s->epoch, s->pos, err);
         s->pos++;
         if (!keep) continue;
-        st->out = *e;
+        elem_copy_(&st->out, e);
         memcpy(st->mut, st->in->mut, sizeof st->mut);
         *out = &st->out;
         return LOOM_OK;

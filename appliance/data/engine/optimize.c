@@ -165,7 +165,7 @@ static int chain_next(dstage *st, loom_elem **out, loom_err *err)
     loom_elem *e;
     int rc = dstage_next_(st->in, &e, err);
     if (rc) return rc;
-    st->out = *e;
+    elem_copy_(&st->out, e);
     memcpy(st->mut, st->in->mut, sizeof st->mut);
     rc = apply_chain(s, &st->out, st->mut, NULL, err);
     if (rc) return rc;
@@ -181,7 +181,8 @@ static int chain_next_into(dstage *st, loom_elem *dst, loom_err *err)
     loom_elem *in;
     int rc = dstage_next_(st->in, &in, err);
     if (rc) return rc;
-    loom_elem e = *in;
+    loom_elem e;
+    elem_copy_(&e, in);
     uint8_t mut[LOOM_MAX_FEATURES], *to[LOOM_MAX_FEATURES];
     memcpy(mut, st->in->mut, sizeof mut);
     for (int f = 0; f < dst->n; f++) to[f] = dst->t[f].data;
@@ -263,7 +264,8 @@ static int mb_into(dstage *st, loom_elem *o, loom_err *err)
         int rc = dstage_next_(st->in, &in, err);
         if (rc == LOOM_EEOF) break;
         if (rc) return rc;
-        loom_elem e = *in;
+        loom_elem e;
+    elem_copy_(&e, in);
         uint8_t mut[LOOM_MAX_FEATURES], *row[LOOM_MAX_FEATURES];
         memcpy(mut, st->in->mut, sizeof mut);
         for (int f = 0; f < o->n; f++) row[f] = (uint8_t *)o->t[f].data + (size_t)i * bytes[f];

@@ -112,8 +112,11 @@ static int open_step(loom_iter *it, const dplan *dp, const dplan_step *ps, const
         case LOOM_T_FILTER:
             rc = t->filter == LOOM_FILTER_LUA ? custom_filter_open_(&s, in, id, t, ctx, err) : filter_open_(&s, in, id, t, err);
             break;
-        case LOOM_T_SHARD: rc = shard_open_(&s, in, id, t, err); break;
+        case LOOM_T_SHARD:
+        case LOOM_T_SPLIT: rc = shard_open_(&s, in, id, t, ctx->seed, err); break;
         case LOOM_T_ENUMERATE: rc = enumerate_open_(&s, in, id, t, err); break;
+        case LOOM_T_CONCAT: rc = concat_open_(&s, in, id, t, err); break;
+        case LOOM_T_SELECT: rc = select_open_(&s, in, id, t, err); break;
         case LOOM_T_UNBATCH: rc = unbatch_open_(&s, in, id, t, err); break;
         case LOOM_T_PADDED_BATCH: rc = padded_batch_open_(&s, in, id, t, err); break;
         case LOOM_T_CACHE:

@@ -245,6 +245,23 @@ static int open_file(dstage *st, uint64_t offset, int64_t line, loom_err *err)
         rc = csv_read_record_(&cur->in, path, t->delim, &cur->line, &t->rec, err);
         if (rc == LOOM_EEOF) rc = LOOM_OK, t->rec.n = 0; /* an empty file: no records either */
         if (rc) goto fail;
+        for (int f = 0; f < t->nf && t->rec.n > 0; f++) {
+            int last = t->col[f].index + (t->col[f].count > 0 ? t->col[f].count : 1) - 1;
+            if (t->col[f].index < 0 || last < t->rec.n) continue;
+            char where[LOOM_PATH_MAX + 32];
+            snprintf(where, sizeof where, "%s:%lld", path, (long long)t->rec.line);
+            if (t->col[f].count > 0)
+                rc = loom_err_set(err, LOOM_EDATA, where, "feature \"%s\" gathers fields %d-%d (0-based), but the "
+                                  "header has only %d field%s (0-%d)", t->s.spec.name[f], t->col[f].index, last,
+                                  t->rec.n, t->rec.n == 1 ? "" : "s", t->rec.n - 1);
+            else
+                rc = loom_err_set(err, LOOM_EDATA, where, "feature \"%s\" is field %d (0-based), but the header has "
+                                  "only %d field%s (0-%d)", t->s.spec.name[f], last, t->rec.n, t->rec.n == 1 ? "" : "s",
+                                  t->rec.n - 1);
+            loom_err_hint(err, "the columns are declared at %s (%s.columns); fields are counted from 0", t->s.where,
+                          t->s.path[0] ? t->s.path : "source");
+            goto fail;
+        }
         for (int f = 0; f < t->nf; f++) {
             if (t->col[f].index >= 0) continue;
             for (int i = 0; i < t->rec.n && t->field[f] < 0; i++) {
@@ -294,6 +311,44 @@ static int field_err(const csv_source *t, int f, int idx, loom_err *err, const c
     return loom_err_set(err, LOOM_EDATA, where, "column %d (feature \"%s\"): %s", idx + 1, t->s.spec.name[f], msg);
 }
 
+/* Field idx of the current record into dst as feature f's dtype; *bad = 1 for a
+ * non-finite value under on_nonfinite = skip. */
+static int parse_field(csv_source *t, int f, int idx, void *dst, int *bad, loom_err *err)
+{
+    loom_dtype dt = t->s.spec.dtype[f];
+    const char *v = t->rec.text + t->rec.start[idx];
+    const char *p = v;
+    while (is_space(*p)) p++;
+    if (!*p) {
+        if (!t->col[f].has_default) {
+            field_err(t, f, idx, err, "empty value \"%s\"", v);
+            return loom_err_hint(err, "give the column a default (default = 0;) to fill empty fields");
+        }
+        double d = t->col[f].default_value;
+        switch (dt) {
+        case LOOM_U8: *(uint8_t *)dst = (uint8_t)d; break;
+        case LOOM_I32: *(int32_t *)dst = (int32_t)d; break;
+        case LOOM_I64: *(int64_t *)dst = (int64_t)d; break;
+        case LOOM_F32: *(float *)dst = (float)d; break;
+        default: *(double *)dst = d; break;
+        }
+        return LOOM_OK;
+    }
+    if (!csv_parse_value_(v, dt, dst))
+        return field_err(t, f, idx, err, "cannot parse \"%.200s\" as %s", v, loom_dtype_name(dt));
+    double x = dt == LOOM_F32 ? *(float *)dst : dt == LOOM_F64 ? *(double *)dst : 0;
+    if (!isfinite(x)) {
+        if (t->on_nonfinite == LOOM_NONFINITE_SKIP) {
+            *bad = 1;
+            return LOOM_OK;
+        }
+        field_err(t, f, idx, err, "non-finite value \"%.200s\"", v);
+        return loom_err_hint(err, "fix or drop the record, or set on_nonfinite = \"skip\"; in the dataset's "
+                                  "group (data.train / data.eval) to drop such records");
+    }
+    return LOOM_OK;
+}
+
 static int csv_next(dstage *st, loom_elem **out, loom_err *err)
 {
     csv_source *t = (csv_source *)st;
@@ -308,40 +363,21 @@ static int csv_next(dstage *st, loom_elem **out, loom_err *err)
         }
         if (rc) return rc;
         int bad = 0;
-        for (int f = 0; f < t->nf; f++) {
-            int idx = t->field[f];
-            loom_dtype dt = st->spec.dtype[f];
-            if (idx >= t->rec.n)
+        for (int f = 0; f < t->nf && !bad; f++) {
+            int n = t->col[f].count > 0 ? t->col[f].count : 1;
+            size_t esz = loom_dtype_size(st->spec.dtype[f]);
+            if (t->field[f] + n - 1 >= t->rec.n) {
+                int idx = t->field[f] + n - 1;
+                if (n > 1) {
+                    field_err(t, f, idx, err, "fields %d-%d (0-based) are declared, but the record has only %d field%s",
+                              t->field[f], idx, t->rec.n, t->rec.n == 1 ? "" : "s");
+                    return loom_err_hint(err, "the column range is at %s; fields are counted from 0", t->s.where);
+                }
                 return field_err(t, f, idx, err, "the record has only %d field%s", t->rec.n, t->rec.n == 1 ? "" : "s");
-            const char *v = t->rec.text + t->rec.start[idx];
-            const char *p = v;
-            while (is_space(*p)) p++;
-            if (!*p) {
-                if (!t->col[f].has_default) {
-                    field_err(t, f, idx, err, "empty value \"%s\"", v);
-                    return loom_err_hint(err, "give the column a default (default = 0;) to fill empty fields");
-                }
-                double d = t->col[f].default_value;
-                switch (dt) {
-                case LOOM_U8: *(uint8_t *)t->buf[f] = (uint8_t)d; break;
-                case LOOM_I32: *(int32_t *)t->buf[f] = (int32_t)d; break;
-                case LOOM_I64: *(int64_t *)t->buf[f] = (int64_t)d; break;
-                case LOOM_F32: *(float *)t->buf[f] = (float)d; break;
-                default: *(double *)t->buf[f] = d; break;
-                }
-                continue;
             }
-            if (!csv_parse_value_(v, dt, t->buf[f]))
-                return field_err(t, f, idx, err, "cannot parse \"%.200s\" as %s", v, loom_dtype_name(dt));
-            double x = dt == LOOM_F32 ? *(float *)t->buf[f] : dt == LOOM_F64 ? *(double *)t->buf[f] : 0;
-            if (!isfinite(x)) {
-                if (t->on_nonfinite == LOOM_NONFINITE_SKIP) {
-                    bad = 1;
-                    break;
-                }
-                field_err(t, f, idx, err, "non-finite value \"%.200s\"", v);
-                return loom_err_hint(err, "fix or drop the record, or set on_nonfinite = \"skip\"; in the dataset's "
-                                          "group (data.train / data.eval) to drop such records");
+            for (int k = 0; k < n && !bad; k++) {
+                rc = parse_field(t, f, t->field[f] + k, (char *)t->buf[f] + (size_t)k * esz, &bad, err);
+                if (rc) return rc;
             }
         }
         if (bad) {
@@ -415,7 +451,8 @@ int csv_source_open_(dstage **out, const loom_source_spec *src, loom_err *err)
     st->spec.n = st->out.n = t->nf;
     for (int f = 0; f < t->nf; f++) {
         const loom_csv_column *c = &src->csv[f];
-        if ((unsigned)c->dtype > LOOM_CFG_F64 || (c->index < 0 && (!t->header || !c->column[0]))) {
+        if ((unsigned)c->dtype > LOOM_CFG_F64 || (c->index < 0 && (!t->header || !c->column[0])) || c->count < 0 ||
+            (c->count > 0 && c->index < 0)) {
             rc = dstage_err_(st, err, LOOM_ECONFIG, "column \"%s\": bad dtype %d, or no index (needed when header = false)",
                              src->feature[f], (int)c->dtype);
             goto fail;
@@ -428,9 +465,9 @@ int csv_source_open_(dstage **out, const loom_source_spec *src, loom_err *err)
         t->col[f] = *c;
         snprintf(st->spec.name[f], LOOM_NAME_MAX, "%s", src->feature[f]);
         st->spec.dtype[f] = csv_dtypes[c->dtype];
-        st->spec.shape[f] = (loom_shape){0};
+        st->spec.shape[f] = c->count > 0 ? (loom_shape){.rank = 1, .dim = {c->count}} : (loom_shape){0};
         st->maxshape[f] = st->spec.shape[f];
-        if (!(t->buf[f] = loom_alloc_aligned(8))) {
+        if (!(t->buf[f] = loom_alloc_aligned((size_t)(c->count > 0 ? c->count : 1) * 8))) {
             rc = loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate feature \"%s\"", src->feature[f]);
             goto fail;
         }
@@ -438,7 +475,7 @@ int csv_source_open_(dstage **out, const loom_source_spec *src, loom_err *err)
         st->mut[f] = 1; /* refilled by every next() */
         h = fnv(h, src->feature[f], strlen(src->feature[f]) + 1);
         h = fnv(h, c->column, strlen(c->column) + 1);
-        int64_t fields[3] = {c->dtype, c->index, c->has_default};
+        int64_t fields[4] = {c->dtype, c->index, c->has_default, c->count};
         h = fnv(h, fields, sizeof fields);
         h = fnv(h, &c->default_value, sizeof c->default_value);
     }

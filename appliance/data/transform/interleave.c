@@ -452,7 +452,7 @@ static int ilv_next(dstage *st, loom_elem **out, loom_err *err)
             rc = dstage_next_(r->src, &e, err);
             res = rc == LOOM_OK ? PULL_OK : rc == LOOM_EEOF ? PULL_END : PULL_ERR;
             if (rc == LOOM_OK) {
-                st->out = *e;
+                elem_copy_(&st->out, e);
                 memcpy(st->mut, r->src->mut, sizeof st->mut);
             }
         }
@@ -681,7 +681,7 @@ static uint64_t nested_hash(const loom_source_spec *n)
             h = fnv(fnv(fnv(h, v, sizeof v), t->shape, (size_t)t->rank * sizeof t->shape[0]), d, sizeof d);
         } else if (n->kind == LOOM_SRC_CSV) {
             const loom_csv_column *c = &n->csv[f];
-            int64_t v[3] = {c->dtype, c->index, c->has_default};
+            int64_t v[4] = {c->dtype, c->index, c->has_default, c->count};
             h = fnv(fnv(fnv(h, v, sizeof v), c->column, strlen(c->column) + 1), &c->default_value, sizeof(double));
         }
     }

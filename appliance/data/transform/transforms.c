@@ -93,6 +93,30 @@ static void normalize_vals(const void *src, loom_dtype sd, float *dst, size_t n,
 #undef E_
 }
 
+/* Per index of the last axis (length L): (x - mean[i % L]) / std[i % L]. */
+#define NORMV_LOOP_(ST)                                                 \
+    {                                                                   \
+        const ST *a = src;                                              \
+        for (size_t i = 0, j = 0; i < n; i++) {                         \
+            dst[i] = ((float)a[i] - mean[j]) / std[j];                  \
+            if (++j == L) j = 0;                                        \
+        }                                                               \
+        return;                                                         \
+    }
+static void normalize_vec(const void *src, loom_dtype sd, float *dst, size_t n, const float *mean, const float *std,
+                          size_t L)
+{
+    switch (sd) {
+    case LOOM_U8: NORMV_LOOP_(uint8_t)
+    case LOOM_I32: NORMV_LOOP_(int32_t)
+    case LOOM_I64: NORMV_LOOP_(int64_t)
+    case LOOM_F32: NORMV_LOOP_(float)
+    case LOOM_F64: NORMV_LOOP_(double)
+    default: LOOM_ASSERT(!"bad dtype");
+    }
+}
+#undef NORMV_LOOP_
+
 static int is_int(loom_dtype t) { return t == LOOM_U8 || t == LOOM_I32 || t == LOOM_I64; }
 
 static const char *const map_names[] = {
@@ -306,7 +330,12 @@ int map_apply_(const dstage *st, loom_elem *e, int writable, uint8_t *buf, uint8
         scale_vals(t->data, t->dtype, dst, n, (float)s->m.scale, (float)s->m.offset);
         break;
     case LOOM_MAP_NORMALIZE:
-        normalize_vals(t->data, t->dtype, dst, n, (float)s->m.mean, (float)s->m.std);
+        if (s->m.n_norm > 1)
+            normalize_vec(t->data, t->dtype, dst, n, s->m.mean_v, s->m.std_v, (size_t)s->m.n_norm);
+        else if (s->m.n_norm == 1)
+            normalize_vals(t->data, t->dtype, dst, n, s->m.mean_v[0], s->m.std_v[0]);
+        else
+            normalize_vals(t->data, t->dtype, dst, n, (float)s->m.mean, (float)s->m.std);
         break;
     case LOOM_MAP_ONE_HOT: {
         size_t depth = (size_t)s->m.depth;
@@ -484,7 +513,7 @@ static int map_next(dstage *st, loom_elem **out, loom_err *err)
     loom_elem *e;
     int rc = dstage_next_(st->in, &e, err);
     if (rc) return rc;
-    st->out = *e;
+    elem_copy_(&st->out, e);
     memcpy(st->mut, st->in->mut, sizeof st->mut);
     *out = &st->out;
     int64_t k = map_count_(st, &st->out);
@@ -732,14 +761,40 @@ int map_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, co
         s->out_dt = LOOM_F32;
         snprintf(st->desc, sizeof st->desc, "map(scale,%s,%.17g,%.17g)", s->m.feature, s->m.scale, s->m.offset);
         break;
-    case LOOM_MAP_NORMALIZE:
+    case LOOM_MAP_NORMALIZE: {
+        if (s->m.adapt && !s->m.n_norm) {
+            rc = dstage_err_(st, err, LOOM_ECONFIG, "map(normalize) on \"%s\": adapt = true, but no numbers were "
+                             "adapted from data.train for it", s->m.feature);
+            loom_err_hint(err, "loom train computes them (and caches them in model_dir/adapt.txt) before evaluate, "
+                               "predict or export can use them");
+            goto fail;
+        }
         if (!(s->m.std > 0)) {
             rc = dstage_err_(st, err, LOOM_ECONFIG, "map(normalize): std must be > 0, got %g", s->m.std);
             goto fail;
         }
+        int64_t L = sh->rank > bd ? sh->dim[sh->rank - 1] : 1;
+        if (s->m.n_norm > 1 && L != s->m.n_norm) {
+            rc = dstage_err_(st, err, LOOM_ESHAPE, "map(normalize) on \"%s\": %d mean/std values, but the feature has "
+                             "shape %s, whose last axis has %lld", s->m.feature, s->m.n_norm,
+                             loom_shape_str(sh, a, sizeof a), (long long)L);
+            loom_err_hint(err, "give one value per index of the last axis, or one number for all");
+            goto fail;
+        }
         s->out_dt = LOOM_F32;
-        snprintf(st->desc, sizeof st->desc, "map(normalize,%s,%.17g,%.17g)", s->m.feature, s->m.mean, s->m.std);
+        uint64_t h = 0xcbf29ce484222325ull; /* the values in the stage's identity (cache keys) */
+        for (int i = 0; i < s->m.n_norm; i++) {
+            float v[2] = {s->m.mean_v[i], s->m.std_v[i]};
+            const unsigned char *p = (const unsigned char *)v;
+            for (size_t k = 0; k < sizeof v; k++) h = (h ^ p[k]) * 0x100000001b3ull;
+        }
+        if (s->m.n_norm)
+            snprintf(st->desc, sizeof st->desc, "map(normalize,%s,%d,%016llx)", s->m.feature, s->m.n_norm,
+                     (unsigned long long)h);
+        else
+            snprintf(st->desc, sizeof st->desc, "map(normalize,%s,%.17g,%.17g)", s->m.feature, s->m.mean, s->m.std);
         break;
+    }
     case LOOM_MAP_ONE_HOT:
         if (!is_int(s->in_dt)) {
             rc = dstage_err_(st, err, LOOM_ESHAPE, "map(one_hot) needs an integer feature, \"%s\" is %s", s->m.feature,

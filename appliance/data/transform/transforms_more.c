@@ -124,14 +124,36 @@ fail:
     return rc;
 }
 
-/* ---- shard ---------------------------------------------------------------------
- * Keeps the elements whose position p in the pass has p % num_shards == index. */
+/* ---- shard, split ---------------------------------------------------------------
+ * shard keeps the elements whose position p in the pass has p % num_shards == index;
+ * split keeps those whose loom_split_u(seed, p) is below fraction (part train) or
+ * not (part eval): the same in every pass, so the two parts stay disjoint. */
 
 typedef struct shardst {
-    dstage  s;
-    int64_t n, index;
-    int64_t pos; /* input elements consumed this pass */
+    dstage   s;
+    int64_t  n, index;
+    int64_t  pos;      /* input elements consumed this pass */
+    int      split;    /* a split rather than a shard */
+    int      part;     /* split: LOOM_SPLIT_TRAIN or LOOM_SPLIT_EVAL */
+    double   fraction; /* split */
+    uint64_t seed;     /* split */
 } shardst;
+
+double loom_split_u(uint64_t seed, int64_t pos)
+{
+    uint64_t z = seed * 0x9e3779b97f4a7c15ull + (uint64_t)pos; /* splitmix64 of (seed, pos) */
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (double)(z >> 11) * 0x1.0p-53;
+}
+
+static int shard_keep(const shardst *s, int64_t pos)
+{
+    if (!s->split) return pos % s->n == s->index;
+    return (loom_split_u(s->seed, pos) < s->fraction) == (s->part == LOOM_SPLIT_TRAIN);
+}
 
 static int shard_next(dstage *st, loom_elem **out, loom_err *err)
 {
@@ -140,7 +162,7 @@ static int shard_next(dstage *st, loom_elem **out, loom_err *err)
         loom_elem *e;
         int rc = dstage_next_(st->in, &e, err);
         if (rc) return rc;
-        if (s->pos++ % s->n != s->index) continue;
+        if (!shard_keep(s, s->pos++)) continue;
         memcpy(st->mut, st->in->mut, sizeof st->mut);
         *out = e;
         return LOOM_OK;
@@ -167,12 +189,28 @@ static const dstage_ops shard_ops = {
     .next = shard_next, .rewind = shard_rewind, .save = shard_save, .restore = shard_restore, .close = dstage_free_,
 };
 
-int shard_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err)
+int shard_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, uint64_t run_seed, loom_err *err)
 {
     shardst *s = loom_calloc(1, sizeof *s);
     if (!s) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate a shard stage");
     dstage *st = &s->s;
     dstage_init_(st, &shard_ops, in, id, &t->loc);
+    if (t->kind == LOOM_T_SPLIT) {
+        s->split = 1;
+        s->part = t->part;
+        s->fraction = t->fraction;
+        s->seed = t->seed_set ? t->seed : run_seed;
+        snprintf(st->name, sizeof st->name, "split(%s)", s->part == LOOM_SPLIT_EVAL ? "eval" : "train");
+        snprintf(st->desc, sizeof st->desc, "split(%.17g,%d,%llu)", s->fraction, s->part, (unsigned long long)s->seed);
+        if (!(s->fraction > 0 && s->fraction < 1)) {
+            int rc = dstage_err_(st, err, LOOM_ECONFIG, "split: fraction %g is outside (0, 1)", s->fraction);
+            loom_free(s);
+            return rc;
+        }
+        st->card = in->card < 0 ? in->card : -2; /* how many fall on each side is known only by reading */
+        *out = st;
+        return LOOM_OK;
+    }
     s->n = t->num_shards;
     s->index = t->index;
     snprintf(st->name, sizeof st->name, "shard(%lld/%lld)", (long long)s->index, (long long)s->n);
@@ -185,6 +223,210 @@ int shard_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, 
     }
     int64_t c = in->card;
     st->card = c < 0 ? c : c / s->n + (s->index < c % s->n ? 1 : 0);
+    *out = st;
+    return LOOM_OK;
+}
+
+/* ---- concat, select ---------------------------------------------------------------
+ * concat appends feature `output`: the listed features, each flattened per
+ * example (what follows the batch dims), joined in order (Keras
+ * Concatenate on the last axis of flat features; scalars count as one
+ * value); float32 unless all share one dtype. select keeps the listed
+ * features, in the listed order (tf.data map(lambda e: {k: e[k] ...})). */
+
+typedef struct catst {
+    dstage   s;
+    int      n, idx[LOOM_MAX_FEATURES]; /* concat: inputs; select: kept features */
+    int64_t  per[LOOM_MAX_FEATURES];    /* concat: values per example of each input */
+    int64_t  total;                     /* concat: values per example of the output */
+    loom_dtype dt;
+    void    *buf;
+} catst;
+
+static int cat_next(dstage *st, loom_elem **out, loom_err *err)
+{
+    catst *s = (catst *)st;
+    loom_elem *e;
+    int rc = dstage_next_(st->in, &e, err);
+    if (rc) return rc;
+    int n = e->n, bd = st->batch_dims;
+    memcpy(st->out.t, e->t, (size_t)n * sizeof e->t[0]);
+    memcpy(st->mut, st->in->mut, sizeof st->mut);
+    int64_t rows = 1;
+    loom_tensor *o = &st->out.t[n];
+    o->dtype = s->dt;
+    o->shape.rank = bd + 1;
+    for (int d = 0; d < bd; d++) rows *= (o->shape.dim[d] = e->t[s->idx[0]].shape.dim[d]);
+    o->shape.dim[bd] = s->total;
+    o->data = s->buf;
+    o->owns = 0;
+    size_t esz = loom_dtype_size(s->dt);
+    for (int64_t r = 0; r < rows; r++) {
+        uint8_t *dst = (uint8_t *)s->buf + (size_t)(r * s->total) * esz;
+        for (int k = 0; k < s->n; k++) {
+            const loom_tensor *t = &e->t[s->idx[k]];
+            if (t->dtype == s->dt) {
+                memcpy(dst, (const uint8_t *)t->data + (size_t)(r * s->per[k]) * esz, (size_t)s->per[k] * esz);
+            } else { /* mixed dtypes: float32 out */
+                for (int64_t j = 0; j < s->per[k]; j++) ((float *)dst)[j] = (float)loom_tensor_get(t, r * s->per[k] + j);
+            }
+            dst += (size_t)s->per[k] * esz;
+        }
+    }
+    st->out.n = n + 1;
+    st->mut[n] = 1;
+    *out = &st->out;
+    return LOOM_OK;
+}
+
+static int sel_next(dstage *st, loom_elem **out, loom_err *err)
+{
+    catst *s = (catst *)st;
+    loom_elem *e;
+    int rc = dstage_next_(st->in, &e, err);
+    if (rc) return rc;
+    uint8_t mut[LOOM_MAX_FEATURES];
+    memcpy(mut, st->in->mut, sizeof mut);
+    for (int k = 0; k < s->n; k++) {
+        st->out.t[k] = e->t[s->idx[k]];
+        st->mut[k] = mut[s->idx[k]];
+    }
+    st->out.n = s->n;
+    *out = &st->out;
+    return LOOM_OK;
+}
+
+static int cat_rewind(dstage *st, int64_t epoch, loom_err *err) { return st->in->ops->rewind(st->in, epoch, err); }
+static void cat_save(dstage *st, loom_buf *b) { (void)st, (void)b; }
+static int cat_restore(dstage *st, loom_buf *b, loom_err *err) { (void)st, (void)b, (void)err; return LOOM_OK; }
+
+static void cat_close(dstage *st)
+{
+    loom_free(((catst *)st)->buf);
+    loom_free(st);
+}
+
+static const dstage_ops cat_ops = {
+    .next = cat_next, .rewind = cat_rewind, .save = cat_save, .restore = cat_restore, .close = cat_close,
+};
+static const dstage_ops sel_ops = {
+    .next = sel_next, .rewind = cat_rewind, .save = cat_save, .restore = cat_restore, .close = cat_close,
+};
+
+/* The indices of t's names in st's spec; an absent name is an error listing the features. */
+static int find_names(catst *s, const loom_transform_spec *t, const char *op, loom_err *err)
+{
+    dstage *st = &s->s;
+    s->n = t->n_names;
+    for (int k = 0; k < t->n_names; k++) {
+        s->idx[k] = loom_elem_spec_find(&st->spec, t->names[k]);
+        if (s->idx[k] < 0) {
+            char have[2048];
+            return dstage_err_(st, err, LOOM_ECONFIG, "%s: no feature \"%s\" (the element has %s)", op, t->names[k],
+                               loom_elem_spec_str(&st->spec, have, sizeof have));
+        }
+    }
+    return s->n >= 1 ? LOOM_OK : dstage_err_(st, err, LOOM_ECONFIG, "%s: no features listed", op);
+}
+
+int concat_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err)
+{
+    catst *s = loom_calloc(1, sizeof *s);
+    if (!s) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate a concat stage");
+    dstage *st = &s->s;
+    dstage_init_(st, &cat_ops, in, id, &t->loc);
+    snprintf(st->name, sizeof st->name, "concat");
+    snprintf(st->desc, sizeof st->desc, "concat(%s", t->output);
+    for (int k = 0; k < t->n_names; k++) {
+        size_t l = strlen(st->desc);
+        snprintf(st->desc + l, sizeof st->desc - l, ",%s", t->names[k]);
+    }
+    size_t l = strlen(st->desc);
+    snprintf(st->desc + l, sizeof st->desc - l, ")");
+    int rc = find_names(s, t, "concat", err), bd = st->batch_dims;
+    char a[128];
+    if (rc) goto fail;
+    if (loom_elem_spec_find(&st->spec, t->output) >= 0) {
+        rc = dstage_err_(st, err, LOOM_ECONFIG, "concat: the element already has a feature \"%s\" (set `output` to "
+                         "another name)", t->output);
+        goto fail;
+    }
+    if (st->spec.n >= LOOM_MAX_FEATURES) {
+        rc = dstage_err_(st, err, LOOM_ECONFIG, "concat: the element already has %d features (at most %d)", st->spec.n,
+                         LOOM_MAX_FEATURES);
+        goto fail;
+    }
+    s->dt = st->spec.dtype[s->idx[0]];
+    for (int k = 0; k < s->n; k++) {
+        const loom_shape *sh = &st->spec.shape[s->idx[k]];
+        s->per[k] = 1;
+        for (int d = bd; d < sh->rank; d++) {
+            if (sh->dim[d] < 0) {
+                rc = dstage_err_(st, err, LOOM_ESHAPE, "concat: feature \"%s\" has shape %s, which varies per example "
+                                 "(pad it first)", t->names[k], loom_shape_str(sh, a, sizeof a));
+                goto fail;
+            }
+            s->per[k] *= sh->dim[d];
+        }
+        if (st->spec.dtype[s->idx[k]] != s->dt) s->dt = LOOM_F32;
+        s->total += s->per[k];
+    }
+    int n = st->spec.n;
+    const loom_shape *mx0 = &st->maxshape[s->idx[0]];
+    int64_t rows = 1;
+    loom_shape osh = {.rank = bd + 1}, omx = {.rank = bd + 1};
+    for (int d = 0; d < bd; d++) {
+        osh.dim[d] = st->spec.shape[s->idx[0]].dim[d];
+        rows *= (omx.dim[d] = mx0->dim[d]);
+    }
+    osh.dim[bd] = omx.dim[bd] = s->total;
+    snprintf(st->spec.name[n], LOOM_NAME_MAX, "%s", t->output);
+    st->spec.dtype[n] = s->dt;
+    st->spec.shape[n] = osh;
+    st->maxshape[n] = omx;
+    st->spec.n = n + 1;
+    size_t bytes = (size_t)(rows * s->total) * loom_dtype_size(s->dt);
+    if (!(s->buf = loom_alloc_aligned(bytes ? bytes : 1))) {
+        rc = loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate %zu bytes for concat", bytes);
+        goto fail;
+    }
+    dstage_gauge_(&st->st_bytes, (int64_t)bytes);
+    *out = st;
+    return LOOM_OK;
+fail:
+    cat_close(st);
+    return rc;
+}
+
+int select_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err)
+{
+    catst *s = loom_calloc(1, sizeof *s);
+    if (!s) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate a select stage");
+    dstage *st = &s->s;
+    dstage_init_(st, &sel_ops, in, id, &t->loc);
+    snprintf(st->name, sizeof st->name, "select");
+    snprintf(st->desc, sizeof st->desc, "select(");
+    for (int k = 0; k < t->n_names; k++) {
+        size_t l = strlen(st->desc);
+        snprintf(st->desc + l, sizeof st->desc - l, "%s%s", k ? "," : "", t->names[k]);
+    }
+    size_t l = strlen(st->desc);
+    snprintf(st->desc + l, sizeof st->desc - l, ")");
+    int rc = find_names(s, t, "select", err);
+    if (rc) {
+        cat_close(st);
+        return rc;
+    }
+    loom_elem_spec sp = st->spec;
+    loom_shape mx[LOOM_MAX_FEATURES];
+    memcpy(mx, st->maxshape, sizeof mx);
+    for (int k = 0; k < s->n; k++) {
+        memcpy(st->spec.name[k], sp.name[s->idx[k]], LOOM_NAME_MAX);
+        st->spec.dtype[k] = sp.dtype[s->idx[k]];
+        st->spec.shape[k] = sp.shape[s->idx[k]];
+        st->maxshape[k] = mx[s->idx[k]];
+    }
+    st->spec.n = s->n;
     *out = st;
     return LOOM_OK;
 }
