@@ -1,10 +1,10 @@
 /* train.c - the train / evaluate / predict / check loops. */
 #include "train.h"
-#include "dir_lock.h"
-#include "progress.h"
-#include "summary.h"
-#include "status.h"
-#include "train_hooks.h"
+#include "dir_lock_internal.h"
+#include "progress_internal.h"
+#include "summary_internal.h"
+#include "status_internal.h"
+#include "train_hooks_internal.h"
 
 #include <errno.h>
 #include <math.h>
