@@ -255,6 +255,9 @@ static void same_pads(int64_t in, int k, int s, int64_t *before, int64_t *after)
     *after = tot - tot / 2;
 }
 
+/* The ONNX graph of the model, layer by layer. long: one switch case per layer kind, over the walk's
+ * shared state (the current tensor's name, shape and layout, the next parameter); it becomes one
+ * function per layer kind when a layer describes its own export. */
 static int build_graph(onnx_graph *o, const loom_spec *spec, loom_model *m, const export_input *in,
                        bool preprocessing, const loom_dataset_spec *ds, loom_err *err)
 {

@@ -1221,6 +1221,8 @@ static void deterministic_copy(loom_dataset_spec *dst, const loom_dataset_spec *
     }
 }
 
+/* long: the input's two forms (a split of the config, or a file of inputs) and the CSV writer
+ * share the run and its cleanup on every path. */
 int loom_predict(const loom_spec *spec, const char *model_dir, const char *checkpoint, const char *input,
                  const char *output, loom_err *err)
 {
