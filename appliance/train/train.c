@@ -630,7 +630,8 @@ static void sink_progress(trainer *t, double sps)
                          (double)st->correct / (double)st->examples, sps, left >= 0 ? per_step * (double)left : -1);
     sink_state(t, LOOM_STATUS_TRAINING, sps, t->sink.prog.input_wait);
     char tuned[512];
-    if (loom_iter_tuned(t->r.train, tuned, sizeof tuned)) { /* once the autotuner's choice settles, and after a change */
+    /* once the autotuner's choice settles, and after a change */
+    if (loom_iter_tuned(t->r.train, tuned, sizeof tuned)) {
         loom_progress_break(&t->sink.prog);
         loom_info("input pipeline tuned: %s", tuned);
     }
@@ -640,7 +641,8 @@ static void sink_progress(trainer *t, double sps)
 static int sink_summary(trainer *t, loom_err *err)
 {
     double ts = loom_now();
-    int rc = log_summary(t->sink.jsonl, t->sink.tb, &t->sink.win, t->st.step, loom_optimizer_lr(t->opt, t->st.step), err);
+    int rc = log_summary(t->sink.jsonl, t->sink.tb, &t->sink.win, t->st.step, loom_optimizer_lr(t->opt, t->st.step),
+                         err);
     t->sink.summary_sec += loom_now() - ts;
     return rc;
 }
@@ -779,7 +781,7 @@ static int trainer_resume(trainer *t, loom_err *err)
     run *r = &t->r;
     int64_t ckpt_step = 0;
     char *ckpt = t->ckpt;
-    if (r->chief) loom_remove_stale_tmp(r->model_dir); /* left by runs killed while writing (the chief holds the lock) */
+    if (r->chief) loom_remove_stale_tmp(r->model_dir); /* left by runs killed while writing (the chief holds it) */
     int rc = loom_ckpt_latest(r->model_dir, ckpt, &ckpt_step, err);
     if (rc == LOOM_EEOF) return LOOM_OK; /* none: a new run */
     if (rc) return rc;
