@@ -21,6 +21,8 @@ typedef struct cli_opts {
     bool        fresh, print, quiet, verbose;
     const char *input, *output, *checkpoint;
     const char *task; /* --task ROLE:I */
+    bool        watch;        /* evaluate --watch */
+    double      idle_timeout; /* evaluate --watch --idle-timeout S */
     char        status_set[48]; /* --status-port N, as "run.status_port=N" in sets */
 } cli_opts;
 
@@ -37,7 +39,7 @@ typedef struct command {
 } command;
 
 enum { OPT_MODEL_DIR = 1, OPT_SET = 2, OPT_FRESH = 4, OPT_PRINT = 8, OPT_INPUT = 16, OPT_OUTPUT = 32,
-       OPT_CHECKPOINT = 64, OPT_TASK = 128, OPT_STATUS_PORT = 256 };
+       OPT_CHECKPOINT = 64, OPT_TASK = 128, OPT_STATUS_PORT = 256, OPT_WATCH = 512 };
 
 static void print_errlist(const loom_errlist *l)
 {
@@ -103,6 +105,19 @@ static int resolve_cluster(const loom_spec *spec, const cli_opts *o, loom_cluste
     return rc;
 }
 
+/* The sidecar evaluator: a cluster's evaluator task (cl), or `loom evaluate --watch`. */
+static int watch(const loom_spec *spec, const cli_opts *o, const loom_cluster *cl, loom_err *err)
+{
+    char who[32];
+    loom_watch_opts wo = {.idle_secs = o->idle_timeout};
+    if (cl && cl->role == LOOM_ROLE_EVALUATOR) { /* started with the job: an earlier run's end does not count */
+        wo.who = loom_task_name(cl->role, cl->index, who, sizeof who);
+        wo.after_wall = loom_wall_time();
+    }
+    int n = 0;
+    return loom_evaluate_watch(spec, o->model_dir, &wo, &n, err);
+}
+
 static int cmd_train(const cli_opts *o, double start, loom_err *err)
 {
     int status = 0;
@@ -116,8 +131,12 @@ static int cmd_train(const cli_opts *o, double start, loom_err *err)
             loom_info("cluster task %s (%s), training rank %d of %d", loom_task_name(cl->role, cl->index, nm, sizeof nm),
                       cl->task_detail, cl->rank, cl->n_train_ranks);
         }
-        loom_train_opts to = {.model_dir = o->model_dir, .fresh = o->fresh, .start_time = start, .cluster = cl};
-        rc = loom_train(spec, &to, err);
+        if (cl && cl->role == LOOM_ROLE_EVALUATOR) { /* the sidecar evaluator: it trains nothing */
+            rc = watch(spec, o, cl, err);
+        } else {
+            loom_train_opts to = {.model_dir = o->model_dir, .fresh = o->fresh, .start_time = start, .cluster = cl};
+            rc = loom_train(spec, &to, err);
+        }
     }
     loom_cluster_free(cl);
     loom_config_free(spec);
@@ -133,6 +152,14 @@ static int cmd_evaluate(const cli_opts *o, double start, loom_err *err)
     loom_eval_result res;
     loom_cluster *cl = NULL;
     int rc = resolve_cluster(spec, o, &cl, false, err); /* checked; evaluation itself runs in this process */
+    if (!rc && (o->watch || (cl && cl->role == LOOM_ROLE_EVALUATOR && cl->index >= 0))) {
+        if (o->checkpoint) rc = loom_err_set(err, LOOM_EUSAGE, NULL, "--watch evaluates every new checkpoint: "
+                                             "it takes no --checkpoint");
+        else rc = watch(spec, o, cl, err);
+        loom_cluster_free(cl);
+        loom_config_free(spec);
+        return rc;
+    }
     loom_cluster_free(cl);
     if (!rc) rc = loom_evaluate(spec, o->model_dir, o->checkpoint, &res, err);
     if (!rc) {
@@ -417,9 +444,15 @@ static const command commands[] = {
      "on run.status_bind (default 127.0.0.1) while training.\n",
      cmd_train, OPT_MODEL_DIR | OPT_SET | OPT_FRESH | OPT_TASK | OPT_STATUS_PORT, NULL},
     {"evaluate", "evaluate the latest checkpoint on data.eval",
-     "loom evaluate CONFIG [--model-dir DIR] [--checkpoint FILE] [--set key.path=value ...]",
-     "Prints one JSON line with eval_loss and eval_accuracy on stdout.\n", cmd_evaluate,
-     OPT_MODEL_DIR | OPT_SET | OPT_CHECKPOINT | OPT_TASK, NULL},
+     "loom evaluate CONFIG [--model-dir DIR] [--checkpoint FILE | --watch [--idle-timeout S]] [--set key.path=value ...]",
+     "Prints one JSON line with eval_loss and eval_accuracy on stdout.\n"
+     "--watch is the sidecar evaluator: it evaluates each new checkpoint of the model\n"
+     "directory once (the newest first when it falls behind, skipping older ones), appends\n"
+     "an \"eval\" line to metrics.jsonl and eval/ summaries for each, prints its JSON line,\n"
+     "and exits after the final checkpoint of the training run (named by final.json,\n"
+     "which the chief writes when training ends). --idle-timeout S gives up after S\n"
+     "seconds without a new checkpoint. A cluster's evaluator task does the same.\n", cmd_evaluate,
+     OPT_MODEL_DIR | OPT_SET | OPT_CHECKPOINT | OPT_TASK | OPT_WATCH, NULL},
     {"predict", "write predictions (class and probabilities) as CSV",
      "loom predict CONFIG --output FILE [--input train|eval|FILE.idx] [--model-dir DIR] [--checkpoint FILE]",
      "--input names a dataset of the config (\"eval\", the default, or \"train\"; read in order,\n"
@@ -484,6 +517,8 @@ static void command_help(const command *c)
     if (c->accepts & OPT_INPUT) printf("  --input WHAT          train, eval (default) or an IDX file\n");
     if (c->accepts & OPT_OUTPUT) printf("  --output FILE         where to write the CSV (- for stdout)\n");
     if (c->accepts & OPT_CHECKPOINT) printf("  --checkpoint FILE     use this checkpoint instead of the latest\n");
+    if (c->accepts & OPT_WATCH) printf("  --watch               evaluate each new checkpoint until training ends\n"
+                                       "  --idle-timeout S      (--watch) give up after S s without a new checkpoint\n");
     if (c->accepts & OPT_TASK) printf("  --task ROLE:I         this process's task in the cluster, e.g. worker:1\n");
     if (c->accepts & OPT_STATUS_PORT) printf("  --status-port N       HTTP status endpoint on port N (run.status_port)\n");
 }
@@ -607,6 +642,19 @@ int loom_cli_main(int argc, char **argv, double start_time)
                 }
                 snprintf(o.status_set, sizeof o.status_set, "run.status_port=%ld", port);
                 o.sets[o.n_sets++] = o.status_set;
+            }
+        } else if (!strcmp(a, "--watch")) {
+            need = OPT_WATCH;
+            o.watch = true;
+        } else if (is_opt(a, "--idle-timeout")) {
+            need = OPT_WATCH;
+            if ((v = opt_value(argc, argv, &i, "--idle-timeout", &err))) {
+                char *end;
+                o.idle_timeout = strtod(v, &end);
+                if (!*v || *end || !(o.idle_timeout > 0)) {
+                    fprintf(stderr, "loom %s: --idle-timeout expects seconds > 0, got \"%s\"\n", cmd->name, v);
+                    return LOOM_EXIT_USAGE;
+                }
             }
         } else if (is_opt(a, "--checkpoint")) {
             need = OPT_CHECKPOINT;

@@ -412,7 +412,7 @@ static void supervise(child *cs, int n, double grace, outcome *res)
             cs[i].reaped = true;
             cs[i].status = status_of(ws);
             if (cs[i].status == 0) {
-                /* training finished: ps tasks serve forever, evaluators are told to stop */
+                /* training finished: ps tasks serve forever and are told to stop; an evaluator ends after the final checkpoint */
                 bool all_trainers_done = true;
                 for (int j = 0; j < n; j++)
                     if ((cs[j].role == LOOM_ROLE_CHIEF || cs[j].role == LOOM_ROLE_WORKER) &&
@@ -420,13 +420,17 @@ static void supervise(child *cs, int n, double grace, outcome *res)
                         all_trainers_done = false;
                 if (all_trainers_done && !training_done_stop && !kill_at) {
                     training_done_stop = true;
+                    bool stopped = false;
                     for (int j = 0; j < n; j++)
-                        if (!cs[j].reaped) {
+                        if (!cs[j].reaped && cs[j].role == LOOM_ROLE_EVALUATOR) {
+                            say("training is done: %s finishes with the final checkpoint", cs[j].name);
+                        } else if (!cs[j].reaped) {
                             say("training is done: stopping %s", cs[j].name);
                             kill(cs[j].pid, SIGTERM);
                             cs[j].stopped_by_us = true;
+                            stopped = true;
                         }
-                    kill_at = loom_now() + grace;
+                    if (stopped) kill_at = loom_now() + grace;
                 }
                 continue;
             }

@@ -79,6 +79,9 @@ typedef struct loom_cluster {
     bool              tls;               /* cluster.tls */
     char              tls_cert[LOOM_PATH_MAX], tls_key[LOOM_PATH_MAX], tls_ca[LOOM_PATH_MAX];
     bool              insecure;          /* cluster.insecure: allow non-loopback without a secret */
+    /* Bytes loom_net_send may hold queued for one peer (0 = LOOM_NET_SENDQ_MAX).
+     * Not a config setting: tests lower it. */
+    size_t            send_queue_max;
     /* SHA-256 of the resolved config as loom_config_print prints it, with
      * the per-task keys excluded (cluster addresses are kept; --task,
      * model_dir overrides of one task are not), and that text itself, so a
@@ -142,7 +145,14 @@ typedef struct loom_net_peer { loom_role role; int index; } loom_net_peer;
 int  loom_net_open(loom_net **out, const loom_cluster *c, const loom_net_peer *peers, int n_peers, loom_err *err);
 void loom_net_close(loom_net *n); /* says BYE to every peer; NULL is a no-op */
 /* Sends one message (copied; returns once queued) to peer p (an index into
- * the peers given to loom_net_open). */
+ * the peers given to loom_net_open). The queue to one peer is bounded
+ * (LOOM_NET_SENDQ_MAX bytes, or loom_cluster.send_queue_max): a send that
+ * would pass the bound waits until the peer has read enough (back-pressure;
+ * a message larger than the bound waits for an empty queue). A peer that
+ * reads nothing for heartbeat_timeout ends the wait with LOOM_ENET naming it
+ * and the bytes it left unread (a stopped peer is also declared lost by its
+ * silence), so a stalled reader never makes a sender grow without bound. */
+#define LOOM_NET_SENDQ_MAX ((size_t)64 << 20)
 int  loom_net_send(loom_net *n, int p, uint32_t type, const void *buf, size_t len, loom_err *err);
 /* Waits up to timeout_s (< 0: forever, still ended by a lost peer) for the
  * next message of a type in [type_lo, type_hi] from peer p (p = -1: any

@@ -17,8 +17,10 @@
  * predecessor over the authenticated control connection, and accepts only
  * the connection that presents that token (anything else is dropped and
  * logged); the listener closes once the ring stands. With cluster.tls the
- * data plane stays clear TCP: TLS protects the handshake and control
- * messages, and the tokens keep strangers off the data connections.
+ * data connections carry TLS too (after the token, a handshake with the
+ * cluster's certificates, both ends verified, then every byte in TLS
+ * records through the same poll loops; LOOM_RING_TLS=0 keeps them clear,
+ * for a trusted network: docs/cluster-transport.md has the cost).
  *
  * Every collective starts with a 32-byte header sent to the next rank
  * (kind, sequence number, count, root): a rank whose predecessor entered a
@@ -39,7 +41,9 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <openssl/crypto.h>
+#include <openssl/err.h>
 #include <openssl/rand.h>
+#include <openssl/ssl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -94,7 +98,46 @@ struct loom_group {
     char      names[16][32];          /* rank -> task name, for messages (first 16) */
     sender   *sender;                 /* sends of large collectives; NULL: the calling thread sends */
     bool      spin;                   /* every rank on this host has a core of its own */
+    SSL_CTX  *ssl_ctx;                /* cluster.tls: the data connections' TLS (NULL: clear TCP) */
+    SSL      *send_ssl, *recv_ssl;    /* on send_fd (we are the client), recv_fd (the server) */
 };
+
+/* I/O on a data connection, clear or through TLS (ssl): bytes moved (> 0),
+ * 0 at the end of the stream (receiving), or -1 with errno (EAGAIN: poll,
+ * then again; TLS records buffered in ssl are always drained first, so a
+ * poll after EAGAIN never sleeps on bytes already read). */
+static ssize_t d_send(SSL *ssl, int fd, const void *p, size_t n)
+{
+    if (!ssl) return send(fd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n == 0) return 0;
+    size_t w = 0;
+    ERR_clear_error();
+    errno = 0;
+    int r = SSL_write_ex(ssl, p, n, &w);
+    if (r == 1) return (ssize_t)w;
+    int e = SSL_get_error(ssl, r);
+    if (e == SSL_ERROR_WANT_WRITE || e == SSL_ERROR_WANT_READ) errno = EAGAIN;
+    else if (e != SSL_ERROR_SYSCALL || !errno) errno = EPIPE;
+    return -1;
+}
+
+static ssize_t d_recv(SSL *ssl, int fd, void *p, size_t n)
+{
+    if (!ssl) return recv(fd, p, n, MSG_DONTWAIT);
+    size_t got = 0;
+    ERR_clear_error();
+    errno = 0;
+    int r = SSL_read_ex(ssl, p, n, &got);
+    if (r == 1) return (ssize_t)got;
+    int e = SSL_get_error(ssl, r);
+    if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
+        errno = EAGAIN;
+        return -1;
+    }
+    if (e == SSL_ERROR_ZERO_RETURN || (e == SSL_ERROR_SYSCALL && !errno)) return 0;
+    if (e != SSL_ERROR_SYSCALL) errno = EPROTO; /* a bad record: the connection is done for */
+    return -1;
+}
 
 static void task_of_rank(const loom_cluster *c, int r, loom_role *role, int *index)
 {
@@ -170,6 +213,64 @@ static uint32_t get32(const uint8_t *p)
     uint32_t v;
     memcpy(&v, p, 4);
     return v;
+}
+
+/* cluster.tls: a TLS handshake on both data connections at once (each
+ * rank is the client towards its successor and the server of its
+ * predecessor; one after the other would wait round the ring forever),
+ * bounded by the connect deadline. No session tickets: after the handshake
+ * each connection carries data one way only. */
+static int data_tls(loom_group *g, const loom_cluster *c, double deadline, loom_err *err)
+{
+    const char *who = loom_net_name_(g->net);
+    int rc = loom_net_tls_ctx_(c, &g->ssl_ctx, err);
+    if (rc) return rc;
+    SSL_CTX_set_num_tickets(g->ssl_ctx, 0);
+    SSL *s[2] = {g->send_ssl = SSL_new(g->ssl_ctx), g->recv_ssl = SSL_new(g->ssl_ctx)};
+    int fd[2] = {g->send_fd, g->recv_fd};
+    if (!s[0] || !s[1]) return loom_err_set(err, LOOM_ENOMEM, who, "cannot create the data connections' TLS");
+    for (int k = 0; k < 2; k++) {
+        SSL_set_fd(s[k], fd[k]);
+        SSL_set_mode(s[k], SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+    }
+    SSL_set_connect_state(s[0]);
+    SSL_set_accept_state(s[1]);
+    bool done[2] = {false, false};
+    int peer[2] = {(g->rank + 1) % g->size, (g->rank + g->size - 1) % g->size};
+    while (!done[0] || !done[1]) {
+        struct pollfd pf[2];
+        int np = 0;
+        for (int k = 0; k < 2; k++) {
+            if (done[k]) continue;
+            ERR_clear_error();
+            int r = SSL_do_handshake(s[k]);
+            if (r == 1) {
+                done[k] = true;
+                continue;
+            }
+            int e = SSL_get_error(s[k], r);
+            if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
+                pf[np++] = (struct pollfd){fd[k], (short)(e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT), 0};
+                continue;
+            }
+            char eb[256] = "the connection closed";
+            unsigned long le = ERR_get_error();
+            if (le) ERR_error_string_n(le, eb, sizeof eb);
+            return loom_err_set(err, LOOM_ENET, who, "the TLS handshake of the ring's data connection %s %s failed: %s",
+                                k ? "from" : "to", rname(g, peer[k]), eb),
+                   loom_err_hint(err, "every task needs a certificate signed by cluster.tls_ca");
+        }
+        if (!np) continue;
+        double left = deadline - loom_now();
+        if (left <= 0)
+            return loom_err_set(err, LOOM_ETIMEOUT, who, "the TLS handshake of the ring's data connections (to %s, "
+                                "from %s) did not finish within cluster.connect_timeout = %g s",
+                                rname(g, peer[0]), rname(g, peer[1]), c->connect_timeout);
+        poll(pf, (nfds_t)np, left > 0.1 ? 100 : (int)(left * 1000) + 1);
+        if ((rc = loom_net_peer_down_(g->net, -1, err))) return rc;
+    }
+    loom_debug("%s: the ring's data connections are encrypted (%s)", who, SSL_get_version(s[0]));
+    return LOOM_OK;
 }
 
 /* The data plane: listen, tell the predecessor where, connect to the successor, accept the predecessor. */
@@ -305,6 +406,10 @@ static int ring_connect(loom_group *g, const loom_cluster *c, loom_err *err)
         return rc;
     }
     g->send_fd = sfd, g->recv_fd = rfd;
+    const char *clear = getenv("LOOM_RING_TLS");
+    if (c->tls && !(clear && !strcmp(clear, "0"))) return data_tls(g, c, deadline, err);
+    if (c->tls) loom_warn("%s: LOOM_RING_TLS=0: the ring's data connections are not encrypted (cluster.tls covers "
+                          "the control connections only)", who);
     return LOOM_OK;
 }
 
@@ -377,6 +482,9 @@ void loom_group_close(loom_group *g)
 {
     if (!g) return;
     sender_stop(g->sender);
+    SSL_free(g->send_ssl);
+    SSL_free(g->recv_ssl);
+    SSL_CTX_free(g->ssl_ctx);
     if (g->send_fd >= 0) close(g->send_fd);
     if (g->recv_fd >= 0) close(g->recv_fd);
     loom_net_close(g->net);
@@ -385,6 +493,8 @@ void loom_group_close(loom_group *g)
     loom_free(g->waited);
     loom_free(g);
 }
+
+int loom_group_data_fd_(loom_group *g, bool recv_side) { return recv_side ? g->recv_fd : g->send_fd; }
 
 int loom_group_peers(loom_group *g, loom_peer_info *out, int max)
 {
@@ -549,6 +659,7 @@ struct sender {
     pthread_cond_t  cv;
     int             wake_fd, done_fd;      /* eventfds: to the sender, from it */
     int             fd;                    /* the data connection to the successor */
+    SSL            *ssl;                   /* its TLS, or NULL */
     /* the job (under mu) */
     const step     *steps;
     const uint64_t *recv_start;            /* receive offset where step k begins */
@@ -587,7 +698,7 @@ static int sender_job(sender *sd)
                 allowed = r <= start ? 0 : r - start < s->send_len ? (size_t)(r - start) : s->send_len;
             }
             if (allowed > so) {
-                ssize_t w = send(sd->fd, s->send + so, allowed - so, MSG_DONTWAIT | MSG_NOSIGNAL);
+                ssize_t w = d_send(sd->ssl, sd->fd, s->send + so, allowed - so);
                 if (w > 0) {
                     so += (size_t)w;
                     continue;
@@ -639,6 +750,7 @@ static int sender_start(loom_group *g)
     pthread_mutex_init(&sd->mu, NULL);
     pthread_cond_init(&sd->cv, NULL);
     sd->fd = g->send_fd;
+    sd->ssl = g->send_ssl;
     sd->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     sd->done_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (sd->wake_fd < 0 || sd->done_fd < 0 || pthread_create(&sd->th, NULL, sender_main, sd) != 0) {
@@ -718,7 +830,7 @@ static int run(loom_group *g, coll_hdr *hdr, step *st, int ns, loom_err *err)
             if (!s->gate || ri > si - 1) allowed = s->send_len;
             else if (ri == si - 1) allowed = rdone < s->send_len ? rdone : s->send_len;
             if (allowed > so) {
-                ssize_t r = send(g->send_fd, s->send + so, allowed - so, MSG_DONTWAIT | MSG_NOSIGNAL);
+                ssize_t r = d_send(g->send_ssl, g->send_fd, s->send + so, allowed - so);
                 if (r > 0) so += (size_t)r, progress = true;
                 else if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
                     rc = data_closed(g, hdr, true, err);
@@ -733,7 +845,7 @@ static int run(loom_group *g, coll_hdr *hdr, step *st, int ns, loom_err *err)
              * the last read), adds it in, and goes on. */
             size_t carry = ro - rdone, want = s->recv_len - ro;
             if (s->acc && want > CHUNK - carry) want = CHUNK - carry;
-            ssize_t r = recv(g->recv_fd, s->acc ? g->tmp + carry : s->recv + ro, want, MSG_DONTWAIT);
+            ssize_t r = d_recv(g->recv_ssl, g->recv_fd, s->acc ? g->tmp + carry : s->recv + ro, want);
             if (r > 0) {
                 ro += (size_t)r;
                 progress = true;
@@ -889,6 +1001,7 @@ static int small3(loom_group *g, coll_hdr *hdr, const float *buf, size_t bytes, 
     coll_hdr in[2]; /* from prev (on recv_fd), from next (on send_fd) */
     memset(in, 0, sizeof in);
     int fd[2] = {g->recv_fd, g->send_fd};
+    SSL *ssl[2] = {g->recv_ssl, g->send_ssl};
     uint8_t *dst[2] = {g->tmp + (size_t)prev * bytes, g->tmp + (size_t)next * bytes};
     size_t out_n[2] = {0, 0}, in_n[2] = {0, 0}, total = sizeof *hdr + bytes;
     bool checked[2] = {false, false};
@@ -904,7 +1017,8 @@ static int small3(loom_group *g, coll_hdr *hdr, const float *buf, size_t bytes, 
                 size_t d0 = out_n[k] > sizeof *hdr ? out_n[k] - sizeof *hdr : 0;
                 if (bytes > d0) iov[ni++] = (struct iovec){g->tmp + (size_t)r * bytes + d0, bytes - d0};
                 struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)ni};
-                ssize_t w = sendmsg(fd[k], &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+                ssize_t w = ssl[k] ? d_send(ssl[k], fd[k], iov[0].iov_base, iov[0].iov_len)
+                                   : sendmsg(fd[k], &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
                 if (w > 0) out_n[k] += (size_t)w, progress = true;
                 else if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
                     return data_closed(g, hdr, k == 1, err);
@@ -916,7 +1030,7 @@ static int small3(loom_group *g, coll_hdr *hdr, const float *buf, size_t bytes, 
                 size_t d0 = in_n[k] > sizeof *hdr ? in_n[k] - sizeof *hdr : 0;
                 if (bytes > d0) iov[ni++] = (struct iovec){dst[k] + d0, bytes - d0};
                 struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)ni};
-                ssize_t rd = recvmsg(fd[k], &mh, MSG_DONTWAIT);
+                ssize_t rd = ssl[k] ? d_recv(ssl[k], fd[k], iov[0].iov_base, iov[0].iov_len) : recvmsg(fd[k], &mh, MSG_DONTWAIT);
                 if (rd > 0) in_n[k] += (size_t)rd, progress = true;
                 else if (rd == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
                     return data_closed(g, hdr, k == 1, err);

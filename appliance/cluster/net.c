@@ -97,6 +97,7 @@ struct loom_net {
     uint8_t                digest[32];
     char                  *config_text;
     double                 connect_timeout, hb_timeout, hb_interval, hs_timeout;
+    size_t                 sendq_max;  /* bytes queued to one peer at most (loom_net_send waits) */
     SSL_CTX               *ssl;
     net_peer              *peers;
     int                    n_peers, n_up;
@@ -700,34 +701,36 @@ static const loom_task_addr *task_addr(const loom_cluster *c, loom_role role, in
     return &c->tasks[role][index];
 }
 
-static int tls_setup(loom_net *n, const loom_cluster *c, loom_err *err)
+int loom_net_tls_ctx_(const loom_cluster *c, SSL_CTX **out, loom_err *err)
 {
-    n->ssl = SSL_CTX_new(TLS_method());
-    if (!n->ssl) return loom_err_set(err, LOOM_ENET, NULL, "cannot create a TLS context");
-    SSL_CTX_set_min_proto_version(n->ssl, TLS1_2_VERSION);
+    SSL_CTX *ctx = *out = SSL_CTX_new(TLS_method());
+    if (!ctx) return loom_err_set(err, LOOM_ENET, NULL, "cannot create a TLS context");
+    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
     char eb[256];
     if (!c->tls_cert[0] || !c->tls_key[0])
         return loom_err_set(err, LOOM_ECONFIG, "cluster.tls", "cluster.tls needs cluster.tls_cert and cluster.tls_key");
-    if (SSL_CTX_use_certificate_chain_file(n->ssl, c->tls_cert) != 1) {
+    if (SSL_CTX_use_certificate_chain_file(ctx, c->tls_cert) != 1) {
         ERR_error_string_n(ERR_get_error(), eb, sizeof eb);
         return loom_err_set(err, LOOM_ECONFIG, c->tls_cert, "cannot load the TLS certificate: %s", eb);
     }
-    if (SSL_CTX_use_PrivateKey_file(n->ssl, c->tls_key, SSL_FILETYPE_PEM) != 1 || SSL_CTX_check_private_key(n->ssl) != 1) {
+    if (SSL_CTX_use_PrivateKey_file(ctx, c->tls_key, SSL_FILETYPE_PEM) != 1 || SSL_CTX_check_private_key(ctx) != 1) {
         ERR_error_string_n(ERR_get_error(), eb, sizeof eb);
         return loom_err_set(err, LOOM_ECONFIG, c->tls_key, "cannot load the TLS key: %s", eb);
     }
     if (c->tls_ca[0]) {
-        if (SSL_CTX_load_verify_locations(n->ssl, c->tls_ca, NULL) != 1) {
+        if (SSL_CTX_load_verify_locations(ctx, c->tls_ca, NULL) != 1) {
             ERR_error_string_n(ERR_get_error(), eb, sizeof eb);
             return loom_err_set(err, LOOM_ECONFIG, c->tls_ca, "cannot load the TLS CA: %s", eb);
         }
         /* Both ends present certificates signed by the CA (names are not
          * checked: tasks are addressed by IP as often as by name; the shared
          * secret binds the peer's identity). */
-        SSL_CTX_set_verify(n->ssl, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
+        SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
     }
     return LOOM_OK;
 }
+
+static int tls_setup(loom_net *n, const loom_cluster *c, loom_err *err) { return loom_net_tls_ctx_(c, &n->ssl, err); }
 
 static void net_free(loom_net *n)
 {
@@ -802,6 +805,7 @@ int loom_net_open(loom_net **out, const loom_cluster *c, const loom_net_peer *pe
     n->config_text = loom_strdup(c->config_text ? c->config_text : "");
     n->connect_timeout = c->connect_timeout > 0 ? c->connect_timeout : 60;
     n->hb_timeout = c->heartbeat_timeout > 0 ? c->heartbeat_timeout : 30;
+    n->sendq_max = c->send_queue_max > 0 ? c->send_queue_max : LOOM_NET_SENDQ_MAX;
     n->hb_interval = c->heartbeat_interval > 0 ? c->heartbeat_interval : n->hb_timeout / 5;
     n->hs_timeout = n->connect_timeout < 10 ? n->connect_timeout : 10;
     if (n->hs_timeout < 1) n->hs_timeout = 1;
@@ -963,6 +967,55 @@ void loom_net_close(loom_net *n)
     net_free(n);
 }
 
+static int peer_down(loom_net *n, int p, loom_err *err);
+
+static size_t queued(struct bufferevent *bev)
+{
+    bufferevent_lock(bev);
+    size_t q = evbuffer_get_length(bufferevent_get_output(bev));
+    bufferevent_unlock(bev);
+    return q;
+}
+
+size_t loom_net_queued_(loom_net *n, int p)
+{
+    pthread_mutex_lock(&n->mu);
+    struct bufferevent *bev = p >= 0 && p < n->n_peers ? n->peers[p].bev : NULL;
+    pthread_mutex_unlock(&n->mu);
+    return bev ? queued(bev) : 0;
+}
+
+/* Back-pressure: waits until `add` more bytes fit in the queue to peer p
+ * (or the queue is empty), sleeping 0.1 to 10 ms between looks (the loop
+ * thread drains it; this is the rare path of a peer that reads slower than
+ * we write). Ends with the peer's loss, or after heartbeat_timeout without
+ * the queue shrinking. */
+static int wait_for_room(loom_net *n, int p, struct bufferevent *bev, size_t add, loom_err *err)
+{
+    size_t q = queued(bev), last = q;
+    if (q == 0 || q + add <= n->sendq_max) return LOOM_OK;
+    double t_moved = loom_now();
+    useconds_t nap = 100;
+    for (;;) {
+        pthread_mutex_lock(&n->mu);
+        int rc = peer_down(n, p, err);
+        pthread_mutex_unlock(&n->mu);
+        if (rc) return rc;
+        usleep(nap);
+        if (nap < 10000) nap *= 2;
+        q = queued(bev);
+        if (q == 0 || q + add <= n->sendq_max) return LOOM_OK;
+        if (q < last) t_moved = loom_now(), last = q;
+        if (loom_now() - t_moved > n->hb_timeout) {
+            loom_err_set(err, LOOM_ENET, n->name, "%s (%s) has read none of the %.1f MiB queued to it for %g s "
+                         "(cluster.heartbeat_timeout): the send queue is full (%.0f MiB at most per peer)",
+                         n->peers[p].name, n->peers[p].addr, (double)q / (1 << 20), n->hb_timeout,
+                         (double)n->sendq_max / (1 << 20));
+            return loom_err_hint(err, "the peer is stuck or its network is; see its log");
+        }
+    }
+}
+
 int loom_net_send(loom_net *n, int p, uint32_t type, const void *buf, size_t len, loom_err *err)
 {
     if (p < 0 || p >= n->n_peers) return loom_err_set(err, LOOM_EUSAGE, n->name, "no peer %d", p);
@@ -983,7 +1036,9 @@ int loom_net_send(loom_net *n, int p, uint32_t type, const void *buf, size_t len
     }
     struct bufferevent *bev = pe->bev;
     pthread_mutex_unlock(&n->mu);
-    int rc = bev_send(bev, type, buf, len);
+    int rc = wait_for_room(n, p, bev, len + LOOM_NET_HDR, err);
+    if (rc) return rc;
+    rc = bev_send(bev, type, buf, len);
     if (rc) return loom_err_set(err, LOOM_ENOMEM, n->name, "no memory to queue a %zu-byte message", len);
     return LOOM_OK;
 }

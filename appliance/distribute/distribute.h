@@ -230,7 +230,10 @@ typedef struct loom_strategy_ops {
     int  (*num_replicas)(loom_strategy *s);
     /* (optional, both or neither) custom training steps; NULL => refused.
      * One part on every replica; batch is read by FORWARD and LOSS, step by
-     * FORWARD and APPLY; LOSS fills per_replica[r] for r < num_replicas. */
+     * FORWARD and APPLY; LOSS fills per_replica[r] for r < num_replicas.
+     * A strategy whose ALL_REDUCE agrees the step's result across processes
+     * (multi_worker_mirrored) puts the job's sums in per_replica[0] there
+     * (the trainer logs that); others leave per_replica alone. */
     int  (*step_part)(loom_strategy *s, loom_step_part part, const loom_elem *batch, int64_t step,
                       loom_step_result *per_replica, loom_err *err);
     /* Replica r's model, whose gradient buffer a custom step may change (clipping). */

@@ -69,6 +69,8 @@ typedef struct replica {
     loom_err         err;
     int              reduce_rc; /* mirrored: the all-reduce's, after it */
     loom_err         reduce_err;
+    void            *owner;     /* the replicated it belongs to (the gradient hook's argument is the replica) */
+    int              packs_done; /* multi-worker overlap: packs this replica has reduced locally in this step */
 } __attribute__((aligned(64))) replica;
 
 enum { JOB_TRAIN, JOB_EVAL, JOB_PREDICT, JOB_PART, JOB_GRADS, JOB_APPLY };
@@ -102,6 +104,10 @@ typedef struct replicated {
     int64_t      loss_div;
     int          rank0;
     const float *ext_grads;
+    /* multi-worker overlap (loom_replicated_set_pack_ready_): called on
+     * replica 0's thread as each pack's local sum becomes final during backward */
+    void       (*pack_ready)(void *arg, int pack);
+    void        *pack_arg;
 } replicated;
 
 static int input_idx(const loom_strategy *s) { return s->args->input_idx; }
@@ -256,6 +262,7 @@ static int rep_open(loom_strategy *s, const loom_strategy_args *a, int central, 
     m->rep = loom_alloc_aligned((size_t)m->n * sizeof *m->rep);
     if (!m->rep) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating %d replicas", m->n);
     memset(m->rep, 0, (size_t)m->n * sizeof *m->rep);
+    for (int r = 0; r < m->n; r++) m->rep[r].owner = m;
     if ((rc = loom_pool_new(&m->pool, m->n, err))) return rc;
     pin_replicas(m, intra);
     if (central) {
@@ -483,6 +490,27 @@ static void mirrored_train(loom_strategy *s, replicated *m, int r)
 
 static int step_part_item(loom_strategy *s, replicated *m, int r);
 
+/* The gradient hook of replica rp during a multi-worker step (JOB_GRADS):
+ * the packs whose gradients are now final are summed over the local
+ * replicas (the same all-reduces, in the same order, as after the step),
+ * and replica 0 hands each to multi_worker's communicator. */
+static void on_grads_ready(void *arg, int first_final)
+{
+    replica *rp = arg;
+    replicated *m = rp->owner;
+    int r = (int)(rp - m->rep);
+    while (rp->packs_done < m->n_packs && m->packs[rp->packs_done].first >= first_final) {
+        int k = rp->packs_done++;
+        if (m->comm) {
+            loom_err rerr;
+            int c = loom_xcomm_all_reduce(m->comm, r, loom_model_grads(rp->model) + m->packs[k].offset,
+                                          m->packs[k].count, LOOM_REDUCE_SUM, &rerr);
+            if (c && !rp->reduce_rc) rp->reduce_rc = c, rp->reduce_err = rerr;
+        }
+        if (r == 0) m->pack_ready(m->pack_arg, k);
+    }
+}
+
 /* Item r of a job: replica r's work. */
 static void replica_item(void *arg, int r)
 {
@@ -527,9 +555,16 @@ static void replica_item(void *arg, int r)
         rp->rc = step_part_item(s, m, r);
         break;
     case JOB_GRADS: { /* multi-worker: gradients, summed locally into every replica's buffer */
+        rp->packs_done = 0;
+        if (m->pack_ready) loom_model_set_grad_hook(rp->model, on_grads_ready, rp); /* packs reduced during backward */
         rp->rc = replica_grads(s, m, r);
-        loom_err rerr;
-        if ((rp->reduce_rc = reduce_packs(m, r, loom_model_grads(rp->model), &rerr))) rp->reduce_err = rerr;
+        loom_model_set_grad_hook(rp->model, NULL, NULL);
+        for (int k = rp->packs_done; k < m->n_packs && m->comm; k++) { /* the packs no hook reduced, in order */
+            loom_err rerr;
+            int c = loom_xcomm_all_reduce(m->comm, r, loom_model_grads(rp->model) + m->packs[k].offset,
+                                          m->packs[k].count, LOOM_REDUCE_SUM, &rerr);
+            if (c && !rp->reduce_rc) rp->reduce_rc = c, rp->reduce_err = rerr;
+        }
         break;
     }
     case JOB_APPLY: { /* multi-worker: the job's summed gradients, shard by shard */
@@ -899,6 +934,20 @@ int loom_replicated_apply_(loom_strategy *s, const float *grads, int64_t step, l
     int rc = run_job(s, JOB_APPLY, NULL, err);
     m->ext_grads = NULL;
     return rc;
+}
+
+void loom_replicated_set_pack_ready_(loom_strategy *s, void (*fn)(void *arg, int pack), void *arg)
+{
+    replicated *m = s->impl;
+    m->pack_ready = fn;
+    m->pack_arg = arg;
+}
+
+const loom_pack *loom_replicated_packs_(loom_strategy *s, int *n)
+{
+    replicated *m = s->impl;
+    *n = m->n_packs;
+    return m->packs;
 }
 
 const loom_strategy_ops *loom_mirrored_ops_(void) { return &mirrored_ops; }

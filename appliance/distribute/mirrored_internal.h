@@ -28,5 +28,14 @@ int    loom_replicated_grads_(loom_strategy *s, const loom_elem *batch, int64_t 
 float *loom_replicated_grads0_(loom_strategy *s);
 int64_t loom_replicated_num_params_(loom_strategy *s);
 int    loom_replicated_apply_(loom_strategy *s, const float *grads, int64_t step, loom_err *err);
+/* The gradient packs (strategy.bytes_per_pack / num_packs), in reduction
+ * order: the last layers' first. */
+const loom_pack *loom_replicated_packs_(loom_strategy *s, int *n);
+/* Overlap: during loom_replicated_grads_, fn(arg, k) is called on replica
+ * 0's thread for each pack k, in order, as soon as its sum over this
+ * worker's replicas is final (backprop still running for earlier layers);
+ * packs no hook reached (a replica without examples, a device replica, a
+ * failed step) are summed after the step and not announced. fn NULL: off. */
+void   loom_replicated_set_pack_ready_(loom_strategy *s, void (*fn)(void *arg, int pack), void *arg);
 
 #endif

@@ -32,9 +32,23 @@
  * the steps the others still take (end_of_data), so every worker takes the
  * same number of steps and the epoch ends on all at once.
  *
- * Packs are reduced as one buffer after the backward pass: the reduction does
- * not yet overlap the backward pass (strategy.bytes_per_pack packs only the
- * local reduction).
+ * A custom (Lua) train_step runs part by part (mw_step_part): its
+ * all_reduce_gradients is the local sum and this cross-worker all-reduce,
+ * with the same tail, so it trains as the built-in step does and 2 workers
+ * match mirrored(2) in one process. Every worker's train_step must call
+ * all_reduce_gradients once per step; one that does not is found at its
+ * next step and stops the job naming the step.
+ *
+ * Packs (strategy.bytes_per_pack / num_packs; default one) overlap the
+ * reduction with the backward pass, as DDP's buckets do: nn calls a hook as
+ * each layer's gradients become final (last layer first); mirrored sums
+ * each finished pack over the local replicas there, and replica 0 hands it
+ * to this strategy's communicator thread, which all-reduces it across the
+ * workers while backward goes on for the earlier layers. The last pack (the
+ * first layers') carries the tail and goes after the step. The all-reduce
+ * calls are the same, in the same order, as reducing the packs after the
+ * backward pass (LOOM_OVERLAP=0), so the bits are too; with one pack the step
+ * is one all-reduce of P + TAIL_N floats, as before packs existed.
  *
  * strategy.communication: "ring" (and "auto", which is the ring on CPU) is
  * the group's ring; "mpi" and "nccl" name a plugin's cross-device op with
@@ -47,11 +61,18 @@
  * open the op stops the job at once instead of leaving the others waiting
  * inside the library.
  *
- * Threads: driven from the train thread, which also drives the group. */
+ * With a plugin's op (mpi, nccl) the packs are reduced after backward, on
+ * the train thread: the libraries are not handed a second thread.
+ *
+ * Threads: driven from the train thread, which also drives the group, except
+ * that during a step with overlapping packs the communicator thread drives
+ * the group's all-reduces (the step waits for it before it returns). */
 #include "distribute.h"
 #include "mirrored_internal.h"
 
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 enum { TAIL_STOP, TAIL_LOSS, TAIL_CORRECT, TAIL_EXAMPLES, TAIL_FAILED, TAIL_N };
@@ -65,8 +86,30 @@ typedef struct multi_worker {
     int            workers, rank;
     int64_t        global_batch;
     int64_t        P;
-    float         *stage;      /* (P + TAIL_N): replica 0's sum, then the job's */
+    float         *stage;      /* the all-reduce buffer: g and tail (laid out in mw_open) */
+    float         *g, *tail;   /* (P,) replica 0's sum, then the job's; (TAIL_N,) */
+    /* packs (strategy.bytes_per_pack / num_packs), all-reduced across the
+     * workers one after the other in plan order (the last layers' first);
+     * the last carries the tail */
+    const loom_pack *packs;
+    int            n_packs;
+    int            staged;     /* packs copied into g (and announced) during this step's backward */
+    /* overlap: the communicator thread all-reduces the packs as the
+     * backward pass announces them (LOOM_OVERLAP=0: after it, on the train thread) */
+    bool           overlap, thread_started, quit;
+    pthread_t      thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int            submitted, reduced; /* packs handed to the thread, and done by it (under mu) */
+    int            comm_rc;            /* the first failure of this step's pack all-reduces (under mu) */
+    loom_err       comm_err;
+    int64_t        packs_early, packs_total; /* announced during backward, and all (the chief logs them) */
     bool           stop_req, stop_seen;
+    /* a custom (Lua) step: this worker's results (LOSS), and whether the
+     * step that ran FORWARD has yet to take part in the all-reduce */
+    loom_step_result part_mine;
+    bool           reduce_pending;
+    int64_t        pending_step;
     char           task[64];   /* "worker:1", for messages */
     const loom_cross_device_ops *job_ops; /* communication = "mpi" | "nccl": the plugin's op; NULL: the ring */
     void          *job_comm;   /* job_ops' state */
@@ -202,6 +245,8 @@ static int open_job_op(multi_worker *mw, const loom_strategy_args *a, loom_err *
     return LOOM_OK;
 }
 
+static int start_communicator(multi_worker *mw, loom_err *err);
+
 static int mw_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
 {
     multi_worker *mw = loom_calloc(1, sizeof *mw);
@@ -220,15 +265,27 @@ static int mw_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     int rc = loom_replicated_open_(&mw->local, a, mw->rank * nloc, mw->global_batch, err);
     if (rc) return rc;
     mw->P = loom_replicated_num_params_(&mw->local);
-    mw->stage = loom_alloc_aligned((size_t)(mw->P + TAIL_N) * sizeof(float));
+    mw->packs = loom_replicated_packs_(&mw->local, &mw->n_packs);
+    /* one pack: g then the tail, one all-reduce of P + TAIL_N floats; several:
+     * the tail just before g (which stays on a 64-byte line), so the last pack
+     * reduced (the first layers', at offset 0) carries it */
+    mw->stage = loom_alloc_aligned((size_t)(16 + mw->P + TAIL_N) * sizeof(float));
     if (!mw->stage) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the all-reduce buffer (%lld floats)",
                                         (long long)(mw->P + TAIL_N));
+    LOOM_ASSERT(mw->n_packs >= 1 && mw->packs[mw->n_packs - 1].offset == 0); /* plan order: top of the buffer down */
+    if (mw->n_packs <= 1) mw->g = mw->stage, mw->tail = mw->g + mw->P;
+    else mw->g = mw->stage + 16, mw->tail = mw->g - TAIL_N;
     if ((st->communication == LOOM_COMM_MPI || st->communication == LOOM_COMM_NCCL) &&
         (rc = find_job_op(mw, st, err)))
         return rc;
     if (mw->workers == 1 || a->plan_only) return LOOM_OK;
     if ((rc = loom_group_open(&mw->group, a->cluster, st->collective_timeout, err))) return rc;
     if (mw->job_ops && (rc = open_job_op(mw, a, err))) return rc;
+    /* a plugin's op (MPI, NCCL) is driven from the train thread alone: its
+     * packs are reduced after backward */
+    const char *ov = getenv("LOOM_OVERLAP");
+    mw->overlap = mw->n_packs > 1 && !mw->job_ops && !(ov && !strcmp(ov, "0"));
+    if (mw->overlap && (rc = start_communicator(mw, err))) return rc;
     /* the chief's initial variables on every worker (they agree already: the same seed) */
     rc = loom_group_broadcast(mw->group, loom_model_params(loom_strategy_model(&mw->local)),
                               (size_t)mw->P * sizeof(float), 0, err);
@@ -239,6 +296,19 @@ static void mw_close(loom_strategy *s)
 {
     multi_worker *mw = s->impl;
     if (!mw) return;
+    if (mw->thread_started) {
+        pthread_mutex_lock(&mw->mu);
+        mw->quit = true;
+        pthread_cond_broadcast(&mw->cv);
+        pthread_mutex_unlock(&mw->mu);
+        pthread_join(mw->thread, NULL);
+        pthread_mutex_destroy(&mw->mu);
+        pthread_cond_destroy(&mw->cv);
+        if (mw->rank == 0 && mw->packs_total > 0)
+            loom_info("multi_worker_mirrored: %lld of %lld pack all-reduces across the workers started while the "
+                      "backward pass still ran (%d packs a step)", (long long)mw->packs_early,
+                      (long long)mw->packs_total, mw->n_packs);
+    }
     if (mw->job_comm) mw->job_ops->job_close(mw->job_comm);
     loom_group_close(mw->group);
     if (mw->local_open) mw->local.ops->close(&mw->local);
@@ -246,33 +316,145 @@ static void mw_close(loom_strategy *s)
     loom_free(mw);
 }
 
-/* One step of the job: this worker's gradients (batch NULL: none), the
- * all-reduce across workers with the tail, the update. */
-static int mw_step(loom_strategy *s, const loom_elem *batch, int64_t step, loom_step_result *out, loom_err *err)
+/* Pack k's range of the stage: the last pack carries the tail, just before it. */
+static float *pack_buf(const multi_worker *mw, int k, int64_t *count)
 {
-    multi_worker *mw = s->impl;
-    loom_step_result mine;
-    loom_err lerr;
-    int lrc = loom_replicated_grads_(&mw->local, batch, step, &mine, &lerr);
-    float *g = mw->stage, *tail = mw->stage + mw->P;
-    if (lrc) memset(g, 0, (size_t)mw->P * sizeof(float));
-    else memcpy(g, loom_replicated_grads0_(&mw->local), (size_t)mw->P * sizeof(float));
+    float *b = mw->g + mw->packs[k].offset;
+    *count = mw->packs[k].count;
+    if (k == mw->n_packs - 1) b -= TAIL_N, *count += TAIL_N;
+    return b;
+}
+
+/* The communicator: all-reduces the packs handed to it, in order; after a
+ * failure it only counts the rest off (every worker fails the step). It
+ * drives the group while a step runs; the train thread drives it between
+ * steps (broadcasts, iterator states), never both at once: a step waits for
+ * every pack before it returns. */
+static void *communicator(void *arg)
+{
+    multi_worker *mw = arg;
+    pthread_mutex_lock(&mw->mu);
+    for (;;) {
+        while (!mw->quit && mw->reduced == mw->submitted) pthread_cond_wait(&mw->cv, &mw->mu);
+        if (mw->quit) break;
+        int k = mw->reduced, failed = mw->comm_rc;
+        pthread_mutex_unlock(&mw->mu);
+        loom_err e;
+        int64_t count;
+        float *b = pack_buf(mw, k, &count);
+        int rc = failed ? LOOM_OK : loom_group_all_reduce(mw->group, b, count, &e);
+        pthread_mutex_lock(&mw->mu);
+        if (rc && !mw->comm_rc) mw->comm_rc = rc, mw->comm_err = e;
+        mw->reduced++;
+        pthread_cond_broadcast(&mw->cv);
+    }
+    pthread_mutex_unlock(&mw->mu);
+    return NULL;
+}
+
+static int start_communicator(multi_worker *mw, loom_err *err)
+{
+    pthread_mutex_init(&mw->mu, NULL);
+    pthread_cond_init(&mw->cv, NULL);
+    if (pthread_create(&mw->thread, NULL, communicator, mw)) {
+        pthread_mutex_destroy(&mw->mu);
+        pthread_cond_destroy(&mw->cv);
+        return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot start the communicator thread");
+    }
+    mw->thread_started = true;
+    return LOOM_OK;
+}
+
+static void submit(multi_worker *mw, int upto)
+{
+    pthread_mutex_lock(&mw->mu);
+    if (upto > mw->submitted) mw->submitted = upto;
+    pthread_cond_broadcast(&mw->cv);
+    pthread_mutex_unlock(&mw->mu);
+}
+
+/* loom_replicated_grads_'s announcement (replica 0's thread, during
+ * backward): pack k's local sum is final. The last pack waits for the tail. */
+static void on_pack_ready(void *arg, int k)
+{
+    multi_worker *mw = arg;
+    if (k != mw->staged || k >= mw->n_packs - 1) return;
+    const loom_pack *p = &mw->packs[k];
+    memcpy(mw->g + p->offset, loom_replicated_grads0_(&mw->local) + p->offset, (size_t)p->count * sizeof(float));
+    mw->staged = k + 1;
+    mw->packs_early++;
+    submit(mw, mw->staged);
+}
+
+/* A step's all-reduces across the workers: one of P + TAIL_N floats with one
+ * pack; with several, pack by pack in plan order, on the communicator
+ * (handing it what backward did not) or here: the same calls either way. */
+static int cross_all_reduce(multi_worker *mw, float *buf, int64_t count, loom_err *err)
+{
+    return mw->job_ops ? mw->job_ops->job_all_reduce(mw->job_comm, buf, count, LOOM_REDUCE_SUM, err)
+                       : loom_group_all_reduce(mw->group, buf, count, err);
+}
+
+static int all_reduce_packs(multi_worker *mw, loom_err *err)
+{
+    if (mw->n_packs <= 1) return cross_all_reduce(mw, mw->stage, mw->P + TAIL_N, err);
+    mw->packs_total += mw->n_packs;
+    if (!mw->overlap) {
+        for (int k = 0; k < mw->n_packs; k++) {
+            int64_t count;
+            float *b = pack_buf(mw, k, &count);
+            int rc = cross_all_reduce(mw, b, count, err);
+            if (rc) return rc;
+        }
+        return LOOM_OK;
+    }
+    submit(mw, mw->n_packs);
+    pthread_mutex_lock(&mw->mu);
+    while (mw->reduced < mw->n_packs) pthread_cond_wait(&mw->cv, &mw->mu);
+    int rc = mw->comm_rc;
+    if (rc) *err = mw->comm_err;
+    mw->submitted = mw->reduced = 0, mw->comm_rc = 0;
+    pthread_mutex_unlock(&mw->mu);
+    return rc;
+}
+
+/* Before a step: nothing staged; the communicator idle (it finished the last step's packs). */
+static void begin_step(multi_worker *mw)
+{
+    mw->staged = 0;
+    if (mw->overlap) loom_replicated_set_pack_ready_(&mw->local, on_pack_ready, mw);
+}
+
+/* The cross-worker half of a step: this worker's local sum (in replica 0's
+ * buffer; lrc: its computation failed, zeros go instead) and results ride
+ * the all-reduce with the tail; *out gets the job's results and g (the
+ * stage) the job's gradients, rescaled for a short global batch. Packs
+ * staged during backward are already on their way. */
+static int reduce_across(multi_worker *mw, int lrc, const loom_err *lerr, const loom_step_result *mine, int64_t step,
+                         loom_step_result *out, loom_err *err)
+{
+    float *g = mw->g, *tail = mw->tail;
+    if (mw->overlap) loom_replicated_set_pack_ready_(&mw->local, NULL, NULL);
+    /* packs are in plan order from the top of the buffer down: the unstaged ones are [0, from) */
+    int64_t from = mw->staged ? mw->packs[mw->staged].offset + mw->packs[mw->staged].count : mw->P;
+    if (lrc) memset(g, 0, (size_t)from * sizeof(float));
+    else memcpy(g, loom_replicated_grads0_(&mw->local), (size_t)from * sizeof(float));
     tail[TAIL_STOP] = mw->stop_req ? 1.0f : 0.0f;
-    tail[TAIL_LOSS] = (float)mine.loss_sum;
-    tail[TAIL_CORRECT] = (float)mine.correct;
-    tail[TAIL_EXAMPLES] = (float)mine.examples;
+    tail[TAIL_LOSS] = (float)mine->loss_sum;
+    tail[TAIL_CORRECT] = (float)mine->correct;
+    tail[TAIL_EXAMPLES] = (float)mine->examples;
     tail[TAIL_FAILED] = lrc ? 1.0f : 0.0f;
     mw->stop_req = false;
+    mw->staged = 0;
     if (mw->group) {
-        int rc = mw->job_ops ? mw->job_ops->job_all_reduce(mw->job_comm, mw->stage, mw->P + TAIL_N, LOOM_REDUCE_SUM, err)
-                             : loom_group_all_reduce(mw->group, mw->stage, mw->P + TAIL_N, err);
+        int rc = all_reduce_packs(mw, err);
         if (rc) {
-            if (lrc) *err = lerr; /* this worker's own failure explains it better */
+            if (lrc) *err = *lerr; /* this worker's own failure explains it better */
             return lrc ? lrc : rc;
         }
     }
     if (lrc) {
-        *err = lerr;
+        *err = *lerr;
         return lrc;
     }
     if (tail[TAIL_FAILED] > 0)
@@ -286,12 +468,26 @@ static int mw_step(loom_strategy *s, const loom_elem *batch, int64_t step, loom_
     out->loss_sum = tail[TAIL_LOSS];
     out->correct = (int64_t)tail[TAIL_CORRECT];
     out->examples = (int64_t)tail[TAIL_EXAMPLES];
-    if (out->examples == 0) return LOOM_OK; /* every worker's input had ended: no update */
-    if (out->examples != mw->global_batch) { /* a short global batch: the losses over its own size */
+    if (out->examples > 0 && out->examples != mw->global_batch) { /* a short global batch: the losses over its own size */
         float k = (float)((double)mw->global_batch / (double)out->examples);
         for (int64_t i = 0; i < mw->P; i++) g[i] *= k;
     }
-    return loom_replicated_apply_(&mw->local, g, step, err);
+    return LOOM_OK;
+}
+
+/* One step of the job: this worker's gradients (batch NULL: none), the
+ * all-reduce across workers with the tail, the update. */
+static int mw_step(loom_strategy *s, const loom_elem *batch, int64_t step, loom_step_result *out, loom_err *err)
+{
+    multi_worker *mw = s->impl;
+    loom_step_result mine;
+    loom_err lerr;
+    begin_step(mw);
+    int lrc = loom_replicated_grads_(&mw->local, batch, step, &mine, &lerr);
+    int rc = reduce_across(mw, lrc, &lerr, &mine, step, out, err);
+    if (rc) return rc;
+    if (out->examples == 0) return LOOM_OK; /* every worker's input had ended: no update */
+    return loom_replicated_apply_(&mw->local, mw->g, step, err);
 }
 
 static int mw_train_step(loom_strategy *s, const loom_elem *batch, int64_t step, loom_step_result *out, loom_err *err)
@@ -300,14 +496,86 @@ static int mw_train_step(loom_strategy *s, const loom_elem *batch, int64_t step,
     return mw_step(s, batch, step, out, err);
 }
 
+static int settle_pending(multi_worker *mw, loom_err *err);
+
 static int mw_end_of_data(loom_strategy *s, int64_t step, loom_step_result *out, bool *all_ended, loom_err *err)
 {
     multi_worker *mw = s->impl;
     *all_ended = true;
     if (!mw->group) return LOOM_OK;
-    int rc = mw_step(s, NULL, step, out, err);
+    int rc = settle_pending(mw, err);
+    if (!rc) rc = mw_step(s, NULL, step, out, err);
     *all_ended = !rc && out->examples == 0;
     return rc;
+}
+
+/* ---- custom training steps (a Lua train_step) ------------------------------------------ */
+
+/* A custom step that ran FORWARD in step `pending_step` but never called
+ * all_reduce_gradients: the other workers wait in that step's all-reduce.
+ * It takes part now, carrying the failure flag, so every worker stops
+ * naming the step instead of pairing this worker's next all-reduce with
+ * that one. */
+static int settle_pending(multi_worker *mw, loom_err *err)
+{
+    if (!mw->reduce_pending) return LOOM_OK;
+    mw->reduce_pending = false;
+    loom_err lerr;
+    loom_err_set(&lerr, LOOM_ELUA, NULL, "the custom train_step did not call ctx:all_reduce_gradients() in step %lld: "
+                 "under multi_worker_mirrored every worker's train_step must call it once per step (the other workers "
+                 "wait for it)", (long long)mw->pending_step + 1);
+    loom_err_hint(&lerr, "call ctx:all_reduce_gradients() in every step, on every worker; decide to skip an update "
+                  "from values every worker shares (after the all-reduce)");
+    loom_step_result none = {0}, out;
+    return reduce_across(mw, LOOM_ELUA, &lerr, &none, mw->pending_step, &out, err);
+}
+
+/* FORWARD, LOSS, BACKWARD and APPLY are mirrored's on this worker's
+ * replicas; ALL_REDUCE sums the gradients over them, then across the
+ * workers (the tail with them, as in the built-in step: stop, results,
+ * failure), and every local replica's buffer gets the job's sum, so a clip
+ * after it and APPLY see what every worker sees. per_replica[0] gets the
+ * job's results at ALL_REDUCE (the others zero): the step's result is the
+ * job's, as the built-in step reports it. */
+static int mw_step_part(loom_strategy *s, loom_step_part part, const loom_elem *batch, int64_t step,
+                        loom_step_result *per_replica, loom_err *err)
+{
+    multi_worker *mw = s->impl;
+    int nloc = mw->local.ops->num_replicas(&mw->local), rc;
+    if (part == LOOM_PART_FORWARD) {
+        if (mw->reduce_pending && mw->pending_step != step && (rc = settle_pending(mw, err))) return rc;
+        mw->reduce_pending = true;
+        mw->pending_step = step;
+    }
+    if (part != LOOM_PART_ALL_REDUCE) {
+        rc = mw->local.ops->step_part(&mw->local, part, batch, step, per_replica, err);
+        if (!rc && part == LOOM_PART_LOSS) {
+            memset(&mw->part_mine, 0, sizeof mw->part_mine);
+            for (int r = 0; r < nloc; r++) {
+                mw->part_mine.loss_sum += per_replica[r].loss_sum;
+                mw->part_mine.correct += per_replica[r].correct;
+                mw->part_mine.examples += per_replica[r].examples;
+            }
+        }
+        return rc;
+    }
+    mw->reduce_pending = false;
+    loom_err lerr;
+    int lrc = mw->local.ops->step_part(&mw->local, part, batch, step, per_replica, &lerr);
+    loom_step_result job = {0};
+    if ((rc = reduce_across(mw, lrc, &lerr, &mw->part_mine, step, &job, err))) return rc;
+    for (int r = 0; r < nloc; r++) {
+        memcpy(loom_model_grads(mw->local.ops->replica(&mw->local, r)), mw->g, (size_t)mw->P * sizeof(float));
+        memset(&per_replica[r], 0, sizeof per_replica[r]);
+    }
+    per_replica[0] = job;
+    return LOOM_OK;
+}
+
+static loom_model *mw_replica(loom_strategy *s, int r)
+{
+    multi_worker *mw = s->impl;
+    return mw->local.ops->replica(&mw->local, r);
 }
 
 static int mw_eval_step(loom_strategy *s, const loom_elem *batch, loom_step_result *out, loom_err *err)
@@ -448,6 +716,10 @@ static void mw_print_plan(loom_strategy *s, int64_t global_batch, FILE *f)
             "per step (the gradients plus %d of agreement: stop, loss, correct, examples, failure); the chief "
             "broadcasts the variables at the start and after a restore\n", how,
             loom_communication_name(s->args->spec->strategy.communication), (long long)(mw->P + TAIL_N), TAIL_N);
+    if (mw->n_packs > 1)
+        fprintf(f, "  in %d packs (strategy.bytes_per_pack / num_packs), each all-reduced across the workers as soon as "
+                "backward has finished it, the last layers' first, on a communicator thread (LOOM_OVERLAP=0: after "
+                "backward); the same bits either way\n", mw->n_packs);
     fprintf(f, "  on this worker: ");
     mw->local.ops->print_plan(&mw->local, per_worker, f);
 }
@@ -471,6 +743,8 @@ static const loom_strategy_ops multi_worker_ops = {
     .optimizer = mw_optimizer,
     .sync = mw_sync,
     .num_replicas = mw_num_replicas,
+    .step_part = mw_step_part,
+    .replica = mw_replica,
     .caps = LOOM_STRATEGY_OWN_THREADS,
     .print_plan = mw_print_plan,
     .where = mw_where,

@@ -638,7 +638,26 @@ static void chunk_loss(const step_job *j, nn_chunk_ *c)
         c->loss = nn_loss_mse_(z, (const float *)j->label->data + c->b0 * n, c->B, n, j->inv_gb, g, &c->correct);
 }
 
-static void chunk_backward(const step_job *j, nn_chunk_ *c)
+/* The index of layer i's first parameter tensor (its kernel), or -1. */
+static int first_tensor(const loom_model *m, const nn_layer_ *l)
+{
+    for (int t = 0; t < m->n_ptensors && l->kernel_off >= 0; t++)
+        if (m->pinfo[t].offset == l->kernel_off) return t;
+    return -1;
+}
+
+static void layer_param_grads(const step_job *j, int i, int part, int parts)
+{
+    const loom_model *m = j->m;
+    const nn_layer_ *l = &m->layer[i];
+    /* chunk 0 starts at example 0: its input pointer is the whole batch's */
+    if (l->spec.kind == LOOM_LAYER_DENSE) nn_dense_param_grads_(m, i, m->chunk[0].act[i], j->B, part, parts);
+    else nn_conv_param_grads_(m, i, m->chunk[0].act[i], j->B, part, parts, m->chunk[part].col);
+}
+
+/* with_hook: one chunk (the whole batch) and a gradient hook: each layer's
+ * kernel and bias gradients right after its backward, then the hook. */
+static void chunk_backward_(const step_job *j, nn_chunk_ *c, bool with_hook)
 {
     const loom_model *m = j->m;
     float *g = c->gbuf[0], *other = c->gbuf[1];
@@ -648,6 +667,10 @@ static void chunk_backward(const step_job *j, nn_chunk_ *c)
         const nn_layer_ *l = &m->layer[i];
         if (!l->needs_dx && l->kernel_off < 0) break;
         float *r = nn_layer_backward_(m, i, c, g, other);
+        if (with_hook && l->kernel_off >= 0) {
+            layer_param_grads(j, i, 0, 1);
+            m->grad_hook(m->grad_hook_arg, first_tensor(m, l));
+        }
         if (!r) break;
         if (r == other) {
             other = g;
@@ -655,6 +678,8 @@ static void chunk_backward(const step_job *j, nn_chunk_ *c)
         }
     }
 }
+
+static void chunk_backward(const step_job *j, nn_chunk_ *c) { chunk_backward_(j, c, false); }
 
 static void chunk_step(void *arg, int t)
 {
@@ -671,7 +696,7 @@ static void chunk_step(void *arg, int t)
         return;
     }
     chunk_loss(j, c);
-    if (j->kind == JOB_TRAIN) chunk_backward(j, c);
+    if (j->kind == JOB_TRAIN) chunk_backward_(j, c, j->nchunks == 1 && m->grad_hook);
 }
 
 static void part_forward(void *arg, int t) { step_job *j = arg; chunk_forward(j, &j->m->chunk[t]); }
@@ -686,14 +711,21 @@ static void grad_part(void *arg, int t)
 {
     const step_job *j = arg;
     const loom_model *m = j->m;
-    const int parts = j->nchunks;
-    for (int i = 0; i < m->n_layers; i++) {
-        const nn_layer_ *l = &m->layer[i];
-        if (l->kernel_off < 0) continue;
-        /* chunk 0 starts at example 0: its input pointer is the whole batch's */
-        if (l->spec.kind == LOOM_LAYER_DENSE) nn_dense_param_grads_(m, i, m->chunk[0].act[i], j->B, t, parts);
-        else nn_conv_param_grads_(m, i, m->chunk[0].act[i], j->B, t, parts, m->chunk[t].col);
-    }
+    for (int i = 0; i < m->n_layers; i++)
+        if (m->layer[i].kernel_off >= 0) layer_param_grads(j, i, t, j->nchunks);
+}
+
+/* With a gradient hook and several chunks: the whole-batch gradient pass of
+ * one layer (job->layer), split among the threads as grad_part splits it. */
+typedef struct layer_job {
+    const step_job *j;
+    int             layer;
+} layer_job;
+
+static void grad_part_layer(void *arg, int t)
+{
+    const layer_job *lj = arg;
+    layer_param_grads(lj->j, lj->layer, t, lj->j->nchunks);
 }
 
 /* Runs job over the batch's chunks, one per thread, and sums their results
@@ -713,7 +745,25 @@ static void run_chunks(loom_model *m, step_job *j, int64_t B, double *loss, int6
     }
     if (loss) *loss = l;
     if (correct) *correct = ok;
-    if (j->kind == JOB_TRAIN && isfinite(l)) loom_pool_run(m->pool, j->nchunks, grad_part, j);
+    if (j->kind != JOB_TRAIN || !isfinite(l)) return;
+    if (!m->grad_hook) {
+        loom_pool_run(m->pool, j->nchunks, grad_part, j);
+        return;
+    }
+    if (j->nchunks > 1) /* last layer first, the hook after each */
+        for (int i = m->n_layers - 1; i >= 0; i--) {
+            if (m->layer[i].kernel_off < 0) continue;
+            layer_job lj = {j, i};
+            loom_pool_run(m->pool, j->nchunks, grad_part_layer, &lj);
+            m->grad_hook(m->grad_hook_arg, first_tensor(m, &m->layer[i]));
+        }
+    m->grad_hook(m->grad_hook_arg, 0); /* every gradient is final (layers without parameters below) */
+}
+
+void loom_model_set_grad_hook(loom_model *m, loom_grad_ready_fn fn, void *arg)
+{
+    m->grad_hook = fn;
+    m->grad_hook_arg = arg;
 }
 
 int loom_model_train_step(loom_model *m, const loom_tensor *x, const loom_tensor *label, int64_t global_batch,

@@ -81,6 +81,21 @@ void loom_model_init_params(loom_model *m, uint64_t seed);
  * rng_key seeds dropout for this step. LOOM_ENUMERIC if the loss is not finite. */
 int loom_model_train_step(loom_model *m, const loom_tensor *x, const loom_tensor *label, int64_t global_batch,
                           uint64_t rng_key, double *loss_sum, int64_t *correct, loom_err *err);
+/* Gradient readiness, for reductions that overlap the backward pass (as
+ * PyTorch DDP's buckets, caffe's layer callbacks): while
+ * loom_model_train_step runs, fn(arg, t) is called each time the gradients
+ * of parameter tensors [t, n_param_tensors) have become final, t decreasing
+ * (backprop finishes the last layers first), last with t = 0; fn runs on the
+ * thread that called train_step, between layers, and may block (start a
+ * reduction, wait for peers) but must not touch the model. The gradients are
+ * the same bits with or without a hook: with one thread each layer's kernel
+ * and bias gradients are computed right after its input gradient, with more
+ * the layers' whole-batch gradient passes run one layer at a time, last
+ * layer first. A step whose loss is not finite calls no hook. Only
+ * train_step calls it (not loom_model_backward). fn NULL: no hook. */
+typedef void (*loom_grad_ready_fn)(void *arg, int first_final_tensor);
+void loom_model_set_grad_hook(loom_model *m, loom_grad_ready_fn fn, void *arg);
+
 /* The same training step in three parts, for custom training steps (a Lua
  * train_step): forward (dropout on, keyed by rng_key), then the loss (its sum
  * and correct count, as train_step returns them; LOOM_ENUMERIC if not

@@ -70,6 +70,8 @@ struct loom_model {
     /* a train step taken in parts (loom_model_forward, _loss, _backward) */
     int              part_done;     /* phases done on the current batch: 0, 1 (forward), 2 (loss) */
     int64_t          part_B;        /* its examples */
+    loom_grad_ready_fn grad_hook;   /* loom_model_set_grad_hook */
+    void            *grad_hook_arg;
 };
 
 /* ---- batch checks (model.c), shared with the device executor ------------- */

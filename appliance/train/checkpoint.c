@@ -130,6 +130,23 @@ int loom_ckpt_latest(const char *dir, char path[LOOM_PATH_MAX], int64_t *step, l
     return LOOM_OK;
 }
 
+int loom_ckpt_newest_after(const char *dir, int64_t after, char path[LOOM_PATH_MAX], int64_t *step, int *n_newer,
+                           loom_err *err)
+{
+    ckpt_entry *list;
+    int n;
+    *n_newer = 0;
+    int rc = list_ckpts(dir, &list, &n, false, err);
+    if (rc) return rc;
+    for (int i = 0; i < n; i++) *n_newer += list[i].step > after;
+    if (*n_newer) {
+        snprintf(path, LOOM_PATH_MAX, "%s/%s", dir, list[n - 1].name);
+        *step = list[n - 1].step;
+    }
+    loom_free(list);
+    return *n_newer ? LOOM_OK : LOOM_EEOF;
+}
+
 static int write_index(const char *dir, const ckpt_entry *list, int n, loom_err *err)
 {
     loom_buf b;

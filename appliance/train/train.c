@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* Everything a command needs: the pipelines and the strategy. */
 typedef struct run {
@@ -31,6 +33,7 @@ typedef struct run {
     bool               chief;
     loom_dataset_spec *train_spec; /* multi: data.train with this worker's share of the global batch (owned) */
     loom_status       *status;     /* run.status_port's endpoint (loom_train), or NULL */
+    bool               sidecar_eval; /* the cluster has an evaluator task: it evaluates, the chief does not */
     double             status_stages_at; /* when the pipeline's stages were last published */
 } run;
 
@@ -481,7 +484,7 @@ static int open_summaries(run *r, int64_t resume_step, loom_summary **train, loo
     char dir[LOOM_PATH_MAX + 8];
     snprintf(dir, sizeof dir, "%s/eval", r->model_dir);
     int rc = loom_summary_open(train, r->model_dir, resume_step, err);
-    if (!rc && r->eval) rc = loom_summary_open(eval, dir, resume_step, err);
+    if (!rc && r->eval && !r->sidecar_eval) rc = loom_summary_open(eval, dir, resume_step, err);
     char *text = NULL;
     size_t len = 0;
     FILE *f = rc ? NULL : open_memstream(&text, &len);
@@ -502,11 +505,24 @@ static int open_summaries(run *r, int64_t resume_step, loom_summary **train, loo
     return rc;
 }
 
+/* <model_dir>/final.json: training ended (not stopped by a signal or a
+ * failure) with this checkpoint, for the sidecar evaluator. */
+static int write_final_marker(const char *dir, int64_t step, const char *ckpt, loom_err *err)
+{
+    char path[LOOM_PATH_MAX + 16], text[LOOM_PATH_MAX + 128];
+    const char *base = strrchr(ckpt, '/');
+    snprintf(path, sizeof path, "%s/" LOOM_FINAL_MARKER, dir);
+    int n = snprintf(text, sizeof text, "{\"step\": %lld, \"checkpoint\": \"%s\", \"wall_time\": %.3f}\n",
+                     (long long)step, base ? base + 1 : ckpt, loom_wall_time());
+    return loom_write_file_atomic(path, text, (size_t)n, err);
+}
+
 /* ---- the trainer: loom_train as a loop with named seams ------------------
  *
  *   trainer_open     pipelines, strategy, hooks, status endpoint, model_dir and
  *                    its lock: everything is checked before anything is written
  *   trainer_resume   the latest checkpoint (or --fresh's archive of the old ones)
+ *   final_marker_clear  the sidecar evaluator's end marker goes while the job goes on
  *   sink_open        the metrics sink: the one way out for every figure, fanned
  *                    out to the log (and progress line), metrics.jsonl,
  *                    TensorBoard's event files and the status endpoint
@@ -518,7 +534,8 @@ static int open_summaries(run *r, int64_t resume_step, loom_summary **train, loo
  *     at_epoch_end     evaluation, the epoch's figures, its end hook, next pass
  *     at_boundary      an execution's end: progress, summaries, checkpoint
  *                      cadence (checkpoint_due / checkpoint_now), step_end hook
- *   trainer_finish   the last checkpoint, the last evaluation, train_end, end line
+ *   trainer_finish   the last checkpoint, the last evaluation, train_end, end line,
+ *                    the sidecar evaluator's end marker
  *   trainer_close    the sink, the pipelines, the strategy, the lock
  *
  * The trainer reaches the model only through the strategy's interface
@@ -565,6 +582,20 @@ typedef struct trainer {
 static bool trainer_done(const trainer *t)
 {
     return t->rs->max_steps > 0 ? t->st.step >= t->rs->max_steps : t->st.epoch >= t->rs->epochs;
+}
+
+/* The job goes on: a watcher (the sidecar evaluator) must not stop at an
+ * earlier run's end marker. */
+static void final_marker_clear(trainer *t)
+{
+    run *r = &t->r;
+    if (!trainer_done(t) && r->chief) {
+        char fin[LOOM_PATH_MAX + 16];
+        snprintf(fin, sizeof fin, "%s/" LOOM_FINAL_MARKER, r->model_dir);
+        unlink(fin);
+    }
+    if (r->sidecar_eval && r->chief && r->eval)
+        loom_info("the cluster's evaluator task evaluates the checkpoints; the chief does not evaluate");
 }
 
 /* ---- the metrics sink ---- */
@@ -719,7 +750,9 @@ static void sink_end(trainer *t)
         if (!isnan(t->last_eval_acc))
             snprintf(evs, sizeof evs, "eval accuracy %.4f", t->last_eval_acc);
         else
-            snprintf(evs, sizeof evs, "%s", t->r.eval ? "not evaluated" : "no eval data");
+            snprintf(evs, sizeof evs, "%s", t->r.sidecar_eval ? "evaluated by the evaluator task"
+                                            : t->r.eval         ? "not evaluated"
+                                                                : "no eval data");
         loom_info("done: step %lld, %s, %.1f s, checkpoint %s", (long long)st->step, evs, total, t->last_ckpt);
     }
     if (st->step == t->start_step) return;
@@ -747,6 +780,7 @@ static int trainer_open(trainer *t, const loom_spec *spec, const loom_train_opts
     run *r = &t->r;
     const char *dir = opts->model_dir ? opts->model_dir : spec->run.model_dir;
     int rc = run_open(r, spec, dir, false, opts->cluster, false, err);
+    r->sidecar_eval = opts->cluster && opts->cluster->n_tasks[LOOM_ROLE_EVALUATOR] > 0;
     if (!rc && !r->chief) { /* the chief logs the job; the other tasks only their warnings and errors */
         char task[64];
         loom_log_set_name(loom_task_name(opts->cluster->role, opts->cluster->index, task, sizeof task));
@@ -1048,7 +1082,7 @@ static int at_epoch_end(trainer *t, loom_err *err)
     double ep_sec = loom_now() - t->epoch_start;
     loom_step_result ev = {0};
     int rc = LOOM_OK;
-    if (t->r.eval && t->rs->eval_each_epoch && t->r.chief) {
+    if (t->r.eval && t->rs->eval_each_epoch && t->r.chief && !t->r.sidecar_eval) {
         if ((rc = evaluate_now(t, &ev, err)) || (rc = sink_eval(t, err))) return rc;
     }
     if ((rc = sink_histograms(t, err))) return rc;
@@ -1125,7 +1159,8 @@ static int trainer_finish(trainer *t, int rc, loom_err *err)
 {
     trainer_state *st = &t->st;
     if (!rc && st->step != t->last_saved) rc = checkpoint_now(t, err);
-    if (!rc && t->r.eval && t->r.chief && t->last_eval_step != st->step && st->step > t->start_step) {
+    if (!rc && t->r.eval && t->r.chief && !t->r.sidecar_eval && t->last_eval_step != st->step &&
+        st->step > t->start_step) {
         loom_step_result ev; /* an evaluation without examples leaves the last one's figures */
         rc = evaluate_all(&t->r, t->r.eval, &ev, err);
         if (!rc && ev.examples) {
@@ -1136,6 +1171,7 @@ static int trainer_finish(trainer *t, int rc, loom_err *err)
     }
     if (!rc) rc = at_hook(t, LOOM_HOOK_TRAIN_END, st->epoch + (st->step_in_epoch > 0), NAN, err);
     if (!rc) sink_end(t);
+    if (!rc && t->r.chief && t->last_ckpt[0]) rc = write_final_marker(t->r.model_dir, st->step, t->last_ckpt, err);
     sink_state(t, rc ? LOOM_STATUS_FAILED : LOOM_STATUS_DONE, 0, 0);
     return rc;
 }
@@ -1154,6 +1190,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
                   (long long)loom_model_num_params(t->model), loom_strategy_where(t->r.strat, where, sizeof where), th,
                   th == 1 ? "" : "s", loom_blas_core(), loom_blas_core_reason(), loom_blas_threads(),
                   loom_blas_threads() == 1 ? "" : "s", t->r.model_dir);
+        final_marker_clear(t);
         rc = sink_open(t, err);
     }
     if (!rc) {
@@ -1204,6 +1241,225 @@ int loom_evaluate(const loom_spec *spec, const char *model_dir, const char *chec
         out->loss = ev.examples ? ev.loss_sum / (double)ev.examples : NAN;
         out->accuracy = ev.examples ? (double)ev.correct / (double)ev.examples : NAN;
     }
+    run_close(&r);
+    return rc;
+}
+
+/* ---- the sidecar evaluator ---------------------------------------------------- */
+
+/* The final step named by <dir>/final.json, or -1 while training goes on
+ * (or when the marker was written before after_wall: an earlier run's). */
+static int64_t final_step(const char *dir, double after_wall)
+{
+    char path[LOOM_PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/" LOOM_FINAL_MARKER, dir);
+    uint8_t *d = NULL;
+    size_t len;
+    loom_err e;
+    if (access(path, F_OK) || loom_read_file_max(path, &d, &len, 1 << 16, &e)) return -1;
+    const char *k = strstr((const char *)d, "\"step\":");
+    long long v = k ? strtoll(k + 7, NULL, 10) : -1;
+    const char *w = strstr((const char *)d, "\"wall_time\":");
+    double at = w ? strtod(w + 12, NULL) : 0;
+    loom_free(d);
+    if (after_wall > 0 && at < after_wall) return -1;
+    return k && v >= 0 ? (int64_t)v : -1;
+}
+
+/* The evaluations an earlier watcher of this model_dir wrote (its "eval"
+ * lines in metrics.jsonl): (step, wall_time) pairs, *n of them. */
+typedef struct watched {
+    int64_t step;
+    double  at;
+} watched;
+
+static watched *read_watched(const char *metrics_path, int *n)
+{
+    *n = 0;
+    FILE *f = fopen(metrics_path, "r");
+    if (!f) return NULL;
+    char line[4096];
+    watched *w = NULL;
+    int cap = 0;
+    static const char key[] = "{\"event\": \"eval\", \"step\": ";
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, key, sizeof key - 1)) continue;
+        const char *t = strstr(line, "\"wall_time\": ");
+        if (!t) continue;
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 16;
+            watched *nw = loom_realloc(w, (size_t)cap * sizeof *w);
+            if (!nw) break;
+            w = nw;
+        }
+        w[*n].step = strtoll(line + sizeof key - 1, NULL, 10);
+        w[(*n)++].at = strtod(t + 13, NULL);
+    }
+    fclose(f);
+    return w;
+}
+
+/* Whether checkpoint `path` (of `step`) was evaluated by an earlier watcher:
+ * an eval line of its step written after the file (a --fresh run writes a
+ * new ckpt-<step>.loom, which is evaluated again). */
+static bool watched_before(const watched *w, int n, const char *path, int64_t step)
+{
+    struct stat sb;
+    if (stat(path, &sb)) return false;
+    double mtime = (double)sb.st_mtim.tv_sec + sb.st_mtim.tv_nsec * 1e-9;
+    for (int i = 0; i < n; i++)
+        if (w[i].step == step && w[i].at >= mtime) return true;
+    return false;
+}
+
+static volatile sig_atomic_t watch_signal;
+static void on_watch_signal(int sig) { watch_signal = sig; }
+
+/* One evaluation of checkpoint `path` (its step) by the watcher `who`: the
+ * log, a JSON line on stdout, an "eval" line appended to metrics.jsonl and
+ * the scalars in <model_dir>/eval's event file (*tb, opened on first use). */
+static int watch_report(run *r, const char *who, const char *path, int64_t step, const loom_step_result *ev,
+                        loom_summary **tb, loom_err *err)
+{
+    char metrics_path[LOOM_PATH_MAX + 16], eval_dir[LOOM_PATH_MAX + 8];
+    snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", r->model_dir);
+    snprintf(eval_dir, sizeof eval_dir, "%s/eval", r->model_dir);
+    double loss = ev->examples ? ev->loss_sum / (double)ev->examples : NAN,
+           acc = ev->examples ? (double)ev->correct / (double)ev->examples : NAN;
+    loom_info("%s: %s (step %lld): eval loss %.4f, accuracy %.4f on %lld examples", who, path, (long long)step,
+              loss, acc, (long long)ev->examples);
+    printf("{\"checkpoint\": \"%s\", \"step\": %lld, \"examples\": %lld, \"eval_loss\": %.6g, \"eval_accuracy\": "
+           "%.6g}\n", path, (long long)step, (long long)ev->examples, loss, acc);
+    fflush(stdout);
+    FILE *m = fopen(metrics_path, "a");
+    if (!m) return loom_err_set(err, LOOM_EIO, metrics_path, "cannot open for appending: %s", strerror(errno));
+    /* one line, one write (O_APPEND): the chief appends to the same file */
+    char line[LOOM_PATH_MAX + 512];
+    FILE *lf = fmemopen(line, sizeof line, "w");
+    fprintf(lf, "{\"event\": \"eval\", \"step\": %lld, \"evaluator\": \"%s\"", (long long)step, who);
+    json_num(lf, "eval_loss", loss, 0);
+    json_num(lf, "eval_accuracy", acc, 0);
+    fprintf(lf, ", \"examples\": %lld", (long long)ev->examples);
+    json_time(lf, "wall_time", loom_wall_time());
+    fprintf(lf, "}\n");
+    long ll = ftell(lf);
+    fclose(lf);
+    setvbuf(m, NULL, _IONBF, 0);
+    int rc = LOOM_OK;
+    if (ll <= 0 || fwrite(line, 1, (size_t)ll, m) != (size_t)ll)
+        rc = loom_err_set(err, LOOM_EIO, metrics_path, "cannot append the eval line: %s", strerror(errno));
+    fclose(m);
+    if (!rc && !*tb && r->spec->run.summary_steps > 0) rc = loom_summary_open(tb, eval_dir, -1, err);
+    if (!rc) rc = log_eval(*tb, step, loss, acc, err);
+    return rc;
+}
+
+static int watch_loop(run *r, const loom_watch_opts *o, const char *who, int *evaluated, loom_err *err)
+{
+    char metrics_path[LOOM_PATH_MAX + 16], path[LOOM_PATH_MAX];
+    snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", r->model_dir);
+    double poll = o && o->poll_secs > 0 ? o->poll_secs : 0.2, idle = o ? o->idle_secs : 0;
+    int n_before = 0;
+    watched *before = read_watched(metrics_path, &n_before);
+    int64_t last = -1;
+    loom_summary *tb = NULL;
+    int rc = LOOM_OK;
+    double idle_since = loom_now();
+    bool waiting_said = false;
+    while (!rc) {
+        if (watch_signal) {
+            rc = loom_err_set(err, LOOM_EIO, NULL, "%s: stopped by signal %d after %d evaluation%s", who,
+                              (int)watch_signal, *evaluated, *evaluated == 1 ? "" : "s");
+            break;
+        }
+        int64_t fin = final_step(r->model_dir, o ? o->after_wall : 0), step, top;
+        int newer = 0;
+        loom_err lerr;
+        if (last >= 0 && loom_ckpt_newest_after(r->model_dir, -1, path, &top, &newer, &lerr) == LOOM_OK && top < last) {
+            loom_info("%s: the checkpoints start over (newest step %lld, after step %lld: a --fresh run): watching "
+                      "them anew", who, (long long)top, (long long)last);
+            last = -1;
+        }
+        rc = loom_ckpt_newest_after(r->model_dir, last, path, &step, &newer, err);
+        if (rc == LOOM_EEOF) {
+            rc = LOOM_OK;
+            if (fin >= 0 && fin <= last) {
+                loom_info("%s: training ended at step %lld, evaluated: done (%d evaluation%s here)", who,
+                          (long long)fin, *evaluated, *evaluated == 1 ? "" : "s");
+                break;
+            }
+            if (fin > last) {
+                rc = loom_err_set(err, LOOM_EIO, r->model_dir, "%s: training ended at step %lld, but its checkpoint "
+                                  "is not in the model directory (newest evaluated: step %lld)", who, (long long)fin,
+                                  (long long)last);
+                loom_err_hint(err, "was it deleted? evaluate what is there with loom evaluate --checkpoint FILE");
+                break;
+            }
+            if (!waiting_said) loom_info("%s: waiting for checkpoints in %s", who, r->model_dir);
+            waiting_said = true;
+            if (idle > 0 && loom_now() - idle_since > idle) {
+                rc = loom_err_set(err, LOOM_ETIMEOUT, r->model_dir, "%s: no new checkpoint for %g s and training has "
+                                  "not ended (no %s)", who, idle, LOOM_FINAL_MARKER);
+                break;
+            }
+            usleep((useconds_t)(poll * 1e6));
+            continue;
+        }
+        if (rc) break;
+        if (watched_before(before, n_before, path, step)) {
+            loom_info("%s: %s (step %lld) was evaluated before (metrics.jsonl)%s", who, path, (long long)step,
+                      newer > 1 ? "; so were, or are skipped, the older ones" : "");
+            last = step;
+            continue;
+        }
+        if (newer > 1)
+            loom_info("%s: %d new checkpoints: evaluating the newest (step %lld), skipping %d older", who, newer,
+                      (long long)step, newer - 1);
+        int64_t loaded = -1;
+        loom_step_result ev;
+        char used[LOOM_PATH_MAX];
+        rc = load_for_inference(r, path, used, &loaded, err);
+        if (rc && access(path, F_OK)) { /* pruned (keep_checkpoints) between the listing and the load: look again */
+            loom_warn("%s: %s went away before it was read; looking again", who, path);
+            rc = LOOM_OK;
+            continue;
+        }
+        if (!rc) rc = evaluate_all(r, r->eval, &ev, err);
+        if (rc) break;
+        last = step;
+        idle_since = loom_now();
+        waiting_said = false;
+        (*evaluated)++;
+        rc = watch_report(r, who, path, step, &ev, &tb, err);
+    }
+    loom_free(before);
+    loom_err cerr;
+    if (loom_summary_close(tb, &cerr) && !rc) *err = cerr, rc = cerr.code;
+    return rc;
+}
+
+int loom_evaluate_watch(const loom_spec *spec, const char *model_dir, const loom_watch_opts *o, int *evaluated,
+                        loom_err *err)
+{
+    run r;
+    *evaluated = 0;
+    int rc = run_open(&r, spec, model_dir, true, NULL, false, err);
+    if (rc) {
+        run_close(&r);
+        return rc;
+    }
+    const char *who = o && o->who ? o->who : "evaluate --watch";
+    struct sigaction sa = {0}, old_int, old_term;
+    sa.sa_handler = on_watch_signal;
+    sigemptyset(&sa.sa_mask);
+    watch_signal = 0;
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    loom_info("%s: evaluating each new checkpoint of %s until training ends (%s)", who, r.model_dir,
+              LOOM_FINAL_MARKER);
+    rc = watch_loop(&r, o, who, evaluated, err);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
     run_close(&r);
     return rc;
 }

@@ -41,6 +41,29 @@ typedef struct loom_eval_result {
 int loom_evaluate(const loom_spec *spec, const char *model_dir, const char *checkpoint, loom_eval_result *out,
                   loom_err *err);
 
+/* The sidecar evaluator (a cluster's `evaluator` task, `loom evaluate
+ * --watch`): evaluates data.eval on each new checkpoint of model_dir once,
+ * the newest first when several came since the last look (the older ones are
+ * skipped, as TensorFlow's checkpoints_iterator skips them), and stops after
+ * the job's final checkpoint, which the chief names in <model_dir>/final.json
+ * when training ends. Each evaluation appends an "eval" line to
+ * <model_dir>/metrics.jsonl and eval/loss, eval/accuracy to an event file in
+ * <model_dir>/eval; the eval lines already there tell a restarted watcher
+ * which steps are done. SIGINT/SIGTERM stop it between evaluations
+ * (LOOM_EIO naming the signal). *evaluated: how many it evaluated. */
+typedef struct loom_watch_opts {
+    const char *who;        /* "evaluator:0", or NULL for `loom evaluate --watch` */
+    double      poll_secs;  /* between looks at model_dir; <= 0: 0.2 */
+    double      idle_secs;  /* > 0: give up (LOOM_ETIMEOUT) after this long without a new checkpoint or the end */
+    /* > 0: a final.json written before this wall time is an earlier run's
+     * (a cluster's evaluator starts with the job: only this run's end counts) */
+    double      after_wall;
+} loom_watch_opts;
+int loom_evaluate_watch(const loom_spec *spec, const char *model_dir, const loom_watch_opts *o, int *evaluated,
+                        loom_err *err);
+/* The name of the end-of-training marker in model_dir. */
+#define LOOM_FINAL_MARKER "final.json"
+
 /* Writes predictions as CSV (index,class,p0,...) for `input`: "train" or
  * "eval" (that dataset in order, without shuffle, repeat or random maps) or
  * the path of an IDX file of inputs (given the eval pipeline's maps of the
@@ -85,6 +108,12 @@ int loom_export(const loom_spec *spec, const loom_export_opts *opts, loom_err *e
  * A name that looks like a checkpoint's but whose step is not a valid one
  * (signs, leading zeros, out of range) is ignored with a warning. */
 int loom_ckpt_latest(const char *dir, char path[LOOM_PATH_MAX], int64_t *step, loom_err *err);
+/* The newest checkpoint in dir whose step is above `after`: LOOM_OK with
+ * path, step and how many checkpoints are above `after` (the newest
+ * included), LOOM_EEOF when none is. Names that are not checkpoints' are
+ * skipped silently (a watcher looks often). */
+int loom_ckpt_newest_after(const char *dir, int64_t after, char path[LOOM_PATH_MAX], int64_t *step, int *n_newer,
+                           loom_err *err);
 /* Writes ckpt-<step>.loom with the model's parameters, the optimizer's slots
  * and the given blobs (may be NULL), then prunes to `keep`. */
 int loom_ckpt_save(const char *dir, int64_t step, loom_model *m, loom_optimizer *o, const loom_buf *trainer,

@@ -69,9 +69,14 @@ static int h_step_part(void *self, loom_hook_part part, double *per_replica, loo
 {
     train_hooks_ *t = self;
     loom_step_result r[LOOM_HOOK_MAX_REPLICAS];
+    memset(r, 0, sizeof r);
     int n = loom_strategy_num_replicas(t->strat);
     int rc = loom_strategy_step_part(t->strat, (loom_step_part)part, t->batch, t->step, r, err);
     if (part == LOOM_HOOK_BACKWARD || part == LOOM_HOOK_ALL_REDUCE) t->reduced = part == LOOM_HOOK_ALL_REDUCE && !rc;
+    if (!rc && part == LOOM_HOOK_ALL_REDUCE && r[0].examples > 0) { /* the job's result, agreed across processes */
+        t->result = r[0];
+        return LOOM_OK;
+    }
     if (rc || part != LOOM_HOOK_LOSS) return rc;
     memset(&t->result, 0, sizeof t->result);
     for (int i = 0; i < n; i++) {

@@ -1,7 +1,7 @@
 /* cluster_allreduce.c - all-reduce between processes over loopback through
  * loom_group (appliance/cluster/group.c), for tests/bench/cluster_bench.sh.
  *
- *   cluster_allreduce --ranks N --sizes B1,B2,... [--reps R]
+ *   cluster_allreduce --ranks N --sizes B1,B2,... [--reps R] [--tls DIR]
  *       forks N ranks on 127.0.0.1 (free ports); for each size in bytes,
  *       R timed all-reduces (each after a barrier, timed on rank 0) after a
  *       warm-up; prints "SIZE_BYTES MEDIAN_SECONDS" per size.
@@ -41,6 +41,10 @@ static int cmp(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* --tls DIR: cluster.tls with DIR/task.pem, task.key, ca.pem (tests/fixtures/tls): the ring's data
+ * connections carry TLS (LOOM_RING_TLS=0: the control connections only). */
+static const char *tls_dir;
+
 static int run_rank(int rank, int n, const int *ports, const long *sizes, int ns, int reps)
 {
     loom_task_addr addrs[MAXR];
@@ -57,6 +61,12 @@ static int run_rank(int rank, int n, const int *ports, const long *sizes, int ns
     memcpy(c.secret, "bench-secret", 12);
     c.secret_len = 12;
     c.config_text = (char *)"bench";
+    if (tls_dir) {
+        c.tls = true;
+        snprintf(c.tls_cert, sizeof c.tls_cert, "%s/task.pem", tls_dir);
+        snprintf(c.tls_key, sizeof c.tls_key, "%s/task.key", tls_dir);
+        snprintf(c.tls_ca, sizeof c.tls_ca, "%s/ca.pem", tls_dir);
+    }
     loom_group *g;
     loom_err err = {0};
     if (loom_group_open(&g, &c, 0, &err)) {
@@ -145,10 +155,11 @@ int main(int argc, char **argv)
         if (!strcmp(argv[i], "--ranks") && i + 1 < argc) n = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--stream") && i + 1 < argc) stream_bytes = atol(argv[++i]);
+        else if (!strcmp(argv[i], "--tls") && i + 1 < argc) tls_dir = argv[++i];
         else if (!strcmp(argv[i], "--sizes") && i + 1 < argc) {
             for (char *p = strtok(argv[++i], ","); p && ns < 64; p = strtok(NULL, ",")) sizes[ns++] = atol(p);
         } else {
-            fprintf(stderr, "usage: cluster_allreduce --ranks N --sizes B1,B2,... [--reps R] | --stream BYTES\n");
+            fprintf(stderr, "usage: cluster_allreduce --ranks N --sizes B1,B2,... [--reps R] [--tls DIR] | --stream BYTES\n");
             return 2;
         }
     }

@@ -2,7 +2,7 @@
 # mwm_bench.sh - multi_worker_mirrored against PyTorch DDP (gloo) and against
 # Loom's own mirrored in one process, side by side, in one run.
 #
-#   tests/bench/mwm_bench.sh [--runs N] [--steps N] [--build DIR]
+#   tests/bench/mwm_bench.sh [--runs N] [--steps N] [--build DIR] [--set KEY=VALUE ...]
 #
 # The MLP of configs/fashion_mnist_multi_worker.cfg (784-256-128-10), global
 # batch 128, on Fashion-MNIST:
@@ -21,18 +21,23 @@
 # slowest rank's time), medians of N runs (default 3), the three alternating
 # so load from other processes falls on all alike. Targets (issue 13):
 # mwm >= 4x DDP, mwm >= 0.8x mirrored. Not part of the test suite.
+# --set applies to the mwm job only, e.g. --set strategy.bytes_per_pack=65536
+# (two packs, reduced across the workers while backward runs; LOOM_OVERLAP=0
+# in the environment reduces the same packs after backward).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 BUILD=${BUILD:-$ROOT/build}
 RUNS=3
 STEPS=400
+MWM_SETS=()
 while [ $# -gt 0 ]; do
     case "$1" in
     --runs) RUNS=$2; shift ;;
     --steps) STEPS=$2; shift ;;
     --build) BUILD=$2; shift ;;
-    *) sed -n '2,23p' "${BASH_SOURCE[0]}"; exit 2 ;;
+    --set) MWM_SETS+=(--set "$2"); shift ;;
+    *) sed -n '2,26p' "${BASH_SOURCE[0]}"; exit 2 ;;
     esac
     shift
 done
@@ -53,7 +58,7 @@ mwm=() mir=() ddp=() mpi=() mring=()
 MPI=0
 if command -v mpirun >/dev/null && [ -f "$BUILD/plugins/mpi.so" ]; then MPI=1; fi
 for ((r = 1; r <= RUNS; r++)); do
-    env -u OPENBLAS_CORETYPE timeout 300 "$LOOM" launch --local "$CFG" --workers 2 --model-dir "$W/mwm$r" "${COMMON[@]}" \
+    env -u OPENBLAS_CORETYPE timeout 300 "$LOOM" launch --local "$CFG" --workers 2 --model-dir "$W/mwm$r" "${COMMON[@]}" ${MWM_SETS[@]+"${MWM_SETS[@]}"} \
         >"$W/mwm$r.log" 2>&1 || { echo "loom launch failed:"; tail -5 "$W/mwm$r.log"; exit 1; }
     mwm+=("$(sps "$W/mwm$r")")
     env -u OPENBLAS_CORETYPE timeout 300 "$LOOM" train "$CFG" --model-dir "$W/mir$r" "${COMMON[@]}" \

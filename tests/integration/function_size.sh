@@ -31,9 +31,9 @@ for root in sys.argv[1:]:
                     i += 1
                     continue
                 j = i
-                while j < len(lines) and not lines[j].rstrip().endswith(("{", ";")):
+                while j < len(lines) and not lines[j].rstrip().endswith(("{", ";", "}")):
                     j += 1
-                if j >= len(lines) or lines[j].rstrip().endswith(";"):
+                if j >= len(lines) or not lines[j].rstrip().endswith("{"):  # a prototype, or a one-line body
                     i = j + 1
                     continue
                 k = j + 1

@@ -15,6 +15,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -776,6 +777,66 @@ static void test_peer_killed(void) { lost_test(0); }
 static void test_peer_stopped(void) { lost_test(1); }
 static void test_peer_killed_large(void) { lost_test(2); }
 
+/* ---- the bounded send queue ----------------------------------------------------- */
+
+/* worker:1 stops (SIGSTOP: connected, reads nothing); worker:0 keeps sending
+ * 1 MiB messages. The queue to worker:1 never holds more than the bound plus
+ * one message, and the send that would pass it waits, then fails naming
+ * worker:1 (lost to its silence, heartbeat_timeout 2 s) instead of queueing
+ * every byte. */
+#define SENDQ_BOUND ((size_t)4 << 20)
+static int sendq_rank(int rank, int n)
+{
+    (void)n;
+    tcl t;
+    mk_cluster(&t, 2, rank);
+    t.c.send_queue_max = SENDQ_BOUND;
+    loom_net_peer peer = {LOOM_ROLE_WORKER, 1 - rank};
+    loom_net *net;
+    loom_err err = {0};
+    int rc = loom_net_open(&net, &t.c, &peer, 1, &err);
+    CHECK_MSG(rc == 0, "open: %s", err.msg);
+    if (rc) return 1;
+    if (rank == 1) {
+        raise(SIGSTOP); /* killed by run_ranks once worker:0 is done */
+        return 0;
+    }
+    size_t mib = (size_t)1 << 20, peak = 0;
+    uint8_t *big = calloc(1, mib);
+    double t0 = loom_now();
+    int sent = 0;
+    for (; sent < 256 && !rc; sent++) {
+        rc = loom_net_send(net, 0, LOOM_MSG_USER + 1, big, mib, &err);
+        size_t q = loom_net_queued_(net, 0);
+        if (q > peak) peak = q;
+    }
+    double secs = loom_now() - t0;
+    printf("# worker:0 sent %d MiB, queue peak %.2f MiB, then after %.2f s: %s\n", sent, (double)peak / mib, secs,
+           rc ? err.msg : "no error");
+    CHECK_MSG(rc == LOOM_ENET, "sending 256 MiB to a stopped peer never failed (%d)", rc);
+    CHECK_CONTAINS(err.msg, "worker:1");
+    CHECK_MSG(peak <= SENDQ_BOUND + mib + LOOM_NET_HDR, "%zu bytes queued (bound %zu)", peak, SENDQ_BOUND);
+    CHECK_MSG(secs < 2 + 3, "the blocked send ended after %.2f s (heartbeat_timeout 2 s)", secs);
+    free(big);
+    loom_net_close(net);
+    return 0;
+}
+
+static void test_send_queue_bounded(void)
+{
+    new_ports(2);
+    knob.hb_timeout = 2;
+    knob.stop_rank = 1;
+    int st[MAXR];
+    run_ranks(2, sendq_rank, 30, st);
+    CHECK_MSG(st[0] == 0, "worker:0 exited with %d", st[0]);
+    if (st[0]) {
+        char *l = read_log(0);
+        printf("# %s\n", l);
+        free(l);
+    }
+}
+
 /* ---- misuse and stalls ------------------------------------------------------------ */
 
 static int mismatch_rank(int rank, int n)
@@ -939,6 +1000,88 @@ static void test_tls(void)
     }
 }
 
+/* ---- what crosses the ring's data connections under cluster.tls ----------- */
+
+/* Rank 0 all-reduces a buffer whose bytes spell "PLAINGRADIENT-###"; rank 1,
+ * before entering the collective, peeks (MSG_PEEK: the collective still
+ * reads them) at what arrived on its data connection from rank 0. With TLS:
+ * TLS application-data records (type 23, version 3.3) and not one copy of
+ * the pattern; without (LOOM_RING_TLS=0): the pattern, so the check can see
+ * plaintext. The sum is right either way. */
+static int data_expect_tls;
+static int peek_rank(int rank, int n)
+{
+    loom_group *g = open_group(rank, n, 20);
+    if (!g) return 1;
+    enum { COUNT = 8192 }; /* 32 KiB: the small all-reduce, sent at once */
+    float *b = malloc(COUNT * sizeof(float));
+    static const char pat[] = "PLAINGRADIENT-#";
+    for (size_t i = 0; i < COUNT * sizeof(float); i++) ((char *)b)[i] = pat[i % 16 == 15 ? 14 : i % 16];
+    float *want = malloc(COUNT * sizeof(float));
+    for (int i = 0; i < COUNT; i++) want[i] = b[i] + b[i];
+    loom_err err = {0};
+    if (rank == 1) {
+        int fd = loom_group_data_fd_(g, true);
+        struct pollfd pf = {fd, POLLIN, 0};
+        CHECK(poll(&pf, 1, 10000) == 1);
+        usleep(200000); /* the rest of rank 0's send */
+        uint8_t *seen = malloc(1 << 17);
+        ssize_t got = recv(fd, seen, 1 << 17, MSG_PEEK | MSG_DONTWAIT);
+        CHECK_MSG(got > 1000, "peeked %zd bytes", got);
+        bool plain = got > 0 && memmem(seen, (size_t)got, pat, 14) != NULL;
+        bool record = got >= 5 && seen[0] == 23 && seen[1] == 3 && seen[2] == 3;
+        if (data_expect_tls)
+            CHECK_MSG(!plain && record, "TLS: %zd bytes, plaintext pattern %s, first bytes %02x %02x %02x", got,
+                      plain ? "found" : "absent", seen[0], seen[1], seen[2]);
+        else
+            CHECK_MSG(plain, "clear: the pattern is not in the %zd bytes peeked", got);
+        printf("# rank 1 peeked %zd bytes from rank 0: %s, first bytes %02x %02x %02x\n", got,
+               plain ? "the plaintext pattern" : "no plaintext pattern", seen[0], seen[1], seen[2]);
+        free(seen);
+    }
+    int rc = loom_group_all_reduce(g, b, COUNT, &err);
+    CHECK_MSG(rc == 0, "all_reduce: %s", err.msg);
+    CHECK(!memcmp(b, want, COUNT * sizeof(float)));
+    /* and a large one (the pipelined ring and, with 2 cores per rank, the sender thread) */
+    int64_t big = 3 << 20;
+    float *x = malloc((size_t)big * sizeof(float));
+    for (int64_t i = 0; i < big; i++) x[i] = val(rank, i);
+    rc = loom_group_all_reduce(g, x, big, &err);
+    CHECK_MSG(rc == 0, "large all_reduce: %s", err.msg);
+    bool ok = true;
+    for (int64_t i = 0; i < big && ok; i++) ok = x[i] == val(0, i) + val(1, i);
+    CHECK_MSG(ok, "large all-reduce over %s is wrong", data_expect_tls ? "TLS" : "clear TCP");
+    free(x), free(b), free(want);
+    loom_group_close(g);
+    return 0;
+}
+
+static void test_tls_data_plane(void)
+{
+    int st[MAXR];
+    for (int k = 0; k < 2; k++) {
+        new_ports(2);
+        knob.tls[0] = knob.tls[1] = 1;
+        data_expect_tls = k == 0;
+        if (k == 1) setenv("LOOM_RING_TLS", "0", 1);
+        run_ranks(2, peek_rank, 60, st);
+        unsetenv("LOOM_RING_TLS");
+        check_all_ok(2, st);
+    }
+    /* 3 ranks over TLS: the one-hop small path (both directions of each connection) and the ring */
+    new_ports(3);
+    knob.tls[0] = knob.tls[1] = knob.tls[2] = 1;
+    run_ranks(3, all_reduce_rank, 60, st);
+    check_all_ok(3, st);
+    /* the sender thread over TLS */
+    new_ports(2);
+    knob.tls[0] = knob.tls[1] = 1;
+    setenv("LOOM_RING_SENDER", "1", 1);
+    run_ranks(2, all_reduce_rank, 60, st);
+    unsetenv("LOOM_RING_SENDER");
+    check_all_ok(2, st);
+}
+
 static const loom_test tests[] = {
     {"frames", test_frames},
     {"handshake", test_handshake},
@@ -959,6 +1102,8 @@ static const loom_test tests[] = {
     {"collective_timeout", test_collective_timeout},
     {"tls", test_tls},
     {"no_secret", test_no_secret},
+    {"send_queue_bounded", test_send_queue_bounded},
+    {"tls_data_plane", test_tls_data_plane},
     {0},
 };
 

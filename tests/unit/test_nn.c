@@ -1264,6 +1264,75 @@ static void test_timing(void)
                           th < 3 ? 1 : 2, os));
 }
 
+/* ---- the gradient-ready hook (reductions overlapping backward) ------------ */
+
+typedef struct hook_log {
+    loom_model *m;
+    int         calls, order_ok, t[64];
+    float      *seen;  /* (P,): each gradient as it was when the hook first declared it final */
+    bool       *taken;
+} hook_log;
+
+static void on_grads_ready(void *arg, int t)
+{
+    hook_log *h = arg;
+    if (h->calls < 64) h->t[h->calls] = t;
+    if (h->calls > 0 && t > h->t[h->calls - 1 < 63 ? h->calls - 1 : 63]) h->order_ok = 0;
+    h->calls++;
+    const loom_param_info *p = loom_model_param_tensor(h->m, t);
+    int64_t from = p->offset, P = loom_model_num_params(h->m);
+    for (int64_t i = from; i < P; i++)
+        if (!h->taken[i]) h->seen[i] = loom_model_grads(h->m)[i], h->taken[i] = true;
+}
+
+/* With a hook the gradients are the same bits; the hook is called with
+ * decreasing tensor indices ending at 0, and each gradient it declares final
+ * already holds its final value then. 1 and 2 threads, MLP and CNN. */
+static void check_hook(const char *what, const loom_layer_spec *ls, int n, loom_shape in, int64_t B)
+{
+    for (int threads = 1; threads <= 2; threads++) {
+        fixture f;
+        if (fixture_new(&f, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, n, ls), in, LOOM_I32, B, 5) != LOOM_OK) {
+            CHECK_MSG(0, "%s: cannot build", what);
+            return;
+        }
+        CHECK(loom_model_set_threads(f.m, threads, &err) == LOOM_OK);
+        int64_t P = loom_model_num_params(f.m);
+        step_loss(&f, 11);
+        float *plain = malloc((size_t)P * sizeof *plain);
+        memcpy(plain, loom_model_grads(f.m), (size_t)P * sizeof *plain);
+        memset(loom_model_grads(f.m), 0xff, (size_t)P * sizeof(float)); /* NaNs: stale values would show */
+        hook_log h = {.m = f.m, .order_ok = 1, .seen = calloc((size_t)P, sizeof(float)),
+                      .taken = calloc((size_t)P, sizeof(bool))};
+        loom_model_set_grad_hook(f.m, on_grads_ready, &h);
+        step_loss(&f, 11);
+        loom_model_set_grad_hook(f.m, NULL, NULL);
+        CHECK_MSG(!memcmp(plain, loom_model_grads(f.m), (size_t)P * sizeof(float)), "%s, %d thread(s): a hook changed "
+                  "the gradients", what, threads);
+        CHECK_MSG(h.calls >= 2 && h.order_ok && h.t[h.calls < 64 ? h.calls - 1 : 63] == 0, "%s, %d thread(s): hook "
+                  "calls %d, decreasing %d", what, threads, h.calls, h.order_ok);
+        CHECK_MSG(!memcmp(plain, h.seen, (size_t)P * sizeof(float)), "%s, %d thread(s): a gradient declared final "
+                  "changed afterwards", what, threads);
+        printf("# %s, %d thread(s): %d hook calls:", what, threads, h.calls);
+        for (int i = 0; i < h.calls && i < 64; i++) printf(" %d", h.t[i]);
+        printf("\n");
+        free(plain), free(h.seen), free(h.taken);
+        fixture_free(&f);
+    }
+}
+
+static void test_grad_hook(void)
+{
+    loom_layer_spec mlp[] = {L_dense(24, LOOM_ACT_RELU), L_kind(LOOM_LAYER_DROPOUT, 0.4, 0), L_dense(16, LOOM_ACT_TANH),
+                             L_dense(5, LOOM_ACT_NONE)};
+    check_hook("mlp + dropout", mlp, 4, shp(1, 13, 0, 0), 8);
+    loom_layer_spec cnn[] = {L_conv(4, 3, 1, LOOM_PAD_SAME, LOOM_ACT_RELU), L_pool(2, 2, LOOM_PAD_VALID),
+                             L_conv(6, 3, 2, LOOM_PAD_SAME, LOOM_ACT_RELU), L_pool(3, 2, LOOM_PAD_SAME),
+                             L_kind(LOOM_LAYER_FLATTEN, 0, 0), L_dense(12, LOOM_ACT_RELU), L_dense(4, LOOM_ACT_NONE)};
+    check_hook("cnn", cnn, 7, shp(3, 12, 10, 3), 7);
+    check_hook("cnn cin 1", cnn, 7, shp(3, 12, 10, 1), 7);
+}
+
 static const loom_test tests[] = {
     {"gemm vs float64 reference", test_gemm},
     {"blas pick core", test_blas_pick_core},
@@ -1285,6 +1354,7 @@ static const loom_test tests[] = {
     {"optimizer over a pool", test_optimizer_pool},
     {"optimizer applied by ranges", test_optimizer_ranges},
     {"updates are the C formulas, bit for bit", test_update_formulas},
+    {"gradient-ready hook: same bits, final when called", test_grad_hook},
     {"timing", test_timing},
     {0},
 };
