@@ -3,7 +3,7 @@
 --   hooks: { callbacks = ( { fn = "../lua/early_stopping.lua:early_stopping";
 --                            args = { monitor = "eval_loss"; patience = 2; }; } ); };
 -- args: monitor, a key of ctx.logs (default "eval_loss"); mode "min" or "max"
--- (default "max" when the name contains "accuracy", else "min"); patience,
+-- (default "max" for accuracy, auc, precision and recall, else "min"); patience,
 -- epochs without improvement before stopping (default 0); min_delta, the
 -- smallest change that counts as an improvement (default 0).
 -- Its state (best value, epochs waited, stopped) is in `state`, which Loom
@@ -11,7 +11,9 @@
 -- is started again stops at once.
 local function early_stopping(args)
   local monitor = args.monitor or "eval_loss"
-  local mode = args.mode or (monitor:find("accuracy") and "max" or "min")
+  -- the scores where more is better: accuracy, top_k_accuracy, auc, precision, recall
+  local higher = monitor:find("accuracy") or monitor:find("auc") or monitor:find("precision") or monitor:find("recall")
+  local mode = args.mode or (higher and "max" or "min")
   if mode ~= "min" and mode ~= "max" then
     error("early_stopping: mode must be \"min\" or \"max\", got \"" .. tostring(mode) .. "\"")
   end

@@ -306,6 +306,9 @@ typedef struct loom_strategy_args {
     /* appended */
     const struct loom_cluster *cluster; /* a job across processes (appliance/cluster/cluster.h); NULL: one process */
     bool                  plan_only;  /* `loom check`: build, print the plan, open no socket */
+    /* appended (strategy ops version 4) */
+    int64_t               steps_per_epoch; /* batches of one pass of data.train on this task; < 0 unknown */
+    int                   weight_idx1; /* model.sample_weight's feature index + 1 in the element; 0: none */
 } loom_strategy_args;
 
 /* Result of one step, summed over replicas. */
@@ -328,6 +331,7 @@ typedef enum {
 /* A strategy owns its replicas and runs training steps on global batches.
  * Every function is called from the train thread. */
 struct loom_peer_info;
+struct loom_iter;
 typedef struct loom_strategy_ops {
     uint32_t    version; /* LOOM_STRATEGY_OPS_VERSION; append fields only */
     const char *name;    /* the registry name, what strategy.type selects */
@@ -369,8 +373,12 @@ typedef struct loom_strategy_ops {
     /* The other tasks of a job across processes, for the status endpoint
      * (struct loom_peer_info: appliance/cluster/cluster.h); returns how many. */
     int  (*peers)(loom_strategy *s, struct loom_peer_info *out, int max);
+    /* ---- version 4 (appended; read only when version >= 4; optional) ---- */
+    /* A task other than the chief serves the job instead of training (a ps
+     * task); train is its training iterator. NULL: every task trains. */
+    int  (*serve)(loom_strategy *s, struct loom_iter *train, loom_err *err);
 } loom_strategy_ops;
-#define LOOM_STRATEGY_OPS_VERSION 3 /* versions 1 and 2 (without the appended fields) still register */
+#define LOOM_STRATEGY_OPS_VERSION 4 /* versions 1 to 3 (without the appended fields) still register */
 #define LOOM_STRATEGY_OWN_THREADS 1u
 
 /* The instance Loom passes to every strategy function. */

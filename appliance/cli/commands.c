@@ -7,6 +7,7 @@
 #include "plugin/plugin.h"
 #include "script/script.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -163,10 +164,21 @@ static int cmd_evaluate(const cli_opts *o, double start, loom_err *err)
     loom_cluster_free(cl);
     if (!rc) rc = loom_evaluate(spec, o->model_dir, o->checkpoint, &res, err);
     if (!rc) {
-        printf("{\"checkpoint\": \"%s\", \"step\": %lld, \"examples\": %lld, \"eval_loss\": %.6g, \"eval_accuracy\": %.6g}\n",
-               res.checkpoint, (long long)res.step, (long long)res.examples, res.loss, res.accuracy);
-        loom_info("%s (step %lld): eval loss %.4f, accuracy %.4f on %lld examples", res.checkpoint, (long long)res.step,
-                  res.loss, res.accuracy, (long long)res.examples);
+        /* eval_loss, then eval_<metric> for each of model.metrics */
+        char js[512] = "", tx[400] = "";
+        size_t jl = 0, tl = 0;
+        for (int i = 0; i < res.n_metrics; i++) {
+            int w = isfinite(res.metric[i])
+                        ? snprintf(js + jl, sizeof js - jl, ", \"eval_%s\": %.6g", res.metric_name[i], res.metric[i])
+                        : snprintf(js + jl, sizeof js - jl, ", \"eval_%s\": null", res.metric_name[i]);
+            if (w > 0 && jl + (size_t)w < sizeof js) jl += (size_t)w;
+            w = snprintf(tx + tl, sizeof tx - tl, ", %s %.4f", res.metric_name[i], res.metric[i]);
+            if (w > 0 && tl + (size_t)w < sizeof tx) tl += (size_t)w;
+        }
+        printf("{\"checkpoint\": \"%s\", \"step\": %lld, \"examples\": %lld, \"eval_loss\": %.6g%s}\n",
+               res.checkpoint, (long long)res.step, (long long)res.examples, res.loss, js);
+        loom_info("%s (step %lld): eval loss %.4f%s on %lld examples", res.checkpoint, (long long)res.step,
+                  res.loss, tx, (long long)res.examples);
     }
     loom_config_free(spec);
     return rc;

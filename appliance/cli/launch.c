@@ -44,7 +44,19 @@ typedef struct child {
     size_t    len[2];
     int       status;     /* exit status once reaped (128 + signal when killed) */
     bool      reaped, stopped_by_us;
+    char    **argv;       /* how it was started (this attempt's), for a respawn */
+    int       respawns;   /* times it was started again alone */
 } child;
+
+/* parameter_server: a worker that fails is started again alone (it rejoins
+ * the job, which went on without it), up to `limit` times; the rest of the
+ * group keeps running. */
+typedef struct respawn_ctx {
+    bool        on;
+    int         limit;
+    const char *exe;
+    char      **env;
+} respawn_ctx;
 
 typedef struct launch_opts {
     const char *config;
@@ -92,7 +104,9 @@ static void help(void)
            "exits with the failed task's status (128 + N for a task killed by signal N); with\n"
            "--restarts K the whole group is started again, up to K times, on new ports, and training\n"
            "resumes from the latest checkpoint (--fresh applies to the first start only); status 2 (a\n"
-           "bad config or usage) is not restarted. Every task\n"
+           "bad config or usage) is not restarted. Under parameter_server (which always gets its chief,\n"
+           "the coordinator), a worker that fails is started again alone, up to K times, and rejoins;\n"
+           "the job goes on without it meanwhile (and for good once K is spent). Every task\n"
            "is killed if launch itself dies. Only --local exists: on several machines, use srun,\n"
            "mpirun or TF_CONFIG (docs/cluster.md).\n\n"
            "options:\n"
@@ -374,7 +388,7 @@ typedef struct outcome {
 } outcome;
 
 /* Runs the group until every task has exited; see the file comment. */
-static void supervise(child *cs, int n, double grace, outcome *res)
+static void supervise(child *cs, int n, double grace, const respawn_ctx *rs, outcome *res)
 {
     memset(res, 0, sizeof *res);
     double kill_at = 0; /* when the stragglers get SIGKILL; 0 = not stopping */
@@ -435,6 +449,27 @@ static void supervise(child *cs, int n, double grace, outcome *res)
                 continue;
             }
             if (cs[i].stopped_by_us || res->failed || res->interrupted) continue;
+            if (rs && rs->on && cs[i].role == LOOM_ROLE_WORKER && !kill_at) {
+                const char *how = WIFSIGNALED(ws) ? "was killed by signal" : "exited with status";
+                int what = WIFSIGNALED(ws) ? WTERMSIG(ws) : cs[i].status;
+                if (cs[i].respawns >= rs->limit) {
+                    say("%s %s %d: parameter_server goes on without it (no restarts left: --restarts %d)", cs[i].name,
+                        how, what, rs->limit);
+                    continue;
+                }
+                for (int s = 0; s < 2; s++)
+                    if (cs[i].fd[s] >= 0) {
+                        set_nonblock(cs[i].fd[s]);
+                        drain(&cs[i], s);
+                        if (cs[i].fd[s] >= 0) close(cs[i].fd[s]), cs[i].fd[s] = -1;
+                    }
+                cs[i].respawns++;
+                say("%s %s %d: parameter_server goes on without it; starting it again alone (%d of %d), it rejoins",
+                    cs[i].name, how, what, cs[i].respawns, rs->limit);
+                loom_err se = {0};
+                if (spawn(&cs[i], rs->exe, cs[i].argv, rs->env, &se) == LOOM_OK) continue;
+                say("%s: %s", se.where, se.msg);
+            }
             res->failed = true;
             res->status = cs[i].status;
             snprintf(res->who, sizeof res->who, "%s", cs[i].name);
@@ -458,7 +493,8 @@ static void supervise(child *cs, int n, double grace, outcome *res)
 /* The config loaded as every task will load it, and the cluster resolved
  * for the first task: every error any task would hit at startup is found
  * here, before anything starts. */
-static int validate(const launch_opts *o, const char *const *sets, int n_sets, const char *task, char **env)
+static int validate(const launch_opts *o, const char *const *sets, int n_sets, const char *task, char **env,
+                    bool *ps_job)
 {
     loom_spec *spec = NULL;
     loom_errlist *errs = loom_calloc(1, sizeof *errs);
@@ -473,6 +509,7 @@ static int validate(const launch_opts *o, const char *const *sets, int n_sets, c
     if (rc) return LOOM_EXIT_USAGE;
     int status = LOOM_EXIT_OK;
     loom_strategy_kind k = spec->strategy.kind;
+    *ps_job = k == LOOM_STRAT_PARAMETER_SERVER;
     if (k == LOOM_STRAT_ONE_DEVICE || k == LOOM_STRAT_MIRRORED || k == LOOM_STRAT_CENTRAL_STORAGE) {
         char w[LOOM_PATH_MAX + 16];
         fprintf(stderr, "loom: %s: launch starts a cluster, but strategy \"%s\" runs in one process\n"
@@ -501,7 +538,18 @@ int loom_cli_launch_(int argc, char **argv, double start)
     if (prc) return prc < 0 ? LOOM_EXIT_OK : prc;
     if (o.quiet) loom_log_set_level(LOOM_LOG_WARN);
 
-    /* the shape: the flags, else the config's cluster section */
+    /* the shape: the flags, else the config's cluster section; parameter_server
+     * always has its coordinator, the chief, even when the flags name none */
+    if (o.shape_given && o.n[LOOM_ROLE_CHIEF] == 0) {
+        loom_spec *spec = NULL;
+        loom_errlist *errs = loom_calloc(1, sizeof *errs);
+        if (!errs) return LOOM_EXIT_RUNTIME;
+        if (loom_config_load(&spec, o.config, o.sets, o.n_sets, errs) == LOOM_OK &&
+            spec->strategy.kind == LOOM_STRAT_PARAMETER_SERVER)
+            o.n[LOOM_ROLE_CHIEF] = 1; /* (a bad config is reported below, by validate) */
+        loom_config_free(spec);
+        loom_free(errs);
+    }
     if (!o.shape_given) {
         loom_spec *spec = NULL;
         loom_errlist *errs = loom_calloc(1, sizeof *errs);
@@ -564,6 +612,7 @@ int loom_cli_launch_(int argc, char **argv, double start)
     }
     /* the role lists: big enough for 64 tasks of 22 bytes */
     static char lists[LOOM_ROLE_COUNT][64 * 24 + 64];
+    bool ps_job = false;
     for (int attempt = 0; attempt <= o.restarts; attempt++) {
         int ports[MAX_TASKS];
         loom_err err = {0};
@@ -590,7 +639,7 @@ int loom_cli_launch_(int argc, char **argv, double start)
             status = LOOM_EXIT_RUNTIME;
             break;
         }
-        if (attempt == 0 && (status = validate(&o, sets, ns, cs[0].name, env))) {
+        if (attempt == 0 && (status = validate(&o, sets, ns, cs[0].name, env, &ps_job))) {
             loom_free(env);
             break;
         }
@@ -611,13 +660,15 @@ int loom_cli_launch_(int argc, char **argv, double start)
             if (o.quiet) argv_c[na++] = "--quiet";
             if (o.verbose) argv_c[na++] = "--verbose";
             argv_c[na] = NULL;
+            loom_free(cs[i].argv);
+            cs[i].argv = loom_calloc((size_t)na + 1, sizeof *cs[i].argv);
+            if (cs[i].argv) memcpy(cs[i].argv, argv_c, (size_t)(na + 1) * sizeof *argv_c);
             if (spawn(&cs[i], exe, argv_c, env, &err)) {
                 fprintf(stderr, "loom launch: %s: %s\n", err.where, err.msg);
                 break;
             }
             started++;
         }
-        loom_free(env);
         if (started == n) {
             char all[2048];
             size_t al = 0;
@@ -630,7 +681,9 @@ int loom_cli_launch_(int argc, char **argv, double start)
         }
         outcome res;
         if (started < n) signal_all(cs, started, SIGKILL, true);
-        supervise(cs, started, o.grace, &res);
+        respawn_ctx rs = {.on = ps_job, .limit = o.restarts, .exe = exe, .env = env};
+        supervise(cs, started, o.grace, &rs, &res);
+        loom_free(env);
         if (started < n) {
             status = LOOM_EXIT_RUNTIME;
             break;
@@ -653,7 +706,7 @@ int loom_cli_launch_(int argc, char **argv, double start)
     }
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
-    for (int i = 0; i < n; i++) loom_free(cs[i].buf[0]), loom_free(cs[i].buf[1]);
+    for (int i = 0; i < n; i++) loom_free(cs[i].buf[0]), loom_free(cs[i].buf[1]), loom_free(cs[i].argv);
     loom_free(cs);
     return status;
 }

@@ -22,10 +22,11 @@
 /* ---- options and subcommands --------------------------------------------- */
 
 enum { R_IMAGES = 1, R_LABELS = 2, R_CSV = 4, R_LABEL_COLUMN = 8, R_OUTPUT = 16, R_SHARDS = 32, R_COMPRESSION = 64,
-       R_N = 128 };
+       R_N = 128, R_CONFIG = 256, R_COUNT = 512 };
 
 typedef struct rec_opts {
-    const char      *images, *labels, *csv, *label_column, *output;
+    const char      *images, *labels, *csv, *label_column, *output, *config;
+    long             count;   /* convert --config: elements written; 0 = the source's all */
     long             shards;  /* convert: 1..MAX_SHARDS */
     loom_compression comp;    /* convert: NONE, GZIP, ZLIB or ZSTD */
     long             n;       /* head: records shown per file */
@@ -48,7 +49,8 @@ static int run_head(const rec_opts *o);
 
 static const subcommand subcommands[] = {
     {"convert", "write IDX or CSV data as sharded TFRecord files of tf.train.Examples",
-     "loom records convert (--images IDX --labels IDX | --csv FILE [--label-column NAME])\n"
+     "loom records convert (--images IDX --labels IDX | --csv FILE [--label-column NAME] |\n"
+     "                      --config CFG [--count N])\n"
      "                     --output PREFIX [--shards N] [--compression none|gzip|zlib|zstd]",
      "Writes N files PREFIX-00000-of-0000N.tfrecord (TensorFlow's shard naming), with the\n"
      "suffix .gz, .zz or .zst when compressed, one tf.train.Example per item or row.\n"
@@ -68,11 +70,17 @@ static const subcommand subcommands[] = {
      "are skipped. --label-column NAME stores that column, which must be numeric and\n"
      "never empty, as the feature `label`.\n"
      "\n"
+     "From a config (--config CFG): the elements of data.train's source, in order, its\n"
+     "transforms not applied (a synthetic source draws from run.seed): integer features\n"
+     "as int64_list, float features as float_list, uint8 features of rank >= 1 as one\n"
+     "bytes value. --count N writes the first N (needed for an infinite source).\n"
+     "\n"
      "Each shard is written to PATH.tmp and renamed when complete; when a shard fails,\n"
      "the shards this run already wrote are removed; PREFIX's directory is created\n"
      "when missing. zstd is a Loom extension that stock TensorFlow cannot read; gzip\n"
      "and zlib are its GZIP and ZLIB.\n",
-     R_IMAGES | R_LABELS | R_CSV | R_LABEL_COLUMN | R_OUTPUT | R_SHARDS | R_COMPRESSION, false, run_convert},
+     R_IMAGES | R_LABELS | R_CSV | R_LABEL_COLUMN | R_OUTPUT | R_SHARDS | R_COMPRESSION | R_CONFIG | R_COUNT, false,
+     run_convert},
     {"count", "count the records of TFRecord files", "loom records count FILE...",
      "Prints the number of records of each file (and its compression, detected from the\n"
      "leading bytes) and the total. Every CRC is checked on the way: a damaged or\n"
@@ -112,6 +120,8 @@ static void sub_help(const subcommand *sc)
     if (sc->accepts & R_LABELS) printf("  --labels IDX          labels, as many items as --images\n");
     if (sc->accepts & R_CSV) printf("  --csv FILE            a CSV file with a header row, instead of IDX\n");
     if (sc->accepts & R_LABEL_COLUMN) printf("  --label-column NAME   CSV column stored as the feature `label`\n");
+    if (sc->accepts & R_CONFIG) printf("  --config CFG          write data.train's source of this config instead\n");
+    if (sc->accepts & R_COUNT) printf("  --count N             --config: the first N elements (default all)\n");
     if (sc->accepts & R_OUTPUT) printf("  --output PREFIX       path prefix of the shards\n");
     if (sc->accepts & R_SHARDS) printf("  --shards N            number of files, 1..%d (default 1)\n", MAX_SHARDS);
     if (sc->accepts & R_COMPRESSION) printf("  --compression NAME    none (default), gzip, zlib or zstd\n");
@@ -231,6 +241,7 @@ int loom_cli_records_(int argc, char **argv, double start_time)
         static const struct { const char *name; unsigned bit; } valued[] = {
             {"--images", R_IMAGES}, {"--labels", R_LABELS}, {"--csv", R_CSV}, {"--label-column", R_LABEL_COLUMN},
             {"--output", R_OUTPUT}, {"--shards", R_SHARDS}, {"--compression", R_COMPRESSION}, {"-n", R_N},
+            {"--config", R_CONFIG}, {"--count", R_COUNT},
         };
         int k = -1;
         for (int j = 0; j < (int)(sizeof valued / sizeof valued[0]); j++)
@@ -259,6 +270,11 @@ int loom_cli_records_(int argc, char **argv, double start_time)
         case R_CSV: o.csv = v; break;
         case R_LABEL_COLUMN: o.label_column = v; break;
         case R_OUTPUT: o.output = v; break;
+        case R_CONFIG: o.config = v; break;
+        case R_COUNT:
+            if (!parse_long(v, 1, 4000000000000000000L, &o.count))
+                status = usage_error(sc, "--count \"%s\": expected a number of records (1 or more)", v);
+            break;
         case R_SHARDS:
             if (!parse_long(v, 1, MAX_SHARDS, &o.shards))
                 status = usage_error(sc, "--shards \"%s\": expected an integer from 1 to %d", v, MAX_SHARDS);
@@ -320,8 +336,12 @@ static void print_summary(const loom_convert_result *r, loom_compression comp, d
 static int run_convert(const rec_opts *o)
 {
     const subcommand *sc = &subcommands[0];
+    if (o->config && (o->csv || o->images || o->labels))
+        return usage_error(sc, "--config, --csv and --images/--labels are alternatives: give one");
+    if (o->count && !o->config) return usage_error(sc, "--count applies to --config only");
     if (o->csv && (o->images || o->labels)) return usage_error(sc, "--csv and --images/--labels are alternatives: give one");
-    if (!o->csv && (!o->images || !o->labels)) return usage_error(sc, "needs --images IDX and --labels IDX, or --csv FILE");
+    if (!o->config && !o->csv && (!o->images || !o->labels))
+        return usage_error(sc, "needs --images IDX and --labels IDX, or --csv FILE (or --config CFG)");
     if (o->label_column && !o->csv) return usage_error(sc, "--label-column applies to --csv only");
     if (!o->output) return usage_error(sc, "missing --output PREFIX");
     size_t n = strlen(o->output);
@@ -332,8 +352,20 @@ static int run_convert(const rec_opts *o)
     loom_err err = {0};
     loom_convert_opts co = {.images = o->images, .labels = o->labels, .csv = o->csv, .label_column = o->label_column,
                             .output = o->output, .shards = (int)o->shards, .comp = o->comp};
+    loom_spec *spec = NULL;
+    if (o->config) {
+        loom_errlist errs = {0};
+        if (loom_config_load(&spec, o->config, NULL, 0, &errs)) {
+            for (int i = 0; i < errs.n; i++) report(&errs.e[i]);
+            return LOOM_EXIT_USAGE;
+        }
+        co.dataset = &spec->train;
+        co.seed = spec->run.seed;
+        co.count = o->count;
+    }
     loom_convert_result res;
     int rc = loom_records_convert(&co, &res, &err);
+    loom_config_free(spec);
     if (res.ncols) print_columns(o, &res);
     if (!rc) print_summary(&res, o->comp, loom_now() - t0);
     loom_convert_result_fini(&res);

@@ -130,6 +130,8 @@ enum {
     LOOM_MSG_HELLO = 1,     /* handshake (challenge, response, config digest) */
     LOOM_MSG_HEARTBEAT = 2,
     LOOM_MSG_BYE = 3,       /* a task leaving on purpose (with a reason) */
+    LOOM_MSG_PEER_DOWN = 4, /* (queued, empty) a tolerated peer was lost or left; from = the peer */
+    LOOM_MSG_PEER_UP = 5,   /* (queued, empty) a tolerated peer connected again */
     LOOM_MSG_USER = 16,     /* first type free for users (collectives, ps RPCs) */
 };
 
@@ -162,6 +164,12 @@ int  loom_net_send(loom_net *n, int p, uint32_t type, const void *buf, size_t le
  * are still delivered). */
 int  loom_net_recv(loom_net *n, int p, uint32_t type_lo, uint32_t type_hi, int *from, uint32_t *type, loom_buf *msg,
                    double timeout_s, loom_err *err);
+/* Peer p may leave and come back (a parameter-server worker, which launch
+ * restarts alone): its loss ends no wait and sets no lost peer; instead a
+ * LOOM_MSG_PEER_DOWN message from it is queued, and LOOM_MSG_PEER_UP when
+ * it connects again (a dialed peer is dialed again with back-off, an
+ * accepted one may connect again). Call after loom_net_open. */
+void loom_net_tolerate(loom_net *n, int p);
 /* Whether a peer was declared lost (heartbeat timeout, closed connection);
  * -1 when none, else its index, with a message naming it in err. */
 int  loom_net_lost_peer(loom_net *n, loom_err *err);

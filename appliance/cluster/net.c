@@ -31,6 +31,7 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -60,6 +61,7 @@ typedef struct net_peer {
     int       attempts;
     char      last_error[700];
     struct event *retry_ev;
+    bool      tolerated;     /* may leave and come back (loom_net_tolerate) */
 } net_peer;
 
 struct conn {
@@ -114,10 +116,19 @@ struct loom_net {
     double                 close_started;
     int                    alert_fd; /* eventfd: readable when a peer is lost or gone, or an alert message came */
     uint32_t               alert_type;
+    struct bufferevent   **retired;  /* tolerated peers' earlier connections, referenced until net_free */
+    int                    n_retired;
 };
 
 static pthread_once_t evthread_once = PTHREAD_ONCE_INIT;
-static void evthread_init(void) { evthread_use_pthreads(); }
+/* Once per process: libevent's locks, and SIGPIPE ignored: a write to a
+ * peer that has just closed (a parameter-server worker leaving while its ps
+ * answers) must come back as a closed connection, not kill this task. */
+static void evthread_init(void)
+{
+    evthread_use_pthreads();
+    signal(SIGPIPE, SIG_IGN);
+}
 
 static void conn_free(conn *c);
 static void conn_close_soon(conn *c);
@@ -131,12 +142,48 @@ static void alert(loom_net *n)
 
 /* ---- peers and losses (loop thread, mu held) ------------------------------ */
 
+/* Queues an empty message of type from peer p (news of a tolerated peer). */
+static void queue_news(loom_net *n, int p, uint32_t type)
+{
+    qmsg *q = loom_alloc(sizeof *q);
+    uint8_t *d = loom_alloc(1);
+    if (!q || !d) {
+        loom_free(q), loom_free(d);
+        return;
+    }
+    q->next = NULL, q->from = p, q->type = type, q->data = d, q->len = 0;
+    if (n->qtail) n->qtail->next = q;
+    else n->qhead = q;
+    n->qtail = q;
+    pthread_cond_broadcast(&n->cv);
+}
+
+/* A tolerated peer went away: news, and (if we dial it) a dial again. */
+static void tolerated_down(loom_net *n, int p, const char *why)
+{
+    net_peer *pe = &n->peers[p];
+    /* a departure on purpose (BYE) is routine; a loss is worth a warning */
+    loom_log(strcmp(why, "it left") ? LOOM_LOG_WARN : LOOM_LOG_DEBUG, "%s: lost %s (%s): %s; it may come back",
+             n->name, pe->name, pe->addr, why);
+    pe->state = pe->dial ? P_WAIT : P_LOST;
+    pe->attempts = 0;
+    queue_news(n, p, LOOM_MSG_PEER_DOWN);
+    if (pe->dial && pe->retry_ev) {
+        struct timeval tv = {0, 200000};
+        evtimer_add(pe->retry_ev, &tv);
+    }
+}
+
 static void declare_lost(loom_net *n, int p, const char *why)
 {
     net_peer *pe = &n->peers[p];
     if (pe->state != P_UP) return;
     if (n->closing) { /* we are leaving ourselves: the others' departures are no news */
         pe->state = P_GONE;
+        return;
+    }
+    if (pe->tolerated && n->open_done) {
+        tolerated_down(n, p, why);
         return;
     }
     pe->state = P_LOST;
@@ -208,7 +255,8 @@ static void handle_authed(conn *c, const loom_net_frame *f)
         size_t l = f->len < sizeof pe->gone_reason - 1 ? f->len : sizeof pe->gone_reason - 1;
         memcpy(pe->gone_reason, f->payload, l);
         pe->gone_reason[l] = 0;
-        if (pe->state == P_UP) pe->state = P_GONE;
+        if (pe->state == P_UP && pe->tolerated && n->open_done && !n->closing) tolerated_down(n, c->peer, "it left");
+        else if (pe->state == P_UP) pe->state = P_GONE;
         pthread_cond_broadcast(&n->cv);
         alert(n);
     } else if (f->type >= LOOM_MSG_USER) {
@@ -322,7 +370,9 @@ static void on_read(struct bufferevent *bev, void *arg)
             if (c->hs.done) {
                 pthread_mutex_lock(&n->mu);
                 int pi = find_peer(n, c->hs.peer_role, c->hs.peer_index);
-                if (pi < 0 || n->peers[pi].state != P_WAIT) {
+                bool back = pi >= 0 && n->peers[pi].tolerated && n->open_done && !n->closing &&
+                            n->peers[pi].state != P_UP; /* a tolerated peer coming back */
+                if (pi < 0 || (n->peers[pi].state != P_WAIT && !back)) {
                     pthread_mutex_unlock(&n->mu);
                     loom_err_set(&e, LOOM_ENET, NULL, "a second connection for a task already connected or lost");
                     evbuffer_drain(in, (size_t)r);
@@ -335,9 +385,17 @@ static void on_read(struct bufferevent *bev, void *arg)
                 pe->state = P_UP;
                 pe->c = c;
                 bufferevent_incref(bev);
+                if (pe->bev) { /* its earlier connection's: the caller's thread may still hold it */
+                    struct bufferevent **r = loom_realloc(n->retired, (size_t)(n->n_retired + 1) * sizeof *r);
+                    if (r) n->retired = r, n->retired[n->n_retired++] = pe->bev;
+                }
                 pe->bev = bev;
                 pe->last_heard = loom_now();
                 n->n_up++;
+                if (back) {
+                    queue_news(n, pi, LOOM_MSG_PEER_UP);
+                    loom_log(LOOM_LOG_INFO, "%s: %s is back (%s)", n->name, pe->name, c->addr);
+                }
                 /* A first heartbeat at once, so the peer knows what we are doing from the start. */
                 bev_send(bev, LOOM_MSG_HEARTBEAT, n->status, strlen(n->status));
                 pthread_cond_broadcast(&n->cv);
@@ -386,13 +444,16 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
     pthread_mutex_lock(&n->mu);
     if (c->authed) {
         net_peer *pe = &n->peers[c->peer];
-        pe->c = NULL;
-        if (pe->state == P_UP) declare_lost(n, c->peer, why);
+        if (pe->c == c) { /* (a tolerated peer may already be back on another connection) */
+            pe->c = NULL;
+            if (pe->state == P_UP) declare_lost(n, c->peer, why);
+        }
         pthread_mutex_unlock(&n->mu);
         conn_free(c);
         return;
     }
-    if (c->dialer && c->peer >= 0 && !n->open_done && !n->closing) {
+    if (c->dialer && c->peer >= 0 && (!n->open_done || n->peers[c->peer].tolerated) && !n->closing &&
+        n->peers[c->peer].state == P_WAIT) {
         /* A dial that failed (refused: the peer is not up yet): retry with back-off. */
         net_peer *pe = &n->peers[c->peer];
         bool tls_fail = (what & BEV_EVENT_ERROR) && bufferevent_get_openssl_error(bev);
@@ -550,7 +611,7 @@ static void dial_cb(evutil_socket_t fd, short what, void *arg)
     dial_arg *da = arg;
     loom_net *n = da->n;
     net_peer *pe = &n->peers[da->p];
-    if (n->open_done || n->closing || pe->state != P_WAIT || n->fatal) return;
+    if ((n->open_done && !pe->tolerated) || n->closing || pe->state != P_WAIT || n->fatal) return;
     pe->attempts++;
     struct bufferevent *bev = bev_new(n, -1, true);
     conn *c = bev ? conn_new(n, bev, true, da->p) : NULL;
@@ -746,6 +807,8 @@ static void net_free(loom_net *n)
     while (n->conns) conn_free(n->conns);
     for (int i = 0; i < n->n_peers; i++)
         if (n->peers[i].bev) bufferevent_decref(n->peers[i].bev);
+    for (int i = 0; i < n->n_retired; i++) bufferevent_decref(n->retired[i]);
+    loom_free(n->retired);
     for (int i = 0; i < n->n_peers; i++)
         if (n->peers[i].retry_ev) {
             loom_free(event_get_callback_arg(n->peers[i].retry_ev));
@@ -1053,6 +1116,7 @@ static int peer_down(loom_net *n, int p, loom_err *err)
     for (int i = 0; i < n->n_peers; i++) {
         if (p >= 0 && i != p) continue;
         net_peer *pe = &n->peers[i];
+        if (pe->tolerated && n->open_done) continue; /* its losses are news (LOOM_MSG_PEER_DOWN) */
         if (pe->state == P_GONE)
             return loom_err_set(err, LOOM_ENET, n->name, "%s left (%s); last heard it was %s", pe->name,
                                 pe->gone_reason, pe->status);
@@ -1084,7 +1148,8 @@ int loom_net_recv(loom_net *n, int p, uint32_t type_lo, uint32_t type_hi, int *f
             if (from) *from = q->from;
             if (type) *type = q->type;
             loom_buf_fini(msg);
-            msg->data = q->data, msg->len = msg->cap = q->len, msg->pos = 0, msg->failed = 0;
+            /* (cap >= 1: an empty message still owns its 1-byte block, which loom_buf_fini frees) */
+            msg->data = q->data, msg->len = q->len, msg->cap = q->len ? q->len : 1, msg->pos = 0, msg->failed = 0;
             loom_free(q);
             return LOOM_OK;
         }
@@ -1101,6 +1166,14 @@ int loom_net_recv(loom_net *n, int p, uint32_t type_lo, uint32_t type_hi, int *f
                                 p >= 0 ? n->peers[p].name : "any peer", timeout_s);
         }
     }
+}
+
+void loom_net_tolerate(loom_net *n, int p)
+{
+    if (p < 0 || p >= n->n_peers) return;
+    pthread_mutex_lock(&n->mu);
+    n->peers[p].tolerated = true;
+    pthread_mutex_unlock(&n->mu);
 }
 
 int loom_net_lost_peer(loom_net *n, loom_err *err)

@@ -729,7 +729,41 @@ static int check_strategy(const loom_cluster *c, const loom_spec *spec, loom_err
             return loom_err_set(err, LOOM_ECONFIG, w, "multi_worker_mirrored needs a chief or a worker, but the "
                                 "cluster (from %s) has none", c->addrs_detail);
         return LOOM_OK;
-    default: return LOOM_OK; /* parameter_server is refused by config; a plugin's strategy decides for itself */
+    case LOOM_STRAT_PARAMETER_SERVER: {
+        int nw = c->n_tasks[LOOM_ROLE_WORKER];
+        if (c->n_tasks[LOOM_ROLE_PS] == 0) {
+            loom_err_set(err, LOOM_ECONFIG, w, "parameter_server needs ps tasks to hold the variables, but the "
+                         "cluster (from %s) has none", c->addrs_detail);
+            return loom_err_hint(err, "add cluster.ps = [\"host:port\"] (loom launch --local --ps 1), or use "
+                                      "multi_worker_mirrored");
+        }
+        if (nw == 0 || c->n_tasks[LOOM_ROLE_CHIEF] != 1) {
+            loom_err_set(err, LOOM_ECONFIG, w, "parameter_server needs one chief (the coordinator) and at least one "
+                         "worker, but the cluster (from %s) has %d chief%s and %d worker%s", c->addrs_detail,
+                         c->n_tasks[LOOM_ROLE_CHIEF], c->n_tasks[LOOM_ROLE_CHIEF] == 1 ? "" : "s", nw, nw == 1 ? "" : "s");
+            return loom_err_hint(err, "declare cluster.chief (one task) and cluster.worker (loom launch --local "
+                                      "--workers 2 --ps 1)");
+        }
+        const loom_ps_sync_spec *y = &st->sync;
+        if (y->enabled) {
+            char yw[LOOM_PATH_MAX + 16];
+            loom_loc_str(&y->loc, yw, sizeof yw);
+            int m = y->total_replicas > 0 ? y->total_replicas : nw;
+            if (m != nw) {
+                loom_err_set(err, LOOM_ECONFIG, yw, "strategy.sync.total_replicas = %d, but the cluster (from %s) has "
+                             "%d worker%s", m, c->addrs_detail, nw, nw == 1 ? "" : "s");
+                return loom_err_hint(err, "set total_replicas to the number of workers (or leave it out)");
+            }
+            if (y->replicas_to_aggregate > m) {
+                loom_err_set(err, LOOM_ECONFIG, yw, "strategy.sync.replicas_to_aggregate = %d is more than the %d "
+                             "worker%s of the cluster (from %s): no step could gather that many gradients",
+                             y->replicas_to_aggregate, m, m == 1 ? "" : "s", c->addrs_detail);
+                return loom_err_hint(err, "aggregate at most one gradient per worker");
+            }
+        }
+        return LOOM_OK;
+    }
+    default: return LOOM_OK; /* a plugin's strategy decides for itself */
     }
 }
 

@@ -41,12 +41,18 @@ const char *const loom_map_names_[] = {"cast", "scale", "normalize", "one_hot", 
 const char *const loom_transform_names_[] = {"map", "shuffle", "batch", "repeat", "take", "skip", "prefetch",
                                              "filter", "shard", "enumerate", "unbatch", "padded_batch", "cache",
                                              "interleave", "zip", NULL};
-const char *const loom_layer_names_[] = {"dense", "conv2d", "max_pool2d", "dropout", "flatten", "activation", NULL};
-const char *const loom_activation_names_[] = {"none", "relu", "sigmoid", "tanh", "softmax", NULL};
+const char *const loom_layer_names_[] = {"dense", "conv2d", "max_pool2d", "dropout", "flatten", "activation",
+                                         "batch_normalization", "layer_normalization", "average_pooling2d",
+                                         "global_average_pooling2d", "embedding", NULL};
+const char *const loom_combiner_names_[] = {"sum", "mean", NULL};
+const char *const loom_activation_names_[] = {"none", "relu", "sigmoid", "tanh", "softmax", "leaky_relu", "gelu", NULL};
 const char *const loom_init_names_[] = {"glorot_uniform", "glorot_normal", "he_uniform", "he_normal", "zeros", NULL};
 const char *const loom_padding_names_[] = {"valid", "same", NULL};
-const char *const loom_loss_names_[] = {"sparse_softmax_cross_entropy", "mean_squared_error", NULL};
-const char *const loom_opt_names_[] = {"sgd", "momentum", "adam", NULL};
+const char *const loom_loss_names_[] = {"sparse_softmax_cross_entropy", "mean_squared_error", "binary_cross_entropy",
+                                        "mean_absolute_error", "huber", NULL};
+const char *const loom_metric_names_[] = {"accuracy", "auc", "precision", "recall", "top_k_accuracy", "mae", "rmse",
+                                          NULL};
+const char *const loom_opt_names_[] = {"sgd", "momentum", "adam", "adamw", "rmsprop", "adagrad", NULL};
 const char *const loom_sched_names_[] = {"constant", "exponential_decay", "piecewise_constant", "cosine", NULL};
 const char *const loom_strategy_names_[] = {"one_device", "mirrored", "central_storage", "multi_worker_mirrored",
                                             "parameter_server", NULL};
@@ -63,8 +69,12 @@ const char *loom_cfg_name_(const char *const *names, int i)
 
 const char *loom_layer_kind_name(loom_layer_kind k) { return loom_cfg_name_(loom_layer_names_, (int)k); }
 const char *loom_activation_name(loom_activation a) { return loom_cfg_name_(loom_activation_names_, (int)a); }
+const char *loom_metric_name(loom_metric_kind k) { return loom_cfg_name_(loom_metric_names_, (int)k); }
+const char *loom_loss_name(loom_loss_kind k) { return loom_cfg_name_(loom_loss_names_, (int)k); }
 const char *loom_strategy_kind_name(loom_strategy_kind k) { return loom_cfg_name_(loom_strategy_names_, (int)k); }
 static const char *const loom_communication_names_[] = {"auto", "ring", "nccl", "mpi", NULL};
+static const char *const loom_partitioner_names_[] = {"none", "fixed", "min_size", "max_size", NULL};
+const char *loom_partitioner_name(loom_partitioner_kind k) { return loom_cfg_name_(loom_partitioner_names_, (int)k); }
 const char *loom_communication_name(loom_communication c) { return loom_cfg_name_(loom_communication_names_, (int)c); }
 const char *loom_map_kind_name(loom_map_kind k) { return loom_cfg_name_(loom_map_names_, (int)k); }
 const char *loom_transform_kind_name(loom_transform_kind k) { return loom_cfg_name_(loom_transform_names_, (int)k); }
@@ -550,6 +560,7 @@ static void parse_tfr_shape(ctx *c, const config_setting_t *s, void *base);
 static void parse_delimiter(ctx *c, const config_setting_t *s, void *base);
 static void parse_csv_columns(ctx *c, const config_setting_t *s, void *base);
 static void parse_syn_features(ctx *c, const config_setting_t *s, void *base);
+static void parse_syn_ctr(ctx *c, const config_setting_t *s, void *base);
 static void parse_syn_shape(ctx *c, const config_setting_t *s, void *base);
 static void parse_filter_values(ctx *c, const config_setting_t *s, void *base);
 static void parse_padded_shapes(ctx *c, const config_setting_t *s, void *base);
@@ -570,6 +581,8 @@ static void parse_prefetch_buffer(ctx *c, const config_setting_t *s, void *base)
 static void parse_ram_budget(ctx *c, const config_setting_t *s, void *base);
 static void parse_cluster_role(ctx *c, const config_setting_t *s, void *base);
 static void parse_cluster_path(ctx *c, const config_setting_t *s, void *base);
+static void parse_metrics(ctx *c, const config_setting_t *s, void *base);
+static void parse_class_weight(ctx *c, const config_setting_t *s, void *base);
 
 static const opt root_opts[] = {
     O_CUSTOM("version", parse_version, ALL, ALL, "config format version; must be 1"),
@@ -659,8 +672,10 @@ static const opt source_opts[] = {
     O_BOOL(loom_source_spec, "truncate", truncate, 0, SRC(TEXT), "cut longer lines instead of failing"),
     O_INT(loom_source_spec, "count", count, 0, -1, INT64_MAX, SRC(SYNTHETIC), SRC(SYNTHETIC),
           "elements per pass; -1 = infinite"),
-    O_CUSTOM("features", parse_syn_features, SRC(SYNTHETIC), SRC(SYNTHETIC),
-             "NAME = { dtype = ...; shape = [...]; }, 1 to 8"),
+    O_CUSTOM("features", parse_syn_features, SRC(SYNTHETIC), 0,
+             "NAME = { dtype = ...; shape = [...]; }, 1 to 8 (required without ctr)"),
+    O_CUSTOM("ctr", parse_syn_ctr, SRC(SYNTHETIC), 0,
+             "{ columns = 26; ... }: click-through-rate data (features ids and label) from a known logistic model"),
     O_END,
 };
 
@@ -672,6 +687,20 @@ static const opt csv_column_opts[] = {
     O_STR(loom_csv_column, "column", column, "", NULL, ALL, 0, "header name to select; default the feature's name"),
     O_F64(loom_csv_column, "default", default_value, 0.0, 0, 0, F_NO_LO | F_NO_HI, ALL, 0,
           "value of an empty field; without it an empty field is an error"),
+    O_END,
+};
+
+static const opt syn_ctr_opts[] = {
+    O_INT(loom_syn_ctr, "columns", columns, 26, 1, 1024, ALL, 0, "categorical columns"),
+    O_INT(loom_syn_ctr, "ids_per_column", ids_per_column, 1, 1, 64, ALL, 0, "ids per column (multi-hot)"),
+    O_INT(loom_syn_ctr, "id_space", id_space, (int64_t)1 << 20, 1, (int64_t)1 << 31, ALL, 0,
+          "hashed ids fall in [0, id_space)"),
+    O_INT(loom_syn_ctr, "vocab", vocab, 10000, 1, (int64_t)1 << 31, ALL, 0, "distinct values per column"),
+    O_F64(loom_syn_ctr, "zipf", zipf, 1.1, 0.0, 4.0, 0, ALL, 0, "value popularity exponent; 0 = uniform"),
+    O_F64(loom_syn_ctr, "weight_std", weight_std, 0.5, 0.0, 0, F_NO_HI, ALL, 0, "spread of the true weights"),
+    O_F64(loom_syn_ctr, "bias", bias, -1.5, 0, 0, F_NO_LO | F_NO_HI, ALL, 0, "the true model's bias"),
+    O_INT(loom_syn_ctr, "offset", offset, 0, 0, INT64_MAX / 2, ALL, 0,
+          "the source starts at this example of the set (e.g. a held-out split after the training examples)"),
     O_END,
 };
 
@@ -794,17 +823,28 @@ static const opt layer_opts[] = {
     O_INT(loom_layer_spec, "units", units, 0, 1, LOOM_MAX_UNITS, LY(DENSE), LY(DENSE), "output units"),
     O_INT(loom_layer_spec, "filters", filters, 0, 1, LOOM_MAX_UNITS, LY(CONV2D), LY(CONV2D), "output channels"),
     O_PAIR(loom_layer_spec, "kernel_size", kernel, 0, 1, INT_MAX, LY(CONV2D), LY(CONV2D), "int or [h, w]"),
-    O_PAIR(loom_layer_spec, "strides", stride, 1, 1, INT_MAX, LY(CONV2D) | LY(MAX_POOL2D), 0,
-           "int or [h, w]; default 1 (conv2d) or pool_size (max_pool2d)"),
-    O_PAIR(loom_layer_spec, "pool_size", pool, 2, 1, INT_MAX, LY(MAX_POOL2D), 0, "int or [h, w]"),
-    O_ENUM(loom_layer_spec, "padding", padding, LOOM_PAD_VALID, loom_padding_names_, LY(CONV2D) | LY(MAX_POOL2D), 0,
-           "valid or same"),
+    O_PAIR(loom_layer_spec, "strides", stride, 1, 1, INT_MAX, LY(CONV2D) | LY(MAX_POOL2D) | LY(AVG_POOL2D), 0,
+           "int or [h, w]; default 1 (conv2d) or pool_size (pooling)"),
+    O_PAIR(loom_layer_spec, "pool_size", pool, 2, 1, INT_MAX, LY(MAX_POOL2D) | LY(AVG_POOL2D), 0, "int or [h, w]"),
+    O_ENUM(loom_layer_spec, "padding", padding, LOOM_PAD_VALID, loom_padding_names_,
+           LY(CONV2D) | LY(MAX_POOL2D) | LY(AVG_POOL2D), 0, "valid or same"),
+    O_F64(loom_layer_spec, "alpha", alpha, 0.3, 0.0, 0, F_NO_HI, LY(ACTIVATION), 0, "leaky_relu: slope below 0"),
+    O_F64(loom_layer_spec, "momentum", momentum, 0.99, 0.0, 1.0, F_HI_OPEN, LY(BATCH_NORM), 0,
+          "moving statistics: m = momentum * m + (1 - momentum) * batch"),
+    O_F64(loom_layer_spec, "epsilon", epsilon, 0.001, 0.0, 0, F_LO_OPEN | F_NO_HI, LY(BATCH_NORM) | LY(LAYER_NORM), 0,
+          "added to the variance"),
     O_ENUM(loom_layer_spec, "activation", activation, LOOM_ACT_NONE, loom_activation_names_,
            LY(DENSE) | LY(CONV2D) | LY(ACTIVATION), LY(ACTIVATION), "activation function"),
     O_ENUM(loom_layer_spec, "kernel_init", kernel_init, LOOM_INIT_GLOROT_UNIFORM, loom_init_names_,
            LY(DENSE) | LY(CONV2D), 0, "kernel initialiser"),
     O_BOOL(loom_layer_spec, "use_bias", use_bias, 1, LY(DENSE) | LY(CONV2D), "add a bias"),
     O_F64(loom_layer_spec, "rate", rate, 0, 0.0, 1.0, F_HI_OPEN, LY(DROPOUT), LY(DROPOUT), "drop probability"),
+    O_INT(loom_layer_spec, "input_dim", input_dim, 0, 1, (int64_t)1 << 31, LY(EMBEDDING), LY(EMBEDDING),
+          "rows of the table: ids are in [0, input_dim)"),
+    O_INT(loom_layer_spec, "output_dim", output_dim, 0, 1, 1 << 16, LY(EMBEDDING), LY(EMBEDDING),
+          "the embedding width"),
+    O_ENUM(loom_layer_spec, "combiner", combiner, LOOM_COMBINER_SUM, loom_combiner_names_, LY(EMBEDDING), 0,
+           "several ids per column (input (columns, k)): sum or mean of their rows"),
     O_END,
 };
 
@@ -812,6 +852,20 @@ static const opt model_opts[] = {
     O_STR(loom_model_spec, "input", input, "image", NULL, ALL, 0, "feature fed to the first layer"),
     O_STR(loom_model_spec, "label", label, "label", NULL, ALL, 0, "feature holding the target"),
     O_ENUM(loom_model_spec, "loss", loss, LOOM_LOSS_SPARSE_SOFTMAX_CE, loom_loss_names_, ALL, 0, "loss function"),
+    O_CUSTOM("metrics", parse_metrics, ALL, 0,
+             "list of: accuracy, auc, precision, recall, top_k_accuracy, mae, rmse (default: accuracy for a "
+             "classification, none for a regression)"),
+    O_INT(loom_model_spec, "auc_thresholds", auc_thresholds, 200, 2, 100000, ALL, 0, "auc: number of thresholds"),
+    O_BOOL(loom_model_spec, "multi_label", multi_label, 0, ALL, "auc: one curve per output, averaged"),
+    O_INT(loom_model_spec, "top_k", top_k, 5, 1, LOOM_MAX_UNITS, ALL, 0, "top_k_accuracy: k"),
+    O_F64(loom_model_spec, "l2", l2, 0.0, 0.0, 0, F_NO_HI, ALL, 0,
+          "L2 penalty on every dense and conv kernel: loss += l2 * sum(w^2)"),
+    O_F64(loom_model_spec, "huber_delta", huber_delta, 1.0, 0.0, 0, F_LO_OPEN | F_NO_HI, ALL, 0,
+          "huber: where the loss turns from quadratic to linear"),
+    O_STR(loom_model_spec, "sample_weight", sample_weight, "", NULL, ALL, 0,
+          "feature of per-example loss weights (Keras sample_weight), shape () or [1]"),
+    O_CUSTOM("class_weight", parse_class_weight, ALL, 0,
+             "one loss weight per class (binary_cross_entropy: [negative, positive])"),
     O_SUB("layers", 0, ALL, "a list of layer groups"),
     O_END,
 };
@@ -823,9 +877,17 @@ static const opt optimizer_opts[] = {
           "base learning rate"),
     O_F64(loom_optimizer_spec, "momentum", momentum, 0.9, 0.0, 1.0, F_HI_OPEN, OPT(MOMENTUM), 0, "momentum"),
     O_BOOL(loom_optimizer_spec, "nesterov", nesterov, 0, OPT(MOMENTUM), "Nesterov momentum"),
-    O_F64(loom_optimizer_spec, "beta1", beta1, 0.9, 0.0, 1.0, F_HI_OPEN, OPT(ADAM), 0, "adam beta1"),
-    O_F64(loom_optimizer_spec, "beta2", beta2, 0.999, 0.0, 1.0, F_HI_OPEN, OPT(ADAM), 0, "adam beta2"),
-    O_F64(loom_optimizer_spec, "epsilon", epsilon, 1e-7, 0.0, 0, F_LO_OPEN | F_NO_HI, OPT(ADAM), 0, "adam epsilon"),
+    O_F64(loom_optimizer_spec, "beta1", beta1, 0.9, 0.0, 1.0, F_HI_OPEN, OPT(ADAM) | OPT(ADAMW), 0, "adam beta1"),
+    O_F64(loom_optimizer_spec, "beta2", beta2, 0.999, 0.0, 1.0, F_HI_OPEN, OPT(ADAM) | OPT(ADAMW), 0, "adam beta2"),
+    O_F64(loom_optimizer_spec, "epsilon", epsilon, 1e-7, 0.0, 0, F_LO_OPEN | F_NO_HI,
+          OPT(ADAM) | OPT(ADAMW) | OPT(RMSPROP) | OPT(ADAGRAD), 0, "adam, adamw, rmsprop, adagrad epsilon"),
+    O_F64(loom_optimizer_spec, "weight_decay", weight_decay, 0.004, 0.0, 1.0, F_HI_OPEN, OPT(ADAMW), 0,
+          "adamw: decoupled weight decay, p -= lr * weight_decay * p"),
+    O_F64(loom_optimizer_spec, "rho", rho, 0.9, 0.0, 1.0, F_HI_OPEN, OPT(RMSPROP), 0, "rmsprop: decay of the mean square"),
+    O_F64(loom_optimizer_spec, "clip_norm", clip_norm, 0.0, 0.0, 0, F_NO_HI, ALL, 0,
+          "> 0: clip the gradients to this global norm (0 = off)"),
+    O_F64(loom_optimizer_spec, "initial_accumulator_value", initial_accumulator, 0.1, 0.0, 0, F_NO_HI, OPT(ADAGRAD), 0,
+          "adagrad: the accumulator's start"),
     O_SUB("schedule", 0, 0, "learning-rate schedule"),
     O_END,
 };
@@ -869,10 +931,36 @@ static const opt strategy_opts[] = {
            "how gradients cross workers: \"ring\" (the cluster transport), \"nccl\", \"mpi\" (plugins), \"auto\" (ring on CPU)"),
     O_CUSTOM("options", parse_strategy_options, K(LOOM_STRAT_PLUGIN), 0,
              "a plugin strategy's own settings: KEY = value; ..."),
+    {.name = "variable_partitioner", .type = OT_SUB, .applies = K(LOOM_STRAT_PARAMETER_SERVER),
+     .help = "split variables along axis 0 over the ps tasks: type = \"fixed\" | \"min_size\" | \"max_size\""},
+    {.name = "sync", .type = OT_SUB, .applies = K(LOOM_STRAT_PARAMETER_SERVER),
+     .help = "synchronous updates: replicas_to_aggregate = N; total_replicas = M"},
     O_STR(loom_strategy_spec, "device", device, "cpu:0", NULL, K(LOOM_STRAT_ONE_DEVICE), 0, "\"cpu:0\" or \"gpu:N\""),
     O_STR(loom_strategy_spec, "device_backend", device_backend, "", NULL,
           K(LOOM_STRAT_ONE_DEVICE) | STRAT_LOCAL_DEVICES, 0,
           "device backend running the replicas: \"\" native (cuda for gpu), \"cpu\" the reference, a plugin's"),
+    O_END,
+};
+
+#define PART(k) K(LOOM_PARTITIONER_##k)
+static const opt partitioner_opts[] = {
+    O_KIND(loom_partitioner_spec, "type", kind, 0, loom_partitioner_names_, ALL, "partitioner"),
+    O_INT(loom_partitioner_spec, "num_shards", num_shards, 0, 1, 1 << 20, PART(FIXED), PART(FIXED),
+          "shards per variable (at most its rows)"),
+    O_INT(loom_partitioner_spec, "min_shard_bytes", min_shard_bytes, 256 << 10, 1, INT64_MAX, PART(MIN_SIZE), 0,
+          "smallest shard in bytes (default 256 KiB)"),
+    O_INT(loom_partitioner_spec, "max_shard_bytes", max_shard_bytes, 0, 1, INT64_MAX, PART(MAX_SIZE), PART(MAX_SIZE),
+          "largest shard in bytes"),
+    O_INT(loom_partitioner_spec, "max_shards", max_shards, 0, 0, 1 << 20, PART(MIN_SIZE) | PART(MAX_SIZE), 0,
+          "at most this many shards (min_size: default 1; max_size: 0 = no cap)"),
+    O_END,
+};
+
+static const opt ps_sync_opts[] = {
+    O_INT(loom_ps_sync_spec, "replicas_to_aggregate", replicas_to_aggregate, 0, 1, 4096, ALL, ALL,
+          "gradients aggregated per step (the first N to arrive)"),
+    O_INT(loom_ps_sync_spec, "total_replicas", total_replicas, 0, 0, 4096, ALL, 0,
+          "workers taking part (M - N are backups); 0 = the number of workers"),
     O_END,
 };
 
@@ -1643,6 +1731,20 @@ static void parse_syn_features(ctx *c, const config_setting_t *s, void *base)
     parse_feature_groups(c, s, src, src->syn, &fk);
 }
 
+static void parse_syn_ctr(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_source_spec *src = base;
+    char v[300];
+    if (!config_setting_is_group(s)) {
+        cerr(c, s, "expected a group such as ctr = { columns = 26; }, got %s", value_str(s, v, sizeof v));
+        return;
+    }
+    src->ctr.on = true;
+    parse_opts(c, s, syn_ctr_opts, 0, &src->ctr);
+    scope sc = {syn_ctr_opts, 0, NULL};
+    check_keys(c, s, &sc, 1);
+}
+
 static void parse_shape(ctx *c, const config_setting_t *s, void *base)
 {
     loom_map_spec *m = base;
@@ -1781,6 +1883,56 @@ static void parse_boundaries(ctx *c, const config_setting_t *s, void *base)
         sch->boundaries[i] = x;
     }
     sch->n_boundaries = n;
+}
+
+static void parse_metrics(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_model_spec *m = base;
+    char v[300];
+    loc_of(c, s, &m->metrics_loc);
+    if (!config_setting_is_array(s) && !config_setting_is_list(s)) {
+        cerr(c, s, "expected a list of metric names [\"accuracy\", \"auc\", ...], got %s", value_str(s, v, sizeof v));
+        return;
+    }
+    int n = config_setting_length(s);
+    m->n_metrics = 0;
+    m->metrics_set = true;
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *e = config_setting_get_elem(s, i);
+        int k = get_enum(c, e, loom_metric_names_);
+        if (k < 0) continue;
+        bool dup = false;
+        for (int j = 0; j < m->n_metrics; j++) dup |= (int)m->metric[j] == k;
+        if (dup) {
+            cerr(c, e, "metric \"%s\" is listed twice", loom_metric_names_[k]);
+            continue;
+        }
+        m->metric[m->n_metrics++] = (loom_metric_kind)k;
+    }
+}
+
+static void parse_class_weight(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_model_spec *m = base;
+    char v[300];
+    if (!config_setting_is_array(s) && !config_setting_is_list(s)) {
+        cerr(c, s, "expected an array of weights, one per class [w0, w1, ...], got %s", value_str(s, v, sizeof v));
+        return;
+    }
+    int n = config_setting_length(s);
+    if (n < 2 || n > LOOM_MAX_CLASS_WEIGHTS) {
+        cerr(c, s, "expected 2 to %d class weights, got %d", LOOM_MAX_CLASS_WEIGHTS, n);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *e = config_setting_get_elem(s, i);
+        if (!is_number(e) || !(get_number(e) >= 0) || !isfinite(get_number(e))) {
+            cerr(c, e, "expected a class weight >= 0, got %s", value_str(e, v, sizeof v));
+            return;
+        }
+        m->class_weight[i] = (float)get_number(e);
+    }
+    m->n_class_weights = n;
 }
 
 static void parse_values(ctx *c, const config_setting_t *s, void *base)
@@ -2085,6 +2237,10 @@ static void parse_dataset(ctx *c, const config_setting_t *g, loom_dataset_spec *
         if (k < 0) k = parse_kind(c, src, source_opts, &d->source);
         parse_opts(c, src, source_opts, k, &d->source);
         d->source.seed_set = k == LOOM_SRC_LIST_FILES && config_setting_get_member(src, "seed");
+        if (k == LOOM_SRC_SYNTHETIC && !config_setting_get_member(src, "features") && !d->source.ctr.on) {
+            loom_err *e = cerr(c, src, "missing required setting `features` (a synthetic source needs features, or ctr)");
+            if (e) loom_err_hint(e, "e.g. features: { x = { dtype = \"float32\"; shape = [4]; }; }; or ctr = { columns = 26; };");
+        }
         scope ss = {source_opts, k, NULL};
         check_keys(c, src, &ss, 1);
     }
@@ -2148,7 +2304,7 @@ static void parse_layers(ctx *c, const config_setting_t *g, loom_model_spec *m)
         parse_opts(c, e, layer_opts, k, l);
         scope sc = {layer_opts, k, NULL};
         check_keys(c, e, &sc, 1);
-        if (k == LOOM_LAYER_MAX_POOL2D && !config_setting_get_member(e, "strides"))
+        if ((k == LOOM_LAYER_MAX_POOL2D || k == LOOM_LAYER_AVG_POOL2D) && !config_setting_get_member(e, "strides"))
             l->stride[0] = l->pool[0], l->stride[1] = l->pool[1];
         if (!l->name[0] && k >= 0) snprintf(l->name, sizeof l->name, "%s_%d", loom_layer_names_[k], i);
     }
@@ -2651,6 +2807,41 @@ static void check_replicas_batch(ctx *c, const config_setting_t *root, const loo
     }
 }
 
+/* strategy.variable_partitioner and strategy.sync (parameter_server). */
+static void parse_ps_settings(ctx *c, const config_setting_t *g, loom_strategy_spec *st)
+{
+    loom_partitioner_spec *p = &st->partitioner;
+    const config_setting_t *pg = config_setting_get_member(g, "variable_partitioner");
+    if (pg && config_setting_is_group(pg)) {
+        loc_of(c, pg, &p->loc);
+        int k = parse_kind(c, pg, partitioner_opts, p);
+        parse_opts(c, pg, partitioner_opts, k, p);
+        scope sc = {partitioner_opts, k, NULL};
+        check_keys(c, pg, &sc, 1);
+        if (k == LOOM_PARTITIONER_MIN_SIZE && !config_setting_get_member(pg, "max_shards")) p->max_shards = 1;
+    } else if (pg) {
+        cerr(c, pg, "expected a group { type = \"fixed\"; num_shards = 2; }");
+    }
+    loom_ps_sync_spec *y = &st->sync;
+    const config_setting_t *yg = config_setting_get_member(g, "sync");
+    if (yg && config_setting_is_group(yg)) {
+        y->enabled = true;
+        loc_of(c, yg, &y->loc);
+        parse_opts(c, yg, ps_sync_opts, 0, y);
+        scope sc = {ps_sync_opts, 0, NULL};
+        check_keys(c, yg, &sc, 1);
+        if (y->total_replicas > 0 && y->replicas_to_aggregate > y->total_replicas) {
+            loom_err *e = cerr(c, config_setting_get_member(yg, "replicas_to_aggregate"),
+                               "replicas_to_aggregate = %d is more than total_replicas = %d: a step could never "
+                               "gather that many gradients", y->replicas_to_aggregate, y->total_replicas);
+            if (e) loom_err_hint(e, "aggregate at most total_replicas gradients; total_replicas - replicas_to_aggregate "
+                                    "workers are backups");
+        }
+    } else if (yg) {
+        cerr(c, yg, "expected a group { replicas_to_aggregate = 2; total_replicas = 3; }");
+    }
+}
+
 static void parse_strategy(ctx *c, const config_setting_t *root, loom_strategy_spec *st)
 {
     const config_setting_t *g = sub_group(c, root, "strategy");
@@ -2667,11 +2858,7 @@ static void parse_strategy(ctx *c, const config_setting_t *root, loom_strategy_s
         parse_opts(c, g, strategy_opts, k, st);
         scope sc = {strategy_opts, k, NULL};
         check_keys(c, g, &sc, 1);
-        if (k == LOOM_STRAT_PARAMETER_SERVER) {
-            loom_err *e = cerr(c, t, "strategy \"%s\" is not supported yet (supported: one_device, mirrored, "
-                               "central_storage, multi_worker_mirrored)", loom_strategy_names_[k]);
-            if (e) loom_err_hint(e, "use type = \"multi_worker_mirrored\"; for synchronous training on several workers");
-        }
+        if (k == LOOM_STRAT_PARAMETER_SERVER) parse_ps_settings(c, g, st);
         const config_setting_t *np = config_setting_get_member(g, "num_packs");
         if (np && st->bytes_per_pack > 0 && (k == LOOM_STRAT_MIRRORED || k == LOOM_STRAT_MULTI_WORKER_MIRRORED)) {
             loom_err *e = cerr(c, np, "num_packs and bytes_per_pack both set; they are two ways to pack gradients");
@@ -2916,6 +3103,7 @@ static void validate(ctx *c, const config_setting_t *root, loom_spec *spec)
     if ((g = sub_group(c, root, "model"))) {
         loom_model_spec *m = &spec->model;
         loc_of(c, g, &m->loc);
+        m->metrics_loc = m->loc;
         parse_opts(c, g, model_opts, 0, m);
         scope sc = {model_opts, 0, NULL};
         check_keys(c, g, &sc, 1);

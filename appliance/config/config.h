@@ -98,6 +98,25 @@ typedef struct loom_syn_feature {
     double         mean, std;     /* normal: default 0, 1 */
 } loom_syn_feature;
 
+/* A synthetic click-through-rate data set with known structure (synthetic
+ * source, `ctr = { ... }`): features "ids" (int64 (columns,) or (columns,
+ * ids_per_column)) and "label" (float32 (), 0 or 1). Column c's values v are
+ * drawn from a Zipf(zipf) law over [0, vocab) and hashed with c into
+ * [0, id_space); the click is Bernoulli(sigmoid(bias + sum over the
+ * example's values of w(c, v))), w(c, v) ~ normal(0, weight_std) a pure
+ * function of (seed, c, v). */
+typedef struct loom_syn_ctr {
+    bool    on;
+    int     columns;        /* categorical columns, 1 to 1024 */
+    int     ids_per_column; /* multi-hot width, default 1 */
+    int64_t id_space;       /* hashed ids in [0, id_space), default 2^20 */
+    int64_t vocab;          /* distinct values per column, default 10000 */
+    double  zipf;           /* value popularity exponent, default 1.1; 0 = uniform */
+    double  weight_std;     /* spread of the true logistic weights, default 0.5 */
+    double  bias;           /* the true model's bias, default -1.5 */
+    int64_t offset;         /* element i of the source is example offset + i of the set (a held-out split) */
+} loom_syn_ctr;
+
 typedef struct loom_source_spec {
     loom_source_kind kind;
     loom_loc         loc;
@@ -144,6 +163,7 @@ typedef struct loom_source_spec {
      *             features: { image = { dtype = "float32"; shape = [28, 28]; }; label = { dtype = "int64"; max = 10; }; }; }; */
     int64_t            count;  /* elements per pass, >= 1, or -1 = infinite */
     loom_syn_feature   syn[LOOM_MAX_FEATURES];
+    loom_syn_ctr       ctr;    /* synthetic: CTR data, before the declared features (which may then be absent) */
     /* list_files: the file names matching `files` (the patterns above), sorted, one element each:
      * "filename" uint8 (LOOM_PATH_MAX) zero-padded and "length" int64 (), as the text source's lines.
      *   source: { type = "list_files"; files = ["data/train-*.tfrecord"]; shuffle = false; };
@@ -295,12 +315,21 @@ typedef struct loom_dataset_spec {
 /* ---- model --------------------------------------------------------------- */
 
 typedef enum { LOOM_LAYER_DENSE, LOOM_LAYER_CONV2D, LOOM_LAYER_MAX_POOL2D, LOOM_LAYER_DROPOUT, LOOM_LAYER_FLATTEN,
-               LOOM_LAYER_ACTIVATION } loom_layer_kind;
-typedef enum { LOOM_ACT_NONE, LOOM_ACT_RELU, LOOM_ACT_SIGMOID, LOOM_ACT_TANH, LOOM_ACT_SOFTMAX } loom_activation;
+               LOOM_LAYER_ACTIVATION, LOOM_LAYER_BATCH_NORM, LOOM_LAYER_LAYER_NORM, LOOM_LAYER_AVG_POOL2D,
+               LOOM_LAYER_GLOBAL_AVG_POOL2D, LOOM_LAYER_EMBEDDING } loom_layer_kind;
+typedef enum { LOOM_COMBINER_SUM, LOOM_COMBINER_MEAN } loom_combiner;
+/* leaky_relu and gelu only as activation layers (their gradients need the input) */
+typedef enum { LOOM_ACT_NONE, LOOM_ACT_RELU, LOOM_ACT_SIGMOID, LOOM_ACT_TANH, LOOM_ACT_SOFTMAX, LOOM_ACT_LEAKY_RELU,
+               LOOM_ACT_GELU } loom_activation;
 typedef enum { LOOM_INIT_GLOROT_UNIFORM, LOOM_INIT_GLOROT_NORMAL, LOOM_INIT_HE_UNIFORM, LOOM_INIT_HE_NORMAL,
                LOOM_INIT_ZEROS } loom_init;
 typedef enum { LOOM_PAD_VALID, LOOM_PAD_SAME } loom_padding;
-typedef enum { LOOM_LOSS_SPARSE_SOFTMAX_CE, LOOM_LOSS_MSE } loom_loss_kind;
+typedef enum { LOOM_LOSS_SPARSE_SOFTMAX_CE, LOOM_LOSS_MSE, LOOM_LOSS_BCE, LOOM_LOSS_MAE, LOOM_LOSS_HUBER } loom_loss_kind;
+/* model.metrics: Keras' metrics of those names (see nn.h for each one's definition) */
+typedef enum { LOOM_METRIC_ACCURACY, LOOM_METRIC_AUC, LOOM_METRIC_PRECISION, LOOM_METRIC_RECALL,
+               LOOM_METRIC_TOP_K_ACCURACY, LOOM_METRIC_MAE, LOOM_METRIC_RMSE, LOOM_NMETRICS_ } loom_metric_kind;
+#define LOOM_MAX_METRICS       LOOM_NMETRICS_
+#define LOOM_MAX_CLASS_WEIGHTS 256
 
 typedef struct loom_layer_spec {
     loom_layer_kind kind;
@@ -314,8 +343,17 @@ typedef struct loom_layer_spec {
     int             pool[2];             /* max_pool2d; default 2 */
     loom_padding    padding;             /* conv2d, max_pool2d; default valid */
     double          rate;                /* dropout, [0, 1) */
+    /* ---- appended ---- */
+    double          alpha;               /* activation leaky_relu: slope below 0, default 0.3 (Keras LeakyReLU) */
+    double          momentum;            /* batch_normalization: of the moving statistics, default 0.99 */
+    double          epsilon;             /* batch_ and layer_normalization: default 0.001 (Keras) */
     loom_init       kernel_init;         /* default glorot_uniform (he_normal is common for relu) */
     bool            use_bias;            /* default true; biases start at zero */
+    /* embedding: a table (input_dim, output_dim) looked up by integer ids
+     * (the model input, int32 or int64); see nn.h for the shapes */
+    int64_t         input_dim;           /* rows of the table */
+    int             output_dim;          /* columns: the embedding width */
+    loom_combiner   combiner;            /* several ids per column: sum (default) or mean */
 } loom_layer_spec;
 
 typedef struct loom_model_spec {
@@ -324,12 +362,26 @@ typedef struct loom_model_spec {
     char            label[LOOM_NAME_MAX]; /* feature holding the target, default "label" */
     loom_loss_kind  loss;                 /* default sparse_softmax_cross_entropy */
     int             n_layers;
+    /* ---- metrics and weights (appended) ---- */
+    bool             metrics_set;         /* model.metrics given; else accuracy for a classification, none for a regression */
+    int              n_metrics;
+    loom_metric_kind metric[LOOM_MAX_METRICS];
+    loom_loc         metrics_loc;         /* of model.metrics (or the model block) */
+    int              auc_thresholds;      /* auc: num_thresholds, default 200 (Keras) */
+    bool             multi_label;         /* auc: one curve per output, averaged (Keras multi_label) */
+    int              top_k;               /* top_k_accuracy: k, default 5 */
+    double           huber_delta;         /* huber: delta, default 1.0 */
+    int              n_class_weights;     /* 0: none; else one weight per class (binary: [negative, positive]) */
+    float            class_weight[LOOM_MAX_CLASS_WEIGHTS];
+    char             sample_weight[LOOM_NAME_MAX]; /* feature of per-example loss weights; "" = none */
+    double           l2;                  /* kernel_regularizer l2: loss += l2 * sum(kernel^2), every dense and conv kernel */
     loom_layer_spec layer[LOOM_MAX_LAYERS];
 } loom_model_spec;
 
 /* ---- optimizer ----------------------------------------------------------- */
 
-typedef enum { LOOM_OPT_SGD, LOOM_OPT_MOMENTUM, LOOM_OPT_ADAM } loom_opt_kind;
+typedef enum { LOOM_OPT_SGD, LOOM_OPT_MOMENTUM, LOOM_OPT_ADAM, LOOM_OPT_ADAMW, LOOM_OPT_RMSPROP,
+               LOOM_OPT_ADAGRAD } loom_opt_kind;
 typedef enum { LOOM_SCHED_CONSTANT, LOOM_SCHED_EXPONENTIAL_DECAY, LOOM_SCHED_PIECEWISE_CONSTANT,
                LOOM_SCHED_COSINE } loom_sched_kind;
 
@@ -351,7 +403,11 @@ typedef struct loom_optimizer_spec {
     double             learning_rate; /* > 0 */
     double             momentum;      /* momentum: [0, 1), default 0.9 */
     bool               nesterov;      /* momentum */
-    double             beta1, beta2, epsilon; /* adam: 0.9, 0.999, 1e-7 (Keras defaults) */
+    double             beta1, beta2, epsilon; /* adam: 0.9, 0.999, 1e-7 (Keras defaults); adagrad: epsilon */
+    double             weight_decay;  /* adamw: decoupled, p -= lr wd p (Keras AdamW, default 0.004) */
+    double             rho;           /* rmsprop: 0.9 (Keras) */
+    double             clip_norm;     /* > 0: gradients scaled to this global norm at most (tf.clip_by_global_norm) */
+    double             initial_accumulator; /* adagrad: the accumulator's start, default 0.1 (Keras) */
     loom_schedule_spec schedule;
 } loom_optimizer_spec;
 
@@ -367,6 +423,25 @@ typedef enum { LOOM_STRAT_ONE_DEVICE, LOOM_STRAT_MIRRORED, LOOM_STRAT_CENTRAL_ST
 /* multi_worker_mirrored: how gradients cross workers (tf CommunicationImplementation). */
 typedef enum { LOOM_COMM_AUTO, LOOM_COMM_RING, LOOM_COMM_NCCL, LOOM_COMM_MPI } loom_communication;
 const char *loom_communication_name(loom_communication c); /* "ring" */
+
+/* parameter_server: strategy.variable_partitioner = { type = ...; ... } */
+typedef enum { LOOM_PARTITIONER_NONE, LOOM_PARTITIONER_FIXED, LOOM_PARTITIONER_MIN_SIZE, LOOM_PARTITIONER_MAX_SIZE } loom_partitioner_kind;
+typedef struct loom_partitioner_spec {
+    loom_partitioner_kind kind;       /* NONE: whole variables */
+    loom_loc              loc;
+    int64_t               num_shards;      /* fixed: >= 1 */
+    int64_t               min_shard_bytes; /* min_size: default 256 KiB */
+    int64_t               max_shard_bytes; /* max_size: required */
+    int64_t               max_shards;      /* min_size: default 1; max_size: 0 = no cap */
+} loom_partitioner_spec;
+/* parameter_server: strategy.sync = { replicas_to_aggregate = N; total_replicas = M; } */
+typedef struct loom_ps_sync_spec {
+    bool     enabled;
+    loom_loc loc;
+    int      replicas_to_aggregate; /* N >= 1 */
+    int      total_replicas;        /* M >= N; 0 = the number of workers */
+} loom_ps_sync_spec;
+const char *loom_partitioner_name(loom_partitioner_kind k); /* "fixed" */
 
 typedef struct loom_strategy_spec {
     loom_strategy_kind kind;
@@ -405,6 +480,11 @@ typedef struct loom_strategy_spec {
     /* multi_worker_mirrored: the reduction across workers ("auto" = the ring on CPU) */
     loom_communication communication;
     loom_loc           communication_loc;
+    /* parameter_server: how variables are split along axis 0 over the ps
+     * tasks (tf.distribute.experimental.partitioners; none = whole variables
+     * round-robin), and synchronous updates (SyncReplicasOptimizer) */
+    loom_partitioner_spec partitioner;
+    loom_ps_sync_spec     sync;
 } loom_strategy_spec;
 
 /* ---- plugins ------------------------------------------------------------- */
@@ -556,6 +636,8 @@ void loom_config_print(const loom_spec *s, FILE *f);
 /* Names, for messages and printing. */
 const char *loom_layer_kind_name(loom_layer_kind k);
 const char *loom_activation_name(loom_activation a);
+const char *loom_metric_name(loom_metric_kind k); /* "auc" */
+const char *loom_loss_name(loom_loss_kind k);     /* "binary_cross_entropy" */
 const char *loom_strategy_kind_name(loom_strategy_kind k);
 const char *loom_map_kind_name(loom_map_kind k);
 const char *loom_transform_kind_name(loom_transform_kind k);

@@ -147,7 +147,20 @@ static void print_csv_text_synthetic(FILE *f, const loom_source_spec *src)
         kv_bool(f, 3, "truncate", src->truncate);
     } else if (src->kind == LOOM_SRC_SYNTHETIC) {
         kv_i64(f, 3, "count", src->count);
-        fputs("      features: {\n", f);
+        if (src->ctr.on) {
+            const loom_syn_ctr *k = &src->ctr;
+            fputs("      ctr: {\n", f);
+            kv_i64(f, 4, "columns", k->columns);
+            kv_i64(f, 4, "ids_per_column", k->ids_per_column);
+            kv_i64(f, 4, "id_space", k->id_space);
+            kv_i64(f, 4, "vocab", k->vocab);
+            kv_f64(f, 4, "zipf", k->zipf);
+            kv_f64(f, 4, "weight_std", k->weight_std);
+            kv_f64(f, 4, "bias", k->bias);
+            kv_i64(f, 4, "offset", k->offset);
+            fputs("      };\n", f);
+        }
+        if (src->n_features) fputs("      features: {\n", f);
         for (int i = 0; i < src->n_features; i++) {
             const loom_syn_feature *s = &src->syn[i];
             fprintf(f, "        %s = { dtype = ", src->feature[i]);
@@ -169,7 +182,7 @@ static void print_csv_text_synthetic(FILE *f, const loom_source_spec *src)
             }
             fputs("; };\n", f);
         }
-        fputs("      };\n", f);
+        if (src->n_features) fputs("      };\n", f);
     }
 }
 
@@ -491,13 +504,27 @@ static void print_layer(FILE *f, const loom_layer_spec *l)
         kv_str(f, 3, "padding", loom_cfg_name_(loom_padding_names_, (int)l->padding));
         break;
     case LOOM_LAYER_MAX_POOL2D:
+    case LOOM_LAYER_AVG_POOL2D:
         kv_pair(f, 3, "pool_size", l->pool);
         kv_pair(f, 3, "strides", l->stride);
         kv_str(f, 3, "padding", loom_cfg_name_(loom_padding_names_, (int)l->padding));
         break;
     case LOOM_LAYER_DROPOUT: kv_f64(f, 3, "rate", l->rate); break;
     case LOOM_LAYER_FLATTEN: break;
-    case LOOM_LAYER_ACTIVATION: break;
+    case LOOM_LAYER_ACTIVATION:
+        if (l->activation == LOOM_ACT_LEAKY_RELU) kv_f64(f, 3, "alpha", l->alpha);
+        break;
+    case LOOM_LAYER_BATCH_NORM:
+        kv_f64(f, 3, "momentum", l->momentum);
+        kv_f64(f, 3, "epsilon", l->epsilon);
+        break;
+    case LOOM_LAYER_LAYER_NORM: kv_f64(f, 3, "epsilon", l->epsilon); break;
+    case LOOM_LAYER_EMBEDDING:
+        kv_i64(f, 3, "input_dim", l->input_dim);
+        kv_i64(f, 3, "output_dim", l->output_dim);
+        kv_str(f, 3, "combiner", loom_cfg_name_(loom_combiner_names_, (int)l->combiner));
+        break;
+    default: break;
     }
     if (l->kind == LOOM_LAYER_DENSE || l->kind == LOOM_LAYER_CONV2D || l->kind == LOOM_LAYER_ACTIVATION)
         kv_str(f, 3, "activation", loom_activation_name(l->activation));
@@ -609,6 +636,28 @@ void loom_config_print(const loom_spec *s, FILE *f)
     kv_str(f, 1, "input", m->input);
     kv_str(f, 1, "label", m->label);
     kv_str(f, 1, "loss", loom_cfg_name_(loom_loss_names_, (int)m->loss));
+    if (m->metrics_set) {
+        fputs("  metrics = [", f);
+        for (int i = 0; i < m->n_metrics; i++) {
+            fputs(i ? ", " : "", f);
+            put_str(f, loom_cfg_name_(loom_metric_names_, (int)m->metric[i]));
+        }
+        fputs("];\n", f);
+    }
+    kv_i64(f, 1, "auc_thresholds", m->auc_thresholds);
+    kv_bool(f, 1, "multi_label", m->multi_label);
+    kv_i64(f, 1, "top_k", m->top_k);
+    kv_f64(f, 1, "huber_delta", m->huber_delta);
+    kv_f64(f, 1, "l2", m->l2);
+    if (m->sample_weight[0]) kv_str(f, 1, "sample_weight", m->sample_weight);
+    if (m->n_class_weights) {
+        fputs("  class_weight = [", f);
+        for (int i = 0; i < m->n_class_weights; i++) {
+            fputs(i ? ", " : "", f);
+            put_f64(f, m->class_weight[i]);
+        }
+        fputs("];\n", f);
+    }
     fputs("  layers = (", f);
     for (int i = 0; i < m->n_layers; i++) {
         fprintf(f, "%s\n    {\n", i ? "," : "");
@@ -623,11 +672,16 @@ void loom_config_print(const loom_spec *s, FILE *f)
         kv_f64(f, 1, "momentum", o->momentum);
         kv_bool(f, 1, "nesterov", o->nesterov);
     }
-    if (o->kind == LOOM_OPT_ADAM) {
+    if (o->kind == LOOM_OPT_ADAM || o->kind == LOOM_OPT_ADAMW) {
         kv_f64(f, 1, "beta1", o->beta1);
         kv_f64(f, 1, "beta2", o->beta2);
-        kv_f64(f, 1, "epsilon", o->epsilon);
     }
+    if (o->kind == LOOM_OPT_ADAM || o->kind == LOOM_OPT_ADAMW || o->kind == LOOM_OPT_RMSPROP || o->kind == LOOM_OPT_ADAGRAD)
+        kv_f64(f, 1, "epsilon", o->epsilon);
+    if (o->kind == LOOM_OPT_ADAMW) kv_f64(f, 1, "weight_decay", o->weight_decay);
+    if (o->kind == LOOM_OPT_RMSPROP) kv_f64(f, 1, "rho", o->rho);
+    if (o->kind == LOOM_OPT_ADAGRAD) kv_f64(f, 1, "initial_accumulator_value", o->initial_accumulator);
+    kv_f64(f, 1, "clip_norm", o->clip_norm);
     const loom_schedule_spec *sch = &o->schedule;
     fputs("  schedule: {\n", f);
     kv_str(f, 2, "type", loom_cfg_name_(loom_sched_names_, (int)sch->kind));

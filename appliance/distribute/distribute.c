@@ -90,6 +90,7 @@ int loom_distribute_init(loom_err *err)
     if (!rc) rc = loom_register_strategy(loom_one_device_ops_(), err);
     if (!rc) rc = loom_replicated_register_(err);
     if (!rc) rc = loom_register_strategy(loom_multi_worker_ops_(), err);
+    if (!rc) rc = loom_register_strategy(loom_parameter_server_ops_(), err);
     if (!rc) distribute_inited = 1;
     return rc;
 }
@@ -196,7 +197,8 @@ int loom_strategy_open(loom_strategy **out, const loom_strategy_args *a, loom_er
         loom_free(s);
         return LOOM_ECONFIG;
     }
-    int builtin = ops == loom_one_device_ops_() || ops == loom_multi_worker_ops_() || loom_replicated_owns_(ops);
+    int builtin = ops == loom_one_device_ops_() || ops == loom_multi_worker_ops_() ||
+                  ops == loom_parameter_server_ops_() || loom_replicated_owns_(ops);
     if (s->xops && (rc = check_xops_memory(&a->spec->strategy, s->xops, builtin, err))) {
         loom_free(s);
         return rc;
@@ -334,4 +336,15 @@ int loom_strategy_end_of_data(loom_strategy *s, int64_t step, loom_step_result *
 int loom_strategy_peers(loom_strategy *s, loom_peer_info *out, int max)
 {
     return s->ops->version >= 3 && s->ops->peers ? s->ops->peers(s, out, max) : 0;
+}
+
+bool loom_strategy_serves(loom_strategy *s)
+{
+    return s->ops->version >= 4 && s->ops->serve && !loom_strategy_is_chief(s);
+}
+
+int loom_strategy_serve(loom_strategy *s, loom_iter *train, loom_err *err)
+{
+    LOOM_ASSERT(loom_strategy_serves(s));
+    return s->ops->serve(s, train, err);
 }

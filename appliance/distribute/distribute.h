@@ -193,7 +193,16 @@ typedef struct loom_strategy_args {
     /* ---- appended (plugins built against the first layout never read them) ---- */
     const loom_cluster   *cluster;    /* the resolved cluster of a job across processes; NULL: one process */
     bool                  plan_only;  /* `loom check`: build the replicas, print the plan, open no socket */
+    /* ---- appended (version 4) ---- */
+    int64_t               steps_per_epoch; /* batches of one pass of data.train on this task; < 0 unknown */
+    int                   weight_idx1; /* model.sample_weight's feature index + 1; 0: none */
 } loom_strategy_args;
+
+/* e's sample weights (args->weight_idx1) to m for its next steps (none: NULL). */
+static inline void loom_strategy_weights_(const loom_strategy_args *a, loom_model *m, const loom_elem *e)
+{
+    loom_model_set_sample_weights(m, a->weight_idx1 > 0 && e ? &e->t[a->weight_idx1 - 1] : NULL);
+}
 
 /* Result of one step, summed over replicas. */
 typedef struct loom_step_result {
@@ -277,8 +286,15 @@ typedef struct loom_strategy_ops {
      * (alive, last heard, time its collectives waited on each), up to max;
      * returns how many. For the status endpoint. NULL: none (one process). */
     int  (*peers)(loom_strategy *s, loom_peer_info *out, int max);
+    /* ---- version 4 (appended; read only when version >= 4; optional) ---- */
+    /* A task that is not the chief serves the job instead of running the
+     * training loop (parameter_server's ps and worker tasks); train is this
+     * task's training iterator (a worker's own pipeline), borrowed. Returns
+     * when the job is done (LOOM_OK) or this task failed. NULL: every task
+     * runs the training loop. */
+    int  (*serve)(loom_strategy *s, loom_iter *train, loom_err *err);
 } loom_strategy_ops;
-#define LOOM_STRATEGY_OPS_VERSION 3 /* versions 1 and 2 (without the appended fields) still register */
+#define LOOM_STRATEGY_OPS_VERSION 4 /* versions 1 to 3 (without the appended fields) still register */
 /* caps: the strategy runs its replicas on threads of its own sized from
  * run.threads, so BLAS runs single-threaded under it (else BLAS gets run.threads). */
 #define LOOM_STRATEGY_OWN_THREADS 1u
@@ -351,6 +367,10 @@ bool loom_strategy_stop_agreed(loom_strategy *s);
 int  loom_strategy_end_of_data(loom_strategy *s, int64_t step, loom_step_result *out, bool *all_ended, loom_err *err);
 /* The job's other tasks as this one sees them (0 for one process). */
 int  loom_strategy_peers(loom_strategy *s, loom_peer_info *out, int max);
+/* Whether this task serves the job instead of training (see serve above),
+ * and the serving itself. */
+bool loom_strategy_serves(loom_strategy *s);
+int  loom_strategy_serve(loom_strategy *s, loom_iter *train, loom_err *err);
 
 /* Generic all-reduce over n buffers with a cross-device op (n == 1 is a no-op). */
 int loom_all_reduce(const loom_cross_device_ops *x, float *const *bufs, int n, int64_t count, loom_redop op,

@@ -242,8 +242,12 @@ static int new_replica(loom_strategy *s, replicated *m, replica *rp, int intra, 
         return rc;
     if (rp != m->rep) return LOOM_OK;
     rc = loom_optimizer_new(&rp->opt, &spec->optimizer, loom_model_num_params(rp->model), err);
+    if (!rc) loom_optimizer_for_model(rp->opt, rp->model);
     /* central: the update runs on all replica threads; mirrored: each replica's shard on its own */
     if (!rc && m->central) loom_optimizer_set_pool(rp->opt, m->pool);
+    /* embedding tables: the reduced gradient holds every replica's rows, so
+     * the lazy update scans the table's gradient for them (densified) */
+    if (!rc) loom_optimizer_set_tables(rp->opt, rp->model, 0);
     return rc;
 }
 
@@ -339,6 +343,7 @@ static int replica_grads(loom_strategy *s, replicated *m, int r)
     replica *rp = &m->rep[r];
     const loom_tensor *x = &rp->share.t[input_idx(s)], *y = &rp->share.t[label_idx(s)];
     rp->res.examples = x->shape.dim[0];
+    loom_strategy_weights_(s->args, rp->model, &rp->share);
     if (rp->res.examples == 0) {
         memset(loom_model_grads(rp->model), 0, (size_t)m->P * sizeof(float));
         return m->dev_reduce ? loom_model_dev_upload_grads(rp->dev, &rp->err) : LOOM_OK;
@@ -372,7 +377,8 @@ static int reduce_packs(replicated *m, int r, float *g, loom_err *err)
  * not (see mirrored_apply_shard), so every pack is all-reduced. */
 static int mirrored_reduce_scatter(replicated *m, int r, loom_err *err)
 {
-    if (m->n_packs > 1 || !m->comm) return reduce_packs(m, r, loom_model_grads(m->rep[r].model), err);
+    if (m->n_packs > 1 || !m->comm || loom_optimizer_needs_full_grads(m->rep[0].opt)) /* clip_norm: the whole norm */
+        return reduce_packs(m, r, loom_model_grads(m->rep[r].model), err);
     return loom_xcomm_reduce_scatter(m->comm, r, loom_model_grads(m->rep[r].model), m->P, LOOM_REDUCE_SUM, err);
 }
 
@@ -447,6 +453,7 @@ static int mirrored_update_device(replicated *m, int r, loom_err *err)
     if (!rc && all_ok(m)) {
         int64_t lo = 0, hi = m->P;
         if (m->comm) loom_xcomm_shard(m->comm, r, m->P, &lo, &hi);
+        if (loom_optimizer_needs_full_grads(m->rep[0].opt)) lo = 0, hi = m->P; /* clip_norm reads all */
         if (!(rc = loom_model_dev_download_grads(rp->dev, lo, hi, err))) mirrored_apply_shard(m, r);
     }
     int gc = mirrored_gather(m, r, rc ? NULL : err); /* every rank gathers, as every rank reduced */
@@ -472,7 +479,7 @@ static void mirrored_train(loom_strategy *s, replicated *m, int r)
     int rc, gc = LOOM_OK;
     if (m->dev_reduce) {
         rc = mirrored_update_device(m, r, &rerr);
-    } else if (m->comm && m->n_packs <= 1) {
+    } else if (m->comm && m->n_packs <= 1 && !loom_optimizer_needs_full_grads(m->rep[0].opt)) {
         update_arg u = {m, r};
         rc = loom_xcomm_update(m->comm, r, loom_model_grads(rp->model), loom_model_params(rp->model), m->P,
                                update_range, &u, &rerr);
@@ -538,6 +545,7 @@ static void replica_item(void *arg, int r)
         break;
     case JOB_EVAL:
         rp->res.examples = x->shape.dim[0];
+        loom_strategy_weights_(s->args, rp->model, &rp->share);
         if (rp->res.examples && rp->dev)
             rp->rc = loom_model_dev_evaluate(rp->dev, x, &rp->share.t[label_idx(s)], &rp->res.loss_sum,
                                              &rp->res.correct, &rp->err);
@@ -695,6 +703,7 @@ static int step_part_item(loom_strategy *s, replicated *m, int r)
         return B ? loom_model_forward(rp->model, x, rng_key(m, r), &rp->err) : LOOM_OK;
     case LOOM_PART_LOSS:
         rp->res.examples = B;
+        loom_strategy_weights_(s->args, rp->model, &rp->share);
         if (B && rp->dev)
             return loom_model_dev_loss(rp->dev, y, m->global_batch, &rp->res.loss_sum, &rp->res.correct, &rp->err);
         return B ? loom_model_loss(rp->model, y, m->global_batch, &rp->res.loss_sum, &rp->res.correct, &rp->err)

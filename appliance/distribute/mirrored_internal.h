@@ -12,6 +12,7 @@ int loom_replicated_owns_(const loom_strategy_ops *ops);
 /* The one_device and multi_worker_mirrored vtables (one_device.c, multi_worker.c). */
 const loom_strategy_ops *loom_one_device_ops_(void);
 const loom_strategy_ops *loom_multi_worker_ops_(void);
+const loom_strategy_ops *loom_parameter_server_ops_(void); /* parameter_server.c */
 
 /* The mirrored machinery that multi_worker_mirrored runs on each worker:
  * open mirrored's replicas (rank0: the index of this worker's replica 0 among

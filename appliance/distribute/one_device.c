@@ -50,7 +50,14 @@ static int od_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
         (rc = loom_model_dev_open(&od->dev, od->model, od->place.ops, loom_place_index_(&od->place, 0), err)))
         return rc;
     rc = loom_optimizer_new(&od->opt, &spec->optimizer, loom_model_num_params(od->model), err);
+    if (!rc) loom_optimizer_for_model(od->opt, od->model);
     if (!rc) loom_optimizer_set_pool(od->opt, loom_model_pool(od->model)); /* the update runs on the same threads */
+    /* embedding tables: one replica writes its own gradients, so the update
+     * visits just the rows the batch touched (sparse) */
+    if (!rc) {
+        loom_model_set_sparse_owner(od->model, 1);
+        loom_optimizer_set_tables(od->opt, od->model, 1);
+    }
     return rc;
 }
 
@@ -77,6 +84,7 @@ static int od_train_step(loom_strategy *s, const loom_elem *batch, int64_t step,
     const loom_tensor *x = &batch->t[s->args->input_idx], *y = &batch->t[s->args->label_idx];
     int64_t B = x->shape.dim[0];
     out->examples = B;
+    loom_strategy_weights_(s->args, od->model, batch);
     uint64_t key = loom_rng_mix(od->seed, (uint64_t)step);
     int rc = od->dev ? loom_model_dev_train_step(od->dev, x, y, B, key, &out->loss_sum, &out->correct, err)
                      : loom_model_train_step(od->model, x, y, B, key, &out->loss_sum, &out->correct, err);
@@ -89,6 +97,7 @@ static int od_eval_step(loom_strategy *s, const loom_elem *batch, loom_step_resu
     one_device *od = s->impl;
     const loom_tensor *x = &batch->t[s->args->input_idx], *y = &batch->t[s->args->label_idx];
     out->examples = x->shape.dim[0];
+    loom_strategy_weights_(s->args, od->model, batch);
     if (od->dev) return loom_model_dev_evaluate(od->dev, x, y, &out->loss_sum, &out->correct, err);
     return loom_model_evaluate(od->model, x, y, &out->loss_sum, &out->correct, err);
 }
@@ -112,6 +121,7 @@ static int od_step_part(loom_strategy *s, loom_step_part part, const loom_elem *
         return od->dev ? loom_model_dev_forward(od->dev, x, key, err) : loom_model_forward(od->model, x, key, err);
     case LOOM_PART_LOSS:
         r->examples = y->shape.dim[0];
+        loom_strategy_weights_(s->args, od->model, batch);
         if (od->dev) return loom_model_dev_loss(od->dev, y, r->examples, &r->loss_sum, &r->correct, err);
         return loom_model_loss(od->model, y, r->examples, &r->loss_sum, &r->correct, err);
     case LOOM_PART_BACKWARD: /* on a device, the gradients are downloaded into the model's buffer */

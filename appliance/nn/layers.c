@@ -53,13 +53,15 @@ const char *nn_loc_str_(const loom_loc *l, char *buf, size_t n)
 
 const char *nn_layer_kind_name_(loom_layer_kind k)
 {
-    static const char *const names[] = {"dense", "conv2d", "max_pool2d", "dropout", "flatten", "activation"};
+    static const char *const names[] = {"dense", "conv2d", "max_pool2d", "dropout", "flatten", "activation",
+                                        "batch_normalization", "layer_normalization", "average_pooling2d",
+                                        "global_average_pooling2d", "embedding"};
     return (unsigned)k < sizeof names / sizeof names[0] ? names[k] : "?";
 }
 
 const char *nn_activation_name_(loom_activation a)
 {
-    static const char *const names[] = {"none", "relu", "sigmoid", "tanh", "softmax"};
+    static const char *const names[] = {"none", "relu", "sigmoid", "tanh", "softmax", "leaky_relu", "gelu"};
     return (unsigned)a < sizeof names / sizeof names[0] ? names[a] : "?";
 }
 
@@ -671,6 +673,362 @@ NN_HOT static float *dropout_backward(const nn_layer_ *l, const uint8_t *restric
     return g;
 }
 
+
+/* ---- leaky_relu and gelu (activation layers: their gradients read x) ---------- */
+
+/* leaky_relu: x > 0 ? x : alpha x. gelu (Keras, approximate = false): x Phi(x) = x (1 + erf(x / sqrt 2)) / 2. */
+static void act_x_forward(const nn_layer_ *l, const float *restrict x, float *restrict y, int64_t n)
+{
+    const float a = (float)l->spec.alpha;
+    if (l->act == LOOM_ACT_LEAKY_RELU)
+        for (int64_t e = 0; e < n; e++) y[e] = x[e] > 0.f ? x[e] : a * x[e];
+    else
+        for (int64_t e = 0; e < n; e++) y[e] = 0.5f * x[e] * (1.f + erff(x[e] * (float)M_SQRT1_2));
+}
+
+/* g *= f'(x): leaky 1 or alpha; gelu Phi(x) + x phi(x). */
+static void act_x_backward(const nn_layer_ *l, const float *restrict x, float *restrict g, int64_t n)
+{
+    const float a = (float)l->spec.alpha;
+    if (l->act == LOOM_ACT_LEAKY_RELU)
+        for (int64_t e = 0; e < n; e++) g[e] *= x[e] > 0.f ? 1.f : a;
+    else
+        for (int64_t e = 0; e < n; e++) {
+            float v = x[e];
+            g[e] *= 0.5f * (1.f + erff(v * (float)M_SQRT1_2)) + v * expf(-0.5f * v * v) * 0.3989422804014327f;
+        }
+}
+
+/* ---- average pooling ------------------------------------------------------------ */
+
+/* Each output is the mean of the window's elements inside the input (with
+ * padding = same, Keras' AveragePooling2D counts only those). */
+static void avg_pool_forward(const nn_layer_ *l, const float *x, float *y, int64_t B)
+{
+    const int C = l->cin;
+    for (int64_t b = 0; b < B; b++) {
+        const float *xb = x + b * l->n_in;
+        float *yb = y + b * l->n_out;
+        for (int oy = 0; oy < l->oh; oy++)
+            for (int ox = 0; ox < l->ow; ox++) {
+                float *yo = yb + ((int64_t)oy * l->ow + ox) * C;
+                int y0 = oy * l->sh - l->pad_t, x0 = ox * l->sw - l->pad_l, cnt = 0;
+                for (int c = 0; c < C; c++) yo[c] = 0.f;
+                for (int i = y0 < 0 ? 0 : y0; i < y0 + l->kh && i < l->ih; i++)
+                    for (int k = x0 < 0 ? 0 : x0; k < x0 + l->kw && k < l->iw; k++, cnt++) {
+                        const float *xp = xb + ((int64_t)i * l->iw + k) * C;
+                        for (int c = 0; c < C; c++) yo[c] += xp[c];
+                    }
+                float inv = cnt ? 1.f / (float)cnt : 0.f;
+                for (int c = 0; c < C; c++) yo[c] *= inv;
+            }
+    }
+}
+
+static float *avg_pool_backward(const nn_layer_ *l, const float *g, float *other, int64_t B)
+{
+    if (!l->needs_dx) return NULL;
+    const int C = l->cin;
+    memset(other, 0, (size_t)(B * l->n_in) * sizeof *other);
+    for (int64_t b = 0; b < B; b++) {
+        float *dx = other + b * l->n_in;
+        const float *gb = g + b * l->n_out;
+        for (int oy = 0; oy < l->oh; oy++)
+            for (int ox = 0; ox < l->ow; ox++) {
+                const float *go = gb + ((int64_t)oy * l->ow + ox) * C;
+                int y0 = oy * l->sh - l->pad_t, x0 = ox * l->sw - l->pad_l;
+                int ya = y0 < 0 ? 0 : y0, yb = y0 + l->kh < l->ih ? y0 + l->kh : l->ih;
+                int xa = x0 < 0 ? 0 : x0, xb = x0 + l->kw < l->iw ? x0 + l->kw : l->iw;
+                int cnt = (yb - ya) * (xb - xa);
+                if (cnt <= 0) continue;
+                float inv = 1.f / (float)cnt;
+                for (int i = ya; i < yb; i++)
+                    for (int k = xa; k < xb; k++) {
+                        float *d = dx + ((int64_t)i * l->iw + k) * C;
+                        for (int c = 0; c < C; c++) d[c] += go[c] * inv;
+                    }
+            }
+    }
+    return other;
+}
+
+/* ---- global average pooling: (H, W, C) -> (C,) ------------------------------------ */
+
+static void gap_forward(const nn_layer_ *l, const float *x, float *y, int64_t B)
+{
+    const int64_t P = (int64_t)l->ih * l->iw, C = l->cin;
+    const float inv = 1.f / (float)P;
+    for (int64_t b = 0; b < B; b++) {
+        float *yb = y + b * C;
+        for (int64_t c = 0; c < C; c++) yb[c] = 0.f;
+        for (int64_t p = 0; p < P; p++)
+            for (int64_t c = 0; c < C; c++) yb[c] += x[(b * P + p) * C + c];
+        for (int64_t c = 0; c < C; c++) yb[c] *= inv;
+    }
+}
+
+static float *gap_backward(const nn_layer_ *l, const float *g, float *other, int64_t B)
+{
+    if (!l->needs_dx) return NULL;
+    const int64_t P = (int64_t)l->ih * l->iw, C = l->cin;
+    const float inv = 1.f / (float)P;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t p = 0; p < P; p++)
+            for (int64_t c = 0; c < C; c++) other[(b * P + p) * C + c] = g[b * C + c] * inv;
+    return other;
+}
+
+/* ---- layer normalization over the last axis (Keras LayerNormalization) ---------- */
+
+static void ln_forward(const loom_model *m, const nn_layer_ *l, const float *x, float *y, int64_t b0, int64_t B)
+{
+    const int64_t C = l->C, rows = B * (l->n_out / C), r0 = b0 * (l->n_out / C);
+    const float *gamma = m->params + l->kernel_off, *beta = m->params + l->bias_off;
+    const float eps = (float)l->spec.epsilon;
+    float *xh = l->xhat + b0 * l->n_out;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * C;
+        double s = 0, ss = 0;
+        for (int64_t c = 0; c < C; c++) s += xr[c];
+        double mean = s / (double)C;
+        for (int64_t c = 0; c < C; c++) ss += ((double)xr[c] - mean) * ((double)xr[c] - mean);
+        float rstd = (float)(1.0 / sqrt(ss / (double)C + eps));
+        l->stat[r0 + r] = rstd;
+        for (int64_t c = 0; c < C; c++) {
+            float h = ((float)(xr[c] - mean)) * rstd;
+            xh[r * C + c] = h;
+            y[r * C + c] = gamma[c] * h + beta[c];
+        }
+    }
+}
+
+/* dz (saved for gamma and beta) = g; dx = rstd (dh - mean(dh) - h mean(dh h)), dh = g gamma; in place in g. */
+static float *ln_backward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, float *g)
+{
+    const int64_t C = l->C, rows = c->B * (l->n_out / C), r0 = c->b0 * (l->n_out / C);
+    const float *gamma = m->params + l->kernel_off, *xh = l->xhat + c->b0 * l->n_out;
+    memcpy(l->dz + c->b0 * l->n_out, g, (size_t)(c->B * l->n_out) * sizeof *g);
+    if (!l->needs_dx) return NULL;
+    for (int64_t r = 0; r < rows; r++) {
+        float *gr = g + r * C;
+        const float *hr = xh + r * C;
+        double s = 0, sh = 0;
+        for (int64_t k = 0; k < C; k++) {
+            double dh = (double)gr[k] * gamma[k];
+            s += dh;
+            sh += dh * hr[k];
+        }
+        float ms = (float)(s / (double)C), msh = (float)(sh / (double)C), rstd = l->stat[r0 + r];
+        for (int64_t k = 0; k < C; k++) gr[k] = rstd * (gr[k] * gamma[k] - ms - hr[k] * msh);
+    }
+    return g;
+}
+
+void nn_ln_param_grads_(const loom_model *m, int li, int64_t B, int part, int parts)
+{
+    const nn_layer_ *l = &m->layer[li];
+    const int64_t C = l->C, rows = B * (l->n_out / C);
+    const int64_t c0 = C * part / parts, c1 = C * (part + 1) / parts;
+    float *dg = m->grads + l->kernel_off, *db = m->grads + l->bias_off;
+    for (int64_t k = c0; k < c1; k++) dg[k] = db[k] = 0.f;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *dz = l->dz + r * C, *h = l->xhat + r * C;
+        for (int64_t k = c0; k < c1; k++) {
+            dg[k] += dz[k] * h[k];
+            db[k] += dz[k];
+        }
+    }
+}
+
+/* ---- batch normalization over every axis but the last (Keras BatchNormalization) ---- */
+
+/* stat: mean (C), 1/std (C), then 4 C doubles of scratch. */
+static double *bn_scratch(const nn_layer_ *l) { return (double *)(l->stat + 2 * l->C); }
+
+void nn_bn_forward_(loom_model *m, int li, const float *x, int64_t B, int training)
+{
+    nn_layer_ *l = &m->layer[li];
+    const int64_t C = l->C, rows = B * (l->n_out / C);
+    const float *gamma = m->params + l->kernel_off, *beta = m->params + l->bias_off;
+    float *mm = m->params + l->mm_off, *mv = m->params + l->mv_off;
+    float *mean = l->stat, *rstd = l->stat + C;
+    const double eps = l->spec.epsilon;
+    if (training) {
+        double *s = bn_scratch(l), *ss = s + C;
+        for (int64_t k = 0; k < C; k++) s[k] = ss[k] = 0;
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t k = 0; k < C; k++) s[k] += x[r * C + k];
+        for (int64_t k = 0; k < C; k++) s[k] /= (double)rows;
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t k = 0; k < C; k++) {
+                double d = (double)x[r * C + k] - s[k];
+                ss[k] += d * d;
+            }
+        const float mom = (float)l->spec.momentum;
+        for (int64_t k = 0; k < C; k++) {
+            double var = ss[k] / (double)rows; /* biased, as Keras normalises and moves */
+            mean[k] = (float)s[k];
+            rstd[k] = (float)(1.0 / sqrt(var + eps));
+            mm[k] = mm[k] * mom + (float)s[k] * (1.f - mom);
+            mv[k] = mv[k] * mom + (float)var * (1.f - mom);
+        }
+    } else {
+        for (int64_t k = 0; k < C; k++) {
+            mean[k] = mm[k];
+            rstd[k] = (float)(1.0 / sqrt((double)mv[k] + eps));
+        }
+    }
+    float *y = l->y, *xh = l->xhat;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t k = 0; k < C; k++) {
+            float h = (x[r * C + k] - mean[k]) * rstd[k];
+            xh[r * C + k] = h;
+            y[r * C + k] = gamma[k] * h + beta[k];
+        }
+}
+
+void nn_bn_backward_(loom_model *m, int li, nn_chunk_ *chunk, int nchunks, int64_t B)
+{
+    nn_layer_ *l = &m->layer[li];
+    const int64_t C = l->C, R = l->n_out / C;
+    const float *gamma = m->params + l->kernel_off, *rstd = l->stat + C;
+    double *sg = bn_scratch(l), *sgh = sg + C;
+    for (int64_t k = 0; k < C; k++) sg[k] = sgh[k] = 0;
+    for (int t = 0; t < nchunks; t++) { /* sums in example order, whatever the chunks */
+        const nn_chunk_ *c = &chunk[t];
+        const float *g = c->g, *h = l->xhat + c->b0 * l->n_out;
+        for (int64_t r = 0; r < c->B * R; r++)
+            for (int64_t k = 0; k < C; k++) {
+                sg[k] += g[r * C + k];
+                sgh[k] += (double)g[r * C + k] * h[r * C + k];
+            }
+    }
+    float *dgamma = m->grads + l->kernel_off, *dbeta = m->grads + l->bias_off;
+    for (int64_t k = 0; k < C; k++) dgamma[k] = (float)sgh[k], dbeta[k] = (float)sg[k];
+    if (!l->needs_dx) {
+        for (int t = 0; t < nchunks; t++) chunk[t].bw_done = 1;
+        return;
+    }
+    const double N = (double)(B * R);
+    for (int t = 0; t < nchunks; t++) {
+        nn_chunk_ *c = &chunk[t];
+        float *g = c->g;
+        const float *h = l->xhat + c->b0 * l->n_out;
+        for (int64_t r = 0; r < c->B * R; r++)
+            for (int64_t k = 0; k < C; k++) {
+                float mg = (float)(sg[k] / N), mgh = (float)(sgh[k] / N);
+                g[r * C + k] = gamma[k] * rstd[k] * (g[r * C + k] - mg - h[r * C + k] * mgh);
+            }
+    }
+}
+
+/* ---- embedding ------------------------------------------------------------ */
+
+/* Id e of a batch of ids (int32 or int64, by the model's input dtype). */
+static inline int64_t emb_id(const loom_model *m, const void *x, int64_t e)
+{
+    return m->input_dtype == LOOM_I32 ? (int64_t)((const int32_t *)x)[e] : ((const int64_t *)x)[e];
+}
+
+int nn_embedding_check_ids_(const loom_model *m, int li, const void *x, int64_t B, loom_err *err)
+{
+    const nn_layer_ *l = &m->layer[li];
+    const int64_t per = (int64_t)l->cols * l->k;
+    for (int64_t e = 0; e < B * per; e++) {
+        int64_t id = emb_id(m, x, e);
+        if (id >= -1 && id < l->rows) continue;
+        return loom_err_set(err, LOOM_EDATA, l->where,
+                            "layer \"%s\" (embedding): example %lld of the batch, column %lld: id %lld is outside "
+                            "[0, %lld) (input_dim)",
+                            l->spec.name, (long long)(e / per), (long long)(e % per / l->k), (long long)id,
+                            (long long)l->rows),
+               loom_err_hint(err, "hash the ids into [0, input_dim) in the data, or raise input_dim; -1 means no id");
+    }
+    return LOOM_OK;
+}
+
+/* y (B, cols, dim): row c of example b = the sum (or mean) of the table rows
+ * of the example's k ids of column c; -1 ids are skipped. */
+NN_HOT static void embedding_forward(const loom_model *m, const nn_layer_ *l, const void *x, int64_t e0,
+                                     float *restrict y, int64_t B)
+{
+    const float *T = m->params + l->kernel_off;
+    const int D = l->dim, K = l->k;
+    for (int64_t r = 0; r < B * l->cols; r++) {
+        float *restrict yr = y + r * D;
+        int n = 0;
+        zero_short(yr, D);
+        for (int k = 0; k < K; k++) {
+            int64_t id = emb_id(m, x, e0 + r * K + k);
+            if (id < 0) continue;
+            const float *restrict t = T + id * D;
+            for (int j = 0; j < D; j++) yr[j] += t[j];
+            n++;
+        }
+        if (l->spec.combiner == LOOM_COMBINER_MEAN && n > 1) {
+            float inv = 1.f / (float)n;
+            for (int j = 0; j < D; j++) yr[j] *= inv;
+        }
+    }
+}
+
+/* The slot of id in the layer's map, inserting it (its gradient row zeroed) when new. */
+static int64_t emb_slot(nn_layer_ *l, int64_t id)
+{
+    uint64_t h = (uint64_t)id * 0x9e3779b97f4a7c15ull;
+    int64_t mask = l->hsize - 1;
+    for (int64_t i = (int64_t)(h >> 20) & mask;; i = (i + 1) & mask) {
+        if (l->hkey[i] == id) return l->hval[i];
+        if (l->hkey[i] < 0) {
+            int64_t u = l->sp_n++;
+            l->hkey[i] = id;
+            l->hval[i] = (int32_t)u;
+            l->sp_ids[u] = id;
+            memset(l->sp_val + u * l->dim, 0, (size_t)l->dim * sizeof(float));
+            return u;
+        }
+    }
+}
+
+void nn_embedding_param_grads_(loom_model *m, int li, const void *x, int64_t B)
+{
+    nn_layer_ *l = &m->layer[li];
+    const int D = l->dim, K = l->k;
+    float *G = m->grads + l->kernel_off;
+    /* the previous batch's rows out of the map and the dense buffer */
+    int64_t mask = l->hsize - 1;
+    for (int64_t u = 0; u < l->sp_n; u++) {
+        uint64_t h = (uint64_t)l->sp_ids[u] * 0x9e3779b97f4a7c15ull;
+        for (int64_t i = (int64_t)(h >> 20) & mask;; i = (i + 1) & mask)
+            if (l->hkey[i] == l->sp_ids[u]) {
+                l->hkey[i] = -1;
+                break;
+            }
+        if (m->sparse_owner) memset(G + l->sp_ids[u] * D, 0, (size_t)D * sizeof *G);
+    }
+    if (!m->sparse_owner) memset(G, 0, (size_t)(l->rows * D) * sizeof *G);
+    /* (each removal probes until it finds its key, so earlier removals never hide a later one) */
+    l->sp_n = 0;
+    for (int64_t r = 0; r < B * l->cols; r++) {
+        const float *restrict g = l->dz + r * D;
+        int n = 0;
+        if (l->spec.combiner == LOOM_COMBINER_MEAN)
+            for (int k = 0; k < K; k++) n += emb_id(m, x, r * K + k) >= 0;
+        float scale = n > 1 ? 1.f / (float)n : 1.f;
+        for (int k = 0; k < K; k++) {
+            int64_t id = emb_id(m, x, r * K + k);
+            if (id < 0) continue;
+            float *restrict v = l->sp_val + emb_slot(l, id) * D;
+            if (scale == 1.f)
+                for (int j = 0; j < D; j++) v[j] += g[j];
+            else
+                for (int j = 0; j < D; j++) v[j] += scale * g[j];
+        }
+    }
+    for (int64_t u = 0; u < l->sp_n; u++)
+        memcpy(G + l->sp_ids[u] * D, l->sp_val + u * D, (size_t)D * sizeof *G);
+}
+
 /* ---- dispatch ------------------------------------------------------------- */
 
 void nn_layer_forward_(const loom_model *m, int li, nn_chunk_ *c, int training, uint64_t rng_key)
@@ -697,9 +1055,26 @@ void nn_layer_forward_(const loom_model *m, int li, nn_chunk_ *c, int training, 
     case LOOM_LAYER_FLATTEN:
         c->act[li + 1] = x;
         break;
+    case LOOM_LAYER_EMBEDDING:
+        /* x is the batch's ids (the chunk's own rows), not floats */
+        embedding_forward(m, l, x, 0, y, B);
+        break;
+    case LOOM_LAYER_AVG_POOL2D:
+        avg_pool_forward(l, x, y, B);
+        break;
+    case LOOM_LAYER_GLOBAL_AVG_POOL2D:
+        gap_forward(l, x, y, B);
+        break;
+    case LOOM_LAYER_LAYER_NORM:
+        ln_forward(m, l, x, y, c->b0, B);
+        break;
+    case LOOM_LAYER_BATCH_NORM: /* over the whole batch: nn_bn_forward_ */
+        break;
     case LOOM_LAYER_ACTIVATION:
         if (l->act == LOOM_ACT_NONE) {
             c->act[li + 1] = x;
+        } else if (l->act == LOOM_ACT_LEAKY_RELU || l->act == LOOM_ACT_GELU) {
+            act_x_forward(l, x, y, B * l->n_out);
         } else {
             memcpy(y, x, (size_t)(B * l->n_out) * sizeof *y);
             bias_act(y, NULL, B, l->n_out, l->act);
@@ -726,8 +1101,20 @@ float *nn_layer_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, f
     case LOOM_LAYER_FLATTEN:
         return g;
     case LOOM_LAYER_ACTIVATION:
-        if (l->act != LOOM_ACT_NONE) act_grad_colsum(g, y, NULL, B, l->n_out, l->act);
+        if (l->act == LOOM_ACT_LEAKY_RELU || l->act == LOOM_ACT_GELU) act_x_backward(l, x, g, B * l->n_out);
+        else if (l->act != LOOM_ACT_NONE) act_grad_colsum(g, y, NULL, B, l->n_out, l->act);
         return g;
+    case LOOM_LAYER_AVG_POOL2D:
+        return avg_pool_backward(l, g, other, B);
+    case LOOM_LAYER_GLOBAL_AVG_POOL2D:
+        return gap_backward(l, g, other, B);
+    case LOOM_LAYER_LAYER_NORM:
+        return ln_backward(m, l, c, g);
+    case LOOM_LAYER_BATCH_NORM: /* nn_bn_backward_ */
+        return g;
+    case LOOM_LAYER_EMBEDDING: /* the table's sparse gradient waits for the whole batch's rows */
+        memcpy(l->dz + row0, g, (size_t)(B * l->n_out) * sizeof *g);
+        return NULL;
     }
     return NULL;
 }
@@ -791,4 +1178,94 @@ double nn_loss_mse_(const float *z, const float *t, int64_t B, int64_t n, float 
     }
     *correct = ok;
     return total;
+}
+
+/* The losses on targets (m->targets): per example the mean over the n
+ * outputs, times the class weight (binary: w[1] t + w[0] (1 - t)), summed
+ * over the batch; dz = d(that)/dz * inv_gb.
+ *   binary_cross_entropy on logits, stable as TF's
+ *     sigmoid_cross_entropy_with_logits: max(z, 0) - z t + log(1 + exp(-|z|)),
+ *     dz = sigmoid(z) - t; correct: every output on the label's side of 0.5
+ *   mean_absolute_error |z - t|, dz = sign(z - t) (0 at z = t, as TF's abs)
+ *   huber (Keras, delta d): e^2 / 2 for |e| <= d, else d |e| - d^2 / 2;
+ *     dz = e clipped to [-d, d]
+ *   mean_squared_error as nn_loss_mse_. */
+static double loss_targets(const loom_model *m, const float *z, const float *t, const float *sw, int64_t B, int64_t n,
+                           float inv_gb, float *g, int64_t *correct)
+{
+    double total = 0;
+    int64_t ok = 0;
+    const float d = m->huber_delta, inv_n = 1.f / (float)n;
+    for (int64_t b = 0; b < B; b++) {
+        const float *zr = z + b * n, *tr = t + b * n;
+        float *gr = g ? g + b * n : NULL;
+        float w = 1.f;
+        if (m->n_cw == 2) w = m->cw[1] * tr[0] + m->cw[0] * (1.f - tr[0]);
+        if (sw) w *= sw[b];
+        const float k = w * inv_n * inv_gb;
+        double s = 0;
+        int64_t hits = 0, az = 0, at = 0;
+        for (int64_t j = 0; j < n; j++) {
+            float zj = zr[j], tj = tr[j], e = zj - tj, gj;
+            switch (m->loss) {
+            case LOOM_LOSS_BCE: {
+                s += (double)(zj > 0.f ? zj : 0.f) - (double)zj * tj + log1p(exp(-fabs((double)zj)));
+                gj = 1.f / (1.f + expf(-zj)) - tj;
+                hits += (zj > 0.f) == (tj > 0.5f);
+                break;
+            }
+            case LOOM_LOSS_MAE:
+                s += fabs((double)e);
+                gj = (float)((e > 0.f) - (e < 0.f));
+                break;
+            case LOOM_LOSS_HUBER: {
+                double ae = fabs((double)e);
+                s += ae <= d ? 0.5 * ae * ae : (double)d * ae - 0.5 * (double)d * d;
+                gj = e > d ? d : e < -d ? -d : e;
+                break;
+            }
+            default: /* mean squared error */
+                s += (double)e * e;
+                gj = 2.f * e;
+                break;
+            }
+            if (zr[j] > zr[az]) az = j;
+            if (tr[j] > tr[at]) at = j;
+            if (gr) gr[j] = k * gj;
+        }
+        if (m->loss == LOOM_LOSS_BCE) ok += hits == n;
+        else if (n > 1) ok += az == at; /* one-hot targets: the argmax agrees */
+        total += (double)w * s / (double)n;
+    }
+    *correct = ok;
+    return total;
+}
+
+/* Sparse softmax cross-entropy with class weights: each example's loss and gradient times w[label]. */
+static double sparse_ce_weighted(const float *z, const int32_t *labels, const float *cw, const float *sw, int64_t B,
+                                 int64_t n, float inv_gb, float *g, int64_t *correct)
+{
+    double total = 0;
+    int64_t ok = 0;
+    for (int64_t b = 0; b < B; b++) {
+        int64_t c;
+        float w = (cw ? cw[labels[b]] : 1.f) * (sw ? sw[b] : 1.f);
+        double l = nn_loss_sparse_ce_(z + b * n, labels + b, 1, n, inv_gb * w, g ? g + b * n : NULL, &c);
+        ok += c;
+        total += (double)w * l;
+    }
+    *correct = ok;
+    return total;
+}
+
+double nn_loss_(const loom_model *m, const float *z, int64_t b0, int64_t B, float inv_gb, float *g, int64_t *correct)
+{
+    const int64_t n = m->layer[m->n_layers - 1].n_out;
+    const float *sw = m->sw ? m->swb + b0 : NULL;
+    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE)
+        return m->n_cw || sw ? sparse_ce_weighted(z, m->labels + b0, m->n_cw ? m->cw : NULL, sw, B, n, inv_gb, g, correct)
+                             : nn_loss_sparse_ce_(z, m->labels + b0, B, n, inv_gb, g, correct);
+    if (m->loss == LOOM_LOSS_MSE && !m->n_cw && !sw)
+        return nn_loss_mse_(z, m->targets + b0 * n, B, n, inv_gb, g, correct);
+    return loss_targets(m, z, m->targets + b0 * n, sw, B, n, inv_gb, g, correct);
 }

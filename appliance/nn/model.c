@@ -15,6 +15,9 @@
  * stay in cache between im2col and the product that reads them. */
 #define NN_COL_BYTES ((int64_t)1 << 20)
 
+/* An embedding table's initialiser, as Keras': uniform in [-0.05, 0.05). */
+#define NN_INIT_EMBEDDING 101 /* (100 is NN_INIT_ONES_) */
+
 static void shape_of(loom_shape *s, int rank, int64_t d0, int64_t d1, int64_t d2)
 {
     memset(s, 0, sizeof *s);
@@ -64,7 +67,7 @@ static int layer_shapes(loom_model *m, nn_layer_ *l, int li, loom_err *err)
     const loom_layer_spec *s = &l->spec;
     const char *kind = nn_layer_kind_name_(s->kind);
     const loom_shape *in = &l->in;
-    l->kernel_off = l->bias_off = -1;
+    l->kernel_off = l->bias_off = l->mm_off = l->mv_off = -1;
     l->act = LOOM_ACT_NONE;
     switch (s->kind) {
     case LOOM_LAYER_DENSE: {
@@ -92,7 +95,8 @@ static int layer_shapes(loom_model *m, nn_layer_ *l, int li, loom_err *err)
         break;
     }
     case LOOM_LAYER_CONV2D:
-    case LOOM_LAYER_MAX_POOL2D: {
+    case LOOM_LAYER_MAX_POOL2D:
+    case LOOM_LAYER_AVG_POOL2D: {
         if (in->rank != 3) {
             loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\" (%s) needs an (H, W, C) input, got %s", s->name,
                          kind, loom_shape_str(in, a, sizeof a));
@@ -141,6 +145,59 @@ static int layer_shapes(loom_model *m, nn_layer_ *l, int li, loom_err *err)
         shape_of(&l->out, 3, l->oh, l->ow, l->cout);
         break;
     }
+    case LOOM_LAYER_EMBEDDING: {
+        if (li != 0)
+            return loom_err_set(err, LOOM_ESHAPE, l->where,
+                                "layer \"%s\" (embedding) is layer %d; an embedding looks up the model's input ids, "
+                                "so it must be the first layer", s->name, li),
+                   loom_err_hint(err, "move it to the top of model.layers");
+        if (in->rank > 2)
+            return loom_err_set(err, LOOM_ESHAPE, l->where,
+                                "layer \"%s\" (embedding) needs ids of shape (), (columns,) or (columns, k), got %s",
+                                s->name, loom_shape_str(in, a, sizeof a));
+        if (s->input_dim < 1 || s->output_dim < 1)
+            return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\": input_dim = %lld and output_dim = %d "
+                                "must be >= 1", s->name, (long long)s->input_dim, s->output_dim);
+        l->rows = s->input_dim;
+        l->dim = s->output_dim;
+        l->cols = in->rank >= 1 ? (int)in->dim[0] : 1;
+        l->k = in->rank == 2 ? (int)in->dim[1] : 1;
+        if (in->rank == 0) shape_of(&l->out, 1, l->dim, 0, 0);
+        else shape_of(&l->out, 2, l->cols, l->dim, 0);
+        loom_shape ks;
+        shape_of(&ks, 2, l->rows, l->dim, 0);
+        l->kernel_off = add_param(m, l, "embeddings", &ks, NN_INIT_EMBEDDING, 0, 0);
+        m->flops += (double)l->cols * l->k * l->dim;
+        break;
+    }
+    case LOOM_LAYER_GLOBAL_AVG_POOL2D:
+        if (in->rank != 3)
+            return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\" (%s) needs an (H, W, C) input, got %s",
+                                s->name, kind, loom_shape_str(in, a, sizeof a));
+        l->ih = (int)in->dim[0], l->iw = (int)in->dim[1], l->cin = l->cout = (int)in->dim[2];
+        shape_of(&l->out, 1, in->dim[2], 0, 0);
+        break;
+    case LOOM_LAYER_BATCH_NORM:
+    case LOOM_LAYER_LAYER_NORM: {
+        if (in->rank < 1)
+            return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\" (%s) needs features, got a scalar", s->name,
+                                kind);
+        l->out = *in;
+        l->C = in->dim[in->rank - 1];
+        loom_shape cs;
+        shape_of(&cs, 1, l->C, 0, 0);
+        l->kernel_off = add_param(m, l, "gamma", &cs, NN_INIT_ONES_, 0, 0);
+        l->bias_off = add_param(m, l, "beta", &cs, LOOM_INIT_ZEROS, 0, 0);
+        if (s->kind == LOOM_LAYER_BATCH_NORM) {
+            l->mm_off = add_param(m, l, "moving_mean", &cs, LOOM_INIT_ZEROS, 0, 0);
+            l->mv_off = add_param(m, l, "moving_variance", &cs, NN_INIT_ONES_, 0, 0);
+            m->n_bn++;
+        }
+        if (!(s->epsilon > 0)) l->spec.epsilon = 1e-3;
+        if (s->kind == LOOM_LAYER_BATCH_NORM && !(s->momentum >= 0 && s->momentum < 1)) l->spec.momentum = 0.99;
+        m->flops += 4.0 * (double)loom_shape_numel(in);
+        break;
+    }
     case LOOM_LAYER_DROPOUT:
         if (!(s->rate >= 0 && s->rate < 1))
             return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\": rate = %g, must be in [0, 1)", s->name,
@@ -153,6 +210,7 @@ static int layer_shapes(loom_model *m, nn_layer_ *l, int li, loom_err *err)
     case LOOM_LAYER_ACTIVATION:
         l->out = *in;
         l->act = s->activation;
+        if (l->act == LOOM_ACT_LEAKY_RELU && !(s->alpha >= 0)) l->spec.alpha = 0.3;
         if (l->act == LOOM_ACT_SOFTMAX && in->rank != 1)
             return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\": softmax needs a rank-1 input, got %s",
                                 s->name, loom_shape_str(in, a, sizeof a)),
@@ -161,6 +219,12 @@ static int layer_shapes(loom_model *m, nn_layer_ *l, int li, loom_err *err)
     default:
         return loom_err_set(err, LOOM_ESHAPE, l->where, "layer %d: unknown kind %d", li, (int)s->kind);
     }
+    if ((s->kind == LOOM_LAYER_DENSE || s->kind == LOOM_LAYER_CONV2D) &&
+        (l->act == LOOM_ACT_LEAKY_RELU || l->act == LOOM_ACT_GELU))
+        return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\" (%s): activation \"%s\" is an activation layer "
+                            "of its own", s->name, kind, nn_activation_name_(l->act)),
+               loom_err_hint(err, "set activation = \"none\" here and add { type = \"activation\"; activation = \"%s\"; } "
+                                  "after it", nn_activation_name_(l->act));
     if ((s->kind == LOOM_LAYER_DENSE || s->kind == LOOM_LAYER_CONV2D) && l->act == LOOM_ACT_SOFTMAX &&
         l->out.rank != 1)
         return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\": softmax needs a rank-1 output, got %s",
@@ -175,6 +239,9 @@ static int check_loss(loom_model *m, const loom_shape *label, loom_dtype label_d
     char a[96], b[96];
     const loom_shape out = m->layer[m->n_layers - 1].out;
     const char *where = m->layer[m->n_layers - 1].where;
+    const char *lname = loom_loss_name(m->loss);
+    if ((unsigned)label_dtype >= LOOM_NDTYPES_)
+        return loom_err_set(err, LOOM_ESHAPE, m->where, "label dtype %d is not known", (int)label_dtype);
     if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) {
         if (out.rank != 1)
             return loom_err_set(err, LOOM_ESHAPE, where,
@@ -187,22 +254,34 @@ static int check_loss(loom_model *m, const loom_shape *label, loom_dtype label_d
                                 "example, got %s (model output %s)",
                                 loom_shape_str(label, a, sizeof a), loom_shape_str(&out, b, sizeof b)),
                    loom_err_hint(err, "for one-hot labels use loss = \"mean_squared_error\", or drop the one_hot map");
-        if ((unsigned)label_dtype >= LOOM_NDTYPES_)
-            return loom_err_set(err, LOOM_ESHAPE, m->where, "label dtype %d is not known", (int)label_dtype);
-    } else {
-        if (!loom_shape_eq(label, &out))
-            return loom_err_set(err, LOOM_ESHAPE, where,
-                                "mean_squared_error needs labels of the output's shape: label %s, model output %s",
-                                loom_shape_str(label, a, sizeof a), loom_shape_str(&out, b, sizeof b)),
-                   loom_err_hint(err, out.rank == 1 && label->rank == 0
-                                          ? "add a one_hot map with depth = %lld to the label"
-                                          : "change the last layer or the label transforms so the shapes agree",
-                                 (long long)out.dim[0]);
-        if (label_dtype != LOOM_F32)
-            return loom_err_set(err, LOOM_ESHAPE, m->where, "mean_squared_error needs float32 labels, got %s",
-                                loom_dtype_name(label_dtype)),
-                   loom_err_hint(err, "add a cast map with dtype = \"float32\" to the label");
+        if (m->n_cw && m->n_cw != out.dim[0])
+            return loom_err_set(err, LOOM_ECONFIG, m->where, "model.class_weight has %d weights for %lld classes",
+                                m->n_cw, (long long)out.dim[0]);
+        return LOOM_OK;
     }
+    int64_t n = loom_shape_numel(&out);
+    /* a scalar label for a one-unit output: the usual regression or binary target */
+    int scalar_ok = label->rank == 0 && n == 1;
+    if (!scalar_ok && !loom_shape_eq(label, &out)) {
+        loom_err_set(err, LOOM_ESHAPE, where, "%s needs labels of the output's shape: label %s, model output %s",
+                     lname, loom_shape_str(label, a, sizeof a), loom_shape_str(&out, b, sizeof b));
+        int ints = label_dtype == LOOM_U8 || label_dtype == LOOM_I32 || label_dtype == LOOM_I64;
+        if (out.rank == 1 && label->rank == 0 && ints && m->loss != LOOM_LOSS_BCE)
+            return loom_err_hint(err, "for class labels add a one_hot map with depth = %lld to the label, or use loss "
+                                      "= \"sparse_softmax_cross_entropy\"",
+                                 (long long)out.dim[0]);
+        if (label->rank == 0)
+            return loom_err_hint(err, "for a scalar target end the model with a dense layer with units = 1");
+        return loom_err_hint(err, "change the last layer or the label transforms so the shapes agree");
+    }
+    if (m->n_cw && m->loss != LOOM_LOSS_BCE)
+        return loom_err_set(err, LOOM_ECONFIG, m->where, "model.class_weight needs classes; the loss %s has none",
+                            lname);
+    if (m->n_cw && (m->n_cw != 2 || n != 1))
+        return loom_err_set(err, LOOM_ECONFIG, m->where,
+                            "model.class_weight for binary_cross_entropy is [negative, positive] with one output "
+                            "unit; got %d weights for %lld outputs",
+                            m->n_cw, (long long)n);
     return LOOM_OK;
 }
 
@@ -215,12 +294,25 @@ int loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_sha
     if (!m) return loom_err_set(err, LOOM_ENOMEM, "", "cannot allocate the model");
     nn_loc_str_(&spec->loc, m->where, sizeof m->where);
     m->loss = spec->loss;
+    m->n_cw = spec->n_class_weights;
+    memcpy(m->cw, spec->class_weight, sizeof m->cw);
+    m->huber_delta = spec->huber_delta > 0 ? (float)spec->huber_delta : 1.f;
+    m->l2 = (float)spec->l2;
     m->input = *input;
     m->label = *label;
     m->label_dtype = label_dtype;
     m->max_batch = max_batch;
     int rc = LOOM_OK;
-    if (input_dtype != LOOM_F32) {
+    m->input_dtype = input_dtype;
+    int ids_in = spec->n_layers >= 1 && spec->layer[0].kind == LOOM_LAYER_EMBEDDING;
+    if (ids_in && input_dtype != LOOM_I32 && input_dtype != LOOM_I64) {
+        rc = loom_err_set(err, LOOM_ESHAPE, m->where, "model input \"%s\" is %s %s; an embedding layer needs "
+                          "int32 or int64 ids", spec->input, loom_dtype_name(input_dtype),
+                          loom_shape_str(input, a, sizeof a));
+        loom_err_hint(err, "add a cast map (dtype = \"int64\") for \"%s\" to the data transforms", spec->input);
+        goto fail;
+    }
+    if (!ids_in && input_dtype != LOOM_F32) {
         rc = loom_err_set(err, LOOM_ESHAPE, m->where, "model input \"%s\" is %s %s; layers need float32",
                           spec->input, loom_dtype_name(input_dtype), loom_shape_str(input, a, sizeof a));
         loom_err_hint(err,
@@ -261,8 +353,11 @@ int loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_sha
         cur = l->out;
     }
     if ((rc = check_loss(m, label, label_dtype, err))) goto fail;
+    if ((rc = nn_metrics_init_(m, spec, err))) goto fail;
     nn_layer_ *last = &m->layer[m->n_layers - 1];
+    /* the loss takes logits: a softmax (sigmoid) ending the model is fused into softmax (binary) cross-entropy */
     if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && last->act == LOOM_ACT_SOFTMAX) last->act = LOOM_ACT_NONE;
+    if (m->loss == LOOM_LOSS_BCE && last->act == LOOM_ACT_SIGMOID) last->act = LOOM_ACT_NONE;
 
     /* what the buffers below take, checked before any is allocated: a layer
      * or a batch that cannot fit is the config's error, not an allocation's */
@@ -293,14 +388,35 @@ int loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_sha
         gmax = l->n_in > gmax ? l->n_in : gmax;
         gmax = l->n_out > gmax ? l->n_out : gmax;
         loom_layer_kind k = l->spec.kind;
+        int norm = k == LOOM_LAYER_BATCH_NORM || k == LOOM_LAYER_LAYER_NORM;
         int owns_y = k == LOOM_LAYER_DENSE || k == LOOM_LAYER_CONV2D || k == LOOM_LAYER_MAX_POOL2D ||
-                     (k == LOOM_LAYER_DROPOUT && l->spec.rate > 0) || (k == LOOM_LAYER_ACTIVATION && l->act);
+                     (k == LOOM_LAYER_DROPOUT && l->spec.rate > 0) || (k == LOOM_LAYER_ACTIVATION && l->act) ||
+                     norm || k == LOOM_LAYER_AVG_POOL2D || k == LOOM_LAYER_GLOBAL_AVG_POOL2D;
+        if (norm && !(l->xhat = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(float)))) goto nomem;
+        if (norm && !(l->stat = loom_alloc_aligned(
+                          (size_t)(k == LOOM_LAYER_BATCH_NORM ? 10 * l->C : max_batch * l->n_out / l->C) * sizeof(float))))
+            goto nomem;
+        if (k == LOOM_LAYER_LAYER_NORM && !(l->dz = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(float))))
+            goto nomem;
         if (owns_y && !(l->y = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(float)))) goto nomem;
         if (k == LOOM_LAYER_MAX_POOL2D &&
             !(l->argmax = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(int32_t))))
             goto nomem;
         if ((k == LOOM_LAYER_DENSE || k == LOOM_LAYER_CONV2D) && !(l->dz = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(float))))
             goto nomem;
+        if (k == LOOM_LAYER_EMBEDDING) {
+            int64_t per = (int64_t)l->cols * l->k, mx = max_batch * per;
+            l->sp_max = mx < l->rows ? mx : l->rows;
+            for (l->hsize = 16; l->hsize < 2 * l->sp_max;) l->hsize *= 2;
+            if (!(l->y = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(float))) ||
+                !(l->dz = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(float))) ||
+                !(l->sp_ids = loom_alloc_aligned((size_t)l->sp_max * sizeof(int64_t))) ||
+                !(l->sp_val = loom_alloc_aligned((size_t)(l->sp_max * l->dim) * sizeof(float))) ||
+                !(l->hkey = loom_alloc_aligned((size_t)l->hsize * sizeof(int64_t))) ||
+                !(l->hval = loom_alloc_aligned((size_t)l->hsize * sizeof(int32_t))))
+                goto nomem;
+            memset(l->hkey, 0xff, (size_t)l->hsize * sizeof(int64_t)); /* all -1: empty */
+        }
         if (k == LOOM_LAYER_DROPOUT && l->spec.rate > 0 && !(l->mask = loom_alloc_aligned((size_t)(max_batch * l->n_out))))
             goto nomem;
         if (k == LOOM_LAYER_CONV2D) {
@@ -326,6 +442,10 @@ int loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_sha
     for (int k = 0; k < 2; k++)
         if (!(m->gbuf[k] = loom_alloc_aligned((size_t)(max_batch * gmax) * sizeof(float)))) goto nomem;
     if (!(m->labels = loom_alloc_aligned((size_t)max_batch * sizeof(int32_t)))) goto nomem;
+    if (!(m->swb = loom_alloc_aligned((size_t)max_batch * sizeof(float)))) goto nomem;
+    if (m->loss != LOOM_LOSS_SPARSE_SOFTMAX_CE &&
+        !(m->targets = loom_alloc_aligned((size_t)(max_batch * m->layer[m->n_layers - 1].n_out) * sizeof(float))))
+        goto nomem;
     if ((rc = loom_model_set_threads(m, 1, err))) goto fail;
     *out = m;
     return LOOM_OK;
@@ -410,6 +530,12 @@ void loom_model_free(loom_model *m)
         loom_free(m->layer[i].argmax);
         loom_free(m->layer[i].mask);
         loom_free(m->layer[i].dz);
+        loom_free(m->layer[i].sp_ids);
+        loom_free(m->layer[i].sp_val);
+        loom_free(m->layer[i].hkey);
+        loom_free(m->layer[i].hval);
+        loom_free(m->layer[i].xhat);
+        loom_free(m->layer[i].stat);
     }
     free_chunks(m->pool, m->chunk, m->threads);
     loom_free(m->params);
@@ -417,6 +543,9 @@ void loom_model_free(loom_model *m)
     loom_free(m->gbuf[0]);
     loom_free(m->gbuf[1]);
     loom_free(m->labels);
+    loom_free(m->targets);
+    loom_free(m->swb);
+    loom_free(m->mstate);
     loom_free(m);
 }
 
@@ -441,7 +570,8 @@ void loom_model_summary(const loom_model *m, FILE *f)
         const nn_layer_ *l = &m->layer[i];
         int64_t np = 0;
         for (int k = 0; k < m->n_ptensors; k++)
-            if (m->pinfo[k].offset == l->kernel_off || m->pinfo[k].offset == l->bias_off)
+            if (m->pinfo[k].offset == l->kernel_off || m->pinfo[k].offset == l->bias_off ||
+                m->pinfo[k].offset == l->mm_off || m->pinfo[k].offset == l->mv_off)
                 np += loom_shape_numel(&m->pinfo[k].shape);
         snprintf(b, sizeof b, "%s (%s)", l->spec.name, nn_layer_kind_name_(l->spec.kind));
         loom_shape_str(&l->out, a, sizeof a);
@@ -478,6 +608,9 @@ void loom_model_init_params(loom_model *m, uint64_t seed)
         }
         if (fan < 1) fan = 1;
         switch (init) {
+        case NN_INIT_EMBEDDING:
+            for (int64_t k = 0; k < n; k++) p[k] = (float)((2.0 * loom_rng_uniform64(&r) - 1.0) * 0.05);
+            break;
         case LOOM_INIT_GLOROT_UNIFORM:
         case LOOM_INIT_HE_UNIFORM: {
             double limit = sqrt(3.0 * scale / fan);
@@ -495,6 +628,9 @@ void loom_model_init_params(loom_model *m, uint64_t seed)
             }
             break;
         }
+        case NN_INIT_ONES_:
+            for (int64_t k = 0; k < n; k++) p[k] = 1.f;
+            break;
         default:
             memset(p, 0, (size_t)n * sizeof *p);
             break;
@@ -507,9 +643,9 @@ void loom_model_init_params(loom_model *m, uint64_t seed)
 int nn_check_batch_(loom_model *m, const loom_tensor *x, const loom_tensor *label, int64_t *B, loom_err *err)
 {
     char a[96], b[96];
-    if (x->dtype != LOOM_F32)
-        return loom_err_set(err, LOOM_ESHAPE, m->where, "input batch is %s, the model needs float32",
-                            loom_dtype_name(x->dtype)),
+    if (x->dtype != m->input_dtype)
+        return loom_err_set(err, LOOM_ESHAPE, m->where, "input batch is %s, the model needs %s",
+                            loom_dtype_name(x->dtype), loom_dtype_name(m->input_dtype)),
                loom_err_hint(err, "add a cast or scale map to the input transforms");
     int ok = x->shape.rank == m->input.rank + 1;
     for (int i = 0; ok && i < m->input.rank; i++) ok = x->shape.dim[i + 1] == m->input.dim[i];
@@ -523,6 +659,9 @@ int nn_check_batch_(loom_model *m, const loom_tensor *x, const loom_tensor *labe
     if (*B < 1 || *B > m->max_batch)
         return loom_err_set(err, LOOM_ESHAPE, m->where, "batch of %lld examples; the model takes 1 to %lld",
                             (long long)*B, (long long)m->max_batch);
+    int rc;
+    if (m->layer[0].spec.kind == LOOM_LAYER_EMBEDDING && (rc = nn_embedding_check_ids_(m, 0, x->data, *B, err)))
+        return rc;
     return label ? nn_check_label_(m, label, *B, err) : LOOM_OK;
 }
 
@@ -544,9 +683,6 @@ int nn_check_label_(loom_model *m, const loom_tensor *label, int64_t B, loom_err
         return loom_err_set(err, LOOM_ESHAPE, m->where, "label batch has shape %s, expected %s",
                             loom_shape_str(&label->shape, a, sizeof a), loom_shape_str(&lw, b, sizeof b));
     }
-    if (m->loss == LOOM_LOSS_MSE && label->dtype != LOOM_F32)
-        return loom_err_set(err, LOOM_ESHAPE, m->where, "mean_squared_error needs float32 labels, got %s",
-                            loom_dtype_name(label->dtype));
     return LOOM_OK;
 }
 
@@ -582,6 +718,84 @@ int nn_read_labels_(loom_model *m, const loom_tensor *label, int64_t B, loom_err
     return LOOM_OK;
 }
 
+#define TARGET_LOOP(T)                                                                           \
+    do {                                                                                         \
+        const T *v = label->data;                                                                \
+        for (int64_t e = 0; e < B * n; e++) {                                                    \
+            double x = (double)v[e];                                                             \
+            if (!isfinite(x) || (bce && !(x >= 0 && x <= 1))) return bad_target(err, m, e / n, e % n, n, x); \
+            m->targets[e] = (float)x;                                                            \
+        }                                                                                        \
+    } while (0)
+
+static int bad_target(loom_err *err, const loom_model *m, int64_t b, int64_t j, int64_t n, double v)
+{
+    char at[48] = "";
+    if (n > 1) snprintf(at, sizeof at, " (output %lld)", (long long)j);
+    if (m->loss == LOOM_LOSS_BCE && isfinite(v))
+        return loom_err_set(err, LOOM_EDATA, m->where,
+                            "label of example %lld in the batch%s is %.9g, outside [0, 1] for binary_cross_entropy",
+                            (long long)b, at, v),
+               loom_err_hint(err, "binary labels are 0 or 1 (or a probability between); for more classes use "
+                                  "sparse_softmax_cross_entropy with one output unit per class");
+    return loom_err_set(err, LOOM_EDATA, m->where, "label of example %lld in the batch%s is %g, not a finite number",
+                        (long long)b, at, v),
+           loom_err_hint(err, "filter or fix the records with missing targets");
+}
+
+void loom_model_set_sample_weights(loom_model *m, const loom_tensor *w) { m->sw = w; }
+
+#define WEIGHT_LOOP(T)                                                                           \
+    do {                                                                                         \
+        const T *v = m->sw->data;                                                                \
+        for (int64_t b = 0; b < B; b++) {                                                        \
+            double x = (double)v[b];                                                             \
+            if (!(x >= 0) || !isfinite(x))                                                       \
+                return loom_err_set(err, LOOM_EDATA, m->where,                                   \
+                                    "sample weight of example %lld in the batch is %g, not a finite number >= 0", \
+                                    (long long)b, x);                                            \
+            m->swb[b] = (float)x;                                                                \
+        }                                                                                        \
+    } while (0)
+
+/* The sample weights of a batch of B into m->swb. */
+static int read_weights(loom_model *m, int64_t B, loom_err *err)
+{
+    char a[96];
+    const loom_tensor *w = m->sw;
+    if (w->shape.rank < 1 || w->shape.dim[0] != B || loom_shape_numel(&w->shape) != B)
+        return loom_err_set(err, LOOM_ESHAPE, m->where, "sample weights of shape %s for a batch of %lld examples",
+                            loom_shape_str(&w->shape, a, sizeof a), (long long)B),
+               loom_err_hint(err, "model.sample_weight names a feature with one number per example");
+    switch (w->dtype) {
+    case LOOM_U8: WEIGHT_LOOP(uint8_t); break;
+    case LOOM_I32: WEIGHT_LOOP(int32_t); break;
+    case LOOM_I64: WEIGHT_LOOP(int64_t); break;
+    case LOOM_F32: WEIGHT_LOOP(float); break;
+    case LOOM_F64: WEIGHT_LOOP(double); break;
+    default: return loom_err_set(err, LOOM_ESHAPE, m->where, "sample weight dtype %d is not a number", (int)w->dtype);
+    }
+    return LOOM_OK;
+}
+
+int nn_read_label_(loom_model *m, const loom_tensor *label, int64_t B, loom_err *err)
+{
+    int rc;
+    if (m->sw && (rc = read_weights(m, B, err))) return rc;
+    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) return nn_read_labels_(m, label, B, err);
+    const int64_t n = m->layer[m->n_layers - 1].n_out;
+    const int bce = m->loss == LOOM_LOSS_BCE;
+    switch (label->dtype) {
+    case LOOM_U8: TARGET_LOOP(uint8_t); break;
+    case LOOM_I32: TARGET_LOOP(int32_t); break;
+    case LOOM_I64: TARGET_LOOP(int64_t); break;
+    case LOOM_F32: TARGET_LOOP(float); break;
+    case LOOM_F64: TARGET_LOOP(double); break;
+    default: return loom_err_set(err, LOOM_ESHAPE, m->where, "label dtype %d is not known", (int)label->dtype);
+    }
+    return LOOM_OK;
+}
+
 /* The chunks of a batch of B: n = min(threads, B) runs of contiguous
  * examples, sizes differing by at most one, fixed for a given (B, threads). */
 static int split_batch(loom_model *m, int64_t B)
@@ -608,10 +822,12 @@ typedef struct step_job {
     const float       *x;         /* (B, n_in) */
     const loom_tensor *label;     /* MSE targets (B, n) */
     float              inv_gb;    /* 1 / global batch */
+    int64_t            gb;        /* the global batch (train) */
     uint64_t           rng_key;
     float             *out;       /* predict: (B, n) */
     int64_t            B;         /* examples in the batch */
     int                nchunks;   /* chunks of the batch, and parts of the gradient pass */
+    int                l0, l1;    /* the layers [l0, l1) of a segment (between batch normalizations) */
 } step_job;
 
 /* The three phases of a chunk's step. chunk_step runs them back to back;
@@ -621,8 +837,11 @@ typedef struct step_job {
 static void chunk_forward(const step_job *j, nn_chunk_ *c)
 {
     const loom_model *m = j->m;
-    c->act[0] = j->x + c->b0 * m->layer[0].n_in;
-    for (int i = 0; i < m->n_layers; i++) nn_layer_forward_(m, i, c, j->kind == JOB_TRAIN, j->rng_key);
+    /* the input may be ids (int32, int64) rather than floats: offset in bytes */
+    if (j->l0 == 0)
+        c->act[0] = (const float *)((const char *)j->x +
+                                    c->b0 * m->layer[0].n_in * (int64_t)loom_dtype_size(m->input_dtype));
+    for (int i = j->l0; i < j->l1; i++) nn_layer_forward_(m, i, c, j->kind == JOB_TRAIN, j->rng_key);
 }
 
 /* The loss of the chunk's outputs and, for a train step, its gradient into gbuf[0]. */
@@ -632,10 +851,8 @@ static void chunk_loss(const step_job *j, nn_chunk_ *c)
     const int64_t n = m->layer[m->n_layers - 1].n_out;
     const float *z = c->act[m->n_layers];
     float *g = j->kind == JOB_TRAIN ? c->gbuf[0] : NULL;
-    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE)
-        c->loss = nn_loss_sparse_ce_(z, m->labels + c->b0, c->B, n, j->inv_gb, g, &c->correct);
-    else
-        c->loss = nn_loss_mse_(z, (const float *)j->label->data + c->b0 * n, c->B, n, j->inv_gb, g, &c->correct);
+    (void)n;
+    c->loss = nn_loss_(m, z, c->b0, c->B, j->inv_gb, g, &c->correct);
 }
 
 /* The index of layer i's first parameter tensor (its kernel), or -1. */
@@ -646,44 +863,123 @@ static int first_tensor(const loom_model *m, const nn_layer_ *l)
     return -1;
 }
 
+/* Part `part` of `parts` of layer i's whole-batch parameter gradients (dense,
+ * conv2d, layer_normalization; an embedding's sparse rows in part 0; batch
+ * normalization's come from nn_bn_backward_). */
 static void layer_param_grads(const step_job *j, int i, int part, int parts)
 {
-    const loom_model *m = j->m;
+    loom_model *m = j->m;
     const nn_layer_ *l = &m->layer[i];
+    if (l->kernel_off < 0 || l->spec.kind == LOOM_LAYER_BATCH_NORM) return;
+    if (l->spec.kind == LOOM_LAYER_EMBEDDING) {
+        if (part == 0) nn_embedding_param_grads_(m, i, m->chunk[0].act[0], j->B);
+        return;
+    }
     /* chunk 0 starts at example 0: its input pointer is the whole batch's */
     if (l->spec.kind == LOOM_LAYER_DENSE) nn_dense_param_grads_(m, i, m->chunk[0].act[i], j->B, part, parts);
+    else if (l->spec.kind == LOOM_LAYER_LAYER_NORM) nn_ln_param_grads_(m, i, j->B, part, parts);
     else nn_conv_param_grads_(m, i, m->chunk[0].act[i], j->B, part, parts, m->chunk[part].col);
 }
 
-/* with_hook: one chunk (the whole batch) and a gradient hook: each layer's
- * kernel and bias gradients right after its backward, then the hook. */
+/* Whether a gradient hook can be told layer by layer: not with batch
+ * normalization (its gradients come from a whole-batch pass between
+ * segments), an embedding (its rows are gathered over the whole batch, and
+ * its dense region is cleared and rewritten then) or model.l2 (its penalty
+ * is added to the kernels' gradients after every layer's). Those models
+ * compute their gradients as without a hook and tell it once (t = 0): the
+ * same bits, no overlap. */
+static bool hook_per_layer(const loom_model *m)
+{
+    if (m->n_bn || m->l2 > 0) return false;
+    for (int i = 0; i < m->n_layers; i++)
+        if (m->layer[i].spec.kind == LOOM_LAYER_EMBEDDING) return false;
+    return true;
+}
+
+/* The backward of layers [l0, l1), from the top; the gradient buffers carry
+ * over between segments in c->g and c->other (set by the top segment).
+ * with_hook: one chunk (the whole batch), one segment, and a per-layer
+ * gradient hook: each layer's parameter gradients right after its backward,
+ * then the hook. */
 static void chunk_backward_(const step_job *j, nn_chunk_ *c, bool with_hook)
 {
     const loom_model *m = j->m;
-    float *g = c->gbuf[0], *other = c->gbuf[1];
+    if (j->l1 == m->n_layers) {
+        c->g = c->gbuf[0], c->other = c->gbuf[1];
+        c->bw_done = 0;
+    }
     /* a non-finite loss fails the step (the caller checks the sum), so its gradient is never used */
-    if (!isfinite(c->loss)) return;
-    for (int i = m->n_layers - 1; i >= 0; i--) {
+    if (!isfinite(c->loss) || c->bw_done) return;
+    float *g = c->g, *other = c->other;
+    for (int i = j->l1 - 1; i >= j->l0; i--) {
         const nn_layer_ *l = &m->layer[i];
-        if (!l->needs_dx && l->kernel_off < 0) break;
-        float *r = nn_layer_backward_(m, i, c, g, other);
+        float *r = NULL;
+        if (l->needs_dx || l->kernel_off >= 0) r = nn_layer_backward_(m, i, c, g, other);
         if (with_hook && l->kernel_off >= 0) {
             layer_param_grads(j, i, 0, 1);
             m->grad_hook(m->grad_hook_arg, first_tensor(m, l));
         }
-        if (!r) break;
+        if (!r) {
+            c->bw_done = 1;
+            break;
+        }
         if (r == other) {
             other = g;
             g = r;
         }
     }
+    c->g = g, c->other = other;
 }
 
 static void chunk_backward(const step_job *j, nn_chunk_ *c) { chunk_backward_(j, c, false); }
 
+static void part_forward_(void *arg, int t) { step_job *j = arg; chunk_forward(j, &j->m->chunk[t]); }
+static void part_backward_(void *arg, int t) { step_job *j = arg; chunk_backward(j, &j->m->chunk[t]); }
+
+/* The forward of every segment (whole-model job j, its chunks split): the
+ * chunks run the layers between batch normalizations, which run once over
+ * the whole batch. */
+static void forward_all(loom_model *m, step_job *j)
+{
+    int l0 = 0;
+    /* the input may be ids (int32, int64) rather than floats: offset in bytes */
+    for (int t = 0; t < j->nchunks; t++)
+        m->chunk[t].act[0] = (const float *)((const char *)j->x + m->chunk[t].b0 * m->layer[0].n_in *
+                                                                      (int64_t)loom_dtype_size(m->input_dtype));
+    for (int i = 0; i <= m->n_layers; i++) {
+        if (i < m->n_layers && m->layer[i].spec.kind != LOOM_LAYER_BATCH_NORM) continue;
+        j->l0 = l0, j->l1 = i;
+        if (i > l0) loom_pool_run(m->pool, j->nchunks, part_forward_, j);
+        if (i < m->n_layers) {
+            nn_bn_forward_(m, i, m->chunk[0].act[i], j->B, j->kind == JOB_TRAIN);
+            for (int t = 0; t < j->nchunks; t++) m->chunk[t].act[i + 1] = m->layer[i].y + m->chunk[t].b0 * m->layer[i].n_out;
+        }
+        l0 = i + 1;
+    }
+    j->l0 = 0, j->l1 = m->n_layers;
+}
+
+static void backward_all(loom_model *m, step_job *j)
+{
+    int l1 = m->n_layers;
+    for (int i = m->n_layers - 1; i >= -1; i--) {
+        if (i >= 0 && m->layer[i].spec.kind != LOOM_LAYER_BATCH_NORM) continue;
+        j->l0 = i + 1, j->l1 = l1;
+        if (l1 > i + 1 || l1 == m->n_layers) loom_pool_run(m->pool, j->nchunks, part_backward_, j);
+        if (i >= 0) {
+            int done = 1;
+            for (int t = 0; t < j->nchunks; t++) done &= m->chunk[t].bw_done || !isfinite(m->chunk[t].loss);
+            if (!done) nn_bn_backward_(m, i, m->chunk, j->nchunks, j->B);
+        }
+        l1 = i;
+    }
+    j->l0 = 0, j->l1 = m->n_layers;
+}
+
 static void chunk_step(void *arg, int t)
 {
     step_job *j = arg;
+    j->l0 = 0, j->l1 = j->m->n_layers;
     loom_model *m = j->m;
     nn_chunk_ *c = &m->chunk[t];
     chunk_forward(j, c);
@@ -692,16 +988,30 @@ static void chunk_step(void *arg, int t)
         const float *z = c->act[m->n_layers];
         float *out = j->out + c->b0 * n;
         if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) nn_softmax_rows_(z, out, c->B, n);
+        else if (m->loss == LOOM_LOSS_BCE)
+            for (int64_t e = 0; e < c->B * n; e++) out[e] = 1.f / (1.f + expf(-z[e]));
         else memcpy(out, z, (size_t)(c->B * n) * sizeof *out);
         return;
     }
     chunk_loss(j, c);
-    if (j->kind == JOB_TRAIN) chunk_backward_(j, c, j->nchunks == 1 && m->grad_hook);
+    if (j->kind == JOB_TRAIN) chunk_backward_(j, c, j->nchunks == 1 && m->grad_hook && hook_per_layer(m));
 }
 
-static void part_forward(void *arg, int t) { step_job *j = arg; chunk_forward(j, &j->m->chunk[t]); }
 static void part_loss(void *arg, int t) { step_job *j = arg; chunk_loss(j, &j->m->chunk[t]); }
-static void part_backward(void *arg, int t) { step_job *j = arg; chunk_backward(j, &j->m->chunk[t]); }
+/* a predict job's output rows (after forward_all) */
+static void part_predict(void *arg, int t)
+{
+    step_job *j = arg;
+    const loom_model *m = j->m;
+    nn_chunk_ *c = &j->m->chunk[t];
+    const int64_t n = m->layer[m->n_layers - 1].n_out;
+    const float *z = c->act[m->n_layers];
+    float *out = j->out + c->b0 * n;
+    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) nn_softmax_rows_(z, out, c->B, n);
+    else if (m->loss == LOOM_LOSS_BCE)
+        for (int64_t e = 0; e < c->B * n; e++) out[e] = 1.f / (1.f + expf(-z[e]));
+    else memcpy(out, z, (size_t)(c->B * n) * sizeof *out);
+}
 
 /* Part t of the gradients that wait for all chunks: dense and conv layers'
  * kernel rows and bias columns, each over the whole batch, so no gradient
@@ -711,12 +1021,12 @@ static void grad_part(void *arg, int t)
 {
     const step_job *j = arg;
     const loom_model *m = j->m;
-    for (int i = 0; i < m->n_layers; i++)
-        if (m->layer[i].kernel_off >= 0) layer_param_grads(j, i, t, j->nchunks);
+    for (int i = 0; i < m->n_layers; i++) layer_param_grads(j, i, t, j->nchunks);
 }
 
-/* With a gradient hook and several chunks: the whole-batch gradient pass of
- * one layer (job->layer), split among the threads as grad_part splits it. */
+/* With a per-layer gradient hook and several chunks: the whole-batch
+ * gradient pass of one layer (job->layer), split among the threads as
+ * grad_part splits it. */
 typedef struct layer_job {
     const step_job *j;
     int             layer;
@@ -728,6 +1038,30 @@ static void grad_part_layer(void *arg, int t)
     layer_param_grads(lj->j, lj->layer, t, lj->j->nchunks);
 }
 
+/* model.l2 for a batch of B of a global batch gb: returns l2 * sum(kernel^2) * B
+ * (the penalty's share of the batch's loss sum, so the mean loss carries it
+ * once) and, when grads is set, adds its gradient 2 l2 w * B / gb there (the
+ * replicas' shares add up to one penalty). */
+static double l2_penalty(const loom_model *m, int64_t B, int64_t gb, float *grads)
+{
+    if (m->l2 <= 0) return 0;
+    double ss = 0;
+    const float k = 2.f * m->l2 * (float)B / (float)gb;
+    for (int i = 0; i < m->n_layers; i++) {
+        const nn_layer_ *l = &m->layer[i];
+        if (l->spec.kind != LOOM_LAYER_DENSE && l->spec.kind != LOOM_LAYER_CONV2D) continue; /* kernels only */
+        int64_t n = 0;
+        for (int t = 0; t < m->n_ptensors; t++)
+            if (m->pinfo[t].offset == l->kernel_off) n = loom_shape_numel(&m->pinfo[t].shape);
+        const float *w = m->params + l->kernel_off;
+        for (int64_t e = 0; e < n; e++) {
+            ss += (double)w[e] * w[e];
+            if (grads) grads[l->kernel_off + e] += k * w[e];
+        }
+    }
+    return (double)m->l2 * ss * (double)B;
+}
+
 /* Runs job over the batch's chunks, one per thread, and sums their results
  * in chunk order; a train step then finishes the gradients (grad_part). */
 static void run_chunks(loom_model *m, step_job *j, int64_t B, double *loss, int64_t *correct)
@@ -736,7 +1070,18 @@ static void run_chunks(loom_model *m, step_job *j, int64_t B, double *loss, int6
     j->B = B;
     j->nchunks = split_batch(m, B);
     m->part_done = 0; /* the chunks' buffers no longer hold a step in parts */
-    loom_pool_run(m->pool, j->nchunks, chunk_step, j);
+    if (!m->n_bn) {
+        loom_pool_run(m->pool, j->nchunks, chunk_step, j);
+    } else { /* batch normalization needs the whole batch between segments */
+        int kind = j->kind;
+        forward_all(m, j);
+        if (kind == JOB_PREDICT) {
+            loom_pool_run(m->pool, j->nchunks, part_predict, j);
+            return;
+        }
+        loom_pool_run(m->pool, j->nchunks, part_loss, j);
+        if (kind == JOB_TRAIN) backward_all(m, j);
+    }
     double l = 0;
     int64_t ok = 0;
     for (int t = 0; t < j->nchunks; t++) {
@@ -745,19 +1090,24 @@ static void run_chunks(loom_model *m, step_job *j, int64_t B, double *loss, int6
     }
     if (loss) *loss = l;
     if (correct) *correct = ok;
-    if (j->kind != JOB_TRAIN || !isfinite(l)) return;
-    if (!m->grad_hook) {
-        loom_pool_run(m->pool, j->nchunks, grad_part, j);
-        return;
-    }
-    if (j->nchunks > 1) /* last layer first, the hook after each */
-        for (int i = m->n_layers - 1; i >= 0; i--) {
-            if (m->layer[i].kernel_off < 0) continue;
-            layer_job lj = {j, i};
-            loom_pool_run(m->pool, j->nchunks, grad_part_layer, &lj);
-            m->grad_hook(m->grad_hook_arg, first_tensor(m, &m->layer[i]));
+    if (j->kind != JOB_PREDICT) nn_metrics_update_(m, m->chunk[0].act[m->n_layers], B);
+    if (j->kind == JOB_TRAIN && isfinite(l)) {
+        bool per_layer = m->grad_hook && hook_per_layer(m);
+        if (!per_layer) {
+            loom_pool_run(m->pool, j->nchunks, grad_part, j);
+        } else if (j->nchunks > 1) { /* last layer first, the hook after each (one chunk: chunk_backward_ did) */
+            for (int i = m->n_layers - 1; i >= 0; i--) {
+                if (m->layer[i].kernel_off < 0) continue;
+                layer_job lj = {j, i};
+                loom_pool_run(m->pool, j->nchunks, grad_part_layer, &lj);
+                m->grad_hook(m->grad_hook_arg, first_tensor(m, &m->layer[i]));
+            }
         }
-    m->grad_hook(m->grad_hook_arg, 0); /* every gradient is final (layers without parameters below) */
+    }
+    if (j->kind != JOB_PREDICT && loss && isfinite(l)) /* Keras reports the loss with its regularisation */
+        *loss += l2_penalty(m, B, j->gb > 0 ? j->gb : B, j->kind == JOB_TRAIN ? m->grads : NULL);
+    /* every gradient is final (layers without parameters below, the l2 penalty added) */
+    if (j->kind == JOB_TRAIN && isfinite(l) && m->grad_hook) m->grad_hook(m->grad_hook_arg, 0);
 }
 
 void loom_model_set_grad_hook(loom_model *m, loom_grad_ready_fn fn, void *arg)
@@ -772,10 +1122,10 @@ int loom_model_train_step(loom_model *m, const loom_tensor *x, const loom_tensor
     int64_t B;
     int rc;
     if ((rc = nn_check_batch_(m, x, label, &B, err))) return rc;
-    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && (rc = nn_read_labels_(m, label, B, err))) return rc;
+    if ((rc = nn_read_label_(m, label, B, err))) return rc;
     if (global_batch < 1) global_batch = B;
     step_job j = {.kind = JOB_TRAIN, .x = x->data, .label = label, .inv_gb = (float)(1.0 / (double)global_batch),
-                  .rng_key = rng_key};
+                  .gb = global_batch, .rng_key = rng_key};
     double loss;
     run_chunks(m, &j, B, &loss, correct);
     if (loss_sum) *loss_sum = loss;
@@ -793,7 +1143,7 @@ int loom_model_forward(loom_model *m, const loom_tensor *x, uint64_t rng_key, lo
     step_job j = {.m = m, .kind = JOB_TRAIN, .x = x->data, .rng_key = rng_key, .B = B};
     j.nchunks = split_batch(m, B);
     for (int t = 0; t < j.nchunks; t++) m->chunk[t].loss = 0;
-    loom_pool_run(m->pool, j.nchunks, part_forward, &j);
+    forward_all(m, &j);
     m->part_B = B;
     m->part_done = 1;
     return LOOM_OK;
@@ -807,7 +1157,7 @@ int loom_model_loss(loom_model *m, const loom_tensor *label, int64_t global_batc
     int64_t B = m->part_B;
     int rc;
     if ((rc = nn_check_label_(m, label, B, err))) return rc;
-    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && (rc = nn_read_labels_(m, label, B, err))) return rc;
+    if ((rc = nn_read_label_(m, label, B, err))) return rc;
     if (global_batch < 1) global_batch = B;
     step_job j = {.m = m, .kind = JOB_TRAIN, .label = label, .inv_gb = (float)(1.0 / (double)global_batch), .B = B};
     j.nchunks = B < m->threads ? (int)B : m->threads;
@@ -819,7 +1169,10 @@ int loom_model_loss(loom_model *m, const loom_tensor *label, int64_t global_batc
         ok += m->chunk[t].correct;
     }
     if (loss_sum) *loss_sum = l;
+    if (isfinite(l)) l += l2_penalty(m, B, global_batch, NULL);
+    m->part_gb = global_batch;
     if (correct) *correct = ok;
+    nn_metrics_update_(m, m->chunk[0].act[m->n_layers], B);
     if (!isfinite(l))
         return loom_err_set(err, LOOM_ENUMERIC, m->where, "the loss is %g on a batch of %lld examples", l, (long long)B);
     m->part_done = 2;
@@ -832,8 +1185,9 @@ int loom_model_backward(loom_model *m, loom_err *err)
         return loom_err_set(err, LOOM_EUSAGE, m->where, "backward needs the loss of a forward pass first");
     step_job j = {.m = m, .kind = JOB_TRAIN, .B = m->part_B};
     j.nchunks = j.B < m->threads ? (int)j.B : m->threads;
-    loom_pool_run(m->pool, j.nchunks, part_backward, &j);
+    backward_all(m, &j);
     loom_pool_run(m->pool, j.nchunks, grad_part, &j);
+    l2_penalty(m, j.B, m->part_gb, m->grads);
     m->part_done = 0;
     return LOOM_OK;
 }
@@ -844,7 +1198,7 @@ int loom_model_evaluate(loom_model *m, const loom_tensor *x, const loom_tensor *
     int64_t B;
     int rc;
     if ((rc = nn_check_batch_(m, x, label, &B, err))) return rc;
-    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && (rc = nn_read_labels_(m, label, B, err))) return rc;
+    if ((rc = nn_read_label_(m, label, B, err))) return rc;
     step_job j = {.kind = JOB_EVAL, .x = x->data, .label = label, .inv_gb = 1.f};
     run_chunks(m, &j, B, loss_sum, correct);
     return LOOM_OK;
@@ -859,3 +1213,30 @@ int loom_model_predict(loom_model *m, const loom_tensor *x, float *out, loom_err
     run_chunks(m, &j, B, NULL, NULL);
     return LOOM_OK;
 }
+
+/* ---- sparse gradients ------------------------------------------------------ */
+
+int loom_model_num_sparse(const loom_model *m)
+{
+    int n = 0;
+    for (int i = 0; i < m->n_layers; i++) n += m->layer[i].spec.kind == LOOM_LAYER_EMBEDDING;
+    return n;
+}
+
+void loom_model_sparse_grad(const loom_model *m, int i, loom_sparse_grad *out)
+{
+    memset(out, 0, sizeof *out);
+    out->param = -1;
+    for (int li = 0; li < m->n_layers; li++) {
+        const nn_layer_ *l = &m->layer[li];
+        if (l->spec.kind != LOOM_LAYER_EMBEDDING || i-- > 0) continue;
+        for (int p = 0; p < m->n_ptensors; p++)
+            if (m->pinfo[p].offset == l->kernel_off) out->param = p;
+        *out = (loom_sparse_grad){.param = out->param, .offset = l->kernel_off, .rows = l->rows, .dim = l->dim,
+                                  .n = l->sp_n, .ids = l->sp_ids, .values = l->sp_val};
+        return;
+    }
+    LOOM_ASSERT(!"loom_model_sparse_grad: no such table");
+}
+
+void loom_model_set_sparse_owner(loom_model *m, int on) { m->sparse_owner = on != 0; }

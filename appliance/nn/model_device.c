@@ -120,6 +120,16 @@ static int mem(loom_model_dev *d, int host, void **out, int64_t bytes, loom_err 
 /* A layer the device ops cannot run: named at its file:line. */
 static int check_layer(const loom_device_ops *ops, const nn_layer_ *l, loom_err *err)
 {
+    if (l->spec.kind == LOOM_LAYER_EMBEDDING)
+        return loom_err_set(err, LOOM_EUNSUPPORTED, l->where,
+                            "layer \"%s\" (embedding): the \"%s\" device backend has no embedding lookup",
+                            l->spec.name, ops->name),
+               loom_err_hint(err, "train embeddings on the host (strategy.device_backend = \"\")");
+    if (l->spec.kind > LOOM_LAYER_ACTIVATION || l->act == LOOM_ACT_LEAKY_RELU || l->act == LOOM_ACT_GELU)
+        return loom_err_set(err, LOOM_EUNSUPPORTED, l->where, "layer \"%s\" (%s%s%s) does not run on the \"%s\" device "
+                            "backend yet", l->spec.name, nn_layer_kind_name_(l->spec.kind),
+                            l->act ? ", " : "", l->act ? nn_activation_name_(l->act) : "", ops->name),
+               loom_err_hint(err, "train on the host (strategy.device_backend = \"\")");
     if (l->act != LOOM_ACT_SOFTMAX) return LOOM_OK;
     return loom_err_set(err, LOOM_EUNSUPPORTED, l->where,
                         "layer \"%s\" (%s): the \"%s\" device backend has no softmax activation; only the softmax "
@@ -212,6 +222,16 @@ int loom_model_dev_open(loom_model_dev **out, loom_model *m, const loom_device_o
 {
     *out = NULL;
     for (int i = 0; i < m->n_layers; i++) TRY(check_layer(ops, &m->layer[i], err));
+    if (m->l2 > 0)
+        return loom_err_set(err, LOOM_EUNSUPPORTED, m->where,
+                            "model.l2 does not run on the \"%s\" device backend yet", ops->name),
+               loom_err_hint(err, "train on the host (strategy.device_backend = \"\"), or use optimizer type "
+                                  "\"adamw\" (decoupled weight decay)");
+    if (m->n_cw && m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE)
+        return loom_err_set(err, LOOM_EUNSUPPORTED, m->where,
+                            "model.class_weight with sparse_softmax_cross_entropy does not run on the \"%s\" device "
+                            "backend (its fused softmax_xent is unweighted)", ops->name),
+               loom_err_hint(err, "train on the host (strategy.device_backend = \"\"), or drop class_weight");
     loom_model_dev *d = loom_calloc(1, sizeof *d);
     if (!d) return loom_err_set(err, LOOM_ENOMEM, m->where, "cannot allocate a device executor");
     d->m = m;
@@ -330,6 +350,12 @@ static int loss(loom_model_dev *d, const loom_tensor *label, float inv_gb, int g
     const float *z = d->act[m->n_layers];
     double l = 0;
     int64_t ok = 0;
+    (void)label; /* read into m->labels or m->targets by nn_read_label_ */
+    if (m->sw && m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE)
+        return loom_err_set(err, LOOM_EUNSUPPORTED, m->where,
+                            "model.sample_weight with sparse_softmax_cross_entropy does not run on the \"%s\" device "
+                            "backend (its fused softmax_xent is unweighted)", o->name),
+               loom_err_hint(err, "train on the host (strategy.device_backend = \"\")");
     if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) {
         TRY(o->upload(d->dev, LOOM_DEV_STREAM_COMPUTE, d->labels, m->labels, (size_t)B * sizeof(int32_t), err));
         TRY(o->softmax_xent(d->dev, B, n, z, d->labels, inv_gb, d->loss, d->hit, grad ? d->gbuf[0] : NULL, err));
@@ -340,11 +366,17 @@ static int loss(loom_model_dev *d, const loom_tensor *label, float inv_gb, int g
             l += (double)d->h_loss[b];
             ok += d->h_hit[b];
         }
+        if (loom_model_metrics_size(m)) { /* the metrics read the outputs on the host */
+            TRY(o->download(d->dev, LOOM_DEV_STREAM_COMPUTE, d->h_out, z, (size_t)(B * n) * sizeof(float), err));
+            TRY(o->synchronize(d->dev, LOOM_DEV_STREAM_COMPUTE, err));
+            nn_metrics_update_(d->m, d->h_out, B);
+        }
     } else {
         size_t bytes = (size_t)(B * n) * sizeof(float);
         TRY(o->download(d->dev, LOOM_DEV_STREAM_COMPUTE, d->h_out, z, bytes, err));
         TRY(o->synchronize(d->dev, LOOM_DEV_STREAM_COMPUTE, err));
-        l = nn_loss_mse_(d->h_out, label->data, B, n, inv_gb, grad ? d->h_grad : NULL, &ok);
+        l = nn_loss_(m, d->h_out, 0, B, inv_gb, grad ? d->h_grad : NULL, &ok);
+        nn_metrics_update_(d->m, d->h_out, B);
         if (grad && isfinite(l)) TRY(o->upload(d->dev, LOOM_DEV_STREAM_COMPUTE, d->gbuf[0], d->h_grad, bytes, err));
     }
     if (loss_sum) *loss_sum = l;
@@ -460,7 +492,7 @@ int loom_model_dev_loss(loom_model_dev *d, const loom_tensor *label, int64_t glo
     if (d->part_done < 1)
         return loom_err_set(err, LOOM_EUSAGE, m->where, "the loss needs a forward pass on the batch first");
     TRY(nn_check_label_(m, label, d->B, err));
-    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) TRY(nn_read_labels_(m, label, d->B, err));
+    TRY(nn_read_label_(m, label, d->B, err));
     TRY(loss(d, label, inv_batch(global_batch, d->B), 1, loss_sum, correct, err));
     d->part_done = 2;
     return LOOM_OK;
@@ -505,7 +537,7 @@ int loom_model_dev_evaluate(loom_model_dev *d, const loom_tensor *x, const loom_
     int64_t B;
     d->part_done = 0;
     TRY(nn_check_batch_(m, x, label, &B, err));
-    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) TRY(nn_read_labels_(m, label, B, err));
+    TRY(nn_read_label_(m, label, B, err));
     TRY(forward(d, x, B, 0, 0, err));
     /* evaluation reports a non-finite loss as a value, as the host path does */
     int rc = loss(d, label, 1.f, 0, loss_sum, correct, err);
@@ -524,5 +556,7 @@ int loom_model_dev_predict(loom_model_dev *d, const loom_tensor *x, float *out, 
                          err));
     TRY(d->ops->synchronize(d->dev, LOOM_DEV_STREAM_COMPUTE, err));
     if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) nn_softmax_rows_(out, out, B, n);
+    if (m->loss == LOOM_LOSS_BCE)
+        for (int64_t e = 0; e < B * n; e++) out[e] = 1.f / (1.f + expf(-out[e]));
     return LOOM_OK;
 }

@@ -37,7 +37,8 @@ typedef struct loom_param_info {
 
 /* Builds the model for inputs of shape `input` (per example, no batch dim;
  * must be float32) and targets `label` (per example: an integer scalar for
- * sparse softmax cross-entropy, float32 of the output's shape for MSE), for
+ * sparse softmax cross-entropy; for the other losses any number type of the
+ * output's shape, or a scalar when the output is one unit), for
  * batches of up to max_batch examples. Shape mismatches between layers, or
  * between the data and the model, are LOOM_ESHAPE naming the layer's
  * file:line and both shapes. Free with loom_model_free. */
@@ -111,8 +112,73 @@ int loom_model_backward(loom_model *m, loom_err *err);
 int loom_model_evaluate(loom_model *m, const loom_tensor *x, const loom_tensor *label, double *loss_sum,
                         int64_t *correct, loom_err *err);
 /* Forward only (dropout off): the model's outputs, probabilities when the loss
- * is softmax cross-entropy, into out (B, outputs). */
+ * is softmax or binary cross-entropy, into out (B, outputs). */
 int loom_model_predict(loom_model *m, const loom_tensor *x, float *out, loom_err *err);
+
+/* Per-example loss weights (model.sample_weight, Keras' sample_weight) for
+ * the train, loss and evaluate steps that follow: w is (B,) or (B, 1) of any
+ * number type for the step's B examples, each finite and >= 0 (else the
+ * step is LOOM_EDATA naming the example); each example's loss and gradient
+ * are multiplied by its weight (the sum still divided by the global batch,
+ * as Keras' SUM_OVER_BATCH_SIZE). Borrowed until the next call; NULL: none.
+ * The metrics are not weighted. */
+void loom_model_set_sample_weights(loom_model *m, const loom_tensor *w);
+
+/* ---- metrics (model.metrics; metrics.c) --------------------------------------
+ * The model's metrics, in the config's order (without model.metrics:
+ * accuracy for a classification, none for a regression). accuracy is the
+ * steps' correct / examples; every other metric is computed from a state of
+ * sums that each train, loss and evaluate step of this model adds to (never
+ * predict), so the states of several replicas, or of several takes, add up. */
+int              loom_model_num_metrics(const loom_model *m);
+loom_metric_kind loom_model_metric(const loom_model *m, int i);
+int64_t          loom_model_metrics_size(const loom_model *m); /* doubles of state; 0: none kept */
+/* acc (metrics_size doubles; NULL: dropped) += the state; then the state is cleared. */
+void             loom_model_metrics_take(loom_model *m, double *acc);
+/* Metric i's value from an accumulated state (acc, may be NULL when
+ * metrics_size is 0) and the same steps' correct and examples; NaN when no
+ * example was seen. */
+double           loom_model_metric_value(const loom_model *m, int i, const double *acc, int64_t correct,
+                                         int64_t examples);
+
+/* ---- embeddings and sparse gradients -------------------------------------
+ * An embedding layer (type = "embedding"; input_dim, output_dim, combiner)
+ * is the model's first layer; the model input is then int32 or int64 ids of
+ * shape (columns,) or (columns, k): every categorical column of an example
+ * looks up the ONE shared table (input_dim, output_dim), so columns are
+ * hashed into one id space by the data (the synthetic ctr source does), and
+ * k ids of a column (multi-hot) are combined by sum or mean. An id of -1 is
+ * "no id" (padding: it adds nothing, and mean divides by the ids present);
+ * any other id outside [0, input_dim) fails the step (LOOM_EDATA). The
+ * output is (columns, output_dim) (for (columns,) and (columns, k) inputs)
+ * or (output_dim,) for a scalar id; put a flatten before dense layers.
+ * The table is a parameter tensor ("<name>/embeddings") of the flat buffer
+ * like any other, so checkpoints, broadcasts and restores carry it as they
+ * are. Its gradient is sparse: a backward leaves, per table, the distinct
+ * rows the batch looked up and their gradient rows, summed over the batch
+ * (loom_model_sparse_grad), and writes the same rows into the dense grads
+ * buffer, whose other table rows are zero. So a strategy that reduces the
+ * dense buffer (mirrored, central_storage, multi_worker_mirrored) works
+ * unchanged: it densifies, moving the whole table's gradient. */
+typedef struct loom_sparse_grad {
+    int            param;  /* the table's parameter tensor (loom_model_param_tensor) */
+    int64_t        offset; /* of the table in params/grads, floats */
+    int64_t        rows;   /* input_dim */
+    int64_t        dim;    /* output_dim */
+    int64_t        n;      /* distinct rows the last backward touched */
+    const int64_t *ids;    /* (n,) their ids, in first-seen order (example, column, k): the same every run */
+    const float   *values; /* (n, dim) d(sum loss / global batch)/d(row), summed over the batch */
+} loom_sparse_grad;
+/* Embedding tables of the model, in layer order (0 without embeddings). */
+int  loom_model_num_sparse(const loom_model *m);
+/* Table i's sparse gradient from the last backward (n = 0 before any);
+ * borrowed until the next step on m. */
+void loom_model_sparse_grad(const loom_model *m, int i, loom_sparse_grad *out);
+/* on: the model is the only writer of its grads buffer (one replica, no
+ * reduction into it), so a backward clears just the table rows it wrote
+ * last time instead of the whole table region (the default, always right).
+ * A strategy that all-reduces into the buffer must leave it off. */
+void loom_model_set_sparse_owner(loom_model *m, int on);
 
 /* ---- running a model on a device (model_device.c) ---------------------------
  * An executor runs a model's steps through a device backend (device.h): a
@@ -181,7 +247,8 @@ void loom_optimizer_set_lr(loom_optimizer *o, double lr);
  * NULL: the calling thread alone). The update is element-wise, so the result
  * is the same with or without a pool. */
 void loom_optimizer_set_pool(loom_optimizer *o, loom_pool *pool);
-/* params -= update(grads) for the `step`-th update (0-based). */
+/* params -= update(grads) for the `step`-th update (0-based); with clip_norm
+ * the update uses grads scaled to that global norm at most (grads unchanged). */
 void loom_optimizer_apply(loom_optimizer *o, float *params, const float *grads, int64_t step);
 /* The same update for parameters [lo, hi) only (params, grads and slots at
  * those offsets; the rest untouched), on pool's threads (NULL: the calling
@@ -198,10 +265,40 @@ int loom_optimizer_take_nonfinite(loom_optimizer *o);
 /* The first non-finite parameter: its index, or -1 when all are finite, and
  * "layer/kernel[k] = nan" in buf. One pass; for error reports. */
 int64_t loom_model_find_nonfinite(const loom_model *m, char *buf, size_t n);
-/* The slot buffers (momentum, Adam m and v), contiguous, for checkpoints. */
+/* The slot buffers (momentum, Adam m and v, RMSprop rms, Adagrad accumulator), contiguous, for checkpoints. */
 int     loom_optimizer_num_slots(const loom_optimizer *o);  /* 0, 1 or 2 */
 float  *loom_optimizer_slots(loom_optimizer *o);            /* (num_slots * P,) borrowed */
-const char *loom_optimizer_slot_name(const loom_optimizer *o, int i); /* "momentum", "m", "v" */
+const char *loom_optimizer_slot_name(const loom_optimizer *o, int i); /* "momentum", "m", "v", "rms", "accumulator" */
+/* With optimizer.clip_norm the update reads the global norm of the whole
+ * gradient buffer it is given, so loom_optimizer_apply_range needs every
+ * element of grads [0, P) reduced, not only [lo, hi): a sharded update must
+ * all-reduce (not reduce-scatter) first. */
+bool    loom_optimizer_needs_full_grads(const loom_optimizer *o);
+/* Tells the optimizer which of m's parameters are not trained (batch
+ * normalization's moving statistics): their gradients are zero, and AdamW's
+ * decoupled decay leaves them alone too. Call once after loom_optimizer_new
+ * with the model it updates. */
+void    loom_optimizer_for_model(loom_optimizer *o, const loom_model *m);
+
+/* Sparse (lazy) updates of the model's embedding tables. After this call,
+ * apply and apply_range update an element of a table only where its
+ * gradient is not 0.0, and leave its slots as they are elsewhere: SGD and
+ * Adagrad give the dense update's bits (a zero gradient changes nothing in
+ * them); momentum and Adam become lazy (Adam as tfa.optimizers.LazyAdam and
+ * torch.optim.SparseAdam: the moments of rows not looked up do not decay,
+ * the bias correction uses the global step). With use_rows, the rows come
+ * from m's last backward (loom_model_sparse_grad), so an update costs the
+ * touched rows, not the table; without (replicas whose reduced gradient
+ * holds other replicas' rows), the table's gradient is scanned for them.
+ * m is borrowed and must outlive the optimizer. */
+void loom_optimizer_set_tables(loom_optimizer *o, const loom_model *m, int use_rows);
+/* The lazy update of rows ids[0..n) of a table (dim floats a row) at offset
+ * (floats) into params and the slots: gradient row k is values + k * dim,
+ * or (values NULL) grads at the row's own offset. Elements whose gradient
+ * is 0.0 are left alone, as above. For a parameter server applying pushed
+ * rows. Reads o without changing it (but for the non-finite flag). */
+void loom_optimizer_apply_rows(const loom_optimizer *o, float *params, const float *grads, int64_t step,
+                               int64_t offset, int64_t dim, const int64_t *ids, int64_t n, const float *values);
 
 /* The schedule alone, for tests and for printing. */
 double loom_schedule_lr(const loom_schedule_spec *s, double base_lr, int64_t step);

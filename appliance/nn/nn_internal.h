@@ -26,7 +26,23 @@ typedef struct nn_layer_ {
     int32_t       *argmax;         /* max_pool2d: (max_batch, n_out) input index within the example */
     uint8_t       *mask;           /* dropout: (max_batch, n_out) 1 = kept */
     float         *dz;             /* dense, conv2d: (max_batch, n_out) d(loss)/d(pre-activation), kept from the
-                                      chunks' backward for the whole-batch kernel and bias gradients */
+                                      chunks' backward for the whole-batch kernel and bias gradients;
+                                      layer_normalization, embedding: d(loss)/d(output) */
+    /* batch_ and layer_normalization: kernel_off is gamma, bias_off beta; C the normalised axis (the last) */
+    int64_t        mm_off, mv_off; /* batch_normalization: moving mean and variance (not trained) */
+    int64_t        C;
+    float         *xhat;           /* (max_batch, n_out) the normalised input */
+    float         *stat;           /* batch: (2 C) mean, 1/std of the batch; layer: (max_batch * n_out / C) 1/std */
+    /* embedding: the table is the kernel, (rows, dim); input (cols,) or (cols, k) ids, output (cols, dim) */
+    int64_t        rows;           /* input_dim */
+    int            dim, cols, k;   /* output_dim; columns and ids per column of an example */
+    int64_t        sp_max;         /* distinct rows a batch can touch: min(max_batch * cols * k, rows) */
+    int64_t        sp_n;           /* rows touched by the last backward */
+    int64_t       *sp_ids;         /* (sp_max,) their ids, first-seen order */
+    float         *sp_val;         /* (sp_max, dim) their summed gradient rows */
+    int64_t       *hkey;           /* (hsize,) open-addressing id -> slot map, -1 = empty */
+    int32_t       *hval;           /* (hsize,) */
+    int64_t        hsize;          /* a power of two >= 2 sp_max */
 } nn_layer_;
 
 /* The slice of a step's batch that one thread works on: examples [b0, b0 + B).
@@ -39,6 +55,8 @@ typedef struct nn_chunk_ {
     float       *col;                      /* im2col scratch; NULL when no conv needs one */
     float       *gbuf[2];                  /* (B, max n) ping-pong gradient rows of this chunk */
     const float *act[LOOM_MAX_LAYERS + 1]; /* act[i] (B, n_in of layer i): layer i's input; act[n_layers]: output */
+    float       *g, *other;                /* the backward's gradient buffers between segments */
+    int          bw_done;                  /* the backward needs no earlier layer */
     double       loss;                     /* results of the chunk */
     int64_t      correct;
 } __attribute__((aligned(64))) nn_chunk_;
@@ -62,17 +80,38 @@ struct loom_model {
     int64_t          gmax;          /* max n: the row stride of gbuf */
     int64_t          colmax;        /* floats of im2col scratch per chunk (0: none) */
     int32_t         *labels;        /* (max_batch,) sparse labels converted to int */
+    float           *targets;       /* (max_batch, outputs) the other losses' labels converted to float */
+    int              n_cw;          /* model.class_weight: 0 (none) or one per class */
+    float            cw[LOOM_MAX_CLASS_WEIGHTS];
+    float            huber_delta;
+    float            l2;            /* model.l2 on every dense and conv kernel */
+    const loom_tensor *sw;          /* loom_model_set_sample_weights: the next steps' weights, or NULL */
+    float           *swb;           /* (max_batch,) those weights as float (nn_read_label_) */
+    /* model.metrics (metrics.c): additive state over the steps since the last take */
+    int              n_metrics;
+    loom_metric_kind metric[LOOM_MAX_METRICS];
+    int64_t          moff[LOOM_MAX_METRICS]; /* each metric's doubles in mstate */
+    int64_t          msize;         /* doubles of state (0: none kept) */
+    double          *mstate;        /* (msize,) */
+    int              auc_T, auc_curves, top_k;
     double           flops;         /* forward, per example */
     /* intra-op threads: chunk[t] belongs to thread t; chunk[0] always exists */
     int              threads;
     loom_pool       *pool;          /* NULL when threads == 1 */
     nn_chunk_       *chunk;         /* (threads,) 64-byte aligned */
     /* a train step taken in parts (loom_model_forward, _loss, _backward) */
+    loom_dtype       input_dtype;   /* float32, or int32 / int64 ids when layer 0 is an embedding */
+    int              sparse_owner;  /* tables' dense grads are written by the model alone (loom_model_set_sparse_owner) */
     int              part_done;     /* phases done on the current batch: 0, 1 (forward), 2 (loss) */
+    int              n_bn;          /* batch_normalization layers: a step runs in segments between them */
     int64_t          part_B;        /* its examples */
+    int64_t          part_gb;       /* and the global batch of its loss */
     loom_grad_ready_fn grad_hook;   /* loom_model_set_grad_hook */
     void            *grad_hook_arg;
 };
+
+/* loom_init of the tensors that start at one (normalisation scales and variances) */
+#define NN_INIT_ONES_ 100
 
 /* ---- batch checks (model.c), shared with the device executor ------------- */
 
@@ -83,10 +122,36 @@ int nn_check_batch_(loom_model *m, const loom_tensor *x, const loom_tensor *labe
 int nn_check_label_(loom_model *m, const loom_tensor *label, int64_t B, loom_err *err);
 /* Sparse labels into m->labels as int32, each checked to be a class (LOOM_EDATA). */
 int nn_read_labels_(loom_model *m, const loom_tensor *label, int64_t B, loom_err *err);
+/* The batch's labels as the loss reads them: sparse classes into m->labels,
+ * the other losses' targets into m->targets as float (binary_cross_entropy's
+ * checked to be in [0, 1], all to be finite: LOOM_EDATA naming the example). */
+int nn_read_label_(loom_model *m, const loom_tensor *label, int64_t B, loom_err *err);
+/* The loss of every kind on outputs z (B, n) of the batch's examples [b0, b0 + B)
+ * (labels read by nn_read_label_), as nn_loss_sparse_ce_ below. */
+double nn_loss_(const loom_model *m, const float *z, int64_t b0, int64_t B, float inv_gb, float *g, int64_t *correct);
+
+/* ---- metrics (metrics.c) ---------------------------------------------------- */
+
+/* Resolves model.metrics for the built model (output, loss): the state
+ * layout, and LOOM_ECONFIG at model.metrics' file:line for a metric that
+ * does not fit the task. Allocates m->mstate. */
+int  nn_metrics_init_(loom_model *m, const loom_model_spec *spec, loom_err *err);
+/* Adds the outputs z (B, n) of the examples [0, B) (labels read) to the state. */
+void nn_metrics_update_(loom_model *m, const float *z, int64_t B);
 /* LOOM_ENUMERIC for a training batch of B examples whose loss is not finite, at the model's file:line, with a hint. */
 int nn_loss_error_(const loom_model *m, double loss, int64_t B, loom_err *err);
 
 /* ---- kernels (layers.c) ------------------------------------------------- */
+
+/* Embedding layer li (layer 0): the sparse gradient of the whole batch of B
+ * examples with ids x from its dz rows, in example order (so the same bits
+ * for any number of threads), and the table's rows of the dense grads buffer:
+ * the previous batch's rows cleared (or, unless m->sparse_owner, the whole
+ * table region), the new ones written. */
+void nn_embedding_param_grads_(loom_model *m, int li, const void *x, int64_t B);
+/* Checks the ids of a batch for embedding layer li: each in [0, rows) or -1
+ * (no id); LOOM_EDATA naming the example and column otherwise. */
+int nn_embedding_check_ids_(const loom_model *m, int li, const void *x, int64_t B, loom_err *err);
 
 const char *nn_loc_str_(const loom_loc *l, char *buf, size_t n);
 const char *nn_layer_kind_name_(loom_layer_kind k);
@@ -124,6 +189,17 @@ void nn_dense_param_grads_(const loom_model *m, int li, const float *x, int64_t 
  * batch whatever the number of parts, so the gradients do not depend on the
  * thread count (DESIGN: bit-identical across intra-op threads). */
 void nn_conv_param_grads_(const loom_model *m, int li, const float *x, int64_t B, int part, int parts, float *scratch);
+/* The same for layer_normalization layer li: gamma and beta columns of part `part`. */
+void nn_ln_param_grads_(const loom_model *m, int li, int64_t B, int part, int parts);
+
+/* batch_normalization layer li over the whole batch of B (statistics cross
+ * the chunks, so these run once, between the chunks' segments): forward
+ * from x (B, n) into the layer's y with the batch's statistics (training:
+ * also updates the moving ones) or the moving ones; backward on the
+ * chunks' gradient rows in place (chunk t's g at chunk[t].g), writing gamma
+ * and beta's gradients. */
+void nn_bn_forward_(loom_model *m, int li, const float *x, int64_t B, int training);
+void nn_bn_backward_(loom_model *m, int li, nn_chunk_ *chunk, int nchunks, int64_t B);
 
 /* Loss on the final outputs z (B, n): per-example loss sum, correct count, and
  * (when g is not NULL) d(sum loss)/dz * inv_gb into g. */

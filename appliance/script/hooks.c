@@ -279,6 +279,12 @@ static void push_ctx(loom_hooks *h, const loom_hook_logs *g, bool fresh)
     set_num(s, "eval_accuracy", g->eval_accuracy);
     set_num(s, "samples_per_sec", g->samples_per_sec);
     set_num(s, "learning_rate", g->learning_rate);
+    for (int i = 0; i < g->n_metrics && i < LOOM_HOOK_MAX_METRICS; i++) {
+        char k[64];
+        set_num(s, g->metric_name[i], g->metric[i]);
+        snprintf(k, sizeof k, "eval_%s", g->metric_name[i]);
+        set_num(s, k, g->eval_metric[i]);
+    }
     lua_setfield(s, -2, "logs");
 }
 

@@ -29,6 +29,7 @@ typedef enum {
 typedef enum { LOOM_HOOK_FORWARD, LOOM_HOOK_LOSS, LOOM_HOOK_BACKWARD, LOOM_HOOK_ALL_REDUCE, LOOM_HOOK_APPLY } loom_hook_part;
 
 /* ctx.step, ctx.epoch and ctx.logs for one call; NAN fields become nil. */
+#define LOOM_HOOK_MAX_METRICS 8
 typedef struct loom_hook_logs {
     int64_t step;                     /* updates applied so far */
     int64_t epoch;                    /* 1-based, as in metrics.jsonl */
@@ -36,6 +37,11 @@ typedef struct loom_hook_logs {
     double  eval_loss, eval_accuracy; /* the latest evaluation */
     double  samples_per_sec;
     double  learning_rate;            /* of the next update */
+    /* model.metrics other than accuracy: ctx.logs[name] (the epoch's training
+     * steps so far) and ctx.logs["eval_" .. name] (the latest evaluation) */
+    int         n_metrics;
+    const char *metric_name[LOOM_HOOK_MAX_METRICS];
+    double      metric[LOOM_HOOK_MAX_METRICS], eval_metric[LOOM_HOOK_MAX_METRICS];
 } loom_hook_logs;
 
 /* What the ctx methods do, provided by the trainer. Each returns LOOM_OK or

@@ -69,6 +69,18 @@ static void attr_int(onnx_graph *o, const char *name, int64_t v)
     pb_msg(&o->node, NODE_ATTRIBUTE, &o->sub);
 }
 
+static void attr_float(onnx_graph *o, const char *name, float v)
+{
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    uint8_t le[4] = {(uint8_t)u, (uint8_t)(u >> 8), (uint8_t)(u >> 16), (uint8_t)(u >> 24)};
+    pb_str(&o->sub, ATTR_NAME, name);
+    pb_int(&o->sub, ATTR_TYPE, ATTR_TYPE_FLOAT);
+    pb_key(&o->sub, ATTR_F, WT_I32);
+    loom_buf_put(&o->sub, le, 4);
+    pb_msg(&o->node, NODE_ATTRIBUTE, &o->sub);
+}
+
 static void attr_ints(onnx_graph *o, const char *name, const int64_t *v, int n)
 {
     pb_str(&o->sub, ATTR_NAME, name);
@@ -232,12 +244,33 @@ static const char *act_op(loom_activation a)
     }
 }
 
-/* Appends an activation node after cur (none: nothing). */
-static void activation(onnx_graph *o, loom_activation a, char cur[32])
+/* Appends an activation node after cur (none: nothing); alpha is leaky_relu's slope. */
+static void activation_a(onnx_graph *o, loom_activation a, float alpha, char cur[32])
 {
+    char nb[32], cb[32];
+    if (a == LOOM_ACT_LEAKY_RELU) {
+        strcpy(nb, fresh(o, cb));
+        node_begin(o, "LeakyRelu", nb, cur, NULL, NULL);
+        attr_float(o, "alpha", alpha);
+        node_end(o);
+        strcpy(cur, nb);
+        return;
+    }
+    if (a == LOOM_ACT_GELU) { /* opset 17 has no Gelu: x * (1 + erf(x / sqrt 2)) * 0.5 */
+        char c1[32], c2[32], c3[32], t1[32], t2[32], t3[32], t4[32];
+        snprintf(c1, sizeof c1, "gelu_c%d_sqrt2", o->n_values), snprintf(c2, sizeof c2, "gelu_c%d_one", o->n_values);
+        snprintf(c3, sizeof c3, "gelu_c%d_half", o->n_values);
+        const_scalar(o, c1, 1.41421356237309515f), const_scalar(o, c2, 1.f), const_scalar(o, c3, 0.5f);
+        strcpy(t1, fresh(o, cb)), node_begin(o, "Div", t1, cur, c1, NULL), node_end(o);
+        strcpy(t2, fresh(o, cb)), node_begin(o, "Erf", t2, t1, NULL, NULL), node_end(o);
+        strcpy(t3, fresh(o, cb)), node_begin(o, "Add", t3, t2, c2, NULL), node_end(o);
+        strcpy(t4, fresh(o, cb)), node_begin(o, "Mul", t4, cur, t3, NULL), node_end(o);
+        strcpy(nb, fresh(o, cb)), node_begin(o, "Mul", nb, t4, c3, NULL), node_end(o);
+        strcpy(cur, nb);
+        return;
+    }
     const char *op = act_op(a);
     if (!op) return;
-    char nb[32], cb[32];
     strcpy(nb, fresh(o, cb));
     node_begin(o, op, nb, cur, NULL, NULL);
     if (a == LOOM_ACT_SOFTMAX) attr_int(o, "axis", -1);
@@ -255,6 +288,17 @@ static void same_pads(int64_t in, int k, int s, int64_t *before, int64_t *after)
     *after = tot - tot / 2;
 }
 
+static void activation(onnx_graph *o, loom_activation a, char cur[32]) { activation_a(o, a, 0.f, cur); }
+
+/* A parameter tensor of the model as an initializer of its name; returns the name. */
+static const char *param_init(onnx_graph *o, loom_model *m, int i)
+{
+    const loom_param_info *p = loom_model_param_tensor(m, i);
+    initializer(o, p->name, ONNX_FLOAT, p->shape.dim, p->shape.rank, loom_model_params(m) + p->offset,
+                (size_t)loom_shape_numel(&p->shape) * sizeof(float));
+    return p->name;
+}
+
 /* The ONNX graph of the model, layer by layer. long: one switch case per layer kind, over the walk's
  * shared state (the current tensor's name, shape and layout, the next parameter); it becomes one
  * function per layer kind when a layer describes its own export. */
@@ -269,6 +313,11 @@ static int build_graph(onnx_graph *o, const loom_spec *spec, loom_model *m, cons
         value_info(o, GRAPH_INPUT, "input", onnx_dtype(in->raw_dtype), &in->raw_shape);
         int rc = fold_preprocessing(o, spec, ds, in, cur, err);
         if (rc) return rc;
+    } else if (ms->n_layers > 0 && ms->layer[0].kind == LOOM_LAYER_EMBEDDING) {
+        char w[LOOM_PATH_MAX + 16];
+        return loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&ms->layer[0].loc, w, sizeof w),
+                            "layer \"%s\" (embedding) has no ONNX form in Loom's export", ms->layer[0].name),
+               loom_err_hint(err, "export the weights with --format npz");
     } else {
         if (in->dtype != LOOM_F32)
             return loom_err_set(err, LOOM_EUNSUPPORTED, spec->path, "the model input \"%s\" is %s, not float32",
@@ -306,7 +355,70 @@ static int build_graph(onnx_graph *o, const loom_spec *spec, loom_model *m, cons
             s = (loom_shape){.rank = 1, .dim = {l->units}};
             break;
         }
+        case LOOM_LAYER_BATCH_NORM:
+        case LOOM_LAYER_LAYER_NORM: {
+            bool bn = l->kind == LOOM_LAYER_BATCH_NORM;
+            static const int64_t nhwc_perm[] = {0, 2, 3, 1};
+            if (bn && s.rank == 3 && !nchw) { /* BatchNormalization normalises axis 1 */
+                strcpy(nb, fresh(o, cb));
+                node_begin(o, "Transpose", nb, cur, NULL, NULL);
+                attr_ints(o, "perm", to_nchw, 4);
+                node_end(o);
+                strcpy(cur, nb);
+                nchw = true;
+            } else if (!bn && nchw) { /* LayerNormalization: the last axis, C in Loom's layout */
+                strcpy(nb, fresh(o, cb));
+                node_begin(o, "Transpose", nb, cur, NULL, NULL);
+                attr_ints(o, "perm", nhwc_perm, 4);
+                node_end(o);
+                strcpy(cur, nb);
+                nchw = false;
+            }
+            const char *gamma = param_init(o, m, pi++), *beta = param_init(o, m, pi++);
+            strcpy(nb, fresh(o, cb));
+            if (bn) {
+                const char *mean = param_init(o, m, pi++), *var = param_init(o, m, pi++);
+                pb_str(&o->node, NODE_INPUT, cur);
+                pb_str(&o->node, NODE_INPUT, gamma);
+                pb_str(&o->node, NODE_INPUT, beta);
+                pb_str(&o->node, NODE_INPUT, mean);
+                pb_str(&o->node, NODE_INPUT, var);
+                pb_str(&o->node, NODE_OUTPUT, nb);
+                char name[64];
+                snprintf(name, sizeof name, "BatchNormalization_%d", o->n_nodes++);
+                pb_str(&o->node, NODE_NAME, name);
+                pb_str(&o->node, NODE_OP_TYPE, "BatchNormalization");
+            } else {
+                node_begin(o, "LayerNormalization", nb, cur, gamma, beta);
+                attr_int(o, "axis", -1);
+            }
+            attr_float(o, "epsilon", (float)(l->epsilon > 0 ? l->epsilon : 1e-3));
+            node_end(o);
+            strcpy(cur, nb);
+            break;
+        }
+        case LOOM_LAYER_GLOBAL_AVG_POOL2D:
+            if (!nchw) {
+                strcpy(nb, fresh(o, cb));
+                node_begin(o, "Transpose", nb, cur, NULL, NULL);
+                attr_ints(o, "perm", to_nchw, 4);
+                node_end(o);
+                strcpy(cur, nb);
+            }
+            strcpy(nb, fresh(o, cb));
+            node_begin(o, "GlobalAveragePool", nb, cur, NULL, NULL);
+            node_end(o);
+            strcpy(cur, nb);
+            strcpy(nb, fresh(o, cb));
+            node_begin(o, "Flatten", nb, cur, NULL, NULL); /* (N, C, 1, 1) -> (N, C) */
+            attr_int(o, "axis", 1);
+            node_end(o);
+            strcpy(cur, nb);
+            nchw = false;
+            s = (loom_shape){.rank = 1, .dim = {s.dim[2]}};
+            break;
         case LOOM_LAYER_CONV2D:
+        case LOOM_LAYER_AVG_POOL2D:
         case LOOM_LAYER_MAX_POOL2D: {
             if (!nchw) {
                 strcpy(nb, fresh(o, cb));
@@ -355,7 +467,8 @@ static int build_graph(onnx_graph *o, const loom_spec *spec, loom_model *m, cons
                 node_begin(o, "Conv", nb, cur, k->name, bias);
                 attr_ints(o, "kernel_shape", kernel, 2);
             } else {
-                node_begin(o, "MaxPool", nb, cur, NULL, NULL);
+                /* AveragePool's count_include_pad = 0: the mean of the window's elements inside, as Keras */
+                node_begin(o, l->kind == LOOM_LAYER_AVG_POOL2D ? "AveragePool" : "MaxPool", nb, cur, NULL, NULL);
                 attr_ints(o, "kernel_shape", kernel, 2);
             }
             attr_ints(o, "strides", strides, 2);
@@ -388,7 +501,7 @@ static int build_graph(onnx_graph *o, const loom_spec *spec, loom_model *m, cons
             if (nchw && l->activation == LOOM_ACT_SOFTMAX) /* not reached: softmax needs rank 1 (model.c) */
                 return loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&l->loc, w, sizeof w),
                                     "layer \"%s\": softmax over an image", l->name);
-            activation(o, l->activation, cur);
+            activation_a(o, l->activation, (float)l->alpha, cur);
             break;
         default:
             return loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&l->loc, w, sizeof w),
@@ -403,10 +516,13 @@ static int build_graph(onnx_graph *o, const loom_spec *spec, loom_model *m, cons
         node_end(o);
         strcpy(cur, nb);
     }
-    /* as loom predict: probabilities under softmax cross-entropy (unless the model ends on its own softmax) */
+    /* as loom predict: probabilities under softmax (binary) cross-entropy, unless the model ends on its own softmax (sigmoid) */
     bool ends_softmax = ms->n_layers > 0 && ms->layer[ms->n_layers - 1].activation == LOOM_ACT_SOFTMAX;
-    node_begin(o, ms->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && !ends_softmax ? "Softmax" : "Identity", "output", cur,
-               NULL, NULL);
+    bool ends_sigmoid = ms->n_layers > 0 && ms->layer[ms->n_layers - 1].activation == LOOM_ACT_SIGMOID;
+    node_begin(o, ms->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && !ends_softmax ? "Softmax"
+                  : ms->loss == LOOM_LOSS_BCE && !ends_sigmoid          ? "Sigmoid"
+                                                                         : "Identity",
+               "output", cur, NULL, NULL);
     if (ms->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && !ends_softmax) attr_int(o, "axis", -1);
     node_end(o);
     value_info(o, GRAPH_OUTPUT, "output", ONNX_FLOAT, &s);

@@ -1,6 +1,8 @@
 /* progress.c - a progress bar with ETA on a terminal, plain lines otherwise. */
 #include "progress_internal.h"
 
+#include <math.h>
+
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -32,8 +34,9 @@ void loom_progress_update(loom_progress_state *p, int64_t epoch, int64_t epochs,
 {
     if (p->mode == LOOM_PROGRESS_NONE) return;
     double now = loom_now();
-    char eta[32];
+    char eta[32], ac[32] = "";
     fmt_time(eta_sec, eta, sizeof eta);
+    if (isfinite(acc)) snprintf(ac, sizeof ac, "  acc %.4f", acc); /* a regression has none */
     if (p->mode == LOOM_PROGRESS_BAR) {
         if (now - p->last < 0.1 && step_in_epoch != steps_per_epoch) return;
         p->last = now;
@@ -45,16 +48,16 @@ void loom_progress_update(loom_progress_state *p, int64_t epoch, int64_t epochs,
         bar[width] = 0;
         char total[32] = "?";
         if (steps_per_epoch > 0) snprintf(total, sizeof total, "%lld", (long long)steps_per_epoch);
-        fprintf(stderr, "\r\033[Kepoch %lld/%lld [%s] %lld/%s  loss %.4f  acc %.4f  %.0f samples/s  ETA %s",
-                (long long)epoch + 1, (long long)epochs, bar, (long long)step_in_epoch, total, loss, acc,
+        fprintf(stderr, "\r\033[Kepoch %lld/%lld [%s] %lld/%s  loss %.4f%s  %.0f samples/s  ETA %s",
+                (long long)epoch + 1, (long long)epochs, bar, (long long)step_in_epoch, total, loss, ac,
                 samples_per_sec, eta);
         fflush(stderr);
         p->dirty = 1;
         return;
     }
     if (step % p->log_steps != 0) return;
-    fprintf(stderr, "loom: epoch %lld/%lld step %lld (%lld in epoch): loss %.4f acc %.4f, %.0f samples/s, input_wait %.1f%%, ETA %s\n",
-            (long long)epoch + 1, (long long)epochs, (long long)step, (long long)step_in_epoch, loss, acc,
+    fprintf(stderr, "loom: epoch %lld/%lld step %lld (%lld in epoch): loss %.4f%s, %.0f samples/s, input_wait %.1f%%, ETA %s\n",
+            (long long)epoch + 1, (long long)epochs, (long long)step, (long long)step_in_epoch, loss, ac + 1,
             samples_per_sec, p->input_wait * 100, eta);
 }
 

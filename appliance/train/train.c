@@ -33,6 +33,8 @@ typedef struct run {
     bool               chief;
     loom_dataset_spec *train_spec; /* multi: data.train with this worker's share of the global batch (owned) */
     loom_status       *status;     /* run.status_port's endpoint (loom_train), or NULL */
+    double            *macc[2];    /* model.metrics' state: [0] the epoch's training steps, [1] the last evaluation */
+    bool               has_acc;    /* "accuracy" is one of model.metrics */
     bool               sidecar_eval; /* the cluster has an evaluator task: it evaluates, the chief does not */
     double             status_stages_at; /* when the pipeline's stages were last published */
 } run;
@@ -131,6 +133,8 @@ static void run_close(run *r)
     loom_iter_close(r->train);
     loom_iter_close(r->eval);
     loom_free(r->train_spec);
+    loom_free(r->macc[0]);
+    loom_free(r->macc[1]);
 }
 
 /* The config's batch is the job's GLOBAL batch (tf.distribute): with N
@@ -159,6 +163,36 @@ static int share_batch(run *r, const loom_dataset_spec *train, const loom_input_
         return LOOM_OK;
     }
     return LOOM_OK; /* no batch transform: refused below */
+}
+
+/* Eval batches go through the same replicas as data.train's (es): the same
+ * features at the same places, with the same per-example dtypes and shapes. */
+static int eval_matches_train(run *r, const loom_spec *spec, const loom_elem_spec *es, loom_err *err)
+{
+    char w[600];
+    const loom_elem_spec *ev = loom_iter_spec(r->eval);
+    int ei, el;
+    int rc = find_features(spec, ev, "eval", &ei, &el, err);
+    if (rc) return rc;
+    if (ei != r->args.input_idx || el != r->args.label_idx) {
+        char a[512], b[512];
+        return loom_err_set(err, LOOM_ESHAPE, loom_loc_str(&spec->eval.loc, w, sizeof w),
+                            "data.eval yields %s but data.train yields %s; the features must match",
+                            loom_elem_spec_str(ev, a, sizeof a), loom_elem_spec_str(es, b, sizeof b));
+    }
+    for (int k = 0; k < 2; k++) {
+        int i = k ? el : ei;
+        loom_shape x = es->shape[i], y = ev->shape[i];
+        x.dim[0] = y.dim[0] = 0;
+        if (es->dtype[i] != ev->dtype[i] || !loom_shape_eq(&x, &y)) {
+            char a[512], b[512];
+            return loom_err_set(err, LOOM_ESHAPE, loom_loc_str(&spec->eval.loc, w, sizeof w),
+                                "data.eval yields %s but data.train yields %s; feature \"%s\" must have the same "
+                                "dtype and shape",
+                                loom_elem_spec_str(ev, a, sizeof a), loom_elem_spec_str(es, b, sizeof b), es->name[i]);
+        }
+    }
+    return LOOM_OK;
 }
 
 /* Opens the pipelines and the strategy. `need_eval`: fail if data.eval is
@@ -202,6 +236,9 @@ static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool n
                          .instruction_limit = spec->hooks.instruction_limit};
     loom_data_ctx ctx = {.seed = spec->run.seed, .threads = threads, .name = "train", .input = ictx,
                          .custom_options = &lua};
+    /* parameter_server: each worker's own pipeline shuffles with a seed of its own (create_per_worker_dataset) */
+    if (spec->strategy.kind == LOOM_STRAT_PARAMETER_SERVER && cluster && cluster->role == LOOM_ROLE_WORKER)
+        ctx.seed = loom_rng_mix(spec->run.seed, 0x7073776bu + (uint64_t)cluster->index);
     rc = loom_data_open(&r->train, train, &ctx, err);
     if (rc) return data_open_failed(err, "data.train");
     if (spec->eval.present) {
@@ -219,41 +256,116 @@ static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool n
     const loom_elem_spec *es = loom_iter_spec(r->train);
     r->args.input = es;
     r->args.max_batch = max_batch;
+    r->args.steps_per_epoch = loom_iter_cardinality(r->train);
     rc = find_features(spec, es, "train", &r->args.input_idx, &r->args.label_idx, err);
     if (rc) return rc;
-    if (r->eval) {
-        /* eval batches go through the same replicas: same features, same per-example shapes */
-        const loom_elem_spec *ev = loom_iter_spec(r->eval);
-        int ei, el;
-        rc = find_features(spec, ev, "eval", &ei, &el, err);
-        if (rc) return rc;
-        if (ei != r->args.input_idx || el != r->args.label_idx) {
-            char a[512], b[512];
-            return loom_err_set(err, LOOM_ESHAPE, loom_loc_str(&spec->eval.loc, w, sizeof w),
-                                "data.eval yields %s but data.train yields %s; the features must match",
-                                loom_elem_spec_str(ev, a, sizeof a), loom_elem_spec_str(es, b, sizeof b));
+    if (spec->model.sample_weight[0]) { /* model.sample_weight: in both pipelines, at the same place */
+        int wi = loom_elem_spec_find(es, spec->model.sample_weight);
+        int we = r->eval ? loom_elem_spec_find(loom_iter_spec(r->eval), spec->model.sample_weight) : wi;
+        if (wi < 0 || we != wi) {
+            char have[512];
+            const loom_elem_spec *in = wi < 0 ? es : loom_iter_spec(r->eval);
+            return loom_err_set(err, LOOM_ESHAPE, loom_loc_str(&spec->model.loc, w, sizeof w),
+                                "model.sample_weight: the %s pipeline has no feature \"%s\" where data.train has it "
+                                "(it yields %s)",
+                                wi < 0 ? "train" : "eval", spec->model.sample_weight,
+                                loom_elem_spec_str(in, have, sizeof have));
         }
-        for (int k = 0; k < 2; k++) {
-            int i = k ? el : ei;
-            loom_shape x = es->shape[i], y = ev->shape[i];
-            x.dim[0] = y.dim[0] = 0;
-            if (es->dtype[i] != ev->dtype[i] || !loom_shape_eq(&x, &y)) {
-                char a[512], b[512];
-                return loom_err_set(err, LOOM_ESHAPE, loom_loc_str(&spec->eval.loc, w, sizeof w),
-                                    "data.eval yields %s but data.train yields %s; feature \"%s\" must have the same "
-                                    "dtype and shape",
-                                    loom_elem_spec_str(ev, a, sizeof a), loom_elem_spec_str(es, b, sizeof b), es->name[i]);
-            }
-        }
+        r->args.weight_idx1 = wi + 1;
     }
+    if (r->eval && (rc = eval_matches_train(r, spec, es, err))) return rc;
     if ((rc = loom_strategy_open(&r->strat, &r->args, err))) return rc;
     r->chief = loom_strategy_is_chief(r->strat);
     return LOOM_OK;
 }
 
+/* ---- model.metrics ---- */
+
+/* Adds every replica's metric state into acc and clears them (a strategy
+ * without replica(): its model, replica 0). */
+static void take_metrics(run *r, double *acc)
+{
+    loom_strategy *s = r->strat;
+    if (s->ops->replica)
+        for (int i = 0, n = loom_strategy_num_replicas(s); i < n; i++) {
+            loom_model *m = loom_strategy_replica(s, i);
+            if (m) loom_model_metrics_take(m, acc);
+        }
+    else
+        loom_model_metrics_take(loom_strategy_model(s), acc);
+}
+
+/* The state of model.metrics (zeroed); LOOM_ENOMEM. */
+static int metrics_open(run *r, loom_err *err)
+{
+    loom_model *m = loom_strategy_model(r->strat);
+    int64_t n = loom_model_metrics_size(m);
+    r->has_acc = false;
+    for (int i = 0; i < loom_model_num_metrics(m); i++) r->has_acc |= loom_model_metric(m, i) == LOOM_METRIC_ACCURACY;
+    r->hooks.has_acc = r->has_acc;
+    for (int k = 0; k < 2; k++)
+        if (!(r->macc[k] = loom_calloc((size_t)(n ? n : 1), sizeof(double))))
+            return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate the metrics' state");
+    r->hooks.n_metrics = 0;
+    for (int i = 0; i < loom_model_num_metrics(m) && r->hooks.n_metrics < LOOM_HOOK_MAX_METRICS; i++)
+        if (loom_model_metric(m, i) != LOOM_METRIC_ACCURACY)
+            r->hooks.metric_name[r->hooks.n_metrics++] = loom_metric_name(loom_model_metric(m, i));
+    for (int i = 0; i < LOOM_HOOK_MAX_METRICS; i++) r->hooks.metric[i] = r->hooks.eval_metric[i] = NAN;
+    return LOOM_OK;
+}
+
+static void metrics_clear(run *r, int k)
+{
+    loom_model *m = loom_strategy_model(r->strat);
+    if (r->macc[k]) memset(r->macc[k], 0, (size_t)loom_model_metrics_size(m) * sizeof(double));
+}
+
+/* ", accuracy 0.9123, auc 0.9500" (state k, with the steps' correct and examples) into buf. */
+static char *metrics_text(run *r, int k, int64_t correct, int64_t examples, char *buf, size_t n)
+{
+    loom_model *m = loom_strategy_model(r->strat);
+    size_t len = 0;
+    buf[0] = 0;
+    for (int i = 0; i < loom_model_num_metrics(m); i++) {
+        double v = loom_model_metric_value(m, i, r->macc[k], correct, examples);
+        int w = snprintf(buf + len, n - len, ", %s %.4f", loom_metric_name(loom_model_metric(m, i)), v);
+        if (w < 0 || len + (size_t)w >= n) break;
+        len += (size_t)w;
+    }
+    return buf;
+}
+
+/* "train_accuracy": ..., "train_auc": ... of state k into a metrics.jsonl line. */
+static void json_num(FILE *f, const char *key, double v, int first);
+static void metrics_json(run *r, FILE *f, const char *prefix, int k, int64_t correct, int64_t examples)
+{
+    loom_model *m = loom_strategy_model(r->strat);
+    for (int i = 0; i < loom_model_num_metrics(m); i++) {
+        char key[64];
+        snprintf(key, sizeof key, "%s%s", prefix, loom_metric_name(loom_model_metric(m, i)));
+        json_num(f, key, examples ? loom_model_metric_value(m, i, r->macc[k], correct, examples) : NAN, 0);
+    }
+}
+
+/* The hooks' ctx.logs values of the metrics beside accuracy: state k into metric (k = 0) or eval_metric. */
+static void metrics_to_hooks(run *r, int k, int64_t correct, int64_t examples)
+{
+    loom_model *m = loom_strategy_model(r->strat);
+    for (int i = 0, h = 0; i < loom_model_num_metrics(m) && h < LOOM_HOOK_MAX_METRICS; i++) {
+        if (loom_model_metric(m, i) == LOOM_METRIC_ACCURACY) continue;
+        double v = examples ? loom_model_metric_value(m, i, r->macc[k], correct, examples) : NAN;
+        if (k == 0) r->hooks.metric[h++] = v;
+        else r->hooks.eval_metric[h++] = v;
+    }
+}
+
+/* Evaluates data.eval; its metric state ends in r->macc[1] (the training
+ * steps' state so far is first added to r->macc[0]). */
 static int evaluate_all(run *r, loom_iter *it, loom_step_result *total, loom_err *err)
 {
     memset(total, 0, sizeof *total);
+    take_metrics(r, r->macc[0]);
+    metrics_clear(r, 1);
     int rc = loom_iter_rewind(it, 0, err);
     if (rc) return rc;
     int64_t limit = r->spec->run.eval_steps;
@@ -264,11 +376,14 @@ static int evaluate_all(run *r, loom_iter *it, loom_step_result *total, loom_err
         if (rc) return rc;
         loom_step_result s;
         rc = loom_strategy_eval_step(r->strat, b, &s, err);
+        if (rc == LOOM_EDATA) loom_err_prefix(err, "data.eval batch %lld", (long long)n + 1);
         if (rc) return rc;
         total->loss_sum += s.loss_sum;
         total->correct += s.correct;
         total->examples += s.examples;
     }
+    take_metrics(r, r->macc[1]);
+    metrics_to_hooks(r, 1, total->correct, total->examples);
     return LOOM_OK;
 }
 
@@ -351,7 +466,7 @@ static loom_hook_logs hook_logs(const trainer_state *st, int64_t epoch, loom_opt
                         .samples_per_sec = sps, .learning_rate = loom_optimizer_lr(opt, st->step)};
     g.loss = st->examples ? st->loss_sum / (double)st->examples : NAN;
     g.accuracy = st->examples ? (double)st->correct / (double)st->examples : NAN;
-    return g;
+    return g; /* train_hooks_call_ adds model.metrics (and drops accuracy when it is not one) */
 }
 
 /* A hook failed (err): save a checkpoint, which is whole because hooks run
@@ -386,7 +501,7 @@ static void publish(run *r, const trainer_state *st, loom_status_state state, lo
     loom_status_figures f = {
         .state = state, .step = st->step, .epoch = st->epoch + 1,
         .loss = st->examples ? st->loss_sum / (double)st->examples : NAN,
-        .accuracy = st->examples ? (double)st->correct / (double)st->examples : NAN,
+        .accuracy = st->examples && r->has_acc ? (double)st->correct / (double)st->examples : NAN,
         .samples_per_sec = sps, .input_wait_fraction = input_wait, .learning_rate = loom_optimizer_lr(opt, st->step),
         .eval_loss = eval_loss, .eval_accuracy = eval_acc, .examples_total = examples_total};
     loom_status_update(r->status, &f);
@@ -438,15 +553,17 @@ typedef struct summary_window {
     int64_t correct, examples;
 } summary_window;
 
-static int log_summary(FILE *metrics, loom_summary *tb, summary_window *w, int64_t step, double lr, loom_err *err)
+static int log_summary(FILE *metrics, loom_summary *tb, summary_window *w, int64_t step, double lr, bool has_acc,
+                       loom_err *err)
 {
     const char *tag[] = {"loss", "accuracy", "learning_rate", "samples_per_sec", "input_wait_fraction"};
     double v[] = {w->examples ? w->loss_sum / (double)w->examples : NAN,
-                  w->examples ? (double)w->correct / (double)w->examples : NAN, lr,
+                  w->examples && has_acc ? (double)w->correct / (double)w->examples : NAN, lr,
                   w->sec > 0 ? (double)w->examples / w->sec : 0, w->sec > 0 ? w->input_sec / w->sec : 0};
     memset(w, 0, sizeof *w);
     fprintf(metrics, "{\"event\": \"summary\", \"step\": %lld", (long long)step);
-    for (int i = 0; i < 5; i++) json_num(metrics, tag[i], v[i], 0);
+    for (int i = 0; i < 5; i++)
+        if (i != 1 || has_acc) json_num(metrics, tag[i], v[i], 0); /* a regression has no accuracy */
     json_time(metrics, "wall_time", loom_wall_time());
     fprintf(metrics, "}\n");
     int rc = LOOM_OK;
@@ -467,11 +584,16 @@ static int log_histograms(loom_summary *tb, loom_model *m, int64_t step, loom_er
     return rc ? rc : loom_summary_flush(tb, err);
 }
 
-static int log_eval(loom_summary *tb, int64_t step, double loss, double acc, loom_err *err)
+/* An evaluation (ev, its metrics in r->macc[1]) to TensorBoard: loss and each metric. */
+static int log_eval(run *r, loom_summary *tb, int64_t step, double loss, const loom_step_result *ev, loom_err *err)
 {
     if (!tb || !isfinite(loss)) return LOOM_OK;
     int rc = loom_summary_scalar(tb, "loss", step, loss, err);
-    if (!rc) rc = loom_summary_scalar(tb, "accuracy", step, acc, err);
+    loom_model *m = loom_strategy_model(r->strat);
+    for (int i = 0; i < loom_model_num_metrics(m) && !rc; i++) {
+        double v = loom_model_metric_value(m, i, r->macc[1], ev->correct, ev->examples);
+        if (isfinite(v)) rc = loom_summary_scalar(tb, loom_metric_name(loom_model_metric(m, i)), step, v, err);
+    }
     return rc ? rc : loom_summary_flush(tb, err);
 }
 
@@ -521,6 +643,7 @@ static int write_final_marker(const char *dir, int64_t step, const char *ckpt, l
  *
  *   trainer_open     pipelines, strategy, hooks, status endpoint, model_dir and
  *                    its lock: everything is checked before anything is written
+ *                    (a task that serves the job runs the strategy's loop instead)
  *   trainer_resume   the latest checkpoint (or --fresh's archive of the old ones)
  *   final_marker_clear  the sidecar evaluator's end marker goes while the job goes on
  *   sink_open        the metrics sink: the one way out for every figure, fanned
@@ -556,6 +679,7 @@ typedef struct trainer {
     const loom_run_spec   *rs;
     const loom_train_opts *opts;
     int                    lock_fd; /* the model_dir lock (the chief's), or -1 */
+    bool                   serves;  /* a ps task or a parameter-server worker: the strategy serves the job */
     trainer_state          st;
     loom_model            *model;
     loom_optimizer        *opt;
@@ -573,6 +697,7 @@ typedef struct trainer {
     double                 run_start, epoch_start, last_ckpt_time; /* run.checkpoint_secs counts from the last */
     double                 train_sec, run_train_sec, input_sec; /* input_sec: this epoch's inside loom_iter_next */
     double                 first_step_ms, last_eval_loss, last_eval_acc;
+    loom_step_result       last_ev;     /* the last evaluation (its metrics in r.macc[1]) */
     bool                   epoch_open;  /* on_epoch_begin was called for the epoch in progress */
     bool                   input_ended; /* data.train ended this epoch; other tasks of the job may still have a step */
     sig_atomic_t           stop_asked;  /* the signal whose stop request the strategy carries to the other tasks */
@@ -658,7 +783,8 @@ static void sink_progress(trainer *t, double sps)
     int64_t left = max_steps > 0 ? max_steps - st->step : spe > 0 ? (epochs - st->epoch) * spe - st->step_in_epoch : -1;
     loom_progress_update(&t->sink.prog, st->epoch, max_steps > 0 ? (spe > 0 ? (max_steps + spe - 1) / spe : 1) : epochs,
                          st->step_in_epoch, spe, st->step, st->loss_sum / (double)st->examples,
-                         (double)st->correct / (double)st->examples, sps, left >= 0 ? per_step * (double)left : -1);
+                         t->r.has_acc ? (double)st->correct / (double)st->examples : NAN, sps,
+                         left >= 0 ? per_step * (double)left : -1);
     sink_state(t, LOOM_STATUS_TRAINING, sps, t->sink.prog.input_wait);
     char tuned[512];
     /* once the autotuner's choice settles, and after a change */
@@ -673,16 +799,16 @@ static int sink_summary(trainer *t, loom_err *err)
 {
     double ts = loom_now();
     int rc = log_summary(t->sink.jsonl, t->sink.tb, &t->sink.win, t->st.step, loom_optimizer_lr(t->opt, t->st.step),
-                         err);
+                         t->r.has_acc, err);
     t->sink.summary_sec += loom_now() - ts;
     return rc;
 }
 
-/* An evaluation's loss and accuracy to <model_dir>/eval's event file. */
-static int sink_eval(trainer *t, loom_err *err)
+/* An evaluation's loss and model.metrics (ev, its state in r.macc[1]) to <model_dir>/eval's event file. */
+static int sink_eval(trainer *t, const loom_step_result *ev, loom_err *err)
 {
     double ts = loom_now();
-    int rc = log_eval(t->sink.tb_eval, t->st.step, t->last_eval_loss, t->last_eval_acc, err);
+    int rc = log_eval(&t->r, t->sink.tb_eval, t->st.step, t->last_eval_loss, ev, err);
     t->sink.summary_sec += loom_now() - ts;
     return rc;
 }
@@ -703,16 +829,18 @@ static void sink_epoch(trainer *t, const loom_step_result *ev, double sps, doubl
 {
     const trainer_state *st = &t->st;
     FILE *m = t->sink.jsonl;
+    run *r = &t->r;
     double train_loss = st->examples ? st->loss_sum / (double)st->examples : NAN;
-    double train_acc = st->examples ? (double)st->correct / (double)st->examples : NAN;
     /* never a NaN in the log: metrics that were not measured are named as such */
-    char tr[96], evs[96];
+    char tr[320], evs[320], mt[256];
     if (st->examples)
-        snprintf(tr, sizeof tr, "train loss %.4f, accuracy %.4f", train_loss, train_acc);
+        snprintf(tr, sizeof tr, "train loss %.4f%s", train_loss,
+                 metrics_text(r, 0, st->correct, st->examples, mt, sizeof mt));
     else
         snprintf(tr, sizeof tr, "no training examples this epoch");
     if (ev->examples)
-        snprintf(evs, sizeof evs, "; eval loss %.4f, accuracy %.4f", t->last_eval_loss, t->last_eval_acc);
+        snprintf(evs, sizeof evs, "; eval loss %.4f%s", t->last_eval_loss,
+                 metrics_text(r, 1, ev->correct, ev->examples, mt, sizeof mt));
     else
         snprintf(evs, sizeof evs, "%s", t->r.eval ? (t->rs->eval_each_epoch ? "; eval data yielded no batch" : "")
                                                   : "; no eval data");
@@ -720,9 +848,9 @@ static void sink_epoch(trainer *t, const loom_step_result *ev, double sps, doubl
               (long long)t->rs->epochs, (long long)st->step, tr, evs, sps, input_wait * 100, ep_sec);
     fprintf(m, "{\"event\": \"epoch\", \"epoch\": %lld, \"step\": %lld", (long long)st->epoch + 1, (long long)st->step);
     json_num(m, "train_loss", train_loss, 0);
-    json_num(m, "train_accuracy", train_acc, 0);
+    metrics_json(r, m, "train_", 0, st->correct, st->examples);
     json_num(m, "eval_loss", ev->examples ? t->last_eval_loss : NAN, 0);
-    json_num(m, "eval_accuracy", ev->examples ? t->last_eval_acc : NAN, 0);
+    metrics_json(r, m, "eval_", 1, ev->correct, ev->examples);
     json_num(m, "samples_per_sec", sps, 0);
     json_num(m, "learning_rate", loom_optimizer_lr(t->opt, st->step), 0);
     json_num(m, "epoch_seconds", ep_sec, 0);
@@ -746,9 +874,12 @@ static void sink_end(trainer *t)
                   "run.max_steps to train further",
                   t->r.model_dir, (long long)st->step, (long long)st->epoch, (long long)t->rs->epochs);
     else {
-        char evs[64];
+        char evs[320], mt[256];
         if (!isnan(t->last_eval_acc))
             snprintf(evs, sizeof evs, "eval accuracy %.4f", t->last_eval_acc);
+        else if (t->last_ev.examples) /* a regression, or metrics without accuracy */
+            snprintf(evs, sizeof evs, "eval loss %.4f%s", t->last_eval_loss,
+                     metrics_text(&t->r, 1, t->last_ev.correct, t->last_ev.examples, mt, sizeof mt));
         else
             snprintf(evs, sizeof evs, "%s", t->r.sidecar_eval ? "evaluated by the evaluator task"
                                             : t->r.eval         ? "not evaluated"
@@ -759,7 +890,7 @@ static void sink_end(trainer *t)
     FILE *m = t->sink.jsonl;
     fprintf(m, "{\"event\": \"end\", \"step\": %lld, \"epoch\": %lld", (long long)st->step, (long long)st->epoch);
     json_num(m, "eval_loss", t->last_eval_loss, 0);
-    json_num(m, "eval_accuracy", t->last_eval_acc, 0);
+    metrics_json(&t->r, m, "eval_", 1, t->last_ev.correct, t->last_ev.examples);
     json_num(m, "samples_per_sec", t->run_train_sec > 0 ? (double)t->run_examples / t->run_train_sec : 0, 0);
     json_num(m, "seconds", total, 0);
     json_num(m, "first_step_ms", t->first_step_ms, 0);
@@ -772,7 +903,17 @@ static void sink_end(trainer *t)
 
 /* ---- opening, resuming, closing ---- */
 
-/* The pipelines, the strategy, the hooks, the status endpoint, model_dir and its lock. */
+/* A task that is not the chief logs only its warnings and errors, under its name. */
+static void log_as_task(const loom_cluster *c)
+{
+    char task[64];
+    loom_log_set_name(loom_task_name(c->role, c->index, task, sizeof task));
+    if (loom_log_get_level() < LOOM_LOG_WARN) loom_log_set_level(LOOM_LOG_WARN);
+}
+
+/* The pipelines, the strategy, the hooks, the status endpoint, model_dir and
+ * its lock; for a task that serves the job (t->serves), the pipelines and the
+ * strategy alone. */
 static int trainer_open(trainer *t, const loom_spec *spec, const loom_train_opts *opts, loom_err *err)
 {
     memset(t, 0, sizeof *t);
@@ -780,13 +921,15 @@ static int trainer_open(trainer *t, const loom_spec *spec, const loom_train_opts
     run *r = &t->r;
     const char *dir = opts->model_dir ? opts->model_dir : spec->run.model_dir;
     int rc = run_open(r, spec, dir, false, opts->cluster, false, err);
-    r->sidecar_eval = opts->cluster && opts->cluster->n_tasks[LOOM_ROLE_EVALUATOR] > 0;
-    if (!rc && !r->chief) { /* the chief logs the job; the other tasks only their warnings and errors */
-        char task[64];
-        loom_log_set_name(loom_task_name(opts->cluster->role, opts->cluster->index, task, sizeof task));
-        if (loom_log_get_level() < LOOM_LOG_WARN) loom_log_set_level(LOOM_LOG_WARN);
+    if (!rc && loom_strategy_serves(r->strat)) { /* a ps task or a parameter-server worker: trainer_serve */
+        t->serves = true;
+        log_as_task(opts->cluster);
+        return LOOM_OK;
     }
+    r->sidecar_eval = opts->cluster && opts->cluster->n_tasks[LOOM_ROLE_EVALUATOR] > 0;
+    if (!rc && !r->chief) log_as_task(opts->cluster); /* the chief logs the job */
     if (!rc) rc = train_hooks_open_(&r->hooks, spec, r->model_dir, r->strat, err);
+    if (!rc) rc = metrics_open(r, err);
     if (!rc && spec->run.status_port && r->chief) { /* the chief reports the job; a port in use fails here, before anything is written */
         char w[600];
         rc = loom_status_open(&r->status, spec->run.status_bind, spec->run.status_port,
@@ -1005,6 +1148,9 @@ static int take_step(trainer *t, double t0, loom_step_result *res, double *t_inp
         rc = train_hooks_step_(&r->hooks, loom_iter_spec(r->train), batch, &hl, res, &applied, err);
     } else {
         rc = loom_strategy_train_step(r->strat, batch, t->st.step, res, err);
+        if (rc == LOOM_EDATA) /* a label or weight the loss cannot take: say which batch holds it */
+            loom_err_prefix(err, "data.train batch %lld of epoch %lld (step %lld)", (long long)t->st.step_in_epoch + 1,
+                            (long long)t->st.epoch + 1, (long long)t->st.step + 1);
     }
     return rc ? step_failed(t, rc, custom, applied, err) : LOOM_OK;
 }
@@ -1066,8 +1212,9 @@ static int evaluate_now(trainer *t, loom_step_result *ev, loom_err *err)
     int rc = evaluate_all(&t->r, t->r.eval, ev, err);
     if (rc) return rc;
     t->last_eval_loss = ev->examples ? ev->loss_sum / (double)ev->examples : NAN;
-    t->last_eval_acc = ev->examples ? (double)ev->correct / (double)ev->examples : NAN;
+    t->last_eval_acc = ev->examples && t->r.has_acc ? (double)ev->correct / (double)ev->examples : NAN;
     t->last_eval_step = t->st.step;
+    t->last_ev = *ev;
     return LOOM_OK;
 }
 
@@ -1083,9 +1230,11 @@ static int at_epoch_end(trainer *t, loom_err *err)
     loom_step_result ev = {0};
     int rc = LOOM_OK;
     if (t->r.eval && t->rs->eval_each_epoch && t->r.chief && !t->r.sidecar_eval) {
-        if ((rc = evaluate_now(t, &ev, err)) || (rc = sink_eval(t, err))) return rc;
+        if ((rc = evaluate_now(t, &ev, err)) || (rc = sink_eval(t, &ev, err))) return rc;
     }
     if ((rc = sink_histograms(t, err))) return rc;
+    take_metrics(&t->r, t->r.macc[0]); /* the epoch's model.metrics, also for the hooks' ctx.logs */
+    metrics_to_hooks(&t->r, 0, st->correct, st->examples);
     double sps = t->train_sec > 0 ? (double)st->examples / t->train_sec : 0;
     double input_wait = t->train_sec > 0 ? t->input_sec / t->train_sec : 0;
     sink_epoch(t, &ev, sps, input_wait, ep_sec);
@@ -1095,6 +1244,7 @@ static int at_epoch_end(trainer *t, loom_err *err)
     st->step_in_epoch = 0;
     st->loss_sum = 0;
     st->correct = st->examples = 0;
+    metrics_clear(&t->r, 0);
     t->train_sec = 0;
     t->input_sec = 0;
     if ((rc = loom_iter_rewind(t->r.train, st->epoch, err)) || (rc = checkpoint_now(t, err))) return rc;
@@ -1115,6 +1265,10 @@ static int at_boundary(trainer *t, loom_err *err)
     int rc = LOOM_OK;
     if (summary_due && (rc = sink_summary(t, err))) return rc;
     if (ckpt_due && (rc = checkpoint_now(t, err))) return rc;
+    if (t->r.hooks.hooks && t->r.hooks.n_metrics) { /* ctx.logs: the metrics of the epoch so far */
+        take_metrics(&t->r, t->r.macc[0]);
+        metrics_to_hooks(&t->r, 0, t->st.correct, t->st.examples);
+    }
     return at_hook(t, LOOM_HOOK_STEP_END, t->st.epoch + 1, sps, err);
 }
 
@@ -1163,10 +1317,11 @@ static int trainer_finish(trainer *t, int rc, loom_err *err)
         st->step > t->start_step) {
         loom_step_result ev; /* an evaluation without examples leaves the last one's figures */
         rc = evaluate_all(&t->r, t->r.eval, &ev, err);
+        if (!rc) t->last_ev = ev;
         if (!rc && ev.examples) {
             t->last_eval_loss = ev.loss_sum / (double)ev.examples;
-            t->last_eval_acc = (double)ev.correct / (double)ev.examples;
-            rc = sink_eval(t, err);
+            t->last_eval_acc = t->r.has_acc ? (double)ev.correct / (double)ev.examples : NAN;
+            rc = sink_eval(t, &ev, err);
         }
     }
     if (!rc) rc = at_hook(t, LOOM_HOOK_TRAIN_END, st->epoch + (st->step_in_epoch > 0), NAN, err);
@@ -1180,6 +1335,8 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
 {
     trainer tr, *t = &tr;
     int rc = trainer_open(t, spec, opts, err);
+    if (!rc && t->serves) /* the strategy's own loop: parameter servers, and workers that only feed them */
+        return trainer_close(t, loom_strategy_serve(t->r.strat, t->r.train, err), err);
     if (!rc) rc = trainer_resume(t, err);
     if (!rc) {
         int64_t card = loom_iter_cardinality(t->r.train);
@@ -1233,13 +1390,20 @@ int loom_evaluate(const loom_spec *spec, const char *model_dir, const char *chec
     run r;
     memset(out, 0, sizeof *out);
     int rc = run_open(&r, spec, model_dir, true, NULL, false, err);
+    if (!rc) rc = metrics_open(&r, err);
     if (!rc) rc = load_for_inference(&r, checkpoint, out->checkpoint, &out->step, err);
     loom_step_result ev;
     if (!rc) rc = evaluate_all(&r, r.eval, &ev, err);
     if (!rc) {
         out->examples = ev.examples;
         out->loss = ev.examples ? ev.loss_sum / (double)ev.examples : NAN;
-        out->accuracy = ev.examples ? (double)ev.correct / (double)ev.examples : NAN;
+        out->accuracy = ev.examples && r.has_acc ? (double)ev.correct / (double)ev.examples : NAN;
+        loom_model *m = loom_strategy_model(r.strat);
+        out->n_metrics = loom_model_num_metrics(m);
+        for (int i = 0; i < out->n_metrics; i++) {
+            snprintf(out->metric_name[i], sizeof out->metric_name[i], "%s", loom_metric_name(loom_model_metric(m, i)));
+            out->metric[i] = ev.examples ? loom_model_metric_value(m, i, r.macc[1], ev.correct, ev.examples) : NAN;
+        }
     }
     run_close(&r);
     return rc;
@@ -1350,7 +1514,7 @@ static int watch_report(run *r, const char *who, const char *path, int64_t step,
         rc = loom_err_set(err, LOOM_EIO, metrics_path, "cannot append the eval line: %s", strerror(errno));
     fclose(m);
     if (!rc && !*tb && r->spec->run.summary_steps > 0) rc = loom_summary_open(tb, eval_dir, -1, err);
-    if (!rc) rc = log_eval(*tb, step, loss, acc, err);
+    if (!rc) rc = log_eval(r, *tb, step, loss, ev, err);
     return rc;
 }
 
@@ -1444,6 +1608,7 @@ int loom_evaluate_watch(const loom_spec *spec, const char *model_dir, const loom
     run r;
     *evaluated = 0;
     int rc = run_open(&r, spec, model_dir, true, NULL, false, err);
+    if (!rc) rc = metrics_open(&r, err);
     if (rc) {
         run_close(&r);
         return rc;
@@ -1584,6 +1749,7 @@ int loom_predict(const loom_spec *spec, const char *model_dir, const char *check
             int64_t best = 0;
             for (int64_t c = 1; c < classes; c++)
                 if (p[c] > p[best]) best = c;
+            if (classes == 1) best = p[0] > 0.5f; /* one sigmoid output: its probability decides */
             fprintf(f, "%lld,%lld", (long long)index++, (long long)best);
             for (int64_t c = 0; c < classes; c++) fprintf(f, ",%.6g", p[c]);
             fputc('\n', f);
@@ -1645,7 +1811,7 @@ int loom_check(const loom_spec *spec, const loom_cluster *cluster, FILE *f, loom
         loom_model *m = loom_strategy_model(r.strat);
         loom_model_summary(m, f);
         fprintf(f, "optimizer: %s, learning rate %g at step 0\n",
-                spec->optimizer.kind == LOOM_OPT_SGD ? "sgd" : spec->optimizer.kind == LOOM_OPT_MOMENTUM ? "momentum" : "adam",
+                (const char *const[]){"sgd", "momentum", "adam", "adamw", "rmsprop", "adagrad"}[spec->optimizer.kind],
                 loom_optimizer_lr(loom_strategy_optimizer(r.strat), 0));
         loom_strategy_print_plan(r.strat, batch_size_of(&spec->train), f);
         fprintf(f, "compute: %d thread%s; BLAS %s (%s), %d thread%s each\n", loom_model_threads(m),

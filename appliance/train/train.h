@@ -30,10 +30,13 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
 
 typedef struct loom_eval_result {
     double  loss;      /* mean per-example loss */
-    double  accuracy;
+    double  accuracy;  /* NaN when accuracy is not one of model.metrics */
     int64_t examples;
     int64_t step;      /* of the checkpoint evaluated */
     char    checkpoint[LOOM_PATH_MAX];
+    int     n_metrics; /* model.metrics, in order (accuracy included) */
+    char    metric_name[LOOM_MAX_METRICS][24];
+    double  metric[LOOM_MAX_METRICS];
 } loom_eval_result;
 
 /* Evaluates data.eval with the given checkpoint file, or the latest in

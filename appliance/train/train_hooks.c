@@ -151,7 +151,15 @@ int train_hooks_call_(train_hooks_ *t, loom_hook_kind kind, const loom_hook_logs
     if (!t->hooks) return LOOM_OK;
     t->step = logs->step;
     t->epoch = logs->epoch;
-    return loom_hooks_call(t->hooks, kind, logs, err);
+    loom_hook_logs g = *logs;
+    if (!t->has_acc) g.accuracy = g.eval_accuracy = NAN;
+    g.n_metrics = t->n_metrics;
+    for (int i = 0; i < t->n_metrics; i++) {
+        g.metric_name[i] = t->metric_name[i];
+        g.metric[i] = t->metric[i];
+        g.eval_metric[i] = t->eval_metric[i];
+    }
+    return loom_hooks_call(t->hooks, kind, &g, err);
 }
 
 int train_hooks_step_(train_hooks_ *t, const loom_elem_spec *es, const loom_elem *batch, const loom_hook_logs *logs,

@@ -23,6 +23,11 @@ typedef struct train_hooks_ {
     bool             stop;     /* a hook called ctx:stop() */
     bool             reduced;  /* the custom step's gradients are all-reduced */
     loom_step_result result;   /* the custom step's ctx:loss(), summed over replicas */
+    /* model.metrics beside accuracy, added to every call's ctx.logs (the trainer keeps them current) */
+    bool             has_acc;  /* accuracy is one of them; else ctx.logs has no accuracy */
+    int              n_metrics;
+    const char      *metric_name[LOOM_HOOK_MAX_METRICS];
+    double           metric[LOOM_HOOK_MAX_METRICS], eval_metric[LOOM_HOOK_MAX_METRICS];
 } train_hooks_;
 
 /* Opens the hooks the spec declares (none: t->hooks stays NULL, and every

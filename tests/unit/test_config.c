@@ -281,7 +281,7 @@ static void test_overrides(void)
         "data.train.transforms.[7].count=-5",
         "model.layers.[20].units=3",
         "run.epochs",
-        "optimizer.type=adamw",
+        "optimizer.type=adamax",
         "run.model_dir.x=1",
     };
     int rc = 0;
@@ -292,7 +292,7 @@ static void test_overrides(void)
     CHECK_CONTAINS(text, "--set data.train.transforms.[7].count: expected an integer >= -1, got -5");
     CHECK_CONTAINS(text, "--set model.layers.[20].units: index [20] is out of range (the list has 9 elements)");
     CHECK_CONTAINS(text, "--set run.epochs: expected key=value, got \"run.epochs\"");
-    CHECK_CONTAINS(text, "--set optimizer.type: unknown value \"adamw\"");
+    CHECK_CONTAINS(text, "--set optimizer.type: unknown value \"adamax\"");
     CHECK_CONTAINS(text, "--set run.model_dir.x: model_dir is not a group");
 }
 
@@ -308,6 +308,7 @@ static void strip_locs(loom_spec *s)
         for (int j = 0; j < LOOM_MAX_TRANSFORMS; j++) memset(&ds[i]->transform[j].loc, 0, sizeof(loom_loc));
     }
     memset(&s->model.loc, 0, sizeof(loom_loc));
+    memset(&s->model.metrics_loc, 0, sizeof(loom_loc));
     for (int j = 0; j < LOOM_MAX_LAYERS; j++) memset(&s->model.layer[j].loc, 0, sizeof(loom_loc));
     memset(&s->optimizer.loc, 0, sizeof(loom_loc));
     memset(&s->optimizer.schedule.loc, 0, sizeof(loom_loc));

@@ -477,13 +477,90 @@ static int convert_csv(const loom_convert_opts *o, sharder *sh, loom_convert_res
 
 /* ---- the conversion --------------------------------------------------------- */
 
+/* ---- a dataset's source ---------------------------------------------------- */
+
+/* The elements of o->dataset's source, one Example each: integer features as
+ * int64_list, float features as float_list, uint8 features of rank >= 1 as
+ * one bytes value (as IDX images), all in the source's order. */
+static int convert_dataset(const loom_convert_opts *o, sharder *sh, loom_err *err)
+{
+    loom_dataset_spec *ds = loom_calloc(1, sizeof *ds);
+    if (!ds) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate a dataset spec");
+    ds->present = true;
+    ds->loc = o->dataset->loc;
+    ds->source = o->dataset->source;
+    ds->shard_policy = o->dataset->shard_policy;
+    ds->on_nonfinite = o->dataset->on_nonfinite;
+    ds->options = o->dataset->options;
+    loom_data_ctx ctx = {.seed = o->seed, .threads = 0, .name = "records"};
+    loom_iter *it = NULL;
+    loom_example_builder b;
+    loom_example_builder_init(&b);
+    int64_t *iv = NULL;
+    float *fv = NULL;
+    int rc = loom_data_open(&it, ds, &ctx, err);
+    if (rc) goto done;
+    int64_t card = loom_iter_cardinality(it), n = o->count > 0 ? o->count : card;
+    if (n < 0) {
+        char w[LOOM_PATH_MAX + 16];
+        rc = loom_err_set(err, LOOM_EUSAGE, loom_loc_str(&ds->source.loc, w, sizeof w),
+                          "the source of data.train is infinite (or of unknown length)");
+        loom_err_hint(err, "give --count N, the number of records to write");
+        goto done;
+    }
+    if (card >= 0 && card < n) n = card;
+    const loom_elem_spec *es = loom_iter_spec(it);
+    int64_t maxel = 1;
+    for (int f = 0; f < es->n; f++) maxel = loom_shape_numel(&es->shape[f]) > maxel ? loom_shape_numel(&es->shape[f]) : maxel;
+    if (!(iv = loom_alloc((size_t)maxel * sizeof *iv)) || !(fv = loom_alloc((size_t)maxel * sizeof *fv))) {
+        rc = loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate a record buffer");
+        goto done;
+    }
+    sh->total = n;
+    for (int64_t i = 0; i < n; i++) {
+        loom_elem *e;
+        if ((rc = loom_iter_next(it, &e, err))) {
+            if (rc == LOOM_EEOF) rc = loom_err_set(err, LOOM_EDATA, NULL, "the source ended after %lld elements", (long long)i);
+            goto done;
+        }
+        loom_example_builder_reset(&b);
+        for (int f = 0; f < e->n; f++) {
+            const loom_tensor *t = &e->t[f];
+            int64_t m = loom_shape_numel(&t->shape);
+            if (t->dtype == LOOM_U8 && t->shape.rank >= 1) {
+                loom_bytes_view v = {t->data, (size_t)m};
+                loom_example_add_bytes(&b, es->name[f], &v, 1);
+            } else if (t->dtype == LOOM_F32 || t->dtype == LOOM_F64) {
+                for (int64_t j = 0; j < m; j++) fv[j] = (float)loom_tensor_get(t, j);
+                loom_example_add_floats(&b, es->name[f], fv, m);
+            } else {
+                for (int64_t j = 0; j < m; j++)
+                    iv[j] = t->dtype == LOOM_I64 ? ((const int64_t *)t->data)[j] : (int64_t)loom_tensor_get(t, j);
+                loom_example_add_int64s(&b, es->name[f], iv, m);
+            }
+        }
+        const uint8_t *data;
+        size_t len;
+        if ((rc = loom_example_finish(&b, &data, &len, err))) goto done;
+        if ((rc = sharder_put(sh, data, len, err))) goto done;
+    }
+    rc = sharder_finish(sh, err);
+done:
+    loom_free(iv);
+    loom_free(fv);
+    loom_example_builder_fini(&b);
+    loom_iter_close(it);
+    loom_free(ds);
+    return rc;
+}
+
 int loom_records_convert(const loom_convert_opts *o, loom_convert_result *res, loom_err *err)
 {
     memset(res, 0, sizeof *res);
     res->label = -1;
     sharder sh;
     int rc = sharder_init(&sh, o, err);
-    if (!rc) rc = o->csv ? convert_csv(o, &sh, res, err) : convert_idx(o, &sh, err);
+    if (!rc) rc = o->dataset ? convert_dataset(o, &sh, err) : o->csv ? convert_csv(o, &sh, res, err) : convert_idx(o, &sh, err);
     if (rc) sharder_abort(&sh);
     /* the shards' names, records and sizes move to res */
     res->shards = sh.shards;

@@ -195,7 +195,7 @@ int  loom_example_finish(loom_example_builder *b, const uint8_t **data, size_t *
 
 #define LOOM_MAX_SHARDS 99999 /* TF's shard names have 5 digits */
 
-/* What `loom records convert` converts: IDX images and labels, or a CSV file. */
+/* What `loom records convert` converts: IDX images and labels, a CSV file, or a dataset's source. */
 typedef struct loom_convert_opts {
     const char      *images, *labels;    /* IDX files (plain or gzip), both */
     const char      *csv;                /* or a CSV file (plain or gzip) whose first row names the columns */
@@ -203,6 +203,10 @@ typedef struct loom_convert_opts {
     const char      *output;             /* shards are OUTPUT-00000-of-0000N.tfrecord[.gz|.zz|.zst] */
     int              shards;             /* 1..LOOM_MAX_SHARDS */
     loom_compression comp;               /* NONE, GZIP, ZLIB or ZSTD */
+    /* ---- or a dataset's source (a config's data.train, e.g. synthetic ctr data) ---- */
+    const loom_dataset_spec *dataset;    /* its source alone is read (transforms are not applied) */
+    uint64_t                 seed;       /* the run's seed, for the source */
+    int64_t                  count;      /* > 0: at most this many elements (needed for an infinite source) */
 } loom_convert_opts;
 
 /* What a conversion found and wrote; owned, free with loom_convert_result_fini. */

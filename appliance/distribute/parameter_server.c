@@ -1,0 +1,1399 @@
+/* parameter_server.c - parameter-server training (TF2's
+ * ParameterServerStrategy with a ClusterCoordinator; tf_semantics 5.8).
+ *
+ * Roles. The chief is the coordinator: it runs the trainer's loop, whose
+ * every train_step hands out one applied update; it creates the variables
+ * (the run's seed) and sends each ps its shards (INIT), schedules step
+ * functions of run.steps_per_execution steps into a queue that any free
+ * worker takes from, pulls the variables back for evaluation and
+ * checkpoints, and tells every task when the job is done (END). A ps task
+ * holds its shards and their optimizer slots (placement: ps_plan.c) and
+ * applies the optimizer to them. A worker runs step functions: for each
+ * step it pulls the variables from every ps, computes the gradients of one
+ * batch of ITS OWN input pipeline and pushes them to the ps tasks. Workers
+ * never talk to each other. An evaluator task has no part here (it exits).
+ *
+ * Input (create_per_worker_dataset): every worker builds data.train as
+ * written, with the full batch, repeated (the worker starts the next pass
+ * itself) and shuffled with a seed of its own (the run's seed mixed with
+ * the worker's index; a transform's explicit seed is the same on every
+ * worker). Nothing is sharded: there is no exactly-once visitation; each
+ * worker visits its own permutation of the data, so over a pass of W
+ * workers every example is seen W times in expectation. The chief's own
+ * pipeline only paces the trainer's epochs (steps_per_epoch applied updates
+ * make an epoch) and is never computed on.
+ *
+ * Updates. Asynchronous by default: a ps applies each push at once, with
+ * the learning rate of its count of applied updates; a worker's gradients
+ * may be some updates stale. strategy.sync = { replicas_to_aggregate = N;
+ * total_replicas = M; } gives SyncReplicasOptimizer's semantics: every
+ * worker takes part in every step function; each ps takes the first N
+ * gradients pushed for its current step, applies their mean and moves to the
+ * next step; a gradient pushed for an earlier step is stale: dropped,
+ * counted and logged; workers wait (PULL with a least step) for the update
+ * before computing the next one, so M - N backup workers hide stragglers.
+ *
+ * Counting. The trainer's step counter is the count of applied updates the
+ * chief has been told of; the chief never schedules past the next point
+ * where the trainer needs the variables at rest (an epoch's end, a multiple
+ * of run.checkpoint_steps, run.max_steps), so a checkpoint holds exactly
+ * the updates it counts. Execution is at least once (as TF's closures): a
+ * worker lost in the middle of a step function may have pushed some of its
+ * steps; the function is put back in the queue and runs again whole.
+ *
+ * Checkpoints are the chief's usual single file (written to a temporary
+ * name and renamed: never a mixed set), holding every shard as the model's
+ * variables plus the ps count; restoring onto another ps count is refused.
+ *
+ * Threads: driven from the train thread of each task; the transport runs
+ * its own. */
+#include "distribute.h"
+#include "mirrored_internal.h"
+#include "ps_internal.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define ITER_MAGIC 0x53505350u /* "PSPS": the chief's iterator state with the ps count */
+
+typedef struct fn_slot {
+    uint64_t fn;
+    int64_t  first;
+    uint32_t steps;
+    int      worker;   /* running on; -1 queued */
+} fn_slot;
+
+typedef struct ps_strategy {
+    const loom_strategy_args *args;
+    loom_role       role;
+    int             index;
+    char            task[32];
+    int             n_workers, n_ps;
+    loom_model     *model;
+    loom_optimizer *opt;
+    loom_ps_plan    plan;
+    int             n_slots;
+    int64_t         P;
+    loom_net       *net;
+    int             peer_chief, *peer_ps, *peer_worker; /* net peer indices; -1 none */
+    int             n_peers;
+    loom_role      *peer_role;
+    int            *peer_index;
+    uint64_t        nonce, seed;
+    int64_t         K;
+    unsigned        test_step_us; /* LOOM_TEST_PS_STEP_MS: tests slow the workers' steps down */
+    bool            sync;
+    int             sync_n;
+    double          wait_s;     /* how long the chief waits for a lost worker to come back */
+    /* ---- chief ---- */
+    bool            need_init;  /* the ps tasks need the chief's variables (open, restore) */
+    bool            fresh;      /* the chief's model holds the ps tasks' variables */
+    bool            restored;   /* the next INIT carries a checkpoint: read it back */
+    int64_t         dispatched; /* the step after the last one scheduled */
+    uint64_t        next_fn;
+    fn_slot        *fns;        /* queued or running */
+    int             n_fns, cap_fns;
+    bool           *busy;       /* per worker */
+    bool           *alive;      /* per worker */
+    loom_ps_step_out *ready;    /* results not yet handed to the trainer (FIFO) */
+    int64_t         n_ready, ready_head, cap_ready;
+    loom_step_result pool;      /* sync: accepted contributions reported late */
+    int64_t         stale, lost_fns, requeued;
+    uint64_t        req;
+    int64_t         ps_step;    /* the ps tasks' applied count at the last fetch */
+} ps_strategy;
+
+/* ---- small helpers -------------------------------------------------------- */
+
+/* A ps or worker that gets SIGTERM or SIGINT (launch forwards them to every
+ * task) keeps serving until the coordinator, which saves a checkpoint with
+ * the ps tasks' variables, ends the job; a second signal stops it at once. */
+static volatile sig_atomic_t serve_signals;
+static void on_serve_signal(int sig)
+{
+    (void)sig;
+    serve_signals++;
+}
+
+/* loom_net_recv in one-second waits, so a second signal is seen. */
+static int recv_or_stop(ps_strategy *ps, int p, uint32_t lo, uint32_t hi, int *from, uint32_t *type, loom_buf *msg,
+                        loom_err *err)
+{
+    for (;;) {
+        int rc = loom_net_recv(ps->net, p, lo, hi, from, type, msg, 1.0, err);
+        if (rc != LOOM_ETIMEOUT) return rc;
+        if (serve_signals >= 2)
+            return loom_err_set(err, LOOM_EIO, ps->task, "interrupted twice while waiting for the coordinator: stopped"),
+                   loom_err_hint(err, "the coordinator saves the checkpoints; run the job again to resume");
+    }
+}
+
+static uint64_t fresh_nonce(void)
+{
+    uint64_t v = 0;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        if (read(fd, &v, sizeof v) != (ssize_t)sizeof v) v = 0;
+        close(fd);
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return v ^ loom_rng_mix((uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30), (uint64_t)getpid());
+}
+
+static const char *peer_name(const ps_strategy *ps, int p, char *buf, size_t n)
+{
+    if (p < 0 || p >= ps->n_peers) return snprintf(buf, n, "peer %d", p), buf;
+    return loom_task_name(ps->peer_role[p], ps->peer_index[p], buf, n);
+}
+
+
+/* Tests: LOOM_TEST_PS_DIE = "TASK@N" kills this task (_exit 137) at its Nth
+ * step function (a worker) or Nth push (a ps), once per file named by
+ * LOOM_TEST_PS_DIE_MARK (created on dying) when that is set. */
+static bool test_die_now(const char *task, int64_t nth)
+{
+    const char *die = getenv("LOOM_TEST_PS_DIE");
+    char want[48];
+    long long at = 0;
+    if (!die || sscanf(die, "%47[^@]@%lld", want, &at) != 2 || strcmp(want, task) || at != nth) return false;
+    const char *mark = getenv("LOOM_TEST_PS_DIE_MARK");
+    if (mark) {
+        if (access(mark, F_OK) == 0) return false;
+        FILE *f = fopen(mark, "w");
+        if (f) fclose(f);
+    }
+    loom_warn("%s: LOOM_TEST_PS_DIE: dying now (%s)", task, die);
+    return true;
+}
+
+/* ---- open / close ---------------------------------------------------------- */
+
+static int add_peer(ps_strategy *ps, loom_net_peer *peers, loom_role role, int index)
+{
+    int p = ps->n_peers++;
+    peers[p] = (loom_net_peer){role, index};
+    ps->peer_role[p] = role;
+    ps->peer_index[p] = index;
+    return p;
+}
+
+static int ps_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
+{
+    const loom_spec *spec = a->spec;
+    const loom_cluster *c = a->cluster;
+    ps_strategy *ps = loom_calloc(1, sizeof *ps);
+    if (!ps) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the parameter_server strategy");
+    s->impl = ps;
+    ps->args = a;
+    /* no cluster, or no task (loom evaluate, predict, export, check): the
+     * model alone, as the coordinator holds it; training refuses */
+    ps->role = c && c->index >= 0 ? c->role : LOOM_ROLE_CHIEF;
+    ps->index = c && c->index >= 0 ? c->index : 0;
+    loom_task_name(ps->role, ps->index, ps->task, sizeof ps->task);
+    ps->n_workers = c ? c->n_tasks[LOOM_ROLE_WORKER] : 0;
+    ps->n_ps = c ? c->n_tasks[LOOM_ROLE_PS] : 1;
+    ps->seed = spec->run.seed;
+    ps->K = spec->run.steps_per_execution > 0 ? spec->run.steps_per_execution : 1;
+    if (ps->K > LOOM_PS_MAX_STEPS) ps->K = LOOM_PS_MAX_STEPS;
+    ps->sync = spec->strategy.sync.enabled;
+    ps->sync_n = spec->strategy.sync.replicas_to_aggregate;
+    ps->wait_s = c && c->connect_timeout > 0 ? c->connect_timeout : 60;
+    ps->peer_chief = -1;
+    const char *slow = getenv("LOOM_TEST_PS_STEP_MS");
+    if (slow && atoi(slow) > 0 && atoi(slow) < 10000) ps->test_step_us = (unsigned)atoi(slow) * 1000u;
+    if (ps->role == LOOM_ROLE_EVALUATOR) return LOOM_OK; /* no part in training */
+    const loom_elem_spec *in = a->input;
+    loom_shape x = in->shape[a->input_idx], y = in->shape[a->label_idx];
+    loom_shape xe = loom_shape_make(x.rank - 1, x.dim + 1), ye = loom_shape_make(y.rank - 1, y.dim + 1);
+    int rc = loom_model_new(&ps->model, &spec->model, &xe, in->dtype[a->input_idx], &ye, in->dtype[a->label_idx],
+                            a->max_batch, err);
+    if (rc) return rc;
+    if (ps->role != LOOM_ROLE_PS && (rc = loom_model_set_threads(ps->model, spec->run.threads, err))) return rc;
+    loom_model_init_params(ps->model, spec->run.seed);
+    ps->P = loom_model_num_params(ps->model);
+    int nv = loom_model_num_param_tensors(ps->model);
+    loom_param_info *pi = loom_calloc((size_t)(nv ? nv : 1), sizeof *pi);
+    if (!pi) return loom_err_set(err, LOOM_ENOMEM, NULL, "listing %d variables", nv);
+    for (int v = 0; v < nv; v++) pi[v] = *loom_model_param_tensor(ps->model, v);
+    char pw[600];
+    const loom_partitioner_spec *part = &spec->strategy.partitioner;
+    loom_loc_str(part->kind != LOOM_PARTITIONER_NONE ? &part->loc : &spec->strategy.loc, pw, sizeof pw);
+    rc = loom_ps_plan_make_(&ps->plan, pi, nv, ps->n_ps > 0 ? ps->n_ps : 1,
+                            part->kind != LOOM_PARTITIONER_NONE ? part : NULL, pw, err);
+    loom_free(pi);
+    if (rc) return rc;
+    /* the chief's optimizer: for checkpoints (slots pulled back) and the LR it reports */
+    rc = loom_optimizer_new(&ps->opt, &spec->optimizer, ps->role == LOOM_ROLE_PS ? 1 : ps->P, err);
+    if (rc) return rc;
+    ps->n_slots = loom_optimizer_num_slots(ps->opt);
+    if (a->plan_only || !c || c->index < 0) return LOOM_OK;
+
+    int maxp = ps->n_workers + ps->n_ps + 1;
+    loom_net_peer *peers = loom_calloc((size_t)maxp, sizeof *peers);
+    ps->peer_role = loom_calloc((size_t)maxp, sizeof *ps->peer_role);
+    ps->peer_index = loom_calloc((size_t)maxp, sizeof *ps->peer_index);
+    ps->peer_ps = loom_calloc((size_t)(ps->n_ps + 1), sizeof *ps->peer_ps);
+    ps->peer_worker = loom_calloc((size_t)(ps->n_workers + 1), sizeof *ps->peer_worker);
+    ps->busy = loom_calloc((size_t)(ps->n_workers + 1), sizeof *ps->busy);
+    ps->alive = loom_calloc((size_t)(ps->n_workers + 1), sizeof *ps->alive);
+    if (!peers || !ps->peer_role || !ps->peer_index || !ps->peer_ps || !ps->peer_worker || !ps->busy || !ps->alive) {
+        loom_free(peers);
+        return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the peer tables");
+    }
+    for (int i = 0; i < ps->n_ps; i++) ps->peer_ps[i] = -1;
+    for (int i = 0; i < ps->n_workers; i++) ps->peer_worker[i] = -1;
+    if (ps->role != LOOM_ROLE_CHIEF) ps->peer_chief = add_peer(ps, peers, LOOM_ROLE_CHIEF, 0);
+    if (ps->role != LOOM_ROLE_WORKER)
+        for (int i = 0; i < ps->n_workers; i++) ps->peer_worker[i] = add_peer(ps, peers, LOOM_ROLE_WORKER, i);
+    if (ps->role != LOOM_ROLE_PS)
+        for (int i = 0; i < ps->n_ps; i++) ps->peer_ps[i] = add_peer(ps, peers, LOOM_ROLE_PS, i);
+    rc = loom_net_open(&ps->net, c, peers, ps->n_peers, err);
+    loom_free(peers);
+    if (rc) return rc;
+    /* workers may leave and come back: their loss is news, not the end of the job */
+    for (int i = 0; i < ps->n_workers; i++)
+        if (ps->peer_worker[i] >= 0) loom_net_tolerate(ps->net, ps->peer_worker[i]);
+    for (int i = 0; i < ps->n_workers; i++) ps->alive[i] = true;
+    if (ps->role == LOOM_ROLE_CHIEF) {
+        ps->nonce = fresh_nonce();
+        ps->need_init = true;
+        ps->fresh = true;
+    }
+    return LOOM_OK;
+}
+
+static void drain_workers(ps_strategy *ps);
+
+static void send_end(ps_strategy *ps)
+{
+    loom_err e;
+    for (int p = 0; p < ps->n_peers; p++) loom_net_send(ps->net, p, LOOM_PS_MSG_END, "", 0, &e);
+}
+
+static void ps_close(loom_strategy *s)
+{
+    ps_strategy *ps = s->impl;
+    if (!ps) return;
+    if (ps->net && ps->role == LOOM_ROLE_CHIEF) {
+        drain_workers(ps);
+        send_end(ps);
+        if (ps->stale || ps->requeued || ps->sync)
+            loom_info("parameter_server: %lld stale gradient%s dropped, %lld step function%s put back in the queue "
+                      "after a lost worker", (long long)ps->stale, ps->stale == 1 ? "" : "s", (long long)ps->requeued,
+                      ps->requeued == 1 ? "" : "s");
+    }
+    loom_net_close(ps->net);
+    loom_model_free(ps->model);
+    loom_optimizer_free(ps->opt);
+    loom_ps_plan_free_(&ps->plan);
+    loom_free(ps->peer_role);
+    loom_free(ps->peer_index);
+    loom_free(ps->peer_ps);
+    loom_free(ps->peer_worker);
+    loom_free(ps->busy);
+    loom_free(ps->alive);
+    loom_free(ps->fns);
+    loom_free(ps->ready);
+    loom_free(ps);
+}
+
+/* ---- range messages --------------------------------------------------------- */
+
+/* Every shard of ps q, whole, with values from base (flat layout, NULL: none)
+ * and slots (n_slots blocks of P floats, flat layout) when slots is given. */
+static int put_shards(loom_buf *b, const ps_strategy *ps, int q, const loom_ps_hdr *h0, const float *base,
+                      const float *slots)
+{
+    loom_ps_hdr h = *h0;
+    h.n_ranges = 0;
+    for (int i = 0; i < ps->plan.n_shards; i++) h.n_ranges += ps->plan.shard[i].ps == q;
+    loom_ps_put_hdr_(b, &h);
+    for (int i = 0; i < ps->plan.n_shards; i++) {
+        const loom_ps_shard *sh = &ps->plan.shard[i];
+        if (sh->ps != q) continue;
+        loom_ps_put_range_(b, (uint32_t)i, LOOM_PS_WHOLE, NULL);
+        if (base) loom_buf_put(b, base + sh->offset, (size_t)sh->count * sizeof(float));
+        if (slots)
+            for (int k = 0; k < ps->n_slots; k++)
+                loom_buf_put(b, slots + (size_t)k * (size_t)ps->P + sh->offset, (size_t)sh->count * sizeof(float));
+    }
+    return b->failed ? LOOM_ENOMEM : LOOM_OK;
+}
+
+/* A VALUES message's floats into the flat buffers (whole ranges, or rows). */
+static void take_values(const ps_strategy *ps, const loom_ps_msg *m, float *base, float *slots)
+{
+    for (int i = 0; i < m->n; i++) {
+        const loom_ps_range *r = &m->r[i];
+        const loom_ps_shard *sh = &ps->plan.shard[r->shard];
+        int blocks = 1 + ((m->h.flags & LOOM_PS_F_SLOTS) ? ps->n_slots : 0);
+        for (int k = 0; k < blocks; k++) {
+            float *dst = k == 0 ? base : slots ? slots + (size_t)(k - 1) * (size_t)ps->P : NULL;
+            if (!dst) continue;
+            const uint8_t *src = r->vals + (size_t)k * (size_t)r->n_vals * sizeof(float);
+            if (r->n_rows == LOOM_PS_WHOLE) {
+                memcpy(dst + sh->offset, src, (size_t)sh->count * sizeof(float));
+            } else {
+                for (uint32_t j = 0; j < r->n_rows; j++)
+                    memcpy(dst + sh->offset + (int64_t)loom_ps_row_(r, j) * sh->row_size,
+                           src + (size_t)j * (size_t)sh->row_size * sizeof(float), (size_t)sh->row_size * sizeof(float));
+            }
+        }
+    }
+}
+
+/* A ps's refusal: the text it sent. */
+static int refused(const ps_strategy *ps, int from, const loom_buf *msg, loom_err *err)
+{
+    char who[32], text[400];
+    size_t l = msg->len < sizeof text - 1 ? msg->len : sizeof text - 1;
+    memcpy(text, msg->data, l);
+    text[l] = 0;
+    return loom_err_set(err, LOOM_ENET, ps->task, "%s refused our message: %s", peer_name(ps, from, who, sizeof who),
+                        text);
+}
+
+/* Pulls every ps's shards into base (and slots, with_slots); min_step: the
+ * least applied count to answer with. *step: the least applied count the
+ * ps tasks answered with. */
+static int pull_all(ps_strategy *ps, float *base, float *slots, int64_t min_step, int64_t *step, loom_err *err)
+{
+    loom_buf b;
+    loom_buf_init(&b);
+    uint64_t req = ++ps->req;
+    int rc = LOOM_OK;
+    for (int q = 0; q < ps->n_ps && !rc; q++) {
+        b.len = 0;
+        loom_ps_hdr h = {.req = req, .nonce = ps->nonce, .step = min_step, .flags = slots ? LOOM_PS_F_SLOTS : 0};
+        if (put_shards(&b, ps, q, &h, NULL, NULL))
+            rc = loom_err_set(err, LOOM_ENOMEM, NULL, "building a pull request");
+        else
+            rc = loom_net_send(ps->net, ps->peer_ps[q], LOOM_PS_MSG_PULL, b.data, b.len, err);
+    }
+    int64_t least = INT64_MAX;
+    for (int q = 0; q < ps->n_ps && !rc; q++) {
+        uint32_t type;
+        int from;
+        for (;;) {
+            rc = loom_net_recv(ps->net, ps->peer_ps[q], LOOM_PS_MSG_VALUES, LOOM_PS_MSG_VALUES, &from, &type, &b, -1, err);
+            if (rc) break;
+            loom_ps_msg m;
+            if ((rc = loom_ps_decode_(b.data, b.len, &ps->plan, q, ps->n_slots, true, &m, err))) {
+                char who[32];
+                loom_err_hint(err, "a VALUES message from %s did not decode", peer_name(ps, from, who, sizeof who));
+                break;
+            }
+            if (m.h.req != req) { /* an answer to an earlier pull (abandoned): skip it */
+                loom_ps_msg_fini_(&m);
+                continue;
+            }
+            take_values(ps, &m, base, slots);
+            if (m.h.step < least) least = m.h.step;
+            loom_ps_msg_fini_(&m);
+            break;
+        }
+    }
+    loom_buf_fini(&b);
+    if (!rc && step) *step = least == INT64_MAX ? 0 : least;
+    return rc;
+}
+
+/* ---- the worker ------------------------------------------------------------- */
+
+static int next_batch(loom_iter *it, int64_t *epoch, loom_elem **out, loom_err *err)
+{
+    int rc = loom_iter_next(it, out, err);
+    if (rc != LOOM_EEOF) return rc;
+    if ((rc = loom_iter_rewind(it, ++*epoch, err))) return rc; /* repeat: the next pass */
+    rc = loom_iter_next(it, out, err);
+    if (rc == LOOM_EEOF)
+        return loom_err_set(err, LOOM_EDATA, NULL, "data.train yielded no batch on this worker"),
+               loom_err_hint(err, "the dataset is empty after take/skip/batch(drop_remainder)");
+    return rc;
+}
+
+/* Pushes the model's gradients (flat) to every ps; *accepted: all took them.
+ * pull: the ps tasks answer with the new values, into the model (async). */
+static int push_all(ps_strategy *ps, int64_t tag, bool pull, bool *accepted, int64_t *applied, loom_err *err)
+{
+    loom_buf b;
+    loom_buf_init(&b);
+    uint64_t req = ++ps->req;
+    const float *g = loom_model_grads(ps->model);
+    int rc = LOOM_OK;
+    for (int q = 0; q < ps->n_ps && !rc; q++) {
+        b.len = 0;
+        loom_ps_hdr h = {.req = req, .nonce = ps->nonce, .step = tag, .flags = pull ? LOOM_PS_F_PULL : 0};
+        if (put_shards(&b, ps, q, &h, g, NULL)) rc = loom_err_set(err, LOOM_ENOMEM, NULL, "building a push");
+        else rc = loom_net_send(ps->net, ps->peer_ps[q], LOOM_PS_MSG_PUSH, b.data, b.len, err);
+    }
+    *accepted = true;
+    *applied = INT64_MAX;
+    for (int q = 0; q < ps->n_ps && !rc; q++) {
+        uint32_t type;
+        int from;
+        for (;;) {
+            rc = loom_net_recv(ps->net, ps->peer_ps[q], LOOM_PS_MSG_VALUES, LOOM_PS_MSG_REFUSED, &from, &type, &b, -1, err);
+            if (rc) break;
+            if (type == LOOM_PS_MSG_REFUSED) {
+                rc = refused(ps, from, &b, err);
+                break;
+            }
+            if (type != LOOM_PS_MSG_PUSHED && type != LOOM_PS_MSG_VALUES) continue;
+            loom_ps_msg m;
+            if ((rc = loom_ps_decode_(b.data, b.len, &ps->plan, q, ps->n_slots, type == LOOM_PS_MSG_VALUES, &m, err)))
+                break;
+            bool mine = m.h.req == req;
+            if (mine && type == LOOM_PS_MSG_VALUES) take_values(ps, &m, loom_model_params(ps->model), NULL);
+            if (mine) {
+                if (!(m.h.flags & LOOM_PS_F_ACCEPTED)) *accepted = false;
+                if (m.h.step < *applied) *applied = m.h.step;
+            }
+            loom_ps_msg_fini_(&m);
+            if (mine) break;
+        }
+    }
+    loom_buf_fini(&b);
+    return rc;
+}
+
+/* One step function: r->steps steps (async), or (sync) the steps of the
+ * job from r->first until the ps tasks reach r->first + r->steps. */
+static int run_fn(ps_strategy *ps, const loom_strategy_args *a, loom_iter *it, int64_t *epoch, const loom_ps_run *r,
+                  loom_ps_step_out *out, uint32_t *n_out, loom_err *err)
+{
+    float *params = loom_model_params(ps->model);
+    *n_out = 0;
+    int64_t end = r->first + r->steps, t = r->first;
+    bool have = false; /* (async) the last push brought the new values back */
+    for (uint32_t i = 0; i < r->steps || ps->sync; i++) {
+        int64_t seen = 0;
+        int rc = have ? LOOM_OK : pull_all(ps, params, NULL, ps->sync ? t : 0, &seen, err);
+        if (rc) return rc;
+        if (ps->sync && seen >= end) break;
+        if (!ps->sync) seen = r->first + i;
+        loom_elem *batch;
+        if ((rc = next_batch(it, epoch, &batch, err))) return rc;
+        const loom_tensor *x = &batch->t[a->input_idx], *y = &batch->t[a->label_idx];
+        int64_t B = x->shape.dim[0];
+        loom_ps_step_out *o = &out[*n_out];
+        memset(o, 0, sizeof *o);
+        o->step = seen;
+        o->examples = B;
+        uint64_t key = loom_rng_mix(loom_rng_mix(ps->seed, 0x50530000u + (uint64_t)ps->index), (uint64_t)seen);
+        rc = loom_model_train_step(ps->model, x, y, B, key, &o->loss_sum, &o->correct, err);
+        if (rc) return rc;
+        if (ps->test_step_us) usleep(ps->test_step_us); /* tests: a slower worker */
+        bool accepted;
+        int64_t applied;
+        have = !ps->sync && i + 1 < r->steps;
+        if ((rc = push_all(ps, seen, have, &accepted, &applied, err))) return rc;
+        o->accepted = accepted;
+        (*n_out)++;
+        t = seen + 1;
+        if (*n_out >= LOOM_PS_MAX_STEPS) break;
+    }
+    return LOOM_OK;
+}
+
+static int worker_serve(ps_strategy *ps, const loom_strategy_args *a, loom_iter *it, loom_err *err)
+{
+    loom_buf msg;
+    loom_buf_init(&msg);
+    loom_ps_step_out *out = loom_calloc(LOOM_PS_MAX_STEPS, sizeof *out);
+    if (!out) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating step results");
+    int64_t epoch = 0, runs = 0;
+    int rc;
+    for (;;) {
+        int from;
+        uint32_t type;
+        rc = recv_or_stop(ps, ps->peer_chief, LOOM_PS_MSG_RUN, LOOM_PS_MSG_END, &from, &type, &msg, err);
+        if (rc) break;
+        if (type == LOOM_PS_MSG_END) break;
+        if (type != LOOM_PS_MSG_RUN) continue;
+        loom_ps_run r;
+        if ((rc = loom_ps_decode_run_(msg.data, msg.len, &r, err))) break;
+        ps->nonce = r.nonce;
+        uint32_t n = 0;
+        if (test_die_now(ps->task, ++runs)) { /* in the middle of the function: some of its steps pushed */
+            loom_ps_run half = r;
+            half.steps = r.steps > 1 ? r.steps / 2 : 1;
+            if (!ps->sync) run_fn(ps, a, it, &epoch, &half, out, &n, err);
+            _exit(137);
+        }
+        if ((rc = run_fn(ps, a, it, &epoch, &r, out, &n, err))) break;
+        loom_buf_fini(&msg);
+        loom_buf_init(&msg);
+        loom_ps_put_result_(&msg, r.fn, out, n);
+        if (msg.failed) {
+            rc = loom_err_set(err, LOOM_ENOMEM, NULL, "building a step result");
+            break;
+        }
+        if ((rc = loom_net_send(ps->net, ps->peer_chief, LOOM_PS_MSG_RESULT, msg.data, msg.len, err))) break;
+    }
+    loom_buf_fini(&msg);
+    loom_free(out);
+    return rc;
+}
+
+/* ---- the ps ------------------------------------------------------------------ */
+
+typedef struct pending_pull {
+    int       from;
+    loom_buf  msg;
+    int64_t   min_step;
+} pending_pull;
+
+typedef struct ps_state {
+    ps_strategy    *ps;
+    int             q;
+    int64_t         L;
+    float          *params, *grads, *acc, *slots;
+    loom_optimizer *opt;
+    int64_t         step, stale, refused, pushes;
+    int             acc_n;
+    bool            inited;
+    pending_pull   *pend;
+    int             n_pend, cap_pend;
+} ps_state;
+
+static int refuse(ps_state *st, int from, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int refuse(ps_state *st, int from, const char *fmt, ...)
+{
+    char text[400], who[32];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    st->refused++;
+    loom_warn("%s: refused a message from %s: %s", st->ps->task, peer_name(st->ps, from, who, sizeof who), text);
+    loom_err e;
+    return loom_net_send(st->ps->net, from, LOOM_PS_MSG_REFUSED, text, strlen(text), &e) ? LOOM_OK : LOOM_OK;
+}
+
+/* Answers a PULL (already decoded as m), or a PUSH asking for the new values. */
+static int answer_pull(ps_state *st, int from, const loom_ps_msg *m, bool pushed, loom_err *err)
+{
+    ps_strategy *ps = st->ps;
+    bool slots = (m->h.flags & LOOM_PS_F_SLOTS) && ps->n_slots > 0 && !pushed;
+    loom_buf b;
+    loom_buf_init(&b);
+    loom_ps_hdr h = {.req = m->h.req, .nonce = ps->nonce, .step = st->step,
+                     .flags = (slots ? LOOM_PS_F_SLOTS : 0) | (pushed ? LOOM_PS_F_ACCEPTED : 0),
+                     .n_ranges = (uint32_t)m->n};
+    loom_ps_put_hdr_(&b, &h);
+    for (int i = 0; i < m->n; i++) {
+        const loom_ps_range *r = &m->r[i];
+        const loom_ps_shard *sh = &ps->plan.shard[r->shard];
+        uint32_t *rows = NULL;
+        if (r->n_rows != LOOM_PS_WHOLE) {
+            rows = loom_alloc((size_t)(r->n_rows ? r->n_rows : 1) * sizeof *rows);
+            if (!rows) {
+                loom_buf_fini(&b);
+                return loom_err_set(err, LOOM_ENOMEM, NULL, "answering a pull");
+            }
+            for (uint32_t j = 0; j < r->n_rows; j++) rows[j] = loom_ps_row_(r, j);
+        }
+        loom_ps_put_range_(&b, r->shard, r->n_rows, rows);
+        for (int k = 0; k < 1 + (slots ? ps->n_slots : 0); k++) {
+            const float *src = k == 0 ? st->params : st->slots + (size_t)(k - 1) * (size_t)st->L;
+            if (!rows)
+                loom_buf_put(&b, src + sh->local, (size_t)sh->count * sizeof(float));
+            else
+                for (uint32_t j = 0; j < r->n_rows; j++)
+                    loom_buf_put(&b, src + sh->local + (int64_t)rows[j] * sh->row_size,
+                                 (size_t)sh->row_size * sizeof(float));
+        }
+        loom_free(rows);
+    }
+    int rc = b.failed ? loom_err_set(err, LOOM_ENOMEM, NULL, "answering a pull")
+                      : loom_net_send(ps->net, from, LOOM_PS_MSG_VALUES, b.data, b.len, err);
+    loom_buf_fini(&b);
+    return rc;
+}
+
+static int flush_pulls(ps_state *st, loom_err *err)
+{
+    int keep = 0, rc = LOOM_OK;
+    for (int i = 0; i < st->n_pend; i++) {
+        pending_pull *pp = &st->pend[i];
+        if (!rc && pp->min_step <= st->step) {
+            loom_ps_msg m;
+            rc = loom_ps_decode_(pp->msg.data, pp->msg.len, &st->ps->plan, st->q, st->ps->n_slots, false, &m, err);
+            if (!rc) rc = answer_pull(st, pp->from, &m, false, err);
+            loom_ps_msg_fini_(&m);
+            loom_buf_fini(&pp->msg);
+        } else {
+            st->pend[keep++] = *pp;
+        }
+    }
+    st->n_pend = keep;
+    return rc;
+}
+
+/* Gradients of a push (m) into buf at the local layout (rows: only theirs),
+ * added when add, else copied. */
+static void take_grads(ps_state *st, const loom_ps_msg *m, float *buf, bool add)
+{
+    for (int i = 0; i < m->n; i++) {
+        const loom_ps_range *r = &m->r[i];
+        const loom_ps_shard *sh = &st->ps->plan.shard[r->shard];
+        int64_t nrows = r->n_rows == LOOM_PS_WHOLE ? sh->rows : r->n_rows;
+        for (int64_t j = 0; j < nrows; j++) {
+            int64_t row = r->n_rows == LOOM_PS_WHOLE ? j : (int64_t)loom_ps_row_(r, (uint32_t)j);
+            float *dst = buf + sh->local + row * sh->row_size;
+            const uint8_t *src = r->vals + (size_t)j * (size_t)sh->row_size * sizeof(float);
+            for (int64_t k = 0; k < sh->row_size; k++) {
+                float v;
+                memcpy(&v, src + (size_t)k * sizeof(float), sizeof v);
+                dst[k] = add ? dst[k] + v : v;
+            }
+        }
+    }
+}
+
+static int handle_push(ps_state *st, int from, const loom_buf *msg, loom_err *err)
+{
+    ps_strategy *ps = st->ps;
+    char who[32];
+    peer_name(ps, from, who, sizeof who);
+    if (ps->peer_role[from] != LOOM_ROLE_WORKER)
+        return refuse(st, from, "a gradient push from %s, which is not a worker of this job: only workers push", who);
+    if (!st->inited) return refuse(st, from, "a gradient push before the coordinator sent the variables");
+    loom_ps_msg m;
+    loom_err e;
+    if (loom_ps_decode_(msg->data, msg->len, &ps->plan, st->q, ps->n_slots, true, &m, &e))
+        return refuse(st, from, "a gradient push that does not decode: %s", e.msg);
+    if (test_die_now(ps->task, ++st->pushes)) _exit(137);
+    if (m.h.nonce != ps->nonce) {
+        loom_ps_msg_fini_(&m);
+        return refuse(st, from, "a gradient push for another run of the job (nonce %016llx, this run's is %016llx)",
+                      (unsigned long long)m.h.nonce, (unsigned long long)ps->nonce);
+    }
+    bool accepted = true;
+    if (!ps->sync) {
+        take_grads(st, &m, st->grads, false);
+        for (int i = 0; i < m.n; i++) {
+            const loom_ps_range *r = &m.r[i];
+            const loom_ps_shard *sh = &ps->plan.shard[r->shard];
+            if (r->n_rows == LOOM_PS_WHOLE) {
+                loom_optimizer_apply_range(st->opt, NULL, st->params, st->grads, st->step, sh->local,
+                                           sh->local + sh->count);
+            } else {
+                for (uint32_t j = 0; j < r->n_rows; j++) {
+                    int64_t lo = sh->local + (int64_t)loom_ps_row_(r, j) * sh->row_size;
+                    loom_optimizer_apply_range(st->opt, NULL, st->params, st->grads, st->step, lo, lo + sh->row_size);
+                }
+            }
+        }
+        st->step++;
+        if (m.h.flags & LOOM_PS_F_PULL) { /* the new values back at once: one round trip a step */
+            int rc = answer_pull(st, from, &m, true, err);
+            loom_ps_msg_fini_(&m);
+            return rc == LOOM_ENET ? LOOM_OK : rc;
+        }
+    } else if (m.h.step < st->step) { /* a gradient for a step already applied: stale */
+        accepted = false;
+        st->stale++;
+        loom_debug("%s: dropped a stale gradient from %s for step %lld (now at step %lld; %lld dropped so far)",
+                   ps->task, who, (long long)m.h.step + 1, (long long)st->step + 1, (long long)st->stale);
+    } else if (m.h.step > st->step) {
+        loom_ps_msg_fini_(&m);
+        return refuse(st, from, "a gradient for step %lld, but this ps is at step %lld", (long long)m.h.step + 1,
+                      (long long)st->step + 1);
+    } else {
+        if (st->acc_n == 0) memset(st->acc, 0, (size_t)st->L * sizeof(float));
+        take_grads(st, &m, st->acc, true);
+        if (++st->acc_n >= ps->sync_n) { /* the mean of the first N, applied */
+            float k = 1.0f / (float)st->acc_n;
+            for (int64_t i = 0; i < st->L; i++) st->grads[i] = st->acc[i] * k;
+            loom_optimizer_apply_range(st->opt, NULL, st->params, st->grads, st->step, 0, st->L);
+            st->step++;
+            st->acc_n = 0;
+        }
+    }
+    loom_ps_msg_fini_(&m);
+    loom_buf b;
+    loom_buf_init(&b);
+    loom_ps_hdr h = {.req = m.h.req, .nonce = ps->nonce, .step = st->step, .flags = accepted ? LOOM_PS_F_ACCEPTED : 0};
+    loom_ps_put_hdr_(&b, &h);
+    int rc = b.failed ? loom_err_set(err, LOOM_ENOMEM, NULL, "answering a push")
+                      : loom_net_send(ps->net, from, LOOM_PS_MSG_PUSHED, b.data, b.len, err);
+    loom_buf_fini(&b);
+    if (!rc && ps->sync) rc = flush_pulls(st, err);
+    return rc == LOOM_ENET ? LOOM_OK : rc; /* the worker may be gone: its loss comes as news */
+}
+
+static int handle_init(ps_state *st, int from, const loom_buf *msg, loom_err *err)
+{
+    ps_strategy *ps = st->ps;
+    char who[32];
+    if (ps->peer_role[from] != LOOM_ROLE_CHIEF)
+        return refuse(st, from, "variables from %s: only the coordinator (chief) initialises a ps",
+                      peer_name(ps, from, who, sizeof who));
+    loom_ps_msg m;
+    int rc = loom_ps_decode_(msg->data, msg->len, &ps->plan, st->q, ps->n_slots, true, &m, err);
+    if (rc) return loom_err_hint(err, "the coordinator's INIT message did not decode");
+    for (int i = 0; i < m.n; i++) {
+        const loom_ps_range *r = &m.r[i];
+        const loom_ps_shard *sh = &ps->plan.shard[r->shard];
+        int blocks = 1 + ((m.h.flags & LOOM_PS_F_SLOTS) ? ps->n_slots : 0);
+        for (int k = 0; k < blocks && r->n_rows == LOOM_PS_WHOLE; k++) {
+            float *dst = k == 0 ? st->params : st->slots + (size_t)(k - 1) * (size_t)st->L;
+            memcpy(dst + sh->local, r->vals + (size_t)k * (size_t)r->n_vals * sizeof(float),
+                   (size_t)sh->count * sizeof(float));
+        }
+    }
+    st->step = m.h.step;
+    ps->nonce = m.h.nonce;
+    st->acc_n = 0;
+    st->inited = true;
+    loom_ps_hdr h = {.req = m.h.req, .nonce = ps->nonce, .step = st->step};
+    loom_ps_msg_fini_(&m);
+    loom_buf b;
+    loom_buf_init(&b);
+    loom_ps_put_hdr_(&b, &h);
+    rc = loom_net_send(ps->net, from, LOOM_PS_MSG_INIT_OK, b.data, b.len, err);
+    loom_buf_fini(&b);
+    return rc ? rc : flush_pulls(st, err);
+}
+
+static void ps_state_fini(ps_state *st)
+{
+    loom_free(st->params);
+    loom_free(st->grads);
+    loom_free(st->acc);
+    loom_optimizer_free(st->opt);
+    for (int i = 0; i < st->n_pend; i++) loom_buf_fini(&st->pend[i].msg);
+    loom_free(st->pend);
+}
+
+static int ps_serve_loop(ps_strategy *ps, const loom_spec *spec, loom_err *err)
+{
+    ps_state st = {.ps = ps, .q = ps->index};
+    st.L = ps->plan.ps_floats[st.q];
+    size_t L = (size_t)(st.L ? st.L : 1);
+    st.params = loom_alloc_aligned(L * sizeof(float));
+    st.grads = loom_alloc_aligned(L * sizeof(float));
+    st.acc = loom_alloc_aligned(L * sizeof(float));
+    int rc = loom_optimizer_new(&st.opt, &spec->optimizer, st.L ? st.L : 1, err);
+    if (!rc && (!st.params || !st.grads || !st.acc))
+        rc = loom_err_set(err, LOOM_ENOMEM, NULL, "allocating %lld floats of variables on %s", (long long)st.L, ps->task);
+    if (rc) {
+        ps_state_fini(&st);
+        return rc;
+    }
+    memset(st.params, 0, L * sizeof(float));
+    memset(st.grads, 0, L * sizeof(float));
+    st.slots = ps->n_slots ? loom_optimizer_slots(st.opt) : NULL;
+    loom_buf msg;
+    loom_buf_init(&msg);
+    for (;;) {
+        int from;
+        uint32_t type;
+        rc = recv_or_stop(ps, -1, LOOM_MSG_PEER_DOWN, LOOM_PS_MSG_LAST, &from, &type, &msg, err);
+        if (rc) break;
+        char who[32];
+        peer_name(ps, from, who, sizeof who);
+        if (type == LOOM_MSG_PEER_DOWN) {
+            loom_info("%s: lost %s; its pulls are dropped, it may come back", ps->task, who);
+            int keep = 0;
+            for (int i = 0; i < st.n_pend; i++)
+                if (st.pend[i].from == from) loom_buf_fini(&st.pend[i].msg);
+                else st.pend[keep++] = st.pend[i];
+            st.n_pend = keep;
+            continue;
+        }
+        if (type == LOOM_MSG_PEER_UP) {
+            loom_info("%s: %s is back", ps->task, who);
+            continue;
+        }
+        if (type == LOOM_PS_MSG_END) {
+            if (ps->peer_role[from] == LOOM_ROLE_CHIEF) break;
+            refuse(&st, from, "END from %s: only the coordinator ends the job", who);
+            continue;
+        }
+        if (type == LOOM_PS_MSG_INIT) {
+            if ((rc = handle_init(&st, from, &msg, err))) break;
+        } else if (type == LOOM_PS_MSG_PUSH) {
+            if ((rc = handle_push(&st, from, &msg, err))) break;
+        } else if (type == LOOM_PS_MSG_PULL) {
+            loom_ps_msg m;
+            loom_err e;
+            if (loom_ps_decode_(msg.data, msg.len, &ps->plan, st.q, ps->n_slots, false, &m, &e)) {
+                refuse(&st, from, "a pull that does not decode: %s", e.msg);
+                continue;
+            }
+            if (!st.inited || m.h.step > st.step) { /* wait for the variables, or for the step's update */
+                loom_ps_msg_fini_(&m);
+                if (st.n_pend == st.cap_pend) {
+                    int nc = st.cap_pend ? 2 * st.cap_pend : 8;
+                    pending_pull *np = loom_realloc(st.pend, (size_t)nc * sizeof *np);
+                    if (!np) {
+                        rc = loom_err_set(err, LOOM_ENOMEM, NULL, "queueing a pull");
+                        break;
+                    }
+                    st.pend = np, st.cap_pend = nc;
+                }
+                pending_pull *pp = &st.pend[st.n_pend++];
+                pp->from = from;
+                pp->min_step = m.h.step;
+                pp->msg = msg;
+                loom_buf_init(&msg); /* handed over */
+                continue;
+            }
+            rc = answer_pull(&st, from, &m, false, err);
+            loom_ps_msg_fini_(&m);
+            if (rc == LOOM_ENET) rc = LOOM_OK; /* the puller is gone */
+            if (rc) break;
+        } else {
+            refuse(&st, from, "an unexpected message of type %u", type);
+        }
+    }
+    if (st.refused) /* (stale gradients are a synchronous job's routine: the coordinator reports them) */
+        loom_warn("%s: %lld message%s refused (see above), %lld stale gradient%s dropped", ps->task,
+                  (long long)st.refused, st.refused == 1 ? "" : "s", (long long)st.stale, st.stale == 1 ? "" : "s");
+    loom_buf_fini(&msg);
+    ps_state_fini(&st);
+    return rc;
+}
+
+/* ---- the chief (coordinator) -------------------------------------------------- */
+
+/* Where the trainer next needs the variables at rest, after `step`. */
+static int64_t horizon(const ps_strategy *ps, const loom_strategy_args *a, int64_t step)
+{
+    const loom_run_spec *rs = &a->spec->run;
+    int64_t h = INT64_MAX;
+    if (rs->max_steps > 0) h = rs->max_steps;
+    if (rs->checkpoint_steps > 0) {
+        int64_t c = (step / rs->checkpoint_steps + 1) * rs->checkpoint_steps;
+        if (c < h) h = c;
+    }
+    if (a->steps_per_epoch > 0) {
+        int64_t e = (step / a->steps_per_epoch + 1) * a->steps_per_epoch;
+        if (e < h) h = e;
+    }
+    (void)ps;
+    return h;
+}
+
+static int init_ps_tasks(ps_strategy *ps, int64_t step, loom_err *err)
+{
+    loom_buf b;
+    loom_buf_init(&b);
+    int rc = LOOM_OK;
+    uint64_t req = ++ps->req;
+    const float *slots = ps->n_slots ? loom_optimizer_slots(ps->opt) : NULL;
+    for (int q = 0; q < ps->n_ps && !rc; q++) {
+        b.len = 0;
+        loom_ps_hdr h = {.req = req, .nonce = ps->nonce, .step = step, .flags = slots ? LOOM_PS_F_SLOTS : 0};
+        if (put_shards(&b, ps, q, &h, loom_model_params(ps->model), slots))
+            rc = loom_err_set(err, LOOM_ENOMEM, NULL, "building the variables of ps:%d", q);
+        else
+            rc = loom_net_send(ps->net, ps->peer_ps[q], LOOM_PS_MSG_INIT, b.data, b.len, err);
+    }
+    for (int q = 0; q < ps->n_ps && !rc; q++) {
+        int from;
+        uint32_t type;
+        rc = loom_net_recv(ps->net, ps->peer_ps[q], LOOM_PS_MSG_INIT_OK, LOOM_PS_MSG_REFUSED, &from, &type, &b, -1, err);
+        if (!rc && type == LOOM_PS_MSG_REFUSED) rc = refused(ps, from, &b, err);
+    }
+    if (!rc && getenv("LOOM_TEST_PS_FORGE_PUSH")) { /* tests: a push from a task that is no worker is refused */
+        b.len = 0;
+        loom_ps_hdr h = {.req = ++ps->req, .nonce = ps->nonce, .step = step};
+        if (!put_shards(&b, ps, 0, &h, loom_model_grads(ps->model), NULL))
+            rc = loom_net_send(ps->net, ps->peer_ps[0], LOOM_PS_MSG_PUSH, b.data, b.len, err);
+        loom_warn("LOOM_TEST_PS_FORGE_PUSH: the coordinator pushed gradients to ps:0 itself");
+    }
+    loom_buf_fini(&b);
+    if (!rc) {
+        ps->need_init = false;
+        ps->ps_step = step;
+    }
+    if (!rc && ps->restored) { /* a restore: read it back, every bit must be the checkpoint's */
+        ps->restored = false;
+        size_t nb = (size_t)ps->P * sizeof(float) * (size_t)(1 + ps->n_slots);
+        float *back = loom_alloc_aligned(nb ? nb : 1), *want = loom_alloc_aligned(nb ? nb : 1);
+        if (!back || !want) rc = loom_err_set(err, LOOM_ENOMEM, NULL, "checking the restored variables");
+        int64_t got = 0;
+        if (!rc) {
+            memcpy(want, loom_model_params(ps->model), (size_t)ps->P * sizeof(float));
+            if (ps->n_slots)
+                memcpy(want + ps->P, loom_optimizer_slots(ps->opt), (size_t)ps->P * ps->n_slots * sizeof(float));
+            rc = pull_all(ps, back, ps->n_slots ? back + ps->P : NULL, 0, &got, err);
+        }
+        if (!rc && (memcmp(back, want, nb) || got != step))
+            rc = loom_err_set(err, LOOM_ECHECKPOINT, ps->task, "the ps tasks do not hold the restored checkpoint's "
+                              "variables (step %lld, they report %lld)", (long long)step, (long long)got);
+        if (!rc)
+            loom_info("the %d ps task%s hold the checkpoint's %lld variables and %d slot%s exactly, at step %lld",
+                      ps->n_ps, ps->n_ps == 1 ? "" : "s", (long long)ps->P, ps->n_slots, ps->n_slots == 1 ? "" : "s",
+                      (long long)step);
+        loom_free(back);
+        loom_free(want);
+    }
+    return rc;
+}
+
+static int alive_workers(const ps_strategy *ps)
+{
+    int n = 0;
+    for (int w = 0; w < ps->n_workers; w++) n += ps->alive[w];
+    return n;
+}
+
+static int running_fns(const ps_strategy *ps)
+{
+    int n = 0;
+    for (int i = 0; i < ps->n_fns; i++) n += ps->fns[i].worker != -1;
+    return n;
+}
+
+static int add_ready(ps_strategy *ps, const loom_ps_step_out *o)
+{
+    if (ps->ready_head > 0 && ps->ready_head == ps->n_ready) ps->ready_head = ps->n_ready = 0;
+    if (ps->n_ready == ps->cap_ready) {
+        int64_t nc = ps->cap_ready ? 2 * ps->cap_ready : 64;
+        loom_ps_step_out *nr = loom_realloc(ps->ready, (size_t)nc * sizeof *nr);
+        if (!nr) return LOOM_ENOMEM;
+        ps->ready = nr, ps->cap_ready = nc;
+    }
+    ps->ready[ps->n_ready++] = *o;
+    return LOOM_OK;
+}
+
+static int find_fn(const ps_strategy *ps, uint64_t fn)
+{
+    for (int i = 0; i < ps->n_fns; i++)
+        if (ps->fns[i].fn == fn) return i;
+    return -1;
+}
+
+static void drop_fn(ps_strategy *ps, int i)
+{
+    ps->fns[i] = ps->fns[--ps->n_fns];
+}
+
+static int send_run(ps_strategy *ps, int w, const fn_slot *f, loom_err *err)
+{
+    loom_ps_run r = {.fn = f->fn, .nonce = ps->nonce, .first = f->first, .steps = f->steps};
+    loom_buf b;
+    loom_buf_init(&b);
+    loom_ps_put_run_(&b, &r);
+    int rc = b.failed ? loom_err_set(err, LOOM_ENOMEM, NULL, "building a step function")
+                      : loom_net_send(ps->net, ps->peer_worker[w], LOOM_PS_MSG_RUN, b.data, b.len, err);
+    loom_buf_fini(&b);
+    return rc;
+}
+
+/* Queues step functions up to the horizon, and gives queued ones to free workers. */
+static int schedule(ps_strategy *ps, int64_t step, loom_err *err)
+{
+    int64_t h = horizon(ps, ps->args, step);
+    if (ps->dispatched < step) ps->dispatched = step;
+    int want = ps->sync ? 1 : alive_workers(ps);
+    while (ps->dispatched < h && ps->n_fns < (want > 0 ? want : 1)) {
+        if (ps->n_fns == ps->cap_fns) {
+            int nc = ps->cap_fns ? 2 * ps->cap_fns : 8;
+            fn_slot *nf = loom_realloc(ps->fns, (size_t)nc * sizeof *nf);
+            if (!nf) return loom_err_set(err, LOOM_ENOMEM, NULL, "queueing a step function");
+            ps->fns = nf, ps->cap_fns = nc;
+        }
+        int64_t n = h - ps->dispatched < ps->K ? h - ps->dispatched : ps->K;
+        ps->fns[ps->n_fns++] = (fn_slot){.fn = ++ps->next_fn, .first = ps->dispatched, .steps = (uint32_t)n, .worker = -1};
+        ps->dispatched += n;
+    }
+    for (int i = 0; i < ps->n_fns; i++) {
+        fn_slot *f = &ps->fns[i];
+        if (f->worker != -1) continue;
+        if (ps->sync) { /* every worker takes part in every step */
+            for (int w = 0; w < ps->n_workers; w++) {
+                if (!ps->alive[w]) continue;
+                loom_err e;
+                if (send_run(ps, w, f, &e) == LOOM_OK) ps->busy[w] = true;
+            }
+            f->worker = -2; /* all */
+            continue;
+        }
+        for (int w = 0; w < ps->n_workers; w++) {
+            if (!ps->alive[w] || ps->busy[w]) continue;
+            loom_err e;
+            if (send_run(ps, w, f, &e)) { /* lost in between: its news comes */
+                continue;
+            }
+            ps->busy[w] = true;
+            f->worker = w;
+            break;
+        }
+    }
+    return LOOM_OK;
+}
+
+static int worker_of_peer(const ps_strategy *ps, int p)
+{
+    for (int w = 0; w < ps->n_workers; w++)
+        if (ps->peer_worker[w] == p) return w;
+    return -1;
+}
+
+/* Waits for one piece of news from the workers (a result, a loss, a
+ * return) and acts on it. */
+static int pump_for(ps_strategy *ps, double wait_s, loom_err *err)
+{
+    loom_buf msg;
+    loom_buf_init(&msg);
+    int from;
+    uint32_t type;
+    int alive = alive_workers(ps);
+    bool starved = alive == 0 || (ps->sync && alive < ps->sync_n); /* no step can complete until one is back */
+    int rc = loom_net_recv(ps->net, -1, LOOM_MSG_PEER_DOWN, LOOM_PS_MSG_LAST, &from, &type, &msg,
+                           wait_s >= 0 ? wait_s : starved ? ps->wait_s : -1, err);
+    if (rc == LOOM_ETIMEOUT && wait_s >= 0) return rc;
+    if (rc == LOOM_ETIMEOUT) {
+        if (alive)
+            loom_err_set(err, LOOM_ENET, ps->task, "only %d worker%s left, fewer than replicas_to_aggregate = %d, and "
+                         "none came back within %g s (cluster.connect_timeout)", alive, alive == 1 ? "" : "s",
+                         ps->sync_n, ps->wait_s);
+        else
+            loom_err_set(err, LOOM_ENET, ps->task, "every worker was lost and none came back within %g s "
+                         "(cluster.connect_timeout)", ps->wait_s);
+        loom_err_hint(err, "the job stops; restart it (loom launch --restarts K) to resume from the last checkpoint");
+        return LOOM_ENET;
+    }
+    if (rc) {
+        loom_err_hint(err, "a ps task holds variables no other task has: the job stops; loom launch --restarts K "
+                           "restarts it from the last checkpoint");
+        return rc;
+    }
+    int w = worker_of_peer(ps, from);
+    char who[32];
+    peer_name(ps, from, who, sizeof who);
+    if (type == LOOM_MSG_PEER_DOWN && w >= 0) {
+        ps->alive[w] = false;
+        ps->busy[w] = false;
+        for (int i = 0; i < ps->n_fns; i++)
+            if (ps->fns[i].worker == w) {
+                ps->fns[i].worker = -1;
+                ps->requeued++;
+                loom_warn("lost %s in the middle of step function %llu (steps %lld to %lld): put back in the queue for "
+                          "another worker", who, (unsigned long long)ps->fns[i].fn, (long long)ps->fns[i].first + 1,
+                          (long long)(ps->fns[i].first + ps->fns[i].steps));
+            }
+        if (ps->sync && alive_workers(ps) < ps->sync_n)
+            loom_warn("only %d worker%s left, replicas_to_aggregate = %d: the job waits for a worker to come back",
+                      alive_workers(ps), alive_workers(ps) == 1 ? "" : "s", ps->sync_n);
+    } else if (type == LOOM_MSG_PEER_UP && w >= 0) {
+        ps->alive[w] = true;
+        ps->busy[w] = false;
+        loom_info("%s rejoined: it rebuilt its input pipeline and takes step functions again", who);
+    } else if (type == LOOM_PS_MSG_RESULT && w >= 0) {
+        uint64_t fn;
+        loom_ps_step_out *out;
+        uint32_t n;
+        if ((rc = loom_ps_decode_result_(msg.data, msg.len, &fn, &out, &n, err))) {
+            loom_buf_fini(&msg);
+            return loom_err_hint(err, "a step result from %s did not decode", who);
+        }
+        int i = find_fn(ps, fn);
+        if (!ps->sync) ps->busy[w] = false;
+        else if (ps->fns && i < 0) ps->busy[w] = false;
+        for (uint32_t k = 0; k < n; k++)
+            if (!out[k].accepted && ++ps->stale <= 3) /* the first few named; all counted, in the end line */
+                loom_info("the gradient %s computed for step %lld was stale: dropped%s", who,
+                          (long long)out[k].step + 1, ps->stale == 3 ? " (further ones are counted, not logged)" : "");
+        if (i >= 0) {
+            fn_slot f = ps->fns[i];
+            drop_fn(ps, i);
+            if (ps->sync) ps->busy[w] = false;
+            for (uint32_t k = 0; k < f.steps && !rc; k++) {
+                loom_ps_step_out o = {.step = f.first + k, .accepted = 1};
+                for (uint32_t j = 0; j < n; j++)
+                    if (out[j].step == o.step && out[j].accepted) {
+                        o.loss_sum += out[j].loss_sum;
+                        o.correct += out[j].correct;
+                        o.examples += out[j].examples;
+                    }
+                if (!ps->sync) o = out[k < n ? k : 0], o.step = f.first + k;
+                if (k == 0 && ps->pool.examples) {
+                    o.loss_sum += ps->pool.loss_sum;
+                    o.correct += ps->pool.correct;
+                    o.examples += ps->pool.examples;
+                    memset(&ps->pool, 0, sizeof ps->pool);
+                }
+                if (add_ready(ps, &o)) rc = loom_err_set(err, LOOM_ENOMEM, NULL, "keeping step results");
+            }
+        } else if (ps->sync) { /* a late report of a finished step: its accepted gradients count */
+            ps->busy[w] = false;
+            for (uint32_t j = 0; j < n; j++)
+                if (out[j].accepted) {
+                    ps->pool.loss_sum += out[j].loss_sum;
+                    ps->pool.correct += out[j].correct;
+                    ps->pool.examples += out[j].examples;
+                }
+        }
+        loom_free(out);
+    } else if (type == LOOM_PS_MSG_REFUSED) {
+        char text[400];
+        size_t l = msg.len < sizeof text - 1 ? msg.len : sizeof text - 1;
+        memcpy(text, msg.data, l);
+        text[l] = 0;
+        loom_warn("%s refused a message of the coordinator: %s", who, text);
+    } /* anything else (late VALUES of an abandoned pull): ignored */
+    loom_buf_fini(&msg);
+    return rc;
+}
+
+static int pump(ps_strategy *ps, loom_err *err) { return pump_for(ps, -1, err); }
+
+/* The end of the job: waits (at most 10 s) for every worker still busy
+ * (a synchronous backup finishing a stale step) to report, so none is
+ * cut off from the ps tasks in the middle of a push. */
+static void drain_workers(ps_strategy *ps)
+{
+    double until = loom_now() + 10;
+    for (;;) {
+        bool any = false;
+        for (int w = 0; w < ps->n_workers; w++) any |= ps->alive[w] && ps->busy[w];
+        double left = until - loom_now();
+        if (!any || left <= 0) return;
+        loom_err e;
+        if (pump_for(ps, left, &e)) return;
+    }
+}
+
+/* Waits until no step function runs (the variables at rest on the ps tasks). */
+static int quiesce(ps_strategy *ps, loom_err *err)
+{
+    /* queued, not started: dropped (their steps were never counted) */
+    for (int i = 0; i < ps->n_fns;)
+        if (ps->fns[i].worker == -1) {
+            ps->dispatched -= ps->fns[i].steps;
+            drop_fn(ps, i);
+        } else
+            i++;
+    while (running_fns(ps)) {
+        int rc = pump(ps, err);
+        if (rc) return rc;
+        for (int i = 0; i < ps->n_fns;)
+            if (ps->fns[i].worker == -1) { /* requeued after a loss: never mind, the next schedule redoes it */
+                ps->dispatched -= ps->fns[i].steps;
+                drop_fn(ps, i);
+            } else
+                i++;
+    }
+    return LOOM_OK;
+}
+
+/* The ps tasks' variables (and slots) into the chief's model. */
+static int fetch(ps_strategy *ps, bool slots, loom_err *err)
+{
+    if (ps->fresh && !slots) return LOOM_OK;
+    int rc = quiesce(ps, err);
+    if (!rc) rc = pull_all(ps, loom_model_params(ps->model), slots && ps->n_slots ? loom_optimizer_slots(ps->opt) : NULL,
+                           0, &ps->ps_step, err);
+    if (!rc) ps->fresh = true;
+    return rc;
+}
+
+static int ps_train_step(loom_strategy *s, const loom_elem *batch, int64_t step, loom_step_result *out, loom_err *err)
+{
+    (void)batch; /* the workers compute on their own pipelines */
+    ps_strategy *ps = s->impl;
+    memset(out, 0, sizeof *out);
+    if (!ps->net) {
+        char w[600];
+        return loom_err_set(err, LOOM_ECONFIG, loom_loc_str(&s->args->spec->strategy.loc, w, sizeof w),
+                            "parameter_server trains across processes, but this one has no task of a cluster: it needs "
+                            "a chief, workers and ps tasks"),
+               loom_err_hint(err, "run it with loom launch --local CONFIG --workers 2 --ps 1 (or --task ROLE:I for "
+                                  "each task); for one process use one_device or mirrored");
+    }
+    int rc;
+    if (ps->need_init && (rc = init_ps_tasks(ps, step, err))) return rc;
+    if (test_die_now(ps->task, step + 1)) _exit(137); /* tests: the coordinator lost */
+    ps->fresh = false;
+    while (ps->ready_head == ps->n_ready) {
+        if ((rc = schedule(ps, step, err))) return rc;
+        if (ps->ready_head < ps->n_ready) break;
+        if (ps->n_fns == 0)
+            return loom_err_set(err, LOOM_EUSAGE, ps->task, "nothing to schedule at step %lld", (long long)step + 1);
+        if ((rc = pump(ps, err))) return rc;
+    }
+    loom_ps_step_out *o = &ps->ready[ps->ready_head++];
+    out->loss_sum = o->loss_sum;
+    out->correct = o->correct;
+    out->examples = o->examples;
+    return LOOM_OK;
+}
+
+static int ps_eval_step(loom_strategy *s, const loom_elem *batch, loom_step_result *out, loom_err *err)
+{
+    ps_strategy *ps = s->impl;
+    int rc = ps->net && !ps->need_init ? fetch(ps, false, err) : LOOM_OK;
+    if (rc) return rc;
+    const loom_tensor *x = &batch->t[s->args->input_idx], *y = &batch->t[s->args->label_idx];
+    out->examples = x->shape.dim[0];
+    return loom_model_evaluate(ps->model, x, y, &out->loss_sum, &out->correct, err);
+}
+
+static int ps_predict(loom_strategy *s, const loom_elem *batch, float *out, loom_err *err)
+{
+    ps_strategy *ps = s->impl;
+    int rc = ps->net && !ps->need_init ? fetch(ps, false, err) : LOOM_OK;
+    if (rc) return rc;
+    return loom_model_predict(ps->model, &batch->t[s->args->input_idx], out, err);
+}
+
+static loom_model *ps_model(loom_strategy *s) { return ((ps_strategy *)s->impl)->model; }
+static loom_optimizer *ps_optimizer(loom_strategy *s) { return ((ps_strategy *)s->impl)->opt; }
+static int ps_num_replicas(loom_strategy *s) { (void)s; return 1; }
+
+/* After a restore into the chief's model: the ps tasks get it at the next step. */
+static int ps_sync(loom_strategy *s, loom_err *err)
+{
+    (void)err;
+    ps_strategy *ps = s->impl;
+    ps->need_init = ps->net != NULL;
+    ps->restored = ps->net != NULL;
+    ps->fresh = true;
+    return LOOM_OK;
+}
+
+static bool ps_is_chief(loom_strategy *s) { return ((ps_strategy *)s->impl)->role == LOOM_ROLE_CHIEF; }
+
+/* A checkpoint: the variables and slots back from the ps tasks, then the
+ * chief's iterator state with the ps count. */
+static int ps_gather_iter_state(loom_strategy *s, const loom_buf *mine, loom_buf *stored, loom_err *err)
+{
+    ps_strategy *ps = s->impl;
+    loom_buf_init(stored);
+    if (ps->net && !ps->need_init) {
+        int rc = fetch(ps, true, err);
+        if (rc) return rc;
+    }
+    loom_buf_put_u32(stored, ITER_MAGIC);
+    loom_buf_put_u32(stored, (uint32_t)ps->n_ps);
+    loom_buf_put(stored, mine->data, mine->len);
+    return stored->failed ? loom_err_set(err, LOOM_ENOMEM, NULL, "packing the iterator state") : LOOM_OK;
+}
+
+static int ps_pick_iter_state(loom_strategy *s, const loom_buf *stored, loom_buf *mine, loom_err *err)
+{
+    ps_strategy *ps = s->impl;
+    loom_buf_init(mine);
+    loom_buf b = *stored;
+    b.pos = 0;
+    b.failed = 0;
+    uint32_t magic = stored->len >= 8 ? loom_buf_get_u32(&b) : 0;
+    if (magic != ITER_MAGIC)
+        return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "the checkpoint was not written by parameter_server training: "
+                            "it holds no ps count"),
+               loom_err_hint(err, "resume it with the strategy that wrote it, or pass --fresh");
+    uint32_t n = loom_buf_get_u32(&b);
+    if ((int)n != ps->n_ps)
+        return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "the checkpoint was written by a job of %u ps task%s, this job "
+                            "has %d: its shards restore only onto the same number of ps tasks", n, n == 1 ? "" : "s",
+                            ps->n_ps),
+               loom_err_hint(err, "run the job with %u ps task%s (loom launch --ps %u), or pass --fresh to start over",
+                             n, n == 1 ? "" : "s", n);
+    loom_buf_put(mine, b.data + b.pos, b.len - b.pos);
+    return mine->failed ? loom_err_set(err, LOOM_ENOMEM, NULL, "copying the iterator state") : LOOM_OK;
+}
+
+static int ps_serve(loom_strategy *s, loom_iter *train, loom_err *err)
+{
+    ps_strategy *ps = s->impl;
+    if (ps->role == LOOM_ROLE_EVALUATOR) {
+        loom_warn("%s: parameter_server has no sidecar evaluator yet: the chief evaluates at epoch ends", ps->task);
+        return LOOM_OK;
+    }
+    if (!ps->net) return LOOM_OK;
+    struct sigaction sa = {0}, old_int, old_term;
+    sa.sa_handler = on_serve_signal;
+    serve_signals = 0;
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    int rc = ps->role == LOOM_ROLE_PS ? ps_serve_loop(ps, s->args->spec, err) : worker_serve(ps, s->args, train, err);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    return rc;
+}
+
+static void ps_where(loom_strategy *s, char *buf, size_t n)
+{
+    ps_strategy *ps = s->impl;
+    snprintf(buf, n, "%d worker%s and %d ps (parameter_server, %s), each", ps->n_workers,
+             ps->n_workers == 1 ? "" : "s", ps->n_ps, ps->sync ? "sync" : "async");
+}
+
+static void ps_print_plan(loom_strategy *s, int64_t global_batch, FILE *f)
+{
+    ps_strategy *ps = s->impl;
+    const loom_strategy_spec *st = &s->args->spec->strategy;
+    if (ps->role == LOOM_ROLE_EVALUATOR || !ps->model) {
+        fprintf(f, "strategy: parameter_server (this is %s: no part in training)\n", ps->task);
+        return;
+    }
+    fprintf(f, "strategy: parameter_server, coordinator chief:0, %d worker%s, %d ps task%s; this is %s\n", ps->n_workers,
+            ps->n_workers == 1 ? "" : "s", ps->n_ps, ps->n_ps == 1 ? "" : "s", ps->task);
+    fprintf(f, "  each worker computes on its own pipeline (data.train repeated, its own shuffle seed, not sharded), "
+            "batch %lld per step\n", (long long)global_batch);
+    fprintf(f, "  step functions of %lld step%s (run.steps_per_execution), taken by any free worker\n", (long long)ps->K,
+            ps->K == 1 ? "" : "s");
+    if (ps->sync)
+        fprintf(f, "  synchronous: each step applies the mean of the first %d of %d workers' gradients; later ones are "
+                "stale and dropped (%d backup worker%s)\n", ps->sync_n, ps->n_workers, ps->n_workers - ps->sync_n,
+                ps->n_workers - ps->sync_n == 1 ? "" : "s");
+    else
+        fprintf(f, "  asynchronous: each ps applies every push at once (optimizer %s on the ps tasks)\n",
+                loom_optimizer_slot_name(ps->opt, 0) ? "with its slots beside each variable" : "without slots");
+    if (st->partitioner.kind == LOOM_PARTITIONER_NONE)
+        fprintf(f, "  placement: whole variables round-robin over the ps tasks\n");
+    else
+        fprintf(f, "  placement: variables split along axis 0 by the %s partitioner, shards round-robin over the ps "
+                "tasks\n", loom_partitioner_name(st->partitioner.kind));
+    int nv = loom_model_num_param_tensors(ps->model);
+    loom_param_info *pi = loom_calloc((size_t)(nv ? nv : 1), sizeof *pi);
+    if (!pi) return;
+    for (int v = 0; v < nv; v++) pi[v] = *loom_model_param_tensor(ps->model, v);
+    loom_ps_plan_print_(&ps->plan, pi, ps->n_slots, f);
+    loom_free(pi);
+}
+
+static int ps_peers(loom_strategy *s, loom_peer_info *out, int max)
+{
+    ps_strategy *ps = s->impl;
+    return ps->net ? loom_net_peers(ps->net, out, max) : 0;
+}
+
+static const loom_strategy_ops parameter_server_ops = {
+    .version = LOOM_STRATEGY_OPS_VERSION,
+    .name = "parameter_server",
+    .open = ps_open,
+    .close = ps_close,
+    .train_step = ps_train_step,
+    .eval_step = ps_eval_step,
+    .predict = ps_predict,
+    .model = ps_model,
+    .optimizer = ps_optimizer,
+    .sync = ps_sync,
+    .num_replicas = ps_num_replicas,
+    .caps = LOOM_STRATEGY_OWN_THREADS,
+    .print_plan = ps_print_plan,
+    .where = ps_where,
+    .is_chief = ps_is_chief,
+    .gather_iter_state = ps_gather_iter_state,
+    .pick_iter_state = ps_pick_iter_state,
+    .peers = ps_peers,
+    .serve = ps_serve,
+};
+
+const loom_strategy_ops *loom_parameter_server_ops_(void) { return &parameter_server_ops; }
