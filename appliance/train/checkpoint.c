@@ -432,6 +432,75 @@ static float *locate(loom_model *m, loom_optimizer *o, const char *name, const l
     return NULL;
 }
 
+/* A tensor record checked against the model (and optimizer, when loaded):
+ * *dst = where its floats go; NULL with LOOM_OK: skipped (an optimizer slot
+ * while no optimizer is loaded). found: the tensors matched so far, for
+ * naming the model's tensor at the record's position. */
+static int match_tensor(loom_model *m, loom_optimizer *o, const record *rec, int found, float **dst, const char *path,
+                        loom_err *err)
+{
+    int nt = loom_model_num_param_tensors(m), nslots = o ? loom_optimizer_num_slots(o) : 0;
+    const loom_param_info *pi = NULL;
+    int slot_of_param = 0;
+    *dst = locate(m, o, rec->name, &pi, &slot_of_param);
+    if (!*dst && slot_of_param && !o) return LOOM_OK; /* slots are skipped when no optimizer is loaded */
+    if (!*dst) {
+        /* both shapes: the record's, and the model's tensor at the same position (records alternate
+         * parameter and slots in layer order, so "the same position" counts parameters alone) */
+        char a[64], c[96] = "";
+        int at = found / (1 + nslots);
+        if (at >= nt) at = nt - 1;
+        if (!slot_of_param && at >= 0) {
+            const loom_param_info *mp = loom_model_param_tensor(m, at);
+            char s2[64];
+            snprintf(c, sizeof c, "; the model's tensor %d is \"%.40s\" %s", at, mp->name,
+                     loom_shape_str(&mp->shape, s2, sizeof s2));
+        }
+        loom_err_set(err, LOOM_ECHECKPOINT, path,
+                     slot_of_param ? "checkpoint holds optimizer slot \"%s\" that this optimizer does not have"
+                                   : "checkpoint holds tensor \"%s\" that this model does not have (shape %s%s)",
+                     rec->name, loom_shape_str(&rec->shape, a, sizeof a), c);
+        return loom_err_hint(err, "the checkpoint was written by a different %s; use a new model_dir or --fresh",
+                             slot_of_param ? "optimizer" : "model");
+    }
+    if (!loom_shape_eq(&rec->shape, &pi->shape)) {
+        char a[64], c[64];
+        loom_err_set(err, LOOM_ECHECKPOINT, path, "tensor \"%s\" has shape %s in the checkpoint, the model expects %s",
+                     rec->name, loom_shape_str(&rec->shape, a, sizeof a), loom_shape_str(&pi->shape, c, sizeof c));
+        return loom_err_hint(err, "the checkpoint was written by a different model; use a new model_dir or --fresh");
+    }
+    if (rec->raw != (uint64_t)loom_shape_numel(&rec->shape) * sizeof(float))
+        return loom_err_set(err, LOOM_ECHECKPOINT, path, "tensor \"%s\": %llu bytes for shape of %lld floats",
+                            rec->name, (unsigned long long)rec->raw, (long long)loom_shape_numel(&rec->shape));
+    return LOOM_OK;
+}
+
+/* A record's bytes into a tensor (dst) or a blob. A tensor goes through a
+ * scratch copy: one with a NaN or an infinity must not reach the model. */
+static int load_record(const record *rec, float *dst, loom_buf *blob, const char *path, loom_err *err)
+{
+    void *out = loom_alloc(rec->raw ? rec->raw : 1);
+    if (!out) return loom_err_set(err, LOOM_ENOMEM, path, "loading %s", rec->name);
+    int rc = unpack(rec, out, path, err);
+    if (rc || dst) {
+        int64_t bad = rc ? -1 : first_nonfinite(out, (int64_t)(rec->raw / sizeof(float)));
+        if (bad >= 0) {
+            rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "tensor \"%s\" holds %g at index %lld", rec->name,
+                              (double)((float *)out)[bad], (long long)bad);
+            loom_err_hint(err, "the run that wrote it diverged, or the file was altered; resume from an earlier "
+                               "checkpoint or pass --fresh");
+        }
+        if (!rc) memcpy(dst, out, rec->raw);
+        loom_free(out);
+        return rc;
+    }
+    loom_buf_fini(blob); /* the buffer becomes the blob's: no second copy that could fail */
+    blob->data = out;
+    blob->len = rec->raw;
+    blob->cap = rec->raw ? rec->raw : 1;
+    return LOOM_OK;
+}
+
 int loom_ckpt_load(const char *path, loom_model *m, loom_optimizer *o, loom_buf *trainer, loom_buf *iter, loom_err *err)
 {
     /* The blobs are outputs: empty unless the file holds them, and empty again
@@ -466,98 +535,22 @@ int loom_ckpt_load(const char *path, loom_model *m, loom_optimizer *o, loom_buf 
         }
         for (uint32_t r = 0; r < records && !rc; r++) {
             record rec;
-            rc = next_record(&b, r, &rec, path, err);
-            if (rc) break;
+            if ((rc = next_record(&b, r, &rec, path, err))) break;
             /* Where do the bytes go? */
             float *dst = NULL;
             loom_buf *blob = NULL;
             if (rec.kind == KIND_TENSOR) {
-                const loom_param_info *pi = NULL;
-                int slot_of_param = 0;
-                dst = locate(m, o, rec.name, &pi, &slot_of_param);
-                if (!dst && slot_of_param && !o) continue; /* slots are skipped when no optimizer is loaded */
-                if (!dst) {
-                    /* both shapes: the record's, and the model's tensor at the same position (records alternate
-                     * parameter and slots in layer order, so "the same position" counts parameters alone) */
-                    char a[64], c[96] = "";
-                    int at = found / (1 + nslots);
-                    if (at >= nt) at = nt - 1;
-                    if (!slot_of_param && at >= 0) {
-                        const loom_param_info *mp = loom_model_param_tensor(m, at);
-                        char s2[64];
-                        snprintf(c, sizeof c, "; the model's tensor %d is \"%.40s\" %s", at, mp->name,
-                                 loom_shape_str(&mp->shape, s2, sizeof s2));
-                    }
-                    rc = loom_err_set(err, LOOM_ECHECKPOINT, path,
-                                      slot_of_param
-                                          ? "checkpoint holds optimizer slot \"%s\" that this optimizer does not have"
-                                          : "checkpoint holds tensor \"%s\" that this model does not have (shape %s%s)",
-                                      rec.name, loom_shape_str(&rec.shape, a, sizeof a), c);
-                    loom_err_hint(err, "the checkpoint was written by a different %s; use a new model_dir or --fresh",
-                                  slot_of_param ? "optimizer" : "model");
-                    break;
-                }
-                if (!loom_shape_eq(&rec.shape, &pi->shape)) {
-                    char a[64], c[64];
-                    rc = loom_err_set(err, LOOM_ECHECKPOINT, path,
-                                      "tensor \"%s\" has shape %s in the checkpoint, the model expects %s", rec.name,
-                                      loom_shape_str(&rec.shape, a, sizeof a), loom_shape_str(&pi->shape, c, sizeof c));
-                    loom_err_hint(err,
-                                  "the checkpoint was written by a different model; use a new model_dir or --fresh");
-                    break;
-                }
-                if (rec.raw != (uint64_t)loom_shape_numel(&rec.shape) * sizeof(float)) {
-                    rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "tensor \"%s\": %llu bytes for shape of %lld floats",
-                                      rec.name, (unsigned long long)rec.raw, (long long)loom_shape_numel(&rec.shape));
-                    break;
-                }
+                if ((rc = match_tensor(m, o, &rec, found, &dst, path, err))) break;
+                if (!dst) continue;
                 if (pass == 0) found++;
             } else if (rec.kind == KIND_BLOB) {
-                if (!strcmp(rec.name, "trainer"))
-                    blob = trainer;
-                else if (!strcmp(rec.name, "iterator/train"))
-                    blob = iter;
+                blob = !strcmp(rec.name, "trainer") ? trainer : !strcmp(rec.name, "iterator/train") ? iter : NULL;
                 if (!blob) continue;
             } else {
                 rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "record %u has unknown kind %u", r, rec.kind);
                 break;
             }
-            if (pass == 0) continue;
-            void *out = dst;
-            if (dst) { /* into a scratch copy: a tensor with a NaN or an infinity must not reach the model */
-                out = loom_alloc(rec.raw ? rec.raw : 1);
-                if (!out) {
-                    rc = loom_err_set(err, LOOM_ENOMEM, path, "loading %s", rec.name);
-                    break;
-                }
-                rc = unpack(&rec, out, path, err);
-                int64_t bad = rc ? -1 : first_nonfinite(out, (int64_t)(rec.raw / sizeof(float)));
-                if (bad >= 0) {
-                    rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "tensor \"%s\" holds %g at index %lld", rec.name,
-                                      (double)((float *)out)[bad], (long long)bad);
-                    loom_err_hint(err, "the run that wrote it diverged, or the file was altered; resume from an earlier "
-                                       "checkpoint or pass --fresh");
-                }
-                if (!rc) memcpy(dst, out, rec.raw);
-                loom_free(out);
-                continue;
-            }
-            if (blob) {
-                out = loom_alloc(rec.raw ? rec.raw : 1);
-                if (!out) {
-                    rc = loom_err_set(err, LOOM_ENOMEM, path, "loading %s", rec.name);
-                    break;
-                }
-            }
-            rc = unpack(&rec, out, path, err);
-            if (blob && rc) {
-                loom_free(out);
-            } else if (blob) { /* the buffer becomes the blob's: no second copy that could fail */
-                loom_buf_fini(blob);
-                blob->data = out;
-                blob->len = rec.raw;
-                blob->cap = rec.raw ? rec.raw : 1;
-            }
+            if (pass == 1) rc = load_record(&rec, dst, blob, path, err);
         }
     }
     loom_free(data);

@@ -1,7 +1,7 @@
-/* dir_lock.c - the model_dir lock (dir_lock.h). flock, not a pid file: the
+/* dir_lock.c - the model_dir lock (dir_lock_internal.h). flock, not a pid file: the
  * kernel drops it when the holder dies (kill -9 included), so a stale lock
  * never blocks a restart; the file's text only names the holder. */
-#include "dir_lock.h"
+#include "dir_lock_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -314,6 +314,9 @@ static const char *param_init(onnx_graph *o, loom_model *m, int i)
     return p->name;
 }
 
+/* The ONNX graph of the model, layer by layer. long: one switch case per layer kind, over the walk's
+ * shared state (the current tensor's name, shape and layout, the next parameter); it becomes one
+ * function per layer kind when a layer describes its own export. */
 static int build_graph(onnx_graph *o, const loom_spec *spec, loom_model *m, const export_input *in,
                        bool preprocessing, const loom_dataset_spec *ds, loom_err *err)
 {

@@ -1,5 +1,5 @@
 /* progress.c - a progress bar with ETA on a terminal, plain lines otherwise. */
-#include "progress.h"
+#include "progress_internal.h"
 
 #include <math.h>
 

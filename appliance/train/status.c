@@ -1,8 +1,8 @@
 /* status.c - the training status endpoint: evhttp on its own thread and
  * event base; the train thread publishes copies of its figures under a
- * mutex (status.h). Stopping: a byte on a pipe wakes the base, whose
+ * mutex (status_internal.h). Stopping: a byte on a pipe wakes the base, whose
  * callback breaks the loop, so no libevent locking is needed. */
-#include "status.h"
+#include "status_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>

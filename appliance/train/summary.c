@@ -1,4 +1,4 @@
-/* summary.c - TensorBoard event files (see summary.h).
+/* summary.c - TensorBoard event files (see summary_internal.h).
  *
  * The protos are encoded by hand: an Event with a Summary holds at most a
  * handful of fields (tf_semantics §2.3-2.5), so a dozen lines of varint and
@@ -9,7 +9,7 @@
  * masked CRC-32C of the payload; §1.1). data/'s TFRecord writer commits its
  * file by rename at close, but TensorBoard must read an event file while the
  * run is still writing it, so the records are framed here and appended. */
-#include "summary.h"
+#include "summary_internal.h"
 #include "protobuf_internal.h"
 
 #include <errno.h>

@@ -1,10 +1,10 @@
 /* train.c - the train / evaluate / predict / check loops. */
 #include "train.h"
-#include "dir_lock.h"
-#include "progress.h"
-#include "summary.h"
-#include "status.h"
-#include "train_hooks.h"
+#include "dir_lock_internal.h"
+#include "progress_internal.h"
+#include "summary_internal.h"
+#include "status_internal.h"
+#include "train_hooks_internal.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -166,6 +166,36 @@ static int share_batch(run *r, const loom_dataset_spec *train, const loom_input_
     return LOOM_OK; /* no batch transform: refused below */
 }
 
+/* Eval batches go through the same replicas as data.train's (es): the same
+ * features at the same places, with the same per-example dtypes and shapes. */
+static int eval_matches_train(run *r, const loom_spec *spec, const loom_elem_spec *es, loom_err *err)
+{
+    char w[600];
+    const loom_elem_spec *ev = loom_iter_spec(r->eval);
+    int ei, el;
+    int rc = find_features(spec, ev, "eval", &ei, &el, err);
+    if (rc) return rc;
+    if (ei != r->args.input_idx || el != r->args.label_idx) {
+        char a[512], b[512];
+        return loom_err_set(err, LOOM_ESHAPE, loom_loc_str(&spec->eval.loc, w, sizeof w),
+                            "data.eval yields %s but data.train yields %s; the features must match",
+                            loom_elem_spec_str(ev, a, sizeof a), loom_elem_spec_str(es, b, sizeof b));
+    }
+    for (int k = 0; k < 2; k++) {
+        int i = k ? el : ei;
+        loom_shape x = es->shape[i], y = ev->shape[i];
+        x.dim[0] = y.dim[0] = 0;
+        if (es->dtype[i] != ev->dtype[i] || !loom_shape_eq(&x, &y)) {
+            char a[512], b[512];
+            return loom_err_set(err, LOOM_ESHAPE, loom_loc_str(&spec->eval.loc, w, sizeof w),
+                                "data.eval yields %s but data.train yields %s; feature \"%s\" must have the same "
+                                "dtype and shape",
+                                loom_elem_spec_str(ev, a, sizeof a), loom_elem_spec_str(es, b, sizeof b), es->name[i]);
+        }
+    }
+    return LOOM_OK;
+}
+
 /* Opens the pipelines and the strategy. `need_eval`: fail if data.eval is
  * absent. cluster: this process's task in a job across processes (NULL: one
  * process); plan_only: `loom check` (the strategy opens no socket). */
@@ -244,31 +274,7 @@ static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool n
         }
         r->args.weight_idx1 = wi + 1;
     }
-    if (r->eval) {
-        /* eval batches go through the same replicas: same features, same per-example shapes */
-        const loom_elem_spec *ev = loom_iter_spec(r->eval);
-        int ei, el;
-        rc = find_features(spec, ev, "eval", &ei, &el, err);
-        if (rc) return rc;
-        if (ei != r->args.input_idx || el != r->args.label_idx) {
-            char a[512], b[512];
-            return loom_err_set(err, LOOM_ESHAPE, loom_loc_str(&spec->eval.loc, w, sizeof w),
-                                "data.eval yields %s but data.train yields %s; the features must match",
-                                loom_elem_spec_str(ev, a, sizeof a), loom_elem_spec_str(es, b, sizeof b));
-        }
-        for (int k = 0; k < 2; k++) {
-            int i = k ? el : ei;
-            loom_shape x = es->shape[i], y = ev->shape[i];
-            x.dim[0] = y.dim[0] = 0;
-            if (es->dtype[i] != ev->dtype[i] || !loom_shape_eq(&x, &y)) {
-                char a[512], b[512];
-                return loom_err_set(err, LOOM_ESHAPE, loom_loc_str(&spec->eval.loc, w, sizeof w),
-                                    "data.eval yields %s but data.train yields %s; feature \"%s\" must have the same "
-                                    "dtype and shape",
-                                    loom_elem_spec_str(ev, a, sizeof a), loom_elem_spec_str(es, b, sizeof b), es->name[i]);
-            }
-        }
-    }
+    if (r->eval && (rc = eval_matches_train(r, spec, es, err))) return rc;
     if ((rc = loom_strategy_open(&r->strat, &r->args, err))) return rc;
     r->chief = loom_strategy_is_chief(r->strat);
     return LOOM_OK;
@@ -634,508 +640,732 @@ static int write_final_marker(const char *dir, int64_t step, const char *ckpt, l
     return loom_write_file_atomic(path, text, (size_t)n, err);
 }
 
-int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err)
-{
-    run r;
-    const char *dir = opts->model_dir ? opts->model_dir : spec->run.model_dir;
-    /* Everything is checked before anything is written. */
-    int rc = run_open(&r, spec, dir, false, opts->cluster, false, err);
-    if (!rc && loom_strategy_serves(r.strat)) { /* a ps task or a parameter-server worker: it serves the job */
-        char task[64];
-        loom_log_set_name(loom_task_name(opts->cluster->role, opts->cluster->index, task, sizeof task));
-        if (loom_log_get_level() < LOOM_LOG_WARN) loom_log_set_level(LOOM_LOG_WARN);
-        rc = loom_strategy_serve(r.strat, r.train, err);
-        run_close(&r);
-        return rc;
-    }
-    r.sidecar_eval = opts->cluster && opts->cluster->n_tasks[LOOM_ROLE_EVALUATOR] > 0;
-    if (!rc && !r.chief) { /* the chief logs the job; the other tasks only their warnings and errors */
-        char task[64];
-        loom_log_set_name(loom_task_name(opts->cluster->role, opts->cluster->index, task, sizeof task));
-        if (loom_log_get_level() < LOOM_LOG_WARN) loom_log_set_level(LOOM_LOG_WARN);
-    }
-    if (!rc) rc = train_hooks_open_(&r.hooks, spec, r.model_dir, r.strat, err);
-    if (!rc) rc = metrics_open(&r, err);
-    if (!rc && spec->run.status_port && r.chief) { /* the chief reports the job; a port in use fails here, before anything is written */
-        char w[600];
-        rc = loom_status_open(&r.status, spec->run.status_bind, spec->run.status_port,
-                              loom_loc_str(&spec->run.loc, w, sizeof w), err);
-        if (!rc)
-            loom_info("status endpoint: http://%s%s%s:%d/metrics (also /healthz, /status)",
-                      strchr(spec->run.status_bind, ':') ? "[" : "", spec->run.status_bind,
-                      strchr(spec->run.status_bind, ':') ? "]" : "", loom_status_port(r.status));
-    }
-    if (!rc && (rc = loom_mkdirs(dir, err)) != LOOM_OK)
-        loom_err_hint(err, "set run.model_dir (or --model-dir) to a directory you can write");
-    /* two jobs must not share a model_dir: the chief (or the one process)
-     * holds its lock; the other tasks of the job share it */
-    int lock_fd = -1;
-    if (!rc && r.chief) rc = loom_dir_lock_(r.model_dir, opts->cluster, &lock_fd, err);
-    if (rc) {
-        run_close(&r);
-        return rc;
-    }
+/* ---- the trainer: loom_train as a loop with named seams ------------------
+ *
+ *   trainer_open     pipelines, strategy, hooks, status endpoint, model_dir and
+ *                    its lock: everything is checked before anything is written
+ *                    (a task that serves the job runs the strategy's loop instead)
+ *   trainer_resume   the latest checkpoint (or --fresh's archive of the old ones)
+ *   final_marker_clear  the sidecar evaluator's end marker goes while the job goes on
+ *   sink_open        the metrics sink: the one way out for every figure, fanned
+ *                    out to the log (and progress line), metrics.jsonl,
+ *                    TensorBoard's event files and the status endpoint
+ *   signals_catch    SIGINT / SIGTERM become a stop request (signals_restore)
+ *   trainer_loop     the step loop and its named points:
+ *     at_step_begin    the epoch's begin hook; a hook's or a signal's stop
+ *     take_step        one batch through the strategy (or the Lua train_step)
+ *     after_step       non-finite weights, the step's counts, a job's agreed stop
+ *     at_epoch_end     evaluation, the epoch's figures, its end hook, next pass
+ *     at_boundary      an execution's end: progress, summaries, checkpoint
+ *                      cadence (checkpoint_due / checkpoint_now), step_end hook
+ *   trainer_finish   the last checkpoint, the last evaluation, train_end, end line,
+ *                    the sidecar evaluator's end marker
+ *   trainer_close    the sink, the pipelines, the strategy, the lock
+ *
+ * The trainer reaches the model only through the strategy's interface
+ * (loom_strategy_*), so a plugin's strategy and a built-in one are alike. */
 
-    trainer_state st = {0};
-    char ckpt[LOOM_PATH_MAX] = "", last_ckpt[LOOM_PATH_MAX] = "";
-    int64_t ckpt_step = 0;
-    if (r.chief) loom_remove_stale_tmp(r.model_dir); /* left by runs killed while writing (the chief holds the lock) */
-    rc = loom_ckpt_latest(r.model_dir, ckpt, &ckpt_step, err);
-    if (rc == LOOM_OK && !opts->fresh) { /* every task reads it from the shared model_dir, as TF's do */
-        loom_buf ts, stored, is;
-        loom_buf_init(&is);
-        rc = loom_ckpt_load(ckpt, loom_strategy_model(r.strat), loom_strategy_optimizer(r.strat), &ts, &stored, err);
-        if (!rc) rc = state_restore(&st, &ts, ckpt, err);
-        if (!rc && st.step != ckpt_step)
-            rc = loom_err_set(err, LOOM_ECHECKPOINT, ckpt, "the file is named for step %lld but holds step %lld",
-                              (long long)ckpt_step, (long long)st.step);
-        if (!rc && r.hooks.hooks) rc = loom_hooks_restore(r.hooks.hooks, &ts, err);
-        if (!rc && stored.len) rc = loom_strategy_pick_iter_state(r.strat, &stored, &is, err); /* this task's */
-        if (!rc) rc = is.len ? loom_iter_restore(r.train, &is, err) : replay_data(&r, &st, err);
-        if (!rc) rc = loom_strategy_sync(r.strat, err);
-        loom_buf_fini(&ts);
-        loom_buf_fini(&stored);
-        loom_buf_fini(&is);
-        if (rc) {
-            if (!err->where[0]) snprintf(err->where, sizeof err->where, "%s", ckpt);
-            if (!err->hint[0]) loom_err_hint(err, "pass --fresh to start from scratch, or use another model_dir");
-            loom_dir_unlock_(lock_fd);
-            run_close(&r);
-            return rc;
-        }
-        snprintf(last_ckpt, sizeof last_ckpt, "%s", ckpt);
-        /* st.epoch counts finished epochs, as "nothing to do" and the epoch lines do */
-        if (st.step_in_epoch == 0)
-            loom_info("resuming from %s (step %lld, after epoch %lld of %lld)", ckpt, (long long)st.step,
-                      (long long)st.epoch, (long long)spec->run.epochs);
-        else
-            loom_info("resuming from %s (step %lld, %lld step%s into epoch %lld of %lld)", ckpt, (long long)st.step,
-                      (long long)st.step_in_epoch, st.step_in_epoch == 1 ? "" : "s", (long long)st.epoch + 1,
-                      (long long)spec->run.epochs);
-    } else if (rc != LOOM_OK && rc != LOOM_EEOF) {
-        loom_dir_unlock_(lock_fd);
-        run_close(&r);
-        return rc;
-    } else if (rc == LOOM_OK && r.chief) {
-        char moved[LOOM_PATH_MAX];
-        rc = loom_ckpt_archive(r.model_dir, moved, err);
-        if (rc) {
-            loom_dir_unlock_(lock_fd);
-            run_close(&r);
-            return rc;
-        }
-        loom_info("--fresh: moved the earlier checkpoints to %s", moved);
-    }
-    rc = LOOM_OK;
+/* Everything the metrics sink writes to (the chief's; elsewhere /dev/null and none). */
+typedef struct metrics_sink {
+    FILE               *jsonl;       /* <model_dir>/metrics.jsonl */
+    loom_summary       *tb, *tb_eval; /* TensorBoard: <model_dir>, <model_dir>/eval; NULL: none */
+    loom_progress_state prog;        /* the log's progress line */
+    summary_window      win;         /* the steps since the last summary */
+    double              summary_sec; /* spent writing TensorBoard summaries, for the end line */
+} metrics_sink;
 
-    const loom_run_spec *rs = &spec->run;
-    int64_t epochs = rs->epochs, max_steps = rs->max_steps;
-    int64_t card = loom_iter_cardinality(r.train);
-    int64_t steps_per_epoch = card >= 0 ? card : -1;
-    loom_model *model = loom_strategy_model(r.strat);
-    loom_optimizer *opt = loom_strategy_optimizer(r.strat);
-    char where[96], abs_dir[PATH_MAX] = "";
-    if (!realpath(r.model_dir, abs_dir)) abs_dir[0] = 0; /* messages show where it really is */
-    loom_info("training %lld parameters on %s, %d thread%s; BLAS %s (%s), %d thread%s each; model_dir %s",
-              (long long)loom_model_num_params(model),
-              loom_strategy_where(r.strat, where, sizeof where), loom_model_threads(model),
-              loom_model_threads(model) == 1 ? "" : "s", loom_blas_core(), loom_blas_core_reason(), loom_blas_threads(),
-              loom_blas_threads() == 1 ? "" : "s", abs_dir[0] ? abs_dir : r.model_dir);
-
-    loom_summary *tb = NULL, *tb_eval = NULL; /* TensorBoard: <model_dir>, <model_dir>/eval */
-    bool finished = max_steps > 0 ? st.step >= max_steps : st.epoch >= epochs; /* a rerun adds no event file */
-    if (!finished && r.chief) { /* the job goes on: a watcher must not stop at an earlier run's end */
-        char fin[LOOM_PATH_MAX + 16];
-        snprintf(fin, sizeof fin, "%s/" LOOM_FINAL_MARKER, r.model_dir);
-        unlink(fin);
-    }
-    if (r.sidecar_eval && r.chief && r.eval)
-        loom_info("the cluster's evaluator task evaluates the checkpoints; the chief does not evaluate");
-    if (!finished && (rc = open_summaries(&r, last_ckpt[0] ? st.step : -1, &tb, &tb_eval, err)) != LOOM_OK) {
-        loom_dir_unlock_(lock_fd);
-        run_close(&r);
-        return rc;
-    }
-    char metrics_path[LOOM_PATH_MAX + 16];
-    snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", r.model_dir);
-    if (r.chief && !opts->fresh && loom_metrics_trim(metrics_path, st.step, st.epoch, err) < 0) {
-        loom_summary_close(tb, NULL);
-        loom_summary_close(tb_eval, NULL);
-        loom_dir_unlock_(lock_fd);
-        run_close(&r);
-        return err->code;
-    }
-    FILE *metrics = fopen(r.chief ? metrics_path : "/dev/null", "a"); /* the chief writes the job's */
-    if (!metrics) {
-        rc = loom_err_set(err, LOOM_EIO, metrics_path, "cannot open for appending: %s", strerror(errno));
-        loom_summary_close(tb, NULL);
-        loom_summary_close(tb_eval, NULL);
-        loom_dir_unlock_(lock_fd);
-        run_close(&r);
-        return rc;
-    }
-
-    loom_progress_state prog;
-    loom_progress_init(&prog, r.chief ? rs->progress : LOOM_PROGRESS_NONE, rs->log_steps);
-    struct sigaction sa = {0}, old_int, old_term;
-    sa.sa_handler = on_signal;
-    stop_signal = 0;
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
-
-    double run_start = loom_now(), epoch_start = run_start, train_sec = 0, run_train_sec = 0;
-    double input_sec = 0; /* this epoch's time inside loom_iter_next, part of train_sec */
-    int64_t run_examples = 0, start_step = st.step, last_saved = st.step;
-    double first_step_ms = -1, last_eval_loss = NAN, last_eval_acc = NAN;
-    int64_t last_eval_step = -1;
-    loom_step_result last_ev = {0}; /* the last evaluation (its metrics in r.macc[1]) */
-    summary_window win = {0};
-    double summary_sec = 0; /* spent writing TensorBoard summaries, for the end line */
-    double last_ckpt_time = loom_now(); /* run.checkpoint_secs counts from here */
-
+typedef struct trainer {
+    run                    r;
+    const loom_spec       *spec;
+    const loom_run_spec   *rs;
+    const loom_train_opts *opts;
+    int                    lock_fd; /* the model_dir lock (the chief's), or -1 */
+    bool                   serves;  /* a ps task or a parameter-server worker: the strategy serves the job */
+    trainer_state          st;
+    loom_model            *model;
+    loom_optimizer        *opt;
+    metrics_sink           sink;
+    hook_save_arg          hsa;     /* ctx:save_checkpoint() */
+    char                   ckpt[LOOM_PATH_MAX], last_ckpt[LOOM_PATH_MAX];
+    int64_t                steps_per_epoch; /* -1: unknown */
+    int64_t                start_step, last_saved, run_examples, last_eval_step;
     /* run.steps_per_execution = K: the steps of one execution run back to
      * back; the host-side work (signals, progress, checkpoints; callbacks
      * belong there too) happens only at its boundaries: after K steps, at an
      * epoch's end and at the last step (TPUEstimator's iterations_per_loop).
      * The steps themselves are the same, so the weights are too. */
-    const int64_t K = rs->steps_per_execution > 0 ? rs->steps_per_execution : 1;
-    int64_t in_exec = 0, boundary_step = st.step; /* steps since the last boundary, and its step */
-    hook_save_arg hsa = {&r, &st};
-    r.hooks.metrics = metrics;
-    r.hooks.summary = tb;
-    r.hooks.save = hook_save;
-    r.hooks.save_arg = &hsa;
-    bool epoch_open = false; /* on_epoch_begin was called for the epoch in progress */
-    bool input_ended = false; /* data.train ended this epoch; other tasks of the job may still have a step */
-    sig_atomic_t stop_asked = 0; /* the signal whose stop request the strategy carries to the other tasks */
-    loom_hook_logs hl = hook_logs(&st, st.epoch + 1, opt, NAN, last_eval_loss, last_eval_acc);
-    if ((rc = train_hooks_call_(&r.hooks, LOOM_HOOK_TRAIN_BEGIN, &hl, err))) hook_failed(&r, &st, err);
-    publish(&r, &st, LOOM_STATUS_TRAINING, opt, 0, 0, last_eval_loss, last_eval_acc, run_examples);
-    for (; !rc;) {
-        if (max_steps > 0 ? st.step >= max_steps : st.epoch >= epochs) break;
-        if (r.hooks.stop) {
-            loom_info("stopped by a hook (ctx:stop()) at step %lld, epoch %lld", (long long)st.step,
-                      (long long)st.epoch + (st.step_in_epoch > 0));
-            break;
+    int64_t                K, in_exec, boundary_step; /* steps since the last boundary, and its step */
+    double                 run_start, epoch_start, last_ckpt_time; /* run.checkpoint_secs counts from the last */
+    double                 train_sec, run_train_sec, input_sec; /* input_sec: this epoch's inside loom_iter_next */
+    double                 first_step_ms, last_eval_loss, last_eval_acc;
+    loom_step_result       last_ev;     /* the last evaluation (its metrics in r.macc[1]) */
+    bool                   epoch_open;  /* on_epoch_begin was called for the epoch in progress */
+    bool                   input_ended; /* data.train ended this epoch; other tasks of the job may still have a step */
+    sig_atomic_t           stop_asked;  /* the signal whose stop request the strategy carries to the other tasks */
+    struct sigaction       old_int, old_term;
+} trainer;
+
+static bool trainer_done(const trainer *t)
+{
+    return t->rs->max_steps > 0 ? t->st.step >= t->rs->max_steps : t->st.epoch >= t->rs->epochs;
+}
+
+/* The job goes on: a watcher (the sidecar evaluator) must not stop at an
+ * earlier run's end marker. */
+static void final_marker_clear(trainer *t)
+{
+    run *r = &t->r;
+    if (!trainer_done(t) && r->chief) {
+        char fin[LOOM_PATH_MAX + 16];
+        snprintf(fin, sizeof fin, "%s/" LOOM_FINAL_MARKER, r->model_dir);
+        unlink(fin);
+    }
+    if (r->sidecar_eval && r->chief && r->eval)
+        loom_info("the cluster's evaluator task evaluates the checkpoints; the chief does not evaluate");
+}
+
+/* ---- the metrics sink ---- */
+
+/* Opens the event files and metrics.jsonl (trimmed to the checkpoint's step
+ * on resume); a finished run's rerun adds no event file. */
+static int sink_open(trainer *t, loom_err *err)
+{
+    metrics_sink *s = &t->sink;
+    run *r = &t->r;
+    if (!trainer_done(t) && open_summaries(r, t->last_ckpt[0] ? t->st.step : -1, &s->tb, &s->tb_eval, err))
+        return err->code;
+    char path[LOOM_PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", r->model_dir);
+    if (r->chief && !t->opts->fresh && loom_metrics_trim(path, t->st.step, t->st.epoch, err) < 0) return err->code;
+    s->jsonl = fopen(r->chief ? path : "/dev/null", "a"); /* the chief writes the job's */
+    if (!s->jsonl) return loom_err_set(err, LOOM_EIO, path, "cannot open for appending: %s", strerror(errno));
+    loom_progress_init(&s->prog, r->chief ? t->rs->progress : LOOM_PROGRESS_NONE, t->rs->log_steps);
+    r->hooks.metrics = s->jsonl; /* ctx:log_scalar writes beside the trainer's figures */
+    r->hooks.summary = s->tb;
+    return LOOM_OK;
+}
+
+/* The first error of closing wins over none (rc). */
+static int sink_close(metrics_sink *s, int rc, loom_err *err)
+{
+    if (s->jsonl) fclose(s->jsonl);
+    loom_err cerr;
+    int crc = loom_summary_close(s->tb, &cerr);
+    if (!crc) crc = loom_summary_close(s->tb_eval, &cerr);
+    else loom_summary_close(s->tb_eval, NULL);
+    if (crc && !rc) *err = cerr, rc = crc;
+    memset(s, 0, sizeof *s);
+    return rc;
+}
+
+/* The status endpoint's figures. */
+static void sink_state(trainer *t, loom_status_state state, double sps, double input_wait)
+{
+    publish(&t->r, &t->st, state, t->opt, sps, input_wait, t->last_eval_loss, t->last_eval_acc, t->run_examples);
+}
+
+/* A step's counts into the summary window. */
+static void sink_step(trainer *t, const loom_step_result *res, double dt, double t_input)
+{
+    summary_window *w = &t->sink.win;
+    w->sec += dt;
+    w->input_sec += t_input;
+    w->loss_sum += res->loss_sum;
+    w->correct += res->correct;
+    w->examples += res->examples;
+}
+
+/* An execution's end: the progress line, the status endpoint, the autotuner's news. */
+static void sink_progress(trainer *t, double sps)
+{
+    const trainer_state *st = &t->st;
+    int64_t max_steps = t->rs->max_steps, epochs = t->rs->epochs, spe = t->steps_per_epoch;
+    double per_step = (loom_now() - t->epoch_start) / (double)st->step_in_epoch;
+    int64_t left = max_steps > 0 ? max_steps - st->step : spe > 0 ? (epochs - st->epoch) * spe - st->step_in_epoch : -1;
+    loom_progress_update(&t->sink.prog, st->epoch, max_steps > 0 ? (spe > 0 ? (max_steps + spe - 1) / spe : 1) : epochs,
+                         st->step_in_epoch, spe, st->step, st->loss_sum / (double)st->examples,
+                         t->r.has_acc ? (double)st->correct / (double)st->examples : NAN, sps,
+                         left >= 0 ? per_step * (double)left : -1);
+    sink_state(t, LOOM_STATUS_TRAINING, sps, t->sink.prog.input_wait);
+    char tuned[512];
+    /* once the autotuner's choice settles, and after a change */
+    if (loom_iter_tuned(t->r.train, tuned, sizeof tuned)) {
+        loom_progress_break(&t->sink.prog);
+        loom_info("input pipeline tuned: %s", tuned);
+    }
+}
+
+/* The summary window's means to TensorBoard and metrics.jsonl. */
+static int sink_summary(trainer *t, loom_err *err)
+{
+    double ts = loom_now();
+    int rc = log_summary(t->sink.jsonl, t->sink.tb, &t->sink.win, t->st.step, loom_optimizer_lr(t->opt, t->st.step),
+                         t->r.has_acc, err);
+    t->sink.summary_sec += loom_now() - ts;
+    return rc;
+}
+
+/* An evaluation's loss and model.metrics (ev, its state in r.macc[1]) to <model_dir>/eval's event file. */
+static int sink_eval(trainer *t, const loom_step_result *ev, loom_err *err)
+{
+    double ts = loom_now();
+    int rc = log_eval(&t->r, t->sink.tb_eval, t->st.step, t->last_eval_loss, ev, err);
+    t->sink.summary_sec += loom_now() - ts;
+    return rc;
+}
+
+/* The parameters' histograms, every run.histogram_epochs epochs. */
+static int sink_histograms(trainer *t, loom_err *err)
+{
+    if (!t->sink.tb || t->rs->histogram_epochs <= 0 || (t->st.epoch + 1) % t->rs->histogram_epochs) return LOOM_OK;
+    double ts = loom_now();
+    int rc = log_histograms(t->sink.tb, t->model, t->st.step, err);
+    t->sink.summary_sec += loom_now() - ts;
+    return rc;
+}
+
+/* An epoch's end (ev: its evaluation, none without examples): the log line,
+ * metrics.jsonl's epoch line, the status endpoint. */
+static void sink_epoch(trainer *t, const loom_step_result *ev, double sps, double input_wait, double ep_sec)
+{
+    const trainer_state *st = &t->st;
+    FILE *m = t->sink.jsonl;
+    run *r = &t->r;
+    double train_loss = st->examples ? st->loss_sum / (double)st->examples : NAN;
+    /* never a NaN in the log: metrics that were not measured are named as such */
+    char tr[320], evs[320], mt[256];
+    if (st->examples)
+        snprintf(tr, sizeof tr, "train loss %.4f%s", train_loss,
+                 metrics_text(r, 0, st->correct, st->examples, mt, sizeof mt));
+    else
+        snprintf(tr, sizeof tr, "no training examples this epoch");
+    if (ev->examples)
+        snprintf(evs, sizeof evs, "; eval loss %.4f%s", t->last_eval_loss,
+                 metrics_text(r, 1, ev->correct, ev->examples, mt, sizeof mt));
+    else
+        snprintf(evs, sizeof evs, "%s", t->r.eval ? (t->rs->eval_each_epoch ? "; eval data yielded no batch" : "")
+                                                  : "; no eval data");
+    loom_info("epoch %lld/%lld: step %lld, %s%s, %.0f samples/s, input_wait %.1f%%, %.1f s", (long long)st->epoch + 1,
+              (long long)t->rs->epochs, (long long)st->step, tr, evs, sps, input_wait * 100, ep_sec);
+    fprintf(m, "{\"event\": \"epoch\", \"epoch\": %lld, \"step\": %lld", (long long)st->epoch + 1, (long long)st->step);
+    json_num(m, "train_loss", train_loss, 0);
+    metrics_json(r, m, "train_", 0, st->correct, st->examples);
+    json_num(m, "eval_loss", ev->examples ? t->last_eval_loss : NAN, 0);
+    metrics_json(r, m, "eval_", 1, ev->correct, ev->examples);
+    json_num(m, "samples_per_sec", sps, 0);
+    json_num(m, "learning_rate", loom_optimizer_lr(t->opt, st->step), 0);
+    json_num(m, "epoch_seconds", ep_sec, 0);
+    json_num(m, "input_wait_fraction", input_wait, 0);
+    json_time(m, "wall_time", loom_wall_time());
+    fprintf(m, "}\n");
+    fflush(m);
+    sink_state(t, LOOM_STATUS_TRAINING, sps, input_wait);
+}
+
+/* The run's end: the log's last line and metrics.jsonl's end line (a rerun
+ * of a finished run adds no second one). */
+static void sink_end(trainer *t)
+{
+    const trainer_state *st = &t->st;
+    double total = loom_now() - t->run_start;
+    if (st->step == t->start_step && t->r.hooks.stop)
+        ; /* a hook stopped the run before its first step, and said so */
+    else if (st->step == t->start_step)
+        loom_info("nothing to do: the run in %s is finished, at step %lld (epoch %lld of %lld); raise run.epochs or "
+                  "run.max_steps to train further",
+                  t->r.model_dir, (long long)st->step, (long long)st->epoch, (long long)t->rs->epochs);
+    else {
+        char evs[320], mt[256];
+        if (!isnan(t->last_eval_acc))
+            snprintf(evs, sizeof evs, "eval accuracy %.4f", t->last_eval_acc);
+        else if (t->last_ev.examples) /* a regression, or metrics without accuracy */
+            snprintf(evs, sizeof evs, "eval loss %.4f%s", t->last_eval_loss,
+                     metrics_text(&t->r, 1, t->last_ev.correct, t->last_ev.examples, mt, sizeof mt));
+        else
+            snprintf(evs, sizeof evs, "%s", t->r.sidecar_eval ? "evaluated by the evaluator task"
+                                            : t->r.eval         ? "not evaluated"
+                                                                : "no eval data");
+        loom_info("done: step %lld, %s, %.1f s, checkpoint %s", (long long)st->step, evs, total, t->last_ckpt);
+    }
+    if (st->step == t->start_step) return;
+    FILE *m = t->sink.jsonl;
+    fprintf(m, "{\"event\": \"end\", \"step\": %lld, \"epoch\": %lld", (long long)st->step, (long long)st->epoch);
+    json_num(m, "eval_loss", t->last_eval_loss, 0);
+    metrics_json(&t->r, m, "eval_", 1, t->last_ev.correct, t->last_ev.examples);
+    json_num(m, "samples_per_sec", t->run_train_sec > 0 ? (double)t->run_examples / t->run_train_sec : 0, 0);
+    json_num(m, "seconds", total, 0);
+    json_num(m, "first_step_ms", t->first_step_ms, 0);
+    json_num(m, "decode_ms", t->r.decode_sec * 1e3, 0);
+    json_num(m, "peak_rss_mb", peak_rss_mb(), 0);
+    json_num(m, "summary_ms", t->sink.summary_sec * 1e3, 0);
+    json_time(m, "wall_time", loom_wall_time());
+    fprintf(m, "}\n");
+}
+
+/* ---- opening, resuming, closing ---- */
+
+/* A task that is not the chief logs only its warnings and errors, under its name. */
+static void log_as_task(const loom_cluster *c)
+{
+    char task[64];
+    loom_log_set_name(loom_task_name(c->role, c->index, task, sizeof task));
+    if (loom_log_get_level() < LOOM_LOG_WARN) loom_log_set_level(LOOM_LOG_WARN);
+}
+
+/* The pipelines, the strategy, the hooks, the status endpoint, model_dir and
+ * its lock; for a task that serves the job (t->serves), the pipelines and the
+ * strategy alone. */
+static int trainer_open(trainer *t, const loom_spec *spec, const loom_train_opts *opts, loom_err *err)
+{
+    memset(t, 0, sizeof *t);
+    t->spec = spec, t->rs = &spec->run, t->opts = opts, t->lock_fd = -1;
+    run *r = &t->r;
+    const char *dir = opts->model_dir ? opts->model_dir : spec->run.model_dir;
+    int rc = run_open(r, spec, dir, false, opts->cluster, false, err);
+    if (!rc && loom_strategy_serves(r->strat)) { /* a ps task or a parameter-server worker: trainer_serve */
+        t->serves = true;
+        log_as_task(opts->cluster);
+        return LOOM_OK;
+    }
+    r->sidecar_eval = opts->cluster && opts->cluster->n_tasks[LOOM_ROLE_EVALUATOR] > 0;
+    if (!rc && !r->chief) log_as_task(opts->cluster); /* the chief logs the job */
+    if (!rc) rc = train_hooks_open_(&r->hooks, spec, r->model_dir, r->strat, err);
+    if (!rc) rc = metrics_open(r, err);
+    if (!rc && spec->run.status_port && r->chief) { /* the chief reports the job; a port in use fails here, before anything is written */
+        char w[600];
+        rc = loom_status_open(&r->status, spec->run.status_bind, spec->run.status_port,
+                              loom_loc_str(&spec->run.loc, w, sizeof w), err);
+        if (!rc)
+            loom_info("status endpoint: http://%s%s%s:%d/metrics (also /healthz, /status)",
+                      strchr(spec->run.status_bind, ':') ? "[" : "", spec->run.status_bind,
+                      strchr(spec->run.status_bind, ':') ? "]" : "", loom_status_port(r->status));
+    }
+    if (!rc && (rc = loom_mkdirs(dir, err)) != LOOM_OK)
+        loom_err_hint(err, "set run.model_dir (or --model-dir) to a directory you can write");
+    /* two jobs must not share a model_dir: the chief (or the one process)
+     * holds its lock; the other tasks of the job share it */
+    if (!rc && r->chief) rc = loom_dir_lock_(r->model_dir, opts->cluster, &t->lock_fd, err);
+    if (rc) return rc;
+    t->model = loom_strategy_model(r->strat);
+    t->opt = loom_strategy_optimizer(r->strat);
+    return LOOM_OK;
+}
+
+/* The latest checkpoint's checkpointed state into the model, optimizer,
+ * hooks and data.train (every task reads it from the shared model_dir, as
+ * TF's do); with --fresh the chief moves the earlier ones aside. */
+static int trainer_resume(trainer *t, loom_err *err)
+{
+    run *r = &t->r;
+    int64_t ckpt_step = 0;
+    char *ckpt = t->ckpt;
+    if (r->chief) loom_remove_stale_tmp(r->model_dir); /* left by runs killed while writing (the chief holds it) */
+    int rc = loom_ckpt_latest(r->model_dir, ckpt, &ckpt_step, err);
+    if (rc == LOOM_EEOF) return LOOM_OK; /* none: a new run */
+    if (rc) return rc;
+    if (t->opts->fresh) {
+        if (!r->chief) return LOOM_OK;
+        char moved[LOOM_PATH_MAX];
+        if ((rc = loom_ckpt_archive(r->model_dir, moved, err))) return rc;
+        loom_info("--fresh: moved the earlier checkpoints to %s", moved);
+        return LOOM_OK;
+    }
+    loom_buf ts, stored, is;
+    loom_buf_init(&is);
+    rc = loom_ckpt_load(ckpt, t->model, t->opt, &ts, &stored, err);
+    if (!rc) rc = state_restore(&t->st, &ts, ckpt, err);
+    if (!rc && t->st.step != ckpt_step)
+        rc = loom_err_set(err, LOOM_ECHECKPOINT, ckpt, "the file is named for step %lld but holds step %lld",
+                          (long long)ckpt_step, (long long)t->st.step);
+    if (!rc && r->hooks.hooks) rc = loom_hooks_restore(r->hooks.hooks, &ts, err);
+    if (!rc && stored.len) rc = loom_strategy_pick_iter_state(r->strat, &stored, &is, err); /* this task's */
+    if (!rc) rc = is.len ? loom_iter_restore(r->train, &is, err) : replay_data(r, &t->st, err);
+    if (!rc) rc = loom_strategy_sync(r->strat, err);
+    loom_buf_fini(&ts);
+    loom_buf_fini(&stored);
+    loom_buf_fini(&is);
+    if (rc) {
+        if (!err->where[0]) snprintf(err->where, sizeof err->where, "%.*s", (int)sizeof err->where - 1, ckpt);
+        if (!err->hint[0]) loom_err_hint(err, "pass --fresh to start from scratch, or use another model_dir");
+        return rc;
+    }
+    snprintf(t->last_ckpt, sizeof t->last_ckpt, "%s", ckpt);
+    /* st.epoch counts finished epochs, as "nothing to do" and the epoch lines do */
+    if (t->st.step_in_epoch == 0)
+        loom_info("resuming from %s (step %lld, after epoch %lld of %lld)", ckpt, (long long)t->st.step,
+                  (long long)t->st.epoch, (long long)t->spec->run.epochs);
+    else
+        loom_info("resuming from %s (step %lld, %lld step%s into epoch %lld of %lld)", ckpt, (long long)t->st.step,
+                  (long long)t->st.step_in_epoch, t->st.step_in_epoch == 1 ? "" : "s", (long long)t->st.epoch + 1,
+                  (long long)t->spec->run.epochs);
+    return LOOM_OK;
+}
+
+static int trainer_close(trainer *t, int rc, loom_err *err)
+{
+    rc = sink_close(&t->sink, rc, err);
+    run_close(&t->r);
+    loom_dir_unlock_(t->lock_fd);
+    return rc;
+}
+
+/* ---- the named points ---- */
+
+static void signals_catch(trainer *t)
+{
+    struct sigaction sa = {0};
+    sa.sa_handler = on_signal;
+    stop_signal = 0;
+    sigaction(SIGINT, &sa, &t->old_int);
+    sigaction(SIGTERM, &sa, &t->old_term);
+}
+
+static void signals_restore(trainer *t)
+{
+    sigaction(SIGINT, &t->old_int, NULL);
+    sigaction(SIGTERM, &t->old_term, NULL);
+}
+
+/* Calls the hooks of `kind` with ctx.epoch = epoch; a failing hook saves a
+ * checkpoint (hook_failed) and its error ends the run. */
+static int at_hook(trainer *t, loom_hook_kind kind, int64_t epoch, double sps, loom_err *err)
+{
+    loom_hook_logs hl = hook_logs(&t->st, epoch, t->opt, sps, t->last_eval_loss, t->last_eval_acc);
+    int rc = train_hooks_call_(&t->r.hooks, kind, &hl, err);
+    if (rc) hook_failed(&t->r, &t->st, err);
+    return rc;
+}
+
+/* A checkpoint now, remembered as the last one. */
+static int checkpoint_now(trainer *t, loom_err *err)
+{
+    int rc = save_ckpt(&t->r, &t->st, t->ckpt, err);
+    if (rc) return rc;
+    snprintf(t->last_ckpt, sizeof t->last_ckpt, "%s", t->ckpt);
+    t->last_saved = t->st.step;
+    t->last_ckpt_time = loom_now();
+    return LOOM_OK;
+}
+
+/* A multiple of checkpoint_steps passed in this execution (with K = 1: this
+ * step is one), or checkpoint_secs since the last checkpoint (Estimator's
+ * save_checkpoints_secs). */
+static bool checkpoint_due(const trainer *t)
+{
+    const loom_run_spec *rs = t->rs;
+    return (rs->checkpoint_steps > 0 && t->st.step / rs->checkpoint_steps != t->boundary_step / rs->checkpoint_steps) ||
+           (rs->checkpoint_secs > 0 && loom_now() - t->last_ckpt_time >= rs->checkpoint_secs);
+}
+
+/* A signal between executions: saves a checkpoint and ends the run with
+ * the signal's error; in a job across processes the strategy carries the
+ * request through the next step, so every task stops after the same one
+ * (after_step). */
+static int at_signal(trainer *t, loom_err *err)
+{
+    if (t->in_exec != 0 || !stop_signal || t->stop_asked) return LOOM_OK;
+    if (loom_strategy_request_stop(t->r.strat)) {
+        t->stop_asked = stop_signal;
+        return LOOM_OK;
+    }
+    loom_progress_break(&t->sink.prog);
+    int rc = save_ckpt(&t->r, &t->st, t->ckpt, err);
+    if (!rc)
+        rc = loom_err_set(err, LOOM_EIO, NULL, "interrupted by signal %d at step %lld; saved %s", (int)stop_signal,
+                          (long long)t->st.step, t->ckpt),
+        loom_err_hint(err, "run the same command again to resume");
+    return rc;
+}
+
+/* Before a step: *stop when the run is done or a hook asked to stop. */
+static int at_step_begin(trainer *t, bool *stop, loom_err *err)
+{
+    *stop = trainer_done(t);
+    if (*stop) return LOOM_OK;
+    if (t->r.hooks.stop) {
+        loom_info("stopped by a hook (ctx:stop()) at step %lld, epoch %lld", (long long)t->st.step,
+                  (long long)t->st.epoch + (t->st.step_in_epoch > 0));
+        *stop = true;
+        return LOOM_OK;
+    }
+    int rc;
+    if (!t->epoch_open) {
+        t->epoch_open = true;
+        if ((rc = at_hook(t, LOOM_HOOK_EPOCH_BEGIN, t->st.epoch + 1, NAN, err))) return rc;
+    }
+    return at_signal(t, err);
+}
+
+/* The step's error: a custom step's failure saves a checkpoint, but not
+ * after a collective timed out (the replicas left it at different points,
+ * so replica 0's variables may hold a half-gathered update); a non-finite
+ * loss names the last good checkpoint. */
+static int step_failed(trainer *t, int rc, bool custom, bool applied, loom_err *err)
+{
+    trainer_state *st = &t->st;
+    if (rc != LOOM_ENUMERIC && rc != LOOM_ETIMEOUT && custom) {
+        if (applied) { /* the step's update is in the weights: count it */
+            st->step++;
+            st->step_in_epoch++;
         }
-        if (!epoch_open) {
-            epoch_open = true;
-            hl = hook_logs(&st, st.epoch + 1, opt, NAN, last_eval_loss, last_eval_acc);
-            if ((rc = train_hooks_call_(&r.hooks, LOOM_HOOK_EPOCH_BEGIN, &hl, err))) {
-                hook_failed(&r, &st, err);
-                break;
-            }
-        }
-        /* a job across processes carries the request through the next step,
-         * so every task stops after the same one (stop_agreed below) */
-        if (in_exec == 0 && stop_signal && !stop_asked && loom_strategy_request_stop(r.strat)) stop_asked = stop_signal;
-        if (in_exec == 0 && stop_signal && !stop_asked) {
-            loom_progress_break(&prog);
-            rc = save_ckpt(&r, &st, ckpt, err);
-            if (!rc)
-                rc = loom_err_set(err, LOOM_EIO, NULL, "interrupted by signal %d at step %lld; saved %s", (int)stop_signal,
-                                  (long long)st.step, ckpt),
-                loom_err_hint(err, "run the same command again to resume");
-            break;
-        }
-        double t0 = loom_now();
-        loom_elem *batch;
-        rc = input_ended ? LOOM_EEOF : loom_iter_next(r.train, &batch, err);
-        double t_input = loom_now() - t0;
-        loom_step_result res;
+        hook_failed(&t->r, st, err);
+        return rc;
+    }
+    if (rc != LOOM_ENUMERIC) return rc;
+    loom_progress_break(&t->sink.prog);
+    loom_err_set(err, LOOM_ENUMERIC, NULL, "the loss is not finite at step %lld (epoch %lld); training stopped",
+                 (long long)st->step + 1, (long long)st->epoch + 1);
+    if (t->last_ckpt[0])
+        loom_err_hint(err, "the last good checkpoint is %s; lower the learning rate and run again", t->last_ckpt);
+    else
+        loom_err_hint(err, "no checkpoint was written; lower the learning rate and run again");
+    return rc;
+}
+
+/* One step: the next batch of data.train through the strategy (or the
+ * config's Lua train_step). *epoch_ended: data.train ended the epoch for
+ * every task of the job, and no step was taken. *t_input: the time from t0
+ * spent waiting for the batch. */
+static int take_step(trainer *t, double t0, loom_step_result *res, double *t_input, bool *epoch_ended,
+                     loom_err *err)
+{
+    run *r = &t->r;
+    loom_elem *batch;
+    *epoch_ended = false;
+    int rc = t->input_ended ? LOOM_EEOF : loom_iter_next(r->train, &batch, err);
+    *t_input = loom_now() - t0;
+    if (rc == LOOM_EEOF) { /* the other tasks may have a step left, which this one takes with no examples */
         bool all_ended = true;
-        if (rc == LOOM_EEOF) { /* the other tasks may have a step left, which this one takes with no examples */
-            input_ended = true;
-            rc = loom_strategy_end_of_data(r.strat, st.step, &res, &all_ended, err);
-            if (rc) break;
-            if (!all_ended) goto stepped;
-            rc = LOOM_EEOF;
+        t->input_ended = true;
+        rc = loom_strategy_end_of_data(r->strat, t->st.step, res, &all_ended, err);
+        if (rc || !all_ended) return rc;
+        t->input_ended = false;
+        if (t->st.step_in_epoch == 0) {
+            rc = loom_err_set(err, LOOM_EDATA, t->spec->path, "data.train yielded no batch in epoch %lld",
+                              (long long)t->st.epoch + 1);
+            return loom_err_hint(err, "the dataset is empty after take/skip/batch(drop_remainder)");
         }
-        if (rc == LOOM_EEOF) {
-            rc = LOOM_OK;
-            input_ended = false;
-            if (st.step_in_epoch == 0) {
-                rc = loom_err_set(err, LOOM_EDATA, spec->path, "data.train yielded no batch in epoch %lld",
-                                  (long long)st.epoch + 1);
-                loom_err_hint(err, "the dataset is empty after take/skip/batch(drop_remainder)");
-                break;
-            }
-            /* epoch end (an execution boundary): evaluate, log, start the next pass, checkpoint */
-            in_exec = 0;
-            boundary_step = st.step;
-            loom_progress_break(&prog);
-            double ep_sec = loom_now() - epoch_start;
-            loom_step_result ev = {0};
-            if (r.eval && rs->eval_each_epoch && r.chief && !r.sidecar_eval) {
-                rc = evaluate_all(&r, r.eval, &ev, err);
-                if (rc) break;
-                last_eval_loss = ev.examples ? ev.loss_sum / (double)ev.examples : NAN;
-                last_eval_acc = ev.examples && r.has_acc ? (double)ev.correct / (double)ev.examples : NAN;
-                last_eval_step = st.step;
-                last_ev = ev;
-                double ts = loom_now();
-                rc = log_eval(&r, tb_eval, st.step, last_eval_loss, &ev, err);
-                summary_sec += loom_now() - ts;
-                if (rc) break;
-            }
-            if (tb && rs->histogram_epochs > 0 && (st.epoch + 1) % rs->histogram_epochs == 0) {
-                double ts = loom_now();
-                rc = log_histograms(tb, model, st.step, err);
-                summary_sec += loom_now() - ts;
-                if (rc) break;
-            }
-            double train_loss = st.examples ? st.loss_sum / (double)st.examples : NAN;
-            take_metrics(&r, r.macc[0]);
-            metrics_to_hooks(&r, 0, st.correct, st.examples);
-            double sps = train_sec > 0 ? (double)st.examples / train_sec : 0;
-            double input_wait = train_sec > 0 ? input_sec / train_sec : 0;
-            /* never a NaN in the log: metrics that were not measured are named as such */
-            char tr[320], evs[320], mt[256];
-            if (st.examples)
-                snprintf(tr, sizeof tr, "train loss %.4f%s", train_loss,
-                         metrics_text(&r, 0, st.correct, st.examples, mt, sizeof mt));
-            else
-                snprintf(tr, sizeof tr, "no training examples this epoch");
-            if (ev.examples)
-                snprintf(evs, sizeof evs, "; eval loss %.4f%s", last_eval_loss,
-                         metrics_text(&r, 1, ev.correct, ev.examples, mt, sizeof mt));
-            else
-                snprintf(evs, sizeof evs, "%s", r.eval ? (rs->eval_each_epoch ? "; eval data yielded no batch" : "")
-                                                       : "; no eval data");
-            loom_info("epoch %lld/%lld: step %lld, %s%s, %.0f samples/s, input_wait %.1f%%, %.1f s",
-                      (long long)st.epoch + 1, (long long)epochs, (long long)st.step, tr, evs, sps, input_wait * 100,
-                      ep_sec);
-            fprintf(metrics, "{\"event\": \"epoch\", \"epoch\": %lld, \"step\": %lld", (long long)st.epoch + 1,
-                    (long long)st.step);
-            json_num(metrics, "train_loss", train_loss, 0);
-            metrics_json(&r, metrics, "train_", 0, st.correct, st.examples);
-            json_num(metrics, "eval_loss", ev.examples ? last_eval_loss : NAN, 0);
-            metrics_json(&r, metrics, "eval_", 1, ev.correct, ev.examples);
-            json_num(metrics, "samples_per_sec", sps, 0);
-            json_num(metrics, "learning_rate", loom_optimizer_lr(opt, st.step), 0);
-            json_num(metrics, "epoch_seconds", ep_sec, 0);
-            json_num(metrics, "input_wait_fraction", input_wait, 0);
-            json_time(metrics, "wall_time", loom_wall_time());
-            fprintf(metrics, "}\n");
-            fflush(metrics);
-            publish(&r, &st, LOOM_STATUS_TRAINING, opt, sps, input_wait, last_eval_loss, last_eval_acc, run_examples);
-            hl = hook_logs(&st, st.epoch + 1, opt, sps, last_eval_loss, last_eval_acc);
-            if ((rc = train_hooks_call_(&r.hooks, LOOM_HOOK_EPOCH_END, &hl, err))) {
-                hook_failed(&r, &st, err);
-                break;
-            }
-            epoch_open = false;
-            st.epoch++;
-            st.step_in_epoch = 0;
-            st.loss_sum = 0;
-            st.correct = st.examples = 0;
-            metrics_clear(&r, 0);
-            train_sec = 0;
-            input_sec = 0;
-            rc = loom_iter_rewind(r.train, st.epoch, err);
-            if (rc) break;
-            rc = save_ckpt(&r, &st, ckpt, err);
-            if (rc) break;
-            snprintf(last_ckpt, sizeof last_ckpt, "%s", ckpt);
-            last_saved = st.step;
-            epoch_start = last_ckpt_time = loom_now();
-            continue;
-        }
-        if (rc == LOOM_ELUA) data_hook_failed(&r, &st, err);
-        if (rc) break;
-        bool custom = r.hooks.hooks && loom_hooks_has_train_step(r.hooks.hooks), applied = false;
-        if (custom) {
-            hl = hook_logs(&st, st.epoch + 1, opt, NAN, last_eval_loss, last_eval_acc);
-            rc = train_hooks_step_(&r.hooks, loom_iter_spec(r.train), batch, &hl, &res, &applied, err);
-        } else {
-            rc = loom_strategy_train_step(r.strat, batch, st.step, &res, err);
-            if (rc == LOOM_EDATA) /* a label or weight the loss cannot take: say which batch holds it */
-                loom_err_prefix(err, "data.train batch %lld of epoch %lld (step %lld)", (long long)st.step_in_epoch + 1,
-                                (long long)st.epoch + 1, (long long)st.step + 1);
-        }
-        /* a custom step's failure saves a checkpoint, but not after a
-         * collective timed out: the replicas left it at different points,
-         * so replica 0's variables may hold a half-gathered update */
-        if (rc && rc != LOOM_ENUMERIC && rc != LOOM_ETIMEOUT && custom) {
-            if (applied) { /* the step's update is in the weights: count it */
-                st.step++;
-                st.step_in_epoch++;
-            }
-            hook_failed(&r, &st, err);
-            break;
-        }
-        if (rc == LOOM_ENUMERIC) {
-            loom_progress_break(&prog);
-            loom_err_set(err, LOOM_ENUMERIC, NULL, "the loss is not finite at step %lld (epoch %lld); training stopped",
-                         (long long)st.step + 1, (long long)st.epoch + 1);
-            if (last_ckpt[0])
-                loom_err_hint(err, "the last good checkpoint is %s; lower the learning rate and run again", last_ckpt);
-            else
-                loom_err_hint(err, "no checkpoint was written; lower the learning rate and run again");
-            break;
-        }
-        if (rc) break;
-    stepped:;
-        /* a non-finite gradient: the loss was finite, the update was not */
-        if (loom_optimizer_take_nonfinite(opt)) {
-            char what[160];
-            loom_progress_break(&prog);
-            loom_model_find_nonfinite(loom_strategy_model(r.strat), what, sizeof what);
-            rc = loom_err_set(err, LOOM_ENUMERIC, NULL,
+        *epoch_ended = true;
+        return LOOM_OK;
+    }
+    if (rc == LOOM_ELUA) data_hook_failed(r, &t->st, err);
+    if (rc) return rc;
+    bool custom = r->hooks.hooks && loom_hooks_has_train_step(r->hooks.hooks), applied = false;
+    if (custom) {
+        loom_hook_logs hl = hook_logs(&t->st, t->st.epoch + 1, t->opt, NAN, t->last_eval_loss, t->last_eval_acc);
+        rc = train_hooks_step_(&r->hooks, loom_iter_spec(r->train), batch, &hl, res, &applied, err);
+    } else {
+        rc = loom_strategy_train_step(r->strat, batch, t->st.step, res, err);
+        if (rc == LOOM_EDATA) /* a label or weight the loss cannot take: say which batch holds it */
+            loom_err_prefix(err, "data.train batch %lld of epoch %lld (step %lld)", (long long)t->st.step_in_epoch + 1,
+                            (long long)t->st.epoch + 1, (long long)t->st.step + 1);
+    }
+    return rc ? step_failed(t, rc, custom, applied, err) : LOOM_OK;
+}
+
+/* After a step (started at t0): a non-finite weight stops the run; the
+ * step's counts; a stop that some task of the job asked for rode on this
+ * step, so every task stops here. */
+static int after_step(trainer *t, const loom_step_result *res, double t0, double t_input, loom_err *err)
+{
+    trainer_state *st = &t->st;
+    run *r = &t->r;
+    if (loom_optimizer_take_nonfinite(t->opt)) { /* the loss was finite, the update was not */
+        char what[160];
+        loom_progress_break(&t->sink.prog);
+        loom_model_find_nonfinite(t->model, what, sizeof what);
+        int rc = loom_err_set(err, LOOM_ENUMERIC, NULL,
                               "a weight is not finite after step %lld (epoch %lld): %s, from a non-finite update "
                               "(gradient or learning rate) with a finite loss; training stopped",
-                              (long long)st.step + 1, (long long)st.epoch + 1, what[0] ? what : "(another replica's)");
-            if (last_ckpt[0])
-                loom_err_hint(err, "the last good checkpoint is %s; lower the learning rate (or clip gradients) and run "
-                                   "again", last_ckpt);
-            else
-                loom_err_hint(err, "no checkpoint was written; lower the learning rate (or clip gradients) and run again");
-            break;
-        }
-        double dt = loom_now() - t0;
-        train_sec += dt;
-        run_train_sec += dt;
-        input_sec += t_input;
-        win.sec += dt;
-        win.input_sec += t_input;
-        win.loss_sum += res.loss_sum;
-        win.correct += res.correct;
-        win.examples += res.examples;
-        prog.input_wait = train_sec > 0 ? input_sec / train_sec : 0;
-        st.step++;
-        st.step_in_epoch++;
-        st.loss_sum += res.loss_sum;
-        st.correct += res.correct;
-        st.examples += res.examples;
-        run_examples += res.examples;
-        if (first_step_ms < 0)
-            first_step_ms = ((loom_now() - (opts->start_time > 0 ? opts->start_time : run_start)) - r.decode_sec) * 1e3;
-        if (loom_strategy_stop_agreed(r.strat)) { /* a stop request of some task rode on this step: all stop here */
-            loom_progress_break(&prog);
-            rc = save_ckpt(&r, &st, ckpt, err);
-            if (!rc && stop_asked)
-                rc = loom_err_set(err, LOOM_EIO, NULL, "interrupted by signal %d at step %lld; %s %s", (int)stop_asked,
-                                  (long long)st.step, r.chief ? "saved" : "the chief saved", ckpt),
-                loom_err_hint(err, "run the same command again to resume");
-            else if (!rc)
-                rc = loom_err_set(err, LOOM_EIO, NULL, "another task of the job was interrupted: stopped at step %lld; "
-                                  "%s %s", (long long)st.step, r.chief ? "saved" : "the chief saved", ckpt),
-                loom_err_hint(err, "run the job again to resume");
-            break;
-        }
-        if (++in_exec < K && !(max_steps > 0 && st.step >= max_steps)) continue; /* inside an execution */
-        in_exec = 0;
-        double sps = train_sec > 0 ? (double)st.examples / train_sec : 0;
-        double per_step = (loom_now() - epoch_start) / (double)st.step_in_epoch;
-        int64_t left = max_steps > 0 ? max_steps - st.step
-                       : steps_per_epoch > 0 ? (epochs - st.epoch) * steps_per_epoch - st.step_in_epoch : -1;
-        loom_progress_update(&prog, st.epoch, max_steps > 0 ? (steps_per_epoch > 0 ? (max_steps + steps_per_epoch - 1) / steps_per_epoch : 1) : epochs,
-                             st.step_in_epoch, steps_per_epoch, st.step, st.loss_sum / (double)st.examples,
-                             r.has_acc ? (double)st.correct / (double)st.examples : NAN, sps, left >= 0 ? per_step * (double)left : -1);
-        publish(&r, &st, LOOM_STATUS_TRAINING, opt, sps, prog.input_wait, last_eval_loss, last_eval_acc, run_examples);
-        char tuned[512];
-        if (loom_iter_tuned(r.train, tuned, sizeof tuned)) { /* once the autotuner's choice settles, and after a change */
-            loom_progress_break(&prog);
-            loom_info("input pipeline tuned: %s", tuned);
-        }
-        /* a multiple of checkpoint_steps passed in this execution (with K = 1: this step is one),
-         * or checkpoint_secs since the last checkpoint (Estimator's save_checkpoints_secs) */
-        bool ckpt_due = (rs->checkpoint_steps > 0 && st.step / rs->checkpoint_steps != boundary_step / rs->checkpoint_steps) ||
-                        (rs->checkpoint_secs > 0 && loom_now() - last_ckpt_time >= rs->checkpoint_secs);
-        bool summary_due = tb && st.step / rs->summary_steps != boundary_step / rs->summary_steps;
-        boundary_step = st.step;
-        if (summary_due) {
-            double ts = loom_now();
-            rc = log_summary(metrics, tb, &win, st.step, loom_optimizer_lr(opt, st.step), r.has_acc, err);
-            summary_sec += loom_now() - ts;
-            if (rc) break;
-        }
-        if (ckpt_due) {
-            rc = save_ckpt(&r, &st, ckpt, err);
-            if (rc) break;
-            snprintf(last_ckpt, sizeof last_ckpt, "%s", ckpt);
-            last_saved = st.step;
-            last_ckpt_time = loom_now();
-        }
-        if (r.hooks.hooks && r.hooks.n_metrics) { /* ctx.logs: the metrics of the epoch so far */
-            take_metrics(&r, r.macc[0]);
-            metrics_to_hooks(&r, 0, st.correct, st.examples);
-        }
-        hl = hook_logs(&st, st.epoch + 1, opt, sps, last_eval_loss, last_eval_acc);
-        if ((rc = train_hooks_call_(&r.hooks, LOOM_HOOK_STEP_END, &hl, err))) {
-            hook_failed(&r, &st, err);
-            break;
-        }
-    }
-    loom_progress_break(&prog);
-    sigaction(SIGINT, &old_int, NULL);
-    sigaction(SIGTERM, &old_term, NULL);
-
-    if (!rc && st.step != last_saved) {
-        rc = save_ckpt(&r, &st, ckpt, err);
-        if (!rc) snprintf(last_ckpt, sizeof last_ckpt, "%s", ckpt);
-    }
-    if (!rc && r.eval && r.chief && !r.sidecar_eval && last_eval_step != st.step && st.step > start_step) {
-        loom_step_result ev;
-        rc = evaluate_all(&r, r.eval, &ev, err);
-        if (!rc) last_ev = ev;
-        if (!rc && ev.examples) {
-            last_eval_loss = ev.loss_sum / (double)ev.examples;
-            last_eval_acc = r.has_acc ? (double)ev.correct / (double)ev.examples : NAN;
-            rc = log_eval(&r, tb_eval, st.step, last_eval_loss, &ev, err);
-        }
-    }
-    if (!rc) {
-        hl = hook_logs(&st, st.epoch + (st.step_in_epoch > 0), opt, NAN, last_eval_loss, last_eval_acc);
-        if ((rc = train_hooks_call_(&r.hooks, LOOM_HOOK_TRAIN_END, &hl, err))) hook_failed(&r, &st, err);
-    }
-    if (!rc) {
-        double total = loom_now() - run_start;
-        if (st.step == start_step && r.hooks.stop)
-            ; /* a hook stopped the run before its first step, and said so */
-        else if (st.step == start_step)
-            loom_info("nothing to do: the run in %s is finished, at step %lld (epoch %lld of %lld); raise run.epochs or run.max_steps "
-                      "to train further",
-                      r.model_dir, (long long)st.step, (long long)st.epoch, (long long)epochs);
+                              (long long)st->step + 1, (long long)st->epoch + 1, what[0] ? what : "(another replica's)");
+        if (t->last_ckpt[0])
+            loom_err_hint(err, "the last good checkpoint is %s; lower the learning rate (or clip gradients) and run "
+                               "again", t->last_ckpt);
         else
-        {
-            char evs[320], mt[256];
-            if (!isnan(last_eval_acc))
-                snprintf(evs, sizeof evs, "eval accuracy %.4f", last_eval_acc);
-            else if (last_ev.examples) /* a regression, or metrics without accuracy */
-                snprintf(evs, sizeof evs, "eval loss %.4f%s", last_eval_loss,
-                         metrics_text(&r, 1, last_ev.correct, last_ev.examples, mt, sizeof mt));
-            else
-                snprintf(evs, sizeof evs, "%s", r.sidecar_eval ? "evaluated by the evaluator task"
-                                                : r.eval ? "not evaluated" : "no eval data");
-            loom_info("done: step %lld, %s, %.1f s, checkpoint %s", (long long)st.step, evs, total, last_ckpt);
+            loom_err_hint(err, "no checkpoint was written; lower the learning rate (or clip gradients) and run again");
+        return rc;
+    }
+    double dt = loom_now() - t0;
+    t->train_sec += dt;
+    t->run_train_sec += dt;
+    t->input_sec += t_input;
+    sink_step(t, res, dt, t_input);
+    t->sink.prog.input_wait = t->train_sec > 0 ? t->input_sec / t->train_sec : 0;
+    st->step++;
+    st->step_in_epoch++;
+    st->loss_sum += res->loss_sum;
+    st->correct += res->correct;
+    st->examples += res->examples;
+    t->run_examples += res->examples;
+    if (t->first_step_ms < 0)
+        t->first_step_ms =
+            ((loom_now() - (t->opts->start_time > 0 ? t->opts->start_time : t->run_start)) - r->decode_sec) * 1e3;
+    if (!loom_strategy_stop_agreed(r->strat)) return LOOM_OK;
+    loom_progress_break(&t->sink.prog);
+    int rc = save_ckpt(r, st, t->ckpt, err);
+    if (!rc && t->stop_asked)
+        rc = loom_err_set(err, LOOM_EIO, NULL, "interrupted by signal %d at step %lld; %s %s", (int)t->stop_asked,
+                          (long long)st->step, r->chief ? "saved" : "the chief saved", t->ckpt),
+        loom_err_hint(err, "run the same command again to resume");
+    else if (!rc)
+        rc = loom_err_set(err, LOOM_EIO, NULL, "another task of the job was interrupted: stopped at step %lld; "
+                          "%s %s", (long long)st->step, r->chief ? "saved" : "the chief saved", t->ckpt),
+        loom_err_hint(err, "run the job again to resume");
+    return rc;
+}
+
+/* data.eval (the chief's), its figures kept as the last evaluation's. */
+static int evaluate_now(trainer *t, loom_step_result *ev, loom_err *err)
+{
+    int rc = evaluate_all(&t->r, t->r.eval, ev, err);
+    if (rc) return rc;
+    t->last_eval_loss = ev->examples ? ev->loss_sum / (double)ev->examples : NAN;
+    t->last_eval_acc = ev->examples && t->r.has_acc ? (double)ev->correct / (double)ev->examples : NAN;
+    t->last_eval_step = t->st.step;
+    t->last_ev = *ev;
+    return LOOM_OK;
+}
+
+/* An epoch's end (an execution boundary): evaluate, report, call the
+ * epoch_end hooks, start the next pass, checkpoint. */
+static int at_epoch_end(trainer *t, loom_err *err)
+{
+    trainer_state *st = &t->st;
+    t->in_exec = 0;
+    t->boundary_step = st->step;
+    loom_progress_break(&t->sink.prog);
+    double ep_sec = loom_now() - t->epoch_start;
+    loom_step_result ev = {0};
+    int rc = LOOM_OK;
+    if (t->r.eval && t->rs->eval_each_epoch && t->r.chief && !t->r.sidecar_eval) {
+        if ((rc = evaluate_now(t, &ev, err)) || (rc = sink_eval(t, &ev, err))) return rc;
+    }
+    if ((rc = sink_histograms(t, err))) return rc;
+    take_metrics(&t->r, t->r.macc[0]); /* the epoch's model.metrics, also for the hooks' ctx.logs */
+    metrics_to_hooks(&t->r, 0, st->correct, st->examples);
+    double sps = t->train_sec > 0 ? (double)st->examples / t->train_sec : 0;
+    double input_wait = t->train_sec > 0 ? t->input_sec / t->train_sec : 0;
+    sink_epoch(t, &ev, sps, input_wait, ep_sec);
+    if ((rc = at_hook(t, LOOM_HOOK_EPOCH_END, st->epoch + 1, sps, err))) return rc;
+    t->epoch_open = false;
+    st->epoch++;
+    st->step_in_epoch = 0;
+    st->loss_sum = 0;
+    st->correct = st->examples = 0;
+    metrics_clear(&t->r, 0);
+    t->train_sec = 0;
+    t->input_sec = 0;
+    if ((rc = loom_iter_rewind(t->r.train, st->epoch, err)) || (rc = checkpoint_now(t, err))) return rc;
+    t->epoch_start = t->last_ckpt_time;
+    return LOOM_OK;
+}
+
+/* An execution's end: progress, summaries, a checkpoint when one is due,
+ * the step_end hooks. */
+static int at_boundary(trainer *t, loom_err *err)
+{
+    t->in_exec = 0;
+    double sps = t->train_sec > 0 ? (double)t->st.examples / t->train_sec : 0;
+    sink_progress(t, sps);
+    bool ckpt_due = checkpoint_due(t);
+    bool summary_due = t->sink.tb && t->st.step / t->rs->summary_steps != t->boundary_step / t->rs->summary_steps;
+    t->boundary_step = t->st.step;
+    int rc = LOOM_OK;
+    if (summary_due && (rc = sink_summary(t, err))) return rc;
+    if (ckpt_due && (rc = checkpoint_now(t, err))) return rc;
+    if (t->r.hooks.hooks && t->r.hooks.n_metrics) { /* ctx.logs: the metrics of the epoch so far */
+        take_metrics(&t->r, t->r.macc[0]);
+        metrics_to_hooks(&t->r, 0, t->st.correct, t->st.examples);
+    }
+    return at_hook(t, LOOM_HOOK_STEP_END, t->st.epoch + 1, sps, err);
+}
+
+/* The step loop, from the train_begin hooks to the last step (or the first
+ * error, or a stop). */
+static int trainer_loop(trainer *t, loom_err *err)
+{
+    t->run_start = t->epoch_start = loom_now();
+    t->start_step = t->last_saved = t->boundary_step = t->st.step;
+    t->first_step_ms = -1;
+    t->last_eval_loss = t->last_eval_acc = NAN;
+    t->last_eval_step = -1;
+    t->last_ckpt_time = loom_now();
+    t->K = t->rs->steps_per_execution > 0 ? t->rs->steps_per_execution : 1;
+    t->hsa = (hook_save_arg){&t->r, &t->st};
+    t->r.hooks.save = hook_save;
+    t->r.hooks.save_arg = &t->hsa;
+    int rc = at_hook(t, LOOM_HOOK_TRAIN_BEGIN, t->st.epoch + 1, NAN, err);
+    sink_state(t, LOOM_STATUS_TRAINING, 0, 0);
+    while (!rc) {
+        bool stop = false, epoch_ended = false;
+        if ((rc = at_step_begin(t, &stop, err)) || stop) break;
+        double t0 = loom_now(), t_input;
+        loom_step_result res;
+        if ((rc = take_step(t, t0, &res, &t_input, &epoch_ended, err))) break;
+        if (epoch_ended) {
+            rc = at_epoch_end(t, err);
+            continue;
         }
-        if (st.step != start_step) { /* a rerun of a finished run adds no second end line */
-            fprintf(metrics, "{\"event\": \"end\", \"step\": %lld, \"epoch\": %lld", (long long)st.step, (long long)st.epoch);
-            json_num(metrics, "eval_loss", last_eval_loss, 0);
-            metrics_json(&r, metrics, "eval_", 1, last_ev.correct, last_ev.examples);
-            json_num(metrics, "samples_per_sec", run_train_sec > 0 ? (double)run_examples / run_train_sec : 0, 0);
-            json_num(metrics, "seconds", total, 0);
-            json_num(metrics, "first_step_ms", first_step_ms, 0);
-            json_num(metrics, "decode_ms", r.decode_sec * 1e3, 0);
-            json_num(metrics, "peak_rss_mb", peak_rss_mb(), 0);
-            json_num(metrics, "summary_ms", summary_sec * 1e3, 0);
-            json_time(metrics, "wall_time", loom_wall_time());
-            fprintf(metrics, "}\n");
+        if ((rc = after_step(t, &res, t0, t_input, err))) break;
+        if (++t->in_exec < t->K && !(t->rs->max_steps > 0 && t->st.step >= t->rs->max_steps))
+            continue; /* inside an execution */
+        rc = at_boundary(t, err);
+    }
+    loom_progress_break(&t->sink.prog);
+    return rc;
+}
+
+/* After the loop: the last checkpoint and evaluation, the train_end hooks,
+ * the end line, the status endpoint's last state. */
+static int trainer_finish(trainer *t, int rc, loom_err *err)
+{
+    trainer_state *st = &t->st;
+    if (!rc && st->step != t->last_saved) rc = checkpoint_now(t, err);
+    if (!rc && t->r.eval && t->r.chief && !t->r.sidecar_eval && t->last_eval_step != st->step &&
+        st->step > t->start_step) {
+        loom_step_result ev; /* an evaluation without examples leaves the last one's figures */
+        rc = evaluate_all(&t->r, t->r.eval, &ev, err);
+        if (!rc) t->last_ev = ev;
+        if (!rc && ev.examples) {
+            t->last_eval_loss = ev.loss_sum / (double)ev.examples;
+            t->last_eval_acc = t->r.has_acc ? (double)ev.correct / (double)ev.examples : NAN;
+            rc = sink_eval(t, &ev, err);
         }
     }
-    if (!rc && r.chief && last_ckpt[0]) rc = write_final_marker(r.model_dir, st.step, last_ckpt, err);
-    publish(&r, &st, rc ? LOOM_STATUS_FAILED : LOOM_STATUS_DONE, opt, 0, 0, last_eval_loss, last_eval_acc,
-            run_examples);
-    fclose(metrics);
-    loom_err cerr;
-    int crc = loom_summary_close(tb, &cerr);
-    if (!crc) crc = loom_summary_close(tb_eval, &cerr);
-    else loom_summary_close(tb_eval, NULL);
-    if (crc && !rc) *err = cerr, rc = crc;
-    run_close(&r);
-    loom_dir_unlock_(lock_fd);
+    if (!rc) rc = at_hook(t, LOOM_HOOK_TRAIN_END, st->epoch + (st->step_in_epoch > 0), NAN, err);
+    if (!rc) sink_end(t);
+    if (!rc && t->r.chief && t->last_ckpt[0]) rc = write_final_marker(t->r.model_dir, st->step, t->last_ckpt, err);
+    sink_state(t, rc ? LOOM_STATUS_FAILED : LOOM_STATUS_DONE, 0, 0);
     return rc;
+}
+
+int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err)
+{
+    trainer tr, *t = &tr;
+    int rc = trainer_open(t, spec, opts, err);
+    if (!rc && t->serves) /* the strategy's own loop: parameter servers, and workers that only feed them */
+        return trainer_close(t, loom_strategy_serve(t->r.strat, t->r.train, err), err);
+    if (!rc) rc = trainer_resume(t, err);
+    if (!rc) {
+        int64_t card = loom_iter_cardinality(t->r.train);
+        t->steps_per_epoch = card >= 0 ? card : -1;
+        char where[96], abs_dir[PATH_MAX] = "";
+        if (!realpath(t->r.model_dir, abs_dir)) abs_dir[0] = 0; /* messages show where it really is */
+        int th = loom_model_threads(t->model);
+        loom_info("training %lld parameters on %s, %d thread%s; BLAS %s (%s), %d thread%s each; model_dir %s",
+                  (long long)loom_model_num_params(t->model), loom_strategy_where(t->r.strat, where, sizeof where), th,
+                  th == 1 ? "" : "s", loom_blas_core(), loom_blas_core_reason(), loom_blas_threads(),
+                  loom_blas_threads() == 1 ? "" : "s", abs_dir[0] ? abs_dir : t->r.model_dir);
+        final_marker_clear(t);
+        rc = sink_open(t, err);
+    }
+    if (!rc) {
+        signals_catch(t);
+        rc = trainer_loop(t, err);
+        signals_restore(t);
+        rc = trainer_finish(t, rc, err);
+    }
+    return trainer_close(t, rc, err);
 }
 
 /* Loads the checkpoint to evaluate or predict with: the given file, or the latest. */
@@ -1258,11 +1488,49 @@ static bool watched_before(const watched *w, int n, const char *path, int64_t st
 static volatile sig_atomic_t watch_signal;
 static void on_watch_signal(int sig) { watch_signal = sig; }
 
-static int watch_loop(run *r, const loom_watch_opts *o, const char *who, int *evaluated, loom_err *err)
+/* One evaluation of checkpoint `path` (its step) by the watcher `who`: the
+ * log, a JSON line on stdout, an "eval" line appended to metrics.jsonl and
+ * the scalars in <model_dir>/eval's event file (*tb, opened on first use). */
+static int watch_report(run *r, const char *who, const char *path, int64_t step, const loom_step_result *ev,
+                        loom_summary **tb, loom_err *err)
 {
-    char metrics_path[LOOM_PATH_MAX + 16], eval_dir[LOOM_PATH_MAX + 8], path[LOOM_PATH_MAX];
+    char metrics_path[LOOM_PATH_MAX + 16], eval_dir[LOOM_PATH_MAX + 8];
     snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", r->model_dir);
     snprintf(eval_dir, sizeof eval_dir, "%s/eval", r->model_dir);
+    double loss = ev->examples ? ev->loss_sum / (double)ev->examples : NAN,
+           acc = ev->examples ? (double)ev->correct / (double)ev->examples : NAN;
+    loom_info("%s: %s (step %lld): eval loss %.4f, accuracy %.4f on %lld examples", who, path, (long long)step,
+              loss, acc, (long long)ev->examples);
+    printf("{\"checkpoint\": \"%s\", \"step\": %lld, \"examples\": %lld, \"eval_loss\": %.6g, \"eval_accuracy\": "
+           "%.6g}\n", path, (long long)step, (long long)ev->examples, loss, acc);
+    fflush(stdout);
+    FILE *m = fopen(metrics_path, "a");
+    if (!m) return loom_err_set(err, LOOM_EIO, metrics_path, "cannot open for appending: %s", strerror(errno));
+    /* one line, one write (O_APPEND): the chief appends to the same file */
+    char line[LOOM_PATH_MAX + 512];
+    FILE *lf = fmemopen(line, sizeof line, "w");
+    fprintf(lf, "{\"event\": \"eval\", \"step\": %lld, \"evaluator\": \"%s\"", (long long)step, who);
+    json_num(lf, "eval_loss", loss, 0);
+    json_num(lf, "eval_accuracy", acc, 0);
+    fprintf(lf, ", \"examples\": %lld", (long long)ev->examples);
+    json_time(lf, "wall_time", loom_wall_time());
+    fprintf(lf, "}\n");
+    long ll = ftell(lf);
+    fclose(lf);
+    setvbuf(m, NULL, _IONBF, 0);
+    int rc = LOOM_OK;
+    if (ll <= 0 || fwrite(line, 1, (size_t)ll, m) != (size_t)ll)
+        rc = loom_err_set(err, LOOM_EIO, metrics_path, "cannot append the eval line: %s", strerror(errno));
+    fclose(m);
+    if (!rc && !*tb && r->spec->run.summary_steps > 0) rc = loom_summary_open(tb, eval_dir, -1, err);
+    if (!rc) rc = log_eval(r, *tb, step, loss, ev, err);
+    return rc;
+}
+
+static int watch_loop(run *r, const loom_watch_opts *o, const char *who, int *evaluated, loom_err *err)
+{
+    char metrics_path[LOOM_PATH_MAX + 16], path[LOOM_PATH_MAX];
+    snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", r->model_dir);
     double poll = o && o->poll_secs > 0 ? o->poll_secs : 0.2, idle = o ? o->idle_secs : 0;
     int n_before = 0;
     watched *before = read_watched(metrics_path, &n_before);
@@ -1334,36 +1602,8 @@ static int watch_loop(run *r, const loom_watch_opts *o, const char *who, int *ev
         last = step;
         idle_since = loom_now();
         waiting_said = false;
-        double loss = ev.examples ? ev.loss_sum / (double)ev.examples : NAN,
-               acc = ev.examples ? (double)ev.correct / (double)ev.examples : NAN;
         (*evaluated)++;
-        loom_info("%s: %s (step %lld): eval loss %.4f, accuracy %.4f on %lld examples", who, path, (long long)step,
-                  loss, acc, (long long)ev.examples);
-        printf("{\"checkpoint\": \"%s\", \"step\": %lld, \"examples\": %lld, \"eval_loss\": %.6g, \"eval_accuracy\": "
-               "%.6g}\n", path, (long long)step, (long long)ev.examples, loss, acc);
-        fflush(stdout);
-        FILE *m = fopen(metrics_path, "a");
-        if (!m) {
-            rc = loom_err_set(err, LOOM_EIO, metrics_path, "cannot open for appending: %s", strerror(errno));
-            break;
-        }
-        /* one line, one write (O_APPEND): the chief appends to the same file */
-        char line[LOOM_PATH_MAX + 512];
-        FILE *lf = fmemopen(line, sizeof line, "w");
-        fprintf(lf, "{\"event\": \"eval\", \"step\": %lld, \"evaluator\": \"%s\"", (long long)step, who);
-        json_num(lf, "eval_loss", loss, 0);
-        json_num(lf, "eval_accuracy", acc, 0);
-        fprintf(lf, ", \"examples\": %lld", (long long)ev.examples);
-        json_time(lf, "wall_time", loom_wall_time());
-        fprintf(lf, "}\n");
-        long ll = ftell(lf);
-        fclose(lf);
-        setvbuf(m, NULL, _IONBF, 0);
-        if (ll <= 0 || fwrite(line, 1, (size_t)ll, m) != (size_t)ll)
-            rc = loom_err_set(err, LOOM_EIO, metrics_path, "cannot append the eval line: %s", strerror(errno));
-        fclose(m);
-        if (!rc && !tb && r->spec->run.summary_steps > 0) rc = loom_summary_open(&tb, eval_dir, -1, err);
-        if (!rc) rc = log_eval(r, tb, step, loss, &ev, err);
+        rc = watch_report(r, who, path, step, &ev, &tb, err);
     }
     loom_free(before);
     loom_err cerr;
@@ -1449,6 +1689,8 @@ static bool is_idx_name(const char *p)
     return false;
 }
 
+/* long: the input's two forms (a split of the config, or a file of inputs) and the CSV writer
+ * share the run and its cleanup on every path. */
 int loom_predict(const loom_spec *spec, const char *model_dir, const char *checkpoint, const char *input,
                  const char *output, loom_err *err)
 {

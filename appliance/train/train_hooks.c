@@ -1,7 +1,7 @@
 /* train_hooks.c - the host of the Lua hooks: what each ctx method does to the
- * run (see train_hooks.h). */
-#include "train_hooks.h"
-#include "summary.h"
+ * run (see train_hooks_internal.h). */
+#include "train_hooks_internal.h"
+#include "summary_internal.h"
 
 #include <math.h>
 #include <string.h>

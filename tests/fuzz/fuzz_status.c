@@ -10,7 +10,7 @@
  * in the /metrics body every line is a comment or starts with "loom_" (a
  * name cannot break out of its quoted label), and /status has no raw control
  * byte (every one is escaped in its JSON strings). */
-#include "train/status.h"
+#include "train/status_internal.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -6,6 +6,8 @@
 #     <m>/<m>.h itself includes from its folder (a part of the public header,
 #     such as data/format/records.h); never another module's other headers
 #     (x_internal.h and the like are private to their module).
+# A header of a module that is not part of its public header is named
+# *_internal.h, so the name alone tells a private header.
 # The order, lowest first: core, config, tensor, data, nn, script, cluster,
 # distribute, plugin, train, cli. plugins/loom_plugin.h (the plugin ABI)
 # belongs to plugin. The checker also runs on a copy of the tree with a
@@ -50,6 +52,10 @@ for dirpath, _, names in sorted(os.walk(root)):
             print(f"{rel}: folder {mod}/ is not in the module order; add it to tests/integration/layering.sh")
             bad += 1
             continue
+        if name.endswith(".h") and rel not in pub[mod] and not name.endswith("_internal.h"):
+            print(f"{rel}: a header outside {mod}'s public header {mod}/{mod}.h must be named *_internal.h "
+                  f"(private to {mod}/)")
+            bad += 1
         for n, target in includes(path):
             if target == "loom_plugin.h":
                 tmod = "plugin"
@@ -92,5 +98,13 @@ if [ "$status" -ne 0 ] && grep -qF "not part of config's public header" <<<"$out
     pass "another module's private header fails"
 else
     fail "another module's private header fails" "exit status $status" "$out"
+fi
+rm -rf "$WORK/tree" && cp -r appliance "$WORK/tree"
+mv "$WORK/tree/train/progress_internal.h" "$WORK/tree/train/progress.h"
+out=$(layering "$WORK/tree" 2>&1); status=$?
+if [ "$status" -ne 0 ] && grep -qF "train/progress.h: a header outside train's public header" <<<"$out"; then
+    pass "a private header not named *_internal.h fails, naming it"
+else
+    fail "a private header not named *_internal.h fails, naming it" "exit status $status" "$out"
 fi
 finish

@@ -2,7 +2,7 @@
  * rendering of every path, quoting of names, the peers hook, a port in use,
  * a real GET over loopback, and the cost of a publish on the train thread. */
 #include "harness.h"
-#include "train/status.h"
+#include "train/status_internal.h"
 
 #include <arpa/inet.h>
 #include <math.h>

@@ -9,7 +9,7 @@
 #include "test_util.h"
 #include "fixtures/events_read.h"
 #include "data/format/records.h"
-#include "train/summary.h"
+#include "train/summary_internal.h"
 
 #include <dirent.h>
 #include <float.h>

@@ -1,4 +1,4 @@
-/* summary.h - TensorBoard event files, written as TensorFlow writes them
+/* summary_internal.h - TensorBoard event files, written as TensorFlow writes them
  * (tf_semantics §2): <dir>/events.out.tfevents.<secs>.<host>.<pid>.<n>, a
  * TFRecord stream of Event protos opening with file_version "brain.Event:2".
  * Scalars (simple_value), histograms (HistogramProto with TF's default

@@ -1,4 +1,4 @@
-/* status.h - the training status endpoint (run.status_port): an HTTP server
+/* status_internal.h - the training status endpoint (run.status_port): an HTTP server
  * on libevent's evhttp, on a thread of its own, serving
  *   /metrics  Prometheus' text exposition format (version 0.0.4)
  *   /healthz  200 "ok" while training, 503 with the state otherwise

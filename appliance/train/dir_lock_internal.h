@@ -1,4 +1,4 @@
-/* dir_lock.h - the model_dir lock: two jobs must not write one model_dir.
+/* dir_lock_internal.h - the model_dir lock: two jobs must not write one model_dir.
  * The chief of a job (or a process training alone) holds an flock on
  * <model_dir>/.lock naming its pid, host and task; the other tasks of its
  * job share the directory without it, as TensorFlow's tasks do. */

@@ -1,4 +1,4 @@
-/* train_hooks.h - the trainer's side of the Lua hooks (script/hooks.h): the
+/* train_hooks_internal.h - the trainer's side of the Lua hooks (script/hooks.h): the
  * host their ctx acts through (stop, learning rate, checkpoints, scalars,
  * parameters, the parts of a step) and the calls the train loop makes.
  * Private to train/. Threads: the train thread. */

@@ -1,4 +1,4 @@
-/* progress.h - private to train/: the progress display. */
+/* progress_internal.h - private to train/: the progress display. */
 #ifndef LOOM_TRAIN_PROGRESS_H
 #define LOOM_TRAIN_PROGRESS_H
 
