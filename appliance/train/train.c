@@ -1689,8 +1689,6 @@ static bool is_idx_name(const char *p)
     return false;
 }
 
-/* long: the input's two forms (a split of the config, or a file of inputs) and the CSV writer
- * share the run and its cleanup on every path. */
 int loom_predict(const loom_spec *spec, const char *model_dir, const char *checkpoint, const char *input,
                  const char *output, loom_err *err)
 {
@@ -1698,6 +1696,9 @@ int loom_predict(const loom_spec *spec, const char *model_dir, const char *check
     return loom_predict_run(spec, &o, err);
 }
 
+/* long: the input's forms (a split of the config, a file for its source, an IDX file), the --id
+ * columns and the CSV writer per kind of task share the run and its cleanup on every path; the
+ * steps (pipeline, ids, header, rows) are to become functions of their own. */
 int loom_predict_run(const loom_spec *spec, const loom_predict_opts *po, loom_err *err)
 {
     const char *model_dir = po->model_dir, *checkpoint = po->checkpoint, *input = po->input, *output = po->output;
@@ -2056,6 +2057,8 @@ static void prof_row(FILE *f, const char *name, double sec, double step, double 
     fprintf(f, "  %-44s %10.1f %6.1f%% %10s %8s\n", name, sec * 1e6, step > 0 ? 100 * sec / step : 0, g, frac);
 }
 
+/* long: measures (warm-up, profiled steps, the unprofiled steps, GEMM bounds), then prints one
+ * table whose rows share the sums; the report is to become a function of its own. */
 int loom_train_profile(const loom_spec *spec, int64_t steps, int64_t warmup, FILE *f, loom_err *err)
 {
     if (steps < 1) steps = 20;
