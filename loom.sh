@@ -110,6 +110,9 @@ case "$cmd" in
         r1=$(tail -n 1 build/ci.log)
         test_asan || status=1
         r2=$(cat build-asan/ci-total)
+        # What failed, again at the end, where a log cut to its tail still shows it.
+        grep -h '^FAILED: ' build/ci.log | sed 's/^/release /' || true
+        grep -h '^FAILED: ' build-asan/ci.log | sed 's/^/asan+ubsan /' || true
         echo "release: $r1; asan+ubsan: $r2; ${SECONDS}s in all"
         printf '%s\n%s\n' "$r1" "$r2" | awk '{ p += $1; f += $3 } END { print p " passed, " f " failed" }'
         exit $status

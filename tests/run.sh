@@ -21,6 +21,10 @@ python_count() {
     echo "$passed $failed $skipped"
 }
 read -r passed failed skipped < <(python_count)
+# Name every failed test point (and every test program that failed without
+# one) so that a CI log cut down to its tail still says what failed.
+awk '/^test: / { name = $NF } /^not ok / && !/# TODO/ { print "FAILED: " name ": " $0 }
+     /^result: / && !/exit status 0/ && !/exit status 77/ { print "FAILED: " name ": " $0 }' "$log" 2>/dev/null | head -n 40
 # A test program that crashed or timed out may have printed no "not ok" line.
 if [ $status -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; fi
 if [ "$skipped" -gt 0 ]; then
