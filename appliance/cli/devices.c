@@ -7,7 +7,7 @@
 #include "cli/cli.h"
 #include "distribute/distribute.h"
 #include "plugin/plugin.h"
-#include "tensor/device.h"
+#include "tensor/tensor.h"
 
 #include <string.h>
 

@@ -52,7 +52,7 @@
 #include "mirrored_internal.h"
 #include "placement_internal.h"
 #include "xops_internal.h"
-#include "tensor/device.h"
+#include "tensor/tensor.h"
 
 #include <pthread.h>
 #include <stdio.h>

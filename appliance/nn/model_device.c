@@ -37,7 +37,7 @@
  * per-example losses in float.
  * Threads: an executor is used by one thread at a time. */
 #include "nn_internal.h"
-#include "tensor/device.h"
+#include "tensor/tensor.h"
 
 #include <math.h>
 #include <string.h>

@@ -23,7 +23,6 @@
 #define LOOM_NN_H
 
 #include "config/config.h"
-#include "tensor/device.h"
 #include "tensor/tensor.h"
 
 typedef struct loom_model loom_model;

@@ -182,7 +182,7 @@ enum { ABI_CUSTOM_VERSION = LOOM_CUSTOM_OPS_VERSION, ABI_SOURCE_VERSION = LOOM_S
 #undef LOOM_REDUCE_MAX
 
 #include "distribute/distribute.h"
-#include "tensor/device.h"
+#include "tensor/tensor.h"
 #include "data/data.h"
 
 #include <stddef.h>

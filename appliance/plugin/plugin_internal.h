@@ -4,7 +4,7 @@
 #define LOOM_PLUGIN_INTERNAL_H
 
 #include "plugin/plugin.h"
-#include "tensor/device.h"
+#include "tensor/tensor.h"
 
 #include "loom_plugin.h" /* after distribute.h: its guards skip the types Loom defines */
 

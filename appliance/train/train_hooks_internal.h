@@ -6,7 +6,7 @@
 #define LOOM_TRAIN_HOOKS_H
 
 #include "distribute/distribute.h"
-#include "script/hooks.h"
+#include "script/script.h"
 
 /* The trainer's checkpoint writer, for ctx:save_checkpoint(). */
 typedef int (*train_save_fn_)(void *arg, char path[LOOM_PATH_MAX], loom_err *err);

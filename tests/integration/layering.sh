@@ -2,10 +2,10 @@
 # layering.sh - the modules' includes point one way (issue 12, item 4). Every
 # #include "..." in appliance/<module>/ (main.c is the cli's) must name
 #   - a header of its own module, or
-#   - the public header of a module below it: <m>/<m>.h, or a header that
-#     <m>/<m>.h itself includes from its folder (a part of the public header,
-#     such as data/format/records.h); never another module's other headers
-#     (x_internal.h and the like are private to their module).
+#   - the one public header of a module below it, <m>/<m>.h; never another
+#     module's other headers: neither x_internal.h (private to its module)
+#     nor a part that <m>/<m>.h includes from its own folder to keep it
+#     readable (tensor/device.h, script/hooks.h, data/format/records.h).
 # A header of a module that is not part of its public header is named
 # *_internal.h, so the name alone tells a private header.
 # The order, lowest first: core, config, tensor, data, nn, script, cluster,
@@ -69,9 +69,9 @@ for dirpath, _, names in sorted(os.walk(root)):
                 print(f"{rel}:{n}: #include \"{target}\": {mod} is below {tmod} and may not use it "
                       f"(order: {', '.join(order)})")
                 bad += 1
-            elif tmod != mod and target != "loom_plugin.h" and target not in pub[tmod]:
-                print(f"{rel}:{n}: #include \"{target}\": not part of {tmod}'s public header {tmod}/{tmod}.h "
-                      f"(a module uses another only through its public header)")
+            elif tmod != mod and target != "loom_plugin.h" and target != f"{tmod}/{tmod}.h":
+                print(f"{rel}:{n}: #include \"{target}\": not {tmod}'s public header {tmod}/{tmod}.h "
+                      f"(a module uses another only through its one public header)")
                 bad += 1
 sys.exit(1 if bad else 0)
 PY
@@ -94,10 +94,18 @@ fi
 rm -rf "$WORK/tree" && cp -r appliance "$WORK/tree"
 printf '#include "config/config_internal.h"\n' >> "$WORK/tree/nn/model.c"
 out=$(layering "$WORK/tree" 2>&1); status=$?
-if [ "$status" -ne 0 ] && grep -qF "not part of config's public header" <<<"$out"; then
+if [ "$status" -ne 0 ] && grep -qF "not config's public header" <<<"$out"; then
     pass "another module's private header fails"
 else
     fail "another module's private header fails" "exit status $status" "$out"
+fi
+rm -rf "$WORK/tree" && cp -r appliance "$WORK/tree"
+printf '#include "tensor/device.h"\n' >> "$WORK/tree/nn/layers.c"
+out=$(layering "$WORK/tree" 2>&1); status=$?
+if [ "$status" -ne 0 ] && grep -qF "#include \"tensor/device.h\": not tensor's public header tensor/tensor.h" <<<"$out"; then
+    pass "a part of another module's public header, included directly, fails"
+else
+    fail "a part of another module's public header, included directly, fails" "exit status $status" "$out"
 fi
 rm -rf "$WORK/tree" && cp -r appliance "$WORK/tree"
 mv "$WORK/tree/train/progress_internal.h" "$WORK/tree/train/progress.h"
@@ -106,5 +114,97 @@ if [ "$status" -ne 0 ] && grep -qF "train/progress.h: a header outside train's p
     pass "a private header not named *_internal.h fails, naming it"
 else
     fail "a private header not named *_internal.h fails, naming it" "exit status $status" "$out"
+fi
+
+# The build enforces the same order: each module's library is compiled with
+# only build/include/<module>/ (meson.build's module_views), which links its
+# own folder and those of the modules below it. Checked on the build that
+# made $LOOM: every view holds only modules at or below its own, no module
+# library sees the whole of appliance/, and with each library's own compile
+# command a file including its own public header compiles while one
+# including the public header of the next module up fails, "No such file".
+BUILD=$(dirname "$LOOM")
+views() { # views BUILD: prints one line per problem; exits 1 if any
+    python3 - "$1" "$ROOT" "$WORK" <<'PY'
+import json, os, re, shlex, subprocess, sys
+build, root, work = sys.argv[1:4]
+order = ["core", "config", "tensor", "data", "nn", "script", "cluster", "distribute", "plugin", "train"]
+level = {m: i for i, m in enumerate(order)}
+bad = 0
+def say(s):
+    global bad
+    print(s)
+    bad += 1
+cmds = json.load(open(os.path.join(build, "compile_commands.json")))
+for m in order:
+    view = os.path.join(build, "include", m)
+    if not os.path.isdir(view):
+        say(f"{view}: no include view for {m} (meson.build's module_views)")
+        continue
+    seen = sorted(os.listdir(view))
+    if m not in seen:
+        say(f"{view}: does not hold {m} itself")
+    for e in seen:
+        if e not in level or level[e] > level[m]:
+            say(f"{view}/{e}: {m} may not see {e} (order: {', '.join(order)})")
+        elif os.path.realpath(os.path.join(view, e)) != os.path.realpath(os.path.join(root, "appliance", e)):
+            say(f"{view}/{e}: does not lead to appliance/{e}")
+    entry = next((c for c in cmds if re.search(rf"(^|/)appliance/{m}/[^ ]*\.c$", c["file"])), None)
+    if entry is None:
+        say(f"compile_commands.json: no source of {m}")
+        continue
+    argv = shlex.split(entry["command"]) if "command" in entry else list(entry["arguments"])
+    incs = [a[2:] for a in argv if a.startswith("-I")]
+    for d in incs:
+        full = os.path.realpath(os.path.join(entry["directory"], d))
+        if full == os.path.realpath(os.path.join(root, "appliance")):
+            say(f"{entry['file']}: compiled with -I{d}, the whole of appliance/ (use the view build/include/{m})")
+    if not any(os.path.realpath(os.path.join(entry["directory"], d)) == os.path.realpath(view) for d in incs):
+        say(f"{entry['file']}: not compiled with its view -I{view}")
+    # the library's own command on a probe: drop the output, dependency file and source
+    keep, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in ("-o", "-MF", "-MQ", "-MT", "-c"):
+            skip = True
+            continue
+        if a in ("-MD", "-MMD") or a == entry["file"] or a.endswith(os.path.basename(entry["file"])):
+            continue
+        keep.append(a)
+    def compiles(header):
+        probe = os.path.join(work, f"probe_{m}.c")
+        with open(probe, "w") as f:
+            f.write(f'#include "{header}"\nint probe_{m};\n')
+        r = subprocess.run(keep + ["-fsyntax-only", probe], cwd=entry["directory"], capture_output=True, text=True)
+        return r.returncode == 0, r.stderr
+    ok, out = compiles(f"{m}/{m}.h")
+    if not ok:
+        say(f"{m}: its own public header {m}/{m}.h does not compile with its library's command:\n{out[-600:]}")
+    if level[m] + 1 < len(order):
+        up = order[level[m] + 1]
+        ok, out = compiles(f"{up}/{up}.h")
+        if ok or "No such file" not in out:
+            say(f"{m}: a wrong-way include of {up}/{up}.h " + ("compiles" if ok else "fails otherwise:\n" + out[-600:]))
+sys.exit(1 if bad else 0)
+PY
+}
+if [ -f "$BUILD/compile_commands.json" ]; then
+    out=$(views "$BUILD" 2>&1) && pass "each module's library sees only its own and lower modules' headers (a wrong-way include does not compile)" ||
+        fail "each module's library sees only its own and lower modules' headers (a wrong-way include does not compile)" "$out"
+    # The check itself: a view given a module above its own fails, naming it.
+    mkdir -p "$WORK/build/include"
+    cp "$BUILD/compile_commands.json" "$WORK/build/"
+    cp -a "$BUILD/include/." "$WORK/build/include/"
+    ln -s "$ROOT/appliance/train" "$WORK/build/include/data/train"
+    out=$(views "$WORK/build" 2>&1); status=$?
+    if [ "$status" -ne 0 ] && grep -qF "include/data/train: data may not see train" <<<"$out"; then
+        pass "a view holding a module above its own fails, naming it"
+    else
+        fail "a view holding a module above its own fails, naming it" "exit status $status" "$out"
+    fi
+else
+    fail "each module's library sees only its own and lower modules' headers" "no $BUILD/compile_commands.json"
 fi
 finish
