@@ -118,6 +118,7 @@ typedef struct loom_input_ctx {
     int num_input_pipelines;  /* pipelines (workers) of the run; 0 = 1 */
     int input_pipeline_id;    /* this one, 0 .. num_input_pipelines - 1 */
     int num_replicas_in_sync; /* replicas over all workers; 0 = 1 */
+    uint64_t seed_key;        /* (appended) nonzero: this pipeline's own seed, mixed with the run's; 0: the run's */
 } loom_input_ctx;
 #endif
 

@@ -68,6 +68,11 @@ typedef struct loom_input_ctx {
     int num_input_pipelines;  /* pipelines (workers) of the run; 0 = 1 */
     int input_pipeline_id;    /* this one, 0 .. num_input_pipelines - 1 */
     int num_replicas_in_sync; /* replicas over all workers; 0 = 1 */
+    /* (appended) nonzero: this pipeline draws its randomness (shuffles,
+     * random maps) from a seed of its own, loom_rng_mix(run.seed, seed_key),
+     * instead of the run's seed (parameter_server workers: each its own
+     * pipeline, as create_per_worker_dataset); 0: the run's seed. */
+    uint64_t seed_key;
 } loom_input_ctx;
 
 /* Context for building a pipeline. */

@@ -242,6 +242,18 @@ int loom_strategy_num_replicas(loom_strategy *s) { return s->ops->num_replicas(s
 bool loom_strategy_has_parts(loom_strategy *s) { return s->ops->step_part && s->ops->replica; }
 loom_model *loom_strategy_replica(loom_strategy *s, int r) { return s->ops->replica(s, r); }
 
+void loom_strategy_metrics_take(loom_strategy *s, double *acc)
+{
+    if (!s->ops->replica) {
+        loom_model_metrics_take(loom_strategy_model(s), acc);
+        return;
+    }
+    for (int i = 0, n = loom_strategy_num_replicas(s); i < n; i++) {
+        loom_model *m = loom_strategy_replica(s, i);
+        if (m) loom_model_metrics_take(m, acc);
+    }
+}
+
 int loom_strategy_step_part(loom_strategy *s, loom_step_part part, const loom_elem *batch, int64_t step,
                             loom_step_result *per_replica, loom_err *err)
 {

@@ -340,6 +340,9 @@ bool loom_strategy_has_parts(loom_strategy *s);
 int  loom_strategy_step_part(loom_strategy *s, loom_step_part part, const loom_elem *batch, int64_t step,
                              loom_step_result *per_replica, loom_err *err);
 loom_model *loom_strategy_replica(loom_strategy *s, int r);
+/* model.metrics: every replica's state added into acc and cleared (a
+ * strategy without replica(): its model's), as loom_model_metrics_take. */
+void loom_strategy_metrics_take(loom_strategy *s, double *acc);
 
 /* For `loom check`: the strategy's plan for a global batch: replicas,
  * devices, threads, what computes (nn's host code or a device backend),

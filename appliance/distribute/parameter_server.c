@@ -1267,6 +1267,16 @@ static int ps_sync(loom_strategy *s, loom_err *err)
     return LOOM_OK;
 }
 
+/* Each worker's own pipeline (not sharded, repeated) shuffles with a seed
+ * of its own, as create_per_worker_dataset gives each worker its own
+ * dataset; the keys are those the trainer used before they moved here. */
+static int ps_input_context(const loom_strategy_args *a, loom_input_ctx *ctx, loom_err *err)
+{
+    (void)err;
+    if (a->cluster && a->cluster->role == LOOM_ROLE_WORKER) ctx->seed_key = 0x7073776bu + (uint64_t)a->cluster->index;
+    return LOOM_OK;
+}
+
 static bool ps_is_chief(loom_strategy *s) { return ((ps_strategy *)s->impl)->role == LOOM_ROLE_CHIEF; }
 
 /* A checkpoint: the variables and slots back from the ps tasks, then the
@@ -1389,6 +1399,7 @@ static const loom_strategy_ops parameter_server_ops = {
     .caps = LOOM_STRATEGY_OWN_THREADS,
     .print_plan = ps_print_plan,
     .where = ps_where,
+    .input_context = ps_input_context,
     .is_chief = ps_is_chief,
     .gather_iter_state = ps_gather_iter_state,
     .pick_iter_state = ps_pick_iter_state,

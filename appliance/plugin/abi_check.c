@@ -258,6 +258,7 @@ SAME_SIZE_(loom_input_ctx)
 SAME_FIELD_(loom_input_ctx, num_input_pipelines)
 SAME_FIELD_(loom_input_ctx, input_pipeline_id)
 SAME_FIELD_(loom_input_ctx, num_replicas_in_sync)
+SAME_FIELD_(loom_input_ctx, seed_key)
 
 SAME_SIZE_(loom_step_result)
 SAME_FIELD_(loom_step_result, loss_sum)

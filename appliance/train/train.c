@@ -237,9 +237,7 @@ static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool n
                          .instruction_limit = spec->hooks.instruction_limit};
     loom_data_ctx ctx = {.seed = spec->run.seed, .threads = threads, .name = "train", .input = ictx,
                          .custom_options = &lua};
-    /* parameter_server: each worker's own pipeline shuffles with a seed of its own (create_per_worker_dataset) */
-    if (spec->strategy.kind == LOOM_STRAT_PARAMETER_SERVER && cluster && cluster->role == LOOM_ROLE_WORKER)
-        ctx.seed = loom_rng_mix(spec->run.seed, 0x7073776bu + (uint64_t)cluster->index);
+    if (ictx.seed_key) ctx.seed = loom_rng_mix(spec->run.seed, ictx.seed_key); /* the strategy's own per-pipeline seed */
     rc = loom_data_open(&r->train, train, &ctx, err);
     if (rc) return data_open_failed(err, "data.train");
     if (spec->eval.present) {
@@ -284,17 +282,7 @@ static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool n
 
 /* Adds every replica's metric state into acc and clears them (a strategy
  * without replica(): its model, replica 0). */
-static void take_metrics(run *r, double *acc)
-{
-    loom_strategy *s = r->strat;
-    if (s->ops->replica)
-        for (int i = 0, n = loom_strategy_num_replicas(s); i < n; i++) {
-            loom_model *m = loom_strategy_replica(s, i);
-            if (m) loom_model_metrics_take(m, acc);
-        }
-    else
-        loom_model_metrics_take(loom_strategy_model(s), acc);
-}
+static void take_metrics(run *r, double *acc) { loom_strategy_metrics_take(r->strat, acc); }
 
 /* The state of model.metrics (zeroed); LOOM_ENOMEM. */
 static int metrics_open(run *r, loom_err *err)

@@ -396,6 +396,30 @@ static void test_strategies_describe_themselves(void)
     }
 }
 
+/* A strategy's input context may give a pipeline a seed of its own
+ * (seed_key): parameter_server gives each worker its own (the trainer no
+ * longer asks which strategy runs); the chief and one_device use the run's. */
+static void test_pipeline_seed_from_the_strategy(void)
+{
+    const char *od[] = {"strategy.type=one_device"};
+    rig g;
+    if (!rig_open_ok(&g, od, 1)) return;
+    loom_input_ctx ic;
+    CHECK(loom_strategy_input_context(&g.args, &ic, &err) == LOOM_OK && ic.seed_key == 0);
+    snprintf(g.spec->strategy.name, sizeof g.spec->strategy.name, "parameter_server");
+    loom_cluster c = {.role = LOOM_ROLE_WORKER, .index = 1};
+    loom_strategy_args a = g.args;
+    a.cluster = &c;
+    CHECK(loom_strategy_input_context(&a, &ic, &err) == LOOM_OK);
+    CHECK(ic.seed_key == 0x7073776bu + 1 && ic.num_input_pipelines == 0); /* its own seed, not sharded */
+    c.index = 0;
+    CHECK(loom_strategy_input_context(&a, &ic, &err) == LOOM_OK && ic.seed_key == 0x7073776bu);
+    c.role = LOOM_ROLE_CHIEF;
+    CHECK(loom_strategy_input_context(&a, &ic, &err) == LOOM_OK && ic.seed_key == 0);
+    snprintf(g.spec->strategy.name, sizeof g.spec->strategy.name, "one_device");
+    rig_close(&g);
+}
+
 static const loom_test tests[] = {
     {"mirrored_matches_one_device", test_mirrored_matches_one_device},
     {"central_storage_matches_one_device", test_central_storage_matches_one_device},
@@ -409,6 +433,7 @@ static const loom_test tests[] = {
     {"bad_devices_and_ops", test_bad_devices_and_ops},
     {"multi_worker_alone_matches_one_device", test_multi_worker_alone_matches_one_device},
     {"strategies_describe_themselves", test_strategies_describe_themselves},
+    {"pipeline_seed_from_the_strategy", test_pipeline_seed_from_the_strategy},
     {0},
 };
 
