@@ -12,6 +12,12 @@ enum { LOOM_EXIT_OK = 0, LOOM_EXIT_RUNTIME = 1, LOOM_EXIT_USAGE = 2 };
  * process start. */
 int loom_cli_main(int argc, char **argv, double start_time);
 
+/* Internal to the cli module: commands.c prints an error as "loom: where:
+ * msg" (+ "  hint: ...") on stderr, and every error of a list (saying when
+ * the list stopped at LOOM_MAX_ERRORS). */
+void loom_cli_print_err_(const loom_err *err);
+void loom_cli_print_errlist_(const loom_errlist *l);
+
 /* Internal to the cli module (records.c): `loom records ...`, with argv[0]
  * = "records"; prints its own output and errors, returns the exit status. */
 int loom_cli_records_(int argc, char **argv, double start_time);

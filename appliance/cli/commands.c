@@ -45,13 +45,16 @@ typedef struct command {
 enum { OPT_MODEL_DIR = 1, OPT_SET = 2, OPT_FRESH = 4, OPT_PRINT = 8, OPT_INPUT = 16, OPT_OUTPUT = 32,
        OPT_CHECKPOINT = 64, OPT_TASK = 128, OPT_STATUS_PORT = 256, OPT_WATCH = 512, OPT_ID = 1024 };
 
-static void print_errlist(const loom_errlist *l)
+void loom_cli_print_err_(const loom_err *err)
 {
-    for (int i = 0; i < l->n; i++) {
-        char buf[1200];
-        loom_err_format(&l->e[i], buf, sizeof buf);
-        fprintf(stderr, "loom: %s", buf);
-    }
+    char buf[1200];
+    loom_err_format(err, buf, sizeof buf);
+    fprintf(stderr, "loom: %s", buf);
+}
+
+void loom_cli_print_errlist_(const loom_errlist *l)
+{
+    for (int i = 0; i < l->n; i++) loom_cli_print_err_(&l->e[i]);
     if (l->n == LOOM_MAX_ERRORS) fprintf(stderr, "loom: (stopped after %d errors)\n", LOOM_MAX_ERRORS);
 }
 
@@ -69,7 +72,7 @@ static int load_plugins(const loom_spec *spec, loom_errlist *errs)
     } else {
         rc = loom_plugins_check_spec(spec, errs);
     }
-    if (rc) print_errlist(errs);
+    if (rc) loom_cli_print_errlist_(errs);
     return rc;
 }
 
@@ -84,7 +87,7 @@ static loom_spec *load(const cli_opts *o, int *status)
     }
     int rc = loom_config_load(&spec, o->config, o->sets, o->n_sets, errs);
     if (rc) {
-        print_errlist(errs);
+        loom_cli_print_errlist_(errs);
         if (errs->n == 0) fprintf(stderr, "loom: %s: %s\n", o->config, loom_err_string(rc));
         *status = rc == LOOM_EIO ? LOOM_EXIT_USAGE : LOOM_EXIT_USAGE;
         spec = NULL;
@@ -252,7 +255,7 @@ static int cmd_selftest(const cli_opts *o, double start, loom_err *err)
     if (!errs) return loom_err_set(err, LOOM_ENOMEM, NULL, "out of memory");
     int rc = loom_config_load(&spec, o->config, o->sets, o->n_sets, errs);
     if (rc) {
-        print_errlist(errs);
+        loom_cli_print_errlist_(errs);
         free(errs);
         return -LOOM_EXIT_USAGE;
     }
@@ -347,11 +350,7 @@ static int cmd_profile_main(int argc, char **argv, double start)
     if (train) {
         int rc = loom_train_profile(spec, steps, 3, stdout, &err);
         loom_config_free(spec);
-        if (rc) {
-            char buf[1200];
-            loom_err_format(&err, buf, sizeof buf);
-            fprintf(stderr, "loom: %s", buf);
-        }
+        if (rc) loom_cli_print_err_(&err);
         return exit_status(rc);
     }
     int threads = spec->run.threads > 0 ? spec->run.threads : loom_num_cores();
@@ -363,11 +362,7 @@ static int cmd_profile_main(int argc, char **argv, double start)
     if (!rc && input.num_input_pipelines) rc = loom_data_input_report(&spec->train, &ctx, stdout, &err);
     if (!rc) rc = loom_data_profile(&spec->train, &ctx, steps, stdout, &err);
     loom_config_free(spec);
-    if (rc) {
-        char buf[1200];
-        loom_err_format(&err, buf, sizeof buf);
-        fprintf(stderr, "loom: %s", buf);
-    }
+    if (rc) loom_cli_print_err_(&err);
     return exit_status(rc);
 }
 
@@ -443,11 +438,7 @@ static int cmd_export_main(int argc, char **argv, double start)
     int rc = adapt(spec, eo.model_dir, LOOM_ADAPT_LOAD, &err);
     if (!rc) rc = loom_export(spec, &eo, &err);
     loom_config_free(spec);
-    if (rc) {
-        char buf[1200];
-        loom_err_format(&err, buf, sizeof buf);
-        fprintf(stderr, "loom: %s", buf);
-    }
+    if (rc) loom_cli_print_err_(&err);
     return exit_status(rc);
 }
 
@@ -485,9 +476,7 @@ static int cmd_plugins_main(int argc, char **argv, double start)
     loom_spec *spec = o.config ? load(&o, &status) : NULL;
     loom_err err = {0};
     if (!spec && loom_plugins_load(NULL, &err)) { /* no config, or a bad one: still list what loads */
-        char buf[1200];
-        loom_err_format(&err, buf, sizeof buf);
-        fprintf(stderr, "loom: %s", buf);
+        loom_cli_print_err_(&err);
         return LOOM_EXIT_RUNTIME;
     }
     loom_plugins_report(stdout);
@@ -796,10 +785,6 @@ int loom_cli_main(int argc, char **argv, double start_time)
     if (o.verbose) loom_log_set_level(LOOM_LOG_DEBUG);
     int rc = cmd->run(&o, start_time, &err);
     if (rc < 0) return -rc; /* the config did not load; already reported */
-    if (rc) {
-        char buf[1200];
-        loom_err_format(&err, buf, sizeof buf);
-        fprintf(stderr, "loom: %s", buf);
-    }
+    if (rc) loom_cli_print_err_(&err);
     return exit_status(rc);
 }

@@ -103,9 +103,7 @@ int loom_cli_devices_(int argc, char **argv, double start_time)
     }
     loom_err err = {0};
     if (loom_plugins_load(NULL, &err)) {
-        char buf[1200];
-        loom_err_format(&err, buf, sizeof buf);
-        fprintf(stderr, "loom: %s", buf);
+        loom_cli_print_err_(&err);
         return LOOM_EXIT_RUNTIME;
     }
     loom_blas_init(0, &err); /* only so the line below names the BLAS kernel; failure shows as "not loaded" */

@@ -500,11 +500,7 @@ static int validate(const launch_opts *o, const char *const *sets, int n_sets, c
     loom_errlist *errs = loom_calloc(1, sizeof *errs);
     if (!errs) return LOOM_EXIT_RUNTIME;
     int rc = loom_config_load(&spec, o->config, sets, n_sets, errs);
-    for (int i = 0; i < errs->n; i++) {
-        char buf[1200];
-        loom_err_format(&errs->e[i], buf, sizeof buf);
-        fprintf(stderr, "loom: %s", buf);
-    }
+    loom_cli_print_errlist_(errs);
     loom_free(errs);
     if (rc) return LOOM_EXIT_USAGE;
     int status = LOOM_EXIT_OK;
@@ -520,9 +516,7 @@ static int validate(const launch_opts *o, const char *const *sets, int n_sets, c
     loom_cluster *c = NULL;
     loom_err err = {0};
     if (!status && (rc = loom_cluster_resolve(&c, spec, task, env, &err))) {
-        char buf[1200];
-        loom_err_format(&err, buf, sizeof buf);
-        fprintf(stderr, "loom: %s", buf);
+        loom_cli_print_err_(&err);
         status = rc == LOOM_ENOMEM ? LOOM_EXIT_RUNTIME : LOOM_EXIT_USAGE;
     }
     loom_cluster_free(c);
@@ -555,11 +549,7 @@ int loom_cli_launch_(int argc, char **argv, double start)
         loom_errlist *errs = loom_calloc(1, sizeof *errs);
         if (!errs) return LOOM_EXIT_RUNTIME;
         int rc = loom_config_load(&spec, o.config, o.sets, o.n_sets, errs);
-        for (int i = 0; i < errs->n; i++) {
-            char buf[1200];
-            loom_err_format(&errs->e[i], buf, sizeof buf);
-            fprintf(stderr, "loom: %s", buf);
-        }
+        loom_cli_print_errlist_(errs);
         loom_free(errs);
         if (rc) return LOOM_EXIT_USAGE;
         for (int r = 0; r < LOOM_ROLE_COUNT; r++) o.n[r] = spec->cluster.n_tasks[r];

@@ -144,9 +144,7 @@ static int usage_error(const subcommand *sc, const char *fmt, ...)
 /* Prints err as "loom: where: msg" (+ hint) and returns its exit status. */
 static int report(const loom_err *err)
 {
-    char buf[1200];
-    loom_err_format(err, buf, sizeof buf);
-    fprintf(stderr, "loom: %s", buf);
+    loom_cli_print_err_(err);
     return err->code == LOOM_EUSAGE || err->code == LOOM_ECONFIG ? LOOM_EXIT_USAGE : LOOM_EXIT_RUNTIME;
 }
 

@@ -88,6 +88,20 @@ void dstage_free_(dstage *s);
 int  dcursor_rewind_(dstage *s, int64_t *epoch, int64_t *pos, int64_t to, loom_err *err);
 void dcursor_save_(loom_buf *b, int64_t epoch, int64_t pos);
 bool dcursor_load_(loom_buf *b, int64_t *epoch, int64_t *pos);
+/* A stage whose whole state is that cursor, kept right after the stage
+ * (map, fused maps, custom maps: struct { dstage s; int64_t epoch, pos; ...}),
+ * checked by DCURSOR_STAGE_CHECK: its rewind, save and restore (a truncated
+ * state or a negative pos is LOOM_ECHECKPOINT naming the stage). */
+typedef struct dcursor_stage {
+    dstage  s;
+    int64_t epoch, pos;
+} dcursor_stage;
+#define DCURSOR_STAGE_CHECK(T)                                                                                  \
+    _Static_assert(offsetof(T, epoch) == offsetof(dcursor_stage, epoch) &&                                      \
+                   offsetof(T, pos) == offsetof(dcursor_stage, pos), #T " keeps its cursor right after its stage")
+int  dcursor_stage_rewind_(dstage *st, int64_t epoch, loom_err *err);
+void dcursor_stage_save_(dstage *st, loom_buf *b);
+int  dcursor_stage_restore_(dstage *st, loom_buf *b, loom_err *err);
 /* CLOCK_MONOTONIC in nanoseconds, for the stats timers. */
 int64_t dnow_ns_(void);
 

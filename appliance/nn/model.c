@@ -687,15 +687,27 @@ int nn_check_label_(loom_model *m, const loom_tensor *label, int64_t B, loom_err
     return LOOM_OK;
 }
 
-#define LABEL_LOOP(T)                                                                            \
-    do {                                                                                         \
-        const T *v = label->data;                                                                \
-        for (int64_t b = 0; b < B; b++) {                                                        \
-            if (!((double)v[b] >= 0 && (double)v[b] < (double)n && (double)v[b] == (double)(int64_t)v[b])) \
-                return bad_label(err, m, b, (double)v[b], n);                                    \
-            m->labels[b] = (int32_t)v[b];                                                        \
-        }                                                                                        \
-    } while (0)
+/* Labels, targets and sample weights come in any numeric dtype: value i
+ * of a tensor's data as a double (exact for every dtype here). */
+typedef double (*number_at)(const void *data, int64_t i);
+static double u8_at(const void *d, int64_t i) { return ((const uint8_t *)d)[i]; }
+static double i32_at(const void *d, int64_t i) { return ((const int32_t *)d)[i]; }
+static double i64_at(const void *d, int64_t i) { return (double)((const int64_t *)d)[i]; }
+static double f32_at(const void *d, int64_t i) { return ((const float *)d)[i]; }
+static double f64_at(const void *d, int64_t i) { return ((const double *)d)[i]; }
+
+/* The reader of dtype's values; NULL for a dtype that is not a number. */
+static number_at number_reader(loom_dtype dt)
+{
+    switch (dt) {
+    case LOOM_U8: return u8_at;
+    case LOOM_I32: return i32_at;
+    case LOOM_I64: return i64_at;
+    case LOOM_F32: return f32_at;
+    case LOOM_F64: return f64_at;
+    default: return NULL;
+    }
+}
 
 static int bad_label(loom_err *err, const loom_model *m, int64_t b, double v, int64_t n)
 {
@@ -708,26 +720,15 @@ static int bad_label(loom_err *err, const loom_model *m, int64_t b, double v, in
 int nn_read_labels_(loom_model *m, const loom_tensor *label, int64_t B, loom_err *err)
 {
     const int64_t n = m->layer[m->n_layers - 1].n_out;
-    switch (label->dtype) {
-    case LOOM_U8: LABEL_LOOP(uint8_t); break;
-    case LOOM_I32: LABEL_LOOP(int32_t); break;
-    case LOOM_I64: LABEL_LOOP(int64_t); break;
-    case LOOM_F32: LABEL_LOOP(float); break;
-    case LOOM_F64: LABEL_LOOP(double); break;
-    default: return loom_err_set(err, LOOM_ESHAPE, m->where, "label dtype %d is not known", (int)label->dtype);
+    number_at at = number_reader(label->dtype);
+    if (!at) return loom_err_set(err, LOOM_ESHAPE, m->where, "label dtype %d is not known", (int)label->dtype);
+    for (int64_t b = 0; b < B; b++) {
+        double x = at(label->data, b);
+        if (!(x >= 0 && x < (double)n && x == (double)(int64_t)x)) return bad_label(err, m, b, x, n);
+        m->labels[b] = (int32_t)x;
     }
     return LOOM_OK;
 }
-
-#define TARGET_LOOP(T)                                                                           \
-    do {                                                                                         \
-        const T *v = label->data;                                                                \
-        for (int64_t e = 0; e < B * n; e++) {                                                    \
-            double x = (double)v[e];                                                             \
-            if (!isfinite(x) || (bce && !(x >= 0 && x <= 1))) return bad_target(err, m, e / n, e % n, n, x); \
-            m->targets[e] = (float)x;                                                            \
-        }                                                                                        \
-    } while (0)
 
 static int bad_target(loom_err *err, const loom_model *m, int64_t b, int64_t j, int64_t n, double v)
 {
@@ -746,19 +747,6 @@ static int bad_target(loom_err *err, const loom_model *m, int64_t b, int64_t j, 
 
 void loom_model_set_sample_weights(loom_model *m, const loom_tensor *w) { m->sw = w; }
 
-#define WEIGHT_LOOP(T)                                                                           \
-    do {                                                                                         \
-        const T *v = m->sw->data;                                                                \
-        for (int64_t b = 0; b < B; b++) {                                                        \
-            double x = (double)v[b];                                                             \
-            if (!(x >= 0) || !isfinite(x))                                                       \
-                return loom_err_set(err, LOOM_EDATA, m->where,                                   \
-                                    "sample weight of example %lld in the batch is %g, not a finite number >= 0", \
-                                    (long long)b, x);                                            \
-            m->swb[b] = (float)x;                                                                \
-        }                                                                                        \
-    } while (0)
-
 /* The sample weights of a batch of B into m->swb. */
 static int read_weights(loom_model *m, int64_t B, loom_err *err)
 {
@@ -768,13 +756,15 @@ static int read_weights(loom_model *m, int64_t B, loom_err *err)
         return loom_err_set(err, LOOM_ESHAPE, m->where, "sample weights of shape %s for a batch of %lld examples",
                             loom_shape_str(&w->shape, a, sizeof a), (long long)B),
                loom_err_hint(err, "model.sample_weight names a feature with one number per example");
-    switch (w->dtype) {
-    case LOOM_U8: WEIGHT_LOOP(uint8_t); break;
-    case LOOM_I32: WEIGHT_LOOP(int32_t); break;
-    case LOOM_I64: WEIGHT_LOOP(int64_t); break;
-    case LOOM_F32: WEIGHT_LOOP(float); break;
-    case LOOM_F64: WEIGHT_LOOP(double); break;
-    default: return loom_err_set(err, LOOM_ESHAPE, m->where, "sample weight dtype %d is not a number", (int)w->dtype);
+    number_at at = number_reader(w->dtype);
+    if (!at) return loom_err_set(err, LOOM_ESHAPE, m->where, "sample weight dtype %d is not a number", (int)w->dtype);
+    for (int64_t b = 0; b < B; b++) {
+        double x = at(w->data, b);
+        if (!(x >= 0) || !isfinite(x))
+            return loom_err_set(err, LOOM_EDATA, m->where,
+                                "sample weight of example %lld in the batch is %g, not a finite number >= 0",
+                                (long long)b, x);
+        m->swb[b] = (float)x;
     }
     return LOOM_OK;
 }
@@ -786,13 +776,12 @@ int nn_read_label_(loom_model *m, const loom_tensor *label, int64_t B, loom_err 
     if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) return nn_read_labels_(m, label, B, err);
     const int64_t n = m->layer[m->n_layers - 1].n_out;
     const int bce = m->loss == LOOM_LOSS_BCE;
-    switch (label->dtype) {
-    case LOOM_U8: TARGET_LOOP(uint8_t); break;
-    case LOOM_I32: TARGET_LOOP(int32_t); break;
-    case LOOM_I64: TARGET_LOOP(int64_t); break;
-    case LOOM_F32: TARGET_LOOP(float); break;
-    case LOOM_F64: TARGET_LOOP(double); break;
-    default: return loom_err_set(err, LOOM_ESHAPE, m->where, "label dtype %d is not known", (int)label->dtype);
+    number_at at = number_reader(label->dtype);
+    if (!at) return loom_err_set(err, LOOM_ESHAPE, m->where, "label dtype %d is not known", (int)label->dtype);
+    for (int64_t e = 0; e < B * n; e++) {
+        double x = at(label->data, e);
+        if (!isfinite(x) || (bce && !(x >= 0 && x <= 1))) return bad_target(err, m, e / n, e % n, n, x);
+        m->targets[e] = (float)x;
     }
     return LOOM_OK;
 }

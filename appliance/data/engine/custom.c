@@ -15,11 +15,11 @@
 
 typedef struct custst {
     dstage                 s;
+    int64_t                epoch, pos;   /* pos: input elements consumed this pass: the key's index */
     const loom_custom_ops *ops;
     void                  *inst;
     int                    filter;
     uint64_t               seed;
-    int64_t                epoch, pos;   /* pos: input elements consumed this pass: the key's index */
     size_t                 off[LOOM_MAX_FEATURES], total; /* map: where each output feature goes in a buffer */
     uint8_t               *buf;          /* map: the sequential output buffer */
     char                   ref[LOOM_PATH_MAX + LOOM_NAME_MAX];
@@ -27,6 +27,7 @@ typedef struct custst {
     loom_options           args;         /* the transform's args, pointing into map.args and argw */
     char                   argw[LOOM_MAX_OPTIONS][LOOM_PATH_MAX + 48];
 } custst;
+DCURSOR_STAGE_CHECK(custst);
 
 static const dstage_ops custom_map_ops, custom_filter_ops;
 
@@ -106,26 +107,6 @@ static int cfilter_next(dstage *st, loom_elem **out, loom_err *err)
     }
 }
 
-static int cust_rewind(dstage *st, int64_t epoch, loom_err *err)
-{
-    custst *s = (custst *)st;
-    return dcursor_rewind_(st, &s->epoch, &s->pos, epoch, err);
-}
-
-static void cust_save(dstage *st, loom_buf *b)
-{
-    custst *s = (custst *)st;
-    dcursor_save_(b, s->epoch, s->pos);
-}
-
-static int cust_restore(dstage *st, loom_buf *b, loom_err *err)
-{
-    custst *s = (custst *)st;
-    if (!dcursor_load_(b, &s->epoch, &s->pos) || s->pos < 0)
-        return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "iterator state is truncated (%s)", st->name);
-    return LOOM_OK;
-}
-
 static void cust_close(dstage *st)
 {
     custst *s = (custst *)st;
@@ -135,10 +116,10 @@ static void cust_close(dstage *st)
 }
 
 static const dstage_ops custom_map_ops = {
-    .next = cmap_next, .rewind = cust_rewind, .save = cust_save, .restore = cust_restore, .close = cust_close,
+    .next = cmap_next, .rewind = dcursor_stage_rewind_, .save = dcursor_stage_save_, .restore = dcursor_stage_restore_, .close = cust_close,
 };
 static const dstage_ops custom_filter_ops = {
-    .next = cfilter_next, .rewind = cust_rewind, .save = cust_save, .restore = cust_restore, .close = cust_close,
+    .next = cfilter_next, .rewind = dcursor_stage_rewind_, .save = dcursor_stage_save_, .restore = dcursor_stage_restore_, .close = cust_close,
 };
 
 /* The transform's args as loom_options, each with the file:line it came from. */

@@ -103,6 +103,26 @@ bool dcursor_load_(loom_buf *b, int64_t *epoch, int64_t *pos)
     return !b->failed;
 }
 
+int dcursor_stage_rewind_(dstage *st, int64_t epoch, loom_err *err)
+{
+    dcursor_stage *c = (dcursor_stage *)st;
+    return dcursor_rewind_(st, &c->epoch, &c->pos, epoch, err);
+}
+
+void dcursor_stage_save_(dstage *st, loom_buf *b)
+{
+    const dcursor_stage *c = (const dcursor_stage *)st;
+    dcursor_save_(b, c->epoch, c->pos);
+}
+
+int dcursor_stage_restore_(dstage *st, loom_buf *b, loom_err *err)
+{
+    dcursor_stage *c = (dcursor_stage *)st;
+    if (!dcursor_load_(b, &c->epoch, &c->pos) || c->pos < 0)
+        return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "iterator state is corrupt (%s)", st->name);
+    return LOOM_OK;
+}
+
 int dstage_err_(const dstage *s, loom_err *err, int code, const char *fmt, ...)
 {
     char msg[sizeof err->msg];

@@ -112,10 +112,11 @@ void dmaps_name_(char *out, size_t n, dstage *const *map, int nmap, const char *
 
 typedef struct chainst {
     dstage  s;
+    int64_t epoch, pos;   /* RNG position, shared: every map of a chain sees the same elements */
     int     nmap;
     dstage *map[LOOM_MAX_TRANSFORMS];
-    int64_t epoch, pos;   /* RNG position, shared: every map of a chain sees the same elements */
 } chainst;
+DCURSOR_STAGE_CHECK(chainst);
 
 static void chain_close(dstage *st)
 {
@@ -195,28 +196,9 @@ static int chain_next_into(dstage *st, loom_elem *dst, loom_err *err)
     return LOOM_OK;
 }
 
-static int chain_rewind(dstage *st, int64_t epoch, loom_err *err)
-{
-    chainst *s = (chainst *)st;
-    return dcursor_rewind_(st, &s->epoch, &s->pos, epoch, err);
-}
-
-static void chain_save(dstage *st, loom_buf *b)
-{
-    chainst *s = (chainst *)st;
-    dcursor_save_(b, s->epoch, s->pos);
-}
-
-static int chain_restore(dstage *st, loom_buf *b, loom_err *err)
-{
-    chainst *s = (chainst *)st;
-    if (!dcursor_load_(b, &s->epoch, &s->pos) || s->pos < 0)
-        return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "iterator state is corrupt (%s)", st->name);
-    return LOOM_OK;
-}
-
 static const dstage_ops chain_ops = {
-    .next = chain_next, .rewind = chain_rewind, .save = chain_save, .restore = chain_restore, .close = chain_close,
+    .next = chain_next, .rewind = dcursor_stage_rewind_, .save = dcursor_stage_save_, .restore = dcursor_stage_restore_,
+    .close = chain_close,
     .next_into = chain_next_into,
 };
 
@@ -310,7 +292,7 @@ static void mb_close(dstage *st)
 }
 
 static const dstage_ops mb_ops = {
-    .next = mb_next, .rewind = chain_rewind, .save = chain_save, .restore = chain_restore, .close = mb_close,
+    .next = mb_next, .rewind = dcursor_stage_rewind_, .save = dcursor_stage_save_, .restore = dcursor_stage_restore_, .close = mb_close,
     .next_into = mb_into,
 };
 

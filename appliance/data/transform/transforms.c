@@ -193,15 +193,16 @@ static int elem_err(const dstage *st, loom_err *err, const char *kn, const char 
 
 typedef struct mapst {
     dstage        s;
+    int64_t       epoch, pos; /* pos: elements (images for flip) seen this pass: the RNG index */
     loom_map_spec m;
     int           f;        /* the feature */
     loom_dtype    in_dt, out_dt;
     uint8_t      *buf;      /* own output, sized for the max shape; NULL when never needed */
     uint64_t      seed;     /* random ops */
-    int64_t       epoch, pos; /* pos: elements (images for flip) seen this pass: the RNG index */
     uint8_t      *flags;    /* flip: per image of a batched element */
     size_t        buf_bytes, flag_bytes;
 } mapst;
+DCURSOR_STAGE_CHECK(mapst);
 
 /* A row of W px-byte pixels reversed into a distinct row. Inlined with px
  * constant for the common pixel sizes, where it compiles to vector shuffles. */
@@ -525,25 +526,6 @@ static int map_next(dstage *st, loom_elem **out, loom_err *err)
     return LOOM_OK;
 }
 
-static int map_rewind(dstage *st, int64_t epoch, loom_err *err)
-{
-    mapst *s = (mapst *)st;
-    return dcursor_rewind_(st, &s->epoch, &s->pos, epoch, err);
-}
-
-static void map_save(dstage *st, loom_buf *b)
-{
-    mapst *s = (mapst *)st;
-    dcursor_save_(b, s->epoch, s->pos);
-}
-
-static int map_restore(dstage *st, loom_buf *b, loom_err *err)
-{
-    mapst *s = (mapst *)st;
-    if (!dcursor_load_(b, &s->epoch, &s->pos)) return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "iterator state is truncated (map)");
-    return LOOM_OK;
-}
-
 static void map_close(dstage *st)
 {
     mapst *s = (mapst *)st;
@@ -553,7 +535,8 @@ static void map_close(dstage *st)
 }
 
 static const dstage_ops map_ops = {
-    .next = map_next, .rewind = map_rewind, .save = map_save, .restore = map_restore, .close = map_close,
+    .next = map_next, .rewind = dcursor_stage_rewind_, .save = dcursor_stage_save_, .restore = dcursor_stage_restore_,
+    .close = map_close,
 };
 
 static char *shape_str(const loom_shape *s, char *buf, size_t n) { return loom_shape_str(s, buf, n); }
