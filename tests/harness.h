@@ -58,6 +58,53 @@ static int harness_failures_;
         }                                                                               \
     } while (0)
 
+/* Central differences against an analytic gradient (caffe's
+ * GradientChecker), for the nn tests: for every stride-th parameter k of
+ * p[0..P) that skip (may be NULL) does not take, p[k] moves by +-eps and
+ * loss(ctx), the summed loss of a batch of B, gives the numeric gradient
+ * (lp - lm) / 2eps / B of the mean loss, compared with ga[k] by relative
+ * error (floor 1e-2): over 1e-2 is bad, the first 5 printed. With kinks, a
+ * parameter whose second difference shows a kink within eps (ReLU, max
+ * pool, MAE at z = t) is skipped and counted: central differences mean
+ * nothing there. p ends as it started. The counts go back to the caller,
+ * whose CHECKs set the bounds. */
+typedef struct harness_gradcheck {
+    long long tested, bad, kinks;
+    double    worst;
+} harness_gradcheck;
+
+static inline harness_gradcheck harness_gradcheck_run(const char *what, float *p, const float *ga, long long P,
+                                                      long long stride, float eps, double B, double (*loss)(void *ctx),
+                                                      void *ctx, int (*skip)(long long k, void *ctx), int kinks)
+{
+    harness_gradcheck g = {0, 0, 0, 0};
+    const double l0 = kinks ? loss(ctx) : 0;
+    for (long long k = 0; k < P; k += stride) {
+        if (skip && skip(k, ctx)) continue;
+        float p0 = p[k];
+        p[k] = p0 + eps;
+        double lp = loss(ctx);
+        p[k] = p0 - eps;
+        double lm = loss(ctx);
+        p[k] = p0;
+        if (kinks && fabs(lp - 2 * l0 + lm) > 0.05 * fabs(lp - lm) + 1e-5) {
+            g.kinks++;
+            continue;
+        }
+        double num = (lp - lm) / (2.0 * eps) / B, an = ga[k];
+        double rel = fabs(num - an) / fmax(fmax(fabs(num), fabs(an)), 1e-2);
+        g.worst = fmax(g.worst, rel);
+        g.tested++;
+        if (rel > 1e-2) {
+            if (g.bad < 5) printf("#   %s: param %lld: analytic %.6g numeric %.6g\n", what, k, an, num);
+            g.bad++;
+        }
+    }
+    printf("# %s: %lld params checked, worst relative error %.2e, %lld skipped at kinks\n", what, g.tested, g.worst,
+           g.kinks);
+    return g;
+}
+
 static inline int loom_test_run(const loom_test *tests)
 {
     const char *filter = getenv("LOOM_TEST_FILTER");

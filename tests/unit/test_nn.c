@@ -177,6 +177,12 @@ static double step_loss(fixture *f, uint64_t key)
     return loss;
 }
 
+typedef struct gc_ctx {
+    fixture *f;
+    uint64_t key;
+} gc_ctx;
+static double gc_loss(void *ctx) { return step_loss(((gc_ctx *)ctx)->f, ((gc_ctx *)ctx)->key); }
+
 /* Compares the analytic gradient of the mean loss with central differences
  * on (up to 300 of) the parameters. The first layer of every case has
  * parameters, so these also test each later layer's input gradient. */
@@ -193,36 +199,11 @@ static void gradcheck(const char *what, const loom_layer_spec *layers, int n, lo
     float *ga = malloc((size_t)P * sizeof *ga);
     step_loss(&f, key);
     memcpy(ga, loom_model_grads(f.m), (size_t)P * sizeof *ga);
-    const float eps = 1e-2f;
-    const double l0 = step_loss(&f, key);
-    int64_t stride = P > 300 ? P / 300 + 1 : 1, bad = 0, tested = 0, kinks = 0;
-    double worst = 0;
-    for (int64_t k = 0; k < P; k += stride) {
-        float p0 = p[k];
-        p[k] = p0 + eps;
-        double lp = step_loss(&f, key);
-        p[k] = p0 - eps;
-        double lm = step_loss(&f, key);
-        p[k] = p0;
-        /* a ReLU or max-pool kink inside [p - eps, p + eps] makes the two
-         * one-sided slopes disagree; central differences mean nothing there */
-        if (fabs(lp - 2 * l0 + lm) > 0.05 * fabs(lp - lm) + 1e-5) {
-            kinks++;
-            continue;
-        }
-        double num = (lp - lm) / (2.0 * eps) / (double)B, an = ga[k];
-        double rel = fabs(num - an) / fmax(fmax(fabs(num), fabs(an)), 1e-2);
-        worst = fmax(worst, rel);
-        tested++;
-        if (rel > 1e-2) {
-            if (bad < 5) printf("#   %s: param %lld: analytic %.6g numeric %.6g\n", what, (long long)k, an, num);
-            bad++;
-        }
-    }
-    printf("# %s: %lld params checked, worst relative error %.2e, %lld skipped at kinks\n", what, (long long)tested,
-           worst, (long long)kinks);
-    CHECK_MSG(kinks * 5 <= tested, "%s: too many kinks (%lld)", what, (long long)kinks);
-    CHECK_MSG(bad == 0, "%s: %lld of %lld gradients off", what, (long long)bad, (long long)tested);
+    gc_ctx c = {&f, key};
+    harness_gradcheck g = harness_gradcheck_run(what, p, ga, P, P > 300 ? P / 300 + 1 : 1, 1e-2f, (double)B, gc_loss, &c,
+                                                NULL, 1);
+    CHECK_MSG(g.kinks * 5 <= g.tested, "%s: too many kinks (%lld)", what, g.kinks);
+    CHECK_MSG(g.bad == 0, "%s: %lld of %lld gradients off", what, g.bad, g.tested);
     free(ga);
     fixture_free(&f);
 }

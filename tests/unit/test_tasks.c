@@ -136,6 +136,8 @@ static double step_loss(fixture *f)
     return loss;
 }
 
+static double gc_loss(void *f) { return step_loss(f); }
+
 /* The analytic gradient of the mean loss against central differences on
  * every parameter (these models are small), skipping kinks (MAE at z = t,
  * Huber at |e| = delta). */
@@ -150,35 +152,11 @@ static void gradcheck_eps(const char *what, const loom_model_spec *spec, loom_sh
     int64_t P = loom_model_num_params(f.m);
     float *p = loom_model_params(f.m);
     float *ga = malloc((size_t)P * sizeof *ga);
-    const double l0 = step_loss(&f);
+    step_loss(&f);
     memcpy(ga, loom_model_grads(f.m), (size_t)P * sizeof *ga);
-    int64_t bad = 0, tested = 0, kinks = 0;
-    double worst = 0;
-    for (int64_t k = 0; k < P; k++) {
-        float p0 = p[k];
-        p[k] = p0 + eps;
-        double lp = step_loss(&f);
-        p[k] = p0 - eps;
-        double lm = step_loss(&f);
-        p[k] = p0;
-        if (fabs(lp - 2 * l0 + lm) > 0.05 * fabs(lp - lm) + 1e-5) {
-            kinks++;
-            continue;
-        }
-        double num = (lp - lm) / (2.0 * eps) / (double)B, an = ga[k];
-        double rel = fabs(num - an) / fmax(fmax(fabs(num), fabs(an)), 1e-2);
-        worst = fmax(worst, rel);
-        tested++;
-        if (rel > 1e-2) {
-            if (bad < 5) printf("#   %s: param %lld: analytic %.6g numeric %.6g\n", what, (long long)k, an, num);
-            bad++;
-        }
-    }
-    printf("# %s: %lld params checked, worst relative error %.2e, %lld skipped at kinks\n", what, (long long)tested,
-           worst, (long long)kinks);
-    CHECK_MSG(tested > 0 && kinks * 3 <= tested, "%s: %lld checked, %lld kinks", what, (long long)tested,
-              (long long)kinks);
-    CHECK_MSG(bad == 0, "%s: %lld of %lld gradients off", what, (long long)bad, (long long)tested);
+    harness_gradcheck g = harness_gradcheck_run(what, p, ga, P, 1, eps, (double)B, gc_loss, &f, NULL, 1);
+    CHECK_MSG(g.tested > 0 && g.kinks * 3 <= g.tested, "%s: %lld checked, %lld kinks", what, g.tested, g.kinks);
+    CHECK_MSG(g.bad == 0, "%s: %lld of %lld gradients off", what, g.bad, g.tested);
     free(ga);
     fixture_free(&f);
 }
@@ -898,23 +876,13 @@ static void test_sample_weights(void)
         fixture g;
         if (fixture_new(&g, s, shp(1, 5, 0, 0), lab, k ? LOOM_F32 : LOOM_I64, 4, 5, 0) == LOOM_OK) {
             loom_model_set_sample_weights(g.m, &w);
-            int64_t P = loom_model_num_params(g.m), bad = 0;
+            int64_t P = loom_model_num_params(g.m);
             float *p = loom_model_params(g.m);
-            double l0 = step_loss(&g);
+            step_loss(&g);
             float *ga = malloc((size_t)P * sizeof *ga);
             memcpy(ga, loom_model_grads(g.m), (size_t)P * sizeof *ga);
-            (void)l0;
-            for (int64_t q = 0; q < P; q++) {
-                float p0 = p[q];
-                p[q] = p0 + 1e-2f;
-                double lp = step_loss(&g);
-                p[q] = p0 - 1e-2f;
-                double lm = step_loss(&g);
-                p[q] = p0;
-                double num = (lp - lm) / 2e-2 / 4, an = ga[q];
-                bad += fabs(num - an) / fmax(fmax(fabs(num), fabs(an)), 1e-2) > 1e-2;
-            }
-            CHECK_MSG(bad == 0, "%s: %lld gradients off", what, (long long)bad);
+            harness_gradcheck gc = harness_gradcheck_run(what, p, ga, P, 1, 1e-2f, 4, gc_loss, &g, NULL, 0);
+            CHECK_MSG(gc.bad == 0, "%s: %lld gradients off", what, gc.bad);
             free(ga);
             /* a negative weight is the data's error */
             ((double *)w.data)[2] = -1;
