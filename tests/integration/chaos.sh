@@ -19,7 +19,6 @@ OPTS=(--set run.progress='"none"' --set run.epochs=6 --set run.checkpoint_steps=
 RANDOM=$SEED
 echo "# chaos: seed $SEED, $KILLS kills (LOOM_CHAOS_SEED=$SEED LOOM_CHAOS_KILLS=$KILLS to replay)"
 
-tensors() { "$LOOM" inspect "$1" | grep '^tensor'; }
 
 check "uninterrupted run" "$LOOM" train $CFG --model-dir "$WORK/ref" "${OPTS[@]}"
 

@@ -37,12 +37,6 @@ RUN=("${ACT[@]}" --set run.max_steps=100 --set run.checkpoint_steps=45 --set run
 DEV=(--set strategy.device_backend=cpu)
 MIR=(--set strategy.type=mirrored --set strategy.replicas=2)
 CEN=(--set strategy.type=central_storage --set strategy.replicas=2)
-tensors() { "$LOOM" inspect "$1" | grep '^tensor'; }
-same_weights() {
-    local ta tb
-    ta=$(tensors "$2") && tb=$(tensors "$3")
-    if [ -n "$ta" ] && [ "$ta" = "$tb" ]; then pass "$1"; else fail "$1" "$2 vs $3"; fi
-}
 # close NAME A B: the weights of A and B within 1e-5 (relative, whole buffer)
 close() {
     local d

@@ -7,13 +7,6 @@
 source "$(dirname "$0")/lib.sh"
 CFG=tests/configs/small_mlp.cfg
 Q=(--set run.progress='"none"')
-tensors() { "$LOOM" inspect "$1" | grep '^tensor'; }
-# same_weights NAME A B: the checkpoints hold bit-identical parameters and optimizer slots.
-same_weights() {
-    local ta tb
-    ta=$(tensors "$2") && tb=$(tensors "$3")
-    if [ -n "$ta" ] && [ "$ta" = "$tb" ]; then pass "$1"; else fail "$1" "$2 vs $3" "$(diff <(echo "$ta") <(echo "$tb") | head -4)"; fi
-}
 callbacks() { echo "hooks.callbacks=( $* )"; }
 SCRIPTED='{ fn = "../lua/scripted_hooks.lua:scripted"; args = { values = "0.5,0.4,0.45,0.41,0.42,0.3"; }; }'
 EARLY='{ fn = "../../lua/early_stopping.lua:early_stopping"; args = { monitor = "scripted"; patience = 2; }; }'

@@ -43,6 +43,55 @@ contains() {
     if grep -qF -- "$2" <<<"$3"; then pass "$1"; else fail "$1" "lacks: $2" "$(echo "$3" | tail -5)"; fi
 }
 
+# ---- jobs of several processes (multi_worker.sh, mpi.sh, mwm_*.sh, status_peers.sh) ----
+# kill_tree PID: PID and its descendants, SIGKILL (only processes the test started).
+kill_tree() {
+    local c
+    for c in $(pgrep -P "$1"); do kill_tree "$c"; done
+    kill -9 "$1" 2>/dev/null
+}
+# PIDS holds what the test starts in the background; kill_jobs_at_exit makes
+# the EXIT trap kill each (and its children) before removing $WORK.
+PIDS=()
+kill_jobs_at_exit() {
+    trap 'for p in "${PIDS[@]}"; do kill_tree "$p"; done; rm -rf "$WORK"' EXIT
+}
+# free_ports N: a base port with N free ports after it (another test may hold some).
+free_ports() {
+    python3 - "$1" <<'EOF'
+import random, socket, sys
+n = int(sys.argv[1])
+for _ in range(100):
+    base = random.randint(20000, 60000)
+    socks = []
+    try:
+        for i in range(n):
+            s = socket.socket(); s.bind(("127.0.0.1", base + i)); socks.append(s)
+        print(base); break
+    except OSError:
+        pass
+    finally:
+        for s in socks: s.close()
+EOF
+}
+# tensors CKPT: its tensor lines (names, shapes, CRCs); same_weights NAME A B
+# passes when two checkpoints hold the same bits; close6 NAME A B when
+# $DIFF (ckpt_diff) finds them within 1e-6 under config $CFG.
+tensors() { "$LOOM" inspect "$1" | grep '^tensor'; }
+same_weights() {
+    local ta tb
+    ta=$(tensors "$2") && tb=$(tensors "$3")
+    if [ -n "$ta" ] && [ "$ta" = "$tb" ]; then pass "$1"; else fail "$1" "$2 vs $3" "$(diff <(echo "$ta") <(echo "$tb") | head -4)"; fi
+}
+close6() {
+    local d
+    if d=$("$DIFF" $CFG "$2" "$3" 2>&1) && awk -v d="$d" 'BEGIN { exit !(d <= 1e-6) }'; then
+        pass "$1 (${d} apart)"
+    else
+        fail "$1" "ckpt_diff: $d"
+    fi
+}
+
 finish() {
     echo "1..$T"
     [ "$FAILED" -eq 0 ]

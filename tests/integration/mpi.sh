@@ -14,18 +14,7 @@ if ! command -v mpirun >/dev/null; then
     echo "1..0 # SKIP mpirun not installed (Debian: openmpi-bin libopenmpi-dev)"
     exit 77
 fi
-PIDS=()
-kill_tree() {
-    local c
-    for c in $(pgrep -P "$1"); do kill_tree "$c"; done
-    kill -9 "$1" 2>/dev/null
-}
-cleanup() {
-    local p
-    for p in "${PIDS[@]}"; do kill_tree "$p"; done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+kill_jobs_at_exit
 # Open MPI's own allocations at MPI_Init are never freed (known, outside Loom):
 # under LeakSanitizer (the ASan suite) they are suppressed, nothing else is.
 # Full stacks, so that Open MPI's frames are there to match.
@@ -33,24 +22,6 @@ export LSAN_OPTIONS="${LSAN_OPTIONS:+$LSAN_OPTIONS:}suppressions=$ROOT/tests/int
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0"
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe --mca btl tcp,self --mca btl_tcp_if_include lo)
 
-# A base port with N free ports after it (another test may hold some).
-free_ports() {
-    python3 - "$1" <<'EOF'
-import random, socket, sys
-n = int(sys.argv[1])
-for _ in range(100):
-    base = random.randint(20000, 60000)
-    socks = []
-    try:
-        for i in range(n):
-            s = socket.socket(); s.bind(("127.0.0.1", base + i)); socks.append(s)
-        print(base); break
-    except OSError:
-        pass
-    finally:
-        for s in socks: s.close()
-EOF
-}
 # run_bg NAME CMD...: CMD in the background (its pid kept for cleanup), waited for; its output in
 # $WORK/NAME.out, its status in $WORK/NAME.out.rc.
 run_bg() {
@@ -70,20 +41,6 @@ rc_is() { # NAME WANT TEXT
     local rc
     rc=$(cat "$WORK/$1.out.rc" 2>/dev/null || echo none)
     if [ "$rc" = "$2" ]; then pass "$3"; else fail "$3" "exit status $rc, expected $2" "$(tail -8 "$WORK/$1.out")"; fi
-}
-tensors() { "$LOOM" inspect "$1" | grep '^tensor'; }
-same_weights() {
-    local ta tb
-    ta=$(tensors "$2") && tb=$(tensors "$3")
-    if [ -n "$ta" ] && [ "$ta" = "$tb" ]; then pass "$1"; else fail "$1" "$2 vs $3" "$(diff <(echo "$ta") <(echo "$tb") | head -4)"; fi
-}
-close6() {
-    local d
-    if d=$("$DIFF" $CFG "$2" "$3" 2>&1) && awk -v d="$d" 'BEGIN { exit !(d <= 1e-6) }'; then
-        pass "$1 (${d} apart)"
-    else
-        fail "$1" "ckpt_diff: $d"
-    fi
 }
 S40=(--set run.max_steps=40 --set run.eval_steps=1)
 

@@ -11,37 +11,8 @@
 source "$(dirname "$0")/lib.sh"
 DIFF="${LOOM_CKPT_DIFF:-$(dirname "$LOOM")/tests/ckpt_diff}"
 CFG=tests/configs/mwm_mlp.cfg
-PIDS=()
-kill_tree() { # PID and its descendants (all started here)
-    local c
-    for c in $(pgrep -P "$1"); do kill_tree "$c"; done
-    kill -9 "$1" 2>/dev/null
-}
-cleanup() {
-    local p
-    for p in "${PIDS[@]}"; do kill_tree "$p"; done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+kill_jobs_at_exit
 
-# A base port with N free ports after it (another test may hold some).
-free_ports() {
-    python3 - "$1" <<'EOF'
-import random, socket, sys
-n = int(sys.argv[1])
-for _ in range(100):
-    base = random.randint(20000, 60000)
-    socks = []
-    try:
-        for i in range(n):
-            s = socket.socket(); s.bind(("127.0.0.1", base + i)); socks.append(s)
-        print(base); break
-    except OSError:
-        pass
-    finally:
-        for s in socks: s.close()
-EOF
-}
 # workers_set N BASE: the --set giving N workers on BASE, BASE+1, ...
 workers_set() {
     local n=$1 base=$2 list="" i
@@ -81,20 +52,6 @@ all_ok() { # NAME N: every worker exited 0
     local i bad=""
     for ((i = 0; i < $2; i++)); do [ "$(rc_of "$1.$i")" = 0 ] || bad+=" worker:$i=$(rc_of "$1.$i")"; done
     if [ -z "$bad" ]; then pass "$1: every worker exits 0"; else fail "$1: every worker exits 0" "$bad" "$(tail -3 "$WORK/$1.0")" "$(tail -3 "$WORK/$1.1")"; fi
-}
-tensors() { "$LOOM" inspect "$1" | grep '^tensor'; }
-same_weights() {
-    local ta tb
-    ta=$(tensors "$2") && tb=$(tensors "$3")
-    if [ -n "$ta" ] && [ "$ta" = "$tb" ]; then pass "$1"; else fail "$1" "$2 vs $3"; fi
-}
-close6() {
-    local d
-    if d=$("$DIFF" $CFG "$2" "$3" 2>&1) && awk -v d="$d" 'BEGIN { exit !(d <= 1e-6) }'; then
-        pass "$1 (${d} apart)"
-    else
-        fail "$1" "ckpt_diff: $d"
-    fi
 }
 S40=(--set run.max_steps=40 --set run.eval_steps=1)
 

@@ -9,12 +9,6 @@ CFG=tests/configs/mwm_mlp.cfg
 S=(--set run.max_steps=40 --set run.eval_steps=1 --set run.summary_steps=10)
 STEP='hooks.train_step="../../lua/clipped_step.lua:train_step"'
 CLIP='hooks.train_step={ fn = "../../lua/clipped_step.lua:train_step"; args = { clip_norm = 0.5; }; }'
-tensors() { "$LOOM" inspect "$1" | grep '^tensor'; }
-same_weights() {
-    local ta tb
-    ta=$(tensors "$2") && tb=$(tensors "$3")
-    if [ -n "$ta" ] && [ "$ta" = "$tb" ]; then pass "$1"; else fail "$1" "$2 vs $3"; fi
-}
 launch2() { # DIR ARGS...: 2 workers under launch --local
     local dir=$1; shift
     timeout 120 "$LOOM" launch --local $CFG --workers 2 --model-dir "$dir" "${S[@]}" "$@" >"$dir.out" 2>&1

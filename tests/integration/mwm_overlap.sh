@@ -12,12 +12,6 @@ source "$(dirname "$0")/lib.sh"
 CFG=tests/configs/mwm_mlp.cfg
 S=(--set run.max_steps=40 --set run.eval_steps=1)
 PACKS=(--set strategy.bytes_per_pack=1024) # the MLP's two dense layers: two packs
-tensors() { "$LOOM" inspect "$1" | grep '^tensor'; }
-same_weights() {
-    local ta tb
-    ta=$(tensors "$2") && tb=$(tensors "$3")
-    if [ -n "$ta" ] && [ "$ta" = "$tb" ]; then pass "$1"; else fail "$1" "$2 vs $3"; fi
-}
 job() { # NAME ARGS...: launch --local, status checked
     local name=$1 st; shift
     timeout 120 "$LOOM" launch --local $CFG --model-dir "$WORK/$name" "${S[@]}" "$@" >"$WORK/$name.out" 2>&1

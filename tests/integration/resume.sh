@@ -7,11 +7,6 @@ final() { ls "$1"/ckpt-*.loom | sed 's/.*ckpt-\([0-9]*\).loom/\1 &/' | sort -n |
 # same_weights NAME A B: the checkpoints' tensors (parameters and optimizer
 # slots) are bit-identical. The iterator blob may legitimately differ in form
 # (how far a prefetch thread had run ahead) while meaning the same position.
-same_weights() {
-    local ta tb
-    ta=$("$LOOM" inspect "$2" | grep '^tensor') && tb=$("$LOOM" inspect "$3" | grep '^tensor')
-    if [ -n "$ta" ] && [ "$ta" = "$tb" ]; then pass "$1"; else fail "$1" "$2 vs $3" "$(diff <(echo "$ta") <(echo "$tb") | head -4)"; fi
-}
 
 check "uninterrupted run A" "$LOOM" train $CFG --model-dir "$WORK/a" --set run.progress='"none"'
 check "uninterrupted run B" "$LOOM" train $CFG --model-dir "$WORK/b" --set run.progress='"none"'

@@ -19,7 +19,6 @@ free_port() {
 PORT=$(free_port)
 URL=http://127.0.0.1:$PORT
 get() { curl -s -m 3 "$@"; }
-kill_tree() { local c; for c in $(pgrep -P "$1"); do kill_tree "$c"; done; kill -9 "$1" 2>/dev/null; }
 
 timeout 60 "$LOOM" launch --local $CFG --workers 2 --model-dir "$WORK/job" --set run.status_port=$PORT \
     --set run.max_steps=2000 --set run.checkpoint_steps=0 --set 'hooks.callbacks=["../lua/mwm_slow.lua:slow"]' \

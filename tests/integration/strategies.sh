@@ -11,12 +11,6 @@ CFG=tests/configs/strategy_mlp.cfg
 MIR=(--set strategy.type=mirrored --set 'strategy.devices=["cpu:0","cpu:1"]')
 CEN=(--set strategy.type=central_storage --set strategy.replicas=2)
 final() { ls "$1"/ckpt-*.loom | sed 's/.*ckpt-\([0-9]*\).loom/\1 &/' | sort -n | tail -1 | cut -d' ' -f2; }
-tensors() { "$LOOM" inspect "$1" | grep '^tensor'; }
-same_weights() {
-    local ta tb
-    ta=$(tensors "$2") && tb=$(tensors "$3")
-    if [ -n "$ta" ] && [ "$ta" = "$tb" ]; then pass "$1"; else fail "$1" "$2 vs $3" "$(diff <(echo "$ta") <(echo "$tb") | head -4)"; fi
-}
 acc_of() { sed 's/.*"eval_accuracy": \([0-9.]*\).*/\1/' <<<"$1"; }
 
 # the plan

@@ -7,12 +7,6 @@
 source "$(dirname "$0")/lib.sh"
 CFG=tests/configs/strategy_mlp.cfg
 final() { ls "$1"/ckpt-*.loom | sed 's/.*ckpt-\([0-9]*\).loom/\1 &/' | sort -n | tail -1 | cut -d' ' -f2; }
-tensors() { "$LOOM" inspect "$1" | grep '^tensor'; }
-same_weights() {
-    local ta tb
-    ta=$(tensors "$2") && tb=$(tensors "$3")
-    if [ -n "$ta" ] && [ "$ta" = "$tb" ]; then pass "$1"; else fail "$1" "$2 vs $3" "$(diff <(echo "$ta") <(echo "$tb") | head -4)"; fi
-}
 # run DIR REPLICAS OP [--set ...]: 30 mirrored steps
 run() {
     local dir=$1 n=$2 op=$3; shift 3
