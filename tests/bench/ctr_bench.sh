@@ -17,10 +17,8 @@
 # gradients and Adagrad accumulator) against the whole table.
 set -euo pipefail
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-ROOT=$(cd "$HERE/../.." && pwd)
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 PY=/usr/bin/python3
-BUILD=${BUILD:-$ROOT/build}
 RUNS=${BENCH_RUNS:-3}
 N=102400
 THREADS=2
@@ -38,9 +36,7 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-case "$BUILD" in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
-LOOM=$BUILD/loom
-[ -x "$LOOM" ] || { echo "ctr_bench.sh: no $LOOM (meson setup build && ninja -C build)" >&2; exit 1; }
+bench_loom ctr_bench.sh
 SCR=$(mktemp -d /tmp/loom_ctr_bench_XXXXXX)
 [ "$KEEP" = 1 ] && echo "scratch: $SCR" || trap 'rm -rf "$SCR"' EXIT
 cd "$ROOT"
@@ -61,7 +57,6 @@ sed -e '/^  eval: {/,/^  };/d' \
     -e 's|epochs = 2;|epochs = 1; threads = '"$THREADS"'; progress = "none"; checkpoint_steps = 0;|' \
     configs/ctr.cfg >"$SCR/ctr_bench.cfg"
 
-median() { sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 : >"$SCR/loom.txt"
 : >"$SCR/torch.txt"
 for ((r = 1; r <= RUNS; r++)); do

@@ -24,9 +24,7 @@
 # ("json: ..."). Exits 1 when loom fails; the figures are reported, not judged.
 set -euo pipefail
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-ROOT=$(cd "$HERE/../.." && pwd)
-BUILD=${BUILD:-$ROOT/build}
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 RUNS=5
 STEPS=200
 usage() { sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
@@ -39,8 +37,7 @@ while [ $# -gt 0 ]; do
         *) usage ;;
     esac
 done
-LOOM=$BUILD/loom
-[ -x "$LOOM" ] || { echo "no $LOOM: build first (meson compile -C $BUILD)" >&2; exit 1; }
+bench_loom lua_map_bench.sh
 W=$(mktemp -d /tmp/loom_lua_bench_XXXXXX)
 trap 'rm -rf "$W"' EXIT
 
@@ -73,7 +70,6 @@ measure() {
     echo "$(sed -n 's/.* elements\/s, \([0-9.]*\) samples\/s.*/\1/p' <<<"$out" | head -1)" \
          "$(awk '/^cpu / {print $2 + $3}' <<<"$out")"
 }
-median() { sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 
 declare -A S C
 NAMES="none_1 batch_1 batch_2 element_1 element_2"

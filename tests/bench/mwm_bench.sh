@@ -25,9 +25,7 @@
 # (two packs, reduced across the workers while backward runs; LOOM_OVERLAP=0
 # in the environment reduces the same packs after backward).
 set -euo pipefail
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-ROOT=$(cd "$HERE/../.." && pwd)
-BUILD=${BUILD:-$ROOT/build}
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 RUNS=3
 STEPS=400
 MWM_SETS=()
@@ -41,7 +39,7 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-LOOM=$BUILD/loom
+bench_loom mwm_bench.sh
 CFG=$ROOT/configs/fashion_mnist_multi_worker.cfg
 W=$(mktemp -d /tmp/loom_mwm_bench_XXXXXX)
 trap 'rm -rf "$W"' EXIT
@@ -52,7 +50,6 @@ COMMON=(--set run.max_steps=$STEPS --set run.eval_steps=1 --set run.threads=1 --
 sps() { # the samples/s of a model_dir's last "end" line
     python3 -c 'import json,sys; print([json.loads(l) for l in open(sys.argv[1]) if "\"end\"" in l][-1]["samples_per_sec"])' "$1/metrics.jsonl"
 }
-median() { printf '%s\n' "$@" | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 
 mwm=() mir=() ddp=() mpi=() mring=()
 MPI=0

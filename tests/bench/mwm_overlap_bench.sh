@@ -17,9 +17,7 @@
 # Samples/s from the chief's metrics.jsonl "end" line; medians of N runs
 # (default 5). All three give the same weights (tests/integration/mwm_overlap.sh).
 set -euo pipefail
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-ROOT=$(cd "$HERE/../.." && pwd)
-BUILD=${BUILD:-$ROOT/build}
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 RUNS=5 STEPS=400 BPP=65536
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -31,7 +29,7 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-LOOM=$BUILD/loom
+bench_loom mwm_overlap_bench.sh
 CFG=$ROOT/configs/fashion_mnist_multi_worker.cfg
 W=$(mktemp -d /tmp/loom_overlap_bench_XXXXXX)
 trap 'rm -rf "$W"' EXIT
@@ -39,7 +37,6 @@ cd "$ROOT"
 COMMON=(--set run.max_steps=$STEPS --set run.eval_steps=1 --set run.threads=1 --set run.progress='"none"'
         --set run.checkpoint_steps=0)
 sps() { python3 -c 'import json,sys; print([json.loads(l) for l in open(sys.argv[1]) if "\"end\"" in l][-1]["samples_per_sec"])' "$1/metrics.jsonl"; }
-median() { printf '%s\n' "$@" | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 job() { # NAME RUN [ENV...] -- ARGS...
     local name=$1 r=$2; shift 2
     local envs=()

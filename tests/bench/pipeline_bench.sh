@@ -22,9 +22,7 @@
 # Prints a table, then the medians as one JSON line (prefix "json: ").
 set -euo pipefail
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-ROOT=$(cd "$HERE/../.." && pwd)
-BUILD=${BUILD:-$ROOT/build}
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 RUNS=${BENCH_RUNS:-}
 QUICK=0
 TFC=none
@@ -50,17 +48,13 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-case "$BUILD" in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
 case "$TFC" in none | gzip) ;; *) echo "pipeline_bench.sh: --tf-compression is none or gzip, not '$TFC'" >&2; exit 2 ;; esac
 [ -n "$RUNS" ] || RUNS=$([ "$QUICK" = 1 ] && echo 3 || echo 5)
 TORCH_SAMPLES=$([ "$QUICK" = 1 ] && echo 20000 || echo 60000)
 SWEEP_SAMPLES=$([ "$QUICK" = 1 ] && echo 5000 || echo 15000)
 
-LOOM=$BUILD/loom
+bench_loom pipeline_bench.sh tests/bench/membw
 MEMBW=$BUILD/tests/bench/membw
-for f in "$LOOM" "$MEMBW"; do
-    [ -x "$f" ] || { echo "pipeline_bench.sh: $f not found: meson compile -C ${BUILD#$ROOT/} first" >&2; exit 1; }
-done
 [ -r "$FM/train-images-idx3-ubyte.gz" ] || { echo "pipeline_bench.sh: $FM missing (apt install dataset-fashion-mnist)" >&2; exit 1; }
 if [ "$DO_TF" = 1 ] && ! "$TF_PY" -c 'import tensorflow' 2>/dev/null; then
     echo "pipeline_bench.sh: $TF_PY cannot import tensorflow; skipping tf.data (or set TF_PYTHON)" >&2; DO_TF=0

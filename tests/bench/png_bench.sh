@@ -22,9 +22,7 @@
 # (the issue's target: Loom >= 2x tf.data).
 set -euo pipefail
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-ROOT=$(cd "$HERE/../.." && pwd)
-BUILD=${BUILD:-$ROOT/build}
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 RUNS=3
 IMAGES=20000
 KEEP=0
@@ -42,9 +40,7 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-case "$BUILD" in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
-LOOM=$BUILD/loom
-[ -x "$LOOM" ] || { echo "png_bench.sh: $LOOM not found: meson compile -C ${BUILD#$ROOT/} first" >&2; exit 1; }
+bench_loom png_bench.sh
 "$TF_PY" -c 'import tensorflow' 2>/dev/null || { echo "png_bench.sh: $TF_PY cannot import tensorflow (pip install tensorflow-cpu, or set TF_PYTHON)" >&2; exit 1; }
 
 W=$(mktemp -d /tmp/loom_png_bench_XXXXXX)

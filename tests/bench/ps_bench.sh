@@ -18,9 +18,7 @@
 # (default 1), alternating. Target (issue 14): ps accuracy within 1% of
 # one_device; ps throughput reported beside mwm. Not part of the test suite.
 set -euo pipefail
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-ROOT=$(cd "$HERE/../.." && pwd)
-BUILD=${BUILD:-$ROOT/build}
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 RUNS=1
 STEPS=2000
 while [ $# -gt 0 ]; do
@@ -32,7 +30,7 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-LOOM=$BUILD/loom
+bench_loom ps_bench.sh
 CFG=$ROOT/configs/fashion_mnist_parameter_server.cfg
 W=$(mktemp -d /tmp/loom_ps_bench_XXXXXX)
 trap 'rm -rf "$W"' EXIT
@@ -44,7 +42,6 @@ field() { # a field of a model_dir's last "end" line
     python3 -c 'import json,sys; print([json.loads(l) for l in open(sys.argv[1]) if "\"end\"" in l][-1][sys.argv[2]])' \
         "$1/metrics.jsonl" "$2"
 }
-median() { printf '%s\n' "$@" | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 
 ps=() psa=() mwm=() mwa=() one=() onea=()
 for ((r = 1; r <= RUNS; r++)); do

@@ -20,9 +20,7 @@
 # Prints "json: {...}" last.
 set -euo pipefail
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-ROOT=$(cd "$HERE/../.." && pwd)
-BUILD=${BUILD:-$ROOT/build}
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 RUNS=${BENCH_RUNS:-3}
 MODELS=mlp,cnn
 QUICK=0
@@ -40,9 +38,7 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-case "$BUILD" in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
-LOOM=$BUILD/loom
-[ -x "$LOOM" ] || { echo "strategy_bench.sh: $LOOM not found; build it or pass --build DIR" >&2; exit 1; }
+bench_loom strategy_bench.sh
 command -v taskset >/dev/null || { echo "strategy_bench.sh: taskset (util-linux) is needed for the 1-core run" >&2; exit 1; }
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/loom_sbench.XXXXXX")
 if [ "$KEEP" = 1 ]; then echo "scratch: $TMP" >&2; else trap 'rm -rf "$TMP"' EXIT; fi
@@ -69,7 +65,6 @@ run() {
     grep '"event": "end"' "$dir/metrics.jsonl" | sed 's/.*"samples_per_sec": \([0-9.e+]*\).*/\1/'
 }
 
-median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 
 CONFIGS="one_1core one_2cores mirrored2 central2"
 json="{\"cores\": $(nproc), \"runs\": $RUNS, \"quick\": $QUICK"

@@ -22,10 +22,8 @@
 # Prints a table, then the raw medians as one JSON line (prefix "json: ").
 set -euo pipefail
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-ROOT=$(cd "$HERE/../.." && pwd)
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 PY=/usr/bin/python3
-BUILD=${BUILD:-$ROOT/build}
 RUNS=${BENCH_RUNS:-3}
 MODE=quick
 MODELS=mlp,cnn
