@@ -648,6 +648,108 @@ static int print_cflags(void)
     return LOOM_EXIT_RUNTIME;
 }
 
+/* Argument *i of a command's argv (an option's value may take the next,
+ * moving *i): -1 to go on, else the exit status (help printed, or the
+ * usage error reported). */
+static int parse_arg(const command *cmd, int argc, char **argv, int *i, cli_opts *o)
+{
+    loom_err err = {0};
+    const char *a = argv[*i];
+    const char *v = NULL;
+    unsigned need = 0;
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+        command_help(cmd);
+        return LOOM_EXIT_OK;
+    } else if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) {
+        o->quiet = true;
+    } else if (!strcmp(a, "--verbose") || !strcmp(a, "-v")) {
+        o->verbose = true;
+    } else if (is_opt(a, "--model-dir")) {
+        need = OPT_MODEL_DIR;
+        if ((v = opt_value(argc, argv, i, "--model-dir", &err))) o->model_dir = v;
+    } else if (is_opt(a, "--set")) {
+        need = OPT_SET;
+        if ((v = opt_value(argc, argv, i, "--set", &err))) {
+            if (o->n_sets == MAX_SETS) {
+                fprintf(stderr, "loom: too many --set options (at most %d)\n", MAX_SETS);
+                return LOOM_EXIT_USAGE;
+            }
+            if (!strchr(v, '=')) {
+                fprintf(stderr, "loom: --set %s: expected key.path=value\n", v);
+                return LOOM_EXIT_USAGE;
+            }
+            o->sets[o->n_sets++] = v;
+        }
+    } else if (!strcmp(a, "--fresh")) {
+        need = OPT_FRESH;
+        o->fresh = true;
+    } else if (!strcmp(a, "--print")) {
+        need = OPT_PRINT;
+        o->print = true;
+    } else if (is_opt(a, "--input")) {
+        need = OPT_INPUT;
+        if ((v = opt_value(argc, argv, i, "--input", &err))) o->input = v;
+    } else if (is_opt(a, "--id")) {
+        need = OPT_ID;
+        if ((v = opt_value(argc, argv, i, "--id", &err))) o->id = v;
+    } else if (is_opt(a, "--output")) {
+        need = OPT_OUTPUT;
+        if ((v = opt_value(argc, argv, i, "--output", &err))) o->output = v;
+    } else if (is_opt(a, "--task")) {
+        need = OPT_TASK;
+        if ((v = opt_value(argc, argv, i, "--task", &err))) o->task = v;
+    } else if (is_opt(a, "--status-port")) {
+        need = OPT_STATUS_PORT;
+        if ((v = opt_value(argc, argv, i, "--status-port", &err))) {
+            char *end;
+            long port = strtol(v, &end, 10);
+            if (!*v || *end || port < 1 || port > 65535) {
+                fprintf(stderr, "loom %s: --status-port expects a port in [1, 65535], got \"%s\"\n", cmd->name, v);
+                return LOOM_EXIT_USAGE;
+            }
+            if (o->n_sets == MAX_SETS) {
+                fprintf(stderr, "loom: too many --set options (at most %d)\n", MAX_SETS);
+                return LOOM_EXIT_USAGE;
+            }
+            snprintf(o->status_set, sizeof o->status_set, "run.status_port=%ld", port);
+            o->sets[o->n_sets++] = o->status_set;
+        }
+    } else if (!strcmp(a, "--watch")) {
+        need = OPT_WATCH;
+        o->watch = true;
+    } else if (is_opt(a, "--idle-timeout")) {
+        need = OPT_WATCH;
+        if ((v = opt_value(argc, argv, i, "--idle-timeout", &err))) {
+            char *end;
+            o->idle_timeout = strtod(v, &end);
+            if (!*v || *end || !(o->idle_timeout > 0)) {
+                fprintf(stderr, "loom %s: --idle-timeout expects seconds > 0, got \"%s\"\n", cmd->name, v);
+                return LOOM_EXIT_USAGE;
+            }
+        }
+    } else if (is_opt(a, "--checkpoint")) {
+        need = OPT_CHECKPOINT;
+        if ((v = opt_value(argc, argv, i, "--checkpoint", &err))) o->checkpoint = v;
+    } else if (a[0] == '-' && a[1]) {
+        fprintf(stderr, "loom %s: unknown option %s\nusage: %s\n", cmd->name, a, cmd->usage);
+        return LOOM_EXIT_USAGE;
+    } else if (!o->config) {
+        o->config = a;
+    } else {
+        fprintf(stderr, "loom %s: unexpected argument \"%s\"\nusage: %s\n", cmd->name, a, cmd->usage);
+        return LOOM_EXIT_USAGE;
+    }
+    if (err.code) {
+        fprintf(stderr, "loom %s: %s\n", cmd->name, err.msg);
+        return LOOM_EXIT_USAGE;
+    }
+    if (need && !(cmd->accepts & need)) {
+        fprintf(stderr, "loom %s: option %s does not apply to this command\nusage: %s\n", cmd->name, a, cmd->usage);
+        return LOOM_EXIT_USAGE;
+    }
+    return -1;
+}
+
 int loom_cli_main(int argc, char **argv, double start_time)
 {
     if (argc < 2) {
@@ -682,99 +784,8 @@ int loom_cli_main(int argc, char **argv, double start_time)
     cli_opts o = {0};
     loom_err err = {0};
     for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = NULL;
-        unsigned need = 0;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            command_help(cmd);
-            return LOOM_EXIT_OK;
-        } else if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) {
-            o.quiet = true;
-        } else if (!strcmp(a, "--verbose") || !strcmp(a, "-v")) {
-            o.verbose = true;
-        } else if (is_opt(a, "--model-dir")) {
-            need = OPT_MODEL_DIR;
-            if ((v = opt_value(argc, argv, &i, "--model-dir", &err))) o.model_dir = v;
-        } else if (is_opt(a, "--set")) {
-            need = OPT_SET;
-            if ((v = opt_value(argc, argv, &i, "--set", &err))) {
-                if (o.n_sets == MAX_SETS) {
-                    fprintf(stderr, "loom: too many --set options (at most %d)\n", MAX_SETS);
-                    return LOOM_EXIT_USAGE;
-                }
-                if (!strchr(v, '=')) {
-                    fprintf(stderr, "loom: --set %s: expected key.path=value\n", v);
-                    return LOOM_EXIT_USAGE;
-                }
-                o.sets[o.n_sets++] = v;
-            }
-        } else if (!strcmp(a, "--fresh")) {
-            need = OPT_FRESH;
-            o.fresh = true;
-        } else if (!strcmp(a, "--print")) {
-            need = OPT_PRINT;
-            o.print = true;
-        } else if (is_opt(a, "--input")) {
-            need = OPT_INPUT;
-            if ((v = opt_value(argc, argv, &i, "--input", &err))) o.input = v;
-        } else if (is_opt(a, "--id")) {
-            need = OPT_ID;
-            if ((v = opt_value(argc, argv, &i, "--id", &err))) o.id = v;
-        } else if (is_opt(a, "--output")) {
-            need = OPT_OUTPUT;
-            if ((v = opt_value(argc, argv, &i, "--output", &err))) o.output = v;
-        } else if (is_opt(a, "--task")) {
-            need = OPT_TASK;
-            if ((v = opt_value(argc, argv, &i, "--task", &err))) o.task = v;
-        } else if (is_opt(a, "--status-port")) {
-            need = OPT_STATUS_PORT;
-            if ((v = opt_value(argc, argv, &i, "--status-port", &err))) {
-                char *end;
-                long port = strtol(v, &end, 10);
-                if (!*v || *end || port < 1 || port > 65535) {
-                    fprintf(stderr, "loom %s: --status-port expects a port in [1, 65535], got \"%s\"\n", cmd->name, v);
-                    return LOOM_EXIT_USAGE;
-                }
-                if (o.n_sets == MAX_SETS) {
-                    fprintf(stderr, "loom: too many --set options (at most %d)\n", MAX_SETS);
-                    return LOOM_EXIT_USAGE;
-                }
-                snprintf(o.status_set, sizeof o.status_set, "run.status_port=%ld", port);
-                o.sets[o.n_sets++] = o.status_set;
-            }
-        } else if (!strcmp(a, "--watch")) {
-            need = OPT_WATCH;
-            o.watch = true;
-        } else if (is_opt(a, "--idle-timeout")) {
-            need = OPT_WATCH;
-            if ((v = opt_value(argc, argv, &i, "--idle-timeout", &err))) {
-                char *end;
-                o.idle_timeout = strtod(v, &end);
-                if (!*v || *end || !(o.idle_timeout > 0)) {
-                    fprintf(stderr, "loom %s: --idle-timeout expects seconds > 0, got \"%s\"\n", cmd->name, v);
-                    return LOOM_EXIT_USAGE;
-                }
-            }
-        } else if (is_opt(a, "--checkpoint")) {
-            need = OPT_CHECKPOINT;
-            if ((v = opt_value(argc, argv, &i, "--checkpoint", &err))) o.checkpoint = v;
-        } else if (a[0] == '-' && a[1]) {
-            fprintf(stderr, "loom %s: unknown option %s\nusage: %s\n", cmd->name, a, cmd->usage);
-            return LOOM_EXIT_USAGE;
-        } else if (!o.config) {
-            o.config = a;
-        } else {
-            fprintf(stderr, "loom %s: unexpected argument \"%s\"\nusage: %s\n", cmd->name, a, cmd->usage);
-            return LOOM_EXIT_USAGE;
-        }
-        if (err.code) {
-            fprintf(stderr, "loom %s: %s\n", cmd->name, err.msg);
-            return LOOM_EXIT_USAGE;
-        }
-        if (need && !(cmd->accepts & need)) {
-            fprintf(stderr, "loom %s: option %s does not apply to this command\nusage: %s\n", cmd->name, a, cmd->usage);
-            return LOOM_EXIT_USAGE;
-        }
+        int status = parse_arg(cmd, argc, argv, &i, &o);
+        if (status >= 0) return status;
     }
     if (!o.config) {
         fprintf(stderr, "loom %s: missing %s\nusage: %s\n", cmd->name, cmd->run == cmd_inspect ? "CHECKPOINT" : "CONFIG",

@@ -387,6 +387,30 @@ typedef struct outcome {
     char who[32];       /* the failed task */
 } outcome;
 
+/* A task exited 0. Once every chief and worker has, training is done: ps
+ * tasks (which serve for ever) are told to stop, an evaluator finishes with
+ * the final checkpoint; once only (*stopping). Returns when stragglers get
+ * SIGKILL, or 0 when nothing was stopped. */
+static double stop_after_training(child *cs, int n, double grace, bool *stopping)
+{
+    for (int j = 0; j < n; j++)
+        if ((cs[j].role == LOOM_ROLE_CHIEF || cs[j].role == LOOM_ROLE_WORKER) && (!cs[j].reaped || cs[j].status != 0))
+            return 0;
+    if (*stopping) return 0;
+    *stopping = true;
+    bool stopped = false;
+    for (int j = 0; j < n; j++)
+        if (!cs[j].reaped && cs[j].role == LOOM_ROLE_EVALUATOR) {
+            say("training is done: %s finishes with the final checkpoint", cs[j].name);
+        } else if (!cs[j].reaped) {
+            say("training is done: stopping %s", cs[j].name);
+            kill(cs[j].pid, SIGTERM);
+            cs[j].stopped_by_us = true;
+            stopped = true;
+        }
+    return stopped ? loom_now() + grace : 0;
+}
+
 /* Runs the group until every task has exited; see the file comment. */
 static void supervise(child *cs, int n, double grace, const respawn_ctx *rs, outcome *res)
 {
@@ -426,26 +450,7 @@ static void supervise(child *cs, int n, double grace, const respawn_ctx *rs, out
             cs[i].reaped = true;
             cs[i].status = status_of(ws);
             if (cs[i].status == 0) {
-                /* training finished: ps tasks serve forever and are told to stop; an evaluator ends after the final checkpoint */
-                bool all_trainers_done = true;
-                for (int j = 0; j < n; j++)
-                    if ((cs[j].role == LOOM_ROLE_CHIEF || cs[j].role == LOOM_ROLE_WORKER) &&
-                        (!cs[j].reaped || cs[j].status != 0))
-                        all_trainers_done = false;
-                if (all_trainers_done && !training_done_stop && !kill_at) {
-                    training_done_stop = true;
-                    bool stopped = false;
-                    for (int j = 0; j < n; j++)
-                        if (!cs[j].reaped && cs[j].role == LOOM_ROLE_EVALUATOR) {
-                            say("training is done: %s finishes with the final checkpoint", cs[j].name);
-                        } else if (!cs[j].reaped) {
-                            say("training is done: stopping %s", cs[j].name);
-                            kill(cs[j].pid, SIGTERM);
-                            cs[j].stopped_by_us = true;
-                            stopped = true;
-                        }
-                    if (stopped) kill_at = loom_now() + grace;
-                }
+                if (!kill_at) kill_at = stop_after_training(cs, n, grace, &training_done_stop);
                 continue;
             }
             if (cs[i].stopped_by_us || res->failed || res->interrupted) continue;
@@ -524,6 +529,111 @@ static int validate(const launch_opts *o, const char *const *sets, int n_sets, c
     return status;
 }
 
+/* The job's tasks per role into o->n: the flags, else the config's cluster
+ * section; parameter_server always has its coordinator, the chief, even
+ * when the flags name none. Returns the number of tasks, or minus the exit
+ * status (reported). */
+static int job_shape(launch_opts *o)
+{
+    if (o->shape_given && o->n[LOOM_ROLE_CHIEF] == 0) {
+        loom_spec *spec = NULL;
+        loom_errlist *errs = loom_calloc(1, sizeof *errs);
+        if (!errs) return -LOOM_EXIT_RUNTIME;
+        if (loom_config_load(&spec, o->config, o->sets, o->n_sets, errs) == LOOM_OK &&
+            spec->strategy.kind == LOOM_STRAT_PARAMETER_SERVER)
+            o->n[LOOM_ROLE_CHIEF] = 1; /* (a bad config is reported below, by validate) */
+        loom_config_free(spec);
+        loom_free(errs);
+    }
+    if (!o->shape_given) {
+        loom_spec *spec = NULL;
+        loom_errlist *errs = loom_calloc(1, sizeof *errs);
+        if (!errs) return -LOOM_EXIT_RUNTIME;
+        int rc = loom_config_load(&spec, o->config, o->sets, o->n_sets, errs);
+        loom_cli_print_errlist_(errs);
+        loom_free(errs);
+        if (rc) return -LOOM_EXIT_USAGE;
+        for (int r = 0; r < LOOM_ROLE_COUNT; r++) o->n[r] = spec->cluster.n_tasks[r];
+        loom_config_free(spec);
+    }
+    int n = 0;
+    for (int r = 0; r < LOOM_ROLE_COUNT; r++) n += o->n[r];
+    if (n == 0) {
+        fprintf(stderr, "loom launch: %s has no cluster tasks: give --workers N (or a cluster section)\n%s", o->config,
+                usage_text);
+        return -LOOM_EXIT_USAGE;
+    }
+    if (n > MAX_TASKS) {
+        fprintf(stderr, "loom launch: %d tasks: at most %d on one machine\n", n, MAX_TASKS);
+        return -LOOM_EXIT_USAGE;
+    }
+    return n;
+}
+
+/* The settings every task gets: the command line's --set, then one
+ * cluster.<role>=[...] list per role on the ports chosen (ports[k] for the
+ * k-th task in role order); returns how many. */
+static int task_sets(const launch_opts *o, const int *ports, const char **sets)
+{
+    /* the role lists: big enough for 64 tasks of 22 bytes */
+    static char lists[LOOM_ROLE_COUNT][64 * 24 + 64];
+    int ns = 0, k = 0;
+    for (int i = 0; i < o->n_sets; i++) sets[ns++] = o->sets[i];
+    for (int r = 0; r < LOOM_ROLE_COUNT; r++) {
+        size_t len = (size_t)snprintf(lists[r], sizeof lists[r], "cluster.%s=[", loom_role_name((loom_role)r));
+        for (int i = 0; i < o->n[r]; i++, k++)
+            len += (size_t)snprintf(lists[r] + len, sizeof lists[r] - len, "%s\"127.0.0.1:%d\"", i ? ", " : "",
+                                    ports[k]);
+        snprintf(lists[r] + len, sizeof lists[r] - len, "]");
+        sets[ns++] = lists[r];
+    }
+    return ns;
+}
+
+/* Starts the n tasks of one attempt, each as
+ * loom COMMAND CONFIG --task T --set ... [--model-dir D] [--fresh]; stops at
+ * the first that cannot start (reported). Returns how many started. */
+static int start_tasks(child *cs, int n, const launch_opts *o, int attempt, char *exe, const char **sets, int ns,
+                       char **env, const int *ports)
+{
+    loom_err err = {0};
+        int started = 0;
+    for (int i = 0; i < n; i++) {
+        char *argv_c[MAX_ARGS + 16];
+        int na = 0;
+        argv_c[na++] = exe;
+        argv_c[na++] = (char *)o->command;
+        argv_c[na++] = (char *)o->config;
+        argv_c[na++] = "--task";
+        argv_c[na++] = cs[i].name;
+        for (int s = 0; s < ns; s++) argv_c[na++] = "--set", argv_c[na++] = (char *)sets[s];
+        if (o->model_dir) argv_c[na++] = "--model-dir", argv_c[na++] = (char *)o->model_dir;
+        if (o->fresh && attempt == 0) argv_c[na++] = "--fresh";
+        if (o->quiet) argv_c[na++] = "--quiet";
+        if (o->verbose) argv_c[na++] = "--verbose";
+        argv_c[na] = NULL;
+        loom_free(cs[i].argv);
+        cs[i].argv = loom_calloc((size_t)na + 1, sizeof *cs[i].argv);
+        if (cs[i].argv) memcpy(cs[i].argv, argv_c, (size_t)(na + 1) * sizeof *argv_c);
+        if (spawn(&cs[i], exe, argv_c, env, &err)) {
+            fprintf(stderr, "loom launch: %s: %s\n", err.where, err.msg);
+            break;
+        }
+        started++;
+    }
+    if (started == n) {
+        char all[2048];
+        size_t al = 0;
+        all[0] = 0;
+        for (int i = 0; i < n && al < sizeof all; i++)
+            al += (size_t)snprintf(all + al, sizeof all - al, "%s%s 127.0.0.1:%d", i ? ", " : "", cs[i].name,
+                                   ports[i]);
+        say("started %d task%s (loom %s%s): %s", n, n == 1 ? "" : "s", o->command,
+            attempt ? ", resuming from the latest checkpoint" : "", all);
+    }
+    return started;
+}
+
 int loom_cli_launch_(int argc, char **argv, double start)
 {
     (void)start;
@@ -532,40 +642,8 @@ int loom_cli_launch_(int argc, char **argv, double start)
     if (prc) return prc < 0 ? LOOM_EXIT_OK : prc;
     if (o.quiet) loom_log_set_level(LOOM_LOG_WARN);
 
-    /* the shape: the flags, else the config's cluster section; parameter_server
-     * always has its coordinator, the chief, even when the flags name none */
-    if (o.shape_given && o.n[LOOM_ROLE_CHIEF] == 0) {
-        loom_spec *spec = NULL;
-        loom_errlist *errs = loom_calloc(1, sizeof *errs);
-        if (!errs) return LOOM_EXIT_RUNTIME;
-        if (loom_config_load(&spec, o.config, o.sets, o.n_sets, errs) == LOOM_OK &&
-            spec->strategy.kind == LOOM_STRAT_PARAMETER_SERVER)
-            o.n[LOOM_ROLE_CHIEF] = 1; /* (a bad config is reported below, by validate) */
-        loom_config_free(spec);
-        loom_free(errs);
-    }
-    if (!o.shape_given) {
-        loom_spec *spec = NULL;
-        loom_errlist *errs = loom_calloc(1, sizeof *errs);
-        if (!errs) return LOOM_EXIT_RUNTIME;
-        int rc = loom_config_load(&spec, o.config, o.sets, o.n_sets, errs);
-        loom_cli_print_errlist_(errs);
-        loom_free(errs);
-        if (rc) return LOOM_EXIT_USAGE;
-        for (int r = 0; r < LOOM_ROLE_COUNT; r++) o.n[r] = spec->cluster.n_tasks[r];
-        loom_config_free(spec);
-    }
-    int n = 0;
-    for (int r = 0; r < LOOM_ROLE_COUNT; r++) n += o.n[r];
-    if (n == 0) {
-        fprintf(stderr, "loom launch: %s has no cluster tasks: give --workers N (or a cluster section)\n%s", o.config,
-                usage_text);
-        return LOOM_EXIT_USAGE;
-    }
-    if (n > MAX_TASKS) {
-        fprintf(stderr, "loom launch: %d tasks: at most %d on one machine\n", n, MAX_TASKS);
-        return LOOM_EXIT_USAGE;
-    }
+    int n = job_shape(&o);
+    if (n < 0) return -n;
 
     char exe[PATH_MAX];
     ssize_t el = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -600,8 +678,6 @@ int loom_cli_launch_(int argc, char **argv, double start)
         fprintf(stderr, "loom launch: cannot read /dev/urandom for the job's secret: %s\n", strerror(errno));
         return LOOM_EXIT_RUNTIME;
     }
-    /* the role lists: big enough for 64 tasks of 22 bytes */
-    static char lists[LOOM_ROLE_COUNT][64 * 24 + 64];
     bool ps_job = false;
     for (int attempt = 0; attempt <= o.restarts; attempt++) {
         int ports[MAX_TASKS];
@@ -612,17 +688,7 @@ int loom_cli_launch_(int argc, char **argv, double start)
             break;
         }
         const char *sets[MAX_ARGS];
-        int ns = 0;
-        for (int i = 0; i < o.n_sets; i++) sets[ns++] = o.sets[i];
-        k = 0;
-        for (int r = 0; r < LOOM_ROLE_COUNT; r++) {
-            size_t len = (size_t)snprintf(lists[r], sizeof lists[r], "cluster.%s=[", loom_role_name((loom_role)r));
-            for (int i = 0; i < o.n[r]; i++, k++)
-                len += (size_t)snprintf(lists[r] + len, sizeof lists[r] - len, "%s\"127.0.0.1:%d\"", i ? ", " : "",
-                                        ports[k]);
-            snprintf(lists[r] + len, sizeof lists[r] - len, "]");
-            sets[ns++] = lists[r];
-        }
+        int ns = task_sets(&o, ports, sets);
         char mark[128], attempt_var[64];
         char **env = task_env(attempt, secret[0] ? secret : NULL, mark, sizeof mark, attempt_var, sizeof attempt_var);
         if (!env) {
@@ -634,41 +700,7 @@ int loom_cli_launch_(int argc, char **argv, double start)
             break;
         }
         if (attempt > 0) say("restart %d of %d: starting every task again on new ports", attempt, o.restarts);
-        /* each task's argv: loom COMMAND CONFIG --task T --set ... [--model-dir D] [--fresh] */
-        int started = 0;
-        for (int i = 0; i < n; i++) {
-            char *argv_c[MAX_ARGS + 16];
-            int na = 0;
-            argv_c[na++] = exe;
-            argv_c[na++] = (char *)o.command;
-            argv_c[na++] = (char *)o.config;
-            argv_c[na++] = "--task";
-            argv_c[na++] = cs[i].name;
-            for (int s = 0; s < ns; s++) argv_c[na++] = "--set", argv_c[na++] = (char *)sets[s];
-            if (o.model_dir) argv_c[na++] = "--model-dir", argv_c[na++] = (char *)o.model_dir;
-            if (o.fresh && attempt == 0) argv_c[na++] = "--fresh";
-            if (o.quiet) argv_c[na++] = "--quiet";
-            if (o.verbose) argv_c[na++] = "--verbose";
-            argv_c[na] = NULL;
-            loom_free(cs[i].argv);
-            cs[i].argv = loom_calloc((size_t)na + 1, sizeof *cs[i].argv);
-            if (cs[i].argv) memcpy(cs[i].argv, argv_c, (size_t)(na + 1) * sizeof *argv_c);
-            if (spawn(&cs[i], exe, argv_c, env, &err)) {
-                fprintf(stderr, "loom launch: %s: %s\n", err.where, err.msg);
-                break;
-            }
-            started++;
-        }
-        if (started == n) {
-            char all[2048];
-            size_t al = 0;
-            all[0] = 0;
-            for (int i = 0; i < n && al < sizeof all; i++)
-                al += (size_t)snprintf(all + al, sizeof all - al, "%s%s 127.0.0.1:%d", i ? ", " : "", cs[i].name,
-                                       ports[i]);
-            say("started %d task%s (loom %s%s): %s", n, n == 1 ? "" : "s", o.command,
-                attempt ? ", resuming from the latest checkpoint" : "", all);
-        }
+        int started = start_tasks(cs, n, &o, attempt, exe, sets, ns, env, ports);
         outcome res;
         if (started < n) signal_all(cs, started, SIGKILL, true);
         respawn_ctx rs = {.on = ps_job, .limit = o.restarts, .exe = exe, .env = env};

@@ -177,6 +177,37 @@ static bool parse_compression(const char *s, loom_compression *out)
     return false;
 }
 
+/* An option's value into o; -1 when it is good, else the exit status
+ * (the usage error reported). */
+static int set_value(const subcommand *sc, rec_opts *o, unsigned bit, const char *v)
+{
+    switch (bit) {
+    case R_IMAGES: o->images = v; return -1;
+    case R_LABELS: o->labels = v; return -1;
+    case R_CSV: o->csv = v; return -1;
+    case R_LABEL_COLUMN: o->label_column = v; return -1;
+    case R_OUTPUT: o->output = v; return -1;
+    case R_CONFIG: o->config = v; return -1;
+    case R_COUNT:
+        if (!parse_long(v, 1, 4000000000000000000L, &o->count))
+            return usage_error(sc, "--count \"%s\": expected a number of records (1 or more)", v);
+        return -1;
+    case R_SHARDS:
+        if (!parse_long(v, 1, MAX_SHARDS, &o->shards))
+            return usage_error(sc, "--shards \"%s\": expected an integer from 1 to %d", v, MAX_SHARDS);
+        return -1;
+    case R_COMPRESSION:
+        if (!parse_compression(v, &o->comp))
+            return usage_error(sc, "unknown --compression \"%s\" (expected one of: none, gzip, zlib, zstd)", v);
+        return -1;
+    case R_N:
+        if (!parse_long(v, 0, 1000000000L, &o->n))
+            return usage_error(sc, "-n \"%s\": expected a number of records (0 or more)", v);
+        return -1;
+    }
+    return -1;
+}
+
 int loom_cli_records_(int argc, char **argv, double start_time)
 {
     if (argc < 2) {
@@ -262,30 +293,7 @@ int loom_cli_records_(int argc, char **argv, double start_time)
             status = usage_error(sc, "%s needs a value", valued[k].name);
             continue;
         }
-        switch (valued[k].bit) {
-        case R_IMAGES: o.images = v; break;
-        case R_LABELS: o.labels = v; break;
-        case R_CSV: o.csv = v; break;
-        case R_LABEL_COLUMN: o.label_column = v; break;
-        case R_OUTPUT: o.output = v; break;
-        case R_CONFIG: o.config = v; break;
-        case R_COUNT:
-            if (!parse_long(v, 1, 4000000000000000000L, &o.count))
-                status = usage_error(sc, "--count \"%s\": expected a number of records (1 or more)", v);
-            break;
-        case R_SHARDS:
-            if (!parse_long(v, 1, MAX_SHARDS, &o.shards))
-                status = usage_error(sc, "--shards \"%s\": expected an integer from 1 to %d", v, MAX_SHARDS);
-            break;
-        case R_COMPRESSION:
-            if (!parse_compression(v, &o.comp))
-                status = usage_error(sc, "unknown --compression \"%s\" (expected one of: none, gzip, zlib, zstd)", v);
-            break;
-        case R_N:
-            if (!parse_long(v, 0, 1000000000L, &o.n))
-                status = usage_error(sc, "-n \"%s\": expected a number of records (0 or more)", v);
-            break;
-        }
+        status = set_value(sc, &o, valued[k].bit, v);
     }
     if (status < 0 && sc->takes_files && o.n_files == 0) status = usage_error(sc, "missing FILE");
     if (status < 0) {

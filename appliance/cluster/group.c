@@ -273,7 +273,9 @@ static int data_tls(loom_group *g, const loom_cluster *c, double deadline, loom_
     return LOOM_OK;
 }
 
-/* The data plane: listen, tell the predecessor where, connect to the successor, accept the predecessor. */
+/* The data plane: listen, tell the predecessor where, connect to the successor, accept the predecessor.
+ * long: one handshake in order; the steps share the sockets the earlier ones
+ * opened and every failure path closes them and names the peer, in one place. */
 static int ring_connect(loom_group *g, const loom_cluster *c, loom_err *err)
 {
     loom_role role;
@@ -783,7 +785,10 @@ static void sender_stop(sender *sd)
 /* Runs the header step then st[0..ns). Small ones in one thread: a
  * nonblocking loop that sends what the gates allow and receives what has
  * come, sleeping in poll only when neither can move. Large ones hand the
- * sends to the sender thread. */
+ * sends to the sender thread.
+ * long: one nonblocking loop whose send and receive gates wait on each
+ * other's progress; split, that state would cross between the halves on
+ * every turn of the loop. */
 static int run(loom_group *g, coll_hdr *hdr, step *st, int ns, loom_err *err)
 {
     coll_hdr in;

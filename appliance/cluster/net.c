@@ -841,6 +841,9 @@ static struct timeval tv_of(double s)
     return tv;
 }
 
+/* long: the transport's start in order (listener, TLS context, event base and
+ * thread, the connections with retry, the handshakes); a failure at any step
+ * unwinds what the earlier ones made, in one place. */
 int loom_net_open(loom_net **out, const loom_cluster *c, const loom_net_peer *peers, int n_peers, loom_err *err)
 {
     *out = NULL;

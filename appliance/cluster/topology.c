@@ -898,6 +898,10 @@ void loom_cluster_free(loom_cluster *c)
     loom_free(c);
 }
 
+/* long: one precedence decision over the parsed sources (config, TF_CONFIG,
+ * Slurm, MPI, --task), first for the addresses, then for this task; each
+ * branch is short, they share the sources, and each names where its value
+ * came from, which is what `loom check --task` prints. */
 static int resolve(loom_cluster *c, const loom_spec *spec, const char *task_flag, char *const *envp, bool need_task,
                    bool *single, loom_err *err)
 {

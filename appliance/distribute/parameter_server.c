@@ -1045,7 +1045,9 @@ static int worker_of_peer(const ps_strategy *ps, int p)
 }
 
 /* Waits for one piece of news from the workers (a result, a loss, a
- * return) and acts on it. */
+ * return) and acts on it.
+ * long: one branch per kind of news (peer down, peer up, result, refusal),
+ * each acting on the coordinator's queue; read as a table. */
 static int pump_for(ps_strategy *ps, double wait_s, loom_err *err)
 {
     loom_buf msg;

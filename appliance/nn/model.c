@@ -61,6 +61,9 @@ static int add_param(loom_model *m, const nn_layer_ *l, const char *suffix, cons
     return (int)p->offset;
 }
 
+/* Layer li's output shape and parameters from its input shape.
+ * long: one case per layer kind, each a few lines of shape arithmetic and
+ * its refusals; the cases read as a table of the layers. */
 static int layer_shapes(loom_model *m, nn_layer_ *l, int li, loom_err *err)
 {
     char a[96], b[96];
@@ -285,6 +288,10 @@ static int check_loss(loom_model *m, const loom_shape *label, loom_dtype label_d
     return LOOM_OK;
 }
 
+/* long: the model built in order (layers and their shapes, the loss fused
+ * with the last activation, every buffer's size checked before any is
+ * allocated, then the buffers), each failure freeing the half-built model
+ * in one place. */
 int loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_shape *input, loom_dtype input_dtype,
                    const loom_shape *label, loom_dtype label_dtype, int64_t max_batch, loom_err *err)
 {

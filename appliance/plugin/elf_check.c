@@ -52,6 +52,39 @@ static int bad(loom_err *err, const char *path, const char *what)
                               "again");
 }
 
+/* The program headers, what dlopen maps: each segment inside the file, a
+ * loadable segment and a dynamic section among them. */
+static int check_segments(int fd, const char *path, const Elf64_Ehdr *h, uint64_t size, loom_err *err)
+{
+    if (h->e_phentsize != sizeof(Elf64_Phdr) || h->e_phnum == 0 || h->e_phnum == PN_XNUM)
+        return bad(err, path, "bad program header table (size or count)");
+    uint64_t phlen = (uint64_t)h->e_phnum * sizeof(Elf64_Phdr);
+    if (!inside(h->e_phoff, phlen, size)) return bad(err, path, "the program headers lie past the end of the file");
+    Elf64_Phdr ph[64];
+    int has_load = 0, has_dynamic = 0;
+    for (uint64_t i = 0; i < h->e_phnum; i += 64) {
+        uint64_t k = h->e_phnum - i < 64 ? h->e_phnum - i : 64;
+        if (get(fd, ph, k * sizeof *ph, h->e_phoff + i * sizeof *ph)) return bad(err, path, "cannot read the program headers");
+        for (uint64_t j = 0; j < k; j++) {
+            if (ph[j].p_type == PT_NULL) continue;
+            if (!inside(ph[j].p_offset, ph[j].p_filesz, size)) {
+                char m[128];
+                snprintf(m, sizeof m, "segment %llu (bytes %llu..%llu) lies past the end of the file (%llu bytes)",
+                         (unsigned long long)(i + j), (unsigned long long)ph[j].p_offset,
+                         (unsigned long long)ph[j].p_offset + ph[j].p_filesz, (unsigned long long)size);
+                return bad(err, path, m);
+            }
+            if (ph[j].p_type == PT_LOAD) {
+                has_load = 1;
+                if (ph[j].p_filesz > ph[j].p_memsz) return bad(err, path, "a segment's file size exceeds its memory size");
+            }
+            if (ph[j].p_type == PT_DYNAMIC) has_dynamic = 1;
+        }
+    }
+    if (!has_load || !has_dynamic) return bad(err, path, "no loadable segment or no dynamic section");
+    return LOOM_OK;
+}
+
 static int check_fd(int fd, const char *path, const char *entry, loom_err *err)
 {
     struct stat st;
@@ -81,33 +114,8 @@ static int check_fd(int fd, const char *path, const char *entry, loom_err *err)
                             h.e_machine, HOST_MACHINE),
                loom_err_hint(err, "rebuild the plugin on (or for) this machine");
 #endif
-    /* program headers: what dlopen maps */
-    if (h.e_phentsize != sizeof(Elf64_Phdr) || h.e_phnum == 0 || h.e_phnum == PN_XNUM)
-        return bad(err, path, "bad program header table (size or count)");
-    uint64_t phlen = (uint64_t)h.e_phnum * sizeof(Elf64_Phdr);
-    if (!inside(h.e_phoff, phlen, size)) return bad(err, path, "the program headers lie past the end of the file");
-    Elf64_Phdr ph[64];
-    int has_load = 0, has_dynamic = 0;
-    for (uint64_t i = 0; i < h.e_phnum; i += 64) {
-        uint64_t k = h.e_phnum - i < 64 ? h.e_phnum - i : 64;
-        if (get(fd, ph, k * sizeof *ph, h.e_phoff + i * sizeof *ph)) return bad(err, path, "cannot read the program headers");
-        for (uint64_t j = 0; j < k; j++) {
-            if (ph[j].p_type == PT_NULL) continue;
-            if (!inside(ph[j].p_offset, ph[j].p_filesz, size)) {
-                char m[128];
-                snprintf(m, sizeof m, "segment %llu (bytes %llu..%llu) lies past the end of the file (%llu bytes)",
-                         (unsigned long long)(i + j), (unsigned long long)ph[j].p_offset,
-                         (unsigned long long)ph[j].p_offset + ph[j].p_filesz, (unsigned long long)size);
-                return bad(err, path, m);
-            }
-            if (ph[j].p_type == PT_LOAD) {
-                has_load = 1;
-                if (ph[j].p_filesz > ph[j].p_memsz) return bad(err, path, "a segment's file size exceeds its memory size");
-            }
-            if (ph[j].p_type == PT_DYNAMIC) has_dynamic = 1;
-        }
-    }
-    if (!has_load || !has_dynamic) return bad(err, path, "no loadable segment or no dynamic section");
+    int rc = check_segments(fd, path, &h, size, err);
+    if (rc) return rc;
     /* section table: where the dynamic symbols are */
     if (h.e_shnum == 0 || h.e_shentsize != sizeof(Elf64_Shdr))
         return bad(err, path, "no section table (a plugin keeps its section headers: do not sstrip it)");
@@ -115,7 +123,6 @@ static int check_fd(int fd, const char *path, const char *entry, loom_err *err)
     if (!inside(h.e_shoff, shlen, size)) return bad(err, path, "the section table lies past the end of the file");
     Elf64_Shdr *sh = loom_alloc(shlen);
     if (!sh) return loom_err_set(err, LOOM_ENOMEM, path, "cannot allocate %llu bytes", (unsigned long long)shlen);
-    int rc = LOOM_OK;
     if (get(fd, sh, shlen, h.e_shoff)) rc = bad(err, path, "cannot read the section table");
     int dynsym = -1;
     for (int i = 0; !rc && i < h.e_shnum; i++) {

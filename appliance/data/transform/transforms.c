@@ -307,7 +307,9 @@ void map_scratch_(const dstage *st, size_t *buf_bytes, size_t *flag_bytes)
     *flag_bytes = s->flags ? s->flag_bytes : 0;
 }
 
-/* Reentrant: reads only the stage's settings, writes e, buf and flags. */
+/* Reentrant: reads only the stage's settings, writes e, buf and flags.
+ * long: one case per built-in map kind, each a few lines over the same
+ * element and buffers; the cases read as the table of maps. */
 int map_apply_(const dstage *st, loom_elem *e, int writable, uint8_t *buf, uint8_t *flags, int64_t epoch, int64_t pos,
                int *mut, loom_err *err)
 {
@@ -703,6 +705,8 @@ static int image_map_check(mapst *s, loom_err *err)
     return LOOM_OK;
 }
 
+/* long: one case per built-in map kind checking its settings against the
+ * input's spec and giving the output's; the cases read as the table of maps. */
 int map_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, const loom_data_ctx *ctx, loom_err *err)
 {
     if (t->map.kind == LOOM_MAP_LUA) return custom_map_open_(out, in, id, t, ctx, err);
