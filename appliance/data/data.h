@@ -109,6 +109,12 @@ int loom_batch_split(const loom_elem *b, int replicas, int r, loom_elem *out, lo
  * spec it receives (an unknown feature, a reshape of the wrong size...),
  * naming the transform's file:line. Free with loom_iter_close. */
 int  loom_data_open(loom_iter **out, const loom_dataset_spec *spec, const loom_data_ctx *ctx, loom_err *err);
+/* Registers the built-in sources (idx, catalog, tfrecord, csv, text,
+ * synthetic, list_files) in the registry (LOOM_REG_SOURCE) under their
+ * source.type names, as plugins register theirs; once, thread-safe.
+ * loom_data_open does it; the plugin loader does it first, so that a
+ * plugin cannot take a built-in's name. */
+int  loom_data_init(loom_err *err);
 
 const loom_elem_spec *loom_iter_spec(const loom_iter *it);
 /* Next element, borrowed until the next call; LOOM_EEOF at the end of a pass. */

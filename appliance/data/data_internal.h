@@ -220,6 +220,10 @@ size_t custom_offset_(const dstage *st, int f, size_t *cap);
 /* A source from a provider in the registry (source/plugin.c): src->plugin
  * names it; an unknown name is LOOM_ECONFIG listing the registered ones. */
 int plugin_source_open_(dstage **out, const loom_source_spec *src, const loom_data_ctx *ctx, loom_err *err);
+/* source/builtin.c: the source src->type names, looked up in the registry
+ * (LOOM_REG_SOURCE) where the built-ins are registered (loom_data_init) as
+ * the plugins' are: a built-in's open, else plugin_source_open_. */
+int dsource_open_(dstage **out, const loom_source_spec *src, const loom_data_ctx *ctx, loom_err *err);
 
 /* ---- file-list sources (source/files.c) ------------------------------------ */
 

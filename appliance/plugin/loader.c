@@ -180,6 +180,7 @@ int loom_plugin_load_file(const char *path, const loom_plugin_record **out, loom
     if (n_records == LOOM_MAX_PLUGINS)
         return loom_err_set(err, LOOM_EPLUGIN, path, "too many plugin files (at most %d)", LOOM_MAX_PLUGINS);
     int rc = loom_distribute_init(err); /* built-ins first: their names are taken */
+    if (!rc) rc = loom_data_init(err);
     if (rc) return rc;
     loom_plugin_record *rec = &records[n_records];
     memset(rec, 0, sizeof *rec);
@@ -302,6 +303,7 @@ int loom_plugins_load(const loom_spec *spec, loom_err *err)
     if (!loaded_once) {
         loaded_once = true;
         int rc = loom_distribute_init(err);
+        if (!rc) rc = loom_data_init(err);
         if (rc) return rc;
         char exe_dir[LOOM_PATH_MAX];
         struct stat st;
@@ -409,11 +411,7 @@ static void check_dataset(const loom_dataset_spec *d, const char *setting, loom_
     if (d->source.kind == LOOM_SRC_PLUGIN && !loom_registry_find(LOOM_REG_SOURCE, d->source.plugin, NULL)) {
         loom_loc_str(&d->source.loc, where, sizeof where);
         snprintf(what, sizeof what, "%s.source.type", setting);
-        unknown_name(errs, where, LOOM_REG_SOURCE, what, d->source.plugin);
-        loom_err *e = errs->n ? &errs->e[errs->n - 1] : NULL;
-        if (e && !strstr(e->hint, "did you mean"))
-            loom_err_hint(e, "built in: idx, catalog, tfrecord, csv, text, synthetic, list_files; a plugin's source "
-                             "is available once its .so is in plugins/ or a plugins.path directory");
+        unknown_name(errs, where, LOOM_REG_SOURCE, what, d->source.plugin); /* built-ins and plugins' alike */
     }
     for (int i = 0; i < d->n_transforms; i++) {
         const loom_transform_spec *t = &d->transform[i];

@@ -19,6 +19,7 @@ contains "loom plugins names the four provider kinds" \
 contains "loom plugins lists image_ops" "image_ops 1.0" "$out"
 contains "... providing the npy source" 'provides dataset source "npy"' "$out"
 contains "... and the image_ops transforms" 'provides transform "image_ops"' "$out"
+contains "... and the built-in sources beside the plugins' (one registry)" 'dataset source "list_files"' "$out"
 out=$("$LOOM" check "$CFG" 2>&1)
 contains "the plan reads the plugin's source and map" "plan: npy -> shuffle -> map(image_ops:cutout) -> batch" "$out"
 contains "with the cardinality the source reports" "469 batches per epoch" "$out"
@@ -44,7 +45,7 @@ else fail "a run resumed mid-epoch equals an uninterrupted one"; fi
 
 # --- errors ----------------------------------------------------------------------------------------
 expect_fail 2 "an unknown source type lists the plugins' sources" \
-    'data.train.source.type: unknown dataset source "npz" (available: npy' \
+    'data.train.source.type: unknown dataset source "npz" (available: idx, catalog, tfrecord, csv, text, synthetic, list_files, npy' \
     "$LOOM" check "$CFG" --set data.train.source.type='"npz"'
 expect_fail 2 "... and suggests the nearest" 'did you mean "npy"?' \
     "$LOOM" check "$CFG" --set data.train.source.type='"npz"'

@@ -627,7 +627,7 @@ static void test_npy_errors(void)
     e = npy_error("source: { type = \"npy\"; options: { w = \"text.npy\"; }; };");
     CHECK_CONTAINS(e.msg, "not a NumPy .npy file");
     e = npy_error("source: { type = \"npz\"; options: { w = \"w.npy\"; }; };");
-    CHECK_CONTAINS(e.msg, "no source \"npz\" is registered (have: npy");
+    CHECK_CONTAINS(e.msg, "no source \"npz\" is registered (have: idx, catalog, tfrecord, csv, text, synthetic, list_files, npy");
 }
 
 /* A counting source registered directly: its option keys are checked by Loom. */
@@ -666,6 +666,32 @@ static const loom_source_ops counting = {
     .cardinality = cnt_card, .rewind = cnt_rewind, .next = cnt_next, .save = cnt_save, .restore = cnt_restore,
     .close = free,
 };
+
+/* The built-in sources are in the registry as a plugin's are (issue 12):
+ * listed by name, their names taken (a plugin's "csv" is refused naming the
+ * built-in), and a pipeline opens one by looking its type up. */
+static void test_builtin_sources_registered(void)
+{
+    loom_err err = {0};
+    CHECK(loom_data_init(&err) == LOOM_OK && loom_data_init(&err) == LOOM_OK); /* once, then a no-op */
+    const char *origin = NULL;
+    CHECK(loom_registry_find(LOOM_REG_SOURCE, "csv", &origin) != NULL && origin && !strcmp(origin, "built-in"));
+    char names[512];
+    CHECK_CONTAINS(loom_registry_names(LOOM_REG_SOURCE, names, sizeof names),
+                   "idx, catalog, tfrecord, csv, text, synthetic, list_files");
+    loom_source_ops fake = counting;
+    fake.name = "csv";
+    CHECK(loom_registry_add(LOOM_REG_SOURCE, "csv", &fake, "fake.so", &err) == LOOM_EPLUGIN);
+    CHECK_CONTAINS(err.msg, "dataset source \"csv\" is already registered by built-in");
+    loom_iter *it = npy_open("source: { type = \"synthetic\"; count = 5;\n features: { x = { dtype = \"int64\"; "
+                             "shape = [2]; max = 9; }; }; };", 0, &err);
+    CHECK_MSG(it != NULL, "%s: %s", err.where, err.msg);
+    loom_elem *e;
+    int n = 0;
+    while (it && loom_iter_next(it, &e, &err) == LOOM_OK) n++;
+    CHECK(n == 5);
+    loom_iter_close(it);
+}
 
 static void test_source_options_checked(void)
 {
@@ -851,6 +877,7 @@ static const loom_test tests[] = {
     {"npy_errors", test_npy_errors},
     {"source_options_checked", test_source_options_checked},
     {"source_max_shape_checked", test_source_max_shape_checked},
+    {"builtin_sources_registered", test_builtin_sources_registered},
     {"cutout", test_cutout},
     {"gaussian_noise", test_gaussian_noise},
     {"min_std_filter", test_min_std_filter},

@@ -182,16 +182,7 @@ int loom_data_open(loom_iter **out, const loom_dataset_spec *spec, const loom_da
     int rc = dinput_plan_(&plan, spec, ctx, true, err);
     if (rc) goto fail;
     const loom_source_spec *src = plan.source ? plan.source : &spec->source;
-    switch (src->kind) {
-    case LOOM_SRC_TFRECORD: rc = tfrecord_source_open_(&it->st[0], src, ctx, err); break;
-    case LOOM_SRC_CSV: rc = csv_source_open_(&it->st[0], src, err); break;
-    case LOOM_SRC_TEXT: rc = text_source_open_(&it->st[0], src, err); break;
-    case LOOM_SRC_SYNTHETIC: rc = synthetic_source_open_(&it->st[0], src, ctx, err); break;
-    case LOOM_SRC_LIST_FILES: rc = list_files_source_open_(&it->st[0], src, err); break;
-    case LOOM_SRC_PLUGIN: rc = plugin_source_open_(&it->st[0], src, ctx, err); break;
-    default: rc = source_open_(&it->st[0], src, err); break;
-    }
-    if (rc) goto fail;
+    if ((rc = dsource_open_(&it->st[0], src, ctx, err))) goto fail; /* built-in or plugin, through the registry */
     it->n = 1;
     const loom_data_options *opts = spec->options.present ? &spec->options : &no_options;
     int threads = ctx->threads, sharded = 0;
