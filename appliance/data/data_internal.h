@@ -99,6 +99,11 @@ typedef struct dcursor_stage {
 #define DCURSOR_STAGE_CHECK(T)                                                                                  \
     _Static_assert(offsetof(T, epoch) == offsetof(dcursor_stage, epoch) &&                                      \
                    offsetof(T, pos) == offsetof(dcursor_stage, pos), #T " keeps its cursor right after its stage")
+/* A batch of n elements (of shapes first[f]) gathered into o, of size
+ * wanted: LOOM_EEOF when none, or when short and drop_remainder; else o's
+ * shapes (n, first[f]...) set and LOOM_OK. The batch stage's and the fused
+ * map+batch stage's last step. */
+int  dbatch_finish_(loom_elem *o, const loom_shape *first, int64_t n, int64_t size, int drop);
 int  dcursor_stage_rewind_(dstage *st, int64_t epoch, loom_err *err);
 void dcursor_stage_save_(dstage *st, loom_buf *b);
 int  dcursor_stage_restore_(dstage *st, loom_buf *b, loom_err *err);

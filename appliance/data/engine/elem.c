@@ -103,6 +103,17 @@ bool dcursor_load_(loom_buf *b, int64_t *epoch, int64_t *pos)
     return !b->failed;
 }
 
+int dbatch_finish_(loom_elem *o, const loom_shape *first, int64_t n, int64_t size, int drop)
+{
+    if (n == 0 || (n < size && drop)) return LOOM_EEOF;
+    for (int f = 0; f < o->n; f++) {
+        o->t[f].shape.rank = first[f].rank + 1;
+        o->t[f].shape.dim[0] = n;
+        for (int d = 0; d < first[f].rank; d++) o->t[f].shape.dim[d + 1] = first[f].dim[d];
+    }
+    return LOOM_OK;
+}
+
 int dcursor_stage_rewind_(dstage *st, int64_t epoch, loom_err *err)
 {
     dcursor_stage *c = (dcursor_stage *)st;

@@ -1143,13 +1143,7 @@ static int batch_into(dstage *st, loom_elem *o, loom_err *err)
             memcpy((uint8_t *)o->t[f].data + (size_t)i * bytes[f], e->t[f].data, bytes[f]);
         }
     }
-    if (i == 0 || (i < s->size && s->drop)) return LOOM_EEOF;
-    for (int f = 0; f < o->n; f++) {
-        o->t[f].shape.rank = first[f].rank + 1;
-        o->t[f].shape.dim[0] = i;
-        for (int d = 0; d < first[f].rank; d++) o->t[f].shape.dim[d + 1] = first[f].dim[d];
-    }
-    return LOOM_OK;
+    return dbatch_finish_(o, first, i, s->size, s->drop);
 }
 
 static int batch_next(dstage *st, loom_elem **out, loom_err *err)
