@@ -316,6 +316,28 @@ int loom_config_load(loom_spec **out, const char *path, const char *const *overr
     return LOOM_OK;
 }
 
+/* data.<name> (d) has no batch transform: the error train.c gives when the
+ * run opens, here at load. */
+static void no_batch(const loom_dataset_spec *d, const char *name, int example, loom_errlist *errs)
+{
+    for (int i = 0; i < d->n_transforms; i++)
+        if (d->transform[i].kind == LOOM_T_BATCH) return;
+    if (errs->n >= LOOM_MAX_ERRORS) return;
+    char where[LOOM_PATH_MAX + 16];
+    loom_err *e = &errs->e[errs->n++];
+    loom_err_set(e, LOOM_ECONFIG, loom_loc_str(&d->loc, where, sizeof where), "data.%s.transforms: no batch transform",
+                 name);
+    loom_err_hint(e, "add { op = \"batch\"; size = %d; } to data.%s.transforms", example, name);
+}
+
+int loom_config_check_training(const loom_spec *spec, loom_errlist *errs)
+{
+    int before = errs->n;
+    no_batch(&spec->train, "train", 128, errs);
+    if (spec->eval.present) no_batch(&spec->eval, "eval", 256, errs);
+    return errs->n > before ? LOOM_ECONFIG : LOOM_OK;
+}
+
 /* What zip and interleave transforms hold outside the spec's own allocation. */
 static void free_nested(loom_dataset_spec *d)
 {

@@ -648,6 +648,15 @@ int  loom_config_load(loom_spec **out, const char *path, const char *const *over
                       loom_errlist *errs);
 void loom_config_free(loom_spec *s); /* NULL is a no-op */
 
+/* What training, evaluation and prediction need of a loaded spec beyond what
+ * loom_config_load checks (a pipeline run alone, as `loom profile` and
+ * `loom records convert --config` run data.train, needs none of it):
+ * data.train, and data.eval when declared, end in batches. The commands that
+ * build a model call it right after loading, so the error comes before any
+ * pipeline, plugin or task starts. Appends each problem to errs (at the
+ * dataset's file:line); returns LOOM_ECONFIG if there was one. */
+int loom_config_check_training(const loom_spec *spec, loom_errlist *errs);
+
 /* Prints the fully resolved config, defaults filled in, in libconfig syntax
  * that loom_config_load reads back to an equal spec. */
 void loom_config_print(const loom_spec *s, FILE *f);

@@ -564,6 +564,20 @@ static void parse_data_options(ctx *c, const config_setting_t *g, loom_data_opti
 
 static void parse_dataset(ctx *c, const config_setting_t *g, loom_dataset_spec *d);
 
+/* A cache (transforms.[i], the setting e) after a repeat with count = -1
+ * would cache a pass that never ends (the pipeline refuses it too, for specs
+ * built in code). */
+static void check_cache_after_repeat(ctx *c, const config_setting_t *e, const loom_dataset_spec *d, int i)
+{
+    for (int k = 0; k < i; k++)
+        if (d->transform[k].kind == LOOM_T_REPEAT && d->transform[k].count < 0) {
+            loom_err *o = cerr(c, e, "cache: the repeat before it (transforms.[%d]) has count = -1, so the pass it "
+                               "caches never ends and the cache would grow without bound", k);
+            if (o) loom_err_hint(o, "put cache before repeat, so that it holds one finite pass");
+            return;
+        }
+}
+
 /* An interleave's source: a tfrecord, csv or text source whose files are the
  * interleave's input elements, so `files` is refused rather than required. */
 static void parse_interleave_source(ctx *c, const config_setting_t *e, loom_transform_spec *t)
@@ -669,6 +683,7 @@ static void parse_dataset(ctx *c, const config_setting_t *g, loom_dataset_spec *
             parse_interleave_source(c, e, t);
         }
         if (op == LOOM_T_ZIP) parse_zip_dataset(c, e, t, d);
+        if (op == LOOM_T_CACHE) check_cache_after_repeat(c, e, d, i);
         parse_map(c, e, t, op);
     }
 }

@@ -154,6 +154,23 @@ static void parse_layers(ctx *c, const config_setting_t *g, loom_model_spec *m)
             }
 }
 
+/* model.class_weight (the setting cw) against the loss: weights per class
+ * need a loss with classes, and binary cross-entropy's are [negative,
+ * positive]. The model refuses both when it is built (specs built in code);
+ * sparse_softmax_cross_entropy's count is checked there, against the output. */
+static void check_class_weight(ctx *c, const config_setting_t *cw, const loom_model_spec *m)
+{
+    if (!cw || m->n_class_weights == 0) return;
+    if (m->loss != LOOM_LOSS_SPARSE_SOFTMAX_CE && m->loss != LOOM_LOSS_BCE) {
+        loom_err *e = cerr(c, cw, "needs classes; the loss %s has none", loom_loss_name(m->loss));
+        if (e) loom_err_hint(e, "class weights go with sparse_softmax_cross_entropy (one per class) or "
+                             "binary_cross_entropy ([negative, positive]); remove class_weight");
+    } else if (m->loss == LOOM_LOSS_BCE && m->n_class_weights != 2) {
+        loom_err *e = cerr(c, cw, "binary_cross_entropy takes [negative, positive], got %d weights", m->n_class_weights);
+        if (e) loom_err_hint(e, "write class_weight = [w0, w1]");
+    }
+}
+
 /* model: its options, then the layers. */
 void parse_model(ctx *c, const config_setting_t *root, loom_model_spec *m)
 {
@@ -164,6 +181,7 @@ void parse_model(ctx *c, const config_setting_t *root, loom_model_spec *m)
         parse_opts(c, g, model_opts, 0, m);
         scope sc = {model_opts, 0, NULL};
         check_keys(c, g, &sc, 1);
+        check_class_weight(c, config_setting_get_member(g, "class_weight"), m);
         parse_layers(c, g, m);
     }
 }
