@@ -81,7 +81,7 @@ static const opt transform_opts[] = {
     O_INT(loom_transform_spec, "seed", seed, 0, 0, INT64_MAX, TR(SHUFFLE), 0, "shuffle seed; default run.seed"),
     O_CUSTOM("features", parse_feature_names, TR(CONCAT) | TR(SELECT), TR(CONCAT) | TR(SELECT),
              "[\"a\", \"b\", ...]: concat joins them (each flattened per example) into `output`; select keeps only them"),
-    O_STR(loom_transform_spec, "output", output, NULL, NULL, TR(CONCAT), TR(CONCAT), "the feature concat adds"),
+    O_STR(loom_transform_spec, "output", features.output, NULL, NULL, TR(CONCAT), TR(CONCAT), "the feature concat adds"),
     O_F64(loom_transform_spec, "fraction", fraction, 0.8, 0.0, 1.0, F_LO_OPEN | F_HI_OPEN, TR(SPLIT), TR(SPLIT),
           "share of the elements in the training part, in (0, 1)"),
     O_ENUM(loom_transform_spec, "part", part, LOOM_SPLIT_TRAIN, split_part_names, TR(SPLIT), TR(SPLIT),
@@ -294,7 +294,7 @@ static void parse_feature_names(ctx *c, const config_setting_t *s, void *base)
         cerr(c, s, "expected a list of 1 to %d feature names, got %s", LOOM_MAX_FEATURES, value_str(s, v, sizeof v));
         return;
     }
-    t->n_names = 0;
+    t->features.n = 0;
     for (int i = 0; i < n; i++) {
         const config_setting_t *e = config_setting_get_elem(s, i);
         const char *str = config_setting_type(e) == CONFIG_TYPE_STRING ? config_setting_get_string(e) : NULL;
@@ -302,9 +302,9 @@ static void parse_feature_names(ctx *c, const config_setting_t *s, void *base)
             cerr(c, e, "expected a feature name (1 to %d characters), got %s", LOOM_NAME_MAX - 1, value_str(e, v, sizeof v));
             continue;
         }
-        for (int j = 0; j < t->n_names; j++)
-            if (!strcmp(t->names[j], str)) cerr(c, e, "\"%s\" is listed twice", str);
-        snprintf(t->names[t->n_names++], LOOM_NAME_MAX, "%s", str);
+        for (int j = 0; j < t->features.n; j++)
+            if (!strcmp(t->features.name[j], str)) cerr(c, e, "\"%s\" is listed twice", str);
+        snprintf(t->features.name[t->features.n++], LOOM_NAME_MAX, "%s", str);
     }
 }
 
@@ -343,7 +343,7 @@ static void parse_padded_shapes(ctx *c, const config_setting_t *s, void *base)
         return;
     }
     int n = config_setting_length(s);
-    for (int i = 0; i < n && t->n_padded < LOOM_MAX_FEATURES; i++) {
+    for (int i = 0; i < n && t->padded.n_shapes < LOOM_MAX_FEATURES; i++) {
         const config_setting_t *e = config_setting_get_elem(s, i);
         if (!config_setting_is_array(e) && !config_setting_is_list(e)) {
             cerr(c, e, "expected a shape such as [16] or [-1, 8], got %s", value_str(e, v, sizeof v));
@@ -354,7 +354,7 @@ static void parse_padded_shapes(ctx *c, const config_setting_t *s, void *base)
             cerr(c, e, "expected at most 8 dimensions, got %d", r);
             continue;
         }
-        int k = t->n_padded;
+        int k = t->padded.n_shapes;
         bool ok = true;
         for (int d = 0; d < r; d++) {
             const config_setting_t *x = config_setting_get_elem(e, d);
@@ -367,12 +367,12 @@ static void parse_padded_shapes(ctx *c, const config_setting_t *s, void *base)
                 cerr(c, x, "expected a dimension >= 1 (or -1: the largest in the batch), got 0");
                 ok = false;
             }
-            t->padded_shape[k][d] = dim;
+            t->padded.shape[k][d] = dim;
         }
         if (!ok) continue;
-        snprintf(t->padded_name[k], LOOM_NAME_MAX, "%s", config_setting_name(e));
-        t->padded_rank[k] = r;
-        t->n_padded++;
+        snprintf(t->padded.shape_name[k], LOOM_NAME_MAX, "%s", config_setting_name(e));
+        t->padded.rank[k] = r;
+        t->padded.n_shapes++;
     }
 }
 
@@ -386,14 +386,14 @@ static void parse_padding_values(ctx *c, const config_setting_t *s, void *base)
         return;
     }
     int n = config_setting_length(s);
-    for (int i = 0; i < n && t->n_padding < LOOM_MAX_FEATURES; i++) {
+    for (int i = 0; i < n && t->padded.n_values < LOOM_MAX_FEATURES; i++) {
         const config_setting_t *e = config_setting_get_elem(s, i);
         if (!is_number(e) || !isfinite(get_number(e))) {
             cerr(c, e, "expected a number, got %s", value_str(e, v, sizeof v));
             continue;
         }
-        snprintf(t->padding_name[t->n_padding], LOOM_NAME_MAX, "%s", config_setting_name(e));
-        t->padding_value[t->n_padding++] = get_number(e);
+        snprintf(t->padded.value_name[t->padded.n_values], LOOM_NAME_MAX, "%s", config_setting_name(e));
+        t->padded.value[t->padded.n_values++] = get_number(e);
     }
 }
 

@@ -378,17 +378,17 @@ static void print_padded_batch(FILE *f, const loom_transform_spec *t)
     kv_bool(f, 4, "drop_remainder", t->drop_remainder);
     ind(f, 4);
     fputs("padded_shapes: {", f);
-    for (int j = 0; j < t->n_padded; j++) {
-        fprintf(f, " %s = ", t->padded_name[j]);
-        put_i64_array(f, t->padded_shape[j], t->padded_rank[j]);
+    for (int j = 0; j < t->padded.n_shapes; j++) {
+        fprintf(f, " %s = ", t->padded.shape_name[j]);
+        put_i64_array(f, t->padded.shape[j], t->padded.rank[j]);
         fputc(';', f);
     }
     fputs(" };\n", f);
     ind(f, 4);
     fputs("padding_values: {", f);
-    for (int j = 0; j < t->n_padding; j++) {
-        fprintf(f, " %s = ", t->padding_name[j]);
-        put_f64(f, t->padding_value[j]);
+    for (int j = 0; j < t->padded.n_values; j++) {
+        fprintf(f, " %s = ", t->padded.value_name[j]);
+        put_f64(f, t->padded.value[j]);
         fputc(';', f);
     }
     fputs(" };\n", f);
@@ -417,12 +417,12 @@ static void print_transform(FILE *f, const loom_transform_spec *t)
     case LOOM_T_SELECT:
         ind(f, 4);
         fputs("features = [", f);
-        for (int j = 0; j < t->n_names; j++) {
+        for (int j = 0; j < t->features.n; j++) {
             if (j) fputs(", ", f);
-            put_str(f, t->names[j]);
+            put_str(f, t->features.name[j]);
         }
         fputs("];\n", f);
-        if (t->kind == LOOM_T_CONCAT) kv_str(f, 4, "output", t->output);
+        if (t->kind == LOOM_T_CONCAT) kv_str(f, 4, "output", t->features.output);
         break;
     case LOOM_T_SPLIT:
         kv_f64(f, 4, "fraction", t->fraction);
