@@ -505,10 +505,11 @@ static int validate(const launch_opts *o, const char *const *sets, int n_sets, c
     loom_errlist *errs = loom_calloc(1, sizeof *errs);
     if (!errs) return LOOM_EXIT_RUNTIME;
     int rc = loom_config_load(&spec, o->config, sets, n_sets, errs);
+    bool trainable = !rc && !loom_config_check_training(spec, errs); /* every task trains */
     loom_cli_print_errlist_(errs);
     loom_free(errs);
     if (rc) return LOOM_EXIT_USAGE;
-    int status = LOOM_EXIT_OK;
+    int status = trainable ? LOOM_EXIT_OK : LOOM_EXIT_USAGE;
     loom_strategy_kind k = spec->strategy.kind;
     *ps_job = k == LOOM_STRAT_PARAMETER_SERVER;
     if (k == LOOM_STRAT_ONE_DEVICE || k == LOOM_STRAT_MIRRORED || k == LOOM_STRAT_CENTRAL_STORAGE) {
