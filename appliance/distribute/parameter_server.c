@@ -906,9 +906,9 @@ static int ps_serve_loop(ps_strategy *ps, const loom_spec *spec, loom_err *err)
     size_t L = (size_t)(st.L ? st.L : 1);
     st.params = loom_alloc_aligned(L * sizeof(float));
     st.grads = loom_alloc_aligned(L * sizeof(float));
-    st.acc = loom_alloc_aligned(L * sizeof(float));
+    st.acc = ps->sync ? loom_alloc_aligned(L * sizeof(float)) : NULL; /* the sum of a synchronous step's gradients */
     int rc = loom_optimizer_new(&st.opt, &spec->optimizer, st.L ? st.L : 1, err);
-    if (!rc && (!st.params || !st.grads || !st.acc))
+    if (!rc && (!st.params || !st.grads || (ps->sync && !st.acc)))
         rc = loom_err_set(err, LOOM_ENOMEM, NULL, "allocating %lld floats of variables on %s", (long long)st.L, ps->task);
     if (rc) {
         ps_state_fini(&st);
@@ -917,7 +917,7 @@ static int ps_serve_loop(ps_strategy *ps, const loom_spec *spec, loom_err *err)
     memset(st.params, 0, L * sizeof(float));
     memset(st.grads, 0, L * sizeof(float));
     st.slots = ps->n_slots ? loom_optimizer_slots(st.opt) : NULL;
-    st.alloc_bytes = (int64_t)L * (int64_t)sizeof(float) * (3 + ps->n_slots);
+    st.alloc_bytes = (int64_t)L * (int64_t)sizeof(float) * (2 + ps->sync + ps->n_slots);
     loom_buf msg;
     loom_buf_init(&msg);
     for (;;) {
@@ -1038,9 +1038,9 @@ static int init_ps_tasks(ps_strategy *ps, int64_t step, loom_err *err)
             r.failed = 0;
             uint64_t alloc = loom_buf_get_u64(&r), hwm = loom_buf_get_u64(&r);
             loom_info("ps:%d holds %lld of the model's %lld floats: %.1f MiB allocated for them (variables, gradients, "
-                      "sums and %d slot%s); peak resident memory %.1f MiB (the whole model's variables alone would "
+                      "%s%d slot%s); peak resident memory %.1f MiB (the whole model's variables alone would "
                       "be %.1f MiB)", q, (long long)ps->plan.ps_floats[q], (long long)ps->P, (double)alloc / 1048576.0,
-                      ps->n_slots, ps->n_slots == 1 ? "" : "s", (double)hwm / 1048576.0,
+                      ps->sync ? "sums, " : "", ps->n_slots, ps->n_slots == 1 ? "" : "s", (double)hwm / 1048576.0,
                       (double)ps->P * sizeof(float) / 1048576.0);
         }
     }
