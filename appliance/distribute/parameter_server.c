@@ -203,15 +203,17 @@ static bool test_save_die_now(const char *task, const char *phase, int64_t step)
     return true;
 }
 
-/* This process's peak resident memory (VmHWM), bytes; 0 when unknown. */
-static int64_t peak_rss(void)
+/* This process's resident memory, bytes ("VmRSS": now, "VmHWM": its
+ * peak), from /proc/self/status; 0 when unknown. */
+static int64_t resident(const char *key)
 {
     FILE *f = fopen("/proc/self/status", "r");
     if (!f) return 0;
-    char line[256];
+    char line[256], fmt[32];
     long long kb = 0;
+    snprintf(fmt, sizeof fmt, "%s: %%lld kB", key);
     while (fgets(line, sizeof line, f))
-        if (sscanf(line, "VmHWM: %lld kB", &kb) == 1) break;
+        if (sscanf(line, fmt, &kb) == 1) break;
     fclose(f);
     return (int64_t)kb * 1024;
 }
@@ -615,6 +617,7 @@ typedef struct ps_state {
     loom_optimizer *opt;
     int64_t         step, stale, refused, pushes;
     int64_t         alloc_bytes; /* its variables, gradients, sums and slots: what it allocated to serve */
+    int64_t         rss_ready;   /* resident bytes with those allocated, before any message */
     int             acc_n;
     bool            inited;
     pending_pull   *pend;
@@ -818,7 +821,8 @@ static int handle_init(ps_state *st, int from, const loom_buf *msg, loom_err *er
     loom_buf_init(&b);
     loom_ps_put_hdr_(&b, &h);
     loom_buf_put_u64(&b, (uint64_t)st->alloc_bytes); /* what this ps holds, for the coordinator's log */
-    loom_buf_put_u64(&b, (uint64_t)peak_rss());
+    loom_buf_put_u64(&b, (uint64_t)st->rss_ready);
+    loom_buf_put_u64(&b, (uint64_t)resident("VmHWM"));
     rc = loom_net_send(ps->net, from, LOOM_PS_MSG_INIT_OK, b.data, b.len, err);
     loom_buf_fini(&b);
     return rc ? rc : flush_pulls(st, err);
@@ -918,6 +922,7 @@ static int ps_serve_loop(ps_strategy *ps, const loom_spec *spec, loom_err *err)
     memset(st.grads, 0, L * sizeof(float));
     st.slots = ps->n_slots ? loom_optimizer_slots(st.opt) : NULL;
     st.alloc_bytes = (int64_t)L * (int64_t)sizeof(float) * (2 + ps->sync + ps->n_slots);
+    st.rss_ready = resident("VmRSS");
     loom_buf msg;
     loom_buf_init(&msg);
     for (;;) {
@@ -1032,16 +1037,18 @@ static int init_ps_tasks(ps_strategy *ps, int64_t step, loom_err *err)
         uint32_t type;
         rc = loom_net_recv(ps->net, ps->peer_ps[q], LOOM_PS_MSG_INIT_OK, LOOM_PS_MSG_REFUSED, &from, &type, &b, -1, err);
         if (!rc && type == LOOM_PS_MSG_REFUSED) rc = refused(ps, from, &b, err);
-        if (!rc && type == LOOM_PS_MSG_INIT_OK && b.len >= LOOM_PS_HDR + 16) { /* what the ps holds, and its memory */
+        if (!rc && type == LOOM_PS_MSG_INIT_OK && b.len >= LOOM_PS_HDR + 24) { /* what the ps holds, and its memory */
             loom_buf r = b;
             r.pos = LOOM_PS_HDR;
             r.failed = 0;
-            uint64_t alloc = loom_buf_get_u64(&r), hwm = loom_buf_get_u64(&r);
+            uint64_t alloc = loom_buf_get_u64(&r), ready = loom_buf_get_u64(&r), hwm = loom_buf_get_u64(&r);
+            const double MiB = 1048576.0;
             loom_info("ps:%d holds %lld of the model's %lld floats: %.1f MiB allocated for them (variables, gradients, "
-                      "%s%d slot%s); peak resident memory %.1f MiB (the whole model's variables alone would "
-                      "be %.1f MiB)", q, (long long)ps->plan.ps_floats[q], (long long)ps->P, (double)alloc / 1048576.0,
-                      ps->sync ? "sums, " : "", ps->n_slots, ps->n_slots == 1 ? "" : "s", (double)hwm / 1048576.0,
-                      (double)ps->P * sizeof(float) / 1048576.0);
+                      "%s%d slot%s); resident %.1f MiB when it was ready to serve, %.1f MiB at most so far (the "
+                      "whole model's variables alone are %.1f MiB)", q, (long long)ps->plan.ps_floats[q],
+                      (long long)ps->P, (double)alloc / MiB, ps->sync ? "sums, " : "", ps->n_slots,
+                      ps->n_slots == 1 ? "" : "s", (double)ready / MiB, (double)hwm / MiB,
+                      (double)ps->P * sizeof(float) / MiB);
         }
     }
     if (!rc && getenv("LOOM_TEST_PS_FORGE_PUSH")) { /* tests: a push from a task that is no worker is refused */

@@ -644,8 +644,12 @@ int loom_ckpt_load(const char *path, loom_model *m, loom_optimizer *o, loom_buf 
 }
 
 static int inspect_index(const char *path, const record *tr, FILE *f, loom_err *err);
+static int inspect_file(const char *path, FILE *f, bool shard, loom_err *err);
 
-int loom_ckpt_inspect(const char *path, FILE *f, loom_err *err)
+int loom_ckpt_inspect(const char *path, FILE *f, loom_err *err) { return inspect_file(path, f, false, err); }
+
+/* shard: a shard file named by an index, which must not be an index itself. */
+static int inspect_file(const char *path, FILE *f, bool shard, loom_err *err)
 {
     uint8_t *data;
     loom_buf b;
@@ -658,6 +662,7 @@ int loom_ckpt_inspect(const char *path, FILE *f, loom_err *err)
     }
     record table;
     if ((rc = find_table(&b, records, &table, path, err)) != LOOM_EEOF) { /* an index: its shard files, each checked */
+        if (!rc && shard) rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "a shard file that is an index itself");
         if (!rc) rc = inspect_index(path, &table, f, err);
         if (rc) {
             loom_free(data);
@@ -1086,7 +1091,7 @@ static int inspect_index(const char *path, const record *tr, FILE *f, loom_err *
         if (!rc) fprintf(f, "shard  %-40s %10llu bytes  crc32c %08x (ps:%d; matches the index)\n", t.file[i].name,
                          (unsigned long long)t.file[i].size, t.file[i].crc, t.file[i].ps);
         loom_free(sf.data);
-        if (!rc) rc = loom_ckpt_inspect(sf.path, f, err);
+        if (!rc) rc = inspect_file(sf.path, f, true, err);
     }
     table_fini(&t);
     return rc;
