@@ -41,9 +41,14 @@
  * worker lost in the middle of a step function may have pushed some of its
  * steps; the function is put back in the queue and runs again whole.
  *
- * Checkpoints are the chief's usual single file (written to a temporary
- * name and renamed: never a mixed set), holding every shard as the model's
- * variables plus the ps count; restoring onto another ps count is refused.
+ * Checkpoints are sharded (ps_internal.h): with the workers at rest, each
+ * ps writes its shards and their slots to a file of its own, then the chief
+ * commits an index naming them (train/checkpoint.c writes and reads both;
+ * the model_dir is shared by every task). A restore reads the index on the
+ * chief, which sends each ps its shards (INIT) and reads them back; the
+ * iterator blob records the ps count and the partitioning, and another of
+ * either is refused. A ps never builds the model: the variable list comes
+ * from the config's model section (loom_model_param_list).
  *
  * Threads: driven from the train thread of each task; the transport runs
  * its own. */
@@ -51,6 +56,7 @@
 #include "mirrored_internal.h"
 #include "ps_internal.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
@@ -58,7 +64,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <errno.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
