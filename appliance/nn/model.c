@@ -285,8 +285,36 @@ static int check_loss(loom_model *m, const loom_shape *label, loom_dtype label_d
     return LOOM_OK;
 }
 
+static int model_build(loom_model **out, const loom_model_spec *spec, const loom_shape *input, loom_dtype input_dtype,
+                       const loom_shape *label, loom_dtype label_dtype, int64_t max_batch, bool shapes_only,
+                       loom_err *err);
+
 int loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_shape *input, loom_dtype input_dtype,
                    const loom_shape *label, loom_dtype label_dtype, int64_t max_batch, loom_err *err)
+{
+    return model_build(out, spec, input, input_dtype, label, label_dtype, max_batch, false, err);
+}
+
+int loom_model_param_list(const loom_model_spec *spec, const loom_shape *input, loom_dtype input_dtype,
+                          const loom_shape *label, loom_dtype label_dtype, loom_param_info **out, int *n,
+                          int64_t *n_params, loom_err *err)
+{
+    *out = NULL;
+    *n = 0;
+    loom_model *m;
+    int rc = model_build(&m, spec, input, input_dtype, label, label_dtype, 1, true, err);
+    if (rc) return rc;
+    *out = loom_calloc((size_t)(m->n_ptensors ? m->n_ptensors : 1), sizeof **out);
+    if (!*out) rc = loom_err_set(err, LOOM_ENOMEM, m->where, "listing %d variables", m->n_ptensors);
+    else memcpy(*out, m->pinfo, (size_t)m->n_ptensors * sizeof **out), *n = m->n_ptensors;
+    *n_params = m->n_params;
+    loom_model_free(m);
+    return rc;
+}
+
+static int model_build(loom_model **out, const loom_model_spec *spec, const loom_shape *input, loom_dtype input_dtype,
+                       const loom_shape *label, loom_dtype label_dtype, int64_t max_batch, bool shapes_only,
+                       loom_err *err)
 {
     char a[96];
     *out = NULL;
@@ -359,6 +387,10 @@ int loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_sha
     if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && last->act == LOOM_ACT_SOFTMAX) last->act = LOOM_ACT_NONE;
     if (m->loss == LOOM_LOSS_BCE && last->act == LOOM_ACT_SIGMOID) last->act = LOOM_ACT_NONE;
 
+    if (shapes_only) { /* loom_model_param_list: no buffer */
+        *out = m;
+        return LOOM_OK;
+    }
     /* what the buffers below take, checked before any is allocated: a layer
      * or a batch that cannot fit is the config's error, not an allocation's */
     int64_t phys = loom_phys_bytes(), need = 0;
