@@ -430,8 +430,8 @@ NN_HOT static void conv1_kernel_grad(const nn_layer_ *l, const float *restrict x
  * fused multiply-add explicitly: one rounding per tap, the same loops and
  * summation order as above, so a split of the taps or the batch still gives
  * the same bits. Chosen at model build from the CPU's features
- * (loom_cpu()->level >= LOOM_CPU_AVX2_FMA, nn_layer_.fma), on AVX-512 CPUs
- * too: the taps' work is 256 bits wide either way on the cores measured. */
+ * (loom_cpu()->level >= LOOM_CPU_AVX2_FMA, nn_layer_.fma); AVX-512 CPUs run
+ * the 512-bit kernels below, which give the same bits. */
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define NN_FMA_TARGET __attribute__((target("avx2,fma")))
@@ -545,6 +545,138 @@ NN_FMA_TARGET static void conv1_kernel_grad_fma(const nn_layer_ *l, const float 
                     __m256 sh = _mm256_add_ps(_mm256_add_ps(h0, h1), _mm256_add_ps(h2, h3));
                     _mm256_storeu_ps(at + c0, _mm256_add_ps(_mm256_loadu_ps(at + c0), sl));
                     _mm256_storeu_ps(at + c0 + 8, _mm256_add_ps(_mm256_loadu_ps(at + c0 + 8), sh));
+                }
+                for (int co = CB; co < CO; co++) {
+                    float a = 0.f;
+                    for (int ox = 0; ox < OW; ox++) a = __builtin_fmaf(xr[ox * SW], gr[ox * CO + co], a);
+                    at[co] += a;
+                }
+            }
+        }
+        for (int64_t e = 0; e < n; e++) dW[(int64_t)t0 * CO + e] += acc[e];
+    }
+}
+
+/* The same two kernels 512 bits wide (l->fma == 2: the CPU has the AVX-512
+ * subset, loom_cpu()->level): a lane computes exactly what the lane of the
+ * 256-bit kernel above computes (the same fused multiply-adds in the same
+ * order, the same partial sums by pixel mod 4), so the bits are those of the
+ * AVX2 kernels; two blocks of 16 channels go together, so eight sums are in
+ * flight, as in the 256-bit kernels. */
+#define NN_512_TARGET __attribute__((target("avx512f,avx2,fma")))
+
+NN_512_TARGET static void conv1_forward_512(const nn_layer_ *l, const float *restrict Wt, const float *restrict bias,
+                                            const float *restrict x, float *restrict y, int64_t nb, float *restrict xp)
+{
+    int Hp, Wp;
+    plane_dims(l, &Hp, &Wp);
+    const int OH = l->oh, OW = l->ow, CO = l->cout, KH = l->kh, KW = l->kw, SH = l->sh, SW = l->sw;
+    const int CB = CO - CO % NN_CB;
+    for (int64_t b = 0; b < nb; b++) {
+        pad_plane(l, x + b * l->n_in, xp, Hp, Wp);
+        for (int oy = 0; oy < OH; oy++)
+            for (int ox = 0; ox < OW; ox++) {
+                float *restrict yp = y + ((b * OH + oy) * OW + ox) * (int64_t)CO;
+                const float *restrict x0 = xp + (int64_t)oy * SH * Wp + (int64_t)ox * SW;
+                int q = ox + 4 <= OW ? 4 : 1; /* pixels done together */
+                for (int c0 = 0; c0 < CB; c0 += 2 * NN_CB) {
+                    const int two = c0 + NN_CB < CB; /* a second block of 16 channels */
+                    const int c1 = two ? c0 + NN_CB : c0;
+                    __m512 lo = bias ? _mm512_loadu_ps(bias + c0) : _mm512_setzero_ps();
+                    __m512 hi = bias ? _mm512_loadu_ps(bias + c1) : _mm512_setzero_ps();
+                    __m512 a0 = lo, a1 = lo, a2 = lo, a3 = lo, b0 = hi, b1 = hi, b2 = hi, b3 = hi;
+                    for (int i = 0; i < KH; i++)
+                        for (int j = 0; j < KW; j++) {
+                            const float *xv = x0 + i * Wp + j;
+                            const float *wp = Wt + (i * KW + j) * CO;
+                            __m512 wl = _mm512_loadu_ps(wp + c0), wh = _mm512_loadu_ps(wp + c1);
+                            __m512 v = _mm512_set1_ps(xv[0]);
+                            a0 = _mm512_fmadd_ps(v, wl, a0);
+                            b0 = _mm512_fmadd_ps(v, wh, b0);
+                            if (q == 4) {
+                                v = _mm512_set1_ps(xv[SW]);
+                                a1 = _mm512_fmadd_ps(v, wl, a1);
+                                b1 = _mm512_fmadd_ps(v, wh, b1);
+                                v = _mm512_set1_ps(xv[2 * SW]);
+                                a2 = _mm512_fmadd_ps(v, wl, a2);
+                                b2 = _mm512_fmadd_ps(v, wh, b2);
+                                v = _mm512_set1_ps(xv[3 * SW]);
+                                a3 = _mm512_fmadd_ps(v, wl, a3);
+                                b3 = _mm512_fmadd_ps(v, wh, b3);
+                            }
+                        }
+                    _mm512_storeu_ps(yp + c0, a0);
+                    _mm512_storeu_ps(yp + c1, b0);
+                    if (q == 4) {
+                        _mm512_storeu_ps(yp + CO + c0, a1);
+                        _mm512_storeu_ps(yp + CO + c1, b1);
+                        _mm512_storeu_ps(yp + 2 * CO + c0, a2);
+                        _mm512_storeu_ps(yp + 2 * CO + c1, b2);
+                        _mm512_storeu_ps(yp + 3 * CO + c0, a3);
+                        _mm512_storeu_ps(yp + 3 * CO + c1, b3);
+                    }
+                }
+                for (int p = 0; p < q; p++)
+                    for (int co = CB; co < CO; co++) {
+                        float a = bias ? bias[co] : 0.f;
+                        for (int i = 0; i < KH; i++)
+                            for (int j = 0; j < KW; j++)
+                                a = __builtin_fmaf(x0[i * Wp + j + p * SW], Wt[(i * KW + j) * CO + co], a);
+                        yp[p * CO + co] = a;
+                    }
+                ox += q - 1;
+            }
+    }
+}
+
+NN_512_TARGET static void conv1_kernel_grad_512(const nn_layer_ *l, const float *restrict x, const float *restrict dz,
+                                                int64_t nb, int t0, int t1, float *restrict dW, float *restrict xp,
+                                                float *restrict acc)
+{
+    int Hp, Wp;
+    plane_dims(l, &Hp, &Wp);
+    const int OH = l->oh, OW = l->ow, CO = l->cout, KW = l->kw, SH = l->sh, SW = l->sw;
+    const int CB = CO - CO % NN_CB;
+    const int64_t n = (int64_t)(t1 - t0) * CO;
+    for (int64_t e = 0; e < n; e++) dW[(int64_t)t0 * CO + e] = 0.f;
+    for (int64_t b = 0; b < nb; b++) {
+        pad_plane(l, x + b * l->n_in, xp, Hp, Wp);
+        for (int64_t e = 0; e < n; e++) acc[e] = 0.f;
+        for (int oy = 0; oy < OH; oy++) {
+            const float *restrict gr = dz + (b * OH + oy) * (int64_t)OW * CO;
+            for (int tap = t0; tap < t1; tap++) {
+                const int i = tap / KW, j = tap % KW;
+                const float *restrict xr = xp + (int64_t)(oy * SH + i) * Wp + j;
+                float *restrict at = acc + (int64_t)(tap - t0) * CO;
+                for (int c0 = 0; c0 < CB; c0 += 2 * NN_CB) {
+                    const int c1 = c0 + NN_CB < CB ? c0 + NN_CB : c0; /* a second block, or the first again */
+                    /* four partial sums (pixel mod 4) per block, as the 256-bit kernel keeps them */
+                    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, h0 = s0, h1 = s0, h2 = s0, h3 = s0;
+                    int ox = 0;
+                    for (; ox + 4 <= OW; ox += 4) {
+                        const float *gp = gr + ox * CO, *xv = xr + ox * SW;
+                        __m512 v = _mm512_set1_ps(xv[0]);
+                        s0 = _mm512_fmadd_ps(v, _mm512_loadu_ps(gp + c0), s0);
+                        h0 = _mm512_fmadd_ps(v, _mm512_loadu_ps(gp + c1), h0);
+                        v = _mm512_set1_ps(xv[SW]);
+                        s1 = _mm512_fmadd_ps(v, _mm512_loadu_ps(gp + CO + c0), s1);
+                        h1 = _mm512_fmadd_ps(v, _mm512_loadu_ps(gp + CO + c1), h1);
+                        v = _mm512_set1_ps(xv[2 * SW]);
+                        s2 = _mm512_fmadd_ps(v, _mm512_loadu_ps(gp + 2 * CO + c0), s2);
+                        h2 = _mm512_fmadd_ps(v, _mm512_loadu_ps(gp + 2 * CO + c1), h2);
+                        v = _mm512_set1_ps(xv[3 * SW]);
+                        s3 = _mm512_fmadd_ps(v, _mm512_loadu_ps(gp + 3 * CO + c0), s3);
+                        h3 = _mm512_fmadd_ps(v, _mm512_loadu_ps(gp + 3 * CO + c1), h3);
+                    }
+                    for (; ox < OW; ox++) {
+                        __m512 v = _mm512_set1_ps(xr[ox * SW]);
+                        s0 = _mm512_fmadd_ps(v, _mm512_loadu_ps(gr + ox * CO + c0), s0);
+                        h0 = _mm512_fmadd_ps(v, _mm512_loadu_ps(gr + ox * CO + c1), h0);
+                    }
+                    __m512 sl = _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
+                    __m512 sh = _mm512_add_ps(_mm512_add_ps(h0, h1), _mm512_add_ps(h2, h3));
+                    _mm512_storeu_ps(at + c0, _mm512_add_ps(_mm512_loadu_ps(at + c0), sl));
+                    if (c1 != c0) _mm512_storeu_ps(at + c1, _mm512_add_ps(_mm512_loadu_ps(at + c1), sh));
                 }
                 for (int co = CB; co < CO; co++) {
                     float a = 0.f;
@@ -703,7 +835,8 @@ static void conv_forward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, 
         /* fused: one example at a time, pooled while its output is in cache */
         for (int64_t b0 = 0, nb = p ? 1 : B; b0 < B; b0 += nb) {
 #if NN_HAVE_FMA
-            if (l->fma) conv1_forward_fma(l, W, bias, x + b0 * l->n_in, yc + b0 * l->n_out, nb, c->col);
+            if (l->fma == 2) conv1_forward_512(l, W, bias, x + b0 * l->n_in, yc + b0 * l->n_out, nb, c->col);
+            else if (l->fma) conv1_forward_fma(l, W, bias, x + b0 * l->n_in, yc + b0 * l->n_out, nb, c->col);
             else
 #endif
                 conv1_forward(l, W, bias, x + b0 * l->n_in, yc + b0 * l->n_out, nb, c->col);
@@ -765,7 +898,8 @@ void nn_conv_param_grads_(const loom_model *m, int li, const float *x, int64_t B
         int Hp, Wp;
         plane_dims(l, &Hp, &Wp);
 #if NN_HAVE_FMA
-        if (t1 > t0 && l->fma) conv1_kernel_grad_fma(l, x, dz, B, t0, t1, dW, scratch, scratch + (int64_t)Hp * Wp);
+        if (t1 > t0 && l->fma == 2) conv1_kernel_grad_512(l, x, dz, B, t0, t1, dW, scratch, scratch + (int64_t)Hp * Wp);
+        else if (t1 > t0 && l->fma) conv1_kernel_grad_fma(l, x, dz, B, t0, t1, dW, scratch, scratch + (int64_t)Hp * Wp);
         else
 #endif
             if (t1 > t0) conv1_kernel_grad(l, x, dz, B, t0, t1, dW, scratch, scratch + (int64_t)Hp * Wp);

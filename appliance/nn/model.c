@@ -440,7 +440,8 @@ int loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_sha
             int64_t direct = ((int64_t)(l->oh - 1) * l->sh + l->kh) * ((int64_t)(l->ow - 1) * l->sw + l->kw) +
                              (int64_t)l->kh * l->kw * l->cout;
             if (l->cin == 1 && !pointwise && direct > colmax) colmax = direct;
-            l->fma = loom_cpu()->level >= LOOM_CPU_AVX2_FMA; /* kernels by the CPU's features, read at start */
+            /* kernels by the CPU's features, read at start: 2 = 512 bits wide, 1 = AVX2+FMA, 0 = generic */
+            l->fma = loom_cpu()->level >= LOOM_CPU_AVX512 ? 2 : loom_cpu()->level >= LOOM_CPU_AVX2_FMA;
         }
     }
     size_t pbytes = (size_t)(m->n_params ? m->n_params : 1) * sizeof(float);

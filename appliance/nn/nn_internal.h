@@ -22,7 +22,7 @@ typedef struct nn_layer_ {
     /* conv2d, max_pool2d geometry */
     int ih, iw, cin, oh, ow, cout, kh, kw, sh, sw, pad_t, pad_l;
     int chunk;                     /* conv2d: examples per im2col chunk */
-    int fma;                       /* conv2d with cin = 1: the explicit-FMA direct kernels (the CPU has AVX2+FMA) */
+    int fma;                       /* conv2d with cin = 1: the explicit-FMA direct kernels, 1: AVX2+FMA, 2: AVX-512 (same bits) */
     /* conv2d followed by a max_pool2d whose windows tile the conv's output
      * exactly, the conv's activation none or relu: one pass instead of four.
      * The conv (fuse_pool) leaves its pre-activation in y (the GEMM path

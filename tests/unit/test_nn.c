@@ -493,6 +493,59 @@ static void test_fused_conv_pool(void)
     fused_same_as_unfused("none, cin 1", LOOM_ACT_NONE, shp(3, 8, 6, 1), 16);
 }
 
+/* The direct cin = 1 kernels at each level the CPU runs (nn_layer_.fma:
+ * 2 AVX-512, 1 AVX2+FMA) give the same gradients and outputs bit for bit:
+ * the 512-bit kernels compute each lane as the 256-bit ones do. 17 and 40
+ * filters: a block pair, a lone block and a scalar tail. */
+static void test_conv1_levels(void)
+{
+    const int level = loom_cpu()->level;
+    if (level < LOOM_CPU_AVX2_FMA) {
+        printf("# this CPU has no AVX2+FMA: only the generic kernels run here\n");
+        CHECK(1);
+        return;
+    }
+    for (int f = 0; f < 2; f++) {
+        loom_layer_spec ls[] = {L_conv(f ? 40 : 17, 5, 1, LOOM_PAD_SAME, LOOM_ACT_RELU), L_pool(2, 2, LOOM_PAD_VALID),
+                                L_kind(LOOM_LAYER_FLATTEN, 0, 0), L_dense(3, LOOM_ACT_NONE)};
+        loom_layer_spec st[] = {L_conv(f ? 40 : 17, 3, 2, LOOM_PAD_VALID, LOOM_ACT_TANH), L_kind(LOOM_LAYER_FLATTEN, 0, 0),
+                                L_dense(3, LOOM_ACT_NONE)};
+        for (int k = 0; k < 2; k++) {
+            fixture a;
+            const int64_t B = 3;
+            if (fixture_new(&a, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, k ? 3 : 4, k ? st : ls), shp(3, 10, 9, 1), LOOM_I32, B,
+                            4) != LOOM_OK) {
+                CHECK_MSG(0, "cannot build");
+                continue;
+            }
+            const int64_t P = loom_model_num_params(a.m);
+            float *g1 = malloc((size_t)P * sizeof *g1), p1[9], p2[9];
+            a.m->layer[0].fma = 1;
+            double l1 = step_loss(&a, 1);
+            memcpy(g1, loom_model_grads(a.m), (size_t)P * sizeof *g1);
+            CHECK(loom_model_predict(a.m, &a.x, p1, &err) == LOOM_OK);
+            if (level >= LOOM_CPU_AVX512) {
+                a.m->layer[0].fma = 2;
+                double l2 = step_loss(&a, 1);
+                CHECK(loom_model_predict(a.m, &a.x, p2, &err) == LOOM_OK);
+                CHECK_MSG(l1 == l2 && !memcmp(g1, loom_model_grads(a.m), (size_t)P * sizeof *g1) &&
+                              !memcmp(p1, p2, sizeof p1),
+                          "%d filters, case %d: the AVX-512 kernels differ from the AVX2 ones", f ? 40 : 17, k);
+            }
+            /* the generic kernels: a multiply and an add per tap, so only close */
+            a.m->layer[0].fma = 0;
+            double l0 = step_loss(&a, 1);
+            CHECK_MSG(fabs(l0 - l1) <= 1e-5 * fabs(l1), "generic kernels: loss %.9g vs %.9g", l0, l1);
+            CHECK(close_vec("grads", g1, loom_model_grads(a.m), P));
+            worst_scaled = 0;
+            free(g1);
+            fixture_free(&a);
+        }
+    }
+    printf("# direct conv kernels: %s\n", level >= LOOM_CPU_AVX512 ? "AVX-512 = AVX2+FMA bit for bit, generic close"
+                                                                     : "AVX2+FMA and generic close (no AVX-512 here)");
+}
+
 static void test_grad_dropout(void)
 {
     loom_layer_spec d[] = {L_dense(8, LOOM_ACT_TANH), L_kind(LOOM_LAYER_DROPOUT, 0.5, 0), L_dense(3, LOOM_ACT_NONE)};
@@ -1541,6 +1594,7 @@ static const loom_test tests[] = {
     {"grad max_pool2d", test_grad_pool},
     {"grad dropout", test_grad_dropout},
     {"conv2d + max_pool2d fused", test_fused_conv_pool},
+    {"direct conv kernels: same bits at every CPU level", test_conv1_levels},
     {"global batch scaling", test_global_batch},
     {"no allocation in a step", test_no_alloc},
     {"optimizers", test_optimizers},
