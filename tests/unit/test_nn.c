@@ -465,6 +465,15 @@ static void test_fused_conv_pool(void)
                               L_kind(LOOM_LAYER_ACTIVATION, 0, LOOM_ACT_NONE), L_pool(2, 2, LOOM_PAD_VALID),
                               L_kind(LOOM_LAYER_FLATTEN, 0, 0), L_dense(3, LOOM_ACT_NONE)};
     same_step("two pairs, cin 1 first", two, 6, twou, 8, shp(3, 8, 12, 1));
+    /* the CNN config's sizes: the second conv's im2col runs one example at a time (several chunks) */
+    loom_layer_spec cnn[] = {L_conv(32, 5, 1, LOOM_PAD_SAME, LOOM_ACT_RELU), L_pool(2, 2, LOOM_PAD_VALID),
+                             L_conv(64, 5, 1, LOOM_PAD_SAME, LOOM_ACT_RELU), L_pool(2, 2, LOOM_PAD_VALID),
+                             L_kind(LOOM_LAYER_FLATTEN, 0, 0), L_dense(4, LOOM_ACT_NONE)};
+    loom_layer_spec cnnu[] = {L_conv(32, 5, 1, LOOM_PAD_SAME, LOOM_ACT_RELU), L_kind(LOOM_LAYER_ACTIVATION, 0, LOOM_ACT_NONE),
+                              L_pool(2, 2, LOOM_PAD_VALID), L_conv(64, 5, 1, LOOM_PAD_SAME, LOOM_ACT_RELU),
+                              L_kind(LOOM_LAYER_ACTIVATION, 0, LOOM_ACT_NONE), L_pool(2, 2, LOOM_PAD_VALID),
+                              L_kind(LOOM_LAYER_FLATTEN, 0, 0), L_dense(4, LOOM_ACT_NONE)};
+    same_step("the CNN config's sizes", cnn, 6, cnnu, 8, shp(3, 28, 28, 1));
 
     /* where the windows tile: 2x2 over 6x4 yes, over 6x5 no (a column left out), 3x3 stride 2 no; tanh no */
     struct { loom_shape in; loom_layer_spec c, p; int fused; } cases[] = {
