@@ -386,6 +386,15 @@ static int model_build(loom_model **out, const loom_model_spec *spec, const loom
     /* the loss takes logits: a softmax (sigmoid) ending the model is fused into softmax (binary) cross-entropy */
     if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && last->act == LOOM_ACT_SOFTMAX) last->act = LOOM_ACT_NONE;
     if (m->loss == LOOM_LOSS_BCE && last->act == LOOM_ACT_SIGMOID) last->act = LOOM_ACT_NONE;
+    /* conv2d (none or relu) + a max_pool2d tiling its output: fused (nn_internal.h, fuse_pool) */
+    for (int i = 0; i + 1 < m->n_layers; i++) {
+        nn_layer_ *l = &m->layer[i], *p = &m->layer[i + 1];
+        if (l->spec.kind != LOOM_LAYER_CONV2D || p->spec.kind != LOOM_LAYER_MAX_POOL2D) continue;
+        if (l->act != LOOM_ACT_NONE && l->act != LOOM_ACT_RELU) continue;
+        if (p->sh != p->kh || p->sw != p->kw || p->pad_t || p->pad_l || p->oh * p->kh != p->ih || p->ow * p->kw != p->iw)
+            continue;
+        l->fuse_pool = p->fused = 1;
+    }
 
     if (shapes_only) { /* loom_model_param_list: no buffer */
         *out = m;
@@ -434,7 +443,7 @@ static int model_build(loom_model **out, const loom_model_spec *spec, const loom
         if (k == LOOM_LAYER_MAX_POOL2D &&
             !(l->argmax = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(int32_t))))
             goto nomem;
-        if ((k == LOOM_LAYER_DENSE || k == LOOM_LAYER_CONV2D) && !(l->dz = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(float))))
+        if ((k == LOOM_LAYER_DENSE || k == LOOM_LAYER_CONV2D || l->fused) && !(l->dz = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(float))))
             goto nomem;
         if (k == LOOM_LAYER_EMBEDDING) {
             int64_t per = (int64_t)l->cols * l->k, mx = max_batch * per;
@@ -463,7 +472,8 @@ static int model_build(loom_model **out, const loom_model_spec *spec, const loom
             int64_t direct = ((int64_t)(l->oh - 1) * l->sh + l->kh) * ((int64_t)(l->ow - 1) * l->sw + l->kw) +
                              (int64_t)l->kh * l->kw * l->cout;
             if (l->cin == 1 && !pointwise && direct > colmax) colmax = direct;
-            l->fma = loom_cpu()->level >= LOOM_CPU_AVX2_FMA; /* kernels by the CPU's features, read at start */
+            /* kernels by the CPU's features, read at start: 2 = 512 bits wide, 1 = AVX2+FMA, 0 = generic */
+            l->fma = loom_cpu()->level >= LOOM_CPU_AVX512 ? 2 : loom_cpu()->level >= LOOM_CPU_AVX2_FMA;
         }
     }
     size_t pbytes = (size_t)(m->n_params ? m->n_params : 1) * sizeof(float);
