@@ -28,7 +28,21 @@ typedef struct cli_opts {
     bool        watch;        /* evaluate --watch */
     double      idle_timeout; /* evaluate --watch --idle-timeout S */
     char        status_set[48]; /* --status-port N, as "run.status_port=N" in sets */
+    char        model_dir_abs[PATH_MAX]; /* --model-dir made absolute (cwd_path) */
 } cli_opts;
+
+/* A path given on the command line, relative to the working directory as
+ * shells expect, made absolute (into buf) so that every message naming it
+ * shows where it is; v itself when the working directory is unknown. */
+static const char *cwd_path(const char *v, char *buf, size_t n)
+{
+    char cwd[PATH_MAX];
+    if (!v || v[0] == '/' || !getcwd(cwd, sizeof cwd)) return v;
+    const char *rel = v[0] == '.' && v[1] == '/' ? v + 2 : v;
+    if (!strcmp(v, ".")) rel = "";
+    int w = snprintf(buf, n, "%s%s%s", cwd, rel[0] ? "/" : "", rel);
+    return w > 0 && (size_t)w < n ? buf : v;
+}
 
 typedef struct command {
     const char *name;
@@ -436,7 +450,7 @@ static int cmd_export_main(int argc, char **argv, double start)
             } else if (!strcmp(a, "--checkpoint")) {
                 eo.checkpoint = v;
             } else if (!strcmp(a, "--model-dir")) {
-                eo.model_dir = v;
+                eo.model_dir = cwd_path(v, o.model_dir_abs, sizeof o.model_dir_abs);
             } else if (o.n_sets == MAX_SETS || !strchr(v, '=')) {
                 fprintf(stderr, "loom export: bad --set %s (key.path=value, at most %d)\n", v, MAX_SETS);
                 return LOOM_EXIT_USAGE;
@@ -728,7 +742,8 @@ int loom_cli_main(int argc, char **argv, double start_time)
             o.verbose = true;
         } else if (is_opt(a, "--model-dir")) {
             need = OPT_MODEL_DIR;
-            if ((v = opt_value(argc, argv, &i, "--model-dir", &err))) o.model_dir = v;
+            if ((v = opt_value(argc, argv, &i, "--model-dir", &err)))
+                o.model_dir = cwd_path(v, o.model_dir_abs, sizeof o.model_dir_abs);
         } else if (is_opt(a, "--set")) {
             need = OPT_SET;
             if ((v = opt_value(argc, argv, &i, "--set", &err))) {

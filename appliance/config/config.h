@@ -305,7 +305,7 @@ typedef struct loom_transform_spec {
     int                 n_padding;              /* PADDED_BATCH padding_values (default 0) */
     char                padding_name[LOOM_MAX_FEATURES][LOOM_NAME_MAX];
     double              padding_value[LOOM_MAX_FEATURES];
-    char                cache_file[LOOM_PATH_MAX]; /* CACHE: "" = in memory; else a path prefix, relative to the working directory */
+    char                cache_file[LOOM_PATH_MAX]; /* CACHE: "" = in memory; else a path prefix, resolved against the config's directory */
     int                 parallel;               /* MAP, INTERLEAVE: >= 1, LOOM_PARALLEL_AUTO = tuned; 0 (unset) = 1 */
     bool                deterministic;          /* MAP, INTERLEAVE with parallel != 1: the sequential order (default true) */
     /* INTERLEAVE (with parallel, deterministic): each input element's "filename" opened with *source */
@@ -557,7 +557,7 @@ typedef enum { LOOM_PROGRESS_AUTO, LOOM_PROGRESS_BAR, LOOM_PROGRESS_PLAIN, LOOM_
 
 typedef struct loom_run_spec {
     loom_loc      loc;
-    char          model_dir[LOOM_PATH_MAX]; /* relative paths are relative to the working directory */
+    char          model_dir[LOOM_PATH_MAX]; /* a relative one resolved against the config file's directory at load */
     int64_t       epochs;           /* >= 1 unless max_steps is set; default 1 */
     int64_t       max_steps;        /* 0 = unset: train for `epochs` */
     uint64_t      seed;             /* default 42 */
