@@ -40,7 +40,7 @@ AD="$WORK/run_a/adapt.txt"
 
 # 1. the numbers and the vocabulary are Python's on the same rows
 python3 - "$CSV" "$AD" > "$WORK/py.out" 2>&1 <<'PY'
-import collections, csv, math, struct, sys
+import collections, csv, math, struct, sys, urllib.parse
 f32 = lambda v: struct.unpack("f", struct.pack("f", v))[0]
 rows = list(csv.DictReader(open(sys.argv[1], newline="")))
 w = [f32(float(r["weight"])) for r in rows]
@@ -55,8 +55,8 @@ lines = open(sys.argv[2]).read().split("\n")
 for i, l in enumerate(lines):
     p = l.split()
     if p and p[0] in want: got[p[0]] = float(p[1])
-    if p and p[0] == "vocab": toks = [(bytes.fromhex(t[1:].replace("%", "")) if False else t[1:].replace("%20", " ").encode(), int(c))
-                                      for t, c in (x.split() for x in lines[i + 1:i + 1 + int(p[3])])]
+    if p and p[0] == "vocab":  # "=TOKEN COUNT" lines, bytes outside '!'..'~' and '%' as %XX
+        toks = [(urllib.parse.unquote_to_bytes(t[1:]), int(c)) for t, c in (x.split() for x in lines[i + 1:i + 1 + int(p[3])])]
 bad = [k for k in want if k not in got or abs(got[k] - want[k]) > 1e-5 * max(1, abs(want[k]))]
 print("numbers", "ok" if not bad else "differ: %s loom %s python %s" % (bad, got, want))
 print("vocab", "ok" if toks == vocab else "differ: loom %s python %s" % (toks, vocab))
@@ -64,6 +64,11 @@ PY
 contains "min_max: min and range are Python's (float32 values)" "numbers ok" "$(cat "$WORK/py.out")"
 contains "string_lookup: the vocabulary is Python's Counter, most frequent first, max_tokens - 1 strings" "vocab ok" "$(cat "$WORK/py.out")"
 contains "adapt.txt names each kind" "minmax 2 weight 1" "$(cat "$AD")"
+p1=$(cd "$WORK" && "$LOOM" check --print a.cfg 2>/dev/null); echo "$p1" > "$WORK/printed.cfg"
+p2=$(cd "$WORK" && "$LOOM" check --print printed.cfg 2>/dev/null)
+contains "check --print shows string_lookup's settings" "num_oov_indices = 1;" "$p1"
+contains "check --print shows the csv string column" 'dtype = "string"; max_length = 16' "$p1"
+[ -n "$p1" ] && [ "$(echo "$p1" | tail -n +2)" = "$(echo "$p2" | tail -n +2)" ] && pass "the printed config loads back to the same" || fail "print round trip" "$(diff <(echo "$p1") <(echo "$p2") | head -5)"
 
 # 2. the checkpoint holds them
 LAST=$(ls -v "$WORK"/run_a/ckpt-*.loom | tail -1)
