@@ -163,4 +163,10 @@ sed -i '0,/max_tokens = 4;/s//max_tokens = 5;/' "$WORK/g.cfg"
 expect_fail 1 "a checkpoint adapted with other settings is refused, naming both" \
     "was adapted with num_oov_indices = 1, max_tokens = 4; the config says 1 and 5" \
     bash -c "cd '$WORK' && timeout 60 '$LOOM' predict g.cfg --output -"
+# a damaged adapt.txt and no checkpoint to take the numbers from: an error naming the file and the map
+mkdir -p "$WORK/damaged"
+sed 's/^=green /=%ZZgreen /' "$WORK/adapt.saved" > "$WORK/damaged/adapt.txt"
+expect_fail 1 "a damaged vocabulary in adapt.txt is an error naming the file" \
+    "$WORK/damaged/adapt.txt: vocab 0 (\"colour\"): token lines are damaged" \
+    bash -c "cd '$WORK' && timeout 60 '$LOOM' predict a.cfg --model-dir '$WORK/damaged' --output -"
 finish

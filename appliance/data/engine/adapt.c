@@ -424,21 +424,23 @@ static bool rd_f32(rd *r, float *v)
 
 static int hexval(char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1; }
 
-/* A "=TOKEN" word decoded into out (at most cap bytes): its length, or -1. */
+/* A "=TOKEN" word decoded into out (at most cap bytes; out NULL: only
+ * measured): its length, or -1. */
 static int64_t rd_token(rd *r, char *out, size_t cap)
 {
     const char *w;
     size_t n, k = 0;
     if (!rd_word(r, &w, &n) || w[0] != '=') return -1;
     for (size_t i = 1; i < n; i++) {
-        if (k >= cap) return -1;
-        if (w[i] != '%') {
-            out[k++] = w[i];
-            continue;
+        if (out && k >= cap) return -1;
+        char ch = w[i];
+        if (ch == '%') {
+            if (i + 2 >= n || hexval(w[i + 1]) < 0 || hexval(w[i + 2]) < 0) return -1;
+            ch = (char)(hexval(w[i + 1]) * 16 + hexval(w[i + 2]));
+            i += 2;
         }
-        if (i + 2 >= n || hexval(w[i + 1]) < 0 || hexval(w[i + 2]) < 0) return -1;
-        out[k++] = (char)(hexval(w[i + 1]) * 16 + hexval(w[i + 2]));
-        i += 2;
+        if (out) out[k] = ch;
+        k++;
     }
     return (int64_t)k;
 }
@@ -452,7 +454,6 @@ static int parse(const char *text, size_t len, const char *name, loom_dataset_sp
     while (r.p < r.end && *r.p == '#')
         while (r.p < r.end && *r.p++ != '\n') {}
     int rc = LOOM_OK;
-    char *tokbuf = NULL;
     for (int a = 0; a < n && !rc; a++) {
         loom_map_spec *m = &train->transform[ks[a]].map;
         bool vocab = m->kind == LOOM_MAP_STRING_LOOKUP, mm = !vocab && m->norm_mode == LOOM_NORM_MIN_MAX;
@@ -504,13 +505,9 @@ static int parse(const char *text, size_t len, const char *name, loom_dataset_sp
         /* two passes over the token lines: sizes, then the bytes */
         rd t0 = r;
         size_t bytes = 0;
-        if (!tokbuf && !(tokbuf = loom_alloc(3 * LOOM_MAX_STRING + 1))) {
-            rc = loom_err_set(err, LOOM_ENOMEM, name, "reading a vocabulary");
-            break;
-        }
         long long cnt;
         for (long long i = 0; i < L && !rc; i++) {
-            int64_t tl = rd_token(&r, tokbuf, 3 * LOOM_MAX_STRING);
+            int64_t tl = rd_token(&r, NULL, 0);
             if (tl < 0 || !rd_i64(&r, &cnt) || cnt < 0) rc = LOOM_EDATA;
             else bytes += (size_t)tl;
         }
@@ -532,7 +529,6 @@ static int parse(const char *text, size_t len, const char *name, loom_dataset_sp
         vocab_digest(v);
         set_vocab(m, v, true);
     }
-    loom_free(tokbuf);
     return rc;
 }
 
