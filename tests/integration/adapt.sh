@@ -140,6 +140,24 @@ ta=$(timeout 30 "$LOOM" inspect "$LAST" | grep '^tensor'); tr=$(timeout 30 "$LOO
 [ -n "$ta" ] && [ "$ta" = "$tr" ] && pass "the resumed run's weights are the uninterrupted run's, bit for bit (every tensor's CRC)" \
     || fail "exact resume: the weights differ" "$(diff <(echo "$ta") <(echo "$tr") | head -4)"
 
+# 6b. string_lookup's ids go straight into an embedding first layer (input_dim = max_tokens)
+cat > "$WORK/emb.cfg" <<CFG
+version = 1;
+data: { train: { source: { type = "csv"; files = ["produce.csv"];
+                           columns: { colour = { dtype = "string"; max_length = 16; }; label = { dtype = "int64"; }; }; };
+                 transforms = ( { op = "map"; fn = "string_lookup"; feature = "colour"; adapt = true; max_tokens = 8; },
+                                { op = "batch"; size = 32; } ); }; };
+model: { input = "colour"; label = "label";
+         layers = ( { type = "embedding"; input_dim = 8; output_dim = 4; }, { type = "flatten"; },
+                    { type = "dense"; units = 3; } ); };
+optimizer: { type = "adam"; learning_rate = 0.05; };
+run: { model_dir = "run_emb"; epochs = 3; progress = "none"; };
+CFG
+out=$(cd "$WORK" && timeout 60 "$LOOM" train emb.cfg 2>&1)
+acc=$(grep -o "done: step [0-9]*, train accuracy [0-9.]*\|accuracy [0-9.]*" <<<"$out" | tail -1 | awk '{print $NF}')
+awk -v a="${acc:-0}" 'BEGIN { exit !(a > 0.6) }' && pass "string_lookup ids feed an embedding: it learns the label from the colour (accuracy $acc)" \
+    || fail "string_lookup into an embedding" "$(echo "$out" | tail -3)"
+
 # 7. data.eval uses the training vocabulary: a string only eval has is out of vocabulary
 grep -v ",purple," "$CSV" > "$WORK/nopurple.csv"
 cfg v "" produce.csv
