@@ -1630,8 +1630,9 @@ static void adapted_free(loom_spec *cp)
 {
     for (int d = 0; cp && d < 2; d++) {
         loom_dataset_spec *ds = d ? &cp->eval : &cp->train;
-        for (int i = 0; i < ds->n_transforms; i++)
-            if (ds->transform[i].map.vocab_owned) loom_free(ds->transform[i].map.vocab);
+        for (int i = 0; i < ds->n_transforms; i++) /* (map is a union member: only a map's is one) */
+            if (ds->transform[i].kind == LOOM_T_MAP && ds->transform[i].map.vocab_owned)
+                loom_free(ds->transform[i].map.vocab);
     }
     loom_free(cp);
 }
@@ -1655,7 +1656,8 @@ static int watch_adapt(run *r, const char *path, loom_spec **own, bool *said, lo
             *cp = *r->spec;
             for (int d = 0; d < 2; d++) {
                 loom_dataset_spec *ds = d ? &cp->eval : &cp->train;
-                for (int i = 0; i < ds->n_transforms; i++) ds->transform[i].map.vocab_owned = false;
+                for (int i = 0; i < ds->n_transforms; i++)
+                    if (ds->transform[i].kind == LOOM_T_MAP) ds->transform[i].map.vocab_owned = false;
             }
             loom_adapt_source src = {.name = path, .text = ck.data, .len = ck.len, .said = said};
             loom_data_ctx none = {0};
@@ -1840,9 +1842,9 @@ int loom_predict_run(const loom_spec *spec, const loom_predict_opts *po, loom_er
                     continue;
                 if (!keep_label && t.kind == LOOM_T_SELECT) {
                     int k = 0;
-                    for (int j = 0; j < t.n_names; j++)
-                        if (strcmp(t.names[j], spec->model.label)) memcpy(t.names[k++], t.names[j], LOOM_NAME_MAX);
-                    t.n_names = k;
+                    for (int j = 0; j < t.features.n; j++)
+                        if (strcmp(t.features.name[j], spec->model.label)) memcpy(t.features.name[k++], t.features.name[j], LOOM_NAME_MAX);
+                    t.features.n = k;
                 }
                 ds->transform[ds->n_transforms++] = t;
             }
