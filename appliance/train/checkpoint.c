@@ -243,11 +243,18 @@ static int end_file(loom_buf *b, const char *path, loom_err *err)
 int loom_ckpt_save(const char *dir, int64_t step, loom_model *m, loom_optimizer *o, const loom_buf *trainer,
                    const loom_buf *iter, int keep, char path[LOOM_PATH_MAX], loom_err *err)
 {
+    return loom_ckpt_save_adapt(dir, step, m, o, trainer, iter, NULL, keep, path, err);
+}
+
+int loom_ckpt_save_adapt(const char *dir, int64_t step, loom_model *m, loom_optimizer *o, const loom_buf *trainer,
+                         const loom_buf *iter, const loom_buf *adapt, int keep, char path[LOOM_PATH_MAX], loom_err *err)
+{
     loom_buf b;
     loom_buf_init(&b);
     int nt = loom_model_num_param_tensors(m);
     int nslots = o ? loom_optimizer_num_slots(o) : 0;
-    uint32_t records = (uint32_t)(nt * (1 + nslots)) + (trainer != NULL) + (iter != NULL);
+    if (adapt && !adapt->len) adapt = NULL;
+    uint32_t records = (uint32_t)(nt * (1 + nslots)) + (trainer != NULL) + (iter != NULL) + (adapt != NULL);
     loom_buf_put(&b, MAGIC, 8);
     loom_buf_put_u32(&b, CKPT_VERSION);
     loom_buf_put_u32(&b, records);
@@ -267,6 +274,7 @@ int loom_ckpt_save(const char *dir, int64_t step, loom_model *m, loom_optimizer 
     }
     if (!rc && trainer) rc = put_record(&b, KIND_BLOB, "trainer", NULL, trainer->data, trainer->len, err);
     if (!rc && iter) rc = put_record(&b, KIND_BLOB, "iterator/train", NULL, iter->data, iter->len, err);
+    if (!rc && adapt) rc = put_record(&b, KIND_BLOB, "adapt", NULL, adapt->data, adapt->len, err);
     if (!rc) {
         uint32_t crc = loom_crc32c(b.data, b.len);
         loom_buf_put(&b, TRAILER, 8);
@@ -640,6 +648,30 @@ int loom_ckpt_load(const char *path, loom_model *m, loom_optimizer *o, loom_buf 
         if (trainer) loom_buf_fini(trainer);
         if (iter) loom_buf_fini(iter);
     }
+    return rc;
+}
+
+int loom_ckpt_read_blob(const char *path, const char *name, loom_buf *out, loom_err *err)
+{
+    loom_buf_init(out);
+    uint8_t *data;
+    loom_buf b;
+    uint32_t records;
+    int rc = open_checkpoint(path, &data, &b, &records, err);
+    if (rc) return rc;
+    if ((rc = scan_records(&b, records, path, err))) {
+        loom_free(data);
+        return rc;
+    }
+    rc = LOOM_EEOF;
+    for (uint32_t r = 0; r < records && rc == LOOM_EEOF; r++) {
+        record rec;
+        int e = next_record(&b, r, &rec, path, err);
+        if (e) rc = e;
+        else if (rec.kind == KIND_BLOB && !strcmp(rec.name, name)) rc = load_record(&rec, NULL, out, path, err);
+    }
+    loom_free(data);
+    if (rc && rc != LOOM_EEOF) loom_buf_fini(out);
     return rc;
 }
 

@@ -137,6 +137,14 @@ int loom_ckpt_newest_after(const char *dir, int64_t after, char path[LOOM_PATH_M
  * and the given blobs (may be NULL), then prunes to `keep`. */
 int loom_ckpt_save(const char *dir, int64_t step, loom_model *m, loom_optimizer *o, const loom_buf *trainer,
                    const loom_buf *iter, int keep, char path[LOOM_PATH_MAX], loom_err *err);
+/* The same, with the numbers adapted at start (data.h loom_data_adapt_text)
+ * as the record "adapt" (none when adapt is NULL or empty). */
+int loom_ckpt_save_adapt(const char *dir, int64_t step, loom_model *m, loom_optimizer *o, const loom_buf *trainer,
+                         const loom_buf *iter, const loom_buf *adapt, int keep, char path[LOOM_PATH_MAX], loom_err *err);
+/* The bytes of a checkpoint's blob record `name` ("adapt") into out (freed
+ * with loom_buf_fini), after checking the whole file as loom_ckpt_load does:
+ * LOOM_EEOF when it has no such record. */
+int loom_ckpt_read_blob(const char *path, const char *name, loom_buf *out, loom_err *err);
 /* Moves every checkpoint of dir (and its index) into a new
  * dir/superseded-<UTC time>/, named in out; for --fresh, which must neither
  * resume from nor destroy what an earlier run wrote. */
