@@ -1651,6 +1651,10 @@ static void ps_print_plan(loom_strategy *s, int64_t global_batch, FILE *f)
     else
         fprintf(f, "  placement: variables split along axis 0 by the %s partitioner, shards round-robin over the ps "
                 "tasks\n", loom_partitioner_name(st->partitioner.kind));
+    if (ps->table_var >= 0)
+        fprintf(f, "  the embedding table %s: %s\n", loom_model_param_tensor(ps->model, ps->table_var)->name,
+                ps->sparse ? "workers pull only the rows a batch looks up and push only their gradients (sparse "
+                             "updates, applied lazily on the ps)" : "moved whole (LOOM_TEST_PS_DENSE_TABLES)");
     int nv = loom_model_num_param_tensors(ps->model);
     loom_param_info *pi = loom_calloc((size_t)(nv ? nv : 1), sizeof *pi);
     if (!pi) return;
