@@ -52,6 +52,7 @@
 #include "ps_internal.h"
 
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -109,7 +110,8 @@ typedef struct ps_strategy {
     int64_t         ps_step;    /* the ps tasks' applied count at the last fetch */
     /* ---- the embedding table: sparse pull and push (every role) ---- */
     int             table_var;  /* the table's parameter tensor; -1: the model has none */
-    int64_t         table_rows;
+    int64_t         table_rows, table_off, table_dim;
+    double          clip_norm;  /* optimizer.clip_norm: the worker clips its gradients before a push */
     bool           *is_table;   /* per shard: a shard of the table (updated row-wise, lazily) */
     bool            sparse;     /* workers pull and push the table rows a batch looks up, not the table */
     /* ---- worker ---- */
@@ -212,6 +214,8 @@ static int table_open(ps_strategy *ps, bool plan_only, loom_err *err)
     loom_model_sparse_grad(ps->model, 0, &sg);
     ps->table_var = sg.param;
     ps->table_rows = sg.rows;
+    ps->table_off = sg.offset;
+    ps->table_dim = sg.dim;
     for (int i = 0; i < ps->plan.n_shards; i++) ps->is_table[i] = ps->plan.shard[i].var == sg.param;
     const char *dense = getenv("LOOM_TEST_PS_DENSE_TABLES");
     ps->sparse = !(dense && strcmp(dense, "1") == 0);
@@ -252,6 +256,7 @@ static int ps_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     if (ps->K > LOOM_PS_MAX_STEPS) ps->K = LOOM_PS_MAX_STEPS;
     ps->sync = spec->strategy.sync.enabled;
     ps->sync_n = spec->strategy.sync.replicas_to_aggregate;
+    ps->clip_norm = spec->optimizer.clip_norm;
     ps->wait_s = c && c->connect_timeout > 0 ? c->connect_timeout : 60;
     ps->peer_chief = -1;
     const char *slow = getenv("LOOM_TEST_PS_STEP_MS");
@@ -558,6 +563,50 @@ static void select_rows(ps_strategy *ps, const loom_tensor *x)
     }
 }
 
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* optimizer.clip_norm (tf.clip_by_global_norm) under parameter_server: no
+ * ps holds every gradient, so the worker scales its own by their global
+ * norm before pushing them, as a TF worker's step function clips before
+ * the update, and the ps tasks apply them unclipped. The norm sums the
+ * squares in the flat buffer's order (a sparse step: the dense part, then
+ * the table's selected rows in ascending order, the other table rows being
+ * zero) and the scaled gradients are g * factor in float, so the update's
+ * bits are those of one_device's optimizer clipping the same gradients. */
+static void clip_grads(ps_strategy *ps)
+{
+    float *g = loom_model_grads(ps->model);
+    bool rows = ps->table_var >= 0 && ps->sparse && ps->sel_n;
+    int64_t lo = rows ? ps->table_off : ps->P, hi = rows ? ps->table_off + ps->table_rows * ps->table_dim : ps->P;
+    double ss = 0;
+    for (int64_t i = 0; i < lo; i++) ss += (double)g[i] * g[i];
+    for (int i = 0; rows && i < ps->plan.n_shards; i++) { /* the table's shards ascend */
+        if (!ps->is_table[i] || ps->sel_n[i] <= 0) continue;
+        qsort(ps->sel_rows[i], (size_t)ps->sel_n[i], sizeof(uint32_t), cmp_u32);
+        for (int64_t j = 0; j < ps->sel_n[i]; j++) {
+            const float *r = g + ps->table_off + (ps->plan.shard[i].row0 + ps->sel_rows[i][j]) * ps->table_dim;
+            for (int64_t e = 0; e < ps->table_dim; e++) ss += (double)r[e] * r[e];
+        }
+    }
+    for (int64_t i = hi; i < ps->P; i++) ss += (double)g[i] * g[i];
+    double norm = sqrt(ss);
+    if (!(norm > ps->clip_norm)) return;
+    float c = (float)(ps->clip_norm / norm);
+    for (int64_t i = 0; i < lo; i++) g[i] = g[i] * c;
+    for (int i = 0; rows && i < ps->plan.n_shards; i++) {
+        if (!ps->is_table[i] || ps->sel_n[i] <= 0) continue;
+        for (int64_t j = 0; j < ps->sel_n[i]; j++) {
+            float *r = g + ps->table_off + (ps->plan.shard[i].row0 + ps->sel_rows[i][j]) * ps->table_dim;
+            for (int64_t e = 0; e < ps->table_dim; e++) r[e] = r[e] * c;
+        }
+    }
+    for (int64_t i = hi; i < ps->P; i++) g[i] = g[i] * c;
+}
+
 /* Pushes the model's gradients (flat) to every ps; *accepted: all took them.
  * pull: the ps tasks answer with the new values, into the model (async). */
 static int push_all(ps_strategy *ps, int64_t tag, bool pull, bool *accepted, int64_t *applied, loom_err *err)
@@ -640,6 +689,7 @@ static int run_fn(ps_strategy *ps, const loom_strategy_args *a, loom_iter *it, i
         uint64_t key = loom_rng_mix(loom_rng_mix(ps->seed, 0x50530000u + (uint64_t)ps->index), (uint64_t)seen);
         rc = loom_model_train_step(ps->model, x, y, B, key, &o->loss_sum, &o->correct, err);
         if (rc) return rc;
+        if (ps->clip_norm > 0) clip_grads(ps);
         if (ps->test_step_us) usleep(ps->test_step_us); /* tests: a slower worker */
         bool accepted;
         int64_t applied;
@@ -1065,7 +1115,9 @@ static int ps_serve_loop(ps_strategy *ps, const loom_spec *spec, loom_err *err)
     st.params = loom_alloc_aligned(L * sizeof(float));
     st.grads = loom_alloc_aligned(L * sizeof(float));
     st.acc = loom_alloc_aligned(L * sizeof(float));
-    int rc = loom_optimizer_new(&st.opt, &spec->optimizer, st.L ? st.L : 1, err);
+    loom_optimizer_spec os = spec->optimizer;
+    os.clip_norm = 0; /* the workers clip their gradients (clip_grads): no ps sees them all */
+    int rc = loom_optimizer_new(&st.opt, &os, st.L ? st.L : 1, err);
     if (!rc && (!st.params || !st.grads || !st.acc))
         rc = loom_err_set(err, LOOM_ENOMEM, NULL, "allocating %lld floats of variables on %s", (long long)st.L, ps->task);
     if (rc) {

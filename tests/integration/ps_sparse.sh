@@ -5,11 +5,12 @@
 # over 2 ps tasks, lazy Adam): a worker pulls only the table rows its batch
 # looks up and pushes only their gradients. Checked: 1 worker + 2 ps ends
 # with the weights and slots of one_device bit for bit, and of the same job
-# with the table moved whole (LOOM_TEST_PS_DENSE_TABLES=1); so does a
-# synchronous job of 2 workers (rows summed by id, then averaged) whose
-# workers shuffle differently; the bytes moved per step are those of the
-# rows touched, not of the table; a worker killed mid-run still leaves every
-# step applied; an id outside the table is still named. Then
+# with the table moved whole (LOOM_TEST_PS_DENSE_TABLES=1); a synchronous
+# job of 2 differently shuffling workers (rows summed by id, then averaged)
+# ends as the same job with the table moved whole; optimizer.clip_norm
+# clips on the worker as one_device clips; the bytes moved per step are
+# those of the rows touched, not of the table; a worker killed mid-run
+# still leaves every step applied; an id outside the table is named. Then
 # configs/ctr_parameter_server.cfg (2 workers + 2 ps, the 2^20-row table)
 # trains briefly end to end. Every launch runs under `timeout`; launch kills
 # its tasks when it exits.
@@ -46,6 +47,19 @@ dense_line=$(grep "the workers' pulls and pushes moved" <<<"$out")
 same_weights "sparse pull/push = one_device (table, dense layers, Adam m and v), bit for bit" \
     "$WORK/one/ckpt-100.loom" "$WORK/sp/ckpt-100.loom"
 same_weights "sparse pull/push = the table moved whole, bit for bit" "$WORK/de/ckpt-100.loom" "$WORK/sp/ckpt-100.loom"
+
+# optimizer.clip_norm: the worker clips by the global norm of its gradients before pushing
+CLIP=optimizer.clip_norm=0.05
+check "one_device run, clip_norm 0.05" "$LOOM" train tests/configs/ctr_small.cfg --model-dir "$WORK/onec" --set $CLIP
+out=$(L $CFG --workers 1 --ps 2 --model-dir "$WORK/spc" --set $CLIP 2>&1); st=$?
+ok_run "sparse, clip_norm 0.05: completes" $st "$out"
+same_weights "sparse, clip_norm: the worker's global-norm clipping = one_device's, bit for bit" \
+    "$WORK/onec/ckpt-100.loom" "$WORK/spc/ckpt-100.loom"
+if [ "$(tensors "$WORK/onec/ckpt-100.loom")" != "$(tensors "$WORK/one/ckpt-100.loom")" ]; then
+    pass "clip_norm 0.05 did clip (other weights than without)"
+else
+    fail "clip_norm 0.05 did clip"
+fi
 
 # ---- bytes per step: the rows touched, not the table -----------------------------------
 # per step, for R rows (a mean): the dense variables (1057 floats) and the rows (8 floats) pulled
