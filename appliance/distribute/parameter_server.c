@@ -116,7 +116,7 @@ typedef struct ps_strategy {
     bool            sparse;     /* workers pull and push the table rows a batch looks up, not the table */
     /* ---- worker ---- */
     int64_t        *sel_n;      /* per shard: rows of this step (-1: the whole shard) */
-    uint32_t      **sel_rows;   /* per table shard: those rows, shard-local, first-seen order */
+    uint32_t      **sel_rows;   /* per table shard: those rows, shard-local (first-seen order; ascending with clip_norm) */
     uint8_t        *mark;       /* per table row: selected already (cleared after each selection) */
     loom_elem      *held;       /* a batch taken but not computed on (sync: the step function ended) */
     int64_t         sel_total;  /* rows selected for this step */

@@ -116,9 +116,9 @@ contains "an id outside the table: named by the worker" \
 
 # ---- configs/ctr_parameter_server.cfg: 2 workers + 2 ps, briefly ----------------------------
 out=$(timeout 240 "$LOOM" launch --local configs/ctr_parameter_server.cfg --workers 2 --ps 2 --model-dir "$WORK/ctr" \
-      --set run.max_steps=20 --set data.eval.source.count=2000 --set run.threads=1 2>&1); st=$?
+      --set run.max_steps=10 --set data.eval.source.count=1000 --set run.threads=1 2>&1); st=$?
 ok_run "ctr_parameter_server.cfg: 2 workers + 2 ps train" $st "$out"
-contains "ctr_parameter_server.cfg: every step applied" "done: step 20" "$out"
+contains "ctr_parameter_server.cfg: every step applied" "done: step 10" "$out"
 line=$(grep "the workers' pulls and pushes moved" <<<"$out")
 x=$(grep -o '[0-9.]*x)' <<<"$line" | tr -d 'x)')
 if [ -n "$x" ] && awk -v x="$x" 'BEGIN { exit !(x >= 20) }'; then
@@ -126,7 +126,7 @@ if [ -n "$x" ] && awk -v x="$x" 'BEGIN { exit !(x >= 20) }'; then
 else
     fail "ctr_parameter_server.cfg: far fewer bytes a step than moving the table" "$line"
 fi
-ev=$("$LOOM" evaluate configs/ctr_parameter_server.cfg --model-dir "$WORK/ctr" --set data.eval.source.count=2000 2>/dev/null)
-contains "ctr_parameter_server.cfg: its checkpoint evaluates" '"step": 20' "$ev"
+ev=$("$LOOM" evaluate configs/ctr_parameter_server.cfg --model-dir "$WORK/ctr" --set data.eval.source.count=1000 2>/dev/null)
+contains "ctr_parameter_server.cfg: its checkpoint evaluates" '"step": 10' "$ev"
 
 finish
