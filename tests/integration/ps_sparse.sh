@@ -4,7 +4,7 @@
 # tests/configs/ps_ctr.cfg (the small CTR model, its 16384 x 8 table split
 # over 2 ps tasks, lazy Adam): a worker pulls only the table rows its batch
 # looks up and pushes only their gradients. Checked: 1 worker + 2 ps ends
-# with the weights and slots of one_device bit for bit, and of the same job
+# with the weights and slots of one_device bit for bit (Adam, Adagrad), and of the same job
 # with the table moved whole (LOOM_TEST_PS_DENSE_TABLES=1); a synchronous
 # job of 2 differently shuffling workers (rows summed by id, then averaged)
 # ends as the same job with the table moved whole; optimizer.clip_norm
@@ -47,6 +47,14 @@ dense_line=$(grep "the workers' pulls and pushes moved" <<<"$out")
 same_weights "sparse pull/push = one_device (table, dense layers, Adam m and v), bit for bit" \
     "$WORK/one/ckpt-100.loom" "$WORK/sp/ckpt-100.loom"
 same_weights "sparse pull/push = the table moved whole, bit for bit" "$WORK/de/ckpt-100.loom" "$WORK/sp/ckpt-100.loom"
+
+# Adagrad (the CTR config's optimizer): the sparse update's bits are the dense update's
+AG=(--set optimizer.type=adagrad --set optimizer.learning_rate=0.1)
+check "one_device run, adagrad" "$LOOM" train tests/configs/ctr_small.cfg --model-dir "$WORK/oneag" "${AG[@]}"
+out=$(L $CFG --workers 1 --ps 2 --model-dir "$WORK/spag" "${AG[@]}" 2>&1); st=$?
+ok_run "sparse, adagrad: completes" $st "$out"
+same_weights "sparse, adagrad = one_device (table and accumulator), bit for bit" \
+    "$WORK/oneag/ckpt-100.loom" "$WORK/spag/ckpt-100.loom"
 
 # optimizer.clip_norm: the worker clips by the global norm of its gradients before pushing
 CLIP=optimizer.clip_norm=0.05
