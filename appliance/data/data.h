@@ -73,6 +73,8 @@ typedef struct loom_input_ctx {
 /* Context for building a pipeline. */
 typedef struct loom_data_ctx {
     uint64_t seed;        /* the run's seed: default for shuffles and random maps */
+    bool     source_seed_set; /* the synthetic source draws its data with source_seed, not seed: a */
+    uint64_t source_seed;     /* parameter_server worker shuffles with its own seed, but sees the same data */
     int      threads;     /* threads the pipeline may use besides the train thread (>= 0) */
     const char *name;     /* "train", "eval", for messages */
     loom_input_ctx input; /* zero: the only pipeline, nothing is sharded */

@@ -59,6 +59,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -87,6 +88,7 @@ typedef struct ps_strategy {
     loom_model     *model;      /* chief and workers; a ps builds none (ps_open) */
     loom_optimizer *opt;
     loom_param_info *pi;        /* the variables (nv), from the model or, on a ps, the config alone */
+    loom_sparse_grad lean_table; /* on a ps without the model: its embedding table (param -1: none) */
     int             nv;
     loom_ps_plan    plan;
     uint64_t        plan_id;    /* loom_ps_plan_id_: checkpoints name the partitioning */
@@ -120,6 +122,20 @@ typedef struct ps_strategy {
     int64_t         stale, lost_fns, requeued;
     uint64_t        req;
     int64_t         ps_step;    /* the ps tasks' applied count at the last fetch */
+    /* ---- the embedding table: sparse pull and push (every role) ---- */
+    int             table_var;  /* the table's parameter tensor; -1: the model has none */
+    int64_t         table_rows, table_off, table_dim;
+    double          clip_norm;  /* optimizer.clip_norm: the worker clips its gradients before a push */
+    bool           *is_table;   /* per shard: a shard of the table (updated row-wise, lazily) */
+    bool            sparse;     /* workers pull and push the table rows a batch looks up, not the table */
+    /* ---- worker ---- */
+    int64_t        *sel_n;      /* per shard: rows of this step (-1: the whole shard) */
+    uint32_t      **sel_rows;   /* per table shard: those rows, shard-local (first-seen order; ascending with clip_norm) */
+    uint8_t        *mark;       /* per table row: selected already (cleared after each selection) */
+    loom_elem      *held;       /* a batch taken but not computed on (sync: the step function ended) */
+    int64_t         sel_total;  /* rows selected for this step */
+    int64_t         moved_bytes, moved_rows, moved_steps; /* chief: the workers' reports (loom_ps_traffic) */
+    int64_t         bytes_pull, bytes_push, rows_sel, steps_run;
 } ps_strategy;
 
 /* ---- small helpers -------------------------------------------------------- */
@@ -234,6 +250,46 @@ static int add_peer(ps_strategy *ps, loom_net_peer *peers, loom_role role, int i
     return p;
 }
 
+/* The model's embedding table (an embedding is the first layer, so there
+ * is one at most) and its shards. A worker moves only the rows its batch
+ * looks up (LOOM_TEST_PS_DENSE_TABLES=1: the whole table, as a dense
+ * variable, for tests that compare the two), and keeps the model's grads
+ * buffer to itself, so a backward clears only the rows it wrote. */
+static int table_open(ps_strategy *ps, bool plan_only, loom_err *err)
+{
+    ps->table_var = -1;
+    ps->is_table = loom_calloc((size_t)(ps->plan.n_shards ? ps->plan.n_shards : 1), sizeof *ps->is_table);
+    if (!ps->is_table) return loom_err_set(err, LOOM_ENOMEM, NULL, "listing the table's shards");
+    loom_sparse_grad sg = ps->lean_table;
+    if (ps->model) {
+        if (loom_model_num_sparse(ps->model) != 1) return LOOM_OK;
+        loom_model_sparse_grad(ps->model, 0, &sg);
+    } else if (sg.param < 0)
+        return LOOM_OK;
+    ps->table_var = sg.param;
+    ps->table_rows = sg.rows;
+    ps->table_off = sg.offset;
+    ps->table_dim = sg.dim;
+    for (int i = 0; i < ps->plan.n_shards; i++) ps->is_table[i] = ps->plan.shard[i].var == sg.param;
+    const char *dense = getenv("LOOM_TEST_PS_DENSE_TABLES");
+    ps->sparse = !(dense && strcmp(dense, "1") == 0);
+    if (plan_only || ps->role != LOOM_ROLE_WORKER) return LOOM_OK;
+    loom_model_set_sparse_owner(ps->model, 1);
+    ps->sel_n = loom_calloc((size_t)ps->plan.n_shards, sizeof *ps->sel_n);
+    ps->sel_rows = loom_calloc((size_t)ps->plan.n_shards, sizeof *ps->sel_rows);
+    ps->mark = loom_calloc((size_t)(sg.rows ? sg.rows : 1), 1);
+    if (!ps->sel_n || !ps->sel_rows || !ps->mark) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating row lists");
+    for (int i = 0; i < ps->plan.n_shards; i++) {
+        ps->sel_n[i] = -1;
+        if (!ps->is_table[i]) continue;
+        ps->sel_rows[i] = loom_alloc((size_t)(ps->plan.shard[i].rows ? ps->plan.shard[i].rows : 1) * sizeof(uint32_t));
+        if (!ps->sel_rows[i])
+            return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the row list of %lld rows",
+                                (long long)ps->plan.shard[i].rows);
+    }
+    return LOOM_OK;
+}
+
 static int ps_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
 {
     const loom_spec *spec = a->spec;
@@ -254,6 +310,7 @@ static int ps_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     if (ps->K > LOOM_PS_MAX_STEPS) ps->K = LOOM_PS_MAX_STEPS;
     ps->sync = spec->strategy.sync.enabled;
     ps->sync_n = spec->strategy.sync.replicas_to_aggregate;
+    ps->clip_norm = spec->optimizer.clip_norm;
     ps->wait_s = c && c->connect_timeout > 0 ? c->connect_timeout : 60;
     ps->peer_chief = -1;
     const char *slow = getenv("LOOM_TEST_PS_STEP_MS");
@@ -268,7 +325,7 @@ static int ps_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
          * model section, no weights, gradients or activations of the whole
          * model (it gets its shards' values from the coordinator) */
         rc = loom_model_param_list(&spec->model, &xe, in->dtype[a->input_idx], &ye, in->dtype[a->label_idx], &ps->pi,
-                                   &ps->nv, &ps->P, err);
+                                   &ps->nv, &ps->P, &ps->lean_table, err);
         if (rc) return rc;
     } else {
         rc = loom_model_new(&ps->model, &spec->model, &xe, in->dtype[a->input_idx], &ye, in->dtype[a->label_idx],
@@ -295,6 +352,7 @@ static int ps_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     rc = loom_optimizer_new(&ps->opt, &spec->optimizer, ps->role == LOOM_ROLE_PS ? 1 : ps->P, err);
     if (rc) return rc;
     ps->n_slots = loom_optimizer_num_slots(ps->opt);
+    if ((rc = table_open(ps, a->plan_only || !c || c->index < 0, err))) return rc;
     if (a->plan_only || !c || c->index < 0) return LOOM_OK;
 
     int maxp = ps->n_workers + ps->n_ps + 1;
@@ -339,6 +397,25 @@ static void send_end(ps_strategy *ps)
     for (int p = 0; p < ps->n_peers; p++) loom_net_send(ps->net, p, LOOM_PS_MSG_END, "", 0, &e);
 }
 
+/* The bytes of the workers' pull and push messages (the transport's
+ * framing aside) per step they computed, beside those of moving every
+ * variable whole both ways; benches and tests read the key=value fields. */
+static void traffic_report(const ps_strategy *ps)
+{
+    int64_t n = ps->moved_steps, per = ps->moved_bytes / n, whole = 2 * ps->P * (int64_t)sizeof(float);
+    char a[32], w[32], rows[160] = "";
+    loom_ps_bytes_str_(per, a, sizeof a);
+    loom_ps_bytes_str_(whole, w, sizeof w);
+    if (ps->table_var >= 0 && ps->sparse)
+        snprintf(rows, sizeof rows, "; sparse table updates: %.1f of the table's %lld rows a step (rows_per_step=%.1f)",
+                 (double)ps->moved_rows / (double)n, (long long)ps->table_rows, (double)ps->moved_rows / (double)n);
+    else if (ps->table_var >= 0)
+        snprintf(rows, sizeof rows, "; the table moved whole");
+    loom_info("parameter_server: the workers' pulls and pushes moved %s a step (bytes_per_step=%lld over %lld steps); "
+              "every variable whole both ways would be %s (whole_bytes_per_step=%lld, %.1fx)%s", a, (long long)per,
+              (long long)n, w, (long long)whole, per ? (double)whole / (double)per : 0.0, rows);
+}
+
 static void ps_close(loom_strategy *s)
 {
     ps_strategy *ps = s->impl;
@@ -350,6 +427,7 @@ static void ps_close(loom_strategy *s)
             loom_info("parameter_server: %lld stale gradient%s dropped, %lld step function%s put back in the queue "
                       "after a lost worker", (long long)ps->stale, ps->stale == 1 ? "" : "s", (long long)ps->requeued,
                       ps->requeued == 1 ? "" : "s");
+        if (ps->moved_steps) traffic_report(ps);
     }
     loom_net_close(ps->net);
     loom_model_free(ps->model);
@@ -364,23 +442,45 @@ static void ps_close(loom_strategy *s)
     loom_free(ps->alive);
     loom_free(ps->fns);
     loom_free(ps->ready);
+    if (ps->sel_rows)
+        for (int i = 0; i < ps->plan.n_shards; i++) loom_free(ps->sel_rows[i]);
+    loom_free(ps->sel_rows);
+    loom_free(ps->sel_n);
+    loom_free(ps->mark);
+    loom_free(ps->is_table);
+    loom_ps_plan_free_(&ps->plan);
     loom_free(ps);
 }
 
 /* ---- range messages --------------------------------------------------------- */
 
+/* Rows sel_n[i] of shard i on a worker's step: -1 the whole shard. */
+static int64_t sel_of(const ps_strategy *ps, bool sel, int i) { return sel && ps->sel_n ? ps->sel_n[i] : -1; }
+
 /* Every shard of ps q, whole, with values from base (flat layout, NULL: none)
- * and slots (n_slots blocks of P floats, flat layout) when slots is given. */
-static int put_shards(loom_buf *b, const ps_strategy *ps, int q, const loom_ps_hdr *h0, const float *base,
-                      const float *slots)
+ * and slots (n_slots blocks of P floats, flat layout) when slots is given.
+ * sel (a worker's step, never with slots): a table shard only with the rows
+ * the step selected (select_rows), none when it selected none. */
+static int put_shards_sel(loom_buf *b, const ps_strategy *ps, int q, const loom_ps_hdr *h0, const float *base,
+                          const float *slots, bool sel)
 {
     loom_ps_hdr h = *h0;
     h.n_ranges = 0;
-    for (int i = 0; i < ps->plan.n_shards; i++) h.n_ranges += ps->plan.shard[i].ps == q;
+    for (int i = 0; i < ps->plan.n_shards; i++) h.n_ranges += ps->plan.shard[i].ps == q && sel_of(ps, sel, i) != 0;
     loom_ps_put_hdr_(b, &h);
     for (int i = 0; i < ps->plan.n_shards; i++) {
         const loom_ps_shard *sh = &ps->plan.shard[i];
-        if (sh->ps != q) continue;
+        int64_t n = sel_of(ps, sel, i);
+        if (sh->ps != q || n == 0) continue;
+        if (n > 0) { /* rows of the table */
+            LOOM_ASSERT(!slots);
+            loom_ps_put_range_(b, (uint32_t)i, (uint32_t)n, ps->sel_rows[i]);
+            if (base)
+                for (int64_t j = 0; j < n; j++)
+                    loom_buf_put(b, base + sh->offset + (int64_t)ps->sel_rows[i][j] * sh->row_size,
+                                 (size_t)sh->row_size * sizeof(float));
+            continue;
+        }
         loom_ps_put_range_(b, (uint32_t)i, LOOM_PS_WHOLE, NULL);
         if (base) loom_buf_put(b, base + sh->offset, (size_t)sh->count * sizeof(float));
         if (slots)
@@ -388,6 +488,12 @@ static int put_shards(loom_buf *b, const ps_strategy *ps, int q, const loom_ps_h
                 loom_buf_put(b, slots + (size_t)k * (size_t)ps->P + sh->offset, (size_t)sh->count * sizeof(float));
     }
     return b->failed ? LOOM_ENOMEM : LOOM_OK;
+}
+
+static int put_shards(loom_buf *b, const ps_strategy *ps, int q, const loom_ps_hdr *h0, const float *base,
+                      const float *slots)
+{
+    return put_shards_sel(b, ps, q, h0, base, slots, false);
 }
 
 /* A VALUES message's floats into the flat buffers (whole ranges, or rows). */
@@ -426,7 +532,8 @@ static int refused(const ps_strategy *ps, int from, const loom_buf *msg, loom_er
 /* Pulls every ps's shards into base (and slots, with_slots); min_step: the
  * least applied count to answer with. *step: the least applied count the
  * ps tasks answered with. */
-static int pull_all(ps_strategy *ps, float *base, float *slots, int64_t min_step, int64_t *step, loom_err *err)
+static int pull_sel(ps_strategy *ps, float *base, float *slots, int64_t min_step, int64_t *step, bool sel,
+                    loom_err *err)
 {
     loom_buf b;
     loom_buf_init(&b);
@@ -435,10 +542,11 @@ static int pull_all(ps_strategy *ps, float *base, float *slots, int64_t min_step
     for (int q = 0; q < ps->n_ps && !rc; q++) {
         b.len = 0;
         loom_ps_hdr h = {.req = req, .nonce = ps->nonce, .step = min_step, .flags = slots ? LOOM_PS_F_SLOTS : 0};
-        if (put_shards(&b, ps, q, &h, NULL, NULL))
+        if (put_shards_sel(&b, ps, q, &h, NULL, NULL, sel))
             rc = loom_err_set(err, LOOM_ENOMEM, NULL, "building a pull request");
         else
             rc = loom_net_send(ps->net, ps->peer_ps[q], LOOM_PS_MSG_PULL, b.data, b.len, err);
+        ps->bytes_pull += (int64_t)b.len;
     }
     int64_t least = INT64_MAX;
     for (int q = 0; q < ps->n_ps && !rc; q++) {
@@ -457,6 +565,7 @@ static int pull_all(ps_strategy *ps, float *base, float *slots, int64_t min_step
                 loom_ps_msg_fini_(&m);
                 continue;
             }
+            ps->bytes_pull += (int64_t)b.len;
             take_values(ps, &m, base, slots);
             if (m.h.step < least) least = m.h.step;
             loom_ps_msg_fini_(&m);
@@ -466,6 +575,11 @@ static int pull_all(ps_strategy *ps, float *base, float *slots, int64_t min_step
     loom_buf_fini(&b);
     if (!rc && step) *step = least == INT64_MAX ? 0 : least;
     return rc;
+}
+
+static int pull_all(ps_strategy *ps, float *base, float *slots, int64_t min_step, int64_t *step, loom_err *err)
+{
+    return pull_sel(ps, base, slots, min_step, step, false, err);
 }
 
 /* ---- the worker ------------------------------------------------------------- */
@@ -482,6 +596,85 @@ static int next_batch(loom_iter *it, int64_t *epoch, loom_elem **out, loom_err *
     return rc;
 }
 
+/* The table rows the batch's ids x look up, per shard of the table, into
+ * sel_n and sel_rows (distinct, in first-seen order). An id of -1 adds
+ * nothing (padding); an id outside the table is not pulled: the step that
+ * follows fails naming it, as on one machine. */
+static void select_rows(ps_strategy *ps, const loom_tensor *x)
+{
+    if (!ps->sparse || !ps->sel_n) return;
+    if (x->dtype != LOOM_I32 && x->dtype != LOOM_I64) return; /* (refused when the model was built) */
+    int first = -1, k = 0;
+    for (int i = 0; i < ps->plan.n_shards; i++)
+        if (ps->is_table[i]) {
+            if (first < 0) first = i;
+            k++;
+            ps->sel_n[i] = 0;
+        }
+    int64_t n = 1, rows = ps->table_rows;
+    for (int d = 0; d < x->shape.rank; d++) n *= x->shape.dim[d];
+    /* shard j of k holds rows [j*base + min(j, extra), ...): the first extra shards one row longer */
+    int64_t base = rows / k, extra = rows % k, cut = extra * (base + 1);
+    for (int64_t e = 0; e < n; e++) {
+        int64_t id = x->dtype == LOOM_I64 ? ((const int64_t *)x->data)[e] : ((const int32_t *)x->data)[e];
+        if (id < 0 || id >= rows || ps->mark[id]) continue;
+        ps->mark[id] = 1;
+        int64_t j = id < cut ? id / (base + 1) : extra + (id - cut) / base;
+        const loom_ps_shard *sh = &ps->plan.shard[first + j];
+        LOOM_ASSERT(id >= sh->row0 && id < sh->row0 + sh->rows);
+        ps->sel_rows[first + j][ps->sel_n[first + j]++] = (uint32_t)(id - sh->row0);
+    }
+    ps->sel_total = 0;
+    for (int i = first; i < first + k; i++) {
+        for (int64_t j = 0; j < ps->sel_n[i]; j++) ps->mark[ps->plan.shard[i].row0 + ps->sel_rows[i][j]] = 0;
+        ps->sel_total += ps->sel_n[i];
+    }
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* optimizer.clip_norm (tf.clip_by_global_norm) under parameter_server: no
+ * ps holds every gradient, so the worker scales its own by their global
+ * norm before pushing them, as a TF worker's step function clips before
+ * the update, and the ps tasks apply them unclipped. The norm sums the
+ * squares in the flat buffer's order (a sparse step: the dense part, then
+ * the table's selected rows in ascending order, the other table rows being
+ * zero) and the scaled gradients are g * factor in float, so the update's
+ * bits are those of one_device's optimizer clipping the same gradients. */
+static void clip_grads(ps_strategy *ps)
+{
+    float *g = loom_model_grads(ps->model);
+    bool rows = ps->table_var >= 0 && ps->sparse && ps->sel_n;
+    int64_t lo = rows ? ps->table_off : ps->P, hi = rows ? ps->table_off + ps->table_rows * ps->table_dim : ps->P;
+    double ss = 0;
+    for (int64_t i = 0; i < lo; i++) ss += (double)g[i] * g[i];
+    for (int i = 0; rows && i < ps->plan.n_shards; i++) { /* the table's shards ascend */
+        if (!ps->is_table[i] || ps->sel_n[i] <= 0) continue;
+        qsort(ps->sel_rows[i], (size_t)ps->sel_n[i], sizeof(uint32_t), cmp_u32);
+        for (int64_t j = 0; j < ps->sel_n[i]; j++) {
+            const float *r = g + ps->table_off + (ps->plan.shard[i].row0 + ps->sel_rows[i][j]) * ps->table_dim;
+            for (int64_t e = 0; e < ps->table_dim; e++) ss += (double)r[e] * r[e];
+        }
+    }
+    for (int64_t i = hi; i < ps->P; i++) ss += (double)g[i] * g[i];
+    double norm = sqrt(ss);
+    if (!(norm > ps->clip_norm)) return;
+    float c = (float)(ps->clip_norm / norm);
+    for (int64_t i = 0; i < lo; i++) g[i] = g[i] * c;
+    for (int i = 0; rows && i < ps->plan.n_shards; i++) {
+        if (!ps->is_table[i] || ps->sel_n[i] <= 0) continue;
+        for (int64_t j = 0; j < ps->sel_n[i]; j++) {
+            float *r = g + ps->table_off + (ps->plan.shard[i].row0 + ps->sel_rows[i][j]) * ps->table_dim;
+            for (int64_t e = 0; e < ps->table_dim; e++) r[e] = r[e] * c;
+        }
+    }
+    for (int64_t i = hi; i < ps->P; i++) g[i] = g[i] * c;
+}
+
 /* Pushes the model's gradients (flat) to every ps; *accepted: all took them.
  * pull: the ps tasks answer with the new values, into the model (async). */
 static int push_all(ps_strategy *ps, int64_t tag, bool pull, bool *accepted, int64_t *applied, loom_err *err)
@@ -494,8 +687,9 @@ static int push_all(ps_strategy *ps, int64_t tag, bool pull, bool *accepted, int
     for (int q = 0; q < ps->n_ps && !rc; q++) {
         b.len = 0;
         loom_ps_hdr h = {.req = req, .nonce = ps->nonce, .step = tag, .flags = pull ? LOOM_PS_F_PULL : 0};
-        if (put_shards(&b, ps, q, &h, g, NULL)) rc = loom_err_set(err, LOOM_ENOMEM, NULL, "building a push");
+        if (put_shards_sel(&b, ps, q, &h, g, NULL, true)) rc = loom_err_set(err, LOOM_ENOMEM, NULL, "building a push");
         else rc = loom_net_send(ps->net, ps->peer_ps[q], LOOM_PS_MSG_PUSH, b.data, b.len, err);
+        ps->bytes_push += (int64_t)b.len;
     }
     *accepted = true;
     *applied = INT64_MAX;
@@ -514,6 +708,7 @@ static int push_all(ps_strategy *ps, int64_t tag, bool pull, bool *accepted, int
             if ((rc = loom_ps_decode_(b.data, b.len, &ps->plan, q, ps->n_slots, type == LOOM_PS_MSG_VALUES, &m, err)))
                 break;
             bool mine = m.h.req == req;
+            if (mine) ps->bytes_push += (int64_t)b.len;
             if (mine && type == LOOM_PS_MSG_VALUES) take_values(ps, &m, loom_model_params(ps->model), NULL);
             if (mine) {
                 if (!(m.h.flags & LOOM_PS_F_ACCEPTED)) *accepted = false;
@@ -538,12 +733,21 @@ static int run_fn(ps_strategy *ps, const loom_strategy_args *a, loom_iter *it, i
     bool have = false; /* (async) the last push brought the new values back */
     for (uint32_t i = 0; i < r->steps || ps->sync; i++) {
         int64_t seen = 0;
-        int rc = have ? LOOM_OK : pull_all(ps, params, NULL, ps->sync ? t : 0, &seen, err);
+        int rc;
+        /* sparse: the batch first, to pull the rows it looks up; one the
+         * function ends without computing on is held for the next */
+        loom_elem *batch = ps->held;
+        ps->held = NULL;
+        if (ps->sparse && !batch && (rc = next_batch(it, epoch, &batch, err))) return rc;
+        if (batch) select_rows(ps, &batch->t[a->input_idx]);
+        rc = have ? LOOM_OK : pull_sel(ps, params, NULL, ps->sync ? t : 0, &seen, true, err);
         if (rc) return rc;
-        if (ps->sync && seen >= end) break;
+        if (ps->sync && seen >= end) {
+            ps->held = batch;
+            break;
+        }
         if (!ps->sync) seen = r->first + i;
-        loom_elem *batch;
-        if ((rc = next_batch(it, epoch, &batch, err))) return rc;
+        if (!batch && (rc = next_batch(it, epoch, &batch, err))) return rc;
         const loom_tensor *x = &batch->t[a->input_idx], *y = &batch->t[a->label_idx];
         int64_t B = x->shape.dim[0];
         loom_ps_step_out *o = &out[*n_out];
@@ -553,10 +757,13 @@ static int run_fn(ps_strategy *ps, const loom_strategy_args *a, loom_iter *it, i
         uint64_t key = loom_rng_mix(loom_rng_mix(ps->seed, 0x50530000u + (uint64_t)ps->index), (uint64_t)seen);
         rc = loom_model_train_step(ps->model, x, y, B, key, &o->loss_sum, &o->correct, err);
         if (rc) return rc;
+        if (ps->clip_norm > 0) clip_grads(ps);
         if (ps->test_step_us) usleep(ps->test_step_us); /* tests: a slower worker */
         bool accepted;
         int64_t applied;
-        have = !ps->sync && i + 1 < r->steps;
+        ps->steps_run++;
+        ps->rows_sel += ps->sparse ? ps->sel_total : 0;
+        have = !ps->sync && !ps->sparse && i + 1 < r->steps; /* (sparse: the next batch wants other rows) */
         if ((rc = push_all(ps, seen, have, &accepted, &applied, err))) return rc;
         o->accepted = accepted;
         (*n_out)++;
@@ -585,6 +792,7 @@ static int worker_serve(ps_strategy *ps, const loom_strategy_args *a, loom_iter 
         if ((rc = loom_ps_decode_run_(msg.data, msg.len, &r, err))) break;
         ps->nonce = r.nonce;
         uint32_t n = 0;
+        int64_t bytes0 = ps->bytes_pull + ps->bytes_push, rows0 = ps->rows_sel;
         if (test_die_now(ps->task, ++runs)) { /* in the middle of the function: some of its steps pushed */
             loom_ps_run half = r;
             half.steps = r.steps > 1 ? r.steps / 2 : 1;
@@ -594,7 +802,9 @@ static int worker_serve(ps_strategy *ps, const loom_strategy_args *a, loom_iter 
         if ((rc = run_fn(ps, a, it, &epoch, &r, out, &n, err))) break;
         loom_buf_fini(&msg);
         loom_buf_init(&msg);
-        loom_ps_put_result_(&msg, r.fn, out, n);
+        loom_ps_traffic tr = {.bytes = (uint64_t)(ps->bytes_pull + ps->bytes_push - bytes0),
+                              .rows = (uint64_t)(ps->rows_sel - rows0)};
+        loom_ps_put_result_(&msg, r.fn, out, n, &tr);
         if (msg.failed) {
             rc = loom_err_set(err, LOOM_ENOMEM, NULL, "building a step result");
             break;
@@ -627,6 +837,14 @@ typedef struct ps_state {
     bool            inited;
     pending_pull   *pend;
     int             n_pend, cap_pend;
+    /* rows of table shards: the ids of a push (and 0..rows-1 for a whole
+     * shard) as the optimizer takes them; sync: per shard, the rows the
+     * step's accepted pushes touched (acc is zero elsewhere) */
+    int64_t        *ids, *iota;
+    bool           *acc_whole;   /* per shard: pushed whole into acc */
+    int64_t       **acc_rows;    /* per table shard of this ps: rows in acc, first-touched order */
+    int64_t        *acc_nrows;
+    uint8_t       **acc_mark;    /* per table shard of this ps: row in acc_rows already */
 } ps_state;
 
 static int refuse(ps_state *st, int from, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -724,6 +942,85 @@ static void take_grads(ps_state *st, const loom_ps_msg *m, float *buf, bool add)
     }
 }
 
+/* The update of shard i (its rows ids[0..n), or ids NULL: all of it) from
+ * st->grads. A table's shard is updated as one machine updates the table
+ * (loom_optimizer_set_tables): lazily, only the elements with a gradient,
+ * so moving the table whole or by rows gives the same bits. */
+static void apply_shard(ps_state *st, int i, const int64_t *ids, int64_t n)
+{
+    const loom_ps_shard *sh = &st->ps->plan.shard[i];
+    if (st->ps->is_table[i]) {
+        if (!ids) ids = st->iota, n = sh->rows;
+        loom_optimizer_apply_rows(st->opt, st->params, st->grads, st->step, sh->local, sh->row_size, ids, n, NULL);
+    } else if (!ids) {
+        loom_optimizer_apply_range(st->opt, NULL, st->params, st->grads, st->step, sh->local, sh->local + sh->count);
+    } else {
+        for (int64_t j = 0; j < n; j++) {
+            int64_t lo = sh->local + ids[j] * sh->row_size;
+            loom_optimizer_apply_range(st->opt, NULL, st->params, st->grads, st->step, lo, lo + sh->row_size);
+        }
+    }
+}
+
+/* A range's row ids as the optimizer takes them (st->ids); NULL: whole. */
+static const int64_t *range_ids(ps_state *st, const loom_ps_range *r)
+{
+    if (r->n_rows == LOOM_PS_WHOLE) return NULL;
+    for (uint32_t j = 0; j < r->n_rows; j++) st->ids[j] = loom_ps_row_(r, j);
+    return st->ids;
+}
+
+/* Synchronous: the push m added into acc; note what it touched. */
+static void note_acc(ps_state *st, const loom_ps_msg *m)
+{
+    for (int i = 0; i < m->n; i++) {
+        const loom_ps_range *r = &m->r[i];
+        int s = (int)r->shard;
+        if (r->n_rows == LOOM_PS_WHOLE || !st->acc_mark[s]) {
+            st->acc_whole[s] = true;
+            continue;
+        }
+        for (uint32_t j = 0; j < r->n_rows; j++) {
+            uint32_t row = loom_ps_row_(r, j);
+            if (st->acc_mark[s][row]) continue;
+            st->acc_mark[s][row] = 1;
+            st->acc_rows[s][st->acc_nrows[s]++] = row;
+        }
+    }
+}
+
+/* Synchronous: the mean of the step's accepted gradients (acc / acc_n)
+ * applied where they touched (a dense shard whole, as ever; a table's
+ * shard by its rows, summed by id over the pushes), and acc zeroed there. */
+static void apply_acc(ps_state *st)
+{
+    const ps_strategy *ps = st->ps;
+    float k = 1.0f / (float)st->acc_n;
+    for (int i = 0; i < ps->plan.n_shards; i++) {
+        const loom_ps_shard *sh = &ps->plan.shard[i];
+        if (sh->ps != st->q) continue;
+        if (st->acc_whole[i] || !ps->is_table[i]) {
+            for (int64_t e = sh->local; e < sh->local + sh->count; e++) st->grads[e] = st->acc[e] * k;
+            apply_shard(st, i, NULL, 0);
+            memset(st->acc + sh->local, 0, (size_t)sh->count * sizeof(float));
+        } else if (st->acc_nrows[i]) {
+            for (int64_t j = 0; j < st->acc_nrows[i]; j++) {
+                int64_t lo = sh->local + st->acc_rows[i][j] * sh->row_size;
+                for (int64_t e = lo; e < lo + sh->row_size; e++) st->grads[e] = st->acc[e] * k;
+            }
+            apply_shard(st, i, st->acc_rows[i], st->acc_nrows[i]);
+            for (int64_t j = 0; j < st->acc_nrows[i]; j++) {
+                int64_t lo = sh->local + st->acc_rows[i][j] * sh->row_size;
+                memset(st->acc + lo, 0, (size_t)sh->row_size * sizeof(float));
+            }
+        }
+        if (st->acc_mark[i])
+            for (int64_t j = 0; j < st->acc_nrows[i]; j++) st->acc_mark[i][st->acc_rows[i][j]] = 0;
+        st->acc_nrows[i] = 0;
+        st->acc_whole[i] = false;
+    }
+}
+
 static int handle_push(ps_state *st, int from, const loom_buf *msg, loom_err *err)
 {
     ps_strategy *ps = st->ps;
@@ -747,16 +1044,7 @@ static int handle_push(ps_state *st, int from, const loom_buf *msg, loom_err *er
         take_grads(st, &m, st->grads, false);
         for (int i = 0; i < m.n; i++) {
             const loom_ps_range *r = &m.r[i];
-            const loom_ps_shard *sh = &ps->plan.shard[r->shard];
-            if (r->n_rows == LOOM_PS_WHOLE) {
-                loom_optimizer_apply_range(st->opt, NULL, st->params, st->grads, st->step, sh->local,
-                                           sh->local + sh->count);
-            } else {
-                for (uint32_t j = 0; j < r->n_rows; j++) {
-                    int64_t lo = sh->local + (int64_t)loom_ps_row_(r, j) * sh->row_size;
-                    loom_optimizer_apply_range(st->opt, NULL, st->params, st->grads, st->step, lo, lo + sh->row_size);
-                }
-            }
+            apply_shard(st, (int)r->shard, range_ids(st, r), r->n_rows == LOOM_PS_WHOLE ? 0 : r->n_rows);
         }
         st->step++;
         if (m.h.flags & LOOM_PS_F_PULL) { /* the new values back at once: one round trip a step */
@@ -774,12 +1062,10 @@ static int handle_push(ps_state *st, int from, const loom_buf *msg, loom_err *er
         return refuse(st, from, "a gradient for step %lld, but this ps is at step %lld", (long long)m.h.step + 1,
                       (long long)st->step + 1);
     } else {
-        if (st->acc_n == 0) memset(st->acc, 0, (size_t)st->L * sizeof(float));
         take_grads(st, &m, st->acc, true);
+        note_acc(st, &m);
         if (++st->acc_n >= ps->sync_n) { /* the mean of the first N, applied */
-            float k = 1.0f / (float)st->acc_n;
-            for (int64_t i = 0; i < st->L; i++) st->grads[i] = st->acc[i] * k;
-            loom_optimizer_apply_range(st->opt, NULL, st->params, st->grads, st->step, 0, st->L);
+            apply_acc(st);
             st->step++;
             st->acc_n = 0;
         }
@@ -794,6 +1080,17 @@ static int handle_push(ps_state *st, int from, const loom_buf *msg, loom_err *er
     loom_buf_fini(&b);
     if (!rc && ps->sync) rc = flush_pulls(st, err);
     return rc == LOOM_ENET ? LOOM_OK : rc; /* the worker may be gone: its loss comes as news */
+}
+
+/* No gradient in acc (a new run of the job: a step's pushes start over). */
+static void acc_reset(ps_state *st)
+{
+    memset(st->acc, 0, (size_t)(st->L ? st->L : 1) * sizeof(float));
+    for (int i = 0; i < st->ps->plan.n_shards; i++) {
+        if (st->acc_mark[i]) memset(st->acc_mark[i], 0, (size_t)st->ps->plan.shard[i].rows);
+        st->acc_nrows[i] = 0;
+        st->acc_whole[i] = false;
+    }
 }
 
 static int handle_init(ps_state *st, int from, const loom_buf *msg, loom_err *err)
@@ -819,6 +1116,7 @@ static int handle_init(ps_state *st, int from, const loom_buf *msg, loom_err *er
     st->step = m.h.step;
     ps->nonce = m.h.nonce;
     st->acc_n = 0;
+    acc_reset(st);
     st->inited = true;
     loom_ps_hdr h = {.req = m.h.req, .nonce = ps->nonce, .step = st->step};
     loom_ps_msg_fini_(&m);
@@ -900,12 +1198,51 @@ static int handle_save(ps_state *st, int from, const loom_buf *msg, loom_err *er
 
 static void ps_state_fini(ps_state *st)
 {
+    for (int i = 0; i < st->ps->plan.n_shards; i++) {
+        if (st->acc_rows) loom_free(st->acc_rows[i]);
+        if (st->acc_mark) loom_free(st->acc_mark[i]);
+    }
+    loom_free(st->acc_rows);
+    loom_free(st->acc_mark);
+    loom_free(st->acc_nrows);
+    loom_free(st->acc_whole);
+    loom_free(st->ids);
+    loom_free(st->iota);
     loom_free(st->params);
     loom_free(st->grads);
     loom_free(st->acc);
     loom_optimizer_free(st->opt);
     for (int i = 0; i < st->n_pend; i++) loom_buf_fini(&st->pend[i].msg);
     loom_free(st->pend);
+}
+
+/* The row lists of a ps: ids and iota as long as its longest shard (a
+ * table's), and (sync) the rows each table shard's acc holds. */
+static int ps_rows_alloc(ps_state *st, loom_err *err)
+{
+    const ps_strategy *ps = st->ps;
+    int n = ps->plan.n_shards ? ps->plan.n_shards : 1;
+    int64_t most = 1;
+    for (int i = 0; i < ps->plan.n_shards; i++)
+        if (ps->plan.shard[i].ps == st->q && ps->plan.shard[i].rows > most) most = ps->plan.shard[i].rows;
+    st->ids = loom_alloc((size_t)most * sizeof *st->ids);
+    st->iota = loom_alloc((size_t)most * sizeof *st->iota);
+    st->acc_whole = loom_calloc((size_t)n, sizeof *st->acc_whole);
+    st->acc_nrows = loom_calloc((size_t)n, sizeof *st->acc_nrows);
+    st->acc_rows = loom_calloc((size_t)n, sizeof *st->acc_rows);
+    st->acc_mark = loom_calloc((size_t)n, sizeof *st->acc_mark);
+    if (!st->ids || !st->iota || !st->acc_whole || !st->acc_nrows || !st->acc_rows || !st->acc_mark)
+        return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the row lists of %s", ps->task);
+    for (int64_t j = 0; j < most; j++) st->iota[j] = j;
+    for (int i = 0; i < ps->plan.n_shards && ps->sync; i++) {
+        const loom_ps_shard *sh = &ps->plan.shard[i];
+        if (sh->ps != st->q || !ps->is_table[i]) continue;
+        st->acc_rows[i] = loom_alloc((size_t)(sh->rows ? sh->rows : 1) * sizeof **st->acc_rows);
+        st->acc_mark[i] = loom_calloc((size_t)(sh->rows ? sh->rows : 1), 1);
+        if (!st->acc_rows[i] || !st->acc_mark[i])
+            return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the row lists of %s", ps->task);
+    }
+    return LOOM_OK;
 }
 
 static int ps_serve_loop(ps_strategy *ps, const loom_spec *spec, loom_err *err)
@@ -915,18 +1252,25 @@ static int ps_serve_loop(ps_strategy *ps, const loom_spec *spec, loom_err *err)
     size_t L = (size_t)(st.L ? st.L : 1);
     st.params = loom_alloc_aligned(L * sizeof(float));
     st.grads = loom_alloc_aligned(L * sizeof(float));
-    st.acc = ps->sync ? loom_alloc_aligned(L * sizeof(float)) : NULL; /* the sum of a synchronous step's gradients */
-    int rc = loom_optimizer_new(&st.opt, &spec->optimizer, st.L ? st.L : 1, err);
-    if (!rc && (!st.params || !st.grads || (ps->sync && !st.acc)))
+    st.acc = loom_alloc_aligned(L * sizeof(float)); /* the sum of a synchronous step's gradients (sparse: reset by rows) */
+    loom_optimizer_spec os = spec->optimizer;
+    os.clip_norm = 0; /* the workers clip their gradients (clip_grads): no ps sees them all */
+    int rc = loom_optimizer_new(&st.opt, &os, st.L ? st.L : 1, err);
+    if (!rc && (!st.params || !st.grads || !st.acc))
         rc = loom_err_set(err, LOOM_ENOMEM, NULL, "allocating %lld floats of variables on %s", (long long)st.L, ps->task);
     if (rc) {
         ps_state_fini(&st);
         return rc;
     }
+    if ((rc = ps_rows_alloc(&st, err))) {
+        ps_state_fini(&st);
+        return rc;
+    }
     memset(st.params, 0, L * sizeof(float));
     memset(st.grads, 0, L * sizeof(float));
+    acc_reset(&st);
     st.slots = ps->n_slots ? loom_optimizer_slots(st.opt) : NULL;
-    st.alloc_bytes = (int64_t)L * (int64_t)sizeof(float) * (2 + ps->sync + ps->n_slots);
+    st.alloc_bytes = (int64_t)L * (int64_t)sizeof(float) * (3 + ps->n_slots);
     st.rss_ready = resident("VmRSS");
     loom_buf msg;
     loom_buf_init(&msg);
@@ -1248,10 +1592,14 @@ static int pump_for(ps_strategy *ps, double wait_s, loom_err *err)
         uint64_t fn;
         loom_ps_step_out *out;
         uint32_t n;
-        if ((rc = loom_ps_decode_result_(msg.data, msg.len, &fn, &out, &n, err))) {
+        loom_ps_traffic tr;
+        if ((rc = loom_ps_decode_result_(msg.data, msg.len, &fn, &out, &n, &tr, err))) {
             loom_buf_fini(&msg);
             return loom_err_hint(err, "a step result from %s did not decode", who);
         }
+        ps->moved_bytes += (int64_t)tr.bytes;
+        ps->moved_rows += (int64_t)tr.rows;
+        ps->moved_steps += n;
         int i = find_fn(ps, fn);
         if (!ps->sync) ps->busy[w] = false;
         else if (ps->fns && i < 0) ps->busy[w] = false;
@@ -1619,6 +1967,10 @@ static void ps_print_plan(loom_strategy *s, int64_t global_batch, FILE *f)
     else
         fprintf(f, "  placement: variables split along axis 0 by the %s partitioner, shards round-robin over the ps "
                 "tasks\n", loom_partitioner_name(st->partitioner.kind));
+    if (ps->table_var >= 0)
+        fprintf(f, "  the embedding table %s: %s\n", ps->pi[ps->table_var].name,
+                ps->sparse ? "workers pull only the rows a batch looks up and push only their gradients (sparse "
+                             "updates, applied lazily on the ps)" : "moved whole (LOOM_TEST_PS_DENSE_TABLES)");
     loom_ps_plan_print_(&ps->plan, ps->pi, ps->n_slots, f);
 }
 

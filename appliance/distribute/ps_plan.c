@@ -110,7 +110,7 @@ void loom_ps_plan_free_(loom_ps_plan *p)
     memset(p, 0, sizeof *p);
 }
 
-static void bytes_str(int64_t b, char *buf, size_t n)
+void loom_ps_bytes_str_(int64_t b, char *buf, size_t n)
 {
     if (b >= 10 << 20) snprintf(buf, n, "%.1f MiB", (double)b / (1 << 20));
     else if (b >= 10 << 10) snprintf(buf, n, "%.1f KiB", (double)b / (1 << 10));
@@ -121,8 +121,8 @@ void loom_ps_plan_print_(const loom_ps_plan *p, const loom_param_info *params, i
 {
     for (int q = 0; q < p->n_ps; q++) {
         char b[32], bs[32];
-        bytes_str(p->ps_floats[q] * (int64_t)sizeof(float), b, sizeof b);
-        bytes_str(p->ps_floats[q] * (int64_t)sizeof(float) * n_slots, bs, sizeof bs);
+        loom_ps_bytes_str_(p->ps_floats[q] * (int64_t)sizeof(float), b, sizeof b);
+        loom_ps_bytes_str_(p->ps_floats[q] * (int64_t)sizeof(float) * n_slots, bs, sizeof bs);
         fprintf(f, "  ps:%d holds %s of variables", q, b);
         if (n_slots) fprintf(f, " and %s of optimizer slots beside them", bs);
         fprintf(f, " (%lld floats):\n", (long long)p->ps_floats[q]);

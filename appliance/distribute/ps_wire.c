@@ -136,7 +136,7 @@ int loom_ps_decode_run_(const uint8_t *p, size_t len, loom_ps_run *r, loom_err *
     return LOOM_OK;
 }
 
-void loom_ps_put_result_(loom_buf *b, uint64_t fn, const loom_ps_step_out *s, uint32_t n)
+void loom_ps_put_result_(loom_buf *b, uint64_t fn, const loom_ps_step_out *s, uint32_t n, const loom_ps_traffic *t)
 {
     loom_buf_put_u64(b, fn);
     loom_buf_put_u32(b, n);
@@ -147,17 +147,19 @@ void loom_ps_put_result_(loom_buf *b, uint64_t fn, const loom_ps_step_out *s, ui
         loom_buf_put_i64(b, s[i].correct);
         loom_buf_put_i64(b, s[i].examples);
     }
+    loom_buf_put_u64(b, t->bytes);
+    loom_buf_put_u64(b, t->rows);
 }
 
 int loom_ps_decode_result_(const uint8_t *p, size_t len, uint64_t *fn, loom_ps_step_out **out, uint32_t *n,
-                           loom_err *err)
+                           loom_ps_traffic *t, loom_err *err)
 {
     *out = NULL;
     *n = 0;
-    if (len < 12) return loom_err_set(err, LOOM_EDATA, NULL, "a step result of %zu bytes", len);
+    if (len < 28) return loom_err_set(err, LOOM_EDATA, NULL, "a step result of %zu bytes", len);
     *fn = rd64(p);
     uint32_t k = rd32(p + 8);
-    if (k > LOOM_PS_MAX_STEPS || len != 12 + (size_t)k * 36)
+    if (k > LOOM_PS_MAX_STEPS || len != 28 + (size_t)k * 36)
         return loom_err_set(err, LOOM_EDATA, NULL, "a step result of %zu bytes for %u steps", len, k);
     loom_ps_step_out *s = loom_calloc(k ? k : 1, sizeof *s);
     if (!s) return loom_err_set(err, LOOM_ENOMEM, NULL, "decoding %u step results", k);
@@ -176,6 +178,8 @@ int loom_ps_decode_result_(const uint8_t *p, size_t len, uint64_t *fn, loom_ps_s
             return LOOM_EDATA;
         }
     }
+    t->bytes = rd64(q);
+    t->rows = rd64(q + 8);
     *out = s;
     *n = k;
     return LOOM_OK;

@@ -297,7 +297,7 @@ int loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_sha
 
 int loom_model_param_list(const loom_model_spec *spec, const loom_shape *input, loom_dtype input_dtype,
                           const loom_shape *label, loom_dtype label_dtype, loom_param_info **out, int *n,
-                          int64_t *n_params, loom_err *err)
+                          int64_t *n_params, loom_sparse_grad *table, loom_err *err)
 {
     *out = NULL;
     *n = 0;
@@ -308,6 +308,11 @@ int loom_model_param_list(const loom_model_spec *spec, const loom_shape *input, 
     if (!*out) rc = loom_err_set(err, LOOM_ENOMEM, m->where, "listing %d variables", m->n_ptensors);
     else memcpy(*out, m->pinfo, (size_t)m->n_ptensors * sizeof **out), *n = m->n_ptensors;
     *n_params = m->n_params;
+    if (table) {
+        memset(table, 0, sizeof *table);
+        table->param = -1;
+        if (loom_model_num_sparse(m) == 1) loom_model_sparse_grad(m, 0, table);
+    }
     loom_model_free(m);
     return rc;
 }

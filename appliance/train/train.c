@@ -238,8 +238,10 @@ static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool n
     loom_data_ctx ctx = {.seed = spec->run.seed, .threads = threads, .name = "train", .input = ictx,
                          .custom_options = &lua};
     /* parameter_server: each worker's own pipeline shuffles with a seed of its own (create_per_worker_dataset) */
-    if (spec->strategy.kind == LOOM_STRAT_PARAMETER_SERVER && cluster && cluster->role == LOOM_ROLE_WORKER)
+    if (spec->strategy.kind == LOOM_STRAT_PARAMETER_SERVER && cluster && cluster->role == LOOM_ROLE_WORKER) {
         ctx.seed = loom_rng_mix(spec->run.seed, 0x7073776bu + (uint64_t)cluster->index);
+        ctx.source_seed = spec->run.seed, ctx.source_seed_set = true; /* the same data set (the ctr model's truth) */
+    }
     rc = loom_data_open(&r->train, train, &ctx, err);
     if (rc) return data_open_failed(err, "data.train");
     if (spec->eval.present) {

@@ -118,10 +118,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         uint64_t fn;
         loom_ps_step_out *o;
         uint32_t n;
-        if (loom_ps_decode_result_(buf, size, &fn, &o, &n, &err) == LOOM_OK) {
+        loom_ps_traffic t;
+        if (loom_ps_decode_result_(buf, size, &fn, &o, &n, &t, &err) == LOOM_OK) {
             loom_buf b;
             loom_buf_init(&b);
-            loom_ps_put_result_(&b, fn, o, n);
+            loom_ps_put_result_(&b, fn, o, n, &t);
             CHECK(b.len == size && !memcmp(b.data, buf, size));
             for (uint32_t i = 0; i < n; i++) CHECK(o[i].correct <= o[i].examples);
             loom_buf_fini(&b);

@@ -182,17 +182,20 @@ static void test_run_and_result(void)
     loom_buf_init(&b);
     loom_ps_step_out s[2] = {{.step = 40, .accepted = 1, .loss_sum = 12.5, .correct = 30, .examples = 64},
                              {.step = 41, .accepted = 0, .loss_sum = 11.0, .correct = 31, .examples = 64}};
-    loom_ps_put_result_(&b, 3, s, 2);
+    loom_ps_traffic tr = {.bytes = 123456789012ull, .rows = 777}, tr2;
+    loom_ps_put_result_(&b, 3, s, 2, &tr);
     uint64_t fn;
     loom_ps_step_out *o;
     uint32_t n;
-    CHECK(loom_ps_decode_result_(b.data, b.len, &fn, &o, &n, &err) == LOOM_OK);
+    CHECK(loom_ps_decode_result_(b.data, b.len, &fn, &o, &n, &tr2, &err) == LOOM_OK);
     CHECK(fn == 3 && n == 2 && o[1].step == 41 && !o[1].accepted && o[0].loss_sum == 12.5 && o[1].correct == 31);
+    CHECK(tr2.bytes == tr.bytes && tr2.rows == tr.rows);
     loom_free(o);
-    CHECK(loom_ps_decode_result_(b.data, b.len - 3, &fn, &o, &n, &err) == LOOM_EDATA);
+    CHECK(loom_ps_decode_result_(b.data, b.len - 3, &fn, &o, &n, &tr2, &err) == LOOM_EDATA);
+    CHECK(loom_ps_decode_result_(b.data, b.len - 16, &fn, &o, &n, &tr2, &err) == LOOM_EDATA); /* no traffic */
     b.data[12 + 20] = 0xff; /* correct > examples */
     b.data[12 + 27] = 0x7f;
-    CHECK(loom_ps_decode_result_(b.data, b.len, &fn, &o, &n, &err) == LOOM_EDATA);
+    CHECK(loom_ps_decode_result_(b.data, b.len, &fn, &o, &n, &tr2, &err) == LOOM_EDATA);
     loom_buf_fini(&b);
 }
 
