@@ -41,9 +41,14 @@
  * worker lost in the middle of a step function may have pushed some of its
  * steps; the function is put back in the queue and runs again whole.
  *
- * Checkpoints are the chief's usual single file (written to a temporary
- * name and renamed: never a mixed set), holding every shard as the model's
- * variables plus the ps count; restoring onto another ps count is refused.
+ * Checkpoints are sharded (ps_internal.h): with the workers at rest, each
+ * ps writes its shards and their slots to a file of its own, then the chief
+ * commits an index naming them (train/checkpoint.c writes and reads both;
+ * the model_dir is shared by every task). A restore reads the index on the
+ * chief, which sends each ps its shards (INIT) and reads them back; the
+ * iterator blob records the ps count and the partitioning, and another of
+ * either is refused. A ps never builds the model: the variable list comes
+ * from the config's model section (loom_model_param_list).
  *
  * Threads: driven from the train thread of each task; the transport runs
  * its own. */
@@ -51,16 +56,21 @@
 #include "mirrored_internal.h"
 #include "ps_internal.h"
 
+#include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
-#define ITER_MAGIC 0x53505350u /* "PSPS": the chief's iterator state with the ps count */
+#define ITER_MAGIC  0x53505350u /* "PSPS": the chief's iterator state with the ps count */
+#define ITER_MAGIC2 0x32505350u /* "PSP2": ... the ps count, the shard count and the plan id */
 
 typedef struct fn_slot {
     uint64_t fn;
@@ -75,9 +85,14 @@ typedef struct ps_strategy {
     int             index;
     char            task[32];
     int             n_workers, n_ps;
-    loom_model     *model;
+    loom_model     *model;      /* chief and workers; a ps builds none (ps_open) */
     loom_optimizer *opt;
+    loom_param_info *pi;        /* the variables (nv), from the model or, on a ps, the config alone */
+    loom_sparse_grad lean_table; /* on a ps without the model: its embedding table (param -1: none) */
+    int             nv;
     loom_ps_plan    plan;
+    uint64_t        plan_id;    /* loom_ps_plan_id_: checkpoints name the partitioning */
+    loom_ckpt_write_fn write_ckpt; /* the trainer's shard-file writer */
     int             n_slots;
     int64_t         P;
     loom_net       *net;
@@ -107,6 +122,20 @@ typedef struct ps_strategy {
     int64_t         stale, lost_fns, requeued;
     uint64_t        req;
     int64_t         ps_step;    /* the ps tasks' applied count at the last fetch */
+    /* ---- the embedding table: sparse pull and push (every role) ---- */
+    int             table_var;  /* the table's parameter tensor; -1: the model has none */
+    int64_t         table_rows, table_off, table_dim;
+    double          clip_norm;  /* optimizer.clip_norm: the worker clips its gradients before a push */
+    bool           *is_table;   /* per shard: a shard of the table (updated row-wise, lazily) */
+    bool            sparse;     /* workers pull and push the table rows a batch looks up, not the table */
+    /* ---- worker ---- */
+    int64_t        *sel_n;      /* per shard: rows of this step (-1: the whole shard) */
+    uint32_t      **sel_rows;   /* per table shard: those rows, shard-local (first-seen order; ascending with clip_norm) */
+    uint8_t        *mark;       /* per table row: selected already (cleared after each selection) */
+    loom_elem      *held;       /* a batch taken but not computed on (sync: the step function ended) */
+    int64_t         sel_total;  /* rows selected for this step */
+    int64_t         moved_bytes, moved_rows, moved_steps; /* chief: the workers' reports (loom_ps_traffic) */
+    int64_t         bytes_pull, bytes_push, rows_sel, steps_run;
 } ps_strategy;
 
 /* ---- small helpers -------------------------------------------------------- */
@@ -173,6 +202,43 @@ static bool test_die_now(const char *task, int64_t nth)
     return true;
 }
 
+/* Tests: LOOM_TEST_PS_SAVE_DIE = "TASK@PHASE@STEP" kills this task
+ * (_exit 137) in the checkpoint of STEP, at PHASE: a ps "before" writing its
+ * shard file or "after" it (before answering), the chief at "index" (every
+ * shard written, the index not yet); once per LOOM_TEST_PS_DIE_MARK file. */
+static bool test_save_die_now(const char *task, const char *phase, int64_t step)
+{
+    const char *die = getenv("LOOM_TEST_PS_SAVE_DIE");
+    char want[48], ph[16];
+    long long at = 0;
+    if (!die || sscanf(die, "%47[^@]@%15[^@]@%lld", want, ph, &at) != 3 || strcmp(want, task) || strcmp(ph, phase) ||
+        at != step)
+        return false;
+    const char *mark = getenv("LOOM_TEST_PS_DIE_MARK");
+    if (mark) {
+        if (access(mark, F_OK) == 0) return false;
+        FILE *f = fopen(mark, "w");
+        if (f) fclose(f);
+    }
+    loom_warn("%s: LOOM_TEST_PS_SAVE_DIE: dying now (%s)", task, die);
+    return true;
+}
+
+/* This process's resident memory, bytes ("VmRSS": now, "VmHWM": its
+ * peak), from /proc/self/status; 0 when unknown. */
+static int64_t resident(const char *key)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256], fmt[32];
+    long long kb = 0;
+    snprintf(fmt, sizeof fmt, "%s: %%lld kB", key);
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, fmt, &kb) == 1) break;
+    fclose(f);
+    return (int64_t)kb * 1024;
+}
+
 /* ---- open / close ---------------------------------------------------------- */
 
 static int add_peer(ps_strategy *ps, loom_net_peer *peers, loom_role role, int index)
@@ -182,6 +248,46 @@ static int add_peer(ps_strategy *ps, loom_net_peer *peers, loom_role role, int i
     ps->peer_role[p] = role;
     ps->peer_index[p] = index;
     return p;
+}
+
+/* The model's embedding table (an embedding is the first layer, so there
+ * is one at most) and its shards. A worker moves only the rows its batch
+ * looks up (LOOM_TEST_PS_DENSE_TABLES=1: the whole table, as a dense
+ * variable, for tests that compare the two), and keeps the model's grads
+ * buffer to itself, so a backward clears only the rows it wrote. */
+static int table_open(ps_strategy *ps, bool plan_only, loom_err *err)
+{
+    ps->table_var = -1;
+    ps->is_table = loom_calloc((size_t)(ps->plan.n_shards ? ps->plan.n_shards : 1), sizeof *ps->is_table);
+    if (!ps->is_table) return loom_err_set(err, LOOM_ENOMEM, NULL, "listing the table's shards");
+    loom_sparse_grad sg = ps->lean_table;
+    if (ps->model) {
+        if (loom_model_num_sparse(ps->model) != 1) return LOOM_OK;
+        loom_model_sparse_grad(ps->model, 0, &sg);
+    } else if (sg.param < 0)
+        return LOOM_OK;
+    ps->table_var = sg.param;
+    ps->table_rows = sg.rows;
+    ps->table_off = sg.offset;
+    ps->table_dim = sg.dim;
+    for (int i = 0; i < ps->plan.n_shards; i++) ps->is_table[i] = ps->plan.shard[i].var == sg.param;
+    const char *dense = getenv("LOOM_TEST_PS_DENSE_TABLES");
+    ps->sparse = !(dense && strcmp(dense, "1") == 0);
+    if (plan_only || ps->role != LOOM_ROLE_WORKER) return LOOM_OK;
+    loom_model_set_sparse_owner(ps->model, 1);
+    ps->sel_n = loom_calloc((size_t)ps->plan.n_shards, sizeof *ps->sel_n);
+    ps->sel_rows = loom_calloc((size_t)ps->plan.n_shards, sizeof *ps->sel_rows);
+    ps->mark = loom_calloc((size_t)(sg.rows ? sg.rows : 1), 1);
+    if (!ps->sel_n || !ps->sel_rows || !ps->mark) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating row lists");
+    for (int i = 0; i < ps->plan.n_shards; i++) {
+        ps->sel_n[i] = -1;
+        if (!ps->is_table[i]) continue;
+        ps->sel_rows[i] = loom_alloc((size_t)(ps->plan.shard[i].rows ? ps->plan.shard[i].rows : 1) * sizeof(uint32_t));
+        if (!ps->sel_rows[i])
+            return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the row list of %lld rows",
+                                (long long)ps->plan.shard[i].rows);
+    }
+    return LOOM_OK;
 }
 
 static int ps_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
@@ -204,6 +310,7 @@ static int ps_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     if (ps->K > LOOM_PS_MAX_STEPS) ps->K = LOOM_PS_MAX_STEPS;
     ps->sync = spec->strategy.sync.enabled;
     ps->sync_n = spec->strategy.sync.replicas_to_aggregate;
+    ps->clip_norm = spec->optimizer.clip_norm;
     ps->wait_s = c && c->connect_timeout > 0 ? c->connect_timeout : 60;
     ps->peer_chief = -1;
     const char *slow = getenv("LOOM_TEST_PS_STEP_MS");
@@ -212,27 +319,40 @@ static int ps_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     const loom_elem_spec *in = a->input;
     loom_shape x = in->shape[a->input_idx], y = in->shape[a->label_idx];
     loom_shape xe = loom_shape_make(x.rank - 1, x.dim + 1), ye = loom_shape_make(y.rank - 1, y.dim + 1);
-    int rc = loom_model_new(&ps->model, &spec->model, &xe, in->dtype[a->input_idx], &ye, in->dtype[a->label_idx],
+    int rc;
+    if (ps->role == LOOM_ROLE_PS && !a->plan_only && c && c->index >= 0) {
+        /* a ps holds its shards only: the variable list from the config's
+         * model section, no weights, gradients or activations of the whole
+         * model (it gets its shards' values from the coordinator) */
+        rc = loom_model_param_list(&spec->model, &xe, in->dtype[a->input_idx], &ye, in->dtype[a->label_idx], &ps->pi,
+                                   &ps->nv, &ps->P, &ps->lean_table, err);
+        if (rc) return rc;
+    } else {
+        rc = loom_model_new(&ps->model, &spec->model, &xe, in->dtype[a->input_idx], &ye, in->dtype[a->label_idx],
                             a->max_batch, err);
-    if (rc) return rc;
-    if (ps->role != LOOM_ROLE_PS && (rc = loom_model_set_threads(ps->model, spec->run.threads, err))) return rc;
-    loom_model_init_params(ps->model, spec->run.seed);
-    ps->P = loom_model_num_params(ps->model);
-    int nv = loom_model_num_param_tensors(ps->model);
-    loom_param_info *pi = loom_calloc((size_t)(nv ? nv : 1), sizeof *pi);
-    if (!pi) return loom_err_set(err, LOOM_ENOMEM, NULL, "listing %d variables", nv);
-    for (int v = 0; v < nv; v++) pi[v] = *loom_model_param_tensor(ps->model, v);
+        if (rc) return rc;
+        if (ps->role != LOOM_ROLE_PS && (rc = loom_model_set_threads(ps->model, spec->run.threads, err))) return rc;
+        loom_model_init_params(ps->model, spec->run.seed);
+        ps->P = loom_model_num_params(ps->model);
+        ps->nv = loom_model_num_param_tensors(ps->model);
+        ps->pi = loom_calloc((size_t)(ps->nv ? ps->nv : 1), sizeof *ps->pi);
+        if (!ps->pi) return loom_err_set(err, LOOM_ENOMEM, NULL, "listing %d variables", ps->nv);
+        for (int v = 0; v < ps->nv; v++) ps->pi[v] = *loom_model_param_tensor(ps->model, v);
+    }
+    int nv = ps->nv;
+    loom_param_info *pi = ps->pi;
     char pw[600];
     const loom_partitioner_spec *part = &spec->strategy.partitioner;
     loom_loc_str(part->kind != LOOM_PARTITIONER_NONE ? &part->loc : &spec->strategy.loc, pw, sizeof pw);
     rc = loom_ps_plan_make_(&ps->plan, pi, nv, ps->n_ps > 0 ? ps->n_ps : 1,
                             part->kind != LOOM_PARTITIONER_NONE ? part : NULL, pw, err);
-    loom_free(pi);
     if (rc) return rc;
+    ps->plan_id = loom_ps_plan_id_(&ps->plan, pi);
     /* the chief's optimizer: for checkpoints (slots pulled back) and the LR it reports */
     rc = loom_optimizer_new(&ps->opt, &spec->optimizer, ps->role == LOOM_ROLE_PS ? 1 : ps->P, err);
     if (rc) return rc;
     ps->n_slots = loom_optimizer_num_slots(ps->opt);
+    if ((rc = table_open(ps, a->plan_only || !c || c->index < 0, err))) return rc;
     if (a->plan_only || !c || c->index < 0) return LOOM_OK;
 
     int maxp = ps->n_workers + ps->n_ps + 1;
@@ -277,6 +397,25 @@ static void send_end(ps_strategy *ps)
     for (int p = 0; p < ps->n_peers; p++) loom_net_send(ps->net, p, LOOM_PS_MSG_END, "", 0, &e);
 }
 
+/* The bytes of the workers' pull and push messages (the transport's
+ * framing aside) per step they computed, beside those of moving every
+ * variable whole both ways; benches and tests read the key=value fields. */
+static void traffic_report(const ps_strategy *ps)
+{
+    int64_t n = ps->moved_steps, per = ps->moved_bytes / n, whole = 2 * ps->P * (int64_t)sizeof(float);
+    char a[32], w[32], rows[160] = "";
+    loom_ps_bytes_str_(per, a, sizeof a);
+    loom_ps_bytes_str_(whole, w, sizeof w);
+    if (ps->table_var >= 0 && ps->sparse)
+        snprintf(rows, sizeof rows, "; sparse table updates: %.1f of the table's %lld rows a step (rows_per_step=%.1f)",
+                 (double)ps->moved_rows / (double)n, (long long)ps->table_rows, (double)ps->moved_rows / (double)n);
+    else if (ps->table_var >= 0)
+        snprintf(rows, sizeof rows, "; the table moved whole");
+    loom_info("parameter_server: the workers' pulls and pushes moved %s a step (bytes_per_step=%lld over %lld steps); "
+              "every variable whole both ways would be %s (whole_bytes_per_step=%lld, %.1fx)%s", a, (long long)per,
+              (long long)n, w, (long long)whole, per ? (double)whole / (double)per : 0.0, rows);
+}
+
 static void ps_close(loom_strategy *s)
 {
     ps_strategy *ps = s->impl;
@@ -288,11 +427,13 @@ static void ps_close(loom_strategy *s)
             loom_info("parameter_server: %lld stale gradient%s dropped, %lld step function%s put back in the queue "
                       "after a lost worker", (long long)ps->stale, ps->stale == 1 ? "" : "s", (long long)ps->requeued,
                       ps->requeued == 1 ? "" : "s");
+        if (ps->moved_steps) traffic_report(ps);
     }
     loom_net_close(ps->net);
     loom_model_free(ps->model);
     loom_optimizer_free(ps->opt);
     loom_ps_plan_free_(&ps->plan);
+    loom_free(ps->pi);
     loom_free(ps->peer_role);
     loom_free(ps->peer_index);
     loom_free(ps->peer_ps);
@@ -301,23 +442,45 @@ static void ps_close(loom_strategy *s)
     loom_free(ps->alive);
     loom_free(ps->fns);
     loom_free(ps->ready);
+    if (ps->sel_rows)
+        for (int i = 0; i < ps->plan.n_shards; i++) loom_free(ps->sel_rows[i]);
+    loom_free(ps->sel_rows);
+    loom_free(ps->sel_n);
+    loom_free(ps->mark);
+    loom_free(ps->is_table);
+    loom_ps_plan_free_(&ps->plan);
     loom_free(ps);
 }
 
 /* ---- range messages --------------------------------------------------------- */
 
+/* Rows sel_n[i] of shard i on a worker's step: -1 the whole shard. */
+static int64_t sel_of(const ps_strategy *ps, bool sel, int i) { return sel && ps->sel_n ? ps->sel_n[i] : -1; }
+
 /* Every shard of ps q, whole, with values from base (flat layout, NULL: none)
- * and slots (n_slots blocks of P floats, flat layout) when slots is given. */
-static int put_shards(loom_buf *b, const ps_strategy *ps, int q, const loom_ps_hdr *h0, const float *base,
-                      const float *slots)
+ * and slots (n_slots blocks of P floats, flat layout) when slots is given.
+ * sel (a worker's step, never with slots): a table shard only with the rows
+ * the step selected (select_rows), none when it selected none. */
+static int put_shards_sel(loom_buf *b, const ps_strategy *ps, int q, const loom_ps_hdr *h0, const float *base,
+                          const float *slots, bool sel)
 {
     loom_ps_hdr h = *h0;
     h.n_ranges = 0;
-    for (int i = 0; i < ps->plan.n_shards; i++) h.n_ranges += ps->plan.shard[i].ps == q;
+    for (int i = 0; i < ps->plan.n_shards; i++) h.n_ranges += ps->plan.shard[i].ps == q && sel_of(ps, sel, i) != 0;
     loom_ps_put_hdr_(b, &h);
     for (int i = 0; i < ps->plan.n_shards; i++) {
         const loom_ps_shard *sh = &ps->plan.shard[i];
-        if (sh->ps != q) continue;
+        int64_t n = sel_of(ps, sel, i);
+        if (sh->ps != q || n == 0) continue;
+        if (n > 0) { /* rows of the table */
+            LOOM_ASSERT(!slots);
+            loom_ps_put_range_(b, (uint32_t)i, (uint32_t)n, ps->sel_rows[i]);
+            if (base)
+                for (int64_t j = 0; j < n; j++)
+                    loom_buf_put(b, base + sh->offset + (int64_t)ps->sel_rows[i][j] * sh->row_size,
+                                 (size_t)sh->row_size * sizeof(float));
+            continue;
+        }
         loom_ps_put_range_(b, (uint32_t)i, LOOM_PS_WHOLE, NULL);
         if (base) loom_buf_put(b, base + sh->offset, (size_t)sh->count * sizeof(float));
         if (slots)
@@ -325,6 +488,12 @@ static int put_shards(loom_buf *b, const ps_strategy *ps, int q, const loom_ps_h
                 loom_buf_put(b, slots + (size_t)k * (size_t)ps->P + sh->offset, (size_t)sh->count * sizeof(float));
     }
     return b->failed ? LOOM_ENOMEM : LOOM_OK;
+}
+
+static int put_shards(loom_buf *b, const ps_strategy *ps, int q, const loom_ps_hdr *h0, const float *base,
+                      const float *slots)
+{
+    return put_shards_sel(b, ps, q, h0, base, slots, false);
 }
 
 /* A VALUES message's floats into the flat buffers (whole ranges, or rows). */
@@ -363,7 +532,8 @@ static int refused(const ps_strategy *ps, int from, const loom_buf *msg, loom_er
 /* Pulls every ps's shards into base (and slots, with_slots); min_step: the
  * least applied count to answer with. *step: the least applied count the
  * ps tasks answered with. */
-static int pull_all(ps_strategy *ps, float *base, float *slots, int64_t min_step, int64_t *step, loom_err *err)
+static int pull_sel(ps_strategy *ps, float *base, float *slots, int64_t min_step, int64_t *step, bool sel,
+                    loom_err *err)
 {
     loom_buf b;
     loom_buf_init(&b);
@@ -372,10 +542,11 @@ static int pull_all(ps_strategy *ps, float *base, float *slots, int64_t min_step
     for (int q = 0; q < ps->n_ps && !rc; q++) {
         b.len = 0;
         loom_ps_hdr h = {.req = req, .nonce = ps->nonce, .step = min_step, .flags = slots ? LOOM_PS_F_SLOTS : 0};
-        if (put_shards(&b, ps, q, &h, NULL, NULL))
+        if (put_shards_sel(&b, ps, q, &h, NULL, NULL, sel))
             rc = loom_err_set(err, LOOM_ENOMEM, NULL, "building a pull request");
         else
             rc = loom_net_send(ps->net, ps->peer_ps[q], LOOM_PS_MSG_PULL, b.data, b.len, err);
+        ps->bytes_pull += (int64_t)b.len;
     }
     int64_t least = INT64_MAX;
     for (int q = 0; q < ps->n_ps && !rc; q++) {
@@ -394,6 +565,7 @@ static int pull_all(ps_strategy *ps, float *base, float *slots, int64_t min_step
                 loom_ps_msg_fini_(&m);
                 continue;
             }
+            ps->bytes_pull += (int64_t)b.len;
             take_values(ps, &m, base, slots);
             if (m.h.step < least) least = m.h.step;
             loom_ps_msg_fini_(&m);
@@ -403,6 +575,11 @@ static int pull_all(ps_strategy *ps, float *base, float *slots, int64_t min_step
     loom_buf_fini(&b);
     if (!rc && step) *step = least == INT64_MAX ? 0 : least;
     return rc;
+}
+
+static int pull_all(ps_strategy *ps, float *base, float *slots, int64_t min_step, int64_t *step, loom_err *err)
+{
+    return pull_sel(ps, base, slots, min_step, step, false, err);
 }
 
 /* ---- the worker ------------------------------------------------------------- */
@@ -419,6 +596,85 @@ static int next_batch(loom_iter *it, int64_t *epoch, loom_elem **out, loom_err *
     return rc;
 }
 
+/* The table rows the batch's ids x look up, per shard of the table, into
+ * sel_n and sel_rows (distinct, in first-seen order). An id of -1 adds
+ * nothing (padding); an id outside the table is not pulled: the step that
+ * follows fails naming it, as on one machine. */
+static void select_rows(ps_strategy *ps, const loom_tensor *x)
+{
+    if (!ps->sparse || !ps->sel_n) return;
+    if (x->dtype != LOOM_I32 && x->dtype != LOOM_I64) return; /* (refused when the model was built) */
+    int first = -1, k = 0;
+    for (int i = 0; i < ps->plan.n_shards; i++)
+        if (ps->is_table[i]) {
+            if (first < 0) first = i;
+            k++;
+            ps->sel_n[i] = 0;
+        }
+    int64_t n = 1, rows = ps->table_rows;
+    for (int d = 0; d < x->shape.rank; d++) n *= x->shape.dim[d];
+    /* shard j of k holds rows [j*base + min(j, extra), ...): the first extra shards one row longer */
+    int64_t base = rows / k, extra = rows % k, cut = extra * (base + 1);
+    for (int64_t e = 0; e < n; e++) {
+        int64_t id = x->dtype == LOOM_I64 ? ((const int64_t *)x->data)[e] : ((const int32_t *)x->data)[e];
+        if (id < 0 || id >= rows || ps->mark[id]) continue;
+        ps->mark[id] = 1;
+        int64_t j = id < cut ? id / (base + 1) : extra + (id - cut) / base;
+        const loom_ps_shard *sh = &ps->plan.shard[first + j];
+        LOOM_ASSERT(id >= sh->row0 && id < sh->row0 + sh->rows);
+        ps->sel_rows[first + j][ps->sel_n[first + j]++] = (uint32_t)(id - sh->row0);
+    }
+    ps->sel_total = 0;
+    for (int i = first; i < first + k; i++) {
+        for (int64_t j = 0; j < ps->sel_n[i]; j++) ps->mark[ps->plan.shard[i].row0 + ps->sel_rows[i][j]] = 0;
+        ps->sel_total += ps->sel_n[i];
+    }
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* optimizer.clip_norm (tf.clip_by_global_norm) under parameter_server: no
+ * ps holds every gradient, so the worker scales its own by their global
+ * norm before pushing them, as a TF worker's step function clips before
+ * the update, and the ps tasks apply them unclipped. The norm sums the
+ * squares in the flat buffer's order (a sparse step: the dense part, then
+ * the table's selected rows in ascending order, the other table rows being
+ * zero) and the scaled gradients are g * factor in float, so the update's
+ * bits are those of one_device's optimizer clipping the same gradients. */
+static void clip_grads(ps_strategy *ps)
+{
+    float *g = loom_model_grads(ps->model);
+    bool rows = ps->table_var >= 0 && ps->sparse && ps->sel_n;
+    int64_t lo = rows ? ps->table_off : ps->P, hi = rows ? ps->table_off + ps->table_rows * ps->table_dim : ps->P;
+    double ss = 0;
+    for (int64_t i = 0; i < lo; i++) ss += (double)g[i] * g[i];
+    for (int i = 0; rows && i < ps->plan.n_shards; i++) { /* the table's shards ascend */
+        if (!ps->is_table[i] || ps->sel_n[i] <= 0) continue;
+        qsort(ps->sel_rows[i], (size_t)ps->sel_n[i], sizeof(uint32_t), cmp_u32);
+        for (int64_t j = 0; j < ps->sel_n[i]; j++) {
+            const float *r = g + ps->table_off + (ps->plan.shard[i].row0 + ps->sel_rows[i][j]) * ps->table_dim;
+            for (int64_t e = 0; e < ps->table_dim; e++) ss += (double)r[e] * r[e];
+        }
+    }
+    for (int64_t i = hi; i < ps->P; i++) ss += (double)g[i] * g[i];
+    double norm = sqrt(ss);
+    if (!(norm > ps->clip_norm)) return;
+    float c = (float)(ps->clip_norm / norm);
+    for (int64_t i = 0; i < lo; i++) g[i] = g[i] * c;
+    for (int i = 0; rows && i < ps->plan.n_shards; i++) {
+        if (!ps->is_table[i] || ps->sel_n[i] <= 0) continue;
+        for (int64_t j = 0; j < ps->sel_n[i]; j++) {
+            float *r = g + ps->table_off + (ps->plan.shard[i].row0 + ps->sel_rows[i][j]) * ps->table_dim;
+            for (int64_t e = 0; e < ps->table_dim; e++) r[e] = r[e] * c;
+        }
+    }
+    for (int64_t i = hi; i < ps->P; i++) g[i] = g[i] * c;
+}
+
 /* Pushes the model's gradients (flat) to every ps; *accepted: all took them.
  * pull: the ps tasks answer with the new values, into the model (async). */
 static int push_all(ps_strategy *ps, int64_t tag, bool pull, bool *accepted, int64_t *applied, loom_err *err)
@@ -431,8 +687,9 @@ static int push_all(ps_strategy *ps, int64_t tag, bool pull, bool *accepted, int
     for (int q = 0; q < ps->n_ps && !rc; q++) {
         b.len = 0;
         loom_ps_hdr h = {.req = req, .nonce = ps->nonce, .step = tag, .flags = pull ? LOOM_PS_F_PULL : 0};
-        if (put_shards(&b, ps, q, &h, g, NULL)) rc = loom_err_set(err, LOOM_ENOMEM, NULL, "building a push");
+        if (put_shards_sel(&b, ps, q, &h, g, NULL, true)) rc = loom_err_set(err, LOOM_ENOMEM, NULL, "building a push");
         else rc = loom_net_send(ps->net, ps->peer_ps[q], LOOM_PS_MSG_PUSH, b.data, b.len, err);
+        ps->bytes_push += (int64_t)b.len;
     }
     *accepted = true;
     *applied = INT64_MAX;
@@ -451,6 +708,7 @@ static int push_all(ps_strategy *ps, int64_t tag, bool pull, bool *accepted, int
             if ((rc = loom_ps_decode_(b.data, b.len, &ps->plan, q, ps->n_slots, type == LOOM_PS_MSG_VALUES, &m, err)))
                 break;
             bool mine = m.h.req == req;
+            if (mine) ps->bytes_push += (int64_t)b.len;
             if (mine && type == LOOM_PS_MSG_VALUES) take_values(ps, &m, loom_model_params(ps->model), NULL);
             if (mine) {
                 if (!(m.h.flags & LOOM_PS_F_ACCEPTED)) *accepted = false;
@@ -475,12 +733,21 @@ static int run_fn(ps_strategy *ps, const loom_strategy_args *a, loom_iter *it, i
     bool have = false; /* (async) the last push brought the new values back */
     for (uint32_t i = 0; i < r->steps || ps->sync; i++) {
         int64_t seen = 0;
-        int rc = have ? LOOM_OK : pull_all(ps, params, NULL, ps->sync ? t : 0, &seen, err);
+        int rc;
+        /* sparse: the batch first, to pull the rows it looks up; one the
+         * function ends without computing on is held for the next */
+        loom_elem *batch = ps->held;
+        ps->held = NULL;
+        if (ps->sparse && !batch && (rc = next_batch(it, epoch, &batch, err))) return rc;
+        if (batch) select_rows(ps, &batch->t[a->input_idx]);
+        rc = have ? LOOM_OK : pull_sel(ps, params, NULL, ps->sync ? t : 0, &seen, true, err);
         if (rc) return rc;
-        if (ps->sync && seen >= end) break;
+        if (ps->sync && seen >= end) {
+            ps->held = batch;
+            break;
+        }
         if (!ps->sync) seen = r->first + i;
-        loom_elem *batch;
-        if ((rc = next_batch(it, epoch, &batch, err))) return rc;
+        if (!batch && (rc = next_batch(it, epoch, &batch, err))) return rc;
         const loom_tensor *x = &batch->t[a->input_idx], *y = &batch->t[a->label_idx];
         int64_t B = x->shape.dim[0];
         loom_ps_step_out *o = &out[*n_out];
@@ -490,10 +757,13 @@ static int run_fn(ps_strategy *ps, const loom_strategy_args *a, loom_iter *it, i
         uint64_t key = loom_rng_mix(loom_rng_mix(ps->seed, 0x50530000u + (uint64_t)ps->index), (uint64_t)seen);
         rc = loom_model_train_step(ps->model, x, y, B, key, &o->loss_sum, &o->correct, err);
         if (rc) return rc;
+        if (ps->clip_norm > 0) clip_grads(ps);
         if (ps->test_step_us) usleep(ps->test_step_us); /* tests: a slower worker */
         bool accepted;
         int64_t applied;
-        have = !ps->sync && i + 1 < r->steps;
+        ps->steps_run++;
+        ps->rows_sel += ps->sparse ? ps->sel_total : 0;
+        have = !ps->sync && !ps->sparse && i + 1 < r->steps; /* (sparse: the next batch wants other rows) */
         if ((rc = push_all(ps, seen, have, &accepted, &applied, err))) return rc;
         o->accepted = accepted;
         (*n_out)++;
@@ -522,6 +792,7 @@ static int worker_serve(ps_strategy *ps, const loom_strategy_args *a, loom_iter 
         if ((rc = loom_ps_decode_run_(msg.data, msg.len, &r, err))) break;
         ps->nonce = r.nonce;
         uint32_t n = 0;
+        int64_t bytes0 = ps->bytes_pull + ps->bytes_push, rows0 = ps->rows_sel;
         if (test_die_now(ps->task, ++runs)) { /* in the middle of the function: some of its steps pushed */
             loom_ps_run half = r;
             half.steps = r.steps > 1 ? r.steps / 2 : 1;
@@ -531,7 +802,9 @@ static int worker_serve(ps_strategy *ps, const loom_strategy_args *a, loom_iter 
         if ((rc = run_fn(ps, a, it, &epoch, &r, out, &n, err))) break;
         loom_buf_fini(&msg);
         loom_buf_init(&msg);
-        loom_ps_put_result_(&msg, r.fn, out, n);
+        loom_ps_traffic tr = {.bytes = (uint64_t)(ps->bytes_pull + ps->bytes_push - bytes0),
+                              .rows = (uint64_t)(ps->rows_sel - rows0)};
+        loom_ps_put_result_(&msg, r.fn, out, n, &tr);
         if (msg.failed) {
             rc = loom_err_set(err, LOOM_ENOMEM, NULL, "building a step result");
             break;
@@ -558,10 +831,20 @@ typedef struct ps_state {
     float          *params, *grads, *acc, *slots;
     loom_optimizer *opt;
     int64_t         step, stale, refused, pushes;
+    int64_t         alloc_bytes; /* its variables, gradients, sums and slots: what it allocated to serve */
+    int64_t         rss_ready;   /* resident bytes with those allocated, before any message */
     int             acc_n;
     bool            inited;
     pending_pull   *pend;
     int             n_pend, cap_pend;
+    /* rows of table shards: the ids of a push (and 0..rows-1 for a whole
+     * shard) as the optimizer takes them; sync: per shard, the rows the
+     * step's accepted pushes touched (acc is zero elsewhere) */
+    int64_t        *ids, *iota;
+    bool           *acc_whole;   /* per shard: pushed whole into acc */
+    int64_t       **acc_rows;    /* per table shard of this ps: rows in acc, first-touched order */
+    int64_t        *acc_nrows;
+    uint8_t       **acc_mark;    /* per table shard of this ps: row in acc_rows already */
 } ps_state;
 
 static int refuse(ps_state *st, int from, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -659,6 +942,85 @@ static void take_grads(ps_state *st, const loom_ps_msg *m, float *buf, bool add)
     }
 }
 
+/* The update of shard i (its rows ids[0..n), or ids NULL: all of it) from
+ * st->grads. A table's shard is updated as one machine updates the table
+ * (loom_optimizer_set_tables): lazily, only the elements with a gradient,
+ * so moving the table whole or by rows gives the same bits. */
+static void apply_shard(ps_state *st, int i, const int64_t *ids, int64_t n)
+{
+    const loom_ps_shard *sh = &st->ps->plan.shard[i];
+    if (st->ps->is_table[i]) {
+        if (!ids) ids = st->iota, n = sh->rows;
+        loom_optimizer_apply_rows(st->opt, st->params, st->grads, st->step, sh->local, sh->row_size, ids, n, NULL);
+    } else if (!ids) {
+        loom_optimizer_apply_range(st->opt, NULL, st->params, st->grads, st->step, sh->local, sh->local + sh->count);
+    } else {
+        for (int64_t j = 0; j < n; j++) {
+            int64_t lo = sh->local + ids[j] * sh->row_size;
+            loom_optimizer_apply_range(st->opt, NULL, st->params, st->grads, st->step, lo, lo + sh->row_size);
+        }
+    }
+}
+
+/* A range's row ids as the optimizer takes them (st->ids); NULL: whole. */
+static const int64_t *range_ids(ps_state *st, const loom_ps_range *r)
+{
+    if (r->n_rows == LOOM_PS_WHOLE) return NULL;
+    for (uint32_t j = 0; j < r->n_rows; j++) st->ids[j] = loom_ps_row_(r, j);
+    return st->ids;
+}
+
+/* Synchronous: the push m added into acc; note what it touched. */
+static void note_acc(ps_state *st, const loom_ps_msg *m)
+{
+    for (int i = 0; i < m->n; i++) {
+        const loom_ps_range *r = &m->r[i];
+        int s = (int)r->shard;
+        if (r->n_rows == LOOM_PS_WHOLE || !st->acc_mark[s]) {
+            st->acc_whole[s] = true;
+            continue;
+        }
+        for (uint32_t j = 0; j < r->n_rows; j++) {
+            uint32_t row = loom_ps_row_(r, j);
+            if (st->acc_mark[s][row]) continue;
+            st->acc_mark[s][row] = 1;
+            st->acc_rows[s][st->acc_nrows[s]++] = row;
+        }
+    }
+}
+
+/* Synchronous: the mean of the step's accepted gradients (acc / acc_n)
+ * applied where they touched (a dense shard whole, as ever; a table's
+ * shard by its rows, summed by id over the pushes), and acc zeroed there. */
+static void apply_acc(ps_state *st)
+{
+    const ps_strategy *ps = st->ps;
+    float k = 1.0f / (float)st->acc_n;
+    for (int i = 0; i < ps->plan.n_shards; i++) {
+        const loom_ps_shard *sh = &ps->plan.shard[i];
+        if (sh->ps != st->q) continue;
+        if (st->acc_whole[i] || !ps->is_table[i]) {
+            for (int64_t e = sh->local; e < sh->local + sh->count; e++) st->grads[e] = st->acc[e] * k;
+            apply_shard(st, i, NULL, 0);
+            memset(st->acc + sh->local, 0, (size_t)sh->count * sizeof(float));
+        } else if (st->acc_nrows[i]) {
+            for (int64_t j = 0; j < st->acc_nrows[i]; j++) {
+                int64_t lo = sh->local + st->acc_rows[i][j] * sh->row_size;
+                for (int64_t e = lo; e < lo + sh->row_size; e++) st->grads[e] = st->acc[e] * k;
+            }
+            apply_shard(st, i, st->acc_rows[i], st->acc_nrows[i]);
+            for (int64_t j = 0; j < st->acc_nrows[i]; j++) {
+                int64_t lo = sh->local + st->acc_rows[i][j] * sh->row_size;
+                memset(st->acc + lo, 0, (size_t)sh->row_size * sizeof(float));
+            }
+        }
+        if (st->acc_mark[i])
+            for (int64_t j = 0; j < st->acc_nrows[i]; j++) st->acc_mark[i][st->acc_rows[i][j]] = 0;
+        st->acc_nrows[i] = 0;
+        st->acc_whole[i] = false;
+    }
+}
+
 static int handle_push(ps_state *st, int from, const loom_buf *msg, loom_err *err)
 {
     ps_strategy *ps = st->ps;
@@ -682,16 +1044,7 @@ static int handle_push(ps_state *st, int from, const loom_buf *msg, loom_err *er
         take_grads(st, &m, st->grads, false);
         for (int i = 0; i < m.n; i++) {
             const loom_ps_range *r = &m.r[i];
-            const loom_ps_shard *sh = &ps->plan.shard[r->shard];
-            if (r->n_rows == LOOM_PS_WHOLE) {
-                loom_optimizer_apply_range(st->opt, NULL, st->params, st->grads, st->step, sh->local,
-                                           sh->local + sh->count);
-            } else {
-                for (uint32_t j = 0; j < r->n_rows; j++) {
-                    int64_t lo = sh->local + (int64_t)loom_ps_row_(r, j) * sh->row_size;
-                    loom_optimizer_apply_range(st->opt, NULL, st->params, st->grads, st->step, lo, lo + sh->row_size);
-                }
-            }
+            apply_shard(st, (int)r->shard, range_ids(st, r), r->n_rows == LOOM_PS_WHOLE ? 0 : r->n_rows);
         }
         st->step++;
         if (m.h.flags & LOOM_PS_F_PULL) { /* the new values back at once: one round trip a step */
@@ -709,12 +1062,10 @@ static int handle_push(ps_state *st, int from, const loom_buf *msg, loom_err *er
         return refuse(st, from, "a gradient for step %lld, but this ps is at step %lld", (long long)m.h.step + 1,
                       (long long)st->step + 1);
     } else {
-        if (st->acc_n == 0) memset(st->acc, 0, (size_t)st->L * sizeof(float));
         take_grads(st, &m, st->acc, true);
+        note_acc(st, &m);
         if (++st->acc_n >= ps->sync_n) { /* the mean of the first N, applied */
-            float k = 1.0f / (float)st->acc_n;
-            for (int64_t i = 0; i < st->L; i++) st->grads[i] = st->acc[i] * k;
-            loom_optimizer_apply_range(st->opt, NULL, st->params, st->grads, st->step, 0, st->L);
+            apply_acc(st);
             st->step++;
             st->acc_n = 0;
         }
@@ -729,6 +1080,17 @@ static int handle_push(ps_state *st, int from, const loom_buf *msg, loom_err *er
     loom_buf_fini(&b);
     if (!rc && ps->sync) rc = flush_pulls(st, err);
     return rc == LOOM_ENET ? LOOM_OK : rc; /* the worker may be gone: its loss comes as news */
+}
+
+/* No gradient in acc (a new run of the job: a step's pushes start over). */
+static void acc_reset(ps_state *st)
+{
+    memset(st->acc, 0, (size_t)(st->L ? st->L : 1) * sizeof(float));
+    for (int i = 0; i < st->ps->plan.n_shards; i++) {
+        if (st->acc_mark[i]) memset(st->acc_mark[i], 0, (size_t)st->ps->plan.shard[i].rows);
+        st->acc_nrows[i] = 0;
+        st->acc_whole[i] = false;
+    }
 }
 
 static int handle_init(ps_state *st, int from, const loom_buf *msg, loom_err *err)
@@ -754,25 +1116,133 @@ static int handle_init(ps_state *st, int from, const loom_buf *msg, loom_err *er
     st->step = m.h.step;
     ps->nonce = m.h.nonce;
     st->acc_n = 0;
+    acc_reset(st);
     st->inited = true;
     loom_ps_hdr h = {.req = m.h.req, .nonce = ps->nonce, .step = st->step};
     loom_ps_msg_fini_(&m);
     loom_buf b;
     loom_buf_init(&b);
     loom_ps_put_hdr_(&b, &h);
+    loom_buf_put_u64(&b, (uint64_t)st->alloc_bytes); /* what this ps holds, for the coordinator's log */
+    loom_buf_put_u64(&b, (uint64_t)st->rss_ready);
+    loom_buf_put_u64(&b, (uint64_t)resident("VmHWM"));
     rc = loom_net_send(ps->net, from, LOOM_PS_MSG_INIT_OK, b.data, b.len, err);
     loom_buf_fini(&b);
     return rc ? rc : flush_pulls(st, err);
 }
 
+/* SAVE: every shard this ps holds, with its slots, into its file of the
+ * checkpoint (ps_internal.h), then SAVED with the file's size and CRC. */
+static int handle_save(ps_state *st, int from, const loom_buf *msg, loom_err *err)
+{
+    ps_strategy *ps = st->ps;
+    char who[32], dir[LOOM_PATH_MAX];
+    peer_name(ps, from, who, sizeof who);
+    if (ps->peer_role[from] != LOOM_ROLE_CHIEF)
+        return refuse(st, from, "a checkpoint request from %s: only the coordinator (chief) saves", who);
+    if (!st->inited) return refuse(st, from, "a checkpoint request before the coordinator sent the variables");
+    loom_ps_hdr h;
+    loom_err e;
+    if (loom_ps_decode_save_(msg->data, msg->len, &h, dir, sizeof dir, &e))
+        return refuse(st, from, "a checkpoint request that does not decode: %s", e.msg);
+    if (h.nonce != ps->nonce)
+        return refuse(st, from, "a checkpoint request of another run of the job (nonce %016llx, this run's is %016llx)",
+                      (unsigned long long)h.nonce, (unsigned long long)ps->nonce);
+    LOOM_ASSERT(ps->write_ckpt);
+    if (test_save_die_now(ps->task, "before", h.step)) _exit(137);
+    int per = 1 + ps->n_slots, n = 0;
+    for (int i = 0; i < ps->plan.n_shards; i++) n += (ps->plan.shard[i].ps == st->q) * per;
+    loom_ckpt_tensor *t = loom_calloc((size_t)(n ? n : 1), sizeof *t);
+    char (*names)[160] = loom_calloc((size_t)(n ? n : 1), sizeof *names);
+    if (!t || !names) {
+        loom_free(t);
+        loom_free(names);
+        return loom_err_set(err, LOOM_ENOMEM, ps->task, "listing the %d tensors of a checkpoint", n);
+    }
+    int k = 0;
+    for (int i = 0; i < ps->plan.n_shards; i++) {
+        const loom_ps_shard *sh = &ps->plan.shard[i];
+        if (sh->ps != st->q) continue;
+        loom_shape shape = ps->pi[sh->var].shape;
+        if (shape.rank) shape.dim[0] = sh->rows;
+        char rec[128];
+        loom_ps_record_name_(&ps->plan, ps->pi, i, rec, sizeof rec);
+        for (int b = 0; b < per; b++, k++) {
+            if (b == 0) snprintf(names[k], sizeof names[k], "%s", rec);
+            else snprintf(names[k], sizeof names[k], "%s/%s", rec, loom_optimizer_slot_name(st->opt, b - 1));
+            t[k] = (loom_ckpt_tensor){.name = names[k], .shape = shape,
+                                      .data = (b == 0 ? st->params : st->slots + (size_t)(b - 1) * (size_t)st->L) + sh->local};
+        }
+    }
+    char name[128], path[LOOM_PATH_MAX + 160];
+    snprintf(name, sizeof name, "ckpt-%lld.data-%05d-of-%05d", (long long)h.step, st->q, ps->n_ps);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    loom_ckpt_shard_meta meta = {.step = h.step, .ps = st->q, .n_ps = ps->n_ps, .plan_id = ps->plan_id};
+    uint64_t size = 0;
+    uint32_t crc = 0;
+    int rc = ps->write_ckpt(path, &meta, t, n, &size, &crc, &e);
+    loom_free(t);
+    loom_free(names);
+    if (rc) return refuse(st, from, "cannot write its shard of the checkpoint of step %lld: %s: %s", (long long)h.step,
+                          e.where, e.msg);
+    if (test_save_die_now(ps->task, "after", h.step)) _exit(137);
+    loom_buf b;
+    loom_buf_init(&b);
+    loom_ps_hdr out = {.req = h.req, .nonce = ps->nonce, .step = h.step};
+    loom_ps_put_saved_(&b, &out, size, crc, name);
+    rc = b.failed ? loom_err_set(err, LOOM_ENOMEM, NULL, "answering a checkpoint request")
+                  : loom_net_send(ps->net, from, LOOM_PS_MSG_SAVED, b.data, b.len, err);
+    loom_buf_fini(&b);
+    return rc;
+}
+
 static void ps_state_fini(ps_state *st)
 {
+    for (int i = 0; i < st->ps->plan.n_shards; i++) {
+        if (st->acc_rows) loom_free(st->acc_rows[i]);
+        if (st->acc_mark) loom_free(st->acc_mark[i]);
+    }
+    loom_free(st->acc_rows);
+    loom_free(st->acc_mark);
+    loom_free(st->acc_nrows);
+    loom_free(st->acc_whole);
+    loom_free(st->ids);
+    loom_free(st->iota);
     loom_free(st->params);
     loom_free(st->grads);
     loom_free(st->acc);
     loom_optimizer_free(st->opt);
     for (int i = 0; i < st->n_pend; i++) loom_buf_fini(&st->pend[i].msg);
     loom_free(st->pend);
+}
+
+/* The row lists of a ps: ids and iota as long as its longest shard (a
+ * table's), and (sync) the rows each table shard's acc holds. */
+static int ps_rows_alloc(ps_state *st, loom_err *err)
+{
+    const ps_strategy *ps = st->ps;
+    int n = ps->plan.n_shards ? ps->plan.n_shards : 1;
+    int64_t most = 1;
+    for (int i = 0; i < ps->plan.n_shards; i++)
+        if (ps->plan.shard[i].ps == st->q && ps->plan.shard[i].rows > most) most = ps->plan.shard[i].rows;
+    st->ids = loom_alloc((size_t)most * sizeof *st->ids);
+    st->iota = loom_alloc((size_t)most * sizeof *st->iota);
+    st->acc_whole = loom_calloc((size_t)n, sizeof *st->acc_whole);
+    st->acc_nrows = loom_calloc((size_t)n, sizeof *st->acc_nrows);
+    st->acc_rows = loom_calloc((size_t)n, sizeof *st->acc_rows);
+    st->acc_mark = loom_calloc((size_t)n, sizeof *st->acc_mark);
+    if (!st->ids || !st->iota || !st->acc_whole || !st->acc_nrows || !st->acc_rows || !st->acc_mark)
+        return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the row lists of %s", ps->task);
+    for (int64_t j = 0; j < most; j++) st->iota[j] = j;
+    for (int i = 0; i < ps->plan.n_shards && ps->sync; i++) {
+        const loom_ps_shard *sh = &ps->plan.shard[i];
+        if (sh->ps != st->q || !ps->is_table[i]) continue;
+        st->acc_rows[i] = loom_alloc((size_t)(sh->rows ? sh->rows : 1) * sizeof **st->acc_rows);
+        st->acc_mark[i] = loom_calloc((size_t)(sh->rows ? sh->rows : 1), 1);
+        if (!st->acc_rows[i] || !st->acc_mark[i])
+            return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the row lists of %s", ps->task);
+    }
+    return LOOM_OK;
 }
 
 static int ps_serve_loop(ps_strategy *ps, const loom_spec *spec, loom_err *err)
@@ -782,17 +1252,26 @@ static int ps_serve_loop(ps_strategy *ps, const loom_spec *spec, loom_err *err)
     size_t L = (size_t)(st.L ? st.L : 1);
     st.params = loom_alloc_aligned(L * sizeof(float));
     st.grads = loom_alloc_aligned(L * sizeof(float));
-    st.acc = loom_alloc_aligned(L * sizeof(float));
-    int rc = loom_optimizer_new(&st.opt, &spec->optimizer, st.L ? st.L : 1, err);
+    st.acc = loom_alloc_aligned(L * sizeof(float)); /* the sum of a synchronous step's gradients (sparse: reset by rows) */
+    loom_optimizer_spec os = spec->optimizer;
+    os.clip_norm = 0; /* the workers clip their gradients (clip_grads): no ps sees them all */
+    int rc = loom_optimizer_new(&st.opt, &os, st.L ? st.L : 1, err);
     if (!rc && (!st.params || !st.grads || !st.acc))
         rc = loom_err_set(err, LOOM_ENOMEM, NULL, "allocating %lld floats of variables on %s", (long long)st.L, ps->task);
     if (rc) {
         ps_state_fini(&st);
         return rc;
     }
+    if ((rc = ps_rows_alloc(&st, err))) {
+        ps_state_fini(&st);
+        return rc;
+    }
     memset(st.params, 0, L * sizeof(float));
     memset(st.grads, 0, L * sizeof(float));
+    acc_reset(&st);
     st.slots = ps->n_slots ? loom_optimizer_slots(st.opt) : NULL;
+    st.alloc_bytes = (int64_t)L * (int64_t)sizeof(float) * (3 + ps->n_slots);
+    st.rss_ready = resident("VmRSS");
     loom_buf msg;
     loom_buf_init(&msg);
     for (;;) {
@@ -824,6 +1303,8 @@ static int ps_serve_loop(ps_strategy *ps, const loom_spec *spec, loom_err *err)
             if ((rc = handle_init(&st, from, &msg, err))) break;
         } else if (type == LOOM_PS_MSG_PUSH) {
             if ((rc = handle_push(&st, from, &msg, err))) break;
+        } else if (type == LOOM_PS_MSG_SAVE) {
+            if ((rc = handle_save(&st, from, &msg, err))) break;
         } else if (type == LOOM_PS_MSG_PULL) {
             loom_ps_msg m;
             loom_err e;
@@ -905,6 +1386,19 @@ static int init_ps_tasks(ps_strategy *ps, int64_t step, loom_err *err)
         uint32_t type;
         rc = loom_net_recv(ps->net, ps->peer_ps[q], LOOM_PS_MSG_INIT_OK, LOOM_PS_MSG_REFUSED, &from, &type, &b, -1, err);
         if (!rc && type == LOOM_PS_MSG_REFUSED) rc = refused(ps, from, &b, err);
+        if (!rc && type == LOOM_PS_MSG_INIT_OK && b.len >= LOOM_PS_HDR + 24) { /* what the ps holds, and its memory */
+            loom_buf r = b;
+            r.pos = LOOM_PS_HDR;
+            r.failed = 0;
+            uint64_t alloc = loom_buf_get_u64(&r), ready = loom_buf_get_u64(&r), hwm = loom_buf_get_u64(&r);
+            const double MiB = 1048576.0;
+            loom_info("ps:%d holds %lld of the model's %lld floats: %.1f MiB allocated for them (variables, gradients, "
+                      "%s%d slot%s); resident %.1f MiB when it was ready to serve, %.1f MiB at most so far (the "
+                      "whole model's variables alone are %.1f MiB)", q, (long long)ps->plan.ps_floats[q],
+                      (long long)ps->P, (double)alloc / MiB, ps->sync ? "sums, " : "", ps->n_slots,
+                      ps->n_slots == 1 ? "" : "s", (double)ready / MiB, (double)hwm / MiB,
+                      (double)ps->P * sizeof(float) / MiB);
+        }
     }
     if (!rc && getenv("LOOM_TEST_PS_FORGE_PUSH")) { /* tests: a push from a task that is no worker is refused */
         b.len = 0;
@@ -1100,10 +1594,14 @@ static int pump_for(ps_strategy *ps, double wait_s, loom_err *err)
         uint64_t fn;
         loom_ps_step_out *out;
         uint32_t n;
-        if ((rc = loom_ps_decode_result_(msg.data, msg.len, &fn, &out, &n, err))) {
+        loom_ps_traffic tr;
+        if ((rc = loom_ps_decode_result_(msg.data, msg.len, &fn, &out, &n, &tr, err))) {
             loom_buf_fini(&msg);
             return loom_err_hint(err, "a step result from %s did not decode", who);
         }
+        ps->moved_bytes += (int64_t)tr.bytes;
+        ps->moved_rows += (int64_t)tr.rows;
+        ps->moved_steps += n;
         int i = find_fn(ps, fn);
         if (!ps->sync) ps->busy[w] = false;
         else if (ps->fns && i < 0) ps->busy[w] = false;
@@ -1281,18 +1779,22 @@ static int ps_input_context(const loom_strategy_args *a, loom_input_ctx *ctx, lo
 
 static bool ps_is_chief(loom_strategy *s) { return ((ps_strategy *)s->impl)->role == LOOM_ROLE_CHIEF; }
 
-/* A checkpoint: the variables and slots back from the ps tasks, then the
- * chief's iterator state with the ps count. */
+/* A checkpoint: the variables back from the ps tasks (and their slots,
+ * when the chief writes the checkpoint whole; with sharded checkpoints each
+ * ps writes its own), then the chief's iterator state with the ps count and
+ * the partitioning. */
 static int ps_gather_iter_state(loom_strategy *s, const loom_buf *mine, loom_buf *stored, loom_err *err)
 {
     ps_strategy *ps = s->impl;
     loom_buf_init(stored);
     if (ps->net && !ps->need_init) {
-        int rc = fetch(ps, true, err);
+        int rc = fetch(ps, !ps->write_ckpt, err);
         if (rc) return rc;
     }
-    loom_buf_put_u32(stored, ITER_MAGIC);
+    loom_buf_put_u32(stored, ITER_MAGIC2);
     loom_buf_put_u32(stored, (uint32_t)ps->n_ps);
+    loom_buf_put_u32(stored, (uint32_t)ps->plan.n_shards);
+    loom_buf_put_u64(stored, ps->plan_id);
     loom_buf_put(stored, mine->data, mine->len);
     return stored->failed ? loom_err_set(err, LOOM_ENOMEM, NULL, "packing the iterator state") : LOOM_OK;
 }
@@ -1305,7 +1807,7 @@ static int ps_pick_iter_state(loom_strategy *s, const loom_buf *stored, loom_buf
     b.pos = 0;
     b.failed = 0;
     uint32_t magic = stored->len >= 8 ? loom_buf_get_u32(&b) : 0;
-    if (magic != ITER_MAGIC)
+    if (magic != ITER_MAGIC && !(magic == ITER_MAGIC2 && stored->len >= 20))
         return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "the checkpoint was not written by parameter_server training: "
                             "it holds no ps count"),
                loom_err_hint(err, "resume it with the strategy that wrote it, or pass --fresh");
@@ -1316,8 +1818,113 @@ static int ps_pick_iter_state(loom_strategy *s, const loom_buf *stored, loom_buf
                             ps->n_ps),
                loom_err_hint(err, "run the job with %u ps task%s (loom launch --ps %u), or pass --fresh to start over",
                              n, n == 1 ? "" : "s", n);
+    if (magic == ITER_MAGIC2) { /* the partitioning too (TF: the shard count must not change) */
+        uint32_t shards = loom_buf_get_u32(&b);
+        uint64_t id = loom_buf_get_u64(&b);
+        if (id != ps->plan_id)
+            return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "the checkpoint's variables were cut into %u shard%s over "
+                                "%u ps task%s by another partitioning (plan %016llx); this job cuts them into %d over %d "
+                                "(plan %016llx): shards restore only onto the partitioning that wrote them", shards,
+                                shards == 1 ? "" : "s", n, n == 1 ? "" : "s", (unsigned long long)id, ps->plan.n_shards,
+                                ps->n_ps, (unsigned long long)ps->plan_id),
+                   loom_err_hint(err, "run it with the model and strategy.variable_partitioner that wrote it (loom "
+                                 "check prints the shards), or pass --fresh to start over");
+    }
     loom_buf_put(mine, b.data + b.pos, b.len - b.pos);
     return mine->failed ? loom_err_set(err, LOOM_ENOMEM, NULL, "copying the iterator state") : LOOM_OK;
+}
+
+/* ---- sharded checkpoints (distribute.h; the seams distribute.c calls) ---- */
+
+bool loom_ps_saves_shards_(loom_strategy *s)
+{
+    ps_strategy *ps = s->impl;
+    return ps->net && ps->write_ckpt && ps->role == LOOM_ROLE_CHIEF;
+}
+
+void loom_ps_set_ckpt_writer_(loom_strategy *s, loom_ckpt_write_fn fn) { ((ps_strategy *)s->impl)->write_ckpt = fn; }
+
+int loom_ps_save_shards_(loom_strategy *s, const char *dir, int64_t step, loom_ckpt_shards *out, loom_err *err)
+{
+    ps_strategy *ps = s->impl;
+    memset(out, 0, sizeof *out);
+    char abs[PATH_MAX];
+    if (dir[0] != '/') { /* the ps tasks need the directory itself, whatever their working directory */
+        if (!realpath(dir, abs))
+            return loom_err_set(err, LOOM_EIO, dir, "cannot resolve the model directory: %s", strerror(errno));
+        dir = abs;
+    }
+    if (strlen(dir) >= LOOM_PATH_MAX)
+        return loom_err_set(err, LOOM_EIO, dir, "the model directory's path is longer than %d bytes", LOOM_PATH_MAX - 1);
+    int rc = ps->need_init ? init_ps_tasks(ps, step, err) : quiesce(ps, err); /* the variables at rest */
+    if (rc) return rc;
+    out->file = loom_calloc((size_t)ps->n_ps, sizeof *out->file);
+    out->part = loom_calloc((size_t)(ps->plan.n_shards ? ps->plan.n_shards : 1), sizeof *out->part);
+    if (!out->file || !out->part) {
+        loom_ckpt_shards_fini(out);
+        return loom_err_set(err, LOOM_ENOMEM, NULL, "listing the shards of a checkpoint");
+    }
+    out->n_ps = out->n_files = ps->n_ps;
+    out->plan_id = ps->plan_id;
+    loom_buf b;
+    loom_buf_init(&b);
+    uint64_t req = ++ps->req;
+    loom_ps_hdr h = {.req = req, .nonce = ps->nonce, .step = step};
+    loom_ps_put_save_(&b, &h, dir);
+    for (int q = 0; q < ps->n_ps && !rc; q++)
+        rc = b.failed ? loom_err_set(err, LOOM_ENOMEM, NULL, "building a checkpoint request")
+                      : loom_net_send(ps->net, ps->peer_ps[q], LOOM_PS_MSG_SAVE, b.data, b.len, err);
+    for (int q = 0; q < ps->n_ps && !rc; q++) {
+        int from;
+        uint32_t type;
+        char who[32];
+        for (;;) { /* (a late answer to an abandoned request is skipped) */
+            rc = loom_net_recv(ps->net, ps->peer_ps[q], LOOM_PS_MSG_REFUSED, LOOM_PS_MSG_SAVED, &from, &type, &b, -1, err);
+            if (rc) break;
+            if (type == LOOM_PS_MSG_REFUSED) {
+                rc = refused(ps, from, &b, err);
+                break;
+            }
+            if (type != LOOM_PS_MSG_SAVED) continue;
+            loom_ckpt_shard_file *f = &out->file[q];
+            loom_ps_hdr got;
+            if ((rc = loom_ps_decode_saved_(b.data, b.len, &got, &f->size, &f->crc, f->name, sizeof f->name, err))) {
+                loom_err_hint(err, "the answer of %s to a checkpoint request did not decode",
+                              peer_name(ps, from, who, sizeof who));
+                break;
+            }
+            if (got.req != req) continue;
+            f->ps = q;
+            break;
+        }
+        if (rc) break;
+        /* the index refers to the file by name in dir: this task must see it there */
+        char path[PATH_MAX + 160];
+        snprintf(path, sizeof path, "%s/%s", dir, out->file[q].name);
+        struct stat sb;
+        int missing = stat(path, &sb) < 0 ? errno : 0;
+        if (missing || (uint64_t)sb.st_size != out->file[q].size) {
+            rc = loom_err_set(err, LOOM_EIO, path, "ps:%d wrote its shard of the checkpoint of step %lld here (%llu "
+                              "bytes), but the coordinator %s%s", q, (long long)step,
+                              (unsigned long long)out->file[q].size, missing ? "cannot see it: " : "sees another size",
+                              missing ? strerror(missing) : "");
+            loom_err_hint(err, "run.model_dir must be one directory that every task of the job shares (the same "
+                               "path on a shared file system); the index the chief writes names the ps tasks' files");
+        }
+    }
+    loom_buf_fini(&b);
+    for (int i = 0; i < ps->plan.n_shards && !rc; i++) {
+        const loom_ps_shard *sh = &ps->plan.shard[i];
+        loom_ckpt_part *p = &out->part[out->n_parts++];
+        snprintf(p->var, sizeof p->var, "%s", ps->pi[sh->var].name);
+        loom_ps_record_name_(&ps->plan, ps->pi, i, p->record, sizeof p->record);
+        p->file = sh->ps;
+        p->row0 = sh->row0;
+        p->rows = sh->rows;
+    }
+    if (rc) loom_ckpt_shards_fini(out);
+    if (!rc && test_save_die_now(ps->task, "index", step)) _exit(137);
+    return rc;
 }
 
 static int ps_serve(loom_strategy *s, loom_iter *train, loom_err *err)
@@ -1350,7 +1957,7 @@ static void ps_print_plan(loom_strategy *s, int64_t global_batch, FILE *f)
 {
     ps_strategy *ps = s->impl;
     const loom_strategy_spec *st = &s->args->spec->strategy;
-    if (ps->role == LOOM_ROLE_EVALUATOR || !ps->model) {
+    if (ps->role == LOOM_ROLE_EVALUATOR || !ps->pi) {
         fprintf(f, "strategy: parameter_server (this is %s: no part in training)\n", ps->task);
         return;
     }
@@ -1372,12 +1979,11 @@ static void ps_print_plan(loom_strategy *s, int64_t global_batch, FILE *f)
     else
         fprintf(f, "  placement: variables split along axis 0 by the %s partitioner, shards round-robin over the ps "
                 "tasks\n", loom_partitioner_name(st->partitioner.kind));
-    int nv = loom_model_num_param_tensors(ps->model);
-    loom_param_info *pi = loom_calloc((size_t)(nv ? nv : 1), sizeof *pi);
-    if (!pi) return;
-    for (int v = 0; v < nv; v++) pi[v] = *loom_model_param_tensor(ps->model, v);
-    loom_ps_plan_print_(&ps->plan, pi, ps->n_slots, f);
-    loom_free(pi);
+    if (ps->table_var >= 0)
+        fprintf(f, "  the embedding table %s: %s\n", ps->pi[ps->table_var].name,
+                ps->sparse ? "workers pull only the rows a batch looks up and push only their gradients (sparse "
+                             "updates, applied lazily on the ps)" : "moved whole (LOOM_TEST_PS_DENSE_TABLES)");
+    loom_ps_plan_print_(&ps->plan, ps->pi, ps->n_slots, f);
 }
 
 static int ps_peers(loom_strategy *s, loom_peer_info *out, int max)

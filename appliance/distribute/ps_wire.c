@@ -136,7 +136,7 @@ int loom_ps_decode_run_(const uint8_t *p, size_t len, loom_ps_run *r, loom_err *
     return LOOM_OK;
 }
 
-void loom_ps_put_result_(loom_buf *b, uint64_t fn, const loom_ps_step_out *s, uint32_t n)
+void loom_ps_put_result_(loom_buf *b, uint64_t fn, const loom_ps_step_out *s, uint32_t n, const loom_ps_traffic *t)
 {
     loom_buf_put_u64(b, fn);
     loom_buf_put_u32(b, n);
@@ -147,17 +147,19 @@ void loom_ps_put_result_(loom_buf *b, uint64_t fn, const loom_ps_step_out *s, ui
         loom_buf_put_i64(b, s[i].correct);
         loom_buf_put_i64(b, s[i].examples);
     }
+    loom_buf_put_u64(b, t->bytes);
+    loom_buf_put_u64(b, t->rows);
 }
 
 int loom_ps_decode_result_(const uint8_t *p, size_t len, uint64_t *fn, loom_ps_step_out **out, uint32_t *n,
-                           loom_err *err)
+                           loom_ps_traffic *t, loom_err *err)
 {
     *out = NULL;
     *n = 0;
-    if (len < 12) return loom_err_set(err, LOOM_EDATA, NULL, "a step result of %zu bytes", len);
+    if (len < 28) return loom_err_set(err, LOOM_EDATA, NULL, "a step result of %zu bytes", len);
     *fn = rd64(p);
     uint32_t k = rd32(p + 8);
-    if (k > LOOM_PS_MAX_STEPS || len != 12 + (size_t)k * 36)
+    if (k > LOOM_PS_MAX_STEPS || len != 28 + (size_t)k * 36)
         return loom_err_set(err, LOOM_EDATA, NULL, "a step result of %zu bytes for %u steps", len, k);
     loom_ps_step_out *s = loom_calloc(k ? k : 1, sizeof *s);
     if (!s) return loom_err_set(err, LOOM_ENOMEM, NULL, "decoding %u step results", k);
@@ -176,7 +178,78 @@ int loom_ps_decode_result_(const uint8_t *p, size_t len, uint64_t *fn, loom_ps_s
             return LOOM_EDATA;
         }
     }
+    t->bytes = rd64(q);
+    t->rows = rd64(q + 8);
     *out = s;
     *n = k;
+    return LOOM_OK;
+}
+
+/* A u32 length and that many bytes of text (no NUL inside) at p + *pos, into dst. */
+static int get_text(const uint8_t *p, size_t len, size_t *pos, char *dst, size_t n, const char *what, loom_err *err)
+{
+    if (len - *pos < 4) return loom_err_set(err, LOOM_EDATA, NULL, "a %s message ends before its %s", "checkpoint", what);
+    uint32_t l = rd32(p + *pos);
+    *pos += 4;
+    if (l == 0 || l >= n || len - *pos < l || memchr(p + *pos, 0, l))
+        return loom_err_set(err, LOOM_EDATA, NULL, "a checkpoint message's %s of %u bytes (%zu left, at most %zu)", what,
+                            l, len - *pos, n - 1);
+    memcpy(dst, p + *pos, l);
+    dst[l] = 0;
+    *pos += l;
+    return LOOM_OK;
+}
+
+static int get_hdr(const uint8_t *p, size_t len, loom_ps_hdr *h, loom_err *err)
+{
+    if (len < LOOM_PS_HDR) return loom_err_set(err, LOOM_EDATA, NULL, "a checkpoint message of %zu bytes", len);
+    h->req = rd64(p);
+    h->nonce = rd64(p + 8);
+    h->step = (int64_t)rd64(p + 16);
+    h->flags = rd32(p + 24);
+    h->n_ranges = rd32(p + 28);
+    if (h->step < 0 || h->flags || h->n_ranges)
+        return loom_err_set(err, LOOM_EDATA, NULL, "a checkpoint message for step %lld with flags 0x%x and %u ranges",
+                            (long long)h->step, h->flags, h->n_ranges);
+    return LOOM_OK;
+}
+
+void loom_ps_put_save_(loom_buf *b, const loom_ps_hdr *h, const char *dir)
+{
+    loom_ps_put_hdr_(b, h);
+    loom_buf_put_str(b, dir);
+}
+
+int loom_ps_decode_save_(const uint8_t *p, size_t len, loom_ps_hdr *h, char *dir, size_t n, loom_err *err)
+{
+    size_t pos = LOOM_PS_HDR;
+    int rc = get_hdr(p, len, h, err);
+    if (!rc) rc = get_text(p, len, &pos, dir, n, "directory", err);
+    if (!rc && pos != len) rc = loom_err_set(err, LOOM_EDATA, NULL, "%zu bytes after a SAVE message", len - pos);
+    if (!rc && dir[0] != '/') rc = loom_err_set(err, LOOM_EDATA, NULL, "SAVE into \"%s\", not an absolute path", dir);
+    return rc;
+}
+
+void loom_ps_put_saved_(loom_buf *b, const loom_ps_hdr *h, uint64_t size, uint32_t crc, const char *name)
+{
+    loom_ps_put_hdr_(b, h);
+    loom_buf_put_u64(b, size);
+    loom_buf_put_u32(b, crc);
+    loom_buf_put_str(b, name);
+}
+
+int loom_ps_decode_saved_(const uint8_t *p, size_t len, loom_ps_hdr *h, uint64_t *size, uint32_t *crc, char *name,
+                          size_t n, loom_err *err)
+{
+    int rc = get_hdr(p, len, h, err);
+    if (rc) return rc;
+    if (len < LOOM_PS_HDR + 12) return loom_err_set(err, LOOM_EDATA, NULL, "a SAVED message of %zu bytes", len);
+    *size = rd64(p + LOOM_PS_HDR);
+    *crc = rd32(p + LOOM_PS_HDR + 8);
+    size_t pos = LOOM_PS_HDR + 12;
+    if ((rc = get_text(p, len, &pos, name, n, "file name", err))) return rc;
+    if (pos != len) return loom_err_set(err, LOOM_EDATA, NULL, "%zu bytes after a SAVED message", len - pos);
+    if (strchr(name, '/') || name[0] == '.')
+        return loom_err_set(err, LOOM_EDATA, NULL, "SAVED names \"%s\", not a file of the model directory", name);
     return LOOM_OK;
 }

@@ -182,21 +182,56 @@ static void test_run_and_result(void)
     loom_buf_init(&b);
     loom_ps_step_out s[2] = {{.step = 40, .accepted = 1, .loss_sum = 12.5, .correct = 30, .examples = 64},
                              {.step = 41, .accepted = 0, .loss_sum = 11.0, .correct = 31, .examples = 64}};
-    loom_ps_put_result_(&b, 3, s, 2);
+    loom_ps_traffic tr = {.bytes = 123456789012ull, .rows = 777}, tr2;
+    loom_ps_put_result_(&b, 3, s, 2, &tr);
     uint64_t fn;
     loom_ps_step_out *o;
     uint32_t n;
-    CHECK(loom_ps_decode_result_(b.data, b.len, &fn, &o, &n, &err) == LOOM_OK);
+    CHECK(loom_ps_decode_result_(b.data, b.len, &fn, &o, &n, &tr2, &err) == LOOM_OK);
     CHECK(fn == 3 && n == 2 && o[1].step == 41 && !o[1].accepted && o[0].loss_sum == 12.5 && o[1].correct == 31);
+    CHECK(tr2.bytes == tr.bytes && tr2.rows == tr.rows);
     loom_free(o);
-    CHECK(loom_ps_decode_result_(b.data, b.len - 3, &fn, &o, &n, &err) == LOOM_EDATA);
+    CHECK(loom_ps_decode_result_(b.data, b.len - 3, &fn, &o, &n, &tr2, &err) == LOOM_EDATA);
+    CHECK(loom_ps_decode_result_(b.data, b.len - 16, &fn, &o, &n, &tr2, &err) == LOOM_EDATA); /* no traffic */
     b.data[12 + 20] = 0xff; /* correct > examples */
     b.data[12 + 27] = 0x7f;
-    CHECK(loom_ps_decode_result_(b.data, b.len, &fn, &o, &n, &err) == LOOM_EDATA);
+    CHECK(loom_ps_decode_result_(b.data, b.len, &fn, &o, &n, &tr2, &err) == LOOM_EDATA);
+    loom_buf_fini(&b);
+}
+
+static void test_save_messages(void)
+{
+    loom_buf b;
+    loom_buf_init(&b);
+    loom_ps_hdr h = {.req = 7, .nonce = 99, .step = 50}, h2;
+    loom_ps_put_save_(&b, &h, "/runs/ps");
+    loom_err err;
+    char text[64];
+    CHECK(loom_ps_decode_save_(b.data, b.len, &h2, text, sizeof text, &err) == LOOM_OK);
+    CHECK(h2.req == 7 && h2.nonce == 99 && h2.step == 50 && !strcmp(text, "/runs/ps"));
+    CHECK(loom_ps_decode_save_(b.data, b.len - 1, &h2, text, sizeof text, &err) == LOOM_EDATA);
+    CHECK(loom_ps_decode_save_(b.data, b.len, &h2, text, 4, &err) == LOOM_EDATA); /* longer than the buffer */
+    loom_buf_fini(&b);
+    loom_buf_init(&b);
+    loom_ps_put_save_(&b, &h, "runs/ps");
+    CHECK(loom_ps_decode_save_(b.data, b.len, &h2, text, sizeof text, &err) == LOOM_EDATA);
+    CHECK_CONTAINS(err.msg, "not an absolute path");
+    loom_buf_fini(&b);
+    loom_buf_init(&b);
+    loom_ps_put_saved_(&b, &h, 12345, 0xdeadbeef, "ckpt-50.data-00001-of-00002");
+    uint64_t size;
+    uint32_t crc;
+    CHECK(loom_ps_decode_saved_(b.data, b.len, &h2, &size, &crc, text, sizeof text, &err) == LOOM_OK);
+    CHECK(size == 12345 && crc == 0xdeadbeef && !strcmp(text, "ckpt-50.data-00001-of-00002") && h2.step == 50);
+    loom_buf_fini(&b);
+    loom_buf_init(&b);
+    loom_ps_put_saved_(&b, &h, 1, 2, "../etc/passwd"); /* a ps names a file of the model directory, nothing else */
+    CHECK(loom_ps_decode_saved_(b.data, b.len, &h2, &size, &crc, text, sizeof text, &err) == LOOM_EDATA);
     loom_buf_fini(&b);
 }
 
 static const loom_test tests[] = {
+    {"save_messages", test_save_messages},
     {"partitioner_numbers", test_partitioner_numbers},
     {"round_robin", test_round_robin},
     {"codec_roundtrip", test_codec_roundtrip},

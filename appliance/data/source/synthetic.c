@@ -181,7 +181,7 @@ int synthetic_source_open_(dstage **out, const loom_source_spec *src, const loom
     dstage *st = &t->s;
     dstage_init_(st, &syn_ops, NULL, 0, &src->loc);
     snprintf(st->name, sizeof st->name, "synthetic");
-    t->seed = ctx ? ctx->seed : 42;
+    t->seed = !ctx ? 42 : ctx->source_seed_set ? ctx->source_seed : ctx->seed;
     t->count = src->count;
     t->ctr = src->ctr;
     t->nctr = src->ctr.on ? 3 : 0;
