@@ -198,6 +198,7 @@ int loom_data_open(loom_iter **out, const loom_dataset_spec *spec, const loom_da
     if (opts->autotune &&
         (rc = dtuner_new_(&it->tuner, opts->present && opts->cpu_budget > 0 ? opts->cpu_budget : loom_num_cores(), err)))
         goto fail;
+    if (it->tuner && it->st[0]->ops->tune) it->st[0]->ops->tune(it->st[0], it->tuner); /* the source's knobs */
     dplan dp; /* the transforms after data.options.optimization's rewrites */
     dplan_make_(&dp, spec, opts, threads, plan.data_at);
     int64_t ram = dtuner_ram_budget_(opts), used = stage_max_bytes(it->st[0], NULL);
