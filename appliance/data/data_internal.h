@@ -401,6 +401,10 @@ static inline int64_t dknob_get_(const dknob *k) { return __atomic_load_n(&k->va
 dknob *dtuner_knob_(dtuner *t, dstage *s, const char *what, int64_t value, int64_t min, int64_t max, int cpu);
 /* A tuner whose knobs of cpu units sum to at most cpu_budget. Free with dtuner_free_. */
 int  dtuner_new_(dtuner **out, int cpu_budget, loom_err *err);
+/* Names the pipeline's last stage: CPU knobs then rise only while its
+ * consumer spends time in it (its busy time) and fall back after a second
+ * without (autotune.c). Before dtuner_start_; NULL t is a no-op. */
+void dtuner_output_(dtuner *t, dstage *last);
 /* Starts the thread once the knobs are registered (none: no thread). */
 int  dtuner_start_(dtuner *t, loom_err *err);
 void dtuner_stop_(dtuner *t); /* stops the thread, the knobs stay readable; NULL is a no-op */

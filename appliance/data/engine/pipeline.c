@@ -216,6 +216,7 @@ int loom_data_open(loom_iter **out, const loom_dataset_spec *spec, const loom_da
         append(it, s);
         used += stage_max_bytes(s, dp.step[si].kind == DPLAN_ONE && i < spec->n_transforms ? &spec->transform[i] : NULL);
     }
+    dtuner_output_(it->tuner, last(it));
     if (it->tuner && (rc = dtuner_start_(it->tuner, err))) goto fail;
     size_t k = 0;
     for (int i = 0; i < it->n && k < sizeof it->fp; i++)
