@@ -11,7 +11,8 @@
  * a thread of its own); when its consumer spends time waiting on it the
  * tuner (CPU budget permitting) turns the thread on, which reads, checks,
  * decompresses and parses the next records, across file boundaries, into a
- * ring of RA_SLOTS decoded elements while the pipeline works on earlier ones.
+ * ring of decoded elements (up to RA_SLOTS, and RA_BYTES in all) while the
+ * pipeline works on earlier ones.
  * The elements, their order and the saved state are those of inline reading:
  * each slot carries the position after its record, and save writes the
  * position of the last element handed out. LOOM_DATA_READAHEAD=0|1 forces it
@@ -30,7 +31,8 @@
 #include <unistd.h>
 
 #define FILES_RNG_LABEL 0x73656c6966726674ull /* "tfrfiles": the shuffle_files stream */
-#define RA_SLOTS 64 /* decoded elements the read-ahead thread may hold */
+#define RA_SLOTS 64                /* decoded elements the read-ahead thread may hold */
+#define RA_BYTES (4 * 1024 * 1024) /* ... and their bytes, at most (but 2 elements) */
 
 /* Where the source stands after an element: what save writes. */
 typedef struct tfr_pos {
@@ -72,7 +74,8 @@ typedef struct tfr_source {
     pthread_mutex_t ra_mu;
     pthread_cond_t ra_prod, ra_cons;
     ra_slot ra[RA_SLOTS];
-    uint8_t *ra_buf[LOOM_MAX_FEATURES]; /* RA_SLOTS element buffers per feature */
+    int64_t ra_n;                      /* slots in the ring: 2 to RA_SLOTS */
+    uint8_t *ra_buf[LOOM_MAX_FEATURES]; /* ra_n element buffers per feature */
     size_t ra_bytes[LOOM_MAX_FEATURES]; /* one element's bytes per feature */
     int64_t ra_head, ra_len;           /* the ring, under ra_mu; ra_head is lent while ra_lent */
     bool ra_lent;                      /* the consumer holds ra[ra_head] */
@@ -228,13 +231,13 @@ static void *ra_main(void *arg)
     tfr_source *t = arg;
     pthread_mutex_lock(&t->ra_mu);
     for (;;) {
-        if (!t->ra_stop && !t->ra_idle && t->ra_len == RA_SLOTS) {
-            t->ra_prod_waits = true; /* woken once half the ring is free: one wake-up per RA_SLOTS / 2 elements */
-            while (!t->ra_stop && !t->ra_idle && t->ra_len > RA_SLOTS / 2) pthread_cond_wait(&t->ra_prod, &t->ra_mu);
+        if (!t->ra_stop && !t->ra_idle && t->ra_len == t->ra_n) {
+            t->ra_prod_waits = true; /* woken once half the ring is free: one wake-up per ra_n / 2 elements */
+            while (!t->ra_stop && !t->ra_idle && t->ra_len > t->ra_n / 2) pthread_cond_wait(&t->ra_prod, &t->ra_mu);
             t->ra_prod_waits = false;
         }
         if (t->ra_stop || t->ra_idle) break;
-        int64_t k = (t->ra_head + t->ra_len) % RA_SLOTS;
+        int64_t k = (t->ra_head + t->ra_len) % t->ra_n;
         pthread_mutex_unlock(&t->ra_mu);
         ra_slot *sl = &t->ra[k];
         for (int f = 0; f < t->nf; f++) t->fo[f].data = t->ra_buf[f] + (size_t)k * t->ra_bytes[f];
@@ -293,9 +296,9 @@ static int ra_next(tfr_source *t, loom_elem **out, bool *drained, loom_err *err)
     pthread_mutex_lock(&t->ra_mu);
     if (t->ra_lent) { /* the element handed out last is given back */
         t->ra_lent = false;
-        t->ra_head = (t->ra_head + 1) % RA_SLOTS;
+        t->ra_head = (t->ra_head + 1) % t->ra_n;
         t->ra_len--;
-        if (t->ra_prod_waits && t->ra_len <= RA_SLOTS / 2) pthread_cond_signal(&t->ra_prod);
+        if (t->ra_prod_waits && t->ra_len <= t->ra_n / 2) pthread_cond_signal(&t->ra_prod);
     }
     if (t->ra_len == 0 && !t->ra_on) {
         pthread_mutex_unlock(&t->ra_mu);
@@ -447,9 +450,15 @@ static void tfr_close(dstage *st)
 static bool ra_alloc(tfr_source *t)
 {
     if (t->ra_buf[0]) return true;
+    size_t elem = 0;
     for (int f = 0; f < t->nf; f++) {
         t->ra_bytes[f] = ((size_t)loom_shape_numel(&t->fs[f].shape) * loom_dtype_size(t->s.spec.dtype[f]) + 63) & ~(size_t)63;
-        if (!(t->ra_buf[f] = loom_alloc_aligned(RA_SLOTS * (t->ra_bytes[f] ? t->ra_bytes[f] : 64)))) {
+        elem += t->ra_bytes[f];
+    }
+    t->ra_n = elem ? (int64_t)(RA_BYTES / elem) : RA_SLOTS;
+    t->ra_n = t->ra_n < 2 ? 2 : t->ra_n > RA_SLOTS ? RA_SLOTS : t->ra_n;
+    for (int f = 0; f < t->nf; f++) {
+        if (!(t->ra_buf[f] = loom_alloc_aligned((size_t)t->ra_n * (t->ra_bytes[f] ? t->ra_bytes[f] : 64)))) {
             for (int g = 0; g <= f; g++) {
                 loom_free(t->ra_buf[g]);
                 t->ra_buf[g] = NULL;
@@ -460,6 +469,7 @@ static bool ra_alloc(tfr_source *t)
     pthread_mutex_init(&t->ra_mu, NULL);
     pthread_cond_init(&t->ra_prod, NULL);
     pthread_cond_init(&t->ra_cons, NULL);
+    __atomic_fetch_add(&t->s.st_bytes, t->ra_n * (int64_t)elem, __ATOMIC_RELAXED); /* shown by loom profile */
     return true;
 }
 
