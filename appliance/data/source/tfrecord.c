@@ -31,7 +31,7 @@
 #include <unistd.h>
 
 #define FILES_RNG_LABEL 0x73656c6966726674ull /* "tfrfiles": the shuffle_files stream */
-#define RA_SLOTS 64                /* decoded elements the read-ahead thread may hold */
+#define RA_SLOTS 1024              /* decoded elements the read-ahead thread may hold */
 #define RA_BYTES (4 * 1024 * 1024) /* ... and their bytes, at most (but 2 elements) */
 
 /* Where the source stands after an element: what save writes. */
@@ -42,9 +42,8 @@ typedef struct tfr_pos {
 } tfr_pos;
 
 typedef struct ra_slot {
-    int      rc;  /* LOOM_OK, or the EOF/error that ends the pass (sticky) */
-    loom_err err;
-    tfr_pos  pos; /* after this element */
+    int     rc;  /* LOOM_OK, or the EOF/error that ends the pass (sticky; its text in ra_err) */
+    tfr_pos pos; /* after this element */
 } ra_slot;
 
 typedef struct tfr_source {
@@ -74,6 +73,7 @@ typedef struct tfr_source {
     pthread_mutex_t ra_mu;
     pthread_cond_t ra_prod, ra_cons;
     ra_slot ra[RA_SLOTS];
+    loom_err ra_err;                   /* the error that ended the thread's pass */
     int64_t ra_n;                      /* slots in the ring: 2 to RA_SLOTS */
     uint8_t *ra_buf[LOOM_MAX_FEATURES]; /* ra_n element buffers per feature */
     size_t ra_bytes[LOOM_MAX_FEATURES]; /* one element's bytes per feature */
@@ -241,8 +241,9 @@ static void *ra_main(void *arg)
         pthread_mutex_unlock(&t->ra_mu);
         ra_slot *sl = &t->ra[k];
         for (int f = 0; f < t->nf; f++) t->fo[f].data = t->ra_buf[f] + (size_t)k * t->ra_bytes[f];
-        loom_err_clear(&sl->err);
-        sl->rc = read_next(t, &sl->err);
+        loom_err e = {0};
+        sl->rc = read_next(t, &e);
+        if (sl->rc) t->ra_err = e; /* the last slot the thread fills */
         sl->pos = pos_now(t);
         pthread_mutex_lock(&t->ra_mu);
         t->ra_len++;
@@ -317,7 +318,7 @@ static int ra_next(tfr_source *t, loom_elem **out, bool *drained, loom_err *err)
     ra_slot *sl = &t->ra[k];
     t->cur = sl->pos;
     if (sl->rc) { /* stays at the head: EOF or the error repeats until rewind */
-        if (sl->rc != LOOM_EEOF && err) *err = sl->err;
+        if (sl->rc != LOOM_EEOF && err) *err = t->ra_err;
         return sl->rc;
     }
     t->ra_lent = true;
