@@ -566,13 +566,16 @@ static void parse_dataset(ctx *c, const config_setting_t *g, loom_dataset_spec *
 
 /* A cache (transforms.[i], the setting e) after a repeat with count = -1
  * would cache a pass that never ends (the pipeline refuses it too, for specs
- * built in code). */
+ * built in code, in the same words: at the cache's line, naming the dataset). */
 static void check_cache_after_repeat(ctx *c, const config_setting_t *e, const loom_dataset_spec *d, int i)
 {
     for (int k = 0; k < i; k++)
         if (d->transform[k].kind == LOOM_T_REPEAT && d->transform[k].count < 0) {
-            loom_err *o = cerr(c, e, "cache: the repeat before it (transforms.[%d]) has count = -1, so the pass it "
-                               "caches never ends and the cache would grow without bound", k);
+            char where[LOOM_PATH_MAX + 16];
+            where_of(c, e, where, sizeof where, NULL);
+            loom_err *o = rawerr(c, LOOM_ECONFIG, where, "%s: cache: the repeat before it (transforms.[%d]) has count "
+                                 "= -1, so the pass it caches never ends and the cache would grow without bound",
+                                 d->loc.path[0] ? d->loc.path : "data", k);
             if (o) loom_err_hint(o, "put cache before repeat, so that it holds one finite pass");
             return;
         }

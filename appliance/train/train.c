@@ -277,6 +277,7 @@ static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool n
     if (r->eval && (rc = eval_matches_train(r, spec, es, err))) return rc;
     if ((rc = loom_strategy_open(&r->strat, &r->args, err))) return rc;
     r->chief = loom_strategy_is_chief(r->strat);
+    loom_strategy_set_ckpt_writer(r->strat, loom_ckpt_write_shard); /* tasks that hold shards write them (ps) */
     return LOOM_OK;
 }
 
@@ -433,7 +434,12 @@ static int save_ckpt(run *r, const trainer_state *st, char path[LOOM_PATH_MAX], 
         snprintf(name, sizeof name, "%s/ckpt-%lld.loom", r->model_dir, (long long)st->step);
         snprintf(path, LOOM_PATH_MAX, "%.*s", LOOM_PATH_MAX - 1, name);
     }
-    else if (!rc)
+    else if (!rc && loom_strategy_saves_shards(r->strat)) { /* parameter_server: each ps writes its shards, then the index */
+        loom_ckpt_shards sh;
+        rc = loom_strategy_save_shards(r->strat, r->model_dir, st->step, &sh, err);
+        if (!rc) rc = loom_ckpt_save_index(r->model_dir, st->step, &sh, &ts, &is, r->spec->run.keep_checkpoints, path, err);
+        loom_ckpt_shards_fini(&sh);
+    } else if (!rc)
         rc = loom_ckpt_save(r->model_dir, st->step, loom_strategy_model(r->strat), loom_strategy_optimizer(r->strat),
                             &ts, &is, r->spec->run.keep_checkpoints, path, err);
     if (!rc && hrc) {

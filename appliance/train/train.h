@@ -142,6 +142,20 @@ int loom_ckpt_save(const char *dir, int64_t step, loom_model *m, loom_optimizer 
  * resume from nor destroy what an earlier run wrote. */
 int loom_ckpt_archive(const char *dir, char out[LOOM_PATH_MAX], loom_err *err);
 
+/* Sharded checkpoints (parameter_server; the layout in checkpoint.c). A
+ * task holding shards writes its file with loom_ckpt_write_shard (a
+ * loom_ckpt_write_fn); the chief then commits ckpt-<step>.loom, the index
+ * naming every shard file with its size and CRC-32C, and prunes to `keep`
+ * (old indexes with their shard files, and shard files no index names).
+ * loom_ckpt_load, loom_ckpt_latest and loom_ckpt_inspect read an index as
+ * they read a whole checkpoint: the variables come from its shard files,
+ * found in the index's directory, each checked against the index (a
+ * missing, replaced or other step's shard is LOOM_ECHECKPOINT naming it). */
+int loom_ckpt_write_shard(const char *path, const loom_ckpt_shard_meta *meta, const loom_ckpt_tensor *t, int n,
+                          uint64_t *size, uint32_t *crc, loom_err *err);
+int loom_ckpt_save_index(const char *dir, int64_t step, const loom_ckpt_shards *shards, const loom_buf *trainer,
+                         const loom_buf *iter, int keep, char path[LOOM_PATH_MAX], loom_err *err);
+
 /* Verifies every checksum, then loads parameters (and slots when o is given)
  * and the blobs (when non-NULL; buffers freed by the caller with
  * loom_buf_fini). A checkpoint of a different model is refused naming the
