@@ -123,10 +123,16 @@ typedef struct elem_pool {
     uint8_t    *data[LOOM_MAX_FEATURES];        /* cap * slot_bytes, 64-byte aligned */
     loom_shape *shape;                          /* cap * nf when varshape, else the fixed shapes (nf) */
     int64_t    *bytes_gauge;                    /* the owning stage's st_bytes, kept up to date */
+    int64_t     reserved;                       /* slots data[] has room for (>= cap): growing within is free */
 } elem_pool;
 
 int  elem_pool_init_(elem_pool *p, const dstage *s, int64_t cap, loom_err *err);
 int  elem_pool_grow_(elem_pool *p, int64_t cap, loom_err *err);   /* keeps slot contents */
+/* Allocates room for max slots at once (fixed shapes only; else a no-op), so
+ * later grows up to max neither copy nor reallocate. The pages are left
+ * untouched (they become resident as slots fill; large buffers are advised
+ * as transparent huge pages), and the bytes gauge still follows cap. */
+int  elem_pool_reserve_(elem_pool *p, int64_t max, loom_err *err);
 void elem_pool_fini_(elem_pool *p);
 /* Copies e into slot i; LOOM_ESHAPE when e does not fit the pool. */
 int  elem_pool_put_(elem_pool *p, int64_t i, const loom_elem *e, loom_err *err);
@@ -420,6 +426,10 @@ static inline int64_t dknob_get_(const dknob *k) { return __atomic_load_n(&k->va
 dknob *dtuner_knob_(dtuner *t, dstage *s, const char *what, int64_t value, int64_t min, int64_t max, int cpu);
 /* A tuner whose knobs of cpu units sum to at most cpu_budget. Free with dtuner_free_. */
 int  dtuner_new_(dtuner **out, int cpu_budget, loom_err *err);
+/* Names the pipeline's last stage: CPU knobs then rise only while its
+ * consumer spends time in it (its busy time) and fall back after a second
+ * without (autotune.c). Before dtuner_start_; NULL t is a no-op. */
+void dtuner_output_(dtuner *t, dstage *last);
 /* Starts the thread once the knobs are registered (none: no thread). */
 int  dtuner_start_(dtuner *t, loom_err *err);
 void dtuner_stop_(dtuner *t); /* stops the thread, the knobs stay readable; NULL is a no-op */

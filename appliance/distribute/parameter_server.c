@@ -1085,7 +1085,7 @@ static int handle_push(ps_state *st, int from, const loom_buf *msg, loom_err *er
 /* No gradient in acc (a new run of the job: a step's pushes start over). */
 static void acc_reset(ps_state *st)
 {
-    memset(st->acc, 0, (size_t)(st->L ? st->L : 1) * sizeof(float));
+    if (st->acc) memset(st->acc, 0, (size_t)(st->L ? st->L : 1) * sizeof(float)); /* (synchronous only) */
     for (int i = 0; i < st->ps->plan.n_shards; i++) {
         if (st->acc_mark[i]) memset(st->acc_mark[i], 0, (size_t)st->ps->plan.shard[i].rows);
         st->acc_nrows[i] = 0;
@@ -1252,11 +1252,11 @@ static int ps_serve_loop(ps_strategy *ps, const loom_spec *spec, loom_err *err)
     size_t L = (size_t)(st.L ? st.L : 1);
     st.params = loom_alloc_aligned(L * sizeof(float));
     st.grads = loom_alloc_aligned(L * sizeof(float));
-    st.acc = loom_alloc_aligned(L * sizeof(float)); /* the sum of a synchronous step's gradients (sparse: reset by rows) */
+    st.acc = ps->sync ? loom_alloc_aligned(L * sizeof(float)) : NULL; /* the sum of a synchronous step's gradients */
     loom_optimizer_spec os = spec->optimizer;
     os.clip_norm = 0; /* the workers clip their gradients (clip_grads): no ps sees them all */
     int rc = loom_optimizer_new(&st.opt, &os, st.L ? st.L : 1, err);
-    if (!rc && (!st.params || !st.grads || !st.acc))
+    if (!rc && (!st.params || !st.grads || (ps->sync && !st.acc)))
         rc = loom_err_set(err, LOOM_ENOMEM, NULL, "allocating %lld floats of variables on %s", (long long)st.L, ps->task);
     if (rc) {
         ps_state_fini(&st);
@@ -1270,7 +1270,7 @@ static int ps_serve_loop(ps_strategy *ps, const loom_spec *spec, loom_err *err)
     memset(st.grads, 0, L * sizeof(float));
     acc_reset(&st);
     st.slots = ps->n_slots ? loom_optimizer_slots(st.opt) : NULL;
-    st.alloc_bytes = (int64_t)L * (int64_t)sizeof(float) * (3 + ps->n_slots);
+    st.alloc_bytes = (int64_t)L * (int64_t)sizeof(float) * (2 + ps->sync + ps->n_slots);
     st.rss_ready = resident("VmRSS");
     loom_buf msg;
     loom_buf_init(&msg);

@@ -2,7 +2,7 @@
 # pipeline_bench.sh - the Fashion-MNIST input pipeline, side by side in one run:
 # Loom vs tf.data (AUTOTUNE everywhere) vs a torch DataLoader.
 #
-#   tests/bench/pipeline_bench.sh [--quick] [--runs N] [--build DIR] [--tf-compression none|gzip]
+#   tests/bench/pipeline_bench.sh [--quick] [--runs N] [--build DIR] [--before DIR] [--tf-compression none|gzip]
 #                                 [--no-tf] [--no-torch] [--keep]
 #
 #   --quick   3 runs (unless --runs), torch timed over 20,000 samples, 1 s num_workers sweep
@@ -10,6 +10,9 @@
 #             implementations alternate within each run, so load from other
 #             processes falls on all alike.
 #   --build   meson build dir with `loom` and tests/bench/membw (default BUILD or ./build)
+#   --before  a build dir (or a directory holding a `loom` binary) of an earlier
+#             commit: its zstd figure is measured in the same runs, alternating,
+#             and printed as "before" beside the current one
 #   --tf-compression  the shards tf.data reads (and Loom reads too, for a like-for-like
 #             figure): none (default) or gzip. TensorFlow cannot read zstd TFRecords.
 #   --keep    keep the scratch directory (shards, configs, raw outputs)
@@ -19,7 +22,9 @@
 # normalize ((x - 72.94) / 90.02 as float32), random left-right flip, shuffle
 # 10,000, batch 128, prefetch; one pass. Torch reads the decoded IDX arrays
 # (it has no TFRecord reader) with the same per-sample transform.
-# Prints a table, then the medians as one JSON line (prefix "json: ").
+# Prints a table (with the 1-minute load average seen over the runs: the
+# figures mean little on a loaded machine), then the medians as one JSON line
+# (prefix "json: ").
 set -euo pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -29,6 +34,7 @@ TFC=none
 DO_TF=1
 DO_TORCH=1
 KEEP=0
+BEFORE=
 TF_PY=${TF_PYTHON:-python3}          # the pyenv python3 has TensorFlow
 TORCH_PY=${TORCH_PYTHON:-/usr/bin/python3} # Debian's python3-torch
 FM=${LOOM_DATASETS_DIR:-/usr/share/datasets}/fashion-mnist
@@ -39,6 +45,7 @@ while [ $# -gt 0 ]; do
     --quick) QUICK=1 ;;
     --runs) RUNS=$2; shift ;;
     --build) BUILD=$2; shift ;;
+    --before) BEFORE=$2; shift ;;
     --tf-compression) TFC=$2; shift ;;
     --no-tf) DO_TF=0 ;;
     --no-torch) DO_TORCH=0 ;;
@@ -48,6 +55,11 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
+case "$BUILD" in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
+if [ -n "$BEFORE" ]; then
+    case "$BEFORE" in /*) ;; *) BEFORE=$ROOT/$BEFORE ;; esac
+    [ -x "$BEFORE/loom" ] || { echo "pipeline_bench.sh: --before $BEFORE has no loom binary" >&2; exit 2; }
+fi
 case "$TFC" in none | gzip) ;; *) echo "pipeline_bench.sh: --tf-compression is none or gzip, not '$TFC'" >&2; exit 2 ;; esac
 [ -n "$RUNS" ] || RUNS=$([ "$QUICK" = 1 ] && echo 3 || echo 5)
 TORCH_SAMPLES=$([ "$QUICK" = 1 ] && echo 20000 || echo 60000)
@@ -148,7 +160,9 @@ if [ "$DO_TORCH" = 1 ]; then # the best num_workers for this machine, measured
 fi
 
 for r in $(seq 1 "$RUNS"); do
+    cut -d' ' -f1 /proc/loadavg >>"$W/load.txt"
     "$MEMBW" -t 2 -r 7 | sed -n 's/^json: //p' >>"$W/membw.jsonl" # under the same load as the runs
+    [ -n "$BEFORE" ] && run loom_zst_before "$BEFORE/loom" profile --steps 469 "$W/loom_zst.cfg"
     run loom_zst "${LOOM_PROFILE[@]}" "$W/loom_zst.cfg"
     run loom_tf "${LOOM_PROFILE[@]}" "$W/loom_tf.cfg"
     [ "$DO_TF" = 1 ] && run tfdata "$TF_PY" "$HERE/tfdata_ref.py" --files "$W/tf/train-*.tfrecord$ext" \
@@ -157,6 +171,7 @@ for r in $(seq 1 "$RUNS"); do
         --workers "$TORCH_WORKERS" --samples "$TORCH_SAMPLES"
     echo "run $r/$RUNS done" >&2
 done
+cut -d' ' -f1 /proc/loadavg >>"$W/load.txt"
 
 # --- the table ------------------------------------------------------------------------
 python3 - "$W" "$RUNS" "$TFC" "$TORCH_WORKERS" "$QUICK" <<'PY'
@@ -184,13 +199,17 @@ def touched(file_bytes):
 bw = load("membw")
 bps, bps1 = med(bw, "touched_bytes_per_sec"), med(bw, "touched_bytes_per_sec_1")
 ext = ".gz" if tfc == "gzip" else ""
-impls = [("loom (zstd)", "loom_zst", touched(per_sample(f"{w}/zst/train-*"))),
+impls = [("loom (zstd) before", "loom_zst_before", touched(per_sample(f"{w}/zst/train-*"))),
+         ("loom (zstd)", "loom_zst", touched(per_sample(f"{w}/zst/train-*"))),
          (f"loom ({tfc})", "loom_tf", touched(per_sample(f"{w}/tf/train-*"))),
          (f"tf.data ({tfc})", "tfdata", touched(per_sample(f"{w}/tf/train-*"))),
          (f"torch DataLoader (workers={workers})", "torch", None)]
 res = {}
 print(f"Fashion-MNIST input pipeline, medians of {runs} run(s){' (--quick)' if quick else ''}; "
       f"memcpy bandwidth {bps / 1e9:.1f} GB/s touched (2 threads), {bps1 / 1e9:.1f} (1 thread)")
+loads = [float(x) for x in open(f"{w}/load.txt").read().split()] if os.path.exists(f"{w}/load.txt") else []
+if loads:
+    print(f"load average (1 min) over the runs: {min(loads):.1f} to {max(loads):.1f} on {os.cpu_count()} cores")
 print(f"{'implementation':36s} {'samples/s':>10s} {'runs':>22s} {'peak RSS':>9s} {'bytes/sample':>12s} {'of mem bound':>12s}")
 for label, key, tb in impls:
     rows = load(key)
@@ -206,11 +225,17 @@ def ratio(a, b):
     return res[a]["samples_per_sec"] / res[b]["samples_per_sec"] if a in res and b in res else None
 out = {"runs": runs, "tf_compression": tfc, "torch_workers": workers, "membw_touched_bytes_per_sec": bps, **res}
 for a, b, target, name in [("loom_zst", "tfdata", 2, "loom(zstd)/tf.data"), ("loom_tf", "tfdata", 2, f"loom({tfc})/tf.data"),
-                           ("loom_zst", "torch", 10, "loom(zstd)/torch")]:
+                           ("loom_zst_before", "torch", 10, "loom(zstd) before/torch"),
+                           ("loom_zst", "torch", 10, "loom(zstd)/torch"), ("loom_zst", "loom_zst_before", None, "loom(zstd) after/before")]:
     q = ratio(a, b)
     if q is not None:
-        print(f"{name:24s} {q:6.2f}x   (target >= {target}x: {'met' if q >= target else 'MISSED'})")
+        print(f"{name:24s} {q:6.2f}x" + (f"   (target >= {target}x: {'met' if q >= target else 'MISSED'})" if target else ""))
         out[name] = q
+for key, name in [("loom_zst_before", "loom(zstd) before"), ("loom_zst", "loom(zstd)")]:
+    if key in res:
+        f = res[key]["bound_fraction"]
+        print(f"{name + ' of mem bound':24s} {f * 100:5.1f}%   (target >= 40%: {'met' if f >= 0.4 else 'MISSED'})")
+out["load_average"] = loads
 if "loom_zst" in res and "tfdata" in res:
     q = res["loom_zst"]["peak_rss_mb"] / res["tfdata"]["peak_rss_mb"]
     print(f"{'RSS loom(zstd)/tf.data':24s} {q:6.2f}    (target <= 0.33: {'met' if q <= 1 / 3 else 'MISSED'})")

@@ -387,6 +387,60 @@ static double tuned_rate(int read_par, int parse, int budget, int warm, int batc
     return rate;
 }
 
+/* ---- thread placement (issue 17) -----------------------------------------------
+ * A map sleeping 2 ms per element (parallel "auto"), batch 4, prefetch "auto",
+ * read by a consumer that "computes" 40 ms per batch (a sleep), so the input
+ * is never what it waits for: the map's parallelism must stay at 1 (before,
+ * the tuner gave it threads while the prefetch buffer filled, which on a
+ * compute-bound step compete with the compute threads). Then the same
+ * iterator read as fast as it comes: the consumer waits, threads are given.
+ * Finally a consumer slowed down again gets the threads back within ~3 s.
+ * Returns the map's parallelism after each phase. */
+static void placement_run(int64_t par[3])
+{
+    loom_dataset_spec *s = spec_base();
+    s->options = without(-1);
+    s->options.cpu_budget = 8;
+    spec_count(s, LOOM_T_REPEAT, -1);
+    add_map(s, LOOM_MAP_SLEEP, "image", LOOM_PARALLEL_AUTO)->ms = 2.0;
+    spec_batch(s, 4);
+    spec_prefetch(s, -1);
+    loom_iter *it = open_ok(s);
+    par[0] = par[1] = par[2] = -1;
+    loom_elem *e;
+    loom_err err = {0};
+    loom_stage_stats st[6];
+    int map = 2; /* idx, repeat, map(sleep), batch, prefetch */
+    for (int phase = 0; it && phase < 3; phase++) {
+        int64_t t_end = (int64_t)(loom_now() * 1000) + (phase == 1 ? 1500 : 3500);
+        while ((int64_t)(loom_now() * 1000) < t_end) {
+            if (loom_iter_next(it, &e, &err) != LOOM_OK) break;
+            if (phase != 1) usleep(40000);
+        }
+        loom_iter_stats(it, st, 6);
+        CHECK_MSG(strstr(st[map].name, "map(sleep)"), "stage %d is %s", map, st[map].name);
+        par[phase] = st[map].parallel;
+    }
+    loom_iter_close(it);
+    free(s);
+}
+
+static void test_placement(void)
+{
+    int64_t par[3] = {0};
+    int ok = 0;
+    for (int attempt = 1; attempt <= 3 && !ok; attempt++) {
+        placement_run(par);
+        printf("# attempt %d: map parallelism with a compute-bound consumer %lld, an input-bound one %lld, "
+               "compute-bound again %lld\n", attempt, (long long)par[0], (long long)par[1], (long long)par[2]);
+        ok = par[0] == 1 && par[1] > 1 && par[2] < par[1];
+    }
+    CHECK_MSG(par[0] == 1, "the tuner gave the map %lld threads while its consumer never waited", (long long)par[0]);
+    CHECK_MSG(par[1] > 1, "the tuner gave the map no thread while its consumer waited (%lld)", (long long)par[1]);
+    CHECK_MSG(par[2] < par[1], "the threads stayed (%lld -> %lld) once the consumer stopped waiting", (long long)par[1],
+              (long long)par[2]);
+}
+
 /* Both cases measure time, so each is tried up to three times and passes
  * on the first attempt that holds: a sanitized build on a busy CI machine
  * can lose one window to the scheduler, never three in a row unless the
@@ -428,6 +482,7 @@ static const loom_test tests[] = {
     {"shuffle_over_ram_budget", test_shuffle_over_ram_budget},
     {"auto_within_ram_budget", test_auto_within_ram_budget},
     {"paper_example", test_paper_example},
+    {"placement", test_placement},
     {"cleanup", test_cleanup},
     {0},
 };

@@ -6,6 +6,7 @@
 #include "test_util.h"
 
 #include <stdint.h>
+#include <zstd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,6 +15,18 @@ static void write_all(const char *path, const void *p, size_t n)
     FILE *f = fopen(path, "wb");
     if (n) fwrite(p, 1, n, f);
     fclose(f);
+}
+
+/* The whole file into b (appended); false when it cannot be read. */
+static bool read_file_buf(const char *path, loom_buf *b)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    uint8_t chunk[65536];
+    size_t k;
+    while ((k = fread(chunk, 1, sizeof chunk, f)) > 0) loom_buf_put(b, chunk, k);
+    fclose(f);
+    return !b->failed;
 }
 
 static bool exists(const char *path)
@@ -346,6 +359,103 @@ static void test_truncation_every_offset(void)
     free(b);
     unlink(path);
     unlink(cut);
+}
+
+/* ---- the in-place window and whole zstd frames --------------------------- */
+
+static uint8_t win_byte(int rec, size_t k) { return (uint8_t)(rec * 31 + k * 7 + (k >> 9)); }
+
+/* Records of 10 B, 1.5 MiB (larger than the 1 MiB window: it grows), three
+ * of 300 KiB (straddling windows, chunks and zstd frames), 0 B and 5 B, in
+ * every compression, and for zstd also as one frame of unknown size (another
+ * writer's way, streamed by the reader): read back byte for byte. Our zstd
+ * writer's frames each declare their content size, 256 KiB but the last. */
+static void test_window_and_frames(void)
+{
+    static const size_t sizes[] = {10, 1536 * 1024, 300 * 1024, 300 * 1024, 300 * 1024, 0, 5};
+    const int n = (int)(sizeof sizes / sizeof sizes[0]);
+    uint8_t *buf = malloc(sizes[1]);
+    const loom_compression cs[] = {LOOM_COMP_NONE, LOOM_COMP_GZIP, LOOM_COMP_ZLIB, LOOM_COMP_ZSTD};
+    loom_err err = {0};
+    for (int c = 0; c < 5; c++) {
+        const char *path = tpath("window.tfrecord");
+        if (c < 4) {
+            loom_tfrecord_writer *w = NULL;
+            CHECK(loom_tfrecord_writer_open(&w, path, cs[c], &err) == LOOM_OK);
+            for (int i = 0; w && i < n; i++) {
+                for (size_t k = 0; k < sizes[i]; k++) buf[k] = win_byte(i, k);
+                CHECK(loom_tfrecord_writer_write(w, buf, sizes[i], &err) == LOOM_OK);
+            }
+            CHECK_MSG(loom_tfrecord_writer_close(w, &err) == LOOM_OK, "%s", err.msg);
+        } else { /* the plain file, as one streamed zstd frame without a content size */
+            loom_buf plain;
+            loom_buf_init(&plain);
+            CHECK(read_file_buf(tpath("window.plain"), &plain));
+            ZSTD_CCtx *z = ZSTD_createCCtx();
+            size_t cap = ZSTD_compressBound(plain.len);
+            uint8_t *zb = malloc(cap);
+            ZSTD_inBuffer ib = {plain.data, plain.len / 2, 0}; /* in two calls: the size is not known up front */
+            ZSTD_outBuffer ob = {zb, cap, 0};
+            while (ib.pos < ib.size) CHECK(!ZSTD_isError(ZSTD_compressStream2(z, &ob, &ib, ZSTD_e_continue)));
+            ib.size = plain.len;
+            size_t left;
+            while ((left = ZSTD_compressStream2(z, &ob, &ib, ZSTD_e_end)) != 0 && !ZSTD_isError(left)) {}
+            CHECK(left == 0);
+            CHECK(ZSTD_getFrameContentSize(zb, ob.pos) == ZSTD_CONTENTSIZE_UNKNOWN);
+            write_all(path, zb, ob.pos);
+            free(zb);
+            ZSTD_freeCCtx(z);
+            loom_buf_fini(&plain);
+        }
+        if (c == 0) { /* keep the plain stream for the single-frame case */
+            loom_buf plain;
+            loom_buf_init(&plain);
+            CHECK(read_file_buf(path, &plain));
+            write_all(tpath("window.plain"), plain.data, plain.len);
+            loom_buf_fini(&plain);
+        }
+        if (c == 3) { /* our writer: frames that declare 256 KiB each (the last: the rest) */
+            loom_buf z;
+            loom_buf_init(&z);
+            CHECK(read_file_buf(path, &z));
+            size_t at = 0, frames = 0, total = 0;
+            bool sizes_ok = true;
+            while (at < z.len) {
+                size_t fc = ZSTD_findFrameCompressedSize(z.data + at, z.len - at);
+                unsigned long long fs = ZSTD_getFrameContentSize(z.data + at, z.len - at);
+                if (ZSTD_isError(fc) || fs == ZSTD_CONTENTSIZE_UNKNOWN || fs == ZSTD_CONTENTSIZE_ERROR) {
+                    sizes_ok = false;
+                    break;
+                }
+                total += fs;
+                if (at + fc < z.len && fs != 256 * 1024) sizes_ok = false;
+                at += fc;
+                frames++;
+            }
+            size_t stream = 0;
+            for (int i = 0; i < n; i++) stream += sizes[i] + 16;
+            CHECK_MSG(sizes_ok && total == stream && frames == (stream + 256 * 1024 - 1) / (256 * 1024),
+                      "%zu frames declaring %zu bytes of a %zu-byte stream", frames, total, stream);
+            loom_buf_fini(&z);
+        }
+        loom_tfrecord *r = NULL;
+        CHECK_MSG(loom_tfrecord_open(&r, path, c < 4 ? cs[c] : LOOM_COMP_ZSTD, LOOM_CORRUPT_ERROR, &err) == LOOM_OK,
+                  "%s", err.msg);
+        int got = 0, bad = 0;
+        const uint8_t *d;
+        size_t len;
+        int rc;
+        while (r && (rc = loom_tfrecord_next(r, &d, &len, &err)) == LOOM_OK) {
+            if (got < n && len == sizes[got])
+                for (size_t k = 0; k < len; k++) bad += d[k] != win_byte(got, k);
+            else bad++;
+            got++;
+        }
+        CHECK_MSG(r && rc == LOOM_EEOF && got == n && bad == 0, "case %d: %d of %d records, %d wrong bytes: %s", c, got, n,
+                  bad, err.msg);
+        loom_tfrecord_close(r);
+    }
+    free(buf);
 }
 
 static void test_corrupt_compressed(void)
@@ -1010,6 +1120,7 @@ static const loom_test tests[] = {
     {"corrupt_length_crc", test_corrupt_length_crc},
     {"corrupt_data_crc", test_corrupt_data_crc},
     {"truncation_every_offset", test_truncation_every_offset},
+    {"window_and_zstd_frames", test_window_and_frames},
     {"corrupt_compressed_stream", test_corrupt_compressed},
     {"compression_detection", test_detection},
     {"writer_errors", test_writer_errors},

@@ -10,6 +10,12 @@
  * climb with measured waits instead of the analytic model: only the stage
  * that holds the pipeline up gets another call in flight, and a stage that
  * keeps up is never waited on, so no thread is spent where it cannot help.
+ * Thread placement: CPU knobs (threads) rise only while the pipeline's own
+ * consumer (the train loop, in loom_iter_next) spends more than WAIT_SHARE of
+ * the period in it, so a compute-bound step, whose input wait is ~0, never
+ * gets pipeline threads competing with its compute threads for the cores;
+ * and after IDLE_LOWER_NS of such periods in a row, the CPU knob above its
+ * minimum whose stage is waited on least gives one unit back.
  * Memory never moves at run time: each stage allocated its buffers for its
  * knob's maximum, which the RAM budget capped at open (pipeline.c).
  * Threads: knobs are registered before dtuner_start_; afterwards the tuner
@@ -28,6 +34,7 @@
 #define PERIOD_MAX_NS    2000000000LL /* 2 s */
 #define WAIT_SHARE       0.02         /* a stage waited on this share of a period is worth one more unit */
 #define SETTLE_PERIODS   6            /* quiet periods in a row (0.6 s) before the values count as settled */
+#define IDLE_LOWER_NS    1000000000LL /* consumer never waiting this long: one CPU unit is given back */
 
 struct dtuner {
     int             cpu_budget;
@@ -35,6 +42,8 @@ struct dtuner {
     dknob           knob[TUNER_MAX_KNOBS];
     int64_t         last_wait[TUNER_MAX_KNOBS];
     int             quiet;   /* periods without a change; under mu */
+    dstage         *out;     /* the pipeline's last stage: its busy time is its consumer's input time */
+    int64_t         last_out, idle_ns;
     pthread_t       th;
     int             started, stop;
     pthread_mutex_t mu;
@@ -77,11 +86,25 @@ static void set_value(dknob *k, int64_t v)
     if (k->changed) k->changed(k->stage);
 }
 
+void dtuner_output_(dtuner *t, dstage *last)
+{
+    if (!t) return;
+    t->out = last;
+    t->last_out = dstage_load_(&last->st_busy_ns);
+}
+
 /* One decision over a period of dt ns; returns whether a value changed. */
 static int step(dtuner *t, int64_t dt)
 {
-    int best = -1, used = 0, changed = 0;
-    double best_share = WAIT_SHARE;
+    int best = -1, least = -1, used = 0, changed = 0;
+    double best_share = WAIT_SHARE, least_share = 2;
+    bool starved = true; /* the consumer waits for input (or nobody said who it is) */
+    if (t->out) {
+        int64_t in = dstage_load_(&t->out->st_busy_ns);
+        starved = (double)(in - t->last_out) / (double)dt > WAIT_SHARE;
+        t->last_out = in;
+        t->idle_ns = starved ? 0 : t->idle_ns + dt;
+    }
     for (int i = 0; i < t->nk; i++) {
         dknob *k = &t->knob[i];
         int64_t v = dknob_get_(k), wait = dstage_load_(&k->stage->st_wait_ns);
@@ -90,13 +113,18 @@ static int step(dtuner *t, int64_t dt)
         if (k->cpu) {
             used += (int)v;
             if (share > best_share && v < k->max) best = i, best_share = share;
+            if (share < least_share && v > k->min) least = i, least_share = share;
         } else if (share > WAIT_SHARE && v < k->max) {
             set_value(k, v + 1);
             changed = 1;
         }
     }
-    if (best >= 0 && used < t->cpu_budget) {
+    if (best >= 0 && used < t->cpu_budget && starved) {
         set_value(&t->knob[best], dknob_get_(&t->knob[best]) + 1);
+        changed = 1;
+    } else if (least >= 0 && t->idle_ns >= IDLE_LOWER_NS) {
+        set_value(&t->knob[least], dknob_get_(&t->knob[least]) - 1);
+        t->idle_ns = 0;
         changed = 1;
     }
     return changed;

@@ -189,6 +189,7 @@ int loom_data_open(loom_iter **out, const loom_dataset_spec *spec, const loom_da
     if (opts->autotune &&
         (rc = dtuner_new_(&it->tuner, opts->present && opts->cpu_budget > 0 ? opts->cpu_budget : loom_num_cores(), err)))
         goto fail;
+    if (it->tuner && it->st[0]->ops->tune) it->st[0]->ops->tune(it->st[0], it->tuner); /* the source's knobs */
     dplan dp; /* the transforms after data.options.optimization's rewrites */
     dplan_make_(&dp, spec, opts, threads, plan.data_at);
     int64_t ram = dtuner_ram_budget_(opts), used = stage_max_bytes(it->st[0], NULL);
@@ -206,6 +207,7 @@ int loom_data_open(loom_iter **out, const loom_dataset_spec *spec, const loom_da
         append(it, s);
         used += stage_max_bytes(s, dp.step[si].kind == DPLAN_ONE && i < spec->n_transforms ? &spec->transform[i] : NULL);
     }
+    dtuner_output_(it->tuner, last(it));
     if (it->tuner && (rc = dtuner_start_(it->tuner, err))) goto fail;
     size_t k = 0;
     for (int i = 0; i < it->n && k < sizeof it->fp; i++)

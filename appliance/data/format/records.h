@@ -47,7 +47,9 @@ typedef enum { LOOM_CORRUPT_ERROR, LOOM_CORRUPT_SKIP } loom_on_corrupt;
 typedef struct loom_tfrecord loom_tfrecord; /* opaque */
 
 /* Opens path for reading; free with loom_tfrecord_close. Reads in 256 KiB
- * chunks and decompresses as it goes, never the whole file at once.
+ * chunks and decompresses as it goes into a window (1 MiB, larger only for a
+ * larger record), never the whole file at once; records are handed out where
+ * they lie in the window.
  * AUTO detection: a file whose first 12 bytes form a valid plain record
  * header is uncompressed; else 1f 8b is GZIP, 28 b5 2f fd is ZSTD, and a
  * valid zlib header (CMF 0x78, (CMF*256+FLG) % 31 == 0) is ZLIB; anything else
@@ -74,7 +76,9 @@ typedef struct loom_tfrecord_writer loom_tfrecord_writer; /* opaque */
 
 /* Writes to "<path>.tmp"; loom_tfrecord_writer_close finishes the stream,
  * fsyncs and renames it to path. GZIP = deflate level 6 with a gzip wrapper
- * (windowBits 31) as TF writes it, ZLIB = windowBits 15, ZSTD = level 3. */
+ * (windowBits 31) as TF writes it, ZLIB = windowBits 15, ZSTD = level 3 in frames
+ * of 256 KiB of stream bytes that declare their content size (any zstd
+ * reader reads the concatenation; ours decompresses such a frame in one call). */
 int  loom_tfrecord_writer_open(loom_tfrecord_writer **out, const char *path, loom_compression c,
                                loom_err *err);
 int  loom_tfrecord_writer_write(loom_tfrecord_writer *w, const void *data, size_t len, loom_err *err);

@@ -87,23 +87,38 @@ static void z_free(voidpf opaque, voidpf p)
 
 /* ---- reader -------------------------------------------------------------- */
 
+/* The reader decompresses into one window of stream bytes and hands out
+ * records in place: a record's header, payload and footer are parsed where
+ * they lie, and the payload pointer returned is into the window (no copy per
+ * record). When the bytes left at the window's end are fewer than the next
+ * record needs, they move to its start (a partial record, small) and more are
+ * produced after them; a record larger than the window grows it, as bytes
+ * arrive, so a lying length costs at most twice what the file really holds.
+ * ZSTD frames whose content size is known and at most WHOLE_MAX (what our
+ * writer writes: a frame per ZFRAME bytes) are decompressed in one call
+ * straight into the window; other frames (another writer's single frame of
+ * unknown size) stream through ZSTD_decompressStream, as gzip and zlib do. */
+#define WIN       (1024 * 1024)     /* the window's first size */
+#define ZIN       (512 * 1024)      /* zstd's raw-byte buffer: holds a whole compressed ZFRAME frame */
+#define WHOLE_MAX (4 * 1024 * 1024) /* the largest frame decompressed in one call */
+#define ZFRAME    (256 * 1024)      /* the writer's zstd frames: stream bytes per frame */
+
 struct loom_tfrecord {
     char            *path;
     int              fd;
     loom_compression comp;
     loom_on_corrupt  on_corrupt;
-    uint8_t         *in;              /* raw file bytes, CHUNK */
-    size_t           in_pos, in_len;
+    uint8_t         *in;              /* raw file bytes, in_cap (unused after open when uncompressed) */
+    size_t           in_cap, in_pos, in_len;
     bool             in_eof;
-    uint8_t         *out;             /* decompressed bytes (== in when uncompressed) */
-    size_t           out_pos, out_len;
+    uint8_t         *win;             /* decompressed stream bytes [win_pos, win_len) not yet consumed */
+    size_t           win_cap, win_pos, win_len;
     z_stream         z;
     bool             z_ready;
     ZSTD_DStream    *zd;
-    bool             stream_end;      /* the compressed stream ended cleanly */
-    bool             zstd_frame_open; /* inside a zstd frame (0 after a frame's last byte) */
-    uint8_t         *rec;             /* the current record: payload + footer */
-    size_t           rec_cap;
+    ZSTD_DCtx       *zdc;             /* whole frames */
+    bool             stream_end;      /* the compressed stream ended cleanly (or the plain file's end) */
+    bool             zstd_frame_open; /* inside a streamed zstd frame (0 after a frame's last byte) */
     uint64_t         offset;          /* of the next record, uncompressed */
     int64_t          count, skipped;
     bool             done;            /* ended (clean EOF or SKIP after lost framing) */
@@ -121,8 +136,8 @@ static int refill_in(loom_tfrecord *r, loom_err *err)
     if (r->in_pos > 0 && r->in_pos < r->in_len) memmove(r->in, r->in + r->in_pos, r->in_len - r->in_pos);
     r->in_len -= r->in_pos;
     r->in_pos = 0;
-    while (r->in_len < CHUNK && !r->in_eof) {
-        ssize_t k = read(r->fd, r->in + r->in_len, CHUNK - r->in_len);
+    while (r->in_len < r->in_cap && !r->in_eof) {
+        ssize_t k = read(r->fd, r->in + r->in_len, r->in_cap - r->in_len);
         if (k < 0 && errno == EINTR) continue;
         if (k < 0) return sys_err(r, "read", errno, err);
         if (k == 0) r->in_eof = true;
@@ -139,24 +154,60 @@ static int stream_corrupt(loom_tfrecord *r, const char *what, loom_err *err)
                         loom_compression_name(r->comp), (unsigned long long)r->offset, what);
 }
 
-/* Fills out[] with the next decompressed bytes. LOOM_OK with out_len > 0,
- * LOOM_EEOF at the end of the stream, or an error. */
+/* At a zstd frame boundary: when the next frame is whole in in[] (reading
+ * more if it fits), declares its content size, at most WHOLE_MAX, and that
+ * fits the window's free room, decompresses it there in one call (*took).
+ * Otherwise leaves it to the streaming decoder. */
+static int zstd_whole(loom_tfrecord *r, bool *took, loom_err *err)
+{
+    *took = false;
+    size_t csize;
+    for (;;) {
+        size_t avail = r->in_len - r->in_pos;
+        csize = avail ? ZSTD_findFrameCompressedSize(r->in + r->in_pos, avail) : (size_t)-1;
+        if (avail && !ZSTD_isError(csize)) break;
+        if (r->in_eof || (r->in_pos == 0 && r->in_len == r->in_cap)) return LOOM_OK; /* truncated, or too big */
+        int rc = refill_in(r, err);
+        if (rc) return rc;
+    }
+    unsigned long long fcs = ZSTD_getFrameContentSize(r->in + r->in_pos, csize);
+    if (fcs == ZSTD_CONTENTSIZE_UNKNOWN || fcs == ZSTD_CONTENTSIZE_ERROR || fcs > WHOLE_MAX ||
+        fcs > r->win_cap - r->win_len)
+        return LOOM_OK;
+    size_t got = ZSTD_decompressDCtx(r->zdc, r->win + r->win_len, (size_t)fcs, r->in + r->in_pos, csize);
+    if (ZSTD_isError(got)) return stream_corrupt(r, ZSTD_getErrorName(got), err);
+    if (got != fcs) return stream_corrupt(r, "a frame's content is shorter than its header says", err);
+    r->in_pos += csize;
+    r->win_len += got;
+    *took = true;
+    return LOOM_OK;
+}
+
+/* Appends the next stream bytes to the window (which has free room).
+ * LOOM_OK with win_len grown, LOOM_EEOF at the end of the stream, or an error. */
 static int produce(loom_tfrecord *r, loom_err *err)
 {
-    r->out_pos = r->out_len = 0;
+    LOOM_ASSERT(r->win_len < r->win_cap);
     for (;;) {
+        size_t room = r->win_cap - r->win_len, before = r->win_len;
+        if (room > (1u << 30)) room = 1u << 30; /* zlib's counts are 32-bit */
+        if (r->comp == LOOM_COMP_NONE) {
+            if (r->stream_end) return LOOM_EEOF;
+            ssize_t k = read(r->fd, r->win + r->win_len, room);
+            if (k < 0 && errno == EINTR) continue;
+            if (k < 0) return sys_err(r, "read", errno, err);
+            if (k == 0) {
+                r->stream_end = true;
+                return LOOM_EEOF;
+            }
+            r->win_len += (size_t)k;
+            return LOOM_OK;
+        }
         if (r->in_pos == r->in_len && !r->in_eof) {
             int rc = refill_in(r, err);
             if (rc) return rc;
         }
         bool exhausted = r->in_pos == r->in_len && r->in_eof;
-        if (r->comp == LOOM_COMP_NONE) {
-            if (exhausted) return LOOM_EEOF;
-            r->out_pos = r->in_pos;
-            r->out_len = r->in_len;
-            r->in_pos = r->in_len;
-            return LOOM_OK;
-        }
         if (r->stream_end) {
             if (exhausted) return LOOM_EEOF;
             if (r->comp != LOOM_COMP_GZIP) return stream_corrupt(r, "trailing bytes after the end of the zlib stream", err);
@@ -165,49 +216,67 @@ static int produce(loom_tfrecord *r, loom_err *err)
         }
         if (r->comp == LOOM_COMP_ZSTD) {
             if (exhausted && !r->zstd_frame_open) return LOOM_EEOF;
+            if (!r->zstd_frame_open && !exhausted) {
+                bool took;
+                int rc = zstd_whole(r, &took, err);
+                if (rc) return rc;
+                if (took) {
+                    if (r->win_len > before) return LOOM_OK;
+                    continue; /* an empty frame */
+                }
+                exhausted = r->in_pos == r->in_len && r->in_eof;
+            }
             ZSTD_inBuffer ib = {r->in, r->in_len, r->in_pos};
-            ZSTD_outBuffer ob = {r->out, CHUNK, 0};
+            ZSTD_outBuffer ob = {r->win + r->win_len, room, 0};
             size_t ret = ZSTD_decompressStream(r->zd, &ob, &ib);
             r->in_pos = ib.pos;
             if (ZSTD_isError(ret)) return stream_corrupt(r, ZSTD_getErrorName(ret), err);
             r->zstd_frame_open = ret != 0;
-            r->out_len = ob.pos;
-            if (r->out_len == 0 && exhausted)
+            r->win_len += ob.pos;
+            if (ob.pos == 0 && exhausted)
                 return stream_corrupt(r, "the zstd stream is truncated (file ends inside a frame)", err);
         } else {
             /* called even when the input is exhausted: inflate may hold output */
             r->z.next_in = r->in + r->in_pos;
             r->z.avail_in = (uInt)(r->in_len - r->in_pos);
-            r->z.next_out = r->out;
-            r->z.avail_out = CHUNK;
+            r->z.next_out = r->win + r->win_len;
+            r->z.avail_out = (uInt)room;
             int zr = inflate(&r->z, Z_NO_FLUSH);
             r->in_pos = r->in_len - r->z.avail_in;
-            r->out_len = CHUNK - r->z.avail_out;
+            r->win_len += room - r->z.avail_out;
             if (zr == Z_STREAM_END) r->stream_end = true;
             else if (zr == Z_NEED_DICT) return stream_corrupt(r, "needs a preset dictionary", err);
             else if (zr == Z_BUF_ERROR && exhausted)
                 return stream_corrupt(r, "the compressed stream is truncated (file ends before its end marker)", err);
             else if (zr != Z_OK && zr != Z_BUF_ERROR) return stream_corrupt(r, r->z.msg ? r->z.msg : "inflate failed", err);
         }
-        if (r->out_len > 0) return LOOM_OK;
+        if (r->win_len > before) return LOOM_OK;
     }
 }
 
-/* Copies up to n stream bytes into dst; *got < n only at the end. */
-static int src_read(loom_tfrecord *r, uint8_t *dst, size_t n, size_t *got, loom_err *err)
+/* Makes need bytes available at win_pos, or all that is left of the stream
+ * (fewer only at its end). */
+static int fill(loom_tfrecord *r, size_t need, loom_err *err)
 {
-    *got = 0;
-    while (*got < n) {
-        if (r->out_pos == r->out_len) {
-            int rc = produce(r, err);
-            if (rc == LOOM_EEOF) return LOOM_OK;
-            if (rc) return rc;
+    while (r->win_len - r->win_pos < need) {
+        size_t have = r->win_len - r->win_pos;
+        /* move the partial record to the front when the end has little room left */
+        if (r->win_pos > 0 && (r->win_cap - r->win_len < r->win_cap / 2 || r->win_cap - r->win_pos < need)) {
+            if (have) memmove(r->win, r->win + r->win_pos, have);
+            r->win_len = have;
+            r->win_pos = 0;
         }
-        size_t k = r->out_len - r->out_pos;
-        if (k > n - *got) k = n - *got;
-        memcpy(dst + *got, r->out + r->out_pos, k);
-        r->out_pos += k;
-        *got += k;
+        if (r->win_len == r->win_cap) { /* full of real bytes and still short: grow */
+            size_t cap = r->win_cap * 2 < need ? r->win_cap * 2 : need;
+            uint8_t *nb = loom_realloc(r->win, cap);
+            if (!nb) return loom_err_set(err, LOOM_ENOMEM, r->path, "cannot allocate %zu bytes for the record at offset %llu",
+                                         cap, (unsigned long long)r->offset);
+            r->win = nb;
+            r->win_cap = cap;
+        }
+        int rc = produce(r, err);
+        if (rc == LOOM_EEOF) return LOOM_OK;
+        if (rc) return rc;
     }
     return LOOM_OK;
 }
@@ -221,8 +290,10 @@ int loom_tfrecord_open(loom_tfrecord **out, const char *path, loom_compression c
     r->fd = -1;
     r->on_corrupt = on_corrupt;
     r->comp = LOOM_COMP_AUTO; /* refill_in fills a whole chunk while detecting */
+    r->in_cap = CHUNK;
+    r->win_cap = WIN;
     int rc = LOOM_OK;
-    if (!(r->path = loom_strdup(path)) || !(r->in = loom_alloc(CHUNK))) {
+    if (!(r->path = loom_strdup(path)) || !(r->in = loom_alloc(CHUNK)) || !(r->win = loom_alloc(WIN))) {
         rc = loom_err_set(err, LOOM_ENOMEM, path, "cannot allocate TFRecord reader buffers");
         goto fail;
     }
@@ -262,27 +333,31 @@ int loom_tfrecord_open(loom_tfrecord **out, const char *path, loom_compression c
     }
     r->comp = comp;
     if (comp == LOOM_COMP_NONE) {
-        r->out = r->in;
-        r->out_pos = r->out_len = 0; /* produce() hands over in[] as it is */
-    } else {
-        if (!(r->out = loom_alloc(CHUNK))) {
+        /* the window is the read buffer: what detection read goes first */
+        memcpy(r->win, r->in, r->in_len);
+        r->win_len = r->in_len;
+        r->stream_end = r->in_eof;
+        r->in_len = 0;
+    } else if (comp == LOOM_COMP_ZSTD) {
+        uint8_t *zin = loom_realloc(r->in, ZIN); /* room for a whole compressed frame */
+        if (!zin) {
             rc = loom_err_set(err, LOOM_ENOMEM, path, "cannot allocate TFRecord reader buffers");
             goto fail;
         }
-        if (comp == LOOM_COMP_ZSTD) {
-            if (!(r->zd = ZSTD_createDStream()) || ZSTD_isError(ZSTD_initDStream(r->zd))) {
-                rc = loom_err_set(err, LOOM_ENOMEM, path, "ZSTD_createDStream failed");
-                goto fail;
-            }
-        } else {
-            r->z.zalloc = z_alloc;
-            r->z.zfree = z_free;
-            if (inflateInit2(&r->z, comp == LOOM_COMP_GZIP ? 16 + MAX_WBITS : MAX_WBITS) != Z_OK) {
-                rc = loom_err_set(err, LOOM_ENOMEM, path, "inflateInit2 failed");
-                goto fail;
-            }
-            r->z_ready = true;
+        r->in = zin;
+        r->in_cap = ZIN;
+        if (!(r->zd = ZSTD_createDStream()) || ZSTD_isError(ZSTD_initDStream(r->zd)) || !(r->zdc = ZSTD_createDCtx())) {
+            rc = loom_err_set(err, LOOM_ENOMEM, path, "ZSTD_createDStream failed");
+            goto fail;
         }
+    } else {
+        r->z.zalloc = z_alloc;
+        r->z.zfree = z_free;
+        if (inflateInit2(&r->z, comp == LOOM_COMP_GZIP ? 16 + MAX_WBITS : MAX_WBITS) != Z_OK) {
+            rc = loom_err_set(err, LOOM_ENOMEM, path, "inflateInit2 failed");
+            goto fail;
+        }
+        r->z_ready = true;
     }
     if (n == 0) r->done = true; /* an empty file: zero records, whatever the compression */
     *out = r;
@@ -343,53 +418,42 @@ int loom_tfrecord_next(loom_tfrecord *r, const uint8_t **data, size_t *len, loom
     for (;;) {
         if (r->done) return LOOM_EEOF;
         uint64_t at = r->offset;
-        uint8_t hdr[HEADER];
-        size_t got;
-        int rc = src_read(r, hdr, HEADER, &got, err);
+        int rc = fill(r, HEADER, err);
         if (rc) return stream_failed(r, rc, err);
+        size_t got = r->win_len - r->win_pos;
         if (got == 0) {
             r->done = true;
             return LOOM_EEOF;
         }
         if (got < HEADER) return bad_record(r, at, true, err, "truncated record (%zu of %d header bytes)", got, HEADER);
+        const uint8_t *hdr = r->win + r->win_pos;
         uint64_t L = le64(hdr);
         uint32_t want = le32(hdr + 8), have = loom_crc32c_mask(loom_crc32c(hdr, 8));
         if (want != have)
             return bad_record(r, at, true, err, "corrupted record: length CRC mismatch (stored 0x%08x, computed 0x%08x)", want, have);
-        if (L > (uint64_t)SIZE_MAX - FOOTER - 1 || L > ((uint64_t)1 << 48))
+        if (L > (uint64_t)SIZE_MAX - HEADER - FOOTER - 1 || L > ((uint64_t)1 << 48))
             return bad_record(r, at, true, err, "record length %llu is absurd", (unsigned long long)L);
-        /* Grow the record buffer as bytes arrive, so a lying length costs
-         * at most twice what the file really holds. */
-        size_t need = (size_t)L + FOOTER, filled = 0;
-        while (filled < need) {
-            if (filled == r->rec_cap) {
-                size_t cap = r->rec_cap < 65536 ? 65536 : r->rec_cap * 2;
-                if (cap > need) cap = need;
-                uint8_t *nb = loom_realloc(r->rec, cap);
-                if (!nb) return loom_err_set(err, LOOM_ENOMEM, r->path, "cannot allocate %zu bytes for the record at offset %llu",
-                                             cap, (unsigned long long)at);
-                r->rec = nb;
-                r->rec_cap = cap;
-            }
-            size_t ask = (r->rec_cap < need ? r->rec_cap : need) - filled;
-            if ((rc = src_read(r, r->rec + filled, ask, &got, err))) return stream_failed(r, rc, err);
-            filled += got;
-            if (got < ask)
-                return bad_record(r, at, true, err, "truncated record (payload of %llu bytes + 4 CRC bytes, only %zu present)",
-                                  (unsigned long long)L, filled);
-        }
-        want = le32(r->rec + L);
-        have = loom_crc32c_mask(loom_crc32c(r->rec, (size_t)L));
+        size_t need = HEADER + (size_t)L + FOOTER;
+        if ((rc = fill(r, need, err))) return stream_failed(r, rc, err);
+        got = r->win_len - r->win_pos;
+        if (got < need)
+            return bad_record(r, at, true, err, "truncated record (payload of %llu bytes + 4 CRC bytes, only %zu present)",
+                              (unsigned long long)L, got - HEADER);
+        const uint8_t *payload = r->win + r->win_pos + HEADER;
+        want = le32(payload + L);
+        have = loom_crc32c_mask(loom_crc32c(payload, (size_t)L));
         if (want != have) {
             rc = bad_record(r, at, false, err, "corrupted record: data CRC mismatch (stored 0x%08x, computed 0x%08x, %llu bytes)",
                             want, have, (unsigned long long)L);
             if (rc) return rc;
-            r->offset += L + HEADER + FOOTER;
+            r->win_pos += need;
+            r->offset += need;
             continue;
         }
-        r->offset += L + HEADER + FOOTER;
+        r->win_pos += need;
+        r->offset += need;
         r->count++;
-        *data = r->rec;
+        *data = payload;
         *len = (size_t)L;
         return LOOM_OK;
     }
@@ -406,9 +470,9 @@ void loom_tfrecord_close(loom_tfrecord *r)
     if (r->fd >= 0) close(r->fd);
     if (r->z_ready) inflateEnd(&r->z);
     ZSTD_freeDStream(r->zd);
-    if (r->out != r->in) loom_free(r->out);
+    ZSTD_freeDCtx(r->zdc);
     loom_free(r->in);
-    loom_free(r->rec);
+    loom_free(r->win);
     loom_free(r->path);
     loom_free(r);
 }
@@ -422,6 +486,9 @@ struct loom_tfrecord_writer {
     z_stream         z;
     bool             z_ready;
     ZSTD_CStream    *zc;
+    uint8_t         *zin, *zout; /* zstd: ZFRAME stream bytes staged, and their frame */
+    size_t           zlen;
+    bool             zframes;    /* a zstd frame was written */
     uint8_t         *buf;   /* output staging, CHUNK */
     size_t           len;
     bool             created; /* tmp exists and is ours to remove */
@@ -467,19 +534,29 @@ static int w_emit(loom_tfrecord_writer *w, const uint8_t *p, size_t n, bool fini
         return finish ? w_flush_buf(w, err) : LOOM_OK;
     }
     if (w->comp == LOOM_COMP_ZSTD) {
-        ZSTD_inBuffer ib = {p, n, 0};
+        /* frames of ZFRAME stream bytes, each with its content size in its
+         * header, so a reader can decompress a frame in one call (records
+         * may straddle frames: a zstd stream is the concatenation) */
         for (;;) {
-            ZSTD_outBuffer ob = {w->buf, CHUNK, w->len};
-            size_t left = ZSTD_compressStream2(w->zc, &ob, &ib, finish ? ZSTD_e_end : ZSTD_e_continue);
-            w->len = ob.pos;
-            if (ZSTD_isError(left)) {
-                w->failed = LOOM_EIO;
-                return loom_err_set(err, LOOM_EIO, w->path, "ZSTD_compressStream2 failed: %s", ZSTD_getErrorName(left));
+            size_t k = ZFRAME - w->zlen < n ? ZFRAME - w->zlen : n;
+            if (k) { /* p may be NULL when n == 0 */
+                memcpy(w->zin + w->zlen, p, k);
+                w->zlen += k;
+                p += k;
+                n -= k;
             }
-            if (w->len == CHUNK && (rc = w_flush_buf(w, err))) return rc;
-            if (finish ? left == 0 : ib.pos == ib.size) break;
+            if (w->zlen < ZFRAME && !(finish && (w->zlen || !w->zframes))) break;
+            size_t c = ZSTD_compress2(w->zc, w->zout, ZSTD_compressBound(ZFRAME), w->zin, w->zlen);
+            if (ZSTD_isError(c)) {
+                w->failed = LOOM_EIO;
+                return loom_err_set(err, LOOM_EIO, w->path, "ZSTD_compress2 failed: %s", ZSTD_getErrorName(c));
+            }
+            w->zlen = 0;
+            w->zframes = true;
+            if ((rc = w_flush(w, w->zout, c, err))) return rc;
+            if (!n && !finish) break;
         }
-        return finish ? w_flush_buf(w, err) : LOOM_OK;
+        return LOOM_OK;
     }
     /* zlib's avail_in is 32-bit: feed at most 1 GiB at a time. */
     do {
@@ -535,7 +612,8 @@ int loom_tfrecord_writer_open(loom_tfrecord_writer **out, const char *path, loom
         }
         w->z_ready = true;
     } else if (comp == LOOM_COMP_ZSTD) {
-        if (!(w->zc = ZSTD_createCStream()) || ZSTD_isError(ZSTD_CCtx_setParameter(w->zc, ZSTD_c_compressionLevel, 3))) {
+        if (!(w->zc = ZSTD_createCStream()) || ZSTD_isError(ZSTD_CCtx_setParameter(w->zc, ZSTD_c_compressionLevel, 3)) ||
+            !(w->zin = loom_alloc(ZFRAME)) || !(w->zout = loom_alloc(ZSTD_compressBound(ZFRAME)))) {
             rc = loom_err_set(err, LOOM_ENOMEM, path, "ZSTD_createCStream failed");
             goto fail;
         }
@@ -610,6 +688,8 @@ void loom_tfrecord_writer_abort(loom_tfrecord_writer *w)
     if (w->created) unlink(w->tmp);
     if (w->z_ready) deflateEnd(&w->z);
     ZSTD_freeCStream(w->zc);
+    loom_free(w->zin);
+    loom_free(w->zout);
     loom_free(w->buf);
     loom_free(w->tmp);
     loom_free(w->path);

@@ -7,10 +7,23 @@
  * epoch. State = (epoch, file position, records consumed in that file): a
  * restore reopens the file and reads forward to the record, so resuming
  * mid-epoch is exact. Cardinality is unknown (-2): counting needs a full read.
- * Threads: one thread at a time drives the stage (see data_internal.h). */
+ * Read-ahead: under autotuning the source has a knob (1 = read inline, 2 =
+ * a thread of its own); when its consumer spends time waiting on it the
+ * tuner (CPU budget permitting) turns the thread on, which reads, checks,
+ * decompresses and parses the next records, across file boundaries, into a
+ * ring of decoded elements (up to RA_SLOTS, and RA_BYTES in all) while the
+ * pipeline works on earlier ones.
+ * The elements, their order and the saved state are those of inline reading:
+ * each slot carries the position after its record, and save writes the
+ * position of the last element handed out. LOOM_DATA_READAHEAD=0|1 forces it
+ * off or on (tests, and the benchmark's before/after).
+ * Threads: one thread at a time drives the stage (see data_internal.h); the
+ * read-ahead thread alone touches the reader and the position fields while
+ * it runs (ra_on), the consumer only the ring under ra_mu. */
 #include "data/data_internal.h"
 
 #include <glob.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +31,20 @@
 #include <unistd.h>
 
 #define FILES_RNG_LABEL 0x73656c6966726674ull /* "tfrfiles": the shuffle_files stream */
+#define RA_SLOTS 1024              /* decoded elements the read-ahead thread may hold */
+#define RA_BYTES (4 * 1024 * 1024) /* ... and their bytes, at most (but 2 elements) */
+
+/* Where the source stands after an element: what save writes. */
+typedef struct tfr_pos {
+    int64_t  fi, count, skipped;
+    uint64_t offset;
+    uint32_t done;
+} tfr_pos;
+
+typedef struct ra_slot {
+    int     rc;  /* LOOM_OK, or the EOF/error that ends the pass (sticky; its text in ra_err) */
+    tfr_pos pos; /* after this element */
+} ra_slot;
 
 typedef struct tfr_source {
     dstage s;
@@ -38,6 +65,23 @@ typedef struct tfr_source {
     int64_t fi;      /* position in order of the file being read */
     int64_t skipped; /* bad records skipped this pass (files done + Examples skipped) */
     bool done;       /* the pass ended */
+    /* read-ahead (see the top of the file) */
+    dknob *knob;                       /* 1 inline, 2 thread; NULL: inline unless forced */
+    int ra_force;                      /* LOOM_DATA_READAHEAD: 0 never, 1 always, -1 (unset) the knob */
+    bool ra_on;                        /* the thread runs (started, not yet joined) */
+    pthread_t ra_th;
+    pthread_mutex_t ra_mu;
+    pthread_cond_t ra_prod, ra_cons;
+    ra_slot ra[RA_SLOTS];
+    loom_err ra_err;                   /* the error that ended the thread's pass */
+    int64_t ra_n;                      /* slots in the ring: 2 to RA_SLOTS */
+    uint8_t *ra_buf[LOOM_MAX_FEATURES]; /* ra_n element buffers per feature */
+    size_t ra_bytes[LOOM_MAX_FEATURES]; /* one element's bytes per feature */
+    int64_t ra_head, ra_len;           /* the ring, under ra_mu; ra_head is lent while ra_lent */
+    bool ra_lent;                      /* the consumer holds ra[ra_head] */
+    bool ra_stop, ra_idle;             /* stop requested; the thread ended its pass (EOF/error pushed) */
+    bool ra_prod_waits, ra_cons_waits; /* a side sleeps on its condition: the other signals it */
+    tfr_pos cur;                       /* the position after the last element the ring handed out */
 } tfr_source;
 
 /* ---- file list ------------------------------------------------------------ */
@@ -132,9 +176,10 @@ static int open_file(tfr_source *t, loom_err *err)
     return loom_tfrecord_open(&t->r, cur_file(t), t->comp, t->on_corrupt, err);
 }
 
-static int tfr_next(dstage *st, loom_elem **out, loom_err *err)
+/* Reads the next record and decodes it into t->fo's buffers: LOOM_OK, or
+ * LOOM_EEOF at the end of the pass, or an error. */
+static int read_next(tfr_source *t, loom_err *err)
 {
-    tfr_source *t = (tfr_source *)st;
     for (;;) {
         if (t->done) return LOOM_EEOF;
         if (t->fi >= t->n_files) {
@@ -168,16 +213,145 @@ static int tfr_next(dstage *st, loom_elem **out, loom_err *err)
             t->skipped++;
             continue;
         }
-        if (rc) return rc;
-        *out = &st->out;
+        return rc;
+    }
+}
+
+
+static tfr_pos pos_now(const tfr_source *t)
+{
+    return (tfr_pos){.fi = t->fi, .count = t->r ? loom_tfrecord_count(t->r) : 0,
+                     .offset = t->r ? loom_tfrecord_offset(t->r) : 0, .skipped = t->skipped, .done = t->done};
+}
+
+/* ---- read-ahead ------------------------------------------------------------ */
+
+static void *ra_main(void *arg)
+{
+    tfr_source *t = arg;
+    pthread_mutex_lock(&t->ra_mu);
+    for (;;) {
+        if (!t->ra_stop && !t->ra_idle && t->ra_len == t->ra_n) {
+            t->ra_prod_waits = true; /* woken once half the ring is free: one wake-up per ra_n / 2 elements */
+            while (!t->ra_stop && !t->ra_idle && t->ra_len > t->ra_n / 2) pthread_cond_wait(&t->ra_prod, &t->ra_mu);
+            t->ra_prod_waits = false;
+        }
+        if (t->ra_stop || t->ra_idle) break;
+        int64_t k = (t->ra_head + t->ra_len) % t->ra_n;
+        pthread_mutex_unlock(&t->ra_mu);
+        ra_slot *sl = &t->ra[k];
+        for (int f = 0; f < t->nf; f++) t->fo[f].data = t->ra_buf[f] + (size_t)k * t->ra_bytes[f];
+        loom_err e = {0};
+        sl->rc = read_next(t, &e);
+        if (sl->rc) t->ra_err = e; /* the last slot the thread fills */
+        sl->pos = pos_now(t);
+        pthread_mutex_lock(&t->ra_mu);
+        t->ra_len++;
+        if (sl->rc) t->ra_idle = true; /* the pass ended: nothing more until rewind */
+        if (t->ra_cons_waits) pthread_cond_signal(&t->ra_cons);
+    }
+    pthread_mutex_unlock(&t->ra_mu);
+    return NULL;
+}
+
+/* Starts the thread from the current position (the ring is empty). */
+static void ra_start(tfr_source *t)
+{
+    t->ra_head = t->ra_len = 0;
+    t->ra_lent = t->ra_stop = t->ra_idle = false;
+    t->cur = pos_now(t);
+    if (pthread_create(&t->ra_th, NULL, ra_main, t) == 0) t->ra_on = true; /* else read inline */
+}
+
+/* Stops and joins the thread. The ring keeps what it read (the reader stands
+ * after it): ra_next hands it out before reading goes on inline. */
+static void ra_halt(tfr_source *t)
+{
+    if (!t->ra_on) return;
+    pthread_mutex_lock(&t->ra_mu);
+    t->ra_stop = true;
+    pthread_cond_signal(&t->ra_prod);
+    pthread_mutex_unlock(&t->ra_mu);
+    pthread_join(t->ra_th, NULL);
+    t->ra_on = false;
+    for (int f = 0; f < t->nf; f++) t->fo[f].data = t->buf[f];
+}
+
+/* Stops the thread and forgets the ring (rewind, restore: the position is reset). */
+static void ra_drop(tfr_source *t)
+{
+    ra_halt(t);
+    t->ra_head = t->ra_len = 0;
+    t->ra_lent = false;
+}
+
+/* Elements the thread read that are not yet handed out (or the one lent). */
+static bool ra_pending(const tfr_source *t) { return t->ra_len > 0; }
+
+/* Thread mode's next: the ring's head, waiting for it while the thread runs.
+ * *drained when the thread has stopped and the ring is empty: read inline. */
+static int ra_next(tfr_source *t, loom_elem **out, bool *drained, loom_err *err)
+{
+    dstage *st = &t->s;
+    *drained = false;
+    pthread_mutex_lock(&t->ra_mu);
+    if (t->ra_lent) { /* the element handed out last is given back */
+        t->ra_lent = false;
+        t->ra_head = (t->ra_head + 1) % t->ra_n;
+        t->ra_len--;
+        if (t->ra_prod_waits && t->ra_len <= t->ra_n / 2) pthread_cond_signal(&t->ra_prod);
+    }
+    if (t->ra_len == 0 && !t->ra_on) {
+        pthread_mutex_unlock(&t->ra_mu);
+        *drained = true;
         return LOOM_OK;
     }
+    if (t->ra_len == 0) {
+        int64_t t0 = dnow_ns_();
+        t->ra_cons_waits = true;
+        while (t->ra_len == 0) pthread_cond_wait(&t->ra_cons, &t->ra_mu);
+        t->ra_cons_waits = false;
+        __atomic_fetch_add(&st->st_wait_ns, dnow_ns_() - t0, __ATOMIC_RELAXED);
+    }
+    int64_t k = t->ra_head;
+    pthread_mutex_unlock(&t->ra_mu);
+    ra_slot *sl = &t->ra[k];
+    t->cur = sl->pos;
+    if (sl->rc) { /* stays at the head: EOF or the error repeats until rewind */
+        if (sl->rc != LOOM_EEOF && err) *err = t->ra_err;
+        return sl->rc;
+    }
+    t->ra_lent = true;
+    for (int f = 0; f < t->nf; f++) st->out.t[f].data = t->ra_buf[f] + (size_t)k * t->ra_bytes[f];
+    *out = &st->out;
+    return LOOM_OK;
+}
+
+static int tfr_next(dstage *st, loom_elem **out, loom_err *err)
+{
+    tfr_source *t = (tfr_source *)st;
+    int64_t want = t->ra_force > 0 ? 2 : t->knob ? dknob_get_(t->knob) : 1;
+    if (t->ra_on && want <= 1) ra_halt(t); /* back to inline once the ring's elements are handed out */
+    else if (!t->ra_on && want > 1 && !ra_pending(t) && !t->done && t->ra_buf[0]) ra_start(t);
+    if (t->ra_on || ra_pending(t)) {
+        bool drained;
+        int rc = ra_next(t, out, &drained, err);
+        if (!drained) return rc;
+    }
+    for (int f = 0; f < t->nf; f++) st->out.t[f].data = t->buf[f];
+    int64_t t0 = t->knob ? dnow_ns_() : 0;
+    int rc = read_next(t, err);
+    if (t->knob) __atomic_fetch_add(&st->st_wait_ns, dnow_ns_() - t0, __ATOMIC_RELAXED); /* the consumer read it itself */
+    if (rc) return rc;
+    *out = &st->out;
+    return LOOM_OK;
 }
 
 static int tfr_rewind(dstage *st, int64_t epoch, loom_err *err)
 {
     (void)err;
     tfr_source *t = (tfr_source *)st;
+    ra_drop(t);
     close_file(t);
     t->epoch = epoch;
     t->fi = 0;
@@ -193,12 +367,14 @@ static int tfr_rewind(dstage *st, int64_t epoch, loom_err *err)
 static void tfr_save(dstage *st, loom_buf *b)
 {
     tfr_source *t = (tfr_source *)st;
+    /* with read-ahead, where the consumer is, not the reader */
+    tfr_pos p = t->ra_on || ra_pending(t) ? t->cur : pos_now(t);
     loom_buf_put_i64(b, t->epoch);
-    loom_buf_put_i64(b, t->fi);
-    loom_buf_put_i64(b, t->r ? loom_tfrecord_count(t->r) : 0);
-    loom_buf_put_u64(b, t->r ? loom_tfrecord_offset(t->r) : 0);
-    loom_buf_put_i64(b, t->skipped);
-    loom_buf_put_u32(b, t->done);
+    loom_buf_put_i64(b, p.fi);
+    loom_buf_put_i64(b, p.count);
+    loom_buf_put_u64(b, p.offset);
+    loom_buf_put_i64(b, p.skipped);
+    loom_buf_put_u32(b, p.done);
 }
 
 static int tfr_restore(dstage *st, loom_buf *b, loom_err *err)
@@ -214,6 +390,7 @@ static int tfr_restore(dstage *st, loom_buf *b, loom_err *err)
                             "iterator state is corrupt: tfrecord position (file %lld, record %lld) "
                             "out of range (%lld files)",
                             (long long)fi, (long long)count, (long long)t->n_files);
+    ra_drop(t);
     close_file(t);
     t->epoch = epoch;
     make_order(t, epoch);
@@ -254,6 +431,13 @@ static int tfr_restore(dstage *st, loom_buf *b, loom_err *err)
 static void tfr_close(dstage *st)
 {
     tfr_source *t = (tfr_source *)st;
+    ra_halt(t);
+    if (t->ra_buf[0]) {
+        pthread_mutex_destroy(&t->ra_mu);
+        pthread_cond_destroy(&t->ra_prod);
+        pthread_cond_destroy(&t->ra_cons);
+    }
+    for (int f = 0; f < LOOM_MAX_FEATURES; f++) loom_free(t->ra_buf[f]);
     loom_tfrecord_close(t->r);
     loom_example_fini(&t->ex);
     for (int64_t i = 0; i < t->n_files; i++) loom_free(t->files[i]);
@@ -263,7 +447,42 @@ static void tfr_close(dstage *st)
     loom_free(t);
 }
 
+/* The read-ahead ring and its locks; false (the source stays inline) without the memory. */
+static bool ra_alloc(tfr_source *t)
+{
+    if (t->ra_buf[0]) return true;
+    size_t elem = 0;
+    for (int f = 0; f < t->nf; f++) {
+        t->ra_bytes[f] = ((size_t)loom_shape_numel(&t->fs[f].shape) * loom_dtype_size(t->s.spec.dtype[f]) + 63) & ~(size_t)63;
+        elem += t->ra_bytes[f];
+    }
+    t->ra_n = elem ? (int64_t)(RA_BYTES / elem) : RA_SLOTS;
+    t->ra_n = t->ra_n < 2 ? 2 : t->ra_n > RA_SLOTS ? RA_SLOTS : t->ra_n;
+    for (int f = 0; f < t->nf; f++) {
+        if (!(t->ra_buf[f] = loom_alloc_aligned((size_t)t->ra_n * (t->ra_bytes[f] ? t->ra_bytes[f] : 64)))) {
+            for (int g = 0; g <= f; g++) {
+                loom_free(t->ra_buf[g]);
+                t->ra_buf[g] = NULL;
+            }
+            return false;
+        }
+    }
+    pthread_mutex_init(&t->ra_mu, NULL);
+    pthread_cond_init(&t->ra_prod, NULL);
+    pthread_cond_init(&t->ra_cons, NULL);
+    __atomic_fetch_add(&t->s.st_bytes, t->ra_n * (int64_t)elem, __ATOMIC_RELAXED); /* shown by loom profile */
+    return true;
+}
+
+/* The read-ahead knob: a thread's worth of CPU, given when the consumer waits. */
+static void tfr_tune(dstage *st, dtuner *tu)
+{
+    tfr_source *t = (tfr_source *)st;
+    if (t->ra_force < 0 && ra_alloc(t)) t->knob = dtuner_knob_(tu, st, "read-ahead", 1, 1, 2, 1);
+}
+
 static const dstage_ops tfr_ops = {
+    .tune = tfr_tune,
     .next = tfr_next,
     .rewind = tfr_rewind,
     .save = tfr_save,
@@ -331,6 +550,8 @@ int tfrecord_source_open_(dstage **out, const loom_source_spec *src, const loom_
     t->on_corrupt = src->on_corrupt == LOOM_TFR_CORRUPT_SKIP ? LOOM_CORRUPT_SKIP : LOOM_CORRUPT_ERROR;
     t->shuffle_files = src->shuffle_files;
     t->seed = ctx ? ctx->seed : 42;
+    const char *ra = getenv("LOOM_DATA_READAHEAD");
+    t->ra_force = ra && !strcmp(ra, "1") ? 1 : ra && !strcmp(ra, "0") ? 0 : -1;
     t->nf = src->n_features;
     if (t->nf < 1 || t->nf > LOOM_MAX_FEATURES || src->n_patterns < 1 || src->n_patterns > LOOM_MAX_FILE_PATTERNS) {
         rc = dstage_err_(st, err, LOOM_ECONFIG,
@@ -392,6 +613,7 @@ int tfrecord_source_open_(dstage **out, const loom_source_spec *src, const loom_
              loom_compression_name(t->comp), t->on_corrupt == LOOM_CORRUPT_SKIP ? "skip" : "error",
              t->shuffle_files ? ",shuffle_files" : "", (unsigned long long)h);
     if ((rc = probe(t, err))) goto fail;
+    if (t->ra_force > 0 && !ra_alloc(t)) t->ra_force = -1;
     *out = st;
     return LOOM_OK;
 fail:

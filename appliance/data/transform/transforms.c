@@ -1193,6 +1193,10 @@ int shuffle_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t
     } else {
         rc = elem_pool_init_(&s->pool, st, 0, err);
         if (rc) goto fail;
+        /* room for the whole buffer (what the RAM budget allowed at open)
+         * in one untouched allocation: filling it never copies */
+        rc = elem_pool_reserve_(&s->pool, in->card >= 0 && in->card < s->size ? (in->card > 0 ? in->card : 1) : s->size, err);
+        if (rc) goto fail;
         rc = shuf_grow(s, cap, err);
         if (rc) goto fail;
         for (int f = 0; f < st->spec.n; f++) st->mut[f] = 1;
