@@ -320,6 +320,11 @@ int loom_model_param_list(const loom_model_spec *spec, const loom_shape *input, 
     return rc;
 }
 
+/* The model for loom_model_new, or (shapes_only) its variable list alone.
+ * long: the build in its order (layers and their shapes, the loss's checks,
+ * the memory bound checked before any allocation, then the buffers); each
+ * stage reads and fills the model the previous one left, and the error paths
+ * free it in one place. Splitting it is noted for the house issue. */
 static int model_build(loom_model **out, const loom_model_spec *spec, const loom_shape *input, loom_dtype input_dtype,
                        const loom_shape *label, loom_dtype label_dtype, int64_t max_batch, bool shapes_only,
                        loom_err *err)

@@ -172,12 +172,13 @@ static int counter_vocab(counter *c, loom_map_spec *m, loom_err *err)
 
 /* ---- the adapt pass ----------------------------------------------------- */
 
-/* One pass of data.train's transforms before k: m's numbers or vocabulary. */
-static int compute(const loom_dataset_spec *train, int k, loom_map_spec *m, const loom_data_ctx *ctx, int64_t *rows,
-                   loom_err *err)
+/* The pipeline an adapt pass reads: data.train's source and its transforms
+ * before k, without shuffle, repeat and prefetch (one ordered pass), unsharded;
+ * *bd: the batch dimensions those transforms add. */
+static loom_dataset_spec *adapt_pipeline(const loom_dataset_spec *train, int k, int *bd)
 {
     loom_dataset_spec *d = loom_calloc(1, sizeof *d);
-    if (!d) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate the adapt pipeline's spec");
+    if (!d) return NULL;
     d->present = true;
     d->loc = train->loc;
     d->source = train->source;
@@ -185,14 +186,66 @@ static int compute(const loom_dataset_spec *train, int k, loom_map_spec *m, cons
     d->on_nonfinite = train->on_nonfinite;
     d->options = train->options;
     d->options.inject_prefetch = false;
-    int bd = 0;
+    *bd = 0;
     for (int i = 0; i < k; i++) {
         const loom_transform_spec *t = &train->transform[i];
         if (t->kind == LOOM_T_SHUFFLE || t->kind == LOOM_T_REPEAT || t->kind == LOOM_T_PREFETCH) continue;
-        if (t->kind == LOOM_T_BATCH || t->kind == LOOM_T_PADDED_BATCH) bd++;
-        if (t->kind == LOOM_T_UNBATCH && bd > 0) bd--;
+        if (t->kind == LOOM_T_BATCH || t->kind == LOOM_T_PADDED_BATCH) (*bd)++;
+        if (t->kind == LOOM_T_UNBATCH && *bd > 0) (*bd)--;
         d->transform[d->n_transforms++] = *t;
     }
+    return d;
+}
+
+/* m's numbers from the sums of n rows of L indices (acc as compute fills it). */
+static void set_numbers(loom_map_spec *m, const double *acc, int64_t L, int64_t n, bool minmax)
+{
+    for (int64_t j = 0; j < L; j++) {
+        if (minmax) {
+            double lo = acc[2 * j], range = acc[2 * j + 1] - lo;
+            m->mean_v[j] = (float)lo;
+            m->std_v[j] = range > 1e-12 * (fabs(lo) + 1) ? (float)range : 1.0f; /* a constant index: x - min */
+        } else {
+            double mu = acc[3 * j + 1] / (double)n, var = acc[3 * j + 2] / (double)n - mu * mu;
+            double sd = var > 0 ? sqrt(var) : 0;
+            m->mean_v[j] = (float)(acc[3 * j] + mu);
+            m->std_v[j] = sd > 1e-12 * (fabs(m->mean_v[j]) + 1) ? (float)sd : 1.0f; /* a constant index: (x - mean) / 1 */
+        }
+    }
+    m->n_norm = (int)L;
+}
+
+/* Feature f (bd batch dimensions) fits the adapt map m; *L: the indices of
+ * its last axis (the length of one string for a vocabulary). */
+static int check_feature(const loom_map_spec *m, const loom_elem_spec *es, int f, int bd, bool vocab, const char *w,
+                         int64_t *L, loom_err *err)
+{
+    char a[64];
+    const loom_shape *sh = &es->shape[f];
+    *L = sh->rank > bd ? sh->dim[sh->rank - 1] : 1;
+    if (vocab && (es->dtype[f] != LOOM_U8 || sh->rank <= bd)) {
+        loom_err_set(err, LOOM_ESHAPE, w, "map(string_lookup) adapt on \"%s\": a vocabulary is made of strings "
+                     "(uint8 bytes, the last axis one string), but \"%s\" is %s %s", m->feature, m->feature,
+                     loom_dtype_name(es->dtype[f]), loom_shape_str(sh, a, sizeof a));
+        return loom_err_hint(err, "strings come from a csv column with dtype = \"string\" or the text source's "
+                                  "\"line\"; an int feature is an id already (one_hot or an embedding take it)");
+    }
+    if (!vocab && (*L < 1 || *L > LOOM_MAX_NORM)) {
+        loom_err_set(err, LOOM_ESHAPE, w, "map(normalize) adapt on \"%s\": the last axis has %lld indices; adapt "
+                     "keeps one pair of numbers per index, at most %d", m->feature, (long long)*L, LOOM_MAX_NORM);
+        return loom_err_hint(err, "reshape the feature so that its last axis holds the values that share a mean "
+                                  "(channels)");
+    }
+    return LOOM_OK;
+}
+
+/* One pass of data.train's transforms before k: m's numbers or vocabulary. */
+static int compute(const loom_dataset_spec *train, int k, loom_map_spec *m, const loom_data_ctx *ctx, int64_t *rows,
+                   loom_err *err)
+{
+    int bd;
+    loom_dataset_spec *d = adapt_pipeline(train, k, &bd);
+    if (!d) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate the adapt pipeline's spec");
     loom_data_ctx c = *ctx;
     c.input = (loom_input_ctx){0}; /* every process adapts on all of data.train, so all agree */
     c.name = "adapt";
@@ -200,7 +253,7 @@ static int compute(const loom_dataset_spec *train, int k, loom_map_spec *m, cons
     double *acc = NULL;
     counter cnt = {0};
     bool vocab = m->kind == LOOM_MAP_STRING_LOOKUP, minmax = !vocab && m->norm_mode == LOOM_NORM_MIN_MAX;
-    char w[LOOM_PATH_MAX + 16], a[64];
+    char w[LOOM_PATH_MAX + 16];
     loom_loc_str(&train->transform[k].loc, w, sizeof w);
     int rc = loom_data_open(&it, d, &c, err);
     if (rc) goto done;
@@ -211,22 +264,8 @@ static int compute(const loom_dataset_spec *train, int k, loom_map_spec *m, cons
                           m->feature);
         goto done;
     }
-    const loom_shape *sh = &es->shape[f];
-    int64_t L = sh->rank > bd ? sh->dim[sh->rank - 1] : 1;
-    if (vocab && (es->dtype[f] != LOOM_U8 || sh->rank <= bd)) {
-        rc = loom_err_set(err, LOOM_ESHAPE, w, "map(string_lookup) adapt on \"%s\": a vocabulary is made of strings "
-                          "(uint8 bytes, the last axis one string), but \"%s\" is %s %s", m->feature, m->feature,
-                          loom_dtype_name(es->dtype[f]), loom_shape_str(sh, a, sizeof a));
-        loom_err_hint(err, "strings come from a csv column with dtype = \"string\" or the text source's \"line\"; an "
-                           "int feature is an id already (one_hot or an embedding take it)");
-        goto done;
-    }
-    if (!vocab && (L < 1 || L > LOOM_MAX_NORM)) {
-        rc = loom_err_set(err, LOOM_ESHAPE, w, "map(normalize) adapt on \"%s\": the last axis has %lld indices; adapt "
-                          "keeps one pair of numbers per index, at most %d", m->feature, (long long)L, LOOM_MAX_NORM);
-        loom_err_hint(err, "reshape the feature so that its last axis holds the values that share a mean (channels)");
-        goto done;
-    }
+    int64_t L;
+    if ((rc = check_feature(m, es, f, bd, vocab, w, &L, err))) goto done;
     if (!vocab && !(acc = loom_calloc((size_t)L * 3, sizeof *acc))) { /* mean_std: shift, sum(x - shift), sum((x - shift)^2) per index; min_max: min, max */
         rc = loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate the adapt sums");
         goto done;
@@ -284,24 +323,8 @@ static int compute(const loom_dataset_spec *train, int k, loom_map_spec *m, cons
         loom_err_hint(err, "check the source's files and the split or filter before it (an empty split?)");
         goto done;
     }
-    if (vocab) {
-        rc = counter_vocab(&cnt, m, err);
-    } else if (minmax) {
-        for (int64_t j = 0; j < L; j++) {
-            double lo = acc[2 * j], range = acc[2 * j + 1] - lo;
-            m->mean_v[j] = (float)lo;
-            m->std_v[j] = range > 1e-12 * (fabs(lo) + 1) ? (float)range : 1.0f; /* a constant index: x - min */
-        }
-        m->n_norm = (int)L;
-    } else {
-        for (int64_t j = 0; j < L; j++) {
-            double mu = acc[3 * j + 1] / (double)n, var = acc[3 * j + 2] / (double)n - mu * mu;
-            double sd = var > 0 ? sqrt(var) : 0;
-            m->mean_v[j] = (float)(acc[3 * j] + mu);
-            m->std_v[j] = sd > 1e-12 * (fabs(m->mean_v[j]) + 1) ? (float)sd : 1.0f; /* a constant index: (x - mean) / 1 */
-        }
-        m->n_norm = (int)L;
-    }
+    if (vocab) rc = counter_vocab(&cnt, m, err);
+    else set_numbers(m, acc, L, n, minmax);
     *rows = n;
 done:
     loom_free(acc);
