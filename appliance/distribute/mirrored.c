@@ -131,15 +131,16 @@ static const char *kind_name(const replicated *m) { return m->central ? "central
  * machine: cpu:N exists for N below the cores this process may run on; GPUs
  * need a GPU backend (cuda, from a plugin) that finds them usable now, and
  * strategy.device_backend may run cpu replicas on the CPU reference backend. */
-static int resolve_devices(replicated *m, const loom_strategy_spec *st, int64_t max_batch, loom_err *err)
+static int resolve_devices(replicated *m, const loom_spec *spec, int64_t max_batch, loom_err *err)
 {
+    const loom_strategy_spec *st = &spec->strategy;
     int cores = loom_num_cores();
     char w[600];
     loom_loc_str(&st->devices_loc, w, sizeof w);
     char setting[160] = ""; /* the setting's path, unless "--set path" already names it */
     if (strncmp(w, "--set ", 6)) snprintf(setting, sizeof setting, "%s: ", st->devices_loc.path);
-    int rc = loom_place_devices_(st, st->devices, st->devices_listed ? st->n_devices : 0, &st->devices_loc, &m->place,
-                                 err);
+    int rc = loom_place_devices_(st, st->devices, st->devices_listed ? st->n_devices : 0, &st->devices_loc,
+                                 &spec->model, &m->place, err);
     if (rc) return rc;
     if (m->place.gpu) {
         m->n = m->place.n;
@@ -320,7 +321,7 @@ static int rep_open(loom_strategy *s, const loom_strategy_args *a, int central, 
     s->impl = m;
     m->central = central;
     m->seed = spec->run.seed;
-    int rc = resolve_devices(m, &spec->strategy, a->max_batch, err);
+    int rc = resolve_devices(m, spec, a->max_batch, err);
     if (rc) return rc;
     int budget = spec->run.threads > 0 ? spec->run.threads : loom_num_cores();
     int intra = budget / m->n > 1 ? budget / m->n : 1;

@@ -253,6 +253,13 @@ typedef struct loom_model_dev loom_model_dev;
  * run is LOOM_EUNSUPPORTED naming its file:line. m is borrowed and must
  * outlive the executor. Close with loom_model_dev_close. */
 int  loom_model_dev_open(loom_model_dev **out, loom_model *m, const loom_device_ops *ops, int device, loom_err *err);
+/* What of model spec ms no device backend runs yet (batch and layer
+ * normalization, the pooling layers but max, embedding, leaky_relu, gelu;
+ * model.l2; class or sample weights under sparse_softmax_cross_entropy),
+ * checked before any device is looked for: LOOM_EUNSUPPORTED at the
+ * layer's (or the model block's) file:line, naming backend and saying
+ * what to do. loom_model_dev_open refuses the same. */
+int  loom_model_spec_dev_check(const loom_model_spec *ms, const char *backend, loom_err *err);
 void loom_model_dev_close(loom_model_dev *d); /* NULL is a no-op */
 /* The host model's parameters to the device; returns once they are copied. */
 int  loom_model_dev_upload_params(loom_model_dev *d, loom_err *err);
