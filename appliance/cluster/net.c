@@ -34,7 +34,9 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <linux/sockios.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -510,6 +512,29 @@ static conn *conn_new(loom_net *n, struct bufferevent *bev, bool dialer, int pee
     return c;
 }
 
+/* Bytes written on this connection's socket that the peer's kernel has not
+ * acknowledged yet (0 once the connection is closed or reset). */
+static int unacked(struct bufferevent *bev)
+{
+    int fd = (int)bufferevent_getfd(bev), q = 0;
+    struct tcp_info ti;
+    socklen_t len = sizeof ti;
+    if (fd < 0 || getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0 || ti.tcpi_state == TCP_CLOSE) return 0;
+    return ioctl(fd, SIOCOUTQ, &q) == 0 ? q : 0;
+}
+
+/* Reads and drops what the peer sent that nobody will read: a socket closed
+ * with unread bytes sends a reset instead of a FIN, and a reset discards
+ * whatever of ours the kernel had not sent yet. */
+static void drain_input(struct bufferevent *bev)
+{
+    int fd = (int)bufferevent_getfd(bev);
+    char buf[4096];
+    if (fd >= 0)
+        for (int i = 0; i < 1024 && recv(fd, buf, sizeof buf, MSG_DONTWAIT) > 0; i++) {
+        }
+}
+
 static void conn_free(conn *c)
 {
     loom_net *n = c->n;
@@ -523,7 +548,10 @@ static void conn_free(conn *c)
     pthread_mutex_unlock(&n->mu);
     /* The peer's reference keeps the bufferevent (and its socket) until
      * net_free: close the connection now, so the other side sees it. */
-    if (c->authed) shutdown(bufferevent_getfd(c->bev), SHUT_RDWR);
+    if (c->authed) {
+        drain_input(c->bev);
+        shutdown(bufferevent_getfd(c->bev), SHUT_RDWR);
+    }
     event_free(c->timer);
     bufferevent_free(c->bev);
     loom_free(c);
@@ -705,10 +733,14 @@ static void on_close(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd, (void)what;
     loom_net *n = arg;
+    /* Drained: every byte queued to a peer has left our buffers and reached the
+     * peer's kernel (acknowledged), so closing cannot lose it. Bounded by the
+     * heartbeat timeout (a peer silent that long is lost anyway), at least 1 s. */
     bool drained = true;
     for (conn *c = n->conns; c; c = c->next)
-        if (evbuffer_get_length(bufferevent_get_output(c->bev))) drained = false;
-    if (drained || loom_now() - n->close_started > 1.0) {
+        if (evbuffer_get_length(bufferevent_get_output(c->bev)) || unacked(c->bev) > 0) drained = false;
+    double bound = n->hb_timeout > 1.0 ? n->hb_timeout : 1.0;
+    if (drained || loom_now() - n->close_started > bound) {
         event_base_loopbreak(n->base);
         return;
     }
@@ -806,7 +838,10 @@ static void net_free(loom_net *n)
     }
     while (n->conns) conn_free(n->conns);
     for (int i = 0; i < n->n_peers; i++)
-        if (n->peers[i].bev) bufferevent_decref(n->peers[i].bev);
+        if (n->peers[i].bev) {
+            drain_input(n->peers[i].bev); /* what came after conn_free's drain */
+            bufferevent_decref(n->peers[i].bev);
+        }
     for (int i = 0; i < n->n_retired; i++) bufferevent_decref(n->retired[i]);
     loom_free(n->retired);
     for (int i = 0; i < n->n_peers; i++)

@@ -170,8 +170,9 @@ if [ $s0 -ne 0 ] && grep -q "worker:1" "$WORK/kill.0"; then
 else
     fail "the chief stops naming the lost worker:1" "status $s0" "$(tail -3 "$WORK/kill.0")"
 fi
-awk -v a="$t_kill" -v b="$t_seen" 'BEGIN { exit !(b - a <= 4.5) }' && pass "lost within heartbeat_timeout + 1.5 s" \
-    || fail "lost within heartbeat_timeout + 1.5 s" "$(awk -v a="$t_kill" -v b="$t_seen" 'BEGIN { print b - a }') s"
+# (the bound is loose for busy CI machines; without heartbeats the chief would wait forever: no collective timeout)
+awk -v a="$t_kill" -v b="$t_seen" 'BEGIN { exit !(b - a <= 3 + 6) }' && pass "lost within heartbeat_timeout + 6 s" \
+    || fail "lost within heartbeat_timeout + 6 s" "$(awk -v a="$t_kill" -v b="$t_seen" 'BEGIN { print b - a }') s"
 job kill_resume 2 "$WORK/kill" "${SLOW[@]}"
 all_ok kill_resume 2
 contains "the job resumes from the last checkpoint" "resuming from $WORK/kill/ckpt-" "$(cat "$WORK/kill_resume.0")"
