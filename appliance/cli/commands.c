@@ -73,8 +73,10 @@ static int load_plugins(const loom_spec *spec, loom_errlist *errs)
     return rc;
 }
 
-/* Loads the config and the plugins, printing every problem; returns NULL on failure. */
-static loom_spec *load(const cli_opts *o, int *status)
+/* Loads the config and the plugins, printing every problem; returns NULL on
+ * failure. training: the command builds a model, so the config must give it
+ * batches (loom_config_check_training), found here before anything runs. */
+static loom_spec *load_as(const cli_opts *o, int *status, bool training)
 {
     loom_spec *spec = NULL;
     loom_errlist *errs = calloc(1, sizeof *errs);
@@ -88,6 +90,11 @@ static loom_spec *load(const cli_opts *o, int *status)
         if (errs->n == 0) fprintf(stderr, "loom: %s: %s\n", o->config, loom_err_string(rc));
         *status = rc == LOOM_EIO ? LOOM_EXIT_USAGE : LOOM_EXIT_USAGE;
         spec = NULL;
+    } else if (training && loom_config_check_training(spec, errs)) {
+        print_errlist(errs);
+        *status = LOOM_EXIT_USAGE;
+        loom_config_free(spec);
+        spec = NULL;
     } else if (load_plugins(spec, errs)) {
         *status = LOOM_EXIT_USAGE;
         loom_config_free(spec);
@@ -96,6 +103,8 @@ static loom_spec *load(const cli_opts *o, int *status)
     free(errs);
     return spec;
 }
+static loom_spec *load(const cli_opts *o, int *status) { return load_as(o, status, false); }
+static loom_spec *load_training(const cli_opts *o, int *status) { return load_as(o, status, true); }
 
 /* normalize maps with adapt = true get their numbers (data.h loom_data_adapt),
  * with the context loom train builds its pipelines with. */
@@ -136,7 +145,7 @@ static int watch(const loom_spec *spec, const cli_opts *o, const loom_cluster *c
 static int cmd_train(const cli_opts *o, double start, loom_err *err)
 {
     int status = 0;
-    loom_spec *spec = load(o, &status);
+    loom_spec *spec = load_training(o, &status);
     if (!spec) return -status;
     loom_cluster *cl = NULL;
     int rc = resolve_cluster(spec, o, &cl, true, err);
@@ -164,7 +173,7 @@ static int cmd_evaluate(const cli_opts *o, double start, loom_err *err)
 {
     (void)start;
     int status = 0;
-    loom_spec *spec = load(o, &status);
+    loom_spec *spec = load_training(o, &status);
     if (!spec) return -status;
     loom_eval_result res;
     loom_cluster *cl = NULL;
@@ -211,7 +220,7 @@ static int cmd_predict(const cli_opts *o, double start, loom_err *err)
     (void)start;
     if (!o->output) return loom_err_set(err, LOOM_EUSAGE, NULL, "predict needs --output FILE (or - for stdout)");
     int status = 0;
-    loom_spec *spec = load(o, &status);
+    loom_spec *spec = load_training(o, &status);
     if (!spec) return -status;
     int rc = adapt(spec, o->model_dir, LOOM_ADAPT_LOAD, err);
     loom_predict_opts po = {.model_dir = o->model_dir, .checkpoint = o->checkpoint, .input = o->input ? o->input : "eval",
@@ -225,7 +234,7 @@ static int cmd_check(const cli_opts *o, double start, loom_err *err)
 {
     (void)start;
     int status = 0;
-    loom_spec *spec = load(o, &status);
+    loom_spec *spec = load_as(o, &status, !o->print); /* --print only prints the config */
     if (!spec) return -status;
     loom_cluster *cl = NULL;
     int rc = resolve_cluster(spec, o, &cl, false, err);

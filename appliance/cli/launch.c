@@ -500,6 +500,7 @@ static int validate(const launch_opts *o, const char *const *sets, int n_sets, c
     loom_errlist *errs = loom_calloc(1, sizeof *errs);
     if (!errs) return LOOM_EXIT_RUNTIME;
     int rc = loom_config_load(&spec, o->config, sets, n_sets, errs);
+    bool trainable = !rc && !loom_config_check_training(spec, errs); /* every task trains */
     for (int i = 0; i < errs->n; i++) {
         char buf[1200];
         loom_err_format(&errs->e[i], buf, sizeof buf);
@@ -507,7 +508,7 @@ static int validate(const launch_opts *o, const char *const *sets, int n_sets, c
     }
     loom_free(errs);
     if (rc) return LOOM_EXIT_USAGE;
-    int status = LOOM_EXIT_OK;
+    int status = trainable ? LOOM_EXIT_OK : LOOM_EXIT_USAGE;
     loom_strategy_kind k = spec->strategy.kind;
     *ps_job = k == LOOM_STRAT_PARAMETER_SERVER;
     if (k == LOOM_STRAT_ONE_DEVICE || k == LOOM_STRAT_MIRRORED || k == LOOM_STRAT_CENTRAL_STORAGE) {

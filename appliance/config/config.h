@@ -244,18 +244,42 @@ typedef enum {
 /* filter: which predicate the group gave (exactly one of in, not_in, min/max). */
 typedef enum { LOOM_FILTER_IN, LOOM_FILTER_NOT_IN, LOOM_FILTER_RANGE, LOOM_FILTER_LUA /* map.lua */ } loom_filter_kind;
 
+/* concat, select: the features joined (concat) or kept (select), in order. */
+typedef struct loom_feature_list {
+    int  n;
+    char name[LOOM_MAX_FEATURES][LOOM_NAME_MAX];
+    char output[LOOM_NAME_MAX];                   /* concat: the added feature */
+} loom_feature_list;
+
+/* padded_batch (with the transform's batch_size and drop_remainder). */
+typedef struct loom_padded_spec {
+    int     n_shapes;                             /* padded_shapes: feature, rank, dims (-1 = max in batch) */
+    char    shape_name[LOOM_MAX_FEATURES][LOOM_NAME_MAX];
+    int     rank[LOOM_MAX_FEATURES];
+    int64_t shape[LOOM_MAX_FEATURES][8];
+    int     n_values;                             /* padding_values (default 0) */
+    char    value_name[LOOM_MAX_FEATURES][LOOM_NAME_MAX];
+    double  value[LOOM_MAX_FEATURES];
+} loom_padded_spec;
+
 typedef struct loom_transform_spec {
     loom_transform_kind kind;
     loom_loc            loc;
-    loom_map_spec       map;            /* MAP */
+    /* the large settings of one kind each share their bytes: read only the
+     * member of the transform's kind */
+    union {
+        loom_map_spec     map;      /* MAP; FILTER with a custom function (its lua, provider, args) */
+        loom_feature_list features; /* CONCAT, SELECT */
+        loom_padded_spec  padded;   /* PADDED_BATCH */
+    };
     int64_t             buffer;         /* SHUFFLE: >= 1; PREFETCH: >= 0, -1 = auto */
     uint64_t            seed;           /* SHUFFLE: the run's seed unless set */
     bool                seed_set;
     bool                reshuffle;      /* SHUFFLE: reshuffle_each_iteration, default true */
-    int64_t             batch_size;     /* BATCH: >= 1 */
-    bool                drop_remainder; /* BATCH */
+    int64_t             batch_size;     /* BATCH, PADDED_BATCH: >= 1 */
+    bool                drop_remainder; /* BATCH, PADDED_BATCH */
     int64_t             count;          /* REPEAT (-1 = forever), TAKE (-1 = all), SKIP (-1 = all) */
-    /* FILTER, SHARD, ENUMERATE, PADDED_BATCH (with batch_size, drop_remainder), CACHE */
+    /* FILTER, SHARD, ENUMERATE, CACHE */
     char                feature[LOOM_NAME_MAX]; /* FILTER: the scalar feature tested; ENUMERATE: the added int64 feature */
     loom_filter_kind    filter;                 /* FILTER */
     int                 n_values;               /* FILTER in / not_in: 1 to LOOM_MAX_FILTER_VALUES */
@@ -263,18 +287,8 @@ typedef struct loom_transform_spec {
     double              min, max;               /* FILTER range, inclusive; -inf / +inf when not given */
     int64_t             num_shards, index;      /* SHARD: 0 <= index < num_shards */
     double              fraction;               /* SPLIT: the training part's share, in (0, 1) */
-    int                 n_names;                /* CONCAT: the features joined; SELECT: those kept, in order */
-    char                names[LOOM_MAX_FEATURES][LOOM_NAME_MAX];
-    char                output[LOOM_NAME_MAX];  /* CONCAT: the added feature */
     int                 part;                   /* SPLIT: LOOM_SPLIT_TRAIN or LOOM_SPLIT_EVAL */
     int64_t             start;                  /* ENUMERATE: first index, default 0 */
-    int                 n_padded;               /* PADDED_BATCH padded_shapes: feature, rank, dims (-1 = max in batch) */
-    char                padded_name[LOOM_MAX_FEATURES][LOOM_NAME_MAX];
-    int                 padded_rank[LOOM_MAX_FEATURES];
-    int64_t             padded_shape[LOOM_MAX_FEATURES][8];
-    int                 n_padding;              /* PADDED_BATCH padding_values (default 0) */
-    char                padding_name[LOOM_MAX_FEATURES][LOOM_NAME_MAX];
-    double              padding_value[LOOM_MAX_FEATURES];
     char                cache_file[LOOM_PATH_MAX]; /* CACHE: "" = in memory; else a path prefix, relative to the working directory */
     int                 parallel;               /* MAP, INTERLEAVE: >= 1, LOOM_PARALLEL_AUTO = tuned; 0 (unset) = 1 */
     bool                deterministic;          /* MAP, INTERLEAVE with parallel != 1: the sequential order (default true) */
@@ -651,6 +665,15 @@ typedef struct loom_errlist {
 int  loom_config_load(loom_spec **out, const char *path, const char *const *overrides, int n_overrides,
                       loom_errlist *errs);
 void loom_config_free(loom_spec *s); /* NULL is a no-op */
+
+/* What training, evaluation and prediction need of a loaded spec beyond what
+ * loom_config_load checks (a pipeline run alone, as `loom profile` and
+ * `loom records convert --config` run data.train, needs none of it):
+ * data.train, and data.eval when declared, end in batches. The commands that
+ * build a model call it right after loading, so the error comes before any
+ * pipeline, plugin or task starts. Appends each problem to errs (at the
+ * dataset's file:line); returns LOOM_ECONFIG if there was one. */
+int loom_config_check_training(const loom_spec *spec, loom_errlist *errs);
 
 /* Prints the fully resolved config, defaults filled in, in libconfig syntax
  * that loom_config_load reads back to an equal spec. */

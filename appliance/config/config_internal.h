@@ -1,10 +1,16 @@
-/* config_internal.h - shared between config.c (loading) and config_print.c.
+/* config_internal.h - shared by the files of config/: the name tables
+ * (config.c, read back by config_print.c), the load context and the option
+ * tables' engine (config_table.c), and each section's entry points, called by
+ * loom_config_load (config.c) in the order the sections are validated.
  * The name tables are NULL-terminated and indexed by the matching enum, so a
  * name is resolved to its enum by position and printed back the same way. */
 #ifndef LOOM_CONFIG_INTERNAL_H
 #define LOOM_CONFIG_INTERNAL_H
 
 #include "config/config.h"
+
+#include <libconfig.h>
+#include <stddef.h>
 
 extern const char *const loom_cfg_dtype_names_[];     /* loom_cfg_dtype */
 extern const char *const loom_source_names_[];        /* loom_source_kind */
@@ -27,8 +33,176 @@ extern const char *const loom_tfr_corrupt_names_[];   /* loom_tfr_on_corrupt */
 extern const char *const loom_syn_dist_names_[];      /* loom_syn_dist */
 extern const char *const loom_nonfinite_names_[];     /* loom_on_nonfinite */
 extern const char *const loom_shard_policy_names_[];  /* loom_shard_policy */
+extern const char *const loom_communication_names_[]; /* loom_communication */
+extern const char *const loom_partitioner_names_[];   /* loom_partitioner_kind */
 
 /* names[i], or "?" when i is out of range. */
 const char *loom_cfg_name_(const char *const *names, int i);
+
+/* ---- the load context (config_table.c) ----------------------------------- */
+
+typedef struct ctx {
+    const char   *path;                /* the config file as given */
+    char          pdir[LOOM_PATH_MAX]; /* its directory as given: "" or "configs/" */
+    char          dir[LOOM_PATH_MAX];  /* its directory, absolute when it can be resolved */
+    loom_errlist *errs;
+    const char   *skip_key;            /* parse_opts neither reads nor requires this key (an interleave's source files) */
+    int           depth;               /* datasets nested by zip */
+    const config_setting_t *huge[16];  /* integers written beyond 64 bits (see fix_wide_ints) */
+    char          huge_text[16][32];   /* ... as written */
+    int           n_huge;
+} ctx;
+
+typedef struct int_lit {
+    int64_t v;         /* the value written (clamped when huge) */
+    bool    suffix;    /* ends in L: libconfig read it as an int64 */
+    bool    huge;      /* beyond the 64-bit range */
+    char    text[32];  /* as written, cut */
+} int_lit;
+
+typedef struct int_lits {
+    int_lit *v;
+    int      n, cap;
+    bool     bad;      /* out of memory, or an include that could not be read */
+} int_lits;
+
+/* ---- option tables ------------------------------------------------------- */
+
+enum {
+    OT_INT,    /* int or int64_t/uint64_t field (by size); libconfig int or int64 */
+    OT_F64,    /* double; libconfig int or float */
+    OT_BOOL,   /* bool */
+    OT_ENUM,   /* int-sized enum; a string among names */
+    OT_STR,    /* char[]; non-empty; among names when names is set */
+    OT_PAIR,   /* int[2]; an int (both) or [h, w] */
+    OT_CUSTOM, /* parsed by parse() */
+    OT_SUB,    /* a sub-group or list, parsed by the caller */
+};
+
+/* flags */
+#define F_KIND        0x01u /* the entry that selects the group's kind; read first */
+#define F_LO_OPEN     0x02u /* F64: > lo rather than >= lo */
+#define F_HI_OPEN     0x04u /* F64: < hi rather than <= hi */
+#define F_NO_HI       0x08u /* F64: no upper bound */
+#define F_NO_LO       0x10u /* F64: no lower bound */
+#define F_UNSUPPORTED 0x20u /* SUB: recognised, refused as not supported yet */
+
+#define ALL  0xffffffffu
+#define K(x) (1u << (x))
+
+typedef struct opt opt;
+typedef void (*opt_parse_fn)(ctx *c, const config_setting_t *s, void *base);
+
+struct opt {
+    const char         *name;
+    int                 type;
+    size_t              off, size;       /* the field in the group's struct */
+    unsigned            applies;         /* kinds of the group it applies to */
+    unsigned            required;        /* kinds where it must be given */
+    unsigned            flags;
+    int64_t             ilo, ihi, idef;  /* INT, PAIR; idef also ENUM and BOOL */
+    double              flo, fhi, fdef;  /* F64 */
+    const char         *sdef;            /* STR */
+    const char *const  *names;           /* ENUM, STR */
+    opt_parse_fn        parse;           /* CUSTOM */
+    const char         *help;
+};
+
+#define FLD(T, f) .off = offsetof(T, f), .size = sizeof(((T *)0)->f)
+#define O_KIND(T, key, f, def, nm, req, h) \
+    {.name = key, .type = OT_ENUM, FLD(T, f), .applies = ALL, .required = req, .flags = F_KIND, .idef = def, \
+     .names = nm, .help = h}
+#define O_INT(T, key, f, def, lo, hi, app, req, h) \
+    {.name = key, .type = OT_INT, FLD(T, f), .applies = app, .required = req, .idef = def, .ilo = lo, .ihi = hi, \
+     .help = h}
+#define O_F64(T, key, f, def, lo, hi, fl, app, req, h) \
+    {.name = key, .type = OT_F64, FLD(T, f), .applies = app, .required = req, .flags = fl, .fdef = def, \
+     .flo = lo, .fhi = hi, .help = h}
+#define O_BOOL(T, key, f, def, app, h) \
+    {.name = key, .type = OT_BOOL, FLD(T, f), .applies = app, .idef = def, .help = h}
+#define O_ENUM(T, key, f, def, nm, app, req, h) \
+    {.name = key, .type = OT_ENUM, FLD(T, f), .applies = app, .required = req, .idef = def, .names = nm, .help = h}
+#define O_STR(T, key, f, def, nm, app, req, h) \
+    {.name = key, .type = OT_STR, FLD(T, f), .applies = app, .required = req, .sdef = def, .names = nm, .help = h}
+#define O_PAIR(T, key, f, def, lo, hi, app, req, h) \
+    {.name = key, .type = OT_PAIR, FLD(T, f), .applies = app, .required = req, .idef = def, .ilo = lo, \
+     .ihi = hi, .help = h}
+#define O_CUSTOM(key, fn, app, req, h) \
+    {.name = key, .type = OT_CUSTOM, .applies = app, .required = req, .parse = fn, .help = h}
+#define O_SUB(key, fl, req, h) {.name = key, .type = OT_SUB, .applies = ALL, .required = req, .flags = fl, .help = h}
+#define O_END {.name = NULL}
+
+/* One table's view of a group when checking its keys. */
+typedef struct scope {
+    const opt  *tbl;
+    int         kind; /* -1: unknown, so any key of the table is accepted */
+    const char *gate; /* non-NULL: no key of this table applies here, e.g. "op = \"map\"" */
+} scope;
+
+/* ---- the engine (config_table.c); each function is described where it is defined */
+void where_of(const ctx *c, const config_setting_t *s, char *buf, size_t n, int *line_out);
+void loc_of(const ctx *c, const config_setting_t *s, loom_loc *l);
+__attribute__((format(printf, 3, 4)))
+loom_err *cerr(ctx *c, const config_setting_t *s, const char *fmt, ...);
+__attribute__((format(printf, 4, 5)))
+loom_err *rawerr(ctx *c, int code, const char *where, const char *fmt, ...);
+const char *fmt_double(double v, char *buf, size_t n);
+const char *value_str(const config_setting_t *s, char *buf, size_t n);
+int find_name(const char *const *names, const char *s);
+const char *closest(const char *const *names, const char *s);
+bool is_int(const config_setting_t *s);
+bool is_number(const config_setting_t *s);
+double get_number(const config_setting_t *s);
+void lex_text(const char *t, const char *dir, int_lits *L, int depth);
+void lex_file(const char *path, const char *dir, int_lits *L, int depth);
+void fix_wide_ints(ctx *c, config_setting_t *root, int_lits *L);
+void forget_huge(ctx *c, const config_setting_t *s);
+bool applies(const opt *o, int kind);
+void opt_default(const opt *o, void *base);
+bool get_int_in(ctx *c, const config_setting_t *s, int64_t lo, int64_t hi, int64_t *out);
+int get_enum(ctx *c, const config_setting_t *s, const char *const *names);
+int parse_kind(ctx *c, const config_setting_t *g, const opt *tbl, void *base);
+void parse_opts(ctx *c, const config_setting_t *g, const opt *tbl, int kind, void *base);
+void check_keys(ctx *c, const config_setting_t *g, const scope *sc, int n_sc);
+const config_setting_t *sub_group(ctx *c, const config_setting_t *g, const char *key);
+const config_setting_t *sub_list(ctx *c, const config_setting_t *g, const char *key);
+void opts_default(const opt *tbl, void *base);
+int string_list(ctx *c, const config_setting_t *s, int max, const char *what);
+
+/* ---- the sections, in the order loom_config_load validates them ----------- */
+
+/* config_data.c */
+void parse_data(ctx *c, const config_setting_t *root, loom_spec *spec);
+
+/* config_source.c */
+extern const opt source_opts[];
+int plugin_source_type(ctx *c, const config_setting_t *t, loom_source_spec *src);
+
+/* config_model.c */
+void parse_model(ctx *c, const config_setting_t *root, loom_model_spec *m);
+
+/* config_optimizer.c */
+void parse_optimizer(ctx *c, const config_setting_t *root, loom_optimizer_spec *o);
+
+/* config_strategy.c */
+void check_replicas_batch(ctx *c, const config_setting_t *root, const loom_spec *spec);
+void parse_strategy(ctx *c, const config_setting_t *root, loom_strategy_spec *st);
+
+/* config_cluster.c */
+void parse_cluster(ctx *c, const config_setting_t *root, loom_cluster_spec *cl);
+
+/* config_run.c */
+void parse_run(ctx *c, const config_setting_t *root, loom_spec *spec);
+
+/* config_hooks.c */
+void resolve_lua_ref(ctx *c, const config_setting_t *s, char *out, size_t n);
+void parse_hooks(ctx *c, const config_setting_t *root, loom_hooks_spec *h);
+
+/* config_plugins.c */
+void plugin_opts_group(ctx *c, const config_setting_t *s, loom_plugin_opts *o);
+void parse_plugins(ctx *c, const config_setting_t *root, loom_plugins_spec *p);
+
+/* config_override.c */
+void apply_override(ctx *c, config_t *cfg, const char *text, char *key);
 
 #endif

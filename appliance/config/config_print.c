@@ -276,6 +276,188 @@ static void print_source(FILE *f, const loom_source_spec *src)
     }
 }
 
+static void print_dataset(FILE *f, const char *name, const loom_dataset_spec *ds);
+
+/* A map's fn and settings (an op = "map" transform t). */
+static void print_map(FILE *f, const loom_transform_spec *t)
+{
+    const loom_map_spec *m = &t->map;
+    if (!m->provider[0]) kv_str(f, 4, "fn", loom_map_kind_name(m->kind)); /* a plugin map has no fn */
+    if (m->kind != LOOM_MAP_LUA) kv_str(f, 4, "feature", m->feature);
+    switch (m->kind) {
+    case LOOM_MAP_CAST: kv_str(f, 4, "dtype", loom_cfg_name_(loom_cfg_dtype_names_, (int)m->dtype)); break;
+    case LOOM_MAP_SCALE:
+        kv_f64(f, 4, "scale", m->scale);
+        kv_f64(f, 4, "offset", m->offset);
+        break;
+    case LOOM_MAP_NORMALIZE:
+        if (m->adapt) {
+            kv_bool(f, 4, "adapt", true);
+        } else if (m->n_norm) {
+            for (int k = 0; k < 2; k++) {
+                ind(f, 4);
+                fputs(k ? "std = [" : "mean = [", f);
+                for (int j = 0; j < m->n_norm; j++) {
+                    if (j) fputs(", ", f);
+                    put_f64(f, (double)(k ? m->std_v[j] : m->mean_v[j]));
+                }
+                fputs("];\n", f);
+            }
+        } else {
+            kv_f64(f, 4, "mean", m->mean);
+            kv_f64(f, 4, "std", m->std);
+        }
+        break;
+    case LOOM_MAP_ONE_HOT: kv_i64(f, 4, "depth", m->depth); break;
+    case LOOM_MAP_RESHAPE:
+        ind(f, 4);
+        fputs("shape = ", f);
+        put_i64_array(f, m->shape, m->rank);
+        fputs(";\n", f);
+        break;
+    case LOOM_MAP_FLIP_LR: break;
+    case LOOM_MAP_PAD:
+        kv_i64(f, 4, "padding", m->padding);
+        kv_f64(f, 4, "value", m->value);
+        break;
+    case LOOM_MAP_RANDOM_CROP:
+        ind(f, 4);
+        fprintf(f, "size = [%d, %d];\n", m->size[0], m->size[1]);
+        break;
+    case LOOM_MAP_STANDARDIZE: break;
+    case LOOM_MAP_SLEEP: kv_f64(f, 4, "ms", m->ms); break;
+    case LOOM_MAP_LUA: print_custom_fn(f, m); break;
+    case LOOM_MAP_DECODE_IMAGE:
+        kv_i64(f, 4, "channels", m->channels);
+        kv_str(f, 4, "dtype", loom_cfg_name_(loom_cfg_dtype_names_, (int)m->dtype));
+        ind(f, 4);
+        if (m->max_size[0]) fprintf(f, "max_size = [%d, %d];\n", m->max_size[0], m->max_size[1]);
+        else fprintf(f, "size = [%d, %d];\n", m->size[0], m->size[1]);
+        break;
+    case LOOM_MAP_RESIZE:
+        ind(f, 4);
+        fprintf(f, "size = [%d, %d];\n", m->size[0], m->size[1]);
+        break;
+    case LOOM_MAP_CENTRAL_CROP: kv_f64(f, 4, "fraction", m->fraction); break;
+    case LOOM_MAP_RANDOM_BRIGHTNESS: kv_f64(f, 4, "max_delta", m->max_delta); break;
+    case LOOM_MAP_RANDOM_CONTRAST:
+        kv_f64(f, 4, "lower", m->lower);
+        kv_f64(f, 4, "upper", m->upper);
+        break;
+    }
+    if (t->parallel == LOOM_PARALLEL_AUTO) kv_str(f, 4, "parallel", "auto");
+    else kv_i64(f, 4, "parallel", t->parallel > 0 ? t->parallel : 1);
+    kv_bool(f, 4, "deterministic", t->deterministic);
+}
+
+/* A filter's predicate: a custom function, a range or a list of values. */
+static void print_filter(FILE *f, const loom_transform_spec *t)
+{
+    if (t->filter == LOOM_FILTER_LUA) {
+        print_custom_fn(f, &t->map);
+        return;
+    }
+    kv_str(f, 4, "feature", t->feature);
+    if (t->filter == LOOM_FILTER_RANGE) {
+        if (isfinite(t->min)) kv_f64(f, 4, "min", t->min);
+        if (isfinite(t->max)) kv_f64(f, 4, "max", t->max);
+    } else {
+        ind(f, 4);
+        fputs(t->filter == LOOM_FILTER_IN ? "in = [" : "not_in = [", f);
+        for (int j = 0; j < t->n_values; j++) {
+            if (j) fputs(", ", f);
+            put_f64(f, t->values[j]);
+        }
+        fputs("];\n", f);
+    }
+}
+
+static void print_padded_batch(FILE *f, const loom_transform_spec *t)
+{
+    kv_i64(f, 4, "size", t->batch_size);
+    kv_bool(f, 4, "drop_remainder", t->drop_remainder);
+    ind(f, 4);
+    fputs("padded_shapes: {", f);
+    for (int j = 0; j < t->padded.n_shapes; j++) {
+        fprintf(f, " %s = ", t->padded.shape_name[j]);
+        put_i64_array(f, t->padded.shape[j], t->padded.rank[j]);
+        fputc(';', f);
+    }
+    fputs(" };\n", f);
+    ind(f, 4);
+    fputs("padding_values: {", f);
+    for (int j = 0; j < t->padded.n_values; j++) {
+        fprintf(f, " %s = ", t->padded.value_name[j]);
+        put_f64(f, t->padded.value[j]);
+        fputc(';', f);
+    }
+    fputs(" };\n", f);
+}
+
+/* One transform's settings after its op. */
+static void print_transform(FILE *f, const loom_transform_spec *t)
+{
+    switch (t->kind) {
+    case LOOM_T_MAP: print_map(f, t); break;
+    case LOOM_T_SHUFFLE:
+        kv_i64(f, 4, "buffer", t->buffer);
+        if (t->seed_set) kv_i64(f, 4, "seed", (int64_t)t->seed);
+        kv_bool(f, 4, "reshuffle", t->reshuffle);
+        break;
+    case LOOM_T_BATCH:
+        kv_i64(f, 4, "size", t->batch_size);
+        kv_bool(f, 4, "drop_remainder", t->drop_remainder);
+        break;
+    case LOOM_T_REPEAT:
+    case LOOM_T_TAKE:
+    case LOOM_T_SKIP: kv_i64(f, 4, "count", t->count); break;
+    case LOOM_T_PREFETCH: kv_i64(f, 4, "buffer", t->buffer); break;
+    case LOOM_T_FILTER: print_filter(f, t); break;
+    case LOOM_T_CONCAT:
+    case LOOM_T_SELECT:
+        ind(f, 4);
+        fputs("features = [", f);
+        for (int j = 0; j < t->features.n; j++) {
+            if (j) fputs(", ", f);
+            put_str(f, t->features.name[j]);
+        }
+        fputs("];\n", f);
+        if (t->kind == LOOM_T_CONCAT) kv_str(f, 4, "output", t->features.output);
+        break;
+    case LOOM_T_SPLIT:
+        kv_f64(f, 4, "fraction", t->fraction);
+        kv_str(f, 4, "part", t->part == LOOM_SPLIT_EVAL ? "eval" : "train");
+        if (t->seed_set) kv_i64(f, 4, "seed", (int64_t)t->seed);
+        break;
+    case LOOM_T_SHARD:
+        kv_i64(f, 4, "num_shards", t->num_shards);
+        kv_i64(f, 4, "index", t->index);
+        break;
+    case LOOM_T_ENUMERATE:
+        kv_str(f, 4, "feature", t->feature);
+        kv_i64(f, 4, "start", t->start);
+        break;
+    case LOOM_T_UNBATCH: break;
+    case LOOM_T_PADDED_BATCH: print_padded_batch(f, t); break;
+    case LOOM_T_CACHE:
+        if (t->cache_file[0]) kv_str(f, 4, "file", t->cache_file);
+        break;
+    case LOOM_T_INTERLEAVE:
+        kv_i64(f, 4, "cycle_length", t->cycle_length);
+        kv_i64(f, 4, "block_length", t->block_length);
+        if (t->parallel == LOOM_PARALLEL_AUTO) kv_str(f, 4, "parallel", "auto");
+        else kv_i64(f, 4, "parallel", t->parallel > 0 ? t->parallel : 1);
+        kv_bool(f, 4, "deterministic", t->deterministic);
+        fputs("        source: {\n", f);
+        if (t->source) print_source(f, t->source);
+        fputs("        };\n", f);
+        break;
+    case LOOM_T_ZIP:
+        if (t->dataset) print_dataset(f, "dataset", t->dataset); /* nested: indentation is cosmetic */
+        break;
+    }
+}
+
 static void print_dataset(FILE *f, const char *name, const loom_dataset_spec *ds)
 {
     fprintf(f, "  %s: {\n    source: {\n", name);
@@ -283,172 +465,9 @@ static void print_dataset(FILE *f, const char *name, const loom_dataset_spec *ds
     fputs("    };\n    transforms = (", f);
     for (int i = 0; i < ds->n_transforms; i++) {
         const loom_transform_spec *t = &ds->transform[i];
-        const loom_map_spec *m = &t->map;
         fprintf(f, "%s\n      {\n", i ? "," : "");
         kv_str(f, 4, "op", loom_transform_kind_name(t->kind));
-        switch (t->kind) {
-        case LOOM_T_MAP:
-            if (!m->provider[0]) kv_str(f, 4, "fn", loom_map_kind_name(m->kind)); /* a plugin map has no fn */
-            if (m->kind != LOOM_MAP_LUA) kv_str(f, 4, "feature", m->feature);
-            switch (m->kind) {
-            case LOOM_MAP_CAST: kv_str(f, 4, "dtype", loom_cfg_name_(loom_cfg_dtype_names_, (int)m->dtype)); break;
-            case LOOM_MAP_SCALE:
-                kv_f64(f, 4, "scale", m->scale);
-                kv_f64(f, 4, "offset", m->offset);
-                break;
-            case LOOM_MAP_NORMALIZE:
-                if (m->adapt) {
-                    kv_bool(f, 4, "adapt", true);
-                } else if (m->n_norm) {
-                    for (int k = 0; k < 2; k++) {
-                        ind(f, 4);
-                        fputs(k ? "std = [" : "mean = [", f);
-                        for (int j = 0; j < m->n_norm; j++) {
-                            if (j) fputs(", ", f);
-                            put_f64(f, (double)(k ? m->std_v[j] : m->mean_v[j]));
-                        }
-                        fputs("];\n", f);
-                    }
-                } else {
-                    kv_f64(f, 4, "mean", m->mean);
-                    kv_f64(f, 4, "std", m->std);
-                }
-                break;
-            case LOOM_MAP_ONE_HOT: kv_i64(f, 4, "depth", m->depth); break;
-            case LOOM_MAP_RESHAPE:
-                ind(f, 4);
-                fputs("shape = ", f);
-                put_i64_array(f, m->shape, m->rank);
-                fputs(";\n", f);
-                break;
-            case LOOM_MAP_FLIP_LR: break;
-            case LOOM_MAP_PAD:
-                kv_i64(f, 4, "padding", m->padding);
-                kv_f64(f, 4, "value", m->value);
-                break;
-            case LOOM_MAP_RANDOM_CROP:
-                ind(f, 4);
-                fprintf(f, "size = [%d, %d];\n", m->size[0], m->size[1]);
-                break;
-            case LOOM_MAP_STANDARDIZE: break;
-            case LOOM_MAP_SLEEP: kv_f64(f, 4, "ms", m->ms); break;
-            case LOOM_MAP_LUA: print_custom_fn(f, m); break;
-            case LOOM_MAP_DECODE_IMAGE:
-                kv_i64(f, 4, "channels", m->channels);
-                kv_str(f, 4, "dtype", loom_cfg_name_(loom_cfg_dtype_names_, (int)m->dtype));
-                ind(f, 4);
-                if (m->max_size[0]) fprintf(f, "max_size = [%d, %d];\n", m->max_size[0], m->max_size[1]);
-                else fprintf(f, "size = [%d, %d];\n", m->size[0], m->size[1]);
-                break;
-            case LOOM_MAP_RESIZE:
-                ind(f, 4);
-                fprintf(f, "size = [%d, %d];\n", m->size[0], m->size[1]);
-                break;
-            case LOOM_MAP_CENTRAL_CROP: kv_f64(f, 4, "fraction", m->fraction); break;
-            case LOOM_MAP_RANDOM_BRIGHTNESS: kv_f64(f, 4, "max_delta", m->max_delta); break;
-            case LOOM_MAP_RANDOM_CONTRAST:
-                kv_f64(f, 4, "lower", m->lower);
-                kv_f64(f, 4, "upper", m->upper);
-                break;
-            }
-            if (t->parallel == LOOM_PARALLEL_AUTO) kv_str(f, 4, "parallel", "auto");
-            else kv_i64(f, 4, "parallel", t->parallel > 0 ? t->parallel : 1);
-            kv_bool(f, 4, "deterministic", t->deterministic);
-            break;
-        case LOOM_T_SHUFFLE:
-            kv_i64(f, 4, "buffer", t->buffer);
-            if (t->seed_set) kv_i64(f, 4, "seed", (int64_t)t->seed);
-            kv_bool(f, 4, "reshuffle", t->reshuffle);
-            break;
-        case LOOM_T_BATCH:
-            kv_i64(f, 4, "size", t->batch_size);
-            kv_bool(f, 4, "drop_remainder", t->drop_remainder);
-            break;
-        case LOOM_T_REPEAT:
-        case LOOM_T_TAKE:
-        case LOOM_T_SKIP: kv_i64(f, 4, "count", t->count); break;
-        case LOOM_T_PREFETCH: kv_i64(f, 4, "buffer", t->buffer); break;
-        case LOOM_T_FILTER:
-            if (t->filter == LOOM_FILTER_LUA) {
-                print_custom_fn(f, m);
-                break;
-            }
-            kv_str(f, 4, "feature", t->feature);
-            if (t->filter == LOOM_FILTER_RANGE) {
-                if (isfinite(t->min)) kv_f64(f, 4, "min", t->min);
-                if (isfinite(t->max)) kv_f64(f, 4, "max", t->max);
-            } else {
-                ind(f, 4);
-                fputs(t->filter == LOOM_FILTER_IN ? "in = [" : "not_in = [", f);
-                for (int j = 0; j < t->n_values; j++) {
-                    if (j) fputs(", ", f);
-                    put_f64(f, t->values[j]);
-                }
-                fputs("];\n", f);
-            }
-            break;
-        case LOOM_T_CONCAT:
-        case LOOM_T_SELECT:
-            ind(f, 4);
-            fputs("features = [", f);
-            for (int j = 0; j < t->n_names; j++) {
-                if (j) fputs(", ", f);
-                put_str(f, t->names[j]);
-            }
-            fputs("];\n", f);
-            if (t->kind == LOOM_T_CONCAT) kv_str(f, 4, "output", t->output);
-            break;
-        case LOOM_T_SPLIT:
-            kv_f64(f, 4, "fraction", t->fraction);
-            kv_str(f, 4, "part", t->part == LOOM_SPLIT_EVAL ? "eval" : "train");
-            if (t->seed_set) kv_i64(f, 4, "seed", (int64_t)t->seed);
-            break;
-        case LOOM_T_SHARD:
-            kv_i64(f, 4, "num_shards", t->num_shards);
-            kv_i64(f, 4, "index", t->index);
-            break;
-        case LOOM_T_ENUMERATE:
-            kv_str(f, 4, "feature", t->feature);
-            kv_i64(f, 4, "start", t->start);
-            break;
-        case LOOM_T_UNBATCH: break;
-        case LOOM_T_PADDED_BATCH:
-            kv_i64(f, 4, "size", t->batch_size);
-            kv_bool(f, 4, "drop_remainder", t->drop_remainder);
-            ind(f, 4);
-            fputs("padded_shapes: {", f);
-            for (int j = 0; j < t->n_padded; j++) {
-                fprintf(f, " %s = ", t->padded_name[j]);
-                put_i64_array(f, t->padded_shape[j], t->padded_rank[j]);
-                fputc(';', f);
-            }
-            fputs(" };\n", f);
-            ind(f, 4);
-            fputs("padding_values: {", f);
-            for (int j = 0; j < t->n_padding; j++) {
-                fprintf(f, " %s = ", t->padding_name[j]);
-                put_f64(f, t->padding_value[j]);
-                fputc(';', f);
-            }
-            fputs(" };\n", f);
-            break;
-        case LOOM_T_CACHE:
-            if (t->cache_file[0]) kv_str(f, 4, "file", t->cache_file);
-            break;
-        case LOOM_T_INTERLEAVE:
-            kv_i64(f, 4, "cycle_length", t->cycle_length);
-            kv_i64(f, 4, "block_length", t->block_length);
-            if (t->parallel == LOOM_PARALLEL_AUTO) kv_str(f, 4, "parallel", "auto");
-            else kv_i64(f, 4, "parallel", t->parallel > 0 ? t->parallel : 1);
-            kv_bool(f, 4, "deterministic", t->deterministic);
-            fputs("        source: {\n", f);
-            if (t->source) print_source(f, t->source);
-            fputs("        };\n", f);
-            break;
-        case LOOM_T_ZIP:
-            if (t->dataset) print_dataset(f, "dataset", t->dataset); /* nested: indentation is cosmetic */
-            break;
-        }
+        print_transform(f, t);
         fputs("      }", f);
     }
     fputs(ds->n_transforms ? "\n    );\n" : ");\n", f);
@@ -657,15 +676,9 @@ static void print_cluster(FILE *f, const loom_cluster_spec *c)
     fputs("};\n", f);
 }
 
-void loom_config_print(const loom_spec *s, FILE *f)
+static void print_model(FILE *f, const loom_model_spec *m)
 {
-    fprintf(f, "# %s, resolved by loom %s: every default filled in\n", s->path, LOOM_VERSION);
-    fputs("version = 1;\n\ndata: {\n", f);
-    print_options(f, &s->train.options);
-    print_dataset(f, "train", &s->train);
-    if (s->eval.present) print_dataset(f, "eval", &s->eval);
-    fputs("};\n\nmodel: {\n", f);
-    const loom_model_spec *m = &s->model;
+    fputs("model: {\n", f);
     kv_str(f, 1, "input", m->input);
     kv_str(f, 1, "label", m->label);
     kv_str(f, 1, "loss", loom_cfg_name_(loom_loss_names_, (int)m->loss));
@@ -697,8 +710,12 @@ void loom_config_print(const loom_spec *s, FILE *f)
         print_layer(f, &m->layer[i]);
         fputs("    }", f);
     }
-    fputs("\n  );\n};\n\noptimizer: {\n", f);
-    const loom_optimizer_spec *o = &s->optimizer;
+    fputs("\n  );\n};\n\n", f);
+}
+
+static void print_optimizer(FILE *f, const loom_optimizer_spec *o)
+{
+    fputs("optimizer: {\n", f);
     kv_str(f, 1, "type", loom_cfg_name_(loom_opt_names_, (int)o->kind));
     kv_f64(f, 1, "learning_rate", o->learning_rate);
     if (o->kind == LOOM_OPT_MOMENTUM) {
@@ -740,16 +757,25 @@ void loom_config_print(const loom_spec *s, FILE *f)
         kv_f64(f, 2, "alpha", sch->alpha);
         break;
     }
-    fputs("  };\n};\n\nstrategy: {\n", f);
-    kv_str(f, 1, "type", s->strategy.name);
-    if (s->strategy.kind == LOOM_STRAT_ONE_DEVICE) kv_str(f, 1, "device", s->strategy.device);
-    if (s->strategy.kind == LOOM_STRAT_PLUGIN) print_plugin_strategy(f, &s->strategy);
-    if (s->strategy.kind == LOOM_STRAT_MIRRORED || s->strategy.kind == LOOM_STRAT_CENTRAL_STORAGE ||
-        s->strategy.kind == LOOM_STRAT_MULTI_WORKER_MIRRORED)
-        print_replicated_strategy(f, &s->strategy);
-    if (s->strategy.device_backend[0]) kv_str(f, 1, "device_backend", s->strategy.device_backend);
-    fputs("};\n\nrun: {\n", f);
-    const loom_run_spec *r = &s->run;
+    fputs("  };\n};\n\n", f);
+}
+
+static void print_strategy(FILE *f, const loom_strategy_spec *st)
+{
+    fputs("strategy: {\n", f);
+    kv_str(f, 1, "type", st->name);
+    if (st->kind == LOOM_STRAT_ONE_DEVICE) kv_str(f, 1, "device", st->device);
+    if (st->kind == LOOM_STRAT_PLUGIN) print_plugin_strategy(f, st);
+    if (st->kind == LOOM_STRAT_MIRRORED || st->kind == LOOM_STRAT_CENTRAL_STORAGE ||
+        st->kind == LOOM_STRAT_MULTI_WORKER_MIRRORED)
+        print_replicated_strategy(f, st);
+    if (st->device_backend[0]) kv_str(f, 1, "device_backend", st->device_backend);
+    fputs("};\n\n", f);
+}
+
+static void print_run(FILE *f, const loom_run_spec *r)
+{
+    fputs("run: {\n", f);
     kv_str(f, 1, "model_dir", r->model_dir);
     kv_i64(f, 1, "epochs", r->epochs);
     kv_i64(f, 1, "max_steps", r->max_steps);
@@ -768,6 +794,20 @@ void loom_config_print(const loom_spec *s, FILE *f)
     kv_i64(f, 1, "status_port", r->status_port);
     kv_str(f, 1, "status_bind", r->status_bind);
     fputs("};\n", f);
+}
+
+void loom_config_print(const loom_spec *s, FILE *f)
+{
+    fprintf(f, "# %s, resolved by loom %s: every default filled in\n", s->path, LOOM_VERSION);
+    fputs("version = 1;\n\ndata: {\n", f);
+    print_options(f, &s->train.options);
+    print_dataset(f, "train", &s->train);
+    if (s->eval.present) print_dataset(f, "eval", &s->eval);
+    fputs("};\n\n", f);
+    print_model(f, &s->model);
+    print_optimizer(f, &s->optimizer);
+    print_strategy(f, &s->strategy);
+    print_run(f, &s->run);
     print_plugins(f, &s->plugins);
     if (s->hooks.present) print_hooks(f, &s->hooks);
     if (s->cluster.present) print_cluster(f, &s->cluster);

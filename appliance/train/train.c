@@ -1768,9 +1768,9 @@ int loom_predict_run(const loom_spec *spec, const loom_predict_opts *po, loom_er
                     continue;
                 if (!keep_label && t.kind == LOOM_T_SELECT) {
                     int k = 0;
-                    for (int j = 0; j < t.n_names; j++)
-                        if (strcmp(t.names[j], spec->model.label)) memcpy(t.names[k++], t.names[j], LOOM_NAME_MAX);
-                    t.n_names = k;
+                    for (int j = 0; j < t.features.n; j++)
+                        if (strcmp(t.features.name[j], spec->model.label)) memcpy(t.features.name[k++], t.features.name[j], LOOM_NAME_MAX);
+                    t.features.n = k;
                 }
                 ds->transform[ds->n_transforms++] = t;
             }

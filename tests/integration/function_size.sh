@@ -7,7 +7,7 @@
 # are split or explained. The checker also runs on a copy of the tree with a
 # long function put in, and must fail there naming the file and line.
 source "$(dirname "$0")/lib.sh"
-MODULES="train"
+MODULES="train config"
 
 too_long() { # too_long DIR...: prints file:line: NAME is N lines, once per function; exits 1 if any
     python3 - "$@" <<'PY'

@@ -503,7 +503,32 @@ static void test_data_options(void)
     loom_config_free(s);
 }
 
+/* A config whose pipelines run alone but give the model no batches loads,
+ * and loom_config_check_training names each dataset at its file:line; a
+ * config that batches passes it (issue 12: found at load, not when the run
+ * opens its pipelines). */
+static void test_check_training(void)
+{
+    loom_spec *s = load_ok(cfg_path("train_no_batch.cfg"), NULL, 0);
+    if (!s) return;
+    loom_errlist errs = {0};
+    CHECK(loom_config_check_training(s, &errs) == LOOM_ECONFIG);
+    char text[8192];
+    errs_text(&errs, text, sizeof text);
+    CHECK(errs.n == 2);
+    CHECK_CONTAINS(text, "train_no_batch.cfg:6: data.train.transforms: no batch transform");
+    CHECK_CONTAINS(text, "add { op = \"batch\"; size = 128; } to data.train.transforms");
+    CHECK_CONTAINS(text, "train_no_batch.cfg:10: data.eval.transforms: no batch transform");
+    loom_config_free(s);
+    const char *ov[] = {"data.train.transforms=({op=\"batch\"; size=32;})", "data.eval.transforms=({op=\"batch\"; size=32;})"};
+    s = load_ok(cfg_path("train_no_batch.cfg"), ov, 2);
+    errs.n = 0;
+    if (s) CHECK(loom_config_check_training(s, &errs) == LOOM_OK && errs.n == 0);
+    loom_config_free(s);
+}
+
 static const loom_test tests[] = {
+    {"check_training", test_check_training},
     {"good_full", test_good_full},
     {"data_options", test_data_options},
     {"defaults", test_defaults},

@@ -228,13 +228,13 @@ static void test_batching(void)
     d = ids_spec();
     loom_transform_spec *t = add(d, LOOM_T_PADDED_BATCH);
     t->batch_size = 4;
-    t->n_padded = 1;
-    snprintf(t->padded_name[0], LOOM_NAME_MAX, "pair");
-    t->padded_rank[0] = 1;
-    t->padded_shape[0][0] = 3;
-    t->n_padding = 1;
-    snprintf(t->padding_name[0], LOOM_NAME_MAX, "pair");
-    t->padding_value[0] = -1;
+    t->padded.n_shapes = 1;
+    snprintf(t->padded.shape_name[0], LOOM_NAME_MAX, "pair");
+    t->padded.rank[0] = 1;
+    t->padded.shape[0][0] = 3;
+    t->padded.n_values = 1;
+    snprintf(t->padded.value_name[0], LOOM_NAME_MAX, "pair");
+    t->padded.value[0] = -1;
     run("padded_batch_4", d, ID_PAIR, 1);
     free(d);
 

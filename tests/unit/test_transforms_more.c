@@ -370,14 +370,14 @@ static void test_concat_select(void)
         loom_dataset_spec *s = spec_new();
         if (batched) add_batch(s, LOOM_T_BATCH, 3, false);
         loom_transform_spec *t = spec_add(s, LOOM_T_CONCAT);
-        t->n_names = 2;
-        snprintf(t->names[0], LOOM_NAME_MAX, "label");
-        snprintf(t->names[1], LOOM_NAME_MAX, "image");
-        snprintf(t->output, LOOM_NAME_MAX, "all");
+        t->features.n = 2;
+        snprintf(t->features.name[0], LOOM_NAME_MAX, "label");
+        snprintf(t->features.name[1], LOOM_NAME_MAX, "image");
+        snprintf(t->features.output, LOOM_NAME_MAX, "all");
         t = spec_add(s, LOOM_T_SELECT);
-        t->n_names = 2;
-        snprintf(t->names[0], LOOM_NAME_MAX, "all");
-        snprintf(t->names[1], LOOM_NAME_MAX, "label");
+        t->features.n = 2;
+        snprintf(t->features.name[0], LOOM_NAME_MAX, "all");
+        snprintf(t->features.name[1], LOOM_NAME_MAX, "label");
         loom_iter *it = open_ok(s);
         if (it) {
             const loom_elem_spec *sp = loom_iter_spec(it);
@@ -397,8 +397,8 @@ static void test_concat_select(void)
     }
     loom_dataset_spec *s = spec_new();
     loom_transform_spec *t = spec_add(s, LOOM_T_SELECT);
-    t->n_names = 1;
-    snprintf(t->names[0], LOOM_NAME_MAX, "lable");
+    t->features.n = 1;
+    snprintf(t->features.name[0], LOOM_NAME_MAX, "lable");
     open_fail(s, msg, sizeof msg);
     CHECK_CONTAINS(msg, "select: no feature \"lable\" (the element has image: uint8 (4, 3); label: uint8 ())");
     free(s);
@@ -492,14 +492,14 @@ static void test_padded_batch(void)
     loom_dataset_spec *s = spec_new();
     add_batch(s, LOOM_T_PADDED_BATCH, 4, false);
     loom_transform_spec *t = &s->transform[0];
-    t->n_padded = 1;
-    snprintf(t->padded_name[0], LOOM_NAME_MAX, "image");
-    t->padded_rank[0] = 2;
-    t->padded_shape[0][0] = 5;
-    t->padded_shape[0][1] = -1;
-    t->n_padding = 1;
-    snprintf(t->padding_name[0], LOOM_NAME_MAX, "image");
-    t->padding_value[0] = 200;
+    t->padded.n_shapes = 1;
+    snprintf(t->padded.shape_name[0], LOOM_NAME_MAX, "image");
+    t->padded.rank[0] = 2;
+    t->padded.shape[0][0] = 5;
+    t->padded.shape[0][1] = -1;
+    t->padded.n_values = 1;
+    snprintf(t->padded.value_name[0], LOOM_NAME_MAX, "image");
+    t->padded.value[0] = 200;
     loom_iter *it = open_ok(s);
     if (it) {
         const loom_elem_spec *sp = loom_iter_spec(it);
@@ -527,7 +527,7 @@ static void test_padded_batch(void)
         loom_iter_close(it);
     }
     /* a padded shape smaller than a known dim: refused at open */
-    t->padded_shape[0][0] = 3;
+    t->padded.shape[0][0] = 3;
     open_fail(s, msg, sizeof msg);
     CHECK_CONTAINS(msg, "test.cfg:20: data.train.transforms.[0]: padded_batch: feature \"image\" has shape (4, 3), larger than "
                         "padded_shapes.image = (3, -1)");
@@ -538,9 +538,9 @@ static void test_padded_batch(void)
     add_batch(s, LOOM_T_BATCH, 3, false);
     add_batch(s, LOOM_T_PADDED_BATCH, 2, false);
     t = &s->transform[1];
-    t->n_padding = 1;
-    snprintf(t->padding_name[0], LOOM_NAME_MAX, "label");
-    t->padding_value[0] = 99;
+    t->padded.n_values = 1;
+    snprintf(t->padded.value_name[0], LOOM_NAME_MAX, "label");
+    t->padded.value[0] = 99;
     if ((it = open_ok(s))) {
         int64_t got[64];
         int64_t want[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 99, 99};
@@ -549,10 +549,10 @@ static void test_padded_batch(void)
         loom_iter_close(it);
     }
     /* an element larger than its fixed padded shape: an error naming the element */
-    t->n_padded = 1;
-    snprintf(t->padded_name[0], LOOM_NAME_MAX, "label");
-    t->padded_rank[0] = 1;
-    t->padded_shape[0][0] = 2;
+    t->padded.n_shapes = 1;
+    snprintf(t->padded.shape_name[0], LOOM_NAME_MAX, "label");
+    t->padded.rank[0] = 1;
+    t->padded.shape[0][0] = 2;
     if ((it = open_ok(s))) {
         int64_t got[64];
         CHECK(collect(it, "label", got, 64, msg, sizeof msg) < 0);
@@ -561,8 +561,8 @@ static void test_padded_batch(void)
         loom_iter_close(it);
     }
     /* a padding value the dtype cannot hold */
-    t->n_padded = 0;
-    t->padding_value[0] = 300;
+    t->padded.n_shapes = 0;
+    t->padded.value[0] = 300;
     open_fail(s, msg, sizeof msg);
     CHECK_CONTAINS(msg, "padded_batch: padding_values.label = 300 does not fit the feature's dtype uint8");
     free(s);
@@ -870,14 +870,14 @@ static void test_config(void)
     CHECK(t[3].kind == LOOM_T_ENUMERATE && !strcmp(t[3].feature, "index") && t[3].start == 3);
     CHECK(t[4].kind == LOOM_T_MAP && !strcmp(t[4].map.feature, "image")); /* map's own `feature` still works */
     CHECK(t[5].kind == LOOM_T_CACHE && !t[5].cache_file[0] && !strcmp(t[6].cache_file, "runs/cache/train"));
-    CHECK(t[7].kind == LOOM_T_PADDED_BATCH && t[7].batch_size == 2 && t[7].n_padded == 1 && t[7].padded_rank[0] == 2 &&
-          t[7].padded_shape[0][0] == 5 && t[7].padded_shape[0][1] == -1 && t[7].n_padding == 1 && t[7].padding_value[0] == 9.0);
+    CHECK(t[7].kind == LOOM_T_PADDED_BATCH && t[7].batch_size == 2 && t[7].padded.n_shapes == 1 && t[7].padded.rank[0] == 2 &&
+          t[7].padded.shape[0][0] == 5 && t[7].padded.shape[0][1] == -1 && t[7].padded.n_values == 1 && t[7].padded.value[0] == 9.0);
     CHECK(t[8].kind == LOOM_T_UNBATCH);
     CHECK(t[9].kind == LOOM_T_SPLIT && t[9].fraction == 0.75 && t[9].part == LOOM_SPLIT_EVAL && t[9].seed == 5 &&
           t[9].seed_set);
-    CHECK(t[10].kind == LOOM_T_CONCAT && t[10].n_names == 2 && !strcmp(t[10].names[1], "image") &&
-          !strcmp(t[10].output, "all"));
-    CHECK(t[11].kind == LOOM_T_SELECT && t[11].n_names == 2 && !strcmp(t[11].names[0], "all"));
+    CHECK(t[10].kind == LOOM_T_CONCAT && t[10].features.n == 2 && !strcmp(t[10].features.name[1], "image") &&
+          !strcmp(t[10].features.output, "all"));
+    CHECK(t[11].kind == LOOM_T_SELECT && t[11].features.n == 2 && !strcmp(t[11].features.name[0], "all"));
     CHECK(t[12].map.kind == LOOM_MAP_NORMALIZE && t[12].map.n_norm == 3 && t[12].map.mean_v[2] == 3.0f &&
           t[12].map.std_v[0] == 2.0f && t[12].map.std_v[2] == 2.0f && !t[12].map.adapt);
     /* print, reload: the same transforms */
@@ -892,17 +892,24 @@ static void test_config(void)
     if (!rc) {
         for (int i = 0; i < 13; i++) {
             const loom_transform_spec *a = &sp->train.transform[i], *b = &sp2->train.transform[i];
-            CHECK_MSG(a->fraction == b->fraction && a->part == b->part && a->n_names == b->n_names &&
-                      !memcmp(a->names, b->names, sizeof a->names) && !strcmp(a->output, b->output) &&
-                      a->map.n_norm == b->map.n_norm && !memcmp(a->map.mean_v, b->map.mean_v, sizeof a->map.mean_v) &&
-                      !memcmp(a->map.std_v, b->map.std_v, sizeof a->map.std_v),
+            /* map, features and padded share their bytes: each is compared for its kinds */
+            bool feats = a->kind == LOOM_T_CONCAT || a->kind == LOOM_T_SELECT, map = a->kind == LOOM_T_MAP;
+            bool padded = a->kind == LOOM_T_PADDED_BATCH;
+            CHECK_MSG(a->fraction == b->fraction && a->part == b->part &&
+                      (!feats || (a->features.n == b->features.n &&
+                                  !memcmp(a->features.name, b->features.name, sizeof a->features.name) &&
+                                  !strcmp(a->features.output, b->features.output))) &&
+                      (!map || (a->map.n_norm == b->map.n_norm && !memcmp(a->map.mean_v, b->map.mean_v, sizeof a->map.mean_v) &&
+                                !memcmp(a->map.std_v, b->map.std_v, sizeof a->map.std_v))),
                       "transform %d's new settings differ after print and reload", i);
             CHECK_MSG(a->kind == b->kind && a->filter == b->filter && a->n_values == b->n_values &&
                       !memcmp(a->values, b->values, sizeof a->values) && a->min == b->min && a->max == b->max &&
                       a->num_shards == b->num_shards && a->index == b->index && a->start == b->start &&
-                      !strcmp(a->feature, b->feature) && !strcmp(a->cache_file, b->cache_file) && a->n_padded == b->n_padded &&
-                      !memcmp(a->padded_shape, b->padded_shape, sizeof a->padded_shape) && a->n_padding == b->n_padding &&
-                      !memcmp(a->padding_value, b->padding_value, sizeof a->padding_value),
+                      !strcmp(a->feature, b->feature) && !strcmp(a->cache_file, b->cache_file) &&
+                      (!padded || (a->padded.n_shapes == b->padded.n_shapes &&
+                                   !memcmp(a->padded.shape, b->padded.shape, sizeof a->padded.shape) &&
+                                   a->padded.n_values == b->padded.n_values &&
+                                   !memcmp(a->padded.value, b->padded.value, sizeof a->padded.value))),
                       "transform %d differs after print and reload", i);
         }
     }

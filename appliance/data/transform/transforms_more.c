@@ -317,12 +317,12 @@ static const dstage_ops sel_ops = {
 static int find_names(catst *s, const loom_transform_spec *t, const char *op, loom_err *err)
 {
     dstage *st = &s->s;
-    s->n = t->n_names;
-    for (int k = 0; k < t->n_names; k++) {
-        s->idx[k] = loom_elem_spec_find(&st->spec, t->names[k]);
+    s->n = t->features.n;
+    for (int k = 0; k < t->features.n; k++) {
+        s->idx[k] = loom_elem_spec_find(&st->spec, t->features.name[k]);
         if (s->idx[k] < 0) {
             char have[2048];
-            return dstage_err_(st, err, LOOM_ECONFIG, "%s: no feature \"%s\" (the element has %s)", op, t->names[k],
+            return dstage_err_(st, err, LOOM_ECONFIG, "%s: no feature \"%s\" (the element has %s)", op, t->features.name[k],
                                loom_elem_spec_str(&st->spec, have, sizeof have));
         }
     }
@@ -336,19 +336,19 @@ int concat_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t,
     dstage *st = &s->s;
     dstage_init_(st, &cat_ops, in, id, &t->loc);
     snprintf(st->name, sizeof st->name, "concat");
-    snprintf(st->desc, sizeof st->desc, "concat(%s", t->output);
-    for (int k = 0; k < t->n_names; k++) {
+    snprintf(st->desc, sizeof st->desc, "concat(%s", t->features.output);
+    for (int k = 0; k < t->features.n; k++) {
         size_t l = strlen(st->desc);
-        snprintf(st->desc + l, sizeof st->desc - l, ",%s", t->names[k]);
+        snprintf(st->desc + l, sizeof st->desc - l, ",%s", t->features.name[k]);
     }
     size_t l = strlen(st->desc);
     snprintf(st->desc + l, sizeof st->desc - l, ")");
     int rc = find_names(s, t, "concat", err), bd = st->batch_dims;
     char a[128];
     if (rc) goto fail;
-    if (loom_elem_spec_find(&st->spec, t->output) >= 0) {
+    if (loom_elem_spec_find(&st->spec, t->features.output) >= 0) {
         rc = dstage_err_(st, err, LOOM_ECONFIG, "concat: the element already has a feature \"%s\" (set `output` to "
-                         "another name)", t->output);
+                         "another name)", t->features.output);
         goto fail;
     }
     if (st->spec.n >= LOOM_MAX_FEATURES) {
@@ -363,7 +363,7 @@ int concat_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t,
         for (int d = bd; d < sh->rank; d++) {
             if (sh->dim[d] < 0) {
                 rc = dstage_err_(st, err, LOOM_ESHAPE, "concat: feature \"%s\" has shape %s, which varies per example "
-                                 "(pad it first)", t->names[k], loom_shape_str(sh, a, sizeof a));
+                                 "(pad it first)", t->features.name[k], loom_shape_str(sh, a, sizeof a));
                 goto fail;
             }
             s->per[k] *= sh->dim[d];
@@ -380,7 +380,7 @@ int concat_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t,
         rows *= (omx.dim[d] = mx0->dim[d]);
     }
     osh.dim[bd] = omx.dim[bd] = s->total;
-    snprintf(st->spec.name[n], LOOM_NAME_MAX, "%s", t->output);
+    snprintf(st->spec.name[n], LOOM_NAME_MAX, "%s", t->features.output);
     st->spec.dtype[n] = s->dt;
     st->spec.shape[n] = osh;
     st->maxshape[n] = omx;
@@ -406,9 +406,9 @@ int select_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t,
     dstage_init_(st, &sel_ops, in, id, &t->loc);
     snprintf(st->name, sizeof st->name, "select");
     snprintf(st->desc, sizeof st->desc, "select(");
-    for (int k = 0; k < t->n_names; k++) {
+    for (int k = 0; k < t->features.n; k++) {
         size_t l = strlen(st->desc);
-        snprintf(st->desc + l, sizeof st->desc - l, "%s%s", k ? "," : "", t->names[k]);
+        snprintf(st->desc + l, sizeof st->desc - l, "%s%s", k ? "," : "", t->features.name[k]);
     }
     size_t l = strlen(st->desc);
     snprintf(st->desc + l, sizeof st->desc - l, ")");
@@ -852,44 +852,44 @@ int padded_batch_open_(dstage **out, dstage *in, int id, const loom_transform_sp
     size_t k = (size_t)snprintf(st->desc, sizeof st->desc, "padded_batch(%lld,%d", (long long)s->size, s->drop);
     for (int f = 0; f < LOOM_MAX_FEATURES; f++)
         for (int d = 0; d < LOOM_MAX_RANK; d++) s->fixed[f][d] = -1;
-    for (int j = 0; j < t->n_padded; j++) {
-        int f = loom_elem_spec_find(&st->spec, t->padded_name[j]);
+    for (int j = 0; j < t->padded.n_shapes; j++) {
+        int f = loom_elem_spec_find(&st->spec, t->padded.shape_name[j]);
         if (f < 0) {
-            rc = no_feature(st, err, "padded_batch: padded_shapes", t->padded_name[j]);
+            rc = no_feature(st, err, "padded_batch: padded_shapes", t->padded.shape_name[j]);
             goto fail;
         }
         loom_shape want = {0};
-        want.rank = t->padded_rank[j];
-        for (int d = 0; d < want.rank; d++) want.dim[d] = t->padded_shape[j][d];
+        want.rank = t->padded.rank[j];
+        for (int d = 0; d < want.rank; d++) want.dim[d] = t->padded.shape[j][d];
         const loom_shape *sh = &st->spec.shape[f];
         if (want.rank != sh->rank) {
             rc = dstage_err_(st, err, LOOM_ESHAPE, "padded_batch: padded_shapes.%s = %s has rank %d, the feature has shape %s "
-                             "(rank %d)", t->padded_name[j], loom_shape_str(&want, a, sizeof a), want.rank,
+                             "(rank %d)", t->padded.shape_name[j], loom_shape_str(&want, a, sizeof a), want.rank,
                              loom_shape_str(sh, b, sizeof b), sh->rank);
             goto fail;
         }
         for (int d = 0; d < want.rank; d++) {
             if (want.dim[d] > 0 && sh->dim[d] > want.dim[d]) {
                 rc = dstage_err_(st, err, LOOM_ESHAPE, "padded_batch: feature \"%s\" has shape %s, larger than padded_shapes.%s = %s",
-                                 t->padded_name[j], loom_shape_str(sh, a, sizeof a), t->padded_name[j],
+                                 t->padded.shape_name[j], loom_shape_str(sh, a, sizeof a), t->padded.shape_name[j],
                                  loom_shape_str(&want, b, sizeof b));
                 goto fail;
             }
             s->fixed[f][d] = want.dim[d] > 0 ? want.dim[d] : -1;
         }
     }
-    for (int j = 0; j < t->n_padding; j++) {
-        int f = loom_elem_spec_find(&st->spec, t->padding_name[j]);
+    for (int j = 0; j < t->padded.n_values; j++) {
+        int f = loom_elem_spec_find(&st->spec, t->padded.value_name[j]);
         if (f < 0) {
-            rc = no_feature(st, err, "padded_batch: padding_values", t->padding_name[j]);
+            rc = no_feature(st, err, "padded_batch: padding_values", t->padded.value_name[j]);
             goto fail;
         }
-        if (!pad_ok(st->spec.dtype[f], t->padding_value[j])) {
+        if (!pad_ok(st->spec.dtype[f], t->padded.value[j])) {
             rc = dstage_err_(st, err, LOOM_ECONFIG, "padded_batch: padding_values.%s = %g does not fit the feature's dtype %s",
-                             t->padding_name[j], t->padding_value[j], loom_dtype_name(st->spec.dtype[f]));
+                             t->padded.value_name[j], t->padded.value[j], loom_dtype_name(st->spec.dtype[f]));
             goto fail;
         }
-        s->pad[f] = t->padding_value[j];
+        s->pad[f] = t->padded.value[j];
     }
     rc = elem_pool_init_(&s->pool, in, s->size, err);
     if (rc) goto fail;

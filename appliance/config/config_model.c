@@ -1,0 +1,189 @@
+/* config_model.c - the model section: input, label, loss, metrics,
+ * class weights and the list of layers.
+ * Threads: none. */
+#include "config/config_internal.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+
+static void parse_metrics(ctx *c, const config_setting_t *s, void *base);
+static void parse_class_weight(ctx *c, const config_setting_t *s, void *base);
+
+#define LY(k) K(LOOM_LAYER_##k)
+static const opt layer_opts[] = {
+    O_KIND(loom_layer_spec, "type", kind, 0, loom_layer_names_, ALL, "layer type"),
+    O_STR(loom_layer_spec, "name", name, "", NULL, ALL, 0, "layer name; default <type>_<index>"),
+    O_INT(loom_layer_spec, "units", units, 0, 1, LOOM_MAX_UNITS, LY(DENSE), LY(DENSE), "output units"),
+    O_INT(loom_layer_spec, "filters", filters, 0, 1, LOOM_MAX_UNITS, LY(CONV2D), LY(CONV2D), "output channels"),
+    O_PAIR(loom_layer_spec, "kernel_size", kernel, 0, 1, INT_MAX, LY(CONV2D), LY(CONV2D), "int or [h, w]"),
+    O_PAIR(loom_layer_spec, "strides", stride, 1, 1, INT_MAX, LY(CONV2D) | LY(MAX_POOL2D) | LY(AVG_POOL2D), 0,
+           "int or [h, w]; default 1 (conv2d) or pool_size (pooling)"),
+    O_PAIR(loom_layer_spec, "pool_size", pool, 2, 1, INT_MAX, LY(MAX_POOL2D) | LY(AVG_POOL2D), 0, "int or [h, w]"),
+    O_ENUM(loom_layer_spec, "padding", padding, LOOM_PAD_VALID, loom_padding_names_,
+           LY(CONV2D) | LY(MAX_POOL2D) | LY(AVG_POOL2D), 0, "valid or same"),
+    O_F64(loom_layer_spec, "alpha", alpha, 0.3, 0.0, 0, F_NO_HI, LY(ACTIVATION), 0, "leaky_relu: slope below 0"),
+    O_F64(loom_layer_spec, "momentum", momentum, 0.99, 0.0, 1.0, F_HI_OPEN, LY(BATCH_NORM), 0,
+          "moving statistics: m = momentum * m + (1 - momentum) * batch"),
+    O_F64(loom_layer_spec, "epsilon", epsilon, 0.001, 0.0, 0, F_LO_OPEN | F_NO_HI, LY(BATCH_NORM) | LY(LAYER_NORM), 0,
+          "added to the variance"),
+    O_BOOL(loom_layer_spec, "sync", sync, 0, LY(BATCH_NORM),
+           "batch statistics over the global batch of every replica and worker (SyncBatchNormalization)"),
+    O_ENUM(loom_layer_spec, "activation", activation, LOOM_ACT_NONE, loom_activation_names_,
+           LY(DENSE) | LY(CONV2D) | LY(ACTIVATION), LY(ACTIVATION), "activation function"),
+    O_ENUM(loom_layer_spec, "kernel_init", kernel_init, LOOM_INIT_GLOROT_UNIFORM, loom_init_names_,
+           LY(DENSE) | LY(CONV2D), 0, "kernel initialiser"),
+    O_BOOL(loom_layer_spec, "use_bias", use_bias, 1, LY(DENSE) | LY(CONV2D), "add a bias"),
+    O_F64(loom_layer_spec, "rate", rate, 0, 0.0, 1.0, F_HI_OPEN, LY(DROPOUT), LY(DROPOUT), "drop probability"),
+    O_INT(loom_layer_spec, "input_dim", input_dim, 0, 1, (int64_t)1 << 31, LY(EMBEDDING), LY(EMBEDDING),
+          "rows of the table: ids are in [0, input_dim)"),
+    O_INT(loom_layer_spec, "output_dim", output_dim, 0, 1, 1 << 16, LY(EMBEDDING), LY(EMBEDDING),
+          "the embedding width"),
+    O_ENUM(loom_layer_spec, "combiner", combiner, LOOM_COMBINER_SUM, loom_combiner_names_, LY(EMBEDDING), 0,
+           "several ids per column (input (columns, k)): sum or mean of their rows"),
+    O_END,
+};
+
+static const opt model_opts[] = {
+    O_STR(loom_model_spec, "input", input, "image", NULL, ALL, 0, "feature fed to the first layer"),
+    O_STR(loom_model_spec, "label", label, "label", NULL, ALL, 0, "feature holding the target"),
+    O_ENUM(loom_model_spec, "loss", loss, LOOM_LOSS_SPARSE_SOFTMAX_CE, loom_loss_names_, ALL, 0, "loss function"),
+    O_CUSTOM("metrics", parse_metrics, ALL, 0,
+             "list of: accuracy, auc, precision, recall, top_k_accuracy, mae, rmse (default: accuracy for a "
+             "classification, none for a regression)"),
+    O_INT(loom_model_spec, "auc_thresholds", auc_thresholds, 200, 2, 100000, ALL, 0, "auc: number of thresholds"),
+    O_BOOL(loom_model_spec, "multi_label", multi_label, 0, ALL, "auc: one curve per output, averaged"),
+    O_INT(loom_model_spec, "top_k", top_k, 5, 1, LOOM_MAX_UNITS, ALL, 0, "top_k_accuracy: k"),
+    O_F64(loom_model_spec, "l2", l2, 0.0, 0.0, 0, F_NO_HI, ALL, 0,
+          "L2 penalty on every dense and conv kernel: loss += l2 * sum(w^2)"),
+    O_F64(loom_model_spec, "huber_delta", huber_delta, 1.0, 0.0, 0, F_LO_OPEN | F_NO_HI, ALL, 0,
+          "huber: where the loss turns from quadratic to linear"),
+    O_STR(loom_model_spec, "sample_weight", sample_weight, "", NULL, ALL, 0,
+          "feature of per-example loss weights (Keras sample_weight), shape () or [1]"),
+    O_CUSTOM("class_weight", parse_class_weight, ALL, 0,
+             "one loss weight per class (binary_cross_entropy: [negative, positive])"),
+    O_SUB("layers", 0, ALL, "a list of layer groups"),
+    O_END,
+};
+
+static void parse_metrics(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_model_spec *m = base;
+    char v[300];
+    loc_of(c, s, &m->metrics_loc);
+    if (!config_setting_is_array(s) && !config_setting_is_list(s)) {
+        cerr(c, s, "expected a list of metric names [\"accuracy\", \"auc\", ...], got %s", value_str(s, v, sizeof v));
+        return;
+    }
+    int n = config_setting_length(s);
+    m->n_metrics = 0;
+    m->metrics_set = true;
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *e = config_setting_get_elem(s, i);
+        int k = get_enum(c, e, loom_metric_names_);
+        if (k < 0) continue;
+        bool dup = false;
+        for (int j = 0; j < m->n_metrics; j++) dup |= (int)m->metric[j] == k;
+        if (dup) {
+            cerr(c, e, "metric \"%s\" is listed twice", loom_metric_names_[k]);
+            continue;
+        }
+        m->metric[m->n_metrics++] = (loom_metric_kind)k;
+    }
+}
+
+static void parse_class_weight(ctx *c, const config_setting_t *s, void *base)
+{
+    loom_model_spec *m = base;
+    char v[300];
+    if (!config_setting_is_array(s) && !config_setting_is_list(s)) {
+        cerr(c, s, "expected an array of weights, one per class [w0, w1, ...], got %s", value_str(s, v, sizeof v));
+        return;
+    }
+    int n = config_setting_length(s);
+    if (n < 2 || n > LOOM_MAX_CLASS_WEIGHTS) {
+        cerr(c, s, "expected 2 to %d class weights, got %d", LOOM_MAX_CLASS_WEIGHTS, n);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *e = config_setting_get_elem(s, i);
+        if (!is_number(e) || !(get_number(e) >= 0) || !isfinite(get_number(e))) {
+            cerr(c, e, "expected a class weight >= 0, got %s", value_str(e, v, sizeof v));
+            return;
+        }
+        m->class_weight[i] = (float)get_number(e);
+    }
+    m->n_class_weights = n;
+}
+
+static void parse_layers(ctx *c, const config_setting_t *g, loom_model_spec *m)
+{
+    const config_setting_t *ll = sub_list(c, g, "layers");
+    if (!ll) return;
+    int n = config_setting_length(ll);
+    if (n < 1) {
+        cerr(c, ll, "expected at least one layer");
+        return;
+    }
+    if (n > LOOM_MAX_LAYERS) {
+        cerr(c, ll, "too many layers: %d (at most %d)", n, LOOM_MAX_LAYERS);
+        n = LOOM_MAX_LAYERS;
+    }
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *e = config_setting_get_elem(ll, i);
+        loom_layer_spec *l = &m->layer[m->n_layers++];
+        loc_of(c, e, &l->loc);
+        if (!config_setting_is_group(e)) {
+            char v[300];
+            cerr(c, e, "expected a group { type = ...; }, got %s", value_str(e, v, sizeof v));
+            continue;
+        }
+        int k = parse_kind(c, e, layer_opts, l);
+        parse_opts(c, e, layer_opts, k, l);
+        scope sc = {layer_opts, k, NULL};
+        check_keys(c, e, &sc, 1);
+        if ((k == LOOM_LAYER_MAX_POOL2D || k == LOOM_LAYER_AVG_POOL2D) && !config_setting_get_member(e, "strides"))
+            l->stride[0] = l->pool[0], l->stride[1] = l->pool[1];
+        if (!l->name[0] && k >= 0) snprintf(l->name, sizeof l->name, "%s_%d", loom_layer_names_[k], i);
+    }
+    for (int i = 0; i < m->n_layers; i++)
+        for (int j = 0; j < i; j++)
+            if (m->layer[i].name[0] && !strcmp(m->layer[i].name, m->layer[j].name)) {
+                cerr(c, config_setting_get_elem(ll, i), "layer name \"%s\" is already used by %s",
+                     m->layer[i].name, m->layer[j].loc.path);
+                break;
+            }
+}
+
+/* model.class_weight (the setting cw) against the loss: weights per class
+ * need a loss with classes, and binary cross-entropy's are [negative,
+ * positive]. The model refuses both when it is built (specs built in code);
+ * sparse_softmax_cross_entropy's count is checked there, against the output. */
+static void check_class_weight(ctx *c, const config_setting_t *cw, const loom_model_spec *m)
+{
+    if (!cw || m->n_class_weights == 0) return;
+    if (m->loss != LOOM_LOSS_SPARSE_SOFTMAX_CE && m->loss != LOOM_LOSS_BCE) {
+        loom_err *e = cerr(c, cw, "needs classes; the loss %s has none", loom_loss_name(m->loss));
+        if (e) loom_err_hint(e, "class weights go with sparse_softmax_cross_entropy (one per class) or "
+                             "binary_cross_entropy ([negative, positive]); remove class_weight");
+    } else if (m->loss == LOOM_LOSS_BCE && m->n_class_weights != 2) {
+        loom_err *e = cerr(c, cw, "binary_cross_entropy takes [negative, positive], got %d weights", m->n_class_weights);
+        if (e) loom_err_hint(e, "write class_weight = [w0, w1]");
+    }
+}
+
+/* model: its options, then the layers. */
+void parse_model(ctx *c, const config_setting_t *root, loom_model_spec *m)
+{
+    const config_setting_t *g;
+    if ((g = sub_group(c, root, "model"))) {
+        loc_of(c, g, &m->loc);
+        m->metrics_loc = m->loc;
+        parse_opts(c, g, model_opts, 0, m);
+        scope sc = {model_opts, 0, NULL};
+        check_keys(c, g, &sc, 1);
+        check_class_weight(c, config_setting_get_member(g, "class_weight"), m);
+        parse_layers(c, g, m);
+    }
+}
