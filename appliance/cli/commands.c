@@ -28,7 +28,21 @@ typedef struct cli_opts {
     bool        watch;        /* evaluate --watch */
     double      idle_timeout; /* evaluate --watch --idle-timeout S */
     char        status_set[48]; /* --status-port N, as "run.status_port=N" in sets */
+    char        model_dir_abs[PATH_MAX]; /* --model-dir made absolute (cwd_path) */
 } cli_opts;
+
+/* A path given on the command line, relative to the working directory as
+ * shells expect, made absolute (into buf) so that every message naming it
+ * shows where it is; v itself when the working directory is unknown. */
+static const char *cwd_path(const char *v, char *buf, size_t n)
+{
+    char cwd[PATH_MAX];
+    if (!v || v[0] == '/' || !getcwd(cwd, sizeof cwd)) return v;
+    const char *rel = v[0] == '.' && v[1] == '/' ? v + 2 : v;
+    if (!strcmp(v, ".")) rel = "";
+    int w = snprintf(buf, n, "%s%s%s", cwd, rel[0] ? "/" : "", rel);
+    return w > 0 && (size_t)w < n ? buf : v;
+}
 
 typedef struct command {
     const char *name;
@@ -106,15 +120,38 @@ static loom_spec *load_as(const cli_opts *o, int *status, bool training)
 static loom_spec *load(const cli_opts *o, int *status) { return load_as(o, status, false); }
 static loom_spec *load_training(const cli_opts *o, int *status) { return load_as(o, status, true); }
 
-/* normalize maps with adapt = true get their numbers (data.h loom_data_adapt),
- * with the context loom train builds its pipelines with. */
-static int adapt(loom_spec *spec, const char *model_dir, loom_adapt_mode mode, loom_err *err)
+/* Maps with adapt = true get their numbers (data.h loom_data_adapt), with
+ * the context loom train builds its pipelines with: those of the checkpoint
+ * used (`checkpoint`, else the latest in the model directory) when it holds
+ * them, so a copied checkpoint or a model_dir without adapt.txt gives the
+ * same outputs; FRESH adapts anew. */
+static int adapt(loom_spec *spec, const char *model_dir, loom_adapt_mode mode, const char *checkpoint, loom_err *err)
 {
     loom_lua_opts lua = {.model_dir = spec->run.model_dir, .unsafe = spec->hooks.unsafe,
                          .memory_limit = spec->hooks.memory_limit, .instruction_limit = spec->hooks.instruction_limit};
     loom_data_ctx ctx = {.seed = spec->run.seed, .threads = spec->run.threads > 0 ? spec->run.threads : loom_num_cores(),
                          .name = "adapt", .custom_options = &lua};
-    return loom_data_adapt(spec, model_dir ? model_dir : spec->run.model_dir, mode, &ctx, err);
+    const char *dir = model_dir ? model_dir : spec->run.model_dir;
+    bool any = false;
+    for (int d = 0; d < 2; d++) {
+        const loom_dataset_spec *ds = d ? &spec->eval : &spec->train;
+        for (int i = 0; i < ds->n_transforms; i++) any |= ds->transform[i].kind == LOOM_T_MAP && ds->transform[i].map.adapt;
+    }
+    loom_buf blob;
+    loom_buf_init(&blob);
+    loom_adapt_source ck = {0};
+    char path[LOOM_PATH_MAX], abs[PATH_MAX];
+    if (any && mode != LOOM_ADAPT_FRESH) {
+        loom_err quiet = {0}; /* an unreadable checkpoint is reported where it is loaded */
+        int64_t step;
+        int rc = checkpoint ? (snprintf(path, sizeof path, "%s", checkpoint), LOOM_OK)
+                            : loom_ckpt_latest(dir, path, &step, &quiet);
+        if (!rc && loom_ckpt_read_blob(path, "adapt", &blob, &quiet) == LOOM_OK)
+            ck = (loom_adapt_source){.name = realpath(path, abs) ? abs : path, .text = blob.data, .len = blob.len};
+    }
+    int rc = loom_data_adapt_from(spec, dir, mode, &ctx, ck.text ? &ck : NULL, err);
+    loom_buf_fini(&blob);
+    return rc;
 }
 
 /* This process's task in a cluster (NULL for one process), from --task,
@@ -156,11 +193,11 @@ static int cmd_train(const cli_opts *o, double start, loom_err *err)
                       cl->task_detail, cl->rank, cl->n_train_ranks);
         }
         if (cl && cl->role == LOOM_ROLE_EVALUATOR) { /* the sidecar evaluator: it trains nothing */
-            rc = adapt(spec, o->model_dir, LOOM_ADAPT_CHECK, err); /* the trainer's file, or the same pass */
+            rc = adapt(spec, o->model_dir, LOOM_ADAPT_CHECK, NULL, err); /* the trainer's numbers, or the same pass */
             if (!rc) rc = watch(spec, o, cl, err);
         } else {
             loom_train_opts to = {.model_dir = o->model_dir, .fresh = o->fresh, .start_time = start, .cluster = cl};
-            rc = adapt(spec, o->model_dir, o->fresh ? LOOM_ADAPT_FRESH : LOOM_ADAPT_TRAIN, err);
+            rc = adapt(spec, o->model_dir, o->fresh ? LOOM_ADAPT_FRESH : LOOM_ADAPT_TRAIN, NULL, err);
             if (!rc) rc = loom_train(spec, &to, err);
         }
     }
@@ -181,14 +218,14 @@ static int cmd_evaluate(const cli_opts *o, double start, loom_err *err)
     if (!rc && (o->watch || (cl && cl->role == LOOM_ROLE_EVALUATOR && cl->index >= 0))) {
         if (o->checkpoint) rc = loom_err_set(err, LOOM_EUSAGE, NULL, "--watch evaluates every new checkpoint: "
                                              "it takes no --checkpoint");
-        else if (!(rc = adapt(spec, o->model_dir, LOOM_ADAPT_CHECK, err))) /* the trainer's file, or the same pass */
+        else if (!(rc = adapt(spec, o->model_dir, LOOM_ADAPT_CHECK, NULL, err))) /* the trainer's numbers, or the same pass */
             rc = watch(spec, o, cl, err);
         loom_cluster_free(cl);
         loom_config_free(spec);
         return rc;
     }
     loom_cluster_free(cl);
-    if (!rc) rc = adapt(spec, o->model_dir, LOOM_ADAPT_LOAD, err);
+    if (!rc) rc = adapt(spec, o->model_dir, LOOM_ADAPT_LOAD, o->checkpoint, err);
     if (!rc) rc = loom_evaluate(spec, o->model_dir, o->checkpoint, &res, err);
     if (!rc && res.examples == 0) { /* JSON has no nan: null, and say why */
         printf("{\"checkpoint\": \"%s\", \"step\": %lld, \"examples\": 0, \"eval_loss\": null}\n", res.checkpoint,
@@ -222,7 +259,7 @@ static int cmd_predict(const cli_opts *o, double start, loom_err *err)
     int status = 0;
     loom_spec *spec = load_training(o, &status);
     if (!spec) return -status;
-    int rc = adapt(spec, o->model_dir, LOOM_ADAPT_LOAD, err);
+    int rc = adapt(spec, o->model_dir, LOOM_ADAPT_LOAD, o->checkpoint, err);
     loom_predict_opts po = {.model_dir = o->model_dir, .checkpoint = o->checkpoint, .input = o->input ? o->input : "eval",
                             .output = o->output, .id = o->id};
     if (!rc) rc = loom_predict_run(spec, &po, err);
@@ -242,7 +279,7 @@ static int cmd_check(const cli_opts *o, double start, loom_err *err)
         loom_config_print(spec, stdout);
     } else if (!rc) {
         if (cl || spec->cluster.present) loom_cluster_print(cl, stdout);
-        rc = adapt(spec, o->model_dir, LOOM_ADAPT_CHECK, err);
+        rc = adapt(spec, o->model_dir, LOOM_ADAPT_CHECK, NULL, err);
         if (!rc) rc = loom_check(spec, cl, stdout, err);
         if (!rc) printf("%s: ok\n", o->config);
     }
@@ -368,7 +405,7 @@ static int cmd_profile_main(int argc, char **argv, double start)
                          .memory_limit = spec->hooks.memory_limit, .instruction_limit = spec->hooks.instruction_limit};
     loom_data_ctx ctx = {.seed = spec->run.seed, .threads = threads, .name = "data.train", .input = input,
                          .custom_options = &lua};
-    int rc = adapt(spec, NULL, LOOM_ADAPT_CHECK, &err);
+    int rc = adapt(spec, NULL, LOOM_ADAPT_CHECK, NULL, &err);
     if (!rc && input.num_input_pipelines) rc = loom_data_input_report(&spec->train, &ctx, stdout, &err);
     if (!rc) rc = loom_data_profile(&spec->train, &ctx, steps, stdout, &err);
     loom_config_free(spec);
@@ -422,7 +459,7 @@ static int cmd_export_main(int argc, char **argv, double start)
             } else if (!strcmp(a, "--checkpoint")) {
                 eo.checkpoint = v;
             } else if (!strcmp(a, "--model-dir")) {
-                eo.model_dir = v;
+                eo.model_dir = cwd_path(v, o.model_dir_abs, sizeof o.model_dir_abs);
             } else if (o.n_sets == MAX_SETS || !strchr(v, '=')) {
                 fprintf(stderr, "loom export: bad --set %s (key.path=value, at most %d)\n", v, MAX_SETS);
                 return LOOM_EXIT_USAGE;
@@ -449,7 +486,7 @@ static int cmd_export_main(int argc, char **argv, double start)
     loom_spec *spec = load(&o, &status);
     if (!spec) return status;
     loom_err err = {0};
-    int rc = adapt(spec, eo.model_dir, LOOM_ADAPT_LOAD, &err);
+    int rc = adapt(spec, eo.model_dir, LOOM_ADAPT_LOAD, eo.checkpoint, &err);
     if (!rc) rc = loom_export(spec, &eo, &err);
     loom_config_free(spec);
     if (rc) {
@@ -714,7 +751,8 @@ int loom_cli_main(int argc, char **argv, double start_time)
             o.verbose = true;
         } else if (is_opt(a, "--model-dir")) {
             need = OPT_MODEL_DIR;
-            if ((v = opt_value(argc, argv, &i, "--model-dir", &err))) o.model_dir = v;
+            if ((v = opt_value(argc, argv, &i, "--model-dir", &err)))
+                o.model_dir = cwd_path(v, o.model_dir_abs, sizeof o.model_dir_abs);
         } else if (is_opt(a, "--set")) {
             need = OPT_SET;
             if ((v = opt_value(argc, argv, &i, "--set", &err))) {

@@ -36,7 +36,9 @@ const char *const loom_map_names_[] = {"cast", "scale", "normalize", "one_hot", 
                                        "random_flip_left_right", "pad", "random_crop",
                                        "per_image_standardization", "sleep", "lua",
                                        "decode_image", "resize", "central_crop", "random_brightness", "random_contrast",
-                                       NULL};
+                                       "string_lookup", NULL};
+const char *const loom_norm_mode_names_[] = {"mean_std", "min_max", NULL};
+const char *const loom_csv_dtype_names_[] = {"uint8", "int32", "int64", "float32", "float64", "string", NULL};
 const char *const loom_transform_names_[] = {"map", "shuffle", "batch", "repeat", "take", "skip", "prefetch",
                                              "filter", "shard", "enumerate", "unbatch", "padded_batch", "cache",
                                              "interleave", "zip", "split", "concat", "select", NULL};
@@ -246,6 +248,12 @@ int loom_config_load(loom_spec **out, const char *path, const char *const *overr
         return LOOM_ECONFIG;
     }
     config_dir(path, c.dir, sizeof c.dir);
+    /* the file by its absolute name, so every file:line in a message shows where it is */
+    char apath[LOOM_PATH_MAX];
+    const char *base = strrchr(path, '/');
+    if (c.dir[0] == '/' && snprintf(apath, sizeof apath, "%s/%s", c.dir, base ? base + 1 : path) < (int)sizeof apath)
+        path = apath;
+    c.path = path;
     int frc = check_files(&c, path, NULL, 0);
     if (frc) return frc;
     const char *slash = strrchr(path, '/');
@@ -344,6 +352,11 @@ static void free_nested(loom_dataset_spec *d)
     for (int i = 0; i < d->n_transforms; i++) {
         loom_transform_spec *t = &d->transform[i];
         loom_free(t->source);
+        if (t->kind == LOOM_T_MAP && t->map.vocab_owned) { /* string_lookup's adapted vocabulary */
+            loom_free(t->map.vocab);
+            t->map.vocab = NULL;
+            t->map.vocab_owned = false;
+        }
         if (t->dataset) free_nested(t->dataset);
         loom_free(t->dataset);
         t->source = NULL;

@@ -80,8 +80,11 @@ typedef struct loom_tfr_feature {
 } loom_tfr_feature;
 
 /* One declared csv column; its feature name is the source spec's feature[i]. */
+#define LOOM_CSV_STRING 5 /* a csv column's dtype = "string", after the loom_cfg_dtype values */
+#define LOOM_MAX_STRING 4096 /* a string column's max_length */
 typedef struct loom_csv_column {
-    loom_cfg_dtype dtype;
+    loom_cfg_dtype dtype;         /* or LOOM_CSV_STRING: the field's bytes as uint8 (max_length,), zero-padded */
+    int            max_length;    /* string: 1 to LOOM_MAX_STRING bytes, default 64; a longer field is an error */
     int            index;         /* 0-based field index; -1 = by header name (header = true only) */
     int            count;         /* index = "a-b": the fields a..b (0-based, inclusive) gathered into one
                                      vector feature of shape (count,); 0 = one field, a scalar feature */
@@ -199,7 +202,25 @@ typedef enum {
     LOOM_MAP_CENTRAL_CROP,      /* central_crop: the central fraction of H and W, as tf.image.central_crop */
     LOOM_MAP_RANDOM_BRIGHTNESS, /* random_brightness: + delta, delta uniform in [-max_delta, max_delta) */
     LOOM_MAP_RANDOM_CONTRAST,   /* random_contrast: (x - mean) * f + mean per channel, f uniform in [lower, upper) */
+    LOOM_MAP_STRING_LOOKUP,     /* string_lookup: strings (uint8 (..., max_length), zero-padded) -> int64 ids (...) */
 } loom_map_kind;
+
+/* normalize's mode: what adapt = true computes (both applied as (x - mean_v) / std_v). */
+typedef enum {
+    LOOM_NORM_MEAN_STD, /* mean and standard deviation (Keras Normalization) */
+    LOOM_NORM_MIN_MAX,  /* min and max - min (scikit-learn MinMaxScaler): values of data.train into [0, 1] */
+} loom_norm_mode;
+
+/* A string_lookup map's vocabulary (one allocation, freed with loom_free by
+ * its owner): token i (id num_oov_indices + i) is the bytes
+ * data[off[i] .. off[i + 1]), most frequent in data.train first. */
+typedef struct loom_vocab {
+    int64_t   n;
+    uint64_t *off;    /* n + 1 offsets into data */
+    int64_t  *count;  /* each token's count in data.train (0 when not known) */
+    char     *data;
+    uint64_t  digest; /* FNV-1a of the tokens, for the stage's identity */
+} loom_vocab;
 
 typedef struct loom_map_spec {
     loom_map_kind  kind;
@@ -212,7 +233,16 @@ typedef struct loom_map_spec {
      * loom_data_adapt from the training data). 0 = the scalars above. */
     int            n_norm;                 /* 0, or 1 to LOOM_MAX_NORM */
     float          mean_v[LOOM_MAX_NORM], std_v[LOOM_MAX_NORM];
-    bool           adapt;                  /* normalize: mean_v/std_v computed from data.train (data.h) */
+    bool           adapt;                  /* normalize, string_lookup: numbers/vocabulary from data.train (data.h) */
+    loom_norm_mode norm_mode;              /* normalize: mean_std (default) or min_max (adapt only) */
+    /* string_lookup (Keras StringLookup, output_mode "int", no mask token): ids
+     * [0, num_oov_indices) for strings outside the vocabulary (a hash of the
+     * bytes when there are several; none: such a string is an error), then the
+     * vocabulary's tokens. max_tokens bounds num_oov_indices + the vocabulary (0: no bound). */
+    int64_t        max_tokens;
+    int            num_oov_indices;        /* 0 to 1024, default 1 */
+    loom_vocab    *vocab;                  /* filled by adapt; owned by the spec when vocab_owned */
+    bool           vocab_owned;
     int            depth;                  /* one_hot (>= 1) */
     int            rank;                   /* reshape: target shape; one dim may be -1 */
     int64_t        shape[8];
@@ -289,7 +319,7 @@ typedef struct loom_transform_spec {
     double              fraction;               /* SPLIT: the training part's share, in (0, 1) */
     int                 part;                   /* SPLIT: LOOM_SPLIT_TRAIN or LOOM_SPLIT_EVAL */
     int64_t             start;                  /* ENUMERATE: first index, default 0 */
-    char                cache_file[LOOM_PATH_MAX]; /* CACHE: "" = in memory; else a path prefix, relative to the working directory */
+    char                cache_file[LOOM_PATH_MAX]; /* CACHE: "" = in memory; else a path prefix, resolved against the config's directory */
     int                 parallel;               /* MAP, INTERLEAVE: >= 1, LOOM_PARALLEL_AUTO = tuned; 0 (unset) = 1 */
     bool                deterministic;          /* MAP, INTERLEAVE with parallel != 1: the sequential order (default true) */
     /* INTERLEAVE (with parallel, deterministic): each input element's "filename" opened with *source */
@@ -545,7 +575,7 @@ typedef enum { LOOM_PROGRESS_AUTO, LOOM_PROGRESS_BAR, LOOM_PROGRESS_PLAIN, LOOM_
 
 typedef struct loom_run_spec {
     loom_loc      loc;
-    char          model_dir[LOOM_PATH_MAX]; /* relative paths are relative to the working directory */
+    char          model_dir[LOOM_PATH_MAX]; /* a relative one resolved against the config file's directory at load */
     int64_t       epochs;           /* >= 1 unless max_steps is set; default 1 */
     int64_t       max_steps;        /* 0 = unset: train for `epochs` */
     uint64_t      seed;             /* default 42 */

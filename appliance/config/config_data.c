@@ -142,8 +142,15 @@ static const opt map_opts[] = {
     O_CUSTOM("mean", parse_norm_values, MAP(NORMALIZE), 0,
              "(x - mean) / std: a number, or one per index of the feature's last axis [m0, m1, ...]"),
     O_CUSTOM("std", parse_norm_values, MAP(NORMALIZE), 0, "(x - mean) / std: a number > 0, or one per index [s0, ...]"),
-    O_BOOL(loom_map_spec, "adapt", adapt, 0, MAP(NORMALIZE),
-           "mean and std per index of the last axis from one pass over data.train at start (cached in model_dir)"),
+    O_BOOL(loom_map_spec, "adapt", adapt, 0, MAP(NORMALIZE) | MAP(STRING_LOOKUP),
+           "normalize: mean and std (or min and max) per index of the last axis, string_lookup: the vocabulary, from "
+           "one pass over data.train at start (kept in model_dir/adapt.txt and in every checkpoint)"),
+    O_ENUM(loom_map_spec, "mode", norm_mode, LOOM_NORM_MEAN_STD, loom_norm_mode_names_, MAP(NORMALIZE), 0,
+           "with adapt = true: \"mean_std\" ((x - mean) / std) or \"min_max\" ((x - min) / (max - min), into [0, 1])"),
+    O_INT(loom_map_spec, "max_tokens", max_tokens, 0, 0, 1 << 24, MAP(STRING_LOOKUP), 0,
+          "ids in [0, max_tokens): the out-of-vocabulary ids, then the most frequent strings; 0 = every string seen"),
+    O_INT(loom_map_spec, "num_oov_indices", num_oov_indices, 1, 0, 1024, MAP(STRING_LOOKUP), 0,
+          "ids 0 .. n-1 for strings outside the vocabulary (hashed when n > 1); 0: such a string is an error"),
     O_INT(loom_map_spec, "depth", depth, 0, 1, INT_MAX, MAP(ONE_HOT), MAP(ONE_HOT), "number of classes"),
     O_CUSTOM("shape", parse_shape, MAP(RESHAPE), MAP(RESHAPE), "target shape, one dim may be -1"),
     O_INT(loom_map_spec, "padding", padding, 0, 0, 1 << 20, MAP(PAD), MAP(PAD), "added on every side of H and W"),
@@ -521,11 +528,24 @@ static void parse_map(ctx *c, const config_setting_t *g, loom_transform_spec *t,
             if (t->map.adapt && (mn || sd))
                 cerr(c, mn ? mn : sd, "adapt = true computes mean and std from data.train; remove `%s` or adapt",
                      mn ? "mean" : "std");
+            const config_setting_t *md = config_setting_get_member(g, "mode");
+            if (md && t->map.norm_mode == LOOM_NORM_MIN_MAX && !t->map.adapt) {
+                loom_err *e = cerr(c, md, "mode = \"min_max\" takes min and max from data.train: it needs adapt = true");
+                if (e) loom_err_hint(e, "add adapt = true; (or give mean = min and std = max - min yourself)");
+            }
             for (int i = 0; i < t->map.n_norm; i++) { /* a number given beside an array applies to every index */
                 if (mn && is_number(mn)) t->map.mean_v[i] = (float)t->map.mean;
                 if (sd && is_number(sd)) t->map.std_v[i] = (float)t->map.std;
             }
         }
+        if (fn == LOOM_MAP_STRING_LOOKUP && !t->map.adapt) {
+            loom_err *e = cerr(c, g, "string_lookup takes its vocabulary from data.train: it needs adapt = true");
+            if (e) loom_err_hint(e, "add adapt = true; (max_tokens and num_oov_indices bound and shape the ids)");
+        }
+        if (fn == LOOM_MAP_STRING_LOOKUP && t->map.max_tokens && t->map.max_tokens <= t->map.num_oov_indices)
+            cerr(c, config_setting_get_member(g, "max_tokens"), "max_tokens (%lld) must be above num_oov_indices (%d): "
+                 "the ids hold the out-of-vocabulary ids, then the vocabulary", (long long)t->map.max_tokens,
+                 t->map.num_oov_indices);
         check_image_map(c, g, &t->map, fn);
     }
     scope sc[2] = {{transform_opts, op, NULL}, {map_opts, fn, NULL}};
@@ -566,13 +586,16 @@ static void parse_dataset(ctx *c, const config_setting_t *g, loom_dataset_spec *
 
 /* A cache (transforms.[i], the setting e) after a repeat with count = -1
  * would cache a pass that never ends (the pipeline refuses it too, for specs
- * built in code). */
+ * built in code, in the same words: at the cache's line, naming the dataset). */
 static void check_cache_after_repeat(ctx *c, const config_setting_t *e, const loom_dataset_spec *d, int i)
 {
     for (int k = 0; k < i; k++)
         if (d->transform[k].kind == LOOM_T_REPEAT && d->transform[k].count < 0) {
-            loom_err *o = cerr(c, e, "cache: the repeat before it (transforms.[%d]) has count = -1, so the pass it "
-                               "caches never ends and the cache would grow without bound", k);
+            char where[LOOM_PATH_MAX + 16];
+            where_of(c, e, where, sizeof where, NULL);
+            loom_err *o = rawerr(c, LOOM_ECONFIG, where, "%s: cache: the repeat before it (transforms.[%d]) has count "
+                                 "= -1, so the pass it caches never ends and the cache would grow without bound",
+                                 d->loc.path[0] ? d->loc.path : "data", k);
             if (o) loom_err_hint(o, "put cache before repeat, so that it holds one finite pass");
             return;
         }

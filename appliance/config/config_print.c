@@ -128,7 +128,8 @@ static void print_csv_text_synthetic(FILE *f, const loom_source_spec *src)
         for (int i = 0; i < src->n_features; i++) {
             const loom_csv_column *c = &src->csv[i];
             fprintf(f, "        %s = { dtype = ", src->feature[i]);
-            put_str(f, loom_cfg_name_(loom_cfg_dtype_names_, (int)c->dtype));
+            put_str(f, loom_cfg_name_(loom_csv_dtype_names_, (int)c->dtype));
+            if ((int)c->dtype == LOOM_CSV_STRING) fprintf(f, "; max_length = %d", c->max_length);
             if (c->index >= 0 && c->count > 0) {
                 fprintf(f, "; index = \"%d-%d\"", c->index, c->index + c->count - 1);
             } else if (c->index >= 0) {
@@ -293,6 +294,7 @@ static void print_map(FILE *f, const loom_transform_spec *t)
     case LOOM_MAP_NORMALIZE:
         if (m->adapt) {
             kv_bool(f, 4, "adapt", true);
+            kv_str(f, 4, "mode", loom_cfg_name_(loom_norm_mode_names_, (int)m->norm_mode));
         } else if (m->n_norm) {
             for (int k = 0; k < 2; k++) {
                 ind(f, 4);
@@ -309,6 +311,11 @@ static void print_map(FILE *f, const loom_transform_spec *t)
         }
         break;
     case LOOM_MAP_ONE_HOT: kv_i64(f, 4, "depth", m->depth); break;
+    case LOOM_MAP_STRING_LOOKUP:
+        kv_bool(f, 4, "adapt", m->adapt);
+        kv_i64(f, 4, "max_tokens", m->max_tokens);
+        kv_i64(f, 4, "num_oov_indices", m->num_oov_indices);
+        break;
     case LOOM_MAP_RESHAPE:
         ind(f, 4);
         fputs("shape = ", f);

@@ -5,6 +5,8 @@
 
 #include <arpa/inet.h>
 #include <limits.h>
+#include <stdio.h>
+#include <string.h>
 
 static const opt run_opts[] = {
     O_STR(loom_run_spec, "model_dir", model_dir, NULL, NULL, ALL, ALL, "checkpoints and metrics directory"),
@@ -45,6 +47,34 @@ static void default_seeds(loom_dataset_spec *d, uint64_t seed)
     }
 }
 
+/* One rule for every relative path a config holds (data files, Lua files,
+ * plugin directories, cluster files, and here run.model_dir and cache files):
+ * relative to the config file's directory (c->dir, absolute), so a config
+ * means the same wherever loom is started, and messages show where a path
+ * really is. Paths on the command line (--model-dir, --output, ...) stay
+ * relative to the working directory, as shells expect. */
+static void absolute_in_config_dir(ctx *c, const config_setting_t *at, char *p, size_t n)
+{
+    if (!p[0] || p[0] == '/' || !c->dir[0]) return;
+    char full[2 * LOOM_PATH_MAX + 2];
+    const char *rel = p[0] == '.' && p[1] == '/' ? p + 2 : p;
+    int w = snprintf(full, sizeof full, "%s/%s", c->dir, rel);
+    if (w < 0 || (size_t)w >= n) {
+        cerr(c, at, "\"%s\" resolved against the config's directory is longer than %zu bytes", p, n - 1);
+        return;
+    }
+    memcpy(p, full, (size_t)w + 1);
+}
+
+static void absolute_cache_files(ctx *c, const config_setting_t *at, loom_dataset_spec *d)
+{
+    for (int i = 0; i < d->n_transforms; i++) {
+        loom_transform_spec *t = &d->transform[i];
+        if (t->kind == LOOM_T_CACHE) absolute_in_config_dir(c, at, t->cache_file, sizeof t->cache_file);
+        if (t->kind == LOOM_T_ZIP && t->dataset) absolute_cache_files(c, at, t->dataset);
+    }
+}
+
 /* run; read last: eval_each_epoch defaults to whether data.eval is given, and
  * shuffles without a seed of their own take the run's. */
 void parse_run(ctx *c, const config_setting_t *root, loom_spec *spec)
@@ -68,5 +98,8 @@ void parse_run(ctx *c, const config_setting_t *root, loom_spec *spec)
         /* shuffles without a seed of their own use the run's */
         default_seeds(&spec->train, r->seed);
         default_seeds(&spec->eval, r->seed);
+        absolute_in_config_dir(c, config_setting_get_member(g, "model_dir"), r->model_dir, sizeof r->model_dir);
     }
+    absolute_cache_files(c, root, &spec->train);
+    absolute_cache_files(c, root, &spec->eval);
 }

@@ -64,12 +64,15 @@ const opt source_opts[] = {
 
 /* One column group of a csv source; the dtype selects the kind. */
 static const opt csv_column_opts[] = {
-    O_KIND(loom_csv_column, "dtype", dtype, 0, loom_cfg_dtype_names_, ALL, "uint8, int32, int64, float32 or float64"),
+    O_KIND(loom_csv_column, "dtype", dtype, 0, loom_csv_dtype_names_, ALL,
+           "uint8, int32, int64, float32, float64, or string (the field's bytes, for map fn = \"string_lookup\")"),
+    O_INT(loom_csv_column, "max_length", max_length, 64, 1, LOOM_MAX_STRING, K(LOOM_CSV_STRING), 0,
+          "string: the longest field in bytes (a longer one is an error); the feature is uint8 [max_length]"),
     O_CUSTOM("index", parse_csv_index, ALL, 0,
              "0-based field index, or a range \"a-b\" (inclusive) gathered into one vector feature of shape [b - a + 1]; "
              "required with header = false"),
     O_STR(loom_csv_column, "column", column, "", NULL, ALL, 0, "header name to select; default the feature's name"),
-    O_F64(loom_csv_column, "default", default_value, 0.0, 0, 0, F_NO_LO | F_NO_HI, ALL, 0,
+    O_F64(loom_csv_column, "default", default_value, 0.0, 0, 0, F_NO_LO | F_NO_HI, ALL & ~K(LOOM_CSV_STRING), 0,
           "value of an empty field; without it an empty field is an error"),
     O_END,
 };
@@ -436,7 +439,9 @@ static void check_csv_column(ctx *c, const loom_source_spec *src, const config_s
     const config_setting_t *idx = config_setting_get_member(g, "index");
     const config_setting_t *cn = config_setting_get_member(g, "column");
     col->has_default = def != NULL;
-    if (k >= 0) check_value(c, def, (loom_cfg_dtype)k, false);
+    if (k >= 0 && k != LOOM_CSV_STRING) check_value(c, def, (loom_cfg_dtype)k, false);
+    if (k == LOOM_CSV_STRING && idx && col->count > 0)
+        cerr(c, idx, "a string column is one field: a range (\"a-b\") gathers numeric fields into a vector");
     if (!src->header && !idx) {
         loom_err *e = cerr(c, g, "missing required setting `index` (with header = false columns are selected by "
                                  "position)");

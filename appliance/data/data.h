@@ -142,9 +142,10 @@ int  loom_data_input_report(const loom_dataset_spec *ds, const loom_data_ctx *ct
 int  loom_data_profile(const loom_dataset_spec *ds, const loom_data_ctx *ctx, int64_t steps, FILE *f, loom_err *err);
 void loom_iter_close(loom_iter *it); /* NULL is a no-op */
 
-/* normalize maps with adapt = true: fills their per-index mean and std
- * (mean_v, std_v, n_norm) in spec->train, and gives data.eval's adapt maps
- * the numbers of train's map on the same feature. TRAIN reads
+/* Maps with adapt = true (normalize: mean/std or min/range per index of the
+ * last axis, in mean_v, std_v, n_norm; string_lookup: the vocabulary) get
+ * their numbers in spec->train, and data.eval's adapt maps those of train's
+ * map of the same kind on the same feature. TRAIN reads
  * <model_dir>/adapt.txt when it fits the config, else adapts (one pass over
  * data.train up to the map) and writes it; FRESH always adapts and writes;
  * LOAD only reads it (evaluate, predict, export: an error when absent);
@@ -152,6 +153,22 @@ void loom_iter_close(loom_iter *it); /* NULL is a no-op */
 typedef enum { LOOM_ADAPT_TRAIN, LOOM_ADAPT_FRESH, LOOM_ADAPT_LOAD, LOOM_ADAPT_CHECK } loom_adapt_mode;
 int loom_data_adapt(loom_spec *spec, const char *model_dir, loom_adapt_mode mode, const loom_data_ctx *ctx,
                     loom_err *err);
+/* The numbers a checkpoint holds (its "adapt" record, loom_data_adapt_text's
+ * form). Given (text not NULL) in any mode but FRESH, they are used instead
+ * of adapt.txt: a checkpoint that does not fit the config is an error; when
+ * adapt.txt holds other numbers, a warning says so (once: *said, when not
+ * NULL, is set), and TRAIN rewrites adapt.txt with the checkpoint's. */
+typedef struct loom_adapt_source {
+    const char *name;  /* the checkpoint's path, for messages */
+    const void *text;
+    size_t      len;
+    bool       *said;
+} loom_adapt_source;
+int loom_data_adapt_from(loom_spec *spec, const char *model_dir, loom_adapt_mode mode, const loom_data_ctx *ctx,
+                         const loom_adapt_source *ck, loom_err *err);
+/* Appends the adapted numbers of spec->train's adapt maps to out as text (the
+ * form of adapt.txt); returns how many maps (0: nothing appended). */
+int loom_data_adapt_text(const loom_spec *spec, loom_buf *out);
 
 /* The transform `split`'s draw for element pos of a pass: uniform in [0, 1);
  * the element is in the training part when it is below the fraction. */

@@ -121,6 +121,8 @@ int  elem_pool_load_(elem_pool *p, int64_t i, loom_buf *b, loom_err *err);
 
 int source_open_(dstage **out, const loom_source_spec *src, loom_err *err);
 int map_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, const loom_data_ctx *ctx, loom_err *err);
+/* string_lookup's hash of a string's bytes (FNV-1a 64): table slots, and the out-of-vocabulary id (hash % num_oov_indices). */
+uint64_t loom_data_str_hash(const uint8_t *p, size_t n);
 int shuffle_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, const loom_data_ctx *ctx, loom_err *err);
 int batch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
 int repeat_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);

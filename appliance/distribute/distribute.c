@@ -4,6 +4,7 @@
 #include "distribute.h"
 #include "mirrored_internal.h"
 #include "placement_internal.h"
+#include "ps_internal.h"
 #include "xops_internal.h"
 
 #include <stdio.h>
@@ -347,4 +348,27 @@ int loom_strategy_serve(loom_strategy *s, loom_iter *train, loom_err *err)
 {
     LOOM_ASSERT(loom_strategy_serves(s));
     return s->ops->serve(s, train, err);
+}
+
+/* ---- sharded checkpoints (parameter_server's; see distribute.h) ---- */
+
+void loom_ckpt_shards_fini(loom_ckpt_shards *s)
+{
+    if (!s) return;
+    loom_free(s->file);
+    loom_free(s->part);
+    memset(s, 0, sizeof *s);
+}
+
+bool loom_strategy_saves_shards(loom_strategy *s) { return s->ops == loom_parameter_server_ops_() && loom_ps_saves_shards_(s); }
+
+void loom_strategy_set_ckpt_writer(loom_strategy *s, loom_ckpt_write_fn fn)
+{
+    if (s->ops == loom_parameter_server_ops_()) loom_ps_set_ckpt_writer_(s, fn);
+}
+
+int loom_strategy_save_shards(loom_strategy *s, const char *dir, int64_t step, loom_ckpt_shards *out, loom_err *err)
+{
+    LOOM_ASSERT(loom_strategy_saves_shards(s));
+    return loom_ps_save_shards_(s, dir, step, out, err);
 }

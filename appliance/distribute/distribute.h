@@ -372,6 +372,56 @@ int  loom_strategy_peers(loom_strategy *s, loom_peer_info *out, int max);
 bool loom_strategy_serves(loom_strategy *s);
 int  loom_strategy_serve(loom_strategy *s, loom_iter *train, loom_err *err);
 
+/* ---- sharded checkpoints (the built-in parameter_server; not in the plugin ABI) ----
+ * The variables live on ps tasks, and each ps writes the shards it holds to
+ * a file of its own in the (shared) model_dir; the chief then commits an
+ * index naming them (train/checkpoint.c writes and reads both kinds of file:
+ * the strategy is handed its writer, as the module below cannot call up). */
+typedef struct loom_ckpt_tensor {
+    const char  *name;   /* record name: "<variable>" or "<variable>/part_<i>", a slot "<that>/<slot>" */
+    loom_shape   shape;  /* the shard's: the variable's with dim 0 = its rows */
+    const float *data;   /* numel(shape) floats, borrowed */
+} loom_ckpt_tensor;
+typedef struct loom_ckpt_shard_meta {
+    int64_t  step;       /* the applied updates the shard holds */
+    int      ps, n_ps;   /* written by ps:ps of a job of n_ps */
+    uint64_t plan_id;    /* the partitioning (variables, shards, placement) it was cut by */
+} loom_ckpt_shard_meta;
+/* Writes a shard file (the checkpoint format: the tensors and the meta) at
+ * path atomically; *size and *crc: its bytes and their CRC-32C. */
+typedef int (*loom_ckpt_write_fn)(const char *path, const loom_ckpt_shard_meta *meta, const loom_ckpt_tensor *t,
+                                  int n, uint64_t *size, uint32_t *crc, loom_err *err);
+typedef struct loom_ckpt_shard_file {
+    char     name[128];  /* file name in the model_dir: ckpt-<step>.data-<ps>-of-<n_ps> */
+    uint64_t size;
+    uint32_t crc;        /* CRC-32C of the whole file */
+    int      ps;
+} loom_ckpt_shard_file;
+typedef struct loom_ckpt_part {
+    char    var[96];     /* the variable (loom_param_info.name) */
+    char    record[128]; /* its record in the file (slots: record "/" slot name) */
+    int     file;        /* index into loom_ckpt_shards.file */
+    int64_t row0, rows;  /* rows [row0, row0 + rows) of axis 0 */
+} loom_ckpt_part;
+typedef struct loom_ckpt_shards {
+    int                   n_ps, n_files, n_parts;
+    uint64_t              plan_id;
+    loom_ckpt_shard_file *file; /* n_files */
+    loom_ckpt_part       *part; /* n_parts; both freed by loom_ckpt_shards_fini */
+} loom_ckpt_shards;
+void loom_ckpt_shards_fini(loom_ckpt_shards *s);
+/* Whether this strategy's checkpoints are sharded (the chief calls
+ * loom_strategy_save_shards instead of writing model() whole). */
+bool loom_strategy_saves_shards(loom_strategy *s);
+/* The writer the tasks holding shards use (train/checkpoint.c's); set after
+ * open, before train or serve. A no-op for other strategies. */
+void loom_strategy_set_ckpt_writer(loom_strategy *s, loom_ckpt_write_fn fn);
+/* On the chief, with the variables at rest: every ps writes its shard file
+ * of `step` under dir (absolute; the directory every task shares) and *out
+ * lists the files (sizes, CRCs) and where each variable's rows are in them.
+ * A file the chief cannot see in dir (model_dir not shared) is LOOM_EIO. */
+int  loom_strategy_save_shards(loom_strategy *s, const char *dir, int64_t step, loom_ckpt_shards *out, loom_err *err);
+
 /* Generic all-reduce over n buffers with a cross-device op (n == 1 is a no-op). */
 int loom_all_reduce(const loom_cross_device_ops *x, float *const *bufs, int n, int64_t count, loom_redop op,
                     loom_err *err);

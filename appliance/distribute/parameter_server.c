@@ -41,9 +41,14 @@
  * worker lost in the middle of a step function may have pushed some of its
  * steps; the function is put back in the queue and runs again whole.
  *
- * Checkpoints are the chief's usual single file (written to a temporary
- * name and renamed: never a mixed set), holding every shard as the model's
- * variables plus the ps count; restoring onto another ps count is refused.
+ * Checkpoints are sharded (ps_internal.h): with the workers at rest, each
+ * ps writes its shards and their slots to a file of its own, then the chief
+ * commits an index naming them (train/checkpoint.c writes and reads both;
+ * the model_dir is shared by every task). A restore reads the index on the
+ * chief, which sends each ps its shards (INIT) and reads them back; the
+ * iterator blob records the ps count and the partitioning, and another of
+ * either is refused. A ps never builds the model: the variable list comes
+ * from the config's model section (loom_model_param_list).
  *
  * Threads: driven from the train thread of each task; the transport runs
  * its own. */
@@ -51,16 +56,20 @@
 #include "mirrored_internal.h"
 #include "ps_internal.h"
 
+#include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
-#define ITER_MAGIC 0x53505350u /* "PSPS": the chief's iterator state with the ps count */
+#define ITER_MAGIC  0x53505350u /* "PSPS": the chief's iterator state with the ps count */
+#define ITER_MAGIC2 0x32505350u /* "PSP2": ... the ps count, the shard count and the plan id */
 
 typedef struct fn_slot {
     uint64_t fn;
@@ -75,9 +84,13 @@ typedef struct ps_strategy {
     int             index;
     char            task[32];
     int             n_workers, n_ps;
-    loom_model     *model;
+    loom_model     *model;      /* chief and workers; a ps builds none (ps_open) */
     loom_optimizer *opt;
+    loom_param_info *pi;        /* the variables (nv), from the model or, on a ps, the config alone */
+    int             nv;
     loom_ps_plan    plan;
+    uint64_t        plan_id;    /* loom_ps_plan_id_: checkpoints name the partitioning */
+    loom_ckpt_write_fn write_ckpt; /* the trainer's shard-file writer */
     int             n_slots;
     int64_t         P;
     loom_net       *net;
@@ -173,6 +186,43 @@ static bool test_die_now(const char *task, int64_t nth)
     return true;
 }
 
+/* Tests: LOOM_TEST_PS_SAVE_DIE = "TASK@PHASE@STEP" kills this task
+ * (_exit 137) in the checkpoint of STEP, at PHASE: a ps "before" writing its
+ * shard file or "after" it (before answering), the chief at "index" (every
+ * shard written, the index not yet); once per LOOM_TEST_PS_DIE_MARK file. */
+static bool test_save_die_now(const char *task, const char *phase, int64_t step)
+{
+    const char *die = getenv("LOOM_TEST_PS_SAVE_DIE");
+    char want[48], ph[16];
+    long long at = 0;
+    if (!die || sscanf(die, "%47[^@]@%15[^@]@%lld", want, ph, &at) != 3 || strcmp(want, task) || strcmp(ph, phase) ||
+        at != step)
+        return false;
+    const char *mark = getenv("LOOM_TEST_PS_DIE_MARK");
+    if (mark) {
+        if (access(mark, F_OK) == 0) return false;
+        FILE *f = fopen(mark, "w");
+        if (f) fclose(f);
+    }
+    loom_warn("%s: LOOM_TEST_PS_SAVE_DIE: dying now (%s)", task, die);
+    return true;
+}
+
+/* This process's resident memory, bytes ("VmRSS": now, "VmHWM": its
+ * peak), from /proc/self/status; 0 when unknown. */
+static int64_t resident(const char *key)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256], fmt[32];
+    long long kb = 0;
+    snprintf(fmt, sizeof fmt, "%s: %%lld kB", key);
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, fmt, &kb) == 1) break;
+    fclose(f);
+    return (int64_t)kb * 1024;
+}
+
 /* ---- open / close ---------------------------------------------------------- */
 
 static int add_peer(ps_strategy *ps, loom_net_peer *peers, loom_role role, int index)
@@ -212,23 +262,35 @@ static int ps_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     const loom_elem_spec *in = a->input;
     loom_shape x = in->shape[a->input_idx], y = in->shape[a->label_idx];
     loom_shape xe = loom_shape_make(x.rank - 1, x.dim + 1), ye = loom_shape_make(y.rank - 1, y.dim + 1);
-    int rc = loom_model_new(&ps->model, &spec->model, &xe, in->dtype[a->input_idx], &ye, in->dtype[a->label_idx],
+    int rc;
+    if (ps->role == LOOM_ROLE_PS && !a->plan_only && c && c->index >= 0) {
+        /* a ps holds its shards only: the variable list from the config's
+         * model section, no weights, gradients or activations of the whole
+         * model (it gets its shards' values from the coordinator) */
+        rc = loom_model_param_list(&spec->model, &xe, in->dtype[a->input_idx], &ye, in->dtype[a->label_idx], &ps->pi,
+                                   &ps->nv, &ps->P, err);
+        if (rc) return rc;
+    } else {
+        rc = loom_model_new(&ps->model, &spec->model, &xe, in->dtype[a->input_idx], &ye, in->dtype[a->label_idx],
                             a->max_batch, err);
-    if (rc) return rc;
-    if (ps->role != LOOM_ROLE_PS && (rc = loom_model_set_threads(ps->model, spec->run.threads, err))) return rc;
-    loom_model_init_params(ps->model, spec->run.seed);
-    ps->P = loom_model_num_params(ps->model);
-    int nv = loom_model_num_param_tensors(ps->model);
-    loom_param_info *pi = loom_calloc((size_t)(nv ? nv : 1), sizeof *pi);
-    if (!pi) return loom_err_set(err, LOOM_ENOMEM, NULL, "listing %d variables", nv);
-    for (int v = 0; v < nv; v++) pi[v] = *loom_model_param_tensor(ps->model, v);
+        if (rc) return rc;
+        if (ps->role != LOOM_ROLE_PS && (rc = loom_model_set_threads(ps->model, spec->run.threads, err))) return rc;
+        loom_model_init_params(ps->model, spec->run.seed);
+        ps->P = loom_model_num_params(ps->model);
+        ps->nv = loom_model_num_param_tensors(ps->model);
+        ps->pi = loom_calloc((size_t)(ps->nv ? ps->nv : 1), sizeof *ps->pi);
+        if (!ps->pi) return loom_err_set(err, LOOM_ENOMEM, NULL, "listing %d variables", ps->nv);
+        for (int v = 0; v < ps->nv; v++) ps->pi[v] = *loom_model_param_tensor(ps->model, v);
+    }
+    int nv = ps->nv;
+    loom_param_info *pi = ps->pi;
     char pw[600];
     const loom_partitioner_spec *part = &spec->strategy.partitioner;
     loom_loc_str(part->kind != LOOM_PARTITIONER_NONE ? &part->loc : &spec->strategy.loc, pw, sizeof pw);
     rc = loom_ps_plan_make_(&ps->plan, pi, nv, ps->n_ps > 0 ? ps->n_ps : 1,
                             part->kind != LOOM_PARTITIONER_NONE ? part : NULL, pw, err);
-    loom_free(pi);
     if (rc) return rc;
+    ps->plan_id = loom_ps_plan_id_(&ps->plan, pi);
     /* the chief's optimizer: for checkpoints (slots pulled back) and the LR it reports */
     rc = loom_optimizer_new(&ps->opt, &spec->optimizer, ps->role == LOOM_ROLE_PS ? 1 : ps->P, err);
     if (rc) return rc;
@@ -293,6 +355,7 @@ static void ps_close(loom_strategy *s)
     loom_model_free(ps->model);
     loom_optimizer_free(ps->opt);
     loom_ps_plan_free_(&ps->plan);
+    loom_free(ps->pi);
     loom_free(ps->peer_role);
     loom_free(ps->peer_index);
     loom_free(ps->peer_ps);
@@ -558,6 +621,8 @@ typedef struct ps_state {
     float          *params, *grads, *acc, *slots;
     loom_optimizer *opt;
     int64_t         step, stale, refused, pushes;
+    int64_t         alloc_bytes; /* its variables, gradients, sums and slots: what it allocated to serve */
+    int64_t         rss_ready;   /* resident bytes with those allocated, before any message */
     int             acc_n;
     bool            inited;
     pending_pull   *pend;
@@ -760,9 +825,77 @@ static int handle_init(ps_state *st, int from, const loom_buf *msg, loom_err *er
     loom_buf b;
     loom_buf_init(&b);
     loom_ps_put_hdr_(&b, &h);
+    loom_buf_put_u64(&b, (uint64_t)st->alloc_bytes); /* what this ps holds, for the coordinator's log */
+    loom_buf_put_u64(&b, (uint64_t)st->rss_ready);
+    loom_buf_put_u64(&b, (uint64_t)resident("VmHWM"));
     rc = loom_net_send(ps->net, from, LOOM_PS_MSG_INIT_OK, b.data, b.len, err);
     loom_buf_fini(&b);
     return rc ? rc : flush_pulls(st, err);
+}
+
+/* SAVE: every shard this ps holds, with its slots, into its file of the
+ * checkpoint (ps_internal.h), then SAVED with the file's size and CRC. */
+static int handle_save(ps_state *st, int from, const loom_buf *msg, loom_err *err)
+{
+    ps_strategy *ps = st->ps;
+    char who[32], dir[LOOM_PATH_MAX];
+    peer_name(ps, from, who, sizeof who);
+    if (ps->peer_role[from] != LOOM_ROLE_CHIEF)
+        return refuse(st, from, "a checkpoint request from %s: only the coordinator (chief) saves", who);
+    if (!st->inited) return refuse(st, from, "a checkpoint request before the coordinator sent the variables");
+    loom_ps_hdr h;
+    loom_err e;
+    if (loom_ps_decode_save_(msg->data, msg->len, &h, dir, sizeof dir, &e))
+        return refuse(st, from, "a checkpoint request that does not decode: %s", e.msg);
+    if (h.nonce != ps->nonce)
+        return refuse(st, from, "a checkpoint request of another run of the job (nonce %016llx, this run's is %016llx)",
+                      (unsigned long long)h.nonce, (unsigned long long)ps->nonce);
+    LOOM_ASSERT(ps->write_ckpt);
+    if (test_save_die_now(ps->task, "before", h.step)) _exit(137);
+    int per = 1 + ps->n_slots, n = 0;
+    for (int i = 0; i < ps->plan.n_shards; i++) n += (ps->plan.shard[i].ps == st->q) * per;
+    loom_ckpt_tensor *t = loom_calloc((size_t)(n ? n : 1), sizeof *t);
+    char (*names)[160] = loom_calloc((size_t)(n ? n : 1), sizeof *names);
+    if (!t || !names) {
+        loom_free(t);
+        loom_free(names);
+        return loom_err_set(err, LOOM_ENOMEM, ps->task, "listing the %d tensors of a checkpoint", n);
+    }
+    int k = 0;
+    for (int i = 0; i < ps->plan.n_shards; i++) {
+        const loom_ps_shard *sh = &ps->plan.shard[i];
+        if (sh->ps != st->q) continue;
+        loom_shape shape = ps->pi[sh->var].shape;
+        if (shape.rank) shape.dim[0] = sh->rows;
+        char rec[128];
+        loom_ps_record_name_(&ps->plan, ps->pi, i, rec, sizeof rec);
+        for (int b = 0; b < per; b++, k++) {
+            if (b == 0) snprintf(names[k], sizeof names[k], "%s", rec);
+            else snprintf(names[k], sizeof names[k], "%s/%s", rec, loom_optimizer_slot_name(st->opt, b - 1));
+            t[k] = (loom_ckpt_tensor){.name = names[k], .shape = shape,
+                                      .data = (b == 0 ? st->params : st->slots + (size_t)(b - 1) * (size_t)st->L) + sh->local};
+        }
+    }
+    char name[128], path[LOOM_PATH_MAX + 160];
+    snprintf(name, sizeof name, "ckpt-%lld.data-%05d-of-%05d", (long long)h.step, st->q, ps->n_ps);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    loom_ckpt_shard_meta meta = {.step = h.step, .ps = st->q, .n_ps = ps->n_ps, .plan_id = ps->plan_id};
+    uint64_t size = 0;
+    uint32_t crc = 0;
+    int rc = ps->write_ckpt(path, &meta, t, n, &size, &crc, &e);
+    loom_free(t);
+    loom_free(names);
+    if (rc) return refuse(st, from, "cannot write its shard of the checkpoint of step %lld: %s: %s", (long long)h.step,
+                          e.where, e.msg);
+    if (test_save_die_now(ps->task, "after", h.step)) _exit(137);
+    loom_buf b;
+    loom_buf_init(&b);
+    loom_ps_hdr out = {.req = h.req, .nonce = ps->nonce, .step = h.step};
+    loom_ps_put_saved_(&b, &out, size, crc, name);
+    rc = b.failed ? loom_err_set(err, LOOM_ENOMEM, NULL, "answering a checkpoint request")
+                  : loom_net_send(ps->net, from, LOOM_PS_MSG_SAVED, b.data, b.len, err);
+    loom_buf_fini(&b);
+    return rc;
 }
 
 static void ps_state_fini(ps_state *st)
@@ -782,9 +915,9 @@ static int ps_serve_loop(ps_strategy *ps, const loom_spec *spec, loom_err *err)
     size_t L = (size_t)(st.L ? st.L : 1);
     st.params = loom_alloc_aligned(L * sizeof(float));
     st.grads = loom_alloc_aligned(L * sizeof(float));
-    st.acc = loom_alloc_aligned(L * sizeof(float));
+    st.acc = ps->sync ? loom_alloc_aligned(L * sizeof(float)) : NULL; /* the sum of a synchronous step's gradients */
     int rc = loom_optimizer_new(&st.opt, &spec->optimizer, st.L ? st.L : 1, err);
-    if (!rc && (!st.params || !st.grads || !st.acc))
+    if (!rc && (!st.params || !st.grads || (ps->sync && !st.acc)))
         rc = loom_err_set(err, LOOM_ENOMEM, NULL, "allocating %lld floats of variables on %s", (long long)st.L, ps->task);
     if (rc) {
         ps_state_fini(&st);
@@ -793,6 +926,8 @@ static int ps_serve_loop(ps_strategy *ps, const loom_spec *spec, loom_err *err)
     memset(st.params, 0, L * sizeof(float));
     memset(st.grads, 0, L * sizeof(float));
     st.slots = ps->n_slots ? loom_optimizer_slots(st.opt) : NULL;
+    st.alloc_bytes = (int64_t)L * (int64_t)sizeof(float) * (2 + ps->sync + ps->n_slots);
+    st.rss_ready = resident("VmRSS");
     loom_buf msg;
     loom_buf_init(&msg);
     for (;;) {
@@ -824,6 +959,8 @@ static int ps_serve_loop(ps_strategy *ps, const loom_spec *spec, loom_err *err)
             if ((rc = handle_init(&st, from, &msg, err))) break;
         } else if (type == LOOM_PS_MSG_PUSH) {
             if ((rc = handle_push(&st, from, &msg, err))) break;
+        } else if (type == LOOM_PS_MSG_SAVE) {
+            if ((rc = handle_save(&st, from, &msg, err))) break;
         } else if (type == LOOM_PS_MSG_PULL) {
             loom_ps_msg m;
             loom_err e;
@@ -905,6 +1042,19 @@ static int init_ps_tasks(ps_strategy *ps, int64_t step, loom_err *err)
         uint32_t type;
         rc = loom_net_recv(ps->net, ps->peer_ps[q], LOOM_PS_MSG_INIT_OK, LOOM_PS_MSG_REFUSED, &from, &type, &b, -1, err);
         if (!rc && type == LOOM_PS_MSG_REFUSED) rc = refused(ps, from, &b, err);
+        if (!rc && type == LOOM_PS_MSG_INIT_OK && b.len >= LOOM_PS_HDR + 24) { /* what the ps holds, and its memory */
+            loom_buf r = b;
+            r.pos = LOOM_PS_HDR;
+            r.failed = 0;
+            uint64_t alloc = loom_buf_get_u64(&r), ready = loom_buf_get_u64(&r), hwm = loom_buf_get_u64(&r);
+            const double MiB = 1048576.0;
+            loom_info("ps:%d holds %lld of the model's %lld floats: %.1f MiB allocated for them (variables, gradients, "
+                      "%s%d slot%s); resident %.1f MiB when it was ready to serve, %.1f MiB at most so far (the "
+                      "whole model's variables alone are %.1f MiB)", q, (long long)ps->plan.ps_floats[q],
+                      (long long)ps->P, (double)alloc / MiB, ps->sync ? "sums, " : "", ps->n_slots,
+                      ps->n_slots == 1 ? "" : "s", (double)ready / MiB, (double)hwm / MiB,
+                      (double)ps->P * sizeof(float) / MiB);
+        }
     }
     if (!rc && getenv("LOOM_TEST_PS_FORGE_PUSH")) { /* tests: a push from a task that is no worker is refused */
         b.len = 0;
@@ -1269,18 +1419,22 @@ static int ps_sync(loom_strategy *s, loom_err *err)
 
 static bool ps_is_chief(loom_strategy *s) { return ((ps_strategy *)s->impl)->role == LOOM_ROLE_CHIEF; }
 
-/* A checkpoint: the variables and slots back from the ps tasks, then the
- * chief's iterator state with the ps count. */
+/* A checkpoint: the variables back from the ps tasks (and their slots,
+ * when the chief writes the checkpoint whole; with sharded checkpoints each
+ * ps writes its own), then the chief's iterator state with the ps count and
+ * the partitioning. */
 static int ps_gather_iter_state(loom_strategy *s, const loom_buf *mine, loom_buf *stored, loom_err *err)
 {
     ps_strategy *ps = s->impl;
     loom_buf_init(stored);
     if (ps->net && !ps->need_init) {
-        int rc = fetch(ps, true, err);
+        int rc = fetch(ps, !ps->write_ckpt, err);
         if (rc) return rc;
     }
-    loom_buf_put_u32(stored, ITER_MAGIC);
+    loom_buf_put_u32(stored, ITER_MAGIC2);
     loom_buf_put_u32(stored, (uint32_t)ps->n_ps);
+    loom_buf_put_u32(stored, (uint32_t)ps->plan.n_shards);
+    loom_buf_put_u64(stored, ps->plan_id);
     loom_buf_put(stored, mine->data, mine->len);
     return stored->failed ? loom_err_set(err, LOOM_ENOMEM, NULL, "packing the iterator state") : LOOM_OK;
 }
@@ -1293,7 +1447,7 @@ static int ps_pick_iter_state(loom_strategy *s, const loom_buf *stored, loom_buf
     b.pos = 0;
     b.failed = 0;
     uint32_t magic = stored->len >= 8 ? loom_buf_get_u32(&b) : 0;
-    if (magic != ITER_MAGIC)
+    if (magic != ITER_MAGIC && !(magic == ITER_MAGIC2 && stored->len >= 20))
         return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "the checkpoint was not written by parameter_server training: "
                             "it holds no ps count"),
                loom_err_hint(err, "resume it with the strategy that wrote it, or pass --fresh");
@@ -1304,8 +1458,113 @@ static int ps_pick_iter_state(loom_strategy *s, const loom_buf *stored, loom_buf
                             ps->n_ps),
                loom_err_hint(err, "run the job with %u ps task%s (loom launch --ps %u), or pass --fresh to start over",
                              n, n == 1 ? "" : "s", n);
+    if (magic == ITER_MAGIC2) { /* the partitioning too (TF: the shard count must not change) */
+        uint32_t shards = loom_buf_get_u32(&b);
+        uint64_t id = loom_buf_get_u64(&b);
+        if (id != ps->plan_id)
+            return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "the checkpoint's variables were cut into %u shard%s over "
+                                "%u ps task%s by another partitioning (plan %016llx); this job cuts them into %d over %d "
+                                "(plan %016llx): shards restore only onto the partitioning that wrote them", shards,
+                                shards == 1 ? "" : "s", n, n == 1 ? "" : "s", (unsigned long long)id, ps->plan.n_shards,
+                                ps->n_ps, (unsigned long long)ps->plan_id),
+                   loom_err_hint(err, "run it with the model and strategy.variable_partitioner that wrote it (loom "
+                                 "check prints the shards), or pass --fresh to start over");
+    }
     loom_buf_put(mine, b.data + b.pos, b.len - b.pos);
     return mine->failed ? loom_err_set(err, LOOM_ENOMEM, NULL, "copying the iterator state") : LOOM_OK;
+}
+
+/* ---- sharded checkpoints (distribute.h; the seams distribute.c calls) ---- */
+
+bool loom_ps_saves_shards_(loom_strategy *s)
+{
+    ps_strategy *ps = s->impl;
+    return ps->net && ps->write_ckpt && ps->role == LOOM_ROLE_CHIEF;
+}
+
+void loom_ps_set_ckpt_writer_(loom_strategy *s, loom_ckpt_write_fn fn) { ((ps_strategy *)s->impl)->write_ckpt = fn; }
+
+int loom_ps_save_shards_(loom_strategy *s, const char *dir, int64_t step, loom_ckpt_shards *out, loom_err *err)
+{
+    ps_strategy *ps = s->impl;
+    memset(out, 0, sizeof *out);
+    char abs[PATH_MAX];
+    if (dir[0] != '/') { /* the ps tasks need the directory itself, whatever their working directory */
+        if (!realpath(dir, abs))
+            return loom_err_set(err, LOOM_EIO, dir, "cannot resolve the model directory: %s", strerror(errno));
+        dir = abs;
+    }
+    if (strlen(dir) >= LOOM_PATH_MAX)
+        return loom_err_set(err, LOOM_EIO, dir, "the model directory's path is longer than %d bytes", LOOM_PATH_MAX - 1);
+    int rc = ps->need_init ? init_ps_tasks(ps, step, err) : quiesce(ps, err); /* the variables at rest */
+    if (rc) return rc;
+    out->file = loom_calloc((size_t)ps->n_ps, sizeof *out->file);
+    out->part = loom_calloc((size_t)(ps->plan.n_shards ? ps->plan.n_shards : 1), sizeof *out->part);
+    if (!out->file || !out->part) {
+        loom_ckpt_shards_fini(out);
+        return loom_err_set(err, LOOM_ENOMEM, NULL, "listing the shards of a checkpoint");
+    }
+    out->n_ps = out->n_files = ps->n_ps;
+    out->plan_id = ps->plan_id;
+    loom_buf b;
+    loom_buf_init(&b);
+    uint64_t req = ++ps->req;
+    loom_ps_hdr h = {.req = req, .nonce = ps->nonce, .step = step};
+    loom_ps_put_save_(&b, &h, dir);
+    for (int q = 0; q < ps->n_ps && !rc; q++)
+        rc = b.failed ? loom_err_set(err, LOOM_ENOMEM, NULL, "building a checkpoint request")
+                      : loom_net_send(ps->net, ps->peer_ps[q], LOOM_PS_MSG_SAVE, b.data, b.len, err);
+    for (int q = 0; q < ps->n_ps && !rc; q++) {
+        int from;
+        uint32_t type;
+        char who[32];
+        for (;;) { /* (a late answer to an abandoned request is skipped) */
+            rc = loom_net_recv(ps->net, ps->peer_ps[q], LOOM_PS_MSG_REFUSED, LOOM_PS_MSG_SAVED, &from, &type, &b, -1, err);
+            if (rc) break;
+            if (type == LOOM_PS_MSG_REFUSED) {
+                rc = refused(ps, from, &b, err);
+                break;
+            }
+            if (type != LOOM_PS_MSG_SAVED) continue;
+            loom_ckpt_shard_file *f = &out->file[q];
+            loom_ps_hdr got;
+            if ((rc = loom_ps_decode_saved_(b.data, b.len, &got, &f->size, &f->crc, f->name, sizeof f->name, err))) {
+                loom_err_hint(err, "the answer of %s to a checkpoint request did not decode",
+                              peer_name(ps, from, who, sizeof who));
+                break;
+            }
+            if (got.req != req) continue;
+            f->ps = q;
+            break;
+        }
+        if (rc) break;
+        /* the index refers to the file by name in dir: this task must see it there */
+        char path[PATH_MAX + 160];
+        snprintf(path, sizeof path, "%s/%s", dir, out->file[q].name);
+        struct stat sb;
+        int missing = stat(path, &sb) < 0 ? errno : 0;
+        if (missing || (uint64_t)sb.st_size != out->file[q].size) {
+            rc = loom_err_set(err, LOOM_EIO, path, "ps:%d wrote its shard of the checkpoint of step %lld here (%llu "
+                              "bytes), but the coordinator %s%s", q, (long long)step,
+                              (unsigned long long)out->file[q].size, missing ? "cannot see it: " : "sees another size",
+                              missing ? strerror(missing) : "");
+            loom_err_hint(err, "run.model_dir must be one directory that every task of the job shares (the same "
+                               "path on a shared file system); the index the chief writes names the ps tasks' files");
+        }
+    }
+    loom_buf_fini(&b);
+    for (int i = 0; i < ps->plan.n_shards && !rc; i++) {
+        const loom_ps_shard *sh = &ps->plan.shard[i];
+        loom_ckpt_part *p = &out->part[out->n_parts++];
+        snprintf(p->var, sizeof p->var, "%s", ps->pi[sh->var].name);
+        loom_ps_record_name_(&ps->plan, ps->pi, i, p->record, sizeof p->record);
+        p->file = sh->ps;
+        p->row0 = sh->row0;
+        p->rows = sh->rows;
+    }
+    if (rc) loom_ckpt_shards_fini(out);
+    if (!rc && test_save_die_now(ps->task, "index", step)) _exit(137);
+    return rc;
 }
 
 static int ps_serve(loom_strategy *s, loom_iter *train, loom_err *err)
@@ -1338,7 +1597,7 @@ static void ps_print_plan(loom_strategy *s, int64_t global_batch, FILE *f)
 {
     ps_strategy *ps = s->impl;
     const loom_strategy_spec *st = &s->args->spec->strategy;
-    if (ps->role == LOOM_ROLE_EVALUATOR || !ps->model) {
+    if (ps->role == LOOM_ROLE_EVALUATOR || !ps->pi) {
         fprintf(f, "strategy: parameter_server (this is %s: no part in training)\n", ps->task);
         return;
     }
@@ -1360,12 +1619,7 @@ static void ps_print_plan(loom_strategy *s, int64_t global_batch, FILE *f)
     else
         fprintf(f, "  placement: variables split along axis 0 by the %s partitioner, shards round-robin over the ps "
                 "tasks\n", loom_partitioner_name(st->partitioner.kind));
-    int nv = loom_model_num_param_tensors(ps->model);
-    loom_param_info *pi = loom_calloc((size_t)(nv ? nv : 1), sizeof *pi);
-    if (!pi) return;
-    for (int v = 0; v < nv; v++) pi[v] = *loom_model_param_tensor(ps->model, v);
-    loom_ps_plan_print_(&ps->plan, pi, ps->n_slots, f);
-    loom_free(pi);
+    loom_ps_plan_print_(&ps->plan, ps->pi, ps->n_slots, f);
 }
 
 static int ps_peers(loom_strategy *s, loom_peer_info *out, int max)

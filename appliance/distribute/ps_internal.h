@@ -34,7 +34,17 @@
  *           u32 accepted, f64 loss_sum, i64 correct, i64 examples
  *   END     chief -> every task: the job is done
  *   REFUSED ps -> sender: u32 length + text saying why a message was refused
- * Decoders never trust a count beyond the plan or the bytes given. */
+ *   SAVE    chief -> ps: header (step = the checkpoint's), u32 length + the
+ *           directory (absolute) to write the shard file in
+ *   SAVED   ps -> chief: header (step), u64 size, u32 crc32c, u32 length +
+ *           the file's name (in that directory)
+ * Decoders never trust a count beyond the plan or the bytes given.
+ *
+ * Checkpoints: on SAVE each ps writes every shard it holds, with its
+ * optimizer slots, to <dir>/ckpt-<step>.data-<ps>-of-<n_ps> (the
+ * trainer's writer: written to a temporary name, synced, renamed) and
+ * answers with its size and CRC; the chief commits the index ckpt-<step>.loom
+ * naming them only when every ps has answered (train/checkpoint.c). */
 #ifndef LOOM_PS_INTERNAL_H
 #define LOOM_PS_INTERNAL_H
 
@@ -74,6 +84,13 @@ void loom_ps_plan_free_(loom_ps_plan *p);
 /* `loom check`: which ps holds which variable or shard, and bytes per ps. */
 void loom_ps_plan_print_(const loom_ps_plan *p, const loom_param_info *params, int n_slots, FILE *f);
 
+/* A hash of the partitioning (each shard's variable name, shape, index,
+ * rows and ps): two plans agree when their ids do. */
+uint64_t loom_ps_plan_id_(const loom_ps_plan *p, const loom_param_info *params);
+/* Record name of shard i in a checkpoint: the variable's name when it is
+ * whole, "<name>/part_<index>" (TF's) when split. */
+void loom_ps_record_name_(const loom_ps_plan *p, const loom_param_info *params, int i, char *buf, size_t n);
+
 /* ---- messages ------------------------------------------------------------ */
 
 enum {
@@ -88,7 +105,9 @@ enum {
     LOOM_PS_MSG_RESULT,
     LOOM_PS_MSG_END,
     LOOM_PS_MSG_REFUSED,
-    LOOM_PS_MSG_LAST = LOOM_PS_MSG_REFUSED,
+    LOOM_PS_MSG_SAVE,   /* sharded checkpoints (ps_internal.h's "Checkpoints" below) */
+    LOOM_PS_MSG_SAVED,
+    LOOM_PS_MSG_LAST = LOOM_PS_MSG_SAVED,
 };
 
 #define LOOM_PS_WHOLE      0xffffffffu
@@ -142,5 +161,17 @@ void loom_ps_put_result_(loom_buf *b, uint64_t fn, const loom_ps_step_out *s, ui
 /* *out (n steps, at most LOOM_PS_MAX_STEPS) is freed by the caller with loom_free. */
 int  loom_ps_decode_result_(const uint8_t *p, size_t len, uint64_t *fn, loom_ps_step_out **out, uint32_t *n,
                             loom_err *err);
+
+/* SAVE / SAVED bodies after the header (LOOM_EDATA when malformed). */
+void loom_ps_put_save_(loom_buf *b, const loom_ps_hdr *h, const char *dir);
+int  loom_ps_decode_save_(const uint8_t *p, size_t len, loom_ps_hdr *h, char *dir, size_t n, loom_err *err);
+void loom_ps_put_saved_(loom_buf *b, const loom_ps_hdr *h, uint64_t size, uint32_t crc, const char *name);
+int  loom_ps_decode_saved_(const uint8_t *p, size_t len, loom_ps_hdr *h, uint64_t *size, uint32_t *crc, char *name,
+                           size_t n, loom_err *err);
+
+/* ---- seams for distribute.c (sharded checkpoints; see distribute.h) ---- */
+bool loom_ps_saves_shards_(loom_strategy *s);
+void loom_ps_set_ckpt_writer_(loom_strategy *s, loom_ckpt_write_fn fn);
+int  loom_ps_save_shards_(loom_strategy *s, const char *dir, int64_t step, loom_ckpt_shards *out, loom_err *err);
 
 #endif

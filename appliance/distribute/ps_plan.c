@@ -143,3 +143,35 @@ void loom_ps_plan_print_(const loom_ps_plan *p, const loom_param_info *params, i
         fprintf(f, "  %d variable%s had fewer rows than num_shards: split into one shard per row, as TF caps them\n",
                 p->n_capped, p->n_capped == 1 ? "" : "s");
 }
+
+/* FNV-1a, 64 bits: a stable id of the partitioning, written in checkpoints. */
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+uint64_t loom_ps_plan_id_(const loom_ps_plan *p, const loom_param_info *params)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    int64_t nps = p->n_ps;
+    h = fnv(h, &nps, sizeof nps);
+    for (int i = 0; i < p->n_shards; i++) {
+        const loom_ps_shard *s = &p->shard[i];
+        const loom_param_info *v = &params[s->var];
+        h = fnv(h, v->name, strlen(v->name) + 1);
+        int64_t f[5 + LOOM_MAX_RANK] = {v->shape.rank, s->index, s->of, s->row0, s->rows};
+        for (int d = 0; d < v->shape.rank && d < LOOM_MAX_RANK; d++) f[5 + d] = v->shape.dim[d];
+        f[4] |= (int64_t)s->ps << 48; /* (rows < 2^48) */
+        h = fnv(h, f, sizeof f);
+    }
+    return h;
+}
+
+void loom_ps_record_name_(const loom_ps_plan *p, const loom_param_info *params, int i, char *buf, size_t n)
+{
+    const loom_ps_shard *s = &p->shard[i];
+    if (s->of == 1) snprintf(buf, n, "%s", params[s->var].name);
+    else snprintf(buf, n, "%s/part_%d", params[s->var].name, s->index);
+}

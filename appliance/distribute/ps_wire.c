@@ -180,3 +180,72 @@ int loom_ps_decode_result_(const uint8_t *p, size_t len, uint64_t *fn, loom_ps_s
     *n = k;
     return LOOM_OK;
 }
+
+/* A u32 length and that many bytes of text (no NUL inside) at p + *pos, into dst. */
+static int get_text(const uint8_t *p, size_t len, size_t *pos, char *dst, size_t n, const char *what, loom_err *err)
+{
+    if (len - *pos < 4) return loom_err_set(err, LOOM_EDATA, NULL, "a %s message ends before its %s", "checkpoint", what);
+    uint32_t l = rd32(p + *pos);
+    *pos += 4;
+    if (l == 0 || l >= n || len - *pos < l || memchr(p + *pos, 0, l))
+        return loom_err_set(err, LOOM_EDATA, NULL, "a checkpoint message's %s of %u bytes (%zu left, at most %zu)", what,
+                            l, len - *pos, n - 1);
+    memcpy(dst, p + *pos, l);
+    dst[l] = 0;
+    *pos += l;
+    return LOOM_OK;
+}
+
+static int get_hdr(const uint8_t *p, size_t len, loom_ps_hdr *h, loom_err *err)
+{
+    if (len < LOOM_PS_HDR) return loom_err_set(err, LOOM_EDATA, NULL, "a checkpoint message of %zu bytes", len);
+    h->req = rd64(p);
+    h->nonce = rd64(p + 8);
+    h->step = (int64_t)rd64(p + 16);
+    h->flags = rd32(p + 24);
+    h->n_ranges = rd32(p + 28);
+    if (h->step < 0 || h->flags || h->n_ranges)
+        return loom_err_set(err, LOOM_EDATA, NULL, "a checkpoint message for step %lld with flags 0x%x and %u ranges",
+                            (long long)h->step, h->flags, h->n_ranges);
+    return LOOM_OK;
+}
+
+void loom_ps_put_save_(loom_buf *b, const loom_ps_hdr *h, const char *dir)
+{
+    loom_ps_put_hdr_(b, h);
+    loom_buf_put_str(b, dir);
+}
+
+int loom_ps_decode_save_(const uint8_t *p, size_t len, loom_ps_hdr *h, char *dir, size_t n, loom_err *err)
+{
+    size_t pos = LOOM_PS_HDR;
+    int rc = get_hdr(p, len, h, err);
+    if (!rc) rc = get_text(p, len, &pos, dir, n, "directory", err);
+    if (!rc && pos != len) rc = loom_err_set(err, LOOM_EDATA, NULL, "%zu bytes after a SAVE message", len - pos);
+    if (!rc && dir[0] != '/') rc = loom_err_set(err, LOOM_EDATA, NULL, "SAVE into \"%s\", not an absolute path", dir);
+    return rc;
+}
+
+void loom_ps_put_saved_(loom_buf *b, const loom_ps_hdr *h, uint64_t size, uint32_t crc, const char *name)
+{
+    loom_ps_put_hdr_(b, h);
+    loom_buf_put_u64(b, size);
+    loom_buf_put_u32(b, crc);
+    loom_buf_put_str(b, name);
+}
+
+int loom_ps_decode_saved_(const uint8_t *p, size_t len, loom_ps_hdr *h, uint64_t *size, uint32_t *crc, char *name,
+                          size_t n, loom_err *err)
+{
+    int rc = get_hdr(p, len, h, err);
+    if (rc) return rc;
+    if (len < LOOM_PS_HDR + 12) return loom_err_set(err, LOOM_EDATA, NULL, "a SAVED message of %zu bytes", len);
+    *size = rd64(p + LOOM_PS_HDR);
+    *crc = rd32(p + LOOM_PS_HDR + 8);
+    size_t pos = LOOM_PS_HDR + 12;
+    if ((rc = get_text(p, len, &pos, name, n, "file name", err))) return rc;
+    if (pos != len) return loom_err_set(err, LOOM_EDATA, NULL, "%zu bytes after a SAVED message", len - pos);
+    if (strchr(name, '/') || name[0] == '.')
+        return loom_err_set(err, LOOM_EDATA, NULL, "SAVED names \"%s\", not a file of the model directory", name);
+    return LOOM_OK;
+}

@@ -430,8 +430,8 @@ NN_HOT static void conv1_kernel_grad(const nn_layer_ *l, const float *restrict x
  * fused multiply-add explicitly: one rounding per tap, the same loops and
  * summation order as above, so a split of the taps or the batch still gives
  * the same bits. Chosen at model build from the CPU's features
- * (loom_cpu()->level >= LOOM_CPU_AVX2_FMA, nn_layer_.fma), on AVX-512 CPUs
- * too: the taps' work is 256 bits wide either way on the cores measured. */
+ * (loom_cpu()->level >= LOOM_CPU_AVX2_FMA, nn_layer_.fma); AVX-512 CPUs run
+ * the 512-bit kernels below, which give the same bits. */
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define NN_FMA_TARGET __attribute__((target("avx2,fma")))
@@ -556,6 +556,138 @@ NN_FMA_TARGET static void conv1_kernel_grad_fma(const nn_layer_ *l, const float 
         for (int64_t e = 0; e < n; e++) dW[(int64_t)t0 * CO + e] += acc[e];
     }
 }
+
+/* The same two kernels 512 bits wide (l->fma == 2: the CPU has the AVX-512
+ * subset, loom_cpu()->level): a lane computes exactly what the lane of the
+ * 256-bit kernel above computes (the same fused multiply-adds in the same
+ * order, the same partial sums by pixel mod 4), so the bits are those of the
+ * AVX2 kernels; two blocks of 16 channels go together, so eight sums are in
+ * flight, as in the 256-bit kernels. */
+#define NN_512_TARGET __attribute__((target("avx512f,avx2,fma")))
+
+NN_512_TARGET static void conv1_forward_512(const nn_layer_ *l, const float *restrict Wt, const float *restrict bias,
+                                            const float *restrict x, float *restrict y, int64_t nb, float *restrict xp)
+{
+    int Hp, Wp;
+    plane_dims(l, &Hp, &Wp);
+    const int OH = l->oh, OW = l->ow, CO = l->cout, KH = l->kh, KW = l->kw, SH = l->sh, SW = l->sw;
+    const int CB = CO - CO % NN_CB;
+    for (int64_t b = 0; b < nb; b++) {
+        pad_plane(l, x + b * l->n_in, xp, Hp, Wp);
+        for (int oy = 0; oy < OH; oy++)
+            for (int ox = 0; ox < OW; ox++) {
+                float *restrict yp = y + ((b * OH + oy) * OW + ox) * (int64_t)CO;
+                const float *restrict x0 = xp + (int64_t)oy * SH * Wp + (int64_t)ox * SW;
+                int q = ox + 4 <= OW ? 4 : 1; /* pixels done together */
+                for (int c0 = 0; c0 < CB; c0 += 2 * NN_CB) {
+                    const int two = c0 + NN_CB < CB; /* a second block of 16 channels */
+                    const int c1 = two ? c0 + NN_CB : c0;
+                    __m512 lo = bias ? _mm512_loadu_ps(bias + c0) : _mm512_setzero_ps();
+                    __m512 hi = bias ? _mm512_loadu_ps(bias + c1) : _mm512_setzero_ps();
+                    __m512 a0 = lo, a1 = lo, a2 = lo, a3 = lo, b0 = hi, b1 = hi, b2 = hi, b3 = hi;
+                    for (int i = 0; i < KH; i++)
+                        for (int j = 0; j < KW; j++) {
+                            const float *xv = x0 + i * Wp + j;
+                            const float *wp = Wt + (i * KW + j) * CO;
+                            __m512 wl = _mm512_loadu_ps(wp + c0), wh = _mm512_loadu_ps(wp + c1);
+                            __m512 v = _mm512_set1_ps(xv[0]);
+                            a0 = _mm512_fmadd_ps(v, wl, a0);
+                            b0 = _mm512_fmadd_ps(v, wh, b0);
+                            if (q == 4) {
+                                v = _mm512_set1_ps(xv[SW]);
+                                a1 = _mm512_fmadd_ps(v, wl, a1);
+                                b1 = _mm512_fmadd_ps(v, wh, b1);
+                                v = _mm512_set1_ps(xv[2 * SW]);
+                                a2 = _mm512_fmadd_ps(v, wl, a2);
+                                b2 = _mm512_fmadd_ps(v, wh, b2);
+                                v = _mm512_set1_ps(xv[3 * SW]);
+                                a3 = _mm512_fmadd_ps(v, wl, a3);
+                                b3 = _mm512_fmadd_ps(v, wh, b3);
+                            }
+                        }
+                    _mm512_storeu_ps(yp + c0, a0);
+                    _mm512_storeu_ps(yp + c1, b0);
+                    if (q == 4) {
+                        _mm512_storeu_ps(yp + CO + c0, a1);
+                        _mm512_storeu_ps(yp + CO + c1, b1);
+                        _mm512_storeu_ps(yp + 2 * CO + c0, a2);
+                        _mm512_storeu_ps(yp + 2 * CO + c1, b2);
+                        _mm512_storeu_ps(yp + 3 * CO + c0, a3);
+                        _mm512_storeu_ps(yp + 3 * CO + c1, b3);
+                    }
+                }
+                for (int p = 0; p < q; p++)
+                    for (int co = CB; co < CO; co++) {
+                        float a = bias ? bias[co] : 0.f;
+                        for (int i = 0; i < KH; i++)
+                            for (int j = 0; j < KW; j++)
+                                a = __builtin_fmaf(x0[i * Wp + j + p * SW], Wt[(i * KW + j) * CO + co], a);
+                        yp[p * CO + co] = a;
+                    }
+                ox += q - 1;
+            }
+    }
+}
+
+NN_512_TARGET static void conv1_kernel_grad_512(const nn_layer_ *l, const float *restrict x, const float *restrict dz,
+                                                int64_t nb, int t0, int t1, float *restrict dW, float *restrict xp,
+                                                float *restrict acc)
+{
+    int Hp, Wp;
+    plane_dims(l, &Hp, &Wp);
+    const int OH = l->oh, OW = l->ow, CO = l->cout, KW = l->kw, SH = l->sh, SW = l->sw;
+    const int CB = CO - CO % NN_CB;
+    const int64_t n = (int64_t)(t1 - t0) * CO;
+    for (int64_t e = 0; e < n; e++) dW[(int64_t)t0 * CO + e] = 0.f;
+    for (int64_t b = 0; b < nb; b++) {
+        pad_plane(l, x + b * l->n_in, xp, Hp, Wp);
+        for (int64_t e = 0; e < n; e++) acc[e] = 0.f;
+        for (int oy = 0; oy < OH; oy++) {
+            const float *restrict gr = dz + (b * OH + oy) * (int64_t)OW * CO;
+            for (int tap = t0; tap < t1; tap++) {
+                const int i = tap / KW, j = tap % KW;
+                const float *restrict xr = xp + (int64_t)(oy * SH + i) * Wp + j;
+                float *restrict at = acc + (int64_t)(tap - t0) * CO;
+                for (int c0 = 0; c0 < CB; c0 += 2 * NN_CB) {
+                    const int c1 = c0 + NN_CB < CB ? c0 + NN_CB : c0; /* a second block, or the first again */
+                    /* four partial sums (pixel mod 4) per block, as the 256-bit kernel keeps them */
+                    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, h0 = s0, h1 = s0, h2 = s0, h3 = s0;
+                    int ox = 0;
+                    for (; ox + 4 <= OW; ox += 4) {
+                        const float *gp = gr + ox * CO, *xv = xr + ox * SW;
+                        __m512 v = _mm512_set1_ps(xv[0]);
+                        s0 = _mm512_fmadd_ps(v, _mm512_loadu_ps(gp + c0), s0);
+                        h0 = _mm512_fmadd_ps(v, _mm512_loadu_ps(gp + c1), h0);
+                        v = _mm512_set1_ps(xv[SW]);
+                        s1 = _mm512_fmadd_ps(v, _mm512_loadu_ps(gp + CO + c0), s1);
+                        h1 = _mm512_fmadd_ps(v, _mm512_loadu_ps(gp + CO + c1), h1);
+                        v = _mm512_set1_ps(xv[2 * SW]);
+                        s2 = _mm512_fmadd_ps(v, _mm512_loadu_ps(gp + 2 * CO + c0), s2);
+                        h2 = _mm512_fmadd_ps(v, _mm512_loadu_ps(gp + 2 * CO + c1), h2);
+                        v = _mm512_set1_ps(xv[3 * SW]);
+                        s3 = _mm512_fmadd_ps(v, _mm512_loadu_ps(gp + 3 * CO + c0), s3);
+                        h3 = _mm512_fmadd_ps(v, _mm512_loadu_ps(gp + 3 * CO + c1), h3);
+                    }
+                    for (; ox < OW; ox++) {
+                        __m512 v = _mm512_set1_ps(xr[ox * SW]);
+                        s0 = _mm512_fmadd_ps(v, _mm512_loadu_ps(gr + ox * CO + c0), s0);
+                        h0 = _mm512_fmadd_ps(v, _mm512_loadu_ps(gr + ox * CO + c1), h0);
+                    }
+                    __m512 sl = _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
+                    __m512 sh = _mm512_add_ps(_mm512_add_ps(h0, h1), _mm512_add_ps(h2, h3));
+                    _mm512_storeu_ps(at + c0, _mm512_add_ps(_mm512_loadu_ps(at + c0), sl));
+                    if (c1 != c0) _mm512_storeu_ps(at + c1, _mm512_add_ps(_mm512_loadu_ps(at + c1), sh));
+                }
+                for (int co = CB; co < CO; co++) {
+                    float a = 0.f;
+                    for (int ox = 0; ox < OW; ox++) a = __builtin_fmaf(xr[ox * SW], gr[ox * CO + co], a);
+                    at[co] += a;
+                }
+            }
+        }
+        for (int64_t e = 0; e < n; e++) dW[(int64_t)t0 * CO + e] += acc[e];
+    }
+}
 #define NN_HAVE_FMA 1
 #else
 #define NN_HAVE_FMA 0
@@ -603,19 +735,114 @@ static int conv_is_pointwise(const nn_layer_ *l)
     return l->kh == 1 && l->kw == 1 && l->sh == 1 && l->sw == 1 && l->pad_t == 0 && l->pad_l == 0;
 }
 
+/* ---- conv2d + max_pool2d in one pass (nn_internal.h: fuse_pool) -------------- */
+
+/* Pool p over the conv's pre-activation z (nb examples of the conv's output):
+ * each window's max (the first of equal ones in (i, j) order, as
+ * pool_forward), then + bias (NULL: already in z) and the activation (relu or
+ * none) into y, its position into argmax; rows (nb, p->n_out) each. */
+NN_HOT static void pool_fused_forward(const nn_layer_ *p, const float *restrict bias, loom_activation act,
+                                      const float *restrict z, float *restrict y, int32_t *restrict argmax, int64_t nb)
+{
+    const int W = p->iw, C = p->cin, OH = p->oh, OW = p->ow, KH = p->kh, KW = p->kw;
+    const int relu = act == LOOM_ACT_RELU;
+    for (int64_t b = 0; b < nb; b++) {
+        const float *zb = z + b * p->n_in;
+        for (int oy = 0; oy < OH; oy++)
+            for (int ox = 0; ox < OW; ox++) {
+                const int64_t o = b * p->n_out + ((int64_t)oy * OW + ox) * C;
+                float *restrict yo = y + o;
+                int32_t *restrict ao = argmax + o;
+                const int32_t p0 = (oy * KH * W + ox * KW) * C;
+                if (KH == 2 && KW == 2) { /* the usual case, unrolled */
+                    const int32_t p1 = p0 + C, p2 = p0 + W * C, p3 = p2 + C;
+                    const float *restrict x0 = zb + p0, *restrict x1 = zb + p1, *restrict x2 = zb + p2,
+                                          *restrict x3 = zb + p3;
+                    for (int c = 0; c < C; c++) {
+                        float v = x0[c];
+                        int32_t a = p0 + c;
+                        if (x1[c] > v) v = x1[c], a = p1 + c;
+                        if (x2[c] > v) v = x2[c], a = p2 + c;
+                        if (x3[c] > v) v = x3[c], a = p3 + c;
+                        yo[c] = v;
+                        ao[c] = a;
+                    }
+                } else {
+                    for (int c = 0; c < C; c++) {
+                        yo[c] = zb[p0 + c];
+                        ao[c] = p0 + c;
+                    }
+                    for (int i = 0; i < KH; i++)
+                        for (int j = 0; j < KW; j++) {
+                            const int32_t base = p0 + (i * W + j) * C;
+                            const float *restrict xp = zb + base;
+                            for (int c = 0; c < C; c++) {
+                                int gt = xp[c] > yo[c];
+                                yo[c] = gt ? xp[c] : yo[c];
+                                ao[c] = gt ? base + c : ao[c];
+                            }
+                        }
+                }
+                if (bias)
+                    for (int c = 0; c < C; c++) yo[c] += bias[c];
+                if (relu)
+                    for (int c = 0; c < C; c++) yo[c] = yo[c] > 0.f ? yo[c] : 0.f;
+            }
+    }
+}
+
+/* The fused pool's backward on B examples: gm (B, p->n_out) = g where the
+ * pooled output y passed the ReLU (all of g without one), and the conv's dz
+ * (B, p->n_in) = gm at each window's maximum, zero elsewhere: the windows
+ * tile the conv's output, so every element is written once. */
+NN_HOT static void pool_fused_backward(const nn_layer_ *p, loom_activation act, const float *restrict y,
+                                       const int32_t *restrict argmax, const float *restrict g, float *restrict gm,
+                                       float *restrict dz, int64_t B)
+{
+    const int C = p->cin, W = p->iw, KH = p->kh, KW = p->kw;
+    const int64_t n = B * p->n_out;
+    if (act == LOOM_ACT_RELU)
+        for (int64_t e = 0; e < n; e++) gm[e] = y[e] > 0.f ? g[e] : 0.f;
+    else
+        memcpy(gm, g, (size_t)n * sizeof *gm);
+    for (int64_t b = 0; b < B; b++) {
+        float *dzb = dz + b * p->n_in;
+        const float *gb = gm + b * p->n_out;
+        const int32_t *ab = argmax + b * p->n_out;
+        for (int oy = 0; oy < p->oh; oy++)
+            for (int ox = 0; ox < p->ow; ox++) {
+                const int64_t o = ((int64_t)oy * p->ow + ox) * C;
+                for (int i = 0; i < KH; i++)
+                    for (int j = 0; j < KW; j++) {
+                        const int32_t base = ((oy * KH + i) * W + ox * KW + j) * C;
+                        float *restrict d = dzb + base;
+                        for (int c = 0; c < C; c++) d[c] = ab[o + c] == base + c ? gb[o + c] : 0.f;
+                    }
+            }
+    }
+}
+
 static void conv_forward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, const float *x, float *yc)
 {
     const int64_t B = c->B;
     const float *W = m->params + l->kernel_off;
     const float *bias = l->bias_off >= 0 ? m->params + l->bias_off : NULL;
     const int64_t K = (int64_t)l->kh * l->kw * l->cin, P = (int64_t)l->oh * l->ow;
+    const nn_layer_ *p = l->fuse_pool ? l + 1 : NULL; /* the fused pool, its rows of this chunk */
+    float *py = p ? p->y + c->b0 * p->n_out : NULL;
+    int32_t *pa = p ? p->argmax + c->b0 * p->n_out : NULL;
     if (l->cin == 1 && !conv_is_pointwise(l)) {
+        /* fused: one example at a time, pooled while its output is in cache */
+        for (int64_t b0 = 0, nb = p ? 1 : B; b0 < B; b0 += nb) {
 #if NN_HAVE_FMA
-        if (l->fma) conv1_forward_fma(l, W, bias, x, yc, B, c->col);
-        else
+            if (l->fma == 2) conv1_forward_512(l, W, bias, x + b0 * l->n_in, yc + b0 * l->n_out, nb, c->col);
+            else if (l->fma) conv1_forward_fma(l, W, bias, x + b0 * l->n_in, yc + b0 * l->n_out, nb, c->col);
+            else
 #endif
-            conv1_forward(l, W, bias, x, yc, B, c->col);
-        if (l->act != LOOM_ACT_NONE) bias_act(yc, NULL, B * P, l->cout, l->act);
+                conv1_forward(l, W, bias, x + b0 * l->n_in, yc + b0 * l->n_out, nb, c->col);
+            if (p) pool_fused_forward(p, NULL, l->act, yc + b0 * l->n_out, py + b0 * p->n_out, pa + b0 * p->n_out, nb);
+        }
+        if (!p && l->act != LOOM_ACT_NONE) bias_act(yc, NULL, B * P, l->cout, l->act);
         return;
     }
     for (int64_t b0 = 0; b0 < B; b0 += l->chunk) {
@@ -627,7 +854,8 @@ static void conv_forward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, 
         }
         float *y = yc + b0 * l->n_out;
         loom_sgemm(false, false, (int)(nb * P), l->cout, (int)K, 1.f, col, (int)K, W, l->cout, 0.f, y, l->cout);
-        bias_act(y, bias, nb * P, l->cout, l->act);
+        if (p) pool_fused_forward(p, bias, l->act, y, py + b0 * p->n_out, pa + b0 * p->n_out, nb);
+        else bias_act(y, bias, nb * P, l->cout, l->act);
     }
 }
 
@@ -641,7 +869,7 @@ static float *conv_backward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *
     const float *W = m->params + l->kernel_off;
     const int64_t K = (int64_t)l->kh * l->kw * l->cin, P = (int64_t)l->oh * l->ow;
     float *dz = l->dz + c->b0 * l->n_out;
-    act_grad_to(dz, g, y, B * P, l->cout, l->act);
+    if (!l->fuse_pool) act_grad_to(dz, g, y, B * P, l->cout, l->act); /* fused: the pool's backward wrote dz */
     if (!l->needs_dx) return NULL;
     for (int64_t b0 = 0; b0 < B; b0 += l->chunk) {
         int64_t nb = B - b0 < l->chunk ? B - b0 : l->chunk;
@@ -670,7 +898,8 @@ void nn_conv_param_grads_(const loom_model *m, int li, const float *x, int64_t B
         int Hp, Wp;
         plane_dims(l, &Hp, &Wp);
 #if NN_HAVE_FMA
-        if (t1 > t0 && l->fma) conv1_kernel_grad_fma(l, x, dz, B, t0, t1, dW, scratch, scratch + (int64_t)Hp * Wp);
+        if (t1 > t0 && l->fma == 2) conv1_kernel_grad_512(l, x, dz, B, t0, t1, dW, scratch, scratch + (int64_t)Hp * Wp);
+        else if (t1 > t0 && l->fma) conv1_kernel_grad_fma(l, x, dz, B, t0, t1, dW, scratch, scratch + (int64_t)Hp * Wp);
         else
 #endif
             if (t1 > t0) conv1_kernel_grad(l, x, dz, B, t0, t1, dW, scratch, scratch + (int64_t)Hp * Wp);
@@ -694,9 +923,13 @@ void nn_conv_param_grads_(const loom_model *m, int li, const float *x, int64_t B
     if (l->bias_off < 0) return;
     int64_t c0 = CO * part / parts, c1 = CO * (part + 1) / parts;
     float *restrict db = m->grads + l->bias_off;
+    /* fused with a pool: dz is zero off the windows' maxima, so the sums run
+     * over the pool's masked gradient rows instead, kh*kw times fewer */
+    const float *restrict gs = l->fuse_pool ? m->layer[li + 1].dz : dz;
+    const int64_t rows = l->fuse_pool ? B * (m->layer[li + 1].n_out / CO) : B * P;
     for (int64_t j = c0; j < c1; j++) db[j] = 0.f;
-    for (int64_t r = 0; r < B * P; r++)
-        for (int64_t j = c0; j < c1; j++) db[j] += dz[r * CO + j];
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = c0; j < c1; j++) db[j] += gs[r * CO + j];
 }
 
 /* ---- max_pool2d ------------------------------------------------------------ */
@@ -1318,7 +1551,7 @@ void nn_layer_forward_(const loom_model *m, int li, nn_chunk_ *c, int training, 
         conv_forward(m, l, c, x, y);
         break;
     case LOOM_LAYER_MAX_POOL2D:
-        pool_forward(l, x, y, l->argmax + row0, B);
+        if (!l->fused) pool_forward(l, x, y, l->argmax + row0, B); /* fused: the conv's forward pooled */
         break;
     case LOOM_LAYER_DROPOUT:
         if (training && l->spec.rate > 0) dropout_forward(l, li, x, y, l->mask + row0, row0, B * l->n_out, rng_key);
@@ -1366,6 +1599,11 @@ float *nn_layer_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, f
     case LOOM_LAYER_CONV2D:
         return conv_backward(m, l, c, y, g, other);
     case LOOM_LAYER_MAX_POOL2D:
+        if (l->fused) { /* the conv's dz rows directly; the conv ignores g */
+            const nn_layer_ *cv = l - 1;
+            pool_fused_backward(l, cv->act, y, l->argmax + row0, g, l->dz + row0, cv->dz + c->b0 * cv->n_out, B);
+            return g;
+        }
         return pool_backward(l, l->argmax + row0, g, other, B);
     case LOOM_LAYER_DROPOUT:
         if (y == x) return g;

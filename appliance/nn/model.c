@@ -286,8 +286,36 @@ static int check_loss(loom_model *m, const loom_shape *label, loom_dtype label_d
     return LOOM_OK;
 }
 
+static int model_build(loom_model **out, const loom_model_spec *spec, const loom_shape *input, loom_dtype input_dtype,
+                       const loom_shape *label, loom_dtype label_dtype, int64_t max_batch, bool shapes_only,
+                       loom_err *err);
+
 int loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_shape *input, loom_dtype input_dtype,
                    const loom_shape *label, loom_dtype label_dtype, int64_t max_batch, loom_err *err)
+{
+    return model_build(out, spec, input, input_dtype, label, label_dtype, max_batch, false, err);
+}
+
+int loom_model_param_list(const loom_model_spec *spec, const loom_shape *input, loom_dtype input_dtype,
+                          const loom_shape *label, loom_dtype label_dtype, loom_param_info **out, int *n,
+                          int64_t *n_params, loom_err *err)
+{
+    *out = NULL;
+    *n = 0;
+    loom_model *m;
+    int rc = model_build(&m, spec, input, input_dtype, label, label_dtype, 1, true, err);
+    if (rc) return rc;
+    *out = loom_calloc((size_t)(m->n_ptensors ? m->n_ptensors : 1), sizeof **out);
+    if (!*out) rc = loom_err_set(err, LOOM_ENOMEM, m->where, "listing %d variables", m->n_ptensors);
+    else memcpy(*out, m->pinfo, (size_t)m->n_ptensors * sizeof **out), *n = m->n_ptensors;
+    *n_params = m->n_params;
+    loom_model_free(m);
+    return rc;
+}
+
+static int model_build(loom_model **out, const loom_model_spec *spec, const loom_shape *input, loom_dtype input_dtype,
+                       const loom_shape *label, loom_dtype label_dtype, int64_t max_batch, bool shapes_only,
+                       loom_err *err)
 {
     char a[96];
     *out = NULL;
@@ -359,7 +387,20 @@ int loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_sha
     /* the loss takes logits: a softmax (sigmoid) ending the model is fused into softmax (binary) cross-entropy */
     if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && last->act == LOOM_ACT_SOFTMAX) last->act = LOOM_ACT_NONE;
     if (m->loss == LOOM_LOSS_BCE && last->act == LOOM_ACT_SIGMOID) last->act = LOOM_ACT_NONE;
+    /* conv2d (none or relu) + a max_pool2d tiling its output: fused (nn_internal.h, fuse_pool) */
+    for (int i = 0; i + 1 < m->n_layers; i++) {
+        nn_layer_ *l = &m->layer[i], *p = &m->layer[i + 1];
+        if (l->spec.kind != LOOM_LAYER_CONV2D || p->spec.kind != LOOM_LAYER_MAX_POOL2D) continue;
+        if (l->act != LOOM_ACT_NONE && l->act != LOOM_ACT_RELU) continue;
+        if (p->sh != p->kh || p->sw != p->kw || p->pad_t || p->pad_l || p->oh * p->kh != p->ih || p->ow * p->kw != p->iw)
+            continue;
+        l->fuse_pool = p->fused = 1;
+    }
 
+    if (shapes_only) { /* loom_model_param_list: no buffer */
+        *out = m;
+        return LOOM_OK;
+    }
     /* what the buffers below take, checked before any is allocated: a layer
      * or a batch that cannot fit is the config's error, not an allocation's */
     int64_t phys = loom_phys_bytes(), need = 0;
@@ -403,7 +444,7 @@ int loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_sha
         if (k == LOOM_LAYER_MAX_POOL2D &&
             !(l->argmax = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(int32_t))))
             goto nomem;
-        if ((k == LOOM_LAYER_DENSE || k == LOOM_LAYER_CONV2D) && !(l->dz = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(float))))
+        if ((k == LOOM_LAYER_DENSE || k == LOOM_LAYER_CONV2D || l->fused) && !(l->dz = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(float))))
             goto nomem;
         if (k == LOOM_LAYER_EMBEDDING) {
             int64_t per = (int64_t)l->cols * l->k, mx = max_batch * per;
@@ -432,7 +473,8 @@ int loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_sha
             int64_t direct = ((int64_t)(l->oh - 1) * l->sh + l->kh) * ((int64_t)(l->ow - 1) * l->sw + l->kw) +
                              (int64_t)l->kh * l->kw * l->cout;
             if (l->cin == 1 && !pointwise && direct > colmax) colmax = direct;
-            l->fma = loom_cpu()->level >= LOOM_CPU_AVX2_FMA; /* kernels by the CPU's features, read at start */
+            /* kernels by the CPU's features, read at start: 2 = 512 bits wide, 1 = AVX2+FMA, 0 = generic */
+            l->fma = loom_cpu()->level >= LOOM_CPU_AVX512 ? 2 : loom_cpu()->level >= LOOM_CPU_AVX2_FMA;
         }
     }
     size_t pbytes = (size_t)(m->n_params ? m->n_params : 1) * sizeof(float);

@@ -45,6 +45,13 @@ typedef struct loom_param_info {
 int  loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_shape *input, loom_dtype input_dtype,
                     const loom_shape *label, loom_dtype label_dtype, int64_t max_batch, loom_err *err);
 void loom_model_free(loom_model *m); /* NULL is a no-op */
+/* The parameter tensors (names, offsets, shapes) loom_model_new would build,
+ * and *n_params, the floats of them all, without allocating any buffer: for
+ * a task that holds only some of them (a parameter server). The same
+ * checks as loom_model_new. *out (n) is freed with loom_free. */
+int loom_model_param_list(const loom_model_spec *spec, const loom_shape *input, loom_dtype input_dtype,
+                          const loom_shape *label, loom_dtype label_dtype, loom_param_info **out, int *n,
+                          int64_t *n_params, loom_err *err);
 
 int64_t      loom_model_num_params(const loom_model *m);
 float       *loom_model_params(loom_model *m);  /* (P,) borrowed */

@@ -22,7 +22,18 @@ typedef struct nn_layer_ {
     /* conv2d, max_pool2d geometry */
     int ih, iw, cin, oh, ow, cout, kh, kw, sh, sw, pad_t, pad_l;
     int chunk;                     /* conv2d: examples per im2col chunk */
-    int fma;                       /* conv2d with cin = 1: the explicit-FMA direct kernels (the CPU has AVX2+FMA) */
+    int fma;                       /* conv2d with cin = 1: the explicit-FMA direct kernels, 1: AVX2+FMA, 2: AVX-512 (same bits) */
+    /* conv2d followed by a max_pool2d whose windows tile the conv's output
+     * exactly, the conv's activation none or relu: one pass instead of four.
+     * The conv (fuse_pool) leaves its pre-activation in y (the GEMM path
+     * before the bias) and pools each im2col chunk while it is in cache; the
+     * pool (fused) takes the max, then adds the bias and applies the ReLU:
+     * x -> x + b keeps order under rounding and ReLU commutes with max, so
+     * the pooled values are the unfused ones bit for bit. Its backward writes
+     * the conv's dz at the window maxima (zeros elsewhere) and keeps the
+     * ReLU-masked pooled gradient in its own dz for the conv's bias sums. */
+    int fuse_pool;                 /* conv2d */
+    int fused;                     /* max_pool2d */
     float         *y;              /* (max_batch, n_out) owned output; NULL for flatten */
     int32_t       *argmax;         /* max_pool2d: (max_batch, n_out) input index within the example */
     uint8_t       *mask;           /* dropout: (max_batch, n_out) 1 = kept */

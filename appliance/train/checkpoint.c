@@ -6,7 +6,19 @@
  *            u32 rank | i64 dim[rank] | u64 raw bytes | u64 stored bytes |
  *            u32 crc32c(raw) | stored bytes (zstd frame)
  *   "LOOMEND\0" u32 crc32c(every byte before this trailer)
- * The trailer makes a truncated file detectable before anything is read. */
+ * The trailer makes a truncated file detectable before anything is read.
+ *
+ * Sharded checkpoints (parameter_server: the variables live on ps tasks):
+ * each ps writes ckpt-<step>.data-<ps>-of-<n_ps> in this format, holding its
+ * shards' tensors (and slots) and a blob "shard" (u32 version=1 | i64 step |
+ * u32 ps | u32 n_ps | u64 plan id); then the chief commits the index
+ * ckpt-<step>.loom, again this format, holding the blobs "trainer" and
+ * "iterator/train" and a blob "shards": u32 version=1 | i64 step | u32 n_ps
+ * | u64 plan id | u32 files, each: str name, u64 size, u32 crc32c(the whole
+ * file), u32 ps | u32 parts, each: str variable, str record, u32 file,
+ * i64 row0, i64 rows. The index is renamed into place last, so the newest
+ * index always names a complete set; loom_ckpt_load reads an index like a
+ * whole checkpoint, assembling every variable from its shards. */
 #include "train.h"
 
 #include <dirent.h>
@@ -166,14 +178,83 @@ static int write_index(const char *dir, const ckpt_entry *list, int n, loom_err 
     return rc;
 }
 
+/* The step of a shard file's name (ckpt-<step>.data-...); false: not one. */
+static bool shard_step_of(const char *fname, int64_t *step)
+{
+    if (strncmp(fname, "ckpt-", 5) != 0) return false;
+    const char *p = fname + 5, *q = p;
+    while (*q >= '0' && *q <= '9' && q - p < 17) q++;
+    if (q == p || strncmp(q, ".data-", 6) != 0) return false;
+    *step = strtoll(p, NULL, 10);
+    return true;
+}
+
+/* Keeps the newest `keep` checkpoints (0: all), deleting the older ones with
+ * their shard files, and shard files that no kept index names (left by a
+ * save that never committed its index); rewrites the `checkpoint` file. */
+static int prune(const char *dir, int keep, loom_err *err)
+{
+    ckpt_entry *list;
+    int n;
+    int rc = list_ckpts(dir, &list, &n, false, err);
+    if (rc) return rc;
+    int first = keep > 0 && n > keep ? n - keep : 0;
+    for (int i = 0; i < first; i++) {
+        char old[LOOM_PATH_MAX + 80];
+        snprintf(old, sizeof old, "%s/%s", dir, list[i].name);
+        if (unlink(old) < 0 && errno != ENOENT)
+            loom_warn("%s: cannot delete an old checkpoint: %s", old, strerror(errno));
+    }
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        int64_t st;
+        if (!shard_step_of(e->d_name, &st) || strstr(e->d_name, ".tmp.")) continue;
+        bool kept = false;
+        for (int i = first; i < n && !kept; i++) kept = list[i].step == st;
+        char old[LOOM_PATH_MAX + 300];
+        snprintf(old, sizeof old, "%s/%s", dir, e->d_name);
+        if (!kept && unlink(old) < 0 && errno != ENOENT)
+            loom_warn("%s: cannot delete an old checkpoint shard: %s", old, strerror(errno));
+    }
+    if (d) closedir(d);
+    if (n > first) rc = write_index(dir, list + first, n - first, err);
+    loom_free(list);
+    return rc;
+}
+
+/* Header, then (after the caller's records) the trailer; written atomically. */
+static void begin_file(loom_buf *b, uint32_t records)
+{
+    loom_buf_put(b, MAGIC, 8);
+    loom_buf_put_u32(b, CKPT_VERSION);
+    loom_buf_put_u32(b, records);
+}
+
+static int end_file(loom_buf *b, const char *path, loom_err *err)
+{
+    uint32_t crc = loom_crc32c(b->data, b->len);
+    loom_buf_put(b, TRAILER, 8);
+    loom_buf_put_u32(b, crc);
+    return b->failed ? loom_err_set(err, LOOM_ENOMEM, path, "out of memory writing a checkpoint")
+                     : loom_write_file_atomic(path, b->data, b->len, err);
+}
+
 int loom_ckpt_save(const char *dir, int64_t step, loom_model *m, loom_optimizer *o, const loom_buf *trainer,
                    const loom_buf *iter, int keep, char path[LOOM_PATH_MAX], loom_err *err)
+{
+    return loom_ckpt_save_adapt(dir, step, m, o, trainer, iter, NULL, keep, path, err);
+}
+
+int loom_ckpt_save_adapt(const char *dir, int64_t step, loom_model *m, loom_optimizer *o, const loom_buf *trainer,
+                         const loom_buf *iter, const loom_buf *adapt, int keep, char path[LOOM_PATH_MAX], loom_err *err)
 {
     loom_buf b;
     loom_buf_init(&b);
     int nt = loom_model_num_param_tensors(m);
     int nslots = o ? loom_optimizer_num_slots(o) : 0;
-    uint32_t records = (uint32_t)(nt * (1 + nslots)) + (trainer != NULL) + (iter != NULL);
+    if (adapt && !adapt->len) adapt = NULL;
+    uint32_t records = (uint32_t)(nt * (1 + nslots)) + (trainer != NULL) + (iter != NULL) + (adapt != NULL);
     loom_buf_put(&b, MAGIC, 8);
     loom_buf_put_u32(&b, CKPT_VERSION);
     loom_buf_put_u32(&b, records);
@@ -193,6 +274,7 @@ int loom_ckpt_save(const char *dir, int64_t step, loom_model *m, loom_optimizer 
     }
     if (!rc && trainer) rc = put_record(&b, KIND_BLOB, "trainer", NULL, trainer->data, trainer->len, err);
     if (!rc && iter) rc = put_record(&b, KIND_BLOB, "iterator/train", NULL, iter->data, iter->len, err);
+    if (!rc && adapt) rc = put_record(&b, KIND_BLOB, "adapt", NULL, adapt->data, adapt->len, err);
     if (!rc) {
         uint32_t crc = loom_crc32c(b.data, b.len);
         loom_buf_put(&b, TRAILER, 8);
@@ -202,22 +284,7 @@ int loom_ckpt_save(const char *dir, int64_t step, loom_model *m, loom_optimizer 
                       : loom_write_file_atomic(path, b.data, b.len, err);
     }
     loom_buf_fini(&b);
-    if (rc) return rc;
-
-    ckpt_entry *list;
-    int n;
-    rc = list_ckpts(dir, &list, &n, false, err);
-    if (rc) return rc;
-    int first = keep > 0 && n > keep ? n - keep : 0;
-    for (int i = 0; i < first; i++) {
-        char old[LOOM_PATH_MAX + 80];
-        snprintf(old, sizeof old, "%s/%s", dir, list[i].name);
-        if (unlink(old) < 0 && errno != ENOENT)
-            loom_warn("%s: cannot delete an old checkpoint: %s", old, strerror(errno));
-    }
-    if (n > first) rc = write_index(dir, list + first, n - first, err);
-    loom_free(list);
-    return rc;
+    return rc ? rc : prune(dir, keep, err);
 }
 
 /* One record's header, with its stored bytes still compressed. */
@@ -291,11 +358,19 @@ static int read_plain(const char *path, uint8_t **data, size_t *len, loom_err *e
 /* Reads a checkpoint file whole and checks its magic, end marker, file
  * checksum and version; on success b reads the records and *records says how
  * many. *data is freed with loom_free. */
+static int check_bytes(const char *path, uint8_t **data, size_t len, loom_buf *b, uint32_t *records, loom_err *err);
+
 static int open_checkpoint(const char *path, uint8_t **data, loom_buf *b, uint32_t *records, loom_err *err)
 {
     size_t len = 0;
     int rc = read_plain(path, data, &len, err);
-    if (rc) return rc;
+    return rc ? rc : check_bytes(path, data, len, b, records, err);
+}
+
+/* open_checkpoint's checks of the bytes read (*data, len: freed on failure). */
+static int check_bytes(const char *path, uint8_t **data, size_t len, loom_buf *b, uint32_t *records, loom_err *err)
+{
+    int rc = LOOM_OK;
     const char *hint = "delete it to resume from the previous checkpoint, or pass --fresh to start over";
     uint32_t stored_crc = 0;
     if (len >= 12) memcpy(&stored_crc, *data + len - 4, 4);
@@ -501,6 +576,10 @@ static int load_record(const record *rec, float *dst, loom_buf *blob, const char
     return LOOM_OK;
 }
 
+static int find_table(loom_buf *b, uint32_t records, record *out, const char *path, loom_err *err);
+static int load_sharded(const char *path, loom_buf *b, uint32_t records, const record *tr, loom_model *m,
+                        loom_optimizer *o, loom_buf *trainer, loom_buf *iter, loom_err *err);
+
 int loom_ckpt_load(const char *path, loom_model *m, loom_optimizer *o, loom_buf *trainer, loom_buf *iter, loom_err *err)
 {
     /* The blobs are outputs: empty unless the file holds them, and empty again
@@ -517,6 +596,17 @@ int loom_ckpt_load(const char *path, loom_model *m, loom_optimizer *o, loom_buf 
         loom_free(data);
         return rc;
     }
+    record table;
+    if ((rc = find_table(&b, records, &table, path, err)) != LOOM_EEOF) { /* an index: the shards make the model */
+        if (!rc) rc = load_sharded(path, &b, records, &table, m, o, trainer, iter, err);
+        loom_free(data);
+        if (rc) {
+            if (trainer) loom_buf_fini(trainer);
+            if (iter) loom_buf_fini(iter);
+        }
+        return rc;
+    }
+    rc = LOOM_OK;
     int nt = loom_model_num_param_tensors(m);
     int nslots = o ? loom_optimizer_num_slots(o) : 0;
     int found = 0;
@@ -561,7 +651,37 @@ int loom_ckpt_load(const char *path, loom_model *m, loom_optimizer *o, loom_buf 
     return rc;
 }
 
-int loom_ckpt_inspect(const char *path, FILE *f, loom_err *err)
+int loom_ckpt_read_blob(const char *path, const char *name, loom_buf *out, loom_err *err)
+{
+    loom_buf_init(out);
+    uint8_t *data;
+    loom_buf b;
+    uint32_t records;
+    int rc = open_checkpoint(path, &data, &b, &records, err);
+    if (rc) return rc;
+    if ((rc = scan_records(&b, records, path, err))) {
+        loom_free(data);
+        return rc;
+    }
+    rc = LOOM_EEOF;
+    for (uint32_t r = 0; r < records && rc == LOOM_EEOF; r++) {
+        record rec;
+        int e = next_record(&b, r, &rec, path, err);
+        if (e) rc = e;
+        else if (rec.kind == KIND_BLOB && !strcmp(rec.name, name)) rc = load_record(&rec, NULL, out, path, err);
+    }
+    loom_free(data);
+    if (rc && rc != LOOM_EEOF) loom_buf_fini(out);
+    return rc;
+}
+
+static int inspect_index(const char *path, const record *tr, FILE *f, loom_err *err);
+static int inspect_file(const char *path, FILE *f, bool shard, loom_err *err);
+
+int loom_ckpt_inspect(const char *path, FILE *f, loom_err *err) { return inspect_file(path, f, false, err); }
+
+/* shard: a shard file named by an index, which must not be an index itself. */
+static int inspect_file(const char *path, FILE *f, bool shard, loom_err *err)
 {
     uint8_t *data;
     loom_buf b;
@@ -572,6 +692,16 @@ int loom_ckpt_inspect(const char *path, FILE *f, loom_err *err)
         loom_free(data);
         return rc;
     }
+    record table;
+    if ((rc = find_table(&b, records, &table, path, err)) != LOOM_EEOF) { /* an index: its shard files, each checked */
+        if (!rc && shard) rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "a shard file that is an index itself");
+        if (!rc) rc = inspect_index(path, &table, f, err);
+        if (rc) {
+            loom_free(data);
+            return rc;
+        }
+    }
+    rc = LOOM_OK;
     fprintf(f, "%s: Loom checkpoint version %d, %u records\n", path, CKPT_VERSION, records);
     for (uint32_t r = 0; r < records && !rc; r++) {
         record rec;
@@ -595,6 +725,407 @@ int loom_ckpt_inspect(const char *path, FILE *f, loom_err *err)
         loom_free(out);
     }
     loom_free(data);
+    return rc;
+}
+
+/* ---- sharded checkpoints ---------------------------------------------------- */
+
+int loom_ckpt_write_shard(const char *path, const loom_ckpt_shard_meta *meta, const loom_ckpt_tensor *t, int n,
+                          uint64_t *size, uint32_t *crc, loom_err *err)
+{
+    loom_buf b, mb;
+    loom_buf_init(&b);
+    loom_buf_init(&mb);
+    begin_file(&b, (uint32_t)n + 1);
+    int rc = LOOM_OK;
+    for (int i = 0; i < n && !rc; i++)
+        rc = put_record(&b, KIND_TENSOR, t[i].name, &t[i].shape, t[i].data,
+                        (size_t)loom_shape_numel(&t[i].shape) * sizeof(float), err);
+    loom_buf_put_u32(&mb, 1);
+    loom_buf_put_i64(&mb, meta->step);
+    loom_buf_put_u32(&mb, (uint32_t)meta->ps);
+    loom_buf_put_u32(&mb, (uint32_t)meta->n_ps);
+    loom_buf_put_u64(&mb, meta->plan_id);
+    if (!rc) rc = mb.failed ? loom_err_set(err, LOOM_ENOMEM, path, "out of memory writing a checkpoint")
+                            : put_record(&b, KIND_BLOB, "shard", NULL, mb.data, mb.len, err);
+    if (!rc) rc = end_file(&b, path, err);
+    if (!rc) {
+        *size = b.len;
+        *crc = loom_crc32c(b.data, b.len);
+    }
+    loom_buf_fini(&b);
+    loom_buf_fini(&mb);
+    return rc;
+}
+
+int loom_ckpt_save_index(const char *dir, int64_t step, const loom_ckpt_shards *sh, const loom_buf *trainer,
+                         const loom_buf *iter, int keep, char path[LOOM_PATH_MAX], loom_err *err)
+{
+    loom_buf b, tb;
+    loom_buf_init(&b);
+    loom_buf_init(&tb);
+    loom_buf_put_u32(&tb, 1);
+    loom_buf_put_i64(&tb, step);
+    loom_buf_put_u32(&tb, (uint32_t)sh->n_ps);
+    loom_buf_put_u64(&tb, sh->plan_id);
+    loom_buf_put_u32(&tb, (uint32_t)sh->n_files);
+    for (int i = 0; i < sh->n_files; i++) {
+        loom_buf_put_str(&tb, sh->file[i].name);
+        loom_buf_put_u64(&tb, sh->file[i].size);
+        loom_buf_put_u32(&tb, sh->file[i].crc);
+        loom_buf_put_u32(&tb, (uint32_t)sh->file[i].ps);
+    }
+    loom_buf_put_u32(&tb, (uint32_t)sh->n_parts);
+    for (int i = 0; i < sh->n_parts; i++) {
+        loom_buf_put_str(&tb, sh->part[i].var);
+        loom_buf_put_str(&tb, sh->part[i].record);
+        loom_buf_put_u32(&tb, (uint32_t)sh->part[i].file);
+        loom_buf_put_i64(&tb, sh->part[i].row0);
+        loom_buf_put_i64(&tb, sh->part[i].rows);
+    }
+    begin_file(&b, 1 + (trainer != NULL) + (iter != NULL));
+    snprintf(path, LOOM_PATH_MAX, "%s/ckpt-%lld.loom", dir, (long long)step);
+    int rc = tb.failed ? loom_err_set(err, LOOM_ENOMEM, path, "out of memory writing a checkpoint index")
+                       : put_record(&b, KIND_BLOB, "shards", NULL, tb.data, tb.len, err);
+    if (!rc && trainer) rc = put_record(&b, KIND_BLOB, "trainer", NULL, trainer->data, trainer->len, err);
+    if (!rc && iter) rc = put_record(&b, KIND_BLOB, "iterator/train", NULL, iter->data, iter->len, err);
+    if (!rc) rc = end_file(&b, path, err); /* the commit: the shards it names are complete */
+    loom_buf_fini(&b);
+    loom_buf_fini(&tb);
+    return rc ? rc : prune(dir, keep, err);
+}
+
+/* An index's "shards" blob, parsed and checked for sense. */
+typedef struct shard_table {
+    int64_t  step;
+    uint32_t n_ps, n_files, n_parts;
+    uint64_t plan_id;
+    loom_ckpt_shard_file *file;
+    loom_ckpt_part       *part;
+} shard_table;
+
+static void table_fini(shard_table *t)
+{
+    loom_free(t->file);
+    loom_free(t->part);
+    memset(t, 0, sizeof *t);
+}
+
+static int parse_table(const uint8_t *raw, size_t n, shard_table *t, const char *path, loom_err *err)
+{
+    memset(t, 0, sizeof *t);
+    loom_buf b;
+    loom_buf_wrap(&b, raw, n);
+    uint32_t version = loom_buf_get_u32(&b);
+    t->step = loom_buf_get_i64(&b);
+    t->n_ps = loom_buf_get_u32(&b);
+    t->plan_id = loom_buf_get_u64(&b);
+    t->n_files = loom_buf_get_u32(&b);
+    if (b.failed || version != 1 || t->step < 0 || (uint64_t)t->step > LOOM_CKPT_MAX_STEP || t->n_files > 65536 ||
+        t->n_files > n / 20 || t->n_ps == 0 || t->n_files != t->n_ps)
+        return loom_err_set(err, LOOM_ECHECKPOINT, path, "the index's shard table is malformed (version %u, step %lld, "
+                            "%u files for %u ps tasks)", version, (long long)t->step, t->n_files, t->n_ps);
+    t->file = loom_calloc(t->n_files ? t->n_files : 1, sizeof *t->file);
+    if (!t->file) return loom_err_set(err, LOOM_ENOMEM, path, "reading a shard table");
+    for (uint32_t i = 0; i < t->n_files && !b.failed; i++) {
+        loom_ckpt_shard_file *f = &t->file[i];
+        if (loom_buf_get_str(&b, f->name, sizeof f->name) || !f->name[0] || strchr(f->name, '/') || f->name[0] == '.')
+            b.failed = 1;
+        f->size = loom_buf_get_u64(&b);
+        f->crc = loom_buf_get_u32(&b);
+        f->ps = (int)loom_buf_get_u32(&b);
+        if (f->ps < 0 || (uint32_t)f->ps >= t->n_ps) b.failed = 1;
+    }
+    t->n_parts = b.failed ? 0 : loom_buf_get_u32(&b);
+    if (!b.failed && t->n_parts > (b.len - b.pos) / 28) b.failed = 1;
+    if (!b.failed && !(t->part = loom_calloc(t->n_parts ? t->n_parts : 1, sizeof *t->part))) {
+        table_fini(t);
+        return loom_err_set(err, LOOM_ENOMEM, path, "reading a shard table");
+    }
+    for (uint32_t i = 0; i < t->n_parts && !b.failed; i++) {
+        loom_ckpt_part *p = &t->part[i];
+        if (loom_buf_get_str(&b, p->var, sizeof p->var) || loom_buf_get_str(&b, p->record, sizeof p->record))
+            b.failed = 1;
+        p->file = (int)loom_buf_get_u32(&b);
+        p->row0 = loom_buf_get_i64(&b);
+        p->rows = loom_buf_get_i64(&b);
+        if (p->file < 0 || (uint32_t)p->file >= t->n_files || p->row0 < 0 || p->rows < 0 || p->rows > ((int64_t)1 << 40) ||
+            p->row0 > ((int64_t)1 << 40))
+            b.failed = 1;
+    }
+    if (b.failed || b.pos != b.len) {
+        table_fini(t);
+        return loom_err_set(err, LOOM_ECHECKPOINT, path, "the index's shard table is malformed (a file or part entry "
+                            "out of range, or bytes left over)");
+    }
+    return LOOM_OK;
+}
+
+/* One shard file, read whole and checked against the index's entry: size,
+ * CRC, format, and its "shard" blob (step, ps, ps count, plan). */
+typedef struct shard_file {
+    char     path[LOOM_PATH_MAX + 160];
+    uint8_t *data;
+    loom_buf b;
+    uint32_t records;
+    size_t   first;
+} shard_file;
+
+static int open_shard(const char *index, const char *dir, const shard_table *t, int i, shard_file *sf, loom_err *err)
+{
+    const loom_ckpt_shard_file *f = &t->file[i];
+    snprintf(sf->path, sizeof sf->path, "%s/%s", dir, f->name);
+    size_t len = 0;
+    int rc = read_plain(sf->path, &sf->data, &len, err);
+    if (rc) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", err->msg);
+        loom_err_set(err, LOOM_ECHECKPOINT, index, "the checkpoint's shard of ps:%d, %s, cannot be read: %s", f->ps,
+                     sf->path, why);
+        return loom_err_hint(err, "every task must write to and read from one shared model_dir; a missing shard "
+                                  "means the set is incomplete: delete this index to resume from the previous one");
+    }
+    uint32_t crc = loom_crc32c(sf->data, len);
+    if (len != f->size || crc != f->crc) {
+        loom_err_set(err, LOOM_ECHECKPOINT, sf->path, "not the shard the index %s committed: %zu bytes with CRC-32C "
+                     "%08x, the index recorded %llu bytes with %08x (a mixed set: the file was rewritten or replaced "
+                     "after the index was committed)", index, len, crc, (unsigned long long)f->size, f->crc);
+        loom_free(sf->data);
+        sf->data = NULL;
+        return loom_err_hint(err, "delete %s to resume from the previous checkpoint, or pass --fresh", index);
+    }
+    if ((rc = check_bytes(sf->path, &sf->data, len, &sf->b, &sf->records, err))) return rc;
+    if ((rc = scan_records(&sf->b, sf->records, sf->path, err))) return rc;
+    sf->first = sf->b.pos;
+    /* the "shard" blob: which checkpoint and which ps it belongs to */
+    rc = loom_err_set(err, LOOM_ECHECKPOINT, sf->path, "a shard file without its \"shard\" record");
+    for (uint32_t r = 0; r < sf->records; r++) {
+        record rec;
+        if (next_record(&sf->b, r, &rec, sf->path, err)) break;
+        if (rec.kind != KIND_BLOB || strcmp(rec.name, "shard")) continue;
+        loom_buf blob;
+        loom_buf_init(&blob);
+        if ((rc = load_record(&rec, NULL, &blob, sf->path, err))) break;
+        loom_buf m = blob;
+        m.pos = 0;
+        uint32_t version = loom_buf_get_u32(&m);
+        int64_t step = loom_buf_get_i64(&m);
+        uint32_t ps = loom_buf_get_u32(&m), n_ps = loom_buf_get_u32(&m);
+        uint64_t plan = loom_buf_get_u64(&m);
+        if (m.failed || version != 1)
+            rc = loom_err_set(err, LOOM_ECHECKPOINT, sf->path, "its \"shard\" record is malformed");
+        else if (step != t->step)
+            rc = loom_err_set(err, LOOM_ECHECKPOINT, sf->path, "a shard of the checkpoint of step %lld, but the index %s "
+                              "is for step %lld: the set is mixed", (long long)step, index, (long long)t->step);
+        else if ((int)ps != f->ps || n_ps != t->n_ps)
+            rc = loom_err_set(err, LOOM_ECHECKPOINT, sf->path, "written by ps:%u of %u ps tasks, but the index %s names "
+                              "it as ps:%d's of %u", ps, n_ps, index, f->ps, t->n_ps);
+        else if (plan != t->plan_id)
+            rc = loom_err_set(err, LOOM_ECHECKPOINT, sf->path, "cut by another partitioning (plan %016llx) than the "
+                              "index %s records (%016llx)", (unsigned long long)plan, index,
+                              (unsigned long long)t->plan_id);
+        loom_buf_fini(&blob);
+        break;
+    }
+    sf->b.pos = sf->first;
+    if (rc) loom_err_hint(err, "delete %s to resume from the previous checkpoint, or pass --fresh", index);
+    return rc;
+}
+
+/* The record called name in a shard file (LOOM_EEOF: none). */
+static int find_record(shard_file *sf, const char *name, record *out, loom_err *err)
+{
+    sf->b.pos = sf->first;
+    for (uint32_t r = 0; r < sf->records; r++) {
+        int rc = next_record(&sf->b, r, out, sf->path, err);
+        if (rc) return rc;
+        if (out->kind == KIND_TENSOR && !strcmp(out->name, name)) return LOOM_OK;
+    }
+    return LOOM_EEOF;
+}
+
+static const loom_param_info *param_named(loom_model *m, const char *name)
+{
+    for (int i = 0; i < loom_model_num_param_tensors(m); i++)
+        if (!strcmp(loom_model_param_tensor(m, i)->name, name)) return loom_model_param_tensor(m, i);
+    return NULL;
+}
+
+/* Every part of the table into the model (and slots, with o): pass 0
+ * checks names, shapes and that the parts tile each variable; pass 1 loads. */
+static int load_parts(const char *index, const shard_table *t, shard_file *sf, loom_model *m, loom_optimizer *o,
+                      int pass, loom_err *err)
+{
+    int nslots = o ? loom_optimizer_num_slots(o) : 0, rc = LOOM_OK;
+    int64_t P = loom_model_num_params(m);
+    for (uint32_t i = 0; i < t->n_parts && !rc; i++) {
+        const loom_ckpt_part *p = &t->part[i];
+        const loom_param_info *pi = param_named(m, p->var);
+        if (!pi) {
+            rc = loom_err_set(err, LOOM_ECHECKPOINT, index, "checkpoint holds variable \"%s\" that this model does not "
+                              "have", p->var);
+            loom_err_hint(err, "the checkpoint was written by a different model; use a new model_dir or --fresh");
+            break;
+        }
+        int64_t dim0 = pi->shape.rank ? pi->shape.dim[0] : 1, numel = loom_shape_numel(&pi->shape);
+        int64_t row_size = dim0 ? numel / dim0 : 0;
+        if (p->row0 + p->rows > dim0) {
+            rc = loom_err_set(err, LOOM_ECHECKPOINT, index, "part \"%s\" holds rows %lld..%lld of \"%s\", which has %lld",
+                              p->record, (long long)p->row0, (long long)(p->row0 + p->rows - 1), p->var, (long long)dim0);
+            break;
+        }
+        if (pass == 0) { /* the parts of a variable tile its rows: they add up and never overlap */
+            int64_t sum = 0;
+            for (uint32_t j = 0; j < t->n_parts; j++) {
+                const loom_ckpt_part *q = &t->part[j];
+                if (strcmp(q->var, p->var)) continue;
+                sum += q->rows;
+                if (j != i && q->row0 < p->row0 + p->rows && p->row0 < q->row0 + q->rows) sum = -1, j = t->n_parts;
+            }
+            if (sum != dim0) {
+                rc = loom_err_set(err, LOOM_ECHECKPOINT, index, "the parts of \"%s\" %s its %lld rows", p->var,
+                                  sum < 0 ? "overlap within" : "do not cover", (long long)dim0);
+                break;
+            }
+        }
+        shard_file *f = &sf[p->file];
+        for (int k = 0; k <= nslots && !rc; k++) {
+            char name[300];
+            if (k == 0) snprintf(name, sizeof name, "%s", p->record);
+            else snprintf(name, sizeof name, "%s/%s", p->record, loom_optimizer_slot_name(o, k - 1));
+            record rec;
+            rc = find_record(f, name, &rec, err);
+            if (rc == LOOM_EEOF) {
+                rc = loom_err_set(err, LOOM_ECHECKPOINT, f->path, "the shard lacks %s \"%s\" that the index %s names",
+                                  k ? "optimizer slot" : "tensor", name, index);
+                loom_err_hint(err, k ? "the checkpoint was written with a different optimizer; use a new model_dir or "
+                                       "--fresh" : "the shard file is not the one the index was written with");
+                break;
+            }
+            if (rc) break;
+            loom_shape want = pi->shape;
+            if (want.rank) want.dim[0] = p->rows;
+            if (!loom_shape_eq(&rec.shape, &want) || rec.raw != (uint64_t)(p->rows * row_size) * sizeof(float)) {
+                char a[64], c[64];
+                rc = loom_err_set(err, LOOM_ECHECKPOINT, f->path, "tensor \"%s\" has shape %s, the model's \"%s\" "
+                                  "needs %s for rows %lld..%lld", name, loom_shape_str(&rec.shape, a, sizeof a), p->var,
+                                  loom_shape_str(&want, c, sizeof c), (long long)p->row0,
+                                  (long long)(p->row0 + p->rows - 1));
+                loom_err_hint(err, "the checkpoint was written by a different model; use a new model_dir or --fresh");
+                break;
+            }
+            if (pass == 1) {
+                float *base = k == 0 ? loom_model_params(m) : loom_optimizer_slots(o) + (int64_t)(k - 1) * P;
+                rc = load_record(&rec, base + pi->offset + p->row0 * row_size, NULL, f->path, err);
+            }
+        }
+    }
+    return rc;
+}
+
+/* loom_ckpt_load of an index (the index's bytes in b, its "shards" blob in tr). */
+static int load_sharded(const char *path, loom_buf *b, uint32_t records, const record *tr, loom_model *m,
+                        loom_optimizer *o, loom_buf *trainer, loom_buf *iter, loom_err *err)
+{
+    loom_buf raw;
+    loom_buf_init(&raw);
+    int rc = load_record(tr, NULL, &raw, path, err);
+    shard_table t;
+    if (rc) return rc;
+    rc = parse_table(raw.data, raw.len, &t, path, err);
+    loom_buf_fini(&raw);
+    if (rc) return rc;
+    const char *base = strrchr(path, '/');
+    int64_t named;
+    if (step_of(base ? base + 1 : path, &named) == 1 && named != t.step) {
+        loom_err_set(err, LOOM_ECHECKPOINT, path, "the index of step %lld names the shards of step %lld",
+                     (long long)named, (long long)t.step);
+        table_fini(&t);
+        return loom_err_hint(err, "an index is named for the step it commits; rename it back or delete it");
+    }
+    char dir[LOOM_PATH_MAX];
+    snprintf(dir, sizeof dir, "%.*s", base ? (int)(base - path) : 1, base ? path : ".");
+    shard_file *sf = loom_calloc(t.n_files, sizeof *sf);
+    if (!sf) rc = loom_err_set(err, LOOM_ENOMEM, path, "reading %u shard files", t.n_files);
+    for (uint32_t i = 0; i < t.n_files && !rc; i++) rc = open_shard(path, dir, &t, (int)i, &sf[i], err);
+    /* every count and shape checked before a float moves: a bad set leaves the model untouched */
+    if (!rc) rc = load_parts(path, &t, sf, m, o, 0, err);
+    if (!rc) {
+        int nt = loom_model_num_param_tensors(m), covered = 0;
+        for (int v = 0; v < nt; v++) {
+            bool any = false;
+            for (uint32_t j = 0; j < t.n_parts && !any; j++) any = !strcmp(t.part[j].var, loom_model_param_tensor(m, v)->name);
+            covered += any;
+            if (!any && !rc) {
+                rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "checkpoint holds %d of the model's %d variables: "
+                                  "\"%s\" is in no shard", covered, nt, loom_model_param_tensor(m, v)->name);
+                loom_err_hint(err, "the checkpoint was written by a different model; use a new model_dir or --fresh");
+            }
+        }
+    }
+    if (!rc) rc = load_parts(path, &t, sf, m, o, 1, err);
+    for (uint32_t r = 0; r < records && !rc; r++) { /* the index's own blobs */
+        record rec;
+        if ((rc = next_record(b, r, &rec, path, err))) break;
+        loom_buf *blob = rec.kind != KIND_BLOB ? NULL : !strcmp(rec.name, "trainer") ? trainer
+                         : !strcmp(rec.name, "iterator/train") ? iter : NULL;
+        if (blob) rc = load_record(&rec, NULL, blob, path, err);
+    }
+    for (uint32_t i = 0; sf && i < t.n_files; i++) loom_free(sf[i].data);
+    loom_free(sf);
+    table_fini(&t);
+    return rc;
+}
+
+/* The "shards" blob of a checkpoint (b at its first record): LOOM_EEOF when
+ * it is a whole checkpoint. */
+static int find_table(loom_buf *b, uint32_t records, record *out, const char *path, loom_err *err)
+{
+    size_t first = b->pos;
+    int rc = LOOM_EEOF;
+    for (uint32_t r = 0; r < records; r++) {
+        record rec;
+        if ((rc = next_record(b, r, &rec, path, err))) break;
+        if (rec.kind == KIND_BLOB && !strcmp(rec.name, "shards")) {
+            *out = rec;
+            b->pos = first;
+            return LOOM_OK;
+        }
+        rc = LOOM_EEOF;
+    }
+    b->pos = first;
+    return rc;
+}
+
+/* loom_ckpt_inspect of an index: the table, then each shard file checked
+ * against it and listed. */
+static int inspect_index(const char *path, const record *tr, FILE *f, loom_err *err)
+{
+    loom_buf raw;
+    loom_buf_init(&raw);
+    shard_table t;
+    int rc = load_record(tr, NULL, &raw, path, err);
+    if (!rc) rc = parse_table(raw.data, raw.len, &t, path, err);
+    loom_buf_fini(&raw);
+    if (rc) return rc;
+    fprintf(f, "%s: the index of a sharded checkpoint: step %lld, %u shard file%s of %u ps task%s, %u part%s "
+            "(partitioning %016llx)\n", path, (long long)t.step, t.n_files, t.n_files == 1 ? "" : "s", t.n_ps,
+            t.n_ps == 1 ? "" : "s", t.n_parts, t.n_parts == 1 ? "" : "s", (unsigned long long)t.plan_id);
+    for (uint32_t i = 0; i < t.n_parts; i++)
+        fprintf(f, "part   %-40s rows %lld..%lld of %s in %s\n", t.part[i].record, (long long)t.part[i].row0,
+                (long long)(t.part[i].row0 + t.part[i].rows - 1), t.part[i].var, t.file[t.part[i].file].name);
+    const char *base = strrchr(path, '/');
+    char dir[LOOM_PATH_MAX];
+    snprintf(dir, sizeof dir, "%.*s", base ? (int)(base - path) : 1, base ? path : ".");
+    for (uint32_t i = 0; i < t.n_files && !rc; i++) {
+        shard_file sf = {0};
+        rc = open_shard(path, dir, &t, (int)i, &sf, err);
+        if (!rc) fprintf(f, "shard  %-40s %10llu bytes  crc32c %08x (ps:%d; matches the index)\n", t.file[i].name,
+                         (unsigned long long)t.file[i].size, t.file[i].crc, t.file[i].ps);
+        loom_free(sf.data);
+        if (!rc) rc = inspect_file(sf.path, f, true, err);
+    }
+    table_fini(&t);
     return rc;
 }
 
@@ -627,6 +1158,16 @@ int loom_ckpt_archive(const char *dir, char out[LOOM_PATH_MAX], loom_err *err)
             rc = loom_err_set(err, LOOM_EIO, from, "cannot move to %s: %s", out, strerror(errno));
     }
     loom_free(list);
+    DIR *d = rc ? NULL : opendir(dir); /* the shard files of sharded checkpoints go with their indexes */
+    struct dirent *e;
+    while (d && !rc && (e = readdir(d))) {
+        int64_t st;
+        if (!shard_step_of(e->d_name, &st)) continue;
+        snprintf(from, sizeof from, "%s/%s", dir, e->d_name);
+        snprintf(to, sizeof to, "%s/%s", out, e->d_name);
+        if (rename(from, to) < 0) rc = loom_err_set(err, LOOM_EIO, from, "cannot move to %s: %s", out, strerror(errno));
+    }
+    if (d) closedir(d);
     return rc;
 }
 

@@ -277,6 +277,7 @@ static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool n
     if (r->eval && (rc = eval_matches_train(r, spec, es, err))) return rc;
     if ((rc = loom_strategy_open(&r->strat, &r->args, err))) return rc;
     r->chief = loom_strategy_is_chief(r->strat);
+    loom_strategy_set_ckpt_writer(r->strat, loom_ckpt_write_shard); /* tasks that hold shards write them (ps) */
     return LOOM_OK;
 }
 
@@ -433,9 +434,22 @@ static int save_ckpt(run *r, const trainer_state *st, char path[LOOM_PATH_MAX], 
         snprintf(name, sizeof name, "%s/ckpt-%lld.loom", r->model_dir, (long long)st->step);
         snprintf(path, LOOM_PATH_MAX, "%.*s", LOOM_PATH_MAX - 1, name);
     }
-    else if (!rc)
-        rc = loom_ckpt_save(r->model_dir, st->step, loom_strategy_model(r->strat), loom_strategy_optimizer(r->strat),
-                            &ts, &is, r->spec->run.keep_checkpoints, path, err);
+    else if (!rc && loom_strategy_saves_shards(r->strat)) { /* parameter_server: each ps writes its shards, then the index */
+        loom_ckpt_shards sh;
+        rc = loom_strategy_save_shards(r->strat, r->model_dir, st->step, &sh, err);
+        if (!rc) rc = loom_ckpt_save_index(r->model_dir, st->step, &sh, &ts, &is, r->spec->run.keep_checkpoints, path, err);
+        loom_ckpt_shards_fini(&sh);
+    }
+    else if (!rc) { /* with the numbers adapted at start: evaluate, predict and export need no adapt.txt */
+        loom_buf ad;
+        loom_buf_init(&ad);
+        loom_data_adapt_text(r->spec, &ad);
+        rc = ad.failed ? loom_err_set(err, LOOM_ENOMEM, r->model_dir, "cannot hold the adapted numbers")
+                       : loom_ckpt_save_adapt(r->model_dir, st->step, loom_strategy_model(r->strat),
+                                              loom_strategy_optimizer(r->strat), &ts, &is, &ad,
+                                              r->spec->run.keep_checkpoints, path, err);
+        loom_buf_fini(&ad);
+    }
     if (!rc && hrc) {
         *err = herr;
         loom_err_hint(err, "saved %s without the callbacks' state; fix the hook, then run the same command to resume",
@@ -1527,6 +1541,9 @@ static int watch_report(run *r, const char *who, const char *path, int64_t step,
     return rc;
 }
 
+static void adapted_free(loom_spec *cp);
+static int watch_adapt(run *r, const char *path, loom_spec **own, bool *said, loom_err *err);
+
 static int watch_loop(run *r, const loom_watch_opts *o, const char *who, int *evaluated, loom_err *err)
 {
     char metrics_path[LOOM_PATH_MAX + 16], path[LOOM_PATH_MAX];
@@ -1538,7 +1555,8 @@ static int watch_loop(run *r, const loom_watch_opts *o, const char *who, int *ev
     loom_summary *tb = NULL;
     int rc = LOOM_OK;
     double idle_since = loom_now();
-    bool waiting_said = false;
+    bool waiting_said = false, said = false;
+    loom_spec *own = NULL; /* data.eval's adapted numbers when a checkpoint brought others (watch_adapt) */
     while (!rc) {
         if (watch_signal) {
             rc = loom_err_set(err, LOOM_EIO, NULL, "%s: stopped by signal %d after %d evaluation%s", who,
@@ -1597,6 +1615,7 @@ static int watch_loop(run *r, const loom_watch_opts *o, const char *who, int *ev
             rc = LOOM_OK;
             continue;
         }
+        if (!rc) rc = watch_adapt(r, path, &own, &said, err);
         if (!rc) rc = evaluate_all(r, r->eval, &ev, err);
         if (rc) break;
         last = step;
@@ -1606,8 +1625,70 @@ static int watch_loop(run *r, const loom_watch_opts *o, const char *who, int *ev
         rc = watch_report(r, who, path, step, &ev, &tb, err);
     }
     loom_free(before);
+    adapted_free(own);
     loom_err cerr;
     if (loom_summary_close(tb, &cerr) && !rc) *err = cerr, rc = cerr.code;
+    return rc;
+}
+
+/* A spec copy whose adapt maps hold other numbers than the config's spec
+ * (shares everything else with it): freed with adapted_free. */
+static void adapted_free(loom_spec *cp)
+{
+    for (int d = 0; cp && d < 2; d++) {
+        loom_dataset_spec *ds = d ? &cp->eval : &cp->train;
+        for (int i = 0; i < ds->n_transforms; i++) /* (map is a union member: only a map's is one) */
+            if (ds->transform[i].kind == LOOM_T_MAP && ds->transform[i].map.vocab_owned)
+                loom_free(ds->transform[i].map.vocab);
+    }
+    loom_free(cp);
+}
+
+/* The sidecar evaluator evaluates each checkpoint with the numbers adapted
+ * at its start (its "adapt" record): when they are not those data.eval runs
+ * with (a --fresh run adapted anew), data.eval is opened again with them;
+ * *own keeps the spec copy they live in. */
+static int watch_adapt(run *r, const char *path, loom_spec **own, bool *said, loom_err *err)
+{
+    loom_buf ck, cur;
+    loom_buf_init(&cur);
+    int rc = loom_ckpt_read_blob(path, "adapt", &ck, err);
+    if (rc == LOOM_EEOF) return LOOM_OK; /* an older checkpoint: the numbers of adapt.txt */
+    if (rc) return rc;
+    loom_data_adapt_text(*own ? *own : r->spec, &cur);
+    loom_spec *cp = NULL;
+    if (cur.len != ck.len || memcmp(cur.data, ck.data, ck.len)) {
+        if (!(cp = loom_alloc(sizeof *cp))) rc = loom_err_set(err, LOOM_ENOMEM, path, "cannot copy the config");
+        if (cp) {
+            *cp = *r->spec;
+            for (int d = 0; d < 2; d++) {
+                loom_dataset_spec *ds = d ? &cp->eval : &cp->train;
+                for (int i = 0; i < ds->n_transforms; i++)
+                    if (ds->transform[i].kind == LOOM_T_MAP) ds->transform[i].map.vocab_owned = false;
+            }
+            loom_adapt_source src = {.name = path, .text = ck.data, .len = ck.len, .said = said};
+            loom_data_ctx none = {0};
+            rc = loom_data_adapt_from(cp, r->model_dir, LOOM_ADAPT_LOAD, &none, &src, err);
+        }
+        loom_lua_opts lua = {.model_dir = r->model_dir, .unsafe = r->spec->hooks.unsafe,
+                             .memory_limit = r->spec->hooks.memory_limit,
+                             .instruction_limit = r->spec->hooks.instruction_limit};
+        loom_data_ctx ectx = {.seed = r->spec->run.seed, .name = "eval", .custom_options = &lua,
+                              .threads = r->spec->run.threads > 0 ? r->spec->run.threads : loom_num_cores()};
+        loom_iter *it = NULL;
+        if (!rc) rc = loom_data_open(&it, &cp->eval, &ectx, err);
+        if (!rc) {
+            loom_info("%s was adapted anew: data.eval now runs with its numbers", path);
+            loom_iter_close(r->eval);
+            r->eval = it;
+            adapted_free(*own);
+            *own = cp;
+            cp = NULL;
+        }
+    }
+    adapted_free(cp);
+    loom_buf_fini(&ck);
+    loom_buf_fini(&cur);
     return rc;
 }
 

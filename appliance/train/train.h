@@ -137,10 +137,32 @@ int loom_ckpt_newest_after(const char *dir, int64_t after, char path[LOOM_PATH_M
  * and the given blobs (may be NULL), then prunes to `keep`. */
 int loom_ckpt_save(const char *dir, int64_t step, loom_model *m, loom_optimizer *o, const loom_buf *trainer,
                    const loom_buf *iter, int keep, char path[LOOM_PATH_MAX], loom_err *err);
+/* The same, with the numbers adapted at start (data.h loom_data_adapt_text)
+ * as the record "adapt" (none when adapt is NULL or empty). */
+int loom_ckpt_save_adapt(const char *dir, int64_t step, loom_model *m, loom_optimizer *o, const loom_buf *trainer,
+                         const loom_buf *iter, const loom_buf *adapt, int keep, char path[LOOM_PATH_MAX], loom_err *err);
+/* The bytes of a checkpoint's blob record `name` ("adapt") into out (freed
+ * with loom_buf_fini), after checking the whole file as loom_ckpt_load does:
+ * LOOM_EEOF when it has no such record. */
+int loom_ckpt_read_blob(const char *path, const char *name, loom_buf *out, loom_err *err);
 /* Moves every checkpoint of dir (and its index) into a new
  * dir/superseded-<UTC time>/, named in out; for --fresh, which must neither
  * resume from nor destroy what an earlier run wrote. */
 int loom_ckpt_archive(const char *dir, char out[LOOM_PATH_MAX], loom_err *err);
+
+/* Sharded checkpoints (parameter_server; the layout in checkpoint.c). A
+ * task holding shards writes its file with loom_ckpt_write_shard (a
+ * loom_ckpt_write_fn); the chief then commits ckpt-<step>.loom, the index
+ * naming every shard file with its size and CRC-32C, and prunes to `keep`
+ * (old indexes with their shard files, and shard files no index names).
+ * loom_ckpt_load, loom_ckpt_latest and loom_ckpt_inspect read an index as
+ * they read a whole checkpoint: the variables come from its shard files,
+ * found in the index's directory, each checked against the index (a
+ * missing, replaced or other step's shard is LOOM_ECHECKPOINT naming it). */
+int loom_ckpt_write_shard(const char *path, const loom_ckpt_shard_meta *meta, const loom_ckpt_tensor *t, int n,
+                          uint64_t *size, uint32_t *crc, loom_err *err);
+int loom_ckpt_save_index(const char *dir, int64_t step, const loom_ckpt_shards *shards, const loom_buf *trainer,
+                         const loom_buf *iter, int keep, char path[LOOM_PATH_MAX], loom_err *err);
 
 /* Verifies every checksum, then loads parameters (and slots when o is given)
  * and the blobs (when non-NULL; buffers freed by the caller with

@@ -1,13 +1,16 @@
-/* cnn_step.c - train steps of the Fashion-MNIST CNN on synthetic data, in
- * process, for instruction counts of the kernels under callgrind:
+/* cnn_step.c - train steps of the Fashion-MNIST CNN (or, with -m mlp, the
+ * MLP) on synthetic data, in process, for instruction counts of the kernels
+ * under callgrind and for A/B timings of two builds on a busy machine:
  *
  *   valgrind --tool=callgrind build/tests/bench/cnn_step [-b 16] [-s 1] [-t 1]
  *   callgrind_annotate callgrind.out.<pid> | grep layers.c
+ *   build/tests/bench/cnn_step -b 128 -s 30 -t 2 [-m mlp]
  *
- * Prints the wall time per step and a CRC-32C of the gradients and
- * parameters after the steps, so a change meant to keep the bits (a copy
- * done another way) can be checked to keep them. The architecture is
- * configs/fashion_mnist_cnn.cfg's. */
+ * Prints the mean, median and fastest wall time per step (the fastest is
+ * the one other processes disturbed least: compare two builds by it, runs
+ * alternated) and a CRC-32C of the gradients and parameters after the
+ * steps, so a change meant to keep the bits can be checked to keep them.
+ * The architectures are configs/fashion_mnist_cnn.cfg's and _mlp.cfg's. */
 #include "nn/nn.h"
 
 #include <stdio.h>
@@ -26,14 +29,15 @@ static loom_layer_spec layer(loom_layer_kind k)
 
 int main(int argc, char **argv)
 {
-    int B = 16, steps = 1, threads = 1;
+    int B = 16, steps = 1, threads = 1, mlp = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "-b")) B = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-s")) steps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-t")) threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-m")) mlp = !strcmp(argv[i + 1], "mlp");
     }
     if (B < 1 || steps < 1 || threads < 1) {
-        fprintf(stderr, "usage: cnn_step [-b batch] [-s steps] [-t threads]\n");
+        fprintf(stderr, "usage: cnn_step [-b batch] [-s steps] [-t threads] [-m cnn|mlp]\n");
         return 2;
     }
     loom_model_spec spec = {0};
@@ -63,6 +67,15 @@ int main(int argc, char **argv)
     L[7] = layer(LOOM_LAYER_DENSE);
     L[7].units = 10;
     spec.n_layers = 8;
+    if (mlp) { /* flatten, dense 256 relu, dense 128 relu, dense 10 */
+        L[0] = layer(LOOM_LAYER_FLATTEN);
+        for (int k = 1; k < 4; k++) {
+            L[k] = layer(LOOM_LAYER_DENSE);
+            L[k].units = k == 1 ? 256 : k == 2 ? 128 : 10;
+            L[k].activation = k < 3 ? LOOM_ACT_RELU : LOOM_ACT_NONE;
+        }
+        spec.n_layers = 4;
+    }
 
     loom_err err = {0};
     int64_t in_d[3] = {28, 28, 1};
@@ -91,19 +104,29 @@ int main(int argc, char **argv)
     for (int b = 0; b < B; b++) yp[b] = b % 10;
     double loss = 0, t0 = loom_now();
     int64_t correct;
+    double *ts = calloc((size_t)steps, sizeof *ts);
     for (int s = 0; s < steps; s++) {
+        double ts0 = loom_now();
         if (loom_model_train_step(m, &x, &y, B, (uint64_t)s, &loss, &correct, &err)) {
             fprintf(stderr, "cnn_step: %s\n", err.msg);
             return 1;
         }
+        ts[s] = loom_now() - ts0;
         float *p = loom_model_params(m);
         const float *g = loom_model_grads(m);
         for (int64_t i = 0; i < loom_model_num_params(m); i++) p[i] -= 0.01f * g[i];
     }
     double dt = (loom_now() - t0) / steps;
+    for (int a = 1; a < steps; a++) /* insertion sort: a few hundred steps at most */
+        for (int k = a; k > 0 && ts[k] < ts[k - 1]; k--) {
+            double t = ts[k];
+            ts[k] = ts[k - 1], ts[k - 1] = t;
+        }
     size_t nb = (size_t)loom_model_num_params(m) * sizeof(float);
-    printf("cnn_step: batch %d, %d thread(s), %d step(s): %.2f ms/step, loss %.6f, crc32c grads %08x params %08x\n", B,
-           threads, steps, dt * 1e3, loss, loom_crc32c(loom_model_grads(m), nb), loom_crc32c(loom_model_params(m), nb));
+    printf("cnn_step: %s batch %d, %d thread(s), %d step(s): %.3f ms/step (median %.3f, fastest %.3f), loss %.6f, "
+           "crc32c grads %08x params %08x\n", mlp ? "mlp" : "cnn", B, threads, steps, dt * 1e3, ts[steps / 2] * 1e3,
+           ts[0] * 1e3, loss, loom_crc32c(loom_model_grads(m), nb), loom_crc32c(loom_model_params(m), nb));
+    free(ts);
     loom_tensor_fini(&x);
     loom_tensor_fini(&y);
     loom_model_free(m);

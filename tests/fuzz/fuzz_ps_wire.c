@@ -1,6 +1,7 @@
 /* fuzz_ps_wire.c - libFuzzer target for parameter_server's message decoders
  * (appliance/distribute/ps_wire.c): the range messages (PULL, PUSH, VALUES,
- * INIT) against a fixed plan, the step function (RUN) and its RESULT.
+ * INIT) against a fixed plan, the step function (RUN) and its RESULT, a
+ * checkpoint's SAVE and SAVED (mode 3 with bit 7 set; bit 6: SAVED).
  * Built and run by tests/fuzz/run.sh (meson test --suite fuzz).
  * The input's first byte picks the decoder and its settings (which ps reads
  * it, values or not, how many slots); the rest is the message.
@@ -93,6 +94,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             CHECK(b.len == size && !memcmp(b.data, buf, size));
             loom_buf_fini(&b);
         }
+    } else if (mode & 0x80) { /* a checkpoint's SAVE (bit 6 clear) or SAVED */
+        loom_ps_hdr h;
+        char text[512];
+        uint64_t fsize;
+        uint32_t crc;
+        loom_buf b;
+        loom_buf_init(&b);
+        if (!(mode & 0x40) && loom_ps_decode_save_(buf, size, &h, text, sizeof text, &err) == LOOM_OK) {
+            CHECK(text[0] == '/' && h.step >= 0);
+            loom_ps_put_save_(&b, &h, text);
+            CHECK(b.len == size && !memcmp(b.data, buf, size));
+        } else if ((mode & 0x40) &&
+                   loom_ps_decode_saved_(buf, size, &h, &fsize, &crc, text, sizeof text, &err) == LOOM_OK) {
+            CHECK(text[0] && !strchr(text, '/') && text[0] != '.');
+            loom_ps_put_saved_(&b, &h, fsize, crc, text);
+            CHECK(b.len == size && !memcmp(b.data, buf, size));
+        } else {
+            CHECK(err.msg[0]);
+        }
+        loom_buf_fini(&b);
     } else {
         uint64_t fn;
         loom_ps_step_out *o;

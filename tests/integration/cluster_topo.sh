@@ -20,7 +20,7 @@ not_registered() { grep -qF '"multi_worker_mirrored" is not supported yet' <<<"$
 # --- loom check: where the cluster and the task come from -------------------
 out=$("$LOOM" check $CFG --task worker:1 2>&1); st=$?
 contains "check --task: the tasks from the config" \
-    "cluster: 2 tasks, addresses from the config's cluster section ($CFG:57)" "$out"
+    "cluster: 2 tasks, addresses from the config's cluster section ($ROOT/$CFG:57)" "$out"
 contains "check --task: worker:1 marked" "worker:1     127.0.0.1:23457          rank 1  <- this task" "$out"
 contains "check --task: the task and its source" "task: worker:1 from --task (--task worker:1), training rank 1 of 2" "$out"
 contains "check --task: the config digest" "config digest: sha256 " "$out"
@@ -57,7 +57,7 @@ contains "PMIx rank with the config's addresses" "task: worker:0 from MPI (PMIX_
 
 # --- bad topologies: exit 2, a clear message, before any socket ---------------
 expect_fail 2 "unknown role" 'unknown role "wroker" in "wroker:1"' "$LOOM" check $CFG --task wroker:1
-expect_fail 2 "index out of range" "task index out of range: worker:5, but the cluster (from $CFG:57) has 2 worker tasks" \
+expect_fail 2 "index out of range" "task index out of range: worker:5, but the cluster (from $ROOT/$CFG:57) has 2 worker tasks" \
     "$LOOM" train $CFG --task worker:5
 expect_fail 2 "train: no task given for a 2-task cluster" "the cluster has 2 tasks; which one is this process?" \
     "$LOOM" train $CFG --model-dir "$WORK/notask"

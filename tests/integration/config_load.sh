@@ -27,7 +27,7 @@ check "profile runs data.train without a batch" timeout 120 "$LOOM" profile $NB 
 
 # load-time siblings: loom check reports them at the config's lines, with the others
 expect_fail 2 "cache after repeat(-1): at the cache's line" \
-    "bad_load_time.cfg:11: data.eval.transforms.[1]: cache: the repeat before it (transforms.[0]) has count = -1" \
+    "bad_load_time.cfg:11: data.eval: cache: the repeat before it (transforms.[0]) has count = -1" \
     timeout 60 "$LOOM" check tests/configs/bad_load_time.cfg
 expect_fail 2 "class_weight with a loss without classes: at its line" \
     "bad_load_time.cfg:16: model.class_weight: needs classes; the loss mean_squared_error has none" \

@@ -105,7 +105,7 @@ open(p, "w").write(s)
 PY
 }
 cachecfg rc1.cfg '"1GiB"' '{ op = "repeat"; count = -1; }, { op = "filter"; feature = "label"; in = [0, 1]; }, { op = "cache"; }'
-expect_fail 2 "cache after repeat(-1) is refused at check, naming its line" 'rc1.cfg:7: data.train: cache: the repeat before it (transforms.[0]) has count = -1' \
+expect_fail 2 "cache after repeat(-1) is refused at check, naming its line" 'rc1.cfg:7: data.train.transforms.[2]: cache: the repeat before it (transforms.[0]) has count = -1' \
     timeout 30 "$LOOM" check "$WORK/rc1.cfg"
 out=$(timeout 30 "$LOOM" check "$WORK/rc1.cfg" 2>&1)
 contains "and told to put cache before repeat" "put cache before repeat" "$out"

@@ -137,15 +137,18 @@ contains "adapted normalization trains a good model (eval accuracy > 0.8)" "acc_
 
 # resume, evaluate and predict read the cached numbers
 out=$(cd "$WORK" && timeout 120 "$LOOM" train tab.cfg --set run.epochs=4 2>&1)
-contains "a resumed run reads adapt.txt" "normalize adapt: the numbers of 1 map from run_tab/adapt.txt" "$out"
+contains "a resumed run takes the numbers of its checkpoint" "adapt: the numbers of 1 map from the checkpoint $WORK/run_tab/ckpt-" "$out"
 contains "the resume message counts finished epochs, as the epoch lines do" "(step 33, after epoch 3 of 4)" "$out"
 out=$(cd "$WORK" && timeout 120 "$LOOM" train tab.cfg --set run.epochs=4 2>&1)
 contains "... and so does the finished run's" "at step 44 (epoch 4 of 4)" "$out"
 out=$(cd "$WORK" && timeout 60 "$LOOM" evaluate tab.cfg 2>/dev/null)
 contains "evaluate with adapted numbers" '"eval_accuracy"' "$out"
 mv "$WORK/run_tab/adapt.txt" "$WORK/adapt.saved"
-expect_fail 1 "evaluate without adapt.txt says to train first" "run_tab/adapt.txt: no adapted normalize numbers" \
-    bash -c "cd '$WORK' && timeout 60 '$LOOM' evaluate tab.cfg"
+check "evaluate without adapt.txt takes the checkpoint's numbers" bash -c "cd '$WORK' && timeout 60 '$LOOM' evaluate tab.cfg"
+mkdir -p "$WORK/nothing"
+expect_fail 1 "evaluate with neither adapt.txt nor a checkpoint says to train first" \
+    "$WORK/nothing/adapt.txt: nothing adapted: data.train has 1 map with adapt = true" \
+    bash -c "cd '$WORK' && timeout 60 '$LOOM' evaluate tab.cfg --model-dir nothing"
 mv "$WORK/adapt.saved" "$WORK/run_tab/adapt.txt"
 
 # export --include-preprocessing folds the adapted per-index numbers: onnxruntime on raw
@@ -197,7 +200,7 @@ expect_fail 2 "split fraction outside (0, 1)" "fraction: expected a number in (0
     bash -c "cd '$WORK' && timeout 60 '$LOOM' check frac.cfg"
 cfg noadapt "$SRC" '{ op = "batch"; size = 32; }' \
     "eval: { source: { type = \"csv\"; files = [\"t.csv\"]; columns: { $SRC }; }; transforms = ( $ADAPT, { op = \"batch\"; size = 64; } ); };"
-expect_fail 2 "eval adapt without a train adapt map" 'takes the numbers adapted in data.train, but data.train has no normalize map with adapt = true on "x"' \
+expect_fail 2 "eval adapt without a train adapt map" 'takes what was adapted in data.train, but data.train has no normalize map with adapt = true on "x"' \
     bash -c "cd '$WORK' && timeout 60 '$LOOM' check noadapt.cfg"
 
 # 5. no eval data: said, never nan; check reads the first record of each source
@@ -276,7 +279,7 @@ LUA
 check "a config runs the example map with an array argument (values clamped into [-0.5, 0.25])" \
     bash -c "cd '$WORK' && LOOM_PLUGIN_PATH='$P' timeout 60 '$LOOM' train clip.cfg --set run.epochs=1 --set 'run.progress=\"none\"'"
 sed -i 's/range = \[-0.5, 0.25\]/range = [1.0, 0.0]/' "$WORK/clip.cfg"
-expect_fail 2 "the example's error for a bad array argument" 'clip.cfg:5: data.train: map plugin = "clip:range" (clip.cfg:5): clip: args.range must be [lo, hi] with lo <= hi' \
+expect_fail 2 "the example's error for a bad array argument" "clip.cfg:5: data.train: map plugin = \"clip:range\" ($WORK/clip.cfg:5): clip: args.range must be [lo, hi] with lo <= hi" \
     bash -c "cd '$WORK' && LOOM_PLUGIN_PATH='$P' timeout 60 '$LOOM' check clip.cfg"
 
 # 8. predict's columns follow the task: binary cross-entropy (one sigmoid output) "class,probability"

@@ -113,7 +113,9 @@ static void test_good_full(void)
     /* strategy, run */
     CHECK(s->strategy.kind == LOOM_STRAT_ONE_DEVICE && !strcmp(s->strategy.device, "cpu:0"));
     const loom_run_spec *r = &s->run;
-    CHECK(!strcmp(r->model_dir, "runs/fashion"));
+    /* relative to the config file's directory, like every path a config holds */
+    size_t ml = strlen(r->model_dir), sl = strlen("/tests/configs/runs/fashion");
+    CHECK(r->model_dir[0] == '/' && ml > sl && !strcmp(r->model_dir + ml - sl, "/tests/configs/runs/fashion"));
     CHECK(r->epochs == 3 && r->max_steps == 5000000000LL && r->seed == 1234);
     CHECK(r->checkpoint_steps == 500 && r->keep_checkpoints == 3 && r->log_steps == 50 && r->threads == 2);
     CHECK(r->eval_each_epoch && r->progress == LOOM_PROGRESS_PLAIN);

@@ -394,6 +394,167 @@ static void test_grad_pool(void)
     }
 }
 
+/* conv2d (relu or none) followed by a max_pool2d whose windows tile its
+ * output runs as one pass (nn_internal.h, fuse_pool): gradients against
+ * central differences on the GEMM path and the direct one (cin = 1), 2x2 and
+ * 3x3 windows, two fused pairs stacked as in the CNN config; the flags are
+ * set exactly where the windows tile; and the same model with an identity
+ * activation layer between conv and pool (which is not fused) gives the same
+ * loss and predictions bit for bit and the same gradients to rounding (the
+ * bias sums run in another order). */
+static int close_vec(const char *what, const float *a, const float *b, int64_t n);
+static double worst_scaled; /* close_vec's worst difference, printed by check_threads */
+static void same_step(const char *what, const loom_layer_spec *fu, int nfu, const loom_layer_spec *un, int nun,
+                      loom_shape in)
+{
+    fixture a, b;
+    const int64_t B = 5;
+    if (fixture_new(&a, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, nfu, fu), in, LOOM_I32, B, 3) != LOOM_OK ||
+        fixture_new(&b, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, nun, un), in, LOOM_I32, B, 3) != LOOM_OK) {
+        CHECK_MSG(0, "%s: cannot build", what);
+        return;
+    }
+    CHECK_MSG(a.m->layer[0].fuse_pool && a.m->layer[1].fused, "%s: conv + pool not fused", what);
+    CHECK_MSG(!b.m->layer[0].fuse_pool && !b.m->layer[2].fused, "%s: fused across an activation layer", what);
+    const int64_t P = loom_model_num_params(a.m), n = B * loom_shape_numel(&a.out);
+    CHECK(P == loom_model_num_params(b.m) && n <= 40);
+    memcpy(loom_model_params(b.m), loom_model_params(a.m), (size_t)P * sizeof(float));
+    memcpy(b.x.data, a.x.data, (size_t)loom_shape_numel(&a.x.shape) * sizeof(float));
+    memcpy(b.y.data, a.y.data, (size_t)B * sizeof(int32_t));
+    double la = step_loss(&a, 1), lb = step_loss(&b, 1);
+    CHECK_MSG(la == lb, "%s: loss %.17g fused, %.17g not", what, la, lb);
+    CHECK_MSG(close_vec("grads", loom_model_grads(b.m), loom_model_grads(a.m), P), "%s: gradients differ", what);
+    float pa[40], pb[40];
+    CHECK(loom_model_predict(a.m, &a.x, pa, &err) == LOOM_OK && loom_model_predict(b.m, &b.x, pb, &err) == LOOM_OK);
+    CHECK_MSG(!memcmp(pa, pb, (size_t)n * sizeof(float)), "%s: predictions differ", what);
+    printf("# %s: fused = unfused: loss and predictions bit for bit, gradients within %.2g of the largest\n", what,
+           worst_scaled);
+    worst_scaled = 0;
+    fixture_free(&a);
+    fixture_free(&b);
+}
+
+static void fused_same_as_unfused(const char *what, loom_activation act, loom_shape in, int cout)
+{
+    loom_layer_spec fu[] = {L_conv(cout, 3, 1, LOOM_PAD_SAME, act), L_pool(2, 2, LOOM_PAD_VALID),
+                            L_kind(LOOM_LAYER_FLATTEN, 0, 0), L_dense(4, LOOM_ACT_NONE)};
+    loom_layer_spec un[] = {L_conv(cout, 3, 1, LOOM_PAD_SAME, act), L_kind(LOOM_LAYER_ACTIVATION, 0, LOOM_ACT_NONE),
+                            L_pool(2, 2, LOOM_PAD_VALID), L_kind(LOOM_LAYER_FLATTEN, 0, 0), L_dense(4, LOOM_ACT_NONE)};
+    same_step(what, fu, 4, un, 5, in);
+}
+
+static void test_fused_conv_pool(void)
+{
+    /* relu and max-pool make kinks everywhere: the relu cases are small enough for central differences to hold */
+    loom_layer_spec r2[] = {L_conv(3, 3, 1, LOOM_PAD_SAME, LOOM_ACT_RELU), L_pool(2, 2, LOOM_PAD_VALID),
+                            L_kind(LOOM_LAYER_FLATTEN, 0, 0), L_dense(3, LOOM_ACT_NONE)};
+    gradcheck("fused conv relu + pool 2x2", r2, 4, LOOM_LOSS_SPARSE_SOFTMAX_CE, shp(3, 4, 6, 3), LOOM_I32, 2, 1);
+    gradcheck("fused conv cin 1 relu + pool 2x2", r2, 4, LOOM_LOSS_SPARSE_SOFTMAX_CE, shp(3, 6, 4, 1), LOOM_I32, 2, 1);
+    loom_layer_spec n2[] = {L_conv(3, 3, 1, LOOM_PAD_SAME, LOOM_ACT_NONE), L_pool(2, 2, LOOM_PAD_VALID),
+                            L_kind(LOOM_LAYER_FLATTEN, 0, 0), L_dense(3, LOOM_ACT_NONE)};
+    gradcheck("fused conv + pool 2x2", n2, 4, LOOM_LOSS_SPARSE_SOFTMAX_CE, shp(3, 6, 4, 2), LOOM_I32, 2, 1);
+    loom_layer_spec r3[] = {L_conv(2, 3, 1, LOOM_PAD_SAME, LOOM_ACT_RELU), L_pool(3, 3, LOOM_PAD_VALID),
+                            L_kind(LOOM_LAYER_FLATTEN, 0, 0), L_dense(3, LOOM_ACT_NONE)};
+    gradcheck("fused conv relu + pool 3x3", r3, 4, LOOM_LOSS_SPARSE_SOFTMAX_CE, shp(3, 6, 9, 2), LOOM_I32, 3, 1);
+    /* two pairs stacked as in the CNN config (central differences see too many kinks through two pools) */
+    loom_layer_spec two[] = {L_conv(4, 5, 1, LOOM_PAD_SAME, LOOM_ACT_RELU), L_pool(2, 2, LOOM_PAD_VALID),
+                             L_conv(5, 3, 1, LOOM_PAD_SAME, LOOM_ACT_RELU), L_pool(2, 2, LOOM_PAD_VALID),
+                             L_kind(LOOM_LAYER_FLATTEN, 0, 0), L_dense(3, LOOM_ACT_NONE)};
+    loom_layer_spec twou[] = {L_conv(4, 5, 1, LOOM_PAD_SAME, LOOM_ACT_RELU), L_kind(LOOM_LAYER_ACTIVATION, 0, LOOM_ACT_NONE),
+                              L_pool(2, 2, LOOM_PAD_VALID), L_conv(5, 3, 1, LOOM_PAD_SAME, LOOM_ACT_RELU),
+                              L_kind(LOOM_LAYER_ACTIVATION, 0, LOOM_ACT_NONE), L_pool(2, 2, LOOM_PAD_VALID),
+                              L_kind(LOOM_LAYER_FLATTEN, 0, 0), L_dense(3, LOOM_ACT_NONE)};
+    same_step("two pairs, cin 1 first", two, 6, twou, 8, shp(3, 8, 12, 1));
+    /* the CNN config's sizes: the second conv's im2col runs one example at a time (several chunks) */
+    loom_layer_spec cnn[] = {L_conv(32, 5, 1, LOOM_PAD_SAME, LOOM_ACT_RELU), L_pool(2, 2, LOOM_PAD_VALID),
+                             L_conv(64, 5, 1, LOOM_PAD_SAME, LOOM_ACT_RELU), L_pool(2, 2, LOOM_PAD_VALID),
+                             L_kind(LOOM_LAYER_FLATTEN, 0, 0), L_dense(4, LOOM_ACT_NONE)};
+    loom_layer_spec cnnu[] = {L_conv(32, 5, 1, LOOM_PAD_SAME, LOOM_ACT_RELU), L_kind(LOOM_LAYER_ACTIVATION, 0, LOOM_ACT_NONE),
+                              L_pool(2, 2, LOOM_PAD_VALID), L_conv(64, 5, 1, LOOM_PAD_SAME, LOOM_ACT_RELU),
+                              L_kind(LOOM_LAYER_ACTIVATION, 0, LOOM_ACT_NONE), L_pool(2, 2, LOOM_PAD_VALID),
+                              L_kind(LOOM_LAYER_FLATTEN, 0, 0), L_dense(4, LOOM_ACT_NONE)};
+    same_step("the CNN config's sizes", cnn, 6, cnnu, 8, shp(3, 28, 28, 1));
+
+    /* where the windows tile: 2x2 over 6x4 yes, over 6x5 no (a column left out), 3x3 stride 2 no; tanh no */
+    struct { loom_shape in; loom_layer_spec c, p; int fused; } cases[] = {
+        {shp(3, 6, 4, 2), L_conv(2, 3, 1, LOOM_PAD_SAME, LOOM_ACT_RELU), L_pool(2, 2, LOOM_PAD_VALID), 1},
+        {shp(3, 6, 4, 2), L_conv(2, 3, 1, LOOM_PAD_SAME, LOOM_ACT_NONE), L_pool(2, 2, LOOM_PAD_VALID), 1},
+        {shp(3, 6, 5, 2), L_conv(2, 3, 1, LOOM_PAD_SAME, LOOM_ACT_RELU), L_pool(2, 2, LOOM_PAD_VALID), 0},
+        {shp(3, 7, 7, 2), L_conv(2, 3, 1, LOOM_PAD_SAME, LOOM_ACT_RELU), L_pool(3, 2, LOOM_PAD_VALID), 0},
+        {shp(3, 6, 4, 2), L_conv(2, 3, 1, LOOM_PAD_SAME, LOOM_ACT_TANH), L_pool(2, 2, LOOM_PAD_VALID), 0},
+        {shp(3, 6, 4, 2), L_conv(2, 3, 1, LOOM_PAD_SAME, LOOM_ACT_RELU), L_pool(2, 2, LOOM_PAD_SAME), 1},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        loom_layer_spec ls[] = {cases[k].c, cases[k].p, L_kind(LOOM_LAYER_FLATTEN, 0, 0), L_dense(2, LOOM_ACT_NONE)};
+        loom_model *m = NULL;
+        loom_shape lab = shp(0, 0, 0, 0);
+        CHECK(loom_model_new(&m, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, ls), &cases[k].in, LOOM_F32, &lab, LOOM_I32, 4,
+                             &err) == LOOM_OK);
+        if (!m) continue;
+        CHECK_MSG(m->layer[0].fuse_pool == cases[k].fused && m->layer[1].fused == cases[k].fused,
+                  "fusion case %zu: fuse_pool %d fused %d, expected %d", k, m->layer[0].fuse_pool, m->layer[1].fused,
+                  cases[k].fused);
+        loom_model_free(m);
+    }
+    fused_same_as_unfused("relu, GEMM path", LOOM_ACT_RELU, shp(3, 6, 8, 3), 5);
+    fused_same_as_unfused("none, GEMM path", LOOM_ACT_NONE, shp(3, 6, 8, 3), 5);
+    fused_same_as_unfused("relu, cin 1", LOOM_ACT_RELU, shp(3, 8, 6, 1), 17);
+    fused_same_as_unfused("none, cin 1", LOOM_ACT_NONE, shp(3, 8, 6, 1), 16);
+}
+
+/* The direct cin = 1 kernels at each level the CPU runs (nn_layer_.fma:
+ * 2 AVX-512, 1 AVX2+FMA) give the same gradients and outputs bit for bit:
+ * the 512-bit kernels compute each lane as the 256-bit ones do. 17 and 40
+ * filters: a block pair, a lone block and a scalar tail. */
+static void test_conv1_levels(void)
+{
+    const int level = loom_cpu()->level;
+    if (level < LOOM_CPU_AVX2_FMA) {
+        printf("# this CPU has no AVX2+FMA: only the generic kernels run here\n");
+        CHECK(1);
+        return;
+    }
+    for (int f = 0; f < 2; f++) {
+        loom_layer_spec ls[] = {L_conv(f ? 40 : 17, 5, 1, LOOM_PAD_SAME, LOOM_ACT_RELU), L_pool(2, 2, LOOM_PAD_VALID),
+                                L_kind(LOOM_LAYER_FLATTEN, 0, 0), L_dense(3, LOOM_ACT_NONE)};
+        loom_layer_spec st[] = {L_conv(f ? 40 : 17, 3, 2, LOOM_PAD_VALID, LOOM_ACT_TANH), L_kind(LOOM_LAYER_FLATTEN, 0, 0),
+                                L_dense(3, LOOM_ACT_NONE)};
+        for (int k = 0; k < 2; k++) {
+            fixture a;
+            const int64_t B = 3;
+            if (fixture_new(&a, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, k ? 3 : 4, k ? st : ls), shp(3, 10, 9, 1), LOOM_I32, B,
+                            4) != LOOM_OK) {
+                CHECK_MSG(0, "cannot build");
+                continue;
+            }
+            const int64_t P = loom_model_num_params(a.m);
+            float *g1 = malloc((size_t)P * sizeof *g1), p1[9], p2[9];
+            a.m->layer[0].fma = 1;
+            double l1 = step_loss(&a, 1);
+            memcpy(g1, loom_model_grads(a.m), (size_t)P * sizeof *g1);
+            CHECK(loom_model_predict(a.m, &a.x, p1, &err) == LOOM_OK);
+            if (level >= LOOM_CPU_AVX512) {
+                a.m->layer[0].fma = 2;
+                double l2 = step_loss(&a, 1);
+                CHECK(loom_model_predict(a.m, &a.x, p2, &err) == LOOM_OK);
+                CHECK_MSG(l1 == l2 && !memcmp(g1, loom_model_grads(a.m), (size_t)P * sizeof *g1) &&
+                              !memcmp(p1, p2, sizeof p1),
+                          "%d filters, case %d: the AVX-512 kernels differ from the AVX2 ones", f ? 40 : 17, k);
+            }
+            /* the generic kernels: a multiply and an add per tap, so only close */
+            a.m->layer[0].fma = 0;
+            double l0 = step_loss(&a, 1);
+            CHECK_MSG(fabs(l0 - l1) <= 1e-5 * fabs(l1), "generic kernels: loss %.9g vs %.9g", l0, l1);
+            CHECK(close_vec("grads", g1, loom_model_grads(a.m), P));
+            worst_scaled = 0;
+            free(g1);
+            fixture_free(&a);
+        }
+    }
+    printf("# direct conv kernels: %s\n", level >= LOOM_CPU_AVX512 ? "AVX-512 = AVX2+FMA bit for bit, generic close"
+                                                                     : "AVX2+FMA and generic close (no AVX-512 here)");
+}
+
 static void test_grad_dropout(void)
 {
     loom_layer_spec d[] = {L_dense(8, LOOM_ACT_TANH), L_kind(LOOM_LAYER_DROPOUT, 0.5, 0), L_dense(3, LOOM_ACT_NONE)};
@@ -1441,6 +1602,8 @@ static const loom_test tests[] = {
     {"grad conv2d", test_grad_conv},
     {"grad max_pool2d", test_grad_pool},
     {"grad dropout", test_grad_dropout},
+    {"conv2d + max_pool2d fused", test_fused_conv_pool},
+    {"direct conv kernels: same bits at every CPU level", test_conv1_levels},
     {"global batch scaling", test_global_batch},
     {"no allocation in a step", test_no_alloc},
     {"optimizers", test_optimizers},

@@ -196,7 +196,39 @@ static void test_run_and_result(void)
     loom_buf_fini(&b);
 }
 
+static void test_save_messages(void)
+{
+    loom_buf b;
+    loom_buf_init(&b);
+    loom_ps_hdr h = {.req = 7, .nonce = 99, .step = 50}, h2;
+    loom_ps_put_save_(&b, &h, "/runs/ps");
+    loom_err err;
+    char text[64];
+    CHECK(loom_ps_decode_save_(b.data, b.len, &h2, text, sizeof text, &err) == LOOM_OK);
+    CHECK(h2.req == 7 && h2.nonce == 99 && h2.step == 50 && !strcmp(text, "/runs/ps"));
+    CHECK(loom_ps_decode_save_(b.data, b.len - 1, &h2, text, sizeof text, &err) == LOOM_EDATA);
+    CHECK(loom_ps_decode_save_(b.data, b.len, &h2, text, 4, &err) == LOOM_EDATA); /* longer than the buffer */
+    loom_buf_fini(&b);
+    loom_buf_init(&b);
+    loom_ps_put_save_(&b, &h, "runs/ps");
+    CHECK(loom_ps_decode_save_(b.data, b.len, &h2, text, sizeof text, &err) == LOOM_EDATA);
+    CHECK_CONTAINS(err.msg, "not an absolute path");
+    loom_buf_fini(&b);
+    loom_buf_init(&b);
+    loom_ps_put_saved_(&b, &h, 12345, 0xdeadbeef, "ckpt-50.data-00001-of-00002");
+    uint64_t size;
+    uint32_t crc;
+    CHECK(loom_ps_decode_saved_(b.data, b.len, &h2, &size, &crc, text, sizeof text, &err) == LOOM_OK);
+    CHECK(size == 12345 && crc == 0xdeadbeef && !strcmp(text, "ckpt-50.data-00001-of-00002") && h2.step == 50);
+    loom_buf_fini(&b);
+    loom_buf_init(&b);
+    loom_ps_put_saved_(&b, &h, 1, 2, "../etc/passwd"); /* a ps names a file of the model directory, nothing else */
+    CHECK(loom_ps_decode_saved_(b.data, b.len, &h2, &size, &crc, text, sizeof text, &err) == LOOM_EDATA);
+    loom_buf_fini(&b);
+}
+
 static const loom_test tests[] = {
+    {"save_messages", test_save_messages},
     {"partitioner_numbers", test_partitioner_numbers},
     {"round_robin", test_round_robin},
     {"codec_roundtrip", test_codec_roundtrip},

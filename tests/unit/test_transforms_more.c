@@ -869,7 +869,9 @@ static void test_config(void)
     CHECK(t[2].kind == LOOM_T_SHARD && t[2].num_shards == 2 && t[2].index == 1);
     CHECK(t[3].kind == LOOM_T_ENUMERATE && !strcmp(t[3].feature, "index") && t[3].start == 3);
     CHECK(t[4].kind == LOOM_T_MAP && !strcmp(t[4].map.feature, "image")); /* map's own `feature` still works */
-    CHECK(t[5].kind == LOOM_T_CACHE && !t[5].cache_file[0] && !strcmp(t[6].cache_file, "runs/cache/train"));
+    size_t cl = strlen(t[6].cache_file), sl = strlen("/runs/cache/train"); /* relative to the config's directory */
+    CHECK(t[5].kind == LOOM_T_CACHE && !t[5].cache_file[0] && t[6].cache_file[0] == '/' && cl > sl &&
+          !strcmp(t[6].cache_file + cl - sl, "/runs/cache/train"));
     CHECK(t[7].kind == LOOM_T_PADDED_BATCH && t[7].batch_size == 2 && t[7].padded.n_shapes == 1 && t[7].padded.rank[0] == 2 &&
           t[7].padded.shape[0][0] == 5 && t[7].padded.shape[0][1] == -1 && t[7].padded.n_values == 1 && t[7].padded.value[0] == 9.0);
     CHECK(t[8].kind == LOOM_T_UNBATCH);

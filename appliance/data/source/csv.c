@@ -229,7 +229,7 @@ static void report_skipped(csv_source *t)
 }
 
 static const loom_dtype csv_dtypes[] = {[LOOM_CFG_U8] = LOOM_U8, [LOOM_CFG_I32] = LOOM_I32, [LOOM_CFG_I64] = LOOM_I64,
-                                        [LOOM_CFG_F32] = LOOM_F32, [LOOM_CFG_F64] = LOOM_F64};
+                                        [LOOM_CFG_F32] = LOOM_F32, [LOOM_CFG_F64] = LOOM_F64, [LOOM_CSV_STRING] = LOOM_U8};
 
 /* Opens files[fi], reads its header (resolving columns by name), then moves to
  * byte offset at `line` when offset is past the header (a restore). */
@@ -317,6 +317,16 @@ static int parse_field(csv_source *t, int f, int idx, void *dst, int *bad, loom_
 {
     loom_dtype dt = t->s.spec.dtype[f];
     const char *v = t->rec.text + t->rec.start[idx];
+    if ((int)t->col[f].dtype == LOOM_CSV_STRING) { /* the bytes as they are, zero-padded */
+        size_t n = strlen(v), cap = (size_t)t->col[f].max_length;
+        if (n > cap) {
+            field_err(t, f, idx, err, "a string of %zu bytes (\"%.40s...\"), longer than max_length = %zu", n, v, cap);
+            return loom_err_hint(err, "raise the column's max_length (at most %d)", LOOM_MAX_STRING);
+        }
+        memcpy(dst, v, n);
+        memset((char *)dst + n, 0, cap - n);
+        return LOOM_OK;
+    }
     const char *p = v;
     while (is_space(*p)) p++;
     if (!*p) {
@@ -451,7 +461,8 @@ int csv_source_open_(dstage **out, const loom_source_spec *src, loom_err *err)
     st->spec.n = st->out.n = t->nf;
     for (int f = 0; f < t->nf; f++) {
         const loom_csv_column *c = &src->csv[f];
-        if ((unsigned)c->dtype > LOOM_CFG_F64 || (c->index < 0 && (!t->header || !c->column[0])) || c->count < 0 ||
+        bool str = (int)c->dtype == LOOM_CSV_STRING;
+        if ((unsigned)c->dtype > LOOM_CSV_STRING || (str && (c->count > 0 || c->max_length < 1 || c->max_length > LOOM_MAX_STRING)) || (c->index < 0 && (!t->header || !c->column[0])) || c->count < 0 ||
             (c->count > 0 && c->index < 0)) {
             rc = dstage_err_(st, err, LOOM_ECONFIG, "column \"%s\": bad dtype %d, or no index (needed when header = false)",
                              src->feature[f], (int)c->dtype);
@@ -465,9 +476,10 @@ int csv_source_open_(dstage **out, const loom_source_spec *src, loom_err *err)
         t->col[f] = *c;
         snprintf(st->spec.name[f], LOOM_NAME_MAX, "%s", src->feature[f]);
         st->spec.dtype[f] = csv_dtypes[c->dtype];
-        st->spec.shape[f] = c->count > 0 ? (loom_shape){.rank = 1, .dim = {c->count}} : (loom_shape){0};
+        st->spec.shape[f] = str ? (loom_shape){.rank = 1, .dim = {c->max_length}}
+                          : c->count > 0 ? (loom_shape){.rank = 1, .dim = {c->count}} : (loom_shape){0};
         st->maxshape[f] = st->spec.shape[f];
-        if (!(t->buf[f] = loom_alloc_aligned((size_t)(c->count > 0 ? c->count : 1) * 8))) {
+        if (!(t->buf[f] = loom_alloc_aligned(str ? (size_t)c->max_length : (size_t)(c->count > 0 ? c->count : 1) * 8))) {
             rc = loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate feature \"%s\"", src->feature[f]);
             goto fail;
         }
@@ -475,7 +487,7 @@ int csv_source_open_(dstage **out, const loom_source_spec *src, loom_err *err)
         st->mut[f] = 1; /* refilled by every next() */
         h = fnv(h, src->feature[f], strlen(src->feature[f]) + 1);
         h = fnv(h, c->column, strlen(c->column) + 1);
-        int64_t fields[4] = {c->dtype, c->index, c->has_default, c->count};
+        int64_t fields[5] = {c->dtype, c->index, c->has_default, c->count, str ? c->max_length : 0};
         h = fnv(h, fields, sizeof fields);
         h = fnv(h, &c->default_value, sizeof c->default_value);
     }

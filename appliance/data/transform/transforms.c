@@ -125,7 +125,7 @@ static const char *const map_names[] = {
     [LOOM_MAP_PAD] = "pad", [LOOM_MAP_RANDOM_CROP] = "random_crop", [LOOM_MAP_STANDARDIZE] = "per_image_standardization",
     [LOOM_MAP_SLEEP] = "sleep", [LOOM_MAP_DECODE_IMAGE] = "decode_image", [LOOM_MAP_RESIZE] = "resize",
     [LOOM_MAP_CENTRAL_CROP] = "central_crop", [LOOM_MAP_RANDOM_BRIGHTNESS] = "random_brightness",
-    [LOOM_MAP_RANDOM_CONTRAST] = "random_contrast",
+    [LOOM_MAP_RANDOM_CONTRAST] = "random_contrast", [LOOM_MAP_STRING_LOOKUP] = "string_lookup",
 };
 
 /* Mean and population standard deviation of n values (two passes, in double). */
@@ -201,7 +201,55 @@ typedef struct mapst {
     int64_t       epoch, pos; /* pos: elements (images for flip) seen this pass: the RNG index */
     uint8_t      *flags;    /* flip: per image of a batched element */
     size_t        buf_bytes, flag_bytes;
+    int64_t      *vtab;     /* string_lookup: open addressing over the vocabulary, token index + 1 (0: empty) */
+    uint64_t      vmask;    /* its size - 1 */
 } mapst;
+
+/* ---- string_lookup: a string is the bytes of the last axis up to its
+ * trailing zero bytes (the zero padding of a csv string column or text line). */
+
+uint64_t loom_data_str_hash(const uint8_t *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static size_t str_len(const uint8_t *p, size_t L)
+{
+    while (L && !p[L - 1]) L--;
+    return L;
+}
+
+/* The token index of p[0..n) in the stage's vocabulary, or -1. */
+static int64_t vocab_find(const mapst *s, const uint8_t *p, size_t n)
+{
+    const loom_vocab *v = s->m.vocab;
+    for (uint64_t i = loom_data_str_hash(p, n) & s->vmask;; i = (i + 1) & s->vmask) {
+        int64_t k = s->vtab[i] - 1;
+        if (k < 0) return -1;
+        if (v->off[k + 1] - v->off[k] == n && !memcmp(v->data + v->off[k], p, n)) return k;
+    }
+}
+
+static int vocab_table(mapst *s, loom_err *err)
+{
+    const loom_vocab *v = s->m.vocab;
+    uint64_t size = 16;
+    while (size < 2 * (uint64_t)v->n + 2) size *= 2;
+    if (!(s->vtab = loom_calloc(size, sizeof *s->vtab)))
+        return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate the lookup table of %lld strings", (long long)v->n);
+    s->vmask = size - 1;
+    for (int64_t k = 0; k < v->n; k++) {
+        const uint8_t *p = (const uint8_t *)v->data + v->off[k];
+        size_t n = (size_t)(v->off[k + 1] - v->off[k]);
+        if (vocab_find(s, p, n) >= 0) continue; /* a token twice: the first (more frequent) id holds */
+        uint64_t i = loom_data_str_hash(p, n) & s->vmask;
+        while (s->vtab[i]) i = (i + 1) & s->vmask;
+        s->vtab[i] = k + 1;
+    }
+    return LOOM_OK;
+}
 
 /* A row of W px-byte pixels reversed into a distinct row. Inlined with px
  * constant for the common pixel sizes, where it compiles to vector shuffles. */
@@ -480,6 +528,29 @@ int map_apply_(const dstage *st, loom_elem *e, int writable, uint8_t *buf, uint8
         *mut = 1;
         return LOOM_OK;
     }
+    case LOOM_MAP_STRING_LOOKUP: { /* (..., L) uint8 -> (...) int64 */
+        size_t L = (size_t)t->shape.dim[t->shape.rank - 1], ns = L ? n / L : 0;
+        int64_t *o = (int64_t *)buf, oov = s->m.num_oov_indices, per = elems_of(t, st->batch_dims);
+        for (size_t i = 0; i < ns; i++) {
+            const uint8_t *p = (const uint8_t *)t->data + i * L;
+            size_t len = str_len(p, L);
+            int64_t k = vocab_find(s, p, len);
+            if (k < 0 && !oov) {
+                char why[200];
+                snprintf(why, sizeof why, "\"%.*s\" is not in the vocabulary (%lld strings), and num_oov_indices = 0",
+                         (int)(len < 60 ? len : 60), (const char *)p, (long long)s->m.vocab->n);
+                int64_t spe = per > 0 && ns >= (size_t)per ? (int64_t)ns / per : 1; /* strings per element */
+                elem_err(st, err, "string_lookup", s->m.feature, pos + (int64_t)i / spe, why);
+                return loom_err_hint(err, "set num_oov_indices = 1; to map unknown strings to id 0");
+            }
+            o[i] = k >= 0 ? oov + k : (int64_t)(loom_data_str_hash(p, len) % (uint64_t)oov);
+        }
+        t->shape.rank--;
+        t->data = buf;
+        t->dtype = LOOM_I64;
+        *mut = 1;
+        return LOOM_OK;
+    }
     case LOOM_MAP_RANDOM_BRIGHTNESS:
     case LOOM_MAP_RANDOM_CONTRAST: { /* unbatched: one draw per image, keyed by its position like random_crop */
         loom_rng g;
@@ -549,6 +620,7 @@ static void map_close(dstage *st)
     mapst *s = (mapst *)st;
     loom_free(s->buf);
     loom_free(s->flags);
+    loom_free(s->vtab);
     loom_free(s);
 }
 
@@ -795,6 +867,29 @@ int map_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, co
             snprintf(st->desc, sizeof st->desc, "map(normalize,%s,%.17g,%.17g)", s->m.feature, s->m.mean, s->m.std);
         break;
     }
+    case LOOM_MAP_STRING_LOOKUP:
+        if (s->in_dt != LOOM_U8 || sh->rank <= bd) {
+            rc = dstage_err_(st, err, LOOM_ESHAPE, "map(string_lookup) needs a string feature (uint8 bytes, the last "
+                             "axis one string), \"%s\" is %s %s", s->m.feature, loom_dtype_name(s->in_dt),
+                             loom_shape_str(sh, a, sizeof a));
+            loom_err_hint(err, "strings come from a csv column with dtype = \"string\" or the text source's \"line\"; a "
+                               "number feature needs no lookup (one_hot or an embedding take int ids)");
+            goto fail;
+        }
+        if (!s->m.vocab) {
+            rc = dstage_err_(st, err, LOOM_ECONFIG, "map(string_lookup) on \"%s\": adapt = true, but no vocabulary was "
+                             "adapted from data.train for it", s->m.feature);
+            loom_err_hint(err, "loom train adapts it (and keeps it in model_dir/adapt.txt and its checkpoints) before "
+                               "evaluate, predict or export can use it");
+            goto fail;
+        }
+        if ((rc = vocab_table(s, err))) goto fail;
+        s->out_dt = LOOM_I64;
+        sh->rank--;
+        mx->rank--;
+        snprintf(st->desc, sizeof st->desc, "map(string_lookup,%s,%d,%lld,%016llx)", s->m.feature, s->m.num_oov_indices,
+                 (long long)s->m.vocab->n, (unsigned long long)s->m.vocab->digest);
+        break;
     case LOOM_MAP_ONE_HOT:
         if (!is_int(s->in_dt)) {
             rc = dstage_err_(st, err, LOOM_ESHAPE, "map(one_hot) needs an integer feature, \"%s\" is %s", s->m.feature,
