@@ -417,6 +417,10 @@ typedef struct loom_layer_spec {
     int64_t         input_dim;           /* rows of the table */
     int             output_dim;          /* columns: the embedding width */
     loom_combiner   combiner;            /* several ids per column: sum (default) or mean */
+    /* batch_normalization: the batch statistics over the global batch of
+     * every replica (and worker) in sync, as TF's SyncBatchNormalization;
+     * a no-op for one_device and parameter_server (nn.h: loom_model_set_bn_sync) */
+    bool            sync;
 } loom_layer_spec;
 
 typedef struct loom_model_spec {

@@ -28,6 +28,8 @@ static const opt layer_opts[] = {
           "moving statistics: m = momentum * m + (1 - momentum) * batch"),
     O_F64(loom_layer_spec, "epsilon", epsilon, 0.001, 0.0, 0, F_LO_OPEN | F_NO_HI, LY(BATCH_NORM) | LY(LAYER_NORM), 0,
           "added to the variance"),
+    O_BOOL(loom_layer_spec, "sync", sync, 0, LY(BATCH_NORM),
+           "batch statistics over the global batch of every replica and worker (SyncBatchNormalization)"),
     O_ENUM(loom_layer_spec, "activation", activation, LOOM_ACT_NONE, loom_activation_names_,
            LY(DENSE) | LY(CONV2D) | LY(ACTIVATION), LY(ACTIVATION), "activation function"),
     O_ENUM(loom_layer_spec, "kernel_init", kernel_init, LOOM_INIT_GLOROT_UNIFORM, loom_init_names_,

@@ -575,6 +575,7 @@ static void print_layer(FILE *f, const loom_layer_spec *l)
     case LOOM_LAYER_BATCH_NORM:
         kv_f64(f, 3, "momentum", l->momentum);
         kv_f64(f, 3, "epsilon", l->epsilon);
+        if (l->sync) kv_bool(f, 3, "sync", l->sync);
         break;
     case LOOM_LAYER_LAYER_NORM: kv_f64(f, 3, "epsilon", l->epsilon); break;
     case LOOM_LAYER_EMBEDDING:

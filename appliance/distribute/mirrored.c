@@ -73,7 +73,7 @@ typedef struct replica {
     int              packs_done; /* multi-worker overlap: packs this replica has reduced locally in this step */
 } __attribute__((aligned(64))) replica;
 
-enum { JOB_TRAIN, JOB_EVAL, JOB_PREDICT, JOB_PART, JOB_GRADS, JOB_APPLY };
+enum { JOB_TRAIN, JOB_EVAL, JOB_PREDICT, JOB_PART, JOB_GRADS, JOB_APPLY, JOB_IDLE };
 
 typedef struct replicated {
     int          central;   /* central_storage, else mirrored */
@@ -108,6 +108,16 @@ typedef struct replicated {
      * replica 0's thread as each pack's local sum becomes final during backward */
     void       (*pack_ready)(void *arg, int pack);
     void        *pack_arg;
+    /* synchronised batch normalization (bn_sync): the replicas' buffers of
+     * the current call, the barrier they meet at, and multi_worker's sum of
+     * replica 0's across the workers (loom_replicated_set_bn_cross_) */
+    float      **sync_buf;  /* (n,) */
+    pthread_barrier_t sync_bar;
+    int          sync_bar_init;
+    int        (*sync_cross)(void *arg, float *buf, int64_t n, loom_err *err);
+    void        *sync_cross_arg;
+    int          sync_rc;
+    loom_err     sync_err;
 } replicated;
 
 static int input_idx(const loom_strategy *s) { return s->args->input_idx; }
@@ -121,15 +131,16 @@ static const char *kind_name(const replicated *m) { return m->central ? "central
  * machine: cpu:N exists for N below the cores this process may run on; GPUs
  * need a GPU backend (cuda, from a plugin) that finds them usable now, and
  * strategy.device_backend may run cpu replicas on the CPU reference backend. */
-static int resolve_devices(replicated *m, const loom_strategy_spec *st, int64_t max_batch, loom_err *err)
+static int resolve_devices(replicated *m, const loom_spec *spec, int64_t max_batch, loom_err *err)
 {
+    const loom_strategy_spec *st = &spec->strategy;
     int cores = loom_num_cores();
     char w[600];
     loom_loc_str(&st->devices_loc, w, sizeof w);
     char setting[160] = ""; /* the setting's path, unless "--set path" already names it */
     if (strncmp(w, "--set ", 6)) snprintf(setting, sizeof setting, "%s: ", st->devices_loc.path);
-    int rc = loom_place_devices_(st, st->devices, st->devices_listed ? st->n_devices : 0, &st->devices_loc, &m->place,
-                                 err);
+    int rc = loom_place_devices_(st, st->devices, st->devices_listed ? st->n_devices : 0, &st->devices_loc,
+                                 &spec->model, &m->place, err);
     if (rc) return rc;
     if (m->place.gpu) {
         m->n = m->place.n;
@@ -251,6 +262,57 @@ static int new_replica(loom_strategy *s, replicated *m, replica *rp, int intra, 
     return rc;
 }
 
+/* Synchronised batch normalization (nn.h: loom_model_set_bn_sync): replica
+ * rp's buf becomes the sum of every replica's. The replicas meet at a
+ * barrier; each sums its slice of the elements over the replicas in replica
+ * order and writes it into every buffer (the same bits everywhere), and they
+ * meet again before any returns. Under multi_worker_mirrored replica 0 then
+ * sums the result across the workers and the others copy it. The local part
+ * cannot fail, and nn makes every call on every replica (with zeros when it
+ * has no examples or failed), so no replica is left at the barrier. */
+static int bn_sync(void *arg, float *buf, int64_t n, loom_err *err)
+{
+    replica *rp = arg;
+    replicated *m = rp->owner;
+    const int r = (int)(rp - m->rep);
+    if (m->n > 1) {
+        m->sync_buf[r] = buf;
+        pthread_barrier_wait(&m->sync_bar);
+        for (int64_t i = n * r / m->n, i1 = n * (r + 1) / m->n; i < i1; i++) {
+            float acc = m->sync_buf[0][i];
+            for (int k = 1; k < m->n; k++) acc += m->sync_buf[k][i];
+            for (int k = 0; k < m->n; k++) m->sync_buf[k][i] = acc;
+        }
+        pthread_barrier_wait(&m->sync_bar);
+    }
+    if (!m->sync_cross) return LOOM_OK;
+    if (r == 0) m->sync_rc = m->sync_cross(m->sync_cross_arg, buf, n, &m->sync_err);
+    if (m->n > 1) {
+        pthread_barrier_wait(&m->sync_bar);
+        if (!m->sync_rc && r) memcpy(buf, m->sync_buf[0], (size_t)n * sizeof *buf);
+    }
+    int rc = m->sync_rc;
+    if (rc) *err = m->sync_err;
+    if (m->n > 1) pthread_barrier_wait(&m->sync_bar); /* replica 0's buffer stays until every copy is made */
+    return rc;
+}
+
+/* Gives every replica's model bn_sync when it has synchronised batch
+ * normalization layers and there is someone to sync with. */
+static int enable_bn_sync(replicated *m, loom_err *err)
+{
+    if (!loom_model_num_sync_bn(m->rep[0].model) || (m->n == 1 && !m->sync_cross)) return LOOM_OK;
+    if (m->n > 1 && !m->sync_bar_init) {
+        if (!(m->sync_buf = loom_calloc((size_t)m->n, sizeof *m->sync_buf)))
+            return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the batch normalization sync");
+        if (pthread_barrier_init(&m->sync_bar, NULL, (unsigned)m->n))
+            return loom_err_set(err, LOOM_ENOMEM, NULL, "pthread_barrier_init failed");
+        m->sync_bar_init = 1;
+    }
+    for (int r = 0; r < m->n; r++) loom_model_set_bn_sync(m->rep[r].model, bn_sync, &m->rep[r]);
+    return LOOM_OK;
+}
+
 static int rep_open(loom_strategy *s, const loom_strategy_args *a, int central, loom_err *err)
 {
     const loom_spec *spec = a->spec;
@@ -259,7 +321,7 @@ static int rep_open(loom_strategy *s, const loom_strategy_args *a, int central, 
     s->impl = m;
     m->central = central;
     m->seed = spec->run.seed;
-    int rc = resolve_devices(m, &spec->strategy, a->max_batch, err);
+    int rc = resolve_devices(m, spec, a->max_batch, err);
     if (rc) return rc;
     int budget = spec->run.threads > 0 ? spec->run.threads : loom_num_cores();
     int intra = budget / m->n > 1 ? budget / m->n : 1;
@@ -277,6 +339,7 @@ static int rep_open(loom_strategy *s, const loom_strategy_args *a, int central, 
     int64_t share = (a->max_batch + m->n - 1) / m->n; /* the largest share loom_batch_split gives */
     for (int r = 0; r < m->n; r++)
         if ((rc = new_replica(s, m, &m->rep[r], intra, share, err))) return rc;
+    if ((rc = enable_bn_sync(m, err))) return rc;
     m->P = loom_model_num_params(m->rep[0].model);
     /* an op of device memory only with cpu replicas run natively was refused by loom_strategy_open */
     if ((rc = resolve_xops(s, m, &spec->strategy, err)) || (central && !m->dev_reduce)) return rc;
@@ -303,6 +366,8 @@ static void rep_close(loom_strategy *s)
     loom_pool_free(m->pool);
     loom_xcomm_close(m->comm);
     if (m->bar_init) pthread_barrier_destroy(&m->bar);
+    if (m->sync_bar_init) pthread_barrier_destroy(&m->sync_bar);
+    loom_free(m->sync_buf);
     for (int r = 0; m->rep && r < m->n; r++) {
         loom_model_dev_close(m->rep[r].dev);
         loom_model_free(m->rep[r].model);
@@ -346,6 +411,8 @@ static int replica_grads(loom_strategy *s, replicated *m, int r)
     loom_strategy_weights_(s->args, rp->model, &rp->share);
     if (rp->res.examples == 0) {
         memset(loom_model_grads(rp->model), 0, (size_t)m->P * sizeof(float));
+        int rc = loom_model_bn_sync_idle(rp->model, LOOM_BN_SYNC_STEP, &rp->err); /* takes part with zeros */
+        if (rc) return rc;
         return m->dev_reduce ? loom_model_dev_upload_grads(rp->dev, &rp->err) : LOOM_OK;
     }
     if (m->dev_reduce)
@@ -575,6 +642,9 @@ static void replica_item(void *arg, int r)
         }
         break;
     }
+    case JOB_IDLE: /* multi-worker: this worker has no examples; its replicas take part in the syncs */
+        rp->rc = loom_model_bn_sync_idle(rp->model, LOOM_BN_SYNC_STEP, &rp->err);
+        break;
     case JOB_APPLY: { /* multi-worker: the job's summed gradients, shard by shard */
         int64_t lo = 0, hi = m->P;
         if (m->comm) loom_xcomm_shard(m->comm, r, m->P, &lo, &hi);
@@ -700,7 +770,8 @@ static int step_part_item(loom_strategy *s, replicated *m, int r)
     switch (m->part) {
     case LOOM_PART_FORWARD:
         if (B && rp->dev) return loom_model_dev_forward(rp->dev, x, rng_key(m, r), &rp->err);
-        return B ? loom_model_forward(rp->model, x, rng_key(m, r), &rp->err) : LOOM_OK;
+        return B ? loom_model_forward(rp->model, x, rng_key(m, r), &rp->err)
+                 : loom_model_bn_sync_idle(rp->model, LOOM_BN_SYNC_FORWARD, &rp->err);
     case LOOM_PART_LOSS:
         rp->res.examples = B;
         loom_strategy_weights_(s->args, rp->model, &rp->share);
@@ -712,7 +783,7 @@ static int step_part_item(loom_strategy *s, replicated *m, int r)
         if (B && rp->dev) return loom_model_dev_backward(rp->dev, &rp->err);
         if (B) return loom_model_backward(rp->model, &rp->err);
         memset(loom_model_grads(rp->model), 0, (size_t)m->P * sizeof(float));
-        return LOOM_OK;
+        return loom_model_bn_sync_idle(rp->model, LOOM_BN_SYNC_BACKWARD, &rp->err);
     case LOOM_PART_ALL_REDUCE:
         if (m->dev_reduce) return part_reduce_device(m, r, &rp->err);
         if (m->central) {
@@ -901,7 +972,7 @@ int loom_replicated_grads_(loom_strategy *s, const loom_elem *batch, int64_t ste
     memset(out, 0, sizeof *out);
     if (!batch) { /* this worker has no examples in this step: a zero gradient */
         memset(loom_model_grads(m->rep[0].model), 0, (size_t)m->P * sizeof(float));
-        return LOOM_OK;
+        return m->sync_cross && loom_model_num_sync_bn(m->rep[0].model) ? run_job(s, JOB_IDLE, NULL, err) : LOOM_OK;
     }
     int rc = run_job(s, JOB_GRADS, batch, err);
     sum_results(m, out);
@@ -937,3 +1008,12 @@ const loom_pack *loom_replicated_packs_(loom_strategy *s, int *n)
 }
 
 const loom_strategy_ops *loom_mirrored_ops_(void) { return &mirrored_ops; }
+
+int loom_replicated_set_bn_cross_(loom_strategy *s, int (*fn)(void *arg, float *buf, int64_t n, loom_err *err),
+                                  void *arg, loom_err *err)
+{
+    replicated *m = s->impl;
+    m->sync_cross = fn;
+    m->sync_cross_arg = arg;
+    return enable_bn_sync(m, err);
+}

@@ -38,5 +38,11 @@ const loom_pack *loom_replicated_packs_(loom_strategy *s, int *n);
  * packs no hook reached (a replica without examples, a device replica, a
  * failed step) are summed after the step and not announced. fn NULL: off. */
 void   loom_replicated_set_pack_ready_(loom_strategy *s, void (*fn)(void *arg, int pack), void *arg);
+/* Synchronised batch normalization across workers: after the sum over this
+ * worker's replicas, replica 0's thread calls fn(arg, buf, n, err) to sum buf
+ * over the workers (every worker calls it in the same order: a step without
+ * examples makes the calls with zeros). */
+int    loom_replicated_set_bn_cross_(loom_strategy *s, int (*fn)(void *arg, float *buf, int64_t n, loom_err *err),
+                                     void *arg, loom_err *err);
 
 #endif

@@ -246,6 +246,7 @@ static int open_job_op(multi_worker *mw, const loom_strategy_args *a, loom_err *
 }
 
 static int start_communicator(multi_worker *mw, loom_err *err);
+static int bn_cross(void *arg, float *buf, int64_t n, loom_err *err);
 
 static int mw_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
 {
@@ -281,6 +282,8 @@ static int mw_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     if (mw->workers == 1 || a->plan_only) return LOOM_OK;
     if ((rc = loom_group_open(&mw->group, a->cluster, st->collective_timeout, err))) return rc;
     if (mw->job_ops && (rc = open_job_op(mw, a, err))) return rc;
+    /* synchronised batch normalization: the local replicas' sums, then across the workers */
+    if ((rc = loom_replicated_set_bn_cross_(&mw->local, bn_cross, mw, err))) return rc;
     /* a plugin's op (MPI, NCCL) is driven from the train thread alone: its
      * packs are reduced after backward */
     const char *ov = getenv("LOOM_OVERLAP");
@@ -394,6 +397,11 @@ static int cross_all_reduce(multi_worker *mw, float *buf, int64_t count, loom_er
     return mw->job_ops ? mw->job_ops->job_all_reduce(mw->job_comm, buf, count, LOOM_REDUCE_SUM, err)
                        : loom_group_all_reduce(mw->group, buf, count, err);
 }
+
+/* Synchronised batch normalization's sums across the workers (replica 0's
+ * thread, during a step's forward or backward: no pack is in flight then,
+ * as a model with batch normalization announces its packs after backward). */
+static int bn_cross(void *arg, float *buf, int64_t n, loom_err *err) { return cross_all_reduce(arg, buf, n, err); }
 
 static int all_reduce_packs(multi_worker *mw, loom_err *err)
 {

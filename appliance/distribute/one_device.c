@@ -34,7 +34,7 @@ static int od_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     s->impl = od;
     od->seed = spec->run.seed;
     const loom_strategy_spec *st = &spec->strategy;
-    int rc = loom_place_devices_(st, &st->device, 1, &st->device_loc, &od->place, err);
+    int rc = loom_place_devices_(st, &st->device, 1, &st->device_loc, &spec->model, &od->place, err);
     if (rc) return rc;
     const loom_elem_spec *in = a->input;
     loom_shape x = in->shape[a->input_idx], y = in->shape[a->label_idx];

@@ -76,12 +76,14 @@ static int place_gpus(const char (*devices)[16], int n, const loom_loc *loc, loo
 }
 
 int loom_place_devices_(const loom_strategy_spec *st, const char (*devices)[16], int n, const loom_loc *loc,
-                        loom_placement_ *p, loom_err *err)
+                        const loom_model_spec *ms, loom_placement_ *p, loom_err *err)
 {
     memset(p, 0, sizeof *p);
     p->gpu = n > 0 && devices[0][0] == 'g';
     const char *name = st->device_backend[0] ? st->device_backend : p->gpu ? "cuda" : "";
     if (!name[0]) return LOOM_OK; /* cpu devices, nn's own host code */
+    int mrc = loom_model_spec_dev_check(ms, name, err);
+    if (mrc) return mrc;
     if (!st->device_backend[0]) { /* gpu devices on cuda: "not usable" says what is missing */
         p->ops = loom_device_backend("cuda");
         return place_gpus(devices, n, loc, p, err);

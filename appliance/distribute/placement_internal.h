@@ -17,10 +17,12 @@ typedef struct loom_placement_ {
  * the single "gpu:*"; n = 0: cpu replicas by count), which the setting at
  * loc names: "" runs cpu devices natively and gpu devices on "cuda", "cpu"
  * the CPU reference backend (cpu devices only), any other name a registered
- * backend (gpu devices only). GPUs must be usable now. Errors are
+ * backend (gpu devices only). GPUs must be usable now, and the model ms
+ * must not use what device backends cannot run (loom_model_spec_dev_check,
+ * checked first: it holds on any machine). Errors are
  * LOOM_ECONFIG at the setting's file:line, saying what is missing. */
 int loom_place_devices_(const loom_strategy_spec *st, const char (*devices)[16], int n, const loom_loc *loc,
-                        loom_placement_ *p, loom_err *err);
+                        const loom_model_spec *ms, loom_placement_ *p, loom_err *err);
 /* Replica r's device index for p->ops->open (the CPU backend has one device). */
 int loom_place_index_(const loom_placement_ *p, int r);
 /* One line for `loom check`: what runs the replicas. */

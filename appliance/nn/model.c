@@ -195,6 +195,7 @@ static int layer_shapes(loom_model *m, nn_layer_ *l, int li, loom_err *err)
             l->mm_off = add_param(m, l, "moving_mean", &cs, LOOM_INIT_ZEROS, 0, 0);
             l->mv_off = add_param(m, l, "moving_variance", &cs, NN_INIT_ONES_, 0, 0);
             m->n_bn++;
+            m->n_sync_bn += s->sync;
         }
         if (!(s->epsilon > 0)) l->spec.epsilon = 1e-3;
         if (s->kind == LOOM_LAYER_BATCH_NORM && !(s->momentum >= 0 && s->momentum < 1)) l->spec.momentum = 0.99;
@@ -448,7 +449,7 @@ static int model_build(loom_model **out, const loom_model_spec *spec, const loom
                      norm || k == LOOM_LAYER_AVG_POOL2D || k == LOOM_LAYER_GLOBAL_AVG_POOL2D;
         if (norm && !(l->xhat = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(float)))) goto nomem;
         if (norm && !(l->stat = loom_alloc_aligned(
-                          (size_t)(k == LOOM_LAYER_BATCH_NORM ? 10 * l->C : max_batch * l->n_out / l->C) * sizeof(float))))
+                          (size_t)(k == LOOM_LAYER_BATCH_NORM ? 12 * l->C + 2 : max_batch * l->n_out / l->C) * sizeof(float))))
             goto nomem;
         if (k == LOOM_LAYER_LAYER_NORM && !(l->dz = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(float))))
             goto nomem;
@@ -1220,7 +1221,7 @@ void loom_model_set_grad_hook(loom_model *m, loom_grad_ready_fn fn, void *arg)
     m->grad_hook_arg = arg;
 }
 
-int loom_model_train_step(loom_model *m, const loom_tensor *x, const loom_tensor *label, int64_t global_batch,
+static int train_step(loom_model *m, const loom_tensor *x, const loom_tensor *label, int64_t global_batch,
                           uint64_t rng_key, double *loss_sum, int64_t *correct, loom_err *err)
 {
     int64_t B;
@@ -1236,6 +1237,30 @@ int loom_model_train_step(loom_model *m, const loom_tensor *x, const loom_tensor
     return isfinite(loss) ? LOOM_OK : nn_loss_error_(m, loss, B, err);
 }
 
+int loom_model_train_step(loom_model *m, const loom_tensor *x, const loom_tensor *label, int64_t global_batch,
+                          uint64_t rng_key, double *loss_sum, int64_t *correct, loom_err *err)
+{
+    m->sync_k = 0, m->sync_rc = 0;
+    int rc = train_step(m, x, label, global_batch, rng_key, loss_sum, correct, err);
+    int src = nn_bn_sync_rest_(m, false, rc ? NULL : err); /* the calls a failed step did not make */
+    return rc ? rc : src;
+}
+
+void loom_model_set_bn_sync(loom_model *m, loom_bn_sync_fn fn, void *arg)
+{
+    m->bn_sync = m->n_sync_bn ? fn : NULL;
+    m->bn_sync_arg = arg;
+    m->sync_k = 0, m->sync_rc = 0;
+}
+
+int loom_model_num_sync_bn(const loom_model *m) { return m->n_sync_bn; }
+
+int loom_model_bn_sync_idle(loom_model *m, int pass, loom_err *err)
+{
+    if (pass != LOOM_BN_SYNC_BACKWARD) m->sync_k = 0, m->sync_rc = 0; /* the backward's follow the forward's */
+    return nn_bn_sync_rest_(m, pass == LOOM_BN_SYNC_FORWARD, err);
+}
+
 /* ---- a train step in parts ------------------------------------------------ */
 
 int loom_model_forward(loom_model *m, const loom_tensor *x, uint64_t rng_key, loom_err *err)
@@ -1243,11 +1268,16 @@ int loom_model_forward(loom_model *m, const loom_tensor *x, uint64_t rng_key, lo
     int64_t B;
     int rc;
     m->part_done = 0;
-    if ((rc = nn_check_batch_(m, x, NULL, &B, err))) return rc;
+    m->sync_k = 0, m->sync_rc = 0;
+    if ((rc = nn_check_batch_(m, x, NULL, &B, err))) {
+        nn_bn_sync_rest_(m, true, NULL);
+        return rc;
+    }
     step_job j = {.m = m, .kind = JOB_TRAIN, .x = x->data, .rng_key = rng_key, .B = B};
     j.nchunks = split_batch(m, B);
     for (int t = 0; t < j.nchunks; t++) m->chunk[t].loss = 0;
     forward_all(m, &j, m->prof ? m->prof->fwd : NULL);
+    if ((rc = nn_bn_sync_rest_(m, true, err))) return rc;
     m->part_B = B;
     m->part_done = 1;
     return LOOM_OK;
@@ -1285,15 +1315,17 @@ int loom_model_loss(loom_model *m, const loom_tensor *label, int64_t global_batc
 
 int loom_model_backward(loom_model *m, loom_err *err)
 {
-    if (m->part_done < 2)
+    if (m->part_done < 2) {
+        nn_bn_sync_rest_(m, false, NULL); /* the synchronised layers' calls all the same */
         return loom_err_set(err, LOOM_EUSAGE, m->where, "backward needs the loss of a forward pass first");
+    }
     step_job j = {.m = m, .kind = JOB_TRAIN, .B = m->part_B};
     j.nchunks = j.B < m->threads ? (int)j.B : m->threads;
     backward_all(m, &j, m->prof ? m->prof->bwd : NULL);
     run_phase(m, &j, grad_part, m->prof ? m->prof->pgrad : NULL);
     l2_penalty(m, j.B, m->part_gb, m->grads);
     m->part_done = 0;
-    return LOOM_OK;
+    return nn_bn_sync_rest_(m, false, err);
 }
 
 int loom_model_evaluate(loom_model *m, const loom_tensor *x, const loom_tensor *label, double *loss_sum,

@@ -117,19 +117,62 @@ static int mem(loom_model_dev *d, int host, void **out, int64_t bytes, loom_err 
 #define DALLOC(dst, bytes) ALLOC_(0, dst, bytes)
 #define HALLOC(dst, bytes) ALLOC_(1, dst, bytes)
 
+/* What to do about something the backend named cannot run. */
+static void dev_hint(const char *backend, loom_err *err)
+{
+    if (!strcmp(backend, "cpu"))
+        loom_err_hint(err, "remove strategy.device_backend (\"\": nn's host code runs every layer), or remove the "
+                      "layer");
+    else
+        loom_err_hint(err, "use cpu devices (one_device without device = \"gpu:N\", or strategy.devices = "
+                      "[\"cpu:0\", ...]): nn's host code runs every layer; or remove the layer");
+}
+
+/* A layer kind or activation no device backend runs yet: refused at the
+ * layer's file:line (where: "file:line" of the layer). */
+static int check_kind(const loom_layer_spec *s, loom_activation act, const char *where, const char *backend,
+                      loom_err *err)
+{
+    if (s->kind <= LOOM_LAYER_ACTIVATION && act != LOOM_ACT_LEAKY_RELU && act != LOOM_ACT_GELU) return LOOM_OK;
+    if (s->kind == LOOM_LAYER_EMBEDDING)
+        loom_err_set(err, LOOM_EUNSUPPORTED, where,
+                     "layer \"%s\" (embedding): the \"%s\" device backend has no embedding lookup", s->name, backend);
+    else
+        loom_err_set(err, LOOM_EUNSUPPORTED, where, "layer \"%s\" (%s%s%s) is not implemented on the \"%s\" device "
+                     "backend", s->name, nn_layer_kind_name_(s->kind), act ? ", " : "", act ? nn_activation_name_(act) : "",
+                     backend);
+    dev_hint(backend, err);
+    return LOOM_EUNSUPPORTED;
+}
+
+int loom_model_spec_dev_check(const loom_model_spec *ms, const char *backend, loom_err *err)
+{
+    char w[LOOM_PATH_MAX + 16];
+    for (int i = 0; i < ms->n_layers; i++) {
+        const loom_layer_spec *l = &ms->layer[i];
+        int rc = check_kind(l, l->activation, nn_loc_str_(&l->loc, w, sizeof w), backend, err);
+        if (rc) return rc;
+    }
+    nn_loc_str_(&ms->loc, w, sizeof w);
+    const char *what = ms->l2 > 0                                                          ? "model.l2"
+                       : ms->n_class_weights && ms->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE    ? "model.class_weight"
+                       : ms->sample_weight[0] && ms->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE ? "model.sample_weight"
+                                                                                           : NULL;
+    if (!what) return LOOM_OK;
+    loom_err_set(err, LOOM_EUNSUPPORTED, w, "%s%s is not implemented on the \"%s\" device backend", what,
+                 ms->l2 > 0 ? "" : " with sparse_softmax_cross_entropy (its fused softmax_xent is unweighted)", backend);
+    if (ms->l2 > 0)
+        return loom_err_hint(err, "use optimizer type \"adamw\" (decoupled weight decay), or train on cpu devices "
+                             "without strategy.device_backend"), LOOM_EUNSUPPORTED;
+    dev_hint(backend, err);
+    return LOOM_EUNSUPPORTED;
+}
+
 /* A layer the device ops cannot run: named at its file:line. */
 static int check_layer(const loom_device_ops *ops, const nn_layer_ *l, loom_err *err)
 {
-    if (l->spec.kind == LOOM_LAYER_EMBEDDING)
-        return loom_err_set(err, LOOM_EUNSUPPORTED, l->where,
-                            "layer \"%s\" (embedding): the \"%s\" device backend has no embedding lookup",
-                            l->spec.name, ops->name),
-               loom_err_hint(err, "train embeddings on the host (strategy.device_backend = \"\")");
-    if (l->spec.kind > LOOM_LAYER_ACTIVATION || l->act == LOOM_ACT_LEAKY_RELU || l->act == LOOM_ACT_GELU)
-        return loom_err_set(err, LOOM_EUNSUPPORTED, l->where, "layer \"%s\" (%s%s%s) does not run on the \"%s\" device "
-                            "backend yet", l->spec.name, nn_layer_kind_name_(l->spec.kind),
-                            l->act ? ", " : "", l->act ? nn_activation_name_(l->act) : "", ops->name),
-               loom_err_hint(err, "train on the host (strategy.device_backend = \"\")");
+    int rc = check_kind(&l->spec, l->act, l->where, ops->name, err);
+    if (rc) return rc;
     if (l->act != LOOM_ACT_SOFTMAX) return LOOM_OK;
     return loom_err_set(err, LOOM_EUNSUPPORTED, l->where,
                         "layer \"%s\" (%s): the \"%s\" device backend has no softmax activation; only the softmax "

@@ -106,6 +106,32 @@ int loom_model_train_step(loom_model *m, const loom_tensor *x, const loom_tensor
 typedef void (*loom_grad_ready_fn)(void *arg, int first_final_tensor);
 void loom_model_set_grad_hook(loom_model *m, loom_grad_ready_fn fn, void *arg);
 
+/* Synchronised batch normalization (layers with sync = true, as TF's
+ * SyncBatchNormalization). A strategy with replicas in sync gives every
+ * replica's model fn: fn(arg, buf, n, err) must replace buf (n floats) with
+ * the element-wise SUM of the buffers every replica of the job passed in
+ * the same call, and return on every replica together. A training step
+ * (train_step, or forward then backward) then calls it on the replica's
+ * thread: in forward, once per sync layer in layer order with (count, sum
+ * of x, sum of (x - moving mean)^2) per channel (2 C + 1 floats: the
+ * statistics of the global batch), in backward once per sync layer that
+ * passes a gradient down, last first, with (sum of g, sum of g * xhat)
+ * (2 C floats: the input gradient's two means over the global batch).
+ * Every step makes the whole sequence of calls, whatever happens: a step
+ * that fails part-way (a bad batch, a non-finite loss) makes the rest with
+ * zeros, so the other replicas never wait for it; a failure of fn itself
+ * fails the step with fn's error. Without fn (one_device, parameter
+ * server) a sync layer normalises over its own batch, as any other. */
+typedef int (*loom_bn_sync_fn)(void *arg, float *buf, int64_t n, loom_err *err);
+void loom_model_set_bn_sync(loom_model *m, loom_bn_sync_fn fn, void *arg);
+/* Batch normalization layers with sync = true (0: fn is never called). */
+int  loom_model_num_sync_bn(const loom_model *m);
+/* A replica without examples in a step: makes the step's calls with zeros
+ * (it adds nothing to the sums): those of a whole train step, or of the
+ * forward or backward part (LOOM_BN_SYNC_*). Returns fn's failure, if any. */
+enum { LOOM_BN_SYNC_STEP, LOOM_BN_SYNC_FORWARD, LOOM_BN_SYNC_BACKWARD };
+int  loom_model_bn_sync_idle(loom_model *m, int pass, loom_err *err);
+
 /* The same training step in three parts, for custom training steps (a Lua
  * train_step): forward (dropout on, keyed by rng_key), then the loss (its sum
  * and correct count, as train_step returns them; LOOM_ENUMERIC if not
@@ -236,6 +262,13 @@ typedef struct loom_model_dev loom_model_dev;
  * run is LOOM_EUNSUPPORTED naming its file:line. m is borrowed and must
  * outlive the executor. Close with loom_model_dev_close. */
 int  loom_model_dev_open(loom_model_dev **out, loom_model *m, const loom_device_ops *ops, int device, loom_err *err);
+/* What of model spec ms no device backend runs yet (batch and layer
+ * normalization, the pooling layers but max, embedding, leaky_relu, gelu;
+ * model.l2; class or sample weights under sparse_softmax_cross_entropy),
+ * checked before any device is looked for: LOOM_EUNSUPPORTED at the
+ * layer's (or the model block's) file:line, naming backend and saying
+ * what to do. loom_model_dev_open refuses the same. */
+int  loom_model_spec_dev_check(const loom_model_spec *ms, const char *backend, loom_err *err);
 void loom_model_dev_close(loom_model_dev *d); /* NULL is a no-op */
 /* The host model's parameters to the device; returns once they are copied. */
 int  loom_model_dev_upload_params(loom_model_dev *d, loom_err *err);

@@ -45,6 +45,7 @@ typedef struct nn_layer_ {
     int64_t        C;
     float         *xhat;           /* (max_batch, n_out) the normalised input */
     float         *stat;           /* batch: (2 C) mean, 1/std of the batch; layer: (max_batch * n_out / C) 1/std */
+    double         sync_n;         /* batch_normalization, sync: the global batch's rows of the last forward */
     /* embedding: the table is the kernel, (rows, dim); input (cols,) or (cols, k) ids, output (cols, dim) */
     int64_t        rows;           /* input_dim */
     int            dim, cols, k;   /* output_dim; columns and ids per column of an example */
@@ -122,6 +123,14 @@ struct loom_model {
     loom_grad_ready_fn grad_hook;   /* loom_model_set_grad_hook */
     void            *grad_hook_arg;
     loom_model_prof *prof;          /* loom_model_set_prof; NULL: off */
+    /* synchronised batch normalization (loom_model_set_bn_sync): a step's
+     * calls of fn are numbered; sync_k is the next, sync_rc/err the first failure */
+    loom_bn_sync_fn  bn_sync;
+    void            *bn_sync_arg;
+    int              n_sync_bn;
+    int              sync_k;
+    int              sync_rc;
+    loom_err         sync_err;
 };
 
 /* loom_init of the tensors that start at one (normalisation scales and variances) */
@@ -214,6 +223,13 @@ void nn_ln_param_grads_(const loom_model *m, int li, int64_t B, int part, int pa
  * and beta's gradients. */
 void nn_bn_forward_(loom_model *m, int li, const float *x, int64_t B, int training);
 void nn_bn_backward_(loom_model *m, int li, nn_chunk_ *chunk, int nchunks, int64_t B);
+/* Synchronised batch normalization: the step's next call of m->bn_sync on
+ * buf (n floats; a failure is kept in m->sync_rc); nn_bn_sync_rest_ makes
+ * the calls the step has not made yet (with zeros) and returns the step's
+ * sync failure, then numbers the next step's calls from 0. forward_only:
+ * only the forward pass's calls (loom_model_forward). */
+void nn_bn_sync_(loom_model *m, float *buf, int64_t n);
+int  nn_bn_sync_rest_(loom_model *m, bool forward_only, loom_err *err);
 
 /* Loss on the final outputs z (B, n): per-example loss sum, correct count, and
  * (when g is not NULL) d(sum loss)/dz * inv_gb into g. */

@@ -230,7 +230,7 @@ static int fold_preprocessing(onnx_graph *o, const loom_spec *spec, const loom_d
             strcpy(cur, nb);
         }
     }
-    if (!is_float) {
+    if (!is_float && in->raw_dtype != in->dtype) { /* (an embedding's ids reach it as they are) */
         char w[LOOM_PATH_MAX + 16];
         return loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&ds->loc, w, sizeof w),
                             "--include-preprocessing: feature \"%s\" reaches the model as %s without a cast or scale map",
@@ -314,6 +314,64 @@ static const char *param_init(onnx_graph *o, loom_model *m, int i)
     return p->name;
 }
 
+/* A node op(a, b) into a fresh value, which becomes cur. */
+static void binary(onnx_graph *o, const char *op, const char *a, const char *b, char cur[32])
+{
+    char nb[32];
+    node_begin(o, op, fresh(o, nb), a, b, NULL);
+    node_end(o);
+    strcpy(cur, nb);
+}
+
+/* An embedding layer (nn.h): ids (columns,) or (columns, k) (or a scalar)
+ * of dtype idt in cur look up the table's rows; -1 ("no id") adds nothing,
+ * so each id is clamped to 0 for the Gather and its row multiplied by a 0/1
+ * mask; the k rows of a column are summed (ReduceSum), and the mean
+ * combiner divides by the ids present, at least 1 (as nn skips -1s: not
+ * ReduceMean, which would count them). Returns the output shape. */
+static loom_shape embedding(onnx_graph *o, const loom_layer_spec *l, const char *table, loom_dtype idt, loom_shape s,
+                            char cur[32])
+{
+    char ids[32], v[32], mask[32], zero[48], last[48], axis[48], one[48];
+    snprintf(ids, sizeof ids, "%s", cur);
+    snprintf(zero, sizeof zero, "%s/zero_id", l->name);
+    snprintf(last, sizeof last, "%s/last_axis", l->name);
+    const int64_t z64 = 0, minus1 = -1;
+    const int32_t z32 = 0;
+    initializer(o, zero, onnx_dtype(idt), NULL, 0, idt == LOOM_I32 ? (const void *)&z32 : (const void *)&z64,
+                idt == LOOM_I32 ? sizeof z32 : sizeof z64);
+    initializer(o, last, ONNX_INT64, (int64_t[]){1}, 1, &minus1, sizeof minus1);
+    binary(o, "GreaterOrEqual", ids, zero, v); /* 1 where an id is present */
+    node_begin(o, "Cast", fresh(o, mask), v, NULL, NULL);
+    attr_int(o, "to", ONNX_FLOAT);
+    node_end(o);
+    binary(o, "Max", ids, zero, v); /* -1 -> row 0, masked out below */
+    node_begin(o, "Gather", fresh(o, cur), table, v, NULL);
+    attr_int(o, "axis", 0);
+    node_end(o);
+    binary(o, "Unsqueeze", mask, last, v);
+    binary(o, "Mul", cur, v, cur);
+    loom_shape out = {.rank = s.rank == 0 ? 1 : 2, .dim = {s.rank == 0 ? l->output_dim : s.dim[0], l->output_dim}};
+    if (s.rank < 2) return out; /* one id per column: sum and mean are the row */
+    snprintf(axis, sizeof axis, "%s/ids_axis", l->name); /* (batch, columns, k, dim): k is axis 2 */
+    const int64_t two = 2;
+    initializer(o, axis, ONNX_INT64, (int64_t[]){1}, 1, &two, sizeof two);
+    char sum[32];
+    node_begin(o, "ReduceSum", fresh(o, sum), cur, axis, NULL);
+    attr_int(o, "keepdims", 0);
+    node_end(o);
+    strcpy(cur, sum);
+    if (l->combiner != LOOM_COMBINER_MEAN) return out;
+    snprintf(one, sizeof one, "%s/one", l->name);
+    const_scalar(o, one, 1.f);
+    node_begin(o, "ReduceSum", fresh(o, v), mask, axis, NULL); /* ids present per column, (batch, columns, 1) */
+    attr_int(o, "keepdims", 1);
+    node_end(o);
+    binary(o, "Max", v, one, v);
+    binary(o, "Div", sum, v, cur);
+    return out;
+}
+
 /* The ONNX graph of the model, layer by layer. long: one switch case per layer kind, over the walk's
  * shared state (the current tensor's name, shape and layout, the next parameter); it becomes one
  * function per layer kind when a layer describes its own export. */
@@ -328,11 +386,8 @@ static int build_graph(onnx_graph *o, const loom_spec *spec, loom_model *m, cons
         value_info(o, GRAPH_INPUT, "input", onnx_dtype(in->raw_dtype), &in->raw_shape);
         int rc = fold_preprocessing(o, spec, ds, in, cur, err);
         if (rc) return rc;
-    } else if (ms->n_layers > 0 && ms->layer[0].kind == LOOM_LAYER_EMBEDDING) {
-        char w[LOOM_PATH_MAX + 16];
-        return loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&ms->layer[0].loc, w, sizeof w),
-                            "layer \"%s\" (embedding) has no ONNX form in Loom's export", ms->layer[0].name),
-               loom_err_hint(err, "export the weights with --format npz");
+    } else if (ms->n_layers > 0 && ms->layer[0].kind == LOOM_LAYER_EMBEDDING) { /* int32 or int64 ids */
+        value_info(o, GRAPH_INPUT, "input", onnx_dtype(in->dtype), &in->shape);
     } else {
         if (in->dtype != LOOM_F32)
             return loom_err_set(err, LOOM_EUNSUPPORTED, spec->path, "the model input \"%s\" is %s, not float32",
@@ -370,6 +425,9 @@ static int build_graph(onnx_graph *o, const loom_spec *spec, loom_model *m, cons
             s = (loom_shape){.rank = 1, .dim = {l->units}};
             break;
         }
+        case LOOM_LAYER_EMBEDDING:
+            s = embedding(o, l, param_init(o, m, pi++), in->dtype, s, cur);
+            break;
         case LOOM_LAYER_BATCH_NORM:
         case LOOM_LAYER_LAYER_NORM: {
             bool bn = l->kind == LOOM_LAYER_BATCH_NORM;

@@ -204,4 +204,13 @@ if [ "$(wc -l <"$WORK/p.log")" = 300 ] && [ "$first3" = $P ]; then
     pass "... 3 all-reduces per step, covering the $P gradients"
 else fail "3 all-reduces per step" "$(head -4 "$WORK/p.log")" "$(wc -l <"$WORK/p.log") calls"; fi
 same_weights "... the weights of one pack" "$WORK/mMIR/ckpt-100.loom" "$WORK/mp/ckpt-100.loom"
+# a layer no device backend runs: refused at load at its line, before any GPU is looked for (any machine)
+bn_line=$(grep -n 'type = "batch_normalization"' configs/fashion_mnist_cnn_bn.cfg | head -1 | cut -d: -f1)
+expect_fail 2 "batch_normalization on gpu: refused at the layer's line, saying what to do" \
+    'fashion_mnist_cnn_bn.cfg:'"$bn_line"': layer "batch_normalization_1" (batch_normalization) is not implemented on the "cuda" device backend' \
+    "$LOOM" check configs/fashion_mnist_cnn_bn.cfg --set 'strategy.device="gpu:0"'
+expect_fail 2 "batch_normalization on the cpu reference backend: the hint says to drop device_backend" \
+    'hint: remove strategy.device_backend' \
+    "$LOOM" check configs/fashion_mnist_cnn_bn.cfg --set strategy.type=mirrored --set 'strategy.devices=["cpu:0"]' \
+    --set 'strategy.device_backend="cpu"'
 finish

@@ -289,6 +289,72 @@ static void test_softmax_refused(void)
     rig_close(&g);
 }
 
+/* Every layer kind, activation and model setting no device backend runs is
+ * refused before any device is looked for, at its file:line, saying what to
+ * do; the executor refuses the same layer at open (the layer replaces the
+ * dropout of device_mse.cfg, line 21, so the model builds). */
+static void test_unsupported_refused(void)
+{
+    rig g;
+    if (!rig_open_ok(&g, "device_mse.cfg")) return rig_close(&g);
+    loom_model_spec *ms = &g.spec->model;
+    const loom_layer_spec keep = ms->layer[2];
+    CHECK(loom_model_spec_dev_check(ms, "cuda", &err) == LOOM_OK);
+    static const struct {
+        loom_layer_kind kind;
+        loom_activation act;
+        const char *what;
+    } bad[] = {
+        {LOOM_LAYER_BATCH_NORM, LOOM_ACT_NONE, "(batch_normalization) is not implemented on the"},
+        {LOOM_LAYER_LAYER_NORM, LOOM_ACT_NONE, "(layer_normalization) is not implemented on the"},
+        {LOOM_LAYER_AVG_POOL2D, LOOM_ACT_NONE, "(average_pooling2d) is not implemented on the"},
+        {LOOM_LAYER_GLOBAL_AVG_POOL2D, LOOM_ACT_NONE, "(global_average_pooling2d) is not implemented on the"},
+        {LOOM_LAYER_EMBEDDING, LOOM_ACT_NONE, "(embedding): the \"cuda\" device backend has no embedding lookup"},
+        {LOOM_LAYER_ACTIVATION, LOOM_ACT_LEAKY_RELU, "(activation, leaky_relu) is not implemented on the"},
+        {LOOM_LAYER_ACTIVATION, LOOM_ACT_GELU, "(activation, gelu) is not implemented on the"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ms->layer[2] = keep;
+        ms->layer[2].kind = bad[i].kind;
+        ms->layer[2].activation = bad[i].act;
+        memset(&err, 0, sizeof err);
+        CHECK(loom_model_spec_dev_check(ms, "cuda", &err) == LOOM_EUNSUPPORTED);
+        CHECK_CONTAINS(err.where, "device_mse.cfg:21");
+        CHECK_CONTAINS(err.msg, bad[i].what);
+        CHECK_CONTAINS(err.hint, "use cpu devices");
+        CHECK(loom_model_spec_dev_check(ms, "cpu", &err) == LOOM_EUNSUPPORTED);
+        CHECK_CONTAINS(err.hint, "remove strategy.device_backend");
+    }
+    /* batch normalization through the executor: the same refusal at open */
+    ms->layer[2] = keep;
+    ms->layer[2].kind = LOOM_LAYER_BATCH_NORM;
+    ms->layer[2].momentum = 0.99, ms->layer[2].epsilon = 1e-3;
+    loom_model *m = NULL;
+    loom_model_dev *d = NULL;
+    int nrc = new_model(&g, &m);
+    CHECK_MSG(nrc == LOOM_OK, "%s: %s", err.where, err.msg);
+    if (nrc == LOOM_OK) {
+        CHECK(loom_model_dev_open(&d, m, loom_device_cpu(), 0, &err) == LOOM_EUNSUPPORTED);
+        CHECK(d == NULL);
+        CHECK_CONTAINS(err.where, "device_mse.cfg:21");
+        CHECK_CONTAINS(err.msg, "(batch_normalization) is not implemented on the \"cpu\" device backend");
+    }
+    loom_model_free(m);
+    ms->layer[2] = keep;
+    /* model settings, at the model block's line */
+    ms->l2 = 0.01;
+    CHECK(loom_model_spec_dev_check(ms, "cuda", &err) == LOOM_EUNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "model.l2 is not implemented on the \"cuda\" device backend");
+    CHECK_CONTAINS(err.hint, "adamw");
+    ms->l2 = 0;
+    ms->loss = LOOM_LOSS_SPARSE_SOFTMAX_CE;
+    snprintf(ms->sample_weight, sizeof ms->sample_weight, "w");
+    CHECK(loom_model_spec_dev_check(ms, "cuda", &err) == LOOM_EUNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "model.sample_weight with sparse_softmax_cross_entropy (its fused softmax_xent is unweighted) is not implemented");
+    CHECK_CONTAINS(err.where, "device_mse.cfg:");
+    rig_close(&g);
+}
+
 /* A batch over max_batch or of the wrong shape: the host path's errors. */
 static void test_bad_batch(void)
 {
@@ -336,6 +402,7 @@ static const loom_test tests[] = {
     {"train_cnn", test_train_cnn},
     {"train_mse", test_train_mse},
     {"softmax_refused", test_softmax_refused},
+    {"unsupported_refused", test_unsupported_refused},
     {"bad_batch", test_bad_batch},
     {"non_finite", test_non_finite},
     {0},

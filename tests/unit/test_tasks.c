@@ -3,11 +3,13 @@
  * gradient against central finite differences; model.metrics (AUC against
  * an independent implementation of Keras' definition, precision, recall,
  * top-k, mae, rmse) and the metrics that do not fit a task; labels a loss
- * cannot take. */
+ * cannot take; synchronised batch normalization over two replicas in two
+ * threads against one model on the whole batch and finite differences. */
 #include "harness.h"
 #include "nn/nn.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -894,6 +896,202 @@ static void test_sample_weights(void)
     }
 }
 
+
+/* ---- synchronised batch normalization ------------------------------------------- */
+
+/* Two replicas in two threads; their sync sums the pair's buffers. */
+typedef struct sync_pair {
+    pthread_barrier_t bar;
+    float            *buf[2];
+} sync_pair;
+typedef struct sync_side {
+    sync_pair *p;
+    int        r;
+    fixture   *f;
+    int64_t    gb;
+    double     loss;
+    int        rc;
+    loom_err   err;
+} sync_side;
+
+static int pair_sync(void *arg, float *buf, int64_t n, loom_err *e)
+{
+    (void)e;
+    sync_side *s = arg;
+    s->p->buf[s->r] = buf;
+    pthread_barrier_wait(&s->p->bar);
+    if (s->r == 0)
+        for (int64_t i = 0; i < n; i++) s->p->buf[0][i] = s->p->buf[1][i] = s->p->buf[0][i] + s->p->buf[1][i];
+    pthread_barrier_wait(&s->p->bar);
+    return LOOM_OK;
+}
+
+static void *side_step(void *arg)
+{
+    sync_side *s = arg;
+    s->rc = loom_model_train_step(s->f->m, &s->f->x, &s->f->y, s->gb, 1, &s->loss, NULL, &s->err);
+    return NULL;
+}
+
+typedef struct idle_side {
+    loom_model *m;
+    int         rc;
+    loom_err    err;
+} idle_side;
+
+static void *idle_thread(void *arg)
+{
+    idle_side *s = arg;
+    s->rc = loom_model_bn_sync_idle(s->m, LOOM_BN_SYNC_STEP, &s->err);
+    return NULL;
+}
+
+/* One training step of both replicas (the second on its own thread): the pair's summed loss. */
+static double pair_step(sync_side *a, sync_side *b)
+{
+    pthread_t t;
+    LOOM_ASSERT(pthread_create(&t, NULL, side_step, b) == 0);
+    side_step(a);
+    pthread_join(t, NULL);
+    CHECK_MSG(a->rc == LOOM_OK && b->rc == LOOM_OK, "pair step: %s / %s", a->err.msg, b->err.msg);
+    return a->loss + b->loss;
+}
+
+/* Replicas of Ba and Bb examples with a sync layer: their summed gradient
+ * equals one model's on the Ba + Bb examples (and does not without sync),
+ * and it matches central differences of the pair's summed loss. */
+static void sync_gradcheck(const char *what, const loom_model_spec *spec, loom_shape in, int64_t Ba, int64_t Bb)
+{
+    fixture a, b, c;
+    loom_shape scalar = shp(0, 0, 0, 0);
+    if (fixture_new(&a, spec, in, scalar, LOOM_I64, Ba, 11, 0) || fixture_new(&b, spec, in, scalar, LOOM_I64, Bb, 12, 0) ||
+        fixture_new(&c, spec, in, scalar, LOOM_I64, Ba + Bb, 13, 0)) {
+        CHECK_MSG(0, "%s: cannot build", what);
+        return;
+    }
+    const int64_t P = loom_model_num_params(a.m), nx = loom_shape_numel(&in), B = Ba + Bb;
+    CHECK(loom_model_num_sync_bn(a.m) == 1);
+    float *p0 = malloc((size_t)P * sizeof *p0), *g = malloc((size_t)P * sizeof *g);
+    memcpy(p0, loom_model_params(a.m), (size_t)P * sizeof *p0);
+    /* c: one model on both batches */
+    memcpy((float *)c.x.data, a.x.data, (size_t)(Ba * nx) * sizeof(float));
+    memcpy((float *)c.x.data + Ba * nx, b.x.data, (size_t)(Bb * nx) * sizeof(float));
+    memcpy((int64_t *)c.y.data, a.y.data, (size_t)Ba * sizeof(int64_t));
+    memcpy((int64_t *)c.y.data + Ba, b.y.data, (size_t)Bb * sizeof(int64_t));
+    sync_pair pr;
+    pthread_barrier_init(&pr.bar, NULL, 2);
+    sync_side sa = {.p = &pr, .r = 0, .f = &a, .gb = B}, sb = {.p = &pr, .r = 1, .f = &b, .gb = B};
+#define RESET() (memcpy(loom_model_params(a.m), p0, (size_t)P * sizeof *p0), \
+                 memcpy(loom_model_params(b.m), p0, (size_t)P * sizeof *p0))
+    for (int synced = 0; synced < 2; synced++) {
+        loom_model_set_bn_sync(a.m, synced ? pair_sync : NULL, &sa);
+        loom_model_set_bn_sync(b.m, synced ? pair_sync : NULL, &sb);
+        RESET();
+        memcpy(loom_model_params(c.m), p0, (size_t)P * sizeof *p0);
+        double lc = 0, lab = pair_step(&sa, &sb);
+        CHECK(loom_model_train_step(c.m, &c.x, &c.y, B, 1, &lc, NULL, &err) == LOOM_OK);
+        double d = 0, n = 0;
+        for (int64_t k = 0; k < P; k++) {
+            g[k] = loom_model_grads(a.m)[k] + loom_model_grads(b.m)[k];
+            d = fmax(d, fabs(g[k] - loom_model_grads(c.m)[k]));
+            n = fmax(n, fabs(loom_model_grads(c.m)[k]));
+        }
+        /* the moving statistics too: every replica moves them with the global batch's */
+        double dp = 0;
+        for (int64_t k = 0; k < P; k++) dp = fmax(dp, fabs(loom_model_params(a.m)[k] - loom_model_params(c.m)[k]));
+        printf("# %s, %s: pair vs one model: loss %.3g apart, gradient %.3g (of %.3g), moving statistics %.3g\n", what,
+               synced ? "sync" : "no sync", fabs(lab - lc), d, n, dp);
+        if (synced)
+            CHECK_MSG(d <= 1e-5 * n && fabs(lab - lc) <= 1e-5 * fabs(lc) && dp <= 1e-6,
+                      "%s: synced pair differs from one model (gradient %.3g, loss %.3g, moving stats %.3g)", what, d,
+                      fabs(lab - lc), dp);
+        else
+            CHECK_MSG(d > 1e-3 * n, "%s: without sync the pair should differ from one model (%.3g)", what, d);
+    }
+    /* central differences of the pair's summed loss (synced) */
+    const float eps = 1e-2f;
+    int64_t bad = 0, tested = 0, kinks = 0;
+    double worst = 0;
+    for (int64_t k = 0; k < P; k++) {
+        RESET();
+        loom_model_params(a.m)[k] = loom_model_params(b.m)[k] = p0[k] + eps;
+        double lp = pair_step(&sa, &sb);
+        RESET();
+        loom_model_params(a.m)[k] = loom_model_params(b.m)[k] = p0[k] - eps;
+        double lm = pair_step(&sa, &sb);
+        RESET();
+        double l0 = pair_step(&sa, &sb);
+        if (fabs(lp - 2 * l0 + lm) > 0.05 * fabs(lp - lm) + 1e-5) {
+            kinks++;
+            continue;
+        }
+        double num = (lp - lm) / (2.0 * eps) / (double)B, an = g[k];
+        double rel = fabs(num - an) / fmax(fmax(fabs(num), fabs(an)), 1e-2);
+        worst = fmax(worst, rel);
+        tested++;
+        if (rel > 1e-2) {
+            if (bad < 5) printf("#   %s: param %lld: analytic %.6g numeric %.6g\n", what, (long long)k, an, num);
+            bad++;
+        }
+    }
+    printf("# %s, sync: %lld params checked against central differences, worst relative error %.2e, %lld skipped at "
+           "kinks\n", what, (long long)tested, worst, (long long)kinks);
+    CHECK_MSG(tested > 0 && kinks * 3 <= tested, "%s: %lld checked, %lld kinks", what, (long long)tested, (long long)kinks);
+    CHECK_MSG(bad == 0, "%s: %lld of %lld synced gradients off", what, (long long)bad, (long long)tested);
+    /* a replica without examples takes part with zeros: the other's step is then one model's on its batch */
+    RESET();
+    memcpy(loom_model_params(c.m), p0, (size_t)P * sizeof *p0);
+    sa.gb = Ba;
+    pthread_t t;
+    idle_side id = {.m = b.m, .rc = -1};
+    LOOM_ASSERT(pthread_create(&t, NULL, idle_thread, &id) == 0);
+    side_step(&sa);
+    pthread_join(t, NULL);
+    fixture one;
+    if (fixture_new(&one, spec, in, scalar, LOOM_I64, Ba, 11, 0) == LOOM_OK) {
+        memcpy(loom_model_params(one.m), p0, (size_t)P * sizeof *p0);
+        double l1 = 0;
+        CHECK(loom_model_train_step(one.m, &one.x, &one.y, Ba, 1, &l1, NULL, &err) == LOOM_OK);
+        double d = 0;
+        for (int64_t k = 0; k < P; k++) d = fmax(d, fabs(loom_model_grads(a.m)[k] - loom_model_grads(one.m)[k]));
+        CHECK_MSG(id.rc == LOOM_OK && sa.rc == LOOM_OK && d <= 1e-5, "%s: beside an idle replica: gradient %.3g apart",
+                  what, d);
+        fixture_free(&one);
+    }
+#undef RESET
+    pthread_barrier_destroy(&pr.bar);
+    free(p0), free(g);
+    fixture_free(&a), fixture_free(&b), fixture_free(&c);
+}
+
+static void test_sync_batch_norm(void)
+{
+    loom_layer_spec bn = L_kind(LOOM_LAYER_BATCH_NORM);
+    bn.sync = true;
+    bn.momentum = 0.5; /* the moving statistics move visibly */
+    loom_layer_spec dense[] = {L_dense(6, LOOM_ACT_NONE), bn, L_act(LOOM_ACT_TANH), L_dense(3, LOOM_ACT_NONE)};
+    sync_gradcheck("sync batch_normalization (features), replicas of 5 and 3", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, dense),
+                   shp(1, 5, 0, 0), 5, 3);
+    loom_layer_spec conv[] = {L_conv(3, 3), bn, L_act(LOOM_ACT_TANH), L_kind(LOOM_LAYER_FLATTEN),
+                              L_dense(3, LOOM_ACT_NONE)};
+    sync_gradcheck("sync batch_normalization (conv channels), replicas of 2 and 3", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 5, conv),
+                   shp(3, 5, 5, 2), 2, 3);
+    /* without a sync function (one_device) the layer normalises over its own batch: the bits of sync = false */
+    fixture f, g;
+    bn.sync = false;
+    loom_layer_spec plain[] = {L_dense(6, LOOM_ACT_NONE), bn, L_act(LOOM_ACT_TANH), L_dense(3, LOOM_ACT_NONE)};
+    if (fixture_new(&f, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, dense), shp(1, 5, 0, 0), shp(0, 0, 0, 0), LOOM_I64, 7, 5, 0) ||
+        fixture_new(&g, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, plain), shp(1, 5, 0, 0), shp(0, 0, 0, 0), LOOM_I64, 7, 5, 0)) {
+        CHECK(0);
+        return;
+    }
+    step_loss(&f), step_loss(&g);
+    const int64_t P = loom_model_num_params(f.m);
+    CHECK(!memcmp(loom_model_grads(f.m), loom_model_grads(g.m), (size_t)P * sizeof(float)));
+    CHECK(!memcmp(loom_model_params(f.m), loom_model_params(g.m), (size_t)P * sizeof(float)));
+    fixture_free(&f), fixture_free(&g);
+}
+
 static const loom_test tests[] = {
     {"loss gradients (bce, mae, huber, class weights)", test_grad_losses},
     {"binary cross-entropy values and bad labels", test_bce_values},
@@ -908,6 +1106,7 @@ static const loom_test tests[] = {
     {"gelu, leaky_relu, average pooling values", test_layer_values},
     {"batch normalization: moving statistics, threads, eval", test_batch_norm},
     {"sample weights: loss, gradient, bad weights", test_sample_weights},
+    {"synchronised batch normalization: two replicas = one model, finite differences", test_sync_batch_norm},
     {0},
 };
 
