@@ -432,7 +432,6 @@ static void ps_close(loom_strategy *s)
     loom_net_close(ps->net);
     loom_model_free(ps->model);
     loom_optimizer_free(ps->opt);
-    loom_ps_plan_free_(&ps->plan);
     loom_free(ps->pi);
     loom_free(ps->peer_role);
     loom_free(ps->peer_index);
@@ -448,7 +447,7 @@ static void ps_close(loom_strategy *s)
     loom_free(ps->sel_n);
     loom_free(ps->mark);
     loom_free(ps->is_table);
-    loom_ps_plan_free_(&ps->plan);
+    loom_ps_plan_free_(&ps->plan); /* last: the loops above count its shards */
     loom_free(ps);
 }
 
