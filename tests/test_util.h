@@ -131,7 +131,7 @@ static inline void spec_feature(loom_dataset_spec *s, const char *name, const ch
     snprintf(src->loc.file, sizeof src->loc.file, "test.cfg");
     src->loc.line = 3;
     snprintf(src->feature[src->n_features], LOOM_NAME_MAX, "%s", name);
-    snprintf(src->file[src->n_features], LOOM_PATH_MAX, "%s", file);
+    snprintf(src->idx.file[src->n_features], LOOM_PATH_MAX, "%s", file);
     src->n_features++;
 }
 

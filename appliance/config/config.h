@@ -123,65 +123,113 @@ typedef struct loom_syn_ctr {
     int64_t offset;         /* element i of the source is example offset + i of the set (a held-out split) */
 } loom_syn_ctr;
 
+/* The settings of each source kind: a source reads only its own kind's
+ * member of loom_source_spec's union. */
+
+/* idx: one IDX file per declared feature; all must hold the same number of items.
+ *   source: { type = "idx"; features: { image = "x.gz"; label = "y.gz"; }; }; */
+typedef struct loom_idx_source {
+    char file[LOOM_MAX_FEATURES][LOOM_PATH_MAX]; /* feature[i]'s file, resolved relative to the config's directory */
+} loom_idx_source;
+
+/* catalog: source: { type = "catalog"; name = "fashion_mnist"; split = "train"; };
+ * yields features "image" (uint8 (28, 28)) and "label" (uint8 ()). */
+typedef struct loom_catalog_source {
+    char name[LOOM_NAME_MAX]; /* "fashion_mnist" (also "mnist" when its package is present) */
+    char split[16];           /* "train" | "test" */
+} loom_catalog_source;
+
+/* tfrecord: files (the spec's patterns) of serialized tf.train.Example, streamed record by record.
+ *   source: { type = "tfrecord"; files = ["data/train-*.tfrecord.zst"];
+ *             features: { image = { dtype = "uint8"; shape = [28, 28]; }; ... }; }; */
+typedef struct loom_tfrecord_source {
+    loom_tfr_compression compression;                 /* default auto: detected per file from its leading bytes */
+    loom_tfr_on_corrupt  on_corrupt;                  /* default error */
+    loom_tfr_feature     features[LOOM_MAX_FEATURES]; /* feature[i]'s type */
+} loom_tfrecord_source;
+
+/* csv: files (the spec's patterns) of RFC 4180 records, streamed.
+ *   source: { type = "csv"; files = ["a.csv"]; header = true; delimiter = ",";
+ *             columns: { x1 = { dtype = "float32"; }; label = { dtype = "int64"; }; }; };
+ * Each declared column is a feature named feature[i]; undeclared columns are ignored. */
+typedef struct loom_csv_source {
+    bool            header;                     /* default true: each file's first record names the columns */
+    char            delimiter;                  /* default ','; one byte, not '"', '\r' or '\n' */
+    loom_csv_column columns[LOOM_MAX_FEATURES]; /* feature[i]'s column */
+} loom_csv_source;
+
+/* text: files (the spec's patterns), one element per line: "line" uint8 (max_length), zero-padded,
+ * and "length" int64 () (bytes of the line, '\n' and a trailing '\r' removed). */
+typedef struct loom_text_source {
+    int64_t max_length; /* >= 1 */
+    bool    truncate;   /* default false: a longer line is an error; true: cut to max_length */
+} loom_text_source;
+
+/* synthetic: seeded random tensors, element i a pure function of (run seed, i).
+ *   source: { type = "synthetic"; count = 100000;
+ *             features: { image = { dtype = "float32"; shape = [28, 28]; };
+ *                         label = { dtype = "int64"; max = 10; }; }; }; */
+typedef struct loom_synthetic_source {
+    int64_t          count;                       /* elements per pass, >= 1, or -1 = infinite */
+    loom_syn_feature features[LOOM_MAX_FEATURES]; /* feature[i]'s distribution */
+    loom_syn_ctr     ctr;                         /* CTR data, before the declared features (which may then
+                                                     be absent) */
+} loom_synthetic_source;
+
+/* list_files: the file names matching `files` (the spec's patterns), sorted, one element each:
+ * "filename" uint8 (LOOM_PATH_MAX) zero-padded and "length" int64 (), as the text source's lines.
+ *   source: { type = "list_files"; files = ["data/train-*.tfrecord"]; shuffle = false; };
+ * shuffle (the spec's shuffle_files, default true here) reorders them each epoch by (seed, epoch). */
+typedef struct loom_list_files_source {
+    uint64_t seed; /* the run's seed unless set */
+    bool     seed_set;
+} loom_list_files_source;
+
+/* plugin: a source a plugin registered (LOOM_REG_SOURCE) under its type.
+ *   source: { type = "npy"; options: { image = "x.npy"; label = "y.npy"; }; }; */
+typedef struct loom_plugin_source {
+    char             name[LOOM_NAME_MAX]; /* the type, as written */
+    loom_plugin_opts options;
+} loom_plugin_source;
+
 typedef struct loom_source_spec {
     loom_source_kind kind;
     loom_loc         loc;
-    /* idx: one IDX file per feature; all must hold the same number of items.
-     *   source: { type = "idx"; features: { image = "x.gz"; label = "y.gz"; }; }; */
+    /* The features a source declares (idx, tfrecord, csv, synthetic): their
+     * names, in config order; the kind's own array (idx.file, tfrecord.features,
+     * csv.columns, synthetic.features) holds feature i's settings at index i. */
     int  n_features;
     char feature[LOOM_MAX_FEATURES][LOOM_NAME_MAX];
-    char file[LOOM_MAX_FEATURES][LOOM_PATH_MAX]; /* resolved relative to the config's directory */
-    /* catalog: source: { type = "catalog"; name = "fashion_mnist"; split = "train"; };
-     * yields features "image" (uint8 (28, 28)) and "label" (uint8 ()). */
-    char name[LOOM_NAME_MAX];   /* "fashion_mnist" (also "mnist" when its package is present) */
-    char split[16];             /* "train" | "test" */
-    /* tfrecord: files of serialized tf.train.Example, streamed record by record.
-     *   source: { type = "tfrecord"; files = ["data/train-*.tfrecord.zst"];
-     *             features: { image = { dtype = "uint8"; shape = [28, 28]; }; ... }; };
-     * Each pattern is absolute (relative ones are resolved against the config's
+    /* The file-list sources (tfrecord, csv, text, list_files): `files`. Each
+     * pattern is absolute (relative ones are resolved against the config's
      * directory, whose glob metacharacters are escaped) and matched at least one
      * regular file at load; the source expands them again at open, sorted and
-     * without duplicates. Feature names are feature[i], i < n_features. */
-    int                  n_patterns;
-    char                 pattern[LOOM_MAX_FILE_PATTERNS][LOOM_PATH_MAX];
-    loom_tfr_compression compression;   /* default auto: detected per file from its leading bytes */
-    loom_tfr_on_corrupt  on_corrupt;    /* default error */
-    bool                 shuffle_files; /* shuffle the file order each epoch, keyed by (run seed, epoch) */
+     * without duplicates. An interleave's nested source has none (n_patterns 0). */
+    int  n_patterns;
+    char pattern[LOOM_MAX_FILE_PATTERNS][LOOM_PATH_MAX];
+    bool shuffle_files; /* tfrecord's shuffle_files, list_files' shuffle: reorder the files each epoch by
+                           (run seed, epoch) */
     /* Not a config key: FILE auto-sharding (data/engine/distribute_input.c) sets them
      * on the pipeline's copy of the spec, and every file-list source then keeps
      * file i of its sorted list only when i % file_shards == file_shard.
      * 0 (the loaded value) = all files. */
-    int                  file_shards, file_shard;
-    loom_tfr_feature     tfr[LOOM_MAX_FEATURES];
-    /* csv: files (the patterns above) of RFC 4180 records, streamed.
-     *   source: { type = "csv"; files = ["a.csv"]; header = true; delimiter = ",";
-     *             columns: { x1 = { dtype = "float32"; }; label = { dtype = "int64"; }; }; };
-     * Each declared column is a scalar feature named feature[i]; undeclared columns are ignored. */
-    bool            header;    /* default true: each file's first record names the columns */
-    char            delimiter; /* default ','; one byte, not '"', '\r' or '\n' */
-    loom_csv_column csv[LOOM_MAX_FEATURES];
-    /* text: files (the patterns above), one element per line: "line" uint8 (max_length), zero-padded,
-     * and "length" int64 () (bytes of the line, '\n' and a trailing '\r' removed). */
-    int64_t max_length;        /* >= 1 */
-    bool    truncate;          /* default false: a longer line is an error; true: cut to max_length */
-    /* synthetic: seeded random tensors, element i a pure function of (run seed, i).
-     *   source: { type = "synthetic"; count = 100000;
-     *             features: { image = { dtype = "float32"; shape = [28, 28]; }; label = { dtype = "int64"; max = 10; }; }; }; */
-    int64_t            count;  /* elements per pass, >= 1, or -1 = infinite */
-    loom_syn_feature   syn[LOOM_MAX_FEATURES];
-    loom_syn_ctr       ctr;    /* synthetic: CTR data, before the declared features (which may then be absent) */
-    /* list_files: the file names matching `files` (the patterns above), sorted, one element each:
-     * "filename" uint8 (LOOM_PATH_MAX) zero-padded and "length" int64 (), as the text source's lines.
-     *   source: { type = "list_files"; files = ["data/train-*.tfrecord"]; shuffle = false; };
-     * shuffle (the shuffle_files field, default true here) reorders them each epoch by (seed, epoch). */
-    uint64_t           seed;      /* list_files: the run's seed unless set */
-    bool               seed_set;
-    /* plugin: a source a plugin registered (LOOM_REG_SOURCE) under its type.
-     *   source: { type = "npy"; options: { image = "x.npy"; label = "y.npy"; }; }; */
-    char               plugin[LOOM_NAME_MAX];
-    loom_plugin_opts   options;
+    int file_shards, file_shard;
     /* Not a config key: the dataset's on_nonfinite (csv and idx float features). */
-    int                on_nonfinite;      /* loom_on_nonfinite */
+    int on_nonfinite; /* loom_on_nonfinite */
+    /* The kind's own settings; read and write only the member of the spec's
+     * kind (the others share its bytes). The spec is copied by value (a
+     * predict copy, the sharded copy, an interleave's nested copy), so the
+     * file lists stay fixed arrays rather than allocations the copies would share. */
+    union {
+        loom_idx_source        idx;        /* IDX */
+        loom_catalog_source    catalog;    /* CATALOG */
+        loom_tfrecord_source   tfrecord;   /* TFRECORD */
+        loom_csv_source        csv;        /* CSV */
+        loom_text_source       text;       /* TEXT */
+        loom_synthetic_source  synthetic;  /* SYNTHETIC */
+        loom_list_files_source list_files; /* LIST_FILES */
+        loom_plugin_source     plugin;     /* PLUGIN */
+    };
 } loom_source_spec;
 
 typedef enum {

@@ -681,8 +681,8 @@ static void parse_dataset(cfg_ctx *c, const config_setting_t *g, loom_dataset_sp
         int k = cfg_plugin_source_type_(c, config_setting_get_member(src, "type"), &d->source);
         if (k < 0) k = cfg_parse_kind_(c, src, cfg_source_opts_, &d->source);
         cfg_parse_opts_(c, src, cfg_source_opts_, k, &d->source);
-        d->source.seed_set = k == LOOM_SRC_LIST_FILES && config_setting_get_member(src, "seed");
-        if (k == LOOM_SRC_SYNTHETIC && !config_setting_get_member(src, "features") && !d->source.ctr.on) {
+        if (k == LOOM_SRC_LIST_FILES) d->source.list_files.seed_set = config_setting_get_member(src, "seed") != NULL;
+        if (k == LOOM_SRC_SYNTHETIC && !config_setting_get_member(src, "features") && !d->source.synthetic.ctr.on) {
             loom_err *e =
                 cfg_err_(c, src, "missing required setting `features` (a synthetic source needs features, or ctr)");
             if (e) loom_err_hint(e, "e.g. features: { x = { dtype = \"float32\"; shape = [4]; }; }; or ctr = { columns = 26; };");

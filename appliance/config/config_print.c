@@ -121,12 +121,12 @@ static void print_csv_text_synthetic(FILE *f, const loom_source_spec *src)
         fputs("];\n", f);
     }
     if (src->kind == LOOM_SRC_CSV) {
-        char d[2] = {src->delimiter, 0};
-        kv_bool(f, 3, "header", src->header);
+        char d[2] = {src->csv.delimiter, 0};
+        kv_bool(f, 3, "header", src->csv.header);
         kv_str(f, 3, "delimiter", d);
         fputs("      columns: {\n", f);
         for (int i = 0; i < src->n_features; i++) {
-            const loom_csv_column *c = &src->csv[i];
+            const loom_csv_column *c = &src->csv.columns[i];
             fprintf(f, "        %s = { dtype = ", src->feature[i]);
             put_str(f, loom_cfg_name_(loom_csv_dtype_names_, (int)c->dtype));
             if ((int)c->dtype == LOOM_CSV_STRING) fprintf(f, "; max_length = %d", c->max_length);
@@ -146,12 +146,12 @@ static void print_csv_text_synthetic(FILE *f, const loom_source_spec *src)
         }
         fputs("      };\n", f);
     } else if (src->kind == LOOM_SRC_TEXT) {
-        kv_i64(f, 3, "max_length", src->max_length);
-        kv_bool(f, 3, "truncate", src->truncate);
+        kv_i64(f, 3, "max_length", src->text.max_length);
+        kv_bool(f, 3, "truncate", src->text.truncate);
     } else if (src->kind == LOOM_SRC_SYNTHETIC) {
-        kv_i64(f, 3, "count", src->count);
-        if (src->ctr.on) {
-            const loom_syn_ctr *k = &src->ctr;
+        kv_i64(f, 3, "count", src->synthetic.count);
+        if (src->synthetic.ctr.on) {
+            const loom_syn_ctr *k = &src->synthetic.ctr;
             fputs("      ctr: {\n", f);
             kv_i64(f, 4, "columns", k->columns);
             kv_i64(f, 4, "ids_per_column", k->ids_per_column);
@@ -165,7 +165,7 @@ static void print_csv_text_synthetic(FILE *f, const loom_source_spec *src)
         }
         if (src->n_features) fputs("      features: {\n", f);
         for (int i = 0; i < src->n_features; i++) {
-            const loom_syn_feature *s = &src->syn[i];
+            const loom_syn_feature *s = &src->synthetic.features[i];
             fprintf(f, "        %s = { dtype = ", src->feature[i]);
             put_str(f, loom_cfg_name_(loom_cfg_dtype_names_, (int)s->dtype));
             fputs("; shape = ", f);
@@ -217,8 +217,8 @@ static void print_custom_fn(FILE *f, const loom_map_spec *m)
 static void print_source(FILE *f, const loom_source_spec *src)
 {
     if (src->kind == LOOM_SRC_PLUGIN) {
-        kv_str(f, 3, "type", src->plugin);
-        print_plugin_opts(f, 3, "options", &src->options);
+        kv_str(f, 3, "type", src->plugin.name);
+        print_plugin_opts(f, 3, "options", &src->plugin.options);
         return;
     }
     kv_str(f, 3, "type", loom_cfg_name_(loom_source_names_, (int)src->kind));
@@ -230,10 +230,10 @@ static void print_source(FILE *f, const loom_source_spec *src)
         }
         fputs("];\n", f);
         kv_bool(f, 3, "shuffle", src->shuffle_files);
-        if (src->seed_set) kv_i64(f, 3, "seed", (int64_t)src->seed);
+        if (src->list_files.seed_set) kv_i64(f, 3, "seed", (int64_t)src->list_files.seed);
     } else if (src->kind == LOOM_SRC_IDX) {
         fputs("      features: {\n", f);
-        for (int i = 0; i < src->n_features; i++) kv_str(f, 4, src->feature[i], src->file[i]);
+        for (int i = 0; i < src->n_features; i++) kv_str(f, 4, src->feature[i], src->idx.file[i]);
         fputs("      };\n", f);
     } else if (src->kind == LOOM_SRC_TFRECORD) {
         if (src->n_patterns) {
@@ -244,12 +244,12 @@ static void print_source(FILE *f, const loom_source_spec *src)
             }
             fputs("];\n", f);
         }
-        kv_str(f, 3, "compression", loom_cfg_name_(loom_tfr_comp_names_, (int)src->compression));
-        kv_str(f, 3, "on_corrupt", loom_cfg_name_(loom_tfr_corrupt_names_, (int)src->on_corrupt));
+        kv_str(f, 3, "compression", loom_cfg_name_(loom_tfr_comp_names_, (int)src->tfrecord.compression));
+        kv_str(f, 3, "on_corrupt", loom_cfg_name_(loom_tfr_corrupt_names_, (int)src->tfrecord.on_corrupt));
         kv_bool(f, 3, "shuffle_files", src->shuffle_files);
         fputs("      features: {\n", f);
         for (int i = 0; i < src->n_features; i++) {
-            const loom_tfr_feature *t = &src->tfr[i];
+            const loom_tfr_feature *t = &src->tfrecord.features[i];
             bool integral = t->dtype != LOOM_TFR_FLOAT32; /* default and pad read back as integers */
             fprintf(f, "        %s = { dtype = ", src->feature[i]);
             put_str(f, loom_cfg_name_(loom_tfr_dtype_names_, (int)t->dtype));
@@ -272,8 +272,8 @@ static void print_source(FILE *f, const loom_source_spec *src)
     } else if (src->kind == LOOM_SRC_CSV || src->kind == LOOM_SRC_TEXT || src->kind == LOOM_SRC_SYNTHETIC) {
         print_csv_text_synthetic(f, src);
     } else {
-        kv_str(f, 3, "name", src->name);
-        kv_str(f, 3, "split", src->split);
+        kv_str(f, 3, "name", src->catalog.name);
+        kv_str(f, 3, "split", src->catalog.split);
     }
 }
 

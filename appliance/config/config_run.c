@@ -39,7 +39,7 @@ static const cfg_opt run_opts[] = {
 /* Shuffles and list_files sources without a seed of their own, also in zipped datasets, take the run's. */
 static void default_seeds(loom_dataset_spec *d, uint64_t seed)
 {
-    if (d->source.kind == LOOM_SRC_LIST_FILES && !d->source.seed_set) d->source.seed = seed;
+    if (d->source.kind == LOOM_SRC_LIST_FILES && !d->source.list_files.seed_set) d->source.list_files.seed = seed;
     for (int j = 0; j < d->n_transforms; j++) {
         loom_transform_spec *t = &d->transform[j];
         if ((t->kind == LOOM_T_SHUFFLE || t->kind == LOOM_T_SPLIT) && !t->seed_set) t->seed = seed;

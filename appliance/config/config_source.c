@@ -32,28 +32,29 @@ const cfg_opt cfg_source_opts_[] = {
     O_CUSTOM("options", parse_source_options, SRC(PLUGIN), 0,
              "a plugin source's options: KEY = number, string or true/false, at most 8"),
     O_CUSTOM("features", parse_features, SRC(IDX), SRC(IDX), "feature name = \"file.idx[.gz]\", 1 to 256"),
-    O_STR(loom_source_spec, "name", name, NULL, catalog_names, SRC(CATALOG), SRC(CATALOG), "catalog dataset"),
-    O_STR(loom_source_spec, "split", split, NULL, split_names, SRC(CATALOG), SRC(CATALOG), "catalog split"),
+    O_STR(loom_source_spec, "name", catalog.name, NULL, catalog_names, SRC(CATALOG), SRC(CATALOG), "catalog dataset"),
+    O_STR(loom_source_spec, "split", catalog.split, NULL, split_names, SRC(CATALOG), SRC(CATALOG), "catalog split"),
     O_CUSTOM("files", parse_files, SRC(TFRECORD), SRC(TFRECORD),
              "TFRecord paths or glob patterns, 1 to 16, relative to the config's directory"),
-    O_ENUM(loom_source_spec, "compression", compression, LOOM_TFR_COMP_AUTO, loom_tfr_comp_names_, SRC(TFRECORD), 0,
-           "auto detects it per file from the leading bytes"),
-    O_ENUM(loom_source_spec, "on_corrupt", on_corrupt, LOOM_TFR_CORRUPT_ERROR, loom_tfr_corrupt_names_, SRC(TFRECORD),
-           0, "error, or skip (count and report) bad records"),
+    O_ENUM(loom_source_spec, "compression", tfrecord.compression, LOOM_TFR_COMP_AUTO, loom_tfr_comp_names_,
+           SRC(TFRECORD), 0, "auto detects it per file from the leading bytes"),
+    O_ENUM(loom_source_spec, "on_corrupt", tfrecord.on_corrupt, LOOM_TFR_CORRUPT_ERROR, loom_tfr_corrupt_names_,
+           SRC(TFRECORD), 0, "error, or skip (count and report) bad records"),
     O_BOOL(loom_source_spec, "shuffle_files", shuffle_files, 0, SRC(TFRECORD), "shuffle the file order each epoch"),
     O_CUSTOM("features", parse_tfr_features, SRC(TFRECORD), SRC(TFRECORD),
              "NAME = { dtype = ...; shape = [...]; }, 1 to 256"),
     O_CUSTOM("files", parse_files, SRC(CSV) | SRC(TEXT) | SRC(LIST_FILES), SRC(CSV) | SRC(TEXT) | SRC(LIST_FILES),
              "paths or glob patterns, 1 to 16, relative to the config's directory"),
     O_BOOL(loom_source_spec, "shuffle", shuffle_files, 1, SRC(LIST_FILES), "shuffle the file names each epoch"),
-    O_INT(loom_source_spec, "seed", seed, 0, 0, INT64_MAX, SRC(LIST_FILES), 0, "shuffle seed; default run.seed"),
-    O_BOOL(loom_source_spec, "header", header, 1, SRC(CSV), "the first record of each file names the columns"),
+    O_INT(loom_source_spec, "seed", list_files.seed, 0, 0, INT64_MAX, SRC(LIST_FILES), 0,
+          "shuffle seed; default run.seed"),
+    O_BOOL(loom_source_spec, "header", csv.header, 1, SRC(CSV), "the first record of each file names the columns"),
     O_CUSTOM("delimiter", parse_delimiter, SRC(CSV), 0, "one character, default \",\""),
     O_CUSTOM("columns", parse_csv_columns, SRC(CSV), SRC(CSV), "NAME = { dtype = ...; }, 1 to 256"),
-    O_INT(loom_source_spec, "max_length", max_length, 0, 1, 1 << 24, SRC(TEXT), SRC(TEXT),
+    O_INT(loom_source_spec, "max_length", text.max_length, 0, 1, 1 << 24, SRC(TEXT), SRC(TEXT),
           "bytes of the line feature (zero-padded)"),
-    O_BOOL(loom_source_spec, "truncate", truncate, 0, SRC(TEXT), "cut longer lines instead of failing"),
-    O_INT(loom_source_spec, "count", count, 0, -1, INT64_MAX, SRC(SYNTHETIC), SRC(SYNTHETIC),
+    O_BOOL(loom_source_spec, "truncate", text.truncate, 0, SRC(TEXT), "cut longer lines instead of failing"),
+    O_INT(loom_source_spec, "count", synthetic.count, 0, -1, INT64_MAX, SRC(SYNTHETIC), SRC(SYNTHETIC),
           "elements per pass; -1 = infinite"),
     O_CUSTOM("features", parse_syn_features, SRC(SYNTHETIC), 0,
              "NAME = { dtype = ...; shape = [...]; }, 1 to 256 (required without ctr)"),
@@ -161,7 +162,7 @@ static void parse_features(cfg_ctx *c, const config_setting_t *s, void *base)
         }
         int k = src->n_features++;
         snprintf(src->feature[k], sizeof src->feature[k], "%s", name);
-        memcpy(src->file[k], full, (size_t)w + 1); /* w < LOOM_PATH_MAX, checked above */
+        memcpy(src->idx.file[k], full, (size_t)w + 1); /* w < LOOM_PATH_MAX, checked above */
     }
 }
 
@@ -303,8 +304,9 @@ typedef struct feature_kind {
                   int k);
 } feature_kind;
 
-/* Parses group s into items[0..] (src->tfr, ->csv or ->syn) and src->feature,
- * counting them in src->n_features. */
+/* Parses group s into items[0..] (the kind's array: tfrecord.features,
+ * csv.columns or synthetic.features) and src->feature, counting them in
+ * src->n_features. */
 static void parse_feature_groups(cfg_ctx *c, const config_setting_t *s, loom_source_spec *src, void *items,
                                  const feature_kind *fk)
 {
@@ -367,7 +369,7 @@ static void parse_tfr_features(cfg_ctx *c, const config_setting_t *s, void *base
     static const feature_kind fk = {"features", "dtype = ...; shape = [...];", "dtype = \"int64\"; shape = [];",
                                     tfr_feature_opts, sizeof(loom_tfr_feature), check_tfr_feature};
     loom_source_spec *src = base;
-    parse_feature_groups(c, s, src, src->tfr, &fk);
+    parse_feature_groups(c, s, src, src->tfrecord.features, &fk);
 }
 
 /* ---- csv, text and synthetic sources -------------------------------------- */
@@ -402,7 +404,7 @@ static void parse_delimiter(cfg_ctx *c, const config_setting_t *s, void *base)
         if (e) loom_err_hint(e, "e.g. delimiter = \";\"; or delimiter = \"\\t\";");
         return;
     }
-    src->delimiter = d[0];
+    src->csv.delimiter = d[0];
 }
 
 #define CSV_MAX_FIELDS_ (1 << 20) /* a range's last field: far beyond any real table, far from overflow */
@@ -443,14 +445,14 @@ static void check_csv_column(cfg_ctx *c, const loom_source_spec *src, const conf
     if (k >= 0 && k != LOOM_CSV_STRING) check_value(c, def, (loom_cfg_dtype)k, false);
     if (k == LOOM_CSV_STRING && idx && col->count > 0)
         cfg_err_(c, idx, "a string column is one field: a range (\"a-b\") gathers numeric fields into a vector");
-    if (!src->header && !idx) {
+    if (!src->csv.header && !idx) {
         loom_err *e = cfg_err_(c, g, "missing required setting `index` (with header = false columns are selected by "
                                  "position)");
         if (e) loom_err_hint(e, "e.g. %s = { dtype = \"%s\"; index = 0; };", name, loom_cfg_name_(loom_cfg_dtype_names_, k));
     }
     if (!idx) col->index = -1;
     if (idx && cn) cfg_err_(c, cn, "give either index or column, not both");
-    if (!src->header && cn) cfg_err_(c, cn, "column (a header name) needs header = true");
+    if (!src->csv.header && cn) cfg_err_(c, cn, "column (a header name) needs header = true");
     if (!col->column[0] && col->index < 0) snprintf(col->column, sizeof col->column, "%s", name);
 }
 
@@ -459,8 +461,8 @@ static void parse_csv_columns(cfg_ctx *c, const config_setting_t *s, void *base)
     static const feature_kind fk = {"columns", "dtype = ...;", "dtype = \"float32\";", csv_column_opts,
                                     sizeof(loom_csv_column), check_csv_column};
     loom_source_spec *src = base;
-    if (!src->delimiter) src->delimiter = ','; /* delimiter (parsed before, when given) is a custom option */
-    parse_feature_groups(c, s, src, src->csv, &fk);
+    if (!src->csv.delimiter) src->csv.delimiter = ','; /* delimiter (parsed before, when given) is a custom option */
+    parse_feature_groups(c, s, src, src->csv.columns, &fk);
 }
 
 static void parse_syn_shape(cfg_ctx *c, const config_setting_t *s, void *base)
@@ -502,7 +504,7 @@ static void parse_syn_features(cfg_ctx *c, const config_setting_t *s, void *base
                                     "dtype = \"float32\"; shape = [28, 28];", syn_feature_opts,
                                     sizeof(loom_syn_feature), check_syn_feature};
     loom_source_spec *src = base;
-    parse_feature_groups(c, s, src, src->syn, &fk);
+    parse_feature_groups(c, s, src, src->synthetic.features, &fk);
 }
 
 static void parse_syn_ctr(cfg_ctx *c, const config_setting_t *s, void *base)
@@ -513,8 +515,8 @@ static void parse_syn_ctr(cfg_ctx *c, const config_setting_t *s, void *base)
         cfg_err_(c, s, "expected a group such as ctr = { columns = 26; }, got %s", cfg_value_str_(s, v, sizeof v));
         return;
     }
-    src->ctr.on = true;
-    cfg_parse_opts_(c, s, syn_ctr_opts, 0, &src->ctr);
+    src->synthetic.ctr.on = true;
+    cfg_parse_opts_(c, s, syn_ctr_opts, 0, &src->synthetic.ctr);
     cfg_scope sc = {syn_ctr_opts, 0, NULL};
     cfg_check_keys_(c, s, &sc, 1);
 }
@@ -530,14 +532,15 @@ int cfg_plugin_source_type_(cfg_ctx *c, const config_setting_t *t, loom_source_s
     const char *name = config_setting_get_string(t);
     for (int i = 0; loom_source_names_[i]; i++)
         if (loom_edit_distance(name, loom_source_names_[i]) <= 2) return -1;
-    if (!name[0] || strlen(name) >= sizeof src->plugin)
-        cfg_err_(c, t, "bad source type \"%s\" (empty or longer than %zu characters)", name, sizeof src->plugin - 1);
-    snprintf(src->plugin, sizeof src->plugin, "%s", name);
+    if (!name[0] || strlen(name) >= sizeof src->plugin.name)
+        cfg_err_(c, t, "bad source type \"%s\" (empty or longer than %zu characters)", name,
+                 sizeof src->plugin.name - 1);
+    snprintf(src->plugin.name, sizeof src->plugin.name, "%s", name);
     src->kind = LOOM_SRC_PLUGIN;
     return LOOM_SRC_PLUGIN;
 }
 
 static void parse_source_options(cfg_ctx *c, const config_setting_t *s, void *base)
 {
-    cfg_plugin_opts_group_(c, s, &((loom_source_spec *)base)->options);
+    cfg_plugin_opts_group_(c, s, &((loom_source_spec *)base)->plugin.options);
 }

@@ -408,10 +408,10 @@ static void check_dataset(const loom_dataset_spec *d, const char *setting, loom_
 {
     char where[LOOM_PATH_MAX + 16], what[160];
     if (!d->present) return;
-    if (d->source.kind == LOOM_SRC_PLUGIN && !loom_registry_find(LOOM_REG_SOURCE, d->source.plugin, NULL)) {
+    if (d->source.kind == LOOM_SRC_PLUGIN && !loom_registry_find(LOOM_REG_SOURCE, d->source.plugin.name, NULL)) {
         loom_loc_str(&d->source.loc, where, sizeof where);
         snprintf(what, sizeof what, "%s.source.type", setting);
-        unknown_name(errs, where, LOOM_REG_SOURCE, what, d->source.plugin); /* built-ins and plugins' alike */
+        unknown_name(errs, where, LOOM_REG_SOURCE, what, d->source.plugin.name); /* built-ins and plugins' alike */
     }
     for (int i = 0; i < d->n_transforms; i++) {
         const loom_transform_spec *t = &d->transform[i];

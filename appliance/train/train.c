@@ -1734,8 +1734,8 @@ static void drop_feature(loom_source_spec *s, const char *name)
         if (!strcmp(s->feature[f], name)) continue;
         if (k != f) {
             memcpy(s->feature[k], s->feature[f], sizeof s->feature[k]);
-            s->csv[k] = s->csv[f];
-            s->tfr[k] = s->tfr[f];
+            if (s->kind == LOOM_SRC_CSV) s->csv.columns[k] = s->csv.columns[f];
+            if (s->kind == LOOM_SRC_TFRECORD) s->tfrecord.features[k] = s->tfrecord.features[f];
         }
         k++;
     }
@@ -1851,7 +1851,7 @@ int loom_predict_run(const loom_spec *spec, const loom_predict_opts *po, loom_er
             ds->source.loc = base->loc;
             ds->source.n_features = 1;
             snprintf(ds->source.feature[0], sizeof ds->source.feature[0], "%s", spec->model.input);
-            snprintf(ds->source.file[0], sizeof ds->source.file[0], "%s", input);
+            snprintf(ds->source.idx.file[0], sizeof ds->source.idx.file[0], "%s", input);
             if (n_ids) {
                 loom_free(ds);
                 run_close(&r);

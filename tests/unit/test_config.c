@@ -46,8 +46,8 @@ static void test_good_full(void)
     const loom_dataset_spec *d = &s->train;
     CHECK(d->present);
     CHECK(d->source.kind == LOOM_SRC_CATALOG);
-    CHECK(!strcmp(d->source.name, "fashion_mnist"));
-    CHECK(!strcmp(d->source.split, "train"));
+    CHECK(!strcmp(d->source.catalog.name, "fashion_mnist"));
+    CHECK(!strcmp(d->source.catalog.split, "train"));
     CHECK(d->source.loc.line == 6);
     CHECK_CONTAINS(d->source.loc.file, "good_full.cfg");
     CHECK(!strcmp(d->source.loc.path, "data.train.source"));
@@ -77,7 +77,7 @@ static void test_good_full(void)
     /* data.eval */
     d = &s->eval;
     CHECK(d->present && d->n_transforms == 4);
-    CHECK(!strcmp(d->source.split, "test"));
+    CHECK(!strcmp(d->source.catalog.split, "test"));
     CHECK(d->transform[1].seed_set && d->transform[1].seed == 7 && !d->transform[1].reshuffle);
     CHECK(d->transform[2].batch_size == 256 && !d->transform[2].drop_remainder);
     CHECK(d->transform[3].kind == LOOM_T_PREFETCH && d->transform[3].buffer == -1);
@@ -130,9 +130,9 @@ static void test_defaults(void)
     if (!s) return;
     CHECK(s->train.source.kind == LOOM_SRC_IDX && s->train.source.n_features == 2);
     CHECK(!strcmp(s->train.source.feature[0], "image") && !strcmp(s->train.source.feature[1], "label"));
-    CHECK(s->train.source.file[0][0] == '/'); /* resolved against the config's directory */
-    CHECK_CONTAINS(s->train.source.file[0], "tests/configs/data/tiny-images-idx3-ubyte");
-    CHECK(access(s->train.source.file[1], R_OK) == 0);
+    CHECK(s->train.source.idx.file[0][0] == '/'); /* resolved against the config's directory */
+    CHECK_CONTAINS(s->train.source.idx.file[0], "tests/configs/data/tiny-images-idx3-ubyte");
+    CHECK(access(s->train.source.idx.file[1], R_OK) == 0);
     CHECK(!s->eval.present);
     CHECK(s->train.transform[0].buffer == 3 && s->train.transform[0].reshuffle && s->train.transform[0].seed == 42);
     CHECK(!s->train.transform[1].drop_remainder);
@@ -269,7 +269,8 @@ static void test_overrides(void)
         CHECK(s->run.max_steps == 10);
         CHECK(s->optimizer.schedule.kind == LOOM_SCHED_COSINE && s->optimizer.schedule.decay_steps == 100);
         CHECK(s->optimizer.schedule.alpha == 0.0);
-        CHECK(s->eval.present && s->eval.source.kind == LOOM_SRC_CATALOG && !strcmp(s->eval.source.name, "mnist"));
+        CHECK(s->eval.present && s->eval.source.kind == LOOM_SRC_CATALOG &&
+              !strcmp(s->eval.source.catalog.name, "mnist"));
         CHECK(s->eval.n_transforms == 0);
         CHECK(s->run.eval_each_epoch);
         CHECK_CONTAINS(s->optimizer.schedule.loc.file, "--set optimizer.schedule.type");
@@ -340,7 +341,7 @@ static void roundtrip(const char *name, const char *const *ov, int n)
     loom_spec *b = load_ok(path, NULL, 0);
     if (b) {
         CHECK(b->model.n_layers == a->model.n_layers && b->train.n_transforms == a->train.n_transforms);
-        CHECK(!strcmp(b->train.source.file[0], a->train.source.file[0]));
+        CHECK(!strcmp(b->train.source.idx.file[0], a->train.source.idx.file[0]));
         strip_locs(a);
         strip_locs(b);
         CHECK_MSG(memcmp(a, b, sizeof *a) == 0, "%s: printed config loads back different", name);
@@ -382,7 +383,7 @@ static void test_include(void)
     loom_spec *s = load_ok(cfg_path("good_include.cfg"), NULL, 0);
     if (!s) return;
     CHECK(s->train.source.kind == LOOM_SRC_IDX && s->train.source.n_features == 2);
-    CHECK_CONTAINS(s->train.source.file[0], "tests/configs/data/tiny-images-idx3-ubyte");
+    CHECK_CONTAINS(s->train.source.idx.file[0], "tests/configs/data/tiny-images-idx3-ubyte");
     CHECK_CONTAINS(s->train.source.loc.file, "tests/configs/include/data.cfg");
     CHECK(s->train.source.loc.line == 3);
     CHECK(s->model.layer[0].loc.line == 3);

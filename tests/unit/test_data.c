@@ -357,8 +357,8 @@ static void test_catalog_resolve(void)
     CHECK_CONTAINS(lbl, "t10k-labels-idx1-ubyte");
     loom_dataset_spec *s = spec_new();
     s->source.kind = LOOM_SRC_CATALOG;
-    snprintf(s->source.name, sizeof s->source.name, "fashion_mnist");
-    snprintf(s->source.split, sizeof s->source.split, "test");
+    snprintf(s->source.catalog.name, sizeof s->source.catalog.name, "fashion_mnist");
+    snprintf(s->source.catalog.split, sizeof s->source.catalog.split, "test");
     loom_iter *it = open_ok(s);
     if (it) {
         char buf[256];
@@ -368,7 +368,7 @@ static void test_catalog_resolve(void)
         CHECK(labels[0] == 7 && labels[2] == 9);
         loom_iter_close(it);
     }
-    snprintf(s->source.split, sizeof s->source.split, "train");
+    snprintf(s->source.catalog.split, sizeof s->source.catalog.split, "train");
     CHECK(open_fail(s, &err) == LOOM_EIO);
     CHECK_CONTAINS(err.hint, "apt-get install dataset-fashion-mnist");
     free(s);
@@ -391,8 +391,8 @@ static void test_catalog_fashion_mnist(void)
     if (skip_catalog()) return;
     loom_dataset_spec *s = spec_new();
     s->source.kind = LOOM_SRC_CATALOG;
-    snprintf(s->source.name, sizeof s->source.name, "fashion_mnist");
-    snprintf(s->source.split, sizeof s->source.split, "train");
+    snprintf(s->source.catalog.name, sizeof s->source.catalog.name, "fashion_mnist");
+    snprintf(s->source.catalog.split, sizeof s->source.catalog.split, "train");
     loom_iter *it = open_ok(s);
     if (!it) {
         free(s);
@@ -423,7 +423,7 @@ static void test_catalog_fashion_mnist(void)
     CHECK(bad == 0);
     for (int c = 0; c < 10; c++) CHECK(counts[c] == 6000);
     loom_iter_close(it);
-    snprintf(s->source.split, sizeof s->source.split, "test");
+    snprintf(s->source.catalog.split, sizeof s->source.catalog.split, "test");
     it = open_ok(s);
     if (it) {
         CHECK(loom_iter_cardinality(it) == 10000);
@@ -1126,11 +1126,12 @@ static int64_t first_diff(dstage *a, dstage *b, int64_t max, int64_t *count)
 
 static loom_source_spec syn_spec(int64_t count)
 {
-    loom_source_spec src = {.kind = LOOM_SRC_SYNTHETIC, .n_features = 2, .count = count};
+    loom_source_spec src = {.kind = LOOM_SRC_SYNTHETIC, .n_features = 2, .synthetic.count = count};
     snprintf(src.feature[0], LOOM_NAME_MAX, "x");
     snprintf(src.feature[1], LOOM_NAME_MAX, "y");
-    src.syn[0] = (loom_syn_feature){.dtype = LOOM_CFG_U8, .rank = 2, .shape = {3, 2}, .min = 0, .max = 256};
-    src.syn[1] = (loom_syn_feature){.dtype = LOOM_CFG_I64, .rank = 0, .min = 0, .max = 1000000};
+    src.synthetic.features[0] =
+        (loom_syn_feature){.dtype = LOOM_CFG_U8, .rank = 2, .shape = {3, 2}, .min = 0, .max = 256};
+    src.synthetic.features[1] = (loom_syn_feature){.dtype = LOOM_CFG_I64, .rank = 0, .min = 0, .max = 1000000};
     return src;
 }
 
@@ -1266,8 +1267,8 @@ static void test_shuffle_by_index(void)
     /* real Fashion-MNIST: buffers below, at and above 60000, two epochs */
     if (skip_catalog()) return;
     loom_source_spec cat = {.kind = LOOM_SRC_CATALOG};
-    snprintf(cat.name, sizeof cat.name, "fashion_mnist");
-    snprintf(cat.split, sizeof cat.split, "train");
+    snprintf(cat.catalog.name, sizeof cat.catalog.name, "fashion_mnist");
+    snprintf(cat.catalog.split, sizeof cat.catalog.split, "train");
     int64_t cbuf[] = {1000, 60000, 100000};
     for (size_t b = 0; b < sizeof cbuf / sizeof cbuf[0]; b++) {
         dstage *sa, *sb;
@@ -1298,8 +1299,8 @@ static void test_shuffle_by_index_state(void)
     if (skip_catalog()) return;
     loom_dataset_spec *s = spec_new();
     s->source.kind = LOOM_SRC_CATALOG;
-    snprintf(s->source.name, sizeof s->source.name, "fashion_mnist");
-    snprintf(s->source.split, sizeof s->source.split, "train");
+    snprintf(s->source.catalog.name, sizeof s->source.catalog.name, "fashion_mnist");
+    snprintf(s->source.catalog.split, sizeof s->source.catalog.split, "train");
     add_shuffle(s, 60000, 42, true);
     add_batch(s, 128, false);
     loom_iter *it = open_ok(s);
@@ -1747,8 +1748,8 @@ static void test_throughput(void)
     if (skip_catalog()) return;
     loom_dataset_spec *s = spec_new();
     s->source.kind = LOOM_SRC_CATALOG;
-    snprintf(s->source.name, sizeof s->source.name, "fashion_mnist");
-    snprintf(s->source.split, sizeof s->source.split, "train");
+    snprintf(s->source.catalog.name, sizeof s->source.catalog.name, "fashion_mnist");
+    snprintf(s->source.catalog.split, sizeof s->source.catalog.split, "train");
     add_map(s, LOOM_MAP_CAST, "image")->dtype = LOOM_CFG_F32;
     add_map(s, LOOM_MAP_SCALE, "image")->scale = 1.0 / 255.0;
     add_shuffle(s, 10000, 42, true);

@@ -75,15 +75,15 @@ static loom_dataset_spec *spec_new(loom_source_kind kind, const char *pattern)
     if (pattern) snprintf(src->pattern[src->n_patterns++], LOOM_PATH_MAX, "%s", tpath(pattern));
     if (kind == LOOM_SRC_TFRECORD) {
         snprintf(src->feature[0], LOOM_NAME_MAX, "id");
-        src->tfr[0].dtype = LOOM_TFR_INT64;
+        src->tfrecord.features[0].dtype = LOOM_TFR_INT64;
         snprintf(src->feature[1], LOOM_NAME_MAX, "image");
-        src->tfr[1] = (loom_tfr_feature){.dtype = LOOM_TFR_UINT8, .rank = 1, .shape = {4}};
+        src->tfrecord.features[1] = (loom_tfr_feature){.dtype = LOOM_TFR_UINT8, .rank = 1, .shape = {4}};
         src->n_features = 2;
     } else if (kind == LOOM_SRC_TEXT) {
-        src->max_length = 8;
+        src->text.max_length = 8;
     } else if (kind == LOOM_SRC_SYNTHETIC) {
         snprintf(src->feature[0], LOOM_NAME_MAX, "x");
-        src->syn[0] = (loom_syn_feature){.dtype = LOOM_CFG_F32, .max = 1};
+        src->synthetic.features[0] = (loom_syn_feature){.dtype = LOOM_CFG_F32, .max = 1};
         src->n_features = 1;
     }
     return s;
@@ -448,7 +448,7 @@ static void test_no_data(void)
 
     /* FILE on a source without files; DATA with a known, too small cardinality */
     s = spec_new(LOOM_SRC_SYNTHETIC, NULL);
-    s->source.count = 3;
+    s->source.synthetic.count = 3;
     s->shard_policy = LOOM_SHARD_FILE;
     open_fails(s, 0, 2, LOOM_ECONFIG, "input pipeline 0 of 2 cannot be sharded by FILE", "shard_policy = \"data\"");
     s->shard_policy = LOOM_SHARD_AUTO;

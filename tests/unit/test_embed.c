@@ -524,8 +524,8 @@ static int open_ctr(loom_iter **it, uint64_t seed, int64_t count, int k)
     memset(&ds, 0, sizeof ds);
     ds.present = true;
     ds.source.kind = LOOM_SRC_SYNTHETIC;
-    ds.source.count = count;
-    ds.source.ctr = (loom_syn_ctr){.on = true, .columns = 8, .ids_per_column = k, .id_space = 1 << 16,
+    ds.source.synthetic.count = count;
+    ds.source.synthetic.ctr = (loom_syn_ctr){.on = true, .columns = 8, .ids_per_column = k, .id_space = 1 << 16,
                                    .vocab = 500, .zipf = 1.1, .weight_std = 0.8, .bias = -1.0,
                                    .offset = ctr_offset};
     loom_data_ctx ctx = {.seed = seed, .name = "train"};

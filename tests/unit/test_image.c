@@ -61,10 +61,10 @@ static loom_dataset_spec *png_spec(const char *path, int64_t max_bytes, bool var
     snprintf(src->pattern[0], LOOM_PATH_MAX, "%s", path);
     src->n_features = 2;
     snprintf(src->feature[0], LOOM_NAME_MAX, "image");
-    src->tfr[0] = (loom_tfr_feature){.dtype = LOOM_TFR_UINT8, .rank = var_len ? 1 : 2, .shape = {max_bytes, max_bytes},
-                                     .var_len = var_len};
+    src->tfrecord.features[0] = (loom_tfr_feature){
+        .dtype = LOOM_TFR_UINT8, .rank = var_len ? 1 : 2, .shape = {max_bytes, max_bytes}, .var_len = var_len};
     snprintf(src->feature[1], LOOM_NAME_MAX, "label");
-    src->tfr[1] = (loom_tfr_feature){.dtype = LOOM_TFR_INT64, .rank = 0};
+    src->tfrecord.features[1] = (loom_tfr_feature){.dtype = LOOM_TFR_INT64, .rank = 0};
     return s;
 }
 
@@ -392,9 +392,9 @@ static void test_bad_images(void)
               strstr(msg, "decode_image"), "%s", msg);
     loom_iter_close(it);
     /* decode_image on a feature that is not bytes */
-    s->source.tfr[0].var_len = true;
-    s->source.tfr[0].rank = 1;
-    s->source.tfr[0].shape[0] = 1024;
+    s->source.tfrecord.features[0].var_len = true;
+    s->source.tfrecord.features[0].rank = 1;
+    s->source.tfrecord.features[0].shape[0] = 1024;
     add_decode(s, 1, LOOM_CFG_U8, 28, 28, false);
     snprintf(s->transform[0].map.feature, LOOM_NAME_MAX, "label");
     it = NULL;

@@ -40,7 +40,7 @@ static void id_source(loom_source_spec *s, const char *feat)
     loc(&s->loc, "data.train.transforms.[0].source", 5);
     s->n_features = 1;
     snprintf(s->feature[0], LOOM_NAME_MAX, "%s", feat);
-    s->tfr[0].dtype = LOOM_TFR_INT64;
+    s->tfrecord.features[0].dtype = LOOM_TFR_INT64;
 }
 
 /* list_files(part-*, shuffle) | interleave(cycle, block, parallel, det) over "id". */
@@ -53,7 +53,7 @@ static loom_dataset_spec *ilv_spec(bool shuffle, int cycle, int block, int paral
     d->source.n_patterns = 1;
     snprintf(d->source.pattern[0], LOOM_PATH_MAX, "%s", fpath("part-*.tfrecord"));
     d->source.shuffle_files = shuffle;
-    d->source.seed = 11;
+    d->source.list_files.seed = 11;
     id_source(nested, "id");
     loom_transform_spec *t = &d->transform[d->n_transforms++];
     t->kind = LOOM_T_INTERLEAVE;
@@ -112,7 +112,7 @@ static void test_list_files_shuffle(void)
     d->source.n_patterns = 1;
     snprintf(d->source.pattern[0], LOOM_PATH_MAX, "%s", fpath("*.tfrecord"));
     d->source.shuffle_files = true;
-    d->source.seed = 3;
+    d->source.list_files.seed = 3;
     loom_iter *a = open_ok(d, 0), *b = open_ok(d, 0);
     if (!a || !b) goto out;
     CHECK(loom_iter_cardinality(a) == 10);
@@ -192,8 +192,8 @@ static void test_resume(void)
     snprintf(other->source.pattern[0], LOOM_PATH_MAX, "%s", fpath("ids.tfrecord"));
     other->source.n_features = 1;
     snprintf(other->source.feature[0], LOOM_NAME_MAX, "pair");
-    other->source.tfr[0] = (loom_tfr_feature){.dtype = LOOM_TFR_INT64, .rank = 1, .shape = {2}};
-    other->source.tfr[0].shape[0] = 2;
+    other->source.tfrecord.features[0] = (loom_tfr_feature){.dtype = LOOM_TFR_INT64, .rank = 1, .shape = {2}};
+    other->source.tfrecord.features[0].shape[0] = 2;
     other->n_transforms = 2;
     other->transform[0] = (loom_transform_spec){.kind = LOOM_T_REPEAT, .count = -1};
     other->transform[1] = (loom_transform_spec){.kind = LOOM_T_SHUFFLE, .buffer = 5, .seed = 9, .reshuffle = true};
@@ -264,10 +264,10 @@ static void test_errors(void)
     /* the input must be a list_files source: a uint8 "filename" of another source is refused */
     loom_dataset_spec *d = ilv_spec(false, 2, 1, 1, true, &nested);
     d->source.kind = LOOM_SRC_SYNTHETIC;
-    d->source.count = 3;
+    d->source.synthetic.count = 3;
     d->source.n_features = 1;
     snprintf(d->source.feature[0], LOOM_NAME_MAX, "filename");
-    d->source.syn[0] = (loom_syn_feature){.dtype = LOOM_CFG_U8, .rank = 1, .shape = {4}, .max = 100};
+    d->source.synthetic.features[0] = (loom_syn_feature){.dtype = LOOM_CFG_U8, .rank = 1, .shape = {4}, .max = 100};
     CHECK_CONTAINS(open_fail(d, 1), "ilv.cfg:4: data.train.transforms.[0]: interleave reads the file names of a "
                                     "list_files source, and this pipeline's source is \"synthetic\"");
     /* and names of files: an input without "filename" */
@@ -295,7 +295,7 @@ static void test_errors(void)
     snprintf(other->source.pattern[0], LOOM_PATH_MAX, "%s", fpath("ids.tfrecord"));
     other->source.n_features = 1;
     snprintf(other->source.feature[0], LOOM_NAME_MAX, "id");
-    other->source.tfr[0].dtype = LOOM_TFR_INT64;
+    other->source.tfrecord.features[0].dtype = LOOM_TFR_INT64;
     loom_transform_spec *z = &d->transform[d->n_transforms++];
     z->kind = LOOM_T_ZIP;
     loc(&z->loc, "data.train.transforms.[1]", 8);
@@ -349,7 +349,7 @@ static void test_text(void)
     snprintf(d->source.pattern[0], LOOM_PATH_MAX, "%s/*.txt", dir);
     memset(&nested, 0, sizeof nested);
     nested.kind = LOOM_SRC_TEXT;
-    nested.max_length = 8;
+    nested.text.max_length = 8;
     loom_iter *it = open_ok(d, 2);
     if (it) {
         char got[64] = "";
@@ -380,8 +380,10 @@ static void test_config(void)
     CHECK_MSG(rc == LOOM_OK, "%s: %s", errs.n ? errs.e[0].where : "", errs.n ? errs.e[0].msg : "");
     if (rc) return;
     const loom_transform_spec *t = &s->train.transform[0];
-    CHECK(s->train.source.kind == LOOM_SRC_LIST_FILES && s->train.source.shuffle_files && s->train.source.seed == 7);
-    CHECK(s->eval.source.kind == LOOM_SRC_LIST_FILES && !s->eval.source.shuffle_files && s->eval.source.seed == 42);
+    CHECK(s->train.source.kind == LOOM_SRC_LIST_FILES && s->train.source.shuffle_files &&
+          s->train.source.list_files.seed == 7);
+    CHECK(s->eval.source.kind == LOOM_SRC_LIST_FILES && !s->eval.source.shuffle_files &&
+          s->eval.source.list_files.seed == 42);
     CHECK(t->kind == LOOM_T_INTERLEAVE && t->cycle_length == 2 && t->block_length == 2 &&
           t->parallel == LOOM_PARALLEL_AUTO && !t->deterministic && t->source && t->source->n_patterns == 0);
     CHECK(s->eval.transform[0].block_length == 4 && s->eval.transform[0].parallel == 1 && s->eval.transform[0].deterministic);

@@ -380,8 +380,8 @@ static void test_throughput_fashion_mnist(void)
             loom_dataset_spec *s = calloc(1, sizeof *s);
             s->present = true;
             s->source.kind = LOOM_SRC_CATALOG;
-            snprintf(s->source.name, sizeof s->source.name, "fashion_mnist");
-            snprintf(s->source.split, sizeof s->source.split, "train");
+            snprintf(s->source.catalog.name, sizeof s->source.catalog.name, "fashion_mnist");
+            snprintf(s->source.catalog.split, sizeof s->source.catalog.split, "train");
             if (where) spec_batch(s, 128);
             add_map(s, LOOM_MAP_CAST, "image", par, true)->dtype = LOOM_CFG_F32;
             add_map(s, LOOM_MAP_FLIP_LR, "image", par, true);

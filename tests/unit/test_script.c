@@ -428,12 +428,13 @@ static loom_dataset_spec *lua_spec(const char *map_ref, int parallel, const char
     loom_source_spec *s = &d->source;
     s->kind = LOOM_SRC_SYNTHETIC;
     snprintf(s->loc.file, sizeof s->loc.file, "%s", tpath("test.cfg"));
-    s->count = 200;
+    s->synthetic.count = 200;
     s->n_features = 2;
     snprintf(s->feature[0], LOOM_NAME_MAX, "image");
-    s->syn[0] = (loom_syn_feature){.dtype = LOOM_CFG_F32, .rank = 2, .shape = {8, 8}, .min = 0, .max = 1};
+    s->synthetic.features[0] =
+        (loom_syn_feature){.dtype = LOOM_CFG_F32, .rank = 2, .shape = {8, 8}, .min = 0, .max = 1};
     snprintf(s->feature[1], LOOM_NAME_MAX, "label");
-    s->syn[1] = (loom_syn_feature){.dtype = LOOM_CFG_I64, .rank = 0, .min = 0, .max = 1001};
+    s->synthetic.features[1] = (loom_syn_feature){.dtype = LOOM_CFG_I64, .rank = 0, .min = 0, .max = 1001};
     const char *refs[2] = {filter_ref, map_ref};
     for (int k = 0; k < 2; k++) {
         if (!refs[k]) continue;
@@ -553,7 +554,7 @@ static void test_map_errors(void)
     loom_err err;
     loom_script_register(&err);
     loom_dataset_spec *d = lua_spec("aug.lua:fail_at", 2, NULL);
-    d->source.syn[1].min = 1000; /* every label is 1000 */
+    d->source.synthetic.features[1].min = 1000; /* every label is 1000 */
     blob b = {0};
     int rc = run_pass(d, 2, &b, &err);
     CHECK(rc == LOOM_ELUA);

@@ -36,8 +36,10 @@ static loom_dataset_spec *new_spec(loom_source_kind kind, const char *pattern)
         d->source.n_patterns = 1;
         snprintf(d->source.pattern[0], LOOM_PATH_MAX, "%s", tpath(pattern));
     }
-    d->source.header = true;
-    d->source.delimiter = ',';
+    if (kind == LOOM_SRC_CSV) {
+        d->source.csv.header = true;
+        d->source.csv.delimiter = ',';
+    }
     return d;
 }
 
@@ -46,9 +48,9 @@ static void add_col(loom_dataset_spec *d, const char *name, loom_cfg_dtype dt, i
     loom_source_spec *s = &d->source;
     int k = s->n_features++;
     snprintf(s->feature[k], LOOM_NAME_MAX, "%s", name);
-    s->csv[k].dtype = dt;
-    s->csv[k].index = index;
-    if (index < 0) snprintf(s->csv[k].column, LOOM_NAME_MAX, "%s", name);
+    s->csv.columns[k].dtype = dt;
+    s->csv.columns[k].index = index;
+    if (index < 0) snprintf(s->csv.columns[k].column, LOOM_NAME_MAX, "%s", name);
 }
 
 static loom_iter *open_ok(const loom_dataset_spec *d) { return iter_open_ok(d, NULL); }
@@ -125,10 +127,10 @@ static void test_csv_source(void)
                          "-2,,5,1,1e-3,\"two\nlines\",\n");
     loom_dataset_spec *d = new_spec(LOOM_SRC_CSV, "t1.csv");
     add_col(d, "x", LOOM_CFG_F32, -1);
-    snprintf(d->source.csv[0].column, LOOM_NAME_MAX, "x 1");
+    snprintf(d->source.csv.columns[0].column, LOOM_NAME_MAX, "x 1");
     add_col(d, "u8", LOOM_CFG_U8, -1);
-    d->source.csv[1].has_default = true;
-    d->source.csv[1].default_value = 42;
+    d->source.csv.columns[1].has_default = true;
+    d->source.csv.columns[1].default_value = 42;
     add_col(d, "i32", LOOM_CFG_I32, -1);
     add_col(d, "i64", LOOM_CFG_I64, -1);
     add_col(d, "f64", LOOM_CFG_F64, 4);
@@ -154,8 +156,8 @@ static void test_csv_source(void)
     /* no header, by index, another delimiter */
     write_file("t2.tsv", "1\t2\t3\n4\t5\t6\n");
     loom_dataset_spec *d2 = new_spec(LOOM_SRC_CSV, "t2.tsv");
-    d2->source.header = false;
-    d2->source.delimiter = '\t';
+    d2->source.csv.header = false;
+    d2->source.csv.delimiter = '\t';
     add_col(d2, "c", LOOM_CFG_I64, 2);
     add_col(d2, "a", LOOM_CFG_F32, 0);
     it = open_ok(d2);
@@ -284,7 +286,7 @@ static void test_text(void)
 {
     write_file("a.txt", "hello\r\n\nworld!\nlast");
     loom_dataset_spec *d = new_spec(LOOM_SRC_TEXT, "a.txt");
-    d->source.max_length = 6;
+    d->source.text.max_length = 6;
     loom_iter *it = open_ok(d);
     if (!it) goto out;
     char buf[256];
@@ -329,7 +331,7 @@ static void test_text(void)
         CHECK_CONTAINS(err.hint, "truncate = true");
         loom_iter_close(it);
     }
-    d->source.truncate = true;
+    d->source.text.truncate = true;
     if ((it = open_ok(d))) {
         CHECK(loom_iter_next(it, &e, &err) == LOOM_OK);
         CHECK(loom_iter_next(it, &e, &err) == LOOM_OK);
@@ -346,15 +348,16 @@ static loom_dataset_spec *syn_spec(int64_t count, bool prefetch)
 {
     loom_dataset_spec *d = new_spec(LOOM_SRC_SYNTHETIC, NULL);
     loom_source_spec *s = &d->source;
-    s->count = count;
+    s->synthetic.count = count;
     s->n_features = 3;
     snprintf(s->feature[0], LOOM_NAME_MAX, "image");
-    s->syn[0] = (loom_syn_feature){.dtype = LOOM_CFG_F32, .rank = 2, .shape = {4, 3}, .min = -1, .max = 1};
+    s->synthetic.features[0] =
+        (loom_syn_feature){.dtype = LOOM_CFG_F32, .rank = 2, .shape = {4, 3}, .min = -1, .max = 1};
     snprintf(s->feature[1], LOOM_NAME_MAX, "label");
-    s->syn[1] = (loom_syn_feature){.dtype = LOOM_CFG_I64, .rank = 0, .min = 0, .max = 10};
+    s->synthetic.features[1] = (loom_syn_feature){.dtype = LOOM_CFG_I64, .rank = 0, .min = 0, .max = 10};
     snprintf(s->feature[2], LOOM_NAME_MAX, "noise");
-    s->syn[2] = (loom_syn_feature){.dtype = LOOM_CFG_F64, .rank = 1, .shape = {5}, .dist = LOOM_SYN_NORMAL,
-                                   .mean = 100, .std = 0.5};
+    s->synthetic.features[2] = (loom_syn_feature){
+        .dtype = LOOM_CFG_F64, .rank = 1, .shape = {5}, .dist = LOOM_SYN_NORMAL, .mean = 100, .std = 0.5};
     if (prefetch) {
         d->n_transforms = 1;
         d->transform[0].kind = LOOM_T_PREFETCH;
@@ -408,7 +411,7 @@ static void test_synthetic(void)
         b = NULL;
     }
     /* infinite */
-    d1->source.count = -1;
+    d1->source.synthetic.count = -1;
     loom_iter *inf = NULL;
     CHECK(loom_data_open(&inf, d1, &c1, &err) == LOOM_OK);
     if (inf) {
@@ -433,13 +436,16 @@ static void test_config(void)
     CHECK_MSG(rc == LOOM_OK, "%s: %s", errs.n ? errs.e[0].where : "", errs.n ? errs.e[0].msg : "");
     if (!s) return;
     const loom_source_spec *c = &s->train.source;
-    CHECK(c->kind == LOOM_SRC_CSV && c->header && c->delimiter == ',' && c->n_features == 3 && c->n_patterns == 1);
-    CHECK(c->csv[1].dtype == LOOM_CFG_I64 && c->csv[1].has_default && c->csv[1].default_value == -1);
-    CHECK(!strcmp(c->csv[2].column, "x1") && c->csv[2].index == -1);
+    CHECK(c->kind == LOOM_SRC_CSV && c->csv.header && c->csv.delimiter == ',' && c->n_features == 3 &&
+          c->n_patterns == 1);
+    CHECK(c->csv.columns[1].dtype == LOOM_CFG_I64 && c->csv.columns[1].has_default &&
+          c->csv.columns[1].default_value == -1);
+    CHECK(!strcmp(c->csv.columns[2].column, "x1") && c->csv.columns[2].index == -1);
     const loom_source_spec *y = &s->eval.source;
-    CHECK(y->kind == LOOM_SRC_SYNTHETIC && y->count == 100 && y->n_features == 3);
-    CHECK(y->syn[0].dist == LOOM_SYN_NORMAL && y->syn[0].rank == 2 && y->syn[0].std == 2.0);
-    CHECK(y->syn[1].max == 10 && y->syn[2].min == 10);
+    CHECK(y->kind == LOOM_SRC_SYNTHETIC && y->synthetic.count == 100 && y->n_features == 3);
+    CHECK(y->synthetic.features[0].dist == LOOM_SYN_NORMAL && y->synthetic.features[0].rank == 2 &&
+          y->synthetic.features[0].std == 2.0);
+    CHECK(y->synthetic.features[1].max == 10 && y->synthetic.features[2].min == 10);
     /* the csv pipeline from the config */
     loom_iter *it = NULL;
     loom_err err = {0};
@@ -464,8 +470,9 @@ static void test_config(void)
         CHECK_MSG(rc == LOOM_OK, "%s: %s", errs.n ? errs.e[0].where : "", errs.n ? errs.e[0].msg : "");
         if (s2) {
             CHECK(!memcmp(&s2->train.source.csv, &c->csv, sizeof c->csv));
-            CHECK(!memcmp(&s2->eval.source.syn, &y->syn, sizeof y->syn));
-            CHECK(s2->train.source.header == c->header && s2->eval.source.count == y->count);
+            CHECK(!memcmp(&s2->eval.source.synthetic.features, &y->synthetic.features, sizeof y->synthetic.features));
+            CHECK(s2->train.source.csv.header == c->csv.header &&
+                  s2->eval.source.synthetic.count == y->synthetic.count);
             CHECK(!strcmp(s2->train.source.pattern[0], c->pattern[0]));
         }
         loom_config_free(s2);
@@ -477,9 +484,11 @@ static void test_config(void)
     rc = loom_config_load(&s, cfg_path("good_text.cfg"), NULL, 0, &errs);
     CHECK_MSG(rc == LOOM_OK, "%s: %s", errs.n ? errs.e[0].where : "", errs.n ? errs.e[0].msg : "");
     if (!s) return;
-    CHECK(s->train.source.kind == LOOM_SRC_TEXT && s->train.source.max_length == 16 && s->train.source.truncate);
-    CHECK(s->eval.source.delimiter == '\t' && !s->eval.source.header && s->eval.source.csv[0].index == 1);
-    CHECK(s->eval.source.csv[0].dtype == LOOM_CFG_U8 && s->eval.source.csv[0].default_value == 255);
+    CHECK(s->train.source.kind == LOOM_SRC_TEXT && s->train.source.text.max_length == 16 &&
+          s->train.source.text.truncate);
+    CHECK(s->eval.source.csv.delimiter == '\t' && !s->eval.source.csv.header &&
+          s->eval.source.csv.columns[0].index == 1);
+    CHECK(s->eval.source.csv.columns[0].dtype == LOOM_CFG_U8 && s->eval.source.csv.columns[0].default_value == 255);
     it = NULL;
     CHECK_MSG(loom_data_open(&it, &s->train, NULL, &err) == LOOM_OK, "%s: %s", err.where, err.msg);
     if (it) {

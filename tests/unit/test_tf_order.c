@@ -66,10 +66,10 @@ static void tfr_source(loom_source_spec *s, const char *pattern, const char *con
     }
     for (int i = 0; feats[i]; i++) {
         snprintf(s->feature[i], LOOM_NAME_MAX, "%s", feats[i]);
-        s->tfr[i].dtype = LOOM_TFR_INT64;
+        s->tfrecord.features[i].dtype = LOOM_TFR_INT64;
         if (!strcmp(feats[i], "pair")) {
-            s->tfr[i].rank = 1;
-            s->tfr[i].shape[0] = 2;
+            s->tfrecord.features[i].rank = 1;
+            s->tfrecord.features[i].shape[0] = 2;
         }
         s->n_features++;
     }

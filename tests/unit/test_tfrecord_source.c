@@ -96,7 +96,7 @@ static loom_tfr_feature *spec_feat(loom_dataset_spec *s, const char *name, loom_
                                    const int64_t *dims)
 {
     loom_source_spec *src = &s->source;
-    loom_tfr_feature *f = &src->tfr[src->n_features];
+    loom_tfr_feature *f = &src->tfrecord.features[src->n_features];
     snprintf(src->feature[src->n_features++], LOOM_NAME_MAX, "%s", name);
     f->dtype = dt;
     f->rank = rank;
@@ -180,7 +180,7 @@ static void test_all_compressions(void)
         write_examples(tpath(name), cs[c], 100, 37, -1, F_NONE);
         for (int mode = 0; mode < 2; mode++) { /* declared, then auto */
             loom_dataset_spec *s = spec_fmnist(tpath(name));
-            s->source.compression = mode ? LOOM_TFR_COMP_AUTO : decl[c];
+            s->source.tfrecord.compression = mode ? LOOM_TFR_COMP_AUTO : decl[c];
             loom_iter *it = open_ok(s);
             if (it) {
                 CHECK(loom_iter_cardinality(it) == -2);
@@ -502,7 +502,7 @@ static void test_corrupt(void)
     snprintf(want, sizeof want, "at offset %ld (uncompressed stream)", rec3);
     CHECK_CONTAINS(err.msg, want);
     /* skip: the other 9, in order */
-    s->source.on_corrupt = LOOM_TFR_CORRUPT_SKIP;
+    s->source.tfrecord.on_corrupt = LOOM_TFR_CORRUPT_SKIP;
     loom_iter *it = open_ok(s);
     if (it) {
         int64_t ids[16];
@@ -521,7 +521,7 @@ static void test_corrupt(void)
     CHECK(read_until_error(s, &count, &err) == LOOM_EDATA);
     CHECK(count == 4);
     CHECK_CONTAINS(err.msg, "record 4 at offset ");
-    s->source.on_corrupt = LOOM_TFR_CORRUPT_SKIP;
+    s->source.tfrecord.on_corrupt = LOOM_TFR_CORRUPT_SKIP;
     CHECK(read_until_error(s, &count, &err) == LOOM_EEOF);
     CHECK(count == 5);
     free(s);
@@ -542,7 +542,7 @@ static void test_corrupt(void)
     CHECK_CONTAINS(err.where, "cut-a.tfrecord");
     int first = count;
     CHECK(first > 0 && first < 25);
-    s->source.on_corrupt = LOOM_TFR_CORRUPT_SKIP;
+    s->source.tfrecord.on_corrupt = LOOM_TFR_CORRUPT_SKIP;
     CHECK(read_until_error(s, &count, &err) == LOOM_EEOF);
     CHECK_MSG(count == first + 4, "%d elements, expected %d", count, first + 4);
     free(s);
@@ -653,8 +653,8 @@ static void test_restore_refused(void)
     /* another feature spec, or another file list: another fingerprint */
     for (int v = 0; v < 3; v++) {
         loom_dataset_spec *o = spec_fmnist(tpath(v == 2 ? "train-0000[012]-*" : "train-*.tfrecord"));
-        if (v == 0) o->source.tfr[3].pad = 0;
-        if (v == 1) o->source.tfr[2].default_value = 2.0;
+        if (v == 0) o->source.tfrecord.features[3].pad = 0;
+        if (v == 1) o->source.tfrecord.features[2].default_value = 2.0;
         loom_iter *r = open_ok(o);
         if (r) {
             loom_buf rb;
@@ -822,13 +822,18 @@ static void test_config_good(void)
     CHECK(src->kind == LOOM_SRC_TFRECORD && src->n_patterns == 1 && src->n_features == 5);
     CHECK(src->pattern[0][0] == '/');
     CHECK_CONTAINS(src->pattern[0], "tests/configs/../fixtures/tf/examples.tfrecord*");
-    CHECK(src->compression == LOOM_TFR_COMP_AUTO && src->on_corrupt == LOOM_TFR_CORRUPT_ERROR && src->shuffle_files);
-    CHECK(!strcmp(src->feature[0], "image") && src->tfr[0].dtype == LOOM_TFR_UINT8 && src->tfr[0].rank == 2 &&
-          src->tfr[0].shape[1] == 28 && !src->tfr[0].has_default && !src->tfr[0].var_len);
-    CHECK(!strcmp(src->feature[1], "label") && src->tfr[1].dtype == LOOM_TFR_INT64 && src->tfr[1].rank == 0);
-    CHECK(src->tfr[3].var_len && src->tfr[3].pad == -1 && src->tfr[3].shape[0] == 8);
-    CHECK(src->tfr[4].has_default && src->tfr[4].default_value == 0.5 && src->tfr[4].dtype == LOOM_TFR_FLOAT32);
-    CHECK(spec->eval.source.n_patterns == 2 && spec->eval.source.on_corrupt == LOOM_TFR_CORRUPT_SKIP);
+    CHECK(src->tfrecord.compression == LOOM_TFR_COMP_AUTO && src->tfrecord.on_corrupt == LOOM_TFR_CORRUPT_ERROR &&
+          src->shuffle_files);
+    CHECK(!strcmp(src->feature[0], "image") && src->tfrecord.features[0].dtype == LOOM_TFR_UINT8 &&
+          src->tfrecord.features[0].rank == 2 && src->tfrecord.features[0].shape[1] == 28 &&
+          !src->tfrecord.features[0].has_default && !src->tfrecord.features[0].var_len);
+    CHECK(!strcmp(src->feature[1], "label") && src->tfrecord.features[1].dtype == LOOM_TFR_INT64 &&
+          src->tfrecord.features[1].rank == 0);
+    CHECK(src->tfrecord.features[3].var_len && src->tfrecord.features[3].pad == -1 &&
+          src->tfrecord.features[3].shape[0] == 8);
+    CHECK(src->tfrecord.features[4].has_default && src->tfrecord.features[4].default_value == 0.5 &&
+          src->tfrecord.features[4].dtype == LOOM_TFR_FLOAT32);
+    CHECK(spec->eval.source.n_patterns == 2 && spec->eval.source.tfrecord.on_corrupt == LOOM_TFR_CORRUPT_SKIP);
 
     /* print -> load gives the same spec (locations aside) */
     char path[] = "/tmp/loom_test_tfr_print_XXXXXX";

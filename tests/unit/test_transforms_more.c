@@ -59,9 +59,9 @@ static loom_dataset_spec *spec_new(void)
     src->loc.line = 3;
     src->n_features = 2;
     snprintf(src->feature[0], LOOM_NAME_MAX, "image");
-    snprintf(src->file[0], LOOM_PATH_MAX, "%s", tpath("img.idx"));
+    snprintf(src->idx.file[0], LOOM_PATH_MAX, "%s", tpath("img.idx"));
     snprintf(src->feature[1], LOOM_NAME_MAX, "label");
-    snprintf(src->file[1], LOOM_PATH_MAX, "%s", tpath("lbl.idx"));
+    snprintf(src->idx.file[1], LOOM_PATH_MAX, "%s", tpath("lbl.idx"));
     return s;
 }
 

@@ -75,11 +75,12 @@ int dsource_open_(dstage **out, const loom_source_spec *src, const loom_data_ctx
     *out = NULL;
     int rc = loom_data_init(err);
     if (rc) return rc;
-    const char *type = src->kind == LOOM_SRC_PLUGIN ? src->plugin : NULL;
+    const char *type = src->kind == LOOM_SRC_PLUGIN ? src->plugin.name : NULL;
     for (int i = 0; !type && i < N_BUILTINS; i++)
         if (builtins[i].kind == src->kind) type = builtins[i].name;
     if (!type) return loom_err_set(err, LOOM_ECONFIG, NULL, "source kind %d has no name", (int)src->kind);
     const dsource_builtin *b = loom_registry_find(LOOM_REG_SOURCE, type, NULL);
     if (b && b->version == DSOURCE_BUILTIN) return b->open(out, src, ctx, err);
+    LOOM_ASSERT(src->kind == LOOM_SRC_PLUGIN); /* a built-in's name finds the built-in: it registers first */
     return plugin_source_open_(out, src, ctx, err); /* a plugin's (its own errors for an unknown type) */
 }

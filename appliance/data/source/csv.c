@@ -446,9 +446,9 @@ int csv_source_open_(dstage **out, const loom_source_spec *src, loom_err *err)
     snprintf(st->name, sizeof st->name, "csv");
     int rc = LOOM_OK;
     t->nf = src->n_features;
-    t->header = src->header;
+    t->header = src->csv.header;
     t->on_nonfinite = src->on_nonfinite;
-    t->delim = src->delimiter ? src->delimiter : ',';
+    t->delim = src->csv.delimiter ? src->csv.delimiter : ',';
     if (t->nf < 1 || t->nf > LOOM_MAX_FEATURES || src->n_patterns < 1 || src->n_patterns > LOOM_MAX_FILE_PATTERNS ||
         t->delim == '"' || t->delim == '\n' || t->delim == '\r') {
         rc = dstage_err_(st, err, LOOM_ECONFIG,
@@ -460,7 +460,7 @@ int csv_source_open_(dstage **out, const loom_source_spec *src, loom_err *err)
     uint64_t h = 0xcbf29ce484222325ull;
     st->spec.n = st->out.n = t->nf;
     for (int f = 0; f < t->nf; f++) {
-        const loom_csv_column *c = &src->csv[f];
+        const loom_csv_column *c = &src->csv.columns[f];
         bool str = (int)c->dtype == LOOM_CSV_STRING;
         if ((unsigned)c->dtype > LOOM_CSV_STRING || (str && (c->count > 0 || c->max_length < 1 || c->max_length > LOOM_MAX_STRING)) || (c->index < 0 && (!t->header || !c->column[0])) || c->count < 0 ||
             (c->count > 0 && c->index < 0)) {

@@ -319,7 +319,7 @@ int source_open_(dstage **out, const loom_source_spec *src, loom_err *err)
     const char *names[LOOM_MAX_FEATURES];
     int nf = 0, rc = LOOM_OK;
     if (src->kind == LOOM_SRC_CATALOG) {
-        rc = loom_catalog_resolve(src->name, src->split, files[0], files[1], err);
+        rc = loom_catalog_resolve(src->catalog.name, src->catalog.split, files[0], files[1], err);
         if (rc) {
             if (rc == LOOM_ECONFIG) snprintf(err->where, sizeof err->where, "%.255s", st->where);
             goto fail;
@@ -327,7 +327,7 @@ int source_open_(dstage **out, const loom_source_spec *src, loom_err *err)
         names[0] = "image";
         names[1] = "label";
         nf = 2;
-        snprintf(st->name, sizeof st->name, "catalog(%.32s)", src->name);
+        snprintf(st->name, sizeof st->name, "catalog(%.32s)", src->catalog.name);
     } else {
         nf = src->n_features;
         if (nf < 1 || nf > LOOM_MAX_FEATURES) {
@@ -335,7 +335,7 @@ int source_open_(dstage **out, const loom_source_spec *src, loom_err *err)
             goto fail;
         }
         for (int f = 0; f < nf; f++) {
-            memcpy(files[f], src->file[f], LOOM_PATH_MAX);
+            memcpy(files[f], src->idx.file[f], LOOM_PATH_MAX);
             names[f] = src->feature[f];
         }
         snprintf(st->name, sizeof st->name, "idx");
@@ -368,7 +368,7 @@ int source_open_(dstage **out, const loom_source_spec *src, loom_err *err)
             !loom_shape_eq(&st->spec.shape[1], &scalar)) {
             char buf[256];
             rc = loom_err_set(err, LOOM_EDATA, files[0], "catalog dataset %s does not hold uint8 (28, 28) images and uint8 labels: %s",
-                              src->name, loom_elem_spec_str(&st->spec, buf, sizeof buf));
+                              src->catalog.name, loom_elem_spec_str(&st->spec, buf, sizeof buf));
             goto fail;
         }
     }

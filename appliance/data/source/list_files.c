@@ -112,7 +112,7 @@ int list_files_source_open_(dstage **out, const loom_source_spec *src, loom_err 
     dstage_init_(st, &list_ops, NULL, 0, &src->loc);
     snprintf(st->name, sizeof st->name, "list_files");
     t->shuffle = src->shuffle_files;
-    t->seed = src->seed;
+    t->seed = src->list_files.seed;
     int rc;
     if (src->n_patterns < 1 || src->n_patterns > LOOM_MAX_FILE_PATTERNS) {
         rc = dstage_err_(st, err, LOOM_ECONFIG, "list_files needs 1 to %d file patterns, got %d", LOOM_MAX_FILE_PATTERNS,

@@ -95,7 +95,7 @@ static const dstage_ops plug_ops = {
 /* Points p->opts at src's options and checks their keys against what the provider accepts. */
 static int check_options(plug_source *p, const loom_source_spec *src, loom_err *err)
 {
-    const loom_plugin_opts *o = &src->options;
+    const loom_plugin_opts *o = &src->plugin.options;
     p->opts.n = o->n < LOOM_MAX_OPTIONS ? o->n : LOOM_MAX_OPTIONS;
     for (int i = 0; i < p->opts.n; i++) {
         if (o->line[i] > 0)
@@ -130,9 +130,9 @@ static int setup(plug_source *p, const loom_source_spec *src, loom_err *err)
 {
     dstage *st = &p->s;
     uint64_t h = 0xcbf29ce484222325ull;
-    for (int i = 0; i < src->options.n; i++) {
-        for (const char *c = src->options.key[i]; *c; c++) h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
-        for (const char *c = src->options.value[i]; *c; c++) h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
+    for (int i = 0; i < src->plugin.options.n; i++) {
+        for (const char *c = src->plugin.options.key[i]; *c; c++) h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
+        for (const char *c = src->plugin.options.value[i]; *c; c++) h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
     }
     snprintf(st->desc, sizeof st->desc, "%.40s(%016llx)", p->ops->name, (unsigned long long)h);
     if (st->spec.n < 1 || st->spec.n > LOOM_MAX_FEATURES)
@@ -169,12 +169,12 @@ int plugin_source_open_(dstage **out, const loom_source_spec *src, const loom_da
     if (!p) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate a plugin source");
     dstage *st = &p->s;
     dstage_init_(st, &plug_ops, NULL, 0, &src->loc);
-    snprintf(st->name, sizeof st->name, "%.47s", src->plugin);
-    p->ops = loom_registry_find(LOOM_REG_SOURCE, src->plugin, NULL);
+    snprintf(st->name, sizeof st->name, "%.47s", src->plugin.name);
+    p->ops = loom_registry_find(LOOM_REG_SOURCE, src->plugin.name, NULL);
     if (!p->ops) {
         char all[256];
         loom_err_set(err, LOOM_ECONFIG, st->where, "source.type: no source \"%s\" is registered (have: %s)",
-                     src->plugin, loom_registry_names(LOOM_REG_SOURCE, all, sizeof all));
+                     src->plugin.name, loom_registry_names(LOOM_REG_SOURCE, all, sizeof all));
         ps_close(st);
         return loom_err_hint(err, "a plugin's source is available once its .so is in plugins/ or a plugins.path "
                                   "directory (`loom plugins` lists them)");
@@ -187,11 +187,11 @@ int plugin_source_open_(dstage **out, const loom_source_spec *src, const loom_da
     char dir[LOOM_PATH_MAX];
     const char *slash = strrchr(src->loc.file, '/');
     snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - src->loc.file) : 1, slash ? src->loc.file : ".");
-    loom_source_args a = {.size = sizeof a, .type = src->plugin, .base_dir = dir, .where = st->where,
+    loom_source_args a = {.size = sizeof a, .type = src->plugin.name, .base_dir = dir, .where = st->where,
                           .options = &p->opts, .seed = ctx ? ctx->seed : 42};
     if ((rc = p->ops->open(&p->inst, &a, &st->spec, st->maxshape, err)) != LOOM_OK) {
         if (err && !err->where[0]) snprintf(err->where, sizeof err->where, "%.255s", st->where);
-        if (err) loom_err_prefix(err, "source \"%s\"", src->plugin);
+        if (err) loom_err_prefix(err, "source \"%s\"", src->plugin.name);
         ps_close(st);
         return rc;
     }

@@ -182,11 +182,11 @@ int synthetic_source_open_(dstage **out, const loom_source_spec *src, const loom
     dstage_init_(st, &syn_ops, NULL, 0, &src->loc);
     snprintf(st->name, sizeof st->name, "synthetic");
     t->seed = !ctx ? 42 : ctx->source_seed_set ? ctx->source_seed : ctx->seed;
-    t->count = src->count;
-    t->ctr = src->ctr;
-    t->nctr = src->ctr.on ? 3 : 0;
+    t->count = src->synthetic.count;
+    t->ctr = src->synthetic.ctr;
+    t->nctr = src->synthetic.ctr.on ? 3 : 0;
     int rc = LOOM_OK, nf = src->n_features + t->nctr;
-    const loom_syn_ctr *k = &src->ctr;
+    const loom_syn_ctr *k = &src->synthetic.ctr;
     if (nf < 1 || nf > LOOM_MAX_FEATURES || t->count < -1) {
         rc = dstage_err_(st, err, LOOM_ECONFIG, "synthetic source needs 1 to %d features and count >= -1, got %d and %lld",
                          LOOM_MAX_FEATURES, nf, (long long)t->count);
@@ -221,7 +221,7 @@ int synthetic_source_open_(dstage **out, const loom_source_spec *src, const loom
         for (size_t i = 0; i < sizeof params; i++) h = (h ^ b[i]) * 0x100000001b3ull;
     }
     for (int f = t->nctr; f < nf; f++) {
-        const loom_syn_feature *c = &src->syn[f - t->nctr];
+        const loom_syn_feature *c = &src->synthetic.features[f - t->nctr];
         bool integer = c->dtype == LOOM_CFG_U8 || c->dtype == LOOM_CFG_I32 || c->dtype == LOOM_CFG_I64;
         if ((unsigned)c->dtype > LOOM_CFG_F64 || c->rank < 0 || c->rank > LOOM_MAX_RANK ||
             (integer && (c->dist != LOOM_SYN_UNIFORM || !(c->max > c->min)))) {

@@ -105,8 +105,8 @@ int text_source_open_(dstage **out, const loom_source_spec *src, loom_err *err)
     dstage_init_(st, &text_ops, NULL, 0, &src->loc);
     snprintf(st->name, sizeof st->name, "text");
     int rc = LOOM_OK;
-    t->max_length = src->max_length;
-    t->truncate = src->truncate;
+    t->max_length = src->text.max_length;
+    t->truncate = src->text.truncate;
     if (t->max_length < 1 || t->max_length > (1 << 24) || src->n_patterns < 1 ||
         src->n_patterns > LOOM_MAX_FILE_PATTERNS) {
         rc = dstage_err_(st, err, LOOM_ECONFIG, "text source needs max_length in [1, %d] and 1 to %d file patterns, "

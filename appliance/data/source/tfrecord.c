@@ -541,13 +541,14 @@ int tfrecord_source_open_(dstage **out, const loom_source_spec *src, const loom_
     static const loom_dtype tdt[] = {
         [LOOM_TFR_UINT8] = LOOM_U8, [LOOM_TFR_INT64] = LOOM_I64, [LOOM_TFR_FLOAT32] = LOOM_F32};
     int rc = LOOM_OK;
-    if ((unsigned)src->compression > LOOM_TFR_COMP_ZSTD || (unsigned)src->on_corrupt > LOOM_TFR_CORRUPT_SKIP) {
-        rc = dstage_err_(st, err, LOOM_ECONFIG, "bad compression %d or on_corrupt %d", (int)src->compression,
-                         (int)src->on_corrupt);
+    if ((unsigned)src->tfrecord.compression > LOOM_TFR_COMP_ZSTD ||
+        (unsigned)src->tfrecord.on_corrupt > LOOM_TFR_CORRUPT_SKIP) {
+        rc = dstage_err_(st, err, LOOM_ECONFIG, "bad compression %d or on_corrupt %d", (int)src->tfrecord.compression,
+                         (int)src->tfrecord.on_corrupt);
         goto fail;
     }
-    t->comp = comps[src->compression];
-    t->on_corrupt = src->on_corrupt == LOOM_TFR_CORRUPT_SKIP ? LOOM_CORRUPT_SKIP : LOOM_CORRUPT_ERROR;
+    t->comp = comps[src->tfrecord.compression];
+    t->on_corrupt = src->tfrecord.on_corrupt == LOOM_TFR_CORRUPT_SKIP ? LOOM_CORRUPT_SKIP : LOOM_CORRUPT_ERROR;
     t->shuffle_files = src->shuffle_files;
     t->seed = ctx ? ctx->seed : 42;
     const char *ra = getenv("LOOM_DATA_READAHEAD");
@@ -564,7 +565,7 @@ int tfrecord_source_open_(dstage **out, const loom_source_spec *src, const loom_
     uint64_t h = 0xcbf29ce484222325ull;
     st->spec.n = st->out.n = t->nf;
     for (int f = 0; f < t->nf; f++) {
-        const loom_tfr_feature *c = &src->tfr[f];
+        const loom_tfr_feature *c = &src->tfrecord.features[f];
         if ((unsigned)c->dtype > LOOM_TFR_FLOAT32 || c->rank < 0 || c->rank > LOOM_MAX_RANK) {
             rc = dstage_err_(st, err, LOOM_ECONFIG, "feature \"%s\": bad dtype %d or rank %d", src->feature[f],
                              (int)c->dtype, c->rank);

@@ -670,23 +670,31 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n)
 static uint64_t nested_hash(const loom_source_spec *n)
 {
     uint64_t h = 0xcbf29ce484222325ull;
-    int64_t opts[6] = {n->kind, n->n_features, n->compression, n->on_corrupt, n->max_length, n->truncate};
+    /* the read options of the nested source's own kind, 0 for the other kinds' */
+    int64_t opts[6] = {n->kind, n->n_features};
+    if (n->kind == LOOM_SRC_TFRECORD) {
+        opts[2] = n->tfrecord.compression;
+        opts[3] = n->tfrecord.on_corrupt;
+    } else if (n->kind == LOOM_SRC_TEXT) {
+        opts[4] = n->text.max_length;
+        opts[5] = n->text.truncate;
+    }
     h = fnv(h, opts, sizeof opts);
     for (int f = 0; f < n->n_features; f++) {
         h = fnv(h, n->feature[f], strlen(n->feature[f]) + 1);
         if (n->kind == LOOM_SRC_TFRECORD) {
-            const loom_tfr_feature *t = &n->tfr[f];
+            const loom_tfr_feature *t = &n->tfrecord.features[f];
             int64_t v[4] = {t->dtype, t->rank, t->var_len, t->has_default};
             double d[2] = {t->default_value, t->pad};
             h = fnv(fnv(fnv(h, v, sizeof v), t->shape, (size_t)t->rank * sizeof t->shape[0]), d, sizeof d);
         } else if (n->kind == LOOM_SRC_CSV) {
-            const loom_csv_column *c = &n->csv[f];
+            const loom_csv_column *c = &n->csv.columns[f];
             int64_t v[4] = {c->dtype, c->index, c->has_default, c->count};
             h = fnv(fnv(fnv(h, v, sizeof v), c->column, strlen(c->column) + 1), &c->default_value, sizeof(double));
         }
     }
     if (n->kind == LOOM_SRC_CSV) {
-        int64_t v[2] = {n->header, n->delimiter};
+        int64_t v[2] = {n->csv.header, n->csv.delimiter};
         h = fnv(h, v, sizeof v);
     }
     return h;

@@ -1337,11 +1337,14 @@ static void fp_source(char *fp, size_t n, size_t k, const loom_source_spec *src)
 {
     if (!src) return;
     if (src->kind == LOOM_SRC_IDX)
-        for (int i = 0; i < src->n_features && k < n; i++) k += (size_t)snprintf(fp + k, n - k, " %s=%s", src->feature[i], src->file[i]);
+        for (int i = 0; i < src->n_features && k < n; i++)
+            k += (size_t)snprintf(fp + k, n - k, " %s=%s", src->feature[i], src->idx.file[i]);
     else if (src->kind == LOOM_SRC_TFRECORD)
         for (int i = 0; i < src->n_patterns && k < n; i++) k += (size_t)snprintf(fp + k, n - k, " %s", src->pattern[i]);
+    else if (src->kind == LOOM_SRC_CATALOG && k < n)
+        snprintf(fp + k, n - k, " %s/%s", src->catalog.name, src->catalog.split);
     else if (k < n)
-        snprintf(fp + k, n - k, " %s/%s", src->name, src->split);
+        snprintf(fp + k, n - k, " /"); /* the other kinds: no file named here */
 }
 
 int cache_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, const loom_source_spec *src,
