@@ -230,10 +230,10 @@ int    custom_apply_(const dstage *st, loom_elem *e, uint8_t *buf, int64_t epoch
 size_t custom_scratch_(const dstage *st);
 size_t custom_offset_(const dstage *st, int f, size_t *cap);
 
-/* A source from a provider in the registry (source/plugin.c): src->plugin
+/* A source from a provider in the registry (source/plugin.c): src->plugin.name
  * names it; an unknown name is LOOM_ECONFIG listing the registered ones. */
 int plugin_source_open_(dstage **out, const loom_source_spec *src, const loom_data_ctx *ctx, loom_err *err);
-/* source/builtin.c: the source src->type names, looked up in the registry
+/* source/builtin.c: the source src->kind names (a plugin's: src->plugin.name), looked up in the registry
  * (LOOM_REG_SOURCE) where the built-ins are registered (loom_data_init) as
  * the plugins' are: a built-in's open, else plugin_source_open_. */
 int dsource_open_(dstage **out, const loom_source_spec *src, const loom_data_ctx *ctx, loom_err *err);
