@@ -1991,6 +1991,45 @@ static int ps_peers(loom_strategy *s, loom_peer_info *out, int max)
     return ps->net ? loom_net_peers(ps->net, out, max) : 0;
 }
 
+/* strategy.sync against the workers the cluster has (the sync settings were
+ * checked among themselves at load; the cluster is known only now). */
+static int ps_check_cluster(const loom_spec *spec, const int *n_tasks, const char *cluster_from, loom_err *err)
+{
+    const loom_ps_sync_spec *y = &spec->strategy.sync;
+    if (!y->enabled) return LOOM_OK;
+    int nw = n_tasks[LOOM_ROLE_WORKER];
+    char yw[LOOM_PATH_MAX + 16];
+    loom_loc_str(&y->loc, yw, sizeof yw);
+    int m = y->total_replicas > 0 ? y->total_replicas : nw;
+    if (m != nw) {
+        loom_err_set(err, LOOM_ECONFIG, yw, "strategy.sync.total_replicas = %d, but the cluster (from %s) has %d "
+                     "worker%s", m, cluster_from, nw, nw == 1 ? "" : "s");
+        return loom_err_hint(err, "set total_replicas to the number of workers (or leave it out)");
+    }
+    if (y->replicas_to_aggregate > m) {
+        loom_err_set(err, LOOM_ECONFIG, yw, "strategy.sync.replicas_to_aggregate = %d is more than the %d worker%s of "
+                     "the cluster (from %s): no step could gather that many gradients", y->replicas_to_aggregate, m,
+                     m == 1 ? "" : "s", cluster_from);
+        return loom_err_hint(err, "aggregate at most one gradient per worker");
+    }
+    return LOOM_OK;
+}
+
+/* The ps tasks hold the variables, the chief coordinates, the workers
+ * compute gradients (a lost worker is started again and rejoins: the job
+ * goes on without it meanwhile); an evaluator may watch the job. */
+static const loom_cluster_roles parameter_server_roles = {
+    .flags = LOOM_ROLES_REJOIN,
+    .use = {[LOOM_ROLE_CHIEF] = LOOM_ROLE_REQUIRED, [LOOM_ROLE_WORKER] = LOOM_ROLE_REQUIRED,
+            [LOOM_ROLE_PS] = LOOM_ROLE_REQUIRED},
+    .why = {[LOOM_ROLE_CHIEF] = "(the coordinator)", [LOOM_ROLE_PS] = "to hold the variables"},
+    .hint = {[LOOM_ROLE_CHIEF] = "declare cluster.chief (one task) and cluster.worker (loom launch --local --workers 2 "
+                                 "--ps 1)",
+             [LOOM_ROLE_PS] = "add cluster.ps = [\"host:port\"] (loom launch --local --ps 1), or use "
+                              "multi_worker_mirrored"},
+    .check = ps_check_cluster,
+};
+
 static const loom_strategy_ops parameter_server_ops = {
     .version = LOOM_STRATEGY_OPS_VERSION,
     .name = "parameter_server",
@@ -2012,6 +2051,7 @@ static const loom_strategy_ops parameter_server_ops = {
     .pick_iter_state = ps_pick_iter_state,
     .peers = ps_peers,
     .serve = ps_serve,
+    .roles = &parameter_server_roles,
 };
 
 const loom_strategy_ops *loom_parameter_server_ops_(void) { return &parameter_server_ops; }
