@@ -235,6 +235,7 @@ exports() { # exports BUILD: prints one line per bad exported name; exits 1 if a
         [ -f "$a" ] || continue
         while read -r sym; do
             case "$sym" in
+            __odr_asan.*|__asan_*|__ubsan_*) ;; # the sanitizers' own (build-asan)
             loom_*) ;;
             cfg_*_) ;;
             *_) [ "$(basename "$a")" != libloom_config.a ] && continue
