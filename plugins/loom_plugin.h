@@ -296,6 +296,28 @@ typedef struct loom_cross_device_ops {
 
 typedef struct loom_strategy loom_strategy;
 
+/* The roles of a cluster (TensorFlow's ClusterSpec jobs), and the ones a
+ * strategy uses (appliance/cluster/cluster.h): `loom check`, train and launch
+ * check a cluster against its strategy's description before anything opens,
+ * with the same messages for a plugin's strategy as for a built-in one. */
+typedef enum { LOOM_ROLE_CHIEF, LOOM_ROLE_WORKER, LOOM_ROLE_PS, LOOM_ROLE_EVALUATOR, LOOM_ROLE_COUNT } loom_role;
+typedef enum { LOOM_ROLE_ALLOWED, LOOM_ROLE_REFUSED, LOOM_ROLE_REQUIRED } loom_role_use;
+#define LOOM_ROLES_ONE_PROCESS 1u /* runs in one process: a cluster of more than one task is refused (use[] unread) */
+#define LOOM_ROLES_REJOIN      2u /* a worker that fails is started again alone and rejoins (loom launch) */
+typedef struct loom_cluster_roles {
+    unsigned    flags;                  /* LOOM_ROLES_* */
+    /* by loom_role: ALLOWED, REFUSED (no such task), REQUIRED (at least one;
+     * the chief: one). Requiring and refusing neither the chief nor the
+     * worker role, the cluster needs one of them. */
+    uint8_t     use[LOOM_ROLE_COUNT];
+    const char *why[LOOM_ROLE_COUNT];   /* what a required role is for, after its name in the error; NULL: nothing */
+    const char *hint[LOOM_ROLE_COUNT];  /* the hint of an error about the role; NULL: none */
+    /* (optional) the strategy's settings against the cluster's tasks per
+     * role, after the roles pass (the built-ins read the loaded config;
+     * a plugin may leave it NULL). */
+    int (*check)(const loom_spec *spec, const int *n_tasks, const char *cluster_from, loom_err *err);
+} loom_cluster_roles;
+
 /* What the trainer gives a strategy to build its replicas: pass it to the
  * host's model_new, optimizer_new and option functions. */
 typedef struct loom_strategy_args {
@@ -378,8 +400,12 @@ typedef struct loom_strategy_ops {
     /* A task other than the chief serves the job instead of training (a ps
      * task); train is its training iterator. NULL: every task trains. */
     int  (*serve)(loom_strategy *s, struct loom_iter *train, loom_err *err);
+    /* ---- version 5 (appended; read only when version >= 5; optional) ---- */
+    /* The roles of a cluster the strategy uses (above). NULL: any cluster
+     * (the strategy checks when it opens). */
+    const loom_cluster_roles *roles;
 } loom_strategy_ops;
-#define LOOM_STRATEGY_OPS_VERSION 4 /* versions 1 to 3 (without the appended fields) still register */
+#define LOOM_STRATEGY_OPS_VERSION 5 /* versions 1 to 4 (without the appended fields) still register */
 #define LOOM_STRATEGY_OWN_THREADS 1u
 
 /* The instance Loom passes to every strategy function. */

@@ -158,11 +158,13 @@ static int adapt(loom_spec *spec, const char *model_dir, loom_adapt_mode mode, c
 }
 
 /* This process's task in a cluster (NULL for one process), from --task,
- * TF_CONFIG, Slurm or MPI; every error before anything opens. */
+ * TF_CONFIG, Slurm or MPI, checked against the roles the strategy describes
+ * (plugins are loaded by now); every error before anything opens. */
 static int resolve_cluster(const loom_spec *spec, const cli_opts *o, loom_cluster **out, bool need_task, loom_err *err)
 {
-    int rc = need_task ? loom_cluster_resolve(out, spec, o->task, NULL, err)
-                       : loom_cluster_resolve_any(out, spec, o->task, NULL, err);
+    const loom_cluster_roles *roles = loom_strategy_roles(spec);
+    int rc = need_task ? loom_cluster_resolve(out, spec, roles, o->task, NULL, err)
+                       : loom_cluster_resolve_any(out, spec, roles, o->task, NULL, err);
     if (!rc && *out && !(*out)->secret_len && !(*out)->insecure && !getenv("LOOM_LAUNCH"))
         loom_warn("the cluster has no secret: every address is loopback, so it runs, but any local process could "
                   "join it; set cluster.secret_file or LOOM_CLUSTER_SECRET");

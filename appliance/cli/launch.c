@@ -12,6 +12,8 @@
  * Threads: one; signals only set a flag the supervision loop reads. */
 #include "cli.h"
 #include "cluster/cluster.h"
+#include "distribute/distribute.h"
+#include "plugin/plugin.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -48,11 +50,12 @@ typedef struct child {
     int       respawns;   /* times it was started again alone */
 } child;
 
-/* parameter_server: a worker that fails is started again alone (it rejoins
- * the job, which went on without it), up to `limit` times; the rest of the
- * group keeps running. */
+/* A strategy whose lost workers rejoin (LOOM_ROLES_REJOIN: parameter_server):
+ * a worker that fails is started again alone (it rejoins the job, which went
+ * on without it), up to `limit` times; the rest of the group keeps running. */
 typedef struct respawn_ctx {
     bool        on;
+    const char *strategy; /* its name, for the messages */
     int         limit;
     const char *exe;
     char      **env;
@@ -458,8 +461,8 @@ static void supervise(child *cs, int n, double grace, const respawn_ctx *rs, out
                 const char *how = WIFSIGNALED(ws) ? "was killed by signal" : "exited with status";
                 int what = WIFSIGNALED(ws) ? WTERMSIG(ws) : cs[i].status;
                 if (cs[i].respawns >= rs->limit) {
-                    say("%s %s %d: parameter_server goes on without it (no restarts left: --restarts %d)", cs[i].name,
-                        how, what, rs->limit);
+                    say("%s %s %d: %s goes on without it (no restarts left: --restarts %d)", cs[i].name, how, what,
+                        rs->strategy, rs->limit);
                     continue;
                 }
                 for (int s = 0; s < 2; s++)
@@ -469,8 +472,8 @@ static void supervise(child *cs, int n, double grace, const respawn_ctx *rs, out
                         if (cs[i].fd[s] >= 0) close(cs[i].fd[s]), cs[i].fd[s] = -1;
                     }
                 cs[i].respawns++;
-                say("%s %s %d: parameter_server goes on without it; starting it again alone (%d of %d), it rejoins",
-                    cs[i].name, how, what, cs[i].respawns, rs->limit);
+                say("%s %s %d: %s goes on without it; starting it again alone (%d of %d), it rejoins", cs[i].name,
+                    how, what, rs->strategy, cs[i].respawns, rs->limit);
                 loom_err se = {0};
                 if (spawn(&cs[i], rs->exe, cs[i].argv, rs->env, &se) == LOOM_OK) continue;
                 say("%s: %s", se.where, se.msg);
@@ -495,11 +498,24 @@ static void supervise(child *cs, int n, double grace, const respawn_ctx *rs, out
     if (res->interrupted) res->status = 128 + res->interrupted;
 }
 
+/* The roles the strategy the spec names describes: a built-in's, else a
+ * plugin's once the plugins load (a plugin that does not load is reported by
+ * the tasks, which load it again); NULL: it describes none. */
+static const loom_cluster_roles *strategy_roles(const loom_spec *spec)
+{
+    const loom_cluster_roles *roles = loom_strategy_roles(spec);
+    loom_err err = {0};
+    if (!roles && !loom_find_strategy(spec->strategy.name) && loom_plugins_load(spec, &err) == LOOM_OK)
+        roles = loom_strategy_roles(spec);
+    return roles;
+}
+
 /* The config loaded as every task will load it, and the cluster resolved
  * for the first task: every error any task would hit at startup is found
- * here, before anything starts. */
+ * here, before anything starts. *rejoin: the strategy's lost workers rejoin
+ * (its name into strategy). */
 static int validate(const launch_opts *o, const char *const *sets, int n_sets, const char *task, char **env,
-                    bool *ps_job)
+                    bool *rejoin, char *strategy, size_t strategy_n)
 {
     loom_spec *spec = NULL;
     loom_errlist *errs = loom_calloc(1, sizeof *errs);
@@ -510,9 +526,10 @@ static int validate(const launch_opts *o, const char *const *sets, int n_sets, c
     loom_free(errs);
     if (rc) return LOOM_EXIT_USAGE;
     int status = trainable ? LOOM_EXIT_OK : LOOM_EXIT_USAGE;
-    loom_strategy_kind k = spec->strategy.kind;
-    *ps_job = k == LOOM_STRAT_PARAMETER_SERVER;
-    if (k == LOOM_STRAT_ONE_DEVICE || k == LOOM_STRAT_MIRRORED || k == LOOM_STRAT_CENTRAL_STORAGE) {
+    const loom_cluster_roles *roles = strategy_roles(spec);
+    *rejoin = roles && (roles->flags & LOOM_ROLES_REJOIN);
+    snprintf(strategy, strategy_n, "%s", spec->strategy.name);
+    if (roles && (roles->flags & LOOM_ROLES_ONE_PROCESS)) {
         char w[LOOM_PATH_MAX + 16];
         fprintf(stderr, "loom: %s: launch starts a cluster, but strategy \"%s\" runs in one process\n"
                         "  hint: use --set strategy.type=multi_worker_mirrored (or loom train for one process)\n",
@@ -521,7 +538,7 @@ static int validate(const launch_opts *o, const char *const *sets, int n_sets, c
     }
     loom_cluster *c = NULL;
     loom_err err = {0};
-    if (!status && (rc = loom_cluster_resolve(&c, spec, task, env, &err))) {
+    if (!status && (rc = loom_cluster_resolve(&c, spec, roles, task, env, &err))) {
         loom_cli_print_err_(&err);
         status = rc == LOOM_ENOMEM ? LOOM_EXIT_RUNTIME : LOOM_EXIT_USAGE;
     }
@@ -531,17 +548,18 @@ static int validate(const launch_opts *o, const char *const *sets, int n_sets, c
 }
 
 /* The job's tasks per role into o->n: the flags, else the config's cluster
- * section; parameter_server always has its coordinator, the chief, even
- * when the flags name none. Returns the number of tasks, or minus the exit
- * status (reported). */
+ * section; a strategy that requires a chief (parameter_server's coordinator)
+ * always has one, even when the flags name none. Returns the number of
+ * tasks, or minus the exit status (reported). */
 static int job_shape(launch_opts *o)
 {
     if (o->shape_given && o->n[LOOM_ROLE_CHIEF] == 0) {
         loom_spec *spec = NULL;
         loom_errlist *errs = loom_calloc(1, sizeof *errs);
         if (!errs) return -LOOM_EXIT_RUNTIME;
-        if (loom_config_load(&spec, o->config, o->sets, o->n_sets, errs) == LOOM_OK &&
-            spec->strategy.kind == LOOM_STRAT_PARAMETER_SERVER)
+        const loom_cluster_roles *roles = NULL;
+        if (loom_config_load(&spec, o->config, o->sets, o->n_sets, errs) == LOOM_OK && (roles = strategy_roles(spec)) &&
+            roles->use[LOOM_ROLE_CHIEF] == LOOM_ROLE_REQUIRED && !(roles->flags & LOOM_ROLES_ONE_PROCESS))
             o->n[LOOM_ROLE_CHIEF] = 1; /* (a bad config is reported below, by validate) */
         loom_config_free(spec);
         loom_free(errs);
@@ -679,7 +697,8 @@ int loom_cli_launch_(int argc, char **argv, double start)
         fprintf(stderr, "loom launch: cannot read /dev/urandom for the job's secret: %s\n", strerror(errno));
         return LOOM_EXIT_RUNTIME;
     }
-    bool ps_job = false;
+    bool rejoin = false;
+    char strategy[LOOM_NAME_MAX + 64] = "";
     for (int attempt = 0; attempt <= o.restarts; attempt++) {
         int ports[MAX_TASKS];
         loom_err err = {0};
@@ -696,7 +715,7 @@ int loom_cli_launch_(int argc, char **argv, double start)
             status = LOOM_EXIT_RUNTIME;
             break;
         }
-        if (attempt == 0 && (status = validate(&o, sets, ns, cs[0].name, env, &ps_job))) {
+        if (attempt == 0 && (status = validate(&o, sets, ns, cs[0].name, env, &rejoin, strategy, sizeof strategy))) {
             loom_free(env);
             break;
         }
@@ -704,7 +723,7 @@ int loom_cli_launch_(int argc, char **argv, double start)
         int started = start_tasks(cs, n, &o, attempt, exe, sets, ns, env, ports);
         outcome res;
         if (started < n) signal_all(cs, started, SIGKILL, true);
-        respawn_ctx rs = {.on = ps_job, .limit = o.restarts, .exe = exe, .env = env};
+        respawn_ctx rs = {.on = rejoin, .strategy = strategy, .limit = o.restarts, .exe = exe, .env = env};
         supervise(cs, started, o.grace, &rs, &res);
         loom_free(env);
         if (started < n) {

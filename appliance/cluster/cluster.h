@@ -97,6 +97,35 @@ typedef struct loom_cluster {
     char              secret_from[LOOM_PATH_MAX + 32]; /* "" when there is no secret */
 } loom_cluster;
 
+/* ---- the roles a strategy uses ---------------------------------------------
+ * Plain data: the caller fills it from the strategy's own description
+ * (distribute's loom_strategy_roles; cluster sits below distribute and does
+ * not know strategies), and loom_cluster_resolve checks the cluster against
+ * it before anything opens. The same struct is the plugin ABI's (a plugin's
+ * strategy declares its roles in its ops, version 5). */
+typedef enum { LOOM_ROLE_ALLOWED, LOOM_ROLE_REFUSED, LOOM_ROLE_REQUIRED } loom_role_use;
+#define LOOM_ROLES_ONE_PROCESS 1u /* runs in one process: a cluster of more than one task is refused (use[] unread) */
+#define LOOM_ROLES_REJOIN      2u /* a worker that fails is started again alone and rejoins (loom launch) */
+typedef struct loom_cluster_roles {
+    unsigned    flags;                  /* LOOM_ROLES_* */
+    /* by loom_role: whether a cluster may declare tasks of the role (ALLOWED),
+     * must not (REFUSED) or must (REQUIRED: at least one; the chief: one).
+     * When neither the chief nor the worker role is REQUIRED nor REFUSED,
+     * the cluster needs one of them. */
+    uint8_t     use[LOOM_ROLE_COUNT];
+    /* by loom_role: what the role is for, following its name in the error
+     * that it is missing ("to hold the variables" for ps tasks, "(the
+     * coordinator)" for one chief); NULL: nothing. */
+    const char *why[LOOM_ROLE_COUNT];
+    /* by loom_role: the hint of an error about the role (the chief's for a
+     * missing chief or worker); NULL: none. */
+    const char *hint[LOOM_ROLE_COUNT];
+    /* (optional) the strategy's own settings against the cluster's shape,
+     * after the roles pass: n_tasks by loom_role; cluster_from names where
+     * the addresses came from, for messages. */
+    int (*check)(const loom_spec *spec, const int *n_tasks, const char *cluster_from, loom_err *err);
+} loom_cluster_roles;
+
 /* Resolves the cluster from the spec's cluster section, task_flag (the
  * `--task ROLE:I` argument, or NULL) and the environment (envp: NULL = the
  * process's environ; tests pass their own). A spec with no cluster section
@@ -104,17 +133,18 @@ typedef struct loom_cluster {
  * Errors (LOOM_ECONFIG, naming the config's file:line, the flag or the
  * variable and, for JSON, the byte offset): unknown role, index out of range,
  * duplicate address, malformed TF_CONFIG, two sources that disagree, a role
- * the strategy cannot use, a non-loopback address without a secret (unless
- * cluster.insecure), an unreadable secret file. Opens no socket.
- * Free with loom_cluster_free. */
-int  loom_cluster_resolve(loom_cluster **out, const loom_spec *spec, const char *task_flag, char *const *envp,
-                          loom_err *err);
+ * the strategy cannot use (roles: the strategy's description; NULL: any
+ * cluster, the strategy checks when it opens), a non-loopback address
+ * without a secret (unless cluster.insecure), an unreadable secret file.
+ * Opens no socket. Free with loom_cluster_free. */
+int  loom_cluster_resolve(loom_cluster **out, const loom_spec *spec, const loom_cluster_roles *roles,
+                          const char *task_flag, char *const *envp, loom_err *err);
 /* As loom_cluster_resolve, but a process whose task nothing names (no
  * --task, TF_CONFIG task, Slurm or MPI rank) is not an error: *out has
  * index = -1, rank = -1 and task_from = LOOM_FROM_NONE (`loom check` and
  * `loom evaluate` without --task: the cluster is checked and printed). */
-int  loom_cluster_resolve_any(loom_cluster **out, const loom_spec *spec, const char *task_flag, char *const *envp,
-                              loom_err *err);
+int  loom_cluster_resolve_any(loom_cluster **out, const loom_spec *spec, const loom_cluster_roles *roles,
+                              const char *task_flag, char *const *envp, loom_err *err);
 void loom_cluster_free(loom_cluster *c); /* NULL is a no-op */
 /* "worker:1" into buf. */
 char *loom_task_name(loom_role role, int index, char *buf, size_t n);

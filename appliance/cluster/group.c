@@ -273,18 +273,15 @@ static int data_tls(loom_group *g, const loom_cluster *c, double deadline, loom_
     return LOOM_OK;
 }
 
-/* The data plane: listen, tell the predecessor where, connect to the successor, accept the predecessor.
- * long: one handshake in order; the steps share the sockets the earlier ones
- * opened and every failure path closes them and names the peer, in one place. */
-static int ring_connect(loom_group *g, const loom_cluster *c, loom_err *err)
+/* A listening socket for the ring's data connection on this task's host
+ * (every interface when that is not loopback), its port into *port. */
+static int ring_listen(loom_group *g, const loom_cluster *c, int *lfd_out, int *port, loom_err *err)
 {
     loom_role role;
     int index;
     task_of_rank(c, g->rank, &role, &index);
     const loom_task_addr *me = &c->tasks[role][index];
-    double deadline = loom_now() + (c->connect_timeout > 0 ? c->connect_timeout : 60);
     const char *who = loom_net_name_(g->net);
-
     struct addrinfo hints = {0}, *res = NULL;
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
@@ -310,76 +307,75 @@ static int ring_connect(loom_group *g, const loom_cluster *c, loom_err *err)
     struct sockaddr_storage bound;
     socklen_t bl = sizeof bound;
     getsockname(lfd, (struct sockaddr *)&bound, &bl);
-    int port = ntohs(bound.ss_family == AF_INET ? ((struct sockaddr_in *)&bound)->sin_port
-                                                : ((struct sockaddr_in6 *)&bound)->sin6_port);
-    uint8_t token[TOKEN], hello[4 + TOKEN];
-    if (RAND_bytes(token, TOKEN) != 1) {
-        close(lfd);
-        return loom_err_set(err, LOOM_ENET, who, "no random bytes for the ring's token");
-    }
-    put32(hello, (uint32_t)port);
-    memcpy(hello + 4, token, TOKEN);
-    int rc = loom_net_send(g->net, g->prev_peer, LOOM_MSG_GROUP_HELLO, hello, sizeof hello, err);
-    loom_buf m;
-    loom_buf_init(&m);
-    if (!rc)
-        rc = loom_net_recv(g->net, g->next_peer, LOOM_MSG_GROUP_HELLO, LOOM_MSG_GROUP_HELLO, NULL, NULL, &m,
-                           deadline - loom_now(), err);
-    if (!rc && m.len != sizeof hello) rc = loom_err_set(err, LOOM_ENET, who, "bad ring hello from %s", rname(g, (g->rank + 1) % g->size));
-    int sfd = -1, rfd = -1;
-    if (!rc) {
-        /* Connect to the successor's data port, on the host the cluster names for it. */
-        loom_role nr;
-        int ni;
-        task_of_rank(c, (g->rank + 1) % g->size, &nr, &ni);
-        const loom_task_addr *nt = &c->tasks[nr][ni];
-        char ps[16];
-        snprintf(ps, sizeof ps, "%u", get32(m.data));
-        struct addrinfo *r2 = NULL;
-        if (getaddrinfo(nt->host, ps, &hints, &r2) || !r2)
-            rc = loom_err_set(err, LOOM_ENET, who, "cannot resolve \"%s\"", nt->host);
-        else {
-            sfd = socket(r2->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-            int e = sfd < 0 ? errno : 0;
-            if (sfd >= 0 && connect(sfd, r2->ai_addr, r2->ai_addrlen) < 0) {
-                e = errno;
-                if (e == EINPROGRESS) {
-                    /* Bounded by connect_timeout, as the control connections are. */
-                    struct pollfd pf = {sfd, POLLOUT, 0};
-                    double left = deadline - loom_now();
-                    socklen_t el = sizeof e;
-                    if (left <= 0 || poll(&pf, 1, (int)(left * 1000) + 1) <= 0) e = ETIMEDOUT;
-                    else if (getsockopt(sfd, SOL_SOCKET, SO_ERROR, &e, &el) < 0) e = errno;
-                }
-            }
-            if (e)
-                rc = loom_err_set(err, LOOM_ENET, who, "connect(%s:%s) for the ring's data failed: %s", nt->host, ps,
-                                  strerror(e));
-            freeaddrinfo(r2);
-        }
-        if (!rc) {
-            uint8_t pres[8 + 4 + TOKEN];
-            memcpy(pres, DATA_MAGIC, 8);
-            put32(pres + 8, (uint32_t)g->rank);
-            memcpy(pres + 12, m.data + 4, TOKEN);
-            set_sock(sfd);
-            if (write_full(sfd, pres, sizeof pres, deadline))
-                rc = loom_err_set(err, LOOM_ENET, who, "the ring's data connection to %s closed",
-                                  rname(g, (g->rank + 1) % g->size));
+    *port = ntohs(bound.ss_family == AF_INET ? ((struct sockaddr_in *)&bound)->sin_port
+                                             : ((struct sockaddr_in6 *)&bound)->sin6_port);
+    *lfd_out = lfd;
+    return LOOM_OK;
+}
+
+/* Connects to the successor's data port (hello: its port and token, as its
+ * GROUP_HELLO said), on the host the cluster names for it, bounded by
+ * connect_timeout as the control connections are, and presents its token. */
+static int ring_dial(loom_group *g, const loom_cluster *c, const uint8_t *hello, double deadline, int *sfd_out,
+                     loom_err *err)
+{
+    const char *who = loom_net_name_(g->net);
+    loom_role nr;
+    int ni;
+    task_of_rank(c, (g->rank + 1) % g->size, &nr, &ni);
+    const loom_task_addr *nt = &c->tasks[nr][ni];
+    char ps[16];
+    snprintf(ps, sizeof ps, "%u", get32(hello));
+    struct addrinfo hints = {0}, *r2 = NULL;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(nt->host, ps, &hints, &r2) || !r2)
+        return loom_err_set(err, LOOM_ENET, who, "cannot resolve \"%s\"", nt->host);
+    int sfd = socket(r2->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    int e = sfd < 0 ? errno : 0;
+    if (sfd >= 0 && connect(sfd, r2->ai_addr, r2->ai_addrlen) < 0) {
+        e = errno;
+        if (e == EINPROGRESS) {
+            struct pollfd pf = {sfd, POLLOUT, 0};
+            double left = deadline - loom_now();
+            socklen_t el = sizeof e;
+            if (left <= 0 || poll(&pf, 1, (int)(left * 1000) + 1) <= 0) e = ETIMEDOUT;
+            else if (getsockopt(sfd, SOL_SOCKET, SO_ERROR, &e, &el) < 0) e = errno;
         }
     }
-    loom_buf_fini(&m);
-    /* Accept the predecessor: only the connection that shows our token. */
+    freeaddrinfo(r2);
+    *sfd_out = sfd;
+    if (e)
+        return loom_err_set(err, LOOM_ENET, who, "connect(%s:%s) for the ring's data failed: %s", nt->host, ps,
+                            strerror(e));
+    uint8_t pres[8 + 4 + TOKEN];
+    memcpy(pres, DATA_MAGIC, 8);
+    put32(pres + 8, (uint32_t)g->rank);
+    memcpy(pres + 12, hello + 4, TOKEN);
+    set_sock(sfd);
+    if (write_full(sfd, pres, sizeof pres, deadline))
+        return loom_err_set(err, LOOM_ENET, who, "the ring's data connection to %s closed",
+                            rname(g, (g->rank + 1) % g->size));
+    return LOOM_OK;
+}
+
+/* Accepts the predecessor on lfd: only the connection that shows our token
+ * (any other is dropped and logged with its address); a lost predecessor or
+ * the deadline ends the wait. */
+static int ring_accept(loom_group *g, const loom_cluster *c, int lfd, const uint8_t *token, double deadline,
+                       int *rfd_out, loom_err *err)
+{
+    const char *who = loom_net_name_(g->net);
     int prev = (g->rank + g->size - 1) % g->size;
-    while (!rc && rfd < 0) {
+    int rc;
+    for (;;) {
         double left = deadline - loom_now();
         struct pollfd pf = {lfd, POLLIN, 0};
         if (left <= 0 || poll(&pf, 1, left > 0.1 ? 100 : (int)(left * 1000) + 1) <= 0) {
-            if ((rc = loom_net_peer_down_(g->net, g->prev_peer, err))) break;
+            if ((rc = loom_net_peer_down_(g->net, g->prev_peer, err))) return rc;
             if (deadline - loom_now() > 0) continue;
-            rc = loom_err_set(err, LOOM_ETIMEOUT, who, "%s did not open its ring data connection within %g s",
-                              rname(g, prev), c->connect_timeout);
-            break;
+            return loom_err_set(err, LOOM_ETIMEOUT, who, "%s did not open its ring data connection within %g s",
+                                rname(g, prev), c->connect_timeout);
         }
         struct sockaddr_storage from;
         socklen_t fl = sizeof from;
@@ -399,8 +395,39 @@ static int ring_connect(loom_group *g, const loom_cluster *c, loom_err *err)
             close(fd);
             continue;
         }
-        rfd = fd;
+        *rfd_out = fd;
+        return LOOM_OK;
     }
+}
+
+/* The data plane, in order: listen, tell the predecessor where (GROUP_HELLO:
+ * the port and a fresh token), connect to the successor, accept the
+ * predecessor; every failure closes what the earlier steps opened. */
+static int ring_connect(loom_group *g, const loom_cluster *c, loom_err *err)
+{
+    double deadline = loom_now() + (c->connect_timeout > 0 ? c->connect_timeout : 60);
+    const char *who = loom_net_name_(g->net);
+    int lfd = -1, port = 0;
+    int rc = ring_listen(g, c, &lfd, &port, err);
+    if (rc) return rc;
+    uint8_t token[TOKEN], hello[4 + TOKEN];
+    if (RAND_bytes(token, TOKEN) != 1) {
+        close(lfd);
+        return loom_err_set(err, LOOM_ENET, who, "no random bytes for the ring's token");
+    }
+    put32(hello, (uint32_t)port);
+    memcpy(hello + 4, token, TOKEN);
+    rc = loom_net_send(g->net, g->prev_peer, LOOM_MSG_GROUP_HELLO, hello, sizeof hello, err);
+    loom_buf m;
+    loom_buf_init(&m);
+    if (!rc)
+        rc = loom_net_recv(g->net, g->next_peer, LOOM_MSG_GROUP_HELLO, LOOM_MSG_GROUP_HELLO, NULL, NULL, &m,
+                           deadline - loom_now(), err);
+    if (!rc && m.len != sizeof hello) rc = loom_err_set(err, LOOM_ENET, who, "bad ring hello from %s", rname(g, (g->rank + 1) % g->size));
+    int sfd = -1, rfd = -1;
+    if (!rc) rc = ring_dial(g, c, m.data, deadline, &sfd, err);
+    loom_buf_fini(&m);
+    if (!rc) rc = ring_accept(g, c, lfd, token, deadline, &rfd, err);
     close(lfd);
     if (rc) {
         if (sfd >= 0) close(sfd);
@@ -782,98 +809,200 @@ static void sender_stop(sender *sd)
 
 /* ---- running a schedule ------------------------------------------------------ */
 
+/* The state of one run of a schedule: the steps (the header's first), how
+ * far the sends (si, so) and receives (ri, ro; rdone of them added in) got,
+ * and the sender thread when it has the sends. */
+typedef struct run_state {
+    coll_hdr *hdr, in;          /* ours, and the predecessor's as received */
+    step     *all;
+    uint64_t *rstart;           /* receive offset of each step in the whole schedule */
+    int       ns, si, ri;
+    size_t    so, ro, rdone, allowed;
+    sender   *sd;               /* NULL: this thread sends */
+    bool      hdr_ok, sent_all;
+} run_state;
+
+/* Hands the schedule's sends to the sender thread. */
+static void run_give_sender(sender *sd, step *all, uint64_t *rstart, int ns)
+{
+    atomic_store(&sd->recv_done, 0);
+    atomic_store(&sd->abort, 0);
+    atomic_store(&sd->waiting, 0);
+    drain(sd->done_fd);
+    pthread_mutex_lock(&sd->mu);
+    sd->steps = all, sd->recv_start = rstart, sd->ns = ns;
+    sd->job++;
+    pthread_cond_signal(&sd->cv);
+    pthread_mutex_unlock(&sd->mu);
+}
+
+/* Stops the sender (when it has not finished) before the buffers go back to the caller. */
+static void run_stop_sender(sender *sd)
+{
+    atomic_store(&sd->abort, 1);
+    sender_wake(sd);
+    pthread_mutex_lock(&sd->mu);
+    while (sd->finished != sd->job) {
+        pthread_mutex_unlock(&sd->mu);
+        struct pollfd pf = {sd->done_fd, POLLIN, 0};
+        poll(&pf, 1, 100);
+        drain(sd->done_fd);
+        pthread_mutex_lock(&sd->mu);
+    }
+    pthread_mutex_unlock(&sd->mu);
+}
+
+/* Moves past the steps whose sends or receives are complete; the header,
+ * once received, is checked before anything else. */
+static int run_advance(loom_group *g, run_state *r, loom_err *err)
+{
+    int rc;
+    while (r->si < r->ns && r->so == r->all[r->si].send_len) r->si++, r->so = 0;
+    while (r->ri < r->ns && r->rdone == r->all[r->ri].recv_len) {
+        if (r->ri == 0 && !r->hdr_ok) {
+            if ((rc = check_header(g, r->hdr, &r->in, err))) return rc;
+            r->hdr_ok = true;
+        }
+        r->ri++, r->ro = r->rdone = 0;
+    }
+    return LOOM_OK;
+}
+
+/* Sends what the gate allows of the current step (a gated step sends no
+ * more than the previous step received). 1: some went, 0: none could, -1:
+ * the connection failed (*rc). */
+static int run_send(loom_group *g, run_state *r, int *rc, loom_err *err)
+{
+    r->allowed = 0;
+    if (r->si >= r->ns) return 0;
+    const step *s = &r->all[r->si];
+    if (!s->gate || r->ri > r->si - 1) r->allowed = s->send_len;
+    else if (r->ri == r->si - 1) r->allowed = r->rdone < s->send_len ? r->rdone : s->send_len;
+    if (r->allowed <= r->so) return 0;
+    ssize_t n = d_send(g->send_ssl, g->send_fd, s->send + r->so, r->allowed - r->so);
+    if (n > 0) {
+        r->so += (size_t)n;
+        return 1;
+    }
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        *rc = data_closed(g, r->hdr, true, err);
+        return -1;
+    }
+    return 0;
+}
+
+/* Receives what has come for the current step. A reducing step receives
+ * into a small buffer that stays in cache (its first ro - rdone < 4 bytes:
+ * a float cut in two by the last read), adds it in, and goes on. 2: the
+ * header just completed (check it first), 1: some came, 0: none, -1: the
+ * connection failed (*rc). */
+static int run_recv(loom_group *g, run_state *r, int *rc, loom_err *err)
+{
+    if (r->ri >= r->ns) return 0;
+    step *s = &r->all[r->ri];
+    size_t carry = r->ro - r->rdone, want = s->recv_len - r->ro;
+    if (s->acc && want > CHUNK - carry) want = CHUNK - carry;
+    ssize_t n = d_recv(g->recv_ssl, g->recv_fd, s->acc ? g->tmp + carry : s->recv + r->ro, want);
+    if (n > 0) {
+        r->ro += (size_t)n;
+        if (s->acc) {
+            size_t nf = (r->ro - r->rdone) / 4;
+            const float *src = (const float *)g->tmp;
+            float *acc = s->acc + r->rdone / 4;
+            for (size_t i = 0; i < nf; i++) acc[i] += src[i];
+            r->rdone += nf * 4;
+            if (r->ro > r->rdone) memmove(g->tmp, g->tmp + nf * 4, r->ro - r->rdone);
+        } else
+            r->rdone = r->ro;
+        if (r->sd) {
+            atomic_store(&r->sd->recv_done, r->rstart[r->ri] + r->rdone);
+            if (atomic_load(&r->sd->waiting)) sender_wake(r->sd);
+        }
+        return r->ri == 0 && r->rdone == s->recv_len ? 2 : 1;
+    }
+    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        *rc = data_closed(g, r->hdr, false, err);
+        return -1;
+    }
+    return 0;
+}
+
+/* Neither side could move: sleeps in poll (at most 200 ms) on the send
+ * (when the gate allows one), the receive, the sender's end and the alert
+ * pipe, then looks for a lost rank (at least once a second) and the
+ * collective's timeout. */
+static int run_wait(loom_group *g, run_state *r, double t0, double *last_check, loom_err *err)
+{
+    int rc;
+    struct pollfd pf[4];
+    int np = 0, i_recv = -1, i_done = -1;
+    if (r->si < r->ns && r->allowed > r->so) pf[np++] = (struct pollfd){g->send_fd, POLLOUT, 0};
+    if (r->ri < r->ns) i_recv = np, pf[np++] = (struct pollfd){g->recv_fd, POLLIN, 0};
+    if (r->sd && !r->sent_all) i_done = np, pf[np++] = (struct pollfd){r->sd->done_fd, POLLIN, 0};
+    pf[np++] = (struct pollfd){g->alert_fd, POLLIN, 0};
+    /* Blocked: on the predecessor while a receive is due, else on the successor draining our sends. */
+    double blocked_at = loom_now();
+    int pr = poll(pf, (nfds_t)np, 200);
+    g->waited[i_recv >= 0 ? g->prev_peer : g->next_peer] += loom_now() - blocked_at;
+    if (i_done >= 0 && (pf[i_done].revents & POLLIN)) {
+        sender *sd = r->sd;
+        drain(sd->done_fd);
+        pthread_mutex_lock(&sd->mu);
+        bool fin = sd->finished == sd->job;
+        int e = sd->failed_errno;
+        pthread_mutex_unlock(&sd->mu);
+        if (fin) {
+            r->sent_all = true;
+            if (e) {
+                r->sd = NULL; /* it has stopped */
+                return data_closed(g, r->hdr, true, err);
+            }
+        }
+    }
+    double now = loom_now();
+    if ((pr > 0 && (pf[np - 1].revents & POLLIN)) || now - *last_check > 1.0) {
+        *last_check = now;
+        bool ab;
+        if ((rc = check_alert(g, err, &ab))) /* A lost rank: tell the others, who may not talk to it (or not have noticed yet). */
+            return group_fail(g, err, !ab);
+    }
+    if (g->timeout > 0 && now - t0 > g->timeout) {
+        timeout_report(g, r->hdr, now - t0, err);
+        return group_fail(g, err, true);
+    }
+    return LOOM_OK;
+}
+
 /* Runs the header step then st[0..ns). Small ones in one thread: a
  * nonblocking loop that sends what the gates allow and receives what has
  * come, sleeping in poll only when neither can move. Large ones hand the
- * sends to the sender thread.
- * long: one nonblocking loop whose send and receive gates wait on each
- * other's progress; split, that state would cross between the halves on
- * every turn of the loop. */
+ * sends to the sender thread. */
 static int run(loom_group *g, coll_hdr *hdr, step *st, int ns, loom_err *err)
 {
-    coll_hdr in;
-    memset(&in, 0, sizeof in);
     step all[2 * 64 + 4];
     uint64_t rstart[2 * 64 + 4];
     LOOM_ASSERT(ns + 1 <= (int)(sizeof all / sizeof all[0]));
-    all[0] = (step){(const uint8_t *)hdr, sizeof *hdr, (uint8_t *)&in, sizeof in, NULL, false};
+    run_state r = {.hdr = hdr, .all = all, .rstart = rstart, .ns = ns + 1};
+    all[0] = (step){(const uint8_t *)hdr, sizeof *hdr, (uint8_t *)&r.in, sizeof r.in, NULL, false};
     memcpy(all + 1, st, (size_t)ns * sizeof *st);
-    ns++;
     uint64_t total_send = 0, total_recv = 0;
-    for (int k = 0; k < ns; k++) rstart[k] = total_recv, total_recv += all[k].recv_len, total_send += all[k].send_len;
-    sender *sd = total_send >= THREAD_MIN ? g->sender : NULL;
-    if (sd) {
-        atomic_store(&sd->recv_done, 0);
-        atomic_store(&sd->abort, 0);
-        atomic_store(&sd->waiting, 0);
-        drain(sd->done_fd);
-        pthread_mutex_lock(&sd->mu);
-        sd->steps = all, sd->recv_start = rstart, sd->ns = ns;
-        sd->job++;
-        pthread_cond_signal(&sd->cv);
-        pthread_mutex_unlock(&sd->mu);
-    }
-    int si = sd ? ns : 0, ri = 0, rc = LOOM_OK;
-    size_t so = 0, ro = 0, rdone = 0;
-    double t0 = loom_now(), last_check = t0;
-    bool hdr_ok = false, sent_all = !sd, spin = g->spin && total_send <= SMALL + 64;
-    double idle_since = 0;
+    for (int k = 0; k < r.ns; k++) rstart[k] = total_recv, total_recv += all[k].recv_len, total_send += all[k].send_len;
+    r.sd = total_send >= THREAD_MIN ? g->sender : NULL;
+    if (r.sd) run_give_sender(r.sd, all, rstart, r.ns);
+    r.si = r.sd ? r.ns : 0;
+    r.sent_all = !r.sd;
+    int rc = LOOM_OK;
+    double t0 = loom_now(), last_check = t0, idle_since = 0;
+    bool spin = g->spin && total_send <= SMALL + 64;
     for (;;) {
-        while (si < ns && so == all[si].send_len) si++, so = 0;
-        while (ri < ns && rdone == all[ri].recv_len) {
-            if (ri == 0 && !hdr_ok) {
-                if ((rc = check_header(g, hdr, &in, err))) goto out;
-                hdr_ok = true;
-            }
-            ri++, ro = rdone = 0;
-        }
-        if (si >= ns && ri >= ns && sent_all) break;
-        bool progress = false;
-        size_t allowed = 0;
-        if (si < ns) {
-            const step *s = &all[si];
-            if (!s->gate || ri > si - 1) allowed = s->send_len;
-            else if (ri == si - 1) allowed = rdone < s->send_len ? rdone : s->send_len;
-            if (allowed > so) {
-                ssize_t r = d_send(g->send_ssl, g->send_fd, s->send + so, allowed - so);
-                if (r > 0) so += (size_t)r, progress = true;
-                else if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-                    rc = data_closed(g, hdr, true, err);
-                    goto out;
-                }
-            }
-        }
-        if (ri < ns) {
-            step *s = &all[ri];
-            /* A reducing step receives into a small buffer that stays in
-             * cache (its first ro - rdone < 4 bytes: a float cut in two by
-             * the last read), adds it in, and goes on. */
-            size_t carry = ro - rdone, want = s->recv_len - ro;
-            if (s->acc && want > CHUNK - carry) want = CHUNK - carry;
-            ssize_t r = d_recv(g->recv_ssl, g->recv_fd, s->acc ? g->tmp + carry : s->recv + ro, want);
-            if (r > 0) {
-                ro += (size_t)r;
-                progress = true;
-                if (s->acc) {
-                    size_t nf = (ro - rdone) / 4;
-                    const float *src = (const float *)g->tmp;
-                    float *acc = s->acc + rdone / 4;
-                    for (size_t i = 0; i < nf; i++) acc[i] += src[i];
-                    rdone += nf * 4;
-                    if (ro > rdone) memmove(g->tmp, g->tmp + nf * 4, ro - rdone);
-                } else
-                    rdone = ro;
-                if (sd) {
-                    atomic_store(&sd->recv_done, rstart[ri] + rdone);
-                    if (atomic_load(&sd->waiting)) sender_wake(sd);
-                }
-                if (ri == 0 && rdone == s->recv_len) continue; /* check the header before anything else */
-            } else if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-                rc = data_closed(g, hdr, false, err);
-                goto out;
-            }
-        }
-        if (progress) {
+        if ((rc = run_advance(g, &r, err))) break;
+        if (r.si >= r.ns && r.ri >= r.ns && r.sent_all) break;
+        int sent = run_send(g, &r, &rc, err);
+        if (sent < 0) break;
+        int got = run_recv(g, &r, &rc, err);
+        if (got < 0) break;
+        if (got == 2) continue; /* check the header before anything else */
+        if (sent || got) {
             idle_since = 0;
             continue;
         }
@@ -884,63 +1013,9 @@ static int run(loom_group *g, coll_hdr *hdr, step *st, int ns, loom_err *err)
             if (now - idle_since < SPIN_S) continue;
             idle_since = 0;
         }
-        struct pollfd pf[4];
-        int np = 0, i_send = -1, i_recv = -1, i_done = -1;
-        if (si < ns && allowed > so) i_send = np, pf[np++] = (struct pollfd){g->send_fd, POLLOUT, 0};
-        if (ri < ns) i_recv = np, pf[np++] = (struct pollfd){g->recv_fd, POLLIN, 0};
-        if (sd && !sent_all) i_done = np, pf[np++] = (struct pollfd){sd->done_fd, POLLIN, 0};
-        pf[np++] = (struct pollfd){g->alert_fd, POLLIN, 0};
-        (void)i_send;
-        /* Blocked: on the predecessor while a receive is due, else on the successor draining our sends. */
-        double blocked_at = loom_now();
-        int pr = poll(pf, (nfds_t)np, 200);
-        g->waited[i_recv >= 0 ? g->prev_peer : g->next_peer] += loom_now() - blocked_at;
-        if (i_done >= 0 && (pf[i_done].revents & POLLIN)) {
-            drain(sd->done_fd);
-            pthread_mutex_lock(&sd->mu);
-            bool fin = sd->finished == sd->job;
-            int e = sd->failed_errno;
-            pthread_mutex_unlock(&sd->mu);
-            if (fin) {
-                sent_all = true;
-                if (e) {
-                    sd = NULL; /* it has stopped */
-                    rc = data_closed(g, hdr, true, err);
-                    goto out;
-                }
-            }
-        }
-        double now = loom_now();
-        if ((pr > 0 && (pf[np - 1].revents & POLLIN)) || now - last_check > 1.0) {
-            last_check = now;
-            bool ab;
-            if ((rc = check_alert(g, err, &ab))) {
-                /* A lost rank: tell the others, who may not talk to it (or not have noticed yet). */
-                rc = group_fail(g, err, !ab);
-                goto out;
-            }
-        }
-        if (g->timeout > 0 && now - t0 > g->timeout) {
-            timeout_report(g, hdr, now - t0, err);
-            rc = group_fail(g, err, true);
-            goto out;
-        }
+        if ((rc = run_wait(g, &r, t0, &last_check, err))) break;
     }
-out:
-    if (sd && !sent_all) {
-        /* Stop the sender before the buffers go back to the caller. */
-        atomic_store(&sd->abort, 1);
-        sender_wake(sd);
-        pthread_mutex_lock(&sd->mu);
-        while (sd->finished != sd->job) {
-            pthread_mutex_unlock(&sd->mu);
-            struct pollfd pf = {sd->done_fd, POLLIN, 0};
-            poll(&pf, 1, 100);
-            drain(sd->done_fd);
-            pthread_mutex_lock(&sd->mu);
-        }
-        pthread_mutex_unlock(&sd->mu);
-    }
+    if (r.sd && !r.sent_all) run_stop_sender(r.sd);
     return rc;
 }
 

@@ -876,17 +876,11 @@ static struct timeval tv_of(double s)
     return tv;
 }
 
-/* long: the transport's start in order (listener, TLS context, event base and
- * thread, the connections with retry, the handshakes); a failure at any step
- * unwinds what the earlier ones made, in one place. */
-int loom_net_open(loom_net **out, const loom_cluster *c, const loom_net_peer *peers, int n_peers, loom_err *err)
+/* A transport for task me (myname) of c with n_peers peers, its settings
+ * taken from c; nothing opened yet. */
+static int net_new(loom_net **out, const loom_cluster *c, const loom_task_addr *me, const char *myname, int n_peers,
+                   loom_err *err)
 {
-    *out = NULL;
-    pthread_once(&evthread_once, evthread_init);
-    const loom_task_addr *me = task_addr(c, c->role, c->index);
-    char myname[32];
-    loom_net_task_name_(c->role, c->index, myname, sizeof myname);
-    if (!me) return loom_err_set(err, LOOM_EUSAGE, NULL, "this task (%s) is not in the cluster", myname);
     loom_net *n = loom_calloc(1, sizeof *n);
     if (!n) return loom_err_set(err, LOOM_ENOMEM, NULL, "no memory for the transport");
     pthread_mutex_init(&n->mu, NULL);
@@ -917,25 +911,26 @@ int loom_net_open(loom_net **out, const loom_cluster *c, const loom_net_peer *pe
         net_free(n);
         return loom_err_set(err, LOOM_ENOMEM, NULL, "no memory for the transport");
     }
+    *out = n;
+    return LOOM_OK;
+}
 
-    /* Resolve everything before any socket opens. */
-    struct sockaddr_storage my_sa;
-    socklen_t my_len;
-    int rc = resolve(me->host, me->port, &my_sa, &my_len, n->listen_addr, err);
-    bool all_loopback = is_loopback((struct sockaddr *)&my_sa);
-    for (int i = 0; !rc && i < n_peers; i++) {
+/* Resolves this task's address (into my_sa) and every peer's, before any
+ * socket opens; then the secret rule (non-loopback needs one, unless
+ * cluster.insecure) and the TLS context. */
+static int net_resolve(loom_net *n, const loom_cluster *c, const loom_task_addr *me, const loom_net_peer *peers,
+                       struct sockaddr_storage *my_sa, socklen_t *my_len, loom_err *err)
+{
+    int rc = resolve(me->host, me->port, my_sa, my_len, n->listen_addr, err);
+    bool all_loopback = is_loopback((struct sockaddr *)my_sa);
+    for (int i = 0; !rc && i < n->n_peers; i++) {
         net_peer *pe = &n->peers[i];
         const loom_task_addr *t = task_addr(c, peers[i].role, peers[i].index);
         pe->role = peers[i].role, pe->index = peers[i].index;
         loom_net_task_name_(pe->role, pe->index, pe->name, sizeof pe->name);
-        if (!t) {
-            rc = loom_err_set(err, LOOM_EUSAGE, NULL, "peer %s is not in the cluster", pe->name);
-            break;
-        }
-        if (pe->role == c->role && pe->index == c->index) {
-            rc = loom_err_set(err, LOOM_EUSAGE, NULL, "%s lists itself as a peer", pe->name);
-            break;
-        }
+        if (!t) return loom_err_set(err, LOOM_EUSAGE, NULL, "peer %s is not in the cluster", pe->name);
+        if (pe->role == c->role && pe->index == c->index)
+            return loom_err_set(err, LOOM_EUSAGE, NULL, "%s lists itself as a peer", pe->name);
         snprintf(pe->addr, sizeof pe->addr, "%s:%d", t->host, t->port);
         rc = resolve(t->host, t->port, &pe->sa, &pe->salen, pe->addr, err);
         if (!rc && !is_loopback((struct sockaddr *)&pe->sa)) all_loopback = false;
@@ -953,22 +948,21 @@ int loom_net_open(loom_net **out, const loom_cluster *c, const loom_net_peer *pe
                       n->name, all_loopback ? "authenticated by nothing but loopback" : "unauthenticated (insecure)");
     }
     if (!rc && c->tls) rc = tls_setup(n, c, err);
-    if (rc) {
-        net_free(n);
-        return rc;
-    }
+    return rc;
+}
 
+/* The event base, the listener, the timers and one dial event per peer
+ * (armed now for the peers this task dials). Listens on the task's address
+ * when it is a loopback one; on every interface otherwise (a name in the
+ * cluster section may resolve to an address this host does not own, as a
+ * Kubernetes service's does). */
+static int net_listen(loom_net *n, const struct sockaddr_storage *my_sa, socklen_t my_len, loom_err *err)
+{
     n->base = event_base_new();
-    if (!n->base) {
-        net_free(n);
-        return loom_err_set(err, LOOM_ENET, NULL, "event_base_new failed");
-    }
-    /* Listen on the task's address when it is a loopback one; on every
-     * interface otherwise (a name in the cluster section may resolve to an
-     * address this host does not own, as a Kubernetes service's does). */
-    struct sockaddr_storage bind_sa = my_sa;
-    if (!is_loopback((struct sockaddr *)&my_sa)) {
-        if (my_sa.ss_family == AF_INET)
+    if (!n->base) return loom_err_set(err, LOOM_ENET, NULL, "event_base_new failed");
+    struct sockaddr_storage bind_sa = *my_sa;
+    if (!is_loopback((const struct sockaddr *)my_sa)) {
+        if (my_sa->ss_family == AF_INET)
             ((struct sockaddr_in *)&bind_sa)->sin_addr.s_addr = htonl(INADDR_ANY);
         else
             ((struct sockaddr_in6 *)&bind_sa)->sin6_addr = in6addr_any;
@@ -980,29 +974,22 @@ int loom_net_open(loom_net **out, const loom_cluster *c, const loom_net_peer *pe
     if (!n->lis) {
         int e = errno;
         loom_err_set(err, LOOM_ENET, n->listen_addr, "%s: listen(%s) failed: %s", n->name, n->listen_addr, strerror(e));
-        loom_err_hint(err, e == EADDRINUSE ? "another process holds this port: stop it or give the task another port"
-                                           : "check this task's address in the cluster section");
-        net_free(n);
-        return LOOM_ENET;
+        return loom_err_hint(err, e == EADDRINUSE ? "another process holds this port: stop it or give the task another "
+                                                    "port"
+                                                  : "check this task's address in the cluster section");
     }
     n->hb_ev = event_new(n->base, -1, EV_PERSIST, on_heartbeat, n);
     n->deadline_ev = evtimer_new(n->base, on_deadline, n);
     n->close_ev = evtimer_new(n->base, on_close, n);
-    if (!n->hb_ev || !n->deadline_ev || !n->close_ev) {
-        net_free(n);
+    if (!n->hb_ev || !n->deadline_ev || !n->close_ev)
         return loom_err_set(err, LOOM_ENOMEM, NULL, "no memory for the transport's timers");
-    }
-    for (int i = 0; i < n_peers; i++) {
+    for (int i = 0; i < n->n_peers; i++) {
         dial_arg *da = loom_alloc(sizeof *da);
-        if (!da) {
-            net_free(n);
-            return loom_err_set(err, LOOM_ENOMEM, NULL, "no memory for the transport");
-        }
+        if (!da) return loom_err_set(err, LOOM_ENOMEM, NULL, "no memory for the transport");
         da->n = n, da->p = i;
         n->peers[i].retry_ev = evtimer_new(n->base, dial_cb, da);
         if (!n->peers[i].retry_ev) {
             loom_free(da);
-            net_free(n);
             return loom_err_set(err, LOOM_ENOMEM, NULL, "no memory for the transport");
         }
         if (n->peers[i].dial) {
@@ -1010,15 +997,21 @@ int loom_net_open(loom_net **out, const loom_cluster *c, const loom_net_peer *pe
             evtimer_add(n->peers[i].retry_ev, &z);
         }
     }
+    return LOOM_OK;
+}
+
+/* Starts the event loop's thread and waits until every peer is up (the
+ * connections with retry and the handshakes run there), one is lost, a
+ * fatal error, or connect_timeout (+5 s) passes. */
+static int net_connect(loom_net *n, loom_err *err)
+{
     snprintf(n->status, sizeof n->status, "connecting");
     n->t_open = loom_now();
     struct timeval hb = tv_of(n->hb_interval), dl = tv_of(n->connect_timeout);
     event_add(n->hb_ev, &hb);
     evtimer_add(n->deadline_ev, &dl);
-    if (pthread_create(&n->thread, NULL, loop_main, n) != 0) {
-        net_free(n);
+    if (pthread_create(&n->thread, NULL, loop_main, n) != 0)
         return loom_err_set(err, LOOM_ENET, NULL, "cannot start the transport's thread");
-    }
     n->running = true;
 
     pthread_mutex_lock(&n->mu);
@@ -1027,7 +1020,7 @@ int loom_net_open(loom_net **out, const loom_cluster *c, const loom_net_peer *pe
     until.tv_sec += (time_t)n->connect_timeout + 5;
     while (!n->fatal && n->n_up < n->n_peers && n->lost < 0)
         if (pthread_cond_timedwait(&n->cv, &n->mu, &until) == ETIMEDOUT) break;
-    rc = LOOM_OK;
+    int rc = LOOM_OK;
     if (n->fatal) {
         *err = n->fatal_err;
         rc = n->fatal;
@@ -1042,6 +1035,28 @@ int loom_net_open(loom_net **out, const loom_cluster *c, const loom_net_peer *pe
         snprintf(n->status, sizeof n->status, "connected");
     }
     pthread_mutex_unlock(&n->mu);
+    return rc;
+}
+
+/* The transport's start in order (settings, addresses, listener and timers,
+ * the thread and the connections); a failure at any step unwinds what the
+ * earlier ones made (net_free), here. */
+int loom_net_open(loom_net **out, const loom_cluster *c, const loom_net_peer *peers, int n_peers, loom_err *err)
+{
+    *out = NULL;
+    pthread_once(&evthread_once, evthread_init);
+    const loom_task_addr *me = task_addr(c, c->role, c->index);
+    char myname[32];
+    loom_net_task_name_(c->role, c->index, myname, sizeof myname);
+    if (!me) return loom_err_set(err, LOOM_EUSAGE, NULL, "this task (%s) is not in the cluster", myname);
+    loom_net *n = NULL;
+    int rc = net_new(&n, c, me, myname, n_peers, err);
+    if (rc) return rc;
+    struct sockaddr_storage my_sa;
+    socklen_t my_len = 0;
+    if (!rc) rc = net_resolve(n, c, me, peers, &my_sa, &my_len, err);
+    if (!rc) rc = net_listen(n, &my_sa, my_len, err);
+    if (!rc) rc = net_connect(n, err);
     if (rc) {
         net_free(n);
         return rc;

@@ -700,71 +700,71 @@ static int check_duplicates(const loom_cluster *c, loom_err *err)
     return LOOM_OK;
 }
 
-/* The strategy can use every role the cluster has. */
-static int check_strategy(const loom_cluster *c, const loom_spec *spec, loom_err *err)
+/* A one-process strategy's cluster has one task at most. */
+static int check_one_process(const loom_cluster *c, const char *strategy, const char *w, loom_err *err)
 {
+    int n = total_tasks(c);
+    if (n <= 1) return LOOM_OK;
+    loom_err_set(err, LOOM_ECONFIG, w, "strategy \"%s\" runs in one process, but the cluster (from %s) has %d tasks",
+                 strategy, c->addrs_detail, n);
+    return loom_err_hint(err, "use strategy.type = \"multi_worker_mirrored\" to train on every worker, or run "
+                              "without a cluster");
+}
+
+/* The training roles: the chief and the workers the strategy requires, or,
+ * requiring neither and refusing neither, one of them. */
+static int check_trainers(const loom_cluster *c, const loom_cluster_roles *roles, const char *strategy, const char *w,
+                          loom_err *err)
+{
+    int nc = c->n_tasks[LOOM_ROLE_CHIEF], nw = c->n_tasks[LOOM_ROLE_WORKER];
+    bool need_c = roles->use[LOOM_ROLE_CHIEF] == LOOM_ROLE_REQUIRED;
+    bool need_w = roles->use[LOOM_ROLE_WORKER] == LOOM_ROLE_REQUIRED;
+    const char *hint = roles->hint[LOOM_ROLE_CHIEF] ? roles->hint[LOOM_ROLE_CHIEF] : roles->hint[LOOM_ROLE_WORKER];
+    if (!need_c && !need_w) {
+        if (nc + nw > 0 || roles->use[LOOM_ROLE_CHIEF] == LOOM_ROLE_REFUSED ||
+            roles->use[LOOM_ROLE_WORKER] == LOOM_ROLE_REFUSED)
+            return LOOM_OK;
+        loom_err_set(err, LOOM_ECONFIG, w, "%s needs a chief or a worker, but the cluster (from %s) has none", strategy,
+                     c->addrs_detail);
+        return hint ? loom_err_hint(err, "%s", hint) : LOOM_ECONFIG;
+    }
+    if ((!need_c || nc == 1) && (!need_w || nw > 0)) return LOOM_OK;
+    const char *wc = roles->why[LOOM_ROLE_CHIEF], *ww = roles->why[LOOM_ROLE_WORKER];
+    char needs[256];
+    snprintf(needs, sizeof needs, "%s%s%s%s%s%s%s", need_c ? "one chief" : "", need_c && wc ? " " : "",
+             need_c && wc ? wc : "", need_c && need_w ? " and " : "", need_w ? "at least one worker" : "",
+             need_w && ww ? " " : "", need_w && ww ? ww : "");
+    loom_err_set(err, LOOM_ECONFIG, w, "%s needs %s, but the cluster (from %s) has %d chief%s and %d worker%s", strategy,
+                 needs, c->addrs_detail, nc, nc == 1 ? "" : "s", nw, nw == 1 ? "" : "s");
+    return hint ? loom_err_hint(err, "%s", hint) : LOOM_ECONFIG;
+}
+
+/* The strategy can use every role the cluster has (roles: its description;
+ * NULL: a strategy that describes none decides for itself when it opens).
+ * In order: one process; a role it refuses; a role other than the chief and
+ * the workers it requires; the chief and the workers; its own check. */
+static int check_roles(const loom_cluster *c, const loom_spec *spec, const loom_cluster_roles *roles, loom_err *err)
+{
+    if (!roles) return LOOM_OK;
     const loom_strategy_spec *st = &spec->strategy;
     char w[LOOM_PATH_MAX + 16];
     loom_loc_str(&st->loc, w, sizeof w);
-    int n = total_tasks(c);
-    switch (st->kind) {
-    case LOOM_STRAT_ONE_DEVICE:
-    case LOOM_STRAT_MIRRORED:
-    case LOOM_STRAT_CENTRAL_STORAGE:
-        if (n > 1) {
-            loom_err_set(err, LOOM_ECONFIG, w, "strategy \"%s\" runs in one process, but the cluster (from %s) has %d "
-                         "tasks", st->name, c->addrs_detail, n);
-            return loom_err_hint(err, "use strategy.type = \"multi_worker_mirrored\" to train on every worker, or run "
-                                      "without a cluster");
+    if (roles->flags & LOOM_ROLES_ONE_PROCESS) return check_one_process(c, st->name, w, err);
+    for (int r = 0; r < LOOM_ROLE_COUNT; r++)
+        if (roles->use[r] == LOOM_ROLE_REFUSED && c->n_tasks[r] > 0) {
+            loom_err_set(err, LOOM_ECONFIG, w, "%s has no use for %s tasks, but the cluster (from %s) has %d", st->name,
+                         role_names[r], c->addrs_detail, c->n_tasks[r]);
+            return roles->hint[r] ? loom_err_hint(err, "%s", roles->hint[r]) : LOOM_ECONFIG;
         }
-        return LOOM_OK;
-    case LOOM_STRAT_MULTI_WORKER_MIRRORED:
-        if (c->n_tasks[LOOM_ROLE_PS] > 0) {
-            loom_err_set(err, LOOM_ECONFIG, w, "multi_worker_mirrored has no use for ps tasks, but the cluster (from %s) "
-                         "has %d", c->addrs_detail, c->n_tasks[LOOM_ROLE_PS]);
-            return loom_err_hint(err, "remove the ps tasks (variables are mirrored on every worker), or use "
-                                      "parameter_server");
+    for (int r = LOOM_ROLE_PS; r < LOOM_ROLE_COUNT; r++)
+        if (roles->use[r] == LOOM_ROLE_REQUIRED && c->n_tasks[r] == 0) {
+            loom_err_set(err, LOOM_ECONFIG, w, "%s needs %s tasks%s%s, but the cluster (from %s) has none", st->name,
+                         role_names[r], roles->why[r] ? " " : "", roles->why[r] ? roles->why[r] : "", c->addrs_detail);
+            return roles->hint[r] ? loom_err_hint(err, "%s", roles->hint[r]) : LOOM_ECONFIG;
         }
-        if (c->n_tasks[LOOM_ROLE_CHIEF] + c->n_tasks[LOOM_ROLE_WORKER] == 0)
-            return loom_err_set(err, LOOM_ECONFIG, w, "multi_worker_mirrored needs a chief or a worker, but the "
-                                "cluster (from %s) has none", c->addrs_detail);
-        return LOOM_OK;
-    case LOOM_STRAT_PARAMETER_SERVER: {
-        int nw = c->n_tasks[LOOM_ROLE_WORKER];
-        if (c->n_tasks[LOOM_ROLE_PS] == 0) {
-            loom_err_set(err, LOOM_ECONFIG, w, "parameter_server needs ps tasks to hold the variables, but the "
-                         "cluster (from %s) has none", c->addrs_detail);
-            return loom_err_hint(err, "add cluster.ps = [\"host:port\"] (loom launch --local --ps 1), or use "
-                                      "multi_worker_mirrored");
-        }
-        if (nw == 0 || c->n_tasks[LOOM_ROLE_CHIEF] != 1) {
-            loom_err_set(err, LOOM_ECONFIG, w, "parameter_server needs one chief (the coordinator) and at least one "
-                         "worker, but the cluster (from %s) has %d chief%s and %d worker%s", c->addrs_detail,
-                         c->n_tasks[LOOM_ROLE_CHIEF], c->n_tasks[LOOM_ROLE_CHIEF] == 1 ? "" : "s", nw, nw == 1 ? "" : "s");
-            return loom_err_hint(err, "declare cluster.chief (one task) and cluster.worker (loom launch --local "
-                                      "--workers 2 --ps 1)");
-        }
-        const loom_ps_sync_spec *y = &st->sync;
-        if (y->enabled) {
-            char yw[LOOM_PATH_MAX + 16];
-            loom_loc_str(&y->loc, yw, sizeof yw);
-            int m = y->total_replicas > 0 ? y->total_replicas : nw;
-            if (m != nw) {
-                loom_err_set(err, LOOM_ECONFIG, yw, "strategy.sync.total_replicas = %d, but the cluster (from %s) has "
-                             "%d worker%s", m, c->addrs_detail, nw, nw == 1 ? "" : "s");
-                return loom_err_hint(err, "set total_replicas to the number of workers (or leave it out)");
-            }
-            if (y->replicas_to_aggregate > m) {
-                loom_err_set(err, LOOM_ECONFIG, yw, "strategy.sync.replicas_to_aggregate = %d is more than the %d "
-                             "worker%s of the cluster (from %s): no step could gather that many gradients",
-                             y->replicas_to_aggregate, m, m == 1 ? "" : "s", c->addrs_detail);
-                return loom_err_hint(err, "aggregate at most one gradient per worker");
-            }
-        }
-        return LOOM_OK;
-    }
-    default: return LOOM_OK; /* a plugin's strategy decides for itself */
-    }
+    int rc = check_trainers(c, roles, st->name, w, err);
+    if (!rc && roles->check) rc = roles->check(spec, c->n_tasks, c->addrs_detail, err);
+    return rc;
 }
 
 /* The secret: cluster.secret_file, else $LOOM_CLUSTER_SECRET; one trailing
@@ -898,184 +898,194 @@ void loom_cluster_free(loom_cluster *c)
     loom_free(c);
 }
 
-/* long: one precedence decision over the parsed sources (config, TF_CONFIG,
- * Slurm, MPI, --task), first for the addresses, then for this task; each
- * branch is short, they share the sources, and each names where its value
- * came from, which is what `loom check --task` prints. */
-static int resolve(loom_cluster *c, const loom_spec *spec, const char *task_flag, char *const *envp, bool need_task,
-                   bool *single, loom_err *err)
-{
-    const loom_cluster_spec *cs = &spec->cluster;
-    int rc;
-    char w[LOOM_PATH_MAX + 16];
-    *single = false;
+/* The sources of a cluster's facts, each parsed and checked on its own. */
+typedef struct sources {
+    loom_role   flag_role;  /* --task's, when given */
+    int         flag_index;
+    tf_config   tf;         /* TF_CONFIG; tf.root is freed with json_decref */
+    rank_env    slurm, mpi;
+    long        mpi_local;  /* MPI ranks on this host */
+    const char *launched;   /* LOOM_LAUNCH: set by `loom launch --local` in the tasks it starts; NULL: not */
+} sources;
 
-    /* the sources, each parsed and checked on its own */
-    loom_role flag_role = LOOM_ROLE_WORKER;
-    int flag_index = -1;
+static int parse_sources(sources *src, const char *task_flag, char *const *envp, loom_err *err)
+{
+    memset(src, 0, sizeof *src);
+    src->flag_role = LOOM_ROLE_WORKER;
+    src->flag_index = -1;
+    int rc;
     if (task_flag) {
         char why[300];
-        if (loom_task_parse_(task_flag, &flag_role, &flag_index, why, sizeof why))
+        if (loom_task_parse_(task_flag, &src->flag_role, &src->flag_index, why, sizeof why))
             return loom_err_set(err, LOOM_EUSAGE, "--task", "%s", why);
     }
-    tf_config tf;
     const char *tfc = env_get(envp, "TF_CONFIG");
-    memset(&tf, 0, sizeof tf);
-    if (tfc && tfc[strspn(tfc, " \t\r\n")]) {
-        rc = tf_config_parse(tfc, &tf, err);
-        if (rc) {
-            json_decref(tf.root);
-            return rc;
+    if (tfc && tfc[strspn(tfc, " \t\r\n")] && (rc = tf_config_parse(tfc, &src->tf, err))) return rc;
+    if ((rc = slurm_env(envp, &src->slurm, err)) || (rc = mpi_env(envp, &src->mpi, &src->mpi_local, err))) return rc;
+    src->launched = env_get(envp, "LOOM_LAUNCH");
+    if (src->launched && !src->launched[0]) src->launched = NULL;
+    return LOOM_OK;
+}
+
+/* The addresses from the config's cluster section (cluster.* of --set, or
+ * of loom launch). */
+static int addresses_from_config(loom_cluster *c, const loom_cluster_spec *cs, const sources *src, loom_err *err)
+{
+    char w[LOOM_PATH_MAX + 16];
+    int rc = src->tf.has_cluster ? tf_vs_config(&src->tf, cs, err) : LOOM_OK;
+    for (int r = 0; !rc && r < LOOM_ROLE_COUNT; r++)
+        for (int i = 0; !rc && i < cs->n_tasks[r]; i++) {
+            char what[64];
+            snprintf(what, sizeof what, "cluster.%s[%d]", role_names[r], i);
+            rc = add_task(c, (loom_role)r, cs->addr[r][i], cfg_where(cs, r, i, w, sizeof w), what, err);
         }
+    c->addrs_from = LOOM_FROM_CONFIG;
+    for (int r = 0; r < LOOM_ROLE_COUNT; r++)
+        if (cs->n_tasks[r]) {
+            snprintf(c->addrs_detail, sizeof c->addrs_detail, "%s", cfg_where(cs, r, -1, w, sizeof w));
+            break;
+        }
+    if (src->launched) { /* loom launch --local chose the ports and passed them as --set cluster.* */
+        c->addrs_from = LOOM_FROM_LAUNCH;
+        snprintf(c->addrs_detail, sizeof c->addrs_detail, "%s", src->launched);
     }
-    rank_env slurm, mpi;
-    long mpi_local = 0;
-    if ((rc = slurm_env(envp, &slurm, err)) || (rc = mpi_env(envp, &mpi, &mpi_local, err))) {
-        json_decref(tf.root);
-        return rc;
+    return rc;
+}
+
+static int addresses_from_tf_config(loom_cluster *c, const tf_config *tf, loom_err *err)
+{
+    int rc = LOOM_OK;
+    for (int r = 0; !rc && r < LOOM_ROLE_COUNT; r++)
+        for (int i = 0; !rc && i < tf->n[r]; i++) {
+            char what[64];
+            snprintf(what, sizeof what, "cluster.%s[%d]", role_names[r], i);
+            rc = add_task(c, (loom_role)r, json_string_value(json_array_get(tf->list[r], (size_t)i)), "TF_CONFIG",
+                          what, err);
+        }
+    c->addrs_from = LOOM_FROM_TF_CONFIG;
+    snprintf(c->addrs_detail, sizeof c->addrs_detail, "TF_CONFIG");
+    return rc;
+}
+
+/* Under MPI on one host: one worker per rank on 127.0.0.1 from port_base. */
+static int addresses_from_mpi(loom_cluster *c, const loom_cluster_spec *cs, const sources *src, loom_err *err)
+{
+    const rank_env *mpi = &src->mpi;
+    int rc = LOOM_OK;
+    if (src->mpi_local != mpi->size) {
+        rc = loom_err_set(err, LOOM_ECONFIG, mpi->where, "under MPI on several hosts the addresses come from the "
+                          "config's cluster section, and it has none");
+        loom_err_hint(err, "list the tasks in cluster { worker = [\"host:port\", ...]; }, one per MPI rank in rank "
+                           "order");
     }
-    /* set by `loom launch --local` in the tasks it starts */
-    const char *launched = env_get(envp, "LOOM_LAUNCH");
-    if (launched && !launched[0]) launched = NULL;
+    for (int i = 0; !rc && i < mpi->size; i++) {
+        char a[LOOM_ADDR_MAX];
+        if (cs->port_base + i > 65535) {
+            rc = loom_err_set(err, LOOM_ECONFIG, "cluster.port_base", "port_base %d + %ld ranks runs past port "
+                              "65535", cs->port_base, mpi->size);
+            break;
+        }
+        snprintf(a, sizeof a, "127.0.0.1:%d", cs->port_base + i);
+        rc = add_task(c, LOOM_ROLE_WORKER, a, mpi->where, "MPI rank", err);
+    }
+    c->addrs_from = LOOM_FROM_MPI;
+    snprintf(c->addrs_detail, sizeof c->addrs_detail, "%s, all on this host: 127.0.0.1, port_base %d", mpi->where,
+             cs->port_base);
+    return rc;
+}
+
+/* The addresses, from the first source that has them: the config, TF_CONFIG,
+ * Slurm's node list, one host under MPI. None: *single (one process), or an
+ * error when --task or TF_CONFIG's task names a task anyway. */
+static int resolve_addresses(loom_cluster *c, const loom_cluster_spec *cs, const sources *src, char *const *envp,
+                             const char *task_flag, bool *single, loom_err *err)
+{
     bool cfg_tasks = false;
     for (int r = 0; r < LOOM_ROLE_COUNT; r++) cfg_tasks = cfg_tasks || cs->n_tasks[r] > 0;
-
-    /* the addresses: the config, TF_CONFIG, Slurm's node list, one host under MPI */
-    rc = LOOM_OK;
-    if (cfg_tasks) {
-        if (tf.has_cluster) rc = tf_vs_config(&tf, cs, err);
-        for (int r = 0; !rc && r < LOOM_ROLE_COUNT; r++)
-            for (int i = 0; !rc && i < cs->n_tasks[r]; i++) {
-                char what[64];
-                snprintf(what, sizeof what, "cluster.%s[%d]", role_names[r], i);
-                rc = add_task(c, (loom_role)r, cs->addr[r][i], cfg_where(cs, r, i, w, sizeof w), what, err);
-            }
-        c->addrs_from = LOOM_FROM_CONFIG;
-        for (int r = 0; r < LOOM_ROLE_COUNT; r++)
-            if (cs->n_tasks[r]) {
-                snprintf(c->addrs_detail, sizeof c->addrs_detail, "%s", cfg_where(cs, r, -1, w, sizeof w));
-                break;
-            }
-        if (launched) { /* loom launch --local chose the ports and passed them as --set cluster.* */
-            c->addrs_from = LOOM_FROM_LAUNCH;
-            snprintf(c->addrs_detail, sizeof c->addrs_detail, "%s", launched);
-        }
-    } else if (tf.has_cluster) {
-        for (int r = 0; !rc && r < LOOM_ROLE_COUNT; r++)
-            for (int i = 0; !rc && i < tf.n[r]; i++) {
-                char what[64];
-                snprintf(what, sizeof what, "cluster.%s[%d]", role_names[r], i);
-                rc = add_task(c, (loom_role)r, json_string_value(json_array_get(tf.list[r], (size_t)i)), "TF_CONFIG",
-                              what, err);
-            }
-        c->addrs_from = LOOM_FROM_TF_CONFIG;
-        snprintf(c->addrs_detail, sizeof c->addrs_detail, "TF_CONFIG");
-    } else if (slurm.present) {
-        rc = slurm_addresses(c, envp, &slurm, cs->port_base, err);
-    } else if (mpi.present) {
-        if (mpi_local != mpi.size) {
-            rc = loom_err_set(err, LOOM_ECONFIG, mpi.where, "under MPI on several hosts the addresses come from the "
-                              "config's cluster section, and it has none");
-            loom_err_hint(err, "list the tasks in cluster { worker = [\"host:port\", ...]; }, one per MPI rank in rank "
-                               "order");
-        }
-        for (int i = 0; !rc && i < mpi.size; i++) {
-            char a[LOOM_ADDR_MAX];
-            if (cs->port_base + i > 65535) {
-                rc = loom_err_set(err, LOOM_ECONFIG, "cluster.port_base", "port_base %d + %ld ranks runs past port "
-                                  "65535", cs->port_base, mpi.size);
-                break;
-            }
-            snprintf(a, sizeof a, "127.0.0.1:%d", cs->port_base + i);
-            rc = add_task(c, LOOM_ROLE_WORKER, a, mpi.where, "MPI rank", err);
-        }
-        c->addrs_from = LOOM_FROM_MPI;
-        snprintf(c->addrs_detail, sizeof c->addrs_detail, "%s, all on this host: 127.0.0.1, port_base %d", mpi.where,
-                 cs->port_base);
-    } else {
-        if (task_flag) {
-            loom_err_set(err, LOOM_EUSAGE, "--task", "--task %s, but there is no cluster: the config has no cluster "
-                         "tasks and TF_CONFIG, Slurm and MPI give none", task_flag);
-            loom_err_hint(err, "add cluster { worker = [\"host:port\", ...]; } to the config, or drop --task");
-            rc = LOOM_EUSAGE;
-        } else if (tf.has_task) {
-            rc = loom_err_set(err, LOOM_ECONFIG, "TF_CONFIG", "TF_CONFIG has a task but no cluster, and the config "
-                              "has no cluster tasks");
-        } else {
-            *single = true;
-        }
-        json_decref(tf.root);
-        return rc;
+    if (cfg_tasks) return addresses_from_config(c, cs, src, err);
+    if (src->tf.has_cluster) return addresses_from_tf_config(c, &src->tf, err);
+    if (src->slurm.present) return slurm_addresses(c, envp, &src->slurm, cs->port_base, err);
+    if (src->mpi.present) return addresses_from_mpi(c, cs, src, err);
+    if (task_flag) {
+        loom_err_set(err, LOOM_EUSAGE, "--task", "--task %s, but there is no cluster: the config has no cluster "
+                     "tasks and TF_CONFIG, Slurm and MPI give none", task_flag);
+        loom_err_hint(err, "add cluster { worker = [\"host:port\", ...]; } to the config, or drop --task");
+        return LOOM_EUSAGE;
     }
-    if (!rc) rc = check_duplicates(c, err);
+    if (src->tf.has_task)
+        return loom_err_set(err, LOOM_ECONFIG, "TF_CONFIG", "TF_CONFIG has a task but no cluster, and the config "
+                            "has no cluster tasks");
+    *single = true;
+    return LOOM_OK;
+}
 
-    /* this process's task: --task, TF_CONFIG, Slurm, MPI; a one-task cluster needs none */
+/* This process's task, from the first source that names it: --task,
+ * TF_CONFIG, Slurm, MPI; a one-task cluster needs none; without need_task,
+ * none is index -1. */
+static int resolve_task(loom_cluster *c, const sources *src, const char *task_flag, bool need_task, loom_err *err)
+{
     int n = total_tasks(c);
-    char nm[32], nm2[32];
-    if (!rc && task_flag && tf.has_task && (flag_role != (loom_role)tf.role || flag_index != tf.index)) {
-        rc = loom_err_set(err, LOOM_EUSAGE, "--task", "--task %s disagrees with TF_CONFIG's task %s", task_flag,
-                          loom_task_name((loom_role)tf.role, tf.index, nm, sizeof nm));
-        loom_err_hint(err, "drop --task (TF_CONFIG says which task this is) or make them equal");
+    char nm[32];
+    const tf_config *tf = &src->tf;
+    if (task_flag && tf->has_task && (src->flag_role != (loom_role)tf->role || src->flag_index != tf->index)) {
+        loom_err_set(err, LOOM_EUSAGE, "--task", "--task %s disagrees with TF_CONFIG's task %s", task_flag,
+                     loom_task_name((loom_role)tf->role, tf->index, nm, sizeof nm));
+        return loom_err_hint(err, "drop --task (TF_CONFIG says which task this is) or make them equal");
     }
-    if (!rc) {
-        if (task_flag) {
-            c->role = flag_role;
-            c->index = flag_index;
-            c->task_from = launched ? LOOM_FROM_LAUNCH : LOOM_FROM_FLAG;
-            snprintf(c->task_detail, sizeof c->task_detail, "--task %s", task_flag);
-        } else if (tf.has_task) {
-            c->role = (loom_role)tf.role;
-            c->index = tf.index;
-            c->task_from = LOOM_FROM_TF_CONFIG;
-            snprintf(c->task_detail, sizeof c->task_detail, "TF_CONFIG task");
-        } else if (slurm.present || mpi.present) {
-            const rank_env *e = slurm.present ? &slurm : &mpi;
-            if (e->size != n) {
-                rc = loom_err_set(err, LOOM_ECONFIG, e->where, "%s starts %ld tasks but the cluster (from %s) has %d",
-                                  slurm.present ? "Slurm" : "MPI", e->size, c->addrs_detail, n);
-                loom_err_hint(err, "start one task per cluster task (%s -n %d), or drop the cluster lists",
-                              slurm.present ? "srun" : "mpirun", n);
-            } else {
-                nth_task(c, (int)e->rank, &c->role, &c->index);
-                c->task_from = slurm.present ? LOOM_FROM_SLURM : LOOM_FROM_MPI;
-                snprintf(c->task_detail, sizeof c->task_detail, "%s", e->where);
-            }
-        } else if (n == 1) {
-            nth_task(c, 0, &c->role, &c->index);
-            c->task_from = c->addrs_from;
-            snprintf(c->task_detail, sizeof c->task_detail, "the only task of the cluster");
-        } else if (!need_task) {
-            c->index = -1;
-            c->task_from = LOOM_FROM_NONE;
-            snprintf(c->task_detail, sizeof c->task_detail, "none given");
-        } else {
-            rc = loom_err_set(err, LOOM_EUSAGE, c->addrs_detail, "the cluster has %d tasks; which one is this "
-                              "process?", n);
-            loom_err_hint(err, "pass --task ROLE:INDEX (e.g. --task %s), or set TF_CONFIG, or start it under srun "
-                          "or mpirun", loom_task_name(c->n_tasks[0] ? LOOM_ROLE_CHIEF : LOOM_ROLE_WORKER, 0, nm2,
-                                                      sizeof nm2));
+    if (task_flag) {
+        c->role = src->flag_role;
+        c->index = src->flag_index;
+        c->task_from = src->launched ? LOOM_FROM_LAUNCH : LOOM_FROM_FLAG;
+        snprintf(c->task_detail, sizeof c->task_detail, "--task %s", task_flag);
+    } else if (tf->has_task) {
+        c->role = (loom_role)tf->role;
+        c->index = tf->index;
+        c->task_from = LOOM_FROM_TF_CONFIG;
+        snprintf(c->task_detail, sizeof c->task_detail, "TF_CONFIG task");
+    } else if (src->slurm.present || src->mpi.present) {
+        const rank_env *e = src->slurm.present ? &src->slurm : &src->mpi;
+        if (e->size != n) {
+            loom_err_set(err, LOOM_ECONFIG, e->where, "%s starts %ld tasks but the cluster (from %s) has %d",
+                         src->slurm.present ? "Slurm" : "MPI", e->size, c->addrs_detail, n);
+            return loom_err_hint(err, "start one task per cluster task (%s -n %d), or drop the cluster lists",
+                                 src->slurm.present ? "srun" : "mpirun", n);
         }
+        nth_task(c, (int)e->rank, &c->role, &c->index);
+        c->task_from = src->slurm.present ? LOOM_FROM_SLURM : LOOM_FROM_MPI;
+        snprintf(c->task_detail, sizeof c->task_detail, "%s", e->where);
+    } else if (n == 1) {
+        nth_task(c, 0, &c->role, &c->index);
+        c->task_from = c->addrs_from;
+        snprintf(c->task_detail, sizeof c->task_detail, "the only task of the cluster");
+    } else if (!need_task) {
+        c->index = -1;
+        c->task_from = LOOM_FROM_NONE;
+        snprintf(c->task_detail, sizeof c->task_detail, "none given");
+    } else {
+        loom_err_set(err, LOOM_EUSAGE, c->addrs_detail, "the cluster has %d tasks; which one is this process?", n);
+        return loom_err_hint(err, "pass --task ROLE:INDEX (e.g. --task %s), or set TF_CONFIG, or start it under srun "
+                             "or mpirun", loom_task_name(c->n_tasks[0] ? LOOM_ROLE_CHIEF : LOOM_ROLE_WORKER, 0, nm,
+                                                         sizeof nm));
     }
-    if (!rc && c->index >= 0 && c->n_tasks[c->role] == 0) {
-        rc = loom_err_set(err, LOOM_ECONFIG, c->task_detail, "this task is %s, but the cluster (from %s) has no %s "
-                          "tasks", loom_task_name(c->role, c->index, nm, sizeof nm), c->addrs_detail,
-                          role_names[c->role]);
-    } else if (!rc && c->index >= 0 && c->index >= c->n_tasks[c->role]) {
-        rc = loom_err_set(err, LOOM_ECONFIG, c->task_detail, "task index out of range: %s, but the cluster (from %s) "
-                          "has %d %s task%s (%s:0 to %s:%d)", loom_task_name(c->role, c->index, nm, sizeof nm),
-                          c->addrs_detail, c->n_tasks[c->role], role_names[c->role],
-                          c->n_tasks[c->role] == 1 ? "" : "s", role_names[c->role], role_names[c->role],
-                          c->n_tasks[c->role] - 1);
-    }
-    json_decref(tf.root);
-    if (rc) return rc;
+    if (c->index >= 0 && c->n_tasks[c->role] == 0)
+        return loom_err_set(err, LOOM_ECONFIG, c->task_detail, "this task is %s, but the cluster (from %s) has no %s "
+                            "tasks", loom_task_name(c->role, c->index, nm, sizeof nm), c->addrs_detail,
+                            role_names[c->role]);
+    if (c->index >= 0 && c->index >= c->n_tasks[c->role])
+        return loom_err_set(err, LOOM_ECONFIG, c->task_detail, "task index out of range: %s, but the cluster (from "
+                            "%s) has %d %s task%s (%s:0 to %s:%d)", loom_task_name(c->role, c->index, nm, sizeof nm),
+                            c->addrs_detail, c->n_tasks[c->role], role_names[c->role],
+                            c->n_tasks[c->role] == 1 ? "" : "s", role_names[c->role], role_names[c->role],
+                            c->n_tasks[c->role] - 1);
+    return LOOM_OK;
+}
 
-    /* training ranks: the chief, then the workers */
+/* The training ranks (the chief, then the workers) and the transport's settings. */
+static void settle(loom_cluster *c, const loom_cluster_spec *cs)
+{
     int chiefs = c->n_tasks[LOOM_ROLE_CHIEF];
     c->n_train_ranks = chiefs + c->n_tasks[LOOM_ROLE_WORKER];
     c->rank = c->index < 0 ? -1 : c->role == LOOM_ROLE_CHIEF ? 0 : c->role == LOOM_ROLE_WORKER ? chiefs + c->index : -1;
-
-    /* settings */
     c->connect_timeout = cs->connect_timeout;
     c->heartbeat_timeout = cs->heartbeat_timeout;
     c->heartbeat_interval = cs->heartbeat_interval > 0 ? cs->heartbeat_interval : cs->heartbeat_timeout / 5;
@@ -1084,21 +1094,38 @@ static int resolve(loom_cluster *c, const loom_spec *spec, const char *task_flag
     snprintf(c->tls_key, sizeof c->tls_key, "%s", cs->tls_key);
     snprintf(c->tls_ca, sizeof c->tls_ca, "%s", cs->tls_ca);
     c->insecure = cs->insecure;
+}
 
-    if ((rc = check_strategy(c, spec, err))) return rc;
+/* The precedence of the sources, first for the addresses, then for this
+ * task; each part names where its value came from, which is what
+ * `loom check --task` prints. Then the checks, every one before a socket. */
+static int resolve(loom_cluster *c, const loom_spec *spec, const loom_cluster_roles *roles, const char *task_flag,
+                   char *const *envp, bool need_task, bool *single, loom_err *err)
+{
+    const loom_cluster_spec *cs = &spec->cluster;
+    *single = false;
+    sources src;
+    int rc = parse_sources(&src, task_flag, envp, err);
+    if (!rc) rc = resolve_addresses(c, cs, &src, envp, task_flag, single, err);
+    if (!rc && !*single) rc = check_duplicates(c, err);
+    if (!rc && !*single) rc = resolve_task(c, &src, task_flag, need_task, err);
+    json_decref(src.tf.root);
+    if (rc || *single) return rc;
+    settle(c, cs);
+    if ((rc = check_roles(c, spec, roles, err))) return rc;
     if ((rc = read_secret(c, cs, envp, err))) return rc;
     if ((rc = check_security(c, err))) return rc;
     return digest_config(c, spec, err);
 }
 
-static int resolve_new(loom_cluster **out, const loom_spec *spec, const char *task_flag, char *const *envp,
-                       bool need_task, loom_err *err)
+static int resolve_new(loom_cluster **out, const loom_spec *spec, const loom_cluster_roles *roles,
+                       const char *task_flag, char *const *envp, bool need_task, loom_err *err)
 {
     *out = NULL;
     loom_cluster *c = loom_calloc(1, sizeof *c);
     if (!c) return loom_err_set(err, LOOM_ENOMEM, spec->path, "out of memory");
     bool single = false;
-    int rc = resolve(c, spec, task_flag, envp, need_task, &single, err);
+    int rc = resolve(c, spec, roles, task_flag, envp, need_task, &single, err);
     if (rc || single) {
         loom_cluster_free(c);
         return rc;
@@ -1107,16 +1134,16 @@ static int resolve_new(loom_cluster **out, const loom_spec *spec, const char *ta
     return LOOM_OK;
 }
 
-int loom_cluster_resolve(loom_cluster **out, const loom_spec *spec, const char *task_flag, char *const *envp,
-                         loom_err *err)
+int loom_cluster_resolve(loom_cluster **out, const loom_spec *spec, const loom_cluster_roles *roles,
+                         const char *task_flag, char *const *envp, loom_err *err)
 {
-    return resolve_new(out, spec, task_flag, envp, true, err);
+    return resolve_new(out, spec, roles, task_flag, envp, true, err);
 }
 
-int loom_cluster_resolve_any(loom_cluster **out, const loom_spec *spec, const char *task_flag, char *const *envp,
-                             loom_err *err)
+int loom_cluster_resolve_any(loom_cluster **out, const loom_spec *spec, const loom_cluster_roles *roles,
+                             const char *task_flag, char *const *envp, loom_err *err)
 {
-    return resolve_new(out, spec, task_flag, envp, false, err);
+    return resolve_new(out, spec, roles, task_flag, envp, false, err);
 }
 
 /* ---- print ---------------------------------------------------------------- */

@@ -198,8 +198,7 @@ int loom_strategy_open(loom_strategy **out, const loom_strategy_args *a, loom_er
         loom_free(s);
         return LOOM_ECONFIG;
     }
-    int builtin = ops == loom_one_device_ops_() || ops == loom_multi_worker_ops_() ||
-                  ops == loom_parameter_server_ops_() || loom_replicated_owns_(ops);
+    int builtin = loom_strategy_builtin(ops);
     if (s->xops && (rc = check_xops_memory(&a->spec->strategy, s->xops, builtin, err))) {
         loom_free(s);
         return rc;
@@ -264,6 +263,20 @@ int loom_strategy_step_part(loom_strategy *s, loom_step_part part, const loom_el
 /* ---- the strategies' descriptions of themselves (version 2) ------------------- */
 
 #define V2(s, f) ((s)->ops->version >= 2 && (s)->ops->f)
+
+bool loom_strategy_builtin(const loom_strategy_ops *ops)
+{
+    return ops && (ops == loom_one_device_ops_() || ops == loom_multi_worker_ops_() ||
+                   ops == loom_parameter_server_ops_() || loom_replicated_owns_(ops));
+}
+
+const loom_cluster_roles *loom_strategy_roles(const loom_spec *spec)
+{
+    loom_err err = {0};
+    if (loom_distribute_init(&err)) return NULL;
+    const loom_strategy_ops *ops = loom_find_strategy(spec->strategy.name);
+    return ops && ops->version >= 5 ? ops->roles : NULL;
+}
 
 unsigned loom_strategy_caps(const loom_strategy *s) { return s->ops->version >= 2 ? s->ops->caps : 0; }
 

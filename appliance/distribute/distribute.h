@@ -293,8 +293,15 @@ typedef struct loom_strategy_ops {
      * when the job is done (LOOM_OK) or this task failed. NULL: every task
      * runs the training loop. */
     int  (*serve)(loom_strategy *s, loom_iter *train, loom_err *err);
+    /* ---- version 5 (appended; read only when version >= 5; optional) ---- */
+    /* The roles of a cluster the strategy uses (see loom_cluster_roles in
+     * cluster.h): whether it runs in one process, which roles it refuses or
+     * requires, whether a lost worker rejoins. `loom check`, train and launch
+     * check the cluster against it before anything opens. NULL: any cluster
+     * (the strategy checks when it opens). */
+    const loom_cluster_roles *roles;
 } loom_strategy_ops;
-#define LOOM_STRATEGY_OPS_VERSION 4 /* versions 1 to 3 (without the appended fields) still register */
+#define LOOM_STRATEGY_OPS_VERSION 5 /* versions 1 to 4 (without the appended fields) still register */
 /* caps: the strategy runs its replicas on threads of its own sized from
  * run.threads, so BLAS runs single-threaded under it (else BLAS gets run.threads). */
 #define LOOM_STRATEGY_OWN_THREADS 1u
@@ -316,6 +323,9 @@ int loom_register_cross_device_ops(const loom_cross_device_ops *ops, loom_err *e
 int loom_register_strategy_from(const loom_strategy_ops *ops, const char *origin, loom_err *err);
 int loom_register_cross_device_ops_from(const loom_cross_device_ops *ops, const char *origin, loom_err *err);
 const loom_strategy_ops     *loom_find_strategy(const char *name);
+/* Whether ops is one of Loom's own strategies (the config engine knows their
+ * names and settings; any other is a plugin's). */
+bool loom_strategy_builtin(const loom_strategy_ops *ops);
 const loom_cross_device_ops *loom_find_cross_device_ops(const char *name);
 /* "one_device, ..." into buf, for error messages. */
 char *loom_strategy_names(char *buf, size_t n);
@@ -324,6 +334,12 @@ char *loom_cross_device_ops_names(char *buf, size_t n);
 /* Creates the strategy the spec names. Free with loom_strategy_close. */
 int  loom_strategy_open(loom_strategy **out, const loom_strategy_args *a, loom_err *err);
 void loom_strategy_close(loom_strategy *s); /* NULL is a no-op */
+
+/* The roles description of the strategy the spec names, found by its name
+ * in the registry (a plugin's once its plugin is loaded): pass it to
+ * loom_cluster_resolve. NULL for a strategy that describes none (ops version
+ * < 5, or roles NULL) or an unknown name. Borrowed, static. */
+const loom_cluster_roles *loom_strategy_roles(const loom_spec *spec);
 
 /* Thin wrappers over the vtable. */
 int  loom_strategy_train_step(loom_strategy *s, const loom_elem *batch, int64_t step, loom_step_result *out,

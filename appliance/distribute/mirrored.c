@@ -929,13 +929,14 @@ static void rep_where(loom_strategy *s, char *buf, size_t n)
  * which open decides; every other entry is shared. Two vtables all the
  * same: the registry keys strategies by name, and loom_replicated_owns_
  * tells them by pointer. */
+static const loom_cluster_roles replicated_roles = {.flags = LOOM_ROLES_ONE_PROCESS}; /* its replicas are threads */
 #define REPLICATED_OPS(NAME, OPEN)                                                                               \
     {                                                                                                            \
         .version = LOOM_STRATEGY_OPS_VERSION, .name = NAME, .open = OPEN, .close = rep_close,                    \
         .train_step = rep_train_step, .eval_step = rep_eval_step, .predict = rep_predict, .model = rep_model,    \
         .optimizer = rep_optimizer, .sync = rep_sync, .num_replicas = rep_num_replicas,                          \
         .step_part = rep_step_part, .replica = rep_replica, .caps = LOOM_STRATEGY_OWN_THREADS,                   \
-        .print_plan = rep_print_plan, .where = rep_where,                                                        \
+        .print_plan = rep_print_plan, .where = rep_where, .roles = &replicated_roles,                            \
     }
 static const loom_strategy_ops mirrored_ops = REPLICATED_OPS("mirrored", mirrored_open);
 static const loom_strategy_ops central_storage_ops = REPLICATED_OPS("central_storage", central_open);

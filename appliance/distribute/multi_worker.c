@@ -739,6 +739,13 @@ static int mw_peers(loom_strategy *s, loom_peer_info *out, int max)
     return mw->group ? loom_group_peers(mw->group, out, max) : 0;
 }
 
+/* Every training task (the chief and the workers, at least one of them)
+ * holds the variables; an evaluator may watch the job. */
+static const loom_cluster_roles multi_worker_roles = {
+    .use = {[LOOM_ROLE_PS] = LOOM_ROLE_REFUSED},
+    .hint = {[LOOM_ROLE_PS] = "remove the ps tasks (variables are mirrored on every worker), or use parameter_server"},
+};
+
 static const loom_strategy_ops multi_worker_ops = {
     .version = LOOM_STRATEGY_OPS_VERSION,
     .name = "multi_worker_mirrored",
@@ -764,6 +771,7 @@ static const loom_strategy_ops multi_worker_ops = {
     .stop_agreed = mw_stop_agreed,
     .end_of_data = mw_end_of_data,
     .peers = mw_peers,
+    .roles = &multi_worker_roles,
 };
 
 const loom_strategy_ops *loom_multi_worker_ops_(void) { return &multi_worker_ops; }

@@ -157,6 +157,9 @@ static void od_print_plan(loom_strategy *s, int64_t global_batch, FILE *f)
 
 static void od_where(loom_strategy *s, char *buf, size_t n) { snprintf(buf, n, "%s", s->args->spec->strategy.device); }
 
+/* One process: a cluster of one task at most. */
+static const loom_cluster_roles one_device_roles = {.flags = LOOM_ROLES_ONE_PROCESS};
+
 static const loom_strategy_ops one_device_ops = {
     .version = LOOM_STRATEGY_OPS_VERSION,
     .name = "one_device",
@@ -174,6 +177,7 @@ static const loom_strategy_ops one_device_ops = {
     .caps = LOOM_STRATEGY_OWN_THREADS,
     .print_plan = od_print_plan,
     .where = od_where,
+    .roles = &one_device_roles,
 };
 
 const loom_strategy_ops *loom_one_device_ops_(void) { return &one_device_ops; }

@@ -1537,10 +1537,100 @@ static int worker_of_peer(const ps_strategy *ps, int p)
     return -1;
 }
 
-/* Waits for one piece of news from the workers (a result, a loss, a
- * return) and acts on it.
- * long: one branch per kind of news (peer down, peer up, result, refusal),
- * each acting on the coordinator's queue; read as a table. */
+/* News: worker w (who) was lost; the step functions it ran go back in the queue. */
+static void news_down(ps_strategy *ps, int w, const char *who)
+{
+    ps->alive[w] = false;
+    ps->busy[w] = false;
+    for (int i = 0; i < ps->n_fns; i++)
+        if (ps->fns[i].worker == w) {
+            ps->fns[i].worker = -1;
+            ps->requeued++;
+            loom_warn("lost %s in the middle of step function %llu (steps %lld to %lld): put back in the queue for "
+                      "another worker", who, (unsigned long long)ps->fns[i].fn, (long long)ps->fns[i].first + 1,
+                      (long long)(ps->fns[i].first + ps->fns[i].steps));
+        }
+    if (ps->sync && alive_workers(ps) < ps->sync_n)
+        loom_warn("only %d worker%s left, replicas_to_aggregate = %d: the job waits for a worker to come back",
+                  alive_workers(ps), alive_workers(ps) == 1 ? "" : "s", ps->sync_n);
+}
+
+/* News: worker w (who) came back. */
+static void news_up(ps_strategy *ps, int w, const char *who)
+{
+    ps->alive[w] = true;
+    ps->busy[w] = false;
+    loom_info("%s rejoined: it rebuilt its input pipeline and takes step functions again", who);
+}
+
+/* News: worker w's result of a step function (msg): its steps' sums become
+ * ready, in order; a late report of a finished synchronous step adds its
+ * accepted gradients' sums to the pool the next step reports. */
+static int news_result(ps_strategy *ps, int w, const char *who, const loom_buf *msg, loom_err *err)
+{
+    uint64_t fn;
+    loom_ps_step_out *out;
+    uint32_t n;
+    loom_ps_traffic tr;
+    int rc = loom_ps_decode_result_(msg->data, msg->len, &fn, &out, &n, &tr, err);
+    if (rc) return loom_err_hint(err, "a step result from %s did not decode", who);
+    ps->moved_bytes += (int64_t)tr.bytes;
+    ps->moved_rows += (int64_t)tr.rows;
+    ps->moved_steps += n;
+    int i = find_fn(ps, fn);
+    if (!ps->sync) ps->busy[w] = false;
+    else if (ps->fns && i < 0) ps->busy[w] = false;
+    for (uint32_t k = 0; k < n; k++)
+        if (!out[k].accepted && ++ps->stale <= 3) /* the first few named; all counted, in the end line */
+            loom_info("the gradient %s computed for step %lld was stale: dropped%s", who,
+                      (long long)out[k].step + 1, ps->stale == 3 ? " (further ones are counted, not logged)" : "");
+    if (i >= 0) {
+        fn_slot f = ps->fns[i];
+        drop_fn(ps, i);
+        if (ps->sync) ps->busy[w] = false;
+        for (uint32_t k = 0; k < f.steps && !rc; k++) {
+            loom_ps_step_out o = {.step = f.first + k, .accepted = 1};
+            for (uint32_t j = 0; j < n; j++)
+                if (out[j].step == o.step && out[j].accepted) {
+                    o.loss_sum += out[j].loss_sum;
+                    o.correct += out[j].correct;
+                    o.examples += out[j].examples;
+                }
+            if (!ps->sync) o = out[k < n ? k : 0], o.step = f.first + k;
+            if (k == 0 && ps->pool.examples) {
+                o.loss_sum += ps->pool.loss_sum;
+                o.correct += ps->pool.correct;
+                o.examples += ps->pool.examples;
+                memset(&ps->pool, 0, sizeof ps->pool);
+            }
+            if (add_ready(ps, &o)) rc = loom_err_set(err, LOOM_ENOMEM, NULL, "keeping step results");
+        }
+    } else if (ps->sync) { /* a late report of a finished step: its accepted gradients count */
+        ps->busy[w] = false;
+        for (uint32_t j = 0; j < n; j++)
+            if (out[j].accepted) {
+                ps->pool.loss_sum += out[j].loss_sum;
+                ps->pool.correct += out[j].correct;
+                ps->pool.examples += out[j].examples;
+            }
+    }
+    loom_free(out);
+    return rc;
+}
+
+/* News: a task refused a message of the coordinator (msg: why). */
+static void news_refused(const char *who, const loom_buf *msg)
+{
+    char text[400];
+    size_t l = msg->len < sizeof text - 1 ? msg->len : sizeof text - 1;
+    memcpy(text, msg->data, l);
+    text[l] = 0;
+    loom_warn("%s refused a message of the coordinator: %s", who, text);
+}
+
+/* Waits (wait_s; < 0: as long as workers may still come back) for one
+ * piece of news from the workers (a loss, a return, a result, a refusal)
+ * and acts on it. */
 static int pump_for(ps_strategy *ps, double wait_s, loom_err *err)
 {
     loom_buf msg;
@@ -1571,81 +1661,11 @@ static int pump_for(ps_strategy *ps, double wait_s, loom_err *err)
     int w = worker_of_peer(ps, from);
     char who[32];
     peer_name(ps, from, who, sizeof who);
-    if (type == LOOM_MSG_PEER_DOWN && w >= 0) {
-        ps->alive[w] = false;
-        ps->busy[w] = false;
-        for (int i = 0; i < ps->n_fns; i++)
-            if (ps->fns[i].worker == w) {
-                ps->fns[i].worker = -1;
-                ps->requeued++;
-                loom_warn("lost %s in the middle of step function %llu (steps %lld to %lld): put back in the queue for "
-                          "another worker", who, (unsigned long long)ps->fns[i].fn, (long long)ps->fns[i].first + 1,
-                          (long long)(ps->fns[i].first + ps->fns[i].steps));
-            }
-        if (ps->sync && alive_workers(ps) < ps->sync_n)
-            loom_warn("only %d worker%s left, replicas_to_aggregate = %d: the job waits for a worker to come back",
-                      alive_workers(ps), alive_workers(ps) == 1 ? "" : "s", ps->sync_n);
-    } else if (type == LOOM_MSG_PEER_UP && w >= 0) {
-        ps->alive[w] = true;
-        ps->busy[w] = false;
-        loom_info("%s rejoined: it rebuilt its input pipeline and takes step functions again", who);
-    } else if (type == LOOM_PS_MSG_RESULT && w >= 0) {
-        uint64_t fn;
-        loom_ps_step_out *out;
-        uint32_t n;
-        loom_ps_traffic tr;
-        if ((rc = loom_ps_decode_result_(msg.data, msg.len, &fn, &out, &n, &tr, err))) {
-            loom_buf_fini(&msg);
-            return loom_err_hint(err, "a step result from %s did not decode", who);
-        }
-        ps->moved_bytes += (int64_t)tr.bytes;
-        ps->moved_rows += (int64_t)tr.rows;
-        ps->moved_steps += n;
-        int i = find_fn(ps, fn);
-        if (!ps->sync) ps->busy[w] = false;
-        else if (ps->fns && i < 0) ps->busy[w] = false;
-        for (uint32_t k = 0; k < n; k++)
-            if (!out[k].accepted && ++ps->stale <= 3) /* the first few named; all counted, in the end line */
-                loom_info("the gradient %s computed for step %lld was stale: dropped%s", who,
-                          (long long)out[k].step + 1, ps->stale == 3 ? " (further ones are counted, not logged)" : "");
-        if (i >= 0) {
-            fn_slot f = ps->fns[i];
-            drop_fn(ps, i);
-            if (ps->sync) ps->busy[w] = false;
-            for (uint32_t k = 0; k < f.steps && !rc; k++) {
-                loom_ps_step_out o = {.step = f.first + k, .accepted = 1};
-                for (uint32_t j = 0; j < n; j++)
-                    if (out[j].step == o.step && out[j].accepted) {
-                        o.loss_sum += out[j].loss_sum;
-                        o.correct += out[j].correct;
-                        o.examples += out[j].examples;
-                    }
-                if (!ps->sync) o = out[k < n ? k : 0], o.step = f.first + k;
-                if (k == 0 && ps->pool.examples) {
-                    o.loss_sum += ps->pool.loss_sum;
-                    o.correct += ps->pool.correct;
-                    o.examples += ps->pool.examples;
-                    memset(&ps->pool, 0, sizeof ps->pool);
-                }
-                if (add_ready(ps, &o)) rc = loom_err_set(err, LOOM_ENOMEM, NULL, "keeping step results");
-            }
-        } else if (ps->sync) { /* a late report of a finished step: its accepted gradients count */
-            ps->busy[w] = false;
-            for (uint32_t j = 0; j < n; j++)
-                if (out[j].accepted) {
-                    ps->pool.loss_sum += out[j].loss_sum;
-                    ps->pool.correct += out[j].correct;
-                    ps->pool.examples += out[j].examples;
-                }
-        }
-        loom_free(out);
-    } else if (type == LOOM_PS_MSG_REFUSED) {
-        char text[400];
-        size_t l = msg.len < sizeof text - 1 ? msg.len : sizeof text - 1;
-        memcpy(text, msg.data, l);
-        text[l] = 0;
-        loom_warn("%s refused a message of the coordinator: %s", who, text);
-    } /* anything else (late VALUES of an abandoned pull): ignored */
+    if (type == LOOM_MSG_PEER_DOWN && w >= 0) news_down(ps, w, who);
+    else if (type == LOOM_MSG_PEER_UP && w >= 0) news_up(ps, w, who);
+    else if (type == LOOM_PS_MSG_RESULT && w >= 0) rc = news_result(ps, w, who, &msg, err);
+    else if (type == LOOM_PS_MSG_REFUSED) news_refused(who, &msg);
+    /* anything else (late VALUES of an abandoned pull): ignored */
     loom_buf_fini(&msg);
     return rc;
 }
@@ -1991,6 +2011,45 @@ static int ps_peers(loom_strategy *s, loom_peer_info *out, int max)
     return ps->net ? loom_net_peers(ps->net, out, max) : 0;
 }
 
+/* strategy.sync against the workers the cluster has (the sync settings were
+ * checked among themselves at load; the cluster is known only now). */
+static int ps_check_cluster(const loom_spec *spec, const int *n_tasks, const char *cluster_from, loom_err *err)
+{
+    const loom_ps_sync_spec *y = &spec->strategy.sync;
+    if (!y->enabled) return LOOM_OK;
+    int nw = n_tasks[LOOM_ROLE_WORKER];
+    char yw[LOOM_PATH_MAX + 16];
+    loom_loc_str(&y->loc, yw, sizeof yw);
+    int m = y->total_replicas > 0 ? y->total_replicas : nw;
+    if (m != nw) {
+        loom_err_set(err, LOOM_ECONFIG, yw, "strategy.sync.total_replicas = %d, but the cluster (from %s) has %d "
+                     "worker%s", m, cluster_from, nw, nw == 1 ? "" : "s");
+        return loom_err_hint(err, "set total_replicas to the number of workers (or leave it out)");
+    }
+    if (y->replicas_to_aggregate > m) {
+        loom_err_set(err, LOOM_ECONFIG, yw, "strategy.sync.replicas_to_aggregate = %d is more than the %d worker%s of "
+                     "the cluster (from %s): no step could gather that many gradients", y->replicas_to_aggregate, m,
+                     m == 1 ? "" : "s", cluster_from);
+        return loom_err_hint(err, "aggregate at most one gradient per worker");
+    }
+    return LOOM_OK;
+}
+
+/* The ps tasks hold the variables, the chief coordinates, the workers
+ * compute gradients (a lost worker is started again and rejoins: the job
+ * goes on without it meanwhile); an evaluator may watch the job. */
+static const loom_cluster_roles parameter_server_roles = {
+    .flags = LOOM_ROLES_REJOIN,
+    .use = {[LOOM_ROLE_CHIEF] = LOOM_ROLE_REQUIRED, [LOOM_ROLE_WORKER] = LOOM_ROLE_REQUIRED,
+            [LOOM_ROLE_PS] = LOOM_ROLE_REQUIRED},
+    .why = {[LOOM_ROLE_CHIEF] = "(the coordinator)", [LOOM_ROLE_PS] = "to hold the variables"},
+    .hint = {[LOOM_ROLE_CHIEF] = "declare cluster.chief (one task) and cluster.worker (loom launch --local --workers 2 "
+                                 "--ps 1)",
+             [LOOM_ROLE_PS] = "add cluster.ps = [\"host:port\"] (loom launch --local --ps 1), or use "
+                              "multi_worker_mirrored"},
+    .check = ps_check_cluster,
+};
+
 static const loom_strategy_ops parameter_server_ops = {
     .version = LOOM_STRATEGY_OPS_VERSION,
     .name = "parameter_server",
@@ -2012,6 +2071,7 @@ static const loom_strategy_ops parameter_server_ops = {
     .pick_iter_state = ps_pick_iter_state,
     .peers = ps_peers,
     .serve = ps_serve,
+    .roles = &parameter_server_roles,
 };
 
 const loom_strategy_ops *loom_parameter_server_ops_(void) { return &parameter_server_ops; }

@@ -15,6 +15,17 @@
 #define loom_strategy_args            abi_loom_strategy_args
 #define loom_step_result              abi_loom_step_result
 #define loom_strategy_ops             abi_loom_strategy_ops
+#define loom_role                     abi_loom_role
+#define loom_role_use                 abi_loom_role_use
+#define loom_cluster_roles            abi_loom_cluster_roles
+#define LOOM_ROLE_CHIEF               ABI_LOOM_ROLE_CHIEF
+#define LOOM_ROLE_WORKER              ABI_LOOM_ROLE_WORKER
+#define LOOM_ROLE_PS                  ABI_LOOM_ROLE_PS
+#define LOOM_ROLE_EVALUATOR           ABI_LOOM_ROLE_EVALUATOR
+#define LOOM_ROLE_COUNT               ABI_LOOM_ROLE_COUNT
+#define LOOM_ROLE_ALLOWED             ABI_LOOM_ROLE_ALLOWED
+#define LOOM_ROLE_REFUSED             ABI_LOOM_ROLE_REFUSED
+#define LOOM_ROLE_REQUIRED            ABI_LOOM_ROLE_REQUIRED
 #define loom_input_ctx                abi_loom_input_ctx
 #define loom_step_part                abi_loom_step_part
 #define loom_device                   abi_loom_device
@@ -88,6 +99,7 @@
 #include "loom_plugin.h"
 enum { ABI_XOPS_VERSION = LOOM_CROSS_DEVICE_OPS_VERSION, ABI_STRATEGY_VERSION = LOOM_STRATEGY_OPS_VERSION,
        ABI_STRATEGY_OWN_THREADS = LOOM_STRATEGY_OWN_THREADS };
+enum { ABI_ROLES_ONE_PROCESS = LOOM_ROLES_ONE_PROCESS, ABI_ROLES_REJOIN = LOOM_ROLES_REJOIN };
 enum { ABI_XOPS_HOST_MEM = LOOM_XOPS_HOST_MEM, ABI_XOPS_DEVICE_MEM = LOOM_XOPS_DEVICE_MEM };
 enum { ABI_DEVICE_VERSION = LOOM_DEVICE_OPS_VERSION };
 enum { ABI_CUSTOM_VERSION = LOOM_CUSTOM_OPS_VERSION, ABI_SOURCE_VERSION = LOOM_SOURCE_OPS_VERSION,
@@ -144,6 +156,19 @@ enum { ABI_CUSTOM_VERSION = LOOM_CUSTOM_OPS_VERSION, ABI_SOURCE_VERSION = LOOM_S
 #undef loom_strategy_args
 #undef loom_step_result
 #undef loom_strategy_ops
+#undef loom_role
+#undef loom_role_use
+#undef loom_cluster_roles
+#undef LOOM_ROLE_CHIEF
+#undef LOOM_ROLE_WORKER
+#undef LOOM_ROLE_PS
+#undef LOOM_ROLE_EVALUATOR
+#undef LOOM_ROLE_COUNT
+#undef LOOM_ROLE_ALLOWED
+#undef LOOM_ROLE_REFUSED
+#undef LOOM_ROLE_REQUIRED
+#undef LOOM_ROLES_ONE_PROCESS
+#undef LOOM_ROLES_REJOIN
 #undef loom_input_ctx
 #undef LOOM_STRATEGY_OWN_THREADS
 #undef loom_step_part
@@ -208,6 +233,14 @@ _Static_assert(ABI_XOPS_HOST_MEM == LOOM_XOPS_HOST_MEM && ABI_XOPS_DEVICE_MEM ==
                "cross-device ops memory caps");
 _Static_assert(ABI_STRATEGY_VERSION == LOOM_STRATEGY_OPS_VERSION, "strategy ops version");
 _Static_assert(ABI_STRATEGY_OWN_THREADS == LOOM_STRATEGY_OWN_THREADS, "strategy caps");
+_Static_assert((int)ABI_LOOM_ROLE_CHIEF == (int)LOOM_ROLE_CHIEF && (int)ABI_LOOM_ROLE_WORKER == (int)LOOM_ROLE_WORKER &&
+                   (int)ABI_LOOM_ROLE_PS == (int)LOOM_ROLE_PS && (int)ABI_LOOM_ROLE_EVALUATOR == (int)LOOM_ROLE_EVALUATOR &&
+                   (int)ABI_LOOM_ROLE_COUNT == (int)LOOM_ROLE_COUNT,
+               "cluster roles");
+_Static_assert((int)ABI_LOOM_ROLE_ALLOWED == (int)LOOM_ROLE_ALLOWED && (int)ABI_LOOM_ROLE_REFUSED == (int)LOOM_ROLE_REFUSED &&
+                   (int)ABI_LOOM_ROLE_REQUIRED == (int)LOOM_ROLE_REQUIRED,
+               "role uses");
+_Static_assert(ABI_ROLES_ONE_PROCESS == LOOM_ROLES_ONE_PROCESS && ABI_ROLES_REJOIN == LOOM_ROLES_REJOIN, "roles flags");
 
 /* Same size, and each member at the same offset with the same size. */
 #define SAME_SIZE_(T) _Static_assert(sizeof(abi_##T) == sizeof(T), "size of " #T);
@@ -291,6 +324,14 @@ SAME_FIELD_(loom_strategy_ops, stop_agreed)
 SAME_FIELD_(loom_strategy_ops, end_of_data)
 SAME_FIELD_(loom_strategy_ops, peers)
 SAME_FIELD_(loom_strategy_ops, serve)
+SAME_FIELD_(loom_strategy_ops, roles)
+
+SAME_SIZE_(loom_cluster_roles)
+SAME_FIELD_(loom_cluster_roles, flags)
+SAME_FIELD_(loom_cluster_roles, use)
+SAME_FIELD_(loom_cluster_roles, why)
+SAME_FIELD_(loom_cluster_roles, hint)
+SAME_FIELD_(loom_cluster_roles, check)
 
 SAME_SIZE_(loom_strategy)
 SAME_FIELD_(loom_strategy, ops)

@@ -432,8 +432,11 @@ int loom_plugins_check_spec(const loom_spec *spec, loom_errlist *errs)
     const loom_strategy_spec *st = &spec->strategy;
     char where[LOOM_PATH_MAX + 16];
     loom_loc_str(&st->loc, where, sizeof where);
-    if (st->kind == LOOM_STRAT_PLUGIN) {
-        if (!loom_find_strategy(st->name))
+    /* a built-in strategy's name, options and op were checked by the config;
+     * any other name is a plugin's, known only now (the registry tells which) */
+    const loom_strategy_ops *ops = loom_find_strategy(st->name);
+    if (!loom_strategy_builtin(ops)) {
+        if (!ops)
             unknown_name(errs, where, LOOM_REG_STRATEGY, "strategy.type", st->name);
         else
             check_options(st, errs);

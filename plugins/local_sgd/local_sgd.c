@@ -175,6 +175,10 @@ static int ls_sync(loom_strategy *s, loom_err *err)
     return rc;
 }
 
+/* Its replicas are threads of this process: a cluster of several tasks would
+ * train several unrelated jobs, so `loom check`, train and launch refuse one. */
+static const loom_cluster_roles local_sgd_roles = {.flags = LOOM_ROLES_ONE_PROCESS};
+
 static const loom_strategy_ops local_sgd_ops = {
     .version = LOOM_STRATEGY_OPS_VERSION,
     .name = "local_sgd",
@@ -187,6 +191,7 @@ static const loom_strategy_ops local_sgd_ops = {
     .optimizer = ls_optimizer,
     .sync = ls_sync,
     .num_replicas = ls_num_replicas,
+    .roles = &local_sgd_roles,
 };
 
 static const char *const options[] = {"average_every", NULL};

@@ -20,6 +20,8 @@
 #define CHECK(c) do { if (!(c)) __builtin_trap(); } while (0)
 
 static loom_spec *spec;
+/* multi_worker_mirrored's roles (distribute describes them; the fuzzer links the cluster alone) */
+static const loom_cluster_roles mwm_roles = {.use = {[LOOM_ROLE_PS] = LOOM_ROLE_REFUSED}};
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -73,7 +75,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         char *env[] = {var, NULL};
         loom_cluster *c = NULL;
         loom_err err = {0};
-        if (loom_cluster_resolve_any(&c, spec, NULL, env, &err) == LOOM_OK && c) {
+        if (loom_cluster_resolve_any(&c, spec, &mwm_roles, NULL, env, &err) == LOOM_OK && c) {
             CHECK(c->index < 0 || c->index < c->n_tasks[c->role]);
             CHECK(c->rank < c->n_train_ranks);
             CHECK(c->config_text != NULL);

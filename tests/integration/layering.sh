@@ -207,6 +207,24 @@ if [ -f "$BUILD/compile_commands.json" ]; then
 else
     fail "each module's library sees only its own and lower modules' headers" "no $BUILD/compile_commands.json"
 fi
+
+# Issue 12: the trainer, the command line, the cluster and the plugin loader
+# talk to the strategy interface only; a strategy's kind (LOOM_STRAT_*) is
+# the config engine's and distribute's, and every other module asks the
+# strategy's description (its ops: caps, roles, ...). The checker also runs
+# on a copy with a kind check put in, and must fail there naming file:line.
+kind_checks() { # kind_checks ROOT: prints file:line of each LOOM_STRAT_ outside config/ and distribute/
+    grep -rn --include='*.c' --include='*.h' 'LOOM_STRAT_' "$1" | grep -v -E "^$1/(config|distribute)/" | sed "s|^$1/||"
+}
+out=$(kind_checks appliance)
+[ -z "$out" ] && pass "no strategy-kind check outside config/ and distribute/" ||
+    fail "no strategy-kind check outside config/ and distribute/" "$out"
+rm -rf "$WORK/tree" && cp -r appliance "$WORK/tree"
+printf 'int kind_probe(const loom_spec *s) { return s->strategy.kind == LOOM_STRAT_MIRRORED; }\n' >> "$WORK/tree/cli/launch.c"
+n=$(wc -l < "$WORK/tree/cli/launch.c")
+out=$(kind_checks "$WORK/tree")
+grep -qF "cli/launch.c:$n:" <<<"$out" && pass "a strategy-kind check put in cli/ is found, naming file:line" ||
+    fail "a strategy-kind check put in cli/ is found, naming file:line" "$out"
 # Every name a module's library exports is public (loom_*) or internal,
 # ending in _ (STYLE.md); the config engine's internals also carry its prefix
 # cfg_. All modules link into one binary, so a short exported name (ctx,

@@ -6,6 +6,7 @@
 #include "test_util.h"
 #include "cluster/cluster.h"
 #include "cluster/topology_internal.h"
+#include "distribute/distribute.h"
 
 #include <sys/stat.h>
 
@@ -29,7 +30,7 @@ static int resolve(loom_cluster **c, const loom_spec *s, const char *task, const
 {
     loom_err err = {0};
     static const char *const none[] = {NULL};
-    int rc = loom_cluster_resolve(c, s, task, (char *const *)(env ? env : none), &err);
+    int rc = loom_cluster_resolve(c, s, loom_strategy_roles(s), task, (char *const *)(env ? env : none), &err);
     if (msg) snprintf(msg, n, "%s: %s | %s", err.where, err.msg, err.hint);
     return rc;
 }
@@ -154,10 +155,10 @@ static void test_config_and_flag(void)
     loom_err err = {0};
     c = NULL;
     static const char *const none[] = {NULL};
-    CHECK(loom_cluster_resolve_any(&c, s, NULL, (char *const *)none, &err) == LOOM_OK && c && c->index == -1 &&
+    CHECK(loom_cluster_resolve_any(&c, s, loom_strategy_roles(s), NULL, (char *const *)none, &err) == LOOM_OK && c && c->index == -1 &&
           c->rank == -1 && c->task_from == LOOM_FROM_NONE && c->n_train_ranks == 3);
     loom_cluster_free(c);
-    CHECK(loom_cluster_resolve_any(&c, s, "worker:7", (char *const *)none, &err) == LOOM_ECONFIG && !c);
+    CHECK(loom_cluster_resolve_any(&c, s, loom_strategy_roles(s), "worker:7", (char *const *)none, &err) == LOOM_ECONFIG && !c);
     loom_config_free(s);
 
     /* no cluster: one process, and --task is refused */
@@ -186,6 +187,189 @@ static void test_strategy_roles(void)
     if (s) CHECK_MSG(resolve(&c, s, NULL, NULL, msg, sizeof msg) == LOOM_OK && c && c->index == 0, "%s", msg);
     loom_cluster_free(c);
     loom_config_free(s);
+}
+
+/* The strategy-kind switch topology.c had before strategies described
+ * their roles (issue 12), kept here as the oracle: every built-in strategy
+ * x cluster shape must give the same accept or the same error (where, message
+ * and hint) through the description. Its output was checked against the
+ * release binary of main 91a28dc on the same table (loom check). */
+static int old_switch(const loom_spec *spec, const int *n, const char *from, loom_err *err)
+{
+    const loom_strategy_spec *st = &spec->strategy;
+    char w[LOOM_PATH_MAX + 16];
+    loom_loc_str(&st->loc, w, sizeof w);
+    int total = n[0] + n[1] + n[2] + n[3];
+    if (!strcmp(st->name, "one_device") || !strcmp(st->name, "mirrored") || !strcmp(st->name, "central_storage")) {
+        if (total <= 1) return LOOM_OK;
+        loom_err_set(err, LOOM_ECONFIG, w, "strategy \"%s\" runs in one process, but the cluster (from %s) has %d "
+                     "tasks", st->name, from, total);
+        return loom_err_hint(err, "use strategy.type = \"multi_worker_mirrored\" to train on every worker, or run "
+                                  "without a cluster");
+    }
+    if (!strcmp(st->name, "multi_worker_mirrored")) {
+        if (n[LOOM_ROLE_PS] > 0) {
+            loom_err_set(err, LOOM_ECONFIG, w, "multi_worker_mirrored has no use for ps tasks, but the cluster (from "
+                         "%s) has %d", from, n[LOOM_ROLE_PS]);
+            return loom_err_hint(err, "remove the ps tasks (variables are mirrored on every worker), or use "
+                                      "parameter_server");
+        }
+        if (n[LOOM_ROLE_CHIEF] + n[LOOM_ROLE_WORKER] == 0)
+            return loom_err_set(err, LOOM_ECONFIG, w, "multi_worker_mirrored needs a chief or a worker, but the "
+                                "cluster (from %s) has none", from);
+        return LOOM_OK;
+    }
+    int nw = n[LOOM_ROLE_WORKER], nc = n[LOOM_ROLE_CHIEF];
+    if (n[LOOM_ROLE_PS] == 0) {
+        loom_err_set(err, LOOM_ECONFIG, w, "parameter_server needs ps tasks to hold the variables, but the cluster "
+                     "(from %s) has none", from);
+        return loom_err_hint(err, "add cluster.ps = [\"host:port\"] (loom launch --local --ps 1), or use "
+                                  "multi_worker_mirrored");
+    }
+    if (nw == 0 || nc != 1) {
+        loom_err_set(err, LOOM_ECONFIG, w, "parameter_server needs one chief (the coordinator) and at least one "
+                     "worker, but the cluster (from %s) has %d chief%s and %d worker%s", from, nc, nc == 1 ? "" : "s",
+                     nw, nw == 1 ? "" : "s");
+        return loom_err_hint(err, "declare cluster.chief (one task) and cluster.worker (loom launch --local "
+                                  "--workers 2 --ps 1)");
+    }
+    const loom_ps_sync_spec *y = &st->sync;
+    if (!y->enabled) return LOOM_OK;
+    char yw[LOOM_PATH_MAX + 16];
+    loom_loc_str(&y->loc, yw, sizeof yw);
+    int m = y->total_replicas > 0 ? y->total_replicas : nw;
+    if (m != nw) {
+        loom_err_set(err, LOOM_ECONFIG, yw, "strategy.sync.total_replicas = %d, but the cluster (from %s) has %d "
+                     "worker%s", m, from, nw, nw == 1 ? "" : "s");
+        return loom_err_hint(err, "set total_replicas to the number of workers (or leave it out)");
+    }
+    if (y->replicas_to_aggregate > m) {
+        loom_err_set(err, LOOM_ECONFIG, yw, "strategy.sync.replicas_to_aggregate = %d is more than the %d worker%s "
+                     "of the cluster (from %s): no step could gather that many gradients", y->replicas_to_aggregate,
+                     m, m == 1 ? "" : "s", from);
+        return loom_err_hint(err, "aggregate at most one gradient per worker");
+    }
+    return LOOM_OK;
+}
+
+/* The cluster settings for n tasks per role on 127.0.0.1 (sets[] points into buf). */
+static int cluster_sets(const int *n, const char **sets, char buf[LOOM_ROLE_COUNT][256])
+{
+    static const char *const names[] = {"chief", "worker", "ps", "evaluator"};
+    int k = 0, port = 24000;
+    for (int r = 0; r < LOOM_ROLE_COUNT; r++) {
+        if (!n[r]) continue;
+        size_t len = (size_t)snprintf(buf[r], 256, "cluster.%s=[", names[r]);
+        for (int i = 0; i < n[r]; i++)
+            len += (size_t)snprintf(buf[r] + len, 256 - len, "%s\"127.0.0.1:%d\"", i ? ", " : "", port++);
+        snprintf(buf[r] + len, 256 - len, "]");
+        sets[k++] = buf[r];
+    }
+    return k;
+}
+
+static void test_roles_as_before(void)
+{
+    static const char *const strategies[][3] = {
+        {"strategy.type=one_device"},
+        {"strategy.type=mirrored", "strategy.replicas=2"},
+        {"strategy.type=central_storage", "strategy.replicas=2"},
+        {MWM},
+        {"strategy.type=parameter_server"},
+        {"strategy.type=parameter_server", "strategy.sync.replicas_to_aggregate=2"},
+        {"strategy.type=parameter_server", "strategy.sync.total_replicas=3", "strategy.sync.replicas_to_aggregate=2"},
+    };
+    int cases = 0, errors = 0;
+    for (size_t si = 0; si < sizeof strategies / sizeof *strategies; si++)
+        for (int shape = 0; shape < 2 * 3 * 2 * 2; shape++) {
+            int n[LOOM_ROLE_COUNT] = {shape % 2, shape / 2 % 3, shape / 6 % 2, shape / 12};
+            if (n[0] + n[1] + n[2] + n[3] == 0) continue; /* no cluster: one process, nothing to check */
+            const char *sets[8];
+            char buf[LOOM_ROLE_COUNT][256];
+            int k = 0;
+            for (int j = 0; j < 3 && strategies[si][j]; j++) sets[k++] = strategies[si][j];
+            k += cluster_sets(n, sets + k, buf);
+            loom_spec *s = load_spec(sets, k);
+            if (!s) continue;
+            loom_cluster *c = NULL;
+            loom_err got = {0}, want = {0};
+            static const char *const none[] = {NULL};
+            int rc = loom_cluster_resolve_any(&c, s, loom_strategy_roles(s), NULL, (char *const *)none, &got);
+            char from[64];
+            snprintf(from, sizeof from, "--set cluster.%s", n[0] ? "chief" : n[1] ? "worker" : n[2] ? "ps" : "evaluator");
+            int old = old_switch(s, n, from, &want);
+            cases++;
+            bool same = rc == old && !strcmp(got.where, want.where) && !strcmp(got.msg, want.msg) &&
+                        !strcmp(got.hint, want.hint);
+            errors += rc != LOOM_OK;
+            CHECK_MSG(same, "%s c%d w%d p%d e%d: got %d \"%s: %s | %s\", before %d \"%s: %s | %s\"", sets[0], n[0], n[1],
+                      n[2], n[3], rc, got.where, got.msg, got.hint, old, want.where, want.msg, want.hint);
+            loom_cluster_free(c);
+            loom_config_free(s);
+        }
+    CHECK_MSG(cases == 7 * 23 && errors > 100 && errors < cases, "%d cases, %d refused", cases, errors);
+}
+
+/* A strategy registered from outside (as a plugin's): its description is
+ * honoured as a built-in's is, and one of ops version 4 (before roles) is
+ * given any cluster, as every plugin strategy was before. */
+static int evaluator_check(const loom_spec *spec, const int *n, const char *from, loom_err *err)
+{
+    (void)spec;
+    return n[LOOM_ROLE_EVALUATOR] > 1 ? loom_err_set(err, LOOM_ECONFIG, from, "at most one evaluator") : LOOM_OK;
+}
+static int nop_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err) { (void)s, (void)a, (void)err; return LOOM_OK; }
+static void nop_close(loom_strategy *s) { (void)s; }
+static const loom_cluster_roles watched_roles = {
+    .use = {[LOOM_ROLE_CHIEF] = LOOM_ROLE_REFUSED, [LOOM_ROLE_EVALUATOR] = LOOM_ROLE_REQUIRED},
+    .why = {[LOOM_ROLE_EVALUATOR] = "to watch the checkpoints"},
+    .hint = {[LOOM_ROLE_CHIEF] = "worker 0 coordinates", [LOOM_ROLE_EVALUATOR] = "add cluster.evaluator"},
+    .check = evaluator_check,
+};
+static const loom_strategy_ops watched_ops = {
+    .version = 5, .name = "watched", .open = nop_open, .close = nop_close, .roles = &watched_roles,
+};
+static const loom_strategy_ops old_ops = {.version = 4, .name = "old_plugin", .open = nop_open, .close = nop_close};
+
+static void expect_roles(const char *type, const char *cluster, const char *cluster2, const char *want)
+{
+    char t[64];
+    snprintf(t, sizeof t, "strategy.type=%s", type);
+    const char *sets[] = {t, cluster, cluster2};
+    loom_spec *s = load_spec(sets, cluster2 ? 3 : 2);
+    if (!s) return;
+    loom_cluster *c = NULL;
+    loom_err err = {0};
+    static const char *const none[] = {NULL};
+    int rc = loom_cluster_resolve_any(&c, s, loom_strategy_roles(s), NULL, (char *const *)none, &err);
+    char msg[2048];
+    snprintf(msg, sizeof msg, "%s: %s | %s", err.where, err.msg, err.hint);
+    if (want) CHECK_MSG(rc == LOOM_ECONFIG && !c && !strcmp(msg, want), "%s %s: got \"%s\"", type, cluster, msg);
+    else CHECK_MSG(rc == LOOM_OK && c, "%s %s: got \"%s\"", type, cluster, msg);
+    loom_cluster_free(c);
+    loom_config_free(s);
+}
+
+static void test_plugin_roles(void)
+{
+    loom_err err = {0};
+    CHECK(loom_distribute_init(&err) == LOOM_OK);
+    CHECK(loom_register_strategy_from(&watched_ops, "test/watched.so", &err) == LOOM_OK);
+    CHECK(loom_register_strategy_from(&old_ops, "test/old.so", &err) == LOOM_OK);
+    CHECK(!loom_strategy_builtin(&watched_ops) && loom_strategy_builtin(loom_find_strategy("mirrored")));
+    expect_roles("watched", W2, "cluster.evaluator=[\"127.0.0.1:2230\"]", NULL);
+    expect_roles("watched", W2, NULL,
+                 "--set strategy.type: watched needs evaluator tasks to watch the checkpoints, but the cluster (from "
+                 "--set cluster.worker) has none | add cluster.evaluator");
+    expect_roles("watched", "cluster.chief=[\"127.0.0.1:2229\"]", "cluster.evaluator=[\"127.0.0.1:2230\"]",
+                 "--set strategy.type: watched has no use for chief tasks, but the cluster (from --set cluster.chief) "
+                 "has 1 | worker 0 coordinates");
+    /* refusing the chief, it does not ask for "a chief or a worker" */
+    expect_roles("watched", "cluster.evaluator=[\"127.0.0.1:2230\"]", NULL, NULL);
+    expect_roles("watched", W2, "cluster.evaluator=[\"127.0.0.1:2230\", \"127.0.0.1:2231\"]",
+                 "--set cluster.worker: at most one evaluator | ");
+    /* ops version 4: the roles field is not read; any cluster passes */
+    expect_roles("old_plugin", W2, "cluster.ps=[\"127.0.0.1:2230\"]", NULL);
 }
 
 static void test_tf_config(void)
@@ -408,6 +592,8 @@ static const loom_test tests[] = {
     {"task_flag", test_task_flag},
     {"config_and_flag", test_config_and_flag},
     {"strategy_roles", test_strategy_roles},
+    {"roles_as_before", test_roles_as_before},
+    {"plugin_roles", test_plugin_roles},
     {"tf_config", test_tf_config},
     {"slurm", test_slurm},
     {"mpi", test_mpi},
