@@ -401,6 +401,8 @@ typedef struct dxform {
     int64_t (*max_bytes)(const dstage *in, const loom_transform_spec *t);
     /* (with max_bytes) what that buffer is, for the over-budget message */
     void (*what)(char *buf, size_t n, const dstage *in, const loom_transform_spec *t);
+    /* (optional) whether t is the identity, which noop_elimination drops from the plan */
+    bool (*noop)(const loom_transform_spec *t);
 } dxform;
 /* Registers the built-in transforms and map fns (loom_data_init calls them once). */
 int  dxform_register_(loom_err *err);

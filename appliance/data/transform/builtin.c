@@ -35,6 +35,13 @@ static void shuffle_what(char *buf, size_t n, const dstage *in, const loom_trans
     snprintf(buf, n, "shuffle: a buffer of %lld elements", (long long)t->buffer);
 }
 
+/* The identities noop_elimination drops: take(-1), skip(0), repeat(1), prefetch(0), shard(1, 0). */
+static bool take_noop(const loom_transform_spec *t) { return t->count == -1; }
+static bool skip_noop(const loom_transform_spec *t) { return t->count == 0; }
+static bool repeat_noop(const loom_transform_spec *t) { return t->count == 1; }
+static bool prefetch_noop(const loom_transform_spec *t) { return t->buffer == 0; }
+static bool shard_noop(const loom_transform_spec *t) { return t->num_shards == 1 && t->index == 0; }
+
 static int open_batch(dstage **out, dstage *in, const dxform_args *a, loom_err *err)
 {
     return batch_open_(out, in, a->id, a->t, err);
@@ -151,24 +158,24 @@ static int open_zip(dstage **out, dstage *in, const dxform_args *a, loom_err *er
 
 /* name: filled from config's list at registration. Not const for that one write. */
 static dxform builtins[] = {
-    {DXFORM_BUILTIN, NULL, LOOM_T_MAP, open_map, NULL, NULL, NULL},
-    {DXFORM_BUILTIN, NULL, LOOM_T_SHUFFLE, open_shuffle, NULL, shuffle_bytes, shuffle_what},
-    {DXFORM_BUILTIN, NULL, LOOM_T_BATCH, open_batch, NULL, NULL, NULL},
-    {DXFORM_BUILTIN, NULL, LOOM_T_REPEAT, open_repeat, NULL, NULL, NULL},
-    {DXFORM_BUILTIN, NULL, LOOM_T_TAKE, open_take, NULL, NULL, NULL},
-    {DXFORM_BUILTIN, NULL, LOOM_T_SKIP, open_skip, NULL, NULL, NULL},
-    {DXFORM_BUILTIN, NULL, LOOM_T_PREFETCH, open_prefetch, NULL, NULL, NULL},
-    {DXFORM_BUILTIN, NULL, LOOM_T_FILTER, open_filter, NULL, NULL, NULL},
-    {DXFORM_BUILTIN, NULL, LOOM_T_SHARD, open_shard, NULL, NULL, NULL},
-    {DXFORM_BUILTIN, NULL, LOOM_T_ENUMERATE, open_enumerate, NULL, NULL, NULL},
-    {DXFORM_BUILTIN, NULL, LOOM_T_UNBATCH, open_unbatch, NULL, NULL, NULL},
-    {DXFORM_BUILTIN, NULL, LOOM_T_PADDED_BATCH, open_padded_batch, NULL, NULL, NULL},
-    {DXFORM_BUILTIN, NULL, LOOM_T_CACHE, open_cache, cache_check, cache_bytes, cache_what},
-    {DXFORM_BUILTIN, NULL, LOOM_T_INTERLEAVE, open_interleave, NULL, NULL, NULL},
-    {DXFORM_BUILTIN, NULL, LOOM_T_ZIP, open_zip, NULL, NULL, NULL},
-    {DXFORM_BUILTIN, NULL, LOOM_T_SPLIT, open_shard, NULL, NULL, NULL},
-    {DXFORM_BUILTIN, NULL, LOOM_T_CONCAT, open_concat, NULL, NULL, NULL},
-    {DXFORM_BUILTIN, NULL, LOOM_T_SELECT, open_select, NULL, NULL, NULL},
+    {DXFORM_BUILTIN, NULL, LOOM_T_MAP, open_map, NULL, NULL, NULL, NULL},
+    {DXFORM_BUILTIN, NULL, LOOM_T_SHUFFLE, open_shuffle, NULL, shuffle_bytes, shuffle_what, NULL},
+    {DXFORM_BUILTIN, NULL, LOOM_T_BATCH, open_batch, NULL, NULL, NULL, NULL},
+    {DXFORM_BUILTIN, NULL, LOOM_T_REPEAT, open_repeat, NULL, NULL, NULL, repeat_noop},
+    {DXFORM_BUILTIN, NULL, LOOM_T_TAKE, open_take, NULL, NULL, NULL, take_noop},
+    {DXFORM_BUILTIN, NULL, LOOM_T_SKIP, open_skip, NULL, NULL, NULL, skip_noop},
+    {DXFORM_BUILTIN, NULL, LOOM_T_PREFETCH, open_prefetch, NULL, NULL, NULL, prefetch_noop},
+    {DXFORM_BUILTIN, NULL, LOOM_T_FILTER, open_filter, NULL, NULL, NULL, NULL},
+    {DXFORM_BUILTIN, NULL, LOOM_T_SHARD, open_shard, NULL, NULL, NULL, shard_noop},
+    {DXFORM_BUILTIN, NULL, LOOM_T_ENUMERATE, open_enumerate, NULL, NULL, NULL, NULL},
+    {DXFORM_BUILTIN, NULL, LOOM_T_UNBATCH, open_unbatch, NULL, NULL, NULL, NULL},
+    {DXFORM_BUILTIN, NULL, LOOM_T_PADDED_BATCH, open_padded_batch, NULL, NULL, NULL, NULL},
+    {DXFORM_BUILTIN, NULL, LOOM_T_CACHE, open_cache, cache_check, cache_bytes, cache_what, NULL},
+    {DXFORM_BUILTIN, NULL, LOOM_T_INTERLEAVE, open_interleave, NULL, NULL, NULL, NULL},
+    {DXFORM_BUILTIN, NULL, LOOM_T_ZIP, open_zip, NULL, NULL, NULL, NULL},
+    {DXFORM_BUILTIN, NULL, LOOM_T_SPLIT, open_shard, NULL, NULL, NULL, NULL},
+    {DXFORM_BUILTIN, NULL, LOOM_T_CONCAT, open_concat, NULL, NULL, NULL, NULL},
+    {DXFORM_BUILTIN, NULL, LOOM_T_SELECT, open_select, NULL, NULL, NULL, NULL},
 };
 #define N_BUILTINS ((int)(sizeof builtins / sizeof builtins[0]))
 
