@@ -522,18 +522,24 @@ static void npy_fixtures(void)
     CHECK_MSG(rc == LOOM_OK, "%s: %s", err.where, err.msg);
 }
 
-/* Loads a config whose data.train is `train` (line 2 on), from npy_dir. */
-static loom_spec *npy_config(const char *train)
+/* Writes npy_dir/name: a config whose data.train is `train` (line 2 on); false when it cannot. */
+static bool npy_config_file(const char *train, const char *name, char *path, size_t n)
 {
     npy_fixtures();
-    char path[256];
-    snprintf(path, sizeof path, "%s/c.cfg", npy_dir);
+    snprintf(path, n, "%s/%s", npy_dir, name);
     FILE *f = fopen(path, "w");
-    if (!f) return NULL;
+    if (!f) return false;
     fprintf(f, "version = 1;\ndata: { train: {\n%s\n}; };\nmodel: { layers = ({ type = \"dense\"; units = 2; }); };\n"
                "optimizer: { type = \"sgd\"; learning_rate = 0.1; };\nrun: { model_dir = \"/tmp/loom_plugin_unused\"; };\n",
             train);
-    fclose(f);
+    return fclose(f) == 0;
+}
+
+/* Loads a config whose data.train is `train` (line 2 on), from npy_dir. */
+static loom_spec *npy_config(const char *train)
+{
+    char path[256];
+    if (!npy_config_file(train, "c.cfg", path, sizeof path)) return NULL;
     loom_spec *spec = NULL;
     loom_errlist errs = {0};
     int rc = loom_config_load(&spec, path, NULL, 0, &errs);
@@ -696,16 +702,9 @@ static void test_builtin_sources_registered(void)
 /* The first config error of data.train = `train` (from npy_dir), "" when it loads. */
 static loom_err config_error(const char *train)
 {
-    npy_fixtures();
     loom_err out = {0};
     char path[256];
-    snprintf(path, sizeof path, "%s/bad.cfg", npy_dir);
-    FILE *f = fopen(path, "w");
-    if (!f) return out;
-    fprintf(f, "version = 1;\ndata: { train: {\n%s\n}; };\nmodel: { layers = ({ type = \"dense\"; units = 2; }); };\n"
-               "optimizer: { type = \"sgd\"; learning_rate = 0.1; };\nrun: { model_dir = \"/tmp/loom_plugin_unused\"; };\n",
-            train);
-    fclose(f);
+    if (!npy_config_file(train, "bad.cfg", path, sizeof path)) return out;
     loom_spec *spec = NULL;
     loom_errlist errs = {0};
     if (loom_config_load(&spec, path, NULL, 0, &errs) != LOOM_OK && errs.n) out = errs.e[0];
