@@ -114,10 +114,22 @@ int loom_batch_split(const loom_elem *b, int replicas, int r, loom_elem *out, lo
 int  loom_data_open(loom_iter **out, const loom_dataset_spec *spec, const loom_data_ctx *ctx, loom_err *err);
 /* Registers the built-in sources (idx, catalog, tfrecord, csv, text,
  * synthetic, list_files) in the registry (LOOM_REG_SOURCE) under their
- * source.type names, as plugins register theirs; once, thread-safe.
- * loom_data_open does it; the plugin loader does it first, so that a
- * plugin cannot take a built-in's name. */
+ * source.type names, and the built-in transforms (map, shuffle, ...) and
+ * map fns (cast, normalize, ...) in LOOM_REG_TRANSFORM under their config
+ * names, as plugins register theirs; once, thread-safe. loom_data_open does
+ * it; the plugin loader does it first, so that a plugin cannot take a
+ * built-in's name. */
 int  loom_data_init(loom_err *err);
+/* What a LOOM_REG_TRANSFORM entry is: an element-map provider (a
+ * loom_custom_ops: "lua", a plugin's), a built-in transform (a config
+ * type: "shuffle") or a built-in map fn ("normalize"). */
+typedef enum { LOOM_XFORM_PROVIDER, LOOM_XFORM_BUILTIN, LOOM_XFORM_MAP_FN } loom_xform_entry;
+loom_xform_entry loom_data_transform_entry(const void *entry);
+/* Whether the entry is a built-in transform or map fn rather than a provider. */
+bool loom_data_transform_builtin(const void *entry);
+/* "lua, image_ops": the element-map providers registered (LOOM_REG_TRANSFORM
+ * without the built-in transforms and map fns), into buf; returns buf. */
+char *loom_data_providers(char *buf, size_t n);
 
 const loom_elem_spec *loom_iter_spec(const loom_iter *it);
 /* Next element, borrowed until the next call; LOOM_EEOF at the end of a pass. */

@@ -368,6 +368,52 @@ int zip_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, co
 /* The last stage of it (pipeline.c): what zip reads the zipped pipeline's spec from. */
 dstage *iter_last_(loom_iter *it);
 
+/* ---- built-in transforms and map fns in the registry (transform/builtin.c) ---------------
+ * Each built-in transform is a dxform registered in LOOM_REG_TRANSFORM under
+ * the name its config type has (config's loom_transform_kind_name: one list),
+ * each built-in map fn a dmapfn (transforms.c) under its fn name, beside the
+ * element-map providers (loom_custom_ops: "lua", plugins'). Every entry
+ * starts with (version, name); the built-ins' versions are magic numbers no
+ * plugin's can have, which tells the three apart. The engine opens a
+ * transform by its name, with no switch over kinds. */
+#define DXFORM_BUILTIN 0x4c58464du /* "LXFM" */
+#define DMAPFN_BUILTIN 0x4c4d4150u /* "LMAP" */
+/* What a transform's open gets besides its input stage. */
+typedef struct dxform_args {
+    int                        id;        /* stage id: transform index + 1 (keys the RNG streams) */
+    int                        index;     /* the transform's index in spec, -1 for an injected one */
+    const loom_transform_spec *t;
+    const loom_dataset_spec   *spec;      /* the whole pipeline (cache: its source, the transforms before it) */
+    const loom_data_ctx       *ctx;
+    dpool                    **pool;      /* the pipeline's worker pool, created on first use */
+    int                       *threads;   /* threads left to stages that take one (prefetch) */
+    int64_t                    ram_left, ram; /* bytes of the RAM budget left, and the whole budget */
+} dxform_args;
+typedef struct dxform {
+    uint32_t            version; /* DXFORM_BUILTIN; where loom_custom_ops has its version */
+    const char         *name;    /* the config's type name, the registry's; where loom_custom_ops has its name */
+    loom_transform_kind kind;    /* what config resolved the name to */
+    int  (*open)(dstage **out, dstage *in, const dxform_args *a, loom_err *err);
+    /* (optional) a load-time check of t in its pipeline before anything is allocated */
+    int  (*check)(const dstage *in, const dxform_args *a, loom_err *err);
+    /* (optional) bytes the stage may grow to hold over in beyond what it holds
+     * at open: checked against the RAM budget before open, and counted after */
+    int64_t (*max_bytes)(const dstage *in, const loom_transform_spec *t);
+    /* (with max_bytes) what that buffer is, for the over-budget message */
+    void (*what)(char *buf, size_t n, const dstage *in, const loom_transform_spec *t);
+    /* (optional) whether t is the identity, which noop_elimination drops from the plan */
+    bool (*noop)(const loom_transform_spec *t);
+} dxform;
+/* Registers the built-in transforms and map fns (loom_data_init calls them once). */
+int  dxform_register_(loom_err *err);
+int  dmapfn_register_(loom_err *err);
+/* The built-in entry for t's type; NULL with LOOM_ECONFIG at where listing the built-ins. */
+const dxform *dxform_find_(const loom_transform_spec *t, const char *where, loom_err *err);
+/* "map, shuffle, ..." (version DXFORM_BUILTIN) / "cast, scale, ..."
+ * (DMAPFN_BUILTIN) / "lua, image_ops" (0: the element-map providers): the
+ * names of those LOOM_REG_TRANSFORM entries, in registration order, into buf. */
+char *dxform_names_(uint32_t version, char *buf, size_t n);
+
 /* ---- static rewrites (engine/optimize.c) ------------------------------------------------
  * tf.data's graph rewrites (tf_semantics 4.9) on the transform list, then the
  * fused stages they need. Each rewrite yields exactly the elements of the plain

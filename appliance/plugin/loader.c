@@ -347,7 +347,9 @@ static const char *closest(loom_reg_kind kind, const char *s)
 {
     const char *best = NULL, *name;
     int bd = 3;
-    for (int i = 0; loom_registry_entry(kind, i, &name, NULL, NULL) == 0; i++) {
+    const void *p;
+    for (int i = 0; loom_registry_entry(kind, i, &name, &p, NULL) == 0; i++) {
+        if (kind == LOOM_REG_TRANSFORM && loom_data_transform_builtin(p)) continue; /* not a provider */
         int d = loom_edit_distance(s, name);
         if (d < bd && d < (int)strlen(s)) bd = d, best = name;
     }
@@ -360,8 +362,18 @@ static void unknown_name(loom_errlist *errs, const char *where, loom_reg_kind ki
     loom_err *e = add_err(errs);
     if (!e) return;
     char names[512];
+    /* the transforms' entries: only the element-map providers are named by `plugin` */
+    if (kind == LOOM_REG_TRANSFORM) loom_data_providers(names, sizeof names);
+    else loom_registry_names(kind, names, sizeof names);
+    if (kind == LOOM_REG_TRANSFORM && loom_registry_find(kind, name, NULL)) {
+        loom_err_set(e, LOOM_ECONFIG, where, "%s: \"%s\" is a built-in transform or map fn, not a transform provider "
+                     "(available: %s)", setting, name, names);
+        loom_err_hint(e, "a built-in is used as a transform's type or a map's fn; `plugin` names a plugin's provider, "
+                         "\"provider:function\"");
+        return;
+    }
     loom_err_set(e, LOOM_ECONFIG, where, "%s: unknown %s \"%s\" (available: %s)", setting, loom_reg_kind_name(kind),
-                 name, loom_registry_names(kind, names, sizeof names));
+                 name, names);
     const char *near = closest(kind, name);
     if (near)
         loom_err_hint(e, "did you mean \"%s\"?", near);
@@ -417,7 +429,8 @@ static void check_dataset(const loom_dataset_spec *d, const char *setting, loom_
         const loom_transform_spec *t = &d->transform[i];
         bool custom = (t->kind == LOOM_T_MAP && t->map.kind == LOOM_MAP_LUA) ||
                       (t->kind == LOOM_T_FILTER && t->filter == LOOM_FILTER_LUA);
-        if (!custom || !t->map.provider[0] || loom_registry_find(LOOM_REG_TRANSFORM, t->map.provider, NULL)) continue;
+        const void *p = custom && t->map.provider[0] ? loom_registry_find(LOOM_REG_TRANSFORM, t->map.provider, NULL) : NULL;
+        if (!custom || !t->map.provider[0] || (p && !loom_data_transform_builtin(p))) continue;
         loom_loc_str(&t->loc, where, sizeof where);
         snprintf(what, sizeof what, "%s.transforms.[%d].plugin", setting, i);
         unknown_name(errs, where, LOOM_REG_TRANSFORM, what, t->map.provider);
@@ -489,7 +502,12 @@ void loom_plugins_report(FILE *f)
     fprintf(f, "built in:\n");
     for (int k = 0; k < LOOM_REG_KINDS; k++) {
         const char *name, *origin;
-        for (int i = 0; loom_registry_entry((loom_reg_kind)k, i, &name, NULL, &origin) == 0; i++)
-            if (!strcmp(origin, "built-in")) fprintf(f, "  %s \"%s\"\n", loom_reg_kind_name((loom_reg_kind)k), name);
+        const void *p;
+        for (int i = 0; loom_registry_entry((loom_reg_kind)k, i, &name, &p, &origin) == 0; i++) {
+            if (strcmp(origin, "built-in")) continue;
+            loom_xform_entry x = k == LOOM_REG_TRANSFORM ? loom_data_transform_entry(p) : LOOM_XFORM_PROVIDER;
+            fprintf(f, "  %s \"%s\"%s\n", loom_reg_kind_name((loom_reg_kind)k), name,
+                    x == LOOM_XFORM_BUILTIN ? " (op)" : x == LOOM_XFORM_MAP_FN ? " (map fn)" : "");
+        }
     }
 }

@@ -20,6 +20,8 @@ contains "loom plugins lists image_ops" "image_ops 1.0" "$out"
 contains "... providing the npy source" 'provides dataset source "npy"' "$out"
 contains "... and the image_ops transforms" 'provides transform "image_ops"' "$out"
 contains "... and the built-in sources beside the plugins' (one registry)" 'dataset source "list_files"' "$out"
+contains "... the built-in transforms beside the plugins' providers (one registry)" 'transform "shuffle" (op)' "$out"
+contains "... and the built-in map fns" 'transform "normalize" (map fn)' "$out"
 out=$("$LOOM" check "$CFG" 2>&1)
 contains "the plan reads the plugin's source and map" "plan: npy -> shuffle -> map(image_ops:cutout) -> batch" "$out"
 contains "with the cardinality the source reports" "469 batches per epoch" "$out"
@@ -54,6 +56,12 @@ line=$(grep -n 'image_opz:cutout' "$WORK/typo.cfg" | cut -d: -f1)
 expect_fail 2 "an unknown transform provider names its line and suggests the nearest" \
     "typo.cfg:$line: data.train.transforms.[1].plugin: unknown transform \"image_opz\"" "$LOOM" check "$WORK/typo.cfg"
 expect_fail 2 "... did you mean" 'did you mean "image_ops"?' "$LOOM" check "$WORK/typo.cfg"
+expect_fail 2 "... listing the providers, not the built-in transforms" \
+    "data.train.transforms.[1].plugin: unknown transform \"image_opz\" (available: lua, image_ops)" "$LOOM" check "$WORK/typo.cfg"
+sed 's/image_ops:cutout/normalize:cutout/' "$CFG" > "$WORK/builtin.cfg"
+expect_fail 2 "a built-in map fn named as a provider is refused as such" \
+    "data.train.transforms.[1].plugin: \"normalize\" is a built-in transform or map fn, not a transform provider" \
+    "$LOOM" check "$WORK/builtin.cfg"
 sed 's/size = 8;/size = 0;/' "$CFG" > "$WORK/size.cfg"
 expect_fail 2 "a bad argument names its file:line" \
     "size.cfg:$line: data.train: map plugin = \"image_ops:cutout\" ($WORK/size.cfg:$line): args.size: expected a number in [1, 1.04858e+06], got \"0\"" \

@@ -522,18 +522,24 @@ static void npy_fixtures(void)
     CHECK_MSG(rc == LOOM_OK, "%s: %s", err.where, err.msg);
 }
 
-/* Loads a config whose data.train is `train` (line 2 on), from npy_dir. */
-static loom_spec *npy_config(const char *train)
+/* Writes npy_dir/name: a config whose data.train is `train` (line 2 on); false when it cannot. */
+static bool npy_config_file(const char *train, const char *name, char *path, size_t n)
 {
     npy_fixtures();
-    char path[256];
-    snprintf(path, sizeof path, "%s/c.cfg", npy_dir);
+    snprintf(path, n, "%s/%s", npy_dir, name);
     FILE *f = fopen(path, "w");
-    if (!f) return NULL;
+    if (!f) return false;
     fprintf(f, "version = 1;\ndata: { train: {\n%s\n}; };\nmodel: { layers = ({ type = \"dense\"; units = 2; }); };\n"
                "optimizer: { type = \"sgd\"; learning_rate = 0.1; };\nrun: { model_dir = \"/tmp/loom_plugin_unused\"; };\n",
             train);
-    fclose(f);
+    return fclose(f) == 0;
+}
+
+/* Loads a config whose data.train is `train` (line 2 on), from npy_dir. */
+static loom_spec *npy_config(const char *train)
+{
+    char path[256];
+    if (!npy_config_file(train, "c.cfg", path, sizeof path)) return NULL;
     loom_spec *spec = NULL;
     loom_errlist errs = {0};
     int rc = loom_config_load(&spec, path, NULL, 0, &errs);
@@ -690,6 +696,108 @@ static void test_builtin_sources_registered(void)
     int n = 0;
     while (it && loom_iter_next(it, &e, &err) == LOOM_OK) n++;
     CHECK(n == 5);
+    loom_iter_close(it);
+}
+
+/* The first config error of data.train = `train` (from npy_dir), "" when it loads. */
+static loom_err config_error(const char *train)
+{
+    loom_err out = {0};
+    char path[256];
+    if (!npy_config_file(train, "bad.cfg", path, sizeof path)) return out;
+    loom_spec *spec = NULL;
+    loom_errlist errs = {0};
+    if (loom_config_load(&spec, path, NULL, 0, &errs) != LOOM_OK && errs.n) out = errs.e[0];
+    loom_config_free(spec);
+    return out;
+}
+
+/* Every name of `names` (config's list, "a, b, c") is a registered built-in
+ * entry of version (a transform or a map fn), and the list names them all. */
+static void check_names_registered(const char *names, loom_xform_entry kind, const char *what)
+{
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", names);
+    int n = 0, want = 0;
+    for (char *save = NULL, *w = strtok_r(buf, ", ", &save); w; w = strtok_r(NULL, ", ", &save), n++) {
+        const void *p = loom_registry_find(LOOM_REG_TRANSFORM, w, NULL);
+        if (!strcmp(w, "lua")) { /* fn = "lua" is the Lua provider's ("lua" in the registry when script registered it) */
+            CHECK_MSG(!p || !loom_data_transform_builtin(p), "\"lua\" is a provider, not a built-in map fn");
+            n--;
+            continue;
+        }
+        CHECK_MSG(p && loom_data_transform_entry(p) == kind, "%s \"%s\" is not registered",
+                  what, w);
+    }
+    const char *name;
+    const void *p;
+    for (int i = 0; loom_registry_entry(LOOM_REG_TRANSFORM, i, &name, &p, NULL) == 0; i++)
+        if (loom_data_transform_entry(p) == kind) want++;
+    CHECK_MSG(n == want, "config names %d %ss, the registry holds %d built-in", n, what, want);
+}
+
+/* The built-in transforms and map fns are in the registry (issue 12), as
+ * the element-map providers are: every transform type and map fn the
+ * config accepts is registered under its name (config's list, the one list
+ * of names), a plugin cannot take a built-in's name, a built-in is not a
+ * provider, and the unknown-name messages list the built-ins. */
+static void test_builtin_transforms_registered(void)
+{
+    loom_err err = {0};
+    CHECK(loom_data_init(&err) == LOOM_OK && loom_data_init(&err) == LOOM_OK); /* once, then a no-op */
+    const char *origin = NULL;
+    CHECK(loom_registry_find(LOOM_REG_TRANSFORM, "shuffle", &origin) != NULL && origin && !strcmp(origin, "built-in"));
+    CHECK(loom_registry_find(LOOM_REG_TRANSFORM, "normalize", &origin) != NULL && origin && !strcmp(origin, "built-in"));
+    /* the config's lists, as its unknown-value errors give them */
+    loom_err e = config_error(NPY_SRC " transforms = ({ op = \"shufle\"; buffer = 4; });");
+    CHECK_CONTAINS(e.msg, "op: unknown value \"shufle\" (expected one of: map, shuffle, batch,");
+    const char *l = strstr(e.msg, "expected one of: ");
+    char names[1024] = "";
+    if (l) snprintf(names, sizeof names, "%.*s", (int)(strlen(l) - 18), l + 17);
+    check_names_registered(names, LOOM_XFORM_BUILTIN, "transform");
+    e = config_error(NPY_SRC " transforms = ({ op = \"map\"; fn = \"normalise\"; feature = \"image\"; });");
+    CHECK_CONTAINS(e.msg, "fn: unknown value \"normalise\" (expected one of: cast, scale, normalize,");
+    l = strstr(e.msg, "expected one of: ");
+    names[0] = 0;
+    if (l) snprintf(names, sizeof names, "%.*s", (int)(strlen(l) - 18), l + 17);
+    check_names_registered(names, LOOM_XFORM_MAP_FN, "map fn");
+    /* a plugin's provider cannot take a built-in's name */
+    loom_custom_ops fake = {.version = LOOM_CUSTOM_OPS_VERSION, .name = "shuffle"};
+    CHECK(loom_registry_add(LOOM_REG_TRANSFORM, "shuffle", &fake, "fake.so", &err) == LOOM_EPLUGIN);
+    CHECK_CONTAINS(err.msg, "transform \"shuffle\" is already registered by built-in");
+    fake.name = "normalize";
+    CHECK(loom_registry_add(LOOM_REG_TRANSFORM, "normalize", &fake, "fake.so", &err) == LOOM_EPLUGIN);
+    CHECK_CONTAINS(err.msg, "transform \"normalize\" is already registered by built-in");
+    /* a built-in is no provider: refused at check (naming the providers) and at open */
+    char prov[512];
+    CHECK_CONTAINS(loom_data_providers(prov, sizeof prov), "image_ops");
+    CHECK(!strstr(prov, "shuffle") && !strstr(prov, "normalize"));
+    const char *as_provider = NPY_SRC " transforms = ({ op = \"map\"; plugin = \"shuffle:cutout\"; });";
+    loom_spec *spec = npy_config(as_provider);
+    loom_errlist errs = {0};
+    CHECK(spec && loom_plugins_check_spec(spec, &errs) == LOOM_ECONFIG && errs.n == 1);
+    if (errs.n) {
+        CHECK_CONTAINS(errs.e[0].msg, "transforms.[0].plugin: \"shuffle\" is a built-in transform or map fn, not a "
+                                      "transform provider (available: ");
+        CHECK_CONTAINS(errs.e[0].msg, "image_ops)");
+    }
+    loom_config_free(spec);
+    e = npy_error(as_provider);
+    CHECK_CONTAINS(e.msg, "no map provider \"shuffle\" is registered (have: ");
+    CHECK(!strstr(e.msg, "normalize"));
+    /* a pipeline opens its transforms through the entries */
+    loom_iter *it = npy_open("source: { type = \"synthetic\"; count = 6;\n features: { x = { dtype = \"int64\"; "
+                             "shape = [2]; max = 9; }; }; };\n transforms = ({ op = \"shuffle\"; buffer = 4; }, "
+                             "{ op = \"map\"; fn = \"cast\"; feature = \"x\"; dtype = \"float32\"; }, "
+                             "{ op = \"batch\"; size = 4; });", 0, &err);
+    CHECK_MSG(it != NULL, "%s: %s", err.where, err.msg);
+    loom_elem *b;
+    int n = 0;
+    while (it && loom_iter_next(it, &b, &err) == LOOM_OK) {
+        CHECK(b->t[0].dtype == LOOM_F32 && b->t[0].shape.dim[0] == 4 - 2 * n);
+        n++;
+    }
+    CHECK(n == 2);
     loom_iter_close(it);
 }
 
@@ -878,6 +986,7 @@ static const loom_test tests[] = {
     {"source_options_checked", test_source_options_checked},
     {"source_max_shape_checked", test_source_max_shape_checked},
     {"builtin_sources_registered", test_builtin_sources_registered},
+    {"builtin_transforms_registered", test_builtin_transforms_registered},
     {"cutout", test_cutout},
     {"gaussian_noise", test_gaussian_noise},
     {"min_std_filter", test_min_std_filter},

@@ -177,11 +177,11 @@ static int cust_open(dstage **out, dstage *in, int id, const loom_transform_spec
     else
         snprintf(s->label, sizeof s->label, "lua = \"%.200s\"", s->ref);
     s->ops = loom_registry_find(LOOM_REG_TRANSFORM, provider, NULL);
+    if (loom_data_transform_builtin(s->ops)) s->ops = NULL; /* a built-in transform or map fn, not a provider */
     if (!s->ops || s->ops->version < 1 || !s->ops->open || (filter ? !s->ops->filter : !s->ops->map)) {
         char all[256];
         loom_err_set(err, LOOM_ECONFIG, st->where, "%s: no %s provider \"%s\" is registered (have: %s)",
-                     filter ? "filter" : "map", filter ? "filter" : "map", provider,
-                     loom_registry_names(LOOM_REG_TRANSFORM, all, sizeof all));
+                     filter ? "filter" : "map", filter ? "filter" : "map", provider, loom_data_providers(all, sizeof all));
         s->ops = NULL;
         cust_close(st);
         if (t->map.provider[0])

@@ -45,16 +45,6 @@ static const char *bytes_str(int64_t n, char *buf, size_t len)
     return buf;
 }
 
-/* Bytes a memory cache of t over in comes to hold: a whole pass (0 for a file
- * cache, or when the pass's length is unknown and cannot be bounded ahead). */
-static int64_t cache_max_bytes(const dstage *in, const loom_transform_spec *t)
-{
-    if (t->cache_file[0] || in->card < 0) return 0;
-    int64_t slot = 0;
-    for (int f = 0; f < in->spec.n; f++) slot += loom_shape_numel(&in->maxshape[f]) * (int64_t)loom_dtype_size(in->spec.dtype[f]);
-    return in->card * slot;
-}
-
 /* A buffer of need bytes when only left of the budget remain: LOOM_ECONFIG at t. */
 static int over_budget(const loom_transform_spec *t, const char *what, int64_t need, int64_t left, int64_t budget,
                        loom_err *err)
@@ -68,16 +58,32 @@ static int over_budget(const loom_transform_spec *t, const char *what, int64_t n
                          "default 50%% of physical memory)");
 }
 
-/* Opens the stage of plan step ps over the pipeline's last stage. */
+/* x's load-time check and RAM budget for t over in, before anything of it is allocated. */
+static int budget_check(const dxform *x, const dstage *in, const dxform_args *a, loom_err *err)
+{
+    int rc = x->check ? x->check(in, a, err) : LOOM_OK;
+    int64_t need = !rc && x->max_bytes ? x->max_bytes(in, a->t) : 0;
+    if (rc || need <= a->ram_left) return rc;
+    char what[128];
+    x->what(what, sizeof what, in, a->t);
+    return over_budget(a->t, what, need, a->ram_left, a->ram, err);
+}
+
+/* Opens the stage of plan step ps over the pipeline's last stage: a
+ * transform through its registry entry (*x, NULL for a fused step), a fused
+ * step through the fused stage it names. */
 static int open_step(loom_iter *it, const dplan *dp, const dplan_step *ps, const loom_dataset_spec *spec,
                      const loom_data_ctx *ctx, int *threads_left, int64_t ram_left, int64_t ram, dstage **out,
-                     loom_err *err)
+                     const dxform **x, loom_err *err)
 {
     const loom_transform_spec *t = ps->first >= 0 ? &spec->transform[ps->first] : &dp->injected;
     dstage *in = last(it), *s = NULL;
-    int id = ps->first >= 0 ? ps->first + 1 : spec->n_transforms + 1, rc, threads = *threads_left;
-    int64_t need;
-    char what[128];
+    int id = ps->first >= 0 ? ps->first + 1 : spec->n_transforms + 1, rc;
+    dxform_args a = {.id = id, .index = ps->first, .t = t, .spec = spec, .ctx = ctx, .pool = &it->pool,
+                     .threads = threads_left, .ram_left = ram_left, .ram = ram};
+    char where[LOOM_PATH_MAX + 16] = "";
+    if (t->loc.file[0]) snprintf(where, sizeof where, "%s:%d", t->loc.file, t->loc.line);
+    *x = NULL;
     switch (ps->kind) {
     case DPLAN_MAPS:
         rc = ps->parallel == 1 ? mapchain_open_(&s, in, id, t, ps->n, ctx, err)
@@ -87,76 +93,25 @@ static int open_step(loom_iter *it, const dplan *dp, const dplan_step *ps, const
         rc = ps->parallel == 1 ? mapbatch_open_(&s, in, id, t, ps->n, ctx, err)
                                : parmap_open_(&s, in, id, t, ps->n - 1, ps->parallel, 1, ctx, &it->pool, ram_left, err);
         break;
-    case DPLAN_SHUFFLE_REPEAT:
-        snprintf(what, sizeof what, "shuffle: a buffer of %lld elements", (long long)t->buffer);
-        need = shuffle_max_bytes_(in, t, shuffle_by_index_(in));
-        rc = need > ram_left ? over_budget(t, what, need, ram_left, ram, err) : shufrep_open_(&s, in, id, t, ctx, err);
+    case DPLAN_SHUFFLE_REPEAT: { /* the shuffle's budget, as a plain shuffle's */
+        const dxform *sx = dxform_find_(t, where, err);
+        rc = !sx ? err->code : budget_check(sx, in, &a, err);
+        if (!rc) rc = shufrep_open_(&s, in, id, t, ctx, err);
         break;
-    default:
-        switch (t->kind) {
-        case LOOM_T_MAP: rc = map_open_(&s, in, id, t, ctx, err); break;
-        case LOOM_T_SHUFFLE:
-            snprintf(what, sizeof what, "shuffle: a buffer of %lld elements", (long long)t->buffer);
-            need = shuffle_max_bytes_(in, t, shuffle_by_index_(in));
-            rc = need > ram_left ? over_budget(t, what, need, ram_left, ram, err)
-                                 : shuffle_open_(&s, in, id, t, ctx, err);
-            break;
-        case LOOM_T_BATCH: rc = batch_open_(&s, in, id, t, err); break;
-        case LOOM_T_REPEAT: rc = repeat_open_(&s, in, id, t, err); break;
-        case LOOM_T_TAKE: rc = take_open_(&s, in, id, t, err); break;
-        case LOOM_T_SKIP: rc = skip_open_(&s, in, id, t, err); break;
-        case LOOM_T_PREFETCH:
-            rc = prefetch_open_(&s, in, id, t, threads > 0, ram_left, err);
-            if (!rc && threads > 0 && t->buffer != 0) threads--;
-            break;
-        case LOOM_T_FILTER:
-            rc = t->filter == LOOM_FILTER_LUA ? custom_filter_open_(&s, in, id, t, ctx, err) : filter_open_(&s, in, id, t, err);
-            break;
-        case LOOM_T_SHARD:
-        case LOOM_T_SPLIT: rc = shard_open_(&s, in, id, t, ctx->seed, err); break;
-        case LOOM_T_ENUMERATE: rc = enumerate_open_(&s, in, id, t, err); break;
-        case LOOM_T_CONCAT: rc = concat_open_(&s, in, id, t, err); break;
-        case LOOM_T_SELECT: rc = select_open_(&s, in, id, t, err); break;
-        case LOOM_T_UNBATCH: rc = unbatch_open_(&s, in, id, t, err); break;
-        case LOOM_T_PADDED_BATCH: rc = padded_batch_open_(&s, in, id, t, err); break;
-        case LOOM_T_CACHE:
-            /* a repeat(-1) upstream makes the pass endless even when the
-             * stages cannot tell (a source of unknown length) */
-            for (int k = 0; ps->first >= 0 && k < ps->first; k++)
-                if (spec->transform[k].kind == LOOM_T_REPEAT && spec->transform[k].count < 0) {
-                    char where[LOOM_PATH_MAX + 16];
-                    loom_loc_str(&t->loc, where, sizeof where);
-                    loom_err_set(err, LOOM_ECONFIG, where,
-                                 "cache: the repeat before it (transforms.[%d]) has count = -1, so the pass it caches "
-                                 "never ends and the cache would grow without bound", k);
-                    rc = loom_err_hint(err, "put cache before repeat, so that it holds one finite pass");
-                    goto done;
-                }
-            snprintf(what, sizeof what, "cache: a pass of %lld elements in memory", (long long)in->card);
-            rc = cache_max_bytes(in, t) > ram_left ? over_budget(t, what, cache_max_bytes(in, t), ram_left, ram, err)
-                                                   : cache_open_(&s, in, id, t, &spec->source, ram_left, ram, err);
-            break;
-        case LOOM_T_INTERLEAVE: rc = interleave_open_(&s, in, id, t, ctx, &it->pool, err); break;
-        case LOOM_T_ZIP: rc = zip_open_(&s, in, id, t, ctx, err); break;
-        default: {
-            char where[LOOM_PATH_MAX + 16] = "";
-            if (t->loc.file[0]) snprintf(where, sizeof where, "%s:%d", t->loc.file, t->loc.line);
-            rc = loom_err_set(err, LOOM_ECONFIG, where, "unknown transform kind %d", (int)t->kind);
-        }
-        }
     }
-done:
-    *threads_left = threads;
+    default: /* one transform: the built-in its type names */
+        *x = dxform_find_(t, where, err);
+        rc = !*x ? err->code : budget_check(*x, in, &a, err);
+        if (!rc) rc = (*x)->open(&s, in, &a, err);
+    }
     *out = s;
     return rc;
 }
 
-/* Bytes stage s may come to hold: what it holds now, or what a plain shuffle or a memory cache grows to. */
-static int64_t stage_max_bytes(const dstage *s, const loom_transform_spec *t)
+/* Bytes stage s may come to hold: what it holds now, or what its buffer grows to (x: its transform's entry). */
+static int64_t stage_max_bytes(const dstage *s, const dxform *x, const loom_transform_spec *t)
 {
-    int64_t b = dstage_load_(&s->st_bytes), m = 0;
-    if (t && t->kind == LOOM_T_SHUFFLE) m = shuffle_max_bytes_(s->in, t, shuffle_by_index_(s->in));
-    if (t && t->kind == LOOM_T_CACHE) m = cache_max_bytes(s->in, t);
+    int64_t b = dstage_load_(&s->st_bytes), m = x && x->max_bytes ? x->max_bytes(s->in, t) : 0;
     return m > b ? m : b;
 }
 
@@ -192,7 +147,7 @@ int loom_data_open(loom_iter **out, const loom_dataset_spec *spec, const loom_da
     if (it->tuner && it->st[0]->ops->tune) it->st[0]->ops->tune(it->st[0], it->tuner); /* the source's knobs */
     dplan dp; /* the transforms after data.options.optimization's rewrites */
     dplan_make_(&dp, spec, opts, threads, plan.data_at);
-    int64_t ram = dtuner_ram_budget_(opts), used = stage_max_bytes(it->st[0], NULL);
+    int64_t ram = dtuner_ram_budget_(opts), used = stage_max_bytes(it->st[0], NULL, NULL);
     for (int si = 0; si <= dp.n; si++) {
         int i = si == dp.n ? spec->n_transforms + 1 : dp.step[si].first >= 0 ? dp.step[si].first : spec->n_transforms;
         if (!sharded && plan.data_at >= 0 && i >= plan.data_at) {
@@ -202,10 +157,11 @@ int loom_data_open(loom_iter **out, const loom_dataset_spec *spec, const loom_da
         }
         if (si == dp.n) break;
         dstage *s;
-        rc = open_step(it, &dp, &dp.step[si], spec, ctx, &threads, ram - used, ram, &s, err);
+        const dxform *x;
+        rc = open_step(it, &dp, &dp.step[si], spec, ctx, &threads, ram - used, ram, &s, &x, err);
         if (rc) goto fail;
         append(it, s);
-        used += stage_max_bytes(s, dp.step[si].kind == DPLAN_ONE && i < spec->n_transforms ? &spec->transform[i] : NULL);
+        used += stage_max_bytes(s, i < spec->n_transforms ? x : NULL, i < spec->n_transforms ? &spec->transform[i] : NULL);
     }
     dtuner_output_(it->tuner, last(it));
     if (it->tuner && (rc = dtuner_start_(it->tuner, err))) goto fail;

@@ -65,6 +65,8 @@ int loom_data_init(loom_err *err)
     for (int i = 0; !inited && !rc && i < N_BUILTINS; i++)
         if (loom_registry_find(LOOM_REG_SOURCE, builtins[i].name, NULL) != &builtins[i])
             rc = loom_registry_add(LOOM_REG_SOURCE, builtins[i].name, &builtins[i], NULL, err);
+    if (!inited && !rc) rc = dxform_register_(err); /* the transforms and map fns (transform/builtin.c) */
+    if (!inited && !rc) rc = dmapfn_register_(err);
     if (!rc) inited = true;
     pthread_mutex_unlock(&init_lock);
     return rc;

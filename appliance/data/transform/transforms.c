@@ -119,14 +119,6 @@ static void normalize_vec(const void *src, loom_dtype sd, float *dst, size_t n, 
 
 static int is_int(loom_dtype t) { return t == LOOM_U8 || t == LOOM_I32 || t == LOOM_I64; }
 
-static const char *const map_names[] = {
-    [LOOM_MAP_CAST] = "cast", [LOOM_MAP_SCALE] = "scale", [LOOM_MAP_NORMALIZE] = "normalize",
-    [LOOM_MAP_ONE_HOT] = "one_hot", [LOOM_MAP_RESHAPE] = "reshape", [LOOM_MAP_FLIP_LR] = "random_flip_left_right",
-    [LOOM_MAP_PAD] = "pad", [LOOM_MAP_RANDOM_CROP] = "random_crop", [LOOM_MAP_STANDARDIZE] = "per_image_standardization",
-    [LOOM_MAP_SLEEP] = "sleep", [LOOM_MAP_DECODE_IMAGE] = "decode_image", [LOOM_MAP_RESIZE] = "resize",
-    [LOOM_MAP_CENTRAL_CROP] = "central_crop", [LOOM_MAP_RANDOM_BRIGHTNESS] = "random_brightness",
-    [LOOM_MAP_RANDOM_CONTRAST] = "random_contrast", [LOOM_MAP_STRING_LOOKUP] = "string_lookup",
-};
 
 /* Mean and population standard deviation of n values (two passes, in double). */
 #define STATS_LOOP_(ST)                                                                 \
@@ -191,6 +183,7 @@ static int elem_err(const dstage *st, loom_err *err, const char *kn, const char 
                        (long long)pos, st->id == 1 ? " of this epoch's reading order (from 0)" : "", why);
 }
 
+typedef struct dmapfn dmapfn;
 typedef struct mapst {
     dstage        s;
     int64_t       epoch, pos; /* pos: elements (images for flip) seen this pass: the RNG index */
@@ -203,8 +196,25 @@ typedef struct mapst {
     size_t        buf_bytes, flag_bytes;
     int64_t      *vtab;     /* string_lookup: open addressing over the vocabulary, token index + 1 (0: empty) */
     uint64_t      vmask;    /* its size - 1 */
+    const dmapfn *fn;       /* the built-in map fn */
+    int           no_buf;   /* the output is the input or a view of it: no buffer of its own */
 } mapst;
 DCURSOR_STAGE_CHECK(mapst);
+
+typedef struct mapcall mapcall;
+/* A built-in map fn: an entry of the registry (LOOM_REG_TRANSFORM) that starts as loom_custom_ops does. */
+struct dmapfn {
+    uint32_t      version; /* DMAPFN_BUILTIN; where loom_custom_ops has its version */
+    const char   *name;    /* the config's fn name, the registry's */
+    loom_map_kind kind;    /* what config resolved the name to */
+    /* At open: s's settings against its input (s->in_dt, the feature's spec
+     * and max shape, batch_dims); sets the output's spec and max shape,
+     * s->out_dt, s->no_buf and the stage's description, and allocates any
+     * scratch of its own. */
+    int (*check)(mapst *s, loom_err *err);
+    /* Per call (reentrant): maps the call's feature. */
+    int (*apply)(mapcall *c, loom_err *err);
+};
 
 /* ---- string_lookup: a string is the bytes of the last axis up to its
  * trailing zero bytes (the zero padding of a csv string column or text line). */
@@ -355,9 +365,296 @@ void map_scratch_(const dstage *st, size_t *buf_bytes, size_t *flag_bytes)
     *flag_bytes = s->flags ? s->flag_bytes : 0;
 }
 
-/* Reentrant: reads only the stage's settings, writes e, buf and flags.
- * long: one case per built-in map kind, each a few lines over the same
- * element and buffers; the cases read as the table of maps. */
+/* ---- the built-in map fns: each a check at open and an apply per call ----------------- */
+
+/* One call of a map fn on feature t of an element: map_apply_'s arguments. */
+typedef struct mapcall {
+    const mapst  *s;
+    const dstage *st;
+    loom_tensor  *t;       /* the feature, mapped in place of the element's tensor */
+    size_t        n;       /* values in t */
+    void         *dst;     /* where an elementwise fn writes: t's own buffer when writable in place, else buf */
+    uint8_t      *buf, *flags;
+    int64_t       epoch, pos;
+    int           writable;
+    int          *mut;
+} mapcall;
+
+/* An elementwise fn's end: t holds what it wrote to dst, of the output dtype. */
+static int map_done(mapcall *c)
+{
+    c->t->data = c->dst;
+    c->t->dtype = c->s->out_dt;
+    *c->mut = c->dst == c->buf || c->writable;
+    return LOOM_OK;
+}
+
+static int cast_apply(mapcall *c, loom_err *err)
+{
+    (void)err;
+    loom_tensor *t = c->t;
+    if (t->dtype != c->s->out_dt) convert(t->data, t->dtype, c->dst, c->s->out_dt, c->n);
+    else c->dst = t->data;
+    return map_done(c);
+}
+
+static int scale_apply(mapcall *c, loom_err *err)
+{
+    (void)err;
+    const loom_map_spec *m = &c->s->m;
+    scale_vals(c->t->data, c->t->dtype, c->dst, c->n, (float)m->scale, (float)m->offset);
+    return map_done(c);
+}
+
+static int normalize_apply(mapcall *c, loom_err *err)
+{
+    (void)err;
+    const loom_map_spec *m = &c->s->m;
+    loom_tensor *t = c->t;
+    if (m->n_norm > 1)
+        normalize_vec(t->data, t->dtype, c->dst, c->n, m->mean_v, m->std_v, (size_t)m->n_norm);
+    else if (m->n_norm == 1)
+        normalize_vals(t->data, t->dtype, c->dst, c->n, m->mean_v[0], m->std_v[0]);
+    else
+        normalize_vals(t->data, t->dtype, c->dst, c->n, (float)m->mean, (float)m->std);
+    return map_done(c);
+}
+
+static int one_hot_apply(mapcall *c, loom_err *err)
+{
+    const dstage *st = c->st;
+    loom_tensor *t = c->t;
+    size_t n = c->n, depth = (size_t)c->s->m.depth;
+    float *o = (float *)c->buf;
+    memset(o, 0, n * depth * sizeof *o);
+    for (size_t i = 0; i < n; i++) {
+        int64_t v = (int64_t)loom_tensor_get(t, (int64_t)i);
+        if (v < 0 || v >= (int64_t)depth) {
+            int64_t idx = c->pos + (int64_t)(i / (n / (size_t)elems_of(t, st->batch_dims)));
+            return dstage_err_(st, err, LOOM_EDATA, "map(one_hot) on \"%s\": element %lld has value %lld, outside [0, %lld)",
+                               st->spec.name[c->s->f], (long long)idx, (long long)v, (long long)depth);
+        }
+        o[i * depth + (size_t)v] = 1.0f;
+    }
+    t->shape.dim[t->shape.rank++] = (int64_t)depth;
+    c->dst = o;
+    return map_done(c);
+}
+
+/* A stand-in for slow work that takes no CPU: ms per element of the batch; values untouched, mut unchanged. */
+static int sleep_apply(mapcall *c, loom_err *err)
+{
+    (void)err;
+    double ns = c->s->m.ms * 1e6 * (double)elems_of(c->t, c->st->batch_dims);
+    struct timespec d = {(time_t)(ns / 1e9), (long)fmod(ns, 1e9)};
+    while (nanosleep(&d, &d) != 0) {}
+    return LOOM_OK;
+}
+
+/* A view: keeps the actual leading batch dims, replaces the rest; mut unchanged. */
+static int reshape_apply(mapcall *c, loom_err *err)
+{
+    (void)err;
+    const dstage *st = c->st;
+    loom_shape sh = st->spec.shape[c->s->f];
+    for (int d = 0; d < st->batch_dims; d++) sh.dim[d] = c->t->shape.dim[d];
+    c->t->shape = sh;
+    return LOOM_OK;
+}
+
+static int flip_apply(mapcall *c, loom_err *err)
+{
+    (void)err;
+    const dstage *st = c->st;
+    loom_tensor *t = c->t;
+    uint8_t *flags = c->flags;
+    int bd = st->batch_dims;
+    int64_t images = elems_of(t, bd);
+    int64_t H = t->shape.dim[bd], W = t->shape.dim[bd + 1];
+    int64_t C = t->shape.rank - bd == 3 ? t->shape.dim[bd + 2] : 1;
+    size_t px = (size_t)C * loom_dtype_size(t->dtype), img = (size_t)(H * W) * px;
+    int any = 0;
+    for (int64_t k = 0; k < images; k++) {
+        loom_rng g;
+        loom_rng_init(&g, c->s->seed, (uint64_t)st->id, (uint64_t)c->epoch, (uint64_t)(c->pos + k));
+        flags[k] = loom_rng_uniform(&g) < 0.5f;
+        any |= flags[k];
+    }
+    if (!any) return LOOM_OK; /* untouched: pass the input through */
+    uint8_t *src = t->data, *o = c->dst; /* in place when writable, else buf */
+    for (int64_t k = 0; k < images; k++) {
+        if (flags[k])
+            flip_image(src + (size_t)k * img, o + (size_t)k * img, H, W, px);
+        else if (o != src)
+            memcpy(o + (size_t)k * img, src + (size_t)k * img, img);
+    }
+    t->data = o;
+    *c->mut = 1;
+    return LOOM_OK;
+}
+
+/* t's data is now (of dtype dt) in buf, which later stages may modify. */
+static int map_into_buf(mapcall *c, loom_dtype dt)
+{
+    c->t->data = c->buf;
+    c->t->dtype = dt;
+    *c->mut = 1;
+    return LOOM_OK;
+}
+
+static int pad_apply(mapcall *c, loom_err *err) /* unbatched: (H, W[, C]) */
+{
+    (void)err;
+    loom_tensor *t = c->t;
+    int64_t H = t->shape.dim[0], W = t->shape.dim[1], p = c->s->m.padding;
+    int64_t C = t->shape.rank == 3 ? t->shape.dim[2] : 1;
+    size_t esz = loom_dtype_size(t->dtype);
+    uint8_t fill[8];
+    double v = c->s->m.value;
+    convert(&v, LOOM_F64, fill, t->dtype, 1);
+    pad_image(t->data, c->buf, H, W, p, (size_t)C * esz, fill, esz);
+    t->shape.dim[0] = H + 2 * p;
+    t->shape.dim[1] = W + 2 * p;
+    return map_into_buf(c, t->dtype);
+}
+
+static int random_crop_apply(mapcall *c, loom_err *err) /* unbatched: (H, W[, C]) */
+{
+    const dstage *st = c->st;
+    const mapst *s = c->s;
+    loom_tensor *t = c->t;
+    int64_t H = t->shape.dim[0], W = t->shape.dim[1], h = s->m.size[0], w = s->m.size[1];
+    int64_t C = t->shape.rank == 3 ? t->shape.dim[2] : 1;
+    if (H < h || W < w)
+        return dstage_err_(st, err, LOOM_EDATA, "map(random_crop) on \"%s\": element %lld is %lld x %lld, smaller than the "
+                           "crop %lld x %lld", st->spec.name[s->f], (long long)c->pos, (long long)H, (long long)W,
+                           (long long)h, (long long)w);
+    loom_rng g;
+    loom_rng_init(&g, s->seed, (uint64_t)st->id, (uint64_t)c->epoch, (uint64_t)c->pos);
+    int64_t oh = (int64_t)loom_rng_below(&g, (uint64_t)(H - h + 1));
+    int64_t ow = (int64_t)loom_rng_below(&g, (uint64_t)(W - w + 1));
+    size_t px = (size_t)C * loom_dtype_size(t->dtype), row = (size_t)w * px;
+    const uint8_t *src = t->data;
+    for (int64_t r = 0; r < h; r++) memcpy(c->buf + (size_t)r * row, src + (size_t)((oh + r) * W + ow) * px, row);
+    t->shape.dim[0] = h;
+    t->shape.dim[1] = w;
+    return map_into_buf(c, t->dtype);
+}
+
+static int decode_image_apply(mapcall *c, loom_err *err) /* unbatched: uint8 [N] -> (H, W, C) */
+{
+    const dstage *st = c->st;
+    const mapst *s = c->s;
+    const loom_shape *mx = &st->maxshape[s->f];
+    image_info ii;
+    char why[256];
+    if (image_decode_(c->t->data, c->n, s->m.channels, s->out_dt, mx->dim[0], mx->dim[1], c->buf, &ii, why, sizeof why)) {
+        elem_err(st, err, "decode_image", s->m.feature, c->pos, why);
+        if (ii.h > mx->dim[0] || ii.w > mx->dim[1])
+            loom_err_hint(err, s->m.max_size[0] ? "raise max_size" : "images of several sizes: set max_size = [h, w] (the "
+                          "largest) instead of size, and resize after the decode");
+        return err->code;
+    }
+    if (!s->m.max_size[0] && (ii.h != s->m.size[0] || ii.w != s->m.size[1])) {
+        char m[160];
+        snprintf(m, sizeof m, "the image is %lld x %lld (H x W), not size [%d, %d]", (long long)ii.h, (long long)ii.w,
+                 s->m.size[0], s->m.size[1]);
+        elem_err(st, err, "decode_image", s->m.feature, c->pos, m);
+        return loom_err_hint(err, "images of several sizes: set max_size = [h, w] (the largest) instead of size, and "
+                             "resize after the decode");
+    }
+    c->t->shape = (loom_shape){.rank = 3, .dim = {ii.h, ii.w, ii.c}};
+    return map_into_buf(c, s->out_dt);
+}
+
+static int resize_apply(mapcall *c, loom_err *err) /* unbatched: (H, W[, C]) -> (h, w[, C]) float32 */
+{
+    const mapst *s = c->s;
+    loom_tensor *t = c->t;
+    int64_t H = t->shape.dim[0], W = t->shape.dim[1], C = t->shape.rank == 3 ? t->shape.dim[2] : 1;
+    if (H < 1 || W < 1) {
+        char m[96];
+        snprintf(m, sizeof m, "an empty image (%lld x %lld) has nothing to resize", (long long)H, (long long)W);
+        return elem_err(c->st, err, "resize", s->m.feature, c->pos, m);
+    }
+    image_resize_(t->data, t->dtype, H, W, C, (float *)c->buf, s->m.size[0], s->m.size[1]);
+    t->shape.dim[0] = s->m.size[0];
+    t->shape.dim[1] = s->m.size[1];
+    return map_into_buf(c, LOOM_F32);
+}
+
+static int central_crop_apply(mapcall *c, loom_err *err) /* unbatched: (H, W[, C]) -> the central box */
+{
+    (void)err;
+    loom_tensor *t = c->t;
+    int64_t H = t->shape.dim[0], W = t->shape.dim[1], C = t->shape.rank == 3 ? t->shape.dim[2] : 1, b[4];
+    image_central_box_(H, W, c->s->m.fraction, b);
+    if (b[2] == H && b[3] == W) return LOOM_OK; /* all of it: pass the input through */
+    size_t px = (size_t)C * loom_dtype_size(t->dtype), row = (size_t)b[3] * px;
+    const uint8_t *src = t->data;
+    for (int64_t r = 0; r < b[2]; r++) memcpy(c->buf + (size_t)r * row, src + (size_t)((b[0] + r) * W + b[1]) * px, row);
+    t->shape.dim[0] = b[2];
+    t->shape.dim[1] = b[3];
+    return map_into_buf(c, t->dtype);
+}
+
+static int string_lookup_apply(mapcall *c, loom_err *err) /* (..., L) uint8 -> (...) int64 */
+{
+    const mapst *s = c->s;
+    loom_tensor *t = c->t;
+    size_t L = (size_t)t->shape.dim[t->shape.rank - 1], ns = L ? c->n / L : 0;
+    int64_t *o = (int64_t *)c->buf, oov = s->m.num_oov_indices, per = elems_of(t, c->st->batch_dims);
+    for (size_t i = 0; i < ns; i++) {
+        const uint8_t *p = (const uint8_t *)t->data + i * L;
+        size_t len = str_len(p, L);
+        int64_t k = vocab_find(s, p, len);
+        if (k < 0 && !oov) {
+            char why[200];
+            snprintf(why, sizeof why, "\"%.*s\" is not in the vocabulary (%lld strings), and num_oov_indices = 0",
+                     (int)(len < 60 ? len : 60), (const char *)p, (long long)s->m.vocab->n);
+            int64_t spe = per > 0 && ns >= (size_t)per ? (int64_t)ns / per : 1; /* strings per element */
+            elem_err(c->st, err, "string_lookup", s->m.feature, c->pos + (int64_t)i / spe, why);
+            return loom_err_hint(err, "set num_oov_indices = 1; to map unknown strings to id 0");
+        }
+        o[i] = k >= 0 ? oov + k : (int64_t)(loom_data_str_hash(p, len) % (uint64_t)oov);
+    }
+    t->shape.rank--;
+    return map_into_buf(c, LOOM_I64);
+}
+
+/* random_brightness, random_contrast (unbatched): one draw per image, keyed by its position like random_crop. */
+static int adjust_apply(mapcall *c, loom_err *err)
+{
+    (void)err;
+    const mapst *s = c->s;
+    loom_tensor *t = c->t;
+    loom_rng g;
+    loom_rng_init(&g, s->seed, (uint64_t)c->st->id, (uint64_t)c->epoch, (uint64_t)c->pos);
+    double u = loom_rng_uniform64(&g);
+    if (s->m.kind == LOOM_MAP_RANDOM_BRIGHTNESS) {
+        image_brightness_(t->data, c->dst, t->dtype, c->n, -s->m.max_delta + 2 * s->m.max_delta * u);
+    } else {
+        int64_t C = t->shape.rank == 3 ? t->shape.dim[2] : 1;
+        image_contrast_(t->data, c->dst, t->dtype, C ? (int64_t)c->n / C : 0, C,
+                        s->m.lower + (s->m.upper - s->m.lower) * u);
+    }
+    return map_done(c);
+}
+
+static int standardize_apply(mapcall *c, loom_err *err)
+{
+    (void)err;
+    loom_tensor *t = c->t;
+    double mean, sd;
+    stats_vals(t->data, t->dtype, c->n, &mean, &sd);
+    double floor_sd = c->n ? 1.0 / sqrt((double)c->n) : 1.0;
+    normalize_vals(t->data, t->dtype, c->dst, c->n, (float)mean, (float)(sd > floor_sd ? sd : floor_sd));
+    return map_done(c);
+}
+
+/* Reentrant: reads only the stage's settings, writes e, buf and flags. One
+ * indirect call per element (or batch) to the fn's apply, where a switch over
+ * the kinds was. */
 int map_apply_(const dstage *st, loom_elem *e, int writable, uint8_t *buf, uint8_t *flags, int64_t epoch, int64_t pos,
                int *mut, loom_err *err)
 {
@@ -366,219 +663,12 @@ int map_apply_(const dstage *st, loom_elem *e, int writable, uint8_t *buf, uint8
         return custom_apply_(st, e, buf, epoch, pos, err);
     }
     const mapst *s = (const mapst *)st;
-    int f = s->f;
-    loom_tensor *t = &e->t[f];
-    size_t n = (size_t)loom_shape_numel(&t->shape);
+    loom_tensor *t = &e->t[s->f];
     int inplace = writable && loom_dtype_size(t->dtype) == loom_dtype_size(s->out_dt);
-    void *dst = inplace ? t->data : buf;
+    mapcall c = {.s = s, .st = st, .t = t, .n = (size_t)loom_shape_numel(&t->shape), .dst = inplace ? t->data : buf,
+                 .buf = buf, .flags = flags, .epoch = epoch, .pos = pos, .writable = writable, .mut = mut};
     *mut = writable;
-    switch (s->m.kind) {
-    case LOOM_MAP_CAST:
-        if (t->dtype != s->out_dt) convert(t->data, t->dtype, dst, s->out_dt, n);
-        else dst = t->data;
-        break;
-    case LOOM_MAP_SCALE:
-        scale_vals(t->data, t->dtype, dst, n, (float)s->m.scale, (float)s->m.offset);
-        break;
-    case LOOM_MAP_NORMALIZE:
-        if (s->m.n_norm > 1)
-            normalize_vec(t->data, t->dtype, dst, n, s->m.mean_v, s->m.std_v, (size_t)s->m.n_norm);
-        else if (s->m.n_norm == 1)
-            normalize_vals(t->data, t->dtype, dst, n, s->m.mean_v[0], s->m.std_v[0]);
-        else
-            normalize_vals(t->data, t->dtype, dst, n, (float)s->m.mean, (float)s->m.std);
-        break;
-    case LOOM_MAP_ONE_HOT: {
-        size_t depth = (size_t)s->m.depth;
-        float *o = (float *)buf;
-        memset(o, 0, n * depth * sizeof *o);
-        for (size_t i = 0; i < n; i++) {
-            int64_t v = (int64_t)loom_tensor_get(t, (int64_t)i);
-            if (v < 0 || v >= (int64_t)depth) {
-                int64_t idx = pos + (int64_t)(i / (n / (size_t)elems_of(t, st->batch_dims)));
-                return dstage_err_(st, err, LOOM_EDATA, "map(one_hot) on \"%s\": element %lld has value %lld, outside [0, %lld)",
-                                   st->spec.name[f], (long long)idx, (long long)v, (long long)depth);
-            }
-            o[i * depth + (size_t)v] = 1.0f;
-        }
-        t->shape.dim[t->shape.rank++] = (int64_t)depth;
-        dst = o;
-        break;
-    }
-    case LOOM_MAP_SLEEP: { /* a stand-in for slow work that takes no CPU: ms per element of the batch */
-        double ns = s->m.ms * 1e6 * (double)elems_of(t, st->batch_dims);
-        struct timespec d = {(time_t)(ns / 1e9), (long)fmod(ns, 1e9)};
-        while (nanosleep(&d, &d) != 0) {}
-        return LOOM_OK; /* values untouched: mut unchanged */
-    }
-    case LOOM_MAP_LUA: break; /* custom_apply_ above */
-    case LOOM_MAP_RESHAPE: {
-        /* keep the actual leading batch dims, replace the rest */
-        loom_shape sh = st->spec.shape[f];
-        for (int d = 0; d < st->batch_dims; d++) sh.dim[d] = t->shape.dim[d];
-        t->shape = sh;
-        return LOOM_OK; /* a view: mut unchanged */
-    }
-    case LOOM_MAP_FLIP_LR: {
-        int bd = st->batch_dims;
-        int64_t images = elems_of(t, bd);
-        int64_t H = t->shape.dim[bd], W = t->shape.dim[bd + 1];
-        int64_t C = t->shape.rank - bd == 3 ? t->shape.dim[bd + 2] : 1;
-        size_t px = (size_t)C * loom_dtype_size(t->dtype), img = (size_t)(H * W) * px;
-        int any = 0;
-        for (int64_t k = 0; k < images; k++) {
-            loom_rng g;
-            loom_rng_init(&g, s->seed, (uint64_t)st->id, (uint64_t)epoch, (uint64_t)(pos + k));
-            flags[k] = loom_rng_uniform(&g) < 0.5f;
-            any |= flags[k];
-        }
-        if (!any) return LOOM_OK; /* untouched: pass the input through */
-        uint8_t *src = t->data, *o = inplace ? src : buf;
-        for (int64_t k = 0; k < images; k++) {
-            if (flags[k])
-                flip_image(src + (size_t)k * img, o + (size_t)k * img, H, W, px);
-            else if (o != src)
-                memcpy(o + (size_t)k * img, src + (size_t)k * img, img);
-        }
-        t->data = o;
-        *mut = 1;
-        return LOOM_OK;
-    }
-    case LOOM_MAP_PAD: { /* unbatched: (H, W[, C]) */
-        int64_t H = t->shape.dim[0], W = t->shape.dim[1], p = s->m.padding;
-        int64_t C = t->shape.rank == 3 ? t->shape.dim[2] : 1;
-        size_t esz = loom_dtype_size(t->dtype);
-        uint8_t fill[8];
-        double v = s->m.value;
-        convert(&v, LOOM_F64, fill, t->dtype, 1);
-        pad_image(t->data, buf, H, W, p, (size_t)C * esz, fill, esz);
-        t->shape.dim[0] = H + 2 * p;
-        t->shape.dim[1] = W + 2 * p;
-        t->data = buf;
-        *mut = 1;
-        return LOOM_OK;
-    }
-    case LOOM_MAP_RANDOM_CROP: { /* unbatched: (H, W[, C]) */
-        int64_t H = t->shape.dim[0], W = t->shape.dim[1], h = s->m.size[0], w = s->m.size[1];
-        int64_t C = t->shape.rank == 3 ? t->shape.dim[2] : 1;
-        if (H < h || W < w)
-            return dstage_err_(st, err, LOOM_EDATA, "map(random_crop) on \"%s\": element %lld is %lld x %lld, smaller than the "
-                               "crop %lld x %lld", st->spec.name[f], (long long)pos, (long long)H, (long long)W, (long long)h,
-                               (long long)w);
-        loom_rng g;
-        loom_rng_init(&g, s->seed, (uint64_t)st->id, (uint64_t)epoch, (uint64_t)pos);
-        int64_t oh = (int64_t)loom_rng_below(&g, (uint64_t)(H - h + 1));
-        int64_t ow = (int64_t)loom_rng_below(&g, (uint64_t)(W - w + 1));
-        size_t px = (size_t)C * loom_dtype_size(t->dtype), row = (size_t)w * px;
-        const uint8_t *src = t->data;
-        for (int64_t r = 0; r < h; r++) memcpy(buf + (size_t)r * row, src + (size_t)((oh + r) * W + ow) * px, row);
-        t->shape.dim[0] = h;
-        t->shape.dim[1] = w;
-        t->data = buf;
-        *mut = 1;
-        return LOOM_OK;
-    }
-    case LOOM_MAP_DECODE_IMAGE: { /* unbatched: uint8 [N] -> (H, W, C) */
-        const loom_shape *mx = &st->maxshape[f];
-        image_info ii;
-        char why[256];
-        if (image_decode_(t->data, n, s->m.channels, s->out_dt, mx->dim[0], mx->dim[1], buf, &ii, why, sizeof why)) {
-            elem_err(st, err, "decode_image", s->m.feature, pos, why);
-            if (ii.h > mx->dim[0] || ii.w > mx->dim[1])
-                loom_err_hint(err, s->m.max_size[0] ? "raise max_size" : "images of several sizes: set max_size = [h, w] (the "
-                              "largest) instead of size, and resize after the decode");
-            return err->code;
-        }
-        if (!s->m.max_size[0] && (ii.h != s->m.size[0] || ii.w != s->m.size[1])) {
-            char m[160];
-            snprintf(m, sizeof m, "the image is %lld x %lld (H x W), not size [%d, %d]", (long long)ii.h, (long long)ii.w,
-                     s->m.size[0], s->m.size[1]);
-            elem_err(st, err, "decode_image", s->m.feature, pos, m);
-            return loom_err_hint(err, "images of several sizes: set max_size = [h, w] (the largest) instead of size, and "
-                                 "resize after the decode");
-        }
-        t->shape = (loom_shape){.rank = 3, .dim = {ii.h, ii.w, ii.c}};
-        t->data = buf;
-        t->dtype = s->out_dt;
-        *mut = 1;
-        return LOOM_OK;
-    }
-    case LOOM_MAP_RESIZE: { /* unbatched: (H, W[, C]) -> (h, w[, C]) float32 */
-        int64_t H = t->shape.dim[0], W = t->shape.dim[1], C = t->shape.rank == 3 ? t->shape.dim[2] : 1;
-        if (H < 1 || W < 1) {
-            char m[96];
-            snprintf(m, sizeof m, "an empty image (%lld x %lld) has nothing to resize", (long long)H, (long long)W);
-            return elem_err(st, err, "resize", s->m.feature, pos, m);
-        }
-        image_resize_(t->data, t->dtype, H, W, C, (float *)buf, s->m.size[0], s->m.size[1]);
-        t->shape.dim[0] = s->m.size[0];
-        t->shape.dim[1] = s->m.size[1];
-        t->data = buf;
-        t->dtype = LOOM_F32;
-        *mut = 1;
-        return LOOM_OK;
-    }
-    case LOOM_MAP_CENTRAL_CROP: { /* unbatched: (H, W[, C]) -> the central box */
-        int64_t H = t->shape.dim[0], W = t->shape.dim[1], C = t->shape.rank == 3 ? t->shape.dim[2] : 1, b[4];
-        image_central_box_(H, W, s->m.fraction, b);
-        if (b[2] == H && b[3] == W) return LOOM_OK; /* all of it: pass the input through */
-        size_t px = (size_t)C * loom_dtype_size(t->dtype), row = (size_t)b[3] * px;
-        const uint8_t *src = t->data;
-        for (int64_t r = 0; r < b[2]; r++) memcpy(buf + (size_t)r * row, src + (size_t)((b[0] + r) * W + b[1]) * px, row);
-        t->shape.dim[0] = b[2];
-        t->shape.dim[1] = b[3];
-        t->data = buf;
-        *mut = 1;
-        return LOOM_OK;
-    }
-    case LOOM_MAP_STRING_LOOKUP: { /* (..., L) uint8 -> (...) int64 */
-        size_t L = (size_t)t->shape.dim[t->shape.rank - 1], ns = L ? n / L : 0;
-        int64_t *o = (int64_t *)buf, oov = s->m.num_oov_indices, per = elems_of(t, st->batch_dims);
-        for (size_t i = 0; i < ns; i++) {
-            const uint8_t *p = (const uint8_t *)t->data + i * L;
-            size_t len = str_len(p, L);
-            int64_t k = vocab_find(s, p, len);
-            if (k < 0 && !oov) {
-                char why[200];
-                snprintf(why, sizeof why, "\"%.*s\" is not in the vocabulary (%lld strings), and num_oov_indices = 0",
-                         (int)(len < 60 ? len : 60), (const char *)p, (long long)s->m.vocab->n);
-                int64_t spe = per > 0 && ns >= (size_t)per ? (int64_t)ns / per : 1; /* strings per element */
-                elem_err(st, err, "string_lookup", s->m.feature, pos + (int64_t)i / spe, why);
-                return loom_err_hint(err, "set num_oov_indices = 1; to map unknown strings to id 0");
-            }
-            o[i] = k >= 0 ? oov + k : (int64_t)(loom_data_str_hash(p, len) % (uint64_t)oov);
-        }
-        t->shape.rank--;
-        t->data = buf;
-        t->dtype = LOOM_I64;
-        *mut = 1;
-        return LOOM_OK;
-    }
-    case LOOM_MAP_RANDOM_BRIGHTNESS:
-    case LOOM_MAP_RANDOM_CONTRAST: { /* unbatched: one draw per image, keyed by its position like random_crop */
-        loom_rng g;
-        loom_rng_init(&g, s->seed, (uint64_t)st->id, (uint64_t)epoch, (uint64_t)pos);
-        double u = loom_rng_uniform64(&g);
-        if (s->m.kind == LOOM_MAP_RANDOM_BRIGHTNESS) {
-            image_brightness_(t->data, dst, t->dtype, n, -s->m.max_delta + 2 * s->m.max_delta * u);
-        } else {
-            int64_t C = t->shape.rank == 3 ? t->shape.dim[2] : 1;
-            image_contrast_(t->data, dst, t->dtype, C ? (int64_t)n / C : 0, C, s->m.lower + (s->m.upper - s->m.lower) * u);
-        }
-        break;
-    }
-    case LOOM_MAP_STANDARDIZE: {
-        double mean, sd;
-        stats_vals(t->data, t->dtype, n, &mean, &sd);
-        double floor_sd = n ? 1.0 / sqrt((double)n) : 1.0;
-        normalize_vals(t->data, t->dtype, dst, n, (float)mean, (float)(sd > floor_sd ? sd : floor_sd));
-        break;
-    }
-    }
-    t->data = dst;
-    t->dtype = s->out_dt;
-    *mut = dst == buf || writable;
-    return LOOM_OK;
+    return s->fn->apply(&c, err);
 }
 
 static int map_next(dstage *st, loom_elem **out, loom_err *err)
@@ -698,76 +788,260 @@ static int decode_check(mapst *s, loom_err *err)
     return LOOM_OK;
 }
 
-/* pad, random_crop, per_image_standardization: unbatched elements only; fills the new
- * spec and max shapes, the output dtype and the description. */
-static int image_map_check(mapst *s, loom_err *err)
+static int cast_check(mapst *s, loom_err *err)
 {
     dstage *st = &s->s;
-    const loom_map_spec *m = &s->m;
-    const char *kn = map_names[m->kind];
-    int f = s->f;
-    loom_shape *sh = &st->spec.shape[f], *mx = &st->maxshape[f];
+    if ((unsigned)s->m.dtype >= LOOM_NDTYPES_) return dstage_err_(st, err, LOOM_ECONFIG, "map(cast): bad dtype %d", (int)s->m.dtype);
+    s->out_dt = (loom_dtype)s->m.dtype;
+    s->no_buf = s->out_dt == s->in_dt; /* the input passes through */
+    snprintf(st->desc, sizeof st->desc, "map(cast,%s,%s)", s->m.feature, loom_dtype_name(s->out_dt));
+    return LOOM_OK;
+}
+
+static int scale_check(mapst *s, loom_err *err)
+{
+    (void)err;
+    s->out_dt = LOOM_F32;
+    snprintf(s->s.desc, sizeof s->s.desc, "map(scale,%s,%.17g,%.17g)", s->m.feature, s->m.scale, s->m.offset);
+    return LOOM_OK;
+}
+
+static int normalize_check(mapst *s, loom_err *err)
+{
+    dstage *st = &s->s;
+    const loom_shape *sh = &st->spec.shape[s->f];
+    char a[128];
+    if (s->m.adapt && !s->m.n_norm) {
+        dstage_err_(st, err, LOOM_ECONFIG, "map(normalize) on \"%s\": adapt = true, but no numbers were adapted from "
+                    "data.train for it", s->m.feature);
+        return loom_err_hint(err, "loom train computes them (and caches them in model_dir/adapt.txt) before evaluate, "
+                                  "predict or export can use them");
+    }
+    if (!(s->m.std > 0)) return dstage_err_(st, err, LOOM_ECONFIG, "map(normalize): std must be > 0, got %g", s->m.std);
+    int64_t L = sh->rank > st->batch_dims ? sh->dim[sh->rank - 1] : 1;
+    if (s->m.n_norm > 1 && L != s->m.n_norm) {
+        dstage_err_(st, err, LOOM_ESHAPE, "map(normalize) on \"%s\": %d mean/std values, but the feature has shape %s, "
+                    "whose last axis has %lld", s->m.feature, s->m.n_norm, loom_shape_str(sh, a, sizeof a), (long long)L);
+        return loom_err_hint(err, "give one value per index of the last axis, or one number for all");
+    }
+    s->out_dt = LOOM_F32;
+    uint64_t h = 0xcbf29ce484222325ull; /* the values in the stage's identity (cache keys) */
+    for (int i = 0; i < s->m.n_norm; i++) {
+        float v[2] = {s->m.mean_v[i], s->m.std_v[i]};
+        const unsigned char *p = (const unsigned char *)v;
+        for (size_t k = 0; k < sizeof v; k++) h = (h ^ p[k]) * 0x100000001b3ull;
+    }
+    if (s->m.n_norm)
+        snprintf(st->desc, sizeof st->desc, "map(normalize,%s,%d,%016llx)", s->m.feature, s->m.n_norm, (unsigned long long)h);
+    else
+        snprintf(st->desc, sizeof st->desc, "map(normalize,%s,%.17g,%.17g)", s->m.feature, s->m.mean, s->m.std);
+    return LOOM_OK;
+}
+
+static int string_lookup_check(mapst *s, loom_err *err)
+{
+    dstage *st = &s->s;
+    loom_shape *sh = &st->spec.shape[s->f], *mx = &st->maxshape[s->f];
+    char a[128];
+    if (s->in_dt != LOOM_U8 || sh->rank <= st->batch_dims) {
+        dstage_err_(st, err, LOOM_ESHAPE, "map(string_lookup) needs a string feature (uint8 bytes, the last axis one "
+                    "string), \"%s\" is %s %s", s->m.feature, loom_dtype_name(s->in_dt), loom_shape_str(sh, a, sizeof a));
+        return loom_err_hint(err, "strings come from a csv column with dtype = \"string\" or the text source's \"line\"; a "
+                                  "number feature needs no lookup (one_hot or an embedding take int ids)");
+    }
+    if (!s->m.vocab) {
+        dstage_err_(st, err, LOOM_ECONFIG, "map(string_lookup) on \"%s\": adapt = true, but no vocabulary was adapted "
+                    "from data.train for it", s->m.feature);
+        return loom_err_hint(err, "loom train adapts it (and keeps it in model_dir/adapt.txt and its checkpoints) before "
+                                  "evaluate, predict or export can use it");
+    }
+    int rc = vocab_table(s, err);
+    if (rc) return rc;
+    s->out_dt = LOOM_I64;
+    sh->rank--;
+    mx->rank--;
+    snprintf(st->desc, sizeof st->desc, "map(string_lookup,%s,%d,%lld,%016llx)", s->m.feature, s->m.num_oov_indices,
+             (long long)s->m.vocab->n, (unsigned long long)s->m.vocab->digest);
+    return LOOM_OK;
+}
+
+static int one_hot_check(mapst *s, loom_err *err)
+{
+    dstage *st = &s->s;
+    loom_shape *sh = &st->spec.shape[s->f], *mx = &st->maxshape[s->f];
+    char a[128];
+    if (!is_int(s->in_dt))
+        return dstage_err_(st, err, LOOM_ESHAPE, "map(one_hot) needs an integer feature, \"%s\" is %s", s->m.feature,
+                           loom_dtype_name(s->in_dt));
+    if (s->m.depth < 1 || sh->rank >= LOOM_MAX_RANK)
+        return dstage_err_(st, err, LOOM_ECONFIG, "map(one_hot) on \"%s\": depth %d with shape %s is not possible (depth >= 1, "
+                           "rank < %d)", s->m.feature, s->m.depth, loom_shape_str(sh, a, sizeof a), LOOM_MAX_RANK);
+    s->out_dt = LOOM_F32;
+    sh->dim[sh->rank++] = s->m.depth;
+    mx->dim[mx->rank++] = s->m.depth;
+    snprintf(st->desc, sizeof st->desc, "map(one_hot,%s,%d)", s->m.feature, s->m.depth);
+    return LOOM_OK;
+}
+
+static int reshape_open_check(mapst *s, loom_err *err)
+{
+    dstage *st = &s->s;
+    char a[128];
+    int rc = reshape_check(s, err);
+    if (rc) return rc;
+    s->no_buf = 1; /* a view */
+    snprintf(st->desc, sizeof st->desc, "map(reshape,%s,%s)", s->m.feature, loom_shape_str(&st->spec.shape[s->f], a, sizeof a));
+    return LOOM_OK;
+}
+
+static int flip_check(mapst *s, loom_err *err)
+{
+    dstage *st = &s->s;
+    int bd = st->batch_dims, r = st->spec.shape[s->f].rank - bd;
+    const loom_shape *mx = &st->maxshape[s->f];
+    char a[128];
+    if (r != 2 && r != 3)
+        return dstage_err_(st, err, LOOM_ESHAPE, "map(random_flip_left_right) needs images (H, W) or (H, W, C), \"%s\" has shape %s",
+                           s->m.feature, loom_shape_str(&st->spec.shape[s->f], a, sizeof a));
+    int64_t images = 1;
+    for (int d = 0; d < bd; d++) images *= mx->dim[d];
+    s->flag_bytes = (size_t)images + 1;
+    s->flags = loom_alloc(s->flag_bytes);
+    if (!s->flags) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate flip flags");
+    snprintf(st->desc, sizeof st->desc, "map(flip_lr,%s)", s->m.feature);
+    return LOOM_OK;
+}
+
+static int sleep_check(mapst *s, loom_err *err)
+{
+    if (!(s->m.ms >= 0)) return dstage_err_(&s->s, err, LOOM_ECONFIG, "map(sleep): ms must be >= 0, got %g", s->m.ms);
+    s->no_buf = 1; /* values untouched */
+    snprintf(s->s.desc, sizeof s->s.desc, "map(sleep,%s,%.17g)", s->m.feature, s->m.ms);
+    return LOOM_OK;
+}
+
+/* The image fns apply to single elements. */
+static int unbatched(mapst *s, loom_err *err)
+{
+    dstage *st = &s->s;
     char a[128];
     if (st->batch_dims > 0)
         return dstage_err_(st, err, LOOM_ECONFIG, "map(%s) on \"%s\" applies to single elements, but the elements here are "
-                           "batched %s: put it before the batch", kn, m->feature, loom_shape_str(sh, a, sizeof a));
-    if (m->kind == LOOM_MAP_STANDARDIZE) {
-        s->out_dt = LOOM_F32;
-        snprintf(st->desc, sizeof st->desc, "map(per_image_standardization,%s)", m->feature);
-        return LOOM_OK;
+                           "batched %s: put it before the batch", s->fn->name, s->m.feature,
+                           loom_shape_str(&st->spec.shape[s->f], a, sizeof a));
+    return LOOM_OK;
+}
+
+/* Single elements that are images (H, W) or (H, W, C). */
+static int images(mapst *s, loom_err *err)
+{
+    dstage *st = &s->s;
+    const loom_shape *sh = &st->spec.shape[s->f];
+    char a[128];
+    int rc = unbatched(s, err);
+    if (!rc && sh->rank != 2 && sh->rank != 3)
+        rc = dstage_err_(st, err, LOOM_ESHAPE, "map(%s) needs images (H, W) or (H, W, C), \"%s\" has shape %s", s->fn->name,
+                         s->m.feature, loom_shape_str(sh, a, sizeof a));
+    return rc;
+}
+
+static int standardize_check(mapst *s, loom_err *err)
+{
+    int rc = unbatched(s, err);
+    if (rc) return rc;
+    s->out_dt = LOOM_F32;
+    snprintf(s->s.desc, sizeof s->s.desc, "map(per_image_standardization,%s)", s->m.feature);
+    return LOOM_OK;
+}
+
+static int decode_image_check(mapst *s, loom_err *err)
+{
+    int rc = unbatched(s, err);
+    return rc ? rc : decode_check(s, err);
+}
+
+static int pad_check(mapst *s, loom_err *err)
+{
+    dstage *st = &s->s;
+    const loom_map_spec *m = &s->m;
+    loom_shape *sh = &st->spec.shape[s->f], *mx = &st->maxshape[s->f];
+    int rc = images(s, err);
+    if (rc) return rc;
+    if (m->padding < 0) return dstage_err_(st, err, LOOM_ECONFIG, "map(pad): padding must be >= 0, got %d", m->padding);
+    static const double lo[] = {[LOOM_U8] = 0, [LOOM_I32] = -2147483648.0, [LOOM_I64] = -9223372036854775808.0};
+    static const double hi[] = {[LOOM_U8] = 255, [LOOM_I32] = 2147483647.0, [LOOM_I64] = 9223372036854774784.0};
+    if (is_int(s->in_dt) && (m->value != floor(m->value) || m->value < lo[s->in_dt] || m->value > hi[s->in_dt]))
+        return dstage_err_(st, err, LOOM_ECONFIG, "map(pad) on \"%s\": value %g is not a %s value", m->feature, m->value,
+                           loom_dtype_name(s->in_dt));
+    for (int d = 0; d < 2; d++) {
+        if (sh->dim[d] >= 0) sh->dim[d] += 2 * (int64_t)m->padding;
+        mx->dim[d] += 2 * (int64_t)m->padding;
     }
-    if (m->kind == LOOM_MAP_DECODE_IMAGE) return decode_check(s, err);
-    if (sh->rank != 2 && sh->rank != 3)
-        return dstage_err_(st, err, LOOM_ESHAPE, "map(%s) needs images (H, W) or (H, W, C), \"%s\" has shape %s", kn,
-                           m->feature, loom_shape_str(sh, a, sizeof a));
-    if (m->kind == LOOM_MAP_PAD) {
-        if (m->padding < 0)
-            return dstage_err_(st, err, LOOM_ECONFIG, "map(pad): padding must be >= 0, got %d", m->padding);
-        static const double lo[] = {[LOOM_U8] = 0, [LOOM_I32] = -2147483648.0, [LOOM_I64] = -9223372036854775808.0};
-        static const double hi[] = {[LOOM_U8] = 255, [LOOM_I32] = 2147483647.0, [LOOM_I64] = 9223372036854774784.0};
-        if (is_int(s->in_dt) && (m->value != floor(m->value) || m->value < lo[s->in_dt] || m->value > hi[s->in_dt]))
-            return dstage_err_(st, err, LOOM_ECONFIG, "map(pad) on \"%s\": value %g is not a %s value", m->feature, m->value,
-                               loom_dtype_name(s->in_dt));
-        for (int d = 0; d < 2; d++) {
-            if (sh->dim[d] >= 0) sh->dim[d] += 2 * (int64_t)m->padding;
-            mx->dim[d] += 2 * (int64_t)m->padding;
-        }
-        snprintf(st->desc, sizeof st->desc, "map(pad,%s,%d,%.17g)", m->feature, m->padding, m->value);
-        return LOOM_OK;
+    snprintf(st->desc, sizeof st->desc, "map(pad,%s,%d,%.17g)", m->feature, m->padding, m->value);
+    return LOOM_OK;
+}
+
+static int resize_check(mapst *s, loom_err *err)
+{
+    dstage *st = &s->s;
+    const loom_map_spec *m = &s->m;
+    int rc = images(s, err);
+    if (rc) return rc;
+    if (m->size[0] < 1 || m->size[1] < 1)
+        return dstage_err_(st, err, LOOM_ECONFIG, "map(resize): size [%d, %d] must be at least 1 x 1", m->size[0], m->size[1]);
+    for (int d = 0; d < 2; d++) st->spec.shape[s->f].dim[d] = st->maxshape[s->f].dim[d] = m->size[d];
+    s->out_dt = LOOM_F32;
+    snprintf(st->desc, sizeof st->desc, "map(resize,%s,%d,%d)", m->feature, m->size[0], m->size[1]);
+    return LOOM_OK;
+}
+
+static int central_crop_check(mapst *s, loom_err *err)
+{
+    dstage *st = &s->s;
+    const loom_map_spec *m = &s->m;
+    loom_shape *sh = &st->spec.shape[s->f], *mx = &st->maxshape[s->f];
+    int rc = images(s, err);
+    if (rc) return rc;
+    if (!(m->fraction > 0 && m->fraction <= 1))
+        return dstage_err_(st, err, LOOM_ECONFIG, "map(central_crop): fraction must be in (0, 1], got %g", m->fraction);
+    int64_t b[4];
+    image_central_box_(sh->dim[0], sh->dim[1], m->fraction, b);
+    for (int d = 0; d < 2; d++) /* an unknown size keeps its bound: the box is never larger than the image */
+        if (sh->dim[d] >= 0) sh->dim[d] = mx->dim[d] = b[2 + d];
+    snprintf(st->desc, sizeof st->desc, "map(central_crop,%s,%.17g)", m->feature, m->fraction);
+    return LOOM_OK;
+}
+
+/* random_brightness, random_contrast */
+static int adjust_check(mapst *s, loom_err *err)
+{
+    dstage *st = &s->s;
+    const loom_map_spec *m = &s->m;
+    const char *kn = s->fn->name;
+    int rc = images(s, err);
+    if (rc) return rc;
+    if (s->in_dt != LOOM_U8 && s->in_dt != LOOM_F32 && s->in_dt != LOOM_F64) {
+        dstage_err_(st, err, LOOM_ESHAPE, "map(%s) needs uint8 or float pixels, \"%s\" is %s", kn, m->feature,
+                    loom_dtype_name(s->in_dt));
+        return loom_err_hint(err, "cast it to float32 first (map fn = \"cast\")");
     }
-    if (m->kind == LOOM_MAP_RESIZE) {
-        if (m->size[0] < 1 || m->size[1] < 1)
-            return dstage_err_(st, err, LOOM_ECONFIG, "map(resize): size [%d, %d] must be at least 1 x 1", m->size[0],
-                               m->size[1]);
-        for (int d = 0; d < 2; d++) sh->dim[d] = mx->dim[d] = m->size[d];
-        s->out_dt = LOOM_F32;
-        snprintf(st->desc, sizeof st->desc, "map(resize,%s,%d,%d)", m->feature, m->size[0], m->size[1]);
-        return LOOM_OK;
-    }
-    if (m->kind == LOOM_MAP_CENTRAL_CROP) {
-        if (!(m->fraction > 0 && m->fraction <= 1))
-            return dstage_err_(st, err, LOOM_ECONFIG, "map(central_crop): fraction must be in (0, 1], got %g", m->fraction);
-        int64_t b[4];
-        image_central_box_(sh->dim[0], sh->dim[1], m->fraction, b);
-        for (int d = 0; d < 2; d++) /* an unknown size keeps its bound: the box is never larger than the image */
-            if (sh->dim[d] >= 0) sh->dim[d] = mx->dim[d] = b[2 + d];
-        snprintf(st->desc, sizeof st->desc, "map(central_crop,%s,%.17g)", m->feature, m->fraction);
-        return LOOM_OK;
-    }
-    if (m->kind == LOOM_MAP_RANDOM_BRIGHTNESS || m->kind == LOOM_MAP_RANDOM_CONTRAST) {
-        if (s->in_dt != LOOM_U8 && s->in_dt != LOOM_F32 && s->in_dt != LOOM_F64) {
-            dstage_err_(st, err, LOOM_ESHAPE, "map(%s) needs uint8 or float pixels, \"%s\" is %s", kn, m->feature,
-                        loom_dtype_name(s->in_dt));
-            return loom_err_hint(err, "cast it to float32 first (map fn = \"cast\")");
-        }
-        bool bright = m->kind == LOOM_MAP_RANDOM_BRIGHTNESS;
-        if (bright ? !(m->max_delta >= 0) : !(m->lower >= 0 && m->lower < m->upper))
-            return dstage_err_(st, err, LOOM_ECONFIG, bright ? "map(%s): max_delta must be >= 0" :
-                               "map(%s): needs 0 <= lower < upper", kn);
-        if (bright) snprintf(st->desc, sizeof st->desc, "map(random_brightness,%s,%.17g)", m->feature, m->max_delta);
-        else snprintf(st->desc, sizeof st->desc, "map(random_contrast,%s,%.17g,%.17g)", m->feature, m->lower, m->upper);
-        return LOOM_OK;
-    }
+    bool bright = m->kind == LOOM_MAP_RANDOM_BRIGHTNESS;
+    if (bright ? !(m->max_delta >= 0) : !(m->lower >= 0 && m->lower < m->upper))
+        return dstage_err_(st, err, LOOM_ECONFIG, bright ? "map(%s): max_delta must be >= 0" : "map(%s): needs 0 <= lower < upper",
+                           kn);
+    if (bright) snprintf(st->desc, sizeof st->desc, "map(random_brightness,%s,%.17g)", m->feature, m->max_delta);
+    else snprintf(st->desc, sizeof st->desc, "map(random_contrast,%s,%.17g,%.17g)", m->feature, m->lower, m->upper);
+    return LOOM_OK;
+}
+
+static int random_crop_check(mapst *s, loom_err *err)
+{
+    dstage *st = &s->s;
+    const loom_map_spec *m = &s->m;
+    loom_shape *sh = &st->spec.shape[s->f], *mx = &st->maxshape[s->f];
+    char a[128];
+    int rc = images(s, err);
+    if (rc) return rc;
     for (int d = 0; d < 2; d++)
         if (m->size[d] < 1 || mx->dim[d] < m->size[d])
             return dstage_err_(st, err, LOOM_ECONFIG, "map(random_crop) on \"%s\": crop size [%d, %d] does not fit in the "
@@ -777,8 +1051,40 @@ static int image_map_check(mapst *s, loom_err *err)
     return LOOM_OK;
 }
 
-/* long: one case per built-in map kind checking its settings against the
- * input's spec and giving the output's; the cases read as the table of maps. */
+/* The built-in map fns, registered in LOOM_REG_TRANSFORM under config's fn
+ * names (loom_map_kind_name: one list; "lua" is the Lua provider's). name:
+ * filled at registration, so not const for that one write. */
+static dmapfn mapfns[] = {
+    {DMAPFN_BUILTIN, NULL, LOOM_MAP_CAST, cast_check, cast_apply},
+    {DMAPFN_BUILTIN, NULL, LOOM_MAP_SCALE, scale_check, scale_apply},
+    {DMAPFN_BUILTIN, NULL, LOOM_MAP_NORMALIZE, normalize_check, normalize_apply},
+    {DMAPFN_BUILTIN, NULL, LOOM_MAP_ONE_HOT, one_hot_check, one_hot_apply},
+    {DMAPFN_BUILTIN, NULL, LOOM_MAP_RESHAPE, reshape_open_check, reshape_apply},
+    {DMAPFN_BUILTIN, NULL, LOOM_MAP_FLIP_LR, flip_check, flip_apply},
+    {DMAPFN_BUILTIN, NULL, LOOM_MAP_PAD, pad_check, pad_apply},
+    {DMAPFN_BUILTIN, NULL, LOOM_MAP_RANDOM_CROP, random_crop_check, random_crop_apply},
+    {DMAPFN_BUILTIN, NULL, LOOM_MAP_STANDARDIZE, standardize_check, standardize_apply},
+    {DMAPFN_BUILTIN, NULL, LOOM_MAP_SLEEP, sleep_check, sleep_apply},
+    {DMAPFN_BUILTIN, NULL, LOOM_MAP_DECODE_IMAGE, decode_image_check, decode_image_apply},
+    {DMAPFN_BUILTIN, NULL, LOOM_MAP_RESIZE, resize_check, resize_apply},
+    {DMAPFN_BUILTIN, NULL, LOOM_MAP_CENTRAL_CROP, central_crop_check, central_crop_apply},
+    {DMAPFN_BUILTIN, NULL, LOOM_MAP_RANDOM_BRIGHTNESS, adjust_check, adjust_apply},
+    {DMAPFN_BUILTIN, NULL, LOOM_MAP_RANDOM_CONTRAST, adjust_check, adjust_apply},
+    {DMAPFN_BUILTIN, NULL, LOOM_MAP_STRING_LOOKUP, string_lookup_check, string_lookup_apply},
+};
+
+int dmapfn_register_(loom_err *err)
+{
+    int rc = LOOM_OK;
+    for (int i = 0; !rc && i < (int)(sizeof mapfns / sizeof mapfns[0]); i++) {
+        if (!mapfns[i].name) mapfns[i].name = loom_map_kind_name(mapfns[i].kind);
+        LOOM_ASSERT(strcmp(mapfns[i].name, "?")); /* config names every fn this table has */
+        if (loom_registry_find(LOOM_REG_TRANSFORM, mapfns[i].name, NULL) != &mapfns[i])
+            rc = loom_registry_add(LOOM_REG_TRANSFORM, mapfns[i].name, &mapfns[i], NULL, err);
+    }
+    return rc;
+}
+
 int map_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, const loom_data_ctx *ctx, loom_err *err)
 {
     if (t->map.kind == LOOM_MAP_LUA) return custom_map_open_(out, in, id, t, ctx, err);
@@ -788,12 +1094,17 @@ int map_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, co
     dstage_init_(st, &map_ops, in, id, &t->loc);
     s->m = t->map;
     s->seed = ctx->seed;
-    int rc = LOOM_OK;
-    const char *kn = (unsigned)s->m.kind < sizeof map_names / sizeof map_names[0] ? map_names[s->m.kind] : NULL;
-    if (!kn) {
-        rc = dstage_err_(st, err, LOOM_ECONFIG, "unknown map fn %d", (int)s->m.kind);
+    int rc = loom_data_init(err);
+    if (rc) goto fail;
+    s->fn = loom_registry_find(LOOM_REG_TRANSFORM, loom_map_kind_name(s->m.kind), NULL);
+    if (!s->fn || s->fn->version != DMAPFN_BUILTIN) {
+        char names[512];
+        s->fn = NULL;
+        rc = dstage_err_(st, err, LOOM_ECONFIG, "unknown map fn %d (built in: %s)", (int)s->m.kind,
+                         dxform_names_(DMAPFN_BUILTIN, names, sizeof names));
         goto fail;
     }
+    const char *kn = s->fn->name;
     snprintf(st->name, sizeof st->name, "map(%s)", kn);
     s->f = loom_elem_spec_find(&st->spec, s->m.feature);
     if (s->f < 0) {
@@ -803,141 +1114,11 @@ int map_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, co
         rc = dstage_err_(st, err, LOOM_ECONFIG, "map(%s): no feature \"%s\" (available: %s)", kn, s->m.feature, avail);
         goto fail;
     }
-    int f = s->f, bd = st->batch_dims;
-    loom_shape *sh = &st->spec.shape[f], *mx = &st->maxshape[f];
-    char a[128];
-    s->in_dt = s->out_dt = st->spec.dtype[f];
-    switch (s->m.kind) {
-    case LOOM_MAP_CAST:
-        if ((unsigned)s->m.dtype >= LOOM_NDTYPES_) {
-            rc = dstage_err_(st, err, LOOM_ECONFIG, "map(cast): bad dtype %d", (int)s->m.dtype);
-            goto fail;
-        }
-        s->out_dt = (loom_dtype)s->m.dtype;
-        snprintf(st->desc, sizeof st->desc, "map(cast,%s,%s)", s->m.feature, loom_dtype_name(s->out_dt));
-        break;
-    case LOOM_MAP_SCALE:
-        s->out_dt = LOOM_F32;
-        snprintf(st->desc, sizeof st->desc, "map(scale,%s,%.17g,%.17g)", s->m.feature, s->m.scale, s->m.offset);
-        break;
-    case LOOM_MAP_NORMALIZE: {
-        if (s->m.adapt && !s->m.n_norm) {
-            rc = dstage_err_(st, err, LOOM_ECONFIG, "map(normalize) on \"%s\": adapt = true, but no numbers were "
-                             "adapted from data.train for it", s->m.feature);
-            loom_err_hint(err, "loom train computes them (and caches them in model_dir/adapt.txt) before evaluate, "
-                               "predict or export can use them");
-            goto fail;
-        }
-        if (!(s->m.std > 0)) {
-            rc = dstage_err_(st, err, LOOM_ECONFIG, "map(normalize): std must be > 0, got %g", s->m.std);
-            goto fail;
-        }
-        int64_t L = sh->rank > bd ? sh->dim[sh->rank - 1] : 1;
-        if (s->m.n_norm > 1 && L != s->m.n_norm) {
-            rc = dstage_err_(st, err, LOOM_ESHAPE, "map(normalize) on \"%s\": %d mean/std values, but the feature has "
-                             "shape %s, whose last axis has %lld", s->m.feature, s->m.n_norm,
-                             loom_shape_str(sh, a, sizeof a), (long long)L);
-            loom_err_hint(err, "give one value per index of the last axis, or one number for all");
-            goto fail;
-        }
-        s->out_dt = LOOM_F32;
-        uint64_t h = 0xcbf29ce484222325ull; /* the values in the stage's identity (cache keys) */
-        for (int i = 0; i < s->m.n_norm; i++) {
-            float v[2] = {s->m.mean_v[i], s->m.std_v[i]};
-            const unsigned char *p = (const unsigned char *)v;
-            for (size_t k = 0; k < sizeof v; k++) h = (h ^ p[k]) * 0x100000001b3ull;
-        }
-        if (s->m.n_norm)
-            snprintf(st->desc, sizeof st->desc, "map(normalize,%s,%d,%016llx)", s->m.feature, s->m.n_norm,
-                     (unsigned long long)h);
-        else
-            snprintf(st->desc, sizeof st->desc, "map(normalize,%s,%.17g,%.17g)", s->m.feature, s->m.mean, s->m.std);
-        break;
-    }
-    case LOOM_MAP_STRING_LOOKUP:
-        if (s->in_dt != LOOM_U8 || sh->rank <= bd) {
-            rc = dstage_err_(st, err, LOOM_ESHAPE, "map(string_lookup) needs a string feature (uint8 bytes, the last "
-                             "axis one string), \"%s\" is %s %s", s->m.feature, loom_dtype_name(s->in_dt),
-                             loom_shape_str(sh, a, sizeof a));
-            loom_err_hint(err, "strings come from a csv column with dtype = \"string\" or the text source's \"line\"; a "
-                               "number feature needs no lookup (one_hot or an embedding take int ids)");
-            goto fail;
-        }
-        if (!s->m.vocab) {
-            rc = dstage_err_(st, err, LOOM_ECONFIG, "map(string_lookup) on \"%s\": adapt = true, but no vocabulary was "
-                             "adapted from data.train for it", s->m.feature);
-            loom_err_hint(err, "loom train adapts it (and keeps it in model_dir/adapt.txt and its checkpoints) before "
-                               "evaluate, predict or export can use it");
-            goto fail;
-        }
-        if ((rc = vocab_table(s, err))) goto fail;
-        s->out_dt = LOOM_I64;
-        sh->rank--;
-        mx->rank--;
-        snprintf(st->desc, sizeof st->desc, "map(string_lookup,%s,%d,%lld,%016llx)", s->m.feature, s->m.num_oov_indices,
-                 (long long)s->m.vocab->n, (unsigned long long)s->m.vocab->digest);
-        break;
-    case LOOM_MAP_ONE_HOT:
-        if (!is_int(s->in_dt)) {
-            rc = dstage_err_(st, err, LOOM_ESHAPE, "map(one_hot) needs an integer feature, \"%s\" is %s", s->m.feature,
-                             loom_dtype_name(s->in_dt));
-            goto fail;
-        }
-        if (s->m.depth < 1 || sh->rank >= LOOM_MAX_RANK) {
-            rc = dstage_err_(st, err, LOOM_ECONFIG, "map(one_hot) on \"%s\": depth %d with shape %s is not possible (depth >= 1, "
-                             "rank < %d)", s->m.feature, s->m.depth, loom_shape_str(sh, a, sizeof a), LOOM_MAX_RANK);
-            goto fail;
-        }
-        s->out_dt = LOOM_F32;
-        sh->dim[sh->rank++] = s->m.depth;
-        mx->dim[mx->rank++] = s->m.depth;
-        snprintf(st->desc, sizeof st->desc, "map(one_hot,%s,%d)", s->m.feature, s->m.depth);
-        break;
-    case LOOM_MAP_RESHAPE:
-        rc = reshape_check(s, err);
-        if (rc) goto fail;
-        snprintf(st->desc, sizeof st->desc, "map(reshape,%s,%s)", s->m.feature, loom_shape_str(sh, a, sizeof a));
-        break;
-    case LOOM_MAP_FLIP_LR: {
-        int r = sh->rank - bd;
-        if (r != 2 && r != 3) {
-            rc = dstage_err_(st, err, LOOM_ESHAPE, "map(random_flip_left_right) needs images (H, W) or (H, W, C), \"%s\" has shape %s",
-                             s->m.feature, loom_shape_str(sh, a, sizeof a));
-            goto fail;
-        }
-        int64_t images = 1;
-        for (int d = 0; d < bd; d++) images *= mx->dim[d];
-        s->flag_bytes = (size_t)images + 1;
-        s->flags = loom_alloc(s->flag_bytes);
-        if (!s->flags) {
-            rc = loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate flip flags");
-            goto fail;
-        }
-        snprintf(st->desc, sizeof st->desc, "map(flip_lr,%s)", s->m.feature);
-        break;
-    }
-    case LOOM_MAP_PAD:
-    case LOOM_MAP_RANDOM_CROP:
-    case LOOM_MAP_STANDARDIZE:
-    case LOOM_MAP_DECODE_IMAGE:
-    case LOOM_MAP_RESIZE:
-    case LOOM_MAP_CENTRAL_CROP:
-    case LOOM_MAP_RANDOM_BRIGHTNESS:
-    case LOOM_MAP_RANDOM_CONTRAST:
-        rc = image_map_check(s, err);
-        if (rc) goto fail;
-        break;
-    case LOOM_MAP_SLEEP:
-        if (!(s->m.ms >= 0)) {
-            rc = dstage_err_(st, err, LOOM_ECONFIG, "map(sleep): ms must be >= 0, got %g", s->m.ms);
-            goto fail;
-        }
-        snprintf(st->desc, sizeof st->desc, "map(sleep,%s,%.17g)", s->m.feature, s->m.ms);
-        break;
-    case LOOM_MAP_LUA: break; /* custom_map_open_ above */
-    }
-    st->spec.dtype[f] = s->out_dt;
-    if (s->m.kind != LOOM_MAP_RESHAPE && s->m.kind != LOOM_MAP_SLEEP && !(s->m.kind == LOOM_MAP_CAST && s->out_dt == s->in_dt)) {
+    s->in_dt = s->out_dt = st->spec.dtype[s->f];
+    if ((rc = s->fn->check(s, err))) goto fail;
+    st->spec.dtype[s->f] = s->out_dt;
+    if (!s->no_buf) {
+        const loom_shape *mx = &st->maxshape[s->f];
         size_t bytes = (size_t)loom_shape_numel(mx) * loom_dtype_size(s->out_dt);
         s->buf_bytes = bytes ? bytes : 1;
         s->buf = loom_alloc_aligned(s->buf_bytes);
