@@ -87,7 +87,7 @@ typedef struct loom_tfrecord_writer loom_tfrecord_writer; /* opaque */
 
 /* Writes to "<path>.tmp"; loom_tfrecord_writer_close finishes the stream,
  * fsyncs and renames it to path. GZIP = deflate level 6 with a gzip wrapper
- * (windowBits 31) as TF writes it, ZLIB = windowBits 15, ZSTD = level 3 in frames
+ * (windowBits 31) as TF writes it, ZLIB = windowBits 15, ZSTD = level 6, raw literals, in frames
  * of 256 KiB of stream bytes that declare their content size (any zstd
  * reader reads the concatenation; ours decompresses such a frame in one call). */
 int  loom_tfrecord_writer_open(loom_tfrecord_writer **out, const char *path, loom_compression c,
