@@ -391,12 +391,14 @@ static void test_batch_digest(void)
         snprintf(name, sizeof name, "digest-%05d-of-00004.tfrecord", k);
         write_examples(tpath(name), cs[k], 700 * k, 700, -1, F_NONE);
     }
-    /* the autotuner's choice, then read-ahead off and on for the whole run */
-    const char *modes[] = {NULL, "0", "1"};
-    uint64_t rest[3] = {0};
-    for (int m = 0; m < 3; m++) {
+    /* the autotuner's choice, then read-ahead and decompress-ahead forced off and on for the whole run */
+    const char *modes[] = {NULL, "0", "1", "0", "1"}, *dmodes[] = {NULL, "0", "0", "1", "1"};
+    uint64_t rest[5] = {0};
+    for (int m = 0; m < 5; m++) {
         if (modes[m]) setenv("LOOM_DATA_READAHEAD", modes[m], 1);
         else unsetenv("LOOM_DATA_READAHEAD");
+        if (dmodes[m]) setenv("LOOM_DATA_DECOMPRESS_AHEAD", dmodes[m], 1);
+        else unsetenv("LOOM_DATA_DECOMPRESS_AHEAD");
         loom_err err = {0};
         int batches, left;
         uint64_t h = pipeline_digest(tpath("digest-*.tfrecord"), &batches, &err);
@@ -408,8 +410,10 @@ static void test_batch_digest(void)
         CHECK_MSG(left == 88 - 40, "read-ahead %s: %d batches after the restore", modes[m] ? modes[m] : "auto", left);
     }
     unsetenv("LOOM_DATA_READAHEAD");
-    CHECK_MSG(rest[0] == rest[1] && rest[1] == rest[2], "restored rests differ: %016llx %016llx %016llx",
-              (unsigned long long)rest[0], (unsigned long long)rest[1], (unsigned long long)rest[2]);
+    unsetenv("LOOM_DATA_DECOMPRESS_AHEAD");
+    for (int m = 1; m < 5; m++)
+        CHECK_MSG(rest[m] == rest[0], "restored rests differ: mode %d %016llx, auto %016llx", m,
+                  (unsigned long long)rest[m], (unsigned long long)rest[0]);
 }
 
 /* ---- errors ------------------------------------------------------------------ */
@@ -426,6 +430,57 @@ static int read_until_error(const loom_dataset_spec *s, int *count, loom_err *er
     while ((rc = loom_iter_next(it, &e, err)) == LOOM_OK) (*count)++;
     loom_iter_close(it);
     return rc;
+}
+
+/* Decompress-ahead meets a damaged zstd stream several frames ahead of the
+ * record being parsed: the elements before it, the error (file, record,
+ * offset, text) and, in skip mode, what is read are those of inline reading. */
+static void test_ahead_errors(void)
+{
+    const char *path = tpath("ahead.tfrecord.zst");
+    write_examples(path, LOOM_COMP_ZSTD, 0, 2400, -1, F_NONE); /* ~2.2 MB of stream: 9 frames */
+    size_t n = 0;
+    uint8_t *b = NULL;
+    loom_err e0 = {0};
+    CHECK(loom_read_file(path, &b, &n, &e0) == LOOM_OK);
+    loom_log_set_level(LOOM_LOG_ERROR); /* the skip warnings are expected */
+    static const char *ra[] = {"0", "0", "1"}, *da[] = {"0", "1", "1"};
+    int differ = 0, cases = 0;
+    for (size_t at = n / 3; b && at < n; at += n / 5) { /* from the third frame on: the thread is ahead of the reader */
+        b[at] ^= 0x5a;
+        FILE *f = fopen(tpath("ahead-bad.tfrecord.zst"), "wb");
+        fwrite(b, 1, n, f);
+        fclose(f);
+        b[at] ^= 0x5a;
+        for (int skip = 0; skip < 2; skip++) {
+            int count[3], rc[3];
+            loom_err err[3];
+            for (int m = 0; m < 3; m++) {
+                setenv("LOOM_DATA_READAHEAD", ra[m], 1);
+                setenv("LOOM_DATA_DECOMPRESS_AHEAD", da[m], 1);
+                loom_dataset_spec *s = spec_fmnist(tpath("ahead-bad.tfrecord.zst"));
+                if (skip) s->source.on_corrupt = LOOM_TFR_CORRUPT_SKIP;
+                rc[m] = read_until_error(s, &count[m], &err[m]);
+                free(s);
+                if (m && (rc[m] != rc[0] || count[m] != count[0] ||
+                          (rc[0] != LOOM_EEOF && (strcmp(err[m].msg, err[0].msg) || strcmp(err[m].where, err[0].where))))) {
+                    differ++;
+                    printf("#   offset %zu, skip %d, mode %d: rc %d after %d elements (%s: %s); inline rc %d after %d (%s: %s)", at,
+                         skip, m, rc[m], count[m], err[m].where, err[m].msg, rc[0], count[0], err[0].where, err[0].msg);
+                    printf("\n");
+                }
+            }
+            CHECK_MSG(skip ? rc[0] == LOOM_EEOF : rc[0] == LOOM_EDATA, "offset %zu skip %d: rc %d", at, skip, rc[0]);
+            CHECK_MSG(count[0] > 300 && count[0] < 2400, "offset %zu skip %d: %d elements", at, skip, count[0]);
+            if (!skip) CHECK_CONTAINS(err[0].where, "ahead-bad.tfrecord.zst");
+            cases++;
+        }
+    }
+    unsetenv("LOOM_DATA_READAHEAD");
+    unsetenv("LOOM_DATA_DECOMPRESS_AHEAD");
+    loom_log_set_level(LOOM_LOG_INFO);
+    CHECK(cases >= 6 && differ == 0);
+    loom_free(b);
 }
 
 static void test_feature_errors(void)
@@ -966,6 +1021,7 @@ static const loom_test tests[] = {
     {"glob_shards", test_glob_shards},
     {"shuffle_batch_prefetch", test_shuffle_batch_prefetch},
     {"batch_digest", test_batch_digest},
+    {"decompress_ahead_errors", test_ahead_errors},
     {"feature_errors", test_feature_errors},
     {"corrupt_error_and_skip", test_corrupt},
     {"save_restore", test_save_restore},

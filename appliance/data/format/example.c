@@ -513,24 +513,28 @@ int loom_example_extract(const loom_example *ex, const loom_feature_spec *spec, 
 
 /* ---- the fast path -------------------------------------------------------- */
 
-void loom_example_fast_learn(loom_example_fast *fp, const loom_example *ex, const loom_feature_spec *spec, int n)
+bool loom_example_fast_learn(loom_example_fast *fp, const loom_example *ex, const loom_feature_spec *spec, int n)
 {
-    fp->n = 0;
-    if (n < 1 || n > LOOM_MAX_FEATURES || ex->n != n) return; /* an entry that is not declared, or one missing */
+    if (n < 1 || n > LOOM_MAX_FEATURES || ex->n != n) return false; /* an entry not declared, or one missing */
+    int16_t order[LOOM_MAX_FEATURES];
     for (int k = 0; k < n; k++) {
         const loom_bytes_view *name = &ex->f[k].name;
         int j = 0;
         while (j < n && (strlen(spec[j].name) != name->len || memcmp(spec[j].name, name->data, name->len))) j++;
-        if (j == n || spec[j].dtype == LOOM_PARSE_BYTES) return;
         int64_t numel;
-        if (spec[j].shape.rank < 0 || spec[j].shape.rank > LOOM_MAX_RANK ||
+        if (j == n || spec[j].dtype == LOOM_PARSE_BYTES || spec[j].shape.rank < 0 || spec[j].shape.rank > LOOM_MAX_RANK ||
             !loom_dims_ok(spec[j].shape.dim, spec[j].shape.rank, &numel))
-            return;
+            return false;
+        order[k] = (int16_t)j;
+    }
+    for (int k = 0; k < n; k++) {
+        int j = order[k];
         fp->order[k] = (int16_t)j;
-        fp->name_len[j] = name->len;
-        fp->numel[j] = numel;
+        fp->name_len[j] = strlen(spec[j].name);
+        loom_dims_ok(spec[j].shape.dim, spec[j].shape.rank, &fp->numel[j]);
     }
     fp->n = n;
+    return true;
 }
 
 /* A varint as pb_varint reads it; false when truncated or over 10 bytes. */

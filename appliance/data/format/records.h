@@ -193,8 +193,8 @@ int loom_example_extract(const loom_example *ex, const loom_feature_spec *spec, 
  * false having decided nothing, and the caller parses and extracts the
  * record the general way (with its exact error messages). When it returns
  * true, out holds exactly what loom_example_parse + loom_example_extract
- * would have written. Zero-initialize; learn from a record that parsed and
- * extracted without error. Not for LOOM_PARSE_BYTES features. */
+ * would have written. Zero-initialize (nothing learned: every record goes
+ * the general way). Not for LOOM_PARSE_BYTES features. */
 typedef struct loom_example_fast {
     int     n;                          /* entries in the learned order; 0: nothing learned */
     int16_t order[LOOM_MAX_FEATURES];   /* the spec index of each entry, in wire order */
@@ -202,7 +202,10 @@ typedef struct loom_example_fast {
     size_t  name_len[LOOM_MAX_FEATURES]; /* per spec index: strlen(name) */
 } loom_example_fast;
 
-void loom_example_fast_learn(loom_example_fast *fp, const loom_example *ex, const loom_feature_spec *spec, int n);
+/* Learns ex's order (ex parsed and extracted with spec without error);
+ * false, fp unchanged, when ex does not qualify (an entry not declared or
+ * missing, a bytes feature). */
+bool loom_example_fast_learn(loom_example_fast *fp, const loom_example *ex, const loom_feature_spec *spec, int n);
 bool loom_example_fast_extract(const loom_example_fast *fp, const uint8_t *data, size_t len,
                                const loom_feature_spec *spec, int n, loom_feature_out *out);
 /* The tensor dtype of a spec (BYTES has none: LOOM_EUNSUPPORTED), and a

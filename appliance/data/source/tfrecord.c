@@ -7,16 +7,26 @@
  * epoch. State = (epoch, file position, records consumed in that file): a
  * restore reopens the file and reads forward to the record, so resuming
  * mid-epoch is exact. Cardinality is unknown (-2): counting needs a full read.
- * Read-ahead: under autotuning the source has a knob (1 = read inline, 2 =
- * a thread of its own); when its consumer spends time waiting on it the
- * tuner (CPU budget permitting) turns the thread on, which reads, checks,
- * decompresses and parses the next records, across file boundaries, into a
- * ring of decoded elements (up to RA_SLOTS, and RA_BYTES in all) while the
- * pipeline works on earlier ones.
+ * Read-ahead: under autotuning the source has a knob of threads (1 = read
+ * inline, 2 = a thread of its own, 3 = and decompress-ahead); when its
+ * consumer spends time waiting on it the tuner (CPU budget permitting)
+ * raises it. The read-ahead thread reads, checks, decompresses and parses
+ * the next records, across file boundaries, into a ring of decoded elements
+ * (up to RA_SLOTS, and RA_BYTES in all) while the pipeline works on earlier
+ * ones; decompress-ahead gives the file's reader a thread that decompresses
+ * the frames after the one being parsed (loom_tfrecord_set_ahead). On 2
+ * cores the tuner stops at 2: with the fast Example path the read-ahead
+ * thread's work (decompress, check, parse) about equals the rest of the
+ * Fashion-MNIST pipeline's, and a third busy thread only shares the cores.
  * The elements, their order and the saved state are those of inline reading:
  * each slot carries the position after its record, and save writes the
- * position of the last element handed out. LOOM_DATA_READAHEAD=0|1 forces it
- * off or on (tests, and the benchmark's before/after).
+ * position of the last element handed out. LOOM_DATA_READAHEAD=0|1 and
+ * LOOM_DATA_DECOMPRESS_AHEAD=0|1 force them off or on (tests, and the
+ * benchmark's before/after; setting either one forces both, the other off
+ * unless set).
+ * Parsing: records go through loom_example_fast_extract in the order learned
+ * from a good record, the general parse + extract (and their errors) only
+ * for records it refuses.
  * Threads: one thread at a time drives the stage (see data_internal.h); the
  * read-ahead thread alone touches the reader and the position fields while
  * it runs (ra_on), the consumer only the ring under ra_mu. */
@@ -158,7 +168,7 @@ static int decode(tfr_source *t, const uint8_t *d, size_t len, const char *file,
     }
     rc = loom_example_extract(&t->ex, t->fs, t->nf, record, t->fo, err);
     if (rc) return record_err(t, file, record, offset, err);
-    loom_example_fast_learn(&t->fast, &t->ex, t->fs, t->nf); /* again after a record the fast path refused */
+    (void)loom_example_fast_learn(&t->fast, &t->ex, t->fs, t->nf); /* a record the fast path refused may teach a new order */
     return LOOM_OK;
 }
 
@@ -348,10 +358,10 @@ static int ra_next(tfr_source *t, loom_elem **out, bool *drained, loom_err *err)
 static int tfr_next(dstage *st, loom_elem **out, loom_err *err)
 {
     tfr_source *t = (tfr_source *)st;
-    /* the knob's levels: 1 inline, 2 decompress-ahead, 3 and the read-ahead thread too */
+    /* the knob's levels (threads): 1 inline, 2 the read-ahead thread, 3 and decompress-ahead too */
     int64_t level = t->knob ? dknob_get_(t->knob) : 1;
-    __atomic_store_n(&t->da_want, t->da_force >= 0 ? t->da_force > 0 : level >= 2, __ATOMIC_RELAXED);
-    int64_t want = t->ra_force > 0 ? 2 : level >= 3 ? 2 : 1;
+    __atomic_store_n(&t->da_want, t->da_force >= 0 ? t->da_force > 0 : level >= 3, __ATOMIC_RELAXED);
+    int64_t want = t->ra_force > 0 ? 2 : t->ra_force < 0 && level >= 2 ? 2 : 1;
     if (t->ra_on && want <= 1) ra_halt(t); /* back to inline once the ring's elements are handed out */
     else if (!t->ra_on && want > 1 && !ra_pending(t) && !t->done && t->ra_buf[0]) ra_start(t);
     if (t->ra_on || ra_pending(t)) {
