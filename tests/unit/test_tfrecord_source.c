@@ -401,13 +401,16 @@ static void test_batch_digest(void)
         else unsetenv("LOOM_DATA_DECOMPRESS_AHEAD");
         loom_err err = {0};
         int batches, left;
+        char mode[64];
+        snprintf(mode, sizeof mode, "read-ahead %s, decompress-ahead %s", modes[m] ? modes[m] : "auto",
+                 dmodes[m] ? dmodes[m] : "auto");
         uint64_t h = pipeline_digest(tpath("digest-*.tfrecord"), &batches, &err);
-        CHECK_MSG(batches == 2 * 88, "read-ahead %s: %d batches", modes[m] ? modes[m] : "auto", batches); /* 2800 = 87 x 32 + 16, two epochs */
-        CHECK_MSG(h == DIGEST_GOLDEN, "read-ahead %s: batch digest %016llx, expected %016llx", modes[m] ? modes[m] : "auto",
-                  (unsigned long long)h, (unsigned long long)DIGEST_GOLDEN);
-        /* a state saved 40 batches in (the thread has read further) restores to the same rest */
+        CHECK_MSG(batches == 2 * 88, "%s: %d batches", mode, batches); /* 2800 = 87 x 32 + 16, two epochs */
+        CHECK_MSG(h == DIGEST_GOLDEN, "%s: batch digest %016llx, expected %016llx", mode, (unsigned long long)h,
+                  (unsigned long long)DIGEST_GOLDEN);
+        /* a state saved 40 batches in (the threads have read further) restores to the same rest */
         rest[m] = digest_rest(tpath("digest-*.tfrecord"), 40, &left, &err);
-        CHECK_MSG(left == 88 - 40, "read-ahead %s: %d batches after the restore", modes[m] ? modes[m] : "auto", left);
+        CHECK_MSG(left == 88 - 40, "%s: %d batches after the restore", mode, left);
     }
     unsetenv("LOOM_DATA_READAHEAD");
     unsetenv("LOOM_DATA_DECOMPRESS_AHEAD");
