@@ -440,50 +440,59 @@ static int read_until_error(const loom_dataset_spec *s, int *count, loom_err *er
  * offset, text) and, in skip mode, what is read are those of inline reading. */
 static void test_ahead_errors(void)
 {
-    const char *path = tpath("ahead.tfrecord.zst");
-    write_examples(path, LOOM_COMP_ZSTD, 0, 2400, -1, F_NONE); /* ~2.2 MB of stream: 9 frames */
-    size_t n = 0;
-    uint8_t *b = NULL;
-    loom_err e0 = {0};
-    CHECK(loom_read_file(path, &b, &n, &e0) == LOOM_OK);
+    static const loom_compression cs[] = {LOOM_COMP_ZSTD, LOOM_COMP_GZIP};
+    static const char *ext[] = {"zst", "gz"}, *ra[] = {"0", "0", "1"}, *da[] = {"0", "1", "1"};
+    int differ = 0, cases = 0, stream_errors = 0;
     loom_log_set_level(LOOM_LOG_ERROR); /* the skip warnings are expected */
-    static const char *ra[] = {"0", "0", "1"}, *da[] = {"0", "1", "1"};
-    int differ = 0, cases = 0;
-    for (size_t at = n / 3; b && at < n; at += n / 5) { /* from the third frame on: the thread is ahead of the reader */
-        b[at] ^= 0x5a;
-        FILE *f = fopen(tpath("ahead-bad.tfrecord.zst"), "wb");
-        fwrite(b, 1, n, f);
-        fclose(f);
-        b[at] ^= 0x5a;
-        for (int skip = 0; skip < 2; skip++) {
-            int count[3], rc[3];
-            loom_err err[3];
-            for (int m = 0; m < 3; m++) {
-                setenv("LOOM_DATA_READAHEAD", ra[m], 1);
-                setenv("LOOM_DATA_DECOMPRESS_AHEAD", da[m], 1);
-                loom_dataset_spec *s = spec_fmnist(tpath("ahead-bad.tfrecord.zst"));
-                if (skip) s->source.on_corrupt = LOOM_TFR_CORRUPT_SKIP;
-                rc[m] = read_until_error(s, &count[m], &err[m]);
-                free(s);
-                if (m && (rc[m] != rc[0] || count[m] != count[0] ||
-                          (rc[0] != LOOM_EEOF && (strcmp(err[m].msg, err[0].msg) || strcmp(err[m].where, err[0].where))))) {
-                    differ++;
-                    printf("#   offset %zu, skip %d, mode %d: rc %d after %d elements (%s: %s); inline rc %d after %d (%s: %s)", at,
-                         skip, m, rc[m], count[m], err[m].where, err[m].msg, rc[0], count[0], err[0].where, err[0].msg);
-                    printf("\n");
+    for (int c = 0; c < 2; c++) {
+        char path[64], bad[64];
+        snprintf(path, sizeof path, "ahead.tfrecord.%s", ext[c]);
+        snprintf(bad, sizeof bad, "ahead-bad.tfrecord.%s", ext[c]);
+        write_examples(tpath(path), cs[c], 0, 2400, -1, F_NONE); /* ~2.2 MB of stream: 9 zstd frames */
+        size_t n = 0;
+        uint8_t *b = NULL;
+        loom_err e0 = {0};
+        CHECK(loom_read_file(tpath(path), &b, &n, &e0) == LOOM_OK);
+        for (size_t at = n / 3; b && at < n - 64; at += n / 5) { /* from the third frame on: the thread is ahead */
+            uint8_t junk[64]; /* invalid codes for the decompressor too, not only wrong bytes */
+            for (int k = 0; k < 64; k++) junk[k] = (uint8_t)(k * 37 + 11);
+            FILE *f = fopen(tpath(bad), "wb");
+            fwrite(b, 1, at, f);
+            fwrite(junk, 1, sizeof junk, f);
+            fwrite(b + at + sizeof junk, 1, n - at - sizeof junk, f);
+            fclose(f);
+            for (int skip = 0; skip < 2; skip++) {
+                int count[3], rc[3];
+                loom_err err[3];
+                for (int m = 0; m < 3; m++) {
+                    setenv("LOOM_DATA_READAHEAD", ra[m], 1);
+                    setenv("LOOM_DATA_DECOMPRESS_AHEAD", da[m], 1);
+                    loom_dataset_spec *s = spec_fmnist(tpath(bad));
+                    if (skip) s->source.on_corrupt = LOOM_TFR_CORRUPT_SKIP;
+                    rc[m] = read_until_error(s, &count[m], &err[m]);
+                    free(s);
+                    if (m && (rc[m] != rc[0] || count[m] != count[0] ||
+                              (rc[0] != LOOM_EEOF && (strcmp(err[m].msg, err[0].msg) || strcmp(err[m].where, err[0].where))))) {
+                        differ++;
+                        printf("#   %s offset %zu, skip %d, mode %d: rc %d after %d elements (%s: %s); inline rc %d after %d (%s: %s)\n",
+                               ext[c], at, skip, m, rc[m], count[m], err[m].where, err[m].msg, rc[0], count[0], err[0].where,
+                               err[0].msg);
+                    }
                 }
+                CHECK_MSG(skip ? rc[0] == LOOM_EEOF : rc[0] == LOOM_EDATA, "%s offset %zu skip %d: rc %d", ext[c], at, skip, rc[0]);
+                CHECK_MSG(count[0] > 300 && count[0] < 2400, "%s offset %zu skip %d: %d elements", ext[c], at, skip, count[0]);
+                if (!skip) CHECK_CONTAINS(err[0].where, bad);
+                if (!skip) stream_errors += strstr(err[0].msg, " stream in the record at offset ") != NULL;
+                cases++;
             }
-            CHECK_MSG(skip ? rc[0] == LOOM_EEOF : rc[0] == LOOM_EDATA, "offset %zu skip %d: rc %d", at, skip, rc[0]);
-            CHECK_MSG(count[0] > 300 && count[0] < 2400, "offset %zu skip %d: %d elements", at, skip, count[0]);
-            if (!skip) CHECK_CONTAINS(err[0].where, "ahead-bad.tfrecord.zst");
-            cases++;
         }
+        loom_free(b);
     }
     unsetenv("LOOM_DATA_READAHEAD");
     unsetenv("LOOM_DATA_DECOMPRESS_AHEAD");
     loom_log_set_level(LOOM_LOG_INFO);
-    CHECK(cases >= 6 && differ == 0);
-    loom_free(b);
+    CHECK(cases >= 12 && differ == 0);
+    CHECK_MSG(stream_errors >= 2, "%d of the damages were found by the decompressor", stream_errors); /* not only CRCs */
 }
 
 static void test_feature_errors(void)

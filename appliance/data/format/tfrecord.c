@@ -127,6 +127,9 @@ struct loom_tfrecord {
     bool             done;            /* ended (clean EOF or SKIP after lost framing) */
     int              failed;          /* sticky error code after an error */
     struct ahead    *ah;              /* decompress-ahead, NULL until loom_tfrecord_set_ahead */
+    int              pend_rc;         /* a stream error met after some bytes: reported once they are read */
+    char             pend_what[200]; /* WHAT_MAX */
+    loom_err         pend_err;
 };
 
 static int sys_err(loom_tfrecord *r, const char *call, int e, loom_err *err)
@@ -161,8 +164,8 @@ static int stream_corrupt(loom_tfrecord *r, const char *what, loom_err *err)
 /* Inside produce_into (which may run on the decompress-ahead thread, where
  * the record being read is not known): what went wrong, for stream_corrupt
  * once the bytes before it are consumed. */
-#define CORRUPT(msg) (snprintf(what, WHAT_MAX, "%s", (msg)), LOOM_EDATA)
 #define WHAT_MAX 200
+#define CORRUPT(msg) (snprintf(what, WHAT_MAX, "%s", (msg)), LOOM_EDATA)
 
 /* At a zstd frame boundary: when the next frame is whole in in[] (reading
  * more if it fits), declares its content size, at most WHOLE_MAX, and that
@@ -341,7 +344,7 @@ int loom_tfrecord_set_ahead(loom_tfrecord *r, bool on, loom_err *err)
         ah_halt(r); /* the slots filled stay and are read first */
         return LOOM_OK;
     }
-    if (r->comp == LOOM_COMP_NONE || r->done || r->failed) return LOOM_OK; /* nothing to decompress */
+    if (r->comp == LOOM_COMP_NONE || r->done || r->failed || r->pend_rc) return LOOM_OK; /* nothing to decompress */
     struct ahead *a = r->ah;
     if (!a) {
         if (!(a = loom_calloc(1, sizeof *a))) goto nomem;
@@ -379,7 +382,7 @@ static int ah_take(loom_tfrecord *r, uint8_t *dst, size_t room, size_t *got, boo
     }
     ah_slot *sl = &a->slot[a->head];
     pthread_mutex_unlock(&a->mu);
-    if (sl->pos == sl->len && sl->rc) { /* stays at the head: repeats as inline would */
+    if (sl->pos == sl->len && sl->rc) { /* after its bytes; stays at the head: repeats as inline would */
         if (sl->rc == LOOM_EDATA && sl->what[0]) return stream_corrupt(r, sl->what, err);
         if (err) *err = sl->err;
         return sl->rc;
@@ -429,8 +432,22 @@ static int produce(loom_tfrecord *r, loom_err *err)
         }
     }
     char what[WHAT_MAX];
-    rc = produce_into(r, r->win + r->win_len, room, &got, what, err);
-    r->win_len += got;
+    if (r->pend_rc) { /* the bytes before the damage were read: now the record that needs more */
+        rc = r->pend_rc;
+        snprintf(what, sizeof what, "%s", r->pend_what);
+        if (err && !what[0]) *err = r->pend_err;
+    } else {
+        loom_err e = {0};
+        rc = produce_into(r, r->win + r->win_len, room, &got, what, &e);
+        r->win_len += got;
+        if (rc && got) { /* (inflate) bytes, then the damage: it is reported where it lies, not earlier */
+            r->pend_rc = rc;
+            snprintf(r->pend_what, sizeof r->pend_what, "%s", what);
+            r->pend_err = e;
+            return LOOM_OK;
+        }
+        if (rc && err && !what[0]) *err = e;
+    }
     if (rc == LOOM_EDATA && what[0]) return stream_corrupt(r, what, err);
     return rc;
 }
