@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void parse_version(ctx *c, const config_setting_t *s, void *base);
+static void parse_version(cfg_ctx *c, const config_setting_t *s, void *base);
 
 /* ---- names --------------------------------------------------------------- */
 
@@ -90,7 +90,7 @@ const char *loom_loc_str(const loom_loc *l, char *buf, size_t n)
     return buf;
 }
 
-static const opt root_opts[] = {
+static const cfg_opt root_opts[] = {
     O_CUSTOM("version", parse_version, ALL, ALL, "config format version; must be 1"),
     O_SUB("data", 0, ALL, "data.train (required) and data.eval (optional)"),
     O_SUB("model", 0, ALL, "the network: input, label, loss, layers"),
@@ -105,34 +105,34 @@ static const opt root_opts[] = {
 
 /* ---- custom options ------------------------------------------------------ */
 
-static void parse_version(ctx *c, const config_setting_t *s, void *base)
+static void parse_version(cfg_ctx *c, const config_setting_t *s, void *base)
 {
     loom_spec *spec = base;
     char v[300];
-    if (!is_int(s) || config_setting_get_int64(s) != 1) {
-        loom_err *e = cerr(c, s, "unsupported config version %s (this loom reads version = 1)",
-                           value_str(s, v, sizeof v));
+    if (!cfg_is_int_(s) || config_setting_get_int64(s) != 1) {
+        loom_err *e = cfg_err_(c, s, "unsupported config version %s (this loom reads version = 1)",
+                           cfg_value_str_(s, v, sizeof v));
         if (e) loom_err_hint(e, "write `version = 1;`");
         return;
     }
     spec->version = 1;
 }
 
-static void validate(ctx *c, const config_setting_t *root, loom_spec *spec)
+static void validate(cfg_ctx *c, const config_setting_t *root, loom_spec *spec)
 {
-    parse_opts(c, root, root_opts, 0, spec);
-    scope sr = {root_opts, 0, NULL};
-    check_keys(c, root, &sr, 1);
+    cfg_parse_opts_(c, root, root_opts, 0, spec);
+    cfg_scope sr = {root_opts, 0, NULL};
+    cfg_check_keys_(c, root, &sr, 1);
 
-    parse_data(c, root, spec);
-    parse_model(c, root, &spec->model);
-    parse_optimizer(c, root, &spec->optimizer);
-    parse_strategy(c, root, &spec->strategy);
-    check_replicas_batch(c, root, spec);
-    parse_plugins(c, root, &spec->plugins);
-    parse_hooks(c, root, &spec->hooks);
-    parse_cluster(c, root, &spec->cluster);
-    parse_run(c, root, spec);
+    cfg_parse_data_(c, root, spec);
+    cfg_parse_model_(c, root, &spec->model);
+    cfg_parse_optimizer_(c, root, &spec->optimizer);
+    cfg_parse_strategy_(c, root, &spec->strategy);
+    cfg_check_replicas_batch_(c, root, spec);
+    cfg_parse_plugins_(c, root, &spec->plugins);
+    cfg_parse_hooks_(c, root, &spec->hooks);
+    cfg_parse_cluster_(c, root, &spec->cluster);
+    cfg_parse_run_(c, root, spec);
 }
 
 /* ---- load ---------------------------------------------------------------- */
@@ -164,19 +164,20 @@ static void sort_errors(loom_errlist *errs)
  * blocking fopen: each is opened first through loom_open_regular, so a FIFO
  * or a directory is refused by name instead of hanging the parse. from is
  * "file:line" of the @include (NULL for the config itself). */
-static int check_files(ctx *c, const char *path, const char *from, int depth)
+static int check_files(cfg_ctx *c, const char *path, const char *from, int depth)
 {
     loom_err e = {0};
     uint8_t *text;
     size_t len;
     if (loom_read_file_max(path, &text, &len, (uint64_t)64 << 20, &e)) {
         if (e.code == LOOM_ENOMEM) {
-            rawerr(c, LOOM_ENOMEM, path, "%s", e.msg);
+            cfg_rawerr_(c, LOOM_ENOMEM, path, "%s", e.msg);
             return LOOM_ENOMEM;
         }
         const char *why = strncmp(e.msg, "cannot open: ", 13) ? e.msg : e.msg + 13;
-        loom_err *o = rawerr(c, LOOM_EIO, from ? from : path, from ? "@include \"%s\": %s" : "cannot read the config file: %s%s",
-                             from ? path : why, from ? why : "");
+        loom_err *o = cfg_rawerr_(c, LOOM_EIO, from ? from : path,
+                                  from ? "@include \"%s\": %s" : "cannot read the config file: %s%s", from ? path : why,
+                                  from ? why : "");
         if (o && e.hint[0]) loom_err_hint(o, "%s", e.hint);
         return LOOM_EIO;
     }
@@ -186,7 +187,8 @@ static int check_files(ctx *c, const char *path, const char *from, int depth)
         for (const uint8_t *q = text; q < nul; q++) line += *q == '\n';
         char where[LOOM_PATH_MAX + 16];
         snprintf(where, sizeof where, "%s:%d", path, line);
-        loom_err *o = rawerr(c, LOOM_ECONFIG, where, "a NUL byte (byte %zu): a config file is text", (size_t)(nul - text) + 1);
+        loom_err *o = cfg_rawerr_(c, LOOM_ECONFIG, where, "a NUL byte (byte %zu): a config file is text",
+                                  (size_t)(nul - text) + 1);
         if (o) loom_err_hint(o, "is this the right file? configs are libconfig text (docs/config.md)");
         loom_free(text);
         return LOOM_ECONFIG;
@@ -200,7 +202,7 @@ static int check_files(ctx *c, const char *path, const char *from, int depth)
             if (a && !b) { /* libconfig's scanner exits the process on a file name that runs past the line */
                 char where[LOOM_PATH_MAX + 16];
                 snprintf(where, sizeof where, "%s:%d", path, line);
-                loom_err *o = rawerr(c, LOOM_ECONFIG, where, "@include: the file name's closing quote is missing");
+                loom_err *o = cfg_rawerr_(c, LOOM_ECONFIG, where, "@include: the file name's closing quote is missing");
                 if (o) loom_err_hint(o, "write @include \"file.cfg\" on one line");
                 rc = LOOM_ECONFIG;
             } else if (a && b) {
@@ -241,10 +243,10 @@ int loom_config_load(loom_spec **out, const char *path, const char *const *overr
     if (!errs) errs = &local;
     errs->n = 0;
     *out = NULL;
-    ctx c = {.path = path, .errs = errs};
+    cfg_ctx c = {.path = path, .errs = errs};
 
     if (strlen(path) >= LOOM_PATH_MAX) {
-        rawerr(&c, LOOM_ECONFIG, path, "config path is too long");
+        cfg_rawerr_(&c, LOOM_ECONFIG, path, "config path is too long");
         return LOOM_ECONFIG;
     }
     config_dir(path, c.dir, sizeof c.dir);
@@ -266,28 +268,28 @@ int loom_config_load(loom_spec **out, const char *path, const char *const *overr
         const char *ef = config_error_file(&cfg);
         char where[LOOM_PATH_MAX + 16];
         if (config_error_type(&cfg) == CONFIG_ERR_FILE_IO) {
-            rawerr(&c, LOOM_EIO, ef ? ef : path, "cannot read the config file");
+            cfg_rawerr_(&c, LOOM_EIO, ef ? ef : path, "cannot read the config file");
             config_destroy(&cfg);
             return LOOM_EIO;
         }
         snprintf(where, sizeof where, "%s:%d", ef ? ef : path, config_error_line(&cfg));
-        rawerr(&c, LOOM_ECONFIG, where, "syntax error: %s",
+        cfg_rawerr_(&c, LOOM_ECONFIG, where, "syntax error: %s",
                config_error_text(&cfg) ? config_error_text(&cfg) : "unparsable");
         config_destroy(&cfg);
         return LOOM_ECONFIG;
     }
 
     {
-        int_lits lits = {0};
-        lex_file(path, c.dir, &lits, 0);
-        fix_wide_ints(&c, config_root_setting(&cfg), &lits);
+        cfg_int_lits lits = {0};
+        cfg_lex_file_(path, c.dir, &lits, 0);
+        cfg_fix_wide_ints_(&c, config_root_setting(&cfg), &lits);
     }
 
     /* the keys of the overrides, kept as hooks on the settings they set */
     char **keys = n_overrides > 0 ? loom_calloc((size_t)n_overrides, sizeof *keys) : NULL;
     if (n_overrides > 0 && !keys) {
         config_destroy(&cfg);
-        rawerr(&c, LOOM_ENOMEM, "", "out of memory");
+        cfg_rawerr_(&c, LOOM_ENOMEM, "", "out of memory");
         return LOOM_ENOMEM;
     }
     for (int i = 0; i < n_overrides; i++) {
@@ -295,16 +297,16 @@ int loom_config_load(loom_spec **out, const char *path, const char *const *overr
         size_t kl = eq ? (size_t)(eq - overrides[i]) : strlen(overrides[i]);
         keys[i] = loom_alloc(kl + 1);
         if (!keys[i]) {
-            rawerr(&c, LOOM_ENOMEM, "", "out of memory");
+            cfg_rawerr_(&c, LOOM_ENOMEM, "", "out of memory");
             break;
         }
         memcpy(keys[i], overrides[i], kl);
         keys[i][kl] = 0;
-        apply_override(&c, &cfg, overrides[i], keys[i]);
+        cfg_apply_override_(&c, &cfg, overrides[i], keys[i]);
     }
 
     loom_spec *spec = loom_calloc(1, sizeof *spec);
-    if (!spec) rawerr(&c, LOOM_ENOMEM, "", "out of memory");
+    if (!spec) cfg_rawerr_(&c, LOOM_ENOMEM, "", "out of memory");
     if (spec) {
         snprintf(spec->path, sizeof spec->path, "%s", path);
         validate(&c, config_root_setting(&cfg), spec);

@@ -8,12 +8,12 @@
 #include <strings.h>
 #include <unistd.h>
 
-static void parse_cluster_role(ctx *c, const config_setting_t *s, void *base);
-static void parse_cluster_path(ctx *c, const config_setting_t *s, void *base);
+static void parse_cluster_role(cfg_ctx *c, const config_setting_t *s, void *base);
+static void parse_cluster_path(cfg_ctx *c, const config_setting_t *s, void *base);
 
 const char *const loom_cluster_role_keys[LOOM_CLUSTER_ROLES + 1] = {"chief", "worker", "ps", "evaluator", NULL};
 
-static const opt cluster_opts[] = {
+static const cfg_opt cluster_opts[] = {
     O_CUSTOM("chief", parse_cluster_role, ALL, 0, "[\"host:port\"]: at most one task that coordinates"),
     O_CUSTOM("worker", parse_cluster_role, ALL, 0, "[\"host:port\", ...]: the tasks that train"),
     O_CUSTOM("ps", parse_cluster_role, ALL, 0, "[\"host:port\", ...]: parameter servers"),
@@ -87,16 +87,16 @@ int loom_addr_parse(const char *addr, char *host, size_t n, int *port, const cha
 }
 
 /* cluster.chief / worker / ps / evaluator: a list of "host:port" strings. */
-static void parse_cluster_role(ctx *c, const config_setting_t *s, void *base)
+static void parse_cluster_role(cfg_ctx *c, const config_setting_t *s, void *base)
 {
     loom_cluster_spec *cl = base;
-    int role = find_name(loom_cluster_role_keys, config_setting_name(s));
+    int role = cfg_find_name_(loom_cluster_role_keys, config_setting_name(s));
     LOOM_ASSERT(role >= 0);
-    loc_of(c, s, &cl->role_loc[role]);
-    int n = string_list(c, s, LOOM_MAX_CLUSTER_TASKS, "addresses \"host:port\"");
+    cfg_loc_of_(c, s, &cl->role_loc[role]);
+    int n = cfg_string_list_(c, s, LOOM_MAX_CLUSTER_TASKS, "addresses \"host:port\"");
     bool one = config_setting_type(s) == CONFIG_TYPE_STRING;
     if (n > 1 && role == 0) {
-        loom_err *e = cerr(c, s, "a cluster has at most one chief, got %d", n);
+        loom_err *e = cfg_err_(c, s, "a cluster has at most one chief, got %d", n);
         if (e) loom_err_hint(e, "list the others under worker");
         return;
     }
@@ -104,20 +104,20 @@ static void parse_cluster_role(ctx *c, const config_setting_t *s, void *base)
         const config_setting_t *e = one ? s : config_setting_get_elem(s, i);
         const char *a = config_setting_get_string(e), *why = NULL;
         if (strlen(a) >= LOOM_ADDR_MAX || loom_addr_parse(a, NULL, 256, NULL, &why)) {
-            loom_err *er = cerr(c, e, "bad address \"%s\": %s", a, why ? why : "too long");
+            loom_err *er = cfg_err_(c, e, "bad address \"%s\": %s", a, why ? why : "too long");
             if (er) loom_err_hint(er, "e.g. \"10.0.0.2:2222\", \"node01:2222\" or \"[::1]:2222\"");
             continue;
         }
         int k = cl->n_tasks[role]++;
         snprintf(cl->addr[role][k], sizeof cl->addr[role][k], "%s", a);
         char where[300];
-        where_of(c, e, where, sizeof where, &cl->addr_line[role][k]);
+        cfg_where_of_(c, e, where, sizeof where, &cl->addr_line[role][k]);
     }
 }
 
 /* cluster.secret_file, tls_cert, tls_key, tls_ca: a file, relative to the
  * config's directory, that must exist and be readable. */
-static void parse_cluster_path(ctx *c, const config_setting_t *s, void *base)
+static void parse_cluster_path(cfg_ctx *c, const config_setting_t *s, void *base)
 {
     loom_cluster_spec *cl = base;
     const char *key = config_setting_name(s);
@@ -127,22 +127,22 @@ static void parse_cluster_path(ctx *c, const config_setting_t *s, void *base)
                                             : cl->tls_ca;
     char v[300];
     if (config_setting_type(s) != CONFIG_TYPE_STRING || !config_setting_get_string(s)[0]) {
-        cerr(c, s, "expected a file name, got %s", value_str(s, v, sizeof v));
+        cfg_err_(c, s, "expected a file name, got %s", cfg_value_str_(s, v, sizeof v));
         return;
     }
     const char *f = config_setting_get_string(s);
     int w = f[0] == '/' ? snprintf(dst, LOOM_PATH_MAX, "%s", f) : snprintf(dst, LOOM_PATH_MAX, "%s/%s", c->dir, f);
     if (w < 0 || w >= LOOM_PATH_MAX) {
         dst[0] = 0;
-        cerr(c, s, "file name \"%s\" is too long", f);
+        cfg_err_(c, s, "file name \"%s\" is too long", f);
     } else if (access(dst, R_OK) != 0) {
-        loom_err *e = cerr(c, s, "cannot read \"%s\" (resolved to %s): %s", f, dst, strerror(errno));
+        loom_err *e = cfg_err_(c, s, "cannot read \"%s\" (resolved to %s): %s", f, dst, strerror(errno));
         if (e) loom_err_hint(e, "relative paths are relative to the config file's directory");
     }
 }
 
 /* Two tasks on one address: compared as written, host names without case. */
-static void check_cluster_duplicates(ctx *c, const config_setting_t *g, const loom_cluster_spec *cl)
+static void check_cluster_duplicates(cfg_ctx *c, const config_setting_t *g, const loom_cluster_spec *cl)
 {
     for (int r = 0; r < LOOM_CLUSTER_ROLES; r++)
         for (int i = 0; i < cl->n_tasks[r]; i++)
@@ -152,7 +152,7 @@ static void check_cluster_duplicates(ctx *c, const config_setting_t *g, const lo
                     const config_setting_t *lst = config_setting_get_member(g, loom_cluster_role_keys[r]);
                     const config_setting_t *e = lst && config_setting_type(lst) != CONFIG_TYPE_STRING
                                                     ? config_setting_get_elem(lst, (unsigned)i) : lst;
-                    loom_err *er = cerr(c, e ? e : g, "duplicate address \"%s\": %s:%d has it too (line %d)",
+                    loom_err *er = cfg_err_(c, e ? e : g, "duplicate address \"%s\": %s:%d has it too (line %d)",
                                         cl->addr[r][i], loom_cluster_role_keys[r2], j, cl->addr_line[r2][j]);
                     if (er) loom_err_hint(er, "every task listens on an address of its own");
                     goto next;
@@ -160,32 +160,32 @@ static void check_cluster_duplicates(ctx *c, const config_setting_t *g, const lo
 next:;
 }
 
-void parse_cluster(ctx *c, const config_setting_t *root, loom_cluster_spec *cl)
+void cfg_parse_cluster_(cfg_ctx *c, const config_setting_t *root, loom_cluster_spec *cl)
 {
-    const config_setting_t *g = sub_group(c, root, "cluster");
-    opts_default(cluster_opts, cl);
+    const config_setting_t *g = cfg_sub_group_(c, root, "cluster");
+    cfg_opts_default_(cluster_opts, cl);
     if (!g) {
         snprintf(cl->loc.file, sizeof cl->loc.file, "%s", c->path);
         snprintf(cl->loc.path, sizeof cl->loc.path, "cluster");
         return;
     }
     cl->present = true;
-    loc_of(c, g, &cl->loc);
+    cfg_loc_of_(c, g, &cl->loc);
     for (int r = 0; r < LOOM_CLUSTER_ROLES; r++) cl->role_loc[r] = cl->loc;
-    parse_opts(c, g, cluster_opts, 0, cl);
-    scope sc = {cluster_opts, 0, NULL};
-    check_keys(c, g, &sc, 1);
+    cfg_parse_opts_(c, g, cluster_opts, 0, cl);
+    cfg_scope sc = {cluster_opts, 0, NULL};
+    cfg_check_keys_(c, g, &sc, 1);
     check_cluster_duplicates(c, g, cl);
     if (cl->tls) {
         const char *need[] = {"tls_cert", "tls_key", "tls_ca"};
         for (int i = 0; i < 3; i++)
             if (!config_setting_get_member(g, need[i])) {
-                loom_err *e = cerr(c, config_setting_get_member(g, "tls"), "tls = true needs %s", need[i]);
+                loom_err *e = cfg_err_(c, config_setting_get_member(g, "tls"), "tls = true needs %s", need[i]);
                 if (e) loom_err_hint(e, "give tls_cert, tls_key and tls_ca (PEM files), or set tls = false");
             }
     }
     const config_setting_t *hi = config_setting_get_member(g, "heartbeat_interval");
     if (hi && cl->heartbeat_interval >= cl->heartbeat_timeout)
-        cerr(c, hi, "heartbeat_interval (%g s) must be shorter than heartbeat_timeout (%g s)", cl->heartbeat_interval,
-             cl->heartbeat_timeout);
+        cfg_err_(c, hi, "heartbeat_interval (%g s) must be shorter than heartbeat_timeout (%g s)",
+                 cl->heartbeat_interval, cl->heartbeat_timeout);
 }

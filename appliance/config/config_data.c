@@ -13,21 +13,21 @@
 
 static const char *const split_part_names[] = {"train", "eval", NULL};
 
-static void parse_shape(ctx *c, const config_setting_t *s, void *base);
-static void parse_norm_values(ctx *c, const config_setting_t *s, void *base);
-static void parse_feature_names(ctx *c, const config_setting_t *s, void *base);
-static void parse_filter_values(ctx *c, const config_setting_t *s, void *base);
-static void parse_padded_shapes(ctx *c, const config_setting_t *s, void *base);
-static void parse_padding_values(ctx *c, const config_setting_t *s, void *base);
-static void parse_parallel(ctx *c, const config_setting_t *s, void *base);
-static void parse_map_plugin(ctx *c, const config_setting_t *s, void *base);
-static void parse_map_args(ctx *c, const config_setting_t *s, void *base);
-static void parse_filter_plugin(ctx *c, const config_setting_t *s, void *base);
-static void parse_filter_args(ctx *c, const config_setting_t *s, void *base);
-static void parse_prefetch_buffer(ctx *c, const config_setting_t *s, void *base);
-static void parse_ram_budget(ctx *c, const config_setting_t *s, void *base);
+static void parse_shape(cfg_ctx *c, const config_setting_t *s, void *base);
+static void parse_norm_values(cfg_ctx *c, const config_setting_t *s, void *base);
+static void parse_feature_names(cfg_ctx *c, const config_setting_t *s, void *base);
+static void parse_filter_values(cfg_ctx *c, const config_setting_t *s, void *base);
+static void parse_padded_shapes(cfg_ctx *c, const config_setting_t *s, void *base);
+static void parse_padding_values(cfg_ctx *c, const config_setting_t *s, void *base);
+static void parse_parallel(cfg_ctx *c, const config_setting_t *s, void *base);
+static void parse_map_plugin(cfg_ctx *c, const config_setting_t *s, void *base);
+static void parse_map_args(cfg_ctx *c, const config_setting_t *s, void *base);
+static void parse_filter_plugin(cfg_ctx *c, const config_setting_t *s, void *base);
+static void parse_filter_args(cfg_ctx *c, const config_setting_t *s, void *base);
+static void parse_prefetch_buffer(cfg_ctx *c, const config_setting_t *s, void *base);
+static void parse_ram_budget(cfg_ctx *c, const config_setting_t *s, void *base);
 
-static const opt data_opts[] = {
+static const cfg_opt data_opts[] = {
     O_SUB("train", 0, ALL, "the training dataset"),
     O_SUB("eval", 0, 0, "the evaluation dataset"),
     O_SUB("options", 0, 0, "tf.data.Options for both datasets: deterministic, autotune, optimization"),
@@ -35,21 +35,21 @@ static const opt data_opts[] = {
 };
 
 /* data.options and its two sub-groups */
-static const opt options_opts[] = {
+static const cfg_opt options_opts[] = {
     O_BOOL(loom_data_options, "deterministic", deterministic, 1, ALL, "default of every map's `deterministic`"),
     O_SUB("autotune", 0, 0, "enabled, cpu_budget, ram_budget"),
     O_SUB("optimization", 0, 0, "static rewrites of the pipeline"),
     O_END,
 };
 
-static const opt autotune_opts[] = {
+static const cfg_opt autotune_opts[] = {
     O_BOOL(loom_data_options, "enabled", autotune, 1, ALL, "tune \"auto\" parallelism and buffers while running"),
     O_INT(loom_data_options, "cpu_budget", cpu_budget, 0, 0, 4096, ALL, 0, "threads for tuned parallelism; 0 = the cores"),
     O_CUSTOM("ram_budget", parse_ram_budget, ALL, 0, "bytes, \"4GiB\"-style, or \"50%\" of physical memory (default)"),
     O_END,
 };
 
-static const opt optimization_opts[] = {
+static const cfg_opt optimization_opts[] = {
     O_BOOL(loom_data_options, "noop_elimination", noop_elimination, 1, ALL,
            "drop take(-1), skip(0), repeat(1), prefetch(0), shard(1, 0)"),
     O_BOOL(loom_data_options, "map_and_batch_fusion", map_and_batch_fusion, 1, ALL, "map straight into the batch buffer"),
@@ -63,7 +63,7 @@ static const opt optimization_opts[] = {
     O_END,
 };
 
-static const opt dataset_opts[] = {
+static const cfg_opt dataset_opts[] = {
     O_SUB("source", 0, ALL, "where elements come from"),
     O_SUB("transforms", 0, 0, "a list of transforms applied in order"),
     O_ENUM(loom_dataset_spec, "shard_policy", shard_policy, LOOM_SHARD_AUTO, loom_shard_policy_names_, ALL, 0,
@@ -74,7 +74,7 @@ static const opt dataset_opts[] = {
 };
 
 #define TR(k) K(LOOM_T_##k)
-static const opt transform_opts[] = {
+static const cfg_opt transform_opts[] = {
     O_KIND(loom_transform_spec, "op", kind, 0, loom_transform_names_, ALL, "transform op"),
     O_INT(loom_transform_spec, "buffer", buffer, 0, 1, INT64_MAX, TR(SHUFFLE), TR(SHUFFLE), "shuffle buffer"),
     O_CUSTOM("buffer", parse_prefetch_buffer, TR(PREFETCH), 0, "prefetch queue depth; \"auto\" or -1 (default), 0 disables"),
@@ -132,7 +132,7 @@ static const opt transform_opts[] = {
 };
 
 #define MAP(k) K(LOOM_MAP_##k)
-static const opt map_opts[] = {
+static const cfg_opt map_opts[] = {
     O_KIND(loom_map_spec, "fn", kind, 0, loom_map_names_, ALL, "map function"),
     O_STR(loom_map_spec, "feature", feature, NULL, NULL, ALL & ~MAP(LUA), ALL & ~MAP(LUA), "the feature it applies to"),
     O_ENUM(loom_map_spec, "dtype", dtype, 0, loom_cfg_dtype_names_, MAP(CAST) | MAP(DECODE_IMAGE), MAP(CAST),
@@ -178,17 +178,17 @@ static const opt map_opts[] = {
     O_END,
 };
 
-static void parse_shape(ctx *c, const config_setting_t *s, void *base)
+static void parse_shape(cfg_ctx *c, const config_setting_t *s, void *base)
 {
     loom_map_spec *m = base;
     char v[300];
     if (!config_setting_is_array(s) && !config_setting_is_list(s)) {
-        cerr(c, s, "expected a shape such as [28, 28, 1], got %s", value_str(s, v, sizeof v));
+        cfg_err_(c, s, "expected a shape such as [28, 28, 1], got %s", cfg_value_str_(s, v, sizeof v));
         return;
     }
     int n = config_setting_length(s);
     if (n < 1 || n > 8) {
-        cerr(c, s, "expected 1 to 8 dimensions, got %d", n);
+        cfg_err_(c, s, "expected 1 to 8 dimensions, got %d", n);
         return;
     }
     int unknown = 0;
@@ -196,16 +196,16 @@ static void parse_shape(ctx *c, const config_setting_t *s, void *base)
     for (int i = 0; i < n; i++) {
         const config_setting_t *d = config_setting_get_elem(s, i);
         int64_t x;
-        if (!get_int_in(c, d, -1, INT32_MAX, &x)) {
+        if (!cfg_get_int_in_(c, d, -1, INT32_MAX, &x)) {
             ok = false;
             continue;
         }
         if (x == 0) {
-            cerr(c, d, "expected a dimension >= 1 (or -1 once), got 0");
+            cfg_err_(c, d, "expected a dimension >= 1 (or -1 once), got 0");
             ok = false;
         }
         if (x == -1 && ++unknown == 2) {
-            cerr(c, s, "only one dimension may be -1");
+            cfg_err_(c, s, "only one dimension may be -1");
             ok = false;
         }
         m->shape[i] = x;
@@ -213,14 +213,14 @@ static void parse_shape(ctx *c, const config_setting_t *s, void *base)
     int64_t numel = 1;
     for (int i = 0; ok && i < n; i++)
         if (m->shape[i] > 0 && (!loom_mul_ok(numel, m->shape[i], &numel) || numel > (1 << 30))) {
-            cerr(c, s, "more than %d values per element is too many", 1 << 30);
+            cfg_err_(c, s, "more than %d values per element is too many", 1 << 30);
             ok = false;
         }
     if (ok) m->rank = n;
 }
 
 /* map parallel: an int >= 1 or "auto" (LOOM_PARALLEL_AUTO). */
-static void parse_parallel(ctx *c, const config_setting_t *s, void *base)
+static void parse_parallel(cfg_ctx *c, const config_setting_t *s, void *base)
 {
     loom_transform_spec *t = base;
     char v[300];
@@ -228,19 +228,19 @@ static void parse_parallel(ctx *c, const config_setting_t *s, void *base)
         if (!strcmp(config_setting_get_string(s), "auto"))
             t->parallel = LOOM_PARALLEL_AUTO;
         else
-            cerr(c, s, "expected an integer >= 1 or \"auto\", got %s", value_str(s, v, sizeof v));
+            cfg_err_(c, s, "expected an integer >= 1 or \"auto\", got %s", cfg_value_str_(s, v, sizeof v));
         return;
     }
-    if (!is_int(s)) {
-        cerr(c, s, "expected an integer >= 1 or \"auto\", got %s", value_str(s, v, sizeof v));
+    if (!cfg_is_int_(s)) {
+        cfg_err_(c, s, "expected an integer >= 1 or \"auto\", got %s", cfg_value_str_(s, v, sizeof v));
         return;
     }
     int64_t x;
-    if (get_int_in(c, s, 1, 1024, &x)) t->parallel = (int)x;
+    if (cfg_get_int_in_(c, s, 1, 1024, &x)) t->parallel = (int)x;
 }
 
 /* prefetch buffer: an int >= -1 or "auto" (-1). */
-static void parse_prefetch_buffer(ctx *c, const config_setting_t *s, void *base)
+static void parse_prefetch_buffer(cfg_ctx *c, const config_setting_t *s, void *base)
 {
     loom_transform_spec *t = base;
     char v[300];
@@ -248,22 +248,22 @@ static void parse_prefetch_buffer(ctx *c, const config_setting_t *s, void *base)
         if (!strcmp(config_setting_get_string(s), "auto"))
             t->buffer = -1;
         else
-            cerr(c, s, "expected an integer >= 0 or \"auto\", got %s", value_str(s, v, sizeof v));
+            cfg_err_(c, s, "expected an integer >= 0 or \"auto\", got %s", cfg_value_str_(s, v, sizeof v));
         return;
     }
     int64_t x;
-    if (get_int_in(c, s, -1, INT64_MAX, &x)) t->buffer = x;
+    if (cfg_get_int_in_(c, s, -1, INT64_MAX, &x)) t->buffer = x;
 }
 
 /* autotune.ram_budget: bytes (an integer, or "512MiB", "4GiB", "1.5GB", "800kB"),
  * or a share of physical memory ("50%"); 0 means the default share. */
-static void parse_ram_budget(ctx *c, const config_setting_t *s, void *base)
+static void parse_ram_budget(cfg_ctx *c, const config_setting_t *s, void *base)
 {
     loom_data_options *o = base;
     char v[300];
-    if (is_int(s)) {
+    if (cfg_is_int_(s)) {
         int64_t x;
-        if (get_int_in(c, s, 0, INT64_MAX, &x)) o->ram_budget = x;
+        if (cfg_get_int_in_(c, s, 0, INT64_MAX, &x)) o->ram_budget = x;
         return;
     }
     static const struct { const char *suffix; double mul; } units[] = {
@@ -286,19 +286,20 @@ static void parse_ram_budget(ctx *c, const config_setting_t *s, void *base)
                 return;
             }
     }
-    loom_err *e = cerr(c, s, "expected bytes (an integer, or a string such as \"4GiB\" or \"512MB\") or a share of "
-                       "memory (\"50%%\"), got %s", value_str(s, v, sizeof v));
+    loom_err *e = cfg_err_(c, s, "expected bytes (an integer, or a string such as \"4GiB\" or \"512MB\") or a share of "
+                       "memory (\"50%%\"), got %s", cfg_value_str_(s, v, sizeof v));
     if (e) loom_err_hint(e, "units: B, kB, MB, GB, TB (powers of 1000), KiB, MiB, GiB, TiB (powers of 1024)");
 }
 
 /* filter: in = [...] or not_in = [...]; which one is given decides the predicate. */
-static void parse_feature_names(ctx *c, const config_setting_t *s, void *base)
+static void parse_feature_names(cfg_ctx *c, const config_setting_t *s, void *base)
 {
     loom_transform_spec *t = base;
     char v[300];
     int n = (config_setting_is_array(s) || config_setting_is_list(s)) ? config_setting_length(s) : -1;
     if (n < 1 || n > LOOM_MAX_FEATURES) {
-        cerr(c, s, "expected a list of 1 to %d feature names, got %s", LOOM_MAX_FEATURES, value_str(s, v, sizeof v));
+        cfg_err_(c, s, "expected a list of 1 to %d feature names, got %s", LOOM_MAX_FEATURES,
+                 cfg_value_str_(s, v, sizeof v));
         return;
     }
     t->features.n = 0;
@@ -306,59 +307,60 @@ static void parse_feature_names(ctx *c, const config_setting_t *s, void *base)
         const config_setting_t *e = config_setting_get_elem(s, i);
         const char *str = config_setting_type(e) == CONFIG_TYPE_STRING ? config_setting_get_string(e) : NULL;
         if (!str || !str[0] || strlen(str) >= LOOM_NAME_MAX) {
-            cerr(c, e, "expected a feature name (1 to %d characters), got %s", LOOM_NAME_MAX - 1, value_str(e, v, sizeof v));
+            cfg_err_(c, e, "expected a feature name (1 to %d characters), got %s", LOOM_NAME_MAX - 1,
+                     cfg_value_str_(e, v, sizeof v));
             continue;
         }
         for (int j = 0; j < t->features.n; j++)
-            if (!strcmp(t->features.name[j], str)) cerr(c, e, "\"%s\" is listed twice", str);
+            if (!strcmp(t->features.name[j], str)) cfg_err_(c, e, "\"%s\" is listed twice", str);
         snprintf(t->features.name[t->features.n++], LOOM_NAME_MAX, "%s", str);
     }
 }
 
-static void parse_filter_values(ctx *c, const config_setting_t *s, void *base)
+static void parse_filter_values(cfg_ctx *c, const config_setting_t *s, void *base)
 {
     loom_transform_spec *t = base;
     char v[300];
     if (!config_setting_is_array(s) && !config_setting_is_list(s)) {
-        cerr(c, s, "expected an array of numbers such as [0, 1, 2], got %s", value_str(s, v, sizeof v));
+        cfg_err_(c, s, "expected an array of numbers such as [0, 1, 2], got %s", cfg_value_str_(s, v, sizeof v));
         return;
     }
     int n = config_setting_length(s);
     if (n < 1 || n > LOOM_MAX_FILTER_VALUES) {
-        cerr(c, s, "expected 1 to %d values, got %d", LOOM_MAX_FILTER_VALUES, n);
+        cfg_err_(c, s, "expected 1 to %d values, got %d", LOOM_MAX_FILTER_VALUES, n);
         return;
     }
     for (int i = 0; i < n; i++) {
         const config_setting_t *e = config_setting_get_elem(s, i);
-        if (!is_number(e) || !isfinite(get_number(e))) {
-            cerr(c, e, "expected a number, got %s", value_str(e, v, sizeof v));
+        if (!cfg_is_number_(e) || !isfinite(cfg_get_number_(e))) {
+            cfg_err_(c, e, "expected a number, got %s", cfg_value_str_(e, v, sizeof v));
             return;
         }
-        t->values[i] = get_number(e);
+        t->values[i] = cfg_get_number_(e);
     }
     t->n_values = n;
     t->filter = strcmp(config_setting_name(s), "in") ? LOOM_FILTER_NOT_IN : LOOM_FILTER_IN;
 }
 
 /* padded_batch: padded_shapes: { NAME = [d0, ...]; ... }; each dim >= 1, or -1 for the largest in the batch. */
-static void parse_padded_shapes(ctx *c, const config_setting_t *s, void *base)
+static void parse_padded_shapes(cfg_ctx *c, const config_setting_t *s, void *base)
 {
     loom_transform_spec *t = base;
     char v[300];
     if (!config_setting_is_group(s)) {
-        cerr(c, s, "expected a group { feature = [d0, ...]; ... }, got %s", value_str(s, v, sizeof v));
+        cfg_err_(c, s, "expected a group { feature = [d0, ...]; ... }, got %s", cfg_value_str_(s, v, sizeof v));
         return;
     }
     int n = config_setting_length(s);
     for (int i = 0; i < n && t->padded.n_shapes < LOOM_MAX_FEATURES; i++) {
         const config_setting_t *e = config_setting_get_elem(s, i);
         if (!config_setting_is_array(e) && !config_setting_is_list(e)) {
-            cerr(c, e, "expected a shape such as [16] or [-1, 8], got %s", value_str(e, v, sizeof v));
+            cfg_err_(c, e, "expected a shape such as [16] or [-1, 8], got %s", cfg_value_str_(e, v, sizeof v));
             continue;
         }
         int r = config_setting_length(e);
         if (r > 8) {
-            cerr(c, e, "expected at most 8 dimensions, got %d", r);
+            cfg_err_(c, e, "expected at most 8 dimensions, got %d", r);
             continue;
         }
         int k = t->padded.n_shapes;
@@ -366,12 +368,12 @@ static void parse_padded_shapes(ctx *c, const config_setting_t *s, void *base)
         for (int d = 0; d < r; d++) {
             const config_setting_t *x = config_setting_get_elem(e, d);
             int64_t dim;
-            if (!get_int_in(c, x, -1, INT32_MAX, &dim)) {
+            if (!cfg_get_int_in_(c, x, -1, INT32_MAX, &dim)) {
                 ok = false;
                 continue;
             }
             if (dim == 0) {
-                cerr(c, x, "expected a dimension >= 1 (or -1: the largest in the batch), got 0");
+                cfg_err_(c, x, "expected a dimension >= 1 (or -1: the largest in the batch), got 0");
                 ok = false;
             }
             t->padded.shape[k][d] = dim;
@@ -384,28 +386,28 @@ static void parse_padded_shapes(ctx *c, const config_setting_t *s, void *base)
 }
 
 /* padded_batch: padding_values: { NAME = number; ... }. */
-static void parse_padding_values(ctx *c, const config_setting_t *s, void *base)
+static void parse_padding_values(cfg_ctx *c, const config_setting_t *s, void *base)
 {
     loom_transform_spec *t = base;
     char v[300];
     if (!config_setting_is_group(s)) {
-        cerr(c, s, "expected a group { feature = value; ... }, got %s", value_str(s, v, sizeof v));
+        cfg_err_(c, s, "expected a group { feature = value; ... }, got %s", cfg_value_str_(s, v, sizeof v));
         return;
     }
     int n = config_setting_length(s);
     for (int i = 0; i < n && t->padded.n_values < LOOM_MAX_FEATURES; i++) {
         const config_setting_t *e = config_setting_get_elem(s, i);
-        if (!is_number(e) || !isfinite(get_number(e))) {
-            cerr(c, e, "expected a number, got %s", value_str(e, v, sizeof v));
+        if (!cfg_is_number_(e) || !isfinite(cfg_get_number_(e))) {
+            cfg_err_(c, e, "expected a number, got %s", cfg_value_str_(e, v, sizeof v));
             continue;
         }
         snprintf(t->padded.value_name[t->padded.n_values], LOOM_NAME_MAX, "%s", config_setting_name(e));
-        t->padded.value[t->padded.n_values++] = get_number(e);
+        t->padded.value[t->padded.n_values++] = cfg_get_number_(e);
     }
 }
 
 /* Cross-field checks of the transforms added with filter..cache. */
-static void check_transform_more(ctx *c, const config_setting_t *g, loom_transform_spec *t, int op)
+static void check_transform_more(cfg_ctx *c, const config_setting_t *g, loom_transform_spec *t, int op)
 {
     const config_setting_t *in = config_setting_get_member(g, "in"), *nin = config_setting_get_member(g, "not_in");
     const config_setting_t *lo = config_setting_get_member(g, "min"), *hi = config_setting_get_member(g, "max");
@@ -413,45 +415,48 @@ static void check_transform_more(ctx *c, const config_setting_t *g, loom_transfo
     const config_setting_t *plug = config_setting_get_member(g, "plugin");
     if (op == LOOM_T_FILTER && (lua || plug)) {
         if (lua && plug)
-            cerr(c, plug, "a filter takes either `lua` or `plugin`, not both");
+            cfg_err_(c, plug, "a filter takes either `lua` or `plugin`, not both");
         else if (feat || in || nin || lo || hi)
-            cerr(c, lua ? lua : plug, "a filter takes either `%s` or `feature` with a predicate, not both",
+            cfg_err_(c, lua ? lua : plug, "a filter takes either `%s` or `feature` with a predicate, not both",
                  lua ? "lua" : "plugin");
         t->filter = LOOM_FILTER_LUA;
-        if (lua) resolve_lua_ref(c, lua, t->map.lua, sizeof t->map.lua);
+        if (lua) cfg_resolve_lua_ref_(c, lua, t->map.lua, sizeof t->map.lua);
     } else if (op == LOOM_T_FILTER) {
         int given = (in != NULL) + (nin != NULL) + (lo || hi);
         if (!feat)
-            cerr(c, g, "missing required setting `feature` (the scalar feature tested), or `lua` (a Lua predicate)");
+            cfg_err_(c, g,
+                     "missing required setting `feature` (the scalar feature tested), or `lua` (a Lua predicate)");
         if (given == 0)
-            cerr(c, g, "filter needs a predicate: one of `in`, `not_in`, or `min`/`max`");
+            cfg_err_(c, g, "filter needs a predicate: one of `in`, `not_in`, or `min`/`max`");
         else if (given > 1)
-            cerr(c, in && nin ? nin : (lo ? lo : hi), "filter takes one predicate: `in`, `not_in`, or `min`/`max`, not several");
+            cfg_err_(c, in && nin ? nin : (lo ? lo : hi),
+                     "filter takes one predicate: `in`, `not_in`, or `min`/`max`, not several");
         else if (lo || hi)
             t->filter = LOOM_FILTER_RANGE;
         if (lo && hi && t->min > t->max) {
             char a[40], b[40];
-            cerr(c, hi, "max (%s) is below min (%s): the filter would drop every element", fmt_double(t->max, a, sizeof a),
-                 fmt_double(t->min, b, sizeof b));
+            cfg_err_(c, hi, "max (%s) is below min (%s): the filter would drop every element",
+                     cfg_fmt_double_(t->max, a, sizeof a), cfg_fmt_double_(t->min, b, sizeof b));
         }
     }
     if (op == LOOM_T_SHARD && t->index >= t->num_shards && config_setting_get_member(g, "num_shards"))
-        cerr(c, config_setting_get_member(g, "index"), "index %lld is out of range: expected 0 <= index < num_shards (%lld)",
-             (long long)t->index, (long long)t->num_shards);
+        cfg_err_(c, config_setting_get_member(g, "index"),
+                 "index %lld is out of range: expected 0 <= index < num_shards (%lld)", (long long)t->index,
+                 (long long)t->num_shards);
 }
 
 /* normalize's mean or std: a number, or an array of numbers (one per index of
  * the feature's last axis); arrays go to mean_v/std_v, the other side repeated. */
-static void parse_norm_values(ctx *c, const config_setting_t *s, void *base)
+static void parse_norm_values(cfg_ctx *c, const config_setting_t *s, void *base)
 {
     loom_map_spec *m = base;
     bool is_std = !strcmp(config_setting_name(s), "std");
     double *scalar = is_std ? &m->std : &m->mean;
     char v[300];
-    if (is_number(s)) {
-        double d = get_number(s);
+    if (cfg_is_number_(s)) {
+        double d = cfg_get_number_(s);
         if (!isfinite(d) || (is_std && !(d > 0))) {
-            cerr(c, s, "expected a number%s, got %s", is_std ? " > 0.0" : "", value_str(s, v, sizeof v));
+            cfg_err_(c, s, "expected a number%s, got %s", is_std ? " > 0.0" : "", cfg_value_str_(s, v, sizeof v));
             return;
         }
         *scalar = d;
@@ -459,20 +464,21 @@ static void parse_norm_values(ctx *c, const config_setting_t *s, void *base)
     }
     int n = (config_setting_is_array(s) || config_setting_is_list(s)) ? config_setting_length(s) : -1;
     if (n < 1 || n > LOOM_MAX_NORM) {
-        cerr(c, s, "expected a number or an array of 1 to %d numbers, got %s", LOOM_MAX_NORM, value_str(s, v, sizeof v));
+        cfg_err_(c, s, "expected a number or an array of 1 to %d numbers, got %s", LOOM_MAX_NORM,
+                 cfg_value_str_(s, v, sizeof v));
         return;
     }
     if (m->n_norm && m->n_norm != n) {
-        cerr(c, s, "mean has %d values and std %d: give both the same length (one per index of the last axis), or "
+        cfg_err_(c, s, "mean has %d values and std %d: give both the same length (one per index of the last axis), or "
              "one of them as a number", is_std ? m->n_norm : n, is_std ? n : m->n_norm);
         return;
     }
     float *dst = is_std ? m->std_v : m->mean_v, *other = is_std ? m->mean_v : m->std_v;
     for (int i = 0; i < n; i++) {
         const config_setting_t *e = config_setting_get_elem(s, i);
-        double d = is_number(e) ? get_number(e) : NAN;
+        double d = cfg_is_number_(e) ? cfg_get_number_(e) : NAN;
         if (!isfinite(d) || (is_std && !(d > 0))) {
-            cerr(c, e, "expected a number%s, got %s", is_std ? " > 0.0" : "", value_str(e, v, sizeof v));
+            cfg_err_(c, e, "expected a number%s, got %s", is_std ? " > 0.0" : "", cfg_value_str_(e, v, sizeof v));
             return;
         }
         dst[i] = (float)d;
@@ -484,118 +490,124 @@ static void parse_norm_values(ctx *c, const config_setting_t *s, void *base)
 /* ---- groups -------------------------------------------------------------- */
 
 /* The image maps' cross-field checks: decode_image's size or max_size, random_contrast's range. */
-static void check_image_map(ctx *c, const config_setting_t *g, const loom_map_spec *m, int fn)
+static void check_image_map(cfg_ctx *c, const config_setting_t *g, const loom_map_spec *m, int fn)
 {
     const config_setting_t *size = config_setting_get_member(g, "size"), *max = config_setting_get_member(g, "max_size");
     if (fn == LOOM_MAP_DECODE_IMAGE) {
         if (!size && !max)
-            cerr(c, g, "decode_image needs `size = [h, w]` (every image that size) or `max_size = [h, w]` (images up to "
-                 "that size, for a resize after it)");
+            cfg_err_(c, g,
+                     "decode_image needs `size = [h, w]` (every image that size) or `max_size = [h, w]` (images up to "
+                     "that size, for a resize after it)");
         else if (size && max)
-            cerr(c, max, "decode_image takes `size` (every image that size) or `max_size` (up to that size), not both");
+            cfg_err_(c, max,
+                     "decode_image takes `size` (every image that size) or `max_size` (up to that size), not both");
         const config_setting_t *dt = config_setting_get_member(g, "dtype");
         if (dt && m->dtype != LOOM_CFG_U8 && m->dtype != LOOM_CFG_F32)
-            cerr(c, dt, "decode_image decodes to \"uint8\" or \"float32\" (values in [0, 1]), not \"%s\"",
+            cfg_err_(c, dt, "decode_image decodes to \"uint8\" or \"float32\" (values in [0, 1]), not \"%s\"",
                  loom_cfg_name_(loom_cfg_dtype_names_, (int)m->dtype));
     }
     if (fn == LOOM_MAP_RANDOM_CONTRAST && config_setting_get_member(g, "upper") && !(m->lower < m->upper)) {
         char a[40], b[40];
-        cerr(c, config_setting_get_member(g, "upper"), "upper (%s) must be above lower (%s)", fmt_double(m->upper, a, sizeof a),
-             fmt_double(m->lower, b, sizeof b));
+        cfg_err_(c, config_setting_get_member(g, "upper"), "upper (%s) must be above lower (%s)",
+                 cfg_fmt_double_(m->upper, a, sizeof a), cfg_fmt_double_(m->lower, b, sizeof b));
     }
 }
 
-static void parse_map(ctx *c, const config_setting_t *g, loom_transform_spec *t, int op)
+static void parse_map(cfg_ctx *c, const config_setting_t *g, loom_transform_spec *t, int op)
 {
     int fn = -1;
     if (op == LOOM_T_MAP) {
         /* `lua = ...` or `plugin = ...` without `fn` is a custom map */
         const config_setting_t *lua = config_setting_get_member(g, "lua"), *plug = config_setting_get_member(g, "plugin");
         bool custom_only = !config_setting_get_member(g, "fn") && (lua || plug);
-        fn = custom_only ? (int)(t->map.kind = LOOM_MAP_LUA) : parse_kind(c, g, map_opts, &t->map);
+        fn = custom_only ? (int)(t->map.kind = LOOM_MAP_LUA) : cfg_parse_kind_(c, g, map_opts, &t->map);
         if (fn == LOOM_MAP_NORMALIZE) t->map.mean = 0, t->map.std = 1; /* before mean/std, which may be arrays */
-        parse_opts(c, g, map_opts, fn, &t->map);
+        cfg_parse_opts_(c, g, map_opts, fn, &t->map);
         if (fn == LOOM_MAP_LUA && lua && plug)
-            cerr(c, plug, "a map takes either `lua` or `plugin`, not both");
+            cfg_err_(c, plug, "a map takes either `lua` or `plugin`, not both");
         else if (fn == LOOM_MAP_LUA && lua)
-            resolve_lua_ref(c, lua, t->map.lua, sizeof t->map.lua);
+            cfg_resolve_lua_ref_(c, lua, t->map.lua, sizeof t->map.lua);
         else if (fn == LOOM_MAP_LUA && !plug)
-            cerr(c, g, "missing required setting `lua` (\"file.lua:function\") or `plugin` (\"provider:function\")");
+            cfg_err_(c, g,
+                     "missing required setting `lua` (\"file.lua:function\") or `plugin` (\"provider:function\")");
         if (fn == LOOM_MAP_LUA && lua && config_setting_get_member(g, "args"))
-            cerr(c, config_setting_get_member(g, "args"), "`args` go to a plugin's function; a Lua map takes none");
+            cfg_err_(c, config_setting_get_member(g, "args"), "`args` go to a plugin's function; a Lua map takes none");
         if (fn == LOOM_MAP_NORMALIZE) {
             const config_setting_t *mn = config_setting_get_member(g, "mean"), *sd = config_setting_get_member(g, "std");
             if (t->map.adapt && (mn || sd))
-                cerr(c, mn ? mn : sd, "adapt = true computes mean and std from data.train; remove `%s` or adapt",
+                cfg_err_(c, mn ? mn : sd, "adapt = true computes mean and std from data.train; remove `%s` or adapt",
                      mn ? "mean" : "std");
             const config_setting_t *md = config_setting_get_member(g, "mode");
             if (md && t->map.norm_mode == LOOM_NORM_MIN_MAX && !t->map.adapt) {
-                loom_err *e = cerr(c, md, "mode = \"min_max\" takes min and max from data.train: it needs adapt = true");
+                loom_err *e =
+                    cfg_err_(c, md, "mode = \"min_max\" takes min and max from data.train: it needs adapt = true");
                 if (e) loom_err_hint(e, "add adapt = true; (or give mean = min and std = max - min yourself)");
             }
             for (int i = 0; i < t->map.n_norm; i++) { /* a number given beside an array applies to every index */
-                if (mn && is_number(mn)) t->map.mean_v[i] = (float)t->map.mean;
-                if (sd && is_number(sd)) t->map.std_v[i] = (float)t->map.std;
+                if (mn && cfg_is_number_(mn)) t->map.mean_v[i] = (float)t->map.mean;
+                if (sd && cfg_is_number_(sd)) t->map.std_v[i] = (float)t->map.std;
             }
         }
         if (fn == LOOM_MAP_STRING_LOOKUP && !t->map.adapt) {
-            loom_err *e = cerr(c, g, "string_lookup takes its vocabulary from data.train: it needs adapt = true");
+            loom_err *e = cfg_err_(c, g, "string_lookup takes its vocabulary from data.train: it needs adapt = true");
             if (e) loom_err_hint(e, "add adapt = true; (max_tokens and num_oov_indices bound and shape the ids)");
         }
         if (fn == LOOM_MAP_STRING_LOOKUP && t->map.max_tokens && t->map.max_tokens <= t->map.num_oov_indices)
-            cerr(c, config_setting_get_member(g, "max_tokens"), "max_tokens (%lld) must be above num_oov_indices (%d): "
-                 "the ids hold the out-of-vocabulary ids, then the vocabulary", (long long)t->map.max_tokens,
-                 t->map.num_oov_indices);
+            cfg_err_(c, config_setting_get_member(g, "max_tokens"),
+                     "max_tokens (%lld) must be above num_oov_indices (%d): "
+                     "the ids hold the out-of-vocabulary ids, then the vocabulary",
+                     (long long)t->map.max_tokens, t->map.num_oov_indices);
         check_image_map(c, g, &t->map, fn);
     }
-    scope sc[2] = {{transform_opts, op, NULL}, {map_opts, fn, NULL}};
+    cfg_scope sc[2] = {{transform_opts, op, NULL}, {map_opts, fn, NULL}};
     if (op >= 0 && op != LOOM_T_MAP) sc[1].gate = "op = \"map\"";
-    check_keys(c, g, sc, 2);
+    cfg_check_keys_(c, g, sc, 2);
 }
 
 /* data.options (g may be NULL: every default) into *o. */
-static void parse_data_options(ctx *c, const config_setting_t *g, loom_data_options *o)
+static void parse_data_options(cfg_ctx *c, const config_setting_t *g, loom_data_options *o)
 {
     memset(o, 0, sizeof *o);
     o->present = true;
     o->ram_fraction = 0.5;
-    opts_default(options_opts, o);
-    opts_default(autotune_opts, o);
-    opts_default(optimization_opts, o);
+    cfg_opts_default_(options_opts, o);
+    cfg_opts_default_(autotune_opts, o);
+    cfg_opts_default_(optimization_opts, o);
     if (!g) return;
-    loc_of(c, g, &o->loc);
-    parse_opts(c, g, options_opts, 0, o);
-    scope sc = {options_opts, 0, NULL};
-    check_keys(c, g, &sc, 1);
-    static const struct { const char *key; const opt *tbl; } subs[] = {{"autotune", autotune_opts},
+    cfg_loc_of_(c, g, &o->loc);
+    cfg_parse_opts_(c, g, options_opts, 0, o);
+    cfg_scope sc = {options_opts, 0, NULL};
+    cfg_check_keys_(c, g, &sc, 1);
+    static const struct { const char *key; const cfg_opt *tbl; } subs[] = {{"autotune", autotune_opts},
                                                                        {"optimization", optimization_opts}};
     for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) {
-        const config_setting_t *sg = sub_group(c, g, subs[i].key);
+        const config_setting_t *sg = cfg_sub_group_(c, g, subs[i].key);
         if (!sg) continue;
-        parse_opts(c, sg, subs[i].tbl, 0, o);
-        scope ss = {subs[i].tbl, 0, NULL};
-        check_keys(c, sg, &ss, 1);
+        cfg_parse_opts_(c, sg, subs[i].tbl, 0, o);
+        cfg_scope ss = {subs[i].tbl, 0, NULL};
+        cfg_check_keys_(c, sg, &ss, 1);
     }
     const config_setting_t *og = config_setting_get_member(g, "optimization");
     const config_setting_t *mp = og && config_setting_is_group(og) ? config_setting_get_member(og, "map_parallelization") : NULL;
     if (o->map_parallelization && !o->autotune && mp)
-        cerr(c, mp, "map_parallelization makes maps parallel = \"auto\", which needs autotune.enabled = true");
+        cfg_err_(c, mp, "map_parallelization makes maps parallel = \"auto\", which needs autotune.enabled = true");
 }
 
-static void parse_dataset(ctx *c, const config_setting_t *g, loom_dataset_spec *d);
+static void parse_dataset(cfg_ctx *c, const config_setting_t *g, loom_dataset_spec *d);
 
 /* A cache (transforms.[i], the setting e) after a repeat with count = -1
  * would cache a pass that never ends (the pipeline refuses it too, for specs
  * built in code, in the same words: at the cache's line, naming the dataset). */
-static void check_cache_after_repeat(ctx *c, const config_setting_t *e, const loom_dataset_spec *d, int i)
+static void check_cache_after_repeat(cfg_ctx *c, const config_setting_t *e, const loom_dataset_spec *d, int i)
 {
     for (int k = 0; k < i; k++)
         if (d->transform[k].kind == LOOM_T_REPEAT && d->transform[k].count < 0) {
             char where[LOOM_PATH_MAX + 16];
-            where_of(c, e, where, sizeof where, NULL);
-            loom_err *o = rawerr(c, LOOM_ECONFIG, where, "%s: cache: the repeat before it (transforms.[%d]) has count "
-                                 "= -1, so the pass it caches never ends and the cache would grow without bound",
-                                 d->loc.path[0] ? d->loc.path : "data", k);
+            cfg_where_of_(c, e, where, sizeof where, NULL);
+            loom_err *o = cfg_rawerr_(c, LOOM_ECONFIG, where,
+                                      "%s: cache: the repeat before it (transforms.[%d]) has count "
+                                      "= -1, so the pass it caches never ends and the cache would grow without bound",
+                                      d->loc.path[0] ? d->loc.path : "data", k);
             if (o) loom_err_hint(o, "put cache before repeat, so that it holds one finite pass");
             return;
         }
@@ -603,18 +615,18 @@ static void check_cache_after_repeat(ctx *c, const config_setting_t *e, const lo
 
 /* An interleave's source: a tfrecord, csv or text source whose files are the
  * interleave's input elements, so `files` is refused rather than required. */
-static void parse_interleave_source(ctx *c, const config_setting_t *e, loom_transform_spec *t)
+static void parse_interleave_source(cfg_ctx *c, const config_setting_t *e, loom_transform_spec *t)
 {
-    const config_setting_t *g = sub_group(c, e, "source");
+    const config_setting_t *g = cfg_sub_group_(c, e, "source");
     if (!g) return;
     if (!(t->source = loom_calloc(1, sizeof *t->source))) {
-        rawerr(c, LOOM_ENOMEM, "", "out of memory");
+        cfg_rawerr_(c, LOOM_ENOMEM, "", "out of memory");
         return;
     }
-    loc_of(c, g, &t->source->loc);
-    int k = parse_kind(c, g, source_opts, t->source);
+    cfg_loc_of_(c, g, &t->source->loc);
+    int k = cfg_parse_kind_(c, g, cfg_source_opts_, t->source);
     if (k >= 0 && k != LOOM_SRC_TFRECORD && k != LOOM_SRC_CSV && k != LOOM_SRC_TEXT) {
-        loom_err *er = cerr(c, config_setting_get_member(g, "type"),
+        loom_err *er = cfg_err_(c, config_setting_get_member(g, "type"),
                             "an interleave opens a tfrecord, csv or text source on each input file, not \"%s\"",
                             loom_cfg_name_(loom_source_names_, k));
         if (er) loom_err_hint(er, "write type = \"tfrecord\", \"csv\" or \"text\"");
@@ -622,30 +634,31 @@ static void parse_interleave_source(ctx *c, const config_setting_t *e, loom_tran
     }
     const config_setting_t *files = config_setting_get_member(g, "files");
     if (files) {
-        loom_err *er = cerr(c, files, "an interleave's source reads the files its input names; remove `files` here");
+        loom_err *er =
+            cfg_err_(c, files, "an interleave's source reads the files its input names; remove `files` here");
         if (er) loom_err_hint(er, "give the file patterns to a list_files source: source: { type = \"list_files\"; files = [...]; }");
     }
     c->skip_key = "files";
-    parse_opts(c, g, source_opts, k, t->source);
+    cfg_parse_opts_(c, g, cfg_source_opts_, k, t->source);
     c->skip_key = NULL;
     if (t->source->shuffle_files)
-        cerr(c, config_setting_get_member(g, "shuffle_files"),
+        cfg_err_(c, config_setting_get_member(g, "shuffle_files"),
              "an interleave's source reads one file at a time: shuffle the list_files source instead");
-    scope ss = {source_opts, k, NULL};
-    if (!files) check_keys(c, g, &ss, 1);
+    cfg_scope ss = {cfg_source_opts_, k, NULL};
+    if (!files) cfg_check_keys_(c, g, &ss, 1);
 }
 
 /* A zip's dataset: a whole dataset of its own, with the options of the one it is zipped into. */
-static void parse_zip_dataset(ctx *c, const config_setting_t *e, loom_transform_spec *t, const loom_dataset_spec *d)
+static void parse_zip_dataset(cfg_ctx *c, const config_setting_t *e, loom_transform_spec *t, const loom_dataset_spec *d)
 {
-    const config_setting_t *g = sub_group(c, e, "dataset");
+    const config_setting_t *g = cfg_sub_group_(c, e, "dataset");
     if (!g) return;
     if (c->depth >= 4) {
-        cerr(c, g, "datasets nested more than 4 deep by zip");
+        cfg_err_(c, g, "datasets nested more than 4 deep by zip");
         return;
     }
     if (!(t->dataset = loom_calloc(1, sizeof *t->dataset))) {
-        rawerr(c, LOOM_ENOMEM, "", "out of memory");
+        cfg_rawerr_(c, LOOM_ENOMEM, "", "out of memory");
         return;
     }
     t->dataset->options = d->options;
@@ -654,47 +667,48 @@ static void parse_zip_dataset(ctx *c, const config_setting_t *e, loom_transform_
     c->depth--;
 }
 
-static void parse_dataset(ctx *c, const config_setting_t *g, loom_dataset_spec *d)
+static void parse_dataset(cfg_ctx *c, const config_setting_t *g, loom_dataset_spec *d)
 {
     d->present = true;
-    loc_of(c, g, &d->loc);
-    parse_opts(c, g, dataset_opts, 0, d);
-    scope sc = {dataset_opts, 0, NULL};
-    check_keys(c, g, &sc, 1);
+    cfg_loc_of_(c, g, &d->loc);
+    cfg_parse_opts_(c, g, dataset_opts, 0, d);
+    cfg_scope sc = {dataset_opts, 0, NULL};
+    cfg_check_keys_(c, g, &sc, 1);
 
-    const config_setting_t *src = sub_group(c, g, "source");
+    const config_setting_t *src = cfg_sub_group_(c, g, "source");
     if (src) {
-        loc_of(c, src, &d->source.loc);
-        int k = plugin_source_type(c, config_setting_get_member(src, "type"), &d->source);
-        if (k < 0) k = parse_kind(c, src, source_opts, &d->source);
-        parse_opts(c, src, source_opts, k, &d->source);
+        cfg_loc_of_(c, src, &d->source.loc);
+        int k = cfg_plugin_source_type_(c, config_setting_get_member(src, "type"), &d->source);
+        if (k < 0) k = cfg_parse_kind_(c, src, cfg_source_opts_, &d->source);
+        cfg_parse_opts_(c, src, cfg_source_opts_, k, &d->source);
         d->source.seed_set = k == LOOM_SRC_LIST_FILES && config_setting_get_member(src, "seed");
         if (k == LOOM_SRC_SYNTHETIC && !config_setting_get_member(src, "features") && !d->source.ctr.on) {
-            loom_err *e = cerr(c, src, "missing required setting `features` (a synthetic source needs features, or ctr)");
+            loom_err *e =
+                cfg_err_(c, src, "missing required setting `features` (a synthetic source needs features, or ctr)");
             if (e) loom_err_hint(e, "e.g. features: { x = { dtype = \"float32\"; shape = [4]; }; }; or ctr = { columns = 26; };");
         }
-        scope ss = {source_opts, k, NULL};
-        check_keys(c, src, &ss, 1);
+        cfg_scope ss = {cfg_source_opts_, k, NULL};
+        cfg_check_keys_(c, src, &ss, 1);
     }
     d->source.on_nonfinite = (int)d->on_nonfinite;
-    const config_setting_t *tl = sub_list(c, g, "transforms");
+    const config_setting_t *tl = cfg_sub_list_(c, g, "transforms");
     if (!tl) return;
     int n = config_setting_length(tl);
     if (n > LOOM_MAX_TRANSFORMS) {
-        cerr(c, tl, "too many transforms: %d (at most %d)", n, LOOM_MAX_TRANSFORMS);
+        cfg_err_(c, tl, "too many transforms: %d (at most %d)", n, LOOM_MAX_TRANSFORMS);
         n = LOOM_MAX_TRANSFORMS;
     }
     for (int i = 0; i < n; i++) {
         const config_setting_t *e = config_setting_get_elem(tl, i);
         loom_transform_spec *t = &d->transform[d->n_transforms++];
-        loc_of(c, e, &t->loc);
+        cfg_loc_of_(c, e, &t->loc);
         if (!config_setting_is_group(e)) {
             char v[300];
-            cerr(c, e, "expected a group { op = ...; }, got %s", value_str(e, v, sizeof v));
+            cfg_err_(c, e, "expected a group { op = ...; }, got %s", cfg_value_str_(e, v, sizeof v));
             continue;
         }
-        int op = parse_kind(c, e, transform_opts, t);
-        parse_opts(c, e, transform_opts, op, t);
+        int op = cfg_parse_kind_(c, e, transform_opts, t);
+        cfg_parse_opts_(c, e, transform_opts, op, t);
         if (op == LOOM_T_SHUFFLE || op == LOOM_T_SPLIT) t->seed_set = config_setting_get_member(e, "seed") != NULL;
         if (op == LOOM_T_MAP && t->parallel == 0) t->parallel = 1; /* parallel's default (a custom option has none) */
         if (op == LOOM_T_MAP && !config_setting_get_member(e, "deterministic")) t->deterministic = d->options.deterministic;
@@ -712,13 +726,13 @@ static void parse_dataset(ctx *c, const config_setting_t *g, loom_dataset_spec *
 }
 
 /* `plugin = "provider:function"` into m->provider and m->lua (the function). */
-static void plugin_ref(ctx *c, const config_setting_t *s, loom_map_spec *m)
+static void plugin_ref(cfg_ctx *c, const config_setting_t *s, loom_map_spec *m)
 {
     const char *ref = config_setting_type(s) == CONFIG_TYPE_STRING ? config_setting_get_string(s) : NULL;
     const char *colon = ref ? strchr(ref, ':') : NULL;
     if (!colon || colon == ref || !colon[1] || colon - ref >= LOOM_NAME_MAX || strlen(colon + 1) >= LOOM_NAME_MAX) {
         char v[300];
-        loom_err *e = cerr(c, s, "expected \"provider:function\", got %s", value_str(s, v, sizeof v));
+        loom_err *e = cfg_err_(c, s, "expected \"provider:function\", got %s", cfg_value_str_(s, v, sizeof v));
         if (e) loom_err_hint(e, "e.g. plugin = \"image_ops:cutout\"; `loom plugins` lists the transform providers");
         return;
     }
@@ -726,32 +740,32 @@ static void plugin_ref(ctx *c, const config_setting_t *s, loom_map_spec *m)
     snprintf(m->lua, sizeof m->lua, "%s", colon + 1);
 }
 
-static void parse_map_plugin(ctx *c, const config_setting_t *s, void *base) { plugin_ref(c, s, base); }
-static void parse_map_args(ctx *c, const config_setting_t *s, void *base)
+static void parse_map_plugin(cfg_ctx *c, const config_setting_t *s, void *base) { plugin_ref(c, s, base); }
+static void parse_map_args(cfg_ctx *c, const config_setting_t *s, void *base)
 {
-    plugin_opts_group(c, s, &((loom_map_spec *)base)->args);
+    cfg_plugin_opts_group_(c, s, &((loom_map_spec *)base)->args);
 }
-static void parse_filter_plugin(ctx *c, const config_setting_t *s, void *base)
+static void parse_filter_plugin(cfg_ctx *c, const config_setting_t *s, void *base)
 {
     plugin_ref(c, s, &((loom_transform_spec *)base)->map);
 }
-static void parse_filter_args(ctx *c, const config_setting_t *s, void *base)
+static void parse_filter_args(cfg_ctx *c, const config_setting_t *s, void *base)
 {
-    plugin_opts_group(c, s, &((loom_transform_spec *)base)->map.args);
+    cfg_plugin_opts_group_(c, s, &((loom_transform_spec *)base)->map.args);
 }
 
 /* data: options (shared by both datasets), train, eval. */
-void parse_data(ctx *c, const config_setting_t *root, loom_spec *spec)
+void cfg_parse_data_(cfg_ctx *c, const config_setting_t *root, loom_spec *spec)
 {
     const config_setting_t *g;
-    if ((g = sub_group(c, root, "data"))) {
-        parse_opts(c, g, data_opts, 0, NULL);
-        scope sc = {data_opts, 0, NULL};
-        check_keys(c, g, &sc, 1);
+    if ((g = cfg_sub_group_(c, root, "data"))) {
+        cfg_parse_opts_(c, g, data_opts, 0, NULL);
+        cfg_scope sc = {data_opts, 0, NULL};
+        cfg_check_keys_(c, g, &sc, 1);
         const config_setting_t *d;
-        parse_data_options(c, sub_group(c, g, "options"), &spec->train.options);
+        parse_data_options(c, cfg_sub_group_(c, g, "options"), &spec->train.options);
         spec->eval.options = spec->train.options;
-        if ((d = sub_group(c, g, "train"))) parse_dataset(c, d, &spec->train);
-        if ((d = sub_group(c, g, "eval"))) parse_dataset(c, d, &spec->eval);
+        if ((d = cfg_sub_group_(c, g, "train"))) parse_dataset(c, d, &spec->train);
+        if ((d = cfg_sub_group_(c, g, "eval"))) parse_dataset(c, d, &spec->eval);
     }
 }

@@ -7,12 +7,12 @@
 #include <string.h>
 #include <sys/stat.h>
 
-static void parse_hook_callbacks(ctx *c, const config_setting_t *s, void *base);
-static void parse_hook_train_step(ctx *c, const config_setting_t *s, void *base);
+static void parse_hook_callbacks(cfg_ctx *c, const config_setting_t *s, void *base);
+static void parse_hook_train_step(cfg_ctx *c, const config_setting_t *s, void *base);
 
 /* ---- hooks ----------------------------------------------------------------- */
 
-static const opt hooks_opts[] = {
+static const cfg_opt hooks_opts[] = {
     O_CUSTOM("callbacks", parse_hook_callbacks, ALL, 0,
              "a list of \"file.lua:function\" or { fn = ...; args = { ... }; }, each function returning a table of "
              "callbacks"),
@@ -29,17 +29,17 @@ static const opt hooks_opts[] = {
 };
 
 /* "file.lua:function" whose file exists (relative to the config's directory). */
-static bool hook_ref_string(ctx *c, const config_setting_t *s, loom_hook_ref *h)
+static bool hook_ref_string(cfg_ctx *c, const config_setting_t *s, loom_hook_ref *h)
 {
     char v[300];
     if (config_setting_type(s) != CONFIG_TYPE_STRING) {
-        cerr(c, s, "expected \"file.lua:function\", got %s", value_str(s, v, sizeof v));
+        cfg_err_(c, s, "expected \"file.lua:function\", got %s", cfg_value_str_(s, v, sizeof v));
         return false;
     }
     const char *ref = config_setting_get_string(s);
     const char *colon = strrchr(ref, ':');
     if (!colon || colon == ref || !colon[1] || strlen(ref) >= sizeof h->ref) {
-        loom_err *e = cerr(c, s, "expected \"file.lua:function\", got \"%s\"", ref);
+        loom_err *e = cfg_err_(c, s, "expected \"file.lua:function\", got \"%s\"", ref);
         if (e) loom_err_hint(e, "e.g. \"../lua/early_stopping.lua:early_stopping\" (the file relative to the config's "
                                 "directory)");
         return false;
@@ -50,30 +50,30 @@ static bool hook_ref_string(ctx *c, const config_setting_t *s, loom_hook_ref *h)
                           : snprintf(full, sizeof full, "%s/%.*s", c->dir, n, ref);
     struct stat st;
     if (w < 0 || w >= (int)sizeof full || stat(full, &st) != 0 || !S_ISREG(st.st_mode)) {
-        loom_err *e = cerr(c, s, "cannot read the Lua file \"%.*s\" (resolved to %s)", n, ref, full);
+        loom_err *e = cfg_err_(c, s, "cannot read the Lua file \"%.*s\" (resolved to %s)", n, ref, full);
         if (e) loom_err_hint(e, "the file is relative to the config file's directory");
         return false;
     }
     snprintf(h->ref, sizeof h->ref, "%s", ref);
-    loc_of(c, s, &h->loc);
+    cfg_loc_of_(c, s, &h->loc);
     return true;
 }
 
 /* A map's or filter's `lua`: checked as a hook's reference, then stored with
  * the file resolved against the config's directory ("/abs/lua/augment.lua:cutout"),
  * so the data module needs no directory. */
-void resolve_lua_ref(ctx *c, const config_setting_t *s, char *out, size_t n)
+void cfg_resolve_lua_ref_(cfg_ctx *c, const config_setting_t *s, char *out, size_t n)
 {
     loom_hook_ref h;
     if (!hook_ref_string(c, s, &h)) return;
     const char *colon = strrchr(h.ref, ':');
     int len = (int)(colon - h.ref);
     int w = h.ref[0] == '/' ? snprintf(out, n, "%s", h.ref) : snprintf(out, n, "%s/%.*s%s", c->dir, len, h.ref, colon);
-    if (w < 0 || (size_t)w >= n) cerr(c, s, "the Lua file's path is too long (at most %zu characters)", n - 1);
+    if (w < 0 || (size_t)w >= n) cfg_err_(c, s, "the Lua file's path is too long (at most %zu characters)", n - 1);
 }
 
 /* A hook: "file.lua:function", or { fn = "file.lua:function"; args = { name = value; ... }; }. */
-static bool parse_hook_ref(ctx *c, const config_setting_t *s, loom_hook_ref *h)
+static bool parse_hook_ref(cfg_ctx *c, const config_setting_t *s, loom_hook_ref *h)
 {
     memset(h, 0, sizeof *h);
     if (!config_setting_is_group(s)) return hook_ref_string(c, s, h);
@@ -81,14 +81,14 @@ static bool parse_hook_ref(ctx *c, const config_setting_t *s, loom_hook_ref *h)
     int len = config_setting_length(s);
     for (int i = 0; i < len; i++) {
         const config_setting_t *k = config_setting_get_elem(s, i);
-        if (find_name(keys, config_setting_name(k)) >= 0) continue;
-        const char *near = closest(keys, config_setting_name(k));
-        if (near) cerr(c, k, "unknown setting `%s` (did you mean `%s`?)", config_setting_name(k), near);
-        else cerr(c, k, "unknown setting `%s` (valid here: fn, args)", config_setting_name(k));
+        if (cfg_find_name_(keys, config_setting_name(k)) >= 0) continue;
+        const char *near = cfg_closest_(keys, config_setting_name(k));
+        if (near) cfg_err_(c, k, "unknown setting `%s` (did you mean `%s`?)", config_setting_name(k), near);
+        else cfg_err_(c, k, "unknown setting `%s` (valid here: fn, args)", config_setting_name(k));
     }
     const config_setting_t *fn = config_setting_get_member(s, "fn");
     if (!fn) {
-        cerr(c, s, "missing required setting `fn` (\"file.lua:function\")");
+        cfg_err_(c, s, "missing required setting `fn` (\"file.lua:function\")");
         return false;
     }
     bool ok = hook_ref_string(c, fn, h);
@@ -96,21 +96,21 @@ static bool parse_hook_ref(ctx *c, const config_setting_t *s, loom_hook_ref *h)
     if (!a) return ok;
     char v[300];
     if (!config_setting_is_group(a)) {
-        cerr(c, a, "expected a group { name = value; ... }, got %s", value_str(a, v, sizeof v));
+        cfg_err_(c, a, "expected a group { name = value; ... }, got %s", cfg_value_str_(a, v, sizeof v));
         return false;
     }
     int na = config_setting_length(a);
     if (na > LOOM_MAX_HOOK_ARGS) {
-        cerr(c, a, "expected at most %d arguments, got %d", LOOM_MAX_HOOK_ARGS, na);
+        cfg_err_(c, a, "expected at most %d arguments, got %d", LOOM_MAX_HOOK_ARGS, na);
         return false;
     }
     for (int i = 0; i < na; i++) {
         const config_setting_t *e = config_setting_get_elem(a, i);
         int k = h->n_args;
         snprintf(h->arg_name[k], sizeof h->arg_name[k], "%s", config_setting_name(e));
-        if (is_number(e)) {
-            h->arg_type[k] = is_int(e) ? LOOM_HOOK_ARG_INT : LOOM_HOOK_ARG_NUMBER;
-            h->arg_num[k] = get_number(e);
+        if (cfg_is_number_(e)) {
+            h->arg_type[k] = cfg_is_int_(e) ? LOOM_HOOK_ARG_INT : LOOM_HOOK_ARG_NUMBER;
+            h->arg_num[k] = cfg_get_number_(e);
         } else if (config_setting_type(e) == CONFIG_TYPE_BOOL) {
             h->arg_type[k] = LOOM_HOOK_ARG_BOOL;
             h->arg_num[k] = config_setting_get_bool(e);
@@ -119,8 +119,8 @@ static bool parse_hook_ref(ctx *c, const config_setting_t *s, loom_hook_ref *h)
             h->arg_type[k] = LOOM_HOOK_ARG_STRING;
             snprintf(h->arg_str[k], sizeof h->arg_str[k], "%s", config_setting_get_string(e));
         } else {
-            cerr(c, e, "expected a number, a string (at most %d characters) or a boolean, got %s", LOOM_NAME_MAX - 1,
-                 value_str(e, v, sizeof v));
+            cfg_err_(c, e, "expected a number, a string (at most %d characters) or a boolean, got %s",
+                     LOOM_NAME_MAX - 1, cfg_value_str_(e, v, sizeof v));
             ok = false;
             continue;
         }
@@ -129,39 +129,39 @@ static bool parse_hook_ref(ctx *c, const config_setting_t *s, loom_hook_ref *h)
     return ok;
 }
 
-static void parse_hook_callbacks(ctx *c, const config_setting_t *s, void *base)
+static void parse_hook_callbacks(cfg_ctx *c, const config_setting_t *s, void *base)
 {
     loom_hooks_spec *h = base;
     char v[300];
     if (!config_setting_is_array(s) && !config_setting_is_list(s)) {
-        cerr(c, s, "expected a list [\"file.lua:function\", ...] or ( { fn = ...; args = { ... }; }, ... ), got %s",
-             value_str(s, v, sizeof v));
+        cfg_err_(c, s, "expected a list [\"file.lua:function\", ...] or ( { fn = ...; args = { ... }; }, ... ), got %s",
+             cfg_value_str_(s, v, sizeof v));
         return;
     }
     int n = config_setting_length(s);
     if (n > LOOM_MAX_CALLBACKS) {
-        cerr(c, s, "expected at most %d callbacks, got %d", LOOM_MAX_CALLBACKS, n);
+        cfg_err_(c, s, "expected at most %d callbacks, got %d", LOOM_MAX_CALLBACKS, n);
         return;
     }
     for (int i = 0; i < n; i++)
         if (parse_hook_ref(c, config_setting_get_elem(s, i), &h->callback[h->n_callbacks])) h->n_callbacks++;
 }
 
-static void parse_hook_train_step(ctx *c, const config_setting_t *s, void *base)
+static void parse_hook_train_step(cfg_ctx *c, const config_setting_t *s, void *base)
 {
     loom_hooks_spec *h = base;
     h->has_train_step = parse_hook_ref(c, s, &h->train_step);
 }
 
 /* hooks = { callbacks = [...]; train_step = "..."; step_interval = N; ... }; */
-void parse_hooks(ctx *c, const config_setting_t *root, loom_hooks_spec *h)
+void cfg_parse_hooks_(cfg_ctx *c, const config_setting_t *root, loom_hooks_spec *h)
 {
-    const config_setting_t *g = sub_group(c, root, "hooks");
-    for (const opt *o = hooks_opts; o->name; o++) opt_default(o, h);
+    const config_setting_t *g = cfg_sub_group_(c, root, "hooks");
+    for (const cfg_opt *o = hooks_opts; o->name; o++) cfg_opt_default_(o, h);
     if (!g) return;
     h->present = true;
-    loc_of(c, g, &h->loc);
-    parse_opts(c, g, hooks_opts, 0, h);
-    scope sc = {hooks_opts, 0, NULL};
-    check_keys(c, g, &sc, 1);
+    cfg_loc_of_(c, g, &h->loc);
+    cfg_parse_opts_(c, g, hooks_opts, 0, h);
+    cfg_scope sc = {hooks_opts, 0, NULL};
+    cfg_check_keys_(c, g, &sc, 1);
 }

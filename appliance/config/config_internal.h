@@ -43,30 +43,31 @@ const char *loom_cfg_name_(const char *const *names, int i);
 
 /* ---- the load context (config_table.c) ----------------------------------- */
 
-typedef struct ctx {
+typedef struct cfg_ctx {
     const char   *path;                /* the config file as given */
     char          pdir[LOOM_PATH_MAX]; /* its directory as given: "" or "configs/" */
     char          dir[LOOM_PATH_MAX];  /* its directory, absolute when it can be resolved */
     loom_errlist *errs;
-    const char   *skip_key;            /* parse_opts neither reads nor requires this key (an interleave's source files) */
+    const char   *skip_key;            /* cfg_parse_opts_ neither reads nor requires this key
+                                          (an interleave's source files) */
     int           depth;               /* datasets nested by zip */
-    const config_setting_t *huge[16];  /* integers written beyond 64 bits (see fix_wide_ints) */
+    const config_setting_t *huge[16];  /* integers written beyond 64 bits (see cfg_fix_wide_ints_) */
     char          huge_text[16][32];   /* ... as written */
     int           n_huge;
-} ctx;
+} cfg_ctx;
 
-typedef struct int_lit {
+typedef struct cfg_int_lit {
     int64_t v;         /* the value written (clamped when huge) */
     bool    suffix;    /* ends in L: libconfig read it as an int64 */
     bool    huge;      /* beyond the 64-bit range */
     char    text[32];  /* as written, cut */
-} int_lit;
+} cfg_int_lit;
 
-typedef struct int_lits {
-    int_lit *v;
-    int      n, cap;
-    bool     bad;      /* out of memory, or an include that could not be read */
-} int_lits;
+typedef struct cfg_int_lits {
+    cfg_int_lit *v;
+    int          n, cap;
+    bool         bad; /* out of memory, or an include that could not be read */
+} cfg_int_lits;
 
 /* ---- option tables ------------------------------------------------------- */
 
@@ -92,10 +93,10 @@ enum {
 #define ALL  0xffffffffu
 #define K(x) (1u << (x))
 
-typedef struct opt opt;
-typedef void (*opt_parse_fn)(ctx *c, const config_setting_t *s, void *base);
+typedef struct cfg_opt cfg_opt;
+typedef void (*cfg_opt_parse_fn)(cfg_ctx *c, const config_setting_t *s, void *base);
 
-struct opt {
+struct cfg_opt {
     const char         *name;
     int                 type;
     size_t              off, size;       /* the field in the group's struct */
@@ -106,7 +107,7 @@ struct opt {
     double              flo, fhi, fdef;  /* F64 */
     const char         *sdef;            /* STR */
     const char *const  *names;           /* ENUM, STR */
-    opt_parse_fn        parse;           /* CUSTOM */
+    cfg_opt_parse_fn    parse;           /* CUSTOM */
     const char         *help;
 };
 
@@ -135,76 +136,76 @@ struct opt {
 #define O_END {.name = NULL}
 
 /* One table's view of a group when checking its keys. */
-typedef struct scope {
-    const opt  *tbl;
-    int         kind; /* -1: unknown, so any key of the table is accepted */
-    const char *gate; /* non-NULL: no key of this table applies here, e.g. "op = \"map\"" */
-} scope;
+typedef struct cfg_scope {
+    const cfg_opt *tbl;
+    int            kind; /* -1: unknown, so any key of the table is accepted */
+    const char    *gate; /* non-NULL: no key of this table applies here, e.g. "op = \"map\"" */
+} cfg_scope;
 
 /* ---- the engine (config_table.c); each function is described where it is defined */
-void where_of(const ctx *c, const config_setting_t *s, char *buf, size_t n, int *line_out);
-void loc_of(const ctx *c, const config_setting_t *s, loom_loc *l);
+void cfg_where_of_(const cfg_ctx *c, const config_setting_t *s, char *buf, size_t n, int *line_out);
+void cfg_loc_of_(const cfg_ctx *c, const config_setting_t *s, loom_loc *l);
 __attribute__((format(printf, 3, 4)))
-loom_err *cerr(ctx *c, const config_setting_t *s, const char *fmt, ...);
+loom_err *cfg_err_(cfg_ctx *c, const config_setting_t *s, const char *fmt, ...);
 __attribute__((format(printf, 4, 5)))
-loom_err *rawerr(ctx *c, int code, const char *where, const char *fmt, ...);
-const char *fmt_double(double v, char *buf, size_t n);
-const char *value_str(const config_setting_t *s, char *buf, size_t n);
-int find_name(const char *const *names, const char *s);
-const char *closest(const char *const *names, const char *s);
-bool is_int(const config_setting_t *s);
-bool is_number(const config_setting_t *s);
-double get_number(const config_setting_t *s);
-void lex_text(const char *t, const char *dir, int_lits *L, int depth);
-void lex_file(const char *path, const char *dir, int_lits *L, int depth);
-void fix_wide_ints(ctx *c, config_setting_t *root, int_lits *L);
-void forget_huge(ctx *c, const config_setting_t *s);
-bool applies(const opt *o, int kind);
-void opt_default(const opt *o, void *base);
-bool get_int_in(ctx *c, const config_setting_t *s, int64_t lo, int64_t hi, int64_t *out);
-int get_enum(ctx *c, const config_setting_t *s, const char *const *names);
-int parse_kind(ctx *c, const config_setting_t *g, const opt *tbl, void *base);
-void parse_opts(ctx *c, const config_setting_t *g, const opt *tbl, int kind, void *base);
-void check_keys(ctx *c, const config_setting_t *g, const scope *sc, int n_sc);
-const config_setting_t *sub_group(ctx *c, const config_setting_t *g, const char *key);
-const config_setting_t *sub_list(ctx *c, const config_setting_t *g, const char *key);
-void opts_default(const opt *tbl, void *base);
-int string_list(ctx *c, const config_setting_t *s, int max, const char *what);
+loom_err *cfg_rawerr_(cfg_ctx *c, int code, const char *where, const char *fmt, ...);
+const char *cfg_fmt_double_(double v, char *buf, size_t n);
+const char *cfg_value_str_(const config_setting_t *s, char *buf, size_t n);
+int cfg_find_name_(const char *const *names, const char *s);
+const char *cfg_closest_(const char *const *names, const char *s);
+bool cfg_is_int_(const config_setting_t *s);
+bool cfg_is_number_(const config_setting_t *s);
+double cfg_get_number_(const config_setting_t *s);
+void cfg_lex_text_(const char *t, const char *dir, cfg_int_lits *L, int depth);
+void cfg_lex_file_(const char *path, const char *dir, cfg_int_lits *L, int depth);
+void cfg_fix_wide_ints_(cfg_ctx *c, config_setting_t *root, cfg_int_lits *L);
+void cfg_forget_huge_(cfg_ctx *c, const config_setting_t *s);
+bool cfg_applies_(const cfg_opt *o, int kind);
+void cfg_opt_default_(const cfg_opt *o, void *base);
+bool cfg_get_int_in_(cfg_ctx *c, const config_setting_t *s, int64_t lo, int64_t hi, int64_t *out);
+int cfg_get_enum_(cfg_ctx *c, const config_setting_t *s, const char *const *names);
+int cfg_parse_kind_(cfg_ctx *c, const config_setting_t *g, const cfg_opt *tbl, void *base);
+void cfg_parse_opts_(cfg_ctx *c, const config_setting_t *g, const cfg_opt *tbl, int kind, void *base);
+void cfg_check_keys_(cfg_ctx *c, const config_setting_t *g, const cfg_scope *sc, int n_sc);
+const config_setting_t *cfg_sub_group_(cfg_ctx *c, const config_setting_t *g, const char *key);
+const config_setting_t *cfg_sub_list_(cfg_ctx *c, const config_setting_t *g, const char *key);
+void cfg_opts_default_(const cfg_opt *tbl, void *base);
+int cfg_string_list_(cfg_ctx *c, const config_setting_t *s, int max, const char *what);
 
 /* ---- the sections, in the order loom_config_load validates them ----------- */
 
 /* config_data.c */
-void parse_data(ctx *c, const config_setting_t *root, loom_spec *spec);
+void cfg_parse_data_(cfg_ctx *c, const config_setting_t *root, loom_spec *spec);
 
 /* config_source.c */
-extern const opt source_opts[];
-int plugin_source_type(ctx *c, const config_setting_t *t, loom_source_spec *src);
+extern const cfg_opt cfg_source_opts_[];
+int cfg_plugin_source_type_(cfg_ctx *c, const config_setting_t *t, loom_source_spec *src);
 
 /* config_model.c */
-void parse_model(ctx *c, const config_setting_t *root, loom_model_spec *m);
+void cfg_parse_model_(cfg_ctx *c, const config_setting_t *root, loom_model_spec *m);
 
 /* config_optimizer.c */
-void parse_optimizer(ctx *c, const config_setting_t *root, loom_optimizer_spec *o);
+void cfg_parse_optimizer_(cfg_ctx *c, const config_setting_t *root, loom_optimizer_spec *o);
 
 /* config_strategy.c */
-void check_replicas_batch(ctx *c, const config_setting_t *root, const loom_spec *spec);
-void parse_strategy(ctx *c, const config_setting_t *root, loom_strategy_spec *st);
+void cfg_check_replicas_batch_(cfg_ctx *c, const config_setting_t *root, const loom_spec *spec);
+void cfg_parse_strategy_(cfg_ctx *c, const config_setting_t *root, loom_strategy_spec *st);
 
 /* config_cluster.c */
-void parse_cluster(ctx *c, const config_setting_t *root, loom_cluster_spec *cl);
+void cfg_parse_cluster_(cfg_ctx *c, const config_setting_t *root, loom_cluster_spec *cl);
 
 /* config_run.c */
-void parse_run(ctx *c, const config_setting_t *root, loom_spec *spec);
+void cfg_parse_run_(cfg_ctx *c, const config_setting_t *root, loom_spec *spec);
 
 /* config_hooks.c */
-void resolve_lua_ref(ctx *c, const config_setting_t *s, char *out, size_t n);
-void parse_hooks(ctx *c, const config_setting_t *root, loom_hooks_spec *h);
+void cfg_resolve_lua_ref_(cfg_ctx *c, const config_setting_t *s, char *out, size_t n);
+void cfg_parse_hooks_(cfg_ctx *c, const config_setting_t *root, loom_hooks_spec *h);
 
 /* config_plugins.c */
-void plugin_opts_group(ctx *c, const config_setting_t *s, loom_plugin_opts *o);
-void parse_plugins(ctx *c, const config_setting_t *root, loom_plugins_spec *p);
+void cfg_plugin_opts_group_(cfg_ctx *c, const config_setting_t *s, loom_plugin_opts *o);
+void cfg_parse_plugins_(cfg_ctx *c, const config_setting_t *root, loom_plugins_spec *p);
 
 /* config_override.c */
-void apply_override(ctx *c, config_t *cfg, const char *text, char *key);
+void cfg_apply_override_(cfg_ctx *c, config_t *cfg, const char *text, char *key);
 
 #endif

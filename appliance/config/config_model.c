@@ -8,11 +8,11 @@
 #include <math.h>
 #include <string.h>
 
-static void parse_metrics(ctx *c, const config_setting_t *s, void *base);
-static void parse_class_weight(ctx *c, const config_setting_t *s, void *base);
+static void parse_metrics(cfg_ctx *c, const config_setting_t *s, void *base);
+static void parse_class_weight(cfg_ctx *c, const config_setting_t *s, void *base);
 
 #define LY(k) K(LOOM_LAYER_##k)
-static const opt layer_opts[] = {
+static const cfg_opt layer_opts[] = {
     O_KIND(loom_layer_spec, "type", kind, 0, loom_layer_names_, ALL, "layer type"),
     O_STR(loom_layer_spec, "name", name, "", NULL, ALL, 0, "layer name; default <type>_<index>"),
     O_INT(loom_layer_spec, "units", units, 0, 1, LOOM_MAX_UNITS, LY(DENSE), LY(DENSE), "output units"),
@@ -45,7 +45,7 @@ static const opt layer_opts[] = {
     O_END,
 };
 
-static const opt model_opts[] = {
+static const cfg_opt model_opts[] = {
     O_STR(loom_model_spec, "input", input, "image", NULL, ALL, 0, "feature fed to the first layer"),
     O_STR(loom_model_spec, "label", label, "label", NULL, ALL, 0, "feature holding the target"),
     O_ENUM(loom_model_spec, "loss", loss, LOOM_LOSS_SPARSE_SOFTMAX_CE, loom_loss_names_, ALL, 0, "loss function"),
@@ -67,13 +67,14 @@ static const opt model_opts[] = {
     O_END,
 };
 
-static void parse_metrics(ctx *c, const config_setting_t *s, void *base)
+static void parse_metrics(cfg_ctx *c, const config_setting_t *s, void *base)
 {
     loom_model_spec *m = base;
     char v[300];
-    loc_of(c, s, &m->metrics_loc);
+    cfg_loc_of_(c, s, &m->metrics_loc);
     if (!config_setting_is_array(s) && !config_setting_is_list(s)) {
-        cerr(c, s, "expected a list of metric names [\"accuracy\", \"auc\", ...], got %s", value_str(s, v, sizeof v));
+        cfg_err_(c, s, "expected a list of metric names [\"accuracy\", \"auc\", ...], got %s",
+                 cfg_value_str_(s, v, sizeof v));
         return;
     }
     int n = config_setting_length(s);
@@ -81,68 +82,69 @@ static void parse_metrics(ctx *c, const config_setting_t *s, void *base)
     m->metrics_set = true;
     for (int i = 0; i < n; i++) {
         const config_setting_t *e = config_setting_get_elem(s, i);
-        int k = get_enum(c, e, loom_metric_names_);
+        int k = cfg_get_enum_(c, e, loom_metric_names_);
         if (k < 0) continue;
         bool dup = false;
         for (int j = 0; j < m->n_metrics; j++) dup |= (int)m->metric[j] == k;
         if (dup) {
-            cerr(c, e, "metric \"%s\" is listed twice", loom_metric_names_[k]);
+            cfg_err_(c, e, "metric \"%s\" is listed twice", loom_metric_names_[k]);
             continue;
         }
         m->metric[m->n_metrics++] = (loom_metric_kind)k;
     }
 }
 
-static void parse_class_weight(ctx *c, const config_setting_t *s, void *base)
+static void parse_class_weight(cfg_ctx *c, const config_setting_t *s, void *base)
 {
     loom_model_spec *m = base;
     char v[300];
     if (!config_setting_is_array(s) && !config_setting_is_list(s)) {
-        cerr(c, s, "expected an array of weights, one per class [w0, w1, ...], got %s", value_str(s, v, sizeof v));
+        cfg_err_(c, s, "expected an array of weights, one per class [w0, w1, ...], got %s",
+                 cfg_value_str_(s, v, sizeof v));
         return;
     }
     int n = config_setting_length(s);
     if (n < 2 || n > LOOM_MAX_CLASS_WEIGHTS) {
-        cerr(c, s, "expected 2 to %d class weights, got %d", LOOM_MAX_CLASS_WEIGHTS, n);
+        cfg_err_(c, s, "expected 2 to %d class weights, got %d", LOOM_MAX_CLASS_WEIGHTS, n);
         return;
     }
     for (int i = 0; i < n; i++) {
         const config_setting_t *e = config_setting_get_elem(s, i);
-        if (!is_number(e) || !(get_number(e) >= 0) || !isfinite(get_number(e))) {
-            cerr(c, e, "expected a class weight >= 0, got %s", value_str(e, v, sizeof v));
+        if (!cfg_is_number_(e) || !(cfg_get_number_(e) >= 0) || !isfinite(cfg_get_number_(e))) {
+            cfg_err_(c, e, "expected a class weight >= 0, got %s", cfg_value_str_(e, v, sizeof v));
             return;
         }
-        m->class_weight[i] = (float)get_number(e);
+        m->class_weight[i] = (float)cfg_get_number_(e);
     }
     m->n_class_weights = n;
 }
 
-static void parse_layers(ctx *c, const config_setting_t *g, loom_model_spec *m)
+static void parse_layers(cfg_ctx *c, const config_setting_t *g, loom_model_spec *m)
 {
-    const config_setting_t *ll = sub_list(c, g, "layers");
+    const config_setting_t *ll = cfg_sub_list_(c, g, "layers");
     if (!ll) return;
     int n = config_setting_length(ll);
     if (n < 1) {
-        cerr(c, ll, "expected at least one layer");
+        cfg_err_(c, ll, "expected at least one layer");
         return;
     }
     if (n > LOOM_MAX_LAYERS) {
-        cerr(c, ll, "too many layers: %d (at most %d)", n, LOOM_MAX_LAYERS);
+        cfg_err_(c, ll, "too many layers: %d (at most %d)", n, LOOM_MAX_LAYERS);
         n = LOOM_MAX_LAYERS;
     }
     for (int i = 0; i < n; i++) {
         const config_setting_t *e = config_setting_get_elem(ll, i);
         loom_layer_spec *l = &m->layer[m->n_layers++];
-        loc_of(c, e, &l->loc);
+        cfg_loc_of_(c, e, &l->loc);
         if (!config_setting_is_group(e)) {
             char v[300];
-            cerr(c, e, "expected a group { type = ...; }, got %s", value_str(e, v, sizeof v));
+            cfg_err_(c, e, "expected a group { type = ...; }, got %s", cfg_value_str_(e, v, sizeof v));
             continue;
         }
-        int k = parse_kind(c, e, layer_opts, l);
-        parse_opts(c, e, layer_opts, k, l);
-        scope sc = {layer_opts, k, NULL};
-        check_keys(c, e, &sc, 1);
+        int k = cfg_parse_kind_(c, e, layer_opts, l);
+        cfg_parse_opts_(c, e, layer_opts, k, l);
+        cfg_scope sc = {layer_opts, k, NULL};
+        cfg_check_keys_(c, e, &sc, 1);
         if ((k == LOOM_LAYER_MAX_POOL2D || k == LOOM_LAYER_AVG_POOL2D) && !config_setting_get_member(e, "strides"))
             l->stride[0] = l->pool[0], l->stride[1] = l->pool[1];
         if (!l->name[0] && k >= 0) snprintf(l->name, sizeof l->name, "%s_%d", loom_layer_names_[k], i);
@@ -150,7 +152,7 @@ static void parse_layers(ctx *c, const config_setting_t *g, loom_model_spec *m)
     for (int i = 0; i < m->n_layers; i++)
         for (int j = 0; j < i; j++)
             if (m->layer[i].name[0] && !strcmp(m->layer[i].name, m->layer[j].name)) {
-                cerr(c, config_setting_get_elem(ll, i), "layer name \"%s\" is already used by %s",
+                cfg_err_(c, config_setting_get_elem(ll, i), "layer name \"%s\" is already used by %s",
                      m->layer[i].name, m->layer[j].loc.path);
                 break;
             }
@@ -160,29 +162,30 @@ static void parse_layers(ctx *c, const config_setting_t *g, loom_model_spec *m)
  * need a loss with classes, and binary cross-entropy's are [negative,
  * positive]. The model refuses both when it is built (specs built in code);
  * sparse_softmax_cross_entropy's count is checked there, against the output. */
-static void check_class_weight(ctx *c, const config_setting_t *cw, const loom_model_spec *m)
+static void check_class_weight(cfg_ctx *c, const config_setting_t *cw, const loom_model_spec *m)
 {
     if (!cw || m->n_class_weights == 0) return;
     if (m->loss != LOOM_LOSS_SPARSE_SOFTMAX_CE && m->loss != LOOM_LOSS_BCE) {
-        loom_err *e = cerr(c, cw, "needs classes; the loss %s has none", loom_loss_name(m->loss));
+        loom_err *e = cfg_err_(c, cw, "needs classes; the loss %s has none", loom_loss_name(m->loss));
         if (e) loom_err_hint(e, "class weights go with sparse_softmax_cross_entropy (one per class) or "
                              "binary_cross_entropy ([negative, positive]); remove class_weight");
     } else if (m->loss == LOOM_LOSS_BCE && m->n_class_weights != 2) {
-        loom_err *e = cerr(c, cw, "binary_cross_entropy takes [negative, positive], got %d weights", m->n_class_weights);
+        loom_err *e =
+            cfg_err_(c, cw, "binary_cross_entropy takes [negative, positive], got %d weights", m->n_class_weights);
         if (e) loom_err_hint(e, "write class_weight = [w0, w1]");
     }
 }
 
 /* model: its options, then the layers. */
-void parse_model(ctx *c, const config_setting_t *root, loom_model_spec *m)
+void cfg_parse_model_(cfg_ctx *c, const config_setting_t *root, loom_model_spec *m)
 {
     const config_setting_t *g;
-    if ((g = sub_group(c, root, "model"))) {
-        loc_of(c, g, &m->loc);
+    if ((g = cfg_sub_group_(c, root, "model"))) {
+        cfg_loc_of_(c, g, &m->loc);
         m->metrics_loc = m->loc;
-        parse_opts(c, g, model_opts, 0, m);
-        scope sc = {model_opts, 0, NULL};
-        check_keys(c, g, &sc, 1);
+        cfg_parse_opts_(c, g, model_opts, 0, m);
+        cfg_scope sc = {model_opts, 0, NULL};
+        cfg_check_keys_(c, g, &sc, 1);
         check_class_weight(c, config_setting_get_member(g, "class_weight"), m);
         parse_layers(c, g, m);
     }

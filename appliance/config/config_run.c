@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
-static const opt run_opts[] = {
+static const cfg_opt run_opts[] = {
     O_STR(loom_run_spec, "model_dir", model_dir, NULL, NULL, ALL, ALL, "checkpoints and metrics directory"),
     O_INT(loom_run_spec, "epochs", epochs, 1, 0, INT64_MAX, ALL, 0, "passes over data.train"),
     O_INT(loom_run_spec, "max_steps", max_steps, 0, 0, INT64_MAX, ALL, 0, "total steps; 0 = use epochs"),
@@ -53,20 +53,20 @@ static void default_seeds(loom_dataset_spec *d, uint64_t seed)
  * means the same wherever loom is started, and messages show where a path
  * really is. Paths on the command line (--model-dir, --output, ...) stay
  * relative to the working directory, as shells expect. */
-static void absolute_in_config_dir(ctx *c, const config_setting_t *at, char *p, size_t n)
+static void absolute_in_config_dir(cfg_ctx *c, const config_setting_t *at, char *p, size_t n)
 {
     if (!p[0] || p[0] == '/' || !c->dir[0]) return;
     char full[2 * LOOM_PATH_MAX + 2];
     const char *rel = p[0] == '.' && p[1] == '/' ? p + 2 : p;
     int w = snprintf(full, sizeof full, "%s/%s", c->dir, rel);
     if (w < 0 || (size_t)w >= n) {
-        cerr(c, at, "\"%s\" resolved against the config's directory is longer than %zu bytes", p, n - 1);
+        cfg_err_(c, at, "\"%s\" resolved against the config's directory is longer than %zu bytes", p, n - 1);
         return;
     }
     memcpy(p, full, (size_t)w + 1);
 }
 
-static void absolute_cache_files(ctx *c, const config_setting_t *at, loom_dataset_spec *d)
+static void absolute_cache_files(cfg_ctx *c, const config_setting_t *at, loom_dataset_spec *d)
 {
     for (int i = 0; i < d->n_transforms; i++) {
         loom_transform_spec *t = &d->transform[i];
@@ -77,23 +77,23 @@ static void absolute_cache_files(ctx *c, const config_setting_t *at, loom_datase
 
 /* run; read last: eval_each_epoch defaults to whether data.eval is given, and
  * shuffles without a seed of their own take the run's. */
-void parse_run(ctx *c, const config_setting_t *root, loom_spec *spec)
+void cfg_parse_run_(cfg_ctx *c, const config_setting_t *root, loom_spec *spec)
 {
     const config_setting_t *g;
-    if ((g = sub_group(c, root, "run"))) {
+    if ((g = cfg_sub_group_(c, root, "run"))) {
         loom_run_spec *r = &spec->run;
-        loc_of(c, g, &r->loc);
-        parse_opts(c, g, run_opts, 0, r);
-        scope sc = {run_opts, 0, NULL};
-        check_keys(c, g, &sc, 1);
+        cfg_loc_of_(c, g, &r->loc);
+        cfg_parse_opts_(c, g, run_opts, 0, r);
+        cfg_scope sc = {run_opts, 0, NULL};
+        cfg_check_keys_(c, g, &sc, 1);
         if (!config_setting_get_member(g, "eval_each_epoch")) r->eval_each_epoch = spec->eval.present;
         if (r->epochs < 1 && r->max_steps < 1)
-            cerr(c, g, "nothing to train: set epochs >= 1 or max_steps >= 1 (epochs = %lld, max_steps = %lld)",
+            cfg_err_(c, g, "nothing to train: set epochs >= 1 or max_steps >= 1 (epochs = %lld, max_steps = %lld)",
                  (long long)r->epochs, (long long)r->max_steps);
         unsigned char ab[16];
         const config_setting_t *sb = config_setting_get_member(g, "status_bind");
         if (sb && inet_pton(AF_INET, r->status_bind, ab) != 1 && inet_pton(AF_INET6, r->status_bind, ab) != 1)
-            cerr(c, sb, "run.status_bind: \"%s\" is not an IPv4 or IPv6 address (a literal, not a host name)",
+            cfg_err_(c, sb, "run.status_bind: \"%s\" is not an IPv4 or IPv6 address (a literal, not a host name)",
                  r->status_bind);
         /* shuffles without a seed of their own use the run's */
         default_seeds(&spec->train, r->seed);

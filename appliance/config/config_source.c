@@ -14,20 +14,20 @@
 static const char *const catalog_names[] = {"fashion_mnist", "mnist", NULL};
 static const char *const split_names[] = {"train", "test", NULL};
 
-static void parse_features(ctx *c, const config_setting_t *s, void *base);
-static void parse_files(ctx *c, const config_setting_t *s, void *base);
-static void parse_tfr_features(ctx *c, const config_setting_t *s, void *base);
-static void parse_tfr_shape(ctx *c, const config_setting_t *s, void *base);
-static void parse_delimiter(ctx *c, const config_setting_t *s, void *base);
-static void parse_csv_columns(ctx *c, const config_setting_t *s, void *base);
-static void parse_csv_index(ctx *c, const config_setting_t *s, void *base);
-static void parse_syn_features(ctx *c, const config_setting_t *s, void *base);
-static void parse_syn_ctr(ctx *c, const config_setting_t *s, void *base);
-static void parse_syn_shape(ctx *c, const config_setting_t *s, void *base);
-static void parse_source_options(ctx *c, const config_setting_t *s, void *base);
+static void parse_features(cfg_ctx *c, const config_setting_t *s, void *base);
+static void parse_files(cfg_ctx *c, const config_setting_t *s, void *base);
+static void parse_tfr_features(cfg_ctx *c, const config_setting_t *s, void *base);
+static void parse_tfr_shape(cfg_ctx *c, const config_setting_t *s, void *base);
+static void parse_delimiter(cfg_ctx *c, const config_setting_t *s, void *base);
+static void parse_csv_columns(cfg_ctx *c, const config_setting_t *s, void *base);
+static void parse_csv_index(cfg_ctx *c, const config_setting_t *s, void *base);
+static void parse_syn_features(cfg_ctx *c, const config_setting_t *s, void *base);
+static void parse_syn_ctr(cfg_ctx *c, const config_setting_t *s, void *base);
+static void parse_syn_shape(cfg_ctx *c, const config_setting_t *s, void *base);
+static void parse_source_options(cfg_ctx *c, const config_setting_t *s, void *base);
 
 #define SRC(k) K(LOOM_SRC_##k)
-const opt source_opts[] = {
+const cfg_opt cfg_source_opts_[] = {
     O_KIND(loom_source_spec, "type", kind, 0, loom_source_names_, ALL, "source type"),
     O_CUSTOM("options", parse_source_options, SRC(PLUGIN), 0,
              "a plugin source's options: KEY = number, string or true/false, at most 8"),
@@ -63,7 +63,7 @@ const opt source_opts[] = {
 };
 
 /* One column group of a csv source; the dtype selects the kind. */
-static const opt csv_column_opts[] = {
+static const cfg_opt csv_column_opts[] = {
     O_KIND(loom_csv_column, "dtype", dtype, 0, loom_csv_dtype_names_, ALL,
            "uint8, int32, int64, float32, float64, or string (the field's bytes, for map fn = \"string_lookup\")"),
     O_INT(loom_csv_column, "max_length", max_length, 64, 1, LOOM_MAX_STRING, K(LOOM_CSV_STRING), 0,
@@ -77,7 +77,7 @@ static const opt csv_column_opts[] = {
     O_END,
 };
 
-static const opt syn_ctr_opts[] = {
+static const cfg_opt syn_ctr_opts[] = {
     O_INT(loom_syn_ctr, "columns", columns, 26, 1, 1024, ALL, 0, "categorical columns"),
     O_INT(loom_syn_ctr, "ids_per_column", ids_per_column, 1, 1, 64, ALL, 0, "ids per column (multi-hot)"),
     O_INT(loom_syn_ctr, "id_space", id_space, (int64_t)1 << 20, 1, (int64_t)1 << 31, ALL, 0,
@@ -92,7 +92,7 @@ static const opt syn_ctr_opts[] = {
 };
 
 /* One feature group of a synthetic source; the dtype selects the kind. */
-static const opt syn_feature_opts[] = {
+static const cfg_opt syn_feature_opts[] = {
     O_KIND(loom_syn_feature, "dtype", dtype, 0, loom_cfg_dtype_names_, ALL, "uint8, int32, int64, float32 or float64"),
     O_CUSTOM("shape", parse_syn_shape, ALL, 0, "[] (default) for a scalar, else [d0, d1, ...], each >= 1"),
     O_ENUM(loom_syn_feature, "distribution", dist, LOOM_SYN_UNIFORM, loom_syn_dist_names_, ALL, 0,
@@ -106,7 +106,7 @@ static const opt syn_feature_opts[] = {
 };
 
 /* One feature group of a tfrecord source; the dtype selects the kind. */
-static const opt tfr_feature_opts[] = {
+static const cfg_opt tfr_feature_opts[] = {
     O_KIND(loom_tfr_feature, "dtype", dtype, 0, loom_tfr_dtype_names_, ALL,
            "uint8 (one bytes value), int64 (int64_list) or float32 (float_list)"),
     O_CUSTOM("shape", parse_tfr_shape, ALL, ALL, "[] for a scalar, else [d0, d1, ...], each >= 1"),
@@ -117,28 +117,28 @@ static const opt tfr_feature_opts[] = {
     O_END,
 };
 
-static void parse_features(ctx *c, const config_setting_t *s, void *base)
+static void parse_features(cfg_ctx *c, const config_setting_t *s, void *base)
 {
     loom_source_spec *src = base;
     char v[300];
     if (!config_setting_is_group(s)) {
-        cerr(c, s, "expected a group { NAME = \"file.idx\"; ... }, got %s", value_str(s, v, sizeof v));
+        cfg_err_(c, s, "expected a group { NAME = \"file.idx\"; ... }, got %s", cfg_value_str_(s, v, sizeof v));
         return;
     }
     int n = config_setting_length(s);
     if (n < 1 || n > LOOM_MAX_FEATURES) {
-        cerr(c, s, "expected 1 to %d features, got %d", LOOM_MAX_FEATURES, n);
+        cfg_err_(c, s, "expected 1 to %d features, got %d", LOOM_MAX_FEATURES, n);
         return;
     }
     for (int i = 0; i < n; i++) {
         const config_setting_t *f = config_setting_get_elem(s, i);
         const char *name = config_setting_name(f);
         if (config_setting_type(f) != CONFIG_TYPE_STRING) {
-            cerr(c, f, "expected a file name string, got %s", value_str(f, v, sizeof v));
+            cfg_err_(c, f, "expected a file name string, got %s", cfg_value_str_(f, v, sizeof v));
             continue;
         }
         if (strlen(name) >= LOOM_NAME_MAX) {
-            cerr(c, f, "feature name is too long (at most %d characters)", LOOM_NAME_MAX - 1);
+            cfg_err_(c, f, "feature name is too long (at most %d characters)", LOOM_NAME_MAX - 1);
             continue;
         }
         const char *file = config_setting_get_string(f);
@@ -146,17 +146,17 @@ static void parse_features(ctx *c, const config_setting_t *s, void *base)
         int w = file[0] == '/' ? snprintf(full, sizeof full, "%s", file)
                                : snprintf(full, sizeof full, "%s/%s", c->dir, file);
         if (!file[0] || w < 0 || w >= LOOM_PATH_MAX) {
-            cerr(c, f, "bad file name \"%s\" (empty or too long)", file);
+            cfg_err_(c, f, "bad file name \"%s\" (empty or too long)", file);
             continue;
         }
         struct stat st;
         if (access(full, R_OK) != 0) {
-            loom_err *e = cerr(c, f, "cannot read \"%s\" (resolved to %s): %s", file, full, strerror(errno));
+            loom_err *e = cfg_err_(c, f, "cannot read \"%s\" (resolved to %s): %s", file, full, strerror(errno));
             if (e) loom_err_hint(e, "relative paths are relative to the config file's directory");
             continue;
         }
         if (stat(full, &st) != 0 || !S_ISREG(st.st_mode)) {
-            cerr(c, f, "\"%s\" (resolved to %s) is not a regular file", file, full);
+            cfg_err_(c, f, "\"%s\" (resolved to %s) is not a regular file", file, full);
             continue;
         }
         int k = src->n_features++;
@@ -185,30 +185,30 @@ static int count_matches(const char *pattern)
     return n;
 }
 
-static void parse_files(ctx *c, const config_setting_t *s, void *base)
+static void parse_files(cfg_ctx *c, const config_setting_t *s, void *base)
 {
     loom_source_spec *src = base;
     char v[300];
     bool one = config_setting_type(s) == CONFIG_TYPE_STRING;
     if (!one && !config_setting_is_array(s) && !config_setting_is_list(s)) {
-        cerr(c, s, "expected a list of paths or glob patterns [\"data/train-*.tfrecord\", ...], got %s",
-             value_str(s, v, sizeof v));
+        cfg_err_(c, s, "expected a list of paths or glob patterns [\"data/train-*.tfrecord\", ...], got %s",
+             cfg_value_str_(s, v, sizeof v));
         return;
     }
     int n = one ? 1 : config_setting_length(s);
     if (n < 1 || n > LOOM_MAX_FILE_PATTERNS) {
-        cerr(c, s, "expected 1 to %d paths or patterns, got %d", LOOM_MAX_FILE_PATTERNS, n);
+        cfg_err_(c, s, "expected 1 to %d paths or patterns, got %d", LOOM_MAX_FILE_PATTERNS, n);
         return;
     }
     char edir[LOOM_PATH_MAX];
     if (loom_glob_escape(c->dir, edir, sizeof edir) < 0) {
-        cerr(c, s, "the config's directory %s is too long", c->dir);
+        cfg_err_(c, s, "the config's directory %s is too long", c->dir);
         return;
     }
     for (int i = 0; i < n; i++) {
         const config_setting_t *e = one ? s : config_setting_get_elem(s, i);
         if (config_setting_type(e) != CONFIG_TYPE_STRING) {
-            cerr(c, e, "expected a path or glob pattern string, got %s", value_str(e, v, sizeof v));
+            cfg_err_(c, e, "expected a path or glob pattern string, got %s", cfg_value_str_(e, v, sizeof v));
             continue;
         }
         const char *pat = config_setting_get_string(e);
@@ -220,22 +220,22 @@ static void parse_files(ctx *c, const config_setting_t *s, void *base)
         else
             snprintf(shown, sizeof shown, "%s/%s", c->dir, pat);
         if (!pat[0] || w < 0 || w >= LOOM_PATH_MAX) {
-            cerr(c, e, "bad path \"%s\" (empty or too long)", pat);
+            cfg_err_(c, e, "bad path \"%s\" (empty or too long)", pat);
             continue;
         }
         int m = count_matches(full);
         if (m < 0) {
-            cerr(c, e, "cannot expand \"%s\" (resolved to %s): %s", pat, shown, strerror(errno));
+            cfg_err_(c, e, "cannot expand \"%s\" (resolved to %s): %s", pat, shown, strerror(errno));
             continue;
         }
         if (m == 0) {
             loom_err *er;
             if (!strpbrk(pat, "*?[") && access(shown, R_OK) != 0)
-                er = cerr(c, e, "cannot read \"%s\" (resolved to %s): %s", pat, shown, strerror(errno));
+                er = cfg_err_(c, e, "cannot read \"%s\" (resolved to %s): %s", pat, shown, strerror(errno));
             else if (!strpbrk(pat, "*?["))
-                er = cerr(c, e, "\"%s\" (resolved to %s) is not a regular file", pat, shown);
+                er = cfg_err_(c, e, "\"%s\" (resolved to %s) is not a regular file", pat, shown);
             else
-                er = cerr(c, e, "no files match \"%s\" (resolved to %s)", pat, shown);
+                er = cfg_err_(c, e, "no files match \"%s\" (resolved to %s)", pat, shown);
             if (er) loom_err_hint(er, "relative paths are relative to the config file's directory");
             continue;
         }
@@ -243,32 +243,32 @@ static void parse_files(ctx *c, const config_setting_t *s, void *base)
     }
 }
 
-static void parse_tfr_shape(ctx *c, const config_setting_t *s, void *base)
+static void parse_tfr_shape(cfg_ctx *c, const config_setting_t *s, void *base)
 {
     loom_tfr_feature *f = base;
     char v[300];
     if (!config_setting_is_array(s) && !config_setting_is_list(s)) {
-        cerr(c, s, "expected a shape such as [28, 28] ([] for a scalar), got %s", value_str(s, v, sizeof v));
+        cfg_err_(c, s, "expected a shape such as [28, 28] ([] for a scalar), got %s", cfg_value_str_(s, v, sizeof v));
         return;
     }
     int n = config_setting_length(s);
     if (n > 8) {
-        cerr(c, s, "expected 0 to 8 dimensions, got %d", n);
+        cfg_err_(c, s, "expected 0 to 8 dimensions, got %d", n);
         return;
     }
     int64_t numel = 1;
     bool fits = true;
     for (int i = 0; i < n; i++) {
         int64_t x;
-        if (!get_int_in(c, config_setting_get_elem(s, i), 1, INT32_MAX, &x)) return;
+        if (!cfg_get_int_in_(c, config_setting_get_elem(s, i), 1, INT32_MAX, &x)) return;
         f->shape[i] = x;
         fits = fits && loom_mul_ok(numel, x, &numel);
     }
     if (!fits || numel > (1 << 30)) {
         if (fits)
-            cerr(c, s, "%lld values per element is too many (at most %d)", (long long)numel, 1 << 30);
+            cfg_err_(c, s, "%lld values per element is too many (at most %d)", (long long)numel, 1 << 30);
         else
-            cerr(c, s, "more than 2^63 values per element is too many (at most %d)", 1 << 30);
+            cfg_err_(c, s, "more than 2^63 values per element is too many (at most %d)", 1 << 30);
         return;
     }
     f->rank = n;
@@ -276,18 +276,18 @@ static void parse_tfr_shape(ctx *c, const config_setting_t *s, void *base)
 
 /* A value for a feature of dtype dt (default or pad): integral for the
  * integer dtypes, in [0, 255] for uint8. */
-static void check_fill(ctx *c, const config_setting_t *s, loom_tfr_dtype dt)
+static void check_fill(cfg_ctx *c, const config_setting_t *s, loom_tfr_dtype dt)
 {
     char v[300];
-    if (!s || !is_number(s)) return; /* a non-number was reported by the option engine */
+    if (!s || !cfg_is_number_(s)) return; /* a non-number was reported by the option engine */
     if (dt == LOOM_TFR_FLOAT32) return;
     int64_t x;
-    if (!is_int(s)) {
-        cerr(c, s, "expected an integer (the feature is %s), got %s", loom_tfr_dtype_names_[dt],
-             value_str(s, v, sizeof v));
+    if (!cfg_is_int_(s)) {
+        cfg_err_(c, s, "expected an integer (the feature is %s), got %s", loom_tfr_dtype_names_[dt],
+             cfg_value_str_(s, v, sizeof v));
         return;
     }
-    if (dt == LOOM_TFR_UINT8) get_int_in(c, s, 0, 255, &x);
+    if (dt == LOOM_TFR_UINT8) cfg_get_int_in_(c, s, 0, 255, &x);
 }
 
 /* One kind of NAME = { ... } group under a source (tfrecord features, csv
@@ -297,51 +297,51 @@ typedef struct feature_kind {
     const char *noun;     /* "features" | "columns", in the count error */
     const char *body;     /* the entry's grammar in errors: "dtype = ...; shape = [...];" */
     const char *example;  /* the hint's entry body: "dtype = \"int64\"; shape = [];" */
-    const opt  *opts;     /* the entry's option table; tbl[0] is its kind (dtype) */
+    const cfg_opt *opts;  /* the entry's option table; tbl[0] is its kind (dtype) */
     size_t      size;     /* sizeof one entry of items */
-    void (*check)(ctx *c, const loom_source_spec *src, const config_setting_t *g, const char *name, void *item,
+    void (*check)(cfg_ctx *c, const loom_source_spec *src, const config_setting_t *g, const char *name, void *item,
                   int k);
 } feature_kind;
 
 /* Parses group s into items[0..] (src->tfr, ->csv or ->syn) and src->feature,
  * counting them in src->n_features. */
-static void parse_feature_groups(ctx *c, const config_setting_t *s, loom_source_spec *src, void *items,
+static void parse_feature_groups(cfg_ctx *c, const config_setting_t *s, loom_source_spec *src, void *items,
                                  const feature_kind *fk)
 {
     char v[300];
     if (!config_setting_is_group(s)) {
-        cerr(c, s, "expected a group { NAME = { %s }; ... }, got %s", fk->body, value_str(s, v, sizeof v));
+        cfg_err_(c, s, "expected a group { NAME = { %s }; ... }, got %s", fk->body, cfg_value_str_(s, v, sizeof v));
         return;
     }
     int n = config_setting_length(s);
     if (n < 1 || n > LOOM_MAX_FEATURES) {
-        cerr(c, s, "expected 1 to %d %s, got %d", LOOM_MAX_FEATURES, fk->noun, n);
+        cfg_err_(c, s, "expected 1 to %d %s, got %d", LOOM_MAX_FEATURES, fk->noun, n);
         return;
     }
     for (int i = 0; i < n; i++) {
         const config_setting_t *g = config_setting_get_elem(s, i);
         const char *name = config_setting_name(g);
         if (!config_setting_is_group(g)) {
-            loom_err *e = cerr(c, g, "expected a group { %s }, got %s", fk->body, value_str(g, v, sizeof v));
+            loom_err *e = cfg_err_(c, g, "expected a group { %s }, got %s", fk->body, cfg_value_str_(g, v, sizeof v));
             if (e) loom_err_hint(e, "e.g. %s = { %s };", name, fk->example);
             continue;
         }
         if (strlen(name) >= LOOM_NAME_MAX) {
-            cerr(c, g, "feature name is too long (at most %d characters)", LOOM_NAME_MAX - 1);
+            cfg_err_(c, g, "feature name is too long (at most %d characters)", LOOM_NAME_MAX - 1);
             continue;
         }
         void *item = (char *)items + (size_t)src->n_features * fk->size;
-        int k = parse_kind(c, g, fk->opts, item);
-        parse_opts(c, g, fk->opts, k, item);
-        scope sc = {fk->opts, k, NULL};
-        check_keys(c, g, &sc, 1);
+        int k = cfg_parse_kind_(c, g, fk->opts, item);
+        cfg_parse_opts_(c, g, fk->opts, k, item);
+        cfg_scope sc = {fk->opts, k, NULL};
+        cfg_check_keys_(c, g, &sc, 1);
         fk->check(c, src, g, name, item, k);
         snprintf(src->feature[src->n_features], LOOM_NAME_MAX, "%s", name);
         src->n_features++;
     }
 }
 
-static void check_tfr_feature(ctx *c, const loom_source_spec *src, const config_setting_t *g, const char *name,
+static void check_tfr_feature(cfg_ctx *c, const loom_source_spec *src, const config_setting_t *g, const char *name,
                               void *item, int k)
 {
     (void)src;
@@ -356,13 +356,13 @@ static void check_tfr_feature(ctx *c, const loom_source_spec *src, const config_
         check_fill(c, pad, (loom_tfr_dtype)k);
     }
     if (def && f->var_len)
-        cerr(c, def, "default applies only to fixed-length features (a missing var_len feature is all pad)");
-    if (pad && !f->var_len) cerr(c, pad, "pad applies only with var_len = true");
+        cfg_err_(c, def, "default applies only to fixed-length features (a missing var_len feature is all pad)");
+    if (pad && !f->var_len) cfg_err_(c, pad, "pad applies only with var_len = true");
     if (f->var_len && shp && f->rank == 0 && config_setting_length(shp) == 0)
-        cerr(c, shp, "a var_len feature needs a shape with at least one dimension (its maximum length)");
+        cfg_err_(c, shp, "a var_len feature needs a shape with at least one dimension (its maximum length)");
 }
 
-static void parse_tfr_features(ctx *c, const config_setting_t *s, void *base)
+static void parse_tfr_features(cfg_ctx *c, const config_setting_t *s, void *base)
 {
     static const feature_kind fk = {"features", "dtype = ...; shape = [...];", "dtype = \"int64\"; shape = [];",
                                     tfr_feature_opts, sizeof(loom_tfr_feature), check_tfr_feature};
@@ -376,28 +376,29 @@ static bool cfg_dtype_is_int(loom_cfg_dtype dt) { return dt == LOOM_CFG_U8 || dt
 
 /* A number s (already checked to be one) that must fit dtype dt: integral and in range for the integer dtypes.
  * hi_excl: an exclusive upper bound (synthetic max), one past the dtype's range. */
-static bool check_value(ctx *c, const config_setting_t *s, loom_cfg_dtype dt, bool hi_excl)
+static bool check_value(cfg_ctx *c, const config_setting_t *s, loom_cfg_dtype dt, bool hi_excl)
 {
     char v[300];
-    if (!s || !is_number(s) || !cfg_dtype_is_int(dt)) return true;
-    if (!is_int(s)) {
-        cerr(c, s, "expected an integer (the feature is %s), got %s", loom_cfg_dtype_names_[dt],
-             value_str(s, v, sizeof v));
+    if (!s || !cfg_is_number_(s) || !cfg_dtype_is_int(dt)) return true;
+    if (!cfg_is_int_(s)) {
+        cfg_err_(c, s, "expected an integer (the feature is %s), got %s", loom_cfg_dtype_names_[dt],
+             cfg_value_str_(s, v, sizeof v));
         return false;
     }
     int64_t x, ex = hi_excl ? 1 : 0;
-    if (dt == LOOM_CFG_U8) return get_int_in(c, s, 0, 255 + ex, &x);
-    if (dt == LOOM_CFG_I32) return get_int_in(c, s, INT32_MIN, (int64_t)INT32_MAX + ex, &x);
+    if (dt == LOOM_CFG_U8) return cfg_get_int_in_(c, s, 0, 255 + ex, &x);
+    if (dt == LOOM_CFG_I32) return cfg_get_int_in_(c, s, INT32_MIN, (int64_t)INT32_MAX + ex, &x);
     return true;
 }
 
-static void parse_delimiter(ctx *c, const config_setting_t *s, void *base)
+static void parse_delimiter(cfg_ctx *c, const config_setting_t *s, void *base)
 {
     loom_source_spec *src = base;
     char v[300];
     const char *d = config_setting_type(s) == CONFIG_TYPE_STRING ? config_setting_get_string(s) : NULL;
     if (!d || strlen(d) != 1 || strchr("\"\r\n", d[0])) {
-        loom_err *e = cerr(c, s, "expected one character other than '\"', CR or LF, got %s", value_str(s, v, sizeof v));
+        loom_err *e =
+            cfg_err_(c, s, "expected one character other than '\"', CR or LF, got %s", cfg_value_str_(s, v, sizeof v));
         if (e) loom_err_hint(e, "e.g. delimiter = \";\"; or delimiter = \"\\t\";");
         return;
     }
@@ -407,14 +408,14 @@ static void parse_delimiter(ctx *c, const config_setting_t *s, void *base)
 #define CSV_MAX_FIELDS_ (1 << 20) /* a range's last field: far beyond any real table, far from overflow */
 
 /* index = 3 (one field, a scalar feature) or index = "1-30" (fields 1 to 30, a vector feature of shape [30]). */
-static void parse_csv_index(ctx *c, const config_setting_t *s, void *base)
+static void parse_csv_index(cfg_ctx *c, const config_setting_t *s, void *base)
 {
     loom_csv_column *col = base;
     char v[300];
     int64_t x;
     col->count = 0;
-    if (is_int(s)) {
-        if (get_int_in(c, s, 0, INT_MAX, &x)) col->index = (int)x;
+    if (cfg_is_int_(s)) {
+        if (cfg_get_int_in_(c, s, 0, INT_MAX, &x)) col->index = (int)x;
         return;
     }
     const char *str = config_setting_type(s) == CONFIG_TYPE_STRING ? config_setting_get_string(s) : NULL;
@@ -422,8 +423,8 @@ static void parse_csv_index(ctx *c, const config_setting_t *s, void *base)
     int used = 0;
     if (!str || sscanf(str, " %lld - %lld %n", &a, &b, &used) != 2 || str[used] || a < 0 || b < a ||
         b >= CSV_MAX_FIELDS_) {
-        loom_err *e = cerr(c, s, "expected a field index >= 0 or a range \"first-last\" (0-based, inclusive, "
-                                 "first <= last < %d), got %s", CSV_MAX_FIELDS_, value_str(s, v, sizeof v));
+        loom_err *e = cfg_err_(c, s, "expected a field index >= 0 or a range \"first-last\" (0-based, inclusive, "
+                                 "first <= last < %d), got %s", CSV_MAX_FIELDS_, cfg_value_str_(s, v, sizeof v));
         if (e) loom_err_hint(e, "e.g. index = \"1-30\"; gathers fields 1 to 30 into one feature of shape [30]");
         return;
     }
@@ -431,7 +432,7 @@ static void parse_csv_index(ctx *c, const config_setting_t *s, void *base)
     col->count = (int)(b - a + 1);
 }
 
-static void check_csv_column(ctx *c, const loom_source_spec *src, const config_setting_t *g, const char *name,
+static void check_csv_column(cfg_ctx *c, const loom_source_spec *src, const config_setting_t *g, const char *name,
                              void *item, int k)
 {
     loom_csv_column *col = item;
@@ -441,19 +442,19 @@ static void check_csv_column(ctx *c, const loom_source_spec *src, const config_s
     col->has_default = def != NULL;
     if (k >= 0 && k != LOOM_CSV_STRING) check_value(c, def, (loom_cfg_dtype)k, false);
     if (k == LOOM_CSV_STRING && idx && col->count > 0)
-        cerr(c, idx, "a string column is one field: a range (\"a-b\") gathers numeric fields into a vector");
+        cfg_err_(c, idx, "a string column is one field: a range (\"a-b\") gathers numeric fields into a vector");
     if (!src->header && !idx) {
-        loom_err *e = cerr(c, g, "missing required setting `index` (with header = false columns are selected by "
+        loom_err *e = cfg_err_(c, g, "missing required setting `index` (with header = false columns are selected by "
                                  "position)");
         if (e) loom_err_hint(e, "e.g. %s = { dtype = \"%s\"; index = 0; };", name, loom_cfg_name_(loom_cfg_dtype_names_, k));
     }
     if (!idx) col->index = -1;
-    if (idx && cn) cerr(c, cn, "give either index or column, not both");
-    if (!src->header && cn) cerr(c, cn, "column (a header name) needs header = true");
+    if (idx && cn) cfg_err_(c, cn, "give either index or column, not both");
+    if (!src->header && cn) cfg_err_(c, cn, "column (a header name) needs header = true");
     if (!col->column[0] && col->index < 0) snprintf(col->column, sizeof col->column, "%s", name);
 }
 
-static void parse_csv_columns(ctx *c, const config_setting_t *s, void *base)
+static void parse_csv_columns(cfg_ctx *c, const config_setting_t *s, void *base)
 {
     static const feature_kind fk = {"columns", "dtype = ...;", "dtype = \"float32\";", csv_column_opts,
                                     sizeof(loom_csv_column), check_csv_column};
@@ -462,7 +463,7 @@ static void parse_csv_columns(ctx *c, const config_setting_t *s, void *base)
     parse_feature_groups(c, s, src, src->csv, &fk);
 }
 
-static void parse_syn_shape(ctx *c, const config_setting_t *s, void *base)
+static void parse_syn_shape(cfg_ctx *c, const config_setting_t *s, void *base)
 {
     loom_syn_feature *f = base;
     loom_tfr_feature t = {0};
@@ -471,7 +472,7 @@ static void parse_syn_shape(ctx *c, const config_setting_t *s, void *base)
     memcpy(f->shape, t.shape, sizeof f->shape);
 }
 
-static void check_syn_feature(ctx *c, const loom_source_spec *src, const config_setting_t *g, const char *name,
+static void check_syn_feature(cfg_ctx *c, const loom_source_spec *src, const config_setting_t *g, const char *name,
                               void *item, int k)
 {
     (void)src;
@@ -481,21 +482,21 @@ static void check_syn_feature(ctx *c, const loom_source_spec *src, const config_
     const config_setting_t *ds = config_setting_get_member(g, "distribution");
     if (k >= 0 && cfg_dtype_is_int((loom_cfg_dtype)k)) {
         if (f->dist == LOOM_SYN_NORMAL && ds)
-            cerr(c, ds, "normal applies only to float32 and float64 features (this one is %s)",
+            cfg_err_(c, ds, "normal applies only to float32 and float64 features (this one is %s)",
                  loom_cfg_dtype_names_[k]);
         if (!hi && f->dist == LOOM_SYN_UNIFORM) {
-            loom_err *e = cerr(c, g, "missing required setting `max` (integer features draw from [min, max))");
+            loom_err *e = cfg_err_(c, g, "missing required setting `max` (integer features draw from [min, max))");
             if (e) loom_err_hint(e, "e.g. %s = { dtype = \"%s\"; max = 10; };", name, loom_cfg_dtype_names_[k]);
         }
         bool ok = check_value(c, lo, (loom_cfg_dtype)k, false) && check_value(c, hi, (loom_cfg_dtype)k, true);
         if (ok && hi && !(f->max > f->min))
-            cerr(c, hi, "max must be greater than min (%g), got %g", f->min, f->max);
+            cfg_err_(c, hi, "max must be greater than min (%g), got %g", f->min, f->max);
     } else if (k >= 0 && f->dist == LOOM_SYN_UNIFORM && !(f->max > f->min)) {
-        cerr(c, hi ? hi : g, "max must be greater than min (min = %g, max = %g)", f->min, f->max);
+        cfg_err_(c, hi ? hi : g, "max must be greater than min (min = %g, max = %g)", f->min, f->max);
     }
 }
 
-static void parse_syn_features(ctx *c, const config_setting_t *s, void *base)
+static void parse_syn_features(cfg_ctx *c, const config_setting_t *s, void *base)
 {
     static const feature_kind fk = {"features", "dtype = ...; shape = [...];",
                                     "dtype = \"float32\"; shape = [28, 28];", syn_feature_opts,
@@ -504,39 +505,39 @@ static void parse_syn_features(ctx *c, const config_setting_t *s, void *base)
     parse_feature_groups(c, s, src, src->syn, &fk);
 }
 
-static void parse_syn_ctr(ctx *c, const config_setting_t *s, void *base)
+static void parse_syn_ctr(cfg_ctx *c, const config_setting_t *s, void *base)
 {
     loom_source_spec *src = base;
     char v[300];
     if (!config_setting_is_group(s)) {
-        cerr(c, s, "expected a group such as ctr = { columns = 26; }, got %s", value_str(s, v, sizeof v));
+        cfg_err_(c, s, "expected a group such as ctr = { columns = 26; }, got %s", cfg_value_str_(s, v, sizeof v));
         return;
     }
     src->ctr.on = true;
-    parse_opts(c, s, syn_ctr_opts, 0, &src->ctr);
-    scope sc = {syn_ctr_opts, 0, NULL};
-    check_keys(c, s, &sc, 1);
+    cfg_parse_opts_(c, s, syn_ctr_opts, 0, &src->ctr);
+    cfg_scope sc = {syn_ctr_opts, 0, NULL};
+    cfg_check_keys_(c, s, &sc, 1);
 }
 
 /* A source type that is neither built in nor a likely misspelling of one
- * (edit distance <= 2: parse_kind reports those with did-you-mean) names a
+ * (edit distance <= 2: cfg_parse_kind_ reports those with did-you-mean) names a
  * plugin's source: kept as text (kind LOOM_SRC_PLUGIN) and found in the
  * registry once plugins are loaded, where an unknown name is reported.
- * Returns the kind, or -1 for parse_kind to handle. */
-int plugin_source_type(ctx *c, const config_setting_t *t, loom_source_spec *src)
+ * Returns the kind, or -1 for cfg_parse_kind_ to handle. */
+int cfg_plugin_source_type_(cfg_ctx *c, const config_setting_t *t, loom_source_spec *src)
 {
     if (!t || config_setting_type(t) != CONFIG_TYPE_STRING) return -1;
     const char *name = config_setting_get_string(t);
     for (int i = 0; loom_source_names_[i]; i++)
         if (loom_edit_distance(name, loom_source_names_[i]) <= 2) return -1;
     if (!name[0] || strlen(name) >= sizeof src->plugin)
-        cerr(c, t, "bad source type \"%s\" (empty or longer than %zu characters)", name, sizeof src->plugin - 1);
+        cfg_err_(c, t, "bad source type \"%s\" (empty or longer than %zu characters)", name, sizeof src->plugin - 1);
     snprintf(src->plugin, sizeof src->plugin, "%s", name);
     src->kind = LOOM_SRC_PLUGIN;
     return LOOM_SRC_PLUGIN;
 }
 
-static void parse_source_options(ctx *c, const config_setting_t *s, void *base)
+static void parse_source_options(cfg_ctx *c, const config_setting_t *s, void *base)
 {
-    plugin_opts_group(c, s, &((loom_source_spec *)base)->options);
+    cfg_plugin_opts_group_(c, s, &((loom_source_spec *)base)->options);
 }

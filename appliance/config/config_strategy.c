@@ -6,15 +6,15 @@
 
 #include <string.h>
 
-static void parse_strategy_options(ctx *c, const config_setting_t *s, void *base);
-static void parse_strategy_devices(ctx *c, const config_setting_t *s, void *base);
+static void parse_strategy_options(cfg_ctx *c, const config_setting_t *s, void *base);
+static void parse_strategy_devices(cfg_ctx *c, const config_setting_t *s, void *base);
 
 #define STRAT_MWM K(LOOM_STRAT_MULTI_WORKER_MIRRORED)
 #define STRAT_REPLICATED (K(LOOM_STRAT_MIRRORED) | K(LOOM_STRAT_CENTRAL_STORAGE) | K(LOOM_STRAT_PLUGIN) | \
                           K(LOOM_STRAT_MULTI_WORKER_MIRRORED))
 /* Strategies whose replicas are local devices (multi_worker_mirrored: each worker's). */
 #define STRAT_LOCAL_DEVICES (K(LOOM_STRAT_MIRRORED) | K(LOOM_STRAT_CENTRAL_STORAGE) | K(LOOM_STRAT_MULTI_WORKER_MIRRORED))
-static const opt strategy_opts[] = {
+static const cfg_opt strategy_opts[] = {
     O_KIND(loom_strategy_spec, "type", kind, LOOM_STRAT_ONE_DEVICE, loom_strategy_names_, 0, "strategy"),
     O_INT(loom_strategy_spec, "replicas", replicas, 1, 1, 64, STRAT_REPLICATED, 0,
           "replicas cpu:0..cpu:N-1; mirrored, central_storage: default one per core"),
@@ -44,7 +44,7 @@ static const opt strategy_opts[] = {
 };
 
 #define PART(k) K(LOOM_PARTITIONER_##k)
-static const opt partitioner_opts[] = {
+static const cfg_opt partitioner_opts[] = {
     O_KIND(loom_partitioner_spec, "type", kind, 0, loom_partitioner_names_, ALL, "partitioner"),
     O_INT(loom_partitioner_spec, "num_shards", num_shards, 0, 1, 1 << 20, PART(FIXED), PART(FIXED),
           "shards per variable (at most its rows)"),
@@ -57,7 +57,7 @@ static const opt partitioner_opts[] = {
     O_END,
 };
 
-static const opt ps_sync_opts[] = {
+static const cfg_opt ps_sync_opts[] = {
     O_INT(loom_ps_sync_spec, "replicas_to_aggregate", replicas_to_aggregate, 0, 1, 4096, ALL, ALL,
           "gradients aggregated per step (the first N to arrive)"),
     O_INT(loom_ps_sync_spec, "total_replicas", total_replicas, 0, 0, 4096, ALL, 0,
@@ -68,31 +68,31 @@ static const opt ps_sync_opts[] = {
 /* A strategy type that is not built in names a plugin's strategy: kept as
  * text (kind LOOM_STRAT_PLUGIN) and found in the registry once plugins are
  * loaded, where an unknown name is reported. Returns the kind, or -1 when t
- * is absent, not a string, or a built-in name (parse_kind handles those). */
-static int plugin_strategy_type(ctx *c, const config_setting_t *t, loom_strategy_spec *st)
+ * is absent, not a string, or a built-in name (cfg_parse_kind_ handles those). */
+static int plugin_strategy_type(cfg_ctx *c, const config_setting_t *t, loom_strategy_spec *st)
 {
     if (!t || config_setting_type(t) != CONFIG_TYPE_STRING) return -1;
     const char *name = config_setting_get_string(t);
-    if (find_name(loom_strategy_names_, name) >= 0) return -1;
+    if (cfg_find_name_(loom_strategy_names_, name) >= 0) return -1;
     if (!name[0] || strlen(name) >= sizeof st->name)
-        cerr(c, t, "bad strategy name \"%s\" (empty or longer than %zu characters)", name, sizeof st->name - 1);
+        cfg_err_(c, t, "bad strategy name \"%s\" (empty or longer than %zu characters)", name, sizeof st->name - 1);
     snprintf(st->name, sizeof st->name, "%s", name);
     st->kind = LOOM_STRAT_PLUGIN;
     return LOOM_STRAT_PLUGIN;
 }
 
 /* strategy.options: scalars only, each kept as text for the plugin. */
-static void parse_strategy_options(ctx *c, const config_setting_t *s, void *base)
+static void parse_strategy_options(cfg_ctx *c, const config_setting_t *s, void *base)
 {
     loom_strategy_spec *st = base;
     char v[300];
     if (!config_setting_is_group(s)) {
-        cerr(c, s, "expected a group { KEY = value; ... }, got %s", value_str(s, v, sizeof v));
+        cfg_err_(c, s, "expected a group { KEY = value; ... }, got %s", cfg_value_str_(s, v, sizeof v));
         return;
     }
     int n = config_setting_length(s);
     if (n > LOOM_MAX_STRATEGY_OPTIONS) {
-        cerr(c, s, "too many options: %d (at most %d)", n, LOOM_MAX_STRATEGY_OPTIONS);
+        cfg_err_(c, s, "too many options: %d (at most %d)", n, LOOM_MAX_STRATEGY_OPTIONS);
         return;
     }
     for (int i = 0; i < n; i++) {
@@ -100,39 +100,39 @@ static void parse_strategy_options(ctx *c, const config_setting_t *s, void *base
         const char *key = config_setting_name(e);
         int type = config_setting_type(e);
         if (config_setting_is_aggregate(e)) {
-            cerr(c, e, "expected a number, a string or true/false, got %s", value_str(e, v, sizeof v));
+            cfg_err_(c, e, "expected a number, a string or true/false, got %s", cfg_value_str_(e, v, sizeof v));
             continue;
         }
         if (type == CONFIG_TYPE_STRING)
             snprintf(v, sizeof v, "%s", config_setting_get_string(e));
         else
-            value_str(e, v, sizeof v);
+            cfg_value_str_(e, v, sizeof v);
         if (strlen(key) >= LOOM_NAME_MAX || strlen(v) >= LOOM_NAME_MAX) {
-            cerr(c, e, "key or value too long (at most %d characters each)", LOOM_NAME_MAX - 1);
+            cfg_err_(c, e, "key or value too long (at most %d characters each)", LOOM_NAME_MAX - 1);
             continue;
         }
         int k = st->n_options++;
         snprintf(st->option_key[k], sizeof st->option_key[k], "%s", key);
         snprintf(st->option_value[k], sizeof st->option_value[k], "%s", v);
         char where[300];
-        where_of(c, e, where, sizeof where, &st->option_line[k]);
+        cfg_where_of_(c, e, where, sizeof where, &st->option_line[k]);
     }
 }
 
 /* strategy.devices = ["cpu:0", "cpu:1"] or ["gpu:*"]: the syntax and
  * distinctness here; whether each exists is known only at strategy open. */
-static void parse_strategy_devices(ctx *c, const config_setting_t *s, void *base)
+static void parse_strategy_devices(cfg_ctx *c, const config_setting_t *s, void *base)
 {
     loom_strategy_spec *st = base;
     char v[300];
-    loc_of(c, s, &st->devices_loc);
+    cfg_loc_of_(c, s, &st->devices_loc);
     if (!config_setting_is_array(s) && !config_setting_is_list(s)) {
-        cerr(c, s, "expected a list of devices [\"cpu:0\", \"cpu:1\"], got %s", value_str(s, v, sizeof v));
+        cfg_err_(c, s, "expected a list of devices [\"cpu:0\", \"cpu:1\"], got %s", cfg_value_str_(s, v, sizeof v));
         return;
     }
     int n = config_setting_length(s);
     if (n < 1 || n > LOOM_MAX_DEVICES) {
-        cerr(c, s, "expected 1 to %d devices, got %d", LOOM_MAX_DEVICES, n);
+        cfg_err_(c, s, "expected 1 to %d devices, got %d", LOOM_MAX_DEVICES, n);
         return;
     }
     int cpus = 0;
@@ -145,25 +145,25 @@ static void parse_strategy_devices(ctx *c, const config_setting_t *s, void *base
                   (!strcmp(d, "gpu:*") || (sscanf(d, "%3[a-z]:%u%c", kind, &idx, &tail) == 2 &&
                                            (!strcmp(kind, "cpu") || !strcmp(kind, "gpu"))));
         if (!ok) {
-            loom_err *er = cerr(c, e, "unknown device %s (expected \"cpu:N\", \"gpu:N\" or \"gpu:*\")",
-                                value_str(e, v, sizeof v));
+            loom_err *er = cfg_err_(c, e, "unknown device %s (expected \"cpu:N\", \"gpu:N\" or \"gpu:*\")",
+                                cfg_value_str_(e, v, sizeof v));
             if (er) loom_err_hint(er, "cpu:N is replica N on the host's cores, e.g. devices = [\"cpu:0\", \"cpu:1\"];");
             return;
         }
         for (int j = 0; j < i; j++)
             if (!strcmp(st->devices[j], d)) {
-                cerr(c, e, "device \"%s\" is listed twice", d);
+                cfg_err_(c, e, "device \"%s\" is listed twice", d);
                 return;
             }
         if (!strcmp(d, "gpu:*") && n > 1) {
-            cerr(c, e, "\"gpu:*\" (every GPU) must be the only device");
+            cfg_err_(c, e, "\"gpu:*\" (every GPU) must be the only device");
             return;
         }
         cpus += d[0] == 'c';
         snprintf(st->devices[i], sizeof st->devices[i], "%s", d);
     }
     if (cpus && cpus < n) {
-        cerr(c, s, "devices mix cpu and gpu; list devices of one kind");
+        cfg_err_(c, s, "devices mix cpu and gpu; list devices of one kind");
         return;
     }
     st->n_devices = n;
@@ -172,23 +172,23 @@ static void parse_strategy_devices(ctx *c, const config_setting_t *s, void *base
 
 /* mirrored, central_storage: replicas and devices agree (either may be
  * given; neither = one replica per core, resolved at strategy open). */
-static void resolve_replicas(ctx *c, const config_setting_t *g, loom_strategy_spec *st)
+static void resolve_replicas(cfg_ctx *c, const config_setting_t *g, loom_strategy_spec *st)
 {
     const config_setting_t *r = config_setting_get_member(g, "replicas");
     const config_setting_t *x = config_setting_get_member(g, "cross_device_ops");
     if (x)
-        loc_of(c, x, &st->cross_device_ops_loc);
+        cfg_loc_of_(c, x, &st->cross_device_ops_loc);
     else
         st->cross_device_ops_loc = st->loc;
     bool all_gpus = st->devices_listed && !strcmp(st->devices[0], "gpu:*");
     if (r && st->devices_listed && !all_gpus && st->replicas != st->n_devices) {
-        cerr(c, r, "replicas = %d but %d devices are listed; give one of the two", st->replicas, st->n_devices);
+        cfg_err_(c, r, "replicas = %d but %d devices are listed; give one of the two", st->replicas, st->n_devices);
         return;
     }
     if (st->devices_listed) {
         st->replicas = all_gpus ? 0 : st->n_devices;
     } else if (r) {
-        loc_of(c, r, &st->devices_loc);
+        cfg_loc_of_(c, r, &st->devices_loc);
     } else {
         st->devices_loc = st->loc;
         st->replicas = 0;
@@ -197,7 +197,7 @@ static void resolve_replicas(ctx *c, const config_setting_t *g, loom_strategy_sp
 
 /* More replicas than the global batch would leave a replica without an
  * example in every step. */
-void check_replicas_batch(ctx *c, const config_setting_t *root, const loom_spec *spec)
+void cfg_check_replicas_batch_(cfg_ctx *c, const config_setting_t *root, const loom_spec *spec)
 {
     const loom_strategy_spec *st = &spec->strategy;
     const config_setting_t *g = config_setting_get_member(root, "strategy");
@@ -208,7 +208,7 @@ void check_replicas_batch(ctx *c, const config_setting_t *root, const loom_spec 
         const loom_transform_spec *t = &d->transform[i];
         if (t->kind != LOOM_T_BATCH && t->kind != LOOM_T_PADDED_BATCH) continue;
         if (t->batch_size < st->replicas) {
-            loom_err *e = cerr(c, r ? r : g, "%d replicas but the global batch (data.train, line %d) is %lld: each "
+            loom_err *e = cfg_err_(c, r ? r : g, "%d replicas but the global batch (data.train, line %d) is %lld: each "
                                "replica needs at least one example", st->replicas, t->loc.line, (long long)t->batch_size);
             if (e)
                 loom_err_hint(e, "the batch size is the global batch, split among the replicas; raise it to >= %d or "
@@ -219,60 +219,60 @@ void check_replicas_batch(ctx *c, const config_setting_t *root, const loom_spec 
 }
 
 /* strategy.variable_partitioner and strategy.sync (parameter_server). */
-static void parse_ps_settings(ctx *c, const config_setting_t *g, loom_strategy_spec *st)
+static void parse_ps_settings(cfg_ctx *c, const config_setting_t *g, loom_strategy_spec *st)
 {
     loom_partitioner_spec *p = &st->partitioner;
     const config_setting_t *pg = config_setting_get_member(g, "variable_partitioner");
     if (pg && config_setting_is_group(pg)) {
-        loc_of(c, pg, &p->loc);
-        int k = parse_kind(c, pg, partitioner_opts, p);
-        parse_opts(c, pg, partitioner_opts, k, p);
-        scope sc = {partitioner_opts, k, NULL};
-        check_keys(c, pg, &sc, 1);
+        cfg_loc_of_(c, pg, &p->loc);
+        int k = cfg_parse_kind_(c, pg, partitioner_opts, p);
+        cfg_parse_opts_(c, pg, partitioner_opts, k, p);
+        cfg_scope sc = {partitioner_opts, k, NULL};
+        cfg_check_keys_(c, pg, &sc, 1);
         if (k == LOOM_PARTITIONER_MIN_SIZE && !config_setting_get_member(pg, "max_shards")) p->max_shards = 1;
     } else if (pg) {
-        cerr(c, pg, "expected a group { type = \"fixed\"; num_shards = 2; }");
+        cfg_err_(c, pg, "expected a group { type = \"fixed\"; num_shards = 2; }");
     }
     loom_ps_sync_spec *y = &st->sync;
     const config_setting_t *yg = config_setting_get_member(g, "sync");
     if (yg && config_setting_is_group(yg)) {
         y->enabled = true;
-        loc_of(c, yg, &y->loc);
-        parse_opts(c, yg, ps_sync_opts, 0, y);
-        scope sc = {ps_sync_opts, 0, NULL};
-        check_keys(c, yg, &sc, 1);
+        cfg_loc_of_(c, yg, &y->loc);
+        cfg_parse_opts_(c, yg, ps_sync_opts, 0, y);
+        cfg_scope sc = {ps_sync_opts, 0, NULL};
+        cfg_check_keys_(c, yg, &sc, 1);
         if (y->total_replicas > 0 && y->replicas_to_aggregate > y->total_replicas) {
-            loom_err *e = cerr(c, config_setting_get_member(yg, "replicas_to_aggregate"),
+            loom_err *e = cfg_err_(c, config_setting_get_member(yg, "replicas_to_aggregate"),
                                "replicas_to_aggregate = %d is more than total_replicas = %d: a step could never "
                                "gather that many gradients", y->replicas_to_aggregate, y->total_replicas);
             if (e) loom_err_hint(e, "aggregate at most total_replicas gradients; total_replicas - replicas_to_aggregate "
                                     "workers are backups");
         }
     } else if (yg) {
-        cerr(c, yg, "expected a group { replicas_to_aggregate = 2; total_replicas = 3; }");
+        cfg_err_(c, yg, "expected a group { replicas_to_aggregate = 2; total_replicas = 3; }");
     }
 }
 
-void parse_strategy(ctx *c, const config_setting_t *root, loom_strategy_spec *st)
+void cfg_parse_strategy_(cfg_ctx *c, const config_setting_t *root, loom_strategy_spec *st)
 {
-    const config_setting_t *g = sub_group(c, root, "strategy");
+    const config_setting_t *g = cfg_sub_group_(c, root, "strategy");
     if (!g) {
-        for (const opt *o = strategy_opts; o->name; o++)
-            if (applies(o, (int)strategy_opts[0].idef)) opt_default(o, st);
+        for (const cfg_opt *o = strategy_opts; o->name; o++)
+            if (cfg_applies_(o, (int)strategy_opts[0].idef)) cfg_opt_default_(o, st);
         snprintf(st->loc.file, sizeof st->loc.file, "%s", c->path);
         snprintf(st->loc.path, sizeof st->loc.path, "strategy");
     } else {
-        loc_of(c, g, &st->loc);
+        cfg_loc_of_(c, g, &st->loc);
         const config_setting_t *t = config_setting_get_member(g, "type");
         int k = plugin_strategy_type(c, t, st);
-        if (k < 0) k = parse_kind(c, g, strategy_opts, st);
-        parse_opts(c, g, strategy_opts, k, st);
-        scope sc = {strategy_opts, k, NULL};
-        check_keys(c, g, &sc, 1);
+        if (k < 0) k = cfg_parse_kind_(c, g, strategy_opts, st);
+        cfg_parse_opts_(c, g, strategy_opts, k, st);
+        cfg_scope sc = {strategy_opts, k, NULL};
+        cfg_check_keys_(c, g, &sc, 1);
         if (k == LOOM_STRAT_PARAMETER_SERVER) parse_ps_settings(c, g, st);
         const config_setting_t *np = config_setting_get_member(g, "num_packs");
         if (np && st->bytes_per_pack > 0 && (k == LOOM_STRAT_MIRRORED || k == LOOM_STRAT_MULTI_WORKER_MIRRORED)) {
-            loom_err *e = cerr(c, np, "num_packs and bytes_per_pack both set; they are two ways to pack gradients");
+            loom_err *e = cfg_err_(c, np, "num_packs and bytes_per_pack both set; they are two ways to pack gradients");
             if (e) loom_err_hint(e, "keep one: bytes_per_pack (packs of at least N bytes) or num_packs (N packs)");
         }
         const config_setting_t *d = config_setting_get_member(g, "device");
@@ -280,14 +280,14 @@ void parse_strategy(ctx *c, const config_setting_t *root, loom_strategy_spec *st
         char tail;
         if (d && k == LOOM_STRAT_ONE_DEVICE && st->device[0] &&
             sscanf(st->device, "cpu:%u%c", &idx, &tail) != 1 && sscanf(st->device, "gpu:%u%c", &idx, &tail) != 1)
-            cerr(c, d, "unknown device \"%s\" (expected \"cpu:0\" or \"gpu:N\")", st->device);
-        if (d) loc_of(c, d, &st->device_loc);
+            cfg_err_(c, d, "unknown device \"%s\" (expected \"cpu:0\" or \"gpu:N\")", st->device);
+        if (d) cfg_loc_of_(c, d, &st->device_loc);
         else st->device_loc = st->loc;
         const config_setting_t *cm = config_setting_get_member(g, "communication");
-        if (cm) loc_of(c, cm, &st->communication_loc);
+        if (cm) cfg_loc_of_(c, cm, &st->communication_loc);
         else st->communication_loc = st->loc;
         const config_setting_t *db = config_setting_get_member(g, "device_backend");
-        if (db) loc_of(c, db, &st->device_backend_loc);
+        if (db) cfg_loc_of_(c, db, &st->device_backend_loc);
         else st->device_backend_loc = st->loc;
     }
     if (g && (st->kind == LOOM_STRAT_MIRRORED || st->kind == LOOM_STRAT_CENTRAL_STORAGE ||
@@ -303,7 +303,7 @@ void parse_strategy(ctx *c, const config_setting_t *root, loom_strategy_spec *st
         snprintf(st->name, sizeof st->name, "%s", loom_strategy_kind_name(st->kind));
     }
     const config_setting_t *x = g ? config_setting_get_member(g, "cross_device_ops") : NULL;
-    if (x) loc_of(c, x, &st->cross_device_ops_loc); /* a plugin strategy's, for errors at strategy open */
+    if (x) cfg_loc_of_(c, x, &st->cross_device_ops_loc); /* a plugin strategy's, for errors at strategy open */
     st->n_devices = 1;
     snprintf(st->devices[0], sizeof st->devices[0], "%s", st->device);
 }

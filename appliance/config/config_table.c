@@ -15,7 +15,7 @@
 /* ---- load context and error reporting ------------------------------------ */
 
 /* "--set key" when s (or a group holding it) came from an override, else "file:line". */
-void where_of(const ctx *c, const config_setting_t *s, char *buf, size_t n, int *line_out)
+void cfg_where_of_(const cfg_ctx *c, const config_setting_t *s, char *buf, size_t n, int *line_out)
 {
     if (line_out) *line_out = 0;
     for (const config_setting_t *p = s; p; p = config_setting_parent(p))
@@ -54,12 +54,12 @@ static void path_of(const config_setting_t *s, char *buf, size_t n)
     }
 }
 
-void loc_of(const ctx *c, const config_setting_t *s, loom_loc *l)
+void cfg_loc_of_(const cfg_ctx *c, const config_setting_t *s, loom_loc *l)
 {
     char where[LOOM_PATH_MAX];
     const config_setting_t *p = s;
-    where_of(c, s, where, sizeof where, &l->line);
-    /* where_of gives "file:line"; keep the file part only */
+    cfg_where_of_(c, s, where, sizeof where, &l->line);
+    /* cfg_where_of_ gives "file:line"; keep the file part only */
     if (l->line > 0) {
         char *colon = strrchr(where, ':');
         if (colon) *colon = 0;
@@ -71,12 +71,12 @@ void loc_of(const ctx *c, const config_setting_t *s, loom_loc *l)
 /* Records an error about setting s (its path prefixes the message); returns
  * the entry so a hint can be added, or NULL once the list is full. */
 __attribute__((format(printf, 3, 4)))
-loom_err *cerr(ctx *c, const config_setting_t *s, const char *fmt, ...)
+loom_err *cfg_err_(cfg_ctx *c, const config_setting_t *s, const char *fmt, ...)
 {
     if (c->errs->n >= LOOM_MAX_ERRORS) return NULL;
     loom_err *e = &c->errs->e[c->errs->n++];
     char where[256], path[256], msg[512];
-    where_of(c, s, where, sizeof where, NULL);
+    cfg_where_of_(c, s, where, sizeof where, NULL);
     if (s)
         path_of(s, path, sizeof path);
     else
@@ -94,7 +94,7 @@ loom_err *cerr(ctx *c, const config_setting_t *s, const char *fmt, ...)
 
 /* An error not tied to a setting (override syntax, the file itself). */
 __attribute__((format(printf, 4, 5)))
-loom_err *rawerr(ctx *c, int code, const char *where, const char *fmt, ...)
+loom_err *cfg_rawerr_(cfg_ctx *c, int code, const char *where, const char *fmt, ...)
 {
     if (c->errs->n >= LOOM_MAX_ERRORS) return NULL;
     loom_err *e = &c->errs->e[c->errs->n++];
@@ -108,7 +108,7 @@ loom_err *rawerr(ctx *c, int code, const char *where, const char *fmt, ...)
 }
 
 /* A double printed so that it reads back exactly, always with a '.' or an exponent. */
-const char *fmt_double(double v, char *buf, size_t n)
+const char *cfg_fmt_double_(double v, char *buf, size_t n)
 {
     snprintf(buf, n, "%.15g", v);
     if (strtod(buf, NULL) != v) snprintf(buf, n, "%.17g", v);
@@ -120,12 +120,12 @@ const char *fmt_double(double v, char *buf, size_t n)
 }
 
 /* The value of s for a message: 5, -3.5, "abc", true, a group, a list. */
-const char *value_str(const config_setting_t *s, char *buf, size_t n)
+const char *cfg_value_str_(const config_setting_t *s, char *buf, size_t n)
 {
     switch (config_setting_type(s)) {
     case CONFIG_TYPE_INT: snprintf(buf, n, "%d", config_setting_get_int(s)); break;
     case CONFIG_TYPE_INT64: snprintf(buf, n, "%lld", config_setting_get_int64(s)); break;
-    case CONFIG_TYPE_FLOAT: fmt_double(config_setting_get_float(s), buf, n); break;
+    case CONFIG_TYPE_FLOAT: cfg_fmt_double_(config_setting_get_float(s), buf, n); break;
     case CONFIG_TYPE_STRING: snprintf(buf, n, "\"%s\"", config_setting_get_string(s)); break;
     case CONFIG_TYPE_BOOL: snprintf(buf, n, "%s", config_setting_get_bool(s) ? "true" : "false"); break;
     case CONFIG_TYPE_GROUP: snprintf(buf, n, "a group { ... }"); break;
@@ -149,7 +149,7 @@ static const char *join_names(const char *const *names, char *buf, size_t n)
     return buf;
 }
 
-int find_name(const char *const *names, const char *s)
+int cfg_find_name_(const char *const *names, const char *s)
 {
     for (int i = 0; names[i]; i++)
         if (!strcmp(names[i], s)) return i;
@@ -157,7 +157,7 @@ int find_name(const char *const *names, const char *s)
 }
 
 /* The closest name within edit distance 2 (and shorter than s), or NULL. */
-const char *closest(const char *const *names, const char *s)
+const char *cfg_closest_(const char *const *names, const char *s)
 {
     const char *best = NULL;
     int bd = 3;
@@ -168,15 +168,15 @@ const char *closest(const char *const *names, const char *s)
     return best;
 }
 
-bool is_int(const config_setting_t *s)
+bool cfg_is_int_(const config_setting_t *s)
 {
     int t = config_setting_type(s);
     return t == CONFIG_TYPE_INT || t == CONFIG_TYPE_INT64;
 }
 
-bool is_number(const config_setting_t *s) { return is_int(s) || config_setting_type(s) == CONFIG_TYPE_FLOAT; }
+bool cfg_is_number_(const config_setting_t *s) { return cfg_is_int_(s) || config_setting_type(s) == CONFIG_TYPE_FLOAT; }
 
-double get_number(const config_setting_t *s)
+double cfg_get_number_(const config_setting_t *s)
 {
     return config_setting_type(s) == CONFIG_TYPE_FLOAT ? config_setting_get_float(s)
                                                        : (double)config_setting_get_int64(s);
@@ -189,13 +189,13 @@ double get_number(const config_setting_t *s)
  * text is lexed here: its integer literals, in order, pair one to one with
  * the tree's integer settings in depth-first order. A literal that did not
  * fit an int is stored into its setting as an int64; one beyond 64 bits is
- * remembered (ctx.huge) and refused by get_int_in with the setting's range. */
+ * remembered (ctx.huge) and refused by cfg_get_int_in_ with the setting's range. */
 
-static void lits_push(int_lits *L, const int_lit *x)
+static void lits_push(cfg_int_lits *L, const cfg_int_lit *x)
 {
     if (L->n == L->cap) {
         int cap = L->cap ? 2 * L->cap : 64;
-        int_lit *p = loom_realloc(L->v, (size_t)cap * sizeof *p);
+        cfg_int_lit *p = loom_realloc(L->v, (size_t)cap * sizeof *p);
         if (!p) {
             L->bad = true;
             return;
@@ -207,12 +207,12 @@ static void lits_push(int_lits *L, const int_lit *x)
 }
 
 /* One integer literal at p ("-12", "0x1F", "5L"), or a float (skipped); returns the end. */
-static const char *lex_number(const char *p, int_lits *L)
+static const char *lex_number(const char *p, cfg_int_lits *L)
 {
     const char *s = p;
     bool neg = false;
     if (*p == '+' || *p == '-') neg = *p++ == '-';
-    int_lit x = {0};
+    cfg_int_lit x = {0};
     if (p[0] == '0' && (p[1] == 'x' || p[1] == 'X') && isxdigit((unsigned char)p[2])) {
         uint64_t u = 0;
         for (p += 2; isxdigit((unsigned char)*p); p++) {
@@ -255,7 +255,7 @@ static const char *lex_number(const char *p, int_lits *L)
 }
 
 /* The integer literals of text, in order; @include'd files (relative to dir) in place. */
-void lex_text(const char *t, const char *dir, int_lits *L, int depth)
+void cfg_lex_text_(const char *t, const char *dir, cfg_int_lits *L, int depth)
 {
     const char *p = t;
     while (*p && !L->bad) {
@@ -285,7 +285,7 @@ void lex_text(const char *t, const char *dir, int_lits *L, int depth)
                 L->bad = true;
                 return;
             }
-            lex_file(full, dir, L, depth + 1);
+            cfg_lex_file_(full, dir, L, depth + 1);
             p = *q ? q + 1 : q;
         } else if (isalpha(ch) || ch == '*' || ch == '_') { /* a name, or true/false */
             while (isalnum((unsigned char)*p) || *p == '-' || *p == '_' || *p == '*') p++;
@@ -298,7 +298,7 @@ void lex_text(const char *t, const char *dir, int_lits *L, int depth)
     }
 }
 
-void lex_file(const char *path, const char *dir, int_lits *L, int depth)
+void cfg_lex_file_(const char *path, const char *dir, cfg_int_lits *L, int depth)
 {
     if (depth > 10) { /* libconfig refuses deeper includes itself */
         L->bad = true;
@@ -311,19 +311,19 @@ void lex_file(const char *path, const char *dir, int_lits *L, int depth)
     size_t len = 0;
     loom_err e;
     if (loom_read_file_max(path, &text, &len, (uint64_t)1 << 30, &e) == LOOM_OK)
-        lex_text((char *)text, dir, L, depth);
+        cfg_lex_text_((char *)text, dir, L, depth);
     else
         L->bad = true;
     loom_free(text);
 }
 
 /* The tree's integer settings in depth-first order, paired with lits from *k. */
-static bool fix_ints(ctx *c, config_setting_t *s, const int_lits *L, int *k, bool apply)
+static bool fix_ints(cfg_ctx *c, config_setting_t *s, const cfg_int_lits *L, int *k, bool apply)
 {
     int t = config_setting_type(s);
     if (t == CONFIG_TYPE_INT || t == CONFIG_TYPE_INT64) {
         if (*k >= L->n) return false;
-        const int_lit *x = &L->v[(*k)++];
+        const cfg_int_lit *x = &L->v[(*k)++];
         if (!apply) return true;
         if (x->huge) {
             if (c->n_huge < (int)(sizeof c->huge / sizeof c->huge[0])) {
@@ -347,7 +347,7 @@ static bool fix_ints(ctx *c, config_setting_t *s, const int_lits *L, int *k, boo
 }
 
 /* Pairs the literals with root's integers; does nothing unless the counts agree. */
-void fix_wide_ints(ctx *c, config_setting_t *root, int_lits *L)
+void cfg_fix_wide_ints_(cfg_ctx *c, config_setting_t *root, cfg_int_lits *L)
 {
     int k = 0;
     if (!L->bad && fix_ints(c, root, L, &k, false) && k == L->n) {
@@ -360,7 +360,7 @@ void fix_wide_ints(ctx *c, config_setting_t *root, int_lits *L)
 }
 
 /* Forgets the huge literals inside s, which an override is about to remove. */
-void forget_huge(ctx *c, const config_setting_t *s)
+void cfg_forget_huge_(cfg_ctx *c, const config_setting_t *s)
 {
     for (int i = 0; i < c->n_huge; i++)
         for (const config_setting_t *p = c->huge[i]; p; p = config_setting_parent(p))
@@ -370,7 +370,7 @@ void forget_huge(ctx *c, const config_setting_t *s)
             }
 }
 
-static const char *huge_text(const ctx *c, const config_setting_t *s)
+static const char *huge_text(const cfg_ctx *c, const config_setting_t *s)
 {
     for (int i = 0; i < c->n_huge; i++)
         if (c->huge[i] == s) return c->huge_text[i];
@@ -379,8 +379,8 @@ static const char *huge_text(const ctx *c, const config_setting_t *s)
 
 /* ---- the option engine --------------------------------------------------- */
 
-bool applies(const opt *o, int kind) { return kind < 0 ? o->applies == ALL : (o->applies & K(kind)) != 0; }
-static bool required(const opt *o, int kind) { return kind >= 0 && (o->required & K(kind)) != 0; }
+bool cfg_applies_(const cfg_opt *o, int kind) { return kind < 0 ? o->applies == ALL : (o->applies & K(kind)) != 0; }
+static bool required(const cfg_opt *o, int kind) { return kind >= 0 && (o->required & K(kind)) != 0; }
 
 static void store_int(void *p, size_t size, int64_t v)
 {
@@ -390,7 +390,7 @@ static void store_int(void *p, size_t size, int64_t v)
         *(int64_t *)p = v;
 }
 
-void opt_default(const opt *o, void *base)
+void cfg_opt_default_(const cfg_opt *o, void *base)
 {
     char *p = (char *)base + o->off;
     switch (o->type) {
@@ -415,42 +415,42 @@ static const char *irange_str(int64_t lo, int64_t hi, char *buf, size_t n)
     return buf;
 }
 
-static const char *frange_str(const opt *o, char *buf, size_t n)
+static const char *frange_str(const cfg_opt *o, char *buf, size_t n)
 {
     char a[40], b[40];
     unsigned f = o->flags;
     if ((f & F_NO_LO) && (f & F_NO_HI))
         snprintf(buf, n, "a number");
     else if (f & F_NO_HI)
-        snprintf(buf, n, "a number %s %s", (f & F_LO_OPEN) ? ">" : ">=", fmt_double(o->flo, a, sizeof a));
+        snprintf(buf, n, "a number %s %s", (f & F_LO_OPEN) ? ">" : ">=", cfg_fmt_double_(o->flo, a, sizeof a));
     else if (f & F_NO_LO)
-        snprintf(buf, n, "a number %s %s", (f & F_HI_OPEN) ? "<" : "<=", fmt_double(o->fhi, b, sizeof b));
+        snprintf(buf, n, "a number %s %s", (f & F_HI_OPEN) ? "<" : "<=", cfg_fmt_double_(o->fhi, b, sizeof b));
     else
-        snprintf(buf, n, "a number in %s%s, %s%s", (f & F_LO_OPEN) ? "(" : "[", fmt_double(o->flo, a, sizeof a),
-                 fmt_double(o->fhi, b, sizeof b), (f & F_HI_OPEN) ? ")" : "]");
+        snprintf(buf, n, "a number in %s%s, %s%s", (f & F_LO_OPEN) ? "(" : "[", cfg_fmt_double_(o->flo, a, sizeof a),
+                 cfg_fmt_double_(o->fhi, b, sizeof b), (f & F_HI_OPEN) ? ")" : "]");
     return buf;
 }
 
 /* An integer in [lo, hi] from s; false (with an error) otherwise. */
-bool get_int_in(ctx *c, const config_setting_t *s, int64_t lo, int64_t hi, int64_t *out)
+bool cfg_get_int_in_(cfg_ctx *c, const config_setting_t *s, int64_t lo, int64_t hi, int64_t *out)
 {
     char r[80], v[300];
     const char *h = huge_text(c, s);
     if (h) {
-        cerr(c, s, "expected %s, got %s (beyond the 64-bit range)", irange_str(lo, hi, r, sizeof r), h);
+        cfg_err_(c, s, "expected %s, got %s (beyond the 64-bit range)", irange_str(lo, hi, r, sizeof r), h);
         return false;
     }
-    if (!is_int(s)) {
-        cerr(c, s, "expected %s, got %s", irange_str(lo, hi, r, sizeof r), value_str(s, v, sizeof v));
+    if (!cfg_is_int_(s)) {
+        cfg_err_(c, s, "expected %s, got %s", irange_str(lo, hi, r, sizeof r), cfg_value_str_(s, v, sizeof v));
         return false;
     }
     int64_t x = config_setting_get_int64(s);
     if (x > hi && hi != INT64_MAX) { /* name the upper bound that "an integer >= lo" leaves out */
-        cerr(c, s, "expected an integer in [%lld, %lld], got %lld", (long long)lo, (long long)hi, (long long)x);
+        cfg_err_(c, s, "expected an integer in [%lld, %lld], got %lld", (long long)lo, (long long)hi, (long long)x);
         return false;
     }
     if (x < lo || x > hi) {
-        cerr(c, s, "expected %s, got %lld", irange_str(lo, hi, r, sizeof r), (long long)x);
+        cfg_err_(c, s, "expected %s, got %lld", irange_str(lo, hi, r, sizeof r), (long long)x);
         return false;
     }
     *out = x;
@@ -458,26 +458,26 @@ bool get_int_in(ctx *c, const config_setting_t *s, int64_t lo, int64_t hi, int64
 }
 
 /* Resolves an enum string; -1 (with an error) when unknown. */
-int get_enum(ctx *c, const config_setting_t *s, const char *const *names)
+int cfg_get_enum_(cfg_ctx *c, const config_setting_t *s, const char *const *names)
 {
     char all[512], v[300];
     join_names(names, all, sizeof all);
     if (config_setting_type(s) != CONFIG_TYPE_STRING) {
-        cerr(c, s, "expected a string (one of: %s), got %s", all, value_str(s, v, sizeof v));
+        cfg_err_(c, s, "expected a string (one of: %s), got %s", all, cfg_value_str_(s, v, sizeof v));
         return -1;
     }
     const char *str = config_setting_get_string(s);
-    int i = find_name(names, str);
+    int i = cfg_find_name_(names, str);
     if (i < 0) {
-        loom_err *e = cerr(c, s, "unknown value \"%s\" (expected one of: %s)", str, all);
-        const char *near = closest(names, str);
+        loom_err *e = cfg_err_(c, s, "unknown value \"%s\" (expected one of: %s)", str, all);
+        const char *near = cfg_closest_(names, str);
         if (e && near) loom_err_hint(e, "did you mean \"%s\"?", near);
     }
     return i;
 }
 
 /* Parses one present option into base. */
-static void opt_parse(ctx *c, const opt *o, const config_setting_t *s, void *base)
+static void opt_parse(cfg_ctx *c, const cfg_opt *o, const config_setting_t *s, void *base)
 {
     char *p = (char *)base + o->off;
     char r[120], v[300];
@@ -486,50 +486,50 @@ static void opt_parse(ctx *c, const opt *o, const config_setting_t *s, void *bas
     case OT_INT: {
         int64_t hi = o->ihi;
         if (o->size == sizeof(int) && hi > INT_MAX) hi = INT_MAX;
-        if (get_int_in(c, s, o->ilo, hi, &x)) store_int(p, o->size, x);
+        if (cfg_get_int_in_(c, s, o->ilo, hi, &x)) store_int(p, o->size, x);
         break;
     }
     case OT_F64: {
-        if (!is_number(s)) {
-            cerr(c, s, "expected %s, got %s", frange_str(o, r, sizeof r), value_str(s, v, sizeof v));
+        if (!cfg_is_number_(s)) {
+            cfg_err_(c, s, "expected %s, got %s", frange_str(o, r, sizeof r), cfg_value_str_(s, v, sizeof v));
             break;
         }
-        double d = get_number(s);
+        double d = cfg_get_number_(s);
         unsigned f = o->flags;
         bool ok = isfinite(d);
         if (!(f & F_NO_LO)) ok = ok && ((f & F_LO_OPEN) ? d > o->flo : d >= o->flo);
         if (!(f & F_NO_HI)) ok = ok && ((f & F_HI_OPEN) ? d < o->fhi : d <= o->fhi);
         if (!ok)
-            cerr(c, s, "expected %s, got %s", frange_str(o, r, sizeof r), value_str(s, v, sizeof v));
+            cfg_err_(c, s, "expected %s, got %s", frange_str(o, r, sizeof r), cfg_value_str_(s, v, sizeof v));
         else
             *(double *)p = d;
         break;
     }
     case OT_BOOL:
         if (config_setting_type(s) != CONFIG_TYPE_BOOL)
-            cerr(c, s, "expected true or false, got %s", value_str(s, v, sizeof v));
+            cfg_err_(c, s, "expected true or false, got %s", cfg_value_str_(s, v, sizeof v));
         else
             *(bool *)p = config_setting_get_bool(s) != 0;
         break;
     case OT_ENUM: {
-        int i = get_enum(c, s, o->names);
+        int i = cfg_get_enum_(c, s, o->names);
         if (i >= 0) *(int *)p = i;
         break;
     }
     case OT_STR: {
         if (o->names) {
-            if (get_enum(c, s, o->names) >= 0) snprintf(p, o->size, "%s", config_setting_get_string(s));
+            if (cfg_get_enum_(c, s, o->names) >= 0) snprintf(p, o->size, "%s", config_setting_get_string(s));
             break;
         }
         if (config_setting_type(s) != CONFIG_TYPE_STRING) {
-            cerr(c, s, "expected a string, got %s", value_str(s, v, sizeof v));
+            cfg_err_(c, s, "expected a string, got %s", cfg_value_str_(s, v, sizeof v));
             break;
         }
         const char *str = config_setting_get_string(s);
         if (!str[0])
-            cerr(c, s, "expected a non-empty string, got \"\"");
+            cfg_err_(c, s, "expected a non-empty string, got \"\"");
         else if (strlen(str) >= o->size)
-            cerr(c, s, "\"%s\" is too long (at most %zu characters)", str, o->size - 1);
+            cfg_err_(c, s, "\"%s\" is too long (at most %zu characters)", str, o->size - 1);
         else
             snprintf(p, o->size, "%s", str);
         break;
@@ -537,15 +537,15 @@ static void opt_parse(ctx *c, const opt *o, const config_setting_t *s, void *bas
     case OT_PAIR: {
         int *pr = (int *)p;
         int64_t hi = o->ihi > INT_MAX ? INT_MAX : o->ihi;
-        if (is_int(s)) {
-            if (get_int_in(c, s, o->ilo, hi, &x)) pr[0] = pr[1] = (int)x;
+        if (cfg_is_int_(s)) {
+            if (cfg_get_int_in_(c, s, o->ilo, hi, &x)) pr[0] = pr[1] = (int)x;
         } else if ((config_setting_is_array(s) || config_setting_is_list(s)) && config_setting_length(s) == 2) {
             int64_t a, b;
-            bool ok_a = get_int_in(c, config_setting_get_elem(s, 0), o->ilo, hi, &a);
-            bool ok_b = get_int_in(c, config_setting_get_elem(s, 1), o->ilo, hi, &b);
+            bool ok_a = cfg_get_int_in_(c, config_setting_get_elem(s, 0), o->ilo, hi, &a);
+            bool ok_b = cfg_get_int_in_(c, config_setting_get_elem(s, 1), o->ilo, hi, &b);
             if (ok_a && ok_b) pr[0] = (int)a, pr[1] = (int)b;
         } else {
-            cerr(c, s, "expected an integer or [h, w], got %s", value_str(s, v, sizeof v));
+            cfg_err_(c, s, "expected an integer or [h, w], got %s", cfg_value_str_(s, v, sizeof v));
         }
         break;
     }
@@ -555,21 +555,22 @@ static void opt_parse(ctx *c, const opt *o, const config_setting_t *s, void *bas
 }
 
 /* Reads the kind entry (tbl[0], F_KIND) of group g; -1 when missing or bad. */
-int parse_kind(ctx *c, const config_setting_t *g, const opt *tbl, void *base)
+int cfg_parse_kind_(cfg_ctx *c, const config_setting_t *g, const cfg_opt *tbl, void *base)
 {
-    const opt *o = &tbl[0];
+    const cfg_opt *o = &tbl[0];
     LOOM_ASSERT(o->flags & F_KIND);
     const config_setting_t *s = config_setting_get_member(g, o->name);
     if (!s) {
         if (o->required) {
             char all[512];
-            cerr(c, g, "missing required setting `%s` (one of: %s)", o->name, join_names(o->names, all, sizeof all));
+            cfg_err_(c, g, "missing required setting `%s` (one of: %s)", o->name,
+                     join_names(o->names, all, sizeof all));
             return -1;
         }
-        opt_default(o, base);
+        cfg_opt_default_(o, base);
         return (int)o->idef;
     }
-    int k = get_enum(c, s, o->names);
+    int k = cfg_get_enum_(c, s, o->names);
     if (k >= 0) *(int *)((char *)base + o->off) = k;
     return k;
 }
@@ -577,20 +578,20 @@ int parse_kind(ctx *c, const config_setting_t *g, const opt *tbl, void *base)
 /* Parses every option of tbl (but the kind entry) that applies to kind:
  * the given value, or the default, or a "missing" error. SUB entries are
  * left to the caller, apart from the "missing" check. */
-void parse_opts(ctx *c, const config_setting_t *g, const opt *tbl, int kind, void *base)
+void cfg_parse_opts_(cfg_ctx *c, const config_setting_t *g, const cfg_opt *tbl, int kind, void *base)
 {
-    for (const opt *o = tbl; o->name; o++) {
-        if ((o->flags & F_KIND) || !applies(o, kind) || (c->skip_key && !strcmp(o->name, c->skip_key))) continue;
+    for (const cfg_opt *o = tbl; o->name; o++) {
+        if ((o->flags & F_KIND) || !cfg_applies_(o, kind) || (c->skip_key && !strcmp(o->name, c->skip_key))) continue;
         const config_setting_t *s = config_setting_get_member(g, o->name);
         if (!s) {
             if (required(o, kind) || (kind < 0 && o->required == ALL && o->applies == ALL))
-                cerr(c, g, "missing required setting `%s` (%s)", o->name, o->help);
+                cfg_err_(c, g, "missing required setting `%s` (%s)", o->name, o->help);
             else if (o->type != OT_SUB && o->type != OT_CUSTOM)
-                opt_default(o, base);
+                cfg_opt_default_(o, base);
             continue;
         }
         if (o->flags & F_UNSUPPORTED)
-            cerr(c, s, "not supported yet (%s); remove this section", o->help);
+            cfg_err_(c, s, "not supported yet (%s); remove this section", o->help);
         else if (o->type != OT_SUB)
             opt_parse(c, o, s, base);
     }
@@ -600,15 +601,15 @@ void parse_opts(ctx *c, const config_setting_t *g, const opt *tbl, int kind, voi
 /* Whether some ungated scope has an entry named key that applies to its kind:
  * a key such as `feature` may belong to the transform table for one op and
  * to the map table for another, so every scope is asked before any complains. */
-static bool key_applies(const char *key, const scope *sc, int n_sc)
+static bool key_applies(const char *key, const cfg_scope *sc, int n_sc)
 {
     for (int j = 0; j < n_sc; j++)
-        for (const opt *o = sc[j].tbl; o->name && !sc[j].gate; o++)
-            if (!strcmp(o->name, key) && (sc[j].kind < 0 || applies(o, sc[j].kind))) return true;
+        for (const cfg_opt *o = sc[j].tbl; o->name && !sc[j].gate; o++)
+            if (!strcmp(o->name, key) && (sc[j].kind < 0 || cfg_applies_(o, sc[j].kind))) return true;
     return false;
 }
 
-void check_keys(ctx *c, const config_setting_t *g, const scope *sc, int n_sc)
+void cfg_check_keys_(cfg_ctx *c, const config_setting_t *g, const cfg_scope *sc, int n_sc)
 {
     int len = config_setting_length(g);
     for (int i = 0; i < len; i++) {
@@ -627,20 +628,20 @@ void check_keys(ctx *c, const config_setting_t *g, const scope *sc, int n_sc)
             int j = order[q];
             unsigned mask = 0;
             bool here = false;
-            for (const opt *o = sc[j].tbl; o->name; o++)
+            for (const cfg_opt *o = sc[j].tbl; o->name; o++)
                 if (!strcmp(o->name, key)) {
                     here = true;
                     mask |= o->applies;
-                    if (!sc[j].gate && (sc[j].kind < 0 || applies(o, sc[j].kind))) ok = true;
+                    if (!sc[j].gate && (sc[j].kind < 0 || cfg_applies_(o, sc[j].kind))) ok = true;
                 }
             if (!here || ok || known) continue;
             known = true;
             if (sc[j].gate) {
-                cerr(c, s, "%s applies only to %s", key, sc[j].gate);
+                cfg_err_(c, s, "%s applies only to %s", key, sc[j].gate);
                 continue;
             }
             /* applies only to other kinds of this group: list them */
-            const opt *k0 = &sc[j].tbl[0];
+            const cfg_opt *k0 = &sc[j].tbl[0];
             char kinds[256];
             size_t kl = 0;
             kinds[0] = 0;
@@ -654,9 +655,9 @@ void check_keys(ctx *c, const config_setting_t *g, const scope *sc, int n_sc)
             const char *kind = ks && config_setting_type(ks) == CONFIG_TYPE_STRING ? config_setting_get_string(ks)
                                                                                    : loom_cfg_name_(k0->names, sc[j].kind);
             if (!kinds[0]) /* only to kinds without a name in the table */
-                cerr(c, s, "%s does not apply to %s = \"%s\"", key, k0->name, kind);
+                cfg_err_(c, s, "%s does not apply to %s = \"%s\"", key, k0->name, kind);
             else
-                cerr(c, s, "%s applies only to %s = %s (%s is \"%s\")", key, k0->name, kinds, k0->name, kind);
+                cfg_err_(c, s, "%s applies only to %s = %s (%s is \"%s\")", key, k0->name, kinds, k0->name, kind);
         }
         if (ok || known) continue;
         /* unknown: suggest the closest valid key of this group */
@@ -664,73 +665,73 @@ void check_keys(ctx *c, const config_setting_t *g, const scope *sc, int n_sc)
         int nv = 0;
         for (int j = 0; j < n_sc; j++) {
             if (sc[j].gate) continue;
-            for (const opt *o = sc[j].tbl; o->name && nv < 63; o++) {
-                if (sc[j].kind >= 0 && !applies(o, sc[j].kind)) continue;
+            for (const cfg_opt *o = sc[j].tbl; o->name && nv < 63; o++) {
+                if (sc[j].kind >= 0 && !cfg_applies_(o, sc[j].kind)) continue;
                 bool dup = false;
                 for (int q = 0; q < nv; q++) dup = dup || !strcmp(valid[q], o->name);
                 if (!dup) valid[nv++] = o->name;
             }
         }
         valid[nv] = NULL;
-        const char *near = closest(valid, key);
+        const char *near = cfg_closest_(valid, key);
         if (near) {
-            cerr(c, s, "unknown setting `%s` (did you mean `%s`?)", key, near);
+            cfg_err_(c, s, "unknown setting `%s` (did you mean `%s`?)", key, near);
         } else {
             char all[512];
-            cerr(c, s, "unknown setting `%s` (valid here: %s)", key, join_names(valid, all, sizeof all));
+            cfg_err_(c, s, "unknown setting `%s` (valid here: %s)", key, join_names(valid, all, sizeof all));
         }
     }
 }
 
 /* A group member that must itself be a group; NULL (with an error) when it is not. */
-const config_setting_t *sub_group(ctx *c, const config_setting_t *g, const char *key)
+const config_setting_t *cfg_sub_group_(cfg_ctx *c, const config_setting_t *g, const char *key)
 {
     const config_setting_t *s = config_setting_get_member(g, key);
     if (!s) return NULL;
     if (!config_setting_is_group(s)) {
         char v[300];
-        cerr(c, s, "expected a group { ... }, got %s", value_str(s, v, sizeof v));
+        cfg_err_(c, s, "expected a group { ... }, got %s", cfg_value_str_(s, v, sizeof v));
         return NULL;
     }
     return s;
 }
 
 /* A member that must be a list of groups (an empty array [] is accepted too). */
-const config_setting_t *sub_list(ctx *c, const config_setting_t *g, const char *key)
+const config_setting_t *cfg_sub_list_(cfg_ctx *c, const config_setting_t *g, const char *key)
 {
     const config_setting_t *s = config_setting_get_member(g, key);
     if (!s) return NULL;
     if (config_setting_is_list(s) || (config_setting_is_array(s) && config_setting_length(s) == 0)) return s;
     char v[300];
-    cerr(c, s, "expected a list ( { ... }, ... ), got %s", value_str(s, v, sizeof v));
+    cfg_err_(c, s, "expected a list ( { ... }, ... ), got %s", cfg_value_str_(s, v, sizeof v));
     return NULL;
 }
 
 /* Defaults for the options of tbl (all of them when the group is absent). */
-void opts_default(const opt *tbl, void *base)
+void cfg_opts_default_(const cfg_opt *tbl, void *base)
 {
-    for (const opt *o = tbl; o->name; o++) opt_default(o, base);
+    for (const cfg_opt *o = tbl; o->name; o++) cfg_opt_default_(o, base);
 }
 
 /* Checks that s is one non-empty string or a list of at most max; returns
  * how many, or -1 after reporting the problem. */
-int string_list(ctx *c, const config_setting_t *s, int max, const char *what)
+int cfg_string_list_(cfg_ctx *c, const config_setting_t *s, int max, const char *what)
 {
     char v[300];
     bool one = config_setting_type(s) == CONFIG_TYPE_STRING;
     if (!one && !config_setting_is_array(s) && !config_setting_is_list(s)) {
-        cerr(c, s, "expected a list of %s [\"...\", ...], got %s", what, value_str(s, v, sizeof v));
+        cfg_err_(c, s, "expected a list of %s [\"...\", ...], got %s", what, cfg_value_str_(s, v, sizeof v));
         return -1;
     }
     int n = one ? 1 : config_setting_length(s);
     if (n > max) {
-        cerr(c, s, "expected at most %d %s, got %d", max, what, n);
+        cfg_err_(c, s, "expected at most %d %s, got %d", max, what, n);
         return -1;
     }
     for (int i = 0; i < n; i++) {
         const config_setting_t *e = one ? s : config_setting_get_elem(s, i);
         if (config_setting_type(e) != CONFIG_TYPE_STRING || !config_setting_get_string(e)[0]) {
-            cerr(c, e, "expected a non-empty string, got %s", value_str(e, v, sizeof v));
+            cfg_err_(c, e, "expected a non-empty string, got %s", cfg_value_str_(e, v, sizeof v));
             return -1;
         }
     }

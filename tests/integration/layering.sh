@@ -207,4 +207,40 @@ if [ -f "$BUILD/compile_commands.json" ]; then
 else
     fail "each module's library sees only its own and lower modules' headers" "no $BUILD/compile_commands.json"
 fi
+# Every name a module's library exports is public (loom_*) or internal,
+# ending in _ (STYLE.md); the config engine's internals also carry its prefix
+# cfg_. All modules link into one binary, so a short exported name (ctx,
+# is_int, parse_opts) could collide with another module's and reads as local.
+exports() { # exports BUILD: prints one line per bad exported name; exits 1 if any
+    local bad=0 a sym
+    for a in "$1"/libloom_*.a; do
+        [ -f "$a" ] || continue
+        while read -r sym; do
+            case "$sym" in
+            loom_*) ;;
+            cfg_*_) ;;
+            *_) [ "$(basename "$a")" != libloom_config.a ] && continue
+                echo "$(basename "$a"): exports $sym (config's internals are named cfg_*_)"; bad=1 ;;
+            *) echo "$(basename "$a"): exports $sym (name it loom_* if public, or give it the module's prefix and a trailing _)"; bad=1 ;;
+            esac
+        done < <(nm -g --defined-only "$a" 2>/dev/null | awk 'NF == 3 { print $3 }' | sort -u)
+    done
+    if ! ls "$1"/libloom_*.a >/dev/null 2>&1; then echo "$1: no libloom_*.a"; bad=1; fi
+    return $bad
+}
+out=$(exports "$BUILD" 2>&1) && pass "every module library exports only loom_* or prefixed, _-suffixed internal names" ||
+    fail "every module library exports only loom_* or prefixed, _-suffixed internal names" "$out"
+# The check itself: a library exporting a short name fails, naming it.
+mkdir -p "$WORK/nm"
+printf 'int is_int(int x) { return x; }\nint cfg_ok_(int x) { return x; }\nint loom_fine(int x) { return x; }\n' > "$WORK/nm/short.c"
+if cc -c -o "$WORK/nm/short.o" "$WORK/nm/short.c" && ar rcs "$WORK/nm/libloom_config.a" "$WORK/nm/short.o"; then
+    out=$(exports "$WORK/nm" 2>&1); status=$?
+    if [ "$status" -ne 0 ] && grep -qF "libloom_config.a: exports is_int" <<<"$out" && ! grep -qE "cfg_ok_|loom_fine" <<<"$out"; then
+        pass "a library exporting a short name fails, naming it"
+    else
+        fail "a library exporting a short name fails, naming it" "exit status $status" "$out"
+    fi
+else
+    fail "a library exporting a short name fails, naming it" "cannot build the probe library"
+fi
 finish
