@@ -551,6 +551,16 @@ static int probe(tfr_source *t, loom_err *err)
     return rc;
 }
 
+/* LOOM_DATA_READAHEAD and LOOM_DATA_DECOMPRESS_AHEAD (0|1): forcing one forces both (no knob), the other off unless set. */
+static void force_from_env(tfr_source *t)
+{
+    const char *ra = getenv("LOOM_DATA_READAHEAD"), *da = getenv("LOOM_DATA_DECOMPRESS_AHEAD");
+    t->ra_force = ra && !strcmp(ra, "1") ? 1 : ra && !strcmp(ra, "0") ? 0 : -1;
+    t->da_force = da && !strcmp(da, "1") ? 1 : da && !strcmp(da, "0") ? 0 : -1;
+    if (t->da_force >= 0 && t->ra_force < 0) t->ra_force = 0;
+    if (t->ra_force >= 0 && t->da_force < 0) t->da_force = 0;
+}
+
 int tfrecord_source_open_(dstage **out, const loom_source_spec *src, const loom_data_ctx *ctx, loom_err *err);
 
 int tfrecord_source_open_(dstage **out, const loom_source_spec *src, const loom_data_ctx *ctx, loom_err *err)
@@ -581,12 +591,7 @@ int tfrecord_source_open_(dstage **out, const loom_source_spec *src, const loom_
     t->on_corrupt = src->on_corrupt == LOOM_TFR_CORRUPT_SKIP ? LOOM_CORRUPT_SKIP : LOOM_CORRUPT_ERROR;
     t->shuffle_files = src->shuffle_files;
     t->seed = ctx ? ctx->seed : 42;
-    const char *ra = getenv("LOOM_DATA_READAHEAD");
-    t->ra_force = ra && !strcmp(ra, "1") ? 1 : ra && !strcmp(ra, "0") ? 0 : -1;
-    const char *da = getenv("LOOM_DATA_DECOMPRESS_AHEAD");
-    t->da_force = da && !strcmp(da, "1") ? 1 : da && !strcmp(da, "0") ? 0 : -1;
-    if (t->da_force >= 0 && t->ra_force < 0) t->ra_force = 0; /* forcing one forces both: no knob */
-    if (t->ra_force >= 0 && t->da_force < 0) t->da_force = 0;
+    force_from_env(t);
     t->nf = src->n_features;
     if (t->nf < 1 || t->nf > LOOM_MAX_FEATURES || src->n_patterns < 1 || src->n_patterns > LOOM_MAX_FILE_PATTERNS) {
         rc = dstage_err_(st, err, LOOM_ECONFIG,
