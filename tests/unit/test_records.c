@@ -957,6 +957,130 @@ static void test_parse_spec(void)
     loom_example_builder_fini(&b);
 }
 
+/* The fast path: true only when its output is exactly the general path's. */
+typedef struct fast_bufs {
+    uint8_t img[784];
+    int64_t label, tokens[4];
+    float   w[3];
+    loom_feature_out out[4];
+} fast_bufs;
+
+static void fast_bufs_init(fast_bufs *f)
+{
+    memset(f, 0xee, sizeof *f);
+    f->out[0] = (loom_feature_out){f->img, -1};
+    f->out[1] = (loom_feature_out){&f->label, -1};
+    f->out[2] = (loom_feature_out){f->w, -1};
+    f->out[3] = (loom_feature_out){f->tokens, -1};
+}
+
+static bool fast_same(const fast_bufs *a, const fast_bufs *b)
+{
+    for (int i = 0; i < 4; i++)
+        if (a->out[i].length != b->out[i].length) return false;
+    return !memcmp(a->img, b->img, sizeof a->img) && a->label == b->label && !memcmp(a->w, b->w, sizeof a->w) &&
+           !memcmp(a->tokens, b->tokens, sizeof a->tokens);
+}
+
+/* Runs both paths on (d, n); returns whether the fast one took it (then checks they agree). */
+static bool fast_vs_general(const loom_example_fast *fp, const loom_feature_spec *spec, const uint8_t *d, size_t n)
+{
+    fast_bufs g, f;
+    fast_bufs_init(&g);
+    fast_bufs_init(&f);
+    loom_example ex;
+    loom_example_init(&ex);
+    loom_err err = {0};
+    bool general_ok = loom_example_parse(&ex, d, n, &err) == LOOM_OK && loom_example_extract(&ex, spec, 4, 0, g.out, &err) == LOOM_OK;
+    bool took = loom_example_fast_extract(fp, d, n, spec, 4, f.out);
+    CHECK_MSG(!took || (general_ok && fast_same(&g, &f)), "fast path took a record the general path %s",
+              general_ok ? "read differently" : "refuses");
+    loom_example_fini(&ex);
+    return took;
+}
+
+static void build_fast_example(loom_example_builder *b, bool reorder, int img_len, const char *extra)
+{
+    static uint8_t img[785];
+    for (int i = 0; i < 785; i++) img[i] = (uint8_t)(i * 13 + 1);
+    loom_bytes_view bv = {img, (size_t)img_len};
+    int64_t label = 7, toks[] = {-5, 300};
+    float w[] = {0.5f, -2.0f, 1e-3f};
+    loom_example_builder_reset(b);
+    if (reorder) loom_example_add_int64s(b, "label", &label, 1);
+    loom_example_add_bytes(b, "image", &bv, 1);
+    if (!reorder) loom_example_add_int64s(b, "label", &label, 1);
+    loom_example_add_floats(b, "w", w, 3);
+    loom_example_add_int64s(b, "tokens", toks, 2);
+    if (extra) loom_example_add_int64s(b, extra, &label, 1);
+}
+
+static void test_example_fast(void)
+{
+    const loom_feature_spec spec[4] = {
+        {.name = "image", .dtype = LOOM_PARSE_U8_BYTES, .shape = {2, {28, 28}}, .required = true},
+        {.name = "label", .dtype = LOOM_PARSE_I64, .shape = {0, {0}}, .required = true},
+        {.name = "w", .dtype = LOOM_PARSE_F32, .shape = {1, {3}}, .required = true},
+        {.name = "tokens", .dtype = LOOM_PARSE_I64, .shape = {1, {4}}, .var_len = true, .pad_value = -1},
+    };
+    loom_example_builder b;
+    loom_example_builder_init(&b);
+    loom_example ex;
+    loom_example_init(&ex);
+    loom_err err = {0};
+    const uint8_t *d;
+    size_t n;
+    loom_example_fast fp = {0};
+    build_fast_example(&b, false, 784, NULL);
+    CHECK(loom_example_finish(&b, &d, &n, &err) == LOOM_OK);
+    CHECK(!fast_vs_general(&fp, spec, d, n)); /* nothing learned yet */
+    CHECK(loom_example_parse(&ex, d, n, &err) == LOOM_OK);
+    CHECK(loom_example_fast_learn(&fp, &ex, spec, 4) && fp.n == 4);
+    CHECK(fast_vs_general(&fp, spec, d, n)); /* the common case is taken, and agrees */
+    /* every truncation is refused; every single-byte change is refused or read as the general path reads it */
+    uint8_t buf[1024];
+    CHECK(n <= sizeof buf);
+    memcpy(buf, d, n);
+    int trunc_taken = 0, flips_taken = 0;
+    for (size_t k = 0; k < n; k++) trunc_taken += fast_vs_general(&fp, spec, buf, k);
+    for (size_t k = 0; k < n; k++)
+        for (int bit = 0; bit < 8; bit++) {
+            buf[k] ^= (uint8_t)(1 << bit);
+            flips_taken += fast_vs_general(&fp, spec, buf, n);
+            buf[k] ^= (uint8_t)(1 << bit);
+        }
+    CHECK(trunc_taken == 0);
+    CHECK(flips_taken > 0); /* pixel bytes: still valid records, read by the fast path */
+    /* another order, a wrong size, an undeclared feature, a missing one: the general path's */
+    build_fast_example(&b, true, 784, NULL);
+    CHECK(loom_example_finish(&b, &d, &n, &err) == LOOM_OK && !fast_vs_general(&fp, spec, d, n));
+    build_fast_example(&b, false, 783, NULL);
+    CHECK(loom_example_finish(&b, &d, &n, &err) == LOOM_OK && !fast_vs_general(&fp, spec, d, n));
+    build_fast_example(&b, false, 785, NULL);
+    CHECK(loom_example_finish(&b, &d, &n, &err) == LOOM_OK && !fast_vs_general(&fp, spec, d, n));
+    build_fast_example(&b, false, 784, "extra");
+    CHECK(loom_example_finish(&b, &d, &n, &err) == LOOM_OK && !fast_vs_general(&fp, spec, d, n));
+    build_fast_example(&b, false, 784, "image"); /* a duplicate key (last wins in the general path) */
+    CHECK(loom_example_finish(&b, &d, &n, &err) == LOOM_OK && !fast_vs_general(&fp, spec, d, n));
+    loom_example_builder_reset(&b);
+    int64_t one = 1;
+    loom_example_add_int64s(&b, "label", &one, 1);
+    CHECK(loom_example_finish(&b, &d, &n, &err) == LOOM_OK && !fast_vs_general(&fp, spec, d, n));
+    /* learning the reordered layout makes it the fast one */
+    build_fast_example(&b, true, 784, NULL);
+    CHECK(loom_example_finish(&b, &d, &n, &err) == LOOM_OK && loom_example_parse(&ex, d, n, &err) == LOOM_OK);
+    loom_example_fast_learn(&fp, &ex, spec, 4);
+    CHECK(fast_vs_general(&fp, spec, d, n));
+    /* an Example with a feature not declared teaches nothing: the order learned stays */
+    build_fast_example(&b, false, 784, "extra");
+    CHECK(loom_example_finish(&b, &d, &n, &err) == LOOM_OK && loom_example_parse(&ex, d, n, &err) == LOOM_OK);
+    CHECK(!loom_example_fast_learn(&fp, &ex, spec, 4) && fp.n == 4 && !fast_vs_general(&fp, spec, d, n));
+    build_fast_example(&b, true, 784, NULL);
+    CHECK(loom_example_finish(&b, &d, &n, &err) == LOOM_OK && fast_vs_general(&fp, spec, d, n));
+    loom_example_fini(&ex);
+    loom_example_builder_fini(&b);
+}
+
 /* ---- fixtures written by real TensorFlow --------------------------------- */
 
 /* Pointer just after "key": in p, or NULL. */
@@ -1129,6 +1253,7 @@ static const loom_test tests[] = {
     {"example_unpacked_and_odd", test_example_unpacked_and_odd},
     {"example_malformed", test_example_malformed},
     {"parse_spec", test_parse_spec},
+    {"example_fast_path", test_example_fast},
     {"tf_fixtures", test_tf_fixtures},
     {"out_of_memory", test_out_of_memory},
     {0},

@@ -391,25 +391,32 @@ static void test_batch_digest(void)
         snprintf(name, sizeof name, "digest-%05d-of-00004.tfrecord", k);
         write_examples(tpath(name), cs[k], 700 * k, 700, -1, F_NONE);
     }
-    /* the autotuner's choice, then read-ahead off and on for the whole run */
-    const char *modes[] = {NULL, "0", "1"};
-    uint64_t rest[3] = {0};
-    for (int m = 0; m < 3; m++) {
+    /* the autotuner's choice, then read-ahead and decompress-ahead forced off and on for the whole run */
+    const char *modes[] = {NULL, "0", "1", "0", "1"}, *dmodes[] = {NULL, "0", "0", "1", "1"};
+    uint64_t rest[5] = {0};
+    for (int m = 0; m < 5; m++) {
         if (modes[m]) setenv("LOOM_DATA_READAHEAD", modes[m], 1);
         else unsetenv("LOOM_DATA_READAHEAD");
+        if (dmodes[m]) setenv("LOOM_DATA_DECOMPRESS_AHEAD", dmodes[m], 1);
+        else unsetenv("LOOM_DATA_DECOMPRESS_AHEAD");
         loom_err err = {0};
         int batches, left;
+        char mode[64];
+        snprintf(mode, sizeof mode, "read-ahead %s, decompress-ahead %s", modes[m] ? modes[m] : "auto",
+                 dmodes[m] ? dmodes[m] : "auto");
         uint64_t h = pipeline_digest(tpath("digest-*.tfrecord"), &batches, &err);
-        CHECK_MSG(batches == 2 * 88, "read-ahead %s: %d batches", modes[m] ? modes[m] : "auto", batches); /* 2800 = 87 x 32 + 16, two epochs */
-        CHECK_MSG(h == DIGEST_GOLDEN, "read-ahead %s: batch digest %016llx, expected %016llx", modes[m] ? modes[m] : "auto",
-                  (unsigned long long)h, (unsigned long long)DIGEST_GOLDEN);
-        /* a state saved 40 batches in (the thread has read further) restores to the same rest */
+        CHECK_MSG(batches == 2 * 88, "%s: %d batches", mode, batches); /* 2800 = 87 x 32 + 16, two epochs */
+        CHECK_MSG(h == DIGEST_GOLDEN, "%s: batch digest %016llx, expected %016llx", mode, (unsigned long long)h,
+                  (unsigned long long)DIGEST_GOLDEN);
+        /* a state saved 40 batches in (the threads have read further) restores to the same rest */
         rest[m] = digest_rest(tpath("digest-*.tfrecord"), 40, &left, &err);
-        CHECK_MSG(left == 88 - 40, "read-ahead %s: %d batches after the restore", modes[m] ? modes[m] : "auto", left);
+        CHECK_MSG(left == 88 - 40, "%s: %d batches after the restore", mode, left);
     }
     unsetenv("LOOM_DATA_READAHEAD");
-    CHECK_MSG(rest[0] == rest[1] && rest[1] == rest[2], "restored rests differ: %016llx %016llx %016llx",
-              (unsigned long long)rest[0], (unsigned long long)rest[1], (unsigned long long)rest[2]);
+    unsetenv("LOOM_DATA_DECOMPRESS_AHEAD");
+    for (int m = 1; m < 5; m++)
+        CHECK_MSG(rest[m] == rest[0], "restored rests differ: mode %d %016llx, auto %016llx", m,
+                  (unsigned long long)rest[m], (unsigned long long)rest[0]);
 }
 
 /* ---- errors ------------------------------------------------------------------ */
@@ -426,6 +433,66 @@ static int read_until_error(const loom_dataset_spec *s, int *count, loom_err *er
     while ((rc = loom_iter_next(it, &e, err)) == LOOM_OK) (*count)++;
     loom_iter_close(it);
     return rc;
+}
+
+/* Decompress-ahead meets a damaged zstd stream several frames ahead of the
+ * record being parsed: the elements before it, the error (file, record,
+ * offset, text) and, in skip mode, what is read are those of inline reading. */
+static void test_ahead_errors(void)
+{
+    static const loom_compression cs[] = {LOOM_COMP_ZSTD, LOOM_COMP_GZIP};
+    static const char *ext[] = {"zst", "gz"}, *ra[] = {"0", "0", "1"}, *da[] = {"0", "1", "1"};
+    int differ = 0, cases = 0, stream_errors = 0;
+    loom_log_set_level(LOOM_LOG_ERROR); /* the skip warnings are expected */
+    for (int c = 0; c < 2; c++) {
+        char path[64], bad[64];
+        snprintf(path, sizeof path, "ahead.tfrecord.%s", ext[c]);
+        snprintf(bad, sizeof bad, "ahead-bad.tfrecord.%s", ext[c]);
+        write_examples(tpath(path), cs[c], 0, 2400, -1, F_NONE); /* ~2.2 MB of stream: 9 zstd frames */
+        size_t n = 0;
+        uint8_t *b = NULL;
+        loom_err e0 = {0};
+        CHECK(loom_read_file(tpath(path), &b, &n, &e0) == LOOM_OK);
+        for (size_t at = n / 3; b && at < n - 64; at += n / 5) { /* from the third frame on: the thread is ahead */
+            uint8_t junk[64]; /* invalid codes for the decompressor too, not only wrong bytes */
+            for (int k = 0; k < 64; k++) junk[k] = (uint8_t)(k * 37 + 11);
+            FILE *f = fopen(tpath(bad), "wb");
+            fwrite(b, 1, at, f);
+            fwrite(junk, 1, sizeof junk, f);
+            fwrite(b + at + sizeof junk, 1, n - at - sizeof junk, f);
+            fclose(f);
+            for (int skip = 0; skip < 2; skip++) {
+                int count[3], rc[3];
+                loom_err err[3];
+                for (int m = 0; m < 3; m++) {
+                    setenv("LOOM_DATA_READAHEAD", ra[m], 1);
+                    setenv("LOOM_DATA_DECOMPRESS_AHEAD", da[m], 1);
+                    loom_dataset_spec *s = spec_fmnist(tpath(bad));
+                    if (skip) s->source.on_corrupt = LOOM_TFR_CORRUPT_SKIP;
+                    rc[m] = read_until_error(s, &count[m], &err[m]);
+                    free(s);
+                    if (m && (rc[m] != rc[0] || count[m] != count[0] ||
+                              (rc[0] != LOOM_EEOF && (strcmp(err[m].msg, err[0].msg) || strcmp(err[m].where, err[0].where))))) {
+                        differ++;
+                        printf("#   %s offset %zu, skip %d, mode %d: rc %d after %d elements (%s: %s); inline rc %d after %d (%s: %s)\n",
+                               ext[c], at, skip, m, rc[m], count[m], err[m].where, err[m].msg, rc[0], count[0], err[0].where,
+                               err[0].msg);
+                    }
+                }
+                CHECK_MSG(skip ? rc[0] == LOOM_EEOF : rc[0] == LOOM_EDATA, "%s offset %zu skip %d: rc %d", ext[c], at, skip, rc[0]);
+                CHECK_MSG(count[0] > 300 && count[0] < 2400, "%s offset %zu skip %d: %d elements", ext[c], at, skip, count[0]);
+                if (!skip) CHECK_CONTAINS(err[0].where, bad);
+                if (!skip) stream_errors += strstr(err[0].msg, " stream in the record at offset ") != NULL;
+                cases++;
+            }
+        }
+        loom_free(b);
+    }
+    unsetenv("LOOM_DATA_READAHEAD");
+    unsetenv("LOOM_DATA_DECOMPRESS_AHEAD");
+    loom_log_set_level(LOOM_LOG_INFO);
+    CHECK(cases >= 12 && differ == 0);
+    CHECK_MSG(stream_errors >= 2, "%d of the damages were found by the decompressor", stream_errors); /* not only CRCs */
 }
 
 static void test_feature_errors(void)
@@ -971,6 +1038,7 @@ static const loom_test tests[] = {
     {"glob_shards", test_glob_shards},
     {"shuffle_batch_prefetch", test_shuffle_batch_prefetch},
     {"batch_digest", test_batch_digest},
+    {"decompress_ahead_errors", test_ahead_errors},
     {"feature_errors", test_feature_errors},
     {"corrupt_error_and_skip", test_corrupt},
     {"save_restore", test_save_restore},

@@ -511,6 +511,123 @@ int loom_example_extract(const loom_example *ex, const loom_feature_spec *spec, 
     return LOOM_OK;
 }
 
+/* ---- the fast path -------------------------------------------------------- */
+
+bool loom_example_fast_learn(loom_example_fast *fp, const loom_example *ex, const loom_feature_spec *spec, int n)
+{
+    if (n < 1 || n > LOOM_MAX_FEATURES || ex->n != n) return false; /* an entry not declared, or one missing */
+    int16_t order[LOOM_MAX_FEATURES];
+    for (int k = 0; k < n; k++) {
+        const loom_bytes_view *name = &ex->f[k].name;
+        int j = 0;
+        while (j < n && (strlen(spec[j].name) != name->len || memcmp(spec[j].name, name->data, name->len))) j++;
+        int64_t numel;
+        if (j == n || spec[j].dtype == LOOM_PARSE_BYTES || spec[j].shape.rank < 0 || spec[j].shape.rank > LOOM_MAX_RANK ||
+            !loom_dims_ok(spec[j].shape.dim, spec[j].shape.rank, &numel))
+            return false;
+        order[k] = (int16_t)j;
+    }
+    for (int k = 0; k < n; k++) {
+        int j = order[k];
+        fp->order[k] = (int16_t)j;
+        fp->name_len[j] = strlen(spec[j].name);
+        loom_dims_ok(spec[j].shape.dim, spec[j].shape.rank, &fp->numel[j]);
+    }
+    fp->n = n;
+    return true;
+}
+
+/* A varint as pb_varint reads it; false when truncated or over 10 bytes. */
+static inline bool fast_varint(const uint8_t **pp, const uint8_t *end, uint64_t *v)
+{
+    const uint8_t *p = *pp;
+    if (p < end && *p < 0x80) {
+        *v = *p;
+        *pp = p + 1;
+        return true;
+    }
+    uint64_t x = 0;
+    for (int i = 0; i < 10 && p < end; i++) {
+        uint8_t b = *p++;
+        x |= (uint64_t)(b & 0x7f) << (7 * i);
+        if (!(b & 0x80)) {
+            *v = x;
+            *pp = p;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The tag byte `tag` then a length that fits before end: *sub_end. */
+static inline bool fast_len(const uint8_t **pp, const uint8_t *end, uint8_t tag, const uint8_t **sub_end)
+{
+    uint64_t n;
+    if (*pp >= end || **pp != tag) return false;
+    (*pp)++;
+    if (!fast_varint(pp, end, &n) || n > (uint64_t)(end - *pp)) return false;
+    *sub_end = *pp + n;
+    return true;
+}
+
+bool loom_example_fast_extract(const loom_example_fast *fp, const uint8_t *data, size_t len,
+                               const loom_feature_spec *spec, int n, loom_feature_out *out)
+{
+    if (fp->n != n || n < 1) return false;
+    const uint8_t *p = data, *end = data + len, *feats;
+    if (!fast_len(&p, end, 0x0a, &feats) || feats != end) return false; /* Example { features = 1 } alone */
+    for (int k = 0; k < n; k++) {
+        const uint8_t *entry, *key, *feature, *list, *vals;
+        if (!fast_len(&p, end, 0x0a, &entry) || !fast_len(&p, entry, 0x0a, &key)) return false;
+        int j = fp->order[k];
+        const loom_feature_spec *s = &spec[j];
+        size_t kl = (size_t)(key - p);
+        if (kl != fp->name_len[j] || memcmp(s->name, p, kl)) return false;
+        p = key;
+        if (!fast_len(&p, entry, 0x12, &feature) || feature != entry) return false; /* value, last */
+        /* Feature { one list of the declared kind } */
+        uint8_t tag = (uint8_t)(parse_kind[s->dtype] << 3 | WT_LEN);
+        if (!fast_len(&p, feature, tag, &list) || list != feature) return false;
+        int64_t numel = fp->numel[j], have = 0;
+        if (p < list && !(fast_len(&p, list, 0x0a, &vals) && vals == list)) return false; /* one packed value field */
+        size_t bytes = p < list ? (size_t)(list - p) : 0;
+        switch (s->dtype) {
+        case LOOM_PARSE_U8_BYTES:
+            if (p == list) return false; /* no value: the general path says so */
+            have = (int64_t)bytes;
+            if (s->var_len ? have > numel : have != numel) return false;
+            if (have) memcpy(out[j].data, p, bytes);
+            break;
+        case LOOM_PARSE_F32:
+            if (bytes % 4) return false;
+            have = (int64_t)(bytes / 4);
+            if (s->var_len ? have > numel : have != numel) return false;
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+            if (bytes) memcpy(out[j].data, p, bytes);
+#else
+            for (int64_t i = 0; i < have; i++) ((float *)out[j].data)[i] = le_float(p + 4 * i);
+#endif
+            break;
+        case LOOM_PARSE_I64: {
+            const uint8_t *q = p;
+            int64_t *o = out[j].data;
+            while (q < list) {
+                uint64_t v;
+                if (have == numel || !fast_varint(&q, list, &v)) return false;
+                o[have++] = (int64_t)v;
+            }
+            if (!s->var_len && have != numel) return false;
+            break;
+        }
+        default: return false;
+        }
+        fill(s->dtype, out[j].data, have, numel, s->pad_value);
+        out[j].length = have;
+        p = entry;
+    }
+    return p == end;
+}
+
 int loom_feature_spec_tensor(const loom_feature_spec *s, loom_tensor *t, loom_err *err)
 {
     static const int dt[] = {LOOM_F32, LOOM_I64, LOOM_U8, -1};

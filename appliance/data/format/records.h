@@ -68,6 +68,17 @@ int64_t  loom_tfrecord_count(const loom_tfrecord *r);
 int64_t  loom_tfrecord_skipped(const loom_tfrecord *r);
 /* The compression in use (after AUTO detection). */
 loom_compression loom_tfrecord_compression(const loom_tfrecord *r);
+/* Decompress-ahead (compressed files only; a no-op on plain ones): on, a
+ * thread of the reader's own decompresses the stream ahead of the records
+ * being read, into a ring of loom_tfrecord_ahead_bytes() (allocated at the
+ * first call, freed by close), so decompression and record parsing run on
+ * two cores. Records, offsets, counts and errors are exactly those of
+ * reading without it (an error the thread meets is reported when the reader
+ * reaches it, naming the record as inline). Off stops the thread (what it
+ * decompressed is read first). LOOM_ENOMEM when neither memory nor a thread
+ * can be had: the reader goes on inline. */
+int  loom_tfrecord_set_ahead(loom_tfrecord *r, bool on, loom_err *err);
+size_t loom_tfrecord_ahead_bytes(void);
 void loom_tfrecord_close(loom_tfrecord *r); /* NULL is a no-op */
 
 /* ---- writer -------------------------------------------------------------- */
@@ -76,7 +87,7 @@ typedef struct loom_tfrecord_writer loom_tfrecord_writer; /* opaque */
 
 /* Writes to "<path>.tmp"; loom_tfrecord_writer_close finishes the stream,
  * fsyncs and renames it to path. GZIP = deflate level 6 with a gzip wrapper
- * (windowBits 31) as TF writes it, ZLIB = windowBits 15, ZSTD = level 3 in frames
+ * (windowBits 31) as TF writes it, ZLIB = windowBits 15, ZSTD = level 6, raw literals, in frames
  * of 256 KiB of stream bytes that declare their content size (any zstd
  * reader reads the concatenation; ours decompresses such a frame in one call). */
 int  loom_tfrecord_writer_open(loom_tfrecord_writer **out, const char *path, loom_compression c,
@@ -172,6 +183,31 @@ typedef struct loom_feature_out {
  * feature, the record index and what was expected vs found. */
 int loom_example_extract(const loom_example *ex, const loom_feature_spec *spec, int n,
                          int64_t record, loom_feature_out *out, loom_err *err);
+/* The common case without the general parser: Examples written the way TF
+ * and Loom write them (one Features message, its entries key then value,
+ * each Feature one packed list) whose entries come in the order learned from
+ * an earlier record. loom_example_fast_extract walks such a record once,
+ * checking every tag, length and key against that order and writing the
+ * values straight into out; anything else (another order, a missing or
+ * extra feature, unpacked values, a wrong count, damage) makes it return
+ * false having decided nothing, and the caller parses and extracts the
+ * record the general way (with its exact error messages). When it returns
+ * true, out holds exactly what loom_example_parse + loom_example_extract
+ * would have written. Zero-initialize (nothing learned: every record goes
+ * the general way). Not for LOOM_PARSE_BYTES features. */
+typedef struct loom_example_fast {
+    int     n;                          /* entries in the learned order; 0: nothing learned */
+    int16_t order[LOOM_MAX_FEATURES];   /* the spec index of each entry, in wire order */
+    int64_t numel[LOOM_MAX_FEATURES];   /* per spec index: values expected */
+    size_t  name_len[LOOM_MAX_FEATURES]; /* per spec index: strlen(name) */
+} loom_example_fast;
+
+/* Learns ex's order (ex parsed and extracted with spec without error);
+ * false, fp unchanged, when ex does not qualify (an entry not declared or
+ * missing, a bytes feature). */
+bool loom_example_fast_learn(loom_example_fast *fp, const loom_example *ex, const loom_feature_spec *spec, int n);
+bool loom_example_fast_extract(const loom_example_fast *fp, const uint8_t *data, size_t len,
+                               const loom_feature_spec *spec, int n, loom_feature_out *out);
 /* The tensor dtype of a spec (BYTES has none: LOOM_EUNSUPPORTED), and a
  * zeroed tensor of that dtype and shape (free with loom_tensor_fini). */
 int loom_feature_spec_tensor(const loom_feature_spec *s, loom_tensor *t, loom_err *err);

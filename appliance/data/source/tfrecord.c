@@ -7,16 +7,26 @@
  * epoch. State = (epoch, file position, records consumed in that file): a
  * restore reopens the file and reads forward to the record, so resuming
  * mid-epoch is exact. Cardinality is unknown (-2): counting needs a full read.
- * Read-ahead: under autotuning the source has a knob (1 = read inline, 2 =
- * a thread of its own); when its consumer spends time waiting on it the
- * tuner (CPU budget permitting) turns the thread on, which reads, checks,
- * decompresses and parses the next records, across file boundaries, into a
- * ring of decoded elements (up to RA_SLOTS, and RA_BYTES in all) while the
- * pipeline works on earlier ones.
+ * Read-ahead: under autotuning the source has a knob of threads (1 = read
+ * inline, 2 = a thread of its own, 3 = and decompress-ahead); when its
+ * consumer spends time waiting on it the tuner (CPU budget permitting)
+ * raises it. The read-ahead thread reads, checks, decompresses and parses
+ * the next records, across file boundaries, into a ring of decoded elements
+ * (up to RA_SLOTS, and RA_BYTES in all) while the pipeline works on earlier
+ * ones; decompress-ahead gives the file's reader a thread that decompresses
+ * the frames after the one being parsed (loom_tfrecord_set_ahead). On 2
+ * cores the tuner stops at 2: with the fast Example path the read-ahead
+ * thread's work (decompress, check, parse) about equals the rest of the
+ * Fashion-MNIST pipeline's, and a third busy thread only shares the cores.
  * The elements, their order and the saved state are those of inline reading:
  * each slot carries the position after its record, and save writes the
- * position of the last element handed out. LOOM_DATA_READAHEAD=0|1 forces it
- * off or on (tests, and the benchmark's before/after).
+ * position of the last element handed out. LOOM_DATA_READAHEAD=0|1 and
+ * LOOM_DATA_DECOMPRESS_AHEAD=0|1 force them off or on (tests, and the
+ * benchmark's before/after; setting either one forces both, the other off
+ * unless set).
+ * Parsing: records go through loom_example_fast_extract in the order learned
+ * from a good record, the general parse + extract (and their errors) only
+ * for records it refuses.
  * Threads: one thread at a time drives the stage (see data_internal.h); the
  * read-ahead thread alone touches the reader and the position fields while
  * it runs (ra_on), the consumer only the ring under ra_mu. */
@@ -60,6 +70,7 @@ typedef struct tfr_source {
     loom_feature_out fo[LOOM_MAX_FEATURES];
     void *buf[LOOM_MAX_FEATURES]; /* the lent element's data */
     loom_example ex;
+    loom_example_fast fast; /* the wire order learned from the first good record */
     loom_tfrecord *r; /* reader of files[order[fi]], NULL when none is open */
     int64_t epoch;
     int64_t fi;      /* position in order of the file being read */
@@ -82,6 +93,11 @@ typedef struct tfr_source {
     bool ra_stop, ra_idle;             /* stop requested; the thread ended its pass (EOF/error pushed) */
     bool ra_prod_waits, ra_cons_waits; /* a side sleeps on its condition: the other signals it */
     tfr_pos cur;                       /* the position after the last element the ring handed out */
+    /* decompress-ahead: the reader's own thread (loom_tfrecord_set_ahead) */
+    int da_force;                      /* LOOM_DATA_DECOMPRESS_AHEAD: 0 never, 1 always, -1 (unset) the knob */
+    bool da_want;                      /* wanted (atomic: set by the consumer, applied by whoever reads) */
+    bool da_cur;                       /* applied to t->r */
+    bool da_counted;                   /* its ring is counted in the stage's memory */
 } tfr_source;
 
 /* ---- file list ------------------------------------------------------------ */
@@ -144,6 +160,7 @@ static int decode(tfr_source *t, const uint8_t *d, size_t len, const char *file,
                   bool *malformed, loom_err *err)
 {
     *malformed = false;
+    if (loom_example_fast_extract(&t->fast, d, len, t->fs, t->nf, t->fo)) return LOOM_OK;
     int rc = loom_example_parse(&t->ex, d, len, err);
     if (rc) {
         *malformed = rc == LOOM_EDATA;
@@ -151,6 +168,7 @@ static int decode(tfr_source *t, const uint8_t *d, size_t len, const char *file,
     }
     rc = loom_example_extract(&t->ex, t->fs, t->nf, record, t->fo, err);
     if (rc) return record_err(t, file, record, offset, err);
+    (void)loom_example_fast_learn(&t->fast, &t->ex, t->fs, t->nf); /* a record the fast path refused may teach a new order */
     return LOOM_OK;
 }
 
@@ -165,6 +183,7 @@ static void end_pass(tfr_source *t)
 
 static void close_file(tfr_source *t)
 {
+    t->da_cur = false;
     if (!t->r) return;
     t->skipped += loom_tfrecord_skipped(t->r);
     loom_tfrecord_close(t->r);
@@ -188,6 +207,15 @@ static int read_next(tfr_source *t, loom_err *err)
         }
         int rc;
         if (!t->r && (rc = open_file(t, err))) return rc;
+        bool da = __atomic_load_n(&t->da_want, __ATOMIC_RELAXED);
+        if (da != t->da_cur) { /* without memory or a thread the reader stays inline */
+            loom_err e = {0};
+            t->da_cur = da;
+            if (loom_tfrecord_set_ahead(t->r, da, &e) == LOOM_OK && da && !t->da_counted) {
+                t->da_counted = true;
+                __atomic_fetch_add(&t->s.st_bytes, (int64_t)loom_tfrecord_ahead_bytes(), __ATOMIC_RELAXED);
+            }
+        }
         const uint8_t *d;
         size_t len;
         rc = loom_tfrecord_next(t->r, &d, &len, err);
@@ -330,7 +358,10 @@ static int ra_next(tfr_source *t, loom_elem **out, bool *drained, loom_err *err)
 static int tfr_next(dstage *st, loom_elem **out, loom_err *err)
 {
     tfr_source *t = (tfr_source *)st;
-    int64_t want = t->ra_force > 0 ? 2 : t->knob ? dknob_get_(t->knob) : 1;
+    /* the knob's levels (threads): 1 inline, 2 the read-ahead thread, 3 and decompress-ahead too */
+    int64_t level = t->knob ? dknob_get_(t->knob) : 1;
+    __atomic_store_n(&t->da_want, t->da_force >= 0 ? t->da_force > 0 : level >= 3, __ATOMIC_RELAXED);
+    int64_t want = t->ra_force > 0 ? 2 : t->ra_force < 0 && level >= 2 ? 2 : 1;
     if (t->ra_on && want <= 1) ra_halt(t); /* back to inline once the ring's elements are handed out */
     else if (!t->ra_on && want > 1 && !ra_pending(t) && !t->done && t->ra_buf[0]) ra_start(t);
     if (t->ra_on || ra_pending(t)) {
@@ -478,7 +509,7 @@ static bool ra_alloc(tfr_source *t)
 static void tfr_tune(dstage *st, dtuner *tu)
 {
     tfr_source *t = (tfr_source *)st;
-    if (t->ra_force < 0 && ra_alloc(t)) t->knob = dtuner_knob_(tu, st, "read-ahead", 1, 1, 2, 1);
+    if (t->ra_force < 0 && t->da_force < 0 && ra_alloc(t)) t->knob = dtuner_knob_(tu, st, "read-ahead", 1, 1, 3, 1);
 }
 
 static const dstage_ops tfr_ops = {
@@ -520,6 +551,16 @@ static int probe(tfr_source *t, loom_err *err)
     return rc;
 }
 
+/* LOOM_DATA_READAHEAD and LOOM_DATA_DECOMPRESS_AHEAD (0|1): forcing one forces both (no knob), the other off unless set. */
+static void force_from_env(tfr_source *t)
+{
+    const char *ra = getenv("LOOM_DATA_READAHEAD"), *da = getenv("LOOM_DATA_DECOMPRESS_AHEAD");
+    t->ra_force = ra && !strcmp(ra, "1") ? 1 : ra && !strcmp(ra, "0") ? 0 : -1;
+    t->da_force = da && !strcmp(da, "1") ? 1 : da && !strcmp(da, "0") ? 0 : -1;
+    if (t->da_force >= 0 && t->ra_force < 0) t->ra_force = 0;
+    if (t->ra_force >= 0 && t->da_force < 0) t->da_force = 0;
+}
+
 int tfrecord_source_open_(dstage **out, const loom_source_spec *src, const loom_data_ctx *ctx, loom_err *err);
 
 int tfrecord_source_open_(dstage **out, const loom_source_spec *src, const loom_data_ctx *ctx, loom_err *err)
@@ -551,8 +592,7 @@ int tfrecord_source_open_(dstage **out, const loom_source_spec *src, const loom_
     t->on_corrupt = src->tfrecord.on_corrupt == LOOM_TFR_CORRUPT_SKIP ? LOOM_CORRUPT_SKIP : LOOM_CORRUPT_ERROR;
     t->shuffle_files = src->shuffle_files;
     t->seed = ctx ? ctx->seed : 42;
-    const char *ra = getenv("LOOM_DATA_READAHEAD");
-    t->ra_force = ra && !strcmp(ra, "1") ? 1 : ra && !strcmp(ra, "0") ? 0 : -1;
+    force_from_env(t);
     t->nf = src->n_features;
     if (t->nf < 1 || t->nf > LOOM_MAX_FEATURES || src->n_patterns < 1 || src->n_patterns > LOOM_MAX_FILE_PATTERNS) {
         rc = dstage_err_(st, err, LOOM_ECONFIG,
