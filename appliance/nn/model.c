@@ -1186,6 +1186,20 @@ static void backward_all(loom_model *m, step_job *j, double *acc)
     j->l0 = 0, j->l1 = m->n_layers;
 }
 
+/* Chunk c's output rows of a predict job, from its last layer's logits:
+ * probabilities under softmax (binary) cross-entropy, else the values. */
+static void predict_rows(step_job *j, nn_chunk_ *c)
+{
+    const loom_model *m = j->m;
+    const int64_t n = m->layer[m->n_layers - 1].n_out;
+    const float *z = c->act[m->n_layers];
+    float *out = j->out + c->b0 * n;
+    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) nn_softmax_rows_(z, out, c->B, n);
+    else if (m->loss == LOOM_LOSS_BCE)
+        for (int64_t e = 0; e < c->B * n; e++) out[e] = 1.f / (1.f + expf(-z[e]));
+    else memcpy(out, z, (size_t)(c->B * n) * sizeof *out);
+}
+
 static void chunk_step(void *arg, int t)
 {
     step_job *j = arg;
@@ -1194,13 +1208,7 @@ static void chunk_step(void *arg, int t)
     nn_chunk_ *c = &m->chunk[t];
     chunk_forward(j, c);
     if (j->kind == JOB_PREDICT) {
-        const int64_t n = m->layer[m->n_layers - 1].n_out;
-        const float *z = c->act[m->n_layers];
-        float *out = j->out + c->b0 * n;
-        if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) nn_softmax_rows_(z, out, c->B, n);
-        else if (m->loss == LOOM_LOSS_BCE)
-            for (int64_t e = 0; e < c->B * n; e++) out[e] = 1.f / (1.f + expf(-z[e]));
-        else memcpy(out, z, (size_t)(c->B * n) * sizeof *out);
+        predict_rows(j, c);
         return;
     }
     chunk_loss(j, c);
@@ -1212,15 +1220,7 @@ static void part_loss(void *arg, int t) { step_job *j = arg; chunk_loss(j, &j->m
 static void part_predict(void *arg, int t)
 {
     step_job *j = arg;
-    const loom_model *m = j->m;
-    nn_chunk_ *c = &j->m->chunk[t];
-    const int64_t n = m->layer[m->n_layers - 1].n_out;
-    const float *z = c->act[m->n_layers];
-    float *out = j->out + c->b0 * n;
-    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) nn_softmax_rows_(z, out, c->B, n);
-    else if (m->loss == LOOM_LOSS_BCE)
-        for (int64_t e = 0; e < c->B * n; e++) out[e] = 1.f / (1.f + expf(-z[e]));
-    else memcpy(out, z, (size_t)(c->B * n) * sizeof *out);
+    predict_rows(j, &j->m->chunk[t]);
 }
 
 /* Part t of the gradients that wait for all chunks: dense and conv layers'
