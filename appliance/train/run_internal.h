@@ -1,12 +1,13 @@
 /* run_internal.h - what every command of train/ opens first: the pipelines and
  * the strategy of a config (train.c's run_open_), and the checkpoint that
- * evaluate and predict load. Private to train/ (train.c, predict.c,
- * profile.c). Threads: the caller's. */
+ * evaluate and predict load, and what the evaluators share with the trainer.
+ * Private to train/ (train.c, evaluate.c, predict.c, profile.c). Threads: the caller's. */
 #ifndef LOOM_TRAIN_RUN_H
 #define LOOM_TRAIN_RUN_H
 
 #include "train.h"
 #include "status_internal.h"
+#include "summary_internal.h"
 #include "train_hooks_internal.h"
 
 /* Everything a command needs: the pipelines and the strategy. */
@@ -43,5 +44,16 @@ void run_close_(run *r);
  * `checkpoint`, or (NULL) the latest in r's model directory; path gets the
  * file's name, step its step (-1 when a file was named). */
 int  load_for_inference_(run *r, const char *checkpoint, char path[LOOM_PATH_MAX], int64_t *step, loom_err *err);
+
+/* Shared by the trainer and the evaluators (train.c, evaluate.c). */
+int  metrics_open_(run *r, loom_err *err); /* the state of model.metrics, zeroed; LOOM_ENOMEM */
+/* Evaluates data.eval (it) into total; its metric state ends in r->macc[1]
+ * (the training steps' state so far is first added to r->macc[0]). */
+int  evaluate_all_(run *r, loom_iter *it, loom_step_result *total, loom_err *err);
+/* An evaluation (ev, its metrics in r->macc[1]) to TensorBoard: loss and each metric. */
+int  log_eval_(run *r, loom_summary *tb, int64_t step, double loss, const loom_step_result *ev, loom_err *err);
+/* A metrics.jsonl field: `, "key": v` (a number, or null when not finite; first: no comma) */
+void json_num_(FILE *f, const char *key, double v, int first);
+void json_time_(FILE *f, const char *key, double v); /* `, "key": v` to the millisecond */
 
 #endif

@@ -1,6 +1,6 @@
 /* train.c - the trainer (loom train: resume, the step loop, the end-of-epoch evaluation, checkpoint
- * cadence, the metrics sink), loom evaluate and its sidecar, and loom check. predict.c and profile.c
- * hold loom predict and loom profile --train; run_internal.h what they share with it. */
+ * cadence, the metrics sink) and loom check. evaluate.c, predict.c and profile.c hold loom evaluate
+ * (and its sidecar), loom predict and loom profile --train; run_internal.h what they share with it. */
 #include "train.h"
 #include "run_internal.h"
 #include "dir_lock_internal.h"
@@ -269,7 +269,7 @@ int run_open_(run *r, const loom_spec *spec, const char *model_dir, bool need_ev
 static void take_metrics(run *r, double *acc) { loom_strategy_metrics_take(r->strat, acc); }
 
 /* The state of model.metrics (zeroed); LOOM_ENOMEM. */
-static int metrics_open(run *r, loom_err *err)
+int metrics_open_(run *r, loom_err *err)
 {
     loom_model *m = loom_strategy_model(r->strat);
     int64_t n = loom_model_metrics_size(m);
@@ -309,14 +309,13 @@ static char *metrics_text(run *r, int k, int64_t correct, int64_t examples, char
 }
 
 /* "train_accuracy": ..., "train_auc": ... of state k into a metrics.jsonl line. */
-static void json_num(FILE *f, const char *key, double v, int first);
 static void metrics_json(run *r, FILE *f, const char *prefix, int k, int64_t correct, int64_t examples)
 {
     loom_model *m = loom_strategy_model(r->strat);
     for (int i = 0; i < loom_model_num_metrics(m); i++) {
         char key[64];
         snprintf(key, sizeof key, "%s%s", prefix, loom_metric_name(loom_model_metric(m, i)));
-        json_num(f, key, examples ? loom_model_metric_value(m, i, r->macc[k], correct, examples) : NAN, 0);
+        json_num_(f, key, examples ? loom_model_metric_value(m, i, r->macc[k], correct, examples) : NAN, 0);
     }
 }
 
@@ -334,7 +333,7 @@ static void metrics_to_hooks(run *r, int k, int64_t correct, int64_t examples)
 
 /* Evaluates data.eval; its metric state ends in r->macc[1] (the training
  * steps' state so far is first added to r->macc[0]). */
-static int evaluate_all(run *r, loom_iter *it, loom_step_result *total, loom_err *err)
+int evaluate_all_(run *r, loom_iter *it, loom_step_result *total, loom_err *err)
 {
     memset(total, 0, sizeof *total);
     take_metrics(r, r->macc[0]);
@@ -367,9 +366,9 @@ static double peak_rss_mb(void)
     return (double)ru.ru_maxrss / 1024.0;
 }
 
-static void json_time(FILE *f, const char *key, double v) { fprintf(f, ", \"%s\": %.3f", key, v); }
+void json_time_(FILE *f, const char *key, double v) { fprintf(f, ", \"%s\": %.3f", key, v); }
 
-static void json_num(FILE *f, const char *key, double v, int first)
+void json_num_(FILE *f, const char *key, double v, int first)
 {
     if (isfinite(v))
         fprintf(f, "%s\"%s\": %.9g", first ? "" : ", ", key, v);
@@ -549,8 +548,8 @@ static int log_summary(FILE *metrics, loom_summary *tb, summary_window *w, int64
     memset(w, 0, sizeof *w);
     fprintf(metrics, "{\"event\": \"summary\", \"step\": %lld", (long long)step);
     for (int i = 0; i < 5; i++)
-        if (i != 1 || has_acc) json_num(metrics, tag[i], v[i], 0); /* a regression has no accuracy */
-    json_time(metrics, "wall_time", loom_wall_time());
+        if (i != 1 || has_acc) json_num_(metrics, tag[i], v[i], 0); /* a regression has no accuracy */
+    json_time_(metrics, "wall_time", loom_wall_time());
     fprintf(metrics, "}\n");
     int rc = LOOM_OK;
     for (int i = 0; i < 5 && !rc; i++)
@@ -571,7 +570,7 @@ static int log_histograms(loom_summary *tb, loom_model *m, int64_t step, loom_er
 }
 
 /* An evaluation (ev, its metrics in r->macc[1]) to TensorBoard: loss and each metric. */
-static int log_eval(run *r, loom_summary *tb, int64_t step, double loss, const loom_step_result *ev, loom_err *err)
+int log_eval_(run *r, loom_summary *tb, int64_t step, double loss, const loom_step_result *ev, loom_err *err)
 {
     if (!tb || !isfinite(loss)) return LOOM_OK;
     int rc = loom_summary_scalar(tb, "loss", step, loss, err);
@@ -794,7 +793,7 @@ static int sink_summary(trainer *t, loom_err *err)
 static int sink_eval(trainer *t, const loom_step_result *ev, loom_err *err)
 {
     double ts = loom_now();
-    int rc = log_eval(&t->r, t->sink.tb_eval, t->st.step, t->last_eval_loss, ev, err);
+    int rc = log_eval_(&t->r, t->sink.tb_eval, t->st.step, t->last_eval_loss, ev, err);
     t->sink.summary_sec += loom_now() - ts;
     return rc;
 }
@@ -833,15 +832,15 @@ static void sink_epoch(trainer *t, const loom_step_result *ev, double sps, doubl
     loom_info("epoch %lld/%lld: step %lld, %s%s, %.0f samples/s, input_wait %.1f%%, %.1f s", (long long)st->epoch + 1,
               (long long)t->rs->epochs, (long long)st->step, tr, evs, sps, input_wait * 100, ep_sec);
     fprintf(m, "{\"event\": \"epoch\", \"epoch\": %lld, \"step\": %lld", (long long)st->epoch + 1, (long long)st->step);
-    json_num(m, "train_loss", train_loss, 0);
+    json_num_(m, "train_loss", train_loss, 0);
     metrics_json(r, m, "train_", 0, st->correct, st->examples);
-    json_num(m, "eval_loss", ev->examples ? t->last_eval_loss : NAN, 0);
+    json_num_(m, "eval_loss", ev->examples ? t->last_eval_loss : NAN, 0);
     metrics_json(r, m, "eval_", 1, ev->correct, ev->examples);
-    json_num(m, "samples_per_sec", sps, 0);
-    json_num(m, "learning_rate", loom_optimizer_lr(t->opt, st->step), 0);
-    json_num(m, "epoch_seconds", ep_sec, 0);
-    json_num(m, "input_wait_fraction", input_wait, 0);
-    json_time(m, "wall_time", loom_wall_time());
+    json_num_(m, "samples_per_sec", sps, 0);
+    json_num_(m, "learning_rate", loom_optimizer_lr(t->opt, st->step), 0);
+    json_num_(m, "epoch_seconds", ep_sec, 0);
+    json_num_(m, "input_wait_fraction", input_wait, 0);
+    json_time_(m, "wall_time", loom_wall_time());
     fprintf(m, "}\n");
     fflush(m);
     sink_state(t, LOOM_STATUS_TRAINING, sps, input_wait);
@@ -875,15 +874,15 @@ static void sink_end(trainer *t)
     if (st->step == t->start_step) return;
     FILE *m = t->sink.jsonl;
     fprintf(m, "{\"event\": \"end\", \"step\": %lld, \"epoch\": %lld", (long long)st->step, (long long)st->epoch);
-    json_num(m, "eval_loss", t->last_eval_loss, 0);
+    json_num_(m, "eval_loss", t->last_eval_loss, 0);
     metrics_json(&t->r, m, "eval_", 1, t->last_ev.correct, t->last_ev.examples);
-    json_num(m, "samples_per_sec", t->run_train_sec > 0 ? (double)t->run_examples / t->run_train_sec : 0, 0);
-    json_num(m, "seconds", total, 0);
-    json_num(m, "first_step_ms", t->first_step_ms, 0);
-    json_num(m, "decode_ms", t->r.decode_sec * 1e3, 0);
-    json_num(m, "peak_rss_mb", peak_rss_mb(), 0);
-    json_num(m, "summary_ms", t->sink.summary_sec * 1e3, 0);
-    json_time(m, "wall_time", loom_wall_time());
+    json_num_(m, "samples_per_sec", t->run_train_sec > 0 ? (double)t->run_examples / t->run_train_sec : 0, 0);
+    json_num_(m, "seconds", total, 0);
+    json_num_(m, "first_step_ms", t->first_step_ms, 0);
+    json_num_(m, "decode_ms", t->r.decode_sec * 1e3, 0);
+    json_num_(m, "peak_rss_mb", peak_rss_mb(), 0);
+    json_num_(m, "summary_ms", t->sink.summary_sec * 1e3, 0);
+    json_time_(m, "wall_time", loom_wall_time());
     fprintf(m, "}\n");
 }
 
@@ -915,7 +914,7 @@ static int trainer_open(trainer *t, const loom_spec *spec, const loom_train_opts
     r->sidecar_eval = opts->cluster && opts->cluster->n_tasks[LOOM_ROLE_EVALUATOR] > 0;
     if (!rc && !r->chief) log_as_task(opts->cluster); /* the chief logs the job */
     if (!rc) rc = train_hooks_open_(&r->hooks, spec, r->model_dir, r->strat, err);
-    if (!rc) rc = metrics_open(r, err);
+    if (!rc) rc = metrics_open_(r, err);
     if (!rc && spec->run.status_port && r->chief) { /* the chief reports the job; a port in use fails here, before anything is written */
         char w[600];
         rc = loom_status_open(&r->status, spec->run.status_bind, spec->run.status_port,
@@ -1202,7 +1201,7 @@ static int after_step(trainer *t, const loom_step_result *res, double t0, double
 /* data.eval (the chief's), its figures kept as the last evaluation's. */
 static int evaluate_now(trainer *t, loom_step_result *ev, loom_err *err)
 {
-    int rc = evaluate_all(&t->r, t->r.eval, ev, err);
+    int rc = evaluate_all_(&t->r, t->r.eval, ev, err);
     if (rc) return rc;
     t->last_eval_loss = ev->examples ? ev->loss_sum / (double)ev->examples : NAN;
     t->last_eval_acc = ev->examples && t->r.has_acc ? (double)ev->correct / (double)ev->examples : NAN;
@@ -1309,7 +1308,7 @@ static int trainer_finish(trainer *t, int rc, loom_err *err)
     if (!rc && t->r.eval && t->r.chief && !t->r.sidecar_eval && t->last_eval_step != st->step &&
         st->step > t->start_step) {
         loom_step_result ev; /* an evaluation without examples leaves the last one's figures */
-        rc = evaluate_all(&t->r, t->r.eval, &ev, err);
+        rc = evaluate_all_(&t->r, t->r.eval, &ev, err);
         if (!rc) t->last_ev = ev;
         if (!rc && ev.examples) {
             t->last_eval_loss = ev.loss_sum / (double)ev.examples;
@@ -1376,318 +1375,6 @@ int load_for_inference_(run *r, const char *checkpoint, char path[LOOM_PATH_MAX]
     if (rc) return rc;
     *step = st.step;
     return loom_strategy_sync(r->strat, err);
-}
-
-int loom_evaluate(const loom_spec *spec, const char *model_dir, const char *checkpoint, loom_eval_result *out,
-                  loom_err *err)
-{
-    run r;
-    memset(out, 0, sizeof *out);
-    int rc = run_open_(&r, spec, model_dir, true, NULL, false, err);
-    if (!rc) rc = metrics_open(&r, err);
-    if (!rc) rc = load_for_inference_(&r, checkpoint, out->checkpoint, &out->step, err);
-    loom_step_result ev;
-    if (!rc) rc = evaluate_all(&r, r.eval, &ev, err);
-    if (!rc) {
-        out->examples = ev.examples;
-        out->loss = ev.examples ? ev.loss_sum / (double)ev.examples : NAN;
-        out->accuracy = ev.examples && r.has_acc ? (double)ev.correct / (double)ev.examples : NAN;
-        loom_model *m = loom_strategy_model(r.strat);
-        out->n_metrics = loom_model_num_metrics(m);
-        for (int i = 0; i < out->n_metrics; i++) {
-            snprintf(out->metric_name[i], sizeof out->metric_name[i], "%s", loom_metric_name(loom_model_metric(m, i)));
-            out->metric[i] = ev.examples ? loom_model_metric_value(m, i, r.macc[1], ev.correct, ev.examples) : NAN;
-        }
-    }
-    run_close_(&r);
-    return rc;
-}
-
-/* ---- the sidecar evaluator ---------------------------------------------------- */
-
-/* The final step named by <dir>/final.json, or -1 while training goes on
- * (or when the marker was written before after_wall: an earlier run's). */
-static int64_t final_step(const char *dir, double after_wall)
-{
-    char path[LOOM_PATH_MAX + 16];
-    snprintf(path, sizeof path, "%s/" LOOM_FINAL_MARKER, dir);
-    uint8_t *d = NULL;
-    size_t len;
-    loom_err e;
-    if (access(path, F_OK) || loom_read_file_max(path, &d, &len, 1 << 16, &e)) return -1;
-    const char *k = strstr((const char *)d, "\"step\":");
-    long long v = k ? strtoll(k + 7, NULL, 10) : -1;
-    const char *w = strstr((const char *)d, "\"wall_time\":");
-    double at = w ? strtod(w + 12, NULL) : 0;
-    loom_free(d);
-    if (after_wall > 0 && at < after_wall) return -1;
-    return k && v >= 0 ? (int64_t)v : -1;
-}
-
-/* The evaluations an earlier watcher of this model_dir wrote (its "eval"
- * lines in metrics.jsonl): (step, wall_time) pairs, *n of them. */
-typedef struct watched {
-    int64_t step;
-    double  at;
-} watched;
-
-static watched *read_watched(const char *metrics_path, int *n)
-{
-    *n = 0;
-    FILE *f = fopen(metrics_path, "r");
-    if (!f) return NULL;
-    char line[4096];
-    watched *w = NULL;
-    int cap = 0;
-    static const char key[] = "{\"event\": \"eval\", \"step\": ";
-    while (fgets(line, sizeof line, f)) {
-        if (strncmp(line, key, sizeof key - 1)) continue;
-        const char *t = strstr(line, "\"wall_time\": ");
-        if (!t) continue;
-        if (*n == cap) {
-            cap = cap ? 2 * cap : 16;
-            watched *nw = loom_realloc(w, (size_t)cap * sizeof *w);
-            if (!nw) break;
-            w = nw;
-        }
-        w[*n].step = strtoll(line + sizeof key - 1, NULL, 10);
-        w[(*n)++].at = strtod(t + 13, NULL);
-    }
-    fclose(f);
-    return w;
-}
-
-/* Whether checkpoint `path` (of `step`) was evaluated by an earlier watcher:
- * an eval line of its step written after the file (a --fresh run writes a
- * new ckpt-<step>.loom, which is evaluated again). */
-static bool watched_before(const watched *w, int n, const char *path, int64_t step)
-{
-    struct stat sb;
-    if (stat(path, &sb)) return false;
-    double mtime = (double)sb.st_mtim.tv_sec + sb.st_mtim.tv_nsec * 1e-9;
-    for (int i = 0; i < n; i++)
-        if (w[i].step == step && w[i].at >= mtime) return true;
-    return false;
-}
-
-static volatile sig_atomic_t watch_signal;
-static void on_watch_signal(int sig) { watch_signal = sig; }
-
-/* One evaluation of checkpoint `path` (its step) by the watcher `who`: the
- * log, a JSON line on stdout, an "eval" line appended to metrics.jsonl and
- * the scalars in <model_dir>/eval's event file (*tb, opened on first use). */
-static int watch_report(run *r, const char *who, const char *path, int64_t step, const loom_step_result *ev,
-                        loom_summary **tb, loom_err *err)
-{
-    char metrics_path[LOOM_PATH_MAX + 16], eval_dir[LOOM_PATH_MAX + 8];
-    snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", r->model_dir);
-    snprintf(eval_dir, sizeof eval_dir, "%s/eval", r->model_dir);
-    double loss = ev->examples ? ev->loss_sum / (double)ev->examples : NAN,
-           acc = ev->examples ? (double)ev->correct / (double)ev->examples : NAN;
-    loom_info("%s: %s (step %lld): eval loss %.4f, accuracy %.4f on %lld examples", who, path, (long long)step,
-              loss, acc, (long long)ev->examples);
-    printf("{\"checkpoint\": \"%s\", \"step\": %lld, \"examples\": %lld, \"eval_loss\": %.6g, \"eval_accuracy\": "
-           "%.6g}\n", path, (long long)step, (long long)ev->examples, loss, acc);
-    fflush(stdout);
-    FILE *m = fopen(metrics_path, "a");
-    if (!m) return loom_err_set(err, LOOM_EIO, metrics_path, "cannot open for appending: %s", strerror(errno));
-    /* one line, one write (O_APPEND): the chief appends to the same file */
-    char line[LOOM_PATH_MAX + 512];
-    FILE *lf = fmemopen(line, sizeof line, "w");
-    fprintf(lf, "{\"event\": \"eval\", \"step\": %lld, \"evaluator\": \"%s\"", (long long)step, who);
-    json_num(lf, "eval_loss", loss, 0);
-    json_num(lf, "eval_accuracy", acc, 0);
-    fprintf(lf, ", \"examples\": %lld", (long long)ev->examples);
-    json_time(lf, "wall_time", loom_wall_time());
-    fprintf(lf, "}\n");
-    long ll = ftell(lf);
-    fclose(lf);
-    setvbuf(m, NULL, _IONBF, 0);
-    int rc = LOOM_OK;
-    if (ll <= 0 || fwrite(line, 1, (size_t)ll, m) != (size_t)ll)
-        rc = loom_err_set(err, LOOM_EIO, metrics_path, "cannot append the eval line: %s", strerror(errno));
-    fclose(m);
-    if (!rc && !*tb && r->spec->run.summary_steps > 0) rc = loom_summary_open(tb, eval_dir, -1, err);
-    if (!rc) rc = log_eval(r, *tb, step, loss, ev, err);
-    return rc;
-}
-
-static void adapted_free(loom_spec *cp);
-static int watch_adapt(run *r, const char *path, loom_spec **own, bool *said, loom_err *err);
-
-static int watch_loop(run *r, const loom_watch_opts *o, const char *who, int *evaluated, loom_err *err)
-{
-    char metrics_path[LOOM_PATH_MAX + 16], path[LOOM_PATH_MAX];
-    snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", r->model_dir);
-    double poll = o && o->poll_secs > 0 ? o->poll_secs : 0.2, idle = o ? o->idle_secs : 0;
-    int n_before = 0;
-    watched *before = read_watched(metrics_path, &n_before);
-    int64_t last = -1;
-    loom_summary *tb = NULL;
-    int rc = LOOM_OK;
-    double idle_since = loom_now();
-    bool waiting_said = false, said = false;
-    loom_spec *own = NULL; /* data.eval's adapted numbers when a checkpoint brought others (watch_adapt) */
-    while (!rc) {
-        if (watch_signal) {
-            rc = loom_err_set(err, LOOM_EIO, NULL, "%s: stopped by signal %d after %d evaluation%s", who,
-                              (int)watch_signal, *evaluated, *evaluated == 1 ? "" : "s");
-            break;
-        }
-        int64_t fin = final_step(r->model_dir, o ? o->after_wall : 0), step, top;
-        int newer = 0;
-        loom_err lerr;
-        if (last >= 0 && loom_ckpt_newest_after(r->model_dir, -1, path, &top, &newer, &lerr) == LOOM_OK && top < last) {
-            loom_info("%s: the checkpoints start over (newest step %lld, after step %lld: a --fresh run): watching "
-                      "them anew", who, (long long)top, (long long)last);
-            last = -1;
-        }
-        rc = loom_ckpt_newest_after(r->model_dir, last, path, &step, &newer, err);
-        if (rc == LOOM_EEOF) {
-            rc = LOOM_OK;
-            if (fin >= 0 && fin <= last) {
-                loom_info("%s: training ended at step %lld, evaluated: done (%d evaluation%s here)", who,
-                          (long long)fin, *evaluated, *evaluated == 1 ? "" : "s");
-                break;
-            }
-            if (fin > last) {
-                rc = loom_err_set(err, LOOM_EIO, r->model_dir, "%s: training ended at step %lld, but its checkpoint "
-                                  "is not in the model directory (newest evaluated: step %lld)", who, (long long)fin,
-                                  (long long)last);
-                loom_err_hint(err, "was it deleted? evaluate what is there with loom evaluate --checkpoint FILE");
-                break;
-            }
-            if (!waiting_said) loom_info("%s: waiting for checkpoints in %s", who, r->model_dir);
-            waiting_said = true;
-            if (idle > 0 && loom_now() - idle_since > idle) {
-                rc = loom_err_set(err, LOOM_ETIMEOUT, r->model_dir, "%s: no new checkpoint for %g s and training has "
-                                  "not ended (no %s)", who, idle, LOOM_FINAL_MARKER);
-                break;
-            }
-            usleep((useconds_t)(poll * 1e6));
-            continue;
-        }
-        if (rc) break;
-        if (watched_before(before, n_before, path, step)) {
-            loom_info("%s: %s (step %lld) was evaluated before (metrics.jsonl)%s", who, path, (long long)step,
-                      newer > 1 ? "; so were, or are skipped, the older ones" : "");
-            last = step;
-            continue;
-        }
-        if (newer > 1)
-            loom_info("%s: %d new checkpoints: evaluating the newest (step %lld), skipping %d older", who, newer,
-                      (long long)step, newer - 1);
-        int64_t loaded = -1;
-        loom_step_result ev;
-        char used[LOOM_PATH_MAX];
-        rc = load_for_inference_(r, path, used, &loaded, err);
-        if (rc && access(path, F_OK)) { /* pruned (keep_checkpoints) between the listing and the load: look again */
-            loom_warn("%s: %s went away before it was read; looking again", who, path);
-            rc = LOOM_OK;
-            continue;
-        }
-        if (!rc) rc = watch_adapt(r, path, &own, &said, err);
-        if (!rc) rc = evaluate_all(r, r->eval, &ev, err);
-        if (rc) break;
-        last = step;
-        idle_since = loom_now();
-        waiting_said = false;
-        (*evaluated)++;
-        rc = watch_report(r, who, path, step, &ev, &tb, err);
-    }
-    loom_free(before);
-    adapted_free(own);
-    loom_err cerr;
-    if (loom_summary_close(tb, &cerr) && !rc) *err = cerr, rc = cerr.code;
-    return rc;
-}
-
-/* A spec copy whose adapt maps hold other numbers than the config's spec
- * (shares everything else with it): freed with adapted_free. */
-static void adapted_free(loom_spec *cp)
-{
-    for (int d = 0; cp && d < 2; d++) {
-        loom_dataset_spec *ds = d ? &cp->eval : &cp->train;
-        for (int i = 0; i < ds->n_transforms; i++) /* (map is a union member: only a map's is one) */
-            if (ds->transform[i].kind == LOOM_T_MAP && ds->transform[i].map.vocab_owned)
-                loom_free(ds->transform[i].map.vocab);
-    }
-    loom_free(cp);
-}
-
-/* The sidecar evaluator evaluates each checkpoint with the numbers adapted
- * at its start (its "adapt" record): when they are not those data.eval runs
- * with (a --fresh run adapted anew), data.eval is opened again with them;
- * *own keeps the spec copy they live in. */
-static int watch_adapt(run *r, const char *path, loom_spec **own, bool *said, loom_err *err)
-{
-    loom_buf ck, cur;
-    loom_buf_init(&cur);
-    int rc = loom_ckpt_read_blob(path, "adapt", &ck, err);
-    if (rc == LOOM_EEOF) return LOOM_OK; /* an older checkpoint: the numbers of adapt.txt */
-    if (rc) return rc;
-    loom_data_adapt_text(*own ? *own : r->spec, &cur);
-    loom_spec *cp = NULL;
-    if (cur.len != ck.len || memcmp(cur.data, ck.data, ck.len)) {
-        if (!(cp = loom_alloc(sizeof *cp))) rc = loom_err_set(err, LOOM_ENOMEM, path, "cannot copy the config");
-        if (cp) {
-            *cp = *r->spec;
-            for (int d = 0; d < 2; d++) {
-                loom_dataset_spec *ds = d ? &cp->eval : &cp->train;
-                for (int i = 0; i < ds->n_transforms; i++)
-                    if (ds->transform[i].kind == LOOM_T_MAP) ds->transform[i].map.vocab_owned = false;
-            }
-            loom_adapt_source src = {.name = path, .text = ck.data, .len = ck.len, .said = said};
-            loom_data_ctx none = {0};
-            rc = loom_data_adapt_from(cp, r->model_dir, LOOM_ADAPT_LOAD, &none, &src, err);
-        }
-        loom_lua_opts lua = {.model_dir = r->model_dir, .unsafe = r->spec->hooks.unsafe,
-                             .memory_limit = r->spec->hooks.memory_limit,
-                             .instruction_limit = r->spec->hooks.instruction_limit};
-        loom_data_ctx ectx = {.seed = r->spec->run.seed, .name = "eval", .custom_options = &lua,
-                              .threads = r->spec->run.threads > 0 ? r->spec->run.threads : loom_num_cores()};
-        loom_iter *it = NULL;
-        if (!rc) rc = loom_data_open(&it, &cp->eval, &ectx, err);
-        if (!rc) {
-            loom_info("%s was adapted anew: data.eval now runs with its numbers", path);
-            loom_iter_close(r->eval);
-            r->eval = it;
-            adapted_free(*own);
-            *own = cp;
-            cp = NULL;
-        }
-    }
-    adapted_free(cp);
-    loom_buf_fini(&ck);
-    loom_buf_fini(&cur);
-    return rc;
-}
-
-int loom_evaluate_watch(const loom_spec *spec, const char *model_dir, const loom_watch_opts *o, int *evaluated,
-                        loom_err *err)
-{
-    run r;
-    *evaluated = 0;
-    int rc = run_open_(&r, spec, model_dir, true, NULL, false, err);
-    if (!rc) rc = metrics_open(&r, err);
-    if (rc) {
-        run_close_(&r);
-        return rc;
-    }
-    const char *who = o && o->who ? o->who : "evaluate --watch";
-    struct sigaction sa = {0}, old_int, old_term;
-    sa.sa_handler = on_watch_signal;
-    sigemptyset(&sa.sa_mask);
-    watch_signal = 0;
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
-    loom_info("%s: evaluating each new checkpoint of %s until training ends (%s)", who, r.model_dir,
-              LOOM_FINAL_MARKER);
-    rc = watch_loop(&r, o, who, evaluated, err);
-    sigaction(SIGINT, &old_int, NULL);
-    sigaction(SIGTERM, &old_term, NULL);
-    run_close_(&r);
-    return rc;
 }
 
 static void print_pipeline(FILE *f, const char *name, loom_iter *it)
