@@ -18,11 +18,11 @@ int loom_evaluate(const loom_spec *spec, const char *model_dir, const char *chec
 {
     run r;
     memset(out, 0, sizeof *out);
-    int rc = run_open_(&r, spec, model_dir, true, NULL, false, err);
-    if (!rc) rc = metrics_open_(&r, err);
-    if (!rc) rc = load_for_inference_(&r, checkpoint, out->checkpoint, &out->step, err);
+    int rc = train_run_open_(&r, spec, model_dir, true, NULL, false, err);
+    if (!rc) rc = train_metrics_open_(&r, err);
+    if (!rc) rc = train_load_for_inference_(&r, checkpoint, out->checkpoint, &out->step, err);
     loom_step_result ev;
-    if (!rc) rc = evaluate_all_(&r, r.eval, &ev, err);
+    if (!rc) rc = train_evaluate_all_(&r, r.eval, &ev, err);
     if (!rc) {
         out->examples = ev.examples;
         out->loss = ev.examples ? ev.loss_sum / (double)ev.examples : NAN;
@@ -34,7 +34,7 @@ int loom_evaluate(const loom_spec *spec, const char *model_dir, const char *chec
             out->metric[i] = ev.examples ? loom_model_metric_value(m, i, r.macc[1], ev.correct, ev.examples) : NAN;
         }
     }
-    run_close_(&r);
+    train_run_close_(&r);
     return rc;
 }
 
@@ -130,10 +130,10 @@ static int watch_report(run *r, const char *who, const char *path, int64_t step,
     char line[LOOM_PATH_MAX + 512];
     FILE *lf = fmemopen(line, sizeof line, "w");
     fprintf(lf, "{\"event\": \"eval\", \"step\": %lld, \"evaluator\": \"%s\"", (long long)step, who);
-    json_num_(lf, "eval_loss", loss, 0);
-    json_num_(lf, "eval_accuracy", acc, 0);
+    train_json_num_(lf, "eval_loss", loss, 0);
+    train_json_num_(lf, "eval_accuracy", acc, 0);
     fprintf(lf, ", \"examples\": %lld", (long long)ev->examples);
-    json_time_(lf, "wall_time", loom_wall_time());
+    train_json_time_(lf, "wall_time", loom_wall_time());
     fprintf(lf, "}\n");
     long ll = ftell(lf);
     fclose(lf);
@@ -143,7 +143,7 @@ static int watch_report(run *r, const char *who, const char *path, int64_t step,
         rc = loom_err_set(err, LOOM_EIO, metrics_path, "cannot append the eval line: %s", strerror(errno));
     fclose(m);
     if (!rc && !*tb && r->spec->run.summary_steps > 0) rc = loom_summary_open(tb, eval_dir, -1, err);
-    if (!rc) rc = log_eval_(r, *tb, step, loss, ev, err);
+    if (!rc) rc = train_log_eval_(r, *tb, step, loss, ev, err);
     return rc;
 }
 
@@ -215,14 +215,14 @@ static int watch_loop(run *r, const loom_watch_opts *o, const char *who, int *ev
         int64_t loaded = -1;
         loom_step_result ev;
         char used[LOOM_PATH_MAX];
-        rc = load_for_inference_(r, path, used, &loaded, err);
+        rc = train_load_for_inference_(r, path, used, &loaded, err);
         if (rc && access(path, F_OK)) { /* pruned (keep_checkpoints) between the listing and the load: look again */
             loom_warn("%s: %s went away before it was read; looking again", who, path);
             rc = LOOM_OK;
             continue;
         }
         if (!rc) rc = watch_adapt(r, path, &own, &said, err);
-        if (!rc) rc = evaluate_all_(r, r->eval, &ev, err);
+        if (!rc) rc = train_evaluate_all_(r, r->eval, &ev, err);
         if (rc) break;
         last = step;
         idle_since = loom_now();
@@ -303,10 +303,10 @@ int loom_evaluate_watch(const loom_spec *spec, const char *model_dir, const loom
 {
     run r;
     *evaluated = 0;
-    int rc = run_open_(&r, spec, model_dir, true, NULL, false, err);
-    if (!rc) rc = metrics_open_(&r, err);
+    int rc = train_run_open_(&r, spec, model_dir, true, NULL, false, err);
+    if (!rc) rc = train_metrics_open_(&r, err);
     if (rc) {
-        run_close_(&r);
+        train_run_close_(&r);
         return rc;
     }
     const char *who = o && o->who ? o->who : "evaluate --watch";
@@ -321,6 +321,6 @@ int loom_evaluate_watch(const loom_spec *spec, const char *model_dir, const loom
     rc = watch_loop(&r, o, who, evaluated, err);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
-    run_close_(&r);
+    train_run_close_(&r);
     return rc;
 }

@@ -278,17 +278,17 @@ int loom_predict_run(const loom_spec *spec, const loom_predict_opts *po, loom_er
     int rc = parse_ids(&j, po->id, err);
     if (rc) return rc;
     run r;
-    rc = run_open_(&r, spec, po->model_dir, false, NULL, false, err);
+    rc = train_run_open_(&r, spec, po->model_dir, false, NULL, false, err);
     char path[LOOM_PATH_MAX];
     int64_t step;
-    if (!rc) rc = load_for_inference_(&r, po->checkpoint, path, &step, err);
+    if (!rc) rc = train_load_for_inference_(&r, po->checkpoint, path, &step, err);
     if (rc) {
-        run_close_(&r);
+        train_run_close_(&r);
         return rc;
     }
     loom_dataset_spec *ds = loom_calloc(1, sizeof *ds);
     if (!ds) {
-        run_close_(&r);
+        train_run_close_(&r);
         return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating a dataset spec");
     }
     loom_iter *it = NULL;
@@ -321,6 +321,6 @@ int loom_predict_run(const loom_spec *spec, const loom_predict_opts *po, loom_er
     loom_free(probs);
     loom_iter_close(it);
     loom_free(ds);
-    run_close_(&r);
+    train_run_close_(&r);
     return rc;
 }

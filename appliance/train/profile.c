@@ -249,7 +249,7 @@ int loom_train_profile(const loom_spec *spec, int64_t steps, int64_t warmup, FIL
     /* BLAS's own pool sized for every core, for the GEMM-only bound; the
      * strategies then set the threads they call it with */
     int rc = loom_blas_init(p->cores, err);
-    if (!rc) rc = run_open_(&p->r, spec, NULL, false, NULL, false, err);
+    if (!rc) rc = train_run_open_(&p->r, spec, NULL, false, NULL, false, err);
     if (rc) goto out;
     p->R = loom_strategy_num_replicas(p->r.strat);
     p->parts = loom_strategy_has_parts(p->r.strat);
@@ -267,6 +267,6 @@ int loom_train_profile(const loom_spec *spec, int64_t steps, int64_t warmup, FIL
 out:
     loom_free(p->per);
     loom_free(p->bound);
-    run_close_(&p->r);
+    train_run_close_(&p->r);
     return rc;
 }

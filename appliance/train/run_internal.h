@@ -1,5 +1,5 @@
 /* run_internal.h - what every command of train/ opens first: the pipelines and
- * the strategy of a config (train.c's run_open_), and the checkpoint that
+ * the strategy of a config (train.c's train_run_open_), and the checkpoint that
  * evaluate and predict load, and what the evaluators share with the trainer.
  * Private to train/ (train.c, evaluate.c, predict.c, profile.c). Threads: the caller's. */
 #ifndef LOOM_TRAIN_RUN_H
@@ -37,23 +37,23 @@ typedef struct run {
  * `need_eval`: fail if data.eval is absent. cluster: this process's task in a
  * job across processes (NULL: one process); plan_only: `loom check` (the
  * strategy opens no socket). Close r with run_close_ whether or not it fails. */
-int  run_open_(run *r, const loom_spec *spec, const char *model_dir, bool need_eval, const loom_cluster *cluster,
-               bool plan_only, loom_err *err);
-void run_close_(run *r);
+int  train_run_open_(run *r, const loom_spec *spec, const char *model_dir, bool need_eval, const loom_cluster *cluster,
+                     bool plan_only, loom_err *err);
+void train_run_close_(run *r);
 /* Loads the checkpoint to evaluate or predict with into the strategy's model:
  * `checkpoint`, or (NULL) the latest in r's model directory; path gets the
  * file's name, step its step (-1 when a file was named). */
-int  load_for_inference_(run *r, const char *checkpoint, char path[LOOM_PATH_MAX], int64_t *step, loom_err *err);
+int  train_load_for_inference_(run *r, const char *checkpoint, char path[LOOM_PATH_MAX], int64_t *step, loom_err *err);
 
 /* Shared by the trainer and the evaluators (train.c, evaluate.c). */
-int  metrics_open_(run *r, loom_err *err); /* the state of model.metrics, zeroed; LOOM_ENOMEM */
+int  train_metrics_open_(run *r, loom_err *err); /* the state of model.metrics, zeroed; LOOM_ENOMEM */
 /* Evaluates data.eval (it) into total; its metric state ends in r->macc[1]
  * (the training steps' state so far is first added to r->macc[0]). */
-int  evaluate_all_(run *r, loom_iter *it, loom_step_result *total, loom_err *err);
+int  train_evaluate_all_(run *r, loom_iter *it, loom_step_result *total, loom_err *err);
 /* An evaluation (ev, its metrics in r->macc[1]) to TensorBoard: loss and each metric. */
-int  log_eval_(run *r, loom_summary *tb, int64_t step, double loss, const loom_step_result *ev, loom_err *err);
+int  train_log_eval_(run *r, loom_summary *tb, int64_t step, double loss, const loom_step_result *ev, loom_err *err);
 /* A metrics.jsonl field: `, "key": v` (a number, or null when not finite; first: no comma) */
-void json_num_(FILE *f, const char *key, double v, int first);
-void json_time_(FILE *f, const char *key, double v); /* `, "key": v` to the millisecond */
+void train_json_num_(FILE *f, const char *key, double v, int first);
+void train_json_time_(FILE *f, const char *key, double v); /* `, "key": v` to the millisecond */
 
 #endif

@@ -106,7 +106,7 @@ static int data_open_failed(loom_err *err, const char *which)
     return err->code;
 }
 
-void run_close_(run *r)
+void train_run_close_(run *r)
 {
     loom_status_close(r->status);
     train_hooks_close_(&r->hooks);
@@ -179,8 +179,8 @@ static int eval_matches_train(run *r, const loom_spec *spec, const loom_elem_spe
 /* Opens the pipelines and the strategy. `need_eval`: fail if data.eval is
  * absent. cluster: this process's task in a job across processes (NULL: one
  * process); plan_only: `loom check` (the strategy opens no socket). */
-int run_open_(run *r, const loom_spec *spec, const char *model_dir, bool need_eval,
-                const loom_cluster *cluster, bool plan_only, loom_err *err)
+int train_run_open_(run *r, const loom_spec *spec, const char *model_dir, bool need_eval,
+                    const loom_cluster *cluster, bool plan_only, loom_err *err)
 {
     memset(r, 0, sizeof *r);
     r->spec = spec;
@@ -269,7 +269,7 @@ int run_open_(run *r, const loom_spec *spec, const char *model_dir, bool need_ev
 static void take_metrics(run *r, double *acc) { loom_strategy_metrics_take(r->strat, acc); }
 
 /* The state of model.metrics (zeroed); LOOM_ENOMEM. */
-int metrics_open_(run *r, loom_err *err)
+int train_metrics_open_(run *r, loom_err *err)
 {
     loom_model *m = loom_strategy_model(r->strat);
     int64_t n = loom_model_metrics_size(m);
@@ -315,7 +315,7 @@ static void metrics_json(run *r, FILE *f, const char *prefix, int k, int64_t cor
     for (int i = 0; i < loom_model_num_metrics(m); i++) {
         char key[64];
         snprintf(key, sizeof key, "%s%s", prefix, loom_metric_name(loom_model_metric(m, i)));
-        json_num_(f, key, examples ? loom_model_metric_value(m, i, r->macc[k], correct, examples) : NAN, 0);
+        train_json_num_(f, key, examples ? loom_model_metric_value(m, i, r->macc[k], correct, examples) : NAN, 0);
     }
 }
 
@@ -333,7 +333,7 @@ static void metrics_to_hooks(run *r, int k, int64_t correct, int64_t examples)
 
 /* Evaluates data.eval; its metric state ends in r->macc[1] (the training
  * steps' state so far is first added to r->macc[0]). */
-int evaluate_all_(run *r, loom_iter *it, loom_step_result *total, loom_err *err)
+int train_evaluate_all_(run *r, loom_iter *it, loom_step_result *total, loom_err *err)
 {
     memset(total, 0, sizeof *total);
     take_metrics(r, r->macc[0]);
@@ -366,9 +366,9 @@ static double peak_rss_mb(void)
     return (double)ru.ru_maxrss / 1024.0;
 }
 
-void json_time_(FILE *f, const char *key, double v) { fprintf(f, ", \"%s\": %.3f", key, v); }
+void train_json_time_(FILE *f, const char *key, double v) { fprintf(f, ", \"%s\": %.3f", key, v); }
 
-void json_num_(FILE *f, const char *key, double v, int first)
+void train_json_num_(FILE *f, const char *key, double v, int first)
 {
     if (isfinite(v))
         fprintf(f, "%s\"%s\": %.9g", first ? "" : ", ", key, v);
@@ -548,8 +548,8 @@ static int log_summary(FILE *metrics, loom_summary *tb, summary_window *w, int64
     memset(w, 0, sizeof *w);
     fprintf(metrics, "{\"event\": \"summary\", \"step\": %lld", (long long)step);
     for (int i = 0; i < 5; i++)
-        if (i != 1 || has_acc) json_num_(metrics, tag[i], v[i], 0); /* a regression has no accuracy */
-    json_time_(metrics, "wall_time", loom_wall_time());
+        if (i != 1 || has_acc) train_json_num_(metrics, tag[i], v[i], 0); /* a regression has no accuracy */
+    train_json_time_(metrics, "wall_time", loom_wall_time());
     fprintf(metrics, "}\n");
     int rc = LOOM_OK;
     for (int i = 0; i < 5 && !rc; i++)
@@ -570,7 +570,7 @@ static int log_histograms(loom_summary *tb, loom_model *m, int64_t step, loom_er
 }
 
 /* An evaluation (ev, its metrics in r->macc[1]) to TensorBoard: loss and each metric. */
-int log_eval_(run *r, loom_summary *tb, int64_t step, double loss, const loom_step_result *ev, loom_err *err)
+int train_log_eval_(run *r, loom_summary *tb, int64_t step, double loss, const loom_step_result *ev, loom_err *err)
 {
     if (!tb || !isfinite(loss)) return LOOM_OK;
     int rc = loom_summary_scalar(tb, "loss", step, loss, err);
@@ -793,7 +793,7 @@ static int sink_summary(trainer *t, loom_err *err)
 static int sink_eval(trainer *t, const loom_step_result *ev, loom_err *err)
 {
     double ts = loom_now();
-    int rc = log_eval_(&t->r, t->sink.tb_eval, t->st.step, t->last_eval_loss, ev, err);
+    int rc = train_log_eval_(&t->r, t->sink.tb_eval, t->st.step, t->last_eval_loss, ev, err);
     t->sink.summary_sec += loom_now() - ts;
     return rc;
 }
@@ -832,15 +832,15 @@ static void sink_epoch(trainer *t, const loom_step_result *ev, double sps, doubl
     loom_info("epoch %lld/%lld: step %lld, %s%s, %.0f samples/s, input_wait %.1f%%, %.1f s", (long long)st->epoch + 1,
               (long long)t->rs->epochs, (long long)st->step, tr, evs, sps, input_wait * 100, ep_sec);
     fprintf(m, "{\"event\": \"epoch\", \"epoch\": %lld, \"step\": %lld", (long long)st->epoch + 1, (long long)st->step);
-    json_num_(m, "train_loss", train_loss, 0);
+    train_json_num_(m, "train_loss", train_loss, 0);
     metrics_json(r, m, "train_", 0, st->correct, st->examples);
-    json_num_(m, "eval_loss", ev->examples ? t->last_eval_loss : NAN, 0);
+    train_json_num_(m, "eval_loss", ev->examples ? t->last_eval_loss : NAN, 0);
     metrics_json(r, m, "eval_", 1, ev->correct, ev->examples);
-    json_num_(m, "samples_per_sec", sps, 0);
-    json_num_(m, "learning_rate", loom_optimizer_lr(t->opt, st->step), 0);
-    json_num_(m, "epoch_seconds", ep_sec, 0);
-    json_num_(m, "input_wait_fraction", input_wait, 0);
-    json_time_(m, "wall_time", loom_wall_time());
+    train_json_num_(m, "samples_per_sec", sps, 0);
+    train_json_num_(m, "learning_rate", loom_optimizer_lr(t->opt, st->step), 0);
+    train_json_num_(m, "epoch_seconds", ep_sec, 0);
+    train_json_num_(m, "input_wait_fraction", input_wait, 0);
+    train_json_time_(m, "wall_time", loom_wall_time());
     fprintf(m, "}\n");
     fflush(m);
     sink_state(t, LOOM_STATUS_TRAINING, sps, input_wait);
@@ -874,15 +874,15 @@ static void sink_end(trainer *t)
     if (st->step == t->start_step) return;
     FILE *m = t->sink.jsonl;
     fprintf(m, "{\"event\": \"end\", \"step\": %lld, \"epoch\": %lld", (long long)st->step, (long long)st->epoch);
-    json_num_(m, "eval_loss", t->last_eval_loss, 0);
+    train_json_num_(m, "eval_loss", t->last_eval_loss, 0);
     metrics_json(&t->r, m, "eval_", 1, t->last_ev.correct, t->last_ev.examples);
-    json_num_(m, "samples_per_sec", t->run_train_sec > 0 ? (double)t->run_examples / t->run_train_sec : 0, 0);
-    json_num_(m, "seconds", total, 0);
-    json_num_(m, "first_step_ms", t->first_step_ms, 0);
-    json_num_(m, "decode_ms", t->r.decode_sec * 1e3, 0);
-    json_num_(m, "peak_rss_mb", peak_rss_mb(), 0);
-    json_num_(m, "summary_ms", t->sink.summary_sec * 1e3, 0);
-    json_time_(m, "wall_time", loom_wall_time());
+    train_json_num_(m, "samples_per_sec", t->run_train_sec > 0 ? (double)t->run_examples / t->run_train_sec : 0, 0);
+    train_json_num_(m, "seconds", total, 0);
+    train_json_num_(m, "first_step_ms", t->first_step_ms, 0);
+    train_json_num_(m, "decode_ms", t->r.decode_sec * 1e3, 0);
+    train_json_num_(m, "peak_rss_mb", peak_rss_mb(), 0);
+    train_json_num_(m, "summary_ms", t->sink.summary_sec * 1e3, 0);
+    train_json_time_(m, "wall_time", loom_wall_time());
     fprintf(m, "}\n");
 }
 
@@ -905,7 +905,7 @@ static int trainer_open(trainer *t, const loom_spec *spec, const loom_train_opts
     t->spec = spec, t->rs = &spec->run, t->opts = opts, t->lock_fd = -1;
     run *r = &t->r;
     const char *dir = opts->model_dir ? opts->model_dir : spec->run.model_dir;
-    int rc = run_open_(r, spec, dir, false, opts->cluster, false, err);
+    int rc = train_run_open_(r, spec, dir, false, opts->cluster, false, err);
     if (!rc && loom_strategy_serves(r->strat)) { /* a ps task or a parameter-server worker: trainer_serve */
         t->serves = true;
         log_as_task(opts->cluster);
@@ -914,7 +914,7 @@ static int trainer_open(trainer *t, const loom_spec *spec, const loom_train_opts
     r->sidecar_eval = opts->cluster && opts->cluster->n_tasks[LOOM_ROLE_EVALUATOR] > 0;
     if (!rc && !r->chief) log_as_task(opts->cluster); /* the chief logs the job */
     if (!rc) rc = train_hooks_open_(&r->hooks, spec, r->model_dir, r->strat, err);
-    if (!rc) rc = metrics_open_(r, err);
+    if (!rc) rc = train_metrics_open_(r, err);
     if (!rc && spec->run.status_port && r->chief) { /* the chief reports the job; a port in use fails here, before anything is written */
         char w[600];
         rc = loom_status_open(&r->status, spec->run.status_bind, spec->run.status_port,
@@ -988,7 +988,7 @@ static int trainer_resume(trainer *t, loom_err *err)
 static int trainer_close(trainer *t, int rc, loom_err *err)
 {
     rc = sink_close(&t->sink, rc, err);
-    run_close_(&t->r);
+    train_run_close_(&t->r);
     loom_dir_unlock_(t->lock_fd);
     return rc;
 }
@@ -1201,7 +1201,7 @@ static int after_step(trainer *t, const loom_step_result *res, double t0, double
 /* data.eval (the chief's), its figures kept as the last evaluation's. */
 static int evaluate_now(trainer *t, loom_step_result *ev, loom_err *err)
 {
-    int rc = evaluate_all_(&t->r, t->r.eval, ev, err);
+    int rc = train_evaluate_all_(&t->r, t->r.eval, ev, err);
     if (rc) return rc;
     t->last_eval_loss = ev->examples ? ev->loss_sum / (double)ev->examples : NAN;
     t->last_eval_acc = ev->examples && t->r.has_acc ? (double)ev->correct / (double)ev->examples : NAN;
@@ -1308,7 +1308,7 @@ static int trainer_finish(trainer *t, int rc, loom_err *err)
     if (!rc && t->r.eval && t->r.chief && !t->r.sidecar_eval && t->last_eval_step != st->step &&
         st->step > t->start_step) {
         loom_step_result ev; /* an evaluation without examples leaves the last one's figures */
-        rc = evaluate_all_(&t->r, t->r.eval, &ev, err);
+        rc = train_evaluate_all_(&t->r, t->r.eval, &ev, err);
         if (!rc) t->last_ev = ev;
         if (!rc && ev.examples) {
             t->last_eval_loss = ev.loss_sum / (double)ev.examples;
@@ -1353,7 +1353,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
 }
 
 /* Loads the checkpoint to evaluate or predict with: the given file, or the latest. */
-int load_for_inference_(run *r, const char *checkpoint, char path[LOOM_PATH_MAX], int64_t *step, loom_err *err)
+int train_load_for_inference_(run *r, const char *checkpoint, char path[LOOM_PATH_MAX], int64_t *step, loom_err *err)
 {
     int rc;
     *step = -1;
@@ -1418,7 +1418,7 @@ static int check_train_not_empty(run *r, const loom_spec *spec, loom_err *err)
 int loom_check(const loom_spec *spec, const loom_cluster *cluster, FILE *f, loom_err *err)
 {
     run r;
-    int rc = run_open_(&r, spec, NULL, false, cluster, true, err);
+    int rc = train_run_open_(&r, spec, NULL, false, cluster, true, err);
     if (!rc) rc = train_hooks_open_(&r.hooks, spec, r.model_dir, r.strat, err); /* finds every Lua function */
     if (!rc) rc = check_train_not_empty(&r, spec, err);
     if (!rc && r.hooks.hooks)
@@ -1438,6 +1438,6 @@ int loom_check(const loom_spec *spec, const loom_cluster *cluster, FILE *f, loom
                 loom_model_threads(m) == 1 ? "" : "s", loom_blas_core(), loom_blas_core_reason(), loom_blas_threads(),
                 loom_blas_threads() == 1 ? "" : "s");
     }
-    run_close_(&r);
+    train_run_close_(&r);
     return rc;
 }
