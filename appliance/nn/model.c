@@ -61,179 +61,248 @@ static int add_param(loom_model *m, const nn_layer_ *l, const char *suffix, cons
     return (int)p->offset;
 }
 
-/* Layer li's output shape and parameters from its input shape.
- * long: one case per layer kind, each a few lines of shape arithmetic and
- * its refusals; the cases read as a table of the layers. */
-static int layer_shapes(loom_model *m, nn_layer_ *l, int li, loom_err *err)
+/* ---- the shape rules: one function per layer kind -------------------------
+ * Each sets l->out (and the kind's geometry in l) from l->in, adds the
+ * layer's parameters, counts its flops, and refuses a shape it cannot take. */
+
+static int dense_shapes(loom_model *m, nn_layer_ *l, int li, loom_err *err)
 {
+    (void)li;
     char a[96], b[96];
+    const loom_layer_spec *s = &l->spec;
+    const loom_shape *in = &l->in;
+    if (in->rank != 1) {
+        loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\" (dense) needs a rank-1 input (features,), got %s",
+                     s->name, loom_shape_str(in, a, sizeof a));
+        loom_shape flat;
+        shape_of(&flat, 1, loom_shape_numel(in), 0, 0);
+        return loom_err_hint(err, "add a flatten layer before it (%s -> %s)", a, loom_shape_str(&flat, b, sizeof b));
+    }
+    if (s->units < 1)
+        return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\": units = %d, must be >= 1", s->name, s->units);
+    shape_of(&l->out, 1, s->units, 0, 0);
+    l->act = s->activation;
+    loom_shape ks;
+    shape_of(&ks, 2, in->dim[0], s->units, 0);
+    l->kernel_off = add_param(m, l, "kernel", &ks, s->kernel_init, (double)in->dim[0], (double)s->units);
+    if (s->use_bias) {
+        shape_of(&ks, 1, s->units, 0, 0);
+        l->bias_off = add_param(m, l, "bias", &ks, LOOM_INIT_ZEROS, 0, 0);
+    }
+    m->flops += 2.0 * (double)in->dim[0] * s->units;
+    return LOOM_OK;
+}
+
+/* conv2d's kernel and bias, once its window is placed (window_shapes) */
+static int conv_params(loom_model *m, nn_layer_ *l, loom_err *err)
+{
+    const loom_layer_spec *s = &l->spec;
+    if (s->filters < 1)
+        return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\": filters = %d, must be >= 1", s->name,
+                            s->filters);
+    l->cout = s->filters;
+    l->act = s->activation;
+    loom_shape ks = {.rank = 4, .dim = {l->kh, l->kw, l->cin, l->cout}};
+    double rf = (double)l->kh * l->kw;
+    l->kernel_off = add_param(m, l, "kernel", &ks, s->kernel_init, rf * l->cin, rf * l->cout);
+    if (s->use_bias) {
+        shape_of(&ks, 1, l->cout, 0, 0);
+        l->bias_off = add_param(m, l, "bias", &ks, LOOM_INIT_ZEROS, 0, 0);
+    }
+    m->flops += 2.0 * l->oh * l->ow * rf * l->cin * l->cout;
+    return LOOM_OK;
+}
+
+/* conv2d, max_pool2d and average_pooling2d: a window slid over (H, W, C) */
+static int window_shapes(loom_model *m, nn_layer_ *l, int li, loom_err *err)
+{
+    (void)li;
+    char a[96];
     const loom_layer_spec *s = &l->spec;
     const char *kind = nn_layer_kind_name_(s->kind);
     const loom_shape *in = &l->in;
-    l->kernel_off = l->bias_off = l->mm_off = l->mv_off = -1;
-    l->act = LOOM_ACT_NONE;
-    switch (s->kind) {
-    case LOOM_LAYER_DENSE: {
-        if (in->rank != 1) {
-            loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\" (dense) needs a rank-1 input (features,), got %s",
-                         s->name, loom_shape_str(in, a, sizeof a));
-            loom_shape flat;
-            shape_of(&flat, 1, loom_shape_numel(in), 0, 0);
-            return loom_err_hint(err, "add a flatten layer before it (%s -> %s)", a,
-                                 loom_shape_str(&flat, b, sizeof b));
-        }
-        if (s->units < 1)
-            return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\": units = %d, must be >= 1", s->name,
-                                s->units);
-        shape_of(&l->out, 1, s->units, 0, 0);
-        l->act = s->activation;
-        loom_shape ks;
-        shape_of(&ks, 2, in->dim[0], s->units, 0);
-        l->kernel_off = add_param(m, l, "kernel", &ks, s->kernel_init, (double)in->dim[0], (double)s->units);
-        if (s->use_bias) {
-            shape_of(&ks, 1, s->units, 0, 0);
-            l->bias_off = add_param(m, l, "bias", &ks, LOOM_INIT_ZEROS, 0, 0);
-        }
-        m->flops += 2.0 * (double)in->dim[0] * s->units;
-        break;
+    if (in->rank != 3) {
+        loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\" (%s) needs an (H, W, C) input, got %s", s->name, kind,
+                     loom_shape_str(in, a, sizeof a));
+        if (in->rank == 2)
+            return loom_err_hint(err,
+                                 "for (H, W) images add a reshape map with shape = [%lld, %lld, 1] to the "
+                                 "input transforms",
+                                 (long long)in->dim[0], (long long)in->dim[1]);
+        return err->code;
     }
-    case LOOM_LAYER_CONV2D:
-    case LOOM_LAYER_MAX_POOL2D:
-    case LOOM_LAYER_AVG_POOL2D: {
-        if (in->rank != 3) {
-            loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\" (%s) needs an (H, W, C) input, got %s", s->name,
-                         kind, loom_shape_str(in, a, sizeof a));
-            if (in->rank == 2)
-                return loom_err_hint(err,
-                                     "for (H, W) images add a reshape map with shape = [%lld, %lld, 1] to the "
-                                     "input transforms",
-                                     (long long)in->dim[0], (long long)in->dim[1]);
-            return err->code;
-        }
-        int conv = s->kind == LOOM_LAYER_CONV2D;
-        l->kh = conv ? s->kernel[0] : s->pool[0];
-        l->kw = conv ? s->kernel[1] : s->pool[1];
-        l->sh = s->stride[0] > 0 ? s->stride[0] : (conv ? 1 : l->kh);
-        l->sw = s->stride[1] > 0 ? s->stride[1] : (conv ? 1 : l->kw);
-        if (l->kh < 1 || l->kw < 1 || l->sh < 1 || l->sw < 1)
-            return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\": window %dx%d stride %dx%d must be >= 1",
-                                s->name, l->kh, l->kw, l->sh, l->sw);
-        l->ih = (int)in->dim[0];
-        l->iw = (int)in->dim[1];
-        l->cin = (int)in->dim[2];
-        l->oh = (int)out_dim(l->ih, l->kh, l->sh, s->padding, &l->pad_t);
-        l->ow = (int)out_dim(l->iw, l->kw, l->sw, s->padding, &l->pad_l);
-        if (l->oh < 1 || l->ow < 1)
-            return loom_err_set(err, LOOM_ESHAPE, l->where,
-                                "layer \"%s\" (%s): a %dx%d window with valid padding does not fit the input %s",
-                                s->name, kind, l->kh, l->kw, loom_shape_str(in, a, sizeof a)),
-                   loom_err_hint(err, "use padding = \"same\" or a smaller window");
-        if (conv) {
-            if (s->filters < 1)
-                return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\": filters = %d, must be >= 1", s->name,
-                                    s->filters);
-            l->cout = s->filters;
-            l->act = s->activation;
-            loom_shape ks = {.rank = 4, .dim = {l->kh, l->kw, l->cin, l->cout}};
-            double rf = (double)l->kh * l->kw;
-            l->kernel_off = add_param(m, l, "kernel", &ks, s->kernel_init, rf * l->cin, rf * l->cout);
-            if (s->use_bias) {
-                shape_of(&ks, 1, l->cout, 0, 0);
-                l->bias_off = add_param(m, l, "bias", &ks, LOOM_INIT_ZEROS, 0, 0);
-            }
-            m->flops += 2.0 * l->oh * l->ow * rf * l->cin * l->cout;
-        } else {
-            l->cout = l->cin;
-        }
-        shape_of(&l->out, 3, l->oh, l->ow, l->cout);
-        break;
+    int conv = s->kind == LOOM_LAYER_CONV2D;
+    l->kh = conv ? s->kernel[0] : s->pool[0];
+    l->kw = conv ? s->kernel[1] : s->pool[1];
+    l->sh = s->stride[0] > 0 ? s->stride[0] : (conv ? 1 : l->kh);
+    l->sw = s->stride[1] > 0 ? s->stride[1] : (conv ? 1 : l->kw);
+    if (l->kh < 1 || l->kw < 1 || l->sh < 1 || l->sw < 1)
+        return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\": window %dx%d stride %dx%d must be >= 1",
+                            s->name, l->kh, l->kw, l->sh, l->sw);
+    l->ih = (int)in->dim[0];
+    l->iw = (int)in->dim[1];
+    l->cin = (int)in->dim[2];
+    l->oh = (int)out_dim(l->ih, l->kh, l->sh, s->padding, &l->pad_t);
+    l->ow = (int)out_dim(l->iw, l->kw, l->sw, s->padding, &l->pad_l);
+    if (l->oh < 1 || l->ow < 1)
+        return loom_err_set(err, LOOM_ESHAPE, l->where,
+                            "layer \"%s\" (%s): a %dx%d window with valid padding does not fit the input %s", s->name,
+                            kind, l->kh, l->kw, loom_shape_str(in, a, sizeof a)),
+               loom_err_hint(err, "use padding = \"same\" or a smaller window");
+    int rc = conv ? conv_params(m, l, err) : LOOM_OK;
+    if (rc) return rc;
+    if (!conv) l->cout = l->cin;
+    shape_of(&l->out, 3, l->oh, l->ow, l->cout);
+    return LOOM_OK;
+}
+
+static int embedding_shapes(loom_model *m, nn_layer_ *l, int li, loom_err *err)
+{
+    char a[96];
+    const loom_layer_spec *s = &l->spec;
+    const loom_shape *in = &l->in;
+    if (li != 0)
+        return loom_err_set(err, LOOM_ESHAPE, l->where,
+                            "layer \"%s\" (embedding) is layer %d; an embedding looks up the model's input ids, "
+                            "so it must be the first layer", s->name, li),
+               loom_err_hint(err, "move it to the top of model.layers");
+    if (in->rank > 2)
+        return loom_err_set(err, LOOM_ESHAPE, l->where,
+                            "layer \"%s\" (embedding) needs ids of shape (), (columns,) or (columns, k), got %s",
+                            s->name, loom_shape_str(in, a, sizeof a));
+    if (s->input_dim < 1 || s->output_dim < 1)
+        return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\": input_dim = %lld and output_dim = %d "
+                            "must be >= 1", s->name, (long long)s->input_dim, s->output_dim);
+    l->rows = s->input_dim;
+    l->dim = s->output_dim;
+    l->cols = in->rank >= 1 ? (int)in->dim[0] : 1;
+    l->k = in->rank == 2 ? (int)in->dim[1] : 1;
+    if (in->rank == 0) shape_of(&l->out, 1, l->dim, 0, 0);
+    else shape_of(&l->out, 2, l->cols, l->dim, 0);
+    loom_shape ks;
+    shape_of(&ks, 2, l->rows, l->dim, 0);
+    l->kernel_off = add_param(m, l, "embeddings", &ks, NN_INIT_EMBEDDING, 0, 0);
+    m->flops += (double)l->cols * l->k * l->dim;
+    return LOOM_OK;
+}
+
+static int global_pool_shapes(loom_model *m, nn_layer_ *l, int li, loom_err *err)
+{
+    (void)m, (void)li;
+    char a[96];
+    const loom_shape *in = &l->in;
+    if (in->rank != 3)
+        return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\" (%s) needs an (H, W, C) input, got %s",
+                            l->spec.name, nn_layer_kind_name_(l->spec.kind), loom_shape_str(in, a, sizeof a));
+    l->ih = (int)in->dim[0], l->iw = (int)in->dim[1], l->cin = l->cout = (int)in->dim[2];
+    shape_of(&l->out, 1, in->dim[2], 0, 0);
+    return LOOM_OK;
+}
+
+/* batch_normalization and layer_normalization: gamma and beta over the last axis */
+static int norm_shapes(loom_model *m, nn_layer_ *l, int li, loom_err *err)
+{
+    (void)li;
+    const loom_layer_spec *s = &l->spec;
+    const loom_shape *in = &l->in;
+    bool bn = s->kind == LOOM_LAYER_BATCH_NORM;
+    if (in->rank < 1)
+        return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\" (%s) needs features, got a scalar", s->name,
+                            nn_layer_kind_name_(s->kind));
+    l->out = *in;
+    l->C = in->dim[in->rank - 1];
+    loom_shape cs;
+    shape_of(&cs, 1, l->C, 0, 0);
+    l->kernel_off = add_param(m, l, "gamma", &cs, NN_INIT_ONES_, 0, 0);
+    l->bias_off = add_param(m, l, "beta", &cs, LOOM_INIT_ZEROS, 0, 0);
+    if (bn) {
+        l->mm_off = add_param(m, l, "moving_mean", &cs, LOOM_INIT_ZEROS, 0, 0);
+        l->mv_off = add_param(m, l, "moving_variance", &cs, NN_INIT_ONES_, 0, 0);
+        m->n_bn++;
+        m->n_sync_bn += s->sync;
     }
-    case LOOM_LAYER_EMBEDDING: {
-        if (li != 0)
-            return loom_err_set(err, LOOM_ESHAPE, l->where,
-                                "layer \"%s\" (embedding) is layer %d; an embedding looks up the model's input ids, "
-                                "so it must be the first layer", s->name, li),
-                   loom_err_hint(err, "move it to the top of model.layers");
-        if (in->rank > 2)
-            return loom_err_set(err, LOOM_ESHAPE, l->where,
-                                "layer \"%s\" (embedding) needs ids of shape (), (columns,) or (columns, k), got %s",
-                                s->name, loom_shape_str(in, a, sizeof a));
-        if (s->input_dim < 1 || s->output_dim < 1)
-            return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\": input_dim = %lld and output_dim = %d "
-                                "must be >= 1", s->name, (long long)s->input_dim, s->output_dim);
-        l->rows = s->input_dim;
-        l->dim = s->output_dim;
-        l->cols = in->rank >= 1 ? (int)in->dim[0] : 1;
-        l->k = in->rank == 2 ? (int)in->dim[1] : 1;
-        if (in->rank == 0) shape_of(&l->out, 1, l->dim, 0, 0);
-        else shape_of(&l->out, 2, l->cols, l->dim, 0);
-        loom_shape ks;
-        shape_of(&ks, 2, l->rows, l->dim, 0);
-        l->kernel_off = add_param(m, l, "embeddings", &ks, NN_INIT_EMBEDDING, 0, 0);
-        m->flops += (double)l->cols * l->k * l->dim;
-        break;
-    }
-    case LOOM_LAYER_GLOBAL_AVG_POOL2D:
-        if (in->rank != 3)
-            return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\" (%s) needs an (H, W, C) input, got %s",
-                                s->name, kind, loom_shape_str(in, a, sizeof a));
-        l->ih = (int)in->dim[0], l->iw = (int)in->dim[1], l->cin = l->cout = (int)in->dim[2];
-        shape_of(&l->out, 1, in->dim[2], 0, 0);
-        break;
-    case LOOM_LAYER_BATCH_NORM:
-    case LOOM_LAYER_LAYER_NORM: {
-        if (in->rank < 1)
-            return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\" (%s) needs features, got a scalar", s->name,
-                                kind);
-        l->out = *in;
-        l->C = in->dim[in->rank - 1];
-        loom_shape cs;
-        shape_of(&cs, 1, l->C, 0, 0);
-        l->kernel_off = add_param(m, l, "gamma", &cs, NN_INIT_ONES_, 0, 0);
-        l->bias_off = add_param(m, l, "beta", &cs, LOOM_INIT_ZEROS, 0, 0);
-        if (s->kind == LOOM_LAYER_BATCH_NORM) {
-            l->mm_off = add_param(m, l, "moving_mean", &cs, LOOM_INIT_ZEROS, 0, 0);
-            l->mv_off = add_param(m, l, "moving_variance", &cs, NN_INIT_ONES_, 0, 0);
-            m->n_bn++;
-            m->n_sync_bn += s->sync;
-        }
-        if (!(s->epsilon > 0)) l->spec.epsilon = 1e-3;
-        if (s->kind == LOOM_LAYER_BATCH_NORM && !(s->momentum >= 0 && s->momentum < 1)) l->spec.momentum = 0.99;
-        m->flops += 4.0 * (double)loom_shape_numel(in);
-        break;
-    }
-    case LOOM_LAYER_DROPOUT:
-        if (!(s->rate >= 0 && s->rate < 1))
-            return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\": rate = %g, must be in [0, 1)", s->name,
-                                s->rate);
-        l->out = *in;
-        break;
-    case LOOM_LAYER_FLATTEN:
-        shape_of(&l->out, 1, loom_shape_numel(in), 0, 0);
-        break;
-    case LOOM_LAYER_ACTIVATION:
-        l->out = *in;
-        l->act = s->activation;
-        if (l->act == LOOM_ACT_LEAKY_RELU && !(s->alpha >= 0)) l->spec.alpha = 0.3;
-        if (l->act == LOOM_ACT_SOFTMAX && in->rank != 1)
-            return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\": softmax needs a rank-1 input, got %s",
-                                s->name, loom_shape_str(in, a, sizeof a)),
-                   loom_err_hint(err, "add a flatten layer before it");
-        break;
-    default:
-        return loom_err_set(err, LOOM_ESHAPE, l->where, "layer %d: unknown kind %d", li, (int)s->kind);
-    }
-    if ((s->kind == LOOM_LAYER_DENSE || s->kind == LOOM_LAYER_CONV2D) &&
-        (l->act == LOOM_ACT_LEAKY_RELU || l->act == LOOM_ACT_GELU))
+    if (!(s->epsilon > 0)) l->spec.epsilon = 1e-3;
+    if (bn && !(s->momentum >= 0 && s->momentum < 1)) l->spec.momentum = 0.99;
+    m->flops += 4.0 * (double)loom_shape_numel(in);
+    return LOOM_OK;
+}
+
+static int dropout_shapes(loom_model *m, nn_layer_ *l, int li, loom_err *err)
+{
+    (void)m, (void)li;
+    if (!(l->spec.rate >= 0 && l->spec.rate < 1))
+        return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\": rate = %g, must be in [0, 1)", l->spec.name,
+                            l->spec.rate);
+    l->out = l->in;
+    return LOOM_OK;
+}
+
+static int flatten_shapes(loom_model *m, nn_layer_ *l, int li, loom_err *err)
+{
+    (void)m, (void)li, (void)err;
+    shape_of(&l->out, 1, loom_shape_numel(&l->in), 0, 0);
+    return LOOM_OK;
+}
+
+static int activation_shapes(loom_model *m, nn_layer_ *l, int li, loom_err *err)
+{
+    (void)m, (void)li;
+    char a[96];
+    const loom_layer_spec *s = &l->spec;
+    l->out = l->in;
+    l->act = s->activation;
+    if (l->act == LOOM_ACT_LEAKY_RELU && !(s->alpha >= 0)) l->spec.alpha = 0.3;
+    if (l->act == LOOM_ACT_SOFTMAX && l->in.rank != 1)
+        return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\": softmax needs a rank-1 input, got %s", s->name,
+                            loom_shape_str(&l->in, a, sizeof a)),
+               loom_err_hint(err, "add a flatten layer before it");
+    return LOOM_OK;
+}
+
+/* The shape rule of each layer kind, by loom_layer_kind. */
+static int (*const kind_shapes[])(loom_model *m, nn_layer_ *l, int li, loom_err *err) = {
+    [LOOM_LAYER_DENSE] = dense_shapes,
+    [LOOM_LAYER_CONV2D] = window_shapes,
+    [LOOM_LAYER_MAX_POOL2D] = window_shapes,
+    [LOOM_LAYER_AVG_POOL2D] = window_shapes,
+    [LOOM_LAYER_DROPOUT] = dropout_shapes,
+    [LOOM_LAYER_FLATTEN] = flatten_shapes,
+    [LOOM_LAYER_ACTIVATION] = activation_shapes,
+    [LOOM_LAYER_BATCH_NORM] = norm_shapes,
+    [LOOM_LAYER_LAYER_NORM] = norm_shapes,
+    [LOOM_LAYER_GLOBAL_AVG_POOL2D] = global_pool_shapes,
+    [LOOM_LAYER_EMBEDDING] = embedding_shapes,
+};
+
+/* A dense or conv2d layer's own activation: leaky_relu and gelu take a layer
+ * of their own, and a softmax needs a rank-1 output. */
+static int fused_activation_ok(const nn_layer_ *l, loom_err *err)
+{
+    char a[96];
+    const loom_layer_spec *s = &l->spec;
+    if (s->kind != LOOM_LAYER_DENSE && s->kind != LOOM_LAYER_CONV2D) return LOOM_OK;
+    if (l->act == LOOM_ACT_LEAKY_RELU || l->act == LOOM_ACT_GELU)
         return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\" (%s): activation \"%s\" is an activation layer "
-                            "of its own", s->name, kind, nn_activation_name_(l->act)),
+                            "of its own", s->name, nn_layer_kind_name_(s->kind), nn_activation_name_(l->act)),
                loom_err_hint(err, "set activation = \"none\" here and add { type = \"activation\"; activation = \"%s\"; } "
                                   "after it", nn_activation_name_(l->act));
-    if ((s->kind == LOOM_LAYER_DENSE || s->kind == LOOM_LAYER_CONV2D) && l->act == LOOM_ACT_SOFTMAX &&
-        l->out.rank != 1)
+    if (l->act == LOOM_ACT_SOFTMAX && l->out.rank != 1)
         return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\": softmax needs a rank-1 output, got %s",
                             s->name, loom_shape_str(&l->out, a, sizeof a));
-    l->n_in = loom_shape_numel(in);
+    return LOOM_OK;
+}
+
+/* Layer li's output shape and parameters from its input shape, by its kind's rule. */
+static int layer_shapes(loom_model *m, nn_layer_ *l, int li, loom_err *err)
+{
+    loom_layer_kind k = l->spec.kind;
+    l->kernel_off = l->bias_off = l->mm_off = l->mv_off = -1;
+    l->act = LOOM_ACT_NONE;
+    if ((unsigned)k >= sizeof kind_shapes / sizeof kind_shapes[0] || !kind_shapes[k])
+        return loom_err_set(err, LOOM_ESHAPE, l->where, "layer %d: unknown kind %d", li, (int)k);
+    int rc = kind_shapes[k](m, l, li, err);
+    if (rc || (rc = fused_activation_ok(l, err))) return rc;
+    l->n_in = loom_shape_numel(&l->in);
     l->n_out = loom_shape_numel(&l->out);
     return LOOM_OK;
 }
@@ -321,59 +390,44 @@ int loom_model_param_list(const loom_model_spec *spec, const loom_shape *input, 
     return rc;
 }
 
-/* The model for loom_model_new, or (shapes_only) its variable list alone.
- * long: the build in its order (layers and their shapes, the loss's checks,
- * the memory bound checked before any allocation, then the buffers); each
- * stage reads and fills the model the previous one left, and the error paths
- * free it in one place. Splitting it is noted for the house issue. */
-static int model_build(loom_model **out, const loom_model_spec *spec, const loom_shape *input, loom_dtype input_dtype,
-                       const loom_shape *label, loom_dtype label_dtype, int64_t max_batch, bool shapes_only,
-                       loom_err *err)
+/* ---- the build, stage by stage ----------------------------------------------
+ * model_build runs the stages in order (the input, the layers and their
+ * shapes, the loss's checks, the fusions, the memory bound checked before any
+ * allocation, then the buffers); each reads and fills the model the previous
+ * one left, and model_build frees it in one place when one fails. */
+
+/* The model's input: float32 features, or int32/int64 ids for an embedding;
+ * a layer count and a batch in range. */
+static int check_input(const loom_model *m, const loom_model_spec *spec, loom_err *err)
 {
     char a[96];
-    *out = NULL;
-    loom_model *m = loom_calloc(1, sizeof *m);
-    if (!m) return loom_err_set(err, LOOM_ENOMEM, "", "cannot allocate the model");
-    nn_loc_str_(&spec->loc, m->where, sizeof m->where);
-    m->loss = spec->loss;
-    m->n_cw = spec->n_class_weights;
-    memcpy(m->cw, spec->class_weight, sizeof m->cw);
-    m->huber_delta = spec->huber_delta > 0 ? (float)spec->huber_delta : 1.f;
-    m->l2 = (float)spec->l2;
-    m->input = *input;
-    m->label = *label;
-    m->label_dtype = label_dtype;
-    m->max_batch = max_batch;
-    int rc = LOOM_OK;
-    m->input_dtype = input_dtype;
     int ids_in = spec->n_layers >= 1 && spec->layer[0].kind == LOOM_LAYER_EMBEDDING;
-    if (ids_in && input_dtype != LOOM_I32 && input_dtype != LOOM_I64) {
-        rc = loom_err_set(err, LOOM_ESHAPE, m->where, "model input \"%s\" is %s %s; an embedding layer needs "
-                          "int32 or int64 ids", spec->input, loom_dtype_name(input_dtype),
-                          loom_shape_str(input, a, sizeof a));
-        loom_err_hint(err, "add a cast map (dtype = \"int64\") for \"%s\" to the data transforms", spec->input);
-        goto fail;
-    }
-    if (!ids_in && input_dtype != LOOM_F32) {
-        rc = loom_err_set(err, LOOM_ESHAPE, m->where, "model input \"%s\" is %s %s; layers need float32",
-                          spec->input, loom_dtype_name(input_dtype), loom_shape_str(input, a, sizeof a));
-        loom_err_hint(err,
-                      "add a cast map (dtype = \"float32\") or a scale map (scale = 0.00392156862745098, i.e. "
-                      "1/255) for \"%s\" to the data transforms",
-                      spec->input);
-        goto fail;
-    }
-    if (spec->n_layers < 1 || spec->n_layers > LOOM_MAX_LAYERS) {
-        rc = loom_err_set(err, LOOM_ESHAPE, m->where, "model has %d layers (expected 1 to %d)", spec->n_layers,
-                          LOOM_MAX_LAYERS);
-        goto fail;
-    }
-    if (max_batch < 1) {
-        rc = loom_err_set(err, LOOM_ESHAPE, m->where, "max_batch = %lld, must be >= 1", (long long)max_batch);
-        goto fail;
-    }
+    if (ids_in && m->input_dtype != LOOM_I32 && m->input_dtype != LOOM_I64)
+        return loom_err_set(err, LOOM_ESHAPE, m->where, "model input \"%s\" is %s %s; an embedding layer needs "
+                            "int32 or int64 ids", spec->input, loom_dtype_name(m->input_dtype),
+                            loom_shape_str(&m->input, a, sizeof a)),
+               loom_err_hint(err, "add a cast map (dtype = \"int64\") for \"%s\" to the data transforms", spec->input);
+    if (!ids_in && m->input_dtype != LOOM_F32)
+        return loom_err_set(err, LOOM_ESHAPE, m->where, "model input \"%s\" is %s %s; layers need float32",
+                            spec->input, loom_dtype_name(m->input_dtype), loom_shape_str(&m->input, a, sizeof a)),
+               loom_err_hint(err,
+                             "add a cast map (dtype = \"float32\") or a scale map (scale = 0.00392156862745098, i.e. "
+                             "1/255) for \"%s\" to the data transforms",
+                             spec->input);
+    if (spec->n_layers < 1 || spec->n_layers > LOOM_MAX_LAYERS)
+        return loom_err_set(err, LOOM_ESHAPE, m->where, "model has %d layers (expected 1 to %d)", spec->n_layers,
+                            LOOM_MAX_LAYERS);
+    if (m->max_batch < 1)
+        return loom_err_set(err, LOOM_ESHAPE, m->where, "max_batch = %lld, must be >= 1", (long long)m->max_batch);
+    return LOOM_OK;
+}
+
+/* Every layer's shapes and parameters, each layer's input the last one's output. */
+static int build_layers(loom_model *m, const loom_model_spec *spec, loom_err *err)
+{
+    char a[96];
     m->n_layers = spec->n_layers;
-    loom_shape cur = *input;
+    loom_shape cur = m->input;
     int has_params = 0;
     for (int i = 0; i < m->n_layers; i++) {
         nn_layer_ *l = &m->layer[i];
@@ -382,20 +436,22 @@ static int model_build(loom_model **out, const loom_model_spec *spec, const loom
         nn_loc_str_(&l->spec.loc, l->where, sizeof l->where);
         if (!l->where[0]) snprintf(l->where, sizeof l->where, "%s", m->where);
         l->in = cur;
-        if ((rc = layer_shapes(m, l, i, err))) goto fail;
-        if (m->params_overflow) {
-            rc = loom_err_set(err, LOOM_ECONFIG, l->where,
-                              "layer \"%s\" (%s) takes the model past %d parameters (its input is %s)", l->spec.name,
-                              nn_layer_kind_name_(l->spec.kind), INT_MAX, loom_shape_str(&l->in, a, sizeof a));
-            loom_err_hint(err, "use fewer units or filters, or a smaller kernel");
-            goto fail;
-        }
+        int rc = layer_shapes(m, l, i, err);
+        if (rc) return rc;
+        if (m->params_overflow)
+            return loom_err_set(err, LOOM_ECONFIG, l->where,
+                                "layer \"%s\" (%s) takes the model past %d parameters (its input is %s)", l->spec.name,
+                                nn_layer_kind_name_(l->spec.kind), INT_MAX, loom_shape_str(&l->in, a, sizeof a)),
+                   loom_err_hint(err, "use fewer units or filters, or a smaller kernel");
         l->needs_dx = has_params;
         has_params |= l->kernel_off >= 0;
         cur = l->out;
     }
-    if ((rc = check_loss(m, label, label_dtype, err))) goto fail;
-    if ((rc = nn_metrics_init_(m, spec, err))) goto fail;
+    return LOOM_OK;
+}
+
+static void fuse(loom_model *m)
+{
     nn_layer_ *last = &m->layer[m->n_layers - 1];
     /* the loss takes logits: a softmax (sigmoid) ending the model is fused into softmax (binary) cross-entropy */
     if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && last->act == LOOM_ACT_SOFTMAX) last->act = LOOM_ACT_NONE;
@@ -409,106 +465,163 @@ static int model_build(loom_model **out, const loom_model_spec *spec, const loom
             continue;
         l->fuse_pool = p->fused = 1;
     }
+}
 
-    if (shapes_only) { /* loom_model_param_list: no buffer */
-        *out = m;
-        return LOOM_OK;
-    }
-    /* what the buffers below take, checked before any is allocated: a layer
-     * or a batch that cannot fit is the config's error, not an allocation's */
-    int64_t phys = loom_phys_bytes(), need = 0;
+/* What the buffers take, checked before any is allocated: a layer or a batch
+ * that cannot fit is the config's error, not an allocation's. */
+static int check_memory(const loom_model *m, loom_err *err)
+{
+    char a[96];
+    int64_t max_batch = m->max_batch, phys = loom_phys_bytes(), need = 0;
     if (!loom_mul_ok(m->n_params, 2 * (int64_t)sizeof(float), &need)) need = INT64_MAX;
     for (int i = 0; i < m->n_layers; i++) {
-        nn_layer_ *l = &m->layer[i];
+        const nn_layer_ *l = &m->layer[i];
         int64_t act = 0;
         bool ok = loom_mul_ok(max_batch, l->n_out > l->n_in ? l->n_out : l->n_in, &act) &&
                   loom_mul_ok(act, 3 * (int64_t)sizeof(float), &act) && loom_add_ok(need, act, &need);
         if (!ok || need > phys) {
             char b[48];
             snprintf(b, sizeof b, ok ? "%lld" : "more than 2^63", (long long)need);
-            rc = loom_err_set(err, LOOM_ECONFIG, l->where,
-                              "layer \"%s\" (%s, output %s) needs %s bytes of parameters and activations for batch "
-                              "%lld, more than this machine's %lld bytes of memory",
-                              l->spec.name, nn_layer_kind_name_(l->spec.kind), loom_shape_str(&l->out, a, sizeof a), b,
-                              (long long)max_batch, (long long)phys);
-            loom_err_hint(err, "use fewer units or filters, or a smaller batch size");
-            goto fail;
+            return loom_err_set(err, LOOM_ECONFIG, l->where,
+                                "layer \"%s\" (%s, output %s) needs %s bytes of parameters and activations for batch "
+                                "%lld, more than this machine's %lld bytes of memory",
+                                l->spec.name, nn_layer_kind_name_(l->spec.kind), loom_shape_str(&l->out, a, sizeof a),
+                                b, (long long)max_batch, (long long)phys),
+                   loom_err_hint(err, "use fewer units or filters, or a smaller batch size");
         }
     }
+    return LOOM_OK;
+}
 
-    /* buffers, all sized for max_batch */
-    int64_t gmax = 1, colmax = 0;
+/* An embedding's lookup buffers: the batch's distinct rows and their hash. */
+static bool embedding_buffers(nn_layer_ *l, int64_t max_batch)
+{
+    int64_t per = (int64_t)l->cols * l->k, mx = max_batch * per;
+    l->sp_max = mx < l->rows ? mx : l->rows;
+    for (l->hsize = 16; l->hsize < 2 * l->sp_max;) l->hsize *= 2;
+    if (!(l->y = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(float))) ||
+        !(l->dz = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(float))) ||
+        !(l->sp_ids = loom_alloc_aligned((size_t)l->sp_max * sizeof(int64_t))) ||
+        !(l->sp_val = loom_alloc_aligned((size_t)(l->sp_max * l->dim) * sizeof(float))) ||
+        !(l->hkey = loom_alloc_aligned((size_t)l->hsize * sizeof(int64_t))) ||
+        !(l->hval = loom_alloc_aligned((size_t)l->hsize * sizeof(int32_t))))
+        return false;
+    memset(l->hkey, 0xff, (size_t)l->hsize * sizeof(int64_t)); /* all -1: empty */
+    return true;
+}
+
+/* A conv2d's examples per im2col chunk and its kernels; returns the floats of
+ * column scratch it needs (0 for a pointwise conv, which needs none). */
+static int64_t conv_chunk(nn_layer_ *l, int64_t max_batch)
+{
+    int64_t colmax = 0;
+    int64_t per = (int64_t)l->oh * l->ow * l->kh * l->kw * l->cin * (int64_t)sizeof(float);
+    int64_t c = NN_COL_BYTES / per;
+    l->chunk = (int)(c < 1 ? 1 : c > max_batch ? max_batch : c);
+    int pointwise = l->kh == 1 && l->kw == 1 && l->sh == 1 && l->sw == 1 && l->pad_t == 0 && l->pad_l == 0;
+    if (pointwise) l->chunk = (int)max_batch;
+    else colmax = l->chunk * per / (int64_t)sizeof(float);
+    /* cin = 1 runs direct (layers.c): a padded plane and a kernel-sized sum */
+    int64_t direct = ((int64_t)(l->oh - 1) * l->sh + l->kh) * ((int64_t)(l->ow - 1) * l->sw + l->kw) +
+                     (int64_t)l->kh * l->kw * l->cout;
+    if (l->cin == 1 && !pointwise && direct > colmax) colmax = direct;
+    /* kernels by the CPU's features, read at start: 2 = 512 bits wide, 1 = AVX2+FMA, 0 = generic */
+    l->fma = loom_cpu()->level >= LOOM_CPU_AVX512 ? 2 : loom_cpu()->level >= LOOM_CPU_AVX2_FMA;
+    return colmax;
+}
+
+/* A layer's own buffers, all sized for max_batch; false when one cannot be allocated. */
+static bool layer_buffers(nn_layer_ *l, int64_t max_batch)
+{
+    loom_layer_kind k = l->spec.kind;
+    int norm = k == LOOM_LAYER_BATCH_NORM || k == LOOM_LAYER_LAYER_NORM;
+    int owns_y = k == LOOM_LAYER_DENSE || k == LOOM_LAYER_CONV2D || k == LOOM_LAYER_MAX_POOL2D ||
+                 (k == LOOM_LAYER_DROPOUT && l->spec.rate > 0) || (k == LOOM_LAYER_ACTIVATION && l->act) || norm ||
+                 k == LOOM_LAYER_AVG_POOL2D || k == LOOM_LAYER_GLOBAL_AVG_POOL2D;
+    size_t outs = (size_t)(max_batch * l->n_out);
+    if (norm && !(l->xhat = loom_alloc_aligned(outs * sizeof(float)))) return false;
+    if (norm && !(l->stat = loom_alloc_aligned(
+                      (size_t)(k == LOOM_LAYER_BATCH_NORM ? 12 * l->C + 2 : max_batch * l->n_out / l->C) * sizeof(float))))
+        return false;
+    if (k == LOOM_LAYER_LAYER_NORM && !(l->dz = loom_alloc_aligned(outs * sizeof(float)))) return false;
+    if (owns_y && !(l->y = loom_alloc_aligned(outs * sizeof(float)))) return false;
+    if (k == LOOM_LAYER_MAX_POOL2D && !(l->argmax = loom_alloc_aligned(outs * sizeof(int32_t)))) return false;
+    if ((k == LOOM_LAYER_DENSE || k == LOOM_LAYER_CONV2D || l->fused) &&
+        !(l->dz = loom_alloc_aligned(outs * sizeof(float))))
+        return false;
+    if (k == LOOM_LAYER_EMBEDDING && !embedding_buffers(l, max_batch)) return false;
+    if (k == LOOM_LAYER_DROPOUT && l->spec.rate > 0 && !(l->mask = loom_alloc_aligned(outs))) return false;
+    return true;
+}
+
+/* The layers' buffers, then the model's: parameters, gradients, the two
+ * gradient ping-pong buffers, labels, sample weights, targets. */
+static bool model_buffers(loom_model *m)
+{
+    int64_t max_batch = m->max_batch, gmax = 1, colmax = 0;
     for (int i = 0; i < m->n_layers; i++) {
         nn_layer_ *l = &m->layer[i];
         gmax = l->n_in > gmax ? l->n_in : gmax;
         gmax = l->n_out > gmax ? l->n_out : gmax;
-        loom_layer_kind k = l->spec.kind;
-        int norm = k == LOOM_LAYER_BATCH_NORM || k == LOOM_LAYER_LAYER_NORM;
-        int owns_y = k == LOOM_LAYER_DENSE || k == LOOM_LAYER_CONV2D || k == LOOM_LAYER_MAX_POOL2D ||
-                     (k == LOOM_LAYER_DROPOUT && l->spec.rate > 0) || (k == LOOM_LAYER_ACTIVATION && l->act) ||
-                     norm || k == LOOM_LAYER_AVG_POOL2D || k == LOOM_LAYER_GLOBAL_AVG_POOL2D;
-        if (norm && !(l->xhat = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(float)))) goto nomem;
-        if (norm && !(l->stat = loom_alloc_aligned(
-                          (size_t)(k == LOOM_LAYER_BATCH_NORM ? 12 * l->C + 2 : max_batch * l->n_out / l->C) * sizeof(float))))
-            goto nomem;
-        if (k == LOOM_LAYER_LAYER_NORM && !(l->dz = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(float))))
-            goto nomem;
-        if (owns_y && !(l->y = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(float)))) goto nomem;
-        if (k == LOOM_LAYER_MAX_POOL2D &&
-            !(l->argmax = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(int32_t))))
-            goto nomem;
-        if ((k == LOOM_LAYER_DENSE || k == LOOM_LAYER_CONV2D || l->fused) && !(l->dz = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(float))))
-            goto nomem;
-        if (k == LOOM_LAYER_EMBEDDING) {
-            int64_t per = (int64_t)l->cols * l->k, mx = max_batch * per;
-            l->sp_max = mx < l->rows ? mx : l->rows;
-            for (l->hsize = 16; l->hsize < 2 * l->sp_max;) l->hsize *= 2;
-            if (!(l->y = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(float))) ||
-                !(l->dz = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(float))) ||
-                !(l->sp_ids = loom_alloc_aligned((size_t)l->sp_max * sizeof(int64_t))) ||
-                !(l->sp_val = loom_alloc_aligned((size_t)(l->sp_max * l->dim) * sizeof(float))) ||
-                !(l->hkey = loom_alloc_aligned((size_t)l->hsize * sizeof(int64_t))) ||
-                !(l->hval = loom_alloc_aligned((size_t)l->hsize * sizeof(int32_t))))
-                goto nomem;
-            memset(l->hkey, 0xff, (size_t)l->hsize * sizeof(int64_t)); /* all -1: empty */
-        }
-        if (k == LOOM_LAYER_DROPOUT && l->spec.rate > 0 && !(l->mask = loom_alloc_aligned((size_t)(max_batch * l->n_out))))
-            goto nomem;
-        if (k == LOOM_LAYER_CONV2D) {
-            int64_t per = (int64_t)l->oh * l->ow * l->kh * l->kw * l->cin * (int64_t)sizeof(float);
-            int64_t c = NN_COL_BYTES / per;
-            l->chunk = (int)(c < 1 ? 1 : c > max_batch ? max_batch : c);
-            int pointwise = l->kh == 1 && l->kw == 1 && l->sh == 1 && l->sw == 1 && l->pad_t == 0 && l->pad_l == 0;
-            if (pointwise) l->chunk = (int)max_batch;
-            else colmax = l->chunk * per / (int64_t)sizeof(float) > colmax ? l->chunk * per / (int64_t)sizeof(float)
-                                                                           : colmax;
-            /* cin = 1 runs direct (layers.c): a padded plane and a kernel-sized sum */
-            int64_t direct = ((int64_t)(l->oh - 1) * l->sh + l->kh) * ((int64_t)(l->ow - 1) * l->sw + l->kw) +
-                             (int64_t)l->kh * l->kw * l->cout;
-            if (l->cin == 1 && !pointwise && direct > colmax) colmax = direct;
-            /* kernels by the CPU's features, read at start: 2 = 512 bits wide, 1 = AVX2+FMA, 0 = generic */
-            l->fma = loom_cpu()->level >= LOOM_CPU_AVX512 ? 2 : loom_cpu()->level >= LOOM_CPU_AVX2_FMA;
+        if (!layer_buffers(l, max_batch)) return false;
+        if (l->spec.kind == LOOM_LAYER_CONV2D) {
+            int64_t col = conv_chunk(l, max_batch);
+            colmax = col > colmax ? col : colmax;
         }
     }
     size_t pbytes = (size_t)(m->n_params ? m->n_params : 1) * sizeof(float);
-    if (!(m->params = loom_alloc_aligned(pbytes)) || !(m->grads = loom_alloc_aligned(pbytes))) goto nomem;
+    if (!(m->params = loom_alloc_aligned(pbytes)) || !(m->grads = loom_alloc_aligned(pbytes))) return false;
     memset(m->params, 0, pbytes);
     memset(m->grads, 0, pbytes);
     m->gmax = gmax;
     m->colmax = colmax;
     for (int k = 0; k < 2; k++)
-        if (!(m->gbuf[k] = loom_alloc_aligned((size_t)(max_batch * gmax) * sizeof(float)))) goto nomem;
-    if (!(m->labels = loom_alloc_aligned((size_t)max_batch * sizeof(int32_t)))) goto nomem;
-    if (!(m->swb = loom_alloc_aligned((size_t)max_batch * sizeof(float)))) goto nomem;
+        if (!(m->gbuf[k] = loom_alloc_aligned((size_t)(max_batch * gmax) * sizeof(float)))) return false;
+    if (!(m->labels = loom_alloc_aligned((size_t)max_batch * sizeof(int32_t)))) return false;
+    if (!(m->swb = loom_alloc_aligned((size_t)max_batch * sizeof(float)))) return false;
     if (m->loss != LOOM_LOSS_SPARSE_SOFTMAX_CE &&
         !(m->targets = loom_alloc_aligned((size_t)(max_batch * m->layer[m->n_layers - 1].n_out) * sizeof(float))))
-        goto nomem;
+        return false;
+    return true;
+}
+
+/* The model for loom_model_new, or (shapes_only) its variable list alone. */
+static int model_build(loom_model **out, const loom_model_spec *spec, const loom_shape *input, loom_dtype input_dtype,
+                       const loom_shape *label, loom_dtype label_dtype, int64_t max_batch, bool shapes_only,
+                       loom_err *err)
+{
+    *out = NULL;
+    loom_model *m = loom_calloc(1, sizeof *m);
+    if (!m) return loom_err_set(err, LOOM_ENOMEM, "", "cannot allocate the model");
+    nn_loc_str_(&spec->loc, m->where, sizeof m->where);
+    m->loss = spec->loss;
+    m->n_cw = spec->n_class_weights;
+    memcpy(m->cw, spec->class_weight, sizeof m->cw);
+    m->huber_delta = spec->huber_delta > 0 ? (float)spec->huber_delta : 1.f;
+    m->l2 = (float)spec->l2;
+    m->input = *input;
+    m->label = *label;
+    m->label_dtype = label_dtype;
+    m->max_batch = max_batch;
+    m->input_dtype = input_dtype;
+    int rc;
+    if ((rc = check_input(m, spec, err)) || (rc = build_layers(m, spec, err)) ||
+        (rc = check_loss(m, label, label_dtype, err)) || (rc = nn_metrics_init_(m, spec, err)))
+        goto fail;
+    fuse(m);
+    if (shapes_only) { /* loom_model_param_list: no buffer */
+        *out = m;
+        return LOOM_OK;
+    }
+    if ((rc = check_memory(m, err))) goto fail;
+    if (!model_buffers(m)) {
+        rc = loom_err_set(err, LOOM_ENOMEM, m->where, "cannot allocate the model's buffers for batch %lld",
+                          (long long)max_batch);
+        goto fail;
+    }
     if ((rc = loom_model_set_threads(m, 1, err))) goto fail;
     *out = m;
     return LOOM_OK;
-nomem:
-    rc = loom_err_set(err, LOOM_ENOMEM, m->where, "cannot allocate the model's buffers for batch %lld",
-                      (long long)max_batch);
 fail:
     loom_model_free(m);
     return rc;
@@ -1073,6 +1186,20 @@ static void backward_all(loom_model *m, step_job *j, double *acc)
     j->l0 = 0, j->l1 = m->n_layers;
 }
 
+/* Chunk c's output rows of a predict job, from its last layer's logits:
+ * probabilities under softmax (binary) cross-entropy, else the values. */
+static void predict_rows(step_job *j, nn_chunk_ *c)
+{
+    const loom_model *m = j->m;
+    const int64_t n = m->layer[m->n_layers - 1].n_out;
+    const float *z = c->act[m->n_layers];
+    float *out = j->out + c->b0 * n;
+    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) nn_softmax_rows_(z, out, c->B, n);
+    else if (m->loss == LOOM_LOSS_BCE)
+        for (int64_t e = 0; e < c->B * n; e++) out[e] = 1.f / (1.f + expf(-z[e]));
+    else memcpy(out, z, (size_t)(c->B * n) * sizeof *out);
+}
+
 static void chunk_step(void *arg, int t)
 {
     step_job *j = arg;
@@ -1081,13 +1208,7 @@ static void chunk_step(void *arg, int t)
     nn_chunk_ *c = &m->chunk[t];
     chunk_forward(j, c);
     if (j->kind == JOB_PREDICT) {
-        const int64_t n = m->layer[m->n_layers - 1].n_out;
-        const float *z = c->act[m->n_layers];
-        float *out = j->out + c->b0 * n;
-        if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) nn_softmax_rows_(z, out, c->B, n);
-        else if (m->loss == LOOM_LOSS_BCE)
-            for (int64_t e = 0; e < c->B * n; e++) out[e] = 1.f / (1.f + expf(-z[e]));
-        else memcpy(out, z, (size_t)(c->B * n) * sizeof *out);
+        predict_rows(j, c);
         return;
     }
     chunk_loss(j, c);
@@ -1099,15 +1220,7 @@ static void part_loss(void *arg, int t) { step_job *j = arg; chunk_loss(j, &j->m
 static void part_predict(void *arg, int t)
 {
     step_job *j = arg;
-    const loom_model *m = j->m;
-    nn_chunk_ *c = &j->m->chunk[t];
-    const int64_t n = m->layer[m->n_layers - 1].n_out;
-    const float *z = c->act[m->n_layers];
-    float *out = j->out + c->b0 * n;
-    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) nn_softmax_rows_(z, out, c->B, n);
-    else if (m->loss == LOOM_LOSS_BCE)
-        for (int64_t e = 0; e < c->B * n; e++) out[e] = 1.f / (1.f + expf(-z[e]));
-    else memcpy(out, z, (size_t)(c->B * n) * sizeof *out);
+    predict_rows(j, &j->m->chunk[t]);
 }
 
 /* Part t of the gradients that wait for all chunks: dense and conv layers'

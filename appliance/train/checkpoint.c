@@ -580,6 +580,20 @@ static int find_table(loom_buf *b, uint32_t records, record *out, const char *pa
 static int load_sharded(const char *path, loom_buf *b, uint32_t records, const record *tr, loom_model *m,
                         loom_optimizer *o, loom_buf *trainer, loom_buf *iter, loom_err *err);
 
+/* A checkpoint file read and every record checked (loom_ckpt_load and
+ * loom_ckpt_inspect): *data (free with loom_free) holds it, b reads its
+ * records. LOOM_OK with *table when the file is an index of shard files,
+ * LOOM_EEOF when it holds the records itself; on an error *data is freed. */
+static int read_checkpoint(const char *path, uint8_t **data, loom_buf *b, uint32_t *records, record *table,
+                           loom_err *err)
+{
+    int rc = open_checkpoint(path, data, b, records, err);
+    if (rc) return rc;
+    if ((rc = scan_records(b, *records, path, err)) == LOOM_OK) rc = find_table(b, *records, table, path, err);
+    if (rc != LOOM_OK && rc != LOOM_EEOF) loom_free(*data);
+    return rc;
+}
+
 int loom_ckpt_load(const char *path, loom_model *m, loom_optimizer *o, loom_buf *trainer, loom_buf *iter, loom_err *err)
 {
     /* The blobs are outputs: empty unless the file holds them, and empty again
@@ -590,15 +604,11 @@ int loom_ckpt_load(const char *path, loom_model *m, loom_optimizer *o, loom_buf 
     uint8_t *data;
     loom_buf b;
     uint32_t records;
-    int rc = open_checkpoint(path, &data, &b, &records, err);
-    if (rc) return rc;
-    if ((rc = scan_records(&b, records, path, err))) {
-        loom_free(data);
-        return rc;
-    }
     record table;
-    if ((rc = find_table(&b, records, &table, path, err)) != LOOM_EEOF) { /* an index: the shards make the model */
-        if (!rc) rc = load_sharded(path, &b, records, &table, m, o, trainer, iter, err);
+    int rc = read_checkpoint(path, &data, &b, &records, &table, err);
+    if (rc != LOOM_OK && rc != LOOM_EEOF) return rc;
+    if (rc == LOOM_OK) { /* an index: the shards make the model */
+        rc = load_sharded(path, &b, records, &table, m, o, trainer, iter, err);
         loom_free(data);
         if (rc) {
             if (trainer) loom_buf_fini(trainer);
@@ -686,15 +696,11 @@ static int inspect_file(const char *path, FILE *f, bool shard, loom_err *err)
     uint8_t *data;
     loom_buf b;
     uint32_t records;
-    int rc = open_checkpoint(path, &data, &b, &records, err);
-    if (rc) return rc;
-    if ((rc = scan_records(&b, records, path, err))) {
-        loom_free(data);
-        return rc;
-    }
     record table;
-    if ((rc = find_table(&b, records, &table, path, err)) != LOOM_EEOF) { /* an index: its shard files, each checked */
-        if (!rc && shard) rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "a shard file that is an index itself");
+    int rc = read_checkpoint(path, &data, &b, &records, &table, err);
+    if (rc != LOOM_OK && rc != LOOM_EEOF) return rc;
+    if (rc == LOOM_OK) { /* an index: its shard files, each checked */
+        if (shard) rc = loom_err_set(err, LOOM_ECHECKPOINT, path, "a shard file that is an index itself");
         if (!rc) rc = inspect_index(path, &table, f, err);
         if (rc) {
             loom_free(data);

@@ -332,7 +332,7 @@ static void binary(onnx_graph *o, const char *op, const char *a, const char *b, 
 static loom_shape embedding(onnx_graph *o, const loom_layer_spec *l, const char *table, loom_dtype idt, loom_shape s,
                             char cur[32])
 {
-    char ids[32], v[32], mask[32], zero[48], last[48], axis[48], one[48];
+    char ids[32], v[32], mask[32], zero[80], last[80], axis[80], one[80]; /* a layer name (63) and a suffix */
     snprintf(ids, sizeof ids, "%s", cur);
     snprintf(zero, sizeof zero, "%s/zero_id", l->name);
     snprintf(last, sizeof last, "%s/last_axis", l->name);
@@ -372,233 +372,267 @@ static loom_shape embedding(onnx_graph *o, const loom_layer_spec *l, const char 
     return out;
 }
 
-/* The ONNX graph of the model, layer by layer. long: one switch case per layer kind, over the walk's
- * shared state (the current tensor's name, shape and layout, the next parameter); it becomes one
- * function per layer kind when a layer describes its own export. */
-static int build_graph(onnx_graph *o, const loom_spec *spec, loom_model *m, const export_input *in,
-                       bool preprocessing, const loom_dataset_spec *ds, loom_err *err)
+/* ---- the layers: one emitter per layer kind ----------------------------------
+ * The walk over the model's layers carries the current tensor (its name, its
+ * per-example shape in Loom's layout, and whether it is held in ONNX's NCHW)
+ * and the next parameter tensor; each emitter appends its layer's nodes and
+ * initializers and moves the walk on. */
+
+typedef struct onnx_walk {
+    onnx_graph *o;
+    loom_model *m;
+    loom_dtype  in_dtype; /* the model input's (ids for an embedding) */
+    int         pi;       /* the next parameter tensor */
+    char        cur[32];  /* the current tensor */
+    loom_shape  s;        /* its shape per example, Loom's layout (HWC) */
+    bool        nchw;     /* cur is in ONNX's layout (CHW) */
+} onnx_walk;
+
+static const int64_t to_nchw[] = {0, 3, 1, 2}, to_nhwc[] = {0, 2, 3, 1};
+
+/* cur transposed by perm (to_nchw or to_nhwc) into a fresh value */
+static void transpose(onnx_walk *w, const int64_t perm[4], bool nchw)
+{
+    char nb[32];
+    node_begin(w->o, "Transpose", fresh(w->o, nb), w->cur, NULL, NULL);
+    attr_ints(w->o, "perm", perm, 4);
+    node_end(w->o);
+    strcpy(w->cur, nb);
+    w->nchw = nchw;
+}
+
+static int emit_dense(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
+{
+    (void)err;
+    char nb[32];
+    const char *kernel = param_init(w->o, w->m, w->pi++);
+    const char *bias = l->use_bias ? param_init(w->o, w->m, w->pi++) : NULL;
+    node_begin(w->o, bias ? "Gemm" : "MatMul", fresh(w->o, nb), w->cur, kernel, bias);
+    node_end(w->o);
+    strcpy(w->cur, nb);
+    activation(w->o, l->activation, w->cur);
+    w->s = (loom_shape){.rank = 1, .dim = {l->units}};
+    return LOOM_OK;
+}
+
+static int emit_embedding(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
+{
+    (void)err;
+    w->s = embedding(w->o, l, param_init(w->o, w->m, w->pi++), w->in_dtype, w->s, w->cur);
+    return LOOM_OK;
+}
+
+/* BatchNormalization normalises axis 1 (C in NCHW); LayerNormalization the
+ * last axis (C in Loom's layout). */
+static int emit_norm(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
+{
+    (void)err;
+    onnx_graph *o = w->o;
+    bool bn = l->kind == LOOM_LAYER_BATCH_NORM;
+    if (bn && w->s.rank == 3 && !w->nchw) transpose(w, to_nchw, true);
+    else if (!bn && w->nchw) transpose(w, to_nhwc, false);
+    const char *gamma = param_init(o, w->m, w->pi++), *beta = param_init(o, w->m, w->pi++);
+    char nb[32];
+    fresh(o, nb);
+    if (bn) { /* five inputs: node_begin takes three */
+        const char *mean = param_init(o, w->m, w->pi++), *var = param_init(o, w->m, w->pi++);
+        pb_str(&o->node, NODE_INPUT, w->cur);
+        pb_str(&o->node, NODE_INPUT, gamma);
+        pb_str(&o->node, NODE_INPUT, beta);
+        pb_str(&o->node, NODE_INPUT, mean);
+        pb_str(&o->node, NODE_INPUT, var);
+        pb_str(&o->node, NODE_OUTPUT, nb);
+        char name[64];
+        snprintf(name, sizeof name, "BatchNormalization_%d", o->n_nodes++);
+        pb_str(&o->node, NODE_NAME, name);
+        pb_str(&o->node, NODE_OP_TYPE, "BatchNormalization");
+    } else {
+        node_begin(o, "LayerNormalization", nb, w->cur, gamma, beta);
+        attr_int(o, "axis", -1);
+    }
+    attr_float(o, "epsilon", (float)(l->epsilon > 0 ? l->epsilon : 1e-3));
+    node_end(o);
+    strcpy(w->cur, nb);
+    return LOOM_OK;
+}
+
+static int emit_global_pool(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
+{
+    (void)l, (void)err;
+    if (!w->nchw) transpose(w, to_nchw, true);
+    binary(w->o, "GlobalAveragePool", w->cur, NULL, w->cur);
+    char nb[32];
+    node_begin(w->o, "Flatten", fresh(w->o, nb), w->cur, NULL, NULL); /* (N, C, 1, 1) -> (N, C) */
+    attr_int(w->o, "axis", 1);
+    node_end(w->o);
+    strcpy(w->cur, nb);
+    w->nchw = false;
+    w->s = (loom_shape){.rank = 1, .dim = {w->s.dim[2]}};
+    return LOOM_OK;
+}
+
+/* A conv2d's kernel, (kh, kw, cin, cout) in Loom, as ONNX's (cout, cin, kh, kw). */
+static const char *conv_kernel(onnx_walk *w, loom_err *err)
+{
+    const loom_param_info *k = loom_model_param_tensor(w->m, w->pi++);
+    const int64_t *d = k->shape.dim;
+    int64_t n = loom_shape_numel(&k->shape);
+    float *t = loom_alloc((size_t)n * sizeof(float));
+    if (!t) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating a conv kernel"), NULL;
+    const float *src = loom_model_params(w->m) + k->offset;
+    for (int64_t y = 0; y < d[0]; y++)
+        for (int64_t x = 0; x < d[1]; x++)
+            for (int64_t ci = 0; ci < d[2]; ci++)
+                for (int64_t co = 0; co < d[3]; co++)
+                    t[((co * d[2] + ci) * d[0] + y) * d[1] + x] = src[((y * d[1] + x) * d[2] + ci) * d[3] + co];
+    int64_t od[4] = {d[3], d[2], d[0], d[1]};
+    initializer(w->o, k->name, ONNX_FLOAT, od, 4, t, (size_t)n * sizeof(float));
+    loom_free(t);
+    return k->name;
+}
+
+/* conv2d, max_pool2d and average_pooling2d: a window over NCHW */
+static int emit_window(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
+{
+    onnx_graph *o = w->o;
+    if (!w->nchw) transpose(w, to_nchw, true);
+    bool conv = l->kind == LOOM_LAYER_CONV2D;
+    int kh = conv ? l->kernel[0] : l->pool[0], kw = conv ? l->kernel[1] : l->pool[1];
+    /* as nn/model.c: an unset stride is 1 for a conv, the window for a pool */
+    int sh = l->stride[0] > 0 ? l->stride[0] : (conv ? 1 : kh), sw = l->stride[1] > 0 ? l->stride[1] : (conv ? 1 : kw);
+    int64_t pads[4] = {0, 0, 0, 0}; /* top, left, bottom, right */
+    if (l->padding == LOOM_PAD_SAME) {
+        same_pads(w->s.dim[0], kh, sh, &pads[0], &pads[2]);
+        same_pads(w->s.dim[1], kw, sw, &pads[1], &pads[3]);
+    }
+    int64_t kernel[2] = {kh, kw}, strides[2] = {sh, sw};
+    int64_t oh = (w->s.dim[0] + pads[0] + pads[2] - kh) / sh + 1;
+    int64_t ow = (w->s.dim[1] + pads[1] + pads[3] - kw) / sw + 1;
+    int64_t oc = conv ? l->filters : w->s.dim[2];
+    char nb[32];
+    fresh(o, nb);
+    if (conv) {
+        const char *k = conv_kernel(w, err);
+        if (!k) return err->code;
+        const char *bias = l->use_bias ? param_init(o, w->m, w->pi++) : NULL;
+        node_begin(o, "Conv", nb, w->cur, k, bias);
+    } else {
+        /* AveragePool's count_include_pad = 0: the mean of the window's elements inside, as Keras */
+        node_begin(o, l->kind == LOOM_LAYER_AVG_POOL2D ? "AveragePool" : "MaxPool", nb, w->cur, NULL, NULL);
+    }
+    attr_ints(o, "kernel_shape", kernel, 2);
+    attr_ints(o, "strides", strides, 2);
+    attr_ints(o, "pads", pads, 4);
+    node_end(o);
+    strcpy(w->cur, nb);
+    if (conv) activation(o, l->activation, w->cur);
+    w->s = (loom_shape){.rank = 3, .dim = {oh, ow, oc}};
+    return LOOM_OK;
+}
+
+static int emit_flatten(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
+{
+    (void)l, (void)err;
+    if (w->nchw) transpose(w, to_nhwc, false);
+    char nb[32];
+    node_begin(w->o, "Flatten", fresh(w->o, nb), w->cur, NULL, NULL);
+    attr_int(w->o, "axis", 1);
+    node_end(w->o);
+    strcpy(w->cur, nb);
+    w->s = (loom_shape){.rank = 1, .dim = {loom_shape_numel(&w->s)}};
+    return LOOM_OK;
+}
+
+static int emit_dropout(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
+{
+    (void)w, (void)l, (void)err; /* identity at inference */
+    return LOOM_OK;
+}
+
+static int emit_activation(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
+{
+    char where[LOOM_PATH_MAX + 16];
+    if (w->nchw && l->activation == LOOM_ACT_SOFTMAX) /* not reached: softmax needs rank 1 (model.c) */
+        return loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&l->loc, where, sizeof where),
+                            "layer \"%s\": softmax over an image", l->name);
+    activation_a(w->o, l->activation, (float)l->alpha, w->cur);
+    return LOOM_OK;
+}
+
+/* The ONNX form of each layer kind, by loom_layer_kind. */
+static int (*const kind_emit[])(onnx_walk *w, const loom_layer_spec *l, loom_err *err) = {
+    [LOOM_LAYER_DENSE] = emit_dense,
+    [LOOM_LAYER_CONV2D] = emit_window,
+    [LOOM_LAYER_MAX_POOL2D] = emit_window,
+    [LOOM_LAYER_AVG_POOL2D] = emit_window,
+    [LOOM_LAYER_DROPOUT] = emit_dropout,
+    [LOOM_LAYER_FLATTEN] = emit_flatten,
+    [LOOM_LAYER_ACTIVATION] = emit_activation,
+    [LOOM_LAYER_BATCH_NORM] = emit_norm,
+    [LOOM_LAYER_LAYER_NORM] = emit_norm,
+    [LOOM_LAYER_GLOBAL_AVG_POOL2D] = emit_global_pool,
+    [LOOM_LAYER_EMBEDDING] = emit_embedding,
+};
+
+/* The graph's input: the source's raw feature with the preprocessing folded
+ * in, int32/int64 ids for an embedding, or float32 features. */
+static int graph_input(onnx_walk *w, const loom_spec *spec, const export_input *in, bool preprocessing,
+                       const loom_dataset_spec *ds, loom_err *err)
 {
     const loom_model_spec *ms = &spec->model;
-    char cur[32], nb[32], cb[32];
-    snprintf(cur, sizeof cur, "%s", "input");
-    pb_str(&o->g, GRAPH_NAME, "loom");
     if (preprocessing) {
-        value_info(o, GRAPH_INPUT, "input", onnx_dtype(in->raw_dtype), &in->raw_shape);
-        int rc = fold_preprocessing(o, spec, ds, in, cur, err);
-        if (rc) return rc;
-    } else if (ms->n_layers > 0 && ms->layer[0].kind == LOOM_LAYER_EMBEDDING) { /* int32 or int64 ids */
-        value_info(o, GRAPH_INPUT, "input", onnx_dtype(in->dtype), &in->shape);
-    } else {
-        if (in->dtype != LOOM_F32)
-            return loom_err_set(err, LOOM_EUNSUPPORTED, spec->path, "the model input \"%s\" is %s, not float32",
-                                ms->input, loom_dtype_name(in->dtype));
-        value_info(o, GRAPH_INPUT, "input", ONNX_FLOAT, &in->shape);
+        value_info(w->o, GRAPH_INPUT, "input", onnx_dtype(in->raw_dtype), &in->raw_shape);
+        return fold_preprocessing(w->o, spec, ds, in, w->cur, err);
     }
-    loom_shape s = in->shape; /* per example, Loom's layout (HWC) */
-    bool nchw = false;        /* cur is in ONNX's layout (CHW) */
-    const float *params = loom_model_params(m);
-    int pi = 0; /* the next parameter tensor */
-    static const int64_t to_nchw[] = {0, 3, 1, 2}, to_nhwc[] = {0, 2, 3, 1};
-    for (int li = 0; li < ms->n_layers; li++) {
-        const loom_layer_spec *l = &ms->layer[li];
-        char w[LOOM_PATH_MAX + 16];
-        switch (l->kind) {
-        case LOOM_LAYER_DENSE: {
-            const loom_param_info *k = loom_model_param_tensor(m, pi++);
-            char kname[128], bname[128];
-            snprintf(kname, sizeof kname, "%s", k->name);
-            initializer(o, kname, ONNX_FLOAT, k->shape.dim, 2, params + k->offset,
-                        (size_t)loom_shape_numel(&k->shape) * sizeof(float));
-            strcpy(nb, fresh(o, cb));
-            if (l->use_bias) {
-                const loom_param_info *b = loom_model_param_tensor(m, pi++);
-                snprintf(bname, sizeof bname, "%s", b->name);
-                initializer(o, bname, ONNX_FLOAT, b->shape.dim, 1, params + b->offset,
-                            (size_t)loom_shape_numel(&b->shape) * sizeof(float));
-                node_begin(o, "Gemm", nb, cur, kname, bname);
-            } else {
-                node_begin(o, "MatMul", nb, cur, kname, NULL);
-            }
-            node_end(o);
-            strcpy(cur, nb);
-            activation(o, l->activation, cur);
-            s = (loom_shape){.rank = 1, .dim = {l->units}};
-            break;
-        }
-        case LOOM_LAYER_EMBEDDING:
-            s = embedding(o, l, param_init(o, m, pi++), in->dtype, s, cur);
-            break;
-        case LOOM_LAYER_BATCH_NORM:
-        case LOOM_LAYER_LAYER_NORM: {
-            bool bn = l->kind == LOOM_LAYER_BATCH_NORM;
-            static const int64_t nhwc_perm[] = {0, 2, 3, 1};
-            if (bn && s.rank == 3 && !nchw) { /* BatchNormalization normalises axis 1 */
-                strcpy(nb, fresh(o, cb));
-                node_begin(o, "Transpose", nb, cur, NULL, NULL);
-                attr_ints(o, "perm", to_nchw, 4);
-                node_end(o);
-                strcpy(cur, nb);
-                nchw = true;
-            } else if (!bn && nchw) { /* LayerNormalization: the last axis, C in Loom's layout */
-                strcpy(nb, fresh(o, cb));
-                node_begin(o, "Transpose", nb, cur, NULL, NULL);
-                attr_ints(o, "perm", nhwc_perm, 4);
-                node_end(o);
-                strcpy(cur, nb);
-                nchw = false;
-            }
-            const char *gamma = param_init(o, m, pi++), *beta = param_init(o, m, pi++);
-            strcpy(nb, fresh(o, cb));
-            if (bn) {
-                const char *mean = param_init(o, m, pi++), *var = param_init(o, m, pi++);
-                pb_str(&o->node, NODE_INPUT, cur);
-                pb_str(&o->node, NODE_INPUT, gamma);
-                pb_str(&o->node, NODE_INPUT, beta);
-                pb_str(&o->node, NODE_INPUT, mean);
-                pb_str(&o->node, NODE_INPUT, var);
-                pb_str(&o->node, NODE_OUTPUT, nb);
-                char name[64];
-                snprintf(name, sizeof name, "BatchNormalization_%d", o->n_nodes++);
-                pb_str(&o->node, NODE_NAME, name);
-                pb_str(&o->node, NODE_OP_TYPE, "BatchNormalization");
-            } else {
-                node_begin(o, "LayerNormalization", nb, cur, gamma, beta);
-                attr_int(o, "axis", -1);
-            }
-            attr_float(o, "epsilon", (float)(l->epsilon > 0 ? l->epsilon : 1e-3));
-            node_end(o);
-            strcpy(cur, nb);
-            break;
-        }
-        case LOOM_LAYER_GLOBAL_AVG_POOL2D:
-            if (!nchw) {
-                strcpy(nb, fresh(o, cb));
-                node_begin(o, "Transpose", nb, cur, NULL, NULL);
-                attr_ints(o, "perm", to_nchw, 4);
-                node_end(o);
-                strcpy(cur, nb);
-            }
-            strcpy(nb, fresh(o, cb));
-            node_begin(o, "GlobalAveragePool", nb, cur, NULL, NULL);
-            node_end(o);
-            strcpy(cur, nb);
-            strcpy(nb, fresh(o, cb));
-            node_begin(o, "Flatten", nb, cur, NULL, NULL); /* (N, C, 1, 1) -> (N, C) */
-            attr_int(o, "axis", 1);
-            node_end(o);
-            strcpy(cur, nb);
-            nchw = false;
-            s = (loom_shape){.rank = 1, .dim = {s.dim[2]}};
-            break;
-        case LOOM_LAYER_CONV2D:
-        case LOOM_LAYER_AVG_POOL2D:
-        case LOOM_LAYER_MAX_POOL2D: {
-            if (!nchw) {
-                strcpy(nb, fresh(o, cb));
-                node_begin(o, "Transpose", nb, cur, NULL, NULL);
-                attr_ints(o, "perm", to_nchw, 4);
-                node_end(o);
-                strcpy(cur, nb);
-                nchw = true;
-            }
-            bool conv = l->kind == LOOM_LAYER_CONV2D;
-            int kh = conv ? l->kernel[0] : l->pool[0], kw = conv ? l->kernel[1] : l->pool[1];
-            /* as nn/model.c: an unset stride is 1 for a conv, the window for a pool */
-            int sh = l->stride[0] > 0 ? l->stride[0] : (conv ? 1 : kh), sw = l->stride[1] > 0 ? l->stride[1] : (conv ? 1 : kw);
-            int64_t pads[4] = {0, 0, 0, 0}; /* top, left, bottom, right */
-            if (l->padding == LOOM_PAD_SAME) {
-                same_pads(s.dim[0], kh, sh, &pads[0], &pads[2]);
-                same_pads(s.dim[1], kw, sw, &pads[1], &pads[3]);
-            }
-            int64_t kernel[2] = {kh, kw}, strides[2] = {sh, sw};
-            int64_t oh = (s.dim[0] + pads[0] + pads[2] - kh) / sh + 1;
-            int64_t ow = (s.dim[1] + pads[1] + pads[3] - kw) / sw + 1;
-            int64_t oc = conv ? l->filters : s.dim[2];
-            strcpy(nb, fresh(o, cb));
-            if (conv) {
-                const loom_param_info *k = loom_model_param_tensor(m, pi++);
-                const int64_t *d = k->shape.dim; /* (kh, kw, cin, cout) */
-                int64_t n = loom_shape_numel(&k->shape);
-                float *t = loom_alloc((size_t)n * sizeof(float));
-                if (!t) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating a conv kernel");
-                const float *src = params + k->offset;
-                for (int64_t y = 0; y < d[0]; y++)
-                    for (int64_t x = 0; x < d[1]; x++)
-                        for (int64_t ci = 0; ci < d[2]; ci++)
-                            for (int64_t co = 0; co < d[3]; co++)
-                                t[((co * d[2] + ci) * d[0] + y) * d[1] + x] = src[((y * d[1] + x) * d[2] + ci) * d[3] + co];
-                int64_t od[4] = {d[3], d[2], d[0], d[1]};
-                initializer(o, k->name, ONNX_FLOAT, od, 4, t, (size_t)n * sizeof(float));
-                loom_free(t);
-                const char *bias = NULL;
-                if (l->use_bias) {
-                    const loom_param_info *b = loom_model_param_tensor(m, pi++);
-                    initializer(o, b->name, ONNX_FLOAT, b->shape.dim, 1, params + b->offset,
-                                (size_t)loom_shape_numel(&b->shape) * sizeof(float));
-                    bias = b->name;
-                }
-                node_begin(o, "Conv", nb, cur, k->name, bias);
-                attr_ints(o, "kernel_shape", kernel, 2);
-            } else {
-                /* AveragePool's count_include_pad = 0: the mean of the window's elements inside, as Keras */
-                node_begin(o, l->kind == LOOM_LAYER_AVG_POOL2D ? "AveragePool" : "MaxPool", nb, cur, NULL, NULL);
-                attr_ints(o, "kernel_shape", kernel, 2);
-            }
-            attr_ints(o, "strides", strides, 2);
-            attr_ints(o, "pads", pads, 4);
-            node_end(o);
-            strcpy(cur, nb);
-            if (conv) activation(o, l->activation, cur);
-            s = (loom_shape){.rank = 3, .dim = {oh, ow, oc}};
-            break;
-        }
-        case LOOM_LAYER_FLATTEN:
-            if (nchw) {
-                strcpy(nb, fresh(o, cb));
-                node_begin(o, "Transpose", nb, cur, NULL, NULL);
-                attr_ints(o, "perm", to_nhwc, 4);
-                node_end(o);
-                strcpy(cur, nb);
-                nchw = false;
-            }
-            strcpy(nb, fresh(o, cb));
-            node_begin(o, "Flatten", nb, cur, NULL, NULL);
-            attr_int(o, "axis", 1);
-            node_end(o);
-            strcpy(cur, nb);
-            s = (loom_shape){.rank = 1, .dim = {loom_shape_numel(&s)}};
-            break;
-        case LOOM_LAYER_DROPOUT: /* identity at inference */
-            break;
-        case LOOM_LAYER_ACTIVATION:
-            if (nchw && l->activation == LOOM_ACT_SOFTMAX) /* not reached: softmax needs rank 1 (model.c) */
-                return loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&l->loc, w, sizeof w),
-                                    "layer \"%s\": softmax over an image", l->name);
-            activation_a(o, l->activation, (float)l->alpha, cur);
-            break;
-        default:
-            return loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&l->loc, w, sizeof w),
-                                "layer \"%s\" (%s) has no ONNX form in Loom's export", l->name,
-                                loom_layer_kind_name(l->kind));
-        }
+    if (ms->n_layers > 0 && ms->layer[0].kind == LOOM_LAYER_EMBEDDING) { /* int32 or int64 ids */
+        value_info(w->o, GRAPH_INPUT, "input", onnx_dtype(in->dtype), &in->shape);
+        return LOOM_OK;
     }
-    if (nchw) { /* a model ending on a conv or pool: its output in Loom's layout */
-        strcpy(nb, fresh(o, cb));
-        node_begin(o, "Transpose", nb, cur, NULL, NULL);
-        attr_ints(o, "perm", to_nhwc, 4);
-        node_end(o);
-        strcpy(cur, nb);
-    }
-    /* as loom predict: probabilities under softmax (binary) cross-entropy, unless the model ends on its own softmax (sigmoid) */
+    if (in->dtype != LOOM_F32)
+        return loom_err_set(err, LOOM_EUNSUPPORTED, spec->path, "the model input \"%s\" is %s, not float32",
+                            ms->input, loom_dtype_name(in->dtype));
+    value_info(w->o, GRAPH_INPUT, "input", ONNX_FLOAT, &in->shape);
+    return LOOM_OK;
+}
+
+/* The graph's output: in Loom's layout, as loom predict gives it (probabilities
+ * under softmax (binary) cross-entropy, unless the model ends on its own
+ * softmax (sigmoid)). */
+static void graph_output(onnx_walk *w, const loom_model_spec *ms)
+{
+    onnx_graph *o = w->o;
+    if (w->nchw) transpose(w, to_nhwc, false); /* a model ending on a conv or pool */
     bool ends_softmax = ms->n_layers > 0 && ms->layer[ms->n_layers - 1].activation == LOOM_ACT_SOFTMAX;
     bool ends_sigmoid = ms->n_layers > 0 && ms->layer[ms->n_layers - 1].activation == LOOM_ACT_SIGMOID;
     node_begin(o, ms->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && !ends_softmax ? "Softmax"
                   : ms->loss == LOOM_LOSS_BCE && !ends_sigmoid          ? "Sigmoid"
                                                                          : "Identity",
-               "output", cur, NULL, NULL);
+               "output", w->cur, NULL, NULL);
     if (ms->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && !ends_softmax) attr_int(o, "axis", -1);
     node_end(o);
-    value_info(o, GRAPH_OUTPUT, "output", ONNX_FLOAT, &s);
+    value_info(o, GRAPH_OUTPUT, "output", ONNX_FLOAT, &w->s);
+}
+
+/* The ONNX graph of the model: its input, each layer by its kind's emitter, its output. */
+static int build_graph(onnx_graph *o, const loom_spec *spec, loom_model *m, const export_input *in,
+                       bool preprocessing, const loom_dataset_spec *ds, loom_err *err)
+{
+    const loom_model_spec *ms = &spec->model;
+    onnx_walk w = {.o = o, .m = m, .in_dtype = in->dtype, .cur = "input", .s = in->shape};
+    pb_str(&o->g, GRAPH_NAME, "loom");
+    int rc = graph_input(&w, spec, in, preprocessing, ds, err);
+    if (rc) return rc;
+    for (int li = 0; li < ms->n_layers; li++) {
+        const loom_layer_spec *l = &ms->layer[li];
+        if ((unsigned)l->kind >= sizeof kind_emit / sizeof kind_emit[0] || !kind_emit[l->kind]) {
+            char where[LOOM_PATH_MAX + 16];
+            return loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&l->loc, where, sizeof where),
+                                "layer \"%s\" (%s) has no ONNX form in Loom's export", l->name,
+                                loom_layer_kind_name(l->kind));
+        }
+        if ((rc = kind_emit[l->kind](&w, l, err))) return rc;
+    }
+    graph_output(&w, ms);
     return LOOM_OK;
 }
 

@@ -1,5 +1,8 @@
-/* train.c - the train / evaluate / predict / check loops. */
+/* train.c - the trainer (loom train: resume, the step loop, the end-of-epoch evaluation, checkpoint
+ * cadence, the metrics sink) and loom check. evaluate.c, predict.c and profile.c hold loom evaluate
+ * (and its sidecar), loom predict and loom profile --train; run_internal.h what they share with it. */
 #include "train.h"
+#include "run_internal.h"
 #include "dir_lock_internal.h"
 #include "progress_internal.h"
 #include "summary_internal.h"
@@ -16,29 +19,6 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-/* Everything a command needs: the pipelines and the strategy. */
-typedef struct run {
-    const loom_spec   *spec;
-    char               model_dir[LOOM_PATH_MAX];
-    loom_iter         *train, *eval;
-    loom_strategy     *strat;
-    loom_strategy_args args;
-    double             decode_sec; /* opening the pipelines: reading and decompressing sources */
-    train_hooks_       hooks;      /* the config's Lua hooks (loom_train, loom_check) */
-    bool               no_iter;    /* save_ckpt: without data.train's state (data_hook_failed) */
-    /* A job across processes (the strategy's input context has several
-     * pipelines): every task trains in lock-step; the chief alone writes
-     * checkpoints, metrics.jsonl and the log's progress, and evaluates. */
-    bool               multi;
-    bool               chief;
-    loom_dataset_spec *train_spec; /* multi: data.train with this worker's share of the global batch (owned) */
-    loom_status       *status;     /* run.status_port's endpoint (loom_train), or NULL */
-    double            *macc[2];    /* model.metrics' state: [0] the epoch's training steps, [1] the last evaluation */
-    bool               has_acc;    /* "accuracy" is one of model.metrics */
-    bool               sidecar_eval; /* the cluster has an evaluator task: it evaluates, the chief does not */
-    double             status_stages_at; /* when the pipeline's stages were last published */
-} run;
 
 #define TRAINER_STATE_VERSION 1
 
@@ -126,7 +106,7 @@ static int data_open_failed(loom_err *err, const char *which)
     return err->code;
 }
 
-static void run_close(run *r)
+void train_run_close_(run *r)
 {
     loom_status_close(r->status);
     train_hooks_close_(&r->hooks);
@@ -199,7 +179,7 @@ static int eval_matches_train(run *r, const loom_spec *spec, const loom_elem_spe
 /* Opens the pipelines and the strategy. `need_eval`: fail if data.eval is
  * absent. cluster: this process's task in a job across processes (NULL: one
  * process); plan_only: `loom check` (the strategy opens no socket). */
-static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool need_eval,
+int train_run_open_(run *r, const loom_spec *spec, const char *model_dir, bool need_eval,
                     const loom_cluster *cluster, bool plan_only, loom_err *err)
 {
     memset(r, 0, sizeof *r);
@@ -289,7 +269,7 @@ static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool n
 static void take_metrics(run *r, double *acc) { loom_strategy_metrics_take(r->strat, acc); }
 
 /* The state of model.metrics (zeroed); LOOM_ENOMEM. */
-static int metrics_open(run *r, loom_err *err)
+int train_metrics_open_(run *r, loom_err *err)
 {
     loom_model *m = loom_strategy_model(r->strat);
     int64_t n = loom_model_metrics_size(m);
@@ -329,14 +309,13 @@ static char *metrics_text(run *r, int k, int64_t correct, int64_t examples, char
 }
 
 /* "train_accuracy": ..., "train_auc": ... of state k into a metrics.jsonl line. */
-static void json_num(FILE *f, const char *key, double v, int first);
 static void metrics_json(run *r, FILE *f, const char *prefix, int k, int64_t correct, int64_t examples)
 {
     loom_model *m = loom_strategy_model(r->strat);
     for (int i = 0; i < loom_model_num_metrics(m); i++) {
         char key[64];
         snprintf(key, sizeof key, "%s%s", prefix, loom_metric_name(loom_model_metric(m, i)));
-        json_num(f, key, examples ? loom_model_metric_value(m, i, r->macc[k], correct, examples) : NAN, 0);
+        train_json_num_(f, key, examples ? loom_model_metric_value(m, i, r->macc[k], correct, examples) : NAN, 0);
     }
 }
 
@@ -354,7 +333,7 @@ static void metrics_to_hooks(run *r, int k, int64_t correct, int64_t examples)
 
 /* Evaluates data.eval; its metric state ends in r->macc[1] (the training
  * steps' state so far is first added to r->macc[0]). */
-static int evaluate_all(run *r, loom_iter *it, loom_step_result *total, loom_err *err)
+int train_evaluate_all_(run *r, loom_iter *it, loom_step_result *total, loom_err *err)
 {
     memset(total, 0, sizeof *total);
     take_metrics(r, r->macc[0]);
@@ -387,9 +366,9 @@ static double peak_rss_mb(void)
     return (double)ru.ru_maxrss / 1024.0;
 }
 
-static void json_time(FILE *f, const char *key, double v) { fprintf(f, ", \"%s\": %.3f", key, v); }
+void train_json_time_(FILE *f, const char *key, double v) { fprintf(f, ", \"%s\": %.3f", key, v); }
 
-static void json_num(FILE *f, const char *key, double v, int first)
+void train_json_num_(FILE *f, const char *key, double v, int first)
 {
     if (isfinite(v))
         fprintf(f, "%s\"%s\": %.9g", first ? "" : ", ", key, v);
@@ -569,8 +548,8 @@ static int log_summary(FILE *metrics, loom_summary *tb, summary_window *w, int64
     memset(w, 0, sizeof *w);
     fprintf(metrics, "{\"event\": \"summary\", \"step\": %lld", (long long)step);
     for (int i = 0; i < 5; i++)
-        if (i != 1 || has_acc) json_num(metrics, tag[i], v[i], 0); /* a regression has no accuracy */
-    json_time(metrics, "wall_time", loom_wall_time());
+        if (i != 1 || has_acc) train_json_num_(metrics, tag[i], v[i], 0); /* a regression has no accuracy */
+    train_json_time_(metrics, "wall_time", loom_wall_time());
     fprintf(metrics, "}\n");
     int rc = LOOM_OK;
     for (int i = 0; i < 5 && !rc; i++)
@@ -591,7 +570,7 @@ static int log_histograms(loom_summary *tb, loom_model *m, int64_t step, loom_er
 }
 
 /* An evaluation (ev, its metrics in r->macc[1]) to TensorBoard: loss and each metric. */
-static int log_eval(run *r, loom_summary *tb, int64_t step, double loss, const loom_step_result *ev, loom_err *err)
+int train_log_eval_(run *r, loom_summary *tb, int64_t step, double loss, const loom_step_result *ev, loom_err *err)
 {
     if (!tb || !isfinite(loss)) return LOOM_OK;
     int rc = loom_summary_scalar(tb, "loss", step, loss, err);
@@ -814,7 +793,7 @@ static int sink_summary(trainer *t, loom_err *err)
 static int sink_eval(trainer *t, const loom_step_result *ev, loom_err *err)
 {
     double ts = loom_now();
-    int rc = log_eval(&t->r, t->sink.tb_eval, t->st.step, t->last_eval_loss, ev, err);
+    int rc = train_log_eval_(&t->r, t->sink.tb_eval, t->st.step, t->last_eval_loss, ev, err);
     t->sink.summary_sec += loom_now() - ts;
     return rc;
 }
@@ -853,15 +832,15 @@ static void sink_epoch(trainer *t, const loom_step_result *ev, double sps, doubl
     loom_info("epoch %lld/%lld: step %lld, %s%s, %.0f samples/s, input_wait %.1f%%, %.1f s", (long long)st->epoch + 1,
               (long long)t->rs->epochs, (long long)st->step, tr, evs, sps, input_wait * 100, ep_sec);
     fprintf(m, "{\"event\": \"epoch\", \"epoch\": %lld, \"step\": %lld", (long long)st->epoch + 1, (long long)st->step);
-    json_num(m, "train_loss", train_loss, 0);
+    train_json_num_(m, "train_loss", train_loss, 0);
     metrics_json(r, m, "train_", 0, st->correct, st->examples);
-    json_num(m, "eval_loss", ev->examples ? t->last_eval_loss : NAN, 0);
+    train_json_num_(m, "eval_loss", ev->examples ? t->last_eval_loss : NAN, 0);
     metrics_json(r, m, "eval_", 1, ev->correct, ev->examples);
-    json_num(m, "samples_per_sec", sps, 0);
-    json_num(m, "learning_rate", loom_optimizer_lr(t->opt, st->step), 0);
-    json_num(m, "epoch_seconds", ep_sec, 0);
-    json_num(m, "input_wait_fraction", input_wait, 0);
-    json_time(m, "wall_time", loom_wall_time());
+    train_json_num_(m, "samples_per_sec", sps, 0);
+    train_json_num_(m, "learning_rate", loom_optimizer_lr(t->opt, st->step), 0);
+    train_json_num_(m, "epoch_seconds", ep_sec, 0);
+    train_json_num_(m, "input_wait_fraction", input_wait, 0);
+    train_json_time_(m, "wall_time", loom_wall_time());
     fprintf(m, "}\n");
     fflush(m);
     sink_state(t, LOOM_STATUS_TRAINING, sps, input_wait);
@@ -895,15 +874,15 @@ static void sink_end(trainer *t)
     if (st->step == t->start_step) return;
     FILE *m = t->sink.jsonl;
     fprintf(m, "{\"event\": \"end\", \"step\": %lld, \"epoch\": %lld", (long long)st->step, (long long)st->epoch);
-    json_num(m, "eval_loss", t->last_eval_loss, 0);
+    train_json_num_(m, "eval_loss", t->last_eval_loss, 0);
     metrics_json(&t->r, m, "eval_", 1, t->last_ev.correct, t->last_ev.examples);
-    json_num(m, "samples_per_sec", t->run_train_sec > 0 ? (double)t->run_examples / t->run_train_sec : 0, 0);
-    json_num(m, "seconds", total, 0);
-    json_num(m, "first_step_ms", t->first_step_ms, 0);
-    json_num(m, "decode_ms", t->r.decode_sec * 1e3, 0);
-    json_num(m, "peak_rss_mb", peak_rss_mb(), 0);
-    json_num(m, "summary_ms", t->sink.summary_sec * 1e3, 0);
-    json_time(m, "wall_time", loom_wall_time());
+    train_json_num_(m, "samples_per_sec", t->run_train_sec > 0 ? (double)t->run_examples / t->run_train_sec : 0, 0);
+    train_json_num_(m, "seconds", total, 0);
+    train_json_num_(m, "first_step_ms", t->first_step_ms, 0);
+    train_json_num_(m, "decode_ms", t->r.decode_sec * 1e3, 0);
+    train_json_num_(m, "peak_rss_mb", peak_rss_mb(), 0);
+    train_json_num_(m, "summary_ms", t->sink.summary_sec * 1e3, 0);
+    train_json_time_(m, "wall_time", loom_wall_time());
     fprintf(m, "}\n");
 }
 
@@ -926,7 +905,7 @@ static int trainer_open(trainer *t, const loom_spec *spec, const loom_train_opts
     t->spec = spec, t->rs = &spec->run, t->opts = opts, t->lock_fd = -1;
     run *r = &t->r;
     const char *dir = opts->model_dir ? opts->model_dir : spec->run.model_dir;
-    int rc = run_open(r, spec, dir, false, opts->cluster, false, err);
+    int rc = train_run_open_(r, spec, dir, false, opts->cluster, false, err);
     if (!rc && loom_strategy_serves(r->strat)) { /* a ps task or a parameter-server worker: trainer_serve */
         t->serves = true;
         log_as_task(opts->cluster);
@@ -935,7 +914,7 @@ static int trainer_open(trainer *t, const loom_spec *spec, const loom_train_opts
     r->sidecar_eval = opts->cluster && opts->cluster->n_tasks[LOOM_ROLE_EVALUATOR] > 0;
     if (!rc && !r->chief) log_as_task(opts->cluster); /* the chief logs the job */
     if (!rc) rc = train_hooks_open_(&r->hooks, spec, r->model_dir, r->strat, err);
-    if (!rc) rc = metrics_open(r, err);
+    if (!rc) rc = train_metrics_open_(r, err);
     if (!rc && spec->run.status_port && r->chief) { /* the chief reports the job; a port in use fails here, before anything is written */
         char w[600];
         rc = loom_status_open(&r->status, spec->run.status_bind, spec->run.status_port,
@@ -1009,7 +988,7 @@ static int trainer_resume(trainer *t, loom_err *err)
 static int trainer_close(trainer *t, int rc, loom_err *err)
 {
     rc = sink_close(&t->sink, rc, err);
-    run_close(&t->r);
+    train_run_close_(&t->r);
     loom_dir_unlock_(t->lock_fd);
     return rc;
 }
@@ -1222,7 +1201,7 @@ static int after_step(trainer *t, const loom_step_result *res, double t0, double
 /* data.eval (the chief's), its figures kept as the last evaluation's. */
 static int evaluate_now(trainer *t, loom_step_result *ev, loom_err *err)
 {
-    int rc = evaluate_all(&t->r, t->r.eval, ev, err);
+    int rc = train_evaluate_all_(&t->r, t->r.eval, ev, err);
     if (rc) return rc;
     t->last_eval_loss = ev->examples ? ev->loss_sum / (double)ev->examples : NAN;
     t->last_eval_acc = ev->examples && t->r.has_acc ? (double)ev->correct / (double)ev->examples : NAN;
@@ -1329,7 +1308,7 @@ static int trainer_finish(trainer *t, int rc, loom_err *err)
     if (!rc && t->r.eval && t->r.chief && !t->r.sidecar_eval && t->last_eval_step != st->step &&
         st->step > t->start_step) {
         loom_step_result ev; /* an evaluation without examples leaves the last one's figures */
-        rc = evaluate_all(&t->r, t->r.eval, &ev, err);
+        rc = train_evaluate_all_(&t->r, t->r.eval, &ev, err);
         if (!rc) t->last_ev = ev;
         if (!rc && ev.examples) {
             t->last_eval_loss = ev.loss_sum / (double)ev.examples;
@@ -1374,7 +1353,7 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
 }
 
 /* Loads the checkpoint to evaluate or predict with: the given file, or the latest. */
-static int load_for_inference(run *r, const char *checkpoint, char path[LOOM_PATH_MAX], int64_t *step, loom_err *err)
+int train_load_for_inference_(run *r, const char *checkpoint, char path[LOOM_PATH_MAX], int64_t *step, loom_err *err)
 {
     int rc;
     *step = -1;
@@ -1396,593 +1375,6 @@ static int load_for_inference(run *r, const char *checkpoint, char path[LOOM_PAT
     if (rc) return rc;
     *step = st.step;
     return loom_strategy_sync(r->strat, err);
-}
-
-int loom_evaluate(const loom_spec *spec, const char *model_dir, const char *checkpoint, loom_eval_result *out,
-                  loom_err *err)
-{
-    run r;
-    memset(out, 0, sizeof *out);
-    int rc = run_open(&r, spec, model_dir, true, NULL, false, err);
-    if (!rc) rc = metrics_open(&r, err);
-    if (!rc) rc = load_for_inference(&r, checkpoint, out->checkpoint, &out->step, err);
-    loom_step_result ev;
-    if (!rc) rc = evaluate_all(&r, r.eval, &ev, err);
-    if (!rc) {
-        out->examples = ev.examples;
-        out->loss = ev.examples ? ev.loss_sum / (double)ev.examples : NAN;
-        out->accuracy = ev.examples && r.has_acc ? (double)ev.correct / (double)ev.examples : NAN;
-        loom_model *m = loom_strategy_model(r.strat);
-        out->n_metrics = loom_model_num_metrics(m);
-        for (int i = 0; i < out->n_metrics; i++) {
-            snprintf(out->metric_name[i], sizeof out->metric_name[i], "%s", loom_metric_name(loom_model_metric(m, i)));
-            out->metric[i] = ev.examples ? loom_model_metric_value(m, i, r.macc[1], ev.correct, ev.examples) : NAN;
-        }
-    }
-    run_close(&r);
-    return rc;
-}
-
-/* ---- the sidecar evaluator ---------------------------------------------------- */
-
-/* The final step named by <dir>/final.json, or -1 while training goes on
- * (or when the marker was written before after_wall: an earlier run's). */
-static int64_t final_step(const char *dir, double after_wall)
-{
-    char path[LOOM_PATH_MAX + 16];
-    snprintf(path, sizeof path, "%s/" LOOM_FINAL_MARKER, dir);
-    uint8_t *d = NULL;
-    size_t len;
-    loom_err e;
-    if (access(path, F_OK) || loom_read_file_max(path, &d, &len, 1 << 16, &e)) return -1;
-    const char *k = strstr((const char *)d, "\"step\":");
-    long long v = k ? strtoll(k + 7, NULL, 10) : -1;
-    const char *w = strstr((const char *)d, "\"wall_time\":");
-    double at = w ? strtod(w + 12, NULL) : 0;
-    loom_free(d);
-    if (after_wall > 0 && at < after_wall) return -1;
-    return k && v >= 0 ? (int64_t)v : -1;
-}
-
-/* The evaluations an earlier watcher of this model_dir wrote (its "eval"
- * lines in metrics.jsonl): (step, wall_time) pairs, *n of them. */
-typedef struct watched {
-    int64_t step;
-    double  at;
-} watched;
-
-static watched *read_watched(const char *metrics_path, int *n)
-{
-    *n = 0;
-    FILE *f = fopen(metrics_path, "r");
-    if (!f) return NULL;
-    char line[4096];
-    watched *w = NULL;
-    int cap = 0;
-    static const char key[] = "{\"event\": \"eval\", \"step\": ";
-    while (fgets(line, sizeof line, f)) {
-        if (strncmp(line, key, sizeof key - 1)) continue;
-        const char *t = strstr(line, "\"wall_time\": ");
-        if (!t) continue;
-        if (*n == cap) {
-            cap = cap ? 2 * cap : 16;
-            watched *nw = loom_realloc(w, (size_t)cap * sizeof *w);
-            if (!nw) break;
-            w = nw;
-        }
-        w[*n].step = strtoll(line + sizeof key - 1, NULL, 10);
-        w[(*n)++].at = strtod(t + 13, NULL);
-    }
-    fclose(f);
-    return w;
-}
-
-/* Whether checkpoint `path` (of `step`) was evaluated by an earlier watcher:
- * an eval line of its step written after the file (a --fresh run writes a
- * new ckpt-<step>.loom, which is evaluated again). */
-static bool watched_before(const watched *w, int n, const char *path, int64_t step)
-{
-    struct stat sb;
-    if (stat(path, &sb)) return false;
-    double mtime = (double)sb.st_mtim.tv_sec + sb.st_mtim.tv_nsec * 1e-9;
-    for (int i = 0; i < n; i++)
-        if (w[i].step == step && w[i].at >= mtime) return true;
-    return false;
-}
-
-static volatile sig_atomic_t watch_signal;
-static void on_watch_signal(int sig) { watch_signal = sig; }
-
-/* One evaluation of checkpoint `path` (its step) by the watcher `who`: the
- * log, a JSON line on stdout, an "eval" line appended to metrics.jsonl and
- * the scalars in <model_dir>/eval's event file (*tb, opened on first use). */
-static int watch_report(run *r, const char *who, const char *path, int64_t step, const loom_step_result *ev,
-                        loom_summary **tb, loom_err *err)
-{
-    char metrics_path[LOOM_PATH_MAX + 16], eval_dir[LOOM_PATH_MAX + 8];
-    snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", r->model_dir);
-    snprintf(eval_dir, sizeof eval_dir, "%s/eval", r->model_dir);
-    double loss = ev->examples ? ev->loss_sum / (double)ev->examples : NAN,
-           acc = ev->examples ? (double)ev->correct / (double)ev->examples : NAN;
-    loom_info("%s: %s (step %lld): eval loss %.4f, accuracy %.4f on %lld examples", who, path, (long long)step,
-              loss, acc, (long long)ev->examples);
-    printf("{\"checkpoint\": \"%s\", \"step\": %lld, \"examples\": %lld, \"eval_loss\": %.6g, \"eval_accuracy\": "
-           "%.6g}\n", path, (long long)step, (long long)ev->examples, loss, acc);
-    fflush(stdout);
-    FILE *m = fopen(metrics_path, "a");
-    if (!m) return loom_err_set(err, LOOM_EIO, metrics_path, "cannot open for appending: %s", strerror(errno));
-    /* one line, one write (O_APPEND): the chief appends to the same file */
-    char line[LOOM_PATH_MAX + 512];
-    FILE *lf = fmemopen(line, sizeof line, "w");
-    fprintf(lf, "{\"event\": \"eval\", \"step\": %lld, \"evaluator\": \"%s\"", (long long)step, who);
-    json_num(lf, "eval_loss", loss, 0);
-    json_num(lf, "eval_accuracy", acc, 0);
-    fprintf(lf, ", \"examples\": %lld", (long long)ev->examples);
-    json_time(lf, "wall_time", loom_wall_time());
-    fprintf(lf, "}\n");
-    long ll = ftell(lf);
-    fclose(lf);
-    setvbuf(m, NULL, _IONBF, 0);
-    int rc = LOOM_OK;
-    if (ll <= 0 || fwrite(line, 1, (size_t)ll, m) != (size_t)ll)
-        rc = loom_err_set(err, LOOM_EIO, metrics_path, "cannot append the eval line: %s", strerror(errno));
-    fclose(m);
-    if (!rc && !*tb && r->spec->run.summary_steps > 0) rc = loom_summary_open(tb, eval_dir, -1, err);
-    if (!rc) rc = log_eval(r, *tb, step, loss, ev, err);
-    return rc;
-}
-
-static void adapted_free(loom_spec *cp);
-static int watch_adapt(run *r, const char *path, loom_spec **own, bool *said, loom_err *err);
-
-static int watch_loop(run *r, const loom_watch_opts *o, const char *who, int *evaluated, loom_err *err)
-{
-    char metrics_path[LOOM_PATH_MAX + 16], path[LOOM_PATH_MAX];
-    snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", r->model_dir);
-    double poll = o && o->poll_secs > 0 ? o->poll_secs : 0.2, idle = o ? o->idle_secs : 0;
-    int n_before = 0;
-    watched *before = read_watched(metrics_path, &n_before);
-    int64_t last = -1;
-    loom_summary *tb = NULL;
-    int rc = LOOM_OK;
-    double idle_since = loom_now();
-    bool waiting_said = false, said = false;
-    loom_spec *own = NULL; /* data.eval's adapted numbers when a checkpoint brought others (watch_adapt) */
-    while (!rc) {
-        if (watch_signal) {
-            rc = loom_err_set(err, LOOM_EIO, NULL, "%s: stopped by signal %d after %d evaluation%s", who,
-                              (int)watch_signal, *evaluated, *evaluated == 1 ? "" : "s");
-            break;
-        }
-        int64_t fin = final_step(r->model_dir, o ? o->after_wall : 0), step, top;
-        int newer = 0;
-        loom_err lerr;
-        if (last >= 0 && loom_ckpt_newest_after(r->model_dir, -1, path, &top, &newer, &lerr) == LOOM_OK && top < last) {
-            loom_info("%s: the checkpoints start over (newest step %lld, after step %lld: a --fresh run): watching "
-                      "them anew", who, (long long)top, (long long)last);
-            last = -1;
-        }
-        rc = loom_ckpt_newest_after(r->model_dir, last, path, &step, &newer, err);
-        if (rc == LOOM_EEOF) {
-            rc = LOOM_OK;
-            if (fin >= 0 && fin <= last) {
-                loom_info("%s: training ended at step %lld, evaluated: done (%d evaluation%s here)", who,
-                          (long long)fin, *evaluated, *evaluated == 1 ? "" : "s");
-                break;
-            }
-            if (fin > last) {
-                rc = loom_err_set(err, LOOM_EIO, r->model_dir, "%s: training ended at step %lld, but its checkpoint "
-                                  "is not in the model directory (newest evaluated: step %lld)", who, (long long)fin,
-                                  (long long)last);
-                loom_err_hint(err, "was it deleted? evaluate what is there with loom evaluate --checkpoint FILE");
-                break;
-            }
-            if (!waiting_said) loom_info("%s: waiting for checkpoints in %s", who, r->model_dir);
-            waiting_said = true;
-            if (idle > 0 && loom_now() - idle_since > idle) {
-                rc = loom_err_set(err, LOOM_ETIMEOUT, r->model_dir, "%s: no new checkpoint for %g s and training has "
-                                  "not ended (no %s)", who, idle, LOOM_FINAL_MARKER);
-                break;
-            }
-            usleep((useconds_t)(poll * 1e6));
-            continue;
-        }
-        if (rc) break;
-        if (watched_before(before, n_before, path, step)) {
-            loom_info("%s: %s (step %lld) was evaluated before (metrics.jsonl)%s", who, path, (long long)step,
-                      newer > 1 ? "; so were, or are skipped, the older ones" : "");
-            last = step;
-            continue;
-        }
-        if (newer > 1)
-            loom_info("%s: %d new checkpoints: evaluating the newest (step %lld), skipping %d older", who, newer,
-                      (long long)step, newer - 1);
-        int64_t loaded = -1;
-        loom_step_result ev;
-        char used[LOOM_PATH_MAX];
-        rc = load_for_inference(r, path, used, &loaded, err);
-        if (rc && access(path, F_OK)) { /* pruned (keep_checkpoints) between the listing and the load: look again */
-            loom_warn("%s: %s went away before it was read; looking again", who, path);
-            rc = LOOM_OK;
-            continue;
-        }
-        if (!rc) rc = watch_adapt(r, path, &own, &said, err);
-        if (!rc) rc = evaluate_all(r, r->eval, &ev, err);
-        if (rc) break;
-        last = step;
-        idle_since = loom_now();
-        waiting_said = false;
-        (*evaluated)++;
-        rc = watch_report(r, who, path, step, &ev, &tb, err);
-    }
-    loom_free(before);
-    adapted_free(own);
-    loom_err cerr;
-    if (loom_summary_close(tb, &cerr) && !rc) *err = cerr, rc = cerr.code;
-    return rc;
-}
-
-/* A spec copy whose adapt maps hold other numbers than the config's spec
- * (shares everything else with it): freed with adapted_free. */
-static void adapted_free(loom_spec *cp)
-{
-    for (int d = 0; cp && d < 2; d++) {
-        loom_dataset_spec *ds = d ? &cp->eval : &cp->train;
-        for (int i = 0; i < ds->n_transforms; i++) /* (map is a union member: only a map's is one) */
-            if (ds->transform[i].kind == LOOM_T_MAP && ds->transform[i].map.vocab_owned)
-                loom_free(ds->transform[i].map.vocab);
-    }
-    loom_free(cp);
-}
-
-/* The sidecar evaluator evaluates each checkpoint with the numbers adapted
- * at its start (its "adapt" record): when they are not those data.eval runs
- * with (a --fresh run adapted anew), data.eval is opened again with them;
- * *own keeps the spec copy they live in. */
-static int watch_adapt(run *r, const char *path, loom_spec **own, bool *said, loom_err *err)
-{
-    loom_buf ck, cur;
-    loom_buf_init(&cur);
-    int rc = loom_ckpt_read_blob(path, "adapt", &ck, err);
-    if (rc == LOOM_EEOF) return LOOM_OK; /* an older checkpoint: the numbers of adapt.txt */
-    if (rc) return rc;
-    loom_data_adapt_text(*own ? *own : r->spec, &cur);
-    loom_spec *cp = NULL;
-    if (cur.len != ck.len || memcmp(cur.data, ck.data, ck.len)) {
-        if (!(cp = loom_alloc(sizeof *cp))) rc = loom_err_set(err, LOOM_ENOMEM, path, "cannot copy the config");
-        if (cp) {
-            *cp = *r->spec;
-            for (int d = 0; d < 2; d++) {
-                loom_dataset_spec *ds = d ? &cp->eval : &cp->train;
-                for (int i = 0; i < ds->n_transforms; i++)
-                    if (ds->transform[i].kind == LOOM_T_MAP) ds->transform[i].map.vocab_owned = false;
-            }
-            loom_adapt_source src = {.name = path, .text = ck.data, .len = ck.len, .said = said};
-            loom_data_ctx none = {0};
-            rc = loom_data_adapt_from(cp, r->model_dir, LOOM_ADAPT_LOAD, &none, &src, err);
-        }
-        loom_lua_opts lua = {.model_dir = r->model_dir, .unsafe = r->spec->hooks.unsafe,
-                             .memory_limit = r->spec->hooks.memory_limit,
-                             .instruction_limit = r->spec->hooks.instruction_limit};
-        loom_data_ctx ectx = {.seed = r->spec->run.seed, .name = "eval", .custom_options = &lua,
-                              .threads = r->spec->run.threads > 0 ? r->spec->run.threads : loom_num_cores()};
-        loom_iter *it = NULL;
-        if (!rc) rc = loom_data_open(&it, &cp->eval, &ectx, err);
-        if (!rc) {
-            loom_info("%s was adapted anew: data.eval now runs with its numbers", path);
-            loom_iter_close(r->eval);
-            r->eval = it;
-            adapted_free(*own);
-            *own = cp;
-            cp = NULL;
-        }
-    }
-    adapted_free(cp);
-    loom_buf_fini(&ck);
-    loom_buf_fini(&cur);
-    return rc;
-}
-
-int loom_evaluate_watch(const loom_spec *spec, const char *model_dir, const loom_watch_opts *o, int *evaluated,
-                        loom_err *err)
-{
-    run r;
-    *evaluated = 0;
-    int rc = run_open(&r, spec, model_dir, true, NULL, false, err);
-    if (!rc) rc = metrics_open(&r, err);
-    if (rc) {
-        run_close(&r);
-        return rc;
-    }
-    const char *who = o && o->who ? o->who : "evaluate --watch";
-    struct sigaction sa = {0}, old_int, old_term;
-    sa.sa_handler = on_watch_signal;
-    sigemptyset(&sa.sa_mask);
-    watch_signal = 0;
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
-    loom_info("%s: evaluating each new checkpoint of %s until training ends (%s)", who, r.model_dir,
-              LOOM_FINAL_MARKER);
-    rc = watch_loop(&r, o, who, evaluated, err);
-    sigaction(SIGINT, &old_int, NULL);
-    sigaction(SIGTERM, &old_term, NULL);
-    run_close(&r);
-    return rc;
-}
-
-/* A dataset spec for prediction: no shuffle, no repeat, no random maps. */
-static void deterministic_copy(loom_dataset_spec *dst, const loom_dataset_spec *src)
-{
-    *dst = *src;
-    dst->n_transforms = 0;
-    for (int i = 0; i < src->n_transforms; i++) {
-        const loom_transform_spec *t = &src->transform[i];
-        if (t->kind == LOOM_T_SHUFFLE || t->kind == LOOM_T_REPEAT) continue;
-        if (t->kind == LOOM_T_MAP && (t->map.kind == LOOM_MAP_FLIP_LR || t->map.kind == LOOM_MAP_RANDOM_BRIGHTNESS ||
-                                      t->map.kind == LOOM_MAP_RANDOM_CONTRAST))
-            continue;
-        dst->transform[dst->n_transforms++] = *t;
-    }
-}
-
-/* Removes source feature `name` (a csv column, a tfrecord feature), if declared:
- * a new file need not hold the label. */
-static void drop_feature(loom_source_spec *s, const char *name)
-{
-    int k = 0;
-    for (int f = 0; f < s->n_features; f++) {
-        if (!strcmp(s->feature[f], name)) continue;
-        if (k != f) {
-            memcpy(s->feature[k], s->feature[f], sizeof s->feature[k]);
-            if (s->kind == LOOM_SRC_CSV) s->csv.columns[k] = s->csv.columns[f];
-            if (s->kind == LOOM_SRC_TFRECORD) s->tfrecord.features[k] = s->tfrecord.features[f];
-        }
-        k++;
-    }
-    s->n_features = k;
-}
-
-/* Values per example of a batched shape: the product of the dims after the first. */
-static int64_t per_example(const loom_shape *s)
-{
-    int64_t n = 1;
-    for (int d = 1; d < s->rank; d++) n *= s->dim[d];
-    return n;
-}
-
-static bool is_idx_name(const char *p)
-{
-    size_t n = strlen(p);
-    const char *ends[] = {".idx", ".idx.gz", "ubyte", "ubyte.gz"};
-    for (size_t i = 0; i < sizeof ends / sizeof ends[0]; i++) {
-        size_t m = strlen(ends[i]);
-        if (n >= m && !strcmp(p + n - m, ends[i])) return true;
-    }
-    return false;
-}
-
-int loom_predict(const loom_spec *spec, const char *model_dir, const char *checkpoint, const char *input,
-                 const char *output, loom_err *err)
-{
-    loom_predict_opts o = {.model_dir = model_dir, .checkpoint = checkpoint, .input = input, .output = output};
-    return loom_predict_run(spec, &o, err);
-}
-
-/* long: the input's forms (a split of the config, a file for its source, an IDX file), the --id
- * columns and the CSV writer per kind of task share the run and its cleanup on every path; the
- * steps (pipeline, ids, header, rows) are to become functions of their own. */
-int loom_predict_run(const loom_spec *spec, const loom_predict_opts *po, loom_err *err)
-{
-    const char *model_dir = po->model_dir, *checkpoint = po->checkpoint, *input = po->input, *output = po->output;
-    enum { MAX_IDS = 8 };
-    char ids[MAX_IDS][LOOM_NAME_MAX];
-    int n_ids = 0;
-    for (const char *p = po->id ? po->id : ""; *p;) {
-        size_t n = strcspn(p, ",");
-        if (n && n < LOOM_NAME_MAX && n_ids < MAX_IDS) snprintf(ids[n_ids++], LOOM_NAME_MAX, "%.*s", (int)n, p);
-        else if (n)
-            return loom_err_set(err, LOOM_EUSAGE, NULL, "--id: at most %d names of up to %d characters, got \"%s\"",
-                                MAX_IDS, LOOM_NAME_MAX - 1, po->id);
-        p += n + (p[n] == ',');
-    }
-    run r;
-    int rc = run_open(&r, spec, model_dir, false, NULL, false, err);
-    char path[LOOM_PATH_MAX];
-    int64_t step;
-    if (!rc) rc = load_for_inference(&r, checkpoint, path, &step, err);
-    if (rc) {
-        run_close(&r);
-        return rc;
-    }
-    loom_dataset_spec *ds = loom_calloc(1, sizeof *ds);
-    if (!ds) {
-        run_close(&r);
-        return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating a dataset spec");
-    }
-    const loom_dataset_spec *base = spec->eval.present ? &spec->eval : &spec->train;
-    if (!strcmp(input, "train") || !strcmp(input, "eval")) {
-        if (!strcmp(input, "eval") && !spec->eval.present) {
-            loom_free(ds);
-            run_close(&r);
-            return loom_err_set(err, LOOM_EUSAGE, spec->path, "--input eval: the config declares no data.eval");
-        }
-        deterministic_copy(ds, !strcmp(input, "train") ? &spec->train : &spec->eval);
-    } else {
-        /* An IDX file of inputs, or a file for the config's csv/tfrecord/text
-         * source: the base pipeline's deterministic maps of the model input, then batch. */
-        loom_source_kind bk = base->source.kind;
-        bool same_kind = (bk == LOOM_SRC_CSV || bk == LOOM_SRC_TFRECORD || bk == LOOM_SRC_TEXT) && !is_idx_name(input);
-        ds->present = true;
-        ds->loc = base->loc;
-        if (same_kind) {
-            ds->source = base->source;
-            ds->source.n_patterns = 1;
-            ds->source.file_shards = ds->source.file_shard = 0;
-            ds->source.shuffle_files = false;
-            char abs[LOOM_PATH_MAX];
-            if (input[0] != '/' && getcwd(abs, sizeof abs))
-                snprintf(ds->source.pattern[0], LOOM_PATH_MAX, "%.*s/%s", (int)(LOOM_PATH_MAX / 2), abs, input);
-            else
-                snprintf(ds->source.pattern[0], LOOM_PATH_MAX, "%s", input);
-            /* the base pipeline in order, without its split, shuffles, repeats and random
-             * flips; without the label (unless --id names it), which a new file may lack */
-            bool keep_label = false;
-            for (int i = 0; i < n_ids; i++) keep_label |= !strcmp(ids[i], spec->model.label);
-            if (!keep_label && bk != LOOM_SRC_TEXT) drop_feature(&ds->source, spec->model.label);
-            for (int i = 0; i < base->n_transforms; i++) {
-                loom_transform_spec t = base->transform[i];
-                if (t.kind == LOOM_T_SHUFFLE || t.kind == LOOM_T_REPEAT || t.kind == LOOM_T_SPLIT) continue;
-                if (t.kind == LOOM_T_MAP && t.map.kind == LOOM_MAP_FLIP_LR) continue;
-                if (!keep_label && ((t.kind == LOOM_T_MAP && t.map.kind != LOOM_MAP_LUA &&
-                                     !strcmp(t.map.feature, spec->model.label)) ||
-                                    (t.kind == LOOM_T_FILTER && t.filter != LOOM_FILTER_LUA &&
-                                     !strcmp(t.feature, spec->model.label))))
-                    continue;
-                if (!keep_label && t.kind == LOOM_T_SELECT) {
-                    int k = 0;
-                    for (int j = 0; j < t.features.n; j++)
-                        if (strcmp(t.features.name[j], spec->model.label)) memcpy(t.features.name[k++], t.features.name[j], LOOM_NAME_MAX);
-                    t.features.n = k;
-                }
-                ds->transform[ds->n_transforms++] = t;
-            }
-        } else {
-            ds->source.kind = LOOM_SRC_IDX;
-            ds->source.loc = base->loc;
-            ds->source.n_features = 1;
-            snprintf(ds->source.feature[0], sizeof ds->source.feature[0], "%s", spec->model.input);
-            snprintf(ds->source.idx.file[0], sizeof ds->source.idx.file[0], "%s", input);
-            if (n_ids) {
-                loom_free(ds);
-                run_close(&r);
-                return loom_err_set(err, LOOM_EUSAGE, input, "--id: an IDX file holds only the model input");
-            }
-        }
-        for (int i = 0; i < base->n_transforms && !same_kind; i++) {
-            const loom_transform_spec *t = &base->transform[i];
-            if (t->kind == LOOM_T_MAP && t->map.kind == LOOM_MAP_LUA) { /* maps whole elements: not a bare input file's */
-                char w[LOOM_PATH_MAX + 16];
-                loom_free(ds);
-                run_close(&r);
-                loom_err_set(err, LOOM_EUSAGE, loom_loc_str(&t->loc, w, sizeof w),
-                             "--input %s: the preprocessing has a Lua map, which needs whole elements", input);
-                return loom_err_hint(err, "use --input eval (or train), or make the map a built-in op");
-            }
-            if (t->kind == LOOM_T_MAP && t->map.kind != LOOM_MAP_FLIP_LR && !strcmp(t->map.feature, spec->model.input))
-                ds->transform[ds->n_transforms++] = *t;
-        }
-        if (!same_kind) {
-            loom_transform_spec *b = &ds->transform[ds->n_transforms++];
-            memset(b, 0, sizeof *b);
-            b->kind = LOOM_T_BATCH;
-            b->batch_size = r.args.max_batch;
-            b->loc = base->loc;
-        }
-    }
-    loom_iter *it = NULL;
-    loom_data_ctx ctx = {.seed = spec->run.seed, .threads = 1, .name = "predict"};
-    rc = loom_data_open(&it, ds, &ctx, err);
-    if (rc) loom_err_prefix(err, "--input %s", input);
-    int in_idx = -1, id_idx[MAX_IDS];
-    if (!rc) {
-        const loom_elem_spec *es = loom_iter_spec(it);
-        in_idx = loom_elem_spec_find(es, spec->model.input);
-        for (int i = 0; i < n_ids && !rc; i++) {
-            id_idx[i] = loom_elem_spec_find(es, ids[i]);
-            char buf[1024];
-            if (id_idx[i] < 0)
-                rc = loom_err_set(err, LOOM_EUSAGE, input, "--id: no feature \"%s\" in the predicted elements (%s)",
-                                  ids[i], loom_elem_spec_str(es, buf, sizeof buf));
-            else if (es->shape[id_idx[i]].rank < 1 || per_example(&es->shape[id_idx[i]]) != 1)
-                rc = loom_err_set(err, LOOM_EUSAGE, input, "--id: feature \"%s\" is not one value per example (%s)",
-                                  ids[i], loom_elem_spec_str(es, buf, sizeof buf));
-        }
-        if (rc) {
-            loom_iter_close(it);
-            loom_free(ds);
-            run_close(&r);
-            return rc;
-        }
-        loom_shape want = r.args.input->shape[r.args.input_idx], got = es->shape[in_idx];
-        want.dim[0] = got.dim[0] = 0;
-        if (es->dtype[in_idx] != r.args.input->dtype[r.args.input_idx] || !loom_shape_eq(&want, &got)) {
-            char a[64], b[64];
-            rc = loom_err_set(err, LOOM_ESHAPE, input, "inputs are %s %s per example, the model takes %s %s",
-                              loom_dtype_name(es->dtype[in_idx]), loom_shape_str(&got, a, sizeof a),
-                              loom_dtype_name(r.args.input->dtype[r.args.input_idx]), loom_shape_str(&want, b, sizeof b));
-        }
-    }
-    FILE *f = NULL;
-    if (!rc) {
-        f = strcmp(output, "-") ? fopen(output, "w") : stdout;
-        if (!f) rc = loom_err_set(err, LOOM_EIO, output, "cannot create: %s", strerror(errno));
-    }
-    loom_shape os = loom_model_output_shape(loom_strategy_model(r.strat));
-    int64_t classes = loom_shape_numel(&os);
-    float *probs = rc ? NULL : loom_alloc((size_t)(r.args.max_batch * classes) * sizeof(float));
-    if (!rc && !probs) rc = loom_err_set(err, LOOM_ENOMEM, NULL, "allocating predictions");
-    /* columns by task: regression "prediction"; binary (one sigmoid) "class,probability";
-     * multi-label (several sigmoids) "probability_k"; softmax "class,p0,..." */
-    loom_loss_kind lk = spec->model.loss;
-    bool regression = lk == LOOM_LOSS_MSE || lk == LOOM_LOSS_MAE || lk == LOOM_LOSS_HUBER;
-    bool multi_label = lk == LOOM_LOSS_BCE && classes > 1;
-    if (!rc) {
-        fprintf(f, "index");
-        for (int i = 0; i < n_ids; i++) fprintf(f, ",%s", ids[i]);
-        if (regression && classes == 1) fprintf(f, ",prediction");
-        else if (regression)
-            for (int64_t c = 0; c < classes; c++) fprintf(f, ",prediction_%lld", (long long)c);
-        else if (lk == LOOM_LOSS_BCE && classes == 1)
-            fprintf(f, ",class,probability");
-        else if (multi_label)
-            for (int64_t c = 0; c < classes; c++) fprintf(f, ",probability_%lld", (long long)c);
-        else {
-            fprintf(f, ",class");
-            for (int64_t c = 0; c < classes; c++) fprintf(f, ",p%lld", (long long)c);
-        }
-        fputc('\n', f);
-    }
-    int64_t index = 0;
-    while (!rc) {
-        loom_elem *b;
-        rc = loom_iter_next(it, &b, err);
-        if (rc == LOOM_EEOF) {
-            rc = LOOM_OK;
-            break;
-        }
-        if (rc) break;
-        loom_elem e = {0};
-        e.n = r.args.input->n;
-        e.t[r.args.input_idx] = b->t[in_idx];
-        rc = loom_strategy_predict(r.strat, &e, probs, err);
-        int64_t B = b->t[in_idx].shape.dim[0];
-        for (int64_t i = 0; i < B && !rc; i++) {
-            const float *p = probs + i * classes;
-            fprintf(f, "%lld", (long long)index++);
-            for (int k = 0; k < n_ids; k++) {
-                const loom_tensor *t = &b->t[id_idx[k]];
-                double v = loom_tensor_get(t, i);
-                if (t->dtype == LOOM_F32 || t->dtype == LOOM_F64) fprintf(f, ",%.9g", v);
-                else fprintf(f, ",%lld", (long long)v);
-            }
-            if (!regression && !multi_label) {
-                int64_t best = 0;
-                for (int64_t c = 1; c < classes; c++)
-                    if (p[c] > p[best]) best = c;
-                if (classes == 1) best = p[0] > 0.5f; /* one sigmoid output: its probability decides */
-                fprintf(f, ",%lld", (long long)best);
-            }
-            for (int64_t c = 0; c < classes; c++) fprintf(f, ",%.6g", p[c]);
-            fputc('\n', f);
-        }
-    }
-    if (f && f != stdout && fclose(f) != 0 && !rc) rc = loom_err_set(err, LOOM_EIO, output, "write failed: %s", strerror(errno));
-    if (!rc) loom_info("wrote %lld predictions to %s (checkpoint %s)", (long long)index, output, path);
-    loom_free(probs);
-    loom_iter_close(it);
-    loom_free(ds);
-    run_close(&r);
-    return rc;
 }
 
 static void print_pipeline(FILE *f, const char *name, loom_iter *it)
@@ -2026,7 +1418,7 @@ static int check_train_not_empty(run *r, const loom_spec *spec, loom_err *err)
 int loom_check(const loom_spec *spec, const loom_cluster *cluster, FILE *f, loom_err *err)
 {
     run r;
-    int rc = run_open(&r, spec, NULL, false, cluster, true, err);
+    int rc = train_run_open_(&r, spec, NULL, false, cluster, true, err);
     if (!rc) rc = train_hooks_open_(&r.hooks, spec, r.model_dir, r.strat, err); /* finds every Lua function */
     if (!rc) rc = check_train_not_empty(&r, spec, err);
     if (!rc && r.hooks.hooks)
@@ -2046,219 +1438,6 @@ int loom_check(const loom_spec *spec, const loom_cluster *cluster, FILE *f, loom
                 loom_model_threads(m) == 1 ? "" : "s", loom_blas_core(), loom_blas_core_reason(), loom_blas_threads(),
                 loom_blas_threads() == 1 ? "" : "s");
     }
-    run_close(&r);
-    return rc;
-}
-
-/* ---- profile ----------------------------------------------------------------- */
-
-enum { PROF_INPUT, PROF_FORWARD, PROF_LOSS, PROF_BACKWARD, PROF_REDUCE, PROF_APPLY, PROF_PHASES };
-
-/* Seconds of one sgemm of shape g: the fastest of 7 repetitions, each
- * repeating it for >= 5 ms (a bound: on a shared machine the median
- * measures the other processes too). */
-static double gemm_seconds(const loom_gemm_shape *g, float *A, float *B, float *C)
-{
-    int lda = g->ta ? g->M : g->K, ldb = g->tb ? g->K : g->N;
-    loom_sgemm(g->ta, g->tb, g->M, g->N, g->K, 1.f, A, lda, B, ldb, 0.f, C, g->N);
-    int calls = 0;
-    double t0 = loom_now();
-    do {
-        loom_sgemm(g->ta, g->tb, g->M, g->N, g->K, 1.f, A, lda, B, ldb, 0.f, C, g->N);
-        calls++;
-    } while (loom_now() - t0 < 0.005);
-    double best = 0;
-    for (int r = 0; r < 7; r++) {
-        t0 = loom_now();
-        for (int i = 0; i < calls; i++) loom_sgemm(g->ta, g->tb, g->M, g->N, g->K, 1.f, A, lda, B, ldb, 0.f, C, g->N);
-        double v = (loom_now() - t0) / calls;
-        if (r == 0 || v < best) best = v;
-    }
-    return best;
-}
-
-/* GEMM-only seconds of layer i's phases at batch B on `threads` BLAS threads: [0] forward, [1] input gradient, [2] kernel gradient. */
-static int gemm_bounds(loom_model *m, int64_t B, int threads, double (*out)[3], loom_err *err)
-{
-    size_t na = 1, nb = 1, nc = 1;
-    int n = loom_model_num_layers(m);
-    for (int i = 0; i < n; i++)
-        for (int w = 0; w < 3; w++) {
-            loom_gemm_shape g;
-            if (!loom_model_layer_gemm(m, i, B, w, &g)) continue;
-            size_t a = (size_t)g.M * g.K, b = (size_t)g.K * g.N, c = (size_t)g.M * g.N;
-            na = a > na ? a : na, nb = b > nb ? b : nb, nc = c > nc ? c : nc;
-        }
-    float *A = loom_alloc_aligned(na * sizeof(float)), *Bm = loom_alloc_aligned(nb * sizeof(float)),
-          *C = loom_alloc_aligned(nc * sizeof(float));
-    if (!A || !Bm || !C) {
-        loom_free(A), loom_free(Bm), loom_free(C);
-        return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the GEMM-bound operands");
-    }
-    for (size_t k = 0; k < na; k++) A[k] = (float)(k % 7) * 0.1f - 0.3f;
-    for (size_t k = 0; k < nb; k++) Bm[k] = (float)(k % 5) * 0.1f - 0.2f;
-    int prev = loom_blas_threads();
-    loom_blas_set_threads(threads);
-    for (int i = 0; i < n; i++)
-        for (int w = 0; w < 3; w++) {
-            loom_gemm_shape g;
-            out[i][w] = loom_model_layer_gemm(m, i, B, w, &g) ? gemm_seconds(&g, A, Bm, C) : 0;
-        }
-    loom_blas_set_threads(prev);
-    loom_free(A), loom_free(Bm), loom_free(C);
-    return LOOM_OK;
-}
-
-/* The next batch, starting the next pass at the end of one. */
-static int profile_next(run *r, int64_t *epoch, loom_elem **b, loom_err *err)
-{
-    int rc = loom_iter_next(r->train, b, err);
-    if (rc != LOOM_EEOF) return rc;
-    if ((rc = loom_iter_rewind(r->train, ++*epoch, err))) return rc;
-    rc = loom_iter_next(r->train, b, err);
-    return rc == LOOM_EEOF ? loom_err_set(err, LOOM_EDATA, r->spec->path, "data.train yields no batch") : rc;
-}
-
-static void prof_row(FILE *f, const char *name, double sec, double step, double gemm)
-{
-    char g[32] = "-", frac[32] = "-";
-    if (gemm > 0) {
-        snprintf(g, sizeof g, "%.1f", gemm * 1e6);
-        snprintf(frac, sizeof frac, "%.0f%%", sec > 0 ? 100 * gemm / sec : 0);
-    }
-    fprintf(f, "  %-44s %10.1f %6.1f%% %10s %8s\n", name, sec * 1e6, step > 0 ? 100 * sec / step : 0, g, frac);
-}
-
-/* long: measures (warm-up, profiled steps, the unprofiled steps, GEMM bounds), then prints one
- * table whose rows share the sums; the report is to become a function of its own. */
-int loom_train_profile(const loom_spec *spec, int64_t steps, int64_t warmup, FILE *f, loom_err *err)
-{
-    if (steps < 1) steps = 20;
-    if (warmup < 0) warmup = 3;
-    int cores = spec->run.threads > 0 ? spec->run.threads : loom_num_cores();
-    /* BLAS's own pool sized for every core, for the GEMM-only bound; the
-     * strategies then set the threads they call it with */
-    run r;
-    memset(&r, 0, sizeof r);
-    int rc = loom_blas_init(cores, err);
-    if (!rc) rc = run_open(&r, spec, NULL, false, NULL, false, err);
-    if (rc) {
-        run_close(&r);
-        return rc;
-    }
-    loom_strategy *s = r.strat;
-    int R = loom_strategy_num_replicas(s);
-    bool parts = loom_strategy_has_parts(s);
-    loom_model *m0 = parts ? loom_strategy_replica(s, 0) : loom_strategy_model(s);
-    int nl = loom_model_num_layers(m0);
-    loom_model_prof prof = {0}, zero = {0};
-    loom_step_result *per = loom_calloc((size_t)R, sizeof *per);
-    double (*bound)[3] = loom_calloc((size_t)nl, sizeof *bound);
-    if (!per || !bound) {
-        rc = loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the profile");
-        goto out;
-    }
-    double phase[PROF_PHASES] = {0}, total = 0, whole = 0;
-    int64_t epoch = 0, B = 0, step = 0;
-    if (parts) loom_model_set_prof(m0, &prof);
-    for (int64_t k = 0; k < warmup + steps && !rc; k++) {
-        if (k == warmup) {
-            prof = zero;
-            memset(phase, 0, sizeof phase);
-            total = 0;
-        }
-        double t[PROF_PHASES + 1];
-        loom_elem *b;
-        t[0] = loom_now();
-        rc = profile_next(&r, &epoch, &b, err);
-        t[1] = loom_now();
-        if (rc) break;
-        B = b->t[r.args.input_idx].shape.dim[0];
-        if (parts) {
-            for (int p = LOOM_PART_FORWARD; p <= LOOM_PART_APPLY && !rc; p++) {
-                rc = loom_strategy_step_part(s, (loom_step_part)p, b, step, per, err);
-                t[p + 2] = loom_now();
-            }
-        } else {
-            loom_step_result res;
-            rc = loom_strategy_train_step(s, b, step, &res, err);
-            for (int p = PROF_FORWARD; p < PROF_PHASES; p++) t[p + 1] = loom_now();
-        }
-        step++;
-        for (int p = 0; p < PROF_PHASES; p++) phase[p] += t[p + 1] - t[p];
-        total += t[PROF_PHASES] - t[0];
-    }
-    loom_model_set_prof(m0, NULL);
-    /* the same number of steps through the whole, unprofiled train step */
-    for (int64_t k = 0; k < steps && !rc; k++) {
-        loom_elem *b;
-        double t0 = loom_now();
-        loom_step_result res;
-        rc = profile_next(&r, &epoch, &b, err);
-        if (!rc) rc = loom_strategy_train_step(s, b, step++, &res, err);
-        whole += loom_now() - t0;
-    }
-    if (!rc) rc = gemm_bounds(m0, B, cores, bound, err);
-    if (rc) goto out;
-
-    const double n = (double)steps, st = total / n;
-    char what[160], name[200];
-    fprintf(f, "profile of a training step: %s\n", spec->path);
-    loom_strategy_where(s, what, sizeof what);
-    fprintf(f, "strategy %s on %s, %d replica%s, %d thread%s per replica; batch %lld; %lld steps after %lld warm-up\n",
-            spec->strategy.name, what, R, R == 1 ? "" : "s", loom_model_threads(m0),
-            loom_model_threads(m0) == 1 ? "" : "s", (long long)B, (long long)steps, (long long)warmup);
-    fprintf(f, "BLAS: %s (%s); GEMM-only bound: each phase's products at batch %lld on %d BLAS thread%s\n",
-            loom_blas_core(), loom_blas_core_reason(), (long long)B, cores, cores == 1 ? "" : "s");
-    if (parts && R > 1)
-        fprintf(f, "layer rows are replica 0's (per-replica batch %lld); the replicas run side by side\n",
-                (long long)(B / R));
-    fprintf(f, "  %-44s %10s %7s %10s %8s\n", "phase", "us/step", "share", "GEMM us", "of bound");
-    double gemm_total = 0, sum = 0;
-#define ROW(label, sec, gemm) (prof_row(f, label, sec, st, gemm), sum += (sec), gemm_total += (gemm))
-    ROW("input hand-off", phase[PROF_INPUT] / n, 0);
-    if (parts) {
-        double lay = 0;
-        for (int i = 0; i < nl; i++) {
-            snprintf(name, sizeof name, "forward  %s", loom_model_layer_describe(m0, i, what, sizeof what));
-            ROW(name, prof.fwd[i] / n, bound[i][0]);
-            lay += prof.fwd[i] / n;
-        }
-        ROW("forward: dispatch, chunk imbalance", phase[PROF_FORWARD] / n - lay, 0);
-        ROW("loss", phase[PROF_LOSS] / n, 0);
-        lay = 0;
-        for (int i = nl - 1; i >= 0; i--) {
-            snprintf(name, sizeof name, "backward %s", loom_model_layer_describe(m0, i, what, sizeof what));
-            ROW(name, prof.bwd[i] / n, bound[i][1]);
-            lay += prof.bwd[i] / n;
-        }
-        for (int i = 0; i < nl; i++) {
-            if (!bound[i][2] && !(prof.pgrad[i] > 0)) continue; /* layers with a weight-gradient pass */
-            snprintf(name, sizeof name, "weights  %s", loom_model_layer_describe(m0, i, what, sizeof what));
-            ROW(name, prof.pgrad[i] / n, bound[i][2]);
-            lay += prof.pgrad[i] / n;
-        }
-        ROW("backward: dispatch, chunk imbalance", phase[PROF_BACKWARD] / n - lay, 0);
-        ROW("gradient reduction", phase[PROF_REDUCE] / n, 0);
-        ROW("optimizer", phase[PROF_APPLY] / n, 0);
-    } else {
-        double g = 0;
-        for (int i = 0; i < nl; i++) g += bound[i][0] + bound[i][1] + bound[i][2];
-        double whole_step = 0;
-        for (int p = PROF_FORWARD; p < PROF_PHASES; p++) whole_step += phase[p] / n;
-        ROW("train step (strategy has no parts: timed whole)", whole_step, g);
-    }
-#undef ROW
-    fprintf(f, "  %-44s %10s %7s %10s %8s\n", "", "----------", "-------", "----------", "--------");
-    prof_row(f, "step", st, st, gemm_total);
-    fprintf(f, "rows sum to %.1f us of the %.1f us step; GEMM-only bound %.0f samples/s, profiled step %.0f samples/s\n",
-            sum * 1e6, st * 1e6, gemm_total > 0 ? (double)B / gemm_total : 0, (double)B / st);
-    fprintf(f, "unprofiled train step (the same count of the next batches): %.1f us, %.0f samples/s (%.0f%% of the "
-            "GEMM-only bound)\n",
-            whole / n * 1e6, (double)B * n / whole, gemm_total > 0 ? 100 * gemm_total / (whole / n) : 0);
-out:
-    loom_free(per);
-    loom_free(bound);
-    run_close(&r);
+    train_run_close_(&r);
     return rc;
 }
