@@ -169,6 +169,7 @@ static void test_pool_spin(void)
         bad += atomic_load(&spin_sum) != n * (n + 1) / 2;
     }
     int64_t slept = loom_pool_sleeps(p) - s0;
+    printf("# %lld condition-variable waits in %d back-to-back jobs (spinning)\n", (long long)slept, jobs);
     CHECK_MSG(bad == 0, "%lld of %d jobs lost or repeated an item", (long long)bad, jobs);
     CHECK_MSG(slept < jobs / 10, "%lld condition-variable waits in %d back-to-back jobs (spinning: expected few)",
               (long long)slept, jobs);
