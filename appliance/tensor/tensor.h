@@ -105,10 +105,11 @@ void loom_sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, co
                 const float *B, int ldb, float beta, float *C, int ldc);
 
 /* The GEMM-only bound of one product op(A)(M,K) op(B)(K,N) on `threads`
- * cores, in seconds per call: the least time of two ways to use them, the
- * BLAS on `threads` threads over the whole product, or `threads` one-thread
- * BLAS calls side by side on slices of M rows (how Loom's intra-op threads
- * split a layer: batch rows forward, kernel rows for a weight gradient);
+ * cores, in seconds per call: the least time of three ways to use them,
+ * the BLAS on one thread (more cores never need longer), on `threads`
+ * threads over the whole product, or `threads` one-thread BLAS calls side
+ * by side on slices of M rows (how Loom's intra-op threads split a layer:
+ * batch rows forward, kernel rows for a weight gradient);
  * each the fastest of `reps` repetitions of back-to-back calls (at least
  * 5 ms each). A bound is the least time the products can take: the
  * fastest repetition estimates it, a median on a shared machine measures

@@ -2171,8 +2171,8 @@ int loom_train_profile(const loom_spec *spec, int64_t steps, int64_t warmup, FIL
     fprintf(f, "strategy %s on %s, %d replica%s, %d thread%s per replica; batch %lld; %lld steps after %lld warm-up\n",
             spec->strategy.name, what, R, R == 1 ? "" : "s", loom_model_threads(m0),
             loom_model_threads(m0) == 1 ? "" : "s", (long long)B, (long long)steps, (long long)warmup);
-    fprintf(f, "BLAS: %s (%s); GEMM-only bound: each phase's products at batch %lld on %d core%s (the BLAS's "
-               "threads or the rows split, the faster; the fastest of 7, as gemm_peak)\n",
+    fprintf(f, "BLAS: %s (%s); GEMM-only bound: each phase's products at batch %lld on %d core%s (one BLAS "
+               "thread, all of them, or the rows split, whichever is fastest; the fastest of 7, as gemm_peak)\n",
             loom_blas_core(), loom_blas_core_reason(), (long long)B, cores, cores == 1 ? "" : "s");
     if (parts && R > 1)
         fprintf(f, "layer rows are replica 0's (per-replica batch %lld); the replicas run side by side\n",

@@ -172,7 +172,7 @@ int main(int argc, char **argv)
         }
         /* GEMM-only time of one MLP training step: loom_sgemm_bound of each
          * product, the bound `loom profile --train` prints (the fastest
-         * repetition, the BLAS's threads or the rows split, the faster) */
+         * repetition of one BLAS thread, all of them, or the rows split) */
         double step = 0, flops = 0;
         for (int j = 0; j < NSTEP; j++)
             for (int i = 0; i < NSHAPES; i++)
