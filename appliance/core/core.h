@@ -182,7 +182,10 @@ void loom_pool_run(loom_pool *p, int n, loom_pool_fn fn, void *arg);
  * sleeps, and loom_pool_run's caller as long for the workers to finish
  * (0, the default: both sleep at once). For pools whose jobs come back to
  * back (a training step's phases): a futex wake-up costs 5-50 us on a VM,
- * more than a small phase. Bounded, so an idle pool still sleeps. */
+ * more than a small phase. Bounded, so an idle pool still sleeps; and
+ * adaptive (halved after a wait that timed out, doubled after one that did
+ * not), so on an oversubscribed machine the pool sleeps nearly at once
+ * instead of burning the CPU share its computing threads need. */
 void loom_pool_set_spin(loom_pool *p, int usec);
 int64_t loom_pool_sleeps(const loom_pool *p); /* condition-variable waits of the pool's threads and callers so far */
 

@@ -1,8 +1,8 @@
 /* pool.c - a fixed worker pool for data-parallel loops. Workers sleep on a
  * condition variable between jobs; with loom_pool_set_spin they first
- * busy-wait a bounded time for the next job (and the caller for the job's
- * end), so the back-to-back phases of a training step skip the futex
- * wake-ups. One job at a time; the caller works too, so a pool of 1 runs
+ * busy-wait a bounded, adaptive time for the next job (and the caller for
+ * the job's end), so the back-to-back phases of a training step skip the
+ * futex wake-ups. One job at a time; the caller works too, so a pool of 1 runs
  * everything inline. */
 #include "core.h"
 
@@ -22,6 +22,7 @@ struct loom_pool {
     atomic_int      stop;
     int             sleepers;    /* workers waiting on wake (under mu) */
     atomic_llong    spin_ns;     /* loom_pool_set_spin; 0: sleep at once */
+    atomic_llong    spin_win;    /* the current window, adapted in [SPIN_MIN_NS, spin_ns] */
     atomic_llong    sleeps;      /* condition-variable waits so far (loom_pool_sleeps) */
     /* the current job */
     loom_pool_fn    fn;
@@ -56,29 +57,34 @@ static int64_t now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* Busy-waits up to p->spin_ns for done(p, x) to hold; whether it did. The
- * clock is read every 64 pauses (a pause is ~10-150 cycles). After
- * SPIN_PAUSE_NS the wait yields the core at each check instead, so on a
- * machine with more runnable threads than cores the others (the thread
- * being waited for among them) get it. */
-#define SPIN_PAUSE_NS 50000
-static bool spin_until(const loom_pool *p, bool (*done)(const loom_pool *, uint64_t), uint64_t x)
+/* Busy-waits for done(p, x) to hold, up to the pool's current window;
+ * whether it did. The clock is read every 64 pauses (a pause is ~10-150
+ * cycles). The window adapts, as glibc's adaptive mutexes do: a wait that
+ * ends within it doubles it (up to loom_pool_set_spin's), one that does not
+ * halves it (down to SPIN_MIN_NS), and so does one the scheduler stretched
+ * past it by taking the core away. On a machine with more runnable threads
+ * than cores most waits end so: spinning there only burns the CPU share
+ * the computing threads need, and a sleeping thread woken by the futex
+ * gets the core back sooner, so the pool then sleeps nearly at once, as
+ * without spinning. (No sched_yield: under load it gives the core away for
+ * a whole time slice, and the caller waiting in it delays the next job.) */
+#define SPIN_MIN_NS 5000
+static bool spin_until(loom_pool *p, bool (*done)(const loom_pool *, uint64_t), uint64_t x)
 {
-    const int64_t spin = atomic_load_explicit(&p->spin_ns, memory_order_relaxed);
-    if (spin <= 0) return done(p, x);
-    int64_t t0 = now_ns(), t;
-    while ((t = now_ns() - t0) <= spin) {
-        if (t < SPIN_PAUSE_NS) {
-            for (int k = 0; k < 64; k++) {
-                if (done(p, x)) return true;
-                cpu_relax();
-            }
-        } else {
-            if (done(p, x)) return true;
-            sched_yield();
-        }
+    const int64_t max = atomic_load_explicit(&p->spin_ns, memory_order_relaxed);
+    if (max <= 0) return done(p, x);
+    int64_t win = atomic_load_explicit(&p->spin_win, memory_order_relaxed);
+    win = win < SPIN_MIN_NS ? SPIN_MIN_NS : win > max ? max : win;
+    const int64_t t0 = now_ns();
+    bool ok = false, late = false;
+    for (;;) {
+        for (int k = 0; k < 64 && !(ok = done(p, x)); k++) cpu_relax();
+        late = now_ns() - t0 > win;
+        if (ok || late) break;
     }
-    return done(p, x);
+    int64_t next = ok && !late ? (win * 2 < max ? win * 2 : max) : (win / 2 > SPIN_MIN_NS ? win / 2 : SPIN_MIN_NS);
+    if (next != win) atomic_store_explicit(&p->spin_win, next, memory_order_relaxed);
+    return ok;
 }
 
 static bool new_job(const loom_pool *p, uint64_t seen)
@@ -170,6 +176,7 @@ void loom_pool_set_spin(loom_pool *p, int usec)
 {
     if (!p) return;
     atomic_store(&p->spin_ns, usec > 0 ? (long long)usec * 1000 : 0);
+    atomic_store(&p->spin_win, usec > 0 ? (long long)usec * 1000 : 0);
 }
 
 int64_t loom_pool_sleeps(const loom_pool *p) { return p ? atomic_load(&p->sleeps) : 0; }
