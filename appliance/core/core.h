@@ -178,6 +178,16 @@ int  loom_pool_new(loom_pool **out, int threads, loom_err *err); /* free with lo
 void loom_pool_free(loom_pool *p);                               /* NULL is a no-op */
 int  loom_pool_size(const loom_pool *p);                         /* threads incl. caller */
 void loom_pool_run(loom_pool *p, int n, loom_pool_fn fn, void *arg);
+/* Between jobs a worker busy-waits up to usec for the next one before it
+ * sleeps, and loom_pool_run's caller as long for the workers to finish
+ * (0, the default: both sleep at once). For pools whose jobs come back to
+ * back (a training step's phases): a futex wake-up costs 5-50 us on a VM,
+ * more than a small phase. Bounded, so an idle pool still sleeps; and
+ * adaptive (halved after a wait that timed out, doubled after one that did
+ * not), so on an oversubscribed machine the pool sleeps nearly at once
+ * instead of burning the CPU share its computing threads need. */
+void loom_pool_set_spin(loom_pool *p, int usec);
+int64_t loom_pool_sleeps(const loom_pool *p); /* condition-variable waits of the pool's threads and callers so far */
 
 /* Number of cores this process may run on (sched_getaffinity). */
 int loom_num_cores(void);

@@ -660,6 +660,9 @@ int loom_model_set_threads(loom_model *m, int threads, loom_err *err)
         }
         /* the chunks call BLAS concurrently; BLAS threads on top would oversubscribe the cores */
         loom_blas_set_threads(1);
+        /* a step's phases (chunks, gradient pass, optimizer, the next step
+         * after the input hand-off) come back to back: keep the workers hot */
+        loom_pool_set_spin(pool, NN_POOL_SPIN_US);
     }
     free_chunks(m->pool, m->chunk, m->threads);
     m->pool = pool;

@@ -133,6 +133,12 @@ struct loom_model {
     loom_err         sync_err;
 };
 
+/* How long the intra-op workers busy-wait for the next phase before they
+ * sleep (loom_pool_set_spin): longer than the gaps inside a training step
+ * and between steps (input hand-off, metrics, the optimizer's call), short
+ * enough that an idle model's threads sleep within a fraction of a ms. */
+#define NN_POOL_SPIN_US 300
+
 /* loom_init of the tensors that start at one (normalisation scales and variances) */
 #define NN_INIT_ONES_ 100
 

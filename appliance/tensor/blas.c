@@ -134,3 +134,86 @@ void loom_sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float 
     LOOM_ASSERT(blas.sgemm != NULL);
     blas.sgemm(RowMajor, ta ? Trans : NoTrans, tb ? Trans : NoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
+
+/* ---- the GEMM-only bound ---------------------------------------------------- */
+
+typedef struct bound_job {
+    bool         ta, tb;
+    int          M, N, K, parts, calls;
+    const float *A, *B;
+    float       *C;
+} bound_job;
+
+static void bound_call(const bound_job *j, int m0, int m1)
+{
+    int lda = j->ta ? j->M : j->K, ldb = j->tb ? j->K : j->N;
+    const float *a = j->ta ? j->A + m0 : j->A + (size_t)m0 * lda; /* op(A)'s rows m0.. */
+    loom_sgemm(j->ta, j->tb, m1 - m0, j->N, j->K, 1.f, a, lda, j->B, ldb, 0.f, j->C + (size_t)m0 * j->N, j->N);
+}
+
+static void bound_part(void *arg, int t)
+{
+    const bound_job *j = arg;
+    int m0 = (int)((int64_t)j->M * t / j->parts), m1 = (int)((int64_t)j->M * (t + 1) / j->parts);
+    if (m1 > m0)
+        for (int c = 0; c < j->calls; c++) bound_call(j, m0, m1);
+}
+
+/* Seconds per call of job j's product: the whole on the BLAS's threads (pool
+ * NULL), or split among the pool's threads; the fastest of reps. */
+static double bound_time(bound_job *j, loom_pool *pool, int reps)
+{
+    j->parts = pool ? loom_pool_size(pool) : 1;
+    j->calls = 1;
+    loom_pool_run(pool, j->parts, bound_part, j); /* warm-up: threads, caches, page faults */
+    double t0 = loom_now();
+    int calls = 0;
+    do {
+        loom_pool_run(pool, j->parts, bound_part, j);
+        calls++;
+    } while (loom_now() - t0 < 0.005);
+    j->calls = calls;
+    double best = 0;
+    for (int r = 0; r < reps; r++) {
+        t0 = loom_now();
+        loom_pool_run(pool, j->parts, bound_part, j);
+        double v = (loom_now() - t0) / calls;
+        if (r == 0 || v < best) best = v;
+    }
+    return best;
+}
+
+double loom_sgemm_bound(bool ta, bool tb, int M, int N, int K, int threads, int reps)
+{
+    if (threads < 1) threads = 1;
+    if (reps < 1) reps = 1;
+    size_t na = (size_t)M * K, nb = (size_t)K * N, nc = (size_t)M * N;
+    float *A = loom_alloc_aligned(na * sizeof *A), *B = loom_alloc_aligned(nb * sizeof *B),
+          *C = loom_alloc_aligned(nc * sizeof *C);
+    double best = -1;
+    if (!A || !B || !C) goto out;
+    for (size_t k = 0; k < na; k++) A[k] = (float)(k % 7) * 0.1f - 0.3f;
+    for (size_t k = 0; k < nb; k++) B[k] = (float)(k % 5) * 0.1f - 0.2f;
+    bound_job j = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .A = A, .B = B, .C = C};
+    int prev = loom_blas_threads();
+    loom_blas_set_threads(1);
+    best = bound_time(&j, NULL, reps); /* one core: more cannot take longer (leave them idle) */
+    if (threads > 1) {
+        loom_blas_set_threads(threads);
+        double whole = bound_time(&j, NULL, reps);
+        best = whole < best ? whole : best;
+    }
+    loom_pool *pool = NULL;
+    loom_err err;
+    if (threads > 1 && M >= threads && loom_pool_new(&pool, threads, &err) == LOOM_OK) {
+        loom_blas_set_threads(1);
+        loom_pool_set_spin(pool, 1000);
+        double split = bound_time(&j, pool, reps);
+        best = split < best ? split : best;
+        loom_pool_free(pool);
+    }
+    loom_blas_set_threads(prev);
+out:
+    loom_free(A), loom_free(B), loom_free(C);
+    return best;
+}

@@ -104,6 +104,20 @@ const char *loom_blas_pick_core(bool avx512f, bool avx512bw, bool avx512vl, bool
 void loom_sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda,
                 const float *B, int ldb, float beta, float *C, int ldc);
 
+/* The GEMM-only bound of one product op(A)(M,K) op(B)(K,N) on `threads`
+ * cores, in seconds per call: the least time of three ways to use them,
+ * the BLAS on one thread (more cores never need longer), on `threads`
+ * threads over the whole product, or `threads` one-thread BLAS calls side
+ * by side on slices of M rows (how Loom's intra-op threads split a layer:
+ * batch rows forward, kernel rows for a weight gradient);
+ * each the fastest of `reps` repetitions of back-to-back calls (at least
+ * 5 ms each). A bound is the least time the products can take: the
+ * fastest repetition estimates it, a median on a shared machine measures
+ * the other processes. `loom profile --train` and tests/bench/gemm_peak
+ * both take the MLP's GEMM-only bound from here. Allocates its own
+ * operands; restores the BLAS thread count. < 0 when out of memory. */
+double loom_sgemm_bound(bool trans_a, bool trans_b, int M, int N, int K, int threads, int reps);
+
 /* The device-backend interface (memory, copies, the layers' compute
  * primitives; CPU built in, CUDA from a plugin): the second part of this
  * header, kept in its own file. */

@@ -33,8 +33,8 @@ static void drop_feature(loom_source_spec *s, const char *name)
         if (!strcmp(s->feature[f], name)) continue;
         if (k != f) {
             memcpy(s->feature[k], s->feature[f], sizeof s->feature[k]);
-            s->csv[k] = s->csv[f];
-            s->tfr[k] = s->tfr[f];
+            if (s->kind == LOOM_SRC_CSV) s->csv.columns[k] = s->csv.columns[f];
+            if (s->kind == LOOM_SRC_TFRECORD) s->tfrecord.features[k] = s->tfrecord.features[f];
         }
         k++;
     }
@@ -141,7 +141,7 @@ static int idx_file_dataset(const predict_job *j, const loom_dataset_spec *base,
     ds->source.loc = base->loc;
     ds->source.n_features = 1;
     snprintf(ds->source.feature[0], sizeof ds->source.feature[0], "%s", spec->model.input);
-    snprintf(ds->source.file[0], sizeof ds->source.file[0], "%s", j->input);
+    snprintf(ds->source.idx.file[0], sizeof ds->source.idx.file[0], "%s", j->input);
     if (j->n_ids) return loom_err_set(err, LOOM_EUSAGE, j->input, "--id: an IDX file holds only the model input");
     for (int i = 0; i < base->n_transforms; i++) {
         const loom_transform_spec *t = &base->transform[i];

@@ -9,58 +9,21 @@
 
 enum { PROF_INPUT, PROF_FORWARD, PROF_LOSS, PROF_BACKWARD, PROF_REDUCE, PROF_APPLY, PROF_PHASES };
 
-/* Seconds of one sgemm of shape g: the fastest of 7 repetitions, each
- * repeating it for >= 5 ms (a bound: on a shared machine the median
- * measures the other processes too). */
-static double gemm_seconds(const loom_gemm_shape *g, float *A, float *B, float *C)
-{
-    int lda = g->ta ? g->M : g->K, ldb = g->tb ? g->K : g->N;
-    loom_sgemm(g->ta, g->tb, g->M, g->N, g->K, 1.f, A, lda, B, ldb, 0.f, C, g->N);
-    int calls = 0;
-    double t0 = loom_now();
-    do {
-        loom_sgemm(g->ta, g->tb, g->M, g->N, g->K, 1.f, A, lda, B, ldb, 0.f, C, g->N);
-        calls++;
-    } while (loom_now() - t0 < 0.005);
-    double best = 0;
-    for (int r = 0; r < 7; r++) {
-        t0 = loom_now();
-        for (int i = 0; i < calls; i++) loom_sgemm(g->ta, g->tb, g->M, g->N, g->K, 1.f, A, lda, B, ldb, 0.f, C, g->N);
-        double v = (loom_now() - t0) / calls;
-        if (r == 0 || v < best) best = v;
-    }
-    return best;
-}
-
-/* GEMM-only seconds of layer i's phases at batch B on `threads` BLAS threads: [0] forward, [1] input gradient, [2] kernel gradient. */
+/* GEMM-only seconds of layer i's phases at batch B on `threads` cores: [0]
+ * forward, [1] input gradient (none for a first layer), [2] kernel
+ * gradient; each loom_sgemm_bound (the same bound tests/bench/gemm_peak
+ * reports for the MLP). */
 static int gemm_bounds(loom_model *m, int64_t B, int threads, double (*out)[3], loom_err *err)
 {
-    size_t na = 1, nb = 1, nc = 1;
     int n = loom_model_num_layers(m);
     for (int i = 0; i < n; i++)
         for (int w = 0; w < 3; w++) {
             loom_gemm_shape g;
+            out[i][w] = 0;
             if (!loom_model_layer_gemm(m, i, B, w, &g)) continue;
-            size_t a = (size_t)g.M * g.K, b = (size_t)g.K * g.N, c = (size_t)g.M * g.N;
-            na = a > na ? a : na, nb = b > nb ? b : nb, nc = c > nc ? c : nc;
+            if ((out[i][w] = loom_sgemm_bound(g.ta, g.tb, g.M, g.N, g.K, threads, 7)) < 0)
+                return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the GEMM-bound operands");
         }
-    float *A = loom_alloc_aligned(na * sizeof(float)), *Bm = loom_alloc_aligned(nb * sizeof(float)),
-          *C = loom_alloc_aligned(nc * sizeof(float));
-    if (!A || !Bm || !C) {
-        loom_free(A), loom_free(Bm), loom_free(C);
-        return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the GEMM-bound operands");
-    }
-    for (size_t k = 0; k < na; k++) A[k] = (float)(k % 7) * 0.1f - 0.3f;
-    for (size_t k = 0; k < nb; k++) Bm[k] = (float)(k % 5) * 0.1f - 0.2f;
-    int prev = loom_blas_threads();
-    loom_blas_set_threads(threads);
-    for (int i = 0; i < n; i++)
-        for (int w = 0; w < 3; w++) {
-            loom_gemm_shape g;
-            out[i][w] = loom_model_layer_gemm(m, i, B, w, &g) ? gemm_seconds(&g, A, Bm, C) : 0;
-        }
-    loom_blas_set_threads(prev);
-    loom_free(A), loom_free(Bm), loom_free(C);
     return LOOM_OK;
 }
 
@@ -221,7 +184,8 @@ static void profile_report(const profile *p, const loom_spec *spec, FILE *f)
     fprintf(f, "strategy %s on %s, %d replica%s, %d thread%s per replica; batch %lld; %lld steps after %lld warm-up\n",
             spec->strategy.name, what, R, R == 1 ? "" : "s", threads, threads == 1 ? "" : "s", (long long)B,
             (long long)p->steps, (long long)p->warmup);
-    fprintf(f, "BLAS: %s (%s); GEMM-only bound: each phase's products at batch %lld on %d BLAS thread%s\n",
+    fprintf(f, "BLAS: %s (%s); GEMM-only bound: each phase's products at batch %lld on %d core%s (one BLAS "
+               "thread, all of them, or the rows split, whichever is fastest; the fastest of 7, as gemm_peak)\n",
             loom_blas_core(), loom_blas_core_reason(), (long long)B, cores, cores == 1 ? "" : "s");
     if (p->parts && R > 1)
         fprintf(f, "layer rows are replica 0's (per-replica batch %lld); the replicas run side by side\n",

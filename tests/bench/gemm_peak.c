@@ -3,7 +3,8 @@
  * Measures loom_sgemm GFLOP/s at 1 and 2 threads (or the counts given with
  * -t), at 1024^3 (the "peak") and at the shapes the Fashion-MNIST MLP and
  * CNN actually run at batch 128, and the GEMM-only time of one whole MLP
- * training step (the samples/s no MLP implementation on this BLAS can beat).
+ * training step (the samples/s no MLP implementation on this BLAS can beat:
+ * loom_sgemm_bound, the fastest repetitions, as `loom profile --train`).
  * Each figure is the median of -r repetitions (gflops_max: the fastest one,
  * closer to the true peak when other processes share the cores); a repetition repeats the call
  * until it has run for at least ~20 ms, so small shapes are not lost in
@@ -169,14 +170,23 @@ int main(int argc, char **argv)
                    s->K, secs[i] * 1e3, gf, gf_max);
             first = 0;
         }
-        /* GEMM-only time of one MLP training step, from the per-shape medians. */
+        /* GEMM-only time of one MLP training step: loom_sgemm_bound of each
+         * product, the bound `loom profile --train` prints (the fastest
+         * repetition of one BLAS thread, all of them, or the rows split) */
         double step = 0, flops = 0;
         for (int j = 0; j < NSTEP; j++)
             for (int i = 0; i < NSHAPES; i++)
                 if (!strcmp(shapes[i].name, mlp_step[j])) {
-                    step += secs[i];
-                    flops += 2.0 * shapes[i].M * shapes[i].N * shapes[i].K;
+                    const shape *s = &shapes[i];
+                    double b = loom_sgemm_bound(s->ta, s->tb, s->M, s->N, s->K, threads[ti], reps);
+                    if (b < 0) {
+                        fprintf(stderr, "gemm_peak: out of memory\n");
+                        return 1;
+                    }
+                    step += b;
+                    flops += 2.0 * s->M * s->N * s->K;
                 }
+        loom_blas_set_threads(threads[ti]);
         printf("],\"peak_gflops\":%.2f,\"mlp_step_gemm_ms\":%.5f,\"mlp_step_gflops\":%.2f,"
                "\"mlp_gemm_bound_samples_per_sec\":%.0f}",
                peak[ti], step * 1e3, flops / step / 1e9, 128.0 / step);

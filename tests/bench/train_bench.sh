@@ -181,7 +181,7 @@ load_before, load_after = sys.argv[5], sys.argv[6]
 def conv(h, w, k, cin, cout): return 2 * h * w * k * k * cin * cout
 FWD = {"mlp": 2 * (784 * 256 + 256 * 128 + 128 * 10),
        "cnn": conv(28, 28, 5, 1, 32) + conv(14, 14, 5, 32, 64) + 2 * (7 * 7 * 64 * 128 + 128 * 10)}
-TARGET_SPEED = {"mlp": 1.5, "cnn": 1.3}
+TARGET_SPEED = {"mlp": 1.5, "cnn": 1.5}  # issue 17
 TARGET_ACC = {"mlp": 0.885, "cnn": 0.91}
 peak = (gemm.get("peak_gflops") or {}).get("2")
 run2 = [r for r in gemm.get("runs", []) if r.get("threads") == 2]
@@ -235,7 +235,7 @@ for model in ("mlp", "cnn"):
                             "loom_gemm_fraction": frac(L["samples_per_sec"]),
                             "pytorch_gemm_fraction": frac(P["samples_per_sec"])}
 print("-" * len(hdr))
-print("ratio = Loom/PyTorch samples/s (target: MLP >= 1.5x, CNN >= 1.3x PyTorch's best); first step: process start ->")
+print("ratio = Loom/PyTorch samples/s (target: MLP >= 1.5x, CNN >= 1.5x PyTorch's best); first step: process start ->")
 print("first step done, decode excluded (MLP target < 50 ms; PyTorch's includes `import torch`); GEMM lim = 3 x forward")
 print("FLOPs/sample x samples/s / 2-thread sgemm peak.")
 if mlp_bound and any(r["model"] == "mlp" for r in res):

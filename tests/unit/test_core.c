@@ -141,6 +141,68 @@ static void test_pool(void)
     CHECK(loom_num_cores() >= 1);
 }
 
+/* loom_pool_set_spin: back-to-back jobs reach the worker without its
+ * sleeping on the condition variable (before it, every job put it to sleep
+ * and woke it with a futex call), the results stay right, and an idle pool
+ * still goes to sleep once the bounded wait is over. The window is 50 ms
+ * so that a worker descheduled on a loaded machine still finds the next
+ * job; the counts are structure, not timing. */
+static atomic_int spin_sum;
+static void spin_fn(void *arg, int i)
+{
+    (void)arg;
+    atomic_fetch_add(&spin_sum, i + 1);
+}
+
+static void test_pool_spin(void)
+{
+    loom_pool *p;
+    loom_err e;
+    CHECK(loom_pool_new(&p, 2, &e) == LOOM_OK);
+    /* the two threads on two cores: sharing one, a spinning thread waits
+     * for one that cannot run, and the window rightly collapses */
+    const int cores[2] = {0, 1};
+    bool two = loom_num_cores() >= 2 && loom_pool_pin(p, cores, &e) == LOOM_OK;
+    const int jobs = 1000;
+    int64_t slept = 0, bad = 0;
+    /* the window adapts to the machine's load: up to 3 attempts, each from the full window */
+    for (int attempt = 0; attempt < 3; attempt++) {
+        loom_pool_set_spin(p, 50000);
+        int64_t s0 = loom_pool_sleeps(p);
+        for (int k = 0; k < jobs; k++) {
+            int n = 2 + k % 3;
+            atomic_store(&spin_sum, 0);
+            loom_pool_run(p, n, spin_fn, NULL);
+            bad += atomic_load(&spin_sum) != n * (n + 1) / 2;
+        }
+        slept = loom_pool_sleeps(p) - s0;
+        printf("# attempt %d: %lld condition-variable waits in %d back-to-back jobs (spinning)\n", attempt + 1,
+               (long long)slept, jobs);
+        if (slept < jobs / 10) break;
+    }
+    CHECK_MSG(bad == 0, "%lld jobs lost or repeated an item", (long long)bad);
+    if (two)
+        CHECK_MSG(slept < jobs / 10, "%lld condition-variable waits in %d back-to-back jobs (spinning: expected few)",
+                  (long long)slept, jobs);
+    else
+        printf("# one core: spinning cannot help, the wait count is not checked\n");
+    /* bounded: a pool left idle longer than its window sleeps (the count read
+     * before the job: the worker may go to sleep before run returns) */
+    loom_pool_set_spin(p, 1000);
+    int64_t s1 = loom_pool_sleeps(p);
+    loom_pool_run(p, 2, spin_fn, NULL);
+    for (int k = 0; k < 200 && loom_pool_sleeps(p) == s1; k++) usleep(5000);
+    CHECK_MSG(loom_pool_sleeps(p) > s1, "the worker still spun 1 s after a job with a 1 ms window");
+    loom_pool_free(p); /* joins a sleeping worker */
+    /* a pool of one (no workers) runs inline, spin or not */
+    CHECK(loom_pool_new(&p, 1, &e) == LOOM_OK);
+    loom_pool_set_spin(p, 100);
+    atomic_store(&spin_sum, 0);
+    loom_pool_run(p, 4, spin_fn, NULL);
+    CHECK(atomic_load(&spin_sum) == 10 && loom_pool_sleeps(p) == 0);
+    loom_pool_free(p);
+}
+
 /* Each item waits until every thread holds one, then records the CPU set it
  * may run on: with n items on a pool of n, every thread runs exactly one. */
 typedef struct pin_probe {
@@ -330,6 +392,7 @@ static const loom_test tests[] = {
     {"errors", test_errors},
     {"pool", test_pool},
     {"pool pinned to cores", test_pool_pin},
+    {"pool spins between back-to-back jobs", test_pool_spin},
     {"files", test_files},
     {"open_regular", test_open_regular},
     {"stale_tmp", test_stale_tmp},

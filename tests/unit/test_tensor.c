@@ -102,11 +102,29 @@ static void test_blas_loaded(void)
         }
 }
 
+/* loom_sgemm_bound, the GEMM-only bound of `loom profile --train` and
+ * gemm_peak: every transpose, 1 and 2 threads, and an M smaller than the
+ * threads (no split then): a time per call, the BLAS's thread count as it
+ * was. The split reads op(A)'s row slices: ASan checks their bounds. */
+static void test_gemm_bound(void)
+{
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            for (int t = 1; t <= 2; t++) {
+                double s = loom_sgemm_bound(ta, tb, 37, 29, 53, t, 2);
+                CHECK_MSG(s > 0 && s < 0.5, "ta=%d tb=%d threads=%d: %g s per call", ta, tb, t, s);
+                CHECK(loom_blas_threads() == 1);
+            }
+    double one = loom_sgemm_bound(false, false, 1, 16, 16, 2, 1);
+    CHECK_MSG(one > 0 && one < 0.5, "M=1 on 2 threads: %g s", one);
+}
+
 static const loom_test tests[] = {
     {"dtypes_shapes", test_dtypes_shapes},
     {"pick_core", test_pick_core},
     {"cpu_features", test_cpu_features},
     {"blas_loaded", test_blas_loaded},
+    {"gemm_bound", test_gemm_bound},
     {0},
 };
 
