@@ -468,7 +468,7 @@ static void test_ahead_errors(void)
                     setenv("LOOM_DATA_READAHEAD", ra[m], 1);
                     setenv("LOOM_DATA_DECOMPRESS_AHEAD", da[m], 1);
                     loom_dataset_spec *s = spec_fmnist(tpath(bad));
-                    if (skip) s->source.on_corrupt = LOOM_TFR_CORRUPT_SKIP;
+                    if (skip) s->source.tfrecord.on_corrupt = LOOM_TFR_CORRUPT_SKIP;
                     rc[m] = read_until_error(s, &count[m], &err[m]);
                     free(s);
                     if (m && (rc[m] != rc[0] || count[m] != count[0] ||
