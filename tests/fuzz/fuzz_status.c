@@ -13,6 +13,7 @@
 #include "train/status_internal.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
@@ -25,14 +26,32 @@
 
 static loom_status *server;
 
+/* A connection to the server. Its close resets it (SO_LINGER 0), leaving no
+ * TIME_WAIT behind: a fast machine runs ~5,000 inputs a second, two
+ * connections each, and 60 s of TIME_WAIT would use up the 28,000 local
+ * ports (connect fails EADDRNOTAVAIL, which is the harness's limit, not the
+ * server's: that one is still waited out, up to 2 s). The server's side of
+ * a closed connection does wait in TIME_WAIT, and a new connection from a
+ * reused port can meet it: the SYN is answered by an ACK and retried a
+ * second later, long enough for libFuzzer's timer signal to interrupt the
+ * connect (EINTR): then it is tried again on a new socket. */
 static int dial(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    CHECK(fd >= 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)loom_status_port(server))};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    CHECK(connect(fd, (struct sockaddr *)&a, sizeof a) == 0);
-    return fd;
+    for (int t = 0;; t++) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        CHECK(fd >= 0);
+        struct linger l = {.l_onoff = 1, .l_linger = 0};
+        CHECK(setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l) == 0);
+        if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) return fd;
+        if ((errno != EADDRNOTAVAIL && errno != EINTR) || t >= 200) {
+            fprintf(stderr, "fuzz_status: connect to the status server: %s (try %d)\n", strerror(errno), t + 1);
+            __builtin_trap();
+        }
+        close(fd);
+        usleep(10000);
+    }
 }
 
 /* Reads what the server sends within ms into buf (NUL-terminated); returns the length. */
