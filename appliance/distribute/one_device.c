@@ -18,6 +18,7 @@ typedef struct one_device {
     uint64_t         seed;
     loom_placement_  place;
     loom_model_dev  *dev; /* NULL: nn's host code */
+    bool             applied; /* the last backward part updated the parameters in it (a profile's) */
 } one_device;
 
 static int od_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
@@ -86,9 +87,15 @@ static int od_train_step(loom_strategy *s, const loom_elem *batch, int64_t step,
     out->examples = B;
     loom_strategy_weights_(s->args, od->model, batch);
     uint64_t key = loom_rng_mix(od->seed, (uint64_t)step);
-    int rc = od->dev ? loom_model_dev_train_step(od->dev, x, y, B, key, &out->loss_sum, &out->correct, err)
-                     : loom_model_train_step(od->model, x, y, B, key, &out->loss_sum, &out->correct, err);
-    if (rc) return rc;
+    if (od->dev) {
+        int rc = loom_model_dev_train_step(od->dev, x, y, B, key, &out->loss_sum, &out->correct, err);
+        return rc ? rc : od_apply(od, step, err);
+    }
+    /* one replica: each layer's update right after its gradients when nothing needs them all first */
+    bool applied;
+    int rc = loom_model_train_step_update(od->model, x, y, B, key, od->opt, step, &out->loss_sum, &out->correct,
+                                          &applied, err);
+    if (rc || applied) return rc;
     return od_apply(od, step, err);
 }
 
@@ -125,9 +132,18 @@ static int od_step_part(loom_strategy *s, loom_step_part part, const loom_elem *
         if (od->dev) return loom_model_dev_loss(od->dev, y, r->examples, &r->loss_sum, &r->correct, err);
         return loom_model_loss(od->model, y, r->examples, &r->loss_sum, &r->correct, err);
     case LOOM_PART_BACKWARD: /* on a device, the gradients are downloaded into the model's buffer */
-        return od->dev ? loom_model_dev_backward(od->dev, err) : loom_model_backward(od->model, err);
+        od->applied = false;
+        if (od->dev) return loom_model_dev_backward(od->dev, err);
+        /* profiled (loom profile --train): the update where train_step makes it; a custom step's parts never */
+        if (loom_model_profiled(od->model)) return loom_model_backward_update(od->model, od->opt, step, &od->applied, err);
+        return loom_model_backward(od->model, err);
     case LOOM_PART_ALL_REDUCE: return LOOM_OK; /* one replica */
-    case LOOM_PART_APPLY: return od_apply(od, step, err);
+    case LOOM_PART_APPLY:
+        if (od->applied) { /* in the backward part already */
+            od->applied = false;
+            return LOOM_OK;
+        }
+        return od_apply(od, step, err);
     }
     return loom_err_set(err, LOOM_EUSAGE, NULL, "unknown step part %d", (int)part);
 }

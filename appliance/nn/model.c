@@ -1075,10 +1075,67 @@ static bool hook_per_layer(const loom_model *m)
     return true;
 }
 
+/* The optimizer inside the step (m->upd): parameters [lo, hi) updated on
+ * the calling thread, with the step's gradients there. */
+static void update_range(const loom_model *m, int64_t lo, int64_t hi)
+{
+    if (hi > lo) loom_optimizer_apply_range(m->upd, NULL, m->params, m->grads, m->upd_step, lo, hi);
+}
+
+/* Layer l's parameters, kernel then bias: [*lo, *hi) of the flat buffer. */
+static void layer_params(const loom_model *m, const nn_layer_ *l, int64_t *lo, int64_t *hi)
+{
+    *lo = *hi = l->kernel_off;
+    for (int t = 0; t < m->n_ptensors; t++) {
+        const loom_param_info *p = &m->pinfo[t];
+        if (p->offset != l->kernel_off && p->offset != l->bias_off) continue;
+        int64_t end = p->offset + loom_shape_numel(&p->shape);
+        if (end > *hi) *hi = end;
+    }
+}
+
+/* Whether part `part` of `parts` of layer l's gradient pass updates what it
+ * wrote itself: a dense layer's kernel rows and bias columns (the ranges
+ * nn_dense_param_grads_ writes), or the whole layer when one part writes it. */
+static bool updates_in_part(const nn_layer_ *l, int parts)
+{
+    return l->spec.kind == LOOM_LAYER_DENSE || parts == 1;
+}
+
+static void update_part(const loom_model *m, const nn_layer_ *l, int part, int parts)
+{
+    if (l->spec.kind != LOOM_LAYER_DENSE) {
+        int64_t lo, hi;
+        layer_params(m, l, &lo, &hi);
+        update_range(m, lo, hi);
+        return;
+    }
+    const int64_t in = l->n_in, out = l->n_out;
+    update_range(m, l->kernel_off + in * part / parts * out, l->kernel_off + in * (part + 1) / parts * out);
+    if (l->bias_off >= 0) update_range(m, l->bias_off + out * part / parts, l->bias_off + out * (part + 1) / parts);
+}
+
+/* After a gradient pass of `parts` parts: the in-step update of the layers
+ * whose parts did not update what they wrote (conv2d and layer
+ * normalization split in parts), over the pool. prof: a profile's upd. */
+static void update_rest(loom_model *m, int parts, double *prof)
+{
+    for (int i = 0; i < m->n_layers; i++) {
+        const nn_layer_ *l = &m->layer[i];
+        if (!has_grad_pass(l) || updates_in_part(l, parts)) continue;
+        int64_t lo, hi;
+        double t0 = prof ? loom_now() : 0;
+        layer_params(m, l, &lo, &hi);
+        loom_optimizer_apply_range(m->upd, m->pool, m->params, m->grads, m->upd_step, lo, hi);
+        if (prof) prof[i] += loom_now() - t0;
+    }
+}
+
 /* Layer i's backward on chunk c: the gradient rows in c->g, the other
  * buffer c->other (swapped when the layer writes there); sets c->bw_done
  * when no earlier layer needs anything. with_hook: then the layer's
- * parameter gradients and the hook (see chunk_backward_). */
+ * parameter gradients, its in-step update (m->upd) and the hook (see
+ * chunk_backward_). */
 static void chunk_backward_layer(const step_job *j, nn_chunk_ *c, int i, bool with_hook)
 {
     const loom_model *m = j->m;
@@ -1087,7 +1144,8 @@ static void chunk_backward_layer(const step_job *j, nn_chunk_ *c, int i, bool wi
     if (l->needs_dx || l->kernel_off >= 0) r = nn_layer_backward_(m, i, c, c->g, c->other);
     if (with_hook && l->kernel_off >= 0) {
         layer_param_grads(j, i, 0, 1);
-        m->grad_hook(m->grad_hook_arg, first_tensor(m, l));
+        if (m->upd && has_grad_pass(l)) update_part(m, l, 0, 1);
+        if (m->grad_hook) m->grad_hook(m->grad_hook_arg, first_tensor(m, l));
     }
     if (!r) {
         c->bw_done = 1;
@@ -1132,14 +1190,18 @@ static void run_phase(loom_model *m, step_job *j, loom_pool_fn fn, double *acc)
         loom_pool_run(m->pool, j->nchunks, fn, j);
         return;
     }
-    for (int t = 0; t < j->nchunks; t++) memset(m->chunk[t].pt, 0, sizeof m->chunk[t].pt);
+    for (int t = 0; t < j->nchunks; t++) {
+        memset(m->chunk[t].pt, 0, sizeof m->chunk[t].pt);
+        memset(m->chunk[t].pu, 0, sizeof m->chunk[t].pu);
+    }
     j->timed = true;
     loom_pool_run(m->pool, j->nchunks, fn, j);
     j->timed = false;
     for (int i = 0; i < m->n_layers; i++) {
-        double s = 0;
-        for (int t = 0; t < j->nchunks; t++) s += m->chunk[t].pt[i];
+        double s = 0, u = 0;
+        for (int t = 0; t < j->nchunks; t++) s += m->chunk[t].pt[i], u += m->chunk[t].pu[i];
         acc[i] += s / j->nchunks;
+        if (m->prof && m->upd) m->prof->upd[i] += u / j->nchunks; /* the gradient pass's in-step update */
     }
 }
 
@@ -1215,7 +1277,7 @@ static void chunk_step(void *arg, int t)
         return;
     }
     chunk_loss(j, c);
-    if (j->kind == JOB_TRAIN) chunk_backward_(j, c, j->nchunks == 1 && m->grad_hook && hook_per_layer(m));
+    if (j->kind == JOB_TRAIN) chunk_backward_(j, c, j->nchunks == 1 && ((m->grad_hook && hook_per_layer(m)) || m->upd));
 }
 
 static void part_loss(void *arg, int t) { step_job *j = arg; chunk_loss(j, &j->m->chunk[t]); }
@@ -1237,8 +1299,17 @@ static void grad_part(void *arg, int t)
     const loom_model *m = j->m;
     double t0 = j->timed ? loom_now() : 0;
     for (int i = 0; i < m->n_layers; i++) {
+        const nn_layer_ *l = &m->layer[i];
         layer_param_grads(j, i, t, j->nchunks);
-        if (j->timed && has_grad_pass(&m->layer[i])) t0 = clock_layer(&m->chunk[t], i, t0);
+        if (j->timed && has_grad_pass(l)) t0 = clock_layer(&m->chunk[t], i, t0);
+        if (m->upd && has_grad_pass(l) && updates_in_part(l, j->nchunks)) { /* what this part wrote, still in cache */
+            update_part(m, l, t, j->nchunks);
+            if (j->timed) {
+                double now = loom_now();
+                m->chunk[t].pu[i] = now - t0;
+                t0 = now;
+            }
+        }
     }
 }
 
@@ -1311,7 +1382,12 @@ static void run_chunks(loom_model *m, step_job *j, int64_t B, double *loss, int6
     if (j->kind != JOB_PREDICT) nn_metrics_update_(m, m->chunk[0].act[m->n_layers], B);
     if (j->kind == JOB_TRAIN && isfinite(l)) {
         bool per_layer = m->grad_hook && hook_per_layer(m);
-        if (!per_layer) {
+        if (m->upd) { /* one chunk: chunk_backward_ did it all */
+            if (j->nchunks > 1) {
+                loom_pool_run(m->pool, j->nchunks, grad_part, j);
+                update_rest(m, j->nchunks, NULL);
+            }
+        } else if (!per_layer) {
             loom_pool_run(m->pool, j->nchunks, grad_part, j);
         } else if (j->nchunks > 1) { /* last layer first, the hook after each (one chunk: chunk_backward_ did) */
             for (int i = m->n_layers - 1; i >= 0; i--) {
@@ -1360,6 +1436,29 @@ int loom_model_train_step(loom_model *m, const loom_tensor *x, const loom_tensor
     int rc = train_step(m, x, label, global_batch, rng_key, loss_sum, correct, err);
     int src = nn_bn_sync_rest_(m, false, rc ? NULL : err); /* the calls a failed step did not make */
     return rc ? rc : src;
+}
+
+/* Per layer needs no other gradient than the layer's own (hook_per_layer:
+ * no batch normalization, model.l2 or embedding), no hook (a replica among
+ * several reduces first), an update of a range that reads only the range. */
+bool loom_model_can_update_in_step(const loom_model *m, const loom_optimizer *o)
+{
+    return o && hook_per_layer(m) && !m->grad_hook && !m->bn_sync && nn_optimizer_ranged_(o);
+}
+
+bool loom_model_profiled(const loom_model *m) { return m->prof != NULL; }
+
+int loom_model_train_step_update(loom_model *m, const loom_tensor *x, const loom_tensor *label, int64_t global_batch,
+                                 uint64_t rng_key, loom_optimizer *o, int64_t step, double *loss_sum,
+                                 int64_t *correct, bool *applied, loom_err *err)
+{
+    bool in_step = loom_model_can_update_in_step(m, o);
+    m->upd = in_step ? o : NULL;
+    m->upd_step = step;
+    int rc = loom_model_train_step(m, x, label, global_batch, rng_key, loss_sum, correct, err);
+    m->upd = NULL;
+    *applied = in_step && rc == LOOM_OK; /* a failed step (a bad batch, a non-finite loss) updated nothing */
+    return rc;
 }
 
 void loom_model_set_bn_sync(loom_model *m, loom_bn_sync_fn fn, void *arg)
@@ -1439,9 +1538,21 @@ int loom_model_backward(loom_model *m, loom_err *err)
     j.nchunks = j.B < m->threads ? (int)j.B : m->threads;
     backward_all(m, &j, m->prof ? m->prof->bwd : NULL);
     run_phase(m, &j, grad_part, m->prof ? m->prof->pgrad : NULL);
+    if (m->upd) update_rest(m, j.nchunks, m->prof ? m->prof->upd : NULL);
     l2_penalty(m, j.B, m->part_gb, m->grads);
     m->part_done = 0;
     return nn_bn_sync_rest_(m, false, err);
+}
+
+int loom_model_backward_update(loom_model *m, loom_optimizer *o, int64_t step, bool *applied, loom_err *err)
+{
+    bool in_step = m->part_done >= 2 && loom_model_can_update_in_step(m, o);
+    m->upd = in_step ? o : NULL;
+    m->upd_step = step;
+    int rc = loom_model_backward(m, err);
+    m->upd = NULL;
+    *applied = in_step && rc == LOOM_OK;
+    return rc;
 }
 
 int loom_model_evaluate(loom_model *m, const loom_tensor *x, const loom_tensor *label, double *loss_sum,

@@ -26,6 +26,7 @@
 #include "tensor/tensor.h"
 
 typedef struct loom_model loom_model;
+typedef struct loom_optimizer loom_optimizer; /* optimizers, below */
 
 /* One named parameter tensor inside the flat buffer. */
 typedef struct loom_param_info {
@@ -106,6 +107,25 @@ int loom_model_train_step(loom_model *m, const loom_tensor *x, const loom_tensor
 typedef void (*loom_grad_ready_fn)(void *arg, int first_final_tensor);
 void loom_model_set_grad_hook(loom_model *m, loom_grad_ready_fn fn, void *arg);
 
+/* The optimizer inside the step (one replica, nothing that needs every
+ * gradient first): loom_model_train_step_update is loom_model_train_step
+ * followed by loom_optimizer_apply(o, params, grads, step), except that each
+ * layer's parameters are updated as soon as their gradients are final, while
+ * they are in cache and on the thread that computed them (a dense layer's
+ * kernel rows and bias columns by the part of the gradient pass that wrote
+ * them; other layers' right after their pass). The update is element-wise,
+ * so params, slots and grads end with the same bits as the two calls, and
+ * o's non-finite flag is set as loom_optimizer_apply sets it. *applied is
+ * false (and the step is loom_model_train_step alone, the caller applying o)
+ * when loom_model_can_update_in_step says no, or the step failed (a step
+ * whose loss is not finite updates nothing). */
+bool loom_model_can_update_in_step(const loom_model *m, const loom_optimizer *o);
+int  loom_model_train_step_update(loom_model *m, const loom_tensor *x, const loom_tensor *label, int64_t global_batch,
+                                  uint64_t rng_key, loom_optimizer *o, int64_t step, double *loss_sum,
+                                  int64_t *correct, bool *applied, loom_err *err);
+/* Whether a profile is attached (loom_model_set_prof). */
+bool loom_model_profiled(const loom_model *m);
+
 /* Synchronised batch normalization (layers with sync = true, as TF's
  * SyncBatchNormalization). A strategy with replicas in sync gives every
  * replica's model fn: fn(arg, buf, n, err) must replace buf (n floats) with
@@ -143,6 +163,10 @@ int loom_model_forward(loom_model *m, const loom_tensor *x, uint64_t rng_key, lo
 int loom_model_loss(loom_model *m, const loom_tensor *label, int64_t global_batch, double *loss_sum, int64_t *correct,
                     loom_err *err);
 int loom_model_backward(loom_model *m, loom_err *err);
+/* loom_model_backward with o's `step`-th update in it, as
+ * loom_model_train_step_update (*applied likewise): for a profile of a
+ * step that updates in the step (loom_model_prof.upd times it). */
+int loom_model_backward_update(loom_model *m, loom_optimizer *o, int64_t step, bool *applied, loom_err *err);
 /* ---- profiling a step (`loom profile --train`) -----------------------------
  * With a profile attached, loom_model_forward and loom_model_backward clock
  * each layer on each chunk (no barrier is added between layers) and add the
@@ -158,6 +182,7 @@ typedef struct loom_model_prof {
     double fwd[LOOM_MAX_LAYERS];   /* seconds, summed over the steps profiled, mean over the chunks: forward */
     double bwd[LOOM_MAX_LAYERS];   /* the layer's dz rows and input gradient */
     double pgrad[LOOM_MAX_LAYERS]; /* its part of the parameter gradients over the whole batch; 0: none */
+    double upd[LOOM_MAX_LAYERS];   /* loom_model_backward_update: the optimizer on its parameters (mean over the parts) */
 } loom_model_prof;
 void loom_model_set_prof(loom_model *m, loom_model_prof *p); /* p borrowed until unset; NULL: off */
 int  loom_model_num_layers(const loom_model *m);

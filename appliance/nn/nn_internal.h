@@ -71,6 +71,7 @@ typedef struct nn_chunk_ {
     float       *g, *other;                /* the backward's gradient buffers between layers and segments */
     int          bw_done;                  /* the backward needs no earlier layer */
     double       pt[LOOM_MAX_LAYERS];      /* a profiled phase: seconds of each layer on this chunk */
+    double       pu[LOOM_MAX_LAYERS];      /* a profiled gradient pass: seconds of each layer's in-step update */
     double       loss;                     /* results of the chunk */
     int64_t      correct;
 } __attribute__((aligned(64))) nn_chunk_;
@@ -123,6 +124,9 @@ struct loom_model {
     loom_grad_ready_fn grad_hook;   /* loom_model_set_grad_hook */
     void            *grad_hook_arg;
     loom_model_prof *prof;          /* loom_model_set_prof; NULL: off */
+    /* the optimizer inside the step (loom_model_train_step_update), for its duration; NULL: none */
+    loom_optimizer  *upd;
+    int64_t          upd_step;
     /* synchronised batch normalization (loom_model_set_bn_sync): a step's
      * calls of fn are numbered; sync_k is the next, sync_rc/err the first failure */
     loom_bn_sync_fn  bn_sync;
@@ -158,6 +162,12 @@ int nn_read_label_(loom_model *m, const loom_tensor *label, int64_t B, loom_err 
 /* The loss of every kind on outputs z (B, n) of the batch's examples [b0, b0 + B)
  * (labels read by nn_read_label_), as nn_loss_sparse_ce_ below. */
 double nn_loss_(const loom_model *m, const float *z, int64_t b0, int64_t B, float inv_gb, float *g, int64_t *correct);
+
+/* ---- the optimizer inside the step (optimizer.c) ---------------------------- */
+
+/* Whether o's update of a range reads nothing outside it: no clip_norm (the
+ * global norm), no lazy embedding tables, no frozen ranges. */
+bool nn_optimizer_ranged_(const loom_optimizer *o);
 
 /* ---- metrics (metrics.c) ---------------------------------------------------- */
 

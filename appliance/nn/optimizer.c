@@ -497,6 +497,7 @@ int loom_optimizer_take_nonfinite(loom_optimizer *o)
 
 int loom_optimizer_num_slots(const loom_optimizer *o) { return o->n_slots; }
 bool loom_optimizer_needs_full_grads(const loom_optimizer *o) { return o->spec.clip_norm > 0; }
+bool nn_optimizer_ranged_(const loom_optimizer *o) { return o->spec.clip_norm <= 0 && !o->n_tables && !o->n_frozen; }
 float *loom_optimizer_slots(loom_optimizer *o) { return o->slots; }
 
 const char *loom_optimizer_slot_name(const loom_optimizer *o, int i)

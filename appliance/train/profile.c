@@ -156,9 +156,13 @@ static void part_rows(prof_table *t, const profile *p)
         row(t, name, p->prof.pgrad[i] / n, p->bound[i][2]);
         lay += p->prof.pgrad[i] / n;
     }
-    row(t, "backward: dispatch, chunk imbalance", p->phase[PROF_BACKWARD] / n - lay, 0);
+    /* one_device updates each layer right after its weight gradients (loom_model_train_step_update) */
+    double upd = 0;
+    for (int i = 0; i < p->nl; i++) upd += p->prof.upd[i] / n;
+    if (upd > 0) row(t, "optimizer (in backward, per layer)", upd, 0);
+    row(t, "backward: dispatch, chunk imbalance", p->phase[PROF_BACKWARD] / n - lay - upd, 0);
     row(t, "gradient reduction", p->phase[PROF_REDUCE] / n, 0);
-    row(t, "optimizer", p->phase[PROF_APPLY] / n, 0);
+    row(t, upd > 0 ? "optimizer (after backward)" : "optimizer", p->phase[PROF_APPLY] / n, 0);
 }
 
 /* A strategy without parts: the step timed whole, beside every layer's bound. */

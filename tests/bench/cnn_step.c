@@ -4,7 +4,13 @@
  *
  *   valgrind --tool=callgrind build/tests/bench/cnn_step [-b 16] [-s 1] [-t 1]
  *   callgrind_annotate callgrind.out.<pid> | grep layers.c
- *   build/tests/bench/cnn_step -b 128 -s 30 -t 2 [-m mlp]
+ *   build/tests/bench/cnn_step -b 128 -s 30 -t 2 [-m mlp] [-o after|in]
+ *
+ * -o times the optimizer in the step (momentum 0.9, Nesterov, lr 0.1, as
+ * configs/fashion_mnist_mlp.cfg): "after" the step (loom_optimizer_apply on
+ * the model's threads), "in" it (loom_model_train_step_update, each layer
+ * updated after its gradients), the same bits; without -o an untimed plain
+ * SGD update follows each step.
  *
  * Prints the mean, median and fastest wall time per step (the fastest is
  * the one other processes disturbed least: compare two builds by it, runs
@@ -29,15 +35,16 @@ static loom_layer_spec layer(loom_layer_kind k)
 
 int main(int argc, char **argv)
 {
-    int B = 16, steps = 1, threads = 1, mlp = 0;
+    int B = 16, steps = 1, threads = 1, mlp = 0, opt = 0; /* opt: 0 none, 1 after, 2 in */
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "-b")) B = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-s")) steps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-t")) threads = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-m")) mlp = !strcmp(argv[i + 1], "mlp");
+        else if (!strcmp(argv[i], "-o")) opt = !strcmp(argv[i + 1], "after") ? 1 : !strcmp(argv[i + 1], "in") ? 2 : -1;
     }
-    if (B < 1 || steps < 1 || threads < 1) {
-        fprintf(stderr, "usage: cnn_step [-b batch] [-s steps] [-t threads] [-m cnn|mlp]\n");
+    if (B < 1 || steps < 1 || threads < 1 || opt < 0) {
+        fprintf(stderr, "usage: cnn_step [-b batch] [-s steps] [-t threads] [-m cnn|mlp] [-o after|in]\n");
         return 2;
     }
     loom_model_spec spec = {0};
@@ -87,6 +94,13 @@ int main(int argc, char **argv)
         return 1;
     }
     loom_model_init_params(m, 7);
+    loom_optimizer *o = NULL;
+    loom_optimizer_spec os = {.kind = LOOM_OPT_MOMENTUM, .learning_rate = 0.1, .momentum = 0.9, .nesterov = true};
+    if (opt && loom_optimizer_new(&o, &os, loom_model_num_params(m), &err)) {
+        fprintf(stderr, "cnn_step: %s\n", err.msg);
+        return 1;
+    }
+    if (o) loom_optimizer_set_pool(o, loom_model_pool(m));
     int64_t xd[4] = {B, 28, 28, 1}, yd[1] = {B};
     loom_tensor x = {0}, y = {0};
     loom_shape xs = loom_shape_make(4, xd), ys = loom_shape_make(1, yd);
@@ -107,11 +121,16 @@ int main(int argc, char **argv)
     double *ts = calloc((size_t)steps, sizeof *ts);
     for (int s = 0; s < steps; s++) {
         double ts0 = loom_now();
-        if (loom_model_train_step(m, &x, &y, B, (uint64_t)s, &loss, &correct, &err)) {
+        bool applied = false;
+        int rc = opt == 2 ? loom_model_train_step_update(m, &x, &y, B, (uint64_t)s, o, s, &loss, &correct, &applied, &err)
+                          : loom_model_train_step(m, &x, &y, B, (uint64_t)s, &loss, &correct, &err);
+        if (rc) {
             fprintf(stderr, "cnn_step: %s\n", err.msg);
             return 1;
         }
+        if (o && !applied) loom_optimizer_apply(o, loom_model_params(m), loom_model_grads(m), s);
         ts[s] = loom_now() - ts0;
+        if (o) continue;
         float *p = loom_model_params(m);
         const float *g = loom_model_grads(m);
         for (int64_t i = 0; i < loom_model_num_params(m); i++) p[i] -= 0.01f * g[i];
@@ -127,6 +146,7 @@ int main(int argc, char **argv)
            "crc32c grads %08x params %08x\n", mlp ? "mlp" : "cnn", B, threads, steps, dt * 1e3, ts[steps / 2] * 1e3,
            ts[0] * 1e3, loss, loom_crc32c(loom_model_grads(m), nb), loom_crc32c(loom_model_params(m), nb));
     free(ts);
+    loom_optimizer_free(o);
     loom_tensor_fini(&x);
     loom_tensor_fini(&y);
     loom_model_free(m);
