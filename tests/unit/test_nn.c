@@ -1575,6 +1575,174 @@ static void test_grad_hook(void)
     check_hook("cnn cin 1", cnn, 7, shp(3, 12, 10, 1), 7);
 }
 
+/* ---- the optimizer inside the step ------------------------------------------ */
+
+/* Steps of fixture a with the optimizer after them (loom_optimizer_apply on
+ * the model's pool, as one_device did) and of b, built alike, with it inside
+ * (loom_model_train_step_update; parts: forward, loss, backward_update under
+ * a profile): params, grads and slots the same bits after every step, and
+ * *taken whether b's steps took the update in. */
+static void in_step_vs_after(const char *what, const loom_model_spec *spec, loom_shape in, int64_t B, int64_t step_B,
+                             loom_optimizer_spec os, int threads, bool parts, int *taken)
+{
+    fixture a, b;
+    loom_model_spec sp = *spec;
+    if (fixture_new(&a, &sp, in, LOOM_I32, B, 5) != LOOM_OK || fixture_new(&b, &sp, in, LOOM_I32, B, 5) != LOOM_OK) {
+        CHECK_MSG(0, "%s: cannot build", what);
+        return;
+    }
+    CHECK(loom_model_set_threads(a.m, threads, &err) == LOOM_OK);
+    CHECK(loom_model_set_threads(b.m, threads, &err) == LOOM_OK);
+    int64_t P = loom_model_num_params(a.m);
+    loom_optimizer *oa = NULL, *ob = NULL;
+    CHECK(loom_optimizer_new(&oa, &os, P, &err) == LOOM_OK && loom_optimizer_new(&ob, &os, P, &err) == LOOM_OK);
+    loom_optimizer_for_model(oa, a.m), loom_optimizer_for_model(ob, b.m);
+    loom_optimizer_set_pool(oa, loom_model_pool(a.m)), loom_optimizer_set_pool(ob, loom_model_pool(b.m));
+    loom_tensor xa = a.x, ya = a.y, xb = b.x, yb = b.y;
+    xa.shape.dim[0] = ya.shape.dim[0] = xb.shape.dim[0] = yb.shape.dim[0] = step_B;
+    *taken = 0;
+    loom_model_prof prof = {0};
+    for (int s = 0; s < 3; s++) {
+        double la, lb;
+        int64_t ca, cb;
+        bool applied = false;
+        CHECK(loom_model_train_step(a.m, &xa, &ya, step_B, 40 + s, &la, &ca, &err) == LOOM_OK);
+        loom_optimizer_apply(oa, loom_model_params(a.m), loom_model_grads(a.m), s);
+        if (parts) {
+            loom_model_set_prof(b.m, &prof);
+            CHECK(loom_model_profiled(b.m));
+            CHECK(loom_model_forward(b.m, &xb, 40 + s, &err) == LOOM_OK);
+            CHECK(loom_model_loss(b.m, &yb, step_B, &lb, &cb, &err) == LOOM_OK);
+            CHECK(loom_model_backward_update(b.m, ob, s, &applied, &err) == LOOM_OK);
+            loom_model_set_prof(b.m, NULL);
+        } else {
+            CHECK(loom_model_train_step_update(b.m, &xb, &yb, step_B, 40 + s, ob, s, &lb, &cb, &applied, &err) ==
+                  LOOM_OK);
+        }
+        if (!applied) loom_optimizer_apply(ob, loom_model_params(b.m), loom_model_grads(b.m), s);
+        *taken += applied;
+        CHECK_MSG(la == lb && ca == cb, "%s, %d thread(s), step %d: loss %.9g vs %.9g", what, threads, s, la, lb);
+        CHECK_MSG(!memcmp(loom_model_grads(a.m), loom_model_grads(b.m), (size_t)P * sizeof(float)),
+                  "%s, %d thread(s), step %d: gradients differ", what, threads, s);
+        CHECK_MSG(!memcmp(loom_model_params(a.m), loom_model_params(b.m), (size_t)P * sizeof(float)),
+                  "%s, %d thread(s), step %d: weights differ", what, threads, s);
+        int ns = loom_optimizer_num_slots(oa);
+        CHECK_MSG(!ns || !memcmp(loom_optimizer_slots(oa), loom_optimizer_slots(ob), (size_t)(ns * P) * sizeof(float)),
+                  "%s, %d thread(s), step %d: slots differ", what, threads, s);
+        CHECK(!loom_optimizer_take_nonfinite(oa) && !loom_optimizer_take_nonfinite(ob));
+    }
+    if (parts && *taken) { /* the profile times the update of every layer with weights, and only those */
+        for (int i = 0; i < loom_model_num_layers(b.m); i++) {
+            bool w = loom_model_layer_gemm(b.m, i, 1, 0, &(loom_gemm_shape){0});
+            CHECK_MSG(w ? prof.upd[i] > 0 : prof.upd[i] == 0, "%s: layer %d's update time %g", what, i, prof.upd[i]);
+        }
+    }
+    loom_optimizer_free(oa), loom_optimizer_free(ob);
+    fixture_free(&a), fixture_free(&b);
+}
+
+static void test_update_in_step(void)
+{
+    loom_layer_spec mlp[] = {L_kind(LOOM_LAYER_FLATTEN, 0, 0), L_dense(40, LOOM_ACT_RELU),
+                             L_kind(LOOM_LAYER_DROPOUT, 0.3, 0), L_dense(17, LOOM_ACT_TANH), L_dense(5, LOOM_ACT_NONE)};
+    loom_layer_spec cnn[] = {L_conv(4, 3, 1, LOOM_PAD_SAME, LOOM_ACT_RELU), L_pool(2, 2, LOOM_PAD_VALID),
+                             L_conv(6, 3, 2, LOOM_PAD_SAME, LOOM_ACT_RELU), L_kind(LOOM_LAYER_FLATTEN, 0, 0),
+                             L_dense(12, LOOM_ACT_RELU), L_dense(4, LOOM_ACT_NONE)};
+    loom_layer_spec ln[] = {L_kind(LOOM_LAYER_FLATTEN, 0, 0), L_dense(9, LOOM_ACT_NONE),
+                            L_kind(LOOM_LAYER_LAYER_NORM, 0, 0), L_dense(3, LOOM_ACT_NONE)};
+    const loom_opt_kind kinds[] = {LOOM_OPT_SGD, LOOM_OPT_MOMENTUM, LOOM_OPT_ADAM, LOOM_OPT_ADAMW, LOOM_OPT_RMSPROP,
+                                   LOOM_OPT_ADAGRAD};
+    int taken;
+    for (int threads = 1; threads <= 3; threads++) {
+        for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+            loom_optimizer_spec os = opt_spec(kinds[k]);
+            os.nesterov = true;
+            os.rho = 0.9, os.weight_decay = 0.004, os.initial_accumulator = 0.1;
+            os.schedule.kind = LOOM_SCHED_COSINE, os.schedule.decay_steps = 5;
+            char what[64];
+            snprintf(what, sizeof what, "mlp, optimizer %d", (int)kinds[k]);
+            in_step_vs_after(what, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 5, mlp), shp(2, 7, 9, 0), 11, 11, os, threads,
+                             false, &taken);
+            CHECK_MSG(taken == 3, "%s, %d thread(s): taken in %d of 3 steps", what, threads, taken);
+        }
+        loom_optimizer_spec os = opt_spec(LOOM_OPT_MOMENTUM);
+        os.nesterov = true;
+        /* a batch smaller than the threads: one chunk, each layer after its backward */
+        in_step_vs_after("mlp, batch 1", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 5, mlp), shp(2, 7, 9, 0), 11, 1, os, threads,
+                         false, &taken);
+        CHECK(taken == 3);
+        /* conv layers: updated after their gradient pass when it is split */
+        in_step_vs_after("cnn", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 6, cnn), shp(3, 12, 10, 3), 7, 7, opt_spec(LOOM_OPT_ADAM),
+                         threads, false, &taken);
+        CHECK(taken == 3);
+        in_step_vs_after("cnn cin 1", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 6, cnn), shp(3, 12, 10, 1), 7, 7, os, threads,
+                         false, &taken);
+        CHECK(taken == 3);
+        in_step_vs_after("layer norm", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, ln), shp(2, 7, 9, 0), 6, 6, os, threads,
+                         false, &taken);
+        CHECK(taken == 3);
+        /* the profile's parts take it too (loom profile --train times where it runs) */
+        in_step_vs_after("mlp, parts", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 5, mlp), shp(2, 7, 9, 0), 11, 11, os, threads,
+                         true, &taken);
+        CHECK(taken == 3);
+        in_step_vs_after("cnn, parts", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 6, cnn), shp(3, 12, 10, 1), 7, 7, os, threads,
+                         true, &taken);
+        CHECK(taken == 3);
+        /* not taken where something needs every gradient first; then the caller's update, the same bits */
+        loom_optimizer_spec clip = os;
+        clip.clip_norm = 0.01;
+        in_step_vs_after("clip_norm", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 5, mlp), shp(2, 7, 9, 0), 11, 11, clip, threads,
+                         false, &taken);
+        CHECK_MSG(taken == 0, "clip_norm: taken in %d steps", taken);
+        loom_model_spec l2 = *mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 5, mlp);
+        l2.l2 = 0.01;
+        in_step_vs_after("model.l2", &l2, shp(2, 7, 9, 0), 11, 11, os, threads, false, &taken);
+        CHECK_MSG(taken == 0, "model.l2: taken in %d steps", taken);
+        loom_layer_spec bn[] = {L_kind(LOOM_LAYER_FLATTEN, 0, 0), L_dense(9, LOOM_ACT_NONE),
+                                L_kind(LOOM_LAYER_BATCH_NORM, 0, 0), L_dense(3, LOOM_ACT_NONE)};
+        in_step_vs_after("batch norm", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, bn), shp(2, 7, 9, 0), 6, 6, os, threads, true,
+                         &taken);
+        CHECK_MSG(taken == 0, "batch norm: taken in %d steps", taken);
+    }
+    /* a replica with a gradient hook (it reduces first), no optimizer, a
+     * non-finite loss: nothing updated in the step */
+    fixture f;
+    if (fixture_new(&f, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 5, mlp), shp(2, 7, 9, 0), LOOM_I32, 4, 5) != LOOM_OK) {
+        CHECK(0);
+        return;
+    }
+    int64_t P = loom_model_num_params(f.m);
+    loom_optimizer_spec os = opt_spec(LOOM_OPT_SGD);
+    loom_optimizer *o = NULL;
+    CHECK(loom_optimizer_new(&o, &os, P, &err) == LOOM_OK);
+    CHECK(loom_model_can_update_in_step(f.m, o) && !loom_model_can_update_in_step(f.m, NULL));
+    hook_log h = {.m = f.m, .order_ok = 1, .seen = calloc((size_t)P, sizeof(float)), .taken = calloc((size_t)P, sizeof(bool))};
+    loom_model_set_grad_hook(f.m, on_grads_ready, &h);
+    CHECK(!loom_model_can_update_in_step(f.m, o));
+    loom_model_set_grad_hook(f.m, NULL, NULL);
+    free(h.seen), free(h.taken);
+    float *before = malloc((size_t)P * sizeof *before);
+    memcpy(before, loom_model_params(f.m), (size_t)P * sizeof *before);
+    ((float *)f.x.data)[3] = INFINITY;
+    double loss;
+    int64_t correct;
+    bool applied = true;
+    CHECK(loom_model_train_step_update(f.m, &f.x, &f.y, 4, 1, o, 0, &loss, &correct, &applied, &err) == LOOM_ENUMERIC);
+    CHECK(!applied && !memcmp(before, loom_model_params(f.m), (size_t)P * sizeof *before));
+    CHECK(!loom_optimizer_take_nonfinite(o));
+    /* a finite loss, a non-finite learning rate: flagged as loom_optimizer_apply flags it */
+    ((float *)f.x.data)[3] = 0.5f;
+    loom_optimizer_set_lr(o, INFINITY);
+    CHECK(loom_model_train_step_update(f.m, &f.x, &f.y, 4, 1, o, 0, &loss, &correct, &applied, &err) == LOOM_OK);
+    CHECK(applied && loom_optimizer_take_nonfinite(o));
+    char where[160];
+    CHECK(loom_model_find_nonfinite(f.m, where, sizeof where) >= 0);
+    printf("# non-finite after an update in the step: %s\n", where);
+    free(before);
+    loom_optimizer_free(o);
+    fixture_free(&f);
+}
+
 static const loom_test tests[] = {
     {"gemm vs float64 reference", test_gemm},
     {"blas pick core", test_blas_pick_core},
@@ -1600,6 +1768,7 @@ static const loom_test tests[] = {
     {"optimizer applied by ranges", test_optimizer_ranges},
     {"updates are the C formulas, bit for bit", test_update_formulas},
     {"gradient-ready hook: same bits, final when called", test_grad_hook},
+    {"optimizer in the step: same bits as after it, taken where it may be", test_update_in_step},
     {"timing", test_timing},
     {0},
 };
