@@ -44,12 +44,30 @@ else
     fail "mlp: a dense forward row has a GEMM bound" "$(grep dense_1 <<<"$out")"
 fi
 if [ ! -e "$MD" ]; then pass "mlp: nothing written to the model directory"; else fail "mlp: nothing written to the model directory" "$(ls -R "$MD")"; fi
+# one_device updates each layer in the backward, where train_step does: its own row, time > 0, none after
+if grep -qE '^  optimizer \(in backward, per layer\) +[0-9.]*[1-9][0-9.]* ' <<<"$out"; then
+    pass "mlp: the optimizer's row says it runs in the backward"
+else
+    fail "mlp: the optimizer's row says it runs in the backward" "$(grep optimizer <<<"$out")"
+fi
+contains "mlp: nothing left after the backward" "  optimizer (after backward)" "$out"
+# clip_norm needs the global norm first: the update after the backward, as before
+out=$("$LOOM" profile --train configs/fashion_mnist_mlp.cfg --steps 3 --set optimizer.clip_norm=1.0 \
+    --set "run.model_dir=\"$MD\"" 2>&1)
+if grep -q "in backward" <<<"$out" || ! grep -qE '^  optimizer +[0-9]' <<<"$out"; then
+    fail "clip_norm: the optimizer after the backward" "$(grep optimizer <<<"$out")"
+else
+    pass "clip_norm: the optimizer after the backward"
+fi
+r=$(rows_sum "$out")
+if [ "$r" = ok ]; then pass "clip_norm: the rows sum to the step"; else fail "clip_norm: the rows sum to the step" "$r" "$out"; fi
 
 out=$("$LOOM" profile --train configs/fashion_mnist_mlp.cfg --steps 3 --set strategy.type=mirrored \
     --set 'strategy.devices=["cpu:0","cpu:1"]' --set "run.model_dir=\"$MD\"" 2>&1)
 contains "mirrored: 2 replicas" "2 replicas" "$out"
 contains "mirrored: layer rows are replica 0's" "layer rows are replica 0's" "$out"
 contains "mirrored: gradient reduction row" "  gradient reduction" "$out"
+if grep -q "in backward" <<<"$out"; then fail "mirrored: the optimizer after the reduction" "$(grep optimizer <<<"$out")"; else pass "mirrored: the optimizer after the reduction"; fi
 r=$(rows_sum "$out")
 if [ "$r" = ok ]; then pass "mirrored: the rows sum to the step"; else fail "mirrored: the rows sum to the step" "$r" "$out"; fi
 
