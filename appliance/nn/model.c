@@ -1094,30 +1094,32 @@ static void layer_params(const loom_model *m, const nn_layer_ *l, int64_t *lo, i
     }
 }
 
-/* Whether part `part` of `parts` of layer l's gradient pass updates what it
- * wrote itself: a dense layer's kernel rows and bias columns (the ranges
- * nn_dense_param_grads_ writes), or the whole layer when one part writes it. */
+/* Whether each part of `parts` of layer l's gradient pass updates what it
+ * wrote itself: a dense or conv2d layer's kernel rows (of n_in, or of
+ * kh*kw*cin) and bias columns, the ranges nn_dense_param_grads_ and
+ * nn_conv_param_grads_ write, or the whole layer when one part writes it. */
 static bool updates_in_part(const nn_layer_ *l, int parts)
 {
-    return l->spec.kind == LOOM_LAYER_DENSE || parts == 1;
+    return l->spec.kind == LOOM_LAYER_DENSE || l->spec.kind == LOOM_LAYER_CONV2D || parts == 1;
 }
 
 static void update_part(const loom_model *m, const nn_layer_ *l, int part, int parts)
 {
-    if (l->spec.kind != LOOM_LAYER_DENSE) {
+    if (parts == 1) {
         int64_t lo, hi;
         layer_params(m, l, &lo, &hi);
         update_range(m, lo, hi);
         return;
     }
-    const int64_t in = l->n_in, out = l->n_out;
-    update_range(m, l->kernel_off + in * part / parts * out, l->kernel_off + in * (part + 1) / parts * out);
+    const bool dense = l->spec.kind == LOOM_LAYER_DENSE;
+    const int64_t K = dense ? l->n_in : (int64_t)l->kh * l->kw * l->cin, out = dense ? l->n_out : l->cout;
+    update_range(m, l->kernel_off + K * part / parts * out, l->kernel_off + K * (part + 1) / parts * out);
     if (l->bias_off >= 0) update_range(m, l->bias_off + out * part / parts, l->bias_off + out * (part + 1) / parts);
 }
 
 /* After a gradient pass of `parts` parts: the in-step update of the layers
- * whose parts did not update what they wrote (conv2d and layer
- * normalization split in parts), over the pool. prof: a profile's upd. */
+ * whose parts did not update what they wrote (layer normalization split in
+ * parts), over the pool. prof: a profile's upd. */
 static void update_rest(loom_model *m, int parts, double *prof)
 {
     for (int i = 0; i < m->n_layers; i++) {
