@@ -245,6 +245,19 @@ static void test_fixed_cases(void)
             CHECK_MSG(!strcmp(ra, rb), "\"%s\" ~ \"%s\" kind %d: stock %s, ours %s", s, p, kind, ra, rb);
         }
     }
+    /* nesting past 200 items ("pattern too complex") and 33 captures ("too many captures") */
+    char deep[1024] = "", caps[256] = "";
+    for (int i = 0; i < 250; i++) strcat(deep, "a?");
+    for (int i = 0; i < 33; i++) strcat(caps, "(a)");
+    const char *const big[] = {deep, caps};
+    for (int i = 0; i < 2; i++) {
+        char ra[4096], rb[4096], subj[300];
+        memset(subj, 'a', sizeof subj);
+        call_run(A, 0, subj, sizeof subj, big[i], strlen(big[i]), 1, 1, "", -1, ra, sizeof ra);
+        call_run(B, 0, subj, sizeof subj, big[i], strlen(big[i]), 1, 1, "", -1, rb, sizeof rb);
+        CHECK_MSG(!strcmp(ra, rb) && strstr(ra, i ? "too many captures" : "pattern too complex"), "stock %s, ours %s",
+                  ra, rb);
+    }
     lua_close(A);
     lua_close(B);
 }
