@@ -231,6 +231,10 @@ int64_t loom_phys_bytes(void);
 int   loom_open_regular(const char *path, loom_err *err);
 /* The same as a stdio stream; fclose it. NULL with err set on failure. */
 FILE *loom_fopen_regular(const char *path, loom_err *err);
+/* Opens a user's file for appending (created 0644 when missing) the same way:
+ * a FIFO (opening it for writing waits for a reader), a device or a directory
+ * is refused naming what it is. A stdio stream; NULL with err set. */
+FILE *loom_fopen_append_regular(const char *path, loom_err *err);
 
 /* A streaming reader of a regular file, plain or gzip (detected from the
  * magic bytes): callers read a header, check it, and bound what follows by

@@ -57,6 +57,42 @@ FILE *loom_fopen_regular(const char *path, loom_err *err)
     return f;
 }
 
+FILE *loom_fopen_append_regular(const char *path, loom_err *err)
+{
+    /* O_NONBLOCK: a FIFO with no reader fails (ENXIO) instead of waiting; with one it is refused below */
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, 0644);
+    struct stat st;
+    if (fd < 0 && errno == ENXIO && stat(path, &st) == 0 && S_ISFIFO(st.st_mode)) {
+        loom_err_set(err, LOOM_EIO, path, "is a FIFO (named pipe), not a regular file: refused");
+        loom_err_hint(err, "loom appends its records to regular files only: remove it");
+        return NULL;
+    }
+    if (fd < 0) return loom_err_set(err, LOOM_EIO, path, "cannot open for appending: %s", strerror(errno)), NULL;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+        int e = errno;
+        bool stat_ok = fstat(fd, &st) == 0;
+        close(fd);
+        if (!stat_ok) return loom_err_set(err, LOOM_EIO, path, "cannot stat: %s", strerror(e)), NULL;
+        const char *what = S_ISFIFO(st.st_mode)  ? "a FIFO (named pipe)"
+                           : S_ISCHR(st.st_mode) ? "a character device"
+                           : S_ISBLK(st.st_mode) ? "a block device"
+                           : S_ISSOCK(st.st_mode) ? "a socket"
+                                                  : "not a regular file";
+        loom_err_set(err, LOOM_EIO, path, "is %s, not a regular file: refused", what);
+        loom_err_hint(err, "loom appends its records to regular files only: remove it");
+        return NULL;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    FILE *f = fdopen(fd, "a");
+    if (!f) {
+        int e = errno;
+        close(fd);
+        loom_err_set(err, LOOM_ENOMEM, path, "fdopen failed: %s", strerror(e));
+    }
+    return f;
+}
+
 /* ---- streaming reader: plain or gzip ---------------------------------------- */
 
 #define RF_CHUNK 65536
