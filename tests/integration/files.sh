@@ -69,10 +69,18 @@ sh -c 'exit 0' & dead=$!; wait $dead
 echo partial > "$WORK/tmp/ckpt-4.loom.tmp.$dead"
 echo partial > "$WORK/tmp/checkpoint.tmp.$dead"
 echo live > "$WORK/tmp/ckpt-4.loom.tmp.$$"
+# the current form names the host: a model_dir on NFS may hold another machine's live writer's file
+host=$(hostname | tr -c 'A-Za-z0-9_\n-' '_' | head -c 64)
+echo partial > "$WORK/tmp/metrics.jsonl.tmp.$host.$dead"
+echo other > "$WORK/tmp/checkpoint.tmp.other_host.$dead"
 out=$("$LOOM" train $CFG --model-dir "$WORK/tmp" "${OPT[@]}" --set run.max_steps=4 2>&1)
 contains "a dead writer's tmp file is removed, and said" "ckpt-4.loom.tmp.$dead: removed a temporary file left by process $dead" "$out"
 [ ! -e "$WORK/tmp/checkpoint.tmp.$dead" ] && pass "every one of them" || fail "every one of them" "$(ls "$WORK/tmp")"
 [ -e "$WORK/tmp/ckpt-4.loom.tmp.$$" ] && pass "a live writer's tmp file stays" || fail "a live writer's tmp file stays" "$(ls "$WORK/tmp")"
+[ ! -e "$WORK/tmp/metrics.jsonl.tmp.$host.$dead" ] && pass "a dead writer's tmp file of this host ($host) is removed" \
+    || fail "a dead writer's tmp file of this host ($host) is removed" "$(ls "$WORK/tmp")"
+[ -e "$WORK/tmp/checkpoint.tmp.other_host.$dead" ] && pass "another host's tmp file stays, whatever its pid is here" \
+    || fail "another host's tmp file stays" "$(ls "$WORK/tmp")"
 
 # --- metrics.jsonl after a kill between an epoch's line and its checkpoint -------
 # 32 steps per epoch: run to step 35, then drop the checkpoints from step 32 on,

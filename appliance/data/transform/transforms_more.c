@@ -1400,7 +1400,8 @@ int cache_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, 
         snprintf(s->data_path, sizeof s->data_path, "%s.data", s->prefix);
         snprintf(s->index_path, sizeof s->index_path, "%s.index", s->prefix);
         snprintf(s->lock_path, sizeof s->lock_path, "%s.lock", s->prefix);
-        snprintf(s->tmp_data, sizeof s->tmp_data, "%s.data.tmp.%ld", s->prefix, (long)getpid());
+        char sfx[128];
+        snprintf(s->tmp_data, sizeof s->tmp_data, "%s.data%s", s->prefix, loom_tmp_suffix(sfx, sizeof sfx));
         char dir[LOOM_PATH_MAX];
         snprintf(dir, sizeof dir, "%s", s->prefix);
         char *slash = strrchr(dir, '/');
