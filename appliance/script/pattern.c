@@ -446,6 +446,7 @@ static int gmatch_next(lua_State *L)
     const char *s = lua_tolstring(L, lua_upvalueindex(2), &ls);
     const char *p = lua_tolstring(L, lua_upvalueindex(3), &lp);
     gmatch_pos *g = lua_touserdata(L, lua_upvalueindex(4));
+    if (g->at > ls) return 0; /* done, or an init past the end */
     mstate m;
     init_state(&m, L, s, ls, p, lp);
     for (const char *at = s + g->at; at <= m.se; at++) {
