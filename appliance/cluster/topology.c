@@ -777,10 +777,11 @@ static int read_secret(loom_cluster *c, const loom_cluster_spec *cs, char *const
     if (cs->secret_file[0]) {
         char w[LOOM_PATH_MAX + 16];
         loom_loc_str(&cs->loc, w, sizeof w);
-        FILE *f = fopen(cs->secret_file, "rb");
+        loom_err e = {0};
+        FILE *f = loom_fopen_regular(cs->secret_file, &e); /* a FIFO would block forever */
         if (!f)
             return loom_err_set(err, LOOM_ECONFIG, w, "cluster.secret_file: cannot read %s: %s", cs->secret_file,
-                                strerror(errno));
+                                strncmp(e.msg, "cannot open: ", 13) ? e.msg : e.msg + 13);
         struct stat st;
         if (fstat(fileno(f), &st) == 0 && (st.st_mode & 077))
             loom_warn("cluster.secret_file %s can be read by other users (mode %03o); chmod 600 it",

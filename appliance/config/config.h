@@ -214,7 +214,7 @@ typedef struct loom_source_spec {
      * file i of its sorted list only when i % file_shards == file_shard.
      * 0 (the loaded value) = all files. */
     int file_shards, file_shard;
-    /* Not a config key: the dataset's on_nonfinite (csv and idx float features). */
+    /* Not a config key: the dataset's on_nonfinite (csv, idx, tfrecord and plugin sources' float features). */
     int on_nonfinite; /* loom_on_nonfinite */
     /* The kind's own settings; read and write only the member of the spec's
      * kind (the others share its bytes). The spec is copied by value (a

@@ -231,6 +231,10 @@ int64_t loom_phys_bytes(void);
 int   loom_open_regular(const char *path, loom_err *err);
 /* The same as a stdio stream; fclose it. NULL with err set on failure. */
 FILE *loom_fopen_regular(const char *path, loom_err *err);
+/* Opens a user's file for appending (created 0644 when missing) the same way:
+ * a FIFO (opening it for writing waits for a reader), a device or a directory
+ * is refused naming what it is. A stdio stream; NULL with err set. */
+FILE *loom_fopen_append_regular(const char *path, loom_err *err);
 
 /* A streaming reader of a regular file, plain or gzip (detected from the
  * magic bytes): callers read a header, check it, and bound what follows by
@@ -248,11 +252,18 @@ int loom_read_file(const char *path, uint8_t **out, size_t *len, loom_err *err);
 /* The same, refusing (LOOM_EDATA) a file whose content exceeds max bytes
  * (0: no limit) without reading or inflating more than max + 1 of them. */
 int loom_read_file_max(const char *path, uint8_t **out, size_t *len, uint64_t max, loom_err *err);
-/* Removes path.tmp.<pid> files in dir (loom_write_file_atomic's) whose
- * writer is no longer alive, logging each; returns how many. */
+/* Removes path.tmp.<host>.<pid> files in dir (loom_write_file_atomic's)
+ * written on this host by a process no longer alive, logging each; returns
+ * how many. Files of other hosts (a model_dir on NFS shared by several
+ * machines) are left to their host: their pid says nothing here. The older
+ * form path.tmp.<pid> counts as this host's. */
 int loom_remove_stale_tmp(const char *dir);
 /* Writes data to path atomically: path.tmp, fsync, rename, fsync dir. */
 int loom_write_file_atomic(const char *path, const void *data, size_t len, loom_err *err);
+/* ".tmp.<host>.<pid>": the suffix of this process's temporary files, which
+ * loom_remove_stale_tmp recognises (host: the hostname, characters other
+ * than letters, digits, '-' and '_' as '_'). Returns buf. */
+char *loom_tmp_suffix(char *buf, size_t n);
 /* mkdir -p; fails with a clear error when the directory is not writable. */
 int loom_mkdirs(const char *path, loom_err *err);
 /* s with glob's metacharacters (*?[]\) backslash-escaped into out (n bytes),

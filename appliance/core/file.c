@@ -3,6 +3,7 @@
  * reads, atomic writes, mkdir -p, stale temporary files. */
 #include "core.h"
 
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -49,6 +50,42 @@ FILE *loom_fopen_regular(const char *path, loom_err *err)
     int fd = loom_open_regular(path, err);
     if (fd < 0) return NULL;
     FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        int e = errno;
+        close(fd);
+        loom_err_set(err, LOOM_ENOMEM, path, "fdopen failed: %s", strerror(e));
+    }
+    return f;
+}
+
+FILE *loom_fopen_append_regular(const char *path, loom_err *err)
+{
+    /* O_NONBLOCK: a FIFO with no reader fails (ENXIO) instead of waiting; with one it is refused below */
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, 0644);
+    struct stat st;
+    if (fd < 0 && errno == ENXIO && stat(path, &st) == 0 && S_ISFIFO(st.st_mode)) {
+        loom_err_set(err, LOOM_EIO, path, "is a FIFO (named pipe), not a regular file: refused");
+        loom_err_hint(err, "loom appends its records to regular files only: remove it");
+        return NULL;
+    }
+    if (fd < 0) return loom_err_set(err, LOOM_EIO, path, "cannot open for appending: %s", strerror(errno)), NULL;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+        int e = errno;
+        bool stat_ok = fstat(fd, &st) == 0;
+        close(fd);
+        if (!stat_ok) return loom_err_set(err, LOOM_EIO, path, "cannot stat: %s", strerror(e)), NULL;
+        const char *what = S_ISFIFO(st.st_mode)  ? "a FIFO (named pipe)"
+                           : S_ISCHR(st.st_mode) ? "a character device"
+                           : S_ISBLK(st.st_mode) ? "a block device"
+                           : S_ISSOCK(st.st_mode) ? "a socket"
+                                                  : "not a regular file";
+        loom_err_set(err, LOOM_EIO, path, "is %s, not a regular file: refused", what);
+        loom_err_hint(err, "loom appends its records to regular files only: remove it");
+        return NULL;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    FILE *f = fdopen(fd, "a");
     if (!f) {
         int e = errno;
         close(fd);
@@ -235,8 +272,8 @@ static int fsync_dir(const char *path)
 
 int loom_write_file_atomic(const char *path, const void *data, size_t len, loom_err *err)
 {
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    char tmp[4096], sfx[128];
+    snprintf(tmp, sizeof tmp, "%s%s", path, loom_tmp_suffix(sfx, sizeof sfx));
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return loom_err_set(err, LOOM_EIO, tmp, "cannot create: %s", strerror(errno));
     const uint8_t *p = data;
@@ -305,17 +342,44 @@ int loom_glob_escape(const char *s, char *out, size_t n)
     return (int)k;
 }
 
+/* This host's name as it appears in temporary file names. */
+static void tmp_host(char *out, size_t n)
+{
+    char h[256] = "";
+    if (gethostname(h, sizeof h - 1) < 0 || !h[0]) snprintf(h, sizeof h, "localhost");
+    size_t k = 0;
+    for (const char *p = h; *p && k + 1 < n && k < 64; p++)
+        out[k++] = (isalnum((unsigned char)*p) || *p == '-' || *p == '_') ? *p : '_';
+    out[k] = 0;
+}
+
+char *loom_tmp_suffix(char *buf, size_t n)
+{
+    char host[80];
+    tmp_host(host, sizeof host);
+    snprintf(buf, n, ".tmp.%s.%ld", host, (long)getpid());
+    return buf;
+}
+
 int loom_remove_stale_tmp(const char *dir)
 {
     DIR *d = opendir(dir);
     if (!d) return 0;
     int removed = 0;
+    char host[80];
+    tmp_host(host, sizeof host);
+    size_t hl = strlen(host);
     struct dirent *e;
     while ((e = readdir(d))) {
         const char *t = strstr(e->d_name, ".tmp.");
         if (!t || t == e->d_name) continue;
         const char *p = t + 5;
         while (strstr(p, ".tmp.")) p = strstr(p, ".tmp.") + 5; /* the last ".tmp." */
+        const char *dot = strrchr(p, '.');
+        if (dot) { /* <host>.<pid>: another host's process may be alive, whatever its pid is here */
+            if ((size_t)(dot - p) != hl || strncmp(p, host, hl)) continue;
+            p = dot + 1;
+        }
         char *end;
         errno = 0;
         long pid = strtol(p, &end, 10);

@@ -422,8 +422,9 @@ static int limited_move(lua_State *L)
     return call_original(L);
 }
 
-/* string.find/match/gmatch/gsub, table.insert/remove/sort/concat: a C loop
- * over argument 1, a string or a table, costs its length (sort: n log n). */
+/* table.insert/remove/sort/concat: a C loop over argument 1, a table, costs
+ * its length (sort: n log n). string.find/match/gmatch/gsub are pattern.c's,
+ * which charge each matching step. */
 static int limited_len1(lua_State *L)
 {
     int t = lua_type(L, 1);
@@ -456,9 +457,9 @@ static void install_limits(lua_State *L)
     wrap_field(L, "coroutine", "close", limited_co);
     wrap_field(L, "string", "rep", limited_rep);
     wrap_field(L, "table", "move", limited_move);
-    static const char *const len1[][2] = {{"string", "find"}, {"string", "match"}, {"string", "gmatch"},
-                                          {"string", "gsub"}, {"table", "insert"}, {"table", "remove"},
-                                          {"table", "concat"}, {"table", "sort"}};
+    loom_lua_open_patterns_(L, charge);
+    static const char *const len1[][2] = {{"table", "insert"}, {"table", "remove"}, {"table", "concat"},
+                                          {"table", "sort"}};
     for (size_t i = 0; i < sizeof len1 / sizeof len1[0]; i++) {
         lua_getglobal(L, len1[i][0]);
         lua_getfield(L, -1, len1[i][1]);

@@ -51,4 +51,9 @@ void *loom_lua_alloc_(lua_State *L, size_t n);         /* capped; raises on fail
 void  loom_lua_free_(lua_State *L, void *p, size_t n);
 int   loom_lua_write_allowed_(loom_lua *S, const char *path);
 
+/* pattern.c: string.find/match/gmatch/gsub whose matching steps go to charge (which may raise;
+ * NULL: not counted), replacing the string library's in the state's `string` table. */
+typedef void (*loom_lua_charge_fn)(lua_State *L, lua_Integer steps);
+void loom_lua_open_patterns_(lua_State *L, loom_lua_charge_fn charge);
+
 #endif

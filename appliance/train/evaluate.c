@@ -69,7 +69,8 @@ typedef struct watched {
 static watched *read_watched(const char *metrics_path, int *n)
 {
     *n = 0;
-    FILE *f = fopen(metrics_path, "r");
+    loom_err e = {0};
+    FILE *f = loom_fopen_regular(metrics_path, &e); /* a FIFO would block: the append below then says why */
     if (!f) return NULL;
     char line[4096];
     watched *w = NULL;
@@ -124,8 +125,8 @@ static int watch_report(run *r, const char *who, const char *path, int64_t step,
     printf("{\"checkpoint\": \"%s\", \"step\": %lld, \"examples\": %lld, \"eval_loss\": %.6g, \"eval_accuracy\": "
            "%.6g}\n", path, (long long)step, (long long)ev->examples, loss, acc);
     fflush(stdout);
-    FILE *m = fopen(metrics_path, "a");
-    if (!m) return loom_err_set(err, LOOM_EIO, metrics_path, "cannot open for appending: %s", strerror(errno));
+    FILE *m = loom_fopen_append_regular(metrics_path, err);
+    if (!m) return err->code;
     /* one line, one write (O_APPEND): the chief appends to the same file */
     char line[LOOM_PATH_MAX + 512];
     FILE *lf = fmemopen(line, sizeof line, "w");

@@ -721,8 +721,10 @@ static int sink_open(trainer *t, loom_err *err)
     char path[LOOM_PATH_MAX + 16];
     snprintf(path, sizeof path, "%s/metrics.jsonl", r->model_dir);
     if (r->chief && !t->opts->fresh && loom_metrics_trim(path, t->st.step, t->st.epoch, err) < 0) return err->code;
-    s->jsonl = fopen(r->chief ? path : "/dev/null", "a"); /* the chief writes the job's */
-    if (!s->jsonl) return loom_err_set(err, LOOM_EIO, path, "cannot open for appending: %s", strerror(errno));
+    /* the chief writes the job's (a regular file: a FIFO in its place would block the run) */
+    s->jsonl = r->chief ? loom_fopen_append_regular(path, err) : fopen("/dev/null", "a");
+    if (!s->jsonl)
+        return r->chief ? err->code : loom_err_set(err, LOOM_EIO, "/dev/null", "cannot open for appending: %s", strerror(errno));
     loom_progress_init(&s->prog, r->chief ? t->rs->progress : LOOM_PROGRESS_NONE, t->rs->log_steps);
     r->hooks.metrics = s->jsonl; /* ctx:log_scalar writes beside the trainer's figures */
     r->hooks.summary = s->tb;

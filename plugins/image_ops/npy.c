@@ -13,9 +13,12 @@
 #include "image_ops.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 typedef struct npy_array {
     uint8_t   *file;    /* the whole file */
@@ -79,8 +82,22 @@ static int parse_shape(const char *v, int64_t *n, loom_shape *s)
 /* Reads path whole and parses its header into *a and *n. */
 static int load(const char *path, const char *where, npy_array *a, int64_t *n, loom_err *err)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return img_host->err_set(err, LOOM_EIO, where, "cannot open %s: %s", path, strerror(errno));
+    /* a regular file only: O_NONBLOCK so that a FIFO (which would wait for a writer) or a device is refused, not read */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) return img_host->err_set(err, LOOM_EIO, where, "cannot open %s: %s", path, strerror(errno));
+    struct stat st = {0};
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        img_host->err_set(err, LOOM_EIO, where, "%s is %s, not a regular file: refused", path,
+                          S_ISFIFO(st.st_mode) ? "a FIFO (named pipe)" : S_ISDIR(st.st_mode) ? "a directory"
+                          : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device" : "not a regular file");
+        return img_host->err_hint(err, "give the source a .npy file (np.save writes one)");
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return img_host->err_set(err, LOOM_EIO, where, "cannot open %s: %s", path, strerror(errno));
+    }
     long size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
     rewind(f);
     a->file = size > 0 ? img_host->alloc_aligned((size_t)size) : NULL;

@@ -69,10 +69,18 @@ sh -c 'exit 0' & dead=$!; wait $dead
 echo partial > "$WORK/tmp/ckpt-4.loom.tmp.$dead"
 echo partial > "$WORK/tmp/checkpoint.tmp.$dead"
 echo live > "$WORK/tmp/ckpt-4.loom.tmp.$$"
+# the current form names the host: a model_dir on NFS may hold another machine's live writer's file
+host=$(hostname | tr -c 'A-Za-z0-9_\n-' '_' | head -c 64)
+echo partial > "$WORK/tmp/metrics.jsonl.tmp.$host.$dead"
+echo other > "$WORK/tmp/checkpoint.tmp.other_host.$dead"
 out=$("$LOOM" train $CFG --model-dir "$WORK/tmp" "${OPT[@]}" --set run.max_steps=4 2>&1)
 contains "a dead writer's tmp file is removed, and said" "ckpt-4.loom.tmp.$dead: removed a temporary file left by process $dead" "$out"
 [ ! -e "$WORK/tmp/checkpoint.tmp.$dead" ] && pass "every one of them" || fail "every one of them" "$(ls "$WORK/tmp")"
 [ -e "$WORK/tmp/ckpt-4.loom.tmp.$$" ] && pass "a live writer's tmp file stays" || fail "a live writer's tmp file stays" "$(ls "$WORK/tmp")"
+[ ! -e "$WORK/tmp/metrics.jsonl.tmp.$host.$dead" ] && pass "a dead writer's tmp file of this host ($host) is removed" \
+    || fail "a dead writer's tmp file of this host ($host) is removed" "$(ls "$WORK/tmp")"
+[ -e "$WORK/tmp/checkpoint.tmp.other_host.$dead" ] && pass "another host's tmp file stays, whatever its pid is here" \
+    || fail "another host's tmp file stays" "$(ls "$WORK/tmp")"
 
 # --- metrics.jsonl after a kill between an epoch's line and its checkpoint -------
 # 32 steps per epoch: run to step 35, then drop the checkpoints from step 32 on,
@@ -115,4 +123,51 @@ n=$(grep -c '"event": "epoch", "epoch": 1,' "$WORK/e/metrics.jsonl")
     fail "epoch 1 has one line after a kill between its line and its end's checkpoint" "$n lines" "$(cat "$WORK/e/metrics.jsonl")"
 
 echo "# files.sh took $((SECONDS - T0)) s"
+# --- FIFOs in the other places loom opens a user's file (issue 11 follow-up) ---
+# metrics.jsonl in the model directory: --fresh skips reading it, so the append met it first
+rm -rf "$WORK/mf"; mkdir -p "$WORK/mf"; mkfifo "$WORK/mf/metrics.jsonl"
+expect_fail 1 "a FIFO as metrics.jsonl (--fresh) is refused, not waited on" \
+    "metrics.jsonl: is a FIFO (named pipe), not a regular file: refused" \
+    timeout 20 "$LOOM" train $CFG --model-dir "$WORK/mf" "${OPT[@]}" --set run.max_steps=2 --fresh
+# ... and by the sidecar evaluator, which appends its eval lines there
+rm -f "$WORK/m/metrics.jsonl"; mkfifo "$WORK/m/metrics.jsonl"
+expect_fail 1 "a FIFO as metrics.jsonl is refused by evaluate --watch" \
+    "metrics.jsonl: is a FIFO (named pipe), not a regular file: refused" \
+    timeout 20 "$LOOM" evaluate $CFG --model-dir "$WORK/m" --watch --idle-timeout 5 --set run.eval_steps=1
+rm -f "$WORK/m/metrics.jsonl"
+# the npy plugin's arrays
+mkfifo "$WORK/x.npy"
+printf '\223NUMPY\001\000v\000{'"'"'descr'"'"': '"'"'<i8'"'"', '"'"'fortran_order'"'"': False, '"'"'shape'"'"': (1,), }%*s\n' 59 '' > "$WORK/y.npy"
+printf '\001\000\000\000\000\000\000\000' >> "$WORK/y.npy"
+cat > "$WORK/npy.cfg" <<CFG
+version = 1;
+data: { train: { source: { type = "npy"; options: { x = "$WORK/x.npy"; label = "$WORK/y.npy"; }; };
+                 transforms = ( { op = "batch"; size = 1; } ); }; };
+model: { input = "x"; layers = ( { type = "flatten"; }, { type = "dense"; units = 2; } ); };
+optimizer: { type = "sgd"; learning_rate = 0.1; };
+run: { model_dir = "$WORK/npy_run"; epochs = 1; };
+CFG
+expect_fail 2 "a FIFO as an npy source's array is refused, not waited on" \
+    "$WORK/x.npy is a FIFO (named pipe), not a regular file: refused" timeout 20 "$LOOM" check "$WORK/npy.cfg"
+# the cache transform's data file (replaced after a first run wrote it) and its lock file
+cat > "$WORK/cache.cfg" <<CFG
+version = 1;
+data: { train: { source: { type = "catalog"; name = "fashion_mnist"; split = "train"; };
+                 transforms = ( { op = "take"; count = 64; }, { op = "cache"; file = "$WORK/cc/c"; }, { op = "batch"; size = 32; },
+                                  { op = "map"; fn = "scale"; feature = "image"; scale = 0.00392156862745098; } ); }; };
+model: { layers = ( { type = "flatten"; }, { type = "dense"; units = 10; } ); };
+optimizer: { type = "sgd"; learning_rate = 0.01; };
+run: { model_dir = "$WORK/c0"; epochs = 2; progress = "none"; };
+CFG
+mkdir -p "$WORK/cc"
+check "a cached run writes the cache" timeout 60 "$LOOM" train "$WORK/cache.cfg" --model-dir "$WORK/c1"
+[ -f "$WORK/cc/c.data" ] && [ -f "$WORK/cc/c.index" ] && pass "c.data and c.index written" || fail "c.data and c.index written" "$(ls "$WORK/cc")"
+rm -f "$WORK/cc/c.data"; mkfifo "$WORK/cc/c.data"
+expect_fail 2 "a FIFO as the cache's data file is refused, not waited on" \
+    "cache: $WORK/cc/c.data: is a FIFO (named pipe), not a regular file: refused" \
+    timeout 20 "$LOOM" train "$WORK/cache.cfg" --model-dir "$WORK/c2"
+rm -f "$WORK/cc/"*; mkfifo "$WORK/cc/c.lock"
+expect_fail 2 "a FIFO as the cache's lock file is refused" "cache: $WORK/cc/c.lock is not a regular file: refused" \
+    timeout 20 "$LOOM" train "$WORK/cache.cfg" --model-dir "$WORK/c3"
+
 finish

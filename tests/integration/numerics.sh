@@ -138,4 +138,46 @@ contains "the error names the cache's line, the bytes and the budget" \
     "rc3.cfg:7: data.train.transforms.[0]: cache: the pass being cached in memory reached 333 elements (3996 bytes); one more would exceed the 4000 bytes left of the RAM budget of 4000 bytes" "$out"
 contains "and says what to do" "put it before repeat so the pass is finite" "$out"
 
+
+# --- a plugin's source (image_ops' npy): float32 rows with a NaN (row 5) and an inf (row 9) -------------
+python3 - "$WORK" <<'PY'
+import struct, sys
+def npy(path, descr, shape, data):
+    h = "{'descr': '%s', 'fortran_order': False, 'shape': %s, }" % (descr, shape)
+    h += " " * (63 - (10 + len(h)) % 64) + "\n"
+    with open(path, "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h.encode() + data)
+rows = [[(i * 4 + k) / 40.0 - 0.5 for k in range(4)] for i in range(12)]
+rows[5][2] = float("nan"); rows[9][0] = float("inf")
+npy(f"{sys.argv[1]}/x.npy", "<f4", "(12, 4)", b"".join(struct.pack("<4f", *r) for r in rows))
+npy(f"{sys.argv[1]}/y.npy", "<i8", "(12,)", b"".join(struct.pack("<q", i % 2) for i in range(12)))
+PY
+npycfg() { # npycfg FILE EXTRA_DATASET_KEYS
+    cat > "$WORK/$1" <<CFG
+version = 1;
+data: { train: {
+    source: { type = "npy"; options: { x = "$WORK/x.npy"; label = "$WORK/y.npy"; }; };
+    $2
+    transforms = ( { op = "batch"; size = 2; } );
+}; };
+model: { input = "x"; label = "label"; loss = "sparse_softmax_cross_entropy";
+         layers = ( { type = "flatten"; }, { type = "dense"; units = 2; } ); };
+optimizer: { type = "sgd"; learning_rate = 0.1; };
+run: { model_dir = "$WORK/run_$1"; epochs = 2; seed = 1; progress = "none"; };
+CFG
+}
+npycfg npy.cfg ""
+expect_fail 1 "a NaN from a plugin source is an error naming the source, the element and the feature" \
+    'source "npy": element 5 (0-based, counted from the start of the pass or the resume), feature "x": non-finite value nan at offset 2' \
+    timeout 60 "$LOOM" train "$WORK/npy.cfg"
+out=$(timeout 60 "$LOOM" train "$WORK/npy.cfg" 2>&1)
+contains "... naming the config's line" "npy.cfg:3" "$out"
+contains "... and saying how to skip such elements" 'on_nonfinite = "skip"' "$out"
+npycfg npyskip.cfg 'on_nonfinite = "skip";'
+out=$(timeout 60 "$LOOM" train "$WORK/npyskip.cfg" 2>&1); rc=$?
+[ $rc -eq 0 ] && pass "on_nonfinite = skip trains on the plugin source" || fail "on_nonfinite = skip trains on the plugin source" "exit $rc" "$(tail -3 <<<"$out")"
+contains "skip mode reports the count per pass" 'source "npy": 2 elements with a NaN or infinite value skipped (on_nonfinite = skip)' "$out"
+steps=$(grep -o '"step": [0-9]*' "$WORK/run_npyskip.cfg/metrics.jsonl" | tail -1 | grep -o '[0-9]*$')
+[ "$steps" = 10 ] && pass "10 of 12 elements kept: 5 batches of 2 per epoch, 10 steps" || fail "10 steps from the 10 kept elements" "last step '$steps'"
+
 finish

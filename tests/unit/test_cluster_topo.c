@@ -9,6 +9,7 @@
 #include "distribute/distribute.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* good_minimal.cfg with overrides; NULL (and a failed check) when it does not load. */
 static loom_spec *load_spec(const char *const *sets, int n)
@@ -550,6 +551,17 @@ static void test_secret_and_digest(void)
         CHECK_MSG(!memcmp(d1, c->config_digest, 32), "the digest depends on model_dir or the secret file");
     }
     loom_cluster_free(c);
+    loom_config_free(s);
+    /* a FIFO as the secret file is refused at once, not waited on */
+    const char *fifo = tpath("secret_fifo");
+    unlink(fifo);
+    CHECK(mkfifo(fifo, 0600) == 0);
+    char ff[600];
+    snprintf(ff, sizeof ff, "cluster.secret_file=\"%s\"", fifo);
+    const char *withfifo[] = {MWM, "cluster.worker=[\"10.0.0.1:2222\", \"10.0.0.2:2222\"]", ff, md};
+    s = load_spec(withfifo, 4);
+    if (!s) return;
+    EXPECT_ERR(s, "worker:1", NULL, "secret_fifo: is a FIFO (named pipe), not a regular file: refused");
     loom_config_free(s);
     const char *lr[] = {MWM, "cluster.worker=[\"10.0.0.1:2222\", \"10.0.0.2:2222\"]", "optimizer.learning_rate=0.5",
                         "cluster.insecure=true"};

@@ -384,6 +384,49 @@ static void test_stale_tmp(void)
     rmdir(dir);
 }
 
+/* A model_dir shared between hosts: temporary files carry the host; only this
+ * host's, of a process gone, are removed (another host's pid says nothing here). */
+static void test_stale_tmp_hosts(void)
+{
+    char dir[] = "/tmp/loom_test_core_XXXXXX", p[1300], sfx[128], host[80];
+    CHECK(mkdtemp(dir) != NULL);
+    pid_t dead = fork();
+    if (dead == 0) _exit(0);
+    waitpid(dead, NULL, 0);
+    loom_tmp_suffix(sfx, sizeof sfx);
+    char want[64];
+    snprintf(want, sizeof want, ".%ld", (long)getpid());
+    CHECK_MSG(!strncmp(sfx, ".tmp.", 5) && strlen(sfx) > strlen(want) + 5 &&
+              !strcmp(sfx + strlen(sfx) - strlen(want), want), "suffix %s", sfx);
+    snprintf(host, sizeof host, "%.*s", (int)(strlen(sfx) - strlen(want) - 5), sfx + 5);
+    CHECK_MSG(host[0] && !strchr(host, '.') && !strchr(host, '/'), "host part \"%s\"", host);
+    struct { char name[200]; int stays; } f[5];
+    snprintf(f[0].name, sizeof f[0].name, "ckpt-5.loom.tmp.%s.%ld", host, (long)dead), f[0].stays = 0;
+    snprintf(f[1].name, sizeof f[1].name, "ckpt-5.loom.tmp.%s_other.%ld", host, (long)dead), f[1].stays = 1;
+    snprintf(f[2].name, sizeof f[2].name, "checkpoint.tmp.elsewhere.%ld", (long)dead), f[2].stays = 1;
+    snprintf(f[3].name, sizeof f[3].name, "checkpoint.tmp.%s.%ld", host, (long)getpid()), f[3].stays = 1;
+    snprintf(f[4].name, sizeof f[4].name, "metrics.jsonl.tmp.%ld", (long)dead), f[4].stays = 0; /* the older form */
+    for (int i = 0; i < 5; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, f[i].name);
+        FILE *w = fopen(p, "w");
+        CHECK(w != NULL);
+        if (w) fclose(w);
+    }
+    CHECK(loom_remove_stale_tmp(dir) == 2);
+    for (int i = 0; i < 5; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, f[i].name);
+        CHECK_MSG((access(p, F_OK) == 0) == f[i].stays, "%s %s", f[i].name, f[i].stays ? "was removed" : "stayed");
+        unlink(p);
+    }
+    /* an atomic write leaves no temporary file of its own */
+    loom_err e = {0};
+    snprintf(p, sizeof p, "%s/out", dir);
+    CHECK(loom_write_file_atomic(p, "x", 1, &e) == LOOM_OK);
+    CHECK(loom_remove_stale_tmp(dir) == 0);
+    unlink(p);
+    rmdir(dir);
+}
+
 static const loom_test tests[] = {
     {"crc32c", test_crc32c},
     {"philox_known_answer", test_philox_known_answer},
@@ -396,6 +439,7 @@ static const loom_test tests[] = {
     {"files", test_files},
     {"open_regular", test_open_regular},
     {"stale_tmp", test_stale_tmp},
+    {"stale_tmp_hosts", test_stale_tmp_hosts},
     {0},
 };
 

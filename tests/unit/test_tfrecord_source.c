@@ -29,7 +29,7 @@ static int ntok(int64_t id) { return (int)(id % (MAXTOK + 1)); } /* 0..16, var_l
 static int64_t tok(int64_t id, int j) { return id * 1000 + j - (j & 1) * 5000000000LL; }
 
 /* Faults to plant in a file: record `at` gets them. */
-enum { F_NONE, F_LABEL_FLOAT, F_NO_LABEL, F_SHORT_IMAGE, F_LONG_TOKENS, F_GARBAGE };
+enum { F_NONE, F_LABEL_FLOAT, F_NO_LABEL, F_SHORT_IMAGE, F_LONG_TOKENS, F_GARBAGE, F_NAN_WEIGHT, F_INF_WEIGHT };
 
 /* Writes Examples id = first .. first+n-1 to path; record `bad_at` (file-relative) gets `fault`. */
 static void write_examples(const char *path, loom_compression c, int64_t first, int n, int bad_at, int fault)
@@ -54,8 +54,8 @@ static void write_examples(const char *path, loom_compression c, int64_t first, 
             loom_example_add_floats(&b, "label", &fl, 1);
         else if (f != F_NO_LABEL)
             loom_example_add_int64s(&b, "label", &id, 1);
-        float wt = weight_of(id);
-        if (has_weight(id)) loom_example_add_floats(&b, "weight", &wt, 1);
+        float wt = f == F_NAN_WEIGHT ? NAN : f == F_INF_WEIGHT ? -INFINITY : weight_of(id);
+        if (has_weight(id) || f == F_NAN_WEIGHT || f == F_INF_WEIGHT) loom_example_add_floats(&b, "weight", &wt, 1);
         int64_t toks[MAXTOK + 1];
         int nt = f == F_LONG_TOKENS ? MAXTOK + 1 : ntok(id);
         for (int j = 0; j < nt; j++) toks[j] = tok(id, j);
@@ -433,6 +433,46 @@ static int read_until_error(const loom_dataset_spec *s, int *count, loom_err *er
     while ((rc = loom_iter_next(it, &e, err)) == LOOM_OK) (*count)++;
     loom_iter_close(it);
     return rc;
+}
+
+/* A NaN or infinite float32 value (float_list): on_nonfinite error names the
+ * file, the record and the feature, whether the record goes through the fast
+ * path (record 5, after a good first record) or the general one (record 0,
+ * met at open by the probe); skip drops the record and reads the rest. */
+static void test_nonfinite(void)
+{
+    loom_log_set_level(LOOM_LOG_ERROR); /* the skip warnings are expected */
+    static const struct { int at, fault; const char *text; } cases[] = {
+        {5, F_NAN_WEIGHT, "record 5 at offset "}, {0, F_INF_WEIGHT, "record 0 at offset "},
+        {7, F_INF_WEIGHT, "record 7 at offset "}};
+    for (int c = 0; c < 3; c++) {
+        char name[64];
+        snprintf(name, sizeof name, "nonfinite%d.tfrecord%s", c, c == 2 ? ".zst" : "");
+        const char *path = tpath(name);
+        write_examples(path, c == 2 ? LOOM_COMP_ZSTD : LOOM_COMP_NONE, 0, 8, cases[c].at, cases[c].fault);
+        loom_dataset_spec *s = spec_fmnist(path);
+        int count;
+        loom_err err;
+        CHECK(read_until_error(s, &count, &err) == LOOM_EDATA);
+        CHECK_MSG(count == (cases[c].at ? cases[c].at : 0), "case %d: %d elements before the error", c, count);
+        CHECK_CONTAINS(err.where, name);
+        CHECK_CONTAINS(err.msg, cases[c].text);
+        CHECK_CONTAINS(err.msg, cases[c].fault == F_NAN_WEIGHT ? "feature \"weight\": non-finite value nan at offset 0"
+                                                                 : "feature \"weight\": non-finite value -inf at offset 0");
+        CHECK_CONTAINS(err.hint, "on_nonfinite = \"skip\"");
+        s->on_nonfinite = LOOM_NONFINITE_SKIP;
+        s->source.on_nonfinite = LOOM_NONFINITE_SKIP;
+        loom_iter *it = open_ok(s);
+        if (it) {
+            int64_t ids[16];
+            int n = 0, bad = 0;
+            CHECK(run_pass(it, ids, &n, 16, &bad, &err) == 7 && bad == 0);
+            for (int i = 0; i < n; i++) bad += ids[i] != (i < cases[c].at ? i : i + 1);
+            CHECK_MSG(bad == 0, "case %d: the other 7 records in order", c);
+            loom_iter_close(it);
+        }
+        free(s);
+    }
 }
 
 /* Decompress-ahead meets a damaged zstd stream several frames ahead of the
@@ -1041,6 +1081,7 @@ static const loom_test tests[] = {
     {"decompress_ahead_errors", test_ahead_errors},
     {"feature_errors", test_feature_errors},
     {"corrupt_error_and_skip", test_corrupt},
+    {"nonfinite_error_and_skip", test_nonfinite},
     {"save_restore", test_save_restore},
     {"restore_refused", test_restore_refused},
     {"tf_fixtures", test_tf_fixtures},

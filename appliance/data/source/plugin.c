@@ -7,6 +7,7 @@
  * Threads: one thread at a time drives the stage (see data_internal.h). */
 #include "data/data_internal.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -17,16 +18,57 @@ typedef struct plug_source {
     uint8_t               *buf[LOOM_MAX_FEATURES]; /* the lent buffers, max shapes */
     loom_options           opts;
     char                   optw[LOOM_MAX_OPTIONS][LOOM_PATH_MAX + 48];
+    int                    on_nonfinite; /* loom_on_nonfinite */
+    int64_t                elem;         /* elements the provider returned this pass (dropped ones included) */
+    int64_t                dropped;      /* ... dropped for a NaN or infinite value (on_nonfinite = skip) */
 } plug_source;
+
+/* Logs the pass's dropped elements once, and starts a new count. */
+static void report_dropped(plug_source *p)
+{
+    if (p->dropped)
+        loom_warn("%s: source \"%s\": %lld element%s with a NaN or infinite value skipped (on_nonfinite = skip)",
+                  p->s.where, p->ops->name, (long long)p->dropped, p->dropped == 1 ? "" : "s");
+    p->dropped = 0;
+}
+
+/* The first NaN or infinite value of a float feature of the element: its feature (offset in *at, value in *v), or -1. */
+static int first_nonfinite(const dstage *st, int64_t *at, double *v)
+{
+    for (int f = 0; f < st->out.n; f++) {
+        const loom_tensor *t = &st->out.t[f];
+        if (t->dtype != LOOM_F32 && t->dtype != LOOM_F64) continue;
+        int64_t n = loom_shape_numel(&t->shape);
+        if (t->dtype == LOOM_F32) {
+            const uint32_t *u = t->data;
+            uint32_t bad = 0;
+            for (int64_t i = 0; i < n; i++) bad |= (u[i] & 0x7f800000u) == 0x7f800000u; /* exponent all ones */
+            if (!bad) continue;
+        }
+        for (int64_t i = 0; i < n; i++) {
+            double x = t->dtype == LOOM_F32 ? (double)((const float *)t->data)[i] : ((const double *)t->data)[i];
+            if (!isfinite(x)) {
+                *at = i;
+                *v = x;
+                return f;
+            }
+        }
+    }
+    return -1;
+}
 
 static int ps_next(dstage *st, loom_elem **out, loom_err *err)
 {
     plug_source *p = (plug_source *)st;
+again:
     for (int f = 0; f < st->out.n; f++) {
         st->out.t[f] = (loom_tensor){.dtype = st->spec.dtype[f], .shape = st->maxshape[f], .data = p->buf[f]};
     }
     int rc = p->ops->next(p->inst, &st->out, err);
-    if (rc == LOOM_EEOF) return rc;
+    if (rc == LOOM_EEOF) {
+        report_dropped(p);
+        return rc;
+    }
     if (rc) {
         if (err) loom_err_prefix(err, "source \"%s\" (%s)", p->ops->name, st->where);
         return rc;
@@ -42,6 +84,20 @@ static int ps_next(dstage *st, loom_elem **out, loom_err *err)
                 return dstage_err_(st, err, LOOM_EDATA, "source \"%s\" returned feature \"%s\" larger than its max "
                                    "shape", p->ops->name, st->spec.name[f]);
     }
+    int64_t at;
+    double v;
+    int bad = first_nonfinite(st, &at, &v);
+    p->elem++;
+    if (bad >= 0) {
+        if (p->on_nonfinite == LOOM_NONFINITE_SKIP) {
+            p->dropped++;
+            goto again;
+        }
+        dstage_err_(st, err, LOOM_EDATA, "source \"%s\": element %lld (0-based, counted from the start of the pass or the resume), feature \"%s\": non-finite "
+                    "value %g at offset %lld", p->ops->name, (long long)(p->elem - 1), st->spec.name[bad], v, (long long)at);
+        return loom_err_hint(err, "fix the source, or set on_nonfinite = \"skip\"; in the dataset's group "
+                                  "(data.train / data.eval) to drop such elements");
+    }
     *out = &st->out;
     return LOOM_OK;
 }
@@ -49,6 +105,8 @@ static int ps_next(dstage *st, loom_elem **out, loom_err *err)
 static int ps_rewind(dstage *st, int64_t epoch, loom_err *err)
 {
     plug_source *p = (plug_source *)st;
+    report_dropped(p);
+    p->elem = 0;
     int rc = p->ops->rewind(p->inst, epoch, err);
     if (rc && err) loom_err_prefix(err, "source \"%s\" (%s)", p->ops->name, st->where);
     return rc;
@@ -170,6 +228,7 @@ int plugin_source_open_(dstage **out, const loom_source_spec *src, const loom_da
     dstage *st = &p->s;
     dstage_init_(st, &plug_ops, NULL, 0, &src->loc);
     snprintf(st->name, sizeof st->name, "%.47s", src->plugin.name);
+    p->on_nonfinite = src->on_nonfinite;
     p->ops = loom_registry_find(LOOM_REG_SOURCE, src->plugin.name, NULL);
     if (!p->ops) {
         char all[256];

@@ -43,6 +43,7 @@
 #define FILES_RNG_LABEL 0x73656c6966726674ull /* "tfrfiles": the shuffle_files stream */
 #define RA_SLOTS 1024              /* decoded elements the read-ahead thread may hold */
 #define RA_BYTES (4 * 1024 * 1024) /* ... and their bytes, at most (but 2 elements) */
+#define DROP_NONFINITE (-1000)     /* decode: a record with a NaN or infinite float dropped (on_nonfinite = skip) */
 
 /* Where the source stands after an element: what save writes. */
 typedef struct tfr_pos {
@@ -76,6 +77,9 @@ typedef struct tfr_source {
     int64_t fi;      /* position in order of the file being read */
     int64_t skipped; /* bad records skipped this pass (files done + Examples skipped) */
     bool done;       /* the pass ended */
+    int on_nonfinite;       /* loom_on_nonfinite */
+    bool any_f32;           /* a float32 feature to check */
+    int64_t nonfinite;      /* records with a NaN or infinite value dropped this pass (on_nonfinite = skip) */
     /* read-ahead (see the top of the file) */
     dknob *knob;                       /* 1 inline, 2 thread; NULL: inline unless forced */
     int ra_force;                      /* LOOM_DATA_READAHEAD: 0 never, 1 always, -1 (unset) the knob */
@@ -156,11 +160,36 @@ static int record_err(const tfr_source *t, const char *file, int64_t record, uin
 
 /* Parses a payload into the lent buffers. LOOM_EEOF-free: OK or an error
  * that names the file, record and offset. */
+/* A NaN or infinite value among the float32 values just decoded: on_nonfinite
+ * error names the file, the record and the feature; skip drops the record
+ * (DROP_NONFINITE). One pass over each float feature's values, in cache. */
+static int check_floats(tfr_source *t, const char *file, int64_t record, uint64_t offset, loom_err *err)
+{
+    for (int f = 0; f < t->nf; f++) {
+        if (t->fs[f].dtype != LOOM_PARSE_F32) continue;
+        const uint32_t *u = t->fo[f].data;
+        int64_t n = t->fo[f].length;
+        uint32_t bad = 0;
+        for (int64_t i = 0; i < n; i++) bad |= (u[i] & 0x7f800000u) == 0x7f800000u; /* exponent all ones */
+        if (!bad) continue;
+        if (t->on_nonfinite == LOOM_NONFINITE_SKIP) return DROP_NONFINITE;
+        int64_t i = 0;
+        while ((u[i] & 0x7f800000u) != 0x7f800000u) i++;
+        loom_err_set(err, LOOM_EDATA, NULL, "feature \"%s\": non-finite value %g at offset %lld", t->fs[f].name,
+                     (double)((const float *)t->fo[f].data)[i], (long long)i);
+        loom_err_hint(err, "fix or drop the record, or set on_nonfinite = \"skip\"; in the dataset's group "
+                           "(data.train / data.eval) to drop such records");
+        return record_err(t, file, record, offset, err);
+    }
+    return LOOM_OK;
+}
+
 static int decode(tfr_source *t, const uint8_t *d, size_t len, const char *file, int64_t record, uint64_t offset,
                   bool *malformed, loom_err *err)
 {
     *malformed = false;
-    if (loom_example_fast_extract(&t->fast, d, len, t->fs, t->nf, t->fo)) return LOOM_OK;
+    if (loom_example_fast_extract(&t->fast, d, len, t->fs, t->nf, t->fo))
+        return t->any_f32 ? check_floats(t, file, record, offset, err) : LOOM_OK;
     int rc = loom_example_parse(&t->ex, d, len, err);
     if (rc) {
         *malformed = rc == LOOM_EDATA;
@@ -169,7 +198,7 @@ static int decode(tfr_source *t, const uint8_t *d, size_t len, const char *file,
     rc = loom_example_extract(&t->ex, t->fs, t->nf, record, t->fo, err);
     if (rc) return record_err(t, file, record, offset, err);
     (void)loom_example_fast_learn(&t->fast, &t->ex, t->fs, t->nf); /* a record the fast path refused may teach a new order */
-    return LOOM_OK;
+    return t->any_f32 ? check_floats(t, file, record, offset, err) : LOOM_OK;
 }
 
 static void end_pass(tfr_source *t)
@@ -179,6 +208,11 @@ static void end_pass(tfr_source *t)
     if (t->skipped)
         loom_warn("%s: tfrecord source: %lld bad record%s skipped in epoch %lld (on_corrupt = skip)", t->s.where,
                   (long long)t->skipped, t->skipped == 1 ? "" : "s", (long long)t->epoch);
+    if (t->nonfinite)
+        loom_warn("%s: tfrecord source: %lld record%s with a NaN or infinite value skipped in epoch %lld "
+                  "(on_nonfinite = skip)", t->s.where, (long long)t->nonfinite, t->nonfinite == 1 ? "" : "s",
+                  (long long)t->epoch);
+    t->nonfinite = 0;
 }
 
 static void close_file(tfr_source *t)
@@ -236,6 +270,10 @@ static int read_next(tfr_source *t, loom_err *err)
         uint64_t rec_at = loom_tfrecord_offset(t->r) - (uint64_t)len - 16;
         bool malformed;
         rc = decode(t, d, len, cur_file(t), last_record(t), rec_at, &malformed, err);
+        if (rc == DROP_NONFINITE) {
+            t->nonfinite++;
+            continue;
+        }
         if (rc && malformed && t->on_corrupt == LOOM_CORRUPT_SKIP) {
             loom_warn("%s: %s; skipping it", err->where, err->msg);
             t->skipped++;
@@ -387,6 +425,7 @@ static int tfr_rewind(dstage *st, int64_t epoch, loom_err *err)
     t->epoch = epoch;
     t->fi = 0;
     t->skipped = 0;
+    t->nonfinite = 0;
     t->done = false;
     make_order(t, epoch);
     return LOOM_OK;
@@ -545,7 +584,7 @@ static int probe(tfr_source *t, loom_err *err)
         bool malformed;
         uint64_t at = loom_tfrecord_offset(r) - (uint64_t)len - 16;
         rc = decode(t, d, len, t->files[0], 0, at, &malformed, err);
-        if (rc && malformed && t->on_corrupt == LOOM_CORRUPT_SKIP) rc = LOOM_OK;
+        if ((rc && malformed && t->on_corrupt == LOOM_CORRUPT_SKIP) || rc == DROP_NONFINITE) rc = LOOM_OK;
     }
     loom_tfrecord_close(r);
     return rc;
@@ -590,6 +629,7 @@ int tfrecord_source_open_(dstage **out, const loom_source_spec *src, const loom_
     }
     t->comp = comps[src->tfrecord.compression];
     t->on_corrupt = src->tfrecord.on_corrupt == LOOM_TFR_CORRUPT_SKIP ? LOOM_CORRUPT_SKIP : LOOM_CORRUPT_ERROR;
+    t->on_nonfinite = src->on_nonfinite;
     t->shuffle_files = src->shuffle_files;
     t->seed = ctx ? ctx->seed : 42;
     force_from_env(t);
@@ -623,6 +663,7 @@ int tfrecord_source_open_(dstage **out, const loom_source_spec *src, const loom_
         loom_feature_spec *s = &t->fs[f];
         s->name = st->spec.name[f];
         s->dtype = pdt[c->dtype];
+        t->any_f32 |= s->dtype == LOOM_PARSE_F32;
         s->shape = st->spec.shape[f];
         s->var_len = c->var_len;
         s->required = !c->var_len && !c->has_default;

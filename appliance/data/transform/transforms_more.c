@@ -1081,9 +1081,11 @@ static int cache_open_read(cachest *s, loom_err *err)
     }
     for (int64_t i = 0; i < n; i++) s->roff[i] = loom_buf_get_u64(&b);
     struct stat sb;
-    s->rf = fopen(s->data_path, "rb");
+    s->rf = loom_fopen_regular(s->data_path, err); /* a FIFO in its place would block forever */
     if (!s->rf) {
-        rc = sys_err(st, err, "fopen", s->data_path);
+        rc = dstage_err_(st, err, err->code, "cache: %s: %s", s->data_path, err->msg);
+        loom_err_hint(err, "delete %s.data and %s.index to rebuild the cache, or give this cache another `file` name",
+                      s->prefix, s->prefix);
         goto out;
     }
     if (fstat(fileno(s->rf), &sb) < 0 || (uint64_t)sb.st_size != data_size) {
@@ -1308,8 +1310,15 @@ static const dstage_ops cache_ops = {
 static int cache_lock(cachest *s, loom_err *err)
 {
     dstage *st = &s->s;
-    s->lock_fd = open(s->lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    s->lock_fd = open(s->lock_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, 0644);
     if (s->lock_fd < 0) return sys_err(st, err, "open", s->lock_path);
+    struct stat lst;
+    if (fstat(s->lock_fd, &lst) < 0 || !S_ISREG(lst.st_mode)) { /* a FIFO or a device: not ours to write a pid into */
+        close(s->lock_fd);
+        s->lock_fd = -1;
+        dstage_err_(st, err, LOOM_EIO, "cache: %s is not a regular file: refused", s->lock_path);
+        return loom_err_hint(err, "remove it, or give this cache another `file` name");
+    }
     if (flock(s->lock_fd, LOCK_EX | LOCK_NB) < 0) {
         int e = errno;
         char pid[32] = "?";
@@ -1391,7 +1400,8 @@ int cache_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, 
         snprintf(s->data_path, sizeof s->data_path, "%s.data", s->prefix);
         snprintf(s->index_path, sizeof s->index_path, "%s.index", s->prefix);
         snprintf(s->lock_path, sizeof s->lock_path, "%s.lock", s->prefix);
-        snprintf(s->tmp_data, sizeof s->tmp_data, "%s.data.tmp.%ld", s->prefix, (long)getpid());
+        char sfx[128];
+        snprintf(s->tmp_data, sizeof s->tmp_data, "%s.data%s", s->prefix, loom_tmp_suffix(sfx, sizeof sfx));
         char dir[LOOM_PATH_MAX];
         snprintf(dir, sizeof dir, "%s", s->prefix);
         char *slash = strrchr(dir, '/');
