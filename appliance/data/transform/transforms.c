@@ -1545,6 +1545,7 @@ static int batch_gather(batchst *s, loom_elem *o, loom_err *err)
         __atomic_fetch_add(&in->st_elements, got, __ATOMIC_RELAXED);
         if (from != in) __atomic_fetch_add(&from->st_elements, got, __ATOMIC_RELAXED);
         for (int f = 0; f < o->n; f++) {
+            if (ib[f] == 0) continue; /* empty items: nothing to copy (and maybe no array) */
             uint8_t *d = (uint8_t *)o->t[f].data + (size_t)i * ib[f];
             const uint8_t *b = base[f];
             size_t n = ib[f];
