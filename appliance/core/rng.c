@@ -68,12 +68,15 @@ uint64_t loom_rng_below(loom_rng *r, uint64_t n)
 {
     if (n <= 1) return 0;
     /* Lemire's nearly-divisionless method on 64 bits would need 128-bit
-     * products; rejection on the top range is simple and unbiased. */
-    uint64_t lim = UINT64_MAX - UINT64_MAX % n;
+     * products; rejection on the top range is simple and unbiased. Its
+     * limit, UINT64_MAX - UINT64_MAX % n, is above UINT64_MAX - n, so an x
+     * up to that is accepted without the division that computes the limit
+     * (the same draws, one division fewer per draw). */
     uint64_t x;
-    do x = loom_rng_u64(r);
-    while (x >= lim);
-    return x % n;
+    for (;;) {
+        x = loom_rng_u64(r);
+        if (x <= UINT64_MAX - n || x < UINT64_MAX - UINT64_MAX % n) return x % n;
+    }
 }
 
 void loom_rng_save(const loom_rng *r, loom_buf *b)

@@ -42,7 +42,19 @@ typedef struct dstage_ops {
      * through get keeps the state rewind gave it. Offered only where it is exact
      * and cheap (an in-memory or computed source, take and skip over one). */
     int  (*get)(dstage *s, int64_t index, loom_elem **out, loom_err *err);
+    /* (optional) next() as positions, for a batch's gather: fills pos with the
+     * next up to n elements, each as its index in ddraw_from_(s)'s get, exactly
+     * those next() would yield, moving s's state as that many next() calls do
+     * (the call that would have returned LOOM_EEOF included); *got < n only at
+     * the pass's end. No stats: the caller counts them. Offered where it is
+     * exact and cheap: an index-mode shuffle (or shuffle+repeat), a source with rows. */
+    int  (*draw)(dstage *s, int64_t *pos, int64_t n, int64_t *got, loom_err *err);
+    /* (optional) the in-memory arrays get lends views of: element i's feature f
+     * is the item_bytes[f] bytes at base[f] + i * item_bytes[f], of the spec's
+     * shape (fixed), valid while s is open. */
+    void (*rows)(const dstage *s, const uint8_t **base, size_t *item_bytes);
 } dstage_ops;
+
 
 /* The part every stage shares; each kind embeds it as its first member. */
 struct dstage {
@@ -65,6 +77,9 @@ struct dstage {
     int64_t st_bytes;             /* buffer memory held by this stage (slot pools, outputs) */
     int64_t st_work_ns;           /* parallel stages: time inside calls on any thread (their CPU-side load) */
 };
+
+/* The stage whose get a draw's positions index: the input, or a source itself. */
+static inline dstage *ddraw_from_(dstage *s) { return s->in ? s->in : s; }
 
 /* Pulls the next element from s, accounting its stats. */
 int  dstage_next_(dstage *s, loom_elem **out, loom_err *err);

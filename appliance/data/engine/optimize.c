@@ -459,6 +459,35 @@ static int sr_next(dstage *st, loom_elem **out, loom_err *err)
     return LOOM_OK;
 }
 
+/* Index mode's next() as positions (a batch's gather): sr_next's fill and
+ * draws, without the get. */
+static int sr_draw(dstage *st, int64_t *pos, int64_t n, int64_t *got, loom_err *err)
+{
+    srst *s = (srst *)st;
+    LOOM_ASSERT(s->by_index);
+    int64_t k = 0, cap = s->cap;
+    int rc = LOOM_OK;
+    for (; k < n; k++) {
+        if ((rc = sr_fill(s, err))) break;
+        while (s->nsl > 0 && s->sl[0].end == s->sl[0].start) {
+            srslice x = s->sl[0];
+            memmove(&s->sl[0], &s->sl[1], (size_t)(s->nsl - 1) * sizeof s->sl[0]);
+            s->sl[--s->nsl] = x;
+        }
+        if (s->nsl == 0) break;
+        srslice *x = &s->sl[0];
+        int64_t live = x->end - x->start;
+        int64_t j = (x->start + (int64_t)loom_rng_below(&x->rng, (uint64_t)live)) % cap;
+        pos[k] = x->ring[j];
+        x->ring[j] = x->ring[x->start % cap];
+        x->start++;
+        s->total--;
+    }
+    dstage_gauge_(&st->st_buffered, s->total);
+    *got = k;
+    return rc;
+}
+
 static int sr_rewind(dstage *st, int64_t epoch, loom_err *err)
 {
     srst *s = (srst *)st;
@@ -538,6 +567,10 @@ static void sr_close(dstage *st)
 static const dstage_ops sr_ops = {
     .next = sr_next, .rewind = sr_rewind, .save = sr_save, .restore = sr_restore, .close = sr_close,
 };
+static const dstage_ops sr_index_ops = { /* index mode: draws positions for a batch's gather too */
+    .next = sr_next, .rewind = sr_rewind, .save = sr_save, .restore = sr_restore, .close = sr_close,
+    .draw = sr_draw,
+};
 
 int64_t shuffle_max_bytes_(const dstage *in, const loom_transform_spec *t, bool by_index)
 {
@@ -560,6 +593,7 @@ int shufrep_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t
     s->reshuffle = t[0].reshuffle;
     s->count = t[1].count;
     s->by_index = shuffle_by_index_(in);
+    if (s->by_index) st->ops = &sr_index_ops;
     snprintf(st->name, sizeof st->name, s->by_index ? "shuffle(indices)+repeat" : "shuffle+repeat");
     snprintf(st->desc, sizeof st->desc, "shuffle(%s%lld,%llu,%d)+repeat(%lld)", s->by_index ? "indices," : "",
              (long long)s->size, (unsigned long long)s->seed, s->reshuffle, (long long)s->count);

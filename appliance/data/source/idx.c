@@ -226,6 +226,27 @@ static int source_get(dstage *st, int64_t index, loom_elem **out, loom_err *err)
     return LOOM_OK;
 }
 
+/* Plain order as positions (a batch's gather): the next n items. */
+static int source_draw(dstage *st, int64_t *pos, int64_t n, int64_t *got, loom_err *err)
+{
+    (void)err;
+    source *s = (source *)st;
+    int64_t k = 0;
+    while (k < n && s->pos < st->card) pos[k++] = s->pos++;
+    *got = k;
+    return LOOM_OK;
+}
+
+/* The loaded arrays, whose views get lends. */
+static void source_rows(const dstage *st, const uint8_t **base, size_t *item_bytes)
+{
+    const source *s = (const source *)st;
+    for (int f = 0; f < st->spec.n; f++) {
+        base[f] = s->a[f].data;
+        item_bytes[f] = s->a[f].item_bytes;
+    }
+}
+
 static int source_rewind(dstage *st, int64_t epoch, loom_err *err)
 {
     source *s = (source *)st;
@@ -306,7 +327,7 @@ static int check_nonfinite(source *s, dstage *st, char files[][LOOM_PATH_MAX], i
 
 static const dstage_ops source_ops = {
     .next = source_next, .rewind = source_rewind, .save = source_save, .restore = source_restore, .close = source_close,
-    .get = source_get,
+    .get = source_get, .draw = source_draw, .rows = source_rows,
 };
 
 int source_open_(dstage **out, const loom_source_spec *src, loom_err *err)

@@ -9,6 +9,7 @@
 #include "data/data_internal.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -79,8 +80,57 @@ static void convert(const void *src, loom_dtype sd, void *dst, loom_dtype dd, si
     default: LOOM_ASSERT(!"bad dtype");                                 \
     }
 
+/* uint8 -> float32 v * sc + off, vectorised by the CPU's features (loom_cpu,
+ * as the nn kernels choose): the scalar loop's operations (an exact
+ * conversion, a multiply, an add: no FMA, and the build has -ffp-contract=off),
+ * so the same floats bit for bit on any path, at a fraction of the
+ * instructions (gcc -O2 leaves the scalar loop scalar). */
+#if defined(__x86_64__)
+#include <immintrin.h>
+__attribute__((target("avx512f"))) static size_t scale_u8_512(const uint8_t *a, float *dst, size_t n, float sc, float off)
+{
+    __m512 vs = _mm512_set1_ps(sc), vo = _mm512_set1_ps(off);
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512 x0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(a + i))));
+        __m512 x1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(a + i + 16))));
+        _mm512_storeu_ps(dst + i, _mm512_add_ps(_mm512_mul_ps(x0, vs), vo));
+        _mm512_storeu_ps(dst + i + 16, _mm512_add_ps(_mm512_mul_ps(x1, vs), vo));
+    }
+    return i;
+}
+
+__attribute__((target("avx2"))) static size_t scale_u8_256(const uint8_t *a, float *dst, size_t n, float sc, float off)
+{
+    __m256 vs = _mm256_set1_ps(sc), vo = _mm256_set1_ps(off);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 x0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(a + i))));
+        __m256 x1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(a + i + 8))));
+        _mm256_storeu_ps(dst + i, _mm256_add_ps(_mm256_mul_ps(x0, vs), vo));
+        _mm256_storeu_ps(dst + i + 8, _mm256_add_ps(_mm256_mul_ps(x1, vs), vo));
+    }
+    return i;
+}
+#endif
+
+static void scale_u8(const uint8_t *a, float *dst, size_t n, float sc, float off)
+{
+    size_t i = 0;
+#if defined(__x86_64__)
+    const loom_cpu_info *cpu = loom_cpu();
+    if (cpu->avx512f) i = scale_u8_512(a, dst, n, sc, off);
+    else if (cpu->avx2) i = scale_u8_256(a, dst, n, sc, off);
+#endif
+    for (; i < n; i++) dst[i] = (float)a[i] * sc + off;
+}
+
 static void scale_vals(const void *src, loom_dtype sd, float *dst, size_t n, float sc, float off)
 {
+    if (sd == LOOM_U8) {
+        scale_u8(src, dst, n, sc, off);
+        return;
+    }
 #define E_(v) ((v) * sc + off)
     AFFINE_ALL_
 #undef E_
@@ -689,6 +739,29 @@ static int map_next(dstage *st, loom_elem **out, loom_err *err)
     return LOOM_OK;
 }
 
+/* next() into dst (a prefetch's slot), for an elementwise fn (cast, scale,
+ * normalize): it writes its feature there rather than into its own buffer,
+ * and the other features are copied, as the fused chain does (optimize.c). */
+static int map_next_into(dstage *st, loom_elem *dst, loom_err *err)
+{
+    mapst *s = (mapst *)st;
+    loom_elem *in;
+    int rc = dstage_next_(st->in, &in, err);
+    if (rc) return rc;
+    loom_elem e;
+    elem_copy_(&e, in);
+    int64_t k = map_count_(st, &e);
+    int mut;
+    rc = map_apply_(st, &e, 0, dst->t[s->f].data, s->flags, s->epoch, s->pos, &mut, err);
+    if (rc) return rc;
+    s->pos += k;
+    for (int f = 0; f < dst->n; f++) {
+        if (e.t[f].data != dst->t[f].data) memcpy(dst->t[f].data, e.t[f].data, loom_tensor_nbytes(&e.t[f]));
+        dst->t[f].shape = e.t[f].shape;
+    }
+    return LOOM_OK;
+}
+
 static void map_close(dstage *st)
 {
     mapst *s = (mapst *)st;
@@ -701,6 +774,10 @@ static void map_close(dstage *st)
 static const dstage_ops map_ops = {
     .next = map_next, .rewind = dcursor_stage_rewind_, .save = dcursor_stage_save_, .restore = dcursor_stage_restore_,
     .close = map_close,
+};
+static const dstage_ops map_into_ops = {
+    .next = map_next, .rewind = dcursor_stage_rewind_, .save = dcursor_stage_save_, .restore = dcursor_stage_restore_,
+    .close = map_close, .next_into = map_next_into,
 };
 
 static char *shape_str(const loom_shape *s, char *buf, size_t n) { return loom_shape_str(s, buf, n); }
@@ -1128,6 +1205,8 @@ int map_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, co
         }
         dstage_gauge_(&st->st_bytes, (int64_t)s->buf_bytes);
     }
+    loom_map_kind mk = s->m.kind;
+    if (mk == LOOM_MAP_CAST || mk == LOOM_MAP_SCALE || mk == LOOM_MAP_NORMALIZE) st->ops = &map_into_ops;
     *out = st;
     return LOOM_OK;
 fail:
@@ -1269,6 +1348,31 @@ static int shuf_next(dstage *st, loom_elem **out, loom_err *err)
     return LOOM_OK;
 }
 
+/* Index mode's next() as positions (a batch's gather): the same fill and
+ * draws as shuf_next, without the get. */
+static int shuf_draw(dstage *st, int64_t *pos, int64_t n, int64_t *got, loom_err *err)
+{
+    (void)err;
+    shufst *s = (shufst *)st;
+    LOOM_ASSERT(s->by_index);
+    int64_t k = 0, cap = s->cap, card = st->in->card;
+    for (; k < n; k++) {
+        while (!s->eoi && s->end - s->start < s->size) {
+            if (s->next_in >= card) s->eoi = 1;
+            else s->perm[s->end++ % cap] = s->next_in++;
+        }
+        int64_t live = s->end - s->start;
+        if (live == 0) break;
+        int64_t j = (s->start + (int64_t)loom_rng_below(&s->rng, (uint64_t)live)) % cap;
+        pos[k] = s->perm[j];
+        s->perm[j] = s->perm[s->start % cap];
+        s->start++;
+    }
+    dstage_gauge_(&st->st_buffered, s->end - s->start);
+    *got = k;
+    return LOOM_OK;
+}
+
 static int shuf_rewind(dstage *st, int64_t epoch, loom_err *err)
 {
     shuf_reset((shufst *)st, epoch);
@@ -1337,6 +1441,10 @@ static void shuf_close(dstage *st)
 static const dstage_ops shuf_ops = {
     .next = shuf_next, .rewind = shuf_rewind, .save = shuf_save, .restore = shuf_restore, .close = shuf_close,
 };
+static const dstage_ops shuf_index_ops = { /* index mode: draws positions for a batch's gather too */
+    .next = shuf_next, .rewind = shuf_rewind, .save = shuf_save, .restore = shuf_restore, .close = shuf_close,
+    .draw = shuf_draw,
+};
 
 bool shuffle_by_index_(const dstage *in) { return in->ops->get && in->card >= 0; }
 
@@ -1350,6 +1458,7 @@ int shuffle_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t
     s->seed = t->seed_set ? t->seed : ctx->seed;
     s->reshuffle = t->reshuffle;
     s->by_index = shuffle_by_index_(in);
+    if (s->by_index) st->ops = &shuf_index_ops;
     snprintf(st->name, sizeof st->name, s->by_index ? "shuffle(indices)" : "shuffle");
     snprintf(st->desc, sizeof st->desc, "shuffle(%s%lld,%llu,%d)", s->by_index ? "indices," : "", (long long)s->size,
              (unsigned long long)s->seed, s->reshuffle);
@@ -1396,12 +1505,74 @@ typedef struct batchst {
     dstage  s;
     int64_t size;
     int     drop;
+    int     gather;  /* the input draws positions into in-memory rows: batch_gather */
 } batchst;
+
+/* Whether a batch over in may gather: in draws positions (an index-mode
+ * shuffle, a source in plain order) into a stage with in-memory rows of fixed
+ * shapes. LOOM_DATA_GATHER=0 in the environment keeps the element-by-element
+ * path (the tests compare the two). */
+static bool batch_can_gather(dstage *in)
+{
+    const char *env = getenv("LOOM_DATA_GATHER");
+    if (env && !strcmp(env, "0")) return false;
+    dstage *from = ddraw_from_(in);
+    if (!in->ops->draw || !from->ops->rows || from->spec.n != in->spec.n) return false;
+    for (int f = 0; f < from->spec.n; f++) {
+        if (from->spec.dtype[f] != in->spec.dtype[f] || !loom_shape_eq(&from->spec.shape[f], &in->spec.shape[f])) return false;
+        for (int d = 0; d < from->spec.shape[f].rank; d++)
+            if (from->spec.shape[f].dim[d] < 0) return false;
+    }
+    return true;
+}
+
+/* batch_into when gathering: the input's draws, a chunk of positions at a
+ * time, then a copy per row and feature straight from the rows. No element is
+ * lent and no clock is read per element: the draws are timed per chunk, and
+ * the stats count the elements as next() (and get, on the rows' stage) would. */
+static int batch_gather(batchst *s, loom_elem *o, loom_err *err)
+{
+    dstage *st = &s->s, *in = st->in, *from = ddraw_from_(in);
+    const uint8_t *base[LOOM_MAX_FEATURES];
+    size_t ib[LOOM_MAX_FEATURES];
+    from->ops->rows(from, base, ib);
+    int64_t pos[256], i = 0;
+    int rc = LOOM_OK;
+    while (i < s->size) {
+        int64_t want = s->size - i < 256 ? s->size - i : 256, got = 0, t0 = dnow_ns_();
+        rc = in->ops->draw(in, pos, want, &got, err);
+        __atomic_fetch_add(&in->st_busy_ns, dnow_ns_() - t0, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&in->st_elements, got, __ATOMIC_RELAXED);
+        if (from != in) __atomic_fetch_add(&from->st_elements, got, __ATOMIC_RELAXED);
+        for (int f = 0; f < o->n; f++) {
+            if (ib[f] == 0) continue; /* empty items: nothing to copy (and maybe no array) */
+            uint8_t *d = (uint8_t *)o->t[f].data + (size_t)i * ib[f];
+            const uint8_t *b = base[f];
+            size_t n = ib[f];
+            if (n == 1)
+                for (int64_t k = 0; k < got; k++) d[k] = b[pos[k]];
+            else
+                for (int64_t k = 0; k < got; k++) {
+                    /* rows at random places of a large array: ask for a row a few ahead while copying this one */
+                    if (k + 8 < got) {
+                        uintptr_t r = (uintptr_t)(b + (size_t)pos[k + 8] * n);
+                        for (uintptr_t c = r & ~(uintptr_t)63; c < r + n; c += 64) __builtin_prefetch((const void *)c);
+                    }
+                    memcpy(d + (size_t)k * n, b + (size_t)pos[k] * n, n);
+                }
+        }
+        i += got;
+        if (rc || got < want) break;
+    }
+    if (rc) return rc;
+    return dbatch_finish_(o, from->spec.shape, i, s->size, s->drop);
+}
 
 /* The next batch into o's buffers (sized for the max shapes); sets o's shapes. */
 static int batch_into(dstage *st, loom_elem *o, loom_err *err)
 {
     batchst *s = (batchst *)st;
+    if (s->gather) return batch_gather(s, o, err);
     loom_shape first[LOOM_MAX_FEATURES];
     size_t bytes[LOOM_MAX_FEATURES];
     int64_t i;
@@ -1454,6 +1625,7 @@ int batch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, 
     s->size = t->batch_size;
     s->drop = t->drop_remainder;
     snprintf(st->desc, sizeof st->desc, "batch(%lld,%d)", (long long)s->size, s->drop);
+    if ((s->gather = batch_can_gather(in))) snprintf(st->name, sizeof st->name, "batch(gather)"); /* the desc, and so the state, stay */
     int rc = LOOM_OK;
     if (s->size < 1) {
         rc = dstage_err_(st, err, LOOM_ECONFIG, "batch: size must be >= 1, got %lld", (long long)s->size);
