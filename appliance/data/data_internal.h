@@ -68,6 +68,8 @@ struct dstage {
 
 /* Pulls the next element from s, accounting its stats. */
 int  dstage_next_(dstage *s, loom_elem **out, loom_err *err);
+/* s->ops->next_into (which must exist) into dst's buffers, accounting its stats as dstage_next_ does. */
+int  dstage_next_into_(dstage *s, loom_elem *dst, loom_err *err);
 /* s->ops->get (which must exist), accounting its stats as dstage_next_ does. */
 int  dstage_get_(dstage *s, int64_t index, loom_elem **out, loom_err *err);
 /* Fills the common fields; where/path from loc (may be NULL). */

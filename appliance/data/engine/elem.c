@@ -50,6 +50,15 @@ int dstage_next_(dstage *s, loom_elem **out, loom_err *err)
     return rc;
 }
 
+int dstage_next_into_(dstage *s, loom_elem *dst, loom_err *err)
+{
+    int64_t t0 = dnow_ns_();
+    int rc = s->ops->next_into(s, dst, err);
+    __atomic_fetch_add(&s->st_busy_ns, dnow_ns_() - t0, __ATOMIC_RELAXED);
+    if (rc == LOOM_OK) __atomic_fetch_add(&s->st_elements, 1, __ATOMIC_RELAXED);
+    return rc;
+}
+
 int dstage_get_(dstage *s, int64_t index, loom_elem **out, loom_err *err)
 {
     int64_t t0 = dnow_ns_();
