@@ -1711,6 +1711,74 @@ static void test_restore_refused(void)
     free(s);
 }
 
+/* ---- normalize + random_flip_left_right as one pass --------------------------------- */
+
+/* The hashes of every element of two epochs of s, opened with the data.options
+ * defaults (rewrites on: adjacent maps fused) or without options (no rewrite). */
+static int norm_flip_run(loom_dataset_spec *s, bool rewrites, uint64_t *h, int max)
+{
+    if (rewrites)
+        s->options = (loom_data_options){.present = true, .deterministic = true, .autotune = true, .ram_fraction = 0.5,
+                                         .noop_elimination = true, .map_fusion = true, .map_and_batch_fusion = true,
+                                         .shuffle_and_repeat_fusion = true, .inject_prefetch = true};
+    else
+        memset(&s->options, 0, sizeof s->options);
+    loom_iter *it = open_ok(s);
+    int n = 0;
+    loom_err err = {0};
+    for (int ep = 0; it && ep < 2; ep++) {
+        if (ep) CHECK(loom_iter_rewind(it, ep, &err) == LOOM_OK);
+        loom_elem *e;
+        int rc;
+        while (n < max && (rc = loom_iter_next(it, &e, &err)) == LOOM_OK) h[n++] = elem_hash(e);
+        CHECK_MSG(n == max || rc == LOOM_EEOF, "%s", err.msg);
+    }
+    loom_iter_close(it);
+    return n;
+}
+
+/* The fused chain's normalize+flip pass (uint8 rows reversed, then one
+ * vectorised normalize) against the two maps run apart, element for element:
+ * grey and 3-channel images, uint8 and float32 input (a cast before it: in
+ * place), one mean or adapted mean_v, written into a shuffle slot, a prefetch
+ * slot or a batch row (map+batch), and on batched images. */
+static void test_norm_flip_fused(void)
+{
+    setup();
+    enum { N = 37 };
+    static uint8_t g[N * 6 * 13], c3[N * 5 * 11 * 3];
+    for (size_t i = 0; i < sizeof g; i++) g[i] = (uint8_t)(i * 37 + (i >> 3));
+    for (size_t i = 0; i < sizeof c3; i++) c3[i] = (uint8_t)(i * 53 + (i >> 2) * 7);
+    uint32_t dg[3] = {N, 6, 13}, dc[4] = {N, 5, 11, 3};
+    write_idx(tpath("nf_grey.idx"), 0, 0x08, 3, dg, g, 0);
+    write_idx(tpath("nf_rgb.idx"), 0, 0x08, 4, dc, c3, 0);
+    static uint64_t ref[4 * N], got[4 * N];
+    for (int img = 0; img < 2; img++)
+        for (int v = 0; v < 7; v++) {
+            loom_dataset_spec *s = spec_new();
+            spec_feature(s, "image", tpath(img ? "nf_rgb.idx" : "nf_grey.idx"));
+            if (v == 6) spec_batch(s, 4);
+            if (v == 3) spec_map(s, LOOM_MAP_CAST, "image", 1, true)->dtype = LOOM_CFG_F32;
+            loom_map_spec *m = spec_map(s, LOOM_MAP_NORMALIZE, "image", 1, true);
+            m->mean = 72.94;
+            m->std = 90.02;
+            if (v == 4) {
+                m->n_norm = 1;
+                m->mean_v[0] = 101.5f;
+                m->std_v[0] = 3.25f;
+            }
+            spec_map(s, LOOM_MAP_FLIP_LR, "image", 1, true);
+            if (v == 1) spec_shuffle(s, 16);
+            if (v == 2 || v == 3) spec_batch(s, 5);
+            if (v == 5 || v == 6) spec_prefetch(s, 2);
+            int a = norm_flip_run(s, false, ref, 4 * N), b = norm_flip_run(s, true, got, 4 * N);
+            CHECK_MSG(a > 0 && a == b && !memcmp(ref, got, (size_t)a * sizeof *ref),
+                      "%s images, variant %d: fused %d elements, apart %d, first differing at %d", img ? "rgb" : "grey", v,
+                      b, a, a == b ? (int)(memcmp(ref, got, (size_t)a * sizeof *ref) != 0) : -1);
+            free(s);
+        }
+}
+
 /* ---- stats ------------------------------------------------------------------------ */
 
 static void test_stats(void)
@@ -1897,6 +1965,7 @@ static const loom_test tests[] = {
     {"prefetch_same_sequence", test_prefetch_same_sequence},
     {"save_restore", test_save_restore},
     {"restore_refused", test_restore_refused},
+    {"norm_flip_fused", test_norm_flip_fused},
     {"stats", test_stats},
     {"throughput", test_throughput},
     {"cleanup", test_cleanup},
