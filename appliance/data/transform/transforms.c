@@ -1251,6 +1251,12 @@ typedef struct shufst {
     int       eoi;         /* input exhausted this pass */
     int64_t   epoch;
     loom_rng  rng;
+    /* element mode: the next draw made ahead for shuf_prefetch_next, used
+     * when the next call draws among pre_live elements (else drawn again):
+     * the offset from start, and the RNG after it. Never saved. */
+    int       pre_valid;
+    int64_t   pre_live, pre_k;
+    loom_rng  pre_rng;
 } shufst;
 
 static void shuf_reset(shufst *s, int64_t epoch)
@@ -1260,6 +1266,7 @@ static void shuf_reset(shufst *s, int64_t epoch)
     s->next_in = 0;
     s->eoi = 0;
     s->epoch = epoch;
+    s->pre_valid = 0;
     s->nfree = 0;
     if (!s->by_index)
         for (int64_t i = s->pool.cap - 1; i >= 0; i--) s->freel[s->nfree++] = i;
@@ -1348,6 +1355,33 @@ static int shuf_fill_elems(shufst *s, loom_err *err)
     return LOOM_OK;
 }
 
+/* Element mode, after a draw that left `left` elements buffered: the slot
+ * the next call will most likely draw (the buffer refilled by one unless
+ * the input has ended) is fetched into the cache while the caller copies
+ * this element (a batch row), as the slots lie at random in a buffer of
+ * tens of MiB. The draw is made now on a copy of the RNG and kept: the
+ * next call uses it (and that RNG) when it draws among as many elements,
+ * else draws anew, so the draws, the RNG's state and the elements are
+ * those of drawing in turn. The element the refill adds goes into the slot
+ * lent now, which is in the cache already. */
+static void shuf_prefetch_next(shufst *s, int64_t left)
+{
+    int64_t live = s->eoi ? left : left + 1;
+    if (live <= 0) return;
+    s->pre_rng = s->rng;
+    s->pre_k = (int64_t)loom_rng_below(&s->pre_rng, (uint64_t)live);
+    s->pre_live = live;
+    s->pre_valid = 1;
+    int64_t k = s->pre_k;
+    if (k == left) return; /* the element the refill adds */
+    int64_t slot = s->perm[(s->start + k) % s->cap];
+    for (int f = 0; f < s->pool.nf; f++) {
+        const uint8_t *p = s->pool.data[f] + (size_t)slot * s->pool.slot_bytes[f];
+        size_t n = s->pool.slot_bytes[f] < 16384 ? s->pool.slot_bytes[f] : 16384;
+        for (size_t o = 0; o < n; o += 64) __builtin_prefetch(p + o);
+    }
+}
+
 static int shuf_next(dstage *st, loom_elem **out, loom_err *err)
 {
     shufst *s = (shufst *)st;
@@ -1370,7 +1404,15 @@ static int shuf_next(dstage *st, loom_elem **out, loom_err *err)
         dstage_gauge_(&st->st_buffered, 0);
         return LOOM_EEOF;
     }
-    int64_t j = (s->start + (int64_t)loom_rng_below(&s->rng, (uint64_t)live)) % cap;
+    int64_t k;
+    if (s->pre_valid && s->pre_live == live) { /* drawn ahead by shuf_prefetch_next */
+        k = s->pre_k;
+        s->rng = s->pre_rng;
+    } else {
+        k = (int64_t)loom_rng_below(&s->rng, (uint64_t)live);
+    }
+    s->pre_valid = 0;
+    int64_t j = (s->start + k) % cap;
     int64_t slot = s->perm[j];
     s->perm[j] = s->perm[s->start % cap];
     s->start++;
@@ -1384,6 +1426,7 @@ static int shuf_next(dstage *st, loom_elem **out, loom_err *err)
     s->lent = slot;
     elem_pool_view_(&s->pool, slot, &st->out);
     *out = &st->out;
+    shuf_prefetch_next(s, live - 1);
     return LOOM_OK;
 }
 
