@@ -1828,10 +1828,11 @@ static void test_stage_clock(void)
         }
     /* the cost of a reading, for the record (a TAP comment, not a check) */
     enum { READS = 200000 };
-    int64_t sink = 0, t0 = mono_now_ns();
-    for (int i = 0; i < READS; i++) sink += dnow_ns_();
+    uint64_t sink = 0; /* unsigned: sums that wrap */
+    int64_t t0 = mono_now_ns();
+    for (int i = 0; i < READS; i++) sink += (uint64_t)dnow_ns_();
     int64_t t1 = mono_now_ns();
-    for (int i = 0; i < READS; i++) sink += mono_now_ns();
+    for (int i = 0; i < READS; i++) sink += (uint64_t)mono_now_ns();
     int64_t t2 = mono_now_ns();
     printf("# stage clock: %.1f ns a reading, clock_gettime %.1f ns (%d)\n", (double)(t1 - t0) / READS,
            (double)(t2 - t1) / READS, (int)(sink & 1));

@@ -531,7 +531,7 @@ bool map_norm_flip_ok_(const dstage *a, const dstage *b)
     if (custom_is_(a) || custom_is_(b)) return false;
     const mapst *n = (const mapst *)a, *f = (const mapst *)b;
     if (n->fn->kind != LOOM_MAP_NORMALIZE || f->fn->kind != LOOM_MAP_FLIP_LR || n->f != f->f || n->m.n_norm > 1 ||
-        a->batch_dims != b->batch_dims)
+        a->batch_dims != b->batch_dims || !n->buf)
         return false;
     const loom_shape *mx = &a->in->maxshape[n->f];
     int bd = a->batch_dims;
