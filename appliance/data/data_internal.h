@@ -83,6 +83,8 @@ static inline dstage *ddraw_from_(dstage *s) { return s->in ? s->in : s; }
 
 /* Pulls the next element from s, accounting its stats. */
 int  dstage_next_(dstage *s, loom_elem **out, loom_err *err);
+/* s->ops->next_into (which must exist) into dst's buffers, accounting its stats as dstage_next_ does. */
+int  dstage_next_into_(dstage *s, loom_elem *dst, loom_err *err);
 /* s->ops->get (which must exist), accounting its stats as dstage_next_ does. */
 int  dstage_get_(dstage *s, int64_t index, loom_elem **out, loom_err *err);
 /* Fills the common fields; where/path from loc (may be NULL). */
@@ -209,6 +211,13 @@ int  dpool_size_(const dpool *p);                         /* worker threads */
 int     map_apply_(const dstage *map, loom_elem *e, int writable, uint8_t *buf, uint8_t *flags, int64_t epoch, int64_t pos,
                    int *mut, loom_err *err);
 int64_t map_count_(const dstage *map, const loom_elem *e);  /* RNG indices e consumes */
+/* Whether maps a then b (b opened on a) are normalize with one mean and std
+ * then random_flip_left_right of the same feature, which map_norm_flip_ runs
+ * as one pass: e as map_apply_(a) then map_apply_(b) leave it, bit for bit,
+ * with dst (may be NULL) where b would have written as the feature's last map. */
+bool    map_norm_flip_ok_(const dstage *a, const dstage *b);
+int     map_norm_flip_(const dstage *a, const dstage *b, loom_elem *e, int writable, uint8_t *dst, int64_t epoch,
+                       int64_t pos, int *mut, loom_err *err);
 int     map_feature_(const dstage *map);                     /* the feature index it maps */
 void    map_buffers_(const dstage *map, uint8_t **buf, uint8_t **flags); /* its own scratch (may be NULL) */
 void    map_scratch_(const dstage *map, size_t *buf_bytes, size_t *flag_bytes);

@@ -18,6 +18,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -1711,6 +1712,132 @@ static void test_restore_refused(void)
     free(s);
 }
 
+/* ---- normalize + random_flip_left_right as one pass --------------------------------- */
+
+/* The hashes of every element of two epochs of s, opened with the data.options
+ * defaults (rewrites on: adjacent maps fused) or without options (no rewrite). */
+static int norm_flip_run(loom_dataset_spec *s, bool rewrites, uint64_t *h, int max)
+{
+    if (rewrites)
+        s->options = (loom_data_options){.present = true, .deterministic = true, .autotune = true, .ram_fraction = 0.5,
+                                         .noop_elimination = true, .map_fusion = true, .map_and_batch_fusion = true,
+                                         .shuffle_and_repeat_fusion = true, .inject_prefetch = true};
+    else
+        memset(&s->options, 0, sizeof s->options);
+    loom_iter *it = open_ok(s);
+    int n = 0;
+    loom_err err = {0};
+    for (int ep = 0; it && ep < 2; ep++) {
+        if (ep) CHECK(loom_iter_rewind(it, ep, &err) == LOOM_OK);
+        loom_elem *e;
+        int rc;
+        while (n < max && (rc = loom_iter_next(it, &e, &err)) == LOOM_OK) h[n++] = elem_hash(e);
+        CHECK_MSG(n == max || rc == LOOM_EEOF, "%s", err.msg);
+    }
+    loom_iter_close(it);
+    return n;
+}
+
+/* The fused chain's normalize+flip pass (uint8 rows reversed, then one
+ * vectorised normalize) against the two maps run apart, element for element:
+ * grey and 3-channel images, uint8 and float32 input (a cast before it: in
+ * place), one mean or adapted mean_v, written into a shuffle slot, a prefetch
+ * slot or a batch row (map+batch), and on batched images. */
+static void test_norm_flip_fused(void)
+{
+    setup();
+    enum { N = 37 };
+    static uint8_t g[N * 6 * 13], c3[N * 5 * 11 * 3];
+    for (size_t i = 0; i < sizeof g; i++) g[i] = (uint8_t)(i * 37 + (i >> 3));
+    for (size_t i = 0; i < sizeof c3; i++) c3[i] = (uint8_t)(i * 53 + (i >> 2) * 7);
+    uint32_t dg[3] = {N, 6, 13}, dc[4] = {N, 5, 11, 3};
+    write_idx(tpath("nf_grey.idx"), 0, 0x08, 3, dg, g, 0);
+    write_idx(tpath("nf_rgb.idx"), 0, 0x08, 4, dc, c3, 0);
+    static uint64_t ref[4 * N], got[4 * N];
+    for (int img = 0; img < 2; img++)
+        for (int v = 0; v < 7; v++) {
+            loom_dataset_spec *s = spec_new();
+            spec_feature(s, "image", tpath(img ? "nf_rgb.idx" : "nf_grey.idx"));
+            if (v == 6) spec_batch(s, 4);
+            if (v == 3) spec_map(s, LOOM_MAP_CAST, "image", 1, true)->dtype = LOOM_CFG_F32;
+            loom_map_spec *m = spec_map(s, LOOM_MAP_NORMALIZE, "image", 1, true);
+            m->mean = 72.94;
+            m->std = 90.02;
+            if (v == 4) {
+                m->n_norm = 1;
+                m->mean_v[0] = 101.5f;
+                m->std_v[0] = 3.25f;
+            }
+            spec_map(s, LOOM_MAP_FLIP_LR, "image", 1, true);
+            if (v == 1) spec_shuffle(s, 16);
+            if (v == 2 || v == 3) spec_batch(s, 5);
+            if (v == 5 || v == 6) spec_prefetch(s, 2);
+            int a = norm_flip_run(s, false, ref, 4 * N), b = norm_flip_run(s, true, got, 4 * N);
+            CHECK_MSG(a > 0 && a == b && !memcmp(ref, got, (size_t)a * sizeof *ref),
+                      "%s images, variant %d: fused %d elements, apart %d, first differing at %d", img ? "rgb" : "grey", v,
+                      b, a, a == b ? (int)(memcmp(ref, got, (size_t)a * sizeof *ref) != 0) : -1);
+            free(s);
+        }
+}
+
+/* ---- the stage timers' clock -------------------------------------------------------- */
+
+static int64_t mono_now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* dnow_ns_ (the TSC on a line anchored at CLOCK_MONOTONIC every ms, where
+ * the TSC is invariant) measures what CLOCK_MONOTONIC does: spans of busy
+ * work and of sleeps from 50 us to 20 ms agree within 1% + 20 us, and it
+ * never goes back. Retried (3 attempts) against a loaded machine preempting
+ * a thread between the two clocks' reads. */
+static void test_stage_clock(void)
+{
+    static const int64_t spans_us[] = {50, 300, 1000, 4000, 20000};
+    for (size_t k = 0; k < sizeof spans_us / sizeof spans_us[0]; k++)
+        for (int busy = 0; busy < 2; busy++) {
+            int64_t a = 0, b = 0, err_ns = 0, lim = 0;
+            int ok = 0;
+            for (int attempt = 0; attempt < 3 && !ok; attempt++) {
+                int64_t m0 = mono_now_ns(), d0 = dnow_ns_(), prev = d0;
+                int mono = 1;
+                if (busy) {
+                    while (mono_now_ns() - m0 < spans_us[k] * 1000) {
+                        int64_t v = dnow_ns_();
+                        mono &= v >= prev;
+                        prev = v;
+                    }
+                } else {
+                    struct timespec ts = {0, (long)(spans_us[k] * 1000)};
+                    nanosleep(&ts, NULL);
+                }
+                int64_t d1 = dnow_ns_(), m1 = mono_now_ns();
+                CHECK_MSG(mono && d1 >= prev, "dnow_ns_ went back");
+                a = d1 - d0;
+                b = m1 - m0;
+                err_ns = a > b ? a - b : b - a;
+                lim = b / 100 + 20000;
+                ok = err_ns <= lim;
+            }
+            CHECK_MSG(ok, "%s %lld us: dnow_ns_ measured %lld ns, CLOCK_MONOTONIC %lld ns (off by %lld, limit %lld)",
+                      busy ? "busy" : "sleep", (long long)spans_us[k], (long long)a, (long long)b, (long long)err_ns,
+                      (long long)lim);
+        }
+    /* the cost of a reading, for the record (a TAP comment, not a check) */
+    enum { READS = 200000 };
+    uint64_t sink = 0; /* unsigned: sums that wrap */
+    int64_t t0 = mono_now_ns();
+    for (int i = 0; i < READS; i++) sink += (uint64_t)dnow_ns_();
+    int64_t t1 = mono_now_ns();
+    for (int i = 0; i < READS; i++) sink += (uint64_t)mono_now_ns();
+    int64_t t2 = mono_now_ns();
+    printf("# stage clock: %.1f ns a reading, clock_gettime %.1f ns (%d)\n", (double)(t1 - t0) / READS,
+           (double)(t2 - t1) / READS, (int)(sink & 1));
+}
+
 /* ---- stats ------------------------------------------------------------------------ */
 
 static void test_stats(void)
@@ -1897,6 +2024,8 @@ static const loom_test tests[] = {
     {"prefetch_same_sequence", test_prefetch_same_sequence},
     {"save_restore", test_save_restore},
     {"restore_refused", test_restore_refused},
+    {"norm_flip_fused", test_norm_flip_fused},
+    {"stage_clock", test_stage_clock},
     {"stats", test_stats},
     {"throughput", test_throughput},
     {"cleanup", test_cleanup},

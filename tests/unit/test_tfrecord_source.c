@@ -319,7 +319,11 @@ static uint64_t fnv_bytes(uint64_t h, const void *p, size_t n)
  * in-place framing, read-ahead and whole-frame zstd changes (commit a032c43);
  * the records and batches must stay identical bit for bit, whether the source
  * reads inline or on its read-ahead thread. */
-static uint64_t pipeline_digest(const char *pattern, int *batches, loom_err *err)
+/* The digests' pipeline: normalize, flip, shuffle 500, batch 32, prefetch
+ * auto; rewritten as data.options' defaults do (the maps fused into one
+ * stage that makes each element straight in its shuffle slot) or not at all
+ * (separate maps, whose elements the shuffle copies into its slots). */
+static loom_dataset_spec *spec_digest(const char *pattern, bool rewrites)
 {
     loom_dataset_spec *s = spec_fmnist(pattern);
     loom_map_spec *m = spec_map(s, LOOM_MAP_NORMALIZE, "image", 0, true);
@@ -329,10 +333,29 @@ static uint64_t pipeline_digest(const char *pattern, int *batches, loom_err *err
     spec_shuffle(s, 500);
     spec_batch(s, 32);
     spec_prefetch(s, -1);
+    if (rewrites)
+        s->options = (loom_data_options){.present = true, .deterministic = true, .autotune = true, .ram_fraction = 0.5,
+                                         .noop_elimination = true, .map_fusion = true, .map_and_batch_fusion = true,
+                                         .shuffle_and_repeat_fusion = true, .inject_prefetch = true};
+    return s;
+}
+
+static uint64_t pipeline_digest_of(const char *pattern, bool rewrites, int epochs, int *batches, loom_err *err)
+{
+    loom_dataset_spec *s = spec_digest(pattern, rewrites);
     uint64_t h = 0xcbf29ce484222325ull;
     *batches = 0;
     loom_iter *it = open_ok(s);
-    for (int ep = 0; it && ep < 2; ep++) {
+    if (it && rewrites) { /* the maps are one stage ahead of the shuffle */
+        char plan[512] = "";
+        FILE *f = fmemopen(plan, sizeof plan - 1, "w");
+        if (f) {
+            loom_iter_plan(it, f);
+            fclose(f);
+        }
+        CHECK_CONTAINS(plan, "map(normalize+random_flip_left_right) -> shuffle -> batch");
+    }
+    for (int ep = 0; it && ep < epochs; ep++) {
         if (ep && loom_iter_rewind(it, ep, err)) break;
         loom_elem *e;
         int rc;
@@ -352,14 +375,25 @@ static uint64_t pipeline_digest(const char *pattern, int *batches, loom_err *err
     return h;
 }
 
-/* The digest of the batches left after `skip` of the first epoch, read from
- * the state saved there by one iterator and restored into a fresh one. */
-static uint64_t digest_rest(const char *pattern, int skip, int *left, loom_err *err)
+static uint64_t pipeline_digest(const char *pattern, int *batches, loom_err *err)
 {
-    loom_dataset_spec *s = spec_fmnist(pattern);
-    spec_shuffle(s, 100);
-    spec_batch(s, 32);
-    spec_prefetch(s, -1);
+    return pipeline_digest_of(pattern, false, 2, batches, err);
+}
+
+/* The digest of the batches left after `skip` of the first epoch, read from
+ * the state saved there by one iterator and restored into a fresh one: of a
+ * shuffle 100, batch 32, prefetch pipeline, or (digest spec) of spec_digest's. */
+static uint64_t digest_rest_of(const char *pattern, int digest_spec, int skip, int *left, loom_err *err)
+{
+    loom_dataset_spec *s;
+    if (digest_spec) {
+        s = spec_digest(pattern, digest_spec > 1);
+    } else {
+        s = spec_fmnist(pattern);
+        spec_shuffle(s, 100);
+        spec_batch(s, 32);
+        spec_prefetch(s, -1);
+    }
     uint64_t h = 0xcbf29ce484222325ull;
     *left = 0;
     loom_iter *a = open_ok(s), *b = open_ok(s);
@@ -381,6 +415,11 @@ static uint64_t digest_rest(const char *pattern, int skip, int *left, loom_err *
     loom_iter_close(b);
     free(s);
     return h;
+}
+
+static uint64_t digest_rest(const char *pattern, int skip, int *left, loom_err *err)
+{
+    return digest_rest_of(pattern, 0, skip, left, err);
 }
 
 static void test_batch_digest(void)
@@ -417,6 +456,41 @@ static void test_batch_digest(void)
     for (int m = 1; m < 5; m++)
         CHECK_MSG(rest[m] == rest[0], "restored rests differ: mode %d %016llx, auto %016llx", m,
                   (unsigned long long)rest[m], (unsigned long long)rest[0]);
+}
+
+/* The fused maps make each element straight in the shuffle's slot (no copy
+ * of it): the batches of three epochs are those of the unfused pipeline (the
+ * golden digest's two, then a third), also with decompress-ahead and
+ * read-ahead forced, and a state saved mid-epoch (the buffer full of slots
+ * made so) restores to the same rest as the unfused pipeline's. */
+static void test_fused_shuffle_digest(void)
+{
+    const loom_compression cs[] = {LOOM_COMP_ZSTD, LOOM_COMP_ZSTD, LOOM_COMP_NONE, LOOM_COMP_GZIP};
+    for (int k = 0; k < 4; k++) {
+        char name[64];
+        snprintf(name, sizeof name, "fdigest-%05d-of-00004.tfrecord", k);
+        write_examples(tpath(name), cs[k], 700 * k, 700, -1, F_NONE);
+    }
+    const char *pat = tpath("fdigest-*.tfrecord");
+    loom_err err = {0};
+    int nb, nb3, left;
+    CHECK(pipeline_digest_of(pat, true, 2, &nb, &err) == DIGEST_GOLDEN && nb == 2 * 88);
+    uint64_t plain3 = pipeline_digest_of(pat, false, 3, &nb3, &err);
+    CHECK_MSG(nb3 == 3 * 88, "%d batches", nb3);
+    uint64_t rest_plain = digest_rest_of(pat, 1, 40, &left, &err);
+    CHECK_MSG(left == 88 - 40, "%d batches after the restore", left);
+    const char *modes[] = {NULL, "1", "0"};
+    for (int m = 0; m < 3; m++) {
+        if (modes[m]) setenv("LOOM_DATA_READAHEAD", modes[m], 1), setenv("LOOM_DATA_DECOMPRESS_AHEAD", modes[m], 1);
+        uint64_t h = pipeline_digest_of(pat, true, 3, &nb, &err);
+        CHECK_MSG(nb == nb3 && h == plain3, "ahead %s: fused digest %016llx (%d batches), unfused %016llx (%d)",
+                  modes[m] ? modes[m] : "auto", (unsigned long long)h, nb, (unsigned long long)plain3, nb3);
+        uint64_t r = digest_rest_of(pat, 2, 40, &left, &err);
+        CHECK_MSG(left == 88 - 40 && r == rest_plain, "ahead %s: restored rest %016llx (%d batches), unfused %016llx",
+                  modes[m] ? modes[m] : "auto", (unsigned long long)r, left, (unsigned long long)rest_plain);
+    }
+    unsetenv("LOOM_DATA_READAHEAD");
+    unsetenv("LOOM_DATA_DECOMPRESS_AHEAD");
 }
 
 /* ---- errors ------------------------------------------------------------------ */
@@ -1078,6 +1152,7 @@ static const loom_test tests[] = {
     {"glob_shards", test_glob_shards},
     {"shuffle_batch_prefetch", test_shuffle_batch_prefetch},
     {"batch_digest", test_batch_digest},
+    {"fused_shuffle_digest", test_fused_shuffle_digest},
     {"decompress_ahead_errors", test_ahead_errors},
     {"feature_errors", test_feature_errors},
     {"corrupt_error_and_skip", test_corrupt},

@@ -111,6 +111,7 @@ typedef struct chainst {
     int64_t epoch, pos;   /* RNG position, shared: every map of a chain sees the same elements */
     int     nmap;
     dstage *map[LOOM_MAX_TRANSFORMS];
+    uint8_t norm_flip[LOOM_MAX_TRANSFORMS]; /* map k and k + 1 run as one pass (map_norm_flip_) */
 } chainst;
 DCURSOR_STAGE_CHECK(chainst);
 
@@ -131,6 +132,7 @@ static int open_chain(chainst *s, dstage *in, int id, const loom_transform_spec 
         s->nmap++;
         __atomic_fetch_add(&s->s.st_bytes, dstage_load_(&s->map[k]->st_bytes), __ATOMIC_RELAXED);
     }
+    for (int k = 0; k + 1 < n; k++) s->norm_flip[k] = map_norm_flip_ok_(s->map[k], s->map[k + 1]);
     dstage *st = &s->s;
     size_t b = 0;
     for (int k = 0; k < n && b < sizeof st->desc; k++)
@@ -143,12 +145,18 @@ static int open_chain(chainst *s, dstage *in, int id, const loom_transform_spec 
 static int apply_chain(chainst *s, loom_elem *e, uint8_t *mut, uint8_t *const *dst, loom_err *err)
 {
     for (int k = 0; k < s->nmap; k++) {
-        int f = map_feature_(s->map[k]), last = 1, m;
-        for (int j = k + 1; j < s->nmap; j++) last &= map_feature_(s->map[j]) != f;
-        uint8_t *buf, *flags;
-        map_buffers_(s->map[k], &buf, &flags);
+        int f = map_feature_(s->map[k]), last = 1, m, rc;
+        int pair = s->norm_flip[k]; /* maps k and k + 1 at once: k + 1 is the one that may write into dst */
+        for (int j = k + 1 + pair; j < s->nmap; j++) last &= map_feature_(s->map[j]) != f;
         int into = dst && last;
-        int rc = map_apply_(s->map[k], e, into ? 0 : mut[f], into ? dst[f] : buf, flags, s->epoch, s->pos, &m, err);
+        if (pair) {
+            rc = map_norm_flip_(s->map[k], s->map[k + 1], e, mut[f], into ? dst[f] : NULL, s->epoch, s->pos, &m, err);
+            k++;
+        } else {
+            uint8_t *buf, *flags;
+            map_buffers_(s->map[k], &buf, &flags);
+            rc = map_apply_(s->map[k], e, into ? 0 : mut[f], into ? dst[f] : buf, flags, s->epoch, s->pos, &m, err);
+        }
         if (rc) return rc;
         mut[f] = (uint8_t)m;
     }

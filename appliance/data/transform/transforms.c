@@ -136,7 +136,11 @@ static void scale_vals(const void *src, loom_dtype sd, float *dst, size_t n, flo
 #undef E_
 }
 
-static void normalize_vals(const void *src, loom_dtype sd, float *dst, size_t n, float mean, float std)
+/* Vector clones chosen by the CPU at start (as nn/ does): the division stays a
+ * division (IEEE, lane by lane), so every clone gives the scalar loop's floats. */
+static __attribute__((target_clones("avx512f", "avx2", "default"))) void normalize_vals(const void *src, loom_dtype sd,
+                                                                                       float *dst, size_t n, float mean,
+                                                                                       float std)
 {
 #define E_(v) (((v) - mean) / std)
     AFFINE_ALL_
@@ -320,12 +324,33 @@ static inline __attribute__((always_inline)) void reverse_px(const uint8_t *rest
     for (int64_t w = 0; w < W; w++) memcpy(o + (size_t)w * px, r + (size_t)(W - 1 - w) * px, px);
 }
 
+/* A row of W bytes reversed into a distinct row, 8 at a time (a byte swap
+ * of each 8 from the row's end): a byte loop was ~4 instructions a byte. */
+static inline __attribute__((always_inline)) void reverse_bytes(const uint8_t *restrict r, uint8_t *restrict o, int64_t W)
+{
+    if (W < 8) {
+        for (int64_t w = 0; w < W; w++) o[w] = r[W - 1 - w];
+        return;
+    }
+    uint64_t v;
+    for (int64_t w = 0; w + 8 <= W; w += 8) {
+        memcpy(&v, r + W - 8 - w, sizeof v);
+        v = __builtin_bswap64(v);
+        memcpy(o + w, &v, sizeof v);
+    }
+    memcpy(&v, r, sizeof v); /* the last 8 (overlapping what is done when W % 8 != 0) */
+    v = __builtin_bswap64(v);
+    memcpy(o + W - 8, &v, sizeof v);
+}
+
 /* One row flipped, in place (src == dst: through a copy of the row, or by
  * swapping pixels when it is too long for the stack) or not. */
 static inline __attribute__((always_inline)) void flip_row(const uint8_t *r, uint8_t *o, int64_t W, size_t px)
 {
     uint8_t row[4096];
-    if (r != o) {
+    if (r != o && px == 1) {
+        reverse_bytes(r, o, W);
+    } else if (r != o) {
         reverse_px(r, o, W, px);
     } else if ((size_t)W * px <= sizeof row) {
         memcpy(row, r, (size_t)W * px);
@@ -540,6 +565,67 @@ static int flip_apply(mapcall *c, loom_err *err)
     }
     t->data = o;
     *c->mut = 1;
+    return LOOM_OK;
+}
+
+/* ---- normalize then random_flip_left_right, in one pass ------------------------
+ * A flip moves whole pixels and normalize maps each value alone with one mean
+ * and std, so flip(normalize(x)) = normalize(flip(x)) bit for bit: the pass
+ * reverses the rows of the input (1 byte a value for uint8 images, not 4)
+ * into a scratch chunk and normalizes that, writing each float once where the
+ * two maps wrote them twice (the vectorised normalize, then a float flip). */
+#define NF_CHUNK 16384 /* bytes of input rows reversed at a time */
+
+bool map_norm_flip_ok_(const dstage *a, const dstage *b)
+{
+    if (custom_is_(a) || custom_is_(b)) return false;
+    const mapst *n = (const mapst *)a, *f = (const mapst *)b;
+    if (n->fn->kind != LOOM_MAP_NORMALIZE || f->fn->kind != LOOM_MAP_FLIP_LR || n->f != f->f || n->m.n_norm > 1 ||
+        a->batch_dims != b->batch_dims || !n->buf)
+        return false;
+    const loom_shape *mx = &a->in->maxshape[n->f];
+    int bd = a->batch_dims;
+    int64_t row = mx->dim[bd + 1] * (mx->rank - bd == 3 ? mx->dim[bd + 2] : 1) * (int64_t)loom_dtype_size(n->in_dt);
+    return row > 0 && row <= NF_CHUNK;
+}
+
+int map_norm_flip_(const dstage *a, const dstage *b, loom_elem *e, int writable, uint8_t *dst, int64_t epoch, int64_t pos,
+                   int *mut, loom_err *err)
+{
+    (void)err;
+    const mapst *ns = (const mapst *)a, *fs = (const mapst *)b;
+    loom_tensor *t = &e->t[ns->f];
+    int bd = a->batch_dims;
+    int64_t images = elems_of(t, bd), H = t->shape.dim[bd], W = t->shape.dim[bd + 1];
+    int64_t C = t->shape.rank - bd == 3 ? t->shape.dim[bd + 2] : 1;
+    size_t isz = loom_dtype_size(t->dtype), px = (size_t)C * isz, rowb = (size_t)W * px;
+    size_t vals = (size_t)(H * W * C), rowv = (size_t)(W * C);
+    float mean = ns->m.n_norm == 1 ? ns->m.mean_v[0] : (float)ns->m.mean;
+    float sd = ns->m.n_norm == 1 ? ns->m.std_v[0] : (float)ns->m.std;
+    /* where normalize alone would write (then flipped there in place): the
+     * caller's dst, the input when writable and as wide, else its buffer */
+    uint8_t *out = dst ? dst : writable && isz == sizeof(float) ? t->data : ns->buf;
+    const uint8_t *src = t->data;
+    int64_t rows = rowb ? (int64_t)(NF_CHUNK / rowb) : H;
+    uint8_t tmp[NF_CHUNK] __attribute__((aligned(64)));
+    for (int64_t k = 0; k < images; k++) {
+        loom_rng g;
+        loom_rng_init(&g, fs->seed, (uint64_t)b->id, (uint64_t)epoch, (uint64_t)(pos + k));
+        const uint8_t *si = src + (size_t)k * vals * isz;
+        float *oi = (float *)out + (size_t)k * vals;
+        if (!(loom_rng_uniform(&g) < 0.5f)) {
+            normalize_vals(si, t->dtype, oi, vals, mean, sd);
+            continue;
+        }
+        for (int64_t h0 = 0; h0 < H; h0 += rows) {
+            int64_t nh = H - h0 < rows ? H - h0 : rows;
+            flip_image(si + (size_t)h0 * rowb, tmp, nh, W, px);
+            normalize_vals(tmp, t->dtype, oi + (size_t)h0 * rowv, (size_t)nh * rowv, mean, sd);
+        }
+    }
+    t->data = out;
+    t->dtype = LOOM_F32;
+    *mut = 1;
     return LOOM_OK;
 }
 
@@ -1244,6 +1330,12 @@ typedef struct shufst {
     int       eoi;         /* input exhausted this pass */
     int64_t   epoch;
     loom_rng  rng;
+    /* element mode: the next draw made ahead for shuf_prefetch_next, used
+     * when the next call draws among pre_live elements (else drawn again):
+     * the offset from start, and the RNG after it. Never saved. */
+    int       pre_valid;
+    int64_t   pre_live, pre_k;
+    loom_rng  pre_rng;
 } shufst;
 
 static void shuf_reset(shufst *s, int64_t epoch)
@@ -1253,6 +1345,7 @@ static void shuf_reset(shufst *s, int64_t epoch)
     s->next_in = 0;
     s->eoi = 0;
     s->epoch = epoch;
+    s->pre_valid = 0;
     s->nfree = 0;
     if (!s->by_index)
         for (int64_t i = s->pool.cap - 1; i >= 0; i--) s->freel[s->nfree++] = i;
@@ -1284,29 +1377,88 @@ static int shuf_grow(shufst *s, int64_t cap, loom_err *err)
     return LOOM_OK;
 }
 
-/* Fills the buffer up to size: element mode copies input elements into free slots. */
+/* The input's next element written straight into free slot `slot` by its
+ * next_into (fixed shapes only): the element is made where it is buffered
+ * instead of being made in the input's buffer and copied (3 KB a
+ * Fashion-MNIST float image). The elements are the same: next_into yields
+ * what next would. */
+static int shuf_next_into_slot(shufst *s, int64_t slot, loom_err *err)
+{
+    dstage *st = &s->s;
+    loom_elem v;
+    elem_pool_view_(&s->pool, slot, &v);
+    for (int f = 0; f < v.n; f++) memset(&v.t[f].shape, 0, sizeof v.t[f].shape); /* set by next_into */
+    int rc = dstage_next_into_(st->in, &v, err);
+    if (rc) return rc;
+    for (int f = 0; f < v.n; f++)
+        if (!loom_shape_eq(&v.t[f].shape, &s->pool.shape[f])) {
+            char a[128], b[128];
+            return dstage_err_(st, err, LOOM_ESHAPE, "shuffle: feature \"%s\" has shape %s, not its declared %s",
+                               st->spec.name[f], loom_shape_str(&v.t[f].shape, a, sizeof a),
+                               loom_shape_str(&s->pool.shape[f], b, sizeof b));
+        }
+    return LOOM_OK;
+}
+
+/* Fills the buffer up to size: element mode puts input elements into free
+ * slots (made there by the input's next_into when it has one and the shapes
+ * are fixed, else copied). */
 static int shuf_fill_elems(shufst *s, loom_err *err)
 {
     dstage *st = &s->s;
+    int into = st->in->ops->next_into && !s->pool.varshape;
     while (!s->eoi && s->end - s->start < s->size) {
-        loom_elem *e;
-        int rc = dstage_next_(st->in, &e, err);
+        if (s->nfree == 0) {
+            int64_t cap = s->pool.cap * 2 < 64 ? 64 : s->pool.cap * 2;
+            int rc = shuf_grow(s, cap < s->size ? cap : s->size, err);
+            if (rc) return rc;
+        }
+        int64_t slot = s->freel[s->nfree - 1];
+        int rc;
+        if (into) {
+            rc = shuf_next_into_slot(s, slot, err);
+        } else {
+            loom_elem *e;
+            rc = dstage_next_(st->in, &e, err);
+            if (rc == LOOM_OK && (rc = elem_pool_put_(&s->pool, slot, e, err)))
+                return dstage_err_(st, err, rc, "shuffle: %s", err->msg);
+        }
         if (rc == LOOM_EEOF) {
             s->eoi = 1;
             break;
         }
         if (rc) return rc;
-        if (s->nfree == 0) {
-            int64_t cap = s->pool.cap * 2 < 64 ? 64 : s->pool.cap * 2;
-            rc = shuf_grow(s, cap < s->size ? cap : s->size, err);
-            if (rc) return rc;
-        }
-        int64_t slot = s->freel[--s->nfree];
-        rc = elem_pool_put_(&s->pool, slot, e, err);
-        if (rc) return dstage_err_(st, err, rc, "shuffle: %s", err->msg);
+        s->nfree--;
         s->perm[s->end++ % s->cap] = slot;
     }
     return LOOM_OK;
+}
+
+/* Element mode, after a draw that left `left` elements buffered: the slot
+ * the next call will most likely draw (the buffer refilled by one unless
+ * the input has ended) is fetched into the cache while the caller copies
+ * this element (a batch row), as the slots lie at random in a buffer of
+ * tens of MiB. The draw is made now on a copy of the RNG and kept: the
+ * next call uses it (and that RNG) when it draws among as many elements,
+ * else draws anew, so the draws, the RNG's state and the elements are
+ * those of drawing in turn. The element the refill adds goes into the slot
+ * lent now, which is in the cache already. */
+static void shuf_prefetch_next(shufst *s, int64_t left)
+{
+    int64_t live = s->eoi ? left : left + 1;
+    if (live <= 0) return;
+    s->pre_rng = s->rng;
+    s->pre_k = (int64_t)loom_rng_below(&s->pre_rng, (uint64_t)live);
+    s->pre_live = live;
+    s->pre_valid = 1;
+    int64_t k = s->pre_k;
+    if (k == left) return; /* the element the refill adds */
+    int64_t slot = s->perm[(s->start + k) % s->cap];
+    for (int f = 0; f < s->pool.nf; f++) {
+        const uint8_t *p = s->pool.data[f] + (size_t)slot * s->pool.slot_bytes[f];
+        size_t n = s->pool.slot_bytes[f] < 16384 ? s->pool.slot_bytes[f] : 16384;
+        for (size_t o = 0; o < n; o += 64) __builtin_prefetch(p + o);
+    }
 }
 
 static int shuf_next(dstage *st, loom_elem **out, loom_err *err)
@@ -1331,7 +1483,15 @@ static int shuf_next(dstage *st, loom_elem **out, loom_err *err)
         dstage_gauge_(&st->st_buffered, 0);
         return LOOM_EEOF;
     }
-    int64_t j = (s->start + (int64_t)loom_rng_below(&s->rng, (uint64_t)live)) % cap;
+    int64_t k;
+    if (s->pre_valid && s->pre_live == live) { /* drawn ahead by shuf_prefetch_next */
+        k = s->pre_k;
+        s->rng = s->pre_rng;
+    } else {
+        k = (int64_t)loom_rng_below(&s->rng, (uint64_t)live);
+    }
+    s->pre_valid = 0;
+    int64_t j = (s->start + k) % cap;
     int64_t slot = s->perm[j];
     s->perm[j] = s->perm[s->start % cap];
     s->start++;
@@ -1345,6 +1505,7 @@ static int shuf_next(dstage *st, loom_elem **out, loom_err *err)
     s->lent = slot;
     elem_pool_view_(&s->pool, slot, &st->out);
     *out = &st->out;
+    shuf_prefetch_next(s, live - 1);
     return LOOM_OK;
 }
 
