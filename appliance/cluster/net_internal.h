@@ -115,5 +115,7 @@ int loom_net_tls_ctx_(const loom_cluster *c, struct ssl_ctx_st **out, loom_err *
 int loom_group_data_fd_(loom_group *g, bool recv_side);
 /* Bytes queued to peer p, not yet written to its socket (tests). */
 size_t loom_net_queued_(loom_net *n, int p);
+/* Bytes of peer p's messages waiting for loom_net_recv (tests). */
+size_t loom_net_recv_queued_(loom_net *n, int p);
 
 #endif

@@ -841,6 +841,117 @@ static void test_send_queue_bounded(void)
     }
 }
 
+/* ---- the bounded receive queue --------------------------------------------------- */
+
+/* worker:0 sends 1 MiB messages (each numbered, its bytes a pattern of the
+ * number) to worker:1, which takes none for a while. The messages worker:1
+ * holds for loom_net_recv never pass its bound (4 MiB) plus one message:
+ * its transport stops reading worker:0, and TCP pushes back on worker:0.
+ * Mode 0: worker:1 takes nothing for 1 s (less than heartbeat_timeout, 2 s),
+ * then all 32 messages, intact and in order: reading resumed; every send
+ * succeeded. Mode 1: worker:1 takes nothing for 5 s: worker:0's send fails
+ * naming worker:1 (its queue to it is full, nothing read for
+ * heartbeat_timeout), while worker:1, whose reading was paused, does not
+ * count worker:0 as silent; then worker:1 takes what was queued, in order,
+ * and learns that worker:0 is gone. */
+#define RECVQ_BOUND ((size_t)4 << 20)
+#define RECVQ_MSGS 32
+static int recvq_mode;
+static int recvq_rank(int rank, int n)
+{
+    (void)n;
+    tcl t;
+    mk_cluster(&t, 2, rank);
+    t.c.send_queue_max = RECVQ_BOUND;
+    t.c.recv_queue_max = RECVQ_BOUND;
+    loom_net_peer peer = {LOOM_ROLE_WORKER, 1 - rank};
+    loom_net *net;
+    loom_err err = {0};
+    int rc = loom_net_open(&net, &t.c, &peer, 1, &err);
+    CHECK_MSG(rc == 0, "open: %s", err.msg);
+    if (rc) return 1;
+    size_t mib = (size_t)1 << 20;
+    if (rank == 0) {
+        uint8_t *m = malloc(mib);
+        int sent = 0;
+        double t0 = loom_now();
+        for (; sent < RECVQ_MSGS && !rc; sent++) {
+            memset(m, sent + 1, mib);
+            memcpy(m, &sent, sizeof sent);
+            rc = loom_net_send(net, 0, LOOM_MSG_USER + 1, m, mib, &err);
+        }
+        printf("# worker:0 sent %d of %d MiB in %.2f s: %s\n", sent - (rc != 0), RECVQ_MSGS, loom_now() - t0,
+               rc ? err.msg : "no error");
+        if (recvq_mode == 0) {
+            CHECK_MSG(rc == 0, "a send to a reader that paused 1 s failed: %s", err.msg);
+            loom_buf ack;
+            loom_buf_init(&ack);
+            CHECK(loom_net_recv(net, 0, LOOM_MSG_USER + 2, LOOM_MSG_USER + 2, NULL, NULL, &ack, 20, &err) == 0);
+            loom_buf_fini(&ack);
+        } else {
+            CHECK_MSG(rc == LOOM_ENET, "sending %d MiB to a reader that takes nothing for 5 s never failed (%d)",
+                      RECVQ_MSGS, rc);
+            CHECK_CONTAINS(err.msg, "worker:1");
+            CHECK_CONTAINS(err.msg, "has read none of the");
+        }
+        free(m);
+        loom_net_close(net);
+        return 0;
+    }
+    double pause = recvq_mode == 0 ? 1.0 : 5.0, t0 = loom_now();
+    size_t peak = 0;
+    while (loom_now() - t0 < pause) {
+        size_t q = loom_net_recv_queued_(net, 0);
+        if (q > peak) peak = q;
+        usleep(5000);
+    }
+    int got = 0;
+    bool intact = true;
+    loom_buf m;
+    loom_buf_init(&m);
+    for (; got < RECVQ_MSGS; got++) {
+        size_t q = loom_net_recv_queued_(net, 0);
+        if (q > peak) peak = q;
+        rc = loom_net_recv(net, 0, LOOM_MSG_USER + 1, LOOM_MSG_USER + 1, NULL, NULL, &m, 20, &err);
+        if (rc) break;
+        int k = -1;
+        if (m.len == mib) memcpy(&k, m.data, sizeof k);
+        if (k != got || m.data[mib - 1] != (uint8_t)(got + 1)) intact = false;
+    }
+    loom_buf_fini(&m);
+    printf("# worker:1 took nothing for %.0f s: at most %.2f MiB waited for it (bound %.0f MiB); then it took %d "
+           "messages%s%s\n", pause, (double)peak / mib, (double)RECVQ_BOUND / mib, got, rc ? ", then: " : "",
+           rc ? err.msg : "");
+    CHECK_MSG(peak <= RECVQ_BOUND + mib + LOOM_NET_HDR, "%.2f MiB waited for loom_net_recv (bound %.0f MiB)",
+              (double)peak / mib, (double)RECVQ_BOUND / mib);
+    CHECK_MSG(intact, "the messages after the pause are not the ones sent, in order");
+    if (recvq_mode == 0) {
+        CHECK_MSG(got == RECVQ_MSGS, "took %d of %d messages: %s", got, RECVQ_MSGS, rc ? err.msg : "");
+        CHECK(loom_net_send(net, 0, LOOM_MSG_USER + 2, "ok", 2, &err) == 0);
+    } else {
+        /* what was queued; what was still in flight may be lost with worker:0's closing connection */
+        CHECK_MSG(got >= (int)(RECVQ_BOUND / mib), "took %d messages", got);
+        CHECK_MSG(rc == LOOM_ENET && strstr(err.msg, "worker:0"), "after the messages: %d %s", rc, err.msg);
+    }
+    loom_net_close(net);
+    return 0;
+}
+
+static void test_recv_queue_bounded(void)
+{
+    for (recvq_mode = 0; recvq_mode < 2; recvq_mode++) {
+        new_ports(2);
+        knob.hb_timeout = 2;
+        int st[MAXR];
+        run_ranks(2, recvq_rank, 40, st);
+        check_all_ok(2, st);
+        char *l = read_log(1);
+        CHECK_MSG(!strstr(l, "silent for"), "mode %d: worker:1 counted its own pause as worker:0's silence: %s",
+                  recvq_mode, l);
+        free(l);
+    }
+}
+
 /* ---- misuse and stalls ------------------------------------------------------------ */
 
 static int mismatch_rank(int rank, int n)
@@ -1107,6 +1218,7 @@ static const loom_test tests[] = {
     {"tls", test_tls},
     {"no_secret", test_no_secret},
     {"send_queue_bounded", test_send_queue_bounded},
+    {"recv_queue_bounded", test_recv_queue_bounded},
     {"tls_data_plane", test_tls_data_plane},
     {0},
 };
