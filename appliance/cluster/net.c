@@ -1352,6 +1352,21 @@ void loom_net_peer_info_(loom_net *n, int p, char *name, size_t name_n, char *st
 
 const char *loom_net_name_(const loom_net *n) { return n->name; }
 
+double loom_net_heartbeat_timeout_(const loom_net *n) { return n->hb_timeout; }
+
+static void stall_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    useconds_t us = (useconds_t)(uintptr_t)arg;
+    usleep(us);
+}
+
+void loom_net_stall_loop_(loom_net *n, double seconds)
+{
+    struct timeval z = {0, 0};
+    event_base_once(n->base, -1, EV_TIMEOUT, stall_cb, (void *)(uintptr_t)(seconds * 1e6), &z);
+}
+
 int loom_net_peers(loom_net *n, loom_peer_info *out, int max)
 {
     pthread_mutex_lock(&n->mu);

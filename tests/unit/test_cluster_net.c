@@ -718,19 +718,26 @@ static void test_garbage_client(void)
 
 /* ---- lost peers ----------------------------------------------------------------- */
 
-static int lost_mode; /* 0: SIGKILL, 1: SIGSTOP (silent, still connected) */
+static int lost_mode; /* 0: SIGKILL, 1: SIGSTOP (silent, still connected), 2: SIGKILL during a large all-reduce
+                         (the ring's data connections), 3: as 2 with the survivors' transport threads starved
+                         for 1.5 s around the kill (a loaded machine) */
 
 static int lost_rank(int rank, int n)
 {
     loom_group *g = open_group(rank, n, 0);
     if (!g) return 1;
-    int64_t count = lost_mode == 2 ? 1 << 20 : 1000; /* 2: large, through the sender thread */
+    int64_t count = lost_mode >= 2 ? 1 << 20 : 1000; /* 2, 3: large, through the sender thread */
+    bool stalled = false;
     float *b = malloc((size_t)count * 4);
     loom_err err = {0};
     int rc = 0;
     double t0 = loom_now();
     for (int it = 0; it < 10000000 && !rc; it++) {
         /* (after a few heartbeats, so the others know what it was doing) */
+        if (lost_mode == 3 && rank < n - 1 && !stalled && loom_now() - t0 > 0.5) {
+            loom_net_stall_loop_(loom_group_net(g), 1.5);
+            stalled = true;
+        }
         if (rank == n - 1 && loom_now() - t0 > 0.6) {
             note(rank, 0, NULL, loom_now());
             raise(lost_mode == 1 ? SIGSTOP : SIGKILL);
@@ -750,7 +757,7 @@ static void lost_test(int mode)
     knob.hb_timeout = 2;
     lost_mode = mode;
     if (mode == 1) knob.stop_rank = 2;
-    if (mode == 2) setenv("LOOM_RING_SENDER", "1", 1);
+    if (mode >= 2) setenv("LOOM_RING_SENDER", "1", 1);
     int st[MAXR];
     run_ranks(3, lost_rank, 30, st);
     unsetenv("LOOM_RING_SENDER");
@@ -761,6 +768,8 @@ static void lost_test(int mode)
     for (int r = 0; r < 2; r++) {
         char *m = read_note(r, &rc, &t), *l = read_log(r);
         CHECK_MSG(rc == LOOM_ENET, "rank %d: %d %s", r, rc, m);
+        /* (the transport's verdict, with the address and what it last did, even when its thread is slow to
+         * give it: not only "the ring's data connection from worker:2 closed") */
         CHECK_CONTAINS(m, "lost worker:2 (127.0.0.1:");
         CHECK_CONTAINS(m, mode == 1 ? "silent for" : "connection closed");
         /* what it last did, as its last heartbeat said: mostly inside an
@@ -780,6 +789,7 @@ static void lost_test(int mode)
 static void test_peer_killed(void) { lost_test(0); }
 static void test_peer_stopped(void) { lost_test(1); }
 static void test_peer_killed_large(void) { lost_test(2); }
+static void test_peer_killed_slow_loop(void) { lost_test(3); }
 
 /* ---- the bounded send queue ----------------------------------------------------- */
 
@@ -1213,6 +1223,7 @@ static const loom_test tests[] = {
     {"peer_killed", test_peer_killed},
     {"peer_stopped", test_peer_stopped},
     {"peer_killed_large", test_peer_killed_large},
+    {"peer_killed_slow_loop", test_peer_killed_slow_loop},
     {"mismatched_collectives", test_mismatch},
     {"collective_timeout", test_collective_timeout},
     {"tls", test_tls},
