@@ -254,7 +254,7 @@ static int bev_send(struct bufferevent *bev, uint32_t type, const void *buf, siz
 /* ---- frames --------------------------------------------------------------- */
 
 /* One frame of an authenticated connection; true when its peer's queue for
- * loom_net_recv has passed the bound (stop reading the connection). */
+ * loom_net_recv is past the bound (stop reading the connection). */
 static bool handle_authed(conn *c, const loom_net_frame *f)
 {
     loom_net *n = c->n;
@@ -302,6 +302,7 @@ static bool handle_authed(conn *c, const loom_net_frame *f)
             if (n->alert_type && f->type == n->alert_type) alert(n);
         }
     } /* HELLO after the handshake, or a reserved type: ignored */
+    pause = pe->paused; /* (also when it was paused before: a connection of a tolerated peer back) */
     pthread_mutex_unlock(&n->mu);
     return pause;
 }
