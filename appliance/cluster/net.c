@@ -341,6 +341,46 @@ static void drop(conn *c, const loom_err *e)
     conn_close_soon(c);
 }
 
+/* The handshake of c is done: c becomes its peer's connection (false, e
+ * set: the peer is unknown, already connected or lost). */
+static bool hs_accept(conn *c, struct bufferevent *bev, loom_err *e)
+{
+    loom_net *n = c->n;
+    pthread_mutex_lock(&n->mu);
+    int pi = find_peer(n, c->hs.peer_role, c->hs.peer_index);
+    bool back = pi >= 0 && n->peers[pi].tolerated && n->open_done && !n->closing &&
+                n->peers[pi].state != P_UP; /* a tolerated peer coming back */
+    if (pi < 0 || (n->peers[pi].state != P_WAIT && !back)) {
+        pthread_mutex_unlock(&n->mu);
+        loom_err_set(e, LOOM_ENET, NULL, "a second connection for a task already connected or lost");
+        return false;
+    }
+    c->authed = true;
+    c->peer = pi;
+    net_peer *pe = &n->peers[pi];
+    pe->state = P_UP;
+    pe->c = c;
+    bufferevent_incref(bev);
+    if (pe->bev) { /* its earlier connection's: the caller's thread may still hold it */
+        struct bufferevent **r = loom_realloc(n->retired, (size_t)(n->n_retired + 1) * sizeof *r);
+        if (r) n->retired = r, n->retired[n->n_retired++] = pe->bev;
+    }
+    pe->bev = bev;
+    pe->last_heard = loom_now();
+    n->n_up++;
+    if (back) {
+        queue_news(n, pi, LOOM_MSG_PEER_UP);
+        loom_log(LOOM_LOG_INFO, "%s: %s is back (%s)", n->name, pe->name, c->addr);
+    }
+    /* A first heartbeat at once, so the peer knows what we are doing from the start. */
+    bev_send(bev, LOOM_MSG_HEARTBEAT, n->status, strlen(n->status));
+    pthread_cond_broadcast(&n->cv);
+    pthread_mutex_unlock(&n->mu);
+    evtimer_del(c->timer);
+    loom_debug("%s: connected to %s (%s)", n->name, pe->name, c->addr);
+    return true;
+}
+
 static void on_read(struct bufferevent *bev, void *arg)
 {
     conn *c = arg;
@@ -402,41 +442,10 @@ static void on_read(struct bufferevent *bev, void *arg)
                 drop(c, &e);
                 return;
             }
-            if (c->hs.done) {
-                pthread_mutex_lock(&n->mu);
-                int pi = find_peer(n, c->hs.peer_role, c->hs.peer_index);
-                bool back = pi >= 0 && n->peers[pi].tolerated && n->open_done && !n->closing &&
-                            n->peers[pi].state != P_UP; /* a tolerated peer coming back */
-                if (pi < 0 || (n->peers[pi].state != P_WAIT && !back)) {
-                    pthread_mutex_unlock(&n->mu);
-                    loom_err_set(&e, LOOM_ENET, NULL, "a second connection for a task already connected or lost");
-                    evbuffer_drain(in, (size_t)r);
-                    drop(c, &e);
-                    return;
-                }
-                c->authed = true;
-                c->peer = pi;
-                net_peer *pe = &n->peers[pi];
-                pe->state = P_UP;
-                pe->c = c;
-                bufferevent_incref(bev);
-                if (pe->bev) { /* its earlier connection's: the caller's thread may still hold it */
-                    struct bufferevent **r = loom_realloc(n->retired, (size_t)(n->n_retired + 1) * sizeof *r);
-                    if (r) n->retired = r, n->retired[n->n_retired++] = pe->bev;
-                }
-                pe->bev = bev;
-                pe->last_heard = loom_now();
-                n->n_up++;
-                if (back) {
-                    queue_news(n, pi, LOOM_MSG_PEER_UP);
-                    loom_log(LOOM_LOG_INFO, "%s: %s is back (%s)", n->name, pe->name, c->addr);
-                }
-                /* A first heartbeat at once, so the peer knows what we are doing from the start. */
-                bev_send(bev, LOOM_MSG_HEARTBEAT, n->status, strlen(n->status));
-                pthread_cond_broadcast(&n->cv);
-                pthread_mutex_unlock(&n->mu);
-                evtimer_del(c->timer);
-                loom_debug("%s: connected to %s (%s)", n->name, pe->name, c->addr);
+            if (c->hs.done && !hs_accept(c, bev, &e)) {
+                evbuffer_drain(in, (size_t)r);
+                drop(c, &e);
+                return;
             }
         }
         evbuffer_drain(in, (size_t)r);
