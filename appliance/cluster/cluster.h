@@ -82,6 +82,10 @@ typedef struct loom_cluster {
     /* Bytes loom_net_send may hold queued for one peer (0 = LOOM_NET_SENDQ_MAX).
      * Not a config setting: tests lower it. */
     size_t            send_queue_max;
+    /* Bytes of received messages the transport may hold for one peer until
+     * loom_net_recv takes them (0 = LOOM_NET_RECVQ_MAX). Not a config
+     * setting: tests lower it. */
+    size_t            recv_queue_max;
     /* SHA-256 of the resolved config as loom_config_print prints it, with
      * the per-task keys excluded (cluster addresses are kept; --task,
      * model_dir overrides of one task are not), and that text itself, so a
@@ -185,6 +189,13 @@ void loom_net_close(loom_net *n); /* says BYE to every peer; NULL is a no-op */
  * and the bytes it left unread (a stopped peer is also declared lost by its
  * silence), so a stalled reader never makes a sender grow without bound. */
 #define LOOM_NET_SENDQ_MAX ((size_t)64 << 20)
+/* The receiving side is bounded too (LOOM_NET_RECVQ_MAX bytes per peer, or
+ * loom_cluster.recv_queue_max): while more than that of one peer's messages
+ * wait for loom_net_recv, the transport stops reading that peer's
+ * connection (its heartbeats wait too, and do not count as silence), so TCP
+ * pushes back on the sender, whose own bounded queue then names this task;
+ * reading resumes once loom_net_recv has taken the queue below the bound. */
+#define LOOM_NET_RECVQ_MAX ((size_t)64 << 20)
 int  loom_net_send(loom_net *n, int p, uint32_t type, const void *buf, size_t len, loom_err *err);
 /* Waits up to timeout_s (< 0: forever, still ended by a lost peer) for the
  * next message of a type in [type_lo, type_hi] from peer p (p = -1: any

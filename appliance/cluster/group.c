@@ -629,8 +629,16 @@ static int timeout_report(loom_group *g, const coll_hdr *h, double waited, loom_
 
 static int data_closed(loom_group *g, const coll_hdr *h, bool sending, loom_err *err)
 {
-    /* The transport usually knows more (lost, or left on purpose): give it a moment to say so. */
-    double until = loom_now() + 1.0;
+    /* The transport usually knows more (lost, or left on purpose): give it
+     * time to say so. A peer that closed its data connection has closed
+     * (or soon closes) its control connection too, or said BYE there; the
+     * transport's loop thread says which within milliseconds on an idle
+     * machine, but not within a fixed second on a loaded one (seen: at load
+     * 14 a killed rank was reported as a closed data connection, without its
+     * address and what it last did). Bounded by heartbeat_timeout (at least
+     * 1 s), past which the transport declares a silent peer lost anyway. */
+    double hb = loom_net_heartbeat_timeout_(g->net);
+    double until = loom_now() + (hb > 1.0 ? hb : 1.0);
     int r = sending ? (g->rank + 1) % g->size : (g->rank + g->size - 1) % g->size;
     int p = sending ? g->next_peer : g->prev_peer;
     bool ab;

@@ -14,7 +14,11 @@
  * Bounds: an unauthenticated connection may send frames of at most
  * LOOM_NET_HANDSHAKE_MAX bytes and must finish the handshake within
  * min(connect_timeout, 10) s; anything else (bad magic, checksum, order,
- * secret) drops it with a log line naming its address. */
+ * secret) drops it with a log line naming its address. The messages of one
+ * peer waiting for loom_net_recv are bounded (recvq_max bytes): above it the
+ * loop stops reading that peer's connection (TCP pushes back on the sender)
+ * until loom_net_recv takes the queue back under it, and the peer's silence
+ * meanwhile is ours, not its (no heartbeat_timeout). */
 #include "cluster/net_internal.h"
 
 #include <arpa/inet.h>
@@ -64,6 +68,9 @@ typedef struct net_peer {
     char      last_error[700];
     struct event *retry_ev;
     bool      tolerated;     /* may leave and come back (loom_net_tolerate) */
+    size_t    rq_bytes;      /* bytes of its messages queued for loom_net_recv; under mu */
+    bool      paused;        /* rq_bytes passed recvq_max: its connection is not read; under mu */
+    bool      resume;        /* rq_bytes fell back under recvq_max: read it again (on_resume); under mu */
 } net_peer;
 
 struct conn {
@@ -102,6 +109,8 @@ struct loom_net {
     char                  *config_text;
     double                 connect_timeout, hb_timeout, hb_interval, hs_timeout;
     size_t                 sendq_max;  /* bytes queued to one peer at most (loom_net_send waits) */
+    size_t                 recvq_max;  /* bytes received from one peer held for loom_net_recv before its
+                                          connection stops being read */
     SSL_CTX               *ssl;
     net_peer              *peers;
     int                    n_peers, n_up;
@@ -114,6 +123,7 @@ struct loom_net {
     char                   status[160];
     conn                  *conns;
     struct event          *hb_ev, *deadline_ev, *close_ev;
+    struct event          *resume_ev; /* activated by loom_net_recv: read paused peers again */
     bool                   open_done, closing;
     double                 close_started;
     int                    alert_fd; /* eventfd: readable when a peer is lost or gone, or an alert message came */
@@ -243,10 +253,13 @@ static int bev_send(struct bufferevent *bev, uint32_t type, const void *buf, siz
 
 /* ---- frames --------------------------------------------------------------- */
 
-static void handle_authed(conn *c, const loom_net_frame *f)
+/* One frame of an authenticated connection; true when its peer's queue for
+ * loom_net_recv is past the bound (stop reading the connection). */
+static bool handle_authed(conn *c, const loom_net_frame *f)
 {
     loom_net *n = c->n;
     net_peer *pe = &n->peers[c->peer];
+    bool pause = false;
     pthread_mutex_lock(&n->mu);
     pe->last_heard = loom_now();
     if (f->type == LOOM_MSG_HEARTBEAT) {
@@ -277,11 +290,21 @@ static void handle_authed(conn *c, const loom_net_frame *f)
             if (n->qtail) n->qtail->next = q;
             else n->qhead = q;
             n->qtail = q;
+            pe->rq_bytes += f->len;
+            if (pe->rq_bytes > n->recvq_max && !pe->paused) {
+                pe->paused = pause = true;
+                pe->resume = false;
+                loom_debug("%s: %.1f MiB from %s wait for loom_net_recv (bound %.0f MiB): not reading it until "
+                           "they are taken", n->name, (double)pe->rq_bytes / (1 << 20), pe->name,
+                           (double)n->recvq_max / (1 << 20));
+            }
             pthread_cond_broadcast(&n->cv);
             if (n->alert_type && f->type == n->alert_type) alert(n);
         }
     } /* HELLO after the handshake, or a reserved type: ignored */
+    pause = pe->paused; /* (also when it was paused before: a connection of a tolerated peer back) */
     pthread_mutex_unlock(&n->mu);
+    return pause;
 }
 
 /* A handshake failed or a frame was garbage: log it with the address and drop. */
@@ -318,12 +341,62 @@ static void drop(conn *c, const loom_err *e)
     conn_close_soon(c);
 }
 
+/* The handshake of c is done: c becomes its peer's connection (false, e
+ * set: the peer is unknown, already connected or lost). */
+static bool hs_accept(conn *c, struct bufferevent *bev, loom_err *e)
+{
+    loom_net *n = c->n;
+    pthread_mutex_lock(&n->mu);
+    int pi = find_peer(n, c->hs.peer_role, c->hs.peer_index);
+    bool back = pi >= 0 && n->peers[pi].tolerated && n->open_done && !n->closing &&
+                n->peers[pi].state != P_UP; /* a tolerated peer coming back */
+    if (pi < 0 || (n->peers[pi].state != P_WAIT && !back)) {
+        pthread_mutex_unlock(&n->mu);
+        loom_err_set(e, LOOM_ENET, NULL, "a second connection for a task already connected or lost");
+        return false;
+    }
+    c->authed = true;
+    c->peer = pi;
+    net_peer *pe = &n->peers[pi];
+    pe->state = P_UP;
+    pe->c = c;
+    bufferevent_incref(bev);
+    if (pe->bev) { /* its earlier connection's: the caller's thread may still hold it */
+        struct bufferevent **r = loom_realloc(n->retired, (size_t)(n->n_retired + 1) * sizeof *r);
+        if (r) n->retired = r, n->retired[n->n_retired++] = pe->bev;
+    }
+    pe->bev = bev;
+    pe->last_heard = loom_now();
+    n->n_up++;
+    if (back) {
+        queue_news(n, pi, LOOM_MSG_PEER_UP);
+        loom_log(LOOM_LOG_INFO, "%s: %s is back (%s)", n->name, pe->name, c->addr);
+    }
+    /* A first heartbeat at once, so the peer knows what we are doing from the start. */
+    bev_send(bev, LOOM_MSG_HEARTBEAT, n->status, strlen(n->status));
+    pthread_cond_broadcast(&n->cv);
+    pthread_mutex_unlock(&n->mu);
+    evtimer_del(c->timer);
+    loom_debug("%s: connected to %s (%s)", n->name, pe->name, c->addr);
+    return true;
+}
+
 static void on_read(struct bufferevent *bev, void *arg)
 {
     conn *c = arg;
     loom_net *n = c->n;
     struct evbuffer *in = bufferevent_get_input(bev);
+    if (c->authed) { /* (a trigger after a resume may find the peer paused again) */
+        pthread_mutex_lock(&n->mu);
+        bool paused = n->peers[c->peer].paused;
+        pthread_mutex_unlock(&n->mu);
+        if (paused) {
+            bufferevent_disable(bev, EV_READ);
+            return;
+        }
+    }
     for (;;) {
+        bool pause = false;
         if (c->closing) {
             evbuffer_drain(in, evbuffer_get_length(in));
             return;
@@ -353,7 +426,7 @@ static void on_read(struct bufferevent *bev, void *arg)
             return;
         }
         if (c->authed) {
-            handle_authed(c, &f);
+            pause = handle_authed(c, &f);
         } else if (f.type != LOOM_MSG_HELLO) {
             loom_err_set(&e, LOOM_ENET, NULL, "a type-%u message before the handshake", f.type);
             drop(c, &e);
@@ -369,44 +442,37 @@ static void on_read(struct bufferevent *bev, void *arg)
                 drop(c, &e);
                 return;
             }
-            if (c->hs.done) {
-                pthread_mutex_lock(&n->mu);
-                int pi = find_peer(n, c->hs.peer_role, c->hs.peer_index);
-                bool back = pi >= 0 && n->peers[pi].tolerated && n->open_done && !n->closing &&
-                            n->peers[pi].state != P_UP; /* a tolerated peer coming back */
-                if (pi < 0 || (n->peers[pi].state != P_WAIT && !back)) {
-                    pthread_mutex_unlock(&n->mu);
-                    loom_err_set(&e, LOOM_ENET, NULL, "a second connection for a task already connected or lost");
-                    evbuffer_drain(in, (size_t)r);
-                    drop(c, &e);
-                    return;
-                }
-                c->authed = true;
-                c->peer = pi;
-                net_peer *pe = &n->peers[pi];
-                pe->state = P_UP;
-                pe->c = c;
-                bufferevent_incref(bev);
-                if (pe->bev) { /* its earlier connection's: the caller's thread may still hold it */
-                    struct bufferevent **r = loom_realloc(n->retired, (size_t)(n->n_retired + 1) * sizeof *r);
-                    if (r) n->retired = r, n->retired[n->n_retired++] = pe->bev;
-                }
-                pe->bev = bev;
-                pe->last_heard = loom_now();
-                n->n_up++;
-                if (back) {
-                    queue_news(n, pi, LOOM_MSG_PEER_UP);
-                    loom_log(LOOM_LOG_INFO, "%s: %s is back (%s)", n->name, pe->name, c->addr);
-                }
-                /* A first heartbeat at once, so the peer knows what we are doing from the start. */
-                bev_send(bev, LOOM_MSG_HEARTBEAT, n->status, strlen(n->status));
-                pthread_cond_broadcast(&n->cv);
-                pthread_mutex_unlock(&n->mu);
-                evtimer_del(c->timer);
-                loom_debug("%s: connected to %s (%s)", n->name, pe->name, c->addr);
+            if (c->hs.done && !hs_accept(c, bev, &e)) {
+                evbuffer_drain(in, (size_t)r);
+                drop(c, &e);
+                return;
             }
         }
         evbuffer_drain(in, (size_t)r);
+        if (pause) { /* the rest stays in the input buffer; on_resume reads on */
+            bufferevent_disable(bev, EV_READ);
+            return;
+        }
+    }
+}
+
+/* loom_net_recv took a paused peer's queue back under the bound: read its
+ * connection again, starting with what is already in its input buffer. In
+ * the loop thread, which alone frees connections. */
+static void on_resume(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    loom_net *n = arg;
+    for (int i = 0; i < n->n_peers; i++) {
+        pthread_mutex_lock(&n->mu);
+        net_peer *pe = &n->peers[i];
+        conn *c = pe->resume && !pe->paused ? pe->c : NULL;
+        pe->resume = false;
+        if (c) pe->last_heard = loom_now(); /* its silence while unread was ours */
+        pthread_mutex_unlock(&n->mu);
+        if (!c || c->closing) continue;
+        bufferevent_enable(c->bev, EV_READ);
+        bufferevent_trigger(c->bev, EV_READ, BEV_TRIG_IGNORE_WATERMARKS);
     }
 }
 
@@ -688,7 +754,7 @@ static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
         struct bufferevent *to = NULL;
         pthread_mutex_lock(&n->mu);
         net_peer *pe = &n->peers[i];
-        if (pe->state == P_UP && now - pe->last_heard > n->hb_timeout) {
+        if (pe->state == P_UP && !pe->paused && now - pe->last_heard > n->hb_timeout) {
             char why[160];
             snprintf(why, sizeof why, "silent for %.1f s (cluster.heartbeat_timeout = %g s)", now - pe->last_heard,
                      n->hb_timeout);
@@ -853,6 +919,7 @@ static void net_free(loom_net *n)
     if (n->hb_ev) event_free(n->hb_ev);
     if (n->deadline_ev) event_free(n->deadline_ev);
     if (n->close_ev) event_free(n->close_ev);
+    if (n->resume_ev) event_free(n->resume_ev);
     if (n->base) event_base_free(n->base);
     if (n->ssl) SSL_CTX_free(n->ssl);
     for (qmsg *q = n->qhead, *nx; q; q = nx) {
@@ -901,6 +968,7 @@ static int net_new(loom_net **out, const loom_cluster *c, const loom_task_addr *
     n->connect_timeout = c->connect_timeout > 0 ? c->connect_timeout : 60;
     n->hb_timeout = c->heartbeat_timeout > 0 ? c->heartbeat_timeout : 30;
     n->sendq_max = c->send_queue_max > 0 ? c->send_queue_max : LOOM_NET_SENDQ_MAX;
+    n->recvq_max = c->recv_queue_max > 0 ? c->recv_queue_max : LOOM_NET_RECVQ_MAX;
     n->hb_interval = c->heartbeat_interval > 0 ? c->heartbeat_interval : n->hb_timeout / 5;
     n->hs_timeout = n->connect_timeout < 10 ? n->connect_timeout : 10;
     if (n->hs_timeout < 1) n->hs_timeout = 1;
@@ -981,7 +1049,8 @@ static int net_listen(loom_net *n, const struct sockaddr_storage *my_sa, socklen
     n->hb_ev = event_new(n->base, -1, EV_PERSIST, on_heartbeat, n);
     n->deadline_ev = evtimer_new(n->base, on_deadline, n);
     n->close_ev = evtimer_new(n->base, on_close, n);
-    if (!n->hb_ev || !n->deadline_ev || !n->close_ev)
+    n->resume_ev = event_new(n->base, -1, 0, on_resume, n);
+    if (!n->hb_ev || !n->deadline_ev || !n->close_ev || !n->resume_ev)
         return loom_err_set(err, LOOM_ENOMEM, NULL, "no memory for the transport's timers");
     for (int i = 0; i < n->n_peers; i++) {
         dial_arg *da = loom_alloc(sizeof *da);
@@ -1093,6 +1162,14 @@ static size_t queued(struct bufferevent *bev)
     return q;
 }
 
+size_t loom_net_recv_queued_(loom_net *n, int p)
+{
+    pthread_mutex_lock(&n->mu);
+    size_t b = p >= 0 && p < n->n_peers ? n->peers[p].rq_bytes : 0;
+    pthread_mutex_unlock(&n->mu);
+    return b;
+}
+
 size_t loom_net_queued_(loom_net *n, int p)
 {
     pthread_mutex_lock(&n->mu);
@@ -1197,7 +1274,12 @@ int loom_net_recv(loom_net *n, int p, uint32_t type_lo, uint32_t type_hi, int *f
             if (prev) prev->next = q->next;
             else n->qhead = q->next;
             if (n->qtail == q) n->qtail = prev;
+            net_peer *pe = &n->peers[q->from];
+            pe->rq_bytes -= q->len < pe->rq_bytes ? q->len : pe->rq_bytes;
+            bool resume = pe->paused && pe->rq_bytes <= n->recvq_max;
+            if (resume) pe->paused = false, pe->resume = true;
             pthread_mutex_unlock(&n->mu);
+            if (resume) event_active(n->resume_ev, EV_READ, 0); /* (thread-safe) */
             if (from) *from = q->from;
             if (type) *type = q->type;
             loom_buf_fini(msg);
@@ -1279,6 +1361,21 @@ void loom_net_peer_info_(loom_net *n, int p, char *name, size_t name_n, char *st
 }
 
 const char *loom_net_name_(const loom_net *n) { return n->name; }
+
+double loom_net_heartbeat_timeout_(const loom_net *n) { return n->hb_timeout; }
+
+static void stall_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    useconds_t us = (useconds_t)(uintptr_t)arg;
+    usleep(us);
+}
+
+void loom_net_stall_loop_(loom_net *n, double seconds)
+{
+    struct timeval z = {0, 0};
+    event_base_once(n->base, -1, EV_TIMEOUT, stall_cb, (void *)(uintptr_t)(seconds * 1e6), &z);
+}
 
 int loom_net_peers(loom_net *n, loom_peer_info *out, int max)
 {

@@ -105,6 +105,11 @@ int  loom_net_peer_down_(loom_net *n, int p, loom_err *err);
 /* Peer p's name, what its last heartbeat said, and how long ago it was heard. */
 void loom_net_peer_info_(loom_net *n, int p, char *name, size_t name_n, char *status, size_t status_n, double *age);
 const char *loom_net_name_(const loom_net *n);
+/* Tests: the loop thread sleeps `seconds` at its next turn, as a thread
+ * starved on a loaded machine does (callbacks, heartbeats, loss reports wait). */
+void loom_net_stall_loop_(loom_net *n, double seconds);
+/* cluster.heartbeat_timeout as the transport uses it (s). */
+double loom_net_heartbeat_timeout_(const loom_net *n);
 /* The TLS context of cluster.tls (cert, key, CA: both ends verified), for
  * the control connections and the ring's data connections. *out is set
  * (possibly) even on failure: SSL_CTX_free it. */
@@ -115,5 +120,7 @@ int loom_net_tls_ctx_(const loom_cluster *c, struct ssl_ctx_st **out, loom_err *
 int loom_group_data_fd_(loom_group *g, bool recv_side);
 /* Bytes queued to peer p, not yet written to its socket (tests). */
 size_t loom_net_queued_(loom_net *n, int p);
+/* Bytes of peer p's messages waiting for loom_net_recv (tests). */
+size_t loom_net_recv_queued_(loom_net *n, int p);
 
 #endif

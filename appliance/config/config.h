@@ -595,6 +595,7 @@ typedef struct loom_strategy_spec {
     /* multi_worker_mirrored: the reduction across workers ("auto" = the ring on CPU) */
     loom_communication communication;
     loom_loc           communication_loc;
+    loom_loc           collective_timeout_loc; /* (the strategy's own loc when it is not set) */
     /* parameter_server: how variables are split along axis 0 over the ps
      * tasks (tf.distribute.experimental.partitioners; none = whole variables
      * round-robin), and synchronous updates (SyncReplicasOptimizer) */

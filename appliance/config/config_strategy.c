@@ -286,6 +286,9 @@ void cfg_parse_strategy_(cfg_ctx *c, const config_setting_t *root, loom_strategy
         const config_setting_t *cm = config_setting_get_member(g, "communication");
         if (cm) cfg_loc_of_(c, cm, &st->communication_loc);
         else st->communication_loc = st->loc;
+        const config_setting_t *ct = config_setting_get_member(g, "collective_timeout");
+        if (ct) cfg_loc_of_(c, ct, &st->collective_timeout_loc);
+        else st->collective_timeout_loc = st->loc;
         const config_setting_t *db = config_setting_get_member(g, "device_backend");
         if (db) cfg_loc_of_(c, db, &st->device_backend_loc);
         else st->device_backend_loc = st->loc;

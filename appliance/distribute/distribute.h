@@ -39,6 +39,12 @@ typedef struct loom_job_args {
     int (*boot_broadcast)(void *boot, void *buf, size_t len, int root, loom_err *err);
     /* Every rank's len bytes, in rank order, into out (ranks * len bytes). */
     int (*boot_all_gather)(void *boot, const void *buf, size_t len, void *out, loom_err *err);
+    /* ---- appended (present when size reaches them) ---- */
+    const char *timeout_where; /* strategy.collective_timeout's file:line (or --set, or the strategy's
+                                  section when it is not set), for errors */
+    /* Any thread, until job_close: nonzero when Loom's transport has lost a
+     * task of the job (heartbeats or connection), err naming it. */
+    int (*boot_lost)(void *boot, loom_err *err);
 } loom_job_args;
 
 typedef struct loom_cross_device_ops {

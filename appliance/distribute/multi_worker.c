@@ -115,6 +115,7 @@ typedef struct multi_worker {
     void          *job_comm;   /* job_ops' state */
     loom_job_args  job_args;   /* what job_open got (valid until job_close) */
     char           comm_where[600];
+    char           timeout_where[600]; /* strategy.collective_timeout's file:line */
 } multi_worker;
 
 static int64_t last_batch_size(const loom_dataset_spec *d)
@@ -160,6 +161,8 @@ static int find_job_op(multi_worker *mw, const loom_strategy_spec *st, loom_err 
     const char *name = loom_communication_name(st->communication), *origin = NULL;
     loom_loc_str(st->communication_loc.file[0] ? &st->communication_loc : &st->loc, mw->comm_where,
                  sizeof mw->comm_where);
+    loom_loc_str(st->collective_timeout_loc.file[0] ? &st->collective_timeout_loc : &st->loc, mw->timeout_where,
+                 sizeof mw->timeout_where);
     const char *setting = strncmp(mw->comm_where, "--set ", 6) ? "strategy.communication: " : "";
     const loom_cross_device_ops *x = loom_registry_find(LOOM_REG_CROSS_DEVICE_OPS, name, &origin);
     if (loom_xops_job(x)) {
@@ -207,6 +210,13 @@ static int boot_all_gather(void *boot, const void *buf, size_t len, void *out, l
     return rc;
 }
 
+/* Any thread: whether the group's transport has lost a task (its heartbeats
+ * or its connection), for an op's watchdog. */
+static int boot_lost(void *boot, loom_err *err)
+{
+    return loom_net_lost_peer(loom_group_net(boot), err) >= 0;
+}
+
 /* Opens the op's job collectives on every rank, then every rank learns
  * whether all of them could: a failure anywhere stops the whole job now. */
 static int open_job_op(multi_worker *mw, const loom_strategy_args *a, loom_err *err)
@@ -214,7 +224,8 @@ static int open_job_op(multi_worker *mw, const loom_strategy_args *a, loom_err *
     mw->job_args = (loom_job_args){.size = sizeof(loom_job_args), .rank = mw->rank, .ranks = mw->workers,
                                    .task = mw->task, .where = mw->comm_where,
                                    .timeout_s = a->spec->strategy.collective_timeout, .boot = mw->group,
-                                   .boot_broadcast = boot_broadcast, .boot_all_gather = boot_all_gather};
+                                   .boot_broadcast = boot_broadcast, .boot_all_gather = boot_all_gather,
+                                   .timeout_where = mw->timeout_where, .boot_lost = boot_lost};
     loom_err own;
     memset(&own, 0, sizeof own);
     int orc = mw->job_ops->job_open(&mw->job_comm, &mw->job_args, &own);

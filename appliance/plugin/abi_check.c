@@ -271,7 +271,7 @@ SAME_FIELD_(loom_cross_device_ops, job_close)
 SAME_FIELD_(loom_cross_device_ops, job_all_reduce)
 
 #define LOOM_ABI_JOB_ARGS_FIELDS_(X) X(size) X(rank) X(ranks) X(task) X(where) X(timeout_s) X(boot) \
-    X(boot_broadcast) X(boot_all_gather)
+    X(boot_broadcast) X(boot_all_gather) X(timeout_where) X(boot_lost)
 #define SAME_JOB_ARGS_FIELD_(f) SAME_FIELD_(loom_job_args, f)
 SAME_SIZE_(loom_job_args)
 LOOM_ABI_JOB_ARGS_FIELDS_(SAME_JOB_ARGS_FIELD_)

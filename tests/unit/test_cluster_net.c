@@ -718,19 +718,26 @@ static void test_garbage_client(void)
 
 /* ---- lost peers ----------------------------------------------------------------- */
 
-static int lost_mode; /* 0: SIGKILL, 1: SIGSTOP (silent, still connected) */
+static int lost_mode; /* 0: SIGKILL, 1: SIGSTOP (silent, still connected), 2: SIGKILL during a large all-reduce
+                         (the ring's data connections), 3: as 2 with the survivors' transport threads starved
+                         for 1.5 s around the kill (a loaded machine) */
 
 static int lost_rank(int rank, int n)
 {
     loom_group *g = open_group(rank, n, 0);
     if (!g) return 1;
-    int64_t count = lost_mode == 2 ? 1 << 20 : 1000; /* 2: large, through the sender thread */
+    int64_t count = lost_mode >= 2 ? 1 << 20 : 1000; /* 2, 3: large, through the sender thread */
+    bool stalled = false;
     float *b = malloc((size_t)count * 4);
     loom_err err = {0};
     int rc = 0;
     double t0 = loom_now();
     for (int it = 0; it < 10000000 && !rc; it++) {
         /* (after a few heartbeats, so the others know what it was doing) */
+        if (lost_mode == 3 && rank < n - 1 && !stalled && loom_now() - t0 > 0.5) {
+            loom_net_stall_loop_(loom_group_net(g), 1.5);
+            stalled = true;
+        }
         if (rank == n - 1 && loom_now() - t0 > 0.6) {
             note(rank, 0, NULL, loom_now());
             raise(lost_mode == 1 ? SIGSTOP : SIGKILL);
@@ -750,7 +757,7 @@ static void lost_test(int mode)
     knob.hb_timeout = 2;
     lost_mode = mode;
     if (mode == 1) knob.stop_rank = 2;
-    if (mode == 2) setenv("LOOM_RING_SENDER", "1", 1);
+    if (mode >= 2) setenv("LOOM_RING_SENDER", "1", 1);
     int st[MAXR];
     run_ranks(3, lost_rank, 30, st);
     unsetenv("LOOM_RING_SENDER");
@@ -761,6 +768,8 @@ static void lost_test(int mode)
     for (int r = 0; r < 2; r++) {
         char *m = read_note(r, &rc, &t), *l = read_log(r);
         CHECK_MSG(rc == LOOM_ENET, "rank %d: %d %s", r, rc, m);
+        /* (the transport's verdict, with the address and what it last did, even when its thread is slow to
+         * give it: not only "the ring's data connection from worker:2 closed") */
         CHECK_CONTAINS(m, "lost worker:2 (127.0.0.1:");
         CHECK_CONTAINS(m, mode == 1 ? "silent for" : "connection closed");
         /* what it last did, as its last heartbeat said: mostly inside an
@@ -780,6 +789,7 @@ static void lost_test(int mode)
 static void test_peer_killed(void) { lost_test(0); }
 static void test_peer_stopped(void) { lost_test(1); }
 static void test_peer_killed_large(void) { lost_test(2); }
+static void test_peer_killed_slow_loop(void) { lost_test(3); }
 
 /* ---- the bounded send queue ----------------------------------------------------- */
 
@@ -837,6 +847,117 @@ static void test_send_queue_bounded(void)
     if (st[0]) {
         char *l = read_log(0);
         printf("# %s\n", l);
+        free(l);
+    }
+}
+
+/* ---- the bounded receive queue --------------------------------------------------- */
+
+/* worker:0 sends 1 MiB messages (each numbered, its bytes a pattern of the
+ * number) to worker:1, which takes none for a while. The messages worker:1
+ * holds for loom_net_recv never pass its bound (4 MiB) plus one message:
+ * its transport stops reading worker:0, and TCP pushes back on worker:0.
+ * Mode 0: worker:1 takes nothing for 1 s (less than heartbeat_timeout, 2 s),
+ * then all 32 messages, intact and in order: reading resumed; every send
+ * succeeded. Mode 1: worker:1 takes nothing for 5 s: worker:0's send fails
+ * naming worker:1 (its queue to it is full, nothing read for
+ * heartbeat_timeout), while worker:1, whose reading was paused, does not
+ * count worker:0 as silent; then worker:1 takes what was queued, in order,
+ * and learns that worker:0 is gone. */
+#define RECVQ_BOUND ((size_t)4 << 20)
+#define RECVQ_MSGS 32
+static int recvq_mode;
+static int recvq_rank(int rank, int n)
+{
+    (void)n;
+    tcl t;
+    mk_cluster(&t, 2, rank);
+    t.c.send_queue_max = RECVQ_BOUND;
+    t.c.recv_queue_max = RECVQ_BOUND;
+    loom_net_peer peer = {LOOM_ROLE_WORKER, 1 - rank};
+    loom_net *net;
+    loom_err err = {0};
+    int rc = loom_net_open(&net, &t.c, &peer, 1, &err);
+    CHECK_MSG(rc == 0, "open: %s", err.msg);
+    if (rc) return 1;
+    size_t mib = (size_t)1 << 20;
+    if (rank == 0) {
+        uint8_t *m = malloc(mib);
+        int sent = 0;
+        double t0 = loom_now();
+        for (; sent < RECVQ_MSGS && !rc; sent++) {
+            memset(m, sent + 1, mib);
+            memcpy(m, &sent, sizeof sent);
+            rc = loom_net_send(net, 0, LOOM_MSG_USER + 1, m, mib, &err);
+        }
+        printf("# worker:0 sent %d of %d MiB in %.2f s: %s\n", sent - (rc != 0), RECVQ_MSGS, loom_now() - t0,
+               rc ? err.msg : "no error");
+        if (recvq_mode == 0) {
+            CHECK_MSG(rc == 0, "a send to a reader that paused 1 s failed: %s", err.msg);
+            loom_buf ack;
+            loom_buf_init(&ack);
+            CHECK(loom_net_recv(net, 0, LOOM_MSG_USER + 2, LOOM_MSG_USER + 2, NULL, NULL, &ack, 20, &err) == 0);
+            loom_buf_fini(&ack);
+        } else {
+            CHECK_MSG(rc == LOOM_ENET, "sending %d MiB to a reader that takes nothing for 5 s never failed (%d)",
+                      RECVQ_MSGS, rc);
+            CHECK_CONTAINS(err.msg, "worker:1");
+            CHECK_CONTAINS(err.msg, "has read none of the");
+        }
+        free(m);
+        loom_net_close(net);
+        return 0;
+    }
+    double pause = recvq_mode == 0 ? 1.0 : 5.0, t0 = loom_now();
+    size_t peak = 0;
+    while (loom_now() - t0 < pause) {
+        size_t q = loom_net_recv_queued_(net, 0);
+        if (q > peak) peak = q;
+        usleep(5000);
+    }
+    int got = 0;
+    bool intact = true;
+    loom_buf m;
+    loom_buf_init(&m);
+    for (; got < RECVQ_MSGS; got++) {
+        size_t q = loom_net_recv_queued_(net, 0);
+        if (q > peak) peak = q;
+        rc = loom_net_recv(net, 0, LOOM_MSG_USER + 1, LOOM_MSG_USER + 1, NULL, NULL, &m, 20, &err);
+        if (rc) break;
+        int k = -1;
+        if (m.len == mib) memcpy(&k, m.data, sizeof k);
+        if (k != got || m.data[mib - 1] != (uint8_t)(got + 1)) intact = false;
+    }
+    loom_buf_fini(&m);
+    printf("# worker:1 took nothing for %.0f s: at most %.2f MiB waited for it (bound %.0f MiB); then it took %d "
+           "messages%s%s\n", pause, (double)peak / mib, (double)RECVQ_BOUND / mib, got, rc ? ", then: " : "",
+           rc ? err.msg : "");
+    CHECK_MSG(peak <= RECVQ_BOUND + mib + LOOM_NET_HDR, "%.2f MiB waited for loom_net_recv (bound %.0f MiB)",
+              (double)peak / mib, (double)RECVQ_BOUND / mib);
+    CHECK_MSG(intact, "the messages after the pause are not the ones sent, in order");
+    if (recvq_mode == 0) {
+        CHECK_MSG(got == RECVQ_MSGS, "took %d of %d messages: %s", got, RECVQ_MSGS, rc ? err.msg : "");
+        CHECK(loom_net_send(net, 0, LOOM_MSG_USER + 2, "ok", 2, &err) == 0);
+    } else {
+        /* what was queued; what was still in flight may be lost with worker:0's closing connection */
+        CHECK_MSG(got >= (int)(RECVQ_BOUND / mib), "took %d messages", got);
+        CHECK_MSG(rc == LOOM_ENET && strstr(err.msg, "worker:0"), "after the messages: %d %s", rc, err.msg);
+    }
+    loom_net_close(net);
+    return 0;
+}
+
+static void test_recv_queue_bounded(void)
+{
+    for (recvq_mode = 0; recvq_mode < 2; recvq_mode++) {
+        new_ports(2);
+        knob.hb_timeout = 2;
+        int st[MAXR];
+        run_ranks(2, recvq_rank, 40, st);
+        check_all_ok(2, st);
+        char *l = read_log(1);
+        CHECK_MSG(!strstr(l, "silent for"), "mode %d: worker:1 counted its own pause as worker:0's silence: %s",
+                  recvq_mode, l);
         free(l);
     }
 }
@@ -1102,11 +1223,13 @@ static const loom_test tests[] = {
     {"peer_killed", test_peer_killed},
     {"peer_stopped", test_peer_stopped},
     {"peer_killed_large", test_peer_killed_large},
+    {"peer_killed_slow_loop", test_peer_killed_slow_loop},
     {"mismatched_collectives", test_mismatch},
     {"collective_timeout", test_collective_timeout},
     {"tls", test_tls},
     {"no_secret", test_no_secret},
     {"send_queue_bounded", test_send_queue_bounded},
+    {"recv_queue_bounded", test_recv_queue_bounded},
     {"tls_data_plane", test_tls_data_plane},
     {0},
 };

@@ -321,6 +321,7 @@ static void strip_locs(loom_spec *s)
     memset(&s->strategy.devices_loc, 0, sizeof(loom_loc));
     memset(&s->strategy.cross_device_ops_loc, 0, sizeof(loom_loc));
     memset(&s->strategy.communication_loc, 0, sizeof(loom_loc));
+    memset(&s->strategy.collective_timeout_loc, 0, sizeof(loom_loc));
     memset(&s->run.loc, 0, sizeof(loom_loc));
     memset(&s->plugins.loc, 0, sizeof(loom_loc));
     memset(&s->cluster.loc, 0, sizeof(loom_loc));
