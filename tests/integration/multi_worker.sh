@@ -39,10 +39,11 @@ loom_of() {
     for ((i = 0; i < 100; i++)); do c=$(pgrep -P "$1" | head -1); [ -n "$c" ] && break; sleep 0.02; done
     echo "${c:-$1}"
 }
-# wait_for FILE [FILE2]: up to 15 s for FILE (with FILE2: FILE2 non-empty) to exist.
+# wait_for FILE [FILE2]: up to 60 s for FILE (with FILE2: FILE2 non-empty) to exist
+# (it returns as soon as it does; the bound is for machines loaded 10x over).
 wait_for() {
     local i
-    for ((i = 0; i < 300; i++)); do
+    for ((i = 0; i < 1200; i++)); do
         if [ -n "${2:-}" ]; then [ -s "$2" ] && return; elif [ -e "$1" ]; then return; fi
         sleep 0.05
     done
@@ -109,13 +110,16 @@ same_weights "TF_CONFIG: the weights of --task" "$WORK/two/ckpt-40.loom" "$WORK/
 
 # ---- kill -9 of a worker mid-epoch, then an exact resume ------------------------------
 SLOW=(--set run.max_steps=100 --set run.checkpoint_steps=10 --set run.eval_steps=1)
+# Steps of 40 ms of CPU: the 80 steps after ckpt-20 outlast the poll and the kill
+# even on a machine loaded 20x over (at 15 ms the job once ended first there).
+KILLCB='hooks.callbacks=({ fn = "../lua/mwm_slow.lua:slow"; args = { seconds = 0.04; }; })'
 base=$(free_ports 2)
 WS="$(workers_set 2 "$base")"
-timeout 60 "$LOOM" train $CFG --task worker:0 --model-dir "$WORK/kill" --set "$WS" "${SLOW[@]}" \
-    --set 'hooks.callbacks=["../lua/mwm_slow.lua:slow"]' >"$WORK/kill.0" 2>&1 &
+timeout 90 "$LOOM" train $CFG --task worker:0 --model-dir "$WORK/kill" --set "$WS" "${SLOW[@]}" \
+    --set "$KILLCB" >"$WORK/kill.0" 2>&1 &
 k0=$!; PIDS+=($k0)
-timeout 60 "$LOOM" train $CFG --task worker:1 --model-dir "$WORK/kill" --set "$WS" "${SLOW[@]}" \
-    --set 'hooks.callbacks=["../lua/mwm_slow.lua:slow"]' >"$WORK/kill.1" 2>&1 &
+timeout 90 "$LOOM" train $CFG --task worker:1 --model-dir "$WORK/kill" --set "$WS" "${SLOW[@]}" \
+    --set "$KILLCB" >"$WORK/kill.1" 2>&1 &
 k1=$!; PIDS+=($k1)
 wait_for "$WORK/kill/ckpt-20.loom"
 kill -9 "$(loom_of $k1)"
