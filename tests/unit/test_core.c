@@ -24,6 +24,49 @@ static void test_crc32c(void)
     CHECK(loom_crc32c_mask(0) == 0xa282ead8u);
 }
 
+/* CRC-32C a bit at a time: the definition, to hold the fast paths to */
+static uint32_t crc32c_bitwise(uint32_t crc, const uint8_t *p, size_t n)
+{
+    uint32_t c = ~crc;
+    while (n--) {
+        c ^= *p++;
+        for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+    }
+    return ~c;
+}
+
+/* Every length from 0 to past four rounds of the three-chain path (768 bytes a
+ * round), at every alignment mod 8, from a non-zero starting CRC, equals the
+ * definition; and a 1 MiB buffer split anywhere extends to the whole. */
+static void test_crc32c_lengths(void)
+{
+    enum { MAX = 3300 };
+    static uint8_t buf[MAX + 8];
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (size_t i = 0; i < sizeof buf; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        buf[i] = (uint8_t)x;
+    }
+    int bad = 0;
+    for (size_t off = 0; off < 8; off++)
+        for (size_t n = 0; n <= MAX; n += off == 0 ? 1 : 97) {
+            uint32_t seed = (uint32_t)(n * 2654435761u + off);
+            if (loom_crc32c_extend(seed, buf + off, n) != crc32c_bitwise(seed, buf + off, n)) bad++;
+        }
+    CHECK_MSG(bad == 0, "%d lengths/alignments differ from the bitwise CRC-32C", bad);
+    size_t big = (size_t)1 << 20;
+    uint8_t *b = malloc(big);
+    CHECK(b != NULL);
+    if (!b) return;
+    for (size_t i = 0; i < big; i++) b[i] = (uint8_t)(i * 131 + (i >> 9));
+    uint32_t whole = loom_crc32c(b, big);
+    CHECK(whole == crc32c_bitwise(0, b, big));
+    size_t cuts[] = {1, 767, 768, 769, 4096, big / 2 + 3, big - 1};
+    for (size_t k = 0; k < sizeof cuts / sizeof cuts[0]; k++)
+        CHECK(loom_crc32c_extend(loom_crc32c(b, cuts[k]), b + cuts[k], big - cuts[k]) == whole);
+    free(b);
+}
+
 static void test_philox_known_answer(void)
 {
     /* Random123's Philox4x32-10 known answer for key 0, counter 0 */
@@ -429,6 +472,7 @@ static void test_stale_tmp_hosts(void)
 
 static const loom_test tests[] = {
     {"crc32c", test_crc32c},
+    {"crc32c_lengths", test_crc32c_lengths},
     {"philox_known_answer", test_philox_known_answer},
     {"rng_streams", test_rng_streams},
     {"buf", test_buf},
