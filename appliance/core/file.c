@@ -17,11 +17,10 @@
 #include <zlib.h>
 #include <stdbool.h>
 
-int loom_open_regular(const char *path, loom_err *err)
+/* Keeps fd, opened with O_NONBLOCK, if it is a regular file (and clears
+ * O_NONBLOCK); otherwise closes it and says what path is instead. */
+static int keep_regular(int fd, const char *path, const char *hint, loom_err *err)
 {
-    /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-    if (fd < 0) return loom_err_set(err, LOOM_EIO, path, "cannot open: %s", strerror(errno)), -1;
     struct stat st;
     if (fstat(fd, &st) < 0) {
         int e = errno;
@@ -37,7 +36,7 @@ int loom_open_regular(const char *path, loom_err *err)
                            : S_ISSOCK(st.st_mode) ? "a socket"
                                                   : "not a regular file";
         loom_err_set(err, LOOM_EIO, path, "is %s, not a regular file: refused", what);
-        loom_err_hint(err, "loom reads configs, data, checkpoints, Lua files and plugins from regular files only");
+        loom_err_hint(err, "%s", hint);
         return -1;
     }
     int fl = fcntl(fd, F_GETFL);
@@ -45,11 +44,11 @@ int loom_open_regular(const char *path, loom_err *err)
     return fd;
 }
 
-FILE *loom_fopen_regular(const char *path, loom_err *err)
+/* fd as a FILE in mode; closes fd on failure. */
+static FILE *file_of(int fd, const char *mode, const char *path, loom_err *err)
 {
-    int fd = loom_open_regular(path, err);
     if (fd < 0) return NULL;
-    FILE *f = fdopen(fd, "rb");
+    FILE *f = fdopen(fd, mode);
     if (!f) {
         int e = errno;
         close(fd);
@@ -58,40 +57,33 @@ FILE *loom_fopen_regular(const char *path, loom_err *err)
     return f;
 }
 
+int loom_open_regular(const char *path, loom_err *err)
+{
+    /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) return loom_err_set(err, LOOM_EIO, path, "cannot open: %s", strerror(errno)), -1;
+    return keep_regular(fd, path, "loom reads configs, data, checkpoints, Lua files and plugins from regular files only",
+                        err);
+}
+
+FILE *loom_fopen_regular(const char *path, loom_err *err)
+{
+    return file_of(loom_open_regular(path, err), "rb", path, err);
+}
+
 FILE *loom_fopen_append_regular(const char *path, loom_err *err)
 {
+    static const char hint[] = "loom appends its records to regular files only: remove it";
     /* O_NONBLOCK: a FIFO with no reader fails (ENXIO) instead of waiting; with one it is refused below */
     int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, 0644);
     struct stat st;
     if (fd < 0 && errno == ENXIO && stat(path, &st) == 0 && S_ISFIFO(st.st_mode)) {
         loom_err_set(err, LOOM_EIO, path, "is a FIFO (named pipe), not a regular file: refused");
-        loom_err_hint(err, "loom appends its records to regular files only: remove it");
+        loom_err_hint(err, "%s", hint);
         return NULL;
     }
     if (fd < 0) return loom_err_set(err, LOOM_EIO, path, "cannot open for appending: %s", strerror(errno)), NULL;
-    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-        int e = errno;
-        bool stat_ok = fstat(fd, &st) == 0;
-        close(fd);
-        if (!stat_ok) return loom_err_set(err, LOOM_EIO, path, "cannot stat: %s", strerror(e)), NULL;
-        const char *what = S_ISFIFO(st.st_mode)  ? "a FIFO (named pipe)"
-                           : S_ISCHR(st.st_mode) ? "a character device"
-                           : S_ISBLK(st.st_mode) ? "a block device"
-                           : S_ISSOCK(st.st_mode) ? "a socket"
-                                                  : "not a regular file";
-        loom_err_set(err, LOOM_EIO, path, "is %s, not a regular file: refused", what);
-        loom_err_hint(err, "loom appends its records to regular files only: remove it");
-        return NULL;
-    }
-    int fl = fcntl(fd, F_GETFL);
-    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-    FILE *f = fdopen(fd, "a");
-    if (!f) {
-        int e = errno;
-        close(fd);
-        loom_err_set(err, LOOM_ENOMEM, path, "fdopen failed: %s", strerror(e));
-    }
-    return f;
+    return file_of(keep_regular(fd, path, hint, err), "a", path, err);
 }
 
 /* ---- streaming reader: plain or gzip ---------------------------------------- */
