@@ -252,6 +252,13 @@ typedef struct loom_job_args {
      * an op whose library cannot time out can still learn that a wait is
      * hopeless. */
     int (*boot_lost)(void *boot, loom_err *err);
+    /* In job_close: nonzero when this task is ending in failure (its run
+     * failed or was interrupted). job_close must then not wait for the other
+     * ranks on its way out (MPI_Finalize and ncclCommDestroy would): they may
+     * be stopped, or waiting in a collective this task will never join.
+     * Leaving without it is what ends the job (mpirun stops the other ranks
+     * when one exits non-zero; Loom's transport tells the others). */
+    int (*boot_failing)(void *boot);
 } loom_job_args;
 
 /* Collectives over n in-process buffers of count floats each (one per
@@ -424,6 +431,7 @@ struct loom_strategy {
                                           the strategy picks one (host->find_cross_device_ops) */
     const loom_strategy_args    *args;
     void                        *impl; /* the strategy's own */
+    int                          failing; /* (appended) nonzero at close when the run failed */
 };
 #endif
 

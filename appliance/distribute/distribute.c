@@ -212,6 +212,11 @@ int loom_strategy_open(loom_strategy **out, const loom_strategy_args *a, loom_er
     return LOOM_OK;
 }
 
+void loom_strategy_set_failing(loom_strategy *s)
+{
+    if (s) s->failing = 1;
+}
+
 void loom_strategy_close(loom_strategy *s)
 {
     if (!s) return;

@@ -45,6 +45,11 @@ typedef struct loom_job_args {
     /* Any thread, until job_close: nonzero when Loom's transport has lost a
      * task of the job (heartbeats or connection), err naming it. */
     int (*boot_lost)(void *boot, loom_err *err);
+    /* At job_close: nonzero when this task is ending in failure (its run
+     * failed or was interrupted), so the op must not wait for the other ranks
+     * on the way out (MPI_Finalize, ncclCommDestroy would): they may be
+     * stopped, or waiting in a collective this task will never join. */
+    int (*boot_failing)(void *boot);
 } loom_job_args;
 
 typedef struct loom_cross_device_ops {
@@ -317,6 +322,7 @@ struct loom_strategy {
     const loom_cross_device_ops *xops;
     const loom_strategy_args    *args;
     void                        *impl;
+    int                          failing; /* set by loom_strategy_set_failing before close */
 };
 
 /* The registry. Built-ins are registered by loom_distribute_init (an explicit
@@ -340,6 +346,10 @@ char *loom_cross_device_ops_names(char *buf, size_t n);
 /* Creates the strategy the spec names. Free with loom_strategy_close. */
 int  loom_strategy_open(loom_strategy **out, const loom_strategy_args *a, loom_err *err);
 void loom_strategy_close(loom_strategy *s); /* NULL is a no-op */
+/* Before close: the run is ending in failure, so the strategy must not wait
+ * for its peers on the way out (a job's cross-device op skips MPI_Finalize).
+ * NULL is a no-op. */
+void loom_strategy_set_failing(loom_strategy *s);
 
 /* The roles description of the strategy the spec names, found by its name
  * in the registry (a plugin's once its plugin is loaded): pass it to

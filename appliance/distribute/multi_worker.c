@@ -114,6 +114,7 @@ typedef struct multi_worker {
     const loom_cross_device_ops *job_ops; /* communication = "mpi" | "nccl": the plugin's op; NULL: the ring */
     void          *job_comm;   /* job_ops' state */
     loom_job_args  job_args;   /* what job_open got (valid until job_close) */
+    loom_strategy *self;       /* the instance (its failing flag, for job_close) */
     char           comm_where[600];
     char           timeout_where[600]; /* strategy.collective_timeout's file:line */
 } multi_worker;
@@ -185,15 +186,16 @@ static int find_job_op(multi_worker *mw, const loom_strategy_spec *st, loom_err 
                          "\"ring\"");
 }
 
-/* The bootstrap channel of loom_job_args: the group's collectives. */
+/* The bootstrap channel of loom_job_args (boot is the multi_worker): the
+ * group's collectives. */
 static int boot_broadcast(void *boot, void *buf, size_t len, int root, loom_err *err)
 {
-    return loom_group_broadcast(boot, buf, len, root, err);
+    return loom_group_broadcast(((multi_worker *)boot)->group, buf, len, root, err);
 }
 
 static int boot_all_gather(void *boot, const void *buf, size_t len, void *out, loom_err *err)
 {
-    loom_group *g = boot;
+    loom_group *g = ((multi_worker *)boot)->group;
     int n = loom_group_size(g);
     loom_buf *all = loom_calloc((size_t)n, sizeof *all);
     if (!all) return loom_err_set(err, LOOM_ENOMEM, NULL, "gathering %d bootstrap messages", n);
@@ -214,7 +216,13 @@ static int boot_all_gather(void *boot, const void *buf, size_t len, void *out, l
  * or its connection), for an op's watchdog. */
 static int boot_lost(void *boot, loom_err *err)
 {
-    return loom_net_lost_peer(loom_group_net(boot), err) >= 0;
+    return loom_net_lost_peer(loom_group_net(((multi_worker *)boot)->group), err) >= 0;
+}
+
+/* In job_close: whether the run is ending in failure (loom_strategy_set_failing). */
+static int boot_failing(void *boot)
+{
+    return ((multi_worker *)boot)->self->failing;
 }
 
 /* Opens the op's job collectives on every rank, then every rank learns
@@ -223,16 +231,17 @@ static int open_job_op(multi_worker *mw, const loom_strategy_args *a, loom_err *
 {
     mw->job_args = (loom_job_args){.size = sizeof(loom_job_args), .rank = mw->rank, .ranks = mw->workers,
                                    .task = mw->task, .where = mw->comm_where,
-                                   .timeout_s = a->spec->strategy.collective_timeout, .boot = mw->group,
+                                   .timeout_s = a->spec->strategy.collective_timeout, .boot = mw,
                                    .boot_broadcast = boot_broadcast, .boot_all_gather = boot_all_gather,
-                                   .timeout_where = mw->timeout_where, .boot_lost = boot_lost};
+                                   .timeout_where = mw->timeout_where, .boot_lost = boot_lost,
+                                   .boot_failing = boot_failing};
     loom_err own;
     memset(&own, 0, sizeof own);
     int orc = mw->job_ops->job_open(&mw->job_comm, &mw->job_args, &own);
     if (orc && !own.where[0]) snprintf(own.where, sizeof own.where, "%.255s", mw->comm_where);
     uint8_t mine = orc ? 1 : 0, *all = loom_calloc((size_t)mw->workers, 1);
     if (!all) return loom_err_set(err, LOOM_ENOMEM, NULL, "agreeing on communication");
-    int rc = boot_all_gather(mw->group, &mine, 1, all, err);
+    int rc = boot_all_gather(mw, &mine, 1, all, err);
     char failed[256] = "";
     size_t len = 0;
     for (int r = 0; r < mw->workers && !rc; r++)
@@ -264,6 +273,7 @@ static int mw_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     multi_worker *mw = loom_calloc(1, sizeof *mw);
     if (!mw) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the multi_worker_mirrored strategy");
     s->impl = mw;
+    mw->self = s;
     const loom_strategy_spec *st = &a->spec->strategy;
     mw->workers = n_workers(a);
     mw->rank = rank_of(a);

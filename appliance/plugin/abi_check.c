@@ -271,7 +271,7 @@ SAME_FIELD_(loom_cross_device_ops, job_close)
 SAME_FIELD_(loom_cross_device_ops, job_all_reduce)
 
 #define LOOM_ABI_JOB_ARGS_FIELDS_(X) X(size) X(rank) X(ranks) X(task) X(where) X(timeout_s) X(boot) \
-    X(boot_broadcast) X(boot_all_gather) X(timeout_where) X(boot_lost)
+    X(boot_broadcast) X(boot_all_gather) X(timeout_where) X(boot_lost) X(boot_failing)
 #define SAME_JOB_ARGS_FIELD_(f) SAME_FIELD_(loom_job_args, f)
 SAME_SIZE_(loom_job_args)
 LOOM_ABI_JOB_ARGS_FIELDS_(SAME_JOB_ARGS_FIELD_)
@@ -338,6 +338,7 @@ SAME_FIELD_(loom_strategy, ops)
 SAME_FIELD_(loom_strategy, xops)
 SAME_FIELD_(loom_strategy, args)
 SAME_FIELD_(loom_strategy, impl)
+SAME_FIELD_(loom_strategy, failing)
 
 /* Device backends: the constants, and the vtable field by field. */
 #define SAME_DEV_CONST_(name) _Static_assert((int)ABI_LOOM_##name == (int)LOOM_##name, "device constant " #name);

@@ -990,6 +990,7 @@ static int trainer_resume(trainer *t, loom_err *err)
 static int trainer_close(trainer *t, int rc, loom_err *err)
 {
     rc = sink_close(&t->sink, rc, err);
+    if (rc) loom_strategy_set_failing(t->r.strat);
     train_run_close_(&t->r);
     loom_dir_unlock_(t->lock_fd);
     return rc;

@@ -16,6 +16,11 @@
  * cluster.heartbeat_timeout, or its connection closed), it logs an error
  * naming the all-reduce, the setting's file:line and what to do, and ends
  * the whole job with MPI_Abort (mpirun then stops every rank).
+ * A task whose run fails anywhere else (a checkpoint it cannot write, a
+ * collective of Loom's own transport that lost a rank) leaves without
+ * MPI_Finalize: Open MPI's finalize waits for every rank, and the others are
+ * inside MPI_Allreduce (or stopped), so it would never return; a process
+ * that exits non-zero without it makes mpirun stop the whole job.
  * Threads: the train thread alone calls MPI (MPI_THREAD_SERIALIZED), except
  * the watchdog's MPI_Abort, the last call of the process.
  * For tests only: LOOM_MPI_TEST_MISMATCH=R makes the task of rank R see an
@@ -55,6 +60,7 @@ typedef struct job {
     char            timeout_where[300], task[64];
     void           *boot;
     int (*boot_lost)(void *boot, loom_err *err);
+    int (*boot_failing)(void *boot);
 } job;
 
 static double mono_now(void)
@@ -166,12 +172,20 @@ static void mpi_job_close(void *comm)
     watchdog_stop(j);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
-    if (j->comm != MPI_COMM_NULL) MPI_Comm_free(&j->comm);
-    if (j->finalize) {
-        int done = 0;
-        MPI_Finalized(&done);
-        if (!done) MPI_Finalize();
+    int done = 0;
+    MPI_Finalized(&done);
+    if (done) {
+        host->free(j);
+        return;
     }
+    if (j->boot_failing && j->boot_failing(j->boot)) {
+        host->log(LOOM_LOG_WARN, "mpi: %s fails, so it leaves without MPI_Finalize (which would wait for every rank); "
+                  "mpirun then stops the others", j->task);
+        host->free(j);
+        return;
+    }
+    if (j->comm != MPI_COMM_NULL) MPI_Comm_free(&j->comm);
+    if (j->finalize) MPI_Finalize();
     host->free(j);
 }
 
@@ -199,6 +213,8 @@ static int mpi_job_open(void **comm, const loom_job_args *a, loom_err *err)
              ext && a->timeout_where ? a->timeout_where : "strategy.collective_timeout");
     j->boot = a->boot;
     j->boot_lost = ext ? a->boot_lost : NULL;
+    j->boot_failing = a->size >= offsetof(loom_job_args, boot_failing) + sizeof a->boot_failing ? a->boot_failing
+                                                                                                  : NULL;
     *comm = j;
     int inited = 0, provided = 0;
     MPI_TRY(MPI_Initialized(&inited), a->where);

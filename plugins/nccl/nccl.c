@@ -222,6 +222,8 @@ typedef struct nccl_job {
     cudaStream_t stream;
     float       *dbuf;  /* device copy of the buffer being reduced */
     size_t       cap;   /* its floats */
+    void        *boot;
+    int (*boot_failing)(void *boot); /* NULL from hosts before it */
 } nccl_job;
 
 /* FNV-1a of the id: the same number in every task's log shows the exchange worked. */
@@ -236,7 +238,9 @@ static void nccl_job_close(void *comm)
 {
     nccl_job *j = comm;
     if (!j) return;
-    if (j->comm) ncclCommDestroy(j->comm);
+    /* A failing task must not wait for the others on its way out:
+     * ncclCommDestroy flushes work that needs every rank, ncclCommAbort not. */
+    if (j->comm) (j->boot_failing && j->boot_failing(j->boot) ? ncclCommAbort : ncclCommDestroy)(j->comm);
     if (j->dbuf) cudaFree(j->dbuf);
     if (j->stream) cudaStreamDestroy(j->stream);
     host->free(j);
@@ -273,6 +277,8 @@ static int nccl_job_open(void **comm, const loom_job_args *a, loom_err *err)
     if (!j) return host->err_set(err, LOOM_ENOMEM, NULL, "nccl: allocating the job's communicator");
     *comm = j;
     j->ranks = a->ranks;
+    j->boot = a->boot;
+    if (a->size >= offsetof(loom_job_args, boot_failing) + sizeof a->boot_failing) j->boot_failing = a->boot_failing;
     /* 1. the chief's unique id to every task, over Loom's transport */
     boot_id b;
     memset(&b, 0, sizeof b);

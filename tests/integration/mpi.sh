@@ -7,8 +7,12 @@
 # plugin absent, the op as a cross_device_ops of one process; a rank stopped
 # (SIGSTOP) while training: the plugin's watchdog ends the job within
 # collective_timeout (or, without one, once the transport's heartbeats lose
-# the rank), naming the all-reduce and the setting; one rank failing job_open
-# while the other opens: both stop, the failing rank named, nothing trained.
+# the rank), naming the all-reduce and the setting (or, when rank 0 waited in
+# a collective of Loom's transport, that collective fails and rank 0 leaves
+# without MPI_Finalize); the chief failing to write a checkpoint while the
+# other rank waits in MPI_Allreduce: it leaves without MPI_Finalize and
+# mpirun ends the job; one rank failing job_open while the other opens: both
+# stop, the failing rank named, nothing trained.
 # Skips (77) only when mpirun is not installed. Every mpirun and loom runs
 # under `timeout`, and whatever is left is killed on exit.
 source "$(dirname "$0")/lib.sh"
@@ -159,12 +163,25 @@ rc=$(cat "$WORK/stop_timeout.out.rc" 2>/dev/null || echo none)
     fail "a stopped rank: the job exits non-zero" "exit status $rc" "$(tail -8 "$WORK/stop_timeout.out")"
 python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) < 4 + 20 else 1)" "$TOOK" &&
     pass "... within collective_timeout (4 s) + 20 s (${TOOK} s)" || fail "... within collective_timeout (4 s) + 20 s" "${TOOK} s"
+# Where rank 0 waits when rank 1 stops: inside MPI_Allreduce (most of a step), where the plugin's
+# watchdog ends the job; or in a collective of Loom's own transport (the iterator states gathered at
+# each checkpoint), which fails by its own timeout or lost peer, and rank 0 then leaves without
+# MPI_Finalize (which would wait for the stopped rank for ever: the CI hang of stop 20).
+# in_allreduce NAME: whether rank 0's wait was the all-reduce (named in the path's pass lines)
+in_allreduce() { grep -q "through MPI_Allreduce has" "$WORK/$1.out"; }
 out=$(cat "$WORK/stop_timeout.out")
-contains "... rank 0 names the all-reduce it waited in" "--set strategy.collective_timeout: worker:0's all_reduce #" "$out"
-contains "... and the timeout setting, with what it waited" "through MPI_Allreduce has not returned after" "$out"
-contains "... and its value" "(strategy.collective_timeout = 4 s): a rank of the job is stopped" "$out"
-contains "... says what to do" "hint: see the other ranks' logs for the one that stopped" "$out"
-contains "... and ends the job (MPI_Abort)" "ending the job (MPI_Abort): every rank stops" "$out"
+if in_allreduce stop_timeout; then
+    contains "... rank 0 names the all-reduce it waited in" "--set strategy.collective_timeout: worker:0's all_reduce #" "$out"
+    contains "... and the timeout setting, with what it waited" "through MPI_Allreduce has not returned after" "$out"
+    contains "... and its value" "(strategy.collective_timeout = 4 s): a rank of the job is stopped" "$out"
+    contains "... says what to do" "hint: see the other ranks' logs for the one that stopped" "$out"
+    contains "... and ends the job (MPI_Abort)" "ending the job (MPI_Abort): every rank stops" "$out"
+else
+    contains "... rank 0 (in a collective of Loom's transport) names it and the timeout" "waited" "$out"
+    contains "... with the setting's value and the rank not arrived" "(collective timeout 4 s); not arrived: rank 1 (worker:1)" "$out"
+    contains "... and leaves without MPI_Finalize" "mpi: worker:0 fails, so it leaves without MPI_Finalize" "$out"
+    contains "... so mpirun ends the job" "exited with non-zero status" "$out"
+fi
 # no collective_timeout (0: for ever): the transport's heartbeats find the stopped rank, the watchdog ends the job
 stopped_job stop_heartbeat 30 --set cluster.heartbeat_timeout=3
 rc=$(cat "$WORK/stop_heartbeat.out.rc" 2>/dev/null || echo none)
@@ -173,10 +190,49 @@ rc=$(cat "$WORK/stop_heartbeat.out.rc" 2>/dev/null || echo none)
 python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) < 3 + 20 else 1)" "$TOOK" &&
     pass "... within heartbeat_timeout (3 s) + 20 s (${TOOK} s)" || fail "... within heartbeat_timeout (3 s) + 20 s" "${TOOK} s"
 out=$(cat "$WORK/stop_heartbeat.out")
-contains "... rank 0 names the all-reduce and the lost task" "worker:0's all_reduce #" "$out"
-contains "... which waited" "through MPI_Allreduce has waited" "$out"
-contains "... as lost by its silence" "for a task Loom's transport has lost: lost worker:1 (127.0.0.1:" "$out"
+contains "... the lost task named, by its silence" "worker:0: lost worker:1 (127.0.0.1:" "$out"
 contains "... with the heartbeat setting" "(cluster.heartbeat_timeout = 3 s)" "$out"
+if in_allreduce stop_heartbeat; then
+    contains "... rank 0 names the all-reduce (it waited in MPI_Allreduce)" "worker:0's all_reduce #" "$out"
+    contains "... which waited" "through MPI_Allreduce has waited" "$out"
+    contains "... for the task the transport lost" "for a task Loom's transport has lost: lost worker:1 (127.0.0.1:" "$out"
+else
+    contains "... rank 0 (in a collective of Loom's transport) leaves without MPI_Finalize" \
+        "mpi: worker:0 fails, so it leaves without MPI_Finalize" "$out"
+    contains "... so mpirun ends the job" "exited with non-zero status" "$out"
+fi
+
+# ---- the chief fails outside the all-reduce (a checkpoint it cannot write) while worker:1 waits in
+# MPI_Allreduce: it leaves without MPI_Finalize (which waited for worker:1 for ever before) and mpirun
+# ends the job. Steps of 0.1 s (a slow callback), so the directory put where ckpt-60 goes lands in time.
+SECONDS=0
+base=$(free_ports 2)
+("${MPIRUN[@]}" -np 2 "$LOOM" train $CFG --model-dir "$WORK/ckfail" --set 'cluster.worker=[]' \
+    --set cluster.port_base="$base" --set strategy.communication=mpi "${S40[@]}" --set run.max_steps=200 \
+    --set 'hooks.callbacks=({ fn = "../lua/mwm_slow.lua:slow"; args = { seconds = 0.1; }; })' \
+    >"$WORK/ckfail.out" 2>&1; echo $? >"$WORK/ckfail.out.rc") &
+root=$!
+PIDS+=("$root")
+for i in $(seq 1 600); do [ -e "$WORK/ckfail/ckpt-40.loom" ] && break; sleep 0.1; done # (up to 60 s)
+mkdir -p "$WORK/ckfail/ckpt-60.loom/in_the_way"
+for i in $(seq 1 600); do [ -e "$WORK/ckfail.out.rc" ] && break; sleep 0.1; done # (up to 60 s)
+took=$SECONDS
+rc=$(cat "$WORK/ckfail.out.rc" 2>/dev/null || echo none)
+out=$(cat "$WORK/ckfail.out")
+if [ "$rc" != none ] && [ "$rc" != 0 ]; then
+    pass "the chief cannot write a checkpoint: the job exits non-zero ($rc) by itself (${took} s)"
+else
+    fail "the chief cannot write a checkpoint: the job exits non-zero by itself" "exit status $rc after ${took} s" \
+        "$(tail -8 "$WORK/ckfail.out")"
+    kill_tree "$root"
+fi
+wait "$root" 2>/dev/null
+contains "... the chief names the checkpoint and why" "ckpt-60.loom.tmp." "$out"
+contains "... (a directory is in the way)" "failed: Is a directory" "$out"
+contains "... and leaves without MPI_Finalize" "mpi: worker:0 fails, so it leaves without MPI_Finalize" "$out"
+contains "... so mpirun ends the job, naming the chief's process" "exited with non-zero status" "$out"
+[ -s "$WORK/ckfail/ckpt-40.loom" ] && [ ! -e "$WORK/ckfail/ckpt-80.loom" ] &&
+    pass "... ckpt-40 intact, nothing trained past the failure" || fail "... ckpt-40 intact, nothing trained past the failure" "$(ls "$WORK/ckfail")"
 
 # ---- one rank fails job_open, the other opens: both stop, the failing one named, nothing trained ----
 # (LOOM_MPI_TEST_MISMATCH=1: rank 1's plugin sees an MPI size one larger than the job's, as a process
