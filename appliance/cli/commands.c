@@ -293,23 +293,18 @@ static int cmd_check(const cli_opts *o, double start, loom_err *err)
     return rc;
 }
 
-/* The hidden task `loom launch --command cluster-selftest` starts: resolves
- * the cluster as train would, then does what $LOOM_SELFTEST says (launch.c). */
+/* The hidden task `loom launch --command cluster-selftest` starts: loads the
+ * config and the plugins and resolves the cluster as train does (a plugin's
+ * strategy gives the roles; a provider name the config gives is checked),
+ * then does what $LOOM_SELFTEST says (launch.c). */
 static int cmd_selftest(const cli_opts *o, double start, loom_err *err)
 {
     (void)start;
-    loom_spec *spec = NULL;
-    loom_errlist *errs = calloc(1, sizeof *errs);
-    if (!errs) return loom_err_set(err, LOOM_ENOMEM, NULL, "out of memory");
-    int rc = loom_config_load(&spec, o->config, o->sets, o->n_sets, errs);
-    if (rc) {
-        loom_cli_print_errlist_(errs);
-        free(errs);
-        return -LOOM_EXIT_USAGE;
-    }
-    free(errs);
+    int status = 0;
+    loom_spec *spec = load(o, &status);
+    if (!spec) return -status;
     loom_cluster *cl = NULL;
-    rc = resolve_cluster(spec, o, &cl, true, err);
+    int rc = resolve_cluster(spec, o, &cl, true, err);
     if (!rc) rc = -loom_cli_selftest_(cl, o->model_dir, o->fresh); /* its own exit status, negated as for a config that did not load */
     loom_cluster_free(cl);
     loom_config_free(spec);

@@ -211,6 +211,16 @@ int  loom_net_recv(loom_net *n, int p, uint32_t type_lo, uint32_t type_hi, int *
  * it connects again (a dialed peer is dialed again with back-off, an
  * accepted one may connect again). Call after loom_net_open. */
 void loom_net_tolerate(loom_net *n, int p);
+/* Declares the user message types (LOOM_MSG_USER .. LOOM_MSG_USER + 63, a
+ * bit each: LOOM_NET_TYPE_BIT) this task reads from peer p (-1: from every
+ * peer); calls add up. Once any is declared for a peer, a message of
+ * another user type from it is never queued (where nothing would ever read
+ * it, it would pile up until the receive bound stops the connection): the
+ * connection is dropped and the peer declared lost (a tolerated one:
+ * LOOM_MSG_PEER_DOWN), with an error naming the peer and the type, so every
+ * wait on it ends at once. Call after loom_net_open. */
+#define LOOM_NET_TYPE_BIT(t) ((uint64_t)1 << ((t) - LOOM_MSG_USER))
+void loom_net_reads(loom_net *n, int p, uint64_t types);
 /* Whether a peer was declared lost (heartbeat timeout, closed connection);
  * -1 when none, else its index, with a message naming it in err. */
 int  loom_net_lost_peer(loom_net *n, loom_err *err);
@@ -238,7 +248,9 @@ int  loom_group_broadcast(loom_group *g, void *buf, size_t len, int root, loom_e
 int  loom_group_all_gather_bytes(loom_group *g, const void *buf, size_t len, loom_buf *out, loom_err *err);
 int  loom_group_barrier(loom_group *g, loom_err *err);
 /* The group's transport (borrowed): for messages beside the collectives,
- * with types from LOOM_MSG_USER + 16 up (the group uses the first 16). */
+ * with types from LOOM_MSG_USER + 16 up (the group uses the first 16);
+ * declare the ones read with loom_net_reads (the group declares its own, so
+ * an undeclared type is refused). */
 loom_net *loom_group_net(loom_group *g);
 
 /* ---- what this task knows of its peers (the status endpoint) ------------ */

@@ -475,6 +475,8 @@ int loom_group_open(loom_group **out, const loom_cluster *c, double collective_t
     int rc = loom_net_open(&g->net, c, peers, np, err);
     loom_free(peers);
     if (!rc && n > 1) {
+        /* the group's own types; a user of loom_group_net declares its own */
+        loom_net_reads(g->net, -1, LOOM_NET_TYPE_BIT(LOOM_MSG_GROUP_HELLO) | LOOM_NET_TYPE_BIT(LOOM_MSG_GROUP_ABORT));
         g->alert_fd = loom_net_alert_fd_(g->net, LOOM_MSG_GROUP_ABORT);
         rc = ring_connect(g, c, err);
     }

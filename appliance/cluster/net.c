@@ -71,6 +71,7 @@ typedef struct net_peer {
     size_t    rq_bytes;      /* bytes of its messages queued for loom_net_recv; under mu */
     bool      paused;        /* rq_bytes passed recvq_max: its connection is not read; under mu */
     bool      resume;        /* rq_bytes fell back under recvq_max: read it again (on_resume); under mu */
+    uint64_t  reads;         /* user types read from it (loom_net_reads; 0: any, none declared); under mu */
 } net_peer;
 
 struct conn {
@@ -254,8 +255,9 @@ static int bev_send(struct bufferevent *bev, uint32_t type, const void *buf, siz
 /* ---- frames --------------------------------------------------------------- */
 
 /* One frame of an authenticated connection; true when its peer's queue for
- * loom_net_recv is past the bound (stop reading the connection). */
-static bool handle_authed(conn *c, const loom_net_frame *f)
+ * loom_net_recv is past the bound (stop reading the connection). *unread:
+ * a user type this task declared it never reads from that peer (not queued). */
+static bool handle_authed(conn *c, const loom_net_frame *f, bool *unread)
 {
     loom_net *n = c->n;
     net_peer *pe = &n->peers[c->peer];
@@ -274,6 +276,9 @@ static bool handle_authed(conn *c, const loom_net_frame *f)
         else if (pe->state == P_UP) pe->state = P_GONE;
         pthread_cond_broadcast(&n->cv);
         alert(n);
+    } else if (f->type >= LOOM_MSG_USER && pe->reads &&
+               (f->type - LOOM_MSG_USER >= 64 || !(pe->reads & LOOM_NET_TYPE_BIT(f->type)))) {
+        *unread = true; /* nothing here reads it: the caller drops the connection */
     } else if (f->type >= LOOM_MSG_USER) {
         qmsg *q = loom_alloc(sizeof *q);
         uint8_t *d = loom_alloc(f->len ? f->len : 1);
@@ -337,6 +342,27 @@ static void drop(conn *c, const loom_err *e)
             }
         }
     }
+    pthread_mutex_unlock(&n->mu);
+    conn_close_soon(c);
+}
+
+/* A peer sent a user type this task never reads from it (loom_net_reads):
+ * nothing would take it off the queue, so instead of keeping it the peer's
+ * connection is dropped and every wait on the peer ends naming the type. */
+static void unread_type(conn *c, uint32_t type)
+{
+    loom_net *n = c->n;
+    int p = c->peer;
+    char why[200];
+    snprintf(why, sizeof why, "it sent a message of type %u, which %s never reads from it", type, n->name);
+    loom_log(LOOM_LOG_ERROR, "%s: dropped the connection %s %s (%s): %s", n->name, c->dialer ? "to" : "from", c->addr,
+             n->peers[p].name, why);
+    pthread_mutex_lock(&n->mu);
+    bool first = n->lost < 0;
+    declare_lost(n, p, why);
+    if (first && n->lost == p) /* a restart runs the same builds again: that is not the cure */
+        loom_err_hint(&n->lost_err, "every task of a job must run the same loom build (and plugins); a type no task "
+                                    "of this build reads is a peer of another build, or a bug to report");
     pthread_mutex_unlock(&n->mu);
     conn_close_soon(c);
 }
@@ -426,7 +452,13 @@ static void on_read(struct bufferevent *bev, void *arg)
             return;
         }
         if (c->authed) {
-            pause = handle_authed(c, &f);
+            bool unread = false;
+            pause = handle_authed(c, &f, &unread);
+            if (unread) {
+                evbuffer_drain(in, (size_t)r);
+                unread_type(c, f.type);
+                return;
+            }
         } else if (f.type != LOOM_MSG_HELLO) {
             loom_err_set(&e, LOOM_ENET, NULL, "a type-%u message before the handshake", f.type);
             drop(c, &e);
@@ -1301,6 +1333,14 @@ int loom_net_recv(loom_net *n, int p, uint32_t type_lo, uint32_t type_hi, int *f
                                 p >= 0 ? n->peers[p].name : "any peer", timeout_s);
         }
     }
+}
+
+void loom_net_reads(loom_net *n, int p, uint64_t types)
+{
+    pthread_mutex_lock(&n->mu);
+    for (int i = 0; i < n->n_peers; i++)
+        if (p < 0 || i == p) n->peers[i].reads |= types;
+    pthread_mutex_unlock(&n->mu);
 }
 
 void loom_net_tolerate(loom_net *n, int p)

@@ -168,6 +168,21 @@ static inline uint32_t loom_crc32c_mask(uint32_t crc) { return ((crc >> 15) | (c
 double loom_now(void);       /* monotonic seconds */
 double loom_wall_time(void); /* seconds since the epoch */
 
+/* ---- the CPU (cpuid.c) ---------------------------------------------------- */
+
+/* What the CPU can do, asked of CPUID once per process; every kernel or clock
+ * choice reads it here (tensor's loom_cpu() adds the kernel level). */
+typedef struct loom_cpu_features {
+    char        vendor[13];    /* "GenuineIntel", "AuthenticAMD"; "unknown" off x86 */
+    char        brand[49];     /* "AMD EPYC 9R14 96-Core Processor"; may be empty */
+    int         family, model; /* as CPUID leaf 1 gives them, extended fields folded in */
+    bool        sse42, avx2, fma, avx512f, avx512bw, avx512vl, avx512dq; /* supported by the CPU and saved by the OS */
+    bool        tsc_invariant; /* CPUID 0x80000007 EDX bit 8: the TSC runs at a constant rate, never stops */
+    const char *capped;        /* tests only: "avx2" or "baseline" when LOOM_TEST_CPU hid the features above it */
+} loom_cpu_features;
+/* Read once (thread-safe); borrowed for the process's life. */
+const loom_cpu_features *loom_cpu_probe(void);
+
 /* ---- thread pool --------------------------------------------------------- */
 
 /* A fixed pool started once. loom_pool_run runs fn(arg, i) for i in [0, n)

@@ -33,8 +33,7 @@ static void init_tables(void)
     for (int t = 1; t < 8; t++)
         for (int i = 0; i < 256; i++) table[t][i] = (table[t - 1][i] >> 8) ^ table[0][table[t - 1][i] & 0xff];
 #if defined(__x86_64__)
-    __builtin_cpu_init();
-    have_sse42 = __builtin_cpu_supports("sse4.2");
+    have_sse42 = loom_cpu_probe()->sse42;
     if (have_sse42) init_shift_tables();
 #endif
 }

@@ -163,6 +163,32 @@ static int recv_or_stop(ps_strategy *ps, int p, uint32_t lo, uint32_t hi, int *f
     }
 }
 
+/* What each role reads from whom (ps_internal.h's message table): any other
+ * type from a peer would wait in the transport's queue with nobody to take
+ * it, so the transport refuses it at once, naming it (loom_net_reads). A ps
+ * reads every ps type and answers one it does not expect with REFUSED. */
+static void declare_reads(ps_strategy *ps)
+{
+#define B_(t) LOOM_NET_TYPE_BIT(LOOM_PS_MSG_##t)
+    if (ps->role == LOOM_ROLE_PS) {
+        uint64_t all = 0;
+        for (uint32_t t = LOOM_PS_MSG_FIRST; t <= LOOM_PS_MSG_LAST; t++) all |= LOOM_NET_TYPE_BIT(t);
+        loom_net_reads(ps->net, -1, all);
+        return;
+    }
+    /* late answers to an abandoned request (VALUES, PUSHED, INIT_OK, SAVED) are read and skipped */
+    const uint64_t from_ps = B_(INIT_OK) | B_(VALUES) | B_(PUSHED) | B_(REFUSED) | B_(SAVED);
+    for (int q = 0; q < ps->n_ps; q++)
+        if (ps->peer_ps[q] >= 0) loom_net_reads(ps->net, ps->peer_ps[q], from_ps);
+    if (ps->role == LOOM_ROLE_CHIEF) {
+        for (int w = 0; w < ps->n_workers; w++)
+            if (ps->peer_worker[w] >= 0) loom_net_reads(ps->net, ps->peer_worker[w], B_(RESULT));
+    } else if (ps->peer_chief >= 0) {
+        loom_net_reads(ps->net, ps->peer_chief, B_(RUN) | B_(END));
+    }
+#undef B_
+}
+
 static uint64_t fresh_nonce(void)
 {
     uint64_t v = 0;
@@ -381,6 +407,7 @@ static int ps_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     for (int i = 0; i < ps->n_workers; i++)
         if (ps->peer_worker[i] >= 0) loom_net_tolerate(ps->net, ps->peer_worker[i]);
     for (int i = 0; i < ps->n_workers; i++) ps->alive[i] = true;
+    declare_reads(ps);
     if (ps->role == LOOM_ROLE_CHIEF) {
         ps->nonce = fresh_nonce();
         ps->need_init = true;
@@ -551,9 +578,14 @@ static int pull_sel(ps_strategy *ps, float *base, float *slots, int64_t min_step
     for (int q = 0; q < ps->n_ps && !rc; q++) {
         uint32_t type;
         int from;
-        for (;;) {
-            rc = loom_net_recv(ps->net, ps->peer_ps[q], LOOM_PS_MSG_VALUES, LOOM_PS_MSG_VALUES, &from, &type, &b, -1, err);
+        for (;;) { /* a refusal (a pull that did not decode) ends the wait; a late PUSHED is skipped */
+            rc = loom_net_recv(ps->net, ps->peer_ps[q], LOOM_PS_MSG_VALUES, LOOM_PS_MSG_REFUSED, &from, &type, &b, -1, err);
             if (rc) break;
+            if (type == LOOM_PS_MSG_REFUSED) {
+                rc = refused(ps, from, &b, err);
+                break;
+            }
+            if (type != LOOM_PS_MSG_VALUES) continue;
             loom_ps_msg m;
             if ((rc = loom_ps_decode_(b.data, b.len, &ps->plan, q, ps->n_slots, true, &m, err))) {
                 char who[32];
@@ -1383,7 +1415,9 @@ static int init_ps_tasks(ps_strategy *ps, int64_t step, loom_err *err)
     for (int q = 0; q < ps->n_ps && !rc; q++) {
         int from;
         uint32_t type;
-        rc = loom_net_recv(ps->net, ps->peer_ps[q], LOOM_PS_MSG_INIT_OK, LOOM_PS_MSG_REFUSED, &from, &type, &b, -1, err);
+        do /* a late answer to an abandoned pull or push is skipped: the INIT_OK (or a refusal) is this q's */
+            rc = loom_net_recv(ps->net, ps->peer_ps[q], LOOM_PS_MSG_INIT_OK, LOOM_PS_MSG_REFUSED, &from, &type, &b, -1, err);
+        while (!rc && type != LOOM_PS_MSG_INIT_OK && type != LOOM_PS_MSG_REFUSED);
         if (!rc && type == LOOM_PS_MSG_REFUSED) rc = refused(ps, from, &b, err);
         if (!rc && type == LOOM_PS_MSG_INIT_OK && b.len >= LOOM_PS_HDR + 24) { /* what the ps holds, and its memory */
             loom_buf r = b;

@@ -446,9 +446,23 @@ static void wrap_field(lua_State *L, const char *lib, const char *name, lua_CFun
     lua_pop(L, 1);
 }
 
+static int safe_setmetatable(lua_State *L);
+static int no_sethook(lua_State *L);
+
 /* Installed in every state, unsafe ones included: the limits bound every hook. */
 static void install_limits(lua_State *L)
 {
+    /* hooks.unsafe opens files and the OS to hooks, not unbounded loops: no
+     * finalizers (they run with the instruction hook off), and (debug is
+     * there only when unsafe) no replacing the hook that counts */
+    wrap_field(L, LUA_GNAME, "setmetatable", safe_setmetatable);
+    if (lua_getglobal(L, "debug") == LUA_TTABLE) {
+        lua_pop(L, 1);
+        wrap_field(L, "debug", "setmetatable", safe_setmetatable);
+        wrap_field(L, "debug", "sethook", no_sethook);
+    } else {
+        lua_pop(L, 1);
+    }
     lua_pushcfunction(L, limited_pcall);
     lua_setglobal(L, "pcall");
     lua_pushcfunction(L, limited_xpcall);
@@ -501,8 +515,10 @@ static int safe_lines(lua_State *L)
     return lua_gettop(L);
 }
 
-/* setmetatable that refuses a __gc field: Lua runs finalizers with hooks
- * off (in lua_close too), so one that loops would never be stopped. */
+/* setmetatable (and, in an unsafe state, debug.setmetatable) that refuses a
+ * __gc field: Lua runs finalizers with hooks off (in lua_close too), so one
+ * that loops would never be stopped, not even by SIGTERM. Every state,
+ * hooks.unsafe too: unsafe is about files and the OS, not about hangs. */
 static int safe_setmetatable(lua_State *L)
 {
     if (lua_istable(L, 2)) {
@@ -510,10 +526,19 @@ static int safe_setmetatable(lua_State *L)
         int has_gc = lua_rawget(L, 2) != LUA_TNIL;
         lua_pop(L, 1);
         if (has_gc)
-            return luaL_error(L, "setmetatable: __gc finalizers are not available in the sandbox (they run outside "
-                                 "the instruction limit; release resources explicitly, or use a to-be-closed variable)");
+            return luaL_error(L, "setmetatable: __gc finalizers are not available in the sandbox, nor with "
+                                 "hooks.unsafe = true (they run outside the instruction limit, so one that loops "
+                                 "would hang loom; release resources explicitly, or use a to-be-closed variable)");
     }
     return call_original(L);
+}
+
+/* debug.sethook (unsafe states only have debug): the count hook is the
+ * instruction limit's; replacing or clearing it would unbound the hook. */
+static int no_sethook(lua_State *L)
+{
+    return luaL_error(L, "debug.sethook is not available, even with hooks.unsafe = true (the instruction limit "
+                         "uses the hook; raise hooks.instruction_limit instead)");
 }
 
 /* require's one file searcher: "?.lua", "lua/?.lua", "?/init.lua" under the
@@ -596,7 +621,6 @@ static void open_safe_libs(loom_lua *S)
     lua_setfield(L, -2, "stdin");
     lua_pop(L, 1);
     wrap_field(L, "io", "lines", safe_lines);
-    wrap_field(L, LUA_GNAME, "setmetatable", safe_setmetatable);
     lua_getglobal(L, "io");
     lua_getfield(L, -1, "open");
     lua_pushcclosure(L, safe_open, 1);

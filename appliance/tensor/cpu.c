@@ -1,5 +1,5 @@
-/* cpu.c - what the CPU can do, read once from CPUID, and the kernels Loom
- * runs for it. Every choice of kernel (OpenBLAS's core in blas.c, the nn
+/* cpu.c - what the CPU can do (core's one CPUID probe, loom_cpu_probe), and
+ * the kernels Loom runs for it. Every choice of kernel (OpenBLAS's core in blas.c, the nn
  * kernels' level) is made from these features at start, never from the
  * environment: a VM that exports OPENBLAS_CORETYPE=Haswell on an AVX-512
  * machine would otherwise halve the products' speed. Threads: loom_cpu()
@@ -9,9 +9,6 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
 
 static loom_cpu_info cpu;
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
@@ -33,45 +30,20 @@ const char *loom_cpu_level_name(loom_cpu_level l)
     }
 }
 
+/* The features from core's one CPUID probe (loom_cpu_probe), and the level they call for. */
 static void cpu_read(void)
 {
-    snprintf(cpu.vendor, sizeof cpu.vendor, "unknown");
-#if defined(__x86_64__) && defined(__GNUC__)
-    unsigned a, b, c, d;
-    if (__get_cpuid(0, &a, &b, &c, &d)) {
-        memcpy(cpu.vendor, &b, 4);
-        memcpy(cpu.vendor + 4, &d, 4);
-        memcpy(cpu.vendor + 8, &c, 4);
-        cpu.vendor[12] = 0;
-    }
-    if (__get_cpuid(1, &a, &b, &c, &d)) {
-        unsigned fam = (a >> 8) & 0xf, mod = (a >> 4) & 0xf;
-        if (fam == 0xf) fam += (a >> 20) & 0xff;
-        if (fam == 0x6 || fam >= 0xf) mod |= ((a >> 16) & 0xf) << 4;
-        cpu.family = (int)fam;
-        cpu.model = (int)mod;
-    }
-    unsigned max_ext = __get_cpuid_max(0x80000000, NULL);
-    if (max_ext >= 0x80000004) {
-        unsigned r[12];
-        for (unsigned i = 0; i < 3; i++) __get_cpuid(0x80000002 + i, &r[4 * i], &r[4 * i + 1], &r[4 * i + 2], &r[4 * i + 3]);
-        memcpy(cpu.brand, r, 48);
-        cpu.brand[48] = 0;
-        /* trim the padding some CPUs put around the name */
-        char *s = cpu.brand;
-        while (*s == ' ') s++;
-        memmove(cpu.brand, s, strlen(s) + 1);
-        for (size_t n = strlen(cpu.brand); n && cpu.brand[n - 1] == ' '; n--) cpu.brand[n - 1] = 0;
-    }
-    /* __builtin_cpu_supports also checks that the OS saves the vector state (XGETBV) */
-    __builtin_cpu_init();
-    cpu.avx2 = __builtin_cpu_supports("avx2");
-    cpu.fma = __builtin_cpu_supports("fma");
-    cpu.avx512f = __builtin_cpu_supports("avx512f");
-    cpu.avx512bw = __builtin_cpu_supports("avx512bw");
-    cpu.avx512vl = __builtin_cpu_supports("avx512vl");
-    cpu.avx512dq = __builtin_cpu_supports("avx512dq");
-#endif
+    const loom_cpu_features *f = loom_cpu_probe();
+    memcpy(cpu.vendor, f->vendor, sizeof cpu.vendor);
+    memcpy(cpu.brand, f->brand, sizeof cpu.brand);
+    cpu.family = f->family;
+    cpu.model = f->model;
+    cpu.avx2 = f->avx2;
+    cpu.fma = f->fma;
+    cpu.avx512f = f->avx512f;
+    cpu.avx512bw = f->avx512bw;
+    cpu.avx512vl = f->avx512vl;
+    cpu.avx512dq = f->avx512dq;
     cpu.level = loom_cpu_pick_level(cpu.avx512f, cpu.avx512bw, cpu.avx512vl, cpu.avx512dq, cpu.avx2, cpu.fma);
 }
 
@@ -89,5 +61,8 @@ char *loom_cpu_describe(char *buf, size_t n)
              c->avx512f ? " avx512f" : "", c->avx512bw ? " avx512bw" : "", c->avx512vl ? " avx512vl" : "",
              c->avx512dq ? " avx512dq" : "", c->avx2 || c->fma || c->avx512f ? "" : " sse2 only",
              loom_cpu_level_name(c->level));
+    const char *cap = loom_cpu_probe()->capped;
+    size_t k = strlen(buf);
+    if (cap && k < n) snprintf(buf + k, n - k, " (capped at %s by LOOM_TEST_CPU, a tests-only switch)", cap);
     return buf;
 }

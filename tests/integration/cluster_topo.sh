@@ -158,4 +158,16 @@ expect_fail 2 "launch of a config without tasks" "has no cluster tasks: give --w
     "$LOOM" launch --local $CFG "${NOADDR[@]}"
 expect_fail 2 "launch --task is launch's to choose" "--task is chosen by launch for each task" \
     "$LOOM" launch --local $CFG --task worker:0
+
+# cluster-selftest loads the plugins and checks the config as train does: a
+# plugin's strategy gives the roles (local_sgd runs in one process), a
+# misspelt provider is refused, a plugin's communication is found
+expect_fail 2 "cluster-selftest: a plugin strategy's roles apply" "strategy \"local_sgd\" runs in one process, but the cluster" \
+    timeout 30 "$LOOM" cluster-selftest $CFG --task worker:0 --set 'strategy.type="local_sgd"'
+expect_fail 2 "cluster-selftest: an unknown strategy is refused" 'unknown strategy "multi_worker_mirrord"' \
+    timeout 30 "$LOOM" cluster-selftest $CFG --task worker:0 --set 'strategy.type="multi_worker_mirrord"'
+if [ -e "$(dirname "$LOOM")/plugins/mpi.so" ]; then
+    check "cluster-selftest: communication = \"mpi\" (a plugin's) resolves" \
+        timeout 30 "$LOOM" cluster-selftest $CFG --task worker:0 --set 'strategy.communication="mpi"'
+fi
 finish

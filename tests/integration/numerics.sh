@@ -168,7 +168,7 @@ CFG
 }
 npycfg npy.cfg ""
 expect_fail 1 "a NaN from a plugin source is an error naming the source, the element and the feature" \
-    'source "npy": element 5 (0-based, counted from the start of the pass or the resume), feature "x": non-finite value nan at offset 2' \
+    'source "npy": element 5 of the pass (0-based, in the source'"'"'s order), feature "x": non-finite value nan at offset 2' \
     timeout 60 "$LOOM" train "$WORK/npy.cfg"
 out=$(timeout 60 "$LOOM" train "$WORK/npy.cfg" 2>&1)
 contains "... naming the config's line" "npy.cfg:3" "$out"

@@ -1207,6 +1207,78 @@ static void test_tls_data_plane(void)
     check_all_ok(2, st);
 }
 
+/* ---- a message type nobody reads ------------------------------------------------- */
+
+/* worker:1 declares it reads USER+1 and USER+2 from worker:0, which then
+ * sends USER+5 (unread) and USER+1. Before, USER+5 waited in the queue for a
+ * reader that never came (only the 64 MiB bound would ever stop it); now the
+ * connection is dropped at once and the wait for USER+1 ends naming the
+ * peer and the type (tolerated peer: LOOM_MSG_PEER_DOWN news instead). */
+static int unread_mode;
+
+static int unread_rank(int rank, int n)
+{
+    (void)n;
+    tcl t;
+    mk_cluster(&t, 2, rank);
+    loom_net_peer peer = {LOOM_ROLE_WORKER, 1 - rank};
+    loom_net *net;
+    loom_err err = {0};
+    int rc = loom_net_open(&net, &t.c, &peer, 1, &err);
+    CHECK_MSG(rc == 0, "open: %s", err.msg);
+    if (rc) return 1;
+    loom_buf m;
+    loom_buf_init(&m);
+    if (rank == 1) {
+        loom_net_reads(net, 0, LOOM_NET_TYPE_BIT(LOOM_MSG_USER + 1));
+        loom_net_reads(net, -1, LOOM_NET_TYPE_BIT(LOOM_MSG_USER + 2));
+        if (unread_mode) loom_net_tolerate(net, 0);
+        CHECK(loom_net_send(net, 0, LOOM_MSG_USER + 3, "go", 2, &err) == 0);
+        double t0 = loom_now();
+        uint32_t type = 0;
+        rc = loom_net_recv(net, 0, unread_mode ? LOOM_MSG_PEER_DOWN : LOOM_MSG_USER + 1, LOOM_MSG_USER + 1, NULL, &type,
+                           &m, 20, &err);
+        double took = loom_now() - t0;
+        if (unread_mode) {
+            CHECK_MSG(rc == LOOM_OK && type == LOOM_MSG_PEER_DOWN, "rc %d, type %u: %s", rc, type, err.msg);
+        } else {
+            CHECK_MSG(rc == LOOM_ENET, "rc %d, type %u: %s", rc, type, err.msg);
+            CHECK_CONTAINS(err.msg, "worker:0");
+            char want[80];
+            snprintf(want, sizeof want, "it sent a message of type %u, which worker:1 never reads", LOOM_MSG_USER + 5);
+            CHECK_CONTAINS(err.msg, want);
+            CHECK_CONTAINS(err.hint, "the same loom build");
+        }
+        CHECK_MSG(took < 10, "the refusal took %.1f s", took);
+        /* nothing of it was queued: no USER+5 (nor USER+1 after it) to be read */
+        CHECK(loom_net_recv(net, 0, LOOM_MSG_USER + 1, LOOM_MSG_USER + 63, NULL, NULL, &m, 0, &err) != LOOM_OK);
+        CHECK(loom_net_recv_queued_(net, 0) == 0);
+    } else {
+        CHECK(loom_net_recv(net, 0, LOOM_MSG_USER + 3, LOOM_MSG_USER + 3, NULL, NULL, &m, 10, &err) == 0);
+        CHECK(loom_net_send(net, 0, LOOM_MSG_USER + 5, "unread", 6, &err) == 0);
+        CHECK(loom_net_send(net, 0, LOOM_MSG_USER + 1, "read", 4, &err) == 0);
+        /* worker:1 drops the connection: this side sees it lost (or gone), not a hang */
+        rc = loom_net_recv(net, 0, LOOM_MSG_USER + 9, LOOM_MSG_USER + 9, NULL, NULL, &m, 15, &err);
+        CHECK_MSG(rc == LOOM_ENET, "rc %d: %s", rc, err.msg);
+    }
+    loom_buf_fini(&m);
+    loom_net_close(net);
+    return 0;
+}
+
+static void test_unread_type(void)
+{
+    for (unread_mode = 0; unread_mode < 2; unread_mode++) {
+        new_ports(2);
+        int st[MAXR];
+        run_ranks(2, unread_rank, 30, st);
+        check_all_ok(2, st);
+        char *l = read_log(1);
+        CHECK_CONTAINS(l, "dropped the connection");
+        free(l);
+    }
+}
+
 static const loom_test tests[] = {
     {"frames", test_frames},
     {"handshake", test_handshake},
@@ -1231,6 +1303,7 @@ static const loom_test tests[] = {
     {"send_queue_bounded", test_send_queue_bounded},
     {"recv_queue_bounded", test_recv_queue_bounded},
     {"tls_data_plane", test_tls_data_plane},
+    {"unread_type", test_unread_type},
     {0},
 };
 

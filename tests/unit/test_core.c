@@ -1,4 +1,4 @@
-/* test_core.c - errors, buffers, RNG, CRC-32C, pool, files. */
+/* test_core.c - errors, buffers, RNG, CRC-32C, the CPUID probe, pool, files. */
 #include "core/core.h"
 #include "harness.h"
 
@@ -10,6 +10,9 @@
 #include <stdatomic.h>
 #include <unistd.h>
 #include <zlib.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 static void test_crc32c(void)
 {
@@ -470,9 +473,53 @@ static void test_stale_tmp_hosts(void)
     rmdir(dir);
 }
 
+/* The one CPUID probe: what CPUID and the compiler's feature test say, asked
+ * once (the same pointer every call, from every thread); LOOM_TEST_CPU only
+ * hides features. The stage clock's TSC check reads tsc_invariant here. */
+static void *probe_thread(void *arg)
+{
+    (void)arg;
+    return (void *)loom_cpu_probe();
+}
+
+static void test_cpu_probe(void)
+{
+    const loom_cpu_features *f = loom_cpu_probe();
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) CHECK(pthread_create(&th[i], NULL, probe_thread, NULL) == 0);
+    for (int i = 0; i < 4; i++) {
+        void *r = NULL;
+        pthread_join(th[i], &r);
+        CHECK(r == f);
+    }
+#if defined(__x86_64__) && defined(__GNUC__)
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    CHECK(__get_cpuid(0, &a, &b, &c, &d));
+    char vendor[13];
+    memcpy(vendor, &b, 4), memcpy(vendor + 4, &d, 4), memcpy(vendor + 8, &c, 4), vendor[12] = 0;
+    CHECK(!strcmp(f->vendor, vendor));
+    bool inv = __get_cpuid_max(0x80000000, NULL) >= 0x80000007 && __get_cpuid(0x80000007, &a, &b, &c, &d) && (d >> 8 & 1u);
+    CHECK(f->tsc_invariant == inv);
+    CHECK(f->sse42 == !!__builtin_cpu_supports("sse4.2"));
+    const char *cap = getenv("LOOM_TEST_CPU");
+    bool hide512 = cap && (!strcmp(cap, "avx2") || !strcmp(cap, "baseline")), hide2 = cap && !strcmp(cap, "baseline");
+    CHECK(f->capped == NULL ? !hide512 : !strcmp(f->capped, cap));
+    CHECK(f->avx2 == (!hide2 && __builtin_cpu_supports("avx2")) && f->fma == (!hide2 && __builtin_cpu_supports("fma")));
+    CHECK(f->avx512f == (!hide512 && __builtin_cpu_supports("avx512f")) &&
+          f->avx512bw == (!hide512 && __builtin_cpu_supports("avx512bw")) &&
+          f->avx512vl == (!hide512 && __builtin_cpu_supports("avx512vl")) &&
+          f->avx512dq == (!hide512 && __builtin_cpu_supports("avx512dq")));
+    printf("# %s family %d model %d, tsc_invariant %d, sse4.2 %d, avx2 %d, avx512f %d%s%s\n", f->vendor, f->family, f->model,
+           f->tsc_invariant, f->sse42, f->avx2, f->avx512f, f->capped ? ", capped at " : "", f->capped ? f->capped : "");
+#else
+    CHECK(!f->avx2 && !f->avx512f && !f->tsc_invariant);
+#endif
+}
+
 static const loom_test tests[] = {
     {"crc32c", test_crc32c},
     {"crc32c_lengths", test_crc32c_lengths},
+    {"cpu_probe", test_cpu_probe},
     {"philox_known_answer", test_philox_known_answer},
     {"rng_streams", test_rng_streams},
     {"buf", test_buf},

@@ -16,6 +16,7 @@
 #include "loom_plugin.h" /* after Loom's headers: only what they lack */
 
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -512,6 +513,8 @@ static void npy_fixtures(void)
     float zeros[5][2][3] = {{{0}}};
     npy_write("xf.npy", "<f4", "(5, 2, 3)", zeros, sizeof zeros);
     npy_write("big.npy", ">f4", "(5,)", w, sizeof w);
+    float wnan[5] = {0.5f, 1.0f, 1.5f, NAN, 2.5f}; /* element 3 */
+    npy_write("wnan.npy", "<f4", "(5,)", wnan, sizeof wnan);
     npy_write("short.npy", "<i8", "(6,)", y, sizeof y);
     char path[256];
     snprintf(path, sizeof path, "%s/text.npy", npy_dir);
@@ -634,6 +637,73 @@ static void test_npy_errors(void)
     CHECK_CONTAINS(e.msg, "not a NumPy .npy file");
     e = npy_error("source: { type = \"npz\"; options: { w = \"w.npy\"; }; };");
     CHECK_CONTAINS(e.msg, "no source \"npz\" is registered (have: idx, catalog, tfrecord, csv, text, synthetic, list_files, npy");
+}
+
+/* The non-finite check names the element by its place in the source's pass,
+ * also after a resume mid-pass (the count travels in the iterator state), so
+ * a user can find it; a state written before the count was saved still
+ * restores, and the message then says the index is counted from the resume. */
+#define NPY_NAN "source: { type = \"npy\"; options: { label = \"y.npy\"; w = \"wnan.npy\"; }; };"
+
+/* Reads the NaN element's error after restoring state (NULL: no restore); elements read before it in *got. */
+static loom_err npy_nan_error(const loom_buf *state, int *got)
+{
+    loom_err err = {0};
+    *got = 0;
+    loom_iter *it = npy_open(NPY_NAN, 0, &err);
+    CHECK_MSG(it, "%s", err.msg);
+    if (!it) return err;
+    if (state) {
+        loom_buf rb;
+        loom_buf_wrap(&rb, state->data, state->len);
+        CHECK_MSG(loom_iter_restore(it, &rb, &err) == LOOM_OK, "%s", err.msg);
+    }
+    loom_elem *e;
+    int rc;
+    while ((rc = loom_iter_next(it, &e, &err)) == LOOM_OK) (*got)++;
+    CHECK(rc == LOOM_EDATA);
+    loom_iter_close(it);
+    return err;
+}
+
+static void test_npy_nonfinite_after_resume(void)
+{
+    int got;
+    loom_err e = npy_nan_error(NULL, &got);
+    CHECK(got == 3);
+    CHECK_CONTAINS(e.msg, "source \"npy\": element 3 of the pass (0-based, in the source's order), feature \"w\": "
+                          "non-finite value nan at offset 0");
+    CHECK_CONTAINS(e.hint, "on_nonfinite = \"skip\"");
+    /* saved after elements 0 and 1, resumed: the NaN is still element 3, not the resume's element 1 */
+    loom_err err = {0};
+    loom_iter *it = npy_open(NPY_NAN, 0, &err);
+    CHECK(it != NULL);
+    if (!it) return;
+    loom_elem *el;
+    loom_buf b;
+    loom_buf_init(&b);
+    CHECK(loom_iter_next(it, &el, &err) == LOOM_OK && loom_iter_next(it, &el, &err) == LOOM_OK);
+    CHECK(loom_iter_save(it, &b, &err) == LOOM_OK);
+    loom_iter_close(it);
+    e = npy_nan_error(&b, &got);
+    CHECK(got == 1);
+    CHECK_CONTAINS(e.msg, "source \"npy\": element 3 of the pass (0-based, in the source's order), feature \"w\"");
+    /* the same state as an older build wrote it: the provider's size without the flag, no count */
+    const uint64_t flagged = 16 | (1ull << 63), plain = 16;
+    size_t at = b.len;
+    for (size_t i = 0; i + 16 <= b.len && at == b.len; i++)
+        if (!memcmp(b.data + i, &flagged, 8)) at = i;
+    CHECK_MSG(at < b.len, "no flagged npy state in the %zu bytes", b.len);
+    if (at < b.len) {
+        memcpy(b.data + at, &plain, 8);
+        memmove(b.data + at + 8, b.data + at + 16, b.len - at - 16);
+        b.len -= 8;
+        e = npy_nan_error(&b, &got);
+        CHECK(got == 1);
+        CHECK_CONTAINS(e.msg, "source \"npy\": element 1 after the resume point (0-based; the checkpoint does not record "
+                              "the pass's position)");
+    }
+    loom_buf_fini(&b);
 }
 
 /* A counting source registered directly: its option keys are checked by Loom. */
@@ -983,6 +1053,7 @@ static const loom_test tests[] = {
     {"image_ops_registers", test_image_ops_registers},
     {"npy_source", test_npy_source},
     {"npy_errors", test_npy_errors},
+    {"npy_nonfinite_after_resume", test_npy_nonfinite_after_resume},
     {"source_options_checked", test_source_options_checked},
     {"source_max_shape_checked", test_source_max_shape_checked},
     {"builtin_sources_registered", test_builtin_sources_registered},

@@ -619,6 +619,16 @@ static const char *hard_lua =
     "  fails('__gc finalizers are not available', setmetatable, {}, {__gc = true})\n"
     "  return true\n"
     "end\n"
+    "function finalizer_unsafe()  -- hooks.unsafe opens files and the OS, not unbounded finalizers\n"
+    "  fails('nor with hooks.unsafe = true', setmetatable, {}, {__gc = function() end})\n"
+    "  fails('__gc finalizers are not available', setmetatable, {}, {__gc = true})\n"
+    "  fails('__gc finalizers are not available', debug.setmetatable, {}, {__gc = function() end})\n"
+    "  fails('debug.sethook is not available', debug.sethook)\n"
+    "  fails('debug.sethook is not available', debug.sethook, function() end, 'c')\n"
+    "  local t = setmetatable({}, {__index = {x = 1}}); assert(t.x == 1)  -- other metatables still set\n"
+    "  assert(debug.setmetatable(t, nil) == t and getmetatable(t) == nil)\n"
+    "  return type(io.popen) == 'function'\n"
+    "end\n"
     "function co_swallow() coroutine.resume(coroutine.create(function() while true do end end)); return true end\n"
     "function co_close() local co = coroutine.create(function() while true do end end); coroutine.resume(co)\n"
     "  pcall(coroutine.close, co); return true end\n"
@@ -701,6 +711,13 @@ static void test_require_text_only(void)
     CHECK_MSG(rc == LOOM_OK, "%s: %s", err.where, err.msg);
     rc = call(S, "hard.lua:finalizer", &err);
     CHECK_MSG(rc == LOOM_OK, "%s: %s", err.where, err.msg);
+    loom_lua_close(S);
+    /* hooks.unsafe: still no finalizer (a looping one hung `loom train`, deaf to SIGTERM), no debug.sethook */
+    S = open_state(true, 0, 1000000);
+    rc = call(S, "hard.lua:finalizer_unsafe", &err); /* (finalizers that return: bounded before the fix too) */
+    CHECK_MSG(rc == LOOM_OK, "%s: %s", err.where, err.msg);
+    CHECK(call(S, "hard.lua:co_swallow", &err) == LOOM_ELUA); /* the limit still bounds an unsafe hook */
+    CHECK_CONTAINS(err.msg, "instruction limit of 1000000 reached");
     loom_lua_close(S);
 }
 

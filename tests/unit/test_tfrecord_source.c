@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zstd.h>
 
 /* ---- fixtures: Fashion-MNIST-like Examples -------------------------------- */
 
@@ -564,9 +565,8 @@ static void test_ahead_errors(void)
         snprintf(bad, sizeof bad, "ahead-bad.tfrecord.%s", ext[c]);
         write_examples(tpath(path), cs[c], 0, 2400, -1, F_NONE); /* ~2.2 MB of stream: 9 zstd frames */
         size_t n = 0;
-        uint8_t *b = NULL;
-        loom_err e0 = {0};
-        CHECK(loom_read_file(tpath(path), &b, &n, &e0) == LOOM_OK);
+        uint8_t *b = slurp(tpath(path), &n); /* as stored: loom_read_file would inflate the gzip file */
+        CHECK(b != NULL);
         for (size_t at = n / 3; b && at < n - 64; at += n / 5) { /* from the third frame on: the thread is ahead */
             uint8_t junk[64]; /* invalid codes for the decompressor too, not only wrong bytes */
             for (int k = 0; k < 64; k++) junk[k] = (uint8_t)(k * 37 + 11);
@@ -600,7 +600,7 @@ static void test_ahead_errors(void)
                 cases++;
             }
         }
-        loom_free(b);
+        free(b);
     }
     unsetenv("LOOM_DATA_READAHEAD");
     unsetenv("LOOM_DATA_DECOMPRESS_AHEAD");
@@ -1147,6 +1147,105 @@ static void test_out_of_memory(void)
     free(s);
 }
 
+/* A damaged compressed shard, read through the source: gzip with bad deflate
+ * data mid-file, a damaged member header, a member trailer whose CRC-32 or
+ * size is wrong, a truncated member, bytes after the last member; zstd with a
+ * damaged frame mid-file and truncated. Each is an error naming the file, the
+ * record and its offset, with a hint saying what to do; never a short epoch:
+ * the records before the damage come first (all of a member whose trailer
+ * alone is bad), and in skip mode the file ends there, with a warning. The
+ * gzip file is two members of N/2 records (as `cat a.gz b.gz` makes), so the
+ * damage lies mid-file at a known record. */
+static void put(FILE *f, const uint8_t *b, size_t from, size_t to)
+{
+    if (to > from) fwrite(b + from, 1, to - from, f);
+}
+
+static void test_damaged_streams(void)
+{
+    enum { N = 400 };
+    loom_log_set_level(LOOM_LOG_ERROR); /* the skip warnings are expected */
+    const char *bad[] = {"damaged.tfrecord.gz", "damaged.tfrecord.zst"};
+    write_examples(tpath("half-a.gz"), LOOM_COMP_GZIP, 0, N / 2, -1, F_NONE);
+    write_examples(tpath("half-b.gz"), LOOM_COMP_GZIP, N / 2, N / 2, -1, F_NONE);
+    write_examples(tpath("whole.zst"), LOOM_COMP_ZSTD, 0, N, -1, F_NONE);
+    size_t na = 0, nb = 0, nz = 0;
+    uint8_t *ga = slurp(tpath("half-a.gz"), &na), *gb = slurp(tpath("half-b.gz"), &nb); /* the bytes as stored */
+    uint8_t *z = slurp(tpath("whole.zst"), &nz);
+    CHECK(ga && gb && z && na > 40 && nb > 40);
+    if (!ga || !gb || !z || na <= 40 || nb <= 40) goto out;
+    size_t z1 = ZSTD_findFrameCompressedSize(z, nz); /* the writer's first frame; the second starts there */
+    CHECK_MSG(!ZSTD_isError(z1) && z1 + 16 < nz, "the zstd file is one frame (%zu of %zu bytes)", z1, nz);
+    if (ZSTD_isError(z1) || z1 + 16 >= nz) goto out;
+    static const struct {
+        const char *name;
+        int zstd, lo, hi; /* records delivered before the error: lo..hi */
+        const char *text;
+    } cases[] = {
+        {"deflate data mid-file", 0, N / 2, N / 2, "damaged deflate data (invalid block type)"},
+        {"second member's header", 0, N / 2, N / 2, "a gzip member header is damaged"},
+        {"first member's trailer CRC-32", 0, N / 2, N / 2,
+         "the gzip member trailer's CRC-32 does not match the decompressed bytes (incorrect data check)"},
+        {"last member's trailer size", 0, N, N, "the gzip member trailer's size (ISIZE) does not match the decompressed length"},
+        {"truncated member", 0, N / 2 + 1, N - 1, "the compressed stream is truncated (file ends before its end marker)"},
+        {"bytes after the last member", 0, N, N, "bytes that are not gzip follow the last member"},
+        {"zstd frame mid-file", 1, 1, N - 1, "corrupt ZSTD stream"},
+        {"truncated zstd", 1, 1, N - 1, "the zstd stream is truncated (file ends inside a frame)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *path = tpath(bad[cases[i].zstd]);
+        FILE *f = fopen(path, "wb");
+        static const uint8_t junk[] = {0x00, 0x01, 0x02, 'j', 'u', 'n', 'k'};
+        uint8_t x;
+        switch (i) {
+        case 0: /* the second member's first deflate block: BTYPE 11 is reserved */
+            put(f, ga, 0, na), put(f, gb, 0, 10), x = gb[10] | 0x06, fwrite(&x, 1, 1, f), put(f, gb, 11, nb);
+            break;
+        case 1: /* its FLG byte with reserved bits set */
+            put(f, ga, 0, na), put(f, gb, 0, 3), x = 0xe0, fwrite(&x, 1, 1, f), put(f, gb, 4, nb);
+            break;
+        case 2:
+            put(f, ga, 0, na - 8), x = ga[na - 8] ^ 0xff, fwrite(&x, 1, 1, f), put(f, ga, na - 7, na), put(f, gb, 0, nb);
+            break;
+        case 3:
+            put(f, ga, 0, na), put(f, gb, 0, nb - 2), x = gb[nb - 2] ^ 0xff, fwrite(&x, 1, 1, f), put(f, gb, nb - 1, nb);
+            break;
+        case 4: put(f, ga, 0, na), put(f, gb, 0, nb / 2); break;
+        case 5: put(f, ga, 0, na), put(f, gb, 0, nb), fwrite(junk, 1, sizeof junk, f); break;
+        case 6: /* the second frame's magic */
+            put(f, z, 0, z1), x = z[z1] ^ 0xff, fwrite(&x, 1, 1, f), put(f, z, z1 + 1, nz);
+            break;
+        case 7: put(f, z, 0, z1 + (nz - z1) / 2); break;
+        }
+        fclose(f);
+        loom_dataset_spec *s = spec_fmnist(path);
+        int count;
+        loom_err err;
+        int rc = read_until_error(s, &count, &err);
+        CHECK_MSG(rc == LOOM_EDATA, "%s: rc %d after %d elements", cases[i].name, rc, count);
+        CHECK_MSG(count >= cases[i].lo && count <= cases[i].hi, "%s: %d elements before the error", cases[i].name, count);
+        CHECK_CONTAINS(err.where, bad[cases[i].zstd]);
+        char want[64];
+        snprintf(want, sizeof want, "record %d: corrupt ", count); /* the first record not delivered */
+        CHECK_CONTAINS(err.msg, want);
+        CHECK_CONTAINS(err.msg, " stream in the record at offset ");
+        CHECK_CONTAINS(err.msg, cases[i].text);
+        CHECK_CONTAINS(err.hint, "the file is damaged or truncated");
+        CHECK_CONTAINS(err.hint, "on_corrupt = skip");
+        int first = count;
+        s->source.tfrecord.on_corrupt = LOOM_TFR_CORRUPT_SKIP; /* the file ends at the damage, with a warning */
+        rc = read_until_error(s, &count, &err);
+        CHECK_MSG(rc == LOOM_EEOF && count == first, "%s, skip: rc %d after %d elements (error mode: %d)", cases[i].name, rc,
+                  count, first);
+        free(s);
+    }
+out:
+    free(ga);
+    free(gb);
+    free(z);
+    loom_log_set_level(LOOM_LOG_INFO);
+}
+
 static const loom_test tests[] = {
     {"all_compressions", test_all_compressions},
     {"glob_shards", test_glob_shards},
@@ -1156,6 +1255,7 @@ static const loom_test tests[] = {
     {"decompress_ahead_errors", test_ahead_errors},
     {"feature_errors", test_feature_errors},
     {"corrupt_error_and_skip", test_corrupt},
+    {"damaged_streams", test_damaged_streams},
     {"nonfinite_error_and_skip", test_nonfinite},
     {"save_restore", test_save_restore},
     {"restore_refused", test_restore_refused},

@@ -50,17 +50,15 @@ static int64_t mono_ns(void)
  * of per-call times as before. Per thread, never decreasing; the stats only
  * take differences of readings of one thread. Elsewhere: CLOCK_MONOTONIC. */
 #if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
 #include <x86intrin.h>
 
+/* core's CPUID probe, kept in a plain static: this runs six times an element */
 static int tsc_invariant(void)
 {
-    static int ok = -1; /* -1 unknown; a benign race: every thread computes the same */
+    static int ok = -1; /* -1 unknown; a benign race: every thread stores the same */
     int v = __atomic_load_n(&ok, __ATOMIC_RELAXED);
     if (v < 0) {
-        unsigned a, b, c, d;
-        v = __get_cpuid(0x80000000u, &a, &b, &c, &d) && a >= 0x80000007u &&
-            __get_cpuid(0x80000007u, &a, &b, &c, &d) && (d >> 8 & 1u);
+        v = loom_cpu_probe()->tsc_invariant;
         __atomic_store_n(&ok, v, __ATOMIC_RELAXED);
     }
     return v;

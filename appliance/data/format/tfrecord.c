@@ -157,8 +157,28 @@ static int refill_in(loom_tfrecord *r, loom_err *err)
 /* A corrupt compressed stream; the message names the record it was in. */
 static int stream_corrupt(loom_tfrecord *r, const char *what, loom_err *err)
 {
-    return loom_err_set(err, LOOM_EDATA, r->path, "corrupt %s stream in the record at offset %llu (uncompressed): %s",
-                        loom_compression_name(r->comp), (unsigned long long)r->offset, what);
+    loom_err_set(err, LOOM_EDATA, r->path, "corrupt %s stream in the record at offset %llu (uncompressed): %s",
+                 loom_compression_name(r->comp), (unsigned long long)r->offset, what);
+    return loom_err_hint(err, "the file is damaged or truncated: copy or convert it again (`loom records verify FILE` "
+                              "checks it); on_corrupt = skip ends this file at the damage and reads the next");
+}
+
+/* inflate's error text in words a user can act on: which check of the
+ * stream failed (zlib's own text kept in parentheses, for searching). */
+static void inflate_what(const loom_tfrecord *r, char *what, size_t n)
+{
+    const char *m = r->z.msg ? r->z.msg : "inflate failed";
+    bool gz = r->comp == LOOM_COMP_GZIP;
+    if (!strcmp(m, "incorrect data check"))
+        snprintf(what, n, "the %s trailer's %s does not match the decompressed bytes (%s)", gz ? "gzip member" : "zlib stream",
+                 gz ? "CRC-32" : "Adler-32", m);
+    else if (!strcmp(m, "incorrect length check"))
+        snprintf(what, n, "the gzip member trailer's size (ISIZE) does not match the decompressed length (%s)", m);
+    else if (gz && (!strcmp(m, "incorrect header check") || !strcmp(m, "unknown compression method") ||
+                    !strcmp(m, "unknown header flags set") || !strcmp(m, "header crc mismatch")))
+        snprintf(what, n, "a gzip member header is damaged, or bytes that are not gzip follow the last member (%s)", m);
+    else
+        snprintf(what, n, "damaged deflate data (%s)", m);
 }
 
 /* Inside produce_into (which may run on the decompress-ahead thread, where
@@ -250,7 +270,7 @@ static int produce_into(loom_tfrecord *r, uint8_t *dst, size_t room, size_t *got
             else if (zr == Z_NEED_DICT) return CORRUPT("needs a preset dictionary");
             else if (zr == Z_BUF_ERROR && exhausted)
                 return CORRUPT("the compressed stream is truncated (file ends before its end marker)");
-            else if (zr != Z_OK && zr != Z_BUF_ERROR) return CORRUPT(r->z.msg ? r->z.msg : "inflate failed");
+            else if (zr != Z_OK && zr != Z_BUF_ERROR) return inflate_what(r, what, WHAT_MAX), LOOM_EDATA;
         }
         if (*got) return LOOM_OK;
     }

@@ -19,7 +19,9 @@ typedef struct plug_source {
     loom_options           opts;
     char                   optw[LOOM_MAX_OPTIONS][LOOM_PATH_MAX + 48];
     int                    on_nonfinite; /* loom_on_nonfinite */
-    int64_t                elem;         /* elements the provider returned this pass (dropped ones included) */
+    int64_t                elem;         /* elements the provider returned this pass (dropped ones included),
+                                            counted from the pass's start, across a save/restore */
+    bool                   elem_known;   /* false after restoring a state that did not record elem */
     int64_t                dropped;      /* ... dropped for a NaN or infinite value (on_nonfinite = skip) */
 } plug_source;
 
@@ -93,8 +95,14 @@ again:
             p->dropped++;
             goto again;
         }
-        dstage_err_(st, err, LOOM_EDATA, "source \"%s\": element %lld (0-based, counted from the start of the pass or the resume), feature \"%s\": non-finite "
-                    "value %g at offset %lld", p->ops->name, (long long)(p->elem - 1), st->spec.name[bad], v, (long long)at);
+        if (p->elem_known)
+            dstage_err_(st, err, LOOM_EDATA, "source \"%s\": element %lld of the pass (0-based, in the source's order), "
+                        "feature \"%s\": non-finite value %g at offset %lld", p->ops->name, (long long)(p->elem - 1),
+                        st->spec.name[bad], v, (long long)at);
+        else /* resumed from a checkpoint written before the state held the count */
+            dstage_err_(st, err, LOOM_EDATA, "source \"%s\": element %lld after the resume point (0-based; the checkpoint "
+                        "does not record the pass's position), feature \"%s\": non-finite value %g at offset %lld",
+                        p->ops->name, (long long)(p->elem - 1), st->spec.name[bad], v, (long long)at);
         return loom_err_hint(err, "fix the source, or set on_nonfinite = \"skip\"; in the dataset's group "
                                   "(data.train / data.eval) to drop such elements");
     }
@@ -107,10 +115,16 @@ static int ps_rewind(dstage *st, int64_t epoch, loom_err *err)
     plug_source *p = (plug_source *)st;
     report_dropped(p);
     p->elem = 0;
+    p->elem_known = true;
     int rc = p->ops->rewind(p->inst, epoch, err);
     if (rc && err) loom_err_prefix(err, "source \"%s\" (%s)", p->ops->name, st->where);
     return rc;
 }
+
+/* The state: u64 size of the provider's bytes, with STATE_ELEM set when the
+ * pass's element count follows as an i64 (a state without it, from an older
+ * build, restores with the count unknown), then the provider's bytes. */
+#define STATE_ELEM (1ull << 63)
 
 static void ps_save(dstage *st, loom_buf *b)
 {
@@ -119,7 +133,8 @@ static void ps_save(dstage *st, loom_buf *b)
     size_t n = p->ops->save(p->inst, small, sizeof small);
     if (n > sizeof small && (big = loom_alloc(n)) != NULL) n = p->ops->save(p->inst, s = big, n);
     if (n > sizeof small && !big) n = 0; /* out of memory: the restore will say the state is truncated */
-    loom_buf_put_u64(b, n);
+    loom_buf_put_u64(b, n | (p->elem_known ? STATE_ELEM : 0));
+    if (p->elem_known) loom_buf_put_i64(b, p->elem);
     loom_buf_put(b, s, n);
     loom_free(big);
 }
@@ -128,13 +143,17 @@ static int ps_restore(dstage *st, loom_buf *b, loom_err *err)
 {
     plug_source *p = (plug_source *)st;
     uint64_t n = loom_buf_get_u64(b);
-    if (b->failed || n == 0 || n > (1u << 20))
+    bool known = (n & STATE_ELEM) != 0;
+    int64_t elem = known ? loom_buf_get_i64(b) : 0;
+    n &= ~STATE_ELEM;
+    if (b->failed || n == 0 || n > (1u << 20) || elem < 0)
         return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "iterator state is truncated (%s)", st->name);
     uint8_t *s = loom_alloc(n);
     if (!s) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate %llu bytes of source state", (unsigned long long)n);
     int rc = loom_buf_get(b, s, n) ? loom_err_set(err, LOOM_ECHECKPOINT, NULL, "iterator state is truncated (%s)", st->name)
                                    : p->ops->restore(p->inst, s, n, err);
     loom_free(s);
+    if (!rc) p->elem = elem, p->elem_known = known;
     return rc;
 }
 
@@ -229,6 +248,7 @@ int plugin_source_open_(dstage **out, const loom_source_spec *src, const loom_da
     dstage_init_(st, &plug_ops, NULL, 0, &src->loc);
     snprintf(st->name, sizeof st->name, "%.47s", src->plugin.name);
     p->on_nonfinite = src->on_nonfinite;
+    p->elem_known = true;
     p->ops = loom_registry_find(LOOM_REG_SOURCE, src->plugin.name, NULL);
     if (!p->ops) {
         char all[256];
