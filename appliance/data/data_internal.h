@@ -494,6 +494,9 @@ typedef struct dknob {
 static inline int64_t dknob_get_(const dknob *k) { return __atomic_load_n(&k->value, __ATOMIC_RELAXED); }
 /* Registers a knob starting at value; NULL when the tuner is full (the stage keeps value). */
 dknob *dtuner_knob_(dtuner *t, dstage *s, const char *what, int64_t value, int64_t min, int64_t max, int cpu);
+/* CPU units of the budget not yet held by the knobs registered so far (their
+ * start values): a stage may start a knob above its minimum within them. */
+int64_t dtuner_cpu_spare_(const dtuner *t);
 /* A tuner whose knobs of cpu units sum to at most cpu_budget. Free with dtuner_free_. */
 int  dtuner_new_(dtuner **out, int cpu_budget, loom_err *err);
 /* Names the pipeline's last stage: CPU knobs then rise only while its

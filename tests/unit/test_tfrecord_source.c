@@ -494,6 +494,75 @@ static void test_fused_shuffle_digest(void)
     unsetenv("LOOM_DATA_DECOMPRESS_AHEAD");
 }
 
+/* The read-ahead knob's start: compressed files start on the read-ahead
+ * thread when the CPU budget holds it (2 of 2), uncompressed ones and a
+ * budget of 1 inline, as before; forcing either env variable takes the knob
+ * away. Each pass's elements under the start chosen are those read inline
+ * (and a state saved 40 batches into it restores to the same rest). */
+static void test_readahead_start(void)
+{
+    write_examples(tpath("start-z.tfrecord.zst"), LOOM_COMP_ZSTD, 0, 700, -1, F_NONE);
+    write_examples(tpath("start-p.tfrecord"), LOOM_COMP_NONE, 0, 700, -1, F_NONE);
+    static const struct { const char *file; int budget; const char *want; } cases[] = {
+        {"start-z.tfrecord.zst", 2, "tfrecord: read-ahead 2 (of 3)"},
+        {"start-z.tfrecord.zst", 1, "tfrecord: read-ahead 1 (of 3)"},
+        {"start-p.tfrecord", 2, "tfrecord: read-ahead 1 (of 3)"},
+    };
+    unsetenv("LOOM_DATA_READAHEAD");
+    unsetenv("LOOM_DATA_DECOMPRESS_AHEAD");
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        uint64_t h[2] = {0}, rest[2] = {0};
+        int nb[2] = {0}, left[2] = {0};
+        for (int forced = 0; forced < 2; forced++) { /* as the tuner starts, then inline throughout */
+            if (forced) setenv("LOOM_DATA_READAHEAD", "0", 1);
+            loom_dataset_spec *s = spec_fmnist(tpath(cases[c].file));
+            spec_shuffle(s, 100);
+            spec_batch(s, 32);
+            spec_prefetch(s, -1);
+            s->options = (loom_data_options){.present = true, .deterministic = true, .autotune = true,
+                                             .cpu_budget = cases[c].budget, .ram_fraction = 0.5};
+            loom_err err = {0};
+            loom_iter *it = open_ok(s);
+            if (it && !forced) { /* read before any next(): the tuner has nothing to act on yet (it would give
+                                    the unit back only after a second without the consumer waiting) */
+                char tuned[512] = "";
+                (void)loom_iter_tuned(it, tuned, sizeof tuned);
+                CHECK_MSG(strstr(tuned, cases[c].want), "%s, budget %d: tuned \"%s\", expected \"%s\"", cases[c].file,
+                          cases[c].budget, tuned, cases[c].want);
+            }
+            loom_iter *b = open_ok(s);
+            loom_buf st;
+            loom_buf_init(&st);
+            loom_elem *e;
+            int rc = LOOM_EIO;
+            h[forced] = 0xcbf29ce484222325ull;
+            while (it && (rc = loom_iter_next(it, &e, &err)) == LOOM_OK) {
+                for (int f = 0; f < e->n; f++) h[forced] = fnv_bytes(h[forced], e->t[f].data, loom_tensor_nbytes(&e->t[f]));
+                if (++nb[forced] == 10 && loom_iter_save(it, &st, &err)) break;
+            }
+            CHECK_MSG(rc == LOOM_EEOF, "%s", err.msg);
+            rest[forced] = 0xcbf29ce484222325ull;
+            if (b && st.len && loom_iter_restore(b, &st, &err) == LOOM_OK) {
+                while ((rc = loom_iter_next(b, &e, &err)) == LOOM_OK) {
+                    for (int f = 0; f < e->n; f++)
+                        rest[forced] = fnv_bytes(rest[forced], e->t[f].data, loom_tensor_nbytes(&e->t[f]));
+                    left[forced]++;
+                }
+                CHECK_MSG(rc == LOOM_EEOF, "%s", err.msg);
+            }
+            loom_buf_fini(&st);
+            loom_iter_close(it);
+            loom_iter_close(b);
+            free(s);
+        }
+        unsetenv("LOOM_DATA_READAHEAD");
+        CHECK_MSG(nb[0] == 22 && nb[1] == 22 && h[0] == h[1], "%s, budget %d: %d/%d batches, digest %016llx vs inline %016llx",
+                  cases[c].file, cases[c].budget, nb[0], nb[1], (unsigned long long)h[0], (unsigned long long)h[1]);
+        CHECK_MSG(left[0] == 12 && left[1] == 12 && rest[0] == rest[1], "%s, budget %d: restored rest %d/%d batches, %016llx vs inline %016llx",
+                  cases[c].file, cases[c].budget, left[0], left[1], (unsigned long long)rest[0], (unsigned long long)rest[1]);
+    }
+}
+
 /* ---- errors ------------------------------------------------------------------ */
 
 /* Opens (expecting success unless open_fails) and reads to the first error; returns rc, err filled. */
@@ -1253,6 +1322,7 @@ static const loom_test tests[] = {
     {"batch_digest", test_batch_digest},
     {"fused_shuffle_digest", test_fused_shuffle_digest},
     {"decompress_ahead_errors", test_ahead_errors},
+    {"readahead_start", test_readahead_start},
     {"feature_errors", test_feature_errors},
     {"corrupt_error_and_skip", test_corrupt},
     {"damaged_streams", test_damaged_streams},

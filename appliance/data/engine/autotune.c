@@ -79,6 +79,14 @@ dknob *dtuner_knob_(dtuner *t, dstage *s, const char *what, int64_t value, int64
     return k;
 }
 
+int64_t dtuner_cpu_spare_(const dtuner *t)
+{
+    int64_t used = 0;
+    for (int i = 0; i < t->nk; i++)
+        if (t->knob[i].cpu) used += t->knob[i].value;
+    return t->cpu_budget - used;
+}
+
 static void set_value(dknob *k, int64_t v)
 {
     __atomic_store_n(&k->value, v, __ATOMIC_RELAXED);

@@ -63,6 +63,7 @@ typedef struct tfr_source {
     int64_t n_files;
     int64_t *order; /* this epoch's file order: indices into files */
     loom_compression comp;
+    loom_compression first_comp; /* the first file's, as probe found it (comp resolved when AUTO) */
     loom_on_corrupt on_corrupt;
     bool shuffle_files;
     uint64_t seed;
@@ -295,6 +296,7 @@ static tfr_pos pos_now(const tfr_source *t)
 static void *ra_main(void *arg)
 {
     tfr_source *t = arg;
+    loom_err e = {0}; /* emptied per record by four stores: zeroing its 1 KiB cost ~200 instructions a record */
     pthread_mutex_lock(&t->ra_mu);
     for (;;) {
         if (!t->ra_stop && !t->ra_idle && t->ra_len == t->ra_n) {
@@ -307,7 +309,8 @@ static void *ra_main(void *arg)
         pthread_mutex_unlock(&t->ra_mu);
         ra_slot *sl = &t->ra[k];
         for (int f = 0; f < t->nf; f++) t->fo[f].data = t->ra_buf[f] + (size_t)k * t->ra_bytes[f];
-        loom_err e = {0};
+        e.code = 0;
+        e.where[0] = e.msg[0] = e.hint[0] = 0;
         sl->rc = read_next(t, &e);
         if (sl->rc) t->ra_err = e; /* the last slot the thread fills */
         sl->pos = pos_now(t);
@@ -544,11 +547,19 @@ static bool ra_alloc(tfr_source *t)
     return true;
 }
 
-/* The read-ahead knob: a thread's worth of CPU, given when the consumer waits. */
+/* The read-ahead knob: a thread's worth of CPU, given when the consumer waits.
+ * Compressed files start at 2 when the CPU budget holds it: every pass
+ * starts with its consumer waiting (empty buffers: the first batch, a
+ * shuffle's fill), and decompression is the larger half of the work, so the
+ * thread is wanted from the first record; reading inline until the tuner's
+ * first period (10 ms) ran the start of each pass on one core. The tuner
+ * still gives it back after a second in which the consumer did not wait. */
 static void tfr_tune(dstage *st, dtuner *tu)
 {
     tfr_source *t = (tfr_source *)st;
-    if (t->ra_force < 0 && t->da_force < 0 && ra_alloc(t)) t->knob = dtuner_knob_(tu, st, "read-ahead", 1, 1, 3, 1);
+    if (t->ra_force >= 0 || t->da_force >= 0 || !ra_alloc(t)) return;
+    int64_t start = t->first_comp != LOOM_COMP_NONE && dtuner_cpu_spare_(tu) >= 2 ? 2 : 1;
+    t->knob = dtuner_knob_(tu, st, "read-ahead", start, 1, 3, 1);
 }
 
 static const dstage_ops tfr_ops = {
@@ -578,6 +589,7 @@ static int probe(tfr_source *t, loom_err *err)
     loom_err e2 = {0};
     int rc = loom_tfrecord_open(&r, t->files[0], t->comp, LOOM_CORRUPT_ERROR, err);
     if (rc) return rc == LOOM_EDATA ? LOOM_OK : rc; /* EDATA: a compression mismatch is reported on read */
+    t->first_comp = loom_tfrecord_compression(r);
     const uint8_t *d;
     size_t len;
     if (loom_tfrecord_next(r, &d, &len, &e2) == LOOM_OK) {
