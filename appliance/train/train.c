@@ -186,11 +186,9 @@ static int eval_matches_train(run *r, const loom_spec *spec, const loom_elem_spe
  * other waits for it at the phase's end (loom_iter_share_pool). With a core
  * to spare (run.threads below the cores), or a pipeline with real work in
  * it, the prefetch keeps its thread. */
-static void share_input_pool(run *r, const loom_spec *spec, bool plan_only)
+static void share_input_pool(run *r)
 {
-    if (plan_only || spec->strategy.kind != LOOM_STRAT_ONE_DEVICE) return;
-    loom_model *m = loom_strategy_model(r->strat);
-    loom_pool *pool = m ? loom_model_pool(m) : NULL;
+    loom_pool *pool = loom_strategy_step_pool(r->strat);
     if (pool && loom_pool_size(pool) >= loom_num_cores()) r->input_on_pool = loom_iter_share_pool(r->train, pool);
 }
 
@@ -274,7 +272,7 @@ int train_run_open_(run *r, const loom_spec *spec, const char *model_dir, bool n
     if ((rc = loom_strategy_open(&r->strat, &r->args, err))) return rc;
     r->chief = loom_strategy_is_chief(r->strat);
     loom_strategy_set_ckpt_writer(r->strat, loom_ckpt_write_shard); /* tasks that hold shards write them (ps) */
-    share_input_pool(r, spec, plan_only);
+    share_input_pool(r);
     return LOOM_OK;
 }
 
