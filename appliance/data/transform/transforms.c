@@ -1831,7 +1831,10 @@ static void gather_part(void *arg, int t)
 }
 
 /* Below this many bytes written per chunk the copies stay on one thread: a
- * pool run costs a wake-up or two, a 16 KiB copy about as much. */
+ * pool run costs a wake-up or two, a 16 KiB copy about as much. Above it the
+ * chunk is cut in parts of at least 16 KiB, up to 4 per thread, which the
+ * threads take as they come: one that the scheduler holds up (a shared
+ * machine) delays the batch by one small part, not by half of it. */
 #define GATHER_SPLIT_BYTES (32 << 10)
 
 /* batch_into when gathering: the input's draws, a chunk of positions at a
@@ -1858,7 +1861,11 @@ static int batch_gather(batchst *s, loom_elem *o, int scaled, loom_err *err)
         if (from != in) __atomic_fetch_add(&from->st_elements, got, __ATOMIC_RELAXED);
         j.i = i;
         j.got = got;
-        j.parts = s->pool && (size_t)got * row_out >= GATHER_SPLIT_BYTES ? loom_pool_size(s->pool) : 1;
+        j.parts = 1;
+        if (s->pool && (size_t)got * row_out >= GATHER_SPLIT_BYTES) { /* parts of >= 16 KiB, up to 4 a thread */
+            int64_t most = 4 * (int64_t)loom_pool_size(s->pool), by = (int64_t)((size_t)got * row_out / (16 << 10));
+            j.parts = (int)(by < loom_pool_size(s->pool) ? loom_pool_size(s->pool) : by < most ? by : most);
+        }
         if (j.parts > got) j.parts = (int)got;
         if (j.parts > 1) loom_pool_run(s->pool, j.parts, gather_part, &j);
         else gather_rows(&j, 0, got);
