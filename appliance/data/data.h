@@ -143,6 +143,20 @@ int  loom_iter_save(loom_iter *it, loom_buf *b, loom_err *err);
 /* Restores a state saved by the same pipeline; refuses state from another
  * pipeline with a clear error. */
 int  loom_iter_restore(loom_iter *it, loom_buf *b, loom_err *err);
+/* The consumer of it computes on pool's threads (the caller's included),
+ * which take every core (loom_pool_size(pool) >= loom_num_cores()). When all
+ * the pipeline does in the background is gather in-memory rows into batches
+ * (a prefetch right after a batch over an index shuffle or a source in plain
+ * order, a map(scale) fused in: memory-bound, a few us a batch), the
+ * prefetch's thread would take a core from the compute for each batch, and
+ * the other compute thread would wait for it at the phase's end: the
+ * prefetch then runs inline, inside loom_iter_next, its row copies split
+ * over pool. Returns true when it did; false, changing nothing, for any
+ * other pipeline (a Lua map, a file read, a parallel map: work worth its
+ * thread). The elements, their order and the iterator state stay the same.
+ * pool must outlive it, and only the thread calling loom_iter_next may run
+ * it. */
+bool loom_iter_share_pool(loom_iter *it, loom_pool *pool);
 /* The stages as built, after data.options.optimization's rewrites, as one
  * line: "idx -> map(cast+scale)+batch -> prefetch(auto)". */
 void loom_iter_plan(const loom_iter *it, FILE *f);

@@ -167,6 +167,26 @@ int map_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, co
 uint64_t loom_data_str_hash(const uint8_t *p, size_t n);
 int shuffle_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, const loom_data_ctx *ctx, loom_err *err);
 int batch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
+/* A map stage st (map_open_, a stage of its own) that scales one feature
+ * right after a gathering batch is fused into it: the batch writes that
+ * feature once, scaled, as float32 (the map's own loop per row: the same
+ * floats), instead of a uint8 batch the map then reads. Both stages stay in
+ * the plan and the stats ("batch(gather+scale)" holds the scale's time; the
+ * map's own is ~0); the map keeps its cursor and state. Else a no-op. */
+bool map_fuse_into_batch_(dstage *st);
+/* The batch a fused map st reads, pulled (with the batch's stats) into e:
+ * feature f into to[f] where given, else the batch's own buffer, and the
+ * map's feature, scaled, into to[f] or else the map's own buffer. The map's
+ * cursor does not move (a chain keeps its own). */
+int  map_fused_pull_(dstage *st, loom_elem *e, uint8_t *const *to, loom_err *err);
+/* Whether st is a batch stage that gathers (batch(gather), batch(gather+scale)). */
+bool batch_is_gather_(dstage *st);
+/* Splits a gathering batch's row copies over pool from now on (loom_iter_share_pool). */
+void batch_share_pool_(dstage *st, loom_pool *pool);
+/* A map stage fused into its gathering batch (map_fuse_into_batch_). */
+bool map_is_fused_(const dstage *st);
+/* A chain of maps (map_fusion) that is one scale fused into its gathering batch. */
+bool mapchain_fused_alone_(const dstage *st);
 int repeat_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
 int take_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
 int skip_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
@@ -175,6 +195,10 @@ int skip_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, l
  * does not fit is LOOM_ECONFIG naming the transform). */
 int prefetch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, int threaded, int64_t ram_left,
                    loom_err *err);
+/* A threaded prefetch stage st runs inline from now on: its producer thread
+ * is stopped (what it queued is delivered first), and next() pulls its
+ * input on the caller's thread. False (nothing done) for any other stage. */
+bool prefetch_inline_(dstage *st);
 /* transform/transforms_more.c; cache takes the source spec for its file fingerprint. */
 int filter_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
 int shard_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, uint64_t run_seed, loom_err *err); /* shard, split */

@@ -285,6 +285,13 @@ const loom_cluster_roles *loom_strategy_roles(const loom_spec *spec)
 
 unsigned loom_strategy_caps(const loom_strategy *s) { return s->ops->version >= 2 ? s->ops->caps : 0; }
 
+loom_pool *loom_strategy_step_pool(loom_strategy *s)
+{
+    if (!s->args || !s->args->spec || s->args->spec->strategy.kind != LOOM_STRAT_ONE_DEVICE || s->args->plan_only) return NULL;
+    loom_model *m = loom_strategy_model(s);
+    return m ? loom_model_pool(m) : NULL;
+}
+
 int loom_strategy_blas_threads(const loom_spec *spec)
 {
     loom_err err;

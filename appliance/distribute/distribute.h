@@ -385,6 +385,12 @@ void loom_strategy_print_plan(loom_strategy *s, int64_t global_batch, FILE *f);
 /* The version-2 descriptions (see loom_strategy_ops), with their defaults
  * for strategies that leave them NULL (or speak version 1). */
 unsigned loom_strategy_caps(const loom_strategy *s);
+/* The pool a training step computes on, when the trainer may run other work
+ * on it between steps (data.train's batches, loom_iter_share_pool): one
+ * device, its step on the calling thread with the model's pool, nothing else
+ * driving that pool. NULL otherwise (other strategies, a model of one
+ * thread). Borrowed. */
+loom_pool *loom_strategy_step_pool(loom_strategy *s);
 /* BLAS threads for the strategy the spec names (before it opens): 1 when it
  * has LOOM_STRATEGY_OWN_THREADS, else run.threads. */
 int  loom_strategy_blas_threads(const loom_spec *spec);

@@ -194,6 +194,10 @@ static void profile_report(const profile *p, const loom_spec *spec, FILE *f)
     if (p->parts && R > 1)
         fprintf(f, "layer rows are replica 0's (per-replica batch %lld); the replicas run side by side\n",
                 (long long)(B / R));
+    fputs("data.train: ", f);
+    loom_iter_plan(p->r.train, f);
+    if (p->r.input_on_pool)
+        fprintf(f, "  (each batch gathered inside the input hand-off on the step's %d threads, no producer thread)\n", threads);
     fprintf(f, "  %-44s %10s %7s %10s %8s\n", "phase", "us/step", "share", "GEMM us", "of bound");
     prof_table t = {.f = f, .st = st};
     if (p->parts) part_rows(&t, p);

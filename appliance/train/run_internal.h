@@ -31,6 +31,7 @@ typedef struct run {
     bool               has_acc;    /* "accuracy" is one of model.metrics */
     bool               sidecar_eval; /* the cluster has an evaluator task: it evaluates, the chief does not */
     double             status_stages_at; /* when the pipeline's stages were last published */
+    bool               input_on_pool; /* data.train's batches are gathered on the model's pool (loom_iter_share_pool) */
 } run;
 
 /* Opens the pipelines and the strategy into r (which it clears first).

@@ -179,6 +179,19 @@ static int eval_matches_train(run *r, const loom_spec *spec, const loom_elem_spe
 /* Opens the pipelines and the strategy. `need_eval`: fail if data.eval is
  * absent. cluster: this process's task in a job across processes (NULL: one
  * process); plan_only: `loom check` (the strategy opens no socket). */
+/* one_device steps on its model's pool, the train thread with it, across
+ * every core: a data.train that only gathers rows from memory makes each
+ * batch on that pool inside loom_iter_next (a few us, both threads), not on
+ * a prefetch thread that takes a core from one compute thread while the
+ * other waits for it at the phase's end (loom_iter_share_pool). With a core
+ * to spare (run.threads below the cores), or a pipeline with real work in
+ * it, the prefetch keeps its thread. */
+static void share_input_pool(run *r)
+{
+    loom_pool *pool = loom_strategy_step_pool(r->strat);
+    if (pool && loom_pool_size(pool) >= loom_num_cores()) r->input_on_pool = loom_iter_share_pool(r->train, pool);
+}
+
 int train_run_open_(run *r, const loom_spec *spec, const char *model_dir, bool need_eval,
                     const loom_cluster *cluster, bool plan_only, loom_err *err)
 {
@@ -259,6 +272,7 @@ int train_run_open_(run *r, const loom_spec *spec, const char *model_dir, bool n
     if ((rc = loom_strategy_open(&r->strat, &r->args, err))) return rc;
     r->chief = loom_strategy_is_chief(r->strat);
     loom_strategy_set_ckpt_writer(r->strat, loom_ckpt_write_shard); /* tasks that hold shards write them (ps) */
+    share_input_pool(r);
     return LOOM_OK;
 }
 

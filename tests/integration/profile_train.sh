@@ -79,6 +79,21 @@ done
 r=$(rows_sum "$out")
 if [ "$r" = ok ]; then pass "cnn: the rows sum to the step"; else fail "cnn: the rows sum to the step" "$r" "$out"; fi
 
+# the MLP config's input: the scale in the gather's row copies; with the
+# step's threads on every core, the batch made on them inside the hand-off
+# (no producer thread); with a core to spare (run.threads 1), the thread stays
+out=$("$LOOM" profile --train configs/fashion_mnist_mlp.cfg --steps 3 --set "run.model_dir=\"$MD\"" 2>&1)
+if [ "$(nproc)" -ge 2 ]; then
+    contains "mlp: the gather on the step's threads" \
+        "data.train: catalog(fashion_mnist) -> shuffle(indices) -> batch(gather+scale) -> map(scale in the batch) -> prefetch(inline)" "$out"
+    contains "mlp: said under the plan" "each batch gathered inside the input hand-off on the step's" "$out"
+    out=$("$LOOM" profile --train configs/fashion_mnist_mlp.cfg --steps 3 --set run.threads=1 --set "run.model_dir=\"$MD\"" 2>&1)
+    contains "mlp, run.threads 1: the prefetch keeps its thread" "batch(gather+scale) -> map(scale in the batch) -> prefetch(auto)" "$out"
+    if grep -q "gathered inside" <<<"$out"; then fail "mlp, run.threads 1: nothing gathered on the step" "$out"; else pass "mlp, run.threads 1: nothing gathered on the step"; fi
+fi
+out=$("$LOOM" profile --train configs/fashion_mnist_lua.cfg --steps 3 --set "run.model_dir=\"$MD\"" 2>&1)
+contains "lua: a Lua map keeps the producer thread" "-> map(lua:augment_batch) -> prefetch(auto)" "$out"
+
 expect_fail 2 "--train with --input-pipeline is refused" "do not go together" \
     "$LOOM" profile --train configs/fashion_mnist_mlp.cfg --input-pipeline 0/2
 expect_fail 2 "--train --steps 0 is refused" "--steps expects" "$LOOM" profile --train configs/fashion_mnist_mlp.cfg --steps 0

@@ -5,7 +5,10 @@
  * epochs with shuffle, repeat, shard, drop_remainder, partial last batches
  * and maps before a prefetch; a state saved by one path restores in the
  * other; and configs/fashion_mnist_mlp.cfg takes the gather
- * (LOOM_DATA_SKIP_CATALOG=1 skips that one). */
+ * (LOOM_DATA_SKIP_CATALOG=1 skips that one). A map(scale) right after the
+ * batch runs in its row copies (batch(gather+scale)), and a pipeline handed
+ * the consumer's pool (loom_iter_share_pool) gathers inline on it: both
+ * with the element path's elements and states. */
 #include "harness.h"
 #include "test_util.h"
 #include "data/data.h"
@@ -25,25 +28,28 @@ static void setup(void)
     if (tmpdir[0]) return;
     snprintf(tmpdir, sizeof tmpdir, "/tmp/loom_test_gather_%ld", (long)getpid());
     mkdir(tmpdir, 0755);
-    static uint8_t im[N_ITEMS * 7 * 5];
+    static uint8_t im[N_ITEMS * 7 * 5], big[N_ITEMS * 28 * 28];
     int32_t lab[N_ITEMS], id[N_ITEMS];
     for (int i = 0; i < N_ITEMS; i++) {
         for (int k = 0; k < 35; k++) im[i * 35 + k] = (uint8_t)(i * 11 + k * 13 + (i >> 3));
         lab[i] = i % 10;
         id[i] = i;
     }
-    uint32_t di[3] = {N_ITEMS, 7, 5}, dl[1] = {N_ITEMS};
+    for (int i = 0; i < N_ITEMS * 28 * 28; i++) big[i] = (uint8_t)(i * 7 + (i / 784) * 3);
+    uint32_t di[3] = {N_ITEMS, 7, 5}, db[3] = {N_ITEMS, 28, 28}, dl[1] = {N_ITEMS};
+    write_idx_file(tpath("big.idx"), 0x08, 3, db, big);
     write_idx_file(tpath("img.idx"), 0x08, 3, di, im);
     write_idx_file(tpath("lbl.idx"), 0x0C, 1, dl, lab);
     write_idx_file(tpath("id.idx"), 0x0C, 1, dl, id);
 }
 
-static loom_dataset_spec *spec_base(bool options)
+/* big: 28x28 images (a batch of 16 is past the gather's split size), else 7x5 */
+static loom_dataset_spec *spec_images(bool options, bool big)
 {
     setup();
     loom_dataset_spec *s = calloc(1, sizeof *s);
     s->present = true;
-    spec_feature(s, "image", tpath("img.idx"));
+    spec_feature(s, "image", tpath(big ? "big.idx" : "img.idx"));
     spec_feature(s, "label", tpath("lbl.idx"));
     spec_feature(s, "id", tpath("id.idx"));
     if (options) { /* data.options' defaults: shuffle+repeat fused, maps chained */
@@ -53,6 +59,8 @@ static loom_dataset_spec *spec_base(bool options)
     }
     return s;
 }
+
+static loom_dataset_spec *spec_base(bool options) { return spec_images(options, false); }
 
 static void add_batch(loom_dataset_spec *s, int64_t size, bool drop)
 {
@@ -77,11 +85,15 @@ static void gather_on(bool on)
 static const loom_data_ctx ctx1 = {.seed = 42, .threads = 1, .name = "train"};
 static const loom_data_ctx ctx2 = {.seed = 42, .threads = 2, .name = "train"};
 
+/* When set, open_mode hands the gather's iterators this pool (loom_iter_share_pool), expecting it taken. */
+static loom_pool *share_pool;
+
 static loom_iter *open_mode(const loom_dataset_spec *s, const loom_data_ctx *ctx, bool gather)
 {
     gather_on(gather);
     loom_iter *it = iter_open_ok(s, ctx);
     gather_on(true);
+    if (it && gather && share_pool) CHECK_MSG(loom_iter_share_pool(it, share_pool), "the pool is taken");
     return it;
 }
 
@@ -143,7 +155,7 @@ static void check_case(const char *name, const loom_dataset_spec *s, const loom_
         return;
     }
     CHECK_MSG(!plan_has(g, "batch(gather)"), "%s: LOOM_DATA_GATHER=0 keeps the element path", name);
-    CHECK_MSG(plan_has(f, "batch(gather)") == expect_gather, "%s: the gather is %s", name,
+    CHECK_MSG(plan_has(f, "batch(gather") == expect_gather, "%s: the gather is %s", name,
               expect_gather ? "taken" : "not taken");
     int total = drive(g, &ref, -1, &ep, epochs);
     ep = 0;
@@ -309,6 +321,178 @@ static void test_maps_prefetch(void)
     free(s);
 }
 
+/* A scale of the image right after the batch: in the gather's row copies. */
+static loom_map_spec *add_scale(loom_dataset_spec *s, double scale, double offset)
+{
+    loom_map_spec *m = spec_map(s, LOOM_MAP_SCALE, "image", 1, true);
+    m->scale = scale;
+    m->offset = offset;
+    return m;
+}
+
+static void check_plan(const loom_dataset_spec *s, const loom_data_ctx *ctx, const char *want)
+{
+    loom_iter *it = open_mode(s, ctx, true);
+    if (!it) return;
+    char *p = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&p, &n);
+    loom_iter_plan(it, f);
+    fclose(f);
+    CHECK_MSG(p && strstr(p, want), "plan %s has %s", p ? p : "(none)", want);
+    free(p);
+    loom_iter_close(it);
+}
+
+static void test_fused_scale(void)
+{
+    loom_dataset_spec *s = spec_base(false); /* the MLP config's shape, without a prefetch: next() */
+    spec_shuffle(s, 100);
+    add_batch(s, 16, false);
+    add_scale(s, 1.0 / 255, 0);
+    check_plan(s, &ctx1, "shuffle(indices) -> batch(gather+scale) -> map(scale in the batch)\n");
+    check_case("shuffle + batch + scale, fused", s, &ctx1, 3, true, 4);
+    free(s);
+    s = spec_images(false, true); /* 28x28 into a prefetch's slot, an offset, a partial last batch */
+    spec_shuffle(s, 150);
+    add_batch(s, 32, false);
+    add_scale(s, 1.0 / 255, -0.5);
+    spec_prefetch(s, 2);
+    check_plan(s, &ctx2, "batch(gather+scale) -> map(scale in the batch) -> prefetch\n");
+    check_case("28x28: shuffle + batch + scale + prefetch(2), fused", s, &ctx2, 2, true, 3);
+    free(s);
+    s = spec_base(true); /* a chain (map_fusion): scale first, a cast of the label after it */
+    spec_shuffle(s, 100);
+    add_batch(s, 16, true);
+    add_scale(s, 0.5, 3);
+    spec_map(s, LOOM_MAP_CAST, "label", 1, true)->dtype = LOOM_CFG_F32;
+    spec_prefetch(s, 2);
+    check_plan(s, &ctx2, "batch(gather+scale) -> map(scale in the batch+cast) -> prefetch\n");
+    check_case("chain: scale (fused) + cast + prefetch(2)", s, &ctx2, 2, true, 4);
+    free(s);
+    s = spec_base(true); /* a chain that maps the scaled feature again: the scale into its own buffer */
+    spec_shuffle(s, 100);
+    add_batch(s, 16, false);
+    add_scale(s, 1.0 / 255, 0);
+    loom_map_spec *m = spec_map(s, LOOM_MAP_NORMALIZE, "image", 1, true);
+    m->mean = 0.3;
+    m->std = 0.2;
+    check_plan(s, &ctx1, "batch(gather+scale) -> map(scale in the batch+normalize)");
+    check_case("chain: scale (fused) + normalize, no prefetch", s, &ctx1, 2, true, 5);
+    free(s);
+    s = spec_base(false); /* a scale of another feature (int32 id): fused too */
+    spec_shuffle(s, 64);
+    add_batch(s, 10, false);
+    spec_map(s, LOOM_MAP_SCALE, "id", 1, true)->scale = 0.125;
+    check_plan(s, &ctx1, "batch(gather+scale) -> map(scale in the batch)");
+    check_case("scale of an int32 feature, fused", s, &ctx1, 2, true, 6);
+    free(s);
+    s = spec_base(false); /* a scale after another map: not fused */
+    spec_shuffle(s, 64);
+    add_batch(s, 10, false);
+    spec_map(s, LOOM_MAP_CAST, "label", 1, true)->dtype = LOOM_CFG_F32;
+    add_scale(s, 2, 0);
+    check_plan(s, &ctx1, "batch(gather) -> map(cast) -> map(scale)\n");
+    check_case("cast + scale after the batch: not fused", s, &ctx1, 2, true, 6);
+    free(s);
+}
+
+/* The consumer's pool: the prefetch runs inline, the row copies split over it. */
+static void test_share_pool(void)
+{
+    loom_pool *pool = NULL;
+    loom_err err = {0};
+    CHECK(loom_pool_new(&pool, 2, &err) == LOOM_OK);
+    if (!pool) return;
+    loom_dataset_spec *s = spec_images(false, true); /* 28x28: a batch of 16 splits over the pool */
+    spec_shuffle(s, 150);
+    add_batch(s, 16, false);
+    add_scale(s, 1.0 / 255, 0);
+    spec_prefetch(s, -1);
+    share_pool = pool;
+    check_plan(s, &ctx2, "batch(gather+scale) -> map(scale in the batch) -> prefetch(inline)\n");
+    check_case("28x28: shuffle + batch + scale + prefetch(auto) on the pool", s, &ctx2, 3, true, 2);
+    free(s);
+    s = spec_images(true, true); /* options: shuffle+repeat fused, the scale a chain of one map */
+    spec_shuffle(s, 203);
+    spec_count(s, LOOM_T_REPEAT, 2);
+    add_batch(s, 48, true);
+    add_scale(s, 1.0 / 255, 0.25);
+    spec_prefetch(s, 3);
+    check_plan(s, &ctx2, "shuffle(indices)+repeat -> batch(gather+scale) -> map(scale in the batch) -> prefetch(inline)\n");
+    check_case("28x28: shuffle+repeat + batch(48, drop) + scale (chained) + prefetch(3) on the pool", s, &ctx2, 2, true, 2);
+    free(s);
+    s = spec_images(false, true); /* the batch alone before the prefetch */
+    add_batch(s, 20, false);
+    spec_prefetch(s, 2);
+    check_case("28x28: batch(20) in plain order + prefetch(2) on the pool", s, &ctx2, 2, true, 3);
+    share_pool = NULL;
+    free(s);
+
+    /* handed the pool after the producer queued batches: they come first, in order */
+    s = spec_images(false, true);
+    spec_shuffle(s, 100);
+    add_batch(s, 16, false);
+    add_scale(s, 1.0 / 255, 0);
+    spec_prefetch(s, 4);
+    blob ref = {0}, got = {0};
+    int64_t ep = 0;
+    loom_iter *a = open_mode(s, &ctx2, false), *b = open_mode(s, &ctx2, true);
+    if (a && b) {
+        drive(a, &ref, -1, &ep, 2);
+        ep = 0;
+        drive(b, &got, 3, &ep, 2);
+        usleep(20000); /* the producer fills its queue */
+        CHECK(loom_iter_share_pool(b, pool));
+        CHECK_MSG(plan_has(b, "-> prefetch(inline)"), "the prefetch runs inline");
+        CHECK_MSG(!loom_iter_share_pool(b, pool), "a second time: nothing to take");
+        drive(b, &got, -1, &ep, 2);
+        CHECK_MSG(same_blob(&ref, &got), "shared after 3 batches: %zu hashes, the element path %zu", got.n / 8, ref.n / 8);
+    }
+    loom_iter_close(a);
+    loom_iter_close(b);
+    free(ref.p);
+    free(got.p);
+    free(s);
+
+    /* pipelines that keep their thread: nothing changes */
+    struct {
+        const char *what;
+        int         kind; /* 0 a map between, 1 no prefetch thread, 2 the element path, 3 no pool, 4 a prefetch
+                             before the batch, 5 a chain of the fused scale and a cast */
+    } keep[] = {{"a cast after the batch", 0}, {"threads 0 (an inline prefetch)", 1}, {"LOOM_DATA_GATHER=0", 2},
+                {"no pool", 3}, {"prefetch, then the batch", 4}, {"a chain: scale (fused) + cast", 5}};
+    const loom_data_ctx ctx0 = {.seed = 42, .threads = 0, .name = "train"};
+    for (size_t k = 0; k < sizeof keep / sizeof keep[0]; k++) {
+        s = spec_base(keep[k].kind == 5);
+        spec_shuffle(s, 64);
+        if (keep[k].kind == 4) spec_prefetch(s, 2);
+        add_batch(s, 16, false);
+        if (keep[k].kind == 5) add_scale(s, 0.5, 0);
+        if (keep[k].kind == 0 || keep[k].kind == 5) spec_map(s, LOOM_MAP_CAST, "label", 1, true)->dtype = LOOM_CFG_F32;
+        if (keep[k].kind != 4) spec_prefetch(s, 2);
+        loom_iter *it = open_mode(s, keep[k].kind == 1 ? &ctx0 : &ctx2, keep[k].kind != 2);
+        if (it) {
+            const char *want = keep[k].kind == 1 ? "-> prefetch(inline)\n" : keep[k].kind == 4 ? "-> batch\n" : "-> prefetch\n";
+            CHECK_MSG(!loom_iter_share_pool(it, keep[k].kind == 3 ? NULL : pool), "%s: not taken", keep[k].what);
+            CHECK_MSG(plan_has(it, want), "%s: the plan still ends %s", keep[k].what, want);
+            blob x = {0}, y = {0};
+            ep = 0;
+            drive(it, &x, -1, &ep, 1);
+            loom_iter *r = open_mode(s, &ctx1, false);
+            ep = 0;
+            if (r) drive(r, &y, -1, &ep, 1);
+            CHECK_MSG(same_blob(&x, &y), "%s: the same elements", keep[k].what);
+            loom_iter_close(r);
+            free(x.p);
+            free(y.p);
+        }
+        loom_iter_close(it);
+        free(s);
+    }
+    loom_pool_free(pool);
+}
+
 /* scale of uint8 (vectorised by the CPU's features) gives the scalar loop's floats. */
 static void test_scale_values(void)
 {
@@ -352,7 +536,8 @@ static void test_mlp_config(void)
     loom_data_ctx ctx = {.seed = spec->run.seed, .threads = 2, .name = "train"};
     loom_iter *it[2] = {open_mode(&spec->train, &ctx, false), open_mode(&spec->train, &ctx, true)};
     if (it[0] && it[1]) {
-        CHECK_MSG(plan_has(it[1], "shuffle(indices) -> batch(gather) -> map(scale) -> prefetch"), "the MLP config's plan gathers");
+        CHECK_MSG(plan_has(it[1], "shuffle(indices) -> batch(gather+scale) -> map(scale in the batch) -> prefetch(auto)"),
+                  "the MLP config's plan gathers, the scale in the row copies");
         blob b[2] = {{0}, {0}};
         for (int k = 0; k < 2; k++) {
             int64_t ep = 0;
@@ -376,6 +561,8 @@ static const loom_test tests[] = {
     {"shard: the element path, unchanged", test_shard},
     {"maps after the batch, into a prefetch's slot", test_maps_prefetch},
     {"scale of uint8: the scalar loop's floats", test_scale_values},
+    {"a scale after the batch runs in its row copies", test_fused_scale},
+    {"the consumer's pool: the prefetch inline, the copies split", test_share_pool},
     {"fashion_mnist_mlp.cfg gathers", test_mlp_config},
     {"cleanup", test_cleanup},
     {NULL, NULL},

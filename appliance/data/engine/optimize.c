@@ -112,6 +112,7 @@ typedef struct chainst {
     int     nmap;
     dstage *map[LOOM_MAX_TRANSFORMS];
     uint8_t norm_flip[LOOM_MAX_TRANSFORMS]; /* map k and k + 1 run as one pass (map_norm_flip_) */
+    int     fused;   /* map[0] is a scale fused into the gathering batch the chain reads (map_fuse_into_batch_) */
 } chainst;
 DCURSOR_STAGE_CHECK(chainst);
 
@@ -122,9 +123,11 @@ static void chain_close(dstage *st)
     loom_free(s);
 }
 
-/* Opens maps t[0..n-1] on in into s (fills name and desc as "a+b+c"). */
+/* Opens maps t[0..n-1] on in into s (fills name and desc as "a+b+c");
+ * fuse: a scale first, on a gathering batch, may run in its row copies
+ * (a chain that pulls its input through chain_pull_fused). */
 static int open_chain(chainst *s, dstage *in, int id, const loom_transform_spec *t, int n, const loom_data_ctx *ctx,
-                      loom_err *err)
+                      bool fuse, loom_err *err)
 {
     for (int k = 0; k < n; k++) {
         int rc = map_open_(&s->map[k], k ? s->map[k - 1] : in, id + k, &t[k], ctx, err);
@@ -134,6 +137,7 @@ static int open_chain(chainst *s, dstage *in, int id, const loom_transform_spec 
     }
     for (int k = 0; k + 1 < n; k++) s->norm_flip[k] = map_norm_flip_ok_(s->map[k], s->map[k + 1]);
     dstage *st = &s->s;
+    s->fused = fuse && map_fuse_into_batch_(s->map[0]);
     size_t b = 0;
     for (int k = 0; k < n && b < sizeof st->desc; k++)
         b += (size_t)snprintf(st->desc + b, sizeof st->desc - b, "%s%s", k ? "+" : "", s->map[k]->desc);
@@ -141,10 +145,18 @@ static int open_chain(chainst *s, dstage *in, int id, const loom_transform_spec 
     return LOOM_OK;
 }
 
-/* Applies the chain to e; the last map of feature f writes into dst[f] when given (else its own buffer). */
-static int apply_chain(chainst *s, loom_elem *e, uint8_t *mut, uint8_t *const *dst, loom_err *err)
+/* Whether no map of s after map k maps feature f. */
+static bool last_of(const chainst *s, int k, int f)
 {
-    for (int k = 0; k < s->nmap; k++) {
+    for (int j = k + 1; j < s->nmap; j++)
+        if (map_feature_(s->map[j]) == f) return false;
+    return true;
+}
+
+/* Applies maps k0.. of the chain to e; the last map of feature f writes into dst[f] when given (else its own buffer). */
+static int apply_chain(chainst *s, loom_elem *e, uint8_t *mut, uint8_t *const *dst, int k0, loom_err *err)
+{
+    for (int k = k0; k < s->nmap; k++) {
         int f = map_feature_(s->map[k]), last = 1, m, rc;
         int pair = s->norm_flip[k]; /* maps k and k + 1 at once: k + 1 is the one that may write into dst */
         for (int j = k + 1 + pair; j < s->nmap; j++) last &= map_feature_(s->map[j]) != f;
@@ -164,15 +176,39 @@ static int apply_chain(chainst *s, loom_elem *e, uint8_t *mut, uint8_t *const *d
     return LOOM_OK;
 }
 
+/* A fused chain's pull: map 0 (the scale) runs in the batch's row copies;
+ * a feature no map of the chain touches is gathered into dst[f] (when
+ * given), the scale's into dst[f] when no later map maps it; then maps 1..
+ * (e: the element; mut: its features' writability). */
+static int chain_pull_fused(chainst *s, loom_elem *e, uint8_t *mut, uint8_t *const *dst, loom_err *err)
+{
+    dstage *st = &s->s;
+    uint8_t *to[LOOM_MAX_FEATURES];
+    for (int f = 0; f < st->spec.n; f++) to[f] = dst && last_of(s, -1, f) ? dst[f] : NULL;
+    int f0 = map_feature_(s->map[0]);
+    to[f0] = dst && last_of(s, 0, f0) ? dst[f0] : NULL;
+    int rc = map_fused_pull_(s->map[0], e, to, err);
+    if (rc) return rc;
+    memcpy(mut, st->in->mut, LOOM_MAX_FEATURES);
+    mut[f0] = !to[f0]; /* the scale's own buffer (as map_apply_ into its buf says) */
+    return apply_chain(s, e, mut, dst, 1, err);
+}
+
 static int chain_next(dstage *st, loom_elem **out, loom_err *err)
 {
     chainst *s = (chainst *)st;
+    if (s->fused) {
+        int rc = chain_pull_fused(s, &st->out, st->mut, NULL, err);
+        if (rc) return rc;
+        *out = &st->out;
+        return LOOM_OK;
+    }
     loom_elem *e;
     int rc = dstage_next_(st->in, &e, err);
     if (rc) return rc;
     elem_copy_(&st->out, e);
     memcpy(st->mut, st->in->mut, sizeof st->mut);
-    rc = apply_chain(s, &st->out, st->mut, NULL, err);
+    rc = apply_chain(s, &st->out, st->mut, NULL, 0, err);
     if (rc) return rc;
     *out = &st->out;
     return LOOM_OK;
@@ -183,15 +219,20 @@ static int chain_next(dstage *st, loom_elem **out, loom_err *err)
 static int chain_next_into(dstage *st, loom_elem *dst, loom_err *err)
 {
     chainst *s = (chainst *)st;
-    loom_elem *in;
-    int rc = dstage_next_(st->in, &in, err);
-    if (rc) return rc;
     loom_elem e;
-    elem_copy_(&e, in);
     uint8_t mut[LOOM_MAX_FEATURES], *to[LOOM_MAX_FEATURES];
-    memcpy(mut, st->in->mut, sizeof mut);
     for (int f = 0; f < dst->n; f++) to[f] = dst->t[f].data;
-    rc = apply_chain(s, &e, mut, to, err);
+    int rc;
+    if (s->fused) {
+        rc = chain_pull_fused(s, &e, mut, to, err);
+    } else {
+        loom_elem *in;
+        rc = dstage_next_(st->in, &in, err);
+        if (rc) return rc;
+        elem_copy_(&e, in);
+        memcpy(mut, st->in->mut, sizeof mut);
+        rc = apply_chain(s, &e, mut, to, 0, err);
+    }
     if (rc) return rc;
     for (int f = 0; f < dst->n; f++) {
         if (e.t[f].data != to[f]) memcpy(to[f], e.t[f].data, loom_tensor_nbytes(&e.t[f]));
@@ -206,6 +247,11 @@ static const dstage_ops chain_ops = {
     .next_into = chain_next_into,
 };
 
+bool mapchain_fused_alone_(const dstage *st)
+{
+    return st->ops == &chain_ops && ((const chainst *)st)->fused && ((const chainst *)st)->nmap == 1;
+}
+
 int mapchain_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, int n, const loom_data_ctx *ctx,
                    loom_err *err)
 {
@@ -213,7 +259,7 @@ int mapchain_open_(dstage **out, dstage *in, int id, const loom_transform_spec *
     chainst *s = loom_calloc(1, sizeof *s);
     if (!s) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate a map stage");
     dstage_init_(&s->s, &chain_ops, in, id, &t[0].loc);
-    int rc = open_chain(s, in, id, t, n, ctx, err);
+    int rc = open_chain(s, in, id, t, n, ctx, true, err);
     if (rc) {
         chain_close(&s->s);
         return rc;
@@ -255,7 +301,7 @@ static int mb_into(dstage *st, loom_elem *o, loom_err *err)
         uint8_t mut[LOOM_MAX_FEATURES], *row[LOOM_MAX_FEATURES];
         memcpy(mut, st->in->mut, sizeof mut);
         for (int f = 0; f < o->n; f++) row[f] = (uint8_t *)o->t[f].data + (size_t)i * bytes[f];
-        rc = apply_chain(&s->chain, &e, mut, row, err);
+        rc = apply_chain(&s->chain, &e, mut, row, 0, err);
         if (rc) return rc;
         for (int f = 0; f < o->n; f++) {
             if (i == 0) {
@@ -302,7 +348,7 @@ int mapbatch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *
     if (!s) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate a map+batch stage");
     dstage *st = &s->chain.s;
     dstage_init_(st, &mb_ops, in, id, &t[0].loc);
-    int rc = open_chain(&s->chain, in, id, t, n - 1, ctx, err);
+    int rc = open_chain(&s->chain, in, id, t, n - 1, ctx, false, err);
     if (!rc) rc = batch_open_(&s->batch, s->chain.map[n - 2], id + n - 1, &t[n - 1], err);
     if (rc) {
         mb_close(st);

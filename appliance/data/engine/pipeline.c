@@ -290,6 +290,16 @@ int loom_iter_tuned(loom_iter *it, char *buf, size_t n)
     return 1;
 }
 
+bool loom_iter_share_pool(loom_iter *it, loom_pool *pool)
+{
+    dstage *p = last(it), *b = p->in;
+    if (!pool || !b) return false;
+    if (map_is_fused_(b) || mapchain_fused_alone_(b)) b = b->in; /* map(scale) in the batch's row copies */
+    if (!batch_is_gather_(b) || !prefetch_inline_(p)) return false;
+    batch_share_pool_(b, pool);
+    return true;
+}
+
 void loom_iter_plan(const loom_iter *it, FILE *f)
 {
     for (int i = 0; i < it->n; i++) fprintf(f, "%s%s", i ? " -> " : "", it->st[i]->name);

@@ -361,6 +361,24 @@ static const dstage_ops pref_ops = {
     .pause = pref_pause, .resume = pref_resume, .close = pref_close, .tune = pref_tune,
 };
 
+bool prefetch_inline_(dstage *st)
+{
+    if (st->ops != &pref_ops) return false;
+    prefst *s = (prefst *)st;
+    if (!s->threaded) return false;
+    if (s->started) { /* what it queued stays queued, delivered first, in order */
+        pthread_mutex_lock(&s->mu);
+        s->stop = 1;
+        pthread_cond_broadcast(&s->cprod);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->th, NULL);
+        s->started = 0;
+    }
+    s->threaded = 0;
+    snprintf(st->name, sizeof st->name, "prefetch(inline)");
+    return true;
+}
+
 int prefetch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, int threaded, int64_t ram_left,
                    loom_err *err)
 {

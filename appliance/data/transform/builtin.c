@@ -15,7 +15,9 @@
 
 static int open_map(dstage **out, dstage *in, const dxform_args *a, loom_err *err)
 {
-    return map_open_(out, in, a->id, a->t, a->ctx, err);
+    int rc = map_open_(out, in, a->id, a->t, a->ctx, err);
+    if (!rc) (void)map_fuse_into_batch_(*out); /* a scale right after a gathering batch runs in its row copies */
+    return rc;
 }
 
 static int open_shuffle(dstage **out, dstage *in, const dxform_args *a, loom_err *err)

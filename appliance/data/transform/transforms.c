@@ -97,6 +97,11 @@ __attribute__((target("avx512f"))) static size_t scale_u8_512(const uint8_t *a, 
         _mm512_storeu_ps(dst + i, _mm512_add_ps(_mm512_mul_ps(x0, vs), vo));
         _mm512_storeu_ps(dst + i + 16, _mm512_add_ps(_mm512_mul_ps(x1, vs), vo));
     }
+    if (i + 16 <= n) { /* a 28x28 image's row of 784 ends in 16 */
+        __m512 x0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(a + i))));
+        _mm512_storeu_ps(dst + i, _mm512_add_ps(_mm512_mul_ps(x0, vs), vo));
+        i += 16;
+    }
     return i;
 }
 
@@ -252,8 +257,12 @@ typedef struct mapst {
     uint64_t      vmask;    /* its size - 1 */
     const dmapfn *fn;       /* the built-in map fn */
     int           no_buf;   /* the output is the input or a view of it: no buffer of its own */
+    int           fused;    /* a scale fused into the gathering batch it reads (map_fuse_into_batch_) */
 } mapst;
 DCURSOR_STAGE_CHECK(mapst);
+
+static bool batch_fuse_scale(dstage *st, int f, float sc, float off);
+static int  batch_next_scaled(dstage *st, loom_elem *o, loom_err *err);
 
 typedef struct mapcall mapcall;
 /* A built-in map fn: an entry of the registry (LOOM_REG_TRANSFORM) that starts as loom_custom_ops does. */
@@ -848,6 +857,32 @@ static int map_next_into(dstage *st, loom_elem *dst, loom_err *err)
     return LOOM_OK;
 }
 
+/* A scale fused into the batch: the batch writes the feature scaled, into
+ * dst's buffers; the map keeps its cursor (its state) as map_next does. */
+static int map_fused_into(dstage *st, loom_elem *dst, loom_err *err)
+{
+    mapst *s = (mapst *)st;
+    int rc = batch_next_scaled(st->in, dst, err);
+    if (rc) return rc;
+    s->pos += map_count_(st, dst);
+    return LOOM_OK;
+}
+
+/* next() of a fused scale: the batch's other features in its own buffers, this one in the map's. */
+static int map_fused_next(dstage *st, loom_elem **out, loom_err *err)
+{
+    mapst *s = (mapst *)st;
+    elem_copy_(&st->out, &st->in->out);
+    st->out.t[s->f].data = s->buf;
+    st->out.t[s->f].dtype = LOOM_F32;
+    int rc = map_fused_into(st, &st->out, err);
+    if (rc) return rc;
+    memcpy(st->mut, st->in->mut, sizeof st->mut);
+    st->mut[s->f] = 1;
+    *out = &st->out;
+    return LOOM_OK;
+}
+
 static void map_close(dstage *st)
 {
     mapst *s = (mapst *)st;
@@ -865,6 +900,35 @@ static const dstage_ops map_into_ops = {
     .next = map_next, .rewind = dcursor_stage_rewind_, .save = dcursor_stage_save_, .restore = dcursor_stage_restore_,
     .close = map_close, .next_into = map_next_into,
 };
+static const dstage_ops map_fused_ops = {
+    .next = map_fused_next, .rewind = dcursor_stage_rewind_, .save = dcursor_stage_save_, .restore = dcursor_stage_restore_,
+    .close = map_close, .next_into = map_fused_into,
+};
+
+bool map_is_fused_(const dstage *st) { return st->ops == &map_fused_ops; }
+
+bool map_fuse_into_batch_(dstage *st)
+{
+    if (st->ops != &map_into_ops) return false; /* (a Lua map is no mapst) */
+    mapst *s = (mapst *)st;
+    if (s->m.kind != LOOM_MAP_SCALE || !batch_fuse_scale(st->in, s->f, (float)s->m.scale, (float)s->m.offset)) return false;
+    s->fused = 1;
+    st->ops = &map_fused_ops;
+    snprintf(st->name, sizeof st->name, "map(scale in the batch)");
+    return true;
+}
+
+int map_fused_pull_(dstage *st, loom_elem *e, uint8_t *const *to, loom_err *err)
+{
+    mapst *s = (mapst *)st;
+    LOOM_ASSERT(s->fused);
+    elem_copy_(e, &st->in->out);
+    for (int f = 0; f < e->n; f++)
+        if (to[f]) e->t[f].data = to[f];
+    if (!to[s->f]) e->t[s->f].data = s->buf;
+    e->t[s->f].dtype = LOOM_F32;
+    return batch_next_scaled(st->in, e, err);
+}
 
 static char *shape_str(const loom_shape *s, char *buf, size_t n) { return loom_shape_str(s, buf, n); }
 
@@ -1663,10 +1727,13 @@ fail:
 /* ---- batch ------------------------------------------------------------------ */
 
 typedef struct batchst {
-    dstage  s;
-    int64_t size;
-    int     drop;
-    int     gather;  /* the input draws positions into in-memory rows: batch_gather */
+    dstage     s;
+    int64_t    size;
+    int        drop;
+    int        gather;  /* the input draws positions into in-memory rows: batch_gather */
+    int        scale_f; /* >= 0: a map(scale) of this feature is fused into the gather (batch_fuse_scale) */
+    float      sc, off; /* its scale and offset */
+    loom_pool *pool;    /* (optional) the rows' copies split over it (batch_share_pool_) */
 } batchst;
 
 /* Whether a batch over in may gather: in draws positions (an index-mode
@@ -1687,41 +1754,121 @@ static bool batch_can_gather(dstage *in)
     return true;
 }
 
+/* The copies of one chunk of drawn positions: rows [k0, k1) of pos, to the
+ * batch's rows i + k. scaled: feature s->scale_f is written as float32
+ * v * sc + off (scale_vals: the map's own loop, so its floats bit for bit). */
+typedef struct gather_job {
+    const batchst  *s;
+    const loom_elem *o;
+    const uint8_t  *base[LOOM_MAX_FEATURES];
+    size_t          ib[LOOM_MAX_FEATURES];
+    const int64_t  *pos;
+    int64_t         i, got;
+    int             scaled, parts;
+} gather_job;
+
+/* Rows at random places of a large array: each is asked for a few rows
+ * ahead of its copy, the first few at once. */
+#define GATHER_AHEAD 8
+#define GATHER_STAGE_BYTES (16 << 10)
+static inline void prefetch_row(const uint8_t *p, size_t n)
+{
+    uintptr_t r = (uintptr_t)p;
+    for (uintptr_t c = r & ~(uintptr_t)63; c < r + n; c += 64) __builtin_prefetch((const void *)c);
+}
+
+static void gather_rows(const gather_job *j, int64_t k0, int64_t k1)
+{
+    const batchst *s = j->s;
+    const int64_t *pos = j->pos;
+    for (int f = 0; f < j->o->n; f++) {
+        size_t n = j->ib[f];
+        if (n == 0) continue; /* empty items: nothing to copy (and maybe no array) */
+        const uint8_t *b = j->base[f];
+        if (j->scaled && f == s->scale_f) {
+            loom_dtype dt = s->s.in->spec.dtype[f];
+            size_t vals = n / loom_dtype_size(dt);
+            float *d = (float *)j->o->t[f].data + (size_t)j->i * vals;
+            /* a block of rows copied into a stage in L1 (the loads of many
+             * rows in flight at once, as a plain gather's copies have them),
+             * then scaled from there; a row larger than the stage directly */
+            _Alignas(64) uint8_t stage[GATHER_STAGE_BYTES];
+            int64_t per = n <= sizeof stage ? (int64_t)(sizeof stage / n) : 0;
+            for (int64_t k = k0; k < k1;) {
+                if (!per) {
+                    scale_vals(b + (size_t)pos[k] * n, dt, d + (size_t)k * vals, vals, s->sc, s->off);
+                    k++;
+                    continue;
+                }
+                int64_t m = k1 - k < per ? k1 - k : per;
+                for (int64_t r = 0; r < m; r++) {
+                    if (k + r + GATHER_AHEAD < k1) prefetch_row(b + (size_t)pos[k + r + GATHER_AHEAD] * n, n);
+                    memcpy(stage + (size_t)r * n, b + (size_t)pos[k + r] * n, n);
+                }
+                scale_vals(stage, dt, d + (size_t)k * vals, (size_t)m * vals, s->sc, s->off);
+                k += m;
+            }
+            continue;
+        }
+        uint8_t *d = (uint8_t *)j->o->t[f].data + (size_t)j->i * n;
+        if (n == 1)
+            for (int64_t k = k0; k < k1; k++) d[k] = b[pos[k]];
+        else
+            for (int64_t k = k0; k < k1; k++) {
+                if (k + 8 < k1) {
+                    uintptr_t r = (uintptr_t)(b + (size_t)pos[k + 8] * n);
+                    for (uintptr_t c = r & ~(uintptr_t)63; c < r + n; c += 64) __builtin_prefetch((const void *)c);
+                }
+                memcpy(d + (size_t)k * n, b + (size_t)pos[k] * n, n);
+            }
+    }
+}
+
+static void gather_part(void *arg, int t)
+{
+    const gather_job *j = arg;
+    gather_rows(j, j->got * t / j->parts, j->got * (t + 1) / j->parts);
+}
+
+/* Below this many bytes written per chunk the copies stay on one thread: a
+ * pool run costs a wake-up or two, a 16 KiB copy about as much. Above it the
+ * chunk is cut in parts of at least 16 KiB, up to 4 per thread, which the
+ * threads take as they come: one that the scheduler holds up (a shared
+ * machine) delays the batch by one small part, not by half of it. */
+#define GATHER_SPLIT_BYTES (32 << 10)
+
 /* batch_into when gathering: the input's draws, a chunk of positions at a
- * time, then a copy per row and feature straight from the rows. No element is
- * lent and no clock is read per element: the draws are timed per chunk, and
- * the stats count the elements as next() (and get, on the rows' stage) would. */
-static int batch_gather(batchst *s, loom_elem *o, loom_err *err)
+ * time, then a copy per row and feature straight from the rows (split over
+ * s->pool when it is set and the chunk is large). No element is lent and no
+ * clock is read per element: the draws are timed per chunk, and the stats
+ * count the elements as next() (and get, on the rows' stage) would. */
+static int batch_gather(batchst *s, loom_elem *o, int scaled, loom_err *err)
 {
     dstage *st = &s->s, *in = st->in, *from = ddraw_from_(in);
-    const uint8_t *base[LOOM_MAX_FEATURES];
-    size_t ib[LOOM_MAX_FEATURES];
-    from->ops->rows(from, base, ib);
+    gather_job j = {.s = s, .o = o, .scaled = scaled};
+    from->ops->rows(from, j.base, j.ib);
+    size_t row_out = 0;
+    for (int f = 0; f < o->n; f++)
+        row_out += scaled && f == s->scale_f ? j.ib[f] / loom_dtype_size(in->spec.dtype[f]) * sizeof(float) : j.ib[f];
     int64_t pos[256], i = 0;
     int rc = LOOM_OK;
+    j.pos = pos;
     while (i < s->size) {
         int64_t want = s->size - i < 256 ? s->size - i : 256, got = 0, t0 = dnow_ns_();
         rc = in->ops->draw(in, pos, want, &got, err);
         __atomic_fetch_add(&in->st_busy_ns, dnow_ns_() - t0, __ATOMIC_RELAXED);
         __atomic_fetch_add(&in->st_elements, got, __ATOMIC_RELAXED);
         if (from != in) __atomic_fetch_add(&from->st_elements, got, __ATOMIC_RELAXED);
-        for (int f = 0; f < o->n; f++) {
-            if (ib[f] == 0) continue; /* empty items: nothing to copy (and maybe no array) */
-            uint8_t *d = (uint8_t *)o->t[f].data + (size_t)i * ib[f];
-            const uint8_t *b = base[f];
-            size_t n = ib[f];
-            if (n == 1)
-                for (int64_t k = 0; k < got; k++) d[k] = b[pos[k]];
-            else
-                for (int64_t k = 0; k < got; k++) {
-                    /* rows at random places of a large array: ask for a row a few ahead while copying this one */
-                    if (k + 8 < got) {
-                        uintptr_t r = (uintptr_t)(b + (size_t)pos[k + 8] * n);
-                        for (uintptr_t c = r & ~(uintptr_t)63; c < r + n; c += 64) __builtin_prefetch((const void *)c);
-                    }
-                    memcpy(d + (size_t)k * n, b + (size_t)pos[k] * n, n);
-                }
+        j.i = i;
+        j.got = got;
+        j.parts = 1;
+        if (s->pool && (size_t)got * row_out >= GATHER_SPLIT_BYTES) { /* parts of >= 16 KiB, up to 4 a thread */
+            int64_t most = 4 * (int64_t)loom_pool_size(s->pool), by = (int64_t)((size_t)got * row_out / (16 << 10));
+            j.parts = (int)(by < loom_pool_size(s->pool) ? loom_pool_size(s->pool) : by < most ? by : most);
         }
+        if (j.parts > got) j.parts = (int)got;
+        if (j.parts > 1) loom_pool_run(s->pool, j.parts, gather_part, &j);
+        else gather_rows(&j, 0, got);
         i += got;
         if (rc || got < want) break;
     }
@@ -1729,11 +1876,53 @@ static int batch_gather(batchst *s, loom_elem *o, loom_err *err)
     return dbatch_finish_(o, from->spec.shape, i, s->size, s->drop);
 }
 
+static const dstage_ops batch_ops;
+
+/* A gathering batch stage, or NULL. */
+static batchst *gather_stage(dstage *st)
+{
+    return st && st->ops == &batch_ops && ((batchst *)st)->gather ? (batchst *)st : NULL;
+}
+
+bool batch_is_gather_(dstage *st) { return gather_stage(st) != NULL; }
+
+void batch_share_pool_(dstage *st, loom_pool *pool)
+{
+    batchst *s = gather_stage(st);
+    LOOM_ASSERT(s);
+    s->pool = pool;
+}
+
+/* map(scale) of feature f (sc, off) fused into st, a gathering batch stage
+ * (map_open_, for a scale opened right on it): its next batch for the map
+ * comes from batch_next_scaled, feature f written once, scaled, as float32. */
+static bool batch_fuse_scale(dstage *st, int f, float sc, float off)
+{
+    batchst *s = gather_stage(st);
+    if (!s || s->scale_f >= 0) return false;
+    s->scale_f = f;
+    s->sc = sc;
+    s->off = off;
+    snprintf(st->name, sizeof st->name, "batch(gather+scale)");
+    return true;
+}
+
+/* The fused map's pull: the next batch into o (feature scale_f float32),
+ * with the stats of dstage_next_into_. */
+static int batch_next_scaled(dstage *st, loom_elem *o, loom_err *err)
+{
+    int64_t t0 = dnow_ns_();
+    int rc = batch_gather((batchst *)st, o, 1, err);
+    __atomic_fetch_add(&st->st_busy_ns, dnow_ns_() - t0, __ATOMIC_RELAXED);
+    if (rc == LOOM_OK) __atomic_fetch_add(&st->st_elements, 1, __ATOMIC_RELAXED);
+    return rc;
+}
+
 /* The next batch into o's buffers (sized for the max shapes); sets o's shapes. */
 static int batch_into(dstage *st, loom_elem *o, loom_err *err)
 {
     batchst *s = (batchst *)st;
-    if (s->gather) return batch_gather(s, o, err);
+    if (s->gather) return batch_gather(s, o, 0, err);
     loom_shape first[LOOM_MAX_FEATURES];
     size_t bytes[LOOM_MAX_FEATURES];
     int64_t i;
@@ -1785,6 +1974,7 @@ int batch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, 
     snprintf(st->name, sizeof st->name, "batch");
     s->size = t->batch_size;
     s->drop = t->drop_remainder;
+    s->scale_f = -1;
     snprintf(st->desc, sizeof st->desc, "batch(%lld,%d)", (long long)s->size, s->drop);
     if ((s->gather = batch_can_gather(in))) snprintf(st->name, sizeof st->name, "batch(gather)"); /* the desc, and so the state, stay */
     int rc = LOOM_OK;
