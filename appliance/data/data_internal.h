@@ -514,6 +514,8 @@ typedef struct dknob {
     int64_t     min, max;
     int         cpu;         /* a unit is a thread's worth of work: counts against the CPU budget */
     void      (*changed)(dstage *s); /* (optional) called on the tuner thread after value changes */
+    int         inert;       /* atomic: the stage no longer has what the knob tunes (a prefetch gone
+                                inline): never moved, left out of the summary */
 } dknob;
 static inline int64_t dknob_get_(const dknob *k) { return __atomic_load_n(&k->value, __ATOMIC_RELAXED); }
 /* Registers a knob starting at value; NULL when the tuner is full (the stage keeps value). */

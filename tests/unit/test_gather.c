@@ -412,6 +412,20 @@ static void test_share_pool(void)
     share_pool = pool;
     check_plan(s, &ctx2, "batch(gather+scale) -> map(scale in the batch) -> prefetch(inline)\n");
     check_case("28x28: shuffle + batch + scale + prefetch(auto) on the pool", s, &ctx2, 3, true, 2);
+    { /* the auto buffer of a prefetch gone inline tunes nothing: the tuner leaves it out of its report */
+        loom_iter *it = open_mode(s, &ctx2, true);
+        if (it) {
+            blob h = {0};
+            int64_t ep = 0;
+            drive(it, &h, 5, &ep, 1);
+            char tuned[512] = "x";
+            int settled = loom_iter_tuned(it, tuned, sizeof tuned);
+            CHECK_MSG(!settled && !strstr(tuned, "prefetch"), "an inline prefetch's knob reported: \"%s\" (%d)",
+                      tuned, settled);
+            free(h.p);
+        }
+        loom_iter_close(it);
+    }
     free(s);
     s = spec_images(true, true); /* options: shuffle+repeat fused, the scale a chain of one map */
     spec_shuffle(s, 203);

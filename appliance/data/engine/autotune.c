@@ -118,6 +118,7 @@ static int step(dtuner *t, int64_t dt)
         int64_t v = dknob_get_(k), wait = dstage_load_(&k->stage->st_wait_ns);
         double share = (double)(wait - t->last_wait[i]) / (double)dt;
         t->last_wait[i] = wait;
+        if (__atomic_load_n(&k->inert, __ATOMIC_RELAXED)) continue;
         if (k->cpu) {
             used += (int)v;
             if (share > best_share && v < k->max) best = i, best_share = share;
@@ -202,12 +203,13 @@ int dtuner_summary_(dtuner *t, char *buf, size_t n)
     if (n) buf[0] = 0;
     for (int i = 0; t && i < t->nk && k < n; i++) {
         const dknob *kn = &t->knob[i];
-        int w = snprintf(buf + k, n - k, "%s%s: %s %lld (of %lld)", i ? "; " : "", kn->stage->name, kn->what,
+        if (__atomic_load_n(&kn->inert, __ATOMIC_RELAXED)) continue;
+        int w = snprintf(buf + k, n - k, "%s%s: %s %lld (of %lld)", k ? "; " : "", kn->stage->name, kn->what,
                          (long long)dknob_get_(kn), (long long)kn->max);
         if (w < 0) break;
         k += (size_t)w;
     }
-    if (!t || !t->started) return 0;
+    if (!t || !t->started || k == 0) return 0; /* nothing tuned: nothing to report */
     pthread_mutex_lock(&t->mu);
     int settled = t->quiet >= SETTLE_PERIODS;
     pthread_mutex_unlock(&t->mu);

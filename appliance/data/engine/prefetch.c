@@ -375,6 +375,7 @@ bool prefetch_inline_(dstage *st)
         s->started = 0;
     }
     s->threaded = 0;
+    if (s->knob) __atomic_store_n(&s->knob->inert, 1, __ATOMIC_RELAXED); /* no buffer left to tune */
     snprintf(st->name, sizeof st->name, "prefetch(inline)");
     return true;
 }
