@@ -318,16 +318,22 @@ static int pref_restore(dstage *st, loom_buf *b, loom_err *err)
     return LOOM_OK;
 }
 
+/* Ends the producer thread, if it runs; what it queued stays queued. */
+static void stop_producer(prefst *s)
+{
+    if (!s->started) return;
+    pthread_mutex_lock(&s->mu);
+    s->stop = 1;
+    pthread_cond_broadcast(&s->cprod);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->th, NULL);
+    s->started = 0;
+}
+
 static void pref_close(dstage *st)
 {
     prefst *s = (prefst *)st;
-    if (s->started) {
-        pthread_mutex_lock(&s->mu);
-        s->stop = 1;
-        pthread_cond_broadcast(&s->cprod);
-        pthread_mutex_unlock(&s->mu);
-        pthread_join(s->th, NULL);
-    }
+    stop_producer(s);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cprod);
     pthread_cond_destroy(&s->ccons);
@@ -366,14 +372,7 @@ bool prefetch_inline_(dstage *st)
     if (st->ops != &pref_ops) return false;
     prefst *s = (prefst *)st;
     if (!s->threaded) return false;
-    if (s->started) { /* what it queued stays queued, delivered first, in order */
-        pthread_mutex_lock(&s->mu);
-        s->stop = 1;
-        pthread_cond_broadcast(&s->cprod);
-        pthread_mutex_unlock(&s->mu);
-        pthread_join(s->th, NULL);
-        s->started = 0;
-    }
+    stop_producer(s); /* what it queued is delivered first, in order */
     s->threaded = 0;
     if (s->knob) __atomic_store_n(&s->knob->inert, 1, __ATOMIC_RELAXED); /* no buffer left to tune */
     snprintf(st->name, sizeof st->name, "prefetch(inline)");
