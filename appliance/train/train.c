@@ -627,15 +627,50 @@ static int open_summaries(run *r, int64_t resume_step, loom_summary **train, loo
 }
 
 /* <model_dir>/final.json: training ended (not stopped by a signal or a
- * failure) with this checkpoint, for the sidecar evaluator. */
-static int write_final_marker(const char *dir, int64_t step, const char *ckpt, loom_err *err)
+ * failure) with this checkpoint, for the sidecar evaluator and for a rerun.
+ * reason: "finished" (run.epochs or run.max_steps reached) or "stopped" (a
+ * hook's ctx:stop()); epochs and max_steps are the run's, so that a rerun
+ * of a stopped run with the same ones has nothing to do, and one with other
+ * ones trains on (stopped_marker). */
+static int write_final_marker(const char *dir, int64_t step, const char *ckpt, bool stopped, const loom_run_spec *rs,
+                              loom_err *err)
 {
-    char path[LOOM_PATH_MAX + 16], text[LOOM_PATH_MAX + 128];
+    char path[LOOM_PATH_MAX + 16], text[LOOM_PATH_MAX + 224];
     const char *base = strrchr(ckpt, '/');
     snprintf(path, sizeof path, "%s/" LOOM_FINAL_MARKER, dir);
-    int n = snprintf(text, sizeof text, "{\"step\": %lld, \"checkpoint\": \"%s\", \"wall_time\": %.3f}\n",
-                     (long long)step, base ? base + 1 : ckpt, loom_wall_time());
+    int n = snprintf(text, sizeof text,
+                     "{\"step\": %lld, \"checkpoint\": \"%s\", \"reason\": \"%s\", \"epochs\": %lld, "
+                     "\"max_steps\": %lld, \"wall_time\": %.3f}\n",
+                     (long long)step, base ? base + 1 : ckpt, stopped ? "stopped" : "finished", (long long)rs->epochs,
+                     (long long)rs->max_steps, loom_wall_time());
     return loom_write_file_atomic(path, text, (size_t)n, err);
+}
+
+/* The integer after "key": in a final.json's text, or def. */
+static long long marker_int(const char *text, const char *key, long long def)
+{
+    char k[32];
+    snprintf(k, sizeof k, "\"%s\":", key);
+    const char *p = strstr(text, k);
+    return p ? strtoll(p + strlen(k), NULL, 10) : def;
+}
+
+/* <model_dir>/final.json says a hook stopped the run at `step` (the
+ * checkpoint resumed from), under the same run.epochs and run.max_steps as
+ * now: the run is finished, as one that reached them is. */
+static bool stopped_marker(const char *dir, int64_t step, const loom_run_spec *rs)
+{
+    char path[LOOM_PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/" LOOM_FINAL_MARKER, dir);
+    uint8_t *d = NULL;
+    size_t len;
+    loom_err e;
+    if (access(path, F_OK) || loom_read_file_max(path, &d, &len, 1 << 16, &e)) return false;
+    const char *text = (const char *)d; /* loom_read_file_max ends it with a NUL */
+    bool stopped = strstr(text, "\"reason\": \"stopped\"") && marker_int(text, "step", -1) == step &&
+                   marker_int(text, "epochs", -1) == rs->epochs && marker_int(text, "max_steps", -1) == rs->max_steps;
+    loom_free(d);
+    return stopped;
 }
 
 /* ---- the trainer: loom_train as a loop with named seams ------------------
@@ -699,13 +734,22 @@ typedef struct trainer {
     loom_step_result       last_ev;     /* the last evaluation (its metrics in r.macc[1]) */
     bool                   epoch_open;  /* on_epoch_begin was called for the epoch in progress */
     bool                   input_ended; /* data.train ended this epoch; other tasks of the job may still have a step */
+    bool                   stopped;     /* resumed where a hook stopped the run, under the same epochs and max_steps */
     sig_atomic_t           stop_asked;  /* the signal whose stop request the strategy carries to the other tasks */
     struct sigaction       old_int, old_term;
 } trainer;
 
-static bool trainer_done(const trainer *t)
+/* run.max_steps or run.epochs reached */
+static bool trainer_reached(const trainer *t)
 {
     return t->rs->max_steps > 0 ? t->st.step >= t->rs->max_steps : t->st.epoch >= t->rs->epochs;
+}
+
+/* reached, or stopped by a hook (ctx:stop()) with the same budget: a rerun
+ * has nothing to do */
+static bool trainer_done(const trainer *t)
+{
+    return t->stopped || trainer_reached(t);
 }
 
 /* The job goes on: a watcher (the sidecar evaluator) must not stop at an
@@ -868,7 +912,12 @@ static void sink_end(trainer *t)
 {
     const trainer_state *st = &t->st;
     double total = loom_now() - t->run_start;
-    if (st->step == t->start_step && t->r.hooks.stop)
+    if (st->step == t->start_step && t->stopped)
+        loom_info("nothing to do: the run in %s was stopped by a hook (ctx:stop()) at step %lld (epoch %lld of %lld); "
+                  "raise run.epochs or run.max_steps to train further, or pass --fresh to start over",
+                  t->r.model_dir, (long long)st->step, (long long)st->epoch + (st->step_in_epoch > 0),
+                  (long long)t->rs->epochs);
+    else if (st->step == t->start_step && t->r.hooks.stop)
         ; /* a hook stopped the run before its first step, and said so */
     else if (st->step == t->start_step)
         loom_info("nothing to do: the run in %s is finished, at step %lld (epoch %lld of %lld); raise run.epochs or "
@@ -990,6 +1039,7 @@ static int trainer_resume(trainer *t, loom_err *err)
         return rc;
     }
     snprintf(t->last_ckpt, sizeof t->last_ckpt, "%s", ckpt);
+    t->stopped = stopped_marker(r->model_dir, t->st.step, t->rs);
     /* st.epoch counts finished epochs, as "nothing to do" and the epoch lines do */
     if (t->st.step_in_epoch == 0)
         loom_info("resuming from %s (step %lld, after epoch %lld of %lld)", ckpt, (long long)t->st.step,
@@ -1335,7 +1385,8 @@ static int trainer_finish(trainer *t, int rc, loom_err *err)
     }
     if (!rc) rc = at_hook(t, LOOM_HOOK_TRAIN_END, st->epoch + (st->step_in_epoch > 0), NAN, err);
     if (!rc) sink_end(t);
-    if (!rc && t->r.chief && t->last_ckpt[0]) rc = write_final_marker(t->r.model_dir, st->step, t->last_ckpt, err);
+    if (!rc && t->r.chief && t->last_ckpt[0])
+        rc = write_final_marker(t->r.model_dir, st->step, t->last_ckpt, !trainer_reached(t), t->rs, err);
     sink_state(t, rc ? LOOM_STATUS_FAILED : LOOM_STATUS_DONE, 0, 0);
     return rc;
 }

@@ -71,6 +71,29 @@ check "early stopping: resumed to 6" "$LOOM" train $CFG --model-dir "$WORK/early
 n=$(grep -c '"event": "epoch"' "$WORK/early2/metrics.jsonl")
 if [ "$n" -eq 4 ]; then pass "a resumed run keeps early_stopping's count (stops after epoch 4)"; else fail "resumed early stopping" "$n epochs"; fi
 
+# 3b. a run a callback stopped (with no state of its own) is finished: a rerun
+# has nothing to do (final.json says "stopped"), as after max_steps; another
+# run.epochs trains on; --fresh starts over (issue 22, item 5)
+STOP="$(callbacks '{ fn = "../lua/scripted_hooks.lua:stop_after"; args = { epoch = 2; }; }')"
+check "a callback stops the run after epoch 2 of 6" "$LOOM" train $CFG --model-dir "$WORK/stop" "${Q[@]}" --set run.epochs=6 --set "$STOP"
+contains "final.json records the stop" '"step": 64, "checkpoint": "ckpt-64.loom", "reason": "stopped", "epochs": 6' \
+    "$(cat "$WORK/stop/final.json" 2>&1)"
+out=$("$LOOM" train $CFG --model-dir "$WORK/stop" "${Q[@]}" --set run.epochs=6 --set "$STOP" 2>&1)
+contains "a rerun of the stopped run has nothing to do" "nothing to do: the run in $WORK/stop was stopped by a hook (ctx:stop()) at step 64 (epoch 2 of 6)" "$out"
+out=$("$LOOM" train $CFG --model-dir "$WORK/stop" "${Q[@]}" --set run.epochs=6 --set "$STOP" 2>&1)
+contains "... and so has the next one" "nothing to do" "$out"
+if [ "$(grep -c '"event": "epoch"' "$WORK/stop/metrics.jsonl")" -eq 2 ] && ! ls "$WORK/stop"/ckpt-[7-9]?.loom >/dev/null 2>&1; then
+    pass "... neither trains another epoch (2 epoch lines, no checkpoint past step 64)"
+else fail "reruns of a stopped run train no further" "$(grep -c '"event": "epoch"' "$WORK/stop/metrics.jsonl") epoch lines"; fi
+check "another run.epochs trains on from the stop" "$LOOM" train $CFG --model-dir "$WORK/stop" "${Q[@]}" --set run.epochs=5 --set "$STOP"
+if [ -f "$WORK/stop/ckpt-96.loom" ] && [ "$(grep -c '"event": "epoch"' "$WORK/stop/metrics.jsonl")" -eq 3 ]; then
+    pass "... one more epoch (the callback stops it again, at step 96)"; else fail "another run.epochs trains on"; fi
+out=$("$LOOM" train $CFG --model-dir "$WORK/stop" "${Q[@]}" --set run.epochs=5 --set "$STOP" --fresh 2>&1)
+contains "--fresh starts the stopped run over" "moved the earlier checkpoints" "$out"
+contains "... and trains from step 0 to the callback's stop" '"step": 64, "checkpoint": "ckpt-64.loom", "reason": "stopped"' \
+    "$(cat "$WORK/stop/final.json" 2>&1)"
+check "a run that reaches run.epochs records it as finished" grep -q '"reason": "finished"' "$WORK/builtin/final.json"
+
 # 4. log_scalar lands in metrics.jsonl; ctx:param reads a parameter
 check "logger" "$LOOM" train $CFG --model-dir "$WORK/log" "${Q[@]}" \
     --set "$(callbacks '{ fn = "../../lua/logger.lua:logger"; args = { every = 16; param = "dense_1/kernel"; }; }')"

@@ -37,4 +37,13 @@ local function hog(args)
   end }
 end
 
-return { scripted = scripted, saver = saver, fail_at = fail_at, failing_step = failing_step, hog = hog }
+-- ctx:stop() at the end of every epoch from args.epoch on, keeping no state
+-- (a run started again trains one more epoch unless Loom knows it stopped).
+local function stop_after(args)
+  return { on_epoch_end = function(ctx)
+    if ctx.epoch >= args.epoch then ctx:stop() end
+  end }
+end
+
+return { scripted = scripted, saver = saver, fail_at = fail_at, failing_step = failing_step, hog = hog,
+         stop_after = stop_after }
