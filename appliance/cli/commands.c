@@ -544,7 +544,8 @@ static const command commands[] = {
      "Prints one JSON line with eval_loss and eval_accuracy on stdout.\n"
      "--watch is the sidecar evaluator: it evaluates each new checkpoint of the model\n"
      "directory once (the newest first when it falls behind, skipping older ones), appends\n"
-     "an \"eval\" line to metrics.jsonl and eval/ summaries for each, prints its JSON line,\n"
+     "an \"eval\" line to metrics.jsonl and eval_watch/ summaries (eval/ for a cluster's\n"
+     "evaluator task; one writer per directory) for each, prints its JSON line,\n"
      "and exits after the final checkpoint of the training run (named by final.json,\n"
      "which the chief writes when training ends). --idle-timeout S gives up after S\n"
      "seconds without a new checkpoint. A cluster's evaluator task does the same.\n", cmd_evaluate,

@@ -3,6 +3,7 @@
  * checkpoint of a model directory evaluated until training ends. Threads:
  * the caller's; the watch's signal handlers only set a flag. */
 #include "run_internal.h"
+#include "dir_lock_internal.h"
 
 #include <errno.h>
 #include <math.h>
@@ -111,13 +112,13 @@ static void on_watch_signal(int sig) { watch_signal = sig; }
 
 /* One evaluation of checkpoint `path` (its step) by the watcher `who`: the
  * log, a JSON line on stdout, an "eval" line appended to metrics.jsonl and
- * the scalars in <model_dir>/eval's event file (*tb, opened on first use). */
-static int watch_report(run *r, const char *who, const char *path, int64_t step, const loom_step_result *ev,
-                        loom_summary **tb, loom_err *err)
+ * the scalars in the event file of eval_dir (the watcher's own, locked:
+ * *tb, opened on first use). */
+static int watch_report(run *r, const char *who, const char *eval_dir, const char *path, int64_t step,
+                        const loom_step_result *ev, loom_summary **tb, loom_err *err)
 {
-    char metrics_path[LOOM_PATH_MAX + 16], eval_dir[LOOM_PATH_MAX + 8];
+    char metrics_path[LOOM_PATH_MAX + 16];
     snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", r->model_dir);
-    snprintf(eval_dir, sizeof eval_dir, "%s/eval", r->model_dir);
     double loss = ev->examples ? ev->loss_sum / (double)ev->examples : NAN,
            acc = ev->examples ? (double)ev->correct / (double)ev->examples : NAN;
     loom_info("%s: %s (step %lld): eval loss %.4f, accuracy %.4f on %lld examples", who, path, (long long)step,
@@ -151,7 +152,8 @@ static int watch_report(run *r, const char *who, const char *path, int64_t step,
 static void adapted_free(loom_spec *cp);
 static int watch_adapt(run *r, const char *path, loom_spec **own, bool *said, loom_err *err);
 
-static int watch_loop(run *r, const loom_watch_opts *o, const char *who, int *evaluated, loom_err *err)
+static int watch_loop(run *r, const loom_watch_opts *o, const char *who, const char *eval_dir, int *evaluated,
+                      loom_err *err)
 {
     char metrics_path[LOOM_PATH_MAX + 16], path[LOOM_PATH_MAX];
     snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", r->model_dir);
@@ -229,7 +231,7 @@ static int watch_loop(run *r, const loom_watch_opts *o, const char *who, int *ev
         idle_since = loom_now();
         waiting_said = false;
         (*evaluated)++;
-        rc = watch_report(r, who, path, step, &ev, &tb, err);
+        rc = watch_report(r, who, eval_dir, path, step, &ev, &tb, err);
     }
     loom_free(before);
     adapted_free(own);
@@ -317,9 +319,24 @@ int loom_evaluate_watch(const loom_spec *spec, const char *model_dir, const loom
     watch_signal = 0;
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
-    loom_info("%s: evaluating each new checkpoint of %s until training ends (%s)", who, r.model_dir,
-              LOOM_FINAL_MARKER);
-    rc = watch_loop(&r, o, who, evaluated, err);
+    /* One writer per event directory, so that TensorBoard draws one curve
+     * per run: a cluster's evaluator task writes eval/ (its chief does not
+     * evaluate), `loom evaluate --watch` its own eval_watch/ (beside a run
+     * that evaluates itself into eval/), as TF's evaluate(name="watch")
+     * writes eval_watch/; a second watcher of either is refused. */
+    char eval_dir[LOOM_PATH_MAX + 16];
+    snprintf(eval_dir, sizeof eval_dir, "%s/%s", r.model_dir, o && o->who ? "eval" : "eval_watch");
+    int lock_fd = -1;
+    if (spec->run.summary_steps > 0) {
+        rc = loom_mkdirs(eval_dir, err);
+        if (!rc) rc = loom_events_lock_(eval_dir, who, &lock_fd, err);
+    }
+    if (!rc) {
+        loom_info("%s: evaluating each new checkpoint of %s until training ends (%s)%s%s", who, r.model_dir,
+                  LOOM_FINAL_MARKER, lock_fd >= 0 ? "; TensorBoard: " : "", lock_fd >= 0 ? eval_dir : "");
+        rc = watch_loop(&r, o, who, eval_dir, evaluated, err);
+    }
+    loom_dir_unlock_(lock_fd);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     train_run_close_(&r);

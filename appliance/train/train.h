@@ -50,8 +50,9 @@ int loom_evaluate(const loom_spec *spec, const char *model_dir, const char *chec
  * skipped, as TensorFlow's checkpoints_iterator skips them), and stops after
  * the job's final checkpoint, which the chief names in <model_dir>/final.json
  * when training ends. Each evaluation appends an "eval" line to
- * <model_dir>/metrics.jsonl and eval/loss, eval/accuracy to an event file in
- * <model_dir>/eval; the eval lines already there tell a restarted watcher
+ * <model_dir>/metrics.jsonl and loss, accuracy to an event file in
+ * <model_dir>/eval (who: a cluster's evaluator task) or <model_dir>/eval_watch
+ * (`loom evaluate --watch`), whose lock it holds; the eval lines already there tell a restarted watcher
  * which steps are done. SIGINT/SIGTERM stop it between evaluations
  * (LOOM_EIO naming the signal). *evaluated: how many it evaluated. */
 typedef struct loom_watch_opts {

@@ -8,6 +8,7 @@
 # end, and a watcher with nothing to watch gives up after --idle-timeout.
 # Every process runs under `timeout`.
 source "$(dirname "$0")/lib.sh"
+CHECK_EVENTS="${LOOM_EVENTS_CHECK:?set by meson}"
 CFG=tests/configs/mwm_mlp.cfg
 S=(--set run.max_steps=40 --set run.eval_steps=1 --set run.checkpoint_steps=10)
 # ~50 ms a step, so the evaluator (about 0.1 s an evaluation) keeps up
@@ -81,6 +82,20 @@ got=$(eval_steps "$WORK/one")
 dups=$(echo "$got" | tr ' ' '\n' | grep . | sort | uniq -d)
 if [ -z "$dups" ] && [[ " $got" == *" 40 " ]]; then pass "the watcher evaluated checkpoints once each, the final one last ($got)"; else fail "the watcher evaluated checkpoints once each, the final one last" "steps: $got"; fi
 contains "the run itself still evaluates inline" "done: step 40, eval accuracy" "$(cat "$WORK/one.out")"
+# one writer per event directory (issue 22, item 8): the run writes eval/, the
+# watcher its own eval_watch/, each one curve with strictly increasing steps
+ev=$("$CHECK_EVENTS" --one-writer "$WORK/one/eval" loss 2>&1)
+[[ "$ev" == "files 1 writers 1 steps"*" 40" ]] && pass "eval/: the run's own evaluations, one writer ($ev)" || fail "eval/: the run's own evaluations, one writer" "$ev"
+ew=$("$CHECK_EVENTS" --one-writer "$WORK/one/eval_watch" loss 2>&1)
+[ "$ew" = "files 1 writers 1 steps $(echo $got)" ] && pass "eval_watch/: the watcher's evaluations, one writer ($ew)" || fail "eval_watch/: the watcher's evaluations, one writer" "$ew; metrics.jsonl: $got"
+contains "the watcher names its directory" "TensorBoard: $WORK/one/eval_watch" "$(cat "$WORK/one_watch.out")"
+# a second watcher of the same model_dir is refused while the first runs (it would write eval_watch/ too)
+timeout 60 "$LOOM" evaluate $CFG --watch --idle-timeout 20 --model-dir "$WORK/two" "${S[@]}" >"$WORK/two_watch.out" 2>&1 &
+wp=$!
+for _ in $(seq 100); do grep -q "evaluating each new checkpoint" "$WORK/two_watch.out" && break; sleep 0.1; done
+expect_fail 1 "a second watcher is refused, naming the first" "the event files here are written by another process: pid" \
+    timeout 30 "$LOOM" evaluate $CFG --watch --idle-timeout 1 --model-dir "$WORK/two" "${S[@]}"
+kill $wp 2>/dev/null; wait $wp 2>/dev/null
 
 # ---- a finished job resumed with more steps: the evaluator follows it past its old end ------
 timeout 120 "$LOOM" launch --local $CFG --workers 2 --evaluator --model-dir "$WORK/job" "${S[@]}" --set "$SLOW" \
