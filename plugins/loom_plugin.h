@@ -348,6 +348,11 @@ typedef struct loom_strategy_args {
     /* appended (strategy ops version 4) */
     int64_t               steps_per_epoch; /* batches of one pass of data.train on this task; < 0 unknown */
     int                   weight_idx1; /* model.sample_weight's feature index + 1 in the element; 0: none */
+    /* appended: loom train's resume point of this task, to compare across
+     * tasks that train in lock-step (key compared, text shown); NULL outside
+     * loom train. A host built before this field passes a shorter struct:
+     * read it only from a host of this header or later. */
+    const char           *resume_key, *resume_text;
 } loom_strategy_args;
 
 /* Result of one step, summed over replicas. */

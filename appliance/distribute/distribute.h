@@ -207,6 +207,13 @@ typedef struct loom_strategy_args {
     /* ---- appended (version 4) ---- */
     int64_t               steps_per_epoch; /* batches of one pass of data.train on this task; < 0 unknown */
     int                   weight_idx1; /* model.sample_weight's feature index + 1; 0: none */
+    /* ---- appended (the host's args only grow; a plugin built before may ignore them) ---- */
+    /* loom train: where this task resumes from, as it found its model_dir
+     * before the strategy opened. A strategy whose tasks train in lock-step
+     * compares resume_key across them (the same key: the same starting
+     * weights, step and data position) and names each task's resume_text
+     * when they differ. NULL: not a training run (evaluate, predict, check). */
+    const char           *resume_key, *resume_text;
 } loom_strategy_args;
 
 /* e's sample weights (args->weight_idx1) to m for its next steps (none: NULL). */

@@ -268,6 +268,59 @@ static int open_job_op(multi_worker *mw, const loom_strategy_args *a, loom_err *
 static int start_communicator(multi_worker *mw, loom_err *err);
 static int bn_cross(void *arg, float *buf, int64_t n, loom_err *err);
 
+/* The tasks train in lock-step from one starting point: each says where it
+ * resumes from (loom train's resume_key, "key\0text"), all gathered, so
+ * every task sees every other's and all fail at once, naming the tasks that
+ * differ from rank 0 and both resume points, instead of parting ways at their
+ * first collective (one restores and broadcasts, the other steps). */
+static int agree_resume(multi_worker *mw, const loom_strategy_args *a, loom_err *err)
+{
+    if (!a->resume_key || !a->resume_text) return LOOM_OK;
+    loom_buf mine;
+    loom_buf_init(&mine);
+    loom_buf_put(&mine, a->resume_key, strlen(a->resume_key) + 1);
+    loom_buf_put(&mine, a->resume_text, strlen(a->resume_text) + 1);
+    loom_buf *all = mine.failed ? NULL : loom_calloc((size_t)mw->workers, sizeof *all);
+    if (!all) {
+        loom_buf_fini(&mine);
+        return loom_err_set(err, LOOM_ENOMEM, NULL, "gathering the tasks' resume points");
+    }
+    int rc = loom_group_all_gather_bytes(mw->group, mine.data, mine.len, all, err);
+    loom_buf_fini(&mine);
+    const char *key[2] = {0}, *text[2] = {0};
+    char task[2][64], msg[sizeof err->msg];
+    size_t len = 0;
+    int differ = 0;
+    for (int r = 0; r < mw->workers && !rc; r++) {
+        const char *k = (const char *)all[r].data, *end = k ? k + all[r].len : NULL;
+        const char *tx = k ? memchr(k, 0, all[r].len) : NULL;
+        if (!tx || tx + 1 >= end || end[-1]) { /* each rank sent "key\0text\0" */
+            rc = loom_err_set(err, LOOM_ENET, NULL, "rank %d sent an unreadable resume point (%zu bytes)", r,
+                              all[r].len);
+            break;
+        }
+        int i = r == 0 ? 0 : 1;
+        if (r > 0 && !strcmp(k, key[0])) continue;
+        const loom_task_addr *ta = loom_cluster_rank_task(a->cluster, r);
+        key[i] = k, text[i] = tx + 1;
+        if (ta) loom_task_name(ta->role, ta->index, task[i], sizeof task[i]);
+        else snprintf(task[i], sizeof task[i], "rank %d", r);
+        if (r == 0) continue;
+        if (!differ++) len = (size_t)snprintf(msg, sizeof msg, "%s resumes from %s", task[0], text[0]);
+        if (len < sizeof msg)
+            len += (size_t)snprintf(msg + len, sizeof msg - len, "; %s from %s", task[1], text[1]);
+    }
+    if (!rc && differ) {
+        loom_err_set(err, LOOM_ECHECKPOINT, NULL, "the tasks of the job would start from different points: %s", msg);
+        loom_err_hint(err, "every task must resume from the same checkpoint: give them one shared model_dir (with "
+                           "its checkpoints), or pass --fresh to every task to start over");
+        rc = LOOM_ECHECKPOINT;
+    }
+    for (int r = 0; r < mw->workers; r++) loom_buf_fini(&all[r]);
+    loom_free(all);
+    return rc;
+}
+
 static int mw_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
 {
     multi_worker *mw = loom_calloc(1, sizeof *mw);
@@ -302,6 +355,7 @@ static int mw_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
         return rc;
     if (mw->workers == 1 || a->plan_only) return LOOM_OK;
     if ((rc = loom_group_open(&mw->group, a->cluster, st->collective_timeout, err))) return rc;
+    if ((rc = agree_resume(mw, a, err))) return rc;
     if (mw->job_ops && (rc = open_job_op(mw, a, err))) return rc;
     /* synchronised batch normalization: the local replicas' sums, then across the workers */
     if ((rc = loom_replicated_set_bn_cross_(&mw->local, bn_cross, mw, err))) return rc;

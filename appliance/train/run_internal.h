@@ -40,6 +40,10 @@ typedef struct run {
  * strategy opens no socket). Close r with run_close_ whether or not it fails. */
 int  train_run_open_(run *r, const loom_spec *spec, const char *model_dir, bool need_eval, const loom_cluster *cluster,
                      bool plan_only, loom_err *err);
+/* The same for loom train: resume_key/resume_text (loom_strategy_args) say
+ * where this task resumes from, for a strategy to compare across its tasks. */
+int  train_run_open_at_(run *r, const loom_spec *spec, const char *model_dir, const loom_cluster *cluster,
+                        const char *resume_key, const char *resume_text, loom_err *err);
 void train_run_close_(run *r);
 /* Loads the checkpoint to evaluate or predict with into the strategy's model:
  * `checkpoint`, or (NULL) the latest in r's model directory; path gets the

@@ -192,11 +192,28 @@ static void share_input_pool(run *r)
     if (pool && loom_pool_size(pool) >= loom_num_cores()) r->input_on_pool = loom_iter_share_pool(r->train, pool);
 }
 
+static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool need_eval, const loom_cluster *cluster,
+                    bool plan_only, const char *resume_key, const char *resume_text, loom_err *err);
+
 int train_run_open_(run *r, const loom_spec *spec, const char *model_dir, bool need_eval,
                     const loom_cluster *cluster, bool plan_only, loom_err *err)
 {
+    return run_open(r, spec, model_dir, need_eval, cluster, plan_only, NULL, NULL, err);
+}
+
+int train_run_open_at_(run *r, const loom_spec *spec, const char *model_dir, const loom_cluster *cluster,
+                       const char *resume_key, const char *resume_text, loom_err *err)
+{
+    return run_open(r, spec, model_dir, false, cluster, false, resume_key, resume_text, err);
+}
+
+static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool need_eval, const loom_cluster *cluster,
+                    bool plan_only, const char *resume_key, const char *resume_text, loom_err *err)
+{
     memset(r, 0, sizeof *r);
     r->spec = spec;
+    r->args.resume_key = resume_key;
+    r->args.resume_text = resume_text;
     r->chief = true;
     r->args.spec = spec;
     r->args.cluster = cluster;
@@ -737,6 +754,7 @@ typedef struct trainer {
     bool                   stopped;     /* resumed where a hook stopped the run, under the same epochs and max_steps */
     sig_atomic_t           stop_asked;  /* the signal whose stop request the strategy carries to the other tasks */
     struct sigaction       old_int, old_term;
+    char                   resume_key[320], resume_text[1280]; /* resume_point */
 } trainer;
 
 /* run.max_steps or run.epochs reached */
@@ -961,6 +979,47 @@ static void log_as_task(const loom_cluster *c)
     if (loom_log_get_level() < LOOM_LOG_WARN) loom_log_set_level(LOOM_LOG_WARN);
 }
 
+/* Where a task of a job resumes from, as it finds its model_dir before the
+ * strategy opens (a chief's --fresh sets the checkpoints aside only later),
+ * for the strategy to compare across the tasks (loom_strategy_args): key
+ * names the starting point ("scratch", or the checkpoint's name, step, size
+ * and CRC-32C: its identity, also in a model_dir that is not shared), text
+ * says it for the error that tasks disagree. */
+static void resume_point(const char *dir, bool fresh, char *key, size_t kn, char *text, size_t tn)
+{
+    char path[LOOM_PATH_MAX], abs_dir[PATH_MAX];
+    int64_t step = -1;
+    loom_err e;
+    int rc = loom_ckpt_latest(dir, path, &step, &e);
+    if (!realpath(dir, abs_dir)) snprintf(abs_dir, sizeof abs_dir, "%s", dir);
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    if (fresh || rc == LOOM_EEOF) {
+        snprintf(key, kn, "scratch");
+        if (fresh)
+            snprintf(text, tn, "step 0 (--fresh in %.900s%s%.200s)", abs_dir, rc ? "" : ", setting aside ", rc ? "" : base);
+        else snprintf(text, tn, "step 0 (no checkpoint in %.900s)", abs_dir);
+        return;
+    }
+    if (rc) { /* trainer_resume reports it; the tasks compare what they could read */
+        snprintf(key, kn, "unreadable: %.200s", e.msg);
+        snprintf(text, tn, "an unreadable model_dir %.900s (%.200s)", abs_dir, e.msg);
+        return;
+    }
+    uint32_t crc = 0;
+    uint64_t size = 0;
+    FILE *f = fopen(path, "rb");
+    static const size_t chunk = (size_t)1 << 20;
+    char *buf = f ? loom_alloc(chunk) : NULL;
+    size_t got;
+    while (buf && (got = fread(buf, 1, chunk, f)) > 0) crc = loom_crc32c_extend(crc, buf, got), size += got;
+    loom_free(buf);
+    if (f) fclose(f);
+    snprintf(key, kn, "%.200s step %lld size %llu crc %08x", base, (long long)step, (unsigned long long)size, crc);
+    snprintf(text, tn, "step %lld (%.200s in %.900s, %llu bytes, CRC-32C %08x)", (long long)step, base, abs_dir,
+             (unsigned long long)size, crc);
+}
+
 /* The pipelines, the strategy, the hooks, the status endpoint, model_dir and
  * its lock; for a task that serves the job (t->serves), the pipelines and the
  * strategy alone. */
@@ -970,7 +1029,10 @@ static int trainer_open(trainer *t, const loom_spec *spec, const loom_train_opts
     t->spec = spec, t->rs = &spec->run, t->opts = opts, t->lock_fd = -1;
     run *r = &t->r;
     const char *dir = opts->model_dir ? opts->model_dir : spec->run.model_dir;
-    int rc = train_run_open_(r, spec, dir, false, opts->cluster, false, err);
+    if (opts->cluster)
+        resume_point(dir, opts->fresh, t->resume_key, sizeof t->resume_key, t->resume_text, sizeof t->resume_text);
+    int rc = train_run_open_at_(r, spec, dir, opts->cluster, opts->cluster ? t->resume_key : NULL,
+                                opts->cluster ? t->resume_text : NULL, err);
     if (!rc && loom_strategy_serves(r->strat)) { /* a ps task or a parameter-server worker: trainer_serve */
         t->serves = true;
         log_as_task(opts->cluster);

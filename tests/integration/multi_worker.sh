@@ -268,6 +268,52 @@ PIDS+=($!)
 wait
 contains "mismatched configs are refused naming the setting" "learning_rate" "$(cat "$WORK/mis.0" "$WORK/mis.1")"
 
+# ---- disagreeing resume points (issue 22, item 9) ---------------------------------------
+# worker:0's model_dir holds a checkpoint, worker:1's (not shared) none; then
+# one shared model_dir with --fresh on one task only (either). Before, the job
+# ended in "collectives differ: rank 0 entered all_reduce #2, rank 1 entered
+# broadcast #2"; now every task stops at once naming both tasks and points.
+job dis 2 "$WORK/dis0" --set run.max_steps=20 --set run.eval_steps=1
+[ -e "$WORK/dis0/ckpt-20.loom" ] && pass "a 2-worker checkpoint at step 20 for the disagreeing jobs" || fail "a 2-worker checkpoint at step 20" "$(tail -3 "$WORK/dis.0")"
+cp -r "$WORK/dis0" "$WORK/dis_shared"
+# disagree NAME DIR0 DIR1 [ARGS0 --- ARGS1]: two workers, 40 steps; outputs in $WORK/NAME.i
+disagree() {
+    local name=$1 d0=$2 d1=$3 a0=() a1=() i base; shift 3
+    while [ $# -gt 0 ] && [ "$1" != --- ]; do a0+=("$1"); shift; done
+    [ $# -gt 0 ] && shift
+    a1=("$@")
+    base=$(free_ports 2)
+    (timeout 60 "$LOOM" train $CFG --task worker:0 --model-dir "$d0" --set "$(workers_set 2 "$base")" "${S40[@]}" \
+        ${a0[@]+"${a0[@]}"} >"$WORK/$name.0" 2>&1; echo $? >"$WORK/$name.0.rc") &
+    PIDS+=($!)
+    (timeout 60 "$LOOM" train $CFG --task worker:1 --model-dir "$d1" --set "$(workers_set 2 "$base")" "${S40[@]}" \
+        ${a1[@]+"${a1[@]}"} >"$WORK/$name.1" 2>&1; echo $? >"$WORK/$name.1.rc") &
+    PIDS+=($!)
+    wait
+}
+both_refuse() { # NAME TEXT0 TEXT1: each task exits 1 naming worker:0's point (TEXT0) and worker:1's (TEXT1)
+    local i out
+    for i in 0 1; do
+        out=$(cat "$WORK/$1.$i")
+        if [ "$(rc_of "$1.$i")" = 1 ] && grep -qF "the tasks of the job would start from different points: worker:0 resumes from $2" <<<"$out" &&
+            grep -qF "; worker:1 from $3" <<<"$out" &&
+            grep -qF "pass --fresh to every task" <<<"$out" && ! grep -q "collectives differ" <<<"$out"; then
+            pass "$1: worker:$i stops at once naming both tasks and both resume points"
+        else fail "$1: worker:$i stops at once naming both tasks and both resume points" "status $(rc_of "$1.$i")" "$(tail -3 <<<"$out")"; fi
+    done
+}
+disagree unshared "$WORK/dis0" "$WORK/dis1"
+both_refuse unshared "step 20 (ckpt-20.loom in $WORK/dis0, " "step 0 (no checkpoint in $WORK/dis1)"
+[ ! -e "$WORK/dis0/ckpt-40.loom" ] && [ ! -e "$WORK/dis1/ckpt-40.loom" ] && pass "unshared: nothing trained" || fail "unshared: nothing trained"
+disagree fresh1 "$WORK/dis_shared" "$WORK/dis_shared" --- --fresh
+both_refuse fresh1 "step 20 (ckpt-20.loom in $WORK/dis_shared, " "step 0 (--fresh in $WORK/dis_shared, setting aside ckpt-20.loom)"
+disagree fresh0 "$WORK/dis_shared" "$WORK/dis_shared" --fresh
+both_refuse fresh0 "step 0 (--fresh in $WORK/dis_shared, setting aside ckpt-20.loom)" "step 20 (ckpt-20.loom in $WORK/dis_shared, "
+if [ -e "$WORK/dis_shared/ckpt-20.loom" ] && ! compgen -G "$WORK/dis_shared/superseded-*" >/dev/null; then
+    pass "a chief's lone --fresh sets nothing aside"; else fail "a chief's lone --fresh sets nothing aside" "$(ls "$WORK/dis_shared")"; fi
+disagree agree "$WORK/dis_shared" "$WORK/dis_shared" --fresh --- --fresh
+all_ok agree 2
+
 # ---- the model_dir lock -----------------------------------------------------------------
 timeout 60 "$LOOM" train $CFG --model-dir "$WORK/lock" --set cluster.worker=[] --set strategy.type=mirrored \
     --set run.max_steps=100 --set 'hooks.callbacks=["../lua/mwm_slow.lua:slow"]' >"$WORK/lock.0" 2>&1 &
