@@ -37,8 +37,11 @@ void loom_progress_update(loom_progress_state *p, int64_t epoch, int64_t epochs,
     char eta[32], ac[32] = "";
     fmt_time(eta_sec, eta, sizeof eta);
     if (isfinite(acc)) snprintf(ac, sizeof ac, "  acc %.4f", acc); /* a regression has none */
+    char of[24] = "?"; /* the run's epochs; "?" while unknown */
+    if (epochs >= 0) snprintf(of, sizeof of, "%lld", (long long)epochs);
     if (p->mode == LOOM_PROGRESS_BAR) {
-        if (now - p->last < 0.1 && step_in_epoch != steps_per_epoch) return;
+        /* at most 10 redraws a second, but always an epoch's last step and the run's (nothing left) */
+        if (now - p->last < 0.1 && step_in_epoch != steps_per_epoch && eta_sec != 0) return;
         p->last = now;
         char bar[32];
         int width = 24, fill = 0;
@@ -48,16 +51,16 @@ void loom_progress_update(loom_progress_state *p, int64_t epoch, int64_t epochs,
         bar[width] = 0;
         char total[32] = "?";
         if (steps_per_epoch > 0) snprintf(total, sizeof total, "%lld", (long long)steps_per_epoch);
-        fprintf(stderr, "\r\033[Kepoch %lld/%lld [%s] %lld/%s  loss %.4f%s  %.0f samples/s  ETA %s",
-                (long long)epoch + 1, (long long)epochs, bar, (long long)step_in_epoch, total, loss, ac,
+        fprintf(stderr, "\r\033[Kepoch %lld/%s [%s] %lld/%s  loss %.4f%s  %.0f samples/s  ETA %s",
+                (long long)epoch + 1, of, bar, (long long)step_in_epoch, total, loss, ac,
                 samples_per_sec, eta);
         fflush(stderr);
         p->dirty = 1;
         return;
     }
     if (step % p->log_steps != 0) return;
-    fprintf(stderr, "loom: epoch %lld/%lld step %lld (%lld in epoch): loss %.4f%s, %.0f samples/s, input_wait %.1f%%, ETA %s\n",
-            (long long)epoch + 1, (long long)epochs, (long long)step, (long long)step_in_epoch, loss, ac + 1,
+    fprintf(stderr, "loom: epoch %lld/%s step %lld (%lld in epoch): loss %.4f%s, %.0f samples/s, input_wait %.1f%%, ETA %s\n",
+            (long long)epoch + 1, of, (long long)step, (long long)step_in_epoch, loss, ac + 1,
             samples_per_sec, p->input_wait * 100, eta);
 }
 

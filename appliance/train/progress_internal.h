@@ -13,6 +13,8 @@ typedef struct loom_progress_state {
 } loom_progress_state;
 
 void loom_progress_init(loom_progress_state *p, loom_progress mode, int64_t log_steps);
+/* epochs: the run's (< 0: unknown, shown as "?"); steps_per_epoch <= 0:
+ * unknown; eta_sec < 0: unknown. */
 void loom_progress_update(loom_progress_state *p, int64_t epoch, int64_t epochs, int64_t step_in_epoch,
                           int64_t steps_per_epoch, int64_t step, double loss, double acc, double samples_per_sec,
                           double eta_sec);

@@ -737,7 +737,8 @@ typedef struct trainer {
     metrics_sink           sink;
     hook_save_arg          hsa;     /* ctx:save_checkpoint() */
     char                   ckpt[LOOM_PATH_MAX], last_ckpt[LOOM_PATH_MAX];
-    int64_t                steps_per_epoch; /* -1: unknown */
+    int64_t                steps_per_epoch; /* data.train's cardinality; -1: unknown (a csv source, a filter) */
+    int64_t                learned_spe;     /* unknown ahead: the steps of the last epoch that ended; -1: none yet */
     int64_t                start_step, last_saved, run_examples, last_eval_step;
     /* run.steps_per_execution = K: the steps of one execution run back to
      * back; the host-side work (signals, progress, checkpoints; callbacks
@@ -756,6 +757,32 @@ typedef struct trainer {
     struct sigaction       old_int, old_term;
     char                   resume_key[320], resume_text[1280]; /* resume_point */
 } trainer;
+
+/* The steps of one epoch: data.train's cardinality, else (a source of
+ * unknown length) those of the last epoch that ended; -1 before one did. */
+static int64_t epoch_steps(const trainer *t)
+{
+    return t->steps_per_epoch > 0 ? t->steps_per_epoch : t->learned_spe > 0 ? t->learned_spe : -1;
+}
+
+/* The run's epochs, as every line that counts them says it ("epoch 2/4",
+ * "after epoch 1 of 4"): run.epochs, or with run.max_steps (which overrides
+ * it) the epochs those steps take; -1 while unknown. */
+static int64_t run_epochs(const trainer *t)
+{
+    if (t->rs->max_steps <= 0) return t->rs->epochs;
+    int64_t spe = epoch_steps(t);
+    return spe > 0 ? (t->rs->max_steps + spe - 1) / spe : -1;
+}
+
+/* run_epochs as text into buf ("?" while unknown). */
+static const char *run_epochs_str(const trainer *t, char *buf, size_t n)
+{
+    int64_t e = run_epochs(t);
+    if (e >= 0) snprintf(buf, n, "%lld", (long long)e);
+    else snprintf(buf, n, "?");
+    return buf;
+}
 
 /* run.max_steps or run.epochs reached */
 static bool trainer_reached(const trainer *t)
@@ -841,11 +868,17 @@ static void sink_step(trainer *t, const loom_step_result *res, double dt, double
 static void sink_progress(trainer *t, double sps)
 {
     const trainer_state *st = &t->st;
-    int64_t max_steps = t->rs->max_steps, epochs = t->rs->epochs, spe = t->steps_per_epoch;
-    double per_step = (loom_now() - t->epoch_start) / (double)st->step_in_epoch;
-    int64_t left = max_steps > 0 ? max_steps - st->step : spe > 0 ? (epochs - st->epoch) * spe - st->step_in_epoch : -1;
-    loom_progress_update(&t->sink.prog, st->epoch, max_steps > 0 ? (spe > 0 ? (max_steps + spe - 1) / spe : 1) : epochs,
-                         st->step_in_epoch, spe, st->step, st->loss_sum / (double)st->examples,
+    int64_t max_steps = t->rs->max_steps, epochs = t->rs->epochs, spe = epoch_steps(t);
+    /* this process's pace over its run so far, evaluations and checkpoints
+     * included, as the steps left will take them (a resumed run's earlier
+     * steps took no time here) */
+    double per_step = (loom_now() - t->run_start) / (double)(st->step - t->start_step);
+    int64_t left = max_steps > 0 ? max_steps - st->step
+                   : spe > 0     ? (epochs - st->epoch) * spe - st->step_in_epoch
+                                 : -1;
+    if (left < 0 && spe > 0) left = 0; /* an epoch longer than the last one's */
+    loom_progress_update(&t->sink.prog, st->epoch, run_epochs(t), st->step_in_epoch, spe, st->step,
+                         st->loss_sum / (double)st->examples,
                          t->r.has_acc ? (double)st->correct / (double)st->examples : NAN, sps,
                          left >= 0 ? per_step * (double)left : -1);
     sink_state(t, LOOM_STATUS_TRAINING, sps, t->sink.prog.input_wait);
@@ -907,8 +940,9 @@ static void sink_epoch(trainer *t, const loom_step_result *ev, double sps, doubl
     else
         snprintf(evs, sizeof evs, "%s", t->r.eval ? (t->rs->eval_each_epoch ? "; eval data yielded no batch" : "")
                                                   : "; no eval data");
-    loom_info("epoch %lld/%lld: step %lld, %s%s, %.0f samples/s, input_wait %.1f%%, %.1f s", (long long)st->epoch + 1,
-              (long long)t->rs->epochs, (long long)st->step, tr, evs, sps, input_wait * 100, ep_sec);
+    char of[24];
+    loom_info("epoch %lld/%s: step %lld, %s%s, %.0f samples/s, input_wait %.1f%%, %.1f s", (long long)st->epoch + 1,
+              run_epochs_str(t, of, sizeof of), (long long)st->step, tr, evs, sps, input_wait * 100, ep_sec);
     fprintf(m, "{\"event\": \"epoch\", \"epoch\": %lld, \"step\": %lld", (long long)st->epoch + 1, (long long)st->step);
     train_json_num_(m, "train_loss", train_loss, 0);
     metrics_json(r, m, "train_", 0, st->correct, st->examples);
@@ -930,17 +964,18 @@ static void sink_end(trainer *t)
 {
     const trainer_state *st = &t->st;
     double total = loom_now() - t->run_start;
+    char of[24];
+    run_epochs_str(t, of, sizeof of);
     if (st->step == t->start_step && t->stopped)
-        loom_info("nothing to do: the run in %s was stopped by a hook (ctx:stop()) at step %lld (epoch %lld of %lld); "
+        loom_info("nothing to do: the run in %s was stopped by a hook (ctx:stop()) at step %lld (epoch %lld of %s); "
                   "raise run.epochs or run.max_steps to train further, or pass --fresh to start over",
-                  t->r.model_dir, (long long)st->step, (long long)st->epoch + (st->step_in_epoch > 0),
-                  (long long)t->rs->epochs);
+                  t->r.model_dir, (long long)st->step, (long long)st->epoch + (st->step_in_epoch > 0), of);
     else if (st->step == t->start_step && t->r.hooks.stop)
         ; /* a hook stopped the run before its first step, and said so */
     else if (st->step == t->start_step)
-        loom_info("nothing to do: the run in %s is finished, at step %lld (epoch %lld of %lld); raise run.epochs or "
+        loom_info("nothing to do: the run in %s is finished, at step %lld (epoch %lld of %s); raise run.epochs or "
                   "run.max_steps to train further",
-                  t->r.model_dir, (long long)st->step, (long long)st->epoch, (long long)t->rs->epochs);
+                  t->r.model_dir, (long long)st->step, (long long)st->epoch, of);
     else {
         char evs[320], mt[256];
         if (!isnan(t->last_eval_acc))
@@ -1059,6 +1094,9 @@ static int trainer_open(trainer *t, const loom_spec *spec, const loom_train_opts
     if (rc) return rc;
     t->model = loom_strategy_model(r->strat);
     t->opt = loom_strategy_optimizer(r->strat);
+    int64_t card = loom_iter_cardinality(r->train);
+    t->steps_per_epoch = card > 0 ? card : -1;
+    t->learned_spe = -1;
     return LOOM_OK;
 }
 
@@ -1102,14 +1140,17 @@ static int trainer_resume(trainer *t, loom_err *err)
     }
     snprintf(t->last_ckpt, sizeof t->last_ckpt, "%s", ckpt);
     t->stopped = stopped_marker(r->model_dir, t->st.step, t->rs);
+    /* the finished epochs' size, for a source of unknown length (progress, ETA) */
+    if (t->st.epoch > 0) t->learned_spe = (t->st.step - t->st.step_in_epoch) / t->st.epoch;
     /* st.epoch counts finished epochs, as "nothing to do" and the epoch lines do */
+    char of[24];
+    run_epochs_str(t, of, sizeof of);
     if (t->st.step_in_epoch == 0)
-        loom_info("resuming from %s (step %lld, after epoch %lld of %lld)", ckpt, (long long)t->st.step,
-                  (long long)t->st.epoch, (long long)t->spec->run.epochs);
+        loom_info("resuming from %s (step %lld, after epoch %lld of %s)", ckpt, (long long)t->st.step,
+                  (long long)t->st.epoch, of);
     else
-        loom_info("resuming from %s (step %lld, %lld step%s into epoch %lld of %lld)", ckpt, (long long)t->st.step,
-                  (long long)t->st.step_in_epoch, t->st.step_in_epoch == 1 ? "" : "s", (long long)t->st.epoch + 1,
-                  (long long)t->spec->run.epochs);
+        loom_info("resuming from %s (step %lld, %lld step%s into epoch %lld of %s)", ckpt, (long long)t->st.step,
+                  (long long)t->st.step_in_epoch, t->st.step_in_epoch == 1 ? "" : "s", (long long)t->st.epoch + 1, of);
     return LOOM_OK;
 }
 
@@ -1361,6 +1402,7 @@ static int at_epoch_end(trainer *t, loom_err *err)
     sink_epoch(t, &ev, sps, input_wait, ep_sec);
     if ((rc = at_hook(t, LOOM_HOOK_EPOCH_END, st->epoch + 1, sps, err))) return rc;
     t->epoch_open = false;
+    t->learned_spe = st->step_in_epoch;
     st->epoch++;
     st->step_in_epoch = 0;
     st->loss_sum = 0;
@@ -1461,8 +1503,6 @@ int loom_train(const loom_spec *spec, const loom_train_opts *opts, loom_err *err
         return trainer_close(t, loom_strategy_serve(t->r.strat, t->r.train, err), err);
     if (!rc) rc = trainer_resume(t, err);
     if (!rc) {
-        int64_t card = loom_iter_cardinality(t->r.train);
-        t->steps_per_epoch = card >= 0 ? card : -1;
         char where[96], abs_dir[PATH_MAX] = "";
         if (!realpath(t->r.model_dir, abs_dir)) abs_dir[0] = 0; /* messages show where it really is */
         int th = loom_model_threads(t->model);
