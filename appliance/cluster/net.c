@@ -92,6 +92,7 @@ struct conn {
     int                 peer;     /* index into n->peers once known, else -1 */
     bool                dialer, authed, closing;
     bool                pending;  /* accepted, handshake not done: counted in n->n_pending */
+    bool                connected; /* (dialer) the TCP connection was made */
     double              t_open;
     loom_hs             hs;
     struct event       *timer;    /* handshake deadline, then (closing) the flush bound */
@@ -640,6 +641,7 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
     conn *c = arg;
     loom_net *n = c->n;
     if (what & BEV_EVENT_CONNECTED) {
+        c->connected = true;
         evutil_socket_t fd = bufferevent_getfd(bev);
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -684,9 +686,9 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
         net_peer *pe = &n->peers[c->peer];
         unsigned long se = (what & BEV_EVENT_ERROR) ? bufferevent_get_openssl_error(bev) : 0;
         bool tls_fail = se != 0;
-        /* closed after the connect, before any answer to our hello: a TLS
-         * listener meeting plaintext closes without a word */
-        bool unanswered = (what & BEV_EVENT_EOF) && !n->ssl && c->hs.phase == 2;
+        /* closed or reset after the connect, before any answer to our hello:
+         * a TLS listener meeting plaintext closes without a word */
+        bool unanswered = c->connected && !n->ssl && c->hs.phase == 2;
         snprintf(pe->last_error, sizeof pe->last_error, "connect(%.270s) failed: %.200s (attempt %d)%s", pe->addr, why,
                  pe->attempts,
                  unanswered ? "; it closed the connection without answering the handshake: if it uses cluster.tls, "
