@@ -281,14 +281,21 @@ static void tolerated_down(loom_net *n, int p, const char *why)
     }
 }
 
-/* What peer pe was doing, as its last heartbeat said. Its first heartbeat
- * goes out with its handshake, while it may still wait for the rest of the
- * cluster: "connecting" there means it had connected to this task. */
+/* Whether peer pe (connected once) said nothing after its handshake: its
+ * first heartbeat goes out with the handshake, while it may still wait for
+ * the rest of the cluster ("connecting"), and may not even have left when
+ * it died (the status net_resolve set). */
+static bool hs_only(const net_peer *pe)
+{
+    return !pe->status[0] || !strcmp(pe->status, "connecting") || !strcmp(pe->status, "starting (no heartbeat yet)");
+}
+
+/* What peer pe (connected once) was doing, as its last heartbeat said. */
 static const char *peer_doing(const net_peer *pe)
 {
     if (!strcmp(pe->status, "connecting"))
         return "waiting for the rest of the cluster (no heartbeat since its handshake with this task)";
-    return pe->status[0] ? pe->status : "starting (no heartbeat yet)";
+    return hs_only(pe) ? "just past its handshake with this task (no heartbeat yet)" : pe->status;
 }
 
 static void declare_lost(loom_net *n, int p, const char *why)
@@ -307,7 +314,7 @@ static void declare_lost(loom_net *n, int p, const char *why)
     double ago = loom_now() - pe->last_heard;
     char msg[700];
     snprintf(msg, sizeof msg, "lost %s (%s)%s: %s; last heard %.1f s ago, it was %s", pe->name, pe->addr,
-             !strcmp(pe->status, "connecting") ? " after it had connected" : "", why, ago, peer_doing(pe));
+             hs_only(pe) ? " after it had connected" : "", why, ago, peer_doing(pe));
     loom_log(LOOM_LOG_ERROR, "%s: %s", n->name, msg);
     if (n->lost < 0) {
         n->lost = p;
