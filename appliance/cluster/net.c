@@ -158,9 +158,7 @@ struct loom_net {
 };
 
 static pthread_once_t evthread_once = PTHREAD_ONCE_INIT;
-/* Once per process: libevent's locks, and SIGPIPE ignored: a write to a
- * peer that has just closed (a parameter-server worker leaving while its ps
- * answers) must come back as a closed connection, not kill this task. */
+
 /* libevent's own lines ("Error from accept() call" and the like) go to
  * loom_log, one a second with the count of those held back. */
 static pthread_mutex_t evlog_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -180,6 +178,9 @@ static void evlog(int severity, const char *msg)
         loom_log(LOOM_LOG_WARN, "libevent: %s", msg);
 }
 
+/* Once per process: libevent's locks and log, and SIGPIPE ignored: a write
+ * to a peer that has just closed (a parameter-server worker leaving while
+ * its ps answers) must come back as a closed connection, not kill this task. */
 static void evthread_init(void)
 {
     evthread_use_pthreads();
