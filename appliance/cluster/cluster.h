@@ -171,6 +171,12 @@ enum {
 
 typedef struct loom_net loom_net;
 
+/* Once per process, before any event base (loom_net_open calls it; so does
+ * the status endpoint): libevent's pthread locks, its own log lines routed
+ * through loom_log at most one a second (with a count of the others: a
+ * flood must not flood the log), SIGPIPE ignored. Thread-safe. */
+void loom_net_process_init(void);
+
 /* Opens this task's listener on its address, then connects to every task in
  * peers (a list of (role, index)), retrying with back-off up to
  * connect_timeout; every connection proves the shared secret (HMAC-SHA256

@@ -18,7 +18,18 @@
  * peer waiting for loom_net_recv are bounded (recvq_max bytes): above it the
  * loop stops reading that peer's connection (TCP pushes back on the sender)
  * until loom_net_recv takes the queue back under it, and the peer's silence
- * meanwhile is ours, not its (no heartbeat_timeout). */
+ * meanwhile is ours, not its (no heartbeat_timeout).
+ *
+ * Floods: accepted connections waiting for their handshake are bounded
+ * (pending_max: the descriptor limit / 16, in [8, 256], and never under the
+ * number of peers that dial us + 8); at the bound the oldest is closed for
+ * the newcomer, and the listener pauses for a loop turn so closed sockets
+ * are released before more are accepted. accept() failing for want of
+ * descriptors (EMFILE) sheds the pending connection through a reserve
+ * descriptor (loom_fd_reserve_shed) instead of waking the loop for ever.
+ * Log lines about connections that fail before their handshake are rate
+ * limited per address (5 at once, then one a second, with a count of the
+ * others), as are the accept errors (one a second). */
 #include "cluster/net_internal.h"
 
 #include <arpa/inet.h>
@@ -80,6 +91,9 @@ struct conn {
     char                addr[LOOM_HOST_MAX + 16]; /* the other end, "127.0.0.1:40312" */
     int                 peer;     /* index into n->peers once known, else -1 */
     bool                dialer, authed, closing;
+    bool                pending;  /* accepted, handshake not done: counted in n->n_pending */
+    bool                connected; /* (dialer) the TCP connection was made */
+    double              t_open;
     loom_hs             hs;
     struct event       *timer;    /* handshake deadline, then (closing) the flush bound */
     conn               *next;     /* n->conns */
@@ -131,17 +145,50 @@ struct loom_net {
     uint32_t               alert_type;
     struct bufferevent   **retired;  /* tolerated peers' earlier connections, referenced until net_free */
     int                    n_retired;
+    /* floods (loop thread): see the file's comment */
+    int                    n_pending, pending_max;
+    int                    reserve_fd;  /* an open /dev/null, given up to shed a connection on EMFILE */
+    struct event          *relisten_ev; /* enables the paused listener again */
+    loom_ratelimit         accept_rl, evict_rl, other_rl;
+    struct addr_lim {
+        char           host[64];
+        loom_ratelimit rl;
+        double         used;
+    } lims[16];
 };
 
 static pthread_once_t evthread_once = PTHREAD_ONCE_INIT;
-/* Once per process: libevent's locks, and SIGPIPE ignored: a write to a
- * peer that has just closed (a parameter-server worker leaving while its ps
- * answers) must come back as a closed connection, not kill this task. */
+
+/* libevent's own lines ("Error from accept() call" and the like) go to
+ * loom_log, one a second with the count of those held back. */
+static pthread_mutex_t evlog_mu = PTHREAD_MUTEX_INITIALIZER;
+static loom_ratelimit evlog_rl = {.interval = 1, .burst = 1};
+static void evlog(int severity, const char *msg)
+{
+    if (severity < EVENT_LOG_WARN) return;
+    uint64_t skipped = 0;
+    pthread_mutex_lock(&evlog_mu);
+    bool pass = loom_ratelimit_pass(&evlog_rl, &skipped);
+    pthread_mutex_unlock(&evlog_mu);
+    if (!pass) return;
+    if (skipped)
+        loom_log(LOOM_LOG_WARN, "libevent: %s (%llu more libevent lines not logged since the last)", msg,
+                 (unsigned long long)skipped);
+    else
+        loom_log(LOOM_LOG_WARN, "libevent: %s", msg);
+}
+
+/* Once per process: libevent's locks and log, and SIGPIPE ignored: a write
+ * to a peer that has just closed (a parameter-server worker leaving while
+ * its ps answers) must come back as a closed connection, not kill this task. */
 static void evthread_init(void)
 {
     evthread_use_pthreads();
+    event_set_log_callback(evlog);
     signal(SIGPIPE, SIG_IGN);
 }
+
+void loom_net_process_init(void) { pthread_once(&evthread_once, evthread_init); }
 
 static void conn_free(conn *c);
 static void conn_close_soon(conn *c);
@@ -151,6 +198,54 @@ static void alert(loom_net *n)
     uint64_t one = 1;
     if (n->alert_fd >= 0 && write(n->alert_fd, &one, sizeof one) < 0) { /* a full counter still reads */
     }
+}
+
+/* ---- lines an outsider can trigger (loop thread) --------------------------- */
+
+/* The rate limit of addr's host ("127.0.0.1:40312" -> "127.0.0.1"); hosts
+ * beyond the table's 16 (unused for a minute frees a slot) share one. */
+static loom_ratelimit *addr_limit(loom_net *n, const char *addr)
+{
+    char host[64];
+    snprintf(host, sizeof host, "%s", addr);
+    char *colon = strrchr(host, ':');
+    if (colon && colon != host) *colon = 0;
+    double now = loom_now();
+    struct addr_lim *slot = NULL;
+    for (int i = 0; i < (int)(sizeof n->lims / sizeof n->lims[0]); i++) {
+        struct addr_lim *a = &n->lims[i];
+        if (a->host[0] && !strcmp(a->host, host)) {
+            a->used = now;
+            return &a->rl;
+        }
+        if (!slot && (!a->host[0] || now - a->used > 60)) slot = a;
+    }
+    if (!slot) return &n->other_rl;
+    snprintf(slot->host, sizeof slot->host, "%s", host);
+    slot->rl = (loom_ratelimit){.interval = 1, .burst = 5};
+    slot->used = now;
+    return &slot->rl;
+}
+
+/* Logs a line about a connection from or to addr that failed before its
+ * handshake ended: 5 at once, then one a second per address; the next line
+ * that passes says how many did not. */
+static void conn_log(loom_net *n, loom_log_level lvl, const char *addr, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void conn_log(loom_net *n, loom_log_level lvl, const char *addr, const char *fmt, ...)
+{
+    uint64_t skipped = 0;
+    if (!loom_ratelimit_pass(addr_limit(n, addr), &skipped)) return;
+    char line[1400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (skipped)
+        loom_log(lvl, "%s (%llu more such lines about this address not logged: at most one a second)", line,
+                 (unsigned long long)skipped);
+    else
+        loom_log(lvl, "%s", line);
 }
 
 /* ---- peers and losses (loop thread, mu held) ------------------------------ */
@@ -187,6 +282,23 @@ static void tolerated_down(loom_net *n, int p, const char *why)
     }
 }
 
+/* Whether peer pe (connected once) said nothing after its handshake: its
+ * first heartbeat goes out with the handshake, while it may still wait for
+ * the rest of the cluster ("connecting"), and may not even have left when
+ * it died (the status net_resolve set). */
+static bool hs_only(const net_peer *pe)
+{
+    return !pe->status[0] || !strcmp(pe->status, "connecting") || !strcmp(pe->status, "starting (no heartbeat yet)");
+}
+
+/* What peer pe (connected once) was doing, as its last heartbeat said. */
+static const char *peer_doing(const net_peer *pe)
+{
+    if (!strcmp(pe->status, "connecting"))
+        return "waiting for the rest of the cluster (no heartbeat since its handshake with this task)";
+    return hs_only(pe) ? "just past its handshake with this task (no heartbeat yet)" : pe->status;
+}
+
 static void declare_lost(loom_net *n, int p, const char *why)
 {
     net_peer *pe = &n->peers[p];
@@ -202,8 +314,8 @@ static void declare_lost(loom_net *n, int p, const char *why)
     pe->state = P_LOST;
     double ago = loom_now() - pe->last_heard;
     char msg[700];
-    snprintf(msg, sizeof msg, "lost %s (%s): %s; last heard %.1f s ago, it was %s", pe->name, pe->addr, why, ago,
-             pe->status[0] ? pe->status : "starting (no heartbeat yet)");
+    snprintf(msg, sizeof msg, "lost %s (%s)%s: %s; last heard %.1f s ago, it was %s", pe->name, pe->addr,
+             hs_only(pe) ? " after it had connected" : "", why, ago, peer_doing(pe));
     loom_log(LOOM_LOG_ERROR, "%s: %s", n->name, msg);
     if (n->lost < 0) {
         n->lost = p;
@@ -322,23 +434,32 @@ static void drop(conn *c, const loom_err *e)
         snprintf(claim, sizeof claim, " (%s %s)", c->dialer ? "dialed as" : "claims to be",
                  loom_net_task_name_(c->hs.peer_role, c->hs.peer_index, nm, sizeof nm));
     }
-    loom_log(LOOM_LOG_WARN, "%s: dropped the connection %s %s%s: %s", n->name, c->dialer ? "to" : "from", c->addr,
-             claim, e->msg);
+    if (c->authed)
+        loom_log(LOOM_LOG_WARN, "%s: dropped the connection %s %s%s: %s", n->name, c->dialer ? "to" : "from", c->addr,
+                 claim, e->msg);
+    else
+        conn_log(n, LOOM_LOG_WARN, c->addr, "%s: dropped the connection %s %s%s: %s%s%s", n->name,
+                 c->dialer ? "to" : "from", c->addr, claim, e->msg, e->hint[0] ? "; " : "", e->hint);
     pthread_mutex_lock(&n->mu);
     if (c->authed && c->peer >= 0) {
         declare_lost(n, c->peer, e->msg);
     } else if (c->hs.peer_known) {
         int p = find_peer(n, c->hs.peer_role, c->hs.peer_index);
         if (p >= 0 && n->peers[p].state == P_WAIT) {
-            snprintf(n->peers[p].last_error, sizeof n->peers[p].last_error, "a connection %s %.280s failed: %.380s",
-                     c->dialer ? "to" : "from", c->addr, e->msg);
+            /* (an accepted connection only claims the name: its own address is the one to report) */
+            if (c->dialer)
+                snprintf(n->peers[p].last_error, sizeof n->peers[p].last_error, "a connection to %.280s failed: %.380s",
+                         c->addr, e->msg);
+            else
+                snprintf(n->peers[p].last_error, sizeof n->peers[p].last_error,
+                         "it never connected; %.100s claimed to be it and failed: %.380s", c->addr, e->msg);
             /* Refusals between authenticated peers (configs differ) and a
              * dialed peer that cannot prove the secret end the open at once;
              * a stranger claiming a name is only logged. */
             if (!n->open_done && (e->code == LOOM_ECONFIG || c->dialer)) {
                 char m[600];
                 snprintf(m, sizeof m, "%s", e->msg);
-                set_fatal(n, e->code, n->peers[p].addr, m, e->hint);
+                set_fatal(n, e->code, c->dialer ? n->peers[p].addr : c->addr, m, e->hint);
             }
         }
     }
@@ -383,6 +504,7 @@ static bool hs_accept(conn *c, struct bufferevent *bev, loom_err *e)
     }
     c->authed = true;
     c->peer = pi;
+    if (c->pending) c->pending = false, n->n_pending--;
     net_peer *pe = &n->peers[pi];
     pe->state = P_UP;
     pe->c = c;
@@ -435,6 +557,14 @@ static void on_read(struct bufferevent *bev, void *arg)
         size_t need = 0;
         loom_err e = {0};
         uint32_t max = c->authed ? LOOM_NET_FRAME_MAX : LOOM_NET_HANDSHAKE_MAX;
+        if (!c->authed && !n->ssl && want >= 2 && p[0] == 0x16 && p[1] == 0x03) { /* a TLS handshake record */
+            loom_err_set(&e, LOOM_ENET, NULL, "a TLS handshake on a plaintext connection: %s uses cluster.tls and "
+                         "this task (%s) does not", c->dialer ? "the task it dialed" : "the peer", n->name);
+            loom_err_hint(&e, "set cluster.tls (with tls_cert, tls_key and tls_ca) the same on every task: both ends "
+                              "of a connection must agree");
+            drop(c, &e);
+            return;
+        }
         long r = loom_net_frame_decode_(p, want, max, &f, &need, &e);
         if (r == 0 && want == LOOM_NET_HDR) {
             if (avail < need) {
@@ -519,6 +649,7 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
     conn *c = arg;
     loom_net *n = c->n;
     if (what & BEV_EVENT_CONNECTED) {
+        c->connected = true;
         evutil_socket_t fd = bufferevent_getfd(bev);
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -534,7 +665,12 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
         snprintf(why, sizeof why, "connection closed");
     else {
         unsigned long se = bufferevent_get_openssl_error(bev);
-        if (se) {
+        if (se && !c->authed && ERR_GET_REASON(se) == SSL_R_WRONG_VERSION_NUMBER)
+            /* what came first was not a TLS record: the loom handshake's plaintext, as a rule */
+            snprintf(why, sizeof why, "it speaks plaintext to this task's TLS (cluster.tls is on here, off there%s); "
+                     "set cluster.tls (with tls_cert, tls_key and tls_ca) the same on both ends",
+                     c->dialer ? ", or that is not a loom task" : "");
+        else if (se) {
             char sb[200];
             ERR_error_string_n(se, sb, sizeof sb);
             snprintf(why, sizeof why, "TLS error: %s", sb);
@@ -556,10 +692,24 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
         n->peers[c->peer].state == P_WAIT) {
         /* A dial that failed (refused: the peer is not up yet): retry with back-off. */
         net_peer *pe = &n->peers[c->peer];
-        bool tls_fail = (what & BEV_EVENT_ERROR) && bufferevent_get_openssl_error(bev);
-        snprintf(pe->last_error, sizeof pe->last_error, "connect(%.270s) failed: %.200s (attempt %d)", pe->addr, why,
-                 pe->attempts);
-        if (tls_fail) set_fatal(n, LOOM_ENET, pe->addr, pe->last_error, "check cluster.tls_cert, tls_key and tls_ca");
+        unsigned long se = (what & BEV_EVENT_ERROR) ? bufferevent_get_openssl_error(bev) : 0;
+        bool tls_fail = se != 0;
+        /* closed or reset after the connect, before any answer to our hello:
+         * a TLS listener meeting plaintext closes without a word */
+        bool unanswered = c->connected && !n->ssl && c->hs.phase == 2;
+        snprintf(pe->last_error, sizeof pe->last_error, "connect(%.270s) failed: %.200s (attempt %d)%s", pe->addr, why,
+                 pe->attempts,
+                 unanswered ? "; it closed the connection without answering the handshake: if it uses cluster.tls, "
+                              "set cluster.tls the same on both ends"
+                            : "");
+        if (tls_fail)
+            set_fatal(n, LOOM_ENET, pe->addr, pe->last_error,
+                      ERR_GET_REASON(se) == SSL_R_WRONG_VERSION_NUMBER ||
+                              ERR_GET_REASON(se) == SSL_R_UNEXPECTED_EOF_WHILE_READING
+                          ? "the peer did not speak TLS: set cluster.tls (with tls_cert, tls_key and tls_ca) the same "
+                            "on both ends"
+                          : "check cluster.tls_cert, tls_key and tls_ca (the same CA on both ends), and that both "
+                            "ends set cluster.tls");
         double back = 0.02 * (double)(1 << (pe->attempts < 6 ? pe->attempts : 6));
         if (back > 1.0) back = 1.0;
         struct timeval tv = {(time_t)back, (suseconds_t)((back - (double)(time_t)back) * 1e6)};
@@ -570,11 +720,12 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
     }
     pthread_mutex_unlock(&n->mu);
     if (!c->dialer && !c->hs.peer_known && !(what & BEV_EVENT_EOF))
-        loom_log(LOOM_LOG_WARN, "%s: dropped the connection from %s: %s", n->name, c->addr, why);
+        conn_log(n, LOOM_LOG_WARN, c->addr, "%s: dropped the connection from %s: %s", n->name, c->addr, why);
     else if (!c->dialer && c->hs.phase > 1)
-        loom_log(LOOM_LOG_WARN, "%s: the connection from %s closed during the handshake", n->name, c->addr);
+        conn_log(n, LOOM_LOG_WARN, c->addr, "%s: the connection from %s closed during the handshake", n->name, c->addr);
     else if (!c->dialer && c->hs.phase == 1)
-        loom_log(LOOM_LOG_WARN, "%s: the connection from %s closed before the handshake", n->name, c->addr);
+        conn_log(n, LOOM_LOG_WARN, c->addr, "%s: the connection from %s closed before the handshake", n->name,
+                 c->addr);
     conn_free(c);
 }
 
@@ -636,6 +787,7 @@ static void drain_input(struct bufferevent *bev)
 static void conn_free(conn *c)
 {
     loom_net *n = c->n;
+    if (c->pending) c->pending = false, n->n_pending--;
     for (conn **pp = &n->conns; *pp; pp = &(*pp)->next)
         if (*pp == c) {
             *pp = c->next;
@@ -699,6 +851,58 @@ static struct bufferevent *bev_new(loom_net *n, evutil_socket_t fd, bool dialer)
     return b;
 }
 
+/* Pauses the listener until the next turn of the loop (after `secs`), so
+ * the sockets just closed are released before more are accepted. */
+static void pause_listener(loom_net *n, double secs)
+{
+    evconnlistener_disable(n->lis);
+    struct timeval tv = {(time_t)secs, (suseconds_t)((secs - (double)(time_t)secs) * 1e6)};
+    evtimer_add(n->relisten_ev, &tv);
+}
+
+static void on_relisten(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    loom_net *n = arg;
+    if (!n->closing) evconnlistener_enable(n->lis);
+}
+
+/* At the bound of connections waiting for a handshake: closes the oldest. */
+static void evict_oldest(loom_net *n, const char *newcomer)
+{
+    conn *old = NULL;
+    for (conn *c = n->conns; c; c = c->next)
+        if (c->pending && (!old || c->t_open < old->t_open)) old = c;
+    if (!old) return;
+    uint64_t skipped = 0;
+    if (loom_ratelimit_pass(&n->evict_rl, &skipped)) {
+        char more[80] = "";
+        if (skipped) snprintf(more, sizeof more, " (%llu more closed since the last line)", (unsigned long long)skipped);
+        loom_log(LOOM_LOG_WARN, "%s: %d connections wait for a handshake, the bound (from the descriptor limit %ld): "
+                 "closed the oldest (from %s, %.1f s old) for one from %s%s", n->name, n->n_pending, loom_fd_limit(),
+                 old->addr, loom_now() - old->t_open, newcomer, more);
+    }
+    conn_free(old);
+}
+
+/* accept() failed: for want of descriptors, shed the pending connection
+ * through the reserve descriptor (else the loop wakes for it for ever);
+ * if even that fails, pause the listener a little. One line a second. */
+static void on_accept_error(struct evconnlistener *l, void *arg)
+{
+    loom_net *n = arg;
+    int e = EVUTIL_SOCKET_ERROR();
+    int shed = (e == EMFILE || e == ENFILE) ? loom_fd_reserve_shed(&n->reserve_fd, evconnlistener_get_fd(l)) : 0;
+    uint64_t skipped = 0;
+    if (loom_ratelimit_pass(&n->accept_rl, &skipped)) {
+        char more[80] = "";
+        if (skipped) snprintf(more, sizeof more, " (%llu more since the last line)", (unsigned long long)skipped);
+        loom_log(LOOM_LOG_WARN, "%s: accept() on %s failed: %s (descriptor limit %ld)%s%s", n->name, n->listen_addr,
+                 strerror(e), loom_fd_limit(), shed ? "; the connection was closed at once" : "", more);
+    }
+    if (!shed) pause_listener(n, 0.1);
+}
+
 static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg)
 {
     (void)l, (void)salen;
@@ -709,16 +913,20 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
         evutil_closesocket(fd);
         return;
     }
+    if (n->n_pending >= n->pending_max) evict_oldest(n, addr);
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     struct bufferevent *bev = bev_new(n, fd, false);
     conn *c = bev ? conn_new(n, bev, false, -1) : NULL;
     if (!c) {
-        loom_log(LOOM_LOG_WARN, "%s: dropped the connection from %s: out of memory", n->name, addr);
+        conn_log(n, LOOM_LOG_WARN, addr, "%s: dropped the connection from %s: out of memory", n->name, addr);
         if (bev) bufferevent_free(bev);
         else evutil_closesocket(fd);
         return;
     }
+    c->pending = true, c->t_open = loom_now();
+    n->n_pending++;
+    if (n->n_pending >= n->pending_max) pause_listener(n, 0);
     snprintf(c->addr, sizeof c->addr, "%s", addr);
     loom_buf out;
     loom_buf_init(&out);
@@ -952,6 +1160,8 @@ static void net_free(loom_net *n)
     if (n->deadline_ev) event_free(n->deadline_ev);
     if (n->close_ev) event_free(n->close_ev);
     if (n->resume_ev) event_free(n->resume_ev);
+    if (n->relisten_ev) event_free(n->relisten_ev);
+    if (n->reserve_fd >= 0) close(n->reserve_fd);
     if (n->base) event_base_free(n->base);
     if (n->ssl) SSL_CTX_free(n->ssl);
     for (qmsg *q = n->qhead, *nx; q; q = nx) {
@@ -989,7 +1199,10 @@ static int net_new(loom_net **out, const loom_cluster *c, const loom_task_addr *
     pthread_cond_init(&n->cv, &ca);
     pthread_condattr_destroy(&ca);
     n->alert_fd = -1;
+    n->reserve_fd = -1;
     n->lost = -1;
+    n->accept_rl = n->evict_rl = (loom_ratelimit){.interval = 1, .burst = 1};
+    n->other_rl = (loom_ratelimit){.interval = 1, .burst = 5};
     n->role = c->role, n->index = c->index;
     snprintf(n->name, sizeof n->name, "%s", myname);
     snprintf(n->listen_addr, sizeof n->listen_addr, "%s:%d", me->host, me->port);
@@ -1078,11 +1291,18 @@ static int net_listen(loom_net *n, const struct sockaddr_storage *my_sa, socklen
                                                     "port"
                                                   : "check this task's address in the cluster section");
     }
+    evconnlistener_set_error_cb(n->lis, on_accept_error);
+    n->reserve_fd = loom_fd_reserve_open();
+    int dialers = 0;
+    for (int i = 0; i < n->n_peers; i++) dialers += !n->peers[i].dial;
+    n->pending_max = loom_fd_bound(16, 8, 256);
+    if (n->pending_max < dialers + 8) n->pending_max = dialers + 8;
+    n->relisten_ev = evtimer_new(n->base, on_relisten, n);
     n->hb_ev = event_new(n->base, -1, EV_PERSIST, on_heartbeat, n);
     n->deadline_ev = evtimer_new(n->base, on_deadline, n);
     n->close_ev = evtimer_new(n->base, on_close, n);
     n->resume_ev = event_new(n->base, -1, 0, on_resume, n);
-    if (!n->hb_ev || !n->deadline_ev || !n->close_ev || !n->resume_ev)
+    if (!n->hb_ev || !n->deadline_ev || !n->close_ev || !n->resume_ev || !n->relisten_ev)
         return loom_err_set(err, LOOM_ENOMEM, NULL, "no memory for the transport's timers");
     for (int i = 0; i < n->n_peers; i++) {
         dial_arg *da = loom_alloc(sizeof *da);
@@ -1145,7 +1365,7 @@ static int net_connect(loom_net *n, loom_err *err)
 int loom_net_open(loom_net **out, const loom_cluster *c, const loom_net_peer *peers, int n_peers, loom_err *err)
 {
     *out = NULL;
-    pthread_once(&evthread_once, evthread_init);
+    loom_net_process_init();
     const loom_task_addr *me = task_addr(c, c->role, c->index);
     char myname[32];
     loom_net_task_name_(c->role, c->index, myname, sizeof myname);
@@ -1281,9 +1501,9 @@ static int peer_down(loom_net *n, int p, loom_err *err)
         if (pe->tolerated && n->open_done) continue; /* its losses are news (LOOM_MSG_PEER_DOWN) */
         if (pe->state == P_GONE)
             return loom_err_set(err, LOOM_ENET, n->name, "%s left (%s); last heard it was %s", pe->name,
-                                pe->gone_reason, pe->status);
+                                pe->gone_reason, peer_doing(pe));
         if (pe->state == P_LOST)
-            return loom_err_set(err, LOOM_ENET, n->name, "%s was lost; it was %s", pe->name, pe->status);
+            return loom_err_set(err, LOOM_ENET, n->name, "%s was lost; it was %s", pe->name, peer_doing(pe));
     }
     return LOOM_OK;
 }

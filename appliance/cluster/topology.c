@@ -770,6 +770,10 @@ static int check_roles(const loom_cluster *c, const loom_spec *spec, const loom_
 /* The secret: cluster.secret_file, else $LOOM_CLUSTER_SECRET; one trailing
  * newline dropped; a secret longer than HMAC-SHA256's block is its SHA-256,
  * as HMAC itself would use. */
+/* Below this many bytes a secret is warned about (HMAC-SHA256 resists a
+ * guess only as well as the secret's own entropy). */
+#define LOOM_SECRET_MIN 16
+
 static int read_secret(loom_cluster *c, const loom_cluster_spec *cs, char *const *envp, loom_err *err)
 {
     uint8_t *data = NULL;
@@ -823,6 +827,10 @@ static int read_secret(loom_cluster *c, const loom_cluster_spec *cs, char *const
         memcpy(c->secret, data, len);
         c->secret_len = len;
     }
+    if (len && len < LOOM_SECRET_MIN)
+        loom_warn("the cluster secret from %s is %zu byte%s long: a short secret is guessed; use at least %d random "
+                  "bytes, e.g. `openssl rand -hex 32 > FILE; chmod 600 FILE` and cluster.secret_file = FILE",
+                  c->secret_from, len, len == 1 ? "" : "s", LOOM_SECRET_MIN);
     memset(data, 0, len);
     loom_free(data);
     return rc;

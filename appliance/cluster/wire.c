@@ -275,8 +275,8 @@ int loom_hs_feed_(loom_hs *h, const uint8_t *p, size_t len, loom_buf *out, loom_
         if (len != 1 + LOOM_HS_MAC + 32) return loom_err_set(err, LOOM_ENET, NULL, "bad proof (%zu bytes)", len);
         uint8_t want[32];
         mac(h, "loom-d", h->my_nonce, h->peer_nonce, want);
-        if (CRYPTO_memcmp(want, p + 1, 32) != 0) {
-            loom_err_set(err, LOOM_ENET, NULL, "%s failed to prove the shared secret",
+        if (CRYPTO_memcmp(want, p + 1, 32) != 0) { /* (it only claims the name: the caller gives its address) */
+            loom_err_set(err, LOOM_ENET, NULL, "the peer claiming to be %s failed to prove the shared secret",
                          loom_net_task_name_(h->peer_role, h->peer_index, name, sizeof name));
             return loom_err_hint(err, "give every task the same cluster.secret_file or LOOM_CLUSTER_SECRET");
         }

@@ -86,6 +86,43 @@ void loom_log(loom_log_level lvl, const char *fmt, ...) __attribute__((format(pr
 #define loom_warn(...)  loom_log(LOOM_LOG_WARN, __VA_ARGS__)
 #define loom_debug(...) loom_log(LOOM_LOG_DEBUG, __VA_ARGS__)
 
+/* A rate limit for a log line that an outsider can trigger at will (a
+ * connection flood, a storm of bad handshakes): at most `burst` lines at
+ * once, then one per `interval` seconds; the lines that do not pass are
+ * counted, and the next line that passes reports the count. One per source
+ * of such lines; not thread-safe (its owner's thread, or under its lock).
+ * A zeroed struct is a limit of 1 line a second, burst 1. */
+typedef struct loom_ratelimit {
+    double   interval;   /* seconds per line after the burst (0: 1 s) */
+    int      burst;      /* lines passed at once (0: 1) */
+    double   tokens, last;
+    uint64_t suppressed; /* lines refused since the last one that passed */
+    bool     started;
+} loom_ratelimit;
+/* True when a line may be logged now; *suppressed (may be NULL) gets how many
+ * were refused since the last that passed (then reset). */
+bool loom_ratelimit_pass(loom_ratelimit *r, uint64_t *suppressed);
+
+/* ---- descriptors (servers under a connection flood) ----------------------- */
+
+/* Raises the soft RLIMIT_NOFILE to the hard limit (main does, at start);
+ * returns the soft limit in force afterwards. */
+long loom_fd_limit_raise(void);
+/* The soft RLIMIT_NOFILE now (1024 when unknown; at most 2^20). */
+long loom_fd_limit(void);
+/* A listener's connection bound derived from the descriptor limit: limit /
+ * div, clamped to [lo, hi]. Bounds from it leave the rest of the limit to
+ * checkpoints, data files and the other connections. */
+int  loom_fd_bound(int div, int lo, int hi);
+/* The reserve-descriptor trick for a listener that hit EMFILE/ENFILE: an
+ * open /dev/null kept in *reserve is closed, one pending connection of the
+ * listening socket lfd is accepted and closed at once (so the backlog
+ * drains instead of waking the loop for ever), and the reserve reopened.
+ * Returns 1 when a connection was shed, 0 when none was pending or the
+ * reserve could not be reopened (*reserve is then -1; call again to retry). */
+int  loom_fd_reserve_open(void);  /* an fd for *reserve, or -1 */
+int  loom_fd_reserve_shed(int *reserve, int lfd);
+
 /* ---- allocation ---------------------------------------------------------- */
 
 /* All allocations go through these. They return NULL on failure (never abort);

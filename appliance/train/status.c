@@ -1,8 +1,18 @@
 /* status.c - the training status endpoint: evhttp on its own thread and
  * event base; the train thread publishes copies of its figures under a
  * mutex (status_internal.h). Stopping: a byte on a pipe wakes the base, whose
- * callback breaks the loop, so no libevent locking is needed. */
+ * callback breaks the loop, so no libevent locking is needed.
+ *
+ * Floods: open connections are bounded (conns_max: the descriptor limit /
+ * 32, in [4, 64]); evhttp makes each connection's bufferevent through
+ * new_bev, which keeps a reference to it, so it sees which are still open,
+ * and at the bound closes the oldest (evhttp_connection_free: its socket
+ * closes at once) for the newcomer. accept() failing for want of
+ * descriptors sheds the pending connection through a reserve descriptor;
+ * its warning is logged at most once a second. */
 #include "status_internal.h"
+
+#include "cluster/cluster.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -17,7 +27,9 @@
 #include <unistd.h>
 
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/event.h>
+#include <event2/listener.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 #include <event2/util.h>
@@ -43,6 +55,13 @@ struct loom_status {
     pthread_t           thread;
     bool                running;
     int                 port;
+    /* floods (server thread): see the file's comment */
+    struct evconnlistener *lis;   /* evhttp's */
+    struct event       *relisten;
+    int                 reserve_fd;
+    int                 conns_max, n_conns;
+    struct bufferevent **conns;   /* a reference to each connection's bufferevent, oldest first */
+    loom_ratelimit      accept_rl, evict_rl;
 };
 
 static const char *const state_names[] = {"starting", "training", "done", "failed"};
@@ -241,14 +260,97 @@ static void on_request(struct evhttp_request *req, void *arg)
     if (!out || b.failed) {
         evhttp_send_error(req, 500, NULL);
     } else {
-        evbuffer_add(out, b.data, b.len);
-        evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", ctype);
-        evhttp_add_header(evhttp_request_get_output_headers(req), "Cache-Control", "no-store");
+        struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+        if (evhttp_request_get_command(req) == EVHTTP_REQ_HEAD) {
+            /* the headers GET would send, no body (evhttp 2.1 would send it: the next
+             * response on a keep-alive connection would start inside it) */
+            char len[32];
+            snprintf(len, sizeof len, "%zu", b.len);
+            evhttp_add_header(h, "Content-Length", len);
+        } else
+            evbuffer_add(out, b.data, b.len);
+        evhttp_add_header(h, "Content-Type", ctype);
+        evhttp_add_header(h, "Cache-Control", "no-store");
         evhttp_send_reply(req, code, code == 200 ? "OK" : code == 404 ? "Not Found" : code == 503 ? "Service Unavailable"
                                                                                                  : "Bad Request", out);
     }
     if (out) evbuffer_free(out);
     loom_buf_fini(&b);
+}
+
+/* ---- the connection bound ------------------------------------------------------ */
+
+/* Drops our reference to the connections evhttp has closed (it sets a
+ * closed bufferevent's callbacks to NULL). */
+static void sweep(loom_status *s)
+{
+    int k = 0;
+    for (int i = 0; i < s->n_conns; i++) {
+        bufferevent_event_cb ecb = NULL;
+        bufferevent_getcb(s->conns[i], NULL, NULL, &ecb, NULL);
+        if (ecb) s->conns[k++] = s->conns[i];
+        else bufferevent_decref(s->conns[i]);
+    }
+    s->n_conns = k;
+}
+
+/* evhttp's bufferevent for each new connection (evhttp_set_bevcb): at the
+ * bound, the oldest open connection is closed first. */
+static struct bufferevent *new_bev(struct event_base *base, void *arg)
+{
+    loom_status *s = arg;
+    sweep(s);
+    if (s->n_conns >= s->conns_max) {
+        struct bufferevent *old = s->conns[0];
+        bufferevent_event_cb ecb = NULL;
+        void *evcon = NULL;
+        bufferevent_getcb(old, NULL, NULL, &ecb, &evcon);
+        if (ecb && evcon) evhttp_connection_free(evcon); /* (its callbacks give evhttp's connection) */
+        bufferevent_decref(old);
+        memmove(s->conns, s->conns + 1, (size_t)(s->n_conns - 1) * sizeof *s->conns);
+        s->n_conns--;
+        uint64_t skipped = 0;
+        char more[80] = "";
+        if (loom_ratelimit_pass(&s->evict_rl, &skipped)) {
+            if (skipped) snprintf(more, sizeof more, " (%llu more since the last line)", (unsigned long long)skipped);
+            loom_log(LOOM_LOG_WARN, "status endpoint: %d connections open, the bound (from the descriptor limit "
+                     "%ld): closed the oldest for a new one%s", s->conns_max, loom_fd_limit(), more);
+        }
+    }
+    struct bufferevent *b = bufferevent_socket_new(base, -1, 0); /* (as evhttp makes them) */
+    if (b) {
+        bufferevent_incref(b);
+        s->conns[s->n_conns++] = b;
+    }
+    return b;
+}
+
+static void on_relisten(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    evconnlistener_enable(((loom_status *)arg)->lis);
+}
+
+/* accept() failed: for want of descriptors, shed the pending connection
+ * through the reserve (else the loop wakes for it for ever); if even that
+ * fails, pause the listener a little. One line a second. */
+static void on_accept_error(struct evconnlistener *l, void *arg)
+{
+    loom_status *s = arg;
+    int e = EVUTIL_SOCKET_ERROR();
+    int shed = (e == EMFILE || e == ENFILE) ? loom_fd_reserve_shed(&s->reserve_fd, evconnlistener_get_fd(l)) : 0;
+    uint64_t skipped = 0;
+    char more[80] = "";
+    if (loom_ratelimit_pass(&s->accept_rl, &skipped)) {
+        if (skipped) snprintf(more, sizeof more, " (%llu more since the last line)", (unsigned long long)skipped);
+        loom_log(LOOM_LOG_WARN, "status endpoint: accept() on port %d failed: %s (descriptor limit %ld)%s%s", s->port,
+                 strerror(e), loom_fd_limit(), shed ? "; the connection was closed at once" : "", more);
+    }
+    if (!shed) {
+        evconnlistener_disable(l);
+        struct timeval tv = {0, 100000};
+        evtimer_add(s->relisten, &tv);
+    }
 }
 
 static void on_wake(evutil_socket_t fd, short what, void *arg)
@@ -268,7 +370,11 @@ static void *serve(void *arg)
 
 static void free_server(loom_status *s)
 {
-    if (s->http) evhttp_free(s->http);
+    if (s->http) evhttp_free(s->http); /* (closes its connections) */
+    for (int i = 0; i < s->n_conns; i++) bufferevent_decref(s->conns[i]);
+    loom_free(s->conns);
+    if (s->relisten) event_free(s->relisten);
+    if (s->reserve_fd >= 0) close(s->reserve_fd);
     if (s->wake) event_free(s->wake);
     if (s->base) event_base_free(s->base);
     for (int i = 0; i < 2; i++)
@@ -283,8 +389,13 @@ int loom_status_open(loom_status **out, const char *bind, int port, const char *
     if (!bind || !*bind) bind = "127.0.0.1";
     loom_status *s = loom_calloc(1, sizeof *s);
     if (!s) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the status endpoint");
+    loom_net_process_init(); /* (libevent's log, rate-limited) */
     pthread_mutex_init(&s->mu, NULL);
     s->pipe[0] = s->pipe[1] = -1;
+    s->reserve_fd = -1;
+    s->accept_rl = s->evict_rl = (loom_ratelimit){.interval = 1, .burst = 1};
+    s->conns_max = loom_fd_bound(32, 4, 64);
+    s->conns = loom_calloc((size_t)s->conns_max, sizeof *s->conns);
     s->started = loom_now();
     s->fig = (loom_status_figures){.state = LOOM_STATUS_STARTING, .loss = NAN, .accuracy = NAN, .eval_loss = NAN,
                                    .eval_accuracy = NAN, .learning_rate = NAN};
@@ -296,7 +407,9 @@ int loom_status_open(loom_status **out, const char *bind, int port, const char *
     s->base = event_base_new();
     s->http = s->base ? evhttp_new(s->base) : NULL;
     s->wake = s->base ? event_new(s->base, s->pipe[0], EV_READ | EV_PERSIST, on_wake, s) : NULL;
-    if (!s->http || !s->wake || event_add(s->wake, NULL) != 0) {
+    s->relisten = s->base ? evtimer_new(s->base, on_relisten, s) : NULL;
+    s->reserve_fd = loom_fd_reserve_open();
+    if (!s->http || !s->wake || !s->relisten || !s->conns || event_add(s->wake, NULL) != 0) {
         free_server(s);
         return loom_err_set(err, LOOM_ENOMEM, where, "status endpoint: cannot set up libevent's HTTP server");
     }
@@ -306,6 +419,7 @@ int loom_status_open(loom_status **out, const char *bind, int port, const char *
     evhttp_set_timeout(s->http, 10);
     evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD);
     evhttp_set_gencb(s->http, on_request, s);
+    evhttp_set_bevcb(s->http, new_bev, s);
     struct evhttp_bound_socket *bs = evhttp_bind_socket_with_handle(s->http, bind, (ev_uint16_t)port);
     if (!bs) {
         int e = errno;
@@ -319,6 +433,8 @@ int loom_status_open(loom_status **out, const char *bind, int port, const char *
                                                   : "run.status_bind must be an address of this host (127.0.0.1, ::1, "
                                                     "0.0.0.0) and the port one you may use", port);
     }
+    s->lis = evhttp_bound_socket_get_listener(bs);
+    evconnlistener_set_error_cb(s->lis, on_accept_error);
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
     s->port = port;

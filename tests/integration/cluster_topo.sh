@@ -48,6 +48,17 @@ contains "Slurm: the node list expanded" "addresses from Slurm (SLURM_STEP_NODEL
 contains "Slurm: the second task of node02" "worker:3     node02:9001" "$out"
 contains "Slurm: the task" "task: worker:3 from Slurm (SLURM_PROCID=3 of SLURM_NTASKS=4)" "$out"
 contains "Slurm: the secret" "security: a shared secret from LOOM_CLUSTER_SECRET (HMAC-SHA256)" "$out"
+contains "a 6-byte secret is warned about, with how to make a good one" \
+    "the cluster secret from LOOM_CLUSTER_SECRET is 6 bytes long: a short secret is guessed; use at least 16 random bytes, e.g. \`openssl rand -hex 32" "$out"
+printf 'x\n' >"$WORK/short.secret"; chmod 600 "$WORK/short.secret"
+out=$("$LOOM" check $CFG --task worker:0 --set "cluster.secret_file=\"$WORK/short.secret\"" 2>&1)
+contains "a 1-byte secret file is warned about, naming the file" \
+    "the cluster secret from cluster.secret_file ($WORK/short.secret) is 1 byte long" "$out"
+openssl rand -hex 32 >"$WORK/good.secret" 2>/dev/null || head -c 64 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$WORK/good.secret"
+chmod 600 "$WORK/good.secret"
+out=$("$LOOM" check $CFG --task worker:0 --set "cluster.secret_file=\"$WORK/good.secret\"" 2>&1)
+if grep -q "short secret" <<<"$out"; then fail "a 64-character secret passes without a warning" "$out"
+else pass "a 64-character secret passes without a warning"; fi
 
 out=$(env OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_LOCAL_SIZE=2 "$LOOM" check $CFG "${NOADDR[@]}" 2>&1)
 contains "MPI: one host, loopback addresses" "worker:1     127.0.0.1:8889" "$out"

@@ -53,6 +53,14 @@ bad=$(grep -v '^#' <<<"$m1" | grep -Ev '^[a-z_]+(\{[a-z_]+="[^"]*"(,[a-z_]+="[^"
 ctype=$(get -o /dev/null -w '%{content_type}' $URL/metrics)
 contains "/metrics: Prometheus' content type" "text/plain; version=0.0.4" "$ctype"
 
+# HEAD: the headers GET would send (Content-Length included), no body; curl reuses the connection
+h=$(curl -s -m 5 -I $URL/status -I $URL/healthz -w 'conns=%{num_connects}\n')
+contains "HEAD /status: JSON's headers" "Content-Type: application/json" "$h"
+[ "$(grep -c '^Content-Length: [1-9]' <<<"$h")" = 2 ] && pass "HEAD /status, /healthz: Content-Length of the GET" ||
+    fail "HEAD: Content-Length" "$h"
+grep -q '^ok$\|"state"' <<<"$h" && fail "HEAD sends no body" "$h" || pass "HEAD sends no body"
+contains "HEAD twice on one keep-alive connection" "conns=0" "$h"
+
 # malformed and hostile requests, while training runs
 raw 'GARBAGE\r\n\r\n' >/dev/null
 raw '\x00\xff\xfe\x01binary\r\n\r\n' >/dev/null

@@ -33,7 +33,7 @@ static struct {
     const char *secret[MAXR];      /* NULL: the common one */
     uint8_t     digest[MAXR];      /* 0: the common one */
     const char *config[MAXR];
-    double      connect_timeout, hb_timeout;
+    double      connect_timeout, hb_timeout, hb_interval;
     int         tls[MAXR];
     bool        no_secret;         /* 1: TLS with the CA-signed cert, 2: with one the CA did not sign */
     int         stop_rank;         /* run_ranks kills this one once the others are done */
@@ -84,7 +84,7 @@ static void mk_cluster(tcl *t, int n, int rank)
     t->c.rank = rank;
     t->c.connect_timeout = knob.connect_timeout > 0 ? knob.connect_timeout : 10;
     t->c.heartbeat_timeout = knob.hb_timeout > 0 ? knob.hb_timeout : 3;
-    t->c.heartbeat_interval = 0.2;
+    t->c.heartbeat_interval = knob.hb_interval > 0 ? knob.hb_interval : 0.2;
     const char *sec = knob.secret[rank] ? knob.secret[rank] : "test-secret-0123456789";
     if (knob.no_secret) sec = "";
     t->c.secret_len = strlen(sec);
@@ -549,6 +549,7 @@ static int open_fails_rank(int rank, int n)
     double t0 = loom_now();
     int rc = loom_group_open(&g, &t.c, 10, &err);
     note(rank, rc, &err, loom_now() - t0);
+    if (rc) fprintf(stderr, "open failed: %s\n  hint: %s\n", err.msg, err.hint);
     loom_group_close(g);
     return 0;
 }
@@ -569,11 +570,17 @@ static void test_wrong_secret(void)
     CHECK_CONTAINS(m1, "worker:0 failed to prove the shared secret");
     CHECK_MSG(s1 < 3, "the dialer took %.2f s to refuse (connect_timeout 4 s)", s1);
     CHECK_MSG(rc0 == LOOM_ETIMEOUT, "%d %s", rc0, m0);
-    CHECK_CONTAINS(m0, "worker:1 failed to prove the shared secret");
+    /* (whoever dialed only claimed to be worker:1: named by its own address, never as worker:1 failing) */
+    CHECK_CONTAINS(m0, "it never connected; 127.0.0.1:");
+    CHECK_CONTAINS(m0, "claimed to be it and failed: the peer claiming to be worker:1 failed to prove the shared secret");
+    const char *at = strstr(m0, "it never connected; 127.0.0.1:");
+    int claimed_port = at ? atoi(at + strlen("it never connected; 127.0.0.1:")) : -1;
+    CHECK_MSG(claimed_port > 0 && claimed_port != ports[1], "the impostor's port %d, worker:1's %d", claimed_port,
+              ports[1]);
     CHECK_MSG(s0 >= 3.9 && s0 < 4 + 5, "worker:0 took %.2f s (connect_timeout 4 s)", s0);
     /* Both logged it with the other's address. */
     CHECK_CONTAINS(l0, "dropped the connection from 127.0.0.1:");
-    CHECK_CONTAINS(l0, "claims to be worker:1): worker:1 failed to prove the shared secret");
+    CHECK_CONTAINS(l0, "claims to be worker:1): the peer claiming to be worker:1 failed to prove the shared secret");
     char want[128];
     snprintf(want, sizeof want, "dropped the connection to 127.0.0.1:%d (dialed as worker:0)", ports[0]);
     CHECK_CONTAINS(l1, want);
@@ -1105,11 +1112,13 @@ static void test_tls(void)
     knob.tls[0] = knob.tls[1] = knob.tls[2] = 1;
     run_ranks(3, bcast_gather_rank, 60, st);
     check_all_ok(3, st);
-    /* A certificate the CA did not sign, and a task without TLS: refused, logged. */
-    for (int k = 0; k < 2; k++) {
+    /* A certificate the CA did not sign, a task without TLS dialing one with
+     * it, and one with TLS dialing one without: refused, logged; the last two
+     * name cluster.tls on both ends. */
+    for (int k = 0; k < 3; k++) {
         new_ports(2);
-        knob.tls[0] = 1;
-        knob.tls[1] = k == 0 ? 2 : 0;
+        knob.tls[0] = k == 2 ? 0 : 1;
+        knob.tls[1] = k == 0 ? 2 : k == 1 ? 0 : 1;
         knob.connect_timeout = 2;
         run_ranks(2, open_fails_rank, 30, st);
         check_all_ok(2, st);
@@ -1120,6 +1129,9 @@ static void test_tls(void)
             CHECK_MSG(rc == LOOM_ENET || rc == LOOM_ETIMEOUT, "case %d rank %d: %d %s", k, r, rc, m);
             printf("# case %d rank %d: %s\n", k, r, m);
             if (r == 0) CHECK_CONTAINS(l, "dropped the connection from 127.0.0.1:");
+            if (k == 1 && r == 0) CHECK_CONTAINS(l, "it speaks plaintext to this task's TLS (cluster.tls is on here");
+            if (k == 2 && r == 0) CHECK_CONTAINS(l, "a TLS handshake on a plaintext connection: the peer uses cluster.tls");
+            if (k >= 1) CHECK_CONTAINS(l, "set cluster.tls"); /* (in the line or in the hint) */
             free(m), free(l);
         }
     }
@@ -1279,6 +1291,110 @@ static void test_unread_type(void)
     }
 }
 
+/* ---- a peer lost right after its handshake ----------------------------------- */
+
+/* worker:1 dies right after the transport opened, before a second heartbeat
+ * (interval 5 s): worker:0 reports it lost after it had connected, not as
+ * "connecting" (its first heartbeat's status, sent with the handshake). */
+static int early_death_rank(int rank, int n)
+{
+    (void)n;
+    tcl t;
+    mk_cluster(&t, 2, rank);
+    loom_net_peer peer = {LOOM_ROLE_WORKER, 1 - rank};
+    loom_net *net = NULL;
+    loom_err err = {0};
+    int rc = loom_net_open(&net, &t.c, &peer, 1, &err);
+    CHECK_MSG(rc == 0, "open: %s", err.msg);
+    if (rc) return 1;
+    if (rank == 1) raise(SIGKILL);
+    loom_buf m;
+    loom_buf_init(&m);
+    rc = loom_net_recv(net, 0, LOOM_MSG_USER, LOOM_MSG_USER, NULL, NULL, &m, 10, &err);
+    note(rank, rc, &err, 0);
+    loom_buf_fini(&m);
+    loom_net_close(net);
+    return 0;
+}
+
+static void test_lost_after_connecting(void)
+{
+    new_ports(2);
+    knob.hb_interval = 5;
+    knob.hb_timeout = 20;
+    int st[MAXR];
+    run_ranks(2, early_death_rank, 30, st);
+    CHECK(st[0] == 0 && st[1] == 128 + SIGKILL);
+    int rc;
+    double secs;
+    char *m = read_note(0, &rc, &secs), *l = read_log(0);
+    CHECK_MSG(rc == LOOM_ENET, "%d %s", rc, m);
+    CHECK_CONTAINS(m, "lost worker:1 (127.0.0.1:");
+    CHECK_CONTAINS(m, ") after it had connected: connection closed");
+    /* (its one heartbeat, sent with its handshake, may have died with it) */
+    CHECK_MSG(strstr(m, "it was waiting for the rest of the cluster (no heartbeat since its handshake with this task)") ||
+                  strstr(m, "it was just past its handshake with this task (no heartbeat yet)"), "%s", m);
+    CHECK_MSG(!strstr(m, "it was connecting") && !strstr(m, "it was starting"), "%s", m);
+    CHECK_CONTAINS(l, "after it had connected");
+    printf("# %s\n", m);
+    free(m), free(l);
+}
+
+/* ---- a storm of bad handshakes: the log is capped per address ------------------ */
+
+static int storm_rank(int rank, int n)
+{
+    (void)n;
+    tcl t;
+    mk_cluster(&t, 2, rank);
+    loom_net_peer peer = {LOOM_ROLE_WORKER, 1 - rank};
+    loom_net *net = NULL;
+    loom_err err = {0};
+    int rc = loom_net_open(&net, &t.c, &peer, 1, &err);
+    CHECK_MSG(rc == 0, "open: %s", err.msg);
+    if (rc) return 1;
+    if (rank == 0) { /* 200 garbage clients within about a second: 5 lines, then about one a second */
+        for (int i = 0; i < 200; i++) {
+            int fd = connect_retry(ports[0], 2);
+            if (fd >= 0 && write(fd, "GARBAGE-GARBAGE-GARBAGE", 23) < 0) {}
+            usleep(5000);
+            if (fd >= 0) close(fd);
+        }
+        usleep(1200000); /* the next line after the storm says how many were held back */
+        int fd = connect_retry(ports[0], 2);
+        if (fd >= 0 && write(fd, "GARBAGE-GARBAGE-GARBAGE", 23) < 0) {}
+        usleep(300000);
+        if (fd >= 0) close(fd);
+    }
+    /* worker:1 waits for worker:0's word that the storm is over */
+    loom_buf m;
+    loom_buf_init(&m);
+    if (rank == 0) CHECK(loom_net_send(net, 0, LOOM_MSG_USER, "x", 1, &err) == 0);
+    else CHECK(loom_net_recv(net, 0, LOOM_MSG_USER, LOOM_MSG_USER, NULL, NULL, &m, 20, &err) == 0);
+    CHECK(loom_net_lost_peer(net, &err) == -1);
+    loom_buf_fini(&m);
+    loom_net_close(net);
+    return 0;
+}
+
+static void test_handshake_storm(void)
+{
+    new_ports(2);
+    int st[MAXR];
+    double t0 = loom_now();
+    run_ranks(2, storm_rank, 30, st);
+    double secs = loom_now() - t0;
+    check_all_ok(2, st);
+    char *l = read_log(0);
+    int lines = 0;
+    for (const char *p = l; (p = strstr(p, "dropped the connection from 127.0.0.1:")); p++) lines++;
+    CHECK_MSG(lines >= 5 && lines <= 5 + (int)secs + 2, "%d lines about 201 bad handshakes in %.1f s", lines, secs);
+    CHECK_CONTAINS(l, "not a loom frame (bad magic bytes");
+    CHECK_CONTAINS(l, "more such lines about this address not logged: at most one a second");
+    printf("# %d lines for 201 bad handshakes in %.1f s\n", lines, secs);
+    free(l);
+}
+
 static const loom_test tests[] = {
     {"frames", test_frames},
     {"handshake", test_handshake},
@@ -1304,6 +1420,8 @@ static const loom_test tests[] = {
     {"recv_queue_bounded", test_recv_queue_bounded},
     {"tls_data_plane", test_tls_data_plane},
     {"unread_type", test_unread_type},
+    {"lost_after_connecting", test_lost_after_connecting},
+    {"handshake_storm", test_handshake_storm},
     {0},
 };
 

@@ -2,8 +2,13 @@
 #include "core/core.h"
 #include "harness.h"
 
+#include <arpa/inet.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <pthread.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <sched.h>
@@ -516,6 +521,60 @@ static void test_cpu_probe(void)
 #endif
 }
 
+/* The rate limit: a burst, then one per interval, the others counted. */
+static void test_ratelimit(void)
+{
+    loom_ratelimit r = {.interval = 0.2, .burst = 3};
+    uint64_t skipped = 99;
+    int passed = 0;
+    for (int i = 0; i < 10; i++) passed += loom_ratelimit_pass(&r, &skipped);
+    CHECK_MSG(passed == 3, "%d of 10 passed at once (burst 3)", passed);
+    CHECK(skipped == 0);
+    usleep(250000);
+    CHECK(loom_ratelimit_pass(&r, &skipped));
+    CHECK_MSG(skipped == 7, "%llu counted as held back", (unsigned long long)skipped);
+    CHECK(!loom_ratelimit_pass(&r, NULL));
+    loom_ratelimit z = {0}; /* zeroed: one a second, burst 1 */
+    CHECK(loom_ratelimit_pass(&z, NULL) && !loom_ratelimit_pass(&z, NULL));
+}
+
+/* The descriptor limit raised to the hard one, the bounds from it, and the
+ * reserve descriptor shedding a pending connection when none is left (in a
+ * child: it lowers its own limits). */
+static void test_fd_reserve(void)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(20);
+        struct rlimit rl = {64, 128};
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0) _exit(10);
+        if (loom_fd_limit_raise() != 128 || loom_fd_limit() != 128) _exit(11);
+        if (loom_fd_bound(16, 8, 256) != 8 || loom_fd_bound(32, 4, 64) != 4 || loom_fd_bound(1, 8, 100) != 100) _exit(12);
+        rl.rlim_cur = 64;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0) _exit(13);
+        int lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t al = sizeof a;
+        if (bind(lfd, (struct sockaddr *)&a, sizeof a) || listen(lfd, 8) || getsockname(lfd, (struct sockaddr *)&a, &al))
+            _exit(14);
+        int reserve = loom_fd_reserve_open();
+        int cl = socket(AF_INET, SOCK_STREAM, 0);
+        if (reserve < 0 || connect(cl, (struct sockaddr *)&a, sizeof a)) _exit(15);
+        while (open("/dev/null", O_RDONLY) >= 0) {} /* every descriptor taken */
+        if (accept(lfd, NULL, NULL) >= 0 || errno != EMFILE) _exit(16);
+        if (loom_fd_reserve_shed(&reserve, lfd) != 1 || reserve < 0) _exit(17); /* shed, reserve back */
+        char c;
+        struct timeval tv = {5, 0};
+        setsockopt(cl, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        if (recv(cl, &c, 1, 0) != 0) _exit(18); /* the client sees its connection closed */
+        if (loom_fd_reserve_shed(&reserve, lfd) != 0 || reserve < 0) _exit(19); /* nothing pending */
+        _exit(0);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child failed at step %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+}
+
 static const loom_test tests[] = {
     {"crc32c", test_crc32c},
     {"crc32c_lengths", test_crc32c_lengths},
@@ -531,6 +590,8 @@ static const loom_test tests[] = {
     {"open_regular", test_open_regular},
     {"stale_tmp", test_stale_tmp},
     {"stale_tmp_hosts", test_stale_tmp_hosts},
+    {"ratelimit", test_ratelimit},
+    {"fd_reserve", test_fd_reserve},
     {0},
 };
 
