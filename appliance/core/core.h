@@ -273,8 +273,26 @@ int loom_read_file_max(const char *path, uint8_t **out, size_t *len, uint64_t ma
  * machines) are left to their host: their pid says nothing here. The older
  * form path.tmp.<pid> counts as this host's. */
 int loom_remove_stale_tmp(const char *dir);
-/* Writes data to path atomically: path.tmp, fsync, rename, fsync dir. */
+/* Where loom may write a path the user named (--output, a model directory's
+ * files): absent (created), a regular file (replaced), or a symbolic link
+ * (chain) to a regular file, whose target is written and the link kept;
+ * target gets that path (n bytes). Anything else (a FIFO, a device, a
+ * directory, a socket, a link to one of them or to nothing) is LOOM_EIO
+ * naming the path and what it is, with a hint, before anything is written.
+ * Every writer of a user's path goes through it. */
+int loom_output_target(const char *path, char *target, size_t n, loom_err *err);
+/* Writes data to path atomically: target.tmp.<host>.<pid> beside the
+ * target (loom_output_target's: refused unless absent or regular, a link
+ * written through), fsync, rename onto the target, fsync dir. */
 int loom_write_file_atomic(const char *path, const void *data, size_t len, loom_err *err);
+/* The same for an output written as a stream (loom predict's CSV): open
+ * checks path and creates the temporary file; commit flushes, syncs and
+ * renames it onto the target, abort removes it; either frees w. */
+typedef struct loom_wfile loom_wfile; /* opaque */
+int   loom_wfile_open(loom_wfile **out, const char *path, loom_err *err);
+FILE *loom_wfile_stream(loom_wfile *w); /* borrowed until commit/abort */
+int   loom_wfile_commit(loom_wfile *w, loom_err *err);
+void  loom_wfile_abort(loom_wfile *w); /* NULL is a no-op */
 /* ".tmp.<host>.<pid>": the suffix of this process's temporary files, which
  * loom_remove_stale_tmp recognises (host: the hostname, characters other
  * than letters, digits, '-' and '_' as '_'). Returns buf. */
