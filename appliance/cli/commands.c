@@ -534,7 +534,8 @@ static const command commands[] = {
      "writing checkpoints to the model directory and one JSON line per epoch to\n"
      "<model_dir>/metrics.jsonl. If the model directory holds checkpoints, training\n"
      "resumes exactly where the latest one left off; --fresh starts over instead.\n"
-     "Ctrl-C (or SIGTERM) saves a checkpoint and stops; run the command again to resume.\n"
+     "Ctrl-C (or SIGTERM) saves a checkpoint and stops (exit status 130, or 143); run the\n"
+     "command again to resume.\n"
      "In a cluster, this process's task comes from --task, TF_CONFIG, Slurm or MPI (docs/cluster.md).\n"
      "--status-port N (run.status_port) serves /metrics (Prometheus), /healthz and /status (JSON)\n"
      "on run.status_bind (default 127.0.0.1) while training.\n",
@@ -841,5 +842,6 @@ int loom_cli_main(int argc, char **argv, double start_time)
     int rc = cmd->run(&o, start_time, &err);
     if (rc < 0) return -rc; /* the config did not load; already reported */
     if (rc) loom_cli_print_err_(&err);
+    if (rc && loom_stop_signal()) return 128 + loom_stop_signal(); /* stopped by SIGINT (130) or SIGTERM (143), saved */
     return exit_status(rc);
 }

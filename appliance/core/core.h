@@ -66,6 +66,12 @@ int loom_err_prefix(loom_err *err, const char *fmt, ...) __attribute__((format(p
 void loom_err_clear(loom_err *err);
 /* "where: msg\n  hint: ...\n" into buf. */
 void loom_err_format(const loom_err *err, char *buf, size_t n);
+/* The signal (SIGINT, SIGTERM) that stopped this process's command once it
+ * had saved what it had to: the trainer and the sidecar evaluator note it
+ * as they turn the signal into their error, and main exits 128 + it (130,
+ * 143), the status a shell gives a process the signal killed. 0: none. */
+void loom_stop_signal_note(int sig);
+int  loom_stop_signal(void);
 
 #define LOOM_ASSERT(cond)                                                   \
     do {                                                                    \

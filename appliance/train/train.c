@@ -1071,10 +1071,12 @@ static int at_signal(trainer *t, loom_err *err)
     }
     loom_progress_break(&t->sink.prog);
     int rc = save_ckpt(&t->r, &t->st, t->ckpt, err);
-    if (!rc)
+    if (!rc) {
         rc = loom_err_set(err, LOOM_EIO, NULL, "interrupted by signal %d at step %lld; saved %s", (int)stop_signal,
                           (long long)t->st.step, t->ckpt),
         loom_err_hint(err, "run the same command again to resume");
+        loom_stop_signal_note(stop_signal); /* exit 128 + signal */
+    }
     return rc;
 }
 
@@ -1207,7 +1209,7 @@ static int after_step(trainer *t, const loom_step_result *res, double t0, double
     if (!rc && t->stop_asked)
         rc = loom_err_set(err, LOOM_EIO, NULL, "interrupted by signal %d at step %lld; %s %s", (int)t->stop_asked,
                           (long long)st->step, r->chief ? "saved" : "the chief saved", t->ckpt),
-        loom_err_hint(err, "run the same command again to resume");
+        loom_err_hint(err, "run the same command again to resume"), loom_stop_signal_note(t->stop_asked);
     else if (!rc)
         rc = loom_err_set(err, LOOM_EIO, NULL, "another task of the job was interrupted: stopped at step %lld; "
                           "%s %s", (long long)st->step, r->chief ? "saved" : "the chief saved", t->ckpt),
