@@ -93,8 +93,13 @@ int loom_task_parse_(const char *s, loom_role *role, int *index, char *why, size
     char *end;
     errno = 0;
     long v = strtol(colon + 1, &end, 10);
-    if (end == colon + 1 || *end || errno || v < 0 || v > INT_MAX || colon[1] == '-' || colon[1] == '+') {
+    if (end == colon + 1 || *end || colon[1] == '+' || colon[1] == '-') {
         snprintf(why, why_n, "the index in \"%s\" must be an integer >= 0", s);
+        return -1;
+    }
+    if (errno || v >= LOOM_MAX_CLUSTER_TASKS) { /* (a number strtol cannot hold is out of range too) */
+        snprintf(why, why_n, "the index in \"%s\" is out of range: expected 0 to %d (a cluster has at most %d tasks "
+                 "of a role)", s, LOOM_MAX_CLUSTER_TASKS - 1, LOOM_MAX_CLUSTER_TASKS);
         return -1;
     }
     *role = (loom_role)r;
@@ -508,9 +513,13 @@ static int tf_config_parse(const char *text, tf_config *tf, loom_err *err)
         if (ix && !json_is_integer(ix))
             return loom_err_set(err, LOOM_ECONFIG, "TF_CONFIG", "task.index must be an integer >= 0");
         if (ix) idx = json_integer_value(ix);
-        if (idx < 0 || idx > INT_MAX)
+        if (idx < 0)
             return loom_err_set(err, LOOM_ECONFIG, "TF_CONFIG", "task.index must be an integer >= 0, got %lld",
                                 (long long)idx);
+        if (idx >= LOOM_MAX_CLUSTER_TASKS)
+            return loom_err_set(err, LOOM_ECONFIG, "TF_CONFIG", "task.index %lld is out of range: expected 0 to %d (a "
+                                "cluster has at most %d tasks of a role)", (long long)idx, LOOM_MAX_CLUSTER_TASKS - 1,
+                                LOOM_MAX_CLUSTER_TASKS);
         tf->has_task = true;
         tf->role = r;
         tf->index = (int)idx;

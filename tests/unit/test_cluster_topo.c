@@ -417,6 +417,14 @@ static void test_tf_config(void)
     EXPECT_ERR(s, NULL, addr, "cluster.worker[0]: bad address \"127.0.0.1\": missing \":port\"");
     const char *type[] = {"TF_CONFIG={\"task\": {\"type\": \"worker\", \"index\": \"1\"}}", NULL};
     EXPECT_ERR(s, NULL, type, "task.index must be an integer");
+    /* an index past what int holds said "must be >= 0" (issue 22): a range error, both ways */
+    const char *huge[] = {"TF_CONFIG={\"cluster\": {\"worker\": [\"127.0.0.1:1\"]}, \"task\": {\"type\": \"worker\", "
+                          "\"index\": 4294967296}}", NULL};
+    EXPECT_ERR(s, NULL, huge, "TF_CONFIG: task.index 4294967296 is out of range: expected 0 to 63");
+    const char *neg[] = {"TF_CONFIG={\"cluster\": {\"worker\": [\"127.0.0.1:1\"]}, \"task\": {\"type\": \"worker\", "
+                         "\"index\": -1}}", NULL};
+    EXPECT_ERR(s, NULL, neg, "task.index must be an integer >= 0, got -1");
+    EXPECT_ERR(s, "worker:4294967296", NULL, "the index in \"worker:4294967296\" is out of range: expected 0 to 63");
     const char *empty[] = {"TF_CONFIG={}", NULL};
     c = (loom_cluster *)1;
     CHECK(resolve(&c, s, NULL, empty, msg, sizeof msg) == LOOM_OK && c == NULL);
