@@ -37,11 +37,9 @@ typedef struct cli_opts {
 static const char *cwd_path(const char *v, char *buf, size_t n)
 {
     char cwd[PATH_MAX];
-    if (!v || v[0] == '/' || !getcwd(cwd, sizeof cwd)) return v;
-    const char *rel = v[0] == '.' && v[1] == '/' ? v + 2 : v;
-    if (!strcmp(v, ".")) rel = "";
-    int w = snprintf(buf, n, "%s%s%s", cwd, rel[0] ? "/" : "", rel);
-    return w > 0 && (size_t)w < n ? buf : v;
+    if (!v) return v;
+    int w = v[0] == '/' ? snprintf(buf, n, "%s", v) : getcwd(cwd, sizeof cwd) ? snprintf(buf, n, "%s/%s", cwd, v) : -1;
+    return w > 0 && (size_t)w < n ? loom_path_normalize(buf) : v; /* "/a/j6/../j5" shown as "/a/j5" */
 }
 
 typedef struct command {

@@ -303,6 +303,11 @@ void  loom_wfile_abort(loom_wfile *w); /* NULL is a no-op */
  * loom_remove_stale_tmp recognises (host: the hostname, characters other
  * than letters, digits, '-' and '_' as '_'). Returns buf. */
 char *loom_tmp_suffix(char *buf, size_t n);
+/* path normalised lexically, in place: "//" and "/./" become "/", "x/.."
+ * goes ("/a/j6/../j5/ckpt" is "/a/j5/ckpt"), no trailing '/'; a relative
+ * path keeps its leading ".."s; "" is ".". The file system is not asked (a
+ * symbolic link before a ".." is taken as a directory). Returns path. */
+char *loom_path_normalize(char *path);
 /* mkdir -p; fails with a clear error when the directory is not writable. */
 int loom_mkdirs(const char *path, loom_err *err);
 /* s with glob's metacharacters (*?[]\) backslash-escaped into out (n bytes),

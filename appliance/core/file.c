@@ -426,6 +426,42 @@ int loom_mkdirs(const char *path, loom_err *err)
     return LOOM_OK;
 }
 
+char *loom_path_normalize(char *path)
+{
+    bool abs = path[0] == '/';
+    char *out = path, *seg = path; /* out: where the next component goes; seg: reads */
+    size_t kept = 0;                  /* components kept that a ".." may remove */
+    while (*seg) {
+        while (*seg == '/') seg++;
+        if (!*seg) break;
+        char *end = seg;
+        while (*end && *end != '/') end++;
+        size_t len = (size_t)(end - seg);
+        if (len == 1 && seg[0] == '.') {
+            /* "." adds nothing */
+        } else if (len == 2 && seg[0] == '.' && seg[1] == '.' && kept > 0) {
+            out--; /* back over the last component and the '/' before it */
+            while (out > path && *out != '/') out--;
+            if (out == path && !abs) *out = 0;
+            kept--;
+        } else if (len == 2 && seg[0] == '.' && seg[1] == '.' && abs) {
+            /* "/.." is "/" */
+        } else {
+            if (out > path || abs) *out++ = '/';
+            memmove(out, seg, len);
+            out += len;
+            kept += !(len == 2 && seg[0] == '.' && seg[1] == '.'); /* a leading ".." of a relative path stays */
+        }
+        seg = end;
+    }
+    if (out == path) {
+        if (abs) *out++ = '/';
+        else *out++ = '.';
+    }
+    *out = 0;
+    return path;
+}
+
 int loom_glob_escape(const char *s, char *out, size_t n)
 {
     size_t k = 0;

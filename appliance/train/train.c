@@ -202,6 +202,7 @@ int train_run_open_(run *r, const loom_spec *spec, const char *model_dir, bool n
     r->args.cluster = cluster;
     r->args.plan_only = plan_only;
     snprintf(r->model_dir, sizeof r->model_dir, "%s", model_dir ? model_dir : spec->run.model_dir);
+    loom_path_normalize(r->model_dir); /* every checkpoint path it names, as the user reads it */
     /* the built-in strategies spend run.threads on their replicas' own
      * threads (intra-op data parallelism, measured faster than BLAS threads
      * on these small GEMMs), each calling single-threaded BLAS, so the cores

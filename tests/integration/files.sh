@@ -226,4 +226,16 @@ kind_is "records convert: the link stays a link" "$O/one-00000-of-00001.tfrecord
 n=$("$LOOM" records count "$O/shard_target" 2>&1 | awk '/shard_target/ {print $1}')
 [ "$n" = 2 ] && pass "records convert: the target holds the records" || fail "records convert: the target holds the records" "count: $n"
 
+# --- paths in messages are normalised (issue 22): --model-dir DIR/j6/../j5
+# named its checkpoints "DIR/j6/../j5/ckpt-N.loom"
+mkdir -p "$WORK/j6"
+out=$(cd "$WORK/j6" && "$LOOM" train "$ROOT/$CFG" --model-dir ../j5 "${OPT[@]}" --set run.max_steps=2 2>&1)
+contains "a relative --model-dir with .. is shown normalised" "checkpoint $WORK/j5/ckpt-2.loom" "$out"
+out=$("$LOOM" train $CFG --model-dir "$WORK/j6/../j5/" "${OPT[@]}" --set run.max_steps=3 2>&1)
+contains "an absolute --model-dir with .. is shown normalised" "checkpoint $WORK/j5/ckpt-3.loom" "$out"
+grep -q '/\.\./' <<<"$out" && fail "no /../ left in any message" "$out" || pass "no /../ left in any message"
+cp $CFG "$WORK/j6/rel.cfg"
+out=$("$LOOM" train "$WORK/j6/rel.cfg" --set run.model_dir='"../j8"' "${OPT[@]}" --set run.max_steps=1 2>&1)
+contains "run.model_dir relative to the config's directory is normalised too" "checkpoint $WORK/j8/ckpt-1.loom" "$out"
+
 finish

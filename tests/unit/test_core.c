@@ -459,6 +459,23 @@ static void test_output_target(void)
     rmdir(dir);
 }
 
+/* Paths in messages normalised lexically (issue 22: "/a/j6/../j5/ckpt"). */
+static void test_path_normalize(void)
+{
+    static const char *const cases[][2] = {
+        {"/a/j6/../j5/ckpt", "/a/j5/ckpt"}, {"/", "/"}, {"//", "/"}, {"/..", "/"}, {"/../a", "/a"}, {"a/..", "."},
+        {"a/../..", ".."}, {"../a/../b", "../b"}, {"./a/./b/", "a/b"}, {"a//b///c/", "a/b/c"}, {"", "."},
+        {".", "."}, {"..", ".."}, {"/a/b/c/../../d", "/a/d"}, {"a/b/../../../c", "../c"},
+        {"/w/configs/../runs/x", "/w/runs/x"}, {"/a/.../b/..x/.x", "/a/.../b/..x/.x"}, {"/a/b/..", "/a"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char b[64];
+        snprintf(b, sizeof b, "%s", cases[i][0]);
+        CHECK_MSG(!strcmp(loom_path_normalize(b), cases[i][1]), "\"%s\" -> \"%s\", expected \"%s\"", cases[i][0], b,
+                  cases[i][1]);
+    }
+}
+
 /* Temporary files of writers that died are removed; a live writer's stay. */
 static void test_stale_tmp(void)
 {
@@ -592,6 +609,7 @@ static const loom_test tests[] = {
     {"files", test_files},
     {"open_regular", test_open_regular},
     {"output_target", test_output_target},
+    {"path_normalize", test_path_normalize},
     {"stale_tmp", test_stale_tmp},
     {"stale_tmp_hosts", test_stale_tmp_hosts},
     {0},
