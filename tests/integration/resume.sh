@@ -74,6 +74,14 @@ for sig in INT TERM; do
         fail "SIG$sig: a checkpoint is saved" "step '$step'" "$(tail -3 "$WORK/sig$sig.log")"
 done
 
+# the sidecar evaluator too: SIGINT between evaluations exits 130
+"$LOOM" evaluate $CFG --model-dir "$WORK/sigINT" --watch --idle-timeout 60 >"$WORK/watch.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 100); do grep -q "eval loss" "$WORK/watch.log" && break; sleep 0.1; done
+kill -INT $pid; wait $pid; st=$?
+[ $st -eq 130 ] && pass "evaluate --watch: SIGINT exits 130" || fail "evaluate --watch: SIGINT exits 130" "status $st" "$(tail -3 "$WORK/watch.log")"
+contains "evaluate --watch: says it was stopped by the signal" "stopped by signal 2 after 1 evaluation" "$(cat "$WORK/watch.log")"
+
 # evaluate and predict use the latest checkpoint
 out=$("$LOOM" evaluate $CFG --model-dir "$WORK/a" 2>/dev/null)
 contains "evaluate prints accuracy as JSON" '"eval_accuracy"' "$out"
