@@ -293,7 +293,8 @@ int loom_output_target(const char *path, char *target, size_t n, loom_err *err)
             return loom_err_set(err, LOOM_EIO, path, "the symbolic link's target is longer than %zu bytes", n - 1);
         return LOOM_OK;
     } else if (!S_ISREG(st.st_mode)) {
-        loom_err_set(err, LOOM_EIO, path, "is %s, not a regular file: refused, nothing was written", kind_of(st.st_mode));
+        loom_err_set(err, LOOM_EIO, path, "is %s, not a regular file: refused, nothing was written",
+                     kind_of(st.st_mode));
         return loom_err_hint(err, "%s", OUTPUT_HINT);
     }
     int k = snprintf(target, n, "%s", path);
@@ -385,7 +386,8 @@ FILE *loom_wfile_stream(loom_wfile *w) { return w->f; }
 int loom_wfile_commit(loom_wfile *w, loom_err *err)
 {
     int rc = LOOM_OK;
-    if (fflush(w->f) != 0 || ferror(w->f)) rc = loom_err_set(err, LOOM_EIO, w->tmp, "write failed: %s", strerror(errno));
+    if (fflush(w->f) != 0 || ferror(w->f))
+        rc = loom_err_set(err, LOOM_EIO, w->tmp, "write failed: %s", strerror(errno));
     else if (fsync(fileno(w->f)) < 0) rc = loom_err_set(err, LOOM_EIO, w->tmp, "fsync failed: %s", strerror(errno));
     if (fclose(w->f) != 0 && !rc) rc = loom_err_set(err, LOOM_EIO, w->tmp, "write failed: %s", strerror(errno));
     w->f = NULL;

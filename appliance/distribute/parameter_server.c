@@ -324,10 +324,8 @@ static int ps_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     if (!ps) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the parameter_server strategy");
     s->impl = ps;
     ps->args = a;
-    /* no cluster, or no task (loom evaluate, predict, export, check), or the
-     * evaluator task (loom check --task evaluator:0: it evaluates the
-     * coordinator's model in a process of its own): the model alone, as the
-     * coordinator holds it, and no transport; training refuses */
+    /* no cluster, no task (loom evaluate, predict, export, check) or the evaluator (check --task evaluator:0):
+     * the model alone, as the coordinator holds it, and no transport; training refuses */
     ps->role = c && c->index >= 0 ? c->role : LOOM_ROLE_CHIEF;
     ps->index = c && c->index >= 0 ? c->index : 0;
     loom_task_name(ps->role, ps->index, ps->task, sizeof ps->task);

@@ -321,7 +321,8 @@ int loom_predict_run(const loom_spec *spec, const loom_predict_opts *po, loom_er
     if (!rc) rc = write_rows(f, &j, &r, it, probs, &index, err);
     if (wf && !rc) rc = loom_wfile_commit(wf, err);
     else loom_wfile_abort(wf);
-    if (to_stdout && fflush(stdout) != 0 && !rc) rc = loom_err_set(err, LOOM_EIO, "-", "write failed: %s", strerror(errno));
+    if (to_stdout && fflush(stdout) != 0 && !rc)
+        rc = loom_err_set(err, LOOM_EIO, "-", "write failed: %s", strerror(errno));
     if (!rc) loom_info("wrote %lld predictions to %s (checkpoint %s)", (long long)index, j.output, path);
     loom_free(probs);
     loom_iter_close(it);

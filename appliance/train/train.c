@@ -1489,9 +1489,10 @@ static int check_classes(run *r, const loom_spec *spec, loom_err *err)
         loom_loc_str(l->loc.file[0] ? &l->loc : &ms->loc, where, sizeof where);
         if (l->kind == LOOM_LAYER_DENSE && l->units == classes) snprintf(outs, sizeof outs, "units = %d", l->units);
         else snprintf(outs, sizeof outs, "%lld output%s", (long long)classes, classes == 1 ? "" : "s");
-        loom_err_set(err, LOOM_ECONFIG, where, "model.layers.[%d] (%s): %s, but data.%s has label %.17g (the largest in "
-                     "its first %lld batch%s): sparse_softmax_cross_entropy needs one output per class", ms->n_layers - 1,
-                     l->name, outs, k ? "eval" : "train", top, (long long)nb, nb == 1 ? "" : "es");
+        loom_err_set(err, LOOM_ECONFIG, where,
+                     "model.layers.[%d] (%s): %s, but data.%s has label %.17g (the largest in its first %lld batch%s): "
+                     "sparse_softmax_cross_entropy needs one output per class",
+                     ms->n_layers - 1, l->name, outs, k ? "eval" : "train", top, (long long)nb, nb == 1 ? "" : "es");
         return loom_err_hint(err, "labels must be integers from 0 to %lld here: give the last layer %.17g outputs (or "
                              "more), or map the labels into range", (long long)(classes - 1), top + 1);
     }
