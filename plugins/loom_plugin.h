@@ -318,7 +318,7 @@ typedef struct loom_strategy loom_strategy;
  * with the same messages for a plugin's strategy as for a built-in one. */
 typedef enum { LOOM_ROLE_CHIEF, LOOM_ROLE_WORKER, LOOM_ROLE_PS, LOOM_ROLE_EVALUATOR, LOOM_ROLE_COUNT } loom_role;
 typedef enum { LOOM_ROLE_ALLOWED, LOOM_ROLE_REFUSED, LOOM_ROLE_REQUIRED } loom_role_use;
-#define LOOM_ROLES_ONE_PROCESS 1u /* runs in one process: a cluster of more than one task is refused (use[] unread) */
+#define LOOM_ROLES_ONE_PROCESS 1u /* runs in one process: a cluster of several tasks is ignored (use[] unread) */
 #define LOOM_ROLES_REJOIN      2u /* a worker that fails is started again alone and rejoins (loom launch) */
 typedef struct loom_cluster_roles {
     unsigned    flags;                  /* LOOM_ROLES_* */

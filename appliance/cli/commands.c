@@ -37,11 +37,9 @@ typedef struct cli_opts {
 static const char *cwd_path(const char *v, char *buf, size_t n)
 {
     char cwd[PATH_MAX];
-    if (!v || v[0] == '/' || !getcwd(cwd, sizeof cwd)) return v;
-    const char *rel = v[0] == '.' && v[1] == '/' ? v + 2 : v;
-    if (!strcmp(v, ".")) rel = "";
-    int w = snprintf(buf, n, "%s%s%s", cwd, rel[0] ? "/" : "", rel);
-    return w > 0 && (size_t)w < n ? buf : v;
+    if (!v) return v;
+    int w = v[0] == '/' ? snprintf(buf, n, "%s", v) : getcwd(cwd, sizeof cwd) ? snprintf(buf, n, "%s/%s", cwd, v) : -1;
+    return w > 0 && (size_t)w < n ? loom_path_normalize(buf) : v; /* "/a/j6/../j5" shown as "/a/j5" */
 }
 
 typedef struct command {
@@ -534,7 +532,8 @@ static const command commands[] = {
      "writing checkpoints to the model directory and one JSON line per epoch to\n"
      "<model_dir>/metrics.jsonl. If the model directory holds checkpoints, training\n"
      "resumes exactly where the latest one left off; --fresh starts over instead.\n"
-     "Ctrl-C (or SIGTERM) saves a checkpoint and stops; run the command again to resume.\n"
+     "Ctrl-C (or SIGTERM) saves a checkpoint and stops (exit status 130, or 143); run the\n"
+     "command again to resume.\n"
      "In a cluster, this process's task comes from --task, TF_CONFIG, Slurm or MPI (docs/cluster.md).\n"
      "--status-port N (run.status_port) serves /metrics (Prometheus), /healthz and /status (JSON)\n"
      "on run.status_bind (default 127.0.0.1) while training.\n",
@@ -842,5 +841,6 @@ int loom_cli_main(int argc, char **argv, double start_time)
     int rc = cmd->run(&o, start_time, &err);
     if (rc < 0) return -rc; /* the config did not load; already reported */
     if (rc) loom_cli_print_err_(&err);
+    if (rc && loom_stop_signal()) return 128 + loom_stop_signal(); /* stopped by SIGINT (130) or SIGTERM (143), saved */
     return exit_status(rc);
 }

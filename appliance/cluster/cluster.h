@@ -108,7 +108,7 @@ typedef struct loom_cluster {
  * it before anything opens. The same struct is the plugin ABI's (a plugin's
  * strategy declares its roles in its ops, version 5). */
 typedef enum { LOOM_ROLE_ALLOWED, LOOM_ROLE_REFUSED, LOOM_ROLE_REQUIRED } loom_role_use;
-#define LOOM_ROLES_ONE_PROCESS 1u /* runs in one process: a cluster of more than one task is refused (use[] unread) */
+#define LOOM_ROLES_ONE_PROCESS 1u /* runs in one process: a cluster of several tasks is ignored (use[] unread) */
 #define LOOM_ROLES_REJOIN      2u /* a worker that fails is started again alone and rejoins (loom launch) */
 typedef struct loom_cluster_roles {
     unsigned    flags;                  /* LOOM_ROLES_* */

@@ -93,8 +93,13 @@ int loom_task_parse_(const char *s, loom_role *role, int *index, char *why, size
     char *end;
     errno = 0;
     long v = strtol(colon + 1, &end, 10);
-    if (end == colon + 1 || *end || errno || v < 0 || v > INT_MAX || colon[1] == '-' || colon[1] == '+') {
+    if (end == colon + 1 || *end || colon[1] == '+' || colon[1] == '-') {
         snprintf(why, why_n, "the index in \"%s\" must be an integer >= 0", s);
+        return -1;
+    }
+    if (errno || v >= LOOM_MAX_CLUSTER_TASKS) { /* (a number strtol cannot hold is out of range too) */
+        snprintf(why, why_n, "the index in \"%s\" is out of range: expected 0 to %d (a cluster has at most %d tasks "
+                 "of a role)", s, LOOM_MAX_CLUSTER_TASKS - 1, LOOM_MAX_CLUSTER_TASKS);
         return -1;
     }
     *role = (loom_role)r;
@@ -508,9 +513,13 @@ static int tf_config_parse(const char *text, tf_config *tf, loom_err *err)
         if (ix && !json_is_integer(ix))
             return loom_err_set(err, LOOM_ECONFIG, "TF_CONFIG", "task.index must be an integer >= 0");
         if (ix) idx = json_integer_value(ix);
-        if (idx < 0 || idx > INT_MAX)
+        if (idx < 0)
             return loom_err_set(err, LOOM_ECONFIG, "TF_CONFIG", "task.index must be an integer >= 0, got %lld",
                                 (long long)idx);
+        if (idx >= LOOM_MAX_CLUSTER_TASKS)
+            return loom_err_set(err, LOOM_ECONFIG, "TF_CONFIG", "task.index %lld is out of range: expected 0 to %d (a "
+                                "cluster has at most %d tasks of a role)", (long long)idx, LOOM_MAX_CLUSTER_TASKS - 1,
+                                LOOM_MAX_CLUSTER_TASKS);
         tf->has_task = true;
         tf->role = r;
         tf->index = (int)idx;
@@ -700,17 +709,6 @@ static int check_duplicates(const loom_cluster *c, loom_err *err)
     return LOOM_OK;
 }
 
-/* A one-process strategy's cluster has one task at most. */
-static int check_one_process(const loom_cluster *c, const char *strategy, const char *w, loom_err *err)
-{
-    int n = total_tasks(c);
-    if (n <= 1) return LOOM_OK;
-    loom_err_set(err, LOOM_ECONFIG, w, "strategy \"%s\" runs in one process, but the cluster (from %s) has %d tasks",
-                 strategy, c->addrs_detail, n);
-    return loom_err_hint(err, "use strategy.type = \"multi_worker_mirrored\" to train on every worker, or run "
-                              "without a cluster");
-}
-
 /* The training roles: the chief and the workers the strategy requires, or,
  * requiring neither and refusing neither, one of them. */
 static int check_trainers(const loom_cluster *c, const loom_cluster_roles *roles, const char *strategy, const char *w,
@@ -749,7 +747,7 @@ static int check_roles(const loom_cluster *c, const loom_spec *spec, const loom_
     const loom_strategy_spec *st = &spec->strategy;
     char w[LOOM_PATH_MAX + 16];
     loom_loc_str(&st->loc, w, sizeof w);
-    if (roles->flags & LOOM_ROLES_ONE_PROCESS) return check_one_process(c, st->name, w, err);
+    if (roles->flags & LOOM_ROLES_ONE_PROCESS) return LOOM_OK; /* one task at most: see ignore_for_one_process */
     for (int r = 0; r < LOOM_ROLE_COUNT; r++)
         if (roles->use[r] == LOOM_ROLE_REFUSED && c->n_tasks[r] > 0) {
             loom_err_set(err, LOOM_ECONFIG, w, "%s has no use for %s tasks, but the cluster (from %s) has %d", st->name,
@@ -1105,6 +1103,26 @@ static void settle(loom_cluster *c, const loom_cluster_spec *cs)
     c->insecure = cs->insecure;
 }
 
+/* A one-process strategy (one_device, mirrored, central_storage, a
+ * plugin's that says so) on a cluster of several tasks: the cluster is
+ * ignored with one warning and the process trains alone, as TensorFlow
+ * ignores TF_CONFIG for OneDeviceStrategy and MirroredStrategy (a config
+ * written for a cluster can be tried on one machine by changing
+ * strategy.type). True when it is ignored. */
+static bool ignore_for_one_process(const loom_cluster *c, const loom_spec *spec, const loom_cluster_roles *roles,
+                                   const char *task_flag)
+{
+    int n = total_tasks(c);
+    if (!roles || !(roles->flags & LOOM_ROLES_ONE_PROCESS) || n <= 1) return false;
+    char w[LOOM_PATH_MAX + 16];
+    loom_loc_str(&spec->strategy.loc, w, sizeof w);
+    loom_warn("%s: strategy \"%s\" runs in one process: the cluster's %d tasks (from %s)%s%s are ignored and this "
+              "process trains alone; use strategy.type = \"multi_worker_mirrored\" or \"parameter_server\" to train "
+              "on the cluster", w, spec->strategy.name, n, c->addrs_detail, task_flag ? " and --task " : "",
+              task_flag ? task_flag : "");
+    return true;
+}
+
 /* The precedence of the sources, first for the addresses, then for this
  * task; each part names where its value came from, which is what
  * `loom check --task` prints. Then the checks, every one before a socket. */
@@ -1116,6 +1134,7 @@ static int resolve(loom_cluster *c, const loom_spec *spec, const loom_cluster_ro
     sources src;
     int rc = parse_sources(&src, task_flag, envp, err);
     if (!rc) rc = resolve_addresses(c, cs, &src, envp, task_flag, single, err);
+    if (!rc && !*single) *single = ignore_for_one_process(c, spec, roles, task_flag);
     if (!rc && !*single) rc = check_duplicates(c, err);
     if (!rc && !*single) rc = resolve_task(c, &src, task_flag, need_task, err);
     json_decref(src.tf.root);

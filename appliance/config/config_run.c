@@ -63,7 +63,7 @@ static void absolute_in_config_dir(cfg_ctx *c, const config_setting_t *at, char 
         cfg_err_(c, at, "\"%s\" resolved against the config's directory is longer than %zu bytes", p, n - 1);
         return;
     }
-    memcpy(p, full, (size_t)w + 1);
+    memcpy(p, loom_path_normalize(full), strlen(full) + 1); /* "configs/../runs/x" is "runs/x" */
 }
 
 static void absolute_cache_files(cfg_ctx *c, const config_setting_t *at, loom_dataset_spec *d)

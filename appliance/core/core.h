@@ -66,6 +66,12 @@ int loom_err_prefix(loom_err *err, const char *fmt, ...) __attribute__((format(p
 void loom_err_clear(loom_err *err);
 /* "where: msg\n  hint: ...\n" into buf. */
 void loom_err_format(const loom_err *err, char *buf, size_t n);
+/* The signal (SIGINT, SIGTERM) that stopped this process's command once it
+ * had saved what it had to: the trainer and the sidecar evaluator note it
+ * as they turn the signal into their error, and main exits 128 + it (130,
+ * 143), the status a shell gives a process the signal killed. 0: none. */
+void loom_stop_signal_note(int sig);
+int  loom_stop_signal(void);
 
 #define LOOM_ASSERT(cond)                                                   \
     do {                                                                    \
@@ -310,12 +316,35 @@ int loom_read_file_max(const char *path, uint8_t **out, size_t *len, uint64_t ma
  * machines) are left to their host: their pid says nothing here. The older
  * form path.tmp.<pid> counts as this host's. */
 int loom_remove_stale_tmp(const char *dir);
-/* Writes data to path atomically: path.tmp, fsync, rename, fsync dir. */
+/* Where loom may write a path the user named (--output, a model directory's
+ * files): absent (created), a regular file (replaced), or a symbolic link
+ * (chain) to a regular file, whose target is written and the link kept;
+ * target gets that path (n bytes). Anything else (a FIFO, a device, a
+ * directory, a socket, a link to one of them or to nothing) is LOOM_EIO
+ * naming the path and what it is, with a hint, before anything is written.
+ * Every writer of a user's path goes through it. */
+int loom_output_target(const char *path, char *target, size_t n, loom_err *err);
+/* Writes data to path atomically: target.tmp.<host>.<pid> beside the
+ * target (loom_output_target's: refused unless absent or regular, a link
+ * written through), fsync, rename onto the target, fsync dir. */
 int loom_write_file_atomic(const char *path, const void *data, size_t len, loom_err *err);
+/* The same for an output written as a stream (loom predict's CSV): open
+ * checks path and creates the temporary file; commit flushes, syncs and
+ * renames it onto the target, abort removes it; either frees w. */
+typedef struct loom_wfile loom_wfile; /* opaque */
+int   loom_wfile_open(loom_wfile **out, const char *path, loom_err *err);
+FILE *loom_wfile_stream(loom_wfile *w); /* borrowed until commit/abort */
+int   loom_wfile_commit(loom_wfile *w, loom_err *err);
+void  loom_wfile_abort(loom_wfile *w); /* NULL is a no-op */
 /* ".tmp.<host>.<pid>": the suffix of this process's temporary files, which
  * loom_remove_stale_tmp recognises (host: the hostname, characters other
  * than letters, digits, '-' and '_' as '_'). Returns buf. */
 char *loom_tmp_suffix(char *buf, size_t n);
+/* path normalised lexically, in place: "//" and "/./" become "/", "x/.."
+ * goes ("/a/j6/../j5/ckpt" is "/a/j5/ckpt"), no trailing '/'; a relative
+ * path keeps its leading ".."s; "" is ".". The file system is not asked (a
+ * symbolic link before a ".." is taken as a directory). Returns path. */
+char *loom_path_normalize(char *path);
 /* mkdir -p; fails with a clear error when the directory is not writable. */
 int loom_mkdirs(const char *path, loom_err *err);
 /* s with glob's metacharacters (*?[]\) backslash-escaped into out (n bytes),

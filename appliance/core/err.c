@@ -2,6 +2,7 @@
 #include "core.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,6 +71,11 @@ int loom_err_prefix(loom_err *err, const char *fmt, ...)
     err->msg[a + 2 + b] = 0;
     return err->code;
 }
+
+/* set from the thread that turns a caught signal into an error, read by main */
+static volatile sig_atomic_t stop_signal_;
+void loom_stop_signal_note(int sig) { stop_signal_ = sig; }
+int  loom_stop_signal(void) { return stop_signal_; }
 
 void loom_err_clear(loom_err *err)
 {

@@ -17,6 +17,19 @@
 #include <zlib.h>
 #include <stdbool.h>
 
+/* What a file of mode m is, for messages: "a FIFO (named pipe)", ... */
+static const char *kind_of(mode_t m)
+{
+    return S_ISREG(m)    ? "a regular file"
+           : S_ISFIFO(m) ? "a FIFO (named pipe)"
+           : S_ISDIR(m)  ? "a directory"
+           : S_ISCHR(m)  ? "a character device"
+           : S_ISBLK(m)  ? "a block device"
+           : S_ISSOCK(m) ? "a socket"
+           : S_ISLNK(m)  ? "a symbolic link"
+                         : "not a regular file";
+}
+
 /* Keeps fd, opened with O_NONBLOCK, if it is a regular file (and clears
  * O_NONBLOCK); otherwise closes it and says what path is instead. */
 static int keep_regular(int fd, const char *path, const char *hint, loom_err *err)
@@ -29,13 +42,7 @@ static int keep_regular(int fd, const char *path, const char *hint, loom_err *er
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        const char *what = S_ISFIFO(st.st_mode)  ? "a FIFO (named pipe)"
-                           : S_ISDIR(st.st_mode) ? "a directory"
-                           : S_ISCHR(st.st_mode) ? "a character device"
-                           : S_ISBLK(st.st_mode) ? "a block device"
-                           : S_ISSOCK(st.st_mode) ? "a socket"
-                                                  : "not a regular file";
-        loom_err_set(err, LOOM_EIO, path, "is %s, not a regular file: refused", what);
+        loom_err_set(err, LOOM_EIO, path, "is %s, not a regular file: refused", kind_of(st.st_mode));
         loom_err_hint(err, "%s", hint);
         return -1;
     }
@@ -251,6 +258,50 @@ int loom_read_file(const char *path, uint8_t **out, size_t *len, loom_err *err)
     return loom_read_file_max(path, out, len, 0, err);
 }
 
+/* ---- writing a user's path ----------------------------------------------------- */
+
+#define OUTPUT_HINT                                                                                                  \
+    "loom writes to a new path or over a regular file (a symbolic link to one is written through): name another "    \
+    "path, or remove this one"
+
+int loom_output_target(const char *path, char *target, size_t n, loom_err *err)
+{
+    struct stat st;
+    if (lstat(path, &st) < 0) {
+        if (errno != ENOENT && errno != ENOTDIR)
+            return loom_err_set(err, LOOM_EIO, path, "cannot stat the output: %s", strerror(errno));
+        /* absent: created (a missing directory is the create's error, naming it) */
+    } else if (S_ISLNK(st.st_mode)) {
+        char *real = realpath(path, NULL);
+        if (!real) {
+            int e = errno;
+            loom_err_set(err, LOOM_EIO, path, "is a symbolic link that does not resolve (%s): refused, nothing was "
+                         "written", strerror(e));
+            return loom_err_hint(err, "point it at a regular file or remove it; " OUTPUT_HINT);
+        }
+        struct stat rt;
+        int bad = stat(real, &rt) < 0 ? errno : 0;
+        if (bad || !S_ISREG(rt.st_mode)) {
+            loom_err_set(err, LOOM_EIO, path, "is a symbolic link to %s, which is %s: refused, nothing was written",
+                         real, bad ? strerror(bad) : kind_of(rt.st_mode));
+            free(real);
+            return loom_err_hint(err, "%s", OUTPUT_HINT);
+        }
+        int k = snprintf(target, n, "%s", real);
+        free(real);
+        if (k < 0 || (size_t)k >= n)
+            return loom_err_set(err, LOOM_EIO, path, "the symbolic link's target is longer than %zu bytes", n - 1);
+        return LOOM_OK;
+    } else if (!S_ISREG(st.st_mode)) {
+        loom_err_set(err, LOOM_EIO, path, "is %s, not a regular file: refused, nothing was written",
+                     kind_of(st.st_mode));
+        return loom_err_hint(err, "%s", OUTPUT_HINT);
+    }
+    int k = snprintf(target, n, "%s", path);
+    if (k < 0 || (size_t)k >= n) return loom_err_set(err, LOOM_EIO, path, "the path is longer than %zu bytes", n - 1);
+    return LOOM_OK;
+}
+
 static int fsync_dir(const char *path)
 {
     char tmp[4096];
@@ -262,9 +313,11 @@ static int fsync_dir(const char *path)
     return rc;
 }
 
-int loom_write_file_atomic(const char *path, const void *data, size_t len, loom_err *err)
+int loom_write_file_atomic(const char *user_path, const void *data, size_t len, loom_err *err)
 {
-    char tmp[4096], sfx[128];
+    char path[4096], tmp[4096 + 128], sfx[128];
+    int rc = loom_output_target(user_path, path, sizeof path, err);
+    if (rc) return rc;
     snprintf(tmp, sizeof tmp, "%s%s", path, loom_tmp_suffix(sfx, sizeof sfx));
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return loom_err_set(err, LOOM_EIO, tmp, "cannot create: %s", strerror(errno));
@@ -298,6 +351,62 @@ int loom_write_file_atomic(const char *path, const void *data, size_t len, loom_
     return LOOM_OK;
 }
 
+struct loom_wfile {
+    FILE *f;
+    char  target[4096];       /* where it lands: the path, or its symbolic link's target */
+    char  tmp[4096 + 128];    /* target.tmp.<host>.<pid> */
+};
+
+int loom_wfile_open(loom_wfile **out, const char *path, loom_err *err)
+{
+    *out = NULL;
+    loom_wfile *w = loom_calloc(1, sizeof *w);
+    if (!w) return loom_err_set(err, LOOM_ENOMEM, path, "cannot allocate a file writer");
+    int rc = loom_output_target(path, w->target, sizeof w->target, err);
+    if (rc) {
+        loom_free(w);
+        return rc;
+    }
+    char sfx[128];
+    snprintf(w->tmp, sizeof w->tmp, "%s%s", w->target, loom_tmp_suffix(sfx, sizeof sfx));
+    int fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0 || !(w->f = fdopen(fd, "w"))) {
+        int e = errno;
+        if (fd >= 0) close(fd), unlink(w->tmp);
+        loom_err_set(err, LOOM_EIO, path, "cannot create %s: %s", w->tmp, strerror(e));
+        loom_free(w);
+        return LOOM_EIO;
+    }
+    *out = w;
+    return LOOM_OK;
+}
+
+FILE *loom_wfile_stream(loom_wfile *w) { return w->f; }
+
+int loom_wfile_commit(loom_wfile *w, loom_err *err)
+{
+    int rc = LOOM_OK;
+    if (fflush(w->f) != 0 || ferror(w->f))
+        rc = loom_err_set(err, LOOM_EIO, w->tmp, "write failed: %s", strerror(errno));
+    else if (fsync(fileno(w->f)) < 0) rc = loom_err_set(err, LOOM_EIO, w->tmp, "fsync failed: %s", strerror(errno));
+    if (fclose(w->f) != 0 && !rc) rc = loom_err_set(err, LOOM_EIO, w->tmp, "write failed: %s", strerror(errno));
+    w->f = NULL;
+    if (!rc && rename(w->tmp, w->target) < 0)
+        rc = loom_err_set(err, LOOM_EIO, w->target, "rename from %s failed: %s", w->tmp, strerror(errno));
+    if (rc) unlink(w->tmp);
+    else fsync_dir(w->target);
+    loom_free(w);
+    return rc;
+}
+
+void loom_wfile_abort(loom_wfile *w)
+{
+    if (!w) return;
+    if (w->f) fclose(w->f);
+    unlink(w->tmp);
+    loom_free(w);
+}
+
 int loom_mkdirs(const char *path, loom_err *err)
 {
     char tmp[4096];
@@ -317,6 +426,42 @@ int loom_mkdirs(const char *path, loom_err *err)
     if (stat(tmp, &st) < 0 || !S_ISDIR(st.st_mode)) return loom_err_set(err, LOOM_EIO, path, "exists and is not a directory");
     if (access(tmp, W_OK | X_OK) < 0) return loom_err_set(err, LOOM_EIO, path, "directory is not writable: %s", strerror(errno));
     return LOOM_OK;
+}
+
+char *loom_path_normalize(char *path)
+{
+    bool abs = path[0] == '/';
+    char *out = path, *seg = path; /* out: where the next component goes; seg: reads */
+    size_t kept = 0;                  /* components kept that a ".." may remove */
+    while (*seg) {
+        while (*seg == '/') seg++;
+        if (!*seg) break;
+        char *end = seg;
+        while (*end && *end != '/') end++;
+        size_t len = (size_t)(end - seg);
+        if (len == 1 && seg[0] == '.') {
+            /* "." adds nothing */
+        } else if (len == 2 && seg[0] == '.' && seg[1] == '.' && kept > 0) {
+            out--; /* back over the last component and the '/' before it */
+            while (out > path && *out != '/') out--;
+            if (out == path && !abs) *out = 0;
+            kept--;
+        } else if (len == 2 && seg[0] == '.' && seg[1] == '.' && abs) {
+            /* "/.." is "/" */
+        } else {
+            if (out > path || abs) *out++ = '/';
+            memmove(out, seg, len);
+            out += len;
+            kept += !(len == 2 && seg[0] == '.' && seg[1] == '.'); /* a leading ".." of a relative path stays */
+        }
+        seg = end;
+    }
+    if (out == path) {
+        if (abs) *out++ = '/';
+        else *out++ = '.';
+    }
+    *out = 0;
+    return path;
 }
 
 int loom_glob_escape(const char *s, char *out, size_t n)

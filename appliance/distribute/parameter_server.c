@@ -324,8 +324,8 @@ static int ps_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     if (!ps) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the parameter_server strategy");
     s->impl = ps;
     ps->args = a;
-    /* no cluster, or no task (loom evaluate, predict, export, check): the
-     * model alone, as the coordinator holds it; training refuses */
+    /* no cluster, no task (loom evaluate, predict, export, check) or the evaluator (check --task evaluator:0):
+     * the model alone, as the coordinator holds it, and no transport; training refuses */
     ps->role = c && c->index >= 0 ? c->role : LOOM_ROLE_CHIEF;
     ps->index = c && c->index >= 0 ? c->index : 0;
     loom_task_name(ps->role, ps->index, ps->task, sizeof ps->task);
@@ -341,7 +341,6 @@ static int ps_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     ps->peer_chief = -1;
     const char *slow = getenv("LOOM_TEST_PS_STEP_MS");
     if (slow && atoi(slow) > 0 && atoi(slow) < 10000) ps->test_step_us = (unsigned)atoi(slow) * 1000u;
-    if (ps->role == LOOM_ROLE_EVALUATOR) return LOOM_OK; /* no part in training */
     const loom_elem_spec *in = a->input;
     loom_shape x = in->shape[a->input_idx], y = in->shape[a->label_idx];
     loom_shape xe = loom_shape_make(x.rank - 1, x.dim + 1), ye = loom_shape_make(y.rank - 1, y.dim + 1);
@@ -378,8 +377,9 @@ static int ps_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     rc = loom_optimizer_new(&ps->opt, &spec->optimizer, ps->role == LOOM_ROLE_PS ? 1 : ps->P, err);
     if (rc) return rc;
     ps->n_slots = loom_optimizer_num_slots(ps->opt);
-    if ((rc = table_open(ps, a->plan_only || !c || c->index < 0, err))) return rc;
-    if (a->plan_only || !c || c->index < 0) return LOOM_OK;
+    bool alone = a->plan_only || !c || c->index < 0 || ps->role == LOOM_ROLE_EVALUATOR; /* no part in training */
+    if ((rc = table_open(ps, alone, err))) return rc;
+    if (alone) return LOOM_OK;
 
     int maxp = ps->n_workers + ps->n_ps + 1;
     loom_net_peer *peers = loom_calloc((size_t)maxp, sizeof *peers);

@@ -170,6 +170,7 @@ static int watch_loop(run *r, const loom_watch_opts *o, const char *who, const c
         if (watch_signal) {
             rc = loom_err_set(err, LOOM_EIO, NULL, "%s: stopped by signal %d after %d evaluation%s", who,
                               (int)watch_signal, *evaluated, *evaluated == 1 ? "" : "s");
+            loom_stop_signal_note(watch_signal); /* exit 128 + signal */
             break;
         }
         int64_t fin = final_step(r->model_dir, o ? o->after_wall : 0), step, top;

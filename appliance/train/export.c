@@ -779,9 +779,12 @@ int loom_export(const loom_spec *spec, const loom_export_opts *opts, loom_err *e
                          "--include-preprocessing: a Lua map has no ONNX form");
             return loom_err_hint(err, "export without --include-preprocessing and apply it before the model");
         }
-    /* the output's directory must exist and be writable before any work */
-    char dir[LOOM_PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", opts->output);
+    /* the output (new, or a regular file, or a link to one: written through)
+     * and its directory must be writable before any work */
+    char target[LOOM_PATH_MAX], dir[LOOM_PATH_MAX];
+    int rc = loom_output_target(opts->output, target, sizeof target, err);
+    if (rc) return rc;
+    snprintf(dir, sizeof dir, "%s", target);
     char *slash = strrchr(dir, '/');
     if (slash) *slash = 0;
     else snprintf(dir, sizeof dir, ".");
@@ -790,7 +793,7 @@ int loom_export(const loom_spec *spec, const loom_export_opts *opts, loom_err *e
         return loom_err_set(err, LOOM_EIO, opts->output, "cannot write the export here: %s: %s", dir, strerror(errno)),
                loom_err_hint(err, "choose a path in a directory that exists and you may write to");
     export_input in;
-    int rc = input_of(spec, base, opts->format == LOOM_EXPORT_ONNX && opts->include_preprocessing, &in, err);
+    rc = input_of(spec, base, opts->format == LOOM_EXPORT_ONNX && opts->include_preprocessing, &in, err);
     if (rc) return rc;
     loom_model *m = NULL;
     rc = loom_model_new(&m, &spec->model, &in.shape, in.dtype, &in.label_shape, in.label_dtype, 1, err);

@@ -277,6 +277,9 @@ int loom_predict_run(const loom_spec *spec, const loom_predict_opts *po, loom_er
     predict_job j = {.spec = spec, .input = po->input, .output = po->output};
     int rc = parse_ids(&j, po->id, err);
     if (rc) return rc;
+    char target[LOOM_PATH_MAX];
+    bool to_stdout = !strcmp(j.output, "-");
+    if (!to_stdout && (rc = loom_output_target(j.output, target, sizeof target, err))) return rc; /* before any work */
     run r;
     rc = train_run_open_(&r, spec, po->model_dir, false, NULL, false, err);
     char path[LOOM_PATH_MAX];
@@ -293,6 +296,7 @@ int loom_predict_run(const loom_spec *spec, const loom_predict_opts *po, loom_er
     }
     loom_iter *it = NULL;
     FILE *f = NULL;
+    loom_wfile *wf = NULL;
     float *probs = NULL;
     int64_t index = 0;
     loom_shape os = loom_model_output_shape(loom_strategy_model(r.strat));
@@ -307,16 +311,18 @@ int loom_predict_run(const loom_spec *spec, const loom_predict_opts *po, loom_er
         if (rc) loom_err_prefix(err, "--input %s", j.input);
     }
     if (!rc) rc = check_predicted(&j, &r, loom_iter_spec(it), err);
-    if (!rc) {
-        f = strcmp(j.output, "-") ? fopen(j.output, "w") : stdout;
-        if (!f) rc = loom_err_set(err, LOOM_EIO, j.output, "cannot create: %s", strerror(errno));
+    if (!rc) { /* written beside the target and renamed onto it when complete */
+        if (to_stdout) f = stdout;
+        else if (!(rc = loom_wfile_open(&wf, j.output, err))) f = loom_wfile_stream(wf);
     }
     if (!rc && !(probs = loom_alloc((size_t)(r.args.max_batch * j.classes) * sizeof(float))))
         rc = loom_err_set(err, LOOM_ENOMEM, NULL, "allocating predictions");
     if (!rc) write_header(f, &j);
     if (!rc) rc = write_rows(f, &j, &r, it, probs, &index, err);
-    if (f && f != stdout && fclose(f) != 0 && !rc)
-        rc = loom_err_set(err, LOOM_EIO, j.output, "write failed: %s", strerror(errno));
+    if (wf && !rc) rc = loom_wfile_commit(wf, err);
+    else loom_wfile_abort(wf);
+    if (to_stdout && fflush(stdout) != 0 && !rc)
+        rc = loom_err_set(err, LOOM_EIO, "-", "write failed: %s", strerror(errno));
     if (!rc) loom_info("wrote %lld predictions to %s (checkpoint %s)", (long long)index, j.output, path);
     loom_free(probs);
     loom_iter_close(it);

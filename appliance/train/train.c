@@ -219,6 +219,7 @@ static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool n
     r->args.cluster = cluster;
     r->args.plan_only = plan_only;
     snprintf(r->model_dir, sizeof r->model_dir, "%s", model_dir ? model_dir : spec->run.model_dir);
+    loom_path_normalize(r->model_dir); /* every checkpoint path it names, as the user reads it */
     /* the built-in strategies spend run.threads on their replicas' own
      * threads (intra-op data parallelism, measured faster than BLAS threads
      * on these small GEMMs), each calling single-threaded BLAS, so the cores
@@ -1224,10 +1225,12 @@ static int at_signal(trainer *t, loom_err *err)
     }
     loom_progress_break(&t->sink.prog);
     int rc = save_ckpt(&t->r, &t->st, t->ckpt, err);
-    if (!rc)
+    if (!rc) {
         rc = loom_err_set(err, LOOM_EIO, NULL, "interrupted by signal %d at step %lld; saved %s", (int)stop_signal,
                           (long long)t->st.step, t->ckpt),
         loom_err_hint(err, "run the same command again to resume");
+        loom_stop_signal_note(stop_signal); /* exit 128 + signal */
+    }
     return rc;
 }
 
@@ -1360,7 +1363,7 @@ static int after_step(trainer *t, const loom_step_result *res, double t0, double
     if (!rc && t->stop_asked)
         rc = loom_err_set(err, LOOM_EIO, NULL, "interrupted by signal %d at step %lld; %s %s", (int)t->stop_asked,
                           (long long)st->step, r->chief ? "saved" : "the chief saved", t->ckpt),
-        loom_err_hint(err, "run the same command again to resume");
+        loom_err_hint(err, "run the same command again to resume"), loom_stop_signal_note(t->stop_asked);
     else if (!rc)
         rc = loom_err_set(err, LOOM_EIO, NULL, "another task of the job was interrupted: stopped at step %lld; "
                           "%s %s", (long long)st->step, r->chief ? "saved" : "the chief saved", t->ckpt),
@@ -1585,12 +1588,77 @@ static int check_train_not_empty(run *r, const loom_spec *spec, loom_err *err)
                          "drop_remainder larger than the data");
 }
 
+/* The largest label of up to max_batches batches of it (the whole pass when
+ * shorter), for a class count check; *batches gets how many it read. NaN
+ * when it holds no label or none was read. Rewinds it. */
+#define CHECK_LABEL_BATCHES 100
+static int largest_label(loom_iter *it, const char *label, double *top, int64_t *batches, loom_err *err)
+{
+    *top = NAN;
+    *batches = 0;
+    int li = loom_elem_spec_find(loom_iter_spec(it), label);
+    if (li < 0) return LOOM_OK;
+    int rc = LOOM_OK;
+    while (*batches < CHECK_LABEL_BATCHES) {
+        loom_elem *b;
+        if ((rc = loom_iter_next(it, &b, err))) break;
+        ++*batches;
+        const loom_tensor *t = &b->t[li];
+        int64_t n = loom_shape_numel(&t->shape);
+        for (int64_t i = 0; i < n; i++) {
+            double v = t->dtype == LOOM_U8    ? ((const uint8_t *)t->data)[i]
+                       : t->dtype == LOOM_I32 ? ((const int32_t *)t->data)[i]
+                       : t->dtype == LOOM_I64 ? (double)((const int64_t *)t->data)[i]
+                       : t->dtype == LOOM_F32 ? ((const float *)t->data)[i]
+                       : t->dtype == LOOM_F64 ? ((const double *)t->data)[i]
+                                              : NAN;
+            if (!(v <= *top)) *top = v; /* (the first, and NaN beats nothing: training names it) */
+        }
+    }
+    if (rc == LOOM_EEOF) rc = LOOM_OK;
+    return rc ? rc : loom_iter_rewind(it, 0, err);
+}
+
+/* sparse_softmax_cross_entropy needs a class per label: labels of 0..2 on a
+ * last layer of 2 units passed check and failed at step 1. The labels of
+ * the first batches of data.train and data.eval (each pass whole when it is
+ * short) against the model's output count, naming the last layer's line. */
+static int check_classes(run *r, const loom_spec *spec, loom_err *err)
+{
+    const loom_model_spec *ms = &spec->model;
+    if (ms->loss != LOOM_LOSS_SPARSE_SOFTMAX_CE || ms->n_layers < 1) return LOOM_OK;
+    loom_shape os = loom_model_output_shape(loom_strategy_model(r->strat));
+    int64_t classes = loom_shape_numel(&os);
+    loom_iter *its[2] = {r->train, r->eval};
+    for (int k = 0; k < 2; k++) {
+        if (!its[k]) continue;
+        double top;
+        int64_t nb;
+        int rc = largest_label(its[k], ms->label, &top, &nb, err);
+        if (rc) return loom_err_prefix(err, "data.%s, reading its labels", k ? "eval" : "train"), rc;
+        if (!(top >= (double)classes)) continue;
+        const loom_layer_spec *l = &ms->layer[ms->n_layers - 1];
+        char where[LOOM_PATH_MAX + 16], outs[48];
+        loom_loc_str(l->loc.file[0] ? &l->loc : &ms->loc, where, sizeof where);
+        if (l->kind == LOOM_LAYER_DENSE && l->units == classes) snprintf(outs, sizeof outs, "units = %d", l->units);
+        else snprintf(outs, sizeof outs, "%lld output%s", (long long)classes, classes == 1 ? "" : "s");
+        loom_err_set(err, LOOM_ECONFIG, where,
+                     "model.layers.[%d] (%s): %s, but data.%s has label %.17g (the largest in its first %lld batch%s): "
+                     "sparse_softmax_cross_entropy needs one output per class",
+                     ms->n_layers - 1, l->name, outs, k ? "eval" : "train", top, (long long)nb, nb == 1 ? "" : "es");
+        return loom_err_hint(err, "labels must be integers from 0 to %lld here: give the last layer %.17g outputs (or "
+                             "more), or map the labels into range", (long long)(classes - 1), top + 1);
+    }
+    return LOOM_OK;
+}
+
 int loom_check(const loom_spec *spec, const loom_cluster *cluster, FILE *f, loom_err *err)
 {
     run r;
     int rc = train_run_open_(&r, spec, NULL, false, cluster, true, err);
     if (!rc) rc = train_hooks_open_(&r.hooks, spec, r.model_dir, r.strat, err); /* finds every Lua function */
     if (!rc) rc = check_train_not_empty(&r, spec, err);
+    if (!rc) rc = check_classes(&r, spec, err);
     if (!rc && r.hooks.hooks)
         fprintf(f, "hooks: %d callback%s, %s training step\n", loom_hooks_num_callbacks(r.hooks.hooks),
                 loom_hooks_num_callbacks(r.hooks.hooks) == 1 ? "" : "s",

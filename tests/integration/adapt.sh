@@ -187,4 +187,17 @@ sed 's/^=green /=%ZZgreen /' "$WORK/adapt.saved" > "$WORK/damaged/adapt.txt"
 expect_fail 1 "a damaged vocabulary in adapt.txt is an error naming the file" \
     "$WORK/damaged/adapt.txt: vocab 0 (\"colour\"): token lines are damaged" \
     bash -c "cd '$WORK' && timeout 60 '$LOOM' predict a.cfg --model-dir '$WORK/damaged' --output -"
+# adapt.txt is a path loom writes in the user's model directory (issue 22):
+# a FIFO there is refused, not renamed over; a link to a regular file is
+# written through
+mkdir -p "$WORK/run_fifo"; mkfifo "$WORK/run_fifo/adapt.txt"
+expect_fail 1 "a FIFO as adapt.txt is refused, not replaced" "adapt.txt: is a FIFO (named pipe), not a regular file: refused" \
+    bash -c "cd '$WORK' && timeout 120 '$LOOM' train a.cfg --fresh --model-dir run_fifo --set run.max_steps=2"
+[ -p "$WORK/run_fifo/adapt.txt" ] && pass "adapt.txt: the FIFO is still a FIFO" || fail "adapt.txt: the FIFO is still a FIFO" "$(ls -la "$WORK/run_fifo")"
+mkdir -p "$WORK/run_link"; : > "$WORK/kept_adapt.txt"; ln -s ../kept_adapt.txt "$WORK/run_link/adapt.txt"
+check "adapt.txt as a link to a regular file: trains" \
+    bash -c "cd '$WORK' && timeout 120 '$LOOM' train a.cfg --fresh --model-dir run_link --set run.max_steps=2"
+[ -L "$WORK/run_link/adapt.txt" ] && grep -q "^vocab" "$WORK/kept_adapt.txt" && grep -q "^min" "$WORK/kept_adapt.txt" && pass "adapt.txt: written through the link, the link kept" ||
+    fail "adapt.txt: written through the link, the link kept" "$(ls -la "$WORK/run_link")"
+
 finish

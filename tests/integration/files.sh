@@ -170,4 +170,72 @@ rm -f "$WORK/cc/"*; mkfifo "$WORK/cc/c.lock"
 expect_fail 2 "a FIFO as the cache's lock file is refused" "cache: $WORK/cc/c.lock is not a regular file: refused" \
     timeout 20 "$LOOM" train "$WORK/cache.cfg" --model-dir "$WORK/c3"
 
+# --- the paths loom writes for the user (issue 22): export, predict, records
+# convert wrote a temporary file and renamed it over whatever was there, so a
+# FIFO, a directory or a device node (as root, --output /dev/null) became a
+# regular file and the command exited 0. Now: refused before anything is
+# written, naming the path; a symbolic link to a regular file is written
+# through (the link stays, its target gets the content).
+O="$WORK/out"; mkdir -p "$O/dir"; mkfifo "$O/fifo"; ln -s "$O/fifo" "$O/to_fifo"
+kind_is() { # NAME PATH TEST-FLAG: PATH is still of its kind
+    if [ "$3" "$2" ] && [ ! -L "$2" -o "$3" = -L ]; then pass "$1"; else fail "$1" "$(ls -la "$2")"; fi
+}
+for fmt in npz onnx; do
+    EX=(timeout 60 "$LOOM" export $CFG --model-dir "$WORK/m" --format $fmt --output)
+    expect_fail 1 "export $fmt --output FIFO: refused" "$O/fifo: is a FIFO (named pipe), not a regular file: refused, nothing was written" \
+        "${EX[@]}" "$O/fifo"
+    kind_is "export $fmt --output FIFO: still a FIFO" "$O/fifo" -p
+    expect_fail 1 "export $fmt --output DIR: refused" "$O/dir: is a directory, not a regular file: refused" "${EX[@]}" "$O/dir"
+    kind_is "export $fmt --output DIR: still a directory" "$O/dir" -d
+    expect_fail 1 "export $fmt --output LINK-TO-FIFO: refused" "$O/to_fifo: is a symbolic link to $O/fifo, which is a FIFO" \
+        "${EX[@]}" "$O/to_fifo"
+    kind_is "export $fmt --output LINK-TO-FIFO: still a link" "$O/to_fifo" -L
+    echo old > "$O/real_$fmt"; ln -sf "real_$fmt" "$O/link_$fmt"
+    check "export $fmt --output LINK-TO-FILE: written through" "${EX[@]}" "$O/link_$fmt"
+    kind_is "export $fmt --output LINK-TO-FILE: the link stays a link" "$O/link_$fmt" -L
+    check "export $fmt: the link's target holds the export" cmp -s "$O/real_$fmt" "$O/link_$fmt"
+    [ "$(stat -c %s "$O/real_$fmt")" -gt 1000 ] && pass "export $fmt: the target has the new content" || fail "export $fmt: the target has the new content" "$(ls -la "$O")"
+done
+if [ "$(id -u)" = 0 ]; then # a device node, as root only (mknod); /dev/null itself is never touched
+    mknod "$O/null" c 1 3
+    expect_fail 1 "export --output CHAR-DEVICE: refused" "$O/null: is a character device, not a regular file: refused" \
+        timeout 60 "$LOOM" export $CFG --model-dir "$WORK/m" --format npz --output "$O/null"
+    kind_is "export --output CHAR-DEVICE: still a character device" "$O/null" -c
+fi
+PR=(timeout 60 "$LOOM" predict $CFG --model-dir "$WORK/m" --output)
+expect_fail 1 "predict --output FIFO: refused, not waited on" "$O/fifo: is a FIFO (named pipe), not a regular file: refused" "${PR[@]}" "$O/fifo"
+kind_is "predict --output FIFO: still a FIFO" "$O/fifo" -p
+expect_fail 1 "predict --output DIR: refused" "$O/dir: is a directory, not a regular file: refused" "${PR[@]}" "$O/dir"
+echo old > "$O/real.csv"; ln -s real.csv "$O/pred.csv"
+check "predict --output LINK-TO-FILE: written through" "${PR[@]}" "$O/pred.csv"
+kind_is "predict --output LINK-TO-FILE: the link stays a link" "$O/pred.csv" -L
+[ "$(head -c 6 "$O/real.csv")" = "index," ] && [ "$(wc -l < "$O/real.csv")" -gt 100 ] && pass "predict: the link's target holds the CSV" ||
+    fail "predict: the link's target holds the CSV" "$(head -2 "$O/real.csv")"
+ls "$O" | grep -q '\.tmp\.' && fail "no temporary files left" "$(ls "$O")" || pass "no temporary files left"
+printf 'a,label\n1,0\n2,1\n' > "$O/t.csv"
+mkfifo "$O/rec-00001-of-00002.tfrecord"
+expect_fail 1 "records convert: a FIFO among the shards is refused before any shard is written" \
+    "$O/rec-00001-of-00002.tfrecord: is a FIFO (named pipe), not a regular file: refused" \
+    timeout 60 "$LOOM" records convert --csv "$O/t.csv" --label-column label --output "$O/rec" --shards 2
+[ ! -e "$O/rec-00000-of-00002.tfrecord" ] && pass "records convert: shard 0 not written" || fail "records convert: shard 0 not written" "$(ls "$O")"
+kind_is "records convert: the FIFO is still a FIFO" "$O/rec-00001-of-00002.tfrecord" -p
+echo old > "$O/shard_target"; ln -s shard_target "$O/one-00000-of-00001.tfrecord"
+check "records convert: a link to a regular file is written through" \
+    timeout 60 "$LOOM" records convert --csv "$O/t.csv" --label-column label --output "$O/one"
+kind_is "records convert: the link stays a link" "$O/one-00000-of-00001.tfrecord" -L
+n=$("$LOOM" records count "$O/shard_target" 2>&1 | awk '/shard_target/ {print $1}')
+[ "$n" = 2 ] && pass "records convert: the target holds the records" || fail "records convert: the target holds the records" "count: $n"
+
+# --- paths in messages are normalised (issue 22): --model-dir DIR/j6/../j5
+# named its checkpoints "DIR/j6/../j5/ckpt-N.loom"
+mkdir -p "$WORK/j6"
+out=$(cd "$WORK/j6" && "$LOOM" train "$ROOT/$CFG" --model-dir ../j5 "${OPT[@]}" --set run.max_steps=2 2>&1)
+contains "a relative --model-dir with .. is shown normalised" "checkpoint $WORK/j5/ckpt-2.loom" "$out"
+out=$("$LOOM" train $CFG --model-dir "$WORK/j6/../j5/" "${OPT[@]}" --set run.max_steps=3 2>&1)
+contains "an absolute --model-dir with .. is shown normalised" "checkpoint $WORK/j5/ckpt-3.loom" "$out"
+grep -q '/\.\./' <<<"$out" && fail "no /../ left in any message" "$out" || pass "no /../ left in any message"
+cp $CFG "$WORK/j6/rel.cfg"
+out=$("$LOOM" train "$WORK/j6/rel.cfg" --set run.model_dir='"../j8"' "${OPT[@]}" --set run.max_steps=1 2>&1)
+contains "run.model_dir relative to the config's directory is normalised too" "checkpoint $WORK/j8/ckpt-1.loom" "$out"
+
 finish

@@ -59,6 +59,29 @@ same_weights "killed and resumed = uninterrupted (bit-identical weights and slot
 same_weights_neg() { ! [ "$("$LOOM" inspect "$1" | grep '^tensor')" = "$("$LOOM" inspect "$2" | grep '^tensor')" ]; }
 if same_weights_neg "$WORK/a/ckpt-64.loom" "$fa"; then pass "inspect tells different weights apart"; else fail "inspect tells different weights apart"; fi
 
+# SIGINT and SIGTERM: a checkpoint of the step reached, then exit 128 +
+# the signal (130, 143), as a shell reports a process the signal killed
+# (issue 22: SIGINT exited 1); the rerun resumes from that checkpoint
+for sig in INT TERM; do
+    want=$([ $sig = INT ] && echo 130 || echo 143)
+    "$LOOM" train $CFG --model-dir "$WORK/sig$sig" --set run.progress='"none"' --set run.epochs=400 >"$WORK/sig$sig.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 200); do [ -e "$WORK/sig$sig/ckpt-64.loom" ] && break; sleep 0.05; done
+    kill -$sig $pid; wait $pid; st=$?
+    [ $st -eq $want ] && pass "SIG$sig: exit status $want" || fail "SIG$sig: exit status $want" "status $st" "$(tail -3 "$WORK/sig$sig.log")"
+    step=$(sed -n "s/.*interrupted by signal [0-9]* at step \([0-9]*\); saved .*/\1/p" "$WORK/sig$sig.log")
+    [ -n "$step" ] && [ -f "$WORK/sig$sig/ckpt-$step.loom" ] && pass "SIG$sig: the checkpoint of step $step is saved" ||
+        fail "SIG$sig: a checkpoint is saved" "step '$step'" "$(tail -3 "$WORK/sig$sig.log")"
+done
+
+# the sidecar evaluator too: SIGINT between evaluations exits 130
+"$LOOM" evaluate $CFG --model-dir "$WORK/sigINT" --watch --idle-timeout 60 >"$WORK/watch.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 100); do grep -q "eval loss" "$WORK/watch.log" && break; sleep 0.1; done
+kill -INT $pid; wait $pid; st=$?
+[ $st -eq 130 ] && pass "evaluate --watch: SIGINT exits 130" || fail "evaluate --watch: SIGINT exits 130" "status $st" "$(tail -3 "$WORK/watch.log")"
+contains "evaluate --watch: says it was stopped by the signal" "stopped by signal 2 after 1 evaluation" "$(cat "$WORK/watch.log")"
+
 # evaluate and predict use the latest checkpoint
 out=$("$LOOM" evaluate $CFG --model-dir "$WORK/a" 2>/dev/null)
 contains "evaluate prints accuracy as JSON" '"eval_accuracy"' "$out"

@@ -101,6 +101,7 @@ st=0
 for _ in $(seq 1 100); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done
 wait $pid; st=$?
 contains "SIGTERM still saves a checkpoint and stops" "interrupted by signal 15" "$(cat "$WORK/train.log")"
+[ $st -eq 143 ] && pass "SIGTERM: exit status 143 (128 + 15)" || fail "SIGTERM: exit status 143 (128 + 15)" "status $st"
 code=$(get -o /dev/null -w '%{http_code}' $URL/healthz)
 [ "$code" = 000 ] && pass "the endpoint closes with the run" || fail "the endpoint closes with the run" "HTTP $code"
 

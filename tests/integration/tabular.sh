@@ -293,4 +293,34 @@ contains "binary predictions: class and probability" "index,id,class,probability
 cfg arr "$SRC" '{ op = "map"; fn = "normalize"; feature = "x"; mean = [0.0, 1.0]; std = 2.0; }, { op = "batch"; size = 32; }'
 expect_fail 2 "normalize arrays must fit the last axis" '2 mean/std values, but the feature has shape (12,)' \
     bash -c "cd '$WORK' && timeout 60 '$LOOM' check arr.cfg"
+# a class count that does not fit the labels (issue 22): wine-like, 3
+# classes sorted by label (the first batches hold only 0), the last layer 2
+# units: check passed and training failed at step 1; check now reads the
+# labels of data.train's first batches (here all of them) and names the layer
+python3 - "$WORK/w.csv" <<'PY'
+import random, sys
+random.seed(5)
+with open(sys.argv[1], "w") as f:
+    f.write("a,b,label\n")
+    for i in range(178):
+        f.write("%.4f,%.4f,%d\n" % (random.random(), random.random(), 0 if i < 59 else 1 if i < 130 else 2))
+PY
+cat > "$WORK/w.cfg" <<'CFG'
+version = 1;
+data: { train: { source: { type = "csv"; files = ["w.csv"]; columns: { x = { dtype = "float32"; index = "0-1"; };
+                                                                      label = { dtype = "int64"; }; }; };
+                 transforms = ( { op = "batch"; size = 16; } ); }; };
+model: { input = "x"; label = "label";
+         layers = ( { type = "dense"; units = 8; activation = "relu"; },
+                    { type = "dense"; units = 3; } ); };
+optimizer: { type = "sgd"; learning_rate = 0.1; };
+run: { model_dir = "run_w"; epochs = 1; progress = "none"; };
+CFG
+check "3 classes, 3 units: check passes" bash -c "cd '$WORK' && timeout 60 '$LOOM' check w.cfg"
+expect_fail 2 "3 classes, 2 units: check names the layer's line, its units and the largest label" \
+    "$WORK/w.cfg:7: model.layers.[1] (dense_1): units = 2, but data.train has label 2 (the largest in its first 12 batches)" \
+    bash -c "cd '$WORK' && timeout 60 '$LOOM' check w.cfg --set 'model.layers.[1].units=2'"
+expect_fail 2 "3 classes, 2 units: the hint says how many outputs" "give the last layer 3 outputs" \
+    bash -c "cd '$WORK' && timeout 60 '$LOOM' check w.cfg --set 'model.layers.[1].units=2'"
+
 finish

@@ -177,14 +177,17 @@ static void test_strategy_roles(void)
     loom_spec *s = load_spec(ps, 3);
     if (s) EXPECT_ERR(s, "worker:0", NULL, "multi_worker_mirrored has no use for ps tasks");
     loom_config_free(s);
+    /* a one-process strategy ignores a cluster of several tasks (issue 22):
+     * one process, also when --task names one of them */
     const char *mirrored[] = {"strategy.type=mirrored", "strategy.replicas=2", W2};
     s = load_spec(mirrored, 3);
-    if (s) EXPECT_ERR(s, "worker:0", NULL, "strategy \"mirrored\" runs in one process, but the cluster");
+    loom_cluster *c = NULL;
+    char msg[2048];
+    if (s) CHECK_MSG(resolve(&c, s, "worker:0", NULL, msg, sizeof msg) == LOOM_OK && c == NULL, "%s", msg);
+    if (s) CHECK_MSG(resolve(&c, s, NULL, NULL, msg, sizeof msg) == LOOM_OK && c == NULL, "%s", msg);
     loom_config_free(s);
     const char *one[] = {"cluster.worker=[\"127.0.0.1:2222\"]"}; /* a one-task cluster is one process */
     s = load_spec(one, 1);
-    loom_cluster *c = NULL;
-    char msg[2048];
     if (s) CHECK_MSG(resolve(&c, s, NULL, NULL, msg, sizeof msg) == LOOM_OK && c && c->index == 0, "%s", msg);
     loom_cluster_free(c);
     loom_config_free(s);
@@ -200,14 +203,10 @@ static int old_switch(const loom_spec *spec, const int *n, const char *from, loo
     const loom_strategy_spec *st = &spec->strategy;
     char w[LOOM_PATH_MAX + 16];
     loom_loc_str(&st->loc, w, sizeof w);
-    int total = n[0] + n[1] + n[2] + n[3];
-    if (!strcmp(st->name, "one_device") || !strcmp(st->name, "mirrored") || !strcmp(st->name, "central_storage")) {
-        if (total <= 1) return LOOM_OK;
-        loom_err_set(err, LOOM_ECONFIG, w, "strategy \"%s\" runs in one process, but the cluster (from %s) has %d "
-                     "tasks", st->name, from, total);
-        return loom_err_hint(err, "use strategy.type = \"multi_worker_mirrored\" to train on every worker, or run "
-                                  "without a cluster");
-    }
+    /* (before issue 22 a one-process strategy refused a cluster of several
+     * tasks; now it ignores it with a warning: no cluster, LOOM_OK) */
+    if (!strcmp(st->name, "one_device") || !strcmp(st->name, "mirrored") || !strcmp(st->name, "central_storage"))
+        return LOOM_OK;
     if (!strcmp(st->name, "multi_worker_mirrored")) {
         if (n[LOOM_ROLE_PS] > 0) {
             loom_err_set(err, LOOM_ECONFIG, w, "multi_worker_mirrored has no use for ps tasks, but the cluster (from "
@@ -303,12 +302,15 @@ static void test_roles_as_before(void)
             bool same = rc == old && !strcmp(got.where, want.where) && !strcmp(got.msg, want.msg) &&
                         !strcmp(got.hint, want.hint);
             errors += rc != LOOM_OK;
+            bool alone = si < 3 && n[0] + n[1] + n[2] + n[3] > 1; /* ignored: one process */
+            if (alone) CHECK_MSG(rc == LOOM_OK && c == NULL, "%s c%d w%d p%d e%d: the cluster is not ignored", sets[0],
+                                 n[0], n[1], n[2], n[3]);
             CHECK_MSG(same, "%s c%d w%d p%d e%d: got %d \"%s: %s | %s\", before %d \"%s: %s | %s\"", sets[0], n[0], n[1],
                       n[2], n[3], rc, got.where, got.msg, got.hint, old, want.where, want.msg, want.hint);
             loom_cluster_free(c);
             loom_config_free(s);
         }
-    CHECK_MSG(cases == 7 * 23 && errors > 100 && errors < cases, "%d cases, %d refused", cases, errors);
+    CHECK_MSG(cases == 7 * 23 && errors > 60 && errors < cases, "%d cases, %d refused", cases, errors);
 }
 
 /* A strategy registered from outside (as a plugin's): its description is
@@ -415,6 +417,14 @@ static void test_tf_config(void)
     EXPECT_ERR(s, NULL, addr, "cluster.worker[0]: bad address \"127.0.0.1\": missing \":port\"");
     const char *type[] = {"TF_CONFIG={\"task\": {\"type\": \"worker\", \"index\": \"1\"}}", NULL};
     EXPECT_ERR(s, NULL, type, "task.index must be an integer");
+    /* an index past what int holds said "must be >= 0" (issue 22): a range error, both ways */
+    const char *huge[] = {"TF_CONFIG={\"cluster\": {\"worker\": [\"127.0.0.1:1\"]}, \"task\": {\"type\": \"worker\", "
+                          "\"index\": 4294967296}}", NULL};
+    EXPECT_ERR(s, NULL, huge, "TF_CONFIG: task.index 4294967296 is out of range: expected 0 to 63");
+    const char *neg[] = {"TF_CONFIG={\"cluster\": {\"worker\": [\"127.0.0.1:1\"]}, \"task\": {\"type\": \"worker\", "
+                         "\"index\": -1}}", NULL};
+    EXPECT_ERR(s, NULL, neg, "task.index must be an integer >= 0, got -1");
+    EXPECT_ERR(s, "worker:4294967296", NULL, "the index in \"worker:4294967296\" is out of range: expected 0 to 63");
     const char *empty[] = {"TF_CONFIG={}", NULL};
     c = (loom_cluster *)1;
     CHECK(resolve(&c, s, NULL, empty, msg, sizeof msg) == LOOM_OK && c == NULL);

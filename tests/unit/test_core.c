@@ -3,6 +3,7 @@
 #include "harness.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -402,6 +403,84 @@ static void test_open_regular(void)
     rmdir(dir);
 }
 
+/* Writing a user's path (issue 22): a FIFO, a directory, a device or a link
+ * to one is refused with nothing written; a link to a regular file is
+ * written through, the link kept; the stream writer commits or leaves nothing. */
+static void test_output_target(void)
+{
+    char dir[] = "/tmp/loom_test_core_XXXXXX", p[8][300];
+    CHECK(mkdtemp(dir) != NULL);
+    const char *names[] = {"pipe", "sub", "real", "link", "to_pipe", "dangling", "new", "stream"};
+    for (int i = 0; i < 8; i++) snprintf(p[i], sizeof p[i], "%s/%s", dir, names[i]);
+    CHECK(mkfifo(p[0], 0644) == 0 && mkdir(p[1], 0755) == 0);
+    CHECK(symlink("real", p[3]) == 0 && symlink(p[0], p[4]) == 0 && symlink("nothing", p[5]) == 0);
+    loom_err e = {0};
+    char t[4096];
+    alarm(20);
+    CHECK(loom_write_file_atomic(p[0], "x", 1, &e) == LOOM_EIO && !strcmp(e.where, p[0]));
+    CHECK_CONTAINS(e.msg, "is a FIFO (named pipe), not a regular file: refused, nothing was written");
+    CHECK_CONTAINS(e.hint, "name another path");
+    struct stat st;
+    CHECK(lstat(p[0], &st) == 0 && S_ISFIFO(st.st_mode));
+    CHECK(loom_write_file_atomic(p[1], "x", 1, &e) == LOOM_EIO);
+    CHECK_CONTAINS(e.msg, "is a directory");
+    CHECK(loom_output_target("/dev/null", t, sizeof t, &e) == LOOM_EIO);
+    CHECK_CONTAINS(e.msg, "is a character device");
+    CHECK(loom_write_file_atomic(p[4], "x", 1, &e) == LOOM_EIO);
+    CHECK_CONTAINS(e.msg, "is a symbolic link to");
+    CHECK_CONTAINS(e.msg, "which is a FIFO");
+    CHECK(loom_write_file_atomic(p[5], "x", 1, &e) == LOOM_EIO);
+    CHECK_CONTAINS(e.msg, "symbolic link that does not resolve");
+    CHECK(lstat(p[5], &st) == 0 && S_ISLNK(st.st_mode));
+    /* absent: the path itself; a link to a regular file: its target, written through */
+    CHECK(loom_output_target(p[6], t, sizeof t, &e) == LOOM_OK && !strcmp(t, p[6]));
+    CHECK(loom_write_file_atomic(p[2], "old", 3, &e) == LOOM_OK);
+    CHECK(loom_write_file_atomic(p[3], "new!", 4, &e) == LOOM_OK);
+    CHECK(lstat(p[3], &st) == 0 && S_ISLNK(st.st_mode));
+    uint8_t *out = NULL;
+    size_t n = 0;
+    CHECK(loom_read_file(p[2], &out, &n, &e) == LOOM_OK && n == 4 && !memcmp(out, "new!", 4));
+    loom_free(out);
+    /* the stream writer: through the link too; abort leaves the target as it was */
+    loom_wfile *w = NULL;
+    CHECK(loom_wfile_open(&w, p[0], &e) == LOOM_EIO && w == NULL);
+    CHECK(loom_wfile_open(&w, p[3], &e) == LOOM_OK && w);
+    if (w) fputs("streamed", loom_wfile_stream(w));
+    CHECK(w && loom_wfile_commit(w, &e) == LOOM_OK);
+    CHECK(loom_read_file(p[2], &out, &n, &e) == LOOM_OK && n == 8 && !memcmp(out, "streamed", 8));
+    loom_free(out);
+    CHECK(lstat(p[3], &st) == 0 && S_ISLNK(st.st_mode));
+    CHECK(loom_wfile_open(&w, p[7], &e) == LOOM_OK && w);
+    if (w) fputs("half", loom_wfile_stream(w));
+    loom_wfile_abort(w);
+    CHECK(access(p[7], F_OK) < 0);
+    alarm(0);
+    DIR *d = opendir(dir);
+    int left = 0;
+    for (struct dirent *de; d && (de = readdir(d));) left += strstr(de->d_name, ".tmp.") != NULL;
+    if (d) closedir(d);
+    CHECK(left == 0);
+    for (int i = 0; i < 8; i++) i == 1 ? rmdir(p[i]) : unlink(p[i]);
+    rmdir(dir);
+}
+
+/* Paths in messages normalised lexically (issue 22: "/a/j6/../j5/ckpt"). */
+static void test_path_normalize(void)
+{
+    static const char *const cases[][2] = {
+        {"/a/j6/../j5/ckpt", "/a/j5/ckpt"}, {"/", "/"}, {"//", "/"}, {"/..", "/"}, {"/../a", "/a"}, {"a/..", "."},
+        {"a/../..", ".."}, {"../a/../b", "../b"}, {"./a/./b/", "a/b"}, {"a//b///c/", "a/b/c"}, {"", "."},
+        {".", "."}, {"..", ".."}, {"/a/b/c/../../d", "/a/d"}, {"a/b/../../../c", "../c"},
+        {"/w/configs/../runs/x", "/w/runs/x"}, {"/a/.../b/..x/.x", "/a/.../b/..x/.x"}, {"/a/b/..", "/a"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char b[64];
+        snprintf(b, sizeof b, "%s", cases[i][0]);
+        CHECK_MSG(!strcmp(loom_path_normalize(b), cases[i][1]), "\"%s\" -> \"%s\", expected \"%s\"", cases[i][0], b,
+                  cases[i][1]);
+    }
+}
+
 /* Temporary files of writers that died are removed; a live writer's stay. */
 static void test_stale_tmp(void)
 {
@@ -588,6 +667,8 @@ static const loom_test tests[] = {
     {"pool spins between back-to-back jobs", test_pool_spin},
     {"files", test_files},
     {"open_regular", test_open_regular},
+    {"output_target", test_output_target},
+    {"path_normalize", test_path_normalize},
     {"stale_tmp", test_stale_tmp},
     {"stale_tmp_hosts", test_stale_tmp_hosts},
     {"ratelimit", test_ratelimit},

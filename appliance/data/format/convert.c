@@ -61,6 +61,13 @@ static int sharder_init(sharder *s, const loom_convert_opts *o, loom_err *err)
             return loom_err_set(err, LOOM_EUSAGE, NULL, "--output \"%s\": the shard names would be too long (limit %d bytes)",
                                 s->prefix, LOOM_PATH_MAX - 8);
     }
+    /* every shard's path before the first is written: a FIFO, a device or a
+     * directory among them is refused with nothing written */
+    for (int i = 0; i < s->shards; i++) {
+        char target[LOOM_PATH_MAX];
+        int rc = loom_output_target(s->path[i], target, sizeof target, err);
+        if (rc) return rc;
+    }
     return LOOM_OK;
 }
 

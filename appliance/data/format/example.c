@@ -484,9 +484,10 @@ static int extract_one(const loom_example *ex, const loom_feature_spec *s, int64
                           : raw.len >= 8 && !memcmp(raw.data, png_sig, 8) ? "PNG"
                           : raw.len >= 3 && raw.data[0] == 0xFF && raw.data[1] == 0xD8 && raw.data[2] == 0xFF ? "JPEG" : NULL;
         if (img)
+            /* (only this record is known here: N bounds every record's size, which later ones may exceed) */
             loom_err_hint(err, "it holds a %s image, not raw pixels: declare it { dtype = \"uint8\"; shape = [N]; var_len = "
-                          "true; } (N >= the largest encoded size, %lld here) and decode it with map fn = \"decode_image\"",
-                          img, (long long)have);
+                          "true; } with N >= every record's encoded size (this one's is %lld bytes) and decode it with "
+                          "map fn = \"decode_image\"", img, (long long)have);
         return err->code;
     }
     switch (s->dtype) {

@@ -808,6 +808,12 @@ int loom_tfrecord_writer_open(loom_tfrecord_writer **out, const char *path, loom
     if ((unsigned)comp >= LOOM_COMP_AUTO)
         return loom_err_set(err, LOOM_EUSAGE, path, "a TFRecord writer needs an explicit compression, not %s",
                             loom_compression_name(comp));
+    /* a new file, or a regular one, or a link to one (its target written):
+     * never renamed over a FIFO, a device or a directory */
+    char target[LOOM_PATH_MAX];
+    int rc = loom_output_target(path, target, sizeof target, err);
+    if (rc) return rc;
+    path = target;
     loom_tfrecord_writer *w = loom_calloc(1, sizeof *w);
     size_t n = strlen(path) + 5;
     if (!w || !(w->path = loom_strdup(path)) || !(w->tmp = loom_alloc(n)) || !(w->buf = loom_alloc(CHUNK))) {
@@ -821,7 +827,6 @@ int loom_tfrecord_writer_open(loom_tfrecord_writer **out, const char *path, loom
     snprintf(w->tmp, n, "%s.tmp", path);
     w->comp = comp;
     w->fd = -1;
-    int rc = LOOM_OK;
     if (comp == LOOM_COMP_GZIP || comp == LOOM_COMP_ZLIB) {
         w->z.zalloc = z_alloc;
         w->z.zfree = z_free;

@@ -952,7 +952,7 @@ typedef struct cachest {
     /* file */
     char      prefix[LOOM_PATH_MAX];
     char      data_path[LOOM_PATH_MAX + 16], index_path[LOOM_PATH_MAX + 16], lock_path[LOOM_PATH_MAX + 16];
-    char      tmp_data[LOOM_PATH_MAX + 32];
+    char      tmp_data[LOOM_PATH_MAX + 160];
     int       lock_fd;       /* -1 unless writing */
     FILE     *wf;            /* the data being written */
     uint64_t *woff;          /* offsets of the written elements */
@@ -1400,8 +1400,18 @@ int cache_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, 
         snprintf(s->data_path, sizeof s->data_path, "%s.data", s->prefix);
         snprintf(s->index_path, sizeof s->index_path, "%s.index", s->prefix);
         snprintf(s->lock_path, sizeof s->lock_path, "%s.lock", s->prefix);
+        /* the files it may write: new, regular, or links to regular files
+         * (written through); a FIFO or a directory there is refused now */
+        char tgt[LOOM_PATH_MAX];
+        if ((rc = loom_output_target(s->data_path, tgt, sizeof tgt, err)) ||
+            (snprintf(s->data_path, sizeof s->data_path, "%s", tgt),
+             rc = loom_output_target(s->index_path, tgt, sizeof tgt, err))) {
+            rc = dstage_err_(st, err, rc, "cache: %s: %s", err->where, err->msg);
+            goto fail;
+        }
+        snprintf(s->index_path, sizeof s->index_path, "%s", tgt);
         char sfx[128];
-        snprintf(s->tmp_data, sizeof s->tmp_data, "%s.data%s", s->prefix, loom_tmp_suffix(sfx, sizeof sfx));
+        snprintf(s->tmp_data, sizeof s->tmp_data, "%s%s", s->data_path, loom_tmp_suffix(sfx, sizeof sfx));
         char dir[LOOM_PATH_MAX];
         snprintf(dir, sizeof dir, "%s", s->prefix);
         char *slash = strrchr(dir, '/');
