@@ -5,7 +5,8 @@
  * other cluster setting applies as written), prefixes each line a child
  * prints with its name, forwards SIGINT and SIGTERM, stops the others when
  * one task fails and exits with that task's status, and restarts the whole
- * group up to --restarts times (training resumes from the last checkpoint).
+ * group up to --restarts times (training resumes from the last checkpoint);
+ * once the job is done it ends every task still running (job_end).
  * Children die with it (PR_SET_PDEATHSIG), even when it is killed.
  * Also the hidden `loom cluster-selftest` task, a stand-in child for the
  * launch tests (tests/integration/cluster_topo.sh).
@@ -109,7 +110,10 @@ static void help(void)
            "resumes from the latest checkpoint (--fresh applies to the first start only); status 2 (a\n"
            "bad config or usage) is not restarted. Under parameter_server (which always gets its chief,\n"
            "the coordinator), a worker that fails is started again alone, up to K times, and rejoins;\n"
-           "the job goes on without it meanwhile (and for good once K is spent). Every task\n"
+           "the job goes on without it meanwhile (and for good once K is spent). Once the job is done\n"
+           "(its chief exited 0, or named the final checkpoint in final.json), a task still running\n"
+           "(stopped, hung) gets SIGCONT, then SIGTERM after up to 5 s, then SIGKILL after --grace,\n"
+           "and launch says so; it exits 0. A stopped task gets SIGCONT before any SIGTERM. Every task\n"
            "is killed if launch itself dies. Only --local exists: on several machines, use srun,\n"
            "mpirun or TF_CONFIG (docs/cluster.md).\n\n"
            "options:\n"
@@ -374,14 +378,40 @@ static void drain(child *c, int s)
 
 static int status_of(int ws) { return WIFEXITED(ws) ? WEXITSTATUS(ws) : WIFSIGNALED(ws) ? 128 + WTERMSIG(ws) : 1; }
 
+/* sig to c; a stopped task (SIGSTOP, a debugger) gets SIGCONT first, so it
+ * can act on SIGTERM or SIGINT rather than sit on it until SIGKILL. */
+static void signal_one(child *c, int sig)
+{
+    if (sig != SIGKILL) kill(c->pid, SIGCONT);
+    kill(c->pid, sig);
+}
+
 static void signal_all(child *cs, int n, int sig, bool mark)
 {
     for (int i = 0; i < n; i++)
         if (!cs[i].reaped && cs[i].pid > 0) {
-            kill(cs[i].pid, sig);
+            signal_one(&cs[i], sig);
             if (mark) cs[i].stopped_by_us = true;
         }
 }
+
+/* The end of the job: once the chief exited 0 (or named the final
+ * checkpoint in this attempt's final.json) training is done, whatever a
+ * task still running is doing: a worker stopped or hung past the
+ * coordinator's heartbeat timeout, which the job went on without, would
+ * otherwise keep launch waiting for ever. Each task still running gets
+ * SIGCONT at once (a stopped one resumes and sees the end itself), up to
+ * END_LINGER s to exit on its own, then SIGTERM, and SIGKILL after
+ * --grace. */
+#define END_LINGER 5.0
+typedef struct job_end {
+    const char *final_path; /* <model_dir>/final.json, or NULL */
+    double      after_wall; /* a final.json written before this is an earlier attempt's */
+    double      next_look;  /* when to look for final.json again */
+    bool        done;
+    double      term_at;    /* when the tasks still running get SIGTERM; 0: not yet due or done */
+    char        why[96];    /* "chief:0 exited 0" */
+} job_end;
 
 typedef struct outcome {
     int  status;        /* of the job: 0, the first failed task's, or 128 + signal */
@@ -389,6 +419,68 @@ typedef struct outcome {
     int  interrupted;   /* the signal launch forwarded, or 0 */
     char who[32];       /* the failed task */
 } outcome;
+
+/* The job's chief: the chief task, else worker 0 (multi_worker_mirrored's). */
+static bool is_chief(const child *cs, int n, int i)
+{
+    if (cs[i].role == LOOM_ROLE_CHIEF) return true;
+    for (int j = 0; j < n; j++)
+        if (cs[j].role == LOOM_ROLE_CHIEF) return false;
+    return cs[i].role == LOOM_ROLE_WORKER && cs[i].index == 0;
+}
+
+/* The step this attempt's final.json names, or -1 (none yet, an earlier
+ * run's, or unreadable). */
+static long long final_step(const job_end *je)
+{
+    uint8_t *d = NULL;
+    size_t len;
+    loom_err e = {0};
+    if (!je->final_path || access(je->final_path, F_OK) || loom_read_file_max(je->final_path, &d, &len, 1 << 16, &e))
+        return -1;
+    const char *k = strstr((const char *)d, "\"step\":");
+    const char *w = strstr((const char *)d, "\"wall_time\":");
+    long long step = k ? strtoll(k + 7, NULL, 10) : -1;
+    double at = w ? strtod(w + 12, NULL) : 0;
+    loom_free(d);
+    return at >= je->after_wall ? step : -1;
+}
+
+/* The job is done (why): every task still running gets SIGCONT now and
+ * SIGTERM after the linger (end_overdue). */
+static void job_done(child *cs, int n, double grace, job_end *je, const char *why)
+{
+    if (je->done) return;
+    je->done = true;
+    snprintf(je->why, sizeof je->why, "%s", why);
+    je->term_at = loom_now() + (grace < END_LINGER ? grace : END_LINGER);
+    for (int i = 0; i < n; i++)
+        if (!cs[i].reaped && cs[i].pid > 0) kill(cs[i].pid, SIGCONT);
+}
+
+/* The linger after the job's end is over: the tasks still running (but an
+ * evaluator, which finishes with the final checkpoint) get SIGCONT and
+ * SIGTERM, said. Returns when they get SIGKILL, or 0 when none is left. */
+static double end_overdue(child *cs, int n, double grace, job_end *je)
+{
+    char names[1024];
+    size_t len = 0;
+    int k = 0;
+    je->term_at = 0;
+    names[0] = 0;
+    for (int i = 0; i < n; i++)
+        if (!cs[i].reaped && cs[i].role != LOOM_ROLE_EVALUATOR) {
+            signal_one(&cs[i], SIGTERM);
+            cs[i].stopped_by_us = true;
+            if (len < sizeof names)
+                len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", k ? ", " : "", cs[i].name);
+            k++;
+        }
+    if (!k) return 0;
+    say("the job is done (%s) but %s %s still running: SIGCONT and SIGTERM (SIGKILL after %g s)", je->why, names,
+        k == 1 ? "is" : "are", grace);
+    return loom_now() + grace;
+}
 
 /* A task exited 0. Once every chief and worker has, training is done: ps
  * tasks (which serve for ever) are told to stop, an evaluator finishes with
@@ -407,7 +499,7 @@ static double stop_after_training(child *cs, int n, double grace, bool *stopping
             say("training is done: %s finishes with the final checkpoint", cs[j].name);
         } else if (!cs[j].reaped) {
             say("training is done: stopping %s", cs[j].name);
-            kill(cs[j].pid, SIGTERM);
+            signal_one(&cs[j], SIGTERM);
             cs[j].stopped_by_us = true;
             stopped = true;
         }
@@ -415,7 +507,7 @@ static double stop_after_training(child *cs, int n, double grace, bool *stopping
 }
 
 /* Runs the group until every task has exited; see the file comment. */
-static void supervise(child *cs, int n, double grace, const respawn_ctx *rs, outcome *res)
+static void supervise(child *cs, int n, double grace, const respawn_ctx *rs, job_end *je, outcome *res)
 {
     memset(res, 0, sizeof *res);
     double kill_at = 0; /* when the stragglers get SIGKILL; 0 = not stopping */
@@ -444,6 +536,15 @@ static void supervise(child *cs, int n, double grace, const respawn_ctx *rs, out
         } else if (got_signal && got_signal != res->interrupted) { /* a second signal: no more waiting */
             kill_at = loom_now();
         }
+        if (!je->done && !res->interrupted && !res->failed && je->final_path && loom_now() >= je->next_look) {
+            je->next_look = loom_now() + 0.5;
+            long long fs = final_step(je);
+            if (fs >= 0) {
+                char why[96];
+                snprintf(why, sizeof why, "final.json names step %lld", fs);
+                job_done(cs, n, grace, je, why);
+            }
+        }
         /* reap */
         for (int i = 0; i < n; i++) {
             if (cs[i].reaped) continue;
@@ -453,7 +554,18 @@ static void supervise(child *cs, int n, double grace, const respawn_ctx *rs, out
             cs[i].reaped = true;
             cs[i].status = status_of(ws);
             if (cs[i].status == 0) {
+                if (is_chief(cs, n, i) && !res->failed && !res->interrupted) {
+                    char why[96];
+                    snprintf(why, sizeof why, "%s exited 0", cs[i].name);
+                    job_done(cs, n, grace, je, why);
+                }
                 if (!kill_at) kill_at = stop_after_training(cs, n, grace, &training_done_stop);
+                continue;
+            }
+            if (je->done && !res->failed && !res->interrupted) { /* not a failure: the job is done */
+                say("%s %s %d after the job was done (%s)", cs[i].name,
+                    WIFSIGNALED(ws) ? "was ended by signal" : "exited with status",
+                    WIFSIGNALED(ws) ? WTERMSIG(ws) : cs[i].status, je->why);
                 continue;
             }
             if (cs[i].stopped_by_us || res->failed || res->interrupted) continue;
@@ -488,6 +600,10 @@ static void supervise(child *cs, int n, double grace, const respawn_ctx *rs, out
             signal_all(cs, n, SIGTERM, true);
             kill_at = loom_now() + grace;
         }
+        if (je->done && je->term_at && loom_now() >= je->term_at && !res->interrupted) {
+            double at = end_overdue(cs, n, grace, je);
+            if (at > kill_at) kill_at = at;
+        }
         if (kill_at && loom_now() >= kill_at) {
             for (int i = 0; i < n; i++)
                 if (!cs[i].reaped) say("%s did not stop within %g s: SIGKILL", cs[i].name, grace);
@@ -513,9 +629,9 @@ static const loom_cluster_roles *strategy_roles(const loom_spec *spec)
 /* The config loaded as every task will load it, and the cluster resolved
  * for the first task: every error any task would hit at startup is found
  * here, before anything starts. *rejoin: the strategy's lost workers rejoin
- * (its name into strategy). */
+ * (its name into strategy); final_path: the job's end marker. */
 static int validate(const launch_opts *o, const char *const *sets, int n_sets, const char *task, char **env,
-                    bool *rejoin, char *strategy, size_t strategy_n)
+                    bool *rejoin, char *strategy, size_t strategy_n, char *final_path, size_t final_n)
 {
     loom_spec *spec = NULL;
     loom_errlist *errs = loom_calloc(1, sizeof *errs);
@@ -529,6 +645,7 @@ static int validate(const launch_opts *o, const char *const *sets, int n_sets, c
     const loom_cluster_roles *roles = strategy_roles(spec);
     *rejoin = roles && (roles->flags & LOOM_ROLES_REJOIN);
     snprintf(strategy, strategy_n, "%s", spec->strategy.name);
+    snprintf(final_path, final_n, "%s/" LOOM_FINAL_MARKER, o->model_dir ? o->model_dir : spec->run.model_dir);
     if (roles && (roles->flags & LOOM_ROLES_ONE_PROCESS)) {
         char w[LOOM_PATH_MAX + 16];
         fprintf(stderr, "loom: %s: launch starts a cluster, but strategy \"%s\" runs in one process\n"
@@ -698,7 +815,7 @@ int loom_cli_launch_(int argc, char **argv, double start)
         return LOOM_EXIT_RUNTIME;
     }
     bool rejoin = false;
-    char strategy[LOOM_NAME_MAX + 64] = "";
+    char strategy[LOOM_NAME_MAX + 64] = "", final_path[LOOM_PATH_MAX + 16] = "";
     for (int attempt = 0; attempt <= o.restarts; attempt++) {
         int ports[MAX_TASKS];
         loom_err err = {0};
@@ -715,16 +832,20 @@ int loom_cli_launch_(int argc, char **argv, double start)
             status = LOOM_EXIT_RUNTIME;
             break;
         }
-        if (attempt == 0 && (status = validate(&o, sets, ns, cs[0].name, env, &rejoin, strategy, sizeof strategy))) {
+        if (attempt == 0 && (status = validate(&o, sets, ns, cs[0].name, env, &rejoin, strategy, sizeof strategy,
+                                               final_path, sizeof final_path))) {
             loom_free(env);
             break;
         }
         if (attempt > 0) say("restart %d of %d: starting every task again on new ports", attempt, o.restarts);
+        /* (the selftest's tasks write no end marker) */
+        job_end je = {.final_path = strcmp(o.command, "train") || !final_path[0] ? NULL : final_path,
+                      .after_wall = loom_wall_time()};
         int started = start_tasks(cs, n, &o, attempt, exe, sets, ns, env, ports);
         outcome res;
         if (started < n) signal_all(cs, started, SIGKILL, true);
         respawn_ctx rs = {.on = rejoin, .strategy = strategy, .limit = o.restarts, .exe = exe, .env = env};
-        supervise(cs, started, o.grace, &rs, &res);
+        supervise(cs, started, o.grace, &rs, &je, &res);
         loom_free(env);
         if (started < n) {
             status = LOOM_EXIT_RUNTIME;
@@ -794,7 +915,7 @@ int loom_cli_selftest_(const loom_cluster *c, const char *model_dir, bool fresh)
         if (eq && rule_matches(p, (size_t)(eq - p), name)) {
             const char *act = eq + 1;
             if (!strncmp(act, "exit:", 5)) { /* exit:N or exit:N:SECONDS (after that long) */
-                const char *delay = strchr(act + 5, ':');
+                const char *delay = memchr(act + 5, ':', len - (size_t)(act + 5 - p)); /* (in this rule) */
                 if (delay) {
                     double secs = atof(delay + 1);
                     struct timespec ts = {(time_t)secs, (long)((secs - (double)(time_t)secs) * 1e9)};
