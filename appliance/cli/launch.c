@@ -48,6 +48,7 @@ typedef struct child {
     int       status;     /* exit status once reaped (128 + signal when killed) */
     bool      reaped, stopped_by_us;
     char    **argv;       /* how it was started (this attempt's), for a respawn */
+    char      threads[32]; /* "run.threads=K", its share of the cores (share_cores); "" none */
     int       respawns;   /* times it was started again alone */
 } child;
 
@@ -629,9 +630,11 @@ static const loom_cluster_roles *strategy_roles(const loom_spec *spec)
 /* The config loaded as every task will load it, and the cluster resolved
  * for the first task: every error any task would hit at startup is found
  * here, before anything starts. *rejoin: the strategy's lost workers rejoin
- * (its name into strategy); final_path: the job's end marker. */
+ * (its name into strategy); final_path: the job's end marker; *threads_set:
+ * run.threads is given (the config or --set). */
 static int validate(const launch_opts *o, const char *const *sets, int n_sets, const char *task, char **env,
-                    bool *rejoin, char *strategy, size_t strategy_n, char *final_path, size_t final_n)
+                    bool *rejoin, char *strategy, size_t strategy_n, char *final_path, size_t final_n,
+                    bool *threads_set)
 {
     loom_spec *spec = NULL;
     loom_errlist *errs = loom_calloc(1, sizeof *errs);
@@ -644,6 +647,7 @@ static int validate(const launch_opts *o, const char *const *sets, int n_sets, c
     int status = trainable ? LOOM_EXIT_OK : LOOM_EXIT_USAGE;
     const loom_cluster_roles *roles = strategy_roles(spec);
     *rejoin = roles && (roles->flags & LOOM_ROLES_REJOIN);
+    *threads_set = spec->run.threads > 0;
     snprintf(strategy, strategy_n, "%s", spec->strategy.name);
     snprintf(final_path, final_n, "%s/" LOOM_FINAL_MARKER, o->model_dir ? o->model_dir : spec->run.model_dir);
     if (roles && (roles->flags & LOOM_ROLES_ONE_PROCESS)) {
@@ -706,6 +710,28 @@ static int job_shape(launch_opts *o)
     return n;
 }
 
+/* Each task's share of this machine's cores (the CPUs launch may run on),
+ * unless run.threads is given: the tasks that compute (the workers, and a
+ * chief but a parameter-server job's coordinator) split them evenly, at
+ * least one each, as mirrored splits its run.threads among its replicas,
+ * so N one-replica workers run mirrored(N)'s threads (and bits) and the
+ * cores are not oversubscribed; a ps, the coordinator and an evaluator get
+ * one. */
+static void share_cores(child *cs, int n)
+{
+    int cores = loom_num_cores(), compute = 0;
+    bool ps = false;
+    for (int i = 0; i < n; i++) ps |= cs[i].role == LOOM_ROLE_PS;
+    for (int i = 0; i < n; i++) compute += cs[i].role == LOOM_ROLE_WORKER || (cs[i].role == LOOM_ROLE_CHIEF && !ps);
+    int share = compute && cores / compute > 1 ? cores / compute : 1;
+    for (int i = 0; i < n; i++) {
+        bool computes = cs[i].role == LOOM_ROLE_WORKER || (cs[i].role == LOOM_ROLE_CHIEF && !ps);
+        snprintf(cs[i].threads, sizeof cs[i].threads, "run.threads=%d", computes ? share : 1);
+    }
+    say("%d core%s for %d task%s computing: run.threads = %d each%s (set run.threads to choose)", cores,
+        cores == 1 ? "" : "s", compute, compute == 1 ? "" : "s", share, compute < n ? ", 1 for the others" : "");
+}
+
 /* The settings every task gets: the command line's --set, then one
  * cluster.<role>=[...] list per role on the ports chosen (ports[k] for the
  * k-th task in role order); returns how many. */
@@ -735,7 +761,7 @@ static int start_tasks(child *cs, int n, const launch_opts *o, int attempt, char
     loom_err err = {0};
         int started = 0;
     for (int i = 0; i < n; i++) {
-        char *argv_c[MAX_ARGS + 16];
+        char *argv_c[MAX_ARGS + 32]; /* 2 per --set (the user's, at most MAX_ARGS / 2, and launch's 6), 10 more */
         int na = 0;
         argv_c[na++] = exe;
         argv_c[na++] = (char *)o->command;
@@ -743,6 +769,7 @@ static int start_tasks(child *cs, int n, const launch_opts *o, int attempt, char
         argv_c[na++] = "--task";
         argv_c[na++] = cs[i].name;
         for (int s = 0; s < ns; s++) argv_c[na++] = "--set", argv_c[na++] = (char *)sets[s];
+        if (cs[i].threads[0]) argv_c[na++] = "--set", argv_c[na++] = cs[i].threads;
         if (o->model_dir) argv_c[na++] = "--model-dir", argv_c[na++] = (char *)o->model_dir;
         if (o->fresh && attempt == 0) argv_c[na++] = "--fresh";
         if (o->quiet) argv_c[na++] = "--quiet";
@@ -814,7 +841,7 @@ int loom_cli_launch_(int argc, char **argv, double start)
         fprintf(stderr, "loom launch: cannot read /dev/urandom for the job's secret: %s\n", strerror(errno));
         return LOOM_EXIT_RUNTIME;
     }
-    bool rejoin = false;
+    bool rejoin = false, threads_set = false;
     char strategy[LOOM_NAME_MAX + 64] = "", final_path[LOOM_PATH_MAX + 16] = "";
     for (int attempt = 0; attempt <= o.restarts; attempt++) {
         int ports[MAX_TASKS];
@@ -833,10 +860,11 @@ int loom_cli_launch_(int argc, char **argv, double start)
             break;
         }
         if (attempt == 0 && (status = validate(&o, sets, ns, cs[0].name, env, &rejoin, strategy, sizeof strategy,
-                                               final_path, sizeof final_path))) {
+                                               final_path, sizeof final_path, &threads_set))) {
             loom_free(env);
             break;
         }
+        if (attempt == 0 && !threads_set) share_cores(cs, n);
         if (attempt > 0) say("restart %d of %d: starting every task again on new ports", attempt, o.restarts);
         /* (the selftest's tasks write no end marker) */
         job_end je = {.final_path = strcmp(o.command, "train") || !final_path[0] ? NULL : final_path,
