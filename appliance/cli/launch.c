@@ -483,6 +483,26 @@ static double end_overdue(child *cs, int n, double grace, job_end *je)
     return loom_now() + grace;
 }
 
+/* The job's end, once a supervision round: this attempt's final.json
+ * looked for (twice a second), the tasks still running after the linger
+ * told to stop (*kill_at: when they get SIGKILL). */
+static void end_tick(child *cs, int n, double grace, job_end *je, double *kill_at)
+{
+    if (!je->done && je->final_path && loom_now() >= je->next_look) {
+        je->next_look = loom_now() + 0.5;
+        long long fs = final_step(je);
+        if (fs >= 0) {
+            char why[96];
+            snprintf(why, sizeof why, "final.json names step %lld", fs);
+            job_done(cs, n, grace, je, why);
+        }
+    }
+    if (je->done && je->term_at && loom_now() >= je->term_at) {
+        double at = end_overdue(cs, n, grace, je);
+        if (at > *kill_at) *kill_at = at;
+    }
+}
+
 /* A task exited 0. Once every chief and worker has, training is done: ps
  * tasks (which serve for ever) are told to stop, an evaluator finishes with
  * the final checkpoint; once only (*stopping). Returns when stragglers get
@@ -537,15 +557,7 @@ static void supervise(child *cs, int n, double grace, const respawn_ctx *rs, job
         } else if (got_signal && got_signal != res->interrupted) { /* a second signal: no more waiting */
             kill_at = loom_now();
         }
-        if (!je->done && !res->interrupted && !res->failed && je->final_path && loom_now() >= je->next_look) {
-            je->next_look = loom_now() + 0.5;
-            long long fs = final_step(je);
-            if (fs >= 0) {
-                char why[96];
-                snprintf(why, sizeof why, "final.json names step %lld", fs);
-                job_done(cs, n, grace, je, why);
-            }
-        }
+        if (!res->interrupted && !res->failed) end_tick(cs, n, grace, je, &kill_at);
         /* reap */
         for (int i = 0; i < n; i++) {
             if (cs[i].reaped) continue;
@@ -600,10 +612,6 @@ static void supervise(child *cs, int n, double grace, const respawn_ctx *rs, job
                 say("%s exited with status %d: stopping the other tasks", cs[i].name, cs[i].status);
             signal_all(cs, n, SIGTERM, true);
             kill_at = loom_now() + grace;
-        }
-        if (je->done && je->term_at && loom_now() >= je->term_at && !res->interrupted) {
-            double at = end_overdue(cs, n, grace, je);
-            if (at > kill_at) kill_at = at;
         }
         if (kill_at && loom_now() >= kill_at) {
             for (int i = 0; i < n; i++)
@@ -797,6 +805,25 @@ static int start_tasks(child *cs, int n, const launch_opts *o, int attempt, char
     return started;
 }
 
+/* The n tasks of the job, in role order, not started; NULL: out of memory. */
+static child *children_new(const launch_opts *o, int n)
+{
+    child *cs = loom_calloc((size_t)n, sizeof *cs);
+    if (!cs) return NULL;
+    int k = 0;
+    for (int r = 0; r < LOOM_ROLE_COUNT; r++)
+        for (int i = 0; i < o->n[r]; i++, k++) {
+            cs[k].role = (loom_role)r;
+            cs[k].index = i;
+            loom_task_name((loom_role)r, i, cs[k].name, sizeof cs[k].name);
+            cs[k].buf[0] = loom_alloc(LINE_MAX_);
+            cs[k].buf[1] = loom_alloc(LINE_MAX_);
+            cs[k].fd[0] = cs[k].fd[1] = -1;
+            if (!cs[k].buf[0] || !cs[k].buf[1]) return NULL; /* (the process exits at once) */
+        }
+    return cs;
+}
+
 int loom_cli_launch_(int argc, char **argv, double start)
 {
     (void)start;
@@ -816,19 +843,8 @@ int loom_cli_launch_(int argc, char **argv, double start)
     }
     exe[el] = 0;
 
-    child *cs = loom_calloc((size_t)n, sizeof *cs);
+    child *cs = children_new(&o, n);
     if (!cs) return LOOM_EXIT_RUNTIME;
-    int k = 0;
-    for (int r = 0; r < LOOM_ROLE_COUNT; r++)
-        for (int i = 0; i < o.n[r]; i++, k++) {
-            cs[k].role = (loom_role)r;
-            cs[k].index = i;
-            loom_task_name((loom_role)r, i, cs[k].name, sizeof cs[k].name);
-            cs[k].buf[0] = loom_alloc(LINE_MAX_);
-            cs[k].buf[1] = loom_alloc(LINE_MAX_);
-            cs[k].fd[0] = cs[k].fd[1] = -1;
-            if (!cs[k].buf[0] || !cs[k].buf[1]) return LOOM_EXIT_RUNTIME;
-        }
 
     struct sigaction sa = {0}, old_int, old_term;
     sa.sa_handler = on_signal;
