@@ -192,8 +192,16 @@ static int cmd_train(const cli_opts *o, double start, loom_err *err)
     if (!rc) {
         if (cl) {
             char nm[32];
-            loom_info("cluster task %s (%s), training rank %d of %d", loom_task_name(cl->role, cl->index, nm, sizeof nm),
-                      cl->task_detail, cl->rank, cl->n_train_ranks);
+            loom_task_name(cl->role, cl->index, nm, sizeof nm);
+            if (cl->rank >= 0)
+                loom_info("cluster task %s (%s), training rank %d of %d", nm, cl->task_detail, cl->rank, cl->n_train_ranks);
+            else if (cl->role == LOOM_ROLE_PS) /* (it computes nothing: "rank -1 of N" said nothing true) */
+                loom_info("cluster task %s (%s), parameter server %d of %d: holds its shards of the variables for "
+                          "the %d worker%s", nm, cl->task_detail, cl->index, cl->n_tasks[LOOM_ROLE_PS],
+                          cl->n_tasks[LOOM_ROLE_WORKER], cl->n_tasks[LOOM_ROLE_WORKER] == 1 ? "" : "s");
+            else
+                loom_info("cluster task %s (%s), %snot a training rank", nm, cl->task_detail,
+                          cl->role == LOOM_ROLE_EVALUATOR ? "the sidecar evaluator, " : "");
         }
         if (cl && cl->role == LOOM_ROLE_EVALUATOR) { /* the sidecar evaluator: it trains nothing */
             rc = adapt(spec, o->model_dir, LOOM_ADAPT_CHECK, NULL, err); /* the trainer's numbers, or the same pass */

@@ -5,7 +5,8 @@
  * other cluster setting applies as written), prefixes each line a child
  * prints with its name, forwards SIGINT and SIGTERM, stops the others when
  * one task fails and exits with that task's status, and restarts the whole
- * group up to --restarts times (training resumes from the last checkpoint).
+ * group up to --restarts times (training resumes from the last checkpoint);
+ * once the job is done it ends every task still running (job_end).
  * Children die with it (PR_SET_PDEATHSIG), even when it is killed.
  * Also the hidden `loom cluster-selftest` task, a stand-in child for the
  * launch tests (tests/integration/cluster_topo.sh).
@@ -47,6 +48,7 @@ typedef struct child {
     int       status;     /* exit status once reaped (128 + signal when killed) */
     bool      reaped, stopped_by_us;
     char    **argv;       /* how it was started (this attempt's), for a respawn */
+    char      threads[32]; /* "run.threads=K", its share of the cores (share_cores); "" none */
     int       respawns;   /* times it was started again alone */
 } child;
 
@@ -109,7 +111,10 @@ static void help(void)
            "resumes from the latest checkpoint (--fresh applies to the first start only); status 2 (a\n"
            "bad config or usage) is not restarted. Under parameter_server (which always gets its chief,\n"
            "the coordinator), a worker that fails is started again alone, up to K times, and rejoins;\n"
-           "the job goes on without it meanwhile (and for good once K is spent). Every task\n"
+           "the job goes on without it meanwhile (and for good once K is spent). Once the job is done\n"
+           "(its chief exited 0, or named the final checkpoint in final.json), a task still running\n"
+           "(stopped, hung) gets SIGCONT, then SIGTERM after up to 5 s, then SIGKILL after --grace,\n"
+           "and launch says so; it exits 0. A stopped task gets SIGCONT before any SIGTERM. Every task\n"
            "is killed if launch itself dies. Only --local exists: on several machines, use srun,\n"
            "mpirun or TF_CONFIG (docs/cluster.md).\n\n"
            "options:\n"
@@ -374,14 +379,40 @@ static void drain(child *c, int s)
 
 static int status_of(int ws) { return WIFEXITED(ws) ? WEXITSTATUS(ws) : WIFSIGNALED(ws) ? 128 + WTERMSIG(ws) : 1; }
 
+/* sig to c; a stopped task (SIGSTOP, a debugger) gets SIGCONT first, so it
+ * can act on SIGTERM or SIGINT rather than sit on it until SIGKILL. */
+static void signal_one(child *c, int sig)
+{
+    if (sig != SIGKILL) kill(c->pid, SIGCONT);
+    kill(c->pid, sig);
+}
+
 static void signal_all(child *cs, int n, int sig, bool mark)
 {
     for (int i = 0; i < n; i++)
         if (!cs[i].reaped && cs[i].pid > 0) {
-            kill(cs[i].pid, sig);
+            signal_one(&cs[i], sig);
             if (mark) cs[i].stopped_by_us = true;
         }
 }
+
+/* The end of the job: once the chief exited 0 (or named the final
+ * checkpoint in this attempt's final.json) training is done, whatever a
+ * task still running is doing: a worker stopped or hung past the
+ * coordinator's heartbeat timeout, which the job went on without, would
+ * otherwise keep launch waiting for ever. Each task still running gets
+ * SIGCONT at once (a stopped one resumes and sees the end itself), up to
+ * END_LINGER s to exit on its own, then SIGTERM, and SIGKILL after
+ * --grace. */
+#define END_LINGER 5.0
+typedef struct job_end {
+    const char *final_path; /* <model_dir>/final.json, or NULL */
+    double      after_wall; /* a final.json written before this is an earlier attempt's */
+    double      next_look;  /* when to look for final.json again */
+    bool        done;
+    double      term_at;    /* when the tasks still running get SIGTERM; 0: not yet due or done */
+    char        why[96];    /* "chief:0 exited 0" */
+} job_end;
 
 typedef struct outcome {
     int  status;        /* of the job: 0, the first failed task's, or 128 + signal */
@@ -389,6 +420,88 @@ typedef struct outcome {
     int  interrupted;   /* the signal launch forwarded, or 0 */
     char who[32];       /* the failed task */
 } outcome;
+
+/* The job's chief: the chief task, else worker 0 (multi_worker_mirrored's). */
+static bool is_chief(const child *cs, int n, int i)
+{
+    if (cs[i].role == LOOM_ROLE_CHIEF) return true;
+    for (int j = 0; j < n; j++)
+        if (cs[j].role == LOOM_ROLE_CHIEF) return false;
+    return cs[i].role == LOOM_ROLE_WORKER && cs[i].index == 0;
+}
+
+/* The step this attempt's final.json names, or -1 (none yet, an earlier
+ * run's, or unreadable). */
+static long long final_step(const job_end *je)
+{
+    uint8_t *d = NULL;
+    size_t len;
+    loom_err e = {0};
+    if (!je->final_path || access(je->final_path, F_OK) || loom_read_file_max(je->final_path, &d, &len, 1 << 16, &e))
+        return -1;
+    const char *k = strstr((const char *)d, "\"step\":");
+    const char *w = strstr((const char *)d, "\"wall_time\":");
+    long long step = k ? strtoll(k + 7, NULL, 10) : -1;
+    double at = w ? strtod(w + 12, NULL) : 0;
+    loom_free(d);
+    return at >= je->after_wall ? step : -1;
+}
+
+/* The job is done (why): every task still running gets SIGCONT now and
+ * SIGTERM after the linger (end_overdue). */
+static void job_done(child *cs, int n, double grace, job_end *je, const char *why)
+{
+    if (je->done) return;
+    je->done = true;
+    snprintf(je->why, sizeof je->why, "%s", why);
+    je->term_at = loom_now() + (grace < END_LINGER ? grace : END_LINGER);
+    for (int i = 0; i < n; i++)
+        if (!cs[i].reaped && cs[i].pid > 0) kill(cs[i].pid, SIGCONT);
+}
+
+/* The linger after the job's end is over: the tasks still running (but an
+ * evaluator, which finishes with the final checkpoint) get SIGCONT and
+ * SIGTERM, said. Returns when they get SIGKILL, or 0 when none is left. */
+static double end_overdue(child *cs, int n, double grace, job_end *je)
+{
+    char names[1024];
+    size_t len = 0;
+    int k = 0;
+    je->term_at = 0;
+    names[0] = 0;
+    for (int i = 0; i < n; i++)
+        if (!cs[i].reaped && cs[i].role != LOOM_ROLE_EVALUATOR) {
+            signal_one(&cs[i], SIGTERM);
+            cs[i].stopped_by_us = true;
+            if (len < sizeof names)
+                len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", k ? ", " : "", cs[i].name);
+            k++;
+        }
+    if (!k) return 0;
+    say("the job is done (%s) but %s %s still running: SIGCONT and SIGTERM (SIGKILL after %g s)", je->why, names,
+        k == 1 ? "is" : "are", grace);
+    return loom_now() + grace;
+}
+
+/* The job's end, once a supervision round: this attempt's final.json
+ * looked for (twice a second), the tasks still running after the linger
+ * told to stop (*kill_at: when they get SIGKILL). */
+static void end_tick(child *cs, int n, double grace, job_end *je, double *kill_at)
+{
+    if (!je->done && je->final_path && loom_now() >= je->next_look) {
+        je->next_look = loom_now() + 0.5;
+        long long fs = final_step(je);
+        if (fs >= 0) {
+            char why[96];
+            snprintf(why, sizeof why, "final.json names step %lld", fs);
+            job_done(cs, n, grace, je, why);
+        }
+    }
+    if (je->done && je->term_at && loom_now() >= je->term_at) {
+        double at = end_overdue(cs, n, grace, je);
+        if (at > *kill_at) *kill_at = at;
+    }
+}
 
 /* A task exited 0. Once every chief and worker has, training is done: ps
  * tasks (which serve for ever) are told to stop, an evaluator finishes with
@@ -407,7 +520,7 @@ static double stop_after_training(child *cs, int n, double grace, bool *stopping
             say("training is done: %s finishes with the final checkpoint", cs[j].name);
         } else if (!cs[j].reaped) {
             say("training is done: stopping %s", cs[j].name);
-            kill(cs[j].pid, SIGTERM);
+            signal_one(&cs[j], SIGTERM);
             cs[j].stopped_by_us = true;
             stopped = true;
         }
@@ -415,7 +528,7 @@ static double stop_after_training(child *cs, int n, double grace, bool *stopping
 }
 
 /* Runs the group until every task has exited; see the file comment. */
-static void supervise(child *cs, int n, double grace, const respawn_ctx *rs, outcome *res)
+static void supervise(child *cs, int n, double grace, const respawn_ctx *rs, job_end *je, outcome *res)
 {
     memset(res, 0, sizeof *res);
     double kill_at = 0; /* when the stragglers get SIGKILL; 0 = not stopping */
@@ -444,6 +557,7 @@ static void supervise(child *cs, int n, double grace, const respawn_ctx *rs, out
         } else if (got_signal && got_signal != res->interrupted) { /* a second signal: no more waiting */
             kill_at = loom_now();
         }
+        if (!res->interrupted && !res->failed) end_tick(cs, n, grace, je, &kill_at);
         /* reap */
         for (int i = 0; i < n; i++) {
             if (cs[i].reaped) continue;
@@ -453,7 +567,18 @@ static void supervise(child *cs, int n, double grace, const respawn_ctx *rs, out
             cs[i].reaped = true;
             cs[i].status = status_of(ws);
             if (cs[i].status == 0) {
+                if (is_chief(cs, n, i) && !res->failed && !res->interrupted) {
+                    char why[96];
+                    snprintf(why, sizeof why, "%s exited 0", cs[i].name);
+                    job_done(cs, n, grace, je, why);
+                }
                 if (!kill_at) kill_at = stop_after_training(cs, n, grace, &training_done_stop);
+                continue;
+            }
+            if (je->done && !res->failed && !res->interrupted) { /* not a failure: the job is done */
+                say("%s %s %d after the job was done (%s)", cs[i].name,
+                    WIFSIGNALED(ws) ? "was ended by signal" : "exited with status",
+                    WIFSIGNALED(ws) ? WTERMSIG(ws) : cs[i].status, je->why);
                 continue;
             }
             if (cs[i].stopped_by_us || res->failed || res->interrupted) continue;
@@ -513,9 +638,11 @@ static const loom_cluster_roles *strategy_roles(const loom_spec *spec)
 /* The config loaded as every task will load it, and the cluster resolved
  * for the first task: every error any task would hit at startup is found
  * here, before anything starts. *rejoin: the strategy's lost workers rejoin
- * (its name into strategy). */
+ * (its name into strategy); final_path: the job's end marker; *threads_set:
+ * run.threads is given (the config or --set). */
 static int validate(const launch_opts *o, const char *const *sets, int n_sets, const char *task, char **env,
-                    bool *rejoin, char *strategy, size_t strategy_n)
+                    bool *rejoin, char *strategy, size_t strategy_n, char *final_path, size_t final_n,
+                    bool *threads_set)
 {
     loom_spec *spec = NULL;
     loom_errlist *errs = loom_calloc(1, sizeof *errs);
@@ -528,7 +655,9 @@ static int validate(const launch_opts *o, const char *const *sets, int n_sets, c
     int status = trainable ? LOOM_EXIT_OK : LOOM_EXIT_USAGE;
     const loom_cluster_roles *roles = strategy_roles(spec);
     *rejoin = roles && (roles->flags & LOOM_ROLES_REJOIN);
+    *threads_set = spec->run.threads > 0;
     snprintf(strategy, strategy_n, "%s", spec->strategy.name);
+    snprintf(final_path, final_n, "%s/" LOOM_FINAL_MARKER, o->model_dir ? o->model_dir : spec->run.model_dir);
     if (roles && (roles->flags & LOOM_ROLES_ONE_PROCESS)) {
         char w[LOOM_PATH_MAX + 16];
         fprintf(stderr, "loom: %s: launch starts a cluster, but strategy \"%s\" runs in one process\n"
@@ -589,6 +718,28 @@ static int job_shape(launch_opts *o)
     return n;
 }
 
+/* Each task's share of this machine's cores (the CPUs launch may run on),
+ * unless run.threads is given: the tasks that compute (the workers, and a
+ * chief but a parameter-server job's coordinator) split them evenly, at
+ * least one each, as mirrored splits its run.threads among its replicas,
+ * so N one-replica workers run mirrored(N)'s threads (and bits) and the
+ * cores are not oversubscribed; a ps, the coordinator and an evaluator get
+ * one. */
+static void share_cores(child *cs, int n)
+{
+    int cores = loom_num_cores(), compute = 0;
+    bool ps = false;
+    for (int i = 0; i < n; i++) ps |= cs[i].role == LOOM_ROLE_PS;
+    for (int i = 0; i < n; i++) compute += cs[i].role == LOOM_ROLE_WORKER || (cs[i].role == LOOM_ROLE_CHIEF && !ps);
+    int share = compute && cores / compute > 1 ? cores / compute : 1;
+    for (int i = 0; i < n; i++) {
+        bool computes = cs[i].role == LOOM_ROLE_WORKER || (cs[i].role == LOOM_ROLE_CHIEF && !ps);
+        snprintf(cs[i].threads, sizeof cs[i].threads, "run.threads=%d", computes ? share : 1);
+    }
+    say("%d core%s for %d task%s computing: run.threads = %d each%s (set run.threads to choose)", cores,
+        cores == 1 ? "" : "s", compute, compute == 1 ? "" : "s", share, compute < n ? ", 1 for the others" : "");
+}
+
 /* The settings every task gets: the command line's --set, then one
  * cluster.<role>=[...] list per role on the ports chosen (ports[k] for the
  * k-th task in role order); returns how many. */
@@ -618,7 +769,7 @@ static int start_tasks(child *cs, int n, const launch_opts *o, int attempt, char
     loom_err err = {0};
         int started = 0;
     for (int i = 0; i < n; i++) {
-        char *argv_c[MAX_ARGS + 16];
+        char *argv_c[MAX_ARGS + 32]; /* 2 per --set (the user's, at most MAX_ARGS / 2, and launch's 6), 10 more */
         int na = 0;
         argv_c[na++] = exe;
         argv_c[na++] = (char *)o->command;
@@ -626,6 +777,7 @@ static int start_tasks(child *cs, int n, const launch_opts *o, int attempt, char
         argv_c[na++] = "--task";
         argv_c[na++] = cs[i].name;
         for (int s = 0; s < ns; s++) argv_c[na++] = "--set", argv_c[na++] = (char *)sets[s];
+        if (cs[i].threads[0]) argv_c[na++] = "--set", argv_c[na++] = cs[i].threads;
         if (o->model_dir) argv_c[na++] = "--model-dir", argv_c[na++] = (char *)o->model_dir;
         if (o->fresh && attempt == 0) argv_c[na++] = "--fresh";
         if (o->quiet) argv_c[na++] = "--quiet";
@@ -653,6 +805,25 @@ static int start_tasks(child *cs, int n, const launch_opts *o, int attempt, char
     return started;
 }
 
+/* The n tasks of the job, in role order, not started; NULL: out of memory. */
+static child *children_new(const launch_opts *o, int n)
+{
+    child *cs = loom_calloc((size_t)n, sizeof *cs);
+    if (!cs) return NULL;
+    int k = 0;
+    for (int r = 0; r < LOOM_ROLE_COUNT; r++)
+        for (int i = 0; i < o->n[r]; i++, k++) {
+            cs[k].role = (loom_role)r;
+            cs[k].index = i;
+            loom_task_name((loom_role)r, i, cs[k].name, sizeof cs[k].name);
+            cs[k].buf[0] = loom_alloc(LINE_MAX_);
+            cs[k].buf[1] = loom_alloc(LINE_MAX_);
+            cs[k].fd[0] = cs[k].fd[1] = -1;
+            if (!cs[k].buf[0] || !cs[k].buf[1]) return NULL; /* (the process exits at once) */
+        }
+    return cs;
+}
+
 int loom_cli_launch_(int argc, char **argv, double start)
 {
     (void)start;
@@ -672,19 +843,8 @@ int loom_cli_launch_(int argc, char **argv, double start)
     }
     exe[el] = 0;
 
-    child *cs = loom_calloc((size_t)n, sizeof *cs);
+    child *cs = children_new(&o, n);
     if (!cs) return LOOM_EXIT_RUNTIME;
-    int k = 0;
-    for (int r = 0; r < LOOM_ROLE_COUNT; r++)
-        for (int i = 0; i < o.n[r]; i++, k++) {
-            cs[k].role = (loom_role)r;
-            cs[k].index = i;
-            loom_task_name((loom_role)r, i, cs[k].name, sizeof cs[k].name);
-            cs[k].buf[0] = loom_alloc(LINE_MAX_);
-            cs[k].buf[1] = loom_alloc(LINE_MAX_);
-            cs[k].fd[0] = cs[k].fd[1] = -1;
-            if (!cs[k].buf[0] || !cs[k].buf[1]) return LOOM_EXIT_RUNTIME;
-        }
 
     struct sigaction sa = {0}, old_int, old_term;
     sa.sa_handler = on_signal;
@@ -697,8 +857,8 @@ int loom_cli_launch_(int argc, char **argv, double start)
         fprintf(stderr, "loom launch: cannot read /dev/urandom for the job's secret: %s\n", strerror(errno));
         return LOOM_EXIT_RUNTIME;
     }
-    bool rejoin = false;
-    char strategy[LOOM_NAME_MAX + 64] = "";
+    bool rejoin = false, threads_set = false;
+    char strategy[LOOM_NAME_MAX + 64] = "", final_path[LOOM_PATH_MAX + 16] = "";
     for (int attempt = 0; attempt <= o.restarts; attempt++) {
         int ports[MAX_TASKS];
         loom_err err = {0};
@@ -715,16 +875,21 @@ int loom_cli_launch_(int argc, char **argv, double start)
             status = LOOM_EXIT_RUNTIME;
             break;
         }
-        if (attempt == 0 && (status = validate(&o, sets, ns, cs[0].name, env, &rejoin, strategy, sizeof strategy))) {
+        if (attempt == 0 && (status = validate(&o, sets, ns, cs[0].name, env, &rejoin, strategy, sizeof strategy,
+                                               final_path, sizeof final_path, &threads_set))) {
             loom_free(env);
             break;
         }
+        if (attempt == 0 && !threads_set) share_cores(cs, n);
         if (attempt > 0) say("restart %d of %d: starting every task again on new ports", attempt, o.restarts);
+        /* (the selftest's tasks write no end marker) */
+        job_end je = {.final_path = strcmp(o.command, "train") || !final_path[0] ? NULL : final_path,
+                      .after_wall = loom_wall_time()};
         int started = start_tasks(cs, n, &o, attempt, exe, sets, ns, env, ports);
         outcome res;
         if (started < n) signal_all(cs, started, SIGKILL, true);
         respawn_ctx rs = {.on = rejoin, .strategy = strategy, .limit = o.restarts, .exe = exe, .env = env};
-        supervise(cs, started, o.grace, &rs, &res);
+        supervise(cs, started, o.grace, &rs, &je, &res);
         loom_free(env);
         if (started < n) {
             status = LOOM_EXIT_RUNTIME;
@@ -794,7 +959,7 @@ int loom_cli_selftest_(const loom_cluster *c, const char *model_dir, bool fresh)
         if (eq && rule_matches(p, (size_t)(eq - p), name)) {
             const char *act = eq + 1;
             if (!strncmp(act, "exit:", 5)) { /* exit:N or exit:N:SECONDS (after that long) */
-                const char *delay = strchr(act + 5, ':');
+                const char *delay = memchr(act + 5, ':', len - (size_t)(act + 5 - p)); /* (in this rule) */
                 if (delay) {
                     double secs = atof(delay + 1);
                     struct timespec ts = {(time_t)secs, (long)((secs - (double)(time_t)secs) * 1e9)};

@@ -744,7 +744,9 @@ typedef struct trainer {
     /* run.steps_per_execution = K: the steps of one execution run back to
      * back; the host-side work (signals, progress, checkpoints; callbacks
      * belong there too) happens only at its boundaries: after K steps, at an
-     * epoch's end and at the last step (TPUEstimator's iterations_per_loop).
+     * epoch's end, at each multiple of run.checkpoint_steps (so checkpoints
+     * land on them, whatever an epoch's end did to the count) and at the
+     * last step (TPUEstimator's iterations_per_loop).
      * The steps themselves are the same, so the weights are too. */
     int64_t                K, in_exec, boundary_step; /* steps since the last boundary, and its step */
     double                 run_start, epoch_start, last_ckpt_time; /* run.checkpoint_secs counts from the last */
@@ -1465,7 +1467,8 @@ static int trainer_loop(trainer *t, loom_err *err)
             continue;
         }
         if ((rc = after_step(t, &res, t0, t_input, err))) break;
-        if (++t->in_exec < t->K && !(t->rs->max_steps > 0 && t->st.step >= t->rs->max_steps))
+        if (++t->in_exec < t->K && !(t->rs->max_steps > 0 && t->st.step >= t->rs->max_steps) &&
+            !(t->rs->checkpoint_steps > 0 && t->st.step % t->rs->checkpoint_steps == 0))
             continue; /* inside an execution */
         rc = at_boundary(t, err);
     }

@@ -9,7 +9,14 @@
 #   LOOM_CHAOS_KILLS=N how many kills (default 25)
 # The schedule (when to kill, and whether to wait for a checkpoint write) comes
 # from the seed; where in the run a kill lands still depends on the machine's speed.
+# Then SIGSTOP/SIGCONT of a task of a job under `loom launch --local` (issue
+# 22): stopped for less than cluster.heartbeat_timeout, it goes on and the job
+# ends as if nothing happened (multi_worker_mirrored: bit for bit); stopped
+# past it, the strategy handles it as it promises (parameter_server goes on
+# without the worker, multi_worker_mirrored stops and --restarts resumes it
+# bit-exactly) and launch still ends every task.
 source "$(dirname "$0")/lib.sh"
+kill_jobs_at_exit
 CFG=tests/configs/small_mlp.cfg
 SEED="${LOOM_CHAOS_SEED:-1}"
 KILLS="${LOOM_CHAOS_KILLS:-25}"
@@ -144,4 +151,85 @@ wait "${MJOB[0]}" "${MJOB[1]}"
 if [ "$(cat "$WORK/mwend.0.rc")" = 0 ] && [ "$(cat "$WORK/mwend.1.rc")" = 0 ] && [ "$(newest "$mdir")" = 400 ]; then
     pass "restarted the right way, the job resumes and finishes (step 400)"
 else fail "restarted the right way, the job resumes and finishes" "status $(cat "$WORK/mwend.0.rc") / $(cat "$WORK/mwend.1.rc")" "$(tail -3 "$WORK/mwend.0")"; fi
+
+# ---- SIGSTOP / SIGCONT under loom launch --local ----------------------------------------
+# task_pid DIR TASK: the pid of the loom task TASK of the job training into DIR (up to 30 s)
+task_pid() {
+    local i p
+    for ((i = 0; i < 600; i++)); do
+        p=$(pgrep -f -- "--task $2 .*--model-dir $1\$" | head -1)
+        [ -n "$p" ] && { echo "$p"; return; }
+        sleep 0.05
+    done
+}
+# wait_file FILE: up to 60 s for FILE to exist
+wait_file() { local i; for ((i = 0; i < 1200; i++)); do [ -e "$1" ] && return 0; sleep 0.05; done; return 1; }
+# launch_bg NAME ARGS...: loom launch --local ARGS in the background (bounded), its output in
+# $WORK/NAME.out and status in $WORK/NAME.rc
+launch_bg() {
+    local name=$1; shift
+    (timeout 120 "$LOOM" launch --local "$@" >"$WORK/$name.out" 2>&1; echo $? >"$WORK/$name.rc") &
+    PIDS+=($!)
+    LAUNCHED=$!
+}
+rc_of() { cat "$WORK/$1.rc" 2>/dev/null || echo none; }
+
+# parameter_server (a coordinator, 2 workers, 1 ps; heartbeat_timeout 3 s; each step 15 ms)
+PSO=(tests/configs/ps_mlp.cfg --workers 2 --ps 1 --grace 3 --set run.epochs=4)
+export LOOM_TEST_PS_STEP_MS=15
+# stopped for 1 s: it goes on; nobody is lost; every step applied
+launch_bg ps_short "${PSO[@]}" --model-dir "$WORK/ps_short"
+w=$(task_pid "$WORK/ps_short" worker:0)
+wait_file "$WORK/ps_short/ckpt-50.loom"
+kill -STOP "$w"; sleep 1; kill -CONT "$w"
+wait "$LAUNCHED"
+out=$(cat "$WORK/ps_short.out")
+[ "$(rc_of ps_short)" = 0 ] && pass "ps, a worker stopped 1 s: launch exits 0" || fail "ps, a worker stopped 1 s: launch exits 0" "status $(rc_of ps_short)" "$(tail -5 <<<"$out")"
+contains "ps, a worker stopped 1 s: every step applied" "done: step 400" "$out"
+if ! grep -q "lost worker:0" <<<"$out"; then pass "ps, a worker stopped 1 s (< heartbeat_timeout): not lost"
+else fail "ps, a worker stopped 1 s (< heartbeat_timeout): not lost" "$(grep "lost worker:0" <<<"$out" | head -2)"; fi
+
+# stopped for good: the coordinator drops it and finishes; launch ends the stopped task (SIGCONT first)
+t0=$SECONDS
+launch_bg ps_long "${PSO[@]}" --model-dir "$WORK/ps_long"
+w=$(task_pid "$WORK/ps_long" worker:0)
+wait_file "$WORK/ps_long/ckpt-50.loom"
+kill -STOP "$w"
+wait "$LAUNCHED"
+out=$(cat "$WORK/ps_long.out")
+[ "$(rc_of ps_long)" = 0 ] && pass "ps, a worker stopped for good: launch ends, status 0 ($((SECONDS - t0)) s)" \
+    || fail "ps, a worker stopped for good: launch ends, status 0" "status $(rc_of ps_long)" "$(tail -5 <<<"$out")"
+contains "ps, a worker stopped for good: the coordinator drops it" "chief:0: lost worker:0" "$out"
+contains "ps, a worker stopped for good: every step applied without it" "done: step 400" "$out"
+contains "ps, a worker stopped for good: launch says what it did" "after the job was done (chief:0 exited 0)" \
+    "$(grep -E '^\[launch\] (worker:0 .*after the job was done|the job is done)' <<<"$out")"
+kill -0 "$w" 2>/dev/null && fail "ps, a worker stopped for good: no task left" "pid $w alive" || pass "ps, a worker stopped for good: no task left"
+unset LOOM_TEST_PS_STEP_MS
+
+# multi_worker_mirrored (2 workers; 6000 steps of a small MLP, a few seconds): the reference
+MWO=(tests/configs/mwm_mlp.cfg --workers 2 --grace 3 --set run.epochs=60 --set run.checkpoint_steps=500)
+check "mwm: uninterrupted launch" timeout 120 "$LOOM" launch --local "${MWO[@]}" --model-dir "$WORK/mw_ref"
+# stopped for 1 s: the job waits for it and ends with the same bits
+launch_bg mw_short "${MWO[@]}" --model-dir "$WORK/mw_short"
+w=$(task_pid "$WORK/mw_short" worker:1)
+wait_file "$WORK/mw_short/ckpt-500.loom"
+early=$([ -e "$WORK/mw_short/ckpt-6000.loom" ] && echo no || echo yes)
+kill -STOP "$w"; sleep 1; kill -CONT "$w"
+wait "$LAUNCHED"
+[ "$(rc_of mw_short)" = 0 ] && pass "mwm, a worker stopped 1 s: launch exits 0" || fail "mwm, a worker stopped 1 s: launch exits 0" "status $(rc_of mw_short)" "$(tail -5 "$WORK/mw_short.out")"
+[ "$early" = yes ] && pass "mwm, a worker stopped 1 s: stopped while training" || fail "mwm, a worker stopped 1 s: stopped while training" "the job had ended"
+same_weights "mwm, a worker stopped 1 s: the uninterrupted run's weights, bit for bit" "$WORK/mw_ref/ckpt-6000.loom" "$WORK/mw_short/ckpt-6000.loom"
+# stopped for good: the chief names it and stops; launch ends every task (SIGCONT, SIGTERM) and
+# --restarts 1 resumes from the latest checkpoint to the same bits
+launch_bg mw_long "${MWO[@]}" --restarts 1 --model-dir "$WORK/mw_long"
+w=$(task_pid "$WORK/mw_long" worker:1)
+wait_file "$WORK/mw_long/ckpt-500.loom"
+kill -STOP "$w"
+wait "$LAUNCHED"
+out=$(cat "$WORK/mw_long.out")
+[ "$(rc_of mw_long)" = 0 ] && pass "mwm, a worker stopped for good: restarted, launch exits 0" || fail "mwm, a worker stopped for good: restarted, launch exits 0" "status $(rc_of mw_long)" "$(tail -5 <<<"$out")"
+contains "mwm, a worker stopped for good: the group restarts" "restart 1 of 1" "$out"
+same_weights "mwm, a worker stopped for good: resumed to the uninterrupted run's weights" "$WORK/mw_ref/ckpt-6000.loom" "$WORK/mw_long/ckpt-6000.loom"
+kill -0 "$w" 2>/dev/null && fail "mwm, a worker stopped for good: no task left" "pid $w alive" || pass "mwm, a worker stopped for good: no task left"
+
 finish

@@ -175,6 +175,24 @@ out=$(LOOM_SELFTEST='worker:0=exit:4:1;*=hang:30' timeout 60 "${L[@]}" --workers
 [ $st -eq 4 ] && pass "grace: the failed task's status" || fail "grace: the failed task's status" "status $st"
 contains "grace: SIGKILL after 1 s" "[launch] worker:1 did not stop within 1 s: SIGKILL" "$out"
 
+# the job is done once the chief (worker 0) exits 0: a task still running (hung, ignoring SIGTERM)
+# gets SIGCONT and SIGTERM, then SIGKILL after --grace, and launch exits 0 (issue 22)
+t0=$SECONDS
+out=$(LOOM_SELFTEST='worker:0=exit:0:1;*=hang:30' timeout 20 "${L[@]}" --workers 2 --grace 1 2>&1); st=$?
+[ $st -eq 0 ] && pass "job done, a task hung: launch exits 0 ($((SECONDS - t0)) s)" || fail "job done, a task hung: launch exits 0" "status $st" "$(tail -5 <<<"$out")"
+contains "job done, a task hung: SIGCONT and SIGTERM" "[launch] the job is done (worker:0 exited 0) but worker:1 is still running: SIGCONT and SIGTERM" "$out"
+contains "job done, a task hung: SIGKILL after --grace" "[launch] worker:1 did not stop within 1 s: SIGKILL" "$out"
+# a task stopped (SIGSTOP) when the job ends resumes and ends on SIGTERM
+LOOM_SELFTEST='worker:0=exit:0:2;*=sleep:30' timeout 20 "${L[@]}" --workers 2 --grace 1 > "$WORK/stop.out" 2>&1 &
+lp=$!
+for ((i = 0; i < 200; i++)); do w1=$(pgrep -f -- "--task worker:1 " -P "$(pgrep -P $lp | head -1)" | head -1); [ -n "$w1" ] && break; sleep 0.05; done
+kill -STOP "$w1"
+wait $lp; st=$?
+out=$(cat "$WORK/stop.out")
+[ $st -eq 0 ] && pass "job done, a task stopped: launch exits 0" || fail "job done, a task stopped: launch exits 0" "status $st" "$(tail -5 <<<"$out")"
+contains "job done, a task stopped: it resumes and gets SIGTERM" "[worker:1] worker:1: got signal 15, stopping" "$out"
+contains "job done, a task stopped: launch says so" "[launch] worker:1 exited with status 1 after the job was done (worker:0 exited 0)" "$out"
+
 # launch killed with SIGKILL: its tasks die with it (PR_SET_PDEATHSIG)
 LOOM_SELFTEST='*=hang:30' "${L[@]}" --workers 2 > "$WORK/kill.out" 2>&1 &
 lp=$!

@@ -69,6 +69,24 @@ check "mirrored(2) in one process" "$LOOM" train $CFG --model-dir "$WORK/mir2" "
     --set strategy.type=mirrored --set strategy.replicas=2 --set cluster.worker=[]
 close6 "2 workers = mirrored(2) within 1e-6" "$WORK/mir2/ckpt-40.loom" "$WORK/two/ckpt-40.loom"
 
+# ---- launch --local with default threads: the cores shared out, mirrored(2)'s bits (issue 22) ----
+# configs/fashion_mnist_multi_worker.cfg gives no run.threads: launch gives each worker its share of
+# the cores (mirrored(2) gives each replica the same), not every core each; 200 steps stay clear of
+# the epoch's short last batch (step 469), which the workers split otherwise than mirrored(2)
+MW=configs/fashion_mnist_multi_worker.cfg
+S200=(--set run.max_steps=200 --set run.eval_steps=1 --set run.progress='"none"')
+share=$(( $(nproc) / 2 > 1 ? $(nproc) / 2 : 1 ))
+out=$(timeout 120 "$LOOM" launch --local $MW --model-dir "$WORK/lt" "${S200[@]}" 2>&1); st=$?
+[ $st -eq 0 ] && pass "launch, default threads: exits 0" || fail "launch, default threads: exits 0" "status $st" "$(tail -5 <<<"$out")"
+contains "launch, default threads: says each task's share" "for 2 tasks computing: run.threads = $share each" "$out"
+contains "launch, default threads: a worker runs its share, not every core" "(multi_worker_mirrored; this is worker:0), each, $share thread" "$out"
+check "mirrored(2) in one process (default threads)" "$LOOM" train $MW --model-dir "$WORK/lt_mir2" "${S200[@]}" \
+    --set strategy.type=mirrored --set strategy.replicas=2 --set cluster.worker=[]
+same_weights "launch, default threads: 2 workers = mirrored(2) bit for bit" "$WORK/lt_mir2/ckpt-200.loom" "$WORK/lt/ckpt-200.loom"
+out=$(timeout 120 "$LOOM" launch --local $MW --model-dir "$WORK/lt1" "${S200[@]}" --set run.max_steps=2 --set run.threads=1 2>&1)
+if grep -q "run.threads = " <<<"$out"; then fail "launch: an explicit run.threads wins" "$(grep 'run.threads' <<<"$out")"
+else pass "launch: an explicit run.threads wins"; fi
+
 # ---- 2 workers x 2 replicas = mirrored(4), and the same bits twice -------------------
 job twotwo 2 "$WORK/twotwo" "${S40[@]}" --set strategy.replicas=2
 all_ok twotwo 2

@@ -22,6 +22,17 @@ contains "check: shards round-robin, the counter running on" "dense_1/kernel (78
 out=$("$LOOM" check $CFG --task chief:0 --set 'strategy.variable_partitioner={type="min_size";min_shard_bytes=65536;max_shards=4;}' 2>&1)
 contains "check: min_size: 200704 bytes over 64 KiB = 4 shards" "dense_1/kernel (784, 64) shard 4/4" "$out"
 
+# --- heavy momentum with asynchronous updates: a warning at check and at the start (issue 22) ---
+W="stale gradients add momentum of their own"
+out=$("$LOOM" check $CFG --task chief:0 2>&1)
+contains "check: async with momentum 0.9 warns, with the hint" "optimizer.momentum = 0.9 with asynchronous parameter-server training: $W" "$out"
+contains "check: the warning says what to do" "lower optimizer.momentum, use sgd" "$out"
+for v in "optimizer.momentum=0.5" 'optimizer.type="sgd"' 'strategy.sync={replicas_to_aggregate=2;}'; do
+    out=$("$LOOM" check $CFG --task chief:0 --set "$v" 2>&1)
+    if grep -qF "$W" <<<"$out"; then fail "check: no momentum warning with $v" "$(grep -F "$W" <<<"$out")"
+    else pass "check: no momentum warning with $v"; fi
+done
+
 # --- bad input ------------------------------------------------------------------
 expect_fail 2 "a partitioner with more shards than any variable has rows" \
     "num_shards = 1000, but the largest variable, dense_1/kernel, has 784 rows" \
@@ -39,6 +50,7 @@ expect_fail 2 "training without a task is refused, saying how to launch" "loom l
 out=$(L --model-dir "$WORK/async" 2>&1); st=$?
 [ $st -eq 0 ] && pass "async: 2 workers + 2 ps + chief complete" || fail "async: 2 workers + 2 ps + chief complete" "status $st" "$(tail -5 <<<"$out")"
 contains "async: every step applied" "done: step 100" "$out"
+contains "async: the coordinator warns about momentum 0.9 at the start" "[chief:0] loom: warning: $ROOT/$CFG:" "$(grep -F "$W" <<<"$out")"
 check "async: the chief's checkpoint holds the applied steps" test -f "$WORK/async/ckpt-100.loom"
 ev=$("$LOOM" evaluate $CFG --model-dir "$WORK/async" 2>/dev/null)
 contains "async: loom evaluate reads the parameter-server checkpoint" '"step": 100' "$ev"

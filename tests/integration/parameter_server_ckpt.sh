@@ -37,4 +37,15 @@ for who in "ps:1@before" "ps:0@after" "chief:0@index"; do
     [ "$tmp" -eq 0 ] && pass "$who: no temporary file left" || fail "$who: no temporary file left" "$(ls "$d")"
 done
 
+# checkpoints land on the multiples of checkpoint_steps, also once an epoch's end (step 100, not a
+# multiple of steps_per_execution = 7) shifted the executions (issue 22: they landed at 35, 63, 91, 121, ...)
+d="$WORK/multiples"
+out=$(L --model-dir "$d" --set run.epochs=2 --set run.steps_per_execution=7 --set run.checkpoint_steps=30 2>&1); st=$?
+[ $st -eq 0 ] && pass "checkpoint_steps 30, K 7: the job completes" || fail "checkpoint_steps 30, K 7: the job completes" "status $st" "$(tail -5 <<<"$out")"
+got=$(ls "$d" | grep -o '^ckpt-[0-9]*\.loom$' | sed 's/ckpt-\([0-9]*\).loom/\1/' | sort -n | tr '\n' ' ')
+[ "$got" = "30 60 90 100 120 150 180 200 " ] && pass "checkpoints at the multiples of 30 (and the epochs' ends): $got" \
+    || fail "checkpoints at the multiples of 30 (and the epochs' ends)" "got: $got"
+# a ps task says what it is (it logged "training rank -1 of 3")
+contains "a ps task logs what it is" "[ps:1] loom: cluster task ps:1 (--task ps:1), parameter server 1 of 2: holds its shards of the variables for the 2 workers" "$out"
+
 finish

@@ -71,9 +71,9 @@ same_weights "mirrored: resumed = uninterrupted (bit-identical weights and slots
 check "mirrored, steps_per_execution = 7" "$LOOM" train $CFG --model-dir "$WORK/k7" "${MIR[@]}" --set run.steps_per_execution=7
 same_weights "steps_per_execution = 7 gives the weights of 1" "$(final "$WORK/ma")" "$(final "$WORK/k7")"
 ckpts=$(ls "$WORK/k7" | grep -c '^ckpt-' || true)
-if [ -f "$WORK/k7/ckpt-21.loom" ] && [ -f "$WORK/k7/ckpt-42.loom" ] && [ ! -f "$WORK/k7/ckpt-20.loom" ]; then
-    pass "checkpoints fall on execution boundaries (21, 42: the first after each 20 steps)"
-else fail "checkpoints on execution boundaries" "$(ls "$WORK/k7")"; fi
+if [ -f "$WORK/k7/ckpt-20.loom" ] && [ -f "$WORK/k7/ckpt-40.loom" ] && [ ! -f "$WORK/k7/ckpt-21.loom" ]; then
+    pass "checkpoints fall on the multiples of checkpoint_steps (20, 40; an execution ends there)"
+else fail "checkpoints on the multiples of checkpoint_steps" "$(ls "$WORK/k7")"; fi
 check "one_device, steps_per_execution = 5" "$LOOM" train $CFG --model-dir "$WORK/k5" --set run.steps_per_execution=5
 same_weights "one_device: steps_per_execution = 5 gives the weights of 1" "$(final "$WORK/one")" "$(final "$WORK/k5")"
 check "steps_per_execution = 4, resumed mid-run" "$LOOM" train $CFG --model-dir "$WORK/k4" "${MIR[@]}" --set run.steps_per_execution=4 --set run.max_steps=50
