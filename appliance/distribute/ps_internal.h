@@ -1,6 +1,6 @@
 /* ps_internal.h - parameter_server's parts shared by parameter_server.c,
- * ps_plan.c, ps_wire.c, the unit tests and the fuzzer
- * (tests/fuzz/fuzz_ps_wire.c).
+ * ps_coord.c, ps_worker.c, ps_task.c, ps_ckpt.c, ps_plan.c, ps_wire.c, the
+ * unit tests and the fuzzer (tests/fuzz/fuzz_ps_wire.c).
  *
  * Placement (ps_plan.c): every parameter tensor of the model is a variable;
  * a partitioner (tf.distribute.experimental.partitioners) splits it along
@@ -183,5 +183,104 @@ int  loom_ps_decode_saved_(const uint8_t *p, size_t len, loom_ps_hdr *h, uint64_
 bool loom_ps_saves_shards_(loom_strategy *s);
 void loom_ps_set_ckpt_writer_(loom_strategy *s, loom_ckpt_write_fn fn);
 int  loom_ps_save_shards_(loom_strategy *s, const char *dir, int64_t step, loom_ckpt_shards *out, loom_err *err);
+
+/* ---- the strategy: parameter_server.c and its parts ---------------------
+ * parameter_server.c (open, close, the range messages, the vtable),
+ * ps_coord.c (the chief), ps_worker.c (a worker), ps_task.c (a ps task),
+ * ps_ckpt.c (checkpoints and restore) share the strategy's state. */
+
+typedef struct fn_slot {
+    uint64_t fn;
+    int64_t  first;
+    uint32_t steps;
+    int      worker;   /* running on; -1 queued */
+} fn_slot;
+
+typedef struct ps_strategy {
+    const loom_strategy_args *args;
+    loom_role       role;
+    int             index;
+    char            task[32];
+    int             n_workers, n_ps;
+    loom_model     *model;      /* chief and workers; a ps builds none (ps_open) */
+    loom_optimizer *opt;
+    loom_param_info *pi;        /* the variables (nv), from the model or, on a ps, the config alone */
+    loom_sparse_grad lean_table; /* on a ps without the model: its embedding table (param -1: none) */
+    int             nv;
+    loom_ps_plan    plan;
+    uint64_t        plan_id;    /* loom_ps_plan_id_: checkpoints name the partitioning */
+    loom_ckpt_write_fn write_ckpt; /* the trainer's shard-file writer */
+    int             n_slots;
+    int64_t         P;
+    loom_net       *net;
+    int             peer_chief, *peer_ps, *peer_worker; /* net peer indices; -1 none */
+    int             n_peers;
+    loom_role      *peer_role;
+    int            *peer_index;
+    uint64_t        nonce, seed;
+    int64_t         K;
+    unsigned        test_step_us; /* LOOM_TEST_PS_STEP_MS: tests slow the workers' steps down */
+    bool            sync;
+    int             sync_n;
+    double          wait_s;     /* how long the chief waits for a lost worker to come back */
+    /* ---- chief ---- */
+    bool            need_init;  /* the ps tasks need the chief's variables (open, restore) */
+    bool            fresh;      /* the chief's model holds the ps tasks' variables */
+    bool            restored;   /* the next INIT carries a checkpoint: read it back */
+    int64_t         dispatched; /* the step after the last one scheduled */
+    uint64_t        next_fn;
+    fn_slot        *fns;        /* queued or running */
+    int             n_fns, cap_fns;
+    bool           *busy;       /* per worker */
+    bool           *alive;      /* per worker */
+    loom_ps_step_out *ready;    /* results not yet handed to the trainer (FIFO) */
+    int64_t         n_ready, ready_head, cap_ready;
+    loom_step_result pool;      /* sync: accepted contributions reported late */
+    int64_t         stale, lost_fns, requeued;
+    uint64_t        req;
+    int64_t         ps_step;    /* the ps tasks' applied count at the last fetch */
+    /* ---- the embedding table: sparse pull and push (every role) ---- */
+    int             table_var;  /* the table's parameter tensor; -1: the model has none */
+    int64_t         table_rows, table_off, table_dim;
+    double          clip_norm;  /* optimizer.clip_norm: the worker clips its gradients before a push */
+    bool           *is_table;   /* per shard: a shard of the table (updated row-wise, lazily) */
+    bool            sparse;     /* workers pull and push the table rows a batch looks up, not the table */
+    /* ---- worker ---- */
+    int64_t        *sel_n;      /* per shard: rows of this step (-1: the whole shard) */
+    uint32_t      **sel_rows;   /* per table shard: those rows, shard-local (first-seen order; ascending with clip_norm) */
+    uint8_t        *mark;       /* per table row: selected already (cleared after each selection) */
+    loom_elem      *held;       /* a batch taken but not computed on (sync: the step function ended) */
+    int64_t         sel_total;  /* rows selected for this step */
+    int64_t         moved_bytes, moved_rows, moved_steps; /* chief: the workers' reports (loom_ps_traffic) */
+    int64_t         bytes_pull, bytes_push, rows_sel, steps_run;
+} ps_strategy;
+
+/* parameter_server.c: helpers every role uses */
+int  loom_ps_recv_or_stop_(ps_strategy *ps, int p, uint32_t lo, uint32_t hi, int *from, uint32_t *type, loom_buf *msg,
+                           loom_err *err);
+const char *loom_ps_peer_name_(const ps_strategy *ps, int p, char *buf, size_t n);
+bool loom_ps_test_die_now_(const char *task, int64_t nth);
+bool loom_ps_test_save_die_now_(const char *task, const char *phase, int64_t step);
+int  loom_ps_put_shards_sel_(loom_buf *b, const ps_strategy *ps, int q, const loom_ps_hdr *h0, const float *base,
+                             const float *slots, bool sel);
+int  loom_ps_put_shards_(loom_buf *b, const ps_strategy *ps, int q, const loom_ps_hdr *h0, const float *base,
+                         const float *slots);
+void loom_ps_take_values_(const ps_strategy *ps, const loom_ps_msg *m, float *base, float *slots);
+int  loom_ps_refused_(const ps_strategy *ps, int from, const loom_buf *msg, loom_err *err);
+int  loom_ps_pull_sel_(ps_strategy *ps, float *base, float *slots, int64_t min_step, int64_t *step, bool sel,
+                       loom_err *err);
+int  loom_ps_pull_all_(ps_strategy *ps, float *base, float *slots, int64_t min_step, int64_t *step, loom_err *err);
+/* ps_worker.c, ps_task.c: serving until the chief ends the job */
+int  loom_ps_worker_serve_(ps_strategy *ps, const loom_strategy_args *a, loom_iter *it, loom_err *err);
+int  loom_ps_serve_loop_(ps_strategy *ps, const loom_spec *spec, loom_err *err);
+/* ps_coord.c: the chief */
+void loom_ps_drain_workers_(ps_strategy *ps);
+int  loom_ps_init_tasks_(ps_strategy *ps, int64_t step, loom_err *err);
+int  loom_ps_quiesce_(ps_strategy *ps, loom_err *err);
+int  loom_ps_fetch_(ps_strategy *ps, bool slots, loom_err *err);
+int  loom_ps_train_step_(loom_strategy *s, const loom_elem *batch, int64_t step, loom_step_result *out, loom_err *err);
+/* ps_ckpt.c: the iterator state (the vtable's gather / pick) */
+int  loom_ps_gather_iter_state_(loom_strategy *s, const loom_buf *mine, loom_buf *stored, loom_err *err);
+int  loom_ps_pick_iter_state_(loom_strategy *s, const loom_buf *stored, loom_buf *mine, loom_err *err);
 
 #endif
