@@ -493,7 +493,7 @@ void dmaps_name_(char *out, size_t n, dstage *const *map, int nmap, const char *
 /* Bytes a shuffle of t over in may buffer at most (its buffer, or one pass
  * when smaller): elements, or 8-byte positions when by_index. */
 int64_t shuffle_max_bytes_(const dstage *in, const loom_transform_spec *t, bool by_index);
-/* Whether a plain shuffle over in buffers positions (index mode, transform/transforms.c):
+/* Whether a plain shuffle over in buffers positions (index mode, transform/shuffle.c):
  * in has get and a known finite cardinality. */
 bool shuffle_by_index_(const dstage *in);
 

@@ -109,7 +109,7 @@ typedef struct loom_source_ops {
     void    (*close)(void *inst);
 } loom_source_ops;
 
-/* ---- built-in ops on raw buffers (transform/transforms.c), for custom code ---------- */
+/* ---- built-in ops on raw buffers (transform/convert.c, transforms.c), for custom code ---------- */
 
 /* n values of dtype sd at src to dd at dst: float to int truncates toward
  * zero and saturates, NaN becomes 0. src == dst is allowed when sizes agree. */

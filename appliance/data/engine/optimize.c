@@ -408,7 +408,7 @@ typedef struct srst {
     int64_t   lent;
 } srst;
 
-/* repeat's upstream epoch for inner pass k (as repeat_inner_epoch in transforms.c). */
+/* repeat's upstream epoch for inner pass k (as repeat_inner_epoch in transform/repeat.c). */
 static int64_t sr_inner(const srst *s, int64_t k)
 {
     return s->count > 0 ? s->epoch * s->count + k : (int64_t)((uint64_t)s->epoch << 32) + k;
