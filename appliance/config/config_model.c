@@ -41,7 +41,7 @@ static const cfg_opt layer_opts[] = {
     O_ENUM(loom_layer_spec, "padding", padding, LOOM_PAD_VALID, loom_padding_names_,
            CONV2S | LY(MAX_POOL2D) | LY(AVG_POOL2D) | LY(CONV1D), 0, "valid or same (conv1d: or causal)"),
     O_CUSTOM("padding", parse_zero_padding, LY(ZERO_PADDING2D), 0,
-             "int, [h, w] or [[top, bottom], [left, right]]; default 1"),
+             "int, [h, w] or ([top, bottom], [left, right]); default 1"),
     O_CUSTOM("target_shape", parse_target_shape, LY(RESHAPE), LY(RESHAPE),
              "the output's shape per example, 1 to 3 dims, one of them may be -1"),
     O_F64(loom_layer_spec, "alpha", alpha, 0.3, 0.0, 0, F_NO_HI, LY(ACTIVATION), 0, "leaky_relu: slope below 0"),
@@ -91,7 +91,7 @@ static void parse_zero_padding(cfg_ctx *c, const config_setting_t *s, void *base
         list = (config_setting_is_array(e) || config_setting_is_list(e)) && config_setting_length(e) == 2;
     }
     if (!list) {
-        cfg_err_(c, s, "expected an integer >= 0, [h, w] or [[top, bottom], [left, right]], got %s",
+        cfg_err_(c, s, "expected an integer >= 0, [h, w] or ([top, bottom], [left, right]), got %s",
                  cfg_value_str_(s, v, sizeof v));
         return;
     }
