@@ -48,6 +48,13 @@ contains "checkpoint: the separable's tensors by Keras's names" "separable_conv2
 check "resume from the checkpoint" "$LOOM" train $CFG --set "run.model_dir=\"$WORK/t1\"" --set run.max_steps=10 \
     --set run.eval_each_epoch=false
 
+# check --print writes every new setting back so that it loads to the same config
+p1=$("$LOOM" check --print $CFG 2>/dev/null | tail -n +2); echo "$p1" > "$WORK/printed.cfg"
+p2=$("$LOOM" check --print "$WORK/printed.cfg" 2>/dev/null | tail -n +2)
+[ -n "$p1" ] && [ "$p1" = "$p2" ] && pass "check --print round-trips" || fail "check --print round-trips" "$(diff <(echo "$p1") <(echo "$p2") | head -5)"
+contains "check --print: zero_padding2d's four sides" "padding = ([1, 2], [0, 1]);" "$p1"
+contains "check --print: reshape's target" "target_shape = [16, -1, 6];" "$p1"
+
 # shape errors at the layer's line
 expect_fail 2 "groups that do not divide the input channels" \
     'vision_layers.cfg:30: layer "conv2d_3" (conv2d): groups = 3 must divide the input'"'"'s 8 channels and filters = 9' \
