@@ -1854,6 +1854,56 @@ static void test_vision_forward(void)
     forward_case("reshape", l, img, zp_x, NULL, 0, zp_x, sizeof zp_x / 4);
 }
 
+/* A train step of every new kind allocates nothing (with 1 and 2 threads),
+ * and a build that runs out of memory part-way leaves nothing behind. */
+static void test_vision_no_alloc(void)
+{
+    static loom_model_spec ms;
+    memset(&ms, 0, sizeof ms);
+    ms.loss = LOOM_LOSS_SPARSE_SOFTMAX_CE;
+    loom_layer_spec *L = ms.layer;
+    int n = 0;
+    L[n] = L_kind(LOOM_LAYER_ZERO_PADDING2D, 0, LOOM_ACT_NONE), L[n].pad[0] = L[n].pad[2] = 1, n++;
+    L[n] = L_more(LOOM_LAYER_CONV2D, 4, 3, 1, 2, LOOM_PAD_SAME), L[n].groups = 2, L[n++].activation = LOOM_ACT_SWISH;
+    L[n] = L_more(LOOM_LAYER_SEPARABLE_CONV2D, 4, 3, 2, 1, LOOM_PAD_SAME), L[n++].activation = LOOM_ACT_ELU;
+    L[n] = L_more(LOOM_LAYER_CONV2D_TRANSPOSE, 2, 3, 2, 1, LOOM_PAD_SAME), n++;
+    L[n] = L_kind(LOOM_LAYER_UPSAMPLING2D, 0, LOOM_ACT_NONE), L[n].size[0] = L[n].size[1] = 1, n++;
+    L[n] = L_more(LOOM_LAYER_DEPTHWISE_CONV2D, 0, 3, 1, 1, LOOM_PAD_VALID), n++;
+    L[n] = L_kind(LOOM_LAYER_RESHAPE, 0, LOOM_ACT_NONE), L[n].n_target = 2, L[n].target[0] = -1, L[n++].target[1] = 2;
+    L[n++] = L_more(LOOM_LAYER_CONV1D, 3, 2, 1, 1, LOOM_PAD_CAUSAL);
+    L[n] = L_kind(LOOM_LAYER_RESHAPE, 0, LOOM_ACT_NONE), L[n].n_target = 3, L[n].target[0] = 1, L[n].target[1] = -1,
+    L[n++].target[2] = 3;
+    L[n++] = L_kind(LOOM_LAYER_GLOBAL_MAX_POOL2D, 0, LOOM_ACT_NONE);
+    L[n++] = L_dense(5, LOOM_ACT_HARD_SWISH);
+    ms.n_layers = n;
+    fixture f;
+    int frc = fixture_new(&f, &ms, shp(3, 8, 8, 2), LOOM_U8, 4, 3);
+    CHECK(frc == LOOM_OK);
+    if (frc) return;
+    for (int t = 1; t <= 2; t++) {
+        CHECK(loom_model_set_threads(f.m, t, &err) == LOOM_OK);
+        loom_alloc_fail_after(0);
+        double loss;
+        int64_t c;
+        CHECK_MSG(loom_model_train_step(f.m, &f.x, &f.y, 4, 1, &loss, &c, &err) == LOOM_OK, "%s", err.msg);
+        void *p = loom_alloc(8); /* the armed failure is still pending */
+        CHECK(p == NULL);
+        loom_free(p);
+        loom_alloc_fail_after(-1);
+    }
+    fixture_free(&f);
+    loom_shape in = shp(3, 8, 8, 2), lab = shp(0, 0, 0, 0);
+    for (long k = 0; k < 40; k++) {
+        loom_model *m = NULL;
+        loom_alloc_fail_after(k);
+        int rc = loom_model_new(&m, &ms, &in, LOOM_F32, &lab, LOOM_U8, 4, &err);
+        loom_alloc_fail_after(-1);
+        CHECK(rc == LOOM_OK || rc == LOOM_ENOMEM);
+        CHECK((rc == LOOM_OK) == (m != NULL));
+        loom_model_free(m);
+    }
+}
+
 /* loom_model_gradcheck passes every new kind and fails a wrong backward. */
 static void test_vision_gradcheck(void)
 {
@@ -1920,6 +1970,7 @@ static const loom_test tests[] = {
     {"optimizer in the step: same bits as after it, taken where it may be", test_update_in_step},
     {"issue 23 layers and activations: forward = PyTorch", test_vision_forward},
     {"issue 23 layers: loom_model_gradcheck passes each", test_vision_gradcheck},
+    {"issue 23 layers: no allocation in a step", test_vision_no_alloc},
     {"timing", test_timing},
     {0},
 };
