@@ -64,4 +64,16 @@ expect_fail 2 "a reshape that does not fit" \
     "$LOOM" check $CFG "${S[@]}" --set 'model.layers.[0].target_shape=[28, 27, 1]'
 expect_fail 2 "conv1d on an image" 'layer "conv1d_11" (conv1d) needs a (steps, channels) input, got (18, 32, 4)' \
     "$LOOM" check $CFG "${S[@]}" --set 'model.layers.[10].target_shape=[18, 32, 4]'
+
+# a device backend refuses what it cannot run, at the layer's line, before any device
+D=(--set "run.model_dir=\"$WORK/dev\"" --set strategy.device_backend=cpu)
+expect_fail 2 "device backend: a new kind refused at its line" \
+    'vision_layers.cfg:27: layer "reshape_0" (reshape) is not implemented on the "cpu" device backend' \
+    "$LOOM" check $CFG "${D[@]}"
+expect_fail 2 "device backend: a new activation on conv2d refused" \
+    'device_cnn.cfg:20: layer "conv2d_0" (conv2d, swish) is not implemented on the "cpu" device backend' \
+    "$LOOM" check tests/configs/device_cnn.cfg "${D[@]}" --set 'model.layers.[0].activation="swish"'
+expect_fail 2 "device backend: a dilated conv2d refused" \
+    'device_cnn.cfg:20: layer "conv2d_0" (conv2d with groups or dilation_rate) is not implemented' \
+    "$LOOM" check tests/configs/device_cnn.cfg "${D[@]}" --set 'model.layers.[0].dilation_rate=2'
 finish
