@@ -268,6 +268,8 @@ bool  nn_runs_more_(const nn_layer_ *l);
 void  nn_more_forward_(const loom_model *m, int li, nn_chunk_ *c);
 float *nn_more_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, float *other);
 void  nn_more_param_grads_(const loom_model *m, int li, const float *x, int64_t B, int part, int parts);
+/* Tests only: loom_model_gradcheck scales the analytic gradients by 1 + this (0: off). */
+extern float nn_gradcheck_skew_;
 /* The model's parameter allocator (model.c): offset of the new tensor, -1 on overflow. */
 int   nn_add_param_(loom_model *m, const nn_layer_ *l, const char *suffix, const loom_shape *shape, int init,
                     double fan_in, double fan_out);

@@ -1939,6 +1939,16 @@ static void test_vision_gradcheck(void)
     CHECK_MSG(failed == 0, "%d layers fail:\n%s", failed, buf);
     CHECK_CONTAINS(buf, "every layer passes");
     free(buf);
+    /* a backward 10% off: every layer with a gradient fails, the table says so */
+    nn_gradcheck_skew_ = 0.1f;
+    f = open_memstream(&buf, &len);
+    CHECK(loom_model_gradcheck(m, f, &failed, &e) == LOOM_OK);
+    fclose(f);
+    nn_gradcheck_skew_ = 0.f;
+    CHECK_MSG(failed == ms.n_layers, "%d of %d layers fail:\n%s", failed, ms.n_layers, buf);
+    CHECK_CONTAINS(buf, "FAIL (");
+    CHECK_CONTAINS(buf, "gradcheck: FAILED");
+    free(buf);
     loom_model_free(m);
 }
 
