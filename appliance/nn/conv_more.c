@@ -321,6 +321,10 @@ static int conv_shapes(loom_model *m, nn_layer_ *l, loom_err *err)
                             "layer \"%s\" (%s): groups = %d must divide the input's %d channels and filters = %d",
                             s->name, kind, l->groups, l->cin, l->cout),
                loom_err_hint(err, "pick groups among the common divisors of both");
+    if ((int64_t)(l->kh - 1) * l->dh + 1 > (1 << 24) || (int64_t)(l->kw - 1) * l->dw + 1 > (1 << 24))
+        return loom_err_set(err, LOOM_ESHAPE, l->where,
+                            "layer \"%s\" (%s): kernel_size %dx%d dilated by %dx%d spans more than 2^24 pixels",
+                            s->name, kind, l->kh, l->kw, l->dh, l->dw);
     const int keh = (l->kh - 1) * l->dh + 1, kew = (l->kw - 1) * l->dw + 1; /* dilated windows */
     if (s->padding == LOOM_PAD_CAUSAL && !c1)
         return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\" (%s): padding \"causal\" is conv1d's", s->name,
@@ -384,9 +388,10 @@ static int reshape_shapes(nn_layer_ *l, loom_err *err)
     for (int i = 0; i < s->n_target; i++) {
         l->out.dim[i] = s->target[i];
         if (s->target[i] == -1 && unknown < 0) unknown = i;
-        else if (s->target[i] >= 1) known *= s->target[i];
+        else if (s->target[i] >= 1 && !__builtin_mul_overflow(known, s->target[i], &known)) continue;
         else
-            return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\" (reshape): target_shape dim %d is %lld",
+            return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\" (reshape): target_shape dim %d is %lld (a size "
+                                "is >= 1, one may be -1, and they multiply to less than 2^63)",
                                 s->name, i, (long long)s->target[i]);
     }
     if (unknown >= 0 && known > 0 && n % known == 0) l->out.dim[unknown] = n / known;
