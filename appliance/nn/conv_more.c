@@ -329,6 +329,11 @@ static int conv_shapes(loom_model *m, nn_layer_ *l, loom_err *err)
     if (s->padding == LOOM_PAD_CAUSAL && !c1)
         return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\" (%s): padding \"causal\" is conv1d's", s->name,
                             kind);
+    if (k == LOOM_LAYER_CONV2D_TRANSPOSE && ((int64_t)l->ih * l->sh + keh > (1 << 24) ||
+                                            (int64_t)l->iw * l->sw + kew > (1 << 24)))
+        return loom_err_set(err, LOOM_ESHAPE, l->where,
+                            "layer \"%s\" (conv2d_transpose): strides %dx%d make an output past 2^24 pixels a side",
+                            s->name, l->sh, l->sw);
     if (k == LOOM_LAYER_CONV2D_TRANSPOSE) {
         /* Keras deconv_output_length (output_padding unset): valid in s + max(k - s, 0), same in s; the padding
          * is the one of the forward convolution from the output back to the input */
@@ -414,12 +419,22 @@ int nn_more_shapes_(loom_model *m, nn_layer_ *l, int li, loom_err *err)
 {
     (void)li;
     const loom_layer_spec *s = &l->spec;
+    char a[96];
     int rc;
+    for (int i = 0; i < l->in.rank; i++) /* the loops index a row with int */
+        if (l->in.dim[i] > (1 << 28))
+            return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\" (%s): input %s has a dim past 2^28",
+                                s->name, nn_layer_kind_name_(s->kind), loom_shape_str(&l->in, a, sizeof a));
     switch (s->kind) {
     case LOOM_LAYER_ZERO_PADDING2D:
         if ((rc = need_image(l, err))) return rc;
         l->ih = (int)l->in.dim[0], l->iw = (int)l->in.dim[1], l->cin = l->cout = (int)l->in.dim[2];
         l->pad_t = s->pad[0], l->pad_b = s->pad[1], l->pad_l = s->pad[2], l->pad_r = s->pad[3];
+        if (l->pad_t < 0 || l->pad_b < 0 || l->pad_l < 0 || l->pad_r < 0 ||
+            (int64_t)l->ih + l->pad_t + l->pad_b > (1 << 24) || (int64_t)l->iw + l->pad_l + l->pad_r > (1 << 24))
+            return loom_err_set(err, LOOM_ESHAPE, l->where,
+                                "layer \"%s\" (zero_padding2d): padding %d, %d, %d, %d must be >= 0 and keep the "
+                                "output under 2^24 pixels a side", s->name, l->pad_t, l->pad_b, l->pad_l, l->pad_r);
         l->oh = l->ih + l->pad_t + l->pad_b, l->ow = l->iw + l->pad_l + l->pad_r;
         shape3(&l->out, 3, l->oh, l->ow, l->cout);
         return LOOM_OK;
@@ -434,6 +449,10 @@ int nn_more_shapes_(loom_model *m, nn_layer_ *l, int li, loom_err *err)
         if ((rc = need_image(l, err))) return rc;
         l->ih = (int)l->in.dim[0], l->iw = (int)l->in.dim[1], l->cin = l->cout = (int)l->in.dim[2];
         l->sh = s->size[0] > 0 ? s->size[0] : 2, l->sw = s->size[1] > 0 ? s->size[1] : 2;
+        if ((int64_t)l->ih * l->sh > (1 << 24) || (int64_t)l->iw * l->sw > (1 << 24))
+            return loom_err_set(err, LOOM_ESHAPE, l->where,
+                                "layer \"%s\" (upsampling2d): size %dx%d makes an output past 2^24 pixels a side",
+                                s->name, l->sh, l->sw);
         l->oh = l->ih * l->sh, l->ow = l->iw * l->sw;
         shape3(&l->out, 3, l->oh, l->ow, l->cout);
         return LOOM_OK;
