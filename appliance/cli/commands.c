@@ -21,7 +21,7 @@ typedef struct cli_opts {
     const char *model_dir;
     const char *sets[MAX_SETS];
     int         n_sets;
-    bool        fresh, print, quiet, verbose;
+    bool        fresh, print, quiet, verbose, gradcheck;
     const char *input, *output, *checkpoint;
     const char *id;   /* predict --id NAMES */
     const char *task; /* --task ROLE:I */
@@ -292,6 +292,7 @@ static int cmd_check(const cli_opts *o, double start, loom_err *err)
         if (cl || spec->cluster.present) loom_cluster_print(cl, stdout);
         rc = adapt(spec, o->model_dir, LOOM_ADAPT_CHECK, NULL, err);
         if (!rc) rc = loom_check(spec, cl, stdout, err);
+        if (!rc && o->gradcheck) rc = loom_gradcheck(spec, cl, stdout, err);
         if (!rc) printf("%s: ok\n", o->config);
     }
     loom_cluster_free(cl);
@@ -567,10 +568,12 @@ static const command commands[] = {
      "class,p0,p1,... (softmax cross-entropy) or prediction (mean squared error).\n",
      cmd_predict, OPT_MODEL_DIR | OPT_SET | OPT_INPUT | OPT_OUTPUT | OPT_CHECKPOINT | OPT_ID, NULL},
     {"check", "validate a config, its data and its model without training",
-     "loom check CONFIG [--print] [--task ROLE:I] [--set key.path=value ...]",
+     "loom check CONFIG [--print] [--gradcheck] [--task ROLE:I] [--set key.path=value ...]",
      "Reports unknown keys, wrong types, out-of-range values, missing files and shape or\n"
      "dtype mismatches between the pipeline and the model, then prints the plan.\n"
      "--print prints the fully resolved config with every default filled in instead.\n"
+     "--gradcheck then checks every layer's backward against central differences (a table;\n"
+     "exit 1 when a layer fails).\n"
      "With a cluster (the config's cluster section, TF_CONFIG, Slurm or MPI), prints every\n"
      "task, this process's task and where each came from; it opens no socket.\n",
      cmd_check, OPT_SET | OPT_PRINT | OPT_TASK, NULL},
@@ -622,6 +625,7 @@ static void command_help(const command *c)
     if (c->accepts & OPT_SET) printf("  --set key.path=value  override a config setting (repeatable)\n");
     if (c->accepts & OPT_FRESH) printf("  --fresh               ignore existing checkpoints and start from scratch\n");
     if (c->accepts & OPT_PRINT) printf("  --print               print the resolved config\n");
+    if (c->accepts & OPT_PRINT) printf("  --gradcheck           check each layer's backward against central differences\n");
     if (c->accepts & OPT_INPUT)
         printf("  --input WHAT          train, eval (default), an IDX file, or a file for the config's csv/tfrecord "
                "source\n");
@@ -738,6 +742,9 @@ static int parse_arg(const command *cmd, int argc, char **argv, int *i, cli_opts
     } else if (!strcmp(a, "--print")) {
         need = OPT_PRINT;
         o->print = true;
+    } else if (!strcmp(a, "--gradcheck")) {
+        need = OPT_PRINT; /* loom check's */
+        o->gradcheck = true;
     } else if (is_opt(a, "--input")) {
         need = OPT_INPUT;
         if ((v = opt_value(argc, argv, i, "--input", &err))) o->input = v;

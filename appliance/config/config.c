@@ -44,11 +44,14 @@ const char *const loom_transform_names_[] = {"map", "shuffle", "batch", "repeat"
                                              "interleave", "zip", "split", "concat", "select", NULL};
 const char *const loom_layer_names_[] = {"dense", "conv2d", "max_pool2d", "dropout", "flatten", "activation",
                                          "batch_normalization", "layer_normalization", "average_pooling2d",
-                                         "global_average_pooling2d", "embedding", NULL};
+                                         "global_average_pooling2d", "embedding", "zero_padding2d",
+                                         "global_max_pooling2d", "reshape", "upsampling2d", "depthwise_conv2d",
+                                         "separable_conv2d", "conv2d_transpose", "conv1d", NULL};
 const char *const loom_combiner_names_[] = {"sum", "mean", NULL};
-const char *const loom_activation_names_[] = {"none", "relu", "sigmoid", "tanh", "softmax", "leaky_relu", "gelu", NULL};
+const char *const loom_activation_names_[] = {"none", "relu", "sigmoid", "tanh", "softmax", "leaky_relu", "gelu",
+                                              "swish", "hard_swish", "softplus", "elu", "silu", NULL};
 const char *const loom_init_names_[] = {"glorot_uniform", "glorot_normal", "he_uniform", "he_normal", "zeros", NULL};
-const char *const loom_padding_names_[] = {"valid", "same", NULL};
+const char *const loom_padding_names_[] = {"valid", "same", "causal", NULL};
 const char *const loom_loss_names_[] = {"sparse_softmax_cross_entropy", "mean_squared_error", "binary_cross_entropy",
                                         "mean_absolute_error", "huber", NULL};
 const char *const loom_metric_names_[] = {"accuracy", "auc", "precision", "recall", "top_k_accuracy", "mae", "rmse",

@@ -427,14 +427,21 @@ typedef struct loom_dataset_spec {
 
 typedef enum { LOOM_LAYER_DENSE, LOOM_LAYER_CONV2D, LOOM_LAYER_MAX_POOL2D, LOOM_LAYER_DROPOUT, LOOM_LAYER_FLATTEN,
                LOOM_LAYER_ACTIVATION, LOOM_LAYER_BATCH_NORM, LOOM_LAYER_LAYER_NORM, LOOM_LAYER_AVG_POOL2D,
-               LOOM_LAYER_GLOBAL_AVG_POOL2D, LOOM_LAYER_EMBEDDING } loom_layer_kind;
+               LOOM_LAYER_GLOBAL_AVG_POOL2D, LOOM_LAYER_EMBEDDING,
+               /* appended (issue 23): Keras's layers of those names */
+               LOOM_LAYER_ZERO_PADDING2D, LOOM_LAYER_GLOBAL_MAX_POOL2D, LOOM_LAYER_RESHAPE, LOOM_LAYER_UPSAMPLING2D,
+               LOOM_LAYER_DEPTHWISE_CONV2D, LOOM_LAYER_SEPARABLE_CONV2D, LOOM_LAYER_CONV2D_TRANSPOSE,
+               LOOM_LAYER_CONV1D } loom_layer_kind;
 typedef enum { LOOM_COMBINER_SUM, LOOM_COMBINER_MEAN } loom_combiner;
-/* leaky_relu and gelu only as activation layers (their gradients need the input) */
+/* leaky_relu and gelu only as activation layers (their gradients need the input); swish, hard_swish,
+ * softplus and elu (Keras's definitions) also on the layers that take an activation. silu is swish's
+ * other name: the config reads it as swish (it never reaches a model). */
 typedef enum { LOOM_ACT_NONE, LOOM_ACT_RELU, LOOM_ACT_SIGMOID, LOOM_ACT_TANH, LOOM_ACT_SOFTMAX, LOOM_ACT_LEAKY_RELU,
-               LOOM_ACT_GELU } loom_activation;
+               LOOM_ACT_GELU, LOOM_ACT_SWISH, LOOM_ACT_HARD_SWISH, LOOM_ACT_SOFTPLUS, LOOM_ACT_ELU,
+               LOOM_ACT_SILU } loom_activation;
 typedef enum { LOOM_INIT_GLOROT_UNIFORM, LOOM_INIT_GLOROT_NORMAL, LOOM_INIT_HE_UNIFORM, LOOM_INIT_HE_NORMAL,
                LOOM_INIT_ZEROS } loom_init;
-typedef enum { LOOM_PAD_VALID, LOOM_PAD_SAME } loom_padding;
+typedef enum { LOOM_PAD_VALID, LOOM_PAD_SAME, LOOM_PAD_CAUSAL /* conv1d only */ } loom_padding;
 typedef enum { LOOM_LOSS_SPARSE_SOFTMAX_CE, LOOM_LOSS_MSE, LOOM_LOSS_BCE, LOOM_LOSS_MAE, LOOM_LOSS_HUBER } loom_loss_kind;
 /* model.metrics: Keras' metrics of those names (see nn.h for each one's definition) */
 typedef enum { LOOM_METRIC_ACCURACY, LOOM_METRIC_AUC, LOOM_METRIC_PRECISION, LOOM_METRIC_RECALL,
@@ -469,6 +476,14 @@ typedef struct loom_layer_spec {
      * every replica (and worker) in sync, as TF's SyncBatchNormalization;
      * a no-op for one_device and parameter_server (nn.h: loom_model_set_bn_sync) */
     bool            sync;
+    /* ---- appended (issue 23) ---- */
+    int             dilation[2];         /* conv2d, depthwise_, separable_conv2d, conv2d_transpose, conv1d ([1]); default 1 */
+    int             groups;              /* conv2d, conv1d: filters and input channels split in groups; default 1 */
+    int             depth_multiplier;    /* depthwise_ and separable_conv2d: outputs per input channel; default 1 */
+    int             pad[4];              /* zero_padding2d: top, bottom, left, right */
+    int             size[2];             /* upsampling2d: (h, w) repeats, default 2 */
+    int             n_target;            /* reshape: target_shape's rank (1 to 3) */
+    int64_t         target[3];           /* reshape: its dims, one may be -1 */
 } loom_layer_spec;
 
 typedef struct loom_model_spec {

@@ -12,17 +12,38 @@ static void parse_metrics(cfg_ctx *c, const config_setting_t *s, void *base);
 static void parse_class_weight(cfg_ctx *c, const config_setting_t *s, void *base);
 
 #define LY(k) K(LOOM_LAYER_##k)
+/* the 2-D convolutions, and every layer with a kernel of its own and an activation */
+#define CONV2S (LY(CONV2D) | LY(DEPTHWISE_CONV2D) | LY(SEPARABLE_CONV2D) | LY(CONV2D_TRANSPOSE))
+#define KERNELED (LY(DENSE) | CONV2S | LY(CONV1D))
+static void parse_zero_padding(cfg_ctx *c, const config_setting_t *s, void *base);
+static void parse_target_shape(cfg_ctx *c, const config_setting_t *s, void *base);
 static const cfg_opt layer_opts[] = {
     O_KIND(loom_layer_spec, "type", kind, 0, loom_layer_names_, ALL, "layer type"),
     O_STR(loom_layer_spec, "name", name, "", NULL, ALL, 0, "layer name; default <type>_<index>"),
     O_INT(loom_layer_spec, "units", units, 0, 1, LOOM_MAX_UNITS, LY(DENSE), LY(DENSE), "output units"),
-    O_INT(loom_layer_spec, "filters", filters, 0, 1, LOOM_MAX_UNITS, LY(CONV2D), LY(CONV2D), "output channels"),
-    O_PAIR(loom_layer_spec, "kernel_size", kernel, 0, 1, INT_MAX, LY(CONV2D), LY(CONV2D), "int or [h, w]"),
-    O_PAIR(loom_layer_spec, "strides", stride, 1, 1, INT_MAX, LY(CONV2D) | LY(MAX_POOL2D) | LY(AVG_POOL2D), 0,
-           "int or [h, w]; default 1 (conv2d) or pool_size (pooling)"),
+    O_INT(loom_layer_spec, "filters", filters, 0, 1, LOOM_MAX_UNITS, (CONV2S & ~LY(DEPTHWISE_CONV2D)) | LY(CONV1D),
+          (CONV2S & ~LY(DEPTHWISE_CONV2D)) | LY(CONV1D), "output channels"),
+    O_PAIR(loom_layer_spec, "kernel_size", kernel, 0, 1, INT_MAX, CONV2S, CONV2S, "int or [h, w]"),
+    O_INT(loom_layer_spec, "kernel_size", kernel[1], 0, 1, INT_MAX, LY(CONV1D), LY(CONV1D), "window length"),
+    O_PAIR(loom_layer_spec, "strides", stride, 1, 1, INT_MAX, CONV2S | LY(MAX_POOL2D) | LY(AVG_POOL2D), 0,
+           "int or [h, w]; default 1 (convolutions) or pool_size (pooling)"),
+    O_INT(loom_layer_spec, "strides", stride[1], 1, 1, INT_MAX, LY(CONV1D), 0, "step along the sequence; default 1"),
+    O_PAIR(loom_layer_spec, "dilation_rate", dilation, 1, 1, INT_MAX, CONV2S, 0,
+           "int or [h, w]: the kernel's taps that far apart (atrous); default 1"),
+    O_INT(loom_layer_spec, "dilation_rate", dilation[1], 1, 1, INT_MAX, LY(CONV1D), 0,
+          "the kernel's taps that far apart; default 1"),
+    O_INT(loom_layer_spec, "groups", groups, 1, 1, LOOM_MAX_UNITS, LY(CONV2D) | LY(CONV1D), 0,
+          "input channels and filters split in that many groups, each convolved on its own; default 1"),
+    O_INT(loom_layer_spec, "depth_multiplier", depth_multiplier, 1, 1, LOOM_MAX_UNITS,
+          LY(DEPTHWISE_CONV2D) | LY(SEPARABLE_CONV2D), 0, "output channels per input channel; default 1"),
     O_PAIR(loom_layer_spec, "pool_size", pool, 2, 1, INT_MAX, LY(MAX_POOL2D) | LY(AVG_POOL2D), 0, "int or [h, w]"),
+    O_PAIR(loom_layer_spec, "size", size, 2, 1, 4096, LY(UPSAMPLING2D), 0, "int or [h, w]: the repeats; default 2"),
     O_ENUM(loom_layer_spec, "padding", padding, LOOM_PAD_VALID, loom_padding_names_,
-           LY(CONV2D) | LY(MAX_POOL2D) | LY(AVG_POOL2D), 0, "valid or same"),
+           CONV2S | LY(MAX_POOL2D) | LY(AVG_POOL2D) | LY(CONV1D), 0, "valid or same (conv1d: or causal)"),
+    O_CUSTOM("padding", parse_zero_padding, LY(ZERO_PADDING2D), 0,
+             "int, [h, w] or ([top, bottom], [left, right]); default 1"),
+    O_CUSTOM("target_shape", parse_target_shape, LY(RESHAPE), LY(RESHAPE),
+             "the output's shape per example, 1 to 3 dims, one of them may be -1"),
     O_F64(loom_layer_spec, "alpha", alpha, 0.3, 0.0, 0, F_NO_HI, LY(ACTIVATION), 0, "leaky_relu: slope below 0"),
     O_F64(loom_layer_spec, "momentum", momentum, 0.99, 0.0, 1.0, F_HI_OPEN, LY(BATCH_NORM), 0,
           "moving statistics: m = momentum * m + (1 - momentum) * batch"),
@@ -31,10 +52,10 @@ static const cfg_opt layer_opts[] = {
     O_BOOL(loom_layer_spec, "sync", sync, 0, LY(BATCH_NORM),
            "batch statistics over the global batch of every replica and worker (SyncBatchNormalization)"),
     O_ENUM(loom_layer_spec, "activation", activation, LOOM_ACT_NONE, loom_activation_names_,
-           LY(DENSE) | LY(CONV2D) | LY(ACTIVATION), LY(ACTIVATION), "activation function"),
-    O_ENUM(loom_layer_spec, "kernel_init", kernel_init, LOOM_INIT_GLOROT_UNIFORM, loom_init_names_,
-           LY(DENSE) | LY(CONV2D), 0, "kernel initialiser"),
-    O_BOOL(loom_layer_spec, "use_bias", use_bias, 1, LY(DENSE) | LY(CONV2D), "add a bias"),
+           KERNELED | LY(ACTIVATION), LY(ACTIVATION), "activation function"),
+    O_ENUM(loom_layer_spec, "kernel_init", kernel_init, LOOM_INIT_GLOROT_UNIFORM, loom_init_names_, KERNELED, 0,
+           "kernel initialiser"),
+    O_BOOL(loom_layer_spec, "use_bias", use_bias, 1, KERNELED, "add a bias"),
     O_F64(loom_layer_spec, "rate", rate, 0, 0.0, 1.0, F_HI_OPEN, LY(DROPOUT), LY(DROPOUT), "drop probability"),
     O_INT(loom_layer_spec, "input_dim", input_dim, 0, 1, (int64_t)1 << 31, LY(EMBEDDING), LY(EMBEDDING),
           "rows of the table: ids are in [0, input_dim)"),
@@ -44,6 +65,95 @@ static const cfg_opt layer_opts[] = {
            "several ids per column (input (columns, k)): sum or mean of their rows"),
     O_END,
 };
+
+/* zero_padding2d's padding: 1 (all sides), [h, w] (top and bottom h, left
+ * and right w) or [[top, bottom], [left, right]], each >= 0. */
+static void parse_zero_padding(cfg_ctx *c, const config_setting_t *s, void *base)
+{
+    loom_layer_spec *l = base;
+    char v[300];
+    int64_t x;
+    const int64_t hi = 1 << 20;
+    if (cfg_is_int_(s)) {
+        if (cfg_get_int_in_(c, s, 0, hi, &x)) l->pad[0] = l->pad[1] = l->pad[2] = l->pad[3] = (int)x;
+        return;
+    }
+    bool list = (config_setting_is_array(s) || config_setting_is_list(s)) && config_setting_length(s) == 2;
+    if (list && cfg_is_int_(config_setting_get_elem(s, 0)) && cfg_is_int_(config_setting_get_elem(s, 1))) {
+        int64_t h, w;
+        if (cfg_get_int_in_(c, config_setting_get_elem(s, 0), 0, hi, &h) &&
+            cfg_get_int_in_(c, config_setting_get_elem(s, 1), 0, hi, &w))
+            l->pad[0] = l->pad[1] = (int)h, l->pad[2] = l->pad[3] = (int)w;
+        return;
+    }
+    for (int i = 0; list && i < 2; i++) {
+        const config_setting_t *e = config_setting_get_elem(s, i);
+        list = (config_setting_is_array(e) || config_setting_is_list(e)) && config_setting_length(e) == 2;
+    }
+    if (!list) {
+        cfg_err_(c, s, "expected an integer >= 0, [h, w] or ([top, bottom], [left, right]), got %s",
+                 cfg_value_str_(s, v, sizeof v));
+        return;
+    }
+    int p[4];
+    for (int i = 0; i < 4; i++) {
+        if (!cfg_get_int_in_(c, config_setting_get_elem(config_setting_get_elem(s, i / 2), i % 2), 0, hi, &x)) return;
+        p[i] = (int)x;
+    }
+    memcpy(l->pad, p, sizeof p);
+}
+
+/* reshape's target_shape: [d0, ...] of 1 to 3 dims, each >= 1 or one -1. */
+static void parse_target_shape(cfg_ctx *c, const config_setting_t *s, void *base)
+{
+    loom_layer_spec *l = base;
+    char v[300];
+    int n = config_setting_is_array(s) || config_setting_is_list(s) ? config_setting_length(s) : 0;
+    if (n < 1 || n > 3) {
+        cfg_err_(c, s, "expected a shape of 1 to 3 dims such as [7, 7, 64] (one may be -1), got %s",
+                 cfg_value_str_(s, v, sizeof v));
+        return;
+    }
+    int unknown = 0;
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *e = config_setting_get_elem(s, i);
+        int64_t x;
+        if (cfg_is_int_(e) && config_setting_get_int64(e) == -1) {
+            if (unknown++) {
+                cfg_err_(c, e, "only one dim of target_shape may be -1 (the one inferred from the input)");
+                return;
+            }
+            l->target[i] = -1;
+            continue;
+        }
+        if (!cfg_get_int_in_(c, e, 1, INT_MAX, &x)) return;
+        l->target[i] = x;
+    }
+    l->n_target = n;
+}
+
+/* What the option table cannot say about a layer: which kinds take which
+ * padding, groups against filters, strides with dilation (as Keras refuses). */
+static void check_layer(cfg_ctx *c, const config_setting_t *e, loom_layer_spec *l)
+{
+    const config_setting_t *s;
+    if (l->activation == LOOM_ACT_SILU) l->activation = LOOM_ACT_SWISH;
+    if (l->kind == LOOM_LAYER_CONV1D) l->kernel[0] = l->stride[0] = l->dilation[0] = 1;
+    if (l->kind == LOOM_LAYER_ZERO_PADDING2D && !config_setting_get_member(e, "padding"))
+        l->pad[0] = l->pad[1] = l->pad[2] = l->pad[3] = 1;
+    if (l->padding == LOOM_PAD_CAUSAL && l->kind != LOOM_LAYER_CONV1D && (s = config_setting_get_member(e, "padding"))) {
+        loom_err *er = cfg_err_(c, s, "padding \"causal\" applies only to conv1d (expected \"valid\" or \"same\")");
+        if (er) loom_err_hint(er, "for a causal 2-D window pad the top with zero_padding2d and use padding \"valid\"");
+    }
+    if ((l->kind == LOOM_LAYER_CONV2D || l->kind == LOOM_LAYER_CONV1D) && l->groups > 1 && l->filters > 0 &&
+        l->filters % l->groups && (s = config_setting_get_member(e, "groups")))
+        cfg_err_(c, s, "groups = %d must divide filters = %d", l->groups, l->filters);
+    bool dil = l->dilation[0] > 1 || l->dilation[1] > 1, str = l->stride[0] > 1 || l->stride[1] > 1;
+    if (l->kind != LOOM_LAYER_CONV2D_TRANSPOSE && dil && str && (s = config_setting_get_member(e, "dilation_rate"))) {
+        loom_err *er = cfg_err_(c, s, "dilation_rate > 1 with strides > 1 (Keras refuses it too)");
+        if (er) loom_err_hint(er, "use strides = 1 with a dilation, or dilation_rate = 1 with strides");
+    }
+}
 
 static const cfg_opt model_opts[] = {
     O_STR(loom_model_spec, "input", input, "image", NULL, ALL, 0, "feature fed to the first layer"),
@@ -145,6 +255,7 @@ static void parse_layers(cfg_ctx *c, const config_setting_t *g, loom_model_spec 
         cfg_parse_opts_(c, e, layer_opts, k, l);
         cfg_scope sc = {layer_opts, k, NULL};
         cfg_check_keys_(c, e, &sc, 1);
+        if (k >= 0) check_layer(c, e, l);
         if ((k == LOOM_LAYER_MAX_POOL2D || k == LOOM_LAYER_AVG_POOL2D) && !config_setting_get_member(e, "strides"))
             l->stride[0] = l->pool[0], l->stride[1] = l->pool[1];
         if (!l->name[0] && k >= 0) snprintf(l->name, sizeof l->name, "%s_%d", loom_layer_names_[k], i);

@@ -560,6 +560,8 @@ static void print_layer(FILE *f, const loom_layer_spec *l)
         kv_pair(f, 3, "kernel_size", l->kernel);
         kv_pair(f, 3, "strides", l->stride);
         kv_str(f, 3, "padding", loom_cfg_name_(loom_padding_names_, (int)l->padding));
+        kv_pair(f, 3, "dilation_rate", l->dilation);
+        kv_i64(f, 3, "groups", l->groups);
         break;
     case LOOM_LAYER_MAX_POOL2D:
     case LOOM_LAYER_AVG_POOL2D:
@@ -578,6 +580,35 @@ static void print_layer(FILE *f, const loom_layer_spec *l)
         if (l->sync) kv_bool(f, 3, "sync", l->sync);
         break;
     case LOOM_LAYER_LAYER_NORM: kv_f64(f, 3, "epsilon", l->epsilon); break;
+    case LOOM_LAYER_DEPTHWISE_CONV2D:
+    case LOOM_LAYER_SEPARABLE_CONV2D:
+    case LOOM_LAYER_CONV2D_TRANSPOSE:
+        if (l->kind != LOOM_LAYER_DEPTHWISE_CONV2D) kv_i64(f, 3, "filters", l->filters);
+        if (l->kind != LOOM_LAYER_CONV2D_TRANSPOSE) kv_i64(f, 3, "depth_multiplier", l->depth_multiplier);
+        kv_pair(f, 3, "kernel_size", l->kernel);
+        kv_pair(f, 3, "strides", l->stride);
+        kv_pair(f, 3, "dilation_rate", l->dilation);
+        kv_str(f, 3, "padding", loom_cfg_name_(loom_padding_names_, (int)l->padding));
+        break;
+    case LOOM_LAYER_CONV1D:
+        kv_i64(f, 3, "filters", l->filters);
+        kv_i64(f, 3, "kernel_size", l->kernel[1]);
+        kv_i64(f, 3, "strides", l->stride[1]);
+        kv_i64(f, 3, "dilation_rate", l->dilation[1]);
+        kv_i64(f, 3, "groups", l->groups);
+        kv_str(f, 3, "padding", loom_cfg_name_(loom_padding_names_, (int)l->padding));
+        break;
+    case LOOM_LAYER_ZERO_PADDING2D:
+        ind(f, 3);
+        fprintf(f, "padding = ([%d, %d], [%d, %d]);\n", l->pad[0], l->pad[1], l->pad[2], l->pad[3]);
+        break;
+    case LOOM_LAYER_UPSAMPLING2D: kv_pair(f, 3, "size", l->size); break;
+    case LOOM_LAYER_RESHAPE:
+        ind(f, 3);
+        fputs("target_shape = [", f);
+        for (int i = 0; i < l->n_target; i++) fprintf(f, "%s%lld", i ? ", " : "", (long long)l->target[i]);
+        fputs("];\n", f);
+        break;
     case LOOM_LAYER_EMBEDDING:
         kv_i64(f, 3, "input_dim", l->input_dim);
         kv_i64(f, 3, "output_dim", l->output_dim);
@@ -585,9 +616,11 @@ static void print_layer(FILE *f, const loom_layer_spec *l)
         break;
     default: break;
     }
-    if (l->kind == LOOM_LAYER_DENSE || l->kind == LOOM_LAYER_CONV2D || l->kind == LOOM_LAYER_ACTIVATION)
-        kv_str(f, 3, "activation", loom_activation_name(l->activation));
-    if (l->kind == LOOM_LAYER_DENSE || l->kind == LOOM_LAYER_CONV2D) {
+    bool kernel = l->kind == LOOM_LAYER_DENSE || l->kind == LOOM_LAYER_CONV2D || l->kind == LOOM_LAYER_CONV1D ||
+                  l->kind == LOOM_LAYER_DEPTHWISE_CONV2D || l->kind == LOOM_LAYER_SEPARABLE_CONV2D ||
+                  l->kind == LOOM_LAYER_CONV2D_TRANSPOSE;
+    if (kernel || l->kind == LOOM_LAYER_ACTIVATION) kv_str(f, 3, "activation", loom_activation_name(l->activation));
+    if (kernel) {
         kv_str(f, 3, "kernel_init", loom_cfg_name_(loom_init_names_, (int)l->kernel_init));
         kv_bool(f, 3, "use_bias", l->use_bias);
     }

@@ -55,13 +55,16 @@ const char *nn_layer_kind_name_(loom_layer_kind k)
 {
     static const char *const names[] = {"dense", "conv2d", "max_pool2d", "dropout", "flatten", "activation",
                                         "batch_normalization", "layer_normalization", "average_pooling2d",
-                                        "global_average_pooling2d", "embedding"};
+                                        "global_average_pooling2d", "embedding", "zero_padding2d",
+                                        "global_max_pooling2d", "reshape", "upsampling2d", "depthwise_conv2d",
+                                        "separable_conv2d", "conv2d_transpose", "conv1d"};
     return (unsigned)k < sizeof names / sizeof names[0] ? names[k] : "?";
 }
 
 const char *nn_activation_name_(loom_activation a)
 {
-    static const char *const names[] = {"none", "relu", "sigmoid", "tanh", "softmax", "leaky_relu", "gelu"};
+    static const char *const names[] = {"none", "relu",       "sigmoid",  "tanh", "softmax", "leaky_relu",
+                                        "gelu", "swish", "hard_swish", "softplus", "elu",  "silu"};
     return (unsigned)a < sizeof names / sizeof names[0] ? names[a] : "?";
 }
 
@@ -186,6 +189,21 @@ NN_HOT static void act_grad_to(float *restrict dz, const float *restrict g, cons
     }
 }
 
+void nn_layer_act_(const nn_layer_ *l, float *y, const float *b, int64_t rows, int64_t n)
+{
+    bias_act(y, b, rows, n, l->act); /* (the activations below: the bias alone) */
+    if (!nn_act_needs_x_(l->act)) return;
+    float *z = l->dz + (y - l->y);
+    memcpy(z, y, (size_t)(rows * n) * sizeof *z);
+    nn_act_apply_(l->act, z, y, rows * n);
+}
+
+void nn_layer_act_grad_(const nn_layer_ *l, float *dz, const float *g, const float *y, int64_t rows, int64_t n)
+{
+    if (nn_act_needs_x_(l->act)) nn_act_grad_x_(l->act, dz, g, dz, rows * n);
+    else act_grad_to(dz, g, y, rows, n, l->act);
+}
+
 /* The chunk's part: dz rows = g * act'(y) into l->dz, and dX (B, in) = dz W^T.
  * dW and db wait for all chunks' dz rows (nn_dense_param_grads_): one product
  * over the whole batch instead of one per chunk plus a sum of the chunks. */
@@ -196,7 +214,7 @@ static float *dense_backward(const loom_model *m, const nn_layer_ *l, nn_chunk_ 
     const float *W = m->params + l->kernel_off;
     float *dz = l->dz + c->b0 * l->n_out;
     int in = (int)l->n_in, out = (int)l->n_out;
-    act_grad_to(dz, g, y, B, out, l->act);
+    nn_layer_act_grad_(l, dz, g, y, B, out);
     if (!l->needs_dx) return NULL;
     loom_sgemm(false, true, (int)B, in, out, 1.f, dz, out, W, out, 0.f, other, in);
     return other;
@@ -869,7 +887,7 @@ static float *conv_backward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *
     const float *W = m->params + l->kernel_off;
     const int64_t K = (int64_t)l->kh * l->kw * l->cin, P = (int64_t)l->oh * l->ow;
     float *dz = l->dz + c->b0 * l->n_out;
-    if (!l->fuse_pool) act_grad_to(dz, g, y, B * P, l->cout, l->act); /* fused: the pool's backward wrote dz */
+    if (!l->fuse_pool) nn_layer_act_grad_(l, dz, g, y, B * P, l->cout); /* fused: the pool's backward wrote dz */
     if (!l->needs_dx) return NULL;
     for (int64_t b0 = 0; b0 < B; b0 += l->chunk) {
         int64_t nb = B - b0 < l->chunk ? B - b0 : l->chunk;
@@ -1546,9 +1564,25 @@ void nn_layer_forward_(const loom_model *m, int li, nn_chunk_ *c, int training, 
     switch (l->spec.kind) {
     case LOOM_LAYER_DENSE:
         dense_forward(m, l, x, y, B);
+        if (nn_act_needs_x_(l->act)) nn_layer_act_(l, y, NULL, B, l->n_out);
         break;
     case LOOM_LAYER_CONV2D:
+        if (l->direct) {
+            nn_more_forward_(m, li, c);
+            break;
+        }
         conv_forward(m, l, c, x, y);
+        if (nn_act_needs_x_(l->act)) nn_layer_act_(l, y, NULL, B, l->n_out);
+        break;
+    case LOOM_LAYER_ZERO_PADDING2D:
+    case LOOM_LAYER_GLOBAL_MAX_POOL2D:
+    case LOOM_LAYER_RESHAPE:
+    case LOOM_LAYER_UPSAMPLING2D:
+    case LOOM_LAYER_DEPTHWISE_CONV2D:
+    case LOOM_LAYER_SEPARABLE_CONV2D:
+    case LOOM_LAYER_CONV2D_TRANSPOSE:
+    case LOOM_LAYER_CONV1D:
+        nn_more_forward_(m, li, c);
         break;
     case LOOM_LAYER_MAX_POOL2D:
         if (!l->fused) pool_forward(l, x, y, l->argmax + row0, B); /* fused: the conv's forward pooled */
@@ -1580,6 +1614,8 @@ void nn_layer_forward_(const loom_model *m, int li, nn_chunk_ *c, int training, 
             c->act[li + 1] = x;
         } else if (l->act == LOOM_ACT_LEAKY_RELU || l->act == LOOM_ACT_GELU) {
             act_x_forward(l, x, y, B * l->n_out);
+        } else if (nn_act_needs_x_(l->act)) {
+            nn_act_apply_(l->act, x, y, B * l->n_out);
         } else {
             memcpy(y, x, (size_t)(B * l->n_out) * sizeof *y);
             bias_act(y, NULL, B, l->n_out, l->act);
@@ -1597,7 +1633,17 @@ float *nn_layer_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, f
     case LOOM_LAYER_DENSE:
         return dense_backward(m, l, c, y, g, other);
     case LOOM_LAYER_CONV2D:
+        if (l->direct) return nn_more_backward_(m, li, c, g, other);
         return conv_backward(m, l, c, y, g, other);
+    case LOOM_LAYER_ZERO_PADDING2D:
+    case LOOM_LAYER_GLOBAL_MAX_POOL2D:
+    case LOOM_LAYER_RESHAPE:
+    case LOOM_LAYER_UPSAMPLING2D:
+    case LOOM_LAYER_DEPTHWISE_CONV2D:
+    case LOOM_LAYER_SEPARABLE_CONV2D:
+    case LOOM_LAYER_CONV2D_TRANSPOSE:
+    case LOOM_LAYER_CONV1D:
+        return nn_more_backward_(m, li, c, g, other);
     case LOOM_LAYER_MAX_POOL2D:
         if (l->fused) { /* the conv's dz rows directly; the conv ignores g */
             const nn_layer_ *cv = l - 1;
@@ -1612,6 +1658,7 @@ float *nn_layer_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, f
         return g;
     case LOOM_LAYER_ACTIVATION:
         if (l->act == LOOM_ACT_LEAKY_RELU || l->act == LOOM_ACT_GELU) act_x_backward(l, x, g, B * l->n_out);
+        else if (nn_act_needs_x_(l->act)) nn_act_grad_x_(l->act, x, g, g, B * l->n_out);
         else if (l->act != LOOM_ACT_NONE) act_grad_colsum(g, y, NULL, B, l->n_out, l->act);
         return g;
     case LOOM_LAYER_AVG_POOL2D:

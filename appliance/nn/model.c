@@ -61,6 +61,12 @@ static int add_param(loom_model *m, const nn_layer_ *l, const char *suffix, cons
     return (int)p->offset;
 }
 
+int nn_add_param_(loom_model *m, const nn_layer_ *l, const char *suffix, const loom_shape *shape, int init,
+                  double fan_in, double fan_out)
+{
+    return add_param(m, l, suffix, shape, init, fan_in, fan_out);
+}
+
 /* ---- the shape rules: one function per layer kind -------------------------
  * Each sets l->out (and the kind's geometry in l) from l->in, adds the
  * layer's parameters, counts its flops, and refuses a shape it cannot take. */
@@ -121,6 +127,8 @@ static int window_shapes(loom_model *m, nn_layer_ *l, int li, loom_err *err)
     const loom_layer_spec *s = &l->spec;
     const char *kind = nn_layer_kind_name_(s->kind);
     const loom_shape *in = &l->in;
+    if (s->kind == LOOM_LAYER_CONV2D && (s->groups > 1 || s->dilation[0] > 1 || s->dilation[1] > 1))
+        return nn_more_shapes_(m, l, li, err); /* conv_more.c's direct loops */
     if (in->rank != 3) {
         loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\" (%s) needs an (H, W, C) input, got %s", s->name, kind,
                      loom_shape_str(in, a, sizeof a));
@@ -272,7 +280,22 @@ static int (*const kind_shapes[])(loom_model *m, nn_layer_ *l, int li, loom_err 
     [LOOM_LAYER_LAYER_NORM] = norm_shapes,
     [LOOM_LAYER_GLOBAL_AVG_POOL2D] = global_pool_shapes,
     [LOOM_LAYER_EMBEDDING] = embedding_shapes,
+    [LOOM_LAYER_ZERO_PADDING2D] = nn_more_shapes_,
+    [LOOM_LAYER_GLOBAL_MAX_POOL2D] = nn_more_shapes_,
+    [LOOM_LAYER_RESHAPE] = nn_more_shapes_,
+    [LOOM_LAYER_UPSAMPLING2D] = nn_more_shapes_,
+    [LOOM_LAYER_DEPTHWISE_CONV2D] = nn_more_shapes_,
+    [LOOM_LAYER_SEPARABLE_CONV2D] = nn_more_shapes_,
+    [LOOM_LAYER_CONV2D_TRANSPOSE] = nn_more_shapes_,
+    [LOOM_LAYER_CONV1D] = nn_more_shapes_,
 };
+
+/* The kinds with a kernel of their own and an activation. */
+static bool kernel_kind(loom_layer_kind k)
+{
+    return k == LOOM_LAYER_DENSE || k == LOOM_LAYER_CONV2D || k == LOOM_LAYER_DEPTHWISE_CONV2D ||
+           k == LOOM_LAYER_SEPARABLE_CONV2D || k == LOOM_LAYER_CONV2D_TRANSPOSE || k == LOOM_LAYER_CONV1D;
+}
 
 /* A dense or conv2d layer's own activation: leaky_relu and gelu take a layer
  * of their own, and a softmax needs a rank-1 output. */
@@ -280,7 +303,7 @@ static int fused_activation_ok(const nn_layer_ *l, loom_err *err)
 {
     char a[96];
     const loom_layer_spec *s = &l->spec;
-    if (s->kind != LOOM_LAYER_DENSE && s->kind != LOOM_LAYER_CONV2D) return LOOM_OK;
+    if (!kernel_kind(s->kind)) return LOOM_OK;
     if (l->act == LOOM_ACT_LEAKY_RELU || l->act == LOOM_ACT_GELU)
         return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\" (%s): activation \"%s\" is an activation layer "
                             "of its own", s->name, nn_layer_kind_name_(s->kind), nn_activation_name_(l->act)),
@@ -296,7 +319,7 @@ static int fused_activation_ok(const nn_layer_ *l, loom_err *err)
 static int layer_shapes(loom_model *m, nn_layer_ *l, int li, loom_err *err)
 {
     loom_layer_kind k = l->spec.kind;
-    l->kernel_off = l->bias_off = l->mm_off = l->mv_off = -1;
+    l->kernel_off = l->bias_off = l->mm_off = l->mv_off = l->pw_off = -1;
     l->act = LOOM_ACT_NONE;
     if ((unsigned)k >= sizeof kind_shapes / sizeof kind_shapes[0] || !kind_shapes[k])
         return loom_err_set(err, LOOM_ESHAPE, l->where, "layer %d: unknown kind %d", li, (int)k);
@@ -459,7 +482,7 @@ static void fuse(loom_model *m)
     /* conv2d (none or relu) + a max_pool2d tiling its output: fused (nn_internal.h, fuse_pool) */
     for (int i = 0; i + 1 < m->n_layers; i++) {
         nn_layer_ *l = &m->layer[i], *p = &m->layer[i + 1];
-        if (l->spec.kind != LOOM_LAYER_CONV2D || p->spec.kind != LOOM_LAYER_MAX_POOL2D) continue;
+        if (l->spec.kind != LOOM_LAYER_CONV2D || l->direct || p->spec.kind != LOOM_LAYER_MAX_POOL2D) continue;
         if (l->act != LOOM_ACT_NONE && l->act != LOOM_ACT_RELU) continue;
         if (p->sh != p->kh || p->sw != p->kw || p->pad_t || p->pad_l || p->oh * p->kh != p->ih || p->ow * p->kw != p->iw)
             continue;
@@ -535,7 +558,8 @@ static bool layer_buffers(nn_layer_ *l, int64_t max_batch)
 {
     loom_layer_kind k = l->spec.kind;
     int norm = k == LOOM_LAYER_BATCH_NORM || k == LOOM_LAYER_LAYER_NORM;
-    int owns_y = k == LOOM_LAYER_DENSE || k == LOOM_LAYER_CONV2D || k == LOOM_LAYER_MAX_POOL2D ||
+    int owns_y = kernel_kind(k) || k == LOOM_LAYER_MAX_POOL2D || k == LOOM_LAYER_ZERO_PADDING2D ||
+                 k == LOOM_LAYER_GLOBAL_MAX_POOL2D || k == LOOM_LAYER_UPSAMPLING2D ||
                  (k == LOOM_LAYER_DROPOUT && l->spec.rate > 0) || (k == LOOM_LAYER_ACTIVATION && l->act) || norm ||
                  k == LOOM_LAYER_AVG_POOL2D || k == LOOM_LAYER_GLOBAL_AVG_POOL2D;
     size_t outs = (size_t)(max_batch * l->n_out);
@@ -545,8 +569,14 @@ static bool layer_buffers(nn_layer_ *l, int64_t max_batch)
         return false;
     if (k == LOOM_LAYER_LAYER_NORM && !(l->dz = loom_alloc_aligned(outs * sizeof(float)))) return false;
     if (owns_y && !(l->y = loom_alloc_aligned(outs * sizeof(float)))) return false;
-    if (k == LOOM_LAYER_MAX_POOL2D && !(l->argmax = loom_alloc_aligned(outs * sizeof(int32_t)))) return false;
-    if ((k == LOOM_LAYER_DENSE || k == LOOM_LAYER_CONV2D || l->fused) &&
+    if ((k == LOOM_LAYER_MAX_POOL2D || k == LOOM_LAYER_GLOBAL_MAX_POOL2D) &&
+        !(l->argmax = loom_alloc_aligned(outs * sizeof(int32_t))))
+        return false;
+    if (k == LOOM_LAYER_SEPARABLE_CONV2D) {
+        size_t mid = (size_t)(max_batch * l->oh * l->ow) * (size_t)(l->cin * l->mult) * sizeof(float);
+        if (!(l->mid = loom_alloc_aligned(mid)) || !(l->dmid = loom_alloc_aligned(mid))) return false;
+    }
+    if ((kernel_kind(k) || l->fused) &&
         !(l->dz = loom_alloc_aligned(outs * sizeof(float))))
         return false;
     if (k == LOOM_LAYER_EMBEDDING && !embedding_buffers(l, max_batch)) return false;
@@ -564,7 +594,7 @@ static bool model_buffers(loom_model *m)
         gmax = l->n_in > gmax ? l->n_in : gmax;
         gmax = l->n_out > gmax ? l->n_out : gmax;
         if (!layer_buffers(l, max_batch)) return false;
-        if (l->spec.kind == LOOM_LAYER_CONV2D) {
+        if (l->spec.kind == LOOM_LAYER_CONV2D && !l->direct) {
             int64_t col = conv_chunk(l, max_batch);
             colmax = col > colmax ? col : colmax;
         }
@@ -709,6 +739,8 @@ void loom_model_free(loom_model *m)
         loom_free(m->layer[i].hval);
         loom_free(m->layer[i].xhat);
         loom_free(m->layer[i].stat);
+        loom_free(m->layer[i].mid);
+        loom_free(m->layer[i].dmid);
     }
     free_chunks(m->pool, m->chunk, m->threads);
     loom_free(m->params);
@@ -744,7 +776,7 @@ void loom_model_summary(const loom_model *m, FILE *f)
         int64_t np = 0;
         for (int k = 0; k < m->n_ptensors; k++)
             if (m->pinfo[k].offset == l->kernel_off || m->pinfo[k].offset == l->bias_off ||
-                m->pinfo[k].offset == l->mm_off || m->pinfo[k].offset == l->mv_off)
+                m->pinfo[k].offset == l->mm_off || m->pinfo[k].offset == l->mv_off || m->pinfo[k].offset == l->pw_off)
                 np += loom_shape_numel(&m->pinfo[k].shape);
         snprintf(b, sizeof b, "%s (%s)", l->spec.name, nn_layer_kind_name_(l->spec.kind));
         loom_shape_str(&l->out, a, sizeof a);
@@ -1055,7 +1087,8 @@ static void layer_param_grads(const step_job *j, int i, int part, int parts)
         return;
     }
     /* chunk 0 starts at example 0: its input pointer is the whole batch's */
-    if (l->spec.kind == LOOM_LAYER_DENSE) nn_dense_param_grads_(m, i, m->chunk[0].act[i], j->B, part, parts);
+    if (nn_runs_more_(l)) nn_more_param_grads_(m, i, m->chunk[0].act[i], j->B, part, parts);
+    else if (l->spec.kind == LOOM_LAYER_DENSE) nn_dense_param_grads_(m, i, m->chunk[0].act[i], j->B, part, parts);
     else if (l->spec.kind == LOOM_LAYER_LAYER_NORM) nn_ln_param_grads_(m, i, j->B, part, parts);
     else nn_conv_param_grads_(m, i, m->chunk[0].act[i], j->B, part, parts, m->chunk[part].col);
 }
@@ -1088,7 +1121,7 @@ static void layer_params(const loom_model *m, const nn_layer_ *l, int64_t *lo, i
     *lo = *hi = l->kernel_off;
     for (int t = 0; t < m->n_ptensors; t++) {
         const loom_param_info *p = &m->pinfo[t];
-        if (p->offset != l->kernel_off && p->offset != l->bias_off) continue;
+        if (p->offset != l->kernel_off && p->offset != l->bias_off && p->offset != l->pw_off) continue;
         int64_t end = p->offset + loom_shape_numel(&p->shape);
         if (end > *hi) *hi = end;
     }
@@ -1100,7 +1133,7 @@ static void layer_params(const loom_model *m, const nn_layer_ *l, int64_t *lo, i
  * nn_conv_param_grads_ write, or the whole layer when one part writes it. */
 static bool updates_in_part(const nn_layer_ *l, int parts)
 {
-    return l->spec.kind == LOOM_LAYER_DENSE || l->spec.kind == LOOM_LAYER_CONV2D || parts == 1;
+    return l->spec.kind == LOOM_LAYER_DENSE || (l->spec.kind == LOOM_LAYER_CONV2D && !l->direct) || parts == 1;
 }
 
 static void update_part(const loom_model *m, const nn_layer_ *l, int part, int parts)
@@ -1340,14 +1373,16 @@ static double l2_penalty(const loom_model *m, int64_t B, int64_t gb, float *grad
     const float k = 2.f * m->l2 * (float)B / (float)gb;
     for (int i = 0; i < m->n_layers; i++) {
         const nn_layer_ *l = &m->layer[i];
-        if (l->spec.kind != LOOM_LAYER_DENSE && l->spec.kind != LOOM_LAYER_CONV2D) continue; /* kernels only */
-        int64_t n = 0;
-        for (int t = 0; t < m->n_ptensors; t++)
-            if (m->pinfo[t].offset == l->kernel_off) n = loom_shape_numel(&m->pinfo[t].shape);
-        const float *w = m->params + l->kernel_off;
-        for (int64_t e = 0; e < n; e++) {
-            ss += (double)w[e] * w[e];
-            if (grads) grads[l->kernel_off + e] += k * w[e];
+        if (!kernel_kind(l->spec.kind)) continue; /* kernels only (a separable's two) */
+        for (int t = 0; t < m->n_ptensors; t++) {
+            int64_t off = m->pinfo[t].offset;
+            if (off != l->kernel_off && off != l->pw_off) continue;
+            int64_t n = loom_shape_numel(&m->pinfo[t].shape);
+            const float *w = m->params + off;
+            for (int64_t e = 0; e < n; e++) {
+                ss += (double)w[e] * w[e];
+                if (grads) grads[off + e] += k * w[e];
+            }
         }
     }
     return (double)m->l2 * ss * (double)B;
@@ -1637,7 +1672,7 @@ int loom_model_layer_gemm(const loom_model *m, int i, int64_t B, int which, loom
     int64_t rows, in, outn; /* the product's batch rows, its inner and outer widths */
     if (l->spec.kind == LOOM_LAYER_DENSE) {
         rows = B, in = l->n_in, outn = l->n_out;
-    } else if (l->spec.kind == LOOM_LAYER_CONV2D) {
+    } else if (l->spec.kind == LOOM_LAYER_CONV2D && !l->direct) {
         rows = B * l->oh * l->ow, in = (int64_t)l->kh * l->kw * l->cin, outn = l->cout;
     } else {
         return 0;

@@ -133,10 +133,16 @@ static void dev_hint(const char *backend, loom_err *err)
 static int check_kind(const loom_layer_spec *s, loom_activation act, const char *where, const char *backend,
                       loom_err *err)
 {
-    if (s->kind <= LOOM_LAYER_ACTIVATION && act != LOOM_ACT_LEAKY_RELU && act != LOOM_ACT_GELU) return LOOM_OK;
+    bool direct = s->kind == LOOM_LAYER_CONV2D && (s->groups > 1 || s->dilation[0] > 1 || s->dilation[1] > 1);
+    if (s->kind <= LOOM_LAYER_ACTIVATION && act != LOOM_ACT_LEAKY_RELU && act != LOOM_ACT_GELU && act < LOOM_ACT_SWISH &&
+        !direct)
+        return LOOM_OK;
     if (s->kind == LOOM_LAYER_EMBEDDING)
         loom_err_set(err, LOOM_EUNSUPPORTED, where,
                      "layer \"%s\" (embedding): the \"%s\" device backend has no embedding lookup", s->name, backend);
+    else if (direct)
+        loom_err_set(err, LOOM_EUNSUPPORTED, where, "layer \"%s\" (conv2d with groups or dilation_rate) is not "
+                     "implemented on the \"%s\" device backend", s->name, backend);
     else
         loom_err_set(err, LOOM_EUNSUPPORTED, where, "layer \"%s\" (%s%s%s) is not implemented on the \"%s\" device "
                      "backend", s->name, nn_layer_kind_name_(s->kind), act ? ", " : "", act ? nn_activation_name_(act) : "",

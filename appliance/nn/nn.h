@@ -66,6 +66,14 @@ loom_shape   loom_model_output_shape(const loom_model *m); /* per example */
 double       loom_model_forward_flops(const loom_model *m);
 /* Prints a Keras-like summary: layer, output shape, parameters. */
 void         loom_model_summary(const loom_model *m, FILE *f);
+/* `loom check --gradcheck` (gradcheck.c): each layer of m built alone for
+ * its input shape, its backward (input gradient and every trained parameter
+ * tensor's) compared with central differences of a mean squared error on a
+ * small random batch; prints a table (layer, elements checked, max abs and
+ * rel error, pass or FAIL) to f. *failed: the layers that failed. Returns
+ * an error only when a check could not run (memory, a layer that does not
+ * build alone). */
+int          loom_model_gradcheck(const loom_model *m, FILE *f, int *failed, loom_err *err);
 
 /* Sets the threads a step uses (0 = all cores; at most max_batch) and
  * preallocates their buffers: an im2col scratch each and, for all but the

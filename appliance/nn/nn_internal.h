@@ -56,6 +56,14 @@ typedef struct nn_layer_ {
     int64_t       *hkey;           /* (hsize,) open-addressing id -> slot map, -1 = empty */
     int32_t       *hval;           /* (hsize,) */
     int64_t        hsize;          /* a power of two >= 2 sp_max */
+    /* issue 23's layers (conv_more.c) */
+    int            dh, dw;         /* convolutions: dilation (1: none) */
+    int            groups;         /* convolutions: channel groups (depthwise: cin; 1: none) */
+    int            mult;           /* depthwise_, separable_conv2d: depth_multiplier */
+    int            direct;         /* a convolution the direct loops of conv_more.c run (not conv2d's im2col) */
+    int            pad_b, pad_r;   /* zero_padding2d (with pad_t, pad_l) */
+    int64_t        pw_off;         /* separable_conv2d: the pointwise kernel, -1 when absent */
+    float         *mid, *dmid;     /* separable_conv2d: (max_batch, oh*ow*cin*mult) depthwise output, its gradient */
 } nn_layer_;
 
 /* The slice of a step's batch that one thread works on: examples [b0, b0 + B).
@@ -246,6 +254,37 @@ void nn_bn_backward_(loom_model *m, int li, nn_chunk_ *chunk, int nchunks, int64
  * only the forward pass's calls (loom_model_forward). */
 void nn_bn_sync_(loom_model *m, float *buf, int64_t n);
 int  nn_bn_sync_rest_(loom_model *m, bool forward_only, loom_err *err);
+
+/* ---- issue 23's layer kinds (conv_more.c) and activations (activations.c) ----
+ * zero_padding2d, global_max_pooling2d, reshape, upsampling2d, depthwise_,
+ * separable_conv2d, conv2d_transpose, conv1d, and conv2d with groups or
+ * dilation (l->direct): straightforward loops; every parameter gradient is
+ * one fixed sum over the whole batch in example order, whatever the parts. */
+bool  nn_is_more_kind_(loom_layer_kind k);
+/* Output shape, parameters and flops of a layer of those kinds (and a direct conv2d). */
+int   nn_more_shapes_(loom_model *m, nn_layer_ *l, int li, loom_err *err);
+/* Whether layer l runs on conv_more.c's kernels (its kind, or a direct conv2d). */
+bool  nn_runs_more_(const nn_layer_ *l);
+void  nn_more_forward_(const loom_model *m, int li, nn_chunk_ *c);
+float *nn_more_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, float *other);
+void  nn_more_param_grads_(const loom_model *m, int li, const float *x, int64_t B, int part, int parts);
+/* Tests only: loom_model_gradcheck scales the analytic gradients by 1 + this (0: off). */
+extern float nn_gradcheck_skew_;
+/* The model's parameter allocator (model.c): offset of the new tensor, -1 on overflow. */
+int   nn_add_param_(loom_model *m, const nn_layer_ *l, const char *suffix, const loom_shape *shape, int init,
+                    double fan_in, double fan_out);
+
+/* y (rows, n) = act(y + b) (b may be NULL) with layer l's activation; an
+ * activation whose gradient needs its input (nn_act_needs_x_) keeps the
+ * pre-activation in l's dz rows matching y (y inside l->y). */
+void  nn_layer_act_(const nn_layer_ *l, float *y, const float *b, int64_t rows, int64_t n);
+/* dz (rows, n) = g * act'(): from y, or from the pre-activation nn_layer_act_
+ * kept in dz (then dz is l's dz rows of that y). */
+void  nn_layer_act_grad_(const nn_layer_ *l, float *dz, const float *g, const float *y, int64_t rows, int64_t n);
+/* swish, hard_swish, softplus, elu: gradients from the input */
+bool  nn_act_needs_x_(loom_activation a);
+void  nn_act_apply_(loom_activation a, const float *x, float *y, int64_t n);     /* y may be x */
+void  nn_act_grad_x_(loom_activation a, const float *x, const float *g, float *dz, int64_t n); /* dz may be x or g */
 
 /* Loss on the final outputs z (B, n): per-example loss sum, correct count, and
  * (when g is not NULL) d(sum loss)/dz * inv_gb into g. */

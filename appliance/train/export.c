@@ -46,8 +46,8 @@ enum { MODEL_IR_VERSION = 1, MODEL_PRODUCER_NAME = 2, MODEL_PRODUCER_VERSION = 3
 enum { OPSET_DOMAIN = 1, OPSET_VERSION = 2 };
 enum { GRAPH_NODE = 1, GRAPH_NAME = 2, GRAPH_INITIALIZER = 5, GRAPH_INPUT = 11, GRAPH_OUTPUT = 12 };
 enum { NODE_INPUT = 1, NODE_OUTPUT = 2, NODE_NAME = 3, NODE_OP_TYPE = 4, NODE_ATTRIBUTE = 5 };
-enum { ATTR_NAME = 1, ATTR_F = 2, ATTR_I = 3, ATTR_INTS = 8, ATTR_TYPE = 20 };
-enum { ATTR_TYPE_FLOAT = 1, ATTR_TYPE_INT = 2, ATTR_TYPE_INTS = 7 };
+enum { ATTR_NAME = 1, ATTR_F = 2, ATTR_I = 3, ATTR_S = 4, ATTR_INTS = 8, ATTR_TYPE = 20 };
+enum { ATTR_TYPE_FLOAT = 1, ATTR_TYPE_INT = 2, ATTR_TYPE_STRING = 3, ATTR_TYPE_INTS = 7 };
 enum { TENSOR_DIMS = 1, TENSOR_DATA_TYPE = 2, TENSOR_NAME = 8, TENSOR_RAW_DATA = 9 };
 enum { ONNX_FLOAT = 1, ONNX_UINT8 = 2, ONNX_INT32 = 6, ONNX_INT64 = 7, ONNX_DOUBLE = 11 };
 enum { VALUE_NAME = 1, VALUE_TYPE = 2 };
@@ -78,6 +78,14 @@ static void attr_float(onnx_graph *o, const char *name, float v)
     pb_int(&o->sub, ATTR_TYPE, ATTR_TYPE_FLOAT);
     pb_key(&o->sub, ATTR_F, WT_I32);
     loom_buf_put(&o->sub, le, 4);
+    pb_msg(&o->node, NODE_ATTRIBUTE, &o->sub);
+}
+
+static void attr_str(onnx_graph *o, const char *name, const char *v)
+{
+    pb_str(&o->sub, ATTR_NAME, name);
+    pb_int(&o->sub, ATTR_TYPE, ATTR_TYPE_STRING);
+    pb_str(&o->sub, ATTR_S, v);
     pb_msg(&o->node, NODE_ATTRIBUTE, &o->sub);
 }
 
@@ -255,6 +263,9 @@ static const char *act_op(loom_activation a)
     case LOOM_ACT_SIGMOID: return "Sigmoid";
     case LOOM_ACT_TANH: return "Tanh";
     case LOOM_ACT_SOFTMAX: return "Softmax";
+    case LOOM_ACT_SOFTPLUS: return "Softplus";
+    case LOOM_ACT_ELU: return "Elu"; /* alpha 1, the default */
+    case LOOM_ACT_HARD_SWISH: return "HardSwish"; /* x max(0, min(1, x / 6 + 1 / 2)) = x relu6(x + 3) / 6 */
     default: return NULL;
     }
 }
@@ -281,6 +292,13 @@ static void activation_a(onnx_graph *o, loom_activation a, float alpha, char cur
         strcpy(t3, fresh(o, cb)), node_begin(o, "Add", t3, t2, c2, NULL), node_end(o);
         strcpy(t4, fresh(o, cb)), node_begin(o, "Mul", t4, cur, t3, NULL), node_end(o);
         strcpy(nb, fresh(o, cb)), node_begin(o, "Mul", nb, t4, c3, NULL), node_end(o);
+        strcpy(cur, nb);
+        return;
+    }
+    if (a == LOOM_ACT_SWISH) { /* x sigmoid(x) */
+        char sg[32];
+        strcpy(sg, fresh(o, cb)), node_begin(o, "Sigmoid", sg, cur, NULL, NULL), node_end(o);
+        strcpy(nb, fresh(o, cb)), node_begin(o, "Mul", nb, cur, sg, NULL), node_end(o);
         strcpy(cur, nb);
         return;
     }
@@ -458,9 +476,9 @@ static int emit_norm(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
 
 static int emit_global_pool(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
 {
-    (void)l, (void)err;
+    (void)err;
     if (!w->nchw) transpose(w, to_nchw, true);
-    binary(w->o, "GlobalAveragePool", w->cur, NULL, w->cur);
+    binary(w->o, l->kind == LOOM_LAYER_GLOBAL_MAX_POOL2D ? "GlobalMaxPool" : "GlobalAveragePool", w->cur, NULL, w->cur);
     char nb[32];
     node_begin(w->o, "Flatten", fresh(w->o, nb), w->cur, NULL, NULL); /* (N, C, 1, 1) -> (N, C) */
     attr_int(w->o, "axis", 1);
@@ -471,11 +489,13 @@ static int emit_global_pool(onnx_walk *w, const loom_layer_spec *l, loom_err *er
     return LOOM_OK;
 }
 
-/* A conv2d's kernel, (kh, kw, cin, cout) in Loom, as ONNX's (cout, cin, kh, kw). */
-static const char *conv_kernel(onnx_walk *w, loom_err *err)
+/* A convolution's kernel, (kh, kw, cin, cout) in Loom's memory (dims d, or
+ * the tensor's own when NULL), as ONNX's (cout, cin, kh, kw) (dims od of
+ * rank r when given: the same memory seen otherwise, a conv1d's 3 dims). */
+static const char *conv_kernel_as(onnx_walk *w, const int64_t *dd, const int64_t *odd, int r, loom_err *err)
 {
     const loom_param_info *k = loom_model_param_tensor(w->m, w->pi++);
-    const int64_t *d = k->shape.dim;
+    const int64_t *d = dd ? dd : k->shape.dim;
     int64_t n = loom_shape_numel(&k->shape);
     float *t = loom_alloc((size_t)n * sizeof(float));
     if (!t) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating a conv kernel"), NULL;
@@ -486,15 +506,187 @@ static const char *conv_kernel(onnx_walk *w, loom_err *err)
                 for (int64_t co = 0; co < d[3]; co++)
                     t[((co * d[2] + ci) * d[0] + y) * d[1] + x] = src[((y * d[1] + x) * d[2] + ci) * d[3] + co];
     int64_t od[4] = {d[3], d[2], d[0], d[1]};
-    initializer(w->o, k->name, ONNX_FLOAT, od, 4, t, (size_t)n * sizeof(float));
+    initializer(w->o, k->name, ONNX_FLOAT, odd ? odd : od, odd ? r : 4, t, (size_t)n * sizeof(float));
     loom_free(t);
     return k->name;
+}
+
+static const char *conv_kernel(onnx_walk *w, loom_err *err) { return conv_kernel_as(w, NULL, NULL, 0, err); }
+
+/* Issue 23's convolutions over NCHW: conv2d with groups or dilation_rate,
+ * depthwise_conv2d (Conv, group = cin: the kernel (kh, kw, cin, mult) is
+ * (kh, kw, 1, cin mult) in memory), separable_conv2d (that, then a 1x1 Conv
+ * with the bias) and conv2d_transpose (ConvTranspose: Loom's (kh, kw, cout,
+ * cin) is ONNX's (cin, cout, kh, kw) through the same transpose). */
+static int emit_conv_more(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
+{
+    onnx_graph *o = w->o;
+    if (!w->nchw) transpose(w, to_nchw, true);
+    const loom_layer_kind kind = l->kind;
+    const int64_t ih = w->s.dim[0], iw = w->s.dim[1], cin = w->s.dim[2];
+    const int kh = l->kernel[0], kw = l->kernel[1];
+    const int sh = l->stride[0] > 0 ? l->stride[0] : 1, sw = l->stride[1] > 0 ? l->stride[1] : 1;
+    const int dh = l->dilation[0] > 0 ? l->dilation[0] : 1, dw = l->dilation[1] > 0 ? l->dilation[1] : 1;
+    const int keh = (kh - 1) * dh + 1, kew = (kw - 1) * dw + 1;
+    const int64_t mult = l->depth_multiplier > 0 ? l->depth_multiplier : 1;
+    int64_t pads[4] = {0, 0, 0, 0}, oh, ow, oc, group = l->groups > 1 ? l->groups : 1;
+    int64_t kernel[2] = {kh, kw}, strides[2] = {sh, sw}, dil[2] = {dh, dw}, outpad[2] = {0, 0};
+    char nb[32];
+    fresh(o, nb);
+    if (kind == LOOM_LAYER_CONV2D_TRANSPOSE) { /* as nn/conv_more.c: Keras's output length, the forward's pads */
+        oh = l->padding == LOOM_PAD_SAME ? ih * sh : ih * sh + (keh > sh ? keh - sh : 0);
+        ow = l->padding == LOOM_PAD_SAME ? iw * sw : iw * sw + (kew > sw ? kew - sw : 0);
+        int64_t th = (ih - 1) * sh + keh - oh, tw = (iw - 1) * sw + kew - ow;
+        pads[0] = th > 0 ? th / 2 : 0, pads[2] = th > 0 ? th - th / 2 : 0;
+        pads[1] = tw > 0 ? tw / 2 : 0, pads[3] = tw > 0 ? tw - tw / 2 : 0;
+        outpad[0] = th < 0 ? -th : 0, outpad[1] = tw < 0 ? -tw : 0;
+        oc = l->filters;
+        const char *k = conv_kernel(w, err);
+        if (!k) return err->code;
+        node_begin(o, "ConvTranspose", nb, w->cur, k, l->use_bias ? param_init(o, w->m, w->pi++) : NULL);
+        attr_ints(o, "output_padding", outpad, 2);
+    } else {
+        if (l->padding == LOOM_PAD_SAME) {
+            same_pads(ih, keh, sh, &pads[0], &pads[2]);
+            same_pads(iw, kew, sw, &pads[1], &pads[3]);
+        }
+        oh = (ih + pads[0] + pads[2] - keh) / sh + 1;
+        ow = (iw + pads[1] + pads[3] - kew) / sw + 1;
+        oc = kind == LOOM_LAYER_DEPTHWISE_CONV2D ? cin * mult : l->filters;
+        const char *k;
+        if (kind == LOOM_LAYER_CONV2D) {
+            k = conv_kernel(w, err);
+        } else {
+            group = cin;
+            k = conv_kernel_as(w, (int64_t[]){kh, kw, 1, cin * mult}, NULL, 0, err);
+        }
+        if (!k) return err->code;
+        const bool sep = kind == LOOM_LAYER_SEPARABLE_CONV2D;
+        node_begin(o, "Conv", nb, w->cur, k, l->use_bias && !sep ? param_init(o, w->m, w->pi++) : NULL);
+    }
+    attr_ints(o, "kernel_shape", kernel, 2);
+    attr_ints(o, "strides", strides, 2);
+    attr_ints(o, "dilations", dil, 2);
+    attr_ints(o, "pads", pads, 4);
+    if (kind != LOOM_LAYER_CONV2D_TRANSPOSE) attr_int(o, "group", group);
+    node_end(o);
+    strcpy(w->cur, nb);
+    if (kind == LOOM_LAYER_SEPARABLE_CONV2D) { /* the pointwise 1x1 with the bias */
+        const char *pk = conv_kernel(w, err);
+        if (!pk) return err->code;
+        node_begin(o, "Conv", fresh(o, nb), w->cur, pk, l->use_bias ? param_init(o, w->m, w->pi++) : NULL);
+        attr_ints(o, "kernel_shape", (int64_t[]){1, 1}, 2);
+        node_end(o);
+        strcpy(w->cur, nb);
+    }
+    activation(o, l->activation, w->cur);
+    w->s = (loom_shape){.rank = 3, .dim = {oh, ow, oc}};
+    return LOOM_OK;
+}
+
+/* conv1d on (T, C): transposed to (C, T) for a 1-D Conv and back; the kernel
+ * (k, cin / groups, filters) as (filters, cin / groups, k). */
+static int emit_conv1d(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
+{
+    onnx_graph *o = w->o;
+    char nb[32];
+    const int64_t T = w->s.dim[0], cin = w->s.dim[1], g = l->groups > 1 ? l->groups : 1;
+    const int k = l->kernel[1], s = l->stride[1] > 0 ? l->stride[1] : 1, d = l->dilation[1] > 0 ? l->dilation[1] : 1;
+    const int ke = (k - 1) * d + 1;
+    int64_t pads[2] = {0, 0};
+    if (l->padding == LOOM_PAD_SAME) same_pads(T, ke, s, &pads[0], &pads[1]);
+    if (l->padding == LOOM_PAD_CAUSAL) pads[0] = ke - 1;
+    int64_t out = (T + pads[0] + pads[1] - ke) / s + 1;
+    static const int64_t swap[3] = {0, 2, 1};
+    node_begin(o, "Transpose", fresh(o, nb), w->cur, NULL, NULL);
+    attr_ints(o, "perm", swap, 3);
+    node_end(o);
+    strcpy(w->cur, nb);
+    const char *kn = conv_kernel_as(w, (int64_t[]){1, k, cin / g, l->filters}, (int64_t[]){l->filters, cin / g, k}, 3,
+                                    err);
+    if (!kn) return err->code;
+    node_begin(o, "Conv", fresh(o, nb), w->cur, kn, l->use_bias ? param_init(o, w->m, w->pi++) : NULL);
+    attr_ints(o, "kernel_shape", (int64_t[]){k}, 1);
+    attr_ints(o, "strides", (int64_t[]){s}, 1);
+    attr_ints(o, "dilations", (int64_t[]){d}, 1);
+    attr_ints(o, "pads", pads, 2);
+    attr_int(o, "group", g);
+    node_end(o);
+    strcpy(w->cur, nb);
+    node_begin(o, "Transpose", fresh(o, nb), w->cur, NULL, NULL);
+    attr_ints(o, "perm", swap, 3);
+    node_end(o);
+    strcpy(w->cur, nb);
+    activation(o, l->activation, w->cur);
+    w->s = (loom_shape){.rank = 2, .dim = {out, l->filters}};
+    return LOOM_OK;
+}
+
+/* zero_padding2d: Pad (constant zeros) in whichever layout cur is. */
+static int emit_zero_padding(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
+{
+    (void)err;
+    char nb[32], pn[80];
+    const int64_t t = l->pad[0], b = l->pad[1], lf = l->pad[2], r = l->pad[3];
+    int64_t pads[8] = {0, t, lf, 0, 0, b, r, 0}; /* NHWC: begins, then ends */
+    if (w->nchw) {
+        int64_t p2[8] = {0, 0, t, lf, 0, 0, b, r};
+        memcpy(pads, p2, sizeof pads);
+    }
+    snprintf(pn, sizeof pn, "%s/pads", l->name);
+    initializer(w->o, pn, ONNX_INT64, (int64_t[]){8}, 1, pads, sizeof pads);
+    node_begin(w->o, "Pad", fresh(w->o, nb), w->cur, pn, NULL);
+    node_end(w->o);
+    strcpy(w->cur, nb);
+    w->s.dim[0] += t + b, w->s.dim[1] += lf + r;
+    return LOOM_OK;
+}
+
+/* reshape: in Loom's layout, batch kept (0), the target's -1 resolved. */
+static int emit_reshape(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
+{
+    (void)err;
+    if (w->nchw) transpose(w, to_nhwc, false);
+    char nb[32], sn[80];
+    int64_t n = loom_shape_numel(&w->s), known = 1, dims[4] = {0};
+    loom_shape out = {.rank = l->n_target};
+    for (int i = 0; i < l->n_target; i++) known *= l->target[i] > 0 ? l->target[i] : 1;
+    for (int i = 0; i < l->n_target; i++) out.dim[i] = dims[i + 1] = l->target[i] > 0 ? l->target[i] : n / known;
+    snprintf(sn, sizeof sn, "%s/shape", l->name);
+    initializer(w->o, sn, ONNX_INT64, (int64_t[]){l->n_target + 1}, 1, dims, (size_t)(l->n_target + 1) * sizeof(int64_t));
+    node_begin(w->o, "Reshape", fresh(w->o, nb), w->cur, sn, NULL);
+    node_end(w->o);
+    strcpy(w->cur, nb);
+    w->s = out;
+    return LOOM_OK;
+}
+
+/* upsampling2d: Resize, nearest, output pixel o reads input floor(o / size) (asymmetric). */
+static int emit_upsampling(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
+{
+    (void)err;
+    char nb[32], sn[80];
+    const int sh = l->size[0] > 0 ? l->size[0] : 2, sw = l->size[1] > 0 ? l->size[1] : 2;
+    float sc[4] = {1.f, (float)sh, (float)sw, 1.f};
+    if (w->nchw) sc[1] = 1.f, sc[2] = (float)sh, sc[3] = (float)sw;
+    snprintf(sn, sizeof sn, "%s/scales", l->name);
+    initializer(w->o, sn, ONNX_FLOAT, (int64_t[]){4}, 1, sc, sizeof sc);
+    node_begin(w->o, "Resize", fresh(w->o, nb), w->cur, "", sn);
+    attr_str(w->o, "mode", "nearest");
+    attr_str(w->o, "coordinate_transformation_mode", "asymmetric");
+    attr_str(w->o, "nearest_mode", "floor");
+    node_end(w->o);
+    strcpy(w->cur, nb);
+    w->s.dim[0] *= sh, w->s.dim[1] *= sw;
+    return LOOM_OK;
 }
 
 /* conv2d, max_pool2d and average_pooling2d: a window over NCHW */
 static int emit_window(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
 {
     onnx_graph *o = w->o;
+    if (l->kind == LOOM_LAYER_CONV2D && (l->groups > 1 || l->dilation[0] > 1 || l->dilation[1] > 1))
+        return emit_conv_more(w, l, err);
     if (!w->nchw) transpose(w, to_nchw, true);
     bool conv = l->kind == LOOM_LAYER_CONV2D;
     int kh = conv ? l->kernel[0] : l->pool[0], kw = conv ? l->kernel[1] : l->pool[1];
@@ -572,6 +764,14 @@ static int (*const kind_emit[])(onnx_walk *w, const loom_layer_spec *l, loom_err
     [LOOM_LAYER_LAYER_NORM] = emit_norm,
     [LOOM_LAYER_GLOBAL_AVG_POOL2D] = emit_global_pool,
     [LOOM_LAYER_EMBEDDING] = emit_embedding,
+    [LOOM_LAYER_ZERO_PADDING2D] = emit_zero_padding,
+    [LOOM_LAYER_GLOBAL_MAX_POOL2D] = emit_global_pool,
+    [LOOM_LAYER_RESHAPE] = emit_reshape,
+    [LOOM_LAYER_UPSAMPLING2D] = emit_upsampling,
+    [LOOM_LAYER_DEPTHWISE_CONV2D] = emit_conv_more,
+    [LOOM_LAYER_SEPARABLE_CONV2D] = emit_conv_more,
+    [LOOM_LAYER_CONV2D_TRANSPOSE] = emit_conv_more,
+    [LOOM_LAYER_CONV1D] = emit_conv1d,
 };
 
 /* The graph's input: the source's raw feature with the preprocessing folded

@@ -1655,6 +1655,24 @@ static int check_classes(run *r, const loom_spec *spec, loom_err *err)
     return LOOM_OK;
 }
 
+int loom_gradcheck(const loom_spec *spec, const loom_cluster *cluster, FILE *f, loom_err *err)
+{
+    run r;
+    int failed = 0;
+    int rc = train_run_open_(&r, spec, NULL, false, cluster, true, err);
+    if (!rc) rc = loom_model_gradcheck(loom_strategy_model(r.strat), f, &failed, err);
+    if (!rc && failed) {
+        char w[LOOM_PATH_MAX + 16];
+        loom_loc_str(&spec->model.loc, w, sizeof w);
+        rc = loom_err_set(err, LOOM_ENUMERIC, w[0] ? w : spec->path,
+                          "gradcheck: %d layer%s backward disagree%s with central differences", failed,
+                          failed == 1 ? "'s" : "s'", failed == 1 ? "s" : "");
+        loom_err_hint(err, "the FAIL rows above name them; a plugin layer's backward is its own code");
+    }
+    train_run_close_(&r);
+    return rc;
+}
+
 int loom_check(const loom_spec *spec, const loom_cluster *cluster, FILE *f, loom_err *err)
 {
     run r;

@@ -96,6 +96,10 @@ int loom_predict_run(const loom_spec *spec, const loom_predict_opts *o, loom_err
 /* cluster: this process's task (NULL: one process); the strategy builds its
  * replicas and prints its plan but opens no socket. */
 int loom_check(const loom_spec *spec, const struct loom_cluster *cluster, FILE *f, loom_err *err);
+/* `loom check --gradcheck`: the model loom check builds, each layer's
+ * backward against central differences (loom_model_gradcheck), the table to
+ * f; LOOM_ENUMERIC (at the model's file:line) when a layer fails. */
+int loom_gradcheck(const loom_spec *spec, const struct loom_cluster *cluster, FILE *f, loom_err *err);
 
 /* ---- export (export.c) ------------------------------------------------------ */
 

@@ -33,6 +33,15 @@ check "export the CNN with --include-preprocessing" "$LOOM" export $CNN --model-
 out=$("$CHK" onnx "$WORK/cnn_pp.onnx" 2>&1)
 contains "cnn_pp.onnx: uint8 in, cast and scale folded in, reshaped to (28, 28, 1)" "ops Cast,Mul,Add,Reshape,Transpose,Conv" "$out"
 
+# issue 23's layers (tests/configs/vision_layers.cfg): each kind's direct ONNX form
+VL=tests/configs/vision_layers.cfg
+check "train the model of every issue 23 layer (3 steps)" "$LOOM" train $VL --model-dir "$WORK/vl" --set run.max_steps=3 "${Q[@]}"
+check "export it as ONNX" "$LOOM" export $VL --model-dir "$WORK/vl" --format onnx --output "$WORK/vl.onnx"
+out=$("$CHK" onnx "$WORK/vl.onnx" 2>&1)
+contains "vl.onnx: Pad, Conv with groups and dilations, HardSwish, Elu, depthwise and pointwise Conv, swish as x*Sigmoid(x), ConvTranspose, Softplus, Resize, 1-D Conv, GlobalMaxPool, Reshape" \
+    "ops Reshape,Pad,Transpose,Conv,Sigmoid,Mul,Conv,HardSwish,Conv,Elu,Conv,Conv,Sigmoid,Mul,ConvTranspose,Softplus,Pad,Resize,Tanh,Transpose,Reshape,Transpose,Conv,Transpose,Sigmoid,Reshape,Transpose,GlobalMaxPool,Flatten,Softplus,Gemm,Softmax" "$out"
+contains "vl.onnx: every parameter and the 4 Resize scales" "floats 1332 " "$out"
+
 check "export the MLP as npz" "$LOOM" export $MLP --model-dir "$WORK/mlp" --format npz --output "$WORK/mlp.npz"
 out=$("$CHK" npz "$WORK/mlp.npz" 2>&1)
 ckpt=$(ls "$WORK"/mlp/ckpt-*.loom | head -1)

@@ -1743,6 +1743,215 @@ static void test_update_in_step(void)
     fixture_free(&f);
 }
 
+
+/* ---- issue 23's layers against PyTorch (vision_fixtures.h) ---------------------------- */
+
+#include "vision_fixtures.h"
+
+/* Layer l alone on a batch of 2 of per-example shape in, with parameters p
+ * (Loom's flat order), its forward (predict under mean squared error) against
+ * y within 1e-5 (relative beyond 1). */
+static void forward_case(const char *name, loom_layer_spec l, loom_shape in, const float *x, const float *p, int64_t np,
+                         const float *y, int64_t ny)
+{
+    static loom_model_spec ms;
+    memset(&ms, 0, sizeof ms);
+    ms.loss = LOOM_LOSS_MSE; /* predict gives the outputs as they are */
+    ms.n_layers = 2;          /* the layer, then a flatten: the label is (ny / 2,) */
+    ms.layer[0] = l;
+    ms.layer[1] = L_kind(LOOM_LAYER_FLATTEN, 0, LOOM_ACT_NONE);
+    loom_model *m = NULL;
+    loom_shape probe = {.rank = 1, .dim = {ny / 2}};
+    loom_err e = {0};
+    int rc = loom_model_new(&m, &ms, &in, LOOM_F32, &probe, LOOM_F32, 2, &e);
+    CHECK_MSG(rc == LOOM_OK, "%s: %s", name, e.msg);
+    if (rc) return;
+    CHECK_MSG(loom_model_num_params(m) == np, "%s: %lld params, fixture %lld", name,
+              (long long)loom_model_num_params(m), (long long)np);
+    if (np) memcpy(loom_model_params(m), p, (size_t)np * sizeof(float));
+    int64_t n_out = loom_shape_numel(&probe);
+    CHECK_MSG(2 * n_out == ny, "%s: output %lld per example, fixture %lld", name, (long long)n_out, (long long)ny / 2);
+    loom_shape xs = {.rank = in.rank + 1};
+    xs.dim[0] = 2;
+    for (int i = 0; i < in.rank; i++) xs.dim[i + 1] = in.dim[i];
+    loom_tensor xt = {.dtype = LOOM_F32, .shape = xs, .data = (void *)x};
+    float *out = calloc((size_t)ny, sizeof(float));
+    CHECK(loom_model_predict(m, &xt, out, &e) == LOOM_OK);
+    double worst = 0;
+    for (int64_t i = 0; i < ny && 2 * n_out == ny; i++) {
+        double d = fabs((double)out[i] - y[i]) / (fabs(y[i]) > 1 ? fabs(y[i]) : 1);
+        if (d > worst) worst = d;
+    }
+    CHECK_MSG(worst < 1e-5, "%s: max error %g against PyTorch", name, worst);
+    free(out);
+    loom_model_free(m);
+}
+
+static loom_layer_spec L_more(loom_layer_kind k, int filters, int ks, int stride, int dil, loom_padding p)
+{
+    loom_layer_spec s = {0};
+    s.kind = k;
+    s.filters = filters;
+    s.kernel[0] = k == LOOM_LAYER_CONV1D ? 1 : ks, s.kernel[1] = ks;
+    s.stride[0] = k == LOOM_LAYER_CONV1D ? 1 : stride, s.stride[1] = stride;
+    s.dilation[0] = k == LOOM_LAYER_CONV1D ? 1 : dil, s.dilation[1] = dil;
+    s.padding = p;
+    s.use_bias = true;
+    s.groups = s.depth_multiplier = 1;
+    return s;
+}
+
+#define CASE(name, l, in) forward_case(#name, l, in, name##_x, name##_p, sizeof name##_p / 4, name##_y, sizeof name##_y / 4)
+
+static void test_vision_forward(void)
+{
+    /* activations, as activation layers and on a dense layer with an identity kernel */
+    const struct { loom_activation a; const float *y; } acts[] = {
+        {LOOM_ACT_SWISH, act_swish}, {LOOM_ACT_HARD_SWISH, act_hard_swish}, {LOOM_ACT_SOFTPLUS, act_softplus},
+        {LOOM_ACT_ELU, act_elu}, {LOOM_ACT_SIGMOID, act_sigmoid}, {LOOM_ACT_TANH, act_tanh}};
+    float x2[30], y2[30], eye[15 * 15 + 15] = {0};
+    for (int i = 0; i < 15; i++) eye[i * 15 + i] = 1.f;
+    for (size_t k = 0; k < sizeof acts / sizeof acts[0]; k++) {
+        for (int i = 0; i < 30; i++) x2[i] = act_x[i % 15], y2[i] = acts[k].y[i % 15];
+        char nm[64];
+        snprintf(nm, sizeof nm, "activation %s", loom_activation_name(acts[k].a));
+        forward_case(nm, L_kind(LOOM_LAYER_ACTIVATION, 0, acts[k].a), (loom_shape){.rank = 1, .dim = {15}}, x2, NULL, 0,
+                     y2, 30);
+        snprintf(nm, sizeof nm, "dense + %s", loom_activation_name(acts[k].a));
+        forward_case(nm, L_dense(15, acts[k].a), (loom_shape){.rank = 1, .dim = {15}}, x2, eye, 15 * 15 + 15, y2, 30);
+    }
+    loom_layer_spec l = L_more(LOOM_LAYER_CONV2D, 6, 3, 1, 2, LOOM_PAD_SAME);
+    l.groups = 2;
+    CASE(gconv, l, ((loom_shape){.rank = 3, .dim = {7, 6, 4}}));
+    l = L_more(LOOM_LAYER_CONV2D, 3, 2, 1, 3, LOOM_PAD_VALID);
+    l.groups = 3;
+    CASE(gconv_valid, l, ((loom_shape){.rank = 3, .dim = {7, 8, 6}}));
+    l = L_more(LOOM_LAYER_DEPTHWISE_CONV2D, 0, 3, 2, 1, LOOM_PAD_SAME);
+    l.depth_multiplier = 2;
+    CASE(dw, l, ((loom_shape){.rank = 3, .dim = {7, 6, 3}}));
+    l = L_more(LOOM_LAYER_SEPARABLE_CONV2D, 4, 3, 1, 1, LOOM_PAD_VALID);
+    l.depth_multiplier = 2;
+    CASE(sep, l, ((loom_shape){.rank = 3, .dim = {6, 5, 3}}));
+    CASE(tconv_same, L_more(LOOM_LAYER_CONV2D_TRANSPOSE, 2, 3, 2, 1, LOOM_PAD_SAME),
+         ((loom_shape){.rank = 3, .dim = {4, 3, 3}}));
+    CASE(tconv_valid, L_more(LOOM_LAYER_CONV2D_TRANSPOSE, 3, 2, 3, 1, LOOM_PAD_VALID),
+         ((loom_shape){.rank = 3, .dim = {3, 4, 2}}));
+    CASE(c1_causal, L_more(LOOM_LAYER_CONV1D, 4, 3, 1, 2, LOOM_PAD_CAUSAL), ((loom_shape){.rank = 2, .dim = {9, 3}}));
+    l = L_more(LOOM_LAYER_CONV1D, 2, 3, 2, 1, LOOM_PAD_SAME);
+    l.groups = 2;
+    CASE(c1_same, l, ((loom_shape){.rank = 2, .dim = {9, 4}}));
+    const loom_shape img = {.rank = 3, .dim = {3, 4, 2}};
+    l = L_kind(LOOM_LAYER_ZERO_PADDING2D, 0, LOOM_ACT_NONE);
+    l.pad[0] = 1, l.pad[1] = 2, l.pad[2] = 0, l.pad[3] = 3;
+    forward_case("zero_padding2d", l, img, zp_x, NULL, 0, zp_y, sizeof zp_y / 4);
+    l = L_kind(LOOM_LAYER_UPSAMPLING2D, 0, LOOM_ACT_NONE);
+    l.size[0] = 2, l.size[1] = 3;
+    forward_case("upsampling2d", l, img, zp_x, NULL, 0, up_y, sizeof up_y / 4);
+    forward_case("global_max_pooling2d", L_kind(LOOM_LAYER_GLOBAL_MAX_POOL2D, 0, LOOM_ACT_NONE), img, zp_x, NULL, 0,
+                 gmp_y, sizeof gmp_y / 4);
+    l = L_kind(LOOM_LAYER_RESHAPE, 0, LOOM_ACT_NONE);
+    l.n_target = 2, l.target[0] = -1, l.target[1] = 6;
+    forward_case("reshape", l, img, zp_x, NULL, 0, zp_x, sizeof zp_x / 4);
+}
+
+/* A train step of every new kind allocates nothing (with 1 and 2 threads),
+ * and a build that runs out of memory part-way leaves nothing behind. */
+static void test_vision_no_alloc(void)
+{
+    static loom_model_spec ms;
+    memset(&ms, 0, sizeof ms);
+    ms.loss = LOOM_LOSS_SPARSE_SOFTMAX_CE;
+    loom_layer_spec *L = ms.layer;
+    int n = 0;
+    L[n] = L_kind(LOOM_LAYER_ZERO_PADDING2D, 0, LOOM_ACT_NONE), L[n].pad[0] = L[n].pad[2] = 1, n++;
+    L[n] = L_more(LOOM_LAYER_CONV2D, 4, 3, 1, 2, LOOM_PAD_SAME), L[n].groups = 2, L[n++].activation = LOOM_ACT_SWISH;
+    L[n] = L_more(LOOM_LAYER_SEPARABLE_CONV2D, 4, 3, 2, 1, LOOM_PAD_SAME), L[n++].activation = LOOM_ACT_ELU;
+    L[n] = L_more(LOOM_LAYER_CONV2D_TRANSPOSE, 2, 3, 2, 1, LOOM_PAD_SAME), n++;
+    L[n] = L_kind(LOOM_LAYER_UPSAMPLING2D, 0, LOOM_ACT_NONE), L[n].size[0] = L[n].size[1] = 1, n++;
+    L[n] = L_more(LOOM_LAYER_DEPTHWISE_CONV2D, 0, 3, 1, 1, LOOM_PAD_VALID), n++;
+    L[n] = L_kind(LOOM_LAYER_RESHAPE, 0, LOOM_ACT_NONE), L[n].n_target = 2, L[n].target[0] = -1, L[n++].target[1] = 2;
+    L[n++] = L_more(LOOM_LAYER_CONV1D, 3, 2, 1, 1, LOOM_PAD_CAUSAL);
+    L[n] = L_kind(LOOM_LAYER_RESHAPE, 0, LOOM_ACT_NONE), L[n].n_target = 3, L[n].target[0] = 1, L[n].target[1] = -1,
+    L[n++].target[2] = 3;
+    L[n++] = L_kind(LOOM_LAYER_GLOBAL_MAX_POOL2D, 0, LOOM_ACT_NONE);
+    L[n++] = L_dense(5, LOOM_ACT_HARD_SWISH);
+    ms.n_layers = n;
+    fixture f;
+    int frc = fixture_new(&f, &ms, shp(3, 8, 8, 2), LOOM_U8, 4, 3);
+    CHECK(frc == LOOM_OK);
+    if (frc) return;
+    for (int t = 1; t <= 2; t++) {
+        CHECK(loom_model_set_threads(f.m, t, &err) == LOOM_OK);
+        loom_alloc_fail_after(0);
+        double loss;
+        int64_t c;
+        CHECK_MSG(loom_model_train_step(f.m, &f.x, &f.y, 4, 1, &loss, &c, &err) == LOOM_OK, "%s", err.msg);
+        void *p = loom_alloc(8); /* the armed failure is still pending */
+        CHECK(p == NULL);
+        loom_free(p);
+        loom_alloc_fail_after(-1);
+    }
+    fixture_free(&f);
+    loom_shape in = shp(3, 8, 8, 2), lab = shp(0, 0, 0, 0);
+    for (long k = 0; k < 40; k++) {
+        loom_model *m = NULL;
+        loom_alloc_fail_after(k);
+        int rc = loom_model_new(&m, &ms, &in, LOOM_F32, &lab, LOOM_U8, 4, &err);
+        loom_alloc_fail_after(-1);
+        CHECK(rc == LOOM_OK || rc == LOOM_ENOMEM);
+        CHECK((rc == LOOM_OK) == (m != NULL));
+        loom_model_free(m);
+    }
+}
+
+/* loom_model_gradcheck passes every new kind and fails a wrong backward. */
+static void test_vision_gradcheck(void)
+{
+    static loom_model_spec ms;
+    memset(&ms, 0, sizeof ms);
+    ms.loss = LOOM_LOSS_MSE;
+    loom_layer_spec *L = ms.layer;
+    int n = 0;
+    L[n] = L_kind(LOOM_LAYER_ZERO_PADDING2D, 0, LOOM_ACT_NONE);
+    L[n].pad[0] = 1, L[n].pad[3] = 2, n++;
+    L[n] = L_more(LOOM_LAYER_CONV2D, 4, 3, 1, 2, LOOM_PAD_SAME), L[n].groups = 2, L[n++].activation = LOOM_ACT_ELU;
+    L[n] = L_more(LOOM_LAYER_DEPTHWISE_CONV2D, 0, 3, 2, 1, LOOM_PAD_SAME), L[n++].activation = LOOM_ACT_SWISH;
+    L[n] = L_more(LOOM_LAYER_SEPARABLE_CONV2D, 3, 2, 1, 1, LOOM_PAD_VALID), L[n++].activation = LOOM_ACT_HARD_SWISH;
+    L[n] = L_more(LOOM_LAYER_CONV2D_TRANSPOSE, 2, 3, 2, 1, LOOM_PAD_VALID), L[n++].activation = LOOM_ACT_SOFTPLUS;
+    L[n] = L_kind(LOOM_LAYER_UPSAMPLING2D, 0, LOOM_ACT_NONE), L[n].size[0] = 2, L[n++].size[1] = 1;
+    L[n] = L_kind(LOOM_LAYER_RESHAPE, 0, LOOM_ACT_NONE), L[n].n_target = 2, L[n].target[0] = -1, L[n++].target[1] = 4;
+    L[n++] = L_more(LOOM_LAYER_CONV1D, 3, 3, 1, 2, LOOM_PAD_CAUSAL);
+    L[n] = L_kind(LOOM_LAYER_RESHAPE, 0, LOOM_ACT_NONE), L[n].n_target = 3, L[n].target[0] = 7, L[n].target[1] = -1,
+    L[n++].target[2] = 3;
+    L[n++] = L_kind(LOOM_LAYER_GLOBAL_MAX_POOL2D, 0, LOOM_ACT_NONE);
+    ms.n_layers = n;
+    loom_shape in = {.rank = 3, .dim = {6, 5, 2}}, lab = {.rank = 1, .dim = {3}};
+    loom_model *m;
+    loom_err e = {0};
+    CHECK_MSG(loom_model_new(&m, &ms, &in, LOOM_F32, &lab, LOOM_F32, 4, &e) == LOOM_OK, "%s", e.msg);
+    if (!m) return;
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    int failed = -1;
+    CHECK(loom_model_gradcheck(m, f, &failed, &e) == LOOM_OK);
+    fclose(f);
+    CHECK_MSG(failed == 0, "%d layers fail:\n%s", failed, buf);
+    CHECK_CONTAINS(buf, "every layer passes");
+    free(buf);
+    /* a backward 10% off: every layer with a gradient fails, the table says so */
+    nn_gradcheck_skew_ = 0.1f;
+    f = open_memstream(&buf, &len);
+    CHECK(loom_model_gradcheck(m, f, &failed, &e) == LOOM_OK);
+    fclose(f);
+    nn_gradcheck_skew_ = 0.f;
+    CHECK_MSG(failed == ms.n_layers, "%d of %d layers fail:\n%s", failed, ms.n_layers, buf);
+    CHECK_CONTAINS(buf, "FAIL (");
+    CHECK_CONTAINS(buf, "gradcheck: FAILED");
+    free(buf);
+    loom_model_free(m);
+}
+
 static const loom_test tests[] = {
     {"gemm vs float64 reference", test_gemm},
     {"blas pick core", test_blas_pick_core},
@@ -1769,6 +1978,9 @@ static const loom_test tests[] = {
     {"updates are the C formulas, bit for bit", test_update_formulas},
     {"gradient-ready hook: same bits, final when called", test_grad_hook},
     {"optimizer in the step: same bits as after it, taken where it may be", test_update_in_step},
+    {"issue 23 layers and activations: forward = PyTorch", test_vision_forward},
+    {"issue 23 layers: loom_model_gradcheck passes each", test_vision_gradcheck},
+    {"issue 23 layers: no allocation in a step", test_vision_no_alloc},
     {"timing", test_timing},
     {0},
 };

@@ -1,0 +1,205 @@
+/* gradcheck.c - `loom check --gradcheck`: every layer's backward against
+ * central differences. Each layer of the model is built alone (its own
+ * one-layer model, the same spec and input shape) under a mean squared error
+ * against random targets, on a small batch of random inputs; the analytic
+ * gradients (of the input, and of each trained parameter tensor) come from
+ * the usual forward, loss and backward, the numeric ones from the loss at
+ * x +- h, in float as the model computes, each estimate taken twice (steps
+ * h and h/2): where the two disagree by more than half the tolerance a kink
+ * (relu at 0, a max's tie) lies inside the step, and smaller steps are
+ * tried; an element where none agree is skipped, else the finer estimate is
+ * compared. Sampled
+ * elements only (NN_GC_SAMPLES per tensor), so a big layer checks quickly. */
+#include "nn_internal.h"
+
+#include <math.h>
+#include <string.h>
+
+#define NN_GC_SAMPLES 40
+#define NN_GC_BATCH   2
+#define NN_GC_H       4e-3
+#define NN_GC_ATOL    2e-3 /* |analytic - numeric| <= atol + rtol max(|analytic|, |numeric|) */
+#define NN_GC_RTOL    5e-2
+
+/* Tests only (nn_internal.h): the analytic gradients scaled by 1 + this, a wrong backward to be caught. */
+float nn_gradcheck_skew_ = 0.f;
+
+typedef struct gc_case {
+    loom_model  *m;
+    loom_tensor  x, t;
+    float       *xf;      /* the inputs as float (x's data, or NULL for ids) */
+    uint64_t     key;
+} gc_case;
+
+/* The loss sum of the one-layer model on the case's batch. */
+static double gc_loss(gc_case *g, loom_err *err)
+{
+    double l = NAN;
+    int64_t ok;
+    if (loom_model_forward(g->m, &g->x, g->key, err) || loom_model_loss(g->m, &g->t, NN_GC_BATCH, &l, &ok, err))
+        return NAN;
+    return l;
+}
+
+/* d(loss sum / B) / d(*p) by central differences with step h. */
+static double gc_numeric(gc_case *g, float *p, double h, loom_err *err)
+{
+    const float v = *p;
+    *p = (float)(v + h);
+    double hp = (double)*p - v;
+    double lp = gc_loss(g, err);
+    *p = (float)(v - h);
+    double hm = v - (double)*p;
+    double lm = gc_loss(g, err);
+    *p = v;
+    return (lp - lm) / (hp + hm) / NN_GC_BATCH;
+}
+
+typedef struct gc_stats {
+    double max_abs, max_rel;
+    int    checked, skipped, bad;
+} gc_stats;
+
+/* Compares n sampled elements of p (len floats) with the analytic ana.
+ * Both are scaled by the layer's outputs per example (scale): the mean
+ * squared error divides by them, the comparison is of the gradient of the
+ * summed squares, O(1) whatever the layer's size. */
+static int gc_tensor(gc_case *g, float *p, const float *ana, int64_t len, double scale, loom_rng *r, gc_stats *st,
+                     loom_err *err)
+{
+    for (int k = 0; k < NN_GC_SAMPLES && len > 0; k++) {
+        int64_t e = len <= NN_GC_SAMPLES ? k : (int64_t)loom_rng_below(r, (uint64_t)len);
+        if (e >= len) break;
+        /* every other sample where the analytic gradient is not zero (a max's winners, a padding's inside) */
+        for (int tries = 0; len > NN_GC_SAMPLES && k % 2 && ana[e] == 0.f && tries < 256; tries++)
+            e = (int64_t)loom_rng_below(r, (uint64_t)len);
+        /* three steps (h, h/2, h/4) disagree by about the finer ones' own errors when a kink lies inside the step (relu's
+         * at 0 crossed by one of the many outputs a weight feeds): then again with steps 8 and 64 times
+         * smaller (fewer crossings, more rounding), and compared only once they agree well inside the
+         * tolerance; else the element is skipped */
+        double h = NN_GC_H * (fabs(p[e]) > 1 ? fabs(p[e]) : 1), n2 = 0;
+        bool agree = false;
+        for (int t = 0; t < 3 && !agree; t++, h /= 8) {
+            double n1 = gc_numeric(g, &p[e], h, err) * scale;
+            n2 = gc_numeric(g, &p[e], h / 2, err) * scale;
+            double n4 = gc_numeric(g, &p[e], h / 4, err) * scale;
+            if (!isfinite(n1) || !isfinite(n2) || !isfinite(n4)) return err->code ? err->code : LOOM_ENUMERIC;
+            double tol = 0.25 * (NN_GC_ATOL + NN_GC_RTOL * fabs(n2));
+            agree = fabs(n1 - n2) <= tol && fabs(n2 - n4) <= tol;
+        }
+        if (!agree) {
+            st->skipped++;
+            continue;
+        }
+        double a = ana[e] * scale, d = fabs(a - n2), mag = fabs(a) > fabs(n2) ? fabs(a) : fabs(n2);
+        st->checked++;
+        if (d > st->max_abs) st->max_abs = d;
+        if (mag > 1e-3 && d / mag > st->max_rel) st->max_rel = d / mag;
+        if (d > NN_GC_ATOL + NN_GC_RTOL * mag) st->bad++;
+    }
+    return LOOM_OK;
+}
+
+/* Layer li of m alone: its gradients checked into st. */
+static int gc_layer(const loom_model *m, int li, gc_stats *st, loom_err *err)
+{
+    const nn_layer_ *l = &m->layer[li];
+    static loom_model_spec spec; /* big; the check runs on one thread */
+    memset(&spec, 0, sizeof spec);
+    spec.loc = l->spec.loc;
+    spec.loss = LOOM_LOSS_MSE;
+    spec.huber_delta = 1;
+    spec.n_layers = 1;
+    spec.layer[0] = l->spec;
+    const bool ids = li == 0 && m->input_dtype != LOOM_F32;
+    gc_case g = {.key = 0x6772616463686bull};
+    int rc = loom_model_new(&g.m, &spec, &l->in, ids ? m->input_dtype : LOOM_F32, &l->out, LOOM_F32, NN_GC_BATCH, err);
+    if (rc) return rc;
+    loom_model *gm = g.m;
+    nn_layer_ *gl = &gm->layer[0];
+    gl->needs_dx = !ids; /* the input gradient too */
+    loom_model_init_params(gm, 11 + (uint64_t)li);
+    loom_rng r;
+    loom_rng_init(&r, 0x6763, (uint64_t)li, 0, 0);
+    /* parameters away from their initial zeros and ones, so every term of the gradient shows */
+    for (int64_t e = 0; e < gm->n_params; e++) gm->params[e] += 0.2f * loom_rng_normal(&r);
+    if (gl->mv_off >= 0)
+        for (int64_t e = 0; e < gl->C; e++) gm->params[gl->mv_off + e] = 1.f + fabsf(gm->params[gl->mv_off + e]);
+    const int64_t nin = l->n_in, nout = l->n_out;
+    float *xf = NULL, *tf = loom_alloc((size_t)(NN_GC_BATCH * nout) * sizeof(float));
+    void *xd = loom_alloc((size_t)(NN_GC_BATCH * nin) * 8);
+    float *ana = loom_alloc((size_t)(gm->n_params + NN_GC_BATCH * nin + 1) * sizeof(float));
+    if (!tf || !xd || !ana) {
+        rc = loom_err_set(err, LOOM_ENOMEM, l->where, "gradcheck of layer \"%s\"", l->spec.name);
+        goto done;
+    }
+    if (ids) {
+        for (int64_t e = 0; e < NN_GC_BATCH * nin; e++) {
+            int64_t id = (int64_t)loom_rng_below(&r, (uint64_t)gl->rows);
+            if (m->input_dtype == LOOM_I32) ((int32_t *)xd)[e] = (int32_t)id;
+            else ((int64_t *)xd)[e] = id;
+        }
+    } else {
+        xf = xd;
+        for (int64_t e = 0; e < NN_GC_BATCH * nin; e++) xf[e] = loom_rng_normal(&r);
+    }
+    loom_shape xs = {.rank = l->in.rank + 1}, ts = {.rank = l->out.rank + 1};
+    xs.dim[0] = ts.dim[0] = NN_GC_BATCH;
+    for (int i = 0; i < l->in.rank; i++) xs.dim[i + 1] = l->in.dim[i];
+    for (int i = 0; i < l->out.rank; i++) ts.dim[i + 1] = l->out.dim[i];
+    g.x = (loom_tensor){.dtype = ids ? m->input_dtype : LOOM_F32, .shape = xs, .data = xd};
+    g.t = (loom_tensor){.dtype = LOOM_F32, .shape = ts, .data = tf};
+    /* targets: the outputs plus noise, so d(loss)/d(output) is random and independent of the output: a
+     * rounding every output shares (a normalisation's 1/std in float) then adds up as noise, not coherently */
+    for (int64_t e = 0; e < NN_GC_BATCH * nout; e++) tf[e] = 0.f;
+    if ((rc = loom_model_forward(gm, &g.x, g.key, err))) goto done;
+    for (int64_t e = 0; e < NN_GC_BATCH * nout; e++) tf[e] = gm->chunk[0].act[1][e] + loom_rng_normal(&r);
+    /* the analytic gradients: parameters from the grads buffer, the input's from the chunk's rows */
+    if (!isfinite(gc_loss(&g, err)) || (rc = loom_model_backward(gm, err))) {
+        rc = rc ? rc : err->code ? err->code : LOOM_ENUMERIC;
+        goto done;
+    }
+    memcpy(ana, gm->grads, (size_t)gm->n_params * sizeof(float));
+    float *gx = ana + gm->n_params;
+    if (xf) memcpy(gx, gm->chunk[0].g, (size_t)(NN_GC_BATCH * nin) * sizeof(float));
+    for (int64_t e = 0; nn_gradcheck_skew_ != 0.f && e < gm->n_params + (xf ? NN_GC_BATCH * nin : 0); e++)
+        ana[e] *= 1.f + nn_gradcheck_skew_;
+    if (xf && (rc = gc_tensor(&g, xf, gx, NN_GC_BATCH * nin, (double)nout, &r, st, err))) goto done;
+    for (int t = 0; t < gm->n_ptensors; t++) {
+        const loom_param_info *p = &gm->pinfo[t];
+        if (p->offset == gl->mm_off || p->offset == gl->mv_off) continue; /* not trained */
+        if ((rc = gc_tensor(&g, gm->params + p->offset, ana + p->offset, loom_shape_numel(&p->shape), (double)nout, &r,
+                            st, err)))
+            goto done;
+    }
+done:
+    loom_free(tf);
+    loom_free(xd);
+    loom_free(ana);
+    loom_model_free(gm);
+    return rc;
+}
+
+int loom_model_gradcheck(const loom_model *m, FILE *f, int *failed, loom_err *err)
+{
+    *failed = 0;
+    fprintf(f, "gradcheck: each layer alone, batch %d, central differences (h = %g, h/2, h/4), up to %d elements "
+               "per tensor (smaller steps at kinks); errors of the gradient of the summed squared error\n", NN_GC_BATCH, NN_GC_H, NN_GC_SAMPLES);
+    fprintf(f, "%-48s %8s %12s %12s  %s\n", "Layer (type)", "checked", "max abs err", "max rel err", "result");
+    for (int i = 0; i < m->n_layers; i++) {
+        const nn_layer_ *l = &m->layer[i];
+        gc_stats st = {0};
+        int rc = gc_layer(m, i, &st, err);
+        if (rc) return loom_err_prefix(err, "gradcheck of layer \"%s\"", l->spec.name), rc;
+        char nm[112];
+        snprintf(nm, sizeof nm, "%s (%s)", l->spec.name, nn_layer_kind_name_(l->spec.kind));
+        bool ok = st.bad == 0;
+        *failed += !ok;
+        fprintf(f, "%-48s %8d %12.3g %12.3g  %s", nm, st.checked, st.max_abs, st.max_rel, ok ? "pass" : "FAIL");
+        if (st.skipped) fprintf(f, " (%d at kinks skipped)", st.skipped);
+        if (!ok) fprintf(f, " (%d of %d elements off)", st.bad, st.checked);
+        fputc('\n', f);
+    }
+    fprintf(f, "gradcheck: %s\n", *failed ? "FAILED" : "every layer passes");
+    return LOOM_OK;
+}
