@@ -703,6 +703,25 @@ static int print_cflags(void)
     return LOOM_EXIT_RUNTIME;
 }
 
+/* --status-port PORT: checked, then passed on as --set run.status_port=PORT.
+ * -1 to go on, else the exit status of the usage error. */
+static int status_port_arg(const command *cmd, const char *v, cli_opts *o)
+{
+    char *end;
+    long port = strtol(v, &end, 10);
+    if (!*v || *end || port < 1 || port > 65535) {
+        fprintf(stderr, "loom %s: --status-port expects a port in [1, 65535], got \"%s\"\n", cmd->name, v);
+        return LOOM_EXIT_USAGE;
+    }
+    if (o->n_sets == MAX_SETS) {
+        fprintf(stderr, "loom: too many --set options (at most %d)\n", MAX_SETS);
+        return LOOM_EXIT_USAGE;
+    }
+    snprintf(o->status_set, sizeof o->status_set, "run.status_port=%ld", port);
+    o->sets[o->n_sets++] = o->status_set;
+    return -1;
+}
+
 /* Argument *i of a command's argv (an option's value may take the next,
  * moving *i): -1 to go on, else the exit status (help printed, or the
  * usage error reported). */
@@ -760,18 +779,8 @@ static int parse_arg(const command *cmd, int argc, char **argv, int *i, cli_opts
     } else if (is_opt(a, "--status-port")) {
         need = OPT_STATUS_PORT;
         if ((v = opt_value(argc, argv, i, "--status-port", &err))) {
-            char *end;
-            long port = strtol(v, &end, 10);
-            if (!*v || *end || port < 1 || port > 65535) {
-                fprintf(stderr, "loom %s: --status-port expects a port in [1, 65535], got \"%s\"\n", cmd->name, v);
-                return LOOM_EXIT_USAGE;
-            }
-            if (o->n_sets == MAX_SETS) {
-                fprintf(stderr, "loom: too many --set options (at most %d)\n", MAX_SETS);
-                return LOOM_EXIT_USAGE;
-            }
-            snprintf(o->status_set, sizeof o->status_set, "run.status_port=%ld", port);
-            o->sets[o->n_sets++] = o->status_set;
+            int rc = status_port_arg(cmd, v, o);
+            if (rc >= 0) return rc;
         }
     } else if (!strcmp(a, "--watch")) {
         need = OPT_WATCH;
