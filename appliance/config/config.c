@@ -44,7 +44,8 @@ const char *const loom_transform_names_[] = {"map", "shuffle", "batch", "repeat"
                                              "interleave", "zip", "split", "concat", "select", NULL};
 const char *const loom_layer_names_[] = {"dense", "conv2d", "max_pool2d", "dropout", "flatten", "activation",
                                          "batch_normalization", "layer_normalization", "average_pooling2d",
-                                         "global_average_pooling2d", "embedding", NULL};
+                                         "global_average_pooling2d", "embedding", "add", "subtract", "multiply",
+                                         "average", "maximum", "concatenate", NULL};
 const char *const loom_combiner_names_[] = {"sum", "mean", NULL};
 const char *const loom_activation_names_[] = {"none", "relu", "sigmoid", "tanh", "softmax", "leaky_relu", "gelu", NULL};
 const char *const loom_init_names_[] = {"glorot_uniform", "glorot_normal", "he_uniform", "he_normal", "zeros", NULL};

@@ -13,7 +13,7 @@
 
 #define LOOM_MAX_FEATURES   256 /* features of an element (and declared columns of a source) */
 #define LOOM_MAX_TRANSFORMS 32
-#define LOOM_MAX_LAYERS     64
+#define LOOM_MAX_LAYERS     256
 #define LOOM_MAX_BOUNDARIES 16
 #define LOOM_MAX_DEVICES    16
 #define LOOM_NAME_MAX       64
@@ -427,7 +427,13 @@ typedef struct loom_dataset_spec {
 
 typedef enum { LOOM_LAYER_DENSE, LOOM_LAYER_CONV2D, LOOM_LAYER_MAX_POOL2D, LOOM_LAYER_DROPOUT, LOOM_LAYER_FLATTEN,
                LOOM_LAYER_ACTIVATION, LOOM_LAYER_BATCH_NORM, LOOM_LAYER_LAYER_NORM, LOOM_LAYER_AVG_POOL2D,
-               LOOM_LAYER_GLOBAL_AVG_POOL2D, LOOM_LAYER_EMBEDDING } loom_layer_kind;
+               LOOM_LAYER_GLOBAL_AVG_POOL2D, LOOM_LAYER_EMBEDDING,
+               /* merge layers (several inputs, Keras' merging layers) */
+               LOOM_LAYER_ADD, LOOM_LAYER_SUBTRACT, LOOM_LAYER_MULTIPLY, LOOM_LAYER_AVERAGE, LOOM_LAYER_MAXIMUM,
+               LOOM_LAYER_CONCATENATE } loom_layer_kind;
+/* inputs of one layer (merge layers take 2 or more), and model.inputs */
+#define LOOM_MAX_LAYER_INPUTS 8
+#define LOOM_MAX_MODEL_INPUTS 8
 typedef enum { LOOM_COMBINER_SUM, LOOM_COMBINER_MEAN } loom_combiner;
 /* leaky_relu and gelu only as activation layers (their gradients need the input) */
 typedef enum { LOOM_ACT_NONE, LOOM_ACT_RELU, LOOM_ACT_SIGMOID, LOOM_ACT_TANH, LOOM_ACT_SOFTMAX, LOOM_ACT_LEAKY_RELU,
@@ -469,6 +475,10 @@ typedef struct loom_layer_spec {
      * every replica (and worker) in sync, as TF's SyncBatchNormalization;
      * a no-op for one_device and parameter_server (nn.h: loom_model_set_bn_sync) */
     bool            sync;
+    /* ---- the graph (appended) ---- */
+    int             n_inputs;            /* 0: the previous layer (the first layer: the model input) */
+    char            inputs[LOOM_MAX_LAYER_INPUTS][LOOM_NAME_MAX]; /* layer names or model inputs (features) */
+    int             axis;                /* concatenate: the axis, counting the batch as 0; default -1 (the last) */
 } loom_layer_spec;
 
 typedef struct loom_model_spec {
@@ -491,6 +501,9 @@ typedef struct loom_model_spec {
     char             sample_weight[LOOM_NAME_MAX]; /* feature of per-example loss weights; "" = none */
     double           l2;                  /* kernel_regularizer l2: loss += l2 * sum(kernel^2), every dense and conv kernel */
     loom_layer_spec layer[LOOM_MAX_LAYERS];
+    /* ---- the graph (appended) ---- */
+    int             n_inputs;             /* model.inputs given: the features fed to the model; 0: model.input alone */
+    char            inputs[LOOM_MAX_MODEL_INPUTS][LOOM_NAME_MAX];
 } loom_model_spec;
 
 /* ---- optimizer ----------------------------------------------------------- */

@@ -272,6 +272,12 @@ static int (*const kind_shapes[])(loom_model *m, nn_layer_ *l, int li, loom_err 
     [LOOM_LAYER_LAYER_NORM] = norm_shapes,
     [LOOM_LAYER_GLOBAL_AVG_POOL2D] = global_pool_shapes,
     [LOOM_LAYER_EMBEDDING] = embedding_shapes,
+    [LOOM_LAYER_ADD] = nn_merge_shapes_,
+    [LOOM_LAYER_SUBTRACT] = nn_merge_shapes_,
+    [LOOM_LAYER_MULTIPLY] = nn_merge_shapes_,
+    [LOOM_LAYER_AVERAGE] = nn_merge_shapes_,
+    [LOOM_LAYER_MAXIMUM] = nn_merge_shapes_,
+    [LOOM_LAYER_CONCATENATE] = nn_merge_shapes_,
 };
 
 /* A dense or conv2d layer's own activation: leaky_relu and gelu take a layer
@@ -422,31 +428,53 @@ static int check_input(const loom_model *m, const loom_model_spec *spec, loom_er
     return LOOM_OK;
 }
 
-/* Every layer's shapes and parameters, each layer's input the last one's output. */
+/* Every layer's shapes and parameters, in the graph's order (graph.c), each
+ * layer's input the output of the layer it names (default the previous one). */
 static int build_layers(loom_model *m, const loom_model_spec *spec, loom_err *err)
 {
     char a[96];
-    m->n_layers = spec->n_layers;
-    loom_shape cur = m->input;
-    int has_params = 0;
+    int order[LOOM_MAX_LAYERS], src[LOOM_MAX_LAYERS][LOOM_MAX_LAYER_INPUTS], n_src[LOOM_MAX_LAYERS], n = 0;
+    loom_model_spec *named = loom_alloc(sizeof *named); /* the spec with every layer named, as the config names them */
+    if (!named) return loom_err_set(err, LOOM_ENOMEM, m->where, "cannot allocate the model's spec");
+    memcpy(named, spec, sizeof *named);
+    for (int i = 0; i < spec->n_layers; i++)
+        if (!named->layer[i].name[0])
+            snprintf(named->layer[i].name, sizeof named->layer[i].name, "%s_%d",
+                     nn_layer_kind_name_(named->layer[i].kind), i);
+    int rc = nn_graph_order_(m, named, order, &n, src, n_src, err);
+    if (rc) {
+        loom_free(named);
+        return rc;
+    }
+    m->n_layers = n;
     for (int i = 0; i < m->n_layers; i++) {
         nn_layer_ *l = &m->layer[i];
-        l->spec = spec->layer[i];
-        if (!l->spec.name[0]) snprintf(l->spec.name, sizeof l->spec.name, "%s_%d", nn_layer_kind_name_(l->spec.kind), i);
+        l->spec = named->layer[order[i]];
         nn_loc_str_(&l->spec.loc, l->where, sizeof l->where);
         if (!l->where[0]) snprintf(l->where, sizeof l->where, "%s", m->where);
-        l->in = cur;
-        int rc = layer_shapes(m, l, i, err);
-        if (rc) return rc;
-        if (m->params_overflow)
+        l->n_src = n_src[i];
+        for (int k = 0; k < l->n_src; k++) {
+            l->src[k] = src[i][k];
+            l->src_shape[k] = l->src[k] >= 0 ? m->layer[l->src[k]].out : m->in_shape[-1 - l->src[k]];
+        }
+        l->in = l->src_shape[0];
+        rc = layer_shapes(m, l, i, err);
+        if (rc) break;
+        if (m->params_overflow) {
+            loom_free(named);
             return loom_err_set(err, LOOM_ECONFIG, l->where,
                                 "layer \"%s\" (%s) takes the model past %d parameters (its input is %s)", l->spec.name,
                                 nn_layer_kind_name_(l->spec.kind), INT_MAX, loom_shape_str(&l->in, a, sizeof a)),
                    loom_err_hint(err, "use fewer units or filters, or a smaller kernel");
-        l->needs_dx = has_params;
-        has_params |= l->kernel_off >= 0;
-        cur = l->out;
+        }
+        /* the input gradient is needed when a layer upstream has parameters (a chain: an earlier one) */
+        l->needs_dx = 0;
+        for (int k = 0; k < l->n_src; k++) l->needs_dx |= l->src[k] >= 0 && m->layer[l->src[k]].need_out;
+        l->need_out = l->kernel_off >= 0 || l->needs_dx;
     }
+    loom_free(named);
+    if (rc) return rc;
+    nn_graph_links_(m);
     return LOOM_OK;
 }
 
@@ -460,6 +488,7 @@ static void fuse(loom_model *m)
     for (int i = 0; i + 1 < m->n_layers; i++) {
         nn_layer_ *l = &m->layer[i], *p = &m->layer[i + 1];
         if (l->spec.kind != LOOM_LAYER_CONV2D || p->spec.kind != LOOM_LAYER_MAX_POOL2D) continue;
+        if (l->gacc || l->n_cons != 1 || p->src[0] != i) continue; /* a graph: the pool alone reads the conv */
         if (l->act != LOOM_ACT_NONE && l->act != LOOM_ACT_RELU) continue;
         if (p->sh != p->kh || p->sw != p->kw || p->pad_t || p->pad_l || p->oh * p->kh != p->ih || p->ow * p->kw != p->iw)
             continue;
@@ -537,7 +566,8 @@ static bool layer_buffers(nn_layer_ *l, int64_t max_batch)
     int norm = k == LOOM_LAYER_BATCH_NORM || k == LOOM_LAYER_LAYER_NORM;
     int owns_y = k == LOOM_LAYER_DENSE || k == LOOM_LAYER_CONV2D || k == LOOM_LAYER_MAX_POOL2D ||
                  (k == LOOM_LAYER_DROPOUT && l->spec.rate > 0) || (k == LOOM_LAYER_ACTIVATION && l->act) || norm ||
-                 k == LOOM_LAYER_AVG_POOL2D || k == LOOM_LAYER_GLOBAL_AVG_POOL2D;
+                 k == LOOM_LAYER_AVG_POOL2D || k == LOOM_LAYER_GLOBAL_AVG_POOL2D ||
+                 (k >= LOOM_LAYER_ADD && k <= LOOM_LAYER_CONCATENATE);
     size_t outs = (size_t)(max_batch * l->n_out);
     if (norm && !(l->xhat = loom_alloc_aligned(outs * sizeof(float)))) return false;
     if (norm && !(l->stat = loom_alloc_aligned(
@@ -550,6 +580,7 @@ static bool layer_buffers(nn_layer_ *l, int64_t max_batch)
         !(l->dz = loom_alloc_aligned(outs * sizeof(float))))
         return false;
     if (k == LOOM_LAYER_EMBEDDING && !embedding_buffers(l, max_batch)) return false;
+    if (l->gacc && !(l->dgy = loom_alloc_aligned(outs * sizeof(float)))) return false;
     if (k == LOOM_LAYER_DROPOUT && l->spec.rate > 0 && !(l->mask = loom_alloc_aligned(outs))) return false;
     return true;
 }
@@ -604,7 +635,17 @@ static int model_build(loom_model **out, const loom_model_spec *spec, const loom
     m->label_dtype = label_dtype;
     m->max_batch = max_batch;
     m->input_dtype = input_dtype;
+    m->n_inputs = 1;
+    m->in_shape[0] = *input;
+    snprintf(m->in_name[0], sizeof m->in_name[0], "%s", spec->n_inputs ? spec->inputs[0] : spec->input);
     int rc;
+    if (spec->n_inputs > 1) {
+        rc = loom_err_set(err, LOOM_EUNSUPPORTED, m->where, "model.inputs names %d features; a model takes one input "
+                          "feature so far", spec->n_inputs);
+        loom_err_hint(err, "join the features with a concat transform (data.*.transforms, op = \"concat\") and "
+                           "split the branches with layers; several model inputs are planned (issue 23)");
+        goto fail;
+    }
     if ((rc = check_input(m, spec, err)) || (rc = build_layers(m, spec, err)) ||
         (rc = check_loss(m, label, label_dtype, err)) || (rc = nn_metrics_init_(m, spec, err)))
         goto fail;
@@ -709,6 +750,7 @@ void loom_model_free(loom_model *m)
         loom_free(m->layer[i].hval);
         loom_free(m->layer[i].xhat);
         loom_free(m->layer[i].stat);
+        loom_free(m->layer[i].dgy);
     }
     free_chunks(m->pool, m->chunk, m->threads);
     loom_free(m->params);
@@ -734,28 +776,7 @@ const loom_param_info *loom_model_param_tensor(const loom_model *m, int i)
     return i >= 0 && i < m->n_ptensors ? &m->pinfo[i] : NULL;
 }
 
-void loom_model_summary(const loom_model *m, FILE *f)
-{
-    char a[96], b[112];
-    fprintf(f, "%-32s %-22s %12s\n", "Layer (type)", "Output Shape", "Param #");
-    fprintf(f, "%.*s\n", 68, "====================================================================");
-    for (int i = 0; i < m->n_layers; i++) {
-        const nn_layer_ *l = &m->layer[i];
-        int64_t np = 0;
-        for (int k = 0; k < m->n_ptensors; k++)
-            if (m->pinfo[k].offset == l->kernel_off || m->pinfo[k].offset == l->bias_off ||
-                m->pinfo[k].offset == l->mm_off || m->pinfo[k].offset == l->mv_off)
-                np += loom_shape_numel(&m->pinfo[k].shape);
-        snprintf(b, sizeof b, "%s (%s)", l->spec.name, nn_layer_kind_name_(l->spec.kind));
-        loom_shape_str(&l->out, a, sizeof a);
-        char ob[120];
-        snprintf(ob, sizeof ob, "(None, %s", a + 1);
-        if (l->out.rank == 1) snprintf(ob, sizeof ob, "(None, %lld)", (long long)l->out.dim[0]);
-        fprintf(f, "%-32s %-22s %12lld\n", b, ob, (long long)np);
-    }
-    fprintf(f, "%.*s\n", 68, "====================================================================");
-    fprintf(f, "Total params: %lld (%.2f KB)\n", (long long)m->n_params, (double)m->n_params * 4 / 1024);
-}
+/* loom_model_summary: graph.c */
 
 /* ---- initialisers -------------------------------------------------------- */
 
@@ -1014,9 +1035,11 @@ static void chunk_forward(const step_job *j, nn_chunk_ *c)
     if (j->l0 == 0)
         c->act[0] = (const float *)((const char *)j->x +
                                     c->b0 * m->layer[0].n_in * (int64_t)loom_dtype_size(m->input_dtype));
+    if (j->l0 == 0) c->xin[0] = c->act[0];
     double t = j->timed ? loom_now() : 0;
     for (int i = j->l0; i < j->l1; i++) {
-        nn_layer_forward_(m, i, c, j->kind == JOB_TRAIN, j->rng_key);
+        if (m->graph) nn_graph_forward_(m, i, c, j->kind == JOB_TRAIN, j->rng_key);
+        else nn_layer_forward_(m, i, c, j->kind == JOB_TRAIN, j->rng_key);
         if (j->timed) t = clock_layer(c, i, t);
     }
 }
@@ -1069,7 +1092,7 @@ static void layer_param_grads(const step_job *j, int i, int part, int parts)
  * same bits, no overlap. */
 static bool hook_per_layer(const loom_model *m)
 {
-    if (m->n_bn || m->l2 > 0) return false;
+    if (m->n_bn || m->l2 > 0 || m->graph) return false;
     for (int i = 0; i < m->n_layers; i++)
         if (m->layer[i].spec.kind == LOOM_LAYER_EMBEDDING) return false;
     return true;
@@ -1168,12 +1191,14 @@ static void chunk_backward_(const step_job *j, nn_chunk_ *c, bool with_hook)
     if (j->l1 == m->n_layers) {
         c->g = c->gbuf[0], c->other = c->gbuf[1];
         c->bw_done = 0;
+        if (m->graph) memset(c->ginit, 0, (size_t)m->n_layers);
     }
     /* a non-finite loss fails the step (the caller checks the sum), so its gradient is never used */
     if (!isfinite(c->loss)) return;
     double t = j->timed ? loom_now() : 0;
     for (int i = j->l1 - 1; i >= j->l0 && !c->bw_done; i--) {
-        chunk_backward_layer(j, c, i, with_hook);
+        if (m->graph) nn_graph_backward_(m, i, c);
+        else chunk_backward_layer(j, c, i, with_hook);
         if (j->timed) t = clock_layer(c, i, t);
     }
 }
@@ -1216,17 +1241,20 @@ static void forward_all(loom_model *m, step_job *j, double *acc)
     int l0 = 0;
     /* the input may be ids (int32, int64) rather than floats: offset in bytes */
     for (int t = 0; t < j->nchunks; t++)
-        m->chunk[t].act[0] = (const float *)((const char *)j->x + m->chunk[t].b0 * m->layer[0].n_in *
-                                                                      (int64_t)loom_dtype_size(m->input_dtype));
+        m->chunk[t].xin[0] = m->chunk[t].act[0] =
+            (const float *)((const char *)j->x + m->chunk[t].b0 * loom_shape_numel(&m->input) *
+                                                     (int64_t)loom_dtype_size(m->input_dtype));
     for (int i = 0; i <= m->n_layers; i++) {
         if (i < m->n_layers && m->layer[i].spec.kind != LOOM_LAYER_BATCH_NORM) continue;
         j->l0 = l0, j->l1 = i;
         if (i > l0) run_phase(m, j, part_forward_, acc);
         if (i < m->n_layers) {
             double t0 = acc ? loom_now() : 0;
+            if (m->graph) nn_graph_bn_in_(m, i, j->nchunks);
             nn_bn_forward_(m, i, m->chunk[0].act[i], j->B, j->kind == JOB_TRAIN);
             if (acc) acc[i] += loom_now() - t0;
             for (int t = 0; t < j->nchunks; t++) m->chunk[t].act[i + 1] = m->layer[i].y + m->chunk[t].b0 * m->layer[i].n_out;
+            if (m->graph) nn_graph_bn_out_(m, i, j->nchunks);
         }
         l0 = i + 1;
     }
@@ -1244,8 +1272,15 @@ static void backward_all(loom_model *m, step_job *j, double *acc)
         if (i >= 0) {
             int done = 1;
             for (int t = 0; t < j->nchunks; t++) done &= m->chunk[t].bw_done || !isfinite(m->chunk[t].loss);
+            if (m->graph) { /* bw_done does not end a graph's backward: the layer's own need */
+                bool any = false;
+                for (int t = 0; t < j->nchunks; t++) any |= isfinite(m->chunk[t].loss);
+                done = !m->layer[i].need_out || !any;
+            }
             double t0 = acc ? loom_now() : 0;
+            if (!done && m->graph) nn_graph_bn_grad_in_(m, i, j->nchunks);
             if (!done) nn_bn_backward_(m, i, m->chunk, j->nchunks, j->B);
+            if (!done && m->graph) nn_graph_bn_grad_out_(m, i, j->nchunks);
             if (acc) acc[i] += loom_now() - t0;
         }
         l1 = i;
