@@ -771,6 +771,11 @@ int loom_config_check_training(const loom_spec *spec, loom_errlist *errs);
  * that loom_config_load reads back to an equal spec. */
 void loom_config_print(const loom_spec *s, FILE *f);
 
+/* The first layer of ms that makes it a graph rather than a chain (inputs
+ * other than the previous layer, or a merge layer; layer 0 with several
+ * model inputs), or -1 for a plain stack of layers. */
+int loom_model_spec_graph_layer(const loom_model_spec *ms);
+
 /* Names, for messages and printing. */
 const char *loom_layer_kind_name(loom_layer_kind k);
 const char *loom_activation_name(loom_activation a);

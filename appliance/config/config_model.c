@@ -386,3 +386,15 @@ void cfg_parse_model_(cfg_ctx *c, const config_setting_t *root, loom_model_spec 
         if (ll && m->n_layers > 0 && m->n_layers == config_setting_length(ll)) check_graph(c, ll, m);
     }
 }
+
+int loom_model_spec_graph_layer(const loom_model_spec *ms)
+{
+    if (ms->n_inputs > 1) return 0;
+    for (int i = 0; i < ms->n_layers; i++) {
+        const loom_layer_spec *l = &ms->layer[i];
+        if (merge_kind((int)l->kind) || l->n_inputs > 1) return i;
+        if (l->n_inputs == 1 && strcmp(l->inputs[0], i > 0 ? ms->layer[i - 1].name : model_input_name(ms, 0)))
+            return i;
+    }
+    return -1;
+}
