@@ -348,6 +348,10 @@ typedef struct loom_strategy_args {
     /* appended (strategy ops version 4) */
     int64_t               steps_per_epoch; /* batches of one pass of data.train on this task; < 0 unknown */
     int                   weight_idx1; /* model.sample_weight's feature index + 1 in the element; 0: none */
+    /* appended: a graph's several model inputs (model.inputs); a plugin that
+     * builds its replicas' models with loom_model_new gets one input only */
+    int                   n_inputs;       /* 0 or 1: model.input alone (input_idx) */
+    int                   inputs_idx[8];  /* each input's feature index; [0] = input_idx */
 } loom_strategy_args;
 
 /* Result of one step, summed over replicas. */

@@ -364,14 +364,36 @@ static int check_loss(loom_model *m, const loom_shape *label, loom_dtype label_d
     return LOOM_OK;
 }
 
+/* The model's inputs beyond the first, for model_build (loom_model_new_inputs). */
+typedef struct more_inputs {
+    int               n;      /* all inputs, the first included; 0: loom_model_new's one */
+    const loom_shape *shapes;
+    const loom_dtype *dtypes;
+} more_inputs;
+
 static int model_build(loom_model **out, const loom_model_spec *spec, const loom_shape *input, loom_dtype input_dtype,
                        const loom_shape *label, loom_dtype label_dtype, int64_t max_batch, bool shapes_only,
-                       loom_err *err);
+                       const more_inputs *more, loom_err *err);
 
 int loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_shape *input, loom_dtype input_dtype,
                    const loom_shape *label, loom_dtype label_dtype, int64_t max_batch, loom_err *err)
 {
-    return model_build(out, spec, input, input_dtype, label, label_dtype, max_batch, false, err);
+    return model_build(out, spec, input, input_dtype, label, label_dtype, max_batch, false, NULL, err);
+}
+
+int loom_model_new_inputs(loom_model **out, const loom_model_spec *spec, int n, const loom_shape *inputs,
+                          const loom_dtype *dtypes, const loom_shape *label, loom_dtype label_dtype,
+                          int64_t max_batch, loom_err *err)
+{
+    more_inputs more = {n, inputs, dtypes};
+    return model_build(out, spec, &inputs[0], dtypes[0], label, label_dtype, max_batch, false, &more, err);
+}
+
+int loom_model_num_inputs(const loom_model *m) { return m->n_inputs; }
+
+void loom_model_set_inputs(loom_model *m, const loom_tensor *const *xs, int n)
+{
+    for (int f = 1; f < m->n_inputs; f++) m->xs[f] = xs && f - 1 < n ? xs[f - 1] : NULL;
 }
 
 int loom_model_param_list(const loom_model_spec *spec, const loom_shape *input, loom_dtype input_dtype,
@@ -381,7 +403,7 @@ int loom_model_param_list(const loom_model_spec *spec, const loom_shape *input, 
     *out = NULL;
     *n = 0;
     loom_model *m;
-    int rc = model_build(&m, spec, input, input_dtype, label, label_dtype, 1, true, err);
+    int rc = model_build(&m, spec, input, input_dtype, label, label_dtype, 1, true, NULL, err);
     if (rc) return rc;
     *out = loom_calloc((size_t)(m->n_ptensors ? m->n_ptensors : 1), sizeof **out);
     if (!*out) rc = loom_err_set(err, LOOM_ENOMEM, m->where, "listing %d variables", m->n_ptensors);
@@ -619,7 +641,7 @@ static bool model_buffers(loom_model *m)
 /* The model for loom_model_new, or (shapes_only) its variable list alone. */
 static int model_build(loom_model **out, const loom_model_spec *spec, const loom_shape *input, loom_dtype input_dtype,
                        const loom_shape *label, loom_dtype label_dtype, int64_t max_batch, bool shapes_only,
-                       loom_err *err)
+                       const more_inputs *more, loom_err *err)
 {
     *out = NULL;
     loom_model *m = loom_calloc(1, sizeof *m);
@@ -639,12 +661,27 @@ static int model_build(loom_model **out, const loom_model_spec *spec, const loom
     m->in_shape[0] = *input;
     snprintf(m->in_name[0], sizeof m->in_name[0], "%s", spec->n_inputs ? spec->inputs[0] : spec->input);
     int rc;
-    if (spec->n_inputs > 1) {
-        rc = loom_err_set(err, LOOM_EUNSUPPORTED, m->where, "model.inputs names %d features; a model takes one input "
-                          "feature so far", spec->n_inputs);
-        loom_err_hint(err, "join the features with a concat transform (data.*.transforms, op = \"concat\") and "
-                           "split the branches with layers; several model inputs are planned (issue 23)");
+    int n_in = spec->n_inputs > 1 ? spec->n_inputs : 1;
+    if (n_in > 1 && (!more || more->n != n_in)) {
+        rc = loom_err_set(err, LOOM_EUNSUPPORTED, m->where, "model.inputs names %d features; here the model is given "
+                          "%d", spec->n_inputs, more ? more->n : 1);
+        loom_err_hint(err, "several model inputs train under one_device and mirrored (strategy.type); or join the "
+                           "features with a concat transform (op = \"concat\") into one input");
         goto fail;
+    }
+    m->n_inputs = n_in;
+    for (int f = 1; f < n_in; f++) {
+        char a[96];
+        m->in_shape[f] = more->shapes[f];
+        snprintf(m->in_name[f], sizeof m->in_name[f], "%s", spec->inputs[f]);
+        if (more->dtypes[f] != LOOM_F32) {
+            rc = loom_err_set(err, LOOM_ESHAPE, m->where, "model input \"%s\" is %s %s; layers need float32",
+                              spec->inputs[f], loom_dtype_name(more->dtypes[f]), loom_shape_str(&more->shapes[f], a,
+                              sizeof a));
+            loom_err_hint(err, "add a cast map (dtype = \"float32\") for \"%s\" to the data transforms",
+                          spec->inputs[f]);
+            goto fail;
+        }
     }
     if ((rc = check_input(m, spec, err)) || (rc = build_layers(m, spec, err)) ||
         (rc = check_loss(m, label, label_dtype, err)) || (rc = nn_metrics_init_(m, spec, err)))
@@ -834,6 +871,14 @@ void loom_model_init_params(loom_model *m, uint64_t seed)
 
 /* ---- steps ------------------------------------------------------------------ */
 
+static loom_shape batch_of(int64_t B, const loom_shape *s)
+{
+    loom_shape r = {.rank = s->rank + 1};
+    r.dim[0] = B;
+    for (int i = 0; i < s->rank; i++) r.dim[i + 1] = s->dim[i];
+    return r;
+}
+
 int nn_check_batch_(loom_model *m, const loom_tensor *x, const loom_tensor *label, int64_t *B, loom_err *err)
 {
     char a[96], b[96];
@@ -856,6 +901,20 @@ int nn_check_batch_(loom_model *m, const loom_tensor *x, const loom_tensor *labe
     int rc;
     if (m->layer[0].spec.kind == LOOM_LAYER_EMBEDDING && (rc = nn_embedding_check_ids_(m, 0, x->data, *B, err)))
         return rc;
+    for (int f = 1; f < m->n_inputs; f++) { /* model.inputs: each (B, its shape), float32 */
+        const loom_tensor *t = m->xs[f];
+        if (!t)
+            return loom_err_set(err, LOOM_ESHAPE, m->where, "model input \"%s\" was not given with the batch",
+                                m->in_name[f]);
+        bool same = t->dtype == LOOM_F32 && t->shape.rank == m->in_shape[f].rank + 1 && t->shape.dim[0] == *B;
+        for (int d = 0; same && d < m->in_shape[f].rank; d++) same = t->shape.dim[d + 1] == m->in_shape[f].dim[d];
+        if (!same) {
+            loom_shape w = batch_of(*B, &m->in_shape[f]);
+            return loom_err_set(err, LOOM_ESHAPE, m->where, "model input \"%s\" has shape %s (%s), the model was "
+                                "built for %s float32", m->in_name[f], loom_shape_str(&t->shape, a, sizeof a),
+                                loom_dtype_name(t->dtype), loom_shape_str(&w, b, sizeof b));
+        }
+    }
     return label ? nn_check_label_(m, label, *B, err) : LOOM_OK;
 }
 
@@ -1035,7 +1094,9 @@ static void chunk_forward(const step_job *j, nn_chunk_ *c)
     if (j->l0 == 0)
         c->act[0] = (const float *)((const char *)j->x +
                                     c->b0 * m->layer[0].n_in * (int64_t)loom_dtype_size(m->input_dtype));
-    if (j->l0 == 0) c->xin[0] = c->act[0];
+    if (j->l0 == 0)
+        for (int f = 0; f < m->n_inputs; f++)
+            c->xin[f] = f ? (const float *)m->xs[f]->data + c->b0 * loom_shape_numel(&m->in_shape[f]) : c->act[0];
     double t = j->timed ? loom_now() : 0;
     for (int i = j->l0; i < j->l1; i++) {
         if (m->graph) nn_graph_forward_(m, i, c, j->kind == JOB_TRAIN, j->rng_key);
@@ -1240,10 +1301,13 @@ static void forward_all(loom_model *m, step_job *j, double *acc)
 {
     int l0 = 0;
     /* the input may be ids (int32, int64) rather than floats: offset in bytes */
-    for (int t = 0; t < j->nchunks; t++)
-        m->chunk[t].xin[0] = m->chunk[t].act[0] =
-            (const float *)((const char *)j->x + m->chunk[t].b0 * loom_shape_numel(&m->input) *
-                                                     (int64_t)loom_dtype_size(m->input_dtype));
+    for (int t = 0; t < j->nchunks; t++) {
+        nn_chunk_ *c = &m->chunk[t];
+        c->xin[0] = c->act[0] = (const float *)((const char *)j->x + c->b0 * loom_shape_numel(&m->input) *
+                                                                         (int64_t)loom_dtype_size(m->input_dtype));
+        for (int f = 1; f < m->n_inputs; f++)
+            c->xin[f] = (const float *)m->xs[f]->data + c->b0 * loom_shape_numel(&m->in_shape[f]);
+    }
     for (int i = 0; i <= m->n_layers; i++) {
         if (i < m->n_layers && m->layer[i].spec.kind != LOOM_LAYER_BATCH_NORM) continue;
         j->l0 = l0, j->l1 = i;

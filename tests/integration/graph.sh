@@ -8,7 +8,9 @@
 # resumed ends with the bits of a straight run; evaluate, predict and npz
 # export work; ONNX export and the cpu device backend refuse a graph, naming
 # the layer; shapes that do not merge fail check at the layer's file:line
-# naming both shapes; an unused layer is a warning. Each run under `timeout`.
+# naming both shapes; an unused layer is a warning. Two model inputs
+# (configs/ctr_wide_deep.cfg): mirrored(2) within 1e-6 of one_device,
+# predict, the input errors. Each run under `timeout`.
 source "$(dirname "$0")/lib.sh"
 DIFF="${LOOM_CKPT_DIFF:-$(dirname "$LOOM")/tests/ckpt_diff}"
 CFG=tests/configs/graph_mlp.cfg
@@ -75,4 +77,33 @@ UNUSED='model.layers=(
 out=$("$LOOM" check $CFG --set "$UNUSED" 2>&1)
 contains "an unused layer is a warning" 'layer "spare" is not used: the model'"'"'s output (its last layer, "dense_3") does not depend on it' "$out"
 contains "and the model checks without it" ": ok" "$out"
+
+# two model inputs (configs/ctr_wide_deep.cfg: ids through an embedding, numeric features through dense
+# layers, concatenated): mirrored(2) ends within 1e-6 of one_device; predict; a model input missing from the data
+WD=configs/ctr_wide_deep.cfg
+WS=(--set run.max_steps=20 --set run.eval_steps=2 --set run.checkpoint_steps=20 --set run.progress='"none"'
+    --set run.status_port=0 --set data.train.source.ctr.id_space=65536 --set data.eval.source.ctr.id_space=65536
+    --set 'model.layers.[0].input_dim=65536')
+check "wide and deep: one_device trains" timeout 300 "$LOOM" train $WD --model-dir "$WORK/wd1" "${WS[@]}"
+check "wide and deep: mirrored(2) trains" timeout 300 "$LOOM" train $WD --model-dir "$WORK/wd2" "${WS[@]}" \
+    --set strategy.type=mirrored --set strategy.replicas=2
+if d=$("$DIFF" $WD "$WORK/wd1/ckpt-20.loom" "$WORK/wd2/ckpt-20.loom" "${WS[@]}" 2>&1) &&
+        awk -v d="$d" 'BEGIN { exit !(d <= 1e-6) }'; then
+    pass "wide and deep: mirrored(2) within 1e-6 of one_device ($d apart)"
+else
+    fail "wide and deep: mirrored(2) within 1e-6 of one_device" "$d"
+fi
+check "wide and deep: predict" timeout 300 "$LOOM" predict $WD --model-dir "$WORK/wd2" "${WS[@]}" \
+    --set strategy.type=mirrored --set strategy.replicas=2 --output "$WORK/wd.csv"
+rows=$(wc -l < "$WORK/wd.csv" 2>/dev/null)
+[ "$rows" = 50001 ] && pass "wide and deep: a prediction per eval example" || fail "wide and deep: 50001 lines" "got $rows"
+sed 's/numeric = { dtype/numerics = { dtype/' $WD > "$WORK/wd_bad.cfg"
+expect_fail 2 "a model input that is not a feature of the data" \
+    'model.inputs: the train pipeline has no feature "numeric" (it yields ids: int64 (1024, 26)' \
+    "$LOOM" check "$WORK/wd_bad.cfg"
+expect_fail 2 "model.input and model.inputs together" \
+    'model.inputs: give model.input (one feature) or model.inputs (several), not both' \
+    "$LOOM" check $WD --set 'model.input="ids"'
+expect_fail 2 "several inputs under parameter_server: refused, saying where they run" \
+    'model.inputs names 2 features; here the model is given 1' "$LOOM" check $WD --set strategy.type=parameter_server
 finish

@@ -1903,6 +1903,79 @@ static void test_graph_merge_values(void)
     }
 }
 
+/* Two model inputs (model.inputs) concatenated, then dense layers: the
+ * same loss and gradients, bit for bit, as one input holding both
+ * (the parameters start equal: the same tensors in the same order), at 1
+ * and 2 threads; a step without the second input, and loom_model_new on a
+ * spec with two inputs, are refused. */
+static void test_graph_inputs(void)
+{
+    loom_layer_spec two[] = {G(L_merge(LOOM_LAYER_CONCATENATE), "cat", "a", "b", NULL),
+                             G(L_dense(4, LOOM_ACT_TANH), "h", NULL), G(L_dense(3, LOOM_ACT_NONE), "o", NULL)};
+    loom_model_spec *s2 = malloc(sizeof *s2);
+    *s2 = *mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 3, two);
+    s2->n_inputs = 2;
+    snprintf(s2->inputs[0], sizeof s2->inputs[0], "a");
+    snprintf(s2->inputs[1], sizeof s2->inputs[1], "b");
+    snprintf(s2->input, sizeof s2->input, "a");
+    loom_shape shapes[2] = {shp(1, 3, 0, 0), shp(1, 2, 0, 0)}, lab = shp(0, 0, 0, 0), one = shp(1, 5, 0, 0);
+    loom_dtype dts[2] = {LOOM_F32, LOOM_F32};
+    loom_model *m2 = NULL, *m1 = NULL;
+    CHECK(loom_model_new(&m2, s2, &shapes[0], LOOM_F32, &lab, LOOM_I32, 6, &err) == LOOM_EUNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "model.inputs names 2 features; here the model is given 1");
+    int rc = loom_model_new_inputs(&m2, s2, 2, shapes, dts, &lab, LOOM_I32, 6, &err);
+    CHECK_MSG(rc == LOOM_OK, "%s: %s", err.where, err.msg);
+    loom_layer_spec flat[] = {G(L_dense(4, LOOM_ACT_TANH), "h", NULL), G(L_dense(3, LOOM_ACT_NONE), "o", NULL)};
+    CHECK(loom_model_new(&m1, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 2, flat), &one, LOOM_F32, &lab, LOOM_I32, 6, &err) ==
+          LOOM_OK);
+    if (rc || !m1) goto out;
+    CHECK(loom_model_num_inputs(m2) == 2 && loom_model_num_params(m1) == loom_model_num_params(m2));
+    loom_model_init_params(m1, 3);
+    loom_model_init_params(m2, 3);
+    float x[6 * 5], a[6 * 3], b[6 * 2];
+    int32_t y[6];
+    loom_rng r;
+    loom_rng_init(&r, 1, 2, 3, 4);
+    for (int e = 0; e < 6; e++) {
+        for (int k = 0; k < 5; k++) x[e * 5 + k] = loom_rng_normal(&r);
+        memcpy(a + e * 3, x + e * 5, 3 * sizeof(float));
+        memcpy(b + e * 2, x + e * 5 + 3, 2 * sizeof(float));
+        y[e] = (int32_t)loom_rng_below(&r, 3);
+    }
+    loom_tensor tx = {.dtype = LOOM_F32, .shape = shp(2, 6, 5, 0), .data = x};
+    loom_tensor ta = {.dtype = LOOM_F32, .shape = shp(2, 6, 3, 0), .data = a};
+    loom_tensor tb = {.dtype = LOOM_F32, .shape = shp(2, 6, 2, 0), .data = b};
+    loom_tensor ty = {.dtype = LOOM_I32, .shape = shp(1, 6, 0, 0), .data = y};
+    double l1, l2;
+    int64_t c1, c2;
+    CHECK(loom_model_train_step(m2, &ta, &ty, 6, 1, &l2, &c2, &err) == LOOM_ESHAPE);
+    CHECK_CONTAINS(err.msg, "model input \"b\" was not given with the batch");
+    const loom_tensor *more[] = {&tb};
+    loom_model_set_inputs(m2, more, 1);
+    for (int t = 1; t <= 2; t++) {
+        CHECK(loom_model_set_threads(m1, t, &err) == LOOM_OK && loom_model_set_threads(m2, t, &err) == LOOM_OK);
+        CHECK(loom_model_train_step(m1, &tx, &ty, 6, 1, &l1, &c1, &err) == LOOM_OK);
+        CHECK(loom_model_train_step(m2, &ta, &ty, 6, 1, &l2, &c2, &err) == LOOM_OK);
+        CHECK_MSG(l1 == l2 && c1 == c2, "threads %d: loss %.9g vs %.9g", t, l1, l2);
+        CHECK_MSG(!memcmp(loom_model_grads(m1), loom_model_grads(m2),
+                          (size_t)loom_model_num_params(m1) * sizeof(float)), "threads %d: gradients differ", t);
+    }
+    float p1[6 * 3], p2[6 * 3];
+    CHECK(loom_model_predict(m1, &tx, p1, &err) == LOOM_OK && loom_model_predict(m2, &ta, p2, &err) == LOOM_OK);
+    CHECK(!memcmp(p1, p2, sizeof p1));
+    loom_tensor bad = tb;
+    bad.shape = shp(2, 3, 4, 0);
+    const loom_tensor *wrong[] = {&bad};
+    loom_model_set_inputs(m2, wrong, 1);
+    CHECK(loom_model_predict(m2, &ta, p2, &err) == LOOM_ESHAPE);
+    CHECK_CONTAINS(err.msg, "model input \"b\" has shape (3, 4) (float32), the model was built for (6, 2) float32");
+out:
+    loom_model_free(m1);
+    loom_model_free(m2);
+    free(s2);
+    loom_blas_set_threads(1);
+}
+
 /* Shapes that do not merge, a cycle, an unknown input: LOOM_ESHAPE /
  * LOOM_ECONFIG at the layer's file:line naming what is wrong. */
 static void test_graph_errors(void)
@@ -1968,6 +2041,7 @@ static const loom_test tests[] = {
     {"graph: gradients, threads", test_graph_grad},
     {"graph: merge values, order", test_graph_merge_values},
     {"graph: shape and graph errors", test_graph_errors},
+    {"graph: several model inputs", test_graph_inputs},
     {"timing", test_timing},
     {0},
 };
