@@ -161,11 +161,11 @@ static int embedding_shapes(loom_model *m, nn_layer_ *l, int li, loom_err *err)
     char a[96];
     const loom_layer_spec *s = &l->spec;
     const loom_shape *in = &l->in;
-    if (li != 0)
+    if (li != 0 || l->src[0] != -1)
         return loom_err_set(err, LOOM_ESHAPE, l->where,
                             "layer \"%s\" (embedding) is layer %d; an embedding looks up the model's input ids, "
-                            "so it must be the first layer", s->name, li),
-               loom_err_hint(err, "move it to the top of model.layers");
+                            "so it must be the first layer and read the (first) model input", s->name, li),
+               loom_err_hint(err, "move it to the top of model.layers; with model.inputs, list the ids first");
     if (in->rank > 2)
         return loom_err_set(err, LOOM_ESHAPE, l->where,
                             "layer \"%s\" (embedding) needs ids of shape (), (columns,) or (columns, k), got %s",
