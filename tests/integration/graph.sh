@@ -78,6 +78,12 @@ out=$("$LOOM" check $CFG --set "$UNUSED" 2>&1)
 contains "an unused layer is a warning" 'layer "spare" is not used: the model'"'"'s output (its last layer, "dense_3") does not depend on it' "$out"
 contains "and the model checks without it" ": ok" "$out"
 
+# Keras' ResNet50 (weights=None, 1000 classes) layer by layer: Keras' own counts
+out=$("$LOOM" check configs/resnet50.cfg 2>&1)
+contains "resnet50: Keras' total parameter count" "Total params: 25636712 " "$out"
+contains "resnet50: Keras' trainable count" "Trainable params: 25583592 " "$out"
+contains "resnet50: a block's add names its shortcut and branch" "conv2_block1_add (add)                   (None, 56, 56, 256)               0   conv2_block1_0_bn, conv2_block1_3_bn" "$out"
+
 # two model inputs (configs/ctr_wide_deep.cfg: ids through an embedding, numeric features through dense
 # layers, concatenated): mirrored(2) ends within 1e-6 of one_device; predict; a model input missing from the data
 WD=configs/ctr_wide_deep.cfg
