@@ -212,16 +212,22 @@ typedef struct loom_strategy_args {
     int                   inputs_idx[LOOM_MAX_MODEL_INPUTS]; /* each input's feature index; [0] = input_idx */
 } loom_strategy_args;
 
-/* e's sample weights (args->weight_idx1) and its model inputs beyond the
- * first (model.inputs) to m for its next steps (none: NULL). */
-static inline void loom_strategy_weights_(const loom_strategy_args *a, loom_model *m, const loom_elem *e)
+/* e's model inputs beyond the first (model.inputs) to m for its next steps (none: NULL). */
+static inline void loom_strategy_inputs_(const loom_strategy_args *a, loom_model *m, const loom_elem *e)
 {
-    loom_model_set_sample_weights(m, a->weight_idx1 > 0 && e ? &e->t[a->weight_idx1 - 1] : NULL);
     if (a->n_inputs > 1) {
         const loom_tensor *xs[LOOM_MAX_MODEL_INPUTS];
         for (int f = 1; f < a->n_inputs; f++) xs[f - 1] = e ? &e->t[a->inputs_idx[f]] : NULL;
         loom_model_set_inputs(m, e ? xs : NULL, a->n_inputs - 1);
     }
+}
+
+/* e's sample weights (args->weight_idx1) and its model inputs beyond the
+ * first to m for its next steps (none: NULL). */
+static inline void loom_strategy_weights_(const loom_strategy_args *a, loom_model *m, const loom_elem *e)
+{
+    loom_model_set_sample_weights(m, a->weight_idx1 > 0 && e ? &e->t[a->weight_idx1 - 1] : NULL);
+    loom_strategy_inputs_(a, m, e);
 }
 
 /* The model of a->spec for batches of up to max_batch of the element a->input:
@@ -240,7 +246,8 @@ static inline int loom_strategy_model_new_(loom_model **out, const loom_strategy
         dt[f] = in->dtype[i];
     }
     loom_shape ye = loom_shape_make(y.rank - 1, y.dim + 1);
-    if (n == 1) return loom_model_new(out, &a->spec->model, &xs[0], dt[0], &ye, in->dtype[a->label_idx], max_batch, err);
+    if (n == 1)
+        return loom_model_new(out, &a->spec->model, &xs[0], dt[0], &ye, in->dtype[a->label_idx], max_batch, err);
     return loom_model_new_inputs(out, &a->spec->model, n, xs, dt, &ye, in->dtype[a->label_idx], max_batch, err);
 }
 

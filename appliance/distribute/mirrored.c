@@ -617,7 +617,7 @@ static void replica_item(void *arg, int r)
                                          &rp->res.correct, &rp->err);
         break;
     case JOB_PREDICT:
-        loom_strategy_weights_(s->args, rp->model, &rp->share); /* model.inputs beyond the first */
+        loom_strategy_inputs_(s->args, rp->model, &rp->share); /* model.inputs beyond the first */
         if (x->shape.dim[0] && rp->dev)
             rp->rc = loom_model_dev_predict(rp->dev, x, m->out + rp->row0 * m->classes, &rp->err);
         else if (x->shape.dim[0])

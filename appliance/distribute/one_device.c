@@ -108,7 +108,7 @@ static int od_predict(loom_strategy *s, const loom_elem *batch, float *out, loom
 {
     one_device *od = s->impl;
     const loom_tensor *x = &batch->t[s->args->input_idx];
-    loom_strategy_weights_(s->args, od->model, batch); /* model.inputs beyond the first */
+    loom_strategy_inputs_(s->args, od->model, batch); /* model.inputs beyond the first */
     return od->dev ? loom_model_dev_predict(od->dev, x, out, err) : loom_model_predict(od->model, x, out, err);
 }
 

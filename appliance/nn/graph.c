@@ -459,7 +459,9 @@ void loom_model_summary(const loom_model *m, FILE *f)
 {
     char a[96], b[112], ob[120], con[256];
     const int W = 112;
-    static const char eq[] = "========================================================================================================================";
+    char eq[121];
+    memset(eq, '=', sizeof eq - 1);
+    eq[sizeof eq - 1] = 0;
     fprintf(f, "%-40s %-22s %12s   %s\n", "Layer (type)", "Output Shape", "Param #", "Connected to");
     fprintf(f, "%.*s\n", W, eq);
     int64_t frozen = 0;
