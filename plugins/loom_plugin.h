@@ -353,6 +353,10 @@ typedef struct loom_strategy_args {
      * loom train. A host built before this field passes a shorter struct:
      * read it only from a host of this header or later. */
     const char           *resume_key, *resume_text;
+    /* appended: a graph's several model inputs (model.inputs); a plugin that
+     * builds its replicas' models with loom_model_new gets one input only */
+    int                   n_inputs;       /* 0 or 1: model.input alone (input_idx) */
+    int                   inputs_idx[8];  /* each input's feature index; [0] = input_idx */
 } loom_strategy_args;
 
 /* Result of one step, summed over replicas. */

@@ -13,7 +13,7 @@
 
 #define LOOM_MAX_FEATURES   256 /* features of an element (and declared columns of a source) */
 #define LOOM_MAX_TRANSFORMS 32
-#define LOOM_MAX_LAYERS     64
+#define LOOM_MAX_LAYERS     256
 #define LOOM_MAX_BOUNDARIES 16
 #define LOOM_MAX_DEVICES    16
 #define LOOM_NAME_MAX       64
@@ -431,7 +431,13 @@ typedef enum { LOOM_LAYER_DENSE, LOOM_LAYER_CONV2D, LOOM_LAYER_MAX_POOL2D, LOOM_
                /* appended (issue 23): Keras's layers of those names */
                LOOM_LAYER_ZERO_PADDING2D, LOOM_LAYER_GLOBAL_MAX_POOL2D, LOOM_LAYER_RESHAPE, LOOM_LAYER_UPSAMPLING2D,
                LOOM_LAYER_DEPTHWISE_CONV2D, LOOM_LAYER_SEPARABLE_CONV2D, LOOM_LAYER_CONV2D_TRANSPOSE,
-               LOOM_LAYER_CONV1D } loom_layer_kind;
+               LOOM_LAYER_CONV1D,
+               /* merge layers (several inputs, Keras' merging layers) */
+               LOOM_LAYER_ADD, LOOM_LAYER_SUBTRACT, LOOM_LAYER_MULTIPLY, LOOM_LAYER_AVERAGE, LOOM_LAYER_MAXIMUM,
+               LOOM_LAYER_CONCATENATE } loom_layer_kind;
+/* inputs of one layer (merge layers take 2 or more), and model.inputs */
+#define LOOM_MAX_LAYER_INPUTS 8
+#define LOOM_MAX_MODEL_INPUTS 8
 typedef enum { LOOM_COMBINER_SUM, LOOM_COMBINER_MEAN } loom_combiner;
 /* leaky_relu and gelu only as activation layers (their gradients need the input); swish, hard_swish,
  * softplus and elu (Keras's definitions) also on the layers that take an activation. silu is swish's
@@ -484,6 +490,10 @@ typedef struct loom_layer_spec {
     int             size[2];             /* upsampling2d: (h, w) repeats, default 2 */
     int             n_target;            /* reshape: target_shape's rank (1 to 3) */
     int64_t         target[3];           /* reshape: its dims, one may be -1 */
+    /* ---- the graph (appended) ---- */
+    int             n_inputs;            /* 0: the previous layer (the first layer: the model input) */
+    char            inputs[LOOM_MAX_LAYER_INPUTS][LOOM_NAME_MAX]; /* layer names or model inputs (features) */
+    int             axis;                /* concatenate: the axis, counting the batch as 0; default -1 (the last) */
 } loom_layer_spec;
 
 typedef struct loom_model_spec {
@@ -506,6 +516,9 @@ typedef struct loom_model_spec {
     char             sample_weight[LOOM_NAME_MAX]; /* feature of per-example loss weights; "" = none */
     double           l2;                  /* kernel_regularizer l2: loss += l2 * sum(kernel^2), every dense and conv kernel */
     loom_layer_spec layer[LOOM_MAX_LAYERS];
+    /* ---- the graph (appended) ---- */
+    int             n_inputs;             /* model.inputs given: the features fed to the model; 0: model.input alone */
+    char            inputs[LOOM_MAX_MODEL_INPUTS][LOOM_NAME_MAX];
 } loom_model_spec;
 
 /* ---- optimizer ----------------------------------------------------------- */
@@ -772,6 +785,11 @@ int loom_config_check_training(const loom_spec *spec, loom_errlist *errs);
 /* Prints the fully resolved config, defaults filled in, in libconfig syntax
  * that loom_config_load reads back to an equal spec. */
 void loom_config_print(const loom_spec *s, FILE *f);
+
+/* The first layer of ms that makes it a graph rather than a chain (inputs
+ * other than the previous layer, or a merge layer; layer 0 with several
+ * model inputs), or -1 for a plain stack of layers. */
+int loom_model_spec_graph_layer(const loom_model_spec *ms);
 
 /* Names, for messages and printing. */
 const char *loom_layer_kind_name(loom_layer_kind k);

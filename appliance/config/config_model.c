@@ -10,6 +10,8 @@
 
 static void parse_metrics(cfg_ctx *c, const config_setting_t *s, void *base);
 static void parse_class_weight(cfg_ctx *c, const config_setting_t *s, void *base);
+static void parse_layer_inputs(cfg_ctx *c, const config_setting_t *s, void *base);
+static void parse_model_inputs(cfg_ctx *c, const config_setting_t *s, void *base);
 
 #define LY(k) K(LOOM_LAYER_##k)
 /* the 2-D convolutions, and every layer with a kernel of its own and an activation */
@@ -61,6 +63,10 @@ static const cfg_opt layer_opts[] = {
           "rows of the table: ids are in [0, input_dim)"),
     O_INT(loom_layer_spec, "output_dim", output_dim, 0, 1, 1 << 16, LY(EMBEDDING), LY(EMBEDDING),
           "the embedding width"),
+    O_CUSTOM("inputs", parse_layer_inputs, ALL, 0,
+             "[\"name\", ...]: the layers or model inputs this layer takes (default: the previous layer)"),
+    O_INT(loom_layer_spec, "axis", axis, -1, -9, 8, LY(CONCATENATE), 0,
+          "the axis to join on, the batch being axis 0; default -1 (the last)"),
     O_ENUM(loom_layer_spec, "combiner", combiner, LOOM_COMBINER_SUM, loom_combiner_names_, LY(EMBEDDING), 0,
            "several ids per column (input (columns, k)): sum or mean of their rows"),
     O_END,
@@ -157,6 +163,8 @@ static void check_layer(cfg_ctx *c, const config_setting_t *e, loom_layer_spec *
 
 static const cfg_opt model_opts[] = {
     O_STR(loom_model_spec, "input", input, "image", NULL, ALL, 0, "feature fed to the first layer"),
+    O_CUSTOM("inputs", parse_model_inputs, ALL, 0,
+             "[\"feature\", ...]: several features as model inputs (instead of input); layers name them in inputs"),
     O_STR(loom_model_spec, "label", label, "label", NULL, ALL, 0, "feature holding the target"),
     O_ENUM(loom_model_spec, "loss", loss, LOOM_LOSS_SPARSE_SOFTMAX_CE, loom_loss_names_, ALL, 0, "loss function"),
     O_CUSTOM("metrics", parse_metrics, ALL, 0,
@@ -229,6 +237,46 @@ static void parse_class_weight(cfg_ctx *c, const config_setting_t *s, void *base
     m->n_class_weights = n;
 }
 
+/* A list of names into names (at most max, each LOOM_NAME_MAX); the count, or -1 after an error. */
+static int parse_names(cfg_ctx *c, const config_setting_t *s, char (*names)[LOOM_NAME_MAX], int max, const char *what)
+{
+    int n = cfg_string_list_(c, s, max, what);
+    if (n < 0) return -1;
+    bool one = config_setting_type(s) == CONFIG_TYPE_STRING;
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *e = one ? s : config_setting_get_elem(s, i);
+        const char *v = config_setting_get_string(e);
+        if (strlen(v) >= LOOM_NAME_MAX) {
+            cfg_err_(c, e, "name \"%s\" is longer than %d characters", v, LOOM_NAME_MAX - 1);
+            return -1;
+        }
+        snprintf(names[i], LOOM_NAME_MAX, "%s", v);
+    }
+    return n;
+}
+
+static void parse_layer_inputs(cfg_ctx *c, const config_setting_t *s, void *base)
+{
+    loom_layer_spec *l = base;
+    int n = parse_names(c, s, l->inputs, LOOM_MAX_LAYER_INPUTS, "inputs");
+    if (n == 0) cfg_err_(c, s, "expected at least one input");
+    l->n_inputs = n > 0 ? n : 0;
+}
+
+static void parse_model_inputs(cfg_ctx *c, const config_setting_t *s, void *base)
+{
+    loom_model_spec *m = base;
+    int n = parse_names(c, s, m->inputs, LOOM_MAX_MODEL_INPUTS, "model inputs");
+    if (n == 0) cfg_err_(c, s, "expected at least one feature");
+    m->n_inputs = n > 0 ? n : 0;
+    for (int i = 0; i < m->n_inputs; i++)
+        for (int j = 0; j < i; j++)
+            if (!strcmp(m->inputs[i], m->inputs[j])) {
+                cfg_err_(c, s, "feature \"%s\" is listed twice", m->inputs[i]);
+                return;
+            }
+}
+
 static void parse_layers(cfg_ctx *c, const config_setting_t *g, loom_model_spec *m)
 {
     const config_setting_t *ll = cfg_sub_list_(c, g, "layers");
@@ -269,6 +317,144 @@ static void parse_layers(cfg_ctx *c, const config_setting_t *g, loom_model_spec 
             }
 }
 
+/* ---- the graph: each layer's inputs (names of layers or model inputs) ---- */
+
+static bool merge_kind(int k) { return k >= LOOM_LAYER_ADD && k <= LOOM_LAYER_CONCATENATE; }
+
+/* The model's input features: model.inputs, or model.input alone. */
+static int model_input_count(const loom_model_spec *m) { return m->n_inputs ? m->n_inputs : 1; }
+static const char *model_input_name(const loom_model_spec *m, int i) { return m->n_inputs ? m->inputs[i] : m->input; }
+
+/* Layer i's inputs resolved: src[k] >= 0 a layer, -1 - f model input f, LOOM_MAX_LAYERS unknown. */
+static int layer_sources(const loom_model_spec *m, int i, int *src)
+{
+    const loom_layer_spec *l = &m->layer[i];
+    if (l->n_inputs == 0) {
+        src[0] = i > 0 ? i - 1 : -1;
+        return 1;
+    }
+    for (int k = 0; k < l->n_inputs; k++) {
+        src[k] = LOOM_MAX_LAYERS;
+        for (int j = 0; j < m->n_layers && src[k] == LOOM_MAX_LAYERS; j++)
+            if (!strcmp(m->layer[j].name, l->inputs[k])) src[k] = j;
+        for (int f = 0; f < model_input_count(m) && src[k] == LOOM_MAX_LAYERS; f++)
+            if (!strcmp(model_input_name(m, f), l->inputs[k])) src[k] = -1 - f;
+    }
+    return l->n_inputs;
+}
+
+/* Depth-first from layer i along its inputs: 0 white, 1 on the path, 2 done.
+ * Returns the layer that closes a cycle (path[0..*np) ends there), or -1. */
+static int find_cycle(const loom_model_spec *m, int i, int *color, int *path, int *np)
+{
+    color[i] = 1;
+    path[(*np)++] = i;
+    int src[LOOM_MAX_LAYER_INPUTS], ns = layer_sources(m, i, src);
+    for (int k = 0; k < ns; k++) {
+        int s = src[k];
+        if (s < 0 || s >= m->n_layers) continue;
+        if (color[s] == 1) return s;
+        if (color[s] == 0) {
+            int r = find_cycle(m, s, color, path, np);
+            if (r >= 0) return r;
+        }
+    }
+    color[i] = 2;
+    (*np)--;
+    return -1;
+}
+
+static void check_graph(cfg_ctx *c, const config_setting_t *ll, loom_model_spec *m)
+{
+    int n = m->n_layers, bad = 0;
+    for (int i = 0; i < n; i++) {
+        const loom_layer_spec *l = &m->layer[i];
+        const config_setting_t *e = config_setting_get_elem(ll, i);
+        const config_setting_t *ins = config_setting_get_member(e, "inputs");
+        for (int f = 0; f < model_input_count(m); f++)
+            if (!strcmp(l->name, model_input_name(m, f))) {
+                loom_err *er = cfg_err_(c, e, "layer name \"%s\" is also a model input; a name refers to one thing",
+                                        l->name);
+                if (er) loom_err_hint(er, "rename the layer");
+                bad++;
+            }
+        int src[LOOM_MAX_LAYER_INPUTS], ns = layer_sources(m, i, src);
+        for (int k = 0; k < ns; k++) {
+            if (src[k] == i) {
+                cfg_err_(c, ins, "layer \"%s\" takes itself as input: a cycle", l->name), bad++;
+            } else if (src[k] == LOOM_MAX_LAYERS) {
+                char names[256] = "";
+                for (int f = 0; f < model_input_count(m); f++)
+                    snprintf(names + strlen(names), sizeof names - strlen(names), "%s\"%s\"", f ? ", " : "",
+                             model_input_name(m, f));
+                loom_err *er = cfg_err_(c, ins, "layer \"%s\": input \"%s\" is neither a layer nor a model input",
+                                        l->name, l->inputs[k]);
+                if (er)
+                    loom_err_hint(er, "name a layer of model.layers (by its name, default <type>_<index>) or a feature "
+                                      "of model.input / model.inputs (here %s)", names);
+                bad++;
+            }
+        }
+        int k = (int)l->kind;
+        if (merge_kind(k) && (l->n_inputs < 2 || (k == LOOM_LAYER_SUBTRACT && l->n_inputs != 2))) {
+            loom_err *er = cfg_err_(c, ins ? ins : e, "layer \"%s\" (%s) takes %s inputs, got %d", l->name,
+                                    loom_layer_names_[k], k == LOOM_LAYER_SUBTRACT ? "exactly 2" : "2 or more",
+                                    l->n_inputs);
+            if (er) loom_err_hint(er, "list them: inputs = [\"a\", \"b\"];");
+            bad++;
+        } else if (!merge_kind(k) && k >= 0 && l->n_inputs > 1) {
+            loom_err *er = cfg_err_(c, ins, "layer \"%s\" (%s) takes one input, got %d", l->name,
+                                    loom_layer_names_[k], l->n_inputs);
+            if (er) loom_err_hint(er, "join them first with a merge layer (add, concatenate, ...)");
+            bad++;
+        }
+    }
+    if (bad) return;
+    int color[LOOM_MAX_LAYERS] = {0}, path[LOOM_MAX_LAYERS];
+    for (int i = 0; i < n; i++) {
+        if (color[i]) continue;
+        int np = 0, r = find_cycle(m, i, color, path, &np);
+        if (r < 0) continue;
+        /* path ends in the layer whose input r closes the cycle; print it in data-flow order */
+        char txt[1024] = "";
+        int from = np - 1;
+        while (from > 0 && path[from] != r) from--;
+        snprintf(txt, sizeof txt, "\"%s\"", m->layer[r].name);
+        for (int q = np - 1; q > from; q--)
+            snprintf(txt + strlen(txt), sizeof txt - strlen(txt), " -> \"%s\"", m->layer[path[q]].name);
+        snprintf(txt + strlen(txt), sizeof txt - strlen(txt), " -> \"%s\"", m->layer[r].name);
+        loom_err *er = cfg_err_(c, config_setting_get_elem(ll, r), "the layers form a cycle: %s", txt);
+        if (er) loom_err_hint(er, "a model is a directed acyclic graph: remove one of these inputs");
+        return;
+    }
+    /* the output is the last layer; a layer it does not depend on is not used */
+    bool used[LOOM_MAX_LAYERS] = {false};
+    used[n - 1] = true;
+    for (int i = n - 1; i >= 0; i--) {
+        if (!used[i]) continue;
+        int src[LOOM_MAX_LAYER_INPUTS], ns = layer_sources(m, i, src);
+        for (int k = 0; k < ns; k++)
+            if (src[k] >= 0) used[src[k]] = true;
+    }
+    /* used[] is closed only when inputs come earlier; walk again until no change (inputs may name later layers) */
+    for (bool more = true; more;) {
+        more = false;
+        for (int i = 0; i < n; i++) {
+            if (!used[i]) continue;
+            int src[LOOM_MAX_LAYER_INPUTS], ns = layer_sources(m, i, src);
+            for (int k = 0; k < ns; k++)
+                if (src[k] >= 0 && !used[src[k]]) used[src[k]] = more = true;
+        }
+    }
+    for (int i = 0; i < n; i++)
+        if (!used[i]) {
+            char w[LOOM_PATH_MAX + 16];
+            loom_warn("%s: layer \"%s\" is not used: the model's output (its last layer, \"%s\") does not depend on "
+                      "it; it is left out of the model", loom_loc_str(&m->layer[i].loc, w, sizeof w), m->layer[i].name,
+                      m->layer[n - 1].name);
+        }
+}
+
 /* model.class_weight (the setting cw) against the loss: weights per class
  * need a loss with classes, and binary cross-entropy's are [negative,
  * positive]. The model refuses both when it is built (specs built in code);
@@ -298,6 +484,28 @@ void cfg_parse_model_(cfg_ctx *c, const config_setting_t *root, loom_model_spec 
         cfg_scope sc = {model_opts, 0, NULL};
         cfg_check_keys_(c, g, &sc, 1);
         check_class_weight(c, config_setting_get_member(g, "class_weight"), m);
+        const config_setting_t *mi = config_setting_get_member(g, "inputs");
+        if (mi && m->n_inputs) {
+            if (config_setting_get_member(g, "input")) {
+                loom_err *e = cfg_err_(c, mi, "give model.input (one feature) or model.inputs (several), not both");
+                if (e) loom_err_hint(e, "remove model.input");
+            }
+            snprintf(m->input, sizeof m->input, "%s", m->inputs[0]);
+        }
         parse_layers(c, g, m);
+        const config_setting_t *ll = config_setting_get_member(g, "layers");
+        if (ll && m->n_layers > 0 && m->n_layers == config_setting_length(ll)) check_graph(c, ll, m);
     }
+}
+
+int loom_model_spec_graph_layer(const loom_model_spec *ms)
+{
+    if (ms->n_inputs > 1) return 0;
+    for (int i = 0; i < ms->n_layers; i++) {
+        const loom_layer_spec *l = &ms->layer[i];
+        if (merge_kind((int)l->kind) || l->n_inputs > 1) return i;
+        if (l->n_inputs == 1 && strcmp(l->inputs[0], i > 0 ? ms->layer[i - 1].name : model_input_name(ms, 0)))
+            return i;
+    }
+    return -1;
 }

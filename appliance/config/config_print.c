@@ -614,7 +614,16 @@ static void print_layer(FILE *f, const loom_layer_spec *l)
         kv_i64(f, 3, "output_dim", l->output_dim);
         kv_str(f, 3, "combiner", loom_cfg_name_(loom_combiner_names_, (int)l->combiner));
         break;
+    case LOOM_LAYER_CONCATENATE: kv_i64(f, 3, "axis", l->axis); break;
     default: break;
+    }
+    if (l->n_inputs) {
+        fputs("      inputs = [", f);
+        for (int i = 0; i < l->n_inputs; i++) {
+            fputs(i ? ", " : "", f);
+            put_str(f, l->inputs[i]);
+        }
+        fputs("];\n", f);
     }
     bool kernel = l->kind == LOOM_LAYER_DENSE || l->kind == LOOM_LAYER_CONV2D || l->kind == LOOM_LAYER_CONV1D ||
                   l->kind == LOOM_LAYER_DEPTHWISE_CONV2D || l->kind == LOOM_LAYER_SEPARABLE_CONV2D ||
@@ -719,7 +728,16 @@ static void print_cluster(FILE *f, const loom_cluster_spec *c)
 static void print_model(FILE *f, const loom_model_spec *m)
 {
     fputs("model: {\n", f);
-    kv_str(f, 1, "input", m->input);
+    if (m->n_inputs) {
+        fputs("  inputs = [", f);
+        for (int i = 0; i < m->n_inputs; i++) {
+            fputs(i ? ", " : "", f);
+            put_str(f, m->inputs[i]);
+        }
+        fputs("];\n", f);
+    } else {
+        kv_str(f, 1, "input", m->input);
+    }
     kv_str(f, 1, "label", m->label);
     kv_str(f, 1, "loss", loom_cfg_name_(loom_loss_names_, (int)m->loss));
     if (m->metrics_set) {

@@ -214,12 +214,48 @@ typedef struct loom_strategy_args {
      * weights, step and data position) and names each task's resume_text
      * when they differ. NULL: not a training run (evaluate, predict, check). */
     const char           *resume_key, *resume_text;
+    /* ---- appended: a graph's several model inputs (model.inputs) ---- */
+    int                   n_inputs;    /* 0 or 1: model.input alone (input_idx) */
+    int                   inputs_idx[LOOM_MAX_MODEL_INPUTS]; /* each input's feature index; [0] = input_idx */
 } loom_strategy_args;
 
-/* e's sample weights (args->weight_idx1) to m for its next steps (none: NULL). */
+/* e's model inputs beyond the first (model.inputs) to m for its next steps (none: NULL). */
+static inline void loom_strategy_inputs_(const loom_strategy_args *a, loom_model *m, const loom_elem *e)
+{
+    if (a->n_inputs > 1) {
+        const loom_tensor *xs[LOOM_MAX_MODEL_INPUTS];
+        for (int f = 1; f < a->n_inputs; f++) xs[f - 1] = e ? &e->t[a->inputs_idx[f]] : NULL;
+        loom_model_set_inputs(m, e ? xs : NULL, a->n_inputs - 1);
+    }
+}
+
+/* e's sample weights (args->weight_idx1) and its model inputs beyond the
+ * first to m for its next steps (none: NULL). */
 static inline void loom_strategy_weights_(const loom_strategy_args *a, loom_model *m, const loom_elem *e)
 {
     loom_model_set_sample_weights(m, a->weight_idx1 > 0 && e ? &e->t[a->weight_idx1 - 1] : NULL);
+    loom_strategy_inputs_(a, m, e);
+}
+
+/* The model of a->spec for batches of up to max_batch of the element a->input:
+ * its inputs model.input or model.inputs, its label model.label (each feature's
+ * per-example shape: the batch dimension dropped). */
+static inline int loom_strategy_model_new_(loom_model **out, const loom_strategy_args *a, int64_t max_batch,
+                                           loom_err *err)
+{
+    const loom_elem_spec *in = a->input;
+    int n = a->n_inputs > 1 ? a->n_inputs : 1;
+    loom_shape xs[LOOM_MAX_MODEL_INPUTS], y = in->shape[a->label_idx];
+    loom_dtype dt[LOOM_MAX_MODEL_INPUTS];
+    for (int f = 0; f < n; f++) {
+        int i = f ? a->inputs_idx[f] : a->input_idx;
+        xs[f] = loom_shape_make(in->shape[i].rank - 1, in->shape[i].dim + 1);
+        dt[f] = in->dtype[i];
+    }
+    loom_shape ye = loom_shape_make(y.rank - 1, y.dim + 1);
+    if (n == 1)
+        return loom_model_new(out, &a->spec->model, &xs[0], dt[0], &ye, in->dtype[a->label_idx], max_batch, err);
+    return loom_model_new_inputs(out, &a->spec->model, n, xs, dt, &ye, in->dtype[a->label_idx], max_batch, err);
 }
 
 /* Result of one step, summed over replicas. */

@@ -238,11 +238,7 @@ static int new_replica(loom_strategy *s, replicated *m, replica *rp, int intra, 
 {
     const loom_strategy_args *a = s->args;
     const loom_spec *spec = a->spec;
-    const loom_elem_spec *in = a->input;
-    loom_shape x = in->shape[a->input_idx], y = in->shape[a->label_idx];
-    loom_shape xe = loom_shape_make(x.rank - 1, x.dim + 1), ye = loom_shape_make(y.rank - 1, y.dim + 1);
-    int rc = loom_model_new(&rp->model, &spec->model, &xe, in->dtype[a->input_idx], &ye, in->dtype[a->label_idx],
-                            max_share, err);
+    int rc = loom_strategy_model_new_(&rp->model, a, max_share, err);
     if (!rc) rc = loom_model_set_threads(rp->model, intra, err);
     if (rc) return rc;
     /* every replica starts from the same seed: equal variables, as a broadcast would make them */
@@ -621,6 +617,7 @@ static void replica_item(void *arg, int r)
                                          &rp->res.correct, &rp->err);
         break;
     case JOB_PREDICT:
+        loom_strategy_inputs_(s->args, rp->model, &rp->share); /* model.inputs beyond the first */
         if (x->shape.dim[0] && rp->dev)
             rp->rc = loom_model_dev_predict(rp->dev, x, m->out + rp->row0 * m->classes, &rp->err);
         else if (x->shape.dim[0])
@@ -729,9 +726,12 @@ static int rep_predict(loom_strategy *s, const loom_elem *batch, float *out, loo
     loom_shape os = loom_model_output_shape(m->rep[0].model);
     m->classes = loom_shape_numel(&os);
     m->out = out;
-    /* predict passes an element holding only the input: split that tensor alone */
-    loom_elem in = {.n = 1};
+    /* predict passes an element holding only the inputs: split those tensors alone */
+    const loom_strategy_args *a = s->args;
+    int n_in = a->n_inputs > 1 ? a->n_inputs : 1;
+    loom_elem in = {.n = n_in};
     in.t[0] = batch->t[input_idx(s)];
+    for (int f = 1; f < n_in; f++) in.t[f] = batch->t[a->inputs_idx[f]];
     int64_t row0 = 0;
     for (int r = 0; r < m->n; r++) {
         loom_elem part;
@@ -739,6 +739,7 @@ static int rep_predict(loom_strategy *s, const loom_elem *batch, float *out, loo
         if (rc) return rc;
         m->rep[r].share.n = batch->n;
         m->rep[r].share.t[input_idx(s)] = part.t[0];
+        for (int f = 1; f < n_in; f++) m->rep[r].share.t[a->inputs_idx[f]] = part.t[f];
         m->rep[r].row0 = row0;
         row0 += part.t[0].shape.dim[0];
     }
@@ -769,6 +770,7 @@ static int step_part_item(loom_strategy *s, replicated *m, int r)
     int64_t B = x->shape.dim[0];
     switch (m->part) {
     case LOOM_PART_FORWARD:
+        loom_strategy_weights_(s->args, rp->model, &rp->share);
         if (B && rp->dev) return loom_model_dev_forward(rp->dev, x, rng_key(m, r), &rp->err);
         return B ? loom_model_forward(rp->model, x, rng_key(m, r), &rp->err)
                  : loom_model_bn_sync_idle(rp->model, LOOM_BN_SYNC_FORWARD, &rp->err);

@@ -37,12 +37,7 @@ static int od_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     const loom_strategy_spec *st = &spec->strategy;
     int rc = loom_place_devices_(st, &st->device, 1, &st->device_loc, &spec->model, &od->place, err);
     if (rc) return rc;
-    const loom_elem_spec *in = a->input;
-    loom_shape x = in->shape[a->input_idx], y = in->shape[a->label_idx];
-    /* per-example shapes: drop the batch dimension */
-    loom_shape xe = loom_shape_make(x.rank - 1, x.dim + 1), ye = loom_shape_make(y.rank - 1, y.dim + 1);
-    rc = loom_model_new(&od->model, &spec->model, &xe, in->dtype[a->input_idx], &ye, in->dtype[a->label_idx],
-                        a->max_batch, err);
+    rc = loom_strategy_model_new_(&od->model, a, a->max_batch, err);
     if (rc) return rc;
     /* run.threads (0 = all cores) become the model's intra-op threads */
     if ((rc = loom_model_set_threads(od->model, spec->run.threads, err))) return rc;
@@ -113,6 +108,7 @@ static int od_predict(loom_strategy *s, const loom_elem *batch, float *out, loom
 {
     one_device *od = s->impl;
     const loom_tensor *x = &batch->t[s->args->input_idx];
+    loom_strategy_inputs_(s->args, od->model, batch); /* model.inputs beyond the first */
     return od->dev ? loom_model_dev_predict(od->dev, x, out, err) : loom_model_predict(od->model, x, out, err);
 }
 
@@ -125,6 +121,7 @@ static int od_step_part(loom_strategy *s, loom_step_part part, const loom_elem *
     loom_step_result *r = per_replica;
     switch (part) {
     case LOOM_PART_FORWARD:
+        loom_strategy_weights_(s->args, od->model, batch);
         return od->dev ? loom_model_dev_forward(od->dev, x, key, err) : loom_model_forward(od->model, x, key, err);
     case LOOM_PART_LOSS:
         r->examples = y->shape.dim[0];

@@ -53,12 +53,7 @@ const char *nn_loc_str_(const loom_loc *l, char *buf, size_t n)
 
 const char *nn_layer_kind_name_(loom_layer_kind k)
 {
-    static const char *const names[] = {"dense", "conv2d", "max_pool2d", "dropout", "flatten", "activation",
-                                        "batch_normalization", "layer_normalization", "average_pooling2d",
-                                        "global_average_pooling2d", "embedding", "zero_padding2d",
-                                        "global_max_pooling2d", "reshape", "upsampling2d", "depthwise_conv2d",
-                                        "separable_conv2d", "conv2d_transpose", "conv1d"};
-    return (unsigned)k < sizeof names / sizeof names[0] ? names[k] : "?";
+    return loom_layer_kind_name(k); /* config.c's names, the config's spelling */
 }
 
 const char *nn_activation_name_(loom_activation a)
@@ -1608,6 +1603,7 @@ void nn_layer_forward_(const loom_model *m, int li, nn_chunk_ *c, int training, 
         ln_forward(m, l, x, y, c->b0, B);
         break;
     case LOOM_LAYER_BATCH_NORM: /* over the whole batch: nn_bn_forward_ */
+    default:                    /* merge layers: graph.c */
         break;
     case LOOM_LAYER_ACTIVATION:
         if (l->act == LOOM_ACT_NONE) {
@@ -1672,6 +1668,8 @@ float *nn_layer_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, f
     case LOOM_LAYER_EMBEDDING: /* the table's sparse gradient waits for the whole batch's rows */
         memcpy(l->dz + row0, g, (size_t)(B * l->n_out) * sizeof *g);
         return NULL;
+    default: /* merge layers: graph.c */
+        break;
     }
     return NULL;
 }

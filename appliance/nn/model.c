@@ -169,11 +169,11 @@ static int embedding_shapes(loom_model *m, nn_layer_ *l, int li, loom_err *err)
     char a[96];
     const loom_layer_spec *s = &l->spec;
     const loom_shape *in = &l->in;
-    if (li != 0)
+    if (li != 0 || l->src[0] != -1)
         return loom_err_set(err, LOOM_ESHAPE, l->where,
                             "layer \"%s\" (embedding) is layer %d; an embedding looks up the model's input ids, "
-                            "so it must be the first layer", s->name, li),
-               loom_err_hint(err, "move it to the top of model.layers");
+                            "so it must be the first layer and read the (first) model input", s->name, li),
+               loom_err_hint(err, "move it to the top of model.layers; with model.inputs, list the ids first");
     if (in->rank > 2)
         return loom_err_set(err, LOOM_ESHAPE, l->where,
                             "layer \"%s\" (embedding) needs ids of shape (), (columns,) or (columns, k), got %s",
@@ -288,6 +288,12 @@ static int (*const kind_shapes[])(loom_model *m, nn_layer_ *l, int li, loom_err 
     [LOOM_LAYER_SEPARABLE_CONV2D] = nn_more_shapes_,
     [LOOM_LAYER_CONV2D_TRANSPOSE] = nn_more_shapes_,
     [LOOM_LAYER_CONV1D] = nn_more_shapes_,
+    [LOOM_LAYER_ADD] = nn_merge_shapes_,
+    [LOOM_LAYER_SUBTRACT] = nn_merge_shapes_,
+    [LOOM_LAYER_MULTIPLY] = nn_merge_shapes_,
+    [LOOM_LAYER_AVERAGE] = nn_merge_shapes_,
+    [LOOM_LAYER_MAXIMUM] = nn_merge_shapes_,
+    [LOOM_LAYER_CONCATENATE] = nn_merge_shapes_,
 };
 
 /* The kinds with a kernel of their own and an activation. */
@@ -381,14 +387,36 @@ static int check_loss(loom_model *m, const loom_shape *label, loom_dtype label_d
     return LOOM_OK;
 }
 
+/* The model's inputs beyond the first, for model_build (loom_model_new_inputs). */
+typedef struct more_inputs {
+    int               n;      /* all inputs, the first included; 0: loom_model_new's one */
+    const loom_shape *shapes;
+    const loom_dtype *dtypes;
+} more_inputs;
+
 static int model_build(loom_model **out, const loom_model_spec *spec, const loom_shape *input, loom_dtype input_dtype,
                        const loom_shape *label, loom_dtype label_dtype, int64_t max_batch, bool shapes_only,
-                       loom_err *err);
+                       const more_inputs *more, loom_err *err);
 
 int loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_shape *input, loom_dtype input_dtype,
                    const loom_shape *label, loom_dtype label_dtype, int64_t max_batch, loom_err *err)
 {
-    return model_build(out, spec, input, input_dtype, label, label_dtype, max_batch, false, err);
+    return model_build(out, spec, input, input_dtype, label, label_dtype, max_batch, false, NULL, err);
+}
+
+int loom_model_new_inputs(loom_model **out, const loom_model_spec *spec, int n, const loom_shape *inputs,
+                          const loom_dtype *dtypes, const loom_shape *label, loom_dtype label_dtype,
+                          int64_t max_batch, loom_err *err)
+{
+    more_inputs more = {n, inputs, dtypes};
+    return model_build(out, spec, &inputs[0], dtypes[0], label, label_dtype, max_batch, false, &more, err);
+}
+
+int loom_model_num_inputs(const loom_model *m) { return m->n_inputs; }
+
+void loom_model_set_inputs(loom_model *m, const loom_tensor *const *xs, int n)
+{
+    for (int f = 1; f < m->n_inputs; f++) m->xs[f] = xs && f - 1 < n ? xs[f - 1] : NULL;
 }
 
 int loom_model_param_list(const loom_model_spec *spec, const loom_shape *input, loom_dtype input_dtype,
@@ -398,7 +426,7 @@ int loom_model_param_list(const loom_model_spec *spec, const loom_shape *input, 
     *out = NULL;
     *n = 0;
     loom_model *m;
-    int rc = model_build(&m, spec, input, input_dtype, label, label_dtype, 1, true, err);
+    int rc = model_build(&m, spec, input, input_dtype, label, label_dtype, 1, true, NULL, err);
     if (rc) return rc;
     *out = loom_calloc((size_t)(m->n_ptensors ? m->n_ptensors : 1), sizeof **out);
     if (!*out) rc = loom_err_set(err, LOOM_ENOMEM, m->where, "listing %d variables", m->n_ptensors);
@@ -445,31 +473,53 @@ static int check_input(const loom_model *m, const loom_model_spec *spec, loom_er
     return LOOM_OK;
 }
 
-/* Every layer's shapes and parameters, each layer's input the last one's output. */
+/* Every layer's shapes and parameters, in the graph's order (graph.c), each
+ * layer's input the output of the layer it names (default the previous one). */
 static int build_layers(loom_model *m, const loom_model_spec *spec, loom_err *err)
 {
     char a[96];
-    m->n_layers = spec->n_layers;
-    loom_shape cur = m->input;
-    int has_params = 0;
+    int order[LOOM_MAX_LAYERS], src[LOOM_MAX_LAYERS][LOOM_MAX_LAYER_INPUTS], n_src[LOOM_MAX_LAYERS], n = 0;
+    loom_model_spec *named = loom_alloc(sizeof *named); /* the spec with every layer named, as the config names them */
+    if (!named) return loom_err_set(err, LOOM_ENOMEM, m->where, "cannot allocate the model's spec");
+    memcpy(named, spec, sizeof *named);
+    for (int i = 0; i < spec->n_layers; i++)
+        if (!named->layer[i].name[0])
+            snprintf(named->layer[i].name, sizeof named->layer[i].name, "%s_%d",
+                     nn_layer_kind_name_(named->layer[i].kind), i);
+    int rc = nn_graph_order_(m, named, order, &n, src, n_src, err);
+    if (rc) {
+        loom_free(named);
+        return rc;
+    }
+    m->n_layers = n;
     for (int i = 0; i < m->n_layers; i++) {
         nn_layer_ *l = &m->layer[i];
-        l->spec = spec->layer[i];
-        if (!l->spec.name[0]) snprintf(l->spec.name, sizeof l->spec.name, "%s_%d", nn_layer_kind_name_(l->spec.kind), i);
+        l->spec = named->layer[order[i]];
         nn_loc_str_(&l->spec.loc, l->where, sizeof l->where);
         if (!l->where[0]) snprintf(l->where, sizeof l->where, "%s", m->where);
-        l->in = cur;
-        int rc = layer_shapes(m, l, i, err);
-        if (rc) return rc;
-        if (m->params_overflow)
+        l->n_src = n_src[i];
+        for (int k = 0; k < l->n_src; k++) {
+            l->src[k] = src[i][k];
+            l->src_shape[k] = l->src[k] >= 0 ? m->layer[l->src[k]].out : m->in_shape[-1 - l->src[k]];
+        }
+        l->in = l->src_shape[0];
+        rc = layer_shapes(m, l, i, err);
+        if (rc) break;
+        if (m->params_overflow) {
+            loom_free(named);
             return loom_err_set(err, LOOM_ECONFIG, l->where,
                                 "layer \"%s\" (%s) takes the model past %d parameters (its input is %s)", l->spec.name,
                                 nn_layer_kind_name_(l->spec.kind), INT_MAX, loom_shape_str(&l->in, a, sizeof a)),
                    loom_err_hint(err, "use fewer units or filters, or a smaller kernel");
-        l->needs_dx = has_params;
-        has_params |= l->kernel_off >= 0;
-        cur = l->out;
+        }
+        /* the input gradient is needed when a layer upstream has parameters (a chain: an earlier one) */
+        l->needs_dx = 0;
+        for (int k = 0; k < l->n_src; k++) l->needs_dx |= l->src[k] >= 0 && m->layer[l->src[k]].need_out;
+        l->need_out = l->kernel_off >= 0 || l->needs_dx;
     }
+    loom_free(named);
+    if (rc) return rc;
+    nn_graph_links_(m);
     return LOOM_OK;
 }
 
@@ -483,6 +533,7 @@ static void fuse(loom_model *m)
     for (int i = 0; i + 1 < m->n_layers; i++) {
         nn_layer_ *l = &m->layer[i], *p = &m->layer[i + 1];
         if (l->spec.kind != LOOM_LAYER_CONV2D || l->direct || p->spec.kind != LOOM_LAYER_MAX_POOL2D) continue;
+        if (l->gacc || l->n_cons != 1 || p->src[0] != i) continue; /* a graph: the pool alone reads the conv */
         if (l->act != LOOM_ACT_NONE && l->act != LOOM_ACT_RELU) continue;
         if (p->sh != p->kh || p->sw != p->kw || p->pad_t || p->pad_l || p->oh * p->kh != p->ih || p->ow * p->kw != p->iw)
             continue;
@@ -561,7 +612,8 @@ static bool layer_buffers(nn_layer_ *l, int64_t max_batch)
     int owns_y = kernel_kind(k) || k == LOOM_LAYER_MAX_POOL2D || k == LOOM_LAYER_ZERO_PADDING2D ||
                  k == LOOM_LAYER_GLOBAL_MAX_POOL2D || k == LOOM_LAYER_UPSAMPLING2D ||
                  (k == LOOM_LAYER_DROPOUT && l->spec.rate > 0) || (k == LOOM_LAYER_ACTIVATION && l->act) || norm ||
-                 k == LOOM_LAYER_AVG_POOL2D || k == LOOM_LAYER_GLOBAL_AVG_POOL2D;
+                 k == LOOM_LAYER_AVG_POOL2D || k == LOOM_LAYER_GLOBAL_AVG_POOL2D ||
+                 (k >= LOOM_LAYER_ADD && k <= LOOM_LAYER_CONCATENATE);
     size_t outs = (size_t)(max_batch * l->n_out);
     if (norm && !(l->xhat = loom_alloc_aligned(outs * sizeof(float)))) return false;
     if (norm && !(l->stat = loom_alloc_aligned(
@@ -580,6 +632,7 @@ static bool layer_buffers(nn_layer_ *l, int64_t max_batch)
         !(l->dz = loom_alloc_aligned(outs * sizeof(float))))
         return false;
     if (k == LOOM_LAYER_EMBEDDING && !embedding_buffers(l, max_batch)) return false;
+    if (l->gacc && !(l->dgy = loom_alloc_aligned(outs * sizeof(float)))) return false;
     if (k == LOOM_LAYER_DROPOUT && l->spec.rate > 0 && !(l->mask = loom_alloc_aligned(outs))) return false;
     return true;
 }
@@ -618,7 +671,7 @@ static bool model_buffers(loom_model *m)
 /* The model for loom_model_new, or (shapes_only) its variable list alone. */
 static int model_build(loom_model **out, const loom_model_spec *spec, const loom_shape *input, loom_dtype input_dtype,
                        const loom_shape *label, loom_dtype label_dtype, int64_t max_batch, bool shapes_only,
-                       loom_err *err)
+                       const more_inputs *more, loom_err *err)
 {
     *out = NULL;
     loom_model *m = loom_calloc(1, sizeof *m);
@@ -634,7 +687,32 @@ static int model_build(loom_model **out, const loom_model_spec *spec, const loom
     m->label_dtype = label_dtype;
     m->max_batch = max_batch;
     m->input_dtype = input_dtype;
+    m->n_inputs = 1;
+    m->in_shape[0] = *input;
+    snprintf(m->in_name[0], sizeof m->in_name[0], "%s", spec->n_inputs ? spec->inputs[0] : spec->input);
     int rc;
+    int n_in = spec->n_inputs > 1 ? spec->n_inputs : 1;
+    if (n_in > 1 && (!more || more->n != n_in)) {
+        rc = loom_err_set(err, LOOM_EUNSUPPORTED, m->where, "model.inputs names %d features; here the model is given "
+                          "%d", spec->n_inputs, more ? more->n : 1);
+        loom_err_hint(err, "several model inputs train under one_device and mirrored (strategy.type); or join the "
+                           "features with a concat transform (op = \"concat\") into one input");
+        goto fail;
+    }
+    m->n_inputs = n_in;
+    for (int f = 1; f < n_in; f++) {
+        char a[96];
+        m->in_shape[f] = more->shapes[f];
+        snprintf(m->in_name[f], sizeof m->in_name[f], "%s", spec->inputs[f]);
+        if (more->dtypes[f] != LOOM_F32) {
+            rc = loom_err_set(err, LOOM_ESHAPE, m->where, "model input \"%s\" is %s %s; layers need float32",
+                              spec->inputs[f], loom_dtype_name(more->dtypes[f]), loom_shape_str(&more->shapes[f], a,
+                              sizeof a));
+            loom_err_hint(err, "add a cast map (dtype = \"float32\") for \"%s\" to the data transforms",
+                          spec->inputs[f]);
+            goto fail;
+        }
+    }
     if ((rc = check_input(m, spec, err)) || (rc = build_layers(m, spec, err)) ||
         (rc = check_loss(m, label, label_dtype, err)) || (rc = nn_metrics_init_(m, spec, err)))
         goto fail;
@@ -741,6 +819,7 @@ void loom_model_free(loom_model *m)
         loom_free(m->layer[i].stat);
         loom_free(m->layer[i].mid);
         loom_free(m->layer[i].dmid);
+        loom_free(m->layer[i].dgy);
     }
     free_chunks(m->pool, m->chunk, m->threads);
     loom_free(m->params);
@@ -766,28 +845,7 @@ const loom_param_info *loom_model_param_tensor(const loom_model *m, int i)
     return i >= 0 && i < m->n_ptensors ? &m->pinfo[i] : NULL;
 }
 
-void loom_model_summary(const loom_model *m, FILE *f)
-{
-    char a[96], b[112];
-    fprintf(f, "%-32s %-22s %12s\n", "Layer (type)", "Output Shape", "Param #");
-    fprintf(f, "%.*s\n", 68, "====================================================================");
-    for (int i = 0; i < m->n_layers; i++) {
-        const nn_layer_ *l = &m->layer[i];
-        int64_t np = 0;
-        for (int k = 0; k < m->n_ptensors; k++)
-            if (m->pinfo[k].offset == l->kernel_off || m->pinfo[k].offset == l->bias_off ||
-                m->pinfo[k].offset == l->mm_off || m->pinfo[k].offset == l->mv_off || m->pinfo[k].offset == l->pw_off)
-                np += loom_shape_numel(&m->pinfo[k].shape);
-        snprintf(b, sizeof b, "%s (%s)", l->spec.name, nn_layer_kind_name_(l->spec.kind));
-        loom_shape_str(&l->out, a, sizeof a);
-        char ob[120];
-        snprintf(ob, sizeof ob, "(None, %s", a + 1);
-        if (l->out.rank == 1) snprintf(ob, sizeof ob, "(None, %lld)", (long long)l->out.dim[0]);
-        fprintf(f, "%-32s %-22s %12lld\n", b, ob, (long long)np);
-    }
-    fprintf(f, "%.*s\n", 68, "====================================================================");
-    fprintf(f, "Total params: %lld (%.2f KB)\n", (long long)m->n_params, (double)m->n_params * 4 / 1024);
-}
+/* loom_model_summary: graph.c */
 
 /* ---- initialisers -------------------------------------------------------- */
 
@@ -845,6 +903,14 @@ void loom_model_init_params(loom_model *m, uint64_t seed)
 
 /* ---- steps ------------------------------------------------------------------ */
 
+static loom_shape batch_of(int64_t B, const loom_shape *s)
+{
+    loom_shape r = {.rank = s->rank + 1};
+    r.dim[0] = B;
+    for (int i = 0; i < s->rank; i++) r.dim[i + 1] = s->dim[i];
+    return r;
+}
+
 int nn_check_batch_(loom_model *m, const loom_tensor *x, const loom_tensor *label, int64_t *B, loom_err *err)
 {
     char a[96], b[96];
@@ -867,6 +933,20 @@ int nn_check_batch_(loom_model *m, const loom_tensor *x, const loom_tensor *labe
     int rc;
     if (m->layer[0].spec.kind == LOOM_LAYER_EMBEDDING && (rc = nn_embedding_check_ids_(m, 0, x->data, *B, err)))
         return rc;
+    for (int f = 1; f < m->n_inputs; f++) { /* model.inputs: each (B, its shape), float32 */
+        const loom_tensor *t = m->xs[f];
+        if (!t)
+            return loom_err_set(err, LOOM_ESHAPE, m->where, "model input \"%s\" was not given with the batch",
+                                m->in_name[f]);
+        bool same = t->dtype == LOOM_F32 && t->shape.rank == m->in_shape[f].rank + 1 && t->shape.dim[0] == *B;
+        for (int d = 0; same && d < m->in_shape[f].rank; d++) same = t->shape.dim[d + 1] == m->in_shape[f].dim[d];
+        if (!same) {
+            loom_shape w = batch_of(*B, &m->in_shape[f]);
+            return loom_err_set(err, LOOM_ESHAPE, m->where, "model input \"%s\" has shape %s (%s), the model was "
+                                "built for %s float32", m->in_name[f], loom_shape_str(&t->shape, a, sizeof a),
+                                loom_dtype_name(t->dtype), loom_shape_str(&w, b, sizeof b));
+        }
+    }
     return label ? nn_check_label_(m, label, *B, err) : LOOM_OK;
 }
 
@@ -1046,9 +1126,13 @@ static void chunk_forward(const step_job *j, nn_chunk_ *c)
     if (j->l0 == 0)
         c->act[0] = (const float *)((const char *)j->x +
                                     c->b0 * m->layer[0].n_in * (int64_t)loom_dtype_size(m->input_dtype));
+    if (j->l0 == 0)
+        for (int f = 0; f < m->n_inputs; f++)
+            c->xin[f] = f ? (const float *)m->xs[f]->data + c->b0 * loom_shape_numel(&m->in_shape[f]) : c->act[0];
     double t = j->timed ? loom_now() : 0;
     for (int i = j->l0; i < j->l1; i++) {
-        nn_layer_forward_(m, i, c, j->kind == JOB_TRAIN, j->rng_key);
+        if (m->graph) nn_graph_forward_(m, i, c, j->kind == JOB_TRAIN, j->rng_key);
+        else nn_layer_forward_(m, i, c, j->kind == JOB_TRAIN, j->rng_key);
         if (j->timed) t = clock_layer(c, i, t);
     }
 }
@@ -1102,7 +1186,7 @@ static void layer_param_grads(const step_job *j, int i, int part, int parts)
  * same bits, no overlap. */
 static bool hook_per_layer(const loom_model *m)
 {
-    if (m->n_bn || m->l2 > 0) return false;
+    if (m->n_bn || m->l2 > 0 || m->graph) return false;
     for (int i = 0; i < m->n_layers; i++)
         if (m->layer[i].spec.kind == LOOM_LAYER_EMBEDDING) return false;
     return true;
@@ -1201,12 +1285,14 @@ static void chunk_backward_(const step_job *j, nn_chunk_ *c, bool with_hook)
     if (j->l1 == m->n_layers) {
         c->g = c->gbuf[0], c->other = c->gbuf[1];
         c->bw_done = 0;
+        if (m->graph) memset(c->ginit, 0, (size_t)m->n_layers);
     }
     /* a non-finite loss fails the step (the caller checks the sum), so its gradient is never used */
     if (!isfinite(c->loss)) return;
     double t = j->timed ? loom_now() : 0;
     for (int i = j->l1 - 1; i >= j->l0 && !c->bw_done; i--) {
-        chunk_backward_layer(j, c, i, with_hook);
+        if (m->graph) nn_graph_backward_(m, i, c);
+        else chunk_backward_layer(j, c, i, with_hook);
         if (j->timed) t = clock_layer(c, i, t);
     }
 }
@@ -1248,18 +1334,24 @@ static void forward_all(loom_model *m, step_job *j, double *acc)
 {
     int l0 = 0;
     /* the input may be ids (int32, int64) rather than floats: offset in bytes */
-    for (int t = 0; t < j->nchunks; t++)
-        m->chunk[t].act[0] = (const float *)((const char *)j->x + m->chunk[t].b0 * m->layer[0].n_in *
-                                                                      (int64_t)loom_dtype_size(m->input_dtype));
+    for (int t = 0; t < j->nchunks; t++) {
+        nn_chunk_ *c = &m->chunk[t];
+        c->xin[0] = c->act[0] = (const float *)((const char *)j->x + c->b0 * loom_shape_numel(&m->input) *
+                                                                         (int64_t)loom_dtype_size(m->input_dtype));
+        for (int f = 1; f < m->n_inputs; f++)
+            c->xin[f] = (const float *)m->xs[f]->data + c->b0 * loom_shape_numel(&m->in_shape[f]);
+    }
     for (int i = 0; i <= m->n_layers; i++) {
         if (i < m->n_layers && m->layer[i].spec.kind != LOOM_LAYER_BATCH_NORM) continue;
         j->l0 = l0, j->l1 = i;
         if (i > l0) run_phase(m, j, part_forward_, acc);
         if (i < m->n_layers) {
             double t0 = acc ? loom_now() : 0;
+            if (m->graph) nn_graph_bn_in_(m, i, j->nchunks);
             nn_bn_forward_(m, i, m->chunk[0].act[i], j->B, j->kind == JOB_TRAIN);
             if (acc) acc[i] += loom_now() - t0;
             for (int t = 0; t < j->nchunks; t++) m->chunk[t].act[i + 1] = m->layer[i].y + m->chunk[t].b0 * m->layer[i].n_out;
+            if (m->graph) nn_graph_bn_out_(m, i, j->nchunks);
         }
         l0 = i + 1;
     }
@@ -1277,8 +1369,15 @@ static void backward_all(loom_model *m, step_job *j, double *acc)
         if (i >= 0) {
             int done = 1;
             for (int t = 0; t < j->nchunks; t++) done &= m->chunk[t].bw_done || !isfinite(m->chunk[t].loss);
+            if (m->graph) { /* bw_done does not end a graph's backward: the layer's own need */
+                bool any = false;
+                for (int t = 0; t < j->nchunks; t++) any |= isfinite(m->chunk[t].loss);
+                done = !m->layer[i].need_out || !any;
+            }
             double t0 = acc ? loom_now() : 0;
+            if (!done && m->graph) nn_graph_bn_grad_in_(m, i, j->nchunks);
             if (!done) nn_bn_backward_(m, i, m->chunk, j->nchunks, j->B);
+            if (!done && m->graph) nn_graph_bn_grad_out_(m, i, j->nchunks);
             if (acc) acc[i] += loom_now() - t0;
         }
         l1 = i;

@@ -154,6 +154,14 @@ static int check_kind(const loom_layer_spec *s, loom_activation act, const char 
 int loom_model_spec_dev_check(const loom_model_spec *ms, const char *backend, loom_err *err)
 {
     char w[LOOM_PATH_MAX + 16];
+    int gi = loom_model_spec_graph_layer(ms);
+    if (gi >= 0) {
+        loom_err_set(err, LOOM_EUNSUPPORTED, nn_loc_str_(&ms->layer[gi].loc, w, sizeof w),
+                     "layer \"%s\" makes the model a graph (its inputs, or a merge); the \"%s\" device backend runs "
+                     "a plain stack of layers only", ms->layer[gi].name, backend);
+        dev_hint(backend, err);
+        return LOOM_EUNSUPPORTED;
+    }
     for (int i = 0; i < ms->n_layers; i++) {
         const loom_layer_spec *l = &ms->layer[i];
         int rc = check_kind(l, l->activation, nn_loc_str_(&l->loc, w, sizeof w), backend, err);
@@ -270,6 +278,15 @@ static int open_buffers(loom_model_dev *d, loom_err *err)
 int loom_model_dev_open(loom_model_dev **out, loom_model *m, const loom_device_ops *ops, int device, loom_err *err)
 {
     *out = NULL;
+    if (m->graph) {
+        int gi = 0;
+        while (gi + 1 < m->n_layers && m->layer[gi].n_src == 1 && m->layer[gi].src[0] == gi - 1) gi++;
+        loom_err_set(err, LOOM_EUNSUPPORTED, m->layer[gi].where, "layer \"%s\" makes the model a graph (its inputs, "
+                     "or a merge); the \"%s\" device backend runs a plain stack of layers only",
+                     m->layer[gi].spec.name, ops->name);
+        dev_hint(ops->name, err);
+        return LOOM_EUNSUPPORTED;
+    }
     for (int i = 0; i < m->n_layers; i++) TRY(check_layer(ops, &m->layer[i], err));
     if (m->l2 > 0)
         return loom_err_set(err, LOOM_EUNSUPPORTED, m->where,

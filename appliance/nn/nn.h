@@ -45,6 +45,19 @@ typedef struct loom_param_info {
 int  loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_shape *input, loom_dtype input_dtype,
                     const loom_shape *label, loom_dtype label_dtype, int64_t max_batch, loom_err *err);
 void loom_model_free(loom_model *m); /* NULL is a no-op */
+/* A graph with several model inputs (model.inputs, n of them, in that
+ * order): loom_model_new with each input's per-example shape and dtype
+ * (input 0 as loom_model_new's; the others float32). loom_model_new itself
+ * refuses a spec with several inputs. */
+int  loom_model_new_inputs(loom_model **out, const loom_model_spec *spec, int n, const loom_shape *inputs,
+                           const loom_dtype *dtypes, const loom_shape *label, loom_dtype label_dtype,
+                           int64_t max_batch, loom_err *err);
+int  loom_model_num_inputs(const loom_model *m); /* 1 but for loom_model_new_inputs */
+/* The batches of inputs 1..n-1 (xs[f - 1] for input f, each float32 (B,
+ * input f's shape), B that of the x the next step takes) for the steps that
+ * follow, as loom_model_set_sample_weights: borrowed until the next call;
+ * a step of a model with several inputs without them is LOOM_ESHAPE. */
+void loom_model_set_inputs(loom_model *m, const loom_tensor *const *xs, int n);
 /* The parameter tensors (names, offsets, shapes) loom_model_new would build,
  * and *n_params, the floats of them all, without allocating any buffer: for
  * a task that holds only some of them (a parameter server). The same

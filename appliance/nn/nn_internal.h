@@ -64,6 +64,17 @@ typedef struct nn_layer_ {
     int            pad_b, pad_r;   /* zero_padding2d (with pad_t, pad_l) */
     int64_t        pw_off;         /* separable_conv2d: the pointwise kernel, -1 when absent */
     float         *mid, *dmid;     /* separable_conv2d: (max_batch, oh*ow*cin*mult) depthwise output, its gradient */
+    /* the graph (graph.c): the layers run in a topological order, the output last */
+    int            n_src;          /* inputs: 1, or 2 and more for a merge layer */
+    int            src[LOOM_MAX_LAYER_INPUTS]; /* each a layer (>= 0, earlier) or model input f as -1 - f */
+    loom_shape     src_shape[LOOM_MAX_LAYER_INPUTS];
+    int64_t        bstride[LOOM_MAX_LAYER_INPUTS][LOOM_MAX_RANK]; /* merge: input k's stride along each output
+                                      axis (0 where it broadcasts); bstride[k][0] < 0: k has the output's shape */
+    int            n_cons;         /* layers taking its output */
+    int            gacc;           /* its output's gradient is summed in dgy (several consumers, or one that is not
+                                      the next layer), not handed down the chain in the chunk's g */
+    int            need_out;       /* the gradient of its output is needed (parameters here or upstream) */
+    float         *dgy;            /* gacc: (max_batch, n_out) that gradient, over its consumers in reverse order */
 } nn_layer_;
 
 /* The slice of a step's batch that one thread works on: examples [b0, b0 + B).
@@ -78,6 +89,9 @@ typedef struct nn_chunk_ {
     const float *act[LOOM_MAX_LAYERS + 1]; /* act[i] (B, n_in of layer i): layer i's input; act[n_layers]: output */
     float       *g, *other;                /* the backward's gradient buffers between layers and segments */
     int          bw_done;                  /* the backward needs no earlier layer */
+    const float *yo[LOOM_MAX_LAYERS];      /* a graph's layer outputs (c->act[i + 1] of a chain) */
+    const float *xin[LOOM_MAX_MODEL_INPUTS]; /* a graph's model inputs, this chunk's rows */
+    uint8_t      ginit[LOOM_MAX_LAYERS];   /* a graph's backward: dgy rows of the layer hold a first gradient */
     double       pt[LOOM_MAX_LAYERS];      /* a profiled phase: seconds of each layer on this chunk */
     double       pu[LOOM_MAX_LAYERS];      /* a profiled gradient pass: seconds of each layer's in-step update */
     double       loss;                     /* results of the chunk */
@@ -96,9 +110,9 @@ struct loom_model {
     int              params_overflow; /* add_param: the count passed INT_MAX (offsets are int) */
     float           *params, *grads; /* (P,) each, 64-byte aligned */
     int              n_ptensors;
-    loom_param_info  pinfo[2 * LOOM_MAX_LAYERS];
-    int              pinit[2 * LOOM_MAX_LAYERS];   /* loom_init of each tensor (bias: zeros) */
-    double           pfan_in[2 * LOOM_MAX_LAYERS], pfan_out[2 * LOOM_MAX_LAYERS];
+    loom_param_info  pinfo[4 * LOOM_MAX_LAYERS];   /* batch normalization has 4 */
+    int              pinit[4 * LOOM_MAX_LAYERS];   /* loom_init of each tensor (bias: zeros) */
+    double           pfan_in[4 * LOOM_MAX_LAYERS], pfan_out[4 * LOOM_MAX_LAYERS];
     float           *gbuf[2];       /* ping-pong gradient buffers, (max_batch, max n) each */
     int64_t          gmax;          /* max n: the row stride of gbuf */
     int64_t          colmax;        /* floats of im2col scratch per chunk (0: none) */
@@ -137,6 +151,12 @@ struct loom_model {
     int64_t          upd_step;
     /* synchronised batch normalization (loom_model_set_bn_sync): a step's
      * calls of fn are numbered; sync_k is the next, sync_rc/err the first failure */
+    /* the graph (graph.c) */
+    int              graph;         /* some layer is not a chain link: the executor's graph paths */
+    int              n_inputs;      /* model inputs (model.inputs; 1 for model.input) */
+    loom_shape       in_shape[LOOM_MAX_MODEL_INPUTS]; /* per example; [0] is input */
+    char             in_name[LOOM_MAX_MODEL_INPUTS][LOOM_NAME_MAX];
+    const loom_tensor *xs[LOOM_MAX_MODEL_INPUTS];     /* loom_model_set_inputs: inputs 1.. of the next steps */
     loom_bn_sync_fn  bn_sync;
     void            *bn_sync_arg;
     int              n_sync_bn;
@@ -153,6 +173,38 @@ struct loom_model {
 
 /* loom_init of the tensors that start at one (normalisation scales and variances) */
 #define NN_INIT_ONES_ 100
+
+/* ---- the graph (graph.c) ----------------------------------------------------- */
+
+/* Which layers of spec the model runs and in what order: order[i] the spec
+ * index of model layer i (a topological order, the smallest spec index
+ * first among the ready ones, so a sequential spec keeps its order; layers
+ * the output does not depend on are left out), src[i] its inputs as model
+ * indices (or -1 - f, model input f). LOOM_ECONFIG for an unknown input, a
+ * wrong count of inputs or a cycle (specs built in code; a config's are
+ * refused at load). */
+int  nn_graph_order_(const loom_model *m, const loom_model_spec *spec, int *order, int *n,
+                     int (*src)[LOOM_MAX_LAYER_INPUTS], int *n_src, loom_err *err);
+/* After the layers' shapes: consumers, the gradient paths (gacc), m->graph. */
+void nn_graph_links_(loom_model *m);
+/* A merge layer's shape rule (Keras: elementwise with broadcasting, concatenate along axis). */
+int  nn_merge_shapes_(loom_model *m, nn_layer_ *l, int li, loom_err *err);
+/* Where input k of layer l reads on chunk c. */
+static inline const float *nn_src_ptr_(const nn_chunk_ *c, int s) { return s >= 0 ? c->yo[s] : c->xin[-1 - s]; }
+/* A graph's forward of layer li on chunk c (its inputs from the outputs
+ * of the layers it names), and its backward: the gradient of its output
+ * (from the chain's g or its dgy rows), the layer's backward, the input
+ * gradients handed on (down the chain in g, or added to the dgy rows of
+ * the layers it names). */
+void nn_graph_forward_(const loom_model *m, int li, nn_chunk_ *c, int training, uint64_t rng_key);
+void nn_graph_backward_(const loom_model *m, int li, nn_chunk_ *c);
+/* A graph's batch normalization li between segments: its input for every
+ * chunk before nn_bn_forward_, its output after; the gradient rows of its
+ * output before nn_bn_backward_, handed on after. */
+void nn_graph_bn_in_(loom_model *m, int li, int nchunks);
+void nn_graph_bn_out_(loom_model *m, int li, int nchunks);
+void nn_graph_bn_grad_in_(loom_model *m, int li, int nchunks);
+void nn_graph_bn_grad_out_(loom_model *m, int li, int nchunks);
 
 /* ---- batch checks (model.c), shared with the device executor ------------- */
 

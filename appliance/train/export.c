@@ -820,6 +820,14 @@ static int build_graph(onnx_graph *o, const loom_spec *spec, loom_model *m, cons
     const loom_model_spec *ms = &spec->model;
     onnx_walk w = {.o = o, .m = m, .in_dtype = in->dtype, .cur = "input", .s = in->shape};
     pb_str(&o->g, GRAPH_NAME, "loom");
+    int gi = loom_model_spec_graph_layer(ms);
+    if (gi >= 0) { /* the emitters walk a chain: a graph would come out wrong */
+        char where[LOOM_PATH_MAX + 16];
+        return loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&ms->layer[gi].loc, where, sizeof where),
+                            "layer \"%s\" makes the model a graph (its inputs, or a merge): the ONNX export writes "
+                            "a plain stack of layers only, so far", ms->layer[gi].name),
+               loom_err_hint(err, "export its variables with --format npz");
+    }
     int rc = graph_input(&w, spec, in, preprocessing, ds, err);
     if (rc) return rc;
     for (int li = 0; li < ms->n_layers; li++) {

@@ -76,6 +76,7 @@ typedef struct predict_job {
     char             ids[MAX_IDS][LOOM_NAME_MAX]; /* --id's features */
     int              n_ids;
     int              in_idx, id_idx[MAX_IDS];      /* the model input and the ids in the predicted elements */
+    int              more_idx[LOOM_MAX_MODEL_INPUTS]; /* model.inputs beyond the first, there */
     int64_t          classes;                      /* the model's outputs per example */
     bool             regression, multi_label;      /* the columns' kind of task */
 } predict_job;
@@ -189,6 +190,12 @@ static int predict_dataset(const predict_job *j, int64_t max_batch, loom_dataset
 static int check_predicted(predict_job *j, const run *r, const loom_elem_spec *es, loom_err *err)
 {
     j->in_idx = loom_elem_spec_find(es, j->spec->model.input);
+    for (int f = 1; f < r->args.n_inputs; f++) {
+        char buf[1024];
+        if ((j->more_idx[f] = loom_elem_spec_find(es, j->spec->model.inputs[f])) < 0)
+            return loom_err_set(err, LOOM_EUSAGE, j->input, "no feature \"%s\" (a model input, model.inputs) in the "
+                                "predicted elements (%s)", j->spec->model.inputs[f], loom_elem_spec_str(es, buf, sizeof buf));
+    }
     for (int i = 0; i < j->n_ids; i++) {
         j->id_idx[i] = loom_elem_spec_find(es, j->ids[i]);
         char buf[1024];
@@ -265,6 +272,7 @@ static int write_rows(FILE *f, const predict_job *j, run *r, loom_iter *it, floa
         loom_elem e = {0};
         e.n = r->args.input->n;
         e.t[r->args.input_idx] = b->t[j->in_idx];
+        for (int f = 1; f < r->args.n_inputs; f++) e.t[r->args.inputs_idx[f]] = b->t[j->more_idx[f]];
         rc = loom_strategy_predict(r->strat, &e, probs, err);
         if (rc) return rc;
         int64_t B = b->t[j->in_idx].shape.dim[0];

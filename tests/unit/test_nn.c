@@ -7,6 +7,7 @@
 #include "nn/nn.h"
 #include "nn/nn_internal.h" /* white box: the dropout masks across thread counts */
 
+#include <stdarg.h>
 #include <stdint.h>
 
 static loom_err err;
@@ -1904,6 +1905,165 @@ static void test_vision_no_alloc(void)
     }
 }
 
+/* ---- graphs (graph.c) ---------------------------------------------------- */
+
+/* Layer s named `name`, taking the layers (or model inputs) listed, NULL-terminated. */
+static loom_layer_spec G(loom_layer_spec s, const char *name, ...)
+{
+    snprintf(s.name, sizeof s.name, "%s", name);
+    va_list ap;
+    va_start(ap, name);
+    for (const char *in; (in = va_arg(ap, const char *));)
+        snprintf(s.inputs[s.n_inputs++], sizeof s.inputs[0], "%s", in);
+    va_end(ap);
+    return s;
+}
+
+static loom_layer_spec L_bn(void)
+{
+    loom_layer_spec s = L_kind(LOOM_LAYER_BATCH_NORM, 0, 0);
+    s.momentum = 0.9;
+    s.epsilon = 1e-3;
+    return s;
+}
+
+static loom_layer_spec L_merge(loom_layer_kind k)
+{
+    loom_layer_spec s = L_kind(k, 0, 0);
+    s.axis = -1;
+    return s;
+}
+
+/* A residual block (conv-bn-act-conv-bn + a 1x1 strided conv shortcut, add,
+ * act), then a second block with the identity shortcut feeding two
+ * layers; global average pooling, dense. (The gradient check takes tanh:
+ * central differences of a net of ReLUs cross too many kinks.) */
+static int residual_net(loom_layer_spec *r, loom_activation act, bool bn)
+{
+    int n = 0;
+    r[n++] = G(L_conv(4, 3, 1, LOOM_PAD_SAME, act), "stem", NULL);
+    r[n++] = G(L_conv(6, 3, 2, LOOM_PAD_SAME, LOOM_ACT_NONE), "c1", NULL);
+    if (bn) r[n++] = G(L_bn(), "bn1", NULL);
+    r[n++] = G(L_kind(LOOM_LAYER_ACTIVATION, 0, act), "r1", NULL);
+    r[n++] = G(L_conv(6, 3, 1, LOOM_PAD_SAME, LOOM_ACT_NONE), "c2", NULL);
+    if (bn) r[n++] = G(L_bn(), "bn2", NULL);
+    r[n++] = G(L_conv(6, 1, 2, LOOM_PAD_VALID, LOOM_ACT_NONE), "short", "stem", NULL);
+    r[n++] = G(L_merge(LOOM_LAYER_ADD), "add1", bn ? "bn2" : "c2", "short", NULL);
+    r[n++] = G(L_kind(LOOM_LAYER_ACTIVATION, 0, act), "out1", NULL);
+    r[n++] = G(L_conv(6, 3, 1, LOOM_PAD_SAME, LOOM_ACT_TANH), "c3", NULL);
+    r[n++] = G(L_merge(LOOM_LAYER_ADD), "add2", "c3", "out1", NULL);
+    r[n++] = G(L_kind(LOOM_LAYER_GLOBAL_AVG_POOL2D, 0, 0), "gap", NULL);
+    r[n++] = G(L_dense(5, LOOM_ACT_NONE), "logits", NULL);
+    return n;
+}
+
+/* Every merge kind, broadcasting and fan-out on dense branches. */
+static int merge_net(loom_layer_spec *r)
+{
+    int n = 0;
+    r[n++] = G(L_dense(6, LOOM_ACT_TANH), "d0", NULL);
+    r[n++] = G(L_dense(6, LOOM_ACT_SIGMOID), "d1", "d0", NULL);
+    r[n++] = G(L_dense(6, LOOM_ACT_NONE), "d2", "d0", NULL);
+    r[n++] = G(L_dense(1, LOOM_ACT_NONE), "one", "d0", NULL);
+    r[n++] = G(L_merge(LOOM_LAYER_SUBTRACT), "sub", "d1", "d2", NULL);
+    r[n++] = G(L_merge(LOOM_LAYER_MULTIPLY), "mul", "d0", "d1", "one", NULL); /* (6,) (6,) (1,) */
+    r[n++] = G(L_merge(LOOM_LAYER_AVERAGE), "avg", "sub", "mul", "d2", NULL);
+    r[n++] = G(L_merge(LOOM_LAYER_MAXIMUM), "mx", "avg", "d1", NULL);
+    r[n++] = G(L_merge(LOOM_LAYER_ADD), "bc", "mx", "one", NULL);            /* (6,) + (1,) */
+    r[n++] = G(L_merge(LOOM_LAYER_CONCATENATE), "cat", "bc", "d0", "sub", NULL);
+    r[n++] = G(L_dense(4, LOOM_ACT_NONE), "logits", "cat", NULL);
+    return n;
+}
+
+/* A graph's gradients (fan-out summed, merges' backward, batch
+ * normalization between segments) against central differences. */
+static void test_graph_grad(void)
+{
+    loom_layer_spec r[32];
+    int n = residual_net(r, LOOM_ACT_TANH, true);
+    gradcheck("residual graph (conv, bn, add, 1x1 shortcut)", r, n, LOOM_LOSS_SPARSE_SOFTMAX_CE, shp(3, 8, 8, 2),
+              LOOM_I32, 4, 3);
+    n = merge_net(r);
+    gradcheck("merge layers (subtract, multiply, average, maximum, add, concatenate)", r, n, LOOM_LOSS_MSE,
+              shp(1, 5, 0, 0), LOOM_F32, 3, 3);
+    /* intra-op threads: the same as one thread, and the same bits run to run (without batch
+     * normalization, whose moving statistics each train step of the check moves) */
+    n = residual_net(r, LOOM_ACT_RELU, false);
+    check_threads("residual graph", r, n, LOOM_LOSS_SPARSE_SOFTMAX_CE, shp(3, 8, 8, 2), 7);
+    n = merge_net(r);
+    check_threads("merge graph", r, n, LOOM_LOSS_MSE, shp(1, 5, 0, 0), 7);
+    /* with batch normalization between segments: the gradients of 1, 2 and 3 threads, fresh models */
+    n = residual_net(r, LOOM_ACT_RELU, true);
+    float *g1 = NULL;
+    for (int t = 1; t <= 3; t++) {
+        fixture f;
+        if (fixture_new(&f, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, n, r), shp(3, 8, 8, 2), LOOM_I32, 7, 5) != LOOM_OK) {
+            CHECK(0);
+            break;
+        }
+        int64_t P = loom_model_num_params(f.m);
+        CHECK(loom_model_set_threads(f.m, t, &err) == LOOM_OK);
+        step_loss(&f, 9);
+        if (t == 1) {
+            g1 = malloc((size_t)P * sizeof *g1);
+            memcpy(g1, loom_model_grads(f.m), (size_t)P * sizeof *g1);
+        } else {
+            CHECK_MSG(close_vec("grads", g1, loom_model_grads(f.m), P), "residual graph + bn, threads %d", t);
+        }
+        fixture_free(&f);
+    }
+    free(g1);
+    loom_blas_set_threads(1);
+}
+
+/* The merges' forward values on the model input itself (predict under MSE
+ * returns the outputs): x in, [max(x * x, x), (2x + x) / 2] out. */
+static void test_graph_merge_values(void)
+{
+    loom_layer_spec r[8];
+    int n = 0;
+    r[n++] = G(L_merge(LOOM_LAYER_ADD), "dbl", "image", "image", NULL);
+    r[n++] = G(L_merge(LOOM_LAYER_SUBTRACT), "sub", "dbl", "image", NULL);
+    r[n++] = G(L_merge(LOOM_LAYER_MULTIPLY), "sq", "sub", "image", NULL);
+    r[n++] = G(L_merge(LOOM_LAYER_MAXIMUM), "mx", "sq", "image", NULL);
+    r[n++] = G(L_merge(LOOM_LAYER_AVERAGE), "avg", "dbl", "image", NULL);
+    r[n++] = G(L_merge(LOOM_LAYER_CONCATENATE), "cat", "mx", "avg", NULL);
+    loom_shape in = shp(2, 2, 3, 0), lab = shp(2, 2, 6, 0);
+    loom_model *m = NULL;
+    int rc = loom_model_new(&m, mk(LOOM_LOSS_MSE, n, r), &in, LOOM_F32, &lab, LOOM_F32, 4, &err);
+    CHECK_MSG(rc == LOOM_OK, "%s: %s", err.where, err.msg);
+    if (rc) return;
+    CHECK(loom_model_num_params(m) == 0);
+    loom_shape out = loom_model_output_shape(m);
+    CHECK(out.rank == 2 && out.dim[0] == 2 && out.dim[1] == 6);
+    float x[3 * 6], y[3 * 12];
+    for (int e = 0; e < 18; e++) x[e] = (float)(e - 7) * 0.25f;
+    loom_shape xs = shp(3, 3, 2, 3);
+    loom_tensor t = {.dtype = LOOM_F32, .shape = xs, .data = x};
+    CHECK(loom_model_predict(m, &t, y, &err) == LOOM_OK);
+    int bad = 0;
+    for (int b = 0; b < 3; b++)
+        for (int h = 0; h < 2; h++)
+            for (int c = 0; c < 6; c++) {
+                float v = x[b * 6 + h * 3 + c % 3];
+                float want = c < 3 ? fmaxf(v * v, v) : (2 * v + v) * 0.5f;
+                bad += y[b * 12 + h * 6 + c] != want;
+            }
+    CHECK_MSG(bad == 0, "%d merge outputs differ", bad);
+    loom_model_free(m);
+    /* the graph runs in a topological order: layers listed before their inputs work the same */
+    loom_layer_spec back[] = {G(L_dense(3, LOOM_ACT_NONE), "late", "early", NULL), G(L_dense(4, LOOM_ACT_RELU), "early", "image", NULL),
+                              G(L_merge(LOOM_LAYER_CONCATENATE), "out", "late", "early", NULL)};
+    in = shp(1, 5, 0, 0), lab = shp(1, 7, 0, 0);
+    rc = loom_model_new(&m, mk(LOOM_LOSS_MSE, 3, back), &in, LOOM_F32, &lab, LOOM_F32, 2, &err);
+    CHECK_MSG(rc == LOOM_OK, "%s: %s", err.where, err.msg);
+    if (!rc) {
+        CHECK(loom_model_output_shape(m).dim[0] == 7);
+        CHECK(!strcmp(loom_model_param_tensor(m, 0)->name, "early/kernel")); /* parameters in the run's order */
+        loom_model_free(m);
+    }
+}
+
 /* loom_model_gradcheck passes every new kind and fails a wrong backward. */
 static void test_vision_gradcheck(void)
 {
@@ -1952,6 +2112,115 @@ static void test_vision_gradcheck(void)
     loom_model_free(m);
 }
 
+/* Two model inputs (model.inputs) concatenated, then dense layers: the
+ * same loss and gradients, bit for bit, as one input holding both
+ * (the parameters start equal: the same tensors in the same order), at 1
+ * and 2 threads; a step without the second input, and loom_model_new on a
+ * spec with two inputs, are refused. */
+static void test_graph_inputs(void)
+{
+    loom_layer_spec two[] = {G(L_merge(LOOM_LAYER_CONCATENATE), "cat", "a", "b", NULL),
+                             G(L_dense(4, LOOM_ACT_TANH), "h", NULL), G(L_dense(3, LOOM_ACT_NONE), "o", NULL)};
+    loom_model_spec *s2 = malloc(sizeof *s2);
+    *s2 = *mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 3, two);
+    s2->n_inputs = 2;
+    snprintf(s2->inputs[0], sizeof s2->inputs[0], "a");
+    snprintf(s2->inputs[1], sizeof s2->inputs[1], "b");
+    snprintf(s2->input, sizeof s2->input, "a");
+    loom_shape shapes[2] = {shp(1, 3, 0, 0), shp(1, 2, 0, 0)}, lab = shp(0, 0, 0, 0), one = shp(1, 5, 0, 0);
+    loom_dtype dts[2] = {LOOM_F32, LOOM_F32};
+    loom_model *m2 = NULL, *m1 = NULL;
+    CHECK(loom_model_new(&m2, s2, &shapes[0], LOOM_F32, &lab, LOOM_I32, 6, &err) == LOOM_EUNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "model.inputs names 2 features; here the model is given 1");
+    int rc = loom_model_new_inputs(&m2, s2, 2, shapes, dts, &lab, LOOM_I32, 6, &err);
+    CHECK_MSG(rc == LOOM_OK, "%s: %s", err.where, err.msg);
+    loom_layer_spec flat[] = {G(L_dense(4, LOOM_ACT_TANH), "h", NULL), G(L_dense(3, LOOM_ACT_NONE), "o", NULL)};
+    CHECK(loom_model_new(&m1, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 2, flat), &one, LOOM_F32, &lab, LOOM_I32, 6, &err) ==
+          LOOM_OK);
+    if (rc || !m1) goto out;
+    CHECK(loom_model_num_inputs(m2) == 2 && loom_model_num_params(m1) == loom_model_num_params(m2));
+    loom_model_init_params(m1, 3);
+    loom_model_init_params(m2, 3);
+    float x[6 * 5], a[6 * 3], b[6 * 2];
+    int32_t y[6];
+    loom_rng r;
+    loom_rng_init(&r, 1, 2, 3, 4);
+    for (int e = 0; e < 6; e++) {
+        for (int k = 0; k < 5; k++) x[e * 5 + k] = loom_rng_normal(&r);
+        memcpy(a + e * 3, x + e * 5, 3 * sizeof(float));
+        memcpy(b + e * 2, x + e * 5 + 3, 2 * sizeof(float));
+        y[e] = (int32_t)loom_rng_below(&r, 3);
+    }
+    loom_tensor tx = {.dtype = LOOM_F32, .shape = shp(2, 6, 5, 0), .data = x};
+    loom_tensor ta = {.dtype = LOOM_F32, .shape = shp(2, 6, 3, 0), .data = a};
+    loom_tensor tb = {.dtype = LOOM_F32, .shape = shp(2, 6, 2, 0), .data = b};
+    loom_tensor ty = {.dtype = LOOM_I32, .shape = shp(1, 6, 0, 0), .data = y};
+    double l1, l2;
+    int64_t c1, c2;
+    CHECK(loom_model_train_step(m2, &ta, &ty, 6, 1, &l2, &c2, &err) == LOOM_ESHAPE);
+    CHECK_CONTAINS(err.msg, "model input \"b\" was not given with the batch");
+    const loom_tensor *more[] = {&tb};
+    loom_model_set_inputs(m2, more, 1);
+    for (int t = 1; t <= 2; t++) {
+        CHECK(loom_model_set_threads(m1, t, &err) == LOOM_OK && loom_model_set_threads(m2, t, &err) == LOOM_OK);
+        CHECK(loom_model_train_step(m1, &tx, &ty, 6, 1, &l1, &c1, &err) == LOOM_OK);
+        CHECK(loom_model_train_step(m2, &ta, &ty, 6, 1, &l2, &c2, &err) == LOOM_OK);
+        CHECK_MSG(l1 == l2 && c1 == c2, "threads %d: loss %.9g vs %.9g", t, l1, l2);
+        CHECK_MSG(!memcmp(loom_model_grads(m1), loom_model_grads(m2),
+                          (size_t)loom_model_num_params(m1) * sizeof(float)), "threads %d: gradients differ", t);
+    }
+    float p1[6 * 3], p2[6 * 3];
+    CHECK(loom_model_predict(m1, &tx, p1, &err) == LOOM_OK && loom_model_predict(m2, &ta, p2, &err) == LOOM_OK);
+    CHECK(!memcmp(p1, p2, sizeof p1));
+    loom_tensor bad = tb;
+    bad.shape = shp(2, 3, 4, 0);
+    const loom_tensor *wrong[] = {&bad};
+    loom_model_set_inputs(m2, wrong, 1);
+    CHECK(loom_model_predict(m2, &ta, p2, &err) == LOOM_ESHAPE);
+    CHECK_CONTAINS(err.msg, "model input \"b\" has shape (3, 4) (float32), the model was built for (6, 2) float32");
+out:
+    loom_model_free(m1);
+    loom_model_free(m2);
+    free(s2);
+    loom_blas_set_threads(1);
+}
+
+/* Shapes that do not merge, a cycle, an unknown input: LOOM_ESHAPE /
+ * LOOM_ECONFIG at the layer's file:line naming what is wrong. */
+static void test_graph_errors(void)
+{
+    loom_shape in = shp(1, 5, 0, 0), lab = shp(0, 0, 0, 0);
+    loom_model *m = NULL;
+    loom_layer_spec a[] = {G(L_dense(4, LOOM_ACT_NONE), "a", NULL), G(L_dense(3, LOOM_ACT_NONE), "b", "image", NULL),
+                           G(L_merge(LOOM_LAYER_ADD), "s", "a", "b", NULL), G(L_dense(2, LOOM_ACT_NONE), "o", NULL)};
+    CHECK(loom_model_new(&m, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, a), &in, LOOM_F32, &lab, LOOM_I32, 2, &err) ==
+          LOOM_ESHAPE);
+    CHECK_CONTAINS(err.where, "test.cfg:12");
+    CHECK_CONTAINS(err.msg, "shapes (4,) and (3,) (input \"b\") do not merge");
+    a[2] = G(L_merge(LOOM_LAYER_CONCATENATE), "s", "a", "b", NULL);
+    a[2].axis = 0;
+    CHECK(loom_model_new(&m, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, a), &in, LOOM_F32, &lab, LOOM_I32, 2, &err) ==
+          LOOM_ESHAPE);
+    CHECK_CONTAINS(err.msg, "axis 0 is not an axis");
+    loom_shape in3 = shp(3, 4, 4, 2);
+    loom_layer_spec c[] = {G(L_conv(3, 3, 1, LOOM_PAD_SAME, LOOM_ACT_NONE), "a", NULL),
+                           G(L_conv(3, 3, 2, LOOM_PAD_SAME, LOOM_ACT_NONE), "b", "image", NULL),
+                           G(L_merge(LOOM_LAYER_CONCATENATE), "s", "a", "b", NULL),
+                           G(L_kind(LOOM_LAYER_FLATTEN, 0, 0), "f", NULL), G(L_dense(2, LOOM_ACT_NONE), "o", NULL)};
+    CHECK(loom_model_new(&m, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 5, c), &in3, LOOM_F32, &lab, LOOM_I32, 2, &err) ==
+          LOOM_ESHAPE);
+    CHECK_CONTAINS(err.msg, "inputs \"a\" (4, 4, 3) and \"b\" (2, 2, 3) differ outside axis -1");
+    loom_layer_spec cy[] = {G(L_dense(4, LOOM_ACT_NONE), "a", "b", NULL), G(L_dense(4, LOOM_ACT_NONE), "b", "a", NULL),
+                            G(L_dense(2, LOOM_ACT_NONE), "o", "b", NULL)};
+    CHECK(loom_model_new(&m, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 3, cy), &in, LOOM_F32, &lab, LOOM_I32, 2, &err) ==
+          LOOM_ECONFIG);
+    CHECK_CONTAINS(err.msg, "is on a cycle of layers");
+    cy[0] = G(L_dense(4, LOOM_ACT_NONE), "a", "nowhere", NULL);
+    CHECK(loom_model_new(&m, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 3, cy), &in, LOOM_F32, &lab, LOOM_I32, 2, &err) ==
+          LOOM_ECONFIG);
+    CHECK_CONTAINS(err.msg, "input \"nowhere\" is neither a layer nor a model input");
+}
+
 static const loom_test tests[] = {
     {"gemm vs float64 reference", test_gemm},
     {"blas pick core", test_blas_pick_core},
@@ -1981,6 +2250,10 @@ static const loom_test tests[] = {
     {"issue 23 layers and activations: forward = PyTorch", test_vision_forward},
     {"issue 23 layers: loom_model_gradcheck passes each", test_vision_gradcheck},
     {"issue 23 layers: no allocation in a step", test_vision_no_alloc},
+    {"graph: gradients, threads", test_graph_grad},
+    {"graph: merge values, order", test_graph_merge_values},
+    {"graph: shape and graph errors", test_graph_errors},
+    {"graph: several model inputs", test_graph_inputs},
     {"timing", test_timing},
     {0},
 };
