@@ -192,6 +192,31 @@ static void share_input_pool(run *r)
     if (pool && loom_pool_size(pool) >= loom_num_cores()) r->input_on_pool = loom_iter_share_pool(r->train, pool);
 }
 
+/* model.inputs: each a feature of the train and eval pipelines, at the same
+ * place in both; their indices into the strategy's args. */
+static int find_model_inputs(run *r, const loom_spec *spec, const loom_elem_spec *es, loom_err *err)
+{
+    char w[600];
+    r->args.inputs_idx[0] = r->args.input_idx;
+    r->args.n_inputs = spec->model.n_inputs > 1 ? spec->model.n_inputs : 1;
+    for (int f = 1; f < r->args.n_inputs; f++) { /* model.inputs: each a feature of both pipelines, at one place */
+        const char *name = spec->model.inputs[f];
+        int ti = loom_elem_spec_find(es, name), ei = r->eval ? loom_elem_spec_find(loom_iter_spec(r->eval), name) : ti;
+        if (ti < 0 || ei != ti) {
+            char have[512];
+            const loom_elem_spec *in = ti < 0 ? es : loom_iter_spec(r->eval);
+            return loom_err_set(err, LOOM_ESHAPE, loom_loc_str(&spec->model.loc, w, sizeof w),
+                                "model.inputs: the %s pipeline has no feature \"%s\"%s (it yields %s)",
+                                ti < 0 ? "train" : "eval", name, ti < 0 ? "" : " where data.train has it",
+                                loom_elem_spec_str(in, have, sizeof have)),
+                   loom_err_hint(err, "a model input is a feature of the data: name one of those, or add the feature "
+                                      "to the source");
+        }
+        r->args.inputs_idx[f] = ti;
+    }
+    return LOOM_OK;
+}
+
 static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool need_eval, const loom_cluster *cluster,
                     bool plan_only, const char *resume_key, const char *resume_text, loom_err *err);
 
@@ -272,23 +297,7 @@ static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool n
     r->args.steps_per_epoch = loom_iter_cardinality(r->train);
     rc = find_features(spec, es, "train", &r->args.input_idx, &r->args.label_idx, err);
     if (rc) return rc;
-    r->args.inputs_idx[0] = r->args.input_idx;
-    r->args.n_inputs = spec->model.n_inputs > 1 ? spec->model.n_inputs : 1;
-    for (int f = 1; f < r->args.n_inputs; f++) { /* model.inputs: each a feature of both pipelines, at one place */
-        const char *name = spec->model.inputs[f];
-        int ti = loom_elem_spec_find(es, name), ei = r->eval ? loom_elem_spec_find(loom_iter_spec(r->eval), name) : ti;
-        if (ti < 0 || ei != ti) {
-            char have[512];
-            const loom_elem_spec *in = ti < 0 ? es : loom_iter_spec(r->eval);
-            return loom_err_set(err, LOOM_ESHAPE, loom_loc_str(&spec->model.loc, w, sizeof w),
-                                "model.inputs: the %s pipeline has no feature \"%s\"%s (it yields %s)",
-                                ti < 0 ? "train" : "eval", name, ti < 0 ? "" : " where data.train has it",
-                                loom_elem_spec_str(in, have, sizeof have)),
-                   loom_err_hint(err, "a model input is a feature of the data: name one of those, or add the feature "
-                                      "to the source");
-        }
-        r->args.inputs_idx[f] = ti;
-    }
+    if ((rc = find_model_inputs(r, spec, es, err))) return rc;
     if (spec->model.sample_weight[0]) { /* model.sample_weight: in both pipelines, at the same place */
         int wi = loom_elem_spec_find(es, spec->model.sample_weight);
         int we = r->eval ? loom_elem_spec_find(loom_iter_spec(r->eval), spec->model.sample_weight) : wi;
