@@ -26,12 +26,16 @@
 static bool is_adapt(const loom_transform_spec *t)
 {
     return t->kind == LOOM_T_MAP && t->map.adapt &&
-           (t->map.kind == LOOM_MAP_NORMALIZE || t->map.kind == LOOM_MAP_STRING_LOOKUP);
+           (t->map.kind == LOOM_MAP_NORMALIZE || t->map.kind == LOOM_MAP_STRING_LOOKUP ||
+            t->map.kind == LOOM_MAP_TOKENIZE);
 }
+
+/* A map whose adapt makes a vocabulary: string_lookup (whole strings), tokenize (its tokens, text.c). */
+static bool is_vocab(const loom_map_spec *m) { return m->kind == LOOM_MAP_STRING_LOOKUP || m->kind == LOOM_MAP_TOKENIZE; }
 
 static const char *kind_name(const loom_map_spec *m)
 {
-    return m->kind == LOOM_MAP_STRING_LOOKUP ? "string_lookup" : "normalize";
+    return m->kind == LOOM_MAP_STRING_LOOKUP ? "string_lookup" : m->kind == LOOM_MAP_TOKENIZE ? "tokenize" : "normalize";
 }
 
 static int where_err(loom_err *err, int code, const loom_loc *loc, const char *fmt, const char *a, const char *b)
@@ -129,6 +133,12 @@ static int counter_add(counter *c, const uint8_t *p, size_t len)
     return LOOM_OK;
 }
 
+static int count_token(void *ctx, const uint8_t *tok, size_t n, uint32_t cp)
+{
+    (void)cp;
+    return counter_add(ctx, tok, n);
+}
+
 static _Thread_local const char *cmp_arena; /* for cmp_tok: qsort has no context argument */
 
 /* Most frequent first; ties in byte order (shorter first), so the vocabulary is a function of the data alone. */
@@ -151,7 +161,8 @@ static int counter_vocab(counter *c, loom_map_spec *m, loom_err *err)
         if (c->t[i].count) all[k++] = c->t[i];
     cmp_arena = c->arena;
     qsort(all, (size_t)k, sizeof *all, cmp_tok);
-    if (m->max_tokens > 0 && k > m->max_tokens - m->num_oov_indices) k = m->max_tokens - m->num_oov_indices;
+    int64_t reserved = m->num_oov_indices + (m->kind == LOOM_MAP_TOKENIZE); /* tokenize: id 0 is the padding */
+    if (m->max_tokens > 0 && k > m->max_tokens - reserved) k = m->max_tokens - reserved;
     size_t bytes = 0;
     for (int64_t i = 0; i < k; i++) bytes += all[i].len;
     loom_vocab *v = vocab_new(k, bytes);
@@ -252,7 +263,8 @@ static int compute(const loom_dataset_spec *train, int k, loom_map_spec *m, cons
     loom_iter *it = NULL;
     double *acc = NULL;
     counter cnt = {0};
-    bool vocab = m->kind == LOOM_MAP_STRING_LOOKUP, minmax = !vocab && m->norm_mode == LOOM_NORM_MIN_MAX;
+    bool vocab = is_vocab(m), minmax = !vocab && m->norm_mode == LOOM_NORM_MIN_MAX;
+    uint8_t *scratch = NULL;
     char w[LOOM_PATH_MAX + 16];
     loom_loc_str(&train->transform[k].loc, w, sizeof w);
     int rc = loom_data_open(&it, d, &c, err);
@@ -282,10 +294,16 @@ static int compute(const loom_dataset_spec *train, int k, loom_map_spec *m, cons
         const loom_tensor *t = &e->t[f];
         int64_t numel = loom_shape_numel(&t->shape);
         if (vocab) {
+            if (m->kind == LOOM_MAP_TOKENIZE && !scratch && !(scratch = loom_alloc((size_t)L + 4))) rc = LOOM_ENOMEM;
             for (int64_t i = 0; i + L <= numel && !rc; i += L) {
                 const uint8_t *p = (const uint8_t *)t->data + i;
                 size_t len = (size_t)L;
                 while (len && !p[len - 1]) len--;
+                if (m->kind == LOOM_MAP_TOKENIZE) { /* the tokens tokenize looks up */
+                    len = tokenize_standardize_(m, p, len, scratch);
+                    rc = tokenize_split_(m, scratch, len, count_token, &cnt, NULL);
+                    continue;
+                }
                 rc = counter_add(&cnt, p, len);
             }
             if (rc == LOOM_EDATA) {
@@ -327,6 +345,7 @@ static int compute(const loom_dataset_spec *train, int k, loom_map_spec *m, cons
     else set_numbers(m, acc, L, n, minmax);
     *rows = n;
 done:
+    loom_free(scratch);
     loom_free(acc);
     loom_free(cnt.t);
     loom_free(cnt.arena);
@@ -378,7 +397,7 @@ static void text_of(const loom_dataset_spec *train, const int *ks, int n, loom_b
     put_fmt(b, "# loom: normalize adapt = true, per index of the last axis, from data.train\n");
     for (int a = 0; a < n; a++) {
         const loom_map_spec *m = &train->transform[ks[a]].map;
-        if (m->kind == LOOM_MAP_STRING_LOOKUP) {
+        if (is_vocab(m)) {
             const loom_vocab *v = m->vocab;
             int64_t N = v ? v->n : 0;
             put_fmt(b, "vocab %d %s %lld %d %lld\n", ks[a], m->feature, (long long)N, m->num_oov_indices,
@@ -479,7 +498,7 @@ static int parse(const char *text, size_t len, const char *name, loom_dataset_sp
     int rc = LOOM_OK;
     for (int a = 0; a < n && !rc; a++) {
         loom_map_spec *m = &train->transform[ks[a]].map;
-        bool vocab = m->kind == LOOM_MAP_STRING_LOOKUP, mm = !vocab && m->norm_mode == LOOM_NORM_MIN_MAX;
+        bool vocab = is_vocab(m), mm = !vocab && m->norm_mode == LOOM_NORM_MIN_MAX;
         const char *want = vocab ? "vocab" : mm ? "minmax" : "map";
         const char *w, *f;
         size_t wn, fn;
@@ -589,7 +608,7 @@ static int share_with(loom_dataset_spec *eval, const loom_dataset_spec *train, c
                                 "data.train has no %s map with adapt = true on \"%s\"", kn, t->map.feature, kn,
                                 t->map.feature);
         }
-        if (t->map.kind == LOOM_MAP_STRING_LOOKUP) {
+        if (is_vocab(&t->map)) {
             if (t->map.num_oov_indices != src->num_oov_indices || t->map.max_tokens != src->max_tokens)
                 return where_err(err, LOOM_ECONFIG, &t->loc, "map(string_lookup) on \"%s\" in data.eval: num_oov_indices "
                                  "and max_tokens must be data.train's (%s), or the ids would differ", t->map.feature,
@@ -609,11 +628,12 @@ static int share_with(loom_dataset_spec *eval, const loom_dataset_spec *train, c
 
 static void report(const loom_map_spec *m, int64_t rows)
 {
-    if (m->kind == LOOM_MAP_STRING_LOOKUP) {
+    if (is_vocab(m)) {
         const loom_vocab *v = m->vocab;
-        loom_info("string_lookup adapt: \"%s\": %lld strings from %lld training values (ids %d..%lld; %d "
-                  "out-of-vocabulary id%s), the most frequent \"%.*s\"", m->feature, (long long)v->n, (long long)rows,
-                  m->num_oov_indices, (long long)(m->num_oov_indices + v->n - 1), m->num_oov_indices,
+        int first = m->num_oov_indices + (m->kind == LOOM_MAP_TOKENIZE);
+        loom_info("%s adapt: \"%s\": %lld tokens from %lld training strings (ids %d..%lld; %d "
+                  "out-of-vocabulary id%s), the most frequent \"%.*s\"", kind_name(m), m->feature, (long long)v->n, (long long)rows,
+                  first, (long long)(first + v->n - 1), m->num_oov_indices,
                   m->num_oov_indices == 1 ? "" : "s", v->n ? (int)(v->off[1] > 40 ? 40 : v->off[1]) : 0, v->data);
         return;
     }

@@ -1315,6 +1315,7 @@ int dmapfn_register_(loom_err *err)
 int map_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, const loom_data_ctx *ctx, loom_err *err)
 {
     if (t->map.kind == LOOM_MAP_LUA) return custom_map_open_(out, in, id, t, ctx, err);
+    if (t->map.kind == LOOM_MAP_TOKENIZE) return tokenize_open_(out, in, id, t, err);
     mapst *s = loom_calloc(1, sizeof *s);
     if (!s) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate a map stage");
     dstage *st = &s->s;
