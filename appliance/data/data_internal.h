@@ -151,6 +151,9 @@ int  elem_pool_grow_(elem_pool *p, int64_t cap, loom_err *err);   /* keeps slot 
  * as transparent huge pages), and the bytes gauge still follows cap. */
 int  elem_pool_reserve_(elem_pool *p, int64_t max, loom_err *err);
 void elem_pool_fini_(elem_pool *p);
+/* Counts p's bytes (from now on) in owner's stats rather than in the stage
+ * whose spec it was made from (elem_pool_init_'s s, an input stage). */
+void elem_pool_own_(elem_pool *p, dstage *owner);
 /* Copies e into slot i; LOOM_ESHAPE when e does not fit the pool. */
 int  elem_pool_put_(elem_pool *p, int64_t i, const loom_elem *e, loom_err *err);
 /* Points e's tensors at slot i (borrowed views). */

@@ -139,6 +139,26 @@ static int count_token(void *ctx, const uint8_t *tok, size_t n, uint32_t cp)
     return counter_add(ctx, tok, n);
 }
 
+/* Counts the strings of t (numel bytes, one string per L): whole (string_lookup) or their tokens (tokenize). */
+static int count_strings(counter *cnt, const loom_map_spec *m, const loom_tensor *t, int64_t L, int64_t numel,
+                         uint8_t **scratch)
+{
+    int rc = LOOM_OK;
+    if (m->kind == LOOM_MAP_TOKENIZE && !*scratch && !(*scratch = loom_alloc((size_t)L + 4))) return LOOM_ENOMEM;
+    for (int64_t i = 0; i + L <= numel && !rc; i += L) {
+        const uint8_t *p = (const uint8_t *)t->data + i;
+        size_t len = (size_t)L;
+        while (len && !p[len - 1]) len--;
+        if (m->kind == LOOM_MAP_TOKENIZE) { /* the tokens tokenize looks up */
+            len = tokenize_standardize_(m, p, len, *scratch);
+            rc = tokenize_split_(m, *scratch, len, count_token, cnt, NULL);
+        } else {
+            rc = counter_add(cnt, p, len);
+        }
+    }
+    return rc;
+}
+
 static _Thread_local const char *cmp_arena; /* for cmp_tok: qsort has no context argument */
 
 /* Most frequent first; ties in byte order (shorter first), so the vocabulary is a function of the data alone. */
@@ -294,18 +314,7 @@ static int compute(const loom_dataset_spec *train, int k, loom_map_spec *m, cons
         const loom_tensor *t = &e->t[f];
         int64_t numel = loom_shape_numel(&t->shape);
         if (vocab) {
-            if (m->kind == LOOM_MAP_TOKENIZE && !scratch && !(scratch = loom_alloc((size_t)L + 4))) rc = LOOM_ENOMEM;
-            for (int64_t i = 0; i + L <= numel && !rc; i += L) {
-                const uint8_t *p = (const uint8_t *)t->data + i;
-                size_t len = (size_t)L;
-                while (len && !p[len - 1]) len--;
-                if (m->kind == LOOM_MAP_TOKENIZE) { /* the tokens tokenize looks up */
-                    len = tokenize_standardize_(m, p, len, scratch);
-                    rc = tokenize_split_(m, scratch, len, count_token, &cnt, NULL);
-                    continue;
-                }
-                rc = counter_add(&cnt, p, len);
-            }
+            rc = count_strings(&cnt, m, t, L, numel, &scratch);
             if (rc == LOOM_EDATA) {
                 rc = loom_err_set(err, LOOM_EDATA, w, "map(string_lookup) adapt on \"%s\": more than %lld distinct "
                                   "strings in data.train", m->feature, (long long)MAX_VOCAB);

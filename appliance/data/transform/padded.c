@@ -206,6 +206,31 @@ static const dstage_ops bucket_ops = {
     .next = bucket_next, .rewind = bucket_rewind, .save = bucket_save, .restore = bucket_restore, .close = bucket_close,
 };
 
+/* The mask of feature s->mask_f as output feature n_in: "<name>_mask", float32 of its padded shape. */
+static int bucket_mask(bucketst *s, const char *name, loom_err *err)
+{
+    dstage *st = &s->s;
+    int m = s->n_in;
+    snprintf(st->spec.name[m], LOOM_NAME_MAX, "%.*s_mask", LOOM_NAME_MAX - 6, name);
+    if (loom_elem_spec_find(&st->in->spec, st->spec.name[m]) >= 0)
+        return dstage_err_(st, err, LOOM_ECONFIG, "bucket_by_sequence_length: a feature \"%s\" exists already",
+                           st->spec.name[m]);
+    st->spec.dtype[m] = LOOM_F32;
+    st->spec.shape[m] = st->spec.shape[s->mask_f];
+    st->maxshape[m] = st->maxshape[s->mask_f];
+    st->mut[m] = 1;
+    st->spec.n = st->out.n = m + 1;
+    int rc = loom_tensor_init(&st->out.t[m], LOOM_F32, &st->maxshape[m], err);
+    if (rc) return rc;
+    loom_shape one = st->maxshape[s->mask_f];
+    one.dim[0] = 1;
+    int64_t numel = loom_shape_numel(&one);
+    if (!(s->ones = loom_alloc((size_t)(numel ? numel : 1) * sizeof(float))))
+        return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate the mask");
+    for (int64_t i = 0; i < numel; i++) s->ones[i] = 1.0f;
+    return LOOM_OK;
+}
+
 int bucket_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err)
 {
     bucketst *s = loom_calloc(1, sizeof *s);
@@ -275,8 +300,10 @@ int bucket_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t,
     int64_t most = 0;
     for (int i = 0; i < s->nb; i++) {
         if ((rc = elem_pool_init_(&s->pool[i], in, s->bsize[i], err))) goto fail;
+        elem_pool_own_(&s->pool[i], st);
         if (s->bsize[i] > most) most = s->bsize[i];
     }
+    st->out.n = s->n_in; /* (freed by close from here on) */
     /* the output: every feature batched, padded dims at their max (the boundary - 1 when it is larger) */
     for (int f = 0; f < s->n_in; f++) {
         loom_shape *sh = &st->spec.shape[f], *mx = &st->maxshape[f];
@@ -285,29 +312,10 @@ int bucket_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t,
         if ((rc = dbatch_feature_(st, f, -1, most, "bucket_by_sequence_length", err))) goto fail;
     }
     st->spec.n = st->out.n = s->n_in;
-    if (s->mask_f >= 0) {
-        int m = s->n_in;
-        snprintf(st->spec.name[m], LOOM_NAME_MAX, "%.*s_mask", LOOM_NAME_MAX - 6, p->mask);
-        if (loom_elem_spec_find(&in->spec, st->spec.name[m]) >= 0) {
-            rc = dstage_err_(st, err, LOOM_ECONFIG, "bucket_by_sequence_length: a feature \"%s\" exists already",
-                             st->spec.name[m]);
-            goto fail;
-        }
-        st->spec.dtype[m] = LOOM_F32;
-        st->spec.shape[m] = st->spec.shape[s->mask_f];
-        st->maxshape[m] = st->maxshape[s->mask_f];
-        st->mut[m] = 1;
-        st->spec.n = st->out.n = m + 1;
-        if ((rc = loom_tensor_init(&st->out.t[m], LOOM_F32, &st->maxshape[m], err))) goto fail;
-        loom_shape one = st->maxshape[s->mask_f];
-        one.dim[0] = 1;
-        int64_t numel = loom_shape_numel(&one);
-        if (!(s->ones = loom_alloc((size_t)(numel ? numel : 1) * sizeof(float)))) {
-            rc = loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate the mask");
-            goto fail;
-        }
-        for (int64_t i = 0; i < numel; i++) s->ones[i] = 1.0f;
-    }
+    if (s->mask_f >= 0 && (rc = bucket_mask(s, p->mask, err))) goto fail;
+    int64_t out_bytes = 0; /* the batch's tensors */
+    for (int f = 0; f < st->out.n; f++) out_bytes += (int64_t)loom_tensor_nbytes(&st->out.t[f]);
+    __atomic_fetch_add(&st->st_bytes, out_bytes, __ATOMIC_RELAXED);
     st->batch_dims = in->batch_dims + 1;
     st->card = in->card == -1 ? -1 : in->card == 0 ? 0 : -2;
     *out = st;

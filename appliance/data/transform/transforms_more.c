@@ -936,6 +936,7 @@ int padded_batch_open_(dstage **out, dstage *in, int id, const loom_transform_sp
     }
     rc = elem_pool_init_(&s->pool, in, s->size, err);
     if (rc) goto fail;
+    elem_pool_own_(&s->pool, st); /* the batch's elements are this stage's memory, not its input's */
     int64_t d0;
     st->card = dbatch_card_(in->card, s->size, s->drop, &d0);
     st->batch_dims = in->batch_dims + 1;

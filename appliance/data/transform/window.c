@@ -199,7 +199,8 @@ int window_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t,
     }
     st->out.n = st->spec.n;
     if ((rc = elem_pool_init_(&s->ring, in, s->span, err))) goto fail;
-    dstage_gauge_(&st->st_bytes, (s->span + s->size) * elem_bytes(in));
+    elem_pool_own_(&s->ring, st);
+    __atomic_fetch_add(&st->st_bytes, s->size * elem_bytes(in), __ATOMIC_RELAXED); /* the window's tensors */
     int64_t c = in->card;
     st->card = c == -1 ? -1 : c < 0 ? -2 : s->drop ? (c >= s->span ? (c - s->span) / s->shift + 1 : 0)
                                                    : (c + s->shift - 1) / s->shift;
