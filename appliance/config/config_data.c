@@ -624,6 +624,10 @@ static void parse_map(cfg_ctx *c, const config_setting_t *g, loom_transform_spec
                      (long long)t->map.max_tokens, t->map.num_oov_indices);
         check_image_map(c, g, &t->map, fn);
         if (fn == LOOM_MAP_TOKENIZE) check_tokenize(c, g, &t->map);
+        if (fn == LOOM_MAP_TOKENIZE && config_setting_get_member(g, "parallel") && t->parallel != 1)
+            cfg_err_(c, config_setting_get_member(g, "parallel"),
+                     "tokenize runs as a stage of its own, sequentially (its output length varies per element); "
+                     "remove `parallel`");
     }
     cfg_scope sc[2] = {{transform_opts, op, NULL}, {map_opts, fn, NULL}};
     if (op >= 0 && op != LOOM_T_MAP) sc[1].gate = "op = \"map\"";

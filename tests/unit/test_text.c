@@ -65,6 +65,8 @@ static loom_transform_spec *add_window(loom_dataset_spec *s, int64_t size, int64
     return t;
 }
 
+static void check_restore(const loom_dataset_spec *s, const char *what);
+
 static loom_map_spec *add_tokenize(loom_dataset_spec *s, loom_tok_mode mode)
 {
     loom_map_spec *m = spec_map(s, LOOM_MAP_TOKENIZE, "line", 1, true);
@@ -235,6 +237,29 @@ static void test_records(void)
     free(s);
 }
 
+/* ---- flat_map: interleave with cycle_length 1 (tf_semantics 4.5) ------------------------ */
+
+static void test_flat_map(void)
+{
+    write_file(tpath("fa.txt"), "a\nbb\n", 5);
+    write_file(tpath("fb.txt"), "c\n", 2);
+    loom_dataset_spec *s = calloc(1, sizeof *s);
+    s->present = true;
+    s->source.kind = LOOM_SRC_LIST_FILES;
+    snprintf(s->source.loc.file, sizeof s->source.loc.file, "test.cfg");
+    s->source.n_patterns = 1;
+    snprintf(s->source.pattern[0], LOOM_PATH_MAX, "%s", tpath("f?.txt"));
+    loom_transform_spec *t = spec_add(s, LOOM_T_FLAT_MAP);
+    loom_source_spec nested = {0};
+    nested.kind = LOOM_SRC_TEXT;
+    nested.text.max_length = 4;
+    t->source = &nested;
+    add_tokenize(s, LOOM_TOK_BYTES);
+    expect_pass(s, "line", "[98] [99 99] [100]"); /* fa's lines, then fb's: the files in sorted order */
+    check_restore(s, "flat_map");
+    free(s);
+}
+
 /* ---- padded_batch's mask, bucket_by_sequence_length ----------------------------- */
 
 static void test_padded_mask(void)
@@ -388,6 +413,7 @@ static const loom_test tests[] = {
     {"lm_pairs", test_lm_pairs},
     {"tokenize", test_tokenize},
     {"records", test_records},
+    {"flat_map", test_flat_map},
     {"padded_mask", test_padded_mask},
     {"bucket", test_bucket},
     {"resume", test_resume},

@@ -188,7 +188,10 @@ static void bucket_what(char *buf, size_t n, const dstage *in, const loom_transf
 /* flat_map: tf's interleave with cycle_length 1 (config sets it, and block_length and parallel 1). */
 static int open_flat_map(dstage **out, dstage *in, const dxform_args *a, loom_err *err)
 {
-    int rc = interleave_open_(out, in, a->id, a->t, a->ctx, a->pool, err);
+    loom_transform_spec t = *a->t; /* whatever a spec built in code says */
+    t.cycle_length = t.block_length = t.parallel = 1;
+    t.deterministic = true;
+    int rc = interleave_open_(out, in, a->id, &t, a->ctx, a->pool, err);
     if (!rc) snprintf((*out)->name, sizeof (*out)->name, "flat_map");
     return rc;
 }
