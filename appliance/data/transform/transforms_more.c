@@ -662,6 +662,7 @@ int unbatch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t
     snprintf(st->desc, sizeof st->desc, "unbatch");
     int rc = elem_pool_init_(&s->pool, in, 1, err);
     if (rc) goto fail;
+    elem_pool_own_(&s->pool, st); /* the held element (a restore loads it) is this stage's memory */
     int64_t d0 = -2; /* the common dim 0: -2 none yet, -1 varies */
     char a[128];
     for (int f = 0; f < st->spec.n; f++) {
