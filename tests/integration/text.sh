@@ -100,6 +100,9 @@ model: { input = "line"; layers = ({ type = "flatten"; }, { type = "dense"; unit
 optimizer: { type = "sgd"; learning_rate = 0.1; };
 run: { model_dir = "m"; epochs = 1; };
 CFG
+expect_fail 2 "a window beyond the RAM budget is refused at open, naming the transform" \
+    'transforms.[3]: window: a ring of 20000 elements and the window needs 320000 bytes, more than' \
+    "$LOOM" profile "$WORK/bad/w.cfg" --set 'data.options.autotune.ram_budget="64KiB"' --set 'data.train.transforms.[3].size=20000'
 out=$("$LOOM" profile "$WORK/bad/w.cfg" 2>&1)
 contains "a window longer than the data: a warning, no windows (as tf.data)" \
     'window: the pass had 7 elements, fewer than one window spans (size 65, stride 1: 65 elements), so it yields no windows' "$out"
