@@ -224,6 +224,45 @@ static void test_tokenize(void)
     free(s);
 }
 
+/* ---- the tokenizer outside a pipeline (generation's prompts and output) ------------- */
+
+static void test_tokenizer(void)
+{
+    write_file(tpath("tv.txt"), "the\ncat\n", 8);
+    loom_map_spec m = {0};
+    m.kind = LOOM_MAP_TOKENIZE;
+    m.tok_mode = LOOM_TOK_WHITESPACE;
+    m.num_oov_indices = 1;
+    snprintf(m.vocabulary_file, sizeof m.vocabulary_file, "%s", tpath("tv.txt"));
+    loom_tokenizer *t = NULL;
+    loom_err err = {0};
+    CHECK_MSG(loom_tokenizer_new(&t, &m, &err) == LOOM_OK, "%s", err.msg);
+    if (!t) return;
+    int64_t ids[8], n = 0, oov = 0;
+    const char *text = "The cat, zz the";
+    CHECK(loom_tokenizer_encode(t, (const uint8_t *)text, strlen(text), ids, 8, &n, &oov, &err) == LOOM_OK);
+    CHECK_MSG(n == 4 && ids[0] == 2 && ids[1] == 3 && ids[2] == 1 && ids[3] == 2 && oov == 1, "n %lld oov %lld", (long long)n,
+              (long long)oov);
+    CHECK(loom_tokenizer_size(t) == 4);
+    char buf[16];
+    int k = loom_tokenizer_decode(t, 3, buf, sizeof buf);
+    CHECK(k == 3 && !memcmp(buf, "cat", 3));
+    k = loom_tokenizer_decode(t, 1, buf, sizeof buf);
+    CHECK(k == 5 && !memcmp(buf, "[UNK]", 5));
+    CHECK(loom_tokenizer_decode(t, 0, buf, sizeof buf) == -1 && loom_tokenizer_decode(t, 4, buf, sizeof buf) == -1);
+    loom_tokenizer_free(t);
+    m.tok_mode = LOOM_TOK_UTF8_CHARS; /* raw code points: id - 1 back as UTF-8 */
+    m.vocabulary_file[0] = 0;
+    CHECK(loom_tokenizer_new(&t, &m, &err) == LOOM_OK);
+    if (!t) return;
+    const char eur[] = "a\xe2\x82\xac";
+    CHECK(loom_tokenizer_encode(t, (const uint8_t *)eur, 4, ids, 8, &n, &oov, &err) == LOOM_OK);
+    CHECK(n == 2 && ids[0] == 98 && ids[1] == 8365 && oov == 0);
+    k = loom_tokenizer_decode(t, 8365, buf, sizeof buf);
+    CHECK(k == 3 && !memcmp(buf, "\xe2\x82\xac", 3));
+    loom_tokenizer_free(t);
+}
+
 /* ---- the text source's records (fortune files) ------------------------------------ */
 
 static void test_records(void)
@@ -412,6 +451,7 @@ static const loom_test tests[] = {
     {"window", test_window},
     {"lm_pairs", test_lm_pairs},
     {"tokenize", test_tokenize},
+    {"tokenizer", test_tokenizer},
     {"records", test_records},
     {"flat_map", test_flat_map},
     {"padded_mask", test_padded_mask},

@@ -448,3 +448,112 @@ fail:
     tok_close(st);
     return rc;
 }
+
+/* ---- the tokenizer outside a pipeline (data.h) -------------------------------------- */
+
+struct loom_tokenizer {
+    tokst s; /* a stage never opened: its settings, vocabulary and scratch */
+};
+
+int loom_tokenizer_new(loom_tokenizer **out, const loom_map_spec *m, loom_err *err)
+{
+    *out = NULL;
+    loom_tokenizer *t = loom_calloc(1, sizeof *t);
+    if (!t) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate a tokenizer");
+    tokst *s = &t->s;
+    s->m = *m;
+    s->m.vocab_owned = false;
+    int rc = LOOM_OK;
+    if (m->vocabulary_file[0]) rc = read_vocab_file(s, err);
+    else if (m->adapt && !m->vocab)
+        rc = loom_err_set(err, LOOM_ECONFIG, NULL, "tokenize on \"%s\": adapt = true, but no vocabulary was adapted",
+                          m->feature);
+    else s->vocab = m->adapt ? m->vocab : NULL;
+    if (!rc && (m->tok_mode == LOOM_TOK_WHITESPACE || m->tok_mode == LOOM_TOK_VOCABULARY) && !s->vocab)
+        rc = loom_err_set(err, LOOM_ECONFIG, NULL, "tokenize: words need a vocabulary (vocabulary_file or adapt = true)");
+    if (!rc && s->vocab) rc = vtable(s, err);
+    if (rc) {
+        loom_tokenizer_free(t);
+        return rc;
+    }
+    *out = t;
+    return LOOM_OK;
+}
+
+void loom_tokenizer_free(loom_tokenizer *t)
+{
+    if (!t) return;
+    loom_free(t->s.ids);
+    loom_free(t->s.scratch);
+    loom_free(t->s.vtab);
+    loom_free(t->s.file_vocab);
+    loom_free(t);
+}
+
+int64_t loom_tokenizer_size(const loom_tokenizer *t)
+{
+    const tokst *s = &t->s;
+    if (s->vocab) return 1 + s->m.num_oov_indices + s->vocab->n;
+    return s->m.tok_mode == LOOM_TOK_BYTES ? 257 : 0x110001;
+}
+
+int loom_tokenizer_encode(loom_tokenizer *t, const uint8_t *text, size_t n, int64_t *ids, int64_t cap, int64_t *n_ids,
+                          int64_t *n_oov, loom_err *err)
+{
+    tokst *s = &t->s;
+    uint8_t *buf = loom_alloc(n + 4);
+    if (!buf) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot tokenize %zu bytes", n);
+    size_t len = tokenize_standardize_(&s->m, text, n, buf);
+    s->ids = ids; /* emit_id writes the first cap ids there */
+    s->cap = cap;
+    emitctx ec = {.s = s};
+    int rc = tokenize_split_(&s->m, buf, len, emit_id, &ec, NULL);
+    s->ids = NULL;
+    int64_t oov = 0, first = 1 + s->m.num_oov_indices;
+    for (int64_t i = 0; s->vocab && i < (ec.n < cap ? ec.n : cap); i++) oov += ids[i] < first;
+    if (rc) {
+        loom_err_set(err, LOOM_EDATA, NULL, "tokenize: \"%.*s\" is not in the vocabulary (%lld tokens), and "
+                     "num_oov_indices = 0", (int)(ec.bad_len > 60 ? 60 : ec.bad_len), (const char *)ec.bad,
+                     (long long)s->vocab->n);
+        loom_free(buf);
+        return rc;
+    }
+    loom_free(buf);
+    *n_ids = ec.n;
+    if (n_oov) *n_oov = oov;
+    return LOOM_OK;
+}
+
+int loom_tokenizer_decode(const loom_tokenizer *t, int64_t id, char *buf, size_t cap)
+{
+    const tokst *s = &t->s;
+    const char *p;
+    size_t n;
+    char u[4];
+    if (id <= 0 || id >= loom_tokenizer_size(t)) return -1;
+    if (s->vocab && id <= s->m.num_oov_indices) {
+        p = "[UNK]";
+        n = 5;
+    } else if (s->vocab) {
+        int64_t k = id - 1 - s->m.num_oov_indices;
+        p = s->vocab->data + s->vocab->off[k];
+        n = (size_t)(s->vocab->off[k + 1] - s->vocab->off[k]);
+    } else if (s->m.tok_mode == LOOM_TOK_BYTES) {
+        u[0] = (char)(id - 1);
+        p = u;
+        n = 1;
+    } else { /* a code point as UTF-8 */
+        uint32_t c = (uint32_t)(id - 1);
+        if (c >= 0xD800 && c <= 0xDFFF) return -1;
+        n = c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4;
+        if (n == 1) u[0] = (char)c;
+        else if (n == 2) u[0] = (char)(0xC0 | (c >> 6)), u[1] = (char)(0x80 | (c & 0x3F));
+        else if (n == 3) u[0] = (char)(0xE0 | (c >> 12)), u[1] = (char)(0x80 | ((c >> 6) & 0x3F)), u[2] = (char)(0x80 | (c & 0x3F));
+        else u[0] = (char)(0xF0 | (c >> 18)), u[1] = (char)(0x80 | ((c >> 12) & 0x3F)), u[2] = (char)(0x80 | ((c >> 6) & 0x3F)),
+             u[3] = (char)(0x80 | (c & 0x3F));
+        p = u;
+    }
+    if (n > cap) n = cap;
+    memcpy(buf, p, n);
+    return (int)n;
+}
