@@ -424,8 +424,8 @@ int  dinput_shard_open_(dstage **out, dstage *in, const dinput_plan *p, const lo
 int tfrecord_source_open_(dstage **out, const loom_source_spec *src, const loom_data_ctx *ctx, loom_err *err);
 int csv_source_open_(dstage **out, const loom_source_spec *src, loom_err *err);
 int text_source_open_(dstage **out, const loom_source_spec *src, loom_err *err);
-/* When st is a text source: the file and byte offset its last element began at. */
-bool text_source_where_(const dstage *st, char *file, size_t n, uint64_t *offset);
+/* When st is a text source: the file, and the file offset of byte `byte` of its last element. */
+bool text_source_where_(const dstage *st, int64_t byte, char *file, size_t n, uint64_t *offset);
 int synthetic_source_open_(dstage **out, const loom_source_spec *src, const loom_data_ctx *ctx, loom_err *err);
 
 /* ---- list_files, interleave, zip (source/list_files.c, transform/interleave.c, transform/zip.c) ----- */

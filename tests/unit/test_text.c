@@ -274,6 +274,17 @@ static void test_records(void)
     add_tokenize(s, LOOM_TOK_BYTES);
     expect_pass(s, "line", "[112 111 102 11 117 120 112] [117 105 115 102 102] [103 112 118 115 11 103 106 119 102]");
     free(s);
+    /* CRLF records: an invalid byte's offset counts the '\r's dropped before it */
+    const char crlf[] = "%\r\nok\r\nx\xff\r\n%\r\n";
+    write_file(tpath("crlf.txt"), crlf, sizeof crlf - 1);
+    s = text_spec(tpath("crlf.txt"), "%", 32);
+    loom_map_spec *m = add_tokenize(s, LOOM_TOK_UTF8_CHARS);
+    m->on_invalid = LOOM_INVALID_ERROR;
+    char got[256], errbuf[1024], want[600];
+    CHECK(pass_text(s, "line", got, sizeof got, errbuf, sizeof errbuf) == LOOM_EDATA);
+    snprintf(want, sizeof want, "%s: byte offset 8: tokenize: invalid UTF-8 (byte 0xFF)", tpath("crlf.txt"));
+    CHECK_CONTAINS(errbuf, want);
+    free(s);
 }
 
 /* ---- flat_map: interleave with cycle_length 1 (tf_semantics 4.5) ------------------------ */

@@ -25,6 +25,8 @@ typedef struct text_source {
     int64_t    sep_len;
     int64_t    rec_fi;  /* the file and byte offset the last element began at (text_source_where_) */
     uint64_t   rec_off;
+    int64_t   *cr;      /* record mode: where in the last record a '\r' was dropped (before a '\n' join) */
+    int64_t    n_cr, cap_cr;
 } text_source;
 
 static const dstage_ops text_ops;
@@ -48,7 +50,10 @@ static int read_line(text_source *t, int c, int64_t *n, char *head, int64_t *len
         (*n)++;
         last = c;
     }
-    if (last == '\r') (*n)--; /* CRLF */
+    if (last == '\r') { /* CRLF: the file offsets of the bytes after it are one more (text_source_where_) */
+        (*n)--;
+        if (t->sep_len && t->n_cr < t->cap_cr) t->cr[t->n_cr++] = *n;
+    }
     *len = *n - start;
     return c;
 }
@@ -70,6 +75,7 @@ static int text_next(dstage *st, loom_elem **out, loom_err *err)
         int64_t at = cur->line, n = 0, len;
         t->rec_fi = cur->fi;
         t->rec_off = cur->in.offset - 1;
+        t->n_cr = 0;
         char head[sizeof t->sep];
         bool empty = false;
         for (;;) { /* the lines of a record (one without a separator) */
@@ -109,13 +115,15 @@ static int text_next(dstage *st, loom_elem **out, loom_err *err)
     }
 }
 
-bool text_source_where_(const dstage *st, char *file, size_t n, uint64_t *offset)
+bool text_source_where_(const dstage *st, int64_t byte, char *file, size_t n, uint64_t *offset)
 {
     if (!st || st->ops != &text_ops) return false;
     const text_source *t = (const text_source *)st;
-    if (t->rec_fi < 0 || t->rec_fi >= t->cur.n_files) return false;
+    if (t->rec_fi < 0 || t->rec_fi >= t->cur.n_files || (t->n_cr >= t->cap_cr && t->sep_len)) return false;
     snprintf(file, n, "%s", t->cur.files[t->rec_fi]);
-    *offset = t->rec_off;
+    int64_t skipped = 0; /* the '\r's dropped before byte */
+    for (int64_t i = 0; i < t->n_cr && t->cr[i] <= byte; i++) skipped++;
+    *offset = t->rec_off + (uint64_t)(byte + skipped);
     return true;
 }
 
@@ -140,6 +148,7 @@ static void text_close(dstage *st)
     src_cursor_fini_(&t->cur);
     loom_free(t->line);
     loom_free(t->length);
+    loom_free(t->cr);
     loom_free(t);
 }
 
@@ -165,6 +174,11 @@ int text_source_open_(dstage **out, const loom_source_spec *src, loom_err *err)
         src->n_patterns > LOOM_MAX_FILE_PATTERNS) {
         rc = dstage_err_(st, err, LOOM_ECONFIG, "text source needs max_length in [1, %d] and 1 to %d file patterns, "
                          "got %lld and %d", 1 << 24, LOOM_MAX_FILE_PATTERNS, (long long)t->max_length, src->n_patterns);
+        goto fail;
+    }
+    t->cap_cr = t->sep_len ? 4096 : 0; /* a record of more CRLF lines than this: errors name the element instead */
+    if (t->cap_cr && !(t->cr = loom_alloc((size_t)t->cap_cr * sizeof *t->cr))) {
+        rc = loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate the text source");
         goto fail;
     }
     t->line = loom_alloc_aligned((size_t)t->max_length + 1);

@@ -282,8 +282,8 @@ static int elem_where(const tokst *s, char *buf, size_t n, int64_t byte)
 {
     char file[LOOM_PATH_MAX];
     uint64_t off;
-    if (text_source_where_(s->s.in, file, sizeof file, &off))
-        return snprintf(buf, n, "%s: byte offset %llu", file, (unsigned long long)(off + (uint64_t)byte));
+    if (text_source_where_(s->s.in, byte, file, sizeof file, &off))
+        return snprintf(buf, n, "%s: byte offset %llu", file, (unsigned long long)off);
     return snprintf(buf, n, "element %lld of the pass, byte %lld of \"%s\"", (long long)s->pos, (long long)byte,
                     s->m.feature);
 }
