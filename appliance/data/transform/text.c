@@ -15,6 +15,8 @@
  * sequences truncated and counted. Invalid UTF-8 in utf8_chars: replaced with
  * U+FFFD (counted, reported at the pass's end) or an error naming the file
  * and byte offset (when the map reads a text source directly) or the element.
+ * Beside a text source's "line", its "length" marks the string's end (the
+ * bytes after it are zeros), sparing a scan back over max_length bytes.
  * The stage keeps a cursor (epoch, pos) for messages; its output is a function
  * of its input alone, so its saved state is that cursor.
  * Threads: one thread drives the stage (data_internal.h); tokenize_split_ is
@@ -30,6 +32,7 @@ typedef struct tokst {
     int64_t       epoch, pos;
     loom_map_spec m;
     int           f;        /* the feature tokenized */
+    int           len_f;    /* the text source's "length" beside its "line" (the string's end without a scan), or -1 */
     int64_t       L;        /* bytes of one input string (its max) */
     int64_t       cap;      /* ids the output holds */
     int64_t      *ids;      /* (cap,) the lent output */
@@ -312,7 +315,10 @@ static int tok_next(dstage *st, loom_elem **out, loom_err *err)
     const loom_tensor *t = &e->t[s->f];
     const uint8_t *p = t->data;
     size_t n = (size_t)t->shape.dim[0];
-    while (n && !p[n - 1]) n--;
+    int64_t known = s->len_f >= 0 ? *(const int64_t *)e->t[s->len_f].data : -1;
+    if (known >= 0 && (size_t)known <= n) n = (size_t)known; /* the source zeroed the rest */
+    else
+        while (n && !p[n - 1]) n--;
     if (s->m.tok_mode == LOOM_TOK_UTF8_CHARS && s->m.on_invalid == LOOM_INVALID_ERROR) {
         int64_t bad = utf8_first_invalid(p, n);
         if (bad >= 0) {
@@ -408,6 +414,11 @@ int tokenize_open_(dstage **out, dstage *in, int id, const loom_transform_spec *
         goto fail;
     }
     s->L = mx->dim[0];
+    /* a text source's line ends at its length (the bytes after it are zeros): no scan back over max_length */
+    s->len_f = -1;
+    int lf = loom_elem_spec_find(&st->spec, "length");
+    if (!strcmp(s->m.feature, "line") && lf >= 0 && st->spec.dtype[lf] == LOOM_I64 && st->spec.shape[lf].rank == 0)
+        s->len_f = lf;
     bool words = s->m.tok_mode == LOOM_TOK_WHITESPACE || s->m.tok_mode == LOOM_TOK_VOCABULARY;
     if (s->m.vocabulary_file[0]) {
         if ((rc = read_vocab_file(s, err))) goto fail;
