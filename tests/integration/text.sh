@@ -48,6 +48,39 @@ check "stop at step 70" "$LOOM" train $CFG --model-dir "$WORK/r2" --set run.max_
 check "resume to step 150" "$LOOM" train $CFG --model-dir "$WORK/r2" --set run.max_steps=150 --set run.checkpoint_steps=0 "${RUN[@]}"
 same_weights "resumed mid-pass = uninterrupted (bit-identical weights)" "$WORK/r1/ckpt-150.loom" "$WORK/r2/ckpt-150.loom"
 
+# the adapted vocabularies are Keras TextVectorization's, token for token and in its order
+# (ties in reverse byte order), characters and words, when TF_PYTHON (or python3) has TensorFlow
+TF_PY=${TF_PYTHON:-python3}
+if "$TF_PY" -c "import tensorflow" 2>/dev/null; then
+    for v in "utf8_chars none character 100" "whitespace lower_and_strip_punctuation whitespace 2000"; do
+        read -r mode std split max <<<"$v"
+        cat > "$WORK/v.cfg" <<CFG
+version = 1;
+data: { train: {
+  source: { type = "text"; files = ["/usr/share/games/fortunes/*.u8"]; max_length = 4096; truncate = true; };
+  transforms = (
+    { op = "map"; fn = "tokenize"; feature = "line"; mode = "$mode"; standardize = "$std"; adapt = true; max_tokens = $max; },
+    { op = "select"; features = ["line"]; },
+    { op = "unbatch"; },
+    { op = "window"; size = 9; drop_remainder = true; },
+    { op = "lm_pairs"; feature = "line"; target_last = true; },
+    { op = "batch"; size = 8; }
+  ); }; };
+model: { input = "input"; label = "target"; layers = ({ type = "flatten"; }, { type = "dense"; units = $max; }); };
+optimizer: { type = "sgd"; learning_rate = 0.1; };
+run: { model_dir = "v_$mode"; epochs = 1; max_steps = 1; progress = "none"; };
+CFG
+        "$LOOM" train "$WORK/v.cfg" >/dev/null 2>&1
+        ours=$(grep '^=' "$WORK/v_$mode/adapt.txt" 2>/dev/null | sed 's/ [0-9]*$//')
+        ref=$("$TF_PY" tests/fixtures/text_vocab_ref.py --files '/usr/share/games/fortunes/*.u8' --split "$split" \
+            --standardize "$std" --max-tokens "$max" 2>/dev/null)
+        if [ -n "$ours" ] && [ "$ours" = "$ref" ]; then pass "tokenize $mode adapt = Keras TextVectorization's vocabulary ($max ids)"
+        else fail "tokenize $mode adapt = Keras TextVectorization's vocabulary ($max ids)" "$(diff <(echo "$ours") <(echo "$ref") | head -5)"; fi
+    done
+else
+    T=$((T + 1)); echo "ok $T - vocabularies against Keras TextVectorization # SKIP $TF_PY has no TensorFlow (set TF_PYTHON)"
+fi
+
 # ---- bad input ----
 mkdir -p "$WORK/bad"
 printf 'good line\nbad \377 byte\n' > "$WORK/bad/bad.txt"

@@ -171,6 +171,15 @@ static int cmp_tok(const void *x, const void *y)
     return a->len < b->len ? -1 : a->len > b->len;
 }
 
+/* tokenize's order, Keras TextVectorization's (np.lexsort((tokens, counts))[::-1]): most
+ * frequent first, ties in reverse byte order (longer first). */
+static int cmp_tok_keras(const void *x, const void *y)
+{
+    const tok *a = x, *b = y;
+    if (a->count != b->count) return a->count > b->count ? -1 : 1;
+    return -cmp_tok(x, y);
+}
+
 /* The counted strings as m's vocabulary, bounded by max_tokens. */
 static int counter_vocab(counter *c, loom_map_spec *m, loom_err *err)
 {
@@ -180,7 +189,7 @@ static int counter_vocab(counter *c, loom_map_spec *m, loom_err *err)
     for (uint64_t i = 0; c->t && i <= c->mask; i++)
         if (c->t[i].count) all[k++] = c->t[i];
     cmp_arena = c->arena;
-    qsort(all, (size_t)k, sizeof *all, cmp_tok);
+    qsort(all, (size_t)k, sizeof *all, m->kind == LOOM_MAP_TOKENIZE ? cmp_tok_keras : cmp_tok);
     int64_t reserved = m->num_oov_indices + (m->kind == LOOM_MAP_TOKENIZE); /* tokenize: id 0 is the padding */
     if (m->max_tokens > 0 && k > m->max_tokens - reserved) k = m->max_tokens - reserved;
     size_t bytes = 0;
