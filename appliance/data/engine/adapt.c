@@ -380,7 +380,7 @@ done:
  *   minmax K FEATURE L         normalize, mode min_max ((x - min) / range)
  *   min   v0 ... v(L-1)
  *   range v0 ... v(L-1)
- *   vocab K FEATURE N OOV MAX  string_lookup: N tokens, num_oov_indices, max_tokens
+ *   vocab K FEATURE N OOV MAX  string_lookup, tokenize: N tokens, num_oov_indices, max_tokens
  *   =TOKEN COUNT               N lines, most frequent first; bytes outside
  *                              '!'..'~' and '%' written %XX                  */
 
