@@ -2,7 +2,8 @@
  * StringLookup.adapt): `normalize` gets the mean and standard deviation (mode
  * "mean_std") or the min and range (mode "min_max") of each index of the
  * feature's last axis, `string_lookup` its vocabulary (most frequent first),
- * from one pass over data.train up to the map (shuffles, repeats and
+ * `tokenize` the vocabulary of its tokens (split as transform/text.c does,
+ * in Keras TextVectorization's order), from one pass over data.train up to the map (shuffles, repeats and
  * prefetches left out), written into the map's spec. An adapt map of
  * data.eval takes the numbers of the train map of the same kind on the same
  * feature. The numbers are kept as text (loom_data_adapt_text) in
