@@ -23,7 +23,6 @@
  * reentrant (the adapt pass calls it). */
 #include "data/data_internal.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
