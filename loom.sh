@@ -19,7 +19,8 @@ PACKAGES=(meson ninja-build pkg-config gcc libc6-dev
           libopenmpi-dev openmpi-bin   # the mpi plugin, and mpirun for its test (tests/integration/mpi.sh)
           libpng-dev libjpeg62-turbo-dev   # decode_image: PNG and JPEG
           libopenblas-dev libopenblas0-pthread
-          dataset-fashion-mnist)
+          dataset-fashion-mnist
+          fortunes)                    # the text corpus (configs/fortunes_*.cfg, tests/integration/text.sh)
 # The tests also make fixtures with python3 (the project itself never uses it).
 TEST_PACKAGES=(python3
                clang libclang-rt-14-dev # the fuzz suite: clang's libFuzzer and sanitizer runtimes

@@ -36,12 +36,17 @@ const char *const loom_map_names_[] = {"cast", "scale", "normalize", "one_hot", 
                                        "random_flip_left_right", "pad", "random_crop",
                                        "per_image_standardization", "sleep", "lua",
                                        "decode_image", "resize", "central_crop", "random_brightness", "random_contrast",
-                                       "string_lookup", NULL};
+                                       "string_lookup", "tokenize", NULL};
+const char *const loom_tok_mode_names_[] = {"bytes", "utf8_chars", "whitespace", "vocabulary", NULL};
+const char *const loom_tok_std_names_[] = {"default", "none", "lower_and_strip_punctuation", "lower", "strip_punctuation",
+                                           NULL};
+const char *const loom_tok_invalid_names_[] = {"replace", "error", NULL};
 const char *const loom_norm_mode_names_[] = {"mean_std", "min_max", NULL};
 const char *const loom_csv_dtype_names_[] = {"uint8", "int32", "int64", "float32", "float64", "string", NULL};
 const char *const loom_transform_names_[] = {"map", "shuffle", "batch", "repeat", "take", "skip", "prefetch",
                                              "filter", "shard", "enumerate", "unbatch", "padded_batch", "cache",
-                                             "interleave", "zip", "split", "concat", "select", NULL};
+                                             "interleave", "zip", "split", "concat", "select",
+                                             "window", "lm_pairs", "bucket_by_sequence_length", "flat_map", NULL};
 const char *const loom_layer_names_[] = {"dense", "conv2d", "max_pool2d", "dropout", "flatten", "activation",
                                          "batch_normalization", "layer_normalization", "average_pooling2d",
                                          "global_average_pooling2d", "embedding", "zero_padding2d",
@@ -80,6 +85,8 @@ const char *const loom_partitioner_names_[] = {"none", "fixed", "min_size", "max
 const char *loom_partitioner_name(loom_partitioner_kind k) { return loom_cfg_name_(loom_partitioner_names_, (int)k); }
 const char *loom_communication_name(loom_communication c) { return loom_cfg_name_(loom_communication_names_, (int)c); }
 const char *loom_map_kind_name(loom_map_kind k) { return loom_cfg_name_(loom_map_names_, (int)k); }
+const char *loom_tok_mode_name(loom_tok_mode m) { return loom_cfg_name_(loom_tok_mode_names_, (int)m); }
+const char *loom_tok_std_name(loom_tok_std m) { return loom_cfg_name_(loom_tok_std_names_, (int)m); }
 const char *loom_transform_kind_name(loom_transform_kind k) { return loom_cfg_name_(loom_transform_names_, (int)k); }
 
 const char *loom_loc_str(const loom_loc *l, char *buf, size_t n)

@@ -163,6 +163,9 @@ typedef struct loom_csv_source {
 typedef struct loom_text_source {
     int64_t max_length; /* >= 1 */
     bool    truncate;   /* default false: a longer line is an error; true: cut to max_length */
+    /* record_separator = "%": an element is a record of the lines between two
+     * lines equal to it (fortune files), joined with '\n'; "" (default): one line */
+    char    record_separator[16];
 } loom_text_source;
 
 /* synthetic: seeded random tensors, element i a pure function of (run seed, i).
@@ -251,7 +254,14 @@ typedef enum {
     LOOM_MAP_RANDOM_BRIGHTNESS, /* random_brightness: + delta, delta uniform in [-max_delta, max_delta) */
     LOOM_MAP_RANDOM_CONTRAST,   /* random_contrast: (x - mean) * f + mean per channel, f uniform in [lower, upper) */
     LOOM_MAP_STRING_LOOKUP,     /* string_lookup: strings (uint8 (..., max_length), zero-padded) -> int64 ids (...) */
+    LOOM_MAP_TOKENIZE,          /* tokenize: a string (uint8 (L,)) -> int64 ids (n,) or (output_sequence_length,) (data/transform/text.c) */
 } loom_map_kind;
+
+/* tokenize's unit (Keras TextVectorization with split and a vocabulary, or raw bytes / code points) */
+typedef enum { LOOM_TOK_BYTES, LOOM_TOK_UTF8_CHARS, LOOM_TOK_WHITESPACE, LOOM_TOK_VOCABULARY } loom_tok_mode;
+/* tokenize's standardize (Keras TextVectorization; ASCII letters and punctuation) */
+typedef enum { LOOM_STD_DEFAULT, LOOM_STD_NONE, LOOM_STD_LOWER_AND_STRIP, LOOM_STD_LOWER, LOOM_STD_STRIP } loom_tok_std;
+typedef enum { LOOM_INVALID_REPLACE, LOOM_INVALID_ERROR } loom_tok_invalid;
 
 /* normalize's mode: what adapt = true computes (both applied as (x - mean_v) / std_v). */
 typedef enum {
@@ -289,7 +299,7 @@ typedef struct loom_map_spec {
      * vocabulary's tokens. max_tokens bounds num_oov_indices + the vocabulary (0: no bound). */
     int64_t        max_tokens;
     int            num_oov_indices;        /* 0 to 1024, default 1 */
-    loom_vocab    *vocab;                  /* filled by adapt; owned by the spec when vocab_owned */
+    loom_vocab    *vocab;                  /* filled by adapt (tokenize: or read from vocabulary_file at open); owned by the spec when vocab_owned */
     bool           vocab_owned;
     int            depth;                  /* one_hot (>= 1) */
     int            rank;                   /* reshape: target shape; one dim may be -1 */
@@ -310,13 +320,24 @@ typedef struct loom_map_spec {
      * provider its name ("" = the Lua provider, "lua"). args: its `args`. */
     char             provider[LOOM_NAME_MAX];
     loom_plugin_opts args;
+    /* tokenize (data/transform/text.c): ids 0 = padding, 1 .. num_oov_indices =
+     * out of vocabulary, then the vocabulary (a vocabulary_file or adapt); bytes
+     * and utf8_chars without a vocabulary: byte or code point + 1 */
+    loom_tok_mode    tok_mode;
+    loom_tok_std     standardize;                    /* default: none for bytes/utf8_chars, else lower_and_strip_punctuation */
+    char             vocabulary_file[LOOM_PATH_MAX]; /* one token a line; resolved against the config's directory */
+    int64_t          output_sequence_length;         /* 0: ragged (n,), else padded with 0 / truncated to it */
+    bool             ragged;                         /* ragged = true (Keras): no output_sequence_length */
+    loom_tok_invalid on_invalid;                     /* utf8_chars: invalid UTF-8 replaced with U+FFFD (counted) or an error */
 } loom_map_spec;
 
 typedef enum {
     LOOM_T_MAP, LOOM_T_SHUFFLE, LOOM_T_BATCH, LOOM_T_REPEAT, LOOM_T_TAKE, LOOM_T_SKIP, LOOM_T_PREFETCH,
     LOOM_T_FILTER, LOOM_T_SHARD, LOOM_T_ENUMERATE, LOOM_T_UNBATCH, LOOM_T_PADDED_BATCH, LOOM_T_CACHE,
     LOOM_T_INTERLEAVE, LOOM_T_ZIP, LOOM_T_SPLIT, LOOM_T_CONCAT, LOOM_T_SELECT,
+    LOOM_T_WINDOW, LOOM_T_LM_PAIRS, LOOM_T_BUCKET, LOOM_T_FLAT_MAP,
 } loom_transform_kind;
+#define LOOM_MAX_BUCKETS 64
 
 #define LOOM_MAX_FILTER_VALUES 64
 /* filter: which predicate the group gave (exactly one of in, not_in, min/max). */
@@ -338,6 +359,12 @@ typedef struct loom_padded_spec {
     int     n_values;                             /* padding_values (default 0) */
     char    value_name[LOOM_MAX_FEATURES][LOOM_NAME_MAX];
     double  value[LOOM_MAX_FEATURES];
+    char    mask[LOOM_NAME_MAX];                  /* "" or a padded feature: adds "<it>_mask" float32, 1 = real, 0 = padding */
+    /* bucket_by_sequence_length (the transform's `feature` is the sequence) */
+    int     n_boundaries;                         /* bucket_boundaries, increasing, >= 1 */
+    int64_t boundary[LOOM_MAX_BUCKETS];
+    int64_t bucket_size[LOOM_MAX_BUCKETS + 1];    /* bucket_batch_sizes: n_boundaries + 1 */
+    bool    pad_to_bucket_boundary;
 } loom_padded_spec;
 
 typedef struct loom_transform_spec {
@@ -375,6 +402,11 @@ typedef struct loom_transform_spec {
     int64_t             block_length;           /* INTERLEAVE: elements from one file before the next, >= 1 */
     struct loom_source_spec  *source;           /* INTERLEAVE: tfrecord, csv or text without files; owned by the spec */
     struct loom_dataset_spec *dataset;          /* ZIP: the dataset zipped with this one; owned by the spec */
+    /* WINDOW (size in batch_size, drop_remainder): tf.data window(size, shift, stride) */
+    int64_t             shift, stride;          /* >= 1; shift defaults to size */
+    /* LM_PAIRS: `feature` (T + 1,) -> input = w[:-1], target = w[1:] */
+    char                input_name[LOOM_NAME_MAX], target_name[LOOM_NAME_MAX];
+    bool                target_last;            /* LM_PAIRS: target = w[-1] (a scalar: next-token models without sequence outputs) */
 } loom_transform_spec;
 
 #define LOOM_PARALLEL_AUTO (-1)
@@ -797,6 +829,8 @@ const char *loom_activation_name(loom_activation a);
 const char *loom_metric_name(loom_metric_kind k); /* "auc" */
 const char *loom_loss_name(loom_loss_kind k);     /* "binary_cross_entropy" */
 const char *loom_strategy_kind_name(loom_strategy_kind k);
+const char *loom_tok_mode_name(loom_tok_mode m);  /* "bytes", ... */
+const char *loom_tok_std_name(loom_tok_std m);    /* "none", ... */
 const char *loom_map_kind_name(loom_map_kind k);
 const char *loom_transform_kind_name(loom_transform_kind k);
 

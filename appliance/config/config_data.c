@@ -26,6 +26,8 @@ static void parse_filter_plugin(cfg_ctx *c, const config_setting_t *s, void *bas
 static void parse_filter_args(cfg_ctx *c, const config_setting_t *s, void *base);
 static void parse_prefetch_buffer(cfg_ctx *c, const config_setting_t *s, void *base);
 static void parse_ram_budget(cfg_ctx *c, const config_setting_t *s, void *base);
+static void parse_bucket_ints(cfg_ctx *c, const config_setting_t *s, void *base);
+static void parse_vocabulary_file(cfg_ctx *c, const config_setting_t *s, void *base);
 
 static const cfg_opt data_opts[] = {
     O_SUB("train", 0, ALL, "the training dataset"),
@@ -110,10 +112,33 @@ static const cfg_opt transform_opts[] = {
     O_STR(loom_transform_spec, "feature", feature, "index", NULL, TR(ENUMERATE), 0, "name of the added int64 feature"),
     O_INT(loom_transform_spec, "start", start, 0, INT64_MIN, INT64_MAX, TR(ENUMERATE), 0, "first index"),
     O_INT(loom_transform_spec, "size", batch_size, 0, 1, LOOM_MAX_BATCH, TR(PADDED_BATCH), TR(PADDED_BATCH), "batch size"),
-    O_BOOL(loom_transform_spec, "drop_remainder", drop_remainder, 0, TR(PADDED_BATCH), "drop a short last batch"),
+    O_BOOL(loom_transform_spec, "drop_remainder", drop_remainder, 0, TR(PADDED_BATCH) | TR(BUCKET),
+           "drop a short last batch"),
+    O_STR(loom_transform_spec, "mask", padded.mask, "", NULL, TR(PADDED_BATCH) | TR(BUCKET), 0,
+          "a padded feature: adds \"<feature>_mask\" float32 of its padded shape, 1 = value, 0 = padding"),
+    O_INT(loom_transform_spec, "size", batch_size, 0, 1, INT32_MAX, TR(WINDOW), TR(WINDOW),
+          "elements in a window (the new leading dim)"),
+    O_INT(loom_transform_spec, "shift", shift, 0, 1, INT32_MAX, TR(WINDOW), 0,
+          "elements between the starts of two windows; default size"),
+    O_INT(loom_transform_spec, "stride", stride, 1, 1, INT32_MAX, TR(WINDOW), 0,
+          "step between the elements of one window"),
+    O_BOOL(loom_transform_spec, "drop_remainder", drop_remainder, 0, TR(WINDOW),
+           "drop the short windows at the end of the pass"),
+    O_STR(loom_transform_spec, "feature", feature, NULL, NULL, TR(LM_PAIRS) | TR(BUCKET), TR(LM_PAIRS) | TR(BUCKET),
+          "lm_pairs: the (T + 1,) window split; bucket_by_sequence_length: the sequence whose dim 0 is its length"),
+    O_STR(loom_transform_spec, "input", input_name, "input", NULL, TR(LM_PAIRS), 0, "lm_pairs: the feature w[:-1]"),
+    O_STR(loom_transform_spec, "target", target_name, "target", NULL, TR(LM_PAIRS), 0, "lm_pairs: the feature w[1:]"),
+    O_BOOL(loom_transform_spec, "target_last", target_last, 0, TR(LM_PAIRS),
+           "lm_pairs: target = w[-1], the next token after input (a scalar), instead of w[1:]"),
+    O_CUSTOM("bucket_boundaries", parse_bucket_ints, TR(BUCKET), TR(BUCKET),
+             "[b0, b1, ...], increasing lengths >= 1: bucket i holds lengths in [b(i-1), b(i))"),
+    O_CUSTOM("bucket_batch_sizes", parse_bucket_ints, TR(BUCKET), TR(BUCKET),
+             "one batch size per bucket: len(bucket_boundaries) + 1 of them"),
+    O_BOOL(loom_transform_spec, "pad_to_bucket_boundary", padded.pad_to_bucket_boundary, 0, TR(BUCKET),
+           "pad the sequence to its bucket's boundary - 1 (else to the longest in the batch)"),
     O_CUSTOM("padded_shapes", parse_padded_shapes, TR(PADDED_BATCH), 0,
              "feature = [d0, ...] per feature, -1 = the largest in the batch"),
-    O_CUSTOM("padding_values", parse_padding_values, TR(PADDED_BATCH), 0, "feature = value per feature, default 0"),
+    O_CUSTOM("padding_values", parse_padding_values, TR(PADDED_BATCH) | TR(BUCKET), 0, "feature = value per feature, default 0"),
     O_STR(loom_transform_spec, "file", cache_file, "", NULL, TR(CACHE), 0,
           "cache file prefix (relative to the working directory); in memory when absent"),
     O_CUSTOM("parallel", parse_parallel, TR(MAP) | TR(INTERLEAVE), 0,
@@ -124,7 +149,7 @@ static const cfg_opt transform_opts[] = {
           "files read at once"),
     O_INT(loom_transform_spec, "block_length", block_length, 1, 1, INT64_MAX, TR(INTERLEAVE), 0,
           "elements taken from one file before moving to the next"),
-    {.name = "source", .type = OT_SUB, .applies = TR(INTERLEAVE), .required = TR(INTERLEAVE),
+    {.name = "source", .type = OT_SUB, .applies = TR(INTERLEAVE) | TR(FLAT_MAP), .required = TR(INTERLEAVE) | TR(FLAT_MAP),
      .help = "the tfrecord, csv or text source opened on each input file name (without files)"},
     {.name = "dataset", .type = OT_SUB, .applies = TR(ZIP), .required = TR(ZIP),
      .help = "the dataset { source: ...; transforms: ...; } zipped with this one"},
@@ -142,14 +167,27 @@ static const cfg_opt map_opts[] = {
     O_CUSTOM("mean", parse_norm_values, MAP(NORMALIZE), 0,
              "(x - mean) / std: a number, or one per index of the feature's last axis [m0, m1, ...]"),
     O_CUSTOM("std", parse_norm_values, MAP(NORMALIZE), 0, "(x - mean) / std: a number > 0, or one per index [s0, ...]"),
-    O_BOOL(loom_map_spec, "adapt", adapt, 0, MAP(NORMALIZE) | MAP(STRING_LOOKUP),
+    O_ENUM(loom_map_spec, "mode", tok_mode, LOOM_TOK_BYTES, loom_tok_mode_names_, MAP(TOKENIZE), MAP(TOKENIZE),
+           "bytes, utf8_chars, whitespace (words) or vocabulary (words, a vocabulary required)"),
+    O_ENUM(loom_map_spec, "standardize", standardize, LOOM_STD_DEFAULT, loom_tok_std_names_, MAP(TOKENIZE), 0,
+           "none, lower_and_strip_punctuation, lower or strip_punctuation (ASCII); default: none for bytes and "
+           "utf8_chars, lower_and_strip_punctuation for words"),
+    O_CUSTOM("vocabulary_file", parse_vocabulary_file, MAP(TOKENIZE), 0,
+             "one token a line (ids from num_oov_indices + 1 in file order), relative to the config's directory"),
+    O_INT(loom_map_spec, "output_sequence_length", output_sequence_length, 0, 1, 1 << 24, MAP(TOKENIZE), 0,
+          "pad with 0 or truncate to this many ids (truncations counted); absent: ragged (n,)"),
+    O_BOOL(loom_map_spec, "ragged", ragged, 0, MAP(TOKENIZE), "variable-length ids (n,) (the default without output_sequence_length)"),
+    O_ENUM(loom_map_spec, "on_invalid", on_invalid, LOOM_INVALID_REPLACE, loom_tok_invalid_names_, MAP(TOKENIZE), 0,
+           "utf8_chars: invalid UTF-8 becomes U+FFFD (counted) or an error naming file and byte offset"),
+    O_BOOL(loom_map_spec, "adapt", adapt, 0, MAP(NORMALIZE) | MAP(STRING_LOOKUP) | MAP(TOKENIZE),
            "normalize: mean and std (or min and max) per index of the last axis, string_lookup: the vocabulary, from "
            "one pass over data.train at start (kept in model_dir/adapt.txt and in every checkpoint)"),
     O_ENUM(loom_map_spec, "mode", norm_mode, LOOM_NORM_MEAN_STD, loom_norm_mode_names_, MAP(NORMALIZE), 0,
            "with adapt = true: \"mean_std\" ((x - mean) / std) or \"min_max\" ((x - min) / (max - min), into [0, 1])"),
-    O_INT(loom_map_spec, "max_tokens", max_tokens, 0, 0, 1 << 24, MAP(STRING_LOOKUP), 0,
-          "ids in [0, max_tokens): the out-of-vocabulary ids, then the most frequent strings; 0 = every string seen"),
-    O_INT(loom_map_spec, "num_oov_indices", num_oov_indices, 1, 0, 1024, MAP(STRING_LOOKUP), 0,
+    O_INT(loom_map_spec, "max_tokens", max_tokens, 0, 0, 1 << 24, MAP(STRING_LOOKUP) | MAP(TOKENIZE), 0,
+          "ids in [0, max_tokens): the out-of-vocabulary ids, then the most frequent strings; 0 = every string seen "
+          "(tokenize: padding id 0 counts too)"),
+    O_INT(loom_map_spec, "num_oov_indices", num_oov_indices, 1, 0, 1024, MAP(STRING_LOOKUP) | MAP(TOKENIZE), 0,
           "ids 0 .. n-1 for strings outside the vocabulary (hashed when n > 1); 0: such a string is an error"),
     O_INT(loom_map_spec, "depth", depth, 0, 1, INT_MAX, MAP(ONE_HOT), MAP(ONE_HOT), "number of classes"),
     O_CUSTOM("shape", parse_shape, MAP(RESHAPE), MAP(RESHAPE), "target shape, one dim may be -1"),
@@ -513,6 +551,33 @@ static void check_image_map(cfg_ctx *c, const config_setting_t *g, const loom_ma
     }
 }
 
+/* tokenize's cross-field checks: where the ids come from, and its length. */
+static void check_tokenize(cfg_ctx *c, const config_setting_t *g, loom_map_spec *m)
+{
+    bool words = m->tok_mode == LOOM_TOK_WHITESPACE || m->tok_mode == LOOM_TOK_VOCABULARY;
+    bool file = m->vocabulary_file[0] != 0;
+    const config_setting_t *vf = config_setting_get_member(g, "vocabulary_file");
+    if (m->standardize == LOOM_STD_DEFAULT) m->standardize = words ? LOOM_STD_LOWER_AND_STRIP : LOOM_STD_NONE;
+    if (m->tok_mode == LOOM_TOK_BYTES && (file || m->adapt))
+        cfg_err_(c, vf ? vf : config_setting_get_member(g, "adapt"),
+                 "mode = \"bytes\" maps each byte to byte + 1 and takes no vocabulary; use mode = \"utf8_chars\" "
+                 "or \"whitespace\" with a vocabulary");
+    if (file && m->adapt)
+        cfg_err_(c, vf, "tokenize takes its vocabulary from vocabulary_file or from data.train (adapt = true), not both");
+    if (words && !file && !m->adapt) {
+        loom_err *e = cfg_err_(c, g, "mode = \"%s\" maps words through a vocabulary: it needs vocabulary_file or adapt = true",
+                               loom_cfg_name_(loom_tok_mode_names_, (int)m->tok_mode));
+        if (e) loom_err_hint(e, "add adapt = true; (max_tokens and num_oov_indices bound and shape the ids)");
+    }
+    if (m->max_tokens && m->max_tokens <= m->num_oov_indices + 1)
+        cfg_err_(c, config_setting_get_member(g, "max_tokens"),
+                 "max_tokens (%lld) must be above num_oov_indices + 1 (%d): the ids hold padding (0), the "
+                 "out-of-vocabulary ids, then the vocabulary", (long long)m->max_tokens, m->num_oov_indices + 1);
+    if (m->ragged && m->output_sequence_length)
+        cfg_err_(c, config_setting_get_member(g, "ragged"),
+                 "ragged = true gives variable-length ids; output_sequence_length pads them to one length: not both");
+}
+
 static void parse_map(cfg_ctx *c, const config_setting_t *g, loom_transform_spec *t, int op)
 {
     int fn = -1;
@@ -558,6 +623,11 @@ static void parse_map(cfg_ctx *c, const config_setting_t *g, loom_transform_spec
                      "the ids hold the out-of-vocabulary ids, then the vocabulary",
                      (long long)t->map.max_tokens, t->map.num_oov_indices);
         check_image_map(c, g, &t->map, fn);
+        if (fn == LOOM_MAP_TOKENIZE) check_tokenize(c, g, &t->map);
+        if (fn == LOOM_MAP_TOKENIZE && config_setting_get_member(g, "parallel") && t->parallel != 1)
+            cfg_err_(c, config_setting_get_member(g, "parallel"),
+                     "tokenize runs as a stage of its own, sequentially (its output length varies per element); "
+                     "remove `parallel`");
     }
     cfg_scope sc[2] = {{transform_opts, op, NULL}, {map_opts, fn, NULL}};
     if (op >= 0 && op != LOOM_T_MAP) sc[1].gate = "op = \"map\"";
@@ -714,6 +784,12 @@ static void parse_dataset(cfg_ctx *c, const config_setting_t *g, loom_dataset_sp
         if (op == LOOM_T_MAP && !config_setting_get_member(e, "deterministic")) t->deterministic = d->options.deterministic;
         if (op == LOOM_T_PREFETCH && !config_setting_get_member(e, "buffer")) t->buffer = -1;
         if (op >= LOOM_T_FILTER) check_transform_more(c, e, t, op);
+        if (op == LOOM_T_FLAT_MAP) { /* tf: flat_map is interleave with cycle_length 1 */
+            t->cycle_length = t->block_length = t->parallel = 1;
+            t->deterministic = true;
+            parse_interleave_source(c, e, t);
+        }
+        if (op == LOOM_T_WINDOW && !config_setting_get_member(e, "shift")) t->shift = t->batch_size;
         if (op == LOOM_T_INTERLEAVE) {
             if (t->parallel == 0) t->parallel = 1;
             if (!config_setting_get_member(e, "deterministic")) t->deterministic = d->options.deterministic;
@@ -768,4 +844,52 @@ void cfg_parse_data_(cfg_ctx *c, const config_setting_t *root, loom_spec *spec)
         if ((d = cfg_sub_group_(c, g, "train"))) parse_dataset(c, d, &spec->train);
         if ((d = cfg_sub_group_(c, g, "eval"))) parse_dataset(c, d, &spec->eval);
     }
+}
+
+/* bucket_by_sequence_length: bucket_boundaries (increasing, >= 1) or
+ * bucket_batch_sizes (>= 1; checked against the boundaries' count after). */
+static void parse_bucket_ints(cfg_ctx *c, const config_setting_t *s, void *base)
+{
+    loom_transform_spec *t = base;
+    bool sizes = !strcmp(config_setting_name(s), "bucket_batch_sizes");
+    char v[300];
+    int n = (config_setting_is_array(s) || config_setting_is_list(s)) ? config_setting_length(s) : -1;
+    int cap = sizes ? LOOM_MAX_BUCKETS + 1 : LOOM_MAX_BUCKETS;
+    if (n < 1 || n > cap) {
+        cfg_err_(c, s, "expected an array of 1 to %d integers, got %s", cap, cfg_value_str_(s, v, sizeof v));
+        return;
+    }
+    int64_t *dst = sizes ? t->padded.bucket_size : t->padded.boundary;
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *e = config_setting_get_elem(s, i);
+        int64_t x;
+        if (!cfg_get_int_in_(c, e, 1, sizes ? LOOM_MAX_BATCH : INT32_MAX, &x)) return;
+        if (!sizes && i > 0 && x <= dst[i - 1]) {
+            cfg_err_(c, e, "bucket_boundaries must increase: %lld follows %lld", (long long)x, (long long)dst[i - 1]);
+            return;
+        }
+        dst[i] = x;
+    }
+    if (!sizes) t->padded.n_boundaries = n;
+    /* the sizes may come before the boundaries: their count is checked by whichever is parsed second */
+    const config_setting_t *other = config_setting_get_member(config_setting_parent(s), sizes ? "bucket_boundaries" : "bucket_batch_sizes");
+    int nb = sizes ? (other && (config_setting_is_array(other) || config_setting_is_list(other)) ? config_setting_length(other) : -1) : n;
+    int ns = sizes ? n : (other && (config_setting_is_array(other) || config_setting_is_list(other)) ? config_setting_length(other) : -1);
+    if (nb >= 0 && ns >= 0 && ns != nb + 1 && sizes)
+        cfg_err_(c, s, "expected %d batch sizes (one per bucket: len(bucket_boundaries) + 1), got %d", nb + 1, ns);
+}
+
+/* tokenize: vocabulary_file, resolved against the config's directory. */
+static void parse_vocabulary_file(cfg_ctx *c, const config_setting_t *s, void *base)
+{
+    loom_map_spec *m = base;
+    const char *p = config_setting_type(s) == CONFIG_TYPE_STRING ? config_setting_get_string(s) : NULL;
+    char v[300];
+    if (!p || !p[0]) {
+        cfg_err_(c, s, "expected a file name, got %s", cfg_value_str_(s, v, sizeof v));
+        return;
+    }
+    int w = p[0] == '/' ? snprintf(m->vocabulary_file, sizeof m->vocabulary_file, "%s", p)
+                        : snprintf(m->vocabulary_file, sizeof m->vocabulary_file, "%s/%s", c->dir, p);
+    if (w < 0 || (size_t)w >= sizeof m->vocabulary_file) cfg_err_(c, s, "the path %s is too long", p);
 }

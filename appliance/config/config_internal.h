@@ -16,6 +16,9 @@ extern const char *const loom_cfg_dtype_names_[];     /* loom_cfg_dtype */
 extern const char *const loom_source_names_[];        /* loom_source_kind */
 extern const char *const loom_map_names_[];           /* loom_map_kind */
 extern const char *const loom_norm_mode_names_[];     /* loom_norm_mode */
+extern const char *const loom_tok_mode_names_[];      /* loom_tok_mode */
+extern const char *const loom_tok_std_names_[];       /* loom_tok_std */
+extern const char *const loom_tok_invalid_names_[];   /* loom_tok_invalid */
 extern const char *const loom_csv_dtype_names_[];     /* loom_cfg_dtype, then "string" (LOOM_CSV_STRING) */
 extern const char *const loom_transform_names_[];     /* loom_transform_kind */
 extern const char *const loom_layer_names_[];         /* loom_layer_kind */

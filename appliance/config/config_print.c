@@ -148,6 +148,7 @@ static void print_csv_text_synthetic(FILE *f, const loom_source_spec *src)
     } else if (src->kind == LOOM_SRC_TEXT) {
         kv_i64(f, 3, "max_length", src->text.max_length);
         kv_bool(f, 3, "truncate", src->text.truncate);
+        if (src->text.record_separator[0]) kv_str(f, 3, "record_separator", src->text.record_separator);
     } else if (src->kind == LOOM_SRC_SYNTHETIC) {
         kv_i64(f, 3, "count", src->synthetic.count);
         if (src->synthetic.ctr.on) {
@@ -351,6 +352,16 @@ static void print_map(FILE *f, const loom_transform_spec *t)
         kv_f64(f, 4, "lower", m->lower);
         kv_f64(f, 4, "upper", m->upper);
         break;
+    case LOOM_MAP_TOKENIZE:
+        kv_str(f, 4, "mode", loom_cfg_name_(loom_tok_mode_names_, (int)m->tok_mode));
+        kv_str(f, 4, "standardize", loom_cfg_name_(loom_tok_std_names_, (int)m->standardize));
+        if (m->vocabulary_file[0]) kv_str(f, 4, "vocabulary_file", m->vocabulary_file);
+        kv_bool(f, 4, "adapt", m->adapt);
+        kv_i64(f, 4, "max_tokens", m->max_tokens);
+        kv_i64(f, 4, "num_oov_indices", m->num_oov_indices);
+        if (m->output_sequence_length) kv_i64(f, 4, "output_sequence_length", m->output_sequence_length);
+        kv_str(f, 4, "on_invalid", loom_cfg_name_(loom_tok_invalid_names_, (int)m->on_invalid));
+        break;
     }
     if (t->parallel == LOOM_PARALLEL_AUTO) kv_str(f, 4, "parallel", "auto");
     else kv_i64(f, 4, "parallel", t->parallel > 0 ? t->parallel : 1);
@@ -381,16 +392,30 @@ static void print_filter(FILE *f, const loom_transform_spec *t)
 
 static void print_padded_batch(FILE *f, const loom_transform_spec *t)
 {
-    kv_i64(f, 4, "size", t->batch_size);
     kv_bool(f, 4, "drop_remainder", t->drop_remainder);
-    ind(f, 4);
-    fputs("padded_shapes: {", f);
-    for (int j = 0; j < t->padded.n_shapes; j++) {
-        fprintf(f, " %s = ", t->padded.shape_name[j]);
-        put_i64_array(f, t->padded.shape[j], t->padded.rank[j]);
-        fputc(';', f);
+    if (t->padded.mask[0]) kv_str(f, 4, "mask", t->padded.mask);
+    if (t->kind == LOOM_T_BUCKET) {
+        kv_str(f, 4, "feature", t->feature);
+        ind(f, 4);
+        fputs("bucket_boundaries = ", f);
+        put_i64_array(f, t->padded.boundary, t->padded.n_boundaries);
+        fputs(";\n", f);
+        ind(f, 4);
+        fputs("bucket_batch_sizes = ", f);
+        put_i64_array(f, t->padded.bucket_size, t->padded.n_boundaries + 1);
+        fputs(";\n", f);
+        kv_bool(f, 4, "pad_to_bucket_boundary", t->padded.pad_to_bucket_boundary);
+    } else {
+        kv_i64(f, 4, "size", t->batch_size);
+        ind(f, 4);
+        fputs("padded_shapes: {", f);
+        for (int j = 0; j < t->padded.n_shapes; j++) {
+            fprintf(f, " %s = ", t->padded.shape_name[j]);
+            put_i64_array(f, t->padded.shape[j], t->padded.rank[j]);
+            fputc(';', f);
+        }
+        fputs(" };\n", f);
     }
-    fputs(" };\n", f);
     ind(f, 4);
     fputs("padding_values: {", f);
     for (int j = 0; j < t->padded.n_values; j++) {
@@ -445,7 +470,25 @@ static void print_transform(FILE *f, const loom_transform_spec *t)
         kv_i64(f, 4, "start", t->start);
         break;
     case LOOM_T_UNBATCH: break;
-    case LOOM_T_PADDED_BATCH: print_padded_batch(f, t); break;
+    case LOOM_T_PADDED_BATCH:
+    case LOOM_T_BUCKET: print_padded_batch(f, t); break;
+    case LOOM_T_WINDOW:
+        kv_i64(f, 4, "size", t->batch_size);
+        kv_i64(f, 4, "shift", t->shift);
+        kv_i64(f, 4, "stride", t->stride);
+        kv_bool(f, 4, "drop_remainder", t->drop_remainder);
+        break;
+    case LOOM_T_LM_PAIRS:
+        kv_str(f, 4, "feature", t->feature);
+        kv_str(f, 4, "input", t->input_name);
+        kv_str(f, 4, "target", t->target_name);
+        kv_bool(f, 4, "target_last", t->target_last);
+        break;
+    case LOOM_T_FLAT_MAP:
+        fputs("        source: {\n", f);
+        if (t->source) print_source(f, t->source);
+        fputs("        };\n", f);
+        break;
     case LOOM_T_CACHE:
         if (t->cache_file[0]) kv_str(f, 4, "file", t->cache_file);
         break;

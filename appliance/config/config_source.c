@@ -54,6 +54,9 @@ const cfg_opt cfg_source_opts_[] = {
     O_INT(loom_source_spec, "max_length", text.max_length, 0, 1, 1 << 24, SRC(TEXT), SRC(TEXT),
           "bytes of the line feature (zero-padded)"),
     O_BOOL(loom_source_spec, "truncate", text.truncate, 0, SRC(TEXT), "cut longer lines instead of failing"),
+    O_STR(loom_source_spec, "record_separator", text.record_separator, "", NULL, SRC(TEXT), 0,
+          "a line equal to it ends a record (\"%\" for fortune files): one element per record, its lines joined "
+          "with a newline; \"\" = one element per line"),
     O_INT(loom_source_spec, "count", synthetic.count, 0, -1, INT64_MAX, SRC(SYNTHETIC), SRC(SYNTHETIC),
           "elements per pass; -1 = infinite"),
     O_CUSTOM("features", parse_syn_features, SRC(SYNTHETIC), 0,

@@ -210,6 +210,27 @@ int loom_data_adapt_from(loom_spec *spec, const char *model_dir, loom_adapt_mode
  * form of adapt.txt); returns how many maps (0: nothing appended). */
 int loom_data_adapt_text(const loom_spec *spec, loom_buf *out);
 
+/* A tokenize map's tokenizer outside a pipeline (loom generate: a prompt
+ * into ids, generated ids back into text), with exactly the pipeline's
+ * ids. m: a tokenize map of the spec after loom_data_adapt (an adapted
+ * vocabulary is borrowed: keep the spec alive), or with a vocabulary_file
+ * (read here). Free with loom_tokenizer_free. */
+typedef struct loom_tokenizer loom_tokenizer;
+int  loom_tokenizer_new(loom_tokenizer **out, const loom_map_spec *m, loom_err *err);
+void loom_tokenizer_free(loom_tokenizer *t); /* NULL is a no-op */
+/* text (n bytes) as ids (standardized and split as the map does; no
+ * padding or truncation): *n_ids of them, the first cap in ids; *n_oov: how
+ * many were out of the vocabulary (mapped to an OOV id). With
+ * num_oov_indices = 0 an unknown token is LOOM_EDATA naming it. */
+int  loom_tokenizer_encode(loom_tokenizer *t, const uint8_t *text, size_t n, int64_t *ids, int64_t cap, int64_t *n_ids,
+                           int64_t *n_oov, loom_err *err);
+/* The bytes id stands for into buf (at most cap; the length, or -1 for an id
+ * with no text: padding 0, or outside the ids): a byte, a code point as
+ * UTF-8, a vocabulary token ("[UNK]" for an OOV id). Words are not joined: the
+ * caller puts the spaces in. */
+int  loom_tokenizer_decode(const loom_tokenizer *t, int64_t id, char *buf, size_t cap);
+int64_t loom_tokenizer_size(const loom_tokenizer *t); /* ids in use: an embedding's input_dim */
+
 /* The transform `split`'s draw for element pos of a pass: uniform in [0, 1);
  * the element is in the training part when it is below the fraction. */
 double loom_split_u(uint64_t seed, int64_t pos);

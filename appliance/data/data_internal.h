@@ -151,6 +151,9 @@ int  elem_pool_grow_(elem_pool *p, int64_t cap, loom_err *err);   /* keeps slot 
  * as transparent huge pages), and the bytes gauge still follows cap. */
 int  elem_pool_reserve_(elem_pool *p, int64_t max, loom_err *err);
 void elem_pool_fini_(elem_pool *p);
+/* Counts p's bytes (from now on) in owner's stats rather than in the stage
+ * whose spec it was made from (elem_pool_init_'s s, an input stage). */
+void elem_pool_own_(elem_pool *p, dstage *owner);
 /* Copies e into slot i; LOOM_ESHAPE when e does not fit the pool. */
 int  elem_pool_put_(elem_pool *p, int64_t i, const loom_elem *e, loom_err *err);
 /* Points e's tensors at slot i (borrowed views). */
@@ -207,6 +210,28 @@ int concat_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t,
 int select_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
 int unbatch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
 int padded_batch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
+
+/* ---- text, windows, buckets (transform/text.c, window.c, padded.c) ------------------ */
+/* map(tokenize) (map_open_ hands it here): its own stage, never fused or parallel. */
+int tokenize_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
+/* One token of a string: its bytes, and (bytes, utf8_chars) the byte or code point; nonzero stops the split. */
+typedef int (*tok_emit_fn)(void *ctx, const uint8_t *tok, size_t n, uint32_t cp);
+/* m's standardize of p[0..n) into out (n bytes of room, may be p); its length. */
+size_t tokenize_standardize_(const loom_map_spec *m, const uint8_t *p, size_t n, uint8_t *out);
+/* Splits the standardized p[0..n) into m's tokens, in order; invalid UTF-8
+ * (utf8_chars) is emitted as U+FFFD and counted in *invalid (may be NULL). */
+int tokenize_split_(const loom_map_spec *m, const uint8_t *p, size_t n, tok_emit_fn emit, void *ctx, int64_t *invalid);
+/* tf.data window(size, shift, stride, drop_remainder): each window one element of (n, ...) tensors. */
+int window_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
+int64_t window_max_bytes_(const dstage *in, const loom_transform_spec *t);
+/* lm_pairs: feature (T + 1, ...) -> input = w[:-1], target = w[1:] (views). */
+int lm_pairs_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
+/* bucket_by_sequence_length (tf.data.experimental), with padded_batch's padding and mask. */
+int bucket_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
+int64_t bucket_max_bytes_(const dstage *in, const loom_transform_spec *t);
+/* padded_batch's helpers (transforms_more.c), shared with bucket. */
+void dfill_value_(void *dst, loom_dtype dt, size_t n, double v);
+void dcopy_padded_(uint8_t *dst, const loom_shape *t, const uint8_t *src, const loom_shape *s, size_t es);
 /* ram_left / ram: the RAM budget left for it and the whole budget (bytes); a
  * memory cache of unknown length is refused when it would outgrow ram_left,
  * and a cache of an infinite input (card -1) at open. */
@@ -399,6 +424,8 @@ int  dinput_shard_open_(dstage **out, dstage *in, const dinput_plan *p, const lo
 int tfrecord_source_open_(dstage **out, const loom_source_spec *src, const loom_data_ctx *ctx, loom_err *err);
 int csv_source_open_(dstage **out, const loom_source_spec *src, loom_err *err);
 int text_source_open_(dstage **out, const loom_source_spec *src, loom_err *err);
+/* When st is a text source: the file, and the file offset of byte `byte` of its last element. */
+bool text_source_where_(const dstage *st, int64_t byte, char *file, size_t n, uint64_t *offset);
 int synthetic_source_open_(dstage **out, const loom_source_spec *src, const loom_data_ctx *ctx, loom_err *err);
 
 /* ---- list_files, interleave, zip (source/list_files.c, transform/interleave.c, transform/zip.c) ----- */

@@ -2,7 +2,8 @@
  * StringLookup.adapt): `normalize` gets the mean and standard deviation (mode
  * "mean_std") or the min and range (mode "min_max") of each index of the
  * feature's last axis, `string_lookup` its vocabulary (most frequent first),
- * from one pass over data.train up to the map (shuffles, repeats and
+ * `tokenize` the vocabulary of its tokens (split as transform/text.c does,
+ * in Keras TextVectorization's order), from one pass over data.train up to the map (shuffles, repeats and
  * prefetches left out), written into the map's spec. An adapt map of
  * data.eval takes the numbers of the train map of the same kind on the same
  * feature. The numbers are kept as text (loom_data_adapt_text) in
@@ -26,12 +27,16 @@
 static bool is_adapt(const loom_transform_spec *t)
 {
     return t->kind == LOOM_T_MAP && t->map.adapt &&
-           (t->map.kind == LOOM_MAP_NORMALIZE || t->map.kind == LOOM_MAP_STRING_LOOKUP);
+           (t->map.kind == LOOM_MAP_NORMALIZE || t->map.kind == LOOM_MAP_STRING_LOOKUP ||
+            t->map.kind == LOOM_MAP_TOKENIZE);
 }
+
+/* A map whose adapt makes a vocabulary: string_lookup (whole strings), tokenize (its tokens, text.c). */
+static bool is_vocab(const loom_map_spec *m) { return m->kind == LOOM_MAP_STRING_LOOKUP || m->kind == LOOM_MAP_TOKENIZE; }
 
 static const char *kind_name(const loom_map_spec *m)
 {
-    return m->kind == LOOM_MAP_STRING_LOOKUP ? "string_lookup" : "normalize";
+    return m->kind == LOOM_MAP_STRING_LOOKUP ? "string_lookup" : m->kind == LOOM_MAP_TOKENIZE ? "tokenize" : "normalize";
 }
 
 static int where_err(loom_err *err, int code, const loom_loc *loc, const char *fmt, const char *a, const char *b)
@@ -129,6 +134,32 @@ static int counter_add(counter *c, const uint8_t *p, size_t len)
     return LOOM_OK;
 }
 
+static int count_token(void *ctx, const uint8_t *tok, size_t n, uint32_t cp)
+{
+    (void)cp;
+    return counter_add(ctx, tok, n);
+}
+
+/* Counts the strings of t (numel bytes, one string per L): whole (string_lookup) or their tokens (tokenize). */
+static int count_strings(counter *cnt, const loom_map_spec *m, const loom_tensor *t, int64_t L, int64_t numel,
+                         uint8_t **scratch)
+{
+    int rc = LOOM_OK;
+    if (m->kind == LOOM_MAP_TOKENIZE && !*scratch && !(*scratch = loom_alloc((size_t)L + 4))) return LOOM_ENOMEM;
+    for (int64_t i = 0; i + L <= numel && !rc; i += L) {
+        const uint8_t *p = (const uint8_t *)t->data + i;
+        size_t len = (size_t)L;
+        while (len && !p[len - 1]) len--;
+        if (m->kind == LOOM_MAP_TOKENIZE) { /* the tokens tokenize looks up */
+            len = tokenize_standardize_(m, p, len, *scratch);
+            rc = tokenize_split_(m, *scratch, len, count_token, cnt, NULL);
+        } else {
+            rc = counter_add(cnt, p, len);
+        }
+    }
+    return rc;
+}
+
 static _Thread_local const char *cmp_arena; /* for cmp_tok: qsort has no context argument */
 
 /* Most frequent first; ties in byte order (shorter first), so the vocabulary is a function of the data alone. */
@@ -141,6 +172,15 @@ static int cmp_tok(const void *x, const void *y)
     return a->len < b->len ? -1 : a->len > b->len;
 }
 
+/* tokenize's order, Keras TextVectorization's (np.lexsort((tokens, counts))[::-1]): most
+ * frequent first, ties in reverse byte order (longer first). */
+static int cmp_tok_keras(const void *x, const void *y)
+{
+    const tok *a = x, *b = y;
+    if (a->count != b->count) return a->count > b->count ? -1 : 1;
+    return -cmp_tok(x, y);
+}
+
 /* The counted strings as m's vocabulary, bounded by max_tokens. */
 static int counter_vocab(counter *c, loom_map_spec *m, loom_err *err)
 {
@@ -150,8 +190,9 @@ static int counter_vocab(counter *c, loom_map_spec *m, loom_err *err)
     for (uint64_t i = 0; c->t && i <= c->mask; i++)
         if (c->t[i].count) all[k++] = c->t[i];
     cmp_arena = c->arena;
-    qsort(all, (size_t)k, sizeof *all, cmp_tok);
-    if (m->max_tokens > 0 && k > m->max_tokens - m->num_oov_indices) k = m->max_tokens - m->num_oov_indices;
+    qsort(all, (size_t)k, sizeof *all, m->kind == LOOM_MAP_TOKENIZE ? cmp_tok_keras : cmp_tok);
+    int64_t reserved = m->num_oov_indices + (m->kind == LOOM_MAP_TOKENIZE); /* tokenize: id 0 is the padding */
+    if (m->max_tokens > 0 && k > m->max_tokens - reserved) k = m->max_tokens - reserved;
     size_t bytes = 0;
     for (int64_t i = 0; i < k; i++) bytes += all[i].len;
     loom_vocab *v = vocab_new(k, bytes);
@@ -252,7 +293,8 @@ static int compute(const loom_dataset_spec *train, int k, loom_map_spec *m, cons
     loom_iter *it = NULL;
     double *acc = NULL;
     counter cnt = {0};
-    bool vocab = m->kind == LOOM_MAP_STRING_LOOKUP, minmax = !vocab && m->norm_mode == LOOM_NORM_MIN_MAX;
+    bool vocab = is_vocab(m), minmax = !vocab && m->norm_mode == LOOM_NORM_MIN_MAX;
+    uint8_t *scratch = NULL;
     char w[LOOM_PATH_MAX + 16];
     loom_loc_str(&train->transform[k].loc, w, sizeof w);
     int rc = loom_data_open(&it, d, &c, err);
@@ -282,12 +324,7 @@ static int compute(const loom_dataset_spec *train, int k, loom_map_spec *m, cons
         const loom_tensor *t = &e->t[f];
         int64_t numel = loom_shape_numel(&t->shape);
         if (vocab) {
-            for (int64_t i = 0; i + L <= numel && !rc; i += L) {
-                const uint8_t *p = (const uint8_t *)t->data + i;
-                size_t len = (size_t)L;
-                while (len && !p[len - 1]) len--;
-                rc = counter_add(&cnt, p, len);
-            }
+            rc = count_strings(&cnt, m, t, L, numel, &scratch);
             if (rc == LOOM_EDATA) {
                 rc = loom_err_set(err, LOOM_EDATA, w, "map(string_lookup) adapt on \"%s\": more than %lld distinct "
                                   "strings in data.train", m->feature, (long long)MAX_VOCAB);
@@ -327,6 +364,7 @@ static int compute(const loom_dataset_spec *train, int k, loom_map_spec *m, cons
     else set_numbers(m, acc, L, n, minmax);
     *rows = n;
 done:
+    loom_free(scratch);
     loom_free(acc);
     loom_free(cnt.t);
     loom_free(cnt.arena);
@@ -343,7 +381,7 @@ done:
  *   minmax K FEATURE L         normalize, mode min_max ((x - min) / range)
  *   min   v0 ... v(L-1)
  *   range v0 ... v(L-1)
- *   vocab K FEATURE N OOV MAX  string_lookup: N tokens, num_oov_indices, max_tokens
+ *   vocab K FEATURE N OOV MAX  string_lookup, tokenize: N tokens, num_oov_indices, max_tokens
  *   =TOKEN COUNT               N lines, most frequent first; bytes outside
  *                              '!'..'~' and '%' written %XX                  */
 
@@ -378,7 +416,7 @@ static void text_of(const loom_dataset_spec *train, const int *ks, int n, loom_b
     put_fmt(b, "# loom: normalize adapt = true, per index of the last axis, from data.train\n");
     for (int a = 0; a < n; a++) {
         const loom_map_spec *m = &train->transform[ks[a]].map;
-        if (m->kind == LOOM_MAP_STRING_LOOKUP) {
+        if (is_vocab(m)) {
             const loom_vocab *v = m->vocab;
             int64_t N = v ? v->n : 0;
             put_fmt(b, "vocab %d %s %lld %d %lld\n", ks[a], m->feature, (long long)N, m->num_oov_indices,
@@ -479,7 +517,7 @@ static int parse(const char *text, size_t len, const char *name, loom_dataset_sp
     int rc = LOOM_OK;
     for (int a = 0; a < n && !rc; a++) {
         loom_map_spec *m = &train->transform[ks[a]].map;
-        bool vocab = m->kind == LOOM_MAP_STRING_LOOKUP, mm = !vocab && m->norm_mode == LOOM_NORM_MIN_MAX;
+        bool vocab = is_vocab(m), mm = !vocab && m->norm_mode == LOOM_NORM_MIN_MAX;
         const char *want = vocab ? "vocab" : mm ? "minmax" : "map";
         const char *w, *f;
         size_t wn, fn;
@@ -589,7 +627,7 @@ static int share_with(loom_dataset_spec *eval, const loom_dataset_spec *train, c
                                 "data.train has no %s map with adapt = true on \"%s\"", kn, t->map.feature, kn,
                                 t->map.feature);
         }
-        if (t->map.kind == LOOM_MAP_STRING_LOOKUP) {
+        if (is_vocab(&t->map)) {
             if (t->map.num_oov_indices != src->num_oov_indices || t->map.max_tokens != src->max_tokens)
                 return where_err(err, LOOM_ECONFIG, &t->loc, "map(string_lookup) on \"%s\" in data.eval: num_oov_indices "
                                  "and max_tokens must be data.train's (%s), or the ids would differ", t->map.feature,
@@ -609,11 +647,12 @@ static int share_with(loom_dataset_spec *eval, const loom_dataset_spec *train, c
 
 static void report(const loom_map_spec *m, int64_t rows)
 {
-    if (m->kind == LOOM_MAP_STRING_LOOKUP) {
+    if (is_vocab(m)) {
         const loom_vocab *v = m->vocab;
-        loom_info("string_lookup adapt: \"%s\": %lld strings from %lld training values (ids %d..%lld; %d "
-                  "out-of-vocabulary id%s), the most frequent \"%.*s\"", m->feature, (long long)v->n, (long long)rows,
-                  m->num_oov_indices, (long long)(m->num_oov_indices + v->n - 1), m->num_oov_indices,
+        int first = m->num_oov_indices + (m->kind == LOOM_MAP_TOKENIZE);
+        loom_info("%s adapt: \"%s\": %lld tokens from %lld training strings (ids %d..%lld; %d "
+                  "out-of-vocabulary id%s), the most frequent \"%.*s\"", kind_name(m), m->feature, (long long)v->n, (long long)rows,
+                  first, (long long)(first + v->n - 1), m->num_oov_indices,
                   m->num_oov_indices == 1 ? "" : "s", v->n ? (int)(v->off[1] > 40 ? 40 : v->off[1]) : 0, v->data);
         return;
     }

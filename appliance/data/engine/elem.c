@@ -240,6 +240,15 @@ int elem_pool_init_(elem_pool *p, const dstage *s, int64_t cap, loom_err *err)
     return elem_pool_grow_(p, cap, err);
 }
 
+void elem_pool_own_(elem_pool *p, dstage *owner)
+{
+    int64_t held = 0;
+    for (int f = 0; f < p->nf; f++) held += (int64_t)((size_t)p->cap * p->slot_bytes[f]);
+    if (p->bytes_gauge) __atomic_fetch_sub(p->bytes_gauge, held, __ATOMIC_RELAXED);
+    p->bytes_gauge = &owner->st_bytes;
+    __atomic_fetch_add(p->bytes_gauge, held, __ATOMIC_RELAXED);
+}
+
 /* Large buffers: transparent huge pages where the kernel offers them on
  * request (enabled = madvise), so filling 30 MB of shuffle buffer takes ~15
  * page faults instead of ~7,500, and freeing it is cheaper too. Advice only:

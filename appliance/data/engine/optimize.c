@@ -23,6 +23,7 @@ static int is_noop(const loom_transform_spec *t)
 /* A map's parallelism under map_parallelization (sequential -> "auto"). */
 static int eff_parallel(const loom_transform_spec *t, const loom_data_options *o)
 {
+    if (t->kind == LOOM_T_MAP && t->map.kind == LOOM_MAP_TOKENIZE) return 1; /* its own stage (text.c) */
     int p = t->parallel > 1 || t->parallel == LOOM_PARALLEL_AUTO ? t->parallel : 1;
     return p == 1 && o->map_parallelization && o->autotune ? LOOM_PARALLEL_AUTO : p;
 }
@@ -31,6 +32,9 @@ static void add_step(dplan *p, dplan_kind kind, int first, int n, int parallel)
 {
     p->step[p->n++] = (dplan_step){.kind = kind, .first = first, .n = n, .parallel = parallel};
 }
+
+/* A map that runs as a stage of its own: a Lua map (whole element, own interpreters), tokenize. */
+static bool solo(const loom_transform_spec *t) { return t->map.kind == LOOM_MAP_LUA || t->map.kind == LOOM_MAP_TOKENIZE; }
 
 void dplan_make_(dplan *p, const loom_dataset_spec *spec, const loom_data_options *o, int threads, int barrier)
 {
@@ -47,15 +51,15 @@ void dplan_make_(dplan *p, const loom_dataset_spec *spec, const loom_data_option
             /* fuse a run of adjacent maps that run alike (ids stay consecutive) */
             /* a Lua map (whole element, own interpreters) runs alone */
             while (o->map_fusion && j < n && j != barrier && t[j].kind == LOOM_T_MAP && eff_parallel(&t[j], o) == par &&
-                   t[i].map.kind != LOOM_MAP_LUA && t[j].map.kind != LOOM_MAP_LUA &&
+                   !solo(&t[i]) && !solo(&t[j]) &&
                    (par == 1 || t[j].deterministic == t[i].deterministic))
                 j++;
-            if (o->map_and_batch_fusion && j < n && j != barrier && t[j].kind == LOOM_T_BATCH && t[i].map.kind != LOOM_MAP_LUA) {
+            if (o->map_and_batch_fusion && j < n && j != barrier && t[j].kind == LOOM_T_BATCH && !solo(&t[i])) {
                 add_step(p, DPLAN_MAP_BATCH, i, j - i + 1, par);
                 i = j + 1;
             } else {
                 /* with map_fusion even a single map runs as a chain: it can write into a prefetch's slot */
-                int chain = j - i > 1 || par != 1 || (o->map_fusion && t[i].map.kind != LOOM_MAP_LUA);
+                int chain = j - i > 1 || par != 1 || (o->map_fusion && !solo(&t[i]));
                 add_step(p, chain ? DPLAN_MAPS : DPLAN_ONE, i, j - i, par);
                 i = j;
             }

@@ -158,6 +158,44 @@ static int open_zip(dstage **out, dstage *in, const dxform_args *a, loom_err *er
     return zip_open_(out, in, a->id, a->t, a->ctx, err);
 }
 
+static int open_window(dstage **out, dstage *in, const dxform_args *a, loom_err *err)
+{
+    return window_open_(out, in, a->id, a->t, err);
+}
+
+static void window_what(char *buf, size_t n, const dstage *in, const loom_transform_spec *t)
+{
+    (void)in;
+    snprintf(buf, n, "window: a ring of %lld elements and the window", (long long)((t->batch_size - 1) * t->stride + 1));
+}
+
+static int open_lm_pairs(dstage **out, dstage *in, const dxform_args *a, loom_err *err)
+{
+    return lm_pairs_open_(out, in, a->id, a->t, err);
+}
+
+static int open_bucket(dstage **out, dstage *in, const dxform_args *a, loom_err *err)
+{
+    return bucket_open_(out, in, a->id, a->t, err);
+}
+
+static void bucket_what(char *buf, size_t n, const dstage *in, const loom_transform_spec *t)
+{
+    (void)in;
+    snprintf(buf, n, "bucket_by_sequence_length: %d buckets of elements and a batch", t->padded.n_boundaries + 1);
+}
+
+/* flat_map: tf's interleave with cycle_length 1 (config sets it, and block_length and parallel 1). */
+static int open_flat_map(dstage **out, dstage *in, const dxform_args *a, loom_err *err)
+{
+    loom_transform_spec t = *a->t; /* whatever a spec built in code says */
+    t.cycle_length = t.block_length = t.parallel = 1;
+    t.deterministic = true;
+    int rc = interleave_open_(out, in, a->id, &t, a->ctx, a->pool, err);
+    if (!rc) snprintf((*out)->name, sizeof (*out)->name, "flat_map");
+    return rc;
+}
+
 /* name: filled from config's list at registration. Not const for that one write. */
 static dxform builtins[] = {
     {DXFORM_BUILTIN, NULL, LOOM_T_MAP, open_map, NULL, NULL, NULL, NULL},
@@ -178,6 +216,10 @@ static dxform builtins[] = {
     {DXFORM_BUILTIN, NULL, LOOM_T_SPLIT, open_shard, NULL, NULL, NULL, NULL},
     {DXFORM_BUILTIN, NULL, LOOM_T_CONCAT, open_concat, NULL, NULL, NULL, NULL},
     {DXFORM_BUILTIN, NULL, LOOM_T_SELECT, open_select, NULL, NULL, NULL, NULL},
+    {DXFORM_BUILTIN, NULL, LOOM_T_WINDOW, open_window, NULL, window_max_bytes_, window_what, NULL},
+    {DXFORM_BUILTIN, NULL, LOOM_T_LM_PAIRS, open_lm_pairs, NULL, NULL, NULL, NULL},
+    {DXFORM_BUILTIN, NULL, LOOM_T_BUCKET, open_bucket, NULL, bucket_max_bytes_, bucket_what, NULL},
+    {DXFORM_BUILTIN, NULL, LOOM_T_FLAT_MAP, open_flat_map, NULL, NULL, NULL, NULL},
 };
 #define N_BUILTINS ((int)(sizeof builtins / sizeof builtins[0]))
 

@@ -662,6 +662,7 @@ int unbatch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t
     snprintf(st->desc, sizeof st->desc, "unbatch");
     int rc = elem_pool_init_(&s->pool, in, 1, err);
     if (rc) goto fail;
+    elem_pool_own_(&s->pool, st); /* the held element (a restore loads it) is this stage's memory */
     int64_t d0 = -2; /* the common dim 0: -2 none yet, -1 varies */
     char a[128];
     for (int f = 0; f < st->spec.n; f++) {
@@ -707,9 +708,12 @@ typedef struct pbatchst {
     int64_t   fixed[LOOM_MAX_FEATURES][LOOM_MAX_RANK]; /* padded dim, -1 = max in batch */
     double    pad[LOOM_MAX_FEATURES];
     elem_pool pool;
+    int       n_in;      /* input features; the mask (if any) is output feature n_in */
+    int       mask_f;    /* the masked feature, -1 none */
+    float    *ones;      /* the mask's source: 1s of the masked feature's max size */
 } pbatchst;
 
-static void fill_value(void *dst, loom_dtype dt, size_t n, double v)
+void dfill_value_(void *dst, loom_dtype dt, size_t n, double v)
 {
     switch (dt) {
     case LOOM_U8: memset(dst, (int)(uint8_t)v, n); break;
@@ -722,7 +726,7 @@ static void fill_value(void *dst, loom_dtype dt, size_t n, double v)
 }
 
 /* Copies src (shape s) into the corner of dst (shape t, t >= s per dim), row-major. */
-static void copy_padded(uint8_t *dst, const loom_shape *t, const uint8_t *src, const loom_shape *s, size_t es)
+void dcopy_padded_(uint8_t *dst, const loom_shape *t, const uint8_t *src, const loom_shape *s, size_t es)
 {
     int r = s->rank;
     if (r == 0) {
@@ -750,7 +754,7 @@ static int pbatch_next(dstage *st, loom_elem **out, loom_err *err)
     loom_elem *o = &st->out;
     loom_shape tgt[LOOM_MAX_FEATURES];
     int64_t i;
-    for (int f = 0; f < o->n; f++) {
+    for (int f = 0; f < s->n_in; f++) {
         tgt[f].rank = st->spec.shape[f].rank - 1;
         for (int d = 0; d < tgt[f].rank; d++) tgt[f].dim[d] = s->fixed[f][d] > 0 ? s->fixed[f][d] : 0;
     }
@@ -759,7 +763,7 @@ static int pbatch_next(dstage *st, loom_elem **out, loom_err *err)
         int rc = dstage_next_(st->in, &e, err);
         if (rc == LOOM_EEOF) break;
         if (rc) return rc;
-        for (int f = 0; f < o->n; f++) {
+        for (int f = 0; f < s->n_in; f++) {
             const loom_shape *es = &e->t[f].shape;
             for (int d = 0; d < es->rank; d++) {
                 if (s->fixed[f][d] > 0 && es->dim[d] > s->fixed[f][d]) {
@@ -779,17 +783,25 @@ static int pbatch_next(dstage *st, loom_elem **out, loom_err *err)
     }
     if (i == 0 || (i < s->size && s->drop)) return LOOM_EEOF;
     loom_elem v;
-    for (int f = 0; f < o->n; f++) {
+    for (int f = 0; f < s->n_in; f++) {
         size_t esz = loom_dtype_size(st->spec.dtype[f]), per = (size_t)loom_shape_numel(&tgt[f]) * esz;
         loom_tensor *ot = &o->t[f];
-        fill_value(ot->data, ot->dtype, (size_t)i * per / esz, s->pad[f]);
+        dfill_value_(ot->data, ot->dtype, (size_t)i * per / esz, s->pad[f]);
         for (int64_t j = 0; j < i; j++) {
             elem_pool_view_(&s->pool, j, &v);
-            copy_padded((uint8_t *)ot->data + (size_t)j * per, &tgt[f], v.t[f].data, &v.t[f].shape, esz);
+            dcopy_padded_((uint8_t *)ot->data + (size_t)j * per, &tgt[f], v.t[f].data, &v.t[f].shape, esz);
+            if (f == s->mask_f) { /* 1 over the element's own extent, 0 over the padding */
+                loom_tensor *mt = &o->t[s->n_in];
+                size_t mper = (size_t)loom_shape_numel(&tgt[f]) * sizeof(float);
+                if (j == 0) memset(mt->data, 0, (size_t)i * mper);
+                dcopy_padded_((uint8_t *)mt->data + (size_t)j * mper, &tgt[f], (const uint8_t *)s->ones, &v.t[f].shape,
+                              sizeof(float));
+            }
         }
         ot->shape.rank = tgt[f].rank + 1;
         ot->shape.dim[0] = i;
         memcpy(ot->shape.dim + 1, tgt[f].dim, (size_t)tgt[f].rank * sizeof tgt[f].dim[0]);
+        if (f == s->mask_f) o->t[s->n_in].shape = ot->shape;
     }
     *out = o;
     return LOOM_OK;
@@ -816,6 +828,7 @@ static void pbatch_close(dstage *st)
     pbatchst *s = (pbatchst *)st;
     for (int f = 0; f < st->out.n; f++) loom_tensor_fini(&st->out.t[f]);
     elem_pool_fini_(&s->pool);
+    loom_free(s->ones);
     loom_free(s);
 }
 
@@ -834,6 +847,35 @@ static int pad_ok(loom_dtype dt, double v)
     }
 }
 
+/* mask = "feature": adds "<feature>_mask", float32 of the feature's padded shape, 1 = value, 0 = padding. */
+static int pbatch_mask(pbatchst *s, const char *name, loom_err *err)
+{
+    dstage *st = &s->s;
+    int f = loom_elem_spec_find(&st->spec, name), m = s->n_in;
+    if (f < 0) return no_feature(st, err, "padded_batch: mask", name);
+    if (m + 1 > LOOM_MAX_FEATURES)
+        return dstage_err_(st, err, LOOM_ECONFIG, "padded_batch: mask: no room for one more feature (at most %d)",
+                           LOOM_MAX_FEATURES);
+    snprintf(st->spec.name[m], LOOM_NAME_MAX, "%.*s_mask", LOOM_NAME_MAX - 6, name);
+    if (loom_elem_spec_find(&st->spec, st->spec.name[m]) != m && loom_elem_spec_find(&st->spec, st->spec.name[m]) >= 0)
+        return dstage_err_(st, err, LOOM_ECONFIG, "padded_batch: mask: a feature \"%s\" exists already", st->spec.name[m]);
+    st->spec.dtype[m] = LOOM_F32;
+    st->spec.shape[m] = st->spec.shape[f];
+    st->maxshape[m] = st->maxshape[f];
+    st->mut[m] = 1;
+    st->spec.n = st->out.n = m + 1;
+    int rc = loom_tensor_init(&st->out.t[m], LOOM_F32, &st->maxshape[m], err);
+    if (rc) return rc;
+    loom_shape one = st->maxshape[f];
+    one.dim[0] = 1;
+    int64_t numel = loom_shape_numel(&one);
+    if (!(s->ones = loom_alloc((size_t)(numel ? numel : 1) * sizeof(float))))
+        return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate the mask");
+    for (int64_t i = 0; i < numel; i++) s->ones[i] = 1.0f;
+    s->mask_f = f;
+    return LOOM_OK;
+}
+
 int padded_batch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err)
 {
     pbatchst *s = loom_calloc(1, sizeof *s);
@@ -843,6 +885,8 @@ int padded_batch_open_(dstage **out, dstage *in, int id, const loom_transform_sp
     snprintf(st->name, sizeof st->name, "padded_batch");
     s->size = t->batch_size;
     s->drop = t->drop_remainder;
+    s->n_in = in->spec.n;
+    s->mask_f = -1;
     int rc = LOOM_OK;
     char a[128], b[128];
     if (s->size < 1) {
@@ -893,6 +937,7 @@ int padded_batch_open_(dstage **out, dstage *in, int id, const loom_transform_sp
     }
     rc = elem_pool_init_(&s->pool, in, s->size, err);
     if (rc) goto fail;
+    elem_pool_own_(&s->pool, st); /* the batch's elements are this stage's memory, not its input's */
     int64_t d0;
     st->card = dbatch_card_(in->card, s->size, s->drop, &d0);
     st->batch_dims = in->batch_dims + 1;
@@ -908,7 +953,9 @@ int padded_batch_open_(dstage **out, dstage *in, int id, const loom_transform_sp
         if (k < sizeof st->desc) k += (size_t)snprintf(st->desc + k, sizeof st->desc - k, ":%g", s->pad[f]);
         if ((rc = dbatch_feature_(st, f, d0, s->size, "padded_batch", err))) goto fail;
     }
-    if (k < sizeof st->desc) snprintf(st->desc + k, sizeof st->desc - k, ")");
+    if (t->padded.mask[0] && (rc = pbatch_mask(s, t->padded.mask, err))) goto fail;
+    if (k < sizeof st->desc) snprintf(st->desc + k, sizeof st->desc - k, "%s%s)", t->padded.mask[0] ? ",mask " : "",
+                                      t->padded.mask);
     *out = st;
     return LOOM_OK;
 fail:
