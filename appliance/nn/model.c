@@ -1543,6 +1543,14 @@ static void run_chunks(loom_model *m, step_job *j, int64_t B, double *loss, int6
 void loom_model_set_prof(loom_model *m, loom_model_prof *p) { m->prof = p; }
 int loom_model_num_layers(const loom_model *m) { return m->n_layers; }
 
+const loom_layer_spec *loom_model_layer_spec(const loom_model *m, int i, int *src, int *n_src)
+{
+    const nn_layer_ *l = &m->layer[i];
+    for (int k = 0; k < l->n_src; k++) src[k] = l->src[k];
+    *n_src = l->n_src;
+    return &l->spec;
+}
+
 void loom_model_set_grad_hook(loom_model *m, loom_grad_ready_fn fn, void *arg)
 {
     m->grad_hook = fn;

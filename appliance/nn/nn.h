@@ -207,6 +207,11 @@ typedef struct loom_model_prof {
 } loom_model_prof;
 void loom_model_set_prof(loom_model *m, loom_model_prof *p); /* p borrowed until unset; NULL: off */
 int  loom_model_num_layers(const loom_model *m);
+/* Layer i in the order the layers run (a topological order: the listed one
+ * for a chain; layers the output does not depend on left out): its spec, and
+ * its inputs in src (room for LOOM_MAX_LAYER_INPUTS), each an earlier layer
+ * k >= 0 of this order or model input f as -1 - f, *n_src of them. */
+const loom_layer_spec *loom_model_layer_spec(const loom_model *m, int i, int *src, int *n_src);
 /* Layer i for a profile row, e.g. "dense_1 dense 256->128 relu", "conv2d_0 conv2d 5x5 1->32 relu". */
 const char *loom_model_layer_describe(const loom_model *m, int i, char *buf, size_t n);
 /* The matrix products (row-major C(M,N) = op(A)(M,K) op(B)(K,N), as

@@ -176,6 +176,9 @@ typedef struct export_input {
     loom_dtype dtype, label_dtype;
     loom_shape raw_shape;          /* per example, as the source yields it */
     loom_dtype raw_dtype;
+    int        n;                  /* model inputs (model.inputs; 1 for model.input, then shape and dtype) */
+    loom_shape shapes[LOOM_MAX_MODEL_INPUTS]; /* each per example, after the maps */
+    loom_dtype dtypes[LOOM_MAX_MODEL_INPUTS];
 } export_input;
 
 /* The eval pipeline's maps of the model input folded into the graph: cast,
@@ -813,33 +816,166 @@ static void graph_output(onnx_walk *w, const loom_model_spec *ms)
     value_info(o, GRAPH_OUTPUT, "output", ONNX_FLOAT, &w->s);
 }
 
-/* The ONNX graph of the model: its input, each layer by its kind's emitter, its output. */
+/* A value of the graph a layer reads: a model input or a layer's output,
+ * as the walk carries it. */
+typedef struct onnx_value {
+    char       name[32];
+    loom_shape s;    /* per example, Loom's layout */
+    bool       nchw; /* held in ONNX's layout */
+    loom_dtype dt;   /* float32 but a model input of ids */
+} onnx_value;
+
+/* The value v as the merge needs it, into name: in the layout nchw, and of
+ * rank r (a lower rank gets 1s in front, as NumPy broadcasts from the last
+ * axis: after the batch, not before it). */
+static void merge_operand(onnx_walk *w, const loom_layer_spec *l, int k, const onnx_value *v, bool nchw, int r,
+                          char name[32])
+{
+    strcpy(name, v->name);
+    if (v->nchw != nchw) {
+        char nb[32];
+        node_begin(w->o, "Transpose", fresh(w->o, nb), name, NULL, NULL);
+        attr_ints(w->o, "perm", nchw ? to_nchw : to_nhwc, 4);
+        node_end(w->o);
+        strcpy(name, nb);
+    }
+    if (v->s.rank < r) {
+        char an[96];
+        int64_t axes[LOOM_MAX_RANK], na = r - v->s.rank;
+        for (int i = 0; i < na; i++) axes[i] = i + 1;
+        snprintf(an, sizeof an, "%s/unsqueeze_%d", l->name, k);
+        initializer(w->o, an, ONNX_INT64, &na, 1, axes, (size_t)na * sizeof(int64_t));
+        binary(w->o, "Unsqueeze", name, an, name);
+    }
+}
+
+/* A merge layer (add, subtract, multiply, average, maximum, concatenate) of
+ * the n values v: its inputs in one layout (ONNX's when one of them is in it
+ * and all are images, Loom's otherwise), add and multiply chained in the
+ * inputs' order as nn sums them, average as Mean, maximum as Max, and
+ * concatenate's axis (the batch as 0, Loom's layout) mapped to the layout. */
+static int emit_merge(onnx_walk *w, const loom_layer_spec *l, const onnx_value *v, int n, loom_err *err)
+{
+    (void)err;
+    onnx_graph *o = w->o;
+    int r = 0;
+    bool any_nchw = false, same_rank = true;
+    for (int k = 0; k < n; k++) {
+        r = v[k].s.rank > r ? v[k].s.rank : r;
+        any_nchw |= v[k].nchw;
+        same_rank &= v[k].s.rank == v[0].s.rank;
+    }
+    bool nchw = any_nchw && same_rank;
+    char in[LOOM_MAX_LAYER_INPUTS][32], nb[32];
+    for (int k = 0; k < n; k++) merge_operand(w, l, k, &v[k], nchw, r, in[k]);
+    loom_shape out = {.rank = r};
+    if (l->kind == LOOM_LAYER_CONCATENATE) {
+        int ax = l->axis < 0 ? r + 1 + l->axis : l->axis; /* 1..r: H, W, C of an image */
+        out = v[0].s;
+        out.dim[ax - 1] = 0;
+        for (int k = 0; k < n; k++) out.dim[ax - 1] += v[k].s.dim[ax - 1];
+        fresh(o, nb);
+        for (int k = 0; k < n; k++) pb_str(&o->node, NODE_INPUT, in[k]);
+        pb_str(&o->node, NODE_OUTPUT, nb);
+        char name[64];
+        snprintf(name, sizeof name, "Concat_%d", o->n_nodes++);
+        pb_str(&o->node, NODE_NAME, name);
+        pb_str(&o->node, NODE_OP_TYPE, "Concat");
+        attr_int(o, "axis", nchw ? (ax == 3 ? 1 : ax + 1) : ax);
+        node_end(o);
+        strcpy(w->cur, nb);
+    } else {
+        for (int d = 0; d < r; d++) out.dim[d] = 1; /* broadcast from the last axis, as nn */
+        for (int k = 0; k < n; k++)
+            for (int d = 0; d < v[k].s.rank; d++) {
+                int od = r - v[k].s.rank + d;
+                if (v[k].s.dim[d] != 1) out.dim[od] = v[k].s.dim[d];
+            }
+        if (l->kind == LOOM_LAYER_AVERAGE || l->kind == LOOM_LAYER_MAXIMUM) { /* variadic */
+            fresh(o, nb);
+            for (int k = 0; k < n; k++) pb_str(&o->node, NODE_INPUT, in[k]);
+            pb_str(&o->node, NODE_OUTPUT, nb);
+            const char *op = l->kind == LOOM_LAYER_AVERAGE ? "Mean" : "Max";
+            char name[64];
+            snprintf(name, sizeof name, "%s_%d", op, o->n_nodes++);
+            pb_str(&o->node, NODE_NAME, name);
+            pb_str(&o->node, NODE_OP_TYPE, op);
+            node_end(o);
+            strcpy(w->cur, nb);
+        } else {
+            const char *op = l->kind == LOOM_LAYER_ADD ? "Add" : l->kind == LOOM_LAYER_SUBTRACT ? "Sub" : "Mul";
+            strcpy(w->cur, in[0]);
+            for (int k = 1; k < n; k++) binary(o, op, w->cur, in[k], w->cur);
+        }
+    }
+    w->s = out;
+    w->nchw = nchw;
+    return LOOM_OK;
+}
+
+/* Several model inputs (model.inputs): one graph input each, named by its
+ * feature, ids (int32/int64) for an embedding or float32. */
+static int graph_inputs(onnx_walk *w, const loom_spec *spec, const export_input *in, onnx_value *iv, loom_err *err)
+{
+    for (int f = 0; f < in->n; f++) {
+        const char *feat = spec->model.inputs[f];
+        loom_dtype dt = in->dtypes[f];
+        if (dt != LOOM_F32 && dt != LOOM_I32 && dt != LOOM_I64)
+            return loom_err_set(err, LOOM_EUNSUPPORTED, spec->path, "the model input \"%s\" is %s, not float32 or "
+                                "int32/int64 ids", feat, loom_dtype_name(dt));
+        value_info(w->o, GRAPH_INPUT, feat, onnx_dtype(dt), &in->shapes[f]);
+        iv[f] = (onnx_value){.s = in->shapes[f], .dt = dt};
+        if (strlen(feat) < sizeof iv[f].name) {
+            strcpy(iv[f].name, feat);
+        } else { /* the walk's values are short names */
+            node_begin(w->o, "Identity", fresh(w->o, iv[f].name), feat, NULL, NULL);
+            node_end(w->o);
+        }
+    }
+    return LOOM_OK;
+}
+
+/* The ONNX graph of the model: its inputs, each layer by its kind's emitter
+ * in the order the layers run, reading its inputs' values by name, its
+ * output. A chain comes out as the walk along it always did. */
 static int build_graph(onnx_graph *o, const loom_spec *spec, loom_model *m, const export_input *in,
                        bool preprocessing, const loom_dataset_spec *ds, loom_err *err)
 {
     const loom_model_spec *ms = &spec->model;
     onnx_walk w = {.o = o, .m = m, .in_dtype = in->dtype, .cur = "input", .s = in->shape};
     pb_str(&o->g, GRAPH_NAME, "loom");
-    int gi = loom_model_spec_graph_layer(ms);
-    if (gi >= 0) { /* the emitters walk a chain: a graph would come out wrong */
-        char where[LOOM_PATH_MAX + 16];
-        return loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&ms->layer[gi].loc, where, sizeof where),
-                            "layer \"%s\" makes the model a graph (its inputs, or a merge): the ONNX export writes "
-                            "a plain stack of layers only, so far", ms->layer[gi].name),
-               loom_err_hint(err, "export its variables with --format npz");
-    }
-    int rc = graph_input(&w, spec, in, preprocessing, ds, err);
+    onnx_value iv[LOOM_MAX_MODEL_INPUTS];
+    int rc = in->n > 1 ? graph_inputs(&w, spec, in, iv, err) : graph_input(&w, spec, in, preprocessing, ds, err);
     if (rc) return rc;
-    for (int li = 0; li < ms->n_layers; li++) {
-        const loom_layer_spec *l = &ms->layer[li];
-        if ((unsigned)l->kind >= sizeof kind_emit / sizeof kind_emit[0] || !kind_emit[l->kind]) {
-            char where[LOOM_PATH_MAX + 16];
-            return loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&l->loc, where, sizeof where),
-                                "layer \"%s\" (%s) has no ONNX form in Loom's export", l->name,
-                                loom_layer_kind_name(l->kind));
-        }
-        if ((rc = kind_emit[l->kind](&w, l, err))) return rc;
+    if (in->n <= 1) {
+        iv[0] = (onnx_value){.s = w.s, .dt = in->dtype};
+        strcpy(iv[0].name, w.cur);
     }
+    int n = loom_model_num_layers(m);
+    onnx_value *val = loom_calloc((size_t)(n > 0 ? n : 1), sizeof *val);
+    if (!val) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the export's values");
+    for (int li = 0; li < n && !rc; li++) {
+        int src[LOOM_MAX_LAYER_INPUTS], ns;
+        const loom_layer_spec *l = loom_model_layer_spec(m, li, src, &ns);
+        onnx_value sv[LOOM_MAX_LAYER_INPUTS] = {0};
+        for (int k = 0; k < ns; k++) sv[k] = src[k] >= 0 ? val[src[k]] : iv[-1 - src[k]];
+        if (l->kind >= LOOM_LAYER_ADD && l->kind <= LOOM_LAYER_CONCATENATE) {
+            rc = emit_merge(&w, l, sv, ns, err);
+        } else if ((unsigned)l->kind >= sizeof kind_emit / sizeof kind_emit[0] || !kind_emit[l->kind]) {
+            char where[LOOM_PATH_MAX + 16];
+            rc = loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&l->loc, where, sizeof where),
+                              "layer \"%s\" (%s) has no ONNX form in Loom's export", l->name,
+                              loom_layer_kind_name(l->kind));
+        } else {
+            strcpy(w.cur, sv[0].name);
+            w.s = sv[0].s, w.nchw = sv[0].nchw, w.in_dtype = sv[0].dt;
+            rc = kind_emit[l->kind](&w, l, err);
+        }
+        strcpy(val[li].name, w.cur);
+        val[li].s = w.s, val[li].nchw = w.nchw, val[li].dt = LOOM_F32;
+    }
+    loom_free(val);
+    if (rc) return rc;
     graph_output(&w, ms);
     return LOOM_OK;
 }
@@ -966,6 +1102,17 @@ static int input_of(const loom_spec *spec, const loom_dataset_spec *base, bool r
         } else if (pass == 0) {
             in->shape = es->shape[xi], in->dtype = es->dtype[xi];
             in->label_shape = es->shape[yi], in->label_dtype = es->dtype[yi];
+            in->n = spec->model.n_inputs > 1 ? spec->model.n_inputs : 1;
+            for (int f = 0; f < in->n && !rc; f++) {
+                int fi = f ? loom_elem_spec_find(es, spec->model.inputs[f]) : xi;
+                if (fi < 0) {
+                    char have[512];
+                    rc = loom_err_set(err, LOOM_ESHAPE, spec->path, "the pipeline has no feature \"%s\" (it yields %s)",
+                                      spec->model.inputs[f], loom_elem_spec_str(es, have, sizeof have));
+                } else {
+                    in->shapes[f] = es->shape[fi], in->dtypes[f] = es->dtype[fi];
+                }
+            }
         } else {
             in->raw_shape = es->shape[xi], in->raw_dtype = es->dtype[xi];
         }
@@ -1000,11 +1147,18 @@ int loom_export(const loom_spec *spec, const loom_export_opts *opts, loom_err *e
     if (access(dir, W_OK | X_OK) != 0)
         return loom_err_set(err, LOOM_EIO, opts->output, "cannot write the export here: %s: %s", dir, strerror(errno)),
                loom_err_hint(err, "choose a path in a directory that exists and you may write to");
-    export_input in;
+    export_input in = {0};
+    if (opts->format == LOOM_EXPORT_ONNX && opts->include_preprocessing && spec->model.n_inputs > 1)
+        return loom_err_set(err, LOOM_EUNSUPPORTED, spec->path,
+                            "--include-preprocessing: the model has %d inputs (model.inputs); the export folds the "
+                            "maps of one input only, so far", spec->model.n_inputs),
+               loom_err_hint(err, "export without --include-preprocessing and apply the maps before the model");
     rc = input_of(spec, base, opts->format == LOOM_EXPORT_ONNX && opts->include_preprocessing, &in, err);
     if (rc) return rc;
     loom_model *m = NULL;
-    rc = loom_model_new(&m, &spec->model, &in.shape, in.dtype, &in.label_shape, in.label_dtype, 1, err);
+    rc = in.n > 1 ? loom_model_new_inputs(&m, &spec->model, in.n, in.shapes, in.dtypes, &in.label_shape,
+                                          in.label_dtype, 1, err)
+                  : loom_model_new(&m, &spec->model, &in.shape, in.dtype, &in.label_shape, in.label_dtype, 1, err);
     if (rc) return rc;
     char path[LOOM_PATH_MAX];
     int64_t step = -1;
