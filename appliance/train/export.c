@@ -13,6 +13,9 @@
  * transposes to NCHW before the first conv or pool and back to NHWC before
  * a flatten, so flatten's element order, and hence the dense kernels after
  * it, are Loom's. Conv kernels (kh, kw, cin, cout) become (cout, cin, kh, kw).
+ * A graph's layers are emitted in the order they run, each reading its
+ * inputs' values by name with their layout (emit_merge brings a merge's
+ * inputs to one).
  *
  * Threads: the main thread. */
 #include "train.h"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # export.sh - `loom export`: ONNX and npz files that read back (walked by
 # tests/fixtures/check_export, no onnx or numpy needed), and its errors:
-# an unwritable path, a checkpoint of another model, a map with no ONNX form.
+# an unwritable path, a checkpoint of another model, a map with no ONNX form,
+# --include-preprocessing with several model inputs. A graph's ONNX ops.
 # onnxruntime and numpy check the numbers in the interop suite (export_interop.py).
 source "$(dirname "$0")/lib.sh"
 CHK="${LOOM_CHECK_EXPORT:-$(dirname "$LOOM")/tests/check_export}"
@@ -42,6 +43,16 @@ contains "vl.onnx: Pad, Conv with groups and dilations, HardSwish, Elu, depthwis
     "ops Reshape,Pad,Transpose,Conv,Sigmoid,Mul,Conv,HardSwish,Conv,Elu,Conv,Conv,Sigmoid,Mul,ConvTranspose,Softplus,Pad,Resize,Tanh,Transpose,Reshape,Transpose,Conv,Transpose,Sigmoid,Reshape,Transpose,GlobalMaxPool,Flatten,Softplus,Gemm,Softmax" "$out"
 contains "vl.onnx: every parameter and the 4 Resize scales" "floats 1332 " "$out"
 
+# a graph (tests/configs/graph_conv.cfg): every merge kind, each node reading its inputs by name, a merge's
+# inputs brought to one layout (NCHW after a conv, NHWC after a layer norm), a pooled vector broadcast to an image
+GC=tests/configs/graph_conv.cfg
+check "train the residual conv graph (3 steps)" "$LOOM" train $GC --model-dir "$WORK/gc" --set run.max_steps=3 "${Q[@]}"
+check "export the graph as ONNX" "$LOOM" export $GC --model-dir "$WORK/gc" --format onnx --output "$WORK/gc.onnx"
+out=$("$CHK" onnx "$WORK/gc.onnx" 2>&1)
+contains "gc.onnx: Add, Mul, Mean, Max, Sub, Concat; layouts matched by Transpose, ranks by Unsqueeze" \
+    "ops Transpose,Conv,Relu,Conv,BatchNormalization,Add,Relu,Conv,Relu,Conv,Add,Transpose,LayerNormalization,Transpose,Mul,Mean,Max,Transpose,Sub,Concat,Concat,GlobalAveragePool,Flatten,Transpose,Unsqueeze,Add,Transpose,GlobalAveragePool,Flatten,Gemm,Softmax" "$out"
+contains "gc.onnx: every parameter" "floats $("$LOOM" check $GC 2>&1 | sed -n 's/^Total params: \([0-9]*\).*/\1/p') " "$out"
+
 check "export the MLP as npz" "$LOOM" export $MLP --model-dir "$WORK/mlp" --format npz --output "$WORK/mlp.npz"
 out=$("$CHK" npz "$WORK/mlp.npz" 2>&1)
 ckpt=$(ls "$WORK"/mlp/ckpt-*.loom | head -1)
@@ -77,4 +88,7 @@ expect_fail 2 "--include-preprocessing with a map with no ONNX form names it and
     "std.cfg:19: --include-preprocessing: the map \"per_image_standardization\"" \
     "$LOOM" export "$WORK/std.cfg" --checkpoint "$WORK/cnn/ckpt-3.loom" --format onnx --include-preprocessing \
     --output "$WORK/x.onnx"
+expect_fail 2 "--include-preprocessing with several model inputs: refused, saying why" \
+    "ctr_wide_deep.cfg: --include-preprocessing: the model has 2 inputs (model.inputs)" \
+    "$LOOM" export configs/ctr_wide_deep.cfg --format onnx --include-preprocessing --output "$WORK/x.onnx"
 finish
