@@ -180,22 +180,23 @@ typedef struct export_input {
     loom_shape raw_shape;          /* per example, as the source yields it */
     loom_dtype raw_dtype;
     int        n;                  /* model inputs (model.inputs; 1 for model.input, then shape and dtype) */
-    loom_shape shapes[LOOM_MAX_MODEL_INPUTS]; /* each per example, after the maps */
-    loom_dtype dtypes[LOOM_MAX_MODEL_INPUTS];
+    loom_shape shapes[LOOM_MAX_MODEL_INPUTS], raw_shapes[LOOM_MAX_MODEL_INPUTS]; /* each, as shape and raw_shape */
+    loom_dtype dtypes[LOOM_MAX_MODEL_INPUTS], raw_dtypes[LOOM_MAX_MODEL_INPUTS];
 } export_input;
 
-/* The eval pipeline's maps of the model input folded into the graph: cast,
+/* The eval pipeline's maps of model input f folded into the graph: cast,
  * scale, normalize and reshape, in order; anything else that changes values
- * is an error naming the map. Writes the name of the value the model's first
- * layer reads into cur. */
+ * is an error naming the map. Writes the name of the value the model's
+ * layers read into cur. */
 static int fold_preprocessing(onnx_graph *o, const loom_spec *spec, const loom_dataset_spec *ds,
-                              const export_input *in, char cur[32], loom_err *err)
+                              const export_input *in, int f, char cur[32], loom_err *err)
 {
     char nb[32], cb[32];
-    bool is_float = in->raw_dtype == LOOM_F32, reshaped = false;
+    const char *feat = f ? spec->model.inputs[f] : spec->model.input;
+    bool is_float = in->raw_dtypes[f] == LOOM_F32, reshaped = false;
     for (int i = 0; i < ds->n_transforms; i++) {
         const loom_transform_spec *t = &ds->transform[i];
-        if (t->kind != LOOM_T_MAP || strcmp(t->map.feature, spec->model.input)) continue;
+        if (t->kind != LOOM_T_MAP || strcmp(t->map.feature, feat)) continue;
         const loom_map_spec *m = &t->map;
         char w[LOOM_PATH_MAX + 16];
         if (m->kind == LOOM_MAP_RESHAPE) { /* the final Reshape below gives the model's shape */
@@ -244,19 +245,22 @@ static int fold_preprocessing(onnx_graph *o, const loom_spec *spec, const loom_d
             strcpy(cur, nb);
         }
     }
-    if (!is_float && in->raw_dtype != in->dtype) { /* (an embedding's ids reach it as they are) */
+    if (!is_float && in->raw_dtypes[f] != in->dtypes[f]) { /* (an embedding's ids reach it as they are) */
         char w[LOOM_PATH_MAX + 16];
         return loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&ds->loc, w, sizeof w),
                             "--include-preprocessing: feature \"%s\" reaches the model as %s without a cast or scale map",
-                            spec->model.input, loom_dtype_name(in->raw_dtype));
+                            feat, loom_dtype_name(in->raw_dtypes[f]));
     }
     /* the model's per-example shape, batch dim free */
+    const loom_shape *sh = &in->shapes[f];
     int64_t dims[LOOM_MAX_RANK + 1] = {-1};
-    for (int i = 0; i < in->shape.rank; i++) dims[i + 1] = in->shape.dim[i];
-    initializer(o, "preprocess/shape", ONNX_INT64, (int64_t[]){in->shape.rank + 1}, 1, dims,
-                (size_t)(in->shape.rank + 1) * sizeof(int64_t));
+    for (int i = 0; i < sh->rank; i++) dims[i + 1] = sh->dim[i];
+    char sn[LOOM_NAME_MAX + 32];
+    if (in->n > 1) snprintf(sn, sizeof sn, "preprocess/%s/shape", feat);
+    else snprintf(sn, sizeof sn, "preprocess/shape");
+    initializer(o, sn, ONNX_INT64, (int64_t[]){sh->rank + 1}, 1, dims, (size_t)(sh->rank + 1) * sizeof(int64_t));
     strcpy(nb, fresh(o, cb));
-    node_begin(o, "Reshape", nb, cur, "preprocess/shape", NULL);
+    node_begin(o, "Reshape", nb, cur, sn, NULL);
     node_end(o);
     strcpy(cur, nb);
     return LOOM_OK;
@@ -788,7 +792,7 @@ static int graph_input(onnx_walk *w, const loom_spec *spec, const export_input *
     const loom_model_spec *ms = &spec->model;
     if (preprocessing) {
         value_info(w->o, GRAPH_INPUT, "input", onnx_dtype(in->raw_dtype), &in->raw_shape);
-        return fold_preprocessing(w->o, spec, ds, in, w->cur, err);
+        return fold_preprocessing(w->o, spec, ds, in, 0, w->cur, err);
     }
     if (ms->n_layers > 0 && ms->layer[0].kind == LOOM_LAYER_EMBEDDING) { /* int32 or int64 ids */
         value_info(w->o, GRAPH_INPUT, "input", onnx_dtype(in->dtype), &in->shape);
@@ -917,8 +921,10 @@ static int emit_merge(onnx_walk *w, const loom_layer_spec *l, const onnx_value *
 }
 
 /* Several model inputs (model.inputs): one graph input each, named by its
- * feature, ids (int32/int64) for an embedding or float32. */
-static int graph_inputs(onnx_walk *w, const loom_spec *spec, const export_input *in, onnx_value *iv, loom_err *err)
+ * feature, ids (int32/int64) for an embedding or float32; or the source's
+ * raw feature with its maps folded in. */
+static int graph_inputs(onnx_walk *w, const loom_spec *spec, const export_input *in, bool preprocessing,
+                        const loom_dataset_spec *ds, onnx_value *iv, loom_err *err)
 {
     for (int f = 0; f < in->n; f++) {
         const char *feat = spec->model.inputs[f];
@@ -926,7 +932,8 @@ static int graph_inputs(onnx_walk *w, const loom_spec *spec, const export_input 
         if (dt != LOOM_F32 && dt != LOOM_I32 && dt != LOOM_I64)
             return loom_err_set(err, LOOM_EUNSUPPORTED, spec->path, "the model input \"%s\" is %s, not float32 or "
                                 "int32/int64 ids", feat, loom_dtype_name(dt));
-        value_info(w->o, GRAPH_INPUT, feat, onnx_dtype(dt), &in->shapes[f]);
+        if (preprocessing) value_info(w->o, GRAPH_INPUT, feat, onnx_dtype(in->raw_dtypes[f]), &in->raw_shapes[f]);
+        else value_info(w->o, GRAPH_INPUT, feat, onnx_dtype(dt), &in->shapes[f]);
         iv[f] = (onnx_value){.s = in->shapes[f], .dt = dt};
         if (strlen(feat) < sizeof iv[f].name) {
             strcpy(iv[f].name, feat);
@@ -934,6 +941,8 @@ static int graph_inputs(onnx_walk *w, const loom_spec *spec, const export_input 
             node_begin(w->o, "Identity", fresh(w->o, iv[f].name), feat, NULL, NULL);
             node_end(w->o);
         }
+        int rc = preprocessing ? fold_preprocessing(w->o, spec, ds, in, f, iv[f].name, err) : LOOM_OK;
+        if (rc) return rc;
     }
     return LOOM_OK;
 }
@@ -948,7 +957,7 @@ static int build_graph(onnx_graph *o, const loom_spec *spec, loom_model *m, cons
     onnx_walk w = {.o = o, .m = m, .in_dtype = in->dtype, .cur = "input", .s = in->shape};
     pb_str(&o->g, GRAPH_NAME, "loom");
     onnx_value iv[LOOM_MAX_MODEL_INPUTS];
-    int rc = in->n > 1 ? graph_inputs(&w, spec, in, iv, err) : graph_input(&w, spec, in, preprocessing, ds, err);
+    int rc = in->n > 1 ? graph_inputs(&w, spec, in, preprocessing, ds, iv, err) : graph_input(&w, spec, in, preprocessing, ds, err);
     if (rc) return rc;
     if (in->n <= 1) {
         iv[0] = (onnx_value){.s = w.s, .dt = in->dtype};
@@ -1118,6 +1127,16 @@ static int input_of(const loom_spec *spec, const loom_dataset_spec *base, bool r
             }
         } else {
             in->raw_shape = es->shape[xi], in->raw_dtype = es->dtype[xi];
+            for (int f = 0; f < in->n && !rc; f++) {
+                int fi = f ? loom_elem_spec_find(es, spec->model.inputs[f]) : xi;
+                if (fi < 0) {
+                    char have[512];
+                    rc = loom_err_set(err, LOOM_ESHAPE, spec->path, "the source has no feature \"%s\" (it yields %s)",
+                                      spec->model.inputs[f], loom_elem_spec_str(es, have, sizeof have));
+                } else {
+                    in->raw_shapes[f] = es->shape[fi], in->raw_dtypes[f] = es->dtype[fi];
+                }
+            }
         }
         loom_iter_close(it);
     }
@@ -1151,11 +1170,6 @@ int loom_export(const loom_spec *spec, const loom_export_opts *opts, loom_err *e
         return loom_err_set(err, LOOM_EIO, opts->output, "cannot write the export here: %s: %s", dir, strerror(errno)),
                loom_err_hint(err, "choose a path in a directory that exists and you may write to");
     export_input in = {0};
-    if (opts->format == LOOM_EXPORT_ONNX && opts->include_preprocessing && spec->model.n_inputs > 1)
-        return loom_err_set(err, LOOM_EUNSUPPORTED, spec->path,
-                            "--include-preprocessing: the model has %d inputs (model.inputs); the export folds the "
-                            "maps of one input only, so far", spec->model.n_inputs),
-               loom_err_hint(err, "export without --include-preprocessing and apply the maps before the model");
     rc = input_of(spec, base, opts->format == LOOM_EXPORT_ONNX && opts->include_preprocessing, &in, err);
     if (rc) return rc;
     loom_model *m = NULL;

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # export.sh - `loom export`: ONNX and npz files that read back (walked by
 # tests/fixtures/check_export, no onnx or numpy needed), and its errors:
-# an unwritable path, a checkpoint of another model, a map with no ONNX form,
-# --include-preprocessing with several model inputs. A graph's ONNX ops.
+# an unwritable path, a checkpoint of another model, a map with no ONNX form.
+# A graph's ONNX ops.
 # onnxruntime and numpy check the numbers in the interop suite (export_interop.py).
 source "$(dirname "$0")/lib.sh"
 CHK="${LOOM_CHECK_EXPORT:-$(dirname "$LOOM")/tests/check_export}"
@@ -88,7 +88,4 @@ expect_fail 2 "--include-preprocessing with a map with no ONNX form names it and
     "std.cfg:19: --include-preprocessing: the map \"per_image_standardization\"" \
     "$LOOM" export "$WORK/std.cfg" --checkpoint "$WORK/cnn/ckpt-3.loom" --format onnx --include-preprocessing \
     --output "$WORK/x.onnx"
-expect_fail 2 "--include-preprocessing with several model inputs: refused, saying why" \
-    "ctr_wide_deep.cfg: --include-preprocessing: the model has 2 inputs (model.inputs)" \
-    "$LOOM" export configs/ctr_wide_deep.cfg --format onnx --include-preprocessing --output "$WORK/x.onnx"
 finish
