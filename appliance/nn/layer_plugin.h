@@ -115,4 +115,17 @@ typedef struct loom_layer_ops {
 /* A plugin layer kind by name (the registry's LOOM_REG_LAYER); NULL when none. */
 const loom_layer_ops *loom_layer_plugin_find(const char *type, const char **origin);
 
+
+/* Gradcheck of a plugin layer on its own (what `loom check --gradcheck`
+ * does for a model's layers): builds it with a (inputs per example), gives
+ * its parameters their initial values from seed and checks, on B random
+ * examples (inputs 0.1 away from 0) and L = sum(r * y) with random r, that
+ * the backward's input and parameter gradients match central differences
+ * within tol (|a - n| / max(1, |n|); *max_err the worst), and that with no
+ * parameters the outputs and input gradients are the same bits on chunks of
+ * one example as on the whole batch. LOOM_ENUMERIC naming the layer and the
+ * worst value when not; the layer's own errors as it returns them. */
+int loom_layer_plugin_check(const loom_layer_ops *ops, const loom_layer_args *a, int64_t B, uint64_t seed,
+                            double tol, double *max_err, loom_err *err);
+
 #endif
