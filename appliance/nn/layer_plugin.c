@@ -212,3 +212,154 @@ nomem:
     lp_free(&p);
     return loom_err_set(err, LOOM_ENOMEM, a->where, "out of memory checking layer \"%s\"", a->name);
 }
+
+/* ---- plugin layers in a model ----------------------------------------------- */
+
+#include "nn/nn_internal.h"
+
+#include <stdio.h>
+
+int nn_plugin_shapes_(loom_model *m, nn_layer_ *l, int li, loom_err *err)
+{
+    (void)li;
+    const loom_layer_spec *s = &l->spec;
+    l->pinst = NULL, l->pscratch = NULL, l->pplan = NULL;
+    const loom_layer_ops *ops = loom_layer_plugin_find(s->plugin, NULL);
+    if (!ops)
+        return loom_err_set(err, LOOM_ECONFIG, l->where, "layer \"%s\": unknown layer type \"%s\"", s->name, s->plugin),
+               loom_err_hint(err, "load the plugin that provides it (plugins.path, $LOOM_PLUGIN_PATH); "
+                                  "`loom plugins` lists the layer types");
+    if (s->n_inputs > 1)
+        return loom_err_set(err, LOOM_EUNSUPPORTED, l->where,
+                            "layer \"%s\" (%s): plugin layers take one input for now, not %d", s->name, s->plugin,
+                            s->n_inputs);
+    static _Thread_local char where[LOOM_LAYER_MAX_SETTINGS][LOOM_PATH_MAX + 16];
+    loom_layer_settings st = {.n = s->settings.n};
+    for (int k = 0; k < st.n; k++) {
+        if (s->settings.line[k] > 0) snprintf(where[k], sizeof where[k], "%s:%d", s->loc.file, s->settings.line[k]);
+        else snprintf(where[k], sizeof where[k], "--set");
+        st.key[k] = s->settings.key[k], st.value[k] = s->settings.value[k], st.where[k] = where[k];
+    }
+    for (int k = 0; k < st.n; k++) { /* the keys the layer accepts */
+        bool ok = false;
+        for (int o = 0; ops->options && ops->options[o] && !ok; o++) ok = !strcmp(ops->options[o], st.key[k]);
+        if (!ok)
+            return loom_err_set(err, LOOM_ECONFIG, where[k], "layer \"%s\" (%s) has no setting \"%s\"", s->name,
+                                s->plugin, st.key[k]);
+    }
+    loom_layer_args a = {.size = sizeof a, .type = s->plugin, .name = s->name, .where = l->where, .settings = &st,
+                         .n_in = 1, .in = &l->in, .max_batch = m->max_batch};
+    l->pplan = loom_calloc(1, sizeof *l->pplan);
+    if (!l->pplan) return loom_err_set(err, LOOM_ENOMEM, l->where, "out of memory");
+    l->pops = ops;
+    int rc = ops->build(&l->pinst, &a, l->pplan, err);
+    if (rc) {
+        if (!err->where[0]) snprintf(err->where, sizeof err->where, "%.*s", (int)sizeof err->where - 1, l->where);
+        return rc;
+    }
+    const loom_layer_plan *p = l->pplan;
+    if (p->whole_batch)
+        return loom_err_set(err, LOOM_EUNSUPPORTED, l->where,
+                            "layer \"%s\" (%s): whole_batch plugin layers are not run by the model yet", s->name,
+                            s->plugin);
+    if (p->n_params < 0 || p->n_params > LOOM_LAYER_MAX_PARAMS || p->out.rank < 0 || p->out.rank > LOOM_MAX_RANK)
+        return loom_err_set(err, LOOM_EPLUGIN, l->where, "layer \"%s\" (%s): build() declared %d parameter tensors "
+                            "(at most %d) or an output of rank %d", s->name, s->plugin, p->n_params,
+                            LOOM_LAYER_MAX_PARAMS, p->out.rank);
+    if (p->n_params && !ops->param_grads)
+        return loom_err_set(err, LOOM_EPLUGIN, l->where, "layer \"%s\" (%s) has parameters but no param_grads",
+                            s->name, s->plugin);
+    l->out = p->out;
+    for (int t = 0; t < p->n_params; t++) {
+        const loom_layer_param *q = &p->param[t];
+        if (!q->trainable)
+            return loom_err_set(err, LOOM_EUNSUPPORTED, l->where,
+                                "layer \"%s\" (%s): state parameters (trainable = 0) are not run by the model yet",
+                                s->name, s->plugin);
+        int64_t n = loom_shape_numel(&q->shape), fout = q->shape.rank ? q->shape.dim[q->shape.rank - 1] : 1;
+        int init = q->init == LOOM_LINIT_ZEROS ? LOOM_INIT_ZEROS
+                   : q->init == LOOM_LINIT_ONES ? NN_INIT_ONES_
+                   : q->init == LOOM_LINIT_CONSTANT ? NN_INIT_CONST_
+                   : q->init == LOOM_LINIT_HE_NORMAL ? LOOM_INIT_HE_NORMAL : LOOM_INIT_GLOROT_UNIFORM;
+        double fin = init == NN_INIT_CONST_ ? (double)q->value : (double)(fout ? n / fout : 1);
+        int64_t off = nn_add_param_(m, l, q->name ? q->name : "param", &q->shape, init, fin, (double)fout);
+        l->poff[t] = off;
+        if (t == 0) l->kernel_off = off;
+    }
+    return LOOM_OK;
+}
+
+bool nn_plugin_buffers_(nn_layer_ *l, int64_t max_batch)
+{
+    size_t outs = (size_t)(max_batch * l->n_out) * sizeof(float);
+    if (!(l->y = loom_alloc_aligned(outs)) || !(l->dz = loom_alloc_aligned(outs))) return false;
+    return (l->pscratch = loom_alloc_aligned((size_t)max_batch * l->pplan->scratch_per_example + 64)) != NULL;
+}
+
+void nn_plugin_free_(nn_layer_ *l)
+{
+    if (l->pinst) l->pops->free(l->pinst);
+    loom_free(l->pscratch);
+    loom_free(l->pplan);
+    l->pinst = NULL, l->pscratch = NULL, l->pplan = NULL;
+}
+
+static loom_layer_call plugin_call(const nn_layer_ *l, int64_t b0, int64_t B,
+                                   const float *const *x, float *const *param)
+{
+    return (loom_layer_call){.size = sizeof(loom_layer_call), .b0 = b0, .B = B, .global_batch = 0,
+                             .n_in = 1, .x = x, .y = l->y + b0 * l->n_out, .param = param,
+                             .scratch = l->pscratch + (size_t)b0 * l->pplan->scratch_per_example};
+}
+
+/* A plugin's failure in a step has nowhere to go: logged once, the step's numbers show it. */
+static void plugin_failed(const nn_layer_ *l, const char *what, const loom_err *e)
+{
+    loom_log(LOOM_LOG_ERROR, "%s: layer \"%s\" (%s) %s failed: %s", l->where, l->spec.name, l->spec.plugin, what,
+             e->msg);
+}
+
+void nn_plugin_forward_(const loom_model *m, int li, nn_chunk_ *c, const float *x, float *y, int training,
+                        uint64_t rng_key)
+{
+    const nn_layer_ *l = &m->layer[li];
+    (void)y;
+    float *param[LOOM_LAYER_MAX_PARAMS];
+    for (int t = 0; t < l->pplan->n_params; t++) param[t] = m->params + l->poff[t];
+    loom_layer_call call = plugin_call(l, c->b0, c->B, &x, param);
+    call.training = training, call.rng_key = rng_key;
+    loom_err e = {0};
+    if (l->pops->forward(l->pinst, &call, &e)) plugin_failed(l, "forward", &e);
+}
+
+float *nn_plugin_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, float *other)
+{
+    const nn_layer_ *l = &m->layer[li];
+    const int64_t row0 = c->b0 * l->n_out;
+    const float *x = c->act[li];
+    memcpy(l->dz + row0, g, (size_t)(c->B * l->n_out) * sizeof *g); /* dy, for param_grads */
+    float *param[LOOM_LAYER_MAX_PARAMS];
+    for (int t = 0; t < l->pplan->n_params; t++) param[t] = m->params + l->poff[t];
+    loom_layer_call call = plugin_call(l, c->b0, c->B, &x, param);
+    float *dx[1] = {other};
+    call.dy = l->dz + row0, call.dx = dx, call.training = 1;
+    loom_err e = {0};
+    if (l->pops->backward(l->pinst, &call, &e)) plugin_failed(l, "backward", &e);
+    return other;
+}
+
+void nn_plugin_param_grads_(loom_model *m, int li, const float *x, int64_t B)
+{
+    const nn_layer_ *l = &m->layer[li];
+    if (!l->pplan->n_params) return;
+    float *param[LOOM_LAYER_MAX_PARAMS], *dparam[LOOM_LAYER_MAX_PARAMS];
+    for (int t = 0; t < l->pplan->n_params; t++) {
+        param[t] = m->params + l->poff[t];
+        dparam[t] = m->grads + l->poff[t];
+        memset(dparam[t], 0, (size_t)loom_shape_numel(&l->pplan->param[t].shape) * sizeof(float));
+    }
+    loom_layer_call call = plugin_call(l, 0, B, &x, param);
+    call.dy = l->dz, call.dparam = dparam, call.training = 1;
+    loom_err e = {0};
+    if (l->pops->param_grads(l->pinst, &call, &e)) plugin_failed(l, "param_grads", &e);
+}

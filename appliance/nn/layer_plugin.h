@@ -67,7 +67,8 @@ typedef struct loom_layer_plan {
  * rows (row-major, the example first). */
 typedef struct loom_layer_call {
     uint32_t            size;         /* sizeof at Loom's build */
-    int64_t             b0, B, global_batch;
+    int64_t             b0, B, global_batch; /* global_batch: 0 when not known (dy already carries the loss's
+                                                 1 / global_batch) */
     int                 n_in;
     const float *const *x;            /* (n_in,) each (B, in...) */
     float              *y;            /* forward: write (B, out...); backward, param_grads: forward's y, read-only */

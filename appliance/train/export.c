@@ -977,7 +977,7 @@ static int build_graph(onnx_graph *o, const loom_spec *spec, loom_model *m, cons
             char where[LOOM_PATH_MAX + 16];
             rc = loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&l->loc, where, sizeof where),
                               "layer \"%s\" (%s) has no ONNX form in Loom's export", l->name,
-                              loom_layer_kind_name(l->kind));
+                              l->kind == LOOM_LAYER_PLUGIN ? l->plugin : loom_layer_kind_name(l->kind));
         } else {
             strcpy(w.cur, sv[0].name);
             w.s = sv[0].s, w.nchw = sv[0].nchw, w.in_dtype = sv[0].dt;
