@@ -363,3 +363,24 @@ void nn_plugin_param_grads_(loom_model *m, int li, const float *x, int64_t B)
     loom_err e = {0};
     if (l->pops->param_grads(l->pinst, &call, &e)) plugin_failed(l, "param_grads", &e);
 }
+
+int loom_model_plugin_onnx(loom_model *m, const loom_layer_spec *s, loom_layer_onnx *node, int *n_params, loom_shape *out,
+                           loom_err *err)
+{
+    for (int i = 0; i < m->n_layers; i++) {
+        const nn_layer_ *l = &m->layer[i];
+        if (&l->spec != s || l->spec.kind != LOOM_LAYER_PLUGIN) continue;
+        memset(node, 0, sizeof *node);
+        *n_params = l->pplan->n_params;
+        *out = l->out;
+        if (!l->pops->onnx)
+            return loom_err_set(err, LOOM_EUNSUPPORTED, l->where, "layer \"%s\" (%s) has no ONNX form: its plugin "
+                                "has no onnx function", s->name, s->plugin);
+        int rc = l->pops->onnx(l->pinst, node, err);
+        if (!rc && (!node->op_type[0] || node->n_attr < 0 || node->n_attr > 4))
+            rc = loom_err_set(err, LOOM_EPLUGIN, l->where, "layer \"%s\" (%s): its onnx function gave no op_type or "
+                              "%d attributes (at most 4)", s->name, s->plugin, node->n_attr);
+        return rc;
+    }
+    return loom_err_set(err, LOOM_EUNSUPPORTED, NULL, "layer \"%s\" is not a plugin layer of this model", s->name);
+}

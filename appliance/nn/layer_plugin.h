@@ -117,6 +117,14 @@ typedef struct loom_layer_ops {
 const loom_layer_ops *loom_layer_plugin_find(const char *type, const char **origin);
 
 
+/* The ONNX node of model m's plugin layer s (its spec as
+ * loom_model_layer_spec returns it), its count of parameter tensors and
+ * its output shape per example;
+ * LOOM_EUNSUPPORTED naming the layer when the plugin has no onnx(). */
+struct loom_model;
+int loom_model_plugin_onnx(struct loom_model *m, const loom_layer_spec *s, loom_layer_onnx *node, int *n_params,
+                           loom_shape *out, loom_err *err);
+
 /* Gradcheck of a plugin layer on its own (what `loom check --gradcheck`
  * does for a model's layers): builds it with a (inputs per example), gives
  * its parameters their initial values from seed and checks, on B random

@@ -121,6 +121,7 @@ static int prelu_param_grads(void *inst, const loom_layer_call *c, loom_err *err
     return 0;
 }
 
+#ifndef LOOM_PRELU_BROKEN
 /* ONNX's PRelu broadcasts slope (C,) along the last axis: our layout. */
 static int prelu_onnx(void *inst, loom_layer_onnx *node, loom_err *err)
 {
@@ -129,6 +130,7 @@ static int prelu_onnx(void *inst, loom_layer_onnx *node, loom_err *err)
     node->n_attr = 0;
     return 0;
 }
+#endif
 
 static const loom_layer_ops prelu_ops = {
     .version = LOOM_PRELU_VERSION,
@@ -139,7 +141,9 @@ static const loom_layer_ops prelu_ops = {
     .forward = prelu_forward,
     .backward = prelu_backward,
     .param_grads = prelu_param_grads,
-    .onnx = prelu_onnx,
+#ifndef LOOM_PRELU_BROKEN
+    .onnx = prelu_onnx, /* optional: the broken build has none (export refuses it) */
+#endif
 };
 
 static int prelu_init(const loom_host *h, loom_err *err)

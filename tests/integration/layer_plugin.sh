@@ -3,8 +3,10 @@
 # a layer"): tests/configs/prelu_mlp.cfg uses the shipped plugin layer_prelu's
 # "prelu". loom check shows its row; --gradcheck passes on it and fails on a
 # build of it with a wrong backward; it trains, the same bits on 1 and 2
-# threads; its settings, an unknown type and the ONNX export are refused with
-# messages naming them.
+# threads; its settings and an unknown type are refused with messages naming
+# them; ONNX export emits the node its onnx() names (PRelu; onnxruntime checks
+# the numbers in fixtures/export_interop.py), and without onnx() refuses the
+# model naming the layer.
 source "$(dirname "$0")/lib.sh"
 BUILD="${LOOM_BUILD_ROOT:-$(dirname "$LOOM")}"
 FIX="$BUILD/tests/plugins"
@@ -49,6 +51,16 @@ expect_fail 2 "a built-in's typo is refused" 'model.layers.[2].type: unknown val
     "$LOOM" check $CFG --set 'model.layers.[2].type="dense2"'
 expect_fail 2 "... naming the nearest built-in" 'did you mean "dense"?' "$LOOM" check $CFG --set 'model.layers.[2].type="dense2"'
 expect_fail 2 "type = \"plugin\" is no type" 'name the plugin' "$LOOM" check $CFG --set 'model.layers.[2].type="plugin"'
-expect_fail 2 "ONNX export refuses the model, naming the layer" 'layer "act" (prelu) has no ONNX form' \
+check "ONNX export: the plugin's onnx() names the node" \
     "$LOOM" export $CFG --model-dir "$WORK/t2" --format onnx --output "$WORK/m.onnx"
+CHK="${LOOM_CHECK_EXPORT:-$(dirname "$LOOM")/tests/check_export}"
+out=$("$CHK" onnx "$WORK/m.onnx" 2>&1)
+contains "... a PRelu node with alpha as its slope" "ops Flatten,Gemm,PRelu,Gemm,Softmax" "$out"
+L2="$WORK/noonnx"; mkdir -p "$L2"; cp "$FIX/layer_prelu_broken.so" "$L2/"
+check "a model with the broken build trains (for its export)" env LOOM_PLUGIN_PATH="$L2" "$LOOM" train $CFG \
+    --model-dir "$WORK/nb" "${Q[@]}" --set run.max_steps=2 --set 'model.layers.[2].type="prelu_broken"'
+expect_fail 2 "a plugin layer without onnx(): ONNX export refuses the model, naming the layer" \
+    'layer "act" (prelu_broken) has no ONNX form: its plugin has no onnx function' \
+    env LOOM_PLUGIN_PATH="$L2" "$LOOM" export $CFG --model-dir "$WORK/nb" --format onnx --output "$WORK/nb.onnx" \
+    --set 'model.layers.[2].type="prelu_broken"'
 finish
