@@ -258,10 +258,10 @@ int nn_plugin_shapes_(loom_model *m, nn_layer_ *l, int li, loom_err *err)
         return rc;
     }
     const loom_layer_plan *p = l->pplan;
-    if (p->whole_batch)
+    if (p->whole_batch || p->scratch_fixed)
         return loom_err_set(err, LOOM_EUNSUPPORTED, l->where,
-                            "layer \"%s\" (%s): whole_batch plugin layers are not run by the model yet", s->name,
-                            s->plugin);
+                            "layer \"%s\" (%s): %s plugin layers are not run by the model yet", s->name, s->plugin,
+                            p->whole_batch ? "whole_batch" : "scratch_fixed");
     if (p->n_params < 0 || p->n_params > LOOM_LAYER_MAX_PARAMS || p->out.rank < 0 || p->out.rank > LOOM_MAX_RANK)
         return loom_err_set(err, LOOM_EPLUGIN, l->where, "layer \"%s\" (%s): build() declared %d parameter tensors "
                             "(at most %d) or an output of rank %d", s->name, s->plugin, p->n_params,

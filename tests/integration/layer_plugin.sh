@@ -37,6 +37,9 @@ check "1 thread" "$LOOM" train $CFG --model-dir "$WORK/t1" "${Q[@]}" --set run.t
 same_weights "the same bits on 1 and 2 threads" "$WORK/t1/ckpt-64.loom" "$WORK/t2/ckpt-64.loom"
 check "alpha is checkpointed" test -n "$a0"
 
+check "under mirrored, 2 replicas" "$LOOM" train $CFG --model-dir "$WORK/mir" "${Q[@]}" --set run.max_steps=6 \
+    --set strategy.type='"mirrored"' --set strategy.replicas=2
+
 expect_fail 2 "a setting the layer does not take is refused, naming it" 'layer "act" (prelu) has no setting "slope"' \
     "$LOOM" check $CFG --set 'model.layers.[2].slope=1'
 expect_fail 2 "the plugin checks its settings" 'alpha_init = x is not a number' \
