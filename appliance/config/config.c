@@ -75,7 +75,10 @@ const char *loom_cfg_name_(const char *const *names, int i)
     return "?";
 }
 
-const char *loom_layer_kind_name(loom_layer_kind k) { return loom_cfg_name_(loom_layer_names_, (int)k); }
+const char *loom_layer_kind_name(loom_layer_kind k)
+{
+    return k == LOOM_LAYER_PLUGIN ? "plugin" : loom_cfg_name_(loom_layer_names_, (int)k);
+}
 const char *loom_activation_name(loom_activation a) { return loom_cfg_name_(loom_activation_names_, (int)a); }
 const char *loom_metric_name(loom_metric_kind k) { return loom_cfg_name_(loom_metric_names_, (int)k); }
 const char *loom_loss_name(loom_loss_kind k) { return loom_cfg_name_(loom_loss_names_, (int)k); }

@@ -466,7 +466,9 @@ typedef enum { LOOM_LAYER_DENSE, LOOM_LAYER_CONV2D, LOOM_LAYER_MAX_POOL2D, LOOM_
                LOOM_LAYER_CONV1D,
                /* merge layers (several inputs, Keras' merging layers) */
                LOOM_LAYER_ADD, LOOM_LAYER_SUBTRACT, LOOM_LAYER_MULTIPLY, LOOM_LAYER_AVERAGE, LOOM_LAYER_MAXIMUM,
-               LOOM_LAYER_CONCATENATE } loom_layer_kind;
+               LOOM_LAYER_CONCATENATE,
+               /* appended: a plugin's layer kind, `type` naming it (loom_layer_spec.plugin) */
+               LOOM_LAYER_PLUGIN } loom_layer_kind;
 /* inputs of one layer (merge layers take 2 or more), and model.inputs */
 #define LOOM_MAX_LAYER_INPUTS 8
 #define LOOM_MAX_MODEL_INPUTS 8
@@ -526,6 +528,9 @@ typedef struct loom_layer_spec {
     int             n_inputs;            /* 0: the previous layer (the first layer: the model input) */
     char            inputs[LOOM_MAX_LAYER_INPUTS][LOOM_NAME_MAX]; /* layer names or model inputs (features) */
     int             axis;                /* concatenate: the axis, counting the batch as 0; default -1 (the last) */
+    /* ---- a plugin's layer kind (appended) ---- */
+    char            plugin[LOOM_NAME_MAX]; /* the registered layer type (kind LOOM_LAYER_PLUGIN) */
+    loom_plugin_opts settings;             /* its keys other than type, name and inputs, as text */
 } loom_layer_spec;
 
 typedef struct loom_model_spec {

@@ -72,6 +72,41 @@ static const cfg_opt layer_opts[] = {
     O_END,
 };
 
+/* A layer whose type is no built-in kind: a plugin's (nn/layer_plugin.h),
+ * checked to be registered once plugins are loaded (loom_plugins_check_spec).
+ * Its keys other than type, name and inputs reach the plugin as text. */
+static bool plugin_layer(cfg_ctx *c, const config_setting_t *e, loom_layer_spec *l, int i)
+{
+    const config_setting_t *ty = config_setting_get_member(e, "type");
+    if (!ty || config_setting_type(ty) != CONFIG_TYPE_STRING) return false;
+    const char *tn = config_setting_get_string(ty);
+    if (!strcmp(tn, "plugin")) {
+        cfg_err_(c, ty, "type = \"plugin\": name the plugin's layer type (`loom plugins` lists them)");
+        return true;
+    }
+    for (int k = 0; loom_layer_names_[k]; k++)
+        if (!strcmp(tn, loom_layer_names_[k])) return false;
+    if (strlen(tn) >= sizeof l->plugin || !*tn) return false; /* the usual "unknown layer type" */
+    l->kind = LOOM_LAYER_PLUGIN;
+    snprintf(l->plugin, sizeof l->plugin, "%s", tn);
+    cfg_parse_opts_(c, e, layer_opts, LOOM_LAYER_PLUGIN, l); /* name, inputs */
+    cfg_plugin_opts_group_(c, e, &l->settings);
+    int n = 0;
+    for (int k = 0; k < l->settings.n; k++) {
+        const char *key = l->settings.key[k];
+        if (!strcmp(key, "type") || !strcmp(key, "name") || !strcmp(key, "inputs")) continue;
+        if (n != k) {
+            memcpy(l->settings.key[n], key, sizeof l->settings.key[n]);
+            memcpy(l->settings.value[n], l->settings.value[k], sizeof l->settings.value[n]);
+            l->settings.line[n] = l->settings.line[k];
+        }
+        n++;
+    }
+    l->settings.n = n;
+    if (!l->name[0]) snprintf(l->name, sizeof l->name, "%.40s_%d", tn, i);
+    return true;
+}
+
 /* zero_padding2d's padding: 1 (all sides), [h, w] (top and bottom h, left
  * and right w) or [[top, bottom], [left, right]], each >= 0. */
 static void parse_zero_padding(cfg_ctx *c, const config_setting_t *s, void *base)
@@ -299,6 +334,7 @@ static void parse_layers(cfg_ctx *c, const config_setting_t *g, loom_model_spec 
             cfg_err_(c, e, "expected a group { type = ...; }, got %s", cfg_value_str_(e, v, sizeof v));
             continue;
         }
+        if (plugin_layer(c, e, l, i)) continue;
         int k = cfg_parse_kind_(c, e, layer_opts, l);
         cfg_parse_opts_(c, e, layer_opts, k, l);
         cfg_scope sc = {layer_opts, k, NULL};
@@ -306,7 +342,7 @@ static void parse_layers(cfg_ctx *c, const config_setting_t *g, loom_model_spec 
         if (k >= 0) check_layer(c, e, l);
         if ((k == LOOM_LAYER_MAX_POOL2D || k == LOOM_LAYER_AVG_POOL2D) && !config_setting_get_member(e, "strides"))
             l->stride[0] = l->pool[0], l->stride[1] = l->pool[1];
-        if (!l->name[0] && k >= 0) snprintf(l->name, sizeof l->name, "%s_%d", loom_layer_names_[k], i);
+        if (!l->name[0] && k >= 0 && k != LOOM_LAYER_PLUGIN) snprintf(l->name, sizeof l->name, "%s_%d", loom_layer_names_[k], i);
     }
     for (int i = 0; i < m->n_layers; i++)
         for (int j = 0; j < i; j++)

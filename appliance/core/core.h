@@ -366,6 +366,7 @@ typedef enum {
     LOOM_REG_SOURCE,
     LOOM_REG_TRANSFORM,
     LOOM_REG_DEVICE,
+    LOOM_REG_LAYER, /* appended: plugin layer kinds (nn/layer_plugin.h) */
     LOOM_REG_KINDS
 } loom_reg_kind;
 

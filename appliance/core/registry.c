@@ -27,6 +27,7 @@ static const char *const kind_names[LOOM_REG_KINDS] = {
     [LOOM_REG_SOURCE] = "dataset source",
     [LOOM_REG_TRANSFORM] = "transform",
     [LOOM_REG_DEVICE] = "device backend",
+    [LOOM_REG_LAYER] = "layer",
 };
 
 const char *loom_reg_kind_name(loom_reg_kind kind)

@@ -192,7 +192,8 @@ int loom_model_gradcheck(const loom_model *m, FILE *f, int *failed, loom_err *er
         int rc = gc_layer(m, i, &st, err);
         if (rc) return loom_err_prefix(err, "gradcheck of layer \"%s\"", l->spec.name), rc;
         char nm[112];
-        snprintf(nm, sizeof nm, "%s (%s)", l->spec.name, nn_layer_kind_name_(l->spec.kind));
+        snprintf(nm, sizeof nm, "%s (%s)", l->spec.name,
+                 l->spec.kind == LOOM_LAYER_PLUGIN ? l->spec.plugin : nn_layer_kind_name_(l->spec.kind));
         bool ok = st.bad == 0;
         *failed += !ok;
         fprintf(f, "%-48s %8d %12.3g %12.3g  %s", nm, st.checked, st.max_abs, st.max_rel, ok ? "pass" : "FAIL");

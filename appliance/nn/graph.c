@@ -470,10 +470,13 @@ void loom_model_summary(const loom_model *m, FILE *f)
         int64_t np = 0;
         for (int k = 0; k < m->n_ptensors; k++) {
             int64_t off = m->pinfo[k].offset, cnt = loom_shape_numel(&m->pinfo[k].shape);
-            if (off == l->kernel_off || off == l->bias_off || off == l->pw_off) np += cnt;
+            bool mine = off == l->kernel_off || off == l->bias_off || off == l->pw_off;
+            for (int t = 0; l->spec.kind == LOOM_LAYER_PLUGIN && t < l->pplan->n_params; t++) mine |= off == l->poff[t];
+            if (mine) np += cnt;
             if (off == l->mm_off || off == l->mv_off) np += cnt, frozen += cnt; /* moving statistics: not trained */
         }
-        snprintf(b, sizeof b, "%s (%s)", l->spec.name, nn_layer_kind_name_(l->spec.kind));
+        snprintf(b, sizeof b, "%s (%s)", l->spec.name,
+                 l->spec.kind == LOOM_LAYER_PLUGIN ? l->spec.plugin : nn_layer_kind_name_(l->spec.kind));
         loom_shape_str(&l->out, a, sizeof a);
         snprintf(ob, sizeof ob, "(None, %s", a + 1);
         if (l->out.rank == 1) snprintf(ob, sizeof ob, "(None, %lld)", (long long)l->out.dim[0]);

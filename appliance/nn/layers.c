@@ -1602,6 +1602,9 @@ void nn_layer_forward_(const loom_model *m, int li, nn_chunk_ *c, int training, 
     case LOOM_LAYER_LAYER_NORM:
         ln_forward(m, l, x, y, c->b0, B);
         break;
+    case LOOM_LAYER_PLUGIN:
+        nn_plugin_forward_(m, li, c, x, y, training, rng_key);
+        break;
     case LOOM_LAYER_BATCH_NORM: /* over the whole batch: nn_bn_forward_ */
     default:                    /* merge layers: graph.c */
         break;
@@ -1668,6 +1671,8 @@ float *nn_layer_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, f
     case LOOM_LAYER_EMBEDDING: /* the table's sparse gradient waits for the whole batch's rows */
         memcpy(l->dz + row0, g, (size_t)(B * l->n_out) * sizeof *g);
         return NULL;
+    case LOOM_LAYER_PLUGIN:
+        return nn_plugin_backward_(m, li, c, g, other);
     default: /* merge layers: graph.c */
         break;
     }

@@ -294,6 +294,7 @@ static int (*const kind_shapes[])(loom_model *m, nn_layer_ *l, int li, loom_err 
     [LOOM_LAYER_AVERAGE] = nn_merge_shapes_,
     [LOOM_LAYER_MAXIMUM] = nn_merge_shapes_,
     [LOOM_LAYER_CONCATENATE] = nn_merge_shapes_,
+    [LOOM_LAYER_PLUGIN] = nn_plugin_shapes_,
 };
 
 /* The kinds with a kernel of their own and an activation. */
@@ -632,6 +633,7 @@ static bool layer_buffers(nn_layer_ *l, int64_t max_batch)
         !(l->dz = loom_alloc_aligned(outs * sizeof(float))))
         return false;
     if (k == LOOM_LAYER_EMBEDDING && !embedding_buffers(l, max_batch)) return false;
+    if (k == LOOM_LAYER_PLUGIN && !nn_plugin_buffers_(l, max_batch)) return false;
     if (l->gacc && !(l->dgy = loom_alloc_aligned(outs * sizeof(float)))) return false;
     if (k == LOOM_LAYER_DROPOUT && l->spec.rate > 0 && !(l->mask = loom_alloc_aligned(outs))) return false;
     return true;
@@ -807,6 +809,7 @@ void loom_model_free(loom_model *m)
 {
     if (!m) return;
     for (int i = 0; i < m->n_layers; i++) {
+        if (m->layer[i].spec.kind == LOOM_LAYER_PLUGIN) nn_plugin_free_(&m->layer[i]);
         loom_free(m->layer[i].y);
         loom_free(m->layer[i].argmax);
         loom_free(m->layer[i].mask);
@@ -893,6 +896,9 @@ void loom_model_init_params(loom_model *m, uint64_t seed)
         }
         case NN_INIT_ONES_:
             for (int64_t k = 0; k < n; k++) p[k] = 1.f;
+            break;
+        case NN_INIT_CONST_:
+            for (int64_t k = 0; k < n; k++) p[k] = (float)fin;
             break;
         default:
             memset(p, 0, (size_t)n * sizeof *p);
@@ -1170,6 +1176,10 @@ static void layer_param_grads(const step_job *j, int i, int part, int parts)
         if (part == 0) nn_embedding_param_grads_(m, i, m->chunk[0].act[0], j->B);
         return;
     }
+    if (l->spec.kind == LOOM_LAYER_PLUGIN) {
+        if (part == 0) nn_plugin_param_grads_(m, i, m->chunk[0].act[i], j->B);
+        return;
+    }
     /* chunk 0 starts at example 0: its input pointer is the whole batch's */
     if (nn_runs_more_(l)) nn_more_param_grads_(m, i, m->chunk[0].act[i], j->B, part, parts);
     else if (l->spec.kind == LOOM_LAYER_DENSE) nn_dense_param_grads_(m, i, m->chunk[0].act[i], j->B, part, parts);
@@ -1188,7 +1198,7 @@ static bool hook_per_layer(const loom_model *m)
 {
     if (m->n_bn || m->l2 > 0 || m->graph) return false;
     for (int i = 0; i < m->n_layers; i++)
-        if (m->layer[i].spec.kind == LOOM_LAYER_EMBEDDING) return false;
+        if (m->layer[i].spec.kind == LOOM_LAYER_EMBEDDING || m->layer[i].spec.kind == LOOM_LAYER_PLUGIN) return false;
     return true;
 }
 

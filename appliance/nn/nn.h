@@ -24,6 +24,7 @@
 
 #include "config/config.h"
 #include "tensor/tensor.h"
+#include "nn/layer_plugin.h"
 
 typedef struct loom_model loom_model;
 typedef struct loom_optimizer loom_optimizer; /* optimizers, below */

@@ -75,6 +75,12 @@ typedef struct nn_layer_ {
                                       the next layer), not handed down the chain in the chunk's g */
     int            need_out;       /* the gradient of its output is needed (parameters here or upstream) */
     float         *dgy;            /* gacc: (max_batch, n_out) that gradient, over its consumers in reverse order */
+    /* a plugin's layer kind (layer_plugin.c); its dz rows keep dy for param_grads */
+    const loom_layer_ops *pops;
+    void          *pinst;
+    loom_layer_plan *pplan;        /* what build() declared */
+    int64_t        poff[LOOM_LAYER_MAX_PARAMS]; /* each parameter tensor's offset in the flat buffer */
+    unsigned char *pscratch;       /* (max_batch * scratch_per_example) bytes */
 } nn_layer_;
 
 /* The slice of a step's batch that one thread works on: examples [b0, b0 + B).
@@ -270,6 +276,19 @@ void nn_dropout_mask_(const nn_layer_ *l, int li, uint8_t *mk, int64_t e0, int64
  * layers) or into other. Returns the buffer holding the input gradient, or
  * NULL when none is needed. */
 float *nn_layer_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, float *other);
+
+/* ---- plugin layer kinds (layer_plugin.c) ------------------------------------ */
+
+#define NN_INIT_CONST_ 102 /* (101 is model.c NN_INIT_EMBEDDING) a plugin's LOOM_LINIT_CONSTANT: the value is kept in pfan_in */
+/* The plugin's build: the output shape, its parameter tensors (nn_add_param_). */
+int    nn_plugin_shapes_(loom_model *m, nn_layer_ *l, int li, loom_err *err);
+bool   nn_plugin_buffers_(nn_layer_ *l, int64_t max_batch);
+void   nn_plugin_free_(nn_layer_ *l);
+void   nn_plugin_forward_(const loom_model *m, int li, nn_chunk_ *c, const float *x, float *y, int training,
+                          uint64_t rng_key);
+float *nn_plugin_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, float *other);
+/* The whole batch's parameter gradients from the dz rows (chunk 0's thread, after every chunk). */
+void   nn_plugin_param_grads_(loom_model *m, int li, const float *x, int64_t B);
 
 /* Part `part` of `parts` of dense layer li's parameter gradients over the
  * whole batch of B examples whose layer input is x (B, n_in): kernel rows

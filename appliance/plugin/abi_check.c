@@ -96,12 +96,27 @@
 #define LOOM_PART_BACKWARD   ABI_LOOM_PART_BACKWARD
 #define LOOM_PART_ALL_REDUCE ABI_LOOM_PART_ALL_REDUCE
 #define LOOM_PART_APPLY      ABI_LOOM_PART_APPLY
+#define loom_layer_init               abi_loom_layer_init
+#define loom_layer_settings           abi_loom_layer_settings
+#define loom_layer_param              abi_loom_layer_param
+#define loom_layer_args               abi_loom_layer_args
+#define loom_layer_plan               abi_loom_layer_plan
+#define loom_layer_call               abi_loom_layer_call
+#define loom_layer_onnx               abi_loom_layer_onnx
+#define loom_layer_ops                abi_loom_layer_ops
+#define LOOM_LINIT_ZEROS              ABI_LOOM_LINIT_ZEROS
+#define LOOM_LINIT_ONES               ABI_LOOM_LINIT_ONES
+#define LOOM_LINIT_CONSTANT           ABI_LOOM_LINIT_CONSTANT
+#define LOOM_LINIT_GLOROT_UNIFORM     ABI_LOOM_LINIT_GLOROT_UNIFORM
+#define LOOM_LINIT_HE_NORMAL          ABI_LOOM_LINIT_HE_NORMAL
 #include "loom_plugin.h"
 enum { ABI_XOPS_VERSION = LOOM_CROSS_DEVICE_OPS_VERSION, ABI_STRATEGY_VERSION = LOOM_STRATEGY_OPS_VERSION,
        ABI_STRATEGY_OWN_THREADS = LOOM_STRATEGY_OWN_THREADS };
 enum { ABI_ROLES_ONE_PROCESS = LOOM_ROLES_ONE_PROCESS, ABI_ROLES_REJOIN = LOOM_ROLES_REJOIN };
 enum { ABI_XOPS_HOST_MEM = LOOM_XOPS_HOST_MEM, ABI_XOPS_DEVICE_MEM = LOOM_XOPS_DEVICE_MEM };
 enum { ABI_DEVICE_VERSION = LOOM_DEVICE_OPS_VERSION };
+enum { ABI_LAYER_VERSION = LOOM_LAYER_OPS_VERSION, ABI_LAYER_MAX_PARAMS = LOOM_LAYER_MAX_PARAMS,
+       ABI_LAYER_MAX_INPUTS = LOOM_LAYER_MAX_INPUTS };
 enum { ABI_CUSTOM_VERSION = LOOM_CUSTOM_OPS_VERSION, ABI_SOURCE_VERSION = LOOM_SOURCE_OPS_VERSION,
        ABI_MAX_RANK = LOOM_MAX_RANK, ABI_MAX_FEATURES = LOOM_MAX_FEATURES, ABI_NAME_MAX = LOOM_NAME_MAX,
        ABI_MAX_OPTIONS = LOOM_MAX_OPTIONS };
@@ -146,6 +161,24 @@ enum { ABI_CUSTOM_VERSION = LOOM_CUSTOM_OPS_VERSION, ABI_SOURCE_VERSION = LOOM_S
 #undef LOOM_DEV_MAX
 #undef LOOM_DEV_STREAM_COMPUTE
 #undef LOOM_DEV_STREAM_COPY
+#undef loom_layer_init
+#undef loom_layer_settings
+#undef LOOM_LAYER_MAX_SETTINGS
+#undef loom_layer_param
+#undef loom_layer_args
+#undef loom_layer_plan
+#undef loom_layer_call
+#undef loom_layer_onnx
+#undef loom_layer_ops
+#undef LOOM_LINIT_ZEROS
+#undef LOOM_LINIT_ONES
+#undef LOOM_LINIT_CONSTANT
+#undef LOOM_LINIT_GLOROT_UNIFORM
+#undef LOOM_LINIT_HE_NORMAL
+#undef LOOM_LAYER_OPS_VERSION
+#undef LOOM_LAYER_MAX_PARAMS
+#undef LOOM_LAYER_MAX_INPUTS
+#undef LOOM_NN_LAYER_PLUGIN_H
 #undef loom_errcode
 #undef loom_err
 #undef loom_log_level
@@ -209,6 +242,7 @@ enum { ABI_CUSTOM_VERSION = LOOM_CUSTOM_OPS_VERSION, ABI_SOURCE_VERSION = LOOM_S
 #include "distribute/distribute.h"
 #include "tensor/tensor.h"
 #include "data/data.h"
+#include "nn/nn.h"
 
 #include <stddef.h>
 
@@ -421,3 +455,44 @@ SAME_FIELD_(loom_source_args, seed)
 #define SAME_SOURCE_FIELD_(f) SAME_FIELD_(loom_source_ops, f)
 SAME_SIZE_(loom_source_ops)
 LOOM_ABI_SOURCE_FIELDS_(SAME_SOURCE_FIELD_)
+
+/* Plugin layer kinds. */
+#define SAME_LINIT_(name) _Static_assert((int)ABI_LOOM_LINIT_##name == (int)LOOM_LINIT_##name, "layer init " #name);
+SAME_LINIT_(ZEROS) SAME_LINIT_(ONES) SAME_LINIT_(CONSTANT) SAME_LINIT_(GLOROT_UNIFORM) SAME_LINIT_(HE_NORMAL)
+_Static_assert(ABI_LAYER_VERSION == LOOM_LAYER_OPS_VERSION && ABI_LAYER_MAX_PARAMS == LOOM_LAYER_MAX_PARAMS &&
+                   ABI_LAYER_MAX_INPUTS == LOOM_LAYER_MAX_INPUTS && LOOM_LAYER_MAX_INPUTS == LOOM_MAX_LAYER_INPUTS,
+               "layer ops version and limits");
+SAME_SIZE_(loom_layer_settings)
+SAME_FIELD_(loom_layer_settings, n)
+SAME_FIELD_(loom_layer_settings, key)
+SAME_FIELD_(loom_layer_settings, value)
+SAME_FIELD_(loom_layer_settings, where)
+_Static_assert(LOOM_LAYER_MAX_SETTINGS == LOOM_MAX_PLUGIN_OPTS, "layer settings");
+#define LOOM_ABI_LAYER_PARAM_FIELDS_(X) X(name) X(shape) X(init) X(value) X(trainable)
+#define SAME_LAYER_PARAM_FIELD_(f) SAME_FIELD_(loom_layer_param, f)
+SAME_SIZE_(loom_layer_param)
+LOOM_ABI_LAYER_PARAM_FIELDS_(SAME_LAYER_PARAM_FIELD_)
+#define LOOM_ABI_LAYER_ARGS_FIELDS_(X) X(size) X(type) X(name) X(where) X(settings) X(n_in) X(in) X(max_batch)
+#define SAME_LAYER_ARGS_FIELD_(f) SAME_FIELD_(loom_layer_args, f)
+SAME_SIZE_(loom_layer_args)
+LOOM_ABI_LAYER_ARGS_FIELDS_(SAME_LAYER_ARGS_FIELD_)
+#define LOOM_ABI_LAYER_PLAN_FIELDS_(X) X(out) X(n_params) X(param) X(scratch_per_example) X(scratch_fixed) \
+    X(whole_batch)
+#define SAME_LAYER_PLAN_FIELD_(f) SAME_FIELD_(loom_layer_plan, f)
+SAME_SIZE_(loom_layer_plan)
+LOOM_ABI_LAYER_PLAN_FIELDS_(SAME_LAYER_PLAN_FIELD_)
+#define LOOM_ABI_LAYER_CALL_FIELDS_(X) X(size) X(b0) X(B) X(global_batch) X(n_in) X(x) X(y) X(param) X(scratch) \
+    X(scratch_fixed) X(training) X(rng_key) X(dy) X(dx) X(dparam)
+#define SAME_LAYER_CALL_FIELD_(f) SAME_FIELD_(loom_layer_call, f)
+SAME_SIZE_(loom_layer_call)
+LOOM_ABI_LAYER_CALL_FIELDS_(SAME_LAYER_CALL_FIELD_)
+SAME_SIZE_(loom_layer_onnx)
+SAME_FIELD_(loom_layer_onnx, op_type)
+SAME_FIELD_(loom_layer_onnx, n_attr)
+SAME_FIELD_(loom_layer_onnx, attr_name)
+SAME_FIELD_(loom_layer_onnx, attr_value)
+#define LOOM_ABI_LAYER_FIELDS_(X) X(version) X(name) X(options) X(build) X(free) X(forward) X(backward) \
+    X(param_grads) X(onnx)
+#define SAME_LAYER_FIELD_(f) SAME_FIELD_(loom_layer_ops, f)
+SAME_SIZE_(loom_layer_ops)
+LOOM_ABI_LAYER_FIELDS_(SAME_LAYER_FIELD_)

@@ -110,6 +110,19 @@ static int h_register_source(const loom_source_ops *ops, loom_err *err)
     return loom_plugin_register_(LOOM_REG_SOURCE, ops->name, ops, NULL, err);
 }
 
+static int h_register_layer(const loom_layer_ops *ops, loom_err *err)
+{
+    if (!ops) return loom_err_set(err, LOOM_EPLUGIN, NULL, "register_layer(NULL)");
+    const char *name = ops->name ? ops->name : "?";
+    if (ops->version != LOOM_LAYER_OPS_VERSION)
+        return loom_err_set(err, LOOM_EPLUGIN, NULL, "layer \"%s\": version %u, this loom speaks %u", name,
+                            ops->version, LOOM_LAYER_OPS_VERSION);
+    if (!ops->build || !ops->free || !ops->forward || !ops->backward)
+        return loom_err_set(err, LOOM_EPLUGIN, NULL, "layer \"%s\" leaves a required function NULL (build, free, "
+                            "forward and backward are required)", name);
+    return loom_plugin_register_(LOOM_REG_LAYER, ops->name, ops, NULL, err);
+}
+
 /* "lua" is the Lua provider's, taken at startup like any built-in name. */
 static int h_register_transform(const loom_custom_ops *ops, loom_err *err)
 {
@@ -323,6 +336,7 @@ static const loom_host host = {
     .register_device = h_register_device,
     .register_source = h_register_source,
     .register_transform = h_register_transform,
+    .register_layer = h_register_layer,
 };
 
 const loom_host *loom_plugin_host_(void) { return &host; }

@@ -437,11 +437,41 @@ static void check_dataset(const loom_dataset_spec *d, const char *setting, loom_
     }
 }
 
+/* A model layer's type that is neither built in nor a loaded plugin's: the
+ * config's "unknown value" message, listing both, with the nearest name. */
+static void unknown_layer(loom_errlist *errs, const loom_layer_spec *l, int i)
+{
+    loom_err *e = add_err(errs);
+    if (!e) return;
+    char where[LOOM_PATH_MAX + 16], list[1024], names[512];
+    size_t k = 0;
+    const char *near = NULL;
+    int bd = 3;
+    for (int t = 0; t < (int)LOOM_LAYER_PLUGIN && k < sizeof list; t++) {
+        const char *nm = loom_layer_kind_name((loom_layer_kind)t);
+        int w = snprintf(list + k, sizeof list - k, "%s%s", t ? ", " : "", nm);
+        if (w > 0) k += (size_t)w;
+        int d = loom_edit_distance(l->plugin, nm);
+        if (d < bd && d < (int)strlen(l->plugin)) bd = d, near = nm;
+    }
+    loom_registry_names(LOOM_REG_LAYER, names, sizeof names);
+    const char *pl = closest(LOOM_REG_LAYER, l->plugin);
+    loom_err_set(e, LOOM_ECONFIG, loom_loc_str(&l->loc, where, sizeof where),
+                 "model.layers.[%d].type: unknown value \"%s\" (expected one of: %s; plugins' layers: %s)", i,
+                 l->plugin, list, names[0] ? names : "none loaded");
+    if (pl || near) loom_err_hint(e, "did you mean \"%s\"?", near ? near : pl);
+}
+
 int loom_plugins_check_spec(const loom_spec *spec, loom_errlist *errs)
 {
     int before = errs->n;
     check_dataset(&spec->train, "data.train", errs);
     check_dataset(&spec->eval, "data.eval", errs);
+    for (int i = 0; i < spec->model.n_layers; i++) { /* a layer type no built-in has: a plugin's */
+        const loom_layer_spec *l = &spec->model.layer[i];
+        if (l->kind != LOOM_LAYER_PLUGIN || loom_layer_plugin_find(l->plugin, NULL)) continue;
+        unknown_layer(errs, l, i);
+    }
     const loom_strategy_spec *st = &spec->strategy;
     char where[LOOM_PATH_MAX + 16];
     loom_loc_str(&st->loc, where, sizeof where);

@@ -6,6 +6,7 @@
 #include "plugin/plugin.h"
 #include "tensor/tensor.h"
 
+#include "nn/nn.h"
 #include "loom_plugin.h" /* after distribute.h: its guards skip the types Loom defines */
 
 /* The table handed to every plugin's init (static; never freed). */

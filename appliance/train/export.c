@@ -761,6 +761,30 @@ static int emit_activation(onnx_walk *w, const loom_layer_spec *l, loom_err *err
     return LOOM_OK;
 }
 
+/* A plugin's layer: the node its onnx() names, on Loom's layout (channels
+ * last), its inputs the layer's then its parameter tensors. */
+static int emit_plugin(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
+{
+    loom_layer_onnx node;
+    int np = 0;
+    loom_shape out;
+    int rc = loom_model_plugin_onnx(w->m, l, &node, &np, &out, err);
+    if (rc) return rc;
+    if (np > 2)
+        return loom_err_set(err, LOOM_EUNSUPPORTED, NULL, "layer \"%s\" (%s): an ONNX node with %d parameter "
+                            "tensors (Loom's export takes at most 2)", l->name, l->plugin, np);
+    if (w->nchw) transpose(w, to_nhwc, false);
+    char nb[32];
+    const char *p0 = np > 0 ? param_init(w->o, w->m, w->pi++) : NULL;
+    const char *p1 = np > 1 ? param_init(w->o, w->m, w->pi++) : NULL;
+    node_begin(w->o, node.op_type, fresh(w->o, nb), w->cur, p0, p1);
+    for (int a = 0; a < node.n_attr; a++) attr_int(w->o, node.attr_name[a], node.attr_value[a]);
+    node_end(w->o);
+    strcpy(w->cur, nb);
+    w->s = out;
+    return LOOM_OK;
+}
+
 /* The ONNX form of each layer kind, by loom_layer_kind. */
 static int (*const kind_emit[])(onnx_walk *w, const loom_layer_spec *l, loom_err *err) = {
     [LOOM_LAYER_DENSE] = emit_dense,
@@ -774,6 +798,7 @@ static int (*const kind_emit[])(onnx_walk *w, const loom_layer_spec *l, loom_err
     [LOOM_LAYER_LAYER_NORM] = emit_norm,
     [LOOM_LAYER_GLOBAL_AVG_POOL2D] = emit_global_pool,
     [LOOM_LAYER_EMBEDDING] = emit_embedding,
+    [LOOM_LAYER_PLUGIN] = emit_plugin,
     [LOOM_LAYER_ZERO_PADDING2D] = emit_zero_padding,
     [LOOM_LAYER_GLOBAL_MAX_POOL2D] = emit_global_pool,
     [LOOM_LAYER_RESHAPE] = emit_reshape,
@@ -977,7 +1002,7 @@ static int build_graph(onnx_graph *o, const loom_spec *spec, loom_model *m, cons
             char where[LOOM_PATH_MAX + 16];
             rc = loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&l->loc, where, sizeof where),
                               "layer \"%s\" (%s) has no ONNX form in Loom's export", l->name,
-                              loom_layer_kind_name(l->kind));
+                              l->kind == LOOM_LAYER_PLUGIN ? l->plugin : loom_layer_kind_name(l->kind));
         } else {
             strcpy(w.cur, sv[0].name);
             w.s = sv[0].s, w.nchw = sv[0].nchw, w.in_dtype = sv[0].dt;

@@ -107,6 +107,15 @@ run "$WORK/d3" --set run.max_steps=14 && run "$WORK/d3" --set run.max_steps=28
 if [ "$(weights "$WORK/d1/ckpt-28.loom")" = "$(weights "$WORK/d3/ckpt-28.loom")" ]; then
     pass "local_sgd resumed after an averaging equals an uninterrupted run"; else fail "local_sgd resumed after an averaging equals an uninterrupted run"; fi
 
+# --- the shipped plugin layer and its vtable version -------------------------------------
+out=$("$LOOM" plugins 2>&1)
+contains "the shipped plugin layer is listed" 'provides layer "prelu"' "$out"
+contains "layer is a provider kind" ', device backend, layer' "$out"
+L="$WORK/layers"; mkdir -p "$L"; cp "$FIX/layer_prelu_v99.so" "$FIX/layer_prelu_broken.so" "$L/"
+out=$(LOOM_PLUGIN_PATH="$L" "$LOOM" plugins 2>&1)
+contains "a layer vtable of another version is refused, both versions named" \
+    "  $L/layer_prelu_v99.so: init failed: layer \"prelu_v99\": version 99, this loom speaks 1" "$out"
+contains "... without stopping the other layer plugins" 'provides layer "prelu_broken"' "$out"
 # --- startup stays fast with plugins ------------------------------------------------------
 TIMEFORMAT=%R
 t=$( { time LOOM_PLUGIN_PATH="$P" "$LOOM" plugins >/dev/null; } 2>&1 )

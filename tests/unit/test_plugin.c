@@ -1034,7 +1034,62 @@ static void test_transform_errors(void)
     CHECK_CONTAINS(e.msg, "image_ops");
 }
 
+
+/* ---- layer_prelu: the example plugin layer ---------------------------------- */
+
+static loom_layer_args prelu_args(const char *type, const loom_shape *in, loom_layer_settings *st)
+{
+    return (loom_layer_args){.size = sizeof(loom_layer_args), .type = type, .name = "prelu_1",
+                             .where = "c.cfg:7", .settings = st, .n_in = 1, .in = in, .max_batch = 8};
+}
+
+static void test_layer_prelu(void)
+{
+    loom_err err = {0};
+    int rc = loom_plugin_load_file(so_path("plugins", "layer_prelu.so"), NULL, &err);
+    CHECK_MSG(rc == LOOM_OK, "%s: %s", err.where, err.msg);
+    const char *origin = NULL;
+    const loom_layer_ops *ops = loom_layer_plugin_find("prelu", &origin);
+    CHECK(ops && origin && strstr(origin, "layer_prelu.so"));
+    if (!ops) return;
+    /* gradcheck passes: dx and d alpha match central differences, the same bits on chunks */
+    loom_shape in = {.rank = 2, .dim = {3, 4}};
+    loom_layer_settings st = {.n = 1, .key = {"alpha_init"}, .value = {"0.3"}, .where = {"c.cfg:8"}};
+    loom_layer_args a = prelu_args("prelu", &in, &st);
+    double e = 1;
+    rc = loom_layer_plugin_check(ops, &a, 5, 42, 1e-2, &e, &err);
+    CHECK_MSG(rc == LOOM_OK && e < 1e-2, "rc %d err %g: %s", rc, e, err.msg);
+    /* its settings and shapes are checked, naming the config line */
+    loom_layer_settings bad = {.n = 1, .key = {"alpha_init"}, .value = {"x"}, .where = {"c.cfg:9"}};
+    a = prelu_args("prelu", &in, &bad);
+    void *inst = NULL;
+    loom_layer_plan plan = {0};
+    CHECK(ops->build(&inst, &a, &plan, &err) == LOOM_ECONFIG && !strcmp(err.where, "c.cfg:9") &&
+          !strcmp(err.msg, "alpha_init = x is not a number"));
+    loom_shape scalar = {.rank = 0};
+    a = prelu_args("prelu", &scalar, &st);
+    CHECK(ops->build(&inst, &a, &plan, &err) == LOOM_ESHAPE && strstr(err.msg, "rank 0"));
+    /* a broken backward fails gradcheck, naming the layer and the value */
+    rc = loom_plugin_load_file(so_path("tests/plugins", "layer_prelu_broken.so"), NULL, &err);
+    CHECK_MSG(rc == LOOM_OK, "%s: %s", err.where, err.msg);
+    const loom_layer_ops *broken = loom_layer_plugin_find("prelu_broken", NULL);
+    CHECK(broken != NULL);
+    if (broken) {
+        a = prelu_args("prelu_broken", &in, &st);
+        rc = loom_layer_plugin_check(broken, &a, 5, 42, 1e-2, &e, &err);
+        CHECK_MSG(rc == LOOM_ENUMERIC && e > 0.5 && !strcmp(err.where, "c.cfg:7") &&
+                      strstr(err.msg, "layer \"prelu_1\" (prelu_broken) fails gradcheck") &&
+                      strstr(err.msg, "d/d input 0"),
+                  "rc %d err %g: %s", rc, e, err.msg);
+    }
+    /* a layer vtable of another version is refused, naming both */
+    rc = loom_plugin_load_file(so_path("tests/plugins", "layer_prelu_v99.so"), NULL, &err);
+    CHECK_MSG(rc == LOOM_EPLUGIN && strstr(err.msg, "layer \"prelu_v99\": version 99, this loom speaks 1"), "%s", err.msg);
+    CHECK(loom_layer_plugin_find("prelu_v99", NULL) == NULL);
+}
+
 static const loom_test tests[] = {
+    {"layer_prelu", test_layer_prelu},
     {"refuses_text_file", test_refuses_text_file},
     {"refuses_other_abi", test_refuses_other_abi},
     {"refuses_abi_1", test_refuses_abi_1},

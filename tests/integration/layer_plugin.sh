@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# layer_plugin.sh - a plugin's layer kind in a model (docs/plugins.md "Write
+# a layer"): tests/configs/prelu_mlp.cfg uses the shipped plugin layer_prelu's
+# "prelu". loom check shows its row; --gradcheck passes on it and fails on a
+# build of it with a wrong backward; it trains, the same bits on 1 and 2
+# threads; its settings and an unknown type are refused with messages naming
+# them; ONNX export emits the node its onnx() names (PRelu; onnxruntime checks
+# the numbers in fixtures/export_interop.py), and without onnx() refuses the
+# model naming the layer.
+source "$(dirname "$0")/lib.sh"
+BUILD="${LOOM_BUILD_ROOT:-$(dirname "$LOOM")}"
+FIX="$BUILD/tests/plugins"
+CFG=tests/configs/prelu_mlp.cfg
+Q=(--set run.progress='"none"')
+
+out=$("$LOOM" check $CFG 2>&1)
+contains "loom check shows the plugin layer's row: type, shape, parameters" \
+    "act (prelu)                              (None, 64)                       64   dense_1" "$out"
+contains "... in the totals" "Trainable params: 50954" "$out"
+out=$("$LOOM" check --gradcheck $CFG 2>&1)
+if grep -qE '^act \(prelu\) +80 .* pass$' <<<"$out" && grep -q 'gradcheck: every layer passes' <<<"$out"; then
+    pass "--gradcheck checks the plugin layer's input and alpha gradients, and they pass"
+else
+    fail "--gradcheck passes on the plugin layer" "$(echo "$out" | tail -6)"
+fi
+L="$WORK/broken"; mkdir -p "$L"; cp "$FIX/layer_prelu_broken.so" "$L/"
+expect_fail 1 "--gradcheck fails a plugin layer whose backward is wrong" "act (prelu_broken)" \
+    env LOOM_PLUGIN_PATH="$L" "$LOOM" check --gradcheck $CFG --set 'model.layers.[2].type="prelu_broken"'
+out=$(LOOM_PLUGIN_PATH="$L" "$LOOM" check --gradcheck $CFG --set 'model.layers.[2].type="prelu_broken"' 2>&1)
+if grep -qE '^act \(prelu_broken\) +80 .*FAIL' <<<"$out"; then pass "... on its row"; else fail "... on its row" "$(echo "$out" | tail -6)"; fi
+
+check "it trains" "$LOOM" train $CFG --model-dir "$WORK/t2" "${Q[@]}" --set run.threads=2
+acc=$("$LOOM" evaluate $CFG --model-dir "$WORK/t2" 2>&1 | grep -o 'accuracy [0-9.]*' | tail -1 | cut -d' ' -f2)
+if awk -v a="$acc" 'BEGIN { exit !(a > 0.65) }'; then pass "and learns (eval accuracy $acc)"; else fail "learns" "accuracy '$acc'"; fi
+a0=$("$LOOM" inspect "$WORK/t2/ckpt-64.loom" | grep 'tensor act/alpha ')
+check "1 thread" "$LOOM" train $CFG --model-dir "$WORK/t1" "${Q[@]}" --set run.threads=1
+same_weights "the same bits on 1 and 2 threads" "$WORK/t1/ckpt-64.loom" "$WORK/t2/ckpt-64.loom"
+check "alpha is checkpointed" test -n "$a0"
+
+check "under mirrored, 2 replicas" "$LOOM" train $CFG --model-dir "$WORK/mir" "${Q[@]}" --set run.max_steps=6 \
+    --set strategy.type='"mirrored"' --set strategy.replicas=2
+
+expect_fail 2 "a setting the layer does not take is refused, naming it" 'layer "act" (prelu) has no setting "slope"' \
+    "$LOOM" check $CFG --set 'model.layers.[2].slope=1'
+expect_fail 2 "the plugin checks its settings" 'alpha_init = x is not a number' \
+    "$LOOM" check $CFG --set 'model.layers.[2].alpha_init="x"'
+expect_fail 2 "an unknown layer type lists the built-in ones" '(expected one of: dense, conv2d,' \
+    "$LOOM" check $CFG --set 'model.layers.[2].type="prelux"'
+expect_fail 2 "... and the plugins' ones" "concatenate; plugins' layers: prelu)" \
+    "$LOOM" check $CFG --set 'model.layers.[2].type="prelux"'
+expect_fail 2 "... naming the nearest" 'did you mean "prelu"?' "$LOOM" check $CFG --set 'model.layers.[2].type="prelux"'
+# a built-in's typo is known only once plugins are loaded, still named with the nearest type
+expect_fail 2 "a built-in's typo is refused" 'model.layers.[2].type: unknown value "dense2"' \
+    "$LOOM" check $CFG --set 'model.layers.[2].type="dense2"'
+expect_fail 2 "... naming the nearest built-in" 'did you mean "dense"?' "$LOOM" check $CFG --set 'model.layers.[2].type="dense2"'
+expect_fail 2 "type = \"plugin\" is no type" 'name the plugin' "$LOOM" check $CFG --set 'model.layers.[2].type="plugin"'
+check "ONNX export: the plugin's onnx() names the node" \
+    "$LOOM" export $CFG --model-dir "$WORK/t2" --format onnx --output "$WORK/m.onnx"
+CHK="${LOOM_CHECK_EXPORT:-$(dirname "$LOOM")/tests/check_export}"
+out=$("$CHK" onnx "$WORK/m.onnx" 2>&1)
+contains "... a PRelu node with alpha as its slope" "ops Flatten,Gemm,PRelu,Gemm,Softmax" "$out"
+L2="$WORK/noonnx"; mkdir -p "$L2"; cp "$FIX/layer_prelu_broken.so" "$L2/"
+check "a model with the broken build trains (for its export)" env LOOM_PLUGIN_PATH="$L2" "$LOOM" train $CFG \
+    --model-dir "$WORK/nb" "${Q[@]}" --set run.max_steps=2 --set 'model.layers.[2].type="prelu_broken"'
+expect_fail 2 "a plugin layer without onnx(): ONNX export refuses the model, naming the layer" \
+    'layer "act" (prelu_broken) has no ONNX form: its plugin has no onnx function' \
+    env LOOM_PLUGIN_PATH="$L2" "$LOOM" export $CFG --model-dir "$WORK/nb" --format onnx --output "$WORK/nb.onnx" \
+    --set 'model.layers.[2].type="prelu_broken"'
+finish
