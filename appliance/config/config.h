@@ -561,6 +561,7 @@ typedef struct loom_model_spec {
         loom_loss_kind loss;
         double         weight;               /* its loss's weight in the total (Keras' loss_weights), default 1 */
         loom_loc       loc;
+        bool           accuracy;             /* heads 1..: report <layer>_accuracy (their one metric) */
     } head[LOOM_MAX_HEADS];
 } loom_model_spec;
 

@@ -214,6 +214,30 @@ static int find_model_inputs(run *r, const loom_spec *spec, const loom_elem_spec
         }
         r->args.inputs_idx[f] = ti;
     }
+    /* model.outputs: each head's label a feature of both pipelines, at one place */
+    const loom_model_spec *ms = &spec->model;
+    r->args.heads_idx[0] = r->args.label_idx;
+    r->args.n_heads = ms->n_heads > 1 ? ms->n_heads : 1;
+    if (r->args.n_heads > 1 && spec->strategy.kind != LOOM_STRAT_ONE_DEVICE &&
+        spec->strategy.kind != LOOM_STRAT_MIRRORED)
+        return loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&ms->head[1].loc, w, sizeof w),
+                            "model.outputs has %d heads; this strategy trains a model of one output", ms->n_heads),
+               loom_err_hint(err, "several heads train under one_device and mirrored (strategy.type)");
+    for (int h = 1; h < r->args.n_heads; h++) {
+        const char *name = ms->head[h].label;
+        int ti = loom_elem_spec_find(es, name), ei = r->eval ? loom_elem_spec_find(loom_iter_spec(r->eval), name) : ti;
+        if (ti < 0 || ei != ti) {
+            char have[512];
+            const loom_elem_spec *in = ti < 0 ? es : loom_iter_spec(r->eval);
+            return loom_err_set(err, LOOM_ESHAPE, loom_loc_str(&ms->head[h].loc, w, sizeof w),
+                                "model.outputs: head \"%s\"'s label \"%s\" is not a feature of the %s pipeline%s (it "
+                                "yields %s)", ms->head[h].layer, name, ti < 0 ? "train" : "eval",
+                                ti < 0 ? "" : " where data.train has it", loom_elem_spec_str(in, have, sizeof have)),
+                   loom_err_hint(err, "a head's label is a feature of the data: name one of those, or derive it with "
+                                      "a map");
+        }
+        r->args.heads_idx[h] = ti;
+    }
     return LOOM_OK;
 }
 
