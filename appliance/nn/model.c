@@ -540,6 +540,7 @@ static int build_layers(loom_model *m, const loom_model_spec *spec, loom_err *er
                        loom_err_hint(err, "each head names a layer of its own");
         hd->loss = hs->loss;
         hd->weight = (float)hs->weight;
+        hd->accuracy = hs->accuracy;
         snprintf(hd->name, sizeof hd->name, "%s", hs->layer);
         const nn_layer_ *l = &m->layer[hd->layer];
         if (hd->loss == LOOM_LOSS_HUBER)
@@ -1142,6 +1143,14 @@ float loom_model_head_weight(const loom_model *m, int h) { return m->head[h].wei
 loom_loss_kind loom_model_head_loss_kind(const loom_model *m, int h) { return m->head[h].loss; }
 int loom_model_head_layer(const loom_model *m, int h) { return m->head[h].layer; }
 
+bool loom_model_head_accuracy(const loom_model *m, int h) { return h > 0 && m->head[h].accuracy; }
+
+double loom_model_head_value(const loom_model *m, int h, int which, const double *acc, int64_t examples)
+{
+    if (m->n_heads < 2 || !acc || examples <= 0) return NAN;
+    return acc[m->hoff + 2 * h + (which ? 1 : 0)] / (double)examples;
+}
+
 void loom_model_head_results(const loom_model *m, int h, double *loss_sum, int64_t *correct)
 {
     if (loss_sum) *loss_sum = m->hloss[h];
@@ -1606,6 +1615,10 @@ static void sum_heads(loom_model *m, int nchunks)
         for (int t = 0; t < nchunks; t++) {
             m->hloss[h] += m->chunk[t].hloss[h];
             m->hcorrect[h] += m->chunk[t].hcorrect[h];
+        }
+        if (m->n_heads > 1) {
+            m->mstate[m->hoff + 2 * h] += m->hloss[h];
+            m->mstate[m->hoff + 2 * h + 1] += (double)m->hcorrect[h];
         }
     }
 }

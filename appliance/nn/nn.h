@@ -74,6 +74,12 @@ float          loom_model_head_weight(const loom_model *m, int h);
 loom_loss_kind loom_model_head_loss_kind(const loom_model *m, int h);
 int            loom_model_head_layer(const loom_model *m, int h);  /* index in the executor's order */
 void           loom_model_head_results(const loom_model *m, int h, double *loss_sum, int64_t *correct);
+/* With several heads the model.metrics state (loom_model_metrics_take) also
+ * sums each head's loss and correct count: head h's mean loss (which = 0) or
+ * accuracy (1) over the state's examples; NaN with one head. Heads 1.. report
+ * accuracy when their spec's accuracy is set (head 0's is model.metrics'). */
+double         loom_model_head_value(const loom_model *m, int h, int which, const double *acc, int64_t examples);
+bool           loom_model_head_accuracy(const loom_model *m, int h);
 /* The parameter tensors (names, offsets, shapes) loom_model_new would build,
  * and *n_params, the floats of them all, without allocating any buffer: for
  * a task that holds only some of them (a parameter server). The same

@@ -166,11 +166,13 @@ struct loom_model {
         int              layer;     /* index in layer[] (head 0: n_layers - 1) */
         loom_loss_kind   loss;
         float            weight;
+        bool             accuracy;  /* heads 1..: report <name>_accuracy */
         char             name[LOOM_NAME_MAX];
         const loom_tensor *label;   /* loom_model_set_head_labels: the next steps' (heads 1..) */
         int32_t         *labels;    /* (max_batch,) sparse classes */
         float           *targets;   /* (max_batch, n_out) the other losses' */
     } head[LOOM_MAX_HEADS];
+    int64_t          hoff;          /* several heads: their (loss sum, correct) pairs in mstate */
     double           hloss[LOOM_MAX_HEADS];    /* the last train / loss / evaluate step's, per head */
     int64_t          hcorrect[LOOM_MAX_HEADS];
     loom_bn_sync_fn  bn_sync;
