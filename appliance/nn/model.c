@@ -1506,11 +1506,42 @@ static void backward_all(loom_model *m, step_job *j, double *acc)
 
 /* Chunk c's output rows of a predict job, from its last layer's logits:
  * probabilities under softmax (binary) cross-entropy, else the values. */
+/* z (rows, n) as the head's loss reads it into out (row stride ld): softmax or sigmoid probabilities, else values. */
+static void head_rows(loom_loss_kind loss, const float *z, int64_t rows, int64_t n, float *out, int64_t ld)
+{
+    for (int64_t b = 0; b < rows; b++) {
+        const float *zr = z + b * n;
+        float *o = out + b * ld;
+        if (loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) nn_softmax_rows_(zr, o, 1, n);
+        else if (loss == LOOM_LOSS_BCE)
+            for (int64_t e = 0; e < n; e++) o[e] = 1.f / (1.f + expf(-zr[e]));
+        else memcpy(o, zr, (size_t)n * sizeof *o);
+    }
+}
+
+int64_t loom_model_head_outputs(const loom_model *m, int h) { return m->layer[m->head[h].layer].n_out; }
+
+int64_t loom_model_predict_width(const loom_model *m)
+{
+    int64_t w = 0;
+    for (int h = 0; h < m->n_heads; h++) w += m->layer[m->head[h].layer].n_out;
+    return w;
+}
+
 static void predict_rows(step_job *j, nn_chunk_ *c)
 {
     const loom_model *m = j->m;
     const int64_t n = m->layer[m->n_layers - 1].n_out;
     const float *z = c->act[m->n_layers];
+    if (m->n_heads > 1) { /* each example's row: head 0's outputs, then each other head's */
+        const int64_t W = loom_model_predict_width(m);
+        for (int h = 0, off = 0; h < m->n_heads; h++) {
+            const nn_layer_ *l = &m->layer[m->head[h].layer];
+            head_rows(m->head[h].loss, h ? c->yo[m->head[h].layer] : z, c->B, l->n_out, j->out + c->b0 * W + off, W);
+            off += (int)l->n_out;
+        }
+        return;
+    }
     float *out = j->out + c->b0 * n;
     if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) nn_softmax_rows_(z, out, c->B, n);
     else if (m->loss == LOOM_LOSS_BCE)

@@ -80,6 +80,10 @@ void           loom_model_head_results(const loom_model *m, int h, double *loss_
  * accuracy when their spec's accuracy is set (head 0's is model.metrics'). */
 double         loom_model_head_value(const loom_model *m, int h, int which, const double *acc, int64_t examples);
 bool           loom_model_head_accuracy(const loom_model *m, int h);
+/* Floats per example that loom_model_predict writes: the output's, or with
+ * several heads each head's outputs in head order (head 0's first). */
+int64_t        loom_model_predict_width(const loom_model *m);
+int64_t        loom_model_head_outputs(const loom_model *m, int h); /* head h's outputs per example */
 /* The parameter tensors (names, offsets, shapes) loom_model_new would build,
  * and *n_params, the floats of them all, without allocating any buffer: for
  * a task that holds only some of them (a parameter server). The same

@@ -62,6 +62,15 @@ out=$(timeout 120 "$LOOM" evaluate $CFG --model-dir "$WORK/one" --set run.eval_s
 contains "evaluate: each head's values in its JSON" '"eval_footwear_accuracy": ' "$out"
 contains "evaluate: the first head's loss" '"eval_logits_loss": ' "$out"
 
+check "predict with two heads" timeout 120 "$LOOM" predict $CFG --model-dir "$WORK/one" --set run.eval_steps=1 \
+    --output "$WORK/pred.csv"
+contains "predict: head 0's columns, then the footwear head's probability" "index,class,p0,p1,p2,p3,p4,p5,p6,p7,p8,p9,footwear_0" \
+    "$(head -1 "$WORK/pred.csv")"
+out=$(awk -F, 'NR > 1 { s = 0; for (i = 3; i <= 12; i++) s += $i; if (s < 0.999 || s > 1.001 || $13 < 0 || $13 > 1 || NF != 13) bad++ }
+               END { print NR - 1, bad + 0 }' "$WORK/pred.csv")
+[ "${out#* }" = 0 ] && [ "${out% *}" -gt 0 ] && pass "predict: each row's classes sum to 1, the footwear probability in [0, 1] ($out)" ||
+    fail "predict: rows" "$out"
+
 # config errors at file:line
 sed 's/layer = "footwear"; label/layer = "nope"; label/' $CFG > configs/.heads_bad_$$.cfg
 trap 'rm -rf "$WORK" configs/.heads_bad_$$.cfg' EXIT
