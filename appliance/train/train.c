@@ -218,11 +218,6 @@ static int find_model_inputs(run *r, const loom_spec *spec, const loom_elem_spec
     const loom_model_spec *ms = &spec->model;
     r->args.heads_idx[0] = r->args.label_idx;
     r->args.n_heads = ms->n_heads > 1 ? ms->n_heads : 1;
-    if (r->args.n_heads > 1 && spec->strategy.kind != LOOM_STRAT_ONE_DEVICE &&
-        spec->strategy.kind != LOOM_STRAT_MIRRORED)
-        return loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&ms->head[1].loc, w, sizeof w),
-                            "model.outputs has %d heads; this strategy trains a model of one output", ms->n_heads),
-               loom_err_hint(err, "several heads train under one_device and mirrored (strategy.type)");
     for (int h = 1; h < r->args.n_heads; h++) {
         const char *name = ms->head[h].label;
         int ti = loom_elem_spec_find(es, name), ei = r->eval ? loom_elem_spec_find(loom_iter_spec(r->eval), name) : ti;

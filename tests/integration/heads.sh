@@ -82,6 +82,6 @@ expect_fail 2 "the same layer twice" 'layer "logits" is already head 0' timeout 
 sed 's/label = "footwear"/label = "shoes"/' $CFG > configs/.heads_bad_$$.cfg
 expect_fail 2 "a label that is not a feature" "head \"footwear\"'s label \"shoes\" is not a feature of the train pipeline" \
     timeout 60 "$LOOM" train configs/.heads_bad_$$.cfg --model-dir "$WORK/bad" "${S[@]}"
-expect_fail 2 "central_storage refuses heads" "this strategy trains a model of one output" timeout 60 "$LOOM" train $CFG \
+expect_fail 2 "central_storage refuses heads" "strategy \"central_storage\" trains a model of one output" timeout 60 "$LOOM" train $CFG \
     --model-dir "$WORK/cs" "${S[@]}" --set strategy.type=central_storage --set strategy.replicas=2
 finish
