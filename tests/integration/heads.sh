@@ -4,8 +4,10 @@
 # binary label a Lua map derives from the class). A brief run logs each
 # head's loss and accuracy in metrics.jsonl, the total being the weighted
 # sum; the footwear head learns; intra-op threads give the same bits;
-# mirrored(2) matches one_device; evaluate reports every head; the config
-# errors name file:line (unknown layer, duplicate head, a label that is not
+# mirrored(2) matches one_device; evaluate reports every head; predict writes
+# every head's columns; the config
+# errors name file:line (unknown layer, duplicate head, first head not last,
+# model.loss beside outputs, a label that is not
 # a feature, a strategy without heads). Each run under `timeout`.
 source "$(dirname "$0")/lib.sh"
 CFG=configs/fashion_mnist_two_heads.cfg
@@ -79,6 +81,12 @@ expect_fail 2 "an unknown head layer: named" 'head 1: "nope" is not a layer of m
     configs/.heads_bad_$$.cfg
 sed 's/layer = "footwear"; label/layer = "logits"; label/' $CFG > configs/.heads_bad_$$.cfg
 expect_fail 2 "the same layer twice" 'layer "logits" is already head 0' timeout 60 "$LOOM" check configs/.heads_bad_$$.cfg
+sed 's/layer = "logits"; label = "label"/layer = "trunk"; label = "label"/' $CFG > configs/.heads_bad_$$.cfg
+expect_fail 2 "the first head is the last layer" "the first head's layer \"trunk\" is not the last layer (\"logits\")" \
+    timeout 60 "$LOOM" check configs/.heads_bad_$$.cfg
+sed 's/input = "image";/input = "image"; loss = "mean_squared_error";/' $CFG > configs/.heads_bad_$$.cfg
+expect_fail 2 "model.loss beside model.outputs" "give model.loss or model.outputs, not both" \
+    timeout 60 "$LOOM" check configs/.heads_bad_$$.cfg
 sed 's/label = "footwear"/label = "shoes"/' $CFG > configs/.heads_bad_$$.cfg
 expect_fail 2 "a label that is not a feature" "head \"footwear\"'s label \"shoes\" is not a feature of the train pipeline" \
     timeout 60 "$LOOM" train configs/.heads_bad_$$.cfg --model-dir "$WORK/bad" "${S[@]}"
