@@ -43,6 +43,8 @@ PY
 ) && pass "metrics.jsonl: per-head losses and accuracy, eval_loss = logits + 0.5 footwear, footwear learnt ($out)" ||
     fail "metrics.jsonl: per-head values" "$out" "$(tail -2 "$WORK/one/metrics.jsonl")"
 
+n=$(cat "$WORK"/one/eval/events.out.tfevents.* 2>/dev/null | grep -c -a -e footwear_accuracy -e logits_loss)
+[ "${n:-0}" -ge 1 ] && pass "TensorBoard: the eval scalars name the heads" || fail "TensorBoard: eval scalars of the heads" "$n"
 run t1 "${S[@]}" --set run.threads=1
 run t2 "${S[@]}" --set run.threads=2
 same_weights "run.threads 1 and 2: the same bits" "$WORK/t1/ckpt-469.loom" "$WORK/t2/ckpt-469.loom"
