@@ -469,6 +469,9 @@ typedef struct loom_strategy_args {
      * builds its replicas' models with loom_model_new gets one input only */
     int                   n_inputs;       /* 0 or 1: model.input alone (input_idx) */
     int                   inputs_idx[8];  /* each input's feature index; [0] = input_idx */
+    /* appended: output heads (model.outputs); the host refuses heads with a plugin strategy */
+    int                   n_heads;        /* 0 or 1: one output (label_idx) */
+    int                   heads_idx[8];   /* each head's label feature index; [0] = label_idx */
 } loom_strategy_args;
 
 /* Result of one step, summed over replicas. */

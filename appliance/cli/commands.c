@@ -244,7 +244,7 @@ static int cmd_evaluate(const cli_opts *o, double start, loom_err *err)
         loom_info("%s (step %lld): no eval data: data.eval yielded no examples", res.checkpoint, (long long)res.step);
     } else if (!rc) {
         /* eval_loss, then eval_<metric> for each of model.metrics */
-        char js[512] = "", tx[400] = "";
+        char js[2048] = "", tx[1536] = "";
         size_t jl = 0, tl = 0;
         for (int i = 0; i < res.n_metrics; i++) {
             int w = isfinite(res.metric[i])

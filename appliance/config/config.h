@@ -472,6 +472,8 @@ typedef enum { LOOM_LAYER_DENSE, LOOM_LAYER_CONV2D, LOOM_LAYER_MAX_POOL2D, LOOM_
 /* inputs of one layer (merge layers take 2 or more), and model.inputs */
 #define LOOM_MAX_LAYER_INPUTS 8
 #define LOOM_MAX_MODEL_INPUTS 8
+/* model.outputs: output heads (head 0 is the model's output, its last layer) */
+#define LOOM_MAX_HEADS 8
 typedef enum { LOOM_COMBINER_SUM, LOOM_COMBINER_MEAN } loom_combiner;
 /* leaky_relu and gelu only as activation layers (their gradients need the input); swish, hard_swish,
  * softplus and elu (Keras's definitions) also on the layers that take an activation. silu is swish's
@@ -556,6 +558,16 @@ typedef struct loom_model_spec {
     /* ---- the graph (appended) ---- */
     int             n_inputs;             /* model.inputs given: the features fed to the model; 0: model.input alone */
     char            inputs[LOOM_MAX_MODEL_INPUTS][LOOM_NAME_MAX];
+    /* ---- output heads (appended; model.outputs) ---- */
+    int             n_heads;              /* 0: one output, the last layer, with model.label and model.loss */
+    struct loom_head_spec {
+        char           layer[LOOM_NAME_MAX]; /* the layer whose output the head is; head 0's is the last layer */
+        char           label[LOOM_NAME_MAX]; /* the feature holding its target */
+        loom_loss_kind loss;
+        double         weight;               /* its loss's weight in the total (Keras' loss_weights), default 1 */
+        loom_loc       loc;
+        bool           accuracy;             /* heads 1..: report <layer>_accuracy (their one metric) */
+    } head[LOOM_MAX_HEADS];
 } loom_model_spec;
 
 /* ---- optimizer ----------------------------------------------------------- */

@@ -217,6 +217,21 @@ static const cfg_opt model_opts[] = {
     O_CUSTOM("class_weight", parse_class_weight, ALL, 0,
              "one loss weight per class (binary_cross_entropy: [negative, positive])"),
     O_SUB("layers", 0, ALL, "a list of layer groups"),
+    O_SUB("outputs", 0, 0,
+          "output heads: a list of { layer; label; loss; weight; metrics } (the first is the last layer)"),
+    O_END,
+};
+
+static void parse_head_metrics(cfg_ctx *c, const config_setting_t *s, void *base);
+static const cfg_opt head_opts[] = {
+    O_STR(struct loom_head_spec, "layer", layer, "", NULL, ALL, ALL, "the layer whose output the head is"),
+    O_STR(struct loom_head_spec, "label", label, "", NULL, ALL, ALL, "the feature holding the head's target"),
+    O_ENUM(struct loom_head_spec, "loss", loss, LOOM_LOSS_SPARSE_SOFTMAX_CE, loom_loss_names_, ALL, 0,
+           "the head's loss function"),
+    O_F64(struct loom_head_spec, "weight", weight, 1.0, 0.0, 0, F_NO_HI, ALL, 0,
+          "the head's loss weight in the total loss (Keras' loss_weights)"),
+    O_CUSTOM("metrics", parse_head_metrics, ALL, 0,
+             "the head's metrics (the first head: as model.metrics; the others: [\"accuracy\"] or [])"),
     O_END,
 };
 
@@ -466,6 +481,9 @@ static void check_graph(cfg_ctx *c, const config_setting_t *ll, loom_model_spec 
     /* the output is the last layer; a layer it does not depend on is not used */
     bool used[LOOM_MAX_LAYERS] = {false};
     used[n - 1] = true;
+    for (int h = 1; h < m->n_heads; h++)
+        for (int i = 0; i < n; i++)
+            if (!strcmp(m->layer[i].name, m->head[h].layer)) used[i] = true;
     for (int i = n - 1; i >= 0; i--) {
         if (!used[i]) continue;
         int src[LOOM_MAX_LAYER_INPUTS], ns = layer_sources(m, i, src);
@@ -509,6 +527,108 @@ static void check_class_weight(cfg_ctx *c, const config_setting_t *cw, const loo
     }
 }
 
+/* A head's metrics: the first head's are model.metrics (read there); the others report accuracy or nothing. */
+static void parse_head_metrics(cfg_ctx *c, const config_setting_t *s, void *base)
+{
+    struct loom_head_spec *h = base;
+    int n = cfg_string_list_(c, s, LOOM_MAX_METRICS, "metrics");
+    if (n < 0) return;
+    bool one = config_setting_type(s) == CONFIG_TYPE_STRING;
+    h->accuracy = false;
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *e = one ? s : config_setting_get_elem(s, i);
+        int k = cfg_get_enum_(c, e, loom_metric_names_);
+        if (k == LOOM_METRIC_ACCURACY) h->accuracy = true; /* the others: refused by parse_outputs but for head 0 */
+    }
+}
+
+/* model.outputs: the heads, each a layer of model.layers (the first the last
+ * layer) with a label feature, a loss, a weight and metrics; the first
+ * head's label, loss and metrics are the model's. */
+static void parse_outputs(cfg_ctx *c, const config_setting_t *g, loom_model_spec *m)
+{
+    const config_setting_t *ol = config_setting_get_member(g, "outputs");
+    if (!ol) return;
+    char v[300];
+    if (!config_setting_is_list(ol) && !config_setting_is_array(ol)) {
+        cfg_err_(c, ol, "expected a list of heads ( { layer = \"...\"; label = \"...\"; }, ... ), got %s",
+                 cfg_value_str_(ol, v, sizeof v));
+        return;
+    }
+    int n = config_setting_length(ol);
+    if (n < 1 || n > LOOM_MAX_HEADS) {
+        cfg_err_(c, ol, "expected 1 to %d heads, got %d", LOOM_MAX_HEADS, n);
+        return;
+    }
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        const config_setting_t *e = config_setting_get_elem(ol, i);
+        struct loom_head_spec *h = &m->head[i];
+        cfg_loc_of_(c, e, &h->loc);
+        if (!config_setting_is_group(e)) {
+            cfg_err_(c, e, "expected a group { layer = ...; label = ...; }, got %s", cfg_value_str_(e, v, sizeof v));
+            bad++;
+            continue;
+        }
+        cfg_parse_opts_(c, e, head_opts, 0, h);
+        cfg_scope sc = {head_opts, 0, NULL};
+        cfg_check_keys_(c, e, &sc, 1);
+        const config_setting_t *ms = config_setting_get_member(e, "metrics");
+        if (i == 0) {
+            if (ms) parse_metrics(c, ms, m);
+        } else if (ms) {
+            int nm = config_setting_is_list(ms) || config_setting_is_array(ms) ? config_setting_length(ms) : 1;
+            for (int k = 0; k < nm; k++) {
+                const config_setting_t *me = nm == 1 && config_setting_type(ms) == CONFIG_TYPE_STRING
+                                                 ? ms : config_setting_get_elem(ms, k);
+                const char *name = me ? config_setting_get_string(me) : NULL;
+                if (name && strcmp(name, "accuracy")) {
+                    loom_err *er = cfg_err_(c, me, "head \"%s\": metric \"%s\" is the first head's only",
+                                            h->layer, name);
+                    if (er) loom_err_hint(er, "the other heads report their loss and accuracy; list [\"accuracy\"] "
+                                              "or nothing");
+                    bad++;
+                }
+            }
+        } else {
+            h->accuracy = h->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE || h->loss == LOOM_LOSS_BCE;
+        }
+        int li = -1;
+        for (int j = 0; j < m->n_layers; j++)
+            if (!strcmp(m->layer[j].name, h->layer)) li = j;
+        const config_setting_t *le = config_setting_get_member(e, "layer");
+        if (h->layer[0] && li < 0) {
+            loom_err *er = cfg_err_(c, le ? le : e, "head %d: \"%s\" is not a layer of model.layers", i, h->layer);
+            if (er) loom_err_hint(er, "name a layer by its name (default <type>_<index>)");
+            bad++;
+        } else if (i == 0 && li >= 0 && li != m->n_layers - 1) {
+            loom_err *er = cfg_err_(c, le ? le : e, "the first head's layer \"%s\" is not the last layer (\"%s\")",
+                                    h->layer, m->layer[m->n_layers - 1].name);
+            if (er) loom_err_hint(er, "the first head is the model's output: list its layer last in model.layers");
+            bad++;
+        }
+        for (int j = 0; j < i; j++) {
+            if (!strcmp(m->head[j].layer, h->layer)) {
+                loom_err *er = cfg_err_(c, le ? le : e, "layer \"%s\" is already head %d", h->layer, j);
+                if (er) loom_err_hint(er, "each head names a layer of its own");
+                bad++;
+            }
+        }
+    }
+    if (bad) return;
+    m->n_heads = n;
+    snprintf(m->label, sizeof m->label, "%s", m->head[0].label);
+    m->loss = m->head[0].loss;
+    for (int k = 0; k < 2; k++) {
+        const char *key = k ? "loss" : "label";
+        if (config_setting_get_member(g, key)) {
+            loom_err *er = cfg_err_(c, config_setting_get_member(g, key), "give model.%s or model.outputs, not both",
+                                    key);
+            if (er) loom_err_hint(er, "the first head's %s is the model's: remove model.%s", key, key);
+        }
+    }
+}
+
 /* model: its options, then the layers. */
 void cfg_parse_model_(cfg_ctx *c, const config_setting_t *root, loom_model_spec *m)
 {
@@ -530,7 +650,10 @@ void cfg_parse_model_(cfg_ctx *c, const config_setting_t *root, loom_model_spec 
         }
         parse_layers(c, g, m);
         const config_setting_t *ll = config_setting_get_member(g, "layers");
-        if (ll && m->n_layers > 0 && m->n_layers == config_setting_length(ll)) check_graph(c, ll, m);
+        if (ll && m->n_layers > 0 && m->n_layers == config_setting_length(ll)) {
+            parse_outputs(c, g, m);
+            check_graph(c, ll, m);
+        }
     }
 }
 

@@ -781,8 +781,26 @@ static void print_model(FILE *f, const loom_model_spec *m)
     } else {
         kv_str(f, 1, "input", m->input);
     }
-    kv_str(f, 1, "label", m->label);
-    kv_str(f, 1, "loss", loom_cfg_name_(loom_loss_names_, (int)m->loss));
+    if (!m->n_heads) {
+        kv_str(f, 1, "label", m->label);
+        kv_str(f, 1, "loss", loom_cfg_name_(loom_loss_names_, (int)m->loss));
+    } else { /* the first head's label and loss are the model's */
+        fputs("  outputs = (", f);
+        for (int h = 0; h < m->n_heads; h++) {
+            const struct loom_head_spec *hs = &m->head[h];
+            fprintf(f, "%s\n    { layer = ", h ? "," : "");
+            put_str(f, hs->layer);
+            fputs("; label = ", f);
+            put_str(f, hs->label);
+            fputs("; loss = ", f);
+            put_str(f, loom_cfg_name_(loom_loss_names_, (int)hs->loss));
+            fputs("; weight = ", f);
+            put_f64(f, hs->weight);
+            if (h) fputs(hs->accuracy ? "; metrics = [\"accuracy\"]" : "; metrics = []", f);
+            fputs("; }", f);
+        }
+        fputs("\n  );\n", f);
+    }
     if (m->metrics_set) {
         fputs("  metrics = [", f);
         for (int i = 0; i < m->n_metrics; i++) {

@@ -217,6 +217,9 @@ typedef struct loom_strategy_args {
     /* ---- appended: a graph's several model inputs (model.inputs) ---- */
     int                   n_inputs;    /* 0 or 1: model.input alone (input_idx) */
     int                   inputs_idx[LOOM_MAX_MODEL_INPUTS]; /* each input's feature index; [0] = input_idx */
+    /* ---- appended: output heads (model.outputs) ---- */
+    int                   n_heads;     /* 0 or 1: one output (label_idx) */
+    int                   heads_idx[LOOM_MAX_HEADS]; /* each head's label feature index; [0] = label_idx */
 } loom_strategy_args;
 
 /* e's model inputs beyond the first (model.inputs) to m for its next steps (none: NULL). */
@@ -226,6 +229,11 @@ static inline void loom_strategy_inputs_(const loom_strategy_args *a, loom_model
         const loom_tensor *xs[LOOM_MAX_MODEL_INPUTS];
         for (int f = 1; f < a->n_inputs; f++) xs[f - 1] = e ? &e->t[a->inputs_idx[f]] : NULL;
         loom_model_set_inputs(m, e ? xs : NULL, a->n_inputs - 1);
+    }
+    if (a->n_heads > 1) { /* the labels of heads beyond the first travel as the extra inputs do */
+        const loom_tensor *ys[LOOM_MAX_HEADS];
+        for (int h = 1; h < a->n_heads; h++) ys[h - 1] = e ? &e->t[a->heads_idx[h]] : NULL;
+        loom_model_set_head_labels(m, e ? ys : NULL, a->n_heads - 1);
     }
 }
 

@@ -725,6 +725,7 @@ static int rep_predict(loom_strategy *s, const loom_elem *batch, float *out, loo
     replicated *m = s->impl;
     loom_shape os = loom_model_output_shape(m->rep[0].model);
     m->classes = loom_shape_numel(&os);
+    if (loom_model_num_heads(m->rep[0].model) > 1) m->classes = loom_model_predict_width(m->rep[0].model);
     m->out = out;
     /* predict passes an element holding only the inputs: split those tensors alone */
     const loom_strategy_args *a = s->args;

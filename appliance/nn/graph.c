@@ -62,9 +62,23 @@ int nn_graph_order_(const loom_model *m, const loom_model_spec *spec, int *order
                                 nn_layer_kind_name_(l->kind), snum[i]),
                    loom_err_hint(err, "merge layers take 2 or more (subtract exactly 2), the others one");
     }
-    /* the layers the output (the last) depends on */
+    /* the layers the output (the last) and the other heads depend on */
     bool used[LOOM_MAX_LAYERS] = {false};
     if (ns > 0) used[ns - 1] = true;
+    for (int h = 0; h < spec->n_heads; h++) {
+        int j = find_source(spec, m, -1, spec->head[h].layer);
+        nn_loc_str_(&spec->head[h].loc, w, sizeof w);
+        if (!w[0]) snprintf(w, sizeof w, "%s", m->where);
+        if (j < 0 || j >= ns)
+            return loom_err_set(err, LOOM_ECONFIG, w, "model.outputs: head %d's layer \"%s\" is not a layer", h,
+                                spec->head[h].layer),
+                   loom_err_hint(err, "name a layer of model.layers (its name)");
+        if (h == 0 && j != ns - 1)
+            return loom_err_set(err, LOOM_ECONFIG, w, "model.outputs: head 0's layer \"%s\" is not the last layer "
+                                "(\"%s\")", spec->head[h].layer, spec->layer[ns - 1].name),
+                   loom_err_hint(err, "the first head is the model's output: list its layer last in model.layers");
+        used[j] = true;
+    }
     for (bool more = true; more;) {
         more = false;
         for (int i = 0; i < ns; i++)
@@ -97,6 +111,13 @@ int nn_graph_order_(const loom_model *m, const loom_model_spec *spec, int *order
                        loom_err_hint(err, "a model is a directed acyclic graph: remove one of the inputs on the cycle");
             }
     }
+    if (spec->n_heads > 1 && cnt > 0 && order[cnt - 1] != ns - 1) {
+        nn_loc_str_(&spec->head[0].loc, w, sizeof w);
+        if (!w[0]) snprintf(w, sizeof w, "%s", m->where);
+        return loom_err_set(err, LOOM_ECONFIG, w, "model.outputs: another head's layer takes head 0's layer \"%s\" "
+                            "as input", spec->layer[ns - 1].name),
+               loom_err_hint(err, "head 0 is the model's output and runs last: list first a head nothing depends on");
+    }
     for (int i = 0; i < cnt; i++) {
         int si = order[i];
         n_src[i] = snum[si];
@@ -120,6 +141,11 @@ void nn_graph_links_(loom_model *m)
         /* the output of i goes down the chain when its one consumer is i + 1, a chain link */
         const nn_layer_ *nx = i + 1 < m->n_layers ? &m->layer[i + 1] : NULL;
         l->gacc = !(l->n_cons == 0 || (l->n_cons == 1 && nx && nx->n_src == 1 && nx->src[0] == i));
+    }
+    /* a head but the last: its loss writes its gradient into the layer's dgy rows first */
+    for (int h = 1; h < m->n_heads; h++) {
+        m->layer[m->head[h].layer].gacc = 1;
+        m->graph = 1;
     }
 }
 

@@ -1829,3 +1829,41 @@ double nn_loss_(const loom_model *m, const float *z, int64_t b0, int64_t B, floa
         return nn_loss_mse_(z, m->targets + b0 * n, B, n, inv_gb, g, correct);
     return loss_targets(m, z, m->targets + b0 * n, sw, B, n, inv_gb, g, correct);
 }
+
+/* A head's loss (model.outputs, heads 1..): no class or sample weights.
+ * Sparse softmax cross-entropy on labels, else per example the mean over the
+ * n outputs of binary cross-entropy on logits, absolute or squared error on
+ * targets t, as loss_targets; dz times inv_gb into g (when not NULL). */
+double nn_head_loss_(loom_loss_kind kind, const float *z, const int32_t *labels, const float *t, int64_t B, int64_t n,
+                     float inv_gb, float *g, int64_t *correct)
+{
+    if (kind == LOOM_LOSS_SPARSE_SOFTMAX_CE) return nn_loss_sparse_ce_(z, labels, B, n, inv_gb, g, correct);
+    if (kind == LOOM_LOSS_MSE) return nn_loss_mse_(z, t, B, n, inv_gb, g, correct);
+    double total = 0;
+    int64_t ok = 0;
+    const float k = inv_gb / (float)n;
+    for (int64_t b = 0; b < B; b++) {
+        const float *zr = z + b * n, *tr = t + b * n;
+        double s = 0;
+        int64_t hits = 0, az = 0, at = 0;
+        for (int64_t j = 0; j < n; j++) {
+            float zj = zr[j], tj = tr[j], e = zj - tj, gj;
+            if (kind == LOOM_LOSS_BCE) {
+                s += (double)(zj > 0.f ? zj : 0.f) - (double)zj * tj + log1p(exp(-fabs((double)zj)));
+                gj = 1.f / (1.f + expf(-zj)) - tj;
+                hits += (zj > 0.f) == (tj > 0.5f);
+            } else { /* mean absolute error */
+                s += fabs((double)e);
+                gj = (float)((e > 0.f) - (e < 0.f));
+            }
+            if (zr[j] > zr[az]) az = j;
+            if (tr[j] > tr[at]) at = j;
+            if (g) g[b * n + j] = k * gj;
+        }
+        if (kind == LOOM_LOSS_BCE) ok += hits == n;
+        else if (n > 1) ok += az == at;
+        total += s / (double)n;
+    }
+    *correct = ok;
+    return total;
+}

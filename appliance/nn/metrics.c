@@ -109,6 +109,9 @@ int nn_metrics_init_(loom_model *m, const loom_model_spec *spec, loom_err *err)
         m->moff[i] = m->msize;
         m->msize += size;
     }
+    /* several heads: each head's loss sum and correct count (loom_model_head_value) */
+    m->hoff = m->msize;
+    if (m->n_heads > 1) m->msize += 2 * m->n_heads;
     if (m->msize && !(m->mstate = loom_calloc((size_t)m->msize, sizeof(double))))
         return loom_err_set(err, LOOM_ENOMEM, m->where, "cannot allocate the metrics' state");
     return LOOM_OK;

@@ -520,6 +520,40 @@ static int build_layers(loom_model *m, const loom_model_spec *spec, loom_err *er
     }
     loom_free(named);
     if (rc) return rc;
+    m->n_heads = spec->n_heads > 1 ? spec->n_heads : 1;
+    m->head[0].layer = m->n_layers - 1;
+    m->head[0].loss = m->loss;
+    m->head[0].weight = spec->n_heads ? (float)spec->head[0].weight : 1.f;
+    snprintf(m->head[0].name, sizeof m->head[0].name, "%s", m->layer[m->n_layers - 1].spec.name);
+    for (int h = 1; h < m->n_heads; h++) {
+        const struct loom_head_spec *hs = &spec->head[h];
+        struct nn_head_ *hd = &m->head[h];
+        char w[LOOM_PATH_MAX + 16];
+        nn_loc_str_(&hs->loc, w, sizeof w);
+        if (!w[0]) snprintf(w, sizeof w, "%s", m->where);
+        hd->layer = -1;
+        for (int i = 0; i < m->n_layers; i++)
+            if (!strcmp(m->layer[i].spec.name, hs->layer)) hd->layer = i;
+        for (int g = 0; g < h; g++)
+            if (hd->layer >= 0 && m->head[g].layer == hd->layer)
+                return loom_err_set(err, LOOM_ECONFIG, w, "model.outputs: layer \"%s\" is head %d and head %d",
+                                    hs->layer, g, h),
+                       loom_err_hint(err, "each head names a layer of its own");
+        hd->loss = hs->loss;
+        hd->weight = (float)hs->weight;
+        hd->accuracy = hs->accuracy;
+        snprintf(hd->name, sizeof hd->name, "%s", hs->layer);
+        const nn_layer_ *l = &m->layer[hd->layer];
+        if (hd->loss == LOOM_LOSS_HUBER)
+            return loom_err_set(err, LOOM_EUNSUPPORTED, w, "model.outputs: head \"%s\": huber is the first head's "
+                                "loss only", hs->layer),
+                   loom_err_hint(err, "use mean_squared_error or mean_absolute_error on this head");
+        if (hd->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && (l->out.rank != 1 || l->n_out < 2))
+            return loom_err_set(err, LOOM_ESHAPE, w, "model.outputs: head \"%s\": sparse_softmax_cross_entropy "
+                                "needs a (classes,) output of 2 or more; the layer's is %s", hs->layer,
+                                loom_shape_str(&l->out, a, sizeof a)),
+                   loom_err_hint(err, "end the head with a dense layer of one unit per class");
+    }
     nn_graph_links_(m);
     return LOOM_OK;
 }
@@ -667,6 +701,11 @@ static bool model_buffers(loom_model *m)
     if (m->loss != LOOM_LOSS_SPARSE_SOFTMAX_CE &&
         !(m->targets = loom_alloc_aligned((size_t)(max_batch * m->layer[m->n_layers - 1].n_out) * sizeof(float))))
         return false;
+    for (int h = 1; h < m->n_heads; h++)
+        if (!(m->head[h].labels = loom_alloc_aligned((size_t)max_batch * sizeof(int32_t))) ||
+            !(m->head[h].targets = loom_alloc_aligned((size_t)(max_batch * m->layer[m->head[h].layer].n_out) *
+                                                      sizeof(float))))
+            return false;
     return true;
 }
 
@@ -831,6 +870,10 @@ void loom_model_free(loom_model *m)
     loom_free(m->gbuf[1]);
     loom_free(m->labels);
     loom_free(m->targets);
+    for (int h = 1; h < m->n_heads; h++) {
+        loom_free(m->head[h].labels);
+        loom_free(m->head[h].targets);
+    }
     loom_free(m->swb);
     loom_free(m->mstate);
     loom_free(m);
@@ -1059,10 +1102,72 @@ static int read_weights(loom_model *m, int64_t B, loom_err *err)
     return LOOM_OK;
 }
 
+/* The labels of heads 1.. (loom_model_set_head_labels) into their buffers, checked as head 0's. */
+static int read_head_labels(loom_model *m, int64_t B, loom_err *err)
+{
+    for (int h = 1; h < m->n_heads; h++) {
+        struct nn_head_ *hd = &m->head[h];
+        const int64_t n = m->layer[hd->layer].n_out;
+        const bool sparse = hd->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE;
+        const loom_tensor *t = hd->label;
+        if (!t)
+            return loom_err_set(err, LOOM_ESHAPE, m->where, "head \"%s\" has no labels for this step", hd->name),
+                   loom_err_hint(err, "give each head's label feature (model.outputs' label) with the batch");
+        if (t->shape.rank < 1 || t->shape.dim[0] != B || loom_shape_numel(&t->shape) != B * (sparse ? 1 : n))
+            return loom_err_set(err, LOOM_ESHAPE, m->where, "head \"%s\": its labels hold %lld values for a batch "
+                                "of %lld and %lld outputs", hd->name, (long long)loom_shape_numel(&t->shape),
+                                (long long)B, (long long)n),
+                   loom_err_hint(err, sparse ? "sparse_softmax_cross_entropy takes one class per example"
+                                             : "the other losses take one target per output");
+        number_at at = number_reader(t->dtype);
+        if (!at) return loom_err_set(err, LOOM_ESHAPE, m->where, "head \"%s\": label dtype %d is not known",
+                                     hd->name, (int)t->dtype);
+        for (int64_t e = 0; e < B * (sparse ? 1 : n); e++) {
+            double x = at(t->data, e);
+            bool ok = sparse ? x == floor(x) && x >= 0 && x < (double)n
+                             : isfinite(x) && (hd->loss != LOOM_LOSS_BCE || (x >= 0 && x <= 1));
+            if (!ok)
+                return loom_err_set(err, LOOM_EDATA, m->where, "head \"%s\": example %lld's label is %g", hd->name,
+                                    (long long)(sparse ? e : e / n), x),
+                       loom_err_hint(err, sparse ? "classes run from 0 to the head's outputs - 1"
+                                                 : "binary_cross_entropy takes targets in [0, 1]; others finite");
+            if (sparse) hd->labels[e] = (int32_t)x;
+            else hd->targets[e] = (float)x;
+        }
+    }
+    return LOOM_OK;
+}
+
+void loom_model_set_head_labels(loom_model *m, const loom_tensor *const *labels, int n)
+{
+    for (int h = 1; h < m->n_heads; h++) m->head[h].label = labels && h - 1 < n ? labels[h - 1] : NULL;
+}
+
+int loom_model_num_heads(const loom_model *m) { return m->n_heads; }
+const char *loom_model_head_name(const loom_model *m, int h) { return m->head[h].name; }
+float loom_model_head_weight(const loom_model *m, int h) { return m->head[h].weight; }
+loom_loss_kind loom_model_head_loss_kind(const loom_model *m, int h) { return m->head[h].loss; }
+int loom_model_head_layer(const loom_model *m, int h) { return m->head[h].layer; }
+
+bool loom_model_head_accuracy(const loom_model *m, int h) { return h > 0 && m->head[h].accuracy; }
+
+double loom_model_head_value(const loom_model *m, int h, int which, const double *acc, int64_t examples)
+{
+    if (m->n_heads < 2 || !acc || examples <= 0) return NAN;
+    return acc[m->hoff + 2 * h + (which ? 1 : 0)] / (double)examples;
+}
+
+void loom_model_head_results(const loom_model *m, int h, double *loss_sum, int64_t *correct)
+{
+    if (loss_sum) *loss_sum = m->hloss[h];
+    if (correct) *correct = m->hcorrect[h];
+}
+
 int nn_read_label_(loom_model *m, const loom_tensor *label, int64_t B, loom_err *err)
 {
     int rc;
     if (m->sw && (rc = read_weights(m, B, err))) return rc;
+    if (m->n_heads > 1 && (rc = read_head_labels(m, B, err))) return rc;
     if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) return nn_read_labels_(m, label, B, err);
     const int64_t n = m->layer[m->n_layers - 1].n_out;
     const int bce = m->loss == LOOM_LOSS_BCE;
@@ -1135,6 +1240,8 @@ static void chunk_forward(const step_job *j, nn_chunk_ *c)
     if (j->l0 == 0)
         for (int f = 0; f < m->n_inputs; f++)
             c->xin[f] = f ? (const float *)m->xs[f]->data + c->b0 * loom_shape_numel(&m->in_shape[f]) : c->act[0];
+    /* a graph's gathered gradients start with the step (the loss phase gives the heads' first) */
+    if (j->l0 == 0 && m->graph) memset(c->ginit, 0, (size_t)m->n_layers);
     double t = j->timed ? loom_now() : 0;
     for (int i = j->l0; i < j->l1; i++) {
         if (m->graph) nn_graph_forward_(m, i, c, j->kind == JOB_TRAIN, j->rng_key);
@@ -1151,7 +1258,20 @@ static void chunk_loss(const step_job *j, nn_chunk_ *c)
     const float *z = c->act[m->n_layers];
     float *g = j->kind == JOB_TRAIN ? c->gbuf[0] : NULL;
     (void)n;
-    c->loss = nn_loss_(m, z, c->b0, c->B, j->inv_gb, g, &c->correct);
+    const float w0 = m->head[0].weight;
+    c->hloss[0] = nn_loss_(m, z, c->b0, c->B, j->inv_gb * w0, g, &c->correct);
+    c->hcorrect[0] = c->correct;
+    c->loss = (double)w0 * c->hloss[0];
+    for (int h = 1; h < m->n_heads; h++) {
+        const struct nn_head_ *hd = &m->head[h];
+        const nn_layer_ *l = &m->layer[hd->layer];
+        const int64_t nh = l->n_out;
+        float *gh = j->kind == JOB_TRAIN ? l->dgy + c->b0 * nh : NULL;
+        c->hloss[h] = nn_head_loss_(hd->loss, c->yo[hd->layer], hd->labels + c->b0, hd->targets + c->b0 * nh, c->B,
+                                    nh, j->inv_gb * hd->weight, gh, &c->hcorrect[h]);
+        if (gh) c->ginit[hd->layer] = 1;
+        c->loss += (double)hd->weight * c->hloss[h];
+    }
 }
 
 /* The index of layer i's first parameter tensor (its kernel), or -1. */
@@ -1295,7 +1415,6 @@ static void chunk_backward_(const step_job *j, nn_chunk_ *c, bool with_hook)
     if (j->l1 == m->n_layers) {
         c->g = c->gbuf[0], c->other = c->gbuf[1];
         c->bw_done = 0;
-        if (m->graph) memset(c->ginit, 0, (size_t)m->n_layers);
     }
     /* a non-finite loss fails the step (the caller checks the sum), so its gradient is never used */
     if (!isfinite(c->loss)) return;
@@ -1397,11 +1516,42 @@ static void backward_all(loom_model *m, step_job *j, double *acc)
 
 /* Chunk c's output rows of a predict job, from its last layer's logits:
  * probabilities under softmax (binary) cross-entropy, else the values. */
+/* z (rows, n) as the head's loss reads it into out (row stride ld): softmax or sigmoid probabilities, else values. */
+static void head_rows(loom_loss_kind loss, const float *z, int64_t rows, int64_t n, float *out, int64_t ld)
+{
+    for (int64_t b = 0; b < rows; b++) {
+        const float *zr = z + b * n;
+        float *o = out + b * ld;
+        if (loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) nn_softmax_rows_(zr, o, 1, n);
+        else if (loss == LOOM_LOSS_BCE)
+            for (int64_t e = 0; e < n; e++) o[e] = 1.f / (1.f + expf(-zr[e]));
+        else memcpy(o, zr, (size_t)n * sizeof *o);
+    }
+}
+
+int64_t loom_model_head_outputs(const loom_model *m, int h) { return m->layer[m->head[h].layer].n_out; }
+
+int64_t loom_model_predict_width(const loom_model *m)
+{
+    int64_t w = 0;
+    for (int h = 0; h < m->n_heads; h++) w += m->layer[m->head[h].layer].n_out;
+    return w;
+}
+
 static void predict_rows(step_job *j, nn_chunk_ *c)
 {
     const loom_model *m = j->m;
     const int64_t n = m->layer[m->n_layers - 1].n_out;
     const float *z = c->act[m->n_layers];
+    if (m->n_heads > 1) { /* each example's row: head 0's outputs, then each other head's */
+        const int64_t W = loom_model_predict_width(m);
+        for (int h = 0, off = 0; h < m->n_heads; h++) {
+            const nn_layer_ *l = &m->layer[m->head[h].layer];
+            head_rows(m->head[h].loss, h ? c->yo[m->head[h].layer] : z, c->B, l->n_out, j->out + c->b0 * W + off, W);
+            off += (int)l->n_out;
+        }
+        return;
+    }
     float *out = j->out + c->b0 * n;
     if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) nn_softmax_rows_(z, out, c->B, n);
     else if (m->loss == LOOM_LOSS_BCE)
@@ -1497,6 +1647,23 @@ static double l2_penalty(const loom_model *m, int64_t B, int64_t gb, float *grad
     return (double)m->l2 * ss * (double)B;
 }
 
+/* Each head's loss and correct count of the step: its chunks' in chunk order. */
+static void sum_heads(loom_model *m, int nchunks)
+{
+    for (int h = 0; h < m->n_heads; h++) {
+        m->hloss[h] = 0;
+        m->hcorrect[h] = 0;
+        for (int t = 0; t < nchunks; t++) {
+            m->hloss[h] += m->chunk[t].hloss[h];
+            m->hcorrect[h] += m->chunk[t].hcorrect[h];
+        }
+        if (m->n_heads > 1) {
+            m->mstate[m->hoff + 2 * h] += m->hloss[h];
+            m->mstate[m->hoff + 2 * h + 1] += (double)m->hcorrect[h];
+        }
+    }
+}
+
 /* Runs job over the batch's chunks, one per thread, and sums their results
  * in chunk order; a train step then finishes the gradients (grad_part). */
 static void run_chunks(loom_model *m, step_job *j, int64_t B, double *loss, int64_t *correct)
@@ -1523,6 +1690,7 @@ static void run_chunks(loom_model *m, step_job *j, int64_t B, double *loss, int6
         l += m->chunk[t].loss;
         ok += m->chunk[t].correct;
     }
+    if (j->kind != JOB_PREDICT) sum_heads(m, j->nchunks);
     if (loss) *loss = l;
     if (correct) *correct = ok;
     if (j->kind != JOB_PREDICT) nn_metrics_update_(m, m->chunk[0].act[m->n_layers], B);
@@ -1671,6 +1839,7 @@ int loom_model_loss(loom_model *m, const loom_tensor *label, int64_t global_batc
         l += m->chunk[t].loss;
         ok += m->chunk[t].correct;
     }
+    sum_heads(m, j.nchunks);
     if (loss_sum) *loss_sum = l;
     if (isfinite(l)) l += l2_penalty(m, B, global_batch, NULL);
     m->part_gb = global_batch;

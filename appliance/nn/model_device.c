@@ -154,6 +154,12 @@ static int check_kind(const loom_layer_spec *s, loom_activation act, const char 
 int loom_model_spec_dev_check(const loom_model_spec *ms, const char *backend, loom_err *err)
 {
     char w[LOOM_PATH_MAX + 16];
+    if (ms->n_heads > 1) {
+        loom_err_set(err, LOOM_EUNSUPPORTED, nn_loc_str_(&ms->head[1].loc, w, sizeof w),
+                     "model.outputs has %d heads; the \"%s\" device backend trains one output", ms->n_heads, backend);
+        dev_hint(backend, err);
+        return LOOM_EUNSUPPORTED;
+    }
     int gi = loom_model_spec_graph_layer(ms);
     if (gi >= 0) {
         loom_err_set(err, LOOM_EUNSUPPORTED, nn_loc_str_(&ms->layer[gi].loc, w, sizeof w),

@@ -59,6 +59,32 @@ int  loom_model_num_inputs(const loom_model *m); /* 1 but for loom_model_new_inp
  * follow, as loom_model_set_sample_weights: borrowed until the next call;
  * a step of a model with several inputs without them is LOOM_ESHAPE. */
 void loom_model_set_inputs(loom_model *m, const loom_tensor *const *xs, int n);
+/* Output heads (model.outputs): head 0 is the model's output (its last layer,
+ * model.loss and the label the steps take, with model.metrics); heads 1..
+ * each name a layer, a loss and a weight. The steps' loss is the weighted sum
+ * (Keras' loss_weights) and its gradient the weighted sum of the heads'; each
+ * head's own (unweighted) loss sum and correct count of the last train, loss
+ * or evaluate step are loom_model_head_results. Heads 1..'s labels (labels[h
+ * - 1] for head h, any number type: (B,) classes for sparse softmax
+ * cross-entropy, else (B, outputs)) for the steps that follow; a step
+ * without them is LOOM_ESHAPE, a bad label LOOM_EDATA. */
+void           loom_model_set_head_labels(loom_model *m, const loom_tensor *const *labels, int n);
+int            loom_model_num_heads(const loom_model *m); /* 1 without model.outputs */
+const char    *loom_model_head_name(const loom_model *m, int h);   /* its layer's name */
+float          loom_model_head_weight(const loom_model *m, int h);
+loom_loss_kind loom_model_head_loss_kind(const loom_model *m, int h);
+int            loom_model_head_layer(const loom_model *m, int h);  /* index in the executor's order */
+void           loom_model_head_results(const loom_model *m, int h, double *loss_sum, int64_t *correct);
+/* With several heads the model.metrics state (loom_model_metrics_take) also
+ * sums each head's loss and correct count: head h's mean loss (which = 0) or
+ * accuracy (1) over the state's examples; NaN with one head. Heads 1.. report
+ * accuracy when their spec's accuracy is set (head 0's is model.metrics'). */
+double         loom_model_head_value(const loom_model *m, int h, int which, const double *acc, int64_t examples);
+bool           loom_model_head_accuracy(const loom_model *m, int h);
+/* Floats per example that loom_model_predict writes: the output's, or with
+ * several heads each head's outputs in head order (head 0's first). */
+int64_t        loom_model_predict_width(const loom_model *m);
+int64_t        loom_model_head_outputs(const loom_model *m, int h); /* head h's outputs per example */
 /* The parameter tensors (names, offsets, shapes) loom_model_new would build,
  * and *n_params, the floats of them all, without allocating any buffer: for
  * a task that holds only some of them (a parameter server). The same

@@ -100,8 +100,10 @@ typedef struct nn_chunk_ {
     uint8_t      ginit[LOOM_MAX_LAYERS];   /* a graph's backward: dgy rows of the layer hold a first gradient */
     double       pt[LOOM_MAX_LAYERS];      /* a profiled phase: seconds of each layer on this chunk */
     double       pu[LOOM_MAX_LAYERS];      /* a profiled gradient pass: seconds of each layer's in-step update */
-    double       loss;                     /* results of the chunk */
+    double       loss;                     /* results of the chunk (the heads' weighted sum) */
     int64_t      correct;
+    double       hloss[LOOM_MAX_HEADS];    /* each head's own loss sum (unweighted) and correct count */
+    int64_t      hcorrect[LOOM_MAX_HEADS];
 } __attribute__((aligned(64))) nn_chunk_;
 
 struct loom_model {
@@ -163,6 +165,22 @@ struct loom_model {
     loom_shape       in_shape[LOOM_MAX_MODEL_INPUTS]; /* per example; [0] is input */
     char             in_name[LOOM_MAX_MODEL_INPUTS][LOOM_NAME_MAX];
     const loom_tensor *xs[LOOM_MAX_MODEL_INPUTS];     /* loom_model_set_inputs: inputs 1.. of the next steps */
+    /* output heads (model.outputs): head 0 is the last layer, with loss, label and the metrics above;
+     * the others are computed in the loss phase, their gradient written into their layer's dgy rows */
+    int              n_heads;       /* 1 without model.outputs */
+    struct nn_head_ {
+        int              layer;     /* index in layer[] (head 0: n_layers - 1) */
+        loom_loss_kind   loss;
+        float            weight;
+        bool             accuracy;  /* heads 1..: report <name>_accuracy */
+        char             name[LOOM_NAME_MAX];
+        const loom_tensor *label;   /* loom_model_set_head_labels: the next steps' (heads 1..) */
+        int32_t         *labels;    /* (max_batch,) sparse classes */
+        float           *targets;   /* (max_batch, n_out) the other losses' */
+    } head[LOOM_MAX_HEADS];
+    int64_t          hoff;          /* several heads: their (loss sum, correct) pairs in mstate */
+    double           hloss[LOOM_MAX_HEADS];    /* the last train / loss / evaluate step's, per head */
+    int64_t          hcorrect[LOOM_MAX_HEADS];
     loom_bn_sync_fn  bn_sync;
     void            *bn_sync_arg;
     int              n_sync_bn;
@@ -362,6 +380,9 @@ void  nn_act_grad_x_(loom_activation a, const float *x, const float *g, float *d
 double nn_loss_sparse_ce_(const float *z, const int32_t *labels, int64_t B, int64_t n, float inv_gb, float *g,
                           int64_t *correct);
 double nn_loss_mse_(const float *z, const float *t, int64_t B, int64_t n, float inv_gb, float *g, int64_t *correct);
+/* A head's loss (heads 1.. of model.outputs; layers.c): labels for sparse softmax cross-entropy, else targets t. */
+double nn_head_loss_(loom_loss_kind kind, const float *z, const int32_t *labels, const float *t, int64_t B, int64_t n,
+                     float inv_gb, float *g, int64_t *correct);
 void   nn_softmax_rows_(const float *z, float *p, int64_t B, int64_t n);
 
 #endif

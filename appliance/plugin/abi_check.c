@@ -322,6 +322,8 @@ SAME_FIELD_(loom_strategy_args, steps_per_epoch)
 SAME_FIELD_(loom_strategy_args, weight_idx1)
 SAME_FIELD_(loom_strategy_args, n_inputs)
 SAME_FIELD_(loom_strategy_args, inputs_idx)
+SAME_FIELD_(loom_strategy_args, n_heads)
+SAME_FIELD_(loom_strategy_args, heads_idx)
 
 SAME_SIZE_(loom_input_ctx)
 SAME_FIELD_(loom_input_ctx, num_input_pipelines)

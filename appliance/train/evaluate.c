@@ -34,6 +34,14 @@ int loom_evaluate(const loom_spec *spec, const char *model_dir, const char *chec
             snprintf(out->metric_name[i], sizeof out->metric_name[i], "%s", loom_metric_name(loom_model_metric(m, i)));
             out->metric[i] = ev.examples ? loom_model_metric_value(m, i, r.macc[1], ev.correct, ev.examples) : NAN;
         }
+        for (int h = 0; h < loom_model_num_heads(m) && loom_model_num_heads(m) > 1; h++)
+            for (int q = 0; q < 2; q++) {
+                if (q && !loom_model_head_accuracy(m, h)) continue;
+                int i = out->n_metrics++;
+                snprintf(out->metric_name[i], sizeof out->metric_name[i], "%s_%s", loom_model_head_name(m, h),
+                         q ? "accuracy" : "loss");
+                out->metric[i] = loom_model_head_value(m, h, q, r.macc[1], ev.examples);
+            }
     }
     train_run_close_(&r);
     return rc;

@@ -78,6 +78,8 @@ typedef struct predict_job {
     int              in_idx, id_idx[MAX_IDS];      /* the model input and the ids in the predicted elements */
     int              more_idx[LOOM_MAX_MODEL_INPUTS]; /* model.inputs beyond the first, there */
     int64_t          classes;                      /* the model's outputs per example */
+    int64_t          width;                        /* floats per example predicted: classes, or every head's */
+    const loom_model *model;                       /* for the other heads' columns */
     bool             regression, multi_label;      /* the columns' kind of task */
 } predict_job;
 
@@ -236,6 +238,11 @@ static void write_header(FILE *f, const predict_job *j)
         fprintf(f, ",class");
         for (int64_t c = 0; c < j->classes; c++) fprintf(f, ",p%lld", (long long)c);
     }
+    /* several heads: each other head's outputs (probabilities for a classification) as <layer>_<k> */
+    for (int h = 1; j->model && h < loom_model_num_heads(j->model); h++) {
+        int64_t n = loom_model_head_outputs(j->model, h);
+        for (int64_t c = 0; c < n; c++) fprintf(f, ",%s_%lld", loom_model_head_name(j->model, h), (long long)c);
+    }
     fputc('\n', f);
 }
 
@@ -256,7 +263,7 @@ static void write_row(FILE *f, const predict_job *j, int64_t index, const loom_e
         if (j->classes == 1) best = p[0] > 0.5f; /* one sigmoid output: its probability decides */
         fprintf(f, ",%lld", (long long)best);
     }
-    for (int64_t c = 0; c < j->classes; c++) fprintf(f, ",%.6g", p[c]);
+    for (int64_t c = 0; c < j->width; c++) fprintf(f, ",%.6g", p[c]);
     fputc('\n', f);
 }
 
@@ -276,7 +283,7 @@ static int write_rows(FILE *f, const predict_job *j, run *r, loom_iter *it, floa
         rc = loom_strategy_predict(r->strat, &e, probs, err);
         if (rc) return rc;
         int64_t B = b->t[j->in_idx].shape.dim[0];
-        for (int64_t i = 0; i < B; i++) write_row(f, j, (*index)++, b, i, probs + i * j->classes);
+        for (int64_t i = 0; i < B; i++) write_row(f, j, (*index)++, b, i, probs + i * j->width);
     }
 }
 
@@ -310,6 +317,8 @@ int loom_predict_run(const loom_spec *spec, const loom_predict_opts *po, loom_er
     loom_shape os = loom_model_output_shape(loom_strategy_model(r.strat));
     loom_loss_kind lk = spec->model.loss;
     j.classes = loom_shape_numel(&os);
+    j.model = loom_strategy_model(r.strat);
+    j.width = loom_model_num_heads(j.model) > 1 ? loom_model_predict_width(j.model) : j.classes;
     j.regression = lk == LOOM_LOSS_MSE || lk == LOOM_LOSS_MAE || lk == LOOM_LOSS_HUBER;
     j.multi_label = lk == LOOM_LOSS_BCE && j.classes > 1;
     rc = predict_dataset(&j, r.args.max_batch, ds, err);
@@ -323,7 +332,7 @@ int loom_predict_run(const loom_spec *spec, const loom_predict_opts *po, loom_er
         if (to_stdout) f = stdout;
         else if (!(rc = loom_wfile_open(&wf, j.output, err))) f = loom_wfile_stream(wf);
     }
-    if (!rc && !(probs = loom_alloc((size_t)(r.args.max_batch * j.classes) * sizeof(float))))
+    if (!rc && !(probs = loom_alloc((size_t)(r.args.max_batch * j.width) * sizeof(float))))
         rc = loom_err_set(err, LOOM_ENOMEM, NULL, "allocating predictions");
     if (!rc) write_header(f, &j);
     if (!rc) rc = write_rows(f, &j, &r, it, probs, &index, err);

@@ -214,6 +214,25 @@ static int find_model_inputs(run *r, const loom_spec *spec, const loom_elem_spec
         }
         r->args.inputs_idx[f] = ti;
     }
+    /* model.outputs: each head's label a feature of both pipelines, at one place */
+    const loom_model_spec *ms = &spec->model;
+    r->args.heads_idx[0] = r->args.label_idx;
+    r->args.n_heads = ms->n_heads > 1 ? ms->n_heads : 1;
+    for (int h = 1; h < r->args.n_heads; h++) {
+        const char *name = ms->head[h].label;
+        int ti = loom_elem_spec_find(es, name), ei = r->eval ? loom_elem_spec_find(loom_iter_spec(r->eval), name) : ti;
+        if (ti < 0 || ei != ti) {
+            char have[512];
+            const loom_elem_spec *in = ti < 0 ? es : loom_iter_spec(r->eval);
+            return loom_err_set(err, LOOM_ESHAPE, loom_loc_str(&ms->head[h].loc, w, sizeof w),
+                                "model.outputs: head \"%s\"'s label \"%s\" is not a feature of the %s pipeline%s (it "
+                                "yields %s)", ms->head[h].layer, name, ti < 0 ? "train" : "eval",
+                                ti < 0 ? "" : " where data.train has it", loom_elem_spec_str(in, have, sizeof have)),
+                   loom_err_hint(err, "a head's label is a feature of the data: name one of those, or derive it with "
+                                      "a map");
+        }
+        r->args.heads_idx[h] = ti;
+    }
     return LOOM_OK;
 }
 
@@ -363,7 +382,23 @@ static char *metrics_text(run *r, int k, int64_t correct, int64_t examples, char
         if (w < 0 || len + (size_t)w >= n) break;
         len += (size_t)w;
     }
+    for (int h = 0, q = 0; h < loom_model_num_heads(m) && loom_model_num_heads(m) > 1; h++)
+        for (q = 0; q < 2; q++) {
+            if (q && !loom_model_head_accuracy(m, h)) continue;
+            int w = snprintf(buf + len, n - len, ", %s_%s %.4f", loom_model_head_name(m, h), q ? "accuracy" : "loss",
+                             loom_model_head_value(m, h, q, r->macc[k], examples));
+            if (w < 0 || len + (size_t)w >= n) return buf;
+            len += (size_t)w;
+        }
     return buf;
+}
+
+/* Head h's "<layer>_loss" (q = 0) or "<layer>_accuracy" (1) of state k, after prefix. */
+static double head_metric(run *r, int k, int h, int q, int64_t examples, const char *prefix, char *key, size_t n)
+{
+    loom_model *m = loom_strategy_model(r->strat);
+    snprintf(key, n, "%s%s_%s", prefix, loom_model_head_name(m, h), q ? "accuracy" : "loss");
+    return loom_model_head_value(m, h, q, r->macc[k], examples);
 }
 
 /* "train_accuracy": ..., "train_auc": ... of state k into a metrics.jsonl line. */
@@ -375,6 +410,13 @@ static void metrics_json(run *r, FILE *f, const char *prefix, int k, int64_t cor
         snprintf(key, sizeof key, "%s%s", prefix, loom_metric_name(loom_model_metric(m, i)));
         train_json_num_(f, key, examples ? loom_model_metric_value(m, i, r->macc[k], correct, examples) : NAN, 0);
     }
+    for (int h = 0; h < loom_model_num_heads(m) && loom_model_num_heads(m) > 1; h++)
+        for (int q = 0; q < 2; q++) {
+            char key[LOOM_NAME_MAX + 32];
+            if (q && !loom_model_head_accuracy(m, h)) continue;
+            double v = head_metric(r, k, h, q, examples, prefix, key, sizeof key);
+            train_json_num_(f, key, v, 0);
+        }
 }
 
 /* The hooks' ctx.logs values of the metrics beside accuracy: state k into metric (k = 0) or eval_metric. */
@@ -637,6 +679,13 @@ int train_log_eval_(run *r, loom_summary *tb, int64_t step, double loss, const l
         double v = loom_model_metric_value(m, i, r->macc[1], ev->correct, ev->examples);
         if (isfinite(v)) rc = loom_summary_scalar(tb, loom_metric_name(loom_model_metric(m, i)), step, v, err);
     }
+    for (int h = 0; h < loom_model_num_heads(m) && loom_model_num_heads(m) > 1 && !rc; h++)
+        for (int q = 0; q < 2 && !rc; q++) {
+            char key[LOOM_NAME_MAX + 32];
+            if (q && !loom_model_head_accuracy(m, h)) continue;
+            double v = head_metric(r, 1, h, q, ev->examples, "", key, sizeof key);
+            if (isfinite(v)) rc = loom_summary_scalar(tb, key, step, v, err);
+        }
     return rc ? rc : loom_summary_flush(tb, err);
 }
 

@@ -34,9 +34,10 @@ typedef struct loom_eval_result {
     int64_t examples;
     int64_t step;      /* of the checkpoint evaluated */
     char    checkpoint[LOOM_PATH_MAX];
-    int     n_metrics; /* model.metrics, in order (accuracy included) */
-    char    metric_name[LOOM_MAX_METRICS][24];
-    double  metric[LOOM_MAX_METRICS];
+    int     n_metrics; /* model.metrics, in order (accuracy included), then with several heads each head's
+                        * <layer>_loss and (when it reports one) <layer>_accuracy */
+    char    metric_name[LOOM_MAX_METRICS + 2 * LOOM_MAX_HEADS][LOOM_NAME_MAX + 16];
+    double  metric[LOOM_MAX_METRICS + 2 * LOOM_MAX_HEADS];
 } loom_eval_result;
 
 /* Evaluates data.eval with the given checkpoint file, or the latest in

@@ -2185,6 +2185,137 @@ out:
     loom_blas_set_threads(1);
 }
 
+/* ---- output heads (model.outputs) ------------------------------------------ */
+
+/* d0 feeds two branches: head 0 "logits" (4 classes, sparse softmax CE,
+ * weight w0) through t, and head 1 "aux" (3 binary outputs, BCE, weight w1)
+ * straight from d0, which t also reads: the head's gradient and t's add up. */
+static loom_model_spec *heads_spec(float w0, float w1, loom_loss_kind l1)
+{
+    static loom_model_spec s;
+    loom_layer_spec ls[] = {G(L_dense(6, LOOM_ACT_TANH), "d0", NULL), G(L_dense(3, LOOM_ACT_NONE), "aux", "d0", NULL),
+                            G(L_dense(5, LOOM_ACT_TANH), "t", "d0", NULL), G(L_dense(4, LOOM_ACT_NONE), "logits", "t", NULL)};
+    s = *mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, ls);
+    s.n_heads = 2;
+    snprintf(s.head[0].layer, sizeof s.head[0].layer, "logits");
+    s.head[0].loss = LOOM_LOSS_SPARSE_SOFTMAX_CE;
+    s.head[0].weight = w0;
+    snprintf(s.head[1].layer, sizeof s.head[1].layer, "aux");
+    s.head[1].loss = l1;
+    s.head[1].weight = w1;
+    snprintf(s.head[1].loc.file, sizeof s.head[1].loc.file, "test.cfg");
+    s.head[1].loc.line = 30;
+    return &s;
+}
+
+typedef struct heads_ctx {
+    loom_model *m;
+    loom_tensor *x, *y;
+    int64_t B;
+} heads_ctx;
+
+static double heads_loss(void *ctx)
+{
+    heads_ctx *h = ctx;
+    double l = 0;
+    int64_t c;
+    LOOM_ASSERT(loom_model_train_step(h->m, h->x, h->y, h->B, 1, &l, &c, &err) == LOOM_OK);
+    return l;
+}
+
+static void test_graph_heads(void)
+{
+    const int64_t B = 5;
+    loom_shape in = shp(1, 5, 0, 0), lab = shp(0, 0, 0, 0);
+    float x[5 * 5], t1[5 * 3];
+    int32_t y[5];
+    loom_rng r;
+    loom_rng_init(&r, 7, 1, 2, 3);
+    for (int e = 0; e < 25; e++) x[e] = loom_rng_normal(&r);
+    for (int e = 0; e < 15; e++) t1[e] = (float)loom_rng_below(&r, 2);
+    for (int e = 0; e < 5; e++) y[e] = (int32_t)loom_rng_below(&r, 4);
+    loom_tensor tx = {.dtype = LOOM_F32, .shape = shp(2, B, 5, 0), .data = x};
+    loom_tensor ty = {.dtype = LOOM_I32, .shape = shp(1, B, 0, 0), .data = y};
+    loom_tensor tt = {.dtype = LOOM_F32, .shape = shp(2, B, 3, 0), .data = t1};
+    const loom_tensor *more[] = {&tt};
+    loom_model *m = NULL, *m1 = NULL;
+    int rc = loom_model_new(&m, heads_spec(2.f, 0.5f, LOOM_LOSS_BCE), &in, LOOM_F32, &lab, LOOM_I32, B, &err);
+    CHECK_MSG(rc == LOOM_OK, "%s: %s", err.where, err.msg);
+    if (rc) return;
+    CHECK(loom_model_num_heads(m) == 2 && !strcmp(loom_model_head_name(m, 1), "aux"));
+    loom_model_init_params(m, 3);
+    double l, l0, l1;
+    int64_t c, c0, c1;
+    CHECK(loom_model_train_step(m, &tx, &ty, B, 1, &l, &c, &err) == LOOM_ESHAPE);
+    CHECK_CONTAINS(err.msg, "head \"aux\" has no labels for this step");
+    loom_model_set_head_labels(m, more, 1);
+    CHECK(loom_model_train_step(m, &tx, &ty, B, 1, &l, &c, &err) == LOOM_OK);
+    loom_model_head_results(m, 0, &l0, &c0);
+    loom_model_head_results(m, 1, &l1, &c1);
+    /* the total is the weighted sum; head 0's is the loss of the same model without head 1 */
+    CHECK_MSG(fabs(l - (2 * l0 + 0.5 * l1)) < 1e-9 * fabs(l), "loss %.9g vs 2 * %.9g + 0.5 * %.9g", l, l0, l1);
+    CHECK(c == c0 && c1 >= 0 && c1 <= B);
+    double bce = 0;
+    {   /* head 1's loss by hand: the mean over 3 outputs of BCE on logits, summed over the batch */
+        float p[5 * 3];
+        loom_layer_spec one[] = {G(L_dense(6, LOOM_ACT_TANH), "d0", NULL), G(L_dense(3, LOOM_ACT_NONE), "aux", NULL)};
+        loom_shape l3 = shp(1, 3, 0, 0);
+        CHECK(loom_model_new(&m1, mk(LOOM_LOSS_MSE, 2, one), &in, LOOM_F32, &l3, LOOM_F32, B, &err) == LOOM_OK);
+        /* the same d0 and aux parameters: d0 first, aux second in both (order: d0, aux, t, logits) */
+        memcpy(loom_model_params(m1), loom_model_params(m), (size_t)loom_model_num_params(m1) * sizeof(float));
+        CHECK(loom_model_predict(m1, &tx, p, &err) == LOOM_OK);
+        for (int e = 0; e < 15; e++) {
+            double z = p[e], t = t1[e];
+            bce += ((z > 0 ? z : 0) - z * t + log1p(exp(-fabs(z)))) / 3;
+        }
+        CHECK_MSG(fabs(bce - l1) < 1e-5 * (1 + bce), "head 1 loss %.9g, by hand %.9g", l1, bce);
+        loom_model_free(m1);
+    }
+    /* the gradient of the weighted total against central differences */
+    int64_t P = loom_model_num_params(m);
+    float *ga = malloc((size_t)P * sizeof *ga), *g1 = malloc((size_t)P * sizeof *g1);
+    CHECK(loom_model_train_step(m, &tx, &ty, B, 1, &l, &c, &err) == LOOM_OK);
+    memcpy(ga, loom_model_grads(m), (size_t)P * sizeof *ga);
+    heads_ctx hc = {m, &tx, &ty, B};
+    harness_gradcheck g = harness_gradcheck_run("two heads", loom_model_params(m), ga, P, 1, 1e-2f, (double)B,
+                                                heads_loss, &hc, NULL, 1);
+    CHECK_MSG(g.bad == 0 && g.tested >= P - 5, "two heads: %lld of %lld gradients off", g.bad, g.tested);
+    /* intra-op threads: the same bits */
+    for (int t = 1; t <= 3; t++) {
+        CHECK(loom_model_set_threads(m, t, &err) == LOOM_OK);
+        double lt;
+        CHECK(loom_model_train_step(m, &tx, &ty, B, 1, &lt, &c, &err) == LOOM_OK);
+        if (t == 1) memcpy(g1, loom_model_grads(m), (size_t)P * sizeof *g1), l = lt;
+        CHECK_MSG(lt == l && !memcmp(g1, loom_model_grads(m), (size_t)P * sizeof *g1), "two heads, threads %d", t);
+        double le;
+        CHECK(loom_model_evaluate(m, &tx, &ty, &le, &c, &err) == LOOM_OK);
+        CHECK_MSG(le == l, "evaluate %.9g vs train %.9g", le, l);
+    }
+    /* bad labels of a head */
+    t1[4] = 2;
+    CHECK(loom_model_train_step(m, &tx, &ty, B, 1, &l, &c, &err) == LOOM_EDATA);
+    CHECK_CONTAINS(err.msg, "head \"aux\": example 1's label is 2");
+    t1[4] = 1;
+    free(ga);
+    free(g1);
+    loom_model_free(m);
+    /* errors at the head's file:line: an unknown layer, the same layer twice, head 0 not last */
+    loom_model_spec *s = heads_spec(1, 1, LOOM_LOSS_MSE);
+    snprintf(s->head[1].layer, sizeof s->head[1].layer, "nope");
+    CHECK(loom_model_new(&m, s, &in, LOOM_F32, &lab, LOOM_I32, B, &err) == LOOM_ECONFIG);
+    CHECK_CONTAINS(err.where, "test.cfg:30");
+    CHECK_CONTAINS(err.msg, "head 1's layer \"nope\" is not a layer");
+    snprintf(s->head[1].layer, sizeof s->head[1].layer, "logits");
+    CHECK(loom_model_new(&m, s, &in, LOOM_F32, &lab, LOOM_I32, B, &err) == LOOM_ECONFIG);
+    CHECK_CONTAINS(err.msg, "layer \"logits\" is head 0 and head 1");
+    s = heads_spec(1, 1, LOOM_LOSS_MSE);
+    snprintf(s->head[0].layer, sizeof s->head[0].layer, "aux");
+    snprintf(s->head[1].layer, sizeof s->head[1].layer, "logits");
+    CHECK(loom_model_new(&m, s, &in, LOOM_F32, &lab, LOOM_I32, B, &err) == LOOM_ECONFIG);
+    CHECK_CONTAINS(err.msg, "head 0's layer \"aux\" is not the last layer (\"logits\")");
+    loom_blas_set_threads(1);
+}
+
 /* Shapes that do not merge, a cycle, an unknown input: LOOM_ESHAPE /
  * LOOM_ECONFIG at the layer's file:line naming what is wrong. */
 static void test_graph_errors(void)
@@ -2252,6 +2383,7 @@ static const loom_test tests[] = {
     {"issue 23 layers: no allocation in a step", test_vision_no_alloc},
     {"graph: gradients, threads", test_graph_grad},
     {"graph: merge values, order", test_graph_merge_values},
+    {"graph: output heads (weighted loss, gradient, threads, errors)", test_graph_heads},
     {"graph: shape and graph errors", test_graph_errors},
     {"graph: several model inputs", test_graph_inputs},
     {"timing", test_timing},
