@@ -295,6 +295,8 @@ if "resnet50" in out["models"]:
     th = r50.get("pytorch_best_threads")
     print(f"resnet50: batch 32, median step after warm-up; target >= 1.3x PyTorch's best (threads {th}), "
           f"peak RSS <= PyTorch's; peak = 3 x forward FLOPs x samples/s / the FMA peak")
+    print("resnet50 steps/s: " + ", ".join(f"{k} {f(v and v / 32, '.4f')}" for k, v in
+                                         (("loom", r50["loom"]["samples_per_sec"]), ("pytorch", r50["pytorch"]["samples_per_sec"]))))
     if r50.get("loom_check_ms") is not None:
         c = r50["loom_check_ms"]
         print(f"loom check configs/resnet50.cfg: {c:.1f} ms (median of 5; target < 100 ms){' ok' if c < 100 else ' MISS'}")
