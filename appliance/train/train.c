@@ -1666,10 +1666,13 @@ static int check_train_not_empty(run *r, const loom_spec *spec, loom_err *err)
                          "drop_remainder larger than the data");
 }
 
-/* The largest label of up to max_batches batches of it (the whole pass when
- * shorter), for a class count check; *batches gets how many it read. NaN
- * when it holds no label or none was read. Rewinds it. */
+/* The largest label of up to CHECK_LABEL_BATCHES batches of it (the whole
+ * pass when shorter), for a class count check, reading for at most
+ * CHECK_LABEL_SECONDS after the first batch (224x224 images make 100 batches
+ * seconds of work, and check is meant to be quick); *batches gets how many
+ * it read. NaN when it holds no label or none was read. Rewinds it. */
 #define CHECK_LABEL_BATCHES 100
+#define CHECK_LABEL_SECONDS 0.25
 static int largest_label(loom_iter *it, const char *label, double *top, int64_t *batches, loom_err *err)
 {
     *top = NAN;
@@ -1677,7 +1680,8 @@ static int largest_label(loom_iter *it, const char *label, double *top, int64_t 
     int li = loom_elem_spec_find(loom_iter_spec(it), label);
     if (li < 0) return LOOM_OK;
     int rc = LOOM_OK;
-    while (*batches < CHECK_LABEL_BATCHES) {
+    double t0 = loom_now();
+    while (*batches < CHECK_LABEL_BATCHES && (*batches == 0 || loom_now() - t0 < CHECK_LABEL_SECONDS)) {
         loom_elem *b;
         if ((rc = loom_iter_next(it, &b, err))) break;
         ++*batches;
