@@ -312,11 +312,28 @@ static loom_layer_call plugin_call(const nn_layer_ *l, int64_t b0, int64_t B,
                              .scratch = l->pscratch + (size_t)b0 * l->pplan->scratch_per_example};
 }
 
-/* A plugin's failure in a step has nowhere to go: logged once, the step's numbers show it. */
-static void plugin_failed(const nn_layer_ *l, const char *what, const loom_err *e)
+/* A plugin's failure in a step: the first is kept (the chunks run on several
+ * threads) and fails the step when it ends (nn_plugin_error_), so training
+ * never goes on from outputs or gradients the plugin did not write. */
+static void plugin_failed(const loom_model *cm, const nn_layer_ *l, const char *what, const loom_err *e)
 {
-    loom_log(LOOM_LOG_ERROR, "%s: layer \"%s\" (%s) %s failed: %s", l->where, l->spec.name, l->spec.plugin, what,
-             e->msg);
+    loom_model *m = (loom_model *)cm; /* only plugin_rc/err, claimed once */
+    int none = 0;
+    if (!__atomic_compare_exchange_n(&m->plugin_rc, &none, -1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) return;
+    loom_err_set(&m->plugin_err, LOOM_EPLUGIN, l->where, "layer \"%s\" (%s) %s failed: %s",
+                 l->spec.name, l->spec.plugin, what, e->msg[0] ? e->msg : "(the plugin gave no message)");
+    if (e->hint[0]) loom_err_hint(&m->plugin_err, "%s", e->hint);
+    __atomic_store_n(&m->plugin_rc, m->plugin_err.code, __ATOMIC_RELEASE);
+}
+
+int nn_plugin_error_(loom_model *m, loom_err *err)
+{
+    int rc = __atomic_load_n(&m->plugin_rc, __ATOMIC_ACQUIRE);
+    if (!rc) return LOOM_OK;
+    if (err) *err = m->plugin_err;
+    m->plugin_rc = 0;
+    memset(&m->plugin_err, 0, sizeof m->plugin_err);
+    return rc;
 }
 
 void nn_plugin_forward_(const loom_model *m, int li, nn_chunk_ *c, const float *x, float *y, int training,
@@ -329,7 +346,7 @@ void nn_plugin_forward_(const loom_model *m, int li, nn_chunk_ *c, const float *
     loom_layer_call call = plugin_call(l, c->b0, c->B, &x, param);
     call.training = training, call.rng_key = rng_key;
     loom_err e = {0};
-    if (l->pops->forward(l->pinst, &call, &e)) plugin_failed(l, "forward", &e);
+    if (l->pops->forward(l->pinst, &call, &e)) plugin_failed(m, l, "forward", &e);
 }
 
 float *nn_plugin_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, float *other)
@@ -344,7 +361,7 @@ float *nn_plugin_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, 
     float *dx[1] = {other};
     call.dy = l->dz + row0, call.dx = dx, call.training = 1;
     loom_err e = {0};
-    if (l->pops->backward(l->pinst, &call, &e)) plugin_failed(l, "backward", &e);
+    if (l->pops->backward(l->pinst, &call, &e)) plugin_failed(m, l, "backward", &e);
     return other;
 }
 
@@ -361,7 +378,7 @@ void nn_plugin_param_grads_(loom_model *m, int li, const float *x, int64_t B)
     loom_layer_call call = plugin_call(l, 0, B, &x, param);
     call.dy = l->dz, call.dparam = dparam, call.training = 1;
     loom_err e = {0};
-    if (l->pops->param_grads(l->pinst, &call, &e)) plugin_failed(l, "param_grads", &e);
+    if (l->pops->param_grads(l->pinst, &call, &e)) plugin_failed(m, l, "param_grads", &e);
 }
 
 int loom_model_plugin_onnx(loom_model *m, const loom_layer_spec *s, loom_layer_onnx *node, int *n_params, loom_shape *out,

@@ -1757,6 +1757,7 @@ int loom_model_train_step(loom_model *m, const loom_tensor *x, const loom_tensor
     m->sync_k = 0, m->sync_rc = 0;
     int rc = train_step(m, x, label, global_batch, rng_key, loss_sum, correct, err);
     int src = nn_bn_sync_rest_(m, false, rc ? NULL : err); /* the calls a failed step did not make */
+    if (__atomic_load_n(&m->plugin_rc, __ATOMIC_ACQUIRE)) return nn_plugin_error_(m, err); /* the cause of the rest */
     return rc ? rc : src;
 }
 
@@ -1814,7 +1815,8 @@ int loom_model_forward(loom_model *m, const loom_tensor *x, uint64_t rng_key, lo
     j.nchunks = split_batch(m, B);
     for (int t = 0; t < j.nchunks; t++) m->chunk[t].loss = 0;
     forward_all(m, &j, m->prof ? m->prof->fwd : NULL);
-    if ((rc = nn_bn_sync_rest_(m, true, err))) return rc;
+    if ((rc = nn_bn_sync_rest_(m, true, err))) return nn_plugin_error_(m, NULL), rc;
+    if ((rc = nn_plugin_error_(m, err))) return rc;
     m->part_B = B;
     m->part_done = 1;
     return LOOM_OK;
@@ -1864,7 +1866,9 @@ int loom_model_backward(loom_model *m, loom_err *err)
     if (m->upd) update_rest(m, j.nchunks, m->prof ? m->prof->upd : NULL);
     l2_penalty(m, j.B, m->part_gb, m->grads);
     m->part_done = 0;
-    return nn_bn_sync_rest_(m, false, err);
+    int src = nn_bn_sync_rest_(m, false, err);
+    int prc = nn_plugin_error_(m, src ? NULL : err);
+    return src ? src : prc;
 }
 
 int loom_model_backward_update(loom_model *m, loom_optimizer *o, int64_t step, bool *applied, loom_err *err)
@@ -1887,7 +1891,7 @@ int loom_model_evaluate(loom_model *m, const loom_tensor *x, const loom_tensor *
     if ((rc = nn_read_label_(m, label, B, err))) return rc;
     step_job j = {.kind = JOB_EVAL, .x = x->data, .label = label, .inv_gb = 1.f};
     run_chunks(m, &j, B, loss_sum, correct);
-    return LOOM_OK;
+    return nn_plugin_error_(m, err);
 }
 
 int loom_model_predict(loom_model *m, const loom_tensor *x, float *out, loom_err *err)
@@ -1897,7 +1901,7 @@ int loom_model_predict(loom_model *m, const loom_tensor *x, float *out, loom_err
     if ((rc = nn_check_batch_(m, x, NULL, &B, err))) return rc;
     step_job j = {.kind = JOB_PREDICT, .x = x->data, .out = out};
     run_chunks(m, &j, B, NULL, NULL);
-    return LOOM_OK;
+    return nn_plugin_error_(m, err);
 }
 
 /* ---- sparse gradients ------------------------------------------------------ */

@@ -187,6 +187,9 @@ struct loom_model {
     int              sync_k;
     int              sync_rc;
     loom_err         sync_err;
+    /* a plugin layer's failure inside a step (layer_plugin.c): the first one, taken by nn_plugin_error_ */
+    int              plugin_rc;
+    loom_err         plugin_err;
 };
 
 /* How long the intra-op workers busy-wait for the next phase before they
@@ -307,6 +310,8 @@ void   nn_plugin_forward_(const loom_model *m, int li, nn_chunk_ *c, const float
 float *nn_plugin_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, float *other);
 /* The whole batch's parameter gradients from the dz rows (chunk 0's thread, after every chunk). */
 void   nn_plugin_param_grads_(loom_model *m, int li, const float *x, int64_t B);
+/* The first plugin layer failure of the step just run (then cleared) into err, or LOOM_OK. */
+int    nn_plugin_error_(loom_model *m, loom_err *err);
 
 /* Part `part` of `parts` of dense layer li's parameter gradients over the
  * whole batch of B examples whose layer input is x (B, n_in): kernel rows

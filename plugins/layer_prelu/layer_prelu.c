@@ -21,6 +21,7 @@
 #include "loom_plugin.h"
 
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 
 #ifndef LOOM_PRELU_VERSION
@@ -81,9 +82,12 @@ static void prelu_free(void *inst) { host->free(inst); }
 
 static int prelu_forward(void *inst, const loom_layer_call *c, loom_err *err)
 {
-    (void)err;
     const prelu *p = inst;
     const float *x = c->x[0], *alpha = c->param[0];
+    for (int64_t k = 0; k < p->C; k++) /* a slope gone non-finite would spread to every output */
+        if (!isfinite(alpha[k]))
+            return host->err_set(err, LOOM_ENUMERIC, NULL, "alpha of channel %lld is %g", (long long)k,
+                                 (double)alpha[k]);
     for (int64_t i = 0, n = c->B * p->n; i < n; i++) {
         float v = x[i];
         c->y[i] = v >= 0.0f ? v : alpha[i % p->C] * v;

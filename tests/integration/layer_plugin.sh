@@ -66,4 +66,15 @@ expect_fail 2 "a plugin layer without onnx(): ONNX export refuses the model, nam
     'layer "act" (prelu_broken) has no ONNX form: its plugin has no onnx function' \
     env LOOM_PLUGIN_PATH="$L2" "$LOOM" export $CFG --model-dir "$WORK/nb" --format onnx --output "$WORK/nb.onnx" \
     --set 'model.layers.[2].type="prelu_broken"'
+# a plugin's failure inside a step fails the step, naming the layer (it was only logged, and training went
+# on from outputs the plugin had not written); prelu refuses a slope that is not finite
+out=$("$LOOM" train $CFG --model-dir "$WORK/nanalpha" "${Q[@]}" --set run.max_steps=3 --set 'model.layers.[2].alpha_init=nan' 2>&1)
+st=$?
+if [ $st -ne 0 ] && grep -q 'prelu_mlp.cfg:[0-9]*: layer "act" (prelu) forward failed: alpha of channel 0 is nan' <<<"$out" &&
+    ! grep -q "loss is not finite" <<<"$out" && [ ! -e "$WORK/nanalpha/ckpt-3.loom" ]; then
+    pass "a plugin layer's failed forward stops training with its message (status $st)"
+else
+    fail "a plugin layer's failed forward stops training with its message" "status $st" "$(tail -3 <<<"$out")"
+fi
+
 finish
