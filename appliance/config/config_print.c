@@ -594,9 +594,13 @@ static void print_plugins(FILE *f, const loom_plugins_spec *p)
 
 static void print_layer(FILE *f, const loom_layer_spec *l)
 {
-    kv_str(f, 3, "type", loom_layer_kind_name(l->kind));
+    /* a plugin's layer: its registered type and its own settings, as text (they reach the plugin so) */
+    kv_str(f, 3, "type", l->kind == LOOM_LAYER_PLUGIN ? l->plugin : loom_layer_kind_name(l->kind));
     kv_str(f, 3, "name", l->name);
     switch (l->kind) {
+    case LOOM_LAYER_PLUGIN:
+        for (int i = 0; i < l->settings.n; i++) kv_str(f, 3, l->settings.key[i], l->settings.value[i]);
+        break;
     case LOOM_LAYER_DENSE: kv_i64(f, 3, "units", l->units); break;
     case LOOM_LAYER_CONV2D:
         kv_i64(f, 3, "filters", l->filters);
