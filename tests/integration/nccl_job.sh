@@ -12,7 +12,7 @@ CFG=tests/configs/mwm_mlp.cfg
 PLUGIN="$(dirname "$LOOM")/plugins/nccl.so"
 if [ ! -f "$PLUGIN" ]; then
     echo "1..0 # SKIP the nccl plugin is not built (it needs the CUDA toolkit and NCCL)"
-    exit 77
+    exit 0 # a TAP skip (meson counts 77 under tap as an error)
 fi
 if "$LOOM" devices 2>&1 | grep -qE '^ +gpu:[0-9]+ '; then
     echo "1..0 # SKIP a GPU is present: this test covers the path without one"
