@@ -253,6 +253,17 @@ int  loom_group_broadcast(loom_group *g, void *buf, size_t len, int root, loom_e
  * order: out[r] for r < size, each reset first and freed by the caller. */
 int  loom_group_all_gather_bytes(loom_group *g, const void *buf, size_t len, loom_buf *out, loom_err *err);
 int  loom_group_barrier(loom_group *g, loom_err *err);
+/* The halves of a sharded update (ZeRO-1 across the ranks). off (size + 1
+ * offsets from off[0] = 0 to off[size] = count, the same on every rank) cuts
+ * buf into the ranks' shards. reduce_scatter: rank r's shard [off[r],
+ * off[r + 1]) of buf becomes the elementwise SUM over the ranks (the rest of
+ * buf is left partly summed); all_gather: every rank's shard of buf is copied
+ * into every other's. With either, small (small_n <= 16 floats; NULL, 0:
+ * none) becomes its SUM over the ranks, in rank order, on every rank, in the
+ * same round trips. With 2 ranks the shards hold the bits of
+ * loom_group_all_reduce. */
+int  loom_group_reduce_scatter(loom_group *g, float *buf, const int64_t *off, float *small, int small_n, loom_err *err);
+int  loom_group_all_gather(loom_group *g, float *buf, const int64_t *off, float *small, int small_n, loom_err *err);
 /* The group's transport (borrowed): for messages beside the collectives,
  * with types from LOOM_MSG_USER + 16 up (the group uses the first 16);
  * declare the ones read with loom_net_reads (the group declares its own, so

@@ -31,7 +31,10 @@
  *
  * Bit-identical results: in the reduce-scatter each segment is summed in
  * the ring's fixed order by one rank, and the all-gather copies that rank's
- * bytes to every other; no rank re-sums. */
+ * bytes to every other; no rank re-sums. The two halves also run on their
+ * own (loom_group_reduce_scatter, loom_group_all_gather: a sharded update
+ * between them), each with a few floats summed on every rank in the same
+ * round trips. */
 #include "cluster/net_internal.h"
 
 #include <arpa/inet.h>
@@ -55,8 +58,9 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-enum { K_ALL_REDUCE = 1, K_BROADCAST, K_ALL_GATHER, K_BARRIER };
-static const char *const kind_names[] = {"?", "all_reduce", "broadcast", "all_gather_bytes", "barrier"};
+enum { K_ALL_REDUCE = 1, K_BROADCAST, K_ALL_GATHER, K_BARRIER, K_REDUCE_SCATTER, K_ALL_GATHER_SHARDS, K_KINDS };
+static const char *const kind_names[] = {"?", "all_reduce", "broadcast", "all_gather_bytes", "barrier",
+                                         "reduce_scatter", "all_gather_shards"};
 
 #define HDR_MAGIC 0x4f434d4cu /* "LMCO" */
 #define DATA_MAGIC "LOOMDATA"
@@ -553,8 +557,8 @@ struct step {
 
 static void describe(char *buf, size_t n, const coll_hdr *h)
 {
-    const char *k = h->kind < 5 ? kind_names[h->kind] : "?";
-    if (h->kind == K_ALL_REDUCE)
+    const char *k = h->kind < K_KINDS ? kind_names[h->kind] : "?";
+    if (h->kind == K_ALL_REDUCE || h->kind == K_REDUCE_SCATTER || h->kind == K_ALL_GATHER_SHARDS)
         snprintf(buf, n, "%s #%llu (%llu floats)", k, (unsigned long long)h->seq, (unsigned long long)h->count);
     else if (h->kind == K_BROADCAST)
         snprintf(buf, n, "%s #%llu (%llu bytes from rank %u)", k, (unsigned long long)h->seq,
@@ -1290,4 +1294,91 @@ int loom_group_barrier(loom_group *g, loom_err *err)
     rc = gather_pieces(g, &h, lp, ll, err);
     if (!rc) leave(g, &h);
     return rc;
+}
+
+/* ---- the halves of a sharded update ------------------------------------------ */
+
+#define SMALL_N_MAX 16
+
+/* The steps that gather every rank's small floats into pieces (n - 1 of
+ * them, before the shards' steps: the first shard step is not gated, so it
+ * is not held up by them), and their sum in rank order. */
+static int small_steps(const loom_group *g, step *st, float (*pieces)[SMALL_N_MAX], const float *small, int small_n)
+{
+    int n = g->size, r = g->rank;
+    if (small_n <= 0) return 0;
+    memcpy(pieces[r], small, (size_t)small_n * sizeof(float));
+    for (int t = 0; t < n - 1; t++) {
+        int s = ((r - t) % n + n) % n, q = ((r - t - 1) % n + n) % n;
+        st[t] = (step){(const uint8_t *)pieces[s], (size_t)small_n * 4, (uint8_t *)pieces[q], (size_t)small_n * 4,
+                       NULL, t > 0};
+    }
+    return n - 1;
+}
+
+static void small_sum(const loom_group *g, float (*pieces)[SMALL_N_MAX], float *small, int small_n)
+{
+    for (int i = 0; i < small_n; i++) {
+        small[i] = pieces[0][i];
+        for (int k = 1; k < g->size; k++) small[i] += pieces[k][i];
+    }
+}
+
+/* Shared by both halves: checks, the header, the small floats' steps. */
+static int shards_enter(loom_group *g, coll_hdr *h, int kind, const int64_t *off, int small_n, loom_err *err)
+{
+    int rc = enter(g, h, kind, (uint64_t)off[g->size], (uint32_t)small_n, err);
+    if (rc) return rc;
+    if (g->size > 64) return loom_err_set(err, LOOM_EUSAGE, NULL, "the ring supports up to 64 ranks");
+    if (small_n < 0 || small_n > SMALL_N_MAX)
+        return loom_err_set(err, LOOM_EUSAGE, NULL, "%d small floats (at most %d)", small_n, SMALL_N_MAX);
+    for (int k = 0; k < g->size; k++)
+        if (off[0] != 0 || off[k + 1] < off[k])
+            return loom_err_set(err, LOOM_EUSAGE, NULL, "the shards' offsets do not rise from 0");
+    return LOOM_OK;
+}
+
+int loom_group_reduce_scatter(loom_group *g, float *buf, const int64_t *off, float *small, int small_n, loom_err *err)
+{
+    coll_hdr h;
+    int rc = shards_enter(g, &h, K_REDUCE_SCATTER, off, small_n, err);
+    if (rc || g->size == 1) return rc;
+    if ((rc = tmp_reserve(g, CHUNK, err))) return rc;
+    int n = g->size, r = g->rank;
+    float pieces[64][SMALL_N_MAX];
+    step st[128];
+    int k = small_steps(g, st, pieces, small, small_n);
+    /* step t sends segment r - t - 1 (this rank's own at t = 0) and adds in
+     * segment r - t - 2: after n - 1 steps segment r is whole here */
+    for (int t = 0; t < n - 1; t++, k++) {
+        int s = ((r - t - 1) % n + 2 * n) % n, q = ((r - t - 2) % n + 2 * n) % n;
+        st[k].send = (const uint8_t *)(buf + off[s]), st[k].send_len = (size_t)(off[s + 1] - off[s]) * 4;
+        st[k].recv = (uint8_t *)(buf + off[q]), st[k].recv_len = (size_t)(off[q + 1] - off[q]) * 4;
+        st[k].acc = buf + off[q];
+        st[k].gate = t > 0;
+    }
+    if ((rc = run(g, &h, st, k, err))) return rc;
+    small_sum(g, pieces, small, small_n);
+    leave(g, &h);
+    return LOOM_OK;
+}
+
+int loom_group_all_gather(loom_group *g, float *buf, const int64_t *off, float *small, int small_n, loom_err *err)
+{
+    coll_hdr h;
+    int rc = shards_enter(g, &h, K_ALL_GATHER_SHARDS, off, small_n, err);
+    if (rc || g->size == 1) return rc;
+    int n = g->size, r = g->rank;
+    float pieces[64][SMALL_N_MAX];
+    step st[128];
+    int k = small_steps(g, st, pieces, small, small_n);
+    for (int t = 0; t < n - 1; t++, k++) {
+        int s = ((r - t) % n + n) % n, q = ((r - t - 1) % n + n) % n;
+        st[k] = (step){(const uint8_t *)(buf + off[s]), (size_t)(off[s + 1] - off[s]) * 4, (uint8_t *)(buf + off[q]),
+                       (size_t)(off[q + 1] - off[q]) * 4, NULL, t > 0};
+    }
+    if ((rc = run(g, &h, st, k, err))) return rc;
+    small_sum(g, pieces, small, small_n);
+    leave(g, &h);
+    return LOOM_OK;
 }

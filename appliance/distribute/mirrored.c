@@ -997,6 +997,19 @@ int loom_replicated_apply_(loom_strategy *s, const float *grads, int64_t step, l
     return rc;
 }
 
+bool loom_replicated_shardable_(loom_strategy *s)
+{
+    replicated *m = s->impl;
+    return m->n == 1 && !m->central && !m->rep[0].dev && !loom_optimizer_needs_full_grads(m->rep[0].opt);
+}
+
+void loom_replicated_apply_range_(loom_strategy *s, const float *grads, int64_t step, int64_t lo, int64_t hi)
+{
+    replicated *m = s->impl;
+    loom_model *md = m->rep[0].model;
+    loom_optimizer_apply_range(m->rep[0].opt, loom_model_pool(md), loom_model_params(md), grads, step, lo, hi);
+}
+
 void loom_replicated_set_pack_ready_(loom_strategy *s, void (*fn)(void *arg, int pack), void *arg)
 {
     replicated *m = s->impl;

@@ -29,6 +29,13 @@ int    loom_replicated_grads_(loom_strategy *s, const loom_elem *batch, int64_t 
 float *loom_replicated_grads0_(loom_strategy *s);
 int64_t loom_replicated_num_params_(loom_strategy *s);
 int    loom_replicated_apply_(loom_strategy *s, const float *grads, int64_t step, loom_err *err);
+/* multi_worker_mirrored's sharded update: whether it applies (one replica
+ * on the host, mirrored, an optimizer whose update of a range reads only
+ * that range of the gradients: no clip_norm), and the update of parameters
+ * [lo, hi) of that replica with the job's summed gradients (P floats, read
+ * in [lo, hi) only), on its intra-op threads. */
+bool   loom_replicated_shardable_(loom_strategy *s);
+void   loom_replicated_apply_range_(loom_strategy *s, const float *grads, int64_t step, int64_t lo, int64_t hi);
 /* The gradient packs (strategy.bytes_per_pack / num_packs), in reduction
  * order: the last layers' first. */
 const loom_pack *loom_replicated_packs_(loom_strategy *s, int *n);

@@ -14,6 +14,27 @@
  * broadcasts them once at the start and after a restore, so a worker that
  * initialised differently cannot drift.
  *
+ * The sharded update (ZeRO-1 across the workers, as mirrored shards it
+ * across its replicas): with one replica per worker on the host, one pack,
+ * the ring and an optimizer whose update of a range reads only that range
+ * (no clip_norm), the all-reduce is split in its halves. The gradients are
+ * reduce-scattered (loom_group_reduce_scatter; worker r's shard, on 16-float
+ * lines as mirrored's, is the job's sum), each worker applies the optimizer
+ * to its own shard of the variables and slots, and the variables are
+ * all-gathered (loom_group_all_gather): the bytes of one all-reduce, and
+ * the optimizer's work split among the workers instead of repeated by each.
+ * The tail rides the reduce-scatter, summed on every worker, so every
+ * worker decides alike before the update; a non-finite weight rides the
+ * all-gather, so every worker stops on it alike. The update is element-wise
+ * on whole lines, so the variables have the bits of the whole update
+ * (2 workers = mirrored(2) bit for bit). Each worker's optimizer slots are
+ * current in its own shard only: a checkpoint all-gathers them first
+ * (mw_gather_iter_state, which every worker calls at the same step). A
+ * custom (Lua) step on any worker (the tail says so) gets the whole sum on
+ * every worker instead: its shards are all-gathered at once, and every
+ * worker applies the whole update. LOOM_SHARDED_UPDATE=0 (on every task)
+ * applies the whole update on every worker, as before.
+ *
  * Four floats ride at the end of the all-reduced buffer, so the workers
  * agree on more than the gradients without another round trip: a stop
  * request (SIGTERM on any task: every worker sees it after the same step),
@@ -76,6 +97,8 @@
 #include <string.h>
 
 enum { TAIL_STOP, TAIL_LOSS, TAIL_CORRECT, TAIL_EXAMPLES, TAIL_FAILED, TAIL_N };
+/* the sharded update's tail has one more: the workers running a custom step */
+enum { TAIL_CUSTOM = TAIL_N, TAIL_SHARD_N };
 
 #define ITER_STATES_MAGIC 0x5354574du /* "MWTS": every worker's iterator state */
 
@@ -117,6 +140,11 @@ typedef struct multi_worker {
     loom_strategy *self;       /* the instance (its failing flag, for job_close) */
     char           comm_where[600];
     char           timeout_where[600]; /* strategy.collective_timeout's file:line */
+    /* the sharded update: possible (the config allows it), on (a job of
+     * several workers), each worker's shard [off[r], off[r + 1]) of the
+     * parameters, and whether this step's g holds the whole sum */
+    bool           shardable, shard, whole;
+    int64_t       *off;        /* (workers + 1,) */
 } multi_worker;
 
 static int64_t last_batch_size(const loom_dataset_spec *d)
@@ -321,6 +349,25 @@ static int agree_resume(multi_worker *mw, const loom_strategy_args *a, loom_err 
     return rc;
 }
 
+/* Whether the update can be sharded across the workers (see the top), and
+ * the shards: worker r's is lines [L r / n, L (r + 1) / n) of the L 16-float
+ * lines of the parameters, as mirrored cuts its replicas' shards. */
+static int plan_shards(multi_worker *mw, loom_err *err)
+{
+    const char *env = getenv("LOOM_SHARDED_UPDATE");
+    mw->shardable = mw->workers > 1 && !mw->job_ops && mw->n_packs <= 1 && loom_replicated_shardable_(&mw->local) &&
+                    !(env && !strcmp(env, "0"));
+    if (!mw->shardable) return LOOM_OK;
+    mw->off = loom_calloc((size_t)mw->workers + 1, sizeof *mw->off);
+    if (!mw->off) return loom_err_set(err, LOOM_ENOMEM, NULL, "planning %d shards", mw->workers);
+    int64_t lines = (mw->P + 15) / 16;
+    for (int k = 0; k <= mw->workers; k++) {
+        int64_t o = lines * k / mw->workers * 16;
+        mw->off[k] = o < mw->P ? o : mw->P;
+    }
+    return LOOM_OK;
+}
+
 static int mw_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
 {
     multi_worker *mw = loom_calloc(1, sizeof *mw);
@@ -344,7 +391,7 @@ static int mw_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     /* one pack: g then the tail, one all-reduce of P + TAIL_N floats; several:
      * the tail just before g (which stays on a 64-byte line), so the last pack
      * reduced (the first layers', at offset 0) carries it */
-    mw->stage = loom_alloc_aligned((size_t)(16 + mw->P + TAIL_N) * sizeof(float));
+    mw->stage = loom_alloc_aligned((size_t)(16 + mw->P + TAIL_SHARD_N) * sizeof(float));
     if (!mw->stage) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the all-reduce buffer (%lld floats)",
                                         (long long)(mw->P + TAIL_N));
     LOOM_ASSERT(mw->n_packs >= 1 && mw->packs[mw->n_packs - 1].offset == 0); /* plan order: top of the buffer down */
@@ -353,8 +400,10 @@ static int mw_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     if ((st->communication == LOOM_COMM_MPI || st->communication == LOOM_COMM_NCCL) &&
         (rc = find_job_op(mw, st, err)))
         return rc;
+    if ((rc = plan_shards(mw, err))) return rc;
     if (mw->workers == 1 || a->plan_only) return LOOM_OK;
     if ((rc = loom_group_open(&mw->group, a->cluster, st->collective_timeout, err))) return rc;
+    mw->shard = mw->shardable;
     if ((rc = agree_resume(mw, a, err))) return rc;
     if (mw->job_ops && (rc = open_job_op(mw, a, err))) return rc;
     /* synchronised batch normalization: the local replicas' sums, then across the workers */
@@ -391,6 +440,7 @@ static void mw_close(loom_strategy *s)
     loom_group_close(mw->group);
     if (mw->local_open) mw->local.ops->close(&mw->local);
     loom_free(mw->stage);
+    loom_free(mw->off);
     loom_free(mw);
 }
 
@@ -513,8 +563,25 @@ static void begin_step(multi_worker *mw)
  * the all-reduce with the tail; *out gets the job's results and g (the
  * stage) the job's gradients, rescaled for a short global batch. Packs
  * staged during backward are already on their way. */
+/* The sharded update's first half: the reduce-scatter of g (this worker's
+ * shard becomes the job's sum) with the tail, summed on every worker. A
+ * custom step on any worker (TAIL_CUSTOM) needs the whole sum on every
+ * worker: the shards are all-gathered at once (the all-reduce's bits), with
+ * the float the built-in step's all-gather of the variables carries, so the
+ * two pair up when the workers differ (one whose input ended runs the
+ * built-in step). Every worker takes the same branch: the tail is the same. */
+static int scatter_across(multi_worker *mw, bool custom, loom_err *err)
+{
+    mw->tail[TAIL_CUSTOM] = custom ? 1.0f : 0.0f;
+    int rc = loom_group_reduce_scatter(mw->group, mw->g, mw->off, mw->tail, TAIL_SHARD_N, err);
+    mw->whole = !rc && mw->tail[TAIL_CUSTOM] > 0;
+    if (!mw->whole || mw->tail[TAIL_FAILED] > 0) return rc;
+    float none = 0;
+    return loom_group_all_gather(mw->group, mw->g, mw->off, &none, 1, err);
+}
+
 static int reduce_across(multi_worker *mw, int lrc, const loom_err *lerr, const loom_step_result *mine, int64_t step,
-                         loom_step_result *out, loom_err *err)
+                         bool custom, loom_step_result *out, loom_err *err)
 {
     float *g = mw->g, *tail = mw->tail;
     if (mw->overlap) loom_replicated_set_pack_ready_(&mw->local, NULL, NULL);
@@ -529,8 +596,9 @@ static int reduce_across(multi_worker *mw, int lrc, const loom_err *lerr, const 
     tail[TAIL_FAILED] = lrc ? 1.0f : 0.0f;
     mw->stop_req = false;
     mw->staged = 0;
+    mw->whole = true;
     if (mw->group) {
-        int rc = all_reduce_packs(mw, err);
+        int rc = mw->shard ? scatter_across(mw, custom, err) : all_reduce_packs(mw, err);
         if (rc) {
             if (lrc) *err = *lerr; /* this worker's own failure explains it better */
             return lrc ? lrc : rc;
@@ -553,13 +621,28 @@ static int reduce_across(multi_worker *mw, int lrc, const loom_err *lerr, const 
     out->examples = (int64_t)tail[TAIL_EXAMPLES];
     if (out->examples > 0 && out->examples != mw->global_batch) { /* a short global batch: the losses over its own size */
         float k = (float)((double)mw->global_batch / (double)out->examples);
-        for (int64_t i = 0; i < mw->P; i++) g[i] *= k;
+        int64_t lo = mw->whole ? 0 : mw->off[mw->rank], hi = mw->whole ? mw->P : mw->off[mw->rank + 1];
+        for (int64_t i = lo; i < hi; i++) g[i] *= k;
     }
     return LOOM_OK;
 }
 
+/* The sharded update's second half: this worker's shard of the variables
+ * (and slots) with the job's summed gradients, then every worker's shard
+ * to every worker, with whether an update left a non-finite weight. */
+static int apply_shard(multi_worker *mw, int64_t step, loom_err *err)
+{
+    loom_optimizer *opt = mw->local.ops->optimizer(&mw->local);
+    loom_replicated_apply_range_(&mw->local, mw->g, step, mw->off[mw->rank], mw->off[mw->rank + 1]);
+    float nonfinite = loom_optimizer_take_nonfinite(opt) ? 1.0f : 0.0f;
+    int rc = loom_group_all_gather(mw->group, loom_model_params(mw->local.ops->model(&mw->local)), mw->off,
+                                   &nonfinite, 1, err);
+    if (nonfinite > 0) loom_optimizer_mark_nonfinite(opt);
+    return rc;
+}
+
 /* One step of the job: this worker's gradients (batch NULL: none), the
- * all-reduce across workers with the tail, the update. */
+ * all-reduce across workers with the tail, the update (sharded or whole). */
 static int mw_step(loom_strategy *s, const loom_elem *batch, int64_t step, loom_step_result *out, loom_err *err)
 {
     multi_worker *mw = s->impl;
@@ -567,10 +650,10 @@ static int mw_step(loom_strategy *s, const loom_elem *batch, int64_t step, loom_
     loom_err lerr;
     begin_step(mw);
     int lrc = loom_replicated_grads_(&mw->local, batch, step, &mine, &lerr);
-    int rc = reduce_across(mw, lrc, &lerr, &mine, step, out, err);
+    int rc = reduce_across(mw, lrc, &lerr, &mine, step, false, out, err);
     if (rc) return rc;
     if (out->examples == 0) return LOOM_OK; /* every worker's input had ended: no update */
-    return loom_replicated_apply_(&mw->local, mw->g, step, err);
+    return mw->whole ? loom_replicated_apply_(&mw->local, mw->g, step, err) : apply_shard(mw, step, err);
 }
 
 static int mw_train_step(loom_strategy *s, const loom_elem *batch, int64_t step, loom_step_result *out, loom_err *err)
@@ -610,7 +693,7 @@ static int settle_pending(multi_worker *mw, loom_err *err)
     loom_err_hint(&lerr, "call ctx:all_reduce_gradients() in every step, on every worker; decide to skip an update "
                   "from values every worker shares (after the all-reduce)");
     loom_step_result none = {0}, out;
-    return reduce_across(mw, LOOM_ELUA, &lerr, &none, mw->pending_step, &out, err);
+    return reduce_across(mw, LOOM_ELUA, &lerr, &none, mw->pending_step, true, &out, err);
 }
 
 /* FORWARD, LOSS, BACKWARD and APPLY are mirrored's on this worker's
@@ -646,7 +729,7 @@ static int mw_step_part(loom_strategy *s, loom_step_part part, const loom_elem *
     loom_err lerr;
     int lrc = mw->local.ops->step_part(&mw->local, part, batch, step, per_replica, &lerr);
     loom_step_result job = {0};
-    if ((rc = reduce_across(mw, lrc, &lerr, &mw->part_mine, step, &job, err))) return rc;
+    if ((rc = reduce_across(mw, lrc, &lerr, &mw->part_mine, step, true, &job, err))) return rc;
     for (int r = 0; r < nloc; r++) {
         memcpy(loom_model_grads(mw->local.ops->replica(&mw->local, r)), mw->g, (size_t)mw->P * sizeof(float));
         memset(&per_replica[r], 0, sizeof per_replica[r]);
@@ -707,9 +790,25 @@ static bool mw_is_chief(loom_strategy *s) { return ((multi_worker *)s->impl)->ra
 static void mw_request_stop(loom_strategy *s) { ((multi_worker *)s->impl)->stop_req = true; }
 static bool mw_stop_agreed(loom_strategy *s) { return ((multi_worker *)s->impl)->stop_seen; }
 
+/* The sharded update leaves each worker's optimizer slots current in its
+ * own shard: every shard to every worker (the chief writes them). */
+static int gather_slots(multi_worker *mw, loom_err *err)
+{
+    loom_optimizer *o = mw->local.ops->optimizer(&mw->local);
+    float *slots = loom_optimizer_slots(o);
+    for (int k = 0; k < loom_optimizer_num_slots(o); k++) {
+        int rc = loom_group_all_gather(mw->group, slots + (int64_t)k * mw->P, mw->off, NULL, 0, err);
+        if (rc) return loom_err_prefix(err, "gathering the optimizer's %s slots for the checkpoint",
+                                       loom_optimizer_slot_name(o, k));
+    }
+    return LOOM_OK;
+}
+
 /* Every worker's iterator state, in rank order: u32 magic, u32 workers,
  * then per worker u64 length and the bytes. One worker stores its own as
- * it is, as one process does. */
+ * it is, as one process does. With the sharded update, the optimizer's
+ * slots are gathered first (this is called at every checkpoint, on every
+ * worker at the same step). */
 static int mw_gather_iter_state(loom_strategy *s, const loom_buf *mine, loom_buf *stored, loom_err *err)
 {
     multi_worker *mw = s->impl;
@@ -717,6 +816,10 @@ static int mw_gather_iter_state(loom_strategy *s, const loom_buf *mine, loom_buf
     if (!mw->group) {
         loom_buf_put(stored, mine->data, mine->len);
         return stored->failed ? loom_err_set(err, LOOM_ENOMEM, NULL, "copying the iterator state") : LOOM_OK;
+    }
+    if (mw->shard) {
+        int rc = gather_slots(mw, err);
+        if (rc) return rc;
     }
     loom_buf *all = loom_calloc((size_t)mw->workers, sizeof *all);
     if (!all) return loom_err_set(err, LOOM_ENOMEM, NULL, "gathering %d iterator states", mw->workers);
@@ -799,6 +902,10 @@ static void mw_print_plan(loom_strategy *s, int64_t global_batch, FILE *f)
             "per step (the gradients plus %d of agreement: stop, loss, correct, examples, failure); the chief "
             "broadcasts the variables at the start and after a restore\n", how,
             loom_communication_name(s->args->spec->strategy.communication), (long long)(mw->P + TAIL_N), TAIL_N);
+    if (mw->shardable)
+        fprintf(f, "  sharded update: the gradients reduce-scattered (the agreement summed with them), each worker "
+                "updates its 1/%d of the variables and optimizer slots, the variables all-gathered (the bytes of one "
+                "all-reduce); checkpoints gather the slots\n", mw->workers);
     if (mw->n_packs > 1)
         fprintf(f, "  in %d packs (strategy.bytes_per_pack / num_packs), each all-reduced across the workers as soon as "
                 "backward has finished it, the last layers' first, on a communicator thread (LOOM_OVERLAP=0: after "

@@ -409,6 +409,9 @@ void loom_optimizer_apply_range(const loom_optimizer *o, loom_pool *pool, float 
  * non-finite gradient, learning rate or slot), then clears it. Checked in the
  * update's own pass, so it costs no pass of its own. */
 int loom_optimizer_take_nonfinite(loom_optimizer *o);
+/* Sets that flag: an update of the same step elsewhere (another process's
+ * shard of a sharded update) left a non-finite weight. */
+void loom_optimizer_mark_nonfinite(loom_optimizer *o);
 /* The first non-finite parameter: its index, or -1 when all are finite, and
  * "layer/kernel[k] = nan" in buf. One pass; for error reports. */
 int64_t loom_model_find_nonfinite(const loom_model *m, char *buf, size_t n);

@@ -495,6 +495,8 @@ int loom_optimizer_take_nonfinite(loom_optimizer *o)
     return __atomic_exchange_n(&o->nonfinite, 0, __ATOMIC_RELAXED);
 }
 
+void loom_optimizer_mark_nonfinite(loom_optimizer *o) { __atomic_store_n(&o->nonfinite, 1, __ATOMIC_RELAXED); }
+
 int loom_optimizer_num_slots(const loom_optimizer *o) { return o->n_slots; }
 bool loom_optimizer_needs_full_grads(const loom_optimizer *o) { return o->spec.clip_norm > 0; }
 bool nn_optimizer_ranged_(const loom_optimizer *o) { return o->spec.clip_norm <= 0 && !o->n_tables && !o->n_frozen; }
