@@ -898,14 +898,19 @@ static void mw_print_plan(loom_strategy *s, int64_t global_batch, FILE *f)
         snprintf(how, sizeof how, "the %s plugin's all-reduce across processes", mw->job_ops->name);
     else
         snprintf(how, sizeof how, "the ring all-reduce of the cluster transport");
-    fprintf(f, "  across workers: %s (communication = \"%s\"), %lld floats "
-            "per step (the gradients plus %d of agreement: stop, loss, correct, examples, failure); the chief "
-            "broadcasts the variables at the start and after a restore\n", how,
-            loom_communication_name(s->args->spec->strategy.communication), (long long)(mw->P + TAIL_N), TAIL_N);
     if (mw->shardable)
-        fprintf(f, "  sharded update: the gradients reduce-scattered (the agreement summed with them), each worker "
-                "updates its 1/%d of the variables and optimizer slots, the variables all-gathered (the bytes of one "
-                "all-reduce); checkpoints gather the slots\n", mw->workers);
+        fprintf(f, "  across workers: a sharded update over the ring of the cluster transport (communication = \"%s\"): "
+                "the %lld gradients reduce-scattered (with %d floats of agreement summed on every worker: stop, loss, "
+                "correct, examples, failure, custom step), each worker updates its 1/%d of the variables and optimizer "
+                "slots, the variables all-gathered (the bytes of one all-reduce); checkpoints gather the slots; the "
+                "chief broadcasts the variables at the start and after a restore\n",
+                loom_communication_name(s->args->spec->strategy.communication), (long long)mw->P, TAIL_SHARD_N,
+                mw->workers);
+    else
+        fprintf(f, "  across workers: %s (communication = \"%s\"), %lld floats "
+                "per step (the gradients plus %d of agreement: stop, loss, correct, examples, failure); the chief "
+                "broadcasts the variables at the start and after a restore\n", how,
+                loom_communication_name(s->args->spec->strategy.communication), (long long)(mw->P + TAIL_N), TAIL_N);
     if (mw->n_packs > 1)
         fprintf(f, "  in %d packs (strategy.bytes_per_pack / num_packs), each all-reduced across the workers as soon as "
                 "backward has finished it, the last layers' first, on a communicator thread (LOOM_OVERLAP=0: after "

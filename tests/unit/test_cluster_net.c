@@ -484,6 +484,57 @@ static void test_broadcast_gather_barrier(void)
     }
 }
 
+/* The halves of a sharded update: after the reduce-scatter each rank's shard
+ * is the sum (2 ranks: the all-reduce's bits), the small floats are the
+ * sum in rank order on every rank; the all-gather hands every shard to all. */
+static int shards_rank(int rank, int n)
+{
+    loom_group *g = open_group(rank, n, 30);
+    if (!g) return 1;
+    static const int64_t counts[] = {0, 5, 100, 4097, (1 << 20) + 7};
+    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+        int64_t c = counts[k], off[MAXR + 1], lines = (c + 15) / 16;
+        for (int r = 0; r <= n; r++) off[r] = lines * r / n * 16 < c ? lines * r / n * 16 : c;
+        float *b = malloc((size_t)c * 4 + 4), *ref = malloc((size_t)c * 4 + 4), small[3], want[3];
+        for (int64_t i = 0; i < c; i++) b[i] = ref[i] = val(rank, i);
+        for (int i = 0; i < 3; i++) {
+            small[i] = val(rank, 7 * i) / 3.0f, want[i] = val(0, 7 * i) / 3.0f;
+            for (int r = 1; r < n; r++) want[i] += val(r, 7 * i) / 3.0f;
+        }
+        loom_err err = {0};
+        CHECK_MSG(loom_group_all_reduce(g, ref, c, &err) == 0, "all-reduce: %s", err.msg);
+        CHECK_MSG(loom_group_reduce_scatter(g, b, off, small, 3, &err) == 0, "reduce-scatter: %s", err.msg);
+        bool same = true, close = true;
+        for (int64_t i = off[rank]; i < off[rank + 1]; i++)
+            same &= b[i] == ref[i], close &= fabsf(b[i] - ref[i]) <= 1e-4f;
+        CHECK_MSG(n == 2 ? same : close, "rank %d, %lld floats: its shard is not the sum", rank, (long long)c);
+        CHECK_MSG(!memcmp(small, want, sizeof want), "rank %d: the small floats are not the sum in rank order", rank);
+        for (int64_t i = 0; i < c; i++) b[i] = i >= off[rank] && i < off[rank + 1] ? val(rank, i) : -1;
+        float flag = rank == n - 1 ? 1.0f : 0.0f;
+        CHECK_MSG(loom_group_all_gather(g, b, off, &flag, 1, &err) == 0, "all-gather: %s", err.msg);
+        same = flag == 1.0f;
+        for (int r = 0; r < n; r++)
+            for (int64_t i = off[r]; i < off[r + 1]; i++) same &= b[i] == val(r, i);
+        CHECK_MSG(same, "rank %d, %lld floats: the gathered shards differ", rank, (long long)c);
+        free(b), free(ref);
+    }
+    loom_group_close(g);
+    return 0;
+}
+
+static void test_shards(void)
+{
+    for (int n = 2; n <= 3; n++)
+        for (int sender = 0; sender <= 1; sender++) {
+            if (sender) setenv("LOOM_RING_SENDER", "1", 1);
+            new_ports(n);
+            int st[MAXR];
+            run_ranks(n, shards_rank, 60, st);
+            check_all_ok(n, st);
+            unsetenv("LOOM_RING_SENDER");
+        }
+}
+
 /* A group of one: every collective returns at once with the caller's data. */
 static void test_group_of_one(void)
 {
@@ -1403,6 +1454,7 @@ static const loom_test tests[] = {
     {"all_reduce_3", test_all_reduce_3},
     {"broadcast_gather_barrier", test_broadcast_gather_barrier},
     {"all_reduce_sender_thread", test_all_reduce_sender_thread},
+    {"shards", test_shards},
     {"group_of_one", test_group_of_one},
     {"wrong_secret", test_wrong_secret},
     {"config_mismatch", test_config_mismatch},
