@@ -412,6 +412,66 @@ static void test_all_reduce_3(void)
     check_all_ok(3, st);
 }
 
+/* strategy.compression's all-reduce (bf16, fp16 on the wire), on the small
+ * path and the ring: within the format's rounding of the float32 sum (one
+ * rounding per hop, at most n), bit-identical on every rank, and sums of
+ * small integers exact. */
+static int all_reduce_wire_rank(int rank, int n)
+{
+    loom_group *g = open_group(rank, n, 30);
+    if (!g) return 1;
+    static const int64_t counts[] = {1, 5, 1000, 40000, 65539, 1 << 20};
+    for (int f = LOOM_WIRE_BF16; f <= LOOM_WIRE_FP16; f++) {
+        double ulp = f == LOOM_WIRE_BF16 ? 1.0 / 256 : 1.0 / 2048; /* relative spacing (at most) */
+        for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+            int64_t c = counts[k];
+            float *b = malloc((size_t)c * 4 + 4);
+            double worst = 0;
+            for (int64_t i = 0; i < c; i++) b[i] = val(rank, i);
+            loom_err err = {0};
+            int rc = loom_group_all_reduce_wire(g, b, c, (loom_wire_fmt)f, &err);
+            CHECK_MSG(rc == 0, "rank %d, %s, %lld values: %s", rank, f == LOOM_WIRE_BF16 ? "bf16" : "fp16",
+                      (long long)c, err.msg);
+            for (int64_t i = 0; i < c; i++) {
+                double want = 0, mag = 0;
+                for (int r = 0; r < n; r++) want += val(r, i), mag += fabs(val(r, i));
+                double d = fabs((double)b[i] - want) / (mag + 1e-30);
+                if (d > worst) worst = d;
+            }
+            CHECK_MSG(worst <= (n + 1) * ulp, "%s, %lld values: %g off (relative), above %g",
+                      f == LOOM_WIRE_BF16 ? "bf16" : "fp16", (long long)c, worst, (n + 1) * ulp);
+            uint32_t crc = loom_crc32c(b, (size_t)c * 4);
+            loom_buf out[MAXR];
+            for (int r = 0; r < n; r++) loom_buf_init(&out[r]);
+            rc = loom_group_all_gather_bytes(g, &crc, 4, out, &err);
+            CHECK_MSG(rc == 0, "gather: %s", err.msg);
+            for (int r = 0; r < n && !rc; r++)
+                CHECK_MSG(out[r].len == 4 && !memcmp(out[r].data, &crc, 4), "%s, %lld values: rank %d's result differs",
+                          f == LOOM_WIRE_BF16 ? "bf16" : "fp16", (long long)c, r);
+            for (int r = 0; r < n; r++) loom_buf_fini(&out[r]);
+            /* small integers (at most 8 significant bits) sum exactly */
+            for (int64_t i = 0; i < c; i++) b[i] = (float)((rank + 1) * (i % 16));
+            CHECK(loom_group_all_reduce_wire(g, b, c, (loom_wire_fmt)f, &err) == 0);
+            int bad = 0;
+            for (int64_t i = 0; i < c; i++) bad += b[i] != (float)(n * (n + 1) / 2 * (i % 16));
+            CHECK_MSG(!bad, "%lld values: %d integer sums inexact", (long long)c, bad);
+            free(b);
+        }
+    }
+    loom_group_close(g);
+    return 0;
+}
+
+static void test_all_reduce_wire(void)
+{
+    for (int n = 2; n <= 3; n++) {
+        new_ports(n);
+        int st[MAXR];
+        run_ranks(n, all_reduce_wire_rank, 60, st);
+        check_all_ok(n, st);
+    }
+}
+
 /* The same with large collectives sent from the sender thread (used by
  * default only where each local rank has two cores). */
 static void test_all_reduce_sender_thread(void)
@@ -1401,6 +1461,7 @@ static const loom_test tests[] = {
     {"net_messages", test_net_messages},
     {"all_reduce_2", test_all_reduce_2},
     {"all_reduce_3", test_all_reduce_3},
+    {"all_reduce_wire", test_all_reduce_wire},
     {"broadcast_gather_barrier", test_broadcast_gather_barrier},
     {"all_reduce_sender_thread", test_all_reduce_sender_thread},
     {"group_of_one", test_group_of_one},
