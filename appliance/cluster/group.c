@@ -36,6 +36,7 @@
  * what it forwards, the owner rounds the segment's sum once, and every rank
  * widens those same 16 bits. */
 #include "cluster/net_internal.h"
+#include "cluster/wire16_internal.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -541,102 +542,6 @@ int loom_group_peers(loom_group *g, loom_peer_info *out, int max)
     return k;
 }
 
-/* ---- 16-bit wire formats ------------------------------------------------------ */
-
-/* float32 -> bfloat16, round to nearest even (a NaN stays a quiet NaN). */
-static inline uint16_t to_bf16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40);
-    x += 0x7fffu + ((x >> 16) & 1);
-    return (uint16_t)(x >> 16);
-}
-
-static inline float from_bf16(uint16_t h)
-{
-    uint32_t x = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
-
-/* float32 -> IEEE half, round to nearest even; beyond 65504 an infinity
- * (F. Giesen's float_to_half_fast3_rtne). */
-static inline uint16_t to_fp16(float f)
-{
-    uint32_t x, sign;
-    memcpy(&x, &f, 4);
-    sign = x & 0x80000000u;
-    x ^= sign;
-    uint16_t o;
-    if (x >= 0x47800000u) /* 65536 and up, infinities, NaNs */
-        o = x > 0x7f800000u ? 0x7e00 : 0x7c00;
-    else if (x < 0x38800000u) { /* a half subnormal or zero: let the FPU round the shifted mantissa */
-        const uint32_t magic = ((127 - 15) + (23 - 10) + 1) << 23;
-        float fx, fm;
-        memcpy(&fx, &x, 4);
-        memcpy(&fm, &magic, 4);
-        fx += fm;
-        uint32_t r;
-        memcpy(&r, &fx, 4);
-        o = (uint16_t)(r - magic);
-    } else {
-        uint32_t odd = (x >> 13) & 1;
-        x += ((uint32_t)(15 - 127) << 23) + 0xfffu + odd;
-        o = (uint16_t)(x >> 13);
-    }
-    return (uint16_t)(o | (sign >> 16));
-}
-
-static inline float from_fp16(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, em = h & 0x7fffu, o;
-    if (em >= 0x7c00u) o = 0x7f800000u | ((em & 0x3ffu) << 13);
-    else if (em >= 0x400u) o = (em << 13) + ((uint32_t)(127 - 15) << 23);
-    else {
-        float f = (float)em * 5.9604644775390625e-8f; /* em x 2^-24 */
-        memcpy(&o, &f, 4);
-    }
-    o |= sign;
-    float f;
-    memcpy(&f, &o, 4);
-    return f;
-}
-
-static void narrow(uint8_t fmt, uint16_t *dst, const float *src, size_t n)
-{
-    if (fmt == LOOM_WIRE_BF16)
-        for (size_t i = 0; i < n; i++) dst[i] = to_bf16(src[i]);
-    else
-        for (size_t i = 0; i < n; i++) dst[i] = to_fp16(src[i]);
-}
-
-static void widen(uint8_t fmt, float *dst, const uint16_t *src, size_t n)
-{
-    if (fmt == LOOM_WIRE_BF16)
-        for (size_t i = 0; i < n; i++) dst[i] = from_bf16(src[i]);
-    else
-        for (size_t i = 0; i < n; i++) dst[i] = from_fp16(src[i]);
-}
-
-/* A 16-bit reducing hop: acc += widen(in) in float32, out = acc rounded. */
-static void add16(uint8_t fmt, float *acc, uint16_t *out, const uint16_t *in, size_t n)
-{
-    if (fmt == LOOM_WIRE_BF16)
-        for (size_t i = 0; i < n; i++) acc[i] += from_bf16(in[i]), out[i] = to_bf16(acc[i]);
-    else
-        for (size_t i = 0; i < n; i++) acc[i] += from_fp16(in[i]), out[i] = to_fp16(acc[i]);
-}
-
-void loom_wire_round(loom_wire_fmt fmt, float *x, int64_t n)
-{
-    if (fmt == LOOM_WIRE_BF16)
-        for (int64_t i = 0; i < n; i++) x[i] = from_bf16(to_bf16(x[i]));
-    else if (fmt == LOOM_WIRE_FP16)
-        for (int64_t i = 0; i < n; i++) x[i] = from_fp16(to_fp16(x[i]));
-}
-
 /* ---- the engine ----------------------------------------------------------- */
 
 /* One step of a schedule: send send_len bytes to the successor and receive
@@ -1025,7 +930,7 @@ static int run_recv(loom_group *g, run_state *r, int *rc, loom_err *err)
         if (s->acc) {
             size_t es = s->wire ? 2 : 4, nf = (r->ro - r->rdone) / es;
             if (s->wire)
-                add16(s->wire, s->acc + r->rdone / 2, s->out16 + r->rdone / 2, (const uint16_t *)g->tmp, nf);
+                loom_wire_add_((loom_wire_fmt)s->wire, s->acc + r->rdone / 2, s->out16 + r->rdone / 2, (const uint16_t *)g->tmp, nf);
             else {
                 const float *src = (const float *)g->tmp;
                 float *acc = s->acc + r->rdone / 4;
@@ -1287,7 +1192,7 @@ static int small_all_reduce(loom_group *g, coll_hdr *h, float *buf, int64_t coun
     size_t pl[64];
     for (int k = 0; k < n; k++) pp[k] = g->tmp + (size_t)k * bytes, pl[k] = bytes;
     if (fmt == LOOM_WIRE_F32) memcpy(pp[r], buf, bytes);
-    else narrow((uint8_t)fmt, (uint16_t *)pp[r], buf, (size_t)count);
+    else loom_wire_narrow_(fmt, (uint16_t *)pp[r], buf, (size_t)count);
     if (n == 3)
         rc = small3(g, h, (const float *)pp[r], bytes, err); /* (it copies the bytes, whatever they hold) */
     else
@@ -1301,11 +1206,8 @@ static int small_all_reduce(loom_group *g, coll_hdr *h, float *buf, int64_t coun
                 for (int64_t i = 0; i < count; i++) buf[i] += xk[i];
         } else {
             const uint16_t *xk = (const uint16_t *)pp[k];
-            if (!k) widen((uint8_t)fmt, buf, xk, (size_t)count);
-            else if (fmt == LOOM_WIRE_BF16)
-                for (int64_t i = 0; i < count; i++) buf[i] += from_bf16(xk[i]);
-            else
-                for (int64_t i = 0; i < count; i++) buf[i] += from_fp16(xk[i]);
+            if (!k) loom_wire_widen_(fmt, buf, xk, (size_t)count);
+            else loom_wire_add_(fmt, buf, NULL, xk, (size_t)count);
         }
     }
     return LOOM_OK;
@@ -1339,7 +1241,7 @@ static int ring_all_reduce(loom_group *g, coll_hdr *h, float *buf, int64_t count
         w = g->wire, es = 2;
         int64_t o, l;
         seg(count, n, r, &o, &l);
-        narrow((uint8_t)fmt, w + o, buf + o, (size_t)l); /* the first step sends this rank's own segment */
+        loom_wire_narrow_(fmt, w + o, buf + o, (size_t)l); /* the first step sends this rank's own segment */
     }
     uint8_t *base = w ? (uint8_t *)w : (uint8_t *)buf;
     step st[128];
@@ -1359,7 +1261,7 @@ static int ring_all_reduce(loom_group *g, coll_hdr *h, float *buf, int64_t count
         k++;
     }
     rc = run(g, h, st, k, err);
-    if (!rc && w) widen((uint8_t)fmt, buf, w, (size_t)count);
+    if (!rc && w) loom_wire_widen_(fmt, buf, w, (size_t)count);
     return rc;
 }
 

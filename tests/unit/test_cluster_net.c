@@ -472,6 +472,42 @@ static void test_all_reduce_wire(void)
     }
 }
 
+/* loom_wire_round: the vector path (8 at a time, F16C/AVX2 where the CPU
+ * has them) gives the bits of the scalar one (a single value) on every
+ * float pattern tried: random bits (normals, subnormals, infinities, NaNs),
+ * the halves' rounding boundaries and overflow edges. Workers on machines
+ * with and without the vector path must round alike. */
+static void test_wire_round(void)
+{
+    enum { N = 1 << 20 };
+    float *a = malloc(N * sizeof *a), *b = malloc(N * sizeof *b);
+    uint64_t z = 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < N; i++) {
+        z ^= z << 13, z ^= z >> 7, z ^= z << 17;
+        uint32_t u = (uint32_t)z;
+        if (i % 4 == 1) u = (u & 0x8000ffffu) | (0x387u << 20) | ((u >> 16) & 0xfffu) << 8; /* near the fp16 subnormals */
+        if (i % 4 == 2) u = (u & 0x80000000u) | 0x477fe000u | (u & 0x1fffu);                /* near 65504 */
+        if (i % 4 == 3) u = (u & 0x807fffffu) | (uint32_t)(100 + (int)(u >> 24) % 60) << 23;  /* ordinary gradients */
+        memcpy(&a[i], &u, 4);
+    }
+    static const float edge[] = {0.0f, -0.0f, 65504.0f, 65519.99f, 65520.0f, 65536.0f, 5.9604645e-8f, 2.980232e-8f,
+                                 2.9802326e-8f, 6.1035156e-5f, 1.0f + 1.0f / 4096, 1.0f + 3.0f / 4096, 3.3895314e38f};
+    for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++) a[i] = edge[i];
+    for (int f = LOOM_WIRE_BF16; f <= LOOM_WIRE_FP16; f++) {
+        memcpy(b, a, N * sizeof *a);
+        loom_wire_round((loom_wire_fmt)f, b, N);
+        int bad = 0, first = -1;
+        for (int i = 0; i < N; i++) {
+            float one = a[i];
+            loom_wire_round((loom_wire_fmt)f, &one, 1);
+            if (memcmp(&one, &b[i], 4)) bad++, first = first < 0 ? i : first;
+        }
+        CHECK_MSG(!bad, "%s: %d of %d values round otherwise 8 at a time (first: %a)", f == LOOM_WIRE_BF16 ? "bf16" : "fp16",
+                  bad, N, first >= 0 ? (double)a[first] : 0.0);
+    }
+    free(a), free(b);
+}
+
 /* The same with large collectives sent from the sender thread (used by
  * default only where each local rank has two cores). */
 static void test_all_reduce_sender_thread(void)
@@ -1462,6 +1498,7 @@ static const loom_test tests[] = {
     {"all_reduce_2", test_all_reduce_2},
     {"all_reduce_3", test_all_reduce_3},
     {"all_reduce_wire", test_all_reduce_wire},
+    {"wire_round", test_wire_round},
     {"broadcast_gather_barrier", test_broadcast_gather_barrier},
     {"all_reduce_sender_thread", test_all_reduce_sender_thread},
     {"group_of_one", test_group_of_one},
