@@ -86,7 +86,7 @@ netns_rate() {
 
 # netns_up N [RATE]: N hosts on one bridge, each link at RATE when given.
 netns_up() {
-    local n=$1 rate=${2:-} i ns hub
+    local n=$1 rate=${2:-} i ns hub out
     netns_sweep
     if declare -F kill_tree >/dev/null; then # lib.sh: its processes, then the hosts, then $WORK
         trap 'for p in "${PIDS[@]}"; do kill_tree "$p"; done; netns_down; rm -rf "$WORK"' EXIT
@@ -117,8 +117,8 @@ netns_up() {
     done
     # host 1 reaches host n (a refused TCP connection proves it; no ping needed)
     for ((i = 0; i < 50; i++)); do
-        ip netns exec "$(netns_name 1)" timeout 2 bash -c "exec 3<>/dev/tcp/$(netns_addr "$n")/9" 2>&1 |
-            grep -q refused && return 0
+        out=$(ip netns exec "$(netns_name 1)" timeout 2 bash -c "exec 3<>/dev/tcp/$(netns_addr "$n")/9" 2>&1)
+        grep -q refused <<<"$out" && return 0
         sleep 0.1
     done
     echo "netns_up: host 1 cannot reach host $n" >&2
