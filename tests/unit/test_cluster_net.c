@@ -395,6 +395,7 @@ static int all_reduce_rank(int rank, int n)
 }
 
 static int bcast_gather_rank(int rank, int n);
+static int all_reduce_wire_rank(int rank, int n);
 
 static void test_all_reduce_2(void)
 {
@@ -520,6 +521,9 @@ static void test_all_reduce_sender_thread(void)
         check_all_ok(n, st);
         new_ports(n);
         run_ranks(n, bcast_gather_rank, 60, st);
+        check_all_ok(n, st);
+        new_ports(n); /* the 16-bit formats: the sender forwards what the receiving side has just rounded */
+        run_ranks(n, all_reduce_wire_rank, 60, st);
         check_all_ok(n, st);
     }
     unsetenv("LOOM_RING_SENDER");
