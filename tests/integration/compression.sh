@@ -17,7 +17,7 @@ expect_fail 2 "error feedback without a compression" "compression_error_feedback
     "$LOOM" check $CFG --task worker:0 --set strategy.compression_error_feedback=true
 expect_fail 2 "compression needs the ring" 'compression = "fp16" needs communication = "ring" (it is "mpi")' \
     "$LOOM" check $CFG --task worker:0 --set strategy.compression=fp16 --set strategy.communication=mpi
-expect_fail 2 "compression is multi_worker_mirrored's" "compression" \
+expect_fail 2 "compression is multi_worker_mirrored's" 'compression applies only to type = "multi_worker_mirrored" (type is "mirrored")' \
     "$LOOM" check $CFG --set strategy.type=mirrored --set strategy.compression=bf16 --set cluster.worker=[]
 out=$("$LOOM" check $CFG --task worker:0 --set strategy.compression=fp16 2>&1)
 contains "check: the plan says what crosses the wire" 'compression = "fp16": the gradients cross as 16 bits (half the bytes)' "$out"
