@@ -247,6 +247,18 @@ int  loom_group_size(const loom_group *g);
 /* buf (count floats) becomes the elementwise SUM over the ranks (chunked,
  * pipelined ring: reduce-scatter + all-gather). */
 int  loom_group_all_reduce(loom_group *g, float *buf, int64_t count, loom_err *err);
+/* The gradients' wire format (strategy.compression): float32, or 16 bits
+ * (bfloat16, IEEE half) with round-to-nearest-even. */
+typedef enum { LOOM_WIRE_F32, LOOM_WIRE_BF16, LOOM_WIRE_FP16 } loom_wire_fmt;
+/* loom_group_all_reduce with half the bytes on the wire: every hop converts
+ * the received 16-bit partial sums to float32, adds them to its own float32
+ * values and sends them on rounded; each segment's owner rounds the final sum
+ * once and every rank ends with the float32 of those same 16 bits (results
+ * bit-identical on every rank, as with float32). LOOM_WIRE_F32 is
+ * loom_group_all_reduce. Every rank must pass the same fmt (else LOOM_EUSAGE). */
+int  loom_group_all_reduce_wire(loom_group *g, float *buf, int64_t count, loom_wire_fmt fmt, loom_err *err);
+/* x[i] := its value rounded to fmt's 16 bits (and back to float32), in place. */
+void loom_wire_round(loom_wire_fmt fmt, float *x, int64_t n);
 /* root's len bytes are copied into every other rank's buf. */
 int  loom_group_broadcast(loom_group *g, void *buf, size_t len, int root, loom_err *err);
 /* Every rank's bytes (lengths may differ) gathered at every rank, in rank

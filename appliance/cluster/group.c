@@ -34,8 +34,11 @@
  * bytes to every other; no rank re-sums. The two halves also run on their
  * own (loom_group_reduce_scatter, loom_group_all_gather: a sharded update
  * between them), each with a few floats summed on every rank in the same
- * round trips. */
+ * round trips. The 16-bit wire formats (loom_group_all_reduce_wire) keep
+ * this: a hop adds in float32 and rounds what it forwards, the owner rounds
+ * the segment's sum once, and every rank widens those same 16 bits. */
 #include "cluster/net_internal.h"
+#include "cluster/wire16_internal.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -99,6 +102,8 @@ struct loom_group {
     loom_err  broken_err;
     uint8_t  *tmp;
     size_t    tmp_cap;
+    uint16_t *wire;                   /* the 16-bit formats' copy of the buffer, as it crosses the ring */
+    size_t    wire_cap;               /* (elements) */
     char      names[16][32];          /* rank -> task name, for messages (first 16) */
     sender   *sender;                 /* sends of large collectives; NULL: the calling thread sends */
     bool      spin;                   /* every rank on this host has a core of its own */
@@ -524,6 +529,7 @@ void loom_group_close(loom_group *g)
     if (g->recv_fd >= 0) close(g->recv_fd);
     loom_net_close(g->net);
     loom_free(g->tmp);
+    loom_free(g->wire);
     loom_free(g->peer_rank);
     loom_free(g->waited);
     loom_free(g);
@@ -545,7 +551,10 @@ int loom_group_peers(loom_group *g, loom_peer_info *out, int max)
  * recv_len bytes from the predecessor, at once. A gated step's send may only
  * go as far as the previous step's receive has been processed (reduced or
  * copied), which pipelines the ring piece by piece. With acc set, the
- * received bytes are floats added into acc; else they land in recv as they are. */
+ * received bytes are floats added into acc; else they land in recv as they
+ * are. With wire set (a 16-bit format), acc's received values are 16-bit,
+ * widened, added into acc, and the sums rounded into out16 (what the next
+ * step forwards). */
 struct step {
     const uint8_t *send;
     size_t         send_len;
@@ -553,6 +562,8 @@ struct step {
     size_t         recv_len;
     float         *acc;
     bool           gate;
+    uint8_t        wire;   /* loom_wire_fmt */
+    uint16_t      *out16;  /* with wire and acc: the rounded sums */
 };
 
 static void describe(char *buf, size_t n, const coll_hdr *h)
@@ -907,7 +918,7 @@ static int run_send(loom_group *g, run_state *r, int *rc, loom_err *err)
 
 /* Receives what has come for the current step. A reducing step receives
  * into a small buffer that stays in cache (its first ro - rdone < 4 bytes:
- * a float cut in two by the last read), adds it in, and goes on. 2: the
+ * a value cut in two by the last read), adds it in, and goes on. 2: the
  * header just completed (check it first), 1: some came, 0: none, -1: the
  * connection failed (*rc). */
 static int run_recv(loom_group *g, run_state *r, int *rc, loom_err *err)
@@ -920,12 +931,16 @@ static int run_recv(loom_group *g, run_state *r, int *rc, loom_err *err)
     if (n > 0) {
         r->ro += (size_t)n;
         if (s->acc) {
-            size_t nf = (r->ro - r->rdone) / 4;
-            const float *src = (const float *)g->tmp;
-            float *acc = s->acc + r->rdone / 4;
-            for (size_t i = 0; i < nf; i++) acc[i] += src[i];
-            r->rdone += nf * 4;
-            if (r->ro > r->rdone) memmove(g->tmp, g->tmp + nf * 4, r->ro - r->rdone);
+            size_t es = s->wire ? 2 : 4, nf = (r->ro - r->rdone) / es;
+            if (s->wire)
+                loom_wire_add_((loom_wire_fmt)s->wire, s->acc + r->rdone / 2, s->out16 + r->rdone / 2, (const uint16_t *)g->tmp, nf);
+            else {
+                const float *src = (const float *)g->tmp;
+                float *acc = s->acc + r->rdone / 4;
+                for (size_t i = 0; i < nf; i++) acc[i] += src[i];
+            }
+            r->rdone += nf * es;
+            if (r->ro > r->rdone) memmove(g->tmp, g->tmp + nf * es, r->ro - r->rdone);
         } else
             r->rdone = r->ro;
         if (r->sd) {
@@ -997,7 +1012,7 @@ static int run(loom_group *g, coll_hdr *hdr, step *st, int ns, loom_err *err)
     uint64_t rstart[2 * 64 + 4];
     LOOM_ASSERT(ns + 1 <= (int)(sizeof all / sizeof all[0]));
     run_state r = {.hdr = hdr, .all = all, .rstart = rstart, .ns = ns + 1};
-    all[0] = (step){(const uint8_t *)hdr, sizeof *hdr, (uint8_t *)&r.in, sizeof r.in, NULL, false};
+    all[0] = (step){(const uint8_t *)hdr, sizeof *hdr, (uint8_t *)&r.in, sizeof r.in, NULL, false, 0, NULL};
     memcpy(all + 1, st, (size_t)ns * sizeof *st);
     uint64_t total_send = 0, total_recv = 0;
     for (int k = 0; k < r.ns; k++) rstart[k] = total_recv, total_recv += all[k].recv_len, total_send += all[k].send_len;
@@ -1078,7 +1093,7 @@ static int gather_pieces(loom_group *g, coll_hdr *h, uint8_t **piece, const size
     step st[64];
     for (int t = 0; t < n - 1; t++) {
         int s = ((r - t) % n + n) % n, q = ((r - t - 1) % n + n) % n;
-        st[t] = (step){piece[s], plen[s], piece[q], plen[q], NULL, t > 0};
+        st[t] = (step){piece[s], plen[s], piece[q], plen[q], NULL, t > 0, 0, NULL};
     }
     return run(g, h, st, n - 1, err);
 }
@@ -1091,7 +1106,7 @@ static int gather_pieces(loom_group *g, coll_hdr *h, uint8_t **piece, const size
 static int small3(loom_group *g, coll_hdr *hdr, const float *buf, size_t bytes, loom_err *err)
 {
     int r = g->rank, next = (r + 1) % 3, prev = (r + 2) % 3;
-    memcpy(g->tmp + (size_t)r * bytes, buf, bytes);
+    if (g->tmp + (size_t)r * bytes != (const uint8_t *)buf) memcpy(g->tmp + (size_t)r * bytes, buf, bytes);
     coll_hdr in[2]; /* from prev (on recv_fd), from next (on send_fd) */
     memset(in, 0, sizeof in);
     int fd[2] = {g->recv_fd, g->send_fd};
@@ -1168,38 +1183,70 @@ static int small3(loom_group *g, coll_hdr *hdr, const float *buf, size_t bytes, 
     }
 }
 
-int loom_group_all_reduce(loom_group *g, float *buf, int64_t count, loom_err *err)
+/* All-reduces of up to SMALL bytes on the wire: every rank's buffer (as
+ * float32, or narrowed to 16 bits) to every rank, then the same float32 sum
+ * in rank order everywhere. */
+static int small_all_reduce(loom_group *g, coll_hdr *h, float *buf, int64_t count, loom_wire_fmt fmt, loom_err *err)
 {
-    coll_hdr h;
-    int rc = enter(g, &h, K_ALL_REDUCE, (uint64_t)count, 0, err);
-    if (rc || g->size == 1) return rc;
-    int n = g->size, r = g->rank;
-    if (n > 64) return loom_err_set(err, LOOM_EUSAGE, NULL, "the ring supports up to 64 ranks");
-    if (count < 0) return loom_err_set(err, LOOM_EUSAGE, NULL, "negative count");
-    size_t bytes = (size_t)count * 4;
-    if (bytes <= SMALL) {
-        /* Every rank's buffer to every rank, then the same sum in rank order everywhere. */
-        if ((rc = tmp_reserve(g, bytes * (size_t)n + 64, err))) return rc;
-        uint8_t *pp[64];
-        size_t pl[64];
-        for (int k = 0; k < n; k++) pp[k] = g->tmp + (size_t)k * bytes, pl[k] = bytes;
-        if (n == 3)
-            rc = small3(g, &h, buf, bytes, err);
-        else {
-            memcpy(pp[r], buf, bytes);
-            rc = gather_pieces(g, &h, pp, pl, err);
-        }
-        if (rc) return rc;
-        const float *x0 = (const float *)pp[0];
-        for (int64_t i = 0; i < count; i++) buf[i] = x0[i];
-        for (int k = 1; k < n; k++) {
+    int n = g->size, r = g->rank, rc;
+    size_t es = fmt == LOOM_WIRE_F32 ? 4 : 2, bytes = (size_t)count * es;
+    if ((rc = tmp_reserve(g, bytes * (size_t)n + 64, err))) return rc;
+    uint8_t *pp[64] = {g->tmp};
+    size_t pl[64];
+    for (int k = 0; k < n; k++) pp[k] = g->tmp + (size_t)k * bytes, pl[k] = bytes;
+    if (fmt == LOOM_WIRE_F32) memcpy(pp[r], buf, bytes);
+    else loom_wire_narrow_(fmt, (uint16_t *)pp[r], buf, (size_t)count);
+    if (n == 3)
+        rc = small3(g, h, (const float *)pp[r], bytes, err); /* (it copies the bytes, whatever they hold) */
+    else
+        rc = gather_pieces(g, h, pp, pl, err);
+    if (rc) return rc;
+    for (int k = 0; k < n; k++) {
+        if (fmt == LOOM_WIRE_F32) {
             const float *xk = (const float *)pp[k];
-            for (int64_t i = 0; i < count; i++) buf[i] += xk[i];
+            if (!k) memcpy(buf, xk, bytes);
+            else
+                for (int64_t i = 0; i < count; i++) buf[i] += xk[i];
+        } else {
+            const uint16_t *xk = (const uint16_t *)pp[k];
+            if (!k) loom_wire_widen_(fmt, buf, xk, (size_t)count);
+            else loom_wire_add_(fmt, buf, NULL, xk, (size_t)count);
         }
-        leave(g, &h);
-        return LOOM_OK;
     }
+    return LOOM_OK;
+}
+
+/* The 16-bit copy of count values (the wire buffer). */
+static int wire_reserve(loom_group *g, int64_t count, loom_err *err)
+{
+    if (g->wire_cap >= (size_t)count) return LOOM_OK;
+    uint16_t *w = loom_alloc_aligned((size_t)count * 2 + 64);
+    if (!w) return loom_err_set(err, LOOM_ENOMEM, loom_net_name_(g->net), "no memory for a %lld-value wire buffer",
+                                (long long)count);
+    loom_free(g->wire);
+    g->wire = w, g->wire_cap = (size_t)count;
+    return LOOM_OK;
+}
+
+/* The ring: reduce-scatter (step t < n - 1 adds segment q into buf) then
+ * all-gather. In float32 the steps send and receive buf itself; in 16 bits
+ * they send and receive the wire copy w: a reducing step adds the received
+ * values into buf and rounds the sums into w, which the next step forwards;
+ * at the end every rank widens w (the owners' rounded sums) into buf. */
+static int ring_all_reduce(loom_group *g, coll_hdr *h, float *buf, int64_t count, loom_wire_fmt fmt, loom_err *err)
+{
+    int n = g->size, r = g->rank, rc;
     if ((rc = tmp_reserve(g, CHUNK, err))) return rc;
+    uint16_t *w = NULL;
+    size_t es = 4;
+    if (fmt != LOOM_WIRE_F32) {
+        if ((rc = wire_reserve(g, count, err))) return rc;
+        w = g->wire, es = 2;
+        int64_t o, l;
+        seg(count, n, r, &o, &l);
+        loom_wire_narrow_(fmt, w + o, buf + o, (size_t)l); /* the first step sends this rank's own segment */
+    }
+    uint8_t *base = w ? (uint8_t *)w : (uint8_t *)buf;
     step st[128];
     int k = 0;
     for (int t = 0; t < 2 * (n - 1); t++) {
@@ -1207,15 +1254,43 @@ int loom_group_all_reduce(loom_group *g, float *buf, int64_t count, loom_err *er
         int64_t so, sl, qo, ql;
         seg(count, n, s, &so, &sl);
         seg(count, n, q, &qo, &ql);
-        st[k].send = (const uint8_t *)(buf + so), st[k].send_len = (size_t)sl * 4;
-        st[k].recv = (uint8_t *)(buf + qo), st[k].recv_len = (size_t)ql * 4;
+        memset(&st[k], 0, sizeof st[k]);
+        st[k].send = base + (size_t)so * es, st[k].send_len = (size_t)sl * es;
+        st[k].recv = base + (size_t)qo * es, st[k].recv_len = (size_t)ql * es;
         st[k].acc = t < n - 1 ? buf + qo : NULL;
         st[k].gate = t > 0;
+        st[k].wire = (uint8_t)fmt;
+        st[k].out16 = w && st[k].acc ? w + qo : NULL;
         k++;
     }
-    rc = run(g, &h, st, k, err);
+    rc = run(g, h, st, k, err);
+    if (!rc && w) loom_wire_widen_(fmt, buf, w, (size_t)count);
+    return rc;
+}
+
+int loom_group_all_reduce_wire(loom_group *g, float *buf, int64_t count, loom_wire_fmt fmt, loom_err *err)
+{
+    if (fmt != LOOM_WIRE_F32 && fmt != LOOM_WIRE_BF16 && fmt != LOOM_WIRE_FP16)
+        return loom_err_set(err, LOOM_EUSAGE, NULL, "unknown wire format %d", (int)fmt);
+    coll_hdr h;
+    int rc = enter(g, &h, K_ALL_REDUCE, (uint64_t)count, (uint32_t)fmt, err); /* (a rank on another format differs in aux) */
+    if (rc) return rc;
+    if (g->size == 1) {
+        loom_wire_round(fmt, buf, count); /* the same values as a ring of several would give */
+        return LOOM_OK;
+    }
+    if (g->size > 64) return loom_err_set(err, LOOM_EUSAGE, NULL, "the ring supports up to 64 ranks");
+    if (count < 0) return loom_err_set(err, LOOM_EUSAGE, NULL, "negative count");
+    size_t es = fmt == LOOM_WIRE_F32 ? 4 : 2;
+    if ((size_t)count * es <= SMALL) rc = small_all_reduce(g, &h, buf, count, fmt, err);
+    else rc = ring_all_reduce(g, &h, buf, count, fmt, err);
     if (!rc) leave(g, &h);
     return rc;
+}
+
+int loom_group_all_reduce(loom_group *g, float *buf, int64_t count, loom_err *err)
+{
+    return loom_group_all_reduce_wire(g, buf, count, LOOM_WIRE_F32, err);
 }
 
 int loom_group_broadcast(loom_group *g, void *buf, size_t len, int root, loom_err *err)
@@ -1310,8 +1385,8 @@ static int small_steps(const loom_group *g, step *st, float (*pieces)[SMALL_N_MA
     memcpy(pieces[r], small, (size_t)small_n * sizeof(float));
     for (int t = 0; t < n - 1; t++) {
         int s = ((r - t) % n + n) % n, q = ((r - t - 1) % n + n) % n;
-        st[t] = (step){(const uint8_t *)pieces[s], (size_t)small_n * 4, (uint8_t *)pieces[q], (size_t)small_n * 4,
-                       NULL, t > 0};
+        st[t] = (step){.send = (const uint8_t *)pieces[s], .send_len = (size_t)small_n * 4,
+                       .recv = (uint8_t *)pieces[q], .recv_len = (size_t)small_n * 4, .gate = t > 0};
     }
     return n - 1;
 }
@@ -1374,8 +1449,8 @@ int loom_group_all_gather(loom_group *g, float *buf, const int64_t *off, float *
     int k = small_steps(g, st, pieces, small, small_n);
     for (int t = 0; t < n - 1; t++, k++) {
         int s = ((r - t) % n + n) % n, q = ((r - t - 1) % n + n) % n;
-        st[k] = (step){(const uint8_t *)(buf + off[s]), (size_t)(off[s + 1] - off[s]) * 4, (uint8_t *)(buf + off[q]),
-                       (size_t)(off[q + 1] - off[q]) * 4, NULL, t > 0};
+        st[k] = (step){.send = (const uint8_t *)(buf + off[s]), .send_len = (size_t)(off[s + 1] - off[s]) * 4,
+                       .recv = (uint8_t *)(buf + off[q]), .recv_len = (size_t)(off[q + 1] - off[q]) * 4, .gate = t > 0};
     }
     if ((rc = run(g, &h, st, k, err))) return rc;
     small_sum(g, pieces, small, small_n);

@@ -87,6 +87,8 @@ const char *const loom_communication_names_[] = {"auto", "ring", "nccl", "mpi", 
 const char *const loom_partitioner_names_[] = {"none", "fixed", "min_size", "max_size", NULL};
 const char *loom_partitioner_name(loom_partitioner_kind k) { return loom_cfg_name_(loom_partitioner_names_, (int)k); }
 const char *loom_communication_name(loom_communication c) { return loom_cfg_name_(loom_communication_names_, (int)c); }
+const char *const loom_grad_compression_names_[] = {"none", "bf16", "fp16", NULL};
+const char *loom_grad_compression_name(loom_grad_compression c) { return loom_cfg_name_(loom_grad_compression_names_, (int)c); }
 const char *loom_map_kind_name(loom_map_kind k) { return loom_cfg_name_(loom_map_names_, (int)k); }
 const char *loom_tok_mode_name(loom_tok_mode m) { return loom_cfg_name_(loom_tok_mode_names_, (int)m); }
 const char *loom_tok_std_name(loom_tok_std m) { return loom_cfg_name_(loom_tok_std_names_, (int)m); }

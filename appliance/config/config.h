@@ -615,6 +615,9 @@ typedef enum { LOOM_STRAT_ONE_DEVICE, LOOM_STRAT_MIRRORED, LOOM_STRAT_CENTRAL_ST
 /* multi_worker_mirrored: how gradients cross workers (tf CommunicationImplementation). */
 typedef enum { LOOM_COMM_AUTO, LOOM_COMM_RING, LOOM_COMM_NCCL, LOOM_COMM_MPI } loom_communication;
 const char *loom_communication_name(loom_communication c); /* "ring" */
+/* multi_worker_mirrored: the gradients' wire format across workers (16-bit, summed in float32 at each hop) */
+typedef enum { LOOM_COMPRESS_NONE, LOOM_COMPRESS_BF16, LOOM_COMPRESS_FP16 } loom_grad_compression;
+const char *loom_grad_compression_name(loom_grad_compression c); /* "bf16" */
 
 /* parameter_server: strategy.variable_partitioner = { type = ...; ... } */
 typedef enum { LOOM_PARTITIONER_NONE, LOOM_PARTITIONER_FIXED, LOOM_PARTITIONER_MIN_SIZE, LOOM_PARTITIONER_MAX_SIZE } loom_partitioner_kind;
@@ -672,6 +675,12 @@ typedef struct loom_strategy_spec {
     /* multi_worker_mirrored: the reduction across workers ("auto" = the ring on CPU) */
     loom_communication communication;
     loom_loc           communication_loc;
+    /* multi_worker_mirrored over the ring: gradients cross the workers as bf16/fp16
+     * (the step's loss and counts stay float32); error feedback keeps each
+     * worker's rounding error and adds it to the next step's gradients */
+    loom_grad_compression   compression;
+    bool               compression_error_feedback;
+    loom_loc           compression_loc;
     loom_loc           collective_timeout_loc; /* (the strategy's own loc when it is not set) */
     /* parameter_server: how variables are split along axis 0 over the ps
      * tasks (tf.distribute.experimental.partitioners; none = whole variables

@@ -39,6 +39,7 @@ extern const char *const loom_syn_dist_names_[];      /* loom_syn_dist */
 extern const char *const loom_nonfinite_names_[];     /* loom_on_nonfinite */
 extern const char *const loom_shard_policy_names_[];  /* loom_shard_policy */
 extern const char *const loom_communication_names_[]; /* loom_communication */
+extern const char *const loom_grad_compression_names_[];   /* loom_grad_compression */
 extern const char *const loom_partitioner_names_[];   /* loom_partitioner_kind */
 
 /* names[i], or "?" when i is out of range. */

@@ -542,6 +542,10 @@ static void print_replicated_strategy(FILE *f, const loom_strategy_spec *st)
         kv_i64(f, 1, "replicas", st->replicas);
     }
     if (st->kind == LOOM_STRAT_MULTI_WORKER_MIRRORED) kv_str(f, 1, "communication", loom_communication_name(st->communication));
+    if (st->kind == LOOM_STRAT_MULTI_WORKER_MIRRORED && st->compression != LOOM_COMPRESS_NONE) {
+        kv_str(f, 1, "compression", loom_grad_compression_name(st->compression));
+        if (st->compression_error_feedback) kv_bool(f, 1, "compression_error_feedback", true);
+    }
     if (st->kind == LOOM_STRAT_MIRRORED || st->kind == LOOM_STRAT_MULTI_WORKER_MIRRORED) {
         kv_str(f, 1, "cross_device_ops", st->cross_device_ops);
         if (st->bytes_per_pack > 0)

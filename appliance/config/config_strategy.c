@@ -8,6 +8,7 @@
 
 static void parse_strategy_options(cfg_ctx *c, const config_setting_t *s, void *base);
 static void parse_strategy_devices(cfg_ctx *c, const config_setting_t *s, void *base);
+static void check_compression(cfg_ctx *c, const config_setting_t *g, loom_strategy_spec *st);
 
 #define STRAT_MWM K(LOOM_STRAT_MULTI_WORKER_MIRRORED)
 #define STRAT_REPLICATED (K(LOOM_STRAT_MIRRORED) | K(LOOM_STRAT_CENTRAL_STORAGE) | K(LOOM_STRAT_PLUGIN) | \
@@ -30,6 +31,10 @@ static const cfg_opt strategy_opts[] = {
           "seconds a replica waits in a collective before the step fails with a stall report; 0 = forever"),
     O_ENUM(loom_strategy_spec, "communication", communication, LOOM_COMM_AUTO, loom_communication_names_, STRAT_MWM, 0,
            "how gradients cross workers: \"ring\" (the cluster transport), \"nccl\", \"mpi\" (plugins), \"auto\" (ring on CPU)"),
+    O_ENUM(loom_strategy_spec, "compression", compression, LOOM_COMPRESS_NONE, loom_grad_compression_names_, STRAT_MWM, 0,
+           "gradients across workers as \"bf16\" or \"fp16\" (half the bytes, summed in float32 at each hop); \"none\""),
+    O_BOOL(loom_strategy_spec, "compression_error_feedback", compression_error_feedback, 0, STRAT_MWM,
+           "with compression: add each worker's rounding error to its next step's gradients"),
     O_CUSTOM("options", parse_strategy_options, K(LOOM_STRAT_PLUGIN), 0,
              "a plugin strategy's own settings: KEY = value; ..."),
     {.name = "variable_partitioner", .type = OT_SUB, .applies = K(LOOM_STRAT_PARAMETER_SERVER),
@@ -286,6 +291,7 @@ void cfg_parse_strategy_(cfg_ctx *c, const config_setting_t *root, loom_strategy
         const config_setting_t *cm = config_setting_get_member(g, "communication");
         if (cm) cfg_loc_of_(c, cm, &st->communication_loc);
         else st->communication_loc = st->loc;
+        check_compression(c, g, st);
         const config_setting_t *ct = config_setting_get_member(g, "collective_timeout");
         if (ct) cfg_loc_of_(c, ct, &st->collective_timeout_loc);
         else st->collective_timeout_loc = st->loc;
@@ -309,4 +315,24 @@ void cfg_parse_strategy_(cfg_ctx *c, const config_setting_t *root, loom_strategy
     if (x) cfg_loc_of_(c, x, &st->cross_device_ops_loc); /* a plugin strategy's, for errors at strategy open */
     st->n_devices = 1;
     snprintf(st->devices[0], sizeof st->devices[0], "%s", st->device);
+}
+
+/* compression is the ring's (the nccl and mpi plugins reduce float32), and
+ * error feedback needs a compression to feed back. */
+static void check_compression(cfg_ctx *c, const config_setting_t *g, loom_strategy_spec *st)
+{
+    const config_setting_t *cp = config_setting_get_member(g, "compression");
+    const config_setting_t *ef = config_setting_get_member(g, "compression_error_feedback");
+    if (cp) cfg_loc_of_(c, cp, &st->compression_loc);
+    else st->compression_loc = st->loc;
+    if (cp && st->compression != LOOM_COMPRESS_NONE &&
+        (st->communication == LOOM_COMM_NCCL || st->communication == LOOM_COMM_MPI)) {
+        loom_err *e = cfg_err_(c, cp, "compression = \"%s\" needs communication = \"ring\" (it is \"%s\")",
+                               loom_grad_compression_name(st->compression), loom_communication_name(st->communication));
+        if (e) loom_err_hint(e, "drop compression, or use communication = \"ring\" (or \"auto\" on CPU)");
+    }
+    if (ef && st->compression_error_feedback && st->compression == LOOM_COMPRESS_NONE) {
+        loom_err *e = cfg_err_(c, ef, "compression_error_feedback = true without a compression");
+        if (e) loom_err_hint(e, "set compression = \"bf16\" or \"fp16\", or drop compression_error_feedback");
+    }
 }

@@ -85,6 +85,14 @@
  * With a plugin's op (mpi, nccl) the packs are reduced after backward, on
  * the train thread: the libraries are not handed a second thread.
  *
+ * strategy.compression = "bf16" | "fp16" (the ring only): each pack's
+ * gradients cross the workers as 16 bits (loom_group_all_reduce_wire: half
+ * the bytes, summed in float32 at each hop, the same bits on every worker);
+ * the tail (stop, loss, counts) stays float32, in an all-reduce of its own.
+ * With compression_error_feedback each worker adds last step's rounding
+ * error to its gradients before rounding them (kept per worker, not in the
+ * checkpoint: a resumed run starts it at zero).
+ *
  * Threads: driven from the train thread, which also drives the group, except
  * that during a step with overlapping packs the communicator thread drives
  * the group's all-reduces (the step waits for it before it returns). */
@@ -145,6 +153,8 @@ typedef struct multi_worker {
      * parameters, and whether this step's g holds the whole sum */
     bool           shardable, shard, whole;
     int64_t       *off;        /* (workers + 1,) */
+    loom_wire_fmt  wire;       /* strategy.compression: the gradients' format across workers */
+    float         *resid;      /* (P,) compression_error_feedback: this worker's rounding error; NULL: none */
 } multi_worker;
 
 static int64_t last_batch_size(const loom_dataset_spec *d)
@@ -295,6 +305,7 @@ static int open_job_op(multi_worker *mw, const loom_strategy_args *a, loom_err *
 
 static int start_communicator(multi_worker *mw, loom_err *err);
 static int bn_cross(void *arg, float *buf, int64_t n, loom_err *err);
+static int reduce_pack(multi_worker *mw, int k, loom_err *err);
 
 /* The tasks train in lock-step from one starting point: each says where it
  * resumes from (loom train's resume_key, "key\0text"), all gathered, so
@@ -355,8 +366,10 @@ static int agree_resume(multi_worker *mw, const loom_strategy_args *a, loom_err 
 static int plan_shards(multi_worker *mw, loom_err *err)
 {
     const char *env = getenv("LOOM_SHARDED_UPDATE");
-    mw->shardable = mw->workers > 1 && !mw->job_ops && mw->n_packs <= 1 && loom_replicated_shardable_(&mw->local) &&
-                    !(env && !strcmp(env, "0"));
+    /* compressed gradients keep the all-reduce of 16-bit segments (the
+     * reduce-scatter halves carry float32 only) */
+    mw->shardable = mw->workers > 1 && !mw->job_ops && mw->n_packs <= 1 && mw->wire == LOOM_WIRE_F32 &&
+                    loom_replicated_shardable_(&mw->local) && !(env && !strcmp(env, "0"));
     if (!mw->shardable) return LOOM_OK;
     mw->off = loom_calloc((size_t)mw->workers + 1, sizeof *mw->off);
     if (!mw->off) return loom_err_set(err, LOOM_ENOMEM, NULL, "planning %d shards", mw->workers);
@@ -400,6 +413,11 @@ static int mw_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     if ((st->communication == LOOM_COMM_MPI || st->communication == LOOM_COMM_NCCL) &&
         (rc = find_job_op(mw, st, err)))
         return rc;
+    mw->wire = st->compression == LOOM_COMPRESS_BF16 ? LOOM_WIRE_BF16
+             : st->compression == LOOM_COMPRESS_FP16 ? LOOM_WIRE_FP16 : LOOM_WIRE_F32;
+    if (mw->wire != LOOM_WIRE_F32 && st->compression_error_feedback &&
+        !(mw->resid = loom_calloc((size_t)mw->P, sizeof(float))))
+        return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the error feedback (%lld floats)", (long long)mw->P);
     if ((rc = plan_shards(mw, err))) return rc;
     if (mw->workers == 1 || a->plan_only) return LOOM_OK;
     if ((rc = loom_group_open(&mw->group, a->cluster, st->collective_timeout, err))) return rc;
@@ -441,6 +459,7 @@ static void mw_close(loom_strategy *s)
     if (mw->local_open) mw->local.ops->close(&mw->local);
     loom_free(mw->stage);
     loom_free(mw->off);
+    loom_free(mw->resid);
     loom_free(mw);
 }
 
@@ -468,9 +487,7 @@ static void *communicator(void *arg)
         int k = mw->reduced, failed = mw->comm_rc;
         pthread_mutex_unlock(&mw->mu);
         loom_err e;
-        int64_t count;
-        float *b = pack_buf(mw, k, &count);
-        int rc = failed ? LOOM_OK : loom_group_all_reduce(mw->group, b, count, &e);
+        int rc = failed ? LOOM_OK : reduce_pack(mw, k, &e);
         pthread_mutex_lock(&mw->mu);
         if (rc && !mw->comm_rc) mw->comm_rc = rc, mw->comm_err = e;
         mw->reduced++;
@@ -528,15 +545,35 @@ static int cross_all_reduce(multi_worker *mw, float *buf, int64_t count, loom_er
  * as a model with batch normalization announces its packs after backward). */
 static int bn_cross(void *arg, float *buf, int64_t n, loom_err *err) { return cross_all_reduce(arg, buf, n, err); }
 
+/* Pack k across the workers (with one pack: g and the tail): float32, or
+ * with strategy.compression the gradients in 16 bits (after adding in the
+ * error feedback) and the tail apart in float32. */
+static int reduce_pack(multi_worker *mw, int k, loom_err *err)
+{
+    int64_t count, off = mw->n_packs <= 1 ? 0 : mw->packs[k].offset;
+    float *b = mw->n_packs <= 1 ? mw->stage : pack_buf(mw, k, &count);
+    if (mw->n_packs <= 1) count = mw->P + TAIL_N;
+    if (mw->wire == LOOM_WIRE_F32 || mw->job_ops) return cross_all_reduce(mw, b, count, err);
+    bool last = k == mw->n_packs - 1;
+    float *grads = mw->n_packs > 1 && last ? b + TAIL_N : b;
+    int64_t n = last ? count - TAIL_N : count;
+    if (mw->resid) {
+        float *e = mw->resid + off;
+        for (int64_t i = 0; i < n; i++) grads[i] += e[i], e[i] = grads[i];
+        loom_wire_round(mw->wire, grads, n);
+        for (int64_t i = 0; i < n; i++) e[i] -= grads[i];
+    }
+    int rc = loom_group_all_reduce_wire(mw->group, grads, n, mw->wire, err);
+    return rc || !last ? rc : loom_group_all_reduce(mw->group, mw->tail, TAIL_N, err);
+}
+
 static int all_reduce_packs(multi_worker *mw, loom_err *err)
 {
-    if (mw->n_packs <= 1) return cross_all_reduce(mw, mw->stage, mw->P + TAIL_N, err);
+    if (mw->n_packs <= 1) return reduce_pack(mw, 0, err);
     mw->packs_total += mw->n_packs;
     if (!mw->overlap) {
         for (int k = 0; k < mw->n_packs; k++) {
-            int64_t count;
-            float *b = pack_buf(mw, k, &count);
-            int rc = cross_all_reduce(mw, b, count, err);
+            int rc = reduce_pack(mw, k, err);
             if (rc) return rc;
         }
         return LOOM_OK;
@@ -911,6 +948,11 @@ static void mw_print_plan(loom_strategy *s, int64_t global_batch, FILE *f)
                 "per step (the gradients plus %d of agreement: stop, loss, correct, examples, failure); the chief "
                 "broadcasts the variables at the start and after a restore\n", how,
                 loom_communication_name(s->args->spec->strategy.communication), (long long)(mw->P + TAIL_N), TAIL_N);
+    if (mw->wire != LOOM_WIRE_F32)
+        fprintf(f, "  compression = \"%s\": the gradients cross as 16 bits (half the bytes), summed in float32 at "
+                "each hop; the %d floats of agreement in float32 apart%s\n",
+                loom_grad_compression_name(s->args->spec->strategy.compression), TAIL_N,
+                mw->resid ? "; with error feedback (each worker's rounding error joins its next step)" : "");
     if (mw->n_packs > 1)
         fprintf(f, "  in %d packs (strategy.bytes_per_pack / num_packs), each all-reduced across the workers as soon as "
                 "backward has finished it, the last layers' first, on a communicator thread (LOOM_OVERLAP=0: after "

@@ -5,6 +5,10 @@
  *       forks N ranks on 127.0.0.1 (free ports); for each size in bytes,
  *       R timed all-reduces (each after a barrier, timed on rank 0) after a
  *       warm-up; prints "SIZE_BYTES MEDIAN_SECONDS" per size.
+ *   cluster_allreduce --hosts A1,A2,... --rank R --port P --sizes ... [--reps R] [--wire bf16|fp16]
+ *       one rank of a job across hosts (tests/bench/netns_allreduce_bench.sh
+ *       starts one per emulated host): rank i listens on Ai:P; with --wire,
+ *       loom_group_all_reduce_wire (strategy.compression's all-reduce).
  *   cluster_allreduce --stream BYTES [--reps R]
  *       the loopback TCP bound: one process streams BYTES to another through
  *       one connection R times; prints "stream MEDIAN_BYTES_PER_SECOND". */
@@ -44,6 +48,9 @@ static int cmp(const void *a, const void *b)
 /* --tls DIR: cluster.tls with DIR/task.pem, task.key, ca.pem (tests/fixtures/tls): the ring's data
  * connections carry TLS (LOOM_RING_TLS=0: the control connections only). */
 static const char *tls_dir;
+/* --hosts: rank i's address (else 127.0.0.1); --wire: the format on the wire */
+static char *hosts[MAXR];
+static loom_wire_fmt wire = LOOM_WIRE_F32;
 
 static int run_rank(int rank, int n, const int *ports, const long *sizes, int ns, int reps)
 {
@@ -52,7 +59,7 @@ static int run_rank(int rank, int n, const int *ports, const long *sizes, int ns
     memset(&c, 0, sizeof c);
     for (int i = 0; i < n; i++) {
         addrs[i].role = LOOM_ROLE_WORKER, addrs[i].index = i, addrs[i].port = ports[i];
-        snprintf(addrs[i].host, sizeof addrs[i].host, "127.0.0.1");
+        snprintf(addrs[i].host, sizeof addrs[i].host, "%s", hosts[i] ? hosts[i] : "127.0.0.1");
     }
     c.n_tasks[LOOM_ROLE_WORKER] = n;
     c.tasks[LOOM_ROLE_WORKER] = addrs;
@@ -82,11 +89,11 @@ static int run_rank(int rank, int n, const int *ports, const long *sizes, int ns
         for (int64_t i = 0; i < count; i++) buf[i] = (float)(i % 7);
         int warm = sizes[s] >= (16 << 20) ? 1 : 3;
         for (int w = 0; w < warm; w++)
-            if (loom_group_all_reduce(g, buf, count, &err)) goto fail;
+            if (loom_group_all_reduce_wire(g, buf, count, wire, &err)) goto fail;
         for (int r = 0; r < reps; r++) {
             if (loom_group_barrier(g, &err)) goto fail;
             double t0 = loom_now();
-            if (loom_group_all_reduce(g, buf, count, &err)) goto fail;
+            if (loom_group_all_reduce_wire(g, buf, count, wire, &err)) goto fail;
             t[r] = loom_now() - t0;
         }
         qsort(t, (size_t)reps, sizeof *t, cmp);
@@ -149,17 +156,26 @@ static int stream(long bytes, int reps)
 
 int main(int argc, char **argv)
 {
-    int n = 2, reps = 5, ns = 0;
+    int n = 2, reps = 5, ns = 0, one_rank = -1, port = 0, nh = 0;
     long sizes[64], stream_bytes = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--ranks") && i + 1 < argc) n = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--stream") && i + 1 < argc) stream_bytes = atol(argv[++i]);
         else if (!strcmp(argv[i], "--tls") && i + 1 < argc) tls_dir = argv[++i];
+        else if (!strcmp(argv[i], "--rank") && i + 1 < argc) one_rank = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--port") && i + 1 < argc) port = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--wire") && i + 1 < argc) {
+            i++;
+            wire = !strcmp(argv[i], "bf16") ? LOOM_WIRE_BF16 : !strcmp(argv[i], "fp16") ? LOOM_WIRE_FP16 : LOOM_WIRE_F32;
+        } else if (!strcmp(argv[i], "--hosts") && i + 1 < argc) {
+            for (char *p = strtok(argv[++i], ","); p && nh < MAXR; p = strtok(NULL, ",")) hosts[nh++] = p;
+        }
         else if (!strcmp(argv[i], "--sizes") && i + 1 < argc) {
             for (char *p = strtok(argv[++i], ","); p && ns < 64; p = strtok(NULL, ",")) sizes[ns++] = atol(p);
         } else {
-            fprintf(stderr, "usage: cluster_allreduce --ranks N --sizes B1,B2,... [--reps R] [--tls DIR] | --stream BYTES\n");
+            fprintf(stderr, "usage: cluster_allreduce --ranks N --sizes B1,B2,... [--reps R] [--tls DIR] [--wire bf16|fp16]\n"
+                            "       | --hosts A1,A2,... --rank R --port P --sizes ... | --stream BYTES\n");
             return 2;
         }
     }
@@ -169,6 +185,12 @@ int main(int argc, char **argv)
     if (stream_bytes) return stream(stream_bytes, reps);
     if (n < 1 || n > MAXR || ns == 0) return 2;
     int ports[MAXR];
+    if (nh > 0) { /* one rank of a job across hosts */
+        if (one_rank < 0 || one_rank >= nh || port <= 0) return 2;
+        for (int i = 0; i < nh; i++) ports[i] = port;
+        alarm(600);
+        return run_rank(one_rank, nh, ports, sizes, ns, reps);
+    }
     for (int i = 0; i < n; i++) ports[i] = free_port();
     fflush(stdout);
     pid_t pid[MAXR];

@@ -6,7 +6,9 @@ over loopback, the reference tests/bench/cluster_bench.sh runs beside Loom's.
 
 For each size: a warm-up, then REPS all-reduces of float32 (SUM), each after
 a barrier and timed on rank 0; prints "SIZE_BYTES MEDIAN_SECONDS" per size,
-as cluster_allreduce does. Needs Debian's python3-torch (/usr/bin/python3)."""
+as cluster_allreduce does. Needs Debian's python3-torch (/usr/bin/python3).
+With RANK, MASTER_ADDR and MASTER_PORT in the environment it runs that one
+rank of a job across hosts (netns_allreduce_bench.sh starts one per host)."""
 import os
 import socket
 import statistics
@@ -18,9 +20,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def rank_main(rank, n, port, sizes, reps):
+def rank_main(rank, n, port, sizes, reps, addr="127.0.0.1"):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
+    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=n)
     for size in sizes:
         t = torch.ones(size // 4, dtype=torch.float32)
         for _ in range(1 if size >= 16 << 20 else 3):
@@ -38,6 +40,9 @@ def rank_main(rank, n, port, sizes, reps):
 
 def main():
     n, sizes, reps = int(sys.argv[1]), [int(s) for s in sys.argv[2].split(",")], int(sys.argv[3])
+    if "RANK" in os.environ:  # one rank of a job across hosts
+        rank_main(int(os.environ["RANK"]), n, int(os.environ["MASTER_PORT"]), sizes, reps, os.environ["MASTER_ADDR"])
+        return
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

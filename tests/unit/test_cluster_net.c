@@ -395,6 +395,7 @@ static int all_reduce_rank(int rank, int n)
 }
 
 static int bcast_gather_rank(int rank, int n);
+static int all_reduce_wire_rank(int rank, int n);
 
 static void test_all_reduce_2(void)
 {
@@ -412,6 +413,102 @@ static void test_all_reduce_3(void)
     check_all_ok(3, st);
 }
 
+/* strategy.compression's all-reduce (bf16, fp16 on the wire), on the small
+ * path and the ring: within the format's rounding of the float32 sum (one
+ * rounding per hop, at most n), bit-identical on every rank, and sums of
+ * small integers exact. */
+static int all_reduce_wire_rank(int rank, int n)
+{
+    loom_group *g = open_group(rank, n, 30);
+    if (!g) return 1;
+    static const int64_t counts[] = {1, 5, 1000, 40000, 65539, 1 << 20};
+    for (int f = LOOM_WIRE_BF16; f <= LOOM_WIRE_FP16; f++) {
+        double ulp = f == LOOM_WIRE_BF16 ? 1.0 / 256 : 1.0 / 2048; /* relative spacing (at most) */
+        for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+            int64_t c = counts[k];
+            float *b = malloc((size_t)c * 4 + 4);
+            double worst = 0;
+            for (int64_t i = 0; i < c; i++) b[i] = val(rank, i);
+            loom_err err = {0};
+            int rc = loom_group_all_reduce_wire(g, b, c, (loom_wire_fmt)f, &err);
+            CHECK_MSG(rc == 0, "rank %d, %s, %lld values: %s", rank, f == LOOM_WIRE_BF16 ? "bf16" : "fp16",
+                      (long long)c, err.msg);
+            for (int64_t i = 0; i < c; i++) {
+                double want = 0, mag = 0;
+                for (int r = 0; r < n; r++) want += val(r, i), mag += fabs(val(r, i));
+                double d = fabs((double)b[i] - want) / (mag + 1e-30);
+                if (d > worst) worst = d;
+            }
+            CHECK_MSG(worst <= (n + 1) * ulp, "%s, %lld values: %g off (relative), above %g",
+                      f == LOOM_WIRE_BF16 ? "bf16" : "fp16", (long long)c, worst, (n + 1) * ulp);
+            uint32_t crc = loom_crc32c(b, (size_t)c * 4);
+            loom_buf out[MAXR];
+            for (int r = 0; r < n; r++) loom_buf_init(&out[r]);
+            rc = loom_group_all_gather_bytes(g, &crc, 4, out, &err);
+            CHECK_MSG(rc == 0, "gather: %s", err.msg);
+            for (int r = 0; r < n && !rc; r++)
+                CHECK_MSG(out[r].len == 4 && !memcmp(out[r].data, &crc, 4), "%s, %lld values: rank %d's result differs",
+                          f == LOOM_WIRE_BF16 ? "bf16" : "fp16", (long long)c, r);
+            for (int r = 0; r < n; r++) loom_buf_fini(&out[r]);
+            /* small integers (at most 8 significant bits) sum exactly */
+            for (int64_t i = 0; i < c; i++) b[i] = (float)((rank + 1) * (i % 16));
+            CHECK(loom_group_all_reduce_wire(g, b, c, (loom_wire_fmt)f, &err) == 0);
+            int bad = 0;
+            for (int64_t i = 0; i < c; i++) bad += b[i] != (float)(n * (n + 1) / 2 * (i % 16));
+            CHECK_MSG(!bad, "%lld values: %d integer sums inexact", (long long)c, bad);
+            free(b);
+        }
+    }
+    loom_group_close(g);
+    return 0;
+}
+
+static void test_all_reduce_wire(void)
+{
+    for (int n = 2; n <= 3; n++) {
+        new_ports(n);
+        int st[MAXR];
+        run_ranks(n, all_reduce_wire_rank, 60, st);
+        check_all_ok(n, st);
+    }
+}
+
+/* loom_wire_round: the vector path (8 at a time, F16C/AVX2 where the CPU
+ * has them) gives the bits of the scalar one (a single value) on every
+ * float pattern tried: random bits (normals, subnormals, infinities, NaNs),
+ * the halves' rounding boundaries and overflow edges. Workers on machines
+ * with and without the vector path must round alike. */
+static void test_wire_round(void)
+{
+    enum { N = 1 << 20 };
+    float *a = malloc(N * sizeof *a), *b = malloc(N * sizeof *b);
+    uint64_t z = 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < N; i++) {
+        z ^= z << 13, z ^= z >> 7, z ^= z << 17;
+        uint32_t u = (uint32_t)z;
+        if (i % 4 == 1) u = (u & 0x8000ffffu) | (0x387u << 20) | ((u >> 16) & 0xfffu) << 8; /* near the fp16 subnormals */
+        if (i % 4 == 2) u = (u & 0x80000000u) | 0x477fe000u | (u & 0x1fffu);                /* near 65504 */
+        if (i % 4 == 3) u = (u & 0x807fffffu) | (uint32_t)(100 + (int)(u >> 24) % 60) << 23;  /* ordinary gradients */
+        memcpy(&a[i], &u, 4);
+    }
+    static const float edge[] = {0.0f, -0.0f, 65504.0f, 65519.99f, 65520.0f, 65536.0f, 5.9604645e-8f, 2.980232e-8f,
+                                 2.9802326e-8f, 6.1035156e-5f, 1.0f + 1.0f / 4096, 1.0f + 3.0f / 4096, 3.3895314e38f};
+    for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++) a[i] = edge[i];
+    for (int f = LOOM_WIRE_BF16; f <= LOOM_WIRE_FP16; f++) {
+        memcpy(b, a, N * sizeof *a);
+        loom_wire_round((loom_wire_fmt)f, b, N);
+        int bad = 0, first = -1;
+        for (int i = 0; i < N; i++) {
+            float one = a[i];
+            loom_wire_round((loom_wire_fmt)f, &one, 1);
+            if (memcmp(&one, &b[i], 4)) bad++, first = first < 0 ? i : first;
+        }
+        CHECK_MSG(!bad, "%s: %d of %d values round otherwise 8 at a time (first: %a)", f == LOOM_WIRE_BF16 ? "bf16" : "fp16",
+                  bad, N, first >= 0 ? (double)a[first] : 0.0);
+    }
+    free(a), free(b);
+}
+
 /* The same with large collectives sent from the sender thread (used by
  * default only where each local rank has two cores). */
 static void test_all_reduce_sender_thread(void)
@@ -424,6 +521,9 @@ static void test_all_reduce_sender_thread(void)
         check_all_ok(n, st);
         new_ports(n);
         run_ranks(n, bcast_gather_rank, 60, st);
+        check_all_ok(n, st);
+        new_ports(n); /* the 16-bit formats: the sender forwards what the receiving side has just rounded */
+        run_ranks(n, all_reduce_wire_rank, 60, st);
         check_all_ok(n, st);
     }
     unsetenv("LOOM_RING_SENDER");
@@ -1452,6 +1552,8 @@ static const loom_test tests[] = {
     {"net_messages", test_net_messages},
     {"all_reduce_2", test_all_reduce_2},
     {"all_reduce_3", test_all_reduce_3},
+    {"all_reduce_wire", test_all_reduce_wire},
+    {"wire_round", test_wire_round},
     {"broadcast_gather_barrier", test_broadcast_gather_barrier},
     {"all_reduce_sender_thread", test_all_reduce_sender_thread},
     {"shards", test_shards},

@@ -322,6 +322,7 @@ static void strip_locs(loom_spec *s)
     memset(&s->strategy.cross_device_ops_loc, 0, sizeof(loom_loc));
     memset(&s->strategy.communication_loc, 0, sizeof(loom_loc));
     memset(&s->strategy.collective_timeout_loc, 0, sizeof(loom_loc));
+    memset(&s->strategy.compression_loc, 0, sizeof(loom_loc));
     memset(&s->run.loc, 0, sizeof(loom_loc));
     memset(&s->plugins.loc, 0, sizeof(loom_loc));
     memset(&s->cluster.loc, 0, sizeof(loom_loc));
@@ -377,6 +378,9 @@ static void test_print_roundtrip(void)
                              "cluster.chief=[\"127.0.0.1:2222\"]", "cluster.worker=[\"127.0.0.1:2223\", \"[::1]:2224\"]",
                              "cluster.heartbeat_timeout=5", "cluster.port_base=9000", "cluster.insecure=true"};
     roundtrip("good_minimal.cfg", cluster, 7);
+    const char *comp[] = {"strategy.type=multi_worker_mirrored", "strategy.compression=fp16",
+                          "strategy.compression_error_feedback=true"};
+    roundtrip("good_minimal.cfg", comp, 3);
 }
 
 static void test_include(void)
