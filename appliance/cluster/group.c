@@ -1427,10 +1427,9 @@ int loom_group_reduce_scatter(loom_group *g, float *buf, const int64_t *off, flo
      * segment r - t - 2: after n - 1 steps segment r is whole here */
     for (int t = 0; t < n - 1; t++, k++) {
         int s = ((r - t - 1) % n + 2 * n) % n, q = ((r - t - 2) % n + 2 * n) % n;
-        st[k].send = (const uint8_t *)(buf + off[s]), st[k].send_len = (size_t)(off[s + 1] - off[s]) * 4;
-        st[k].recv = (uint8_t *)(buf + off[q]), st[k].recv_len = (size_t)(off[q + 1] - off[q]) * 4;
-        st[k].acc = buf + off[q];
-        st[k].gate = t > 0;
+        st[k] = (step){.send = (const uint8_t *)(buf + off[s]), .send_len = (size_t)(off[s + 1] - off[s]) * 4,
+                       .recv = (uint8_t *)(buf + off[q]), .recv_len = (size_t)(off[q + 1] - off[q]) * 4,
+                       .acc = buf + off[q], .gate = t > 0};
     }
     if ((rc = run(g, &h, st, k, err))) return rc;
     small_sum(g, pieces, small, small_n);
