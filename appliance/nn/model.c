@@ -420,14 +420,15 @@ void loom_model_set_inputs(loom_model *m, const loom_tensor *const *xs, int n)
     for (int f = 1; f < m->n_inputs; f++) m->xs[f] = xs && f - 1 < n ? xs[f - 1] : NULL;
 }
 
-int loom_model_param_list(const loom_model_spec *spec, const loom_shape *input, loom_dtype input_dtype,
+int loom_model_param_list(const loom_model_spec *spec, int n_in, const loom_shape *inputs, const loom_dtype *dtypes,
                           const loom_shape *label, loom_dtype label_dtype, loom_param_info **out, int *n,
                           int64_t *n_params, loom_sparse_grad *table, loom_err *err)
 {
     *out = NULL;
     *n = 0;
     loom_model *m;
-    int rc = model_build(&m, spec, input, input_dtype, label, label_dtype, 1, true, NULL, err);
+    more_inputs more = {n_in, inputs, dtypes};
+    int rc = model_build(&m, spec, &inputs[0], dtypes[0], label, label_dtype, 1, true, n_in > 1 ? &more : NULL, err);
     if (rc) return rc;
     *out = loom_calloc((size_t)(m->n_ptensors ? m->n_ptensors : 1), sizeof **out);
     if (!*out) rc = loom_err_set(err, LOOM_ENOMEM, m->where, "listing %d variables", m->n_ptensors);
@@ -736,7 +737,7 @@ static int model_build(loom_model **out, const loom_model_spec *spec, const loom
     if (n_in > 1 && (!more || more->n != n_in)) {
         rc = loom_err_set(err, LOOM_EUNSUPPORTED, m->where, "model.inputs names %d features; here the model is given "
                           "%d", spec->n_inputs, more ? more->n : 1);
-        loom_err_hint(err, "several model inputs train under one_device and mirrored (strategy.type); or join the "
+        loom_err_hint(err, "several model inputs train under the built-in strategies (strategy.type); or join the "
                            "features with a concat transform (op = \"concat\") into one input");
         goto fail;
     }

@@ -9,8 +9,9 @@
 # ONNX export work (onnxruntime checks the numbers: export_interop.py); the
 # cpu device backend refuses a graph, naming the layer; shapes that do not
 # merge fail check at the layer's file:line naming both shapes; an unused layer is a warning. Two model inputs
-# (configs/ctr_wide_deep.cfg): mirrored(2) within 1e-6 of one_device,
-# predict, the input errors. Each run under `timeout`.
+# (configs/ctr_wide_deep.cfg): mirrored(2), central_storage(2) and
+# multi_worker_mirrored (2 workers) within 1e-6 of one_device,
+# parameter_server (2 workers, 2 ps) trains, predict, the input errors. Each run under `timeout`.
 source "$(dirname "$0")/lib.sh"
 DIFF="${LOOM_CKPT_DIFF:-$(dirname "$LOOM")/tests/ckpt_diff}"
 CHK="${LOOM_CHECK_EXPORT:-$(dirname "$LOOM")/tests/check_export}"
@@ -112,6 +113,23 @@ expect_fail 2 "a model input that is not a feature of the data" \
 expect_fail 2 "model.input and model.inputs together" \
     'model.inputs: give model.input (one feature) or model.inputs (several), not both' \
     "$LOOM" check $WD --set 'model.input="ids"'
-expect_fail 2 "several inputs under parameter_server: refused, saying where they run" \
-    'model.inputs names 2 features; here the model is given 1' "$LOOM" check $WD --set strategy.type=parameter_server
+# the other strategies: central_storage(2) and multi_worker_mirrored (2 workers, launch --local on 127.0.0.1)
+# within 1e-6 of one_device; parameter_server (2 workers, 2 ps, asynchronous) trains and evaluates
+check "wide and deep: central_storage(2) trains" timeout 300 "$LOOM" train $WD --model-dir "$WORK/wdc" "${WS[@]}" \
+    --set strategy.type=central_storage --set strategy.replicas=2
+check "wide and deep: multi_worker_mirrored, 2 workers" timeout 300 "$LOOM" launch --local $WD --workers 2 \
+    --model-dir "$WORK/wdm" "${WS[@]}" --set strategy.type=multi_worker_mirrored --set run.threads=1
+for s in wdc wdm; do
+    if d=$("$DIFF" $WD "$WORK/wd1/ckpt-20.loom" "$WORK/$s/ckpt-20.loom" "${WS[@]}" 2>&1) &&
+            awk -v d="$d" 'BEGIN { exit !(d <= 1e-6) }'; then
+        pass "wide and deep: $s within 1e-6 of one_device ($d apart)"
+    else
+        fail "wide and deep: $s within 1e-6 of one_device" "$d"
+    fi
+done
+check "wide and deep: parameter_server, 2 workers and 2 ps" timeout 300 "$LOOM" launch --local $WD --workers 2 --ps 2 \
+    --model-dir "$WORK/wdp" "${WS[@]}" --set strategy.type=parameter_server --set run.threads=1
+ev=$(timeout 120 "$LOOM" evaluate $WD --model-dir "$WORK/wdp" "${WS[@]}" 2>&1)
+contains "wide and deep: evaluate reads the parameter_server checkpoint" '"step": 20' "$ev"
+contains "wide and deep: its checkpoint evaluated on both inputs" '"eval_auc": 0.' "$ev"
 finish
