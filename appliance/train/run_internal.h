@@ -28,6 +28,7 @@ typedef struct run {
     loom_dataset_spec *train_spec; /* multi: data.train with this worker's share of the global batch (owned) */
     loom_status       *status;     /* run.status_port's endpoint (loom_train), or NULL */
     double            *macc[2];    /* model.metrics' state: [0] the epoch's training steps, [1] the last evaluation */
+    double            *msnap;      /* several heads: macc[0] at the last summary (the window's heads: the change) */
     bool               has_acc;    /* "accuracy" is one of model.metrics */
     bool               sidecar_eval; /* the cluster has an evaluator task: it evaluates, the chief does not */
     double             status_stages_at; /* when the pipeline's stages were last published */

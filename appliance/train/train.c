@@ -116,6 +116,7 @@ void train_run_close_(run *r)
     loom_free(r->train_spec);
     loom_free(r->macc[0]);
     loom_free(r->macc[1]);
+    loom_free(r->msnap);
 }
 
 /* The config's batch is the job's GLOBAL batch (tf.distribute): with N
@@ -353,8 +354,9 @@ int train_metrics_open_(run *r, loom_err *err)
     r->has_acc = false;
     for (int i = 0; i < loom_model_num_metrics(m); i++) r->has_acc |= loom_model_metric(m, i) == LOOM_METRIC_ACCURACY;
     r->hooks.has_acc = r->has_acc;
-    for (int k = 0; k < 2; k++)
-        if (!(r->macc[k] = loom_calloc((size_t)(n ? n : 1), sizeof(double))))
+    for (int k = 0; k < 3; k++)
+        if ((k < 2 || loom_model_num_heads(m) > 1) &&
+            !(*(k < 2 ? &r->macc[k] : &r->msnap) = loom_calloc((size_t)(n ? n : 1), sizeof(double))))
             return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate the metrics' state");
     r->hooks.n_metrics = 0;
     for (int i = 0; i < loom_model_num_metrics(m) && r->hooks.n_metrics < LOOM_HOOK_MAX_METRICS; i++)
@@ -367,7 +369,33 @@ int train_metrics_open_(run *r, loom_err *err)
 static void metrics_clear(run *r, int k)
 {
     loom_model *m = loom_strategy_model(r->strat);
-    if (r->macc[k]) memset(r->macc[k], 0, (size_t)loom_model_metrics_size(m) * sizeof(double));
+    int64_t n = loom_model_metrics_size(m);
+    /* a summary window across the epoch's end keeps the steps before it */
+    for (int64_t i = 0; k == 0 && r->msnap && r->macc[0] && i < n; i++) r->msnap[i] -= r->macc[0][i];
+    if (r->macc[k]) memset(r->macc[k], 0, (size_t)n * sizeof(double));
+}
+
+/* Several heads: each head's "<layer>_loss" and "<layer>_accuracy" over the
+ * summary window's examples into tag and v (LOOM_MAX_HEADS * 2 each); their
+ * count. */
+static int window_heads(run *r, int64_t examples, char (*tag)[LOOM_NAME_MAX + 16], double *v)
+{
+    loom_model *m = loom_strategy_model(r->strat);
+    if (!r->msnap || loom_model_num_heads(m) < 2) return 0;
+    take_metrics(r, r->macc[0]);
+    int64_t n = loom_model_metrics_size(m);
+    double *d = loom_calloc((size_t)n, sizeof *d);
+    if (!d) return 0;
+    for (int64_t i = 0; i < n; i++) d[i] = r->macc[0][i] - r->msnap[i], r->msnap[i] = r->macc[0][i];
+    int k = 0;
+    for (int h = 0; h < loom_model_num_heads(m); h++)
+        for (int q = 0; q < 2; q++) {
+            if (q && !loom_model_head_accuracy(m, h)) continue;
+            snprintf(tag[k], sizeof tag[k], "%s_%s", loom_model_head_name(m, h), q ? "accuracy" : "loss");
+            v[k++] = loom_model_head_value(m, h, q, d, examples);
+        }
+    loom_free(d);
+    return k;
 }
 
 /* ", accuracy 0.9123, auc 0.9500" (state k, with the steps' correct and examples) into buf. */
@@ -638,9 +666,12 @@ typedef struct summary_window {
     int64_t correct, examples;
 } summary_window;
 
-static int log_summary(FILE *metrics, loom_summary *tb, summary_window *w, int64_t step, double lr, bool has_acc,
-                       loom_err *err)
+static int log_summary(run *r, FILE *metrics, loom_summary *tb, summary_window *w, int64_t step, double lr,
+                       bool has_acc, loom_err *err)
 {
+    char htag[LOOM_MAX_HEADS * 2][LOOM_NAME_MAX + 16];
+    double hv[LOOM_MAX_HEADS * 2];
+    int nh = window_heads(r, w->examples, htag, hv); /* several heads: each one's loss and accuracy */
     const char *tag[] = {"loss", "accuracy", "learning_rate", "samples_per_sec", "input_wait_fraction"};
     double v[] = {w->examples ? w->loss_sum / (double)w->examples : NAN,
                   w->examples && has_acc ? (double)w->correct / (double)w->examples : NAN, lr,
@@ -649,11 +680,14 @@ static int log_summary(FILE *metrics, loom_summary *tb, summary_window *w, int64
     fprintf(metrics, "{\"event\": \"summary\", \"step\": %lld", (long long)step);
     for (int i = 0; i < 5; i++)
         if (i != 1 || has_acc) train_json_num_(metrics, tag[i], v[i], 0); /* a regression has no accuracy */
+    for (int i = 0; i < nh; i++) train_json_num_(metrics, htag[i], hv[i], 0);
     train_json_time_(metrics, "wall_time", loom_wall_time());
     fprintf(metrics, "}\n");
     int rc = LOOM_OK;
     for (int i = 0; i < 5 && !rc; i++)
         if (isfinite(v[i])) rc = loom_summary_scalar(tb, tag[i], step, v[i], err);
+    for (int i = 0; i < nh && !rc; i++)
+        if (isfinite(hv[i])) rc = loom_summary_scalar(tb, htag[i], step, hv[i], err);
     return rc ? rc : loom_summary_flush(tb, err);
 }
 
@@ -972,7 +1006,7 @@ static void sink_progress(trainer *t, double sps)
 static int sink_summary(trainer *t, loom_err *err)
 {
     double ts = loom_now();
-    int rc = log_summary(t->sink.jsonl, t->sink.tb, &t->sink.win, t->st.step, loom_optimizer_lr(t->opt, t->st.step),
+    int rc = log_summary(&t->r, t->sink.jsonl, t->sink.tb, &t->sink.win, t->st.step, loom_optimizer_lr(t->opt, t->st.step),
                          t->r.has_acc, err);
     t->sink.summary_sec += loom_now() - ts;
     return rc;

@@ -3,7 +3,7 @@
 # (configs/fashion_mnist_two_heads.cfg: the 10 classes, and "footwear", a
 # binary label a Lua map derives from the class). A brief run logs each
 # head's loss and accuracy in metrics.jsonl, the total being the weighted
-# sum; the footwear head learns; intra-op threads give the same bits;
+# sum (so do the summaries, in TensorBoard too); the footwear head learns; intra-op threads give the same bits;
 # mirrored(2), central_storage(2), multi_worker_mirrored (2 workers) match
 # one_device; parameter_server (2 workers, 1 ps) evaluates each head;
 # evaluate reports every head; predict writes every head's columns; the
@@ -23,7 +23,7 @@ run() { # NAME ARGS...: trains into $WORK/NAME, status checked
     fi
     LOG=$out
 }
-run one "${S[@]}"
+run one "${S[@]}" --set run.summary_steps=100
 contains "the log line names each head's loss" "logits_loss" "$LOG"
 contains "the log line has the footwear head's accuracy" "footwear_accuracy" "$LOG"
 # metrics.jsonl: the last line with train_ and eval_ values of each head; total = logits + 0.5 footwear
@@ -45,6 +45,19 @@ PY
 
 n=$(cat "$WORK"/one/eval/events.out.tfevents.* 2>/dev/null | grep -c -a -e footwear_accuracy -e logits_loss)
 [ "${n:-0}" -ge 1 ] && pass "TensorBoard: the eval scalars name the heads" || fail "TensorBoard: eval scalars of the heads" "$n"
+# the training summaries (every 100 steps): each head's loss and accuracy over the window, in TensorBoard too
+out=$(python3 - "$WORK/one/metrics.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+sm = [r for r in rows if r.get("event") == "summary"]
+bad = [r["step"] for r in sm if abs(r["logits_loss"] + 0.5 * r["footwear_loss"] - r["loss"]) > 1e-4 * r["loss"]
+       or not 0 <= r["footwear_accuracy"] <= 1]
+print("%d summaries, %s bad" % (len(sm), bad or "none"))
+sys.exit(0 if len(sm) >= 4 and not bad else 1)
+PY
+) && pass "metrics.jsonl: each summary's head losses sum to its loss ($out)" || fail "summaries: per-head values" "$out"
+n=$(cat "$WORK"/one/events.out.tfevents.* 2>/dev/null | grep -c -a -e footwear_accuracy)
+[ "${n:-0}" -ge 1 ] && pass "TensorBoard: the training scalars name the heads" || fail "TensorBoard: training scalars of the heads" "$n"
 run t1 "${S[@]}" --set run.threads=1
 run t2 "${S[@]}" --set run.threads=2
 same_weights "run.threads 1 and 2: the same bits" "$WORK/t1/ckpt-469.loom" "$WORK/t2/ckpt-469.loom"
