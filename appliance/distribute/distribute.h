@@ -203,7 +203,7 @@ typedef struct loom_strategy_args {
     int64_t               max_batch;  /* the largest global batch */
     /* ---- appended (plugins built against the first layout never read them) ---- */
     const loom_cluster   *cluster;    /* the resolved cluster of a job across processes; NULL: one process */
-    bool                  plan_only;  /* `loom check`: build the replicas, print the plan, open no socket */
+    bool                  plan_only;  /* `loom check`: build the replicas (their variables need no values), print the plan, open no socket */
     /* ---- appended (version 4) ---- */
     int64_t               steps_per_epoch; /* batches of one pass of data.train on this task; < 0 unknown */
     int                   weight_idx1; /* model.sample_weight's feature index + 1; 0: none */

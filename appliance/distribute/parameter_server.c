@@ -295,7 +295,7 @@ static int ps_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
         rc = loom_strategy_model_new_(&ps->model, a, a->max_batch, err);
         if (rc) return rc;
         if (ps->role != LOOM_ROLE_PS && (rc = loom_model_set_threads(ps->model, spec->run.threads, err))) return rc;
-        loom_model_init_params(ps->model, spec->run.seed);
+        if (!a->plan_only) loom_model_init_params(ps->model, spec->run.seed); /* `loom check`: no values wanted */
         ps->P = loom_model_num_params(ps->model);
         ps->nv = loom_model_num_param_tensors(ps->model);
         ps->pi = loom_calloc((size_t)(ps->nv ? ps->nv : 1), sizeof *ps->pi);

@@ -690,9 +690,7 @@ static bool model_buffers(loom_model *m)
         }
     }
     size_t pbytes = (size_t)(m->n_params ? m->n_params : 1) * sizeof(float);
-    if (!(m->params = loom_alloc_aligned(pbytes)) || !(m->grads = loom_alloc_aligned(pbytes))) return false;
-    memset(m->params, 0, pbytes);
-    memset(m->grads, 0, pbytes);
+    if (!(m->params = loom_alloc_zeroed(pbytes)) || !(m->grads = loom_alloc_zeroed(pbytes))) return false;
     m->gmax = gmax;
     m->colmax = colmax;
     for (int k = 0; k < 2; k++)
@@ -865,8 +863,8 @@ void loom_model_free(loom_model *m)
         loom_free(m->layer[i].dgy);
     }
     free_chunks(m->pool, m->chunk, m->threads);
-    loom_free(m->params);
-    loom_free(m->grads);
+    loom_free_zeroed(m->params);
+    loom_free_zeroed(m->grads);
     loom_free(m->gbuf[0]);
     loom_free(m->gbuf[1]);
     loom_free(m->labels);
