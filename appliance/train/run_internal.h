@@ -26,6 +26,7 @@ typedef struct run {
     bool               multi;
     bool               chief;
     loom_dataset_spec *train_spec; /* multi: data.train with this worker's share of the global batch (owned) */
+    loom_input_ctx     ictx;       /* the strategy's input context of data.train (its sharding, its seed) */
     loom_status       *status;     /* run.status_port's endpoint (loom_train), or NULL */
     double            *macc[2];    /* model.metrics' state: [0] the epoch's training steps, [1] the last evaluation */
     double            *msnap;      /* several heads: macc[0] at the last summary (the window's heads: the change) */

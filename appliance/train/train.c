@@ -279,6 +279,7 @@ static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool n
     loom_input_ctx ictx;
     if ((rc = loom_strategy_input_context(&r->args, &ictx, err))) return rc;
     r->multi = ictx.num_input_pipelines > 1;
+    r->ictx = ictx;
     if (r->multi && (rc = share_batch(r, &spec->train, &ictx, err))) return rc;
     const loom_dataset_spec *train = r->train_spec ? r->train_spec : &spec->train;
     int64_t max_batch = batch_size_of(train);
@@ -1679,16 +1680,15 @@ static void print_pipeline(FILE *f, const char *name, loom_iter *it)
  * shuffle, take, ...) gives the same labels and batches with its other
  * features one value each, as each feature is drawn from a stream of its
  * own; so check reads such a copy (the real pipeline of ResNet-50's
- * 224x224x3 images took most of its 1.5 s). NULL: read the pipeline itself
- * (another source or transform, a sharded or reseeded pipeline). */
-static loom_iter *check_light_open(const loom_spec *spec, const loom_dataset_spec *d, const char *name)
+ * 224x224x3 images took most of its 1.5 s), opened as run_open opens the
+ * pipeline (this worker's share and shard, its seed). NULL: read the
+ * pipeline itself (another source or transform). */
+static loom_iter *check_light_open(const run *r, const loom_spec *spec, bool eval)
 {
     static const bool moves[] = {[LOOM_T_SHUFFLE] = true, [LOOM_T_BATCH] = true, [LOOM_T_REPEAT] = true,
                                  [LOOM_T_TAKE] = true, [LOOM_T_SKIP] = true, [LOOM_T_PREFETCH] = true};
-    int kind = spec->strategy.kind;
-    if (d->source.kind != LOOM_SRC_SYNTHETIC || (kind != LOOM_STRAT_ONE_DEVICE && kind != LOOM_STRAT_MIRRORED &&
-                                                 kind != LOOM_STRAT_CENTRAL_STORAGE))
-        return NULL;
+    const loom_dataset_spec *d = eval ? &spec->eval : r->train_spec ? r->train_spec : &spec->train;
+    if (d->source.kind != LOOM_SRC_SYNTHETIC) return NULL;
     for (int i = 0; i < d->n_transforms; i++)
         if ((unsigned)d->transform[i].kind >= sizeof moves / sizeof moves[0] || !moves[d->transform[i].kind])
             return NULL;
@@ -1700,7 +1700,14 @@ static loom_iter *check_light_open(const loom_spec *spec, const loom_dataset_spe
             loom_syn_feature *sf = &c->source.synthetic.features[f];
             sf->rank = 1, sf->shape[0] = 1;
         }
-    loom_data_ctx ctx = {.seed = spec->run.seed, .threads = 0, .name = name};
+    loom_data_ctx ctx = {.seed = spec->run.seed, .threads = 0, .name = eval ? "eval" : "train"};
+    if (!eval) {
+        ctx.input = r->ictx;
+        if (r->ictx.seed_key) { /* as run_open: the pipeline's own seed, the source the run's */
+            ctx.seed = loom_rng_mix(spec->run.seed, r->ictx.seed_key);
+            ctx.source_seed = spec->run.seed, ctx.source_seed_set = true;
+        }
+    }
     loom_iter *it = NULL;
     loom_err e;
     if (loom_data_open(&it, c, &ctx, &e)) it = NULL; /* (the pipeline itself then says what is wrong) */
@@ -1828,8 +1835,8 @@ int loom_check(const loom_spec *spec, const loom_cluster *cluster, FILE *f, loom
     if (!rc) rc = train_hooks_open_(&r.hooks, spec, r.model_dir, r.strat, err); /* finds every Lua function */
     loom_iter *light[2] = {NULL, NULL}, *its[2] = {r.train, r.eval};
     if (!rc) {
-        light[0] = check_light_open(spec, &spec->train, "train");
-        light[1] = r.eval ? check_light_open(spec, &spec->eval, "eval") : NULL;
+        light[0] = check_light_open(&r, spec, false);
+        light[1] = r.eval ? check_light_open(&r, spec, true) : NULL;
         for (int k = 0; k < 2; k++) its[k] = light[k] ? light[k] : its[k];
     }
     if (!rc) rc = check_train_not_empty(its, spec, err);
