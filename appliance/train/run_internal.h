@@ -1,7 +1,7 @@
 /* run_internal.h - what every command of train/ opens first: the pipelines and
- * the strategy of a config (train.c's train_run_open_), and the checkpoint that
+ * the strategy of a config (run_open.c's train_run_open_), and the checkpoint that
  * evaluate and predict load, and what the evaluators share with the trainer.
- * Private to train/ (train.c, evaluate.c, predict.c, profile.c). Threads: the caller's. */
+ * Private to train/ (train.c, run_open.c, check.c, evaluate.c, predict.c, profile.c). Threads: the caller's. */
 #ifndef LOOM_TRAIN_RUN_H
 #define LOOM_TRAIN_RUN_H
 
@@ -47,6 +47,8 @@ int  train_run_open_(run *r, const loom_spec *spec, const char *model_dir, bool 
 int  train_run_open_at_(run *r, const loom_spec *spec, const char *model_dir, const loom_cluster *cluster,
                         const char *resume_key, const char *resume_text, loom_err *err);
 void train_run_close_(run *r);
+/* The batch size of d: its last batch transform's, 0 without one. */
+int64_t train_batch_size_of_(const loom_dataset_spec *d);
 /* Loads the checkpoint to evaluate or predict with into the strategy's model:
  * `checkpoint`, or (NULL) the latest in r's model directory; path gets the
  * file's name, step its step (-1 when a file was named). */
