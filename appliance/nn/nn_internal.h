@@ -392,4 +392,25 @@ double nn_head_loss_(loom_loss_kind kind, const float *z, const int32_t *labels,
                      float inv_gb, float *g, int64_t *correct);
 void   nn_softmax_rows_(const float *z, float *p, int64_t B, int64_t n);
 
+/* ---- the layer families' kernels layers.c dispatches to (dense.c, pooling.c,
+ * dropout.c, normalization.c, embedding.c; one chunk each, as layers.c) ---- */
+/* y (rows, n) = act(y + b) (b may be NULL), one pass: layers.c's, for dense.c. */
+void nn_bias_act_(float *y, const float *b, int64_t rows, int64_t n, loom_activation act);
+void nn_dense_forward_(const loom_model *m, const nn_layer_ *l, const float *x, float *y, int64_t B);
+float *nn_dense_backward_(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, const float *y, float *g,
+                          float *other);
+void nn_pool_forward_(const nn_layer_ *l, const float *x, float *y, int32_t *argmax, int64_t B);
+float *nn_pool_backward_(const nn_layer_ *l, const int32_t *argmax, const float *g, float *other, int64_t B);
+void nn_avg_pool_forward_(const nn_layer_ *l, const float *x, float *y, int64_t B);
+float *nn_avg_pool_backward_(const nn_layer_ *l, const float *g, float *other, int64_t B);
+void nn_gap_forward_(const nn_layer_ *l, const float *x, float *y, int64_t B);
+float *nn_gap_backward_(const nn_layer_ *l, const float *g, float *other, int64_t B);
+void nn_dropout_forward_(const nn_layer_ *l, int li, const float *restrict x, float *restrict y, uint8_t *restrict mk,
+                         int64_t e0, int64_t n, uint64_t rng_key);
+float *nn_dropout_backward_(const nn_layer_ *l, const uint8_t *restrict mk, float *restrict g, int64_t n);
+void nn_ln_forward_(const loom_model *m, const nn_layer_ *l, const float *x, float *y, int64_t b0, int64_t B);
+float *nn_ln_backward_(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, float *g);
+void nn_embedding_forward_(const loom_model *m, const nn_layer_ *l, const void *x, int64_t e0, float *restrict y,
+                           int64_t B);
+
 #endif
