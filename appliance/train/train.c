@@ -89,10 +89,12 @@ int train_metrics_open_(run *r, loom_err *err)
     r->has_acc = false;
     for (int i = 0; i < loom_model_num_metrics(m); i++) r->has_acc |= loom_model_metric(m, i) == LOOM_METRIC_ACCURACY;
     r->hooks.has_acc = r->has_acc;
-    for (int k = 0; k < 3; k++)
-        if ((k < 2 || loom_model_num_heads(m) > 1) &&
-            !(*(k < 2 ? &r->macc[k] : &r->msnap) = loom_calloc((size_t)(n ? n : 1), sizeof(double))))
+    for (int k = 0; k < 2; k++)
+        if (!(r->macc[k] = loom_calloc((size_t)(n ? n : 1), sizeof(double))))
             return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate the metrics' state");
+    /* several heads: macc[0] as the last summary left it (window_heads) */
+    if (loom_model_num_heads(m) > 1 && !(r->msnap = loom_calloc((size_t)(n ? n : 1), sizeof(double))))
+        return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate the metrics' state");
     r->hooks.n_metrics = 0;
     for (int i = 0; i < loom_model_num_metrics(m) && r->hooks.n_metrics < LOOM_HOOK_MAX_METRICS; i++)
         if (loom_model_metric(m, i) != LOOM_METRIC_ACCURACY)
