@@ -1,7 +1,8 @@
 /* net.c - the cluster transport on libevent 2.1: one connection per pair of
  * tasks, framed and checksummed messages (net_internal.h), an authenticated
  * handshake that also compares the config digests, heartbeats, and lost-peer
- * detection.
+ * detection. Opening and closing it are net_open.c; what the two share,
+ * net_loop_internal.h.
  *
  * Threads: the event loop runs on a thread of its own. The caller's thread
  * (loom_net_send/recv) shares with it the message queue and the peer states
@@ -30,7 +31,7 @@
  * Log lines about connections that fail before their handshake are rate
  * limited per address (5 at once, then one a second, with a count of the
  * others), as are the accept errors (one a second). */
-#include "cluster/net_internal.h"
+#include "cluster/net_loop_internal.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -56,106 +57,6 @@
 #include <time.h>
 #include <unistd.h>
 
-typedef struct conn conn;
-
-enum { P_WAIT, P_UP, P_LOST, P_GONE };
-
-typedef struct net_peer {
-    loom_role role;
-    int       index;
-    char      name[32];
-    char      addr[LOOM_HOST_MAX + 16];  /* host:port as written */
-    struct sockaddr_storage sa;
-    socklen_t salen;
-    bool      dial;          /* we connect to it (else it connects to us) */
-    int       state;         /* P_*; under mu */
-    conn     *c;             /* its authenticated connection (loop thread; under mu) */
-    struct bufferevent *bev; /* c's, with a reference of its own held until net_free, so the
-                                caller's thread can write to it without locking it under mu */
-    double    last_heard;    /* loom_now() of its last frame */
-    char      status[160];   /* what its last heartbeat said it was doing; under mu */
-    char      gone_reason[160];
-    int       attempts;
-    char      last_error[700];
-    struct event *retry_ev;
-    bool      tolerated;     /* may leave and come back (loom_net_tolerate) */
-    size_t    rq_bytes;      /* bytes of its messages queued for loom_net_recv; under mu */
-    bool      paused;        /* rq_bytes passed recvq_max: its connection is not read; under mu */
-    bool      resume;        /* rq_bytes fell back under recvq_max: read it again (on_resume); under mu */
-    uint64_t  reads;         /* user types read from it (loom_net_reads; 0: any, none declared); under mu */
-} net_peer;
-
-struct conn {
-    loom_net           *n;
-    struct bufferevent *bev;
-    char                addr[LOOM_HOST_MAX + 16]; /* the other end, "127.0.0.1:40312" */
-    int                 peer;     /* index into n->peers once known, else -1 */
-    bool                dialer, authed, closing;
-    bool                pending;  /* accepted, handshake not done: counted in n->n_pending */
-    bool                connected; /* (dialer) the TCP connection was made */
-    double              t_open;
-    loom_hs             hs;
-    struct event       *timer;    /* handshake deadline, then (closing) the flush bound */
-    conn               *next;     /* n->conns */
-};
-
-typedef struct qmsg {
-    struct qmsg *next;
-    int          from;
-    uint32_t     type;
-    uint8_t     *data;
-    size_t       len;
-} qmsg;
-
-struct loom_net {
-    struct event_base     *base;
-    struct evconnlistener *lis;
-    pthread_t              thread;
-    bool                   running;
-    pthread_mutex_t        mu;
-    pthread_cond_t         cv;
-    loom_role              role;
-    int                    index;
-    char                   name[32];
-    char                   listen_addr[LOOM_HOST_MAX + 16];
-    uint8_t                secret[64];
-    size_t                 secret_len;
-    uint8_t                digest[32];
-    char                  *config_text;
-    double                 connect_timeout, hb_timeout, hb_interval, hs_timeout;
-    size_t                 sendq_max;  /* bytes queued to one peer at most (loom_net_send waits) */
-    size_t                 recvq_max;  /* bytes received from one peer held for loom_net_recv before its
-                                          connection stops being read */
-    SSL_CTX               *ssl;
-    net_peer              *peers;
-    int                    n_peers, n_up;
-    double                 t_open;
-    int                    fatal;    /* open failed (loop thread found it); under mu */
-    loom_err               fatal_err;
-    int                    lost;     /* first lost peer, -1 none; under mu */
-    loom_err               lost_err;
-    qmsg                  *qhead, *qtail;
-    char                   status[160];
-    conn                  *conns;
-    struct event          *hb_ev, *deadline_ev, *close_ev;
-    struct event          *resume_ev; /* activated by loom_net_recv: read paused peers again */
-    bool                   open_done, closing;
-    double                 close_started;
-    int                    alert_fd; /* eventfd: readable when a peer is lost or gone, or an alert message came */
-    uint32_t               alert_type;
-    struct bufferevent   **retired;  /* tolerated peers' earlier connections, referenced until net_free */
-    int                    n_retired;
-    /* floods (loop thread): see the file's comment */
-    int                    n_pending, pending_max;
-    int                    reserve_fd;  /* an open /dev/null, given up to shed a connection on EMFILE */
-    struct event          *relisten_ev; /* enables the paused listener again */
-    loom_ratelimit         accept_rl, evict_rl, other_rl;
-    struct addr_lim {
-        char           host[64];
-        loom_ratelimit rl;
-        double         used;
-    } lims[16];
-};
 
 static pthread_once_t evthread_once = PTHREAD_ONCE_INIT;
 
@@ -190,7 +91,6 @@ static void evthread_init(void)
 
 void loom_net_process_init(void) { pthread_once(&evthread_once, evthread_init); }
 
-static void conn_free(conn *c);
 static void conn_close_soon(conn *c);
 
 static void alert(loom_net *n)
@@ -352,7 +252,7 @@ static bool accept_peer_cb(void *arg, loom_role role, int index)
 
 /* ---- sending -------------------------------------------------------------- */
 
-static int bev_send(struct bufferevent *bev, uint32_t type, const void *buf, size_t len)
+int net_bev_send_(struct bufferevent *bev, uint32_t type, const void *buf, size_t len)
 {
     uint8_t hdr[LOOM_NET_HDR];
     loom_net_frame_header_(hdr, type, buf, (uint32_t)len);
@@ -521,7 +421,7 @@ static bool hs_accept(conn *c, struct bufferevent *bev, loom_err *e)
         loom_log(LOOM_LOG_INFO, "%s: %s is back (%s)", n->name, pe->name, c->addr);
     }
     /* A first heartbeat at once, so the peer knows what we are doing from the start. */
-    bev_send(bev, LOOM_MSG_HEARTBEAT, n->status, strlen(n->status));
+    net_bev_send_(bev, LOOM_MSG_HEARTBEAT, n->status, strlen(n->status));
     pthread_cond_broadcast(&n->cv);
     pthread_mutex_unlock(&n->mu);
     evtimer_del(c->timer);
@@ -611,7 +511,7 @@ static void on_read(struct bufferevent *bev, void *arg)
             }
         }
         evbuffer_drain(in, (size_t)r);
-        if (pause) { /* the rest stays in the input buffer; on_resume reads on */
+        if (pause) { /* the rest stays in the input buffer; net_on_resume_ reads on */
             bufferevent_disable(bev, EV_READ);
             return;
         }
@@ -621,7 +521,7 @@ static void on_read(struct bufferevent *bev, void *arg)
 /* loom_net_recv took a paused peer's queue back under the bound: read its
  * connection again, starting with what is already in its input buffer. In
  * the loop thread, which alone frees connections. */
-static void on_resume(evutil_socket_t fd, short what, void *arg)
+void net_on_resume_(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd, (void)what;
     loom_net *n = arg;
@@ -641,7 +541,7 @@ static void on_resume(evutil_socket_t fd, short what, void *arg)
 static void on_write_closing(struct bufferevent *bev, void *arg)
 {
     (void)bev;
-    conn_free(arg);
+    net_conn_free_(arg);
 }
 
 static void on_event(struct bufferevent *bev, short what, void *arg)
@@ -656,7 +556,7 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
         return;
     }
     if (c->closing) {
-        conn_free(c);
+        net_conn_free_(c);
         return;
     }
     char why[300];
@@ -685,7 +585,7 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
             if (pe->state == P_UP) declare_lost(n, c->peer, why);
         }
         pthread_mutex_unlock(&n->mu);
-        conn_free(c);
+        net_conn_free_(c);
         return;
     }
     if (c->dialer && c->peer >= 0 && (!n->open_done || n->peers[c->peer].tolerated) && !n->closing &&
@@ -714,7 +614,7 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
         if (back > 1.0) back = 1.0;
         struct timeval tv = {(time_t)back, (suseconds_t)((back - (double)(time_t)back) * 1e6)};
         pthread_mutex_unlock(&n->mu);
-        conn_free(c);
+        net_conn_free_(c);
         evtimer_add(pe->retry_ev, &tv);
         return;
     }
@@ -726,7 +626,7 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
     else if (!c->dialer && c->hs.phase == 1)
         conn_log(n, LOOM_LOG_WARN, c->addr, "%s: the connection from %s closed before the handshake", n->name,
                  c->addr);
-    conn_free(c);
+    net_conn_free_(c);
 }
 
 static void on_conn_timer(evutil_socket_t fd, short what, void *arg)
@@ -734,7 +634,7 @@ static void on_conn_timer(evutil_socket_t fd, short what, void *arg)
     (void)fd, (void)what;
     conn *c = arg;
     if (c->closing) {
-        conn_free(c);
+        net_conn_free_(c);
         return;
     }
     loom_err e = {0};
@@ -775,7 +675,7 @@ static int unacked(struct bufferevent *bev)
 /* Reads and drops what the peer sent that nobody will read: a socket closed
  * with unread bytes sends a reset instead of a FIN, and a reset discards
  * whatever of ours the kernel had not sent yet. */
-static void drain_input(struct bufferevent *bev)
+void net_drain_input_(struct bufferevent *bev)
 {
     int fd = (int)bufferevent_getfd(bev);
     char buf[4096];
@@ -784,7 +684,7 @@ static void drain_input(struct bufferevent *bev)
         }
 }
 
-static void conn_free(conn *c)
+void net_conn_free_(conn *c)
 {
     loom_net *n = c->n;
     if (c->pending) c->pending = false, n->n_pending--;
@@ -799,7 +699,7 @@ static void conn_free(conn *c)
     /* The peer's reference keeps the bufferevent (and its socket) until
      * net_free: close the connection now, so the other side sees it. */
     if (c->authed) {
-        drain_input(c->bev);
+        net_drain_input_(c->bev);
         shutdown(bufferevent_getfd(c->bev), SHUT_RDWR);
     }
     event_free(c->timer);
@@ -813,7 +713,7 @@ static void conn_close_soon(conn *c)
     c->closing = true;
     bufferevent_disable(c->bev, EV_READ);
     if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0) {
-        conn_free(c);
+        net_conn_free_(c);
         return;
     }
     bufferevent_setcb(c->bev, NULL, on_write_closing, on_event, c);
@@ -860,7 +760,7 @@ static void pause_listener(loom_net *n, double secs)
     evtimer_add(n->relisten_ev, &tv);
 }
 
-static void on_relisten(evutil_socket_t fd, short what, void *arg)
+void net_on_relisten_(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd, (void)what;
     loom_net *n = arg;
@@ -882,13 +782,13 @@ static void evict_oldest(loom_net *n, const char *newcomer)
                  "closed the oldest (from %s, %.1f s old) for one from %s%s", n->name, n->n_pending, loom_fd_limit(),
                  old->addr, loom_now() - old->t_open, newcomer, more);
     }
-    conn_free(old);
+    net_conn_free_(old);
 }
 
 /* accept() failed: for want of descriptors, shed the pending connection
  * through the reserve descriptor (else the loop wakes for it for ever);
  * if even that fails, pause the listener a little. One line a second. */
-static void on_accept_error(struct evconnlistener *l, void *arg)
+void net_on_accept_error_(struct evconnlistener *l, void *arg)
 {
     loom_net *n = arg;
     int e = EVUTIL_SOCKET_ERROR();
@@ -903,7 +803,7 @@ static void on_accept_error(struct evconnlistener *l, void *arg)
     if (!shed) pause_listener(n, 0.1);
 }
 
-static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg)
+void net_on_accept_(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg)
 {
     (void)l, (void)salen;
     loom_net *n = arg;
@@ -937,9 +837,8 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
 }
 
 /* A retry event's argument: the transport and the peer to dial. */
-typedef struct dial_arg { loom_net *n; int p; } dial_arg;
 
-static void dial_cb(evutil_socket_t fd, short what, void *arg)
+void net_dial_cb_(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd, (void)what;
     dial_arg *da = arg;
@@ -971,7 +870,7 @@ static void dial_cb(evutil_socket_t fd, short what, void *arg)
         snprintf(pe->last_error, sizeof pe->last_error, "connect(%s) failed: %s (attempt %d)", pe->addr,
                  evutil_socket_error_to_string(e), pe->attempts);
         pthread_mutex_unlock(&n->mu);
-        conn_free(c);
+        net_conn_free_(c);
         struct timeval tv = {0, 200000};
         evtimer_add(pe->retry_ev, &tv);
     }
@@ -979,7 +878,7 @@ static void dial_cb(evutil_socket_t fd, short what, void *arg)
 
 /* ---- timers --------------------------------------------------------------- */
 
-static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
+void net_on_heartbeat_(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd, (void)what;
     loom_net *n = arg;
@@ -1002,11 +901,11 @@ static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
         } else if (pe->state == P_UP && pe->c)
             to = pe->bev; /* (lives until net_free) */
         pthread_mutex_unlock(&n->mu);
-        if (to) bev_send(to, LOOM_MSG_HEARTBEAT, st, strlen(st));
+        if (to) net_bev_send_(to, LOOM_MSG_HEARTBEAT, st, strlen(st));
     }
 }
 
-static void on_deadline(evutil_socket_t fd, short what, void *arg)
+void net_on_deadline_(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd, (void)what;
     loom_net *n = arg;
@@ -1035,7 +934,7 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
     pthread_mutex_unlock(&n->mu);
 }
 
-static void on_close(evutil_socket_t fd, short what, void *arg)
+void net_on_close_(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd, (void)what;
     loom_net *n = arg;
@@ -1054,355 +953,14 @@ static void on_close(evutil_socket_t fd, short what, void *arg)
     evtimer_add(n->close_ev, &tv);
 }
 
-static void *loop_main(void *arg)
+void *net_loop_main_(void *arg)
 {
     loom_net *n = arg;
     event_base_loop(n->base, EVLOOP_NO_EXIT_ON_EMPTY);
     return NULL;
 }
 
-/* ---- public --------------------------------------------------------------- */
-
-static bool is_loopback(const struct sockaddr *sa)
-{
-    if (sa->sa_family == AF_INET)
-        return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
-    if (sa->sa_family == AF_INET6) {
-        const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
-        if (IN6_IS_ADDR_LOOPBACK(a)) return true;
-        if (IN6_IS_ADDR_V4MAPPED(a)) return a->s6_addr[12] == 127;
-    }
-    return false;
-}
-
-static int resolve(const char *host, int port, struct sockaddr_storage *sa, socklen_t *len, const char *who,
-                   loom_err *err)
-{
-    struct addrinfo hints = {0}, *res = NULL;
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    char ps[16];
-    snprintf(ps, sizeof ps, "%d", port);
-    int rc = getaddrinfo(host, ps, &hints, &res);
-    if (rc || !res) {
-        loom_err_set(err, LOOM_ENET, who, "cannot resolve host \"%s\": %s", host, rc ? gai_strerror(rc) : "no address");
-        return loom_err_hint(err, "check the cluster section's addresses (or TF_CONFIG, or the Slurm node list)");
-    }
-    memcpy(sa, res->ai_addr, res->ai_addrlen);
-    *len = res->ai_addrlen;
-    freeaddrinfo(res);
-    return LOOM_OK;
-}
-
-static const loom_task_addr *task_addr(const loom_cluster *c, loom_role role, int index)
-{
-    if ((unsigned)role >= LOOM_ROLE_COUNT || index < 0 || index >= c->n_tasks[role] || !c->tasks[role]) return NULL;
-    return &c->tasks[role][index];
-}
-
-int loom_net_tls_ctx_(const loom_cluster *c, SSL_CTX **out, loom_err *err)
-{
-    SSL_CTX *ctx = *out = SSL_CTX_new(TLS_method());
-    if (!ctx) return loom_err_set(err, LOOM_ENET, NULL, "cannot create a TLS context");
-    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
-    char eb[256];
-    if (!c->tls_cert[0] || !c->tls_key[0])
-        return loom_err_set(err, LOOM_ECONFIG, "cluster.tls", "cluster.tls needs cluster.tls_cert and cluster.tls_key");
-    if (SSL_CTX_use_certificate_chain_file(ctx, c->tls_cert) != 1) {
-        ERR_error_string_n(ERR_get_error(), eb, sizeof eb);
-        return loom_err_set(err, LOOM_ECONFIG, c->tls_cert, "cannot load the TLS certificate: %s", eb);
-    }
-    if (SSL_CTX_use_PrivateKey_file(ctx, c->tls_key, SSL_FILETYPE_PEM) != 1 || SSL_CTX_check_private_key(ctx) != 1) {
-        ERR_error_string_n(ERR_get_error(), eb, sizeof eb);
-        return loom_err_set(err, LOOM_ECONFIG, c->tls_key, "cannot load the TLS key: %s", eb);
-    }
-    if (c->tls_ca[0]) {
-        if (SSL_CTX_load_verify_locations(ctx, c->tls_ca, NULL) != 1) {
-            ERR_error_string_n(ERR_get_error(), eb, sizeof eb);
-            return loom_err_set(err, LOOM_ECONFIG, c->tls_ca, "cannot load the TLS CA: %s", eb);
-        }
-        /* Both ends present certificates signed by the CA (names are not
-         * checked: tasks are addressed by IP as often as by name; the shared
-         * secret binds the peer's identity). */
-        SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
-    }
-    return LOOM_OK;
-}
-
-static int tls_setup(loom_net *n, const loom_cluster *c, loom_err *err) { return loom_net_tls_ctx_(c, &n->ssl, err); }
-
-static void net_free(loom_net *n)
-{
-    if (!n) return;
-    if (n->running) {
-        pthread_mutex_lock(&n->mu);
-        n->closing = true;
-        pthread_mutex_unlock(&n->mu);
-        n->close_started = loom_now();
-        event_active(n->close_ev, EV_TIMEOUT, 0);
-        pthread_join(n->thread, NULL);
-    }
-    while (n->conns) conn_free(n->conns);
-    for (int i = 0; i < n->n_peers; i++)
-        if (n->peers[i].bev) {
-            drain_input(n->peers[i].bev); /* what came after conn_free's drain */
-            bufferevent_decref(n->peers[i].bev);
-        }
-    for (int i = 0; i < n->n_retired; i++) bufferevent_decref(n->retired[i]);
-    loom_free(n->retired);
-    for (int i = 0; i < n->n_peers; i++)
-        if (n->peers[i].retry_ev) {
-            loom_free(event_get_callback_arg(n->peers[i].retry_ev));
-            event_free(n->peers[i].retry_ev);
-        }
-    if (n->lis) evconnlistener_free(n->lis);
-    if (n->hb_ev) event_free(n->hb_ev);
-    if (n->deadline_ev) event_free(n->deadline_ev);
-    if (n->close_ev) event_free(n->close_ev);
-    if (n->resume_ev) event_free(n->resume_ev);
-    if (n->relisten_ev) event_free(n->relisten_ev);
-    if (n->reserve_fd >= 0) close(n->reserve_fd);
-    if (n->base) event_base_free(n->base);
-    if (n->ssl) SSL_CTX_free(n->ssl);
-    for (qmsg *q = n->qhead, *nx; q; q = nx) {
-        nx = q->next;
-        loom_free(q->data);
-        loom_free(q);
-    }
-    if (n->alert_fd >= 0) close(n->alert_fd);
-    OPENSSL_cleanse(n->secret, sizeof n->secret);
-    loom_free(n->config_text);
-    loom_free(n->peers);
-    pthread_mutex_destroy(&n->mu);
-    pthread_cond_destroy(&n->cv);
-    loom_free(n);
-}
-
-static struct timeval tv_of(double s)
-{
-    if (s < 0) s = 0;
-    struct timeval tv = {(time_t)s, (suseconds_t)((s - (double)(time_t)s) * 1e6)};
-    return tv;
-}
-
-/* A transport for task me (myname) of c with n_peers peers, its settings
- * taken from c; nothing opened yet. */
-static int net_new(loom_net **out, const loom_cluster *c, const loom_task_addr *me, const char *myname, int n_peers,
-                   loom_err *err)
-{
-    loom_net *n = loom_calloc(1, sizeof *n);
-    if (!n) return loom_err_set(err, LOOM_ENOMEM, NULL, "no memory for the transport");
-    pthread_mutex_init(&n->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&n->cv, &ca);
-    pthread_condattr_destroy(&ca);
-    n->alert_fd = -1;
-    n->reserve_fd = -1;
-    n->lost = -1;
-    n->accept_rl = n->evict_rl = (loom_ratelimit){.interval = 1, .burst = 1};
-    n->other_rl = (loom_ratelimit){.interval = 1, .burst = 5};
-    n->role = c->role, n->index = c->index;
-    snprintf(n->name, sizeof n->name, "%s", myname);
-    snprintf(n->listen_addr, sizeof n->listen_addr, "%s:%d", me->host, me->port);
-    memcpy(n->secret, c->secret, c->secret_len <= sizeof n->secret ? c->secret_len : sizeof n->secret);
-    n->secret_len = c->secret_len <= sizeof n->secret ? c->secret_len : sizeof n->secret;
-    memcpy(n->digest, c->config_digest, 32);
-    n->config_text = loom_strdup(c->config_text ? c->config_text : "");
-    n->connect_timeout = c->connect_timeout > 0 ? c->connect_timeout : 60;
-    n->hb_timeout = c->heartbeat_timeout > 0 ? c->heartbeat_timeout : 30;
-    n->sendq_max = c->send_queue_max > 0 ? c->send_queue_max : LOOM_NET_SENDQ_MAX;
-    n->recvq_max = c->recv_queue_max > 0 ? c->recv_queue_max : LOOM_NET_RECVQ_MAX;
-    n->hb_interval = c->heartbeat_interval > 0 ? c->heartbeat_interval : n->hb_timeout / 5;
-    n->hs_timeout = n->connect_timeout < 10 ? n->connect_timeout : 10;
-    if (n->hs_timeout < 1) n->hs_timeout = 1;
-    n->peers = loom_calloc(n_peers > 0 ? (size_t)n_peers : 1, sizeof *n->peers);
-    n->n_peers = n_peers;
-    n->alert_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (!n->config_text || !n->peers || n->alert_fd < 0) {
-        net_free(n);
-        return loom_err_set(err, LOOM_ENOMEM, NULL, "no memory for the transport");
-    }
-    *out = n;
-    return LOOM_OK;
-}
-
-/* Resolves this task's address (into my_sa) and every peer's, before any
- * socket opens; then the secret rule (non-loopback needs one, unless
- * cluster.insecure) and the TLS context. */
-static int net_resolve(loom_net *n, const loom_cluster *c, const loom_task_addr *me, const loom_net_peer *peers,
-                       struct sockaddr_storage *my_sa, socklen_t *my_len, loom_err *err)
-{
-    int rc = resolve(me->host, me->port, my_sa, my_len, n->listen_addr, err);
-    bool all_loopback = is_loopback((struct sockaddr *)my_sa);
-    for (int i = 0; !rc && i < n->n_peers; i++) {
-        net_peer *pe = &n->peers[i];
-        const loom_task_addr *t = task_addr(c, peers[i].role, peers[i].index);
-        pe->role = peers[i].role, pe->index = peers[i].index;
-        loom_net_task_name_(pe->role, pe->index, pe->name, sizeof pe->name);
-        if (!t) return loom_err_set(err, LOOM_EUSAGE, NULL, "peer %s is not in the cluster", pe->name);
-        if (pe->role == c->role && pe->index == c->index)
-            return loom_err_set(err, LOOM_EUSAGE, NULL, "%s lists itself as a peer", pe->name);
-        snprintf(pe->addr, sizeof pe->addr, "%s:%d", t->host, t->port);
-        rc = resolve(t->host, t->port, &pe->sa, &pe->salen, pe->addr, err);
-        if (!rc && !is_loopback((struct sockaddr *)&pe->sa)) all_loopback = false;
-        pe->dial = ((int)c->role * 1000000 + c->index) > ((int)pe->role * 1000000 + pe->index);
-        snprintf(pe->status, sizeof pe->status, "starting (no heartbeat yet)");
-    }
-    if (!rc && c->secret_len == 0) {
-        if (!all_loopback && !c->insecure) {
-            rc = loom_err_set(err, LOOM_ECONFIG, "cluster.secret_file",
-                              "%s: the cluster has non-loopback addresses and no shared secret", n->name);
-            loom_err_hint(err, "set cluster.secret_file or LOOM_CLUSTER_SECRET on every task (or cluster.insecure "
-                               "= true on a trusted network)");
-        } else
-            loom_warn("%s: no cluster secret (cluster.secret_file, LOOM_CLUSTER_SECRET): connections are %s",
-                      n->name, all_loopback ? "authenticated by nothing but loopback" : "unauthenticated (insecure)");
-    }
-    if (!rc && c->tls) rc = tls_setup(n, c, err);
-    return rc;
-}
-
-/* The event base, the listener, the timers and one dial event per peer
- * (armed now for the peers this task dials). Listens on the task's address
- * when it is a loopback one; on every interface otherwise (a name in the
- * cluster section may resolve to an address this host does not own, as a
- * Kubernetes service's does). */
-static int net_listen(loom_net *n, const struct sockaddr_storage *my_sa, socklen_t my_len, loom_err *err)
-{
-    n->base = event_base_new();
-    if (!n->base) return loom_err_set(err, LOOM_ENET, NULL, "event_base_new failed");
-    struct sockaddr_storage bind_sa = *my_sa;
-    if (!is_loopback((const struct sockaddr *)my_sa)) {
-        if (my_sa->ss_family == AF_INET)
-            ((struct sockaddr_in *)&bind_sa)->sin_addr.s_addr = htonl(INADDR_ANY);
-        else
-            ((struct sockaddr_in6 *)&bind_sa)->sin6_addr = in6addr_any;
-    }
-    n->lis = evconnlistener_new_bind(n->base, on_accept, n,
-                                     LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_THREADSAFE |
-                                         LEV_OPT_CLOSE_ON_EXEC,
-                                     64, (struct sockaddr *)&bind_sa, (int)my_len);
-    if (!n->lis) {
-        int e = errno;
-        loom_err_set(err, LOOM_ENET, n->listen_addr, "%s: listen(%s) failed: %s", n->name, n->listen_addr, strerror(e));
-        return loom_err_hint(err, e == EADDRINUSE ? "another process holds this port: stop it or give the task another "
-                                                    "port"
-                                                  : "check this task's address in the cluster section");
-    }
-    evconnlistener_set_error_cb(n->lis, on_accept_error);
-    n->reserve_fd = loom_fd_reserve_open();
-    int dialers = 0;
-    for (int i = 0; i < n->n_peers; i++) dialers += !n->peers[i].dial;
-    n->pending_max = loom_fd_bound(16, 8, 256);
-    if (n->pending_max < dialers + 8) n->pending_max = dialers + 8;
-    n->relisten_ev = evtimer_new(n->base, on_relisten, n);
-    n->hb_ev = event_new(n->base, -1, EV_PERSIST, on_heartbeat, n);
-    n->deadline_ev = evtimer_new(n->base, on_deadline, n);
-    n->close_ev = evtimer_new(n->base, on_close, n);
-    n->resume_ev = event_new(n->base, -1, 0, on_resume, n);
-    if (!n->hb_ev || !n->deadline_ev || !n->close_ev || !n->resume_ev || !n->relisten_ev)
-        return loom_err_set(err, LOOM_ENOMEM, NULL, "no memory for the transport's timers");
-    for (int i = 0; i < n->n_peers; i++) {
-        dial_arg *da = loom_alloc(sizeof *da);
-        if (!da) return loom_err_set(err, LOOM_ENOMEM, NULL, "no memory for the transport");
-        da->n = n, da->p = i;
-        n->peers[i].retry_ev = evtimer_new(n->base, dial_cb, da);
-        if (!n->peers[i].retry_ev) {
-            loom_free(da);
-            return loom_err_set(err, LOOM_ENOMEM, NULL, "no memory for the transport");
-        }
-        if (n->peers[i].dial) {
-            struct timeval z = {0, 0};
-            evtimer_add(n->peers[i].retry_ev, &z);
-        }
-    }
-    return LOOM_OK;
-}
-
-/* Starts the event loop's thread and waits until every peer is up (the
- * connections with retry and the handshakes run there), one is lost, a
- * fatal error, or connect_timeout (+5 s) passes. */
-static int net_connect(loom_net *n, loom_err *err)
-{
-    snprintf(n->status, sizeof n->status, "connecting");
-    n->t_open = loom_now();
-    struct timeval hb = tv_of(n->hb_interval), dl = tv_of(n->connect_timeout);
-    event_add(n->hb_ev, &hb);
-    evtimer_add(n->deadline_ev, &dl);
-    if (pthread_create(&n->thread, NULL, loop_main, n) != 0)
-        return loom_err_set(err, LOOM_ENET, NULL, "cannot start the transport's thread");
-    n->running = true;
-
-    pthread_mutex_lock(&n->mu);
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += (time_t)n->connect_timeout + 5;
-    while (!n->fatal && n->n_up < n->n_peers && n->lost < 0)
-        if (pthread_cond_timedwait(&n->cv, &n->mu, &until) == ETIMEDOUT) break;
-    int rc = LOOM_OK;
-    if (n->fatal) {
-        *err = n->fatal_err;
-        rc = n->fatal;
-    } else if (n->lost >= 0) {
-        *err = n->lost_err;
-        rc = LOOM_ENET;
-    } else if (n->n_up < n->n_peers) {
-        rc = loom_err_set(err, LOOM_ETIMEOUT, n->listen_addr, "%s: the transport did not connect in time", n->name);
-    }
-    if (!rc) {
-        n->open_done = true;
-        snprintf(n->status, sizeof n->status, "connected");
-    }
-    pthread_mutex_unlock(&n->mu);
-    return rc;
-}
-
-/* The transport's start in order (settings, addresses, listener and timers,
- * the thread and the connections); a failure at any step unwinds what the
- * earlier ones made (net_free), here. */
-int loom_net_open(loom_net **out, const loom_cluster *c, const loom_net_peer *peers, int n_peers, loom_err *err)
-{
-    *out = NULL;
-    loom_net_process_init();
-    const loom_task_addr *me = task_addr(c, c->role, c->index);
-    char myname[32];
-    loom_net_task_name_(c->role, c->index, myname, sizeof myname);
-    if (!me) return loom_err_set(err, LOOM_EUSAGE, NULL, "this task (%s) is not in the cluster", myname);
-    loom_net *n = NULL;
-    int rc = net_new(&n, c, me, myname, n_peers, err);
-    if (rc) return rc;
-    struct sockaddr_storage my_sa;
-    socklen_t my_len = 0;
-    if (!rc) rc = net_resolve(n, c, me, peers, &my_sa, &my_len, err);
-    if (!rc) rc = net_listen(n, &my_sa, my_len, err);
-    if (!rc) rc = net_connect(n, err);
-    if (rc) {
-        net_free(n);
-        return rc;
-    }
-    evtimer_del(n->deadline_ev); /* thread-safe after evthread_use_pthreads */
-    *out = n;
-    return LOOM_OK;
-}
-
-void loom_net_close(loom_net *n)
-{
-    if (!n) return;
-    pthread_mutex_lock(&n->mu);
-    n->closing = true;
-    pthread_mutex_unlock(&n->mu);
-    /* Say BYE to every peer (queued on each connection, flushed by on_close). */
-    for (int i = 0; i < n->n_peers; i++) {
-        pthread_mutex_lock(&n->mu);
-        net_peer *pe = &n->peers[i];
-        struct bufferevent *to = (pe->state == P_UP || pe->state == P_GONE) && pe->c ? pe->bev : NULL;
-        pthread_mutex_unlock(&n->mu);
-        if (to) bev_send(to, LOOM_MSG_BYE, "closed", 6);
-    }
-    net_free(n);
-}
+/* ---- public (opening and closing: net_open.c) ------------------------------ */
 
 static int peer_down(loom_net *n, int p, loom_err *err);
 
@@ -1483,7 +1041,7 @@ int loom_net_send(loom_net *n, int p, uint32_t type, const void *buf, size_t len
     pthread_mutex_unlock(&n->mu);
     int rc = wait_for_room(n, p, bev, len + LOOM_NET_HDR, err);
     if (rc) return rc;
-    rc = bev_send(bev, type, buf, len);
+    rc = net_bev_send_(bev, type, buf, len);
     if (rc) return loom_err_set(err, LOOM_ENOMEM, n->name, "no memory to queue a %zu-byte message", len);
     return LOOM_OK;
 }

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 #include <string.h>
+#include <sys/mman.h>
 
 static _Atomic long fail_countdown = -1;
 
@@ -45,6 +46,37 @@ void *loom_alloc_aligned(size_t n)
 }
 
 void loom_free(void *p) { free(p); }
+
+/* The bytes before the pointer: a 64-byte header (small) or a page (mapped)
+ * whose last word is the size asked for. */
+#define ZERO_MAP_MIN ((size_t)1 << 20)
+#define ZERO_PAGE ((size_t)4096)
+
+void *loom_alloc_zeroed(size_t n)
+{
+    if (should_fail()) return NULL;
+    if (n >= ZERO_MAP_MIN) {
+        void *m = mmap(NULL, n + ZERO_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) return NULL;
+        char *p = (char *)m + ZERO_PAGE;
+        ((size_t *)p)[-1] = n;
+        return p;
+    }
+    void *b = NULL;
+    if (posix_memalign(&b, 64, 64 + ((n + 63) & ~(size_t)63))) return NULL;
+    memset(b, 0, 64 + n);
+    char *p = (char *)b + 64;
+    ((size_t *)p)[-1] = n;
+    return p;
+}
+
+void loom_free_zeroed(void *p)
+{
+    if (!p) return;
+    size_t n = ((size_t *)p)[-1];
+    if (n >= ZERO_MAP_MIN) munmap((char *)p - ZERO_PAGE, n + ZERO_PAGE);
+    else free((char *)p - 64);
+}
 
 char *loom_strdup(const char *s)
 {

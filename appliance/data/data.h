@@ -86,6 +86,8 @@ typedef struct loom_data_ctx {
     loom_input_ctx input; /* zero: the only pipeline, nothing is sharded */
     const void *custom_options; /* handed to custom element-function providers (custom.h); "lua": a
                                    loom_lua_opts (script.h), sandbox and limits; NULL = defaults */
+    bool        lazy_threads;   /* a prefetch starts its thread at the first pull, not at open: `loom check`,
+                                   which may never pull (a synthetic source's copy) */
 } loom_data_ctx;
 
 /* get_per_replica_batch_size: global_batch / num_replicas_in_sync into *out.

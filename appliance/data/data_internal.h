@@ -193,11 +193,12 @@ bool mapchain_fused_alone_(const dstage *st);
 int repeat_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
 int take_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
 int skip_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, loom_err *err);
-/* threaded == 0: runs inline (no background thread). ram_left: bytes the
+/* threaded == 0: runs inline (no background thread); lazy: its thread
+ * starts at the first pull, not here. ram_left: bytes the
  * queue may take at most (buffer "auto" is capped to fit, a fixed buffer that
  * does not fit is LOOM_ECONFIG naming the transform). */
-int prefetch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, int threaded, int64_t ram_left,
-                   loom_err *err);
+int prefetch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, int threaded, bool lazy,
+                   int64_t ram_left, loom_err *err);
 /* A threaded prefetch stage st runs inline from now on: its producer thread
  * is stopped (what it queued is delivered first), and next() pulls its
  * input on the caller's thread. False (nothing done) for any other stage. */

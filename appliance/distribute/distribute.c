@@ -178,13 +178,12 @@ int loom_strategy_open(loom_strategy **out, const loom_strategy_args *a, loom_er
                             loom_strategy_names(names, sizeof names));
     }
     const loom_model_spec *ms = &a->spec->model;
-    if (ms->n_heads > 1 && a->spec->strategy.kind != LOOM_STRAT_ONE_DEVICE &&
-        a->spec->strategy.kind != LOOM_STRAT_MIRRORED) { /* the others build one-output replicas */
+    if (ms->n_heads > 1 && a->spec->strategy.kind == LOOM_STRAT_PLUGIN) { /* a plugin's replicas: one output */
         char w[600];
         return loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&ms->head[1].loc, w, sizeof w),
                             "model.outputs has %d heads; strategy \"%s\" trains a model of one output", ms->n_heads,
                             name),
-               loom_err_hint(err, "several heads train under one_device and mirrored (strategy.type)");
+               loom_err_hint(err, "several heads train under the built-in strategies (strategy.type)");
     }
     loom_strategy *s = loom_calloc(1, sizeof *s);
     if (!s) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating a strategy");

@@ -203,7 +203,7 @@ typedef struct loom_strategy_args {
     int64_t               max_batch;  /* the largest global batch */
     /* ---- appended (plugins built against the first layout never read them) ---- */
     const loom_cluster   *cluster;    /* the resolved cluster of a job across processes; NULL: one process */
-    bool                  plan_only;  /* `loom check`: build the replicas, print the plan, open no socket */
+    bool                  plan_only;  /* `loom check`: build the replicas (their variables need no values), print the plan, open no socket */
     /* ---- appended (version 4) ---- */
     int64_t               steps_per_epoch; /* batches of one pass of data.train on this task; < 0 unknown */
     int                   weight_idx1; /* model.sample_weight's feature index + 1; 0: none */
@@ -245,22 +245,35 @@ static inline void loom_strategy_weights_(const loom_strategy_args *a, loom_mode
     loom_strategy_inputs_(a, m, e);
 }
 
+/* The per-example shapes and dtypes of the model inputs of the element
+ * a->input (xs, dt: LOOM_MAX_MODEL_INPUTS each) and of its label (ye);
+ * returns the number of inputs. */
+static inline int loom_strategy_model_shapes_(const loom_strategy_args *a, loom_shape *xs, loom_dtype *dt,
+                                              loom_shape *ye);
 /* The model of a->spec for batches of up to max_batch of the element a->input:
  * its inputs model.input or model.inputs, its label model.label (each feature's
  * per-example shape: the batch dimension dropped). */
-static inline int loom_strategy_model_new_(loom_model **out, const loom_strategy_args *a, int64_t max_batch,
-                                           loom_err *err)
+static inline int loom_strategy_model_shapes_(const loom_strategy_args *a, loom_shape *xs, loom_dtype *dt,
+                                              loom_shape *ye)
 {
     const loom_elem_spec *in = a->input;
     int n = a->n_inputs > 1 ? a->n_inputs : 1;
-    loom_shape xs[LOOM_MAX_MODEL_INPUTS], y = in->shape[a->label_idx];
-    loom_dtype dt[LOOM_MAX_MODEL_INPUTS];
     for (int f = 0; f < n; f++) {
         int i = f ? a->inputs_idx[f] : a->input_idx;
         xs[f] = loom_shape_make(in->shape[i].rank - 1, in->shape[i].dim + 1);
         dt[f] = in->dtype[i];
     }
-    loom_shape ye = loom_shape_make(y.rank - 1, y.dim + 1);
+    *ye = loom_shape_make(in->shape[a->label_idx].rank - 1, in->shape[a->label_idx].dim + 1);
+    return n;
+}
+
+static inline int loom_strategy_model_new_(loom_model **out, const loom_strategy_args *a, int64_t max_batch,
+                                           loom_err *err)
+{
+    const loom_elem_spec *in = a->input;
+    loom_shape xs[LOOM_MAX_MODEL_INPUTS], ye;
+    loom_dtype dt[LOOM_MAX_MODEL_INPUTS];
+    int n = loom_strategy_model_shapes_(a, xs, dt, &ye);
     if (n == 1)
         return loom_model_new(out, &a->spec->model, &xs[0], dt[0], &ye, in->dtype[a->label_idx], max_batch, err);
     return loom_model_new_inputs(out, &a->spec->model, n, xs, dt, &ye, in->dtype[a->label_idx], max_batch, err);

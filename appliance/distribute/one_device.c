@@ -41,7 +41,7 @@ static int od_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     if (rc) return rc;
     /* run.threads (0 = all cores) become the model's intra-op threads */
     if ((rc = loom_model_set_threads(od->model, spec->run.threads, err))) return rc;
-    loom_model_init_params(od->model, spec->run.seed);
+    if (!a->plan_only) loom_model_init_params(od->model, spec->run.seed); /* `loom check`: no values wanted */
     if (od->place.ops &&
         (rc = loom_model_dev_open(&od->dev, od->model, od->place.ops, loom_place_index_(&od->place, 0), err)))
         return rc;

@@ -281,22 +281,21 @@ static int ps_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     const char *slow = getenv("LOOM_TEST_PS_STEP_MS");
     if (slow && atoi(slow) > 0 && atoi(slow) < 10000) ps->test_step_us = (unsigned)atoi(slow) * 1000u;
     const loom_elem_spec *in = a->input;
-    loom_shape x = in->shape[a->input_idx], y = in->shape[a->label_idx];
-    loom_shape xe = loom_shape_make(x.rank - 1, x.dim + 1), ye = loom_shape_make(y.rank - 1, y.dim + 1);
-    int rc;
+    loom_shape xs[LOOM_MAX_MODEL_INPUTS], ye;
+    loom_dtype dt[LOOM_MAX_MODEL_INPUTS];
+    int n_in = loom_strategy_model_shapes_(a, xs, dt, &ye), rc;
     if (ps->role == LOOM_ROLE_PS && !a->plan_only && c && c->index >= 0) {
         /* a ps holds its shards only: the variable list from the config's
          * model section, no weights, gradients or activations of the whole
          * model (it gets its shards' values from the coordinator) */
-        rc = loom_model_param_list(&spec->model, &xe, in->dtype[a->input_idx], &ye, in->dtype[a->label_idx], &ps->pi,
+        rc = loom_model_param_list(&spec->model, n_in, xs, dt, &ye, in->dtype[a->label_idx], &ps->pi,
                                    &ps->nv, &ps->P, &ps->lean_table, err);
         if (rc) return rc;
     } else {
-        rc = loom_model_new(&ps->model, &spec->model, &xe, in->dtype[a->input_idx], &ye, in->dtype[a->label_idx],
-                            a->max_batch, err);
+        rc = loom_strategy_model_new_(&ps->model, a, a->max_batch, err);
         if (rc) return rc;
         if (ps->role != LOOM_ROLE_PS && (rc = loom_model_set_threads(ps->model, spec->run.threads, err))) return rc;
-        loom_model_init_params(ps->model, spec->run.seed);
+        if (!a->plan_only) loom_model_init_params(ps->model, spec->run.seed); /* `loom check`: no values wanted */
         ps->P = loom_model_num_params(ps->model);
         ps->nv = loom_model_num_param_tensors(ps->model);
         ps->pi = loom_calloc((size_t)(ps->nv ? ps->nv : 1), sizeof *ps->pi);
@@ -559,6 +558,7 @@ static int ps_eval_step(loom_strategy *s, const loom_elem *batch, loom_step_resu
     if (rc) return rc;
     const loom_tensor *x = &batch->t[s->args->input_idx], *y = &batch->t[s->args->label_idx];
     out->examples = x->shape.dim[0];
+    loom_strategy_weights_(s->args, ps->model, batch); /* sample weights, other inputs, other heads' labels */
     return loom_model_evaluate(ps->model, x, y, &out->loss_sum, &out->correct, err);
 }
 
@@ -567,6 +567,7 @@ static int ps_predict(loom_strategy *s, const loom_elem *batch, float *out, loom
     ps_strategy *ps = s->impl;
     int rc = ps->net && !ps->need_init ? loom_ps_fetch_(ps, false, err) : LOOM_OK;
     if (rc) return rc;
+    loom_strategy_inputs_(s->args, ps->model, batch); /* model.inputs beyond the first */
     return loom_model_predict(ps->model, &batch->t[s->args->input_idx], out, err);
 }
 

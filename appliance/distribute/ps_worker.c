@@ -184,6 +184,7 @@ static int run_fn(ps_strategy *ps, const loom_strategy_args *a, loom_iter *it, i
         o->step = seen;
         o->examples = B;
         uint64_t key = loom_rng_mix(loom_rng_mix(ps->seed, 0x50530000u + (uint64_t)ps->index), (uint64_t)seen);
+        loom_strategy_weights_(a, ps->model, batch); /* sample weights, other inputs, other heads' labels */
         rc = loom_model_train_step(ps->model, x, y, B, key, &o->loss_sum, &o->correct, err);
         if (rc) return rc;
         if (ps->clip_norm > 0) clip_grads(ps);

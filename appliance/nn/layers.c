@@ -1,4 +1,7 @@
-/* layers.c - forward and backward kernels of every layer kind, the losses.
+/* layers.c - forward and backward kernels of the layer kinds, and the
+ * dispatch to every kind's: the conv2d family and the element-wise passes
+ * here; dense.c, pooling.c, dropout.c, normalization.c and embedding.c hold
+ * those families, losses.c the losses, kernel_internal.h what they share.
  * Each kernel works on one chunk of the batch (nn_chunk_) and may run
  * concurrently with the same kernel on other chunks: it reads the shared
  * parameters, writes only its chunk's rows and its chunk's gradient buffer.
@@ -9,39 +12,11 @@
  * bias column sums before one, softmax + cross-entropy + its gradient.
  * Nothing here allocates; every buffer was sized at loom_model_new. */
 #include "nn_internal.h"
+#include "kernel_internal.h"
 
 #include <float.h>
 #include <math.h>
 #include <string.h>
-
-/* The build targets baseline x86-64 (SSE2); the hot element-wise loops are
- * cloned for AVX2 and AVX-512 and picked at load time (ifunc). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define NN_HOT __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define NN_HOT
-#endif
-
-/* 16 floats as one GNU C vector: one AVX-512 register, two AVX2 or four SSE
- * ones; loads and stores through it need only float alignment. gcc leaves
- * some 16-long loops unrolled but scalar, and turns copy loops into memcpy
- * calls, which for im2col's short rows cost more than the copy. */
-#define NN_CB 16
-typedef float nn_v16_ __attribute__((vector_size(NN_CB * sizeof(float)), aligned(sizeof(float))));
-
-static inline __attribute__((always_inline)) void copy_short(float *restrict d, const float *restrict s, int n)
-{
-    int k = 0;
-    for (; k + NN_CB <= n; k += NN_CB) *(nn_v16_ *)(d + k) = *(const nn_v16_ *)(s + k);
-    for (; k < n; k++) d[k] = s[k];
-}
-
-static inline __attribute__((always_inline)) void zero_short(float *restrict d, int n)
-{
-    int k = 0;
-    for (; k + NN_CB <= n; k += NN_CB) *(nn_v16_ *)(d + k) = (nn_v16_){0};
-    for (; k < n; k++) d[k] = 0.f;
-}
 
 const char *nn_loc_str_(const loom_loc *l, char *buf, size_t n)
 {
@@ -115,6 +90,11 @@ NN_HOT static void bias_act(float *restrict y, const float *restrict b, int64_t 
     }
 }
 
+void nn_bias_act_(float *y, const float *b, int64_t rows, int64_t n, loom_activation act)
+{
+    bias_act(y, b, rows, n, act);
+}
+
 /* g (rows, n) *= act'(y) in place, and db = column sums of the result (db may
  * be NULL). One pass; db is overwritten, so the grads need no zeroing. */
 NN_HOT static void act_grad_colsum(float *restrict g, const float *restrict y, float *restrict db, int64_t rows, int64_t n,
@@ -146,18 +126,6 @@ NN_HOT static void act_grad_colsum(float *restrict g, const float *restrict y, f
         if (db)
             for (int64_t j = 0; j < n; j++) db[j] += gr[j];
     }
-}
-
-/* ---- dense ---------------------------------------------------------------- */
-
-/* Y (B, out) = act(X (B, in) W (in, out) + b) */
-static void dense_forward(const loom_model *m, const nn_layer_ *l, const float *x, float *y, int64_t B)
-{
-    const float *W = m->params + l->kernel_off;
-    const float *b = l->bias_off >= 0 ? m->params + l->bias_off : NULL;
-    int in = (int)l->n_in, out = (int)l->n_out;
-    loom_sgemm(false, false, (int)B, out, in, 1.f, x, in, W, out, 0.f, y, out);
-    bias_act(y, b, B, out, l->act);
 }
 
 /* dz (rows, n) = g * act'(y), out of place; one pass. */
@@ -197,40 +165,6 @@ void nn_layer_act_grad_(const nn_layer_ *l, float *dz, const float *g, const flo
 {
     if (nn_act_needs_x_(l->act)) nn_act_grad_x_(l->act, dz, g, dz, rows * n);
     else act_grad_to(dz, g, y, rows, n, l->act);
-}
-
-/* The chunk's part: dz rows = g * act'(y) into l->dz, and dX (B, in) = dz W^T.
- * dW and db wait for all chunks' dz rows (nn_dense_param_grads_): one product
- * over the whole batch instead of one per chunk plus a sum of the chunks. */
-static float *dense_backward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, const float *y, float *g,
-                             float *other)
-{
-    const int64_t B = c->B;
-    const float *W = m->params + l->kernel_off;
-    float *dz = l->dz + c->b0 * l->n_out;
-    int in = (int)l->n_in, out = (int)l->n_out;
-    nn_layer_act_grad_(l, dz, g, y, B, out);
-    if (!l->needs_dx) return NULL;
-    loom_sgemm(false, true, (int)B, in, out, 1.f, dz, out, W, out, 0.f, other, in);
-    return other;
-}
-
-void nn_dense_param_grads_(const loom_model *m, int li, const float *x, int64_t B, int part, int parts)
-{
-    const nn_layer_ *l = &m->layer[li];
-    const int64_t in = l->n_in, out = l->n_out;
-    const float *restrict dz = l->dz;
-    int64_t r0 = in * part / parts, r1 = in * (part + 1) / parts;
-    /* dW rows [r0, r1) (r1 - r0, out) = x[:, r0:r1]^T dz */
-    if (r1 > r0)
-        loom_sgemm(true, false, (int)(r1 - r0), (int)out, (int)B, 1.f, x + r0, (int)in, dz, (int)out, 0.f,
-                   m->grads + l->kernel_off + r0 * out, (int)out);
-    if (l->bias_off < 0) return;
-    int64_t c0 = out * part / parts, c1 = out * (part + 1) / parts;
-    float *restrict db = m->grads + l->bias_off;
-    for (int64_t j = c0; j < c1; j++) db[j] = 0.f;
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t j = c0; j < c1; j++) db[j] += dz[b * out + j];
 }
 
 /* ---- conv2d: batch-chunked im2col + sgemm --------------------------------- */
@@ -945,138 +879,6 @@ void nn_conv_param_grads_(const loom_model *m, int li, const float *x, int64_t B
         for (int64_t j = c0; j < c1; j++) db[j] += gs[r * CO + j];
 }
 
-/* ---- max_pool2d ------------------------------------------------------------ */
-
-/* Window positions outside the input (SAME padding) are skipped, as TF does;
- * ties keep the first position in (i, j) order. */
-NN_HOT static void pool_forward(const nn_layer_ *l, const float *x, float *y, int32_t *argmax, int64_t B)
-{
-    const int H = l->ih, W = l->iw, C = l->cin, OH = l->oh, OW = l->ow;
-    if (l->kh == 2 && l->kw == 2 && l->sh == 2 && l->sw == 2 && l->pad_t == 0 && l->pad_l == 0 && 2 * OH <= H &&
-        2 * OW <= W) {
-        /* 2x2 windows, stride 2, no padding (the usual case): the four taps in
-         * (i, j) order, unrolled, with the same first-wins rule on ties */
-        for (int64_t b = 0; b < B; b++) {
-            const float *xb = x + b * l->n_in;
-            for (int oy = 0; oy < OH; oy++)
-                for (int ox = 0; ox < OW; ox++) {
-                    int64_t o = b * l->n_out + ((int64_t)oy * OW + ox) * C;
-                    int32_t p0 = (2 * oy * W + 2 * ox) * C, p1 = p0 + C, p2 = p0 + W * C, p3 = p2 + C;
-                    const float *restrict x0 = xb + p0, *restrict x1 = xb + p1, *restrict x2 = xb + p2,
-                                          *restrict x3 = xb + p3;
-                    float *restrict yo = y + o;
-                    int32_t *restrict ao = argmax + o;
-                    for (int c = 0; c < C; c++) {
-                        float v = x0[c];
-                        int32_t a = p0 + c;
-                        if (x1[c] > v) v = x1[c], a = p1 + c;
-                        if (x2[c] > v) v = x2[c], a = p2 + c;
-                        if (x3[c] > v) v = x3[c], a = p3 + c;
-                        yo[c] = v;
-                        ao[c] = a;
-                    }
-                }
-        }
-        return;
-    }
-    for (int64_t b = 0; b < B; b++) {
-        const float *xb = x + b * l->n_in;
-        for (int oy = 0; oy < OH; oy++) {
-            int y0 = oy * l->sh - l->pad_t, ya = y0 < 0 ? 0 : y0, yb = y0 + l->kh > H ? H : y0 + l->kh;
-            for (int ox = 0; ox < OW; ox++) {
-                int x0 = ox * l->sw - l->pad_l, xa = x0 < 0 ? 0 : x0, xe = x0 + l->kw > W ? W : x0 + l->kw;
-                int64_t o = b * l->n_out + ((int64_t)oy * OW + ox) * C;
-                float *restrict yo = y + o;
-                int32_t *restrict ao = argmax + o;
-                int32_t first = (ya * W + xa) * C;
-                for (int c = 0; c < C; c++) {
-                    yo[c] = xb[first + c];
-                    ao[c] = first + c;
-                }
-                for (int yy = ya; yy < yb; yy++)
-                    for (int xx = xa; xx < xe; xx++) {
-                        int32_t base = (yy * W + xx) * C;
-                        const float *restrict xp = xb + base;
-                        for (int c = 0; c < C; c++) {
-                            int gt = xp[c] > yo[c];
-                            yo[c] = gt ? xp[c] : yo[c];
-                            ao[c] = gt ? base + c : ao[c];
-                        }
-                    }
-            }
-        }
-    }
-}
-
-NN_HOT static float *pool_backward(const nn_layer_ *l, const int32_t *argmax, const float *g, float *other, int64_t B)
-{
-    if (!l->needs_dx) return NULL;
-    if (l->sh == l->kh && l->sw == l->kw && l->oh * l->kh == l->ih && l->ow * l->kw == l->iw) {
-        /* windows tile the input exactly: every input element is written once, no memset */
-        const int C = l->cin, W = l->iw;
-        for (int64_t b = 0; b < B; b++) {
-            float *dx = other + b * l->n_in;
-            const float *gb = g + b * l->n_out;
-            const int32_t *ab = argmax + b * l->n_out;
-            for (int oy = 0; oy < l->oh; oy++)
-                for (int ox = 0; ox < l->ow; ox++) {
-                    int64_t o = ((int64_t)oy * l->ow + ox) * C;
-                    for (int i = 0; i < l->kh; i++)
-                        for (int j = 0; j < l->kw; j++) {
-                            int32_t base = ((oy * l->kh + i) * W + ox * l->kw + j) * C;
-                            float *restrict d = dx + base;
-                            for (int c = 0; c < C; c++) d[c] = ab[o + c] == base + c ? gb[o + c] : 0.f;
-                        }
-                }
-        }
-        return other;
-    }
-    memset(other, 0, (size_t)(B * l->n_in) * sizeof *other);
-    for (int64_t b = 0; b < B; b++) {
-        float *dx = other + b * l->n_in;
-        const float *gb = g + b * l->n_out;
-        const int32_t *ab = argmax + b * l->n_out;
-        for (int64_t k = 0; k < l->n_out; k++) dx[ab[k]] += gb[k];
-    }
-    return other;
-}
-
-/* ---- dropout ---------------------------------------------------------------- */
-
-/* Inverted dropout: element e of the batch is kept when word e of the Philox
- * stream keyed by (rng_key, layer index) is >= rate * 2^32, and scaled by
- * 1 / (1 - rate). The mask depends only on (key, layer, position in the
- * whole batch): a chunk starting at element e0 of the batch draws words
- * e0.. of the stream, so the mask does not depend on the chunking. */
-void nn_dropout_mask_(const nn_layer_ *l, int li, uint8_t *mk, int64_t e0, int64_t n, uint64_t rng_key)
-{
-    const uint64_t key = loom_rng_mix(rng_key, (uint64_t)li);
-    const uint64_t thr = (uint64_t)(l->spec.rate * 4294967296.0);
-    uint32_t w[4];
-    for (int64_t e = 0; e < n;) {
-        int64_t ge = e0 + e, k0 = ge & 3, lim = 4 - k0 < n - e ? 4 - k0 : n - e;
-        loom_philox4x32(key, (uint64_t)ge >> 2, w);
-        for (int64_t k = 0; k < lim; k++) mk[e + k] = (uint64_t)w[k0 + k] >= thr;
-        e += lim;
-    }
-}
-
-NN_HOT static void dropout_forward(const nn_layer_ *l, int li, const float *restrict x, float *restrict y,
-                                   uint8_t *restrict mk, int64_t e0, int64_t n, uint64_t rng_key)
-{
-    const float scale = (float)(1.0 / (1.0 - l->spec.rate));
-    nn_dropout_mask_(l, li, mk, e0, n, rng_key);
-    for (int64_t e = 0; e < n; e++) y[e] = mk[e] ? x[e] * scale : 0.f;
-}
-
-NN_HOT static float *dropout_backward(const nn_layer_ *l, const uint8_t *restrict mk, float *restrict g, int64_t n)
-{
-    const float scale = (float)(1.0 / (1.0 - l->spec.rate));
-    for (int64_t e = 0; e < n; e++) g[e] = mk[e] ? g[e] * scale : 0.f;
-    return g;
-}
-
-
 /* ---- leaky_relu and gelu (activation layers: their gradients read x) ---------- */
 
 /* leaky_relu: x > 0 ? x : alpha x. gelu (Keras, approximate = false): x Phi(x) = x (1 + erf(x / sqrt 2)) / 2. */
@@ -1102,451 +904,6 @@ static void act_x_backward(const nn_layer_ *l, const float *restrict x, float *r
         }
 }
 
-/* ---- average pooling ------------------------------------------------------------ */
-
-/* Each output is the mean of the window's elements inside the input (with
- * padding = same, Keras' AveragePooling2D counts only those). */
-static void avg_pool_forward(const nn_layer_ *l, const float *x, float *y, int64_t B)
-{
-    const int C = l->cin;
-    for (int64_t b = 0; b < B; b++) {
-        const float *xb = x + b * l->n_in;
-        float *yb = y + b * l->n_out;
-        for (int oy = 0; oy < l->oh; oy++)
-            for (int ox = 0; ox < l->ow; ox++) {
-                float *yo = yb + ((int64_t)oy * l->ow + ox) * C;
-                int y0 = oy * l->sh - l->pad_t, x0 = ox * l->sw - l->pad_l, cnt = 0;
-                for (int c = 0; c < C; c++) yo[c] = 0.f;
-                for (int i = y0 < 0 ? 0 : y0; i < y0 + l->kh && i < l->ih; i++)
-                    for (int k = x0 < 0 ? 0 : x0; k < x0 + l->kw && k < l->iw; k++, cnt++) {
-                        const float *xp = xb + ((int64_t)i * l->iw + k) * C;
-                        for (int c = 0; c < C; c++) yo[c] += xp[c];
-                    }
-                float inv = cnt ? 1.f / (float)cnt : 0.f;
-                for (int c = 0; c < C; c++) yo[c] *= inv;
-            }
-    }
-}
-
-static float *avg_pool_backward(const nn_layer_ *l, const float *g, float *other, int64_t B)
-{
-    if (!l->needs_dx) return NULL;
-    const int C = l->cin;
-    memset(other, 0, (size_t)(B * l->n_in) * sizeof *other);
-    for (int64_t b = 0; b < B; b++) {
-        float *dx = other + b * l->n_in;
-        const float *gb = g + b * l->n_out;
-        for (int oy = 0; oy < l->oh; oy++)
-            for (int ox = 0; ox < l->ow; ox++) {
-                const float *go = gb + ((int64_t)oy * l->ow + ox) * C;
-                int y0 = oy * l->sh - l->pad_t, x0 = ox * l->sw - l->pad_l;
-                int ya = y0 < 0 ? 0 : y0, yb = y0 + l->kh < l->ih ? y0 + l->kh : l->ih;
-                int xa = x0 < 0 ? 0 : x0, xb = x0 + l->kw < l->iw ? x0 + l->kw : l->iw;
-                int cnt = (yb - ya) * (xb - xa);
-                if (cnt <= 0) continue;
-                float inv = 1.f / (float)cnt;
-                for (int i = ya; i < yb; i++)
-                    for (int k = xa; k < xb; k++) {
-                        float *d = dx + ((int64_t)i * l->iw + k) * C;
-                        for (int c = 0; c < C; c++) d[c] += go[c] * inv;
-                    }
-            }
-    }
-    return other;
-}
-
-/* ---- global average pooling: (H, W, C) -> (C,) ------------------------------------ */
-
-static void gap_forward(const nn_layer_ *l, const float *x, float *y, int64_t B)
-{
-    const int64_t P = (int64_t)l->ih * l->iw, C = l->cin;
-    const float inv = 1.f / (float)P;
-    for (int64_t b = 0; b < B; b++) {
-        float *yb = y + b * C;
-        for (int64_t c = 0; c < C; c++) yb[c] = 0.f;
-        for (int64_t p = 0; p < P; p++)
-            for (int64_t c = 0; c < C; c++) yb[c] += x[(b * P + p) * C + c];
-        for (int64_t c = 0; c < C; c++) yb[c] *= inv;
-    }
-}
-
-static float *gap_backward(const nn_layer_ *l, const float *g, float *other, int64_t B)
-{
-    if (!l->needs_dx) return NULL;
-    const int64_t P = (int64_t)l->ih * l->iw, C = l->cin;
-    const float inv = 1.f / (float)P;
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t p = 0; p < P; p++)
-            for (int64_t c = 0; c < C; c++) other[(b * P + p) * C + c] = g[b * C + c] * inv;
-    return other;
-}
-
-/* ---- layer normalization over the last axis (Keras LayerNormalization) ---------- */
-
-static void ln_forward(const loom_model *m, const nn_layer_ *l, const float *x, float *y, int64_t b0, int64_t B)
-{
-    const int64_t C = l->C, rows = B * (l->n_out / C), r0 = b0 * (l->n_out / C);
-    const float *gamma = m->params + l->kernel_off, *beta = m->params + l->bias_off;
-    const float eps = (float)l->spec.epsilon;
-    float *xh = l->xhat + b0 * l->n_out;
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * C;
-        double s = 0, ss = 0;
-        for (int64_t c = 0; c < C; c++) s += xr[c];
-        double mean = s / (double)C;
-        for (int64_t c = 0; c < C; c++) ss += ((double)xr[c] - mean) * ((double)xr[c] - mean);
-        float rstd = (float)(1.0 / sqrt(ss / (double)C + eps));
-        l->stat[r0 + r] = rstd;
-        for (int64_t c = 0; c < C; c++) {
-            float h = ((float)(xr[c] - mean)) * rstd;
-            xh[r * C + c] = h;
-            y[r * C + c] = gamma[c] * h + beta[c];
-        }
-    }
-}
-
-/* dz (saved for gamma and beta) = g; dx = rstd (dh - mean(dh) - h mean(dh h)), dh = g gamma; in place in g. */
-static float *ln_backward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, float *g)
-{
-    const int64_t C = l->C, rows = c->B * (l->n_out / C), r0 = c->b0 * (l->n_out / C);
-    const float *gamma = m->params + l->kernel_off, *xh = l->xhat + c->b0 * l->n_out;
-    memcpy(l->dz + c->b0 * l->n_out, g, (size_t)(c->B * l->n_out) * sizeof *g);
-    if (!l->needs_dx) return NULL;
-    for (int64_t r = 0; r < rows; r++) {
-        float *gr = g + r * C;
-        const float *hr = xh + r * C;
-        double s = 0, sh = 0;
-        for (int64_t k = 0; k < C; k++) {
-            double dh = (double)gr[k] * gamma[k];
-            s += dh;
-            sh += dh * hr[k];
-        }
-        float ms = (float)(s / (double)C), msh = (float)(sh / (double)C), rstd = l->stat[r0 + r];
-        for (int64_t k = 0; k < C; k++) gr[k] = rstd * (gr[k] * gamma[k] - ms - hr[k] * msh);
-    }
-    return g;
-}
-
-void nn_ln_param_grads_(const loom_model *m, int li, int64_t B, int part, int parts)
-{
-    const nn_layer_ *l = &m->layer[li];
-    const int64_t C = l->C, rows = B * (l->n_out / C);
-    const int64_t c0 = C * part / parts, c1 = C * (part + 1) / parts;
-    float *dg = m->grads + l->kernel_off, *db = m->grads + l->bias_off;
-    for (int64_t k = c0; k < c1; k++) dg[k] = db[k] = 0.f;
-    for (int64_t r = 0; r < rows; r++) {
-        const float *dz = l->dz + r * C, *h = l->xhat + r * C;
-        for (int64_t k = c0; k < c1; k++) {
-            dg[k] += dz[k] * h[k];
-            db[k] += dz[k];
-        }
-    }
-}
-
-/* ---- batch normalization over every axis but the last (Keras BatchNormalization) ---- */
-
-/* stat: mean (C), 1/std (C), then 4 C doubles of scratch, then (2 C + 1)
- * floats: the buffer of a synchronised layer's all-reduce. */
-static double *bn_scratch(const nn_layer_ *l) { return (double *)(l->stat + 2 * l->C); }
-static float *bn_sync_buf(const nn_layer_ *l) { return l->stat + 10 * l->C; }
-static bool bn_synced(const loom_model *m, const nn_layer_ *l)
-{
-    return m->bn_sync && l->spec.kind == LOOM_LAYER_BATCH_NORM && l->spec.sync;
-}
-
-void nn_bn_sync_(loom_model *m, float *buf, int64_t n)
-{
-    loom_err e;
-    memset(&e, 0, sizeof e);
-    m->sync_k++;
-    int rc = m->bn_sync(m->bn_sync_arg, buf, n, &e);
-    if (rc && !m->sync_rc) m->sync_rc = rc, m->sync_err = e;
-}
-
-/* The layer of a step's sync call k (-1: the step has fewer), its length
- * and pass: the forward's calls in layer order, then the backward's from
- * the last layer down (only layers that pass a gradient down). */
-static int bn_sync_call(const loom_model *m, int k, int64_t *n, bool *fwd)
-{
-    for (int i = 0; i < m->n_layers; i++)
-        if (bn_synced(m, &m->layer[i]) && k-- == 0) return *n = 2 * m->layer[i].C + 1, *fwd = true, i;
-    for (int i = m->n_layers - 1; i >= 0; i--)
-        if (bn_synced(m, &m->layer[i]) && m->layer[i].needs_dx && k-- == 0)
-            return *n = 2 * m->layer[i].C, *fwd = false, i;
-    return -1;
-}
-
-/* The global batch's mean and biased variance from a synchronised forward's
- * summed buffer b (count, sums, sums of squares about mm); 0 when the job
- * had no examples. */
-static double bn_sync_global(nn_layer_ *l, const float *b, const float *mm, double *mean, double *var)
-{
-    const int64_t C = l->C;
-    const double N = b[0];
-    l->sync_n = N >= 1 ? N : 1;
-    for (int64_t k = 0; k < C && N >= 1; k++) {
-        double mu = b[1 + k] / N, dm = mu - mm[k], v = b[1 + C + k] / N - dm * dm;
-        mean[k] = mu;
-        var[k] = v > 0 ? v : 0;
-    }
-    return N >= 1 ? N : 0;
-}
-
-/* The moving statistics' step toward the global batch's (every replica
- * makes the same, so they stay equal). */
-static void bn_move(const loom_model *m, const nn_layer_ *l, const double *mean, const double *var)
-{
-    float *mm = m->params + l->mm_off, *mv = m->params + l->mv_off;
-    const float mom = (float)l->spec.momentum;
-    for (int64_t k = 0; k < l->C; k++) {
-        mm[k] = mm[k] * mom + (float)mean[k] * (1.f - mom);
-        mv[k] = mv[k] * mom + (float)var[k] * (1.f - mom);
-    }
-}
-
-int nn_bn_sync_rest_(loom_model *m, bool forward_only, loom_err *err)
-{
-    if (!m->bn_sync) return LOOM_OK;
-    int64_t n;
-    bool fwd;
-    for (int i; (i = bn_sync_call(m, m->sync_k, &n, &fwd)) >= 0 && (fwd || !forward_only);) {
-        nn_layer_ *l = &m->layer[i];
-        float *b = bn_sync_buf(l);
-        memset(b, 0, (size_t)n * sizeof *b);
-        nn_bn_sync_(m, b, n);
-        /* a replica without examples moves its statistics as the others do */
-        double *gm = bn_scratch(l) + 2 * l->C, *gv = gm + l->C;
-        if (fwd && !m->sync_rc && bn_sync_global(l, b, m->params + l->mm_off, gm, gv) > 0) bn_move(m, l, gm, gv);
-    }
-    int rc = m->sync_rc;
-    if (rc && err) *err = m->sync_err;
-    if (!forward_only) m->sync_k = 0, m->sync_rc = 0;
-    return rc;
-}
-
-/* Synchronised statistics: this replica's count, sum and sum of squares
- * about the moving mean (the same on every replica: a shift that keeps the
- * float sums' cancellation small once it has moved) are summed over the
- * job's replicas; mean and biased variance of the global batch follow. */
-static void bn_sync_stats(loom_model *m, nn_layer_ *l, const float *x, int64_t rows, const float *mm, double *mean,
-                          double *var)
-{
-    const int64_t C = l->C;
-    double *s = bn_scratch(l), *ss = s + C;
-    for (int64_t k = 0; k < C; k++) s[k] = ss[k] = 0;
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t k = 0; k < C; k++) {
-            double v = x[r * C + k], d = v - mm[k];
-            s[k] += v;
-            ss[k] += d * d;
-        }
-    float *b = bn_sync_buf(l);
-    b[0] = (float)rows;
-    for (int64_t k = 0; k < C; k++) b[1 + k] = (float)s[k], b[1 + C + k] = (float)ss[k];
-    nn_bn_sync_(m, b, 2 * C + 1);
-    bn_sync_global(l, b, mm, mean, var); /* N >= rows >= 1 */
-}
-
-void nn_bn_forward_(loom_model *m, int li, const float *x, int64_t B, int training)
-{
-    nn_layer_ *l = &m->layer[li];
-    const int64_t C = l->C, rows = B * (l->n_out / C);
-    const float *gamma = m->params + l->kernel_off, *beta = m->params + l->bias_off;
-    float *mm = m->params + l->mm_off, *mv = m->params + l->mv_off;
-    float *mean = l->stat, *rstd = l->stat + C;
-    const double eps = l->spec.epsilon;
-    if (training && bn_synced(m, l)) {
-        double *gm = bn_scratch(l) + 2 * C, *gv = gm + C; /* the global batch's mean and variance */
-        bn_sync_stats(m, l, x, rows, mm, gm, gv);
-        for (int64_t k = 0; k < C; k++) {
-            mean[k] = (float)gm[k];
-            rstd[k] = (float)(1.0 / sqrt(gv[k] + eps));
-        }
-        bn_move(m, l, gm, gv);
-    } else if (training) {
-        double *s = bn_scratch(l), *ss = s + C;
-        for (int64_t k = 0; k < C; k++) s[k] = ss[k] = 0;
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t k = 0; k < C; k++) s[k] += x[r * C + k];
-        for (int64_t k = 0; k < C; k++) s[k] /= (double)rows;
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t k = 0; k < C; k++) {
-                double d = (double)x[r * C + k] - s[k];
-                ss[k] += d * d;
-            }
-        const float mom = (float)l->spec.momentum;
-        for (int64_t k = 0; k < C; k++) {
-            double var = ss[k] / (double)rows; /* biased, as Keras normalises and moves */
-            mean[k] = (float)s[k];
-            rstd[k] = (float)(1.0 / sqrt(var + eps));
-            mm[k] = mm[k] * mom + (float)s[k] * (1.f - mom);
-            mv[k] = mv[k] * mom + (float)var * (1.f - mom);
-        }
-    } else {
-        for (int64_t k = 0; k < C; k++) {
-            mean[k] = mm[k];
-            rstd[k] = (float)(1.0 / sqrt((double)mv[k] + eps));
-        }
-    }
-    float *y = l->y, *xh = l->xhat;
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t k = 0; k < C; k++) {
-            float h = (x[r * C + k] - mean[k]) * rstd[k];
-            xh[r * C + k] = h;
-            y[r * C + k] = gamma[k] * h + beta[k];
-        }
-}
-
-void nn_bn_backward_(loom_model *m, int li, nn_chunk_ *chunk, int nchunks, int64_t B)
-{
-    nn_layer_ *l = &m->layer[li];
-    const int64_t C = l->C, R = l->n_out / C;
-    const float *gamma = m->params + l->kernel_off, *rstd = l->stat + C;
-    double *sg = bn_scratch(l), *sgh = sg + C;
-    for (int64_t k = 0; k < C; k++) sg[k] = sgh[k] = 0;
-    for (int t = 0; t < nchunks; t++) { /* sums in example order, whatever the chunks */
-        const nn_chunk_ *c = &chunk[t];
-        const float *g = c->g, *h = l->xhat + c->b0 * l->n_out;
-        for (int64_t r = 0; r < c->B * R; r++)
-            for (int64_t k = 0; k < C; k++) {
-                sg[k] += g[r * C + k];
-                sgh[k] += (double)g[r * C + k] * h[r * C + k];
-            }
-    }
-    float *dgamma = m->grads + l->kernel_off, *dbeta = m->grads + l->bias_off;
-    for (int64_t k = 0; k < C; k++) dgamma[k] = (float)sgh[k], dbeta[k] = (float)sg[k];
-    if (!l->needs_dx) {
-        for (int t = 0; t < nchunks; t++) chunk[t].bw_done = 1;
-        return;
-    }
-    double N = (double)(B * R);
-    if (bn_synced(m, l)) { /* the input gradient's means over the global batch (gamma's and beta's stay this
-                              replica's: the gradient all-reduce sums them) */
-        float *b = bn_sync_buf(l);
-        for (int64_t k = 0; k < C; k++) b[k] = (float)sg[k], b[C + k] = (float)sgh[k];
-        nn_bn_sync_(m, b, 2 * C);
-        for (int64_t k = 0; k < C; k++) sg[k] = b[k], sgh[k] = b[C + k];
-        N = l->sync_n;
-    }
-    for (int t = 0; t < nchunks; t++) {
-        nn_chunk_ *c = &chunk[t];
-        float *g = c->g;
-        const float *h = l->xhat + c->b0 * l->n_out;
-        for (int64_t r = 0; r < c->B * R; r++)
-            for (int64_t k = 0; k < C; k++) {
-                float mg = (float)(sg[k] / N), mgh = (float)(sgh[k] / N);
-                g[r * C + k] = gamma[k] * rstd[k] * (g[r * C + k] - mg - h[r * C + k] * mgh);
-            }
-    }
-}
-
-/* ---- embedding ------------------------------------------------------------ */
-
-/* Id e of a batch of ids (int32 or int64, by the model's input dtype). */
-static inline int64_t emb_id(const loom_model *m, const void *x, int64_t e)
-{
-    return m->input_dtype == LOOM_I32 ? (int64_t)((const int32_t *)x)[e] : ((const int64_t *)x)[e];
-}
-
-int nn_embedding_check_ids_(const loom_model *m, int li, const void *x, int64_t B, loom_err *err)
-{
-    const nn_layer_ *l = &m->layer[li];
-    const int64_t per = (int64_t)l->cols * l->k;
-    for (int64_t e = 0; e < B * per; e++) {
-        int64_t id = emb_id(m, x, e);
-        if (id >= -1 && id < l->rows) continue;
-        return loom_err_set(err, LOOM_EDATA, l->where,
-                            "layer \"%s\" (embedding): example %lld of the batch, column %lld: id %lld is outside "
-                            "[0, %lld) (input_dim)",
-                            l->spec.name, (long long)(e / per), (long long)(e % per / l->k), (long long)id,
-                            (long long)l->rows),
-               loom_err_hint(err, "hash the ids into [0, input_dim) in the data, or raise input_dim; -1 means no id");
-    }
-    return LOOM_OK;
-}
-
-/* y (B, cols, dim): row c of example b = the sum (or mean) of the table rows
- * of the example's k ids of column c; -1 ids are skipped. */
-NN_HOT static void embedding_forward(const loom_model *m, const nn_layer_ *l, const void *x, int64_t e0,
-                                     float *restrict y, int64_t B)
-{
-    const float *T = m->params + l->kernel_off;
-    const int D = l->dim, K = l->k;
-    for (int64_t r = 0; r < B * l->cols; r++) {
-        float *restrict yr = y + r * D;
-        int n = 0;
-        zero_short(yr, D);
-        for (int k = 0; k < K; k++) {
-            int64_t id = emb_id(m, x, e0 + r * K + k);
-            if (id < 0) continue;
-            const float *restrict t = T + id * D;
-            for (int j = 0; j < D; j++) yr[j] += t[j];
-            n++;
-        }
-        if (l->spec.combiner == LOOM_COMBINER_MEAN && n > 1) {
-            float inv = 1.f / (float)n;
-            for (int j = 0; j < D; j++) yr[j] *= inv;
-        }
-    }
-}
-
-/* The slot of id in the layer's map, inserting it (its gradient row zeroed) when new. */
-static int64_t emb_slot(nn_layer_ *l, int64_t id)
-{
-    uint64_t h = (uint64_t)id * 0x9e3779b97f4a7c15ull;
-    int64_t mask = l->hsize - 1;
-    for (int64_t i = (int64_t)(h >> 20) & mask;; i = (i + 1) & mask) {
-        if (l->hkey[i] == id) return l->hval[i];
-        if (l->hkey[i] < 0) {
-            int64_t u = l->sp_n++;
-            l->hkey[i] = id;
-            l->hval[i] = (int32_t)u;
-            l->sp_ids[u] = id;
-            memset(l->sp_val + u * l->dim, 0, (size_t)l->dim * sizeof(float));
-            return u;
-        }
-    }
-}
-
-void nn_embedding_param_grads_(loom_model *m, int li, const void *x, int64_t B)
-{
-    nn_layer_ *l = &m->layer[li];
-    const int D = l->dim, K = l->k;
-    float *G = m->grads + l->kernel_off;
-    /* the previous batch's rows out of the map and the dense buffer */
-    int64_t mask = l->hsize - 1;
-    for (int64_t u = 0; u < l->sp_n; u++) {
-        uint64_t h = (uint64_t)l->sp_ids[u] * 0x9e3779b97f4a7c15ull;
-        for (int64_t i = (int64_t)(h >> 20) & mask;; i = (i + 1) & mask)
-            if (l->hkey[i] == l->sp_ids[u]) {
-                l->hkey[i] = -1;
-                break;
-            }
-        if (m->sparse_owner) memset(G + l->sp_ids[u] * D, 0, (size_t)D * sizeof *G);
-    }
-    if (!m->sparse_owner) memset(G, 0, (size_t)(l->rows * D) * sizeof *G);
-    /* (each removal probes until it finds its key, so earlier removals never hide a later one) */
-    l->sp_n = 0;
-    for (int64_t r = 0; r < B * l->cols; r++) {
-        const float *restrict g = l->dz + r * D;
-        int n = 0;
-        if (l->spec.combiner == LOOM_COMBINER_MEAN)
-            for (int k = 0; k < K; k++) n += emb_id(m, x, r * K + k) >= 0;
-        float scale = n > 1 ? 1.f / (float)n : 1.f;
-        for (int k = 0; k < K; k++) {
-            int64_t id = emb_id(m, x, r * K + k);
-            if (id < 0) continue;
-            float *restrict v = l->sp_val + emb_slot(l, id) * D;
-            if (scale == 1.f)
-                for (int j = 0; j < D; j++) v[j] += g[j];
-            else
-                for (int j = 0; j < D; j++) v[j] += scale * g[j];
-        }
-    }
-    for (int64_t u = 0; u < l->sp_n; u++)
-        memcpy(G + l->sp_ids[u] * D, l->sp_val + u * D, (size_t)D * sizeof *G);
-}
-
 /* ---- dispatch ------------------------------------------------------------- */
 
 void nn_layer_forward_(const loom_model *m, int li, nn_chunk_ *c, int training, uint64_t rng_key)
@@ -1558,7 +915,7 @@ void nn_layer_forward_(const loom_model *m, int li, nn_chunk_ *c, int training, 
     c->act[li + 1] = y;
     switch (l->spec.kind) {
     case LOOM_LAYER_DENSE:
-        dense_forward(m, l, x, y, B);
+        nn_dense_forward_(m, l, x, y, B);
         if (nn_act_needs_x_(l->act)) nn_layer_act_(l, y, NULL, B, l->n_out);
         break;
     case LOOM_LAYER_CONV2D:
@@ -1580,10 +937,10 @@ void nn_layer_forward_(const loom_model *m, int li, nn_chunk_ *c, int training, 
         nn_more_forward_(m, li, c);
         break;
     case LOOM_LAYER_MAX_POOL2D:
-        if (!l->fused) pool_forward(l, x, y, l->argmax + row0, B); /* fused: the conv's forward pooled */
+        if (!l->fused) nn_pool_forward_(l, x, y, l->argmax + row0, B); /* fused: the conv's forward pooled */
         break;
     case LOOM_LAYER_DROPOUT:
-        if (training && l->spec.rate > 0) dropout_forward(l, li, x, y, l->mask + row0, row0, B * l->n_out, rng_key);
+        if (training && l->spec.rate > 0) nn_dropout_forward_(l, li, x, y, l->mask + row0, row0, B * l->n_out, rng_key);
         else c->act[li + 1] = x;
         break;
     case LOOM_LAYER_FLATTEN:
@@ -1591,16 +948,16 @@ void nn_layer_forward_(const loom_model *m, int li, nn_chunk_ *c, int training, 
         break;
     case LOOM_LAYER_EMBEDDING:
         /* x is the batch's ids (the chunk's own rows), not floats */
-        embedding_forward(m, l, x, 0, y, B);
+        nn_embedding_forward_(m, l, x, 0, y, B);
         break;
     case LOOM_LAYER_AVG_POOL2D:
-        avg_pool_forward(l, x, y, B);
+        nn_avg_pool_forward_(l, x, y, B);
         break;
     case LOOM_LAYER_GLOBAL_AVG_POOL2D:
-        gap_forward(l, x, y, B);
+        nn_gap_forward_(l, x, y, B);
         break;
     case LOOM_LAYER_LAYER_NORM:
-        ln_forward(m, l, x, y, c->b0, B);
+        nn_ln_forward_(m, l, x, y, c->b0, B);
         break;
     case LOOM_LAYER_PLUGIN:
         nn_plugin_forward_(m, li, c, x, y, training, rng_key);
@@ -1630,7 +987,7 @@ float *nn_layer_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, f
     const float *x = c->act[li], *y = c->act[li + 1];
     switch (l->spec.kind) {
     case LOOM_LAYER_DENSE:
-        return dense_backward(m, l, c, y, g, other);
+        return nn_dense_backward_(m, l, c, y, g, other);
     case LOOM_LAYER_CONV2D:
         if (l->direct) return nn_more_backward_(m, li, c, g, other);
         return conv_backward(m, l, c, y, g, other);
@@ -1649,10 +1006,10 @@ float *nn_layer_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, f
             pool_fused_backward(l, cv->act, y, l->argmax + row0, g, l->dz + row0, cv->dz + c->b0 * cv->n_out, B);
             return g;
         }
-        return pool_backward(l, l->argmax + row0, g, other, B);
+        return nn_pool_backward_(l, l->argmax + row0, g, other, B);
     case LOOM_LAYER_DROPOUT:
         if (y == x) return g;
-        return dropout_backward(l, l->mask + row0, g, B * l->n_out);
+        return nn_dropout_backward_(l, l->mask + row0, g, B * l->n_out);
     case LOOM_LAYER_FLATTEN:
         return g;
     case LOOM_LAYER_ACTIVATION:
@@ -1661,11 +1018,11 @@ float *nn_layer_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, f
         else if (l->act != LOOM_ACT_NONE) act_grad_colsum(g, y, NULL, B, l->n_out, l->act);
         return g;
     case LOOM_LAYER_AVG_POOL2D:
-        return avg_pool_backward(l, g, other, B);
+        return nn_avg_pool_backward_(l, g, other, B);
     case LOOM_LAYER_GLOBAL_AVG_POOL2D:
-        return gap_backward(l, g, other, B);
+        return nn_gap_backward_(l, g, other, B);
     case LOOM_LAYER_LAYER_NORM:
-        return ln_backward(m, l, c, g);
+        return nn_ln_backward_(m, l, c, g);
     case LOOM_LAYER_BATCH_NORM: /* nn_bn_backward_ */
         return g;
     case LOOM_LAYER_EMBEDDING: /* the table's sparse gradient waits for the whole batch's rows */
@@ -1677,193 +1034,4 @@ float *nn_layer_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, f
         break;
     }
     return NULL;
-}
-
-/* ---- losses ---------------------------------------------------------------- */
-
-/* Softmax cross-entropy on logits, numerically stable: loss = lse(z) - z[y],
- * dz = (softmax(z) - onehot(y)) * inv_gb. Labels were range-checked. */
-double nn_loss_sparse_ce_(const float *z, const int32_t *labels, int64_t B, int64_t n, float inv_gb, float *g,
-                          int64_t *correct)
-{
-    double total = 0;
-    int64_t ok = 0;
-    for (int64_t b = 0; b < B; b++) {
-        const float *restrict zr = z + b * n;
-        int64_t am = 0;
-        float mx = zr[0];
-        for (int64_t j = 1; j < n; j++)
-            if (zr[j] > mx) {
-                mx = zr[j];
-                am = j;
-            }
-        ok += am == labels[b];
-        float s = 0.f;
-        if (g) {
-            float *restrict gr = g + b * n;
-            for (int64_t j = 0; j < n; j++) s += gr[j] = expf(zr[j] - mx);
-            float k = inv_gb / s;
-            for (int64_t j = 0; j < n; j++) gr[j] *= k;
-            gr[labels[b]] -= inv_gb;
-        } else {
-            for (int64_t j = 0; j < n; j++) s += expf(zr[j] - mx);
-        }
-        total += (double)logf(s) + (double)mx - (double)zr[labels[b]];
-    }
-    *correct = ok;
-    return total;
-}
-
-/* Mean squared error, mean over the n outputs of an example, summed over the
- * batch: dz = 2 (z - t) / n * inv_gb. Correct: argmax(z) == argmax(t). */
-double nn_loss_mse_(const float *z, const float *t, int64_t B, int64_t n, float inv_gb, float *g, int64_t *correct)
-{
-    double total = 0;
-    int64_t ok = 0;
-    const float k = 2.f * inv_gb / (float)n;
-    for (int64_t b = 0; b < B; b++) {
-        const float *zr = z + b * n, *tr = t + b * n;
-        double s = 0;
-        int64_t az = 0, at = 0;
-        for (int64_t j = 0; j < n; j++) {
-            double d = (double)zr[j] - tr[j];
-            s += d * d;
-            if (zr[j] > zr[az]) az = j;
-            if (tr[j] > tr[at]) at = j;
-        }
-        ok += az == at;
-        total += s / (double)n;
-        if (g)
-            for (int64_t j = 0; j < n; j++) g[b * n + j] = k * (zr[j] - tr[j]);
-    }
-    *correct = ok;
-    return total;
-}
-
-/* The losses on targets (m->targets): per example the mean over the n
- * outputs, times the class weight (binary: w[1] t + w[0] (1 - t)), summed
- * over the batch; dz = d(that)/dz * inv_gb.
- *   binary_cross_entropy on logits, stable as TF's
- *     sigmoid_cross_entropy_with_logits: max(z, 0) - z t + log(1 + exp(-|z|)),
- *     dz = sigmoid(z) - t; correct: every output on the label's side of 0.5
- *   mean_absolute_error |z - t|, dz = sign(z - t) (0 at z = t, as TF's abs)
- *   huber (Keras, delta d): e^2 / 2 for |e| <= d, else d |e| - d^2 / 2;
- *     dz = e clipped to [-d, d]
- *   mean_squared_error as nn_loss_mse_. */
-static double loss_targets(const loom_model *m, const float *z, const float *t, const float *sw, int64_t B, int64_t n,
-                           float inv_gb, float *g, int64_t *correct)
-{
-    double total = 0;
-    int64_t ok = 0;
-    const float d = m->huber_delta, inv_n = 1.f / (float)n;
-    for (int64_t b = 0; b < B; b++) {
-        const float *zr = z + b * n, *tr = t + b * n;
-        float *gr = g ? g + b * n : NULL;
-        float w = 1.f;
-        if (m->n_cw == 2) w = m->cw[1] * tr[0] + m->cw[0] * (1.f - tr[0]);
-        if (sw) w *= sw[b];
-        const float k = w * inv_n * inv_gb;
-        double s = 0;
-        int64_t hits = 0, az = 0, at = 0;
-        for (int64_t j = 0; j < n; j++) {
-            float zj = zr[j], tj = tr[j], e = zj - tj, gj;
-            switch (m->loss) {
-            case LOOM_LOSS_BCE: {
-                s += (double)(zj > 0.f ? zj : 0.f) - (double)zj * tj + log1p(exp(-fabs((double)zj)));
-                gj = 1.f / (1.f + expf(-zj)) - tj;
-                hits += (zj > 0.f) == (tj > 0.5f);
-                break;
-            }
-            case LOOM_LOSS_MAE:
-                s += fabs((double)e);
-                gj = (float)((e > 0.f) - (e < 0.f));
-                break;
-            case LOOM_LOSS_HUBER: {
-                double ae = fabs((double)e);
-                s += ae <= d ? 0.5 * ae * ae : (double)d * ae - 0.5 * (double)d * d;
-                gj = e > d ? d : e < -d ? -d : e;
-                break;
-            }
-            default: /* mean squared error */
-                s += (double)e * e;
-                gj = 2.f * e;
-                break;
-            }
-            if (zr[j] > zr[az]) az = j;
-            if (tr[j] > tr[at]) at = j;
-            if (gr) gr[j] = k * gj;
-        }
-        if (m->loss == LOOM_LOSS_BCE) ok += hits == n;
-        else if (n > 1) ok += az == at; /* one-hot targets: the argmax agrees */
-        total += (double)w * s / (double)n;
-    }
-    *correct = ok;
-    return total;
-}
-
-/* Sparse softmax cross-entropy with class weights: each example's loss and gradient times w[label]. */
-static double sparse_ce_weighted(const float *z, const int32_t *labels, const float *cw, const float *sw, int64_t B,
-                                 int64_t n, float inv_gb, float *g, int64_t *correct)
-{
-    double total = 0;
-    int64_t ok = 0;
-    for (int64_t b = 0; b < B; b++) {
-        int64_t c;
-        float w = (cw ? cw[labels[b]] : 1.f) * (sw ? sw[b] : 1.f);
-        double l = nn_loss_sparse_ce_(z + b * n, labels + b, 1, n, inv_gb * w, g ? g + b * n : NULL, &c);
-        ok += c;
-        total += (double)w * l;
-    }
-    *correct = ok;
-    return total;
-}
-
-double nn_loss_(const loom_model *m, const float *z, int64_t b0, int64_t B, float inv_gb, float *g, int64_t *correct)
-{
-    const int64_t n = m->layer[m->n_layers - 1].n_out;
-    const float *sw = m->sw ? m->swb + b0 : NULL;
-    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE)
-        return m->n_cw || sw ? sparse_ce_weighted(z, m->labels + b0, m->n_cw ? m->cw : NULL, sw, B, n, inv_gb, g, correct)
-                             : nn_loss_sparse_ce_(z, m->labels + b0, B, n, inv_gb, g, correct);
-    if (m->loss == LOOM_LOSS_MSE && !m->n_cw && !sw)
-        return nn_loss_mse_(z, m->targets + b0 * n, B, n, inv_gb, g, correct);
-    return loss_targets(m, z, m->targets + b0 * n, sw, B, n, inv_gb, g, correct);
-}
-
-/* A head's loss (model.outputs, heads 1..): no class or sample weights.
- * Sparse softmax cross-entropy on labels, else per example the mean over the
- * n outputs of binary cross-entropy on logits, absolute or squared error on
- * targets t, as loss_targets; dz times inv_gb into g (when not NULL). */
-double nn_head_loss_(loom_loss_kind kind, const float *z, const int32_t *labels, const float *t, int64_t B, int64_t n,
-                     float inv_gb, float *g, int64_t *correct)
-{
-    if (kind == LOOM_LOSS_SPARSE_SOFTMAX_CE) return nn_loss_sparse_ce_(z, labels, B, n, inv_gb, g, correct);
-    if (kind == LOOM_LOSS_MSE) return nn_loss_mse_(z, t, B, n, inv_gb, g, correct);
-    double total = 0;
-    int64_t ok = 0;
-    const float k = inv_gb / (float)n;
-    for (int64_t b = 0; b < B; b++) {
-        const float *zr = z + b * n, *tr = t + b * n;
-        double s = 0;
-        int64_t hits = 0, az = 0, at = 0;
-        for (int64_t j = 0; j < n; j++) {
-            float zj = zr[j], tj = tr[j], e = zj - tj, gj;
-            if (kind == LOOM_LOSS_BCE) {
-                s += (double)(zj > 0.f ? zj : 0.f) - (double)zj * tj + log1p(exp(-fabs((double)zj)));
-                gj = 1.f / (1.f + expf(-zj)) - tj;
-                hits += (zj > 0.f) == (tj > 0.5f);
-            } else { /* mean absolute error */
-                s += fabs((double)e);
-                gj = (float)((e > 0.f) - (e < 0.f));
-            }
-            if (zr[j] > zr[az]) az = j;
-            if (tr[j] > tr[at]) at = j;
-            if (g) g[b * n + j] = k * gj;
-        }
-        if (kind == LOOM_LOSS_BCE) ok += hits == n;
-        else if (n > 1) ok += az == at;
-        total += s / (double)n;
-    }
-    *correct = ok;
-    return total;
 }

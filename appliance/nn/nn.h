@@ -86,13 +86,14 @@ bool           loom_model_head_accuracy(const loom_model *m, int h);
 int64_t        loom_model_predict_width(const loom_model *m);
 int64_t        loom_model_head_outputs(const loom_model *m, int h); /* head h's outputs per example */
 /* The parameter tensors (names, offsets, shapes) loom_model_new would build,
- * and *n_params, the floats of them all, without allocating any buffer: for
+ * and *n_params, the floats of them all, for the n_in model inputs (inputs,
+ * dtypes: as loom_model_new_inputs), without allocating any buffer: for
  * a task that holds only some of them (a parameter server). The same
  * checks as loom_model_new. *out (n) is freed with loom_free. table (may be
  * NULL): the model's embedding table when it has exactly one (n = 0, no
  * gradient), else param = -1. */
 struct loom_sparse_grad;
-int loom_model_param_list(const loom_model_spec *spec, const loom_shape *input, loom_dtype input_dtype,
+int loom_model_param_list(const loom_model_spec *spec, int n_in, const loom_shape *inputs, const loom_dtype *dtypes,
                           const loom_shape *label, loom_dtype label_dtype, loom_param_info **out, int *n,
                           int64_t *n_params, struct loom_sparse_grad *table, loom_err *err);
 

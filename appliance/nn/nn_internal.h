@@ -1,4 +1,4 @@
-/* nn_internal.h - the model's private layout shared by model.c and layers.c.
+/* nn_internal.h - the model's private layout shared by model_build.c, model.c and layers.c.
  * A layer is a small record of its resolved geometry plus the buffers it owns
  * (output activations, pooling argmax, dropout mask), all sized for max_batch
  * at loom_model_new so a step never allocates. A step splits its batch into
@@ -300,7 +300,7 @@ float *nn_layer_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, f
 
 /* ---- plugin layer kinds (layer_plugin.c) ------------------------------------ */
 
-#define NN_INIT_CONST_ 102 /* (101 is model.c NN_INIT_EMBEDDING) a plugin's LOOM_LINIT_CONSTANT: the value is kept in pfan_in */
+#define NN_INIT_CONST_ 102 /* (101 is model_build.c NN_INIT_EMBEDDING) a plugin's LOOM_LINIT_CONSTANT: the value is kept in pfan_in */
 /* The plugin's build: the output shape, its parameter tensors (nn_add_param_). */
 int    nn_plugin_shapes_(loom_model *m, nn_layer_ *l, int li, loom_err *err);
 bool   nn_plugin_buffers_(nn_layer_ *l, int64_t max_batch);
@@ -364,7 +364,9 @@ float *nn_more_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, fl
 void  nn_more_param_grads_(const loom_model *m, int li, const float *x, int64_t B, int part, int parts);
 /* Tests only: loom_model_gradcheck scales the analytic gradients by 1 + this (0: off). */
 extern float nn_gradcheck_skew_;
-/* The model's parameter allocator (model.c): offset of the new tensor, -1 on overflow. */
+/* The model's parameter allocator (model_build.c): offset of the new tensor, -1 on overflow. */
+/* The kinds with a kernel of their own and an activation (model_build.c). */
+bool  nn_kernel_kind_(loom_layer_kind k);
 int   nn_add_param_(loom_model *m, const nn_layer_ *l, const char *suffix, const loom_shape *shape, int init,
                     double fan_in, double fan_out);
 
@@ -389,5 +391,26 @@ double nn_loss_mse_(const float *z, const float *t, int64_t B, int64_t n, float 
 double nn_head_loss_(loom_loss_kind kind, const float *z, const int32_t *labels, const float *t, int64_t B, int64_t n,
                      float inv_gb, float *g, int64_t *correct);
 void   nn_softmax_rows_(const float *z, float *p, int64_t B, int64_t n);
+
+/* ---- the layer families' kernels layers.c dispatches to (dense.c, pooling.c,
+ * dropout.c, normalization.c, embedding.c; one chunk each, as layers.c) ---- */
+/* y (rows, n) = act(y + b) (b may be NULL), one pass: layers.c's, for dense.c. */
+void nn_bias_act_(float *y, const float *b, int64_t rows, int64_t n, loom_activation act);
+void nn_dense_forward_(const loom_model *m, const nn_layer_ *l, const float *x, float *y, int64_t B);
+float *nn_dense_backward_(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, const float *y, float *g,
+                          float *other);
+void nn_pool_forward_(const nn_layer_ *l, const float *x, float *y, int32_t *argmax, int64_t B);
+float *nn_pool_backward_(const nn_layer_ *l, const int32_t *argmax, const float *g, float *other, int64_t B);
+void nn_avg_pool_forward_(const nn_layer_ *l, const float *x, float *y, int64_t B);
+float *nn_avg_pool_backward_(const nn_layer_ *l, const float *g, float *other, int64_t B);
+void nn_gap_forward_(const nn_layer_ *l, const float *x, float *y, int64_t B);
+float *nn_gap_backward_(const nn_layer_ *l, const float *g, float *other, int64_t B);
+void nn_dropout_forward_(const nn_layer_ *l, int li, const float *restrict x, float *restrict y, uint8_t *restrict mk,
+                         int64_t e0, int64_t n, uint64_t rng_key);
+float *nn_dropout_backward_(const nn_layer_ *l, const uint8_t *restrict mk, float *restrict g, int64_t n);
+void nn_ln_forward_(const loom_model *m, const nn_layer_ *l, const float *x, float *y, int64_t b0, int64_t B);
+float *nn_ln_backward_(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, float *g);
+void nn_embedding_forward_(const loom_model *m, const nn_layer_ *l, const void *x, int64_t e0, float *restrict y,
+                           int64_t B);
 
 #endif

@@ -102,11 +102,10 @@ int loom_optimizer_new(loom_optimizer **out, const loom_optimizer_spec *spec, in
                                                                                                                      : 2;
     if (o->n_slots) {
         size_t bytes = (size_t)(o->n_slots * (num_params ? num_params : 1)) * sizeof(float);
-        if (!(o->slots = loom_alloc_aligned(bytes))) {
+        if (!(o->slots = loom_alloc_zeroed(bytes))) {
             loom_free(o);
             return loom_err_set(err, LOOM_ENOMEM, where, "cannot allocate %zu bytes of optimizer slots", bytes);
         }
-        memset(o->slots, 0, bytes);
         if (spec->kind == LOOM_OPT_ADAGRAD)
             for (int64_t i = 0; i < num_params; i++) o->slots[i] = (float)spec->initial_accumulator;
     }
@@ -117,7 +116,7 @@ int loom_optimizer_new(loom_optimizer **out, const loom_optimizer_spec *spec, in
 void loom_optimizer_free(loom_optimizer *o)
 {
     if (!o) return;
-    loom_free(o->slots);
+    loom_free_zeroed(o->slots);
     loom_free(o);
 }
 

@@ -830,22 +830,23 @@ static int graph_input(onnx_walk *w, const loom_spec *spec, const export_input *
     return LOOM_OK;
 }
 
-/* The graph's output: in Loom's layout, as loom predict gives it (probabilities
- * under softmax (binary) cross-entropy, unless the model ends on its own
- * softmax (sigmoid)). */
-static void graph_output(onnx_walk *w, const loom_model_spec *ms)
+/* A graph output named name, of the value in the walk, the output of the
+ * layer l under loss: in Loom's layout, as loom predict gives it
+ * (probabilities under softmax (binary) cross-entropy, unless the layer
+ * ends on its own softmax (sigmoid)). */
+static void graph_output(onnx_walk *w, const char *name, const loom_layer_spec *l, loom_loss_kind loss)
 {
     onnx_graph *o = w->o;
     if (w->nchw) transpose(w, to_nhwc, false); /* a model ending on a conv or pool */
-    bool ends_softmax = ms->n_layers > 0 && ms->layer[ms->n_layers - 1].activation == LOOM_ACT_SOFTMAX;
-    bool ends_sigmoid = ms->n_layers > 0 && ms->layer[ms->n_layers - 1].activation == LOOM_ACT_SIGMOID;
-    node_begin(o, ms->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && !ends_softmax ? "Softmax"
-                  : ms->loss == LOOM_LOSS_BCE && !ends_sigmoid          ? "Sigmoid"
-                                                                         : "Identity",
-               "output", w->cur, NULL, NULL);
-    if (ms->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && !ends_softmax) attr_int(o, "axis", -1);
+    bool ends_softmax = l && l->activation == LOOM_ACT_SOFTMAX;
+    bool ends_sigmoid = l && l->activation == LOOM_ACT_SIGMOID;
+    node_begin(o, loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && !ends_softmax ? "Softmax"
+                  : loss == LOOM_LOSS_BCE && !ends_sigmoid          ? "Sigmoid"
+                                                                     : "Identity",
+               name, w->cur, NULL, NULL);
+    if (loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && !ends_softmax) attr_int(o, "axis", -1);
     node_end(o);
-    value_info(o, GRAPH_OUTPUT, "output", ONNX_FLOAT, &w->s);
+    value_info(o, GRAPH_OUTPUT, name, ONNX_FLOAT, &w->s);
 }
 
 /* A value of the graph a layer reads: a model input or a layer's output,
@@ -1011,10 +1012,16 @@ static int build_graph(onnx_graph *o, const loom_spec *spec, loom_model *m, cons
         strcpy(val[li].name, w.cur);
         val[li].s = w.s, val[li].nchw = w.nchw, val[li].dt = LOOM_F32;
     }
+    if (!rc) graph_output(&w, "output", ms->n_layers > 0 ? &ms->layer[ms->n_layers - 1] : NULL, ms->loss);
+    /* several heads (model.outputs): each other head's an output named by its layer, after "output" */
+    for (int h = 1; h < loom_model_num_heads(m) && !rc; h++) {
+        int li = loom_model_head_layer(m, h), src[LOOM_MAX_LAYER_INPUTS], ns;
+        strcpy(w.cur, val[li].name);
+        w.s = val[li].s, w.nchw = val[li].nchw;
+        graph_output(&w, ms->head[h].layer, loom_model_layer_spec(m, li, src, &ns), ms->head[h].loss);
+    }
     loom_free(val);
-    if (rc) return rc;
-    graph_output(&w, ms);
-    return LOOM_OK;
+    return rc;
 }
 
 static int write_onnx(const loom_spec *spec, loom_model *m, const export_input *in, bool preprocessing,
@@ -1111,7 +1118,8 @@ static int write_npz(loom_model *m, const char *output, loom_err *err)
 /* ---- the command ---------------------------------------------------------------- */
 
 /* The model input's shapes from the config's eval pipeline (train without
- * one), opened without its batch; for preprocessing, the source alone. */
+ * one): its maps and batches (shapes per example: the batch dimension
+ * dropped); for preprocessing, the source alone. */
 static int input_of(const loom_spec *spec, const loom_dataset_spec *base, bool raw, export_input *in, loom_err *err)
 {
     loom_dataset_spec *ds = loom_calloc(1, sizeof *ds);
@@ -1120,9 +1128,13 @@ static int input_of(const loom_spec *spec, const loom_dataset_spec *base, bool r
     for (int pass = 0; pass < (raw ? 2 : 1) && !rc; pass++) { /* each pass reads the source: export's main cost */
         *ds = *base;
         ds->n_transforms = 0;
-        if (pass == 0) /* the maps (and whatever else does not batch), per example */
+        bool batched = false; /* the maps with the batches they run on (a Lua map may read a batch's rows) */
+        if (pass == 0)
             for (int i = 0; i < base->n_transforms; i++)
-                if (base->transform[i].kind == LOOM_T_MAP) ds->transform[ds->n_transforms++] = base->transform[i];
+                if (base->transform[i].kind == LOOM_T_MAP || base->transform[i].kind == LOOM_T_BATCH) {
+                    batched |= base->transform[i].kind == LOOM_T_BATCH;
+                    ds->transform[ds->n_transforms++] = base->transform[i];
+                }
         loom_iter *it = NULL;
         loom_data_ctx ctx = {.seed = spec->run.seed, .threads = 0, .name = "export"};
         rc = loom_data_open(&it, ds, &ctx, err);
@@ -1130,7 +1142,9 @@ static int input_of(const loom_spec *spec, const loom_dataset_spec *base, bool r
             loom_err_prefix(err, "%s", base == &spec->eval ? "data.eval" : "data.train");
             break;
         }
-        const loom_elem_spec *es = loom_iter_spec(it);
+        loom_elem_spec unb = *loom_iter_spec(it), *es = &unb;
+        for (int f = 0; batched && f < unb.n; f++) /* per example: the batch dimension dropped */
+            unb.shape[f] = loom_shape_make(unb.shape[f].rank - 1, unb.shape[f].dim + 1);
         int xi = loom_elem_spec_find(es, spec->model.input), yi = loom_elem_spec_find(es, spec->model.label);
         if (xi < 0 || (pass == 0 && yi < 0)) {
             char have[512];

@@ -1,7 +1,7 @@
 /* run_internal.h - what every command of train/ opens first: the pipelines and
- * the strategy of a config (train.c's train_run_open_), and the checkpoint that
+ * the strategy of a config (run_open.c's train_run_open_), and the checkpoint that
  * evaluate and predict load, and what the evaluators share with the trainer.
- * Private to train/ (train.c, evaluate.c, predict.c, profile.c). Threads: the caller's. */
+ * Private to train/ (train.c, run_open.c, check.c, evaluate.c, predict.c, profile.c). Threads: the caller's. */
 #ifndef LOOM_TRAIN_RUN_H
 #define LOOM_TRAIN_RUN_H
 
@@ -26,8 +26,10 @@ typedef struct run {
     bool               multi;
     bool               chief;
     loom_dataset_spec *train_spec; /* multi: data.train with this worker's share of the global batch (owned) */
+    loom_input_ctx     ictx;       /* the strategy's input context of data.train (its sharding, its seed) */
     loom_status       *status;     /* run.status_port's endpoint (loom_train), or NULL */
     double            *macc[2];    /* model.metrics' state: [0] the epoch's training steps, [1] the last evaluation */
+    double            *msnap;      /* several heads: macc[0] at the last summary (the window's heads: the change) */
     bool               has_acc;    /* "accuracy" is one of model.metrics */
     bool               sidecar_eval; /* the cluster has an evaluator task: it evaluates, the chief does not */
     double             status_stages_at; /* when the pipeline's stages were last published */
@@ -45,6 +47,8 @@ int  train_run_open_(run *r, const loom_spec *spec, const char *model_dir, bool 
 int  train_run_open_at_(run *r, const loom_spec *spec, const char *model_dir, const loom_cluster *cluster,
                         const char *resume_key, const char *resume_text, loom_err *err);
 void train_run_close_(run *r);
+/* The batch size of d: its last batch transform's, 0 without one. */
+int64_t train_batch_size_of_(const loom_dataset_spec *d);
 /* Loads the checkpoint to evaluate or predict with into the strategy's model:
  * `checkpoint`, or (NULL) the latest in r's model directory; path gets the
  * file's name, step its step (-1 when a file was named). */

@@ -1,6 +1,7 @@
 /* train.c - the trainer (loom train: resume, the step loop, the end-of-epoch evaluation, checkpoint
- * cadence, the metrics sink) and loom check. evaluate.c, predict.c and profile.c hold loom evaluate
- * (and its sidecar), loom predict and loom profile --train; run_internal.h what they share with it. */
+ * cadence, the metrics sink). run_open.c opens the run, check.c holds loom check; evaluate.c,
+ * predict.c and profile.c hold loom evaluate (and its sidecar), loom predict and loom profile
+ * --train; run_internal.h what they share with it. */
 #include "train.h"
 #include "run_internal.h"
 #include "dir_lock_internal.h"
@@ -74,271 +75,6 @@ static int state_restore(trainer_state *s, loom_buf *b, const char *path, loom_e
     return LOOM_OK;
 }
 
-static int64_t batch_size_of(const loom_dataset_spec *d)
-{
-    for (int i = d->n_transforms - 1; i >= 0; i--)
-        if (d->transform[i].kind == LOOM_T_BATCH) return d->transform[i].batch_size;
-    return 0;
-}
-
-static int find_features(const loom_spec *spec, const loom_elem_spec *es, const char *which, int *input_idx,
-                         int *label_idx, loom_err *err)
-{
-    char w[600], have[512];
-    *input_idx = loom_elem_spec_find(es, spec->model.input);
-    *label_idx = loom_elem_spec_find(es, spec->model.label);
-    if (*input_idx < 0 || *label_idx < 0) {
-        const char *missing = *input_idx < 0 ? spec->model.input : spec->model.label;
-        return loom_err_set(err, LOOM_ESHAPE, loom_loc_str(&spec->model.loc, w, sizeof w),
-                            "model.%s: the %s pipeline has no feature \"%s\" (it yields %s)",
-                            *input_idx < 0 ? "input" : "label", which, missing,
-                            loom_elem_spec_str(es, have, sizeof have));
-    }
-    return LOOM_OK;
-}
-
-/* A source the config names that is missing, truncated or malformed is a
- * problem of the config (exit status 2), found before anything runs. */
-static int data_open_failed(loom_err *err, const char *which)
-{
-    loom_err_prefix(err, "%s", which);
-    if (err->code == LOOM_EIO || err->code == LOOM_EDATA) err->code = LOOM_ECONFIG;
-    return err->code;
-}
-
-void train_run_close_(run *r)
-{
-    loom_status_close(r->status);
-    train_hooks_close_(&r->hooks);
-    loom_strategy_close(r->strat);
-    loom_iter_close(r->train);
-    loom_iter_close(r->eval);
-    loom_free(r->train_spec);
-    loom_free(r->macc[0]);
-    loom_free(r->macc[1]);
-}
-
-/* The config's batch is the job's GLOBAL batch (tf.distribute): with N
- * input pipelines (workers) each yields global / N examples a step, so the
- * union of one step's batches over the workers is one process's batch
- * (with shard_policy data, worker i keeps the batches i, i + N, ...). */
-static int share_batch(run *r, const loom_dataset_spec *train, const loom_input_ctx *ic, loom_err *err)
-{
-    int n = ic->num_input_pipelines;
-    r->train_spec = loom_alloc(sizeof *r->train_spec);
-    if (!r->train_spec) return loom_err_set(err, LOOM_ENOMEM, NULL, "copying data.train for %d workers", n);
-    *r->train_spec = *train;
-    for (int i = train->n_transforms - 1; i >= 0; i--) {
-        loom_transform_spec *t = &r->train_spec->transform[i];
-        if (t->kind != LOOM_T_BATCH) continue;
-        if (t->batch_size % n) {
-            char w[600];
-            loom_err_set(err, LOOM_ECONFIG, loom_loc_str(&t->loc, w, sizeof w),
-                         "data.train: the global batch %lld does not split evenly among the %d workers of the job",
-                         (long long)t->batch_size, n);
-            return loom_err_hint(err, "use a batch size that is a multiple of %d, e.g. %lld (it is the global batch, "
-                                 "split among the workers)", n,
-                                 (long long)(t->batch_size > n ? t->batch_size / n * n : n));
-        }
-        t->batch_size /= n;
-        return LOOM_OK;
-    }
-    return LOOM_OK; /* no batch transform: refused below */
-}
-
-/* Eval batches go through the same replicas as data.train's (es): the same
- * features at the same places, with the same per-example dtypes and shapes. */
-static int eval_matches_train(run *r, const loom_spec *spec, const loom_elem_spec *es, loom_err *err)
-{
-    char w[600];
-    const loom_elem_spec *ev = loom_iter_spec(r->eval);
-    int ei, el;
-    int rc = find_features(spec, ev, "eval", &ei, &el, err);
-    if (rc) return rc;
-    if (ei != r->args.input_idx || el != r->args.label_idx) {
-        char a[512], b[512];
-        return loom_err_set(err, LOOM_ESHAPE, loom_loc_str(&spec->eval.loc, w, sizeof w),
-                            "data.eval yields %s but data.train yields %s; the features must match",
-                            loom_elem_spec_str(ev, a, sizeof a), loom_elem_spec_str(es, b, sizeof b));
-    }
-    for (int k = 0; k < 2; k++) {
-        int i = k ? el : ei;
-        loom_shape x = es->shape[i], y = ev->shape[i];
-        x.dim[0] = y.dim[0] = 0;
-        if (es->dtype[i] != ev->dtype[i] || !loom_shape_eq(&x, &y)) {
-            char a[512], b[512];
-            return loom_err_set(err, LOOM_ESHAPE, loom_loc_str(&spec->eval.loc, w, sizeof w),
-                                "data.eval yields %s but data.train yields %s; feature \"%s\" must have the same "
-                                "dtype and shape",
-                                loom_elem_spec_str(ev, a, sizeof a), loom_elem_spec_str(es, b, sizeof b), es->name[i]);
-        }
-    }
-    return LOOM_OK;
-}
-
-/* Opens the pipelines and the strategy. `need_eval`: fail if data.eval is
- * absent. cluster: this process's task in a job across processes (NULL: one
- * process); plan_only: `loom check` (the strategy opens no socket). */
-/* one_device steps on its model's pool, the train thread with it, across
- * every core: a data.train that only gathers rows from memory makes each
- * batch on that pool inside loom_iter_next (a few us, both threads), not on
- * a prefetch thread that takes a core from one compute thread while the
- * other waits for it at the phase's end (loom_iter_share_pool). With a core
- * to spare (run.threads below the cores), or a pipeline with real work in
- * it, the prefetch keeps its thread. */
-static void share_input_pool(run *r)
-{
-    loom_pool *pool = loom_strategy_step_pool(r->strat);
-    if (pool && loom_pool_size(pool) >= loom_num_cores()) r->input_on_pool = loom_iter_share_pool(r->train, pool);
-}
-
-/* model.inputs: each a feature of the train and eval pipelines, at the same
- * place in both; their indices into the strategy's args. */
-static int find_model_inputs(run *r, const loom_spec *spec, const loom_elem_spec *es, loom_err *err)
-{
-    char w[600];
-    r->args.inputs_idx[0] = r->args.input_idx;
-    r->args.n_inputs = spec->model.n_inputs > 1 ? spec->model.n_inputs : 1;
-    for (int f = 1; f < r->args.n_inputs; f++) { /* model.inputs: each a feature of both pipelines, at one place */
-        const char *name = spec->model.inputs[f];
-        int ti = loom_elem_spec_find(es, name), ei = r->eval ? loom_elem_spec_find(loom_iter_spec(r->eval), name) : ti;
-        if (ti < 0 || ei != ti) {
-            char have[512];
-            const loom_elem_spec *in = ti < 0 ? es : loom_iter_spec(r->eval);
-            return loom_err_set(err, LOOM_ESHAPE, loom_loc_str(&spec->model.loc, w, sizeof w),
-                                "model.inputs: the %s pipeline has no feature \"%s\"%s (it yields %s)",
-                                ti < 0 ? "train" : "eval", name, ti < 0 ? "" : " where data.train has it",
-                                loom_elem_spec_str(in, have, sizeof have)),
-                   loom_err_hint(err, "a model input is a feature of the data: name one of those, or add the feature "
-                                      "to the source");
-        }
-        r->args.inputs_idx[f] = ti;
-    }
-    /* model.outputs: each head's label a feature of both pipelines, at one place */
-    const loom_model_spec *ms = &spec->model;
-    r->args.heads_idx[0] = r->args.label_idx;
-    r->args.n_heads = ms->n_heads > 1 ? ms->n_heads : 1;
-    for (int h = 1; h < r->args.n_heads; h++) {
-        const char *name = ms->head[h].label;
-        int ti = loom_elem_spec_find(es, name), ei = r->eval ? loom_elem_spec_find(loom_iter_spec(r->eval), name) : ti;
-        if (ti < 0 || ei != ti) {
-            char have[512];
-            const loom_elem_spec *in = ti < 0 ? es : loom_iter_spec(r->eval);
-            return loom_err_set(err, LOOM_ESHAPE, loom_loc_str(&ms->head[h].loc, w, sizeof w),
-                                "model.outputs: head \"%s\"'s label \"%s\" is not a feature of the %s pipeline%s (it "
-                                "yields %s)", ms->head[h].layer, name, ti < 0 ? "train" : "eval",
-                                ti < 0 ? "" : " where data.train has it", loom_elem_spec_str(in, have, sizeof have)),
-                   loom_err_hint(err, "a head's label is a feature of the data: name one of those, or derive it with "
-                                      "a map");
-        }
-        r->args.heads_idx[h] = ti;
-    }
-    return LOOM_OK;
-}
-
-static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool need_eval, const loom_cluster *cluster,
-                    bool plan_only, const char *resume_key, const char *resume_text, loom_err *err);
-
-int train_run_open_(run *r, const loom_spec *spec, const char *model_dir, bool need_eval,
-                    const loom_cluster *cluster, bool plan_only, loom_err *err)
-{
-    return run_open(r, spec, model_dir, need_eval, cluster, plan_only, NULL, NULL, err);
-}
-
-int train_run_open_at_(run *r, const loom_spec *spec, const char *model_dir, const loom_cluster *cluster,
-                       const char *resume_key, const char *resume_text, loom_err *err)
-{
-    return run_open(r, spec, model_dir, false, cluster, false, resume_key, resume_text, err);
-}
-
-static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool need_eval, const loom_cluster *cluster,
-                    bool plan_only, const char *resume_key, const char *resume_text, loom_err *err)
-{
-    memset(r, 0, sizeof *r);
-    r->spec = spec;
-    r->args.resume_key = resume_key;
-    r->args.resume_text = resume_text;
-    r->chief = true;
-    r->args.spec = spec;
-    r->args.cluster = cluster;
-    r->args.plan_only = plan_only;
-    snprintf(r->model_dir, sizeof r->model_dir, "%s", model_dir ? model_dir : spec->run.model_dir);
-    loom_path_normalize(r->model_dir); /* every checkpoint path it names, as the user reads it */
-    /* the built-in strategies spend run.threads on their replicas' own
-     * threads (intra-op data parallelism, measured faster than BLAS threads
-     * on these small GEMMs), each calling single-threaded BLAS, so the cores
-     * are never oversubscribed (LOOM_STRATEGY_OWN_THREADS); a plugin's
-     * strategy without that cap gives BLAS run.threads */
-    int rc = loom_blas_init(loom_strategy_blas_threads(spec), err);
-    if (rc) return rc;
-    char w[600];
-    if (need_eval && !spec->eval.present)
-        return loom_err_set(err, LOOM_ECONFIG, spec->path, "data.eval is not declared"),
-               loom_err_hint(err, "add a data.eval section, e.g. the catalog's \"test\" split");
-    loom_input_ctx ictx;
-    if ((rc = loom_strategy_input_context(&r->args, &ictx, err))) return rc;
-    r->multi = ictx.num_input_pipelines > 1;
-    if (r->multi && (rc = share_batch(r, &spec->train, &ictx, err))) return rc;
-    const loom_dataset_spec *train = r->train_spec ? r->train_spec : &spec->train;
-    int64_t max_batch = batch_size_of(train);
-    if (max_batch <= 0)
-        return loom_err_set(err, LOOM_ECONFIG, loom_loc_str(&spec->train.loc, w, sizeof w),
-                            "data.train.transforms: no batch transform"),
-               loom_err_hint(err, "add { op = \"batch\"; size = 128; } to data.train.transforms");
-    int threads = spec->run.threads > 0 ? spec->run.threads : loom_num_cores();
-    double t0 = loom_now();
-    /* Lua maps and filters run under the hooks section's sandbox and limits */
-    loom_lua_opts lua = {.model_dir = r->model_dir, .unsafe = spec->hooks.unsafe, .memory_limit = spec->hooks.memory_limit,
-                         .instruction_limit = spec->hooks.instruction_limit};
-    loom_data_ctx ctx = {.seed = spec->run.seed, .threads = threads, .name = "train", .input = ictx,
-                         .custom_options = &lua};
-    if (ictx.seed_key) { /* the strategy's own per-pipeline seed; the source draws the run's data set */
-        ctx.seed = loom_rng_mix(spec->run.seed, ictx.seed_key);
-        ctx.source_seed = spec->run.seed, ctx.source_seed_set = true;
-    }
-    rc = loom_data_open(&r->train, train, &ctx, err);
-    if (rc) return data_open_failed(err, "data.train");
-    if (spec->eval.present) {
-        loom_data_ctx ectx = {.seed = spec->run.seed, .threads = threads, .name = "eval", .custom_options = &lua};
-        rc = loom_data_open(&r->eval, &spec->eval, &ectx, err);
-        if (rc) return data_open_failed(err, "data.eval");
-        int64_t eb = batch_size_of(&spec->eval);
-        if (eb <= 0)
-            return loom_err_set(err, LOOM_ECONFIG, loom_loc_str(&spec->eval.loc, w, sizeof w),
-                                "data.eval.transforms: no batch transform"),
-                   loom_err_hint(err, "add { op = \"batch\"; size = 256; } to data.eval.transforms");
-        if (eb > max_batch) max_batch = eb;
-    }
-    r->decode_sec = loom_now() - t0;
-    const loom_elem_spec *es = loom_iter_spec(r->train);
-    r->args.input = es;
-    r->args.max_batch = max_batch;
-    r->args.steps_per_epoch = loom_iter_cardinality(r->train);
-    rc = find_features(spec, es, "train", &r->args.input_idx, &r->args.label_idx, err);
-    if (rc) return rc;
-    if ((rc = find_model_inputs(r, spec, es, err))) return rc;
-    if (spec->model.sample_weight[0]) { /* model.sample_weight: in both pipelines, at the same place */
-        int wi = loom_elem_spec_find(es, spec->model.sample_weight);
-        int we = r->eval ? loom_elem_spec_find(loom_iter_spec(r->eval), spec->model.sample_weight) : wi;
-        if (wi < 0 || we != wi) {
-            char have[512];
-            const loom_elem_spec *in = wi < 0 ? es : loom_iter_spec(r->eval);
-            return loom_err_set(err, LOOM_ESHAPE, loom_loc_str(&spec->model.loc, w, sizeof w),
-                                "model.sample_weight: the %s pipeline has no feature \"%s\" where data.train has it "
-                                "(it yields %s)",
-                                wi < 0 ? "train" : "eval", spec->model.sample_weight,
-                                loom_elem_spec_str(in, have, sizeof have));
-        }
-        r->args.weight_idx1 = wi + 1;
-    }
-    if (r->eval && (rc = eval_matches_train(r, spec, es, err))) return rc;
-    if ((rc = loom_strategy_open(&r->strat, &r->args, err))) return rc;
-    r->chief = loom_strategy_is_chief(r->strat);
-    loom_strategy_set_ckpt_writer(r->strat, loom_ckpt_write_shard); /* tasks that hold shards write them (ps) */
-    share_input_pool(r);
-    return LOOM_OK;
-}
-
 /* ---- model.metrics ---- */
 
 /* Adds every replica's metric state into acc and clears them (a strategy
@@ -356,6 +92,9 @@ int train_metrics_open_(run *r, loom_err *err)
     for (int k = 0; k < 2; k++)
         if (!(r->macc[k] = loom_calloc((size_t)(n ? n : 1), sizeof(double))))
             return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate the metrics' state");
+    /* several heads: macc[0] as the last summary left it (window_heads) */
+    if (loom_model_num_heads(m) > 1 && !(r->msnap = loom_calloc((size_t)(n ? n : 1), sizeof(double))))
+        return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate the metrics' state");
     r->hooks.n_metrics = 0;
     for (int i = 0; i < loom_model_num_metrics(m) && r->hooks.n_metrics < LOOM_HOOK_MAX_METRICS; i++)
         if (loom_model_metric(m, i) != LOOM_METRIC_ACCURACY)
@@ -367,7 +106,33 @@ int train_metrics_open_(run *r, loom_err *err)
 static void metrics_clear(run *r, int k)
 {
     loom_model *m = loom_strategy_model(r->strat);
-    if (r->macc[k]) memset(r->macc[k], 0, (size_t)loom_model_metrics_size(m) * sizeof(double));
+    int64_t n = loom_model_metrics_size(m);
+    /* a summary window across the epoch's end keeps the steps before it */
+    for (int64_t i = 0; k == 0 && r->msnap && r->macc[0] && i < n; i++) r->msnap[i] -= r->macc[0][i];
+    if (r->macc[k]) memset(r->macc[k], 0, (size_t)n * sizeof(double));
+}
+
+/* Several heads: each head's "<layer>_loss" and "<layer>_accuracy" over the
+ * summary window's examples into tag and v (LOOM_MAX_HEADS * 2 each); their
+ * count. */
+static int window_heads(run *r, int64_t examples, char (*tag)[LOOM_NAME_MAX + 16], double *v)
+{
+    loom_model *m = loom_strategy_model(r->strat);
+    if (!r->msnap || loom_model_num_heads(m) < 2) return 0;
+    take_metrics(r, r->macc[0]);
+    int64_t n = loom_model_metrics_size(m);
+    double *d = loom_calloc((size_t)n, sizeof *d);
+    if (!d) return 0;
+    for (int64_t i = 0; i < n; i++) d[i] = r->macc[0][i] - r->msnap[i], r->msnap[i] = r->macc[0][i];
+    int k = 0;
+    for (int h = 0; h < loom_model_num_heads(m); h++)
+        for (int q = 0; q < 2; q++) {
+            if (q && !loom_model_head_accuracy(m, h)) continue;
+            snprintf(tag[k], sizeof tag[k], "%s_%s", loom_model_head_name(m, h), q ? "accuracy" : "loss");
+            v[k++] = loom_model_head_value(m, h, q, d, examples);
+        }
+    loom_free(d);
+    return k;
 }
 
 /* ", accuracy 0.9123, auc 0.9500" (state k, with the steps' correct and examples) into buf. */
@@ -638,9 +403,12 @@ typedef struct summary_window {
     int64_t correct, examples;
 } summary_window;
 
-static int log_summary(FILE *metrics, loom_summary *tb, summary_window *w, int64_t step, double lr, bool has_acc,
-                       loom_err *err)
+static int log_summary(run *r, FILE *metrics, loom_summary *tb, summary_window *w, int64_t step, double lr,
+                       bool has_acc, loom_err *err)
 {
+    char htag[LOOM_MAX_HEADS * 2][LOOM_NAME_MAX + 16];
+    double hv[LOOM_MAX_HEADS * 2];
+    int nh = window_heads(r, w->examples, htag, hv); /* several heads: each one's loss and accuracy */
     const char *tag[] = {"loss", "accuracy", "learning_rate", "samples_per_sec", "input_wait_fraction"};
     double v[] = {w->examples ? w->loss_sum / (double)w->examples : NAN,
                   w->examples && has_acc ? (double)w->correct / (double)w->examples : NAN, lr,
@@ -649,11 +417,14 @@ static int log_summary(FILE *metrics, loom_summary *tb, summary_window *w, int64
     fprintf(metrics, "{\"event\": \"summary\", \"step\": %lld", (long long)step);
     for (int i = 0; i < 5; i++)
         if (i != 1 || has_acc) train_json_num_(metrics, tag[i], v[i], 0); /* a regression has no accuracy */
+    for (int i = 0; i < nh; i++) train_json_num_(metrics, htag[i], hv[i], 0);
     train_json_time_(metrics, "wall_time", loom_wall_time());
     fprintf(metrics, "}\n");
     int rc = LOOM_OK;
     for (int i = 0; i < 5 && !rc; i++)
         if (isfinite(v[i])) rc = loom_summary_scalar(tb, tag[i], step, v[i], err);
+    for (int i = 0; i < nh && !rc; i++)
+        if (isfinite(hv[i])) rc = loom_summary_scalar(tb, htag[i], step, hv[i], err);
     return rc ? rc : loom_summary_flush(tb, err);
 }
 
@@ -972,7 +743,7 @@ static void sink_progress(trainer *t, double sps)
 static int sink_summary(trainer *t, loom_err *err)
 {
     double ts = loom_now();
-    int rc = log_summary(t->sink.jsonl, t->sink.tb, &t->sink.win, t->st.step, loom_optimizer_lr(t->opt, t->st.step),
+    int rc = log_summary(&t->r, t->sink.jsonl, t->sink.tb, &t->sink.win, t->st.step, loom_optimizer_lr(t->opt, t->st.step),
                          t->r.has_acc, err);
     t->sink.summary_sec += loom_now() - ts;
     return rc;
@@ -1626,156 +1397,4 @@ int train_load_for_inference_(run *r, const char *checkpoint, char path[LOOM_PAT
     if (rc) return rc;
     *step = st.step;
     return loom_strategy_sync(r->strat, err);
-}
-
-static void print_pipeline(FILE *f, const char *name, loom_iter *it)
-{
-    char buf[1024];
-    int64_t card = loom_iter_cardinality(it);
-    fprintf(f, "data.%s: %s", name, loom_elem_spec_str(loom_iter_spec(it), buf, sizeof buf));
-    if (card >= 0) fprintf(f, "; %lld batches per epoch\n", (long long)card);
-    else fprintf(f, "; %s\n", card == -1 ? "infinite" : "unknown length");
-    fprintf(f, "  plan: "); /* the stages after data.options.optimization's rewrites */
-    loom_iter_plan(it, f);
-}
-
-/* An empty data.train is the config's error, found by check rather than by
- * the first epoch: its size when known ahead, else by reading one batch. */
-static int check_train_not_empty(run *r, const loom_spec *spec, loom_err *err)
-{
-    /* the first batch of each pipeline is read, so a wrong header, a field of
-     * the wrong dtype or a missing feature fails here rather than mid-run */
-    loom_elem *b;
-    int rc;
-    if (r->eval) {
-        rc = loom_iter_next(r->eval, &b, err);
-        if (rc == LOOM_EEOF)
-            loom_warn("data.eval yields no batch: there will be no eval data");
-        else if (rc)
-            return loom_err_prefix(err, "data.eval, first batch"), rc;
-        if ((rc = loom_iter_rewind(r->eval, 0, err))) return rc;
-    }
-    rc = loom_iter_next(r->train, &b, err);
-    if (rc != LOOM_EEOF) return rc == LOOM_OK ? loom_iter_rewind(r->train, 0, err) : rc;
-    const loom_dataset_spec *d = &spec->train;
-    const loom_loc *l = d->loc.file[0] ? &d->loc : &d->source.loc;
-    char where[LOOM_PATH_MAX + 16];
-    loom_loc_str(l, where, sizeof where);
-    loom_err_set(err, LOOM_ECONFIG, where[0] ? where : spec->path, "data.train yields no batch: the training set is empty");
-    return loom_err_hint(err, "check the source's files and counts, and take/skip/filter/shard, or a batch with "
-                         "drop_remainder larger than the data");
-}
-
-/* The largest label of up to CHECK_LABEL_BATCHES batches of it (the whole
- * pass when shorter), for a class count check, reading for at most
- * CHECK_LABEL_SECONDS after the first batch (224x224 images make 100 batches
- * seconds of work, and check is meant to be quick); *batches gets how many
- * it read. NaN when it holds no label or none was read. Rewinds it. */
-#define CHECK_LABEL_BATCHES 100
-#define CHECK_LABEL_SECONDS 0.25
-static int largest_label(loom_iter *it, const char *label, double *top, int64_t *batches, loom_err *err)
-{
-    *top = NAN;
-    *batches = 0;
-    int li = loom_elem_spec_find(loom_iter_spec(it), label);
-    if (li < 0) return LOOM_OK;
-    int rc = LOOM_OK;
-    double t0 = loom_now();
-    while (*batches < CHECK_LABEL_BATCHES && (*batches == 0 || loom_now() - t0 < CHECK_LABEL_SECONDS)) {
-        loom_elem *b;
-        if ((rc = loom_iter_next(it, &b, err))) break;
-        ++*batches;
-        const loom_tensor *t = &b->t[li];
-        int64_t n = loom_shape_numel(&t->shape);
-        for (int64_t i = 0; i < n; i++) {
-            double v = t->dtype == LOOM_U8    ? ((const uint8_t *)t->data)[i]
-                       : t->dtype == LOOM_I32 ? ((const int32_t *)t->data)[i]
-                       : t->dtype == LOOM_I64 ? (double)((const int64_t *)t->data)[i]
-                       : t->dtype == LOOM_F32 ? ((const float *)t->data)[i]
-                       : t->dtype == LOOM_F64 ? ((const double *)t->data)[i]
-                                              : NAN;
-            if (!(v <= *top)) *top = v; /* (the first, and NaN beats nothing: training names it) */
-        }
-    }
-    if (rc == LOOM_EEOF) rc = LOOM_OK;
-    return rc ? rc : loom_iter_rewind(it, 0, err);
-}
-
-/* sparse_softmax_cross_entropy needs a class per label: labels of 0..2 on a
- * last layer of 2 units passed check and failed at step 1. The labels of
- * the first batches of data.train and data.eval (each pass whole when it is
- * short) against the model's output count, naming the last layer's line. */
-static int check_classes(run *r, const loom_spec *spec, loom_err *err)
-{
-    const loom_model_spec *ms = &spec->model;
-    if (ms->loss != LOOM_LOSS_SPARSE_SOFTMAX_CE || ms->n_layers < 1) return LOOM_OK;
-    loom_shape os = loom_model_output_shape(loom_strategy_model(r->strat));
-    int64_t classes = loom_shape_numel(&os);
-    loom_iter *its[2] = {r->train, r->eval};
-    for (int k = 0; k < 2; k++) {
-        if (!its[k]) continue;
-        double top;
-        int64_t nb;
-        int rc = largest_label(its[k], ms->label, &top, &nb, err);
-        if (rc) return loom_err_prefix(err, "data.%s, reading its labels", k ? "eval" : "train"), rc;
-        if (!(top >= (double)classes)) continue;
-        const loom_layer_spec *l = &ms->layer[ms->n_layers - 1];
-        char where[LOOM_PATH_MAX + 16], outs[48];
-        loom_loc_str(l->loc.file[0] ? &l->loc : &ms->loc, where, sizeof where);
-        if (l->kind == LOOM_LAYER_DENSE && l->units == classes) snprintf(outs, sizeof outs, "units = %d", l->units);
-        else snprintf(outs, sizeof outs, "%lld output%s", (long long)classes, classes == 1 ? "" : "s");
-        loom_err_set(err, LOOM_ECONFIG, where,
-                     "model.layers.[%d] (%s): %s, but data.%s has label %.17g (the largest in its first %lld batch%s): "
-                     "sparse_softmax_cross_entropy needs one output per class",
-                     ms->n_layers - 1, l->name, outs, k ? "eval" : "train", top, (long long)nb, nb == 1 ? "" : "es");
-        return loom_err_hint(err, "labels must be integers from 0 to %lld here: give the last layer %.17g outputs (or "
-                             "more), or map the labels into range", (long long)(classes - 1), top + 1);
-    }
-    return LOOM_OK;
-}
-
-int loom_gradcheck(const loom_spec *spec, const loom_cluster *cluster, FILE *f, loom_err *err)
-{
-    run r;
-    int failed = 0;
-    int rc = train_run_open_(&r, spec, NULL, false, cluster, true, err);
-    if (!rc) rc = loom_model_gradcheck(loom_strategy_model(r.strat), f, &failed, err);
-    if (!rc && failed) {
-        char w[LOOM_PATH_MAX + 16];
-        loom_loc_str(&spec->model.loc, w, sizeof w);
-        rc = loom_err_set(err, LOOM_ENUMERIC, w[0] ? w : spec->path,
-                          "gradcheck: %d layer%s backward disagree%s with central differences", failed,
-                          failed == 1 ? "'s" : "s'", failed == 1 ? "s" : "");
-        loom_err_hint(err, "the FAIL rows above name them; a plugin layer's backward is its own code");
-    }
-    train_run_close_(&r);
-    return rc;
-}
-
-int loom_check(const loom_spec *spec, const loom_cluster *cluster, FILE *f, loom_err *err)
-{
-    run r;
-    int rc = train_run_open_(&r, spec, NULL, false, cluster, true, err);
-    if (!rc) rc = train_hooks_open_(&r.hooks, spec, r.model_dir, r.strat, err); /* finds every Lua function */
-    if (!rc) rc = check_train_not_empty(&r, spec, err);
-    if (!rc) rc = check_classes(&r, spec, err);
-    if (!rc && r.hooks.hooks)
-        fprintf(f, "hooks: %d callback%s, %s training step\n", loom_hooks_num_callbacks(r.hooks.hooks),
-                loom_hooks_num_callbacks(r.hooks.hooks) == 1 ? "" : "s",
-                loom_hooks_has_train_step(r.hooks.hooks) ? "a custom (Lua)" : "the built-in");
-    if (!rc) {
-        print_pipeline(f, "train", r.train);
-        if (r.eval) print_pipeline(f, "eval", r.eval);
-        loom_model *m = loom_strategy_model(r.strat);
-        loom_model_summary(m, f);
-        fprintf(f, "optimizer: %s, learning rate %g at step 0\n",
-                (const char *const[]){"sgd", "momentum", "adam", "adamw", "rmsprop", "adagrad"}[spec->optimizer.kind],
-                loom_optimizer_lr(loom_strategy_optimizer(r.strat), 0));
-        loom_strategy_print_plan(r.strat, batch_size_of(&spec->train), f);
-        fprintf(f, "compute: %d thread%s; BLAS %s (%s), %d thread%s each\n", loom_model_threads(m),
-                loom_model_threads(m) == 1 ? "" : "s", loom_blas_core(), loom_blas_core_reason(), loom_blas_threads(),
-                loom_blas_threads() == 1 ? "" : "s");
-    }
-    train_run_close_(&r);
-    return rc;
 }

@@ -3,12 +3,12 @@
 # (configs/fashion_mnist_two_heads.cfg: the 10 classes, and "footwear", a
 # binary label a Lua map derives from the class). A brief run logs each
 # head's loss and accuracy in metrics.jsonl, the total being the weighted
-# sum; the footwear head learns; intra-op threads give the same bits;
-# mirrored(2) matches one_device; evaluate reports every head; predict writes
-# every head's columns; the config
-# errors name file:line (unknown layer, duplicate head, first head not last,
-# model.loss beside outputs, a label that is not
-# a feature, a strategy without heads). Each run under `timeout`.
+# sum (so do the summaries, in TensorBoard too); the footwear head learns; intra-op threads give the same bits;
+# mirrored(2), central_storage(2), multi_worker_mirrored (2 workers) match
+# one_device; parameter_server (2 workers, 1 ps) evaluates each head;
+# evaluate reports every head; predict writes every head's columns; the
+# config errors name file:line (unknown layer, duplicate head, first head
+# not last, model.loss beside outputs, a label that is not a feature). Each run under `timeout`.
 source "$(dirname "$0")/lib.sh"
 CFG=configs/fashion_mnist_two_heads.cfg
 S=(--set run.eval_steps=4 --set run.epochs=1)  # one pass: 469 steps
@@ -23,7 +23,7 @@ run() { # NAME ARGS...: trains into $WORK/NAME, status checked
     fi
     LOG=$out
 }
-run one "${S[@]}"
+run one "${S[@]}" --set run.summary_steps=100
 contains "the log line names each head's loss" "logits_loss" "$LOG"
 contains "the log line has the footwear head's accuracy" "footwear_accuracy" "$LOG"
 # metrics.jsonl: the last line with train_ and eval_ values of each head; total = logits + 0.5 footwear
@@ -45,6 +45,19 @@ PY
 
 n=$(cat "$WORK"/one/eval/events.out.tfevents.* 2>/dev/null | grep -c -a -e footwear_accuracy -e logits_loss)
 [ "${n:-0}" -ge 1 ] && pass "TensorBoard: the eval scalars name the heads" || fail "TensorBoard: eval scalars of the heads" "$n"
+# the training summaries (every 100 steps): each head's loss and accuracy over the window, in TensorBoard too
+out=$(python3 - "$WORK/one/metrics.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+sm = [r for r in rows if r.get("event") == "summary"]
+bad = [r["step"] for r in sm if abs(r["logits_loss"] + 0.5 * r["footwear_loss"] - r["loss"]) > 1e-4 * r["loss"]
+       or not 0 <= r["footwear_accuracy"] <= 1]
+print("%d summaries, %s bad" % (len(sm), bad or "none"))
+sys.exit(0 if len(sm) >= 4 and not bad else 1)
+PY
+) && pass "metrics.jsonl: each summary's head losses sum to its loss ($out)" || fail "summaries: per-head values" "$out"
+n=$(cat "$WORK"/one/events.out.tfevents.* 2>/dev/null | grep -c -a -e footwear_accuracy)
+[ "${n:-0}" -ge 1 ] && pass "TensorBoard: the training scalars name the heads" || fail "TensorBoard: training scalars of the heads" "$n"
 run t1 "${S[@]}" --set run.threads=1
 run t2 "${S[@]}" --set run.threads=2
 same_weights "run.threads 1 and 2: the same bits" "$WORK/t1/ckpt-469.loom" "$WORK/t2/ckpt-469.loom"
@@ -52,16 +65,38 @@ same_weights "run.threads 1 and 2: the same bits" "$WORK/t1/ckpt-469.loom" "$WOR
 Q=(--set run.max_steps=20 --set run.eval_steps=1 --set run.checkpoint_steps=20)
 run o20 "${Q[@]}"
 run m2 "${Q[@]}" --set strategy.type=mirrored --set strategy.replicas=2
-for k in eval_logits_loss eval_footwear_loss; do
-    a=$(grep '"event": "end"' "$WORK/o20/metrics.jsonl" | grep -o "\"$k\": [0-9.e-]*")
-    b=$(grep '"event": "end"' "$WORK/m2/metrics.jsonl" | grep -o "\"$k\": [0-9.e-]*")
-    if [ -n "$a" ] && [ -n "$b" ] &&
-            awk -v a="${a##* }" -v b="${b##* }" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * a) }'; then
-        pass "mirrored(2): $k within 1e-5 of one_device's (${a##* }, ${b##* })"
-    else
-        fail "mirrored(2): $k within 1e-5 of one_device's" "$a" "$b"
-    fi
+run cs2 "${Q[@]}" --set strategy.type=central_storage --set strategy.replicas=2
+# multi_worker_mirrored and parameter_server: 2 workers (and 1 ps) on 127.0.0.1 through launch --local
+launch() { # NAME ARGS...: like run, through loom launch --local
+    local name=$1 out; shift
+    if out=$(timeout 180 "$LOOM" launch --local $CFG --model-dir "$WORK/$name" "${Q[@]}" --set run.threads=1 "$@" 2>&1)
+    then pass "$name: launch --local ends with status 0"
+    else fail "$name: launch --local ends with status 0" "$(echo "$out" | tail -4)"; fi
+}
+launch mw2 --workers 2 --set strategy.type=multi_worker_mirrored
+launch ps2 --workers 2 --ps 1 --set strategy.type=parameter_server
+for s in m2 cs2 mw2; do
+    for k in eval_logits_loss eval_footwear_loss; do
+        a=$(grep '"event": "end"' "$WORK/o20/metrics.jsonl" | grep -o "\"$k\": [0-9.e-]*")
+        b=$(grep '"event": "end"' "$WORK/$s/metrics.jsonl" | grep -o "\"$k\": [0-9.e-]*")
+        if [ -n "$a" ] && [ -n "$b" ] &&
+                awk -v a="${a##* }" -v b="${b##* }" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * a) }'; then
+            pass "$s: $k within 1e-5 of one_device's (${a##* }, ${b##* })"
+        else
+            fail "$s: $k within 1e-5 of one_device's" "$a" "$b"
+        fi
+    done
 done
+# parameter_server (asynchronous: no bits to compare): each head evaluated, the total their weighted sum, learnt
+out=$(python3 - "$WORK/ps2/metrics.jsonl" <<'PY'
+import json, sys
+end = [json.loads(l) for l in open(sys.argv[1]) if '"end"' in l][-1]
+tot = end["eval_logits_loss"] + 0.5 * end["eval_footwear_loss"]
+print("eval_loss %.6f weighted %.6f footwear_acc %.4f" % (end["eval_loss"], tot, end["eval_footwear_accuracy"]))
+sys.exit(0 if abs(tot - end["eval_loss"]) <= 1e-5 * end["eval_loss"] and end["eval_footwear_accuracy"] > 0.85 else 1)
+PY
+) && pass "parameter_server: each head's eval loss, eval_loss their weighted sum ($out)" ||
+    fail "parameter_server: each head's eval values" "$out" "$(tail -1 "$WORK/ps2/metrics.jsonl")"
 out=$(timeout 120 "$LOOM" evaluate $CFG --model-dir "$WORK/one" --set run.eval_steps=4 2>&1)
 contains "evaluate: each head's values in its JSON" '"eval_footwear_accuracy": ' "$out"
 contains "evaluate: the first head's loss" '"eval_logits_loss": ' "$out"
@@ -92,6 +127,4 @@ expect_fail 2 "model.loss beside model.outputs" "give model.loss or model.output
 sed 's/label = "footwear"/label = "shoes"/' $CFG > configs/.heads_bad_$$.cfg
 expect_fail 2 "a label that is not a feature" "head \"footwear\"'s label \"shoes\" is not a feature of the train pipeline" \
     timeout 60 "$LOOM" train configs/.heads_bad_$$.cfg --model-dir "$WORK/bad" "${S[@]}"
-expect_fail 2 "central_storage refuses heads" "strategy \"central_storage\" trains a model of one output" timeout 60 "$LOOM" train $CFG \
-    --model-dir "$WORK/cs" "${S[@]}" --set strategy.type=central_storage --set strategy.replicas=2
 finish

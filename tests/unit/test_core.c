@@ -152,6 +152,28 @@ static void test_buf(void)
     loom_buf_fini(&b);
 }
 
+/* loom_alloc_zeroed: zeroed and 64-byte aligned, small (the heap) and big
+ * (fresh pages), writable to the last byte, and the failure hook. */
+static void test_alloc_zeroed(void)
+{
+    const size_t sizes[] = {1, 100, 4096, ((size_t)1 << 20) - 8, (size_t)1 << 20, ((size_t)3 << 20) + 5};
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        size_t n = sizes[k];
+        unsigned char *p = loom_alloc_zeroed(n);
+        CHECK(p && ((uintptr_t)p & 63) == 0);
+        if (!p) continue;
+        size_t nz = 0;
+        for (size_t i = 0; i < n; i++) nz += p[i] != 0;
+        CHECK(nz == 0);
+        memset(p, 0xab, n);
+        loom_free_zeroed(p);
+    }
+    loom_free_zeroed(NULL);
+    loom_alloc_fail_after(0);
+    CHECK(loom_alloc_zeroed((size_t)2 << 20) == NULL);
+    loom_alloc_fail_after(-1);
+}
+
 static void test_errors(void)
 {
     loom_err e = {0};
@@ -661,6 +683,7 @@ static const loom_test tests[] = {
     {"philox_known_answer", test_philox_known_answer},
     {"rng_streams", test_rng_streams},
     {"buf", test_buf},
+    {"alloc_zeroed", test_alloc_zeroed},
     {"errors", test_errors},
     {"pool", test_pool},
     {"pool pinned to cores", test_pool_pin},

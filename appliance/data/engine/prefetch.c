@@ -41,6 +41,7 @@ typedef struct prefst {
     int       sticky;       /* consumer got EOF/error; repeats it until rewind */
     pent      sticky_e;
     int       pause_req, paused, stop, started;
+    int       lazy;         /* threaded, its thread started by the first pull (loom_data_ctx.lazy_threads) */
     pthread_t th;
     pthread_mutex_t mu;
     pthread_cond_t  cprod, ccons;
@@ -198,6 +199,11 @@ static int pref_next(dstage *st, loom_elem **out, loom_err *err)
         int rc = dstage_next_(st->in, out, err);
         if (rc == LOOM_OK) memcpy(st->mut, st->in->mut, sizeof st->mut);
         return rc;
+    }
+    if (s->lazy && !s->started) { /* the first pull starts the producer */
+        if (pthread_create(&s->th, NULL, producer, s) != 0)
+            return dstage_err_(st, err, LOOM_ENOMEM, "prefetch: cannot start its thread");
+        s->started = 1, s->lazy = 0;
     }
     pthread_mutex_lock(&s->mu);
     if (s->lent >= 0) {
@@ -379,8 +385,8 @@ bool prefetch_inline_(dstage *st)
     return true;
 }
 
-int prefetch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, int threaded, int64_t ram_left,
-                   loom_err *err)
+int prefetch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t, int threaded, bool lazy,
+                   int64_t ram_left, loom_err *err)
 {
     prefst *s = loom_calloc(1, sizeof *s);
     if (!s) return loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate a prefetch stage");
@@ -426,7 +432,9 @@ int prefetch_open_(dstage **out, dstage *in, int id, const loom_transform_spec *
     }
     for (int64_t i = s->cap; i >= 0; i--) s->freel[s->nfree++] = i;
     dstage_gauge_(&st->st_capacity, s->threaded ? s->limit : 0);
-    if (s->threaded) {
+    if (s->threaded && lazy) {
+        s->lazy = 1;
+    } else if (s->threaded) {
         if (pthread_create(&s->th, NULL, producer, s) != 0) {
             rc = dstage_err_(st, err, LOOM_ENOMEM, "prefetch: cannot start its thread");
             goto fail;

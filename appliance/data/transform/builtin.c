@@ -68,7 +68,7 @@ static int open_skip(dstage **out, dstage *in, const dxform_args *a, loom_err *e
 static int open_prefetch(dstage **out, dstage *in, const dxform_args *a, loom_err *err)
 {
     int threads = *a->threads;
-    int rc = prefetch_open_(out, in, a->id, a->t, threads > 0, a->ram_left, err);
+    int rc = prefetch_open_(out, in, a->id, a->t, threads > 0, a->ctx->lazy_threads, a->ram_left, err);
     if (!rc && threads > 0 && a->t->buffer != 0) *a->threads = threads - 1;
     return rc;
 }
