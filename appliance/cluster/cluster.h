@@ -259,6 +259,21 @@ int  loom_group_barrier(loom_group *g, loom_err *err);
  * an undeclared type is refused). */
 loom_net *loom_group_net(loom_group *g);
 
+/* Elastic membership (multi_worker_mirrored's strategy.elastic). After
+ * loom_group_elastic the group's peers may be lost without ending every
+ * wait (loom_net_tolerate): a collective that needs a lost member fails
+ * with LOOM_ENET naming it, and the members left re-form the ring with
+ * loom_group_reform (every member calls it with the same list: the
+ * cluster's training ranks of the members, ascending; this task among
+ * them). The ranks are renumbered 0 .. n-1 in that order; collectives
+ * start over (an abort of an earlier membership is ignored). */
+void loom_group_elastic(loom_group *g);
+int  loom_group_reform(loom_group *g, const int *members, int n, loom_err *err);
+/* The cluster's training rank of member r (-1 when r is out of range). */
+int  loom_group_member(const loom_group *g, int r);
+/* Whether the training task of that cluster rank is connected now (this task: true). */
+bool loom_group_task_up(loom_group *g, int task_rank);
+
 /* ---- what this task knows of its peers (the status endpoint) ------------ */
 
 /* One peer as this task sees it. */

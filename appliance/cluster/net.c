@@ -276,6 +276,7 @@ static void tolerated_down(loom_net *n, int p, const char *why)
     pe->state = pe->dial ? P_WAIT : P_LOST;
     pe->attempts = 0;
     queue_news(n, p, LOOM_MSG_PEER_DOWN);
+    alert(n); /* a collective waiting on it (an elastic group) looks at once */
     if (pe->dial && pe->retry_ev) {
         struct timeval tv = {0, 200000};
         evtimer_add(pe->retry_ev, &tv);
@@ -1608,6 +1609,14 @@ int loom_net_peer_down_(loom_net *n, int p, loom_err *err)
     int rc = peer_down(n, p, err);
     pthread_mutex_unlock(&n->mu);
     return rc;
+}
+
+bool loom_net_peer_up_(loom_net *n, int p)
+{
+    pthread_mutex_lock(&n->mu);
+    bool up = n->peers[p].state == P_UP;
+    pthread_mutex_unlock(&n->mu);
+    return up;
 }
 
 void loom_net_peer_info_(loom_net *n, int p, char *name, size_t name_n, char *status, size_t status_n, double *age)

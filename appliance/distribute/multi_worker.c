@@ -68,6 +68,7 @@
  * that during a step with overlapping packs the communicator thread drives
  * the group's all-reduces (the step waits for it before it returns). */
 #include "distribute.h"
+#include "elastic_internal.h"
 #include "mirrored_internal.h"
 
 #include <pthread.h>
@@ -117,6 +118,9 @@ typedef struct multi_worker {
     loom_strategy *self;       /* the instance (its failing flag, for job_close) */
     char           comm_where[600];
     char           timeout_where[600]; /* strategy.collective_timeout's file:line */
+    loom_elastic  *elastic;    /* strategy.elastic: a lost worker is dropped, the others go on (elastic.c) */
+    bool           adopted;    /* this step was completed by another member: its state taken, no update here */
+    float          tail_mine[TAIL_N]; /* this step's tail as staged (elastic: reduced again after a loss) */
 } multi_worker;
 
 static int64_t last_batch_size(const loom_dataset_spec *d)
@@ -357,6 +361,18 @@ static int mw_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     if ((rc = loom_group_open(&mw->group, a->cluster, st->collective_timeout, err))) return rc;
     if ((rc = agree_resume(mw, a, err))) return rc;
     if (mw->job_ops && (rc = open_job_op(mw, a, err))) return rc;
+    if (st->elastic.enabled) {
+        if (mw->job_ops) {
+            char where[600];
+            loom_loc_str(&st->elastic.loc, where, sizeof where);
+            return loom_err_set(err, LOOM_EUNSUPPORTED, where, "strategy.elastic: communication = \"%s\" cannot "
+                                "change its members while the job runs", mw->job_ops->name),
+                   loom_err_hint(err, "use communication = \"ring\" (the default on CPU) with strategy.elastic");
+        }
+        if ((rc = loom_elastic_open_(&mw->elastic, mw->group, a->cluster, &st->elastic, mw->task,
+                                     a->model_dir, err)))
+            return rc;
+    }
     /* synchronised batch normalization: the local replicas' sums, then across the workers */
     if ((rc = loom_replicated_set_bn_cross_(&mw->local, bn_cross, mw, err))) return rc;
     /* a plugin's op (MPI, NCCL) is driven from the train thread alone: its
@@ -388,6 +404,7 @@ static void mw_close(loom_strategy *s)
                       (long long)mw->packs_total, mw->n_packs);
     }
     if (mw->job_comm) mw->job_ops->job_close(mw->job_comm);
+    loom_elastic_free_(mw->elastic);
     loom_group_close(mw->group);
     if (mw->local_open) mw->local.ops->close(&mw->local);
     loom_free(mw->stage);
@@ -508,6 +525,39 @@ static void begin_step(multi_worker *mw)
     if (mw->overlap) loom_replicated_set_pack_ready_(&mw->local, on_pack_ready, mw);
 }
 
+/* strategy.elastic: this step's all-reduce failed on a lost worker. The
+ * members left agree (elastic.c) and re-form the ring; a member the step
+ * completed elsewhere takes that state (adopted: no update here), one at
+ * the frontier reduces its gradients again over the new members (a lost
+ * member's share of the step is missing: the short batch's rescaling). */
+static int elastic_go_on(multi_worker *mw, int64_t step, loom_step_result *out, loom_err *err)
+{
+    const float *tail0 = mw->tail_mine;
+    int rc = LOOM_ENET;
+    for (int tries = 0; rc == LOOM_ENET && tries < 64; tries++) {
+        loom_err fail = *err;
+        loom_optimizer *o = loom_strategy_optimizer(&mw->local);
+        int64_t ns = (int64_t)loom_optimizer_num_slots(o) * mw->P;
+        loom_elastic_outcome oc;
+        rc = loom_elastic_recover_(mw->elastic, step, loom_model_params(loom_strategy_model(&mw->local)), mw->P,
+                                   loom_optimizer_slots(o), ns, &fail, &oc, err);
+        if (!rc) rc = mw->local.ops->sync(&mw->local, err);
+        if (rc) return rc;
+        mw->workers = oc.workers;
+        if (oc.stop) mw->stop_seen = true;
+        if (!oc.redo) {
+            mw->adopted = true;
+            out->loss_sum = tail0[TAIL_LOSS], out->correct = (int64_t)tail0[TAIL_CORRECT];
+            out->examples = (int64_t)tail0[TAIL_EXAMPLES];
+            return LOOM_OK;
+        }
+        memcpy(mw->g, loom_replicated_grads0_(&mw->local), (size_t)mw->P * sizeof(float));
+        memcpy(mw->tail, tail0, sizeof mw->tail_mine);
+        rc = all_reduce_packs(mw, err);
+    }
+    return rc;
+}
+
 /* The cross-worker half of a step: this worker's local sum (in replica 0's
  * buffer; lrc: its computation failed, zeros go instead) and results ride
  * the all-reduce with the tail; *out gets the job's results and g (the
@@ -529,8 +579,12 @@ static int reduce_across(multi_worker *mw, int lrc, const loom_err *lerr, const 
     tail[TAIL_FAILED] = lrc ? 1.0f : 0.0f;
     mw->stop_req = false;
     mw->staged = 0;
+    mw->adopted = false;
+    memcpy(mw->tail_mine, tail, sizeof mw->tail_mine);
     if (mw->group) {
         int rc = all_reduce_packs(mw, err);
+        if (rc && !lrc && mw->elastic && rc == LOOM_ENET) rc = elastic_go_on(mw, step, out, err);
+        if (rc == LOOM_OK && mw->adopted) return LOOM_OK;
         if (rc) {
             if (lrc) *err = *lerr; /* this worker's own failure explains it better */
             return lrc ? lrc : rc;
@@ -569,7 +623,7 @@ static int mw_step(loom_strategy *s, const loom_elem *batch, int64_t step, loom_
     int lrc = loom_replicated_grads_(&mw->local, batch, step, &mine, &lerr);
     int rc = reduce_across(mw, lrc, &lerr, &mine, step, out, err);
     if (rc) return rc;
-    if (out->examples == 0) return LOOM_OK; /* every worker's input had ended: no update */
+    if (out->examples == 0 || mw->adopted) return LOOM_OK; /* every worker's input had ended, or the step was done elsewhere: no update */
     return loom_replicated_apply_(&mw->local, mw->g, step, err);
 }
 
@@ -799,6 +853,11 @@ static void mw_print_plan(loom_strategy *s, int64_t global_batch, FILE *f)
             "per step (the gradients plus %d of agreement: stop, loss, correct, examples, failure); the chief "
             "broadcasts the variables at the start and after a restore\n", how,
             loom_communication_name(s->args->spec->strategy.communication), (long long)(mw->P + TAIL_N), TAIL_N);
+    const loom_elastic_spec *el = &s->args->spec->strategy.elastic;
+    if (el->enabled)
+        fprintf(f, "  elastic: a worker lost is dropped at the next step boundary and the others go on (the chief "
+                "must live); below %d worker%s the job stops with a checkpoint\n", el->min_workers,
+                el->min_workers == 1 ? "" : "s");
     if (mw->n_packs > 1)
         fprintf(f, "  in %d packs (strategy.bytes_per_pack / num_packs), each all-reduced across the workers as soon as "
                 "backward has finished it, the last layers' first, on a communicator thread (LOOM_OVERLAP=0: after "

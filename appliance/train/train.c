@@ -264,6 +264,7 @@ static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool n
     r->args.plan_only = plan_only;
     snprintf(r->model_dir, sizeof r->model_dir, "%s", model_dir ? model_dir : spec->run.model_dir);
     loom_path_normalize(r->model_dir); /* every checkpoint path it names, as the user reads it */
+    r->args.model_dir = r->model_dir;
     /* the built-in strategies spend run.threads on their replicas' own
      * threads (intra-op data parallelism, measured faster than BLAS threads
      * on these small GEMMs), each calling single-threaded BLAS, so the cores

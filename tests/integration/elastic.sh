@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# elastic.sh - multi_worker_mirrored with strategy.elastic (issue 25): a worker
+# of a 3-worker job killed -9, or stopped past cluster.heartbeat_timeout, is
+# dropped at the next step boundary and the others go on to the end without a
+# restart or a rollback (the chief logs it, metrics.jsonl records it); below
+# min_workers the job stops with a checkpoint. Real processes on 127.0.0.1.
+#   tests/integration/elastic.sh build/loom
+source "$(dirname "$0")/lib.sh"
+kill_jobs_at_exit
+CFG=tests/configs/mwm_mlp.cfg
+# 3 epochs of 100 steps, each about 15 ms of CPU (the slow callback), a checkpoint every 50
+OPTS=(--set run.epochs=3 --set run.checkpoint_steps=50 --set run.progress='"none"' --set cluster.heartbeat_timeout=2
+      --set 'hooks.callbacks=["../lua/mwm_slow.lua:slow"]')
+
+# job NAME N ARGS...: N workers training into $WORK/NAME (logs $WORK/NAME.I); their pids in JOB[]
+job() {
+    local name=$1 n=$2 i base addrs=""
+    shift 2
+    base=$(free_ports "$n")
+    for ((i = 0; i < n; i++)); do addrs+="${addrs:+,}\"127.0.0.1:$((base + i))\""; done
+    for ((i = 0; i < n; i++)); do
+        "$LOOM" train $CFG --task worker:$i --model-dir "$WORK/$name" --set "cluster.worker=[$addrs]" "${OPTS[@]}" "$@" \
+            >"$WORK/$name.$i" 2>&1 &
+        JOB[$i]=$!
+        PIDS+=($!)
+    done
+}
+# wait_file FILE: up to 60 s for FILE to exist
+wait_file() { local i; for ((i = 0; i < 1200; i++)); do [ -e "$1" ] && return 0; sleep 0.05; done; return 1; }
+# status PID [SECONDS]: ST = its exit status once it ends (up to SECONDS, default 90), else "hung"
+status() {
+    local i
+    for ((i = 0; i < ${2:-90} * 20; i++)); do
+        if ! kill -0 "$1" 2>/dev/null; then wait "$1" 2>/dev/null; ST=$?; return; fi
+        sleep 0.05
+    done
+    ST=hung
+}
+newest() { ls "$1" 2>/dev/null | sed -n 's/^ckpt-\([0-9]*\)\.loom$/\1/p' | sort -n | tail -1; }
+accuracy() { sed -n 's/.*done: step [0-9]*, eval accuracy \([0-9.]*\).*/\1/p' "$1"; }
+
+# ---- kill -9 of the last worker: the other two go on to the end ---------------------------
+job kill 3 --set strategy.elastic.min_workers=2
+wait_file "$WORK/kill/ckpt-50.loom"
+kill -9 "${JOB[2]}"
+wait "${JOB[2]}" 2>/dev/null # (no "Killed" notice)
+status "${JOB[0]}"; s0=$ST; status "${JOB[1]}"; s1=$ST
+log=$(cat "$WORK/kill.0")
+if [ "$s0" = 0 ] && [ "$s1" = 0 ] && [ "$(newest "$WORK/kill")" = 300 ]; then
+    pass "kill -9 worker:2: worker:0 and worker:1 train on to step 300 and exit 0"
+else fail "kill -9 worker:2: worker:0 and worker:1 train on to step 300 and exit 0" "status $s0 / $s1, newest $(newest "$WORK/kill")" "$(tail -4 <<<"$log")"; fi
+if grep -qE "worker:2 left at step [0-9]+; continuing with 2 workers" <<<"$log"; then pass "kill -9: the chief logs who left, when, and how many go on"
+else fail "kill -9: the chief logs who left, when, and how many go on" "$(tail -4 <<<"$log")"; fi
+at=$(sed -n 's/.*worker:2 left at step \([0-9]*\);.*/\1/p' <<<"$log")
+if [ -n "$at" ] && [ "$at" -ge 50 ] && [ "$at" -lt 300 ]; then pass "kill -9: dropped at step $at, after the checkpoint it was killed at"
+else fail "kill -9: dropped after the checkpoint it was killed at" "step '$at'"; fi
+rec=$(grep '"membership"' "$WORK/kill/metrics.jsonl")
+contains "kill -9: metrics.jsonl records the change and the members" \
+    "\"left\": \"worker:2\", \"workers\": 2, \"members\": [\"worker:0\", \"worker:1\"]" "$rec"
+if ! grep -qiE "restor|resum|restart" "$WORK/kill.0" "$WORK/kill.1"; then pass "kill -9: no rollback to a checkpoint, no restart"
+else fail "kill -9: no rollback to a checkpoint, no restart" "$(grep -hiE "restor|resum|restart" "$WORK/kill.0" "$WORK/kill.1" | head -3)"; fi
+acc=$(accuracy "$WORK/kill.0")
+if awk -v a="$acc" 'BEGIN { exit !(a >= 0.75) }'; then pass "kill -9: the survivors still learn (eval accuracy $acc)"
+else fail "kill -9: the survivors still learn" "eval accuracy '$acc'"; fi
+
+# ---- worker:1 (the ring's middle) stopped past heartbeat_timeout: 0 and 2 close the ring ---
+job stop 3 --set strategy.elastic.min_workers=2
+wait_file "$WORK/stop/ckpt-50.loom"
+kill -STOP "${JOB[1]}"
+status "${JOB[0]}"; s0=$ST; status "${JOB[2]}"; s2=$ST
+log=$(cat "$WORK/stop.0")
+if [ "$s0" = 0 ] && [ "$s2" = 0 ] && [ "$(newest "$WORK/stop")" = 300 ]; then
+    pass "SIGSTOP worker:1: worker:0 and worker:2 re-form the ring and train on to step 300"
+else fail "SIGSTOP worker:1: worker:0 and worker:2 re-form the ring and train on to step 300" "status $s0 / $s2" "$(tail -4 <<<"$log")" "$(tail -3 "$WORK/stop.2")"; fi
+contains "SIGSTOP worker:1: the chief drops it" "worker:1 left at step" "$log"
+# woken after the job ended, the dropped worker stops with an error instead of waiting forever
+kill -CONT "${JOB[1]}"
+status "${JOB[1]}" 30; s1=$ST
+if [ "$s1" != hung ] && [ "$s1" != 0 ]; then pass "SIGSTOP worker:1: woken after the end, it stops with an error (status $s1)"
+else fail "SIGSTOP worker:1: woken after the end, it stops with an error" "status $s1" "$(tail -3 "$WORK/stop.1")"; fi
+
+# ---- below min_workers: the job stops with a checkpoint -----------------------------------
+job min 3 --set strategy.elastic.min_workers=3
+wait_file "$WORK/min/ckpt-50.loom"
+kill -9 "${JOB[2]}"
+wait "${JOB[2]}" 2>/dev/null # (no "Killed" notice)
+status "${JOB[0]}"; s0=$ST; status "${JOB[1]}"; s1=$ST
+log=$(cat "$WORK/min.0")
+at=$(sed -n 's/.*worker:2 left at step \([0-9]*\);.*/\1/p' <<<"$log")
+contains "below min_workers: the chief says it stops" "worker:2 left at step $at; 2 workers are left, fewer than strategy.elastic.min_workers = 3: the job stops with a checkpoint" "$log"
+last=$(newest "$WORK/min")
+if [ "$s0" != hung ] && [ "$s1" != hung ] && [ -n "$at" ] && [ -n "$last" ] && [ "$last" -gt 50 ] && [ "$last" -le $((at + 1)) ]; then
+    pass "below min_workers: both stop at once with a checkpoint of step $last (status $s0 / $s1)"
+else fail "below min_workers: both stop at once with a checkpoint" "status $s0 / $s1, left at '$at', newest $last" "$(tail -3 <<<"$log")"; fi
+
+finish
