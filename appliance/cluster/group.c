@@ -687,7 +687,7 @@ static int check_alert(loom_group *g, loom_err *err, bool *from_abort)
      * the transport; one not connected now is (a member that left on purpose
      * is not: it may have finished this collective first) */
     for (int p = 0; g->elastic && p < g->n_peers; p++)
-        if (g->peer_rank[p] >= 0 && !loom_net_peer_up_(g->net, p))
+        if (g->peer_rank[p] >= 0 && loom_net_peer_lost_(g->net, p))
             return loom_err_set(err, LOOM_ENET, loom_net_name_(g->net), "lost %s", rname(g, g->peer_rank[p]));
     return LOOM_OK;
 }

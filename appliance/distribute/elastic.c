@@ -20,6 +20,7 @@
  * Threads: the train thread. */
 #include "elastic_internal.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +35,55 @@ struct loom_elastic {
     uint32_t            epoch;     /* membership changes so far */
     char                task[64];
     char                metrics[LOOM_PATH_MAX + 16]; /* <model_dir>/metrics.jsonl ("" none) */
+    int64_t             leave_at;  /* LOOM_TEST_MEMBERSHIP: this task dies before this step (-1: never) */
 };
+
+/* LOOM_TEST_MEMBERSHIP="leave worker:2 at 300; ...": a scripted timeline,
+ * for bit-reproducible tests: the named task dies (SIGKILL, as kill -9) when
+ * it is about to take that step (0-based: after 300 complete), so every
+ * member fails the same step's all-reduce. Other entries are refused. */
+static int parse_timeline(loom_elastic *e, const char *v, loom_err *err)
+{
+    e->leave_at = -1;
+    if (!v || !*v) return LOOM_OK;
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", v);
+    for (char *save = NULL, *item = strtok_r(buf, ";", &save); item; item = strtok_r(NULL, ";", &save)) {
+        char task[64], tail;
+        long long at;
+        while (*item == ' ') item++;
+        if (!*item) continue;
+        if (sscanf(item, "leave %63s at %lld %c", task, &at, &tail) != 2 || at < 0)
+            return loom_err_set(err, LOOM_EUSAGE, "LOOM_TEST_MEMBERSHIP", "cannot read \"%s\" (expected \"leave "
+                                "worker:N at STEP\"; joins are not supported yet)", item);
+        if (!strcmp(task, e->task)) e->leave_at = at;
+    }
+    return LOOM_OK;
+}
+
+void loom_elastic_trained_(loom_elastic *e, const loom_elem *b, int feature, int64_t step)
+{
+    const char *prefix = getenv("LOOM_TEST_EXAMPLE_IDS");
+    if (!prefix || !*prefix || feature < 0 || feature >= b->n) return;
+    char path[LOOM_PATH_MAX + 80];
+    snprintf(path, sizeof path, "%s.%s", prefix, e->task);
+    FILE *f = fopen(path, "a");
+    if (!f) return;
+    const loom_tensor *t = &b->t[feature];
+    int64_t rows = t->shape.rank > 0 ? t->shape.dim[0] : 0;
+    size_t row = rows > 0 ? (size_t)(loom_shape_numel(&t->shape) / rows) * loom_dtype_size(t->dtype) : 0;
+    for (int64_t i = 0; i < rows; i++)
+        fprintf(f, "%lld %08x\n", (long long)step + 1, loom_crc32c((const uint8_t *)t->data + (size_t)i * row, row));
+    fclose(f);
+}
+
+void loom_elastic_step_(loom_elastic *e, int64_t step)
+{
+    if (!e || e->leave_at < 0 || step != e->leave_at) return;
+    loom_warn("%s: leaving the job before step %lld (LOOM_TEST_MEMBERSHIP): killed as kill -9 would", e->task,
+              (long long)step + 1);
+    raise(SIGKILL);
+}
 
 int loom_elastic_open_(loom_elastic **out, loom_group *g, const loom_cluster *c, const loom_elastic_spec *spec,
                        const char *task, const char *model_dir, loom_err *err)
@@ -44,6 +93,11 @@ int loom_elastic_open_(loom_elastic **out, loom_group *g, const loom_cluster *c,
     e->group = g, e->cluster = c, e->spec = *spec;
     snprintf(e->task, sizeof e->task, "%s", task);
     if (model_dir && model_dir[0]) snprintf(e->metrics, sizeof e->metrics, "%s/metrics.jsonl", model_dir);
+    int rc = parse_timeline(e, getenv("LOOM_TEST_MEMBERSHIP"), err);
+    if (rc) {
+        loom_free(e);
+        return rc;
+    }
     loom_group_elastic(g);
     loom_net_reads(loom_group_net(g), -1, LOOM_NET_TYPE_BIT(MSG_REPORT) | LOOM_NET_TYPE_BIT(MSG_DECISION));
     *out = e;

@@ -17,6 +17,16 @@ int  loom_elastic_open_(loom_elastic **out, loom_group *g, const loom_cluster *c
                         const char *task, const char *model_dir, loom_err *err);
 void loom_elastic_free_(loom_elastic *e); /* NULL is a no-op */
 
+/* Before step `step` (0-based) of this task: LOOM_TEST_MEMBERSHIP's scripted
+ * departures ("leave worker:2 at 300"): the named task dies here. e NULL: nothing. */
+void loom_elastic_step_(loom_elastic *e, int64_t step);
+
+/* After step `step` (0-based) counted: LOOM_TEST_EXAMPLE_IDS=PREFIX appends
+ * "STEP CRC" for each example of b (this member's slice; CRC-32C of its
+ * feature `feature`) to PREFIX.<task>, so a test can check an epoch's
+ * multiset of examples. Unset: nothing. */
+void loom_elastic_trained_(loom_elastic *e, const loom_elem *b, int feature, int64_t step);
+
 /* What the job does after a membership change. */
 typedef struct loom_elastic_outcome {
     bool redo;  /* this task's step is the one to take again over the new members */

@@ -120,6 +120,7 @@ typedef struct multi_worker {
     char           timeout_where[600]; /* strategy.collective_timeout's file:line */
     loom_elastic  *elastic;    /* strategy.elastic: a lost worker is dropped, the others go on (elastic.c) */
     bool           adopted;    /* this step was completed by another member: its state taken, no update here */
+    bool           redo;       /* the members changed: take this step again on this member's new slice */
     float          tail_mine[TAIL_N]; /* this step's tail as staged (elastic: reduced again after a loss) */
 } multi_worker;
 
@@ -156,6 +157,9 @@ static int mw_input_context(const loom_strategy_args *a, loom_input_ctx *ctx, lo
     ctx->num_input_pipelines = n;
     ctx->input_pipeline_id = rank_of(a);
     ctx->num_replicas_in_sync = n * local_replicas(&a->spec->strategy);
+    /* elastic: every worker reads the whole global batch and trains on its
+     * member's slice of it (the slices follow the membership) */
+    if (a->spec->strategy.elastic.enabled) ctx->num_input_pipelines = 1, ctx->input_pipeline_id = 0;
     return LOOM_OK;
 }
 
@@ -528,8 +532,8 @@ static void begin_step(multi_worker *mw)
 /* strategy.elastic: this step's all-reduce failed on a lost worker. The
  * members left agree (elastic.c) and re-form the ring; a member the step
  * completed elsewhere takes that state (adopted: no update here), one at
- * the frontier reduces its gradients again over the new members (a lost
- * member's share of the step is missing: the short batch's rescaling). */
+ * the frontier takes the step again (redo) on its slice of the same global
+ * batch under the new membership, so the lost member's examples are not lost. */
 static int elastic_go_on(multi_worker *mw, int64_t step, loom_step_result *out, loom_err *err)
 {
     const float *tail0 = mw->tail_mine;
@@ -551,9 +555,8 @@ static int elastic_go_on(multi_worker *mw, int64_t step, loom_step_result *out, 
             out->examples = (int64_t)tail0[TAIL_EXAMPLES];
             return LOOM_OK;
         }
-        memcpy(mw->g, loom_replicated_grads0_(&mw->local), (size_t)mw->P * sizeof(float));
-        memcpy(mw->tail, tail0, sizeof mw->tail_mine);
-        rc = all_reduce_packs(mw, err);
+        mw->redo = true; /* mw_step computes this member's new slice of the global batch */
+        return LOOM_OK;
     }
     return rc;
 }
@@ -584,7 +587,7 @@ static int reduce_across(multi_worker *mw, int lrc, const loom_err *lerr, const 
     if (mw->group) {
         int rc = all_reduce_packs(mw, err);
         if (rc && !lrc && mw->elastic && rc == LOOM_ENET) rc = elastic_go_on(mw, step, out, err);
-        if (rc == LOOM_OK && mw->adopted) return LOOM_OK;
+        if (rc == LOOM_OK && (mw->adopted || mw->redo)) return LOOM_OK;
         if (rc) {
             if (lrc) *err = *lerr; /* this worker's own failure explains it better */
             return lrc ? lrc : rc;
@@ -617,14 +620,27 @@ static int reduce_across(multi_worker *mw, int lrc, const loom_err *lerr, const 
 static int mw_step(loom_strategy *s, const loom_elem *batch, int64_t step, loom_step_result *out, loom_err *err)
 {
     multi_worker *mw = s->impl;
-    loom_step_result mine;
-    loom_err lerr;
-    begin_step(mw);
-    int lrc = loom_replicated_grads_(&mw->local, batch, step, &mine, &lerr);
-    int rc = reduce_across(mw, lrc, &lerr, &mine, step, out, err);
-    if (rc) return rc;
-    if (out->examples == 0 || mw->adopted) return LOOM_OK; /* every worker's input had ended, or the step was done elsewhere: no update */
-    return loom_replicated_apply_(&mw->local, mw->g, step, err);
+    loom_elastic_step_(mw->elastic, step);
+    for (;;) {
+        loom_step_result mine = {0};
+        loom_err lerr;
+        loom_elem part;
+        const loom_elem *b = batch;
+        int lrc = LOOM_OK;
+        /* elastic: every worker has the global batch; this member trains on its slice */
+        if (mw->elastic && batch)
+            lrc = loom_batch_split(batch, loom_group_size(mw->group), loom_group_rank(mw->group), &part, &lerr),
+            b = &part;
+        begin_step(mw);
+        if (!lrc) lrc = loom_replicated_grads_(&mw->local, b, step, &mine, &lerr);
+        mw->redo = false;
+        int rc = reduce_across(mw, lrc, &lerr, &mine, step, out, err);
+        if (rc) return rc;
+        if (mw->redo) continue;
+        if (mw->elastic && b) loom_elastic_trained_(mw->elastic, b, s->args->input_idx, step);
+        if (out->examples == 0 || mw->adopted) return LOOM_OK; /* every input had ended, or the step was done elsewhere */
+        return loom_replicated_apply_(&mw->local, mw->g, step, err);
+    }
 }
 
 static int mw_train_step(loom_strategy *s, const loom_elem *batch, int64_t step, loom_step_result *out, loom_err *err)
@@ -798,8 +814,9 @@ static int mw_pick_iter_state(loom_strategy *s, const loom_buf *stored, loom_buf
     b.pos = 0;
     b.failed = 0;
     uint32_t magic = stored->len >= 8 ? loom_buf_get_u32(&b) : 0;
+    bool same = mw->elastic || s->args->spec->strategy.elastic.enabled; /* elastic: every worker reads the same stream */
     if (magic != ITER_STATES_MAGIC) { /* a checkpoint of one process */
-        if (mw->workers > 1)
+        if (mw->workers > 1 && !same)
             return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "the checkpoint was written by a run of one process, "
                                 "this job has %d workers: its input position cannot be split among them",
                                 mw->workers),
@@ -808,7 +825,8 @@ static int mw_pick_iter_state(loom_strategy *s, const loom_buf *stored, loom_buf
         return mine->failed ? loom_err_set(err, LOOM_ENOMEM, NULL, "copying the iterator state") : LOOM_OK;
     }
     uint32_t n = loom_buf_get_u32(&b);
-    if (!b.failed && (int)n != mw->workers)
+    int want = same ? 0 : mw->rank; /* elastic: the states are the same; the first serves any number of workers */
+    if (!b.failed && (int)n != mw->workers && !same)
         return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "the checkpoint was written by a job of %u worker%s, this "
                             "job has %d: each worker resumes its own input position", n, n == 1 ? "" : "s",
                             mw->workers),
@@ -816,7 +834,7 @@ static int mw_pick_iter_state(loom_strategy *s, const loom_buf *stored, loom_buf
     for (int r = 0; r < (int)n && !b.failed; r++) {
         int64_t len = loom_buf_get_i64(&b);
         if (b.failed || len < 0 || (uint64_t)len > b.len - b.pos) break;
-        if (r == mw->rank) {
+        if (r == want) {
             loom_buf_put(mine, b.data + b.pos, (size_t)len);
             return mine->failed ? loom_err_set(err, LOOM_ENOMEM, NULL, "copying the iterator state") : LOOM_OK;
         }

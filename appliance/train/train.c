@@ -280,6 +280,7 @@ static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool n
     if ((rc = loom_strategy_input_context(&r->args, &ictx, err))) return rc;
     r->multi = ictx.num_input_pipelines > 1;
     if (r->multi && (rc = share_batch(r, &spec->train, &ictx, err))) return rc;
+    if (cluster && cluster->n_train_ranks > 1 && spec->strategy.elastic.enabled) r->multi = true; /* (one stream, several tasks) */
     const loom_dataset_spec *train = r->train_spec ? r->train_spec : &spec->train;
     int64_t max_batch = batch_size_of(train);
     if (max_batch <= 0)

@@ -8,8 +8,8 @@
 source "$(dirname "$0")/lib.sh"
 kill_jobs_at_exit
 CFG=tests/configs/mwm_mlp.cfg
-# 3 epochs of 100 steps, each about 15 ms of CPU (the slow callback), a checkpoint every 50
-OPTS=(--set run.epochs=3 --set run.checkpoint_steps=50 --set run.progress='"none"' --set cluster.heartbeat_timeout=2
+# 2 epochs of 100 steps, each about 15 ms of CPU (the slow callback), a checkpoint every 50
+OPTS=(--set run.epochs=2 --set run.checkpoint_steps=50 --set run.progress='"none"' --set cluster.heartbeat_timeout=2
       --set 'hooks.callbacks=["../lua/mwm_slow.lua:slow"]')
 
 # job NAME N ARGS...: N workers training into $WORK/NAME (logs $WORK/NAME.I); their pids in JOB[]
@@ -30,7 +30,7 @@ wait_file() { local i; for ((i = 0; i < 1200; i++)); do [ -e "$1" ] && return 0;
 # status PID [SECONDS]: ST = its exit status once it ends (up to SECONDS, default 90), else "hung"
 status() {
     local i
-    for ((i = 0; i < ${2:-90} * 20; i++)); do
+    for ((i = 0; i < ${2:-150} * 20; i++)); do
         if ! kill -0 "$1" 2>/dev/null; then wait "$1" 2>/dev/null; ST=$?; return; fi
         sleep 0.05
     done
@@ -46,13 +46,13 @@ kill -9 "${JOB[2]}"
 wait "${JOB[2]}" 2>/dev/null # (no "Killed" notice)
 status "${JOB[0]}"; s0=$ST; status "${JOB[1]}"; s1=$ST
 log=$(cat "$WORK/kill.0")
-if [ "$s0" = 0 ] && [ "$s1" = 0 ] && [ "$(newest "$WORK/kill")" = 300 ]; then
-    pass "kill -9 worker:2: worker:0 and worker:1 train on to step 300 and exit 0"
-else fail "kill -9 worker:2: worker:0 and worker:1 train on to step 300 and exit 0" "status $s0 / $s1, newest $(newest "$WORK/kill")" "$(tail -4 <<<"$log")"; fi
+if [ "$s0" = 0 ] && [ "$s1" = 0 ] && [ "$(newest "$WORK/kill")" = 200 ]; then
+    pass "kill -9 worker:2: worker:0 and worker:1 train on to step 200 and exit 0"
+else fail "kill -9 worker:2: worker:0 and worker:1 train on to step 200 and exit 0" "status $s0 / $s1, newest $(newest "$WORK/kill")" "$(tail -4 <<<"$log")"; fi
 if grep -qE "worker:2 left at step [0-9]+; continuing with 2 workers" <<<"$log"; then pass "kill -9: the chief logs who left, when, and how many go on"
 else fail "kill -9: the chief logs who left, when, and how many go on" "$(tail -4 <<<"$log")"; fi
 at=$(sed -n 's/.*worker:2 left at step \([0-9]*\);.*/\1/p' <<<"$log")
-if [ -n "$at" ] && [ "$at" -ge 50 ] && [ "$at" -lt 300 ]; then pass "kill -9: dropped at step $at, after the checkpoint it was killed at"
+if [ -n "$at" ] && [ "$at" -ge 50 ] && [ "$at" -lt 200 ]; then pass "kill -9: dropped at step $at, after the checkpoint it was killed at"
 else fail "kill -9: dropped after the checkpoint it was killed at" "step '$at'"; fi
 rec=$(grep '"membership"' "$WORK/kill/metrics.jsonl")
 contains "kill -9: metrics.jsonl records the change and the members" \
@@ -69,9 +69,9 @@ wait_file "$WORK/stop/ckpt-50.loom"
 kill -STOP "${JOB[1]}"
 status "${JOB[0]}"; s0=$ST; status "${JOB[2]}"; s2=$ST
 log=$(cat "$WORK/stop.0")
-if [ "$s0" = 0 ] && [ "$s2" = 0 ] && [ "$(newest "$WORK/stop")" = 300 ]; then
-    pass "SIGSTOP worker:1: worker:0 and worker:2 re-form the ring and train on to step 300"
-else fail "SIGSTOP worker:1: worker:0 and worker:2 re-form the ring and train on to step 300" "status $s0 / $s2" "$(tail -4 <<<"$log")" "$(tail -3 "$WORK/stop.2")"; fi
+if [ "$s0" = 0 ] && [ "$s2" = 0 ] && [ "$(newest "$WORK/stop")" = 200 ]; then
+    pass "SIGSTOP worker:1: worker:0 and worker:2 re-form the ring and train on to step 200"
+else fail "SIGSTOP worker:1: worker:0 and worker:2 re-form the ring and train on to step 200" "status $s0 / $s2" "$(tail -4 <<<"$log")" "$(tail -3 "$WORK/stop.2")"; fi
 contains "SIGSTOP worker:1: the chief drops it" "worker:1 left at step" "$log"
 # woken after the job ended, the dropped worker stops with an error instead of waiting forever
 kill -CONT "${JOB[1]}"
@@ -92,5 +92,62 @@ last=$(newest "$WORK/min")
 if [ "$s0" != hung ] && [ "$s1" != hung ] && [ -n "$at" ] && [ -n "$last" ] && [ "$last" -gt 50 ] && [ "$last" -le $((at + 1)) ]; then
     pass "below min_workers: both stop at once with a checkpoint of step $last (status $s0 / $s1)"
 else fail "below min_workers: both stop at once with a checkpoint" "status $s0 / $s1, left at '$at', newest $last" "$(tail -3 <<<"$log")"; fi
+
+# ---- a scripted timeline (LOOM_TEST_MEMBERSHIP) gives the same bits every time ---------------
+SLOW=("${OPTS[@]}")
+OPTS=(--set run.epochs=3 --set run.checkpoint_steps=100 --set run.progress='"none"' --set cluster.heartbeat_timeout=2
+      --set strategy.elastic.min_workers=2)
+export LOOM_TEST_MEMBERSHIP="leave worker:2 at 150"
+for k in 1 2; do
+    job det$k 3
+    status "${JOB[0]}"; s0=$ST; status "${JOB[1]}"; s1=$ST; status "${JOB[2]}" 30; s2=$ST
+    if [ "$s0" = 0 ] && [ "$s1" = 0 ] && [ "$s2" = 137 ] && grep -q "worker:2 left at step 150; continuing with 2 workers" "$WORK/det$k.0"; then
+        pass "timeline run $k: worker:2 leaves before step 151 (SIGKILL), the others finish"
+    else fail "timeline run $k: worker:2 leaves before step 151, the others finish" "status $s0 / $s1 / $s2" "$(tail -3 "$WORK/det$k.0")"; fi
+done
+unset LOOM_TEST_MEMBERSHIP
+same_weights "timeline: two runs of the same membership timeline end with the same bits" "$WORK/det1/ckpt-300.loom" "$WORK/det2/ckpt-300.loom"
+OPTS=("${SLOW[@]}")
+
+# ---- exactly once: every worker reads the global batch and trains on its member's slice, so an
+# epoch's examples are each used once whatever the membership (LOOM_TEST_EXAMPLE_IDS: each
+# worker writes "step crc" per example it trained on)
+OPTS=(--set run.epochs=1 --set run.checkpoint_steps=100 --set run.progress='"none"' --set cluster.heartbeat_timeout=2
+      --set strategy.elastic.min_workers=2)
+for k in ref left; do
+    export LOOM_TEST_EXAMPLE_IDS="$WORK/ids_$k"
+    [ $k = left ] && export LOOM_TEST_MEMBERSHIP="leave worker:2 at 40"
+    job ids_$k 3
+    status "${JOB[0]}"; s0=$ST; status "${JOB[1]}"; s1=$ST; status "${JOB[2]}" 30
+    [ "$s0" = 0 ] && [ "$s1" = 0 ] || fail "exactly once ($k): the job ends" "status $s0 / $s1" "$(tail -3 "$WORK/ids_$k.0")"
+done
+unset LOOM_TEST_EXAMPLE_IDS LOOM_TEST_MEMBERSHIP
+OPTS=("${SLOW[@]}")
+ref=$(cat "$WORK"/ids_ref.worker:* | awk '{print $2}' | sort) left=$(cat "$WORK"/ids_left.worker:* | awk '{print $2}' | sort)
+n=$(grep -c . <<<"$left")
+if [ "$n" = 9600 ] && [ "$ref" = "$left" ]; then
+    pass "exactly once: worker:2 left at step 40, the epoch still trained on its 9600 examples, each once (the multiset of an uninterrupted run)"
+else fail "exactly once: the epoch's multiset with worker:2 leaving at step 40 = an uninterrupted run's" "$n examples" \
+    "$(diff <(echo "$ref") <(echo "$left") | head -3)"; fi
+after=$(awk '$1 > 40' "$WORK/ids_left.worker:0" "$WORK/ids_left.worker:1" | wc -l) late=$(awk '$1 > 40' "$WORK/ids_left.worker:2" | wc -l)
+if [ "$after" = $((60 * 96)) ] && [ "$late" = 0 ]; then pass "exactly once: after it left, worker:0 and worker:1 share the whole global batch (96 a step)"
+else fail "exactly once: after it left, worker:0 and worker:1 share the whole global batch" "$after examples after step 40 on 0 and 1, $late on worker:2"; fi
+
+# ---- under loom launch --local: launch does not stop the job for a lost worker --------------
+(timeout 200 "$LOOM" launch --local $CFG --workers 3 --grace 3 "${OPTS[@]}" --set strategy.elastic.min_workers=2 \
+    --model-dir "$WORK/launch" >"$WORK/launch.out" 2>&1; echo $? >"$WORK/launch.rc") &
+PIDS+=($!)
+L=$!
+wait_file "$WORK/launch/ckpt-50.loom"
+w=$(pgrep -f -- "--task worker:2 .*--model-dir $WORK/launch\$" | head -1)
+[ -n "$w" ] && kill -9 "$w"
+status "$L" 200
+out=$(cat "$WORK/launch.out")
+if [ -n "$w" ] && [ "$(cat "$WORK/launch.rc" 2>/dev/null)" = 0 ] && [ "$(newest "$WORK/launch")" = 200 ]; then
+    pass "launch --local: worker:2 killed, the job trains on to step 200 and launch exits 0"
+else fail "launch --local: worker:2 killed, the job trains on to step 200 and launch exits 0" "pid '$w', status $(cat "$WORK/launch.rc" 2>/dev/null)" "$(tail -4 <<<"$out")"; fi
+contains "launch --local: launch says the job goes on without it" \
+    "[launch] worker:2 was killed by signal 9: multi_worker_mirrored goes on without it (strategy.elastic)" "$out"
+contains "launch --local: the chief says who left" "worker:2 left at step" "$out"
 
 finish
