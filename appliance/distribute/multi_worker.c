@@ -628,9 +628,10 @@ static int mw_step(loom_strategy *s, const loom_elem *batch, int64_t step, loom_
         const loom_elem *b = batch;
         int lrc = LOOM_OK;
         /* elastic: every worker has the global batch; this member trains on its slice */
-        if (mw->elastic && batch)
-            lrc = loom_batch_split(batch, loom_group_size(mw->group), loom_group_rank(mw->group), &part, &lerr),
-            b = &part;
+        if (mw->elastic && batch) {
+            lrc = loom_batch_split(batch, loom_group_size(mw->group), loom_group_rank(mw->group), &part, &lerr);
+            b = !lrc && part.t[0].shape.dim[0] == 0 ? NULL : &part; /* a short batch may leave this member none */
+        }
         begin_step(mw);
         if (!lrc) lrc = loom_replicated_grads_(&mw->local, b, step, &mine, &lerr);
         mw->redo = false;
