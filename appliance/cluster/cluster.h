@@ -286,7 +286,7 @@ typedef struct loom_peer_info {
 /* The transport's peers (up to max, in the order given to loom_net_open);
  * returns how many were written. collective_wait_sec is 0. Any thread. */
 int  loom_net_peers(loom_net *n, loom_peer_info *out, int max);
-/* The group's other ranks, in rank order, with the time this rank waited
+/* The group's other ranks (an elastic group's current members), in rank order, with the time this rank waited
  * on each in collectives: a ring collective blocked on receiving counts
  * against its predecessor, blocked on sending against its successor. From
  * the thread that drives the group. */

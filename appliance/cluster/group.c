@@ -546,10 +546,16 @@ int loom_group_data_fd_(loom_group *g, bool recv_side) { return recv_side ? g->r
 
 int loom_group_peers(loom_group *g, loom_peer_info *out, int max)
 {
-    int k = loom_net_peers(g->net, out, max);
-    /* net peers are in rank order without this rank (loom_group_open lists them so) */
-    for (int p = 0; p < k; p++) out[p].collective_wait_sec = g->waited[p];
-    return k;
+    loom_peer_info all[64];
+    int k = loom_net_peers(g->net, all, g->n_peers < 64 ? g->n_peers : 64), m = 0;
+    /* net peers are in rank order without this rank (loom_group_open lists them so); an
+     * elastic group's former members are left out: the list is the membership */
+    for (int p = 0; p < k && m < max; p++) {
+        if (g->peer_rank[p] < 0) continue;
+        out[m] = all[p];
+        out[m++].collective_wait_sec = g->waited[p];
+    }
+    return m;
 }
 
 static int group_fail(loom_group *g, loom_err *err, bool tell);

@@ -134,13 +134,26 @@ if [ "$after" = $((60 * 96)) ] && [ "$late" = 0 ]; then pass "exactly once: afte
 else fail "exactly once: after it left, worker:0 and worker:1 share the whole global batch" "$after examples after step 40 on 0 and 1, $late on worker:2"; fi
 
 # ---- under loom launch --local: launch does not stop the job for a lost worker --------------
+SP=$(free_ports 1)
 (timeout 200 "$LOOM" launch --local $CFG --workers 3 --grace 3 "${OPTS[@]}" --set strategy.elastic.min_workers=2 \
-    --model-dir "$WORK/launch" >"$WORK/launch.out" 2>&1; echo $? >"$WORK/launch.rc") &
+    --set run.status_port=$SP --model-dir "$WORK/launch" >"$WORK/launch.out" 2>&1; echo $? >"$WORK/launch.rc") &
 PIDS+=($!)
 L=$!
 wait_file "$WORK/launch/ckpt-50.loom"
 w=$(pgrep -f -- "--task worker:2 .*--model-dir $WORK/launch\$" | head -1)
 [ -n "$w" ] && kill -9 "$w"
+# the chief's status endpoint lists the members: worker:2 leaves the list, worker:1 stays
+st=""
+for ((i = 0; i < 200; i++)); do
+    st=$(curl -s -m 2 "http://127.0.0.1:$SP/status" 2>/dev/null)
+    grep -q '"task": "worker:1"' <<<"$st" && ! grep -q '"task": "worker:2"' <<<"$st" && break
+    sleep 0.1
+done
+if command -v curl >/dev/null; then
+    if grep -q '"task": "worker:1", "alive": true' <<<"$st" && ! grep -q '"task": "worker:2"' <<<"$st"; then
+        pass "launch --local: the chief's /status lists the members (worker:1; worker:2 gone)"
+    else fail "launch --local: the chief's /status lists the members" "$(grep -o '"peers".*' <<<"$st" | head -c 300)"; fi
+fi
 status "$L" 200
 out=$(cat "$WORK/launch.out")
 if [ -n "$w" ] && [ "$(cat "$WORK/launch.rc" 2>/dev/null)" = 0 ] && [ "$(newest "$WORK/launch")" = 200 ]; then
