@@ -875,7 +875,8 @@ static void mw_print_plan(loom_strategy *s, int64_t global_batch, FILE *f)
     const loom_elastic_spec *el = &s->args->spec->strategy.elastic;
     if (el->enabled)
         fprintf(f, "  elastic: a worker lost is dropped at the next step boundary and the others go on (the chief "
-                "must live); below %d worker%s the job stops with a checkpoint\n", el->min_workers,
+                "must live); below %d worker%s the job stops with a checkpoint; every worker reads the whole "
+                "data.train and trains on its member's slice of each global batch\n", el->min_workers,
                 el->min_workers == 1 ? "" : "s");
     if (mw->n_packs > 1)
         fprintf(f, "  in %d packs (strategy.bytes_per_pack / num_packs), each all-reduced across the workers as soon as "
