@@ -190,6 +190,14 @@ static int chief_decide(loom_elastic *e, int64_t step, int *members, int *n, int
     return LOOM_OK;
 }
 
+static int chief_lost(loom_elastic *e, loom_err *err)
+{
+    char t[64];
+    loom_err_set(err, LOOM_ENET, e->task, "the chief (%s) was lost while the job re-formed after a lost worker: elastic "
+                 "training goes on only while the chief lives", task_of(e, 0, t, sizeof t));
+    return loom_err_hint(err, "run the job again: it resumes from the last checkpoint (with any number of workers)");
+}
+
 /* A member: its report to the chief, then the chief's decision. */
 static int member_wait(loom_elastic *e, int64_t step, int *members, int *n, int64_t *best, int *source, bool *stop,
                        loom_err *err)
@@ -201,16 +209,14 @@ static int member_wait(loom_elastic *e, int64_t step, int *members, int *n, int6
     loom_buf_put_i64(&b, step);
     int rc = loom_net_send(net, 0, MSG_REPORT, b.data, b.len, err);
     loom_buf_fini(&b);
-    if (rc) return rc;
+    if (rc) return loom_group_task_up(e->group, 0) ? rc : chief_lost(e, err);
     double wait = 2 * e->cluster->heartbeat_timeout + 10;
     for (;;) {
         loom_buf_init(&b);
         rc = loom_net_recv(net, 0, MSG_DECISION, MSG_DECISION, NULL, NULL, &b, 0.2, err);
         if (rc == LOOM_OK) break;
         loom_buf_fini(&b);
-        if (!loom_group_task_up(e->group, 0))
-            return loom_err_set(err, LOOM_ENET, e->task, "the chief was lost while the job re-formed after a lost "
-                                "worker: elastic training goes on only while the chief lives");
+        if (!loom_group_task_up(e->group, 0)) return chief_lost(e, err);
         if ((wait -= 0.2) <= 0)
             return loom_err_set(err, LOOM_ETIMEOUT, e->task, "no membership decision from the chief within %g s",
                                 2 * e->cluster->heartbeat_timeout + 10);

@@ -64,6 +64,12 @@
  * With a plugin's op (mpi, nccl) the packs are reduced after backward, on
  * the train thread: the libraries are not handed a second thread.
  *
+ * strategy.elastic (elastic.c): every worker reads the whole data.train (one
+ * input pipeline, the same stream) and trains on its member's slice of each
+ * global batch; a step whose all-reduce fails on a lost worker goes through
+ * the membership change, then is taken again on the new slices (or, on a
+ * member one step behind, was done elsewhere and its state taken).
+ *
  * Threads: driven from the train thread, which also drives the group, except
  * that during a step with overlapping packs the communicator thread drives
  * the group's all-reduces (the step waits for it before it returns). */
@@ -537,28 +543,24 @@ static void begin_step(multi_worker *mw)
 static int elastic_go_on(multi_worker *mw, int64_t step, loom_step_result *out, loom_err *err)
 {
     const float *tail0 = mw->tail_mine;
-    int rc = LOOM_ENET;
-    for (int tries = 0; rc == LOOM_ENET && tries < 64; tries++) {
-        loom_err fail = *err;
-        loom_optimizer *o = loom_strategy_optimizer(&mw->local);
-        int64_t ns = (int64_t)loom_optimizer_num_slots(o) * mw->P;
-        loom_elastic_outcome oc;
-        rc = loom_elastic_recover_(mw->elastic, step, loom_model_params(loom_strategy_model(&mw->local)), mw->P,
+    loom_err fail = *err;
+    loom_optimizer *o = loom_strategy_optimizer(&mw->local);
+    int64_t ns = (int64_t)loom_optimizer_num_slots(o) * mw->P;
+    loom_elastic_outcome oc;
+    int rc = loom_elastic_recover_(mw->elastic, step, loom_model_params(loom_strategy_model(&mw->local)), mw->P,
                                    loom_optimizer_slots(o), ns, &fail, &oc, err);
-        if (!rc) rc = mw->local.ops->sync(&mw->local, err);
-        if (rc) return rc;
-        mw->workers = oc.workers;
-        if (oc.stop) mw->stop_seen = true;
-        if (!oc.redo) {
-            mw->adopted = true;
-            out->loss_sum = tail0[TAIL_LOSS], out->correct = (int64_t)tail0[TAIL_CORRECT];
-            out->examples = (int64_t)tail0[TAIL_EXAMPLES];
-            return LOOM_OK;
-        }
-        mw->redo = true; /* mw_step computes this member's new slice of the global batch */
+    if (!rc) rc = mw->local.ops->sync(&mw->local, err);
+    if (rc) return rc;
+    mw->workers = oc.workers;
+    if (oc.stop) mw->stop_seen = true;
+    if (oc.redo) {
+        mw->redo = true; /* mw_step takes the step again on this member's new slice (a new loss: again) */
         return LOOM_OK;
     }
-    return rc;
+    mw->adopted = true;
+    out->loss_sum = tail0[TAIL_LOSS], out->correct = (int64_t)tail0[TAIL_CORRECT];
+    out->examples = (int64_t)tail0[TAIL_EXAMPLES];
+    return LOOM_OK;
 }
 
 /* The cross-worker half of a step: this worker's local sum (in replica 0's

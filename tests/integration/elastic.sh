@@ -93,6 +93,17 @@ if [ "$s0" != hung ] && [ "$s1" != hung ] && [ -n "$at" ] && [ -n "$last" ] && [
     pass "below min_workers: both stop at once with a checkpoint of step $last (status $s0 / $s1)"
 else fail "below min_workers: both stop at once with a checkpoint" "status $s0 / $s1, left at '$at', newest $last" "$(tail -3 <<<"$log")"; fi
 
+# ---- the chief lost: the others stop at once, saying the job needs its chief -------------------
+job chief 3 --set strategy.elastic.min_workers=2
+wait_file "$WORK/chief/ckpt-50.loom"
+kill -9 "${JOB[0]}"
+wait "${JOB[0]}" 2>/dev/null
+status "${JOB[1]}" 60; s1=$ST; status "${JOB[2]}" 60; s2=$ST
+out=$(cat "$WORK/chief.1" "$WORK/chief.2")
+n=$(grep -c "the chief (worker:0) was lost while the job re-formed after a lost worker" <<<"$out")
+if [ "$s1" = 1 ] && [ "$s2" = 1 ] && [ "$n" = 2 ]; then pass "chief killed: worker:1 and worker:2 stop at once naming the lost chief"
+else fail "chief killed: worker:1 and worker:2 stop at once naming the lost chief" "status $s1 / $s2" "$(tail -2 <<<"$out")"; fi
+
 # ---- a scripted timeline (LOOM_TEST_MEMBERSHIP) gives the same bits every time ---------------
 SLOW=("${OPTS[@]}")
 OPTS=(--set run.epochs=3 --set run.checkpoint_steps=100 --set run.progress='"none"' --set cluster.heartbeat_timeout=2
