@@ -472,6 +472,9 @@ typedef struct loom_strategy_args {
     /* appended: output heads (model.outputs); the host refuses heads with a plugin strategy */
     int                   n_heads;        /* 0 or 1: one output (label_idx) */
     int                   heads_idx[8];   /* each head's label feature index; [0] = label_idx */
+    /* appended: the run's model_dir (loom train; NULL otherwise). A host
+     * built before this field passes a shorter struct. */
+    const char           *model_dir;
 } loom_strategy_args;
 
 /* Result of one step, summed over replicas. */

@@ -57,6 +57,7 @@ typedef struct child {
  * on without it), up to `limit` times; the rest of the group keeps running. */
 typedef struct respawn_ctx {
     bool        on;
+    bool        elastic;  /* strategy.elastic: a worker but the chief that fails is dropped, the others go on */
     const char *strategy; /* its name, for the messages */
     int         limit;
     const char *exe;
@@ -582,6 +583,12 @@ static void supervise(child *cs, int n, double grace, const respawn_ctx *rs, job
                 continue;
             }
             if (cs[i].stopped_by_us || res->failed || res->interrupted) continue;
+            if (rs && rs->elastic && cs[i].role == LOOM_ROLE_WORKER && !is_chief(cs, n, i) && !kill_at) {
+                say("%s %s %d: %s goes on without it (strategy.elastic)", cs[i].name,
+                    WIFSIGNALED(ws) ? "was killed by signal" : "exited with status",
+                    WIFSIGNALED(ws) ? WTERMSIG(ws) : cs[i].status, rs->strategy);
+                continue;
+            }
             if (rs && rs->on && cs[i].role == LOOM_ROLE_WORKER && !kill_at) {
                 const char *how = WIFSIGNALED(ws) ? "was killed by signal" : "exited with status";
                 int what = WIFSIGNALED(ws) ? WTERMSIG(ws) : cs[i].status;
@@ -638,11 +645,11 @@ static const loom_cluster_roles *strategy_roles(const loom_spec *spec)
 /* The config loaded as every task will load it, and the cluster resolved
  * for the first task: every error any task would hit at startup is found
  * here, before anything starts. *rejoin: the strategy's lost workers rejoin
- * (its name into strategy); final_path: the job's end marker; *threads_set:
+ * (its name into strategy); *elastic: strategy.elastic (lost workers are dropped); final_path: the job's end marker; *threads_set:
  * run.threads is given (the config or --set). */
 static int validate(const launch_opts *o, const char *const *sets, int n_sets, const char *task, char **env,
-                    bool *rejoin, char *strategy, size_t strategy_n, char *final_path, size_t final_n,
-                    bool *threads_set)
+                    bool *rejoin, bool *elastic, char *strategy, size_t strategy_n, char *final_path,
+                    size_t final_n, bool *threads_set)
 {
     loom_spec *spec = NULL;
     loom_errlist *errs = loom_calloc(1, sizeof *errs);
@@ -655,6 +662,7 @@ static int validate(const launch_opts *o, const char *const *sets, int n_sets, c
     int status = trainable ? LOOM_EXIT_OK : LOOM_EXIT_USAGE;
     const loom_cluster_roles *roles = strategy_roles(spec);
     *rejoin = roles && (roles->flags & LOOM_ROLES_REJOIN);
+    *elastic = spec->strategy.elastic.enabled; /* (parsed for multi_worker_mirrored only) */
     *threads_set = spec->run.threads > 0;
     snprintf(strategy, strategy_n, "%s", spec->strategy.name);
     snprintf(final_path, final_n, "%s/" LOOM_FINAL_MARKER, o->model_dir ? o->model_dir : spec->run.model_dir);
@@ -857,7 +865,7 @@ int loom_cli_launch_(int argc, char **argv, double start)
         fprintf(stderr, "loom launch: cannot read /dev/urandom for the job's secret: %s\n", strerror(errno));
         return LOOM_EXIT_RUNTIME;
     }
-    bool rejoin = false, threads_set = false;
+    bool rejoin = false, elastic = false, threads_set = false;
     char strategy[LOOM_NAME_MAX + 64] = "", final_path[LOOM_PATH_MAX + 16] = "";
     for (int attempt = 0; attempt <= o.restarts; attempt++) {
         int ports[MAX_TASKS];
@@ -875,7 +883,7 @@ int loom_cli_launch_(int argc, char **argv, double start)
             status = LOOM_EXIT_RUNTIME;
             break;
         }
-        if (attempt == 0 && (status = validate(&o, sets, ns, cs[0].name, env, &rejoin, strategy, sizeof strategy,
+        if (attempt == 0 && (status = validate(&o, sets, ns, cs[0].name, env, &rejoin, &elastic, strategy, sizeof strategy,
                                                final_path, sizeof final_path, &threads_set))) {
             loom_free(env);
             break;
@@ -888,7 +896,7 @@ int loom_cli_launch_(int argc, char **argv, double start)
         int started = start_tasks(cs, n, &o, attempt, exe, sets, ns, env, ports);
         outcome res;
         if (started < n) signal_all(cs, started, SIGKILL, true);
-        respawn_ctx rs = {.on = rejoin, .strategy = strategy, .limit = o.restarts, .exe = exe, .env = env};
+        respawn_ctx rs = {.on = rejoin, .elastic = elastic, .strategy = strategy, .limit = o.restarts, .exe = exe, .env = env};
         supervise(cs, started, o.grace, &rs, &je, &res);
         loom_free(env);
         if (started < n) {

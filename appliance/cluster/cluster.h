@@ -282,6 +282,21 @@ int  loom_group_all_gather(loom_group *g, float *buf, const int64_t *off, float 
  * an undeclared type is refused). */
 loom_net *loom_group_net(loom_group *g);
 
+/* Elastic membership (multi_worker_mirrored's strategy.elastic). After
+ * loom_group_elastic the group's peers may be lost without ending every
+ * wait (loom_net_tolerate): a collective that needs a lost member fails
+ * with LOOM_ENET naming it, and the members left re-form the ring with
+ * loom_group_reform (every member calls it with the same list: the
+ * cluster's training ranks of the members, ascending; this task among
+ * them). The ranks are renumbered 0 .. n-1 in that order; collectives
+ * start over (an abort of an earlier membership is ignored). */
+void loom_group_elastic(loom_group *g);
+int  loom_group_reform(loom_group *g, const int *members, int n, loom_err *err);
+/* The cluster's training rank of member r (-1 when r is out of range). */
+int  loom_group_member(const loom_group *g, int r);
+/* Whether the training task of that cluster rank is connected now (this task: true). */
+bool loom_group_task_up(loom_group *g, int task_rank);
+
 /* ---- what this task knows of its peers (the status endpoint) ------------ */
 
 /* One peer as this task sees it. */
@@ -294,7 +309,7 @@ typedef struct loom_peer_info {
 /* The transport's peers (up to max, in the order given to loom_net_open);
  * returns how many were written. collective_wait_sec is 0. Any thread. */
 int  loom_net_peers(loom_net *n, loom_peer_info *out, int max);
-/* The group's other ranks, in rank order, with the time this rank waited
+/* The group's other ranks (an elastic group's current members), in rank order, with the time this rank waited
  * on each in collectives: a ring collective blocked on receiving counts
  * against its predecessor, blocked on sending against its successor. From
  * the thread that drives the group. */

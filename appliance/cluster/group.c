@@ -109,6 +109,14 @@ struct loom_group {
     bool      spin;                   /* every rank on this host has a core of its own */
     SSL_CTX  *ssl_ctx;                /* cluster.tls: the data connections' TLS (NULL: clear TCP) */
     SSL      *send_ssl, *recv_ssl;    /* on send_fd (we are the client), recv_fd (the server) */
+    /* elastic (loom_group_elastic): the members are a subset of the cluster's
+     * training ranks, renumbered 0 .. size-1 in their original order */
+    const loom_cluster *cluster;      /* borrowed: outlives the group */
+    bool      elastic;
+    uint32_t  epoch;                  /* membership changes so far: an abort of an older one is stale */
+    int       n_peers;                /* net peers: the cluster's training ranks but this one */
+    int      *orig;                   /* rank -> the cluster's training rank */
+    int      *peer_orig;              /* net peer index -> the cluster's training rank */
 };
 
 /* I/O on a data connection, clear or through TLS (ssl): bytes moved (> 0),
@@ -288,7 +296,7 @@ static int ring_listen(loom_group *g, const loom_cluster *c, int *lfd_out, int *
 {
     loom_role role;
     int index;
-    task_of_rank(c, g->rank, &role, &index);
+    task_of_rank(c, g->orig[g->rank], &role, &index);
     const loom_task_addr *me = &c->tasks[role][index];
     const char *who = loom_net_name_(g->net);
     struct addrinfo hints = {0}, *res = NULL;
@@ -331,7 +339,7 @@ static int ring_dial(loom_group *g, const loom_cluster *c, const uint8_t *hello,
     const char *who = loom_net_name_(g->net);
     loom_role nr;
     int ni;
-    task_of_rank(c, (g->rank + 1) % g->size, &nr, &ni);
+    task_of_rank(c, g->orig[(g->rank + 1) % g->size], &nr, &ni);
     const loom_task_addr *nt = &c->tasks[nr][ni];
     char ps[16];
     snprintf(ps, sizeof ps, "%u", get32(hello));
@@ -382,6 +390,8 @@ static int ring_accept(loom_group *g, const loom_cluster *c, int lfd, const uint
         struct pollfd pf = {lfd, POLLIN, 0};
         if (left <= 0 || poll(&pf, 1, left > 0.1 ? 100 : (int)(left * 1000) + 1) <= 0) {
             if ((rc = loom_net_peer_down_(g->net, g->prev_peer, err))) return rc;
+            if (g->elastic && !loom_net_peer_up_(g->net, g->prev_peer))
+                return loom_err_set(err, LOOM_ENET, who, "lost %s while the ring re-formed", rname(g, prev));
             if (deadline - loom_now() > 0) continue;
             return loom_err_set(err, LOOM_ETIMEOUT, who, "%s did not open its ring data connection within %g s",
                                 rname(g, prev), c->connect_timeout);
@@ -462,15 +472,18 @@ int loom_group_open(loom_group **out, const loom_cluster *c, double collective_t
     loom_net_peer *peers = loom_calloc((size_t)n, sizeof *peers);
     if (g) g->peer_rank = loom_calloc((size_t)n, sizeof *g->peer_rank);
     if (g) g->waited = loom_calloc((size_t)n, sizeof *g->waited);
-    if (!g || !peers || !g->peer_rank || !g->waited) {
-        if (g) loom_free(g->peer_rank), loom_free(g->waited);
+    if (g) g->orig = loom_calloc((size_t)n, sizeof *g->orig), g->peer_orig = loom_calloc((size_t)n, sizeof *g->peer_orig);
+    if (!g || !peers || !g->peer_rank || !g->waited || !g->orig || !g->peer_orig) {
+        if (g) loom_free(g->peer_rank), loom_free(g->waited), loom_free(g->orig), loom_free(g->peer_orig);
         loom_free(g), loom_free(peers);
         return loom_err_set(err, LOOM_ENOMEM, NULL, "no memory for the group");
     }
     g->rank = c->rank, g->size = n, g->timeout = collective_timeout;
     g->send_fd = g->recv_fd = g->alert_fd = -1;
+    g->cluster = c;
     int np = 0;
     for (int r = 0; r < n; r++) {
+        g->orig[r] = r;
         loom_role role;
         int index;
         task_of_rank(c, r, &role, &index);
@@ -479,8 +492,10 @@ int loom_group_open(loom_group **out, const loom_cluster *c, double collective_t
         if (r == (g->rank + 1) % n) g->next_peer = np;
         if (r == (g->rank + n - 1) % n) g->prev_peer = np;
         g->peer_rank[np] = r;
+        g->peer_orig[np] = r;
         peers[np].role = role, peers[np++].index = index;
     }
+    g->n_peers = np;
     int rc = loom_net_open(&g->net, c, peers, np, err);
     loom_free(peers);
     if (!rc && n > 1) {
@@ -532,6 +547,8 @@ void loom_group_close(loom_group *g)
     loom_free(g->wire);
     loom_free(g->peer_rank);
     loom_free(g->waited);
+    loom_free(g->orig);
+    loom_free(g->peer_orig);
     loom_free(g);
 }
 
@@ -539,10 +556,74 @@ int loom_group_data_fd_(loom_group *g, bool recv_side) { return recv_side ? g->r
 
 int loom_group_peers(loom_group *g, loom_peer_info *out, int max)
 {
-    int k = loom_net_peers(g->net, out, max);
-    /* net peers are in rank order without this rank (loom_group_open lists them so) */
-    for (int p = 0; p < k; p++) out[p].collective_wait_sec = g->waited[p];
-    return k;
+    loom_peer_info all[64];
+    int k = loom_net_peers(g->net, all, g->n_peers < 64 ? g->n_peers : 64), m = 0;
+    /* net peers are in rank order without this rank (loom_group_open lists them so); an
+     * elastic group's former members are left out: the list is the membership */
+    for (int p = 0; p < k && m < max; p++) {
+        if (g->peer_rank[p] < 0) continue;
+        out[m] = all[p];
+        out[m++].collective_wait_sec = g->waited[p];
+    }
+    return m;
+}
+
+static int group_fail(loom_group *g, loom_err *err, bool tell);
+
+/* ---- elastic membership ----------------------------------------------------- */
+
+void loom_group_elastic(loom_group *g)
+{
+    g->elastic = true;
+    for (int p = 0; p < g->n_peers; p++) loom_net_tolerate(g->net, p);
+}
+
+int loom_group_member(const loom_group *g, int r) { return r >= 0 && r < g->size ? g->orig[r] : -1; }
+
+bool loom_group_task_up(loom_group *g, int task_rank)
+{
+    if (task_rank == g->cluster->rank) return true;
+    for (int p = 0; p < g->n_peers; p++)
+        if (g->peer_orig[p] == task_rank) return loom_net_peer_up_(g->net, p);
+    return false;
+}
+
+int loom_group_reform(loom_group *g, const int *members, int n, loom_err *err)
+{
+    const char *who = loom_net_name_(g->net);
+    int me = -1;
+    for (int i = 0; i < n; i++)
+        if (members[i] == g->cluster->rank) me = i;
+    if (!g->elastic || me < 0 || n < 1 || n > g->cluster->n_train_ranks)
+        return loom_err_set(err, LOOM_EUSAGE, who, "re-forming the ring: this task is not among the %d members", n);
+    bool had_sender = g->sender != NULL;
+    sender_stop(g->sender);
+    g->sender = NULL;
+    SSL_free(g->send_ssl), SSL_free(g->recv_ssl);
+    g->send_ssl = g->recv_ssl = NULL;
+    if (g->send_fd >= 0) close(g->send_fd);
+    if (g->recv_fd >= 0) close(g->recv_fd);
+    g->send_fd = g->recv_fd = -1;
+    g->rank = me, g->size = n, g->seq = 0, g->broken = 0, g->epoch++;
+    for (int i = 0; i < n; i++) {
+        g->orig[i] = members[i];
+        loom_role role;
+        int index;
+        task_of_rank(g->cluster, members[i], &role, &index);
+        if (i < 16) loom_net_task_name_(role, index, g->names[i], sizeof g->names[i]);
+    }
+    for (int p = 0; p < g->n_peers; p++) {
+        g->peer_rank[p] = -1;
+        for (int i = 0; i < n; i++)
+            if (members[i] == g->peer_orig[p]) g->peer_rank[p] = i;
+        if (g->peer_rank[p] == (me + 1) % n) g->next_peer = p;
+        if (g->peer_rank[p] == (me + n - 1) % n) g->prev_peer = p;
+    }
+    if (n == 1) return LOOM_OK;
+    int rc = ring_connect(g, g->cluster, err);
+    if (rc) return group_fail(g, err, false);
+    if (had_sender && sender_start(g)) loom_debug("%s: no sender thread; sending from the caller", who);
+    return LOOM_OK;
 }
 
 /* ---- the engine ----------------------------------------------------------- */
@@ -584,12 +665,14 @@ static int group_fail(loom_group *g, loom_err *err, bool tell)
     g->broken = err->code ? err->code : LOOM_ENET;
     g->broken_err = *err;
     if (tell) {
-        uint8_t msg[4 + sizeof err->msg];
+        uint8_t msg[8 + sizeof err->msg];
         put32(msg, (uint32_t)err->code);
+        put32(msg + 4, g->epoch);
         size_t l = strlen(err->msg);
-        memcpy(msg + 4, err->msg, l);
+        memcpy(msg + 8, err->msg, l);
         loom_err e2;
-        for (int p = 0; p < g->size - 1; p++) loom_net_send(g->net, p, LOOM_MSG_GROUP_ABORT, msg, 4 + l, &e2);
+        for (int p = 0; p < g->n_peers; p++)
+            if (g->peer_rank[p] >= 0) loom_net_send(g->net, p, LOOM_MSG_GROUP_ABORT, msg, 8 + l, &e2);
     }
     return g->broken;
 }
@@ -608,17 +691,25 @@ static int check_alert(loom_group *g, loom_err *err, bool *from_abort)
     loom_buf_init(&m);
     int from;
     loom_err e = {0};
-    if (loom_net_recv(g->net, -1, LOOM_MSG_GROUP_ABORT, LOOM_MSG_GROUP_ABORT, &from, NULL, &m, 0, &e) == LOOM_OK) {
-        int code = m.len >= 4 ? (int)get32(m.data) : LOOM_ENET;
+    while (loom_net_recv(g->net, -1, LOOM_MSG_GROUP_ABORT, LOOM_MSG_GROUP_ABORT, &from, NULL, &m, 0, &e) == LOOM_OK) {
+        /* an abort of an earlier membership (elastic), or from a rank no longer a member, is stale */
+        if (m.len < 8 || get32(m.data + 4) != g->epoch || g->peer_rank[from] < 0) continue;
+        int code = (int)get32(m.data);
         if (code <= 0 || code >= LOOM_ENUM_ERRORS_) code = LOOM_ENET;
         loom_err_set(err, code, loom_net_name_(g->net), "%s reports: %.*s", rname(g, g->peer_rank[from]),
-                     (int)(m.len >= 4 ? (m.len - 4 > 400 ? 400 : m.len - 4) : 0), m.len >= 4 ? (char *)m.data + 4 : "");
+                     (int)(m.len - 8 > 400 ? 400 : m.len - 8), (char *)m.data + 8);
         loom_buf_fini(&m);
         *from_abort = true;
         return code;
     }
     loom_buf_fini(&m);
     if (loom_net_lost_peer(g->net, err) >= 0) return LOOM_ENET;
+    /* elastic: the peers are tolerated, so a lost member is no lost peer of
+     * the transport; one not connected now is (a member that left on purpose
+     * is not: it may have finished this collective first) */
+    for (int p = 0; g->elastic && p < g->n_peers; p++)
+        if (g->peer_rank[p] >= 0 && loom_net_peer_lost_(g->net, p))
+            return loom_err_set(err, LOOM_ENET, loom_net_name_(g->net), "lost %s", rname(g, g->peer_rank[p]));
     return LOOM_OK;
 }
 
@@ -629,8 +720,9 @@ static int timeout_report(loom_group *g, const coll_hdr *h, double waited, loom_
     char prefix[160];
     snprintf(prefix, sizeof prefix, "in %s", what);
     size_t k = 0;
-    for (int p = 0; p < g->size - 1; p++) {
+    for (int p = 0; p < g->n_peers; p++) {
         char name[32], st[160];
+        if (g->peer_rank[p] < 0) continue;
         double age;
         loom_net_peer_info_(g->net, p, name, sizeof name, st, sizeof st, &age);
         if (strncmp(st, prefix, strlen(prefix)) == 0) continue;

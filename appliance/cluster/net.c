@@ -174,8 +174,10 @@ static void tolerated_down(loom_net *n, int p, const char *why)
     loom_log(strcmp(why, "it left") ? LOOM_LOG_WARN : LOOM_LOG_DEBUG, "%s: lost %s (%s): %s; it may come back",
              n->name, pe->name, pe->addr, why);
     pe->state = pe->dial ? P_WAIT : P_LOST;
+    pe->left = !strcmp(why, "it left");
     pe->attempts = 0;
     queue_news(n, p, LOOM_MSG_PEER_DOWN);
+    alert(n); /* a collective waiting on it (an elastic group) looks at once */
     if (pe->dial && pe->retry_ev) {
         struct timeval tv = {0, 200000};
         evtimer_add(pe->retry_ev, &tv);
@@ -407,6 +409,7 @@ static bool hs_accept(conn *c, struct bufferevent *bev, loom_err *e)
     if (c->pending) c->pending = false, n->n_pending--;
     net_peer *pe = &n->peers[pi];
     pe->state = P_UP;
+    pe->left = false;
     pe->c = c;
     bufferevent_incref(bev);
     if (pe->bev) { /* its earlier connection's: the caller's thread may still hold it */
@@ -1166,6 +1169,23 @@ int loom_net_peer_down_(loom_net *n, int p, loom_err *err)
     int rc = peer_down(n, p, err);
     pthread_mutex_unlock(&n->mu);
     return rc;
+}
+
+bool loom_net_peer_up_(loom_net *n, int p)
+{
+    pthread_mutex_lock(&n->mu);
+    bool up = n->peers[p].state == P_UP;
+    pthread_mutex_unlock(&n->mu);
+    return up;
+}
+
+bool loom_net_peer_lost_(loom_net *n, int p)
+{
+    pthread_mutex_lock(&n->mu);
+    int st = n->peers[p].state;
+    bool lost = (st == P_LOST || st == P_WAIT) && !n->peers[p].left;
+    pthread_mutex_unlock(&n->mu);
+    return lost;
 }
 
 void loom_net_peer_info_(loom_net *n, int p, char *name, size_t name_n, char *status, size_t status_n, double *age)

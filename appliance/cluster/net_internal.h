@@ -102,6 +102,10 @@ int  loom_net_alert_fd_(loom_net *n, uint32_t alert_type);
 void loom_net_set_status_(loom_net *n, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* LOOM_ENET naming peer p (-1: any) when it was lost or left, else LOOM_OK. */
 int  loom_net_peer_down_(loom_net *n, int p, loom_err *err);
+/* Whether peer p is connected now (a tolerated peer may be down and back). */
+bool loom_net_peer_up_(loom_net *n, int p);
+/* Whether peer p (tolerated) is down without having said BYE: lost, not left on purpose. */
+bool loom_net_peer_lost_(loom_net *n, int p);
 /* Peer p's name, what its last heartbeat said, and how long ago it was heard. */
 void loom_net_peer_info_(loom_net *n, int p, char *name, size_t name_n, char *status, size_t status_n, double *age);
 const char *loom_net_name_(const loom_net *n);

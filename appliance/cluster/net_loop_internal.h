@@ -38,6 +38,7 @@ typedef struct net_peer {
     char      last_error[700];
     struct event *retry_ev;
     bool      tolerated;     /* may leave and come back (loom_net_tolerate) */
+    bool      left;          /* a tolerated peer's last departure was on purpose (BYE) */
     size_t    rq_bytes;      /* bytes of its messages queued for loom_net_recv; under mu */
     bool      paused;        /* rq_bytes passed recvq_max: its connection is not read; under mu */
     bool      resume;        /* rq_bytes fell back under recvq_max: read it again (on_resume); under mu */

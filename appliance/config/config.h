@@ -638,6 +638,16 @@ typedef struct loom_ps_sync_spec {
 } loom_ps_sync_spec;
 const char *loom_partitioner_name(loom_partitioner_kind k); /* "fixed" */
 
+/* multi_worker_mirrored: strategy.elastic = { min_workers; max_workers; }:
+ * a lost worker is dropped at the next step boundary and the survivors go
+ * on (distribute/elastic.c); below min_workers the job stops with a checkpoint. */
+typedef struct loom_elastic_spec {
+    bool     enabled;
+    loom_loc loc;
+    int      min_workers; /* >= 1 */
+    int      max_workers; /* >= min_workers; 0 = the cluster's training tasks */
+} loom_elastic_spec;
+
 typedef struct loom_strategy_spec {
     loom_strategy_kind kind;
     loom_loc           loc;
@@ -687,6 +697,7 @@ typedef struct loom_strategy_spec {
      * round-robin), and synchronous updates (SyncReplicasOptimizer) */
     loom_partitioner_spec partitioner;
     loom_ps_sync_spec     sync;
+    loom_elastic_spec     elastic; /* multi_worker_mirrored */
 } loom_strategy_spec;
 
 /* ---- plugins ------------------------------------------------------------- */

@@ -556,6 +556,14 @@ static void print_replicated_strategy(FILE *f, const loom_strategy_spec *st)
         kv_str(f, 1, "cross_device_ops", st->cross_device_ops);
     }
     if (st->collective_timeout > 0) kv_f64(f, 1, "collective_timeout", st->collective_timeout);
+    if (st->elastic.enabled) {
+        ind(f, 1);
+        fputs("elastic = {\n", f);
+        kv_i64(f, 2, "min_workers", st->elastic.min_workers);
+        kv_i64(f, 2, "max_workers", st->elastic.max_workers);
+        ind(f, 1);
+        fputs("};\n", f);
+    }
 }
 
 /* A plugin strategy's replicas, op and options; an option's text is printed

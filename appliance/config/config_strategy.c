@@ -41,6 +41,8 @@ static const cfg_opt strategy_opts[] = {
      .help = "split variables along axis 0 over the ps tasks: type = \"fixed\" | \"min_size\" | \"max_size\""},
     {.name = "sync", .type = OT_SUB, .applies = K(LOOM_STRAT_PARAMETER_SERVER),
      .help = "synchronous updates: replicas_to_aggregate = N; total_replicas = M"},
+    {.name = "elastic", .type = OT_SUB, .applies = STRAT_MWM,
+     .help = "survivors go on when a worker is lost: min_workers = N; max_workers = M"},
     O_STR(loom_strategy_spec, "device", device, "cpu:0", NULL, K(LOOM_STRAT_ONE_DEVICE), 0, "\"cpu:0\" or \"gpu:N\""),
     O_STR(loom_strategy_spec, "device_backend", device_backend, "", NULL,
           K(LOOM_STRAT_ONE_DEVICE) | STRAT_LOCAL_DEVICES, 0,
@@ -69,6 +71,36 @@ static const cfg_opt ps_sync_opts[] = {
           "workers taking part (M - N are backups); 0 = the number of workers"),
     O_END,
 };
+
+static const cfg_opt elastic_opts[] = {
+    O_INT(loom_elastic_spec, "min_workers", min_workers, 1, 1, 4096, ALL, 0,
+          "fewest workers the job trains with; below it the job stops with a checkpoint"),
+    O_INT(loom_elastic_spec, "max_workers", max_workers, 0, 0, 4096, ALL, 0,
+          "most workers the job trains with; 0 = the cluster's training tasks"),
+    O_END,
+};
+
+/* strategy.elastic (multi_worker_mirrored). */
+static void parse_elastic(cfg_ctx *c, const config_setting_t *g, loom_strategy_spec *st)
+{
+    loom_elastic_spec *el = &st->elastic;
+    const config_setting_t *eg = config_setting_get_member(g, "elastic");
+    if (!eg) return;
+    if (!config_setting_is_group(eg)) {
+        cfg_err_(c, eg, "expected a group { min_workers = 2; max_workers = 3; }");
+        return;
+    }
+    el->enabled = true;
+    cfg_loc_of_(c, eg, &el->loc);
+    cfg_parse_opts_(c, eg, elastic_opts, 0, el);
+    cfg_scope sc = {elastic_opts, 0, NULL};
+    cfg_check_keys_(c, eg, &sc, 1);
+    if (el->max_workers > 0 && el->min_workers > el->max_workers) {
+        loom_err *e = cfg_err_(c, config_setting_get_member(eg, "min_workers"), "min_workers = %d is more than "
+                               "max_workers = %d", el->min_workers, el->max_workers);
+        if (e) loom_err_hint(e, "min_workers is the fewest workers the job trains with: at most max_workers");
+    }
+}
 
 /* A strategy type that is not built in names a plugin's strategy: kept as
  * text (kind LOOM_STRAT_PLUGIN) and found in the registry once plugins are
@@ -275,6 +307,7 @@ void cfg_parse_strategy_(cfg_ctx *c, const config_setting_t *root, loom_strategy
         cfg_scope sc = {strategy_opts, k, NULL};
         cfg_check_keys_(c, g, &sc, 1);
         if (k == LOOM_STRAT_PARAMETER_SERVER) parse_ps_settings(c, g, st);
+        if (k == LOOM_STRAT_MULTI_WORKER_MIRRORED) parse_elastic(c, g, st);
         const config_setting_t *np = config_setting_get_member(g, "num_packs");
         if (np && st->bytes_per_pack > 0 && (k == LOOM_STRAT_MIRRORED || k == LOOM_STRAT_MULTI_WORKER_MIRRORED)) {
             loom_err *e = cfg_err_(c, np, "num_packs and bytes_per_pack both set; they are two ways to pack gradients");

@@ -220,6 +220,9 @@ typedef struct loom_strategy_args {
     /* ---- appended: output heads (model.outputs) ---- */
     int                   n_heads;     /* 0 or 1: one output (label_idx) */
     int                   heads_idx[LOOM_MAX_HEADS]; /* each head's label feature index; [0] = label_idx */
+    /* ---- appended: the run's model_dir (loom train; NULL otherwise), where
+     * multi_worker_mirrored's chief records membership changes in metrics.jsonl ---- */
+    const char           *model_dir;
 } loom_strategy_args;
 
 /* e's model inputs beyond the first (model.inputs) to m for its next steps (none: NULL). */

@@ -93,10 +93,17 @@
  * error to its gradients before rounding them (kept per worker, not in the
  * checkpoint: a resumed run starts it at zero).
  *
+ * strategy.elastic (elastic.c): every worker reads the whole data.train (one
+ * input pipeline, the same stream) and trains on its member's slice of each
+ * global batch; a step whose all-reduce fails on a lost worker goes through
+ * the membership change, then is taken again on the new slices (or, on a
+ * member one step behind, was done elsewhere and its state taken).
+ *
  * Threads: driven from the train thread, which also drives the group, except
  * that during a step with overlapping packs the communicator thread drives
  * the group's all-reduces (the step waits for it before it returns). */
 #include "distribute.h"
+#include "elastic_internal.h"
 #include "mirrored_internal.h"
 
 #include <pthread.h>
@@ -155,6 +162,10 @@ typedef struct multi_worker {
     int64_t       *off;        /* (workers + 1,) */
     loom_wire_fmt  wire;       /* strategy.compression: the gradients' format across workers */
     float         *resid;      /* (P,) compression_error_feedback: this worker's rounding error; NULL: none */
+    loom_elastic  *elastic;    /* strategy.elastic: a lost worker is dropped, the others go on (elastic.c) */
+    bool           adopted;    /* this step was completed by another member: its state taken, no update here */
+    bool           redo;       /* the members changed: take this step again on this member's new slice */
+    float          tail_mine[TAIL_N]; /* this step's tail as staged (elastic: reduced again after a loss) */
 } multi_worker;
 
 static int64_t last_batch_size(const loom_dataset_spec *d)
@@ -190,6 +201,9 @@ static int mw_input_context(const loom_strategy_args *a, loom_input_ctx *ctx, lo
     ctx->num_input_pipelines = n;
     ctx->input_pipeline_id = rank_of(a);
     ctx->num_replicas_in_sync = n * local_replicas(&a->spec->strategy);
+    /* elastic: every worker reads the whole global batch and trains on its
+     * member's slice of it (the slices follow the membership) */
+    if (a->spec->strategy.elastic.enabled) ctx->num_input_pipelines = 1, ctx->input_pipeline_id = 0;
     return LOOM_OK;
 }
 
@@ -369,6 +383,7 @@ static int plan_shards(multi_worker *mw, loom_err *err)
     /* compressed gradients keep the all-reduce of 16-bit segments (the
      * reduce-scatter halves carry float32 only) */
     mw->shardable = mw->workers > 1 && !mw->job_ops && mw->n_packs <= 1 && mw->wire == LOOM_WIRE_F32 &&
+                    !mw->local.args->spec->strategy.elastic.enabled &&
                     loom_replicated_shardable_(&mw->local) && !(env && !strcmp(env, "0"));
     if (!mw->shardable) return LOOM_OK;
     mw->off = loom_calloc((size_t)mw->workers + 1, sizeof *mw->off);
@@ -424,6 +439,18 @@ static int mw_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     mw->shard = mw->shardable;
     if ((rc = agree_resume(mw, a, err))) return rc;
     if (mw->job_ops && (rc = open_job_op(mw, a, err))) return rc;
+    if (st->elastic.enabled) {
+        if (mw->job_ops) {
+            char where[600];
+            loom_loc_str(&st->elastic.loc, where, sizeof where);
+            return loom_err_set(err, LOOM_EUNSUPPORTED, where, "strategy.elastic: communication = \"%s\" cannot "
+                                "change its members while the job runs", mw->job_ops->name),
+                   loom_err_hint(err, "use communication = \"ring\" (the default on CPU) with strategy.elastic");
+        }
+        if ((rc = loom_elastic_open_(&mw->elastic, mw->group, a->cluster, &st->elastic, mw->task,
+                                     a->model_dir, err)))
+            return rc;
+    }
     /* synchronised batch normalization: the local replicas' sums, then across the workers */
     if ((rc = loom_replicated_set_bn_cross_(&mw->local, bn_cross, mw, err))) return rc;
     /* a plugin's op (MPI, NCCL) is driven from the train thread alone: its
@@ -455,6 +482,7 @@ static void mw_close(loom_strategy *s)
                       (long long)mw->packs_total, mw->n_packs);
     }
     if (mw->job_comm) mw->job_ops->job_close(mw->job_comm);
+    loom_elastic_free_(mw->elastic);
     loom_group_close(mw->group);
     if (mw->local_open) mw->local.ops->close(&mw->local);
     loom_free(mw->stage);
@@ -595,6 +623,34 @@ static void begin_step(multi_worker *mw)
     if (mw->overlap) loom_replicated_set_pack_ready_(&mw->local, on_pack_ready, mw);
 }
 
+/* strategy.elastic: this step's all-reduce failed on a lost worker. The
+ * members left agree (elastic.c) and re-form the ring; a member the step
+ * completed elsewhere takes that state (adopted: no update here), one at
+ * the frontier takes the step again (redo) on its slice of the same global
+ * batch under the new membership, so the lost member's examples are not lost. */
+static int elastic_go_on(multi_worker *mw, int64_t step, loom_step_result *out, loom_err *err)
+{
+    const float *tail0 = mw->tail_mine;
+    loom_err fail = *err;
+    loom_optimizer *o = loom_strategy_optimizer(&mw->local);
+    int64_t ns = (int64_t)loom_optimizer_num_slots(o) * mw->P;
+    loom_elastic_outcome oc;
+    int rc = loom_elastic_recover_(mw->elastic, step, loom_model_params(loom_strategy_model(&mw->local)), mw->P,
+                                   loom_optimizer_slots(o), ns, &fail, &oc, err);
+    if (!rc) rc = mw->local.ops->sync(&mw->local, err);
+    if (rc) return rc;
+    mw->workers = oc.workers;
+    if (oc.stop) mw->stop_seen = true;
+    if (oc.redo) {
+        mw->redo = true; /* mw_step takes the step again on this member's new slice (a new loss: again) */
+        return LOOM_OK;
+    }
+    mw->adopted = true;
+    out->loss_sum = tail0[TAIL_LOSS], out->correct = (int64_t)tail0[TAIL_CORRECT];
+    out->examples = (int64_t)tail0[TAIL_EXAMPLES];
+    return LOOM_OK;
+}
+
 /* The cross-worker half of a step: this worker's local sum (in replica 0's
  * buffer; lrc: its computation failed, zeros go instead) and results ride
  * the all-reduce with the tail; *out gets the job's results and g (the
@@ -634,8 +690,12 @@ static int reduce_across(multi_worker *mw, int lrc, const loom_err *lerr, const 
     mw->stop_req = false;
     mw->staged = 0;
     mw->whole = true;
+    mw->adopted = false;
+    memcpy(mw->tail_mine, tail, sizeof mw->tail_mine);
     if (mw->group) {
         int rc = mw->shard ? scatter_across(mw, custom, err) : all_reduce_packs(mw, err);
+        if (rc && !lrc && mw->elastic && rc == LOOM_ENET) rc = elastic_go_on(mw, step, out, err);
+        if (rc == LOOM_OK && (mw->adopted || mw->redo)) return LOOM_OK;
         if (rc) {
             if (lrc) *err = *lerr; /* this worker's own failure explains it better */
             return lrc ? lrc : rc;
@@ -683,14 +743,28 @@ static int apply_shard(multi_worker *mw, int64_t step, loom_err *err)
 static int mw_step(loom_strategy *s, const loom_elem *batch, int64_t step, loom_step_result *out, loom_err *err)
 {
     multi_worker *mw = s->impl;
-    loom_step_result mine;
-    loom_err lerr;
-    begin_step(mw);
-    int lrc = loom_replicated_grads_(&mw->local, batch, step, &mine, &lerr);
-    int rc = reduce_across(mw, lrc, &lerr, &mine, step, false, out, err);
-    if (rc) return rc;
-    if (out->examples == 0) return LOOM_OK; /* every worker's input had ended: no update */
-    return mw->whole ? loom_replicated_apply_(&mw->local, mw->g, step, err) : apply_shard(mw, step, err);
+    loom_elastic_step_(mw->elastic, step);
+    for (;;) {
+        loom_step_result mine = {0};
+        loom_err lerr;
+        loom_elem part;
+        const loom_elem *b = batch;
+        int lrc = LOOM_OK;
+        /* elastic: every worker has the global batch; this member trains on its slice */
+        if (mw->elastic && batch) {
+            lrc = loom_batch_split(batch, loom_group_size(mw->group), loom_group_rank(mw->group), &part, &lerr);
+            b = !lrc && part.t[0].shape.dim[0] == 0 ? NULL : &part; /* a short batch may leave this member none */
+        }
+        begin_step(mw);
+        if (!lrc) lrc = loom_replicated_grads_(&mw->local, b, step, &mine, &lerr);
+        mw->redo = false;
+        int rc = reduce_across(mw, lrc, &lerr, &mine, step, false, out, err);
+        if (rc) return rc;
+        if (mw->redo) continue;
+        if (mw->elastic && b) loom_elastic_trained_(mw->elastic, b, s->args->input_idx, step);
+        if (out->examples == 0 || mw->adopted) return LOOM_OK; /* every input had ended, or the step was done elsewhere */
+        return mw->whole ? loom_replicated_apply_(&mw->local, mw->g, step, err) : apply_shard(mw, step, err);
+    }
 }
 
 static int mw_train_step(loom_strategy *s, const loom_elem *batch, int64_t step, loom_step_result *out, loom_err *err)
@@ -884,8 +958,9 @@ static int mw_pick_iter_state(loom_strategy *s, const loom_buf *stored, loom_buf
     b.pos = 0;
     b.failed = 0;
     uint32_t magic = stored->len >= 8 ? loom_buf_get_u32(&b) : 0;
+    bool same = mw->elastic || s->args->spec->strategy.elastic.enabled; /* elastic: every worker reads the same stream */
     if (magic != ITER_STATES_MAGIC) { /* a checkpoint of one process */
-        if (mw->workers > 1)
+        if (mw->workers > 1 && !same)
             return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "the checkpoint was written by a run of one process, "
                                 "this job has %d workers: its input position cannot be split among them",
                                 mw->workers),
@@ -894,7 +969,8 @@ static int mw_pick_iter_state(loom_strategy *s, const loom_buf *stored, loom_buf
         return mine->failed ? loom_err_set(err, LOOM_ENOMEM, NULL, "copying the iterator state") : LOOM_OK;
     }
     uint32_t n = loom_buf_get_u32(&b);
-    if (!b.failed && (int)n != mw->workers)
+    int want = same ? 0 : mw->rank; /* elastic: the states are the same; the first serves any number of workers */
+    if (!b.failed && (int)n != mw->workers && !same)
         return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "the checkpoint was written by a job of %u worker%s, this "
                             "job has %d: each worker resumes its own input position", n, n == 1 ? "" : "s",
                             mw->workers),
@@ -902,7 +978,7 @@ static int mw_pick_iter_state(loom_strategy *s, const loom_buf *stored, loom_buf
     for (int r = 0; r < (int)n && !b.failed; r++) {
         int64_t len = loom_buf_get_i64(&b);
         if (b.failed || len < 0 || (uint64_t)len > b.len - b.pos) break;
-        if (r == mw->rank) {
+        if (r == want) {
             loom_buf_put(mine, b.data + b.pos, (size_t)len);
             return mine->failed ? loom_err_set(err, LOOM_ENOMEM, NULL, "copying the iterator state") : LOOM_OK;
         }
@@ -953,6 +1029,12 @@ static void mw_print_plan(loom_strategy *s, int64_t global_batch, FILE *f)
                 "each hop; the %d floats of agreement in float32 apart%s\n",
                 loom_grad_compression_name(s->args->spec->strategy.compression), TAIL_N,
                 mw->resid ? "; with error feedback (each worker's rounding error joins its next step)" : "");
+    const loom_elastic_spec *el = &s->args->spec->strategy.elastic;
+    if (el->enabled)
+        fprintf(f, "  elastic: a worker lost is dropped at the next step boundary and the others go on (the chief "
+                "must live); below %d worker%s the job stops with a checkpoint; every worker reads the whole "
+                "data.train and trains on its member's slice of each global batch\n", el->min_workers,
+                el->min_workers == 1 ? "" : "s");
     if (mw->n_packs > 1)
         fprintf(f, "  in %d packs (strategy.bytes_per_pack / num_packs), each all-reduced across the workers as soon as "
                 "backward has finished it, the last layers' first, on a communicator thread (LOOM_OVERLAP=0: after "

@@ -324,6 +324,7 @@ SAME_FIELD_(loom_strategy_args, n_inputs)
 SAME_FIELD_(loom_strategy_args, inputs_idx)
 SAME_FIELD_(loom_strategy_args, n_heads)
 SAME_FIELD_(loom_strategy_args, heads_idx)
+SAME_FIELD_(loom_strategy_args, model_dir)
 
 SAME_SIZE_(loom_input_ctx)
 SAME_FIELD_(loom_input_ctx, num_input_pipelines)

@@ -213,6 +213,7 @@ static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool n
     r->args.plan_only = plan_only;
     snprintf(r->model_dir, sizeof r->model_dir, "%s", model_dir ? model_dir : spec->run.model_dir);
     loom_path_normalize(r->model_dir); /* every checkpoint path it names, as the user reads it */
+    r->args.model_dir = r->model_dir;
     /* the built-in strategies spend run.threads on their replicas' own
      * threads (intra-op data parallelism, measured faster than BLAS threads
      * on these small GEMMs), each calling single-threaded BLAS, so the cores
@@ -229,6 +230,7 @@ static int run_open(run *r, const loom_spec *spec, const char *model_dir, bool n
     r->multi = ictx.num_input_pipelines > 1;
     r->ictx = ictx;
     if (r->multi && (rc = share_batch(r, &spec->train, &ictx, err))) return rc;
+    if (cluster && cluster->n_train_ranks > 1 && spec->strategy.elastic.enabled) r->multi = true; /* (one stream, several tasks) */
     const loom_dataset_spec *train = r->train_spec ? r->train_spec : &spec->train;
     int64_t max_batch = train_batch_size_of_(train);
     if (max_batch <= 0)
