@@ -590,6 +590,9 @@ static const command commands[] = {
      "loom devices", "", NULL, 0, loom_cli_devices_},
     {"profile", "run the training input pipeline alone and report each stage and the bottleneck",
      "loom profile [--train] CONFIG [--steps N] [--input-pipeline ID/N]", "", NULL, 0, cmd_profile_main},
+    {"generate", "sample text from a language model's checkpoint, streaming each token",
+     "loom generate CONFIG --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K] [--seed S]", "", NULL, 0,
+     loom_cli_generate_},
     {"export", "write a trained model as ONNX (for onnxruntime) or its variables as npz (numpy)",
      "loom export CONFIG --format onnx|npz --output FILE", "", NULL, 0, cmd_export_main},
     {"launch", "start every task of a cluster on this machine and supervise them (--local)",
@@ -868,3 +871,20 @@ int loom_cli_main(int argc, char **argv, double start_time)
     if (rc && loom_stop_signal()) return 128 + loom_stop_signal(); /* stopped by SIGINT (130) or SIGTERM (143), saved */
     return exit_status(rc);
 }
+
+/* For the commands in the module's other files (cli.h). */
+loom_spec *loom_cli_load_(const char *config, const char *const *sets, int n_sets, bool training, int *status)
+{
+    cli_opts o = {.config = config, .n_sets = n_sets < MAX_SETS ? n_sets : MAX_SETS};
+    for (int i = 0; i < o.n_sets; i++) o.sets[i] = sets[i];
+    return load_as(&o, status, training);
+}
+
+int loom_cli_adapt_(loom_spec *spec, const char *model_dir, loom_adapt_mode mode, const char *checkpoint, loom_err *err)
+{
+    return adapt(spec, model_dir, mode, checkpoint, err);
+}
+
+int loom_cli_exit_status_(int code) { return exit_status(code); }
+
+const char *loom_cli_cwd_path_(const char *v, char *buf, size_t n) { return cwd_path(v, buf, n); }

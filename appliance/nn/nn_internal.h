@@ -390,4 +390,26 @@ double nn_head_loss_(loom_loss_kind kind, const float *z, const int32_t *labels,
                      float inv_gb, float *g, int64_t *correct);
 void   nn_softmax_rows_(const float *z, float *p, int64_t B, int64_t n);
 
+/* ---- incremental decoding (decode.c) ------------------------------------------
+ * A layer kind that runs one position of a sequence at a time, keeping what
+ * it needs of the positions before in a per-sequence state (an LSTM's h and
+ * c, an attention's keys and values for the positions so far), so that
+ * decoding a token costs one position rather than the whole window. Its
+ * output is (T, ...) for an input (T, ...) and position t of it depends on
+ * positions 0..t of its inputs alone (causal); fed positions 0..t in order
+ * from a reset state, step gives row t of the layer's forward output on any
+ * sequence that starts with them. A kind without step ops (flatten, a dense
+ * layer over the whole window) makes the decoder take the generic path. */
+typedef struct nn_step_ops_ {
+    /* (optional) floats of per-sequence state for sequences of up to T positions; NULL: none */
+    int64_t (*state_floats)(const nn_layer_ *l, int64_t T);
+    /* (optional) the state before position 0; NULL: zeros */
+    void    (*reset)(const nn_layer_ *l, float *state);
+    /* position pos: x[k] the per-position row of input k (n_in / T floats; the
+     * first layer's: the id as a float), y the layer's row (n_out / T floats) */
+    void    (*step)(const loom_model *m, const nn_layer_ *l, float *state, int64_t pos, const float *const *x, float *y);
+} nn_step_ops_;
+/* The step ops of layer l's kind (built for its shapes), NULL when it has none. */
+const nn_step_ops_ *nn_step_ops_of_(const nn_layer_ *l);
+
 #endif
