@@ -2,7 +2,7 @@
  * by token from a prompt (nn.h loom_decoder), the prompt tokenised and the
  * tokens detokenised by data.train's tokenize map with its adapted
  * vocabulary (data.h loom_tokenizer), each token written and flushed as it
- * is drawn. Threads: the caller's (the model runs on one). */
+ * is drawn (never padding nor an OOV id). Threads: the caller's (the model runs on one). */
 #include "run_internal.h"
 
 #include <errno.h>
@@ -30,7 +30,7 @@ typedef struct gen_job {
     loom_tokenizer *tok;
     loom_decoder   *dec;
     bool            words; /* whitespace or vocabulary tokens: a space before each */
-    int64_t         hi;    /* ids drawn from [1, hi): no padding, none the tokenizer lacks */
+    int64_t         lo, hi; /* ids drawn from [lo, hi): no padding, no OOV id, none the tokenizer lacks */
 } gen_job;
 
 /* The prompt as ids into the decoder; *n_oov of them out of the vocabulary. */
@@ -58,14 +58,14 @@ static int sample_loop(gen_job *j, int64_t *made, loom_err *err)
     FILE *f = o->out ? o->out : stdout;
     loom_rng rng;
     loom_rng_init(&rng, o->seed, 0x67656e, 0, 0); /* "gen" */
-    float *scratch = loom_alloc((size_t)j->hi * sizeof *scratch);
+    float *scratch = loom_alloc((size_t)(j->hi - j->lo) * sizeof *scratch);
     if (!scratch) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the sampler");
     int rc = LOOM_OK;
     char buf[64];
     for (*made = 0; *made < o->max_tokens; ++*made) {
         const float *z;
         if ((rc = loom_decoder_logits(j->dec, &z, err))) break;
-        int64_t id = loom_decode_sample(z, 1, j->hi, o->temperature, o->top_k, &rng, scratch);
+        int64_t id = loom_decode_sample(z, j->lo, j->hi, o->temperature, o->top_k, &rng, scratch);
         int len = loom_tokenizer_decode(j->tok, id, buf + 1, sizeof buf - 1);
         if (len > 0) {
             buf[0] = ' ';
@@ -85,8 +85,10 @@ static int sample_loop(gen_job *j, int64_t *made, loom_err *err)
 
 /* The vocabulary against the model's logits: every id the tokenizer gives
  * needs one (a character tokenizer without a vocabulary draws ids below V). */
-static int check_vocab(gen_job *j, const loom_spec *spec, loom_err *err)
+static int check_vocab(gen_job *j, const loom_spec *spec, const loom_map_spec *tm, loom_err *err)
 {
+    bool vocab = tm->tok_mode == LOOM_TOK_VOCABULARY || tm->adapt || tm->vocab; /* then ids 1.. are OOV's */
+    j->lo = vocab ? 1 + tm->num_oov_indices : 1;
     int64_t size = loom_tokenizer_size(j->tok), V = loom_decoder_vocab(j->dec);
     bool open_ended = size > 0x10000; /* utf8_chars without a vocabulary: any code point */
     char w[600];
@@ -97,9 +99,10 @@ static int check_vocab(gen_job *j, const loom_spec *spec, loom_err *err)
                loom_err_hint(err, "give the last dense layer units = %lld (the tokenize map's max_tokens + 1)",
                              (long long)size);
     j->hi = open_ended || V < size ? V : size;
-    if (j->hi < 2)
+    if (j->hi <= j->lo)
         return loom_err_set(err, LOOM_ECONFIG, loom_loc_str(&spec->model.loc, w, sizeof w),
-                            "model: %lld logits; generate needs at least 2 (id 0 is padding)", (long long)V);
+                            "model: %lld logits; generate needs more than %lld (id 0 is padding, then the OOV ids)",
+                            (long long)V, (long long)j->lo);
     return LOOM_OK;
 }
 
@@ -116,7 +119,7 @@ int loom_generate(const loom_spec *spec, const loom_generate_opts *o, loom_err *
     loom_model *m = rc ? NULL : loom_strategy_model(r.strat);
     if (!rc) rc = loom_decoder_new(&j.dec, m, 0, !o->generic, err); /* the model's kind before any checkpoint */
     if (!rc) rc = loom_tokenizer_new(&j.tok, tm, err);
-    if (!rc) rc = check_vocab(&j, spec, err);
+    if (!rc) rc = check_vocab(&j, spec, tm, err);
     if (!rc) rc = train_load_for_inference_(&r, o->checkpoint, path, &step, err);
     if (!rc) rc = feed_prompt(&j, &n_prompt, &n_oov, err);
     if (!rc && n_oov > 0)
