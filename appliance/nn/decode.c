@@ -27,48 +27,6 @@ struct loom_decoder {
     float       xin;        /* the current position's id, as the first layer reads it */
 };
 
-/* ---- step ops of the built-in layer kinds ---------------------------------- */
-
-/* embedding of one id a position (input (T,)): the table's row, zeros for -1 */
-static void embedding_step(const loom_model *m, const nn_layer_ *l, float *state, int64_t pos, const float *const *x,
-                           float *y)
-{
-    (void)state, (void)pos;
-    int64_t id = (int64_t)x[0][0];
-    if (id < 0 || id >= l->rows) memset(y, 0, (size_t)l->dim * sizeof *y);
-    else memcpy(y, m->params + l->kernel_off + id * l->dim, (size_t)l->dim * sizeof *y);
-}
-
-static void activation_step(const loom_model *m, const nn_layer_ *l, float *state, int64_t pos, const float *const *x,
-                            float *y)
-{
-    (void)m, (void)state, (void)pos;
-    int64_t n = l->n_out / l->out.dim[0];
-    nn_act_apply_(l->act, x[0], y, n);
-}
-
-/* dropout is the identity outside training */
-static void identity_step(const loom_model *m, const nn_layer_ *l, float *state, int64_t pos, const float *const *x,
-                          float *y)
-{
-    (void)m, (void)state, (void)pos;
-    memcpy(y, x[0], (size_t)(l->n_out / l->out.dim[0]) * sizeof *y);
-}
-
-static const nn_step_ops_ embedding_ops = {.step = embedding_step};
-static const nn_step_ops_ activation_ops = {.step = activation_step};
-static const nn_step_ops_ identity_ops = {.step = identity_step};
-
-const nn_step_ops_ *nn_step_ops_of_(const nn_layer_ *l)
-{
-    switch (l->spec.kind) {
-    case LOOM_LAYER_EMBEDDING: return l->in.rank == 1 ? &embedding_ops : NULL; /* one id a position */
-    case LOOM_LAYER_ACTIVATION: return l->act != LOOM_ACT_SOFTMAX ? &activation_ops : NULL;
-    case LOOM_LAYER_DROPOUT: return &identity_ops;
-    default: return NULL;
-    }
-}
-
 /* ---- the decoder ------------------------------------------------------------ */
 
 /* Whether every layer runs position by position: its output (T, ...) and
@@ -87,6 +45,11 @@ static bool can_step(const loom_model *m, int64_t T)
 
 int loom_decoder_new(loom_decoder **out, loom_model *m, int64_t pad_id, bool incremental, loom_err *err)
 {
+    return nn_decoder_new_(out, m, pad_id, incremental, true, err);
+}
+
+int nn_decoder_new_(loom_decoder **out, loom_model *m, int64_t pad_id, bool incremental, bool lm_loss, loom_err *err)
+{
     *out = NULL;
     char a[96], b[96];
     loom_shape os = loom_model_output_shape(m);
@@ -94,7 +57,8 @@ int loom_decoder_new(loom_decoder **out, loom_model *m, int64_t pad_id, bool inc
     int64_t T = m->input.rank == 1 ? m->input.dim[0] : 0;
     int64_t V = os.rank >= 1 ? os.dim[os.rank - 1] : 0;
     bool out_ok = os.rank == 1 || (os.rank == 2 && os.dim[0] == T);
-    if (m->n_inputs != 1 || !ids || T < 1 || !out_ok || m->n_heads != 1 || m->loss != LOOM_LOSS_SPARSE_SOFTMAX_CE) {
+    if (m->n_inputs != 1 || !ids || T < 1 || !out_ok || m->n_heads != 1 ||
+        (lm_loss && m->loss != LOOM_LOSS_SPARSE_SOFTMAX_CE)) {
         loom_err_set(err, LOOM_ECONFIG, m->where,
                      "model: not a language model: it reads %s %s%s and outputs %s under %s; generate needs one "
                      "input of token ids (T,) (int32 or int64) and an output of logits over the vocabulary, (V,) "

@@ -1089,6 +1089,20 @@ static void act_x_forward(const nn_layer_ *l, const float *restrict x, float *re
         for (int64_t e = 0; e < n; e++) y[e] = 0.5f * x[e] * (1.f + erff(x[e] * (float)M_SQRT1_2));
 }
 
+/* y (n) = layer l's activation of x (n), y may be x: one position's row, as
+ * the activation layer's forward computes it (decode_step.c). Not softmax. */
+void nn_act_row_(const nn_layer_ *l, const float *x, float *y, int64_t n)
+{
+    if (x != y) memcpy(y, x, (size_t)n * sizeof *y);
+    const float a = (float)l->spec.alpha;
+    if (l->act == LOOM_ACT_LEAKY_RELU)
+        for (int64_t e = 0; e < n; e++) y[e] = y[e] > 0.f ? y[e] : a * y[e];
+    else if (l->act == LOOM_ACT_GELU)
+        for (int64_t e = 0; e < n; e++) y[e] = 0.5f * y[e] * (1.f + erff(y[e] * (float)M_SQRT1_2));
+    else if (nn_act_needs_x_(l->act)) nn_act_apply_(l->act, y, y, n);
+    else bias_act(y, NULL, 1, n, l->act);
+}
+
 /* g *= f'(x): leaky 1 or alpha; gelu Phi(x) + x phi(x). */
 static void act_x_backward(const nn_layer_ *l, const float *restrict x, float *restrict g, int64_t n)
 {

@@ -411,5 +411,10 @@ typedef struct nn_step_ops_ {
 } nn_step_ops_;
 /* The step ops of layer l's kind (built for its shapes), NULL when it has none. */
 const nn_step_ops_ *nn_step_ops_of_(const nn_layer_ *l);
+/* y (n) = layer l's activation (not softmax) of x (n), y may be x (layers.c) */
+void nn_act_row_(const nn_layer_ *l, const float *x, float *y, int64_t n);
+/* loom_decoder_new; lm_loss false: any loss (the tests' models whose (T, V)
+ * output no sparse cross-entropy takes yet). */
+int nn_decoder_new_(loom_decoder **out, loom_model *m, int64_t pad_id, bool incremental, bool lm_loss, loom_err *err);
 
 #endif

@@ -2,10 +2,12 @@
  * path's greedy chain against argmax of loom_model_predict on the
  * left-padded windows computed here; the sampler (temperature 0 and top-k 1
  * are the argmax, a seed gives the same draws, top-k draws only the k
- * largest, the draws follow softmax(z / T)); a model that is not a language
- * model refused at the model block. */
+ * largest, the draws follow softmax(z / T)); the incremental path's logits
+ * against the generic path's at every length, within the window and past
+ * it; a model that is not a language model refused at the model block. */
 #include "harness.h"
 #include "nn/nn.h"
+#include "nn/nn_internal.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -145,6 +147,66 @@ static void test_sampler(void)
     CHECK(count[1] > 0 && count[2] > 0 && count[3] > 0 && count[1] + count[2] + count[3] == 3000);
 }
 
+/* emb: embedding (V, 8) -> ln: layer_normalization -> act: tanh -> sum: add(emb, act); output (T, 8), each
+ * position from itself only, so every layer has step ops; MSE (no loss takes (T, V) logits yet) */
+static void test_incremental(void)
+{
+    memset(&spec_buf, 0, sizeof spec_buf);
+    snprintf(spec_buf.loc.file, sizeof spec_buf.loc.file, "test.cfg");
+    spec_buf.loc.line = 5;
+    spec_buf.loss = LOOM_LOSS_MSE;
+    snprintf(spec_buf.input, sizeof spec_buf.input, "ids");
+    spec_buf.n_layers = 4;
+    spec_buf.layer[0] = layer(LOOM_LAYER_EMBEDDING, 0, LOOM_ACT_NONE);
+    spec_buf.layer[0].output_dim = 8;
+    spec_buf.layer[1] = layer(LOOM_LAYER_LAYER_NORM, 0, LOOM_ACT_NONE);
+    spec_buf.layer[1].epsilon = 1e-3;
+    spec_buf.layer[2] = layer(LOOM_LAYER_ACTIVATION, 0, LOOM_ACT_TANH);
+    spec_buf.layer[3] = layer(LOOM_LAYER_ADD, 0, LOOM_ACT_NONE);
+    const char *names[4] = {"emb", "ln", "act", "sum"};
+    for (int i = 0; i < 4; i++) snprintf(spec_buf.layer[i].name, sizeof spec_buf.layer[i].name, "%s", names[i]);
+    spec_buf.layer[3].n_inputs = 2;
+    snprintf(spec_buf.layer[3].inputs[0], LOOM_NAME_MAX, "emb");
+    snprintf(spec_buf.layer[3].inputs[1], LOOM_NAME_MAX, "act");
+    loom_shape in = {.rank = 1, .dim = {T}}, lab = {.rank = 2, .dim = {T, 8}};
+    loom_model *m = NULL;
+    if (loom_model_new(&m, &spec_buf, &in, LOOM_I64, &lab, LOOM_F32, 1, &err)) printf("# %s: %s\n", err.where, err.msg);
+    CHECK(m != NULL);
+    if (!m) return;
+    loom_model_init_params(m, 5);
+    float *p = loom_model_params(m); /* gamma and beta away from 1 and 0 */
+    for (int64_t i = 0; i < loom_model_num_params(m); i++) p[i] += 0.1f * (float)(i % 7) - 0.2f;
+    loom_decoder *inc = NULL, *gen = NULL;
+    CHECK(loom_decoder_new(&inc, m, 0, true, &err) == LOOM_ECONFIG); /* MSE: not a language model's loss */
+    CHECK(nn_decoder_new_(&inc, m, 0, true, false, &err) == LOOM_OK);
+    CHECK(nn_decoder_new_(&gen, m, 0, false, false, &err) == LOOM_OK);
+    CHECK(loom_decoder_incremental(inc) && !loom_decoder_incremental(gen));
+    const int64_t ids[10] = {3, 7, 1, 11, 0, 4, 4, 9, 2, 6};
+    float a[8];
+    for (int n = 1; n <= 10; n++) {
+        const float *z;
+        CHECK(loom_decoder_push(inc, ids[n - 1], &err) == LOOM_OK && loom_decoder_push(gen, ids[n - 1], &err) == LOOM_OK);
+        CHECK(loom_decoder_logits(inc, &z, &err) == LOOM_OK);
+        memcpy(a, z, sizeof a);
+        CHECK(loom_decoder_incremental(inc) == (n <= T)); /* past the window: the generic path */
+        CHECK(loom_decoder_logits(gen, &z, &err) == LOOM_OK);
+        float worst = 0;
+        for (int e = 0; e < 8; e++) worst = fmaxf(worst, fabsf(a[e] - z[e]));
+        CHECK_MSG(worst < 1e-5f, "%d tokens: incremental and generic logits differ by %g", n, worst);
+    }
+    loom_decoder_reset(inc); /* a new sequence starts from a reset state */
+    CHECK(loom_decoder_incremental(inc));
+    const float *z;
+    CHECK(loom_decoder_push(inc, 3, &err) == LOOM_OK && loom_decoder_logits(inc, &z, &err) == LOOM_OK);
+    memcpy(a, z, sizeof a);
+    loom_decoder_reset(gen);
+    CHECK(loom_decoder_push(gen, 3, &err) == LOOM_OK && loom_decoder_logits(gen, &z, &err) == LOOM_OK);
+    CHECK(fabsf(a[0] - z[0]) < 1e-5f && fabsf(a[7] - z[7]) < 1e-5f);
+    loom_decoder_free(inc);
+    loom_decoder_free(gen);
+    loom_model_free(m);
+}
+
 /* a float input (one-hot windows) is not a language model: refused at the model block */
 static void test_not_lm(void)
 {
@@ -169,6 +231,7 @@ static void test_not_lm(void)
 static const loom_test tests[] = {
     {"greedy_chain", test_greedy_chain},
     {"sampler", test_sampler},
+    {"incremental", test_incremental},
     {"not_lm", test_not_lm},
     {0},
 };
