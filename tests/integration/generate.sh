@@ -5,6 +5,7 @@
 # run of one token gives from the prompt plus the tokens before it); top-k 1
 # is greedy at any temperature; tokens reach stdout while the process still
 # runs; prompt characters outside the vocabulary are counted on stderr; a
+# word-level model writes words with a space before each; a
 # model that is not a language model is refused at its model block; no
 # checkpoint, no adapted vocabulary and bad options are clear errors.
 source "$(dirname "$0")/lib.sh"
@@ -63,6 +64,34 @@ kill $gp 2>/dev/null; wait $gp 2>/dev/null
 out=$("${GEN[@]}" --prompt "Caf☃ ü☂" --max-tokens 5 --seed 1 2>&1 >/dev/null); status=$?
 if [ $status -eq 0 ]; then pass "OOV prompt: generates"; else fail "OOV prompt: generates" "$out"; fi
 contains "OOV prompt: 3 of 7 reported" "--prompt: 3 of its 7 tokens are not in the vocabulary" "$out"
+
+# words (a vocabulary tokenizer): each word written with a space before it; an unknown word is OOV
+cat > "$WORK/words.cfg" <<CFG
+version = 1;
+data: { train: {
+  source: { type = "text"; files = ["/usr/share/games/fortunes/*.u8"]; record_separator = "%"; max_length = 4096;
+            truncate = true; };
+  transforms = (
+    { op = "map"; fn = "tokenize"; feature = "line"; mode = "vocabulary"; adapt = true; max_tokens = 2000; },
+    { op = "select"; features = ["line"]; },
+    { op = "unbatch"; },
+    { op = "window"; size = 9; shift = 1; drop_remainder = true; },
+    { op = "lm_pairs"; feature = "line"; input = "context"; target = "next"; target_last = true; },
+    { op = "shuffle"; buffer = 1024; },
+    { op = "batch"; size = 64; drop_remainder = true; }
+  ); }; };
+model: { input = "context"; label = "next"; layers = (
+  { type = "embedding"; input_dim = 2000; output_dim = 16; }, { type = "flatten"; },
+  { type = "dense"; units = 64; activation = "relu"; }, { type = "dense"; units = 2000; } ); };
+optimizer: { type = "adam"; learning_rate = 0.005; };
+run: { model_dir = "$WORK/w"; max_steps = 150; };
+CFG
+check "train a word-level model 150 steps" "$LOOM" train "$WORK/words.cfg" "${RUN[@]}"
+"$LOOM" generate "$WORK/words.cfg" --prompt "The man zzqxj who" --max-tokens 12 --seed 2 >"$WORK/w.txt" 2>"$WORK/w.err"
+if [ "$(wc -w <"$WORK/w.txt")" -eq 12 ] && head -c 1 "$WORK/w.txt" | grep -q ' ' && ! grep -q UNK "$WORK/w.txt"; then
+    pass "words: 12 words, a space before each, no [UNK]"
+else fail "words: 12 words, a space before each, no [UNK]" "$(cat -A "$WORK/w.txt")"; fi
+contains "words: the unknown word reported" "--prompt: 1 of its 4 tokens is not in the vocabulary" "$(cat "$WORK/w.err")"
 
 # a model that is not a language model (one-hot float windows): refused at the model block
 line=$(grep -n '^model:' configs/fortunes_char_mlp.cfg | cut -d: -f1)
