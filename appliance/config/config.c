@@ -52,7 +52,9 @@ const char *const loom_layer_names_[] = {"dense", "conv2d", "max_pool2d", "dropo
                                          "global_average_pooling2d", "embedding", "zero_padding2d",
                                          "global_max_pooling2d", "reshape", "upsampling2d", "depthwise_conv2d",
                                          "separable_conv2d", "conv2d_transpose", "conv1d", "add", "subtract", "multiply",
-                                         "average", "maximum", "concatenate", NULL};
+                                         "average", "maximum", "concatenate", "multi_head_attention",
+                                         "positional_embedding", "transformer_block", NULL};
+const char *const loom_pos_mode_names_[] = {"learned", "sinusoidal", NULL};
 const char *const loom_combiner_names_[] = {"sum", "mean", NULL};
 const char *const loom_activation_names_[] = {"none", "relu", "sigmoid", "tanh", "softmax", "leaky_relu", "gelu",
                                               "swish", "hard_swish", "softplus", "elu", "silu", NULL};

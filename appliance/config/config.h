@@ -467,6 +467,8 @@ typedef enum { LOOM_LAYER_DENSE, LOOM_LAYER_CONV2D, LOOM_LAYER_MAX_POOL2D, LOOM_
                /* merge layers (several inputs, Keras' merging layers) */
                LOOM_LAYER_ADD, LOOM_LAYER_SUBTRACT, LOOM_LAYER_MULTIPLY, LOOM_LAYER_AVERAGE, LOOM_LAYER_MAXIMUM,
                LOOM_LAYER_CONCATENATE,
+               /* sequence layers (issue 24, attention.c); transformer_block expands at load into its parts */
+               LOOM_LAYER_MULTI_HEAD_ATTENTION, LOOM_LAYER_POSITIONAL_EMBEDDING, LOOM_LAYER_TRANSFORMER_BLOCK,
                /* appended: a plugin's layer kind, `type` naming it (loom_layer_spec.plugin) */
                LOOM_LAYER_PLUGIN } loom_layer_kind;
 /* inputs of one layer (merge layers take 2 or more), and model.inputs */
@@ -474,6 +476,7 @@ typedef enum { LOOM_LAYER_DENSE, LOOM_LAYER_CONV2D, LOOM_LAYER_MAX_POOL2D, LOOM_
 #define LOOM_MAX_MODEL_INPUTS 8
 /* model.outputs: output heads (head 0 is the model's output, its last layer) */
 #define LOOM_MAX_HEADS 8
+typedef enum { LOOM_POS_LEARNED, LOOM_POS_SINUSOIDAL } loom_pos_mode;
 typedef enum { LOOM_COMBINER_SUM, LOOM_COMBINER_MEAN } loom_combiner;
 /* leaky_relu and gelu only as activation layers (their gradients need the input); swish, hard_swish,
  * softplus and elu (Keras's definitions) also on the layers that take an activation. silu is swish's
@@ -533,6 +536,15 @@ typedef struct loom_layer_spec {
     /* ---- a plugin's layer kind (appended) ---- */
     char            plugin[LOOM_NAME_MAX]; /* the registered layer type (kind LOOM_LAYER_PLUGIN) */
     loom_plugin_opts settings;             /* its keys other than type, name and inputs, as text */
+    /* ---- sequence layers (appended, issue 24) ---- */
+    int             num_heads;           /* multi_head_attention, transformer_block */
+    int             key_dim;             /* per head: query and key width */
+    int             value_dim;           /* per head; 0: key_dim */
+    bool            causal;              /* multi_head_attention: query t attends to keys <= t */
+    int             max_length;          /* positional_embedding: the longest sequence */
+    loom_pos_mode   pos_mode;            /* positional_embedding: learned (a trained table) or sinusoidal (fixed) */
+    int             ff_dim;              /* transformer_block: the feed-forward's hidden width */
+    bool            norm_first;          /* transformer_block: pre-norm (GPT-2) rather than post-norm (Vaswani) */
 } loom_layer_spec;
 
 typedef struct loom_model_spec {

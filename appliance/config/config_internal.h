@@ -23,6 +23,7 @@ extern const char *const loom_csv_dtype_names_[];     /* loom_cfg_dtype, then "s
 extern const char *const loom_transform_names_[];     /* loom_transform_kind */
 extern const char *const loom_layer_names_[];         /* loom_layer_kind */
 extern const char *const loom_combiner_names_[];      /* loom_combiner */
+extern const char *const loom_pos_mode_names_[];      /* loom_pos_mode */
 extern const char *const loom_activation_names_[];    /* loom_activation */
 extern const char *const loom_init_names_[];          /* loom_init */
 extern const char *const loom_padding_names_[];       /* loom_padding */

@@ -67,6 +67,29 @@ static const cfg_opt layer_opts[] = {
              "[\"name\", ...]: the layers or model inputs this layer takes (default: the previous layer)"),
     O_INT(loom_layer_spec, "axis", axis, -1, -9, 8, LY(CONCATENATE), 0,
           "the axis to join on, the batch being axis 0; default -1 (the last)"),
+    O_INT(loom_layer_spec, "num_heads", num_heads, 0, 1, 1024, LY(MULTI_HEAD_ATTENTION) | LY(TRANSFORMER_BLOCK),
+          LY(MULTI_HEAD_ATTENTION) | LY(TRANSFORMER_BLOCK), "attention heads"),
+    O_INT(loom_layer_spec, "key_dim", key_dim, 0, 1, LOOM_MAX_UNITS, LY(MULTI_HEAD_ATTENTION) | LY(TRANSFORMER_BLOCK),
+          LY(MULTI_HEAD_ATTENTION) | LY(TRANSFORMER_BLOCK), "per head: the query and key width"),
+    O_INT(loom_layer_spec, "value_dim", value_dim, 0, 1, LOOM_MAX_UNITS, LY(MULTI_HEAD_ATTENTION), 0,
+          "per head: the value width; default key_dim"),
+    O_F64(loom_layer_spec, "dropout", rate, 0, 0.0, 1.0, F_HI_OPEN, LY(MULTI_HEAD_ATTENTION) | LY(TRANSFORMER_BLOCK), 0,
+          "drop probability (attention: of the attention weights; transformer_block: also after each sublayer)"),
+    O_BOOL(loom_layer_spec, "causal", causal, 0, LY(MULTI_HEAD_ATTENTION) | LY(TRANSFORMER_BLOCK),
+           "query step t attends to key steps <= t only (a decoder, a language model)"),
+    O_BOOL(loom_layer_spec, "use_bias", use_bias, 1, LY(MULTI_HEAD_ATTENTION), "biases on the projections"),
+    O_ENUM(loom_layer_spec, "kernel_init", kernel_init, LOOM_INIT_GLOROT_UNIFORM, loom_init_names_,
+           LY(MULTI_HEAD_ATTENTION), 0, "kernel initialiser"),
+    O_INT(loom_layer_spec, "max_length", max_length, 0, 1, 1 << 20, LY(POSITIONAL_EMBEDDING),
+          LY(POSITIONAL_EMBEDDING), "the longest sequence (rows of a learned table)"),
+    O_ENUM(loom_layer_spec, "mode", pos_mode, LOOM_POS_LEARNED, loom_pos_mode_names_, LY(POSITIONAL_EMBEDDING), 0,
+           "learned (a trained (max_length, D) table) or sinusoidal (fixed)"),
+    O_INT(loom_layer_spec, "ff_dim", ff_dim, 0, 1, LOOM_MAX_UNITS, LY(TRANSFORMER_BLOCK), LY(TRANSFORMER_BLOCK),
+          "the feed-forward's hidden width"),
+    O_BOOL(loom_layer_spec, "norm_first", norm_first, 0, LY(TRANSFORMER_BLOCK),
+           "layer normalization before each sublayer (pre-norm, GPT-2) instead of after the residual add"),
+    O_INT(loom_layer_spec, "embed_dim", output_dim, 0, 1, 1 << 16, LY(TRANSFORMER_BLOCK), 0,
+          "the width D of the block's (T, D) input; default: found from the layers before it"),
     O_ENUM(loom_layer_spec, "combiner", combiner, LOOM_COMBINER_SUM, loom_combiner_names_, LY(EMBEDDING), 0,
            "several ids per column (input (columns, k)): sum or mean of their rows"),
     O_END,
@@ -193,6 +216,106 @@ static void check_layer(cfg_ctx *c, const config_setting_t *e, loom_layer_spec *
     if (l->kind != LOOM_LAYER_CONV2D_TRANSPOSE && dil && str && (s = config_setting_get_member(e, "dilation_rate"))) {
         loom_err *er = cfg_err_(c, s, "dilation_rate > 1 with strides > 1 (Keras refuses it too)");
         if (er) loom_err_hint(er, "use strides = 1 with a dilation, or dilation_rate = 1 with strides");
+    }
+}
+
+/* ---- transformer_block: expanded at load into the graph of its parts ---- */
+
+/* A part of kind k with the option table's defaults, named "<block>/<part>" ("<block>" for the last). */
+static loom_layer_spec *block_part(loom_model_spec *m, const loom_layer_spec *b, int k, const char *part)
+{
+    loom_layer_spec *p = &m->layer[m->n_layers++];
+    memset(p, 0, sizeof *p);
+    for (const cfg_opt *o = layer_opts; o->name; o++)
+        if (!(o->flags & F_KIND) && cfg_applies_(o, k) && o->type != OT_SUB && o->type != OT_CUSTOM)
+            cfg_opt_default_(o, p);
+    p->kind = (loom_layer_kind)k;
+    p->loc = b->loc;
+    if (part) snprintf(p->name, sizeof p->name, "%.*s/%s", (int)(sizeof p->name - 16), b->name, part);
+    else snprintf(p->name, sizeof p->name, "%s", b->name);
+    return p;
+}
+
+static void part_inputs(loom_layer_spec *p, const char *a, const char *b)
+{
+    p->n_inputs = b ? 2 : 1;
+    snprintf(p->inputs[0], sizeof p->inputs[0], "%s", a);
+    if (b) snprintf(p->inputs[1], sizeof p->inputs[1], "%s", b);
+}
+
+/* The width D of layer `name`'s (T, D) output, followed back through the layers that keep it; 0: unknown. */
+static int block_width(const loom_model_spec *m, const char *name, int depth)
+{
+    for (int j = m->n_layers - 1; j >= 0 && depth < 64; j--) {
+        const loom_layer_spec *l = &m->layer[j];
+        if (strcmp(l->name, name)) continue;
+        if (l->kind == LOOM_LAYER_EMBEDDING) return l->output_dim;
+        if (l->kind == LOOM_LAYER_DENSE) return l->units;
+        if (l->kind == LOOM_LAYER_TRANSFORMER_BLOCK) return l->output_dim;
+        if (l->kind == LOOM_LAYER_CONCATENATE || l->kind == LOOM_LAYER_RESHAPE || l->kind == LOOM_LAYER_PLUGIN) return 0;
+        if (l->n_inputs) return block_width(m, l->inputs[0], depth + 1);
+        return j > 0 ? block_width(m, m->layer[j - 1].name, depth + 1) : 0;
+    }
+    return 0;
+}
+
+/* Replaces the block (the last layer of m) by its parts: post-norm (Vaswani et al., Keras's TransformerEncoder):
+ * x1 = norm1(x + drop(attn(x))), y = norm2(x1 + drop(ff2(ff1(x1)))); norm_first (GPT-2):
+ * x1 = x + drop(attn(norm1(x))), y = x1 + drop(ff2(ff1(norm2(x1)))); ff1 relu. The last part is named as the block. */
+static void expand_block(cfg_ctx *c, const config_setting_t *e, loom_model_spec *m)
+{
+    loom_layer_spec b = m->layer[--m->n_layers];
+    char in[LOOM_NAME_MAX], prev[LOOM_NAME_MAX], res[LOOM_NAME_MAX];
+    if (b.n_inputs > 1) {
+        cfg_err_(c, e, "transformer_block takes one input, got %d", b.n_inputs);
+        return;
+    }
+    if (!b.n_inputs && m->n_layers == 0) {
+        loom_err *er = cfg_err_(c, e, "transformer_block cannot be the first layer");
+        if (er) loom_err_hint(er, "put an embedding (and a positional_embedding) before it, or name its input in inputs");
+        return;
+    }
+    snprintf(in, sizeof in, "%s", b.n_inputs ? b.inputs[0] : m->layer[m->n_layers - 1].name);
+    int D = b.output_dim ? b.output_dim : block_width(m, in, 0);
+    if (D < 1) {
+        loom_err *er = cfg_err_(c, e, "transformer_block \"%s\": cannot tell the width of its input \"%s\"", b.name, in);
+        if (er) loom_err_hint(er, "set embed_dim to the last dim of the block's (T, D) input");
+        return;
+    }
+    if (m->n_layers + 11 > LOOM_MAX_LAYERS) {
+        cfg_err_(c, e, "too many layers once transformer_block \"%s\" is expanded (at most %d)", b.name, LOOM_MAX_LAYERS);
+        return;
+    }
+    const bool drop = b.rate > 0, pre = b.norm_first;
+    loom_layer_spec *p;
+    snprintf(prev, sizeof prev, "%s", in);
+    for (int half = 0; half < 2; half++) {
+        snprintf(res, sizeof res, "%s", prev);
+        if (pre) {
+            p = block_part(m, &b, LOOM_LAYER_LAYER_NORM, half ? "norm2" : "norm1");
+            p->epsilon = 1e-5, part_inputs(p, prev, NULL), snprintf(prev, sizeof prev, "%s", p->name);
+        }
+        if (!half) {
+            p = block_part(m, &b, LOOM_LAYER_MULTI_HEAD_ATTENTION, "attn");
+            p->num_heads = b.num_heads, p->key_dim = b.key_dim, p->rate = b.rate, p->causal = b.causal;
+        } else {
+            p = block_part(m, &b, LOOM_LAYER_DENSE, "ff1");
+            p->units = b.ff_dim, p->activation = LOOM_ACT_RELU, part_inputs(p, prev, NULL);
+            snprintf(prev, sizeof prev, "%s", p->name);
+            p = block_part(m, &b, LOOM_LAYER_DENSE, "ff2");
+            p->units = D;
+        }
+        part_inputs(p, prev, NULL), snprintf(prev, sizeof prev, "%s", p->name);
+        if (drop) {
+            p = block_part(m, &b, LOOM_LAYER_DROPOUT, half ? "drop2" : "drop1");
+            p->rate = b.rate, part_inputs(p, prev, NULL), snprintf(prev, sizeof prev, "%s", p->name);
+        }
+        p = block_part(m, &b, LOOM_LAYER_ADD, pre && half ? NULL : half ? "add2" : "add1");
+        part_inputs(p, res, prev), snprintf(prev, sizeof prev, "%s", p->name);
+        if (!pre) {
+            p = block_part(m, &b, LOOM_LAYER_LAYER_NORM, half ? NULL : "norm1");
+            p->epsilon = 1e-5, part_inputs(p, prev, NULL), snprintf(prev, sizeof prev, "%s", p->name);
+        }
     }
 }
 
@@ -340,8 +463,14 @@ static void parse_layers(cfg_ctx *c, const config_setting_t *g, loom_model_spec 
         cfg_err_(c, ll, "too many layers: %d (at most %d)", n, LOOM_MAX_LAYERS);
         n = LOOM_MAX_LAYERS;
     }
+    int elem[LOOM_MAX_LAYERS]; /* each layer's element of the list (a transformer_block's parts share theirs) */
     for (int i = 0; i < n; i++) {
         const config_setting_t *e = config_setting_get_elem(ll, i);
+        if (m->n_layers >= LOOM_MAX_LAYERS) {
+            cfg_err_(c, e, "too many layers once the transformer blocks are expanded (at most %d)", LOOM_MAX_LAYERS);
+            break;
+        }
+        for (int j = m->n_layers; j < LOOM_MAX_LAYERS; j++) elem[j] = i;
         loom_layer_spec *l = &m->layer[m->n_layers++];
         cfg_loc_of_(c, e, &l->loc);
         if (!config_setting_is_group(e)) {
@@ -355,6 +484,11 @@ static void parse_layers(cfg_ctx *c, const config_setting_t *g, loom_model_spec 
         cfg_scope sc = {layer_opts, k, NULL};
         cfg_check_keys_(c, e, &sc, 1);
         if (k >= 0) check_layer(c, e, l);
+        if (k == LOOM_LAYER_TRANSFORMER_BLOCK) {
+            if (!l->name[0]) snprintf(l->name, sizeof l->name, "transformer_block_%d", i);
+            expand_block(c, e, m);
+            continue;
+        }
         if ((k == LOOM_LAYER_MAX_POOL2D || k == LOOM_LAYER_AVG_POOL2D) && !config_setting_get_member(e, "strides"))
             l->stride[0] = l->pool[0], l->stride[1] = l->pool[1];
         if (!l->name[0] && k >= 0 && k != LOOM_LAYER_PLUGIN) snprintf(l->name, sizeof l->name, "%s_%d", loom_layer_names_[k], i);
@@ -362,7 +496,7 @@ static void parse_layers(cfg_ctx *c, const config_setting_t *g, loom_model_spec 
     for (int i = 0; i < m->n_layers; i++)
         for (int j = 0; j < i; j++)
             if (m->layer[i].name[0] && !strcmp(m->layer[i].name, m->layer[j].name)) {
-                cfg_err_(c, config_setting_get_elem(ll, i), "layer name \"%s\" is already used by %s",
+                cfg_err_(c, config_setting_get_elem(ll, elem[i]), "layer name \"%s\" is already used by %s",
                      m->layer[i].name, m->layer[j].loc.path);
                 break;
             }

@@ -1605,6 +1605,10 @@ void nn_layer_forward_(const loom_model *m, int li, nn_chunk_ *c, int training, 
     case LOOM_LAYER_PLUGIN:
         nn_plugin_forward_(m, li, c, x, y, training, rng_key);
         break;
+    case LOOM_LAYER_MULTI_HEAD_ATTENTION:
+    case LOOM_LAYER_POSITIONAL_EMBEDDING:
+        nn_attn_forward_(m, li, c, x, y, training, rng_key);
+        break;
     case LOOM_LAYER_BATCH_NORM: /* over the whole batch: nn_bn_forward_ */
     default:                    /* merge layers: graph.c */
         break;
@@ -1673,6 +1677,9 @@ float *nn_layer_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, f
         return NULL;
     case LOOM_LAYER_PLUGIN:
         return nn_plugin_backward_(m, li, c, g, other);
+    case LOOM_LAYER_MULTI_HEAD_ATTENTION:
+    case LOOM_LAYER_POSITIONAL_EMBEDDING:
+        return nn_attn_backward_(m, li, c, g, other);
     default: /* merge layers: graph.c */
         break;
     }

@@ -294,6 +294,8 @@ static int (*const kind_shapes[])(loom_model *m, nn_layer_ *l, int li, loom_err 
     [LOOM_LAYER_AVERAGE] = nn_merge_shapes_,
     [LOOM_LAYER_MAXIMUM] = nn_merge_shapes_,
     [LOOM_LAYER_CONCATENATE] = nn_merge_shapes_,
+    [LOOM_LAYER_MULTI_HEAD_ATTENTION] = nn_attn_shapes_,
+    [LOOM_LAYER_POSITIONAL_EMBEDDING] = nn_attn_shapes_,
     [LOOM_LAYER_PLUGIN] = nn_plugin_shapes_,
 };
 
@@ -668,6 +670,7 @@ static bool layer_buffers(nn_layer_ *l, int64_t max_batch)
         return false;
     if (k == LOOM_LAYER_EMBEDDING && !embedding_buffers(l, max_batch)) return false;
     if (k == LOOM_LAYER_PLUGIN && !nn_plugin_buffers_(l, max_batch)) return false;
+    if (nn_is_attn_kind_(k) && !nn_attn_buffers_(l, max_batch)) return false;
     if (l->gacc && !(l->dgy = loom_alloc_aligned(outs * sizeof(float)))) return false;
     if (k == LOOM_LAYER_DROPOUT && l->spec.rate > 0 && !(l->mask = loom_alloc_aligned(outs))) return false;
     return true;
@@ -849,6 +852,7 @@ void loom_model_free(loom_model *m)
     if (!m) return;
     for (int i = 0; i < m->n_layers; i++) {
         if (m->layer[i].spec.kind == LOOM_LAYER_PLUGIN) nn_plugin_free_(&m->layer[i]);
+        if (nn_is_attn_kind_(m->layer[i].spec.kind)) nn_attn_free_(&m->layer[i]);
         loom_free(m->layer[i].y);
         loom_free(m->layer[i].argmax);
         loom_free(m->layer[i].mask);
@@ -1301,7 +1305,8 @@ static void layer_param_grads(const step_job *j, int i, int part, int parts)
         return;
     }
     /* chunk 0 starts at example 0: its input pointer is the whole batch's */
-    if (nn_runs_more_(l)) nn_more_param_grads_(m, i, m->chunk[0].act[i], j->B, part, parts);
+    if (nn_is_attn_kind_(l->spec.kind)) nn_attn_param_grads_(m, i, m->chunk[0].act[i], j->B, part, parts);
+    else if (nn_runs_more_(l)) nn_more_param_grads_(m, i, m->chunk[0].act[i], j->B, part, parts);
     else if (l->spec.kind == LOOM_LAYER_DENSE) nn_dense_param_grads_(m, i, m->chunk[0].act[i], j->B, part, parts);
     else if (l->spec.kind == LOOM_LAYER_LAYER_NORM) nn_ln_param_grads_(m, i, j->B, part, parts);
     else nn_conv_param_grads_(m, i, m->chunk[0].act[i], j->B, part, parts, m->chunk[part].col);

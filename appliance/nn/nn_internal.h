@@ -81,6 +81,12 @@ typedef struct nn_layer_ {
     loom_layer_plan *pplan;        /* what build() declared */
     int64_t        poff[LOOM_LAYER_MAX_PARAMS]; /* each parameter tensor's offset in the flat buffer */
     unsigned char *pscratch;       /* (max_batch * scratch_per_example) bytes */
+    /* multi_head_attention, positional_embedding (attention.c): an example is (T, D) */
+    int            heads, dk, dv;  /* attention: heads, per-head key and value widths */
+    int            T, S;           /* query and key steps */
+    int            Dq, Dkv, Do;    /* query, key/value and output widths */
+    int64_t        aoff[8];        /* attention: its parameter tensors (attention.c AW_*), -1 when absent */
+    float         *ab[11];         /* attention: its (max_batch, ...) buffers (attention.c AB_*); sinusoidal: ab[0] the table */
 } nn_layer_;
 
 /* The slice of a step's batch that one thread works on: examples [b0, b0 + B).
@@ -362,6 +368,17 @@ bool  nn_runs_more_(const nn_layer_ *l);
 void  nn_more_forward_(const loom_model *m, int li, nn_chunk_ *c);
 float *nn_more_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, float *other);
 void  nn_more_param_grads_(const loom_model *m, int li, const float *x, int64_t B, int part, int parts);
+/* ---- issue 24's sequence layers (attention.c): multi_head_attention, positional_embedding ---- */
+bool   nn_is_attn_kind_(loom_layer_kind k);
+int    nn_attn_shapes_(loom_model *m, nn_layer_ *l, int li, loom_err *err);
+bool   nn_attn_buffers_(nn_layer_ *l, int64_t max_batch); /* y, dz, ab[], mask (dropout) */
+void   nn_attn_free_(nn_layer_ *l);                        /* ab[] (the rest as any layer's) */
+bool   nn_attn_owns_(const nn_layer_ *l, int64_t off);     /* off is one of its parameter tensors */
+void   nn_attn_forward_(const loom_model *m, int li, nn_chunk_ *c, const float *x, float *y, int training,
+                        uint64_t rng_key);
+float *nn_attn_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, float *other);
+/* Part `part` of `parts` of the whole batch's parameter gradients (x the layer's input, (B, T, D)). */
+void   nn_attn_param_grads_(const loom_model *m, int li, const float *x, int64_t B, int part, int parts);
 /* Tests only: loom_model_gradcheck scales the analytic gradients by 1 + this (0: off). */
 extern float nn_gradcheck_skew_;
 /* The model's parameter allocator (model.c): offset of the new tensor, -1 on overflow. */
