@@ -253,7 +253,11 @@ static int block_width(const loom_model_spec *m, const char *name, int depth)
         if (l->kind == LOOM_LAYER_DENSE) return l->units;
         if (l->kind == LOOM_LAYER_TRANSFORMER_BLOCK) return l->output_dim;
         if (l->kind == LOOM_LAYER_CONCATENATE || l->kind == LOOM_LAYER_RESHAPE || l->kind == LOOM_LAYER_PLUGIN) return 0;
-        if (l->n_inputs) return block_width(m, l->inputs[0], depth + 1);
+        for (int k = 0; k < l->n_inputs; k++) { /* a merge's inputs share the width: the first one known */
+            int d = block_width(m, l->inputs[k], depth + 1);
+            if (d > 0 || l->kind != LOOM_LAYER_ADD) return d;
+        }
+        if (l->n_inputs) return 0;
         return j > 0 ? block_width(m, m->layer[j - 1].name, depth + 1) : 0;
     }
     return 0;
@@ -472,6 +476,7 @@ static void parse_layers(cfg_ctx *c, const config_setting_t *g, loom_model_spec 
         }
         for (int j = m->n_layers; j < LOOM_MAX_LAYERS; j++) elem[j] = i;
         loom_layer_spec *l = &m->layer[m->n_layers++];
+        memset(l, 0, sizeof *l); /* a refused transformer_block leaves its slot behind */
         cfg_loc_of_(c, e, &l->loc);
         if (!config_setting_is_group(e)) {
             char v[300];

@@ -665,7 +665,7 @@ static void print_layer(FILE *f, const loom_layer_spec *l)
     case LOOM_LAYER_MULTI_HEAD_ATTENTION:
         kv_i64(f, 3, "num_heads", l->num_heads);
         kv_i64(f, 3, "key_dim", l->key_dim);
-        kv_i64(f, 3, "value_dim", l->value_dim);
+        if (l->value_dim) kv_i64(f, 3, "value_dim", l->value_dim);
         kv_f64(f, 3, "dropout", l->rate);
         kv_bool(f, 3, "causal", l->causal);
         kv_str(f, 3, "kernel_init", loom_cfg_name_(loom_init_names_, (int)l->kernel_init));
