@@ -166,6 +166,9 @@ typedef struct loom_text_source {
     /* record_separator = "%": an element is a record of the lines between two
      * lines equal to it (fortune files), joined with '\n'; "" (default): one line */
     char    record_separator[16];
+    /* file_feature = "file": an int64 () feature of that name, the index of the element's file in the
+     * sorted list of files (a label for "which file is this from"); "" (default): none */
+    char    file_feature[LOOM_NAME_MAX];
 } loom_text_source;
 
 /* synthetic: seeded random tensors, element i a pure function of (run seed, i).

@@ -149,6 +149,7 @@ static void print_csv_text_synthetic(FILE *f, const loom_source_spec *src)
         kv_i64(f, 3, "max_length", src->text.max_length);
         kv_bool(f, 3, "truncate", src->text.truncate);
         if (src->text.record_separator[0]) kv_str(f, 3, "record_separator", src->text.record_separator);
+        if (src->text.file_feature[0]) kv_str(f, 3, "file_feature", src->text.file_feature);
     } else if (src->kind == LOOM_SRC_SYNTHETIC) {
         kv_i64(f, 3, "count", src->synthetic.count);
         if (src->synthetic.ctr.on) {
