@@ -17,12 +17,25 @@ static void parse_model_inputs(cfg_ctx *c, const config_setting_t *s, void *base
 /* the 2-D convolutions, and every layer with a kernel of its own and an activation */
 #define CONV2S (LY(CONV2D) | LY(DEPTHWISE_CONV2D) | LY(SEPARABLE_CONV2D) | LY(CONV2D_TRANSPOSE))
 #define KERNELED (LY(DENSE) | CONV2S | LY(CONV1D))
+#define RNNS (LY(LSTM) | LY(GRU) | LY(BIDIRECTIONAL))
 static void parse_zero_padding(cfg_ctx *c, const config_setting_t *s, void *base);
 static void parse_target_shape(cfg_ctx *c, const config_setting_t *s, void *base);
 static const cfg_opt layer_opts[] = {
     O_KIND(loom_layer_spec, "type", kind, 0, loom_layer_names_, ALL, "layer type"),
     O_STR(loom_layer_spec, "name", name, "", NULL, ALL, 0, "layer name; default <type>_<index>"),
-    O_INT(loom_layer_spec, "units", units, 0, 1, LOOM_MAX_UNITS, LY(DENSE), LY(DENSE), "output units"),
+    O_INT(loom_layer_spec, "units", units, 0, 1, LOOM_MAX_UNITS, LY(DENSE) | RNNS, LY(DENSE) | RNNS, "output units"),
+    O_BOOL(loom_layer_spec, "return_sequences", return_sequences, 0, RNNS,
+           "output every time step (T, units) rather than the last one's (units,)"),
+    O_ENUM(loom_layer_spec, "recurrent_activation", recurrent_activation, LOOM_ACT_SIGMOID, loom_activation_names_,
+           RNNS, 0, "the gates' activation (sigmoid or hard_sigmoid-free: sigmoid, tanh, relu)"),
+    O_BOOL(loom_layer_spec, "reset_after", reset_after, 1, LY(GRU) | LY(BIDIRECTIONAL),
+           "gru: reset gate applied after the recurrent product (Keras 2 default, cuDNN, PyTorch)"),
+    O_ENUM(loom_layer_spec, "layer", cell, 0, loom_cell_names_, LY(BIDIRECTIONAL), LY(BIDIRECTIONAL),
+           "the recurrent layer run forward and backward: lstm or gru"),
+    O_ENUM(loom_layer_spec, "merge_mode", merge_mode, 0, loom_merge_mode_names_, LY(BIDIRECTIONAL), 0,
+           "how the two directions' outputs combine: concat (default) or sum"),
+    O_BOOL(loom_layer_spec, "mask_zero", mask_zero, 0, LY(EMBEDDING),
+           "id 0 is padding: its time steps are masked in the recurrent layers and the per-token loss"),
     O_INT(loom_layer_spec, "filters", filters, 0, 1, LOOM_MAX_UNITS, (CONV2S & ~LY(DEPTHWISE_CONV2D)) | LY(CONV1D),
           (CONV2S & ~LY(DEPTHWISE_CONV2D)) | LY(CONV1D), "output channels"),
     O_PAIR(loom_layer_spec, "kernel_size", kernel, 0, 1, INT_MAX, CONV2S, CONV2S, "int or [h, w]"),
@@ -54,10 +67,10 @@ static const cfg_opt layer_opts[] = {
     O_BOOL(loom_layer_spec, "sync", sync, 0, LY(BATCH_NORM),
            "batch statistics over the global batch of every replica and worker (SyncBatchNormalization)"),
     O_ENUM(loom_layer_spec, "activation", activation, LOOM_ACT_NONE, loom_activation_names_,
-           KERNELED | LY(ACTIVATION), LY(ACTIVATION), "activation function"),
-    O_ENUM(loom_layer_spec, "kernel_init", kernel_init, LOOM_INIT_GLOROT_UNIFORM, loom_init_names_, KERNELED, 0,
+           KERNELED | LY(ACTIVATION) | RNNS, LY(ACTIVATION), "activation function (lstm, gru: default tanh)"),
+    O_ENUM(loom_layer_spec, "kernel_init", kernel_init, LOOM_INIT_GLOROT_UNIFORM, loom_init_names_, KERNELED | RNNS, 0,
            "kernel initialiser"),
-    O_BOOL(loom_layer_spec, "use_bias", use_bias, 1, KERNELED, "add a bias"),
+    O_BOOL(loom_layer_spec, "use_bias", use_bias, 1, KERNELED | RNNS, "add a bias"),
     O_F64(loom_layer_spec, "rate", rate, 0, 0.0, 1.0, F_HI_OPEN, LY(DROPOUT), LY(DROPOUT), "drop probability"),
     O_INT(loom_layer_spec, "input_dim", input_dim, 0, 1, (int64_t)1 << 31, LY(EMBEDDING), LY(EMBEDDING),
           "rows of the table: ids are in [0, input_dim)"),
@@ -202,6 +215,17 @@ static void check_layer(cfg_ctx *c, const config_setting_t *e, loom_layer_spec *
 {
     const config_setting_t *s;
     if (l->activation == LOOM_ACT_SILU) l->activation = LOOM_ACT_SWISH;
+    if ((l->kind == LOOM_LAYER_LSTM || l->kind == LOOM_LAYER_GRU || l->kind == LOOM_LAYER_BIDIRECTIONAL) &&
+        !config_setting_get_member(e, "activation"))
+        l->activation = LOOM_ACT_TANH; /* Keras' default for the recurrent layers */
+    if ((l->kind == LOOM_LAYER_LSTM || l->kind == LOOM_LAYER_GRU || l->kind == LOOM_LAYER_BIDIRECTIONAL)) {
+        const loom_activation ok[] = {LOOM_ACT_SIGMOID, LOOM_ACT_TANH, LOOM_ACT_RELU, LOOM_ACT_NONE};
+        bool a = false, r = false;
+        for (int i = 0; i < 4; i++) a |= l->activation == ok[i], r |= l->recurrent_activation == ok[i];
+        if ((!a && (s = config_setting_get_member(e, "activation"))) ||
+            (!r && (s = config_setting_get_member(e, "recurrent_activation"))))
+            cfg_err_(c, s, "a recurrent layer's activations are sigmoid, tanh, relu or none");
+    }
     if (l->kind == LOOM_LAYER_CONV1D) l->kernel[0] = l->stride[0] = l->dilation[0] = 1;
     if (l->kind == LOOM_LAYER_ZERO_PADDING2D && !config_setting_get_member(e, "padding"))
         l->pad[0] = l->pad[1] = l->pad[2] = l->pad[3] = 1;
@@ -330,7 +354,7 @@ static const cfg_opt model_opts[] = {
     O_STR(loom_model_spec, "label", label, "label", NULL, ALL, 0, "feature holding the target"),
     O_ENUM(loom_model_spec, "loss", loss, LOOM_LOSS_SPARSE_SOFTMAX_CE, loom_loss_names_, ALL, 0, "loss function"),
     O_CUSTOM("metrics", parse_metrics, ALL, 0,
-             "list of: accuracy, auc, precision, recall, top_k_accuracy, mae, rmse (default: accuracy for a "
+             "list of: accuracy, auc, precision, recall, top_k_accuracy, mae, rmse, perplexity (default: accuracy for a "
              "classification, none for a regression)"),
     O_INT(loom_model_spec, "auc_thresholds", auc_thresholds, 200, 2, 100000, ALL, 0, "auc: number of thresholds"),
     O_BOOL(loom_model_spec, "multi_label", multi_label, 0, ALL, "auc: one curve per output, averaged"),
@@ -343,6 +367,8 @@ static const cfg_opt model_opts[] = {
           "feature of per-example loss weights (Keras sample_weight), shape () or [1]"),
     O_CUSTOM("class_weight", parse_class_weight, ALL, 0,
              "one loss weight per class (binary_cross_entropy: [negative, positive])"),
+    O_INT(loom_model_spec, "ignore_label", ignore_label, -100, INT32_MIN, INT32_MAX, ALL, 0,
+          "per-token sparse_softmax_cross_entropy: tokens with this label count as masked (torch's ignore_index)"),
     O_SUB("layers", 0, ALL, "a list of layer groups"),
     O_SUB("outputs", 0, 0,
           "output heads: a list of { layer; label; loss; weight; metrics } (the first is the last layer)"),
