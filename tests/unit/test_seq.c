@@ -359,7 +359,39 @@ static void test_rnn_torch(void)
     torch_case("bidirectional gru sum, last step", LOOM_LAYER_BIDIRECTIONAL, 1, 1, false, want_bi_gru_sum_last, 4);
 }
 
+/* A recurrent layer on a (features,) input, gru with reset_after = false,
+ * mask_zero on (columns, k) ids: each refused at the layer's line, saying
+ * what to do. */
+static void test_rnn_errors(void)
+{
+    loom_model *m = NULL;
+    loom_layer_spec ls[2] = {L_dense(4, LOOM_ACT_NONE), L_rnn(LOOM_LAYER_LSTM, 3, false)};
+    mk(2, ls);
+    spec_buf.metrics_set = false;
+    loom_shape in = {.rank = 1, .dim = {6}}, lab = {.rank = 0};
+    CHECK(loom_model_new(&m, &spec_buf, &in, LOOM_F32, &lab, LOOM_I32, 2, &err) == LOOM_ESHAPE);
+    CHECK(!strcmp(err.where, "test.cfg:11"));
+    CHECK_MSG(strstr(err.msg, "needs a sequence input (steps, features), got (4") != NULL, "%s", err.msg);
+    CHECK(strstr(err.hint, "embedding") != NULL);
+    loom_layer_spec g[2] = {L_emb(7, 3, true), L_rnn(LOOM_LAYER_GRU, 3, false)};
+    g[1].reset_after = false;
+    mk(2, g);
+    spec_buf.metrics_set = false;
+    loom_shape ids = {.rank = 1, .dim = {5}};
+    CHECK(loom_model_new(&m, &spec_buf, &ids, LOOM_I32, &lab, LOOM_I32, 2, &err) == LOOM_EUNSUPPORTED);
+    CHECK(strstr(err.msg, "reset_after = false") != NULL);
+    CHECK(strstr(err.hint, "reset_after = true") != NULL);
+    loom_layer_spec e[2] = {L_emb(7, 3, true), L_rnn(LOOM_LAYER_GRU, 3, false)};
+    mk(2, e);
+    spec_buf.metrics_set = false;
+    loom_shape ck = {.rank = 2, .dim = {5, 2}};
+    CHECK(loom_model_new(&m, &spec_buf, &ck, LOOM_I32, &lab, LOOM_I32, 2, &err) == LOOM_ESHAPE);
+    CHECK(strstr(err.msg, "mask_zero needs ids of shape (T,)") != NULL);
+    CHECK(m == NULL);
+}
+
 static const loom_test tests[] = {
+    {"rnn_errors", test_rnn_errors},
     {"rnn_torch", test_rnn_torch},
     {"rnn_gradcheck", test_rnn_gradcheck},
     {"token_loss", test_token_loss},
