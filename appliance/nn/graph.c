@@ -496,7 +496,7 @@ void loom_model_summary(const loom_model *m, FILE *f)
         int64_t np = 0;
         for (int k = 0; k < m->n_ptensors; k++) {
             int64_t off = m->pinfo[k].offset, cnt = loom_shape_numel(&m->pinfo[k].shape);
-            bool mine = off == l->kernel_off || off == l->bias_off || off == l->pw_off;
+            bool mine = off == l->kernel_off || off == l->bias_off || off == l->pw_off || nn_attn_owns_(l, off);
             for (int t = 0; l->spec.kind == LOOM_LAYER_PLUGIN && t < l->pplan->n_params; t++) mine |= off == l->poff[t];
             if (mine) np += cnt;
             if (off == l->mm_off || off == l->mv_off) np += cnt, frozen += cnt; /* moving statistics: not trained */

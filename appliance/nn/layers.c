@@ -150,12 +150,14 @@ NN_HOT static void act_grad_colsum(float *restrict g, const float *restrict y, f
 
 /* ---- dense ---------------------------------------------------------------- */
 
-/* Y (B, out) = act(X (B, in) W (in, out) + b) */
+/* Y (B, out) = act(X (B, in) W (in, out) + b); on the last axis of a
+ * (B, T, in) input, one product over the B T rows. */
 static void dense_forward(const loom_model *m, const nn_layer_ *l, const float *x, float *y, int64_t B)
 {
     const float *W = m->params + l->kernel_off;
     const float *b = l->bias_off >= 0 ? m->params + l->bias_off : NULL;
-    int in = (int)l->n_in, out = (int)l->n_out;
+    int in = (int)(l->n_in / l->steps), out = (int)(l->n_out / l->steps);
+    B *= l->steps;
     loom_sgemm(false, false, (int)B, out, in, 1.f, x, in, W, out, 0.f, y, out);
     bias_act(y, b, B, out, l->act);
 }
@@ -205,10 +207,10 @@ void nn_layer_act_grad_(const nn_layer_ *l, float *dz, const float *g, const flo
 static float *dense_backward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, const float *y, float *g,
                              float *other)
 {
-    const int64_t B = c->B;
+    const int64_t B = c->B * l->steps;
     const float *W = m->params + l->kernel_off;
     float *dz = l->dz + c->b0 * l->n_out;
-    int in = (int)l->n_in, out = (int)l->n_out;
+    int in = (int)(l->n_in / l->steps), out = (int)(l->n_out / l->steps);
     nn_layer_act_grad_(l, dz, g, y, B, out);
     if (!l->needs_dx) return NULL;
     loom_sgemm(false, true, (int)B, in, out, 1.f, dz, out, W, out, 0.f, other, in);
@@ -218,8 +220,9 @@ static float *dense_backward(const loom_model *m, const nn_layer_ *l, nn_chunk_ 
 void nn_dense_param_grads_(const loom_model *m, int li, const float *x, int64_t B, int part, int parts)
 {
     const nn_layer_ *l = &m->layer[li];
-    const int64_t in = l->n_in, out = l->n_out;
+    const int64_t in = l->n_in / l->steps, out = l->n_out / l->steps;
     const float *restrict dz = l->dz;
+    B *= l->steps;
     int64_t r0 = in * part / parts, r1 = in * (part + 1) / parts;
     /* dW rows [r0, r1) (r1 - r0, out) = x[:, r0:r1]^T dz */
     if (r1 > r0)
@@ -1575,6 +1578,11 @@ void nn_layer_forward_(const loom_model *m, int li, nn_chunk_ *c, int training, 
         dense_forward(m, l, x, y, B);
         if (nn_act_needs_x_(l->act)) nn_layer_act_(l, y, NULL, B, l->n_out);
         break;
+    case LOOM_LAYER_LSTM:
+    case LOOM_LAYER_GRU:
+    case LOOM_LAYER_BIDIRECTIONAL:
+        nn_rnn_forward_(m, li, c);
+        break;
     case LOOM_LAYER_CONV2D:
         if (l->direct) {
             nn_more_forward_(m, li, c);
@@ -1606,6 +1614,8 @@ void nn_layer_forward_(const loom_model *m, int li, nn_chunk_ *c, int training, 
     case LOOM_LAYER_EMBEDDING:
         /* x is the batch's ids (the chunk's own rows), not floats */
         embedding_forward(m, l, x, 0, y, B);
+        if (l->spec.mask_zero) /* the time mask of the chunk's rows: id 0 (or -1) is padding */
+            for (int64_t e = 0; e < B * l->cols; e++) m->tmask[c->b0 * l->cols + e] = emb_id(m, x, e) > 0;
         break;
     case LOOM_LAYER_AVG_POOL2D:
         avg_pool_forward(l, x, y, B);
@@ -1618,6 +1628,10 @@ void nn_layer_forward_(const loom_model *m, int li, nn_chunk_ *c, int training, 
         break;
     case LOOM_LAYER_PLUGIN:
         nn_plugin_forward_(m, li, c, x, y, training, rng_key);
+        break;
+    case LOOM_LAYER_MULTI_HEAD_ATTENTION:
+    case LOOM_LAYER_POSITIONAL_EMBEDDING:
+        nn_attn_forward_(m, li, c, x, y, training, rng_key);
         break;
     case LOOM_LAYER_BATCH_NORM: /* over the whole batch: nn_bn_forward_ */
     default:                    /* merge layers: graph.c */
@@ -1645,6 +1659,10 @@ float *nn_layer_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, f
     switch (l->spec.kind) {
     case LOOM_LAYER_DENSE:
         return dense_backward(m, l, c, y, g, other);
+    case LOOM_LAYER_LSTM:
+    case LOOM_LAYER_GRU:
+    case LOOM_LAYER_BIDIRECTIONAL:
+        return nn_rnn_backward_(m, li, c, g, other);
     case LOOM_LAYER_CONV2D:
         if (l->direct) return nn_more_backward_(m, li, c, g, other);
         return conv_backward(m, l, c, y, g, other);
@@ -1687,6 +1705,9 @@ float *nn_layer_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, f
         return NULL;
     case LOOM_LAYER_PLUGIN:
         return nn_plugin_backward_(m, li, c, g, other);
+    case LOOM_LAYER_MULTI_HEAD_ATTENTION:
+    case LOOM_LAYER_POSITIONAL_EMBEDDING:
+        return nn_attn_backward_(m, li, c, g, other);
     default: /* merge layers: graph.c */
         break;
     }
@@ -1832,10 +1853,55 @@ static double sparse_ce_weighted(const float *z, const int32_t *labels, const fl
     return total;
 }
 
+/* Per-token sparse softmax cross-entropy on z (B, T, V): an example's loss
+ * is the mean over its unmasked tokens (the time mask, and labels equal to
+ * model.ignore_label, read as -1), 0 without any; its gradient rows at
+ * masked tokens are 0. The token sums go to the chunk (token accuracy,
+ * perplexity). */
+static double seq_ce(const loom_model *m, const float *z, int64_t b0, int64_t B, const float *sw, float inv_gb,
+                     float *g, int64_t *correct, nn_chunk_ *c)
+{
+    const int64_t T = m->seq_T, V = m->layer[m->n_layers - 1].n_out / T;
+    const uint8_t *mk = m->mask_T == T ? m->tmask + b0 * T : NULL;
+    const int32_t *lab = m->labels + b0 * T;
+    double total = 0, tl = 0;
+    int64_t tok = 0, tn = 0;
+    for (int64_t b = 0; b < B; b++) {
+        int64_t n = 0, right = 0;
+        for (int64_t t = 0; t < T; t++) n += lab[b * T + t] >= 0 && (!mk || mk[b * T + t]);
+        const float w = (sw ? sw[b] : 1.f) / (float)(n ? n : 1);
+        double s = 0;
+        for (int64_t t = 0; t < T; t++) {
+            const int64_t r = b * T + t;
+            if (lab[r] < 0 || (mk && !mk[r])) {
+                if (g) memset(g + r * V, 0, (size_t)V * sizeof *g);
+                continue;
+            }
+            int64_t hit;
+            s += nn_loss_sparse_ce_(z + r * V, lab + r, 1, V, inv_gb * w, g ? g + r * V : NULL, &hit);
+            right += hit;
+        }
+        tok += right, tn += n, tl += s;
+        total += n ? (double)w * s : 0;
+    }
+    if (c) c->tok_loss = tl, c->tok_ok = tok, c->tok_n = tn;
+    /* correct (of examples, what the strategies sum and the progress line
+     * divides by examples): the token accuracy in whole examples, rounded;
+     * the accuracy metric is the exact token ratio */
+    *correct = tn ? (int64_t)llround((double)tok * (double)B / (double)tn) : 0;
+    return total;
+}
+
 double nn_loss_(const loom_model *m, const float *z, int64_t b0, int64_t B, float inv_gb, float *g, int64_t *correct)
 {
     const int64_t n = m->layer[m->n_layers - 1].n_out;
     const float *sw = m->sw ? m->swb + b0 : NULL;
+    if (m->seq_T) {
+        nn_chunk_ *c = NULL; /* the chunk of rows b0.. (its token sums) */
+        for (int t = 0; t < m->threads && !c; t++)
+            if (m->chunk[t].b0 == b0 && m->chunk[t].B == B) c = &m->chunk[t];
+        return seq_ce(m, z, b0, B, sw, inv_gb, g, correct, c);
+    }
     if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE)
         return m->n_cw || sw ? sparse_ce_weighted(z, m->labels + b0, m->n_cw ? m->cw : NULL, sw, B, n, inv_gb, g, correct)
                              : nn_loss_sparse_ce_(z, m->labels + b0, B, n, inv_gb, g, correct);

@@ -435,6 +435,19 @@ static int emit_dense(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
     char nb[32];
     const char *kernel = param_init(w->o, w->m, w->pi++);
     const char *bias = l->use_bias ? param_init(w->o, w->m, w->pi++) : NULL;
+    if (w->s.rank > 1) { /* on the last axis: MatMul broadcasts over (N, T, D), Gemm takes 2-D only */
+        node_begin(w->o, "MatMul", fresh(w->o, nb), w->cur, kernel, NULL);
+        node_end(w->o);
+        strcpy(w->cur, nb);
+        if (bias) {
+            node_begin(w->o, "Add", fresh(w->o, nb), w->cur, bias, NULL);
+            node_end(w->o);
+            strcpy(w->cur, nb);
+        }
+        activation(w->o, l->activation, w->cur);
+        w->s.dim[w->s.rank - 1] = l->units;
+        return LOOM_OK;
+    }
     node_begin(w->o, bias ? "Gemm" : "MatMul", fresh(w->o, nb), w->cur, kernel, bias);
     node_end(w->o);
     strcpy(w->cur, nb);
