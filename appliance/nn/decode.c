@@ -20,8 +20,11 @@ struct loom_decoder {
     float      *probs;      /* (predict width,) loom_model_predict's output, unused but required */
     /* the incremental path (inc): every layer has step ops and runs one position at a time */
     bool        inc_ok;     /* the model allows it (and the caller asked for it) */
-    bool        inc;        /* in use for the current sequence: the sequence still fits in T */
-    int64_t     fed;        /* positions run through the layers (pads included) */
+    bool        inc;        /* in use for the current sequence */
+    bool        unbounded;  /* every layer steps at any position (no attention cache nor position table):
+                             * the incremental path goes on past T */
+    int64_t     fed;        /* positions run through the layers */
+    int64_t     dropped;    /* tokens of the sequence no longer in seq (seq[0] is token dropped) */
     float      *state[LOOM_MAX_LAYERS]; /* each layer's per-sequence state, or NULL */
     float      *ybuf[LOOM_MAX_LAYERS];  /* each layer's output at the current position */
     float       xin;        /* the current position's id, as the first layer reads it */
@@ -82,6 +85,8 @@ int nn_decoder_new_(loom_decoder **out, loom_model *m, int64_t pad_id, bool incr
     d->probs = loom_alloc((size_t)loom_model_predict_width(m) * T * sizeof *d->probs);
     if (!rc && (!d->seq || !d->probs)) rc = loom_err_set(err, LOOM_ENOMEM, NULL, "allocating a decoder");
     d->inc_ok = incremental && can_step(m, T);
+    d->unbounded = true;
+    for (int i = 0; d->inc_ok && i < m->n_layers; i++) d->unbounded &= !nn_step_ops_of_(&m->layer[i])->bounded;
     for (int i = 0; !rc && d->inc_ok && i < m->n_layers; i++) {
         const nn_layer_ *l = &m->layer[i];
         const nn_step_ops_ *ops = nn_step_ops_of_(l);
@@ -121,6 +126,7 @@ void loom_decoder_reset(loom_decoder *d)
 {
     d->n = 0;
     d->fed = 0;
+    d->dropped = 0;
     d->inc = d->inc_ok;
     for (int i = 0; d->inc && i < d->m->n_layers; i++) {
         const nn_layer_ *l = &d->m->layer[i];
@@ -133,11 +139,18 @@ void loom_decoder_reset(loom_decoder *d)
 
 int loom_decoder_push(loom_decoder *d, int64_t id, loom_err *err)
 {
-    if (d->n == d->cap) { /* only the last T are read: keep those */
-        memmove(d->seq, d->seq + d->n - d->T, (size_t)d->T * sizeof *d->seq);
-        d->n = d->T;
+    if (d->n == d->cap) { /* only the last T are read, and those not yet fed: keep those */
+        int64_t unfed = d->n - (d->fed - d->dropped), keep = d->T > unfed ? d->T : unfed;
+        if (keep == d->cap) { /* a prompt longer than the buffer, not fed yet: grow it */
+            int64_t *p = loom_realloc(d->seq, (size_t)(2 * d->cap) * sizeof *p);
+            if (!p) return loom_err_set(err, LOOM_ENOMEM, NULL, "a sequence of %lld tokens", (long long)d->n);
+            d->seq = p, d->cap *= 2;
+        } else {
+            memmove(d->seq, d->seq + d->n - keep, (size_t)keep * sizeof *d->seq);
+            d->dropped += d->n - keep;
+            d->n = keep;
+        }
     }
-    (void)err;
     d->seq[d->n++] = id;
     return LOOM_OK;
 }
@@ -183,9 +196,9 @@ static int generic_logits(loom_decoder *d, const float **out, loom_err *err)
 int loom_decoder_logits(loom_decoder *d, const float **out, loom_err *err)
 {
     if (d->n < 1) return loom_err_set(err, LOOM_EUSAGE, NULL, "decoding needs at least one token of context");
-    if (d->inc && d->n > d->T) d->inc = false; /* past the window: the generic path slides it */
+    if (d->inc && !d->unbounded && d->dropped + d->n > d->T) d->inc = false; /* past the window: the generic path slides it */
     if (!d->inc) return generic_logits(d, out, err);
-    while (d->fed < d->n) step_position(d, d->seq[d->fed]);
+    while (d->fed < d->dropped + d->n) step_position(d, d->seq[d->fed - d->dropped]);
     *out = d->ybuf[d->m->n_layers - 1];
     return LOOM_OK;
 }

@@ -462,9 +462,17 @@ typedef struct nn_step_ops_ {
     /* position pos: x[k] the per-position row of input k (n_in / T floats; the
      * first layer's: the id as a float), y the layer's row (n_out / T floats) */
     void    (*step)(const loom_model *m, const nn_layer_ *l, float *state, int64_t pos, const float *const *x, float *y);
+    /* steps positions below T only (a KV cache of T rows, a table of T positions); else any position:
+     * a recurrent state carries on past the window */
+    bool    bounded;
 } nn_step_ops_;
 /* The step ops of layer l's kind (built for its shapes), NULL when it has none. */
 const nn_step_ops_ *nn_step_ops_of_(const nn_layer_ *l);
+/* recurrent.c: a lstm or gru with return_sequences, one step at a time:
+ * whether l is one, its state's floats, step pos (x (D,) -> y (H,)) */
+bool    nn_rnn_can_step_(const nn_layer_ *l);
+int64_t nn_rnn_step_state_(const nn_layer_ *l);
+void    nn_rnn_step_(const loom_model *m, const nn_layer_ *l, float *state, int64_t pos, const float *x, float *y);
 /* y (n) = layer l's activation (not softmax) of x (n), y may be x (layers.c) */
 void nn_act_row_(const nn_layer_ *l, const float *x, float *y, int64_t n);
 /* loom_decoder_new; lm_loss false: any loss (the tests' models whose (T, V)

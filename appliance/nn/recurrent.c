@@ -447,3 +447,41 @@ void nn_rnn_param_grads_(const loom_model *m, int li, const float *x, int64_t B,
         }
     }
 }
+
+/* ---- one step at a time (the decoder's incremental path, decode_step.c) ---------------
+ * A lstm or gru with return_sequences, one direction: output step t depends
+ * on steps 0..t alone. The state of a sequence: h (H), lstm's c (H), then
+ * scratch: the gates (gates H), gru's h U + b_hh (gates H), the new h and
+ * c (2 H). Step t computes what dir_forward computes for it, in its order
+ * (x W + b, then + h U for t > 0). */
+bool nn_rnn_can_step_(const nn_layer_ *l)
+{
+    return (l->spec.kind == LOOM_LAYER_LSTM || l->spec.kind == LOOM_LAYER_GRU) && l->spec.return_sequences;
+}
+
+int64_t nn_rnn_step_state_(const nn_layer_ *l) { return (int64_t)(4 + 2 * l->gates) * l->H; }
+
+void nn_rnn_step_(const loom_model *m, const nn_layer_ *l, float *state, int64_t pos, const float *x, float *y)
+{
+    const int H = l->H, gH = l->gates * H;
+    const rnn_par p = par_of(m, l, 0, false);
+    float *h = state, *c = h + H, *g = c + H, *hg = g + gH, *hn = hg + gH, *cn = hn + H;
+    loom_sgemm(false, false, 1, gH, l->D, 1.f, x, l->D, p.W, gH, 0.f, g, gH);
+    if (p.b)
+        for (int j = 0; j < gH; j++) g[j] += p.b[j];
+    if (is_gru(l)) {
+        if (pos == 0) memset(hg, 0, (size_t)gH * sizeof *hg);
+        else loom_sgemm(false, false, 1, gH, H, 1.f, h, H, p.U, gH, 0.f, hg, gH);
+        if (p.b)
+            for (int j = 0; j < gH; j++) hg[j] += p.b[gH + j];
+        if (pos == 0) memset(h, 0, (size_t)H * sizeof *h);
+        gru_cell(l, g, hg, cn, h, hn); /* (cn: the n part of h U, unused) */
+    } else {
+        if (pos == 0) memset(h, 0, (size_t)2 * H * sizeof *h); /* h and c */
+        else loom_sgemm(false, false, 1, gH, H, 1.f, h, H, p.U, gH, 1.f, g, gH);
+        lstm_cell(l, g, c, hn, cn);
+        memcpy(c, cn, (size_t)H * sizeof *c);
+    }
+    memcpy(h, hn, (size_t)H * sizeof *h);
+    memcpy(y, hn, (size_t)H * sizeof *y);
+}

@@ -188,7 +188,7 @@ static void test_incremental(void)
         CHECK(loom_decoder_push(inc, ids[n - 1], &err) == LOOM_OK && loom_decoder_push(gen, ids[n - 1], &err) == LOOM_OK);
         CHECK(loom_decoder_logits(inc, &z, &err) == LOOM_OK);
         memcpy(a, z, sizeof a);
-        CHECK(loom_decoder_incremental(inc) == (n <= T)); /* past the window: the generic path */
+        CHECK(loom_decoder_incremental(inc)); /* every position from itself: the incremental path goes on past T */
         CHECK(loom_decoder_logits(gen, &z, &err) == LOOM_OK);
         float worst = 0;
         for (int e = 0; e < 8; e++) worst = fmaxf(worst, fabsf(a[e] - z[e]));
@@ -205,6 +205,101 @@ static void test_incremental(void)
     loom_decoder_free(inc);
     loom_decoder_free(gen);
     loom_model_free(m);
+}
+
+/* A language model of sequence layers: emb (V, 8) -> body -> dense V on each step, sparse softmax
+ * cross-entropy per token, for sequences of Tn; params shaken (biases and tables away from 0). */
+static loom_model *seq_lm(int body, int64_t Tn)
+{
+    memset(&spec_buf, 0, sizeof spec_buf);
+    snprintf(spec_buf.loc.file, sizeof spec_buf.loc.file, "test.cfg");
+    spec_buf.loc.line = 5;
+    spec_buf.loss = LOOM_LOSS_SPARSE_SOFTMAX_CE;
+    snprintf(spec_buf.input, sizeof spec_buf.input, "ids");
+    loom_layer_spec *L = spec_buf.layer;
+    int n = 0;
+    L[n] = layer(LOOM_LAYER_EMBEDDING, 0, LOOM_ACT_NONE);
+    L[n++].output_dim = 8;
+    if (body <= 1) { /* lstm or gru, every step */
+        L[n] = layer(body ? LOOM_LAYER_GRU : LOOM_LAYER_LSTM, 6, LOOM_ACT_TANH);
+        L[n].recurrent_activation = LOOM_ACT_SIGMOID, L[n].reset_after = true, L[n++].return_sequences = true;
+    } else { /* positional (sinusoidal) -> causal attention -> add -> layer_norm -> dense 8 relu */
+        L[n] = layer(LOOM_LAYER_POSITIONAL_EMBEDDING, 0, LOOM_ACT_NONE);
+        L[n].max_length = (int)Tn, L[n++].pos_mode = LOOM_POS_SINUSOIDAL;
+        L[n] = layer(LOOM_LAYER_MULTI_HEAD_ATTENTION, 0, LOOM_ACT_NONE);
+        L[n].num_heads = 2, L[n].key_dim = 3, L[n++].causal = true;
+        L[n] = layer(LOOM_LAYER_ADD, 0, LOOM_ACT_NONE);
+        L[n].n_inputs = 2;
+        snprintf(L[n].inputs[0], LOOM_NAME_MAX, "l1");
+        snprintf(L[n++].inputs[1], LOOM_NAME_MAX, "l2");
+        L[n] = layer(LOOM_LAYER_LAYER_NORM, 0, LOOM_ACT_NONE);
+        L[n++].epsilon = 1e-3;
+        L[n++] = layer(LOOM_LAYER_DENSE, 8, LOOM_ACT_RELU);
+    }
+    L[n++] = layer(LOOM_LAYER_DENSE, V, LOOM_ACT_NONE);
+    spec_buf.n_layers = n;
+    for (int i = 0; i < n; i++) snprintf(L[i].name, sizeof L[i].name, "l%d", i);
+    loom_shape in = {.rank = 1, .dim = {Tn}}, lab = {.rank = 1, .dim = {Tn}};
+    loom_model *m = NULL;
+    if (loom_model_new(&m, &spec_buf, &in, LOOM_I64, &lab, LOOM_I64, 2, &err)) {
+        printf("# model_new: %s: %s\n", err.where, err.msg);
+        return NULL;
+    }
+    loom_model_init_params(m, 11);
+    loom_rng r;
+    loom_rng_init(&r, 11, 9, 0, 0);
+    float *p = loom_model_params(m);
+    for (int64_t k = 0; k < loom_model_num_params(m); k++) p[k] += 0.3f * loom_rng_normal(&r);
+    return m;
+}
+
+static float max_diff(const float *a, const float *b, int n)
+{
+    float w = 0;
+    for (int e = 0; e < n; e++) w = fmaxf(w, fabsf(a[e] - b[e]));
+    return w;
+}
+
+/* lstm, gru (a state), causal attention (a KV cache): the incremental path's logits equal the generic
+ * path's for every length up to T; past T an RNN's state carries on (the generic path of the same weights
+ * over a window of 3 T, which sees the whole sequence), attention falls back to the generic path */
+static void test_incremental_seq(void)
+{
+    const char *what[3] = {"lstm", "gru", "attention"};
+    for (int body = 0; body < 3; body++) {
+        loom_model *m = seq_lm(body, T), *wide = seq_lm(body, 3 * T);
+        CHECK(m && wide);
+        if (!m || !wide) return;
+        CHECK(loom_model_num_params(m) == loom_model_num_params(wide));
+        memcpy(loom_model_params(wide), loom_model_params(m), (size_t)loom_model_num_params(m) * sizeof(float));
+        loom_decoder *inc = NULL, *gen = NULL, *ref = NULL;
+        CHECK(loom_decoder_new(&inc, m, 0, true, &err) == LOOM_OK);
+        CHECK(loom_decoder_new(&gen, m, 0, false, &err) == LOOM_OK);
+        CHECK(loom_decoder_new(&ref, wide, 0, false, &err) == LOOM_OK);
+        CHECK_MSG(loom_decoder_incremental(inc), "%s: incremental", what[body]);
+        loom_rng r;
+        loom_rng_init(&r, 3, 0, 0, 0);
+        float a[V], scratch[V];
+        int64_t id = 4;
+        for (int n = 1; n <= 3 * T; n++) {
+            const float *z;
+            CHECK(loom_decoder_push(inc, id, &err) == LOOM_OK && loom_decoder_push(gen, id, &err) == LOOM_OK &&
+                  loom_decoder_push(ref, id, &err) == LOOM_OK);
+            CHECK(loom_decoder_logits(inc, &z, &err) == LOOM_OK);
+            memcpy(a, z, sizeof a);
+            bool carries = body < 2;
+            CHECK_MSG(loom_decoder_incremental(inc) == (n <= T || carries), "%s, %d tokens", what[body], n);
+            CHECK(loom_decoder_logits(n <= T || !carries ? gen : ref, &z, &err) == LOOM_OK);
+            float w = max_diff(a, z, V);
+            CHECK_MSG(w < 2e-5f, "%s, %d tokens: incremental and generic logits differ by %g", what[body], n, w);
+            id = loom_decode_sample(a, 1, V, 1.0, 0, &r, scratch); /* a sampled sequence */
+        }
+        loom_decoder_free(inc);
+        loom_decoder_free(gen);
+        loom_decoder_free(ref);
+        loom_model_free(m);
+        loom_model_free(wide);
+    }
 }
 
 /* a float input (one-hot windows) is not a language model: refused at the model block */
@@ -232,6 +327,7 @@ static const loom_test tests[] = {
     {"greedy_chain", test_greedy_chain},
     {"sampler", test_sampler},
     {"incremental", test_incremental},
+    {"incremental_seq", test_incremental_seq},
     {"not_lm", test_not_lm},
     {0},
 };
