@@ -31,6 +31,8 @@ static void help(void)
            "  --seed S            the sampler's seed (default run.seed): the same seed gives the same text\n"
            "  --checkpoint FILE   use this checkpoint instead of the latest\n"
            "  --model-dir DIR     use DIR instead of run.model_dir\n"
+           "  --generic           run the whole window per token even where the model can run one\n"
+           "                      position at a time from a state (an LSTM's, attention's keys and values)\n"
            "  --set key.path=value  override a config setting (repeatable)\n",
            usage_line);
 }
@@ -116,7 +118,7 @@ int loom_cli_generate_(int argc, char **argv, double start_time)
             return LOOM_EXIT_OK;
         } else if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) {
             loom_log_set_level(LOOM_LOG_WARN);
-        } else if (!strcmp(a, "--generic")) { /* undocumented: the tests' comparison of the two paths */
+        } else if (!strcmp(a, "--generic")) {
             g.go.generic = true;
         } else if (takes) {
             if (!parse_opt(&g, argc, argv, &i)) return LOOM_EXIT_USAGE;

@@ -390,10 +390,13 @@ int loom_model_dev_upload_grads(loom_model_dev *d, loom_err *err);
  *    pad_id for a (V,) output; for (T, V) right-padded, row n - 1 read:
  *    a causal model's row n - 1 sees no padding), once per token;
  *  - incremental: when every layer kind has step ops (nn_internal.h
- *    nn_step_ops_: per-sequence state such as an LSTM's h/c or attention's
- *    KV cache) and the output is (T, V), each new token runs through the
- *    layers once; past T tokens the decoder falls back to the generic path,
- *    which slides the window.
+ *    nn_step_ops_, decode_step.c: per-sequence state such as an LSTM's h/c
+ *    or attention's KV cache) and the output is (T, V), each new token runs
+ *    through the layers once, giving the generic path's logits. Past T
+ *    tokens a model whose state is unbounded (recurrent: no KV cache nor
+ *    position table) goes on from it (it reads the whole sequence, where
+ *    the generic path reads the last T); any other falls back to the
+ *    generic path, which slides the window.
  * Threads: one thread at a time, and the model (borrowed; it must outlive
  * the decoder) is not used by another meanwhile. */
 typedef struct loom_decoder loom_decoder;
