@@ -6,7 +6,8 @@
 # is greedy at any temperature; tokens reach stdout while the process still
 # runs; prompt characters outside the vocabulary are counted on stderr; a
 # word-level model writes words with a space before each; an LSTM model's
-# incremental path gives the generic path's tokens; a
+# incremental path gives the generic path's tokens, as a small transformer's
+# KV cache does; a
 # model that is not a language model is refused at its model block; no
 # checkpoint, no adapted vocabulary and bad options are clear errors.
 source "$(dirname "$0")/lib.sh"
@@ -130,6 +131,19 @@ li=$("$LOOM" generate "$WORK/lstm.cfg" --prompt "The " --max-tokens 100 --seed 5
 lj=$("$LOOM" generate "$WORK/lstm.cfg" --prompt "The " --max-tokens 100 --seed 5 2>/dev/null)
 if [ "$li" = "$lj" ] && [ "${#li}" -ge 90 ]; then pass "lstm past the window: the same text for a seed"
 else fail "lstm past the window: the same text for a seed" "$li" "$lj"; fi
+
+# a small causal transformer (positional_embedding, transformer_block): the KV cache's tokens are the generic
+# path's within the window, and past it (where the generic path takes over, sliding the window)
+sed -e 's|{ type = "lstm"; units = 32; return_sequences = true; },|{ type = "positional_embedding"; max_length = 16; }, { type = "transformer_block"; num_heads = 2; key_dim = 8; ff_dim = 32; causal = true; },|' \
+    -e "s|$WORK/l\"|$WORK/t\"|" "$WORK/lstm.cfg" >"$WORK/tf.cfg"
+check "train a small transformer language model 40 steps" "$LOOM" train "$WORK/tf.cfg" "${RUN[@]}"
+for seed in 5 6; do
+    li=$("$LOOM" generate "$WORK/tf.cfg" --prompt "The " --max-tokens 40 --seed $seed 2>"$WORK/i.err")
+    lg=$("$LOOM" generate "$WORK/tf.cfg" --prompt "The " --max-tokens 40 --seed $seed --generic 2>/dev/null)
+    if [ -n "$li" ] && [ "$li" = "$lg" ]; then pass "transformer, seed $seed: KV cache = generic (40 tokens)"
+    else fail "transformer, seed $seed: KV cache = generic (40 tokens)" "incremental: [$li]" "generic:     [$lg]"; fi
+done
+contains "transformer: the incremental path" "incremental path" "$(cat "$WORK/i.err")"
 
 # a model that is not a language model (one-hot float windows): refused at the model block
 line=$(grep -n '^model:' configs/fortunes_char_mlp.cfg | cut -d: -f1)
