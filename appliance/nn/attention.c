@@ -1,6 +1,7 @@
 /* attention.c - sequence layers of issue 24: multi_head_attention (Keras's
  * MultiHeadAttention: per-head query/key/value projections, scaled dot
- * products, a softmax over the keys with an optional causal mask, dropout on
+ * products, a softmax over the keys with an optional causal mask and the key
+ * padding mask of an embedding's mask_zero, dropout on
  * the attention weights, the output projection) and positional_embedding (a
  * learned (max_length, D) table or the fixed sinusoids, added to (T, D)).
  *
@@ -182,14 +183,17 @@ static const float *wt(const loom_model *m, const nn_layer_ *l, int t)
     return l->aoff[t] >= 0 ? m->params + l->aoff[t] : NULL;
 }
 
-/* Row t of scores z (S,) into softmax weights in place, keys s > t masked
- * when causal; the dropped-out weights (scaled by 1 / keep) into pd. */
-static void softmax_row(float *z, float *pd, const uint8_t *mk, int S, int valid, float keep_inv)
+/* Row t of scores z (S,) into softmax weights in place over keys [0, valid)
+ * (valid = t + 1 when causal) that the key mask km (NULL: none) keeps; the
+ * others (and a row with no key kept) get 0. The dropped-out weights (scaled
+ * by 1 / keep) into pd. */
+static void softmax_row(float *z, float *pd, const uint8_t *mk, const uint8_t *km, int S, int valid, float keep_inv)
 {
     float mx = -INFINITY, sum = 0.f;
-    for (int s = 0; s < valid; s++) mx = z[s] > mx ? z[s] : mx;
-    for (int s = 0; s < valid; s++) sum += z[s] = expf(z[s] - mx);
-    const float inv = 1.f / sum;
+    for (int s = 0; s < valid; s++)
+        if (!km || km[s]) mx = z[s] > mx ? z[s] : mx;
+    for (int s = 0; s < valid; s++) sum += z[s] = !km || km[s] ? expf(z[s] - mx) : 0.f;
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
     for (int s = 0; s < valid; s++) z[s] *= inv;
     for (int s = valid; s < S; s++) z[s] = 0.f;
     if (pd)
@@ -211,6 +215,7 @@ static void attn_forward(const loom_model *m, int li, nn_chunk_ *c, const float 
     const int64_t per = (int64_t)H * T * S;
     uint8_t *mk = drop ? l->mask + b0 * per : NULL;
     if (drop) nn_dropout_mask_(l, li, mk, b0 * per, B * per, rng_key);
+    const uint8_t *kmask = nn_tmask_(m, c, S); /* padding keys (an embedding's mask_zero): weight 0 */
     for (int64_t b = 0; b < B; b++)
         for (int h = 0; h < H; h++) {
             const int64_t o = (b * H + h) * (int64_t)T * S;
@@ -219,7 +224,7 @@ static void attn_forward(const loom_model *m, int li, nn_chunk_ *c, const float 
             loom_sgemm(false, true, T, S, dk, scale, qb, hk, kb, hk, 0.f, p, S);
             for (int t = 0; t < T; t++)
                 softmax_row(p + (int64_t)t * S, pd ? pd + (int64_t)t * S : NULL, mk ? mk + o + (int64_t)t * S : NULL,
-                            S, l->spec.causal ? (t + 1 < S ? t + 1 : S) : S, keep_inv);
+                            kmask ? kmask + b * S : NULL, S, l->spec.causal ? (t + 1 < S ? t + 1 : S) : S, keep_inv);
             loom_sgemm(false, false, T, dv, S, 1.f, pd ? pd : p, S, vb, hv, 0.f, ctx + b * T * hv + h * dv, hv);
         }
     proj(ctx, wt(m, l, AW_OK), wt(m, l, AW_OB), y, B * T, hv, l->Do);
