@@ -362,7 +362,36 @@ static void test_dropout_threads(void)
     CHECK(!memcmp(g[0], g[1], (size_t)np * sizeof(float)));
 }
 
+/* An embedding's mask_zero masks the padding keys: the real steps' outputs do not depend on what the padding
+ * steps hold (here the table's row 0), as Keras's MultiHeadAttention with the embedding's mask. */
+static void test_key_padding(void)
+{
+    spec_reset(LOOM_LOSS_MSE);
+    loom_layer_spec *e = layer(0, LOOM_LAYER_EMBEDDING, "emb");
+    e->input_dim = 10, e->output_dim = D, e->mask_zero = true;
+    loom_layer_spec *l = layer(1, LOOM_LAYER_MULTI_HEAD_ATTENTION, "mha");
+    l->num_heads = H, l->key_dim = DK;
+    loom_shape in = {.rank = 1, .dim = {T}}, out = {.rank = 2, .dim = {T, D}};
+    loom_model *m = NULL;
+    int rc = loom_model_new(&m, &spec, &in, LOOM_I64, &out, LOOM_F32, 2, &err);
+    CHECK_MSG(rc == LOOM_OK, "%s", err.msg);
+    if (rc) return;
+    loom_model_init_params(m, 9);
+    int64_t ids[2 * T] = {3, 5, 0, 0, 4, 4, 6, 0};
+    float a[2 * T * D], b[2 * T * D];
+    loom_shape bs = {.rank = 2, .dim = {2, T}};
+    loom_tensor xt = {.dtype = LOOM_I64, .shape = bs, .data = ids};
+    CHECK(loom_model_predict(m, &xt, a, &err) == LOOM_OK);
+    float *row0 = loom_model_params(m) + loom_model_param_tensor(m, 0)->offset;
+    for (int d = 0; d < D; d++) row0[d] += 3.f;
+    CHECK(loom_model_predict(m, &xt, b, &err) == LOOM_OK);
+    CHECK(!memcmp(a, b, 2 * D * sizeof(float)));                 /* example 0, steps 0 and 1 */
+    CHECK(!memcmp(a + T * D, b + T * D, 3 * D * sizeof(float))); /* example 1, steps 0 to 2 */
+    loom_model_free(m);
+}
+
 static const loom_test tests[] = {
+    {"key padding mask", test_key_padding},
     {"mha vs torch", test_torch_full},
     {"mha causal vs torch", test_torch_causal},
     {"causal prefix", test_causal_prefix},
