@@ -798,6 +798,126 @@ static int emit_plugin(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
     return LOOM_OK;
 }
 
+/* ---- attention (issue 24) as opset-17 MatMul / Softmax graphs ---- */
+
+/* in reshaped to dims (0 keeps the batch) into a fresh value, out; the shape an initializer "<layer>/<tag>" */
+static void reshape_to(onnx_walk *w, const loom_layer_spec *l, const char *in, const char *tag, const int64_t *dims,
+                       int n, char out[32])
+{
+    char sn[LOOM_NAME_MAX + 64];
+    snprintf(sn, sizeof sn, "%s/%s", l->name, tag);
+    initializer(w->o, sn, ONNX_INT64, (int64_t[]){n}, 1, dims, (size_t)n * sizeof(int64_t));
+    node_begin(w->o, "Reshape", fresh(w->o, out), in, sn, NULL);
+    node_end(w->o);
+}
+
+static void transpose_to(onnx_walk *w, const char *in, const int64_t perm[4], char out[32])
+{
+    node_begin(w->o, "Transpose", fresh(w->o, out), in, NULL, NULL);
+    attr_ints(w->o, "perm", perm, 4);
+    node_end(w->o);
+}
+
+/* One projection of x (N, T, k) by the next kernel (k, H, d) and bias (H, d), split in heads: (N, H, T, d)
+ * with perm {0, 2, 1, 3}, or (N, H, d, T) for the keys {0, 2, 3, 1}. */
+static void attn_proj(onnx_walk *w, const loom_layer_spec *l, const char *x, const char *tag, int64_t T, int64_t k,
+                      int64_t d, const int64_t perm[4], char out[32])
+{
+    const int64_t H = l->num_heads;
+    char kn[32], t[32], sh[32];
+    const char *kernel = param_init(w->o, w->m, w->pi++);
+    char tg[48];
+    snprintf(tg, sizeof tg, "%s_kernel_shape", tag);
+    reshape_to(w, l, kernel, tg, (int64_t[]){k, H * d}, 2, kn);
+    binary(w->o, "MatMul", x, kn, t);
+    if (l->use_bias) {
+        const char *bias = param_init(w->o, w->m, w->pi++);
+        snprintf(tg, sizeof tg, "%s_bias_shape", tag);
+        reshape_to(w, l, bias, tg, (int64_t[]){H * d}, 1, kn);
+        binary(w->o, "Add", t, kn, t);
+    }
+    snprintf(tg, sizeof tg, "%s_heads", tag);
+    reshape_to(w, l, t, tg, (int64_t[]){0, T, H, d}, 4, sh);
+    transpose_to(w, sh, perm, out);
+}
+
+/* multi_head_attention (self-attention): softmax(Q K^T / sqrt(key_dim) + causal mask) V per head, the heads
+ * joined and projected (attention dropout: identity). Padding keys are not masked here (no mask input). */
+static int emit_attention(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
+{
+    char where[LOOM_PATH_MAX + 16];
+    if (l->n_inputs > 1)
+        return loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&l->loc, where, sizeof where),
+                            "layer \"%s\" (multi_head_attention) with %d inputs has no ONNX form in Loom's export "
+                            "yet (self-attention has)", l->name, l->n_inputs);
+    if (w->nchw) transpose(w, to_nhwc, false);
+    const int64_t T = w->s.dim[0], D = w->s.dim[1], H = l->num_heads, dk = l->key_dim,
+                  dv = l->value_dim > 0 ? l->value_dim : l->key_dim;
+    const int64_t hp[4] = {0, 2, 1, 3}, kp[4] = {0, 2, 3, 1};
+    char x[32], q[32], k[32], v[32], s[32], sn[LOOM_NAME_MAX + 32];
+    strcpy(x, w->cur);
+    attn_proj(w, l, x, "query", T, D, dk, hp, q);
+    attn_proj(w, l, x, "key", T, D, dk, kp, k);
+    attn_proj(w, l, x, "value", T, D, dv, hp, v);
+    binary(w->o, "MatMul", q, k, s); /* (N, H, T, T) */
+    snprintf(sn, sizeof sn, "%s/scale", l->name);
+    const_scalar(w->o, sn, 1.f / sqrtf((float)dk));
+    binary(w->o, "Mul", s, sn, s);
+    if (l->causal) {
+        float *mk = loom_alloc((size_t)(T * T) * sizeof(float));
+        if (!mk) return loom_err_set(err, LOOM_ENOMEM, NULL, "the causal mask of layer \"%s\"", l->name);
+        for (int64_t i = 0; i < T * T; i++) mk[i] = i % T > i / T ? -INFINITY : 0.f;
+        snprintf(sn, sizeof sn, "%s/causal_mask", l->name);
+        initializer(w->o, sn, ONNX_FLOAT, (int64_t[]){T, T}, 2, mk, (size_t)(T * T) * sizeof(float));
+        loom_free(mk);
+        binary(w->o, "Add", s, sn, s);
+    }
+    char p[32], c[32];
+    node_begin(w->o, "Softmax", fresh(w->o, p), s, NULL, NULL);
+    attr_int(w->o, "axis", -1);
+    node_end(w->o);
+    binary(w->o, "MatMul", p, v, c); /* (N, H, T, dv) */
+    transpose_to(w, c, hp, s);
+    reshape_to(w, l, s, "joined", (int64_t[]){0, T, H * dv}, 3, c);
+    const char *ok = param_init(w->o, w->m, w->pi++);
+    reshape_to(w, l, ok, "output_kernel_shape", (int64_t[]){H * dv, D}, 2, p);
+    binary(w->o, "MatMul", c, p, w->cur);
+    if (l->use_bias) binary(w->o, "Add", w->cur, param_init(w->o, w->m, w->pi++), w->cur);
+    return LOOM_OK;
+}
+
+/* positional_embedding: x + the table's first T rows (learned: a Slice of the parameter; sinusoidal: a constant) */
+static int emit_positional(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
+{
+    if (w->nchw) transpose(w, to_nhwc, false);
+    const int64_t T = w->s.dim[0], D = w->s.dim[1];
+    char sn[LOOM_NAME_MAX + 32], t[32];
+    if (l->pos_mode == LOOM_POS_SINUSOIDAL) {
+        float *pe = loom_alloc((size_t)(T * D) * sizeof(float));
+        if (!pe) return loom_err_set(err, LOOM_ENOMEM, NULL, "the positions of layer \"%s\"", l->name);
+        for (int64_t i = 0; i < T; i++) /* as nn's sinusoids (attention.c) */
+            for (int64_t d = 0; d < D; d++) {
+                double ang = (double)i / pow(10000.0, (double)(d - d % 2) / (double)D);
+                pe[i * D + d] = (float)(d % 2 ? cos(ang) : sin(ang));
+            }
+        snprintf(sn, sizeof sn, "%s/sinusoids", l->name);
+        initializer(w->o, sn, ONNX_FLOAT, (int64_t[]){T, D}, 2, pe, (size_t)(T * D) * sizeof(float));
+        loom_free(pe);
+        binary(w->o, "Add", w->cur, sn, w->cur);
+        return LOOM_OK;
+    }
+    const char *table = param_init(w->o, w->m, w->pi++);
+    char st[LOOM_NAME_MAX + 32], en[LOOM_NAME_MAX + 32];
+    snprintf(st, sizeof st, "%s/rows_from", l->name);
+    snprintf(en, sizeof en, "%s/rows_to", l->name);
+    initializer(w->o, st, ONNX_INT64, (int64_t[]){1}, 1, (int64_t[]){0}, sizeof(int64_t));
+    initializer(w->o, en, ONNX_INT64, (int64_t[]){1}, 1, (int64_t[]){T}, sizeof(int64_t));
+    node_begin(w->o, "Slice", fresh(w->o, t), table, st, en);
+    node_end(w->o);
+    binary(w->o, "Add", w->cur, t, w->cur);
+    return LOOM_OK;
+}
+
 /* The ONNX form of each layer kind, by loom_layer_kind. */
 static int (*const kind_emit[])(onnx_walk *w, const loom_layer_spec *l, loom_err *err) = {
     [LOOM_LAYER_DENSE] = emit_dense,
@@ -811,6 +931,8 @@ static int (*const kind_emit[])(onnx_walk *w, const loom_layer_spec *l, loom_err
     [LOOM_LAYER_LAYER_NORM] = emit_norm,
     [LOOM_LAYER_GLOBAL_AVG_POOL2D] = emit_global_pool,
     [LOOM_LAYER_EMBEDDING] = emit_embedding,
+    [LOOM_LAYER_MULTI_HEAD_ATTENTION] = emit_attention,
+    [LOOM_LAYER_POSITIONAL_EMBEDDING] = emit_positional,
     [LOOM_LAYER_PLUGIN] = emit_plugin,
     [LOOM_LAYER_ZERO_PADDING2D] = emit_zero_padding,
     [LOOM_LAYER_GLOBAL_MAX_POOL2D] = emit_global_pool,
