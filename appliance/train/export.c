@@ -1239,9 +1239,13 @@ static int input_of(const loom_spec *spec, const loom_dataset_spec *base, bool r
     for (int pass = 0; pass < (raw ? 2 : 1) && !rc; pass++) { /* each pass reads the source: export's main cost */
         *ds = *base;
         ds->n_transforms = 0;
-        if (pass == 0) /* the maps (and whatever else does not batch), per example */
-            for (int i = 0; i < base->n_transforms; i++)
-                if (base->transform[i].kind == LOOM_T_MAP) ds->transform[ds->n_transforms++] = base->transform[i];
+        if (pass == 0) /* the maps, and the transforms that make a text's examples (issue 24), per example */
+            for (int i = 0; i < base->n_transforms; i++) {
+                loom_transform_kind k = base->transform[i].kind;
+                if (k == LOOM_T_MAP || k == LOOM_T_SELECT || k == LOOM_T_UNBATCH || k == LOOM_T_WINDOW ||
+                    k == LOOM_T_LM_PAIRS || k == LOOM_T_FLAT_MAP)
+                    ds->transform[ds->n_transforms++] = base->transform[i];
+            }
         loom_iter *it = NULL;
         loom_data_ctx ctx = {.seed = spec->run.seed, .threads = 0, .name = "export"};
         rc = loom_data_open(&it, ds, &ctx, err);

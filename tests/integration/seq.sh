@@ -70,6 +70,7 @@ same_weights "resumed = uninterrupted (lstm, gru, bidirectional, Adam slots)" "$
 check "mirrored(2) trains it" "$LOOM" train "$WORK/seq.cfg" --model-dir "$WORK/mir" --set strategy.type='"mirrored"' \
     --set strategy.replicas=2 "${Q[@]}"
 check "evaluate the checkpoint" "$LOOM" evaluate "$WORK/seq.cfg"
+check "export it as ONNX (the model input made by lm_pairs)" "$LOOM" export "$WORK/seq.cfg" --format onnx --output "$WORK/seq.onnx"
 
 expect_fail 2 "an lstm after a flatten names its line and the input it needs" \
     "layer \"lstm_2\" (lstm) needs a sequence input (steps, features), got (192,)" \
