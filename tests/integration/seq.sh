@@ -53,6 +53,12 @@ contains "gradcheck: gru passes" "gru_3 (gru)" "$(grep pass <<<"$out")"
 contains "gradcheck: every layer passes" "gradcheck: every layer passes" "$out"
 contains "check: a per-step output (None, 24, 40)" "(None, 24, 40)" "$out"
 
+# a graph: lstm and gru side by side on the embedding, concatenated (each layer alone names no input)
+out=$("$LOOM" check "$WORK/seq.cfg" --gradcheck --set 'model.layers=({ type = "embedding"; input_dim = 40; output_dim = 8; mask_zero = true; name = "emb"; }, { type = "lstm"; units = 5; return_sequences = true; name = "a"; inputs = ["emb"]; }, { type = "gru"; units = 4; return_sequences = true; name = "b"; inputs = ["emb"]; }, { type = "concatenate"; inputs = ["a", "b"]; }, { type = "dense"; units = 40; })' 2>&1)
+contains "gradcheck of a graph: the recurrent layers that name their inputs pass, the merge is skipped" \
+    "gradcheck: every layer passes" "$out"
+contains "gradcheck of a graph: the merge row says why it is skipped" "skipped (a merge of several inputs)" "$out"
+
 check "train 24 steps" "$LOOM" train "$WORK/seq.cfg" "${Q[@]}"
 end=$(grep '"event": "end"' "$WORK/m/metrics.jsonl")
 loss=$(sed 's/.*"eval_loss": \([0-9.e+-]*\).*/\1/' <<<"$end")
