@@ -414,6 +414,7 @@ typedef struct onnx_walk {
     char        cur[32];  /* the current tensor */
     loom_shape  s;        /* its shape per example, Loom's layout (HWC) */
     bool        nchw;     /* cur is in ONNX's layout (CHW) */
+    char        seq_lens[32]; /* an embedding's mask_zero: int32 (batch,) real steps per example; "" none */
 } onnx_walk;
 
 static const int64_t to_nchw[] = {0, 3, 1, 2}, to_nhwc[] = {0, 2, 3, 1};
@@ -459,7 +460,109 @@ static int emit_dense(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
 static int emit_embedding(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
 {
     (void)err;
+    if (l->mask_zero) { /* the time mask as the recurrent ops take it: the count of ids > 0 per example */
+        char pad[80], axis[80], v[32];
+        snprintf(pad, sizeof pad, "%s/pad_id", l->name);
+        snprintf(axis, sizeof axis, "%s/time_axis", l->name);
+        const int64_t z64 = 0, one = 1;
+        const int32_t z32 = 0;
+        initializer(w->o, pad, onnx_dtype(w->in_dtype), NULL, 0,
+                    w->in_dtype == LOOM_I32 ? (const void *)&z32 : (const void *)&z64,
+                    w->in_dtype == LOOM_I32 ? sizeof z32 : sizeof z64);
+        initializer(w->o, axis, ONNX_INT64, (int64_t[]){1}, 1, &one, sizeof one);
+        binary(w->o, "Greater", w->cur, pad, v);
+        node_begin(w->o, "Cast", fresh(w->o, w->seq_lens), v, NULL, NULL);
+        attr_int(w->o, "to", ONNX_INT32);
+        node_end(w->o);
+        node_begin(w->o, "ReduceSum", fresh(w->o, v), w->seq_lens, axis, NULL);
+        attr_int(w->o, "keepdims", 0);
+        node_end(w->o);
+        strcpy(w->seq_lens, v);
+    }
     w->s = embedding(w->o, l, param_init(w->o, w->m, w->pi++), w->in_dtype, w->s, w->cur);
+    return LOOM_OK;
+}
+
+/* One recurrent tensor (kernel (K, G H), recurrent_kernel, or a bias row)
+ * of each direction as ONNX's [dirs, G H, K] with its gates reordered:
+ * dst gate q takes Loom's gate perm[q] (ONNX lstm: i o f c from i f g o;
+ * gru: z r h from r z n). bias: K = 1, rows kept as (dirs, G H). */
+static void rnn_gates(const float *src, int64_t dir2, int dirs, int64_t K, int H, int G, const int *perm, float *dst)
+{
+    for (int d = 0; d < dirs; d++)
+        for (int q = 0; q < G; q++)
+            for (int j = 0; j < H; j++)
+                for (int64_t k = 0; k < K; k++)
+                    dst[(((int64_t)d * G + q) * H + j) * K + k] = src[d * dir2 + k * (int64_t)G * H + perm[q] * H + j];
+}
+
+/* ONNX LSTM and GRU (opset 17) for lstm, gru and bidirectional: X, W, R, B,
+ * sequence_lens (the embedding's mask as lengths: exact for trailing
+ * padding, which padded_batch and output_sequence_length make); Y or Y_h
+ * brought to Loom's (batch, T, dirs H) or (batch, dirs H), or summed over
+ * the directions. Initialisers W, R, B under the layer's name. */
+static int emit_rnn(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
+{
+    bool gru = l->kind == LOOM_LAYER_GRU || (l->kind == LOOM_LAYER_BIDIRECTIONAL && l->cell == 1);
+    int dirs = l->kind == LOOM_LAYER_BIDIRECTIONAL ? 2 : 1, H = l->units, G = gru ? 3 : 4;
+    if (l->activation != LOOM_ACT_TANH || l->recurrent_activation != LOOM_ACT_SIGMOID) {
+        char where[LOOM_PATH_MAX + 16];
+        return loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&l->loc, where, sizeof where), "layer \"%s\": "
+                            "the export writes the default activations (tanh, recurrent sigmoid) only", l->name);
+    }
+    const int64_t D = w->s.dim[1], T = w->s.dim[0];
+    static const int lstm_perm[4] = {0, 3, 1, 2}, gru_perm[3] = {1, 0, 2};
+    const int *perm = gru ? gru_perm : lstm_perm;
+    const loom_param_info *pk = loom_model_param_tensor(w->m, w->pi);
+    const loom_param_info *pb = l->use_bias ? loom_model_param_tensor(w->m, w->pi + 2) : NULL;
+    const int64_t dir2 = dirs == 2 ? loom_model_param_tensor(w->m, w->pi + (l->use_bias ? 3 : 2))->offset - pk->offset : 0;
+    const float *P = loom_model_params(w->m);
+    const int64_t nW = dirs * G * H * D, nR = dirs * (int64_t)G * H * H, nB = dirs * 2 * (int64_t)G * H;
+    float *buf = loom_calloc((size_t)(nW + nR + nB), sizeof(float));
+    if (!buf) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating layer \"%s\"'s ONNX weights", l->name);
+    rnn_gates(P + pk->offset, dir2, dirs, D, H, G, perm, buf);
+    rnn_gates(P + loom_model_param_tensor(w->m, w->pi + 1)->offset, dir2, dirs, H, H, G, perm, buf + nW);
+    for (int d = 0; d < dirs && pb; d++) /* Wb then Rb per direction; lstm: one bias, Rb = 0 */
+        for (int r = 0; r < (gru ? 2 : 1); r++)
+            rnn_gates(P + pb->offset + d * dir2 + r * G * H, 0, 1, 1, H, G, perm, buf + nW + nR + (2 * d + r) * G * H);
+    w->pi += (l->use_bias ? 3 : 2) * dirs;
+    char nw[80], nr[80], nbias[80], x[32], y[32], yh[32];
+    snprintf(nw, sizeof nw, "%s/W", l->name), snprintf(nr, sizeof nr, "%s/R", l->name);
+    snprintf(nbias, sizeof nbias, "%s/B", l->name);
+    initializer(w->o, nw, ONNX_FLOAT, (int64_t[]){dirs, G * H, D}, 3, buf, (size_t)nW * sizeof(float));
+    initializer(w->o, nr, ONNX_FLOAT, (int64_t[]){dirs, G * H, H}, 3, buf + nW, (size_t)nR * sizeof(float));
+    initializer(w->o, nbias, ONNX_FLOAT, (int64_t[]){dirs, 2 * G * H}, 2, buf + nW + nR, (size_t)nB * sizeof(float));
+    loom_free(buf);
+    node_begin(w->o, "Transpose", fresh(w->o, x), w->cur, NULL, NULL); /* (T, batch, D) */
+    attr_ints(w->o, "perm", (const int64_t[]){1, 0, 2}, 3);
+    node_end(w->o);
+    /* the node: inputs X W R B (sequence_lens), outputs Y Y_h */
+    const char *in[5] = {x, nw, nr, nbias, w->seq_lens};
+    for (int i = 0; i < (w->seq_lens[0] ? 5 : 4); i++) pb_str(&w->o->node, NODE_INPUT, in[i]);
+    pb_str(&w->o->node, NODE_OUTPUT, fresh(w->o, y));
+    pb_str(&w->o->node, NODE_OUTPUT, fresh(w->o, yh));
+    char name[64];
+    snprintf(name, sizeof name, "%s_%d", gru ? "GRU" : "LSTM", w->o->n_nodes++);
+    pb_str(&w->o->node, NODE_NAME, name);
+    pb_str(&w->o->node, NODE_OP_TYPE, gru ? "GRU" : "LSTM");
+    attr_int(w->o, "hidden_size", H);
+    attr_str(w->o, "direction", dirs == 2 ? "bidirectional" : "forward");
+    if (gru) attr_int(w->o, "linear_before_reset", 1);
+    node_end(w->o);
+    bool seq = l->return_sequences, sum = dirs == 2 && l->merge_mode == 1;
+    char v[32], shape[80];
+    node_begin(w->o, "Transpose", fresh(w->o, v), seq ? y : yh, NULL, NULL); /* batch first, then (T,) dirs, H */
+    attr_ints(w->o, "perm", seq ? (const int64_t[]){2, 0, 1, 3} : (const int64_t[]){1, 0, 2}, seq ? 4 : 3);
+    node_end(w->o);
+    snprintf(shape, sizeof shape, "%s/%s", l->name, sum ? "dir_axis" : "shape");
+    const int64_t axis = seq ? 2 : 1, shp[3] = {0, seq ? 0 : -1, -1};
+    if (sum) initializer(w->o, shape, ONNX_INT64, (int64_t[]){1}, 1, &axis, sizeof axis);
+    else initializer(w->o, shape, ONNX_INT64, (int64_t[]){seq ? 3 : 2}, 1, shp, (size_t)(seq ? 3 : 2) * sizeof(int64_t));
+    node_begin(w->o, sum ? "ReduceSum" : "Reshape", fresh(w->o, w->cur), v, shape, NULL);
+    if (sum) attr_int(w->o, "keepdims", 0);
+    node_end(w->o);
+    int64_t width = sum ? H : (int64_t)dirs * H;
+    w->s = seq ? (loom_shape){.rank = 2, .dim = {T, width}} : (loom_shape){.rank = 1, .dim = {width}};
     return LOOM_OK;
 }
 
@@ -942,6 +1045,9 @@ static int (*const kind_emit[])(onnx_walk *w, const loom_layer_spec *l, loom_err
     [LOOM_LAYER_SEPARABLE_CONV2D] = emit_conv_more,
     [LOOM_LAYER_CONV2D_TRANSPOSE] = emit_conv_more,
     [LOOM_LAYER_CONV1D] = emit_conv1d,
+    [LOOM_LAYER_LSTM] = emit_rnn,
+    [LOOM_LAYER_GRU] = emit_rnn,
+    [LOOM_LAYER_BIDIRECTIONAL] = emit_rnn,
 };
 
 /* The graph's input: the source's raw feature with the preprocessing folded
@@ -1255,9 +1361,13 @@ static int input_of(const loom_spec *spec, const loom_dataset_spec *base, bool r
     for (int pass = 0; pass < (raw ? 2 : 1) && !rc; pass++) { /* each pass reads the source: export's main cost */
         *ds = *base;
         ds->n_transforms = 0;
-        if (pass == 0) /* the maps (and whatever else does not batch), per example */
-            for (int i = 0; i < base->n_transforms; i++)
-                if (base->transform[i].kind == LOOM_T_MAP) ds->transform[ds->n_transforms++] = base->transform[i];
+        if (pass == 0) /* the maps, and the transforms that make a text's examples (issue 24), per example */
+            for (int i = 0; i < base->n_transforms; i++) {
+                loom_transform_kind k = base->transform[i].kind;
+                if (k == LOOM_T_MAP || k == LOOM_T_SELECT || k == LOOM_T_UNBATCH || k == LOOM_T_WINDOW ||
+                    k == LOOM_T_LM_PAIRS || k == LOOM_T_FLAT_MAP)
+                    ds->transform[ds->n_transforms++] = base->transform[i];
+            }
         loom_iter *it = NULL;
         loom_data_ctx ctx = {.seed = spec->run.seed, .threads = 0, .name = "export"};
         rc = loom_data_open(&it, ds, &ctx, err);
