@@ -944,34 +944,29 @@ static void attn_proj(onnx_walk *w, const loom_layer_spec *l, const char *x, con
     transpose_to(w, sh, perm, out);
 }
 
-/* multi_head_attention (self-attention): softmax(Q K^T / sqrt(key_dim) + causal mask) V per head, the heads
- * joined and projected (attention dropout: identity). Padding keys are not masked here (no mask input). */
-static int emit_attention(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
+/* multi_head_attention: softmax(Q K^T / sqrt(key_dim) + causal mask) V per head, the heads joined and projected
+ * (attention dropout: identity); query xq (N, T, Dq), value xv (N, S, Dv), key xk (N, S, Dk). Padding keys are not
+ * masked here (no mask input). */
+static int attention(onnx_walk *w, const loom_layer_spec *l, const char *xq, const char *xv, const char *xk,
+                     const int64_t dims[5], loom_err *err)
 {
-    char where[LOOM_PATH_MAX + 16];
-    if (l->n_inputs > 1)
-        return loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&l->loc, where, sizeof where),
-                            "layer \"%s\" (multi_head_attention) with %d inputs has no ONNX form in Loom's export "
-                            "yet (self-attention has)", l->name, l->n_inputs);
-    if (w->nchw) transpose(w, to_nhwc, false);
-    const int64_t T = w->s.dim[0], D = w->s.dim[1], H = l->num_heads, dk = l->key_dim,
-                  dv = l->value_dim > 0 ? l->value_dim : l->key_dim;
+    const int64_t T = dims[0], Dq = dims[1], S = dims[2], Dv = dims[3], Dk = dims[4], H = l->num_heads,
+                  dk = l->key_dim, dv = l->value_dim > 0 ? l->value_dim : l->key_dim;
     const int64_t hp[4] = {0, 2, 1, 3}, kp[4] = {0, 2, 3, 1};
-    char x[32], q[32], k[32], v[32], s[32], sn[LOOM_NAME_MAX + 32];
-    strcpy(x, w->cur);
-    attn_proj(w, l, x, "query", T, D, dk, hp, q);
-    attn_proj(w, l, x, "key", T, D, dk, kp, k);
-    attn_proj(w, l, x, "value", T, D, dv, hp, v);
-    binary(w->o, "MatMul", q, k, s); /* (N, H, T, T) */
+    char q[32], k[32], v[32], s[32], sn[LOOM_NAME_MAX + 32];
+    attn_proj(w, l, xq, "query", T, Dq, dk, hp, q);
+    attn_proj(w, l, xk, "key", S, Dk, dk, kp, k);
+    attn_proj(w, l, xv, "value", S, Dv, dv, hp, v);
+    binary(w->o, "MatMul", q, k, s); /* (N, H, T, S) */
     snprintf(sn, sizeof sn, "%s/scale", l->name);
     const_scalar(w->o, sn, 1.f / sqrtf((float)dk));
     binary(w->o, "Mul", s, sn, s);
     if (l->causal) {
-        float *mk = loom_alloc((size_t)(T * T) * sizeof(float));
+        float *mk = loom_alloc((size_t)(T * S) * sizeof(float));
         if (!mk) return loom_err_set(err, LOOM_ENOMEM, NULL, "the causal mask of layer \"%s\"", l->name);
-        for (int64_t i = 0; i < T * T; i++) mk[i] = i % T > i / T ? -INFINITY : 0.f;
+        for (int64_t i = 0; i < T * S; i++) mk[i] = i % S > i / S ? -INFINITY : 0.f;
         snprintf(sn, sizeof sn, "%s/causal_mask", l->name);
-        initializer(w->o, sn, ONNX_FLOAT, (int64_t[]){T, T}, 2, mk, (size_t)(T * T) * sizeof(float));
+        initializer(w->o, sn, ONNX_FLOAT, (int64_t[]){T, S}, 2, mk, (size_t)(T * S) * sizeof(float));
         loom_free(mk);
         binary(w->o, "Add", s, sn, s);
     }
@@ -983,10 +978,20 @@ static int emit_attention(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
     transpose_to(w, c, hp, s);
     reshape_to(w, l, s, "joined", (int64_t[]){0, T, H * dv}, 3, c);
     const char *ok = param_init(w->o, w->m, w->pi++);
-    reshape_to(w, l, ok, "output_kernel_shape", (int64_t[]){H * dv, D}, 2, p);
+    reshape_to(w, l, ok, "output_kernel_shape", (int64_t[]){H * dv, Dq}, 2, p);
     binary(w->o, "MatMul", c, p, w->cur);
     if (l->use_bias) binary(w->o, "Add", w->cur, param_init(w->o, w->m, w->pi++), w->cur);
+    w->s = (loom_shape){.rank = 2, .dim = {T, Dq}};
     return LOOM_OK;
+}
+
+static int emit_attention(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
+{
+    if (w->nchw) transpose(w, to_nhwc, false);
+    char x[32];
+    strcpy(x, w->cur);
+    const int64_t T = w->s.dim[0], D = w->s.dim[1];
+    return attention(w, l, x, x, x, (int64_t[]){T, D, T, D, D}, err);
 }
 
 /* positional_embedding: x + the table's first T rows (learned: a Slice of the parameter; sinusoidal: a constant) */
@@ -1122,6 +1127,16 @@ static void merge_operand(onnx_walk *w, const loom_layer_spec *l, int k, const o
     }
 }
 
+/* inputs = [query, value(, key)]: each input's value by name (sequences: never NCHW) */
+static int emit_attention_cross(onnx_walk *w, const loom_layer_spec *l, const onnx_value *v, int n, loom_err *err)
+{
+    const onnx_value *q = &v[0], *val = &v[1], *key = &v[n > 2 ? 2 : 1];
+    strcpy(w->cur, q->name);
+    w->nchw = false;
+    return attention(w, l, q->name, val->name, key->name,
+                     (int64_t[]){q->s.dim[0], q->s.dim[1], val->s.dim[0], val->s.dim[1], key->s.dim[1]}, err);
+}
+
 /* A merge layer (add, subtract, multiply, average, maximum, concatenate) of
  * the n values v: its inputs in one layout (ONNX's when one of them is in it
  * and all are images, Loom's otherwise), add and multiply chained in the
@@ -1239,6 +1254,8 @@ static int build_graph(onnx_graph *o, const loom_spec *spec, loom_model *m, cons
         for (int k = 0; k < ns; k++) sv[k] = src[k] >= 0 ? val[src[k]] : iv[-1 - src[k]];
         if (l->kind >= LOOM_LAYER_ADD && l->kind <= LOOM_LAYER_CONCATENATE) {
             rc = emit_merge(&w, l, sv, ns, err);
+        } else if (l->kind == LOOM_LAYER_MULTI_HEAD_ATTENTION && ns > 1) {
+            rc = emit_attention_cross(&w, l, sv, ns, err);
         } else if ((unsigned)l->kind >= sizeof kind_emit / sizeof kind_emit[0] || !kind_emit[l->kind]) {
             char where[LOOM_PATH_MAX + 16];
             rc = loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&l->loc, where, sizeof where),
