@@ -415,6 +415,8 @@ typedef struct onnx_walk {
     loom_shape  s;        /* its shape per example, Loom's layout (HWC) */
     bool        nchw;     /* cur is in ONNX's layout (CHW) */
     char        seq_lens[32]; /* an embedding's mask_zero: int32 (batch,) real steps per example; "" none */
+    char        key_mask[32]; /* the same mask as bool (batch, mask_T): ids > 0, for attention's keys; "" none */
+    int64_t     mask_T;
 } onnx_walk;
 
 static const int64_t to_nchw[] = {0, 3, 1, 2}, to_nhwc[] = {0, 2, 3, 1};
@@ -471,6 +473,8 @@ static int emit_embedding(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
                     w->in_dtype == LOOM_I32 ? sizeof z32 : sizeof z64);
         initializer(w->o, axis, ONNX_INT64, (int64_t[]){1}, 1, &one, sizeof one);
         binary(w->o, "Greater", w->cur, pad, v);
+        strcpy(w->key_mask, v);
+        w->mask_T = w->s.rank ? w->s.dim[0] : 1;
         node_begin(w->o, "Cast", fresh(w->o, w->seq_lens), v, NULL, NULL);
         attr_int(w->o, "to", ONNX_INT32);
         node_end(w->o);
@@ -945,8 +949,8 @@ static void attn_proj(onnx_walk *w, const loom_layer_spec *l, const char *x, con
 }
 
 /* multi_head_attention: softmax(Q K^T / sqrt(key_dim) + causal mask) V per head, the heads joined and projected
- * (attention dropout: identity); query xq (N, T, Dq), value xv (N, S, Dv), key xk (N, S, Dk). Padding keys are not
- * masked here (no mask input). */
+ * (attention dropout: identity); query xq (N, T, Dq), value xv (N, S, Dv), key xk (N, S, Dk). An embedding's
+ * mask_zero masks padding keys of S steps (a key of padding alone gets uniform weights where nn gives 0). */
 static int attention(onnx_walk *w, const loom_layer_spec *l, const char *xq, const char *xv, const char *xk,
                      const int64_t dims[5], loom_err *err)
 {
@@ -968,6 +972,19 @@ static int attention(onnx_walk *w, const loom_layer_spec *l, const char *xq, con
         snprintf(sn, sizeof sn, "%s/causal_mask", l->name);
         initializer(w->o, sn, ONNX_FLOAT, (int64_t[]){T, S}, 2, mk, (size_t)(T * S) * sizeof(float));
         loom_free(mk);
+        binary(w->o, "Add", s, sn, s);
+    }
+    if (w->key_mask[0] && w->mask_T == S) { /* the embedding's mask_zero on the keys: -1e9 (exp gives 0) */
+        char m4[32], ax[LOOM_NAME_MAX + 32], zero[LOOM_NAME_MAX + 32], neg[LOOM_NAME_MAX + 32];
+        snprintf(ax, sizeof ax, "%s/mask_axes", l->name);
+        snprintf(zero, sizeof zero, "%s/mask_zero", l->name);
+        snprintf(neg, sizeof neg, "%s/mask_neg", l->name);
+        initializer(w->o, ax, ONNX_INT64, (int64_t[]){2}, 1, (int64_t[]){1, 2}, 2 * sizeof(int64_t));
+        const_scalar(w->o, zero, 0.f);
+        const_scalar(w->o, neg, -1e9f);
+        binary(w->o, "Unsqueeze", w->key_mask, ax, m4); /* (N, 1, 1, S) */
+        node_begin(w->o, "Where", fresh(w->o, sn), m4, zero, neg);
+        node_end(w->o);
         binary(w->o, "Add", s, sn, s);
     }
     char p[32], c[32];
