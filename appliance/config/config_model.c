@@ -618,7 +618,12 @@ static void check_graph(cfg_ctx *c, const config_setting_t *ll, loom_model_spec 
                                     l->n_inputs);
             if (er) loom_err_hint(er, "list them: inputs = [\"a\", \"b\"];");
             bad++;
-        } else if (!merge_kind(k) && k >= 0 && l->n_inputs > 1) {
+        } else if (k == LOOM_LAYER_MULTI_HEAD_ATTENTION && l->n_inputs > 3) {
+            loom_err *er = cfg_err_(c, ins, "layer \"%s\" (multi_head_attention) takes 1 to 3 inputs, got %d", l->name,
+                                    l->n_inputs);
+            if (er) loom_err_hint(er, "inputs = [query] (self-attention), [query, value] or [query, value, key]");
+            bad++;
+        } else if (!merge_kind(k) && k >= 0 && l->n_inputs > 1 && k != LOOM_LAYER_MULTI_HEAD_ATTENTION) {
             loom_err *er = cfg_err_(c, ins, "layer \"%s\" (%s) takes one input, got %d", l->name,
                                     loom_layer_names_[k], l->n_inputs);
             if (er) loom_err_hint(er, "join them first with a merge layer (add, concatenate, ...)");

@@ -610,6 +610,23 @@ static void print_rnn(FILE *f, const loom_layer_spec *l)
     }
 }
 
+/* multi_head_attention, positional_embedding (a transformer_block is printed as its parts) */
+static void print_attention(FILE *f, const loom_layer_spec *l)
+{
+    if (l->kind == LOOM_LAYER_POSITIONAL_EMBEDDING) {
+        kv_i64(f, 3, "max_length", l->max_length);
+        kv_str(f, 3, "mode", loom_cfg_name_(loom_pos_mode_names_, (int)l->pos_mode));
+        return;
+    }
+    kv_i64(f, 3, "num_heads", l->num_heads);
+    kv_i64(f, 3, "key_dim", l->key_dim);
+    if (l->value_dim) kv_i64(f, 3, "value_dim", l->value_dim);
+    kv_f64(f, 3, "dropout", l->rate);
+    kv_bool(f, 3, "causal", l->causal);
+    kv_str(f, 3, "kernel_init", loom_cfg_name_(loom_init_names_, (int)l->kernel_init));
+    kv_bool(f, 3, "use_bias", l->use_bias);
+}
+
 static void print_layer(FILE *f, const loom_layer_spec *l)
 {
     /* a plugin's layer: its registered type and its own settings, as text (they reach the plugin so) */
@@ -685,18 +702,7 @@ static void print_layer(FILE *f, const loom_layer_spec *l)
     case LOOM_LAYER_BIDIRECTIONAL: print_rnn(f, l); break;
     case LOOM_LAYER_CONCATENATE: kv_i64(f, 3, "axis", l->axis); break;
     case LOOM_LAYER_MULTI_HEAD_ATTENTION:
-        kv_i64(f, 3, "num_heads", l->num_heads);
-        kv_i64(f, 3, "key_dim", l->key_dim);
-        if (l->value_dim) kv_i64(f, 3, "value_dim", l->value_dim);
-        kv_f64(f, 3, "dropout", l->rate);
-        kv_bool(f, 3, "causal", l->causal);
-        kv_str(f, 3, "kernel_init", loom_cfg_name_(loom_init_names_, (int)l->kernel_init));
-        kv_bool(f, 3, "use_bias", l->use_bias);
-        break;
-    case LOOM_LAYER_POSITIONAL_EMBEDDING:
-        kv_i64(f, 3, "max_length", l->max_length);
-        kv_str(f, 3, "mode", loom_cfg_name_(loom_pos_mode_names_, (int)l->pos_mode));
-        break;
+    case LOOM_LAYER_POSITIONAL_EMBEDDING: print_attention(f, l); break;
     default: break;
     }
     if (l->n_inputs) {

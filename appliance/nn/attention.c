@@ -1,6 +1,7 @@
 /* attention.c - sequence layers of issue 24: multi_head_attention (Keras's
  * MultiHeadAttention: per-head query/key/value projections, scaled dot
- * products, a softmax over the keys with an optional causal mask, dropout on
+ * products, a softmax over the keys with an optional causal mask and the key
+ * padding mask of an embedding's mask_zero, dropout on
  * the attention weights, the output projection) and positional_embedding (a
  * learned (max_length, D) table or the fixed sinusoids, added to (T, D)).
  *
@@ -20,7 +21,7 @@
 #include <string.h>
 
 /* the per-example buffers of a multi_head_attention layer (l->ab) */
-enum { AB_Q, AB_K, AB_V, AB_P, AB_PD, AB_CTX, AB_DCTX, AB_DQ, AB_DK, AB_DV, AB_DS, AB_N };
+enum { AB_Q, AB_K, AB_V, AB_P, AB_PD, AB_CTX, AB_DCTX, AB_DQ, AB_DK, AB_DV, AB_DS, AB_DX, AB_N };
 /* its parameter tensors (l->aoff), Keras's names */
 enum { AW_QK, AW_QB, AW_KK, AW_KB, AW_VK, AW_VB, AW_OK, AW_OB, AW_N };
 
@@ -39,6 +40,7 @@ static int64_t ab_size(const nn_layer_ *l, int i)
     case AB_V: case AB_DV: return S * H * l->dv;
     case AB_CTX: case AB_DCTX: return T * H * l->dv;
     case AB_PD: return l->spec.rate > 0 ? H * T * S : 0;
+    case AB_DX: return l->n_src > 1 ? S * (l->Dkv > l->Dvin ? l->Dkv : l->Dvin) : 0; /* a key or value input's gradient */
     default: return H * T * S; /* AB_P, AB_DS */
     }
 }
@@ -64,15 +66,22 @@ static int attn_shapes(loom_model *m, nn_layer_ *l, loom_err *err)
     if (s->num_heads < 1 || s->key_dim < 1)
         return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\": num_heads = %d and key_dim = %d must be >= 1",
                             s->name, s->num_heads, s->key_dim);
-    l->T = l->S = (int)l->in.dim[0];
-    l->Dq = l->Dkv = (int)l->in.dim[1];
+    /* inputs [query], [query, value] or [query, value, key] (Keras's call order; key defaults to value) */
+    const loom_shape *vs = &l->src_shape[l->n_src > 1 ? 1 : 0], *ks = &l->src_shape[l->n_src > 2 ? 2 : l->n_src > 1];
+    char a[96], b[96];
+    if ((rc = need_seq(l, vs, err)) || (rc = need_seq(l, ks, err))) return rc;
+    if (vs->dim[0] != ks->dim[0])
+        return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\": value %s and key %s differ in steps", s->name,
+                            loom_shape_str(vs, a, sizeof a), loom_shape_str(ks, b, sizeof b));
+    l->T = (int)l->in.dim[0], l->S = (int)vs->dim[0];
+    l->Dq = (int)l->in.dim[1], l->Dkv = (int)ks->dim[1], l->Dvin = (int)vs->dim[1];
     l->heads = s->num_heads, l->dk = s->key_dim, l->dv = s->value_dim > 0 ? s->value_dim : s->key_dim;
     l->Do = l->Dq; /* Keras: output_shape defaults to the query's last dim */
     l->out = l->in;
     const int H = l->heads;
     const char *suf[AW_N] = {"query/kernel", "query/bias", "key/kernel", "key/bias", "value/kernel", "value/bias",
                              "attention_output/kernel", "attention_output/bias"};
-    int din[4] = {l->Dq, l->Dkv, l->Dkv, H * l->dv}, dout[4] = {l->dk, l->dk, l->dv, l->Do};
+    int din[4] = {l->Dq, l->Dkv, l->Dvin, H * l->dv}, dout[4] = {l->dk, l->dk, l->dv, l->Do};
     for (int t = 0; t < 4; t++) {
         loom_shape ks = t < 3 ? (loom_shape){.rank = 3, .dim = {din[t], H, dout[t]}}
                               : (loom_shape){.rank = 3, .dim = {H, l->dv, l->Do}};
@@ -88,7 +97,7 @@ static int attn_shapes(loom_model *m, nn_layer_ *l, loom_err *err)
     l->pw_off = l->aoff[AW_OK];
     l->bias_off = l->aoff[AW_OB];
     double T = l->T, S = l->S;
-    m->flops += 2.0 * T * l->Dq * H * l->dk + 2.0 * S * l->Dkv * H * (l->dk + l->dv) + 2.0 * T * S * H * (l->dk + l->dv) +
+    m->flops += 2.0 * T * l->Dq * H * l->dk + 2.0 * S * (l->Dkv * l->dk + l->Dvin * l->dv) * H + 2.0 * T * S * H * (l->dk + l->dv) +
                 2.0 * T * H * l->dv * l->Do;
     return LOOM_OK;
 }
@@ -182,14 +191,17 @@ static const float *wt(const loom_model *m, const nn_layer_ *l, int t)
     return l->aoff[t] >= 0 ? m->params + l->aoff[t] : NULL;
 }
 
-/* Row t of scores z (S,) into softmax weights in place, keys s > t masked
- * when causal; the dropped-out weights (scaled by 1 / keep) into pd. */
-static void softmax_row(float *z, float *pd, const uint8_t *mk, int S, int valid, float keep_inv)
+/* Row t of scores z (S,) into softmax weights in place over keys [0, valid)
+ * (valid = t + 1 when causal) that the key mask km (NULL: none) keeps; the
+ * others (and a row with no key kept) get 0. The dropped-out weights (scaled
+ * by 1 / keep) into pd. */
+static void softmax_row(float *z, float *pd, const uint8_t *mk, const uint8_t *km, int S, int valid, float keep_inv)
 {
     float mx = -INFINITY, sum = 0.f;
-    for (int s = 0; s < valid; s++) mx = z[s] > mx ? z[s] : mx;
-    for (int s = 0; s < valid; s++) sum += z[s] = expf(z[s] - mx);
-    const float inv = 1.f / sum;
+    for (int s = 0; s < valid; s++)
+        if (!km || km[s]) mx = z[s] > mx ? z[s] : mx;
+    for (int s = 0; s < valid; s++) sum += z[s] = !km || km[s] ? expf(z[s] - mx) : 0.f;
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
     for (int s = 0; s < valid; s++) z[s] *= inv;
     for (int s = valid; s < S; s++) z[s] = 0.f;
     if (pd)
@@ -203,14 +215,16 @@ static void attn_forward(const loom_model *m, int li, nn_chunk_ *c, const float 
     const int64_t B = c->B, b0 = c->b0;
     const int T = l->T, S = l->S, H = l->heads, dk = l->dk, dv = l->dv, hk = H * dk, hv = H * dv;
     float *q = ab(l, AB_Q, b0), *k = ab(l, AB_K, b0), *v = ab(l, AB_V, b0), *ctx = ab(l, AB_CTX, b0);
+    const float *xv = l->n_src > 1 ? nn_src_ptr_(c, l->src[1]) : x, *xk = l->n_src > 2 ? nn_src_ptr_(c, l->src[2]) : xv;
     proj(x, wt(m, l, AW_QK), wt(m, l, AW_QB), q, B * T, l->Dq, hk);
-    proj(x, wt(m, l, AW_KK), wt(m, l, AW_KB), k, B * S, l->Dkv, hk);
-    proj(x, wt(m, l, AW_VK), wt(m, l, AW_VB), v, B * S, l->Dkv, hv);
+    proj(xk, wt(m, l, AW_KK), wt(m, l, AW_KB), k, B * S, l->Dkv, hk);
+    proj(xv, wt(m, l, AW_VK), wt(m, l, AW_VB), v, B * S, l->Dvin, hv);
     const bool drop = training && l->spec.rate > 0;
     const float scale = 1.f / sqrtf((float)dk), keep_inv = (float)(1.0 / (1.0 - l->spec.rate));
     const int64_t per = (int64_t)H * T * S;
     uint8_t *mk = drop ? l->mask + b0 * per : NULL;
     if (drop) nn_dropout_mask_(l, li, mk, b0 * per, B * per, rng_key);
+    const uint8_t *kmask = nn_tmask_(m, c, S); /* padding keys (an embedding's mask_zero): weight 0 */
     for (int64_t b = 0; b < B; b++)
         for (int h = 0; h < H; h++) {
             const int64_t o = (b * H + h) * (int64_t)T * S;
@@ -219,7 +233,7 @@ static void attn_forward(const loom_model *m, int li, nn_chunk_ *c, const float 
             loom_sgemm(false, true, T, S, dk, scale, qb, hk, kb, hk, 0.f, p, S);
             for (int t = 0; t < T; t++)
                 softmax_row(p + (int64_t)t * S, pd ? pd + (int64_t)t * S : NULL, mk ? mk + o + (int64_t)t * S : NULL,
-                            S, l->spec.causal ? (t + 1 < S ? t + 1 : S) : S, keep_inv);
+                            kmask ? kmask + b * S : NULL, S, l->spec.causal ? (t + 1 < S ? t + 1 : S) : S, keep_inv);
             loom_sgemm(false, false, T, dv, S, 1.f, pd ? pd : p, S, vb, hv, 0.f, ctx + b * T * hv + h * dv, hv);
         }
     proj(ctx, wt(m, l, AW_OK), wt(m, l, AW_OB), y, B * T, hv, l->Do);
@@ -229,6 +243,25 @@ static void attn_forward(const loom_model *m, int li, nn_chunk_ *c, const float 
 static void proj_dx(const float *dy, const float *W, float *dx, int64_t rows, int k, int n, float beta)
 {
     loom_sgemm(false, true, (int)rows, k, n, 1.f, dy, n, W, n, beta, dx, k);
+}
+
+/* Several inputs (a graph's layer): the value's and key's gradients handed to their layers (a model input
+ * takes none), the query's returned in other. */
+static float *cross_dx(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, float *other)
+{
+    const int64_t B = c->B, b0 = c->b0;
+    const int hk = l->heads * l->dk, hv = l->heads * l->dv;
+    float *dx = ab(l, AB_DX, b0);
+    for (int k = 1; k < l->n_src; k++) {
+        int s = l->src[k];
+        if (s < 0 || !m->layer[s].need_out) continue;
+        if (k == 1) proj_dx(ab(l, AB_DV, b0), wt(m, l, AW_VK), dx, B * l->S, l->Dvin, hv, 0.f);
+        if (k == 1 && l->n_src == 2) proj_dx(ab(l, AB_DK, b0), wt(m, l, AW_KK), dx, B * l->S, l->Dkv, hk, 1.f);
+        if (k == 2) proj_dx(ab(l, AB_DK, b0), wt(m, l, AW_KK), dx, B * l->S, l->Dkv, hk, 0.f);
+        nn_graph_deliver_(m, s, c, dx);
+    }
+    proj_dx(ab(l, AB_DQ, b0), wt(m, l, AW_QK), other, B * l->T, l->Dq, hk, 0.f);
+    return other;
 }
 
 static float *attn_backward(const loom_model *m, int li, nn_chunk_ *c, float *g, float *other)
@@ -267,9 +300,10 @@ static float *attn_backward(const loom_model *m, int li, nn_chunk_ *c, float *g,
             loom_sgemm(true, false, S, dk, T, 1.f, ds, S, q + b * T * hk + h * dk, hk, 0.f, dkk + b * S * hk + h * dk, hk);
         }
     if (!l->needs_dx) return NULL;
+    if (l->n_src > 1) return cross_dx(m, l, c, other);
     proj_dx(dq, wt(m, l, AW_QK), other, B * T, l->Dq, hk, 0.f);
     proj_dx(dkk, wt(m, l, AW_KK), other, B * S, l->Dkv, hk, 1.f);
-    proj_dx(dvv, wt(m, l, AW_VK), other, B * S, l->Dkv, hv, 1.f);
+    proj_dx(dvv, wt(m, l, AW_VK), other, B * S, l->Dvin, hv, 1.f);
     return other;
 }
 
@@ -288,12 +322,14 @@ static void attn_param_grads(const loom_model *m, int li, const float *x, int64_
     const nn_layer_ *l = &m->layer[li];
     const int hk = l->heads * l->dk, hv = l->heads * l->dv;
     float *G = m->grads;
+    const nn_chunk_ *c0 = &m->chunk[0]; /* example 0 on: the whole batch's rows of each input */
+    const float *xv = l->n_src > 1 ? nn_src_ptr_(c0, l->src[1]) : x, *xk = l->n_src > 2 ? nn_src_ptr_(c0, l->src[2]) : xv;
     for (int t = part; t < 4; t += parts) {
         float *dW = G + l->aoff[2 * t], *db = l->aoff[2 * t + 1] >= 0 ? G + l->aoff[2 * t + 1] : NULL;
         switch (t) {
         case 0: proj_grads(x, l->ab[AB_DQ], dW, db, B * l->T, l->Dq, hk); break;
-        case 1: proj_grads(x, l->ab[AB_DK], dW, db, B * l->S, l->Dkv, hk); break;
-        case 2: proj_grads(x, l->ab[AB_DV], dW, db, B * l->S, l->Dkv, hv); break;
+        case 1: proj_grads(xk, l->ab[AB_DK], dW, db, B * l->S, l->Dkv, hk); break;
+        case 2: proj_grads(xv, l->ab[AB_DV], dW, db, B * l->S, l->Dvin, hv); break;
         default: proj_grads(l->ab[AB_CTX], l->dz, dW, db, B * l->T, hv, l->Do); break;
         }
     }

@@ -375,6 +375,12 @@ static int check_loss(loom_model *m, const loom_shape *label, loom_dtype label_d
                                 "the output's steps: label %s, model output %s (steps, classes)",
                                 loom_shape_str(label, a, sizeof a), loom_shape_str(&out, b, sizeof b)),
                    loom_err_hint(err, "make the targets as long as the input sequence (lm_pairs does)");
+        if (out.rank == 1 && label->rank == 1)
+            return loom_err_set(err, LOOM_ESHAPE, where, "sparse_softmax_cross_entropy: the labels %s are per token "
+                                "but the model output %s has no time axis", loom_shape_str(label, a, sizeof a),
+                                loom_shape_str(&out, b, sizeof b)),
+                   loom_err_hint(err, "set return_sequences = true on the last lstm/gru, so the dense after it "
+                                      "gives (steps, classes)");
         if (out.rank != 1)
             return loom_err_set(err, LOOM_ESHAPE, where,
                                 "sparse_softmax_cross_entropy needs a rank-1 model output (classes,), got %s",

@@ -93,9 +93,10 @@ typedef struct nn_layer_ {
     /* multi_head_attention, positional_embedding (attention.c): an example is (T, D) */
     int            heads, dk, dv;  /* attention: heads, per-head key and value widths */
     int            T, S;           /* query and key steps */
-    int            Dq, Dkv, Do;    /* query, key/value and output widths */
+    int            Dq, Dkv, Do;    /* query, key and output widths */
+    int            Dvin;           /* value width (self-attention: Dq) */
     int64_t        aoff[8];        /* attention: its parameter tensors (attention.c AW_*), -1 when absent */
-    float         *ab[11];         /* attention: its (max_batch, ...) buffers (attention.c AB_*); sinusoidal: ab[0] the table */
+    float         *ab[12];         /* attention: its (max_batch, ...) buffers (attention.c AB_*); sinusoidal: ab[0] the table */
 } nn_layer_;
 
 /* The slice of a step's batch that one thread works on: examples [b0, b0 + B).
@@ -243,6 +244,9 @@ int  nn_graph_order_(const loom_model *m, const loom_model_spec *spec, int *orde
                      int (*src)[LOOM_MAX_LAYER_INPUTS], int *n_src, loom_err *err);
 /* After the layers' shapes: consumers, the gradient paths (gacc), m->graph. */
 void nn_graph_links_(loom_model *m);
+/* d (c->B, n_out of layer s) added to layer s's dgy rows (the first consumer copies): an input gradient
+ * handed to a layer that gathers its output's gradient (gacc). */
+void nn_graph_deliver_(const loom_model *m, int s, nn_chunk_ *c, const float *d);
 /* A merge layer's shape rule (Keras: elementwise with broadcasting, concatenate along axis). */
 int  nn_merge_shapes_(loom_model *m, nn_layer_ *l, int li, loom_err *err);
 /* Where input k of layer l reads on chunk c. */

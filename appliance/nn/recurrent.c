@@ -22,6 +22,7 @@
 #include "nn_internal.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 bool nn_is_rnn_kind_(loom_layer_kind k)
@@ -131,18 +132,60 @@ bool nn_rnn_buffers_(nn_layer_ *l, int64_t max_batch)
 
 /* ---- the cell's arithmetic --------------------------------------------------------- */
 
-static inline float act_f(loom_activation a, float x)
+/* The build targets baseline x86-64; the step loops are cloned for AVX2 and
+ * AVX-512 as layers.c's hot loops are. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define RNN_HOT __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define RNN_HOT
+#endif
+
+/* e^x in straight-line arithmetic the compiler vectorises (libm's expf is a
+ * call per element): x = n ln2 + r, |r| <= ln2 / 2, e^r by Cephes' expf
+ * polynomial (within 2 ulp), 2^n through the exponent bits. */
+static inline __attribute__((always_inline)) float fast_exp(float x)
+{
+    x = x < -87.f ? -87.f : x; /* (fminf, copysignf and fabsf keep the loops from vectorising) */
+    x = x > 88.f ? 88.f : x;
+    const float t = x * 1.44269504088896341f;
+    const float fn = (t + 12582912.f) - 12582912.f; /* round to nearest: 1.5 2^23 */
+    const int n = (int)fn;
+    float r = x - fn * 0.693359375f + fn * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float e = p * r * r + r + 1.f;
+    int32_t bits = (n + 127) * (1 << 23);
+    float sc;
+    memcpy(&sc, &bits, sizeof sc);
+    return e * sc;
+}
+
+/* tanh as (1 - e^-2x) / (1 + e^-2x): within 1e-7 absolute, -1 and 1 at the
+ * clamped ends, no branch, so it vectorises. */
+static inline __attribute__((always_inline)) float fast_tanh(float x)
+{
+    float e = fast_exp(-2.f * x);
+    return (1.f - e) / (1.f + e);
+}
+
+static inline __attribute__((always_inline)) float fast_sigmoid(float x) { return 1.f / (1.f + fast_exp(-x)); }
+
+static inline __attribute__((always_inline)) float act_f(loom_activation a, float x)
 {
     switch (a) {
-    case LOOM_ACT_SIGMOID: return 1.f / (1.f + expf(-x));
-    case LOOM_ACT_TANH: return tanhf(x);
+    case LOOM_ACT_SIGMOID: return 1.f / (1.f + fast_exp(-x));
+    case LOOM_ACT_TANH: return fast_tanh(x);
     case LOOM_ACT_RELU: return x > 0.f ? x : 0.f;
     default: return x;
     }
 }
 
 /* The derivative from the output y = act(x). */
-static inline float act_d(loom_activation a, float y)
+static inline __attribute__((always_inline)) float act_d(loom_activation a, float y)
 {
     switch (a) {
     case LOOM_ACT_SIGMOID: return y * (1.f - y);
@@ -175,11 +218,23 @@ static rnn_par par_of(const loom_model *m, const nn_layer_ *l, int dir, bool gra
 
 /* One lstm step of example b: the gates (pre-activations in g) activated in
  * place, h and c out. */
-static inline void lstm_cell(const nn_layer_ *l, float *restrict g, const float *restrict cp, float *restrict h,
-                             float *restrict c)
+static inline __attribute__((always_inline)) void lstm_cell(const nn_layer_ *l, float *restrict g,
+                                                            const float *restrict cp, float *restrict h,
+                                                            float *restrict c)
 {
     const int H = l->H;
     const loom_activation ra = l->spec.recurrent_activation, a = l->spec.activation;
+    if (ra == LOOM_ACT_SIGMOID && a == LOOM_ACT_TANH) { /* the default, in one vectorised pass */
+        for (int j = 0; j < H; j++) {
+            float i = fast_sigmoid(g[j]), f = fast_sigmoid(g[H + j]), gg = fast_tanh(g[2 * H + j]);
+            float o = fast_sigmoid(g[3 * H + j]);
+            g[j] = i, g[H + j] = f, g[2 * H + j] = gg, g[3 * H + j] = o;
+            float cn = f * cp[j] + i * gg;
+            c[j] = cn;
+            h[j] = o * fast_tanh(cn);
+        }
+        return;
+    }
     for (int j = 0; j < H; j++) {
         float i = act_f(ra, g[j]), f = act_f(ra, g[H + j]), gg = act_f(a, g[2 * H + j]), o = act_f(ra, g[3 * H + j]);
         g[j] = i, g[H + j] = f, g[2 * H + j] = gg, g[3 * H + j] = o;
@@ -191,11 +246,22 @@ static inline void lstm_cell(const nn_layer_ *l, float *restrict g, const float 
 
 /* One gru step of example b: xg (the input projection plus b_ih) becomes the
  * activated r, z, n; hg (U h + b_hh) leaves its n part in hn; h out. */
-static inline void gru_cell(const nn_layer_ *l, float *restrict xg, const float *restrict hg, float *restrict hn,
-                            const float *restrict hp, float *restrict h)
+static inline __attribute__((always_inline)) void gru_cell(const nn_layer_ *l, float *restrict xg,
+                                                           const float *restrict hg, float *restrict hn,
+                                                           const float *restrict hp, float *restrict h)
 {
     const int H = l->H;
     const loom_activation ra = l->spec.recurrent_activation, a = l->spec.activation;
+    if (ra == LOOM_ACT_SIGMOID && a == LOOM_ACT_TANH) {
+        for (int j = 0; j < H; j++) {
+            float r = fast_sigmoid(xg[j] + hg[j]), z = fast_sigmoid(xg[H + j] + hg[H + j]);
+            float n = fast_tanh(xg[2 * H + j] + r * hg[2 * H + j]);
+            xg[j] = r, xg[H + j] = z, xg[2 * H + j] = n;
+            hn[j] = hg[2 * H + j];
+            h[j] = (1.f - z) * n + z * hp[j];
+        }
+        return;
+    }
     for (int j = 0; j < H; j++) {
         float r = act_f(ra, xg[j] + hg[j]), z = act_f(ra, xg[H + j] + hg[H + j]);
         float n = act_f(a, xg[2 * H + j] + r * hg[2 * H + j]);
@@ -208,7 +274,7 @@ static inline void gru_cell(const nn_layer_ *l, float *restrict xg, const float 
 /* ---- forward ---------------------------------------------------------------------- */
 
 /* Direction dir over the chunk's B examples of x (B, T, D) into out. */
-static void dir_forward(const loom_model *m, const nn_layer_ *l, int dir, const nn_chunk_ *c, const float *x,
+RNN_HOT static void dir_forward(const loom_model *m, const nn_layer_ *l, int dir, const nn_chunk_ *c, const float *x,
                         const rnn_io *out)
 {
     const int64_t B = c->B, T = l->steps, H = l->H, gH = (int64_t)l->gates * H;
@@ -301,11 +367,25 @@ void nn_rnn_forward_(const loom_model *m, int li, nn_chunk_ *c)
 
 /* One lstm step's backward of example b: dh and dc (carried in, d c_{t-1}
  * out in dc); the gates' gradients into g (their activations before). */
-static inline void lstm_cell_back(const nn_layer_ *l, float *restrict g, const float *restrict cp,
-                                  const float *restrict dh, float *restrict dc)
+static inline __attribute__((always_inline)) void lstm_cell_back(const nn_layer_ *l, float *restrict g,
+                                                                 const float *restrict cp, const float *restrict dh,
+                                                                 float *restrict dc)
 {
     const int H = l->H;
     const loom_activation ra = l->spec.recurrent_activation, a = l->spec.activation;
+    if (ra == LOOM_ACT_SIGMOID && a == LOOM_ACT_TANH) {
+        for (int j = 0; j < H; j++) {
+            float i = g[j], f = g[H + j], gg = g[2 * H + j], o = g[3 * H + j];
+            float cn = f * cp[j] + i * gg, tc = fast_tanh(cn);
+            float dct = dc[j] + dh[j] * o * (1.f - tc * tc);
+            g[j] = dct * gg * (i * (1.f - i));
+            g[H + j] = dct * cp[j] * (f * (1.f - f));
+            g[2 * H + j] = dct * i * (1.f - gg * gg);
+            g[3 * H + j] = dh[j] * tc * (o * (1.f - o));
+            dc[j] = dct * f;
+        }
+        return;
+    }
     for (int j = 0; j < H; j++) {
         float i = g[j], f = g[H + j], gg = g[2 * H + j], o = g[3 * H + j];
         float cn = f * cp[j] + i * gg, tc = act_f(a, cn);
@@ -321,11 +401,22 @@ static inline void lstm_cell_back(const nn_layer_ *l, float *restrict g, const f
 /* One gru step's backward of example b: dh in; xg's gradient into xg (its
  * activations r, z, n before), the recurrent n part's (dan r) into hn (U_n h
  * + b_hn before); dh z, the direct part of d h_{t-1}, into dhz. */
-static inline void gru_cell_back(const nn_layer_ *l, float *restrict xg, float *restrict hn, const float *restrict hp,
+static inline __attribute__((always_inline)) void gru_cell_back(const nn_layer_ *l, float *restrict xg, float *restrict hn, const float *restrict hp,
                                  const float *restrict dh, float *restrict dhz)
 {
     const int H = l->H;
     const loom_activation ra = l->spec.recurrent_activation, a = l->spec.activation;
+    if (ra == LOOM_ACT_SIGMOID && a == LOOM_ACT_TANH) {
+        for (int j = 0; j < H; j++) {
+            float r = xg[j], z = xg[H + j], n = xg[2 * H + j];
+            float dan = dh[j] * (1.f - z) * (1.f - n * n);
+            float dar = dan * hn[j] * (r * (1.f - r)), daz = dh[j] * (hp[j] - n) * (z * (1.f - z));
+            xg[j] = dar, xg[H + j] = daz, xg[2 * H + j] = dan;
+            hn[j] = dan * r;
+            dhz[j] = dh[j] * z;
+        }
+        return;
+    }
     for (int j = 0; j < H; j++) {
         float r = xg[j], z = xg[H + j], n = xg[2 * H + j];
         float dan = dh[j] * (1.f - z) * act_d(a, n);
@@ -340,7 +431,7 @@ static inline void gru_cell_back(const nn_layer_ *l, float *restrict xg, float *
  * leaves the gradients of the pre-activations in G (and A for a gru) for
  * the parameter gradients, and adds (beta 1) or writes (beta 0) the input
  * gradient into dx (B, T, D) when dx is not NULL. */
-static void dir_backward(const loom_model *m, const nn_layer_ *l, int dir, const nn_chunk_ *c, const rnn_io *g,
+RNN_HOT static void dir_backward(const loom_model *m, const nn_layer_ *l, int dir, const nn_chunk_ *c, const rnn_io *g,
                          float *dx, float beta)
 {
     const int64_t B = c->B, T = l->steps, H = l->H, gH = (int64_t)l->gates * H;

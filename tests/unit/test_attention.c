@@ -142,6 +142,64 @@ static const double want_sinusoids[24] = {
     0.141120008, -0.989992497, 0.138798101, 0.990320699, 0.00646325907, 0.999979113,
 };
 
+static const double want_y_cross[48] = {
+    0.588594137, 0.68487195, 0.688455558, 0.598859935, 0.42821143, 0.199606516,
+    0.591673952, 0.687769377, 0.690778444, 0.600293889, 0.428562372, 0.198826949,
+    0.588319072, 0.684532368, 0.68809742, 0.598531714, 0.427957548, 0.199461336,
+    0.589306138, 0.685558519, 0.689023771, 0.599232888, 0.428338644, 0.199470774,
+    0.592517959, 0.688778817, 0.691816693, 0.601220426, 0.429251794, 0.199185946,
+    0.590746458, 0.687025479, 0.690318825, 0.600180757, 0.428811038, 0.199403757,
+    0.591766554, 0.688061834, 0.691231172, 0.600845614, 0.429138421, 0.199349356,
+    0.592299913, 0.688558094, 0.691623167, 0.601080289, 0.429184014, 0.199199696,
+};
+static const double want_dv_cross[15] = {
+    0.0582791791, 0.0229702432, -0.0541136806, -0.0327833938, 0.0481686335, 0.058526251,
+    0.0237466178, -0.0542199622, -0.0335790419, 0.0481306297, 0.0519393583, 0.0221402679,
+    -0.0479243702, -0.0308310289, 0.0423333713,
+};
+static const double want_dk_cross[12] = {
+    0.00223589386, -0.00292244842, 0.0012976518, 0.00135345174, 0.00163345848, 0.00128866049,
+    -0.00319158373, 0.00257029789, -0.00386935234, 0.00163378793, 0.00189393193, -0.00392374963,
+};
+static const double want_g0_cross[36] = {
+    -4.84010145e-05, -7.20885871e-05, -8.60193077e-05, 0.000162333671, 0.000146474978, 0.000110791584,
+    -0.000118650079, -0.000168798007, -0.000196099917, 0.000156031825, 0.000134056431, 9.39371279e-05,
+    -0.000172840412, -0.000242661408, -0.000279639322, 0.000128611802, 0.000103493974, 6.43687223e-05,
+    -0.000203637605, -0.000283681727, -0.000325330857, 8.37847756e-05, 5.89240937e-05, 2.60883121e-05,
+    -0.000206873405, -0.000286307054, -0.000326990387, 2.76178728e-05, 6.37911363e-06, -1.57230287e-05,
+    -0.000182109859, -0.000250182065, -0.000284393301, -3.22869795e-05, -4.70292496e-05, -5.54063313e-05,
+};
+static const double want_g1_cross[6] = {
+    0.00102834077, 0.00139362747, 0.00157029324, 0.000330117049, 0.000358313634, 0.000338014149,
+};
+static const double want_g2_cross[24] = {
+    0.00087715, 0.00158399155, 0.00207644728, -0.000458588923, -0.000433952019, -0.000350581746,
+    0.000847486648, 0.00153249214, 0.00201008201, 0.000181817627, 0.000163343979, 0.00012276249,
+    0.000703119954, 0.00127357711, 0.00167166157, 0.000797616014, 0.000738532137, 0.000579491399,
+    0.000463589273, 0.000842289389, 0.00110698959, 0.00130546082, 0.00121376343, 0.000957788866,
+};
+static const double want_g3_cross[6] = {
+    1.62630326e-19, -2.16840434e-19, 0, -1.68051337e-18, -1.73472348e-18, -1.13841228e-18,
+};
+static const double want_g4_cross[20] = {
+    0.0242811669, -0.0168572742, -0.00474575846, 0.0251465032, 0.011440063, -0.00810979661,
+    -0.00248275373, 0.013893654, -0.00294939983, 0.00173530394, 0.00011628007, 0.000760363966,
+    -0.0169396752, 0.0113455392, 0.00269957591, -0.0124758378, -0.028637245, 0.019420209,
+    0.00491749682, -0.0240234935,
+};
+static const double want_g5_cross[4] = {
+    0.460591916, -0.311230706, -0.0842814563, 0.413135797,
+};
+static const double want_g6_cross[24] = {
+    0.0730126682, 0.0869926546, 0.0891985932, 0.0793319208, 0.058728045, 0.0301756039,
+    0.0914641447, 0.108933487, 0.111659192, 0.0992723503, 0.0734494612, 0.0376855321,
+    0.0978817204, 0.116527405, 0.119401651, 0.106115444, 0.07846701, 0.040198434,
+    0.0906329457, 0.107877943, 0.110522167, 0.0982077347, 0.0726013457, 0.0371687052,
+};
+static const double want_g7_cross[6] = {
+    0.190535036, 0.226750259, 0.232275898, 0.206364084, 0.152521859, 0.0780365165,
+};
+
 static loom_err err;
 
 /* the fixture's fill: element i of tensor k */
@@ -362,7 +420,95 @@ static void test_dropout_threads(void)
     CHECK(!memcmp(g[0], g[1], (size_t)np * sizeof(float)));
 }
 
+/* An embedding's mask_zero masks the padding keys: the real steps' outputs do not depend on what the padding
+ * steps hold (here the table's row 0), as Keras's MultiHeadAttention with the embedding's mask. */
+static void test_key_padding(void)
+{
+    spec_reset(LOOM_LOSS_MSE);
+    loom_layer_spec *e = layer(0, LOOM_LAYER_EMBEDDING, "emb");
+    e->input_dim = 10, e->output_dim = D, e->mask_zero = true;
+    loom_layer_spec *l = layer(1, LOOM_LAYER_MULTI_HEAD_ATTENTION, "mha");
+    l->num_heads = H, l->key_dim = DK;
+    loom_shape in = {.rank = 1, .dim = {T}}, out = {.rank = 2, .dim = {T, D}};
+    loom_model *m = NULL;
+    int rc = loom_model_new(&m, &spec, &in, LOOM_I64, &out, LOOM_F32, 2, &err);
+    CHECK_MSG(rc == LOOM_OK, "%s", err.msg);
+    if (rc) return;
+    loom_model_init_params(m, 9);
+    int64_t ids[2 * T] = {3, 5, 0, 0, 4, 4, 6, 0};
+    float a[2 * T * D], b[2 * T * D];
+    loom_shape bs = {.rank = 2, .dim = {2, T}};
+    loom_tensor xt = {.dtype = LOOM_I64, .shape = bs, .data = ids};
+    CHECK(loom_model_predict(m, &xt, a, &err) == LOOM_OK);
+    float *row0 = loom_model_params(m) + loom_model_param_tensor(m, 0)->offset;
+    for (int d = 0; d < D; d++) row0[d] += 3.f;
+    CHECK(loom_model_predict(m, &xt, b, &err) == LOOM_OK);
+    CHECK(!memcmp(a, b, 2 * D * sizeof(float)));                 /* example 0, steps 0 and 1 */
+    CHECK(!memcmp(a + T * D, b + T * D, 3 * D * sizeof(float))); /* example 1, steps 0 to 2 */
+    loom_model_free(m);
+}
+
+/* inputs = [query, value, key] (a graph's layer; value 5 and key 4 wide, 3 steps): against PyTorch. The value's and
+ * key's input gradients reach the learned position tables (zeros) before them as their sums over the batch. */
+static void test_torch_cross(void)
+{
+    enum { S = 3, DVI = 5, DKI = 4 };
+    spec_reset(LOOM_LOSS_MSE);
+    spec.n_inputs = 3;
+    snprintf(spec.inputs[0], LOOM_NAME_MAX, "q");
+    snprintf(spec.inputs[1], LOOM_NAME_MAX, "v");
+    snprintf(spec.inputs[2], LOOM_NAME_MAX, "k");
+    loom_layer_spec *pv = layer(0, LOOM_LAYER_POSITIONAL_EMBEDDING, "pv"), *pk;
+    pv->max_length = S, pv->n_inputs = 1;
+    snprintf(pv->inputs[0], LOOM_NAME_MAX, "v");
+    pk = layer(1, LOOM_LAYER_POSITIONAL_EMBEDDING, "pk");
+    pk->max_length = S, pk->n_inputs = 1;
+    snprintf(pk->inputs[0], LOOM_NAME_MAX, "k");
+    loom_layer_spec *l = layer(2, LOOM_LAYER_MULTI_HEAD_ATTENTION, "mha");
+    l->num_heads = H, l->key_dim = DK, l->value_dim = DV, l->n_inputs = 3;
+    snprintf(l->inputs[0], LOOM_NAME_MAX, "q");
+    snprintf(l->inputs[1], LOOM_NAME_MAX, "pv");
+    snprintf(l->inputs[2], LOOM_NAME_MAX, "pk");
+    loom_shape in[3] = {{.rank = 2, .dim = {T, D}}, {.rank = 2, .dim = {S, DVI}}, {.rank = 2, .dim = {S, DKI}}};
+    loom_dtype dt[3] = {LOOM_F32, LOOM_F32, LOOM_F32};
+    loom_model *m = NULL;
+    int rc = loom_model_new_inputs(&m, &spec, 3, in, dt, &in[0], LOOM_F32, B, &err);
+    CHECK_MSG(rc == LOOM_OK, "%s: %s", err.where, err.msg);
+    if (rc) return;
+    CHECK(loom_model_num_param_tensors(m) == 10);
+    float *P = loom_model_params(m);
+    for (int t = 2; t < 10; t++) {
+        const loom_param_info *p = loom_model_param_tensor(m, t);
+        fill(P + p->offset, loom_shape_numel(&p->shape), t);
+    }
+    float x[B * T * D], y[B * T * D], xv[B * S * DVI], xk[B * S * DKI];
+    fill(x, B * T * D, 1), fill(y, B * T * D, 10), fill(xv, B * S * DVI, 11), fill(xk, B * S * DKI, 12);
+    loom_shape bs = {.rank = 3, .dim = {B, T, D}}, vs = {.rank = 3, .dim = {B, S, DVI}}, ks = {.rank = 3, .dim = {B, S, DKI}};
+    loom_tensor xt = {.dtype = LOOM_F32, .shape = bs, .data = x}, yt = {.dtype = LOOM_F32, .shape = bs, .data = y};
+    loom_tensor vt = {.dtype = LOOM_F32, .shape = vs, .data = xv}, kt = {.dtype = LOOM_F32, .shape = ks, .data = xk};
+    const loom_tensor *more[2] = {&vt, &kt};
+    loom_model_set_inputs(m, more, 2);
+    double loss;
+    int64_t ok;
+    CHECK(loom_model_train_step(m, &xt, &yt, B, 1, &loss, &ok, &err) == LOOM_OK);
+    float out[B * T * D];
+    CHECK(loom_model_predict(m, &xt, out, &err) == LOOM_OK);
+    check_near("y", out, want_y_cross, B * T * D, 1e-5);
+    const float *G = loom_model_grads(m);
+    check_near("d value", G + loom_model_param_tensor(m, 0)->offset, want_dv_cross, S * DVI, 1e-5);
+    check_near("d key", G + loom_model_param_tensor(m, 1)->offset, want_dk_cross, S * DKI, 1e-5);
+    const double *wg[8] = {want_g0_cross, want_g1_cross, want_g2_cross, want_g3_cross,
+                           want_g4_cross, want_g5_cross, want_g6_cross, want_g7_cross};
+    for (int t = 0; t < 8; t++) {
+        const loom_param_info *p = loom_model_param_tensor(m, 2 + t);
+        check_near(p->name, G + p->offset, wg[t], loom_shape_numel(&p->shape), 1e-5);
+    }
+    loom_model_free(m);
+}
+
 static const loom_test tests[] = {
+    {"mha [query, value, key] vs torch", test_torch_cross},
+    {"key padding mask", test_key_padding},
     {"mha vs torch", test_torch_full},
     {"mha causal vs torch", test_torch_causal},
     {"causal prefix", test_causal_prefix},
