@@ -13,7 +13,7 @@
 
 static const char usage_line[] =
     "usage: loom generate CONFIG --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K] [--seed S]\n"
-    "                     [--checkpoint FILE] [--model-dir DIR] [--set key.path=value ...]\n";
+    "                     [--samples N] [--checkpoint FILE] [--model-dir DIR] [--set key.path=value ...]\n";
 
 static void help(void)
 {
@@ -29,6 +29,7 @@ static void help(void)
            "                      token each time\n"
            "  --top-k K           draw among the K most likely tokens only (default 0: all)\n"
            "  --seed S            the sampler's seed (default run.seed): the same seed gives the same text\n"
+           "  --samples N         N continuations of the prompt (default 1), one a line\n"
            "  --checkpoint FILE   use this checkpoint instead of the latest\n"
            "  --model-dir DIR     use DIR instead of run.model_dir\n"
            "  --generic           run the whole window per token even where the model can run one\n"
@@ -92,6 +93,9 @@ static bool parse_opt(gen_args *g, int argc, char **argv, int *i)
     } else if (!strcmp(a, "--top-k")) {
         if (!int_arg(a, v, 0, 1 << 24, &n)) return false;
         g->go.top_k = n;
+    } else if (!strcmp(a, "--samples")) {
+        if (!int_arg(a, v, 1, 1000000, &n)) return false;
+        g->go.samples = n;
     } else if (!strcmp(a, "--seed")) {
         if (!int_arg(a, v, 0, LLONG_MAX, &n)) return false;
         g->go.seed = (uint64_t)n, g->seed_set = true;
@@ -103,7 +107,7 @@ static bool parse_opt(gen_args *g, int argc, char **argv, int *i)
 }
 
 static const char *const value_opts[] = {"--prompt", "--checkpoint", "--model-dir", "--temperature", "--max-tokens",
-                                         "--top-k", "--seed", "--set", NULL};
+                                         "--top-k", "--seed", "--samples", "--set", NULL};
 
 int loom_cli_generate_(int argc, char **argv, double start_time)
 {

@@ -31,41 +31,41 @@ typedef struct gen_job {
     loom_decoder   *dec;
     bool            words; /* whitespace or vocabulary tokens: a space before each */
     int64_t         lo, hi; /* ids drawn from [lo, hi): no padding, no OOV id, none the tokenizer lacks */
+    int64_t        *ids;    /* (n_ids,) the prompt's */
+    int64_t         n_ids;
+    loom_rng        rng;    /* the draws of every sample, one after the other */
 } gen_job;
 
-/* The prompt as ids into the decoder; *n_oov of them out of the vocabulary. */
-static int feed_prompt(gen_job *j, int64_t *n_tokens, int64_t *n_oov, loom_err *err)
+/* The prompt as ids (j->ids); *n_oov of them out of the vocabulary. */
+static int encode_prompt(gen_job *j, int64_t *n_oov, loom_err *err)
 {
     size_t n = strlen(j->o->prompt);
-    int64_t cap = (int64_t)n + 1, got = 0;
-    int64_t *ids = loom_alloc((size_t)cap * sizeof *ids);
-    if (!ids) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the prompt's ids");
-    int rc = loom_tokenizer_encode(j->tok, (const uint8_t *)j->o->prompt, n, ids, cap, &got, n_oov, err);
+    int64_t cap = (int64_t)n + 1;
+    if (!(j->ids = loom_alloc((size_t)cap * sizeof *j->ids)))
+        return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the prompt's ids");
+    int rc = loom_tokenizer_encode(j->tok, (const uint8_t *)j->o->prompt, n, j->ids, cap, &j->n_ids, n_oov, err);
     if (rc) loom_err_prefix(err, "--prompt");
-    if (!rc && got == 0)
+    if (!rc && j->n_ids == 0)
         rc = loom_err_set(err, LOOM_EUSAGE, NULL, "--prompt \"%s\" has no token: generate continues a prompt of at "
                           "least one", j->o->prompt);
-    for (int64_t i = 0; !rc && i < got && i < cap; i++) rc = loom_decoder_push(j->dec, ids[i], err);
-    *n_tokens = got;
-    loom_free(ids);
+    if (j->n_ids > cap) j->n_ids = cap; /* (a token is at least a byte) */
     return rc;
 }
 
-/* Draws up to max_tokens tokens, writing each as it comes. */
-static int sample_loop(gen_job *j, int64_t *made, loom_err *err)
+/* One sample: the prompt into a new sequence, then up to max_tokens tokens
+ * drawn, each written as it comes, then a newline; *made counts them. */
+static int sample_loop(gen_job *j, float *scratch, int64_t *made, loom_err *err)
 {
     const loom_generate_opts *o = j->o;
     FILE *f = o->out ? o->out : stdout;
-    loom_rng rng;
-    loom_rng_init(&rng, o->seed, 0x67656e, 0, 0); /* "gen" */
-    float *scratch = loom_alloc((size_t)(j->hi - j->lo) * sizeof *scratch);
-    if (!scratch) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the sampler");
     int rc = LOOM_OK;
     char buf[64];
-    for (*made = 0; *made < o->max_tokens; ++*made) {
+    loom_decoder_reset(j->dec);
+    for (int64_t i = 0; !rc && i < j->n_ids; i++) rc = loom_decoder_push(j->dec, j->ids[i], err);
+    for (int64_t k = 0; !rc && k < o->max_tokens; k++, ++*made) {
         const float *z;
         if ((rc = loom_decoder_logits(j->dec, &z, err))) break;
-        int64_t id = loom_decode_sample(z, j->lo, j->hi, o->temperature, o->top_k, &rng, scratch);
+        int64_t id = loom_decode_sample(z, j->lo, j->hi, o->temperature, o->top_k, &j->rng, scratch);
         int len = loom_tokenizer_decode(j->tok, id, buf + 1, sizeof buf - 1);
         if (len > 0) {
             buf[0] = ' ';
@@ -79,6 +79,18 @@ static int sample_loop(gen_job *j, int64_t *made, loom_err *err)
     }
     if (!rc && (fputc('\n', f) == EOF || fflush(f) != 0))
         rc = loom_err_set(err, LOOM_EIO, "-", "write failed: %s", strerror(errno));
+    return rc;
+}
+
+/* o->samples samples, one a line; *made: the tokens drawn. */
+static int sample_all(gen_job *j, int64_t *made, loom_err *err)
+{
+    loom_rng_init(&j->rng, j->o->seed, 0x67656e, 0, 0); /* "gen" */
+    float *scratch = loom_alloc((size_t)(j->hi - j->lo) * sizeof *scratch);
+    if (!scratch) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the sampler");
+    int rc = LOOM_OK;
+    *made = 0;
+    for (int64_t s = 0; !rc && s < (j->o->samples > 0 ? j->o->samples : 1); s++) rc = sample_loop(j, scratch, made, err);
     loom_free(scratch);
     return rc;
 }
@@ -114,25 +126,26 @@ int loom_generate(const loom_spec *spec, const loom_generate_opts *o, loom_err *
     j.words = tm->tok_mode == LOOM_TOK_WHITESPACE || tm->tok_mode == LOOM_TOK_VOCABULARY;
     run r;
     char path[LOOM_PATH_MAX];
-    int64_t step = -1, n_prompt = 0, n_oov = 0, made = 0;
+    int64_t step = -1, n_oov = 0, made = 0;
     int rc = train_run_open_(&r, spec, o->model_dir, false, NULL, false, err);
     loom_model *m = rc ? NULL : loom_strategy_model(r.strat);
     if (!rc) rc = loom_decoder_new(&j.dec, m, 0, !o->generic, err); /* the model's kind before any checkpoint */
     if (!rc) rc = loom_tokenizer_new(&j.tok, tm, err);
     if (!rc) rc = check_vocab(&j, spec, tm, err);
     if (!rc) rc = train_load_for_inference_(&r, o->checkpoint, path, &step, err);
-    if (!rc) rc = feed_prompt(&j, &n_prompt, &n_oov, err);
+    if (!rc) rc = encode_prompt(&j, &n_oov, err);
     if (!rc && n_oov > 0)
         loom_warn("--prompt: %lld of its %lld tokens %s not in the vocabulary: mapped to the out-of-vocabulary id",
-                  (long long)n_oov, (long long)n_prompt, n_oov == 1 ? "is" : "are");
+                  (long long)n_oov, (long long)j.n_ids, n_oov == 1 ? "is" : "are");
     bool inc = j.dec && loom_decoder_incremental(j.dec);
     double t0 = loom_now();
-    if (!rc) rc = sample_loop(&j, &made, err);
+    if (!rc) rc = sample_all(&j, &made, err);
     double dt = loom_now() - t0;
     if (!rc)
         loom_info("generated %lld tokens in %.3f s (%.1f tokens/s), %s path, from %s (step %lld)", (long long)made, dt,
                   dt > 0 ? (double)made / dt : 0.0, inc ? "incremental" : "generic", path,
                   (long long)step);
+    loom_free(j.ids);
     loom_decoder_free(j.dec);
     loom_tokenizer_free(j.tok);
     train_run_close_(&r);

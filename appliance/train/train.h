@@ -103,7 +103,8 @@ int loom_predict_run(const loom_spec *spec, const loom_predict_opts *o, loom_err
 typedef struct loom_generate_opts {
     const char *model_dir, *checkpoint; /* NULL: spec->run.model_dir, the latest checkpoint */
     const char *prompt;
-    int64_t     max_tokens;             /* >= 0 */
+    int64_t     max_tokens;             /* >= 0, per sample */
+    int64_t     samples;                /* continuations of the prompt, one a line, the draws going on (<= 0: 1) */
     double      temperature;            /* 0: greedy (argmax) */
     int64_t     top_k;                  /* 0: every id */
     uint64_t    seed;

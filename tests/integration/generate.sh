@@ -53,6 +53,14 @@ if [ "$k1" = "$g" ]; then pass "top-k 1 = greedy"; else fail "top-k 1 = greedy" 
 k5=$("${GEN[@]}" --prompt "$P" --max-tokens 200 --top-k 5 --seed 3 2>/dev/null)
 if [ "$k5" != "$g" ] && [ -n "$k5" ]; then pass "top-k 5 samples"; else fail "top-k 5 samples" "$k5"; fi
 
+# --samples N: N continuations one after the other, the draws going on: the first is the one-sample text
+"${GEN[@]}" --prompt "The " --max-tokens 30 --seed 9 >"$WORK/s1.txt" 2>/dev/null
+"${GEN[@]}" --prompt "The " --max-tokens 30 --seed 9 --samples 3 >"$WORK/s3.txt" 2>/dev/null
+if python3 -c 'import sys; a = open(sys.argv[1], "rb").read().decode(); b = open(sys.argv[2], "rb").read().decode()
+sys.exit(0 if b.startswith(a) and len(b) == 3 * 31 and b[31:62] != b[:31] else 1)' "$WORK/s1.txt" "$WORK/s3.txt"
+then pass "--samples 3: three 30-token samples, the first the one-sample text"
+else fail "--samples 3: three 30-token samples, the first the one-sample text" "$(cat -A "$WORK/s3.txt")"; fi
+
 # streaming: the first tokens are on stdout while the process is still drawing (10^8 tokens)
 "${GEN[@]}" --prompt "The " --max-tokens 100000000 --seed 1 > "$WORK/stream.txt" 2>/dev/null &
 gp=$!
