@@ -565,7 +565,8 @@ static const command commands[] = {
      "config's csv or tfrecord source (only the model input and the --id features: labels may\n"
      "be absent); files get the eval pipeline's maps of the model input. --id id,label copies\n"
      "those features beside each prediction. Columns: index, the --id features, then by loss:\n"
-     "class,p0,p1,... (softmax cross-entropy) or prediction (mean squared error).\n",
+     "class,p0,p1,... (softmax cross-entropy; per token: class_0,...,class_<T-1>, then p<t>_<c>)\n"
+     "or prediction (mean squared error).\n",
      cmd_predict, OPT_MODEL_DIR | OPT_SET | OPT_INPUT | OPT_OUTPUT | OPT_CHECKPOINT | OPT_ID, NULL},
     {"check", "validate a config, its data and its model without training",
      "loom check CONFIG [--print] [--gradcheck] [--task ROLE:I] [--set key.path=value ...]",

@@ -76,6 +76,12 @@ same_weights "resumed = uninterrupted (lstm, gru, bidirectional, Adam slots)" "$
 check "mirrored(2) trains it" "$LOOM" train "$WORK/seq.cfg" --model-dir "$WORK/mir" --set strategy.type='"mirrored"' \
     --set strategy.replicas=2 "${Q[@]}"
 check "evaluate the checkpoint" "$LOOM" evaluate "$WORK/seq.cfg"
+check "predict it" "$LOOM" predict "$WORK/seq.cfg" --output "$WORK/p.csv"
+hdr=$(head -1 "$WORK/p.csv")
+contains "predict: a class per step, then each step's probabilities" "index,class_0,class_1," "$hdr"
+contains "predict: the last step's last probability column" ",class_23,p0_0," "$hdr"
+awk -F, 'NR > 1 { s = 0; for (c = 26; c <= 65; c++) s += $c; if (s < 0.999 || s > 1.001) bad++ } END { exit bad > 0 }' "$WORK/p.csv" &&
+    pass "predict: each step's 40 probabilities sum to 1" || fail "predict: per-step softmax" "$(sed -n 2p "$WORK/p.csv" | cut -c1-200)"
 check "export it as ONNX (the model input made by lm_pairs)" "$LOOM" export "$WORK/seq.cfg" --format onnx --output "$WORK/seq.onnx"
 
 expect_fail 2 "an lstm after a flatten names its line and the input it needs" \
