@@ -33,4 +33,20 @@ int loom_cli_launch_(int argc, char **argv, double start_time);
 struct loom_cluster;
 int loom_cli_selftest_(const struct loom_cluster *c, const char *model_dir, bool fresh);
 
+/* commands.c, for the commands of the module's other files: the config
+ * with its plugins loaded (NULL: every problem printed, *status the exit
+ * status; training: loom_config_check_training too); adapt maps' numbers
+ * as the commands get them (those of the checkpoint used when it holds
+ * them); the exit status of an error code; a command-line path made
+ * absolute into buf. */
+#define LOOM_CLI_MAX_SETS 64
+loom_spec  *loom_cli_load_(const char *config, const char *const *sets, int n_sets, bool training, int *status);
+int         loom_cli_adapt_(loom_spec *spec, const char *model_dir, loom_adapt_mode mode, const char *checkpoint,
+                            loom_err *err);
+int         loom_cli_exit_status_(int code);
+const char *loom_cli_cwd_path_(const char *v, char *buf, size_t n);
+
+/* generate.c: `loom generate CONFIG --prompt TEXT ...` (argv[0] = "generate"). */
+int loom_cli_generate_(int argc, char **argv, double start_time);
+
 #endif

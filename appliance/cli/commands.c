@@ -565,7 +565,8 @@ static const command commands[] = {
      "config's csv or tfrecord source (only the model input and the --id features: labels may\n"
      "be absent); files get the eval pipeline's maps of the model input. --id id,label copies\n"
      "those features beside each prediction. Columns: index, the --id features, then by loss:\n"
-     "class,p0,p1,... (softmax cross-entropy) or prediction (mean squared error).\n",
+     "class,p0,p1,... (softmax cross-entropy; per token: class_0,...,class_<T-1>, then p<t>_<c>)\n"
+     "or prediction (mean squared error).\n",
      cmd_predict, OPT_MODEL_DIR | OPT_SET | OPT_INPUT | OPT_OUTPUT | OPT_CHECKPOINT | OPT_ID, NULL},
     {"check", "validate a config, its data and its model without training",
      "loom check CONFIG [--print] [--gradcheck] [--task ROLE:I] [--set key.path=value ...]",
@@ -590,6 +591,9 @@ static const command commands[] = {
      "loom devices", "", NULL, 0, loom_cli_devices_},
     {"profile", "run the training input pipeline alone and report each stage and the bottleneck",
      "loom profile [--train] CONFIG [--steps N] [--input-pipeline ID/N]", "", NULL, 0, cmd_profile_main},
+    {"generate", "sample text from a language model's checkpoint, streaming each token",
+     "loom generate CONFIG --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K] [--seed S]", "", NULL, 0,
+     loom_cli_generate_},
     {"export", "write a trained model as ONNX (for onnxruntime) or its variables as npz (numpy)",
      "loom export CONFIG --format onnx|npz --output FILE", "", NULL, 0, cmd_export_main},
     {"launch", "start every task of a cluster on this machine and supervise them (--local)",
@@ -868,3 +872,20 @@ int loom_cli_main(int argc, char **argv, double start_time)
     if (rc && loom_stop_signal()) return 128 + loom_stop_signal(); /* stopped by SIGINT (130) or SIGTERM (143), saved */
     return exit_status(rc);
 }
+
+/* For the commands in the module's other files (cli.h). */
+loom_spec *loom_cli_load_(const char *config, const char *const *sets, int n_sets, bool training, int *status)
+{
+    cli_opts o = {.config = config, .n_sets = n_sets < MAX_SETS ? n_sets : MAX_SETS};
+    for (int i = 0; i < o.n_sets; i++) o.sets[i] = sets[i];
+    return load_as(&o, status, training);
+}
+
+int loom_cli_adapt_(loom_spec *spec, const char *model_dir, loom_adapt_mode mode, const char *checkpoint, loom_err *err)
+{
+    return adapt(spec, model_dir, mode, checkpoint, err);
+}
+
+int loom_cli_exit_status_(int code) { return exit_status(code); }
+
+const char *loom_cli_cwd_path_(const char *v, char *buf, size_t n) { return cwd_path(v, buf, n); }

@@ -52,7 +52,10 @@ const char *const loom_layer_names_[] = {"dense", "conv2d", "max_pool2d", "dropo
                                          "global_average_pooling2d", "embedding", "zero_padding2d",
                                          "global_max_pooling2d", "reshape", "upsampling2d", "depthwise_conv2d",
                                          "separable_conv2d", "conv2d_transpose", "conv1d", "add", "subtract", "multiply",
-                                         "average", "maximum", "concatenate", NULL};
+                                         "average", "maximum", "concatenate", "lstm", "gru",
+                                         "bidirectional", "multi_head_attention", "positional_embedding",
+                                         "transformer_block", NULL};
+const char *const loom_pos_mode_names_[] = {"learned", "sinusoidal", NULL};
 const char *const loom_combiner_names_[] = {"sum", "mean", NULL};
 const char *const loom_activation_names_[] = {"none", "relu", "sigmoid", "tanh", "softmax", "leaky_relu", "gelu",
                                               "swish", "hard_swish", "softplus", "elu", "silu", NULL};
@@ -61,7 +64,9 @@ const char *const loom_padding_names_[] = {"valid", "same", "causal", NULL};
 const char *const loom_loss_names_[] = {"sparse_softmax_cross_entropy", "mean_squared_error", "binary_cross_entropy",
                                         "mean_absolute_error", "huber", NULL};
 const char *const loom_metric_names_[] = {"accuracy", "auc", "precision", "recall", "top_k_accuracy", "mae", "rmse",
-                                          NULL};
+                                          "perplexity", NULL};
+const char *const loom_merge_mode_names_[] = {"concat", "sum", NULL};
+const char *const loom_cell_names_[] = {"lstm", "gru", NULL};
 const char *const loom_opt_names_[] = {"sgd", "momentum", "adam", "adamw", "rmsprop", "adagrad", NULL};
 const char *const loom_sched_names_[] = {"constant", "exponential_decay", "piecewise_constant", "cosine", NULL};
 const char *const loom_strategy_names_[] = {"one_device", "mirrored", "central_storage", "multi_worker_mirrored",

@@ -166,6 +166,9 @@ typedef struct loom_text_source {
     /* record_separator = "%": an element is a record of the lines between two
      * lines equal to it (fortune files), joined with '\n'; "" (default): one line */
     char    record_separator[16];
+    /* file_feature = "file": an int64 () feature of that name, the index of the element's file in the
+     * sorted list of files (a label for "which file is this from"); "" (default): none */
+    char    file_feature[LOOM_NAME_MAX];
 } loom_text_source;
 
 /* synthetic: seeded random tensors, element i a pure function of (run seed, i).
@@ -467,6 +470,10 @@ typedef enum { LOOM_LAYER_DENSE, LOOM_LAYER_CONV2D, LOOM_LAYER_MAX_POOL2D, LOOM_
                /* merge layers (several inputs, Keras' merging layers) */
                LOOM_LAYER_ADD, LOOM_LAYER_SUBTRACT, LOOM_LAYER_MULTIPLY, LOOM_LAYER_AVERAGE, LOOM_LAYER_MAXIMUM,
                LOOM_LAYER_CONCATENATE,
+               /* appended (issue 24): recurrent layers (appliance/nn/recurrent.c) */
+               LOOM_LAYER_LSTM, LOOM_LAYER_GRU, LOOM_LAYER_BIDIRECTIONAL,
+               /* sequence layers (issue 24, attention.c); transformer_block expands at load into its parts */
+               LOOM_LAYER_MULTI_HEAD_ATTENTION, LOOM_LAYER_POSITIONAL_EMBEDDING, LOOM_LAYER_TRANSFORMER_BLOCK,
                /* appended: a plugin's layer kind, `type` naming it (loom_layer_spec.plugin) */
                LOOM_LAYER_PLUGIN } loom_layer_kind;
 /* inputs of one layer (merge layers take 2 or more), and model.inputs */
@@ -474,6 +481,7 @@ typedef enum { LOOM_LAYER_DENSE, LOOM_LAYER_CONV2D, LOOM_LAYER_MAX_POOL2D, LOOM_
 #define LOOM_MAX_MODEL_INPUTS 8
 /* model.outputs: output heads (head 0 is the model's output, its last layer) */
 #define LOOM_MAX_HEADS 8
+typedef enum { LOOM_POS_LEARNED, LOOM_POS_SINUSOIDAL } loom_pos_mode;
 typedef enum { LOOM_COMBINER_SUM, LOOM_COMBINER_MEAN } loom_combiner;
 /* leaky_relu and gelu only as activation layers (their gradients need the input); swish, hard_swish,
  * softplus and elu (Keras's definitions) also on the layers that take an activation. silu is swish's
@@ -487,7 +495,8 @@ typedef enum { LOOM_PAD_VALID, LOOM_PAD_SAME, LOOM_PAD_CAUSAL /* conv1d only */ 
 typedef enum { LOOM_LOSS_SPARSE_SOFTMAX_CE, LOOM_LOSS_MSE, LOOM_LOSS_BCE, LOOM_LOSS_MAE, LOOM_LOSS_HUBER } loom_loss_kind;
 /* model.metrics: Keras' metrics of those names (see nn.h for each one's definition) */
 typedef enum { LOOM_METRIC_ACCURACY, LOOM_METRIC_AUC, LOOM_METRIC_PRECISION, LOOM_METRIC_RECALL,
-               LOOM_METRIC_TOP_K_ACCURACY, LOOM_METRIC_MAE, LOOM_METRIC_RMSE, LOOM_NMETRICS_ } loom_metric_kind;
+               LOOM_METRIC_TOP_K_ACCURACY, LOOM_METRIC_MAE, LOOM_METRIC_RMSE, LOOM_METRIC_PERPLEXITY,
+               LOOM_NMETRICS_ } loom_metric_kind;
 #define LOOM_MAX_METRICS       LOOM_NMETRICS_
 #define LOOM_MAX_CLASS_WEIGHTS 256
 
@@ -533,6 +542,22 @@ typedef struct loom_layer_spec {
     /* ---- a plugin's layer kind (appended) ---- */
     char            plugin[LOOM_NAME_MAX]; /* the registered layer type (kind LOOM_LAYER_PLUGIN) */
     loom_plugin_opts settings;             /* its keys other than type, name and inputs, as text */
+    /* ---- sequences (appended, issue 24) ---- */
+    bool            mask_zero;           /* embedding: id 0 is padding; its time steps are masked below (nn.h) */
+    bool            return_sequences;    /* lstm, gru, bidirectional: output (T, units) rather than the last step's */
+    bool            reset_after;         /* gru: the reset gate after the recurrent product (Keras 2, cuDNN); default true */
+    loom_activation recurrent_activation; /* lstm, gru: the gates' activation, default sigmoid */
+    int             cell;                /* bidirectional: `layer`, 0 lstm, 1 gru */
+    int             merge_mode;          /* bidirectional: 0 concat, 1 sum */
+    /* ---- sequence layers (appended, issue 24) ---- */
+    int             num_heads;           /* multi_head_attention, transformer_block */
+    int             key_dim;             /* per head: query and key width */
+    int             value_dim;           /* per head; 0: key_dim */
+    bool            causal;              /* multi_head_attention: query t attends to keys <= t */
+    int             max_length;          /* positional_embedding: the longest sequence */
+    loom_pos_mode   pos_mode;            /* positional_embedding: learned (a trained table) or sinusoidal (fixed) */
+    int             ff_dim;              /* transformer_block: the feed-forward's hidden width */
+    bool            norm_first;          /* transformer_block: pre-norm (GPT-2) rather than post-norm (Vaswani) */
 } loom_layer_spec;
 
 typedef struct loom_model_spec {
@@ -568,6 +593,8 @@ typedef struct loom_model_spec {
         loom_loc       loc;
         bool           accuracy;             /* heads 1..: report <layer>_accuracy (their one metric) */
     } head[LOOM_MAX_HEADS];
+    /* ---- sequences (appended, issue 24) ---- */
+    int64_t         ignore_label;         /* per-token sparse_softmax_cross_entropy: labels equal to it are masked (default -100, torch's ignore_index) */
 } loom_model_spec;
 
 /* ---- optimizer ----------------------------------------------------------- */

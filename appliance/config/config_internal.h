@@ -23,11 +23,14 @@ extern const char *const loom_csv_dtype_names_[];     /* loom_cfg_dtype, then "s
 extern const char *const loom_transform_names_[];     /* loom_transform_kind */
 extern const char *const loom_layer_names_[];         /* loom_layer_kind */
 extern const char *const loom_combiner_names_[];      /* loom_combiner */
+extern const char *const loom_pos_mode_names_[];      /* loom_pos_mode */
 extern const char *const loom_activation_names_[];    /* loom_activation */
 extern const char *const loom_init_names_[];          /* loom_init */
 extern const char *const loom_padding_names_[];       /* loom_padding */
 extern const char *const loom_loss_names_[];          /* loom_loss_kind */
 extern const char *const loom_metric_names_[];        /* loom_metric_kind */
+extern const char *const loom_merge_mode_names_[];    /* bidirectional merge_mode */
+extern const char *const loom_cell_names_[];          /* bidirectional layer */
 extern const char *const loom_opt_names_[];           /* loom_opt_kind */
 extern const char *const loom_sched_names_[];         /* loom_sched_kind */
 extern const char *const loom_strategy_names_[];      /* loom_strategy_kind */

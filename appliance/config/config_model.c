@@ -17,12 +17,25 @@ static void parse_model_inputs(cfg_ctx *c, const config_setting_t *s, void *base
 /* the 2-D convolutions, and every layer with a kernel of its own and an activation */
 #define CONV2S (LY(CONV2D) | LY(DEPTHWISE_CONV2D) | LY(SEPARABLE_CONV2D) | LY(CONV2D_TRANSPOSE))
 #define KERNELED (LY(DENSE) | CONV2S | LY(CONV1D))
+#define RNNS (LY(LSTM) | LY(GRU) | LY(BIDIRECTIONAL))
 static void parse_zero_padding(cfg_ctx *c, const config_setting_t *s, void *base);
 static void parse_target_shape(cfg_ctx *c, const config_setting_t *s, void *base);
 static const cfg_opt layer_opts[] = {
     O_KIND(loom_layer_spec, "type", kind, 0, loom_layer_names_, ALL, "layer type"),
     O_STR(loom_layer_spec, "name", name, "", NULL, ALL, 0, "layer name; default <type>_<index>"),
-    O_INT(loom_layer_spec, "units", units, 0, 1, LOOM_MAX_UNITS, LY(DENSE), LY(DENSE), "output units"),
+    O_INT(loom_layer_spec, "units", units, 0, 1, LOOM_MAX_UNITS, LY(DENSE) | RNNS, LY(DENSE) | RNNS, "output units"),
+    O_BOOL(loom_layer_spec, "return_sequences", return_sequences, 0, RNNS,
+           "output every time step (T, units) rather than the last one's (units,)"),
+    O_ENUM(loom_layer_spec, "recurrent_activation", recurrent_activation, LOOM_ACT_SIGMOID, loom_activation_names_,
+           RNNS, 0, "the gates' activation (sigmoid or hard_sigmoid-free: sigmoid, tanh, relu)"),
+    O_BOOL(loom_layer_spec, "reset_after", reset_after, 1, LY(GRU) | LY(BIDIRECTIONAL),
+           "gru: reset gate applied after the recurrent product (Keras 2 default, cuDNN, PyTorch)"),
+    O_ENUM(loom_layer_spec, "layer", cell, 0, loom_cell_names_, LY(BIDIRECTIONAL), LY(BIDIRECTIONAL),
+           "the recurrent layer run forward and backward: lstm or gru"),
+    O_ENUM(loom_layer_spec, "merge_mode", merge_mode, 0, loom_merge_mode_names_, LY(BIDIRECTIONAL), 0,
+           "how the two directions' outputs combine: concat (default) or sum"),
+    O_BOOL(loom_layer_spec, "mask_zero", mask_zero, 0, LY(EMBEDDING),
+           "id 0 is padding: its time steps are masked in the recurrent layers and the per-token loss"),
     O_INT(loom_layer_spec, "filters", filters, 0, 1, LOOM_MAX_UNITS, (CONV2S & ~LY(DEPTHWISE_CONV2D)) | LY(CONV1D),
           (CONV2S & ~LY(DEPTHWISE_CONV2D)) | LY(CONV1D), "output channels"),
     O_PAIR(loom_layer_spec, "kernel_size", kernel, 0, 1, INT_MAX, CONV2S, CONV2S, "int or [h, w]"),
@@ -54,10 +67,10 @@ static const cfg_opt layer_opts[] = {
     O_BOOL(loom_layer_spec, "sync", sync, 0, LY(BATCH_NORM),
            "batch statistics over the global batch of every replica and worker (SyncBatchNormalization)"),
     O_ENUM(loom_layer_spec, "activation", activation, LOOM_ACT_NONE, loom_activation_names_,
-           KERNELED | LY(ACTIVATION), LY(ACTIVATION), "activation function"),
-    O_ENUM(loom_layer_spec, "kernel_init", kernel_init, LOOM_INIT_GLOROT_UNIFORM, loom_init_names_, KERNELED, 0,
+           KERNELED | LY(ACTIVATION) | RNNS, LY(ACTIVATION), "activation function (lstm, gru: default tanh)"),
+    O_ENUM(loom_layer_spec, "kernel_init", kernel_init, LOOM_INIT_GLOROT_UNIFORM, loom_init_names_, KERNELED | RNNS, 0,
            "kernel initialiser"),
-    O_BOOL(loom_layer_spec, "use_bias", use_bias, 1, KERNELED, "add a bias"),
+    O_BOOL(loom_layer_spec, "use_bias", use_bias, 1, KERNELED | RNNS, "add a bias"),
     O_F64(loom_layer_spec, "rate", rate, 0, 0.0, 1.0, F_HI_OPEN, LY(DROPOUT), LY(DROPOUT), "drop probability"),
     O_INT(loom_layer_spec, "input_dim", input_dim, 0, 1, (int64_t)1 << 31, LY(EMBEDDING), LY(EMBEDDING),
           "rows of the table: ids are in [0, input_dim)"),
@@ -67,6 +80,29 @@ static const cfg_opt layer_opts[] = {
              "[\"name\", ...]: the layers or model inputs this layer takes (default: the previous layer)"),
     O_INT(loom_layer_spec, "axis", axis, -1, -9, 8, LY(CONCATENATE), 0,
           "the axis to join on, the batch being axis 0; default -1 (the last)"),
+    O_INT(loom_layer_spec, "num_heads", num_heads, 0, 1, 1024, LY(MULTI_HEAD_ATTENTION) | LY(TRANSFORMER_BLOCK),
+          LY(MULTI_HEAD_ATTENTION) | LY(TRANSFORMER_BLOCK), "attention heads"),
+    O_INT(loom_layer_spec, "key_dim", key_dim, 0, 1, LOOM_MAX_UNITS, LY(MULTI_HEAD_ATTENTION) | LY(TRANSFORMER_BLOCK),
+          LY(MULTI_HEAD_ATTENTION) | LY(TRANSFORMER_BLOCK), "per head: the query and key width"),
+    O_INT(loom_layer_spec, "value_dim", value_dim, 0, 1, LOOM_MAX_UNITS, LY(MULTI_HEAD_ATTENTION), 0,
+          "per head: the value width; default key_dim"),
+    O_F64(loom_layer_spec, "dropout", rate, 0, 0.0, 1.0, F_HI_OPEN, LY(MULTI_HEAD_ATTENTION) | LY(TRANSFORMER_BLOCK), 0,
+          "drop probability (attention: of the attention weights; transformer_block: also after each sublayer)"),
+    O_BOOL(loom_layer_spec, "causal", causal, 0, LY(MULTI_HEAD_ATTENTION) | LY(TRANSFORMER_BLOCK),
+           "query step t attends to key steps <= t only (a decoder, a language model)"),
+    O_BOOL(loom_layer_spec, "use_bias", use_bias, 1, LY(MULTI_HEAD_ATTENTION), "biases on the projections"),
+    O_ENUM(loom_layer_spec, "kernel_init", kernel_init, LOOM_INIT_GLOROT_UNIFORM, loom_init_names_,
+           LY(MULTI_HEAD_ATTENTION), 0, "kernel initialiser"),
+    O_INT(loom_layer_spec, "max_length", max_length, 0, 1, 1 << 20, LY(POSITIONAL_EMBEDDING),
+          LY(POSITIONAL_EMBEDDING), "the longest sequence (rows of a learned table)"),
+    O_ENUM(loom_layer_spec, "mode", pos_mode, LOOM_POS_LEARNED, loom_pos_mode_names_, LY(POSITIONAL_EMBEDDING), 0,
+           "learned (a trained (max_length, D) table) or sinusoidal (fixed)"),
+    O_INT(loom_layer_spec, "ff_dim", ff_dim, 0, 1, LOOM_MAX_UNITS, LY(TRANSFORMER_BLOCK), LY(TRANSFORMER_BLOCK),
+          "the feed-forward's hidden width"),
+    O_BOOL(loom_layer_spec, "norm_first", norm_first, 0, LY(TRANSFORMER_BLOCK),
+           "layer normalization before each sublayer (pre-norm, GPT-2) instead of after the residual add"),
+    O_INT(loom_layer_spec, "embed_dim", output_dim, 0, 1, 1 << 16, LY(TRANSFORMER_BLOCK), 0,
+          "the width D of the block's (T, D) input; default: found from the layers before it"),
     O_ENUM(loom_layer_spec, "combiner", combiner, LOOM_COMBINER_SUM, loom_combiner_names_, LY(EMBEDDING), 0,
            "several ids per column (input (columns, k)): sum or mean of their rows"),
     O_END,
@@ -179,6 +215,17 @@ static void check_layer(cfg_ctx *c, const config_setting_t *e, loom_layer_spec *
 {
     const config_setting_t *s;
     if (l->activation == LOOM_ACT_SILU) l->activation = LOOM_ACT_SWISH;
+    if ((l->kind == LOOM_LAYER_LSTM || l->kind == LOOM_LAYER_GRU || l->kind == LOOM_LAYER_BIDIRECTIONAL) &&
+        !config_setting_get_member(e, "activation"))
+        l->activation = LOOM_ACT_TANH; /* Keras' default for the recurrent layers */
+    if ((l->kind == LOOM_LAYER_LSTM || l->kind == LOOM_LAYER_GRU || l->kind == LOOM_LAYER_BIDIRECTIONAL)) {
+        const loom_activation ok[] = {LOOM_ACT_SIGMOID, LOOM_ACT_TANH, LOOM_ACT_RELU, LOOM_ACT_NONE};
+        bool a = false, r = false;
+        for (int i = 0; i < 4; i++) a |= l->activation == ok[i], r |= l->recurrent_activation == ok[i];
+        if ((!a && (s = config_setting_get_member(e, "activation"))) ||
+            (!r && (s = config_setting_get_member(e, "recurrent_activation"))))
+            cfg_err_(c, s, "a recurrent layer's activations are sigmoid, tanh, relu or none");
+    }
     if (l->kind == LOOM_LAYER_CONV1D) l->kernel[0] = l->stride[0] = l->dilation[0] = 1;
     if (l->kind == LOOM_LAYER_ZERO_PADDING2D && !config_setting_get_member(e, "padding"))
         l->pad[0] = l->pad[1] = l->pad[2] = l->pad[3] = 1;
@@ -196,6 +243,110 @@ static void check_layer(cfg_ctx *c, const config_setting_t *e, loom_layer_spec *
     }
 }
 
+/* ---- transformer_block: expanded at load into the graph of its parts ---- */
+
+/* A part of kind k with the option table's defaults, named "<block>/<part>" ("<block>" for the last). */
+static loom_layer_spec *block_part(loom_model_spec *m, const loom_layer_spec *b, int k, const char *part)
+{
+    loom_layer_spec *p = &m->layer[m->n_layers++];
+    memset(p, 0, sizeof *p);
+    for (const cfg_opt *o = layer_opts; o->name; o++)
+        if (!(o->flags & F_KIND) && cfg_applies_(o, k) && o->type != OT_SUB && o->type != OT_CUSTOM)
+            cfg_opt_default_(o, p);
+    p->kind = (loom_layer_kind)k;
+    p->loc = b->loc;
+    if (part) snprintf(p->name, sizeof p->name, "%.*s/%s", (int)(sizeof p->name - 16), b->name, part);
+    else snprintf(p->name, sizeof p->name, "%s", b->name);
+    return p;
+}
+
+static void part_inputs(loom_layer_spec *p, const char *a, const char *b)
+{
+    p->n_inputs = b ? 2 : 1;
+    snprintf(p->inputs[0], sizeof p->inputs[0], "%s", a);
+    if (b) snprintf(p->inputs[1], sizeof p->inputs[1], "%s", b);
+}
+
+/* The width D of layer `name`'s (T, D) output, followed back through the layers that keep it; 0: unknown. */
+static int block_width(const loom_model_spec *m, const char *name, int depth)
+{
+    for (int j = m->n_layers - 1; j >= 0 && depth < 64; j--) {
+        const loom_layer_spec *l = &m->layer[j];
+        if (strcmp(l->name, name)) continue;
+        if (l->kind == LOOM_LAYER_EMBEDDING) return l->output_dim;
+        if (l->kind == LOOM_LAYER_DENSE) return l->units;
+        if (l->kind == LOOM_LAYER_TRANSFORMER_BLOCK) return l->output_dim;
+        if (l->kind == LOOM_LAYER_CONCATENATE || l->kind == LOOM_LAYER_RESHAPE || l->kind == LOOM_LAYER_PLUGIN) return 0;
+        for (int k = 0; k < l->n_inputs; k++) { /* a merge's inputs share the width: the first one known */
+            int d = block_width(m, l->inputs[k], depth + 1);
+            if (d > 0 || l->kind != LOOM_LAYER_ADD) return d;
+        }
+        if (l->n_inputs) return 0;
+        return j > 0 ? block_width(m, m->layer[j - 1].name, depth + 1) : 0;
+    }
+    return 0;
+}
+
+/* Replaces the block (the last layer of m) by its parts: post-norm (Vaswani et al., Keras's TransformerEncoder):
+ * x1 = norm1(x + drop(attn(x))), y = norm2(x1 + drop(ff2(ff1(x1)))); norm_first (GPT-2):
+ * x1 = x + drop(attn(norm1(x))), y = x1 + drop(ff2(ff1(norm2(x1)))); ff1 relu. The last part is named as the block. */
+static void expand_block(cfg_ctx *c, const config_setting_t *e, loom_model_spec *m)
+{
+    loom_layer_spec b = m->layer[--m->n_layers];
+    char in[LOOM_NAME_MAX], prev[LOOM_NAME_MAX], res[LOOM_NAME_MAX];
+    if (b.n_inputs > 1) {
+        cfg_err_(c, e, "transformer_block takes one input, got %d", b.n_inputs);
+        return;
+    }
+    if (!b.n_inputs && m->n_layers == 0) {
+        loom_err *er = cfg_err_(c, e, "transformer_block cannot be the first layer");
+        if (er) loom_err_hint(er, "put an embedding (and a positional_embedding) before it, or name its input in inputs");
+        return;
+    }
+    snprintf(in, sizeof in, "%s", b.n_inputs ? b.inputs[0] : m->layer[m->n_layers - 1].name);
+    int D = b.output_dim ? b.output_dim : block_width(m, in, 0);
+    if (D < 1) {
+        loom_err *er = cfg_err_(c, e, "transformer_block \"%s\": cannot tell the width of its input \"%s\"", b.name, in);
+        if (er) loom_err_hint(er, "set embed_dim to the last dim of the block's (T, D) input");
+        return;
+    }
+    if (m->n_layers + 11 > LOOM_MAX_LAYERS) {
+        cfg_err_(c, e, "too many layers once transformer_block \"%s\" is expanded (at most %d)", b.name, LOOM_MAX_LAYERS);
+        return;
+    }
+    const bool drop = b.rate > 0, pre = b.norm_first;
+    loom_layer_spec *p;
+    snprintf(prev, sizeof prev, "%s", in);
+    for (int half = 0; half < 2; half++) {
+        snprintf(res, sizeof res, "%s", prev);
+        if (pre) {
+            p = block_part(m, &b, LOOM_LAYER_LAYER_NORM, half ? "norm2" : "norm1");
+            p->epsilon = 1e-5, part_inputs(p, prev, NULL), snprintf(prev, sizeof prev, "%s", p->name);
+        }
+        if (!half) {
+            p = block_part(m, &b, LOOM_LAYER_MULTI_HEAD_ATTENTION, "attn");
+            p->num_heads = b.num_heads, p->key_dim = b.key_dim, p->rate = b.rate, p->causal = b.causal;
+        } else {
+            p = block_part(m, &b, LOOM_LAYER_DENSE, "ff1");
+            p->units = b.ff_dim, p->activation = LOOM_ACT_RELU, part_inputs(p, prev, NULL);
+            snprintf(prev, sizeof prev, "%s", p->name);
+            p = block_part(m, &b, LOOM_LAYER_DENSE, "ff2");
+            p->units = D;
+        }
+        part_inputs(p, prev, NULL), snprintf(prev, sizeof prev, "%s", p->name);
+        if (drop) {
+            p = block_part(m, &b, LOOM_LAYER_DROPOUT, half ? "drop2" : "drop1");
+            p->rate = b.rate, part_inputs(p, prev, NULL), snprintf(prev, sizeof prev, "%s", p->name);
+        }
+        p = block_part(m, &b, LOOM_LAYER_ADD, pre && half ? NULL : half ? "add2" : "add1");
+        part_inputs(p, res, prev), snprintf(prev, sizeof prev, "%s", p->name);
+        if (!pre) {
+            p = block_part(m, &b, LOOM_LAYER_LAYER_NORM, half ? NULL : "norm1");
+            p->epsilon = 1e-5, part_inputs(p, prev, NULL), snprintf(prev, sizeof prev, "%s", p->name);
+        }
+    }
+}
+
 static const cfg_opt model_opts[] = {
     O_STR(loom_model_spec, "input", input, "image", NULL, ALL, 0, "feature fed to the first layer"),
     O_CUSTOM("inputs", parse_model_inputs, ALL, 0,
@@ -203,7 +354,7 @@ static const cfg_opt model_opts[] = {
     O_STR(loom_model_spec, "label", label, "label", NULL, ALL, 0, "feature holding the target"),
     O_ENUM(loom_model_spec, "loss", loss, LOOM_LOSS_SPARSE_SOFTMAX_CE, loom_loss_names_, ALL, 0, "loss function"),
     O_CUSTOM("metrics", parse_metrics, ALL, 0,
-             "list of: accuracy, auc, precision, recall, top_k_accuracy, mae, rmse (default: accuracy for a "
+             "list of: accuracy, auc, precision, recall, top_k_accuracy, mae, rmse, perplexity (default: accuracy for a "
              "classification, none for a regression)"),
     O_INT(loom_model_spec, "auc_thresholds", auc_thresholds, 200, 2, 100000, ALL, 0, "auc: number of thresholds"),
     O_BOOL(loom_model_spec, "multi_label", multi_label, 0, ALL, "auc: one curve per output, averaged"),
@@ -216,6 +367,8 @@ static const cfg_opt model_opts[] = {
           "feature of per-example loss weights (Keras sample_weight), shape () or [1]"),
     O_CUSTOM("class_weight", parse_class_weight, ALL, 0,
              "one loss weight per class (binary_cross_entropy: [negative, positive])"),
+    O_INT(loom_model_spec, "ignore_label", ignore_label, -100, INT32_MIN, INT32_MAX, ALL, 0,
+          "per-token sparse_softmax_cross_entropy: tokens with this label count as masked (torch's ignore_index)"),
     O_SUB("layers", 0, ALL, "a list of layer groups"),
     O_SUB("outputs", 0, 0,
           "output heads: a list of { layer; label; loss; weight; metrics } (the first is the last layer)"),
@@ -340,9 +493,16 @@ static void parse_layers(cfg_ctx *c, const config_setting_t *g, loom_model_spec 
         cfg_err_(c, ll, "too many layers: %d (at most %d)", n, LOOM_MAX_LAYERS);
         n = LOOM_MAX_LAYERS;
     }
+    int elem[LOOM_MAX_LAYERS]; /* each layer's element of the list (a transformer_block's parts share theirs) */
     for (int i = 0; i < n; i++) {
         const config_setting_t *e = config_setting_get_elem(ll, i);
+        if (m->n_layers >= LOOM_MAX_LAYERS) {
+            cfg_err_(c, e, "too many layers once the transformer blocks are expanded (at most %d)", LOOM_MAX_LAYERS);
+            break;
+        }
+        for (int j = m->n_layers; j < LOOM_MAX_LAYERS; j++) elem[j] = i;
         loom_layer_spec *l = &m->layer[m->n_layers++];
+        memset(l, 0, sizeof *l); /* a refused transformer_block leaves its slot behind */
         cfg_loc_of_(c, e, &l->loc);
         if (!config_setting_is_group(e)) {
             char v[300];
@@ -355,6 +515,11 @@ static void parse_layers(cfg_ctx *c, const config_setting_t *g, loom_model_spec 
         cfg_scope sc = {layer_opts, k, NULL};
         cfg_check_keys_(c, e, &sc, 1);
         if (k >= 0) check_layer(c, e, l);
+        if (k == LOOM_LAYER_TRANSFORMER_BLOCK) {
+            if (!l->name[0]) snprintf(l->name, sizeof l->name, "transformer_block_%d", i);
+            expand_block(c, e, m);
+            continue;
+        }
         if ((k == LOOM_LAYER_MAX_POOL2D || k == LOOM_LAYER_AVG_POOL2D) && !config_setting_get_member(e, "strides"))
             l->stride[0] = l->pool[0], l->stride[1] = l->pool[1];
         if (!l->name[0] && k >= 0 && k != LOOM_LAYER_PLUGIN) snprintf(l->name, sizeof l->name, "%s_%d", loom_layer_names_[k], i);
@@ -362,7 +527,7 @@ static void parse_layers(cfg_ctx *c, const config_setting_t *g, loom_model_spec 
     for (int i = 0; i < m->n_layers; i++)
         for (int j = 0; j < i; j++)
             if (m->layer[i].name[0] && !strcmp(m->layer[i].name, m->layer[j].name)) {
-                cfg_err_(c, config_setting_get_elem(ll, i), "layer name \"%s\" is already used by %s",
+                cfg_err_(c, config_setting_get_elem(ll, elem[i]), "layer name \"%s\" is already used by %s",
                      m->layer[i].name, m->layer[j].loc.path);
                 break;
             }
@@ -453,7 +618,12 @@ static void check_graph(cfg_ctx *c, const config_setting_t *ll, loom_model_spec 
                                     l->n_inputs);
             if (er) loom_err_hint(er, "list them: inputs = [\"a\", \"b\"];");
             bad++;
-        } else if (!merge_kind(k) && k >= 0 && l->n_inputs > 1) {
+        } else if (k == LOOM_LAYER_MULTI_HEAD_ATTENTION && l->n_inputs > 3) {
+            loom_err *er = cfg_err_(c, ins, "layer \"%s\" (multi_head_attention) takes 1 to 3 inputs, got %d", l->name,
+                                    l->n_inputs);
+            if (er) loom_err_hint(er, "inputs = [query] (self-attention), [query, value] or [query, value, key]");
+            bad++;
+        } else if (!merge_kind(k) && k >= 0 && l->n_inputs > 1 && k != LOOM_LAYER_MULTI_HEAD_ATTENTION) {
             loom_err *er = cfg_err_(c, ins, "layer \"%s\" (%s) takes one input, got %d", l->name,
                                     loom_layer_names_[k], l->n_inputs);
             if (er) loom_err_hint(er, "join them first with a merge layer (add, concatenate, ...)");

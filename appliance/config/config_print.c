@@ -149,6 +149,7 @@ static void print_csv_text_synthetic(FILE *f, const loom_source_spec *src)
         kv_i64(f, 3, "max_length", src->text.max_length);
         kv_bool(f, 3, "truncate", src->text.truncate);
         if (src->text.record_separator[0]) kv_str(f, 3, "record_separator", src->text.record_separator);
+        if (src->text.file_feature[0]) kv_str(f, 3, "file_feature", src->text.file_feature);
     } else if (src->kind == LOOM_SRC_SYNTHETIC) {
         kv_i64(f, 3, "count", src->synthetic.count);
         if (src->synthetic.ctr.on) {
@@ -604,6 +605,40 @@ static void print_plugins(FILE *f, const loom_plugins_spec *p)
     fputs("];\n};\n", f);
 }
 
+/* lstm, gru, bidirectional */
+static void print_rnn(FILE *f, const loom_layer_spec *l)
+{
+    kv_i64(f, 3, "units", l->units);
+    kv_bool(f, 3, "return_sequences", l->return_sequences);
+    kv_str(f, 3, "activation", loom_activation_name(l->activation));
+    kv_str(f, 3, "recurrent_activation", loom_activation_name(l->recurrent_activation));
+    kv_str(f, 3, "kernel_init", loom_cfg_name_(loom_init_names_, (int)l->kernel_init));
+    kv_bool(f, 3, "use_bias", l->use_bias);
+    if (l->kind == LOOM_LAYER_GRU || (l->kind == LOOM_LAYER_BIDIRECTIONAL && l->cell == 1))
+        kv_bool(f, 3, "reset_after", l->reset_after);
+    if (l->kind == LOOM_LAYER_BIDIRECTIONAL) {
+        kv_str(f, 3, "layer", loom_cfg_name_(loom_cell_names_, l->cell));
+        kv_str(f, 3, "merge_mode", loom_cfg_name_(loom_merge_mode_names_, l->merge_mode));
+    }
+}
+
+/* multi_head_attention, positional_embedding (a transformer_block is printed as its parts) */
+static void print_attention(FILE *f, const loom_layer_spec *l)
+{
+    if (l->kind == LOOM_LAYER_POSITIONAL_EMBEDDING) {
+        kv_i64(f, 3, "max_length", l->max_length);
+        kv_str(f, 3, "mode", loom_cfg_name_(loom_pos_mode_names_, (int)l->pos_mode));
+        return;
+    }
+    kv_i64(f, 3, "num_heads", l->num_heads);
+    kv_i64(f, 3, "key_dim", l->key_dim);
+    if (l->value_dim) kv_i64(f, 3, "value_dim", l->value_dim);
+    kv_f64(f, 3, "dropout", l->rate);
+    kv_bool(f, 3, "causal", l->causal);
+    kv_str(f, 3, "kernel_init", loom_cfg_name_(loom_init_names_, (int)l->kernel_init));
+    kv_bool(f, 3, "use_bias", l->use_bias);
+}
+
 static void print_layer(FILE *f, const loom_layer_spec *l)
 {
     /* a plugin's layer: its registered type and its own settings, as text (they reach the plugin so) */
@@ -672,8 +707,14 @@ static void print_layer(FILE *f, const loom_layer_spec *l)
         kv_i64(f, 3, "input_dim", l->input_dim);
         kv_i64(f, 3, "output_dim", l->output_dim);
         kv_str(f, 3, "combiner", loom_cfg_name_(loom_combiner_names_, (int)l->combiner));
+        if (l->mask_zero) kv_bool(f, 3, "mask_zero", l->mask_zero);
         break;
+    case LOOM_LAYER_LSTM:
+    case LOOM_LAYER_GRU:
+    case LOOM_LAYER_BIDIRECTIONAL: print_rnn(f, l); break;
     case LOOM_LAYER_CONCATENATE: kv_i64(f, 3, "axis", l->axis); break;
+    case LOOM_LAYER_MULTI_HEAD_ATTENTION:
+    case LOOM_LAYER_POSITIONAL_EMBEDDING: print_attention(f, l); break;
     default: break;
     }
     if (l->n_inputs) {
@@ -830,6 +871,7 @@ static void print_model(FILE *f, const loom_model_spec *m)
     kv_i64(f, 1, "top_k", m->top_k);
     kv_f64(f, 1, "huber_delta", m->huber_delta);
     kv_f64(f, 1, "l2", m->l2);
+    if (m->ignore_label != -100) kv_i64(f, 1, "ignore_label", m->ignore_label);
     if (m->sample_weight[0]) kv_str(f, 1, "sample_weight", m->sample_weight);
     if (m->n_class_weights) {
         fputs("  class_weight = [", f);

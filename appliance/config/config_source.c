@@ -57,6 +57,9 @@ const cfg_opt cfg_source_opts_[] = {
     O_STR(loom_source_spec, "record_separator", text.record_separator, "", NULL, SRC(TEXT), 0,
           "a line equal to it ends a record (\"%\" for fortune files): one element per record, its lines joined "
           "with a newline; \"\" = one element per line"),
+    O_STR(loom_source_spec, "file_feature", text.file_feature, "", NULL, SRC(TEXT), 0,
+          "name of an int64 feature holding the index of the element's file in the sorted file list (a class "
+          "label: which file it comes from); \"\" = none"),
     O_INT(loom_source_spec, "count", synthetic.count, 0, -1, INT64_MAX, SRC(SYNTHETIC), SRC(SYNTHETIC),
           "elements per pass; -1 = infinite"),
     O_CUSTOM("features", parse_syn_features, SRC(SYNTHETIC), 0,

@@ -9,12 +9,14 @@
 
 /* ---- dense ---------------------------------------------------------------- */
 
-/* Y (B, out) = act(X (B, in) W (in, out) + b) */
+/* Y (B, out) = act(X (B, in) W (in, out) + b); on the last axis of a
+ * (B, T, in) input, one product over the B T rows. */
 void nn_dense_forward_(const loom_model *m, const nn_layer_ *l, const float *x, float *y, int64_t B)
 {
     const float *W = m->params + l->kernel_off;
     const float *b = l->bias_off >= 0 ? m->params + l->bias_off : NULL;
-    int in = (int)l->n_in, out = (int)l->n_out;
+    int in = (int)(l->n_in / l->steps), out = (int)(l->n_out / l->steps);
+    B *= l->steps;
     loom_sgemm(false, false, (int)B, out, in, 1.f, x, in, W, out, 0.f, y, out);
     nn_bias_act_(y, b, B, out, l->act);
 }
@@ -24,10 +26,10 @@ void nn_dense_forward_(const loom_model *m, const nn_layer_ *l, const float *x, 
 float *nn_dense_backward_(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, const float *y, float *g,
                           float *other)
 {
-    const int64_t B = c->B;
+    const int64_t B = c->B * l->steps;
     const float *W = m->params + l->kernel_off;
     float *dz = l->dz + c->b0 * l->n_out;
-    int in = (int)l->n_in, out = (int)l->n_out;
+    int in = (int)(l->n_in / l->steps), out = (int)(l->n_out / l->steps);
     nn_layer_act_grad_(l, dz, g, y, B, out);
     if (!l->needs_dx) return NULL;
     loom_sgemm(false, true, (int)B, in, out, 1.f, dz, out, W, out, 0.f, other, in);
@@ -37,8 +39,9 @@ float *nn_dense_backward_(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c,
 void nn_dense_param_grads_(const loom_model *m, int li, const float *x, int64_t B, int part, int parts)
 {
     const nn_layer_ *l = &m->layer[li];
-    const int64_t in = l->n_in, out = l->n_out;
+    const int64_t in = l->n_in / l->steps, out = l->n_out / l->steps;
     const float *restrict dz = l->dz;
+    B *= l->steps;
     int64_t r0 = in * part / parts, r1 = in * (part + 1) / parts;
     /* dW rows [r0, r1) (r1 - r0, out) = x[:, r0:r1]^T dz */
     if (r1 > r0)

@@ -121,3 +121,10 @@ void nn_embedding_param_grads_(loom_model *m, int li, const void *x, int64_t B)
     for (int64_t u = 0; u < l->sp_n; u++)
         memcpy(G + l->sp_ids[u] * D, l->sp_val + u * D, (size_t)D * sizeof *G);
 }
+
+/* The time mask of the rows [b0, b0 + B) from their ids x (the chunk's own):
+ * id 0 (or -1) is padding (embedding mask_zero). */
+void nn_embedding_tmask_(const loom_model *m, const nn_layer_ *l, const void *x, int64_t b0, int64_t B)
+{
+    for (int64_t e = 0; e < B * l->cols; e++) m->tmask[b0 * l->cols + e] = emb_id(m, x, e) > 0;
+}

@@ -56,11 +56,13 @@ int nn_graph_order_(const loom_model *m, const loom_model_spec *spec, int *order
                     return loom_err_set(err, LOOM_ECONFIG, w, "layer \"%s\" takes itself as input: a cycle", name);
             }
         }
-        bool merge = merge_kind(l->kind);
-        if ((merge && (snum[i] < 2 || (l->kind == LOOM_LAYER_SUBTRACT && snum[i] != 2))) || (!merge && snum[i] != 1))
+        bool merge = merge_kind(l->kind), mha = l->kind == LOOM_LAYER_MULTI_HEAD_ATTENTION;
+        if ((merge && (snum[i] < 2 || (l->kind == LOOM_LAYER_SUBTRACT && snum[i] != 2))) ||
+            (!merge && !mha && snum[i] != 1) || (mha && snum[i] > 3))
             return loom_err_set(err, LOOM_ECONFIG, w, "layer \"%s\" (%s) has %d inputs", name,
                                 nn_layer_kind_name_(l->kind), snum[i]),
-                   loom_err_hint(err, "merge layers take 2 or more (subtract exactly 2), the others one");
+                   loom_err_hint(err, "merge layers take 2 or more (subtract exactly 2), multi_head_attention 1 to "
+                                      "3, the others one");
     }
     /* the layers the output (the last) and the other heads depend on */
     bool used[LOOM_MAX_LAYERS] = {false};
@@ -321,7 +323,7 @@ static void merge_forward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c)
 }
 
 /* d (B, n) into layer s's dgy rows of chunk c: copied by the first consumer, added by the others. */
-static void deliver(const loom_model *m, int s, nn_chunk_ *c, const float *d)
+void nn_graph_deliver_(const loom_model *m, int s, nn_chunk_ *c, const float *d)
 {
     const nn_layer_ *l = &m->layer[s];
     const int64_t cnt = c->B * l->n_out;
@@ -360,11 +362,11 @@ static void merge_backward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c
             for (int64_t b = 0; b < B; b++)
                 for (int64_t o = 0; o < outer; o++)
                     memcpy(scratch + b * nk + o * inner, g + b * n + o * row + off, (size_t)inner * sizeof *g);
-            deliver(m, l->src[k], c, scratch);
+            nn_graph_deliver_(m, l->src[k], c, scratch);
             continue;
         }
         if (kind == LOOM_LAYER_ADD && l->bstride[k][0] < 0) { /* the output's gradient itself */
-            deliver(m, l->src[k], c, g);
+            nn_graph_deliver_(m, l->src[k], c, g);
             continue;
         }
         const float *x[LOOM_MAX_LAYER_INPUTS];
@@ -398,7 +400,7 @@ static void merge_backward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c
                 d[bidx(l, k, e)] += v;
             }
         }
-        deliver(m, l->src[k], c, scratch);
+        nn_graph_deliver_(m, l->src[k], c, scratch);
     }
 }
 
@@ -435,7 +437,7 @@ static void grad_out(const loom_model *m, int li, nn_chunk_ *c, float *r)
     const nn_layer_ *l = &m->layer[li];
     c->g = r;
     c->other = r == c->gbuf[0] ? c->gbuf[1] : c->gbuf[0];
-    if (wants_grad(m, l, 0) && m->layer[l->src[0]].gacc) deliver(m, l->src[0], c, r);
+    if (wants_grad(m, l, 0) && m->layer[l->src[0]].gacc) nn_graph_deliver_(m, l->src[0], c, r);
 }
 
 void nn_graph_backward_(const loom_model *m, int li, nn_chunk_ *c)
@@ -496,7 +498,7 @@ void loom_model_summary(const loom_model *m, FILE *f)
         int64_t np = 0;
         for (int k = 0; k < m->n_ptensors; k++) {
             int64_t off = m->pinfo[k].offset, cnt = loom_shape_numel(&m->pinfo[k].shape);
-            bool mine = off == l->kernel_off || off == l->bias_off || off == l->pw_off;
+            bool mine = off == l->kernel_off || off == l->bias_off || off == l->pw_off || nn_attn_owns_(l, off);
             for (int t = 0; l->spec.kind == LOOM_LAYER_PLUGIN && t < l->pplan->n_params; t++) mine |= off == l->poff[t];
             if (mine) np += cnt;
             if (off == l->mm_off || off == l->mv_off) np += cnt, frozen += cnt; /* moving statistics: not trained */

@@ -891,6 +891,20 @@ static void act_x_forward(const nn_layer_ *l, const float *restrict x, float *re
         for (int64_t e = 0; e < n; e++) y[e] = 0.5f * x[e] * (1.f + erff(x[e] * (float)M_SQRT1_2));
 }
 
+/* y (n) = layer l's activation of x (n), y may be x: one position's row, as
+ * the activation layer's forward computes it (decode_step.c). Not softmax. */
+void nn_act_row_(const nn_layer_ *l, const float *x, float *y, int64_t n)
+{
+    if (x != y) memcpy(y, x, (size_t)n * sizeof *y);
+    const float a = (float)l->spec.alpha;
+    if (l->act == LOOM_ACT_LEAKY_RELU)
+        for (int64_t e = 0; e < n; e++) y[e] = y[e] > 0.f ? y[e] : a * y[e];
+    else if (l->act == LOOM_ACT_GELU)
+        for (int64_t e = 0; e < n; e++) y[e] = 0.5f * y[e] * (1.f + erff(y[e] * (float)M_SQRT1_2));
+    else if (nn_act_needs_x_(l->act)) nn_act_apply_(l->act, y, y, n);
+    else bias_act(y, NULL, 1, n, l->act);
+}
+
 /* g *= f'(x): leaky 1 or alpha; gelu Phi(x) + x phi(x). */
 static void act_x_backward(const nn_layer_ *l, const float *restrict x, float *restrict g, int64_t n)
 {
@@ -917,6 +931,11 @@ void nn_layer_forward_(const loom_model *m, int li, nn_chunk_ *c, int training, 
     case LOOM_LAYER_DENSE:
         nn_dense_forward_(m, l, x, y, B);
         if (nn_act_needs_x_(l->act)) nn_layer_act_(l, y, NULL, B, l->n_out);
+        break;
+    case LOOM_LAYER_LSTM:
+    case LOOM_LAYER_GRU:
+    case LOOM_LAYER_BIDIRECTIONAL:
+        nn_rnn_forward_(m, li, c);
         break;
     case LOOM_LAYER_CONV2D:
         if (l->direct) {
@@ -949,6 +968,7 @@ void nn_layer_forward_(const loom_model *m, int li, nn_chunk_ *c, int training, 
     case LOOM_LAYER_EMBEDDING:
         /* x is the batch's ids (the chunk's own rows), not floats */
         nn_embedding_forward_(m, l, x, 0, y, B);
+        if (l->spec.mask_zero) nn_embedding_tmask_(m, l, x, c->b0, B); /* the chunk's rows of the time mask */
         break;
     case LOOM_LAYER_AVG_POOL2D:
         nn_avg_pool_forward_(l, x, y, B);
@@ -961,6 +981,10 @@ void nn_layer_forward_(const loom_model *m, int li, nn_chunk_ *c, int training, 
         break;
     case LOOM_LAYER_PLUGIN:
         nn_plugin_forward_(m, li, c, x, y, training, rng_key);
+        break;
+    case LOOM_LAYER_MULTI_HEAD_ATTENTION:
+    case LOOM_LAYER_POSITIONAL_EMBEDDING:
+        nn_attn_forward_(m, li, c, x, y, training, rng_key);
         break;
     case LOOM_LAYER_BATCH_NORM: /* over the whole batch: nn_bn_forward_ */
     default:                    /* merge layers: graph.c */
@@ -988,6 +1012,10 @@ float *nn_layer_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, f
     switch (l->spec.kind) {
     case LOOM_LAYER_DENSE:
         return nn_dense_backward_(m, l, c, y, g, other);
+    case LOOM_LAYER_LSTM:
+    case LOOM_LAYER_GRU:
+    case LOOM_LAYER_BIDIRECTIONAL:
+        return nn_rnn_backward_(m, li, c, g, other);
     case LOOM_LAYER_CONV2D:
         if (l->direct) return nn_more_backward_(m, li, c, g, other);
         return conv_backward(m, l, c, y, g, other);
@@ -1030,6 +1058,9 @@ float *nn_layer_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, f
         return NULL;
     case LOOM_LAYER_PLUGIN:
         return nn_plugin_backward_(m, li, c, g, other);
+    case LOOM_LAYER_MULTI_HEAD_ATTENTION:
+    case LOOM_LAYER_POSITIONAL_EMBEDDING:
+        return nn_attn_backward_(m, li, c, g, other);
     default: /* merge layers: graph.c */
         break;
     }

@@ -147,10 +147,55 @@ static double sparse_ce_weighted(const float *z, const int32_t *labels, const fl
     return total;
 }
 
+/* Per-token sparse softmax cross-entropy on z (B, T, V): an example's loss
+ * is the mean over its unmasked tokens (the time mask, and labels equal to
+ * model.ignore_label, read as -1), 0 without any; its gradient rows at
+ * masked tokens are 0. The token sums go to the chunk (token accuracy,
+ * perplexity). */
+static double seq_ce(const loom_model *m, const float *z, int64_t b0, int64_t B, const float *sw, float inv_gb,
+                     float *g, int64_t *correct, nn_chunk_ *c)
+{
+    const int64_t T = m->seq_T, V = m->layer[m->n_layers - 1].n_out / T;
+    const uint8_t *mk = m->mask_T == T ? m->tmask + b0 * T : NULL;
+    const int32_t *lab = m->labels + b0 * T;
+    double total = 0, tl = 0;
+    int64_t tok = 0, tn = 0;
+    for (int64_t b = 0; b < B; b++) {
+        int64_t n = 0, right = 0;
+        for (int64_t t = 0; t < T; t++) n += lab[b * T + t] >= 0 && (!mk || mk[b * T + t]);
+        const float w = (sw ? sw[b] : 1.f) / (float)(n ? n : 1);
+        double s = 0;
+        for (int64_t t = 0; t < T; t++) {
+            const int64_t r = b * T + t;
+            if (lab[r] < 0 || (mk && !mk[r])) {
+                if (g) memset(g + r * V, 0, (size_t)V * sizeof *g);
+                continue;
+            }
+            int64_t hit;
+            s += nn_loss_sparse_ce_(z + r * V, lab + r, 1, V, inv_gb * w, g ? g + r * V : NULL, &hit);
+            right += hit;
+        }
+        tok += right, tn += n, tl += s;
+        total += n ? (double)w * s : 0;
+    }
+    if (c) c->tok_loss = tl, c->tok_ok = tok, c->tok_n = tn;
+    /* correct (of examples, what the strategies sum and the progress line
+     * divides by examples): the token accuracy in whole examples, rounded;
+     * the accuracy metric is the exact token ratio */
+    *correct = tn ? (int64_t)llround((double)tok * (double)B / (double)tn) : 0;
+    return total;
+}
+
 double nn_loss_(const loom_model *m, const float *z, int64_t b0, int64_t B, float inv_gb, float *g, int64_t *correct)
 {
     const int64_t n = m->layer[m->n_layers - 1].n_out;
     const float *sw = m->sw ? m->swb + b0 : NULL;
+    if (m->seq_T) {
+        nn_chunk_ *c = NULL; /* the chunk of rows b0.. (its token sums) */
+        for (int t = 0; t < m->threads && !c; t++)
+            if (m->chunk[t].b0 == b0 && m->chunk[t].B == B) c = &m->chunk[t];
+        return seq_ce(m, z, b0, B, sw, inv_gb, g, correct, c);
+    }
     if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE)
         return m->n_cw || sw ? sparse_ce_weighted(z, m->labels + b0, m->n_cw ? m->cw : NULL, sw, B, n, inv_gb, g, correct)
                              : nn_loss_sparse_ce_(z, m->labels + b0, B, n, inv_gb, g, correct);

@@ -19,7 +19,12 @@
  *   precision, recall   at threshold 0.5 (p > 0.5), pooled over outputs.
  *   top_k_accuracy      the label among the k largest logits (ties: a logit
  *              equal to the label's counts as smaller, as tf.math.in_top_k).
- *   mae, rmse  mean over outputs, then over examples (rmse: sqrt of the mean). */
+ *   mae, rmse  mean over outputs, then over examples (rmse: sqrt of the mean).
+ *   perplexity exp of the mean token loss of sparse softmax cross-entropy
+ *              (an example is a token without a time axis).
+ * With a per-token loss (output (T, V), labels (T,)) accuracy is the token
+ * accuracy: right unmasked tokens over unmasked tokens, from the chunks'
+ * token sums. */
 #include "nn_internal.h"
 
 #include <math.h>
@@ -54,8 +59,21 @@ int nn_metrics_init_(loom_model *m, const loom_model_spec *spec, loom_err *err)
     for (int i = 0; i < m->n_metrics; i++) {
         loom_metric_kind k = m->metric[i];
         int64_t size = 0;
+        if (m->seq_T && k != LOOM_METRIC_ACCURACY && k != LOOM_METRIC_PERPLEXITY)
+            return metric_error(spec, k, err, "the loss is per token (output (T, classes)); its metrics are "
+                                "accuracy (of the tokens) and perplexity"),
+                   loom_err_hint(err, "use metrics = [\"accuracy\", \"perplexity\"]");
         switch (k) {
+        case LOOM_METRIC_PERPLEXITY:
+            if (loss != LOOM_LOSS_SPARSE_SOFTMAX_CE) {
+                snprintf(why, sizeof why, "it is exp of the mean cross-entropy (sparse_softmax_cross_entropy), the "
+                         "loss is %s", lname);
+                return metric_error(spec, k, err, why);
+            }
+            size = 2; /* token loss sum, tokens */
+            break;
         case LOOM_METRIC_ACCURACY:
+            if (m->seq_T) size = 2; /* right tokens, tokens */
             if (is_regression(loss) && !(loss == LOOM_LOSS_MSE && n > 1)) {
                 snprintf(why, sizeof why, "the loss %s with %lld output makes a regression, where no prediction is "
                          "right or wrong", lname, (long long)n);
@@ -126,9 +144,26 @@ static inline double prob(const loom_model *m, const float *zr, int64_t n, int64
     return zr[j];
 }
 
+/* The token sums of the last step's chunks (split as model.c's split_batch). */
+static void token_update(loom_model *m, int64_t B)
+{
+    int nc = B < m->threads ? (int)B : m->threads;
+    for (int i = 0; i < m->n_metrics; i++) {
+        double *st = m->mstate + m->moff[i];
+        bool acc = m->metric[i] == LOOM_METRIC_ACCURACY && m->seq_T;
+        if (!acc && m->metric[i] != LOOM_METRIC_PERPLEXITY) continue;
+        for (int t = 0; t < nc; t++) {
+            st[0] += acc ? (double)m->chunk[t].tok_ok : m->chunk[t].tok_loss;
+            st[1] += (double)m->chunk[t].tok_n;
+        }
+    }
+}
+
 void nn_metrics_update_(loom_model *m, const float *z, int64_t B)
 {
     if (!m->msize) return;
+    token_update(m, B);
+    if (m->seq_T) return; /* the others refuse a per-token loss */
     const int64_t n = m->layer[m->n_layers - 1].n_out;
     const int T = m->auc_T;
     for (int64_t b = 0; b < B; b++) {
@@ -231,7 +266,10 @@ double loom_model_metric_value(const loom_model *m, int i, const double *acc, in
     const double *st = acc ? acc + m->moff[i] : NULL;
     switch (m->metric[i]) {
     case LOOM_METRIC_ACCURACY:
+        if (m->seq_T) return st ? ratio(st[0], st[1]) : NAN;
         return examples > 0 ? (double)correct / (double)examples : NAN;
+    case LOOM_METRIC_PERPLEXITY:
+        return st && st[1] > 0 ? exp(st[0] / st[1]) : NAN;
     case LOOM_METRIC_AUC: {
         if (!examples) return NAN;
         double s = 0;

@@ -110,13 +110,24 @@ static int bad_label(loom_err *err, const loom_model *m, int64_t b, double v, in
 
 int nn_read_labels_(loom_model *m, const loom_tensor *label, int64_t B, loom_err *err)
 {
-    const int64_t n = m->layer[m->n_layers - 1].n_out;
+    const int64_t T = m->seq_T ? m->seq_T : 1, n = m->layer[m->n_layers - 1].n_out / T;
     number_at at = number_reader(label->dtype);
     if (!at) return loom_err_set(err, LOOM_ESHAPE, m->where, "label dtype %d is not known", (int)label->dtype);
-    for (int64_t b = 0; b < B; b++) {
-        double x = at(label->data, b);
-        if (!(x >= 0 && x < (double)n && x == (double)(int64_t)x)) return bad_label(err, m, b, x, n);
-        m->labels[b] = (int32_t)x;
+    for (int64_t e = 0; e < B * T; e++) {
+        double x = at(label->data, e);
+        if (m->seq_T && x == (double)m->ignore_label) {
+            m->labels[e] = -1; /* a masked token */
+            continue;
+        }
+        if (!(x >= 0 && x < (double)n && x == (double)(int64_t)x)) {
+            if (!m->seq_T) return bad_label(err, m, e, x, n);
+            return loom_err_set(err, LOOM_EDATA, m->where, "label of example %lld in the batch, step %lld, is %.17g, "
+                                "not a class in [0, %lld)", (long long)(e / T), (long long)(e % T), x, (long long)n),
+                   loom_err_hint(err, "the last layer has %lld units; labels are integers from 0 to %lld, or "
+                                 "model.ignore_label (%lld) for a token without a target", (long long)n,
+                                 (long long)(n - 1), (long long)m->ignore_label);
+        }
+        m->labels[e] = (int32_t)x;
     }
     return LOOM_OK;
 }
@@ -252,6 +263,8 @@ static int split_batch(loom_model *m, int64_t B)
         c->gbuf[1] = m->gbuf[1] + c->b0 * m->gmax;
         c->loss = 0;
         c->correct = 0;
+        c->tok_loss = 0;
+        c->tok_ok = c->tok_n = 0;
     }
     return n;
 }
@@ -319,6 +332,7 @@ static void chunk_loss(const step_job *j, nn_chunk_ *c)
     const float w0 = m->head[0].weight;
     c->hloss[0] = nn_loss_(m, z, c->b0, c->B, j->inv_gb * w0, g, &c->correct);
     c->hcorrect[0] = c->correct;
+    if (!m->seq_T) c->tok_loss = c->hloss[0], c->tok_ok = c->correct, c->tok_n = c->B; /* a token per example */
     c->loss = (double)w0 * c->hloss[0];
     for (int h = 1; h < m->n_heads; h++) {
         const struct nn_head_ *hd = &m->head[h];
@@ -359,9 +373,11 @@ static void layer_param_grads(const step_job *j, int i, int part, int parts)
         return;
     }
     /* chunk 0 starts at example 0: its input pointer is the whole batch's */
-    if (nn_runs_more_(l)) nn_more_param_grads_(m, i, m->chunk[0].act[i], j->B, part, parts);
+    if (nn_is_attn_kind_(l->spec.kind)) nn_attn_param_grads_(m, i, m->chunk[0].act[i], j->B, part, parts);
+    else if (nn_runs_more_(l)) nn_more_param_grads_(m, i, m->chunk[0].act[i], j->B, part, parts);
     else if (l->spec.kind == LOOM_LAYER_DENSE) nn_dense_param_grads_(m, i, m->chunk[0].act[i], j->B, part, parts);
     else if (l->spec.kind == LOOM_LAYER_LAYER_NORM) nn_ln_param_grads_(m, i, j->B, part, parts);
+    else if (nn_is_rnn_kind_(l->spec.kind)) nn_rnn_param_grads_(m, i, m->chunk[0].act[i], j->B, part, parts);
     else nn_conv_param_grads_(m, i, m->chunk[0].act[i], j->B, part, parts, m->chunk[part].col);
 }
 
@@ -611,7 +627,9 @@ static void predict_rows(step_job *j, nn_chunk_ *c)
         return;
     }
     float *out = j->out + c->b0 * n;
-    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) nn_softmax_rows_(z, out, c->B, n);
+    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && m->seq_T) /* per token: a softmax per time step */
+        nn_softmax_rows_(z, out, c->B * m->seq_T, n / m->seq_T);
+    else if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) nn_softmax_rows_(z, out, c->B, n);
     else if (m->loss == LOOM_LOSS_BCE)
         for (int64_t e = 0; e < c->B * n; e++) out[e] = 1.f / (1.f + expf(-z[e]));
     else memcpy(out, z, (size_t)(c->B * n) * sizeof *out);
@@ -1019,7 +1037,7 @@ int loom_model_layer_gemm(const loom_model *m, int i, int64_t B, int which, loom
     const nn_layer_ *l = &m->layer[i];
     int64_t rows, in, outn; /* the product's batch rows, its inner and outer widths */
     if (l->spec.kind == LOOM_LAYER_DENSE) {
-        rows = B, in = l->n_in, outn = l->n_out;
+        rows = B * l->steps, in = l->n_in / l->steps, outn = l->n_out / l->steps;
     } else if (l->spec.kind == LOOM_LAYER_CONV2D && !l->direct) {
         rows = B * l->oh * l->ow, in = (int64_t)l->kh * l->kw * l->cin, outn = l->cout;
     } else {

@@ -77,8 +77,8 @@ static int dense_shapes(loom_model *m, nn_layer_ *l, int li, loom_err *err)
     char a[96], b[96];
     const loom_layer_spec *s = &l->spec;
     const loom_shape *in = &l->in;
-    if (in->rank != 1) {
-        loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\" (dense) needs a rank-1 input (features,), got %s",
+    if (in->rank < 1) {
+        loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\" (dense) needs an input of rank 1 or more, got %s",
                      s->name, loom_shape_str(in, a, sizeof a));
         loom_shape flat;
         shape_of(&flat, 1, loom_shape_numel(in), 0, 0);
@@ -86,16 +86,20 @@ static int dense_shapes(loom_model *m, nn_layer_ *l, int li, loom_err *err)
     }
     if (s->units < 1)
         return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\": units = %d, must be >= 1", s->name, s->units);
-    shape_of(&l->out, 1, s->units, 0, 0);
+    /* on the last axis (Keras): (..., D) -> (..., units), the same kernel for every row */
+    const int64_t D = in->dim[in->rank - 1];
+    l->out = *in;
+    l->out.dim[in->rank - 1] = s->units;
+    l->steps = D ? loom_shape_numel(in) / D : 0;
     l->act = s->activation;
     loom_shape ks;
-    shape_of(&ks, 2, in->dim[0], s->units, 0);
-    l->kernel_off = add_param(m, l, "kernel", &ks, s->kernel_init, (double)in->dim[0], (double)s->units);
+    shape_of(&ks, 2, D, s->units, 0);
+    l->kernel_off = add_param(m, l, "kernel", &ks, s->kernel_init, (double)D, (double)s->units);
     if (s->use_bias) {
         shape_of(&ks, 1, s->units, 0, 0);
         l->bias_off = add_param(m, l, "bias", &ks, LOOM_INIT_ZEROS, 0, 0);
     }
-    m->flops += 2.0 * (double)in->dim[0] * s->units;
+    m->flops += 2.0 * (double)loom_shape_numel(in) * s->units;
     return LOOM_OK;
 }
 
@@ -190,6 +194,12 @@ static int embedding_shapes(loom_model *m, nn_layer_ *l, int li, loom_err *err)
     loom_shape ks;
     shape_of(&ks, 2, l->rows, l->dim, 0);
     l->kernel_off = add_param(m, l, "embeddings", &ks, NN_INIT_EMBEDDING, 0, 0);
+    if (s->mask_zero) {
+        if (in->rank != 1)
+            return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\" (embedding): mask_zero needs ids of shape "
+                                "(T,), a sequence, got %s", s->name, loom_shape_str(in, a, sizeof a));
+        m->mask_T = l->cols; /* (a model holds one mask: one embedding sets it) */
+    }
     m->flops += (double)l->cols * l->k * l->dim;
     return LOOM_OK;
 }
@@ -294,6 +304,11 @@ static int (*const kind_shapes[])(loom_model *m, nn_layer_ *l, int li, loom_err 
     [LOOM_LAYER_AVERAGE] = nn_merge_shapes_,
     [LOOM_LAYER_MAXIMUM] = nn_merge_shapes_,
     [LOOM_LAYER_CONCATENATE] = nn_merge_shapes_,
+    [LOOM_LAYER_LSTM] = nn_rnn_shapes_,
+    [LOOM_LAYER_GRU] = nn_rnn_shapes_,
+    [LOOM_LAYER_BIDIRECTIONAL] = nn_rnn_shapes_,
+    [LOOM_LAYER_MULTI_HEAD_ATTENTION] = nn_attn_shapes_,
+    [LOOM_LAYER_POSITIONAL_EMBEDDING] = nn_attn_shapes_,
     [LOOM_LAYER_PLUGIN] = nn_plugin_shapes_,
 };
 
@@ -316,7 +331,7 @@ static int fused_activation_ok(const nn_layer_ *l, loom_err *err)
                             "of its own", s->name, nn_layer_kind_name_(s->kind), nn_activation_name_(l->act)),
                loom_err_hint(err, "set activation = \"none\" here and add { type = \"activation\"; activation = \"%s\"; } "
                                   "after it", nn_activation_name_(l->act));
-    if (l->act == LOOM_ACT_SOFTMAX && l->out.rank != 1)
+    if (l->act == LOOM_ACT_SOFTMAX && l->out.rank != 1 && s->kind != LOOM_LAYER_DENSE)
         return loom_err_set(err, LOOM_ESHAPE, l->where, "layer \"%s\": softmax needs a rank-1 output, got %s",
                             s->name, loom_shape_str(&l->out, a, sizeof a));
     return LOOM_OK;
@@ -345,12 +360,33 @@ static int check_loss(loom_model *m, const loom_shape *label, loom_dtype label_d
     const char *lname = loom_loss_name(m->loss);
     if ((unsigned)label_dtype >= LOOM_NDTYPES_)
         return loom_err_set(err, LOOM_ESHAPE, m->where, "label dtype %d is not known", (int)label_dtype);
+    if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE && out.rank == 2 && label->rank == 1 && label->dim[0] == out.dim[0]) {
+        /* per token: output (T, V), labels (T,) (a language model's targets) */
+        if (m->n_cw)
+            return loom_err_set(err, LOOM_EUNSUPPORTED, m->where, "model.class_weight with a per-token loss (output "
+                                "%s) is not supported", loom_shape_str(&out, a, sizeof a)),
+                   loom_err_hint(err, "drop model.class_weight; model.ignore_label masks tokens");
+        m->seq_T = out.dim[0];
+        return LOOM_OK;
+    }
     if (m->loss == LOOM_LOSS_SPARSE_SOFTMAX_CE) {
+        if (out.rank == 2 && label->rank == 1)
+            return loom_err_set(err, LOOM_ESHAPE, where, "sparse_softmax_cross_entropy per token needs labels of "
+                                "the output's steps: label %s, model output %s (steps, classes)",
+                                loom_shape_str(label, a, sizeof a), loom_shape_str(&out, b, sizeof b)),
+                   loom_err_hint(err, "make the targets as long as the input sequence (lm_pairs does)");
+        if (out.rank == 1 && label->rank == 1)
+            return loom_err_set(err, LOOM_ESHAPE, where, "sparse_softmax_cross_entropy: the labels %s are per token "
+                                "but the model output %s has no time axis", loom_shape_str(label, a, sizeof a),
+                                loom_shape_str(&out, b, sizeof b)),
+                   loom_err_hint(err, "set return_sequences = true on the last lstm/gru, so the dense after it "
+                                      "gives (steps, classes)");
         if (out.rank != 1)
             return loom_err_set(err, LOOM_ESHAPE, where,
                                 "sparse_softmax_cross_entropy needs a rank-1 model output (classes,), got %s",
                                 loom_shape_str(&out, a, sizeof a)),
-                   loom_err_hint(err, "end the model with a flatten and a dense layer with one unit per class");
+                   loom_err_hint(err, "end the model with a flatten and a dense layer with one unit per class (for "
+                                      "a class per time step: labels of shape (T,) and an output (T, classes))");
         if (label->rank != 0)
             return loom_err_set(err, LOOM_ESHAPE, m->where,
                                 "sparse_softmax_cross_entropy needs an integer class label of shape () per "
@@ -669,6 +705,8 @@ static bool layer_buffers(nn_layer_ *l, int64_t max_batch)
         return false;
     if (k == LOOM_LAYER_EMBEDDING && !embedding_buffers(l, max_batch)) return false;
     if (k == LOOM_LAYER_PLUGIN && !nn_plugin_buffers_(l, max_batch)) return false;
+    if (nn_is_rnn_kind_(k) && !nn_rnn_buffers_(l, max_batch)) return false;
+    if (nn_is_attn_kind_(k) && !nn_attn_buffers_(l, max_batch)) return false;
     if (l->gacc && !(l->dgy = loom_alloc_aligned(outs * sizeof(float)))) return false;
     if (k == LOOM_LAYER_DROPOUT && l->spec.rate > 0 && !(l->mask = loom_alloc_aligned(outs))) return false;
     return true;
@@ -695,7 +733,9 @@ static bool model_buffers(loom_model *m)
     m->colmax = colmax;
     for (int k = 0; k < 2; k++)
         if (!(m->gbuf[k] = loom_alloc_aligned((size_t)(max_batch * gmax) * sizeof(float)))) return false;
-    if (!(m->labels = loom_alloc_aligned((size_t)max_batch * sizeof(int32_t)))) return false;
+    const int64_t T = m->seq_T ? m->seq_T : 1;
+    if (!(m->labels = loom_alloc_aligned((size_t)(max_batch * T) * sizeof(int32_t)))) return false;
+    if (m->mask_T && !(m->tmask = loom_alloc_aligned((size_t)(max_batch * m->mask_T)))) return false;
     if (!(m->swb = loom_alloc_aligned((size_t)max_batch * sizeof(float)))) return false;
     if (m->loss != LOOM_LOSS_SPARSE_SOFTMAX_CE &&
         !(m->targets = loom_alloc_aligned((size_t)(max_batch * m->layer[m->n_layers - 1].n_out) * sizeof(float))))
@@ -722,6 +762,7 @@ static int model_build(loom_model **out, const loom_model_spec *spec, const loom
     memcpy(m->cw, spec->class_weight, sizeof m->cw);
     m->huber_delta = spec->huber_delta > 0 ? (float)spec->huber_delta : 1.f;
     m->l2 = (float)spec->l2;
+    m->ignore_label = spec->ignore_label;
     m->input = *input;
     m->label = *label;
     m->label_dtype = label_dtype;
@@ -848,6 +889,7 @@ void loom_model_free(loom_model *m)
     if (!m) return;
     for (int i = 0; i < m->n_layers; i++) {
         if (m->layer[i].spec.kind == LOOM_LAYER_PLUGIN) nn_plugin_free_(&m->layer[i]);
+        if (nn_is_attn_kind_(m->layer[i].spec.kind)) nn_attn_free_(&m->layer[i]);
         loom_free(m->layer[i].y);
         loom_free(m->layer[i].argmax);
         loom_free(m->layer[i].mask);
@@ -860,6 +902,7 @@ void loom_model_free(loom_model *m)
         loom_free(m->layer[i].stat);
         loom_free(m->layer[i].mid);
         loom_free(m->layer[i].dmid);
+        loom_free(m->layer[i].rs);
         loom_free(m->layer[i].dgy);
     }
     free_chunks(m->pool, m->chunk, m->threads);
@@ -868,6 +911,7 @@ void loom_model_free(loom_model *m)
     loom_free(m->gbuf[0]);
     loom_free(m->gbuf[1]);
     loom_free(m->labels);
+    loom_free(m->tmask);
     loom_free(m->targets);
     for (int h = 1; h < m->n_heads; h++) {
         loom_free(m->head[h].labels);

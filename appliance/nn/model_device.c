@@ -193,6 +193,11 @@ static int check_layer(const loom_device_ops *ops, const nn_layer_ *l, loom_err 
 {
     int rc = check_kind(&l->spec, l->act, l->where, ops->name, err);
     if (rc) return rc;
+    if (l->spec.kind == LOOM_LAYER_DENSE && l->steps > 1)
+        return loom_err_set(err, LOOM_EUNSUPPORTED, l->where, "layer \"%s\" (dense on the last axis of a %dD "
+                            "input): the \"%s\" device backend runs dense on a (features,) input only", l->spec.name,
+                            l->in.rank, ops->name),
+               dev_hint(ops->name, err), LOOM_EUNSUPPORTED;
     if (l->act != LOOM_ACT_SOFTMAX) return LOOM_OK;
     return loom_err_set(err, LOOM_EUNSUPPORTED, l->where,
                         "layer \"%s\" (%s): the \"%s\" device backend has no softmax activation; only the softmax "

@@ -381,6 +381,48 @@ int loom_model_dev_download_grads(loom_model_dev *d, int64_t lo, int64_t hi, loo
  * gradients, or zeros); the device is idle on return. */
 int loom_model_dev_upload_grads(loom_model_dev *d, loom_err *err);
 
+/* ---- decoding a language model (decode.c; loom generate) ---------------------
+ * A language model here has one input of token ids, int32 or int64 (T,),
+ * and an output of logits over the vocabulary under sparse softmax
+ * cross-entropy: (V,), the next token's, or (T, V), each position's. A
+ * decoder holds a sequence (a prompt, then the tokens drawn) and gives the
+ * logits of the token after it, by one of two paths that give the same:
+ *  - generic: the model's forward on the last T tokens (left-padded with
+ *    pad_id for a (V,) output; for (T, V) right-padded, row n - 1 read:
+ *    a causal model's row n - 1 sees no padding), once per token;
+ *  - incremental: when every layer kind has step ops (nn_internal.h
+ *    nn_step_ops_, decode_step.c: per-sequence state such as an LSTM's h/c
+ *    or attention's KV cache) and the output is (T, V), each new token runs
+ *    through the layers once, giving the generic path's logits. Past T
+ *    tokens a model whose state is unbounded (recurrent: no KV cache nor
+ *    position table) goes on from it (it reads the whole sequence, where
+ *    the generic path reads the last T); any other falls back to the
+ *    generic path, which slides the window.
+ * Threads: one thread at a time, and the model (borrowed; it must outlive
+ * the decoder) is not used by another meanwhile. */
+typedef struct loom_decoder loom_decoder;
+/* A model that is not a language model as above is LOOM_ECONFIG at the model
+ * block's file:line saying what it reads and outputs and what is needed.
+ * incremental: take the incremental path when the model allows it. Sets the
+ * model's threads to 1. Free with loom_decoder_free. */
+int  loom_decoder_new(loom_decoder **out, loom_model *m, int64_t pad_id, bool incremental, loom_err *err);
+void loom_decoder_free(loom_decoder *d); /* NULL is a no-op */
+int64_t loom_decoder_context(const loom_decoder *d); /* T */
+int64_t loom_decoder_vocab(const loom_decoder *d);   /* V */
+bool loom_decoder_incremental(const loom_decoder *d); /* the incremental path serves the current sequence */
+void loom_decoder_reset(loom_decoder *d);             /* a new, empty sequence */
+int  loom_decoder_push(loom_decoder *d, int64_t id, loom_err *err); /* appends a token */
+/* The logits (V,) of the token after the sequence (at least one token):
+ * borrowed until the next call on d or a step on its model. */
+int  loom_decoder_logits(loom_decoder *d, const float **out, loom_err *err);
+/* The next token from logits among ids [lo, hi): with temperature <= 0 or
+ * top_k = 1 the argmax (the lowest id among equal maxima), else a draw (one
+ * loom_rng_uniform64 from rng) from softmax(logits / temperature) over the
+ * top_k largest (0: all; among equal logits at the cut, the lowest ids).
+ * scratch: hi - lo floats. */
+int64_t loom_decode_sample(const float *logits, int64_t lo, int64_t hi, double temperature, int64_t top_k,
+                           loom_rng *rng, float *scratch);
+
 /* ---- optimizers ------------------------------------------------------------ */
 
 typedef struct loom_optimizer loom_optimizer;

@@ -81,6 +81,22 @@ typedef struct nn_layer_ {
     loom_layer_plan *pplan;        /* what build() declared */
     int64_t        poff[LOOM_LAYER_MAX_PARAMS]; /* each parameter tensor's offset in the flat buffer */
     unsigned char *pscratch;       /* (max_batch * scratch_per_example) bytes */
+    /* sequences (issue 24): dense on the last axis, the recurrent layers (recurrent.c) */
+    int64_t        steps;          /* dense: rows per example (the input's elements over its last axis; 1 for rank 1);
+                                      lstm, gru, bidirectional: T, the time steps */
+    int            H, D;           /* recurrent: units, input features per step */
+    int            gates;          /* recurrent: 4 (lstm, i f g o) or 3 (gru, r z n) */
+    int64_t        rk_off;         /* recurrent: the recurrent kernel (H, gates H); direction 2 of a bidirectional: +dir2 */
+    int64_t        dir2;           /* bidirectional: offset of the backward direction's tensors from the forward's */
+    float         *rs;             /* recurrent: (max_batch, rs_per) the steps' saved state (recurrent.c) */
+    int64_t        rs_per;         /* floats of rs per example */
+    /* multi_head_attention, positional_embedding (attention.c): an example is (T, D) */
+    int            heads, dk, dv;  /* attention: heads, per-head key and value widths */
+    int            T, S;           /* query and key steps */
+    int            Dq, Dkv, Do;    /* query, key and output widths */
+    int            Dvin;           /* value width (self-attention: Dq) */
+    int64_t        aoff[8];        /* attention: its parameter tensors (attention.c AW_*), -1 when absent */
+    float         *ab[12];         /* attention: its (max_batch, ...) buffers (attention.c AB_*); sinusoidal: ab[0] the table */
 } nn_layer_;
 
 /* The slice of a step's batch that one thread works on: examples [b0, b0 + B).
@@ -104,6 +120,8 @@ typedef struct nn_chunk_ {
     int64_t      correct;
     double       hloss[LOOM_MAX_HEADS];    /* each head's own loss sum (unweighted) and correct count */
     int64_t      hcorrect[LOOM_MAX_HEADS];
+    double       tok_loss;                 /* sparse softmax cross-entropy: the chunk's token losses, summed */
+    int64_t      tok_ok, tok_n;            /* its right tokens, and tokens (unmasked); one per example without time */
 } __attribute__((aligned(64))) nn_chunk_;
 
 struct loom_model {
@@ -187,6 +205,18 @@ struct loom_model {
     int              sync_k;
     int              sync_rc;
     loom_err         sync_err;
+    /* Sequences (issue 24). The time mask is the carrier of padding between
+     * layers: tmask (max_batch, mask_T), 1 = a real step, 0 = padding, one
+     * row per example at the example's batch row, so a chunk reads and writes
+     * rows b0.. like its activations. An embedding with mask_zero writes it
+     * in its forward (id <= 0: padding; padded_batch pads with 0, so its mask
+     * feature and this one agree); the layers with a time axis of mask_T
+     * steps read it (lstm, gru, bidirectional, the per-token loss, attention).
+     * mask_T = 0: no mask. */
+    int              mask_T;
+    uint8_t         *tmask;
+    int64_t          seq_T;         /* per-token sparse_softmax_cross_entropy: output (seq_T, V), labels (seq_T,); 0: none */
+    int64_t          ignore_label;  /* those labels count as masked tokens */
     /* a plugin layer's failure inside a step (layer_plugin.c): the first one, taken by nn_plugin_error_ */
     int              plugin_rc;
     loom_err         plugin_err;
@@ -214,6 +244,9 @@ int  nn_graph_order_(const loom_model *m, const loom_model_spec *spec, int *orde
                      int (*src)[LOOM_MAX_LAYER_INPUTS], int *n_src, loom_err *err);
 /* After the layers' shapes: consumers, the gradient paths (gacc), m->graph. */
 void nn_graph_links_(loom_model *m);
+/* d (c->B, n_out of layer s) added to layer s's dgy rows (the first consumer copies): an input gradient
+ * handed to a layer that gathers its output's gradient (gacc). */
+void nn_graph_deliver_(const loom_model *m, int s, nn_chunk_ *c, const float *d);
 /* A merge layer's shape rule (Keras: elementwise with broadcasting, concatenate along axis). */
 int  nn_merge_shapes_(loom_model *m, nn_layer_ *l, int li, loom_err *err);
 /* Where input k of layer l reads on chunk c. */
@@ -362,6 +395,31 @@ bool  nn_runs_more_(const nn_layer_ *l);
 void  nn_more_forward_(const loom_model *m, int li, nn_chunk_ *c);
 float *nn_more_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, float *other);
 void  nn_more_param_grads_(const loom_model *m, int li, const float *x, int64_t B, int part, int parts);
+/* ---- recurrent layers (recurrent.c) ---------------------------------------- */
+bool   nn_is_rnn_kind_(loom_layer_kind k);
+int    nn_rnn_shapes_(loom_model *m, nn_layer_ *l, int li, loom_err *err);
+bool   nn_rnn_buffers_(nn_layer_ *l, int64_t max_batch);
+void   nn_rnn_forward_(const loom_model *m, int li, nn_chunk_ *c);
+float *nn_rnn_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, float *other);
+/* The whole batch's parameter gradients of part `part` of `parts` (x: the layer's input (B, T, D)). */
+void   nn_rnn_param_grads_(const loom_model *m, int li, const float *x, int64_t B, int part, int parts);
+/* The time mask rows of chunk c for a layer whose time axis has T steps: NULL when none applies. */
+static inline const uint8_t *nn_tmask_(const loom_model *m, const nn_chunk_ *c, int64_t T)
+{
+    return m->mask_T && m->mask_T == T ? m->tmask + c->b0 * T : NULL;
+}
+
+/* ---- issue 24's sequence layers (attention.c): multi_head_attention, positional_embedding ---- */
+bool   nn_is_attn_kind_(loom_layer_kind k);
+int    nn_attn_shapes_(loom_model *m, nn_layer_ *l, int li, loom_err *err);
+bool   nn_attn_buffers_(nn_layer_ *l, int64_t max_batch); /* y, dz, ab[], mask (dropout) */
+void   nn_attn_free_(nn_layer_ *l);                        /* ab[] (the rest as any layer's) */
+bool   nn_attn_owns_(const nn_layer_ *l, int64_t off);     /* off is one of its parameter tensors */
+void   nn_attn_forward_(const loom_model *m, int li, nn_chunk_ *c, const float *x, float *y, int training,
+                        uint64_t rng_key);
+float *nn_attn_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, float *other);
+/* Part `part` of `parts` of the whole batch's parameter gradients (x the layer's input, (B, T, D)). */
+void   nn_attn_param_grads_(const loom_model *m, int li, const float *x, int64_t B, int part, int parts);
 /* Tests only: loom_model_gradcheck scales the analytic gradients by 1 + this (0: off). */
 extern float nn_gradcheck_skew_;
 /* The model's parameter allocator (model_build.c): offset of the new tensor, -1 on overflow. */
@@ -412,5 +470,41 @@ void nn_ln_forward_(const loom_model *m, const nn_layer_ *l, const float *x, flo
 float *nn_ln_backward_(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, float *g);
 void nn_embedding_forward_(const loom_model *m, const nn_layer_ *l, const void *x, int64_t e0, float *restrict y,
                            int64_t B);
+void nn_embedding_tmask_(const loom_model *m, const nn_layer_ *l, const void *x, int64_t b0, int64_t B);
+
+/* ---- incremental decoding (decode.c) ------------------------------------------
+ * A layer kind that runs one position of a sequence at a time, keeping what
+ * it needs of the positions before in a per-sequence state (an LSTM's h and
+ * c, an attention's keys and values for the positions so far), so that
+ * decoding a token costs one position rather than the whole window. Its
+ * output is (T, ...) for an input (T, ...) and position t of it depends on
+ * positions 0..t of its inputs alone (causal); fed positions 0..t in order
+ * from a reset state, step gives row t of the layer's forward output on any
+ * sequence that starts with them. A kind without step ops (flatten, a dense
+ * layer over the whole window) makes the decoder take the generic path. */
+typedef struct nn_step_ops_ {
+    /* (optional) floats of per-sequence state for sequences of up to T positions; NULL: none */
+    int64_t (*state_floats)(const nn_layer_ *l, int64_t T);
+    /* (optional) the state before position 0; NULL: zeros */
+    void    (*reset)(const nn_layer_ *l, float *state);
+    /* position pos: x[k] the per-position row of input k (n_in / T floats; the
+     * first layer's: the id as a float), y the layer's row (n_out / T floats) */
+    void    (*step)(const loom_model *m, const nn_layer_ *l, float *state, int64_t pos, const float *const *x, float *y);
+    /* steps positions below T only (a KV cache of T rows, a table of T positions); else any position:
+     * a recurrent state carries on past the window */
+    bool    bounded;
+} nn_step_ops_;
+/* The step ops of layer l's kind (built for its shapes), NULL when it has none. */
+const nn_step_ops_ *nn_step_ops_of_(const nn_layer_ *l);
+/* recurrent.c: a lstm or gru with return_sequences, one step at a time:
+ * whether l is one, its state's floats, step pos (x (D,) -> y (H,)) */
+bool    nn_rnn_can_step_(const nn_layer_ *l);
+int64_t nn_rnn_step_state_(const nn_layer_ *l);
+void    nn_rnn_step_(const loom_model *m, const nn_layer_ *l, float *state, int64_t pos, const float *x, float *y);
+/* y (n) = layer l's activation (not softmax) of x (n), y may be x (layers.c) */
+void nn_act_row_(const nn_layer_ *l, const float *x, float *y, int64_t n);
+/* loom_decoder_new; lm_loss false: any loss (the tests' models whose (T, V)
+ * output no sparse cross-entropy takes yet). */
+int nn_decoder_new_(loom_decoder **out, loom_model *m, int64_t pad_id, bool incremental, bool lm_loss, loom_err *err);
 
 #endif

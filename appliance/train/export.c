@@ -414,6 +414,9 @@ typedef struct onnx_walk {
     char        cur[32];  /* the current tensor */
     loom_shape  s;        /* its shape per example, Loom's layout (HWC) */
     bool        nchw;     /* cur is in ONNX's layout (CHW) */
+    char        seq_lens[32]; /* an embedding's mask_zero: int32 (batch,) real steps per example; "" none */
+    char        key_mask[32]; /* the same mask as bool (batch, mask_T): ids > 0, for attention's keys; "" none */
+    int64_t     mask_T;
 } onnx_walk;
 
 static const int64_t to_nchw[] = {0, 3, 1, 2}, to_nhwc[] = {0, 2, 3, 1};
@@ -435,6 +438,19 @@ static int emit_dense(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
     char nb[32];
     const char *kernel = param_init(w->o, w->m, w->pi++);
     const char *bias = l->use_bias ? param_init(w->o, w->m, w->pi++) : NULL;
+    if (w->s.rank > 1) { /* on the last axis: MatMul broadcasts over (N, T, D), Gemm takes 2-D only */
+        node_begin(w->o, "MatMul", fresh(w->o, nb), w->cur, kernel, NULL);
+        node_end(w->o);
+        strcpy(w->cur, nb);
+        if (bias) {
+            node_begin(w->o, "Add", fresh(w->o, nb), w->cur, bias, NULL);
+            node_end(w->o);
+            strcpy(w->cur, nb);
+        }
+        activation(w->o, l->activation, w->cur);
+        w->s.dim[w->s.rank - 1] = l->units;
+        return LOOM_OK;
+    }
     node_begin(w->o, bias ? "Gemm" : "MatMul", fresh(w->o, nb), w->cur, kernel, bias);
     node_end(w->o);
     strcpy(w->cur, nb);
@@ -446,7 +462,111 @@ static int emit_dense(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
 static int emit_embedding(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
 {
     (void)err;
+    if (l->mask_zero) { /* the time mask as the recurrent ops take it: the count of ids > 0 per example */
+        char pad[80], axis[80], v[32];
+        snprintf(pad, sizeof pad, "%s/pad_id", l->name);
+        snprintf(axis, sizeof axis, "%s/time_axis", l->name);
+        const int64_t z64 = 0, one = 1;
+        const int32_t z32 = 0;
+        initializer(w->o, pad, onnx_dtype(w->in_dtype), NULL, 0,
+                    w->in_dtype == LOOM_I32 ? (const void *)&z32 : (const void *)&z64,
+                    w->in_dtype == LOOM_I32 ? sizeof z32 : sizeof z64);
+        initializer(w->o, axis, ONNX_INT64, (int64_t[]){1}, 1, &one, sizeof one);
+        binary(w->o, "Greater", w->cur, pad, v);
+        strcpy(w->key_mask, v);
+        w->mask_T = w->s.rank ? w->s.dim[0] : 1;
+        node_begin(w->o, "Cast", fresh(w->o, w->seq_lens), v, NULL, NULL);
+        attr_int(w->o, "to", ONNX_INT32);
+        node_end(w->o);
+        node_begin(w->o, "ReduceSum", fresh(w->o, v), w->seq_lens, axis, NULL);
+        attr_int(w->o, "keepdims", 0);
+        node_end(w->o);
+        strcpy(w->seq_lens, v);
+    }
     w->s = embedding(w->o, l, param_init(w->o, w->m, w->pi++), w->in_dtype, w->s, w->cur);
+    return LOOM_OK;
+}
+
+/* One recurrent tensor (kernel (K, G H), recurrent_kernel, or a bias row)
+ * of each direction as ONNX's [dirs, G H, K] with its gates reordered:
+ * dst gate q takes Loom's gate perm[q] (ONNX lstm: i o f c from i f g o;
+ * gru: z r h from r z n). bias: K = 1, rows kept as (dirs, G H). */
+static void rnn_gates(const float *src, int64_t dir2, int dirs, int64_t K, int H, int G, const int *perm, float *dst)
+{
+    for (int d = 0; d < dirs; d++)
+        for (int q = 0; q < G; q++)
+            for (int j = 0; j < H; j++)
+                for (int64_t k = 0; k < K; k++)
+                    dst[(((int64_t)d * G + q) * H + j) * K + k] = src[d * dir2 + k * (int64_t)G * H + perm[q] * H + j];
+}
+
+/* ONNX LSTM and GRU (opset 17) for lstm, gru and bidirectional: X, W, R, B,
+ * sequence_lens (the embedding's mask as lengths: exact for trailing
+ * padding, which padded_batch and output_sequence_length make); Y or Y_h
+ * brought to Loom's (batch, T, dirs H) or (batch, dirs H), or summed over
+ * the directions. Initialisers W, R, B under the layer's name. */
+static int emit_rnn(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
+{
+    bool gru = l->kind == LOOM_LAYER_GRU || (l->kind == LOOM_LAYER_BIDIRECTIONAL && l->cell == 1);
+    int dirs = l->kind == LOOM_LAYER_BIDIRECTIONAL ? 2 : 1, H = l->units, G = gru ? 3 : 4;
+    if (l->activation != LOOM_ACT_TANH || l->recurrent_activation != LOOM_ACT_SIGMOID) {
+        char where[LOOM_PATH_MAX + 16];
+        return loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&l->loc, where, sizeof where), "layer \"%s\": "
+                            "the export writes the default activations (tanh, recurrent sigmoid) only", l->name);
+    }
+    const int64_t D = w->s.dim[1], T = w->s.dim[0];
+    static const int lstm_perm[4] = {0, 3, 1, 2}, gru_perm[3] = {1, 0, 2};
+    const int *perm = gru ? gru_perm : lstm_perm;
+    const loom_param_info *pk = loom_model_param_tensor(w->m, w->pi);
+    const loom_param_info *pb = l->use_bias ? loom_model_param_tensor(w->m, w->pi + 2) : NULL;
+    const int64_t dir2 = dirs == 2 ? loom_model_param_tensor(w->m, w->pi + (l->use_bias ? 3 : 2))->offset - pk->offset : 0;
+    const float *P = loom_model_params(w->m);
+    const int64_t nW = dirs * G * H * D, nR = dirs * (int64_t)G * H * H, nB = dirs * 2 * (int64_t)G * H;
+    float *buf = loom_calloc((size_t)(nW + nR + nB), sizeof(float));
+    if (!buf) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating layer \"%s\"'s ONNX weights", l->name);
+    rnn_gates(P + pk->offset, dir2, dirs, D, H, G, perm, buf);
+    rnn_gates(P + loom_model_param_tensor(w->m, w->pi + 1)->offset, dir2, dirs, H, H, G, perm, buf + nW);
+    for (int d = 0; d < dirs && pb; d++) /* Wb then Rb per direction; lstm: one bias, Rb = 0 */
+        for (int r = 0; r < (gru ? 2 : 1); r++)
+            rnn_gates(P + pb->offset + d * dir2 + r * G * H, 0, 1, 1, H, G, perm, buf + nW + nR + (2 * d + r) * G * H);
+    w->pi += (l->use_bias ? 3 : 2) * dirs;
+    char nw[80], nr[80], nbias[80], x[32], y[32], yh[32];
+    snprintf(nw, sizeof nw, "%s/W", l->name), snprintf(nr, sizeof nr, "%s/R", l->name);
+    snprintf(nbias, sizeof nbias, "%s/B", l->name);
+    initializer(w->o, nw, ONNX_FLOAT, (int64_t[]){dirs, G * H, D}, 3, buf, (size_t)nW * sizeof(float));
+    initializer(w->o, nr, ONNX_FLOAT, (int64_t[]){dirs, G * H, H}, 3, buf + nW, (size_t)nR * sizeof(float));
+    initializer(w->o, nbias, ONNX_FLOAT, (int64_t[]){dirs, 2 * G * H}, 2, buf + nW + nR, (size_t)nB * sizeof(float));
+    loom_free(buf);
+    node_begin(w->o, "Transpose", fresh(w->o, x), w->cur, NULL, NULL); /* (T, batch, D) */
+    attr_ints(w->o, "perm", (const int64_t[]){1, 0, 2}, 3);
+    node_end(w->o);
+    /* the node: inputs X W R B (sequence_lens), outputs Y Y_h */
+    const char *in[5] = {x, nw, nr, nbias, w->seq_lens};
+    for (int i = 0; i < (w->seq_lens[0] ? 5 : 4); i++) pb_str(&w->o->node, NODE_INPUT, in[i]);
+    pb_str(&w->o->node, NODE_OUTPUT, fresh(w->o, y));
+    pb_str(&w->o->node, NODE_OUTPUT, fresh(w->o, yh));
+    char name[64];
+    snprintf(name, sizeof name, "%s_%d", gru ? "GRU" : "LSTM", w->o->n_nodes++);
+    pb_str(&w->o->node, NODE_NAME, name);
+    pb_str(&w->o->node, NODE_OP_TYPE, gru ? "GRU" : "LSTM");
+    attr_int(w->o, "hidden_size", H);
+    attr_str(w->o, "direction", dirs == 2 ? "bidirectional" : "forward");
+    if (gru) attr_int(w->o, "linear_before_reset", 1);
+    node_end(w->o);
+    bool seq = l->return_sequences, sum = dirs == 2 && l->merge_mode == 1;
+    char v[32], shape[80];
+    node_begin(w->o, "Transpose", fresh(w->o, v), seq ? y : yh, NULL, NULL); /* batch first, then (T,) dirs, H */
+    attr_ints(w->o, "perm", seq ? (const int64_t[]){2, 0, 1, 3} : (const int64_t[]){1, 0, 2}, seq ? 4 : 3);
+    node_end(w->o);
+    snprintf(shape, sizeof shape, "%s/%s", l->name, sum ? "dir_axis" : "shape");
+    const int64_t axis = seq ? 2 : 1, shp[3] = {0, seq ? 0 : -1, -1};
+    if (sum) initializer(w->o, shape, ONNX_INT64, (int64_t[]){1}, 1, &axis, sizeof axis);
+    else initializer(w->o, shape, ONNX_INT64, (int64_t[]){seq ? 3 : 2}, 1, shp, (size_t)(seq ? 3 : 2) * sizeof(int64_t));
+    node_begin(w->o, sum ? "ReduceSum" : "Reshape", fresh(w->o, w->cur), v, shape, NULL);
+    if (sum) attr_int(w->o, "keepdims", 0);
+    node_end(w->o);
+    int64_t width = sum ? H : (int64_t)dirs * H;
+    w->s = seq ? (loom_shape){.rank = 2, .dim = {T, width}} : (loom_shape){.rank = 1, .dim = {width}};
     return LOOM_OK;
 }
 
@@ -785,6 +905,144 @@ static int emit_plugin(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
     return LOOM_OK;
 }
 
+/* ---- attention (issue 24) as opset-17 MatMul / Softmax graphs ---- */
+
+/* in reshaped to dims (0 keeps the batch) into a fresh value, out; the shape an initializer "<layer>/<tag>" */
+static void reshape_to(onnx_walk *w, const loom_layer_spec *l, const char *in, const char *tag, const int64_t *dims,
+                       int n, char out[32])
+{
+    char sn[LOOM_NAME_MAX + 64];
+    snprintf(sn, sizeof sn, "%s/%s", l->name, tag);
+    initializer(w->o, sn, ONNX_INT64, (int64_t[]){n}, 1, dims, (size_t)n * sizeof(int64_t));
+    node_begin(w->o, "Reshape", fresh(w->o, out), in, sn, NULL);
+    node_end(w->o);
+}
+
+static void transpose_to(onnx_walk *w, const char *in, const int64_t perm[4], char out[32])
+{
+    node_begin(w->o, "Transpose", fresh(w->o, out), in, NULL, NULL);
+    attr_ints(w->o, "perm", perm, 4);
+    node_end(w->o);
+}
+
+/* One projection of x (N, T, k) by the next kernel (k, H, d) and bias (H, d), split in heads: (N, H, T, d)
+ * with perm {0, 2, 1, 3}, or (N, H, d, T) for the keys {0, 2, 3, 1}. */
+static void attn_proj(onnx_walk *w, const loom_layer_spec *l, const char *x, const char *tag, int64_t T, int64_t k,
+                      int64_t d, const int64_t perm[4], char out[32])
+{
+    const int64_t H = l->num_heads;
+    char kn[32], t[32], sh[32];
+    const char *kernel = param_init(w->o, w->m, w->pi++);
+    char tg[48];
+    snprintf(tg, sizeof tg, "%s_kernel_shape", tag);
+    reshape_to(w, l, kernel, tg, (int64_t[]){k, H * d}, 2, kn);
+    binary(w->o, "MatMul", x, kn, t);
+    if (l->use_bias) {
+        const char *bias = param_init(w->o, w->m, w->pi++);
+        snprintf(tg, sizeof tg, "%s_bias_shape", tag);
+        reshape_to(w, l, bias, tg, (int64_t[]){H * d}, 1, kn);
+        binary(w->o, "Add", t, kn, t);
+    }
+    snprintf(tg, sizeof tg, "%s_heads", tag);
+    reshape_to(w, l, t, tg, (int64_t[]){0, T, H, d}, 4, sh);
+    transpose_to(w, sh, perm, out);
+}
+
+/* multi_head_attention: softmax(Q K^T / sqrt(key_dim) + causal mask) V per head, the heads joined and projected
+ * (attention dropout: identity); query xq (N, T, Dq), value xv (N, S, Dv), key xk (N, S, Dk). An embedding's
+ * mask_zero masks padding keys of S steps (a key of padding alone gets uniform weights where nn gives 0). */
+static int attention(onnx_walk *w, const loom_layer_spec *l, const char *xq, const char *xv, const char *xk,
+                     const int64_t dims[5], loom_err *err)
+{
+    const int64_t T = dims[0], Dq = dims[1], S = dims[2], Dv = dims[3], Dk = dims[4], H = l->num_heads,
+                  dk = l->key_dim, dv = l->value_dim > 0 ? l->value_dim : l->key_dim;
+    const int64_t hp[4] = {0, 2, 1, 3}, kp[4] = {0, 2, 3, 1};
+    char q[32], k[32], v[32], s[32], sn[LOOM_NAME_MAX + 32];
+    attn_proj(w, l, xq, "query", T, Dq, dk, hp, q);
+    attn_proj(w, l, xk, "key", S, Dk, dk, kp, k);
+    attn_proj(w, l, xv, "value", S, Dv, dv, hp, v);
+    binary(w->o, "MatMul", q, k, s); /* (N, H, T, S) */
+    snprintf(sn, sizeof sn, "%s/scale", l->name);
+    const_scalar(w->o, sn, 1.f / sqrtf((float)dk));
+    binary(w->o, "Mul", s, sn, s);
+    if (l->causal) {
+        float *mk = loom_alloc((size_t)(T * S) * sizeof(float));
+        if (!mk) return loom_err_set(err, LOOM_ENOMEM, NULL, "the causal mask of layer \"%s\"", l->name);
+        for (int64_t i = 0; i < T * S; i++) mk[i] = i % S > i / S ? -INFINITY : 0.f;
+        snprintf(sn, sizeof sn, "%s/causal_mask", l->name);
+        initializer(w->o, sn, ONNX_FLOAT, (int64_t[]){T, S}, 2, mk, (size_t)(T * S) * sizeof(float));
+        loom_free(mk);
+        binary(w->o, "Add", s, sn, s);
+    }
+    if (w->key_mask[0] && w->mask_T == S) { /* the embedding's mask_zero on the keys: -1e9 (exp gives 0) */
+        char m4[32], ax[LOOM_NAME_MAX + 32], zero[LOOM_NAME_MAX + 32], neg[LOOM_NAME_MAX + 32];
+        snprintf(ax, sizeof ax, "%s/mask_axes", l->name);
+        snprintf(zero, sizeof zero, "%s/mask_zero", l->name);
+        snprintf(neg, sizeof neg, "%s/mask_neg", l->name);
+        initializer(w->o, ax, ONNX_INT64, (int64_t[]){2}, 1, (int64_t[]){1, 2}, 2 * sizeof(int64_t));
+        const_scalar(w->o, zero, 0.f);
+        const_scalar(w->o, neg, -1e9f);
+        binary(w->o, "Unsqueeze", w->key_mask, ax, m4); /* (N, 1, 1, S) */
+        node_begin(w->o, "Where", fresh(w->o, sn), m4, zero, neg);
+        node_end(w->o);
+        binary(w->o, "Add", s, sn, s);
+    }
+    char p[32], c[32];
+    node_begin(w->o, "Softmax", fresh(w->o, p), s, NULL, NULL);
+    attr_int(w->o, "axis", -1);
+    node_end(w->o);
+    binary(w->o, "MatMul", p, v, c); /* (N, H, T, dv) */
+    transpose_to(w, c, hp, s);
+    reshape_to(w, l, s, "joined", (int64_t[]){0, T, H * dv}, 3, c);
+    const char *ok = param_init(w->o, w->m, w->pi++);
+    reshape_to(w, l, ok, "output_kernel_shape", (int64_t[]){H * dv, Dq}, 2, p);
+    binary(w->o, "MatMul", c, p, w->cur);
+    if (l->use_bias) binary(w->o, "Add", w->cur, param_init(w->o, w->m, w->pi++), w->cur);
+    w->s = (loom_shape){.rank = 2, .dim = {T, Dq}};
+    return LOOM_OK;
+}
+
+static int emit_attention(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
+{
+    if (w->nchw) transpose(w, to_nhwc, false);
+    char x[32];
+    strcpy(x, w->cur);
+    const int64_t T = w->s.dim[0], D = w->s.dim[1];
+    return attention(w, l, x, x, x, (int64_t[]){T, D, T, D, D}, err);
+}
+
+/* positional_embedding: x + the table's first T rows (learned: a Slice of the parameter; sinusoidal: a constant) */
+static int emit_positional(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
+{
+    if (w->nchw) transpose(w, to_nhwc, false);
+    const int64_t T = w->s.dim[0], D = w->s.dim[1];
+    char sn[LOOM_NAME_MAX + 32], t[32];
+    if (l->pos_mode == LOOM_POS_SINUSOIDAL) {
+        float *pe = loom_alloc((size_t)(T * D) * sizeof(float));
+        if (!pe) return loom_err_set(err, LOOM_ENOMEM, NULL, "the positions of layer \"%s\"", l->name);
+        for (int64_t i = 0; i < T; i++) /* as nn's sinusoids (attention.c) */
+            for (int64_t d = 0; d < D; d++) {
+                double ang = (double)i / pow(10000.0, (double)(d - d % 2) / (double)D);
+                pe[i * D + d] = (float)(d % 2 ? cos(ang) : sin(ang));
+            }
+        snprintf(sn, sizeof sn, "%s/sinusoids", l->name);
+        initializer(w->o, sn, ONNX_FLOAT, (int64_t[]){T, D}, 2, pe, (size_t)(T * D) * sizeof(float));
+        loom_free(pe);
+        binary(w->o, "Add", w->cur, sn, w->cur);
+        return LOOM_OK;
+    }
+    const char *table = param_init(w->o, w->m, w->pi++);
+    char st[LOOM_NAME_MAX + 32], en[LOOM_NAME_MAX + 32];
+    snprintf(st, sizeof st, "%s/rows_from", l->name);
+    snprintf(en, sizeof en, "%s/rows_to", l->name);
+    initializer(w->o, st, ONNX_INT64, (int64_t[]){1}, 1, (int64_t[]){0}, sizeof(int64_t));
+    initializer(w->o, en, ONNX_INT64, (int64_t[]){1}, 1, (int64_t[]){T}, sizeof(int64_t));
+    node_begin(w->o, "Slice", fresh(w->o, t), table, st, en);
+    node_end(w->o);
+    binary(w->o, "Add", w->cur, t, w->cur);
+    return LOOM_OK;
+}
+
 /* The ONNX form of each layer kind, by loom_layer_kind. */
 static int (*const kind_emit[])(onnx_walk *w, const loom_layer_spec *l, loom_err *err) = {
     [LOOM_LAYER_DENSE] = emit_dense,
@@ -798,6 +1056,8 @@ static int (*const kind_emit[])(onnx_walk *w, const loom_layer_spec *l, loom_err
     [LOOM_LAYER_LAYER_NORM] = emit_norm,
     [LOOM_LAYER_GLOBAL_AVG_POOL2D] = emit_global_pool,
     [LOOM_LAYER_EMBEDDING] = emit_embedding,
+    [LOOM_LAYER_MULTI_HEAD_ATTENTION] = emit_attention,
+    [LOOM_LAYER_POSITIONAL_EMBEDDING] = emit_positional,
     [LOOM_LAYER_PLUGIN] = emit_plugin,
     [LOOM_LAYER_ZERO_PADDING2D] = emit_zero_padding,
     [LOOM_LAYER_GLOBAL_MAX_POOL2D] = emit_global_pool,
@@ -807,6 +1067,9 @@ static int (*const kind_emit[])(onnx_walk *w, const loom_layer_spec *l, loom_err
     [LOOM_LAYER_SEPARABLE_CONV2D] = emit_conv_more,
     [LOOM_LAYER_CONV2D_TRANSPOSE] = emit_conv_more,
     [LOOM_LAYER_CONV1D] = emit_conv1d,
+    [LOOM_LAYER_LSTM] = emit_rnn,
+    [LOOM_LAYER_GRU] = emit_rnn,
+    [LOOM_LAYER_BIDIRECTIONAL] = emit_rnn,
 };
 
 /* The graph's input: the source's raw feature with the preprocessing folded
@@ -880,6 +1143,16 @@ static void merge_operand(onnx_walk *w, const loom_layer_spec *l, int k, const o
         initializer(w->o, an, ONNX_INT64, &na, 1, axes, (size_t)na * sizeof(int64_t));
         binary(w->o, "Unsqueeze", name, an, name);
     }
+}
+
+/* inputs = [query, value(, key)]: each input's value by name (sequences: never NCHW) */
+static int emit_attention_cross(onnx_walk *w, const loom_layer_spec *l, const onnx_value *v, int n, loom_err *err)
+{
+    const onnx_value *q = &v[0], *val = &v[1], *key = &v[n > 2 ? 2 : 1];
+    strcpy(w->cur, q->name);
+    w->nchw = false;
+    return attention(w, l, q->name, val->name, key->name,
+                     (int64_t[]){q->s.dim[0], q->s.dim[1], val->s.dim[0], val->s.dim[1], key->s.dim[1]}, err);
 }
 
 /* A merge layer (add, subtract, multiply, average, maximum, concatenate) of
@@ -999,6 +1272,8 @@ static int build_graph(onnx_graph *o, const loom_spec *spec, loom_model *m, cons
         for (int k = 0; k < ns; k++) sv[k] = src[k] >= 0 ? val[src[k]] : iv[-1 - src[k]];
         if (l->kind >= LOOM_LAYER_ADD && l->kind <= LOOM_LAYER_CONCATENATE) {
             rc = emit_merge(&w, l, sv, ns, err);
+        } else if (l->kind == LOOM_LAYER_MULTI_HEAD_ATTENTION && ns > 1) {
+            rc = emit_attention_cross(&w, l, sv, ns, err);
         } else if ((unsigned)l->kind >= sizeof kind_emit / sizeof kind_emit[0] || !kind_emit[l->kind]) {
             char where[LOOM_PATH_MAX + 16];
             rc = loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&l->loc, where, sizeof where),
@@ -1129,12 +1404,15 @@ static int input_of(const loom_spec *spec, const loom_dataset_spec *base, bool r
         *ds = *base;
         ds->n_transforms = 0;
         bool batched = false; /* the maps with the batches they run on (a Lua map may read a batch's rows) */
-        if (pass == 0)
-            for (int i = 0; i < base->n_transforms; i++)
-                if (base->transform[i].kind == LOOM_T_MAP || base->transform[i].kind == LOOM_T_BATCH) {
-                    batched |= base->transform[i].kind == LOOM_T_BATCH;
+        if (pass == 0) /* the maps, their batches, and the transforms that make a text's examples (issue 24) */
+            for (int i = 0; i < base->n_transforms; i++) {
+                loom_transform_kind k = base->transform[i].kind;
+                if (k == LOOM_T_MAP || k == LOOM_T_BATCH || k == LOOM_T_SELECT || k == LOOM_T_UNBATCH ||
+                    k == LOOM_T_WINDOW || k == LOOM_T_LM_PAIRS || k == LOOM_T_FLAT_MAP) {
+                    batched |= k == LOOM_T_BATCH;
                     ds->transform[ds->n_transforms++] = base->transform[i];
                 }
+            }
         loom_iter *it = NULL;
         loom_data_ctx ctx = {.seed = spec->run.seed, .threads = 0, .name = "export"};
         rc = loom_data_open(&it, ds, &ctx, err);

@@ -78,6 +78,7 @@ typedef struct predict_job {
     int              in_idx, id_idx[MAX_IDS];      /* the model input and the ids in the predicted elements */
     int              more_idx[LOOM_MAX_MODEL_INPUTS]; /* model.inputs beyond the first, there */
     int64_t          classes;                      /* the model's outputs per example */
+    int64_t          steps;                        /* a per-token softmax (T, classes): T; else 1 */
     int64_t          width;                        /* floats per example predicted: classes, or every head's */
     const loom_model *model;                       /* for the other heads' columns */
     bool             regression, multi_label;      /* the columns' kind of task */
@@ -234,7 +235,11 @@ static void write_header(FILE *f, const predict_job *j)
         fprintf(f, ",class,probability");
     else if (j->multi_label)
         for (int64_t c = 0; c < j->classes; c++) fprintf(f, ",probability_%lld", (long long)c);
-    else {
+    else if (j->steps > 1) { /* per token: each step's class, then its probabilities */
+        for (int64_t t = 0; t < j->steps; t++) fprintf(f, ",class_%lld", (long long)t);
+        for (int64_t c = 0; c < j->classes; c++)
+            fprintf(f, ",p%lld_%lld", (long long)(c / (j->classes / j->steps)), (long long)(c % (j->classes / j->steps)));
+    } else {
         fprintf(f, ",class");
         for (int64_t c = 0; c < j->classes; c++) fprintf(f, ",p%lld", (long long)c);
     }
@@ -256,7 +261,14 @@ static void write_row(FILE *f, const predict_job *j, int64_t index, const loom_e
         if (t->dtype == LOOM_F32 || t->dtype == LOOM_F64) fprintf(f, ",%.9g", v);
         else fprintf(f, ",%lld", (long long)v);
     }
-    if (!j->regression && !j->multi_label) {
+    for (int64_t t = 0; j->steps > 1 && t < j->steps; t++) { /* per token: each step's argmax */
+        const int64_t V = j->classes / j->steps;
+        int64_t best = 0;
+        for (int64_t c = 1; c < V; c++)
+            if (p[t * V + c] > p[t * V + best]) best = c;
+        fprintf(f, ",%lld", (long long)best);
+    }
+    if (!j->regression && !j->multi_label && j->steps == 1) {
         int64_t best = 0;
         for (int64_t c = 1; c < j->classes; c++)
             if (p[c] > p[best]) best = c;
@@ -319,6 +331,7 @@ int loom_predict_run(const loom_spec *spec, const loom_predict_opts *po, loom_er
     j.classes = loom_shape_numel(&os);
     j.model = loom_strategy_model(r.strat);
     j.width = loom_model_num_heads(j.model) > 1 ? loom_model_predict_width(j.model) : j.classes;
+    j.steps = lk == LOOM_LOSS_SPARSE_SOFTMAX_CE && os.rank == 2 && loom_model_num_heads(j.model) == 1 ? os.dim[0] : 1;
     j.regression = lk == LOOM_LOSS_MSE || lk == LOOM_LOSS_MAE || lk == LOOM_LOSS_HUBER;
     j.multi_label = lk == LOOM_LOSS_BCE && j.classes > 1;
     rc = predict_dataset(&j, r.args.max_batch, ds, err);

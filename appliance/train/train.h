@@ -92,6 +92,27 @@ typedef struct loom_predict_opts {
 } loom_predict_opts;
 int loom_predict_run(const loom_spec *spec, const loom_predict_opts *o, loom_err *err);
 
+/* `loom generate` (generate.c): samples a language model (nn.h
+ * loom_decoder_new says what that is) from a checkpoint: the prompt is
+ * tokenised by data.train's first tokenize map (after loom_data_adapt:
+ * its adapted vocabulary), then max_tokens tokens are drawn one at a time
+ * (loom_decode_sample, never padding id 0), each detokenised (words with a
+ * space before each) and written to out and flushed as it is drawn; then a
+ * newline. Prompt tokens outside the vocabulary map to the OOV id, with a
+ * warning saying how many. Same seed, config and checkpoint: same text. */
+typedef struct loom_generate_opts {
+    const char *model_dir, *checkpoint; /* NULL: spec->run.model_dir, the latest checkpoint */
+    const char *prompt;
+    int64_t     max_tokens;             /* >= 0, per sample */
+    int64_t     samples;                /* continuations of the prompt, one a line, the draws going on (<= 0: 1) */
+    double      temperature;            /* 0: greedy (argmax) */
+    int64_t     top_k;                  /* 0: every id */
+    uint64_t    seed;
+    bool        generic;                /* never the incremental path (tests compare the two) */
+    FILE       *out;                    /* NULL: stdout */
+} loom_generate_opts;
+int loom_generate(const loom_spec *spec, const loom_generate_opts *o, loom_err *err);
+
 /* Opens every pipeline and builds the model without training, so that missing
  * files and shape mismatches surface; prints the plan to f. */
 /* cluster: this process's task (NULL: one process); the strategy builds its

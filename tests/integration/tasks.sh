@@ -166,7 +166,7 @@ expect_fail 2 "sample_weight naming a missing feature is an error" 'model.sample
 
 # bad input: an unknown metric, AUC on ten classes, accuracy of a regression, BCE labels outside [0, 1]
 expect_fail 2 "an unknown metric is a config error with the choices" \
-    'model.metrics.[1]: unknown value "aucc" (expected one of: accuracy, auc, precision, recall, top_k_accuracy, mae, rmse)' \
+    'model.metrics.[1]: unknown value "aucc" (expected one of: accuracy, auc, precision, recall, top_k_accuracy, mae, rmse, perplexity)' \
     "$LOOM" check "$BIN" --set 'model.metrics=["accuracy", "aucc"]'
 expect_fail 2 "auc on ten classes without multi_label is a config error" \
     '"auc" does not fit this model: the model has 10 classes and AUC is a curve of two' \

@@ -3,7 +3,7 @@
  * lm_pairs, padded_batch's mask, bucket_by_sequence_length (tf's bucketing
  * rule and end-of-input flush), tokenize (bytes, code points, words through a
  * vocabulary file with Keras' standardize, output_sequence_length), the text
- * source's records, the bad inputs (invalid UTF-8, a vocabulary with a
+ * source's records and file_feature, the bad inputs (invalid UTF-8, a vocabulary with a
  * duplicate or an empty line, a window larger than the data), and exact
  * save/restore at every cut through each of them. Fixtures are written to a
  * temporary directory at run time. */
@@ -287,6 +287,25 @@ static void test_records(void)
     free(s);
 }
 
+/* file_feature: each element's file as its index in the sorted list (files given out of order), restored exactly */
+static void test_file_feature(void)
+{
+    write_file(tpath("fa.txt"), "x\ny\n", 4);
+    write_file(tpath("fb.txt"), "z\n", 2);
+    loom_dataset_spec *s = text_spec(tpath("fb.txt"), NULL, 8);
+    snprintf(s->source.pattern[1], LOOM_PATH_MAX, "%s", tpath("fa.txt"));
+    s->source.n_patterns = 2;
+    snprintf(s->source.text.file_feature, sizeof s->source.text.file_feature, "topic");
+    expect_pass(s, "topic", "[0] [0] [1]");
+    expect_pass(s, "length", "[1] [1] [1]");
+    check_restore(s, "file_feature");
+    snprintf(s->source.text.file_feature, sizeof s->source.text.file_feature, "line");
+    char got[256], errbuf[1024];
+    CHECK(pass_text(s, "line", got, sizeof got, errbuf, sizeof errbuf) == LOOM_ECONFIG);
+    CHECK_CONTAINS(errbuf, "file_feature = \"line\" clashes with the source's own feature");
+    free(s);
+}
+
 /* ---- flat_map: interleave with cycle_length 1 (tf_semantics 4.5) ------------------------ */
 
 static void test_flat_map(void)
@@ -464,6 +483,7 @@ static const loom_test tests[] = {
     {"tokenize", test_tokenize},
     {"tokenizer", test_tokenizer},
     {"records", test_records},
+    {"file_feature", test_file_feature},
     {"flat_map", test_flat_map},
     {"padded_mask", test_padded_mask},
     {"bucket", test_bucket},

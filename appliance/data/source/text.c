@@ -21,6 +21,7 @@ typedef struct text_source {
     bool       truncate;
     uint8_t   *line;   /* (max_length + 1): the lent "line" */
     int64_t   *length; /* the lent "length" */
+    int64_t   *file;   /* file_feature: the lent index of the element's file, NULL without */
     char       sep[16]; /* record_separator, sep_len bytes; 0: lines */
     int64_t    sep_len;
     int64_t    rec_fi;  /* the file and byte offset the last element began at (text_source_where_) */
@@ -110,6 +111,7 @@ static int text_next(dstage *st, loom_elem **out, loom_err *err)
         }
         memset(t->line + n, 0, (size_t)(t->max_length - n));
         *t->length = n;
+        if (t->file) *t->file = t->rec_fi;
         *out = &st->out;
         return LOOM_OK;
     }
@@ -148,6 +150,7 @@ static void text_close(dstage *st)
     src_cursor_fini_(&t->cur);
     loom_free(t->line);
     loom_free(t->length);
+    loom_free(t->file);
     loom_free(t->cr);
     loom_free(t);
 }
@@ -194,7 +197,23 @@ int text_source_open_(dstage **out, const loom_source_spec *src, loom_err *err)
     st->spec.dtype[1] = LOOM_I64;
     st->spec.shape[0] = loom_shape_make(1, &t->max_length);
     st->spec.shape[1] = (loom_shape){0};
-    for (int f = 0; f < 2; f++) {
+    if (src->text.file_feature[0]) { /* "which file": the index in the sorted list */
+        if (!strcmp(src->text.file_feature, "line") || !strcmp(src->text.file_feature, "length")) {
+            rc = dstage_err_(st, err, LOOM_ECONFIG, "text source: file_feature = \"%s\" clashes with the source's "
+                             "own feature of that name", src->text.file_feature);
+            goto fail;
+        }
+        if (!(t->file = loom_alloc_aligned(sizeof *t->file))) {
+            rc = loom_err_set(err, LOOM_ENOMEM, NULL, "cannot allocate the text source");
+            goto fail;
+        }
+        st->spec.n = st->out.n = 3;
+        snprintf(st->spec.name[2], LOOM_NAME_MAX, "%s", src->text.file_feature);
+        st->spec.dtype[2] = LOOM_I64;
+        st->spec.shape[2] = (loom_shape){0};
+        st->out.t[2] = (loom_tensor){.dtype = LOOM_I64, .shape = st->spec.shape[2], .data = t->file};
+    }
+    for (int f = 0; f < st->spec.n; f++) {
         st->maxshape[f] = st->spec.shape[f];
         st->mut[f] = 1;
     }
@@ -206,6 +225,7 @@ int text_source_open_(dstage **out, const loom_source_spec *src, loom_err *err)
     snprintf(st->desc, sizeof st->desc, "text(%lld files,max_length %lld,%s,%016llx%s%s)", (long long)t->cur.n_files,
              (long long)t->max_length, t->truncate ? "truncate" : "error", (unsigned long long)h,
              t->sep_len ? ",records " : "", t->sep);
+    if (t->file) snprintf(st->desc + strlen(st->desc), sizeof st->desc - strlen(st->desc), "+file");
     *out = st;
     return LOOM_OK;
 fail:
