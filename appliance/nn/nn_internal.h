@@ -341,6 +341,18 @@ void nn_ln_param_grads_(const loom_model *m, int li, int64_t B, int part, int pa
  * and beta's gradients. */
 void nn_bn_forward_(loom_model *m, int li, const float *x, int64_t B, int training);
 void nn_bn_backward_(loom_model *m, int li, nn_chunk_ *chunk, int nchunks, int64_t B);
+/* bn_pass.c: their passes over the batch in fixed blocks of rows on m->pool (the bits depend on the
+ * batch alone). stat's floats for C channels; the training moments (double, biased variance);
+ * x into the layer's xhat and y; the sums of g and g xhat over the chunks' gradient rows; and
+ * g = gamma rstd (g - sg / N - xhat sgh / N) on those rows in place. */
+int64_t nn_bn_stat_floats_(int64_t C);
+void nn_bn_moments_(const loom_model *m, const nn_layer_ *l, const float *x, int64_t rows, double *mean, double *var);
+void nn_bn_normalize_(const loom_model *m, const nn_layer_ *l, const float *x, int64_t rows, const float *mean,
+                      const float *rstd, const float *gamma, const float *beta);
+void nn_bn_grad_sums_(const loom_model *m, const nn_layer_ *l, const nn_chunk_ *chunk, int nchunks, int64_t B,
+                      double *sg, double *sgh);
+void nn_bn_grad_apply_(const loom_model *m, const nn_layer_ *l, const nn_chunk_ *chunk, int nchunks, int64_t B,
+                       const float *gamma, const float *rstd, const double *sg, const double *sgh, double N);
 /* Synchronised batch normalization: the step's next call of m->bn_sync on
  * buf (n floats; a failure is kept in m->sync_rc); nn_bn_sync_rest_ makes
  * the calls the step has not made yet (with zeros) and returns the step's
