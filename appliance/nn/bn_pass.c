@@ -4,6 +4,9 @@
  * fifth of a ResNet step. Here the rows go in NN_BN_BLOCKS fixed blocks (bounds from the row
  * count alone), each block's per-channel sums in double in row order, then the blocks' sums
  * added in block order: the bits depend on the batch, never on the threads or the chunks.
+ * xhat is not kept: the backward recomputes it from the forward's input rows (bn_x), which the
+ * layer before keeps for the step anyway, with the forward's expression, so to the same bits;
+ * a buffer of the layer's output size less per batch normalization.
  * Threads: the blocks run on m->pool; each writes only its own rows and its own partial sums. */
 #include "nn_internal.h"
 
@@ -30,7 +33,7 @@ typedef struct bn_job {
     const double *mean;          /* the variance pass: the batch mean */
     const float *a, *b, *c;      /* per channel: forward mean, rstd, (gamma, beta in e, f); backward gamma*rstd, mg, mgh */
     const float *e, *f;
-    float *xh, *y;
+    float *y;
     int pass;
 } bn_job;
 
@@ -108,13 +111,12 @@ static void normalize_block(void *arg, int blk)
     const int64_t C = j->l->C;
     const float *restrict x = j->x, *restrict mean = j->a, *restrict rstd = j->b, *restrict gamma = j->e,
                           *restrict beta = j->f;
-    float *restrict xh = j->xh, *restrict y = j->y;
+    float *restrict y = j->y;
     int64_t r0, r1;
     block_rows(j, blk, &r0, &r1);
     for (int64_t r = r0; r < r1; r++)
         for (int64_t k = 0; k < C; k++) {
             float h = (x[r * C + k] - mean[k]) * rstd[k];
-            xh[r * C + k] = h;
             y[r * C + k] = gamma[k] * h + beta[k];
         }
 }
@@ -123,7 +125,7 @@ void nn_bn_normalize_(const loom_model *m, const nn_layer_ *l, const float *x, i
                       const float *rstd, const float *gamma, const float *beta)
 {
     bn_job j = {.l = l, .rows = rows, .nb = bn_blocks(rows), .x = x, .a = mean, .b = rstd, .e = gamma, .f = beta,
-                .xh = l->xhat, .y = l->y};
+                .y = l->y};
     run_blocks(m, &j, normalize_block);
 }
 
@@ -136,12 +138,14 @@ static void grad_sums_block(void *arg, int blk)
     int64_t r0, r1;
     block_rows(j, blk, &r0, &r1);
     for (int64_t k = 0; k < C; k++) sg[k] = sgh[k] = 0;
+    const float *restrict mean = j->l->stat, *restrict rstd = mean + C;
     for (int64_t r = r0, e; r < r1; r = e) {
-        const float *restrict g = chunk_rows(j, r, r1, &e), *restrict h = j->l->xhat + r * C;
+        const float *restrict g = chunk_rows(j, r, r1, &e), *restrict x = j->l->bn_x + r * C;
         for (int64_t q = 0; q < (e - r) * C; q += C)
             for (int64_t k = 0; k < C; k++) {
+                float h = (x[q + k] - mean[k]) * rstd[k]; /* xhat, as the forward computed it */
                 sg[k] += g[q + k];
-                sgh[k] += (double)g[q + k] * h[q + k];
+                sgh[k] += (double)g[q + k] * h;
             }
     }
 }
@@ -162,13 +166,17 @@ static void grad_apply_block(void *arg, int blk)
     const bn_job *j = arg;
     const int64_t C = j->l->C;
     const float *restrict gr = j->a, *restrict mg = j->b, *restrict mgh = j->c;
+    const float *restrict mean = j->l->stat, *restrict rstd = mean + C;
     int64_t r0, r1;
     block_rows(j, blk, &r0, &r1);
     for (int64_t r = r0, e; r < r1; r = e) {
         float *restrict g = chunk_rows(j, r, r1, &e);
-        const float *restrict h = j->l->xhat + r * C;
+        const float *restrict x = j->l->bn_x + r * C;
         for (int64_t q = 0; q < (e - r) * C; q += C)
-            for (int64_t k = 0; k < C; k++) g[q + k] = gr[k] * (g[q + k] - mg[k] - h[q + k] * mgh[k]);
+            for (int64_t k = 0; k < C; k++) {
+                float h = (x[q + k] - mean[k]) * rstd[k];
+                g[q + k] = gr[k] * (g[q + k] - mg[k] - h * mgh[k]);
+            }
     }
 }
 

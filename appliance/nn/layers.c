@@ -1380,6 +1380,7 @@ void nn_bn_forward_(loom_model *m, int li, const float *x, int64_t B, int traini
             rstd[k] = (float)(1.0 / sqrt((double)mv[k] + eps));
         }
     }
+    l->bn_x = x;
     nn_bn_normalize_(m, l, x, rows, mean, rstd, gamma, beta);
 }
 

@@ -650,7 +650,7 @@ static bool layer_buffers(nn_layer_ *l, int64_t max_batch)
                  k == LOOM_LAYER_AVG_POOL2D || k == LOOM_LAYER_GLOBAL_AVG_POOL2D ||
                  (k >= LOOM_LAYER_ADD && k <= LOOM_LAYER_CONCATENATE);
     size_t outs = (size_t)(max_batch * l->n_out);
-    if (norm && !(l->xhat = loom_alloc_aligned(outs * sizeof(float)))) return false;
+    if (k == LOOM_LAYER_LAYER_NORM && !(l->xhat = loom_alloc_aligned(outs * sizeof(float)))) return false;
     if (norm && !(l->stat = loom_alloc_aligned(
                       (size_t)(k == LOOM_LAYER_BATCH_NORM ? nn_bn_stat_floats_(l->C) : max_batch * l->n_out / l->C) * sizeof(float))))
         return false;

@@ -43,7 +43,9 @@ typedef struct nn_layer_ {
     /* batch_ and layer_normalization: kernel_off is gamma, bias_off beta; C the normalised axis (the last) */
     int64_t        mm_off, mv_off; /* batch_normalization: moving mean and variance (not trained) */
     int64_t        C;
-    float         *xhat;           /* (max_batch, n_out) the normalised input */
+    float         *xhat;           /* layer_normalization: (max_batch, n_out) the normalised input */
+    const float   *bn_x;           /* batch_normalization: the last training forward's input rows (the whole
+                                      batch's, kept by the layer before for the step), xhat's source */
     float         *stat;           /* batch: (2 C) mean, 1/std of the batch; layer: (max_batch * n_out / C) 1/std */
     double         sync_n;         /* batch_normalization, sync: the global batch's rows of the last forward */
     /* embedding: the table is the kernel, (rows, dim); input (cols,) or (cols, k) ids, output (cols, dim) */
@@ -343,7 +345,7 @@ void nn_bn_forward_(loom_model *m, int li, const float *x, int64_t B, int traini
 void nn_bn_backward_(loom_model *m, int li, nn_chunk_ *chunk, int nchunks, int64_t B);
 /* bn_pass.c: their passes over the batch in fixed blocks of rows on m->pool (the bits depend on the
  * batch alone). stat's floats for C channels; the training moments (double, biased variance);
- * x into the layer's xhat and y; the sums of g and g xhat over the chunks' gradient rows; and
+ * x into the layer's y; the sums of g and g xhat (from bn_x) over the chunks' gradient rows; and
  * g = gamma rstd (g - sg / N - xhat sgh / N) on those rows in place. */
 int64_t nn_bn_stat_floats_(int64_t C);
 void nn_bn_moments_(const loom_model *m, const nn_layer_ *l, const float *x, int64_t rows, double *mean, double *var);
