@@ -1585,7 +1585,7 @@ void nn_layer_forward_(const loom_model *m, int li, nn_chunk_ *c, int training, 
         } else if (nn_act_needs_x_(l->act)) {
             nn_act_apply_(l->act, x, y, B * l->n_out);
         } else {
-            memcpy(y, x, (size_t)(B * l->n_out) * sizeof *y);
+            if (y != x) memcpy(y, x, (size_t)(B * l->n_out) * sizeof *y); /* else in place (inplace) */
             bias_act(y, NULL, B, l->n_out, l->act);
         }
         break;

@@ -34,6 +34,10 @@ typedef struct nn_layer_ {
      * ReLU-masked pooled gradient in its own dz for the conv's bias sums. */
     int fuse_pool;                 /* conv2d */
     int fused;                     /* max_pool2d */
+    /* an activation whose gradient comes from its output (relu, sigmoid, ...), or an add, whose input 0 is
+     * a batch normalization or an add that nothing else reads and whose backward needs not its output:
+     * y is that input's buffer, overwritten in place (model.c, fuse), as PyTorch's inplace ReLU */
+    int inplace;
     float         *y;              /* (max_batch, n_out) owned output; NULL for flatten */
     int32_t       *argmax;         /* max_pool2d: (max_batch, n_out) input index within the example */
     uint8_t       *mask;           /* dropout: (max_batch, n_out) 1 = kept */
