@@ -861,11 +861,16 @@ static void conv_forward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, 
     for (int64_t b0 = 0; b0 < B; b0 += l->chunk) {
         int64_t nb = B - b0 < l->chunk ? B - b0 : l->chunk;
         const float *col = x + b0 * l->n_in;
+        float *y = yc + b0 * l->n_out;
+        if (nn_conv3_ok_(l)) { /* 3x3 "same", direct (conv_fast.c) */
+            nn_conv3_forward_(l, W, x + b0 * l->n_in, y, nb, c->col);
+            bias_act(y, bias, nb * P, l->cout, l->act);
+            continue;
+        }
         if (!conv_is_pointwise(l)) {
             im2col(l, x + b0 * l->n_in, nb, c->col);
             col = c->col;
         }
-        float *y = yc + b0 * l->n_out;
         loom_sgemm(false, false, (int)(nb * P), l->cout, (int)K, 1.f, col, (int)K, W, l->cout, 0.f, y, l->cout);
         if (p) pool_fused_forward(p, bias, l->act, y, py + b0 * p->n_out, pa + b0 * p->n_out, nb);
         else bias_act(y, bias, nb * P, l->cout, l->act);
@@ -890,6 +895,10 @@ static float *conv_backward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *
         float *dx = other + b0 * l->n_in;
         if (conv_is_pointwise(l)) {
             loom_sgemm(false, true, (int)(nb * P), (int)K, l->cout, 1.f, gz, l->cout, W, l->cout, 0.f, dx, (int)K);
+            continue;
+        }
+        if (nn_conv3_ok_(l)) {
+            nn_conv3_backward_data_(l, W, gz, dx, nb, c->col);
             continue;
         }
         /* dcol (nb*P, K) = dZ W^T, in the col scratch, then scattered back */
