@@ -18,11 +18,16 @@
 #define CF_HAVE 0
 #endif
 
+/* Wider layers stay on im2col + BLAS: a 16-channel block's weights (9 cin 16 floats) are streamed
+ * again for every row of pixels, out of L1 past 64 input channels, while BLAS's products are then
+ * wide enough to run near its peak. */
+#define CF_MAX_C 64
+
 int nn_conv3_ok_(const nn_layer_ *l)
 {
     return CF_HAVE && l->fma >= 1 && !l->direct && !l->fuse_pool && l->kh == 3 && l->kw == 3 && l->sh == 1 &&
            l->sw == 1 && l->pad_t == 1 && l->pad_l == 1 && l->oh == l->ih && l->ow == l->iw && l->cin % 16 == 0 &&
-           l->cout % 16 == 0;
+           l->cout % 16 == 0 && l->cin <= CF_MAX_C && l->cout <= CF_MAX_C;
 }
 
 int64_t nn_conv3_scratch_(const nn_layer_ *l)
