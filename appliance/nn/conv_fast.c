@@ -131,6 +131,87 @@ CF_256 static void row256(const float *xp, int W, int CI, int CO, const float *w
     }
 }
 
+/* The kernel gradient's rows [r0, r1) of (9 CI) for one example: acc (r1 - r0, CO) = the sums over its
+ * pixels of xp's shifted channel times dz (one fused chain per element, pixels in order), G rows at a
+ * time. A row's sum does not depend on which rows go with it. */
+static inline __attribute__((always_inline)) CF_512 void grad_rows512(int G, const float *restrict xp,
+                                                                      const float *restrict dz, int H, int W, int CI,
+                                                                      int CO, int r0, float *restrict acc)
+{
+    const int64_t rw = (int64_t)(W + 2) * CI;
+    int64_t off[24];
+    for (int g = 0; g < G; g++) {
+        int r = r0 + g, t = r / CI;
+        off[g] = (t / 3) * rw + (int64_t)(t % 3) * CI + r % CI;
+    }
+    for (int c0 = 0; c0 < CO; c0 += 16) {
+        __m512 s[24];
+#pragma GCC unroll 24
+        for (int g = 0; g < G; g++) s[g] = _mm512_setzero_ps();
+        for (int oy = 0; oy < H; oy++) {
+            const float *xr = xp + oy * rw, *dr = dz + (int64_t)oy * W * CO + c0;
+            for (int ox = 0; ox < W; ox++) {
+                __m512 d = _mm512_loadu_ps(dr + (int64_t)ox * CO);
+                const float *xo = xr + (int64_t)ox * CI;
+#pragma GCC unroll 24
+                for (int g = 0; g < G; g++) s[g] = _mm512_fmadd_ps(_mm512_set1_ps(xo[off[g]]), d, s[g]);
+            }
+        }
+#pragma GCC unroll 24
+        for (int g = 0; g < G; g++) _mm512_storeu_ps(acc + (int64_t)g * CO + c0, s[g]);
+    }
+}
+
+static inline __attribute__((always_inline)) CF_256 void grad_rows256(int G, const float *restrict xp,
+                                                                      const float *restrict dz, int H, int W, int CI,
+                                                                      int CO, int r0, float *restrict acc)
+{
+    const int64_t rw = (int64_t)(W + 2) * CI;
+    int64_t off[6];
+    for (int g = 0; g < G; g++) {
+        int r = r0 + g, t = r / CI;
+        off[g] = (t / 3) * rw + (int64_t)(t % 3) * CI + r % CI;
+    }
+    for (int c0 = 0; c0 < CO; c0 += 16) {
+        __m256 lo[6], hi[6];
+#pragma GCC unroll 6
+        for (int g = 0; g < G; g++) lo[g] = hi[g] = _mm256_setzero_ps();
+        for (int oy = 0; oy < H; oy++) {
+            const float *xr = xp + oy * rw, *dr = dz + (int64_t)oy * W * CO + c0;
+            for (int ox = 0; ox < W; ox++) {
+                __m256 dl = _mm256_loadu_ps(dr + (int64_t)ox * CO), dh = _mm256_loadu_ps(dr + (int64_t)ox * CO + 8);
+                const float *xo = xr + (int64_t)ox * CI;
+#pragma GCC unroll 6
+                for (int g = 0; g < G; g++) {
+                    __m256 v = _mm256_broadcast_ss(xo + off[g]);
+                    lo[g] = _mm256_fmadd_ps(v, dl, lo[g]);
+                    hi[g] = _mm256_fmadd_ps(v, dh, hi[g]);
+                }
+            }
+        }
+#pragma GCC unroll 6
+        for (int g = 0; g < G; g++) {
+            _mm256_storeu_ps(acc + (int64_t)g * CO + c0, lo[g]);
+            _mm256_storeu_ps(acc + (int64_t)g * CO + c0 + 8, hi[g]);
+        }
+    }
+}
+
+CF_512 static void grad512(const float *xp, const float *dz, int H, int W, int CI, int CO, int r0, int r1, float *acc)
+{
+    int r = r0;
+    for (; r + 24 <= r1; r += 24) grad_rows512(24, xp, dz, H, W, CI, CO, r, acc + (int64_t)(r - r0) * CO);
+    for (; r + 8 <= r1; r += 8) grad_rows512(8, xp, dz, H, W, CI, CO, r, acc + (int64_t)(r - r0) * CO);
+    for (; r < r1; r++) grad_rows512(1, xp, dz, H, W, CI, CO, r, acc + (int64_t)(r - r0) * CO);
+}
+
+CF_256 static void grad256(const float *xp, const float *dz, int H, int W, int CI, int CO, int r0, int r1, float *acc)
+{
+    int r = r0;
+    for (; r + 6 <= r1; r += 6) grad_rows256(6, xp, dz, H, W, CI, CO, r, acc + (int64_t)(r - r0) * CO);
+    for (; r < r1; r++) grad_rows256(1, xp, dz, H, W, CI, CO, r, acc + (int64_t)(r - r0) * CO);
+}
+
 /* y (nb, H, W, CO) = the 3x3 "same" convolution of x (nb, H, W, CI) by w (3, 3, CI, CO); xp scratch. */
 static void conv3(int level, int H, int W, int CI, int CO, const float *w, const float *x, float *y, int64_t nb,
                   float *xp)
@@ -171,5 +252,26 @@ void nn_conv3_backward_data_(const nn_layer_ *l, const float *w, const float *dz
 #else
     (void)l, (void)w, (void)dz, (void)dx, (void)nb, (void)scratch;
     LOOM_ASSERT(!"nn_conv3_backward_data_ without nn_conv3_ok_");
+#endif
+}
+
+void nn_conv3_kernel_grad_(const nn_layer_ *l, const float *x, const float *dz, int64_t nb, int r0, int r1, float *dW,
+                           float *scratch)
+{
+#if CF_HAVE
+    const int H = l->ih, W = l->iw, CI = l->cin, CO = l->cout;
+    float *xp = scratch, *acc = scratch + (int64_t)(H + 2) * (W + 2) * CI;
+    const int64_t n = (int64_t)(r1 - r0) * CO;
+    float *restrict d = dW + (int64_t)r0 * CO;
+    for (int64_t e = 0; e < n; e++) d[e] = 0.f;
+    for (int64_t b = 0; b < nb; b++) { /* each example's sums, added in example order */
+        pad1(x + b * (int64_t)H * W * CI, xp, H, W, CI);
+        if (l->fma == 2) grad512(xp, dz + b * (int64_t)H * W * CO, H, W, CI, CO, r0, r1, acc);
+        else grad256(xp, dz + b * (int64_t)H * W * CO, H, W, CI, CO, r0, r1, acc);
+        for (int64_t e = 0; e < n; e++) d[e] += acc[e];
+    }
+#else
+    (void)l, (void)x, (void)dz, (void)nb, (void)r0, (void)r1, (void)dW, (void)scratch;
+    LOOM_ASSERT(!"nn_conv3_kernel_grad_ without nn_conv3_ok_");
 #endif
 }

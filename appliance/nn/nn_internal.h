@@ -360,6 +360,10 @@ int64_t nn_conv3_scratch_(const nn_layer_ *l);
 void    nn_conv3_forward_(const nn_layer_ *l, const float *w, const float *x, float *y, int64_t nb, float *scratch);
 void    nn_conv3_backward_data_(const nn_layer_ *l, const float *w, const float *dz, float *dx, int64_t nb,
                                 float *scratch);
+/* dW rows [r0, r1) of (9 cin, cout) = the sums over nb examples' pixels of x's shifted channel times dz,
+ * each example's sum added in example order (so any split of the rows gives the same bits). */
+void    nn_conv3_kernel_grad_(const nn_layer_ *l, const float *x, const float *dz, int64_t nb, int r0, int r1,
+                              float *dW, float *scratch);
 void nn_bn_moments_(const loom_model *m, const nn_layer_ *l, const float *x, int64_t rows, double *mean, double *var);
 void nn_bn_normalize_(const loom_model *m, const nn_layer_ *l, const float *x, int64_t rows, const float *mean,
                       const float *rstd, const float *gamma, const float *beta);
