@@ -795,11 +795,16 @@ static void conv_forward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, 
     for (int64_t b0 = 0; b0 < B; b0 += l->chunk) {
         int64_t nb = B - b0 < l->chunk ? B - b0 : l->chunk;
         const float *col = x + b0 * l->n_in;
+        float *y = yc + b0 * l->n_out;
+        if (nn_conv3_ok_(l)) { /* 3x3 "same", direct (conv_fast.c) */
+            nn_conv3_forward_(l, W, x + b0 * l->n_in, y, nb, c->col);
+            bias_act(y, bias, nb * P, l->cout, l->act);
+            continue;
+        }
         if (!conv_is_pointwise(l)) {
             im2col(l, x + b0 * l->n_in, nb, c->col);
             col = c->col;
         }
-        float *y = yc + b0 * l->n_out;
         loom_sgemm(false, false, (int)(nb * P), l->cout, (int)K, 1.f, col, (int)K, W, l->cout, 0.f, y, l->cout);
         if (p) pool_fused_forward(p, bias, l->act, y, py + b0 * p->n_out, pa + b0 * p->n_out, nb);
         else bias_act(y, bias, nb * P, l->cout, l->act);
@@ -826,6 +831,10 @@ static float *conv_backward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *
             loom_sgemm(false, true, (int)(nb * P), (int)K, l->cout, 1.f, gz, l->cout, W, l->cout, 0.f, dx, (int)K);
             continue;
         }
+        if (nn_conv3_ok_(l)) {
+            nn_conv3_backward_data_(l, W, gz, dx, nb, c->col);
+            continue;
+        }
         /* dcol (nb*P, K) = dZ W^T, in the col scratch, then scattered back */
         loom_sgemm(false, true, (int)(nb * P), (int)K, l->cout, 1.f, gz, l->cout, W, l->cout, 0.f, c->col, (int)K);
         memset(dx, 0, (size_t)(nb * l->n_in) * sizeof *dx);
@@ -850,6 +859,9 @@ void nn_conv_param_grads_(const loom_model *m, int li, const float *x, int64_t B
         else
 #endif
             if (t1 > t0) conv1_kernel_grad(l, x, dz, B, t0, t1, dW, scratch, scratch + (int64_t)Hp * Wp);
+    } else if (nn_conv3_ok_(l)) { /* direct (conv_fast.c) */
+        int64_t k0 = K * part / parts, k1 = K * (part + 1) / parts;
+        if (k1 > k0) nn_conv3_kernel_grad_(l, x, dz, B, (int)k0, (int)k1, dW, scratch);
     } else {
         /* dW rows [k0, k1) (k1 - k0, cout) = col[:, k0:k1]^T dZ, over im2col
          * chunks at fixed example offsets, whatever the parts */
@@ -997,7 +1009,7 @@ void nn_layer_forward_(const loom_model *m, int li, nn_chunk_ *c, int training, 
         } else if (nn_act_needs_x_(l->act)) {
             nn_act_apply_(l->act, x, y, B * l->n_out);
         } else {
-            memcpy(y, x, (size_t)(B * l->n_out) * sizeof *y);
+            if (y != x) memcpy(y, x, (size_t)(B * l->n_out) * sizeof *y); /* else in place (inplace) */
             bias_act(y, NULL, B, l->n_out, l->act);
         }
         break;

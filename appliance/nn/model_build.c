@@ -595,6 +595,26 @@ static int build_layers(loom_model *m, const loom_model_spec *spec, loom_err *er
     return LOOM_OK;
 }
 
+/* Activations and adds over their input's buffer (nn_internal.h, inplace): the input is a batch
+ * normalization (its backward recomputes xhat from its own input) or an add (its backward passes the
+ * gradient on), read by this layer alone, not a head; the add's input 0 has the output's shape. */
+static void fuse_inplace(loom_model *m)
+{
+    for (int i = 0; i < m->n_layers; i++) {
+        nn_layer_ *l = &m->layer[i];
+        int s = l->src[0];
+        loom_layer_kind k = l->spec.kind;
+        bool act_y = k == LOOM_LAYER_ACTIVATION && l->act != LOOM_ACT_NONE && l->act != LOOM_ACT_LEAKY_RELU &&
+                     l->act != LOOM_ACT_GELU && !nn_act_needs_x_(l->act);
+        if (s < 0 || !(act_y || (k == LOOM_LAYER_ADD && l->bstride[0][0] < 0))) continue;
+        const nn_layer_ *p = &m->layer[s];
+        bool head = false;
+        for (int h = 0; h < m->n_heads; h++) head |= m->head[h].layer == s;
+        if (head || p->n_cons != 1 || (p->spec.kind != LOOM_LAYER_BATCH_NORM && p->spec.kind != LOOM_LAYER_ADD)) continue;
+        l->inplace = 1;
+    }
+}
+
 static void fuse(loom_model *m)
 {
     nn_layer_ *last = &m->layer[m->n_layers - 1];
@@ -611,6 +631,7 @@ static void fuse(loom_model *m)
             continue;
         l->fuse_pool = p->fused = 1;
     }
+    fuse_inplace(m);
 }
 
 /* What the buffers take, checked before any is allocated: a layer or a batch
@@ -673,6 +694,7 @@ static int64_t conv_chunk(nn_layer_ *l, int64_t max_batch)
     if (l->cin == 1 && !pointwise && direct > colmax) colmax = direct;
     /* kernels by the CPU's features, read at start: 2 = 512 bits wide, 1 = AVX2+FMA, 0 = generic */
     l->fma = loom_cpu()->level >= LOOM_CPU_AVX512 ? 2 : loom_cpu()->level >= LOOM_CPU_AVX2_FMA;
+    if (nn_conv3_ok_(l) && nn_conv3_scratch_(l) > colmax) colmax = nn_conv3_scratch_(l); /* conv_fast.c */
     return colmax;
 }
 
@@ -687,12 +709,12 @@ static bool layer_buffers(nn_layer_ *l, int64_t max_batch)
                  k == LOOM_LAYER_AVG_POOL2D || k == LOOM_LAYER_GLOBAL_AVG_POOL2D ||
                  (k >= LOOM_LAYER_ADD && k <= LOOM_LAYER_CONCATENATE);
     size_t outs = (size_t)(max_batch * l->n_out);
-    if (norm && !(l->xhat = loom_alloc_aligned(outs * sizeof(float)))) return false;
+    if (k == LOOM_LAYER_LAYER_NORM && !(l->xhat = loom_alloc_aligned(outs * sizeof(float)))) return false;
     if (norm && !(l->stat = loom_alloc_aligned(
-                      (size_t)(k == LOOM_LAYER_BATCH_NORM ? 12 * l->C + 2 : max_batch * l->n_out / l->C) * sizeof(float))))
+                      (size_t)(k == LOOM_LAYER_BATCH_NORM ? nn_bn_stat_floats_(l->C) : max_batch * l->n_out / l->C) * sizeof(float))))
         return false;
     if (k == LOOM_LAYER_LAYER_NORM && !(l->dz = loom_alloc_aligned(outs * sizeof(float)))) return false;
-    if (owns_y && !(l->y = loom_alloc_aligned(outs * sizeof(float)))) return false;
+    if (owns_y && !l->inplace && !(l->y = loom_alloc_aligned(outs * sizeof(float)))) return false;
     if ((k == LOOM_LAYER_MAX_POOL2D || k == LOOM_LAYER_GLOBAL_MAX_POOL2D) &&
         !(l->argmax = loom_alloc_aligned(outs * sizeof(int32_t))))
         return false;
@@ -721,6 +743,7 @@ static bool model_buffers(loom_model *m)
         nn_layer_ *l = &m->layer[i];
         gmax = l->n_in > gmax ? l->n_in : gmax;
         gmax = l->n_out > gmax ? l->n_out : gmax;
+        if (l->inplace) l->y = m->layer[l->src[0]].y; /* its input's, allocated before it (topological order) */
         if (!layer_buffers(l, max_batch)) return false;
         if (l->spec.kind == LOOM_LAYER_CONV2D && !l->direct) {
             int64_t col = conv_chunk(l, max_batch);
@@ -890,7 +913,7 @@ void loom_model_free(loom_model *m)
     for (int i = 0; i < m->n_layers; i++) {
         if (m->layer[i].spec.kind == LOOM_LAYER_PLUGIN) nn_plugin_free_(&m->layer[i]);
         if (nn_is_attn_kind_(m->layer[i].spec.kind)) nn_attn_free_(&m->layer[i]);
-        loom_free(m->layer[i].y);
+        if (!m->layer[i].inplace) loom_free(m->layer[i].y);
         loom_free(m->layer[i].argmax);
         loom_free(m->layer[i].mask);
         loom_free(m->layer[i].dz);

@@ -34,6 +34,10 @@ typedef struct nn_layer_ {
      * ReLU-masked pooled gradient in its own dz for the conv's bias sums. */
     int fuse_pool;                 /* conv2d */
     int fused;                     /* max_pool2d */
+    /* an activation whose gradient comes from its output (relu, sigmoid, ...), or an add, whose input 0 is
+     * a batch normalization or an add that nothing else reads and whose backward needs not its output:
+     * y is that input's buffer, overwritten in place (model.c, fuse), as PyTorch's inplace ReLU */
+    int inplace;
     float         *y;              /* (max_batch, n_out) owned output; NULL for flatten */
     int32_t       *argmax;         /* max_pool2d: (max_batch, n_out) input index within the example */
     uint8_t       *mask;           /* dropout: (max_batch, n_out) 1 = kept */
@@ -43,7 +47,9 @@ typedef struct nn_layer_ {
     /* batch_ and layer_normalization: kernel_off is gamma, bias_off beta; C the normalised axis (the last) */
     int64_t        mm_off, mv_off; /* batch_normalization: moving mean and variance (not trained) */
     int64_t        C;
-    float         *xhat;           /* (max_batch, n_out) the normalised input */
+    float         *xhat;           /* layer_normalization: (max_batch, n_out) the normalised input */
+    const float   *bn_x;           /* batch_normalization: the last training forward's input rows (the whole
+                                      batch's, kept by the layer before for the step), xhat's source */
     float         *stat;           /* batch: (2 C) mean, 1/std of the batch; layer: (max_batch * n_out / C) 1/std */
     double         sync_n;         /* batch_normalization, sync: the global batch's rows of the last forward */
     /* embedding: the table is the kernel, (rows, dim); input (cols,) or (cols, k) ids, output (cols, dim) */
@@ -374,6 +380,30 @@ void nn_ln_param_grads_(const loom_model *m, int li, int64_t B, int part, int pa
  * and beta's gradients. */
 void nn_bn_forward_(loom_model *m, int li, const float *x, int64_t B, int training);
 void nn_bn_backward_(loom_model *m, int li, nn_chunk_ *chunk, int nchunks, int64_t B);
+/* bn_pass.c: their passes over the batch in fixed blocks of rows on m->pool (the bits depend on the
+ * batch alone). stat's floats for C channels; the training moments (double, biased variance);
+ * x into the layer's y; the sums of g and g xhat (from bn_x) over the chunks' gradient rows; and
+ * g = gamma rstd (g - sg / N - xhat sgh / N) on those rows in place. */
+int64_t nn_bn_stat_floats_(int64_t C);
+/* conv_fast.c: conv2d 3x3, stride 1, "same", cin and cout multiples of 16 up to 64, on an AVX2 or AVX-512 CPU
+ * (nn_conv3_ok_), direct: y (nb, H, W, cout) = conv(x) without bias; dx (nb, H, W, cin) from dz;
+ * scratch of nn_conv3_scratch_(l) floats (the chunk's col). */
+int     nn_conv3_ok_(const nn_layer_ *l);
+int64_t nn_conv3_scratch_(const nn_layer_ *l);
+void    nn_conv3_forward_(const nn_layer_ *l, const float *w, const float *x, float *y, int64_t nb, float *scratch);
+void    nn_conv3_backward_data_(const nn_layer_ *l, const float *w, const float *dz, float *dx, int64_t nb,
+                                float *scratch);
+/* dW rows [r0, r1) of (9 cin, cout) = the sums over nb examples' pixels of x's shifted channel times dz,
+ * each example's sum added in example order (so any split of the rows gives the same bits). */
+void    nn_conv3_kernel_grad_(const nn_layer_ *l, const float *x, const float *dz, int64_t nb, int r0, int r1,
+                              float *dW, float *scratch);
+void nn_bn_moments_(const loom_model *m, const nn_layer_ *l, const float *x, int64_t rows, double *mean, double *var);
+void nn_bn_normalize_(const loom_model *m, const nn_layer_ *l, const float *x, int64_t rows, const float *mean,
+                      const float *rstd, const float *gamma, const float *beta);
+void nn_bn_grad_sums_(const loom_model *m, const nn_layer_ *l, const nn_chunk_ *chunk, int nchunks, int64_t B,
+                      double *sg, double *sgh);
+void nn_bn_grad_apply_(const loom_model *m, const nn_layer_ *l, const nn_chunk_ *chunk, int nchunks, int64_t B,
+                       const float *gamma, const float *rstd, const double *sg, const double *sgh, double N);
 /* Synchronised batch normalization: the step's next call of m->bn_sync on
  * buf (n floats; a failure is kept in m->sync_rc); nn_bn_sync_rest_ makes
  * the calls the step has not made yet (with zeros) and returns the step's

@@ -192,18 +192,10 @@ void nn_bn_forward_(loom_model *m, int li, const float *x, int64_t B, int traini
         bn_move(m, l, gm, gv);
     } else if (training) {
         double *s = bn_scratch(l), *ss = s + C;
-        for (int64_t k = 0; k < C; k++) s[k] = ss[k] = 0;
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t k = 0; k < C; k++) s[k] += x[r * C + k];
-        for (int64_t k = 0; k < C; k++) s[k] /= (double)rows;
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t k = 0; k < C; k++) {
-                double d = (double)x[r * C + k] - s[k];
-                ss[k] += d * d;
-            }
+        nn_bn_moments_(m, l, x, rows, s, ss); /* mean, biased variance */
         const float mom = (float)l->spec.momentum;
         for (int64_t k = 0; k < C; k++) {
-            double var = ss[k] / (double)rows; /* biased, as Keras normalises and moves */
+            double var = ss[k];
             mean[k] = (float)s[k];
             rstd[k] = (float)(1.0 / sqrt(var + eps));
             mm[k] = mm[k] * mom + (float)s[k] * (1.f - mom);
@@ -215,13 +207,8 @@ void nn_bn_forward_(loom_model *m, int li, const float *x, int64_t B, int traini
             rstd[k] = (float)(1.0 / sqrt((double)mv[k] + eps));
         }
     }
-    float *y = l->y, *xh = l->xhat;
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t k = 0; k < C; k++) {
-            float h = (x[r * C + k] - mean[k]) * rstd[k];
-            xh[r * C + k] = h;
-            y[r * C + k] = gamma[k] * h + beta[k];
-        }
+    l->bn_x = x;
+    nn_bn_normalize_(m, l, x, rows, mean, rstd, gamma, beta);
 }
 
 void nn_bn_backward_(loom_model *m, int li, nn_chunk_ *chunk, int nchunks, int64_t B)
@@ -230,16 +217,7 @@ void nn_bn_backward_(loom_model *m, int li, nn_chunk_ *chunk, int nchunks, int64
     const int64_t C = l->C, R = l->n_out / C;
     const float *gamma = m->params + l->kernel_off, *rstd = l->stat + C;
     double *sg = bn_scratch(l), *sgh = sg + C;
-    for (int64_t k = 0; k < C; k++) sg[k] = sgh[k] = 0;
-    for (int t = 0; t < nchunks; t++) { /* sums in example order, whatever the chunks */
-        const nn_chunk_ *c = &chunk[t];
-        const float *g = c->g, *h = l->xhat + c->b0 * l->n_out;
-        for (int64_t r = 0; r < c->B * R; r++)
-            for (int64_t k = 0; k < C; k++) {
-                sg[k] += g[r * C + k];
-                sgh[k] += (double)g[r * C + k] * h[r * C + k];
-            }
-    }
+    nn_bn_grad_sums_(m, l, chunk, nchunks, B, sg, sgh); /* whatever the chunks */
     float *dgamma = m->grads + l->kernel_off, *dbeta = m->grads + l->bias_off;
     for (int64_t k = 0; k < C; k++) dgamma[k] = (float)sgh[k], dbeta[k] = (float)sg[k];
     if (!l->needs_dx) {
@@ -255,14 +233,5 @@ void nn_bn_backward_(loom_model *m, int li, nn_chunk_ *chunk, int nchunks, int64
         for (int64_t k = 0; k < C; k++) sg[k] = b[k], sgh[k] = b[C + k];
         N = l->sync_n;
     }
-    for (int t = 0; t < nchunks; t++) {
-        nn_chunk_ *c = &chunk[t];
-        float *g = c->g;
-        const float *h = l->xhat + c->b0 * l->n_out;
-        for (int64_t r = 0; r < c->B * R; r++)
-            for (int64_t k = 0; k < C; k++) {
-                float mg = (float)(sg[k] / N), mgh = (float)(sgh[k] / N);
-                g[r * C + k] = gamma[k] * rstd[k] * (g[r * C + k] - mg - h[r * C + k] * mgh);
-            }
-    }
+    nn_bn_grad_apply_(m, l, chunk, nchunks, B, gamma, rstd, sg, sgh, N);
 }

@@ -99,6 +99,16 @@ contains "resnet50: Keras' total parameter count" "Total params: 25636712 " "$ou
 contains "resnet50: Keras' trainable count" "Trainable params: 25583592 " "$out"
 contains "resnet50: a block's add names its shortcut and branch" "conv2_block1_add (add)                   (None, 56, 56, 256)               0   conv2_block1_0_bn, conv2_block1_3_bn" "$out"
 
+# ResNet-20 (configs/fashion_mnist_resnet.cfg): its batch normalizations run on the pool in fixed blocks
+# of rows (bn_pass.c), the adds fan the gradient out: the same bits with 1 thread and with 3 (chunk
+# bounds that fall inside a block)
+for t in 1 3; do
+    check "resnet20: 2 steps, $t thread(s)" timeout 300 "$LOOM" train configs/fashion_mnist_resnet.cfg \
+        --model-dir "$WORK/r20_$t" --set run.threads=$t --set run.max_steps=2 --set run.checkpoint_steps=2 \
+        --set run.eval_each_epoch=false --set run.eval_steps=1 --set run.progress='"none"'
+done
+same_weights "resnet20: 1 and 3 threads, bit-identical weights" "$WORK/r20_1/ckpt-2.loom" "$WORK/r20_3/ckpt-2.loom"
+
 # two model inputs (configs/ctr_wide_deep.cfg: ids through an embedding, numeric features through dense
 # layers, concatenated): mirrored(2) ends within 1e-6 of one_device; predict; a model input missing from the data
 WD=configs/ctr_wide_deep.cfg

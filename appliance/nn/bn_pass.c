@@ -1,0 +1,196 @@
+/* bn_pass.c - batch normalization's passes over the whole batch, on the model's pool.
+ * A batch normalization runs between two phases of the chunks (model.c), once over the batch:
+ * run on one thread, its three passes over the activations left the other cores idle for a
+ * fifth of a ResNet step. Here the rows go in NN_BN_BLOCKS fixed blocks (bounds from the row
+ * count alone), each block's per-channel sums in double in row order, then the blocks' sums
+ * added in block order: the bits depend on the batch, never on the threads or the chunks.
+ * xhat is not kept: the backward recomputes it from the forward's input rows (bn_x), which the
+ * layer before keeps for the step anyway, with the forward's expression, so to the same bits;
+ * a buffer of the layer's output size less per batch normalization.
+ * Threads: the blocks run on m->pool; each writes only its own rows and its own partial sums. */
+#include "nn_internal.h"
+
+#define NN_BN_BLOCKS 32            /* the partial sums' room in stat: nn_bn_stat_floats_ */
+#define NN_BN_PARALLEL (1 << 15)   /* below this many elements the pool's wake-up costs more than it saves */
+
+int64_t nn_bn_stat_floats_(int64_t C) { return 12 * C + 2 + 4 * NN_BN_BLOCKS * C + 3 * C; }
+
+/* The blocks' partial sums: 2 NN_BN_BLOCKS C doubles after the 12 C + 2 floats of stat (an even float
+ * offset on a 64-byte aligned buffer, so 8-byte aligned). */
+static double *bn_parts(const nn_layer_ *l) { return (double *)(l->stat + 12 * l->C + 2); }
+/* Then the backward's per-channel factors: gamma rstd, mean(g), mean(g xhat) (3 C floats). */
+static float *bn_coef(const nn_layer_ *l) { return l->stat + 12 * l->C + 2 + 4 * NN_BN_BLOCKS * l->C; }
+
+static int bn_blocks(int64_t rows) { return rows < NN_BN_BLOCKS ? (int)rows : NN_BN_BLOCKS; }
+
+typedef struct bn_job {
+    const nn_layer_ *l;
+    int64_t rows, R;             /* rows of the batch; rows per example (backward: chunk row bounds) */
+    int nb;                      /* blocks */
+    const float *x;              /* forward: (rows, C) */
+    const nn_chunk_ *chunk;      /* backward: the gradient rows, chunk by chunk */
+    int nchunks;
+    const double *mean;          /* the variance pass: the batch mean */
+    const float *a, *b, *c;      /* per channel: forward mean, rstd, (gamma, beta in e, f); backward gamma*rstd, mg, mgh */
+    const float *e, *f;
+    float *y;
+    int pass;
+} bn_job;
+
+static void block_rows(const bn_job *j, int blk, int64_t *r0, int64_t *r1)
+{
+    *r0 = j->rows * blk / j->nb;
+    *r1 = j->rows * (blk + 1) / j->nb;
+}
+
+/* The gradient rows [r, *end) that lie in one chunk, from global row r. */
+static float *chunk_rows(const bn_job *j, int64_t r, int64_t r1, int64_t *end)
+{
+    for (int t = 0; t < j->nchunks; t++) {
+        const nn_chunk_ *c = &j->chunk[t];
+        int64_t a = c->b0 * j->R, z = (c->b0 + c->B) * j->R;
+        if (r >= a && r < z) {
+            *end = z < r1 ? z : r1;
+            return c->g + (r - a) * j->l->C;
+        }
+    }
+    LOOM_ASSERT(!"a batch normalization row outside every chunk");
+    return NULL;
+}
+
+static void run_blocks(const loom_model *m, bn_job *j, loom_pool_fn fn)
+{
+    loom_pool_run(j->rows * j->l->C >= NN_BN_PARALLEL ? m->pool : NULL, j->nb, fn, j);
+}
+
+/* pass 0: sums of x; pass 1: sums of (x - mean)^2, each into block blk's partials. */
+static void moments_block(void *arg, int blk)
+{
+    const bn_job *j = arg;
+    const int64_t C = j->l->C;
+    double *restrict s = bn_parts(j->l) + (int64_t)blk * C;
+    int64_t r0, r1;
+    block_rows(j, blk, &r0, &r1);
+    for (int64_t k = 0; k < C; k++) s[k] = 0;
+    const float *restrict x = j->x;
+    if (j->pass == 0)
+        for (int64_t r = r0; r < r1; r++)
+            for (int64_t k = 0; k < C; k++) s[k] += x[r * C + k];
+    else
+        for (int64_t r = r0; r < r1; r++)
+            for (int64_t k = 0; k < C; k++) {
+                double d = (double)x[r * C + k] - j->mean[k];
+                s[k] += d * d;
+            }
+}
+
+/* The blocks' partials (nb, C) summed in block order into out (C). */
+static void sum_blocks(const double *p, int nb, int64_t C, double *out)
+{
+    for (int64_t k = 0; k < C; k++) out[k] = 0;
+    for (int b = 0; b < nb; b++)
+        for (int64_t k = 0; k < C; k++) out[k] += p[(int64_t)b * C + k];
+}
+
+void nn_bn_moments_(const loom_model *m, const nn_layer_ *l, const float *x, int64_t rows, double *mean, double *var)
+{
+    bn_job j = {.l = l, .rows = rows, .nb = bn_blocks(rows), .x = x, .mean = mean};
+    const int64_t C = l->C;
+    run_blocks(m, &j, moments_block);
+    sum_blocks(bn_parts(l), j.nb, C, mean);
+    for (int64_t k = 0; k < C; k++) mean[k] /= (double)rows;
+    j.pass = 1;
+    run_blocks(m, &j, moments_block);
+    sum_blocks(bn_parts(l), j.nb, C, var);
+    for (int64_t k = 0; k < C; k++) var[k] /= (double)rows; /* biased, as Keras normalises and moves */
+}
+
+static void normalize_block(void *arg, int blk)
+{
+    const bn_job *j = arg;
+    const int64_t C = j->l->C;
+    const float *restrict x = j->x, *restrict mean = j->a, *restrict rstd = j->b, *restrict gamma = j->e,
+                          *restrict beta = j->f;
+    float *restrict y = j->y;
+    int64_t r0, r1;
+    block_rows(j, blk, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t k = 0; k < C; k++) {
+            float h = (x[r * C + k] - mean[k]) * rstd[k];
+            y[r * C + k] = gamma[k] * h + beta[k];
+        }
+}
+
+void nn_bn_normalize_(const loom_model *m, const nn_layer_ *l, const float *x, int64_t rows, const float *mean,
+                      const float *rstd, const float *gamma, const float *beta)
+{
+    bn_job j = {.l = l, .rows = rows, .nb = bn_blocks(rows), .x = x, .a = mean, .b = rstd, .e = gamma, .f = beta,
+                .y = l->y};
+    run_blocks(m, &j, normalize_block);
+}
+
+/* Block blk's sums of g and g * xhat over its rows (C each, the second after nb C). */
+static void grad_sums_block(void *arg, int blk)
+{
+    const bn_job *j = arg;
+    const int64_t C = j->l->C;
+    double *restrict sg = bn_parts(j->l) + (int64_t)blk * C, *restrict sgh = sg + (int64_t)j->nb * C;
+    int64_t r0, r1;
+    block_rows(j, blk, &r0, &r1);
+    for (int64_t k = 0; k < C; k++) sg[k] = sgh[k] = 0;
+    const float *restrict mean = j->l->stat, *restrict rstd = mean + C;
+    for (int64_t r = r0, e; r < r1; r = e) {
+        const float *restrict g = chunk_rows(j, r, r1, &e), *restrict x = j->l->bn_x + r * C;
+        for (int64_t q = 0; q < (e - r) * C; q += C)
+            for (int64_t k = 0; k < C; k++) {
+                float h = (x[q + k] - mean[k]) * rstd[k]; /* xhat, as the forward computed it */
+                sg[k] += g[q + k];
+                sgh[k] += (double)g[q + k] * h;
+            }
+    }
+}
+
+void nn_bn_grad_sums_(const loom_model *m, const nn_layer_ *l, const nn_chunk_ *chunk, int nchunks, int64_t B,
+                      double *sg, double *sgh)
+{
+    const int64_t R = l->n_out / l->C;
+    bn_job j = {.l = l, .rows = B * R, .R = R, .nb = bn_blocks(B * R), .chunk = chunk, .nchunks = nchunks};
+    run_blocks(m, &j, grad_sums_block);
+    sum_blocks(bn_parts(l), j.nb, l->C, sg);
+    sum_blocks(bn_parts(l) + (int64_t)j.nb * l->C, j.nb, l->C, sgh);
+}
+
+/* g = gamma rstd (g - mean(g) - xhat mean(g xhat)), in place, block blk's rows. */
+static void grad_apply_block(void *arg, int blk)
+{
+    const bn_job *j = arg;
+    const int64_t C = j->l->C;
+    const float *restrict gr = j->a, *restrict mg = j->b, *restrict mgh = j->c;
+    const float *restrict mean = j->l->stat, *restrict rstd = mean + C;
+    int64_t r0, r1;
+    block_rows(j, blk, &r0, &r1);
+    for (int64_t r = r0, e; r < r1; r = e) {
+        float *restrict g = chunk_rows(j, r, r1, &e);
+        const float *restrict x = j->l->bn_x + r * C;
+        for (int64_t q = 0; q < (e - r) * C; q += C)
+            for (int64_t k = 0; k < C; k++) {
+                float h = (x[q + k] - mean[k]) * rstd[k];
+                g[q + k] = gr[k] * (g[q + k] - mg[k] - h * mgh[k]);
+            }
+    }
+}
+
+void nn_bn_grad_apply_(const loom_model *m, const nn_layer_ *l, const nn_chunk_ *chunk, int nchunks, int64_t B,
+                       const float *gamma, const float *rstd, const double *sg, const double *sgh, double N)
+{
+    const int64_t C = l->C, R = l->n_out / C;
+    float *gr = bn_coef(l), *mg = gr + C, *mgh = mg + C;
+    for (int64_t k = 0; k < C; k++) {
+        gr[k] = gamma[k] * rstd[k];
+        mg[k] = (float)(sg[k] / N);
+        mgh[k] = (float)(sgh[k] / N);
+    }
+    bn_job j = {.l = l, .rows = B * R, .R = R, .nb = bn_blocks(B * R), .chunk = chunk, .nchunks = nchunks,
+                .a = gr, .b = mg, .c = mgh};
+    run_blocks(m, &j, grad_apply_block);
+}

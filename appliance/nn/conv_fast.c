@@ -1,0 +1,277 @@
+/* conv_fast.c - conv2d 3x3, stride 1, "same" padding, direct (no im2col), for ResNet's convolutions.
+ * im2col writes 9 cin floats per output pixel and BLAS packs them again before a product whose
+ * N (cout: 16, 32, 64) is too narrow to amortise the packing. Here the input goes to a zero-padded
+ * plane once per example and each output pixel's channels, 16 at a time, stay in registers over
+ * the 9 taps and the input channels: a row of pixels shares each weight vector loaded. The input
+ * gradient is the same convolution of dz with the kernel flipped and transposed (cin <-> cout).
+ * Every output element is one fused multiply-add chain in (tap, input channel) order, so the bits
+ * do not depend on the threads, the chunking, or the vector width (the AVX2 and AVX-512 kernels
+ * compute the same chains). Threads: a call touches only its examples' rows and its scratch. */
+#include <string.h>
+
+#include "nn_internal.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define CF_HAVE 1
+#else
+#define CF_HAVE 0
+#endif
+
+/* Wider layers stay on im2col + BLAS: a 16-channel block's weights (9 cin 16 floats) are streamed
+ * again for every row of pixels, out of L1 past 64 input channels, while BLAS's products are then
+ * wide enough to run near its peak. */
+#define CF_MAX_C 64
+
+int nn_conv3_ok_(const nn_layer_ *l)
+{
+    return CF_HAVE && l->fma >= 1 && !l->direct && !l->fuse_pool && l->kh == 3 && l->kw == 3 && l->sh == 1 &&
+           l->sw == 1 && l->pad_t == 1 && l->pad_l == 1 && l->oh == l->ih && l->ow == l->iw && l->cin % 16 == 0 &&
+           l->cout % 16 == 0 && l->cin <= CF_MAX_C && l->cout <= CF_MAX_C;
+}
+
+int64_t nn_conv3_scratch_(const nn_layer_ *l)
+{
+    int64_t c = l->cin > l->cout ? l->cin : l->cout;
+    return (int64_t)(l->ih + 2) * (l->iw + 2) * c + 9 * (int64_t)l->cin * l->cout;
+}
+
+#if CF_HAVE
+/* xp (H + 2, W + 2, C) = x (H, W, C) with a border of zeros. */
+static void pad1(const float *restrict x, float *restrict xp, int H, int W, int C)
+{
+    const int64_t rw = (int64_t)(W + 2) * C;
+    memset(xp, 0, (size_t)rw * sizeof *xp);
+    memset(xp + (int64_t)(H + 1) * rw, 0, (size_t)rw * sizeof *xp);
+    for (int r = 0; r < H; r++) {
+        float *d = xp + (int64_t)(r + 1) * rw;
+        memset(d, 0, (size_t)C * sizeof *d);
+        memcpy(d + C, x + (int64_t)r * W * C, (size_t)W * C * sizeof *d);
+        memset(d + (int64_t)(W + 1) * C, 0, (size_t)C * sizeof *d);
+    }
+}
+
+#define CF_512 __attribute__((target("avx512f,avx2,fma")))
+#define CF_256 __attribute__((target("avx2,fma")))
+
+/* T output pixels from (row r of xp, column ox), channels [c0, c0 + 16) of CO: the taps (i, j),
+ * then the input channels, each a fused multiply-add. */
+static inline __attribute__((always_inline)) CF_512 void tile512(int T, const float *restrict xp, int64_t rw,
+                                                                 int CI, int CO, const float *restrict w, int c0,
+                                                                 float *restrict y)
+{
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++) {
+            const float *xr = xp + i * rw + (int64_t)j * CI;
+            const float *wr = w + (int64_t)(i * 3 + j) * CI * CO + c0;
+            for (int ci = 0; ci < CI; ci++) {
+                __m512 wv = _mm512_loadu_ps(wr + (int64_t)ci * CO);
+#pragma GCC unroll 16
+                for (int t = 0; t < T; t++) acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(xr[(int64_t)t * CI + ci]), wv, acc[t]);
+            }
+        }
+#pragma GCC unroll 16
+    for (int t = 0; t < T; t++) _mm512_storeu_ps(y + (int64_t)t * CO + c0, acc[t]);
+}
+
+static inline __attribute__((always_inline)) CF_256 void tile256(int T, const float *restrict xp, int64_t rw,
+                                                                 int CI, int CO, const float *restrict w, int c0,
+                                                                 float *restrict y)
+{
+    __m256 lo[6], hi[6];
+#pragma GCC unroll 6
+    for (int t = 0; t < T; t++) lo[t] = hi[t] = _mm256_setzero_ps();
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++) {
+            const float *xr = xp + i * rw + (int64_t)j * CI;
+            const float *wr = w + (int64_t)(i * 3 + j) * CI * CO + c0;
+            for (int ci = 0; ci < CI; ci++) {
+                __m256 wl = _mm256_loadu_ps(wr + (int64_t)ci * CO), wh = _mm256_loadu_ps(wr + (int64_t)ci * CO + 8);
+#pragma GCC unroll 6
+                for (int t = 0; t < T; t++) {
+                    __m256 v = _mm256_broadcast_ss(xr + (int64_t)t * CI + ci);
+                    lo[t] = _mm256_fmadd_ps(v, wl, lo[t]);
+                    hi[t] = _mm256_fmadd_ps(v, wh, hi[t]);
+                }
+            }
+        }
+#pragma GCC unroll 6
+    for (int t = 0; t < T; t++) {
+        _mm256_storeu_ps(y + (int64_t)t * CO + c0, lo[t]);
+        _mm256_storeu_ps(y + (int64_t)t * CO + c0 + 8, hi[t]);
+    }
+}
+
+/* One output row oy of a padded plane xp: y (W, CO). */
+CF_512 static void row512(const float *xp, int W, int CI, int CO, const float *w, int oy, float *y)
+{
+    const int64_t rw = (int64_t)(W + 2) * CI;
+    const float *x0 = xp + oy * rw;
+    for (int c0 = 0; c0 < CO; c0 += 16) {
+        int ox = 0;
+        for (; ox + 14 <= W; ox += 14) tile512(14, x0 + (int64_t)ox * CI, rw, CI, CO, w, c0, y + (int64_t)ox * CO);
+        for (; ox + 7 <= W; ox += 7) tile512(7, x0 + (int64_t)ox * CI, rw, CI, CO, w, c0, y + (int64_t)ox * CO);
+        for (; ox + 2 <= W; ox += 2) tile512(2, x0 + (int64_t)ox * CI, rw, CI, CO, w, c0, y + (int64_t)ox * CO);
+        for (; ox < W; ox++) tile512(1, x0 + (int64_t)ox * CI, rw, CI, CO, w, c0, y + (int64_t)ox * CO);
+    }
+}
+
+CF_256 static void row256(const float *xp, int W, int CI, int CO, const float *w, int oy, float *y)
+{
+    const int64_t rw = (int64_t)(W + 2) * CI;
+    const float *x0 = xp + oy * rw;
+    for (int c0 = 0; c0 < CO; c0 += 16) {
+        int ox = 0;
+        for (; ox + 6 <= W; ox += 6) tile256(6, x0 + (int64_t)ox * CI, rw, CI, CO, w, c0, y + (int64_t)ox * CO);
+        for (; ox + 2 <= W; ox += 2) tile256(2, x0 + (int64_t)ox * CI, rw, CI, CO, w, c0, y + (int64_t)ox * CO);
+        for (; ox < W; ox++) tile256(1, x0 + (int64_t)ox * CI, rw, CI, CO, w, c0, y + (int64_t)ox * CO);
+    }
+}
+
+/* The kernel gradient's rows [r0, r1) of (9 CI) for one example: acc (r1 - r0, CO) = the sums over its
+ * pixels of xp's shifted channel times dz (one fused chain per element, pixels in order), G rows at a
+ * time. A row's sum does not depend on which rows go with it. */
+static inline __attribute__((always_inline)) CF_512 void grad_rows512(int G, const float *restrict xp,
+                                                                      const float *restrict dz, int H, int W, int CI,
+                                                                      int CO, int r0, float *restrict acc)
+{
+    const int64_t rw = (int64_t)(W + 2) * CI;
+    int64_t off[24];
+    for (int g = 0; g < G; g++) {
+        int r = r0 + g, t = r / CI;
+        off[g] = (t / 3) * rw + (int64_t)(t % 3) * CI + r % CI;
+    }
+    for (int c0 = 0; c0 < CO; c0 += 16) {
+        __m512 s[24];
+#pragma GCC unroll 24
+        for (int g = 0; g < G; g++) s[g] = _mm512_setzero_ps();
+        for (int oy = 0; oy < H; oy++) {
+            const float *xr = xp + oy * rw, *dr = dz + (int64_t)oy * W * CO + c0;
+            for (int ox = 0; ox < W; ox++) {
+                __m512 d = _mm512_loadu_ps(dr + (int64_t)ox * CO);
+                const float *xo = xr + (int64_t)ox * CI;
+#pragma GCC unroll 24
+                for (int g = 0; g < G; g++) s[g] = _mm512_fmadd_ps(_mm512_set1_ps(xo[off[g]]), d, s[g]);
+            }
+        }
+#pragma GCC unroll 24
+        for (int g = 0; g < G; g++) _mm512_storeu_ps(acc + (int64_t)g * CO + c0, s[g]);
+    }
+}
+
+static inline __attribute__((always_inline)) CF_256 void grad_rows256(int G, const float *restrict xp,
+                                                                      const float *restrict dz, int H, int W, int CI,
+                                                                      int CO, int r0, float *restrict acc)
+{
+    const int64_t rw = (int64_t)(W + 2) * CI;
+    int64_t off[6];
+    for (int g = 0; g < G; g++) {
+        int r = r0 + g, t = r / CI;
+        off[g] = (t / 3) * rw + (int64_t)(t % 3) * CI + r % CI;
+    }
+    for (int c0 = 0; c0 < CO; c0 += 16) {
+        __m256 lo[6], hi[6];
+#pragma GCC unroll 6
+        for (int g = 0; g < G; g++) lo[g] = hi[g] = _mm256_setzero_ps();
+        for (int oy = 0; oy < H; oy++) {
+            const float *xr = xp + oy * rw, *dr = dz + (int64_t)oy * W * CO + c0;
+            for (int ox = 0; ox < W; ox++) {
+                __m256 dl = _mm256_loadu_ps(dr + (int64_t)ox * CO), dh = _mm256_loadu_ps(dr + (int64_t)ox * CO + 8);
+                const float *xo = xr + (int64_t)ox * CI;
+#pragma GCC unroll 6
+                for (int g = 0; g < G; g++) {
+                    __m256 v = _mm256_broadcast_ss(xo + off[g]);
+                    lo[g] = _mm256_fmadd_ps(v, dl, lo[g]);
+                    hi[g] = _mm256_fmadd_ps(v, dh, hi[g]);
+                }
+            }
+        }
+#pragma GCC unroll 6
+        for (int g = 0; g < G; g++) {
+            _mm256_storeu_ps(acc + (int64_t)g * CO + c0, lo[g]);
+            _mm256_storeu_ps(acc + (int64_t)g * CO + c0 + 8, hi[g]);
+        }
+    }
+}
+
+CF_512 static void grad512(const float *xp, const float *dz, int H, int W, int CI, int CO, int r0, int r1, float *acc)
+{
+    int r = r0;
+    for (; r + 24 <= r1; r += 24) grad_rows512(24, xp, dz, H, W, CI, CO, r, acc + (int64_t)(r - r0) * CO);
+    for (; r + 8 <= r1; r += 8) grad_rows512(8, xp, dz, H, W, CI, CO, r, acc + (int64_t)(r - r0) * CO);
+    for (; r < r1; r++) grad_rows512(1, xp, dz, H, W, CI, CO, r, acc + (int64_t)(r - r0) * CO);
+}
+
+CF_256 static void grad256(const float *xp, const float *dz, int H, int W, int CI, int CO, int r0, int r1, float *acc)
+{
+    int r = r0;
+    for (; r + 6 <= r1; r += 6) grad_rows256(6, xp, dz, H, W, CI, CO, r, acc + (int64_t)(r - r0) * CO);
+    for (; r < r1; r++) grad_rows256(1, xp, dz, H, W, CI, CO, r, acc + (int64_t)(r - r0) * CO);
+}
+
+/* y (nb, H, W, CO) = the 3x3 "same" convolution of x (nb, H, W, CI) by w (3, 3, CI, CO); xp scratch. */
+static void conv3(int level, int H, int W, int CI, int CO, const float *w, const float *x, float *y, int64_t nb,
+                  float *xp)
+{
+    for (int64_t b = 0; b < nb; b++) {
+        pad1(x + b * (int64_t)H * W * CI, xp, H, W, CI);
+        float *yb = y + b * (int64_t)H * W * CO;
+        for (int oy = 0; oy < H; oy++) {
+            if (level == 2) row512(xp, W, CI, CO, w, oy, yb + (int64_t)oy * W * CO);
+            else row256(xp, W, CI, CO, w, oy, yb + (int64_t)oy * W * CO);
+        }
+    }
+}
+#endif
+
+void nn_conv3_forward_(const nn_layer_ *l, const float *w, const float *x, float *y, int64_t nb, float *scratch)
+{
+#if CF_HAVE
+    conv3(l->fma, l->ih, l->iw, l->cin, l->cout, w, x, y, nb, scratch);
+#else
+    (void)l, (void)w, (void)x, (void)y, (void)nb, (void)scratch;
+    LOOM_ASSERT(!"nn_conv3_forward_ without nn_conv3_ok_");
+#endif
+}
+
+void nn_conv3_backward_data_(const nn_layer_ *l, const float *w, const float *dz, float *dx, int64_t nb,
+                             float *scratch)
+{
+#if CF_HAVE
+    const int CI = l->cin, CO = l->cout;
+    float *wt = scratch, *xp = scratch + 9 * (int64_t)CI * CO;
+    /* wt (3, 3, CO, CI): tap (i, j) of the flipped kernel, transposed */
+    for (int t = 0; t < 9; t++)
+        for (int co = 0; co < CO; co++)
+            for (int ci = 0; ci < CI; ci++)
+                wt[((int64_t)t * CO + co) * CI + ci] = w[((int64_t)(8 - t) * CI + ci) * CO + co];
+    conv3(l->fma, l->ih, l->iw, CO, CI, wt, dz, dx, nb, xp);
+#else
+    (void)l, (void)w, (void)dz, (void)dx, (void)nb, (void)scratch;
+    LOOM_ASSERT(!"nn_conv3_backward_data_ without nn_conv3_ok_");
+#endif
+}
+
+void nn_conv3_kernel_grad_(const nn_layer_ *l, const float *x, const float *dz, int64_t nb, int r0, int r1, float *dW,
+                           float *scratch)
+{
+#if CF_HAVE
+    const int H = l->ih, W = l->iw, CI = l->cin, CO = l->cout;
+    float *xp = scratch, *acc = scratch + (int64_t)(H + 2) * (W + 2) * CI;
+    const int64_t n = (int64_t)(r1 - r0) * CO;
+    float *restrict d = dW + (int64_t)r0 * CO;
+    for (int64_t e = 0; e < n; e++) d[e] = 0.f;
+    for (int64_t b = 0; b < nb; b++) { /* each example's sums, added in example order */
+        pad1(x + b * (int64_t)H * W * CI, xp, H, W, CI);
+        if (l->fma == 2) grad512(xp, dz + b * (int64_t)H * W * CO, H, W, CI, CO, r0, r1, acc);
+        else grad256(xp, dz + b * (int64_t)H * W * CO, H, W, CI, CO, r0, r1, acc);
+        for (int64_t e = 0; e < n; e++) d[e] += acc[e];
+    }
+#else
+    (void)l, (void)x, (void)dz, (void)nb, (void)r0, (void)r1, (void)dW, (void)scratch;
+    LOOM_ASSERT(!"nn_conv3_kernel_grad_ without nn_conv3_ok_");
+#endif
+}
