@@ -5,6 +5,7 @@
  * wire_round), so workers on different machines round alike.
  * Threads: none (pure functions). */
 #include "cluster/wire16_internal.h"
+#include "core/core.h"
 
 #include <stdbool.h>
 #include <string.h>
@@ -75,7 +76,14 @@ static inline float from_fp16(uint16_t h)
 /* The same conversions with F16C (8 at a time, round to nearest even as
  * to_fp16: the same bits) and AVX2 (bf16); chosen at run time. */
 #define WIRE_SIMD __attribute__((target("avx2,f16c")))
-static bool wire_simd(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"); }
+#include <cpuid.h>
+/* AVX2 as the CPU features say (LOOM_TEST_CPU may lower them) and F16C (CPUID
+ * leaf 1, ECX bit 29; clang's __builtin_cpu_supports does not know "f16c") */
+static bool wire_simd(void)
+{
+    unsigned a, b, c, d;
+    return loom_cpu_probe()->avx2 && __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1);
+}
 WIRE_SIMD static __m256i bf16_round8(__m256 v)
 {
     __m256i x = _mm256_castps_si256(v);
