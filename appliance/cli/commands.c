@@ -397,8 +397,9 @@ static int cmd_profile_main(int argc, char **argv, double start)
         fprintf(stderr, "loom profile: --train and --input-pipeline do not go together\n");
         return LOOM_EXIT_USAGE;
     }
-    if (train) {
-        int rc = loom_train_profile(spec, steps, 3, stdout, &err);
+    if (train) { /* adapted maps as loom train has them (model_dir's numbers), or the same pass */
+        int rc = adapt(spec, NULL, LOOM_ADAPT_CHECK, NULL, &err);
+        if (!rc) rc = loom_train_profile(spec, steps, 3, stdout, &err);
         loom_config_free(spec);
         if (rc) loom_cli_print_err_(&err);
         return exit_status(rc);

@@ -94,6 +94,20 @@ fi
 out=$("$LOOM" profile --train configs/fashion_mnist_lua.cfg --steps 3 --set "run.model_dir=\"$MD\"" 2>&1)
 contains "lua: a Lua map keeps the producer thread" "-> map(lua:augment_batch) -> prefetch(auto)" "$out"
 
+# A text config that adapts its vocabulary (issue 24): the same pass as loom train's, or model_dir's numbers
+# (it was refused: "adapt = true, but no vocabulary was adapted", even after training)
+TXT=configs/fortunes_char_lstm.cfg
+if [ -d /usr/share/games/fortunes ]; then
+    out=$("$LOOM" profile --train $TXT --steps 2 --set "run.model_dir=\"$MD/txt\"" 2>&1)
+    contains "text, nothing trained: profiled with the vocabulary adapted as train would" "samples/s" "$out"
+    [ ! -e "$MD/txt" ] && pass "text: the profile wrote nothing" || fail "text: the profile wrote nothing" "$(ls "$MD/txt")"
+    "$LOOM" train $TXT --set run.max_steps=2 --set run.eval_steps=1 --set "run.model_dir=\"$MD/txt\"" >/dev/null 2>&1
+    out=$("$LOOM" profile --train $TXT --steps 2 --set "run.model_dir=\"$MD/txt\"" 2>&1)
+    contains "text, trained: profiled with model_dir's vocabulary" "samples/s" "$out"
+else
+    pass "text: # SKIP no fortunes"
+fi
+
 expect_fail 2 "--train with --input-pipeline is refused" "do not go together" \
     "$LOOM" profile --train configs/fashion_mnist_mlp.cfg --input-pipeline 0/2
 expect_fail 2 "--train --steps 0 is refused" "--steps expects" "$LOOM" profile --train configs/fashion_mnist_mlp.cfg --steps 0
