@@ -75,6 +75,15 @@ same_weights "resumed = uninterrupted (lstm, gru, bidirectional, Adam slots)" "$
 
 check "mirrored(2) trains it" "$LOOM" train "$WORK/seq.cfg" --model-dir "$WORK/mir" --set strategy.type='"mirrored"' \
     --set strategy.replicas=2 "${Q[@]}"
+# the strategies across processes and central_storage (issue 24: "with any strategy")
+check "central_storage(2) trains it" "$LOOM" train "$WORK/seq.cfg" --model-dir "$WORK/cs" \
+    --set strategy.type='"central_storage"' --set strategy.replicas=2 "${Q[@]}"
+check "launch: 2 multi_worker_mirrored workers train it" timeout 120 "$LOOM" launch --local "$WORK/seq.cfg" --workers 2 \
+    --set strategy.type='"multi_worker_mirrored"' --set "run.model_dir=\"$WORK/mw\"" "${Q[@]}"
+[ -e "$WORK/mw/ckpt-24.loom" ] && pass "launch: the workers' job checkpointed step 24" || fail "mwm checkpoint" "$(ls "$WORK/mw")"
+check "launch: parameter_server (2 workers, 1 ps) trains it" timeout 120 "$LOOM" launch --local "$WORK/seq.cfg" --workers 2 \
+    --ps 1 --set strategy.type='"parameter_server"' --set "run.model_dir=\"$WORK/ps\"" "${Q[@]}"
+[ -e "$WORK/ps/final.json" ] && pass "launch: the parameter-server job finished" || fail "ps final.json" "$(ls "$WORK/ps")"
 check "evaluate the checkpoint" "$LOOM" evaluate "$WORK/seq.cfg"
 check "predict it" "$LOOM" predict "$WORK/seq.cfg" --output "$WORK/p.csv"
 hdr=$(head -1 "$WORK/p.csv")
