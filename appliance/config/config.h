@@ -558,6 +558,9 @@ typedef struct loom_layer_spec {
     loom_pos_mode   pos_mode;            /* positional_embedding: learned (a trained table) or sinusoidal (fixed) */
     int             ff_dim;              /* transformer_block: the feed-forward's hidden width */
     bool            norm_first;          /* transformer_block: pre-norm (GPT-2) rather than post-norm (Vaswani) */
+    /* ---- final states (appended, issue 24) ---- */
+    bool            return_state;        /* lstm, gru: the final h (and lstm's c) as the layers "<name>/h", "<name>/c" */
+    int             state_of;            /* made at load: 1 the h, 2 the c of the lstm or gru named in inputs[0] */
 } loom_layer_spec;
 
 typedef struct loom_model_spec {

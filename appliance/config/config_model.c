@@ -26,6 +26,8 @@ static const cfg_opt layer_opts[] = {
     O_INT(loom_layer_spec, "units", units, 0, 1, LOOM_MAX_UNITS, LY(DENSE) | RNNS, LY(DENSE) | RNNS, "output units"),
     O_BOOL(loom_layer_spec, "return_sequences", return_sequences, 0, RNNS,
            "output every time step (T, units) rather than the last one's (units,)"),
+    O_BOOL(loom_layer_spec, "return_state", return_state, 0, LY(LSTM) | LY(GRU),
+           "also the final states, as the layers \"<name>/h\" and (lstm) \"<name>/c\""),
     O_ENUM(loom_layer_spec, "recurrent_activation", recurrent_activation, LOOM_ACT_SIGMOID, loom_activation_names_,
            RNNS, 0, "the gates' activation (sigmoid or hard_sigmoid-free: sigmoid, tanh, relu)"),
     O_BOOL(loom_layer_spec, "reset_after", reset_after, 1, LY(GRU) | LY(BIDIRECTIONAL),
@@ -303,7 +305,8 @@ static void expand_block(cfg_ctx *c, const config_setting_t *e, loom_model_spec 
         if (er) loom_err_hint(er, "put an embedding (and a positional_embedding) before it, or name its input in inputs");
         return;
     }
-    snprintf(in, sizeof in, "%s", b.n_inputs ? b.inputs[0] : m->layer[m->n_layers - 1].name);
+    const loom_layer_spec *pl = &m->layer[m->n_layers - 1]; /* (after a return_state's views: their layer) */
+    snprintf(in, sizeof in, "%s", b.n_inputs ? b.inputs[0] : pl->state_of ? pl->inputs[0] : pl->name);
     int D = b.output_dim ? b.output_dim : block_width(m, in, 0);
     if (D < 1) {
         loom_err *er = cfg_err_(c, e, "transformer_block \"%s\": cannot tell the width of its input \"%s\"", b.name, in);
@@ -480,6 +483,9 @@ static void parse_model_inputs(cfg_ctx *c, const config_setting_t *s, void *base
             }
 }
 
+static void add_state_views(cfg_ctx *c, const config_setting_t *e, loom_model_spec *m);
+static void wire_state_views(cfg_ctx *c, const config_setting_t *ll, loom_model_spec *m, const int *elem);
+
 static void parse_layers(cfg_ctx *c, const config_setting_t *g, loom_model_spec *m)
 {
     const config_setting_t *ll = cfg_sub_list_(c, g, "layers");
@@ -523,7 +529,9 @@ static void parse_layers(cfg_ctx *c, const config_setting_t *g, loom_model_spec 
         if ((k == LOOM_LAYER_MAX_POOL2D || k == LOOM_LAYER_AVG_POOL2D) && !config_setting_get_member(e, "strides"))
             l->stride[0] = l->pool[0], l->stride[1] = l->pool[1];
         if (!l->name[0] && k >= 0 && k != LOOM_LAYER_PLUGIN) snprintf(l->name, sizeof l->name, "%s_%d", loom_layer_names_[k], i);
+        if (l->return_state) add_state_views(c, e, m);
     }
+    wire_state_views(c, ll, m, elem);
     for (int i = 0; i < m->n_layers; i++)
         for (int j = 0; j < i; j++)
             if (m->layer[i].name[0] && !strcmp(m->layer[i].name, m->layer[j].name)) {
@@ -531,6 +539,44 @@ static void parse_layers(cfg_ctx *c, const config_setting_t *g, loom_model_spec 
                      m->layer[i].name, m->layer[j].loc.path);
                 break;
             }
+}
+
+/* ---- return_state: the final states as layers ("<name>/h", "<name>/c") read from the recurrent layer ---- */
+
+/* After the lstm or gru (the last layer of m): a view of its final h (and c), named "<name>/h" ("<name>/c"). */
+static void add_state_views(cfg_ctx *c, const config_setting_t *e, loom_model_spec *m)
+{
+    const loom_layer_spec r = m->layer[m->n_layers - 1];
+    int nv = r.kind == LOOM_LAYER_LSTM ? 2 : 1;
+    if (m->n_layers + nv > LOOM_MAX_LAYERS) {
+        cfg_err_(c, e, "too many layers once the states of \"%s\" are added (at most %d)", r.name, LOOM_MAX_LAYERS);
+        return;
+    }
+    for (int v = 1; v <= nv; v++) {
+        loom_layer_spec *p = block_part(m, &r, r.kind, v == 1 ? "h" : "c");
+        p->state_of = v, p->units = r.units, p->activation = r.activation;
+        p->recurrent_activation = r.recurrent_activation, p->reset_after = r.reset_after;
+        part_inputs(p, r.name, NULL);
+    }
+}
+
+/* A layer after the views that takes "the previous layer" takes the recurrent layer; the views end no model. */
+static void wire_state_views(cfg_ctx *c, const config_setting_t *ll, loom_model_spec *m, const int *elem)
+{
+    for (int i = 1; i < m->n_layers; i++) {
+        const loom_layer_spec *p = &m->layer[i - 1];
+        if (!p->state_of || m->layer[i].state_of || m->layer[i].n_inputs) continue;
+        m->layer[i].n_inputs = 1;
+        snprintf(m->layer[i].inputs[0], sizeof m->layer[i].inputs[0], "%s", p->inputs[0]);
+    }
+    if (m->n_layers > 0 && m->layer[m->n_layers - 1].state_of) {
+        const loom_layer_spec *v = &m->layer[m->n_layers - 1];
+        loom_err *er = cfg_err_(c, config_setting_get_elem(ll, elem[m->n_layers - 1]), "layer \"%s\" has "
+                                "return_state = true but is the model's last layer: its states would feed nothing",
+                                v->inputs[0]);
+        if (er) loom_err_hint(er, "add the layers that read \"%s/h\" (inputs = [\"%s/h\"]) after it, or drop "
+                                  "return_state", v->inputs[0], v->inputs[0]);
+    }
 }
 
 /* ---- the graph: each layer's inputs (names of layers or model inputs) ---- */

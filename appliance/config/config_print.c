@@ -610,6 +610,7 @@ static void print_rnn(FILE *f, const loom_layer_spec *l)
 {
     kv_i64(f, 3, "units", l->units);
     kv_bool(f, 3, "return_sequences", l->return_sequences);
+    if (l->return_state) kv_bool(f, 3, "return_state", l->return_state);
     kv_str(f, 3, "activation", loom_activation_name(l->activation));
     kv_str(f, 3, "recurrent_activation", loom_activation_name(l->recurrent_activation));
     kv_str(f, 3, "kernel_init", loom_cfg_name_(loom_init_names_, (int)l->kernel_init));
@@ -883,6 +884,7 @@ static void print_model(FILE *f, const loom_model_spec *m)
     }
     fputs("  layers = (", f);
     for (int i = 0; i < m->n_layers; i++) {
+        if (m->layer[i].state_of) continue; /* made again from its lstm's or gru's return_state */
         fprintf(f, "%s\n    {\n", i ? "," : "");
         print_layer(f, &m->layer[i]);
         fputs("    }", f);

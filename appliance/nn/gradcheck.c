@@ -100,6 +100,41 @@ static int gc_tensor(gc_case *g, float *p, const float *ana, int64_t len, double
     return LOOM_OK;
 }
 
+/* A lstm or gru with return_state: its state views after it, their outputs joined to its own (as rows
+ * (1, H) after its (T, H), or (3 H,) / (2 H,) after its (H,)), so d h_T and d c_T are checked too; out
+ * the joined shape. */
+static void gc_states(loom_model_spec *spec, const nn_layer_ *l, loom_shape *out)
+{
+    const loom_layer_spec *r = &spec->layer[0];
+    const int nv = r->kind == LOOM_LAYER_LSTM ? 2 : 1;
+    const bool seq = r->return_sequences;
+    loom_layer_spec *cat = &spec->layer[1 + nv * (seq ? 2 : 1)];
+    memset(cat, 0, sizeof *cat);
+    cat->kind = LOOM_LAYER_CONCATENATE, cat->loc = r->loc, cat->axis = seq ? 1 : -1, cat->n_inputs = 1 + nv;
+    snprintf(cat->name, sizeof cat->name, "gc_states");
+    snprintf(cat->inputs[0], sizeof cat->inputs[0], "%s", r->name);
+    for (int v = 1; v <= nv; v++) {
+        loom_layer_spec *p = &spec->layer[v];
+        *p = *r;
+        p->return_state = false, p->state_of = v, p->n_inputs = 1;
+        snprintf(p->name, sizeof p->name, "gc_state_%d", v);
+        snprintf(p->inputs[0], sizeof p->inputs[0], "%s", r->name);
+        snprintf(cat->inputs[v], sizeof cat->inputs[v], "%s", p->name);
+        if (!seq) continue;
+        loom_layer_spec *q = &spec->layer[nv + v];
+        memset(q, 0, sizeof *q);
+        q->kind = LOOM_LAYER_RESHAPE, q->loc = r->loc, q->n_target = 2, q->target[0] = 1, q->target[1] = r->units;
+        q->n_inputs = 1;
+        snprintf(q->name, sizeof q->name, "gc_row_%d", v);
+        snprintf(q->inputs[0], sizeof q->inputs[0], "%s", p->name);
+        snprintf(cat->inputs[v], sizeof cat->inputs[v], "%s", q->name);
+    }
+    spec->n_layers = 2 + nv * (seq ? 2 : 1);
+    *out = l->out;
+    if (seq) out->dim[0] += nv;
+    else out->dim[0] *= 1 + nv;
+}
+
 /* Layer li of m alone: its gradients checked into st. */
 static int gc_layer(const loom_model *m, int li, gc_stats *st, loom_err *err)
 {
@@ -113,8 +148,10 @@ static int gc_layer(const loom_model *m, int li, gc_stats *st, loom_err *err)
     spec.layer[0] = l->spec;
     if (l->n_src == 1) spec.layer[0].n_inputs = 0; /* alone it reads the model input, not the layer it named */
     const bool ids = li == 0 && m->input_dtype != LOOM_F32;
+    loom_shape os = l->out;
+    if (l->spec.return_state) gc_states(&spec, l, &os);
     gc_case g = {.key = 0x6772616463686bull};
-    int rc = loom_model_new(&g.m, &spec, &l->in, ids ? m->input_dtype : LOOM_F32, &l->out, LOOM_F32, NN_GC_BATCH, err);
+    int rc = loom_model_new(&g.m, &spec, &l->in, ids ? m->input_dtype : LOOM_F32, &os, LOOM_F32, NN_GC_BATCH, err);
     if (rc) return rc;
     loom_model *gm = g.m;
     nn_layer_ *gl = &gm->layer[0];
@@ -126,7 +163,7 @@ static int gc_layer(const loom_model *m, int li, gc_stats *st, loom_err *err)
     for (int64_t e = 0; e < gm->n_params; e++) gm->params[e] += 0.2f * loom_rng_normal(&r);
     if (gl->mv_off >= 0)
         for (int64_t e = 0; e < gl->C; e++) gm->params[gl->mv_off + e] = 1.f + fabsf(gm->params[gl->mv_off + e]);
-    const int64_t nin = l->n_in, nout = l->n_out;
+    const int64_t nin = l->n_in, nout = loom_shape_numel(&os);
     float *xf = NULL, *tf = loom_alloc((size_t)(NN_GC_BATCH * nout) * sizeof(float));
     void *xd = loom_alloc((size_t)(NN_GC_BATCH * nin) * 8);
     float *ana = loom_alloc((size_t)(gm->n_params + NN_GC_BATCH * nin + 1) * sizeof(float));
@@ -144,17 +181,17 @@ static int gc_layer(const loom_model *m, int li, gc_stats *st, loom_err *err)
         xf = xd;
         for (int64_t e = 0; e < NN_GC_BATCH * nin; e++) xf[e] = loom_rng_normal(&r);
     }
-    loom_shape xs = {.rank = l->in.rank + 1}, ts = {.rank = l->out.rank + 1};
+    loom_shape xs = {.rank = l->in.rank + 1}, ts = {.rank = os.rank + 1};
     xs.dim[0] = ts.dim[0] = NN_GC_BATCH;
     for (int i = 0; i < l->in.rank; i++) xs.dim[i + 1] = l->in.dim[i];
-    for (int i = 0; i < l->out.rank; i++) ts.dim[i + 1] = l->out.dim[i];
+    for (int i = 0; i < os.rank; i++) ts.dim[i + 1] = os.dim[i];
     g.x = (loom_tensor){.dtype = ids ? m->input_dtype : LOOM_F32, .shape = xs, .data = xd};
     g.t = (loom_tensor){.dtype = LOOM_F32, .shape = ts, .data = tf};
     /* targets: the outputs plus noise, so d(loss)/d(output) is random and independent of the output: a
      * rounding every output shares (a normalisation's 1/std in float) then adds up as noise, not coherently */
     for (int64_t e = 0; e < NN_GC_BATCH * nout; e++) tf[e] = 0.f;
     if ((rc = loom_model_forward(gm, &g.x, g.key, err))) goto done;
-    for (int64_t e = 0; e < NN_GC_BATCH * nout; e++) tf[e] = gm->chunk[0].act[1][e] + loom_rng_normal(&r);
+    for (int64_t e = 0; e < NN_GC_BATCH * nout; e++) tf[e] = gm->chunk[0].act[gm->n_layers][e] + loom_rng_normal(&r);
     /* the analytic gradients: parameters from the grads buffer, the input's from the chunk's rows */
     if (!isfinite(gc_loss(&g, err)) || (rc = loom_model_backward(gm, err))) {
         rc = rc ? rc : err->code ? err->code : LOOM_ENUMERIC;
@@ -194,6 +231,13 @@ int loom_model_gradcheck(const loom_model *m, FILE *f, int *failed, loom_err *er
             char nm[112];
             snprintf(nm, sizeof nm, "%s (%s)", l->spec.name, nn_layer_kind_name_(l->spec.kind));
             fprintf(f, "%-48s %8s %12s %12s  %s\n", nm, "-", "-", "-", "skipped (a merge of several inputs)");
+            continue;
+        }
+        if (l->spec.state_of) { /* a copy of its recurrent layer's final state, checked with that layer */
+            char nm[112], why[LOOM_NAME_MAX + 40];
+            snprintf(nm, sizeof nm, "%s (%s)", l->spec.name, nn_layer_kind_name_(l->spec.kind));
+            snprintf(why, sizeof why, "checked with \"%s\" (its state)", l->spec.inputs[0]);
+            fprintf(f, "%-48s %8s %12s %12s  %s\n", nm, "-", "-", "-", why);
             continue;
         }
         int rc = gc_layer(m, i, &st, err);

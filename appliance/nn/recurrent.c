@@ -70,13 +70,37 @@ static float *ysum_of(const nn_layer_ *l, int64_t b0)
            b0 * l->n_out;
 }
 
+/* return_state: after Y, the final h and c (max_batch, 2 H) the forward leaves, then their gradients
+ * (max_batch, 2 H), which the state views (state_of 1: h, 2: c) read and write. */
+static int64_t base_floats(const nn_layer_ *l)
+{
+    return ndir(l) * dir_floats(l) + l->rs_per * (2 * (int64_t)l->H + (int64_t)l->gates * l->H) +
+           (ndir(l) == 2 ? l->rs_per * l->n_out : 0);
+}
+
+static float *fin_of(const nn_layer_ *l, int64_t b0) { return l->rs + base_floats(l) + b0 * 2 * l->H; }
+static float *dfin_of(const nn_layer_ *l, int64_t b0) { return fin_of(l, l->rs_per + b0); }
+
 /* ---- shapes and buffers ---------------------------------------------------------- */
+
+/* A state view: (units,), the h or c of the lstm or gru it takes as input. */
+static int view_shapes(loom_model *m, nn_layer_ *l, loom_err *err)
+{
+    const nn_layer_ *r = l->n_src == 1 && l->src[0] >= 0 ? &m->layer[l->src[0]] : NULL;
+    if (!r || !r->spec.return_state || r->spec.kind != l->spec.kind)
+        return loom_err_set(err, LOOM_ECONFIG, l->where, "layer \"%s\": the state of \"%s\", which is not a %s "
+                            "with return_state", l->spec.name, l->spec.inputs[0], nn_layer_kind_name_(l->spec.kind));
+    l->H = r->H, l->gates = r->gates, l->steps = 0, l->act = LOOM_ACT_NONE;
+    l->out.rank = 1, l->out.dim[0] = r->H;
+    return LOOM_OK;
+}
 
 int nn_rnn_shapes_(loom_model *m, nn_layer_ *l, int li, loom_err *err)
 {
     (void)li;
     char a[96];
     const loom_layer_spec *s = &l->spec;
+    if (s->state_of) return view_shapes(m, l, err);
     const char *kind = nn_layer_kind_name_(s->kind);
     bool gru = s->kind == LOOM_LAYER_GRU || (s->kind == LOOM_LAYER_BIDIRECTIONAL && s->cell == 1);
     if (l->in.rank != 2)
@@ -122,8 +146,8 @@ int nn_rnn_shapes_(loom_model *m, nn_layer_ *l, int li, loom_err *err)
 bool nn_rnn_buffers_(nn_layer_ *l, int64_t max_batch)
 {
     l->rs_per = max_batch;
-    int64_t n = ndir(l) * dir_floats(l) + max_batch * (2 * (int64_t)l->H + (int64_t)l->gates * l->H) +
-                (ndir(l) == 2 ? max_batch * l->n_out : 0);
+    int64_t n = base_floats(l) + (l->spec.return_state ? max_batch * 4 * (int64_t)l->H : 0);
+    if (l->spec.state_of) return (l->y = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(float))) != NULL;
     if (!(l->y = loom_alloc_aligned((size_t)(max_batch * l->n_out) * sizeof(float)))) return false;
     if (!(l->rs = loom_alloc_aligned((size_t)n * sizeof(float)))) return false;
     memset(l->rs, 0, (size_t)n * sizeof(float));
@@ -326,6 +350,10 @@ RNN_HOT static void dir_forward(const loom_model *m, const nn_layer_ *l, int dir
             } else if (k == T - 1) {
                 memcpy(io_at(out, b, 0), hb, (size_t)H * sizeof *hb);
             }
+            if (k == T - 1 && l->spec.return_state) { /* the final state (carried past masked steps) */
+                memcpy(fin_of(l, c->b0 + b), hb, (size_t)H * sizeof *hb);
+                if (!gru) memcpy(fin_of(l, c->b0 + b) + H, cb, (size_t)H * sizeof *cb);
+            }
             if (k < T - 1) { /* the state entering the next step */
                 const int64_t tn = dir ? t - 1 : t + 1;
                 memcpy(s.P + tn * H + b * T * H, hb, (size_t)H * sizeof *hb);
@@ -349,6 +377,12 @@ void nn_rnn_forward_(const loom_model *m, int li, nn_chunk_ *c)
     const float *x = c->act[li];
     float *y = l->y + c->b0 * l->n_out;
     c->act[li + 1] = y;
+    if (l->spec.state_of) { /* a copy of the final state the recurrent layer left */
+        const nn_layer_ *r = &m->layer[l->src[0]];
+        for (int64_t b = 0; b < c->B; b++)
+            memcpy(y + b * l->H, fin_of(r, c->b0 + b) + (l->spec.state_of - 1) * l->H, (size_t)l->H * sizeof *y);
+        return;
+    }
     rnn_io o = io_of(l, 0, y);
     dir_forward(m, l, 0, c, x, &o);
     if (ndir(l) == 1) return;
@@ -441,6 +475,11 @@ RNN_HOT static void dir_backward(const loom_model *m, const nn_layer_ *l, int di
     const bool gru = is_gru(l), seq = l->spec.return_sequences;
     float *tmp = scratch_of(l, c->b0), *dh = tmp + B * gH, *dc = dh + B * H; /* (B, H) at tmp: the GEMM's */
     memset(dh, 0, (size_t)(2 * B * H) * sizeof *dh);
+    if (l->spec.return_state) /* d h_T and d c_T from the state views (zero where a view is unused) */
+        for (int64_t b = 0; b < B; b++) {
+            memcpy(dh + b * H, dfin_of(l, c->b0 + b), (size_t)H * sizeof *dh);
+            if (!gru) memcpy(dc + b * H, dfin_of(l, c->b0 + b) + H, (size_t)H * sizeof *dc);
+        }
     for (int64_t k = T - 1; k >= 0; k--) {
         const int64_t t = dir ? T - 1 - k : k;
         float *G = s.G + t * gH, *A = s.A + t * H;
@@ -492,6 +531,13 @@ float *nn_rnn_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, flo
 {
     const nn_layer_ *l = &m->layer[li];
     float *dx = l->needs_dx ? other : NULL;
+    if (l->spec.state_of) { /* the gradient goes to the recurrent layer's d h_T (d c_T), its output's is 0 */
+        const nn_layer_ *r = &m->layer[l->src[0]];
+        for (int64_t b = 0; b < c->B; b++)
+            memcpy(dfin_of(r, c->b0 + b) + (l->spec.state_of - 1) * l->H, g + b * l->H, (size_t)l->H * sizeof *g);
+        if (dx) memset(dx, 0, (size_t)(c->B * r->n_out) * sizeof *dx);
+        return dx;
+    }
     for (int d = 0; d < ndir(l); d++) {
         rnn_io gi = io_of(l, d, g);
         dir_backward(m, l, d, c, &gi, dx, d ? 1.f : 0.f);
@@ -504,6 +550,7 @@ float *nn_rnn_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, flo
 void nn_rnn_param_grads_(const loom_model *m, int li, const float *x, int64_t B, int part, int parts)
 {
     const nn_layer_ *l = &m->layer[li];
+    if (l->spec.state_of) return; /* a state view has no parameters */
     const int64_t T = l->steps, H = l->H, D = l->D, gH = (int64_t)l->gates * H, R = B * T;
     const bool gru = is_gru(l);
     for (int d = 0; d < ndir(l); d++) {
@@ -547,7 +594,8 @@ void nn_rnn_param_grads_(const loom_model *m, int li, const float *x, int64_t B,
  * (x W + b, then + h U for t > 0). */
 bool nn_rnn_can_step_(const nn_layer_ *l)
 {
-    return (l->spec.kind == LOOM_LAYER_LSTM || l->spec.kind == LOOM_LAYER_GRU) && l->spec.return_sequences;
+    return (l->spec.kind == LOOM_LAYER_LSTM || l->spec.kind == LOOM_LAYER_GRU) && l->spec.return_sequences &&
+           !l->spec.return_state && !l->spec.state_of;
 }
 
 int64_t nn_rnn_step_state_(const nn_layer_ *l) { return (int64_t)(4 + 2 * l->gates) * l->H; }

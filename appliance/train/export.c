@@ -509,6 +509,12 @@ static int emit_rnn(onnx_walk *w, const loom_layer_spec *l, loom_err *err)
 {
     bool gru = l->kind == LOOM_LAYER_GRU || (l->kind == LOOM_LAYER_BIDIRECTIONAL && l->cell == 1);
     int dirs = l->kind == LOOM_LAYER_BIDIRECTIONAL ? 2 : 1, H = l->units, G = gru ? 3 : 4;
+    if (l->return_state || l->state_of) {
+        char where[LOOM_PATH_MAX + 16];
+        return loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&l->loc, where, sizeof where), "layer \"%s\": "
+                            "return_state (its final states as layers) does not export to ONNX", l->name),
+               loom_err_hint(err, "export a model without return_state, or its weights with --format npz");
+    }
     if (l->activation != LOOM_ACT_TANH || l->recurrent_activation != LOOM_ACT_SIGMOID) {
         char where[LOOM_PATH_MAX + 16];
         return loom_err_set(err, LOOM_EUNSUPPORTED, loom_loc_str(&l->loc, where, sizeof where), "layer \"%s\": "

@@ -390,7 +390,136 @@ static void test_rnn_errors(void)
     CHECK(m == NULL);
 }
 
+/* ---- return_state ------------------------------------------------------------------ */
+
+/* A state view of layer "rnn": what the config makes of return_state ("rnn/h", "rnn/c"). */
+static loom_layer_spec L_state(loom_layer_kind k, int units, int which)
+{
+    loom_layer_spec s = L_rnn(k, units, false);
+    s.state_of = which, s.n_inputs = 1;
+    snprintf(s.name, sizeof s.name, "rnn/%s", which == 1 ? "h" : "c");
+    snprintf(s.inputs[0], sizeof s.inputs[0], "rnn");
+    return s;
+}
+
+static loom_layer_spec L_concat(int n, const char *const *in)
+{
+    loom_layer_spec s = {0};
+    s.kind = LOOM_LAYER_CONCATENATE, s.axis = -1, s.n_inputs = n;
+    snprintf(s.name, sizeof s.name, "cat");
+    for (int i = 0; i < n; i++) snprintf(s.inputs[i], sizeof s.inputs[i], "%s", in[i]);
+    return s;
+}
+
+/* The last real step's h and c of torch_case's lstm (ids, params p) in double: Keras' masking by hand. */
+static void lstm_ref(const float *p, const int32_t *ids, int T, double *h, double *c)
+{
+    const int D = 3, H = 2;
+    const float *E = p, *W = p + 5 * D, *U = W + D * 4 * H, *bb = U + H * 4 * H;
+    memset(h, 0, H * sizeof *h), memset(c, 0, H * sizeof *c);
+    for (int t = 0; t < T && ids[t] > 0; t++) {
+        double g[8], hn[2];
+        for (int j = 0; j < 4 * H; j++) {
+            g[j] = bb[j];
+            for (int d = 0; d < D; d++) g[j] += E[ids[t] * D + d] * W[d * 4 * H + j];
+            for (int k = 0; k < H; k++) g[j] += h[k] * U[k * 4 * H + j];
+        }
+        for (int j = 0; j < H; j++) {
+            double i = 1 / (1 + exp(-g[j])), f = 1 / (1 + exp(-g[H + j])), gg = tanh(g[2 * H + j]);
+            double o = 1 / (1 + exp(-g[3 * H + j]));
+            c[j] = f * c[j] + i * gg, hn[j] = o * tanh(c[j]);
+        }
+        memcpy(h, hn, sizeof hn);
+    }
+}
+
+/* h of return_state is the last real step's output (PyTorch's h_n with the padding as lengths, the last-step
+ * output), c the cell state a reference lstm in double gives, on a batch whose second example is padded. */
+static void test_rnn_states(void)
+{
+    static const char *const in[2] = {"rnn/h", "rnn/c"};
+    for (int gru = 0; gru < 2; gru++) {
+        loom_layer_kind k = gru ? LOOM_LAYER_GRU : LOOM_LAYER_LSTM;
+        loom_layer_spec r = L_rnn(k, 2, true);
+        r.return_state = true;
+        loom_layer_spec ls[5] = {L_emb(5, 3, true), r, L_state(k, 2, 1), L_state(k, 2, 2), L_concat(2, in)};
+        mk(gru ? 3 : 5, ls); /* a gru: its h view is the output */
+        spec_buf.loss = LOOM_LOSS_MSE, spec_buf.metrics_set = false, spec_buf.n_metrics = 0;
+        loom_model *m;
+        loom_shape xin = {.rank = 1, .dim = {4}}, lab = {.rank = 1, .dim = {gru ? 2 : 4}};
+        if (loom_model_new(&m, &spec_buf, &xin, LOOM_I32, &lab, LOOM_F32, 2, &err)) {
+            CHECK_MSG(0, "%s: %s", gru ? "gru" : "lstm", err.msg);
+            continue;
+        }
+        float *p = loom_model_params(m);
+        for (int64_t i = 0; i < loom_model_num_params(m); i++) p[i] = (float)(0.5 * sin(0.37 * (double)i + 0.1));
+        int32_t ids[8] = {1, 2, 3, 4, 3, 1, 2, 0};
+        loom_tensor x;
+        loom_shape xs = {.rank = 2, .dim = {2, 4}};
+        loom_tensor_init(&x, LOOM_I32, &xs, &err);
+        memcpy(x.data, ids, sizeof ids);
+        float out[8];
+        CHECK(loom_model_predict(m, &x, out, &err) == LOOM_OK);
+        double worst = 0;
+        for (int b = 0; b < 2; b++) {
+            const int w = gru ? 2 : 4;
+            double h[2], c[2];
+            lstm_ref(p, ids + 4 * b, 4, h, c);
+            for (int j = 0; j < 2; j++) {
+                worst = fmax(worst, fabs(out[b * w + j] - (gru ? want_gru_last : want_lstm_last)[b * 2 + j]));
+                if (!gru) worst = fmax(worst, fabs(out[b * w + j] - h[j]));
+                if (!gru) worst = fmax(worst, fabs(out[b * w + 2 + j] - c[j]));
+            }
+        }
+        printf("# %s return_state: worst difference from the last real step's h%s %.2e\n", gru ? "gru" : "lstm",
+               gru ? "" : " and c", worst);
+        CHECK_MSG(worst < 1e-5, "%s: %g", gru ? "gru" : "lstm", worst);
+        loom_tensor_fini(&x);
+        loom_model_free(m);
+    }
+}
+
+/* The gradients through h and c (d h_T, d c_T of the last real step) beside the last-step output, against
+ * central differences under masks; 1 and 3 threads give the same bits. */
+static void test_rnn_states_gradcheck(void)
+{
+    static const char *const in[3] = {"rnn", "rnn/h", "rnn/c"};
+    for (int gru = 0; gru < 2; gru++) {
+        loom_layer_kind k = gru ? LOOM_LAYER_GRU : LOOM_LAYER_LSTM;
+        loom_layer_spec r = L_rnn(k, 3, false);
+        r.return_state = true;
+        const int n = gru ? 5 : 6;
+        loom_layer_spec ls[6] = {L_emb(7, 2, true), r, L_state(k, 3, 1), L_state(k, 3, 2), L_concat(3, in),
+                                 L_dense(5, LOOM_ACT_NONE)};
+        if (gru) ls[3] = L_concat(2, in), ls[4] = L_dense(5, LOOM_ACT_NONE);
+        float *g1 = NULL;
+        for (int th = 1; th <= 3; th += 2) {
+            fixture f;
+            if (fixture_new2(&f, n, ls, 4, 5, 5, 60 + gru, false)) {
+                CHECK(0);
+                return;
+            }
+            shake_params(f.m, 70 + gru);
+            CHECK(loom_model_set_threads(f.m, th, &err) == LOOM_OK);
+            int64_t P = loom_model_num_params(f.m);
+            if (th == 1) {
+                gradcheck(&f, gru ? "gru return_state" : "lstm return_state", 1e-2f);
+                step(&f);
+                g1 = malloc((size_t)P * sizeof *g1);
+                memcpy(g1, loom_model_grads(f.m), (size_t)P * sizeof *g1);
+            } else {
+                step(&f);
+                CHECK_MSG(!memcmp(g1, loom_model_grads(f.m), (size_t)P * sizeof *g1), "states: threads");
+            }
+            fixture_free(&f);
+        }
+        free(g1);
+    }
+}
+
 static const loom_test tests[] = {
+    {"rnn_states", test_rnn_states},
+    {"rnn_states_gradcheck", test_rnn_states_gradcheck},
     {"rnn_errors", test_rnn_errors},
     {"rnn_torch", test_rnn_torch},
     {"rnn_gradcheck", test_rnn_gradcheck},
