@@ -59,7 +59,8 @@ const char *const loom_pos_mode_names_[] = {"learned", "sinusoidal", NULL};
 const char *const loom_combiner_names_[] = {"sum", "mean", NULL};
 const char *const loom_activation_names_[] = {"none", "relu", "sigmoid", "tanh", "softmax", "leaky_relu", "gelu",
                                               "swish", "hard_swish", "softplus", "elu", "silu", NULL};
-const char *const loom_init_names_[] = {"glorot_uniform", "glorot_normal", "he_uniform", "he_normal", "zeros", NULL};
+const char *const loom_init_names_[] = {"glorot_uniform", "glorot_normal", "he_uniform", "he_normal", "zeros",
+                                             "orthogonal", NULL};
 const char *const loom_padding_names_[] = {"valid", "same", "causal", NULL};
 const char *const loom_loss_names_[] = {"sparse_softmax_cross_entropy", "mean_squared_error", "binary_cross_entropy",
                                         "mean_absolute_error", "huber", NULL};

@@ -490,7 +490,7 @@ typedef enum { LOOM_ACT_NONE, LOOM_ACT_RELU, LOOM_ACT_SIGMOID, LOOM_ACT_TANH, LO
                LOOM_ACT_GELU, LOOM_ACT_SWISH, LOOM_ACT_HARD_SWISH, LOOM_ACT_SOFTPLUS, LOOM_ACT_ELU,
                LOOM_ACT_SILU } loom_activation;
 typedef enum { LOOM_INIT_GLOROT_UNIFORM, LOOM_INIT_GLOROT_NORMAL, LOOM_INIT_HE_UNIFORM, LOOM_INIT_HE_NORMAL,
-               LOOM_INIT_ZEROS } loom_init;
+               LOOM_INIT_ZEROS, LOOM_INIT_ORTHOGONAL } loom_init;
 typedef enum { LOOM_PAD_VALID, LOOM_PAD_SAME, LOOM_PAD_CAUSAL /* conv1d only */ } loom_padding;
 typedef enum { LOOM_LOSS_SPARSE_SOFTMAX_CE, LOOM_LOSS_MSE, LOOM_LOSS_BCE, LOOM_LOSS_MAE, LOOM_LOSS_HUBER } loom_loss_kind;
 /* model.metrics: Keras' metrics of those names (see nn.h for each one's definition) */
@@ -545,6 +545,8 @@ typedef struct loom_layer_spec {
     /* ---- sequences (appended, issue 24) ---- */
     bool            mask_zero;           /* embedding: id 0 is padding; its time steps are masked below (nn.h) */
     bool            return_sequences;    /* lstm, gru, bidirectional: output (T, units) rather than the last step's */
+    loom_init       recurrent_init;      /* lstm, gru: the recurrent kernel's initialiser; default orthogonal (Keras) */
+    bool            unit_forget_bias;    /* lstm: the forget gate's bias starts at 1 (Keras' default, Jozefowicz 2015) */
     bool            reset_after;         /* gru: the reset gate after the recurrent product (Keras 2, cuDNN); default true */
     loom_activation recurrent_activation; /* lstm, gru: the gates' activation, default sigmoid */
     int             cell;                /* bidirectional: `layer`, 0 lstm, 1 gru */

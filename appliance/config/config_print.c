@@ -614,9 +614,12 @@ static void print_rnn(FILE *f, const loom_layer_spec *l)
     kv_str(f, 3, "activation", loom_activation_name(l->activation));
     kv_str(f, 3, "recurrent_activation", loom_activation_name(l->recurrent_activation));
     kv_str(f, 3, "kernel_init", loom_cfg_name_(loom_init_names_, (int)l->kernel_init));
+    kv_str(f, 3, "recurrent_init", loom_cfg_name_(loom_init_names_, (int)l->recurrent_init));
     kv_bool(f, 3, "use_bias", l->use_bias);
     if (l->kind == LOOM_LAYER_GRU || (l->kind == LOOM_LAYER_BIDIRECTIONAL && l->cell == 1))
         kv_bool(f, 3, "reset_after", l->reset_after);
+    else
+        kv_bool(f, 3, "unit_forget_bias", l->unit_forget_bias);
     if (l->kind == LOOM_LAYER_BIDIRECTIONAL) {
         kv_str(f, 3, "layer", loom_cfg_name_(loom_cell_names_, l->cell));
         kv_str(f, 3, "merge_mode", loom_cfg_name_(loom_merge_mode_names_, l->merge_mode));

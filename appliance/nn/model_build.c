@@ -9,6 +9,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <string.h>
 
 /* im2col scratch per chunk: about half a typical L2, so the chunk's columns
@@ -1005,6 +1006,16 @@ void loom_model_init_params(loom_model *m, uint64_t seed)
         }
         case NN_INIT_ONES_:
             for (int64_t k = 0; k < n; k++) p[k] = 1.f;
+            break;
+        case LOOM_INIT_ORTHOGONAL:
+            if (!nn_init_orthogonal_(p, &m->pinfo[i].shape, &r)) {
+                fprintf(stderr, "loom: %s: out of memory for the orthogonal initialiser; starting it at zero\n",
+                        m->pinfo[i].name);
+                memset(p, 0, (size_t)n * sizeof *p);
+            }
+            break;
+        case NN_INIT_FORGET_BIAS_:
+            for (int64_t k = 0; k < n; k++) p[k] = k / (int64_t)fin == 1 ? 1.f : 0.f;
             break;
         case NN_INIT_CONST_:
             for (int64_t k = 0; k < n; k++) p[k] = (float)fin;

@@ -339,6 +339,9 @@ float *nn_layer_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, f
 
 /* ---- plugin layer kinds (layer_plugin.c) ------------------------------------ */
 
+#define NN_INIT_FORGET_BIAS_ 103 /* an lstm's bias (i f g o, H each, H in pfan_in): 1 on f, 0 elsewhere */
+/* Keras' Orthogonal (init_orthogonal.c): false when out of memory. */
+bool nn_init_orthogonal_(float *p, const loom_shape *shape, loom_rng *r);
 #define NN_INIT_CONST_ 102 /* (101 is model_build.c NN_INIT_EMBEDDING) a plugin's LOOM_LINIT_CONSTANT: the value is kept in pfan_in */
 /* The plugin's build: the output shape, its parameter tensors (nn_add_param_). */
 int    nn_plugin_shapes_(loom_model *m, nn_layer_ *l, int li, loom_err *err);

@@ -134,8 +134,9 @@ int nn_rnn_shapes_(loom_model *m, nn_layer_ *l, int li, loom_err *err)
         loom_shape ks = {.rank = 2, .dim = {l->D, gH}}, rs = {.rank = 2, .dim = {l->H, gH}};
         loom_shape bs = gru ? (loom_shape){.rank = 2, .dim = {2, gH}} : (loom_shape){.rank = 1, .dim = {gH}};
         int64_t k = nn_add_param_(m, l, nk, &ks, s->kernel_init, (double)l->D, (double)gH);
-        int64_t r = nn_add_param_(m, l, nr, &rs, s->kernel_init, (double)l->H, (double)gH);
-        int64_t b = s->use_bias ? nn_add_param_(m, l, nb, &bs, LOOM_INIT_ZEROS, 0, 0) : -1;
+        int64_t r = nn_add_param_(m, l, nr, &rs, s->recurrent_init, (double)l->H, (double)gH);
+        int binit = !gru && s->unit_forget_bias ? NN_INIT_FORGET_BIAS_ : LOOM_INIT_ZEROS;
+        int64_t b = s->use_bias ? nn_add_param_(m, l, nb, &bs, binit, (double)l->H, 0) : -1;
         if (d == 0) l->kernel_off = k, l->rk_off = r, l->bias_off = b;
         else l->dir2 = k - l->kernel_off;
     }

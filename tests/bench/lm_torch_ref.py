@@ -7,8 +7,9 @@ ids 2.. in file order, 1 out of vocabulary, 0 padding), concatenates every
 line's ids in file order (Loom's unbatch), cuts windows of T + 1 ids at a
 shift of T (Loom's window, drop_remainder) and makes (input, target) pairs
 shifted by one (lm_pairs). The model is Loom's: embedding (uniform +-0.05)
--> nn.LSTM (Glorot-uniform kernels as Keras, zero biases, bias_hh frozen at 0
-since Loom's lstm has one bias) -> linear (Glorot, zero bias), the loss the
+-> nn.LSTM (Keras' defaults as Loom's: a Glorot-uniform input kernel, an
+orthogonal recurrent kernel, the forget-gate bias at 1, the others 0, bias_hh
+frozen at 0 since Loom's lstm has one bias) -> linear (Glorot, zero bias), the loss the
 mean token cross-entropy, Adam (Keras epsilon 1e-7) with gradients clipped to
 a global norm, batches of the shuffled training windows (a shuffle of its own:
 the same data, not the same order), the same number of steps. Evaluates the
@@ -54,12 +55,17 @@ class LM(torch.nn.Module):
         g = 4 if cell == "lstm" else 3
         with torch.no_grad():
             torch.nn.init.uniform_(self.emb.weight, -0.05, 0.05)
-            # Glorot on Loom's (in, gates H) layout: limit sqrt(6 / (in + gates H))
-            for w, fin in ((self.rnn.weight_ih_l0, E), (self.rnn.weight_hh_l0, H)):
-                a = math.sqrt(6.0 / (fin + g * H))
-                w.uniform_(-a, a)
+            # Loom's (and Keras') defaults: the input kernel Glorot on Loom's (in, gates H)
+            # layout (limit sqrt(6 / (in + gates H))), the recurrent kernel orthogonal (torch's
+            # (gates H, H) weight_hh is Loom's (H, gates H) transposed: orthonormal columns
+            # there are orthonormal rows here), the lstm's forget-gate bias at 1 (i f g o)
+            a = math.sqrt(6.0 / (E + g * H))
+            self.rnn.weight_ih_l0.uniform_(-a, a)
+            torch.nn.init.orthogonal_(self.rnn.weight_hh_l0)
             self.rnn.bias_ih_l0.zero_()
             self.rnn.bias_hh_l0.zero_()
+            if cell == "lstm":
+                self.rnn.bias_ih_l0[H:2 * H] = 1.0
             if cell == "lstm":
                 self.rnn.bias_hh_l0.requires_grad_(False)
             torch.nn.init.xavier_uniform_(self.out.weight)

@@ -248,6 +248,76 @@ static loom_layer_spec L_rnn(loom_layer_kind k, int units, bool seq)
     return s;
 }
 
+/* Keras' defaults for a recurrence's start: the recurrent kernel orthogonal
+ * (its (H, gates H) rows orthonormal: R R^T = I), an lstm's forget-gate bias
+ * at 1 (i f g o: the second H of the bias), the input kernel Glorot. */
+static const float *param_named(loom_model *m, const char *name, loom_shape *shape)
+{
+    for (int i = 0;; i++) {
+        const loom_param_info *p = loom_model_param_tensor(m, i);
+        if (!p) return NULL;
+        if (!strcmp(p->name, name)) {
+            *shape = p->shape;
+            return loom_model_params(m) + p->offset;
+        }
+    }
+}
+
+static void check_orthonormal_rows(const char *what, const float *w, int64_t rows, int64_t cols)
+{
+    double worst = 0;
+    for (int64_t a = 0; a < rows; a++)
+        for (int64_t b = 0; b <= a; b++) {
+            double d = 0;
+            for (int64_t k = 0; k < cols; k++) d += (double)w[a * cols + k] * w[b * cols + k];
+            double e = fabs(d - (a == b ? 1.0 : 0.0));
+            if (e > worst) worst = e;
+        }
+    CHECK_MSG(worst < 1e-5, "%s: R R^T differs from I by %.3g", what, worst);
+}
+
+static void test_rnn_init(void)
+{
+    for (int k = 0; k < 3; k++) {
+        loom_layer_kind kind = k == 1 ? LOOM_LAYER_GRU : LOOM_LAYER_LSTM;
+        loom_layer_spec ls[2] = {L_emb(7, 5, false), L_rnn(kind, 6, false)};
+        ls[1].recurrent_init = LOOM_INIT_ORTHOGONAL;
+        ls[1].unit_forget_bias = k != 2;
+        fixture f;
+        CHECK(fixture_new2(&f, 2, ls, 2, 4, 6, 11, false) == LOOM_OK);
+        if (!f.m) return;
+        loom_shape rs, bs;
+        const float *r = param_named(f.m, "rnn/recurrent_kernel", &rs);
+        const float *b = param_named(f.m, "rnn/bias", &bs);
+        CHECK(r && b && rs.rank == 2 && rs.dim[0] == 6 && rs.dim[1] == (kind == LOOM_LAYER_GRU ? 18 : 24));
+        if (!r || !b) return;
+        check_orthonormal_rows(kind == LOOM_LAYER_GRU ? "gru" : "lstm", r, rs.dim[0], rs.dim[1]);
+        int bad = 0;
+        for (int64_t i = 0; i < loom_shape_numel(&bs); i++) {
+            float want = kind == LOOM_LAYER_LSTM && ls[1].unit_forget_bias && i / 6 == 1 ? 1.f : 0.f;
+            bad += b[i] != want;
+        }
+        CHECK_MSG(bad == 0, "case %d: %d bias elements off", k, bad);
+        fixture_free(&f);
+    }
+    /* a kernel with more rows than columns: orthonormal columns (Keras: the (cols, rows) case transposed) */
+    loom_layer_spec d[2] = {L_emb(7, 5, false), L_dense(3, LOOM_ACT_NONE)};
+    d[1].kernel_init = LOOM_INIT_ORTHOGONAL;
+    fixture f;
+    CHECK(fixture_new2(&f, 2, d, 2, 4, 3, 12, true) == LOOM_OK);
+    if (!f.m) return;
+    loom_shape ks;
+    const float *w = param_named(f.m, "dense_3/kernel", &ks);
+    CHECK(w && ks.dim[0] == 5 && ks.dim[1] == 3);
+    if (w) {
+        float t[15];
+        for (int a = 0; a < 5; a++)
+            for (int c = 0; c < 3; c++) t[c * 5 + a] = w[a * 3 + c];
+        check_orthonormal_rows("dense (5, 3)^T", t, 3, 5);
+    }
+    fixture_free(&f);
+}
+
 /* The bias starts at 0: give it values so its gradient sees a general point. */
 static void shake_params(loom_model *m, uint64_t seed)
 {
@@ -523,6 +593,7 @@ static const loom_test tests[] = {
     {"rnn_errors", test_rnn_errors},
     {"rnn_torch", test_rnn_torch},
     {"rnn_gradcheck", test_rnn_gradcheck},
+    {"rnn_init", test_rnn_init},
     {"token_loss", test_token_loss},
     {"token_gradcheck", test_token_gradcheck},
     {"token_errors", test_token_errors},
