@@ -452,6 +452,14 @@ float *nn_attn_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, fl
 void   nn_attn_param_grads_(const loom_model *m, int li, const float *x, int64_t B, int part, int parts);
 /* Tests only: loom_model_gradcheck scales the analytic gradients by 1 + this (0: off). */
 extern float nn_gradcheck_skew_;
+
+/* One element of --gradcheck: the loss (a sum) as a function of *p, the analytic d loss / d *p (ana), both
+ * compared after multiplying by scale; num the central estimate compared. NN_GC_RETESTED: the central
+ * estimates agreed but missed ana, and a one-sided slope (either side) matched it: a kink at the point. */
+typedef double (*nn_gc_loss_fn_)(void *ctx, loom_err *err);
+typedef enum { NN_GC_PASS, NN_GC_RETESTED, NN_GC_SKIPPED, NN_GC_BAD, NN_GC_ERROR } nn_gc_verdict_;
+nn_gc_verdict_ nn_gc_element_(nn_gc_loss_fn_ loss, void *ctx, float *p, double ana, double scale, double *num,
+                              loom_err *err);
 /* The model's parameter allocator (model_build.c): offset of the new tensor, -1 on overflow. */
 /* The kinds with a kernel of their own and an activation (model_build.c). */
 bool  nn_kernel_kind_(loom_layer_kind k);
