@@ -618,8 +618,11 @@ typedef struct loom_device_ops {
                            loom_err *err);
     int (*maxpool_backward)(loom_device *d, const loom_dev_window *g, const float *dy, const int32_t *argmax,
                             float *dx, loom_err *err);
+    /* (version 2; may be NULL: graphs with concatenate are then refused) out[r * ldo + c] = x[r * ldx + c] */
+    int (*copy2d)(loom_device *d, int64_t rows, int64_t cols, const float *x, int64_t ldx, float *out, int64_t ldo,
+                  loom_err *err);
 } loom_device_ops;
-#define LOOM_DEVICE_OPS_VERSION 1
+#define LOOM_DEVICE_OPS_VERSION 2 /* 2: copy2d appended; Loom still takes a version-1 table (without it) */
 #endif
 
 /* ---- the host -------------------------------------------------------------- */

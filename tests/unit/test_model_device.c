@@ -2,7 +2,8 @@
  * built-in CPU reference backend against nn's host path, on real
  * Fashion-MNIST batches, for an MLP (tests/configs/strategy_mlp.cfg), a CNN
  * with every layer kind and dropout (device_cnn.cfg) and an MSE model
- * (device_mse.cfg): one train step gives the same gradients (relative
+ * (device_mse.cfg), and a residual graph with every merge the device runs
+ * (device_resnet.cfg): one train step gives the same gradients (relative
  * difference <= 1e-5), loss and correct count; evaluate and predict agree;
  * 100 steps of SGD with momentum driven by hand, each from the host's
  * weights, give the same gradients and updates (<= 1e-5); two runs of the
@@ -179,6 +180,8 @@ static void test_keep_cnn(void) { keep_grads("device_cnn.cfg"); }
 static void test_step_mlp(void) { one_step("strategy_mlp.cfg"); }
 static void test_step_cnn(void) { one_step("device_cnn.cfg"); }
 static void test_step_mse(void) { one_step("device_mse.cfg"); }
+static void test_step_graph(void) { one_step("device_resnet.cfg"); }
+static void test_keep_graph(void) { keep_grads("device_resnet.cfg"); }
 
 /* 100 steps of the config's optimizer on the device path (host update,
  * parameters uploaded after each) and, unless dev_only, on the host path in
@@ -270,6 +273,7 @@ static void train_twice(const char *cfg)
 static void test_train_mlp(void) { train_twice("strategy_mlp.cfg"); }
 static void test_train_cnn(void) { train_twice("device_cnn.cfg"); }
 static void test_train_mse(void) { train_twice("device_mse.cfg"); }
+static void test_train_graph(void) { train_twice("device_resnet.cfg"); }
 
 /* A softmax activation has no device op: refused at open at the layer's line. */
 static void test_softmax_refused(void)
@@ -355,6 +359,39 @@ static void test_unsupported_refused(void)
     rig_close(&g);
 }
 
+/* A graph's merges the device ops cannot run are refused at open, at the layer: a concatenate on another axis
+ * than the last, on a backend without copy2d (a version-1 table), and maximum (no device op) before any device
+ * is looked for. */
+static void test_graph_refused(void)
+{
+    rig g;
+    if (!rig_open_ok(&g, "device_resnet.cfg")) return rig_close(&g);
+    loom_model_spec *ms = &g.spec->model;
+    int cat = 0;
+    while (cat < ms->n_layers && strcmp(ms->layer[cat].name, "cat")) cat++;
+    CHECK(cat < ms->n_layers);
+    loom_model *m = NULL;
+    loom_model_dev *d = NULL;
+    ms->layer[cat].axis = 1; /* (14, 14, 8) twice along the rows: valid, but not the last axis */
+    CHECK(new_model(&g, &m) == LOOM_OK);
+    CHECK(loom_model_dev_open(&d, m, loom_device_cpu(), 0, &err) == LOOM_EUNSUPPORTED);
+    CHECK(d == NULL);
+    CHECK_CONTAINS(err.where, "device_resnet.cfg:");
+    CHECK_CONTAINS(err.msg, "layer \"cat\" (concatenate) joins along another than the last axis");
+    loom_model_free(m);
+    ms->layer[cat].axis = -1;
+    loom_device_ops v1 = *loom_device_cpu();
+    v1.version = 1, v1.copy2d = NULL;
+    CHECK(new_model(&g, &m) == LOOM_OK);
+    CHECK(loom_model_dev_open(&d, m, &v1, 0, &err) == LOOM_EUNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "layer \"cat\" (concatenate) needs the backend's copy2d");
+    loom_model_free(m);
+    ms->layer[cat].kind = LOOM_LAYER_MAXIMUM;
+    CHECK(loom_model_spec_dev_check(ms, "cuda", &err) == LOOM_EUNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "layer \"cat\" (maximum) is not implemented on the \"cuda\" device backend");
+    rig_close(&g);
+}
+
 /* A batch over max_batch or of the wrong shape: the host path's errors. */
 static void test_bad_batch(void)
 {
@@ -396,6 +433,9 @@ static const loom_test tests[] = {
     {"step_mlp", test_step_mlp},
     {"step_cnn", test_step_cnn},
     {"step_mse", test_step_mse},
+    {"step_graph", test_step_graph},
+    {"keep_graph", test_keep_graph},
+    {"train_graph", test_train_graph},
     {"keep_mlp", test_keep_mlp},
     {"keep_cnn", test_keep_cnn},
     {"train_mlp", test_train_mlp},
@@ -403,6 +443,7 @@ static const loom_test tests[] = {
     {"train_mse", test_train_mse},
     {"softmax_refused", test_softmax_refused},
     {"unsupported_refused", test_unsupported_refused},
+    {"graph_refused", test_graph_refused},
     {"bad_batch", test_bad_batch},
     {"non_finite", test_non_finite},
     {0},
