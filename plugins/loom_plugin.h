@@ -222,7 +222,8 @@ typedef struct loom_source_ops {
  * Its parameters live in the model's flat parameters (and its trainable
  * ones' gradients in the flat gradients) at offsets the host chooses. */
 
-#define LOOM_LAYER_OPS_VERSION 1
+#define LOOM_LAYER_OPS_VERSION 1 /* 1: unchanged when Loom began to run several inputs, whole_batch and state
+                                    (trainable = 0): the fields were there and refused */
 #define LOOM_LAYER_MAX_PARAMS  4 /* parameter tensors of one plugin layer */
 #define LOOM_LAYER_MAX_INPUTS  8 /* inputs of one layer (LOOM_MAX_LAYER_INPUTS) */
 #define LOOM_LAYER_MAX_SETTINGS 8 /* keys of a plugin layer's own in the config */

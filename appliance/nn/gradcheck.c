@@ -257,7 +257,8 @@ static int gc_layer(const loom_model *m, int li, gc_stats *st, loom_err *err)
     if (xf && (rc = gc_tensor(&g, xf, gx, NN_GC_BATCH * nin, (double)nout, &r, st, err))) goto done;
     for (int t = 0; t < gm->n_ptensors; t++) {
         const loom_param_info *p = &gm->pinfo[t];
-        if (p->offset == gl->mm_off || p->offset == gl->mv_off) continue; /* not trained */
+        if (p->offset == gl->mm_off || p->offset == gl->mv_off || nn_plugin_state_(gl, p->offset, NULL))
+            continue; /* not trained */
         if ((rc = gc_tensor(&g, gm->params + p->offset, ana + p->offset, loom_shape_numel(&p->shape), (double)nout, &r,
                             st, err)))
             goto done;
@@ -270,6 +271,23 @@ done:
     return rc;
 }
 
+/* A plugin layer of several inputs: loom_layer_plugin_check on a build of its own (batch 3, every input and
+ * trained value by central differences, the bits on chunks of one example); its row. */
+static int gc_plugin_row(const loom_model *m, const nn_layer_ *l, FILE *f, int *failed, loom_err *err)
+{
+    char nm[112];
+    double e = 0;
+    loom_err pe = {0};
+    int rc = nn_plugin_check_(m, l, &e, &pe);
+    snprintf(nm, sizeof nm, "%s (%s)", l->spec.name, l->spec.plugin);
+    if (rc && rc != LOOM_ENUMERIC) return *err = pe, rc;
+    *failed += rc != 0;
+    fprintf(f, "%-48s %8s %12s %12.3g  %s (%d inputs: the plugin check, every element)\n", nm, "all", "-", e,
+            rc ? "FAIL" : "pass", l->n_src);
+    if (rc) fprintf(f, "  %s\n", pe.msg);
+    return LOOM_OK;
+}
+
 int loom_model_gradcheck(const loom_model *m, FILE *f, int *failed, loom_err *err)
 {
     *failed = 0;
@@ -279,6 +297,11 @@ int loom_model_gradcheck(const loom_model *m, FILE *f, int *failed, loom_err *er
     for (int i = 0; i < m->n_layers; i++) {
         const nn_layer_ *l = &m->layer[i];
         gc_stats st = {0};
+        if (l->n_src > 1 && l->spec.kind == LOOM_LAYER_PLUGIN) { /* its own build, every input and value */
+            if (gc_plugin_row(m, l, f, failed, err)) return loom_err_prefix(err, "gradcheck of layer \"%s\"",
+                                                                            l->spec.name), err->code;
+            continue;
+        }
         if (l->n_src > 1) { /* alone it would need several model inputs; tests/unit check the merges' gradients */
             char nm[112];
             snprintf(nm, sizeof nm, "%s (%s)", l->spec.name, nn_layer_kind_name_(l->spec.kind));
