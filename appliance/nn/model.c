@@ -521,6 +521,13 @@ static void run_phase(loom_model *m, step_job *j, loom_pool_fn fn, double *acc)
     j->timed = true;
     loom_pool_run(m->pool, j->nchunks, fn, j);
     j->timed = false;
+    double most = 0, all = 0; /* the chunks' clocked work: the slowest, and the sum */
+    for (int t = 0; t < j->nchunks; t++) {
+        double w = 0;
+        for (int i = 0; i < m->n_layers; i++) w += m->chunk[t].pt[i] + (m->upd ? m->chunk[t].pu[i] : 0);
+        most = w > most ? w : most, all += w;
+    }
+    if (m->prof) m->prof->imbalance[acc == m->prof->fwd ? 0 : 1] += most - all / j->nchunks;
     for (int i = 0; i < m->n_layers; i++) {
         double s = 0, u = 0;
         for (int t = 0; t < j->nchunks; t++) s += m->chunk[t].pt[i], u += m->chunk[t].pu[i];

@@ -8,14 +8,15 @@
 # RUNS times (default BENCH_RUNS or 3) for each thread count of --threads (run.threads). Each run's
 # table gives the step and a row per node and phase (forward, backward, weights: the node's kernels,
 # clocked by the chunk that runs them) beside the rows that are no node's: the input hand-off, the
-# loss, the gradient reduction and the optimizer (not the graph's), and "forward/backward: dispatch,
-# chunk imbalance": the executor between the nodes (the graph's bookkeeping: sources, gathered
-# gradients; the segments' hand-offs around each batch normalization; the pool's wake-ups) and, with
-# more than one thread, the time a thread waits for the other chunk. Printed per thread count, the
-# medians over the runs: the step, the nodes' sum, the dispatch rows and their share of the step.
-# With 1 thread the dispatch rows are the executor's own work alone (no wake-up, no imbalance): that
-# is the overhead the target speaks of; with 2 threads they also hold the wait for the slower chunk
-# (a loaded machine makes that large). Exits 1 if the 1-thread share is 2% or more.
+# loss, the gradient reduction and the optimizer (not the graph's), "forward/backward: chunk
+# imbalance" (the time the other chunks wait for the slowest) and "forward/backward: dispatch": the
+# executor between the nodes (the graph's bookkeeping: sources, gathered gradients; the segments'
+# hand-offs around each batch normalization; the pool's wake-ups). Printed per thread count, the
+# medians over the runs: the step, the nodes' sum, the dispatch rows and their share of the step, and
+# the chunk imbalance rows (each pool run's slowest chunk's layers less the mean chunk's: work, not
+# dispatch; a loaded machine makes it large). The dispatch rows are the overhead the target speaks of:
+# the executor between the nodes, the segments' hand-offs and the pool's wake-ups. Exits 1 if the
+# share is 2% or more at any thread count.
 set -euo pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -35,37 +36,38 @@ while [ $# -gt 0 ]; do
 done
 bench_loom graph_overhead_bench.sh
 
-# one profile's table -> "step nodes dispatch other" (microseconds)
+# one profile's table -> "step nodes dispatch imbalance" (microseconds)
 parse() {
     awk '
         /^  step / { step = $2 }
-        /^  (forward|backward|weights)  ?[^:]/ && !/dispatch/ { nodes += $(NF - 3) }
-        /dispatch, chunk imbalance/ { disp += $(NF - 3) }
-        END { printf "%.1f %.1f %.1f\n", step, nodes, disp }'
+        /^  (forward|backward|weights)  ?[^:]/ { nodes += $(NF - 3) }
+        /^  (forward|backward): dispatch/ { disp += $(NF - 3) }
+        /^  (forward|backward): chunk imbalance/ { imb += $(NF - 3) }
+        END { printf "%.1f %.1f %.1f %.1f\n", step, nodes, disp, imb }'
 }
 
 printf '%s, %s steps, medians of %s runs (machine load: %s)\n' "${CFG#$ROOT/}" "$STEPS" "$RUNS" \
     "$(cut -d' ' -f1-3 /proc/loadavg)"
-printf '%-8s %12s %12s %12s %9s\n' threads "step us" "nodes us" "dispatch us" share
+printf '%-8s %12s %12s %12s %9s %13s\n' threads "step us" "nodes us" "dispatch us" share "imbalance us"
 share1=""
+shares=""
 for t in $THREADS; do
-    s=() n=() d=() r=()
+    s=() n=() d=() r=() b=()
     for ((k = 0; k < RUNS; k++)); do
         out=$("$LOOM" profile --train "$CFG" --steps "$STEPS" --set run.threads="$t" 2>&1) || {
             echo "graph_overhead_bench.sh: loom profile failed:" >&2
             echo "$out" | tail -5 >&2
             exit 1
         }
-        read -r a b c <<<"$(parse <<<"$out")"
-        s+=("$a") n+=("$b") d+=("$c")
-        r+=("$(awk -v d="$c" -v s="$a" 'BEGIN { printf "%.4f", 100 * d / s }')")
+        read -r st no di im <<<"$(parse <<<"$out")"
+        s+=("$st") n+=("$no") d+=("$di") b+=("$im")
+        r+=("$(awk -v d="$di" -v s="$st" 'BEGIN { printf "%.4f", 100 * d / s }')")
     done
     share=$(median "${r[@]}")
-    printf '%-8s %12.1f %12.1f %12.1f %8.2f%%\n' "$t" "$(median "${s[@]}")" "$(median "${n[@]}")" \
-        "$(median "${d[@]}")" "$share"
-    [ "$t" = 1 ] && share1=$share
+    printf '%-8s %12.1f %12.1f %12.1f %8.2f%% %13.1f\n' "$t" "$(median "${s[@]}")" "$(median "${n[@]}")" \
+        "$(median "${d[@]}")" "$share" "$(median "${b[@]}")"
+    shares="$shares $share"
 done
-if [ -n "$share1" ]; then
-    printf 'overhead share (1 thread): %.2f%% of the step (target < 2%%)\n' "$share1"
-    awk -v s="$share1" 'BEGIN { exit !(s < 2) }' || exit 1
-fi
+worst=$(printf '%s\n' $shares | sort -g | tail -1)
+printf 'graph step overhead (dispatch rows, worst thread count): %.2f%% of the step (target < 2%%)\n' "$worst"
+awk -v s="$worst" 'BEGIN { exit !(s < 2) }' || exit 1
