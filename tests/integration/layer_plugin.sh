@@ -110,6 +110,16 @@ else fail "the moving mean is checkpointed and moves" "$m16 / $m64"; fi
 check "stopped at step 16" "$LOOM" train $PG --model-dir "$WORK/pgr" "${Q[@]}" --set run.threads=2 --set run.max_steps=16
 check "resumed from step 16" "$LOOM" train $PG --model-dir "$WORK/pgr" "${Q[@]}" --set run.threads=2
 same_weights "resumed: the straight run's state and weights" "$WORK/pgr/ckpt-64.loom" "$WORK/pg2/ckpt-64.loom"
+# in a plain stack (no graph): running_norm in prelu's place, segments around it as around batch normalization
+RN=(--set 'model.layers.[2]={ type = "running_norm"; name = "act"; momentum = 0.5; }')
+out=$("$LOOM" check --gradcheck $CFG "${RN[@]}" 2>&1)
+if grep -qE '^act \(running_norm\) +80 .* pass$' <<<"$out"; then pass "a stack's whole-batch layer: --gradcheck passes"
+else fail "a stack's whole-batch layer: --gradcheck passes" "$(tail -3 <<<"$out")"; fi
+check "a stack's whole-batch layer trains, 1 thread" "$LOOM" train $CFG --model-dir "$WORK/rn1" "${Q[@]}" "${RN[@]}" \
+    --set run.threads=1 --set run.max_steps=20
+check "... 2 threads" "$LOOM" train $CFG --model-dir "$WORK/rn2" "${Q[@]}" "${RN[@]}" --set run.threads=2 \
+    --set run.max_steps=20
+same_weights "... the same bits" "$WORK/rn1/ckpt-20.loom" "$WORK/rn2/ckpt-20.loom"
 check "under mirrored, 2 replicas (each replica's moving mean as batch norm's)" "$LOOM" train $PG \
     --model-dir "$WORK/pgm" "${Q[@]}" --set run.max_steps=6 --set strategy.type='"mirrored"' --set strategy.replicas=2
 
