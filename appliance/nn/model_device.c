@@ -73,6 +73,7 @@ struct loom_model_dev {
     float                 *ones;                           /* activation layers: y = x * 1, then in place */
     float                 *zeros;                          /* graphs: (max_batch, max n_out) zeros, to copy and negate */
     const float           *in0;                            /* graphs: this batch's model input */
+    float                 *xin[LOOM_MAX_MODEL_INPUTS];     /* model.inputs 1..: (max_batch, its shape) device */
     const float           *yo[LOOM_MAX_LAYERS];            /* graphs: each layer's output this batch */
     uint8_t                ginit[LOOM_MAX_LAYERS];         /* graphs: dg of the layer holds a first gradient */
     int32_t               *labels;                         /* (max_batch,) device */
@@ -164,13 +165,6 @@ int loom_model_spec_dev_check(const loom_model_spec *ms, const char *backend, lo
     if (ms->n_heads > 1) {
         loom_err_set(err, LOOM_EUNSUPPORTED, nn_loc_str_(&ms->head[1].loc, w, sizeof w),
                      "model.outputs has %d heads; the \"%s\" device backend trains one output", ms->n_heads, backend);
-        dev_hint(backend, err);
-        return LOOM_EUNSUPPORTED;
-    }
-    if (ms->n_inputs > 1) {
-        loom_err_set(err, LOOM_EUNSUPPORTED, nn_loc_str_(&ms->loc, w, sizeof w),
-                     "model.inputs names %d features; the \"%s\" device backend feeds one model input", ms->n_inputs,
-                     backend);
         dev_hint(backend, err);
         return LOOM_EUNSUPPORTED;
     }
@@ -294,6 +288,7 @@ static int open_buffers(loom_model_dev *d, loom_err *err)
     const int64_t F = (int64_t)sizeof(float);
     int64_t col = 0, ones = 0, keep = 0;
     for (int i = 0; i < m->n_layers; i++) TRY(open_layer(d, i, &col, &ones, &keep, err));
+    for (int f = 1; f < m->n_inputs; f++) DALLOC(d->xin[f], mb * loom_shape_numel(&m->in_shape[f]) * F);
     DALLOC(d->params, P * F);
     DALLOC(d->grads, P * F);
     for (int k = 0; k < 2; k++) DALLOC(d->gbuf[k], mb * m->gmax * F);
@@ -332,10 +327,9 @@ static int open_buffers(loom_model_dev *d, loom_err *err)
 int loom_model_dev_open(loom_model_dev **out, loom_model *m, const loom_device_ops *ops, int device, loom_err *err)
 {
     *out = NULL;
-    if (m->n_inputs > 1 || m->n_heads > 1) {
-        loom_err_set(err, LOOM_EUNSUPPORTED, m->where, "%s: the \"%s\" device backend runs a graph of one model input "
-                     "and one output", m->n_inputs > 1 ? "model.inputs names several features" : "model.outputs has "
-                     "several heads", ops->name);
+    if (m->n_heads > 1) {
+        loom_err_set(err, LOOM_EUNSUPPORTED, m->where, "model.outputs has several heads: the \"%s\" device backend "
+                     "runs a graph of one output", ops->name);
         dev_hint(ops->name, err);
         return LOOM_EUNSUPPORTED;
     }
@@ -445,7 +439,10 @@ static int layer_forward(loom_model_dev *d, int li, int training, uint64_t rng_k
 /* ---- a graph's merges and gathered gradients (as graph.c on the host) ---------------- */
 
 /* Layer (or model input) s's output this batch. */
-static const float *src_ptr(const loom_model_dev *d, int s) { return s >= 0 ? d->yo[s] : d->in0; }
+static const float *src_ptr(const loom_model_dev *d, int s)
+{
+    return s >= 0 ? d->yo[s] : s == -1 ? d->in0 : d->xin[-1 - s];
+}
 
 /* Rows and columns of an output whose last axis is concatenated. */
 static int64_t concat_rows(const loom_model_dev *d, const nn_layer_ *l)
@@ -545,6 +542,9 @@ static int forward(loom_model_dev *d, const loom_tensor *x, int64_t B, int train
     TRY(loom_dev_stager_take(d->stage, &buf, err));
     d->act[0] = d->in0 = buf;
     const loom_model *m = d->m;
+    for (int f = 1; f < m->n_inputs; f++) /* model.inputs (float32, checked with the batch): on the compute stream */
+        TRY(d->ops->upload(d->dev, LOOM_DEV_STREAM_COMPUTE, d->xin[f], m->xs[f]->data,
+                           (size_t)(B * loom_shape_numel(&m->in_shape[f])) * sizeof(float), err));
     for (int i = 0; i < m->n_layers; i++) {
         if (!m->graph) {
             TRY(layer_forward(d, i, training, rng_key, err));
