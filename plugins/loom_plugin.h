@@ -222,7 +222,8 @@ typedef struct loom_source_ops {
  * Its parameters live in the model's flat parameters (and its trainable
  * ones' gradients in the flat gradients) at offsets the host chooses. */
 
-#define LOOM_LAYER_OPS_VERSION 1
+#define LOOM_LAYER_OPS_VERSION 1 /* 1: unchanged when Loom began to run several inputs, whole_batch and state
+                                    (trainable = 0): the fields were there and refused */
 #define LOOM_LAYER_MAX_PARAMS  4 /* parameter tensors of one plugin layer */
 #define LOOM_LAYER_MAX_INPUTS  8 /* inputs of one layer (LOOM_MAX_LAYER_INPUTS) */
 #define LOOM_LAYER_MAX_SETTINGS 8 /* keys of a plugin layer's own in the config */
@@ -618,8 +619,11 @@ typedef struct loom_device_ops {
                            loom_err *err);
     int (*maxpool_backward)(loom_device *d, const loom_dev_window *g, const float *dy, const int32_t *argmax,
                             float *dx, loom_err *err);
+    /* (version 2; may be NULL: graphs with concatenate are then refused) out[r * ldo + c] = x[r * ldx + c] */
+    int (*copy2d)(loom_device *d, int64_t rows, int64_t cols, const float *x, int64_t ldx, float *out, int64_t ldo,
+                  loom_err *err);
 } loom_device_ops;
-#define LOOM_DEVICE_OPS_VERSION 1
+#define LOOM_DEVICE_OPS_VERSION 2 /* 2: copy2d appended; Loom still takes a version-1 table (without it) */
 #endif
 
 /* ---- the host -------------------------------------------------------------- */

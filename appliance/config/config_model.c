@@ -673,7 +673,8 @@ static void check_graph(cfg_ctx *c, const config_setting_t *ll, loom_model_spec 
                                     l->n_inputs);
             if (er) loom_err_hint(er, "inputs = [query] (self-attention), [query, value] or [query, value, key]");
             bad++;
-        } else if (!merge_kind(k) && k >= 0 && l->n_inputs > 1 && k != LOOM_LAYER_MULTI_HEAD_ATTENTION) {
+        } else if (!merge_kind(k) && k >= 0 && l->n_inputs > 1 && k != LOOM_LAYER_MULTI_HEAD_ATTENTION &&
+                   k != LOOM_LAYER_PLUGIN) { /* a plugin's layer: its build checks the count */
             loom_err *er = cfg_err_(c, ins, "layer \"%s\" (%s) takes one input, got %d", l->name,
                                     loom_layer_names_[k], l->n_inputs);
             if (er) loom_err_hint(er, "join them first with a merge layer (add, concatenate, ...)");

@@ -57,12 +57,13 @@ int nn_graph_order_(const loom_model *m, const loom_model_spec *spec, int *order
             }
         }
         bool merge = merge_kind(l->kind), mha = l->kind == LOOM_LAYER_MULTI_HEAD_ATTENTION;
+        bool plugin = l->kind == LOOM_LAYER_PLUGIN; /* a plugin's build checks its count */
         if ((merge && (snum[i] < 2 || (l->kind == LOOM_LAYER_SUBTRACT && snum[i] != 2))) ||
-            (!merge && !mha && snum[i] != 1) || (mha && snum[i] > 3))
+            (!merge && !mha && !plugin && snum[i] != 1) || (mha && snum[i] > 3))
             return loom_err_set(err, LOOM_ECONFIG, w, "layer \"%s\" (%s) has %d inputs", name,
                                 nn_layer_kind_name_(l->kind), snum[i]),
                    loom_err_hint(err, "merge layers take 2 or more (subtract exactly 2), multi_head_attention 1 to "
-                                      "3, the others one");
+                                      "3, a plugin's layer what it builds with, the others one");
     }
     /* the layers the output (the last) and the other heads depend on */
     bool used[LOOM_MAX_LAYERS] = {false};
@@ -501,6 +502,7 @@ void loom_model_summary(const loom_model *m, FILE *f)
             bool mine = off == l->kernel_off || off == l->bias_off || off == l->pw_off || nn_attn_owns_(l, off);
             for (int t = 0; l->spec.kind == LOOM_LAYER_PLUGIN && t < l->pplan->n_params; t++) mine |= off == l->poff[t];
             if (mine) np += cnt;
+            if (mine && nn_plugin_state_(l, off, NULL)) frozen += cnt; /* a plugin's state: not trained */
             if (off == l->mm_off || off == l->mv_off) np += cnt, frozen += cnt; /* moving statistics: not trained */
         }
         snprintf(b, sizeof b, "%s (%s)", l->spec.name,

@@ -219,63 +219,49 @@ nomem:
 
 #include <stdio.h>
 
-int nn_plugin_shapes_(loom_model *m, nn_layer_ *l, int li, loom_err *err)
+/* The build's arguments for layer l: its settings (with their file:line in where[]) and its inputs' shapes. */
+typedef struct plugin_args_ {
+    loom_layer_args     a;
+    loom_layer_settings st;
+    char                where[LOOM_LAYER_MAX_SETTINGS][LOOM_PATH_MAX + 16];
+} plugin_args_;
+
+static int plugin_args(const loom_model *m, const nn_layer_ *l, const loom_layer_ops *ops, plugin_args_ *pa,
+                       loom_err *err)
 {
-    (void)li;
     const loom_layer_spec *s = &l->spec;
-    l->pinst = NULL, l->pscratch = NULL, l->pplan = NULL;
-    const loom_layer_ops *ops = loom_layer_plugin_find(s->plugin, NULL);
-    if (!ops)
-        return loom_err_set(err, LOOM_ECONFIG, l->where, "layer \"%s\": unknown layer type \"%s\"", s->name, s->plugin),
-               loom_err_hint(err, "load the plugin that provides it (plugins.path, $LOOM_PLUGIN_PATH); "
-                                  "`loom plugins` lists the layer types");
-    if (s->n_inputs > 1)
-        return loom_err_set(err, LOOM_EUNSUPPORTED, l->where,
-                            "layer \"%s\" (%s): plugin layers take one input for now, not %d", s->name, s->plugin,
-                            s->n_inputs);
-    static _Thread_local char where[LOOM_LAYER_MAX_SETTINGS][LOOM_PATH_MAX + 16];
-    loom_layer_settings st = {.n = s->settings.n};
-    for (int k = 0; k < st.n; k++) {
-        if (s->settings.line[k] > 0) snprintf(where[k], sizeof where[k], "%s:%d", s->loc.file, s->settings.line[k]);
-        else snprintf(where[k], sizeof where[k], "--set");
-        st.key[k] = s->settings.key[k], st.value[k] = s->settings.value[k], st.where[k] = where[k];
+    pa->st = (loom_layer_settings){.n = s->settings.n};
+    for (int k = 0; k < pa->st.n; k++) {
+        if (s->settings.line[k] > 0) snprintf(pa->where[k], sizeof pa->where[k], "%s:%d", s->loc.file, s->settings.line[k]);
+        else snprintf(pa->where[k], sizeof pa->where[k], "--set");
+        pa->st.key[k] = s->settings.key[k], pa->st.value[k] = s->settings.value[k], pa->st.where[k] = pa->where[k];
     }
-    for (int k = 0; k < st.n; k++) { /* the keys the layer accepts */
+    for (int k = 0; k < pa->st.n; k++) { /* the keys the layer accepts */
         bool ok = false;
-        for (int o = 0; ops->options && ops->options[o] && !ok; o++) ok = !strcmp(ops->options[o], st.key[k]);
+        for (int o = 0; ops->options && ops->options[o] && !ok; o++) ok = !strcmp(ops->options[o], pa->st.key[k]);
         if (!ok)
-            return loom_err_set(err, LOOM_ECONFIG, where[k], "layer \"%s\" (%s) has no setting \"%s\"", s->name,
-                                s->plugin, st.key[k]);
+            return loom_err_set(err, LOOM_ECONFIG, pa->where[k], "layer \"%s\" (%s) has no setting \"%s\"", s->name,
+                                s->plugin, pa->st.key[k]);
     }
-    loom_layer_args a = {.size = sizeof a, .type = s->plugin, .name = s->name, .where = l->where, .settings = &st,
-                         .n_in = 1, .in = &l->in, .max_batch = m->max_batch};
-    l->pplan = loom_calloc(1, sizeof *l->pplan);
-    if (!l->pplan) return loom_err_set(err, LOOM_ENOMEM, l->where, "out of memory");
-    l->pops = ops;
-    int rc = ops->build(&l->pinst, &a, l->pplan, err);
-    if (rc) {
-        if (!err->where[0]) snprintf(err->where, sizeof err->where, "%.*s", (int)sizeof err->where - 1, l->where);
-        return rc;
-    }
+    pa->a = (loom_layer_args){.size = sizeof pa->a, .type = s->plugin, .name = s->name, .where = l->where,
+                              .settings = &pa->st, .n_in = l->n_src, .in = l->src_shape, .max_batch = m->max_batch};
+    return LOOM_OK;
+}
+
+/* The plan's parameters into the flat buffer: the first trainable tensor is the layer's kernel (model.l2, the
+ * gradient pass); state (trainable = 0) needs whole_batch: it is updated once per batch, on one thread. */
+static int plugin_params(loom_model *m, nn_layer_ *l, loom_err *err)
+{
     const loom_layer_plan *p = l->pplan;
-    if (p->whole_batch || p->scratch_fixed)
-        return loom_err_set(err, LOOM_EUNSUPPORTED, l->where,
-                            "layer \"%s\" (%s): %s plugin layers are not run by the model yet", s->name, s->plugin,
-                            p->whole_batch ? "whole_batch" : "scratch_fixed");
-    if (p->n_params < 0 || p->n_params > LOOM_LAYER_MAX_PARAMS || p->out.rank < 0 || p->out.rank > LOOM_MAX_RANK)
-        return loom_err_set(err, LOOM_EPLUGIN, l->where, "layer \"%s\" (%s): build() declared %d parameter tensors "
-                            "(at most %d) or an output of rank %d", s->name, s->plugin, p->n_params,
-                            LOOM_LAYER_MAX_PARAMS, p->out.rank);
-    if (p->n_params && !ops->param_grads)
-        return loom_err_set(err, LOOM_EPLUGIN, l->where, "layer \"%s\" (%s) has parameters but no param_grads",
-                            s->name, s->plugin);
-    l->out = p->out;
+    const loom_layer_spec *s = &l->spec;
     for (int t = 0; t < p->n_params; t++) {
         const loom_layer_param *q = &p->param[t];
-        if (!q->trainable)
-            return loom_err_set(err, LOOM_EUNSUPPORTED, l->where,
-                                "layer \"%s\" (%s): state parameters (trainable = 0) are not run by the model yet",
-                                s->name, s->plugin);
+        if (!q->trainable && !p->whole_batch)
+            return loom_err_set(err, LOOM_EPLUGIN, l->where,
+                                "layer \"%s\" (%s): state parameter \"%s\" (trainable = 0) without whole_batch",
+                                s->name, s->plugin, q->name ? q->name : "param"),
+                   loom_err_hint(err, "a layer with state sets plan->whole_batch = 1: its forward updates the state "
+                                      "once per batch, on one thread (as batch normalization's moving statistics)");
         int64_t n = loom_shape_numel(&q->shape), fout = q->shape.rank ? q->shape.dim[q->shape.rank - 1] : 1;
         int init = q->init == LOOM_LINIT_ZEROS ? LOOM_INIT_ZEROS
                    : q->init == LOOM_LINIT_ONES ? NN_INIT_ONES_
@@ -284,16 +270,89 @@ int nn_plugin_shapes_(loom_model *m, nn_layer_ *l, int li, loom_err *err)
         double fin = init == NN_INIT_CONST_ ? (double)q->value : (double)(fout ? n / fout : 1);
         int64_t off = nn_add_param_(m, l, q->name ? q->name : "param", &q->shape, init, fin, (double)fout);
         l->poff[t] = off;
-        if (t == 0) l->kernel_off = off;
+        if (q->trainable && l->kernel_off < 0) l->kernel_off = off;
     }
+    if (p->whole_batch) m->n_bn++; /* the model runs in segments around it, as around batch normalization */
     return LOOM_OK;
+}
+
+int nn_plugin_shapes_(loom_model *m, nn_layer_ *l, int li, loom_err *err)
+{
+    (void)li;
+    const loom_layer_spec *s = &l->spec;
+    l->pinst = NULL, l->pscratch = NULL, l->pplan = NULL, l->pdx = NULL;
+    const loom_layer_ops *ops = loom_layer_plugin_find(s->plugin, NULL);
+    if (!ops)
+        return loom_err_set(err, LOOM_ECONFIG, l->where, "layer \"%s\": unknown layer type \"%s\"", s->name, s->plugin),
+               loom_err_hint(err, "load the plugin that provides it (plugins.path, $LOOM_PLUGIN_PATH); "
+                                  "`loom plugins` lists the layer types");
+    static _Thread_local plugin_args_ pa;
+    int rc = plugin_args(m, l, ops, &pa, err);
+    if (rc) return rc;
+    l->pplan = loom_calloc(1, sizeof *l->pplan);
+    if (!l->pplan) return loom_err_set(err, LOOM_ENOMEM, l->where, "out of memory");
+    l->pops = ops;
+    rc = ops->build(&l->pinst, &pa.a, l->pplan, err);
+    if (rc) {
+        if (!err->where[0]) snprintf(err->where, sizeof err->where, "%.*s", (int)sizeof err->where - 1, l->where);
+        return rc;
+    }
+    const loom_layer_plan *p = l->pplan;
+    if (p->scratch_fixed)
+        return loom_err_set(err, LOOM_EUNSUPPORTED, l->where,
+                            "layer \"%s\" (%s): scratch_fixed plugin layers are not run by the model yet", s->name,
+                            s->plugin);
+    if (p->n_params < 0 || p->n_params > LOOM_LAYER_MAX_PARAMS || p->out.rank < 0 || p->out.rank > LOOM_MAX_RANK)
+        return loom_err_set(err, LOOM_EPLUGIN, l->where, "layer \"%s\" (%s): build() declared %d parameter tensors "
+                            "(at most %d) or an output of rank %d", s->name, s->plugin, p->n_params,
+                            LOOM_LAYER_MAX_PARAMS, p->out.rank);
+    bool trained = false;
+    for (int t = 0; t < p->n_params; t++) trained |= p->param[t].trainable != 0;
+    if (trained && !p->whole_batch && !ops->param_grads)
+        return loom_err_set(err, LOOM_EPLUGIN, l->where, "layer \"%s\" (%s) has parameters but no param_grads",
+                            s->name, s->plugin);
+    l->out = p->out;
+    return plugin_params(m, l, err);
 }
 
 bool nn_plugin_buffers_(nn_layer_ *l, int64_t max_batch)
 {
     size_t outs = (size_t)(max_batch * l->n_out) * sizeof(float);
     if (!(l->y = loom_alloc_aligned(outs)) || !(l->dz = loom_alloc_aligned(outs))) return false;
-    return (l->pscratch = loom_alloc_aligned((size_t)max_batch * l->pplan->scratch_per_example + 64)) != NULL;
+    if (!(l->pscratch = loom_alloc_aligned((size_t)max_batch * l->pplan->scratch_per_example + 64))) return false;
+    if (l->n_src == 1 && !l->pplan->whole_batch) return true;
+    int64_t n = 0;
+    for (int k = 0; k < l->n_src; k++) n += loom_shape_numel(&l->src_shape[k]);
+    return (l->pdx = loom_alloc_aligned((size_t)(max_batch * n) * sizeof(float))) != NULL;
+}
+
+/* Input k's gradient rows in pdx (max_batch of them), example b0 on. */
+static float *pdx_rows(const loom_model *m, const nn_layer_ *l, int k, int64_t b0)
+{
+    int64_t off = 0;
+    for (int q = 0; q < k; q++) off += m->max_batch * loom_shape_numel(&l->src_shape[q]);
+    return l->pdx + off + b0 * loom_shape_numel(&l->src_shape[k]);
+}
+
+/* Whether input k takes a gradient: a layer whose output's gradient is needed (graph.c's wants_grad). */
+static bool wants_dx(const loom_model *m, const nn_layer_ *l, int k)
+{
+    return l->src[k] >= 0 && m->layer[l->src[k]].need_out;
+}
+
+bool nn_whole_batch_layer_(const nn_layer_ *l)
+{
+    return l->spec.kind == LOOM_LAYER_BATCH_NORM || (l->spec.kind == LOOM_LAYER_PLUGIN && l->pplan->whole_batch);
+}
+
+bool nn_plugin_state_(const nn_layer_ *l, int64_t off, int64_t *len)
+{
+    for (int t = 0; l->spec.kind == LOOM_LAYER_PLUGIN && t < l->pplan->n_params; t++)
+        if (l->poff[t] == off && !l->pplan->param[t].trainable) {
+            if (len) *len = loom_shape_numel(&l->pplan->param[t].shape);
+            return true;
+        }
+    return false;
 }
 
 void nn_plugin_free_(nn_layer_ *l)
@@ -301,14 +360,15 @@ void nn_plugin_free_(nn_layer_ *l)
     if (l->pinst) l->pops->free(l->pinst);
     loom_free(l->pscratch);
     loom_free(l->pplan);
-    l->pinst = NULL, l->pscratch = NULL, l->pplan = NULL;
+    loom_free(l->pdx);
+    l->pinst = NULL, l->pscratch = NULL, l->pplan = NULL, l->pdx = NULL;
 }
 
 static loom_layer_call plugin_call(const nn_layer_ *l, int64_t b0, int64_t B,
                                    const float *const *x, float *const *param)
 {
     return (loom_layer_call){.size = sizeof(loom_layer_call), .b0 = b0, .B = B, .global_batch = 0,
-                             .n_in = 1, .x = x, .y = l->y + b0 * l->n_out, .param = param,
+                             .n_in = l->n_src, .x = x, .y = l->y + b0 * l->n_out, .param = param,
                              .scratch = l->pscratch + (size_t)b0 * l->pplan->scratch_per_example};
 }
 
@@ -342,8 +402,10 @@ void nn_plugin_forward_(const loom_model *m, int li, nn_chunk_ *c, const float *
     const nn_layer_ *l = &m->layer[li];
     (void)y;
     float *param[LOOM_LAYER_MAX_PARAMS];
+    const float *xs[LOOM_MAX_LAYER_INPUTS] = {x};
+    for (int k = 1; k < l->n_src; k++) xs[k] = nn_src_ptr_(c, l->src[k]);
     for (int t = 0; t < l->pplan->n_params; t++) param[t] = m->params + l->poff[t];
-    loom_layer_call call = plugin_call(l, c->b0, c->B, &x, param);
+    loom_layer_call call = plugin_call(l, c->b0, c->B, xs, param);
     call.training = training, call.rng_key = rng_key;
     loom_err e = {0};
     if (l->pops->forward(l->pinst, &call, &e)) plugin_failed(m, l, "forward", &e);
@@ -353,15 +415,21 @@ float *nn_plugin_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, 
 {
     const nn_layer_ *l = &m->layer[li];
     const int64_t row0 = c->b0 * l->n_out;
-    const float *x = c->act[li];
+    const float *x[LOOM_MAX_LAYER_INPUTS] = {c->act[li]};
+    float *dx[LOOM_MAX_LAYER_INPUTS] = {other};
+    for (int k = 1; k < l->n_src; k++) {
+        x[k] = nn_src_ptr_(c, l->src[k]);
+        dx[k] = wants_dx(m, l, k) ? pdx_rows(m, l, k, c->b0) : NULL;
+    }
     memcpy(l->dz + row0, g, (size_t)(c->B * l->n_out) * sizeof *g); /* dy, for param_grads */
     float *param[LOOM_LAYER_MAX_PARAMS];
     for (int t = 0; t < l->pplan->n_params; t++) param[t] = m->params + l->poff[t];
-    loom_layer_call call = plugin_call(l, c->b0, c->B, &x, param);
-    float *dx[1] = {other};
+    loom_layer_call call = plugin_call(l, c->b0, c->B, x, param);
     call.dy = l->dz + row0, call.dx = dx, call.training = 1;
     loom_err e = {0};
     if (l->pops->backward(l->pinst, &call, &e)) plugin_failed(m, l, "backward", &e);
+    for (int k = 1; k < l->n_src; k++) /* the other inputs' gradients to their layers (input 0's: the caller) */
+        if (dx[k]) nn_graph_deliver_(m, l->src[k], c, dx[k]);
     return other;
 }
 
@@ -370,15 +438,85 @@ void nn_plugin_param_grads_(loom_model *m, int li, const float *x, int64_t B)
     const nn_layer_ *l = &m->layer[li];
     if (!l->pplan->n_params) return;
     float *param[LOOM_LAYER_MAX_PARAMS], *dparam[LOOM_LAYER_MAX_PARAMS];
+    const float *xs[LOOM_MAX_LAYER_INPUTS] = {x};
+    for (int k = 1; k < l->n_src; k++) xs[k] = nn_src_ptr_(&m->chunk[0], l->src[k]); /* chunk 0: the batch's rows */
     for (int t = 0; t < l->pplan->n_params; t++) {
         param[t] = m->params + l->poff[t];
         dparam[t] = m->grads + l->poff[t];
         memset(dparam[t], 0, (size_t)loom_shape_numel(&l->pplan->param[t].shape) * sizeof(float));
     }
-    loom_layer_call call = plugin_call(l, 0, B, &x, param);
+    loom_layer_call call = plugin_call(l, 0, B, xs, param);
     call.dy = l->dz, call.dparam = dparam, call.training = 1;
     loom_err e = {0};
     if (l->pops->param_grads(l->pinst, &call, &e)) plugin_failed(m, l, "param_grads", &e);
+}
+
+/* ---- whole_batch layers: between the segments, as batch normalization ------------ */
+
+/* The whole batch's inputs: chunk 0's rows are the batch's (its act, or in a graph its sources). */
+static void whole_inputs(const loom_model *m, const nn_layer_ *l, int li, const float **x)
+{
+    const nn_chunk_ *c0 = &m->chunk[0];
+    x[0] = c0->act[li];
+    for (int k = 1; k < l->n_src; k++) x[k] = nn_src_ptr_(c0, l->src[k]);
+}
+
+void nn_plugin_forward_whole_(loom_model *m, int li, int64_t B, int training, uint64_t rng_key)
+{
+    const nn_layer_ *l = &m->layer[li];
+    float *param[LOOM_LAYER_MAX_PARAMS];
+    const float *x[LOOM_MAX_LAYER_INPUTS];
+    whole_inputs(m, l, li, x);
+    for (int t = 0; t < l->pplan->n_params; t++) param[t] = m->params + l->poff[t];
+    loom_layer_call call = plugin_call(l, 0, B, x, param);
+    call.training = training, call.rng_key = rng_key;
+    loom_err e = {0};
+    if (l->pops->forward(l->pinst, &call, &e)) plugin_failed(m, l, "forward", &e);
+}
+
+/* dy gathered from the chunks' gradient rows (c->g), one backward over the batch (dx and the trainable
+ * tensors' gradients), then each chunk's input-0 rows into its other buffer (its new c->g) and the other
+ * inputs' to their layers. */
+void nn_plugin_backward_whole_(loom_model *m, int li, nn_chunk_ *chunk, int nchunks, int64_t B)
+{
+    const nn_layer_ *l = &m->layer[li];
+    const int64_t n0 = loom_shape_numel(&l->src_shape[0]);
+    for (int t = 0; t < nchunks; t++)
+        memcpy(l->dz + chunk[t].b0 * l->n_out, chunk[t].g, (size_t)(chunk[t].B * l->n_out) * sizeof(float));
+    float *param[LOOM_LAYER_MAX_PARAMS], *dparam[LOOM_LAYER_MAX_PARAMS], *dx[LOOM_MAX_LAYER_INPUTS];
+    const float *x[LOOM_MAX_LAYER_INPUTS];
+    whole_inputs(m, l, li, x);
+    for (int t = 0; t < l->pplan->n_params; t++) {
+        param[t] = m->params + l->poff[t];
+        dparam[t] = l->pplan->param[t].trainable ? m->grads + l->poff[t] : NULL;
+        if (dparam[t]) memset(dparam[t], 0, (size_t)loom_shape_numel(&l->pplan->param[t].shape) * sizeof(float));
+    }
+    for (int k = 0; k < l->n_src; k++) dx[k] = (k ? wants_dx(m, l, k) : l->needs_dx) ? pdx_rows(m, l, k, 0) : NULL;
+    loom_layer_call call = plugin_call(l, 0, B, x, param);
+    call.dy = l->dz, call.dx = dx, call.dparam = dparam, call.training = 1;
+    loom_err e = {0};
+    if (l->pops->backward(l->pinst, &call, &e)) plugin_failed(m, l, "backward", &e);
+    for (int t = 0; t < nchunks; t++) {
+        nn_chunk_ *c = &chunk[t];
+        if (!dx[0]) {
+            c->bw_done = 1;
+        } else {
+            memcpy(c->other, dx[0] + c->b0 * n0, (size_t)(c->B * n0) * sizeof(float));
+            c->g = c->other, c->other = c->g == c->gbuf[0] ? c->gbuf[1] : c->gbuf[0];
+        }
+        for (int k = 1; k < l->n_src; k++)
+            if (dx[k]) nn_graph_deliver_(m, l->src[k], c, pdx_rows(m, l, k, c->b0));
+    }
+}
+
+/* ---- --gradcheck of a layer of several inputs ------------------------------------ */
+
+int nn_plugin_check_(const loom_model *m, const nn_layer_ *l, double *max_err, loom_err *err)
+{
+    static _Thread_local plugin_args_ pa;
+    int rc = plugin_args(m, l, l->pops, &pa, err);
+    pa.a.max_batch = 3;
+    return rc ? rc : loom_layer_plugin_check(l->pops, &pa.a, 3, 0x6763, 1e-2, max_err, err);
 }
 
 int loom_model_plugin_onnx(loom_model *m, const loom_layer_spec *s, loom_layer_onnx *node, int *n_params, loom_shape *out,

@@ -357,7 +357,7 @@ static int first_tensor(const loom_model *m, const nn_layer_ *l)
 /* Part `part` of `parts` of layer i's whole-batch parameter gradients (dense,
  * conv2d, layer_normalization; an embedding's sparse rows in part 0; batch
  * normalization's come from nn_bn_backward_). */
-static bool has_grad_pass(const nn_layer_ *l) { return l->kernel_off >= 0 && l->spec.kind != LOOM_LAYER_BATCH_NORM; }
+static bool has_grad_pass(const nn_layer_ *l) { return l->kernel_off >= 0 && !nn_whole_batch_layer_(l); }
 
 static void layer_param_grads(const step_job *j, int i, int part, int parts)
 {
@@ -521,6 +521,13 @@ static void run_phase(loom_model *m, step_job *j, loom_pool_fn fn, double *acc)
     j->timed = true;
     loom_pool_run(m->pool, j->nchunks, fn, j);
     j->timed = false;
+    double most = 0, all = 0; /* the chunks' clocked work: the slowest, and the sum */
+    for (int t = 0; t < j->nchunks; t++) {
+        double w = 0;
+        for (int i = 0; i < m->n_layers; i++) w += m->chunk[t].pt[i] + (m->upd ? m->chunk[t].pu[i] : 0);
+        most = w > most ? w : most, all += w;
+    }
+    if (m->prof) m->prof->imbalance[acc == m->prof->fwd ? 0 : 1] += most - all / j->nchunks;
     for (int i = 0; i < m->n_layers; i++) {
         double s = 0, u = 0;
         for (int t = 0; t < j->nchunks; t++) s += m->chunk[t].pt[i], u += m->chunk[t].pu[i];
@@ -545,13 +552,15 @@ static void forward_all(loom_model *m, step_job *j, double *acc)
             c->xin[f] = (const float *)m->xs[f]->data + c->b0 * loom_shape_numel(&m->in_shape[f]);
     }
     for (int i = 0; i <= m->n_layers; i++) {
-        if (i < m->n_layers && m->layer[i].spec.kind != LOOM_LAYER_BATCH_NORM) continue;
+        if (i < m->n_layers && !nn_whole_batch_layer_(&m->layer[i])) continue;
         j->l0 = l0, j->l1 = i;
         if (i > l0) run_phase(m, j, part_forward_, acc);
         if (i < m->n_layers) {
             double t0 = acc ? loom_now() : 0;
             if (m->graph) nn_graph_bn_in_(m, i, j->nchunks);
-            nn_bn_forward_(m, i, m->chunk[0].act[i], j->B, j->kind == JOB_TRAIN);
+            if (m->layer[i].spec.kind == LOOM_LAYER_PLUGIN)
+                nn_plugin_forward_whole_(m, i, j->B, j->kind == JOB_TRAIN, j->rng_key);
+            else nn_bn_forward_(m, i, m->chunk[0].act[i], j->B, j->kind == JOB_TRAIN);
             if (acc) acc[i] += loom_now() - t0;
             for (int t = 0; t < j->nchunks; t++) m->chunk[t].act[i + 1] = m->layer[i].y + m->chunk[t].b0 * m->layer[i].n_out;
             if (m->graph) nn_graph_bn_out_(m, i, j->nchunks);
@@ -566,7 +575,7 @@ static void backward_all(loom_model *m, step_job *j, double *acc)
 {
     int l1 = m->n_layers;
     for (int i = m->n_layers - 1; i >= -1; i--) {
-        if (i >= 0 && m->layer[i].spec.kind != LOOM_LAYER_BATCH_NORM) continue;
+        if (i >= 0 && !nn_whole_batch_layer_(&m->layer[i])) continue;
         j->l0 = i + 1, j->l1 = l1;
         if (l1 > i + 1 || l1 == m->n_layers) run_phase(m, j, part_backward_, acc);
         if (i >= 0) {
@@ -579,7 +588,9 @@ static void backward_all(loom_model *m, step_job *j, double *acc)
             }
             double t0 = acc ? loom_now() : 0;
             if (!done && m->graph) nn_graph_bn_grad_in_(m, i, j->nchunks);
-            if (!done) nn_bn_backward_(m, i, m->chunk, j->nchunks, j->B);
+            if (!done && m->layer[i].spec.kind == LOOM_LAYER_PLUGIN)
+                nn_plugin_backward_whole_(m, i, m->chunk, j->nchunks, j->B);
+            else if (!done) nn_bn_backward_(m, i, m->chunk, j->nchunks, j->B);
             if (!done && m->graph) nn_graph_bn_grad_out_(m, i, j->nchunks);
             if (acc) acc[i] += loom_now() - t0;
         }

@@ -55,6 +55,7 @@ typedef struct dev_layer {
     float          *mask;   /* dropout: (max_batch, n_out) 0 or 1 / (1 - rate) */
     float          *h_mask; /* dropout: its pinned host staging */
     float          *db;     /* conv2d without bias: scratch for the bias gradient the op always writes */
+    float          *dg;     /* a graph's gacc layer: (max_batch, n_out) its output's gradient, over its consumers */
     loom_dev_window win;    /* conv2d, max_pool2d; batch set per step */
 } dev_layer;
 
@@ -70,6 +71,11 @@ struct loom_model_dev {
     float                 *gbuf[2];                        /* (max_batch, gmax) device, ping-pong deltas */
     float                 *col;                            /* im2col scratch, device; NULL without conv */
     float                 *ones;                           /* activation layers: y = x * 1, then in place */
+    float                 *zeros;                          /* graphs: (max_batch, max n_out) zeros, to copy and negate */
+    const float           *in0;                            /* graphs: this batch's model input */
+    float                 *xin[LOOM_MAX_MODEL_INPUTS];     /* model.inputs 1..: (max_batch, its shape) device */
+    const float           *yo[LOOM_MAX_LAYERS];            /* graphs: each layer's output this batch */
+    uint8_t                ginit[LOOM_MAX_LAYERS];         /* graphs: dg of the layer holds a first gradient */
     int32_t               *labels;                         /* (max_batch,) device */
     float                 *loss;                           /* (max_batch,) device: softmax_xent's losses */
     int32_t               *hit;                            /* (max_batch,) device */
@@ -137,6 +143,8 @@ static int check_kind(const loom_layer_spec *s, loom_activation act, const char 
     if (s->kind <= LOOM_LAYER_ACTIVATION && act != LOOM_ACT_LEAKY_RELU && act != LOOM_ACT_GELU && act < LOOM_ACT_SWISH &&
         !direct)
         return LOOM_OK;
+    if (s->kind >= LOOM_LAYER_ADD && s->kind <= LOOM_LAYER_CONCATENATE && s->kind != LOOM_LAYER_MAXIMUM)
+        return LOOM_OK; /* a graph's merges (shapes checked at open: check_merge) */
     if (s->kind == LOOM_LAYER_EMBEDDING)
         loom_err_set(err, LOOM_EUNSUPPORTED, where,
                      "layer \"%s\" (embedding): the \"%s\" device backend has no embedding lookup", s->name, backend);
@@ -160,14 +168,6 @@ int loom_model_spec_dev_check(const loom_model_spec *ms, const char *backend, lo
         dev_hint(backend, err);
         return LOOM_EUNSUPPORTED;
     }
-    int gi = loom_model_spec_graph_layer(ms);
-    if (gi >= 0) {
-        loom_err_set(err, LOOM_EUNSUPPORTED, nn_loc_str_(&ms->layer[gi].loc, w, sizeof w),
-                     "layer \"%s\" makes the model a graph (its inputs, or a merge); the \"%s\" device backend runs "
-                     "a plain stack of layers only", ms->layer[gi].name, backend);
-        dev_hint(backend, err);
-        return LOOM_EUNSUPPORTED;
-    }
     for (int i = 0; i < ms->n_layers; i++) {
         const loom_layer_spec *l = &ms->layer[i];
         int rc = check_kind(l, l->activation, nn_loc_str_(&l->loc, w, sizeof w), backend, err);
@@ -188,11 +188,33 @@ int loom_model_spec_dev_check(const loom_model_spec *ms, const char *backend, lo
     return LOOM_EUNSUPPORTED;
 }
 
+/* A merge the device ops cannot run: broadcasting, or a concatenate on another axis than the last or
+ * on a backend without copy2d (a version-1 table). */
+static int check_merge(const loom_device_ops *ops, const nn_layer_ *l, loom_err *err)
+{
+    const char *why = NULL;
+    for (int k = 0; k < l->n_src && !why; k++)
+        if (l->spec.kind != LOOM_LAYER_CONCATENATE && l->bstride[k][0] >= 0) why = "broadcasts an input";
+    if (l->spec.kind == LOOM_LAYER_CONCATENATE && l->C != l->out.rank - 1) why = "joins along another than the last axis";
+    if (l->spec.kind == LOOM_LAYER_CONCATENATE && !why && (ops->version < 2 || !ops->copy2d))
+        why = "needs the backend's copy2d";
+    if (!why) return LOOM_OK;
+    return loom_err_set(err, LOOM_EUNSUPPORTED, l->where, "layer \"%s\" (%s) %s: not implemented on the \"%s\" "
+                        "device backend", l->spec.name, nn_layer_kind_name_(l->spec.kind), why, ops->name),
+           dev_hint(ops->name, err), LOOM_EUNSUPPORTED;
+}
+
+static bool is_merge(const nn_layer_ *l)
+{
+    return l->spec.kind >= LOOM_LAYER_ADD && l->spec.kind <= LOOM_LAYER_CONCATENATE;
+}
+
 /* A layer the device ops cannot run: named at its file:line. */
 static int check_layer(const loom_device_ops *ops, const nn_layer_ *l, loom_err *err)
 {
     int rc = check_kind(&l->spec, l->act, l->where, ops->name, err);
     if (rc) return rc;
+    if (is_merge(l)) return check_merge(ops, l, err);
     if (l->spec.kind == LOOM_LAYER_DENSE && l->steps > 1)
         return loom_err_set(err, LOOM_EUNSUPPORTED, l->where, "layer \"%s\" (dense on the last axis of a %dD "
                             "input): the \"%s\" device backend runs dense on a (features,) input only", l->spec.name,
@@ -220,6 +242,11 @@ static int open_layer(loom_model_dev *d, int li, int64_t *col, int64_t *ones, in
     const nn_layer_ *l = &d->m->layer[li];
     dev_layer *dl = &d->layer[li];
     const int64_t mb = d->m->max_batch, out = mb * l->n_out;
+    if (d->m->graph && l->gacc) DALLOC(dl->dg, out * (int64_t)sizeof(float));
+    if (is_merge(l)) {
+        DALLOC(dl->y, out * (int64_t)sizeof(float));
+        return LOOM_OK;
+    }
     switch (l->spec.kind) {
     case LOOM_LAYER_DENSE:
         DALLOC(dl->y, out * (int64_t)sizeof(float));
@@ -261,6 +288,7 @@ static int open_buffers(loom_model_dev *d, loom_err *err)
     const int64_t F = (int64_t)sizeof(float);
     int64_t col = 0, ones = 0, keep = 0;
     for (int i = 0; i < m->n_layers; i++) TRY(open_layer(d, i, &col, &ones, &keep, err));
+    for (int f = 1; f < m->n_inputs; f++) DALLOC(d->xin[f], mb * loom_shape_numel(&m->in_shape[f]) * F);
     DALLOC(d->params, P * F);
     DALLOC(d->grads, P * F);
     for (int k = 0; k < 2; k++) DALLOC(d->gbuf[k], mb * m->gmax * F);
@@ -271,6 +299,16 @@ static int open_buffers(loom_model_dev *d, loom_err *err)
         HALLOC(h, ones * F);
         for (int64_t e = 0; e < ones; e++) h[e] = 1.f;
         TRY(d->ops->upload(d->dev, LOOM_DEV_STREAM_COMPUTE, d->ones, h, (size_t)(ones * F), err));
+        TRY(d->ops->synchronize(d->dev, LOOM_DEV_STREAM_COMPUTE, err));
+    }
+    if (m->graph) { /* zeros as long as any layer's output: a gathered gradient's first copy, a negation */
+        int64_t z = 0;
+        for (int i = 0; i < m->n_layers; i++) z = mb * m->layer[i].n_out > z ? mb * m->layer[i].n_out : z;
+        DALLOC(d->zeros, z * F);
+        float *h;
+        HALLOC(h, z * F);
+        memset(h, 0, (size_t)(z * F));
+        TRY(d->ops->upload(d->dev, LOOM_DEV_STREAM_COMPUTE, d->zeros, h, (size_t)(z * F), err));
         TRY(d->ops->synchronize(d->dev, LOOM_DEV_STREAM_COMPUTE, err));
     }
     if (keep && !(d->h_keep = loom_alloc((size_t)keep)))
@@ -289,12 +327,9 @@ static int open_buffers(loom_model_dev *d, loom_err *err)
 int loom_model_dev_open(loom_model_dev **out, loom_model *m, const loom_device_ops *ops, int device, loom_err *err)
 {
     *out = NULL;
-    if (m->graph) {
-        int gi = 0;
-        while (gi + 1 < m->n_layers && m->layer[gi].n_src == 1 && m->layer[gi].src[0] == gi - 1) gi++;
-        loom_err_set(err, LOOM_EUNSUPPORTED, m->layer[gi].where, "layer \"%s\" makes the model a graph (its inputs, "
-                     "or a merge); the \"%s\" device backend runs a plain stack of layers only",
-                     m->layer[gi].spec.name, ops->name);
+    if (m->n_heads > 1) {
+        loom_err_set(err, LOOM_EUNSUPPORTED, m->where, "model.outputs has several heads: the \"%s\" device backend "
+                     "runs a graph of one output", ops->name);
         dev_hint(ops->name, err);
         return LOOM_EUNSUPPORTED;
     }
@@ -401,6 +436,102 @@ static int layer_forward(loom_model_dev *d, int li, int training, uint64_t rng_k
     }
 }
 
+/* ---- a graph's merges and gathered gradients (as graph.c on the host) ---------------- */
+
+/* Layer (or model input) s's output this batch. */
+static const float *src_ptr(const loom_model_dev *d, int s)
+{
+    return s >= 0 ? d->yo[s] : s == -1 ? d->in0 : d->xin[-1 - s];
+}
+
+/* Rows and columns of an output whose last axis is concatenated. */
+static int64_t concat_rows(const loom_model_dev *d, const nn_layer_ *l)
+{
+    return d->B * l->n_out / l->out.dim[l->out.rank - 1];
+}
+
+static int merge_forward(loom_model_dev *d, int li, loom_err *err)
+{
+    const loom_device_ops *o = d->ops;
+    const nn_layer_ *l = &d->m->layer[li];
+    float *y = d->layer[li].y;
+    const int64_t n = d->B * l->n_out;
+    d->act[li + 1] = y;
+    if (l->spec.kind == LOOM_LAYER_CONCATENATE) {
+        const int64_t rows = concat_rows(d, l), cout = l->out.dim[l->out.rank - 1];
+        int64_t off = 0;
+        for (int k = 0; k < l->n_src; k++) {
+            int64_t ck = l->src_shape[k].dim[l->src_shape[k].rank - 1];
+            TRY(o->copy2d(d->dev, rows, ck, src_ptr(d, l->src[k]), ck, y + off, cout, err));
+            off += ck;
+        }
+        return LOOM_OK;
+    }
+    loom_dev_binop op = l->spec.kind == LOOM_LAYER_SUBTRACT   ? LOOM_DEV_SUB
+                        : l->spec.kind == LOOM_LAYER_MULTIPLY ? LOOM_DEV_MUL
+                                                              : LOOM_DEV_ADD;
+    TRY(o->binary(d->dev, op, n, src_ptr(d, l->src[0]), src_ptr(d, l->src[1]), y, err));
+    for (int k = 2; k < l->n_src; k++) TRY(o->binary(d->dev, op, n, y, src_ptr(d, l->src[k]), y, err));
+    return l->spec.kind == LOOM_LAYER_AVERAGE ? o->scale(d->dev, n, 1.f / (float)l->n_src, y, err) : LOOM_OK;
+}
+
+/* r (B, n_out of s) into layer s's gathered gradient: copied by the first consumer, added by the others. */
+static int deliver(loom_model_dev *d, int s, const float *r, loom_err *err)
+{
+    float *dg = d->layer[s].dg;
+    const int64_t n = d->B * d->m->layer[s].n_out;
+    if (d->ginit[s]) return d->ops->axpy(d->dev, n, 1.f, r, dg, err);
+    d->ginit[s] = 1;
+    return d->ops->binary(d->dev, LOOM_DEV_ADD, n, r, d->zeros, dg, err);
+}
+
+static bool wants_grad(const loom_model *m, const nn_layer_ *l, int k)
+{
+    return l->src[k] >= 0 && m->layer[l->src[k]].need_out;
+}
+
+/* The merge's input gradients from g, delivered to the layers it names; scratch holds any of them. */
+static int merge_backward(loom_model_dev *d, int li, const float *g, float *scratch, loom_err *err)
+{
+    const loom_device_ops *o = d->ops;
+    const nn_layer_ *l = &d->m->layer[li];
+    const int64_t n = d->B * l->n_out;
+    int64_t off = 0;
+    for (int k = 0; k < l->n_src; k++) {
+        const int64_t ck = l->src_shape[k].dim[l->src_shape[k].rank - 1];
+        off += k ? l->src_shape[k - 1].dim[l->src_shape[k - 1].rank - 1] : 0;
+        if (!wants_grad(d->m, l, k)) continue;
+        const float *v = scratch;
+        switch (l->spec.kind) {
+        case LOOM_LAYER_CONCATENATE:
+            TRY(o->copy2d(d->dev, concat_rows(d, l), ck, g + off, l->out.dim[l->out.rank - 1], scratch, ck, err));
+            break;
+        case LOOM_LAYER_SUBTRACT:
+            if (k == 0) v = g;
+            else TRY(o->binary(d->dev, LOOM_DEV_SUB, n, d->zeros, g, scratch, err));
+            break;
+        case LOOM_LAYER_AVERAGE:
+            TRY(o->binary(d->dev, LOOM_DEV_ADD, n, g, d->zeros, scratch, err));
+            TRY(o->scale(d->dev, n, 1.f / (float)l->n_src, scratch, err));
+            break;
+        case LOOM_LAYER_MULTIPLY: { /* g times the other inputs, in input order (as the host) */
+            const float *a = g;
+            for (int q = 0; q < l->n_src; q++) {
+                if (q == k) continue;
+                TRY(o->binary(d->dev, LOOM_DEV_MUL, n, a, src_ptr(d, l->src[q]), scratch, err));
+                a = scratch;
+            }
+            break;
+        }
+        default: /* add */
+            v = g;
+            break;
+        }
+        TRY(deliver(d, l->src[k], v, err));
+    }
+    return LOOM_OK;
+}
+
 /* Uploads the batch and runs every layer; B was checked. */
 static int forward(loom_model_dev *d, const loom_tensor *x, int64_t B, int training, uint64_t rng_key, loom_err *err)
 {
@@ -409,8 +540,22 @@ static int forward(loom_model_dev *d, const loom_tensor *x, int64_t B, int train
     void *buf;
     TRY(loom_dev_stager_put(d->stage, x->data, loom_tensor_nbytes(x), err));
     TRY(loom_dev_stager_take(d->stage, &buf, err));
-    d->act[0] = buf;
-    for (int i = 0; i < d->m->n_layers; i++) TRY(layer_forward(d, i, training, rng_key, err));
+    d->act[0] = d->in0 = buf;
+    const loom_model *m = d->m;
+    for (int f = 1; f < m->n_inputs; f++) /* model.inputs (float32, checked with the batch): on the compute stream */
+        TRY(d->ops->upload(d->dev, LOOM_DEV_STREAM_COMPUTE, d->xin[f], m->xs[f]->data,
+                           (size_t)(B * loom_shape_numel(&m->in_shape[f])) * sizeof(float), err));
+    for (int i = 0; i < m->n_layers; i++) {
+        if (!m->graph) {
+            TRY(layer_forward(d, i, training, rng_key, err));
+            continue;
+        }
+        const nn_layer_ *l = &m->layer[i];
+        d->act[i] = src_ptr(d, l->src[0]);
+        if (is_merge(l)) TRY(merge_forward(d, i, err));
+        else TRY(layer_forward(d, i, training, rng_key, err));
+        d->yo[i] = d->act[i + 1];
+    }
     return LOOM_OK;
 }
 
@@ -503,6 +648,36 @@ static int layer_backward(loom_model_dev *d, int li, float *g, float *other, flo
     }
 }
 
+/* A graph's backward from gbuf[0]: in the reverse topological order, a chain
+ * link's gradient in the ping-pong buffers as a plain stack's, a layer with
+ * several consumers (or one that is not the next) from its gathered dg. */
+static int graph_backward(loom_model_dev *d, loom_err *err)
+{
+    const loom_model *m = d->m;
+    float *g = d->gbuf[0], *other = d->gbuf[1];
+    memset(d->ginit, 0, sizeof d->ginit);
+    for (int i = m->n_layers - 1; i >= 0; i--) {
+        const nn_layer_ *l = &m->layer[i];
+        if (!l->need_out) continue;
+        if (l->gacc) {
+            g = d->layer[i].dg, other = d->gbuf[0];
+            if (!d->ginit[i]) TRY(d->ops->binary(d->dev, LOOM_DEV_ADD, d->B * l->n_out, d->zeros, d->zeros, g, err));
+        }
+        if (is_merge(l)) {
+            TRY(merge_backward(d, i, g, other, err));
+            continue;
+        }
+        d->act[i] = src_ptr(d, l->src[0]);
+        d->act[i + 1] = d->yo[i];
+        float *r;
+        TRY(layer_backward(d, i, g, other, &r, err));
+        if (!r) continue;
+        g = r, other = r == d->gbuf[0] ? d->gbuf[1] : d->gbuf[0];
+        if (wants_grad(m, l, 0) && m->layer[l->src[0]].gacc) TRY(deliver(d, l->src[0], r, err));
+    }
+    return LOOM_OK;
+}
+
 /* Backward from gbuf[0] down to the first layer with parameters; then, with
  * download, the gradients into the host model's grads buffer. Either way the
  * device is idle on return, so another thread or library (a collective on
@@ -511,7 +686,8 @@ static int backward(loom_model_dev *d, int download, loom_err *err)
 {
     loom_model *m = d->m;
     float *g = d->gbuf[0], *other = d->gbuf[1];
-    for (int i = m->n_layers - 1; i >= 0; i--) {
+    if (m->graph) TRY(graph_backward(d, err));
+    for (int i = m->n_layers - 1; i >= 0 && !m->graph; i--) {
         const nn_layer_ *l = &m->layer[i];
         if (!l->needs_dx && l->kernel_off < 0) break;
         float *r;

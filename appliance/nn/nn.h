@@ -220,7 +220,8 @@ int loom_model_backward_update(loom_model *m, loom_optimizer *o, int64_t step, b
  * With a profile attached, loom_model_forward and loom_model_backward clock
  * each layer on each chunk (no barrier is added between layers) and add the
  * mean over the chunks to it; the time a phase takes beyond its layers' is
- * dispatch and imbalance between the chunks (and model.l2's gradient). A
+ * dispatch and imbalance between the chunks (and model.l2's gradient), the
+ * imbalance measured apart (imbalance[]). A
  * batch normalization runs over the whole batch between the chunks' segments
  * and is clocked whole, its parameter gradients in its backward; an
  * embedding's sparse rows are gathered by one part of the weight-gradient
@@ -232,6 +233,10 @@ typedef struct loom_model_prof {
     double bwd[LOOM_MAX_LAYERS];   /* the layer's dz rows and input gradient */
     double pgrad[LOOM_MAX_LAYERS]; /* its part of the parameter gradients over the whole batch; 0: none */
     double upd[LOOM_MAX_LAYERS];   /* loom_model_backward_update: the optimizer on its parameters (mean over the parts) */
+    double imbalance[2];           /* forward, backward (its weight-gradient pass too): over each pool run of the
+                                      chunks, the slowest chunk's clocked layers less the mean chunk's; the rest
+                                      of a phase beyond its layers is dispatch (wake-ups, the executor between
+                                      layers, the segments' hand-offs) */
 } loom_model_prof;
 void loom_model_set_prof(loom_model *m, loom_model_prof *p); /* p borrowed until unset; NULL: off */
 int  loom_model_num_layers(const loom_model *m);

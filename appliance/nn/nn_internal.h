@@ -87,6 +87,8 @@ typedef struct nn_layer_ {
     loom_layer_plan *pplan;        /* what build() declared */
     int64_t        poff[LOOM_LAYER_MAX_PARAMS]; /* each parameter tensor's offset in the flat buffer */
     unsigned char *pscratch;       /* (max_batch * scratch_per_example) bytes */
+    float         *pdx;            /* several inputs or whole_batch: (max_batch, each input's numel) in input order,
+                                      the input gradients the host hands on (input 0's of a chunk: its other buffer) */
     /* sequences (issue 24): dense on the last axis, the recurrent layers (recurrent.c) */
     int64_t        steps;          /* dense: rows per example (the input's elements over its last axis; 1 for rank 1);
                                       lstm, gru, bidirectional: T, the time steps */
@@ -354,6 +356,15 @@ float *nn_plugin_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, 
 void   nn_plugin_param_grads_(loom_model *m, int li, const float *x, int64_t B);
 /* The first plugin layer failure of the step just run (then cleared) into err, or LOOM_OK. */
 int    nn_plugin_error_(loom_model *m, loom_err *err);
+/* A whole_batch plugin layer, run as batch normalization is: between the
+ * chunks' segments, once over the batch (its input rows those of chunk 0 on). */
+bool   nn_whole_batch_layer_(const nn_layer_ *l);
+void   nn_plugin_forward_whole_(loom_model *m, int li, int64_t B, int training, uint64_t rng_key);
+void   nn_plugin_backward_whole_(loom_model *m, int li, nn_chunk_ *chunk, int nchunks, int64_t B);
+/* Whether flat offset off is a plugin layer's state tensor (trainable = 0), and its length. */
+bool   nn_plugin_state_(const nn_layer_ *l, int64_t off, int64_t *len);
+/* --gradcheck of a plugin layer of several inputs: loom_layer_plugin_check on its own build. */
+int    nn_plugin_check_(const loom_model *m, const nn_layer_ *l, double *max_err, loom_err *err);
 
 /* Part `part` of `parts` of dense layer li's parameter gradients over the
  * whole batch of B examples whose layer input is x (B, n_in): kernel rows
@@ -455,6 +466,14 @@ float *nn_attn_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, fl
 void   nn_attn_param_grads_(const loom_model *m, int li, const float *x, int64_t B, int part, int parts);
 /* Tests only: loom_model_gradcheck scales the analytic gradients by 1 + this (0: off). */
 extern float nn_gradcheck_skew_;
+
+/* One element of --gradcheck: the loss (a sum) as a function of *p, the analytic d loss / d *p (ana), both
+ * compared after multiplying by scale; num the central estimate compared. NN_GC_RETESTED: the central
+ * estimates agreed but missed ana, and a one-sided slope (either side) matched it: a kink at the point. */
+typedef double (*nn_gc_loss_fn_)(void *ctx, loom_err *err);
+typedef enum { NN_GC_PASS, NN_GC_RETESTED, NN_GC_SKIPPED, NN_GC_BAD, NN_GC_ERROR } nn_gc_verdict_;
+nn_gc_verdict_ nn_gc_element_(nn_gc_loss_fn_ loss, void *ctx, float *p, double ana, double scale, double *num,
+                              loom_err *err);
 /* The model's parameter allocator (model_build.c): offset of the new tensor, -1 on overflow. */
 /* The kinds with a kernel of their own and an activation (model_build.c). */
 bool  nn_kernel_kind_(loom_layer_kind k);

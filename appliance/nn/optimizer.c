@@ -293,6 +293,13 @@ void loom_optimizer_for_model(loom_optimizer *o, const loom_model *m)
     o->n_frozen = 0;
     for (int i = 0; i < m->n_layers; i++) { /* in layer order: the ranges ascend */
         const nn_layer_ *l = &m->layer[i];
+        for (int t = 0; l->spec.kind == LOOM_LAYER_PLUGIN && t < l->pplan->n_params; t++) { /* a plugin's state */
+            int64_t len;
+            if (!nn_plugin_state_(l, l->poff[t], &len) || o->n_frozen >= 2 * LOOM_MAX_LAYERS) continue;
+            o->frozen[o->n_frozen][0] = l->poff[t];
+            o->frozen[o->n_frozen][1] = l->poff[t] + len;
+            o->n_frozen++;
+        }
         if (l->mm_off < 0) continue;
         o->frozen[o->n_frozen][0] = l->mm_off;
         o->frozen[o->n_frozen][1] = l->mm_off + 2 * l->C; /* moving mean, then moving variance */

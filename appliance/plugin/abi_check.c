@@ -392,7 +392,7 @@ SAME_FIELD_(loom_dev_window, cout)
 #define LOOM_ABI_DEVICE_FIELDS_(X) X(version) X(name) X(probe) X(describe) X(open) X(close) X(alloc) X(free) \
     X(host_alloc) X(host_free) X(upload) X(download) X(stream_wait) X(synchronize) X(gemm) X(binary) X(axpy) \
     X(scale) X(bias_act) X(act_backward) X(bias_grad) X(reduce) X(softmax_xent) X(conv2d_forward) \
-    X(conv2d_backward) X(maxpool_forward) X(maxpool_backward)
+    X(conv2d_backward) X(maxpool_forward) X(maxpool_backward) X(copy2d)
 #define SAME_DEVICE_FIELD_(f) SAME_FIELD_(loom_device_ops, f)
 SAME_SIZE_(loom_device_ops)
 LOOM_ABI_DEVICE_FIELDS_(SAME_DEVICE_FIELD_)

@@ -89,9 +89,9 @@ static int h_register_device(const loom_device_ops *ops, loom_err *err)
 {
     if (!ops) return loom_err_set(err, LOOM_EPLUGIN, NULL, "register_device(NULL)");
     const char *name = ops->name ? ops->name : "?";
-    if (ops->version != LOOM_DEVICE_OPS_VERSION)
-        return loom_err_set(err, LOOM_EPLUGIN, NULL, "device backend \"%s\": version %u, this loom speaks %u", name,
-                            ops->version, LOOM_DEVICE_OPS_VERSION);
+    if (ops->version < 1 || ops->version > LOOM_DEVICE_OPS_VERSION) /* 1: without copy2d */
+        return loom_err_set(err, LOOM_EPLUGIN, NULL, "device backend \"%s\": version %u, this loom speaks 1 to %u",
+                            name, ops->version, LOOM_DEVICE_OPS_VERSION);
     if (!ops->probe || !ops->describe || !ops->open || !ops->close || !ops->alloc || !ops->free || !ops->upload ||
         !ops->download || !ops->synchronize || !ops->gemm)
         return loom_err_set(err, LOOM_EPLUGIN, NULL, "device backend \"%s\" leaves a required function NULL", name);

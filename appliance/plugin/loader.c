@@ -457,8 +457,8 @@ static void unknown_layer(loom_errlist *errs, const loom_layer_spec *l, int i)
     loom_registry_names(LOOM_REG_LAYER, names, sizeof names);
     const char *pl = closest(LOOM_REG_LAYER, l->plugin);
     loom_err_set(e, LOOM_ECONFIG, loom_loc_str(&l->loc, where, sizeof where),
-                 "model.layers.[%d].type: unknown value \"%s\" (expected one of: %s; plugins' layers: %s)", i,
-                 l->plugin, list, names[0] ? names : "none loaded");
+                 "model.layers.[%d].type: unknown value \"%s\" (plugins' layers: %s; expected one of: %s)", i,
+                 l->plugin, names[0] ? names : "none loaded", list); /* the plugins' first: the list may be cut */
     if (pl || near) loom_err_hint(e, "did you mean \"%s\"?", near ? near : pl);
 }
 

@@ -110,8 +110,12 @@ typedef struct loom_device_ops {
     /* dx (batch, h, w, c) = dy scattered (summed) to the argmax positions. */
     int (*maxpool_backward)(loom_device *d, const loom_dev_window *g, const float *dy, const int32_t *argmax, float *dx,
                             loom_err *err);
+    /* (version 2; may be NULL) out[r * ldo + c] = x[r * ldx + c] for r < rows, c < cols: a graph's
+     * concatenate along the last axis (each input into its columns of the output) and its backward. */
+    int (*copy2d)(loom_device *d, int64_t rows, int64_t cols, const float *x, int64_t ldx, float *out, int64_t ldo,
+                  loom_err *err);
 } loom_device_ops;
-#define LOOM_DEVICE_OPS_VERSION 1
+#define LOOM_DEVICE_OPS_VERSION 2 /* 2: copy2d appended (a version-1 table is read without it) */
 
 /* The built-in CPU backend: the reference. Device pointers are host memory,
  * copies are memcpy, streams run synchronously; one device per process

@@ -264,6 +264,14 @@ static int cpu_maxpool_backward(loom_device *d, const loom_dev_window *g, const 
     return LOOM_OK;
 }
 
+static int cpu_copy2d(loom_device *d, int64_t rows, int64_t cols, const float *x, int64_t ldx, float *out, int64_t ldo,
+                      loom_err *err)
+{
+    (void)d, (void)err;
+    for (int64_t r = 0; r < rows; r++) memcpy(out + r * ldo, x + r * ldx, (size_t)cols * sizeof *out);
+    return LOOM_OK;
+}
+
 static const loom_device_ops cpu_ops = {
     .version = LOOM_DEVICE_OPS_VERSION,
     .name = "cpu",
@@ -292,6 +300,7 @@ static const loom_device_ops cpu_ops = {
     .conv2d_backward = cpu_conv2d_backward,
     .maxpool_forward = cpu_maxpool_forward,
     .maxpool_backward = cpu_maxpool_backward,
+    .copy2d = cpu_copy2d,
 };
 
 const loom_device_ops *loom_device_cpu(void) { return &cpu_ops; }

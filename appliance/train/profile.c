@@ -142,7 +142,8 @@ static void part_rows(prof_table *t, const profile *p)
         row(t, name, p->prof.fwd[i] / n, p->bound[i][0]);
         lay += p->prof.fwd[i] / n;
     }
-    row(t, "forward: dispatch, chunk imbalance", p->phase[PROF_FORWARD] / n - lay, 0);
+    row(t, "forward: chunk imbalance", p->prof.imbalance[0] / n, 0);
+    row(t, "forward: dispatch", p->phase[PROF_FORWARD] / n - lay - p->prof.imbalance[0] / n, 0);
     row(t, "loss", p->phase[PROF_LOSS] / n, 0);
     lay = 0;
     for (int i = p->nl - 1; i >= 0; i--) {
@@ -160,7 +161,8 @@ static void part_rows(prof_table *t, const profile *p)
     double upd = 0;
     for (int i = 0; i < p->nl; i++) upd += p->prof.upd[i] / n;
     if (upd > 0) row(t, "optimizer (in backward, per layer)", upd, 0);
-    row(t, "backward: dispatch, chunk imbalance", p->phase[PROF_BACKWARD] / n - lay - upd, 0);
+    row(t, "backward: chunk imbalance", p->prof.imbalance[1] / n, 0);
+    row(t, "backward: dispatch", p->phase[PROF_BACKWARD] / n - lay - upd - p->prof.imbalance[1] / n, 0);
     row(t, "gradient reduction", p->phase[PROF_REDUCE] / n, 0);
     row(t, upd > 0 ? "optimizer (after backward)" : "optimizer", p->phase[PROF_APPLY] / n, 0);
 }

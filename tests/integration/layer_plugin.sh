@@ -44,9 +44,9 @@ expect_fail 2 "a setting the layer does not take is refused, naming it" 'layer "
     "$LOOM" check $CFG --set 'model.layers.[2].slope=1'
 expect_fail 2 "the plugin checks its settings" 'alpha_init = x is not a number' \
     "$LOOM" check $CFG --set 'model.layers.[2].alpha_init="x"'
-expect_fail 2 "an unknown layer type lists the built-in ones" '(expected one of: dense, conv2d,' \
+expect_fail 2 "an unknown layer type lists the built-in ones" '; expected one of: dense, conv2d,' \
     "$LOOM" check $CFG --set 'model.layers.[2].type="prelux"'
-expect_fail 2 "... and the plugins' ones" "; plugins' layers: prelu)" \
+expect_fail 2 "... and the plugins' ones" "(plugins' layers: " \
     "$LOOM" check $CFG --set 'model.layers.[2].type="prelux"'
 expect_fail 2 "... naming the nearest" 'did you mean "prelu"?' "$LOOM" check $CFG --set 'model.layers.[2].type="prelux"'
 # a built-in's typo is known only once plugins are loaded, still named with the nearest type
@@ -76,5 +76,51 @@ if [ $st -ne 0 ] && grep -q 'prelu_mlp.cfg:[0-9]*: layer "act" (prelu) forward f
 else
     fail "a plugin layer's failed forward stops training with its message" "status $st" "$(tail -3 <<<"$out")"
 fi
+
+# plugins/layer_examples: "weighted_add" takes two layers (several inputs), "running_norm" keeps state (a moving
+# mean, trainable = 0) and runs on the whole batch (issue 23: both were refused, "not run by the model yet")
+PG=tests/configs/plugin_graph_mlp.cfg
+out=$("$LOOM" check $PG 2>&1)
+contains "a plugin layer of two inputs: its row names both" \
+    "mix (weighted_add)                       (None, 64)                        2   a, b" "$out"
+contains "a plugin layer's state: in its row's count" "norm (running_norm)                      (None, 64)                      128   mix" "$out"
+contains "... and non-trainable in the totals" "Non-trainable params: 64 " "$out"
+out=$("$LOOM" check --gradcheck $PG 2>&1)
+if grep -qE '^mix \(weighted_add\) +all .* pass \(2 inputs' <<<"$out"; then
+    pass "--gradcheck: the two-input plugin layer by the plugin check, every element, passes"
+else
+    fail "--gradcheck: the two-input plugin layer passes" "$(grep -E '^mix|FAIL' <<<"$out")"
+fi
+if grep -qE '^norm \(running_norm\) +80 .* pass$' <<<"$out" && grep -q 'gradcheck: every layer passes' <<<"$out"; then
+    pass "--gradcheck: the whole-batch layer's input and gamma gradients (not its state) pass"
+else
+    fail "--gradcheck: the whole-batch layer passes" "$(grep -E '^norm|gradcheck:' <<<"$out")"
+fi
+check "the example layers train" "$LOOM" train $PG --model-dir "$WORK/pg2" "${Q[@]}" --set run.threads=2
+acc=$("$LOOM" evaluate $PG --model-dir "$WORK/pg2" 2>&1 | grep -o '"eval_accuracy": [0-9.]*' | tail -1 | cut -d' ' -f2)
+if awk -v a="$acc" 'BEGIN { exit !(a > 0.65) }'; then pass "and learn, evaluated with the moving mean (accuracy $acc)"
+else fail "learn, evaluated with the moving mean" "accuracy '$acc'"; fi
+check "1 thread" "$LOOM" train $PG --model-dir "$WORK/pg1" "${Q[@]}" --set run.threads=1
+same_weights "the state and weights: the same bits on 1 and 2 threads" "$WORK/pg1/ckpt-64.loom" "$WORK/pg2/ckpt-64.loom"
+m16=$("$LOOM" inspect "$WORK/pg2/ckpt-16.loom" | grep 'tensor norm/moving_mean ')
+m64=$("$LOOM" inspect "$WORK/pg2/ckpt-64.loom" | grep 'tensor norm/moving_mean ')
+if [ -n "$m16" ] && [ "$m16" != "$m64" ]; then pass "the moving mean is checkpointed and moves in training"
+else fail "the moving mean is checkpointed and moves" "$m16 / $m64"; fi
+# resumed at step 16: the straight run's state and weights at 64
+check "stopped at step 16" "$LOOM" train $PG --model-dir "$WORK/pgr" "${Q[@]}" --set run.threads=2 --set run.max_steps=16
+check "resumed from step 16" "$LOOM" train $PG --model-dir "$WORK/pgr" "${Q[@]}" --set run.threads=2
+same_weights "resumed: the straight run's state and weights" "$WORK/pgr/ckpt-64.loom" "$WORK/pg2/ckpt-64.loom"
+# in a plain stack (no graph): running_norm in prelu's place, segments around it as around batch normalization
+RN=(--set 'model.layers.[2]={ type = "running_norm"; name = "act"; momentum = 0.5; }')
+out=$("$LOOM" check --gradcheck $CFG "${RN[@]}" 2>&1)
+if grep -qE '^act \(running_norm\) +80 .* pass$' <<<"$out"; then pass "a stack's whole-batch layer: --gradcheck passes"
+else fail "a stack's whole-batch layer: --gradcheck passes" "$(tail -3 <<<"$out")"; fi
+check "a stack's whole-batch layer trains, 1 thread" "$LOOM" train $CFG --model-dir "$WORK/rn1" "${Q[@]}" "${RN[@]}" \
+    --set run.threads=1 --set run.max_steps=20
+check "... 2 threads" "$LOOM" train $CFG --model-dir "$WORK/rn2" "${Q[@]}" "${RN[@]}" --set run.threads=2 \
+    --set run.max_steps=20
+same_weights "... the same bits" "$WORK/rn1/ckpt-20.loom" "$WORK/rn2/ckpt-20.loom"
+check "under mirrored, 2 replicas (each replica's moving mean as batch norm's)" "$LOOM" train $PG \
+    --model-dir "$WORK/pgm" "${Q[@]}" --set run.max_steps=6 --set strategy.type='"mirrored"' --set strategy.replicas=2
 
 finish

@@ -28,7 +28,8 @@ if [ "$status" -eq 0 ]; then pass "mlp: profile --train exits 0"; else fail "mlp
 for row in "input hand-off" "forward  flatten_0 flatten" "forward  dense_1 dense 784->256 relu" \
     "forward  dense_3 dense 128->10" "loss" "backward dense_3 dense 128->10" "backward dense_1 dense 784->256 relu" \
     "weights  dense_1 dense 784->256 relu" "weights  dense_2 dense 256->128 relu" "weights  dense_3 dense 128->10" \
-    "gradient reduction" "optimizer" "forward: dispatch" "backward: dispatch"; do
+    "gradient reduction" "optimizer" "forward: dispatch" "backward: dispatch" "forward: chunk imbalance" \
+    "backward: chunk imbalance"; do
     contains "mlp: row \"$row\"" "  $row" "$out"
 done
 contains "mlp: the step row" "  step " "$out"

@@ -2,7 +2,8 @@
  * built-in CPU reference backend against nn's host path, on real
  * Fashion-MNIST batches, for an MLP (tests/configs/strategy_mlp.cfg), a CNN
  * with every layer kind and dropout (device_cnn.cfg) and an MSE model
- * (device_mse.cfg): one train step gives the same gradients (relative
+ * (device_mse.cfg), and a residual graph with every merge the device runs
+ * (device_resnet.cfg): one train step gives the same gradients (relative
  * difference <= 1e-5), loss and correct count; evaluate and predict agree;
  * 100 steps of SGD with momentum driven by hand, each from the host's
  * weights, give the same gradients and updates (<= 1e-5); two runs of the
@@ -179,6 +180,8 @@ static void test_keep_cnn(void) { keep_grads("device_cnn.cfg"); }
 static void test_step_mlp(void) { one_step("strategy_mlp.cfg"); }
 static void test_step_cnn(void) { one_step("device_cnn.cfg"); }
 static void test_step_mse(void) { one_step("device_mse.cfg"); }
+static void test_step_graph(void) { one_step("device_resnet.cfg"); }
+static void test_keep_graph(void) { keep_grads("device_resnet.cfg"); }
 
 /* 100 steps of the config's optimizer on the device path (host update,
  * parameters uploaded after each) and, unless dev_only, on the host path in
@@ -270,6 +273,7 @@ static void train_twice(const char *cfg)
 static void test_train_mlp(void) { train_twice("strategy_mlp.cfg"); }
 static void test_train_cnn(void) { train_twice("device_cnn.cfg"); }
 static void test_train_mse(void) { train_twice("device_mse.cfg"); }
+static void test_train_graph(void) { train_twice("device_resnet.cfg"); }
 
 /* A softmax activation has no device op: refused at open at the layer's line. */
 static void test_softmax_refused(void)
@@ -355,6 +359,99 @@ static void test_unsupported_refused(void)
     rig_close(&g);
 }
 
+/* A graph's merges the device ops cannot run are refused at open, at the layer: a concatenate on another axis
+ * than the last, on a backend without copy2d (a version-1 table), and maximum (no device op) before any device
+ * is looked for. */
+static void test_graph_refused(void)
+{
+    rig g;
+    if (!rig_open_ok(&g, "device_resnet.cfg")) return rig_close(&g);
+    loom_model_spec *ms = &g.spec->model;
+    int cat = 0;
+    while (cat < ms->n_layers && strcmp(ms->layer[cat].name, "cat")) cat++;
+    CHECK(cat < ms->n_layers);
+    loom_model *m = NULL;
+    loom_model_dev *d = NULL;
+    ms->layer[cat].axis = 1; /* (14, 14, 8) twice along the rows: valid, but not the last axis */
+    CHECK(new_model(&g, &m) == LOOM_OK);
+    CHECK(loom_model_dev_open(&d, m, loom_device_cpu(), 0, &err) == LOOM_EUNSUPPORTED);
+    CHECK(d == NULL);
+    CHECK_CONTAINS(err.where, "device_resnet.cfg:");
+    CHECK_CONTAINS(err.msg, "layer \"cat\" (concatenate) joins along another than the last axis");
+    loom_model_free(m);
+    ms->layer[cat].axis = -1;
+    loom_device_ops v1 = *loom_device_cpu();
+    v1.version = 1, v1.copy2d = NULL;
+    CHECK(new_model(&g, &m) == LOOM_OK);
+    CHECK(loom_model_dev_open(&d, m, &v1, 0, &err) == LOOM_EUNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "layer \"cat\" (concatenate) needs the backend's copy2d");
+    loom_model_free(m);
+    ms->layer[cat].kind = LOOM_LAYER_MAXIMUM;
+    CHECK(loom_model_spec_dev_check(ms, "cuda", &err) == LOOM_EUNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "layer \"cat\" (maximum) is not implemented on the \"cuda\" device backend");
+    rig_close(&g);
+}
+
+/* Two model inputs (model.inputs: the image and a float "aux" the test makes): the second is uploaded with
+ * the batch, and a step's gradients, loss and predictions match the host executor's. */
+static void test_two_inputs(void)
+{
+    loom_spec *spec = NULL;
+    loom_iter *it = NULL;
+    loom_model *mh = NULL, *md = NULL;
+    loom_model_dev *dev = NULL;
+    int rc = train_pipeline_open(&spec, &it, "device_two_inputs.cfg", NULL, 0, &err);
+    CHECK_MSG(rc == LOOM_OK, "%s: %s", err.where, err.msg);
+    loom_elem *b = NULL;
+    if (!rc) rc = loom_iter_next(it, &b, &err);
+    CHECK_MSG(rc == LOOM_OK, "%s", err.msg);
+    if (rc) goto out;
+    const loom_elem_spec *es = loom_iter_spec(it);
+    int xi = loom_elem_spec_find(es, "image"), yi = loom_elem_spec_find(es, "label");
+    const loom_tensor *x = &b->t[xi], *y = &b->t[yi];
+    const int64_t B = x->shape.dim[0];
+    loom_shape in[2] = {loom_shape_make(3, (int64_t[]){28, 28, 1}), loom_shape_make(1, (int64_t[]){12})};
+    loom_dtype dt[2] = {LOOM_F32, LOOM_F32};
+    loom_shape ls = loom_shape_make(0, NULL);
+    static float aux[32 * 12];
+    for (int64_t e = 0; e < B * 12; e++) aux[e] = (float)((e * 7919) % 101) / 50.f - 1.f;
+    loom_tensor at = {.dtype = LOOM_F32, .shape = loom_shape_make(2, (int64_t[]){B, 12}), .data = aux};
+    const loom_tensor *xs[1] = {&at};
+    CHECK(loom_model_new_inputs(&mh, &spec->model, 2, in, dt, &ls, y->dtype, 32, &err) == LOOM_OK);
+    CHECK(loom_model_new_inputs(&md, &spec->model, 2, in, dt, &ls, y->dtype, 32, &err) == LOOM_OK);
+    if (!mh || !md) goto out;
+    loom_model_init_params(mh, 3), loom_model_init_params(md, 3);
+    loom_model_set_inputs(mh, xs, 1), loom_model_set_inputs(md, xs, 1);
+    rc = loom_model_dev_open(&dev, md, loom_device_cpu(), 0, &err);
+    CHECK_MSG(rc == LOOM_OK, "%s: %s", err.where, err.msg);
+    if (rc) goto out;
+    double lh, ld;
+    int64_t ch, cd, P = loom_model_num_params(mh);
+    CHECK(loom_model_train_step(mh, x, y, B, 77, &lh, &ch, &err) == LOOM_OK);
+    CHECK(loom_model_dev_train_step(dev, x, y, B, 77, &ld, &cd, &err) == LOOM_OK);
+    double r = rel_diff(loom_model_grads(mh), loom_model_grads(md), P);
+    CHECK_MSG(r <= 1e-5, "two inputs: gradients differ by %g", r);
+    CHECK_NEAR(ld, lh, 1e-6 * fabs(lh));
+    CHECK(cd == ch);
+    /* the aux input matters: other values, other gradients on both paths alike */
+    for (int64_t e = 0; e < B * 12; e++) aux[e] = -aux[e];
+    CHECK(loom_model_train_step(mh, x, y, B, 77, &lh, &ch, &err) == LOOM_OK);
+    CHECK(loom_model_dev_train_step(dev, x, y, B, 77, &ld, &cd, &err) == LOOM_OK);
+    CHECK_NEAR(ld, lh, 1e-6 * fabs(lh));
+    CHECK_MSG(rel_diff(loom_model_grads(mh), loom_model_grads(md), P) <= 1e-5, "after the aux change");
+    printf("# two inputs: %lld parameters, gradients %.2g apart, loss %.9g vs %.9g\n", (long long)P, r, lh, ld);
+    float ph[32 * 10], pd[32 * 10];
+    CHECK(loom_model_predict(mh, x, ph, &err) == LOOM_OK);
+    CHECK(loom_model_dev_predict(dev, x, pd, &err) == LOOM_OK);
+    CHECK(rel_diff(ph, pd, B * 10) <= 1e-5);
+out:
+    loom_model_dev_close(dev);
+    loom_model_free(mh);
+    loom_model_free(md);
+    loom_iter_close(it);
+    loom_config_free(spec);
+}
+
 /* A batch over max_batch or of the wrong shape: the host path's errors. */
 static void test_bad_batch(void)
 {
@@ -396,6 +493,9 @@ static const loom_test tests[] = {
     {"step_mlp", test_step_mlp},
     {"step_cnn", test_step_cnn},
     {"step_mse", test_step_mse},
+    {"step_graph", test_step_graph},
+    {"keep_graph", test_keep_graph},
+    {"train_graph", test_train_graph},
     {"keep_mlp", test_keep_mlp},
     {"keep_cnn", test_keep_cnn},
     {"train_mlp", test_train_mlp},
@@ -403,6 +503,8 @@ static const loom_test tests[] = {
     {"train_mse", test_train_mse},
     {"softmax_refused", test_softmax_refused},
     {"unsupported_refused", test_unsupported_refused},
+    {"graph_refused", test_graph_refused},
+    {"two_inputs", test_two_inputs},
     {"bad_batch", test_bad_batch},
     {"non_finite", test_non_finite},
     {0},

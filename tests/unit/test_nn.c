@@ -2353,7 +2353,43 @@ static void test_graph_errors(void)
     CHECK_CONTAINS(err.msg, "input \"nowhere\" is neither a layer nor a model input");
 }
 
+/* loss(w) = 3 relu(w - k) + w^2 / 2: at w = k the relu's pre-activation is exactly 0, a kink. */
+typedef struct gc_kink {
+    float  w, k;
+} gc_kink;
+
+static double gc_kink_loss(void *ctx, loom_err *err)
+{
+    (void)err;
+    const gc_kink *c = ctx;
+    float pre = c->w - c->k, relu = pre > 0 ? pre : 0;
+    return 3.0 * relu + 0.5 * (double)c->w * c->w;
+}
+
+/* --gradcheck's element check at a kink: the central differences give the mean of the two slopes (2.0)
+ * where the backward takes relu'(0) = 0 (0.5): the old check flagged it; the re-test one-sided matches the
+ * left slope. A wrong backward still fails, at the kink and on a smooth point. */
+static void test_gradcheck_kink(void)
+{
+    loom_err e = {0};
+    gc_kink c = {.w = 0.5f, .k = 0.5f};
+    double num = 0;
+    nn_gc_verdict_ v = nn_gc_element_(gc_kink_loss, &c, &c.w, 0.5, 1.0, &num, &e);
+    CHECK_MSG(v == NN_GC_RETESTED, "verdict %d, central %g", (int)v, num);
+    CHECK_MSG(fabs(num - 2.0) < 1e-2, "the central estimate is the slopes' mean: %g", num);
+    CHECK(c.w == 0.5f); /* the element is restored */
+    CHECK(e.code == 0);
+    /* a backward off by 0.3 at the kink: neither side matches */
+    v = nn_gc_element_(gc_kink_loss, &c, &c.w, 0.8, 1.0, &num, &e);
+    CHECK_MSG(v == NN_GC_BAD, "verdict %d", (int)v);
+    /* away from the kink (w = 2: slope 3 + 2 = 5): right passes, 10% off fails, with no re-test */
+    c.w = 2.0f;
+    CHECK(nn_gc_element_(gc_kink_loss, &c, &c.w, 5.0, 1.0, &num, &e) == NN_GC_PASS);
+    CHECK(nn_gc_element_(gc_kink_loss, &c, &c.w, 5.5, 1.0, &num, &e) == NN_GC_BAD);
+}
+
 static const loom_test tests[] = {
+    {"gradcheck_kink", test_gradcheck_kink},
     {"gemm vs float64 reference", test_gemm},
     {"blas pick core", test_blas_pick_core},
     {"grad dense + activations", test_grad_dense},
