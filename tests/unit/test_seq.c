@@ -286,7 +286,7 @@ static void test_rnn_init(void)
         fixture f;
         CHECK(fixture_new2(&f, 2, ls, 2, 4, 6, 11, false) == LOOM_OK);
         if (!f.m) return;
-        loom_shape rs, bs;
+        loom_shape rs = {0}, bs = {0};
         const float *r = param_named(f.m, "rnn/recurrent_kernel", &rs);
         const float *b = param_named(f.m, "rnn/bias", &bs);
         CHECK(r && b && rs.rank == 2 && rs.dim[0] == 6 && rs.dim[1] == (kind == LOOM_LAYER_GRU ? 18 : 24));
@@ -306,7 +306,7 @@ static void test_rnn_init(void)
     fixture f;
     CHECK(fixture_new2(&f, 2, d, 2, 4, 3, 12, true) == LOOM_OK);
     if (!f.m) return;
-    loom_shape ks;
+    loom_shape ks = {0};
     const float *w = param_named(f.m, "dense_3/kernel", &ks);
     CHECK(w && ks.dim[0] == 5 && ks.dim[1] == 3);
     if (w) {
