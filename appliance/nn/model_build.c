@@ -714,7 +714,7 @@ static bool layer_buffers(nn_layer_ *l, int64_t max_batch)
                       (size_t)(k == LOOM_LAYER_BATCH_NORM ? nn_bn_stat_floats_(l->C) : max_batch * l->n_out / l->C) * sizeof(float))))
         return false;
     if (k == LOOM_LAYER_LAYER_NORM && !(l->dz = loom_alloc_aligned(outs * sizeof(float)))) return false;
-    if (owns_y && !l->inplace && !(l->y = loom_alloc_aligned(outs * sizeof(float)))) return false;
+    if (owns_y && !l->inplace && !(l->arena & NN_ARENA_Y) && !(l->y = loom_alloc_aligned(outs * sizeof(float)))) return false;
     if ((k == LOOM_LAYER_MAX_POOL2D || k == LOOM_LAYER_GLOBAL_MAX_POOL2D) &&
         !(l->argmax = loom_alloc_aligned(outs * sizeof(int32_t))))
         return false;
@@ -722,14 +722,14 @@ static bool layer_buffers(nn_layer_ *l, int64_t max_batch)
         size_t mid = (size_t)(max_batch * l->oh * l->ow) * (size_t)(l->cin * l->mult) * sizeof(float);
         if (!(l->mid = loom_alloc_aligned(mid)) || !(l->dmid = loom_alloc_aligned(mid))) return false;
     }
-    if ((nn_kernel_kind_(k) || l->fused) &&
+    if ((nn_kernel_kind_(k) || l->fused) && !(l->arena & NN_ARENA_DZ) &&
         !(l->dz = loom_alloc_aligned(outs * sizeof(float))))
         return false;
     if (k == LOOM_LAYER_EMBEDDING && !embedding_buffers(l, max_batch)) return false;
     if (k == LOOM_LAYER_PLUGIN && !nn_plugin_buffers_(l, max_batch)) return false;
     if (nn_is_rnn_kind_(k) && !nn_rnn_buffers_(l, max_batch)) return false;
     if (nn_is_attn_kind_(k) && !nn_attn_buffers_(l, max_batch)) return false;
-    if (l->gacc && !(l->dgy = loom_alloc_aligned(outs * sizeof(float)))) return false;
+    if (l->gacc && !(l->arena & NN_ARENA_DGY) && !(l->dgy = loom_alloc_aligned(outs * sizeof(float)))) return false;
     if (k == LOOM_LAYER_DROPOUT && l->spec.rate > 0 && !(l->mask = loom_alloc_aligned(outs))) return false;
     return true;
 }
@@ -739,6 +739,7 @@ static bool layer_buffers(nn_layer_ *l, int64_t max_batch)
 static bool model_buffers(loom_model *m)
 {
     int64_t max_batch = m->max_batch, gmax = 1, colmax = 0;
+    if (!nn_plan_buffers_(m)) return false;
     for (int i = 0; i < m->n_layers; i++) {
         nn_layer_ *l = &m->layer[i];
         gmax = l->n_in > gmax ? l->n_in : gmax;
@@ -913,10 +914,10 @@ void loom_model_free(loom_model *m)
     for (int i = 0; i < m->n_layers; i++) {
         if (m->layer[i].spec.kind == LOOM_LAYER_PLUGIN) nn_plugin_free_(&m->layer[i]);
         if (nn_is_attn_kind_(m->layer[i].spec.kind)) nn_attn_free_(&m->layer[i]);
-        if (!m->layer[i].inplace) loom_free(m->layer[i].y);
+        if (!m->layer[i].inplace && !(m->layer[i].arena & NN_ARENA_Y)) loom_free(m->layer[i].y);
         loom_free(m->layer[i].argmax);
         loom_free(m->layer[i].mask);
-        loom_free(m->layer[i].dz);
+        if (!(m->layer[i].arena & NN_ARENA_DZ)) loom_free(m->layer[i].dz);
         loom_free(m->layer[i].sp_ids);
         loom_free(m->layer[i].sp_val);
         loom_free(m->layer[i].hkey);
@@ -926,8 +927,9 @@ void loom_model_free(loom_model *m)
         loom_free(m->layer[i].mid);
         loom_free(m->layer[i].dmid);
         loom_free(m->layer[i].rs);
-        loom_free(m->layer[i].dgy);
+        if (!(m->layer[i].arena & NN_ARENA_DGY)) loom_free(m->layer[i].dgy);
     }
+    loom_free(m->arena);
     free_chunks(m->pool, m->chunk, m->threads);
     loom_free_zeroed(m->params);
     loom_free_zeroed(m->grads);
