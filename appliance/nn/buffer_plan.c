@@ -83,6 +83,44 @@ static int ph_bwd(const loom_model *m, const phases *p, int i)
     return 2 * p->nb + 2 + 2 * (p->nb - p->bn_below[i] - is_bn(m, i)) + is_bn(m, i);
 }
 
+/* A layer kind whose output the arena may hold over its whole life: its
+ * readers are itself, its consumers and the layers over its buffer in place
+ * (as inputs, in their forward and backward), nothing after the step. */
+static bool y_placeable(const loom_model *m, int L)
+{
+    const nn_layer_ *l = &m->layer[L];
+    switch (l->spec.kind) {
+    case LOOM_LAYER_CONV2D: return !l->direct && !l->fuse_pool && !nn_act_needs_x_(l->act);
+    case LOOM_LAYER_DENSE: return !nn_act_needs_x_(l->act);
+    case LOOM_LAYER_ACTIVATION: return l->act != LOOM_ACT_NONE && !nn_act_needs_x_(l->act);
+    case LOOM_LAYER_MAX_POOL2D: return !l->fused;
+    case LOOM_LAYER_BATCH_NORM:
+    case LOOM_LAYER_ADD:
+    case LOOM_LAYER_ZERO_PADDING2D:
+    case LOOM_LAYER_AVG_POOL2D:
+    case LOOM_LAYER_GLOBAL_AVG_POOL2D: return true;
+    default: return false;
+    }
+}
+
+/* The last phase reading layer L's output (or the layers' over it in place): -1 when a head reads it. */
+static int y_last_read(const loom_model *m, const phases *p, int L)
+{
+    bool grp[LOOM_MAX_LAYERS] = {false};
+    grp[L] = true;
+    int t1 = ph_bwd(m, p, L);
+    for (int i = L; i < m->n_layers; i++) {
+        const nn_layer_ *l = &m->layer[i];
+        if (i > L && l->inplace && l->src[0] >= 0 && grp[l->src[0]]) grp[i] = true;
+        if (grp[i] && is_head(m, i)) return -1;
+        /* a consumer's parameter gradients read it after the whole backward (model.c grad_part), unless early */
+        bool late = l->kernel_off >= 0 && l->spec.kind != LOOM_LAYER_BATCH_NORM && !nn_plan_early_(l);
+        for (int k = 0; k < l->n_src; k++)
+            if (l->src[k] >= 0 && grp[l->src[k]] && late) t1 = ph_bwd(m, p, 0) + 1;
+    }
+    return t1; /* (the backward runs from the top: no reader after L's own backward but the late ones) */
+}
+
 /* The lowest layer down the chain from L whose backward may take its gradient in L's dgy rows (graph.c:
  * grad_out leaves the rows in c->g; a layer that is no chain link, or gathers its own, ends the chain). */
 static int chain_end(const loom_model *m, int L)
@@ -111,6 +149,8 @@ static int collect(loom_model *m, plan_buf *b)
                 for (int k = 0; k < m->layer[c].n_src; k++)
                     if (m->layer[c].src[k] == L && ph_fwd(m, &p, c) > t1) t1 = ph_fwd(m, &p, c);
             b[n++] = (plan_buf){L, NN_ARENA_Y, ph_fwd(m, &p, L), t1, fl, -1};
+        } else if (!l->inplace && y_placeable(m, L) && y_last_read(m, &p, L) >= 0) {
+            b[n++] = (plan_buf){L, NN_ARENA_Y, ph_fwd(m, &p, L), y_last_read(m, &p, L), fl, -1};
         }
         if (nn_plan_early_(l)) {
             l->early = 1;
@@ -124,6 +164,15 @@ static int collect(loom_model *m, plan_buf *b)
             b[n++] = (plan_buf){L, NN_ARENA_DGY, t0, ph_bwd(m, &p, chain_end(m, L)), fl, -1};
         }
     }
+    /* the two gradient buffers: from the loss to the backward's end */
+    int64_t gmax = 1;
+    for (int i = 0; i < m->n_layers; i++) {
+        if (m->layer[i].n_in > gmax) gmax = m->layer[i].n_in;
+        if (m->layer[i].n_out > gmax) gmax = m->layer[i].n_out;
+    }
+    for (int k = 0; k < 2; k++)
+        b[n++] = (plan_buf){-1 - k, NN_ARENA_GBUF, 2 * p.nb + 1, ph_bwd(m, &p, 0), (mb * gmax + 15) & ~(int64_t)15, -1};
+    /* (phase ph_bwd(0) + 1: the gradient pass after the backward, model.c grad_part) */
     return n;
 }
 
@@ -131,7 +180,8 @@ static int by_size(const void *a, const void *b)
 {
     const plan_buf *x = a, *y = b;
     if (x->floats != y->floats) return x->floats > y->floats ? -1 : 1;
-    return x->t0 != y->t0 ? x->t0 - y->t0 : x->layer - y->layer; /* a fixed order: the same plan every load */
+    if (x->t0 != y->t0) return x->t0 - y->t0;
+    return x->layer != y->layer ? x->layer - y->layer : x->what - y->what; /* a fixed order: the same plan */
 }
 
 static int by_off(const void *a, const void *b)
@@ -165,19 +215,24 @@ bool nn_plan_buffers_(loom_model *m)
 {
     for (int i = 0; i < m->n_layers; i++) m->layer[i].arena = 0, m->layer[i].early = 0;
     if (!m->n_bn) return true;
-    plan_buf *b = loom_alloc((size_t)(3 * m->n_layers + 1) * sizeof *b);
-    plan_buf **meet = loom_alloc((size_t)(3 * m->n_layers + 1) * sizeof *meet);
+    plan_buf *b = loom_alloc((size_t)(3 * m->n_layers + 2) * sizeof *b);
+    plan_buf **meet = loom_alloc((size_t)(3 * m->n_layers + 2) * sizeof *meet);
     if (!b || !meet) {
         loom_free(b);
         loom_free(meet);
         return false;
     }
     int n = collect(m, b);
+    m->gbuf_arena = 1;
     int64_t floats = place(b, n, meet);
     bool ok = n == 0 || (m->arena = loom_alloc_aligned((size_t)floats * sizeof(float))) != NULL;
     for (int i = 0; ok && i < n; i++) {
-        nn_layer_ *l = &m->layer[b[i].layer];
         float *p = m->arena + b[i].off;
+        if (b[i].what == NN_ARENA_GBUF) {
+            m->gbuf[-1 - b[i].layer] = p;
+            continue;
+        }
+        nn_layer_ *l = &m->layer[b[i].layer];
         l->arena |= b[i].what;
         if (b[i].what == NN_ARENA_Y) l->y = p;
         else if (b[i].what == NN_ARENA_DZ) l->dz = p;

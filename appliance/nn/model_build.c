@@ -755,7 +755,7 @@ static bool model_buffers(loom_model *m)
     if (!(m->params = loom_alloc_zeroed(pbytes)) || !(m->grads = loom_alloc_zeroed(pbytes))) return false;
     m->gmax = gmax;
     m->colmax = colmax;
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < 2 && !m->gbuf_arena; k++)
         if (!(m->gbuf[k] = loom_alloc_aligned((size_t)(max_batch * gmax) * sizeof(float)))) return false;
     const int64_t T = m->seq_T ? m->seq_T : 1;
     if (!(m->labels = loom_alloc_aligned((size_t)(max_batch * T) * sizeof(int32_t)))) return false;
@@ -933,8 +933,7 @@ void loom_model_free(loom_model *m)
     free_chunks(m->pool, m->chunk, m->threads);
     loom_free_zeroed(m->params);
     loom_free_zeroed(m->grads);
-    loom_free(m->gbuf[0]);
-    loom_free(m->gbuf[1]);
+    if (!m->gbuf_arena) loom_free(m->gbuf[0]), loom_free(m->gbuf[1]);
     loom_free(m->labels);
     loom_free(m->tmask);
     loom_free(m->targets);

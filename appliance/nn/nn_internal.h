@@ -187,6 +187,7 @@ struct loom_model {
      * calls of fn are numbered; sync_k is the next, sync_rc/err the first failure */
     float           *arena;         /* buffer_plan.c: the layers' short-lived buffers, (arena_floats,) */
     int64_t          arena_floats;
+    int              gbuf_arena;    /* gbuf[0], gbuf[1] are in the arena */
     /* the graph (graph.c) */
     int              graph;         /* some layer is not a chain link: the executor's graph paths */
     int              n_inputs;      /* model inputs (model.inputs; 1 for model.input) */
@@ -281,6 +282,7 @@ void nn_graph_bn_grad_out_(loom_model *m, int li, int nchunks);
 #define NN_ARENA_Y   1
 #define NN_ARENA_DZ  2
 #define NN_ARENA_DGY 4
+#define NN_ARENA_GBUF 8 /* the model's gbuf (m->gbuf_arena) */
 /* With batch normalization (a step in phases): the buffers that live over a
  * few phases placed in one arena (m->arena, offsets by live intervals), the
  * layers' arena bits and early set; the layers' own buffers are allocated
