@@ -842,7 +842,7 @@ static int train_step(loom_model *m, const loom_tensor *x, const loom_tensor *la
 {
     int64_t B;
     int rc;
-    if ((rc = nn_check_batch_(m, x, label, &B, err))) return rc;
+    if ((rc = nn_check_batch_(m, x, label, &B, err)) || (rc = nn_model_ready_(m, err))) return rc;
     if ((rc = nn_read_label_(m, label, B, err))) return rc;
     if (global_batch < 1) global_batch = B;
     step_job j = {.kind = JOB_TRAIN, .x = x->data, .label = label, .inv_gb = (float)(1.0 / (double)global_batch),
@@ -909,7 +909,7 @@ int loom_model_forward(loom_model *m, const loom_tensor *x, uint64_t rng_key, lo
     int rc;
     m->part_done = 0;
     m->sync_k = 0, m->sync_rc = 0;
-    if ((rc = nn_check_batch_(m, x, NULL, &B, err))) {
+    if ((rc = nn_check_batch_(m, x, NULL, &B, err)) || (rc = nn_model_ready_(m, err))) {
         nn_bn_sync_rest_(m, true, NULL);
         return rc;
     }
@@ -989,7 +989,7 @@ int loom_model_evaluate(loom_model *m, const loom_tensor *x, const loom_tensor *
 {
     int64_t B;
     int rc;
-    if ((rc = nn_check_batch_(m, x, label, &B, err))) return rc;
+    if ((rc = nn_check_batch_(m, x, label, &B, err)) || (rc = nn_model_ready_(m, err))) return rc;
     if ((rc = nn_read_label_(m, label, B, err))) return rc;
     step_job j = {.kind = JOB_EVAL, .x = x->data, .label = label, .inv_gb = 1.f};
     run_chunks(m, &j, B, loss_sum, correct);
@@ -1000,7 +1000,7 @@ int loom_model_predict(loom_model *m, const loom_tensor *x, float *out, loom_err
 {
     int64_t B;
     int rc;
-    if ((rc = nn_check_batch_(m, x, NULL, &B, err))) return rc;
+    if ((rc = nn_check_batch_(m, x, NULL, &B, err)) || (rc = nn_model_ready_(m, err))) return rc;
     step_job j = {.kind = JOB_PREDICT, .x = x->data, .out = out};
     run_chunks(m, &j, B, NULL, NULL);
     return nn_plugin_error_(m, err);

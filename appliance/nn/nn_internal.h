@@ -188,6 +188,7 @@ struct loom_model {
     float           *arena;         /* buffer_plan.c: the layers' short-lived buffers, (arena_floats,) */
     int64_t          arena_floats;
     int              gbuf_arena;    /* gbuf[0], gbuf[1] are in the arena */
+    int              ready;         /* the step's buffers: 0 not yet allocated (`loom check` never does), 1 there, -1 failed */
     /* the graph (graph.c) */
     int              graph;         /* some layer is not a chain link: the executor's graph paths */
     int              n_inputs;      /* model inputs (model.inputs; 1 for model.input) */
@@ -288,6 +289,9 @@ void nn_graph_bn_grad_out_(loom_model *m, int li, int nchunks);
  * layers' arena bits and early set; the layers' own buffers are allocated
  * after it. false: out of memory. */
 bool nn_plan_buffers_(loom_model *m);
+/* Allocates the step's buffers (the layers', the arena, the gradient ping-pong) on a model's first step
+ * (forward, train, evaluate, predict); LOOM_ENOMEM when they do not fit. */
+int  nn_model_ready_(loom_model *m, loom_err *err);
 /* Whether conv2d l's parameter gradients can be taken right after its backward segment. */
 bool nn_plan_early_(const nn_layer_ *l);
 
