@@ -1,7 +1,9 @@
 /* nn_internal.h - the model's private layout shared by model_build.c, model.c and layers.c.
  * A layer is a small record of its resolved geometry plus the buffers it owns
  * (output activations, pooling argmax, dropout mask), all sized for max_batch
- * at loom_model_new so a step never allocates. A step splits its batch into
+ * at loom_model_new so a step never allocates (loom_model_new_plan's model:
+ * at its first step); with batch normalization most of them are offsets in
+ * one arena, planned by live phases (buffer_plan.c). A step splits its batch into
  * chunks of contiguous examples, one per thread (nn_chunk_): each chunk uses
  * its own rows of those shared buffers, so chunks never touch the same
  * bytes, plus its own im2col scratch and gradient buffer. */
