@@ -277,6 +277,8 @@ static inline int loom_strategy_model_new_(loom_model **out, const loom_strategy
     loom_shape xs[LOOM_MAX_MODEL_INPUTS], ye;
     loom_dtype dt[LOOM_MAX_MODEL_INPUTS];
     int n = loom_strategy_model_shapes_(a, xs, dt, &ye);
+    if (a->plan_only) /* `loom check`: the model described, never run (its buffers wait for a first step) */
+        return loom_model_new_plan(out, &a->spec->model, n, xs, dt, &ye, in->dtype[a->label_idx], max_batch, err);
     if (n == 1)
         return loom_model_new(out, &a->spec->model, &xs[0], dt[0], &ye, in->dtype[a->label_idx], max_batch, err);
     return loom_model_new_inputs(out, &a->spec->model, n, xs, dt, &ye, in->dtype[a->label_idx], max_batch, err);

@@ -55,6 +55,8 @@ int nn_decoder_new_(loom_decoder **out, loom_model *m, int64_t pad_id, bool incr
 {
     *out = NULL;
     char a[96], b[96];
+    int brc = nn_model_ready_(m, err); /* the step ops read layer buffers (a sinusoidal table) without a step */
+    if (brc) return brc;
     loom_shape os = loom_model_output_shape(m);
     bool ids = m->input_dtype == LOOM_I32 || m->input_dtype == LOOM_I64;
     int64_t T = m->input.rank == 1 ? m->input.dim[0] : 0;

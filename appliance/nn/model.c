@@ -570,14 +570,39 @@ static void forward_all(loom_model *m, step_job *j, double *acc)
     j->l0 = 0, j->l1 = m->n_layers;
 }
 
-/* The backward of every segment, from the top (as forward_all). */
-static void backward_all(loom_model *m, step_job *j, double *acc)
+/* Part t of the parameter gradients of the early layers (buffer_plan.c) of segment [j->l0, j->l1), as
+ * grad_part takes them (the same bits), right after the segment's backward: their dz rows are dead then. */
+static void early_part(void *arg, int t)
+{
+    const step_job *j = arg;
+    const loom_model *m = j->m;
+    double t0 = j->timed ? loom_now() : 0;
+    for (int i = j->l0; i < j->l1; i++) {
+        if (!m->layer[i].early) continue;
+        layer_param_grads(j, i, t, j->nchunks);
+        if (j->timed) t0 = clock_layer(&m->chunk[t], i, t0);
+    }
+}
+
+/* After segment [j->l0, j->l1)'s backward: its early layers' parameter gradients (not when a chunk's loss is
+ * not finite: the step fails, its gradients unused). pacc: a profile's gradient pass (NULL: none). */
+static void early_grads(loom_model *m, step_job *j, double *pacc)
+{
+    bool any = false;
+    for (int i = j->l0; i < j->l1 && !any; i++) any = m->layer[i].early;
+    for (int t = 0; t < j->nchunks && any; t++) any = isfinite(m->chunk[t].loss);
+    if (any) run_phase(m, j, early_part, pacc);
+}
+
+/* The backward of every segment, from the top (as forward_all); pacc: a profile's gradient pass. */
+static void backward_all(loom_model *m, step_job *j, double *acc, double *pacc)
 {
     int l1 = m->n_layers;
     for (int i = m->n_layers - 1; i >= -1; i--) {
         if (i >= 0 && !nn_whole_batch_layer_(&m->layer[i])) continue;
         j->l0 = i + 1, j->l1 = l1;
         if (l1 > i + 1 || l1 == m->n_layers) run_phase(m, j, part_backward_, acc);
+        early_grads(m, j, pacc);
         if (i >= 0) {
             int done = 1;
             for (int t = 0; t < j->nchunks; t++) done &= m->chunk[t].bw_done || !isfinite(m->chunk[t].loss);
@@ -681,6 +706,7 @@ static void grad_part(void *arg, int t)
     double t0 = j->timed ? loom_now() : 0;
     for (int i = 0; i < m->n_layers; i++) {
         const nn_layer_ *l = &m->layer[i];
+        if (l->early) continue; /* taken in backward_all */
         layer_param_grads(j, i, t, j->nchunks);
         if (j->timed && has_grad_pass(l)) t0 = clock_layer(&m->chunk[t], i, t0);
         if (m->upd && has_grad_pass(l) && updates_in_part(l, j->nchunks)) { /* what this part wrote, still in cache */
@@ -769,7 +795,7 @@ static void run_chunks(loom_model *m, step_job *j, int64_t B, double *loss, int6
             return;
         }
         loom_pool_run(m->pool, j->nchunks, part_loss, j);
-        if (kind == JOB_TRAIN) backward_all(m, j, NULL);
+        if (kind == JOB_TRAIN) backward_all(m, j, NULL, NULL);
     }
     double l = 0;
     int64_t ok = 0;
@@ -827,7 +853,7 @@ static int train_step(loom_model *m, const loom_tensor *x, const loom_tensor *la
 {
     int64_t B;
     int rc;
-    if ((rc = nn_check_batch_(m, x, label, &B, err))) return rc;
+    if ((rc = nn_check_batch_(m, x, label, &B, err)) || (rc = nn_model_ready_(m, err))) return rc;
     if ((rc = nn_read_label_(m, label, B, err))) return rc;
     if (global_batch < 1) global_batch = B;
     step_job j = {.kind = JOB_TRAIN, .x = x->data, .label = label, .inv_gb = (float)(1.0 / (double)global_batch),
@@ -894,7 +920,7 @@ int loom_model_forward(loom_model *m, const loom_tensor *x, uint64_t rng_key, lo
     int rc;
     m->part_done = 0;
     m->sync_k = 0, m->sync_rc = 0;
-    if ((rc = nn_check_batch_(m, x, NULL, &B, err))) {
+    if ((rc = nn_check_batch_(m, x, NULL, &B, err)) || (rc = nn_model_ready_(m, err))) {
         nn_bn_sync_rest_(m, true, NULL);
         return rc;
     }
@@ -948,7 +974,7 @@ int loom_model_backward(loom_model *m, loom_err *err)
     }
     step_job j = {.m = m, .kind = JOB_TRAIN, .B = m->part_B};
     j.nchunks = j.B < m->threads ? (int)j.B : m->threads;
-    backward_all(m, &j, m->prof ? m->prof->bwd : NULL);
+    backward_all(m, &j, m->prof ? m->prof->bwd : NULL, m->prof ? m->prof->pgrad : NULL);
     run_phase(m, &j, grad_part, m->prof ? m->prof->pgrad : NULL);
     if (m->upd) update_rest(m, j.nchunks, m->prof ? m->prof->upd : NULL);
     l2_penalty(m, j.B, m->part_gb, m->grads);
@@ -974,7 +1000,7 @@ int loom_model_evaluate(loom_model *m, const loom_tensor *x, const loom_tensor *
 {
     int64_t B;
     int rc;
-    if ((rc = nn_check_batch_(m, x, label, &B, err))) return rc;
+    if ((rc = nn_check_batch_(m, x, label, &B, err)) || (rc = nn_model_ready_(m, err))) return rc;
     if ((rc = nn_read_label_(m, label, B, err))) return rc;
     step_job j = {.kind = JOB_EVAL, .x = x->data, .label = label, .inv_gb = 1.f};
     run_chunks(m, &j, B, loss_sum, correct);
@@ -985,7 +1011,7 @@ int loom_model_predict(loom_model *m, const loom_tensor *x, float *out, loom_err
 {
     int64_t B;
     int rc;
-    if ((rc = nn_check_batch_(m, x, NULL, &B, err))) return rc;
+    if ((rc = nn_check_batch_(m, x, NULL, &B, err)) || (rc = nn_model_ready_(m, err))) return rc;
     step_job j = {.kind = JOB_PREDICT, .x = x->data, .out = out};
     run_chunks(m, &j, B, NULL, NULL);
     return nn_plugin_error_(m, err);

@@ -432,14 +432,17 @@ typedef struct more_inputs {
     const loom_dtype *dtypes;
 } more_inputs;
 
+/* What model_build makes: the model with its step's buffers, without them (loom_model_new_plan), or the
+ * variable list alone (loom_model_param_list). */
+enum { BUILD_FULL, BUILD_PLAN, BUILD_SHAPES };
 static int model_build(loom_model **out, const loom_model_spec *spec, const loom_shape *input, loom_dtype input_dtype,
-                       const loom_shape *label, loom_dtype label_dtype, int64_t max_batch, bool shapes_only,
+                       const loom_shape *label, loom_dtype label_dtype, int64_t max_batch, int mode,
                        const more_inputs *more, loom_err *err);
 
 int loom_model_new(loom_model **out, const loom_model_spec *spec, const loom_shape *input, loom_dtype input_dtype,
                    const loom_shape *label, loom_dtype label_dtype, int64_t max_batch, loom_err *err)
 {
-    return model_build(out, spec, input, input_dtype, label, label_dtype, max_batch, false, NULL, err);
+    return model_build(out, spec, input, input_dtype, label, label_dtype, max_batch, BUILD_FULL, NULL, err);
 }
 
 int loom_model_new_inputs(loom_model **out, const loom_model_spec *spec, int n, const loom_shape *inputs,
@@ -447,7 +450,16 @@ int loom_model_new_inputs(loom_model **out, const loom_model_spec *spec, int n, 
                           int64_t max_batch, loom_err *err)
 {
     more_inputs more = {n, inputs, dtypes};
-    return model_build(out, spec, &inputs[0], dtypes[0], label, label_dtype, max_batch, false, &more, err);
+    return model_build(out, spec, &inputs[0], dtypes[0], label, label_dtype, max_batch, BUILD_FULL, &more, err);
+}
+
+int loom_model_new_plan(loom_model **out, const loom_model_spec *spec, int n, const loom_shape *inputs,
+                        const loom_dtype *dtypes, const loom_shape *label, loom_dtype label_dtype, int64_t max_batch,
+                        loom_err *err)
+{
+    more_inputs more = {n, inputs, dtypes};
+    return model_build(out, spec, &inputs[0], dtypes[0], label, label_dtype, max_batch, BUILD_PLAN,
+                       n > 1 ? &more : NULL, err);
 }
 
 int loom_model_num_inputs(const loom_model *m) { return m->n_inputs; }
@@ -465,7 +477,7 @@ int loom_model_param_list(const loom_model_spec *spec, int n_in, const loom_shap
     *n = 0;
     loom_model *m;
     more_inputs more = {n_in, inputs, dtypes};
-    int rc = model_build(&m, spec, &inputs[0], dtypes[0], label, label_dtype, 1, true, n_in > 1 ? &more : NULL, err);
+    int rc = model_build(&m, spec, &inputs[0], dtypes[0], label, label_dtype, 1, BUILD_SHAPES, n_in > 1 ? &more : NULL, err);
     if (rc) return rc;
     *out = loom_calloc((size_t)(m->n_ptensors ? m->n_ptensors : 1), sizeof **out);
     if (!*out) rc = loom_err_set(err, LOOM_ENOMEM, m->where, "listing %d variables", m->n_ptensors);
@@ -715,7 +727,7 @@ static bool layer_buffers(nn_layer_ *l, int64_t max_batch)
                       (size_t)(k == LOOM_LAYER_BATCH_NORM ? nn_bn_stat_floats_(l->C) : max_batch * l->n_out / l->C) * sizeof(float))))
         return false;
     if (k == LOOM_LAYER_LAYER_NORM && !(l->dz = loom_alloc_aligned(outs * sizeof(float)))) return false;
-    if (owns_y && !l->inplace && !(l->y = loom_alloc_aligned(outs * sizeof(float)))) return false;
+    if (owns_y && !l->inplace && !(l->arena & NN_ARENA_Y) && !(l->y = loom_alloc_aligned(outs * sizeof(float)))) return false;
     if ((k == LOOM_LAYER_MAX_POOL2D || k == LOOM_LAYER_GLOBAL_MAX_POOL2D) &&
         !(l->argmax = loom_alloc_aligned(outs * sizeof(int32_t))))
         return false;
@@ -723,20 +735,21 @@ static bool layer_buffers(nn_layer_ *l, int64_t max_batch)
         size_t mid = (size_t)(max_batch * l->oh * l->ow) * (size_t)(l->cin * l->mult) * sizeof(float);
         if (!(l->mid = loom_alloc_aligned(mid)) || !(l->dmid = loom_alloc_aligned(mid))) return false;
     }
-    if ((nn_kernel_kind_(k) || l->fused) &&
+    if ((nn_kernel_kind_(k) || l->fused) && !(l->arena & NN_ARENA_DZ) &&
         !(l->dz = loom_alloc_aligned(outs * sizeof(float))))
         return false;
     if (k == LOOM_LAYER_EMBEDDING && !embedding_buffers(l, max_batch)) return false;
     if (k == LOOM_LAYER_PLUGIN && !nn_plugin_buffers_(l, max_batch)) return false;
     if (nn_is_rnn_kind_(k) && !nn_rnn_buffers_(l, max_batch)) return false;
     if (nn_is_attn_kind_(k) && !nn_attn_buffers_(l, max_batch)) return false;
-    if (l->gacc && !(l->dgy = loom_alloc_aligned(outs * sizeof(float)))) return false;
+    if (l->gacc && !(l->arena & NN_ARENA_DGY) && !(l->dgy = loom_alloc_aligned(outs * sizeof(float)))) return false;
     if (k == LOOM_LAYER_DROPOUT && l->spec.rate > 0 && !(l->mask = loom_alloc_aligned(outs))) return false;
     return true;
 }
 
-/* The layers' buffers, then the model's: parameters, gradients, the two
- * gradient ping-pong buffers, labels, sample weights, targets. */
+/* The model's buffers at load: parameters, gradients, labels, sample
+ * weights, targets (the layers' and the gradient ping-pong wait for the
+ * first step: nn_model_ready_). */
 static bool model_buffers(loom_model *m)
 {
     int64_t max_batch = m->max_batch, gmax = 1, colmax = 0;
@@ -744,8 +757,6 @@ static bool model_buffers(loom_model *m)
         nn_layer_ *l = &m->layer[i];
         gmax = l->n_in > gmax ? l->n_in : gmax;
         gmax = l->n_out > gmax ? l->n_out : gmax;
-        if (l->inplace) l->y = m->layer[l->src[0]].y; /* its input's, allocated before it (topological order) */
-        if (!layer_buffers(l, max_batch)) return false;
         if (l->spec.kind == LOOM_LAYER_CONV2D && !l->direct) {
             int64_t col = conv_chunk(l, max_batch);
             colmax = col > colmax ? col : colmax;
@@ -755,8 +766,6 @@ static bool model_buffers(loom_model *m)
     if (!(m->params = loom_alloc_zeroed(pbytes)) || !(m->grads = loom_alloc_zeroed(pbytes))) return false;
     m->gmax = gmax;
     m->colmax = colmax;
-    for (int k = 0; k < 2; k++)
-        if (!(m->gbuf[k] = loom_alloc_aligned((size_t)(max_batch * gmax) * sizeof(float)))) return false;
     const int64_t T = m->seq_T ? m->seq_T : 1;
     if (!(m->labels = loom_alloc_aligned((size_t)(max_batch * T) * sizeof(int32_t)))) return false;
     if (m->mask_T && !(m->tmask = loom_alloc_aligned((size_t)(max_batch * m->mask_T)))) return false;
@@ -772,9 +781,31 @@ static bool model_buffers(loom_model *m)
     return true;
 }
 
-/* The model for loom_model_new, or (shapes_only) its variable list alone. */
+/* The step's buffers: the plan's arena (buffer_plan.c), then each layer's own, then the ping-pong. */
+static bool step_buffers(loom_model *m)
+{
+    if (!nn_plan_buffers_(m)) return false;
+    for (int i = 0; i < m->n_layers; i++) {
+        nn_layer_ *l = &m->layer[i];
+        if (l->inplace) l->y = m->layer[l->src[0]].y; /* its input's, allocated before it (topological order) */
+        if (!layer_buffers(l, m->max_batch)) return false;
+    }
+    for (int k = 0; k < 2 && !m->gbuf_arena; k++)
+        if (!(m->gbuf[k] = loom_alloc_aligned((size_t)(m->max_batch * m->gmax) * sizeof(float)))) return false;
+    return true;
+}
+
+int nn_model_ready_(loom_model *m, loom_err *err)
+{
+    if (m->ready == 0) m->ready = step_buffers(m) ? 1 : -1; /* a failure stays (half the buffers may be there) */
+    if (m->ready > 0) return LOOM_OK;
+    return loom_err_set(err, LOOM_ENOMEM, m->where, "cannot allocate the model's buffers for batch %lld",
+                        (long long)m->max_batch),
+           loom_err_hint(err, "use a smaller batch size, or free memory for this process");
+}
+
 static int model_build(loom_model **out, const loom_model_spec *spec, const loom_shape *input, loom_dtype input_dtype,
-                       const loom_shape *label, loom_dtype label_dtype, int64_t max_batch, bool shapes_only,
+                       const loom_shape *label, loom_dtype label_dtype, int64_t max_batch, int mode,
                        const more_inputs *more, loom_err *err)
 {
     *out = NULL;
@@ -822,7 +853,7 @@ static int model_build(loom_model **out, const loom_model_spec *spec, const loom
         (rc = check_loss(m, label, label_dtype, err)) || (rc = nn_metrics_init_(m, spec, err)))
         goto fail;
     fuse(m);
-    if (shapes_only) { /* loom_model_param_list: no buffer */
+    if (mode == BUILD_SHAPES) { /* loom_model_param_list: no buffer */
         *out = m;
         return LOOM_OK;
     }
@@ -832,7 +863,8 @@ static int model_build(loom_model **out, const loom_model_spec *spec, const loom
                           (long long)max_batch);
         goto fail;
     }
-    if ((rc = loom_model_set_threads(m, 1, err))) goto fail;
+    if ((rc = loom_model_set_threads(m, 1, err)) || (mode == BUILD_FULL && (rc = nn_model_ready_(m, err))))
+        goto fail;
     *out = m;
     return LOOM_OK;
 fail:
@@ -914,10 +946,10 @@ void loom_model_free(loom_model *m)
     for (int i = 0; i < m->n_layers; i++) {
         if (m->layer[i].spec.kind == LOOM_LAYER_PLUGIN) nn_plugin_free_(&m->layer[i]);
         if (nn_is_attn_kind_(m->layer[i].spec.kind)) nn_attn_free_(&m->layer[i]);
-        if (!m->layer[i].inplace) loom_free(m->layer[i].y);
+        if (!m->layer[i].inplace && !(m->layer[i].arena & NN_ARENA_Y)) loom_free(m->layer[i].y);
         loom_free(m->layer[i].argmax);
         loom_free(m->layer[i].mask);
-        loom_free(m->layer[i].dz);
+        if (!(m->layer[i].arena & NN_ARENA_DZ)) loom_free(m->layer[i].dz);
         loom_free(m->layer[i].sp_ids);
         loom_free(m->layer[i].sp_val);
         loom_free(m->layer[i].hkey);
@@ -927,13 +959,13 @@ void loom_model_free(loom_model *m)
         loom_free(m->layer[i].mid);
         loom_free(m->layer[i].dmid);
         loom_free(m->layer[i].rs);
-        loom_free(m->layer[i].dgy);
+        if (!(m->layer[i].arena & NN_ARENA_DGY)) loom_free(m->layer[i].dgy);
     }
+    loom_free(m->arena);
     free_chunks(m->pool, m->chunk, m->threads);
     loom_free_zeroed(m->params);
     loom_free_zeroed(m->grads);
-    loom_free(m->gbuf[0]);
-    loom_free(m->gbuf[1]);
+    if (!m->gbuf_arena) loom_free(m->gbuf[0]), loom_free(m->gbuf[1]);
     loom_free(m->labels);
     loom_free(m->tmask);
     loom_free(m->targets);

@@ -54,6 +54,15 @@ int  loom_model_new_inputs(loom_model **out, const loom_model_spec *spec, int n,
                            const loom_dtype *dtypes, const loom_shape *label, loom_dtype label_dtype,
                            int64_t max_batch, loom_err *err);
 int  loom_model_num_inputs(const loom_model *m); /* 1 but for loom_model_new_inputs */
+/* loom_model_new_inputs (n = 1: loom_model_new) without the step's buffers
+ * (the layers' outputs and gradients): for a model that is described, not
+ * run (`loom check`: ResNet-50's batch of 32 reserved 6.9 GB for nothing).
+ * Its first step (train, forward, evaluate, predict) or decoder allocates
+ * them, LOOM_ENOMEM there when they do not fit; every later step allocates
+ * nothing, as loom_model_new's do. */
+int  loom_model_new_plan(loom_model **out, const loom_model_spec *spec, int n, const loom_shape *inputs,
+                         const loom_dtype *dtypes, const loom_shape *label, loom_dtype label_dtype, int64_t max_batch,
+                         loom_err *err);
 /* The batches of inputs 1..n-1 (xs[f - 1] for input f, each float32 (B,
  * input f's shape), B that of the x the next step takes) for the steps that
  * follow, as loom_model_set_sample_weights: borrowed until the next call;

@@ -1,7 +1,9 @@
 /* nn_internal.h - the model's private layout shared by model_build.c, model.c and layers.c.
  * A layer is a small record of its resolved geometry plus the buffers it owns
  * (output activations, pooling argmax, dropout mask), all sized for max_batch
- * at loom_model_new so a step never allocates. A step splits its batch into
+ * at loom_model_new so a step never allocates (loom_model_new_plan's model:
+ * at its first step); with batch normalization most of them are offsets in
+ * one arena, planned by live phases (buffer_plan.c). A step splits its batch into
  * chunks of contiguous examples, one per thread (nn_chunk_): each chunk uses
  * its own rows of those shared buffers, so chunks never touch the same
  * bytes, plus its own im2col scratch and gradient buffer. */
@@ -81,6 +83,8 @@ typedef struct nn_layer_ {
                                       the next layer), not handed down the chain in the chunk's g */
     int            need_out;       /* the gradient of its output is needed (parameters here or upstream) */
     float         *dgy;            /* gacc: (max_batch, n_out) that gradient, over its consumers in reverse order */
+    int            arena;          /* NN_ARENA_* bits: y, dz, dgy placed in the model's arena (buffer_plan.c) */
+    int            early;          /* conv2d: parameter gradients right after its backward segment (dz then dead) */
     /* a plugin's layer kind (layer_plugin.c); its dz rows keep dy for param_grads */
     const loom_layer_ops *pops;
     void          *pinst;
@@ -185,6 +189,10 @@ struct loom_model {
     int64_t          upd_step;
     /* synchronised batch normalization (loom_model_set_bn_sync): a step's
      * calls of fn are numbered; sync_k is the next, sync_rc/err the first failure */
+    float           *arena;         /* buffer_plan.c: the layers' short-lived buffers, (arena_floats,) */
+    int64_t          arena_floats;
+    int              gbuf_arena;    /* gbuf[0], gbuf[1] are in the arena */
+    int              ready;         /* the step's buffers: 0 not yet allocated (`loom check` never does), 1 there, -1 failed */
     /* the graph (graph.c) */
     int              graph;         /* some layer is not a chain link: the executor's graph paths */
     int              n_inputs;      /* model inputs (model.inputs; 1 for model.input) */
@@ -273,6 +281,23 @@ void nn_graph_bn_in_(loom_model *m, int li, int nchunks);
 void nn_graph_bn_out_(loom_model *m, int li, int nchunks);
 void nn_graph_bn_grad_in_(loom_model *m, int li, int nchunks);
 void nn_graph_bn_grad_out_(loom_model *m, int li, int nchunks);
+
+/* ---- the step's buffer plan (buffer_plan.c) ---------------------------------- */
+
+#define NN_ARENA_Y   1
+#define NN_ARENA_DZ  2
+#define NN_ARENA_DGY 4
+#define NN_ARENA_GBUF 8 /* the model's gbuf (m->gbuf_arena) */
+/* With batch normalization (a step in phases): the buffers that live over a
+ * few phases placed in one arena (m->arena, offsets by live intervals), the
+ * layers' arena bits and early set; the layers' own buffers are allocated
+ * after it. false: out of memory. */
+bool nn_plan_buffers_(loom_model *m);
+/* Allocates the step's buffers (the layers', the arena, the gradient ping-pong) on a model's first step
+ * (forward, train, evaluate, predict); LOOM_ENOMEM when they do not fit. */
+int  nn_model_ready_(loom_model *m, loom_err *err);
+/* Whether conv2d l's parameter gradients can be taken right after its backward segment. */
+bool nn_plan_early_(const nn_layer_ *l);
 
 /* ---- batch checks (model.c), shared with the device executor ------------- */
 
