@@ -54,27 +54,38 @@ static void pad1(const float *restrict x, float *restrict xp, int H, int W, int 
 #define CF_512 __attribute__((target("avx512f,avx2,fma")))
 #define CF_256 __attribute__((target("avx2,fma")))
 
-/* T output pixels from (row r of xp, column ox), channels [c0, c0 + 16) of CO: the taps (i, j),
- * then the input channels, each a fused multiply-add. */
-static inline __attribute__((always_inline)) CF_512 void tile512(int T, const float *restrict xp, int64_t rw,
+/* T output pixels from (row r of xp, column ox), channels [c0, c0 + 16 NB) of CO: the taps (i, j),
+ * then the input channels, each a fused multiply-add. NB 16-channel blocks at once: one broadcast of
+ * an input value feeds NB products (T NB accumulators, at most 28 of the 32 registers), so a
+ * 32- or 64-channel layer loads about half the floats per product it did one block at a time; each
+ * element's chain is the same. */
+static inline __attribute__((always_inline)) CF_512 void tile512(int T, int NB, const float *restrict xp, int64_t rw,
                                                                  int CI, int CO, const float *restrict w, int c0,
                                                                  float *restrict y)
 {
-    __m512 acc[16];
-#pragma GCC unroll 16
-    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+    __m512 acc[28];
+#pragma GCC unroll 28
+    for (int t = 0; t < T * NB; t++) acc[t] = _mm512_setzero_ps();
     for (int i = 0; i < 3; i++)
         for (int j = 0; j < 3; j++) {
             const float *xr = xp + i * rw + (int64_t)j * CI;
             const float *wr = w + (int64_t)(i * 3 + j) * CI * CO + c0;
             for (int ci = 0; ci < CI; ci++) {
-                __m512 wv = _mm512_loadu_ps(wr + (int64_t)ci * CO);
-#pragma GCC unroll 16
-                for (int t = 0; t < T; t++) acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(xr[(int64_t)t * CI + ci]), wv, acc[t]);
+                __m512 wv[4];
+#pragma GCC unroll 4
+                for (int q = 0; q < NB; q++) wv[q] = _mm512_loadu_ps(wr + (int64_t)ci * CO + 16 * q);
+#pragma GCC unroll 14
+                for (int t = 0; t < T; t++) {
+                    __m512 v = _mm512_set1_ps(xr[(int64_t)t * CI + ci]);
+#pragma GCC unroll 4
+                    for (int q = 0; q < NB; q++) acc[t * NB + q] = _mm512_fmadd_ps(v, wv[q], acc[t * NB + q]);
+                }
             }
         }
-#pragma GCC unroll 16
-    for (int t = 0; t < T; t++) _mm512_storeu_ps(y + (int64_t)t * CO + c0, acc[t]);
+#pragma GCC unroll 14
+    for (int t = 0; t < T; t++)
+#pragma GCC unroll 4
+        for (int q = 0; q < NB; q++) _mm512_storeu_ps(y + (int64_t)t * CO + c0 + 16 * q, acc[t * NB + q]);
 }
 
 static inline __attribute__((always_inline)) CF_256 void tile256(int T, const float *restrict xp, int64_t rw,
@@ -105,21 +116,33 @@ static inline __attribute__((always_inline)) CF_256 void tile256(int T, const fl
     }
 }
 
-/* One output row oy of a padded plane xp: y (W, CO). */
-CF_512 static void row512(const float *xp, int W, int CI, int CO, const float *w, int oy, float *y)
+/* One output row oy of a padded plane xp: y (W, CO). Inlined into row512 / row256 with CI and CO
+ * constants (ResNet's 16, 32, 64): the input values' offsets and the weights' stride become
+ * immediates, where a 14-pixel tile otherwise spilled its 14 index registers. */
+static inline __attribute__((always_inline)) CF_512 void row512_(const float *xp, int W, int CI, int CO,
+                                                                 const float *w, int oy, float *y)
 {
     const int64_t rw = (int64_t)(W + 2) * CI;
     const float *x0 = xp + oy * rw;
-    for (int c0 = 0; c0 < CO; c0 += 16) {
+    int c0 = 0;
+    for (; c0 + 32 <= CO; c0 += 32) { /* two blocks: 14 pixels x 32 channels, 28 accumulators */
         int ox = 0;
-        for (; ox + 14 <= W; ox += 14) tile512(14, x0 + (int64_t)ox * CI, rw, CI, CO, w, c0, y + (int64_t)ox * CO);
-        for (; ox + 7 <= W; ox += 7) tile512(7, x0 + (int64_t)ox * CI, rw, CI, CO, w, c0, y + (int64_t)ox * CO);
-        for (; ox + 2 <= W; ox += 2) tile512(2, x0 + (int64_t)ox * CI, rw, CI, CO, w, c0, y + (int64_t)ox * CO);
-        for (; ox < W; ox++) tile512(1, x0 + (int64_t)ox * CI, rw, CI, CO, w, c0, y + (int64_t)ox * CO);
+        for (; ox + 14 <= W; ox += 14) tile512(14, 2, x0 + (int64_t)ox * CI, rw, CI, CO, w, c0, y + (int64_t)ox * CO);
+        for (; ox + 7 <= W; ox += 7) tile512(7, 2, x0 + (int64_t)ox * CI, rw, CI, CO, w, c0, y + (int64_t)ox * CO);
+        for (; ox + 4 <= W; ox += 4) tile512(4, 2, x0 + (int64_t)ox * CI, rw, CI, CO, w, c0, y + (int64_t)ox * CO);
+        for (; ox < W; ox++) tile512(1, 2, x0 + (int64_t)ox * CI, rw, CI, CO, w, c0, y + (int64_t)ox * CO);
+    }
+    for (; c0 < CO; c0 += 16) {
+        int ox = 0;
+        for (; ox + 14 <= W; ox += 14) tile512(14, 1, x0 + (int64_t)ox * CI, rw, CI, CO, w, c0, y + (int64_t)ox * CO);
+        for (; ox + 7 <= W; ox += 7) tile512(7, 1, x0 + (int64_t)ox * CI, rw, CI, CO, w, c0, y + (int64_t)ox * CO);
+        for (; ox + 2 <= W; ox += 2) tile512(2, 1, x0 + (int64_t)ox * CI, rw, CI, CO, w, c0, y + (int64_t)ox * CO);
+        for (; ox < W; ox++) tile512(1, 1, x0 + (int64_t)ox * CI, rw, CI, CO, w, c0, y + (int64_t)ox * CO);
     }
 }
 
-CF_256 static void row256(const float *xp, int W, int CI, int CO, const float *w, int oy, float *y)
+static inline __attribute__((always_inline)) CF_256 void row256_(const float *xp, int W, int CI, int CO,
+                                                                 const float *w, int oy, float *y)
 {
     const int64_t rw = (int64_t)(W + 2) * CI;
     const float *x0 = xp + oy * rw;
@@ -129,6 +152,30 @@ CF_256 static void row256(const float *xp, int W, int CI, int CO, const float *w
         for (; ox + 2 <= W; ox += 2) tile256(2, x0 + (int64_t)ox * CI, rw, CI, CO, w, c0, y + (int64_t)ox * CO);
         for (; ox < W; ox++) tile256(1, x0 + (int64_t)ox * CI, rw, CI, CO, w, c0, y + (int64_t)ox * CO);
     }
+}
+
+/* CI and CO as constants for each of ResNet's pairs; other multiples of 16 up to CF_MAX_C as variables. */
+#define CF_CASES(F, ...)                                                                                        \
+    switch (CI * 1024 + CO) {                                                                                  \
+    case 16 * 1024 + 16: F(__VA_ARGS__, 16, 16); break;                                                        \
+    case 16 * 1024 + 32: F(__VA_ARGS__, 16, 32); break;                                                        \
+    case 32 * 1024 + 16: F(__VA_ARGS__, 32, 16); break;                                                        \
+    case 32 * 1024 + 32: F(__VA_ARGS__, 32, 32); break;                                                        \
+    case 32 * 1024 + 64: F(__VA_ARGS__, 32, 64); break;                                                        \
+    case 64 * 1024 + 32: F(__VA_ARGS__, 64, 32); break;                                                        \
+    case 64 * 1024 + 64: F(__VA_ARGS__, 64, 64); break;                                                        \
+    default: F(__VA_ARGS__, CI, CO); break;                                                                    \
+    }
+#define CF_ROW(fn, ci, co) fn(xp, W, ci, co, w, oy, y)
+
+CF_512 static void row512(const float *xp, int W, int CI, int CO, const float *w, int oy, float *y)
+{
+    CF_CASES(CF_ROW, row512_)
+}
+
+CF_256 static void row256(const float *xp, int W, int CI, int CO, const float *w, int oy, float *y)
+{
+    CF_CASES(CF_ROW, row256_)
 }
 
 /* The kernel gradient's rows [r0, r1) of (9 CI) for one example: acc (r1 - r0, CO) = the sums over its
@@ -197,12 +244,63 @@ static inline __attribute__((always_inline)) CF_256 void grad_rows256(int G, con
     }
 }
 
+/* Kernel gradient rows [r, r + G) that are G consecutive input channels of one tap (G divides CI):
+ * their values lie side by side in xp, at constant offsets, where grad_rows512's rows from anywhere
+ * take each offset from memory. G rows times NB 16-channel blocks of dz (16 accumulators): the
+ * same chains as grad_rows512's. */
+static inline __attribute__((always_inline)) CF_512 void grad_blk512(int G, int NB, const float *restrict xp,
+                                                                     const float *restrict dz, int H, int W, int CI,
+                                                                     int CO, int r, float *restrict acc)
+{
+    const int64_t rw = (int64_t)(W + 2) * CI;
+    const int t = r / CI;
+    const float *x0 = xp + (t / 3) * rw + (int64_t)(t % 3) * CI + r % CI;
+    for (int c0 = 0; c0 < CO; c0 += 16 * NB) {
+        __m512 s[16];
+#pragma GCC unroll 16
+        for (int g = 0; g < G * NB; g++) s[g] = _mm512_setzero_ps();
+        for (int oy = 0; oy < H; oy++) {
+            const float *xr = x0 + oy * rw, *dr = dz + (int64_t)oy * W * CO + c0;
+            for (int ox = 0; ox < W; ox++) {
+                __m512 d[4];
+#pragma GCC unroll 4
+                for (int q = 0; q < NB; q++) d[q] = _mm512_loadu_ps(dr + (int64_t)ox * CO + 16 * q);
+                const float *xo = xr + (int64_t)ox * CI;
+#pragma GCC unroll 16
+                for (int g = 0; g < G; g++) {
+                    __m512 v = _mm512_set1_ps(xo[g]);
+#pragma GCC unroll 4
+                    for (int q = 0; q < NB; q++) s[g * NB + q] = _mm512_fmadd_ps(v, d[q], s[g * NB + q]);
+                }
+            }
+        }
+#pragma GCC unroll 16
+        for (int g = 0; g < G; g++)
+#pragma GCC unroll 4
+            for (int q = 0; q < NB; q++) _mm512_storeu_ps(acc + (int64_t)g * CO + c0 + 16 * q, s[g * NB + q]);
+    }
+}
+
+static inline __attribute__((always_inline)) CF_512 void grad512_(const float *xp, const float *dz, int H, int W,
+                                                                  int CI, int CO, int r0, int r1, float *acc)
+{
+    const int NB = CO % 64 == 0 ? 4 : CO % 32 == 0 ? 2 : 1, G = 16 / NB; /* G divides CI (a multiple of 16) */
+    int r = r0;
+    for (; r % G && r < r1; r++) grad_rows512(1, xp, dz, H, W, CI, CO, r, acc + (int64_t)(r - r0) * CO);
+    for (; r + G <= r1; r += G) {
+        float *a = acc + (int64_t)(r - r0) * CO;
+        if (NB == 4) grad_blk512(4, 4, xp, dz, H, W, CI, CO, r, a);
+        else if (NB == 2) grad_blk512(8, 2, xp, dz, H, W, CI, CO, r, a);
+        else grad_blk512(16, 1, xp, dz, H, W, CI, CO, r, a);
+    }
+    for (; r < r1; r++) grad_rows512(1, xp, dz, H, W, CI, CO, r, acc + (int64_t)(r - r0) * CO);
+}
+
+#define CF_GRAD(fn, ci, co) fn(xp, dz, H, W, ci, co, r0, r1, acc)
+
 CF_512 static void grad512(const float *xp, const float *dz, int H, int W, int CI, int CO, int r0, int r1, float *acc)
 {
-    int r = r0;
-    for (; r + 24 <= r1; r += 24) grad_rows512(24, xp, dz, H, W, CI, CO, r, acc + (int64_t)(r - r0) * CO);
-    for (; r + 8 <= r1; r += 8) grad_rows512(8, xp, dz, H, W, CI, CO, r, acc + (int64_t)(r - r0) * CO);
-    for (; r < r1; r++) grad_rows512(1, xp, dz, H, W, CI, CO, r, acc + (int64_t)(r - r0) * CO);
+    CF_CASES(CF_GRAD, grad512_)
 }
 
 CF_256 static void grad256(const float *xp, const float *dz, int H, int W, int CI, int CO, int r0, int r1, float *acc)
