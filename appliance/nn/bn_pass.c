@@ -9,6 +9,7 @@
  * a buffer of the layer's output size less per batch normalization.
  * Threads: the blocks run on m->pool; each writes only its own rows and its own partial sums. */
 #include "nn_internal.h"
+#include "kernel_internal.h"
 
 #define NN_BN_BLOCKS 32            /* the partial sums' room in stat: nn_bn_stat_floats_ */
 #define NN_BN_PARALLEL (1 << 15)   /* below this many elements the pool's wake-up costs more than it saves */
@@ -20,6 +21,11 @@ int64_t nn_bn_stat_floats_(int64_t C) { return 12 * C + 2 + 4 * NN_BN_BLOCKS * C
 static double *bn_parts(const nn_layer_ *l) { return (double *)(l->stat + 12 * l->C + 2); }
 /* Then the backward's per-channel factors: gamma rstd, mean(g), mean(g xhat) (3 C floats). */
 static float *bn_coef(const nn_layer_ *l) { return l->stat + 12 * l->C + 2 + 4 * NN_BN_BLOCKS * l->C; }
+
+/* The passes vectorised for the machine (ifunc clones, kernel_internal.h): each channel's sum still
+ * runs over the rows in order, and with no contraction into fused multiply-adds every clone
+ * computes the same bits as the baseline one. */
+#define BN_HOT NN_HOT __attribute__((optimize("fp-contract=off")))
 
 static int bn_blocks(int64_t rows) { return rows < NN_BN_BLOCKS ? (int)rows : NN_BN_BLOCKS; }
 
@@ -64,7 +70,7 @@ static void run_blocks(const loom_model *m, bn_job *j, loom_pool_fn fn)
 }
 
 /* pass 0: sums of x; pass 1: sums of (x - mean)^2, each into block blk's partials. */
-static void moments_block(void *arg, int blk)
+BN_HOT static void moments_block(void *arg, int blk)
 {
     const bn_job *j = arg;
     const int64_t C = j->l->C;
@@ -105,7 +111,7 @@ void nn_bn_moments_(const loom_model *m, const nn_layer_ *l, const float *x, int
     for (int64_t k = 0; k < C; k++) var[k] /= (double)rows; /* biased, as Keras normalises and moves */
 }
 
-static void normalize_block(void *arg, int blk)
+BN_HOT static void normalize_block(void *arg, int blk)
 {
     const bn_job *j = arg;
     const int64_t C = j->l->C;
@@ -130,7 +136,7 @@ void nn_bn_normalize_(const loom_model *m, const nn_layer_ *l, const float *x, i
 }
 
 /* Block blk's sums of g and g * xhat over its rows (C each, the second after nb C). */
-static void grad_sums_block(void *arg, int blk)
+BN_HOT static void grad_sums_block(void *arg, int blk)
 {
     const bn_job *j = arg;
     const int64_t C = j->l->C;
@@ -161,7 +167,7 @@ void nn_bn_grad_sums_(const loom_model *m, const nn_layer_ *l, const nn_chunk_ *
 }
 
 /* g = gamma rstd (g - mean(g) - xhat mean(g xhat)), in place, block blk's rows. */
-static void grad_apply_block(void *arg, int blk)
+BN_HOT static void grad_apply_block(void *arg, int blk)
 {
     const bn_job *j = arg;
     const int64_t C = j->l->C;
