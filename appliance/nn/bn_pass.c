@@ -36,11 +36,9 @@ typedef struct bn_job {
     const float *x;              /* forward: (rows, C) */
     const nn_chunk_ *chunk;      /* backward: the gradient rows, chunk by chunk */
     int nchunks;
-    const double *mean;          /* the variance pass: the batch mean */
     const float *a, *b, *c;      /* per channel: forward mean, rstd, (gamma, beta in e, f); backward gamma*rstd, mg, mgh */
     const float *e, *f;
     float *y;
-    int pass;
 } bn_job;
 
 static void block_rows(const bn_job *j, int blk, int64_t *r0, int64_t *r1)
@@ -69,25 +67,27 @@ static void run_blocks(const loom_model *m, bn_job *j, loom_pool_fn fn)
     loom_pool_run(j->rows * j->l->C >= NN_BN_PARALLEL ? m->pool : NULL, j->nb, fn, j);
 }
 
-/* pass 0: sums of x; pass 1: sums of (x - mean)^2, each into block blk's partials. */
+/* Block blk's mean of x and its sum of (x - block mean)^2, per channel (the second nb C after the
+ * first): the block's rows read twice while they are in cache, where a variance about the batch
+ * mean read the whole batch again. */
 BN_HOT static void moments_block(void *arg, int blk)
 {
     const bn_job *j = arg;
     const int64_t C = j->l->C;
-    double *restrict s = bn_parts(j->l) + (int64_t)blk * C;
+    double *restrict s = bn_parts(j->l) + (int64_t)blk * C, *restrict q = s + (int64_t)j->nb * C;
     int64_t r0, r1;
     block_rows(j, blk, &r0, &r1);
-    for (int64_t k = 0; k < C; k++) s[k] = 0;
+    for (int64_t k = 0; k < C; k++) s[k] = q[k] = 0;
     const float *restrict x = j->x;
-    if (j->pass == 0)
-        for (int64_t r = r0; r < r1; r++)
-            for (int64_t k = 0; k < C; k++) s[k] += x[r * C + k];
-    else
-        for (int64_t r = r0; r < r1; r++)
-            for (int64_t k = 0; k < C; k++) {
-                double d = (double)x[r * C + k] - j->mean[k];
-                s[k] += d * d;
-            }
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t k = 0; k < C; k++) s[k] += x[r * C + k];
+    const double n = (double)(r1 - r0);
+    for (int64_t k = 0; k < C; k++) s[k] /= n;
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t k = 0; k < C; k++) {
+            double d = (double)x[r * C + k] - s[k];
+            q[k] += d * d;
+        }
 }
 
 /* The blocks' partials (nb, C) summed in block order into out (C). */
@@ -98,16 +98,31 @@ static void sum_blocks(const double *p, int nb, int64_t C, double *out)
         for (int64_t k = 0; k < C; k++) out[k] += p[(int64_t)b * C + k];
 }
 
+/* mean (C) and the biased variance (C), from the blocks in block order: the means weighted by their
+ * rows, the squares about each block's mean moved to the batch's (Chan et al.:
+ * q_b + n_b (mean_b - mean)^2). */
 void nn_bn_moments_(const loom_model *m, const nn_layer_ *l, const float *x, int64_t rows, double *mean, double *var)
 {
-    bn_job j = {.l = l, .rows = rows, .nb = bn_blocks(rows), .x = x, .mean = mean};
+    bn_job j = {.l = l, .rows = rows, .nb = bn_blocks(rows), .x = x};
     const int64_t C = l->C;
     run_blocks(m, &j, moments_block);
-    sum_blocks(bn_parts(l), j.nb, C, mean);
+    const double *p = bn_parts(l), *q = p + (int64_t)j.nb * C;
+    for (int64_t k = 0; k < C; k++) mean[k] = var[k] = 0;
+    for (int b = 0; b < j.nb; b++) {
+        int64_t r0, r1;
+        block_rows(&j, b, &r0, &r1);
+        for (int64_t k = 0; k < C; k++) mean[k] += (double)(r1 - r0) * p[(int64_t)b * C + k];
+    }
     for (int64_t k = 0; k < C; k++) mean[k] /= (double)rows;
-    j.pass = 1;
-    run_blocks(m, &j, moments_block);
-    sum_blocks(bn_parts(l), j.nb, C, var);
+    for (int b = 0; b < j.nb; b++) {
+        int64_t r0, r1;
+        block_rows(&j, b, &r0, &r1);
+        const double n = (double)(r1 - r0);
+        for (int64_t k = 0; k < C; k++) {
+            double d = p[(int64_t)b * C + k] - mean[k];
+            var[k] += q[(int64_t)b * C + k] + n * d * d;
+        }
+    }
     for (int64_t k = 0; k < C; k++) var[k] /= (double)rows; /* biased, as Keras normalises and moves */
 }
 
