@@ -317,18 +317,32 @@ static inline __attribute__((always_inline)) CF_512 void grad512_(const float *x
 
 #define CF_GRAD(fn, ci, co) fn(xp, dz, H, W, S, ci, co, r0, r1, acc)
 
+/* S as a constant too: a runtime stride took one more register in the pixel loop (AVX2's spilled). */
 CF_512 static void grad512(const float *xp, const float *dz, int H, int W, int S, int CI, int CO, int r0, int r1,
                            float *acc)
 {
-    CF_CASES(CF_GRAD, grad512_)
+    if (S == 2) {
+        enum { S = 2 };
+        CF_CASES(CF_GRAD, grad512_)
+    } else {
+        enum { S = 1 };
+        CF_CASES(CF_GRAD, grad512_)
+    }
+}
+
+static inline __attribute__((always_inline)) CF_256 void grad256_(const float *xp, const float *dz, int H, int W,
+                                                                  int S, int CI, int CO, int r0, int r1, float *acc)
+{
+    int r = r0;
+    for (; r + 6 <= r1; r += 6) grad_rows256(6, xp, dz, H, W, S, CI, CO, r, acc + (int64_t)(r - r0) * CO);
+    for (; r < r1; r++) grad_rows256(1, xp, dz, H, W, S, CI, CO, r, acc + (int64_t)(r - r0) * CO);
 }
 
 CF_256 static void grad256(const float *xp, const float *dz, int H, int W, int S, int CI, int CO, int r0, int r1,
                            float *acc)
 {
-    int r = r0;
-    for (; r + 6 <= r1; r += 6) grad_rows256(6, xp, dz, H, W, S, CI, CO, r, acc + (int64_t)(r - r0) * CO);
-    for (; r < r1; r++) grad_rows256(1, xp, dz, H, W, S, CI, CO, r, acc + (int64_t)(r - r0) * CO);
+    if (S == 2) grad256_(xp, dz, H, W, 2, CI, CO, r0, r1, acc);
+    else grad256_(xp, dz, H, W, 1, CI, CO, r0, r1, acc);
 }
 
 /* y (nb, OH, OW, CO) = the 3x3 convolution (stride S, padding pt, pl) of x (nb, H, W, CI) by
