@@ -9,6 +9,7 @@
  * a buffer of the layer's output size less per batch normalization.
  * Threads: the blocks run on m->pool; each writes only its own rows and its own partial sums. */
 #include "nn_internal.h"
+#include "kernel_internal.h"
 
 #define NN_BN_BLOCKS 32            /* the partial sums' room in stat: nn_bn_stat_floats_ */
 #define NN_BN_PARALLEL (1 << 15)   /* below this many elements the pool's wake-up costs more than it saves */
@@ -21,6 +22,11 @@ static double *bn_parts(const nn_layer_ *l) { return (double *)(l->stat + 12 * l
 /* Then the backward's per-channel factors: gamma rstd, mean(g), mean(g xhat) (3 C floats). */
 static float *bn_coef(const nn_layer_ *l) { return l->stat + 12 * l->C + 2 + 4 * NN_BN_BLOCKS * l->C; }
 
+/* The passes vectorised for the machine (ifunc clones, kernel_internal.h): each channel's sum still
+ * runs over the rows in order, and with no contraction into fused multiply-adds every clone
+ * computes the same bits as the baseline one. */
+#define BN_HOT NN_HOT __attribute__((optimize("fp-contract=off")))
+
 static int bn_blocks(int64_t rows) { return rows < NN_BN_BLOCKS ? (int)rows : NN_BN_BLOCKS; }
 
 typedef struct bn_job {
@@ -30,11 +36,9 @@ typedef struct bn_job {
     const float *x;              /* forward: (rows, C) */
     const nn_chunk_ *chunk;      /* backward: the gradient rows, chunk by chunk */
     int nchunks;
-    const double *mean;          /* the variance pass: the batch mean */
     const float *a, *b, *c;      /* per channel: forward mean, rstd, (gamma, beta in e, f); backward gamma*rstd, mg, mgh */
     const float *e, *f;
     float *y;
-    int pass;
 } bn_job;
 
 static void block_rows(const bn_job *j, int blk, int64_t *r0, int64_t *r1)
@@ -63,25 +67,27 @@ static void run_blocks(const loom_model *m, bn_job *j, loom_pool_fn fn)
     loom_pool_run(j->rows * j->l->C >= NN_BN_PARALLEL ? m->pool : NULL, j->nb, fn, j);
 }
 
-/* pass 0: sums of x; pass 1: sums of (x - mean)^2, each into block blk's partials. */
-static void moments_block(void *arg, int blk)
+/* Block blk's mean of x and its sum of (x - block mean)^2, per channel (the second nb C after the
+ * first): the block's rows read twice while they are in cache, where a variance about the batch
+ * mean read the whole batch again. */
+BN_HOT static void moments_block(void *arg, int blk)
 {
     const bn_job *j = arg;
     const int64_t C = j->l->C;
-    double *restrict s = bn_parts(j->l) + (int64_t)blk * C;
+    double *restrict s = bn_parts(j->l) + (int64_t)blk * C, *restrict q = s + (int64_t)j->nb * C;
     int64_t r0, r1;
     block_rows(j, blk, &r0, &r1);
-    for (int64_t k = 0; k < C; k++) s[k] = 0;
+    for (int64_t k = 0; k < C; k++) s[k] = q[k] = 0;
     const float *restrict x = j->x;
-    if (j->pass == 0)
-        for (int64_t r = r0; r < r1; r++)
-            for (int64_t k = 0; k < C; k++) s[k] += x[r * C + k];
-    else
-        for (int64_t r = r0; r < r1; r++)
-            for (int64_t k = 0; k < C; k++) {
-                double d = (double)x[r * C + k] - j->mean[k];
-                s[k] += d * d;
-            }
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t k = 0; k < C; k++) s[k] += x[r * C + k];
+    const double n = (double)(r1 - r0);
+    for (int64_t k = 0; k < C; k++) s[k] /= n;
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t k = 0; k < C; k++) {
+            double d = (double)x[r * C + k] - s[k];
+            q[k] += d * d;
+        }
 }
 
 /* The blocks' partials (nb, C) summed in block order into out (C). */
@@ -92,20 +98,35 @@ static void sum_blocks(const double *p, int nb, int64_t C, double *out)
         for (int64_t k = 0; k < C; k++) out[k] += p[(int64_t)b * C + k];
 }
 
+/* mean (C) and the biased variance (C), from the blocks in block order: the means weighted by their
+ * rows, the squares about each block's mean moved to the batch's (Chan et al.:
+ * q_b + n_b (mean_b - mean)^2). */
 void nn_bn_moments_(const loom_model *m, const nn_layer_ *l, const float *x, int64_t rows, double *mean, double *var)
 {
-    bn_job j = {.l = l, .rows = rows, .nb = bn_blocks(rows), .x = x, .mean = mean};
+    bn_job j = {.l = l, .rows = rows, .nb = bn_blocks(rows), .x = x};
     const int64_t C = l->C;
     run_blocks(m, &j, moments_block);
-    sum_blocks(bn_parts(l), j.nb, C, mean);
+    const double *p = bn_parts(l), *q = p + (int64_t)j.nb * C;
+    for (int64_t k = 0; k < C; k++) mean[k] = var[k] = 0;
+    for (int b = 0; b < j.nb; b++) {
+        int64_t r0, r1;
+        block_rows(&j, b, &r0, &r1);
+        for (int64_t k = 0; k < C; k++) mean[k] += (double)(r1 - r0) * p[(int64_t)b * C + k];
+    }
     for (int64_t k = 0; k < C; k++) mean[k] /= (double)rows;
-    j.pass = 1;
-    run_blocks(m, &j, moments_block);
-    sum_blocks(bn_parts(l), j.nb, C, var);
+    for (int b = 0; b < j.nb; b++) {
+        int64_t r0, r1;
+        block_rows(&j, b, &r0, &r1);
+        const double n = (double)(r1 - r0);
+        for (int64_t k = 0; k < C; k++) {
+            double d = p[(int64_t)b * C + k] - mean[k];
+            var[k] += q[(int64_t)b * C + k] + n * d * d;
+        }
+    }
     for (int64_t k = 0; k < C; k++) var[k] /= (double)rows; /* biased, as Keras normalises and moves */
 }
 
-static void normalize_block(void *arg, int blk)
+BN_HOT static void normalize_block(void *arg, int blk)
 {
     const bn_job *j = arg;
     const int64_t C = j->l->C;
@@ -130,7 +151,7 @@ void nn_bn_normalize_(const loom_model *m, const nn_layer_ *l, const float *x, i
 }
 
 /* Block blk's sums of g and g * xhat over its rows (C each, the second after nb C). */
-static void grad_sums_block(void *arg, int blk)
+BN_HOT static void grad_sums_block(void *arg, int blk)
 {
     const bn_job *j = arg;
     const int64_t C = j->l->C;
@@ -161,7 +182,7 @@ void nn_bn_grad_sums_(const loom_model *m, const nn_layer_ *l, const nn_chunk_ *
 }
 
 /* g = gamma rstd (g - mean(g) - xhat mean(g xhat)), in place, block blk's rows. */
-static void grad_apply_block(void *arg, int blk)
+BN_HOT static void grad_apply_block(void *arg, int blk)
 {
     const bn_job *j = arg;
     const int64_t C = j->l->C;

@@ -14,6 +14,7 @@
  * chunk sums its own rows in the same order).
  * Threads: as model.c (a chunk's functions touch only the chunk's rows). */
 #include "nn_internal.h"
+#include "kernel_internal.h"
 
 #include <string.h>
 
@@ -259,6 +260,18 @@ static void concat_geom(const nn_layer_ *l, int k, int64_t *outer, int64_t *inne
     for (int d = ax; d < s->rank; d++) *inner *= s->dim[d];
 }
 
+/* y (n) = a + b, vectorised for the machine: an add of two same-shape inputs, as a residual block's. */
+NN_HOT static void add_rows(float *y, const float *a, const float *b, int64_t n)
+{
+    for (int64_t e = 0; e < n; e++) y[e] = a[e] + b[e];
+}
+
+/* y (n) += d. */
+NN_HOT static void add_into(float *restrict y, const float *restrict d, int64_t n)
+{
+    for (int64_t e = 0; e < n; e++) y[e] += d[e];
+}
+
 static void merge_forward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c)
 {
     const int64_t B = c->B, n = l->n_out;
@@ -284,6 +297,10 @@ static void merge_forward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c)
         return;
     }
     loom_layer_kind kind = l->spec.kind;
+    if (kind == LOOM_LAYER_ADD && l->n_src == 2 && l->bstride[0][0] < 0 && l->bstride[1][0] < 0) {
+        add_rows(y, x[0], x[1], B * n); /* the general loop's sums, element by element */
+        return;
+    }
     for (int64_t b = 0; b < B; b++) {
         float *yb = y + b * n;
         for (int64_t e = 0; e < n; e++) yb[e] = x[0][b * nk[0] + bidx(l, 0, e)];
@@ -334,7 +351,7 @@ void nn_graph_deliver_(const loom_model *m, int s, nn_chunk_ *c, const float *d)
         c->ginit[s] = 1;
         return;
     }
-    for (int64_t e = 0; e < cnt; e++) g[e] += d[e];
+    add_into(g, d, cnt);
 }
 
 /* Whether input k of l takes a gradient: a layer whose output's gradient is needed. */

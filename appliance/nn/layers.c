@@ -796,7 +796,7 @@ static void conv_forward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, 
         int64_t nb = B - b0 < l->chunk ? B - b0 : l->chunk;
         const float *col = x + b0 * l->n_in;
         float *y = yc + b0 * l->n_out;
-        if (nn_conv3_ok_(l)) { /* 3x3 "same", direct (conv_fast.c) */
+        if (nn_conv3_ok_(l)) { /* 3x3, stride 1 or 2, direct (conv_fast.c) */
             nn_conv3_forward_(l, W, x + b0 * l->n_in, y, nb, c->col);
             bias_act(y, bias, nb * P, l->cout, l->act);
             continue;
@@ -831,7 +831,7 @@ static float *conv_backward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *
             loom_sgemm(false, true, (int)(nb * P), (int)K, l->cout, 1.f, gz, l->cout, W, l->cout, 0.f, dx, (int)K);
             continue;
         }
-        if (nn_conv3_ok_(l)) {
+        if (nn_conv3_dx_ok_(l)) {
             nn_conv3_backward_data_(l, W, gz, dx, nb, c->col);
             continue;
         }

@@ -424,10 +424,11 @@ void nn_bn_backward_(loom_model *m, int li, nn_chunk_ *chunk, int nchunks, int64
  * x into the layer's y; the sums of g and g xhat (from bn_x) over the chunks' gradient rows; and
  * g = gamma rstd (g - sg / N - xhat sgh / N) on those rows in place. */
 int64_t nn_bn_stat_floats_(int64_t C);
-/* conv_fast.c: conv2d 3x3, stride 1, "same", cin and cout multiples of 16 up to 64, on an AVX2 or AVX-512 CPU
- * (nn_conv3_ok_), direct: y (nb, H, W, cout) = conv(x) without bias; dx (nb, H, W, cin) from dz;
- * scratch of nn_conv3_scratch_(l) floats (the chunk's col). */
+/* conv_fast.c: conv2d 3x3, stride 1 "same" or stride 2, cin and cout multiples of 16 up to 64, on an AVX2 or
+ * AVX-512 CPU (nn_conv3_ok_), direct: y (nb, OH, OW, cout) = conv(x) without bias; dx (nb, H, W, cin) from dz
+ * (stride 1 only: nn_conv3_dx_ok_); scratch of nn_conv3_scratch_(l) floats (the chunk's col). */
 int     nn_conv3_ok_(const nn_layer_ *l);
+int     nn_conv3_dx_ok_(const nn_layer_ *l);
 int64_t nn_conv3_scratch_(const nn_layer_ *l);
 void    nn_conv3_forward_(const nn_layer_ *l, const float *w, const float *x, float *y, int64_t nb, float *scratch);
 void    nn_conv3_backward_data_(const nn_layer_ *l, const float *w, const float *dz, float *dx, int64_t nb,
