@@ -587,12 +587,7 @@ static int reduce_pack(multi_worker *mw, int k, loom_err *err)
     bool last = k == mw->n_packs - 1;
     float *grads = mw->n_packs > 1 && last ? b + TAIL_N : b;
     int64_t n = last ? count - TAIL_N : count;
-    if (mw->resid) {
-        float *e = mw->resid + off;
-        for (int64_t i = 0; i < n; i++) grads[i] += e[i], e[i] = grads[i];
-        loom_wire_round(mw->wire, grads, n);
-        for (int64_t i = 0; i < n; i++) e[i] -= grads[i];
-    }
+    if (mw->resid) loom_wire_feedback(mw->wire, grads, mw->resid + off, n);
     int rc = loom_group_all_reduce_wire(mw->group, grads, n, mw->wire, err);
     return rc || !last ? rc : loom_group_all_reduce(mw->group, mw->tail, TAIL_N, err);
 }
