@@ -22,6 +22,10 @@ expect_fail 2 "compression is multi_worker_mirrored's" 'compression applies only
     "$LOOM" check $CFG --set strategy.type=mirrored --set strategy.compression=bf16 --set cluster.worker=[]
 out=$("$LOOM" check $CFG --task worker:0 --set strategy.compression=fp16 2>&1)
 contains "check: the plan says what crosses the wire" 'compression = "fp16": the gradients cross as 16 bits (half the bytes)' "$out"
+contains "check: compressed packs overlap backward by default" 'in 8 packs (strategy.bytes_per_pack / num_packs)' "$out"
+out=$("$LOOM" check $CFG --task worker:0 --set strategy.compression=fp16 --set strategy.num_packs=1 2>&1)
+if grep -q ' packs (strategy' <<<"$out"; then fail "check: num_packs = 1 keeps one pack with compression" "$out"
+else pass "check: num_packs = 1 keeps one pack with compression"; fi
 out=$("$LOOM" check $CFG --task worker:0 --set strategy.compression=fp16 --print 2>&1)
 contains "check --print keeps the setting" 'compression = "fp16";' "$out"
 
