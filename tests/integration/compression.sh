@@ -40,6 +40,11 @@ check "bf16 + error feedback: run to step 30" L --model-dir "$WORK/r" "${C[@]}" 
 check "bf16 + error feedback: resume to step 60" L --model-dir "$WORK/r" "${C[@]}"
 same_weights "bf16 + error feedback: resumed at step 30 = uninterrupted (the residuals kept)" \
     "$WORK/a/ckpt-60.loom" "$WORK/r/ckpt-60.loom"
+# a checkpoint written without error feedback: a run that turns it on resumes, starting it at zero, and says so
+check "bf16 without error feedback: run to step 30" L --model-dir "$WORK/n" --set strategy.compression=bf16 --set run.max_steps=30
+out=$(L --model-dir "$WORK/n" "${C[@]}" --set run.max_steps=40 2>&1)
+contains "resumed with error feedback from a checkpoint without it: starts at zero, with a warning" \
+    "the checkpoint holds no error feedback (written without compression_error_feedback): it starts at zero" "$out"
 check "float32, 4 packs" L --model-dir "$WORK/f" --set strategy.num_packs=4
 if [ "$(tensors "$WORK/a/ckpt-60.loom")" != "$(tensors "$WORK/f/ckpt-60.loom")" ]; then pass "bf16: other bits than float32"
 else fail "bf16: other bits than float32" "the same tensors: was anything compressed?"; fi
