@@ -259,6 +259,9 @@ typedef enum { LOOM_WIRE_F32, LOOM_WIRE_BF16, LOOM_WIRE_FP16 } loom_wire_fmt;
 int  loom_group_all_reduce_wire(loom_group *g, float *buf, int64_t count, loom_wire_fmt fmt, loom_err *err);
 /* x[i] := its value rounded to fmt's 16 bits (and back to float32), in place. */
 void loom_wire_round(loom_wire_fmt fmt, float *x, int64_t n);
+/* Error feedback, in one pass: v = g[i] + e[i]; g[i] := v rounded as
+ * loom_wire_round; e[i] := v - g[i] (the rounding error, for the next step). */
+void loom_wire_feedback(loom_wire_fmt fmt, float *g, float *e, int64_t n);
 /* root's len bytes are copied into every other rank's buf. */
 int  loom_group_broadcast(loom_group *g, void *buf, size_t len, int root, loom_err *err);
 /* Every rank's bytes (lengths may differ) gathered at every rank, in rank

@@ -635,7 +635,9 @@ int loom_group_reform(loom_group *g, const int *members, int n, loom_err *err)
  * received bytes are floats added into acc; else they land in recv as they
  * are. With wire set (a 16-bit format), acc's received values are 16-bit,
  * widened, added into acc, and the sums rounded into out16 (what the next
- * step forwards). */
+ * step forwards); on the last reducing step (own) acc then takes the
+ * rounded sums back, and a gathering step (widen) widens what it receives
+ * into float32 as it lands, so the conversions overlap the wire. */
 struct step {
     const uint8_t *send;
     size_t         send_len;
@@ -645,6 +647,8 @@ struct step {
     bool           gate;
     uint8_t        wire;   /* loom_wire_fmt */
     uint16_t      *out16;  /* with wire and acc: the rounded sums */
+    bool           own;    /* with wire and acc: acc := the rounded sums (this rank's segment, final) */
+    float         *widen;  /* with wire and no acc: the received 16-bit values widened here */
 };
 
 static void describe(char *buf, size_t n, const coll_hdr *h)
@@ -1024,17 +1028,22 @@ static int run_recv(loom_group *g, run_state *r, int *rc, loom_err *err)
         r->ro += (size_t)n;
         if (s->acc) {
             size_t es = s->wire ? 2 : 4, nf = (r->ro - r->rdone) / es;
-            if (s->wire)
+            if (s->wire) {
                 loom_wire_add_((loom_wire_fmt)s->wire, s->acc + r->rdone / 2, s->out16 + r->rdone / 2, (const uint16_t *)g->tmp, nf);
-            else {
+                if (s->own) loom_wire_widen_((loom_wire_fmt)s->wire, s->acc + r->rdone / 2, s->out16 + r->rdone / 2, nf);
+            } else {
                 const float *src = (const float *)g->tmp;
                 float *acc = s->acc + r->rdone / 4;
                 for (size_t i = 0; i < nf; i++) acc[i] += src[i];
             }
             r->rdone += nf * es;
             if (r->ro > r->rdone) memmove(g->tmp, g->tmp + nf * es, r->ro - r->rdone);
-        } else
+        } else {
+            if (s->widen && r->ro / 2 > r->rdone / 2) /* the values whose two bytes have come */
+                loom_wire_widen_((loom_wire_fmt)s->wire, s->widen + r->rdone / 2, (const uint16_t *)s->recv + r->rdone / 2,
+                                 r->ro / 2 - r->rdone / 2);
             r->rdone = r->ro;
+        }
         if (r->sd) {
             atomic_store(&r->sd->recv_done, r->rstart[r->ri] + r->rdone);
             if (atomic_load(&r->sd->waiting)) sender_wake(r->sd);
@@ -1104,7 +1113,7 @@ static int run(loom_group *g, coll_hdr *hdr, step *st, int ns, loom_err *err)
     uint64_t rstart[2 * 64 + 4];
     LOOM_ASSERT(ns + 1 <= (int)(sizeof all / sizeof all[0]));
     run_state r = {.hdr = hdr, .all = all, .rstart = rstart, .ns = ns + 1};
-    all[0] = (step){(const uint8_t *)hdr, sizeof *hdr, (uint8_t *)&r.in, sizeof r.in, NULL, false, 0, NULL};
+    all[0] = (step){(const uint8_t *)hdr, sizeof *hdr, (uint8_t *)&r.in, sizeof r.in, NULL, false, 0, NULL, false, NULL};
     memcpy(all + 1, st, (size_t)ns * sizeof *st);
     uint64_t total_send = 0, total_recv = 0;
     for (int k = 0; k < r.ns; k++) rstart[k] = total_recv, total_recv += all[k].recv_len, total_send += all[k].send_len;
@@ -1185,7 +1194,7 @@ static int gather_pieces(loom_group *g, coll_hdr *h, uint8_t **piece, const size
     step st[64];
     for (int t = 0; t < n - 1; t++) {
         int s = ((r - t) % n + n) % n, q = ((r - t - 1) % n + n) % n;
-        st[t] = (step){piece[s], plen[s], piece[q], plen[q], NULL, t > 0, 0, NULL};
+        st[t] = (step){piece[s], plen[s], piece[q], plen[q], NULL, t > 0, 0, NULL, false, NULL};
     }
     return run(g, h, st, n - 1, err);
 }
@@ -1324,7 +1333,8 @@ static int wire_reserve(loom_group *g, int64_t count, loom_err *err)
  * all-gather. In float32 the steps send and receive buf itself; in 16 bits
  * they send and receive the wire copy w: a reducing step adds the received
  * values into buf and rounds the sums into w, which the next step forwards;
- * at the end every rank widens w (the owners' rounded sums) into buf. */
+ * the owner's last one also takes the rounded sums into buf, and the
+ * gathering steps widen the owners' rounded sums into buf as they arrive. */
 static int ring_all_reduce(loom_group *g, coll_hdr *h, float *buf, int64_t count, loom_wire_fmt fmt, loom_err *err)
 {
     int n = g->size, r = g->rank, rc;
@@ -1353,11 +1363,11 @@ static int ring_all_reduce(loom_group *g, coll_hdr *h, float *buf, int64_t count
         st[k].gate = t > 0;
         st[k].wire = (uint8_t)fmt;
         st[k].out16 = w && st[k].acc ? w + qo : NULL;
+        st[k].own = w && t == n - 2;
+        st[k].widen = w && !st[k].acc ? buf + qo : NULL;
         k++;
     }
-    rc = run(g, h, st, k, err);
-    if (!rc && w) loom_wire_widen_(fmt, buf, w, (size_t)count);
-    return rc;
+    return run(g, h, st, k, err);
 }
 
 int loom_group_all_reduce_wire(loom_group *g, float *buf, int64_t count, loom_wire_fmt fmt, loom_err *err)

@@ -132,7 +132,21 @@ WIRE_SIMD static size_t add8(uint8_t fmt, float *acc, uint16_t *out, const uint1
     }
     return i;
 }
+/* v = g + e; g = v rounded to 16 bits (as float32); e = v - g */
+WIRE_SIMD static size_t feedback8(uint8_t fmt, float *g, float *e, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_add_ps(_mm256_loadu_ps(g + i), _mm256_loadu_ps(e + i)), r;
+        if (fmt == LOOM_WIRE_FP16) r = _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+        else r = _mm256_castsi256_ps(_mm256_slli_epi32(bf16_round8(v), 16));
+        _mm256_storeu_ps(e + i, _mm256_sub_ps(v, r));
+        _mm256_storeu_ps(g + i, r);
+    }
+    return i;
+}
 #else
+static size_t feedback8(uint8_t fmt, float *g, float *e, size_t n) { return (void)fmt, (void)g, (void)e, (void)n, 0; }
 static bool wire_simd(void) { return false; }
 static size_t narrow8(uint8_t fmt, uint16_t *dst, const float *src, size_t n) { return (void)fmt, (void)dst, (void)src, (void)n, 0; }
 static size_t widen8(uint8_t fmt, float *dst, const uint16_t *src, size_t n) { return (void)fmt, (void)dst, (void)src, (void)n, 0; }
@@ -184,5 +198,16 @@ void loom_wire_round(loom_wire_fmt fmt, float *x, int64_t n)
         size_t k = n - i < 512 ? (size_t)(n - i) : 512;
         loom_wire_narrow_(fmt, h, x + i, k);
         loom_wire_widen_(fmt, x + i, h, k);
+    }
+}
+
+void loom_wire_feedback(loom_wire_fmt fmt, float *g, float *e, int64_t n)
+{
+    if (fmt != LOOM_WIRE_BF16 && fmt != LOOM_WIRE_FP16) return;
+    size_t i = wire_simd() ? feedback8(fmt, g, e, (size_t)n) : 0;
+    for (; i < (size_t)n; i++) {
+        float v = g[i] + e[i];
+        float r = fmt == LOOM_WIRE_BF16 ? from_bf16(to_bf16(v)) : from_fp16(to_fp16(v));
+        e[i] = v - r, g[i] = r;
     }
 }

@@ -649,6 +649,9 @@ typedef enum { LOOM_COMM_AUTO, LOOM_COMM_RING, LOOM_COMM_NCCL, LOOM_COMM_MPI } l
 const char *loom_communication_name(loom_communication c); /* "ring" */
 /* multi_worker_mirrored: the gradients' wire format across workers (16-bit, summed in float32 at each hop) */
 typedef enum { LOOM_COMPRESS_NONE, LOOM_COMPRESS_BF16, LOOM_COMPRESS_FP16 } loom_grad_compression;
+/* strategy.num_packs when compression is set and neither num_packs nor
+ * bytes_per_pack is: the packs' all-reduces overlap the backward pass */
+#define LOOM_COMPRESS_NUM_PACKS 8
 const char *loom_grad_compression_name(loom_grad_compression c); /* "bf16" */
 
 /* parameter_server: strategy.variable_partitioner = { type = ...; ... } */

@@ -364,6 +364,12 @@ static void check_compression(cfg_ctx *c, const config_setting_t *g, loom_strate
                                loom_grad_compression_name(st->compression), loom_communication_name(st->communication));
         if (e) loom_err_hint(e, "drop compression, or use communication = \"ring\" (or \"auto\" on CPU)");
     }
+    /* compressed gradients overlap the backward pass by default: the wire
+     * is what they save, so it should not wait for the whole backward (one
+     * pack) nor hold up the compute after it (tests/bench/netns_allreduce_bench.sh) */
+    if (st->compression != LOOM_COMPRESS_NONE && !config_setting_get_member(g, "num_packs") &&
+        !config_setting_get_member(g, "bytes_per_pack"))
+        st->num_packs = LOOM_COMPRESS_NUM_PACKS;
     if (ef && st->compression_error_feedback && st->compression == LOOM_COMPRESS_NONE) {
         loom_err *e = cfg_err_(c, ef, "compression_error_feedback = true without a compression");
         if (e) loom_err_hint(e, "set compression = \"bf16\" or \"fp16\", or drop compression_error_feedback");

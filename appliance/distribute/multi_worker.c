@@ -90,8 +90,9 @@
  * the bytes, summed in float32 at each hop, the same bits on every worker);
  * the tail (stop, loss, counts) stays float32, in an all-reduce of its own.
  * With compression_error_feedback each worker adds last step's rounding
- * error to its gradients before rounding them (kept per worker, not in the
- * checkpoint: a resumed run starts it at zero).
+ * error to its gradients before rounding them; the error is each worker's
+ * own, and checkpoints keep every worker's after the iterator states
+ * (mw_gather_iter_state), so a resumed run continues it bit for bit.
  *
  * strategy.elastic (elastic.c): every worker reads the whole data.train (one
  * input pipeline, the same stream) and trains on its member's slice of each
@@ -116,6 +117,7 @@ enum { TAIL_STOP, TAIL_LOSS, TAIL_CORRECT, TAIL_EXAMPLES, TAIL_FAILED, TAIL_N };
 enum { TAIL_CUSTOM = TAIL_N, TAIL_SHARD_N };
 
 #define ITER_STATES_MAGIC 0x5354574du /* "MWTS": every worker's iterator state */
+#define EF_MAGIC 0x4645574du          /* "MWEF": then every worker's error feedback */
 
 typedef struct multi_worker {
     loom_strategy  local;      /* mirrored on this worker's replicas */
@@ -585,12 +587,7 @@ static int reduce_pack(multi_worker *mw, int k, loom_err *err)
     bool last = k == mw->n_packs - 1;
     float *grads = mw->n_packs > 1 && last ? b + TAIL_N : b;
     int64_t n = last ? count - TAIL_N : count;
-    if (mw->resid) {
-        float *e = mw->resid + off;
-        for (int64_t i = 0; i < n; i++) grads[i] += e[i], e[i] = grads[i];
-        loom_wire_round(mw->wire, grads, n);
-        for (int64_t i = 0; i < n; i++) e[i] -= grads[i];
-    }
+    if (mw->resid) loom_wire_feedback(mw->wire, grads, mw->resid + off, n);
     int rc = loom_group_all_reduce_wire(mw->group, grads, n, mw->wire, err);
     return rc || !last ? rc : loom_group_all_reduce(mw->group, mw->tail, TAIL_N, err);
 }
@@ -915,9 +912,29 @@ static int gather_slots(multi_worker *mw, loom_err *err)
     return LOOM_OK;
 }
 
+/* Every worker's piece (its iterator state, or its error feedback), in
+ * rank order: per worker u64 length and the bytes. */
+static int gather_pieces(multi_worker *mw, const void *data, size_t len, loom_buf *stored, loom_err *err)
+{
+    loom_buf *all = loom_calloc((size_t)mw->workers, sizeof *all);
+    if (!all) return loom_err_set(err, LOOM_ENOMEM, NULL, "gathering %d workers' states", mw->workers);
+    for (int r = 0; r < mw->workers; r++) loom_buf_init(&all[r]);
+    int rc = loom_group_all_gather_bytes(mw->group, data, len, all, err);
+    for (int r = 0; !rc && r < mw->workers; r++) {
+        loom_buf_put_i64(stored, (int64_t)all[r].len);
+        loom_buf_put(stored, all[r].data, all[r].len);
+    }
+    for (int r = 0; r < mw->workers; r++) loom_buf_fini(&all[r]);
+    loom_free(all);
+    return rc;
+}
+
 /* Every worker's iterator state, in rank order: u32 magic, u32 workers,
- * then per worker u64 length and the bytes. One worker stores its own as
- * it is, as one process does. With the sharded update, the optimizer's
+ * then per worker u64 length and the bytes; with error feedback then u32
+ * EF_MAGIC, u32 wire format and per worker u64 length and its P floats
+ * (each worker's own rounding error: a resumed run continues it; readers
+ * that predate it stop before it). One worker stores its own iterator state
+ * as it is, as one process does. With the sharded update, the optimizer's
  * slots are gathered first (this is called at every checkpoint, on every
  * worker at the same step). */
 static int mw_gather_iter_state(loom_strategy *s, const loom_buf *mine, loom_buf *stored, loom_err *err)
@@ -932,22 +949,45 @@ static int mw_gather_iter_state(loom_strategy *s, const loom_buf *mine, loom_buf
         int rc = gather_slots(mw, err);
         if (rc) return rc;
     }
-    loom_buf *all = loom_calloc((size_t)mw->workers, sizeof *all);
-    if (!all) return loom_err_set(err, LOOM_ENOMEM, NULL, "gathering %d iterator states", mw->workers);
-    for (int r = 0; r < mw->workers; r++) loom_buf_init(&all[r]);
-    int rc = loom_group_all_gather_bytes(mw->group, mine->data, mine->len, all, err);
-    if (!rc) {
-        loom_buf_put_u32(stored, ITER_STATES_MAGIC);
-        loom_buf_put_u32(stored, (uint32_t)mw->workers);
-        for (int r = 0; r < mw->workers; r++) {
-            loom_buf_put_i64(stored, (int64_t)all[r].len);
-            loom_buf_put(stored, all[r].data, all[r].len);
-        }
-        if (stored->failed) rc = loom_err_set(err, LOOM_ENOMEM, NULL, "packing %d iterator states", mw->workers);
+    loom_buf_put_u32(stored, ITER_STATES_MAGIC);
+    loom_buf_put_u32(stored, (uint32_t)mw->workers);
+    int rc = gather_pieces(mw, mine->data, mine->len, stored, err);
+    if (!rc && mw->resid) {
+        loom_buf_put_u32(stored, EF_MAGIC);
+        loom_buf_put_u32(stored, (uint32_t)mw->wire);
+        rc = gather_pieces(mw, mw->resid, (size_t)mw->P * sizeof(float), stored, err);
     }
-    for (int r = 0; r < mw->workers; r++) loom_buf_fini(&all[r]);
-    loom_free(all);
+    if (!rc && stored->failed) rc = loom_err_set(err, LOOM_ENOMEM, NULL, "packing %d iterator states", mw->workers);
     return rc;
+}
+
+/* After the iterator states (b at their end): this worker's error feedback
+ * when the checkpoint has it, else it starts at zero (a checkpoint written
+ * without compression_error_feedback, or before it was kept). */
+static int pick_feedback(multi_worker *mw, loom_buf *b, uint32_t n, loom_err *err)
+{
+    memset(mw->resid, 0, (size_t)mw->P * sizeof(float));
+    if (b->len - b->pos < 8 || loom_buf_get_u32(b) != EF_MAGIC) {
+        loom_warn("%s: the checkpoint holds no error feedback (written without compression_error_feedback): "
+                  "it starts at zero", mw->task);
+        return LOOM_OK;
+    }
+    (void)loom_buf_get_u32(b); /* the wire format it was rounded for */
+    for (int r = 0; r < (int)n && !b->failed; r++) {
+        int64_t len = loom_buf_get_i64(b);
+        if (b->failed || len < 0 || (uint64_t)len > b->len - b->pos) break;
+        if (r == mw->rank) {
+            if (len != mw->P * (int64_t)sizeof(float))
+                return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "the checkpoint's error feedback of %s holds %lld "
+                                    "floats, the model has %lld parameters", mw->task,
+                                    (long long)(len / (int64_t)sizeof(float)), (long long)mw->P);
+            memcpy(mw->resid, b->data + b->pos, (size_t)len);
+            return LOOM_OK;
+        }
+        b->pos += (size_t)len;
+    }
+    if (!b->failed && mw->rank >= (int)n) return LOOM_OK; /* elastic: a member the checkpoint did not have */
+    return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "the workers' error feedback in the checkpoint is truncated");
 }
 
 static int mw_pick_iter_state(loom_strategy *s, const loom_buf *stored, loom_buf *mine, loom_err *err)
@@ -975,16 +1015,17 @@ static int mw_pick_iter_state(loom_strategy *s, const loom_buf *stored, loom_buf
                             "job has %d: each worker resumes its own input position", n, n == 1 ? "" : "s",
                             mw->workers),
                loom_err_hint(err, "run the job with %u workers to resume it, or pass --fresh to start over", n);
-    for (int r = 0; r < (int)n && !b.failed; r++) {
+    int r = 0;
+    for (; r < (int)n && !b.failed; r++) {
         int64_t len = loom_buf_get_i64(&b);
         if (b.failed || len < 0 || (uint64_t)len > b.len - b.pos) break;
-        if (r == want) {
-            loom_buf_put(mine, b.data + b.pos, (size_t)len);
-            return mine->failed ? loom_err_set(err, LOOM_ENOMEM, NULL, "copying the iterator state") : LOOM_OK;
-        }
+        if (r == want) loom_buf_put(mine, b.data + b.pos, (size_t)len);
         b.pos += (size_t)len;
     }
-    return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "the workers' iterator states in the checkpoint are truncated");
+    if (r < (int)n || want >= (int)n)
+        return loom_err_set(err, LOOM_ECHECKPOINT, NULL, "the workers' iterator states in the checkpoint are truncated");
+    if (mine->failed) return loom_err_set(err, LOOM_ENOMEM, NULL, "copying the iterator state");
+    return mw->resid ? pick_feedback(mw, &b, n, err) : LOOM_OK;
 }
 
 static void mw_where(loom_strategy *s, char *buf, size_t n)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # compression.sh - strategy.compression (bf16, fp16) for multi_worker_mirrored's
 # gradient all-reduce, over loopback (netns.sh runs it across emulated hosts):
-# the bad settings; `loom check`'s plan; the same bits on a second run; and
+# the bad settings; `loom check`'s plan; the same bits on a second run, and
+# on a run stopped and resumed (the error feedback is in the checkpoint); and
 # Fashion-MNIST (configs/fashion_mnist_multi_worker.cfg, 2 workers, 3 epochs,
 # the cosine schedule run to its end) within 0.3% eval accuracy of float32,
 # for bf16 with error feedback and for fp16. Every launch runs under timeout.
@@ -21,6 +22,10 @@ expect_fail 2 "compression is multi_worker_mirrored's" 'compression applies only
     "$LOOM" check $CFG --set strategy.type=mirrored --set strategy.compression=bf16 --set cluster.worker=[]
 out=$("$LOOM" check $CFG --task worker:0 --set strategy.compression=fp16 2>&1)
 contains "check: the plan says what crosses the wire" 'compression = "fp16": the gradients cross as 16 bits (half the bytes)' "$out"
+contains "check: compressed packs overlap backward by default" 'in 8 packs (strategy.bytes_per_pack / num_packs)' "$out"
+out=$("$LOOM" check $CFG --task worker:0 --set strategy.compression=fp16 --set strategy.num_packs=1 2>&1)
+if grep -q ' packs (strategy' <<<"$out"; then fail "check: num_packs = 1 keeps one pack with compression" "$out"
+else pass "check: num_packs = 1 keeps one pack with compression"; fi
 out=$("$LOOM" check $CFG --task worker:0 --set strategy.compression=fp16 --print 2>&1)
 contains "check --print keeps the setting" 'compression = "fp16";' "$out"
 
@@ -30,6 +35,16 @@ C=(--set strategy.compression=bf16 --set strategy.compression_error_feedback=tru
 check "bf16 + error feedback, 4 packs: trains" L --model-dir "$WORK/a" "${C[@]}"
 check "bf16 + error feedback, 4 packs: again" L --model-dir "$WORK/b" "${C[@]}"
 same_weights "bf16 + error feedback: the same bits on a second run" "$WORK/a/ckpt-60.loom" "$WORK/b/ckpt-60.loom"
+# the error feedback is in the checkpoint: stopped at step 30 and resumed, the same bits as never stopped
+check "bf16 + error feedback: run to step 30" L --model-dir "$WORK/r" "${C[@]}" --set run.max_steps=30
+check "bf16 + error feedback: resume to step 60" L --model-dir "$WORK/r" "${C[@]}"
+same_weights "bf16 + error feedback: resumed at step 30 = uninterrupted (the residuals kept)" \
+    "$WORK/a/ckpt-60.loom" "$WORK/r/ckpt-60.loom"
+# a checkpoint written without error feedback: a run that turns it on resumes, starting it at zero, and says so
+check "bf16 without error feedback: run to step 30" L --model-dir "$WORK/n" --set strategy.compression=bf16 --set run.max_steps=30
+out=$(L --model-dir "$WORK/n" "${C[@]}" --set run.max_steps=40 2>&1)
+contains "resumed with error feedback from a checkpoint without it: starts at zero, with a warning" \
+    "the checkpoint holds no error feedback (written without compression_error_feedback): it starts at zero" "$out"
 check "float32, 4 packs" L --model-dir "$WORK/f" --set strategy.num_packs=4
 if [ "$(tensors "$WORK/a/ckpt-60.loom")" != "$(tensors "$WORK/f/ckpt-60.loom")" ]; then pass "bf16: other bits than float32"
 else fail "bf16: other bits than float32" "the same tensors: was anything compressed?"; fi

@@ -509,6 +509,37 @@ static void test_wire_round(void)
     free(a), free(b);
 }
 
+/* loom_wire_feedback (error feedback in one pass, 8 at a time where the
+ * CPU can) gives the bits of the three passes it replaced: g += e, e = g,
+ * round g, e -= g; on gradient-like values and residuals, n not a multiple
+ * of 8 (the scalar tail), and values near 65504 (fp16's overflow). */
+static void test_wire_feedback(void)
+{
+    enum { N = 100003 };
+    float *g = malloc(N * sizeof *g), *e = malloc(N * sizeof *e), *g2 = malloc(N * sizeof *g), *e2 = malloc(N * sizeof *e);
+    uint64_t z = 0x2545f4914f6cdd1dull;
+    for (int i = 0; i < N; i++) {
+        z ^= z << 13, z ^= z >> 7, z ^= z << 17;
+        uint32_t u = ((uint32_t)z & 0x807fffffu) | (uint32_t)(100 + (int)((z >> 32) % 60)) << 23;
+        memcpy(&g[i], &u, 4);
+        e[i] = i % 3 ? g[i] * (float)((int)(z >> 40 & 255) - 128) / 65536.0f : 0.0f;
+        if (i % 1000 == 7) g[i] = 65519.0f, e[i] = 1.5f;
+    }
+    for (int f = LOOM_WIRE_BF16; f <= LOOM_WIRE_FP16; f++) {
+        memcpy(g2, g, N * sizeof *g), memcpy(e2, e, N * sizeof *e);
+        for (int i = 0; i < N; i++) g2[i] += e2[i], e2[i] = g2[i];
+        loom_wire_round((loom_wire_fmt)f, g2, N);
+        for (int i = 0; i < N; i++) e2[i] -= g2[i];
+        float *gf = malloc(N * sizeof *g), *ef = malloc(N * sizeof *e);
+        memcpy(gf, g, N * sizeof *g), memcpy(ef, e, N * sizeof *e);
+        loom_wire_feedback((loom_wire_fmt)f, gf, ef, N);
+        CHECK_MSG(!memcmp(gf, g2, N * sizeof *g) && !memcmp(ef, e2, N * sizeof *e),
+                  "%s: one pass differs from the three it replaced", f == LOOM_WIRE_BF16 ? "bf16" : "fp16");
+        free(gf), free(ef);
+    }
+    free(g), free(e), free(g2), free(e2);
+}
+
 /* The same with large collectives sent from the sender thread (used by
  * default only where each local rank has two cores). */
 static void test_all_reduce_sender_thread(void)
@@ -1554,6 +1585,7 @@ static const loom_test tests[] = {
     {"all_reduce_3", test_all_reduce_3},
     {"all_reduce_wire", test_all_reduce_wire},
     {"wire_round", test_wire_round},
+    {"wire_feedback", test_wire_feedback},
     {"broadcast_gather_barrier", test_broadcast_gather_barrier},
     {"all_reduce_sender_thread", test_all_reduce_sender_thread},
     {"shards", test_shards},
