@@ -142,4 +142,39 @@ contains "max_workers = 2: the refused worker says why" \
     "the chief refused this task's request to join the running job: the job starts with strategy.elastic.max_workers = 2 workers" \
     "$(cat "$WORK/max.2")"
 
+# ---- loom launch --local --elastic --discover: a killed worker is started again and joins; discovery
+# ends a worker and starts it again -------------------------------------------------------------------
+# wait_line FILE TEXT [SECONDS]: until FILE holds TEXT (default 60 s)
+wait_line() { local i; for ((i = 0; i < ${3:-60} * 20; i++)); do grep -qF -- "$2" "$1" 2>/dev/null && return 0; sleep 0.05; done; return 1; }
+printf 'localhost:2\nlocalhost\n' >"$WORK/hosts"
+OPTS=(--set run.epochs=2 --set run.checkpoint_steps=50 --set run.progress='"none"' --set cluster.heartbeat_timeout=2
+      --set strategy.elastic.min_workers=1 --set 'hooks.callbacks=["../lua/mwm_slow.lua:slow"]')
+(timeout 300 "$LOOM" launch --local $CFG --workers 3 --grace 3 --elastic --restarts 2 --discover "cat $WORK/hosts" \
+    --discover-interval 0.5 "${OPTS[@]}" --model-dir "$WORK/launch" >"$WORK/launch.out" 2>&1; echo $? >"$WORK/launch.rc") &
+PIDS+=($!)
+L=$!
+wait_file "$WORK/launch/ckpt-50.loom"
+w=$(pgrep -f -- "--task worker:1 .*--model-dir $WORK/launch\$" | head -1)
+[ -n "$w" ] && kill -9 "$w"
+ok1=$(wait_line "$WORK/launch.out" "worker:1 joined at step" && echo y)
+printf 'localhost:2\n' >"$WORK/hosts"
+ok2=$(wait_line "$WORK/launch.out" "worker:2 left at step" && echo y)
+printf 'localhost\nlocalhost\nlocalhost\n' >"$WORK/hosts"
+ok3=$(wait_line "$WORK/launch.out" "worker:2 joined at step" && echo y)
+status "$L" 240
+out=$(cat "$WORK/launch.out")
+contains "launch --elastic: a killed worker is started again alone" \
+    "[launch] worker:1 was killed by signal 9: multi_worker_mirrored goes on without it; starting it again alone (1 of 2), it joins" "$out"
+if [ "$ok1" = y ]; then pass "launch --elastic: worker:1 joins the running job"
+else fail "launch --elastic: worker:1 joins the running job" "$(tail -4 <<<"$out")"; fi
+contains "launch --discover: 2 workers wanted: launch ends worker:2" "[launch] --discover: ending worker:2; it leaves the running job" "$out"
+if [ "$ok2" = y ] && [ "$ok3" = y ]; then pass "launch --discover: worker:2 leaves, then (3 wanted) is started again and joins"
+else fail "launch --discover: worker:2 leaves, then is started again and joins" "left '$ok2', joined '$ok3'" "$(tail -4 <<<"$out")"; fi
+if [ "$(cat "$WORK/launch.rc" 2>/dev/null)" = 0 ] && [ "$(newest "$WORK/launch")" = 200 ]; then
+    pass "launch --elastic --discover: the job trains to step 200 and launch exits 0"
+else fail "launch --elastic --discover: the job trains to step 200 and launch exits 0" "status $(cat "$WORK/launch.rc" 2>/dev/null)" "$(tail -4 <<<"$out")"; fi
+out=$("$LOOM" launch --local $CFG --workers 2 --elastic 2>&1); rc=$?
+if [ $rc = 2 ] && grep -q "launch --elastic needs strategy.elastic" <<<"$out"; then pass "launch --elastic without strategy.elastic: refused (status 2)"
+else fail "launch --elastic without strategy.elastic: refused (status 2)" "status $rc" "$(tail -2 <<<"$out")"; fi
+
 finish
