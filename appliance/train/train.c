@@ -1363,11 +1363,13 @@ static int trainer_loop(trainer *t, loom_err *err)
             continue;
         }
         if ((rc = after_step(t, &res, t0, t_input, err))) break;
-        if ((rc = loom_strategy_elastic_admit(t->r.strat, t->st.step, join_state_save, t, err))) break;
         if (++t->in_exec < t->K && !(t->rs->max_steps > 0 && t->st.step >= t->rs->max_steps) &&
             !(t->rs->checkpoint_steps > 0 && t->st.step % t->rs->checkpoint_steps == 0))
             continue; /* inside an execution */
         rc = at_boundary(t, err);
+        /* strategy.elastic: a worker waiting to join enters here, after the
+         * boundary's checkpoint (a collective it was not part of) */
+        if (!rc) rc = loom_strategy_elastic_admit(t->r.strat, t->st.step, join_state_save, t, err);
     }
     loom_progress_break(&t->sink.prog);
     return rc;

@@ -11,7 +11,8 @@
 source "$(dirname "$0")/lib.sh"
 kill_jobs_at_exit
 CFG=tests/configs/mwm_mlp.cfg
-OPTS=(--set run.epochs=1 --set run.checkpoint_steps=100 --set run.progress='"none"' --set cluster.heartbeat_timeout=2
+# (a checkpoint every 10 steps: the join at 70 comes after a checkpoint, a collective the joiner is not part of)
+OPTS=(--set run.epochs=1 --set run.checkpoint_steps=10 --set run.progress='"none"' --set cluster.heartbeat_timeout=2
       --set strategy.elastic.min_workers=2)
 
 # start NAME I ARGS...: worker:I of job NAME (ports $BASE...) into $WORK/NAME (log $WORK/NAME.I[.k]); its pid in PID
