@@ -648,7 +648,8 @@ static void elastic_lost(child *c, const respawn_ctx *rs, int ws)
     const char *how = WIFSIGNALED(ws) ? "was killed by signal" : "exited with status";
     int what = WIFSIGNALED(ws) ? WTERMSIG(ws) : c->status;
     /* (status 2: another config, or refused beyond max_workers: the same every time) */
-    if (rs->respawn && c->status != LOOM_EXIT_USAGE && c->respawns < rs->limit && respawn_one(c, rs, how, what, "joins"))
+    if (rs->respawn && c->status != LOOM_EXIT_USAGE && c->respawns < rs->limit &&
+        respawn_one(c, rs, how, what, "joins"))
         return;
     if (rs->respawn)
         say("%s %s %d: %s goes on without it (strategy.elastic; no restarts left: --restarts %d)", c->name, how, what,

@@ -528,7 +528,8 @@ static int group_open(loom_group **out, const loom_cluster *c, double collective
         bool use_sender = e && *e ? atoi(e) != 0 : cores >= 2 * local;
         g->spin = local <= cores;
         g->use_sender = use_sender;
-        if (use_sender && ring && sender_start(g)) loom_debug("%s: no sender thread; sending from the caller", loom_net_name_(g->net));
+        if (use_sender && ring && sender_start(g))
+            loom_debug("%s: no sender thread; sending from the caller", loom_net_name_(g->net));
     }
     loom_net_set_status_(g->net, ring ? "ready, before the first collective" : "connected, the ring not formed");
     *out = g;

@@ -15,6 +15,17 @@
  * examples were in that sum); a member at the frontier takes its step's
  * reduction again over the new members. No rollback, no restart.
  *
+ * Joining: every task asks the chief to join once its transport connects
+ * (MSG_JOIN); at the start the chief admits them all (MSG_ADMIT: the first
+ * ring, the first max_workers in task order, the others refused); in a
+ * running job it sees the request before a step (loom_elastic_want_join_),
+ * the step's agreement tells every member, and after the step (and its
+ * boundary) the chief sends the members the new membership (MSG_DECISION)
+ * and the joiner its admission with the trainer's state; the ring re-forms
+ * in task order and the chief broadcasts the variables and optimizer slots
+ * (loom_elastic_admit_). Below min_workers after a loss the chief first
+ * waits up to strategy.elastic.wait_timeout for requests (wait_joiners).
+ *
  * The chief must live: its loss ends the job as before (launch --restarts).
  *
  * Threads: the train thread. */
@@ -374,7 +385,8 @@ static int send_admit(loom_elastic *e, int task_rank, uint32_t kind, uint32_t ep
     for (int i = 0; i < n; i++) loom_buf_put_u32(&b, (uint32_t)m[i]);
     if (rest_len) loom_buf_put(&b, rest, rest_len);
     loom_err w;
-    int rc = b.failed ? LOOM_ENOMEM : loom_net_send(loom_group_net(e->group), task_rank - 1, MSG_ADMIT, b.data, b.len, &w);
+    int rc = b.failed ? LOOM_ENOMEM
+                      : loom_net_send(loom_group_net(e->group), task_rank - 1, MSG_ADMIT, b.data, b.len, &w);
     loom_buf_fini(&b);
     return rc;
 }
@@ -451,8 +463,9 @@ static int member_form(loom_elastic *e, int *members, int *n, loom_err *err)
         if (loom_net_recv(net, 0, MSG_ADMIT, MSG_ADMIT, NULL, NULL, &b, 0.2, err) == LOOM_OK) break;
         loom_buf_fini(&b);
         if (!loom_group_task_up(e->group, 0)) {
+            char t[64];
             loom_err_set(err, LOOM_ENET, e->task, "the chief (%s) went away before it admitted this task into the job",
-                         task_of(e, 0, (char[64]){0}, 64));
+                         task_of(e, 0, t, sizeof t));
             return loom_err_hint(err, "start this worker again once the job runs (its chief must live)");
         }
         if (!said && loom_now() - t0 > 5)
@@ -506,7 +519,10 @@ static int admit_limit(const loom_elastic *e)
 static bool admissible(loom_elastic *e, int tr, int64_t done)
 {
     if (!e->waiting[tr] || is_member(e, tr)) return false;
-    if (!loom_group_task_up(e->group, tr)) return e->waiting[tr] = false;
+    if (!loom_group_task_up(e->group, tr)) { /* it asked, then went away */
+        e->waiting[tr] = false;
+        return false;
+    }
     return e->join_at[tr] < 0 || e->join_at[tr] <= done;
 }
 
@@ -529,7 +545,8 @@ bool loom_elastic_want_join_(loom_elastic *e, int64_t step)
         if (!admissible(e, tr, step + 1)) continue;
         if (n >= admit_limit(e)) { /* refused politely: the job goes on */
             char t[64], why[160];
-            int k = snprintf(why, sizeof why, "it has %d workers, strategy.elastic.max_workers = %d", n, admit_limit(e));
+            int k = snprintf(why, sizeof why, "it has %d workers, strategy.elastic.max_workers = %d", n,
+                             admit_limit(e));
             send_admit(e, tr, ADMIT_REFUSED, 0, 0, NULL, 0, why, (size_t)k);
             loom_warn("%s asked to join; refused: the job has %d workers (strategy.elastic.max_workers = %d)",
                       task_of(e, tr, t, sizeof t), n, admit_limit(e));
