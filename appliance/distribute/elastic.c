@@ -35,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* The group's first free message types (cluster.h: LOOM_MSG_USER + 16 up). */
 enum { MSG_REPORT = LOOM_MSG_USER + 16, MSG_DECISION = LOOM_MSG_USER + 17, MSG_JOIN = LOOM_MSG_USER + 18,
@@ -115,6 +116,15 @@ void loom_elastic_step_(loom_elastic *e, int64_t step)
     loom_warn("%s: leaving the job before step %lld (LOOM_TEST_MEMBERSHIP): killed as kill -9 would", e->task,
               (long long)step + 1);
     raise(SIGKILL);
+}
+
+void loom_elastic_leave_(loom_elastic *e, int64_t step)
+{
+    if (!e || e->cluster->rank == 0) return;
+    loom_warn("%s: SIGTERM: leaving the job before step %lld (strategy.elastic); the others go on without it", e->task,
+              (long long)step + 1);
+    fflush(NULL);
+    _exit(0); /* its connections close at once: the members' next collective fails and they re-form */
 }
 
 static int form(loom_elastic *e, loom_err *err);

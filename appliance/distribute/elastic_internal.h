@@ -23,6 +23,11 @@ void loom_elastic_free_(loom_elastic *e); /* NULL is a no-op */
 /* Before step `step` (0-based) of this task: LOOM_TEST_MEMBERSHIP's scripted
  * departures ("leave worker:2 at 300"): the named task dies here. e NULL: nothing. */
 void loom_elastic_step_(loom_elastic *e, int64_t step);
+/* A worker (not the chief) asked to leave (SIGTERM), before step `step`
+ * (0-based): a step boundary, so no collective is half done; it says so and
+ * exits 0; its connections close and the members re-form at once without
+ * it (loom_elastic_recover_). The chief, or e NULL: nothing. */
+void loom_elastic_leave_(loom_elastic *e, int64_t step);
 
 /* After step `step` (0-based) counted: LOOM_TEST_EXAMPLE_IDS=PREFIX appends
  * "STEP CRC" for each example of b (this member's slice; CRC-32C of its

@@ -109,6 +109,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
 
 enum { TAIL_STOP, TAIL_LOSS, TAIL_CORRECT, TAIL_EXAMPLES, TAIL_FAILED, TAIL_N };
@@ -146,6 +147,7 @@ typedef struct multi_worker {
     loom_err       comm_err;
     int64_t        packs_early, packs_total; /* announced during backward, and all (the chief logs them) */
     bool           stop_req, stop_seen;
+    bool           leave_req;  /* strategy.elastic, a worker: SIGTERM: leave the job before the next step */
     /* a custom (Lua) step: this worker's results (LOSS), and whether the
      * step that ran FORWARD has yet to take part in the all-reduce */
     loom_step_result part_mine;
@@ -771,6 +773,7 @@ static int mw_step(loom_strategy *s, const loom_elem *batch, int64_t step, loom_
 {
     multi_worker *mw = s->impl;
     loom_elastic_step_(mw->elastic, step);
+    if (mw->leave_req) loom_elastic_leave_(mw->elastic, step);
     mw->want_join = loom_elastic_want_join_(mw->elastic, step);
     for (;;) {
         loom_step_result mine = {0};
@@ -926,7 +929,14 @@ static int mw_num_replicas(loom_strategy *s)
 }
 
 static bool mw_is_chief(loom_strategy *s) { return ((multi_worker *)s->impl)->rank == 0; }
-static void mw_request_stop(loom_strategy *s) { ((multi_worker *)s->impl)->stop_req = true; }
+/* A signal: the job stops after the next step; under strategy.elastic a
+ * worker (not the chief) given SIGTERM leaves it instead (the others go on). */
+static void mw_request_stop(loom_strategy *s)
+{
+    multi_worker *mw = s->impl;
+    if (mw->elastic && mw->rank != 0 && loom_stop_signal() == SIGTERM) mw->leave_req = true;
+    else mw->stop_req = true;
+}
 static bool mw_stop_agreed(loom_strategy *s) { return ((multi_worker *)s->impl)->stop_seen; }
 
 /* The sharded update leaves each worker's optimizer slots current in its

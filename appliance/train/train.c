@@ -1117,6 +1117,7 @@ static bool checkpoint_due(const trainer *t)
 static int at_signal(trainer *t, loom_err *err)
 {
     if (t->in_exec != 0 || !stop_signal || t->stop_asked) return LOOM_OK;
+    loom_stop_signal_note(stop_signal); /* which one (strategy.elastic: a worker's SIGTERM leaves the job) */
     if (loom_strategy_request_stop(t->r.strat)) {
         t->stop_asked = stop_signal;
         return LOOM_OK;

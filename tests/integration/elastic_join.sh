@@ -131,6 +131,29 @@ if [ "$s0$s1$s3" = 000 ] && [ -n "$jat" ] && [ -n "$at" ] && [ "$jat" -gt "$at" 
 else fail "below min_workers: worker:2 started again joins, the job trains to the end" "status $s0 / $s1 / $s3" \
     "$(tail -4 <<<"$log")"; fi
 
+# ---- SIGTERM to a worker: it leaves at the next step boundary (exit 0), the others re-form at once ------
+# (heartbeat_timeout = 60: only the leaver's closed connections can tell the chief within the 10 s allowed)
+OPTS=(--set run.epochs=1 --set run.checkpoint_steps=50 --set run.progress='"none"' --set cluster.heartbeat_timeout=60
+      --set strategy.elastic.min_workers=2 --set 'hooks.callbacks=["../lua/mwm_slow.lua:slow"]')
+job leave
+wait_file "$WORK/leave/ckpt-50.loom"
+t0=$(date +%s.%N)
+kill -TERM "${JOB[2]}"
+status "${JOB[2]}" 30; s2=$ST
+for ((i = 0; i < 200; i++)); do grep -q "worker:2 left at step" "$WORK/leave.0" && break; sleep 0.05; done
+dt=$(printf %.2f "$(echo "$(date +%s.%N) - $t0" | bc)")
+status "${JOB[0]}"; s0=$ST; status "${JOB[1]}"; s1=$ST
+log=$(cat "$WORK/leave.0")
+at=$(sed -n 's/.*worker:2 left at step \([0-9]*\); continuing with 2 workers.*/\1/p' <<<"$log")
+if [ "$s2" = 0 ] && [ -n "$at" ] && [ "$(echo "$dt < 10" | bc)" = 1 ]; then
+    pass "SIGTERM: worker:2 leaves at step $at (exit 0), the chief says so $dt s after the signal"
+else fail "SIGTERM: worker:2 leaves (exit 0), the chief says so within 10 s" "status $s2, left at '$at', ${dt} s" \
+    "$(tail -3 <<<"$log")" "$(tail -3 "$WORK/leave.2")"; fi
+contains "SIGTERM: the leaver says why it goes" "worker:2: SIGTERM: leaving the job before step $((at + 1)) (strategy.elastic)" \
+    "$(cat "$WORK/leave.2")"
+if [ "$s0$s1" = 00 ] && [ "$(newest "$WORK/leave")" = 100 ]; then pass "SIGTERM: worker:0 and worker:1 train on to step 100"
+else fail "SIGTERM: worker:0 and worker:1 train on to step 100" "status $s0 / $s1" "$(tail -3 <<<"$log")"; fi
+
 # ---- max_workers: a task beyond it is refused politely, the job goes on ----------------------------
 OPTS=(--set run.epochs=1 --set run.checkpoint_steps=100 --set run.progress='"none"' --set cluster.heartbeat_timeout=2
       --set strategy.elastic.min_workers=1 --set strategy.elastic.max_workers=2)
