@@ -54,6 +54,7 @@ typedef struct child {
     char      threads[32]; /* "run.threads=K", its share of the cores (share_cores); "" none */
     int       respawns;   /* times it was started again alone */
     bool      discovered_out; /* --discover wanted fewer workers: launch ended it */
+    double    leave_kill_at;  /* --discover: when it gets SIGKILL if SIGTERM did not make it leave (0: none) */
 } child;
 
 /* A strategy whose lost workers rejoin (LOOM_ROLES_REJOIN: parameter_server):
@@ -143,7 +144,8 @@ static void help(void)
            "  --discover CMD        strategy.elastic: runs CMD (sh -c) every --discover-interval seconds\n"
            "                        (default 5); its lines \"host[:slots]\" add up to the workers wanted\n"
            "                        (at most --workers, and max_workers): launch ends or starts workers\n"
-           "                        to match, the last ones first; they leave and join the running job\n"
+           "                        to match, the last ones first; they leave (SIGTERM: at a step\n"
+           "                        boundary; SIGKILL after --grace) and join the running job\n"
            "  --set key.path=value  a config override for every task (repeatable)\n"
            "  --model-dir DIR       the model directory every task shares\n"
            "  --fresh               ignore existing checkpoints (the first start only)\n"
@@ -616,7 +618,7 @@ static int discover_wanted(const char *cmd)
 /* --discover: ends the training tasks beyond the number wanted (the last
  * ones first; never the chief) and starts again those within it that are
  * not running: they leave and join the running job (strategy.elastic). */
-static void discover_tick(child *cs, int n, const respawn_ctx *rs, int *last)
+static void discover_tick(child *cs, int n, const respawn_ctx *rs, double grace, int *last)
 {
     int want = discover_wanted(rs->discover), k = 0, total = 0;
     if (want < 0) return;
@@ -634,9 +636,11 @@ static void discover_tick(child *cs, int n, const respawn_ctx *rs, int *last)
                 say("--discover: starting %s again; it joins the running job", cs[i].name);
                 cs[i].discovered_out = !respawn_one(&cs[i], rs, NULL, 0, NULL);
             } else if (!cs[i].reaped && !chief) {
-                say("--discover: ending %s; it leaves the running job", cs[i].name);
-                signal_one(&cs[i], SIGKILL);
+                say("--discover: ending %s (SIGTERM, SIGKILL after %g s); it leaves the running job", cs[i].name,
+                    grace);
+                signal_one(&cs[i], SIGTERM); /* strategy.elastic: it leaves at its next step boundary, exit 0 */
                 cs[i].stopped_by_us = cs[i].discovered_out = true;
+                cs[i].leave_kill_at = loom_now() + grace;
             }
         }
 }
@@ -656,6 +660,30 @@ static void elastic_lost(child *c, const respawn_ctx *rs, int ws)
             rs->strategy, rs->limit);
     else
         say("%s %s %d: %s goes on without it (strategy.elastic)", c->name, how, what, rs->strategy);
+}
+
+/* launch got sig: every task gets it; under strategy.elastic a worker's
+ * SIGTERM would make it leave the job, so the workers but the chief get
+ * SIGINT (it stops the job with a checkpoint, as SIGTERM does elsewhere). */
+static void forward_signal(child *cs, int n, const respawn_ctx *rs, int sig)
+{
+    for (int i = 0; i < n; i++)
+        if (!cs[i].reaped && cs[i].pid > 0) {
+            bool leaves = rs && rs->elastic && cs[i].role == LOOM_ROLE_WORKER && !is_chief(cs, n, i);
+            signal_one(&cs[i], leaves && sig == SIGTERM ? SIGINT : sig);
+            cs[i].stopped_by_us = true;
+        }
+}
+
+/* --discover: a worker told to leave (SIGTERM) that did not within --grace gets SIGKILL. */
+static void leave_overdue(child *cs, int n, double grace)
+{
+    for (int i = 0; i < n; i++)
+        if (!cs[i].reaped && cs[i].leave_kill_at > 0 && loom_now() >= cs[i].leave_kill_at) {
+            say("%s did not leave within %g s: SIGKILL", cs[i].name, grace);
+            signal_one(&cs[i], SIGKILL);
+            cs[i].leave_kill_at = 0;
+        }
 }
 
 static void supervise(child *cs, int n, double grace, const respawn_ctx *rs, job_end *je, outcome *res)
@@ -684,7 +712,7 @@ static void supervise(child *cs, int n, double grace, const respawn_ctx *rs, job
         if (got_signal && !res->interrupted) {
             res->interrupted = got_signal;
             say("got %s: forwarding it to every task", got_signal == SIGINT ? "SIGINT" : "SIGTERM");
-            signal_all(cs, n, got_signal, true);
+            forward_signal(cs, n, rs, got_signal);
             kill_at = loom_now() + grace;
         } else if (got_signal && got_signal != res->interrupted) { /* a second signal: no more waiting */
             kill_at = loom_now();
@@ -692,17 +720,19 @@ static void supervise(child *cs, int n, double grace, const respawn_ctx *rs, job
         if (!res->interrupted && !res->failed) end_tick(cs, n, grace, je, &kill_at);
         if (rs && rs->discover && !kill_at && !je->done && !res->failed && loom_now() >= next_discover) {
             next_discover = loom_now() + rs->discover_interval;
-            discover_tick(cs, n, rs, &last_wanted);
+            discover_tick(cs, n, rs, grace, &last_wanted);
         }
+        leave_overdue(cs, n, grace);
         /* reap */
         for (int i = 0; i < n; i++) {
             if (cs[i].reaped) continue;
             int ws;
             pid_t p = waitpid(cs[i].pid, &ws, WNOHANG);
             if (p != cs[i].pid) continue;
-            cs[i].reaped = true;
+            cs[i].reaped = true, cs[i].leave_kill_at = 0;
             cs[i].status = status_of(ws);
             if (cs[i].status == 0) {
+                if (cs[i].discovered_out) say("%s left the running job (exit 0)", cs[i].name);
                 if (is_chief(cs, n, i) && !res->failed && !res->interrupted) {
                     char why[96];
                     snprintf(why, sizeof why, "%s exited 0", cs[i].name);

@@ -191,7 +191,9 @@ contains "launch --elastic: a killed worker is started again alone" \
     "[launch] worker:1 was killed by signal 9: multi_worker_mirrored goes on without it; starting it again alone (1 of 2), it joins" "$out"
 if [ "$ok1" = y ]; then pass "launch --elastic: worker:1 joins the running job"
 else fail "launch --elastic: worker:1 joins the running job" "$(tail -4 <<<"$out")"; fi
-contains "launch --discover: 2 workers wanted: launch ends worker:2" "[launch] --discover: ending worker:2; it leaves the running job" "$out"
+contains "launch --discover: 2 workers wanted: launch ends worker:2 with SIGTERM" \
+    "[launch] --discover: ending worker:2 (SIGTERM, SIGKILL after 3 s); it leaves the running job" "$out"
+contains "launch --discover: worker:2 leaves gracefully (exit 0)" "[launch] worker:2 left the running job (exit 0)" "$out"
 if [ "$ok2" = y ] && [ "$ok3" = y ]; then pass "launch --discover: worker:2 leaves, then (3 wanted) is started again and joins"
 else fail "launch --discover: worker:2 leaves, then is started again and joins" "left '$ok2', joined '$ok3'" "$(tail -4 <<<"$out")"; fi
 if [ "$(cat "$WORK/launch.rc" 2>/dev/null)" = 0 ] && [ "$(newest "$WORK/launch")" = 200 ]; then
