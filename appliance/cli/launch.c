@@ -7,6 +7,9 @@
  * one task fails and exits with that task's status, and restarts the whole
  * group up to --restarts times (training resumes from the last checkpoint);
  * once the job is done it ends every task still running (job_end).
+ * strategy.elastic: a worker that dies is dropped by the job; --elastic
+ * starts it again alone and it joins; --discover CMD sets the number of
+ * workers running from CMD's host list (discover_tick).
  * Children die with it (PR_SET_PDEATHSIG), even when it is killed.
  * Also the hidden `loom cluster-selftest` task, a stand-in child for the
  * launch tests (tests/integration/cluster_topo.sh).
@@ -50,6 +53,8 @@ typedef struct child {
     char    **argv;       /* how it was started (this attempt's), for a respawn */
     char      threads[32]; /* "run.threads=K", its share of the cores (share_cores); "" none */
     int       respawns;   /* times it was started again alone */
+    bool      discovered_out; /* --discover wanted fewer workers: launch ended it */
+    double    leave_kill_at;  /* --discover: when it gets SIGKILL if SIGTERM did not make it leave (0: none) */
 } child;
 
 /* A strategy whose lost workers rejoin (LOOM_ROLES_REJOIN: parameter_server):
@@ -58,10 +63,14 @@ typedef struct child {
 typedef struct respawn_ctx {
     bool        on;
     bool        elastic;  /* strategy.elastic: a worker but the chief that fails is dropped, the others go on */
+    bool        respawn;  /* --elastic: such a worker is started again alone (up to limit) and joins */
     const char *strategy; /* its name, for the messages */
     int         limit;
     const char *exe;
     char      **env;
+    const char *discover; /* --discover CMD: the workers wanted, every discover_interval s (NULL: none) */
+    double      discover_interval;
+    int         max_workers; /* strategy.elastic.max_workers (0: every training task) */
 } respawn_ctx;
 
 typedef struct launch_opts {
@@ -75,6 +84,9 @@ typedef struct launch_opts {
     int         n_sets;
     const char *model_dir;
     bool        fresh, quiet, verbose;
+    bool        elastic;            /* --elastic */
+    const char *discover;           /* --discover CMD */
+    double      discover_interval;  /* --discover-interval SECONDS (default 5) */
 } launch_opts;
 
 static volatile sig_atomic_t got_signal;
@@ -94,7 +106,8 @@ static void say(const char *fmt, ...)
 
 static const char usage_text[] =
     "usage: loom launch --local CONFIG [--workers N] [--ps N] [--evaluator] [--chief] [--restarts K]\n"
-    "                   [--grace SECONDS] [--set key.path=value ...] [--model-dir DIR] [--fresh]\n";
+    "                   [--grace SECONDS] [--set key.path=value ...] [--model-dir DIR] [--fresh]\n"
+    "                   [--elastic] [--discover CMD [--discover-interval SECONDS]]\n";
 
 static void help(void)
 {
@@ -126,6 +139,13 @@ static void help(void)
            "  --chief               one chief task besides the workers\n"
            "  --restarts K          restart the whole group up to K times after a failure (default 0)\n"
            "  --grace SECONDS       between SIGTERM and SIGKILL when stopping tasks (default 30)\n"
+           "  --elastic             strategy.elastic: a worker that dies is started again alone (up to\n"
+           "                        --restarts times each) and joins the running job\n"
+           "  --discover CMD        strategy.elastic: runs CMD (sh -c) every --discover-interval seconds\n"
+           "                        (default 5); its lines \"host[:slots]\" add up to the workers wanted\n"
+           "                        (at most --workers, and max_workers): launch ends or starts workers\n"
+           "                        to match, the last ones first; they leave (SIGTERM: at a step\n"
+           "                        boundary; SIGKILL after --grace) and join the running job\n"
            "  --set key.path=value  a config override for every task (repeatable)\n"
            "  --model-dir DIR       the model directory every task shares\n"
            "  --fresh               ignore existing checkpoints (the first start only)\n"
@@ -157,6 +177,7 @@ static int parse_args(int argc, char **argv, launch_opts *o)
     memset(o, 0, sizeof *o);
     o->command = "train";
     o->grace = 30;
+    o->discover_interval = 5;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -198,6 +219,18 @@ static int parse_args(int argc, char **argv, launch_opts *o)
             if (!v || (strcmp(v, "train") && strcmp(v, "cluster-selftest")))
                 return usage_error("%s expects train or cluster-selftest", a);
             o->command = v;
+            i++;
+        } else if (!strcmp(a, "--elastic")) {
+            o->elastic = true;
+        } else if (!strcmp(a, "--discover")) {
+            if (!v || !*v) return usage_error("%s expects a command", a);
+            o->discover = v;
+            i++;
+        } else if (!strcmp(a, "--discover-interval")) {
+            char *end;
+            double g = v ? strtod(v, &end) : -1;
+            if (!v || *end || !(g >= 0.1 && g <= 3600)) return usage_error("%s expects seconds in [0.1, 3600]", a);
+            o->discover_interval = g;
             i++;
         } else if (!strcmp(a, "--fresh")) {
             o->fresh = true;
@@ -529,8 +562,134 @@ static double stop_after_training(child *cs, int n, double grace, bool *stopping
 }
 
 /* Runs the group until every task has exited; see the file comment. */
+/* c (a worker that ended: how, what) started again alone; false: it could not be. */
+static bool respawn_one(child *c, const respawn_ctx *rs, const char *how, int what, const char *verb)
+{
+    for (int s = 0; s < 2; s++)
+        if (c->fd[s] >= 0) {
+            set_nonblock(c->fd[s]);
+            drain(c, s);
+            if (c->fd[s] >= 0) close(c->fd[s]), c->fd[s] = -1;
+        }
+    if (how) {
+        c->respawns++;
+        say("%s %s %d: %s goes on without it; starting it again alone (%d of %d), it %s", c->name, how, what,
+            rs->strategy, c->respawns, rs->limit, verb);
+    }
+    loom_err se = {0};
+    if (spawn(c, rs->exe, c->argv, rs->env, &se) == LOOM_OK) return true;
+    say("%s: %s", se.where, se.msg);
+    return false;
+}
+
+/* --discover: the workers wanted, the sum of the slots of CMD's lines
+ * ("host" or "host:slots"; blank lines and # comments skipped); -1 when CMD
+ * failed or printed an unreadable line (said). */
+static int discover_wanted(const char *cmd)
+{
+    FILE *p = popen(cmd, "r");
+    if (!p) {
+        say("--discover: cannot run \"%s\": %s; keeping the workers as they are", cmd, strerror(errno));
+        return -1;
+    }
+    char line[512], bad[80] = "";
+    int want = 0;
+    while (fgets(line, sizeof line, p)) {
+        line[strcspn(line, "\r\n")] = 0;
+        char *s = line + strspn(line, " \t");
+        if (!*s || *s == '#') continue;
+        char *colon = strrchr(s, ':'), *end = NULL;
+        long slots = colon ? strtol(colon + 1, &end, 10) : 1;
+        if ((colon && (end == colon + 1 || *end)) || slots < 1 || slots > LOOM_MAX_CLUSTER_TASKS) {
+            if (!bad[0]) snprintf(bad, sizeof bad, "%s", s);
+            continue;
+        }
+        want += (int)slots;
+    }
+    int st = pclose(p);
+    if (st != 0 || bad[0]) {
+        say("--discover: \"%s\" %s%s%s; keeping the workers as they are", cmd, bad[0] ? "printed \"" : "failed",
+            bad[0] ? bad : "", bad[0] ? "\" (expected host or host:slots)" : "");
+        return -1;
+    }
+    return want;
+}
+
+/* --discover: ends the training tasks beyond the number wanted (the last
+ * ones first; never the chief) and starts again those within it that are
+ * not running: they leave and join the running job (strategy.elastic). */
+static void discover_tick(child *cs, int n, const respawn_ctx *rs, double grace, int *last)
+{
+    int want = discover_wanted(rs->discover), k = 0, total = 0;
+    if (want < 0) return;
+    for (int i = 0; i < n; i++) total += cs[i].role == LOOM_ROLE_WORKER || cs[i].role == LOOM_ROLE_CHIEF;
+    int most = rs->max_workers > 0 && rs->max_workers < total ? rs->max_workers : total;
+    want = want < 1 ? 1 : want > most ? most : want;
+    if (want != *last) say("--discover: %d worker%s wanted (of at most %d)", want, want == 1 ? "" : "s", most);
+    *last = want;
+    for (int pass = 0; pass < 2; pass++) /* the chief first, then the workers in order */
+        for (int i = 0; i < n; i++) {
+            bool chief = is_chief(cs, n, i);
+            if ((pass == 0) != chief || (cs[i].role != LOOM_ROLE_WORKER && !chief)) continue;
+            if (k++ < want) {
+                if (!cs[i].reaped || chief || !cs[i].discovered_out) continue;
+                say("--discover: starting %s again; it joins the running job", cs[i].name);
+                cs[i].discovered_out = !respawn_one(&cs[i], rs, NULL, 0, NULL);
+            } else if (!cs[i].reaped && !chief) {
+                say("--discover: ending %s (SIGTERM, SIGKILL after %g s); it leaves the running job", cs[i].name,
+                    grace);
+                signal_one(&cs[i], SIGTERM); /* strategy.elastic: it leaves at its next step boundary, exit 0 */
+                cs[i].stopped_by_us = cs[i].discovered_out = true;
+                cs[i].leave_kill_at = loom_now() + grace;
+            }
+        }
+}
+
+/* strategy.elastic: worker c (not the chief) ended (wait status ws): the
+ * job goes on without it; --elastic starts it again alone and it joins. */
+static void elastic_lost(child *c, const respawn_ctx *rs, int ws)
+{
+    const char *how = WIFSIGNALED(ws) ? "was killed by signal" : "exited with status";
+    int what = WIFSIGNALED(ws) ? WTERMSIG(ws) : c->status;
+    /* (status 2: another config, or refused beyond max_workers: the same every time) */
+    if (rs->respawn && c->status != LOOM_EXIT_USAGE && c->respawns < rs->limit &&
+        respawn_one(c, rs, how, what, "joins"))
+        return;
+    if (rs->respawn)
+        say("%s %s %d: %s goes on without it (strategy.elastic; no restarts left: --restarts %d)", c->name, how, what,
+            rs->strategy, rs->limit);
+    else
+        say("%s %s %d: %s goes on without it (strategy.elastic)", c->name, how, what, rs->strategy);
+}
+
+/* launch got sig: every task gets it; under strategy.elastic a worker's
+ * SIGTERM would make it leave the job, so the workers but the chief get
+ * SIGINT (it stops the job with a checkpoint, as SIGTERM does elsewhere). */
+static void forward_signal(child *cs, int n, const respawn_ctx *rs, int sig)
+{
+    for (int i = 0; i < n; i++)
+        if (!cs[i].reaped && cs[i].pid > 0) {
+            bool leaves = rs && rs->elastic && cs[i].role == LOOM_ROLE_WORKER && !is_chief(cs, n, i);
+            signal_one(&cs[i], leaves && sig == SIGTERM ? SIGINT : sig);
+            cs[i].stopped_by_us = true;
+        }
+}
+
+/* --discover: a worker told to leave (SIGTERM) that did not within --grace gets SIGKILL. */
+static void leave_overdue(child *cs, int n, double grace)
+{
+    for (int i = 0; i < n; i++)
+        if (!cs[i].reaped && cs[i].leave_kill_at > 0 && loom_now() >= cs[i].leave_kill_at) {
+            say("%s did not leave within %g s: SIGKILL", cs[i].name, grace);
+            signal_one(&cs[i], SIGKILL);
+            cs[i].leave_kill_at = 0;
+        }
+}
+
 static void supervise(child *cs, int n, double grace, const respawn_ctx *rs, job_end *je, outcome *res)
 {
+    double next_discover = 0;
+    int last_wanted = -1;
     memset(res, 0, sizeof *res);
     double kill_at = 0; /* when the stragglers get SIGKILL; 0 = not stopping */
     bool training_done_stop = false;
@@ -553,21 +712,27 @@ static void supervise(child *cs, int n, double grace, const respawn_ctx *rs, job
         if (got_signal && !res->interrupted) {
             res->interrupted = got_signal;
             say("got %s: forwarding it to every task", got_signal == SIGINT ? "SIGINT" : "SIGTERM");
-            signal_all(cs, n, got_signal, true);
+            forward_signal(cs, n, rs, got_signal);
             kill_at = loom_now() + grace;
         } else if (got_signal && got_signal != res->interrupted) { /* a second signal: no more waiting */
             kill_at = loom_now();
         }
         if (!res->interrupted && !res->failed) end_tick(cs, n, grace, je, &kill_at);
+        if (rs && rs->discover && !kill_at && !je->done && !res->failed && loom_now() >= next_discover) {
+            next_discover = loom_now() + rs->discover_interval;
+            discover_tick(cs, n, rs, grace, &last_wanted);
+        }
+        leave_overdue(cs, n, grace);
         /* reap */
         for (int i = 0; i < n; i++) {
             if (cs[i].reaped) continue;
             int ws;
             pid_t p = waitpid(cs[i].pid, &ws, WNOHANG);
             if (p != cs[i].pid) continue;
-            cs[i].reaped = true;
+            cs[i].reaped = true, cs[i].leave_kill_at = 0;
             cs[i].status = status_of(ws);
             if (cs[i].status == 0) {
+                if (cs[i].discovered_out) say("%s left the running job (exit 0)", cs[i].name);
                 if (is_chief(cs, n, i) && !res->failed && !res->interrupted) {
                     char why[96];
                     snprintf(why, sizeof why, "%s exited 0", cs[i].name);
@@ -584,9 +749,7 @@ static void supervise(child *cs, int n, double grace, const respawn_ctx *rs, job
             }
             if (cs[i].stopped_by_us || res->failed || res->interrupted) continue;
             if (rs && rs->elastic && cs[i].role == LOOM_ROLE_WORKER && !is_chief(cs, n, i) && !kill_at) {
-                say("%s %s %d: %s goes on without it (strategy.elastic)", cs[i].name,
-                    WIFSIGNALED(ws) ? "was killed by signal" : "exited with status",
-                    WIFSIGNALED(ws) ? WTERMSIG(ws) : cs[i].status, rs->strategy);
+                elastic_lost(&cs[i], rs, ws);
                 continue;
             }
             if (rs && rs->on && cs[i].role == LOOM_ROLE_WORKER && !kill_at) {
@@ -597,18 +760,7 @@ static void supervise(child *cs, int n, double grace, const respawn_ctx *rs, job
                         rs->strategy, rs->limit);
                     continue;
                 }
-                for (int s = 0; s < 2; s++)
-                    if (cs[i].fd[s] >= 0) {
-                        set_nonblock(cs[i].fd[s]);
-                        drain(&cs[i], s);
-                        if (cs[i].fd[s] >= 0) close(cs[i].fd[s]), cs[i].fd[s] = -1;
-                    }
-                cs[i].respawns++;
-                say("%s %s %d: %s goes on without it; starting it again alone (%d of %d), it rejoins", cs[i].name,
-                    how, what, rs->strategy, cs[i].respawns, rs->limit);
-                loom_err se = {0};
-                if (spawn(&cs[i], rs->exe, cs[i].argv, rs->env, &se) == LOOM_OK) continue;
-                say("%s: %s", se.where, se.msg);
+                if (respawn_one(&cs[i], rs, how, what, "rejoins")) continue;
             }
             res->failed = true;
             res->status = cs[i].status;
@@ -649,7 +801,7 @@ static const loom_cluster_roles *strategy_roles(const loom_spec *spec)
  * run.threads is given (the config or --set). */
 static int validate(const launch_opts *o, const char *const *sets, int n_sets, const char *task, char **env,
                     bool *rejoin, bool *elastic, char *strategy, size_t strategy_n, char *final_path,
-                    size_t final_n, bool *threads_set)
+                    size_t final_n, bool *threads_set, int *max_workers)
 {
     loom_spec *spec = NULL;
     loom_errlist *errs = loom_calloc(1, sizeof *errs);
@@ -663,6 +815,14 @@ static int validate(const launch_opts *o, const char *const *sets, int n_sets, c
     const loom_cluster_roles *roles = strategy_roles(spec);
     *rejoin = roles && (roles->flags & LOOM_ROLES_REJOIN);
     *elastic = spec->strategy.elastic.enabled; /* (parsed for multi_worker_mirrored only) */
+    *max_workers = spec->strategy.elastic.max_workers;
+    if (!*elastic && (o->elastic || o->discover)) {
+        fprintf(stderr, "loom: %s: launch %s needs strategy.elastic (multi_worker_mirrored): without it a worker "
+                        "cannot join a running job\n  hint: add strategy.elastic = { min_workers = 1; } (or --set "
+                        "strategy.elastic.min_workers=1)\n", o->config, o->elastic ? "--elastic" : "--discover");
+        loom_config_free(spec);
+        return LOOM_EXIT_USAGE;
+    }
     *threads_set = spec->run.threads > 0;
     snprintf(strategy, strategy_n, "%s", spec->strategy.name);
     snprintf(final_path, final_n, "%s/" LOOM_FINAL_MARKER, o->model_dir ? o->model_dir : spec->run.model_dir);
@@ -866,6 +1026,7 @@ int loom_cli_launch_(int argc, char **argv, double start)
         return LOOM_EXIT_RUNTIME;
     }
     bool rejoin = false, elastic = false, threads_set = false;
+    int max_workers = 0;
     char strategy[LOOM_NAME_MAX + 64] = "", final_path[LOOM_PATH_MAX + 16] = "";
     for (int attempt = 0; attempt <= o.restarts; attempt++) {
         int ports[MAX_TASKS];
@@ -884,7 +1045,7 @@ int loom_cli_launch_(int argc, char **argv, double start)
             break;
         }
         if (attempt == 0 && (status = validate(&o, sets, ns, cs[0].name, env, &rejoin, &elastic, strategy, sizeof strategy,
-                                               final_path, sizeof final_path, &threads_set))) {
+                                               final_path, sizeof final_path, &threads_set, &max_workers))) {
             loom_free(env);
             break;
         }
@@ -896,7 +1057,9 @@ int loom_cli_launch_(int argc, char **argv, double start)
         int started = start_tasks(cs, n, &o, attempt, exe, sets, ns, env, ports);
         outcome res;
         if (started < n) signal_all(cs, started, SIGKILL, true);
-        respawn_ctx rs = {.on = rejoin, .elastic = elastic, .strategy = strategy, .limit = o.restarts, .exe = exe, .env = env};
+        respawn_ctx rs = {.on = rejoin, .elastic = elastic, .respawn = o.elastic, .strategy = strategy,
+                          .limit = o.restarts, .exe = exe, .env = env, .discover = o.discover,
+                          .discover_interval = o.discover_interval, .max_workers = max_workers};
         supervise(cs, started, o.grace, &rs, &je, &res);
         loom_free(env);
         if (started < n) {

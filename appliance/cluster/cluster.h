@@ -294,6 +294,13 @@ loom_net *loom_group_net(loom_group *g);
  * them). The ranks are renumbered 0 .. n-1 in that order; collectives
  * start over (an abort of an earlier membership is ignored). */
 void loom_group_elastic(loom_group *g);
+/* loom_group_open without the ring (an elastic job's members form it with
+ * loom_group_reform once the chief has admitted them): collectives wait for it. */
+int  loom_group_open_bare(loom_group **out, const loom_cluster *c, double collective_timeout, loom_err *err);
+/* The membership changes the group counts (loom_group_reform adds one): a
+ * task admitted into a running job takes the members' count before it re-forms. */
+void     loom_group_set_epoch(loom_group *g, uint32_t epoch);
+uint32_t loom_group_epoch(const loom_group *g);
 int  loom_group_reform(loom_group *g, const int *members, int n, loom_err *err);
 /* The cluster's training rank of member r (-1 when r is out of range). */
 int  loom_group_member(const loom_group *g, int r);

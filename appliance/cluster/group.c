@@ -117,6 +117,7 @@ struct loom_group {
     int       n_peers;                /* net peers: the cluster's training ranks but this one */
     int      *orig;                   /* rank -> the cluster's training rank */
     int      *peer_orig;              /* net peer index -> the cluster's training rank */
+    bool      use_sender;             /* a sender thread with each ring (loom_group_reform starts it) */
 };
 
 /* I/O on a data connection, clear or through TLS (ssl): bytes moved (> 0),
@@ -461,7 +462,7 @@ static int ring_connect(loom_group *g, const loom_cluster *c, loom_err *err)
     return LOOM_OK;
 }
 
-int loom_group_open(loom_group **out, const loom_cluster *c, double collective_timeout, loom_err *err)
+static int group_open(loom_group **out, const loom_cluster *c, double collective_timeout, bool ring, loom_err *err)
 {
     *out = NULL;
     if (c->rank < 0 || c->rank >= c->n_train_ranks)
@@ -502,7 +503,7 @@ int loom_group_open(loom_group **out, const loom_cluster *c, double collective_t
         /* the group's own types; a user of loom_group_net declares its own */
         loom_net_reads(g->net, -1, LOOM_NET_TYPE_BIT(LOOM_MSG_GROUP_HELLO) | LOOM_NET_TYPE_BIT(LOOM_MSG_GROUP_ABORT));
         g->alert_fd = loom_net_alert_fd_(g->net, LOOM_MSG_GROUP_ABORT);
-        rc = ring_connect(g, c, err);
+        if (ring) rc = ring_connect(g, c, err);
     }
     if (rc) {
         loom_group_close(g);
@@ -526,11 +527,23 @@ int loom_group_open(loom_group **out, const loom_cluster *c, double collective_t
         const char *e = getenv("LOOM_RING_SENDER");
         bool use_sender = e && *e ? atoi(e) != 0 : cores >= 2 * local;
         g->spin = local <= cores;
-        if (use_sender && sender_start(g)) loom_debug("%s: no sender thread; sending from the caller", loom_net_name_(g->net));
+        g->use_sender = use_sender;
+        if (use_sender && ring && sender_start(g))
+            loom_debug("%s: no sender thread; sending from the caller", loom_net_name_(g->net));
     }
-    loom_net_set_status_(g->net, "ready, before the first collective");
+    loom_net_set_status_(g->net, ring ? "ready, before the first collective" : "connected, the ring not formed");
     *out = g;
     return LOOM_OK;
+}
+
+int loom_group_open(loom_group **out, const loom_cluster *c, double collective_timeout, loom_err *err)
+{
+    return group_open(out, c, collective_timeout, true, err);
+}
+
+int loom_group_open_bare(loom_group **out, const loom_cluster *c, double collective_timeout, loom_err *err)
+{
+    return group_open(out, c, collective_timeout, false, err);
 }
 
 void loom_group_close(loom_group *g)
@@ -580,6 +593,9 @@ void loom_group_elastic(loom_group *g)
 
 int loom_group_member(const loom_group *g, int r) { return r >= 0 && r < g->size ? g->orig[r] : -1; }
 
+void loom_group_set_epoch(loom_group *g, uint32_t epoch) { g->epoch = epoch; }
+uint32_t loom_group_epoch(const loom_group *g) { return g->epoch; }
+
 bool loom_group_task_up(loom_group *g, int task_rank)
 {
     if (task_rank == g->cluster->rank) return true;
@@ -596,7 +612,7 @@ int loom_group_reform(loom_group *g, const int *members, int n, loom_err *err)
         if (members[i] == g->cluster->rank) me = i;
     if (!g->elastic || me < 0 || n < 1 || n > g->cluster->n_train_ranks)
         return loom_err_set(err, LOOM_EUSAGE, who, "re-forming the ring: this task is not among the %d members", n);
-    bool had_sender = g->sender != NULL;
+    bool had_sender = g->sender != NULL || g->use_sender;
     sender_stop(g->sender);
     g->sender = NULL;
     SSL_free(g->send_ssl), SSL_free(g->recv_ssl);

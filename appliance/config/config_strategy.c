@@ -77,6 +77,8 @@ static const cfg_opt elastic_opts[] = {
           "fewest workers the job trains with; below it the job stops with a checkpoint"),
     O_INT(loom_elastic_spec, "max_workers", max_workers, 0, 0, 4096, ALL, 0,
           "most workers the job trains with; 0 = the cluster's training tasks"),
+    O_F64(loom_elastic_spec, "wait_timeout", wait_timeout, 60, 0.0, 0, F_NO_HI, ALL, 0,
+          "below min_workers: seconds the job waits for workers to join before it stops with a checkpoint"),
     O_END,
 };
 

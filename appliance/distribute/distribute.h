@@ -477,6 +477,18 @@ bool loom_strategy_stop_agreed(loom_strategy *s);
 int  loom_strategy_end_of_data(loom_strategy *s, int64_t step, loom_step_result *out, bool *all_ended, loom_err *err);
 /* The job's other tasks as this one sees them (0 for one process). */
 int  loom_strategy_peers(loom_strategy *s, loom_peer_info *out, int max);
+/* strategy.elastic (multi_worker_mirrored), the trainer's part in a
+ * membership change. loom_strategy_elastic_joined: this task entered a
+ * running job (the variables and optimizer slots are the members'): the
+ * trainer's state the chief's save wrote (borrowed) and the steps done, else
+ * NULL (any other strategy too). loom_strategy_elastic_admit: after every
+ * step's bookkeeping (`done` steps): when that step said a task waits to
+ * join, the chief's save(arg, out) writes the trainer's state (its position,
+ * the hooks' and data.train's, as a checkpoint holds them) and every member
+ * takes the newcomers in; else nothing. */
+typedef int (*loom_train_state_fn)(void *arg, loom_buf *out, loom_err *err);
+const loom_buf *loom_strategy_elastic_joined(loom_strategy *s, int64_t *step);
+int  loom_strategy_elastic_admit(loom_strategy *s, int64_t done, loom_train_state_fn save, void *arg, loom_err *err);
 /* Whether this task serves the job instead of training (see serve above),
  * and the serving itself. */
 bool loom_strategy_serves(loom_strategy *s);

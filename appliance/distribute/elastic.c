@@ -15,6 +15,17 @@
  * examples were in that sum); a member at the frontier takes its step's
  * reduction again over the new members. No rollback, no restart.
  *
+ * Joining: every task asks the chief to join once its transport connects
+ * (MSG_JOIN); at the start the chief admits them all (MSG_ADMIT: the first
+ * ring, the first max_workers in task order, the others refused); in a
+ * running job it sees the request before a step (loom_elastic_want_join_),
+ * the step's agreement tells every member, and after the step (and its
+ * boundary) the chief sends the members the new membership (MSG_DECISION)
+ * and the joiner its admission with the trainer's state; the ring re-forms
+ * in task order and the chief broadcasts the variables and optimizer slots
+ * (loom_elastic_admit_). Below min_workers after a loss the chief first
+ * waits up to strategy.elastic.wait_timeout for requests (wait_joiners).
+ *
  * The chief must live: its loss ends the job as before (launch --restarts).
  *
  * Threads: the train thread. */
@@ -24,9 +35,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* The group's first free message types (cluster.h: LOOM_MSG_USER + 16 up). */
-enum { MSG_REPORT = LOOM_MSG_USER + 16, MSG_DECISION = LOOM_MSG_USER + 17 };
+enum { MSG_REPORT = LOOM_MSG_USER + 16, MSG_DECISION = LOOM_MSG_USER + 17, MSG_JOIN = LOOM_MSG_USER + 18,
+       MSG_ADMIT = LOOM_MSG_USER + 19 };
+/* MSG_ADMIT's kinds: the job forms (its first ring), a running job takes the task in, or refuses it */
+enum { ADMIT_FORM = 1, ADMIT_JOIN = 2, ADMIT_REFUSED = 3 };
+#define JOIN_MAGIC 0x4e494f4au /* "JOIN" */
+#define MAX_TASKS 64
 
 struct loom_elastic {
     loom_group         *group;
@@ -36,15 +53,23 @@ struct loom_elastic {
     char                task[64];
     char                metrics[LOOM_PATH_MAX + 16]; /* <model_dir>/metrics.jsonl ("" none) */
     int64_t             leave_at;  /* LOOM_TEST_MEMBERSHIP: this task dies before this step (-1: never) */
+    int64_t             join_at[MAX_TASKS]; /* the chief, by task rank: "join TASK at STEP" (-1: when it asks) */
+    bool                waiting[MAX_TASKS]; /* the chief: task ranks that asked to join, not yet admitted */
+    bool                joined;    /* this task entered a running job; `state` is the chief's trainer state */
+    int64_t             joined_at;
+    loom_buf            state;
 };
 
 /* LOOM_TEST_MEMBERSHIP="leave worker:2 at 300; ...": a scripted timeline,
  * for bit-reproducible tests: the named task dies (SIGKILL, as kill -9) when
  * it is about to take that step (0-based: after 300 complete), so every
  * member fails the same step's all-reduce. Other entries are refused. */
+static int task_rank_of(const loom_elastic *e, const char *name);
+
 static int parse_timeline(loom_elastic *e, const char *v, loom_err *err)
 {
     e->leave_at = -1;
+    for (int r = 0; r < MAX_TASKS; r++) e->join_at[r] = -1;
     if (!v || !*v) return LOOM_OK;
     char buf[512];
     snprintf(buf, sizeof buf, "%s", v);
@@ -53,9 +78,17 @@ static int parse_timeline(loom_elastic *e, const char *v, loom_err *err)
         long long at;
         while (*item == ' ') item++;
         if (!*item) continue;
+        if (sscanf(item, "join %63s at %lld %c", task, &at, &tail) == 2 && at >= 1) {
+            int tr = task_rank_of(e, task);
+            if (tr <= 0)
+                return loom_err_set(err, LOOM_EUSAGE, "LOOM_TEST_MEMBERSHIP", "\"%s\": %s is not a worker of the "
+                                    "cluster (the chief cannot join: it never leaves)", item, task);
+            e->join_at[tr] = at;
+            continue;
+        }
         if (sscanf(item, "leave %63s at %lld %c", task, &at, &tail) != 2 || at < 0)
             return loom_err_set(err, LOOM_EUSAGE, "LOOM_TEST_MEMBERSHIP", "cannot read \"%s\" (expected \"leave "
-                                "worker:N at STEP\"; joins are not supported yet)", item);
+                                "worker:N at STEP\" or \"join worker:N at STEP\", STEP >= 1)", item);
         if (!strcmp(task, e->task)) e->leave_at = at;
     }
     return LOOM_OK;
@@ -85,26 +118,59 @@ void loom_elastic_step_(loom_elastic *e, int64_t step)
     raise(SIGKILL);
 }
 
+void loom_elastic_leave_(loom_elastic *e, int64_t step)
+{
+    if (!e || e->cluster->rank == 0) return;
+    loom_warn("%s: SIGTERM: leaving the job before step %lld (strategy.elastic); the others go on without it", e->task,
+              (long long)step + 1);
+    fflush(NULL);
+    _exit(0); /* its connections close at once: the members' next collective fails and they re-form */
+}
+
+static int form(loom_elastic *e, loom_err *err);
+
 int loom_elastic_open_(loom_elastic **out, loom_group *g, const loom_cluster *c, const loom_elastic_spec *spec,
                        const char *task, const char *model_dir, loom_err *err)
 {
+    *out = NULL;
+    if (c->n_train_ranks > MAX_TASKS)
+        return loom_err_set(err, LOOM_EUNSUPPORTED, task, "strategy.elastic: at most %d training tasks (the cluster "
+                            "has %d)", MAX_TASKS, c->n_train_ranks);
     loom_elastic *e = loom_calloc(1, sizeof *e);
     if (!e) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the elastic membership");
     e->group = g, e->cluster = c, e->spec = *spec;
+    loom_buf_init(&e->state);
     snprintf(e->task, sizeof e->task, "%s", task);
     if (model_dir && model_dir[0]) snprintf(e->metrics, sizeof e->metrics, "%s/metrics.jsonl", model_dir);
     int rc = parse_timeline(e, getenv("LOOM_TEST_MEMBERSHIP"), err);
+    if (!rc) {
+        loom_group_elastic(g);
+        loom_net_reads(loom_group_net(g), -1, LOOM_NET_TYPE_BIT(MSG_REPORT) | LOOM_NET_TYPE_BIT(MSG_DECISION) |
+                                                  LOOM_NET_TYPE_BIT(MSG_JOIN) | LOOM_NET_TYPE_BIT(MSG_ADMIT));
+        rc = form(e, err);
+    }
     if (rc) {
-        loom_free(e);
+        loom_elastic_free_(e);
         return rc;
     }
-    loom_group_elastic(g);
-    loom_net_reads(loom_group_net(g), -1, LOOM_NET_TYPE_BIT(MSG_REPORT) | LOOM_NET_TYPE_BIT(MSG_DECISION));
     *out = e;
     return LOOM_OK;
 }
 
-void loom_elastic_free_(loom_elastic *e) { loom_free(e); }
+void loom_elastic_free_(loom_elastic *e)
+{
+    if (!e) return;
+    loom_buf_fini(&e->state);
+    loom_free(e);
+}
+
+bool loom_elastic_joined_(const loom_elastic *e, int64_t *step, const loom_buf **state)
+{
+    if (!e || !e->joined) return false;
+    if (step) *step = e->joined_at;
+    if (state) *state = &e->state;
+    return true;
+}
 
 static const char *task_of(const loom_elastic *e, int task_rank, char *buf, size_t n)
 {
@@ -115,13 +181,13 @@ static const char *task_of(const loom_elastic *e, int task_rank, char *buf, size
 }
 
 /* The chief: one metrics.jsonl record of the change (the trainer's lines are whole lines too). */
-static void record(const loom_elastic *e, int64_t step, const char *left, const int *members, int n)
+static void record(const loom_elastic *e, const char *what, int64_t step, const char *who, const int *members, int n)
 {
     if (!e->metrics[0]) return;
     FILE *f = fopen(e->metrics, "a");
     if (!f) return;
-    fprintf(f, "{\"membership\": \"left\", \"step\": %lld, \"left\": \"%s\", \"workers\": %d, \"members\": [",
-            (long long)step, left, n);
+    fprintf(f, "{\"membership\": \"%s\", \"step\": %lld, \"%s\": \"%s\", \"workers\": %d, \"members\": [", what,
+            (long long)step, what, who, n);
     for (int i = 0; i < n; i++) {
         char t[64];
         fprintf(f, "%s\"%s\"", i ? ", " : "", task_of(e, members[i], t, sizeof t));
@@ -156,14 +222,17 @@ static int chief_decide(loom_elastic *e, int64_t step, int *members, int *n, int
     double until = loom_now() + e->cluster->heartbeat_timeout + 5;
     for (;;) {
         bool all = true;
-        for (int r = 1; r < size; r++)
-            if (!reported[r] && loom_group_task_up(e->group, old[r])) all = false;
+        for (int r = 1; r < size; r++) /* (a member restarted meanwhile asks to join instead) */
+            if (!reported[r] && loom_group_task_up(e->group, old[r]) && !e->waiting[old[r]]) all = false;
         if (all || loom_now() > until) break;
         loom_buf m;
         loom_buf_init(&m);
         int from;
         loom_err w;
-        if (loom_net_recv(net, -1, MSG_REPORT, MSG_REPORT, &from, NULL, &m, 0.05, &w) == LOOM_OK && m.len == 12) {
+        uint32_t type = 0;
+        int got = loom_net_recv(net, -1, MSG_REPORT, MSG_JOIN, &from, &type, &m, 0.05, &w);
+        if (got == LOOM_OK && type == MSG_JOIN && from + 1 < MAX_TASKS) e->waiting[from + 1] = true;
+        if (got == LOOM_OK && type == MSG_REPORT && m.len == 12) {
             uint32_t ep = loom_buf_get_u32(&m);
             int64_t d = loom_buf_get_i64(&m);
             int tr = from + 1; /* the chief's net peers: task ranks 1, 2, ... */
@@ -198,6 +267,8 @@ static int chief_lost(loom_elastic *e, loom_err *err)
     return loom_err_hint(err, "run the job again: it resumes from the last checkpoint (with any number of workers)");
 }
 
+static int recv_decision(loom_elastic *e, int *members, int *n, int64_t *best, int *source, bool *stop, loom_err *err);
+
 /* A member: its report to the chief, then the chief's decision. */
 static int member_wait(loom_elastic *e, int64_t step, int *members, int *n, int64_t *best, int *source, bool *stop,
                        loom_err *err)
@@ -210,7 +281,16 @@ static int member_wait(loom_elastic *e, int64_t step, int *members, int *n, int6
     int rc = loom_net_send(net, 0, MSG_REPORT, b.data, b.len, err);
     loom_buf_fini(&b);
     if (rc) return loom_group_task_up(e->group, 0) ? rc : chief_lost(e, err);
-    double wait = 2 * e->cluster->heartbeat_timeout + 10;
+    return recv_decision(e, members, n, best, source, stop, err);
+}
+
+/* A member: the chief's decision (after a loss, or an admission). */
+static int recv_decision(loom_elastic *e, int *members, int *n, int64_t *best, int *source, bool *stop, loom_err *err)
+{
+    loom_net *net = loom_group_net(e->group);
+    loom_buf b;
+    int rc;
+    double bound = 2 * e->cluster->heartbeat_timeout + 10 + e->spec.wait_timeout, wait = bound;
     for (;;) {
         loom_buf_init(&b);
         rc = loom_net_recv(net, 0, MSG_DECISION, MSG_DECISION, NULL, NULL, &b, 0.2, err);
@@ -219,7 +299,7 @@ static int member_wait(loom_elastic *e, int64_t step, int *members, int *n, int6
         if (!loom_group_task_up(e->group, 0)) return chief_lost(e, err);
         if ((wait -= 0.2) <= 0)
             return loom_err_set(err, LOOM_ETIMEOUT, e->task, "no membership decision from the chief within %g s",
-                                2 * e->cluster->heartbeat_timeout + 10);
+                                bound);
     }
     uint32_t ep = loom_buf_get_u32(&b);
     *best = loom_buf_get_i64(&b);
@@ -233,6 +313,8 @@ static int member_wait(loom_elastic *e, int64_t step, int *members, int *n, int6
     return LOOM_OK;
 }
 
+static bool wait_joiners(loom_elastic *e, int64_t done, const char *left, const int *members, int n);
+
 int loom_elastic_recover_(loom_elastic *e, int64_t step, float *params, int64_t P, float *slots, int64_t n_slots,
                           const loom_err *fail, loom_elastic_outcome *out, loom_err *err)
 {
@@ -244,7 +326,7 @@ int loom_elastic_recover_(loom_elastic *e, int64_t step, float *params, int64_t 
     int rc;
     if (me == 0) {
         chief_decide(e, step, members, &n, &best, &source, left, sizeof left, err);
-        stop = n < e->spec.min_workers;
+        stop = n < e->spec.min_workers && !(out->join = wait_joiners(e, best, left, members, n));
         loom_buf d;
         put_decision(&d, e->epoch + 1, best, source, stop, members, n);
         loom_err w;
@@ -253,9 +335,9 @@ int loom_elastic_recover_(loom_elastic *e, int64_t step, float *params, int64_t 
         if (stop)
             loom_warn("%s left at step %lld; %d worker%s left, fewer than strategy.elastic.min_workers = %d: the job "
                       "stops with a checkpoint", left, (long long)best, n, n == 1 ? " is" : "s are", e->spec.min_workers);
-        else
+        else if (!out->join)
             loom_warn("%s left at step %lld; continuing with %d worker%s", left, (long long)best, n, n == 1 ? "" : "s");
-        record(e, best, left, members, n);
+        record(e, "left", best, left, members, n);
     } else if ((rc = member_wait(e, step, members, &n, &best, &source, &stop, err))) {
         return rc;
     }
@@ -279,4 +361,298 @@ int loom_elastic_recover_(loom_elastic *e, int64_t step, float *params, int64_t 
     out->stop = stop;
     out->workers = n;
     return LOOM_OK;
+}
+
+/* ---- joining: the first ring, and tasks entering a running job ---------------------------- */
+
+static int task_rank_of(const loom_elastic *e, const char *name)
+{
+    for (int r = 0; r < e->cluster->n_train_ranks && r < MAX_TASKS; r++) {
+        char t[64];
+        if (!strcmp(task_of(e, r, t, sizeof t), name)) return r;
+    }
+    return -1;
+}
+
+static bool is_member(const loom_elastic *e, int task_rank)
+{
+    for (int i = 0; i < loom_group_size(e->group); i++)
+        if (loom_group_member(e->group, i) == task_rank) return true;
+    return false;
+}
+
+/* The admission message: u32 kind, u32 epoch, i64 step, u32 n, n x u32 members, then (ADMIT_JOIN) the
+ * trainer's state or (ADMIT_REFUSED) the reason, to the end. */
+static int send_admit(loom_elastic *e, int task_rank, uint32_t kind, uint32_t epoch, int64_t step, const int *m, int n,
+                      const void *rest, size_t rest_len)
+{
+    loom_buf b;
+    loom_buf_init(&b);
+    loom_buf_put_u32(&b, kind);
+    loom_buf_put_u32(&b, epoch);
+    loom_buf_put_i64(&b, step);
+    loom_buf_put_u32(&b, (uint32_t)n);
+    for (int i = 0; i < n; i++) loom_buf_put_u32(&b, (uint32_t)m[i]);
+    if (rest_len) loom_buf_put(&b, rest, rest_len);
+    loom_err w;
+    int rc = b.failed ? LOOM_ENOMEM
+                      : loom_net_send(loom_group_net(e->group), task_rank - 1, MSG_ADMIT, b.data, b.len, &w);
+    loom_buf_fini(&b);
+    return rc;
+}
+
+/* The chief: the requests to join that came (waiting up to `wait` s for the first). */
+static void take_requests(loom_elastic *e, double wait)
+{
+    for (;;) {
+        loom_buf m;
+        loom_buf_init(&m);
+        int from;
+        loom_err w;
+        int rc = loom_net_recv(loom_group_net(e->group), -1, MSG_JOIN, MSG_JOIN, &from, NULL, &m, wait, &w);
+        bool ok = rc == LOOM_OK && m.len >= 4 && loom_buf_get_u32(&m) == JOIN_MAGIC && from + 1 < MAX_TASKS;
+        loom_buf_fini(&m);
+        if (rc) return;
+        if (ok) e->waiting[from + 1] = true;
+        wait = 0;
+    }
+}
+
+/* The chief at the start: every training task asks to join (the transport
+ * connected them all), and all form the first ring. */
+static int admit_limit(const loom_elastic *e);
+
+static int chief_form(loom_elastic *e, int *members, int *out_n, loom_err *err)
+{
+    int n = e->cluster->n_train_ranks;
+    double t = e->cluster->connect_timeout > 0 ? e->cluster->connect_timeout : 60, until = loom_now() + t + 5;
+    for (;;) {
+        int got = 1;
+        for (int r = 1; r < n; r++) got += e->waiting[r];
+        if (got == n) break;
+        if (loom_now() > until)
+            return loom_err_set(err, LOOM_ETIMEOUT, e->task, "strategy.elastic: %d of the %d training tasks asked to "
+                                "join within %g s", got, n, t + 5);
+        take_requests(e, 0.2);
+    }
+    int m = admit_limit(e); /* the first max_workers in task order; the others are refused */
+    for (int r = 0; r < n; r++) members[r] = r, e->waiting[r] = false;
+    for (int r = 1; r < n; r++) {
+        if (r < m) {
+            send_admit(e, r, ADMIT_FORM, 0, 0, members, m, NULL, 0);
+            continue;
+        }
+        char t[64], why[160];
+        int k = snprintf(why, sizeof why, "the job starts with strategy.elastic.max_workers = %d workers", m);
+        send_admit(e, r, ADMIT_REFUSED, 0, 0, NULL, 0, why, (size_t)k);
+        loom_warn("%s asked to join; refused: the job starts with strategy.elastic.max_workers = %d workers",
+                  task_of(e, r, t, sizeof t), m);
+    }
+    *out_n = m;
+    return LOOM_OK;
+}
+
+/* A worker: asks the chief to join and waits for its answer: the first
+ * ring, or (a running job) the step it enters at with the trainer's state,
+ * or a refusal. The chief admits it at a step boundary: this waits while the
+ * chief lives. */
+static int member_form(loom_elastic *e, int *members, int *n, loom_err *err)
+{
+    loom_net *net = loom_group_net(e->group);
+    loom_buf b;
+    loom_buf_init(&b);
+    loom_buf_put_u32(&b, JOIN_MAGIC);
+    loom_buf_put_str(&b, e->task);
+    int rc = loom_net_send(net, 0, MSG_JOIN, b.data, b.len, err);
+    loom_buf_fini(&b);
+    if (rc) return rc;
+    double t0 = loom_now();
+    bool said = false;
+    for (;;) {
+        loom_buf_init(&b);
+        if (loom_net_recv(net, 0, MSG_ADMIT, MSG_ADMIT, NULL, NULL, &b, 0.2, err) == LOOM_OK) break;
+        loom_buf_fini(&b);
+        if (!loom_group_task_up(e->group, 0)) {
+            char t[64];
+            loom_err_set(err, LOOM_ENET, e->task, "the chief (%s) went away before it admitted this task into the job",
+                         task_of(e, 0, t, sizeof t));
+            return loom_err_hint(err, "start this worker again once the job runs (its chief must live)");
+        }
+        if (!said && loom_now() - t0 > 5)
+            said = true, loom_info("%s: waiting for the chief to admit this task at a step boundary", e->task);
+    }
+    uint32_t kind = loom_buf_get_u32(&b), epoch = loom_buf_get_u32(&b);
+    int64_t step = loom_buf_get_i64(&b);
+    *n = (int)loom_buf_get_u32(&b);
+    for (int i = 0; i < *n && i < MAX_TASKS; i++) members[i] = (int)loom_buf_get_u32(&b);
+    const char *rest = (const char *)b.data + b.pos;
+    size_t rest_len = b.failed ? 0 : b.len - b.pos;
+    bool bad = *n < (kind == ADMIT_REFUSED ? 0 : 1) || *n > MAX_TASKS || kind < ADMIT_FORM || kind > ADMIT_REFUSED;
+    if (b.failed || bad) {
+        loom_buf_fini(&b);
+        return loom_err_set(err, LOOM_ENET, e->task, "an unreadable admission from the chief");
+    }
+    if (kind == ADMIT_REFUSED) {
+        loom_err_set(err, LOOM_EUSAGE, e->task, "the chief refused this task's request to join the running job: %.*s",
+                     (int)(rest_len > 300 ? 300 : rest_len), rest);
+        loom_buf_fini(&b);
+        return loom_err_hint(err, "raise strategy.elastic.max_workers (every task's config), or start it when a worker "
+                             "has left");
+    }
+    if (kind == ADMIT_JOIN) {
+        e->joined = true, e->joined_at = step, e->epoch = epoch;
+        loom_buf_put(&e->state, rest, rest_len);
+        loom_group_set_epoch(e->group, epoch); /* the members' count before this change's */
+        loom_info("%s: admitted into the running job at step %lld, with %d workers", e->task, (long long)step, *n);
+    }
+    loom_buf_fini(&b);
+    return e->state.failed ? loom_err_set(err, LOOM_ENOMEM, e->task, "holding the trainer's state") : LOOM_OK;
+}
+
+/* The first ring (or, for a task entering a running job, the ring of the members and this task). */
+static int form(loom_elastic *e, loom_err *err)
+{
+    int members[MAX_TASKS], n = 0;
+    int rc = e->cluster->rank == 0 ? chief_form(e, members, &n, err) : member_form(e, members, &n, err);
+    return rc ? rc : loom_group_reform(e->group, members, n, err);
+}
+
+static int admit_limit(const loom_elastic *e)
+{
+    int n = e->cluster->n_train_ranks;
+    return e->spec.max_workers > 0 && e->spec.max_workers < n ? e->spec.max_workers : n;
+}
+
+/* Whether the chief admits task tr after `done` steps: it asked, it is up,
+ * it is not a member (a member restarted is dropped first), and a scripted
+ * join (LOOM_TEST_MEMBERSHIP) is due. */
+static bool admissible(loom_elastic *e, int tr, int64_t done)
+{
+    if (!e->waiting[tr] || is_member(e, tr)) return false;
+    if (!loom_group_task_up(e->group, tr)) { /* it asked, then went away */
+        e->waiting[tr] = false;
+        return false;
+    }
+    return e->join_at[tr] < 0 || e->join_at[tr] <= done;
+}
+
+bool loom_elastic_want_join_(loom_elastic *e, int64_t step)
+{
+    if (!e || e->cluster->rank != 0) return false;
+    take_requests(e, 0);
+    int ntr = e->cluster->n_train_ranks;
+    for (int tr = 1; tr < ntr; tr++) { /* a scripted join: the job waits for the task to ask */
+        if (e->join_at[tr] != step + 1 || e->waiting[tr] || is_member(e, tr)) continue;
+        char t[64];
+        loom_info("holding step %lld until %s asks to join (LOOM_TEST_MEMBERSHIP)", (long long)step + 1,
+                  task_of(e, tr, t, sizeof t));
+        for (double until = loom_now() + 120; !e->waiting[tr] && loom_now() < until;) take_requests(e, 0.2);
+        if (!e->waiting[tr]) loom_warn("%s did not ask to join within 120 s: the job goes on without it", t);
+    }
+    int n = loom_group_size(e->group);
+    bool any = false;
+    for (int tr = 1; tr < ntr; tr++) {
+        if (!admissible(e, tr, step + 1)) continue;
+        if (n >= admit_limit(e)) { /* refused politely: the job goes on */
+            char t[64], why[160];
+            int k = snprintf(why, sizeof why, "it has %d workers, strategy.elastic.max_workers = %d", n,
+                             admit_limit(e));
+            send_admit(e, tr, ADMIT_REFUSED, 0, 0, NULL, 0, why, (size_t)k);
+            loom_warn("%s asked to join; refused: the job has %d workers (strategy.elastic.max_workers = %d)",
+                      task_of(e, tr, t, sizeof t), n, admit_limit(e));
+            e->waiting[tr] = false;
+            continue;
+        }
+        n++, any = true;
+    }
+    return any;
+}
+
+/* The chief's decision on the tasks waiting to join after `done` steps:
+ * the new members (task order), the joiners' names; tells every member and
+ * hands each joiner the trainer's state. */
+static int chief_admit(loom_elastic *e, int64_t done, const loom_buf *state, int *members, loom_err *err)
+{
+    int n = 0, ntr = e->cluster->n_train_ranks, joiners[MAX_TASKS], nj = 0, size = loom_group_size(e->group);
+    for (int tr = 0; tr < ntr; tr++) {
+        bool j = admissible(e, tr, done) && size + nj < admit_limit(e);
+        if (j) joiners[nj++] = tr;
+        if (j || is_member(e, tr)) members[n++] = tr;
+    }
+    loom_buf d;
+    put_decision(&d, e->epoch + 1, done, 0, false, members, n);
+    loom_err w;
+    for (int i = 0; i < size; i++) {
+        int tr = loom_group_member(e->group, i);
+        if (tr != 0) loom_net_send(loom_group_net(e->group), tr - 1, MSG_DECISION, d.data, d.len, &w);
+    }
+    loom_buf_fini(&d);
+    char who[256] = "";
+    size_t len = 0;
+    for (int k = 0; k < nj; k++) {
+        char t[64];
+        e->waiting[joiners[k]] = false;
+        send_admit(e, joiners[k], ADMIT_JOIN, e->epoch + 1, done, members, n, state->data, state->len);
+        len += (size_t)snprintf(who + len, len < sizeof who ? sizeof who - len : 0, "%s%s", k ? ", " : "",
+                                task_of(e, joiners[k], t, sizeof t));
+    }
+    if (nj) {
+        loom_warn("%s joined at step %lld; continuing with %d workers", who, (long long)done, n);
+        record(e, "joined", done, who, members, n);
+    }
+    (void)err;
+    return n;
+}
+
+int loom_elastic_admit_(loom_elastic *e, int64_t done, const loom_buf *state, float *params, int64_t P, float *slots,
+                        int64_t n_slots, int *workers, loom_err *err)
+{
+    int members[MAX_TASKS], n = 0, source = 0, rc;
+    int64_t best = done;
+    bool stop = false;
+    if (e->cluster->rank == 0) n = chief_admit(e, done, state, members, err);
+    else if ((rc = recv_decision(e, members, &n, &best, &source, &stop, err))) return rc;
+    if (best != done)
+        return loom_err_set(err, LOOM_ENET, e->task, "the chief admitted workers after step %lld, this task is at "
+                            "step %lld", (long long)best, (long long)done);
+    e->epoch++;
+    if ((rc = loom_group_reform(e->group, members, n, err))) return rc;
+    if ((rc = loom_elastic_enter_(e, params, P, slots, n_slots, err))) return rc;
+    *workers = n;
+    return LOOM_OK;
+}
+
+int loom_elastic_enter_(loom_elastic *e, float *params, int64_t P, float *slots, int64_t n_slots, loom_err *err)
+{
+    int rc = loom_group_broadcast(e->group, params, (size_t)P * sizeof(float), 0, err);
+    if (!rc && n_slots > 0) rc = loom_group_broadcast(e->group, slots, (size_t)n_slots * sizeof(float), 0, err);
+    return rc ? loom_err_prefix(err, "handing the variables and optimizer slots to the workers that joined") : LOOM_OK;
+}
+
+/* The chief, after a loss left n < min_workers members (after `done`
+ * steps): waits up to strategy.elastic.wait_timeout for tasks to ask to
+ * join; true when enough did (the members go on and admit them after the
+ * next step), false: the job stops with a checkpoint. */
+static bool wait_joiners(loom_elastic *e, int64_t done, const char *left, const int *members, int n)
+{
+    if (e->spec.wait_timeout <= 0) return false;
+    loom_warn("%s left at step %lld; %d worker%s left, fewer than strategy.elastic.min_workers = %d: waiting up to "
+              "%g s (strategy.elastic.wait_timeout) for workers to join", left, (long long)done, n,
+              n == 1 ? " is" : "s are", e->spec.min_workers, e->spec.wait_timeout);
+    for (double until = loom_now() + e->spec.wait_timeout; loom_now() < until;) {
+        take_requests(e, 0.2);
+        int k = n;
+        for (int tr = 1; tr < e->cluster->n_train_ranks && k < admit_limit(e); tr++) {
+            bool member = false;
+            for (int i = 0; i < n; i++) member |= members[i] == tr;
+            k += !member && e->waiting[tr] && (e->join_at[tr] < 0 || e->join_at[tr] <= done + 1) &&
+                 loom_group_task_up(e->group, tr);
+        }
+        if (k >= e->spec.min_workers) {
+            loom_warn("%d worker%s asked to join: the job goes on with %d workers for step %lld, then admits them",
+                      k - n, k - n == 1 ? "" : "s", n, (long long)done + 1);
+            return true;
+        }
+    }
+    return false;
 }

@@ -110,9 +110,13 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
 
 enum { TAIL_STOP, TAIL_LOSS, TAIL_CORRECT, TAIL_EXAMPLES, TAIL_FAILED, TAIL_N };
+/* strategy.elastic: the chief adds this to TAIL_STOP (whose sum is otherwise the
+ * number of tasks asking to stop) when a task waits to join after the step */
+#define JOIN_FLAG 4096.0f
 /* the sharded update's tail has one more: the workers running a custom step */
 enum { TAIL_CUSTOM = TAIL_N, TAIL_SHARD_N };
 
@@ -145,6 +149,7 @@ typedef struct multi_worker {
     loom_err       comm_err;
     int64_t        packs_early, packs_total; /* announced during backward, and all (the chief logs them) */
     bool           stop_req, stop_seen;
+    bool           leave_req;  /* strategy.elastic, a worker: SIGTERM: leave the job before the next step */
     /* a custom (Lua) step: this worker's results (LOSS), and whether the
      * step that ran FORWARD has yet to take part in the all-reduce */
     loom_step_result part_mine;
@@ -168,6 +173,8 @@ typedef struct multi_worker {
     bool           adopted;    /* this step was completed by another member: its state taken, no update here */
     bool           redo;       /* the members changed: take this step again on this member's new slice */
     float          tail_mine[TAIL_N]; /* this step's tail as staged (elastic: reduced again after a loss) */
+    bool           want_join;  /* the chief: a task waits to join after this step (elastic.c) */
+    bool           join_due;   /* the last step said so: admit it (loom_strategy_elastic_admit) */
 } multi_worker;
 
 static int64_t last_batch_size(const loom_dataset_spec *d)
@@ -398,6 +405,32 @@ static int plan_shards(multi_worker *mw, loom_err *err)
     return LOOM_OK;
 }
 
+/* The group across the workers. strategy.elastic: the transport first, then
+ * the chief admits every worker (elastic.c): the first ring, or this task
+ * entering a running job at a step boundary. */
+static int open_group(multi_worker *mw, const loom_strategy_args *a, loom_err *err)
+{
+    const loom_strategy_spec *st = &a->spec->strategy;
+    int rc;
+    if (!st->elastic.enabled) {
+        if ((rc = loom_group_open(&mw->group, a->cluster, st->collective_timeout, err))) return rc;
+        mw->shard = mw->shardable;
+        return LOOM_OK;
+    }
+    if (mw->job_ops) {
+        char where[600];
+        loom_loc_str(&st->elastic.loc, where, sizeof where);
+        return loom_err_set(err, LOOM_EUNSUPPORTED, where, "strategy.elastic: communication = \"%s\" cannot "
+                            "change its members while the job runs", mw->job_ops->name),
+               loom_err_hint(err, "use communication = \"ring\" (the default on CPU) with strategy.elastic");
+    }
+    if ((rc = loom_group_open_bare(&mw->group, a->cluster, st->collective_timeout, err)) ||
+        (rc = loom_elastic_open_(&mw->elastic, mw->group, a->cluster, &st->elastic, mw->task, a->model_dir, err)))
+        return rc;
+    mw->workers = loom_group_size(mw->group);
+    return LOOM_OK;
+}
+
 static int mw_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
 {
     multi_worker *mw = loom_calloc(1, sizeof *mw);
@@ -437,22 +470,10 @@ static int mw_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
         return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the error feedback (%lld floats)", (long long)mw->P);
     if ((rc = plan_shards(mw, err))) return rc;
     if (mw->workers == 1 || a->plan_only) return LOOM_OK;
-    if ((rc = loom_group_open(&mw->group, a->cluster, st->collective_timeout, err))) return rc;
-    mw->shard = mw->shardable;
-    if ((rc = agree_resume(mw, a, err))) return rc;
+    if ((rc = open_group(mw, a, err))) return rc;
+    bool joined = loom_elastic_joined_(mw->elastic, NULL, NULL);
+    if (!joined && (rc = agree_resume(mw, a, err))) return rc;
     if (mw->job_ops && (rc = open_job_op(mw, a, err))) return rc;
-    if (st->elastic.enabled) {
-        if (mw->job_ops) {
-            char where[600];
-            loom_loc_str(&st->elastic.loc, where, sizeof where);
-            return loom_err_set(err, LOOM_EUNSUPPORTED, where, "strategy.elastic: communication = \"%s\" cannot "
-                                "change its members while the job runs", mw->job_ops->name),
-                   loom_err_hint(err, "use communication = \"ring\" (the default on CPU) with strategy.elastic");
-        }
-        if ((rc = loom_elastic_open_(&mw->elastic, mw->group, a->cluster, &st->elastic, mw->task,
-                                     a->model_dir, err)))
-            return rc;
-    }
     /* synchronised batch normalization: the local replicas' sums, then across the workers */
     if ((rc = loom_replicated_set_bn_cross_(&mw->local, bn_cross, mw, err))) return rc;
     /* a plugin's op (MPI, NCCL) is driven from the train thread alone: its
@@ -460,9 +481,15 @@ static int mw_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
     const char *ov = getenv("LOOM_OVERLAP");
     mw->overlap = mw->n_packs > 1 && !mw->job_ops && !(ov && !strcmp(ov, "0"));
     if (mw->overlap && (rc = start_communicator(mw, err))) return rc;
-    /* the chief's initial variables on every worker (they agree already: the same seed) */
-    rc = loom_group_broadcast(mw->group, loom_model_params(loom_strategy_model(&mw->local)),
-                              (size_t)mw->P * sizeof(float), 0, err);
+    /* the chief's initial variables on every worker (they agree already: the same seed);
+     * a worker entering a running job gets the members' (and their optimizer slots) */
+    loom_optimizer *o = loom_strategy_optimizer(&mw->local);
+    if (joined)
+        rc = loom_elastic_enter_(mw->elastic, loom_model_params(loom_strategy_model(&mw->local)), mw->P,
+                                 loom_optimizer_slots(o), (int64_t)loom_optimizer_num_slots(o) * mw->P, err);
+    else
+        rc = loom_group_broadcast(mw->group, loom_model_params(loom_strategy_model(&mw->local)),
+                                  (size_t)mw->P * sizeof(float), 0, err);
     return rc ? rc : mw->local.ops->sync(&mw->local, err);
 }
 
@@ -638,6 +665,7 @@ static int elastic_go_on(multi_worker *mw, int64_t step, loom_step_result *out, 
     if (rc) return rc;
     mw->workers = oc.workers;
     if (oc.stop) mw->stop_seen = true;
+    if (oc.join) mw->want_join = true; /* rides this step (taken again) or the next: then they enter */
     if (oc.redo) {
         mw->redo = true; /* mw_step takes the step again on this member's new slice (a new loss: again) */
         return LOOM_OK;
@@ -679,7 +707,7 @@ static int reduce_across(multi_worker *mw, int lrc, const loom_err *lerr, const 
     int64_t from = mw->staged ? mw->packs[mw->staged].offset + mw->packs[mw->staged].count : mw->P;
     if (lrc) memset(g, 0, (size_t)from * sizeof(float));
     else memcpy(g, loom_replicated_grads0_(&mw->local), (size_t)from * sizeof(float));
-    tail[TAIL_STOP] = mw->stop_req ? 1.0f : 0.0f;
+    tail[TAIL_STOP] = (mw->stop_req ? 1.0f : 0.0f) + (mw->want_join ? JOIN_FLAG : 0.0f);
     tail[TAIL_LOSS] = (float)mine->loss_sum;
     tail[TAIL_CORRECT] = (float)mine->correct;
     tail[TAIL_EXAMPLES] = (float)mine->examples;
@@ -709,6 +737,7 @@ static int reduce_across(multi_worker *mw, int lrc, const loom_err *lerr, const 
                              "checkpoint");
     /* sticky: a request carried by a step without examples (every input had
      * ended: the epoch ends first) still stops the job after its next step */
+    if (tail[TAIL_STOP] >= JOIN_FLAG) mw->join_due = true, tail[TAIL_STOP] -= JOIN_FLAG;
     if (tail[TAIL_STOP] > 0) mw->stop_seen = true;
     out->loss_sum = tail[TAIL_LOSS];
     out->correct = (int64_t)tail[TAIL_CORRECT];
@@ -741,6 +770,8 @@ static int mw_step(loom_strategy *s, const loom_elem *batch, int64_t step, loom_
 {
     multi_worker *mw = s->impl;
     loom_elastic_step_(mw->elastic, step);
+    if (mw->leave_req) loom_elastic_leave_(mw->elastic, step);
+    mw->want_join = loom_elastic_want_join_(mw->elastic, step);
     for (;;) {
         loom_step_result mine = {0};
         loom_err lerr;
@@ -895,7 +926,14 @@ static int mw_num_replicas(loom_strategy *s)
 }
 
 static bool mw_is_chief(loom_strategy *s) { return ((multi_worker *)s->impl)->rank == 0; }
-static void mw_request_stop(loom_strategy *s) { ((multi_worker *)s->impl)->stop_req = true; }
+/* A signal: the job stops after the next step; under strategy.elastic a
+ * worker (not the chief) given SIGTERM leaves it instead (the others go on). */
+static void mw_request_stop(loom_strategy *s)
+{
+    multi_worker *mw = s->impl;
+    if (mw->elastic && mw->rank != 0 && loom_stop_signal() == SIGTERM) mw->leave_req = true;
+    else mw->stop_req = true;
+}
 static bool mw_stop_agreed(loom_strategy *s) { return ((multi_worker *)s->impl)->stop_seen; }
 
 /* The sharded update leaves each worker's optimizer slots current in its
@@ -1127,3 +1165,29 @@ static const loom_strategy_ops multi_worker_ops = {
 };
 
 const loom_strategy_ops *loom_multi_worker_ops_(void) { return &multi_worker_ops; }
+
+/* strategy.elastic, between the trainer and multi_worker (distribute.h). */
+const loom_buf *loom_strategy_elastic_joined(loom_strategy *s, int64_t *step)
+{
+    const loom_buf *state = NULL;
+    if (!s || s->ops != &multi_worker_ops || !s->impl) return NULL;
+    return loom_elastic_joined_(((multi_worker *)s->impl)->elastic, step, &state) ? state : NULL;
+}
+
+int loom_strategy_elastic_admit(loom_strategy *s, int64_t done, loom_train_state_fn save, void *arg, loom_err *err)
+{
+    if (!s || s->ops != &multi_worker_ops || !s->impl) return LOOM_OK;
+    multi_worker *mw = s->impl;
+    if (!mw->elastic || !mw->join_due) return LOOM_OK;
+    mw->join_due = false;
+    loom_buf state;
+    loom_buf_init(&state);
+    int rc = mw->rank == 0 ? save(arg, &state, err) : LOOM_OK;
+    loom_optimizer *o = loom_strategy_optimizer(&mw->local);
+    if (!rc)
+        rc = loom_elastic_admit_(mw->elastic, done, &state, loom_model_params(loom_strategy_model(&mw->local)), mw->P,
+                                 loom_optimizer_slots(o), (int64_t)loom_optimizer_num_slots(o) * mw->P, &mw->workers,
+                                 err);
+    loom_buf_fini(&state);
+    return rc ? rc : mw->local.ops->sync(&mw->local, err);
+}

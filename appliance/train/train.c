@@ -949,6 +949,54 @@ static int trainer_open(trainer *t, const loom_spec *spec, const loom_train_opts
     return LOOM_OK;
 }
 
+/* strategy.elastic: the trainer's state for a task entering the running
+ * job (the chief's, after `st->step` steps): u64 length and the trainer
+ * state with the hooks' (as a checkpoint's), u64 length and data.train's
+ * state (empty: replayed, as a resume does). */
+static int join_state_save(void *arg, loom_buf *out, loom_err *err)
+{
+    trainer *t = arg;
+    loom_buf ts, is;
+    loom_buf_init(&ts);
+    loom_buf_init(&is);
+    state_save(&t->st, &ts);
+    int rc = t->r.hooks.hooks ? loom_hooks_save(t->r.hooks.hooks, &ts, err) : LOOM_OK;
+    if (!rc && !t->r.no_iter) rc = loom_iter_save(t->r.train, &is, err);
+    if (!rc) {
+        loom_buf_put_u64(out, ts.len);
+        loom_buf_put(out, ts.data, ts.len);
+        loom_buf_put_u64(out, is.len);
+        loom_buf_put(out, is.data, is.len);
+        if (out->failed) rc = loom_err_set(err, LOOM_ENOMEM, NULL, "packing the trainer's state for a joining worker");
+    }
+    loom_buf_fini(&ts);
+    loom_buf_fini(&is);
+    return rc;
+}
+
+/* A task admitted into a running job (strategy.elastic): the chief's state
+ * instead of a checkpoint's; the variables and slots came with the admission. */
+static int trainer_join(trainer *t, const loom_buf *blob, loom_err *err)
+{
+    run *r = &t->r;
+    loom_buf b, ts, is;
+    loom_buf_wrap(&b, blob->data, blob->len);
+    uint64_t n = loom_buf_get_u64(&b);
+    loom_buf_wrap(&ts, b.data + b.pos, !b.failed && n <= b.len - b.pos ? (size_t)n : 0);
+    b.pos += ts.len;
+    n = loom_buf_get_u64(&b);
+    loom_buf_wrap(&is, b.data + b.pos, !b.failed && n <= b.len - b.pos ? (size_t)n : 0);
+    int rc = b.failed ? loom_err_set(err, LOOM_ENET, NULL, "the chief's trainer state is truncated") : LOOM_OK;
+    if (!rc) rc = state_restore(&t->st, &ts, "the chief's trainer state", err);
+    if (!rc && r->hooks.hooks) rc = loom_hooks_restore(r->hooks.hooks, &ts, err);
+    if (!rc) rc = is.len ? loom_iter_restore(r->train, &is, err) : replay_data(r, &t->st, err);
+    if (rc) return loom_err_prefix(err, "entering the running job");
+    if (t->st.epoch > 0) t->learned_spe = (t->st.step - t->st.step_in_epoch) / t->st.epoch;
+    loom_info("joined the running job at step %lld (%lld step%s into epoch %lld)", (long long)t->st.step,
+              (long long)t->st.step_in_epoch, t->st.step_in_epoch == 1 ? "" : "s", (long long)t->st.epoch + 1);
+    return LOOM_OK;
+}
+
 /* The latest checkpoint's checkpointed state into the model, optimizer,
  * hooks and data.train (every task reads it from the shared model_dir, as
  * TF's do); with --fresh the chief moves the earlier ones aside. */
@@ -957,6 +1005,8 @@ static int trainer_resume(trainer *t, loom_err *err)
     run *r = &t->r;
     int64_t ckpt_step = 0;
     char *ckpt = t->ckpt;
+    const loom_buf *joined = loom_strategy_elastic_joined(r->strat, NULL);
+    if (joined) return trainer_join(t, joined, err);
     if (r->chief) loom_remove_stale_tmp(r->model_dir); /* left by runs killed while writing (the chief holds it) */
     int rc = loom_ckpt_latest(r->model_dir, ckpt, &ckpt_step, err);
     if (rc == LOOM_EEOF) return LOOM_OK; /* none: a new run */
@@ -1067,6 +1117,7 @@ static bool checkpoint_due(const trainer *t)
 static int at_signal(trainer *t, loom_err *err)
 {
     if (t->in_exec != 0 || !stop_signal || t->stop_asked) return LOOM_OK;
+    loom_stop_signal_note(stop_signal); /* which one (strategy.elastic: a worker's SIGTERM leaves the job) */
     if (loom_strategy_request_stop(t->r.strat)) {
         t->stop_asked = stop_signal;
         return LOOM_OK;
@@ -1317,6 +1368,9 @@ static int trainer_loop(trainer *t, loom_err *err)
             !(t->rs->checkpoint_steps > 0 && t->st.step % t->rs->checkpoint_steps == 0))
             continue; /* inside an execution */
         rc = at_boundary(t, err);
+        /* strategy.elastic: a worker waiting to join enters here, after the
+         * boundary's checkpoint (a collective it was not part of) */
+        if (!rc) rc = loom_strategy_elastic_admit(t->r.strat, t->st.step, join_state_save, t, err);
     }
     loom_progress_break(&t->sink.prog);
     return rc;

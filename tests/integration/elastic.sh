@@ -80,7 +80,7 @@ if [ "$s1" != hung ] && [ "$s1" != 0 ]; then pass "SIGSTOP worker:1: woken after
 else fail "SIGSTOP worker:1: woken after the end, it stops with an error" "status $s1" "$(tail -3 "$WORK/stop.1")"; fi
 
 # ---- below min_workers: the job stops with a checkpoint -----------------------------------
-job min 3 --set strategy.elastic.min_workers=3
+job min 3 --set strategy.elastic.min_workers=3 --set strategy.elastic.wait_timeout=0
 wait_file "$WORK/min/ckpt-50.loom"
 kill -9 "${JOB[2]}"
 wait "${JOB[2]}" 2>/dev/null # (no "Killed" notice)

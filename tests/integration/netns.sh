@@ -5,7 +5,8 @@
 # trains with it, the weights of mirrored(3)); cluster.tls; compression;
 # a link cut (ip link set down) in the middle of training, which stops the
 # job naming the lost worker, within a bound; a Slurm node list resolving
-# to the hosts; parameter_server (chief, 2 workers, ps) over 3 hosts.
+# to the hosts; parameter_server (chief, 2 workers, ps) over 3 hosts;
+# strategy.elastic: host 3's loom killed -9 and started again joins the job.
 # Every loom runs under `timeout` in its host through `ip netns exec`; the
 # EXIT trap kills them and deletes the namespaces. A TAP skip when not root
 # or where namespaces cannot be made.
@@ -169,4 +170,28 @@ wait
 [ "$(rc_of ps.chief:0)" = 0 ] && pass "parameter_server over 3 hosts: the chief completes" \
     || fail "parameter_server over 3 hosts: the chief completes" "rc $(rc_of ps.chief:0)" "$(tail -3 "$WORK/ps.chief:0")"
 contains "parameter_server over 3 hosts: every step applied" "done: step 100" "$(cat "$WORK/ps.chief:0")"
+
+# ---- elastic across the hosts: host 3's loom killed -9 and started again joins the running job ---
+EL=(--set run.max_steps=80 --set run.checkpoint_steps=10 --set run.eval_steps=1 --set cluster.heartbeat_timeout=3
+    --set strategy.elastic.min_workers=2 --set 'hooks.callbacks=({ fn = "../lua/mwm_slow.lua:slow"; args = { seconds = 0.04; }; })')
+el_task() { # I [LOG SUFFIX]: worker:I on host I+1
+    (netns_exec $(($1 + 1)) env "${JOB_ENV[@]}" timeout -k 5 150 "$LOOM" train $CFG --task worker:$1 --model-dir "$WORK/el" \
+        --set "$(workers_on 3)" "${EL[@]}" >"$WORK/el.$1$2" 2>&1; echo $? >"$WORK/el.$1$2.rc") &
+    PIDS+=($!)
+}
+el_task 0; el_task 1; el_task 2
+wait_for "$WORK/el/ckpt-20.loom"
+w=$(pgrep -f -- "^$LOOM train .*--task worker:2 --model-dir $WORK/el " | head -1) # (loom, not its timeout)
+[ -n "$w" ] && kill -9 "$w"
+for ((i = 0; i < 600; i++)); do [ -e "$WORK/el.2.rc" ] && break; sleep 0.05; done
+el_task 2 .b
+wait
+log=$(cat "$WORK/el.0")
+if [ -n "$w" ] && [ "$(rc_of el.0)$(rc_of el.1)$(rc_of el.2.b)" = 000 ] && grep -q "worker:2 left at step" <<<"$log" &&
+   grep -q "worker:2 joined at step [0-9]*; continuing with 3 workers" <<<"$log" && [ -e "$WORK/el/ckpt-80.loom" ]; then
+    pass "elastic over 3 hosts: worker:2 killed -9 on host 3 and started again joins; the job trains to step 80"
+else
+    fail "elastic over 3 hosts: worker:2 killed -9 and started again joins" "pid '$w', rc $(rc_of el.0) $(rc_of el.1) $(rc_of el.2.b)" \
+        "$(grep -E "left|joined" <<<"$log")" "$(tail -3 "$WORK/el.2.b")"
+fi
 finish
