@@ -1156,6 +1156,41 @@ static void check_threads(const char *what, const loom_layer_spec *ls, int n, lo
     fixture_free(&f);
 }
 
+/* conv_direct.c's kernels with 1, 2 and 3 threads: the same bits (each output one chain; the
+ * kernel gradient's rows split by thread, each summed over every example in order). No dense
+ * layer (OpenBLAS's Haswell sgemm changes the last bits with the rows a thread gets): 5x5 16 -> 16,
+ * 7x7 16 -> 32 with a fused pool, global average pooling to 32 logits. Run by the CI at both
+ * levels (LOOM_TEST_CPU=avx2). */
+static void test_convd_threads(void)
+{
+    if (loom_cpu()->level < LOOM_CPU_AVX2_FMA) {
+        printf("# this CPU has no AVX2+FMA: conv_direct.c's kernels do not run here\n");
+        CHECK(1);
+        return;
+    }
+    loom_layer_spec ls[] = {L_conv(16, 5, 1, LOOM_PAD_SAME, LOOM_ACT_TANH), L_conv(32, 7, 1, LOOM_PAD_SAME, LOOM_ACT_RELU),
+                            L_pool(2, 2, LOOM_PAD_VALID), L_kind(LOOM_LAYER_GLOBAL_AVG_POOL2D, 0, 0)};
+    fixture f;
+    if (fixture_new(&f, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, ls), shp(3, 6, 10, 16), LOOM_I32, 5, 3) != LOOM_OK) {
+        CHECK_MSG(0, "cannot build");
+        return;
+    }
+    CHECK(nn_convd_ok_(&f.m->layer[0]) && nn_convd_ok_(&f.m->layer[1]) && f.m->layer[1].fuse_pool);
+    const int64_t P = loom_model_num_params(f.m), n_out = loom_shape_numel(&f.out);
+    step_out one, o;
+    run_threads(&f, 1, 5, 11, &one);
+    for (int t = 2; t <= 3; t++) {
+        run_threads(&f, t, 5, 11, &o);
+        CHECK_MSG(o.loss == one.loss && !memcmp(o.grads, one.grads, (size_t)P * sizeof(float)) &&
+                      !memcmp(o.pred, one.pred, (size_t)(5 * n_out) * sizeof(float)),
+                  "%d threads: not the bits of 1 thread (%s kernels)", t, loom_cpu_level_name(loom_cpu()->level));
+        step_out_free(&o);
+    }
+    step_out_free(&one);
+    printf("# conv_direct.c, %s kernels: 2 and 3 threads give 1 thread's bits\n", loom_cpu_level_name(loom_cpu()->level));
+    fixture_free(&f);
+}
+
 static void test_threads(void)
 {
     loom_layer_spec mlp[] = {L_dense(24, LOOM_ACT_RELU), L_kind(LOOM_LAYER_DROPOUT, 0.4, 0), L_dense(16, LOOM_ACT_TANH),
@@ -2423,6 +2458,7 @@ static const loom_test tests[] = {
     {"conv2d + max_pool2d fused", test_fused_conv_pool},
     {"direct conv kernels: same bits at every CPU level", test_conv1_levels},
     {"conv_direct.c 5x5 / 7x7 against im2col + GEMM, same bits at every CPU level", test_convd_levels},
+    {"conv_direct.c: same bits with 1, 2 and 3 threads", test_convd_threads},
     {"global batch scaling", test_global_batch},
     {"no allocation in a step", test_no_alloc},
     {"optimizers", test_optimizers},
