@@ -827,6 +827,10 @@ static float *conv_backward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *
     float *dz = l->dz + c->b0 * l->n_out;
     if (!l->fuse_pool) nn_layer_act_grad_(l, dz, g, y, B * P, l->cout); /* fused: the pool's backward wrote dz */
     if (!l->needs_dx) return NULL;
+    if (nn_convd_ok_(l)) { /* direct, no im2col chunks: the flipped kernel is made once for all B */
+        nn_convd_backward_data_(l, W, dz, other, B, c->col);
+        return other;
+    }
     for (int64_t b0 = 0; b0 < B; b0 += l->chunk) {
         int64_t nb = B - b0 < l->chunk ? B - b0 : l->chunk;
         const float *gz = dz + b0 * l->n_out;
@@ -837,10 +841,6 @@ static float *conv_backward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *
         }
         if (nn_conv3_ok_(l)) {
             nn_conv3_backward_data_(l, W, gz, dx, nb, c->col);
-            continue;
-        }
-        if (nn_convd_ok_(l)) {
-            nn_convd_backward_data_(l, W, gz, dx, nb, c->col);
             continue;
         }
         /* dcol (nb*P, K) = dZ W^T, in the col scratch, then scattered back */
