@@ -801,11 +801,15 @@ static void conv_forward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, 
             bias_act(y, bias, nb * P, l->cout, l->act);
             continue;
         }
-        if (!conv_is_pointwise(l)) {
-            im2col(l, x + b0 * l->n_in, nb, c->col);
-            col = c->col;
+        if (nn_convd_ok_(l)) { /* 5x5 / 7x7 "same", direct (conv_direct.c) */
+            nn_convd_forward_(l, W, x + b0 * l->n_in, y, nb, c->col);
+        } else {
+            if (!conv_is_pointwise(l)) {
+                im2col(l, x + b0 * l->n_in, nb, c->col);
+                col = c->col;
+            }
+            loom_sgemm(false, false, (int)(nb * P), l->cout, (int)K, 1.f, col, (int)K, W, l->cout, 0.f, y, l->cout);
         }
-        loom_sgemm(false, false, (int)(nb * P), l->cout, (int)K, 1.f, col, (int)K, W, l->cout, 0.f, y, l->cout);
         if (p) pool_fused_forward(p, bias, l->act, y, py + b0 * p->n_out, pa + b0 * p->n_out, nb);
         else bias_act(y, bias, nb * P, l->cout, l->act);
     }
@@ -823,6 +827,10 @@ static float *conv_backward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *
     float *dz = l->dz + c->b0 * l->n_out;
     if (!l->fuse_pool) nn_layer_act_grad_(l, dz, g, y, B * P, l->cout); /* fused: the pool's backward wrote dz */
     if (!l->needs_dx) return NULL;
+    if (nn_convd_ok_(l)) { /* direct, no im2col chunks: the flipped kernel is made once for all B */
+        nn_convd_backward_data_(l, W, dz, other, B, c->col);
+        return other;
+    }
     for (int64_t b0 = 0; b0 < B; b0 += l->chunk) {
         int64_t nb = B - b0 < l->chunk ? B - b0 : l->chunk;
         const float *gz = dz + b0 * l->n_out;
@@ -862,6 +870,9 @@ void nn_conv_param_grads_(const loom_model *m, int li, const float *x, int64_t B
     } else if (nn_conv3_ok_(l)) { /* direct (conv_fast.c) */
         int64_t k0 = K * part / parts, k1 = K * (part + 1) / parts;
         if (k1 > k0) nn_conv3_kernel_grad_(l, x, dz, B, (int)k0, (int)k1, dW, scratch);
+    } else if (nn_convd_ok_(l)) { /* direct (conv_direct.c) */
+        int64_t k0 = K * part / parts, k1 = K * (part + 1) / parts;
+        if (k1 > k0) nn_convd_kernel_grad_(l, x, dz, B, (int)k0, (int)k1, dW, scratch);
     } else {
         /* dW rows [k0, k1) (k1 - k0, cout) = col[:, k0:k1]^T dZ, over im2col
          * chunks at fixed example offsets, whatever the parts */

@@ -708,6 +708,7 @@ static int64_t conv_chunk(nn_layer_ *l, int64_t max_batch)
     /* kernels by the CPU's features, read at start: 2 = 512 bits wide, 1 = AVX2+FMA, 0 = generic */
     l->fma = loom_cpu()->level >= LOOM_CPU_AVX512 ? 2 : loom_cpu()->level >= LOOM_CPU_AVX2_FMA;
     if (nn_conv3_ok_(l) && nn_conv3_scratch_(l) > colmax) colmax = nn_conv3_scratch_(l); /* conv_fast.c */
+    if (nn_convd_ok_(l) && nn_convd_scratch_(l) > colmax) colmax = nn_convd_scratch_(l); /* conv_direct.c */
     return colmax;
 }
 

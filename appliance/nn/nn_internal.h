@@ -437,6 +437,15 @@ void    nn_conv3_backward_data_(const nn_layer_ *l, const float *w, const float 
  * each example's sum added in example order (so any split of the rows gives the same bits). */
 void    nn_conv3_kernel_grad_(const nn_layer_ *l, const float *x, const float *dz, int64_t nb, int r0, int r1,
                               float *dW, float *scratch);
+/* conv2d k x k (5, 7), stride 1, "same", 16k channels up to 64 in and out, on AVX2 / AVX-512
+ * (nn_convd_ok_; conv_direct.c), direct, with or without a fused pool: the same calls as conv3's. */
+int     nn_convd_ok_(const nn_layer_ *l);
+int64_t nn_convd_scratch_(const nn_layer_ *l);
+void    nn_convd_forward_(const nn_layer_ *l, const float *w, const float *x, float *y, int64_t nb, float *scratch);
+void    nn_convd_backward_data_(const nn_layer_ *l, const float *w, const float *dz, float *dx, int64_t nb,
+                                float *scratch);
+void    nn_convd_kernel_grad_(const nn_layer_ *l, const float *x, const float *dz, int64_t nb, int r0, int r1,
+                              float *dW, float *scratch);
 void nn_bn_moments_(const loom_model *m, const nn_layer_ *l, const float *x, int64_t rows, double *mean, double *var);
 void nn_bn_normalize_(const loom_model *m, const nn_layer_ *l, const float *x, int64_t rows, const float *mean,
                       const float *rstd, const float *gamma, const float *beta);

@@ -307,7 +307,8 @@ def main():
         "mkldnn": bool(torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled),
         "blas_core": core,
         "blas_threads": blas_threads,
-        "env": {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
+        "env": {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "ONEDNN_MAX_CPU_ISA",
+                                          "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
                 if k in os.environ},
         "epoch_log": epoch_log,
     }

@@ -2,7 +2,7 @@
 # train_bench.sh - Loom vs PyTorch on Fashion-MNIST, side by side, in one run.
 #
 #   tests/bench/train_bench.sh [--quick | --full] [--models mlp,cnn] [--runs N] [--build DIR]
-#                              [--no-loom] [--no-torch] [--keep]
+#                              [--isa native|avx2] [--no-loom] [--no-torch] [--keep]
 #
 #   --quick   speed only (default): 1 epoch of each model (BENCH_QUICK_EPOCHS)
 #   --full    accuracy targets: MLP 10 epochs, CNN 5 epochs
@@ -11,6 +11,16 @@
 #             falls on both alike.
 #   --build   meson build dir with `loom` and tests/bench/gemm_peak (default BUILD or ./build)
 #   --keep    keep the scratch directory (model dirs, metrics.jsonl, raw JSON)
+#   --isa avx2  both sides confined to AVX2 + FMA, as on an AVX2-only CPU (Zen 3,
+#             Haswell..Comet Lake) on an AVX-512 machine: Loom with
+#             LOOM_TEST_CPU=avx2 (its kernels and its OpenBLAS core, Haswell),
+#             PyTorch with ONEDNN_MAX_CPU_ISA=DNNL_MAX_CPU_ISA=AVX2,
+#             ATEN_CPU_CAPABILITY=avx2 and OPENBLAS_CORETYPE=Haswell (oneDNN's
+#             verbose log then names jit:avx2 convolutions). Not capped on Loom's
+#             side: the element-wise loops cloned by gcc's target_clones
+#             (kernel_internal.h's NN_HOT: im2col, pooling, ...) resolve from the
+#             real CPU at load, before any environment is read.
+#             (default: native, each at the machine's best)
 #
 # PyTorch runs at the best settings measured on this machine (torch_ref.py's
 # header and README.md); override with TORCH_MLP_THREADS, TORCH_CNN_THREADS,
@@ -35,9 +45,9 @@ TORCH_CNN_THREADS=${TORCH_CNN_THREADS:-2}
 TORCH_OPENBLAS_THREADS=${TORCH_OPENBLAS_THREADS:-2}
 TORCH_OPENBLAS_CORETYPE=${TORCH_OPENBLAS_CORETYPE-}
 TORCH_CNN_CHANNELS_LAST=${TORCH_CNN_CHANNELS_LAST:-1}
-LOOM_ENV=(env -u OPENBLAS_CORETYPE)
+ISA=native
 
-usage() { sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,32p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 while [ $# -gt 0 ]; do
     case "$1" in
     --quick) MODE=quick ;;
@@ -48,12 +58,25 @@ while [ $# -gt 0 ]; do
     --no-loom) DO_LOOM=0 ;;
     --no-torch) DO_TORCH=0 ;;
     --keep) KEEP=1 ;;
+    --isa) ISA=$2; shift ;;
     -h | --help) usage 0 ;;
     *) echo "train_bench.sh: unknown argument '$1'" >&2; usage ;;
     esac
     shift
 done
 case "$BUILD" in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
+# Loom's environment, PyTorch's ISA cap (empty for native)
+LOOM_ENV=(env -u OPENBLAS_CORETYPE -u LOOM_TEST_CPU)
+TORCH_ISA_ENV=()
+case "$ISA" in
+native) ;;
+avx2)
+    LOOM_ENV+=(LOOM_TEST_CPU=avx2)
+    TORCH_ISA_ENV=(ONEDNN_MAX_CPU_ISA=AVX2 DNNL_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2)
+    TORCH_OPENBLAS_CORETYPE=Haswell
+    ;;
+*) echo "train_bench.sh: unknown --isa '$ISA' (native, avx2)" >&2; usage ;;
+esac
 
 epochs_for() { # model -> epochs
     if [ "$MODE" = full ]; then
@@ -140,7 +163,7 @@ run_torch() { # model epochs run
     [ "$m" = mlp ] && th=$TORCH_MLP_THREADS || th=$TORCH_CNN_THREADS
     local extra=()
     [ "$m" = cnn ] && [ "$TORCH_CNN_CHANNELS_LAST" = 1 ] && extra+=(--channels-last)
-    local envs=(OPENBLAS_NUM_THREADS="$TORCH_OPENBLAS_THREADS")
+    local envs=(OPENBLAS_NUM_THREADS="$TORCH_OPENBLAS_THREADS" ${TORCH_ISA_ENV[@]+"${TORCH_ISA_ENV[@]}"})
     [ -n "$TORCH_OPENBLAS_CORETYPE" ] && envs+=(OPENBLAS_CORETYPE="$TORCH_OPENBLAS_CORETYPE")
     if ! env -u OPENBLAS_CORETYPE "${envs[@]}" "$PY" "$HERE/torch_ref.py" --model "$m" --epochs "$e" \
         --threads "$th" --seed "$r" ${extra[@]+"${extra[@]}"} >"$TMP/torch.out" 2>"$TMP/torch.err"; then
@@ -170,12 +193,13 @@ for m in "${MODEL_LIST[@]}"; do
 done
 
 # --- the table ---
-"$PY" - "$RESULTS" "$GEMM" "$MODE" "$RUNS" "$LOAD_BEFORE" "$(cut -d' ' -f1-3 /proc/loadavg)" <<'EOF'
+"$PY" - "$RESULTS" "$GEMM" "$MODE" "$RUNS" "$LOAD_BEFORE" "$(cut -d' ' -f1-3 /proc/loadavg)" "$ISA" <<'EOF'
 import json, statistics, sys
 res = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 gemm = json.load(open(sys.argv[2]))
 mode, runs = sys.argv[3], int(sys.argv[4])
 load_before, load_after = sys.argv[5], sys.argv[6]
+isa = sys.argv[7]
 
 # Forward FLOPs per sample (multiply-add = 2), from the architectures.
 def conv(h, w, k, cin, cout): return 2 * h * w * k * k * cin * cout
@@ -194,8 +218,10 @@ def med(impl, model, key):
 def f(v, fmt):
     return "-" if v is None else format(v, fmt)
 
-out = {"mode": mode, "runs": runs, "gemm_peak_gflops_2t": peak, "blas_core": gemm.get("core"), "models": {}}
-print(f"\nFashion-MNIST, batch 128, {mode} ({'accuracy' if mode == 'full' else 'speed'}), medians of {runs} run(s)")
+out = {"mode": mode, "isa": isa, "runs": runs, "gemm_peak_gflops_2t": peak, "blas_core": gemm.get("core"), "models": {}}
+print(f"\nFashion-MNIST, batch 128, {mode} ({'accuracy' if mode == 'full' else 'speed'}), medians of {runs} run(s)"
+      + (", both sides confined to AVX2 + FMA (Loom: LOOM_TEST_CPU=avx2; PyTorch: oneDNN, ATen and OpenBLAS capped)"
+         if isa == "avx2" else ""))
 if peak:
     print(f"sgemm peak (1024^3, Loom's BLAS loader, {gemm.get('core')}): "
           f"{gemm['peak_gflops'].get('1', 0):.1f} GFLOP/s at 1 thread, {peak:.1f} at 2 (medians)")

@@ -537,6 +537,65 @@ static void test_conv1_levels(void)
                                                                      : "AVX2+FMA and generic close (no AVX-512 here)");
 }
 
+/* The direct k x k convolutions (conv_direct.c: 5x5 and 7x7 "same", 16k channels up to 64) against
+ * the reference path (im2col + GEMM, nn_layer_.fma = 0) at each level the CPU runs: loss, every
+ * gradient (the kernel gradient, and the input gradient through the layer before) and predictions
+ * close; AVX-512 = AVX2 bit for bit. Widths 8 (fused 2x2 pool), 9 and 14 (the CNN's: 5x5 32 -> 64)
+ * go through every tile width of both kernels; the first conv needs no input gradient. */
+static void test_convd_levels(void)
+{
+    const int level = loom_cpu()->level;
+    if (level < LOOM_CPU_AVX2_FMA) {
+        printf("# this CPU has no AVX2+FMA: conv_direct.c's kernels do not run here\n");
+        CHECK(1);
+        return;
+    }
+    struct {
+        int k, w, c, f1, f2, pool;
+    } cases[] = {{5, 8, 16, 32, 16, 1}, {7, 9, 32, 16, 48, 0}, {5, 14, 16, 32, 64, 1}};
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        loom_layer_spec ls[] = {L_conv(cases[k].f1, cases[k].k, 1, LOOM_PAD_SAME, LOOM_ACT_TANH),
+                                L_conv(cases[k].f2, cases[k].k, 1, LOOM_PAD_SAME, LOOM_ACT_RELU),
+                                cases[k].pool ? L_pool(2, 2, LOOM_PAD_VALID) : L_kind(LOOM_LAYER_FLATTEN, 0, 0),
+                                L_kind(LOOM_LAYER_FLATTEN, 0, 0), L_dense(3, LOOM_ACT_NONE)};
+        fixture a;
+        if (fixture_new(&a, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 5, ls), shp(3, 6, cases[k].w, cases[k].c), LOOM_I32, 3,
+                        4) != LOOM_OK) {
+            CHECK_MSG(0, "cannot build case %zu", k);
+            continue;
+        }
+        nn_layer_ *c0 = &a.m->layer[0], *c1 = &a.m->layer[1];
+        CHECK_MSG(nn_convd_ok_(c0) && nn_convd_ok_(c1) && c1->needs_dx && c1->fuse_pool == cases[k].pool,
+                  "case %zu: both convs direct (%d %d), the second fused with the pool (%d)", k, nn_convd_ok_(c0),
+                  nn_convd_ok_(c1), c1->fuse_pool);
+        const int64_t P = loom_model_num_params(a.m);
+        float *g1 = malloc((size_t)P * sizeof *g1), p1[9], p2[9];
+        c0->fma = c1->fma = 1;
+        double l1 = step_loss(&a, 1);
+        memcpy(g1, loom_model_grads(a.m), (size_t)P * sizeof *g1);
+        CHECK(loom_model_predict(a.m, &a.x, p1, &err) == LOOM_OK);
+        if (level >= LOOM_CPU_AVX512) {
+            c0->fma = c1->fma = 2;
+            double l2 = step_loss(&a, 1);
+            CHECK(loom_model_predict(a.m, &a.x, p2, &err) == LOOM_OK);
+            CHECK_MSG(l1 == l2 && !memcmp(g1, loom_model_grads(a.m), (size_t)P * sizeof *g1) && !memcmp(p1, p2, sizeof p1),
+                      "case %zu: the AVX-512 direct kernels differ from the AVX2 ones", k);
+        }
+        c0->fma = c1->fma = 0; /* the reference: im2col + GEMM */
+        CHECK(!nn_convd_ok_(c1));
+        double l0 = step_loss(&a, 1);
+        CHECK_MSG(fabs(l0 - l1) <= 1e-5 * fabs(l1), "case %zu: loss %.9g (GEMM) vs %.9g (direct)", k, l0, l1);
+        CHECK(close_vec("grads", g1, loom_model_grads(a.m), P));
+        CHECK(loom_model_predict(a.m, &a.x, p2, &err) == LOOM_OK);
+        CHECK(close_vec("predictions", p1, p2, 9));
+        worst_scaled = 0;
+        free(g1);
+        fixture_free(&a);
+    }
+    printf("# conv_direct.c: %s\n", level >= LOOM_CPU_AVX512 ? "AVX-512 = AVX2 bit for bit, both close to im2col + GEMM"
+                                                              : "AVX2 close to im2col + GEMM (no AVX-512 here)");
+}
+
 static void test_grad_dropout(void)
 {
     loom_layer_spec d[] = {L_dense(8, LOOM_ACT_TANH), L_kind(LOOM_LAYER_DROPOUT, 0.5, 0), L_dense(3, LOOM_ACT_NONE)};
@@ -1094,6 +1153,41 @@ static void check_threads(const char *what, const loom_layer_spec *ls, int n, lo
     printf("# %s: threads 2 and 3 match 1 thread for batches of %lld, %lld, 2 and 1 (worst difference %.2g of the "
            "largest magnitude)\n", what, (long long)max_batch, (long long)max_batch - 1, worst_scaled);
     worst_scaled = 0;
+    fixture_free(&f);
+}
+
+/* conv_direct.c's kernels with 1, 2 and 3 threads: the same bits (each output one chain; the
+ * kernel gradient's rows split by thread, each summed over every example in order). No dense
+ * layer (OpenBLAS's Haswell sgemm changes the last bits with the rows a thread gets): 5x5 16 -> 16,
+ * 7x7 16 -> 32 with a fused pool, global average pooling to 32 logits. Run by the CI at both
+ * levels (LOOM_TEST_CPU=avx2). */
+static void test_convd_threads(void)
+{
+    if (loom_cpu()->level < LOOM_CPU_AVX2_FMA) {
+        printf("# this CPU has no AVX2+FMA: conv_direct.c's kernels do not run here\n");
+        CHECK(1);
+        return;
+    }
+    loom_layer_spec ls[] = {L_conv(16, 5, 1, LOOM_PAD_SAME, LOOM_ACT_TANH), L_conv(32, 7, 1, LOOM_PAD_SAME, LOOM_ACT_RELU),
+                            L_pool(2, 2, LOOM_PAD_VALID), L_kind(LOOM_LAYER_GLOBAL_AVG_POOL2D, 0, 0)};
+    fixture f;
+    if (fixture_new(&f, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, ls), shp(3, 6, 10, 16), LOOM_I32, 5, 3) != LOOM_OK) {
+        CHECK_MSG(0, "cannot build");
+        return;
+    }
+    CHECK(nn_convd_ok_(&f.m->layer[0]) && nn_convd_ok_(&f.m->layer[1]) && f.m->layer[1].fuse_pool);
+    const int64_t P = loom_model_num_params(f.m), n_out = loom_shape_numel(&f.out);
+    step_out one, o;
+    run_threads(&f, 1, 5, 11, &one);
+    for (int t = 2; t <= 3; t++) {
+        run_threads(&f, t, 5, 11, &o);
+        CHECK_MSG(o.loss == one.loss && !memcmp(o.grads, one.grads, (size_t)P * sizeof(float)) &&
+                      !memcmp(o.pred, one.pred, (size_t)(5 * n_out) * sizeof(float)),
+                  "%d threads: not the bits of 1 thread (%s kernels)", t, loom_cpu_level_name(loom_cpu()->level));
+        step_out_free(&o);
+    }
+    step_out_free(&one);
+    printf("# conv_direct.c, %s kernels: 2 and 3 threads give 1 thread's bits\n", loom_cpu_level_name(loom_cpu()->level));
     fixture_free(&f);
 }
 
@@ -2399,6 +2493,8 @@ static const loom_test tests[] = {
     {"grad dropout", test_grad_dropout},
     {"conv2d + max_pool2d fused", test_fused_conv_pool},
     {"direct conv kernels: same bits at every CPU level", test_conv1_levels},
+    {"conv_direct.c 5x5 / 7x7 against im2col + GEMM, same bits at every CPU level", test_convd_levels},
+    {"conv_direct.c: same bits with 1, 2 and 3 threads", test_convd_threads},
     {"global batch scaling", test_global_batch},
     {"no allocation in a step", test_no_alloc},
     {"optimizers", test_optimizers},
