@@ -537,6 +537,57 @@ static void test_conv1_levels(void)
                                                                      : "AVX2+FMA and generic close (no AVX-512 here)");
 }
 
+/* The direct narrow-input kernels (conv_stem.c: 2-4 channels in, no padding of their own, as ResNet-50's 7x7
+ * stride-2 stem) at each level the CPU runs give the same loss, gradients and outputs bit for bit, and the im2col +
+ * GEMM path's (fma = 0) within 1e-5: a 3 -> 64 7x7 stride-2 first layer (6-pixel rows: one tile) and a 4 -> 80
+ * 3x3 after a 1x1 conv (80: a 64-channel group and a 16 one; 3-pixel rows, shorter than a tile; its input
+ * gradient from GEMM + col2im), batch 3 over 2 threads (the weight gradient's rows split mid kernel row). */
+static void test_convs_levels(void)
+{
+    const int level = loom_cpu()->level;
+    if (level < LOOM_CPU_AVX2_FMA) {
+        printf("# this CPU has no AVX2+FMA: only the im2col + GEMM path runs here\n");
+        CHECK(1);
+        return;
+    }
+    loom_layer_spec ls[] = {L_conv(64, 7, 2, LOOM_PAD_VALID, LOOM_ACT_RELU), L_conv(4, 1, 1, LOOM_PAD_VALID, LOOM_ACT_NONE),
+                            L_conv(80, 3, 1, LOOM_PAD_VALID, LOOM_ACT_TANH), L_kind(LOOM_LAYER_FLATTEN, 0, 0),
+                            L_dense(3, LOOM_ACT_NONE)};
+    fixture a;
+    const int64_t B = 3;
+    if (fixture_new(&a, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 5, ls), shp(3, 15, 17, 3), LOOM_I32, B, 2) != LOOM_OK) {
+        CHECK_MSG(0, "cannot build");
+        return;
+    }
+    const int64_t P = loom_model_num_params(a.m);
+    float *g1 = malloc((size_t)P * sizeof *g1), p1[9], p2[9];
+    a.m->layer[0].fma = a.m->layer[2].fma = 1;
+    CHECK_MSG(nn_convs_ok_(&a.m->layer[0]) && nn_convs_ok_(&a.m->layer[2]) && !nn_convs_ok_(&a.m->layer[1]),
+              "the 3- and 4-channel convolutions run direct, the 1x1 one does not");
+    double l1 = step_loss(&a, 1);
+    memcpy(g1, loom_model_grads(a.m), (size_t)P * sizeof *g1);
+    CHECK(loom_model_predict(a.m, &a.x, p1, &err) == LOOM_OK);
+    if (level >= LOOM_CPU_AVX512) {
+        a.m->layer[0].fma = a.m->layer[2].fma = 2;
+        double l2 = step_loss(&a, 1);
+        CHECK(loom_model_predict(a.m, &a.x, p2, &err) == LOOM_OK);
+        CHECK_MSG(l1 == l2 && !memcmp(g1, loom_model_grads(a.m), (size_t)P * sizeof *g1) && !memcmp(p1, p2, sizeof p1),
+                  "the AVX-512 narrow-input kernels differ from the AVX2 ones");
+    }
+    a.m->layer[0].fma = a.m->layer[2].fma = 0;
+    CHECK(!nn_convs_ok_(&a.m->layer[0]));
+    double l0 = step_loss(&a, 1);
+    CHECK(loom_model_predict(a.m, &a.x, p2, &err) == LOOM_OK);
+    CHECK_MSG(fabs(l0 - l1) <= 1e-5 * fabs(l1), "im2col + GEMM: loss %.9g vs %.9g", l0, l1);
+    CHECK(close_vec("grads", g1, loom_model_grads(a.m), P));
+    CHECK(close_vec("outputs", p1, p2, 9));
+    printf("# narrow-input conv kernels: %s, im2col + GEMM within %.2g\n",
+           level >= LOOM_CPU_AVX512 ? "AVX-512 = AVX2+FMA bit for bit" : "AVX2+FMA (no AVX-512 here)", worst_scaled);
+    worst_scaled = 0;
+    free(g1);
+    fixture_free(&a);
+}
+
 static void test_grad_dropout(void)
 {
     loom_layer_spec d[] = {L_dense(8, LOOM_ACT_TANH), L_kind(LOOM_LAYER_DROPOUT, 0.5, 0), L_dense(3, LOOM_ACT_NONE)};
@@ -2363,6 +2414,7 @@ static const loom_test tests[] = {
     {"grad dropout", test_grad_dropout},
     {"conv2d + max_pool2d fused", test_fused_conv_pool},
     {"direct conv kernels: same bits at every CPU level", test_conv1_levels},
+    {"narrow-input conv kernels: same bits at every CPU level, close to im2col + GEMM", test_convs_levels},
     {"global batch scaling", test_global_batch},
     {"no allocation in a step", test_no_alloc},
     {"optimizers", test_optimizers},
