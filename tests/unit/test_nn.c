@@ -588,6 +588,32 @@ static void test_convs_levels(void)
     fixture_free(&a);
 }
 
+/* A wide conv's im2col chunk holds at least 1024 output pixels (model_build.c NN_COL_ROWS), not one example's: 3x3
+ * on 4x4x256 (147 KB of columns an example) takes the whole batch of 8 (128 pixels), where the 1 MB budget alone
+ * gave 7, and BLAS packed the kernel again per chunk; the gradients match those of one example per chunk. */
+static void test_conv_chunk_rows(void)
+{
+    loom_layer_spec ls[] = {L_conv(64, 3, 1, LOOM_PAD_SAME, LOOM_ACT_RELU), L_kind(LOOM_LAYER_FLATTEN, 0, 0),
+                            L_dense(3, LOOM_ACT_NONE)};
+    fixture a;
+    if (fixture_new(&a, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 3, ls), shp(3, 4, 4, 256), LOOM_I32, 8, 3) != LOOM_OK) {
+        CHECK_MSG(0, "cannot build");
+        return;
+    }
+    CHECK_MSG(a.m->layer[0].chunk == 8, "chunk %d, expected the batch's 8", a.m->layer[0].chunk);
+    const int64_t P = loom_model_num_params(a.m);
+    float *g8 = malloc((size_t)P * sizeof *g8);
+    double l8 = step_loss(&a, 1);
+    memcpy(g8, loom_model_grads(a.m), (size_t)P * sizeof *g8);
+    a.m->layer[0].chunk = 1;
+    double l1 = step_loss(&a, 1);
+    CHECK_MSG(fabs(l8 - l1) <= 1e-5 * fabs(l1), "loss %.9g vs %.9g", l8, l1);
+    CHECK(close_vec("grads", g8, loom_model_grads(a.m), P));
+    worst_scaled = 0;
+    free(g8);
+    fixture_free(&a);
+}
+
 static void test_grad_dropout(void)
 {
     loom_layer_spec d[] = {L_dense(8, LOOM_ACT_TANH), L_kind(LOOM_LAYER_DROPOUT, 0.5, 0), L_dense(3, LOOM_ACT_NONE)};
@@ -2415,6 +2441,7 @@ static const loom_test tests[] = {
     {"conv2d + max_pool2d fused", test_fused_conv_pool},
     {"direct conv kernels: same bits at every CPU level", test_conv1_levels},
     {"narrow-input conv kernels: same bits at every CPU level, close to im2col + GEMM", test_convs_levels},
+    {"a wide conv's im2col chunk holds 1024 output pixels", test_conv_chunk_rows},
     {"global batch scaling", test_global_batch},
     {"no allocation in a step", test_no_alloc},
     {"optimizers", test_optimizers},
