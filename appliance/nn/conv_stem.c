@@ -3,10 +3,11 @@
  * (21) floats, and BLAS packs them again for a product only cout (64) wide; its weight gradient builds the same
  * columns again. Here each tap row of the input is read in place: a tile of output pixels keeps its output channels
  * in registers over the (kernel row, kw*cin) taps, and the weight gradient keeps a tile of kernel rows' channels in
- * registers over one output row of pixels at a time, the dz row staying in L1.
+ * registers over one output row of pixels at a time, the dz row staying in L1, then adds that row's sum into dW.
  * Bits: every output element is one fused multiply-add chain in (kernel row, tap) order from zero, every weight
- * gradient element one chain over the pixels in (example, row, column) order from zero, so they do not depend on the
- * threads, the chunking, the part split or the vector width (the AVX2 and AVX-512 kernels compute the same chains).
+ * gradient element the sum in (example, row) order of each output row's chain over its pixels from zero, so they do
+ * not depend on the threads, the chunking, the part split or the vector width (the AVX2 and AVX-512 kernels compute
+ * the same chains).
  * The input gradient (a layer after another) stays on GEMM + col2im. Threads: a call writes only its rows. */
 #include <string.h>
 
@@ -131,7 +132,9 @@ static CS_256 void row256(const cs_geo *g, const float *restrict x, const float 
 }
 
 /* Weight gradient rows k0 + [0, R) (taps r0 + [0, R) of kernel row i: contiguous in an input row), NB blocks of 16
- * channels from c0, += over one output row's OW pixels: x at the row's first window's kernel row i, dz its rows. */
+ * channels from c0, += the sum over one output row's OW pixels (a chain from zero, then one add into dw: two levels,
+ * as BLAS blocks its long sums, so 400k pixels do not run up one chain's rounding): x at the row's first window's
+ * kernel row i, dz its rows. */
 static inline __attribute__((always_inline)) CS_512 void wgt512(int R, int NB, const cs_geo *g, const float *restrict x,
                                                                 const float *restrict dz, int c0, float *restrict dw)
 {
@@ -139,7 +142,7 @@ static inline __attribute__((always_inline)) CS_512 void wgt512(int R, int NB, c
 #pragma GCC unroll 6
     for (int t = 0; t < R; t++)
 #pragma GCC unroll 4
-        for (int n = 0; n < NB; n++) acc[t * NB + n] = _mm512_loadu_ps(dw + (int64_t)t * g->CO + c0 + 16 * n);
+        for (int n = 0; n < NB; n++) acc[t * NB + n] = _mm512_setzero_ps();
     for (int ox = 0; ox < g->OW; ox++) {
         const float *xo = x + ox * g->px, *d = dz + (int64_t)ox * g->CO + c0;
         __m512 dv[4];
@@ -155,7 +158,10 @@ static inline __attribute__((always_inline)) CS_512 void wgt512(int R, int NB, c
 #pragma GCC unroll 6
     for (int t = 0; t < R; t++)
 #pragma GCC unroll 4
-        for (int n = 0; n < NB; n++) _mm512_storeu_ps(dw + (int64_t)t * g->CO + c0 + 16 * n, acc[t * NB + n]);
+        for (int n = 0; n < NB; n++) {
+            float *d = dw + (int64_t)t * g->CO + c0 + 16 * n;
+            _mm512_storeu_ps(d, _mm512_add_ps(_mm512_loadu_ps(d), acc[t * NB + n]));
+        }
 }
 
 static inline __attribute__((always_inline)) CS_256 void wgt256(int R, const cs_geo *g, const float *restrict x,
@@ -164,8 +170,8 @@ static inline __attribute__((always_inline)) CS_256 void wgt256(int R, const cs_
     __m256 acc[CS_T * 2];
 #pragma GCC unroll 6
     for (int t = 0; t < R; t++) {
-        acc[2 * t] = _mm256_loadu_ps(dw + (int64_t)t * g->CO + c0);
-        acc[2 * t + 1] = _mm256_loadu_ps(dw + (int64_t)t * g->CO + c0 + 8);
+        acc[2 * t] = _mm256_setzero_ps();
+        acc[2 * t + 1] = _mm256_setzero_ps();
     }
     for (int ox = 0; ox < g->OW; ox++) {
         const float *xo = x + ox * g->px, *d = dz + (int64_t)ox * g->CO + c0;
@@ -179,8 +185,9 @@ static inline __attribute__((always_inline)) CS_256 void wgt256(int R, const cs_
     }
 #pragma GCC unroll 6
     for (int t = 0; t < R; t++) {
-        _mm256_storeu_ps(dw + (int64_t)t * g->CO + c0, acc[2 * t]);
-        _mm256_storeu_ps(dw + (int64_t)t * g->CO + c0 + 8, acc[2 * t + 1]);
+        float *d = dw + (int64_t)t * g->CO + c0;
+        _mm256_storeu_ps(d, _mm256_add_ps(_mm256_loadu_ps(d), acc[2 * t]));
+        _mm256_storeu_ps(d + 8, _mm256_add_ps(_mm256_loadu_ps(d + 8), acc[2 * t + 1]));
     }
 }
 
