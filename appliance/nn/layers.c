@@ -796,6 +796,11 @@ static void conv_forward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, 
         int64_t nb = B - b0 < l->chunk ? B - b0 : l->chunk;
         const float *col = x + b0 * l->n_in;
         float *y = yc + b0 * l->n_out;
+        if (nn_convs_ok_(l)) { /* 2-4 channels in, direct (conv_stem.c) */
+            nn_convs_forward_(l, W, x + b0 * l->n_in, y, nb);
+            bias_act(y, bias, nb * P, l->cout, l->act);
+            continue;
+        }
         if (nn_conv3_ok_(l)) { /* 3x3, stride 1 or 2, direct (conv_fast.c) */
             nn_conv3_forward_(l, W, x + b0 * l->n_in, y, nb, c->col);
             bias_act(y, bias, nb * P, l->cout, l->act);
@@ -867,6 +872,9 @@ void nn_conv_param_grads_(const loom_model *m, int li, const float *x, int64_t B
         else
 #endif
             if (t1 > t0) conv1_kernel_grad(l, x, dz, B, t0, t1, dW, scratch, scratch + (int64_t)Hp * Wp);
+    } else if (nn_convs_ok_(l)) { /* direct (conv_stem.c) */
+        int64_t k0 = K * part / parts, k1 = K * (part + 1) / parts;
+        if (k1 > k0) nn_convs_kernel_grad_(l, x, dz, B, (int)k0, (int)k1, dW);
     } else if (nn_conv3_ok_(l)) { /* direct (conv_fast.c) */
         int64_t k0 = K * part / parts, k1 = K * (part + 1) / parts;
         if (k1 > k0) nn_conv3_kernel_grad_(l, x, dz, B, (int)k0, (int)k1, dW, scratch);

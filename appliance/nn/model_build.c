@@ -15,6 +15,11 @@
 /* im2col scratch per chunk: about half a typical L2, so the chunk's columns
  * stay in cache between im2col and the product that reads them. */
 #define NN_COL_BYTES ((int64_t)1 << 20)
+/* ... but at least this many output pixels per chunk's product: a wide layer's columns (3x3 on 512 channels: 18 KB
+ * a pixel) fill that budget with one example of 49 pixels, and BLAS then packs the whole kernel (9.4 MB) again for
+ * every 49 rows, in the forward and the input gradient, and the weight gradient loads and stores its rows of dW
+ * once per chunk. */
+#define NN_COL_ROWS 1024
 
 /* An embedding table's initialiser, as Keras': uniform in [-0.05, 0.05). */
 #define NN_INIT_EMBEDDING 101 /* (100 is NN_INIT_ONES_) */
@@ -696,7 +701,8 @@ static int64_t conv_chunk(nn_layer_ *l, int64_t max_batch)
 {
     int64_t colmax = 0;
     int64_t per = (int64_t)l->oh * l->ow * l->kh * l->kw * l->cin * (int64_t)sizeof(float);
-    int64_t c = NN_COL_BYTES / per;
+    int64_t c = NN_COL_BYTES / per, pix = (int64_t)l->oh * l->ow;
+    if (c * pix < NN_COL_ROWS) c = (NN_COL_ROWS + pix - 1) / pix;
     l->chunk = (int)(c < 1 ? 1 : c > max_batch ? max_batch : c);
     int pointwise = l->kh == 1 && l->kw == 1 && l->sh == 1 && l->sw == 1 && l->pad_t == 0 && l->pad_l == 0;
     if (pointwise) l->chunk = (int)max_batch;

@@ -424,6 +424,12 @@ void nn_bn_backward_(loom_model *m, int li, nn_chunk_ *chunk, int nchunks, int64
  * x into the layer's y; the sums of g and g xhat (from bn_x) over the chunks' gradient rows; and
  * g = gamma rstd (g - sg / N - xhat sgh / N) on those rows in place. */
 int64_t nn_bn_stat_floats_(int64_t C);
+/* conv_stem.c: conv2d on 2-4 input channels, cout a multiple of 16, no padding of its own (ResNet-50's stem), on
+ * an AVX2 or AVX-512 CPU (nn_convs_ok_), direct: y (nb, OH, OW, cout) = conv(x) without bias; the kernel gradient's
+ * rows [k0, k1) of (kh*kw*cin, cout) over the batch's B examples. The input gradient stays on GEMM + col2im. */
+int  nn_convs_ok_(const nn_layer_ *l);
+void nn_convs_forward_(const nn_layer_ *l, const float *w, const float *x, float *y, int64_t nb);
+void nn_convs_kernel_grad_(const nn_layer_ *l, const float *x, const float *dz, int64_t B, int k0, int k1, float *dw);
 /* conv_fast.c: conv2d 3x3, stride 1 "same" or stride 2, cin and cout multiples of 16 up to 64, on an AVX2 or
  * AVX-512 CPU (nn_conv3_ok_), direct: y (nb, OH, OW, cout) = conv(x) without bias; dx (nb, H, W, cin) from dz
  * (stride 1 only: nn_conv3_dx_ok_); scratch of nn_conv3_scratch_(l) floats (the chunk's col). */

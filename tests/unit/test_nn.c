@@ -596,6 +596,83 @@ static void test_convd_levels(void)
                                                               : "AVX2 close to im2col + GEMM (no AVX-512 here)");
 }
 
+/* The direct narrow-input kernels (conv_stem.c: 2-4 channels in, no padding of their own, as ResNet-50's 7x7
+ * stride-2 stem) at each level the CPU runs give the same loss, gradients and outputs bit for bit, and the im2col +
+ * GEMM path's (fma = 0) within 1e-5: a 3 -> 64 7x7 stride-2 first layer (6-pixel rows: one tile) and a 4 -> 80
+ * 3x3 after a 1x1 conv (80: a 64-channel group and a 16 one; 3-pixel rows, shorter than a tile; its input
+ * gradient from GEMM + col2im), batch 3 over 2 threads (the weight gradient's rows split mid kernel row). */
+static void test_convs_levels(void)
+{
+    const int level = loom_cpu()->level;
+    if (level < LOOM_CPU_AVX2_FMA) {
+        printf("# this CPU has no AVX2+FMA: only the im2col + GEMM path runs here\n");
+        CHECK(1);
+        return;
+    }
+    loom_layer_spec ls[] = {L_conv(64, 7, 2, LOOM_PAD_VALID, LOOM_ACT_RELU), L_conv(4, 1, 1, LOOM_PAD_VALID, LOOM_ACT_NONE),
+                            L_conv(80, 3, 1, LOOM_PAD_VALID, LOOM_ACT_TANH), L_kind(LOOM_LAYER_FLATTEN, 0, 0),
+                            L_dense(3, LOOM_ACT_NONE)};
+    fixture a;
+    const int64_t B = 3;
+    if (fixture_new(&a, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 5, ls), shp(3, 15, 17, 3), LOOM_I32, B, 2) != LOOM_OK) {
+        CHECK_MSG(0, "cannot build");
+        return;
+    }
+    const int64_t P = loom_model_num_params(a.m);
+    float *g1 = malloc((size_t)P * sizeof *g1), p1[9], p2[9];
+    a.m->layer[0].fma = a.m->layer[2].fma = 1;
+    CHECK_MSG(nn_convs_ok_(&a.m->layer[0]) && nn_convs_ok_(&a.m->layer[2]) && !nn_convs_ok_(&a.m->layer[1]),
+              "the 3- and 4-channel convolutions run direct, the 1x1 one does not");
+    double l1 = step_loss(&a, 1);
+    memcpy(g1, loom_model_grads(a.m), (size_t)P * sizeof *g1);
+    CHECK(loom_model_predict(a.m, &a.x, p1, &err) == LOOM_OK);
+    if (level >= LOOM_CPU_AVX512) {
+        a.m->layer[0].fma = a.m->layer[2].fma = 2;
+        double l2 = step_loss(&a, 1);
+        CHECK(loom_model_predict(a.m, &a.x, p2, &err) == LOOM_OK);
+        CHECK_MSG(l1 == l2 && !memcmp(g1, loom_model_grads(a.m), (size_t)P * sizeof *g1) && !memcmp(p1, p2, sizeof p1),
+                  "the AVX-512 narrow-input kernels differ from the AVX2 ones");
+    }
+    a.m->layer[0].fma = a.m->layer[2].fma = 0;
+    CHECK(!nn_convs_ok_(&a.m->layer[0]));
+    double l0 = step_loss(&a, 1);
+    CHECK(loom_model_predict(a.m, &a.x, p2, &err) == LOOM_OK);
+    CHECK_MSG(fabs(l0 - l1) <= 1e-5 * fabs(l1), "im2col + GEMM: loss %.9g vs %.9g", l0, l1);
+    CHECK(close_vec("grads", g1, loom_model_grads(a.m), P));
+    CHECK(close_vec("outputs", p1, p2, 9));
+    printf("# narrow-input conv kernels: %s, im2col + GEMM within %.2g\n",
+           level >= LOOM_CPU_AVX512 ? "AVX-512 = AVX2+FMA bit for bit" : "AVX2+FMA (no AVX-512 here)", worst_scaled);
+    worst_scaled = 0;
+    free(g1);
+    fixture_free(&a);
+}
+
+/* A wide conv's im2col chunk holds at least 1024 output pixels (model_build.c NN_COL_ROWS), not one example's: 3x3
+ * on 4x4x256 (147 KB of columns an example) takes the whole batch of 8 (128 pixels), where the 1 MB budget alone
+ * gave 7, and BLAS packed the kernel again per chunk; the gradients match those of one example per chunk. */
+static void test_conv_chunk_rows(void)
+{
+    loom_layer_spec ls[] = {L_conv(64, 3, 1, LOOM_PAD_SAME, LOOM_ACT_RELU), L_kind(LOOM_LAYER_FLATTEN, 0, 0),
+                            L_dense(3, LOOM_ACT_NONE)};
+    fixture a;
+    if (fixture_new(&a, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 3, ls), shp(3, 4, 4, 256), LOOM_I32, 8, 3) != LOOM_OK) {
+        CHECK_MSG(0, "cannot build");
+        return;
+    }
+    CHECK_MSG(a.m->layer[0].chunk == 8, "chunk %d, expected the batch's 8", a.m->layer[0].chunk);
+    const int64_t P = loom_model_num_params(a.m);
+    float *g8 = malloc((size_t)P * sizeof *g8);
+    double l8 = step_loss(&a, 1);
+    memcpy(g8, loom_model_grads(a.m), (size_t)P * sizeof *g8);
+    a.m->layer[0].chunk = 1;
+    double l1 = step_loss(&a, 1);
+    CHECK_MSG(fabs(l8 - l1) <= 1e-5 * fabs(l1), "loss %.9g vs %.9g", l8, l1);
+    CHECK(close_vec("grads", g8, loom_model_grads(a.m), P));
+    worst_scaled = 0;
+    free(g8);
+    fixture_free(&a);
+}
+
 static void test_grad_dropout(void)
 {
     loom_layer_spec d[] = {L_dense(8, LOOM_ACT_TANH), L_kind(LOOM_LAYER_DROPOUT, 0.5, 0), L_dense(3, LOOM_ACT_NONE)};
@@ -2495,6 +2572,8 @@ static const loom_test tests[] = {
     {"direct conv kernels: same bits at every CPU level", test_conv1_levels},
     {"conv_direct.c 5x5 / 7x7 against im2col + GEMM, same bits at every CPU level", test_convd_levels},
     {"conv_direct.c: same bits with 1, 2 and 3 threads", test_convd_threads},
+    {"narrow-input conv kernels: same bits at every CPU level, close to im2col + GEMM", test_convs_levels},
+    {"a wide conv's im2col chunk holds 1024 output pixels", test_conv_chunk_rows},
     {"global batch scaling", test_global_batch},
     {"no allocation in a step", test_no_alloc},
     {"optimizers", test_optimizers},
