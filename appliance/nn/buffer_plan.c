@@ -118,10 +118,6 @@ static int y_last_read(const loom_model *m, const phases *p, int L)
         for (int k = 0; k < l->n_src; k++)
             if (l->src[k] >= 0 && grp[l->src[k]] && late) t1 = ph_bwd(m, p, 0) + 1;
     }
-    /* A batch normalization's output is read after its own backward phase when the layer over it is not in
-     * place (test_tasks' conv - BN - tanh: gradients off when it was freed at BN's phase): until that reader
-     * is found and given its phase, the output lives to the backward's end. */
-    if (m->layer[L].spec.kind == LOOM_LAYER_BATCH_NORM) t1 = ph_bwd(m, p, 0) + 1;
     return t1; /* (the backward runs from the top: no reader after L's own backward but the late ones) */
 }
 
@@ -158,7 +154,11 @@ static int collect(loom_model *m, plan_buf *b)
         }
         if (nn_plan_early_(l)) {
             l->early = 1;
-            b[n++] = (plan_buf){L, NN_ARENA_DZ, ph_bwd(m, &p, L), ph_bwd(m, &p, L), fl, -1};
+            int t0 = ph_bwd(m, &p, L); /* its consumers' backward may write it already (a BN's dx) */
+            for (int c = L + 1; c < m->n_layers; c++)
+                for (int k = 0; k < m->layer[c].n_src; k++)
+                    if (m->layer[c].src[k] == L && ph_bwd(m, &p, c) < t0) t0 = ph_bwd(m, &p, c);
+            b[n++] = (plan_buf){L, NN_ARENA_DZ, t0, ph_bwd(m, &p, L), fl, -1};
         }
         if (l->gacc && !is_head(m, L)) {
             int t0 = ph_bwd(m, &p, L);
