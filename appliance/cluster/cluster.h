@@ -295,8 +295,12 @@ loom_net *loom_group_net(loom_group *g);
  * start over (an abort of an earlier membership is ignored). */
 void loom_group_elastic(loom_group *g);
 /* loom_group_open without the ring (an elastic job's members form it with
- * loom_group_reform once the chief has admitted them): collectives wait for it. */
-int  loom_group_open_bare(loom_group **out, const loom_cluster *c, double collective_timeout, loom_err *err);
+ * loom_group_reform once the chief has admitted them): collectives wait for it.
+ * reads: the caller's user types (LOOM_NET_TYPE_BIT), declared with the
+ * group's own before open returns: a peer quicker to start may send them at
+ * once (a declaration after open would race it: the type dropped as unread). */
+int  loom_group_open_bare(loom_group **out, const loom_cluster *c, double collective_timeout, uint64_t reads,
+                          loom_err *err);
 /* The membership changes the group counts (loom_group_reform adds one): a
  * task admitted into a running job takes the members' count before it re-forms. */
 void     loom_group_set_epoch(loom_group *g, uint32_t epoch);

@@ -462,7 +462,8 @@ static int ring_connect(loom_group *g, const loom_cluster *c, loom_err *err)
     return LOOM_OK;
 }
 
-static int group_open(loom_group **out, const loom_cluster *c, double collective_timeout, bool ring, loom_err *err)
+static int group_open(loom_group **out, const loom_cluster *c, double collective_timeout, bool ring, uint64_t reads,
+                      loom_err *err)
 {
     *out = NULL;
     if (c->rank < 0 || c->rank >= c->n_train_ranks)
@@ -501,7 +502,8 @@ static int group_open(loom_group **out, const loom_cluster *c, double collective
     loom_free(peers);
     if (!rc && n > 1) {
         /* the group's own types; a user of loom_group_net declares its own */
-        loom_net_reads(g->net, -1, LOOM_NET_TYPE_BIT(LOOM_MSG_GROUP_HELLO) | LOOM_NET_TYPE_BIT(LOOM_MSG_GROUP_ABORT));
+        loom_net_reads(g->net, -1,
+                       LOOM_NET_TYPE_BIT(LOOM_MSG_GROUP_HELLO) | LOOM_NET_TYPE_BIT(LOOM_MSG_GROUP_ABORT) | reads);
         g->alert_fd = loom_net_alert_fd_(g->net, LOOM_MSG_GROUP_ABORT);
         if (ring) rc = ring_connect(g, c, err);
     }
@@ -538,12 +540,13 @@ static int group_open(loom_group **out, const loom_cluster *c, double collective
 
 int loom_group_open(loom_group **out, const loom_cluster *c, double collective_timeout, loom_err *err)
 {
-    return group_open(out, c, collective_timeout, true, err);
+    return group_open(out, c, collective_timeout, true, 0, err);
 }
 
-int loom_group_open_bare(loom_group **out, const loom_cluster *c, double collective_timeout, loom_err *err)
+int loom_group_open_bare(loom_group **out, const loom_cluster *c, double collective_timeout, uint64_t reads,
+                         loom_err *err)
 {
-    return group_open(out, c, collective_timeout, false, err);
+    return group_open(out, c, collective_timeout, false, reads, err);
 }
 
 void loom_group_close(loom_group *g)

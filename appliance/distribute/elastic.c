@@ -145,8 +145,7 @@ int loom_elastic_open_(loom_elastic **out, loom_group *g, const loom_cluster *c,
     int rc = parse_timeline(e, getenv("LOOM_TEST_MEMBERSHIP"), err);
     if (!rc) {
         loom_group_elastic(g);
-        loom_net_reads(loom_group_net(g), -1, LOOM_NET_TYPE_BIT(MSG_REPORT) | LOOM_NET_TYPE_BIT(MSG_DECISION) |
-                                                  LOOM_NET_TYPE_BIT(MSG_JOIN) | LOOM_NET_TYPE_BIT(MSG_ADMIT));
+        loom_net_reads(loom_group_net(g), -1, loom_elastic_reads_()); /* (declared at open already) */
         rc = form(e, err);
     }
     if (rc) {
@@ -155,6 +154,12 @@ int loom_elastic_open_(loom_elastic **out, loom_group *g, const loom_cluster *c,
     }
     *out = e;
     return LOOM_OK;
+}
+
+uint64_t loom_elastic_reads_(void)
+{
+    return LOOM_NET_TYPE_BIT(MSG_REPORT) | LOOM_NET_TYPE_BIT(MSG_DECISION) | LOOM_NET_TYPE_BIT(MSG_JOIN) |
+           LOOM_NET_TYPE_BIT(MSG_ADMIT);
 }
 
 void loom_elastic_free_(loom_elastic *e)

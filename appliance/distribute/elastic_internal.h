@@ -19,6 +19,10 @@ typedef struct loom_elastic loom_elastic;
 int  loom_elastic_open_(loom_elastic **out, loom_group *g, const loom_cluster *c, const loom_elastic_spec *spec,
                         const char *task, const char *model_dir, loom_err *err);
 void loom_elastic_free_(loom_elastic *e); /* NULL is a no-op */
+/* The membership messages' types, for loom_group_open_bare: declared as the
+ * group opens, since a quicker peer's join request may come before
+ * loom_elastic_open_ runs (it was dropped as an unread type). */
+uint64_t loom_elastic_reads_(void);
 
 /* Before step `step` (0-based) of this task: LOOM_TEST_MEMBERSHIP's scripted
  * departures ("leave worker:2 at 300"): the named task dies here. e NULL: nothing. */
