@@ -116,7 +116,6 @@ mjob() {
         MJOB[$i]=$!
     done
 }
-newest() { ls "$1" 2>/dev/null | sed -n 's/^ckpt-\([0-9]*\)\.loom$/\1/p' | sort -n | tail -1; }
 ways=("stale" "empty" "fresh1" "fresh0")
 first=$((RANDOM % 4)) # each way once, in a seeded order
 for round in 1 2 3 4; do
@@ -162,8 +161,6 @@ task_pid() {
         sleep 0.05
     done
 }
-# wait_file FILE: up to 60 s for FILE to exist
-wait_file() { local i; for ((i = 0; i < 1200; i++)); do [ -e "$1" ] && return 0; sleep 0.05; done; return 1; }
 # launch_bg NAME ARGS...: loom launch --local ARGS in the background (bounded), its output in
 # $WORK/NAME.out and status in $WORK/NAME.rc
 launch_bg() {

@@ -25,18 +25,6 @@ job() {
         PIDS+=($!)
     done
 }
-# wait_file FILE: up to 60 s for FILE to exist
-wait_file() { local i; for ((i = 0; i < 1200; i++)); do [ -e "$1" ] && return 0; sleep 0.05; done; return 1; }
-# status PID [SECONDS]: ST = its exit status once it ends (up to SECONDS, default 90), else "hung"
-status() {
-    local i
-    for ((i = 0; i < ${2:-150} * 20; i++)); do
-        if ! kill -0 "$1" 2>/dev/null; then wait "$1" 2>/dev/null; ST=$?; return; fi
-        sleep 0.05
-    done
-    ST=hung
-}
-newest() { ls "$1" 2>/dev/null | sed -n 's/^ckpt-\([0-9]*\)\.loom$/\1/p' | sort -n | tail -1; }
 accuracy() { sed -n 's/.*done: step [0-9]*, eval accuracy \([0-9.]*\).*/\1/p' "$1"; }
 
 # ---- kill -9 of the last worker: the other two go on to the end ---------------------------

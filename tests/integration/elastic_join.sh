@@ -33,17 +33,6 @@ job() {
     ADDRS="\"127.0.0.1:$BASE\",\"127.0.0.1:$((BASE + 1))\",\"127.0.0.1:$((BASE + 2))\""
     for i in 0 1 2; do start "$name" $i "$@"; JOB[$i]=$PID; done
 }
-wait_file() { local i; for ((i = 0; i < 1200; i++)); do [ -e "$1" ] && return 0; sleep 0.05; done; return 1; }
-# status PID [SECONDS]: ST = its exit status once it ends (up to SECONDS, default 150), else "hung"
-status() {
-    local i
-    for ((i = 0; i < ${2:-150} * 20; i++)); do
-        if ! kill -0 "$1" 2>/dev/null; then wait "$1" 2>/dev/null; ST=$?; return; fi
-        sleep 0.05
-    done
-    ST=hung
-}
-newest() { ls "$1" 2>/dev/null | sed -n 's/^ckpt-\([0-9]*\)\.loom$/\1/p' | sort -n | tail -1; }
 
 # ---- an uninterrupted run: the epoch's examples ---------------------------------------------
 export LOOM_TEST_EXAMPLE_IDS="$WORK/ids_ref"

@@ -43,6 +43,21 @@ contains() {
     if grep -qF -- "$2" <<<"$3"; then pass "$1"; else fail "$1" "lacks: $2" "$(echo "$3" | tail -5)"; fi
 }
 
+# wait_file FILE: up to 60 s for FILE to exist (1 if it never does)
+wait_file() { local i; for ((i = 0; i < 1200; i++)); do [ -e "$1" ] && return 0; sleep 0.05; done; return 1; }
+# newest DIR: the step of DIR's newest checkpoint (ckpt-N.loom), empty without one
+newest() { ls "$1" 2>/dev/null | sed -n 's/^ckpt-\([0-9]*\)\.loom$/\1/p' | sort -n | tail -1; }
+# status PID [SECONDS]: ST = the background process's exit status once it ends (up to SECONDS,
+# default 150), else "hung"
+status() {
+    local i
+    for ((i = 0; i < ${2:-150} * 20; i++)); do
+        if ! kill -0 "$1" 2>/dev/null; then wait "$1" 2>/dev/null; ST=$?; return; fi
+        sleep 0.05
+    done
+    ST=hung
+}
+
 # ---- jobs of several processes (multi_worker.sh, mpi.sh, mwm_*.sh, status_peers.sh) ----
 # kill_tree PID: PID and its descendants, SIGKILL (only processes the test started).
 kill_tree() {
