@@ -194,6 +194,8 @@ run_torch() { # model run
     else
         args=(--model resnet20 --threads "$TORCH_RESNET20_THREADS" --epochs "$R20_EPOCHS" --seed "$r")
     fi
+    # the same augmentation as the config's (pad 2, random 28x28 crop, random flip), when it has one
+    [ "$m" = resnet20 ] && grep -q '"random_crop"' "$ROOT/$(cfg_of resnet20)" && args+=(--augment)
     if ! env -u OPENBLAS_CORETYPE OPENBLAS_NUM_THREADS=2 "$PY" "$HERE/resnet_torch_ref.py" "${args[@]}" \
         >"$TMP/torch.out" 2>"$TMP/torch.err"; then
         echo "resnet_bench.sh: resnet_torch_ref.py ($m, run $r) failed; its stderr:" >&2
