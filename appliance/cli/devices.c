@@ -112,7 +112,8 @@ int loom_cli_devices_(int argc, char **argv, double start_time)
     int cores = loom_num_cores();
     printf("cpu:0 to cpu:%d  usable (%s)\n", cores - 1, line);
     printf("  cpu: %s\n", loom_cpu_describe(line, sizeof line));
-    printf("  BLAS core: %s (%s)\n", loom_blas_core(), loom_blas_core_reason());
+    printf("  BLAS core: %s (%s); calls split at multiples of %d rows\n", loom_blas_core(), loom_blas_core_reason(),
+           loom_blas_row_quantum());
     printf("gpu backends:\n");
     print_gpus(stdout);
     print_xops(stdout);

@@ -42,7 +42,7 @@ void nn_dense_param_grads_(const loom_model *m, int li, const float *x, int64_t 
     const int64_t in = l->n_in / l->steps, out = l->n_out / l->steps;
     const float *restrict dz = l->dz;
     B *= l->steps;
-    int64_t r0 = in * part / parts, r1 = in * (part + 1) / parts;
+    int64_t r0 = nn_grad_row_(m, l, in, part, parts), r1 = nn_grad_row_(m, l, in, part + 1, parts);
     /* dW rows [r0, r1) (r1 - r0, out) = x[:, r0:r1]^T dz */
     if (r1 > r0)
         loom_sgemm(true, false, (int)(r1 - r0), (int)out, (int)B, 1.f, x + r0, (int)in, dz, (int)out, 0.f,

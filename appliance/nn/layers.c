@@ -873,18 +873,18 @@ void nn_conv_param_grads_(const loom_model *m, int li, const float *x, int64_t B
 #endif
             if (t1 > t0) conv1_kernel_grad(l, x, dz, B, t0, t1, dW, scratch, scratch + (int64_t)Hp * Wp);
     } else if (nn_convs_ok_(l)) { /* direct (conv_stem.c) */
-        int64_t k0 = K * part / parts, k1 = K * (part + 1) / parts;
+        int64_t k0 = nn_grad_row_(m, l, K, part, parts), k1 = nn_grad_row_(m, l, K, part + 1, parts);
         if (k1 > k0) nn_convs_kernel_grad_(l, x, dz, B, (int)k0, (int)k1, dW);
     } else if (nn_conv3_ok_(l)) { /* direct (conv_fast.c) */
-        int64_t k0 = K * part / parts, k1 = K * (part + 1) / parts;
+        int64_t k0 = nn_grad_row_(m, l, K, part, parts), k1 = nn_grad_row_(m, l, K, part + 1, parts);
         if (k1 > k0) nn_conv3_kernel_grad_(l, x, dz, B, (int)k0, (int)k1, dW, scratch);
     } else if (nn_convd_ok_(l)) { /* direct (conv_direct.c) */
-        int64_t k0 = K * part / parts, k1 = K * (part + 1) / parts;
+        int64_t k0 = nn_grad_row_(m, l, K, part, parts), k1 = nn_grad_row_(m, l, K, part + 1, parts);
         if (k1 > k0) nn_convd_kernel_grad_(l, x, dz, B, (int)k0, (int)k1, dW, scratch);
     } else {
         /* dW rows [k0, k1) (k1 - k0, cout) = col[:, k0:k1]^T dZ, over im2col
          * chunks at fixed example offsets, whatever the parts */
-        int64_t k0 = K * part / parts, k1 = K * (part + 1) / parts;
+        int64_t k0 = nn_grad_row_(m, l, K, part, parts), k1 = nn_grad_row_(m, l, K, part + 1, parts);
         for (int64_t b0 = 0; k1 > k0 && b0 < B; b0 += l->chunk) {
             int64_t nb = B - b0 < l->chunk ? B - b0 : l->chunk;
             const float *col = x + b0 * l->n_in + k0;

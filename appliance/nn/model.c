@@ -250,15 +250,27 @@ int nn_read_label_(loom_model *m, const loom_tensor *label, int64_t B, loom_err 
     return LOOM_OK;
 }
 
-/* The chunks of a batch of B: n = min(threads, B) runs of contiguous
- * examples, sizes differing by at most one, fixed for a given (B, threads). */
+/* The chunks of a batch of B: up to n = min(threads, B) runs of contiguous
+ * examples, fixed for a given (B, threads). Each starts at a multiple of the
+ * BLAS's row quantum (blas.c: on Haswell/Zen kernels a product's rows get other
+ * bits when a call begins mid-tile, so chunks of 64 gave other weights than one
+ * of 128), the boundaries the nearest multiples to an even split; with a
+ * quantum of 1 the sizes differ by at most one. */
 static int split_batch(loom_model *m, int64_t B)
 {
-    int n = B < m->threads ? (int)B : m->threads;
+    int n = B < m->threads ? (int)B : m->threads, k = 0;
+    if (!m->row_q) m->row_q = loom_blas_row_quantum();
+    const int64_t q = m->row_q;
+    int64_t e0 = 0;
     for (int t = 0; t < n; t++) {
-        nn_chunk_ *c = &m->chunk[t];
-        c->b0 = B * t / n;
-        c->B = B * (t + 1) / n - c->b0;
+        int64_t e = B * (t + 1) / n;
+        if (t < n - 1) e = (e + q / 2) / q * q;
+        if (e > B) e = B;
+        if (e <= e0) continue;
+        nn_chunk_ *c = &m->chunk[k++];
+        c->b0 = e0;
+        c->B = e - e0;
+        e0 = e;
         c->gbuf[0] = m->gbuf[0] + c->b0 * m->gmax;
         c->gbuf[1] = m->gbuf[1] + c->b0 * m->gmax;
         c->loss = 0;
@@ -266,7 +278,7 @@ static int split_batch(loom_model *m, int64_t B)
         c->tok_loss = 0;
         c->tok_ok = c->tok_n = 0;
     }
-    return n;
+    return k;
 }
 
 enum { JOB_TRAIN, JOB_EVAL, JOB_PREDICT };
@@ -432,9 +444,12 @@ static void update_part(const loom_model *m, const nn_layer_ *l, int part, int p
         update_range(m, lo, hi);
         return;
     }
+    /* a dense layer's kernel is (n_in / steps, n_out / steps): its rows are one step's inputs */
     const bool dense = l->spec.kind == LOOM_LAYER_DENSE;
-    const int64_t K = dense ? l->n_in : (int64_t)l->kh * l->kw * l->cin, out = dense ? l->n_out : l->cout;
-    update_range(m, l->kernel_off + K * part / parts * out, l->kernel_off + K * (part + 1) / parts * out);
+    const int64_t K = dense ? l->n_in / l->steps : (int64_t)l->kh * l->kw * l->cin;
+    const int64_t out = dense ? l->n_out / l->steps : l->cout;
+    update_range(m, l->kernel_off + nn_grad_row_(m, l, K, part, parts) * out,
+                 l->kernel_off + nn_grad_row_(m, l, K, part + 1, parts) * out);
     if (l->bias_off >= 0) update_range(m, l->bias_off + out * part / parts, l->bias_off + out * (part + 1) / parts);
 }
 

@@ -697,12 +697,17 @@ static bool embedding_buffers(nn_layer_ *l, int64_t max_batch)
 
 /* A conv2d's examples per im2col chunk and its kernels; returns the floats of
  * column scratch it needs (0 for a pointwise conv, which needs none). */
-static int64_t conv_chunk(nn_layer_ *l, int64_t max_batch)
+static int64_t conv_chunk(nn_layer_ *l, int64_t max_batch, int m_row_q)
 {
     int64_t colmax = 0;
     int64_t per = (int64_t)l->oh * l->ow * l->kh * l->kw * l->cin * (int64_t)sizeof(float);
     int64_t c = NN_COL_BYTES / per, pix = (int64_t)l->oh * l->ow;
     if (c * pix < NN_COL_ROWS) c = (NN_COL_ROWS + pix - 1) / pix;
+    /* the chunk's rows (c * pix) a multiple of the BLAS's row quantum, so that
+     * calls start at the same tiles however the batch is split (blas.c) */
+    int64_t q = m_row_q, g = pix;
+    for (int64_t a = q; a;) { int64_t t = g % a; g = a; a = t; } /* g = gcd(q, pix) */
+    if (q > 1) c = (c + q / g - 1) / (q / g) * (q / g);
     l->chunk = (int)(c < 1 ? 1 : c > max_batch ? max_batch : c);
     int pointwise = l->kh == 1 && l->kw == 1 && l->sh == 1 && l->sw == 1 && l->pad_t == 0 && l->pad_l == 0;
     if (pointwise) l->chunk = (int)max_batch;
@@ -760,12 +765,13 @@ static bool layer_buffers(nn_layer_ *l, int64_t max_batch)
 static bool model_buffers(loom_model *m)
 {
     int64_t max_batch = m->max_batch, gmax = 1, colmax = 0;
+    m->row_q = loom_blas_row_quantum(); /* 1 before the BLAS is loaded (loom check): then only chunk sizes differ */
     for (int i = 0; i < m->n_layers; i++) {
         nn_layer_ *l = &m->layer[i];
         gmax = l->n_in > gmax ? l->n_in : gmax;
         gmax = l->n_out > gmax ? l->n_out : gmax;
         if (l->spec.kind == LOOM_LAYER_CONV2D && !l->direct) {
-            int64_t col = conv_chunk(l, max_batch);
+            int64_t col = conv_chunk(l, max_batch, m->row_q);
             colmax = col > colmax ? col : colmax;
         }
     }

@@ -172,6 +172,7 @@ struct loom_model {
     double           flops;         /* forward, per example */
     /* intra-op threads: chunk[t] belongs to thread t; chunk[0] always exists */
     int              threads;
+    int              row_q;        /* chunk starts are multiples of it: loom_blas_row_quantum when the buffers are made */
     loom_pool       *pool;          /* NULL when threads == 1 */
     nn_chunk_       *chunk;         /* (threads,) 64-byte aligned */
     /* a train step taken in parts (loom_model_forward, _loss, _backward) */
@@ -237,6 +238,28 @@ struct loom_model {
     int              plugin_rc;
     loom_err         plugin_err;
 };
+
+/* Part `part` of `parts`'s start in a product's n rows when the parts are separate BLAS calls: the
+ * nearest multiple of the model's row quantum (split_batch's rule), so each row gets the same bits
+ * whatever the part count. Part `parts` starts at n. */
+static inline int64_t nn_part_row_(const loom_model *m, int64_t n, int part, int parts)
+{
+    if (part >= parts) return n;
+    const int64_t q = m->row_q > 1 ? m->row_q : 1, e = n * part / parts;
+    const int64_t r = (e + q / 2) / q * q;
+    return r > n ? n : r;
+}
+
+/* Where part `part` of `parts` of a dense or conv2d layer's gradient pass
+ * starts in its n kernel rows (n_in, or kh*kw*cin): the gradient writers and
+ * the in-part update (model.c) must agree on it. A one-channel conv2d that is
+ * not pointwise splits its kh*kw taps evenly; the others at nn_part_row_. */
+static inline int64_t nn_grad_row_(const loom_model *m, const nn_layer_ *l, int64_t n, int part, int parts)
+{
+    const bool pointwise = l->kh == 1 && l->kw == 1 && l->sh == 1 && l->sw == 1 && l->pad_t == 0 && l->pad_l == 0;
+    if (l->spec.kind == LOOM_LAYER_CONV2D && l->cin == 1 && !pointwise) return n * part / parts;
+    return nn_part_row_(m, n, part, parts);
+}
 
 /* How long the intra-op workers busy-wait for the next phase before they
  * sleep (loom_pool_set_spin): longer than the gaps inside a training step

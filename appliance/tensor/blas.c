@@ -32,6 +32,7 @@ static struct {
     void     (*set_threads)(int);
     char     *(*corename)(void);
     int        threads;
+    int        quantum;   /* loom_blas_row_quantum, 0 until probed */
     char       core[64];
     char       reason[160];
 } blas;
@@ -54,6 +55,62 @@ static const char *cpu_core(void)
 static const char *wanted_core;
 
 void loom_blas_want_core(const char *core) { wanted_core = core && *core ? core : NULL; }
+
+/* ---- the row quantum ---------------------------------------------------------
+ * Some kernels give a row of C different bits depending on where the call's
+ * rows begin and end: OpenBLAS's Haswell/Zen sgemm computes rows in tiles of
+ * 12 or 24 and its narrower tail tiles sum in another order, so the same
+ * product split at row 64 (two chunks) or not (one) differs in the last bit,
+ * and a model's weights then depend on its thread count. Splitting calls
+ * only at multiples of the quantum keeps every row in the same tile. The
+ * probe runs once, on one thread: op(A) B as one call and as calls of q rows,
+ * for the three forms the model uses (NN, NT, TN), and takes the smallest q
+ * for which all agree bit for bit: 12 on Haswell/Zen. On SkylakeX NN and TN
+ * agree at 1 while NT at this small size takes the small-matrix path, which
+ * agrees for no q; the quantum is then NN and TN's (1, as before the probe:
+ * the thread-count tests pass there). */
+enum { PROBE_M = 192, PROBE_K = 128, PROBE_N = 32 };
+
+static bool probe_agrees(bool ta, bool tb, int q, const float *A, const float *B, float *full, float *part)
+{
+    int lda = ta ? PROBE_M : PROBE_K, ldb = tb ? PROBE_K : PROBE_N;
+    loom_sgemm(ta, tb, PROBE_M, PROBE_N, PROBE_K, 1.f, A, lda, B, ldb, 0.f, full, PROBE_N);
+    for (int m0 = 0; m0 < PROBE_M; m0 += q) {
+        int m = PROBE_M - m0 < q ? PROBE_M - m0 : q;
+        const float *a = ta ? A + m0 : A + (size_t)m0 * lda;
+        loom_sgemm(ta, tb, m, PROBE_N, PROBE_K, 1.f, a, lda, B, ldb, 0.f, part + (size_t)m0 * PROBE_N, PROBE_N);
+    }
+    return !memcmp(full, part, sizeof(float) * PROBE_M * PROBE_N);
+}
+
+static int probe_quantum(void)
+{
+    static const int cand[] = {1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96};
+    float *A = malloc(sizeof(float) * PROBE_M * PROBE_K), *B = malloc(sizeof(float) * PROBE_K * PROBE_N);
+    float *full = malloc(sizeof(float) * PROBE_M * PROBE_N), *part = malloc(sizeof(float) * PROBE_M * PROBE_N);
+    int q = 1, nn_tn = 0;
+    if (A && B && full && part) {
+        uint32_t x = 2463534242u; /* xorshift: values in [-1, 1) whose sums round differently by order */
+        for (int i = 0; i < PROBE_M * PROBE_K + PROBE_K * PROBE_N; i++) {
+            x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+            float v = (float)(x >> 8) / 8388608.f - 1.f;
+            if (i < PROBE_M * PROBE_K) A[i] = v;
+            else B[i - PROBE_M * PROBE_K] = v;
+        }
+        q = 0;
+        for (size_t i = 0; i < sizeof cand / sizeof *cand && !q && !(nn_tn && cand[i] > 4 * nn_tn); i++) {
+            bool nt = probe_agrees(false, false, cand[i], A, B, full, part) &&
+                      probe_agrees(true, false, cand[i], A, B, full, part);
+            if (nt && !nn_tn) nn_tn = cand[i];
+            if (nt && probe_agrees(false, true, cand[i], A, B, full, part)) q = cand[i];
+        }
+        if (!q) q = nn_tn ? nn_tn : 1;
+    }
+    free(A), free(B), free(full), free(part);
+    return q;
+}
+
+int loom_blas_row_quantum(void) { return blas.lib && blas.quantum > 0 ? blas.quantum : 1; }
 
 int loom_blas_init(int threads, loom_err *err)
 {
@@ -113,6 +170,8 @@ int loom_blas_init(int threads, loom_err *err)
     if (!blas.set_threads) blas.set_threads = (void (*)(int))dlsym(blas.lib, "bli_thread_set_num_threads");
     snprintf(blas.core, sizeof blas.core, "%s", blas.corename ? blas.corename() : (custom ? custom : "unknown"));
     if (custom) snprintf(blas.reason, sizeof blas.reason, "LOOM_BLAS=%s", custom);
+    loom_blas_set_threads(1);
+    blas.quantum = probe_quantum(); /* on one thread: OpenBLAS's own split would be probed too */
     loom_blas_set_threads(threads);
     return LOOM_OK;
 }

@@ -94,6 +94,10 @@ void loom_blas_want_core(const char *core);
 const char *loom_blas_core(void);
 const char *loom_blas_core_reason(void);
 int  loom_blas_threads(void);
+/* The row quantum of the loaded BLAS: splitting a product's rows into calls
+ * only at multiples of it gives every row the bits of the unsplit product
+ * (probed once on first use; 1 before loom_blas_init or when any split does). */
+int  loom_blas_row_quantum(void);
 void loom_blas_set_threads(int n);
 /* The core type the CPU's features call for ("SkylakeX", "Haswell", ...),
  * or NULL to let OpenBLAS decide. Pure; exposed for tests. */

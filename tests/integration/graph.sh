@@ -37,9 +37,13 @@ contains "check: moving statistics are not trainable" "Non-trainable params: 128
 contains "check: the total counts them (Keras: 50240 + 4096 + 256 + 1290)" "Total params: 55882 " "$out"
 contains "check: trainable params" "Trainable params: 55754 " "$out"
 
-run one "${S[@]}"
-run m2 "${S[@]}" --set strategy.type=mirrored --set strategy.replicas=2
-if d=$("$DIFF" $CFG "$WORK/one/ckpt-40.loom" "$WORK/m2/ckpt-40.loom" 2>&1) &&
+# mirrored(2) with sync BN sums the same gradients in another order: compared after 5 steps. Further on, a
+# ReLU input within rounding of zero flips in one run and not the other (under OpenBLAS's Haswell kernels
+# at step 8, 1e-7 -> 3e-6 in one step) and Adam carries it on: that is the trajectory, not the sum.
+run one "${S[@]}" --set run.checkpoint_steps=5
+run m2 --set run.max_steps=5 --set run.eval_steps=1 --set run.checkpoint_steps=5 --set strategy.type=mirrored \
+    --set strategy.replicas=2
+if d=$("$DIFF" $CFG "$WORK/one/ckpt-5.loom" "$WORK/m2/ckpt-5.loom" 2>&1) &&
         awk -v d="$d" 'BEGIN { exit !(d <= 1e-6) }'; then
     pass "mirrored(2), sync: one_device's weights within 1e-6 ($d apart)"
 else
