@@ -641,7 +641,8 @@ void nn_more_param_grads_(const loom_model *m, int li, const float *x, int64_t B
     }
     if (l->spec.kind == LOOM_LAYER_SEPARABLE_CONV2D) {
         /* pointwise rows [r0, r1) of cm = mid[:, r0:r1]^T dz over the whole batch */
-        const int64_t cm = (int64_t)l->cin * l->mult, r0 = cm * part / parts, r1 = cm * (part + 1) / parts;
+        const int64_t cm = (int64_t)l->cin * l->mult, r0 = nn_part_row_(m, cm, part, parts);
+        const int64_t r1 = nn_part_row_(m, cm, part + 1, parts);
         if (r1 > r0)
             loom_sgemm(true, false, (int)(r1 - r0), l->cout, (int)(B * P), 1.f, l->mid + r0, (int)cm, l->dz, l->cout,
                        0.f, m->grads + l->pw_off + r0 * l->cout, l->cout);

@@ -558,11 +558,11 @@ void nn_rnn_param_grads_(const loom_model *m, int li, const float *x, int64_t B,
         rnn_par gp = par_of(m, l, d, true);
         const rnn_buf s = buf_of(l, d, 0);
         float *dW = (float *)gp.W, *dU = (float *)gp.U, *db = (float *)gp.b;
-        int64_t r0 = D * part / parts, r1 = D * (part + 1) / parts;
+        int64_t r0 = nn_part_row_(m, D, part, parts), r1 = nn_part_row_(m, D, part + 1, parts);
         if (r1 > r0) /* dW rows [r0, r1) = x[:, r0:r1]^T dG */
             loom_sgemm(true, false, (int)(r1 - r0), (int)gH, (int)R, 1.f, x + r0, (int)D, s.G, (int)gH, 0.f,
                        dW + r0 * gH, (int)gH);
-        int64_t h0 = H * part / parts, h1 = H * (part + 1) / parts;
+        int64_t h0 = nn_part_row_(m, H, part, parts), h1 = nn_part_row_(m, H, part + 1, parts);
         if (h1 > h0 && !gru) /* dU rows [h0, h1) = P[:, h0:h1]^T dG */
             loom_sgemm(true, false, (int)(h1 - h0), (int)gH, (int)R, 1.f, s.P + h0, (int)H, s.G, (int)gH, 0.f,
                        dU + h0 * gH, (int)gH);

@@ -30,6 +30,14 @@ same_weights "MLP: 1 and 3 threads, the same bits" "$WORK/mlp_1/ckpt-3.loom" "$W
 for t in 1 2; do train cnn_avx2_$t configs/fashion_mnist_cnn.cfg $t LOOM_TEST_CPU=avx2; done
 same_weights "CNN under avx2: 1 and 2 threads, the same bits" "$WORK/cnn_avx2_1/ckpt-3.loom" "$WORK/cnn_avx2_2/ckpt-3.loom"
 
+# the gradient passes' row parts in the other layer families: a separable conv's pointwise kernel (8 rows
+# of 16 per part), an LSTM's input and recurrent kernels
+for t in 1 2; do train vision_avx2_$t tests/configs/vision_layers.cfg $t LOOM_TEST_CPU=avx2; done
+same_weights "vision layers under avx2: 1 and 2 threads, the same bits" "$WORK/vision_avx2_1/ckpt-3.loom" \
+    "$WORK/vision_avx2_2/ckpt-3.loom"
+for t in 1 2; do train lstm_avx2_$t configs/fortunes_char_lstm.cfg $t LOOM_TEST_CPU=avx2; done
+same_weights "LSTM under avx2: 1 and 2 threads, the same bits" "$WORK/lstm_avx2_1/ckpt-3.loom" "$WORK/lstm_avx2_2/ckpt-3.loom"
+
 for t in 1 2; do train rows_$t tests/configs/dense_over_rows.cfg $t; done
 same_weights "dense on each row, optimizer in the step: 1 and 2 threads, the same bits" \
     "$WORK/rows_1/ckpt-3.loom" "$WORK/rows_2/ckpt-3.loom"
