@@ -53,6 +53,7 @@ struct loom_elastic {
     char                task[64];
     char                metrics[LOOM_PATH_MAX + 16]; /* <model_dir>/metrics.jsonl ("" none) */
     int64_t             leave_at;  /* LOOM_TEST_MEMBERSHIP: this task dies before this step (-1: never) */
+    int64_t             stop_at;   /* LOOM_TEST_MEMBERSHIP: a stop request (as SIGINT) lands in this step (-1) */
     int64_t             join_at[MAX_TASKS]; /* the chief, by task rank: "join TASK at STEP" (-1: when it asks) */
     bool                waiting[MAX_TASKS]; /* the chief: task ranks that asked to join, not yet admitted */
     bool                joined;    /* this task entered a running job; `state` is the chief's trainer state */
@@ -63,12 +64,14 @@ struct loom_elastic {
 /* LOOM_TEST_MEMBERSHIP="leave worker:2 at 300; ...": a scripted timeline,
  * for bit-reproducible tests: the named task dies (SIGKILL, as kill -9) when
  * it is about to take that step (0-based: after 300 complete), so every
- * member fails the same step's all-reduce. Other entries are refused. */
+ * member fails the same step's all-reduce. "interrupt TASK at 300": a stop
+ * request (as a SIGINT caught while the step runs) rides that step on TASK,
+ * so a loss and a stop can fall in one step. Other entries are refused. */
 static int task_rank_of(const loom_elastic *e, const char *name);
 
 static int parse_timeline(loom_elastic *e, const char *v, loom_err *err)
 {
-    e->leave_at = -1;
+    e->leave_at = e->stop_at = -1;
     for (int r = 0; r < MAX_TASKS; r++) e->join_at[r] = -1;
     if (!v || !*v) return LOOM_OK;
     char buf[512];
@@ -86,9 +89,14 @@ static int parse_timeline(loom_elastic *e, const char *v, loom_err *err)
             e->join_at[tr] = at;
             continue;
         }
+        if (sscanf(item, "interrupt %63s at %lld %c", task, &at, &tail) == 2 && at >= 0) {
+            if (!strcmp(task, e->task)) e->stop_at = at;
+            continue;
+        }
         if (sscanf(item, "leave %63s at %lld %c", task, &at, &tail) != 2 || at < 0)
             return loom_err_set(err, LOOM_EUSAGE, "LOOM_TEST_MEMBERSHIP", "cannot read \"%s\" (expected \"leave "
-                                "worker:N at STEP\" or \"join worker:N at STEP\", STEP >= 1)", item);
+                                "worker:N at STEP\", \"join worker:N at STEP\" or \"interrupt TASK at STEP\", "
+                                "STEP >= 1)", item);
         if (!strcmp(task, e->task)) e->leave_at = at;
     }
     return LOOM_OK;
@@ -110,12 +118,18 @@ void loom_elastic_trained_(loom_elastic *e, const loom_elem *b, int feature, int
     fclose(f);
 }
 
-void loom_elastic_step_(loom_elastic *e, int64_t step)
+bool loom_elastic_step_(loom_elastic *e, int64_t step)
 {
-    if (!e || e->leave_at < 0 || step != e->leave_at) return;
+    if (e && e->stop_at >= 0 && step == e->stop_at) {
+        loom_warn("%s: a stop request in step %lld (LOOM_TEST_MEMBERSHIP), as a SIGINT caught during it", e->task,
+                  (long long)step + 1);
+        return true;
+    }
+    if (!e || e->leave_at < 0 || step != e->leave_at) return false;
     loom_warn("%s: leaving the job before step %lld (LOOM_TEST_MEMBERSHIP): killed as kill -9 would", e->task,
               (long long)step + 1);
     raise(SIGKILL);
+    return false;
 }
 
 void loom_elastic_leave_(loom_elastic *e, int64_t step)

@@ -25,8 +25,10 @@ void loom_elastic_free_(loom_elastic *e); /* NULL is a no-op */
 uint64_t loom_elastic_reads_(void);
 
 /* Before step `step` (0-based) of this task: LOOM_TEST_MEMBERSHIP's scripted
- * departures ("leave worker:2 at 300"): the named task dies here. e NULL: nothing. */
-void loom_elastic_step_(loom_elastic *e, int64_t step);
+ * departures ("leave worker:2 at 300"): the named task dies here; true: a
+ * scripted stop request ("interrupt worker:0 at 300") rides this step, as a
+ * SIGINT caught while it runs would. e NULL: nothing (false). */
+bool loom_elastic_step_(loom_elastic *e, int64_t step);
 /* A worker (not the chief) asked to leave (SIGTERM), before step `step`
  * (0-based): a step boundary, so no collective is half done; it says so and
  * exits 0; its connections close and the members re-form at once without
