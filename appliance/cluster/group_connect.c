@@ -319,7 +319,7 @@ int loom_group_ring_connect_(loom_group *g, const loom_cluster *c, loom_err *err
 }
 
 static int group_open(loom_group **out, const loom_cluster *c, double collective_timeout, bool ring, uint64_t reads,
-                      loom_err *err)
+                      double start_timeout, loom_err *err)
 {
     *out = NULL;
     if (c->rank < 0 || c->rank >= c->n_train_ranks)
@@ -354,7 +354,9 @@ static int group_open(loom_group **out, const loom_cluster *c, double collective
         peers[np].role = role, peers[np++].index = index;
     }
     g->n_peers = np;
-    int rc = loom_net_open(&g->net, c, peers, np, err);
+    /* elastic: the chief (rank 0, the first peer of the others) is the one needed */
+    int rc = start_timeout >= 0 ? loom_net_open_partial_(&g->net, c, peers, np, start_timeout, g->rank ? 0 : -1, err)
+                                : loom_net_open(&g->net, c, peers, np, err);
     loom_free(peers);
     if (!rc && n > 1) {
         /* the group's own types; a user of loom_group_net declares its own */
@@ -396,11 +398,17 @@ static int group_open(loom_group **out, const loom_cluster *c, double collective
 
 int loom_group_open(loom_group **out, const loom_cluster *c, double collective_timeout, loom_err *err)
 {
-    return group_open(out, c, collective_timeout, true, 0, err);
+    return group_open(out, c, collective_timeout, true, 0, -1, err);
 }
 
 int loom_group_open_bare(loom_group **out, const loom_cluster *c, double collective_timeout, uint64_t reads,
                          loom_err *err)
 {
-    return group_open(out, c, collective_timeout, false, reads, err);
+    return group_open(out, c, collective_timeout, false, reads, -1, err);
+}
+
+int loom_group_open_elastic(loom_group **out, const loom_cluster *c, double collective_timeout, uint64_t reads,
+                            double start_timeout, loom_err *err)
+{
+    return group_open(out, c, collective_timeout, false, reads, start_timeout > 0 ? start_timeout : 0, err);
 }

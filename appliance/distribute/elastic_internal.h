@@ -9,9 +9,10 @@
 
 typedef struct loom_elastic loom_elastic;
 
-/* Makes g (opened with loom_group_open_bare) elastic (its peers tolerated),
+/* Makes g (opened with loom_group_open_elastic) elastic (its peers tolerated),
  * declares the membership messages and forms the ring: every task asks the
- * chief to join; at the start the chief admits them all (the first ring),
+ * chief to join; at the start the chief admits those connected (the first
+ * ring: at least min_workers, else it waits wait_timeout, then an error),
  * in a running job at a step boundary (loom_elastic_want_join_,
  * loom_elastic_admit_), or refuses politely (max_workers). task: this
  * task's name, for messages; model_dir: where the chief appends the

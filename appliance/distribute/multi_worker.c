@@ -424,7 +424,8 @@ static int open_group(multi_worker *mw, const loom_strategy_args *a, loom_err *e
                             "change its members while the job runs", mw->job_ops->name),
                loom_err_hint(err, "use communication = \"ring\" (the default on CPU) with strategy.elastic");
     }
-    if ((rc = loom_group_open_bare(&mw->group, a->cluster, st->collective_timeout, loom_elastic_reads_(), err)) ||
+    if ((rc = loom_group_open_elastic(&mw->group, a->cluster, st->collective_timeout, loom_elastic_reads_(),
+                                      st->elastic.start_timeout, err)) ||
         (rc = loom_elastic_open_(&mw->elastic, mw->group, a->cluster, &st->elastic, mw->task, a->model_dir, err)))
         return rc;
     mw->workers = loom_group_size(mw->group);
