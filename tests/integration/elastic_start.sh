@@ -39,32 +39,35 @@ status "${J[0]}"; s0=$ST; status "${J[1]}"; s1=$ST; status "${J[2]}"; s2=$ST
 [ "$s0$s1$s2" = 000 ] || fail "the uninterrupted run ends" "status $s0 / $s1 / $s2" "$(tail -3 "$WORK/ref.0")"
 
 # ---- 3 listed, 2 started: the job starts after start_timeout; worker:2 started later joins -----------
-# (LOOM_TEST_MEMBERSHIP holds step 31 until worker:2 asks, so the run is the same every time)
-export LOOM_TEST_EXAMPLE_IDS="$WORK/ids_late" LOOM_TEST_MEMBERSHIP="join worker:2 at 30"
-addrs 3
-for i in 0 1; do start late $i --set strategy.elastic.start_timeout=2; J[$i]=$PID; done
-for ((k = 0; k < 600; k++)); do grep -q "holding step 31" "$WORK/late.0" 2>/dev/null && break; sleep 0.05; done
-start late 2 --set strategy.elastic.start_timeout=2
-J[2]=$PID
-status "${J[0]}"; s0=$ST; status "${J[1]}"; s1=$ST; status "${J[2]}"; s2=$ST
-unset LOOM_TEST_MEMBERSHIP LOOM_TEST_EXAMPLE_IDS
-log=$(cat "$WORK/late.0")
-contains "2 of 3 started: the chief starts with those there" \
-    "strategy.elastic: starting with 2 of the 3 listed workers (strategy.elastic.start_timeout = 2 s); worker:2 joins when it connects" "$log"
-if [ "$s0$s1$s2" = 000 ] && [ "$(newest "$WORK/late")" = 100 ]; then
-    pass "2 of 3 started: the job trains; worker:2 started later joins; all three end at step 100"
-else fail "2 of 3 started, the third later: all end at step 100" "status $s0 / $s1 / $s2" "$(tail -3 <<<"$log")" \
-    "$(tail -3 "$WORK/late.2")"; fi
-contains "the chief logs the join" "worker:2 joined at step 30; continuing with 3 workers" "$log"
-contains "the joiner says where it entered" "worker:2: admitted into the running job at step 30, with 3 workers" \
-    "$(cat "$WORK/late.2")"
-ref=$(cat "$WORK"/ids_ref.worker:* | awk '{print $2}' | sort) got=$(cat "$WORK"/ids_late.worker:* | awk '{print $2}' | sort)
+# (LOOM_TEST_MEMBERSHIP holds step 31 until worker:2 asks, so the run is the same every time: twice)
+for k in 1 2; do
+    export LOOM_TEST_EXAMPLE_IDS="$WORK/ids_late$k" LOOM_TEST_MEMBERSHIP="join worker:2 at 30"
+    addrs 3
+    for i in 0 1; do start late$k $i --set strategy.elastic.start_timeout=2; J[$i]=$PID; done
+    for ((w = 0; w < 600; w++)); do grep -q "holding step 31" "$WORK/late$k.0" 2>/dev/null && break; sleep 0.05; done
+    start late$k 2 --set strategy.elastic.start_timeout=2
+    J[2]=$PID
+    status "${J[0]}"; s0=$ST; status "${J[1]}"; s1=$ST; status "${J[2]}"; s2=$ST
+    unset LOOM_TEST_MEMBERSHIP LOOM_TEST_EXAMPLE_IDS
+    log=$(cat "$WORK/late$k.0")
+    contains "run $k, 2 of 3 started: the chief starts with those there" \
+        "strategy.elastic: starting with 2 of the 3 listed workers (strategy.elastic.start_timeout = 2 s); worker:2 joins when it connects" "$log"
+    if [ "$s0$s1$s2" = 000 ] && [ "$(newest "$WORK/late$k")" = 100 ]; then
+        pass "run $k, 2 of 3 started: the job trains; worker:2 started later joins; all three end at step 100"
+    else fail "run $k, 2 of 3 started, the third later: all end at step 100" "status $s0 / $s1 / $s2" \
+        "$(tail -3 <<<"$log")" "$(tail -3 "$WORK/late$k.2")"; fi
+    contains "run $k: the chief logs the join" "worker:2 joined at step 30; continuing with 3 workers" "$log"
+    contains "run $k: the joiner says where it entered" "worker:2: admitted into the running job at step 30, with 3 workers" \
+        "$(cat "$WORK/late$k.2")"
+done
+same_weights "two runs of the same late start end with the same bits" "$WORK/late1/ckpt-100.loom" "$WORK/late2/ckpt-100.loom"
+ref=$(cat "$WORK"/ids_ref.worker:* | awk '{print $2}' | sort) got=$(cat "$WORK"/ids_late1.worker:* | awk '{print $2}' | sort)
 n=$(grep -c . <<<"$got")
 if [ "$n" = 9600 ] && [ "$ref" = "$got" ]; then
     pass "exactly once: with worker:2 absent for steps 1-30, the epoch trained on its 9600 examples, each once"
 else fail "exactly once: the epoch's multiset = an uninterrupted run's" "$n examples" \
     "$(diff <(echo "$ref") <(echo "$got") | head -3)"; fi
-w2=$(awk '$1 <= 30' "$WORK/ids_late.worker:2" | wc -l) w2late=$(awk '$1 > 30' "$WORK/ids_late.worker:2" | wc -l)
+w2=$(awk '$1 <= 30' "$WORK/ids_late1.worker:2" | wc -l) w2late=$(awk '$1 > 30' "$WORK/ids_late1.worker:2" | wc -l)
 if [ "$w2" = 0 ] && [ "$w2late" = $((70 * 32)) ]; then pass "exactly once: worker:2 trained on none of steps 1-30 and its third of each batch after"
 else fail "exactly once: worker:2 trained on none of steps 1-30 and its third after" "$w2 examples in 1-30, $w2late after"; fi
 
