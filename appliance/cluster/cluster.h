@@ -301,6 +301,13 @@ void loom_group_elastic(loom_group *g);
  * once (a declaration after open would race it: the type dropped as unread). */
 int  loom_group_open_bare(loom_group **out, const loom_cluster *c, double collective_timeout, uint64_t reads,
                           loom_err *err);
+/* loom_group_open_bare for an elastic job that may start below its listed
+ * size: returns once every training task is connected, or after
+ * start_timeout s with those connected (a worker: the chief among them);
+ * the others are dialed and accepted whenever they come (its peers are
+ * tolerated from the start: loom_group_elastic). */
+int  loom_group_open_elastic(loom_group **out, const loom_cluster *c, double collective_timeout, uint64_t reads,
+                             double start_timeout, loom_err *err);
 /* The membership changes the group counts (loom_group_reform adds one): a
  * task admitted into a running job takes the members' count before it re-forms. */
 void     loom_group_set_epoch(loom_group *g, uint32_t epoch);

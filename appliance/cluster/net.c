@@ -209,7 +209,7 @@ static void declare_lost(loom_net *n, int p, const char *why)
         pe->state = P_GONE;
         return;
     }
-    if (pe->tolerated && n->open_done) {
+    if (pe->tolerated && (n->open_done || n->partial)) {
         tolerated_down(n, p, why);
         return;
     }
@@ -286,7 +286,8 @@ static bool handle_authed(conn *c, const loom_net_frame *f, bool *unread)
         size_t l = f->len < sizeof pe->gone_reason - 1 ? f->len : sizeof pe->gone_reason - 1;
         memcpy(pe->gone_reason, f->payload, l);
         pe->gone_reason[l] = 0;
-        if (pe->state == P_UP && pe->tolerated && n->open_done && !n->closing) tolerated_down(n, c->peer, "it left");
+        if (pe->state == P_UP && pe->tolerated && (n->open_done || n->partial) && !n->closing)
+            tolerated_down(n, c->peer, "it left");
         else if (pe->state == P_UP) pe->state = P_GONE;
         pthread_cond_broadcast(&n->cv);
         alert(n);
@@ -397,7 +398,7 @@ static bool hs_accept(conn *c, struct bufferevent *bev, loom_err *e)
     loom_net *n = c->n;
     pthread_mutex_lock(&n->mu);
     int pi = find_peer(n, c->hs.peer_role, c->hs.peer_index);
-    bool back = pi >= 0 && n->peers[pi].tolerated && n->open_done && !n->closing &&
+    bool back = pi >= 0 && n->peers[pi].tolerated && (n->open_done || n->partial) && !n->closing &&
                 n->peers[pi].state != P_UP; /* a tolerated peer coming back */
     if (pi < 0 || (n->peers[pi].state != P_WAIT && !back)) {
         pthread_mutex_unlock(&n->mu);
@@ -412,6 +413,7 @@ static bool hs_accept(conn *c, struct bufferevent *bev, loom_err *e)
     pe->left = false;
     pe->c = c;
     bufferevent_incref(bev);
+    bool again = pe->bev != NULL; /* (partial open: a peer's first connection may come after the others') */
     if (pe->bev) { /* its earlier connection's: the caller's thread may still hold it */
         struct bufferevent **r = loom_realloc(n->retired, (size_t)(n->n_retired + 1) * sizeof *r);
         if (r) n->retired = r, n->retired[n->n_retired++] = pe->bev;
@@ -419,10 +421,11 @@ static bool hs_accept(conn *c, struct bufferevent *bev, loom_err *e)
     pe->bev = bev;
     pe->last_heard = loom_now();
     n->n_up++;
-    if (back) {
+    if (back && again) {
         queue_news(n, pi, LOOM_MSG_PEER_UP);
         loom_log(LOOM_LOG_INFO, "%s: %s is back (%s)", n->name, pe->name, c->addr);
-    }
+    } else if (back && n->open_done)
+        loom_log(LOOM_LOG_INFO, "%s: %s connected (%s), after the job started", n->name, pe->name, c->addr);
     /* A first heartbeat at once, so the peer knows what we are doing from the start. */
     net_bev_send_(bev, LOOM_MSG_HEARTBEAT, n->status, strlen(n->status));
     pthread_cond_broadcast(&n->cv);
@@ -913,7 +916,8 @@ void net_on_deadline_(evutil_socket_t fd, short what, void *arg)
     (void)fd, (void)what;
     loom_net *n = arg;
     pthread_mutex_lock(&n->mu);
-    if (!n->open_done && !n->fatal && n->n_up < n->n_peers) {
+    bool partial_ok = n->partial && (n->need < 0 || n->peers[n->need].state == P_UP);
+    if (!n->open_done && !n->fatal && n->n_up < n->n_peers && !partial_ok) {
         char msg[900] = "";
         size_t k = 0;
         int first = -1;

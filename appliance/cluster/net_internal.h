@@ -104,6 +104,11 @@ void loom_net_set_status_(loom_net *n, const char *fmt, ...) __attribute__((form
 int  loom_net_peer_down_(loom_net *n, int p, loom_err *err);
 /* Whether peer p is connected now (a tolerated peer may be down and back). */
 bool loom_net_peer_up_(loom_net *n, int p);
+/* loom_net_open for an elastic job: every peer tolerated from the start (it may come, leave and
+ * come back); the open returns once all are up, or after start_timeout s with peer `need` up
+ * (-1: none needed; the others keep being dialed and accepted). */
+int  loom_net_open_partial_(loom_net **out, const loom_cluster *c, const loom_net_peer *peers, int n_peers,
+                            double start_timeout, int need, loom_err *err);
 /* Whether peer p (tolerated) is down without having said BYE: lost, not left on purpose. */
 bool loom_net_peer_lost_(loom_net *n, int p);
 /* Peer p's name, what its last heartbeat said, and how long ago it was heard. */

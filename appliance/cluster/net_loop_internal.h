@@ -100,6 +100,11 @@ struct loom_net {
     struct event          *hb_ev, *deadline_ev, *close_ev;
     struct event          *resume_ev; /* activated by loom_net_recv: read paused peers again */
     bool                   open_done, closing;
+    /* loom_net_open_partial_: every peer tolerated from the start; the open returns once all are up,
+     * or after partial_after s with peer `need` up (-1: none needed) */
+    bool                   partial;
+    double                 partial_after;
+    int                    need;
     double                 close_started;
     int                    alert_fd; /* eventfd: readable when a peer is lost or gone, or an alert message came */
     uint32_t               alert_type;

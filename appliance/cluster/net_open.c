@@ -305,11 +305,24 @@ static int net_connect(loom_net *n, loom_err *err)
     n->running = true;
 
     pthread_mutex_lock(&n->mu);
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += (time_t)n->connect_timeout + 5;
-    while (!n->fatal && n->n_up < n->n_peers && n->lost < 0)
-        if (pthread_cond_timedwait(&n->cv, &n->mu, &until) == ETIMEDOUT) break;
+    double bound = n->connect_timeout + 5, t_part = n->partial ? n->t_open + n->partial_after : -1;
+    if (n->partial && n->partial_after + 5 > bound) bound = n->partial_after + 5;
+    while (!n->fatal && n->n_up < n->n_peers && n->lost < 0) {
+        double now = loom_now();
+        /* partial: past partial_after with the needed peer (the chief) up, the missing ones come later */
+        if (n->partial && now >= t_part && (n->need < 0 || n->peers[n->need].state == P_UP)) break;
+        if (now >= n->t_open + bound) break;
+        double wake = n->partial && now < t_part ? t_part : n->t_open + bound;
+        if (n->partial && now >= t_part && wake > now + 0.2) wake = now + 0.2;
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        double dt = wake - now;
+        until.tv_sec += (time_t)dt;
+        until.tv_nsec += (long)((dt - (double)(time_t)dt) * 1e9);
+        if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&n->cv, &n->mu, &until);
+    }
+    bool partial_ok = n->partial && (n->need < 0 || n->peers[n->need].state == P_UP);
     int rc = LOOM_OK;
     if (n->fatal) {
         *err = n->fatal_err;
@@ -317,7 +330,7 @@ static int net_connect(loom_net *n, loom_err *err)
     } else if (n->lost >= 0) {
         *err = n->lost_err;
         rc = LOOM_ENET;
-    } else if (n->n_up < n->n_peers) {
+    } else if (n->n_up < n->n_peers && !partial_ok) {
         rc = loom_err_set(err, LOOM_ETIMEOUT, n->listen_addr, "%s: the transport did not connect in time", n->name);
     }
     if (!rc) {
@@ -331,7 +344,8 @@ static int net_connect(loom_net *n, loom_err *err)
 /* The transport's start in order (settings, addresses, listener and timers,
  * the thread and the connections); a failure at any step unwinds what the
  * earlier ones made (net_free), here. */
-int loom_net_open(loom_net **out, const loom_cluster *c, const loom_net_peer *peers, int n_peers, loom_err *err)
+static int net_open(loom_net **out, const loom_cluster *c, const loom_net_peer *peers, int n_peers,
+                    double partial_after, int need, loom_err *err)
 {
     *out = NULL;
     loom_net_process_init();
@@ -342,6 +356,10 @@ int loom_net_open(loom_net **out, const loom_cluster *c, const loom_net_peer *pe
     loom_net *n = NULL;
     int rc = net_new(&n, c, me, myname, n_peers, err);
     if (rc) return rc;
+    if (partial_after >= 0) {
+        n->partial = true, n->partial_after = partial_after, n->need = need < n_peers ? need : -1;
+        for (int i = 0; i < n_peers; i++) n->peers[i].tolerated = true;
+    }
     struct sockaddr_storage my_sa;
     socklen_t my_len = 0;
     if (!rc) rc = net_resolve(n, c, me, peers, &my_sa, &my_len, err);
@@ -354,6 +372,17 @@ int loom_net_open(loom_net **out, const loom_cluster *c, const loom_net_peer *pe
     evtimer_del(n->deadline_ev); /* thread-safe after evthread_use_pthreads */
     *out = n;
     return LOOM_OK;
+}
+
+int loom_net_open(loom_net **out, const loom_cluster *c, const loom_net_peer *peers, int n_peers, loom_err *err)
+{
+    return net_open(out, c, peers, n_peers, -1, -1, err);
+}
+
+int loom_net_open_partial_(loom_net **out, const loom_cluster *c, const loom_net_peer *peers, int n_peers,
+                           double start_timeout, int need, loom_err *err)
+{
+    return net_open(out, c, peers, n_peers, start_timeout > 0 ? start_timeout : 0, need, err);
 }
 
 void loom_net_close(loom_net *n)

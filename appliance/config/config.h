@@ -682,6 +682,7 @@ typedef struct loom_elastic_spec {
     int      min_workers; /* >= 1 */
     int      max_workers; /* >= min_workers; 0 = the cluster's training tasks */
     double   wait_timeout; /* below min_workers: seconds the job waits for workers to join (default 60) */
+    double   start_timeout; /* s the start waits for every listed task before it goes on with those there (10) */
 } loom_elastic_spec;
 
 typedef struct loom_strategy_spec {

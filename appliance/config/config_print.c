@@ -563,6 +563,7 @@ static void print_replicated_strategy(FILE *f, const loom_strategy_spec *st)
         kv_i64(f, 2, "min_workers", st->elastic.min_workers);
         kv_i64(f, 2, "max_workers", st->elastic.max_workers);
         kv_f64(f, 2, "wait_timeout", st->elastic.wait_timeout);
+        kv_f64(f, 2, "start_timeout", st->elastic.start_timeout);
         ind(f, 1);
         fputs("};\n", f);
     }

@@ -79,6 +79,9 @@ static const cfg_opt elastic_opts[] = {
           "most workers the job trains with; 0 = the cluster's training tasks"),
     O_F64(loom_elastic_spec, "wait_timeout", wait_timeout, 60, 0.0, 0, F_NO_HI, ALL, 0,
           "below min_workers: seconds the job waits for workers to join before it stops with a checkpoint"),
+    O_F64(loom_elastic_spec, "start_timeout", start_timeout, 10, 0.0, 0, F_NO_HI, ALL, 0,
+          "seconds the start waits for every listed task; then the job starts with those connected (at least "
+          "min_workers) and the others join when they come"),
     O_END,
 };
 

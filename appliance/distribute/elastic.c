@@ -17,7 +17,10 @@
  *
  * Joining: every task asks the chief to join once its transport connects
  * (MSG_JOIN); at the start the chief admits them all (MSG_ADMIT: the first
- * ring, the first max_workers in task order, the others refused); in a
+ * ring, the first max_workers in task order, the others refused): those
+ * connected once the transport has waited strategy.elastic.start_timeout
+ * for every listed task (loom_group_open_elastic), at least min_workers (a
+ * task listed that comes later joins the running job); in a
  * running job it sees the request before a step (loom_elastic_want_join_),
  * the step's agreement tells every member, and after the step (and its
  * boundary) the chief sends the members the new membership (MSG_DECISION)
@@ -53,6 +56,7 @@ struct loom_elastic {
     char                task[64];
     char                metrics[LOOM_PATH_MAX + 16]; /* <model_dir>/metrics.jsonl ("" none) */
     int64_t             leave_at;  /* LOOM_TEST_MEMBERSHIP: this task dies before this step (-1: never) */
+    int64_t             stop_at;   /* LOOM_TEST_MEMBERSHIP: a stop request (as SIGINT) lands in this step (-1) */
     int64_t             join_at[MAX_TASKS]; /* the chief, by task rank: "join TASK at STEP" (-1: when it asks) */
     bool                waiting[MAX_TASKS]; /* the chief: task ranks that asked to join, not yet admitted */
     bool                joined;    /* this task entered a running job; `state` is the chief's trainer state */
@@ -63,12 +67,14 @@ struct loom_elastic {
 /* LOOM_TEST_MEMBERSHIP="leave worker:2 at 300; ...": a scripted timeline,
  * for bit-reproducible tests: the named task dies (SIGKILL, as kill -9) when
  * it is about to take that step (0-based: after 300 complete), so every
- * member fails the same step's all-reduce. Other entries are refused. */
+ * member fails the same step's all-reduce. "interrupt TASK at 300": a stop
+ * request (as a SIGINT caught while the step runs) rides that step on TASK,
+ * so a loss and a stop can fall in one step. Other entries are refused. */
 static int task_rank_of(const loom_elastic *e, const char *name);
 
 static int parse_timeline(loom_elastic *e, const char *v, loom_err *err)
 {
-    e->leave_at = -1;
+    e->leave_at = e->stop_at = -1;
     for (int r = 0; r < MAX_TASKS; r++) e->join_at[r] = -1;
     if (!v || !*v) return LOOM_OK;
     char buf[512];
@@ -86,9 +92,14 @@ static int parse_timeline(loom_elastic *e, const char *v, loom_err *err)
             e->join_at[tr] = at;
             continue;
         }
+        if (sscanf(item, "interrupt %63s at %lld %c", task, &at, &tail) == 2 && at >= 0) {
+            if (!strcmp(task, e->task)) e->stop_at = at;
+            continue;
+        }
         if (sscanf(item, "leave %63s at %lld %c", task, &at, &tail) != 2 || at < 0)
             return loom_err_set(err, LOOM_EUSAGE, "LOOM_TEST_MEMBERSHIP", "cannot read \"%s\" (expected \"leave "
-                                "worker:N at STEP\" or \"join worker:N at STEP\", STEP >= 1)", item);
+                                "worker:N at STEP\", \"join worker:N at STEP\" or \"interrupt TASK at STEP\", "
+                                "STEP >= 1)", item);
         if (!strcmp(task, e->task)) e->leave_at = at;
     }
     return LOOM_OK;
@@ -110,12 +121,18 @@ void loom_elastic_trained_(loom_elastic *e, const loom_elem *b, int feature, int
     fclose(f);
 }
 
-void loom_elastic_step_(loom_elastic *e, int64_t step)
+bool loom_elastic_step_(loom_elastic *e, int64_t step)
 {
-    if (!e || e->leave_at < 0 || step != e->leave_at) return;
+    if (e && e->stop_at >= 0 && step == e->stop_at) {
+        loom_warn("%s: a stop request in step %lld (LOOM_TEST_MEMBERSHIP), as a SIGINT caught during it", e->task,
+                  (long long)step + 1);
+        return true;
+    }
+    if (!e || e->leave_at < 0 || step != e->leave_at) return false;
     loom_warn("%s: leaving the job before step %lld (LOOM_TEST_MEMBERSHIP): killed as kill -9 would", e->task,
               (long long)step + 1);
     raise(SIGKILL);
+    return false;
 }
 
 void loom_elastic_leave_(loom_elastic *e, int64_t step)
@@ -423,35 +440,84 @@ static void take_requests(loom_elastic *e, double wait)
     }
 }
 
-/* The chief at the start: every training task asks to join (the transport
- * connected them all), and all form the first ring. */
+/* The chief at the start: every training task connected asks to join, and
+ * they form the first ring. The transport waited strategy.elastic.start_timeout
+ * for every listed task (loom_group_open_elastic); the job starts with those
+ * connected, at least min_workers (below it, it waits up to wait_timeout for
+ * more), and the others join the running job when they come. */
 static int admit_limit(const loom_elastic *e);
+
+static bool is_member_of(const int *members, int n, int r)
+{
+    for (int i = 0; i < n; i++)
+        if (members[i] == r) return true;
+    return false;
+}
+
+static int start_short(loom_elastic *e, int got, int n, loom_err *err)
+{
+    loom_err_set(err, LOOM_ETIMEOUT, e->task, "strategy.elastic: %d of the %d listed training tasks connected within "
+                 "strategy.elastic.start_timeout + wait_timeout = %g s, fewer than min_workers = %d", got, n,
+                 e->spec.start_timeout + e->spec.wait_timeout, e->spec.min_workers);
+    return loom_err_hint(err, "start the missing workers (the job starts once min_workers are there), or lower "
+                         "strategy.elastic.min_workers");
+}
+
+static int chief_wait_start(loom_elastic *e, int n, int *got_out, loom_err *err)
+{
+    double t = e->cluster->connect_timeout > 0 ? e->cluster->connect_timeout : 60, t0 = loom_now();
+    bool said = false;
+    for (;;) {
+        int got = 1, up = 1;
+        for (int r = 1; r < n; r++) got += e->waiting[r], up += loom_group_task_up(e->group, r);
+        *got_out = got;
+        if (got == n || (got == up && got >= e->spec.min_workers)) return LOOM_OK;
+        if (got == up && !said) {
+            said = true;
+            loom_warn("strategy.elastic: %d of the %d listed training tasks connected, fewer than min_workers = %d: "
+                      "waiting up to %g s (strategy.elastic.wait_timeout) for more", got, n, e->spec.min_workers,
+                      e->spec.wait_timeout);
+        }
+        if (got == up && loom_now() > t0 + e->spec.wait_timeout) return start_short(e, got, n, err);
+        if (got < up && loom_now() > t0 + t + 5)
+            return loom_err_set(err, LOOM_ETIMEOUT, e->task, "strategy.elastic: %d of the %d training tasks "
+                                "connected asked to join within %g s", got, up, t + 5);
+        take_requests(e, 0.2);
+    }
+}
 
 static int chief_form(loom_elastic *e, int *members, int *out_n, loom_err *err)
 {
-    int n = e->cluster->n_train_ranks;
-    double t = e->cluster->connect_timeout > 0 ? e->cluster->connect_timeout : 60, until = loom_now() + t + 5;
-    for (;;) {
-        int got = 1;
-        for (int r = 1; r < n; r++) got += e->waiting[r];
-        if (got == n) break;
-        if (loom_now() > until)
-            return loom_err_set(err, LOOM_ETIMEOUT, e->task, "strategy.elastic: %d of the %d training tasks asked to "
-                                "join within %g s", got, n, t + 5);
-        take_requests(e, 0.2);
-    }
-    int m = admit_limit(e); /* the first max_workers in task order; the others are refused */
-    for (int r = 0; r < n; r++) members[r] = r, e->waiting[r] = false;
-    for (int r = 1; r < n; r++) {
-        if (r < m) {
+    int n = e->cluster->n_train_ranks, got = 0;
+    int rc = chief_wait_start(e, n, &got, err);
+    if (rc) return rc;
+    int asked[MAX_TASKS], na = 0;
+    for (int r = 0; r < n; r++)
+        if (r == 0 || e->waiting[r]) asked[na++] = r;
+    int m = admit_limit(e) < na ? admit_limit(e) : na; /* the first max_workers in task order; the others are refused */
+    for (int k = 0; k < na; k++) members[k] = asked[k], e->waiting[asked[k]] = false;
+    for (int k = 1; k < na; k++) {
+        int r = asked[k];
+        if (k < m) {
             send_admit(e, r, ADMIT_FORM, 0, 0, members, m, NULL, 0);
             continue;
         }
         char t[64], why[160];
-        int k = snprintf(why, sizeof why, "the job starts with strategy.elastic.max_workers = %d workers", m);
-        send_admit(e, r, ADMIT_REFUSED, 0, 0, NULL, 0, why, (size_t)k);
+        int w = snprintf(why, sizeof why, "the job starts with strategy.elastic.max_workers = %d workers", m);
+        send_admit(e, r, ADMIT_REFUSED, 0, 0, NULL, 0, why, (size_t)w);
         loom_warn("%s asked to join; refused: the job starts with strategy.elastic.max_workers = %d workers",
                   task_of(e, r, t, sizeof t), m);
+    }
+    if (na < n) {
+        char who[256] = "", t[64];
+        size_t len = 0;
+        for (int r = 1; r < n; r++)
+            if (!is_member_of(asked, na, r))
+                len += (size_t)snprintf(who + len, len < sizeof who ? sizeof who - len : 0, "%s%s", len ? ", " : "",
+                                        task_of(e, r, t, sizeof t));
+        loom_warn("strategy.elastic: starting with %d of the %d listed workers (strategy.elastic.start_timeout = %g s); "
+                  "%s join%s when %s connect%s", m, n, e->spec.start_timeout, who, na + 1 < n ? "" : "s",
+                  na + 1 < n ? "they" : "it", na + 1 < n ? "" : "s");
     }
     *out_n = m;
     return LOOM_OK;

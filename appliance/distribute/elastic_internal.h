@@ -9,9 +9,10 @@
 
 typedef struct loom_elastic loom_elastic;
 
-/* Makes g (opened with loom_group_open_bare) elastic (its peers tolerated),
+/* Makes g (opened with loom_group_open_elastic) elastic (its peers tolerated),
  * declares the membership messages and forms the ring: every task asks the
- * chief to join; at the start the chief admits them all (the first ring),
+ * chief to join; at the start the chief admits those connected (the first
+ * ring: at least min_workers, else it waits wait_timeout, then an error),
  * in a running job at a step boundary (loom_elastic_want_join_,
  * loom_elastic_admit_), or refuses politely (max_workers). task: this
  * task's name, for messages; model_dir: where the chief appends the
@@ -25,8 +26,10 @@ void loom_elastic_free_(loom_elastic *e); /* NULL is a no-op */
 uint64_t loom_elastic_reads_(void);
 
 /* Before step `step` (0-based) of this task: LOOM_TEST_MEMBERSHIP's scripted
- * departures ("leave worker:2 at 300"): the named task dies here. e NULL: nothing. */
-void loom_elastic_step_(loom_elastic *e, int64_t step);
+ * departures ("leave worker:2 at 300"): the named task dies here; true: a
+ * scripted stop request ("interrupt worker:0 at 300") rides this step, as a
+ * SIGINT caught while it runs would. e NULL: nothing (false). */
+bool loom_elastic_step_(loom_elastic *e, int64_t step);
 /* A worker (not the chief) asked to leave (SIGTERM), before step `step`
  * (0-based): a step boundary, so no collective is half done; it says so and
  * exits 0; its connections close and the members re-form at once without

@@ -424,7 +424,8 @@ static int open_group(multi_worker *mw, const loom_strategy_args *a, loom_err *e
                             "change its members while the job runs", mw->job_ops->name),
                loom_err_hint(err, "use communication = \"ring\" (the default on CPU) with strategy.elastic");
     }
-    if ((rc = loom_group_open_bare(&mw->group, a->cluster, st->collective_timeout, loom_elastic_reads_(), err)) ||
+    if ((rc = loom_group_open_elastic(&mw->group, a->cluster, st->collective_timeout, loom_elastic_reads_(),
+                                      st->elastic.start_timeout, err)) ||
         (rc = loom_elastic_open_(&mw->elastic, mw->group, a->cluster, &st->elastic, mw->task, a->model_dir, err)))
         return rc;
     mw->workers = loom_group_size(mw->group);
@@ -656,6 +657,10 @@ static int elastic_go_on(multi_worker *mw, int64_t step, loom_step_result *out, 
 {
     const float *tail0 = mw->tail_mine;
     loom_err fail = *err;
+    /* this member's stop request (a SIGINT) rode the failed step, which cleared it: it rides the
+     * step taken again (or the next), else the loss eats it and launch SIGKILLs after --grace */
+    float stop = tail0[TAIL_STOP] >= JOIN_FLAG ? tail0[TAIL_STOP] - JOIN_FLAG : tail0[TAIL_STOP];
+    if (stop > 0) mw->stop_req = true;
     loom_optimizer *o = loom_strategy_optimizer(&mw->local);
     int64_t ns = (int64_t)loom_optimizer_num_slots(o) * mw->P;
     loom_elastic_outcome oc;
@@ -671,6 +676,8 @@ static int elastic_go_on(multi_worker *mw, int64_t step, loom_step_result *out, 
         return LOOM_OK;
     }
     mw->adopted = true;
+    /* the member that finished the step summed this request into its tail: it stops after it, so do we */
+    if (stop > 0) mw->stop_seen = true, mw->stop_req = false;
     out->loss_sum = tail0[TAIL_LOSS], out->correct = (int64_t)tail0[TAIL_CORRECT];
     out->examples = (int64_t)tail0[TAIL_EXAMPLES];
     return LOOM_OK;
@@ -769,7 +776,7 @@ static int apply_shard(multi_worker *mw, int64_t step, loom_err *err)
 static int mw_step(loom_strategy *s, const loom_elem *batch, int64_t step, loom_step_result *out, loom_err *err)
 {
     multi_worker *mw = s->impl;
-    loom_elastic_step_(mw->elastic, step);
+    if (loom_elastic_step_(mw->elastic, step)) mw->stop_req = true;
     if (mw->leave_req) loom_elastic_leave_(mw->elastic, step);
     mw->want_join = loom_elastic_want_join_(mw->elastic, step);
     for (;;) {
