@@ -806,7 +806,9 @@ static void conv_forward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, 
             bias_act(y, bias, nb * P, l->cout, l->act);
             continue;
         }
-        if (nn_convd_ok_(l)) { /* 5x5 / 7x7 "same", direct (conv_direct.c) */
+        if (nn_convw_ok_(l)) { /* 5x5 "same", Winograd (conv_winograd.c) */
+            nn_convw_forward_(l, W, x + b0 * l->n_in, y, nb, c->col);
+        } else if (nn_convd_ok_(l)) { /* 5x5 / 7x7 "same", direct (conv_direct.c) */
             nn_convd_forward_(l, W, x + b0 * l->n_in, y, nb, c->col);
         } else {
             if (!conv_is_pointwise(l)) {
@@ -832,6 +834,10 @@ static float *conv_backward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *
     float *dz = l->dz + c->b0 * l->n_out;
     if (!l->fuse_pool) nn_layer_act_grad_(l, dz, g, y, B * P, l->cout); /* fused: the pool's backward wrote dz */
     if (!l->needs_dx) return NULL;
+    if (nn_convw_ok_(l)) { /* Winograd, no im2col chunks: the flipped kernel transformed once for all B */
+        nn_convw_backward_data_(l, W, dz, other, B, c->col);
+        return other;
+    }
     if (nn_convd_ok_(l)) { /* direct, no im2col chunks: the flipped kernel is made once for all B */
         nn_convd_backward_data_(l, W, dz, other, B, c->col);
         return other;

@@ -715,6 +715,7 @@ static int64_t conv_chunk(nn_layer_ *l, int64_t max_batch)
     l->fma = loom_cpu()->level >= LOOM_CPU_AVX512 ? 2 : loom_cpu()->level >= LOOM_CPU_AVX2_FMA;
     if (nn_conv3_ok_(l) && nn_conv3_scratch_(l) > colmax) colmax = nn_conv3_scratch_(l); /* conv_fast.c */
     if (nn_convd_ok_(l) && nn_convd_scratch_(l) > colmax) colmax = nn_convd_scratch_(l); /* conv_direct.c */
+    if (nn_convw_ok_(l) && nn_convw_scratch_(l) > colmax) colmax = nn_convw_scratch_(l); /* conv_winograd.c */
     return colmax;
 }
 
