@@ -37,7 +37,7 @@ int nn_convw_ok_(const nn_layer_ *l)
 int64_t nn_convw_scratch_(const nn_layer_ *l)
 {
     const int64_t ci = l->cin, co = l->cout;
-    return CW_P * ci * co + (int64_t)CW_P * CW_TB * (ci + co) + CW_P * (ci > co ? ci : co);
+    return CW_P * ci * co + (int64_t)CW_P * CW_TB * (ci + co);
 }
 
 #if CW_HAVE
@@ -77,47 +77,54 @@ static void wtrans(const float *w, int CI, int CO, int flip, float *U)
         }
 }
 
-/* B^T applied to 6 rows (or columns) s0..s5 of one channel */
-#define CW_BT(o, s0, s1, s2, s3, s4, s5)                                                                         \
-    do {                                                                                                       \
-        o[0] = 4.f * (s0) - 5.f * (s2) + (s4);                                                                 \
-        o[1] = (s3) + (s4) - 4.f * ((s1) + (s2));                                                              \
-        o[2] = (s4) - (s3) + 4.f * ((s1) - (s2));                                                              \
-        o[3] = (s4) - (s2) + 2.f * ((s3) - (s1));                                                              \
-        o[4] = (s4) - (s2) - 2.f * ((s3) - (s1));                                                              \
-        o[5] = 4.f * (s1) - 5.f * (s3) + (s5);                                                                 \
-    } while (0)
+/* B^T applied to 6 vectors s[0..5] (8 channels each) into o[0..5] */
+static inline __attribute__((always_inline)) CW_256 void bt6(__m256 *o, const __m256 *s)
+{
+    const __m256 two = _mm256_set1_ps(2.f), four = _mm256_set1_ps(4.f), five = _mm256_set1_ps(5.f);
+    o[0] = _mm256_add_ps(_mm256_sub_ps(_mm256_mul_ps(four, s[0]), _mm256_mul_ps(five, s[2])), s[4]);
+    o[1] = _mm256_sub_ps(_mm256_add_ps(s[3], s[4]), _mm256_mul_ps(four, _mm256_add_ps(s[1], s[2])));
+    o[2] = _mm256_add_ps(_mm256_sub_ps(s[4], s[3]), _mm256_mul_ps(four, _mm256_sub_ps(s[1], s[2])));
+    o[3] = _mm256_add_ps(_mm256_sub_ps(s[4], s[2]), _mm256_mul_ps(two, _mm256_sub_ps(s[3], s[1])));
+    o[4] = _mm256_sub_ps(_mm256_sub_ps(s[4], s[2]), _mm256_mul_ps(two, _mm256_sub_ps(s[3], s[1])));
+    o[5] = _mm256_add_ps(_mm256_sub_ps(_mm256_mul_ps(four, s[1]), _mm256_mul_ps(five, s[3])), s[5]);
+}
 
-/* Tile g of x (nb, H, W, C): its 6x6 input (rows 2ty - 2 .., zeros outside) into d (36, C), then
- * V[p][slot] (36 points, TB slots of C) = B^T d B. */
-CW_256 static void itrans(const float *x, int H, int W, int C, int64_t g, float *restrict d, float *restrict V,
-                          int slot)
+/* Tile g of x (nb, H, W, C): its 6x6 input (rows 2ty - 2 .., zeros outside) to V[p][slot] (36 points,
+ * TB slots of C) = B^T d B, 8 channels at a time. One function for both ISAs: the same bits. */
+CW_256 static void itrans(const float *x, int H, int W, int C, int64_t g, float *restrict V, int slot)
 {
     const int TH = (H + 1) / 2, TW = (W + 1) / 2;
     const int64_t b = g / (TH * TW);
     const int ty = (int)(g % (TH * TW)) / TW, tx = (int)(g % (TH * TW)) % TW;
     const float *xb = x + b * H * W * C;
-    for (int i = 0; i < 6; i++) {
-        int r = 2 * ty - 2 + i;
+    const float *src[36];
+    for (int i = 0; i < 6; i++)
         for (int j = 0; j < 6; j++) {
-            int c = 2 * tx - 2 + j;
-            float *dd = d + (int64_t)(i * 6 + j) * C;
-            if (r < 0 || r >= H || c < 0 || c >= W) memset(dd, 0, (size_t)C * sizeof *dd);
-            else memcpy(dd, xb + ((int64_t)r * W + c) * C, (size_t)C * sizeof *dd);
+            int r = 2 * ty - 2 + i, c = 2 * tx - 2 + j;
+            src[i * 6 + j] = r < 0 || r >= H || c < 0 || c >= W ? NULL : xb + ((int64_t)r * W + c) * C;
         }
-    }
-    for (int ch = 0; ch < C; ch++) {
-        float t[6][6], o[6];
+    for (int ch = 0; ch < C; ch += 8) {
+        __m256 t[36], s[6], o[6];
         for (int j = 0; j < 6; j++) { /* columns: t = B^T d */
-            CW_BT(o, d[(0 + j) * C + ch], d[(6 + j) * C + ch], d[(12 + j) * C + ch], d[(18 + j) * C + ch],
-                  d[(24 + j) * C + ch], d[(30 + j) * C + ch]);
-            for (int i = 0; i < 6; i++) t[i][j] = o[i];
+            for (int i = 0; i < 6; i++)
+                s[i] = src[i * 6 + j] ? _mm256_loadu_ps(src[i * 6 + j] + ch) : _mm256_setzero_ps();
+            bt6(o, s);
+            for (int i = 0; i < 6; i++) t[i * 6 + j] = o[i];
         }
         for (int i = 0; i < 6; i++) { /* rows: t B */
-            CW_BT(o, t[i][0], t[i][1], t[i][2], t[i][3], t[i][4], t[i][5]);
-            for (int j = 0; j < 6; j++) V[((int64_t)(i * 6 + j) * CW_TB + slot) * C + ch] = o[j];
+            bt6(o, t + i * 6);
+            for (int j = 0; j < 6; j++) _mm256_storeu_ps(V + ((int64_t)(i * 6 + j) * CW_TB + slot) * C + ch, o[j]);
         }
     }
+}
+
+/* A^T on 6 vectors: o0 = s0 + s1 + s2 + s3 + s4, o1 = s1 - s2 + 2 (s3 - s4) + s5 */
+static inline __attribute__((always_inline)) CW_256 void at6(__m256 *o0, __m256 *o1, const __m256 *s, int st)
+{
+    *o0 = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(_mm256_add_ps(s[0], s[st]), s[2 * st]), s[3 * st]), s[4 * st]);
+    *o1 = _mm256_add_ps(_mm256_add_ps(_mm256_sub_ps(s[st], s[2 * st]),
+                                      _mm256_mul_ps(_mm256_set1_ps(2.f), _mm256_sub_ps(s[3 * st], s[4 * st]))),
+                        s[5 * st]);
 }
 
 /* Y (2x2) of tile g into y (nb, H, W, C) from M[p][slot] (36 points, TB slots of C): A^T M A. */
@@ -128,16 +135,14 @@ CW_256 static void otrans(const float *restrict M, int slot, int H, int W, int C
     const int ty = (int)(g % (TH * TW)) / TW, tx = (int)(g % (TH * TW)) % TW;
     const int rows = 2 * ty + 1 < H ? 2 : 1, cols = 2 * tx + 1 < W ? 2 : 1;
     float *yb = y + (b * H * W + (int64_t)(2 * ty) * W + 2 * tx) * C;
-    for (int ch = 0; ch < C; ch++) {
-        float m[36], t[2][6];
-        for (int p = 0; p < 36; p++) m[p] = M[((int64_t)p * CW_TB + slot) * C + ch];
-        for (int j = 0; j < 6; j++) {
-            t[0][j] = m[j] + m[6 + j] + m[12 + j] + m[18 + j] + m[24 + j];
-            t[1][j] = m[6 + j] - m[12 + j] + 2.f * (m[18 + j] - m[24 + j]) + m[30 + j];
-        }
+    for (int ch = 0; ch < C; ch += 8) {
+        __m256 m[36], t[12], o0, o1;
+        for (int p = 0; p < 36; p++) m[p] = _mm256_loadu_ps(M + ((int64_t)p * CW_TB + slot) * C + ch);
+        for (int j = 0; j < 6; j++) at6(&t[j], &t[6 + j], m + j, 6); /* t (2, 6) = A^T m */
         for (int i = 0; i < rows; i++) {
-            yb[(int64_t)i * W * C + ch] = t[i][0] + t[i][1] + t[i][2] + t[i][3] + t[i][4];
-            if (cols == 2) yb[((int64_t)i * W + 1) * C + ch] = t[i][1] - t[i][2] + 2.f * (t[i][3] - t[i][4]) + t[i][5];
+            at6(&o0, &o1, t + 6 * i, 1);
+            _mm256_storeu_ps(yb + (int64_t)i * W * C + ch, o0);
+            if (cols == 2) _mm256_storeu_ps(yb + ((int64_t)i * W + 1) * C + ch, o1);
         }
     }
 }
@@ -215,11 +220,11 @@ CW_256 static void prod256(const float *V, const float *U, int n, int CI, int CO
 static void convw(int level, int H, int W, int CI, int CO, const float *U, const float *x, float *y, int64_t nb,
                   float *s)
 {
-    float *V = s, *M = V + (int64_t)CW_P * CW_TB * CI, *d = M + (int64_t)CW_P * CW_TB * CO;
+    float *V = s, *M = V + (int64_t)CW_P * CW_TB * CI;
     const int64_t tiles = nb * ((H + 1) / 2) * ((W + 1) / 2);
     for (int64_t g0 = 0; g0 < tiles; g0 += CW_TB) {
         const int n = tiles - g0 < CW_TB ? (int)(tiles - g0) : CW_TB;
-        for (int t = 0; t < n; t++) itrans(x, H, W, CI, g0 + t, d, V, t);
+        for (int t = 0; t < n; t++) itrans(x, H, W, CI, g0 + t, V, t);
         if (level == 2) prod512(V, U, n, CI, CO, M);
         else prod256(V, U, n, CI, CO, M);
         for (int t = 0; t < n; t++) otrans(M, t, H, W, CO, g0 + t, y);
@@ -227,13 +232,22 @@ static void convw(int level, int H, int W, int CI, int CO, const float *U, const
 }
 #endif
 
-void nn_convw_forward_(const nn_layer_ *l, const float *w, const float *x, float *y, int64_t nb, float *scratch)
+void nn_convw_kernel_(const nn_layer_ *l, const float *w, float *scratch)
 {
 #if CW_HAVE
     wtrans(w, l->cin, l->cout, 0, scratch);
+#else
+    (void)l, (void)w, (void)scratch;
+    LOOM_ASSERT(!"nn_convw_kernel_ without nn_convw_ok_");
+#endif
+}
+
+void nn_convw_forward_(const nn_layer_ *l, const float *x, float *y, int64_t nb, float *scratch)
+{
+#if CW_HAVE
     convw(l->fma, l->ih, l->iw, l->cin, l->cout, scratch, x, y, nb, scratch + (int64_t)CW_P * l->cin * l->cout);
 #else
-    (void)l, (void)w, (void)x, (void)y, (void)nb, (void)scratch;
+    (void)l, (void)x, (void)y, (void)nb, (void)scratch;
     LOOM_ASSERT(!"nn_convw_forward_ without nn_convw_ok_");
 #endif
 }

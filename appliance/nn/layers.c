@@ -792,6 +792,7 @@ static void conv_forward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, 
         if (!p && l->act != LOOM_ACT_NONE) bias_act(yc, NULL, B * P, l->cout, l->act);
         return;
     }
+    if (nn_convw_ok_(l)) nn_convw_kernel_(l, W, c->col); /* once for all chunks */
     for (int64_t b0 = 0; b0 < B; b0 += l->chunk) {
         int64_t nb = B - b0 < l->chunk ? B - b0 : l->chunk;
         const float *col = x + b0 * l->n_in;
@@ -806,8 +807,8 @@ static void conv_forward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, 
             bias_act(y, bias, nb * P, l->cout, l->act);
             continue;
         }
-        if (nn_convw_ok_(l)) { /* 5x5 "same", Winograd (conv_winograd.c) */
-            nn_convw_forward_(l, W, x + b0 * l->n_in, y, nb, c->col);
+        if (nn_convw_ok_(l)) { /* 5x5 "same", Winograd (conv_winograd.c; the kernel transformed above) */
+            nn_convw_forward_(l, x + b0 * l->n_in, y, nb, c->col);
         } else if (nn_convd_ok_(l)) { /* 5x5 / 7x7 "same", direct (conv_direct.c) */
             nn_convd_forward_(l, W, x + b0 * l->n_in, y, nb, c->col);
         } else {

@@ -667,7 +667,8 @@ static void test_convw_levels(void)
         convw_ref(w, x, ry, nb, H, W, CI, CO, 0);
         convw_ref(w, dz, rx, nb, H, W, CI, CO, 1);
         l->fma = 1;
-        nn_convw_forward_(l, w, x, y1, nb, s);
+        nn_convw_kernel_(l, w, s);
+        nn_convw_forward_(l, x, y1, nb, s);
         nn_convw_backward_data_(l, w, dz, dx1, nb, s);
         double ey = convw_worst(y1, ry, ny), ex = convw_worst(dx1, rx, nx);
         CHECK_MSG(ey <= 1e-4 && ex <= 1e-4, "case %zu: Winograd forward %.3g, input gradient %.3g of the largest", k,
@@ -675,7 +676,8 @@ static void test_convw_levels(void)
         worst = fmax(worst, fmax(ey, ex));
         if (level >= LOOM_CPU_AVX512) {
             l->fma = 2;
-            nn_convw_forward_(l, w, x, y2, nb, s);
+            nn_convw_kernel_(l, w, s);
+            nn_convw_forward_(l, x, y2, nb, s);
             nn_convw_backward_data_(l, w, dz, dx2, nb, s);
             CHECK_MSG(!memcmp(y1, y2, (size_t)ny * 4) && !memcmp(dx1, dx2, (size_t)nx * 4),
                       "case %zu: the AVX-512 Winograd kernels differ from the AVX2 ones", k);
@@ -1361,6 +1363,39 @@ static void test_convd_threads(void)
     }
     step_out_free(&one);
     printf("# conv_direct.c, %s kernels: 2 and 3 threads give 1 thread's bits\n", loom_cpu_level_name(loom_cpu()->level));
+    fixture_free(&f);
+}
+
+/* conv_winograd.c with 1, 2 and 3 threads: the same bits (the tiles go in fixed blocks; each product
+ * element one chain). 5x5 16 -> 16 then 16 -> 32 with a fused pool (its input gradient Winograd too), on
+ * 7x9 planes (half tiles), global average pooling to 32 logits. */
+static void test_convw_threads(void)
+{
+    if (loom_cpu()->level < LOOM_CPU_AVX2_FMA) {
+        printf("# this CPU has no AVX2+FMA: conv_winograd.c's kernels do not run here\n");
+        CHECK(1);
+        return;
+    }
+    loom_layer_spec ls[] = {L_conv(16, 5, 1, LOOM_PAD_SAME, LOOM_ACT_TANH), L_conv(32, 5, 1, LOOM_PAD_SAME, LOOM_ACT_RELU),
+                            L_pool(2, 2, LOOM_PAD_VALID), L_kind(LOOM_LAYER_GLOBAL_AVG_POOL2D, 0, 0)};
+    fixture f;
+    if (fixture_new(&f, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, ls), shp(3, 8, 9, 16), LOOM_I32, 5, 3) != LOOM_OK) {
+        CHECK_MSG(0, "cannot build");
+        return;
+    }
+    CHECK(nn_convw_ok_(&f.m->layer[0]) && nn_convw_ok_(&f.m->layer[1]) && f.m->layer[1].needs_dx);
+    const int64_t P = loom_model_num_params(f.m), n_out = loom_shape_numel(&f.out);
+    step_out one, o;
+    run_threads(&f, 1, 5, 11, &one);
+    for (int t = 2; t <= 3; t++) {
+        run_threads(&f, t, 5, 11, &o);
+        CHECK_MSG(o.loss == one.loss && !memcmp(o.grads, one.grads, (size_t)P * sizeof(float)) &&
+                      !memcmp(o.pred, one.pred, (size_t)(5 * n_out) * sizeof(float)),
+                  "%d threads: not the bits of 1 thread (%s kernels)", t, loom_cpu_level_name(loom_cpu()->level));
+        step_out_free(&o);
+    }
+    step_out_free(&one);
+    printf("# conv_winograd.c, %s kernels: 2 and 3 threads give 1 thread's bits\n", loom_cpu_level_name(loom_cpu()->level));
     fixture_free(&f);
 }
 
@@ -2669,6 +2704,7 @@ static const loom_test tests[] = {
     {"conv_direct.c 5x5 / 7x7 against im2col + GEMM, same bits at every CPU level", test_convd_levels},
     {"conv_direct.c: same bits with 1, 2 and 3 threads", test_convd_threads},
     {"conv_winograd.c F(2x2, 5x5) against a double sum, same bits at every CPU level", test_convw_levels},
+    {"conv_winograd.c: same bits with 1, 2 and 3 threads", test_convw_threads},
     {"narrow-input conv kernels: same bits at every CPU level, close to im2col + GEMM", test_convs_levels},
     {"a wide conv's im2col chunk holds 1024 output pixels", test_conv_chunk_rows},
     {"global batch scaling", test_global_batch},
