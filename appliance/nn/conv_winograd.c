@@ -26,12 +26,17 @@
 #define CW_TB    24  /* tiles per block: V (36 TB CI) and M (36 TB CO) stay in L2 */
 #define CW_P     36  /* points: 6 x 6 */
 
+int nn_convw_shape_ok_(const nn_layer_ *l)
+{
+    return l->kh == 5 && l->kw == 5 && l->sh == 1 && l->sw == 1 && l->pad_t == 2 && l->pad_l == 2 &&
+           l->oh == l->ih && l->ow == l->iw && l->spec.dilation[0] <= 1 && l->spec.dilation[1] <= 1 &&
+           l->spec.groups <= 1 && l->cin % 16 == 0 && l->cout % 16 == 0 && l->cin <= CW_MAX_C &&
+           l->cout <= CW_MAX_C;
+}
+
 int nn_convw_ok_(const nn_layer_ *l)
 {
-    return CW_HAVE && l->fma >= 1 && !l->direct && l->spec.algorithm != LOOM_CONV_DIRECT && l->kh == 5 &&
-           l->kw == 5 && l->sh == 1 && l->sw == 1 && l->pad_t == 2 && l->pad_l == 2 && l->oh == l->ih &&
-           l->ow == l->iw && l->spec.dilation[0] <= 1 && l->spec.dilation[1] <= 1 && l->cin % 16 == 0 &&
-           l->cout % 16 == 0 && l->cin <= CW_MAX_C && l->cout <= CW_MAX_C;
+    return CW_HAVE && l->fma >= 1 && !l->direct && l->spec.algorithm != LOOM_CONV_DIRECT && nn_convw_shape_ok_(l);
 }
 
 int64_t nn_convw_scratch_(const nn_layer_ *l)

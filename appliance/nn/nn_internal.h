@@ -455,6 +455,7 @@ void    nn_convd_backward_data_(const nn_layer_ *l, const float *w, const float 
  * (its kernel gradient stays convd's); scratch of nn_convw_scratch_(l) floats. The forward's transformed
  * kernel goes to the scratch's start once (nn_convw_kernel_), then each run of examples (nn_convw_forward_). */
 int     nn_convw_ok_(const nn_layer_ *l);
+int     nn_convw_shape_ok_(const nn_layer_ *l); /* the shape alone (algorithm = "winograd" is refused otherwise) */
 int64_t nn_convw_scratch_(const nn_layer_ *l);
 void    nn_convw_kernel_(const nn_layer_ *l, const float *w, float *scratch);
 void    nn_convw_forward_(const nn_layer_ *l, const float *x, float *y, int64_t nb, float *scratch);
