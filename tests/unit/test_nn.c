@@ -1345,12 +1345,14 @@ static void test_convd_threads(void)
     }
     loom_layer_spec ls[] = {L_conv(16, 5, 1, LOOM_PAD_SAME, LOOM_ACT_TANH), L_conv(32, 7, 1, LOOM_PAD_SAME, LOOM_ACT_RELU),
                             L_pool(2, 2, LOOM_PAD_VALID), L_kind(LOOM_LAYER_GLOBAL_AVG_POOL2D, 0, 0)};
+    ls[0].algorithm = LOOM_CONV_DIRECT; /* else conv_winograd.c's */
     fixture f;
     if (fixture_new(&f, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, ls), shp(3, 6, 10, 16), LOOM_I32, 5, 3) != LOOM_OK) {
         CHECK_MSG(0, "cannot build");
         return;
     }
-    CHECK(nn_convd_ok_(&f.m->layer[0]) && nn_convd_ok_(&f.m->layer[1]) && f.m->layer[1].fuse_pool);
+    CHECK(nn_convd_ok_(&f.m->layer[0]) && !nn_convw_ok_(&f.m->layer[0]) && nn_convd_ok_(&f.m->layer[1]) &&
+          f.m->layer[1].fuse_pool);
     const int64_t P = loom_model_num_params(f.m), n_out = loom_shape_numel(&f.out);
     step_out one, o;
     run_threads(&f, 1, 5, 11, &one);
@@ -1367,8 +1369,8 @@ static void test_convd_threads(void)
 }
 
 /* conv_winograd.c with 1, 2 and 3 threads: the same bits (the tiles go in fixed blocks; each product
- * element one chain). 5x5 16 -> 16 then 16 -> 32 with a fused pool (its input gradient Winograd too), on
- * 7x9 planes (half tiles), global average pooling to 32 logits. */
+ * element one chain). 5x5 16 -> 16 then 16 -> 32 (its input gradient Winograd too) and a 2x2 pool, on
+ * 8x9 planes (half tiles at the right), global average pooling to 32 logits. */
 static void test_convw_threads(void)
 {
     if (loom_cpu()->level < LOOM_CPU_AVX2_FMA) {
