@@ -23,7 +23,7 @@
 #endif
 
 #define CW_MAX_C 256 /* channels in and out */
-#define CW_TB    24  /* tiles per block: V (36 TB CI) and M (36 TB CO) stay in L2 */
+#define CW_TB    12 /* tiles per block: V (36 TB CI) and M (36 TB CO) stay in L2 (24: ~6% slower under perf) */
 #define CW_P     36  /* points: 6 x 6 */
 
 int nn_convw_shape_ok_(const nn_layer_ *l)
