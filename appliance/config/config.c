@@ -62,6 +62,7 @@ const char *const loom_activation_names_[] = {"none", "relu", "sigmoid", "tanh",
 const char *const loom_init_names_[] = {"glorot_uniform", "glorot_normal", "he_uniform", "he_normal", "zeros",
                                              "orthogonal", NULL};
 const char *const loom_padding_names_[] = {"valid", "same", "causal", NULL};
+const char *const loom_conv_algorithm_names_[] = {"auto", "direct", "winograd", NULL};
 const char *const loom_loss_names_[] = {"sparse_softmax_cross_entropy", "mean_squared_error", "binary_cross_entropy",
                                         "mean_absolute_error", "huber", NULL};
 const char *const loom_metric_names_[] = {"accuracy", "auc", "precision", "recall", "top_k_accuracy", "mae", "rmse",

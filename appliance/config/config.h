@@ -492,6 +492,8 @@ typedef enum { LOOM_ACT_NONE, LOOM_ACT_RELU, LOOM_ACT_SIGMOID, LOOM_ACT_TANH, LO
 typedef enum { LOOM_INIT_GLOROT_UNIFORM, LOOM_INIT_GLOROT_NORMAL, LOOM_INIT_HE_UNIFORM, LOOM_INIT_HE_NORMAL,
                LOOM_INIT_ZEROS, LOOM_INIT_ORTHOGONAL } loom_init;
 typedef enum { LOOM_PAD_VALID, LOOM_PAD_SAME, LOOM_PAD_CAUSAL /* conv1d only */ } loom_padding;
+/* conv2d: the kernels it may take; auto: the fastest the shape and CPU allow (docs/config.md) */
+typedef enum { LOOM_CONV_AUTO, LOOM_CONV_DIRECT, LOOM_CONV_WINOGRAD } loom_conv_algorithm;
 typedef enum { LOOM_LOSS_SPARSE_SOFTMAX_CE, LOOM_LOSS_MSE, LOOM_LOSS_BCE, LOOM_LOSS_MAE, LOOM_LOSS_HUBER } loom_loss_kind;
 /* model.metrics: Keras' metrics of those names (see nn.h for each one's definition) */
 typedef enum { LOOM_METRIC_ACCURACY, LOOM_METRIC_AUC, LOOM_METRIC_PRECISION, LOOM_METRIC_RECALL,
@@ -530,6 +532,7 @@ typedef struct loom_layer_spec {
     /* ---- appended (issue 23) ---- */
     int             dilation[2];         /* conv2d, depthwise_, separable_conv2d, conv2d_transpose, conv1d ([1]); default 1 */
     int             groups;              /* conv2d, conv1d: filters and input channels split in groups; default 1 */
+    loom_conv_algorithm algorithm;       /* conv2d: auto (default), direct (no Winograd) or winograd */
     int             depth_multiplier;    /* depthwise_ and separable_conv2d: outputs per input channel; default 1 */
     int             pad[4];              /* zero_padding2d: top, bottom, left, right */
     int             size[2];             /* upsampling2d: (h, w) repeats, default 2 */

@@ -27,6 +27,7 @@ extern const char *const loom_pos_mode_names_[];      /* loom_pos_mode */
 extern const char *const loom_activation_names_[];    /* loom_activation */
 extern const char *const loom_init_names_[];          /* loom_init */
 extern const char *const loom_padding_names_[];       /* loom_padding */
+extern const char *const loom_conv_algorithm_names_[]; /* loom_conv_algorithm */
 extern const char *const loom_loss_names_[];          /* loom_loss_kind */
 extern const char *const loom_metric_names_[];        /* loom_metric_kind */
 extern const char *const loom_merge_mode_names_[];    /* bidirectional merge_mode */

@@ -662,6 +662,7 @@ static void print_layer(FILE *f, const loom_layer_spec *l)
         kv_str(f, 3, "padding", loom_cfg_name_(loom_padding_names_, (int)l->padding));
         kv_pair(f, 3, "dilation_rate", l->dilation);
         kv_i64(f, 3, "groups", l->groups);
+        if (l->algorithm) kv_str(f, 3, "algorithm", loom_cfg_name_(loom_conv_algorithm_names_, (int)l->algorithm));
         break;
     case LOOM_LAYER_MAX_POOL2D:
     case LOOM_LAYER_AVG_POOL2D:

@@ -792,6 +792,7 @@ static void conv_forward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, 
         if (!p && l->act != LOOM_ACT_NONE) bias_act(yc, NULL, B * P, l->cout, l->act);
         return;
     }
+    if (nn_convw_ok_(l)) nn_convw_kernel_(l, W, c->col); /* once for all chunks */
     for (int64_t b0 = 0; b0 < B; b0 += l->chunk) {
         int64_t nb = B - b0 < l->chunk ? B - b0 : l->chunk;
         const float *col = x + b0 * l->n_in;
@@ -806,7 +807,9 @@ static void conv_forward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, 
             bias_act(y, bias, nb * P, l->cout, l->act);
             continue;
         }
-        if (nn_convd_ok_(l)) { /* 5x5 / 7x7 "same", direct (conv_direct.c) */
+        if (nn_convw_ok_(l)) { /* 5x5 "same", Winograd (conv_winograd.c; the kernel transformed above) */
+            nn_convw_forward_(l, x + b0 * l->n_in, y, nb, c->col);
+        } else if (nn_convd_ok_(l)) { /* 5x5 / 7x7 "same", direct (conv_direct.c) */
             nn_convd_forward_(l, W, x + b0 * l->n_in, y, nb, c->col);
         } else {
             if (!conv_is_pointwise(l)) {
@@ -832,6 +835,10 @@ static float *conv_backward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *
     float *dz = l->dz + c->b0 * l->n_out;
     if (!l->fuse_pool) nn_layer_act_grad_(l, dz, g, y, B * P, l->cout); /* fused: the pool's backward wrote dz */
     if (!l->needs_dx) return NULL;
+    if (nn_convw_ok_(l)) { /* Winograd, no im2col chunks: the flipped kernel transformed once for all B */
+        nn_convw_backward_data_(l, W, dz, other, B, c->col);
+        return other;
+    }
     if (nn_convd_ok_(l)) { /* direct, no im2col chunks: the flipped kernel is made once for all B */
         nn_convd_backward_data_(l, W, dz, other, B, c->col);
         return other;

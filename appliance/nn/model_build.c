@@ -118,6 +118,13 @@ static int conv_params(loom_model *m, nn_layer_ *l, loom_err *err)
                             s->filters);
     l->cout = s->filters;
     l->act = s->activation;
+    if (s->algorithm == LOOM_CONV_WINOGRAD && !nn_convw_shape_ok_(l))
+        return loom_err_set(err, LOOM_ESHAPE, l->where,
+                            "layer \"%s\": algorithm = \"winograd\" needs a 5x5 kernel, strides 1, padding \"same\" "
+                            "and input and output channels multiples of 16 up to 256; got %dx%d, strides %dx%d, "
+                            "%d -> %d channels",
+                            s->name, l->kh, l->kw, l->sh, l->sw, l->cin, l->cout),
+               loom_err_hint(err, "use algorithm = \"auto\" (Winograd where the shape allows it)");
     loom_shape ks = {.rank = 4, .dim = {l->kh, l->kw, l->cin, l->cout}};
     double rf = (double)l->kh * l->kw;
     l->kernel_off = add_param(m, l, "kernel", &ks, s->kernel_init, rf * l->cin, rf * l->cout);
@@ -720,6 +727,7 @@ static int64_t conv_chunk(nn_layer_ *l, int64_t max_batch, int m_row_q)
     l->fma = loom_cpu()->level >= LOOM_CPU_AVX512 ? 2 : loom_cpu()->level >= LOOM_CPU_AVX2_FMA;
     if (nn_conv3_ok_(l) && nn_conv3_scratch_(l) > colmax) colmax = nn_conv3_scratch_(l); /* conv_fast.c */
     if (nn_convd_ok_(l) && nn_convd_scratch_(l) > colmax) colmax = nn_convd_scratch_(l); /* conv_direct.c */
+    if (nn_convw_ok_(l) && nn_convw_scratch_(l) > colmax) colmax = nn_convw_scratch_(l); /* conv_winograd.c */
     return colmax;
 }
 

@@ -473,6 +473,17 @@ int64_t nn_convd_scratch_(const nn_layer_ *l);
 void    nn_convd_forward_(const nn_layer_ *l, const float *w, const float *x, float *y, int64_t nb, float *scratch);
 void    nn_convd_backward_data_(const nn_layer_ *l, const float *w, const float *dz, float *dx, int64_t nb,
                                 float *scratch);
+/* conv_winograd.c: conv2d 5x5, stride 1, "same", 16k channels up to 256, on AVX2 / AVX-512 (nn_convw_ok_:
+ * also algorithm != direct), by Winograd F(2x2, 5x5): forward and input gradient, the calls of convd's
+ * (its kernel gradient stays convd's); scratch of nn_convw_scratch_(l) floats. The forward's transformed
+ * kernel goes to the scratch's start once (nn_convw_kernel_), then each run of examples (nn_convw_forward_). */
+int     nn_convw_ok_(const nn_layer_ *l);
+int     nn_convw_shape_ok_(const nn_layer_ *l); /* the shape alone (algorithm = "winograd" is refused otherwise) */
+int64_t nn_convw_scratch_(const nn_layer_ *l);
+void    nn_convw_kernel_(const nn_layer_ *l, const float *w, float *scratch);
+void    nn_convw_forward_(const nn_layer_ *l, const float *x, float *y, int64_t nb, float *scratch);
+void    nn_convw_backward_data_(const nn_layer_ *l, const float *w, const float *dz, float *dx, int64_t nb,
+                                float *scratch);
 void    nn_convd_kernel_grad_(const nn_layer_ *l, const float *x, const float *dz, int64_t nb, int r0, int r1,
                               float *dW, float *scratch);
 void nn_bn_moments_(const loom_model *m, const nn_layer_ *l, const float *x, int64_t rows, double *mean, double *var);

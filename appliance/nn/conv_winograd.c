@@ -1,0 +1,270 @@
+/* conv_winograd.c - conv2d 5x5, stride 1, "same", by Winograd's F(2x2, 5x5): the Fashion-MNIST CNN's
+ * second convolution (32 -> 64 on 14x14) and its like, forward and input gradient.
+ * conv_direct.c runs these at the FMA peak (100 multiply-adds per output); here each 2x2 block of
+ * outputs takes 36 products per (input, output) channel pair, 2.8x fewer, on 6x6 input tiles:
+ * V = B^T d B per tile and input channel, U = G g G^T per kernel (once per call, in double),
+ * M[p] = V[p] U[p] for the 36 points p (independent (tiles x CI) . (CI x CO) products, a
+ * register-blocked micro-kernel per ISA), Y = A^T M A. The points 0, +-1, +-2 and infinity keep
+ * the transforms' entries small (|B| <= 5, |A| <= 2): fp32 results stay within ~1e-6 relative of
+ * the direct sum. The input gradient is the same convolution of dz with the kernel flipped and
+ * transposed (conv_direct.c's), the kernel gradient stays direct (conv_direct.c).
+ * Bits: the transforms are one function for both ISAs (-ffp-contract=off: no FMA behind the
+ * code's back) and each M element is one fused chain over the input channels in order, so the
+ * AVX2 and AVX-512 kernels give the same bits, whatever the threads or the tile blocks. */
+#include <string.h>
+
+#include "nn_internal.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define CW_HAVE 1
+#else
+#define CW_HAVE 0
+#endif
+
+#define CW_MAX_C 256 /* channels in and out */
+#define CW_TB    12 /* tiles per block: V (36 TB CI) and M (36 TB CO) stay in L2 (24: ~6% slower under perf) */
+#define CW_P     36  /* points: 6 x 6 */
+
+int nn_convw_shape_ok_(const nn_layer_ *l)
+{
+    return l->kh == 5 && l->kw == 5 && l->sh == 1 && l->sw == 1 && l->pad_t == 2 && l->pad_l == 2 &&
+           l->oh == l->ih && l->ow == l->iw && l->spec.dilation[0] <= 1 && l->spec.dilation[1] <= 1 &&
+           l->spec.groups <= 1 && l->cin % 16 == 0 && l->cout % 16 == 0 && l->cin <= CW_MAX_C &&
+           l->cout <= CW_MAX_C;
+}
+
+int nn_convw_ok_(const nn_layer_ *l)
+{
+    return CW_HAVE && l->fma >= 1 && !l->direct && l->spec.algorithm != LOOM_CONV_DIRECT && nn_convw_shape_ok_(l);
+}
+
+int64_t nn_convw_scratch_(const nn_layer_ *l)
+{
+    const int64_t ci = l->cin, co = l->cout;
+    return CW_P * ci * co + (int64_t)CW_P * CW_TB * (ci + co);
+}
+
+#if CW_HAVE
+#define CW_512 __attribute__((target("avx512f,avx2,fma")))
+#define CW_256 __attribute__((target("avx2,fma")))
+
+/* U (36, CO, CI) from w (5, 5, CI, CO) flipped and transposed when flip (the input gradient's
+ * kernel), else U (36, CI, CO): G g G^T per channel pair, in double, rounded once. */
+static void wtrans(const float *w, int CI, int CO, int flip, float *U)
+{
+    static const double G[6][5] = {{1. / 4, 0, 0, 0, 0},
+                                   {-1. / 6, -1. / 6, -1. / 6, -1. / 6, -1. / 6},
+                                   {-1. / 6, 1. / 6, -1. / 6, 1. / 6, -1. / 6},
+                                   {1. / 24, 1. / 12, 1. / 6, 1. / 3, 2. / 3},
+                                   {1. / 24, -1. / 12, 1. / 6, -1. / 3, 2. / 3},
+                                   {0, 0, 0, 0, 1}};
+    const int IN = flip ? CO : CI, OUT = flip ? CI : CO;
+    for (int a = 0; a < IN; a++)
+        for (int b = 0; b < OUT; b++) {
+            double g[5][5], t[6][5];
+            for (int i = 0; i < 5; i++)
+                for (int j = 0; j < 5; j++)
+                    g[i][j] = flip ? w[((int64_t)((4 - i) * 5 + 4 - j) * CI + b) * CO + a]
+                                   : w[((int64_t)(i * 5 + j) * CI + a) * CO + b];
+            for (int p = 0; p < 6; p++)
+                for (int j = 0; j < 5; j++) {
+                    double s = 0;
+                    for (int i = 0; i < 5; i++) s += G[p][i] * g[i][j];
+                    t[p][j] = s;
+                }
+            for (int p = 0; p < 6; p++)
+                for (int q = 0; q < 6; q++) {
+                    double s = 0;
+                    for (int j = 0; j < 5; j++) s += t[p][j] * G[q][j];
+                    U[((int64_t)(p * 6 + q) * IN + a) * OUT + b] = (float)s;
+                }
+        }
+}
+
+/* B^T applied to 6 vectors s[0..5] (8 channels each) into o[0..5] */
+static inline __attribute__((always_inline)) CW_256 void bt6(__m256 *o, const __m256 *s)
+{
+    const __m256 two = _mm256_set1_ps(2.f), four = _mm256_set1_ps(4.f), five = _mm256_set1_ps(5.f);
+    o[0] = _mm256_add_ps(_mm256_sub_ps(_mm256_mul_ps(four, s[0]), _mm256_mul_ps(five, s[2])), s[4]);
+    o[1] = _mm256_sub_ps(_mm256_add_ps(s[3], s[4]), _mm256_mul_ps(four, _mm256_add_ps(s[1], s[2])));
+    o[2] = _mm256_add_ps(_mm256_sub_ps(s[4], s[3]), _mm256_mul_ps(four, _mm256_sub_ps(s[1], s[2])));
+    o[3] = _mm256_add_ps(_mm256_sub_ps(s[4], s[2]), _mm256_mul_ps(two, _mm256_sub_ps(s[3], s[1])));
+    o[4] = _mm256_sub_ps(_mm256_sub_ps(s[4], s[2]), _mm256_mul_ps(two, _mm256_sub_ps(s[3], s[1])));
+    o[5] = _mm256_add_ps(_mm256_sub_ps(_mm256_mul_ps(four, s[1]), _mm256_mul_ps(five, s[3])), s[5]);
+}
+
+/* Tile g of x (nb, H, W, C): its 6x6 input (rows 2ty - 2 .., zeros outside) to V[p][slot] (36 points,
+ * TB slots of C) = B^T d B, 8 channels at a time. One function for both ISAs: the same bits. */
+CW_256 static void itrans(const float *x, int H, int W, int C, int64_t g, float *restrict V, int slot)
+{
+    const int TH = (H + 1) / 2, TW = (W + 1) / 2;
+    const int64_t b = g / (TH * TW);
+    const int ty = (int)(g % (TH * TW)) / TW, tx = (int)(g % (TH * TW)) % TW;
+    const float *xb = x + b * H * W * C;
+    const float *src[36];
+    for (int i = 0; i < 6; i++)
+        for (int j = 0; j < 6; j++) {
+            int r = 2 * ty - 2 + i, c = 2 * tx - 2 + j;
+            src[i * 6 + j] = r < 0 || r >= H || c < 0 || c >= W ? NULL : xb + ((int64_t)r * W + c) * C;
+        }
+    for (int ch = 0; ch < C; ch += 8) {
+        __m256 t[36], s[6], o[6];
+        for (int j = 0; j < 6; j++) { /* columns: t = B^T d */
+            for (int i = 0; i < 6; i++)
+                s[i] = src[i * 6 + j] ? _mm256_loadu_ps(src[i * 6 + j] + ch) : _mm256_setzero_ps();
+            bt6(o, s);
+            for (int i = 0; i < 6; i++) t[i * 6 + j] = o[i];
+        }
+        for (int i = 0; i < 6; i++) { /* rows: t B */
+            bt6(o, t + i * 6);
+            for (int j = 0; j < 6; j++) _mm256_storeu_ps(V + ((int64_t)(i * 6 + j) * CW_TB + slot) * C + ch, o[j]);
+        }
+    }
+}
+
+/* A^T on 6 vectors: o0 = s0 + s1 + s2 + s3 + s4, o1 = s1 - s2 + 2 (s3 - s4) + s5 */
+static inline __attribute__((always_inline)) CW_256 void at6(__m256 *o0, __m256 *o1, const __m256 *s, int st)
+{
+    *o0 = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(_mm256_add_ps(s[0], s[st]), s[2 * st]), s[3 * st]), s[4 * st]);
+    *o1 = _mm256_add_ps(_mm256_add_ps(_mm256_sub_ps(s[st], s[2 * st]),
+                                      _mm256_mul_ps(_mm256_set1_ps(2.f), _mm256_sub_ps(s[3 * st], s[4 * st]))),
+                        s[5 * st]);
+}
+
+/* Y (2x2) of tile g into y (nb, H, W, C) from M[p][slot] (36 points, TB slots of C): A^T M A. */
+CW_256 static void otrans(const float *restrict M, int slot, int H, int W, int C, int64_t g, float *restrict y)
+{
+    const int TH = (H + 1) / 2, TW = (W + 1) / 2;
+    const int64_t b = g / (TH * TW);
+    const int ty = (int)(g % (TH * TW)) / TW, tx = (int)(g % (TH * TW)) % TW;
+    const int rows = 2 * ty + 1 < H ? 2 : 1, cols = 2 * tx + 1 < W ? 2 : 1;
+    float *yb = y + (b * H * W + (int64_t)(2 * ty) * W + 2 * tx) * C;
+    for (int ch = 0; ch < C; ch += 8) {
+        __m256 m[36], t[12], o0, o1;
+        for (int p = 0; p < 36; p++) m[p] = _mm256_loadu_ps(M + ((int64_t)p * CW_TB + slot) * C + ch);
+        for (int j = 0; j < 6; j++) at6(&t[j], &t[6 + j], m + j, 6); /* t (2, 6) = A^T m */
+        for (int i = 0; i < rows; i++) {
+            at6(&o0, &o1, t + 6 * i, 1);
+            _mm256_storeu_ps(yb + (int64_t)i * W * C + ch, o0);
+            if (cols == 2) _mm256_storeu_ps(yb + ((int64_t)i * W + 1) * C + ch, o1);
+        }
+    }
+}
+
+/* T slots from v (slots of CI), out channels [c0, c0 + 16) of m (slots of CO): one fused chain
+ * over the input channels per element. */
+static inline __attribute__((always_inline)) CW_512 void mk512(int T, const float *restrict v, int CI, int CO,
+                                                               const float *restrict u, int c0, float *restrict m)
+{
+    __m512 acc[12];
+#pragma GCC unroll 12
+    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+    for (int ci = 0; ci < CI; ci++) {
+        __m512 uv = _mm512_loadu_ps(u + (int64_t)ci * CO + c0);
+#pragma GCC unroll 12
+        for (int t = 0; t < T; t++) acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(v[(int64_t)t * CI + ci]), uv, acc[t]);
+    }
+#pragma GCC unroll 12
+    for (int t = 0; t < T; t++) _mm512_storeu_ps(m + (int64_t)t * CO + c0, acc[t]);
+}
+
+static inline __attribute__((always_inline)) CW_256 void mk256(int T, const float *restrict v, int CI, int CO,
+                                                               const float *restrict u, int c0, float *restrict m)
+{
+    __m256 lo[6], hi[6];
+#pragma GCC unroll 6
+    for (int t = 0; t < T; t++) lo[t] = hi[t] = _mm256_setzero_ps();
+    for (int ci = 0; ci < CI; ci++) {
+        __m256 ul = _mm256_loadu_ps(u + (int64_t)ci * CO + c0), uh = _mm256_loadu_ps(u + (int64_t)ci * CO + c0 + 8);
+#pragma GCC unroll 6
+        for (int t = 0; t < T; t++) {
+            __m256 s = _mm256_broadcast_ss(v + (int64_t)t * CI + ci);
+            lo[t] = _mm256_fmadd_ps(s, ul, lo[t]);
+            hi[t] = _mm256_fmadd_ps(s, uh, hi[t]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int t = 0; t < T; t++) {
+        _mm256_storeu_ps(m + (int64_t)t * CO + c0, lo[t]);
+        _mm256_storeu_ps(m + (int64_t)t * CO + c0 + 8, hi[t]);
+    }
+}
+
+/* M[p] (n slots, CO) = V[p] (n, CI) U[p] (CI, CO) for the 36 points */
+CW_512 static void prod512(const float *V, const float *U, int n, int CI, int CO, float *M)
+{
+    for (int p = 0; p < CW_P; p++) {
+        const float *v = V + (int64_t)p * CW_TB * CI, *u = U + (int64_t)p * CI * CO;
+        float *m = M + (int64_t)p * CW_TB * CO;
+        for (int c0 = 0; c0 < CO; c0 += 16) {
+            int t = 0;
+            for (; t + 12 <= n; t += 12) mk512(12, v + (int64_t)t * CI, CI, CO, u, c0, m + (int64_t)t * CO);
+            for (; t + 4 <= n; t += 4) mk512(4, v + (int64_t)t * CI, CI, CO, u, c0, m + (int64_t)t * CO);
+            for (; t < n; t++) mk512(1, v + (int64_t)t * CI, CI, CO, u, c0, m + (int64_t)t * CO);
+        }
+    }
+}
+
+CW_256 static void prod256(const float *V, const float *U, int n, int CI, int CO, float *M)
+{
+    for (int p = 0; p < CW_P; p++) {
+        const float *v = V + (int64_t)p * CW_TB * CI, *u = U + (int64_t)p * CI * CO;
+        float *m = M + (int64_t)p * CW_TB * CO;
+        for (int c0 = 0; c0 < CO; c0 += 16) {
+            int t = 0;
+            for (; t + 6 <= n; t += 6) mk256(6, v + (int64_t)t * CI, CI, CO, u, c0, m + (int64_t)t * CO);
+            for (; t + 2 <= n; t += 2) mk256(2, v + (int64_t)t * CI, CI, CO, u, c0, m + (int64_t)t * CO);
+            for (; t < n; t++) mk256(1, v + (int64_t)t * CI, CI, CO, u, c0, m + (int64_t)t * CO);
+        }
+    }
+}
+
+/* y (nb, H, W, CO) = the 5x5 "same" convolution of x (nb, H, W, CI) whose kernel U holds transformed;
+ * s: scratch after U. Tiles go in blocks of CW_TB over the whole chunk, examples one after another. */
+static void convw(int level, int H, int W, int CI, int CO, const float *U, const float *x, float *y, int64_t nb,
+                  float *s)
+{
+    float *V = s, *M = V + (int64_t)CW_P * CW_TB * CI;
+    const int64_t tiles = nb * ((H + 1) / 2) * ((W + 1) / 2);
+    for (int64_t g0 = 0; g0 < tiles; g0 += CW_TB) {
+        const int n = tiles - g0 < CW_TB ? (int)(tiles - g0) : CW_TB;
+        for (int t = 0; t < n; t++) itrans(x, H, W, CI, g0 + t, V, t);
+        if (level == 2) prod512(V, U, n, CI, CO, M);
+        else prod256(V, U, n, CI, CO, M);
+        for (int t = 0; t < n; t++) otrans(M, t, H, W, CO, g0 + t, y);
+    }
+}
+#endif
+
+void nn_convw_kernel_(const nn_layer_ *l, const float *w, float *scratch)
+{
+#if CW_HAVE
+    wtrans(w, l->cin, l->cout, 0, scratch);
+#else
+    (void)l, (void)w, (void)scratch;
+    LOOM_ASSERT(!"nn_convw_kernel_ without nn_convw_ok_");
+#endif
+}
+
+void nn_convw_forward_(const nn_layer_ *l, const float *x, float *y, int64_t nb, float *scratch)
+{
+#if CW_HAVE
+    convw(l->fma, l->ih, l->iw, l->cin, l->cout, scratch, x, y, nb, scratch + (int64_t)CW_P * l->cin * l->cout);
+#else
+    (void)l, (void)x, (void)y, (void)nb, (void)scratch;
+    LOOM_ASSERT(!"nn_convw_forward_ without nn_convw_ok_");
+#endif
+}
+
+void nn_convw_backward_data_(const nn_layer_ *l, const float *w, const float *dz, float *dx, int64_t nb,
+                             float *scratch)
+{
+#if CW_HAVE
+    wtrans(w, l->cin, l->cout, 1, scratch);
+    convw(l->fma, l->ih, l->iw, l->cout, l->cin, scratch, dz, dx, nb, scratch + (int64_t)CW_P * l->cin * l->cout);
+#else
+    (void)l, (void)w, (void)dz, (void)dx, (void)nb, (void)scratch;
+    LOOM_ASSERT(!"nn_convw_backward_data_ without nn_convw_ok_");
+#endif
+}
