@@ -2,13 +2,14 @@
  * pointwise convolutions of its first two stages), direct: dW (cin, cout) = sum over the output pixels p of
  * x(p)^T dz(p), an outer product per pixel read in place from the NHWC rows (a stride-2 one gathers nothing). On GEMM
  * these products have M or N of 32-256 and K = batch x pixels (100k at 56x56), and OpenBLAS packs both operands.
- * Here a tile of 6 kernel rows x 64 (AVX-512) or 16 (AVX2) output channels stays in registers over a block of 64
- * output pixels, whose dz slice stays in L1 over the kernel rows, then adds into dW.
+ * Here the x of 6 kernel rows over a block of 32 output pixels is packed (one stream for the broadcasts), then a
+ * tile of those 6 rows x 64 (AVX-512) or 16 (AVX2) output channels stays in registers over the block, whose dz rows
+ * stay in L1 over the channel tiles, and adds into dW.
  * Bits: each dW element is the sum in (example, pixel block) order of each block's fused multiply-add chain over its
  * pixels from zero, whatever the threads, the part split, the tiling or the vector width.
  * Threads: a call writes only its rows [k0, k1) of dW.
- * Not dispatched by layers.c yet: on a loaded machine (tests/bench/conv_wide_bench.c) it ran at 0.8-1.3x OpenBLAS's
- * speed on AVX-512 and 0.7-1.0x on AVX2, shape by shape, within the load's noise; to be measured quiet first. */
+ * Speed (tests/bench/conv_wide_bench.c, CPU time on a loaded machine, against OpenBLAS's TN sgemm): 0.9-1.25x on
+ * AVX-512, 0.83-1.12x on AVX2 shape by shape; it wins on the stride-2 ones (1.0-1.2x both), which GEMM first gathers. */
 #include <string.h>
 
 #include "nn_internal.h"
@@ -20,7 +21,7 @@
 #define CW_HAVE 0
 #endif
 #define CW_MAX_C 512 /* wider (ResNet-50's last two stages): OpenBLAS's products run near its peak */
-#define CW_NP 64     /* pixels per chain: a block of 64 output channels' dz (16 KB) stays in L1 */
+#define CW_NP 32     /* pixels per chain: a block's dz for up to 256 channels (32 KB) stays near L1 over the kernel rows */
 
 int nn_convw_ok_(const nn_layer_ *l)
 {
@@ -33,17 +34,17 @@ int nn_convw_ok_(const nn_layer_ *l)
 #define CW_512 __attribute__((target("avx512f,avx2,fma")))
 #define CW_256 __attribute__((target("avx2,fma")))
 
-/* One block of n pixels: pixel j's x at x + off[j] (TK kernel rows from there), its dz row at g + j CO (NV blocks of
- * 16 channels from there); dw (TK, CO) += each element's chain over the n pixels. */
-static inline __attribute__((always_inline)) CW_512 void tile512(int TK, int NV, const float *restrict x,
-                                                                 const int64_t *off, const float *restrict g, int CO,
-                                                                 int n, float *restrict dw)
+/* One block of n pixels: pixel j's TK kernel rows at xt + j TK (packed), its dz row at g + j CO (NV blocks of 16
+ * channels from there); dw (TK, CO) += each element's chain over the n pixels. */
+static inline __attribute__((always_inline)) CW_512 void tile512(int TK, int NV, const float *restrict xt,
+                                                                 const float *restrict g, int CO, int n,
+                                                                 float *restrict dw)
 {
     __m512 acc[24];
 #pragma GCC unroll 24
     for (int a = 0; a < TK * NV; a++) acc[a] = _mm512_setzero_ps();
     for (int j = 0; j < n; j++) {
-        const float *xp = x + off[j], *gp = g + (int64_t)j * CO;
+        const float *xp = xt + j * TK, *gp = g + (int64_t)j * CO;
         __m512 gv[4];
 #pragma GCC unroll 4
         for (int v = 0; v < NV; v++) gv[v] = _mm512_loadu_ps(gp + 16 * v);
@@ -64,7 +65,7 @@ static inline __attribute__((always_inline)) CW_512 void tile512(int TK, int NV,
 }
 
 /* The same chains 8 lanes wide: TK kernel rows, one block of 16 channels (two registers). */
-static inline __attribute__((always_inline)) CW_256 void tile256(int TK, const float *restrict x, const int64_t *off,
+static inline __attribute__((always_inline)) CW_256 void tile256(int TK, const float *restrict xt,
                                                                  const float *restrict g, int CO, int n,
                                                                  float *restrict dw)
 {
@@ -72,7 +73,7 @@ static inline __attribute__((always_inline)) CW_256 void tile256(int TK, const f
 #pragma GCC unroll 12
     for (int a = 0; a < 2 * TK; a++) acc[a] = _mm256_setzero_ps();
     for (int j = 0; j < n; j++) {
-        const float *xp = x + off[j], *gp = g + (int64_t)j * CO;
+        const float *xp = xt + j * TK, *gp = g + (int64_t)j * CO;
         __m256 g0 = _mm256_loadu_ps(gp), g1 = _mm256_loadu_ps(gp + 8);
 #pragma GCC unroll 6
         for (int i = 0; i < TK; i++) {
@@ -89,30 +90,49 @@ static inline __attribute__((always_inline)) CW_256 void tile256(int TK, const f
     }
 }
 
-/* One block of n pixels: dW rows [k0, k1). Channels in blocks of 64 (then 16) outside, kernel rows in sixes
- * (then ones) inside, so the block's dz slice (n x 64 floats) stays in L1 over the kernel rows. */
+/* Pixel j's TK kernel rows from k into xt + j TK: the tile's broadcasts then read one stream. */
+static inline __attribute__((always_inline)) void pack(int TK, const float *x, const int64_t *off, int k, int n,
+                                                       float *restrict xt)
+{
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < TK; i++) xt[j * TK + i] = x[off[j] + k + i];
+}
+
+/* One block of n pixels: dW rows [k0, k1). Kernel rows in sixes (then ones) outside, packed once, channels in
+ * blocks of 64 (then 16) inside. */
 static CW_512 void block512(const float *x, const int64_t *off, const float *g, int CO, int n, int k0, int k1,
                             float *dW)
 {
-    for (int c = 0; c < CO;) {
-        int nv = CO - c >= 64 ? 4 : 1, k = k0;
-        for (; k + 6 <= k1; k += 6)
-            if (nv == 4) tile512(6, 4, x + k, off, g + c, CO, n, dW + (int64_t)k * CO + c);
-            else tile512(6, 1, x + k, off, g + c, CO, n, dW + (int64_t)k * CO + c);
-        for (; k < k1; k++)
-            if (nv == 4) tile512(1, 4, x + k, off, g + c, CO, n, dW + (int64_t)k * CO + c);
-            else tile512(1, 1, x + k, off, g + c, CO, n, dW + (int64_t)k * CO + c);
-        c += 16 * nv;
+    float xt[CW_NP * 6];
+    for (int k = k0; k < k1;) {
+        int tk = k1 - k >= 6 ? 6 : 1;
+        if (tk == 6) pack(6, x, off, k, n, xt);
+        else pack(1, x, off, k, n, xt);
+        for (int c = 0; c < CO;) {
+            int nv = CO - c >= 64 ? 4 : 1;
+            float *d = dW + (int64_t)k * CO + c;
+            if (tk == 6 && nv == 4) tile512(6, 4, xt, g + c, CO, n, d);
+            else if (tk == 6) tile512(6, 1, xt, g + c, CO, n, d);
+            else if (nv == 4) tile512(1, 4, xt, g + c, CO, n, d);
+            else tile512(1, 1, xt, g + c, CO, n, d);
+            c += 16 * nv;
+        }
+        k += tk;
     }
 }
 
 static CW_256 void block256(const float *x, const int64_t *off, const float *g, int CO, int n, int k0, int k1,
                             float *dW)
 {
-    for (int c = 0; c < CO; c += 16) {
-        int k = k0;
-        for (; k + 6 <= k1; k += 6) tile256(6, x + k, off, g + c, CO, n, dW + (int64_t)k * CO + c);
-        for (; k < k1; k++) tile256(1, x + k, off, g + c, CO, n, dW + (int64_t)k * CO + c);
+    float xt[CW_NP * 6];
+    for (int k = k0; k < k1;) {
+        int tk = k1 - k >= 6 ? 6 : 1;
+        if (tk == 6) pack(6, x, off, k, n, xt);
+        else pack(1, x, off, k, n, xt);
+        for (int c = 0; c < CO; c += 16)
+            if (tk == 6) tile256(6, xt, g + c, CO, n, dW + (int64_t)k * CO + c);
+            else tile256(1, xt, g + c, CO, n, dW + (int64_t)k * CO + c);
+        k += tk;
     }
 }
 #endif
