@@ -9,8 +9,8 @@
  * pixels from zero, whatever the threads, the part split, the tiling or the vector width.
  * Threads: a call writes only its rows [k0, k1) of dW.
  * Speed (tests/bench/conv_wide_bench.c, CPU time on a loaded machine, against OpenBLAS's TN sgemm): 0.9-1.25x on
- * AVX-512, 0.83-1.12x on AVX2 shape by shape; it wins on the stride-2 ones (1.0-1.2x both), which GEMM first gathers,
- * and layers.c takes it for those only (nn_convw_grad_ok_). */
+ * AVX-512, 0.83-1.12x on AVX2 shape by shape; it wins on the stride-2 ones on AVX-512, which GEMM first gathers, and
+ * layers.c takes it for those only (nn_convw_grad_ok_). */
 #include <string.h>
 
 #include "nn_internal.h"
@@ -31,9 +31,11 @@ int nn_convw_ok_(const nn_layer_ *l)
            (int64_t)(l->oh - 1) * l->sh < l->ih && (int64_t)(l->ow - 1) * l->sw < l->iw;
 }
 
-/* Where layers.c takes it: the stride-2 ones, whose GEMM first gathers the input rows (conv_wide_bench: 1.0-1.2x
- * OpenBLAS on both ISAs); at stride 1 the two run even (0.8-1.25x shape by shape, AVX2 the slower side). */
-int nn_convw_grad_ok_(const nn_layer_ *l) { return nn_convw_ok_(l) && l->sh == 2 && l->sw == 2; }
+/* Where layers.c takes it: the stride-2 ones on AVX-512, whose GEMM first gathers the input rows (conv_wide_bench:
+ * 1.0-1.2x OpenBLAS; in a training step of 256 -> 512 and 512 -> 256 at batch 32, `loom profile --train`'s weights
+ * rows 1.6-1.8x faster). On AVX2 the two ran even (0.97-1.12x; in the step 0.4-1.0x and 0.8-1.4x under the load), and
+ * at stride 1 on both (0.8-1.25x shape by shape): those stay on GEMM. */
+int nn_convw_grad_ok_(const nn_layer_ *l) { return nn_convw_ok_(l) && l->fma == 2 && l->sh == 2 && l->sw == 2; }
 
 #if CW_HAVE
 #define CW_512 __attribute__((target("avx512f,avx2,fma")))

@@ -432,8 +432,8 @@ void nn_convs_forward_(const nn_layer_ *l, const float *w, const float *x, float
 void nn_convs_kernel_grad_(const nn_layer_ *l, const float *x, const float *dz, int64_t B, int k0, int k1, float *dw);
 /* conv_wide.c: the kernel gradient of a 1x1 conv2d without padding (stride 1 or 2), cin 16-512, cout a multiple of
  * 16 up to 512, on an AVX2 or AVX-512 CPU (nn_convw_ok_), direct: rows [k0, k1) of dW (cin, cout) over the batch's B
- * examples; layers.c takes it where nn_convw_grad_ok_ (stride 2: tests/bench/conv_wide_bench.c measures it against
- * OpenBLAS's sgemm). */
+ * examples; layers.c takes it where nn_convw_grad_ok_ (stride 2 on AVX-512: tests/bench/conv_wide_bench.c measures
+ * it against OpenBLAS's sgemm). */
 int  nn_convw_ok_(const nn_layer_ *l);
 int  nn_convw_grad_ok_(const nn_layer_ *l);
 void nn_convw_kernel_grad_(const nn_layer_ *l, const float *x, const float *dz, int64_t B, int k0, int k1, float *dw);

@@ -1,7 +1,8 @@
 /* test_conv_wide.c - appliance/nn/conv_wide.c, the direct kernel gradient of a 1x1 conv2d without padding (stride 1
  * and 2): against a double-precision reference of dW = sum over the output pixels of x(p)^T dz(p); bit-identical
  * whatever the split of the kernel rows between threads (1, 2, 3 parts) and between the AVX2 and the AVX-512 kernels;
- * nn_convw_ok_ takes only the shapes it handles, nn_convw_grad_ok_ (layers.c's) only their stride-2 ones. */
+ * nn_convw_ok_ takes only the shapes it handles, nn_convw_grad_ok_ (layers.c's) only their stride-2 ones
+ * on AVX-512. */
 #include "harness.h"
 #include "nn/nn_internal.h"
 #include "tensor/tensor.h"
@@ -100,11 +101,13 @@ static void test_ok(void)
     CHECK(!nn_convw_ok_(&l));
     l = layer(9, 18, 80, 1, 0); /* no AVX2 */
     CHECK(!nn_convw_ok_(&l));
-    /* layers.c takes it at stride 2 only */
-    l = layer(9, 18, 80, 1, fma);
+    /* layers.c takes it at stride 2 on AVX-512 only */
+    l = layer(9, 18, 80, 1, 2);
     CHECK(!nn_convw_grad_ok_(&l));
-    l = layer(13, 18, 80, 2, fma);
-    CHECK(nn_convw_grad_ok_(&l) == fma);
+    l = layer(13, 18, 80, 2, 1);
+    CHECK(!nn_convw_grad_ok_(&l));
+    l = layer(13, 18, 80, 2, 2);
+    CHECK(nn_convw_grad_ok_(&l) == nn_convw_ok_(&l));
 }
 
 static const loom_test tests[] = {
