@@ -10,7 +10,7 @@
  * Threads: a call writes only its rows [k0, k1) of dW.
  * Speed (tests/bench/conv_wide_bench.c, CPU time on a loaded machine, against OpenBLAS's TN sgemm): 0.9-1.25x on
  * AVX-512, 0.83-1.12x on AVX2 shape by shape; it wins on the stride-2 ones on AVX-512, which GEMM first gathers, and
- * layers.c takes it for those only (nn_convw_grad_ok_). */
+ * layers.c takes it for those only (nn_convp_grad_ok_). */
 #include <string.h>
 
 #include "nn_internal.h"
@@ -24,7 +24,7 @@
 #define CW_MAX_C 512 /* wider (ResNet-50's last two stages): OpenBLAS's products run near its peak */
 #define CW_NP 32     /* pixels per chain: a block's dz for up to 256 channels (32 KB) stays near L1 over the kernel rows */
 
-int nn_convw_ok_(const nn_layer_ *l)
+int nn_convp_ok_(const nn_layer_ *l)
 {
     return CW_HAVE && l->fma >= 1 && !l->direct && !l->fuse_pool && l->kh == 1 && l->kw == 1 && l->pad_t == 0 &&
            l->pad_l == 0 && l->cout % 16 == 0 && l->cin >= 16 && l->cin <= CW_MAX_C && l->cout <= CW_MAX_C &&
@@ -35,7 +35,7 @@ int nn_convw_ok_(const nn_layer_ *l)
  * 1.0-1.2x OpenBLAS; in a training step of 256 -> 512 and 512 -> 256 at batch 32, `loom profile --train`'s weights
  * rows 1.6-1.8x faster). On AVX2 the two ran even (0.97-1.12x; in the step 0.4-1.0x and 0.8-1.4x under the load), and
  * at stride 1 on both (0.8-1.25x shape by shape): those stay on GEMM. */
-int nn_convw_grad_ok_(const nn_layer_ *l) { return nn_convw_ok_(l) && l->fma == 2 && l->sh == 2 && l->sw == 2; }
+int nn_convp_grad_ok_(const nn_layer_ *l) { return nn_convp_ok_(l) && l->fma == 2 && l->sh == 2 && l->sw == 2; }
 
 #if CW_HAVE
 #define CW_512 __attribute__((target("avx512f,avx2,fma")))
@@ -144,7 +144,7 @@ static CW_256 void block256(const float *x, const int64_t *off, const float *g, 
 }
 #endif
 
-void nn_convw_kernel_grad_(const nn_layer_ *l, const float *x, const float *dz, int64_t B, int k0, int k1, float *dW)
+void nn_convp_kernel_grad_(const nn_layer_ *l, const float *x, const float *dz, int64_t B, int k0, int k1, float *dW)
 {
 #if CW_HAVE
     const int C = l->cin, CO = l->cout, OH = l->oh, OW = l->ow;
@@ -161,6 +161,6 @@ void nn_convw_kernel_grad_(const nn_layer_ *l, const float *x, const float *dz, 
         }
 #else
     (void)l, (void)x, (void)dz, (void)B, (void)k0, (void)k1, (void)dW;
-    LOOM_ASSERT(!"nn_convw_kernel_grad_ without nn_convw_ok_");
+    LOOM_ASSERT(!"nn_convp_kernel_grad_ without nn_convp_ok_");
 #endif
 }

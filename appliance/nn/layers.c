@@ -888,9 +888,9 @@ void nn_conv_param_grads_(const loom_model *m, int li, const float *x, int64_t B
     } else if (nn_convd_ok_(l)) { /* direct (conv_direct.c) */
         int64_t k0 = nn_grad_row_(m, l, K, part, parts), k1 = nn_grad_row_(m, l, K, part + 1, parts);
         if (k1 > k0) nn_convd_kernel_grad_(l, x, dz, B, (int)k0, (int)k1, dW, scratch);
-    } else if (nn_convw_grad_ok_(l)) { /* 1x1 stride 2 on AVX-512, direct (conv_wide.c) */
-        int64_t k0 = K * part / parts, k1 = K * (part + 1) / parts;
-        if (k1 > k0) nn_convw_kernel_grad_(l, x, dz, B, (int)k0, (int)k1, dW);
+    } else if (nn_convp_grad_ok_(l)) { /* 1x1 stride 2 on AVX-512, direct (conv_wide.c) */
+        int64_t k0 = nn_grad_row_(m, l, K, part, parts), k1 = nn_grad_row_(m, l, K, part + 1, parts);
+        if (k1 > k0) nn_convp_kernel_grad_(l, x, dz, B, (int)k0, (int)k1, dW);
     } else {
         /* dW rows [k0, k1) (k1 - k0, cout) = col[:, k0:k1]^T dZ, over im2col
          * chunks at fixed example offsets, whatever the parts */

@@ -454,12 +454,12 @@ int  nn_convs_ok_(const nn_layer_ *l);
 void nn_convs_forward_(const nn_layer_ *l, const float *w, const float *x, float *y, int64_t nb);
 void nn_convs_kernel_grad_(const nn_layer_ *l, const float *x, const float *dz, int64_t B, int k0, int k1, float *dw);
 /* conv_wide.c: the kernel gradient of a 1x1 conv2d without padding (stride 1 or 2), cin 16-512, cout a multiple of
- * 16 up to 512, on an AVX2 or AVX-512 CPU (nn_convw_ok_), direct: rows [k0, k1) of dW (cin, cout) over the batch's B
- * examples; layers.c takes it where nn_convw_grad_ok_ (stride 2 on AVX-512: tests/bench/conv_wide_bench.c measures
+ * 16 up to 512, on an AVX2 or AVX-512 CPU (nn_convp_ok_), direct: rows [k0, k1) of dW (cin, cout) over the batch's B
+ * examples; layers.c takes it where nn_convp_grad_ok_ (stride 2 on AVX-512: tests/bench/conv_wide_bench.c measures
  * it against OpenBLAS's sgemm). */
-int  nn_convw_ok_(const nn_layer_ *l);
-int  nn_convw_grad_ok_(const nn_layer_ *l);
-void nn_convw_kernel_grad_(const nn_layer_ *l, const float *x, const float *dz, int64_t B, int k0, int k1, float *dw);
+int  nn_convp_ok_(const nn_layer_ *l);
+int  nn_convp_grad_ok_(const nn_layer_ *l);
+void nn_convp_kernel_grad_(const nn_layer_ *l, const float *x, const float *dz, int64_t B, int k0, int k1, float *dw);
 /* conv_fast.c: conv2d 3x3, stride 1 "same" or stride 2, cin and cout multiples of 16 up to 64, on an AVX2 or
  * AVX-512 CPU (nn_conv3_ok_), direct: y (nb, OH, OW, cout) = conv(x) without bias; dx (nb, H, W, cin) from dz
  * (stride 1 only: nn_conv3_dx_ok_); scratch of nn_conv3_scratch_(l) floats (the chunk's col). */

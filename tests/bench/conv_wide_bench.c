@@ -43,7 +43,7 @@ static void run(int hw, int cin, int cout, int s, int B, double *lsum, int *n)
     memset(&l, 0, sizeof l);
     l.ih = l.iw = hw, l.cin = cin, l.cout = cout, l.kh = l.kw = 1, l.sh = l.sw = s, l.oh = l.ow = (hw - 1) / s + 1;
     l.fma = loom_cpu()->level >= LOOM_CPU_AVX512 ? 2 : loom_cpu()->level >= LOOM_CPU_AVX2_FMA;
-    if (!nn_convw_ok_(&l)) {
+    if (!nn_convp_ok_(&l)) {
         printf("%dx%d %d->%d stride %d: no direct kernel on this CPU\n", hw, hw, cin, cout, s);
         return;
     }
@@ -57,7 +57,7 @@ static void run(int hw, int cin, int cout, int s, int B, double *lsum, int *n)
     double td = 1e9, tg = 1e9, md = 0;
     for (int r = 0; r < 9; r++) {
         double t0 = now();
-        nn_convw_kernel_grad_(&l, x, dz, B, 0, k1, dw);
+        nn_convp_kernel_grad_(&l, x, dz, B, 0, k1, dw);
         double t1 = now();
         gemm_grad(&l, x, dz, B, k1, col, dw2);
         double t2 = now();

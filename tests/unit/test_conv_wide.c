@@ -1,7 +1,7 @@
 /* test_conv_wide.c - appliance/nn/conv_wide.c, the direct kernel gradient of a 1x1 conv2d without padding (stride 1
  * and 2): against a double-precision reference of dW = sum over the output pixels of x(p)^T dz(p); bit-identical
  * whatever the split of the kernel rows between threads (1, 2, 3 parts) and between the AVX2 and the AVX-512 kernels;
- * nn_convw_ok_ takes only the shapes it handles, nn_convw_grad_ok_ (layers.c's) only their stride-2 ones
+ * nn_convp_ok_ takes only the shapes it handles, nn_convp_grad_ok_ (layers.c's) only their stride-2 ones
  * on AVX-512. */
 #include "harness.h"
 #include "nn/nn_internal.h"
@@ -36,19 +36,19 @@ static void check_shape(int hw, int cin, int cout, int s, int B)
     for (int64_t i = 0; i < B * P * cout; i++) dz[i] = frand(&seed);
     int have = loom_cpu()->level >= LOOM_CPU_AVX512 ? 2 : loom_cpu()->level >= LOOM_CPU_AVX2_FMA;
     if (!have) {
-        printf("# no AVX2: nn_convw_ok_ refuses\n");
+        printf("# no AVX2: nn_convp_ok_ refuses\n");
         l.fma = 0;
-        CHECK(!nn_convw_ok_(&l));
+        CHECK(!nn_convp_ok_(&l));
     }
     int runs = 0;
     for (int fma = 1; fma <= have; fma++)
         for (int parts = 1; parts <= 3; parts++) {
             l.fma = fma;
-            CHECK(nn_convw_ok_(&l));
+            CHECK(nn_convp_ok_(&l));
             memset(dw, 0xff, (size_t)(K * cout) * sizeof *dw); /* NaNs: every row must be written */
             for (int part = 0; part < parts; part++) {
                 int k0 = (int)(K * part / parts), k1 = (int)(K * (part + 1) / parts);
-                if (k1 > k0) nn_convw_kernel_grad_(&l, x, dz, B, k0, k1, dw);
+                if (k1 > k0) nn_convp_kernel_grad_(&l, x, dz, B, k0, k1, dw);
             }
             if (!runs++) memcpy(first, dw, (size_t)(K * cout) * sizeof *dw);
             CHECK_MSG(!memcmp(first, dw, (size_t)(K * cout) * sizeof *dw),
@@ -86,28 +86,28 @@ static void test_ok(void)
 {
     int fma = loom_cpu()->level >= LOOM_CPU_AVX2_FMA;
     nn_layer_ l = layer(9, 18, 80, 1, fma);
-    CHECK(nn_convw_ok_(&l) == fma);
+    CHECK(nn_convp_ok_(&l) == fma);
     l = layer(9, 18, 72, 1, fma); /* cout not a multiple of 16 */
-    CHECK(!nn_convw_ok_(&l));
+    CHECK(!nn_convp_ok_(&l));
     l = layer(9, 8, 80, 1, fma); /* cin under 16 */
-    CHECK(!nn_convw_ok_(&l));
+    CHECK(!nn_convp_ok_(&l));
     l = layer(9, 1024, 256, 1, fma); /* wider than 512 */
-    CHECK(!nn_convw_ok_(&l));
+    CHECK(!nn_convp_ok_(&l));
     l = layer(9, 18, 80, 1, fma);
     l.kh = l.kw = 3; /* not 1x1 */
-    CHECK(!nn_convw_ok_(&l));
+    CHECK(!nn_convp_ok_(&l));
     l = layer(9, 18, 80, 1, fma);
     l.pad_t = 1; /* padded */
-    CHECK(!nn_convw_ok_(&l));
+    CHECK(!nn_convp_ok_(&l));
     l = layer(9, 18, 80, 1, 0); /* no AVX2 */
-    CHECK(!nn_convw_ok_(&l));
+    CHECK(!nn_convp_ok_(&l));
     /* layers.c takes it at stride 2 on AVX-512 only */
     l = layer(9, 18, 80, 1, 2);
-    CHECK(!nn_convw_grad_ok_(&l));
+    CHECK(!nn_convp_grad_ok_(&l));
     l = layer(13, 18, 80, 2, 1);
-    CHECK(!nn_convw_grad_ok_(&l));
+    CHECK(!nn_convp_grad_ok_(&l));
     l = layer(13, 18, 80, 2, 2);
-    CHECK(nn_convw_grad_ok_(&l) == nn_convw_ok_(&l));
+    CHECK(nn_convp_grad_ok_(&l) == nn_convp_ok_(&l));
 }
 
 static const loom_test tests[] = {
