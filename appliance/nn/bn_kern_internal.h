@@ -47,19 +47,18 @@ BN_KI void BN_F(moments_k)(const float *restrict x, int64_t r0, int64_t r1, int 
     }
 }
 
-/* y = gamma (x - mean) rstd + beta over rows [r0, r1). */
+/* y = gamma (x - mean) rstd + beta over rows [r0, r1), row by row (a channel group at a time over the
+ * whole block read a large layer's block C / 2 BN_W times from beyond L1). */
 BN_KI void BN_F(normalize_k)(const float *restrict x, float *restrict y, int64_t r0, int64_t r1, int C,
                              const float *restrict mean, const float *restrict rstd, const float *restrict gamma,
                              const float *restrict beta)
 {
-    for (int c0 = 0; c0 < C; c0 += 2 * BN_W) {
-        const BN_VW mu = *(const BN_VW *)(mean + c0), rs = *(const BN_VW *)(rstd + c0),
-                    ga = *(const BN_VW *)(gamma + c0), be = *(const BN_VW *)(beta + c0);
-        for (int64_t r = r0; r < r1; r++) {
-            BN_VW h = (*(const BN_VW *)(x + r * C + c0) - mu) * rs;
-            *(BN_VW *)(y + r * C + c0) = ga * h + be;
+    for (int64_t r = r0; r < r1; r++)
+#pragma GCC unroll 8
+        for (int c0 = 0; c0 < C; c0 += 2 * BN_W) {
+            BN_VW h = (*(const BN_VW *)(x + r * C + c0) - *(const BN_VW *)(mean + c0)) * *(const BN_VW *)(rstd + c0);
+            *(BN_VW *)(y + r * C + c0) = *(const BN_VW *)(gamma + c0) * h + *(const BN_VW *)(beta + c0);
         }
-    }
 }
 
 /* n rows of g and x (C each): sg += g, sgh += g xhat, per channel, in row order. */
@@ -90,20 +89,18 @@ BN_KI void BN_F(grad_sums_k)(const float *restrict g, const float *restrict x, i
     }
 }
 
-/* n rows of g, in place: g = gr (g - mg - xhat mgh). */
+/* n rows of g, in place: g = gr (g - mg - xhat mgh), row by row (as normalize_k). */
 BN_KI void BN_F(grad_apply_k)(float *restrict g, const float *restrict x, int64_t n, int C, const float *restrict mean,
                               const float *restrict rstd, const float *restrict gr, const float *restrict mg,
                               const float *restrict mgh)
 {
-    for (int c0 = 0; c0 < C; c0 += 2 * BN_W) {
-        const BN_VW mu = *(const BN_VW *)(mean + c0), rs = *(const BN_VW *)(rstd + c0), a = *(const BN_VW *)(gr + c0),
-                    b = *(const BN_VW *)(mg + c0), c = *(const BN_VW *)(mgh + c0);
-        for (int64_t r = 0; r < n; r++) {
+    for (int64_t r = 0; r < n; r++)
+#pragma GCC unroll 8
+        for (int c0 = 0; c0 < C; c0 += 2 * BN_W) {
             BN_VW *gp = (BN_VW *)(g + r * C + c0);
-            BN_VW h = (*(const BN_VW *)(x + r * C + c0) - mu) * rs;
-            *gp = a * (*gp - b - h * c);
+            BN_VW h = (*(const BN_VW *)(x + r * C + c0) - *(const BN_VW *)(mean + c0)) * *(const BN_VW *)(rstd + c0);
+            *gp = *(const BN_VW *)(gr + c0) * (*gp - *(const BN_VW *)(mg + c0) - h * *(const BN_VW *)(mgh + c0));
         }
-    }
 }
 
 #define BN_BODY(C, CG)                                                                                              \

@@ -137,6 +137,7 @@ static void test_passes(void)
         check_passes(cs[i], 7, 9, 11 + (uint64_t)i);        /* 63 rows: blocks of 1 and 2 */
         check_passes(cs[i], 13, 7 * 7, 3 + (uint64_t)i);    /* blocks of ~20 rows */
         check_passes(cs[i], 2, 1, 5);                        /* fewer rows than blocks */
+        check_passes(cs[i], 5, 28 * 28, 7 + (uint64_t)i);   /* blocks of 122 or 123 rows: tiles of 64 and the rest */
     }
 }
 
