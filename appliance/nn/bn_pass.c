@@ -29,10 +29,10 @@ static float *bn_coef(const nn_layer_ *l) { return l->stat + 12 * l->C + 2 + 4 *
 
 /* ---- the passes with the channel count a constant (ResNet's 16, 32, 64), on Loom's own ISA choice ----
  * The generic loops above ran at ~14 cycles per element at C = 16: a runtime C leaves gcc a short inner
- * loop per row with its remainder and alias checks. Here (bn_kern_internal.h) each pass holds a group of
- * channels' sums in registers over the block's rows (a wider layer's groups re-read the block's rows, in
- * cache), with the generic loops' operations in their order: the same bits on every ISA. The level is
- * loom_cpu()'s (LOOM_TEST_CPU=avx2 runs the AVX2 path), not the ifunc's. */
+ * loop per row with its remainder and alias checks. Here (bn_kern_internal.h) the sums' passes hold every
+ * channel's sums in registers over the block's rows (where they fit: bn_sums_fast), the element-wise ones
+ * go row by row, with the generic loops' operations in their order: the same bits on every ISA
+ * (test_bn_pass). The level is loom_cpu()'s (LOOM_TEST_CPU=avx2 runs the AVX2 path), not the ifunc's. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define BN_FAST 1
 typedef enum { BN_MOMENTS, BN_NORMALIZE, BN_SUMS, BN_APPLY } bn_op;
