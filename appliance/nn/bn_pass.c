@@ -27,12 +27,72 @@ static float *bn_coef(const nn_layer_ *l) { return l->stat + 12 * l->C + 2 + 4 *
  * computes the same bits as the baseline one. */
 #define BN_HOT NN_HOT __attribute__((optimize("fp-contract=off")))
 
+/* ---- the passes with the channel count a constant (ResNet's 16, 32, 64), on Loom's own ISA choice ----
+ * The generic loops above ran at ~14 cycles per element at C = 16: a runtime C leaves gcc a short inner
+ * loop per row with its remainder and alias checks. Here (bn_kern_internal.h) the sums' passes hold every
+ * channel's sums in registers over the block's rows (where they fit: bn_sums_fast), the element-wise ones
+ * go row by row, with the generic loops' operations in their order: the same bits on every ISA
+ * (test_bn_pass). The level is loom_cpu()'s (LOOM_TEST_CPU=avx2 runs the AVX2 path), not the ifunc's. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define BN_FAST 1
+typedef enum { BN_MOMENTS, BN_NORMALIZE, BN_SUMS, BN_APPLY } bn_op;
+typedef struct bn_args {
+    const float *x, *g0;
+    float *y, *g;
+    int64_t r0, r1, n;
+    const float *mean, *rstd, *p, *q, *u; /* normalize: gamma, beta; apply: gr, mg, mgh */
+    double *s, *t;
+} bn_args;
+
+#define BN_W 8
+#define BN_SFX 512
+#define BN_ATTR __attribute__((target("avx512f,avx2"), optimize("fp-contract=off")))
+#include "bn_kern_internal.h"
+#undef BN_W
+#undef BN_SFX
+#undef BN_ATTR
+#define BN_W 4
+#define BN_SFX 256
+#define BN_ATTR __attribute__((target("avx2"), optimize("fp-contract=off")))
+#include "bn_kern_internal.h"
+#undef BN_W
+#undef BN_SFX
+#undef BN_ATTR
+
+static void bn_pass(int lvl, int C, bn_op op, const bn_args *a)
+{
+    if (lvl == 2) bn_pass512(op, C, a);
+    else bn_pass256(op, C, a);
+}
+#else
+#define BN_FAST 0
+#endif
+
 static int bn_blocks(int64_t rows) { return rows < NN_BN_BLOCKS ? (int)rows : NN_BN_BLOCKS; }
+
+/* Whether the sums (moments, gradient sums) at level lvl take the BN_FAST path: only where one group of
+ * registers holds every channel's sums (AVX-512: C <= 32, AVX2: C = 16). Past it, each group reads the
+ * block's rows again a cache line in four, and at 56x56x64 (ResNet-50) the hardware's prefetch did not
+ * follow: twice the generic loops' time on AVX2. The element-wise passes take it at 16, 32 and 64. */
+static int bn_sums_fast(int lvl, int64_t C) { return lvl == 2 ? C <= 32 : lvl == 1 && C <= 16; }
+
+/* The BN_FAST passes' level for layer l: 0 where they do not apply. */
+static int bn_level(const nn_layer_ *l)
+{
+#if BN_FAST
+    if (l->C != 16 && l->C != 32 && l->C != 64) return 0;
+    return loom_cpu()->level >= LOOM_CPU_AVX512 ? 2 : loom_cpu()->level >= LOOM_CPU_AVX2_FMA;
+#else
+    (void)l;
+    return 0;
+#endif
+}
 
 typedef struct bn_job {
     const nn_layer_ *l;
     int64_t rows, R;             /* rows of the batch; rows per example (backward: chunk row bounds) */
     int nb;                      /* blocks */
+    int lvl;                     /* the BN_FAST passes' ISA: 2 AVX-512, 1 AVX2, 0 the generic loops */
     const float *x;              /* forward: (rows, C) */
     const nn_chunk_ *chunk;      /* backward: the gradient rows, chunk by chunk */
     int nchunks;
@@ -77,6 +137,12 @@ BN_HOT static void moments_block(void *arg, int blk)
     double *restrict s = bn_parts(j->l) + (int64_t)blk * C, *restrict q = s + (int64_t)j->nb * C;
     int64_t r0, r1;
     block_rows(j, blk, &r0, &r1);
+#if BN_FAST
+    if (bn_sums_fast(j->lvl, C)) {
+        bn_pass(j->lvl, (int)C, BN_MOMENTS, &(bn_args){.x = j->x, .r0 = r0, .r1 = r1, .s = s, .t = q});
+        return;
+    }
+#endif
     for (int64_t k = 0; k < C; k++) s[k] = q[k] = 0;
     const float *restrict x = j->x;
     for (int64_t r = r0; r < r1; r++)
@@ -103,7 +169,7 @@ static void sum_blocks(const double *p, int nb, int64_t C, double *out)
  * q_b + n_b (mean_b - mean)^2). */
 void nn_bn_moments_(const loom_model *m, const nn_layer_ *l, const float *x, int64_t rows, double *mean, double *var)
 {
-    bn_job j = {.l = l, .rows = rows, .nb = bn_blocks(rows), .x = x};
+    bn_job j = {.l = l, .rows = rows, .nb = bn_blocks(rows), .lvl = bn_level(l), .x = x};
     const int64_t C = l->C;
     run_blocks(m, &j, moments_block);
     const double *p = bn_parts(l), *q = p + (int64_t)j.nb * C;
@@ -135,6 +201,13 @@ BN_HOT static void normalize_block(void *arg, int blk)
     float *restrict y = j->y;
     int64_t r0, r1;
     block_rows(j, blk, &r0, &r1);
+#if BN_FAST
+    if (j->lvl) {
+        bn_pass(j->lvl, (int)C, BN_NORMALIZE,
+                &(bn_args){.x = x, .y = y, .r0 = r0, .r1 = r1, .mean = mean, .rstd = rstd, .p = gamma, .q = beta});
+        return;
+    }
+#endif
     for (int64_t r = r0; r < r1; r++)
         for (int64_t k = 0; k < C; k++) {
             float h = (x[r * C + k] - mean[k]) * rstd[k];
@@ -145,7 +218,7 @@ BN_HOT static void normalize_block(void *arg, int blk)
 void nn_bn_normalize_(const loom_model *m, const nn_layer_ *l, const float *x, int64_t rows, const float *mean,
                       const float *rstd, const float *gamma, const float *beta)
 {
-    bn_job j = {.l = l, .rows = rows, .nb = bn_blocks(rows), .x = x, .a = mean, .b = rstd, .e = gamma, .f = beta,
+    bn_job j = {.l = l, .rows = rows, .nb = bn_blocks(rows), .lvl = bn_level(l), .x = x, .a = mean, .b = rstd, .e = gamma, .f = beta,
                 .y = l->y};
     run_blocks(m, &j, normalize_block);
 }
@@ -162,6 +235,13 @@ BN_HOT static void grad_sums_block(void *arg, int blk)
     const float *restrict mean = j->l->stat, *restrict rstd = mean + C;
     for (int64_t r = r0, e; r < r1; r = e) {
         const float *restrict g = chunk_rows(j, r, r1, &e), *restrict x = j->l->bn_x + r * C;
+#if BN_FAST
+        if (bn_sums_fast(j->lvl, C)) {
+            bn_pass(j->lvl, (int)C, BN_SUMS,
+                    &(bn_args){.g0 = g, .x = x, .n = e - r, .mean = mean, .rstd = rstd, .s = sg, .t = sgh});
+            continue;
+        }
+#endif
         for (int64_t q = 0; q < (e - r) * C; q += C)
             for (int64_t k = 0; k < C; k++) {
                 float h = (x[q + k] - mean[k]) * rstd[k]; /* xhat, as the forward computed it */
@@ -175,7 +255,8 @@ void nn_bn_grad_sums_(const loom_model *m, const nn_layer_ *l, const nn_chunk_ *
                       double *sg, double *sgh)
 {
     const int64_t R = l->n_out / l->C;
-    bn_job j = {.l = l, .rows = B * R, .R = R, .nb = bn_blocks(B * R), .chunk = chunk, .nchunks = nchunks};
+    bn_job j = {.l = l, .rows = B * R, .R = R, .nb = bn_blocks(B * R), .lvl = bn_level(l), .chunk = chunk,
+                .nchunks = nchunks};
     run_blocks(m, &j, grad_sums_block);
     sum_blocks(bn_parts(l), j.nb, l->C, sg);
     sum_blocks(bn_parts(l) + (int64_t)j.nb * l->C, j.nb, l->C, sgh);
@@ -193,6 +274,13 @@ BN_HOT static void grad_apply_block(void *arg, int blk)
     for (int64_t r = r0, e; r < r1; r = e) {
         float *restrict g = chunk_rows(j, r, r1, &e);
         const float *restrict x = j->l->bn_x + r * C;
+#if BN_FAST
+        if (j->lvl) {
+            bn_pass(j->lvl, (int)C, BN_APPLY,
+                    &(bn_args){.g = g, .x = x, .n = e - r, .mean = mean, .rstd = rstd, .p = gr, .q = mg, .u = mgh});
+            continue;
+        }
+#endif
         for (int64_t q = 0; q < (e - r) * C; q += C)
             for (int64_t k = 0; k < C; k++) {
                 float h = (x[q + k] - mean[k]) * rstd[k];
@@ -211,7 +299,7 @@ void nn_bn_grad_apply_(const loom_model *m, const nn_layer_ *l, const nn_chunk_ 
         mg[k] = (float)(sg[k] / N);
         mgh[k] = (float)(sgh[k] / N);
     }
-    bn_job j = {.l = l, .rows = B * R, .R = R, .nb = bn_blocks(B * R), .chunk = chunk, .nchunks = nchunks,
-                .a = gr, .b = mg, .c = mgh};
+    bn_job j = {.l = l, .rows = B * R, .R = R, .nb = bn_blocks(B * R), .lvl = bn_level(l), .chunk = chunk,
+                .nchunks = nchunks, .a = gr, .b = mg, .c = mgh};
     run_blocks(m, &j, grad_apply_block);
 }

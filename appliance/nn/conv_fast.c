@@ -300,19 +300,33 @@ static inline __attribute__((always_inline)) CF_512 void grad_blk512(int G, int 
     }
 }
 
+/* Rows [r, r1) (fewer than 16) in groups of 8, 4, 2, 1: a thread's share of the rows (layers.c splits
+ * 9 CI rows in two) that does not start or end on a block. One at a time, each row was one fused
+ * chain latency-bound at 4 cycles a pixel: a 16 -> 16 layer's half (72 rows, 4 blocks and 8 rows
+ * alone) took twice the forward's time. */
+static inline __attribute__((always_inline)) CF_512 void grad_odd512(const float *xp, const float *dz, int H, int W,
+                                                                     int S, int CI, int CO, int r, int r1, float *acc)
+{
+    if (r + 8 <= r1) grad_rows512(8, xp, dz, H, W, S, CI, CO, r, acc), r += 8, acc += 8 * (int64_t)CO;
+    if (r + 4 <= r1) grad_rows512(4, xp, dz, H, W, S, CI, CO, r, acc), r += 4, acc += 4 * (int64_t)CO;
+    if (r + 2 <= r1) grad_rows512(2, xp, dz, H, W, S, CI, CO, r, acc), r += 2, acc += 2 * (int64_t)CO;
+    if (r < r1) grad_rows512(1, xp, dz, H, W, S, CI, CO, r, acc);
+}
+
 static inline __attribute__((always_inline)) CF_512 void grad512_(const float *xp, const float *dz, int H, int W,
                                                                   int S, int CI, int CO, int r0, int r1, float *acc)
 {
     const int NB = CO % 64 == 0 ? 4 : CO % 32 == 0 ? 2 : 1, G = 16 / NB; /* G divides CI (a multiple of 16) */
-    int r = r0;
-    for (; r % G && r < r1; r++) grad_rows512(1, xp, dz, H, W, S, CI, CO, r, acc + (int64_t)(r - r0) * CO);
+    int r = (r0 + G - 1) / G * G;
+    if (r > r1) r = r1;
+    grad_odd512(xp, dz, H, W, S, CI, CO, r0, r, acc);
     for (; r + G <= r1; r += G) {
         float *a = acc + (int64_t)(r - r0) * CO;
         if (NB == 4) grad_blk512(4, 4, xp, dz, H, W, S, CI, CO, r, a);
         else if (NB == 2) grad_blk512(8, 2, xp, dz, H, W, S, CI, CO, r, a);
         else grad_blk512(16, 1, xp, dz, H, W, S, CI, CO, r, a);
     }
-    for (; r < r1; r++) grad_rows512(1, xp, dz, H, W, S, CI, CO, r, acc + (int64_t)(r - r0) * CO);
+    grad_odd512(xp, dz, H, W, S, CI, CO, r, r1, acc + (int64_t)(r - r0) * CO);
 }
 
 #define CF_GRAD(fn, ci, co) fn(xp, dz, H, W, S, ci, co, r0, r1, acc)
@@ -335,7 +349,9 @@ static inline __attribute__((always_inline)) CF_256 void grad256_(const float *x
 {
     int r = r0;
     for (; r + 6 <= r1; r += 6) grad_rows256(6, xp, dz, H, W, S, CI, CO, r, acc + (int64_t)(r - r0) * CO);
-    for (; r < r1; r++) grad_rows256(1, xp, dz, H, W, S, CI, CO, r, acc + (int64_t)(r - r0) * CO);
+    if (r + 4 <= r1) grad_rows256(4, xp, dz, H, W, S, CI, CO, r, acc + (int64_t)(r - r0) * CO), r += 4; /* as grad_odd512 */
+    if (r + 2 <= r1) grad_rows256(2, xp, dz, H, W, S, CI, CO, r, acc + (int64_t)(r - r0) * CO), r += 2;
+    if (r < r1) grad_rows256(1, xp, dz, H, W, S, CI, CO, r, acc + (int64_t)(r - r0) * CO);
 }
 
 CF_256 static void grad256(const float *xp, const float *dz, int H, int W, int S, int CI, int CO, int r0, int r1,
