@@ -677,10 +677,7 @@ NN_HOT __attribute__((optimize("no-tree-loop-distribute-patterns"))) static void
     }
 }
 
-static int conv_is_pointwise(const nn_layer_ *l)
-{
-    return l->kh == 1 && l->kw == 1 && l->sh == 1 && l->sw == 1 && l->pad_t == 0 && l->pad_l == 0;
-}
+static int conv_is_pointwise(const nn_layer_ *l) { return nn_conv_pointwise_(l); }
 
 /* ---- conv2d + max_pool2d in one pass (nn_internal.h: fuse_pool) -------------- */
 

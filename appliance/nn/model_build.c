@@ -716,7 +716,7 @@ static int64_t conv_chunk(nn_layer_ *l, int64_t max_batch, int m_row_q)
     for (int64_t a = q; a;) { int64_t t = g % a; g = a; a = t; } /* g = gcd(q, pix) */
     if (q > 1) c = (c + q / g - 1) / (q / g) * (q / g);
     l->chunk = (int)(c < 1 ? 1 : c > max_batch ? max_batch : c);
-    int pointwise = l->kh == 1 && l->kw == 1 && l->sh == 1 && l->sw == 1 && l->pad_t == 0 && l->pad_l == 0;
+    int pointwise = nn_conv_pointwise_(l);
     if (pointwise) l->chunk = (int)max_batch;
     else colmax = l->chunk * per / (int64_t)sizeof(float);
     /* cin = 1 runs direct (layers.c): a padded plane and a kernel-sized sum */

@@ -250,14 +250,19 @@ static inline int64_t nn_part_row_(const loom_model *m, int64_t n, int part, int
     return r > n ? n : r;
 }
 
+/* A conv2d that is a plain product over pixels: 1x1, stride 1, no padding (no im2col copy). */
+static inline bool nn_conv_pointwise_(const nn_layer_ *l)
+{
+    return l->kh == 1 && l->kw == 1 && l->sh == 1 && l->sw == 1 && l->pad_t == 0 && l->pad_l == 0;
+}
+
 /* Where part `part` of `parts` of a dense or conv2d layer's gradient pass
  * starts in its n kernel rows (n_in, or kh*kw*cin): the gradient writers and
  * the in-part update (model.c) must agree on it. A one-channel conv2d that is
  * not pointwise splits its kh*kw taps evenly; the others at nn_part_row_. */
 static inline int64_t nn_grad_row_(const loom_model *m, const nn_layer_ *l, int64_t n, int part, int parts)
 {
-    const bool pointwise = l->kh == 1 && l->kw == 1 && l->sh == 1 && l->sw == 1 && l->pad_t == 0 && l->pad_l == 0;
-    if (l->spec.kind == LOOM_LAYER_CONV2D && l->cin == 1 && !pointwise) return n * part / parts;
+    if (l->spec.kind == LOOM_LAYER_CONV2D && l->cin == 1 && !nn_conv_pointwise_(l)) return n * part / parts;
     return nn_part_row_(m, n, part, parts);
 }
 
