@@ -13,7 +13,7 @@ conv_gradcheck "" $CFG '^conv2d_[1246] (conv2d) .* pass' 4 "the four convolution
 conv_train "" $CFG t1 1
 conv_train "" $CFG t2 2
 same_weights "1 and 2 threads: bit-identical weights after 8 steps" "$WORK/t1/ckpt-8.loom" "$WORK/t2/ckpt-8.loom"
-# (the AVX2 kernels' thread bits: test_nn's conv_direct tests, which the CI also runs under
+# (the AVX2 kernels' thread bits: test_nn_conv's conv_direct tests, which the CI also runs under
 # LOOM_TEST_CPU=avx2; here the dense layer's OpenBLAS Haswell sgemm changes the last bits with
 # the rows each thread gets, 1e-8 after 2 steps, as in the MLP config)
 
