@@ -350,4 +350,17 @@ static inline void check_threads(const char *what, const loom_layer_spec *ls, in
 }
 
 
+/* The tests' main: BLAS on one thread, then the table. `OPENBLAS_CORETYPE=X
+ * test_nn` checks the thread-count tolerance on OpenBLAS core X (loom itself
+ * ignores the variable). */
+static inline int nn_test_main(const loom_test *tests)
+{
+    loom_blas_want_core(getenv("OPENBLAS_CORETYPE"));
+    if (loom_blas_init(1, &err) != LOOM_OK) {
+        printf("Bail out! %s: %s\n", err.where, err.msg);
+        return 1;
+    }
+    return loom_test_run(tests);
+}
+
 #endif

@@ -480,14 +480,4 @@ static const loom_test tests[] = {
     {0},
 };
 
-int main(void)
-{
-    /* `OPENBLAS_CORETYPE=X test_nn` checks the thread-count tolerance on
-     * OpenBLAS core X (loom itself ignores the variable) */
-    loom_blas_want_core(getenv("OPENBLAS_CORETYPE"));
-    if (loom_blas_init(1, &err) != LOOM_OK) {
-        printf("Bail out! %s: %s\n", err.where, err.msg);
-        return 1;
-    }
-    return loom_test_run(tests);
-}
+int main(void) { return nn_test_main(tests); }
