@@ -192,6 +192,17 @@ static inline loom_group *open_group(int rank, int n, double timeout)
     return rc ? NULL : g;
 }
 
+/* Rank `rank` of a 2-rank cluster t (mk_cluster) opens its connection to the
+ * other; NULL (the failure checked) if it cannot. */
+static inline loom_net *open_peer_net(tcl *t, int rank, loom_err *err)
+{
+    loom_net_peer peer = {LOOM_ROLE_WORKER, 1 - rank};
+    loom_net *net = NULL;
+    int rc = loom_net_open(&net, &t->c, &peer, 1, err);
+    CHECK_MSG(rc == 0, "open: %s", err->msg);
+    return rc ? NULL : net;
+}
+
 /* ---- ranks both files run ---------------------------------------------------- */
 
 static inline int net_msgs_rank(int rank, int n)
@@ -199,12 +210,10 @@ static inline int net_msgs_rank(int rank, int n)
     (void)n;
     tcl t;
     mk_cluster(&t, 2, rank);
-    loom_net_peer peer = {LOOM_ROLE_WORKER, 1 - rank};
-    loom_net *net;
     loom_err err = {0};
-    int rc = loom_net_open(&net, &t.c, &peer, 1, &err);
-    CHECK_MSG(rc == 0, "open: %s", err.msg);
-    if (rc) return 1;
+    loom_net *net = open_peer_net(&t, rank, &err);
+    if (!net) return 1;
+    int rc = 0;
     /* Nothing of these types will come (the peer waits for ours): a short wait times out. */
     loom_buf m;
     loom_buf_init(&m);

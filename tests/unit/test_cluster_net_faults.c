@@ -314,12 +314,10 @@ static int sendq_rank(int rank, int n)
     tcl t;
     mk_cluster(&t, 2, rank);
     t.c.send_queue_max = SENDQ_BOUND;
-    loom_net_peer peer = {LOOM_ROLE_WORKER, 1 - rank};
-    loom_net *net;
     loom_err err = {0};
-    int rc = loom_net_open(&net, &t.c, &peer, 1, &err);
-    CHECK_MSG(rc == 0, "open: %s", err.msg);
-    if (rc) return 1;
+    loom_net *net = open_peer_net(&t, rank, &err);
+    if (!net) return 1;
+    int rc = 0;
     if (rank == 1) {
         raise(SIGSTOP); /* killed by run_ranks once worker:0 is done */
         return 0;
@@ -383,12 +381,10 @@ static int recvq_rank(int rank, int n)
     mk_cluster(&t, 2, rank);
     t.c.send_queue_max = RECVQ_BOUND;
     t.c.recv_queue_max = RECVQ_BOUND;
-    loom_net_peer peer = {LOOM_ROLE_WORKER, 1 - rank};
-    loom_net *net;
     loom_err err = {0};
-    int rc = loom_net_open(&net, &t.c, &peer, 1, &err);
-    CHECK_MSG(rc == 0, "open: %s", err.msg);
-    if (rc) return 1;
+    loom_net *net = open_peer_net(&t, rank, &err);
+    if (!net) return 1;
+    int rc = 0;
     size_t mib = (size_t)1 << 20;
     if (rank == 0) {
         uint8_t *m = malloc(mib);
@@ -735,12 +731,10 @@ static int unread_rank(int rank, int n)
     (void)n;
     tcl t;
     mk_cluster(&t, 2, rank);
-    loom_net_peer peer = {LOOM_ROLE_WORKER, 1 - rank};
-    loom_net *net;
     loom_err err = {0};
-    int rc = loom_net_open(&net, &t.c, &peer, 1, &err);
-    CHECK_MSG(rc == 0, "open: %s", err.msg);
-    if (rc) return 1;
+    loom_net *net = open_peer_net(&t, rank, &err);
+    if (!net) return 1;
+    int rc = 0;
     loom_buf m;
     loom_buf_init(&m);
     if (rank == 1) {
@@ -803,12 +797,10 @@ static int early_death_rank(int rank, int n)
     (void)n;
     tcl t;
     mk_cluster(&t, 2, rank);
-    loom_net_peer peer = {LOOM_ROLE_WORKER, 1 - rank};
-    loom_net *net = NULL;
     loom_err err = {0};
-    int rc = loom_net_open(&net, &t.c, &peer, 1, &err);
-    CHECK_MSG(rc == 0, "open: %s", err.msg);
-    if (rc) return 1;
+    loom_net *net = open_peer_net(&t, rank, &err);
+    if (!net) return 1;
+    int rc = 0;
     if (rank == 1) raise(SIGKILL);
     loom_buf m;
     loom_buf_init(&m);
@@ -849,12 +841,9 @@ static int storm_rank(int rank, int n)
     (void)n;
     tcl t;
     mk_cluster(&t, 2, rank);
-    loom_net_peer peer = {LOOM_ROLE_WORKER, 1 - rank};
-    loom_net *net = NULL;
     loom_err err = {0};
-    int rc = loom_net_open(&net, &t.c, &peer, 1, &err);
-    CHECK_MSG(rc == 0, "open: %s", err.msg);
-    if (rc) return 1;
+    loom_net *net = open_peer_net(&t, rank, &err);
+    if (!net) return 1;
     if (rank == 0) { /* 200 garbage clients within about a second: 5 lines, then about one a second */
         for (int i = 0; i < 200; i++) {
             int fd = connect_retry(ports[0], 2);
