@@ -76,13 +76,14 @@ static inline float from_fp16(uint16_t h)
 /* The same conversions with F16C (8 at a time, round to nearest even as
  * to_fp16: the same bits) and AVX2 (bf16); chosen at run time. */
 #define WIRE_SIMD __attribute__((target("avx2,f16c")))
-#include <cpuid.h>
-/* AVX2 as the CPU features say (LOOM_TEST_CPU may lower them) and F16C (CPUID
- * leaf 1, ECX bit 29; clang's __builtin_cpu_supports does not know "f16c") */
+/* AVX2 and F16C as the process's one CPU probe says (LOOM_TEST_CPU may lower
+ * them). Not CPUID here: every conversion call asks, and under a hypervisor
+ * each CPUID traps (~20 us on a Zen 3 VM: a million single-value rounds took
+ * 41 s). */
 static bool wire_simd(void)
 {
-    unsigned a, b, c, d;
-    return loom_cpu_probe()->avx2 && __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1);
+    const loom_cpu_features *f = loom_cpu_probe();
+    return f->avx2 && f->f16c;
 }
 WIRE_SIMD static __m256i bf16_round8(__m256 v)
 {

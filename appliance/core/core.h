@@ -226,6 +226,7 @@ typedef struct loom_cpu_features {
     char        brand[49];     /* "AMD EPYC 9R14 96-Core Processor"; may be empty */
     int         family, model; /* as CPUID leaf 1 gives them, extended fields folded in */
     bool        sse42, avx2, fma, avx512f, avx512bw, avx512vl, avx512dq; /* supported by the CPU and saved by the OS */
+    bool        f16c;          /* CPUID leaf 1 ECX bit 29, with AVX (clang's __builtin_cpu_supports does not know it) */
     bool        tsc_invariant; /* CPUID 0x80000007 EDX bit 8: the TSC runs at a constant rate, never stops */
     const char *capped;        /* tests only: "avx2" or "baseline" when LOOM_TEST_CPU hid the features above it */
 } loom_cpu_features;

@@ -25,7 +25,7 @@ static void apply_test_cap(loom_cpu_features *f)
         f->avx512f = f->avx512bw = f->avx512vl = f->avx512dq = false;
         f->capped = "avx2";
     } else if (!strcmp(cap, "baseline")) {
-        f->avx512f = f->avx512bw = f->avx512vl = f->avx512dq = f->avx2 = f->fma = false;
+        f->avx512f = f->avx512bw = f->avx512vl = f->avx512dq = f->avx2 = f->fma = f->f16c = false;
         f->capped = "baseline";
     } else {
         loom_warn("LOOM_TEST_CPU=\"%s\" ignored (expected avx2 or baseline; a tests-only cap on the kernels' CPU "
@@ -45,7 +45,9 @@ static void probe(void)
         memcpy(f->vendor + 8, &c, 4);
         f->vendor[12] = 0;
     }
+    bool f16c = false;
     if (__get_cpuid(1, &a, &b, &c, &d)) {
+        f16c = c >> 29 & 1;
         unsigned fam = (a >> 8) & 0xf, mod = (a >> 4) & 0xf;
         if (fam == 0xf) fam += (a >> 20) & 0xff;
         if (fam == 0x6 || fam >= 0xf) mod |= ((a >> 16) & 0xf) << 4;
@@ -75,6 +77,7 @@ static void probe(void)
     f->avx512bw = __builtin_cpu_supports("avx512bw");
     f->avx512vl = __builtin_cpu_supports("avx512vl");
     f->avx512dq = __builtin_cpu_supports("avx512dq");
+    f->f16c = f16c && __builtin_cpu_supports("avx"); /* its registers are AVX's: saved by the OS if AVX is */
 #endif
     apply_test_cap(f);
 }
