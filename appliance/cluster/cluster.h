@@ -70,6 +70,14 @@ typedef struct loom_cluster {
      * is not one of them (ps, evaluator). */
     int               n_train_ranks;
     int               rank;
+    /* The training ranks a job may grow to: n_train_ranks, or under
+     * strategy.elastic max(n_train_ranks, max_workers). Ranks from
+     * n_train_ranks up are unlisted workers (tasks[worker][i] past
+     * n_tasks[worker], host "" and port 0): they have no address until they
+     * connect and say where they listen (this task's own unlisted entry
+     * listens on an ephemeral port of 127.0.0.1, or of every interface when
+     * the chief's address is not loopback). */
+    int               n_train_slots;
     /* Settings of the cluster section, defaults filled in. */
     double            connect_timeout;   /* s: keep retrying a peer this long (default 60) */
     double            heartbeat_timeout; /* s: a silent peer is lost after this (default 30) */
@@ -152,7 +160,7 @@ int  loom_cluster_resolve_any(loom_cluster **out, const loom_spec *spec, const l
 void loom_cluster_free(loom_cluster *c); /* NULL is a no-op */
 /* "worker:1" into buf. */
 char *loom_task_name(loom_role role, int index, char *buf, size_t n);
-/* The train rank's task (rank in [0, n_train_ranks)). */
+/* The train rank's task (rank in [0, n_train_slots)). */
 const loom_task_addr *loom_cluster_rank_task(const loom_cluster *c, int rank);
 /* `loom check`: the resolved cluster, this process's task and where each came from. */
 void loom_cluster_print(const loom_cluster *c, FILE *f);
@@ -317,6 +325,16 @@ int  loom_group_reform(loom_group *g, const int *members, int n, loom_err *err);
 int  loom_group_member(const loom_group *g, int r);
 /* Whether the training task of that cluster rank is connected now (this task: true). */
 bool loom_group_task_up(loom_group *g, int task_rank);
+/* strategy.elastic's unlisted workers (cluster ranks from n_train_ranks up:
+ * no address in the cluster). The port this task's transport listens on
+ * (an unlisted task's is ephemeral; it tells the chief in its request to
+ * join); the IP the connection of the task of cluster rank task_rank comes
+ * from (into buf; -1: not connected); and learning where that task listens
+ * (host, port): recorded for the ring's data connection and, when this
+ * task is the one that dials it, dialed. A listed task's address is kept. */
+int  loom_group_listen_port(loom_group *g);
+int  loom_group_task_ip(loom_group *g, int task_rank, char *buf, size_t len);
+int  loom_group_learn(loom_group *g, int task_rank, const char *host, int port, loom_err *err);
 
 /* ---- what this task knows of its peers (the status endpoint) ------------ */
 

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# elastic_grow.sh - strategy.elastic past the cluster's list (issue 25): a
+# job listed with 2 workers and max_workers = 3 grows to 3: worker:2, in no
+# list, starts with the same config (--task worker:2), listens on an
+# ephemeral port it tells the chief in its request to join, and enters the
+# running job at a step boundary; a scripted timeline is bit-reproducible and
+# the epoch visits each example once; killed (-9), the two listed go on; a
+# worker beyond max_workers is refused (status 2) and the job goes on; loom
+# launch --local --elastic --workers 2 with --discover printing 3 slots starts a
+# third worker, which joins. Real processes on 127.0.0.1, bounded, killed at exit.
+#   tests/integration/elastic_grow.sh build/loom
+source "$(dirname "$0")/lib.sh"
+kill_jobs_at_exit
+CFG=tests/configs/mwm_mlp.cfg
+OPTS=(--set run.epochs=1 --set run.checkpoint_steps=50 --set run.progress='"none"' --set cluster.heartbeat_timeout=2
+      --set strategy.elastic.min_workers=2 --set strategy.elastic.max_workers=3)
+
+# start NAME I ARGS...: worker:I of job NAME (the 2 addresses $ADDRS) into $WORK/NAME (log $WORK/NAME.I[.b...]); pid in PID
+start() {
+    local name=$1 i=$2 log="$WORK/$1.$2"
+    shift 2
+    while [ -e "$log" ]; do log+=".b"; done
+    "$LOOM" train $CFG --task worker:$i --model-dir "$WORK/$name" --set "cluster.worker=[$ADDRS]" "${OPTS[@]}" "$@" \
+        >"$log" 2>&1 &
+    PID=$!
+    PIDS+=($!)
+}
+addrs() { local base; base=$(free_ports 2); ADDRS="\"127.0.0.1:$base\",\"127.0.0.1:$((base + 1))\""; }
+wait_line() { local i; for ((i = 0; i < ${3:-60} * 20; i++)); do grep -qF -- "$2" "$1" 2>/dev/null && return 0; sleep 0.05; done; return 1; }
+
+# ---- an uninterrupted run of 3 listed workers: the epoch's examples ------------------------------
+export LOOM_TEST_EXAMPLE_IDS="$WORK/ids_ref"
+base=$(free_ports 3)
+ADDRS="\"127.0.0.1:$base\",\"127.0.0.1:$((base + 1))\",\"127.0.0.1:$((base + 2))\""
+for i in 0 1 2; do start ref $i; J[$i]=$PID; done
+status "${J[0]}"; s0=$ST; status "${J[1]}"; s1=$ST; status "${J[2]}"; s2=$ST
+[ "$s0$s1$s2" = 000 ] || fail "the uninterrupted run ends" "status $s0 / $s1 / $s2" "$(tail -3 "$WORK/ref.0")"
+
+# ---- 2 listed, worker:2 unlisted joins at step 30 (LOOM_TEST_MEMBERSHIP holds step 31 for it): twice -----
+for k in 1 2; do
+    export LOOM_TEST_EXAMPLE_IDS="$WORK/ids_grow$k" LOOM_TEST_MEMBERSHIP="join worker:2 at 30"
+    addrs
+    for i in 0 1; do start grow$k $i; J[$i]=$PID; done
+    wait_line "$WORK/grow$k.0" "holding step 31" 60
+    start grow$k 2
+    J[2]=$PID
+    status "${J[0]}"; s0=$ST; status "${J[1]}"; s1=$ST; status "${J[2]}"; s2=$ST
+    unset LOOM_TEST_MEMBERSHIP LOOM_TEST_EXAMPLE_IDS
+    log=$(cat "$WORK/grow$k.0")
+    if [ "$s0$s1$s2" = 000 ] && [ "$(newest "$WORK/grow$k")" = 100 ]; then
+        pass "run $k: 2 listed; worker:2, unlisted, joins the running job; all three end at step 100"
+    else fail "run $k: 2 listed, unlisted worker:2 joins; all end at step 100" "status $s0 / $s1 / $s2" \
+        "$(tail -3 <<<"$log")" "$(tail -3 "$WORK/grow$k.2")"; fi
+    contains "run $k: the chief records where the unlisted worker listens" \
+        "worker:2 (not in the cluster's list) asks to join; it listens on 127.0.0.1:" "$log"
+    contains "run $k: the chief logs the join" "worker:2 joined at step 30; continuing with 3 workers" "$log"
+    contains "run $k: the joiner says where it entered" "worker:2: admitted into the running job at step 30, with 3 workers" \
+        "$(cat "$WORK/grow$k.2")"
+done
+same_weights "two runs of the same growth (worker:2 unlisted, joins at step 30) end with the same bits" \
+    "$WORK/grow1/ckpt-100.loom" "$WORK/grow2/ckpt-100.loom"
+ref=$(cat "$WORK"/ids_ref.worker:* | awk '{print $2}' | sort) got=$(cat "$WORK"/ids_grow1.worker:* | awk '{print $2}' | sort)
+n=$(grep -c . <<<"$got")
+if [ "$n" = 9600 ] && [ "$ref" = "$got" ]; then
+    pass "exactly once: growing from 2 to 3 at step 30, the epoch trained on its 9600 examples, each once"
+else fail "exactly once: the epoch's multiset with the growth = an uninterrupted run's" "$n examples" \
+    "$(diff <(echo "$ref") <(echo "$got") | head -3)"; fi
+w2=$(awk '$1 <= 30' "$WORK/ids_grow1.worker:2" | wc -l) w2late=$(awk '$1 > 30' "$WORK/ids_grow1.worker:2" | wc -l)
+if [ "$w2" = 0 ] && [ "$w2late" = $((70 * 32)) ]; then pass "worker:2 trained on none of steps 1-30 and its third of each batch after"
+else fail "worker:2 trained on none of steps 1-30 and its third after" "$w2 examples in 1-30, $w2late after"; fi
+
+# ---- the unlisted worker killed (-9): the two listed go on; one beyond max_workers is refused -------
+OPTS+=(--set 'hooks.callbacks=["../lua/mwm_slow.lua:slow"]')
+addrs
+for i in 0 1; do start kill $i; J[$i]=$PID; done
+wait_file "$WORK/kill/ckpt-50.loom"
+start kill 2
+J[2]=$PID
+wait_line "$WORK/kill.0" "worker:2 joined at step" 60
+start kill 3
+status "$PID" 30; s3=$ST
+kill -9 "${J[2]}"
+wait "${J[2]}" 2>/dev/null
+status "${J[0]}"; s0=$ST; status "${J[1]}"; s1=$ST
+log=$(cat "$WORK/kill.0")
+jat=$(sed -n 's/.*worker:2 joined at step \([0-9]*\); continuing with 3 workers.*/\1/p' <<<"$log")
+lat=$(sed -n 's/.*worker:2 left at step \([0-9]*\); continuing with 2 workers.*/\1/p' <<<"$log")
+if [ "$s0$s1" = 00 ] && [ -n "$jat" ] && [ -n "$lat" ] && [ "$lat" -ge "$jat" ] && [ "$(newest "$WORK/kill")" = 100 ]; then
+    pass "kill -9 the unlisted worker:2 (joined at step $jat, lost at $lat): worker:0 and worker:1 train to step 100"
+else fail "kill -9 the unlisted worker:2: the listed two go on to step 100" "status $s0 / $s1, joined '$jat', left '$lat'" \
+    "$(tail -3 <<<"$log")"; fi
+if [ "$s3" = 2 ]; then pass "worker:3, beyond max_workers = 3: refused (status 2)"
+else fail "worker:3, beyond max_workers = 3: refused (status 2)" "status $s3" "$(tail -3 "$WORK/kill.3")"; fi
+contains "worker:3 says why" "worker:3 is beyond strategy.elastic.max_workers = 3: the job may have worker:0 to worker:2" \
+    "$(cat "$WORK/kill.3")"
+
+# ---- loom launch --local --elastic --workers 2, --discover printing 3 slots: a third worker joins ------
+printf 'localhost:3\n' >"$WORK/hosts"
+(timeout 240 "$LOOM" launch --local $CFG --workers 2 --grace 3 --elastic --discover "cat $WORK/hosts" \
+    --discover-interval 0.5 "${OPTS[@]}" --model-dir "$WORK/launch" >"$WORK/launch.out" 2>&1; echo $? >"$WORK/launch.rc") &
+PIDS+=($!)
+L=$!
+status "$L" 240
+out=$(cat "$WORK/launch.out")
+contains "launch --discover: starts worker:2 past --workers 2 (max_workers = 3)" "[launch] --discover: starting worker:2" "$out"
+if grep -q "worker:2 joined at step" <<<"$out" || grep -q "starting with 2 of the 2 listed workers and 1 unlisted" <<<"$out"; then
+    pass "launch --discover: worker:2 (unlisted) is in the job"
+else fail "launch --discover: worker:2 (unlisted) is in the job" "$(tail -4 <<<"$out")"; fi
+if [ "$(cat "$WORK/launch.rc" 2>/dev/null)" = 0 ] && [ "$(newest "$WORK/launch")" = 100 ]; then
+    pass "launch --elastic --discover: the job trains to step 100 and launch exits 0"
+else fail "launch --elastic --discover: the job trains to step 100 and launch exits 0" "status $(cat "$WORK/launch.rc" 2>/dev/null)" "$(tail -4 <<<"$out")"; fi
+
+finish
