@@ -36,12 +36,12 @@ for i in 0 1 2; do start ref $i; J[$i]=$PID; done
 status "${J[0]}"; s0=$ST; status "${J[1]}"; s1=$ST; status "${J[2]}"; s2=$ST
 [ "$s0$s1$s2" = 000 ] || fail "the uninterrupted run ends" "status $s0 / $s1 / $s2" "$(tail -3 "$WORK/ref.0")"
 
-# ---- 2 listed, worker:2 unlisted joins at step 30 (LOOM_TEST_MEMBERSHIP holds step 31 for it): twice -----
+# ---- 2 listed; worker:2, unlisted, joins at step 30 (LOOM_TEST_MEMBERSHIP holds the job for it): twice ------
 for k in 1 2; do
     export LOOM_TEST_EXAMPLE_IDS="$WORK/ids_grow$k" LOOM_TEST_MEMBERSHIP="join worker:2 at 30"
     addrs
     for i in 0 1; do start grow$k $i; J[$i]=$PID; done
-    wait_line "$WORK/grow$k.0" "holding step 31" 60
+    wait_line "$WORK/grow$k.0" "holding step 30 until worker:2 asks" 60
     start grow$k 2
     J[2]=$PID
     status "${J[0]}"; s0=$ST; status "${J[1]}"; s1=$ST; status "${J[2]}"; s2=$ST
@@ -94,22 +94,32 @@ else fail "worker:3, beyond max_workers = 3: refused (status 2)" "status $s3" "$
 contains "worker:3 says why" "worker:3 is beyond strategy.elastic.max_workers = 3: the job may have worker:0 to worker:2" \
     "$(cat "$WORK/kill.3")"
 
-# ---- loom launch --local --elastic --workers 2, --discover printing 3 slots: a third worker joins ------
+# ---- loom launch --local --elastic --workers 2 with max_workers = 4: --discover printing 3 slots starts
+# worker:2 (unlisted), then 4 slots worker:3, which enters the running job and dials worker:2 where the chief
+# says it listens ------------------------------------------------------------------------------------------
 printf 'localhost:3\n' >"$WORK/hosts"
 export LOOM_TEST_EXAMPLE_IDS="$WORK/ids_launch"
 (timeout 240 "$LOOM" launch --local $CFG --workers 2 --grace 3 --elastic --discover "cat $WORK/hosts" \
-    --discover-interval 0.5 "${OPTS[@]}" --model-dir "$WORK/launch" >"$WORK/launch.out" 2>&1; echo $? >"$WORK/launch.rc") &
+    --discover-interval 0.5 "${OPTS[@]}" --set strategy.elastic.max_workers=4 --model-dir "$WORK/launch" \
+    >"$WORK/launch.out" 2>&1; echo $? >"$WORK/launch.rc") &
 PIDS+=($!)
 L=$!
+wait_file "$WORK/launch/ckpt-50.loom"
+printf 'localhost:4\n' >"$WORK/hosts"
 status "$L" 240
-out=$(cat "$WORK/launch.out")
-contains "launch --discover: starts worker:2 past --workers 2 (max_workers = 3)" "[launch] --discover: starting worker:2" "$out"
 unset LOOM_TEST_EXAMPLE_IDS
+out=$(cat "$WORK/launch.out")
+contains "launch --discover: starts worker:2 past --workers 2" \
+    "[launch] --discover: starting worker:2, past the listed workers (strategy.elastic.max_workers = 4); it joins the running job" "$out"
 contains "launch --discover: the chief records where the unlisted worker:2 listens" \
     "worker:2 (not in the cluster's list) asks to join; it listens on 127.0.0.1:" "$out"
-w2=$(cat "$WORK/ids_launch.worker:2" 2>/dev/null | wc -l)
-if [ "$w2" -gt 0 ]; then pass "launch --discover: worker:2 (unlisted) trained on $w2 examples"
-else fail "launch --discover: worker:2 (unlisted) trains" "$(tail -4 <<<"$out")"; fi
+jat=$(sed -n 's/.*worker:3 joined at step \([0-9]*\); continuing with 4 workers.*/\1/p' <<<"$out")
+if [ -n "$jat" ] && [ "$jat" -ge 50 ] && grep -q "worker:3: worker:2 connected (127.0.0.1:" <<<"$out"; then
+    pass "launch --discover: 4 slots later: worker:3 (unlisted) dials worker:2 (unlisted) and joins at step $jat"
+else fail "launch --discover: worker:3 dials worker:2 and joins the running job" "joined at '$jat'" "$(tail -4 <<<"$out")"; fi
+w2=$(cat "$WORK/ids_launch.worker:2" 2>/dev/null | wc -l) w3=$(cat "$WORK/ids_launch.worker:3" 2>/dev/null | wc -l)
+if [ "$w2" -gt 0 ] && [ "$w3" -gt 0 ]; then pass "launch --discover: the unlisted workers trained ($w2 and $w3 examples)"
+else fail "launch --discover: the unlisted workers train" "$w2 / $w3 examples" "$(tail -4 <<<"$out")"; fi
 if [ "$(cat "$WORK/launch.rc" 2>/dev/null)" = 0 ] && [ "$(newest "$WORK/launch")" = 100 ]; then
     pass "launch --elastic --discover: the job trains to step 100 and launch exits 0"
 else fail "launch --elastic --discover: the job trains to step 100 and launch exits 0" "status $(cat "$WORK/launch.rc" 2>/dev/null)" "$(tail -4 <<<"$out")"; fi
