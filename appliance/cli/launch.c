@@ -1009,6 +1009,20 @@ static child *children_grow(child *cs, const launch_opts *o, int n, int extra)
     return g;
 }
 
+/* strategy.elastic, with --elastic or --discover: the tasks with room for
+ * max_workers (children_grow); returns how many (-1: out of memory). */
+static int children_room(child **cs, const launch_opts *o, int n, int max_workers)
+{
+    int train = o->n[LOOM_ROLE_CHIEF] + o->n[LOOM_ROLE_WORKER], extra = max_workers - train;
+    if (!(o->elastic || o->discover) || extra <= 0) return n;
+    if (n + extra > MAX_TASKS) extra = MAX_TASKS - n;
+    if (!(*cs = children_grow(*cs, o, n, extra))) return -1;
+    if (o->discover)
+        say("strategy.elastic.max_workers = %d: room for %d unlisted worker%s past --workers %d, started when "
+            "--discover wants them", max_workers, extra, extra == 1 ? "" : "s", o->n[LOOM_ROLE_WORKER]);
+    return n + extra;
+}
+
 /* The n tasks of the job, in role order, not started; NULL: out of memory. */
 static child *children_new(const launch_opts *o, int n)
 {
@@ -1085,18 +1099,9 @@ int loom_cli_launch_(int argc, char **argv, double start)
             loom_free(env);
             break;
         }
-        int train = o.n[LOOM_ROLE_CHIEF] + o.n[LOOM_ROLE_WORKER];
-        if (attempt == 0 && elastic && (o.elastic || o.discover) && max_workers > train) {
-            int extra = max_workers - train;
-            if (n + extra > MAX_TASKS) extra = MAX_TASKS - n;
-            if (!(cs = children_grow(cs, &o, n, extra))) {
-                loom_free(env);
-                return LOOM_EXIT_RUNTIME;
-            }
-            n_all = n + extra;
-            if (o.discover) say("strategy.elastic.max_workers = %d: room for %d unlisted worker%s past --workers %d, "
-                                "started when --discover wants them", max_workers, extra, extra == 1 ? "" : "s",
-                                o.n[LOOM_ROLE_WORKER]);
+        if (attempt == 0 && elastic && (n_all = children_room(&cs, &o, n, max_workers)) < 0) {
+            loom_free(env);
+            return LOOM_EXIT_RUNTIME;
         }
         if (attempt == 0 && !threads_set) share_cores(cs, n_all);
         if (attempt > 0) say("restart %d of %d: starting every task again on new ports", attempt, o.restarts);

@@ -70,14 +70,6 @@ typedef struct loom_cluster {
      * is not one of them (ps, evaluator). */
     int               n_train_ranks;
     int               rank;
-    /* The training ranks a job may grow to: n_train_ranks, or under
-     * strategy.elastic max(n_train_ranks, max_workers). Ranks from
-     * n_train_ranks up are unlisted workers (tasks[worker][i] past
-     * n_tasks[worker], host "" and port 0): they have no address until they
-     * connect and say where they listen (this task's own unlisted entry
-     * listens on an ephemeral port of 127.0.0.1, or of every interface when
-     * the chief's address is not loopback). */
-    int               n_train_slots;
     /* Settings of the cluster section, defaults filled in. */
     double            connect_timeout;   /* s: keep retrying a peer this long (default 60) */
     double            heartbeat_timeout; /* s: a silent peer is lost after this (default 30) */
@@ -107,6 +99,15 @@ typedef struct loom_cluster {
     char              addrs_detail[LOOM_PATH_MAX];
     char              task_detail[LOOM_PATH_MAX];
     char              secret_from[LOOM_PATH_MAX + 32]; /* "" when there is no secret */
+    /* The training ranks a job may grow to: n_train_ranks, or under
+     * strategy.elastic max(n_train_ranks, max_workers). Ranks from
+     * n_train_ranks up are unlisted workers (tasks[worker][i] past
+     * n_tasks[worker], host "" and port 0): they have no address until they
+     * connect and say where they listen (this task's own unlisted entry
+     * listens on an ephemeral port of 127.0.0.1, or of every interface when
+     * the chief's address is not loopback). Appended; read it with
+     * loom_cluster_train_slots, which takes a cluster built without it. */
+    int               n_train_slots;
 } loom_cluster;
 
 /* ---- the roles a strategy uses ---------------------------------------------
@@ -160,7 +161,9 @@ int  loom_cluster_resolve_any(loom_cluster **out, const loom_spec *spec, const l
 void loom_cluster_free(loom_cluster *c); /* NULL is a no-op */
 /* "worker:1" into buf. */
 char *loom_task_name(loom_role role, int index, char *buf, size_t n);
-/* The train rank's task (rank in [0, n_train_slots)). */
+/* n_train_slots (n_train_ranks when unset, as in a loom_cluster built by hand). */
+int  loom_cluster_train_slots(const loom_cluster *c);
+/* The train rank's task (rank in [0, loom_cluster_train_slots)). */
 const loom_task_addr *loom_cluster_rank_task(const loom_cluster *c, int rank);
 /* `loom check`: the resolved cluster, this process's task and where each came from. */
 void loom_cluster_print(const loom_cluster *c, FILE *f);

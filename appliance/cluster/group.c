@@ -210,7 +210,7 @@ int loom_group_reform(loom_group *g, const int *members, int n, loom_err *err)
     int me = -1;
     for (int i = 0; i < n; i++)
         if (members[i] == g->cluster->rank) me = i;
-    if (!g->elastic || me < 0 || n < 1 || n > g->cluster->n_train_slots)
+    if (!g->elastic || me < 0 || n < 1 || n > loom_cluster_train_slots(g->cluster))
         return loom_err_set(err, LOOM_EUSAGE, who, "re-forming the ring: this task is not among the %d members", n);
     bool had_sender = g->sender != NULL || g->use_sender;
     sender_stop(g->sender);

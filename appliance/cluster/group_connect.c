@@ -322,11 +322,11 @@ static int group_open(loom_group **out, const loom_cluster *c, double collective
                       double start_timeout, loom_err *err)
 {
     *out = NULL;
-    if (c->rank < 0 || c->rank >= c->n_train_slots)
+    if (c->rank < 0 || c->rank >= loom_cluster_train_slots(c))
         return loom_err_set(err, LOOM_EUSAGE, NULL, "this task is not one of the %d training ranks",
-                            c->n_train_slots);
+                            loom_cluster_train_slots(c));
     loom_group *g = loom_calloc(1, sizeof *g);
-    int n = c->n_train_slots; /* (elastic: the unlisted workers too; the first ring is formed by the chief) */
+    int n = loom_cluster_train_slots(c); /* (elastic: the unlisted workers too; the first ring is formed by the chief) */
     loom_net_peer *peers = loom_calloc((size_t)n, sizeof *peers);
     if (g) g->peer_rank = loom_calloc((size_t)n, sizeof *g->peer_rank);
     if (g) g->waited = loom_calloc((size_t)n, sizeof *g->waited);

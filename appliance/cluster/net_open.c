@@ -67,7 +67,7 @@ static int resolve(const char *host, int port, struct sockaddr_storage *sa, sock
 static const loom_task_addr *task_addr(const loom_cluster *c, loom_role role, int index)
 {
     int n = (unsigned)role < LOOM_ROLE_COUNT ? c->n_tasks[role] : 0;
-    if (role == LOOM_ROLE_WORKER && c->n_train_slots > c->n_train_ranks) n += c->n_train_slots - c->n_train_ranks;
+    if (role == LOOM_ROLE_WORKER) n += loom_cluster_train_slots(c) - c->n_train_ranks;
     if ((unsigned)role >= LOOM_ROLE_COUNT || index < 0 || index >= n || !c->tasks[role]) return NULL;
     return &c->tasks[role][index];
 }

@@ -52,9 +52,14 @@ const char *loom_cluster_from_name(loom_cluster_from f)
     return "?";
 }
 
+int loom_cluster_train_slots(const loom_cluster *c)
+{
+    return c->n_train_slots > c->n_train_ranks ? c->n_train_slots : c->n_train_ranks;
+}
+
 const loom_task_addr *loom_cluster_rank_task(const loom_cluster *c, int rank)
 {
-    LOOM_ASSERT(c && rank >= 0 && rank < c->n_train_slots);
+    LOOM_ASSERT(c && rank >= 0 && rank < loom_cluster_train_slots(c));
     int chiefs = c->n_tasks[LOOM_ROLE_CHIEF];
     if (rank < chiefs) return &c->tasks[LOOM_ROLE_CHIEF][rank];
     return &c->tasks[LOOM_ROLE_WORKER][rank - chiefs];

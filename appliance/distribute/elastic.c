@@ -154,9 +154,9 @@ int loom_elastic_open_(loom_elastic **out, loom_group *g, const loom_cluster *c,
                        const char *task, const char *model_dir, loom_err *err)
 {
     *out = NULL;
-    if (c->n_train_slots > MAX_TASKS)
+    if (loom_cluster_train_slots(c) > MAX_TASKS)
         return loom_err_set(err, LOOM_EUNSUPPORTED, task, "strategy.elastic: at most %d training tasks (the cluster "
-                            "has %d, up to max_workers)", MAX_TASKS, c->n_train_slots);
+                            "has %d, up to max_workers)", MAX_TASKS, loom_cluster_train_slots(c));
     loom_elastic *e = loom_calloc(1, sizeof *e);
     if (!e) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the elastic membership");
     e->group = g, e->cluster = c, e->spec = *spec;
@@ -455,7 +455,7 @@ int loom_elastic_recover_(loom_elastic *e, int64_t step, float *params, int64_t 
 
 static int task_rank_of(const loom_elastic *e, const char *name)
 {
-    for (int r = 0; r < e->cluster->n_train_slots && r < MAX_TASKS; r++) {
+    for (int r = 0; r < loom_cluster_train_slots(e->cluster) && r < MAX_TASKS; r++) {
         char t[64];
         if (!strcmp(task_of(e, r, t, sizeof t), name)) return r;
     }
@@ -535,7 +535,7 @@ static int chief_wait_start(loom_elastic *e, int n, int *got_out, loom_err *err)
     bool said = false;
     for (;;) {
         int got = 1, up = 1; /* (an unlisted worker there at the start is in the first ring too) */
-        for (int r = 1; r < e->cluster->n_train_slots; r++) got += e->waiting[r], up += loom_group_task_up(e->group, r);
+        for (int r = 1; r < loom_cluster_train_slots(e->cluster); r++) got += e->waiting[r], up += loom_group_task_up(e->group, r);
         *got_out = got;
         if (got == up && (got >= n || got >= e->spec.min_workers)) return LOOM_OK;
         if (got == up && !said) {
@@ -558,7 +558,7 @@ static int chief_form(loom_elastic *e, int *members, int *out_n, loom_err *err)
     int rc = chief_wait_start(e, n, &got, err);
     if (rc) return rc;
     int asked[MAX_TASKS], na = 0, listed = 0;
-    for (int r = 0; r < e->cluster->n_train_slots; r++)
+    for (int r = 0; r < loom_cluster_train_slots(e->cluster); r++)
         if (r == 0 || e->waiting[r]) asked[na++] = r, listed += r < n;
     int m = admit_limit(e) < na ? admit_limit(e) : na; /* the first max_workers in task order; the others are refused */
     for (int k = 0; k < na; k++) members[k] = asked[k], e->waiting[asked[k]] = false;
@@ -659,7 +659,7 @@ static int form(loom_elastic *e, loom_err *err)
 
 static int admit_limit(const loom_elastic *e)
 {
-    int n = e->cluster->n_train_slots;
+    int n = loom_cluster_train_slots(e->cluster);
     return e->spec.max_workers > 0 && e->spec.max_workers < n ? e->spec.max_workers : n;
 }
 
@@ -680,7 +680,7 @@ bool loom_elastic_want_join_(loom_elastic *e, int64_t step)
 {
     if (!e || e->cluster->rank != 0) return false;
     take_requests(e, 0);
-    int ntr = e->cluster->n_train_slots;
+    int ntr = loom_cluster_train_slots(e->cluster);
     for (int tr = 1; tr < ntr; tr++) { /* a scripted join: the job waits for the task to ask */
         if (e->join_at[tr] != step + 1 || e->waiting[tr] || is_member(e, tr)) continue;
         char t[64];
@@ -713,7 +713,7 @@ bool loom_elastic_want_join_(loom_elastic *e, int64_t step)
  * hands each joiner the trainer's state. */
 static int chief_admit(loom_elastic *e, int64_t done, const loom_buf *state, int *members, loom_err *err)
 {
-    int n = 0, ntr = e->cluster->n_train_slots, joiners[MAX_TASKS], nj = 0, size = loom_group_size(e->group);
+    int n = 0, ntr = loom_cluster_train_slots(e->cluster), joiners[MAX_TASKS], nj = 0, size = loom_group_size(e->group);
     for (int tr = 0; tr < ntr; tr++) {
         bool j = admissible(e, tr, done) && size + nj < admit_limit(e);
         if (j) joiners[nj++] = tr;
@@ -782,7 +782,7 @@ static bool wait_joiners(loom_elastic *e, int64_t done, const char *left, const 
     for (double until = loom_now() + e->spec.wait_timeout; loom_now() < until;) {
         take_requests(e, 0.2);
         int k = n;
-        for (int tr = 1; tr < e->cluster->n_train_slots && k < admit_limit(e); tr++) {
+        for (int tr = 1; tr < loom_cluster_train_slots(e->cluster) && k < admit_limit(e); tr++) {
             bool member = false;
             for (int i = 0; i < n; i++) member |= members[i] == tr;
             k += !member && e->waiting[tr] && (e->join_at[tr] < 0 || e->join_at[tr] <= done + 1) &&
