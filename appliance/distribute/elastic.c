@@ -29,6 +29,13 @@
  * (loom_elastic_admit_). Below min_workers after a loss the chief first
  * waits up to strategy.elastic.wait_timeout for requests (wait_joiners).
  *
+ * Unlisted workers (task ranks from the cluster's n_train_ranks up to
+ * strategy.elastic.max_workers: no address in the list) join the same way:
+ * the request carries the port the worker listens on, the chief records it
+ * with the IP the connection comes from (note_join), and the admissions and
+ * decisions carry the unlisted members' addresses (put_addrs), so every
+ * member can reach them (an unlisted worker dials another that it learns of).
+ *
  * The chief must live: its loss ends the job as before (launch --restarts).
  *
  * Threads: the train thread. */
