@@ -4,10 +4,12 @@
 # list, starts with the same config (--task worker:2), listens on an
 # ephemeral port it tells the chief in its request to join, and enters the
 # running job at a step boundary; a scripted timeline is bit-reproducible and
-# the epoch visits each example once; killed (-9), the two listed go on; a
-# worker beyond max_workers is refused (status 2) and the job goes on; loom
-# launch --local --elastic --workers 2 with --discover printing 3 slots starts a
-# third worker, which joins. Real processes on 127.0.0.1, bounded, killed at exit.
+# the epoch visits each example once. Started with a longer list (its own
+# address in it) it joins too: the list is not compared. Killed (-9), the
+# two listed go on; a worker beyond max_workers is refused (status 2) and the
+# job goes on. loom launch --local --elastic --workers 2 with --discover
+# grows the job to 4 (worker:3 dials worker:2, both unlisted, where the chief
+# says). Real processes on 127.0.0.1, bounded, killed at exit.
 #   tests/integration/elastic_grow.sh build/loom
 source "$(dirname "$0")/lib.sh"
 kill_jobs_at_exit
@@ -69,12 +71,14 @@ w2=$(awk '$1 <= 30' "$WORK/ids_grow1.worker:2" | wc -l) w2late=$(awk '$1 > 30' "
 if [ "$w2" = 0 ] && [ "$w2late" = $((70 * 32)) ]; then pass "worker:2 trained on none of steps 1-30 and its third of each batch after"
 else fail "worker:2 trained on none of steps 1-30 and its third after" "$w2 examples in 1-30, $w2late after"; fi
 
-# ---- the unlisted worker killed (-9): the two listed go on; one beyond max_workers is refused -------
+# ---- worker:2 started with a longer list (its own address in it, as a scaled set's TF_CONFIG gives it):
+# the list is not compared under strategy.elastic, it joins; killed (-9), the two listed go on; one beyond
+# max_workers is refused ------------------------------------------------------------------------------
 OPTS+=(--set 'hooks.callbacks=["../lua/mwm_slow.lua:slow"]')
 addrs
 for i in 0 1; do start kill $i; J[$i]=$PID; done
 wait_file "$WORK/kill/ckpt-50.loom"
-start kill 2
+start kill 2 --set "cluster.worker=[$ADDRS,\"127.0.0.1:$(free_ports 1)\"]"
 J[2]=$PID
 wait_line "$WORK/kill.0" "worker:2 joined at step" 60
 start kill 3
@@ -89,6 +93,8 @@ if [ "$s0$s1" = 00 ] && [ -n "$jat" ] && [ -n "$lat" ] && [ "$lat" -ge "$jat" ] 
     pass "kill -9 the unlisted worker:2 (joined at step $jat, lost at $lat): worker:0 and worker:1 train to step 100"
 else fail "kill -9 the unlisted worker:2: the listed two go on to step 100" "status $s0 / $s1, joined '$jat', left '$lat'" \
     "$(tail -3 <<<"$log")"; fi
+contains "worker:2 lists 3 workers (itself among them)" "cluster task worker:2 (--task worker:2), training rank 2 of 3" \
+    "$(cat "$WORK/kill.2")"
 if [ "$s3" = 2 ]; then pass "worker:3, beyond max_workers = 3: refused (status 2)"
 else fail "worker:3, beyond max_workers = 3: refused (status 2)" "status $s3" "$(tail -3 "$WORK/kill.3")"; fi
 contains "worker:3 says why" "worker:3 is beyond strategy.elastic.max_workers = 3: the job may have worker:0 to worker:2" \
