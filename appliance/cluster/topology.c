@@ -1128,10 +1128,11 @@ static int add_unlisted(loom_cluster *c, int slots, loom_err *err)
     if (!t) return loom_err_set(err, LOOM_ENOMEM, c->addrs_detail, "out of memory");
     c->tasks[LOOM_ROLE_WORKER] = t;
     const loom_task_addr *chief = c->n_tasks[LOOM_ROLE_CHIEF] ? &c->tasks[LOOM_ROLE_CHIEF][0] : &t[0];
-    bool lo = !strcmp(chief->host, "localhost") || !strncmp(chief->host, "127.", 4) || !strcmp(chief->host, "::1");
+    bool lo = !strcmp(chief->host, "localhost") || !strncmp(chief->host, "127.", 4), lo6 = !strcmp(chief->host, "::1");
     for (int i = k; i < slots; i++) {
         t[i] = (loom_task_addr){.role = LOOM_ROLE_WORKER, .index = i, .port = 0};
-        if (c->role == LOOM_ROLE_WORKER && c->index == i) snprintf(t[i].host, sizeof t[i].host, lo ? "127.0.0.1" : "0.0.0.0");
+        if (c->role == LOOM_ROLE_WORKER && c->index == i)
+            snprintf(t[i].host, sizeof t[i].host, "%s", lo ? "127.0.0.1" : lo6 ? "::1" : "0.0.0.0");
     }
     return LOOM_OK;
 }
@@ -1247,12 +1248,23 @@ void loom_cluster_print(const loom_cluster *c, FILE *f)
             if (c->index >= 0 && (int)c->role == r && c->index == i) fprintf(f, "  <- this task");
             fputc('\n', f);
         }
+    int slots = loom_cluster_train_slots(c), w0 = c->n_train_ranks - c->n_tasks[LOOM_ROLE_CHIEF];
+    int w1 = slots - 1 - c->n_tasks[LOOM_ROLE_CHIEF];
+    if (slots > c->n_train_ranks) {
+        char span[64];
+        snprintf(span, sizeof span, w1 > w0 ? "worker:%d to worker:%d" : "worker:%d", w0, w1);
+        fprintf(f, "  %s: unlisted (strategy.elastic.max_workers = %d): join%s from an ephemeral port%s\n", span,
+                slots, w1 > w0 ? " each" : "s",
+                c->rank < c->n_train_ranks ? "" : w1 > w0 ? "  <- this task among them" : "  <- this task");
+    }
     if (c->index < 0) {
         fprintf(f, "task: none given (pass --task ROLE:I, or set TF_CONFIG, or start it under srun or mpirun)\n");
     } else {
         fprintf(f, "task: %s from %s (%s)", loom_task_name(c->role, c->index, nm, sizeof nm),
                 loom_cluster_from_name(c->task_from), c->task_detail);
-        if (c->rank >= 0)
+        if (c->rank >= c->n_train_ranks)
+            fprintf(f, ", training rank %d, past the %d listed\n", c->rank, c->n_train_ranks);
+        else if (c->rank >= 0)
             fprintf(f, ", training rank %d of %d\n", c->rank, c->n_train_ranks);
         else
             fprintf(f, ", not a training rank\n");
