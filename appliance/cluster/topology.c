@@ -1253,8 +1253,8 @@ void loom_cluster_print(const loom_cluster *c, FILE *f)
     if (slots > c->n_train_ranks) {
         char span[64];
         snprintf(span, sizeof span, w1 > w0 ? "worker:%d to worker:%d" : "worker:%d", w0, w1);
-        fprintf(f, "  %s: unlisted (strategy.elastic.max_workers = %d): join%s from an ephemeral port%s\n", span,
-                slots, w1 > w0 ? " each" : "s",
+        fprintf(f, "  %s: unlisted (strategy.elastic.max_workers = %d): %s from an ephemeral port%s\n", span,
+                slots, w1 > w0 ? "each joins" : "joins",
                 c->rank < c->n_train_ranks ? "" : w1 > w0 ? "  <- this task among them" : "  <- this task");
     }
     if (c->index < 0) {

@@ -30,6 +30,13 @@ start() {
 addrs() { local base; base=$(free_ports 2); ADDRS="\"127.0.0.1:$base\",\"127.0.0.1:$((base + 1))\""; }
 wait_line() { local i; for ((i = 0; i < ${3:-60} * 20; i++)); do grep -qF -- "$2" "$1" 2>/dev/null && return 0; sleep 0.05; done; return 1; }
 
+# ---- loom check names the unlisted slots and this task among them ---------------------------------------
+addrs
+out=$("$LOOM" check $CFG --task worker:2 --set "cluster.worker=[$ADDRS]" "${OPTS[@]}" 2>&1)
+contains "loom check: the unlisted worker up to max_workers" \
+    "worker:2: unlisted (strategy.elastic.max_workers = 3): joins from an ephemeral port  <- this task" "$out"
+contains "loom check: the unlisted task's rank" "task: worker:2 from --task (--task worker:2), training rank 2, past the 2 listed" "$out"
+
 # ---- an uninterrupted run of 3 listed workers: the epoch's examples ------------------------------
 export LOOM_TEST_EXAMPLE_IDS="$WORK/ids_ref"
 base=$(free_ports 3)
