@@ -236,6 +236,7 @@ int loom_group_reform(loom_group *g, const int *members, int n, loom_err *err)
         if (g->peer_rank[p] == (me + n - 1) % n) g->prev_peer = p;
     }
     if (n == 1) return LOOM_OK;
+    g->spin = loom_group_local_ranks_(g) <= loom_num_cores(); /* (the members on this host changed) */
     /* a neighbour that joined (an unlisted worker dials another when it learns
      * its address) may still be connecting: the ring's hello goes over that connection */
     double t = g->cluster->connect_timeout > 0 ? g->cluster->connect_timeout : 60;

@@ -318,6 +318,22 @@ int loom_group_ring_connect_(loom_group *g, const loom_cluster *c, loom_err *err
     return LOOM_OK;
 }
 
+int loom_group_local_ranks_(loom_group *g)
+{
+    const loom_cluster *c = g->cluster;
+    loom_role mr;
+    int mi, local = 0;
+    loom_group_task_of_rank_(c, g->orig[g->rank], &mr, &mi);
+    const char *mh = c->tasks[mr][mi].host;
+    for (int r = 0; r < g->size; r++) {
+        char h[LOOM_HOST_MAX] = "";
+        for (int p = 0; p < g->n_peers && r != g->rank; p++)
+            if (g->peer_orig[p] == g->orig[r]) loom_net_peer_host_(g->net, p, h, sizeof h);
+        if (r == g->rank || !strcmp(h, mh) || (is_loopback_name(h) && is_loopback_name(mh))) local++;
+    }
+    return local;
+}
+
 static int group_open(loom_group **out, const loom_cluster *c, double collective_timeout, bool ring, uint64_t reads,
                       double start_timeout, loom_err *err)
 {
@@ -372,18 +388,7 @@ static int group_open(loom_group **out, const loom_cluster *c, double collective
     if (n > 1) {
         /* The ranks on this host (same host name, or both loopback), against its cores: a
          * sender thread when each rank has two cores, polling before sleeping when it has one. */
-        int local = 0, cores = loom_num_cores();
-        loom_role mr;
-        int mi;
-        loom_group_task_of_rank_(c, g->rank, &mr, &mi);
-        const char *mh = c->tasks[mr][mi].host;
-        for (int r = 0; r < n; r++) {
-            loom_role rr;
-            int ri;
-            loom_group_task_of_rank_(c, r, &rr, &ri);
-            const char *h = c->tasks[rr][ri].host;
-            if (!strcmp(h, mh) || (is_loopback_name(h) && is_loopback_name(mh))) local++;
-        }
+        int local = loom_group_local_ranks_(g), cores = loom_num_cores();
         const char *e = getenv("LOOM_RING_SENDER");
         bool use_sender = e && *e ? atoi(e) != 0 : cores >= 2 * local;
         g->spin = local <= cores;
