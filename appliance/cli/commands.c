@@ -193,7 +193,11 @@ static int cmd_train(const cli_opts *o, double start, loom_err *err)
         if (cl) {
             char nm[32];
             loom_task_name(cl->role, cl->index, nm, sizeof nm);
-            if (cl->rank >= 0)
+            if (cl->rank >= cl->n_train_ranks) /* strategy.elastic: a worker past the cluster's list */
+                loom_info("cluster task %s (%s), training rank %d, past the %d listed (strategy.elastic: a job of up to "
+                          "%d workers); it listens on an ephemeral port", nm, cl->task_detail, cl->rank,
+                          cl->n_train_ranks, loom_cluster_train_slots(cl));
+            else if (cl->rank >= 0)
                 loom_info("cluster task %s (%s), training rank %d of %d", nm, cl->task_detail, cl->rank, cl->n_train_ranks);
             else if (cl->role == LOOM_ROLE_PS) /* (it computes nothing: "rank -1 of N" said nothing true) */
                 loom_info("cluster task %s (%s), parameter server %d of %d: holds its shards of the variables for "

@@ -9,7 +9,10 @@
  * once the job is done it ends every task still running (job_end).
  * strategy.elastic: a worker that dies is dropped by the job; --elastic
  * starts it again alone and it joins; --discover CMD sets the number of
- * workers running from CMD's host list (discover_tick).
+ * workers running from CMD's host list (discover_tick), up to
+ * strategy.elastic.max_workers: workers past --workers are unlisted (they
+ * get no address in the lists; each listens on an ephemeral port and tells
+ * the chief) and join the running job when discovery wants them.
  * Children die with it (PR_SET_PDEATHSIG), even when it is killed.
  * Also the hidden `loom cluster-selftest` task, a stand-in child for the
  * launch tests (tests/integration/cluster_topo.sh).
@@ -53,7 +56,9 @@ typedef struct child {
     char    **argv;       /* how it was started (this attempt's), for a respawn */
     char      threads[32]; /* "run.threads=K", its share of the cores (share_cores); "" none */
     int       respawns;   /* times it was started again alone */
-    bool      discovered_out; /* --discover wanted fewer workers: launch ended it */
+    bool      discovered_out; /* --discover wanted fewer workers: launch ended it (or an unlisted one not started) */
+    bool      unlisted;   /* strategy.elastic: a worker past the listed ones (up to max_workers), started by --discover */
+    bool      ever;       /* (unlisted) started once */
     double    leave_kill_at;  /* --discover: when it gets SIGKILL if SIGTERM did not make it leave (0: none) */
 } child;
 
@@ -143,7 +148,7 @@ static void help(void)
            "                        --restarts times each) and joins the running job\n"
            "  --discover CMD        strategy.elastic: runs CMD (sh -c) every --discover-interval seconds\n"
            "                        (default 5); its lines \"host[:slots]\" add up to the workers wanted\n"
-           "                        (at most --workers, and max_workers): launch ends or starts workers\n"
+           "                        (at most max_workers, or --workers): launch ends or starts workers\n"
            "                        to match, the last ones first; they leave (SIGTERM: at a step\n"
            "                        boundary; SIGKILL after --grace) and join the running job\n"
            "  --set key.path=value  a config override for every task (repeatable)\n"
@@ -417,6 +422,7 @@ static int status_of(int ws) { return WIFEXITED(ws) ? WEXITSTATUS(ws) : WIFSIGNA
  * can act on SIGTERM or SIGINT rather than sit on it until SIGKILL. */
 static void signal_one(child *c, int sig)
 {
+    if (c->pid <= 0 || c->reaped) return; /* (never kill(0): an unlisted worker not started has pid 0) */
     if (sig != SIGKILL) kill(c->pid, SIGCONT);
     kill(c->pid, sig);
 }
@@ -633,7 +639,11 @@ static void discover_tick(child *cs, int n, const respawn_ctx *rs, double grace,
             if ((pass == 0) != chief || (cs[i].role != LOOM_ROLE_WORKER && !chief)) continue;
             if (k++ < want) {
                 if (!cs[i].reaped || chief || !cs[i].discovered_out) continue;
-                say("--discover: starting %s again; it joins the running job", cs[i].name);
+                if (cs[i].unlisted && !cs[i].ever)
+                    say("--discover: starting %s, past the listed workers (strategy.elastic.max_workers = %d); it "
+                        "joins the running job", cs[i].name, rs->max_workers);
+                else say("--discover: starting %s again; it joins the running job", cs[i].name);
+                cs[i].ever = true;
                 cs[i].discovered_out = !respawn_one(&cs[i], rs, NULL, 0, NULL);
             } else if (!cs[i].reaped && !chief) {
                 say("--discover: ending %s (SIGTERM, SIGKILL after %g s); it leaves the running job", cs[i].name,
@@ -931,12 +941,12 @@ static int task_sets(const launch_opts *o, const int *ports, const char **sets)
 /* Starts the n tasks of one attempt, each as
  * loom COMMAND CONFIG --task T --set ... [--model-dir D] [--fresh]; stops at
  * the first that cannot start (reported). Returns how many started. */
-static int start_tasks(child *cs, int n, const launch_opts *o, int attempt, char *exe, const char **sets, int ns,
-                       char **env, const int *ports)
+static int start_tasks(child *cs, int n, int n_all, const launch_opts *o, int attempt, char *exe, const char **sets,
+                       int ns, char **env, const int *ports)
 {
     loom_err err = {0};
         int started = 0;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n_all; i++) {
         char *argv_c[MAX_ARGS + 32]; /* 2 per --set (the user's, at most MAX_ARGS / 2, and launch's 6), 10 more */
         int na = 0;
         argv_c[na++] = exe;
@@ -954,6 +964,10 @@ static int start_tasks(child *cs, int n, const launch_opts *o, int attempt, char
         loom_free(cs[i].argv);
         cs[i].argv = loom_calloc((size_t)na + 1, sizeof *cs[i].argv);
         if (cs[i].argv) memcpy(cs[i].argv, argv_c, (size_t)(na + 1) * sizeof *argv_c);
+        if (i >= n) { /* an unlisted worker: --discover starts it when it wants it */
+            cs[i].pid = 0, cs[i].reaped = cs[i].discovered_out = true, cs[i].ever = false, cs[i].status = 0;
+            continue;
+        }
         if (spawn(&cs[i], exe, argv_c, env, &err)) {
             fprintf(stderr, "loom launch: %s: %s\n", err.where, err.msg);
             break;
@@ -971,6 +985,42 @@ static int start_tasks(child *cs, int n, const launch_opts *o, int attempt, char
             attempt ? ", resuming from the latest checkpoint" : "", all);
     }
     return started;
+}
+
+/* strategy.elastic with --elastic or --discover: room for max_workers: the
+ * unlisted workers past the listed ones, after the n tasks (NULL: out of
+ * memory; cs is freed). They are not started until --discover wants them. */
+static child *children_grow(child *cs, const launch_opts *o, int n, int extra)
+{
+    child *g = loom_realloc(cs, (size_t)(n + extra) * sizeof *cs);
+    if (!g) {
+        loom_free(cs);
+        return NULL;
+    }
+    for (int j = 0; j < extra; j++) {
+        child *c = &g[n + j];
+        *c = (child){.role = LOOM_ROLE_WORKER, .index = o->n[LOOM_ROLE_WORKER] + j, .fd = {-1, -1}, .unlisted = true,
+                     .reaped = true, .discovered_out = true};
+        loom_task_name(c->role, c->index, c->name, sizeof c->name);
+        c->buf[0] = loom_alloc(LINE_MAX_);
+        c->buf[1] = loom_alloc(LINE_MAX_);
+        if (!c->buf[0] || !c->buf[1]) return NULL; /* (the process exits at once) */
+    }
+    return g;
+}
+
+/* strategy.elastic, with --elastic or --discover: the tasks with room for
+ * max_workers (children_grow); returns how many (-1: out of memory). */
+static int children_room(child **cs, const launch_opts *o, int n, int max_workers)
+{
+    int train = o->n[LOOM_ROLE_CHIEF] + o->n[LOOM_ROLE_WORKER], extra = max_workers - train;
+    if (!(o->elastic || o->discover) || extra <= 0) return n;
+    if (n + extra > MAX_TASKS) extra = MAX_TASKS - n;
+    if (!(*cs = children_grow(*cs, o, n, extra))) return -1;
+    if (o->discover)
+        say("strategy.elastic.max_workers = %d: room for %d unlisted worker%s past --workers %d, started when "
+            "--discover wants them", max_workers, extra, extra == 1 ? "" : "s", o->n[LOOM_ROLE_WORKER]);
+    return n + extra;
 }
 
 /* The n tasks of the job, in role order, not started; NULL: out of memory. */
@@ -1026,7 +1076,7 @@ int loom_cli_launch_(int argc, char **argv, double start)
         return LOOM_EXIT_RUNTIME;
     }
     bool rejoin = false, elastic = false, threads_set = false;
-    int max_workers = 0;
+    int max_workers = 0, n_all = n; /* n_all: with the unlisted workers --discover may start (children_grow) */
     char strategy[LOOM_NAME_MAX + 64] = "", final_path[LOOM_PATH_MAX + 16] = "";
     for (int attempt = 0; attempt <= o.restarts; attempt++) {
         int ports[MAX_TASKS];
@@ -1049,18 +1099,22 @@ int loom_cli_launch_(int argc, char **argv, double start)
             loom_free(env);
             break;
         }
-        if (attempt == 0 && !threads_set) share_cores(cs, n);
+        if (attempt == 0 && elastic && (n_all = children_room(&cs, &o, n, max_workers)) < 0) {
+            loom_free(env);
+            return LOOM_EXIT_RUNTIME;
+        }
+        if (attempt == 0 && !threads_set) share_cores(cs, n_all);
         if (attempt > 0) say("restart %d of %d: starting every task again on new ports", attempt, o.restarts);
         /* (the selftest's tasks write no end marker) */
         job_end je = {.final_path = strcmp(o.command, "train") || !final_path[0] ? NULL : final_path,
                       .after_wall = loom_wall_time()};
-        int started = start_tasks(cs, n, &o, attempt, exe, sets, ns, env, ports);
+        int started = start_tasks(cs, n, n_all, &o, attempt, exe, sets, ns, env, ports);
         outcome res;
         if (started < n) signal_all(cs, started, SIGKILL, true);
         respawn_ctx rs = {.on = rejoin, .elastic = elastic, .respawn = o.elastic, .strategy = strategy,
                           .limit = o.restarts, .exe = exe, .env = env, .discover = o.discover,
                           .discover_interval = o.discover_interval, .max_workers = max_workers};
-        supervise(cs, started, o.grace, &rs, &je, &res);
+        supervise(cs, started == n ? n_all : started, o.grace, &rs, &je, &res);
         loom_free(env);
         if (started < n) {
             status = LOOM_EXIT_RUNTIME;
@@ -1084,7 +1138,7 @@ int loom_cli_launch_(int argc, char **argv, double start)
     }
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
-    for (int i = 0; i < n; i++) loom_free(cs[i].buf[0]), loom_free(cs[i].buf[1]), loom_free(cs[i].argv);
+    for (int i = 0; i < n_all; i++) loom_free(cs[i].buf[0]), loom_free(cs[i].buf[1]), loom_free(cs[i].argv);
     loom_free(cs);
     return status;
 }

@@ -99,6 +99,15 @@ typedef struct loom_cluster {
     char              addrs_detail[LOOM_PATH_MAX];
     char              task_detail[LOOM_PATH_MAX];
     char              secret_from[LOOM_PATH_MAX + 32]; /* "" when there is no secret */
+    /* The training ranks a job may grow to: n_train_ranks, or under
+     * strategy.elastic max(n_train_ranks, max_workers). Ranks from
+     * n_train_ranks up are unlisted workers (tasks[worker][i] past
+     * n_tasks[worker], host "" and port 0): they have no address until they
+     * connect and say where they listen (this task's own unlisted entry
+     * listens on an ephemeral port of 127.0.0.1, or of every interface when
+     * the chief's address is not loopback). Appended; read it with
+     * loom_cluster_train_slots, which takes a cluster built without it. */
+    int               n_train_slots;
 } loom_cluster;
 
 /* ---- the roles a strategy uses ---------------------------------------------
@@ -152,7 +161,9 @@ int  loom_cluster_resolve_any(loom_cluster **out, const loom_spec *spec, const l
 void loom_cluster_free(loom_cluster *c); /* NULL is a no-op */
 /* "worker:1" into buf. */
 char *loom_task_name(loom_role role, int index, char *buf, size_t n);
-/* The train rank's task (rank in [0, n_train_ranks)). */
+/* n_train_slots (n_train_ranks when unset, as in a loom_cluster built by hand). */
+int  loom_cluster_train_slots(const loom_cluster *c);
+/* The train rank's task (rank in [0, loom_cluster_train_slots)). */
 const loom_task_addr *loom_cluster_rank_task(const loom_cluster *c, int rank);
 /* `loom check`: the resolved cluster, this process's task and where each came from. */
 void loom_cluster_print(const loom_cluster *c, FILE *f);
@@ -317,6 +328,16 @@ int  loom_group_reform(loom_group *g, const int *members, int n, loom_err *err);
 int  loom_group_member(const loom_group *g, int r);
 /* Whether the training task of that cluster rank is connected now (this task: true). */
 bool loom_group_task_up(loom_group *g, int task_rank);
+/* strategy.elastic's unlisted workers (cluster ranks from n_train_ranks up:
+ * no address in the cluster). The port this task's transport listens on
+ * (an unlisted task's is ephemeral; it tells the chief in its request to
+ * join); the IP the connection of the task of cluster rank task_rank comes
+ * from (into buf; -1: not connected); and learning where that task listens
+ * (host, port): recorded for the ring's data connection and, when this
+ * task is the one that dials it, dialed. A listed task's address is kept. */
+int  loom_group_listen_port(loom_group *g);
+int  loom_group_task_ip(loom_group *g, int task_rank, char *buf, size_t len);
+int  loom_group_learn(loom_group *g, int task_rank, const char *host, int port, loom_err *err);
 
 /* ---- what this task knows of its peers (the status endpoint) ------------ */
 

@@ -183,13 +183,34 @@ bool loom_group_task_up(loom_group *g, int task_rank)
     return false;
 }
 
+static int peer_of_task(const loom_group *g, int task_rank)
+{
+    for (int p = 0; p < g->n_peers; p++)
+        if (g->peer_orig[p] == task_rank) return p;
+    return -1;
+}
+
+int loom_group_listen_port(loom_group *g) { return loom_net_listen_port_(g->net); }
+
+int loom_group_task_ip(loom_group *g, int task_rank, char *buf, size_t len)
+{
+    int p = peer_of_task(g, task_rank);
+    return p < 0 ? -1 : loom_net_peer_ip_(g->net, p, buf, len);
+}
+
+int loom_group_learn(loom_group *g, int task_rank, const char *host, int port, loom_err *err)
+{
+    int p = peer_of_task(g, task_rank);
+    return p < 0 ? LOOM_OK : loom_net_learn_peer_(g->net, p, host, port, err);
+}
+
 int loom_group_reform(loom_group *g, const int *members, int n, loom_err *err)
 {
     const char *who = loom_net_name_(g->net);
     int me = -1;
     for (int i = 0; i < n; i++)
         if (members[i] == g->cluster->rank) me = i;
-    if (!g->elastic || me < 0 || n < 1 || n > g->cluster->n_train_ranks)
+    if (!g->elastic || me < 0 || n < 1 || n > loom_cluster_train_slots(g->cluster))
         return loom_err_set(err, LOOM_EUSAGE, who, "re-forming the ring: this task is not among the %d members", n);
     bool had_sender = g->sender != NULL || g->use_sender;
     sender_stop(g->sender);
@@ -215,6 +236,14 @@ int loom_group_reform(loom_group *g, const int *members, int n, loom_err *err)
         if (g->peer_rank[p] == (me + n - 1) % n) g->prev_peer = p;
     }
     if (n == 1) return LOOM_OK;
+    g->spin = loom_group_local_ranks_(g) <= loom_num_cores(); /* (the members on this host changed) */
+    /* a neighbour that joined (an unlisted worker dials another when it learns
+     * its address) may still be connecting: the ring's hello goes over that connection */
+    double t = g->cluster->connect_timeout > 0 ? g->cluster->connect_timeout : 60;
+    for (double until = loom_now() + t; loom_now() < until;) {
+        if (loom_net_peer_up_(g->net, g->prev_peer) && loom_net_peer_up_(g->net, g->next_peer)) break;
+        usleep(10000);
+    }
     int rc = loom_group_ring_connect_(g, g->cluster, err);
     if (rc) return group_fail(g, err, false);
     if (had_sender && loom_group_sender_start_(g)) loom_debug("%s: no sender thread; sending from the caller", who);

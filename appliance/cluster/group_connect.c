@@ -194,17 +194,17 @@ static int ring_dial(loom_group *g, const loom_cluster *c, const uint8_t *hello,
                      loom_err *err)
 {
     const char *who = loom_net_name_(g->net);
-    loom_role nr;
-    int ni;
-    loom_group_task_of_rank_(c, g->orig[(g->rank + 1) % g->size], &nr, &ni);
-    const loom_task_addr *nt = &c->tasks[nr][ni];
+    (void)c;
+    char host[LOOM_HOST_MAX]; /* the cluster's, or (an unlisted worker, elastic) where it said it listens */
+    loom_net_peer_host_(g->net, g->next_peer, host, sizeof host);
     char ps[16];
     snprintf(ps, sizeof ps, "%u", loom_group_get32_(hello));
     struct addrinfo hints = {0}, *r2 = NULL;
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
-    if (getaddrinfo(nt->host, ps, &hints, &r2) || !r2)
-        return loom_err_set(err, LOOM_ENET, who, "cannot resolve \"%s\"", nt->host);
+    if (!host[0] || getaddrinfo(host, ps, &hints, &r2) || !r2)
+        return loom_err_set(err, LOOM_ENET, who, "cannot resolve \"%s\" (%s's address)", host,
+                            loom_group_rname_(g, (g->rank + 1) % g->size));
     int sfd = socket(r2->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     int e = sfd < 0 ? errno : 0;
     if (sfd >= 0 && connect(sfd, r2->ai_addr, r2->ai_addrlen) < 0) {
@@ -220,7 +220,7 @@ static int ring_dial(loom_group *g, const loom_cluster *c, const uint8_t *hello,
     freeaddrinfo(r2);
     *sfd_out = sfd;
     if (e)
-        return loom_err_set(err, LOOM_ENET, who, "connect(%s:%s) for the ring's data failed: %s", nt->host, ps,
+        return loom_err_set(err, LOOM_ENET, who, "connect(%s:%s) for the ring's data failed: %s", host, ps,
                             strerror(e));
     uint8_t pres[8 + 4 + TOKEN];
     memcpy(pres, DATA_MAGIC, 8);
@@ -318,15 +318,31 @@ int loom_group_ring_connect_(loom_group *g, const loom_cluster *c, loom_err *err
     return LOOM_OK;
 }
 
+int loom_group_local_ranks_(loom_group *g)
+{
+    const loom_cluster *c = g->cluster;
+    loom_role mr;
+    int mi, local = 0;
+    loom_group_task_of_rank_(c, g->orig[g->rank], &mr, &mi);
+    const char *mh = c->tasks[mr][mi].host;
+    for (int r = 0; r < g->size; r++) {
+        char h[LOOM_HOST_MAX] = "";
+        for (int p = 0; p < g->n_peers && r != g->rank; p++)
+            if (g->peer_orig[p] == g->orig[r]) loom_net_peer_host_(g->net, p, h, sizeof h);
+        if (r == g->rank || !strcmp(h, mh) || (is_loopback_name(h) && is_loopback_name(mh))) local++;
+    }
+    return local;
+}
+
 static int group_open(loom_group **out, const loom_cluster *c, double collective_timeout, bool ring, uint64_t reads,
                       double start_timeout, loom_err *err)
 {
     *out = NULL;
-    if (c->rank < 0 || c->rank >= c->n_train_ranks)
+    if (c->rank < 0 || c->rank >= loom_cluster_train_slots(c))
         return loom_err_set(err, LOOM_EUSAGE, NULL, "this task is not one of the %d training ranks",
-                            c->n_train_ranks);
+                            loom_cluster_train_slots(c));
     loom_group *g = loom_calloc(1, sizeof *g);
-    int n = c->n_train_ranks;
+    int n = loom_cluster_train_slots(c); /* (elastic: the unlisted workers too; the first ring is formed by the chief) */
     loom_net_peer *peers = loom_calloc((size_t)n, sizeof *peers);
     if (g) g->peer_rank = loom_calloc((size_t)n, sizeof *g->peer_rank);
     if (g) g->waited = loom_calloc((size_t)n, sizeof *g->waited);
@@ -372,18 +388,7 @@ static int group_open(loom_group **out, const loom_cluster *c, double collective
     if (n > 1) {
         /* The ranks on this host (same host name, or both loopback), against its cores: a
          * sender thread when each rank has two cores, polling before sleeping when it has one. */
-        int local = 0, cores = loom_num_cores();
-        loom_role mr;
-        int mi;
-        loom_group_task_of_rank_(c, g->rank, &mr, &mi);
-        const char *mh = c->tasks[mr][mi].host;
-        for (int r = 0; r < n; r++) {
-            loom_role rr;
-            int ri;
-            loom_group_task_of_rank_(c, r, &rr, &ri);
-            const char *h = c->tasks[rr][ri].host;
-            if (!strcmp(h, mh) || (is_loopback_name(h) && is_loopback_name(mh))) local++;
-        }
+        int local = loom_group_local_ranks_(g), cores = loom_num_cores();
         const char *e = getenv("LOOM_RING_SENDER");
         bool use_sender = e && *e ? atoi(e) != 0 : cores >= 2 * local;
         g->spin = local <= cores;

@@ -60,6 +60,9 @@ static inline uint32_t loom_group_get32_(const uint8_t *p)
 void loom_group_task_of_rank_(const loom_cluster *c, int r, loom_role *role, int *index);
 /* The ring's data connections to this rank's neighbours in g's current membership (group_connect.c). */
 int  loom_group_ring_connect_(loom_group *g, const loom_cluster *c, loom_err *err);
+/* The members on this task's host (same host name, or both loopback; this task counted; an unlisted
+ * member by the address the chief gave): g->spin is whether each has a core (group_connect.c). */
+int  loom_group_local_ranks_(loom_group *g);
 /* Starts the sender thread of large collectives (group.c); nonzero: none, the caller sends. */
 int  loom_group_sender_start_(loom_group *g);
 

@@ -917,13 +917,13 @@ void net_on_deadline_(evutil_socket_t fd, short what, void *arg)
     loom_net *n = arg;
     pthread_mutex_lock(&n->mu);
     bool partial_ok = n->partial && (n->need < 0 || n->peers[n->need].state == P_UP);
-    if (!n->open_done && !n->fatal && n->n_up < n->n_peers && !partial_ok) {
+    if (!n->open_done && !n->fatal && !net_listed_up_(n) && !partial_ok) {
         char msg[900] = "";
         size_t k = 0;
         int first = -1;
         for (int i = 0; i < n->n_peers; i++) {
             net_peer *pe = &n->peers[i];
-            if (pe->state == P_UP) continue;
+            if (pe->state == P_UP || pe->unlisted) continue;
             if (first < 0) first = i;
             k += (size_t)snprintf(msg + k, k < sizeof msg ? sizeof msg - k : 0, "%s%s at %s (%s)", k ? "; " : "",
                                   pe->name, pe->addr,
@@ -1181,6 +1181,64 @@ bool loom_net_peer_up_(loom_net *n, int p)
     bool up = n->peers[p].state == P_UP;
     pthread_mutex_unlock(&n->mu);
     return up;
+}
+
+int loom_net_listen_port_(const loom_net *n) { return n->listen_port; }
+
+void loom_net_peer_host_(loom_net *n, int p, char *buf, size_t len)
+{
+    pthread_mutex_lock(&n->mu);
+    snprintf(buf, len, "%s", n->peers[p].host);
+    pthread_mutex_unlock(&n->mu);
+}
+
+int loom_net_peer_ip_(loom_net *n, int p, char *buf, size_t len)
+{
+    pthread_mutex_lock(&n->mu);
+    struct bufferevent *bev = n->peers[p].state == P_UP ? n->peers[p].bev : NULL;
+    evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
+    struct sockaddr_storage sa;
+    socklen_t sl = sizeof sa;
+    int rc = fd >= 0 ? getpeername(fd, (struct sockaddr *)&sa, &sl) : -1;
+    pthread_mutex_unlock(&n->mu);
+    if (rc) return -1;
+    const void *a = sa.ss_family == AF_INET6 ? (const void *)&((struct sockaddr_in6 *)&sa)->sin6_addr
+                                              : (const void *)&((struct sockaddr_in *)&sa)->sin_addr;
+    if (!inet_ntop(sa.ss_family, a, buf, (socklen_t)len)) return -1;
+    if (sa.ss_family == AF_INET6 && !strncmp(buf, "::ffff:", 7)) memmove(buf, buf + 7, strlen(buf + 7) + 1);
+    return 0;
+}
+
+int loom_net_learn_peer_(loom_net *n, int p, const char *host, int port, loom_err *err)
+{
+    net_peer *pe = &n->peers[p];
+    if (!pe->unlisted) return LOOM_OK; /* (set once, before the loop: read without mu) */
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    int g = getaddrinfo(host, ps, &hints, &res);
+    if (g || !res)
+        return loom_err_set(err, LOOM_ENET, n->name, "cannot resolve %s's address %s:%d: %s", pe->name, host, port,
+                            g ? gai_strerror(g) : "no address");
+    pthread_mutex_lock(&n->mu);
+    bool same = !strcmp(pe->host, host) && pe->salen == res->ai_addrlen && !memcmp(&pe->sa, res->ai_addr, pe->salen);
+    if (!same) {
+        memcpy(&pe->sa, res->ai_addr, res->ai_addrlen);
+        pe->salen = res->ai_addrlen;
+        snprintf(pe->host, sizeof pe->host, "%s", host);
+        snprintf(pe->addr, sizeof pe->addr, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
+        pe->attempts = 0;
+    }
+    bool dial = !same && pe->dial && pe->state == P_WAIT && pe->retry_ev && !n->closing;
+    pthread_mutex_unlock(&n->mu);
+    freeaddrinfo(res);
+    if (dial) {
+        struct timeval z = {0, 0};
+        evtimer_add(pe->retry_ev, &z);
+    }
+    return LOOM_OK;
 }
 
 bool loom_net_peer_lost_(loom_net *n, int p)

@@ -109,6 +109,16 @@ bool loom_net_peer_up_(loom_net *n, int p);
  * (-1: none needed; the others keep being dialed and accepted). */
 int  loom_net_open_partial_(loom_net **out, const loom_cluster *c, const loom_net_peer *peers, int n_peers,
                             double start_timeout, int need, loom_err *err);
+/* strategy.elastic's unlisted workers (no address in the cluster): the
+ * port this task's transport listens on (ephemeral when unlisted); where
+ * peer p's connection comes from (its IP, into buf; -1: not connected);
+ * where peer p listens ("" while unknown); and learning it: an unlisted
+ * peer's address (host, port) is recorded and, when this task dials it,
+ * dialed (a listed peer's is kept). */
+int  loom_net_listen_port_(const loom_net *n);
+int  loom_net_peer_ip_(loom_net *n, int p, char *buf, size_t len);
+void loom_net_peer_host_(loom_net *n, int p, char *buf, size_t len);
+int  loom_net_learn_peer_(loom_net *n, int p, const char *host, int port, loom_err *err);
 /* Whether peer p (tolerated) is down without having said BYE: lost, not left on purpose. */
 bool loom_net_peer_lost_(loom_net *n, int p);
 /* Peer p's name, what its last heartbeat said, and how long ago it was heard. */

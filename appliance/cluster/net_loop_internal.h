@@ -43,6 +43,9 @@ typedef struct net_peer {
     bool      paused;        /* rq_bytes passed recvq_max: its connection is not read; under mu */
     bool      resume;        /* rq_bytes fell back under recvq_max: read it again (on_resume); under mu */
     uint64_t  reads;         /* user types read from it (loom_net_reads; 0: any, none declared); under mu */
+    bool      unlisted;      /* (elastic) no address in the cluster: not waited for at open; dialed once
+                                loom_net_learn_peer_ gives its address; under mu */
+    char      host[LOOM_HOST_MAX]; /* where it listens ("" while unlisted): the ring dials its data port there */
 } net_peer;
 
 struct conn {
@@ -78,6 +81,7 @@ struct loom_net {
     int                    index;
     char                   name[32];
     char                   listen_addr[LOOM_HOST_MAX + 16];
+    int                    listen_port; /* as bound (an unlisted task's is ephemeral) */
     uint8_t                secret[64];
     size_t                 secret_len;
     uint8_t                digest[32];
@@ -121,6 +125,15 @@ struct loom_net {
         double         used;
     } lims[16];
 };
+
+/* Whether every peer with an address in the cluster is up (an unlisted one, under strategy.elastic,
+ * is not waited for). mu held, or before the loop runs. */
+static inline bool net_listed_up_(const loom_net *n)
+{
+    for (int i = 0; i < n->n_peers; i++)
+        if (!n->peers[i].unlisted && n->peers[i].state != P_UP) return false;
+    return true;
+}
 
 /* A dial's retry timer argument: the transport and the peer. */
 typedef struct dial_arg { loom_net *n; int p; } dial_arg;

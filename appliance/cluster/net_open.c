@@ -63,9 +63,12 @@ static int resolve(const char *host, int port, struct sockaddr_storage *sa, sock
     return LOOM_OK;
 }
 
+/* (strategy.elastic: the workers past the listed ones too, up to n_train_slots: unlisted, host "") */
 static const loom_task_addr *task_addr(const loom_cluster *c, loom_role role, int index)
 {
-    if ((unsigned)role >= LOOM_ROLE_COUNT || index < 0 || index >= c->n_tasks[role] || !c->tasks[role]) return NULL;
+    int n = (unsigned)role < LOOM_ROLE_COUNT ? c->n_tasks[role] : 0;
+    if (role == LOOM_ROLE_WORKER) n += loom_cluster_train_slots(c) - c->n_train_ranks;
+    if ((unsigned)role >= LOOM_ROLE_COUNT || index < 0 || index >= n || !c->tasks[role]) return NULL;
     return &c->tasks[role][index];
 }
 
@@ -213,11 +216,17 @@ static int net_resolve(loom_net *n, const loom_cluster *c, const loom_task_addr 
         if (!t) return loom_err_set(err, LOOM_EUSAGE, NULL, "peer %s is not in the cluster", pe->name);
         if (pe->role == c->role && pe->index == c->index)
             return loom_err_set(err, LOOM_EUSAGE, NULL, "%s lists itself as a peer", pe->name);
+        pe->dial = ((int)c->role * 1000000 + c->index) > ((int)pe->role * 1000000 + pe->index);
+        snprintf(pe->status, sizeof pe->status, "starting (no heartbeat yet)");
+        pe->unlisted = !t->host[0]; /* (elastic) its address comes when it connects: loom_net_learn_peer_ */
+        if (pe->unlisted) {
+            snprintf(pe->addr, sizeof pe->addr, "(unlisted: address not known yet)");
+            continue;
+        }
+        snprintf(pe->host, sizeof pe->host, "%s", t->host);
         snprintf(pe->addr, sizeof pe->addr, "%s:%d", t->host, t->port);
         rc = resolve(t->host, t->port, &pe->sa, &pe->salen, pe->addr, err);
         if (!rc && !is_loopback((struct sockaddr *)&pe->sa)) all_loopback = false;
-        pe->dial = ((int)c->role * 1000000 + c->index) > ((int)pe->role * 1000000 + pe->index);
-        snprintf(pe->status, sizeof pe->status, "starting (no heartbeat yet)");
     }
     if (!rc && c->secret_len == 0) {
         if (!all_loopback && !c->insecure) {
@@ -261,6 +270,11 @@ static int net_listen(loom_net *n, const struct sockaddr_storage *my_sa, socklen
                                                   : "check this task's address in the cluster section");
     }
     evconnlistener_set_error_cb(n->lis, net_on_accept_error_);
+    struct sockaddr_storage bound;
+    socklen_t bl = sizeof bound;
+    if (getsockname(evconnlistener_get_fd(n->lis), (struct sockaddr *)&bound, &bl) == 0)
+        n->listen_port = ntohs(bound.ss_family == AF_INET ? ((struct sockaddr_in *)&bound)->sin_port
+                                                          : ((struct sockaddr_in6 *)&bound)->sin6_port);
     n->reserve_fd = loom_fd_reserve_open();
     int dialers = 0;
     for (int i = 0; i < n->n_peers; i++) dialers += !n->peers[i].dial;
@@ -282,7 +296,7 @@ static int net_listen(loom_net *n, const struct sockaddr_storage *my_sa, socklen
             loom_free(da);
             return loom_err_set(err, LOOM_ENOMEM, NULL, "no memory for the transport");
         }
-        if (n->peers[i].dial) {
+        if (n->peers[i].dial && !n->peers[i].unlisted) {
             struct timeval z = {0, 0};
             evtimer_add(n->peers[i].retry_ev, &z);
         }
@@ -307,7 +321,7 @@ static int net_connect(loom_net *n, loom_err *err)
     pthread_mutex_lock(&n->mu);
     double bound = n->connect_timeout + 5, t_part = n->partial ? n->t_open + n->partial_after : -1;
     if (n->partial && n->partial_after + 5 > bound) bound = n->partial_after + 5;
-    while (!n->fatal && n->n_up < n->n_peers && n->lost < 0) {
+    while (!n->fatal && !net_listed_up_(n) && n->lost < 0) {
         double now = loom_now();
         /* partial: past partial_after with the needed peer (the chief) up, the missing ones come later */
         if (n->partial && now >= t_part && (n->need < 0 || n->peers[n->need].state == P_UP)) break;
@@ -330,7 +344,7 @@ static int net_connect(loom_net *n, loom_err *err)
     } else if (n->lost >= 0) {
         *err = n->lost_err;
         rc = LOOM_ENET;
-    } else if (n->n_up < n->n_peers && !partial_ok) {
+    } else if (!net_listed_up_(n) && !partial_ok) {
         rc = loom_err_set(err, LOOM_ETIMEOUT, n->listen_addr, "%s: the transport did not connect in time", n->name);
     }
     if (!rc) {

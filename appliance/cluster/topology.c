@@ -52,9 +52,14 @@ const char *loom_cluster_from_name(loom_cluster_from f)
     return "?";
 }
 
+int loom_cluster_train_slots(const loom_cluster *c)
+{
+    return c->n_train_slots > c->n_train_ranks ? c->n_train_slots : c->n_train_ranks;
+}
+
 const loom_task_addr *loom_cluster_rank_task(const loom_cluster *c, int rank)
 {
-    LOOM_ASSERT(c && rank >= 0 && rank < c->n_train_ranks);
+    LOOM_ASSERT(c && rank >= 0 && rank < loom_cluster_train_slots(c));
     int chiefs = c->n_tasks[LOOM_ROLE_CHIEF];
     if (rank < chiefs) return &c->tasks[LOOM_ROLE_CHIEF][rank];
     return &c->tasks[LOOM_ROLE_WORKER][rank - chiefs];
@@ -860,8 +865,12 @@ static int digest_config(loom_cluster *c, const loom_spec *spec, loom_err *err)
     memcpy(cp, spec, sizeof *cp); /* shallow: printing only reads the nested datasets */
     loom_cluster_spec *cs = &cp->cluster;
     cs->present = true;
+    /* strategy.elastic: the worker list (its length, its addresses) is not
+     * compared: a job grows past it (a worker started later may list more) */
+    bool elastic = spec->strategy.elastic.enabled;
     for (int r = 0; r < LOOM_ROLE_COUNT; r++) {
         cs->n_tasks[r] = c->n_tasks[r] < LOOM_MAX_CLUSTER_TASKS ? c->n_tasks[r] : LOOM_MAX_CLUSTER_TASKS;
+        if (elastic && r == LOOM_ROLE_WORKER) cs->n_tasks[r] = 0;
         for (int i = 0; i < cs->n_tasks[r]; i++) addr_str(&c->tasks[r][i], cs->addr[r][i], sizeof cs->addr[r][i]);
     }
     cp->run.model_dir[0] = 0;
@@ -876,7 +885,7 @@ static int digest_config(loom_cluster *c, const loom_spec *spec, loom_err *err)
     loom_config_print(cp, f);
     /* the past cap of the role lists (Slurm's big jobs) still counts */
     for (int r = 0; r < LOOM_ROLE_COUNT; r++)
-        for (int i = LOOM_MAX_CLUSTER_TASKS; i < c->n_tasks[r]; i++) {
+        for (int i = LOOM_MAX_CLUSTER_TASKS; i < c->n_tasks[r] && !(elastic && r == LOOM_ROLE_WORKER); i++) {
             char a[LOOM_ADDR_MAX];
             fprintf(f, "# %s:%d %s\n", role_names[r], i, addr_str(&c->tasks[r][i], a, sizeof a));
         }
@@ -1029,7 +1038,18 @@ static int resolve_addresses(loom_cluster *c, const loom_cluster_spec *cs, const
 /* This process's task, from the first source that names it: --task,
  * TF_CONFIG, Slurm, MPI; a one-task cluster needs none; without need_task,
  * none is index -1. */
-static int resolve_task(loom_cluster *c, const sources *src, const char *task_flag, bool need_task, loom_err *err)
+/* Under strategy.elastic with max_workers above the listed training tasks:
+ * how many workers the job may have (the chief counts among max_workers);
+ * else the listed workers. */
+static int worker_slots(const loom_cluster *c, const loom_spec *spec)
+{
+    const loom_elastic_spec *el = &spec->strategy.elastic;
+    int listed = c->n_tasks[LOOM_ROLE_WORKER], most = el->max_workers - c->n_tasks[LOOM_ROLE_CHIEF];
+    return el->enabled && most > listed ? most : listed;
+}
+
+static int resolve_task(loom_cluster *c, const sources *src, const char *task_flag, bool need_task, int slots,
+                        loom_err *err)
 {
     int n = total_tasks(c);
     char nm[32];
@@ -1074,6 +1094,15 @@ static int resolve_task(loom_cluster *c, const sources *src, const char *task_fl
                              "or mpirun", loom_task_name(c->n_tasks[0] ? LOOM_ROLE_CHIEF : LOOM_ROLE_WORKER, 0, nm,
                                                          sizeof nm));
     }
+    if (c->index >= 0 && c->role == LOOM_ROLE_WORKER && c->index < slots) return LOOM_OK; /* (elastic: unlisted) */
+    if (c->index >= 0 && c->role == LOOM_ROLE_WORKER && slots > c->n_tasks[LOOM_ROLE_WORKER]) {
+        loom_err_set(err, LOOM_ECONFIG, c->task_detail, "%s is beyond strategy.elastic.max_workers = %d: the job may "
+                     "have worker:0 to worker:%d (the cluster, from %s, lists %d)",
+                     loom_task_name(c->role, c->index, nm, sizeof nm), slots + c->n_tasks[LOOM_ROLE_CHIEF],
+                     slots - 1, c->addrs_detail, c->n_tasks[LOOM_ROLE_WORKER]);
+        return loom_err_hint(err, "raise strategy.elastic.max_workers (every task's config), or start it when a "
+                             "worker has left");
+    }
     if (c->index >= 0 && c->n_tasks[c->role] == 0)
         return loom_err_set(err, LOOM_ECONFIG, c->task_detail, "this task is %s, but the cluster (from %s) has no %s "
                             "tasks", loom_task_name(c->role, c->index, nm, sizeof nm), c->addrs_detail,
@@ -1087,11 +1116,33 @@ static int resolve_task(loom_cluster *c, const sources *src, const char *task_fl
     return LOOM_OK;
 }
 
+/* strategy.elastic: the worker entries past the listed ones, up to slots,
+ * unlisted (host "", port 0: their addresses come when they connect); this
+ * task's own, if unlisted, listens on an ephemeral port: on loopback when
+ * the chief's address is loopback, else on every interface. */
+static int add_unlisted(loom_cluster *c, int slots, loom_err *err)
+{
+    int k = c->n_tasks[LOOM_ROLE_WORKER];
+    if (slots <= k) return LOOM_OK;
+    loom_task_addr *t = loom_realloc(c->tasks[LOOM_ROLE_WORKER], (size_t)slots * sizeof *t);
+    if (!t) return loom_err_set(err, LOOM_ENOMEM, c->addrs_detail, "out of memory");
+    c->tasks[LOOM_ROLE_WORKER] = t;
+    const loom_task_addr *chief = c->n_tasks[LOOM_ROLE_CHIEF] ? &c->tasks[LOOM_ROLE_CHIEF][0] : &t[0];
+    bool lo = !strcmp(chief->host, "localhost") || !strncmp(chief->host, "127.", 4), lo6 = !strcmp(chief->host, "::1");
+    for (int i = k; i < slots; i++) {
+        t[i] = (loom_task_addr){.role = LOOM_ROLE_WORKER, .index = i, .port = 0};
+        if (c->role == LOOM_ROLE_WORKER && c->index == i)
+            snprintf(t[i].host, sizeof t[i].host, "%s", lo ? "127.0.0.1" : lo6 ? "::1" : "0.0.0.0");
+    }
+    return LOOM_OK;
+}
+
 /* The training ranks (the chief, then the workers) and the transport's settings. */
-static void settle(loom_cluster *c, const loom_cluster_spec *cs)
+static void settle(loom_cluster *c, const loom_cluster_spec *cs, int slots)
 {
     int chiefs = c->n_tasks[LOOM_ROLE_CHIEF];
     c->n_train_ranks = chiefs + c->n_tasks[LOOM_ROLE_WORKER];
+    c->n_train_slots = chiefs + (slots > c->n_tasks[LOOM_ROLE_WORKER] ? slots : c->n_tasks[LOOM_ROLE_WORKER]);
     c->rank = c->index < 0 ? -1 : c->role == LOOM_ROLE_CHIEF ? 0 : c->role == LOOM_ROLE_WORKER ? chiefs + c->index : -1;
     c->connect_timeout = cs->connect_timeout;
     c->heartbeat_timeout = cs->heartbeat_timeout;
@@ -1136,10 +1187,12 @@ static int resolve(loom_cluster *c, const loom_spec *spec, const loom_cluster_ro
     if (!rc) rc = resolve_addresses(c, cs, &src, envp, task_flag, single, err);
     if (!rc && !*single) *single = ignore_for_one_process(c, spec, roles, task_flag);
     if (!rc && !*single) rc = check_duplicates(c, err);
-    if (!rc && !*single) rc = resolve_task(c, &src, task_flag, need_task, err);
+    int slots = rc || *single ? 0 : worker_slots(c, spec);
+    if (!rc && !*single) rc = resolve_task(c, &src, task_flag, need_task, slots, err);
     json_decref(src.tf.root);
     if (rc || *single) return rc;
-    settle(c, cs);
+    settle(c, cs, slots);
+    if ((rc = add_unlisted(c, slots, err))) return rc;
     if ((rc = check_roles(c, spec, roles, err))) return rc;
     if ((rc = read_secret(c, cs, envp, err))) return rc;
     if ((rc = check_security(c, err))) return rc;
@@ -1195,12 +1248,23 @@ void loom_cluster_print(const loom_cluster *c, FILE *f)
             if (c->index >= 0 && (int)c->role == r && c->index == i) fprintf(f, "  <- this task");
             fputc('\n', f);
         }
+    int slots = loom_cluster_train_slots(c), w0 = c->n_train_ranks - c->n_tasks[LOOM_ROLE_CHIEF];
+    int w1 = slots - 1 - c->n_tasks[LOOM_ROLE_CHIEF];
+    if (slots > c->n_train_ranks) {
+        char span[64];
+        snprintf(span, sizeof span, w1 > w0 ? "worker:%d to worker:%d" : "worker:%d", w0, w1);
+        fprintf(f, "  %s: unlisted (strategy.elastic.max_workers = %d): %s from an ephemeral port%s\n", span,
+                slots, w1 > w0 ? "each joins" : "joins",
+                c->rank < c->n_train_ranks ? "" : w1 > w0 ? "  <- this task among them" : "  <- this task");
+    }
     if (c->index < 0) {
         fprintf(f, "task: none given (pass --task ROLE:I, or set TF_CONFIG, or start it under srun or mpirun)\n");
     } else {
         fprintf(f, "task: %s from %s (%s)", loom_task_name(c->role, c->index, nm, sizeof nm),
                 loom_cluster_from_name(c->task_from), c->task_detail);
-        if (c->rank >= 0)
+        if (c->rank >= c->n_train_ranks)
+            fprintf(f, ", training rank %d, past the %d listed\n", c->rank, c->n_train_ranks);
+        else if (c->rank >= 0)
             fprintf(f, ", training rank %d of %d\n", c->rank, c->n_train_ranks);
         else
             fprintf(f, ", not a training rank\n");

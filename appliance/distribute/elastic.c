@@ -29,6 +29,13 @@
  * (loom_elastic_admit_). Below min_workers after a loss the chief first
  * waits up to strategy.elastic.wait_timeout for requests (wait_joiners).
  *
+ * Unlisted workers (task ranks from the cluster's n_train_ranks up to
+ * strategy.elastic.max_workers: no address in the list) join the same way:
+ * the request carries the port the worker listens on, the chief records it
+ * with the IP the connection comes from (note_join), and the admissions and
+ * decisions carry the unlisted members' addresses (put_addrs), so every
+ * member can reach them (an unlisted worker dials another that it learns of).
+ *
  * The chief must live: its loss ends the job as before (launch --restarts).
  *
  * Threads: the train thread. */
@@ -60,6 +67,10 @@ struct loom_elastic {
     int64_t             join_at[MAX_TASKS]; /* the chief, by task rank: "join TASK at STEP" (-1: when it asks) */
     bool                waiting[MAX_TASKS]; /* the chief: task ranks that asked to join, not yet admitted */
     bool                joined;    /* this task entered a running job; `state` is the chief's trainer state */
+    /* unlisted workers (task ranks from n_train_ranks up): where each listens,
+     * as its request to join said (the chief) or the chief told (port 0: unknown) */
+    char                addr_host[MAX_TASKS][LOOM_HOST_MAX];
+    int                 addr_port[MAX_TASKS];
     int64_t             joined_at;
     loom_buf            state;
 };
@@ -150,9 +161,9 @@ int loom_elastic_open_(loom_elastic **out, loom_group *g, const loom_cluster *c,
                        const char *task, const char *model_dir, loom_err *err)
 {
     *out = NULL;
-    if (c->n_train_ranks > MAX_TASKS)
+    if (loom_cluster_train_slots(c) > MAX_TASKS)
         return loom_err_set(err, LOOM_EUNSUPPORTED, task, "strategy.elastic: at most %d training tasks (the cluster "
-                            "has %d)", MAX_TASKS, c->n_train_ranks);
+                            "has %d, up to max_workers)", MAX_TASKS, loom_cluster_train_slots(c));
     loom_elastic *e = loom_calloc(1, sizeof *e);
     if (!e) return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the elastic membership");
     e->group = g, e->cluster = c, e->spec = *spec;
@@ -218,8 +229,68 @@ static void record(const loom_elastic *e, const char *what, int64_t step, const 
     fclose(f);
 }
 
-/* The decision: u32 epoch, i64 step, u32 source (a task rank), u32 stop, u32 n, n x u32 members. */
-static void put_decision(loom_buf *b, uint32_t epoch, int64_t step, int source, bool stop, const int *m, int n)
+/* ---- unlisted workers' addresses ------------------------------------------------------------ */
+
+/* The chief: a request to join from net peer `from` (task rank from + 1):
+ * u32 magic, str task, u32 the port it listens on. A worker the chief's
+ * cluster does not list is recorded where it listens: the IP its connection
+ * comes from, that port (the ring's data connection dials it there, and the
+ * members learn it with their decision). */
+static void note_join(loom_elastic *e, int from, loom_buf *m)
+{
+    int tr = from + 1;
+    char task[64];
+    if (tr >= MAX_TASKS || m->len < 4 || loom_buf_get_u32(m) != JOIN_MAGIC) return;
+    loom_buf_get_str(m, task, sizeof task);
+    uint32_t port = m->pos + 4 <= m->len ? loom_buf_get_u32(m) : 0;
+    if (tr >= e->cluster->n_train_ranks && port > 0 && port < 65536) {
+        char ip[LOOM_HOST_MAX];
+        loom_err w;
+        if (loom_group_task_ip(e->group, tr, ip, sizeof ip)) return; /* (gone already) */
+        snprintf(e->addr_host[tr], sizeof e->addr_host[tr], "%s", ip);
+        e->addr_port[tr] = (int)port;
+        if (loom_group_learn(e->group, tr, ip, (int)port, &w)) loom_warn("%s", w.msg);
+        loom_info("%s (not in the cluster's list) asks to join; it listens on %s:%u", task, ip, port);
+    }
+    e->waiting[tr] = true;
+}
+
+/* After a list of members: u32 k, k x (u32 task rank, str host, u32 port), the unlisted ones known. */
+static void put_addrs(const loom_elastic *e, loom_buf *b, const int *m, int n)
+{
+    uint32_t k = 0;
+    for (int i = 0; i < n; i++) k += m[i] < MAX_TASKS && e->addr_port[m[i]] > 0;
+    loom_buf_put_u32(b, k);
+    for (int i = 0; i < n; i++) {
+        if (m[i] >= MAX_TASKS || e->addr_port[m[i]] <= 0) continue;
+        loom_buf_put_u32(b, (uint32_t)m[i]);
+        loom_buf_put_str(b, e->addr_host[m[i]]);
+        loom_buf_put_u32(b, (uint32_t)e->addr_port[m[i]]);
+    }
+}
+
+/* A member: the addresses put_addrs wrote; each one this task does not list
+ * is recorded (and dialed when this task is the one that dials it). */
+static void get_addrs(loom_elastic *e, loom_buf *b)
+{
+    uint32_t k = loom_buf_get_u32(b);
+    for (uint32_t i = 0; i < k && i < MAX_TASKS && !b->failed; i++) {
+        int tr = (int)loom_buf_get_u32(b);
+        char host[LOOM_HOST_MAX];
+        loom_buf_get_str(b, host, sizeof host);
+        int port = (int)loom_buf_get_u32(b);
+        if (b->failed || tr < 0 || tr >= MAX_TASKS || tr == e->cluster->rank || port <= 0 || port > 65535) continue;
+        snprintf(e->addr_host[tr], sizeof e->addr_host[tr], "%s", host);
+        e->addr_port[tr] = port;
+        loom_err w;
+        if (loom_group_learn(e->group, tr, host, port, &w)) loom_warn("%s", w.msg);
+    }
+}
+
+/* The decision: u32 epoch, i64 step, u32 source (a task rank), u32 stop, u32 n, n x u32 members, then the
+ * unlisted members' addresses (put_addrs). */
+static void put_decision(const loom_elastic *e, loom_buf *b, uint32_t epoch, int64_t step, int source, bool stop,
+                         const int *m, int n)
 {
     loom_buf_init(b);
     loom_buf_put_u32(b, epoch);
@@ -228,6 +299,7 @@ static void put_decision(loom_buf *b, uint32_t epoch, int64_t step, int source, 
     loom_buf_put_u32(b, stop ? 1u : 0u);
     loom_buf_put_u32(b, (uint32_t)n);
     for (int i = 0; i < n; i++) loom_buf_put_u32(b, (uint32_t)m[i]);
+    put_addrs(e, b, m, n);
 }
 
 /* The chief: waits for the reports of every member still connected (a
@@ -253,7 +325,7 @@ static int chief_decide(loom_elastic *e, int64_t step, int *members, int *n, int
         loom_err w;
         uint32_t type = 0;
         int got = loom_net_recv(net, -1, MSG_REPORT, MSG_JOIN, &from, &type, &m, 0.05, &w);
-        if (got == LOOM_OK && type == MSG_JOIN && from + 1 < MAX_TASKS) e->waiting[from + 1] = true;
+        if (got == LOOM_OK && type == MSG_JOIN) note_join(e, from, &m);
         if (got == LOOM_OK && type == MSG_REPORT && m.len == 12) {
             uint32_t ep = loom_buf_get_u32(&m);
             int64_t d = loom_buf_get_i64(&m);
@@ -329,6 +401,7 @@ static int recv_decision(loom_elastic *e, int *members, int *n, int64_t *best, i
     *stop = loom_buf_get_u32(&b) != 0;
     *n = (int)loom_buf_get_u32(&b);
     for (int i = 0; i < *n && i < 64; i++) members[i] = (int)loom_buf_get_u32(&b);
+    if (!b.failed && *n >= 1 && *n <= 64) get_addrs(e, &b);
     bool bad = b.failed || ep != e->epoch + 1 || *n < 1 || *n > 64;
     loom_buf_fini(&b);
     if (bad) return loom_err_set(err, LOOM_ENET, e->task, "an unreadable membership decision from the chief");
@@ -350,7 +423,7 @@ int loom_elastic_recover_(loom_elastic *e, int64_t step, float *params, int64_t 
         chief_decide(e, step, members, &n, &best, &source, left, sizeof left, err);
         stop = n < e->spec.min_workers && !(out->join = wait_joiners(e, best, left, members, n));
         loom_buf d;
-        put_decision(&d, e->epoch + 1, best, source, stop, members, n);
+        put_decision(e, &d, e->epoch + 1, best, source, stop, members, n);
         loom_err w;
         for (int i = 1; i < n; i++) loom_net_send(loom_group_net(e->group), members[i] - 1, MSG_DECISION, d.data, d.len, &w);
         loom_buf_fini(&d);
@@ -389,7 +462,7 @@ int loom_elastic_recover_(loom_elastic *e, int64_t step, float *params, int64_t 
 
 static int task_rank_of(const loom_elastic *e, const char *name)
 {
-    for (int r = 0; r < e->cluster->n_train_ranks && r < MAX_TASKS; r++) {
+    for (int r = 0; r < loom_cluster_train_slots(e->cluster) && r < MAX_TASKS; r++) {
         char t[64];
         if (!strcmp(task_of(e, r, t, sizeof t), name)) return r;
     }
@@ -403,8 +476,8 @@ static bool is_member(const loom_elastic *e, int task_rank)
     return false;
 }
 
-/* The admission message: u32 kind, u32 epoch, i64 step, u32 n, n x u32 members, then (ADMIT_JOIN) the
- * trainer's state or (ADMIT_REFUSED) the reason, to the end. */
+/* The admission message: u32 kind, u32 epoch, i64 step, u32 n, n x u32 members, the unlisted members'
+ * addresses (put_addrs), then (ADMIT_JOIN) the trainer's state or (ADMIT_REFUSED) the reason, to the end. */
 static int send_admit(loom_elastic *e, int task_rank, uint32_t kind, uint32_t epoch, int64_t step, const int *m, int n,
                       const void *rest, size_t rest_len)
 {
@@ -415,6 +488,7 @@ static int send_admit(loom_elastic *e, int task_rank, uint32_t kind, uint32_t ep
     loom_buf_put_i64(&b, step);
     loom_buf_put_u32(&b, (uint32_t)n);
     for (int i = 0; i < n; i++) loom_buf_put_u32(&b, (uint32_t)m[i]);
+    put_addrs(e, &b, m, n);
     if (rest_len) loom_buf_put(&b, rest, rest_len);
     loom_err w;
     int rc = b.failed ? LOOM_ENOMEM
@@ -432,10 +506,9 @@ static void take_requests(loom_elastic *e, double wait)
         int from;
         loom_err w;
         int rc = loom_net_recv(loom_group_net(e->group), -1, MSG_JOIN, MSG_JOIN, &from, NULL, &m, wait, &w);
-        bool ok = rc == LOOM_OK && m.len >= 4 && loom_buf_get_u32(&m) == JOIN_MAGIC && from + 1 < MAX_TASKS;
+        if (rc == LOOM_OK) note_join(e, from, &m);
         loom_buf_fini(&m);
         if (rc) return;
-        if (ok) e->waiting[from + 1] = true;
         wait = 0;
     }
 }
@@ -468,10 +541,10 @@ static int chief_wait_start(loom_elastic *e, int n, int *got_out, loom_err *err)
     double t = e->cluster->connect_timeout > 0 ? e->cluster->connect_timeout : 60, t0 = loom_now();
     bool said = false;
     for (;;) {
-        int got = 1, up = 1;
-        for (int r = 1; r < n; r++) got += e->waiting[r], up += loom_group_task_up(e->group, r);
+        int got = 1, up = 1; /* (an unlisted worker there at the start is in the first ring too) */
+        for (int r = 1; r < loom_cluster_train_slots(e->cluster); r++) got += e->waiting[r], up += loom_group_task_up(e->group, r);
         *got_out = got;
-        if (got == n || (got == up && got >= e->spec.min_workers)) return LOOM_OK;
+        if (got == up && (got >= n || got >= e->spec.min_workers)) return LOOM_OK;
         if (got == up && !said) {
             said = true;
             loom_warn("strategy.elastic: %d of the %d listed training tasks connected, fewer than min_workers = %d: "
@@ -491,9 +564,9 @@ static int chief_form(loom_elastic *e, int *members, int *out_n, loom_err *err)
     int n = e->cluster->n_train_ranks, got = 0;
     int rc = chief_wait_start(e, n, &got, err);
     if (rc) return rc;
-    int asked[MAX_TASKS], na = 0;
-    for (int r = 0; r < n; r++)
-        if (r == 0 || e->waiting[r]) asked[na++] = r;
+    int asked[MAX_TASKS], na = 0, listed = 0;
+    for (int r = 0; r < loom_cluster_train_slots(e->cluster); r++)
+        if (r == 0 || e->waiting[r]) asked[na++] = r, listed += r < n;
     int m = admit_limit(e) < na ? admit_limit(e) : na; /* the first max_workers in task order; the others are refused */
     for (int k = 0; k < na; k++) members[k] = asked[k], e->waiting[asked[k]] = false;
     for (int k = 1; k < na; k++) {
@@ -508,16 +581,17 @@ static int chief_form(loom_elastic *e, int *members, int *out_n, loom_err *err)
         loom_warn("%s asked to join; refused: the job starts with strategy.elastic.max_workers = %d workers",
                   task_of(e, r, t, sizeof t), m);
     }
-    if (na < n) {
-        char who[256] = "", t[64];
+    if (listed < n) {
+        char who[256] = "", t[64], extra[64] = "";
         size_t len = 0;
         for (int r = 1; r < n; r++)
             if (!is_member_of(asked, na, r))
                 len += (size_t)snprintf(who + len, len < sizeof who ? sizeof who - len : 0, "%s%s", len ? ", " : "",
                                         task_of(e, r, t, sizeof t));
-        loom_warn("strategy.elastic: starting with %d of the %d listed workers (strategy.elastic.start_timeout = %g s); "
-                  "%s join%s when %s connect%s", m, n, e->spec.start_timeout, who, na + 1 < n ? "" : "s",
-                  na + 1 < n ? "they" : "it", na + 1 < n ? "" : "s");
+        if (na > listed) snprintf(extra, sizeof extra, " and %d unlisted", na - listed);
+        loom_warn("strategy.elastic: starting with %d of the %d listed workers%s (strategy.elastic.start_timeout = "
+                  "%g s); %s join%s when %s connect%s", listed, n, extra, e->spec.start_timeout, who,
+                  listed + 1 < n ? "" : "s", listed + 1 < n ? "they" : "it", listed + 1 < n ? "" : "s");
     }
     *out_n = m;
     return LOOM_OK;
@@ -534,6 +608,7 @@ static int member_form(loom_elastic *e, int *members, int *n, loom_err *err)
     loom_buf_init(&b);
     loom_buf_put_u32(&b, JOIN_MAGIC);
     loom_buf_put_str(&b, e->task);
+    loom_buf_put_u32(&b, (uint32_t)loom_group_listen_port(e->group)); /* (where an unlisted worker listens) */
     int rc = loom_net_send(net, 0, MSG_JOIN, b.data, b.len, err);
     loom_buf_fini(&b);
     if (rc) return rc;
@@ -556,6 +631,7 @@ static int member_form(loom_elastic *e, int *members, int *n, loom_err *err)
     int64_t step = loom_buf_get_i64(&b);
     *n = (int)loom_buf_get_u32(&b);
     for (int i = 0; i < *n && i < MAX_TASKS; i++) members[i] = (int)loom_buf_get_u32(&b);
+    if (!b.failed && *n <= MAX_TASKS) get_addrs(e, &b);
     const char *rest = (const char *)b.data + b.pos;
     size_t rest_len = b.failed ? 0 : b.len - b.pos;
     bool bad = *n < (kind == ADMIT_REFUSED ? 0 : 1) || *n > MAX_TASKS || kind < ADMIT_FORM || kind > ADMIT_REFUSED;
@@ -590,7 +666,7 @@ static int form(loom_elastic *e, loom_err *err)
 
 static int admit_limit(const loom_elastic *e)
 {
-    int n = e->cluster->n_train_ranks;
+    int n = loom_cluster_train_slots(e->cluster);
     return e->spec.max_workers > 0 && e->spec.max_workers < n ? e->spec.max_workers : n;
 }
 
@@ -611,7 +687,7 @@ bool loom_elastic_want_join_(loom_elastic *e, int64_t step)
 {
     if (!e || e->cluster->rank != 0) return false;
     take_requests(e, 0);
-    int ntr = e->cluster->n_train_ranks;
+    int ntr = loom_cluster_train_slots(e->cluster);
     for (int tr = 1; tr < ntr; tr++) { /* a scripted join: the job waits for the task to ask */
         if (e->join_at[tr] != step + 1 || e->waiting[tr] || is_member(e, tr)) continue;
         char t[64];
@@ -644,14 +720,14 @@ bool loom_elastic_want_join_(loom_elastic *e, int64_t step)
  * hands each joiner the trainer's state. */
 static int chief_admit(loom_elastic *e, int64_t done, const loom_buf *state, int *members, loom_err *err)
 {
-    int n = 0, ntr = e->cluster->n_train_ranks, joiners[MAX_TASKS], nj = 0, size = loom_group_size(e->group);
+    int n = 0, ntr = loom_cluster_train_slots(e->cluster), joiners[MAX_TASKS], nj = 0, size = loom_group_size(e->group);
     for (int tr = 0; tr < ntr; tr++) {
         bool j = admissible(e, tr, done) && size + nj < admit_limit(e);
         if (j) joiners[nj++] = tr;
         if (j || is_member(e, tr)) members[n++] = tr;
     }
     loom_buf d;
-    put_decision(&d, e->epoch + 1, done, 0, false, members, n);
+    put_decision(e, &d, e->epoch + 1, done, 0, false, members, n);
     loom_err w;
     for (int i = 0; i < size; i++) {
         int tr = loom_group_member(e->group, i);
@@ -713,7 +789,7 @@ static bool wait_joiners(loom_elastic *e, int64_t done, const char *left, const 
     for (double until = loom_now() + e->spec.wait_timeout; loom_now() < until;) {
         take_requests(e, 0.2);
         int k = n;
-        for (int tr = 1; tr < e->cluster->n_train_ranks && k < admit_limit(e); tr++) {
+        for (int tr = 1; tr < loom_cluster_train_slots(e->cluster) && k < admit_limit(e); tr++) {
             bool member = false;
             for (int i = 0; i < n; i++) member |= members[i] == tr;
             k += !member && e->waiting[tr] && (e->join_at[tr] < 0 || e->join_at[tr] <= done + 1) &&

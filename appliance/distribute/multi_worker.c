@@ -470,7 +470,8 @@ static int mw_open(loom_strategy *s, const loom_strategy_args *a, loom_err *err)
         !(mw->resid = loom_calloc((size_t)mw->P, sizeof(float))))
         return loom_err_set(err, LOOM_ENOMEM, NULL, "allocating the error feedback (%lld floats)", (long long)mw->P);
     if ((rc = plan_shards(mw, err))) return rc;
-    if (mw->workers == 1 || a->plan_only) return LOOM_OK;
+    /* (elastic: a job listed with one worker may still grow: n_train_slots) */
+    if ((mw->workers == 1 && !(a->cluster && loom_cluster_train_slots(a->cluster) > 1)) || a->plan_only) return LOOM_OK;
     if ((rc = open_group(mw, a, err))) return rc;
     bool joined = loom_elastic_joined_(mw->elastic, NULL, NULL);
     if (!joined && (rc = agree_resume(mw, a, err))) return rc;

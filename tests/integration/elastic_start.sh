@@ -44,7 +44,7 @@ for k in 1 2; do
     export LOOM_TEST_EXAMPLE_IDS="$WORK/ids_late$k" LOOM_TEST_MEMBERSHIP="join worker:2 at 30"
     addrs 3
     for i in 0 1; do start late$k $i --set strategy.elastic.start_timeout=2; J[$i]=$PID; done
-    for ((w = 0; w < 600; w++)); do grep -q "holding step 31" "$WORK/late$k.0" 2>/dev/null && break; sleep 0.05; done
+    for ((w = 0; w < 600; w++)); do grep -q "holding step 30 until worker:2 asks" "$WORK/late$k.0" 2>/dev/null && break; sleep 0.05; done
     start late$k 2 --set strategy.elastic.start_timeout=2
     J[2]=$PID
     status "${J[0]}"; s0=$ST; status "${J[1]}"; s1=$ST; status "${J[2]}"; s2=$ST

@@ -6,7 +6,8 @@
 # a link cut (ip link set down) in the middle of training, which stops the
 # job naming the lost worker, within a bound; a Slurm node list resolving
 # to the hosts; parameter_server (chief, 2 workers, ps) over 3 hosts;
-# strategy.elastic: host 3's loom killed -9 and started again joins the job.
+# strategy.elastic: host 3's loom killed -9 and started again joins the job;
+# a job of 2 listed grows to 3 with an unlisted worker on host 3.
 # Every loom runs under `timeout` in its host through `ip netns exec`; the
 # EXIT trap kills them and deletes the namespaces. A TAP skip when not root
 # or where namespaces cannot be made.
@@ -194,4 +195,30 @@ else
     fail "elastic over 3 hosts: worker:2 killed -9 and started again joins" "pid '$w', rc $(rc_of el.0) $(rc_of el.1) $(rc_of el.2.b)" \
         "$(grep -E "left|joined" <<<"$log")" "$(tail -3 "$WORK/el.2.b")"
 fi
+
+# ---- elastic past the list across the hosts: 2 listed (hosts 1 and 2), max_workers = 3: worker:2 on host 3,
+# in no list, listens on an ephemeral port of every interface; the chief records the address its connection
+# comes from and tells worker:1, whose ring successor it becomes ---------------------------------------------
+GR=(--set run.max_steps=60 --set run.checkpoint_steps=10 --set run.eval_steps=1 --set cluster.heartbeat_timeout=3
+    --set strategy.elastic.min_workers=2 --set strategy.elastic.max_workers=3
+    --set 'hooks.callbacks=({ fn = "../lua/mwm_slow.lua:slow"; args = { seconds = 0.04; }; })')
+gr_task() { # I: worker:I on host I+1, the list naming 2
+    (netns_exec $(($1 + 1)) env "${JOB_ENV[@]}" timeout -k 5 150 "$LOOM" train $CFG --task worker:$1 --model-dir "$WORK/gr" \
+        --set "$(workers_on 2)" "${GR[@]}" >"$WORK/gr.$1" 2>&1; echo $? >"$WORK/gr.$1.rc") &
+    PIDS+=($!)
+}
+gr_task 0; gr_task 1
+wait_for "$WORK/gr/ckpt-10.loom"
+gr_task 2
+wait
+log=$(cat "$WORK/gr.0")
+if [ "$(rc_of gr.0)$(rc_of gr.1)$(rc_of gr.2)" = 000 ] && [ -e "$WORK/gr/ckpt-60.loom" ] &&
+   grep -q "worker:2 joined at step [0-9]*; continuing with 3 workers" <<<"$log"; then
+    pass "elastic past the list over 3 hosts: worker:2 (unlisted) on host 3 joins; the job trains to step 60"
+else
+    fail "elastic past the list over 3 hosts: worker:2 (unlisted) on host 3 joins" \
+        "rc $(rc_of gr.0) $(rc_of gr.1) $(rc_of gr.2)" "$(tail -3 <<<"$log")" "$(tail -3 "$WORK/gr.2")"
+fi
+contains "elastic past the list: the chief records host 3's address for worker:2" \
+    "worker:2 (not in the cluster's list) asks to join; it listens on $(netns_addr 3):" "$log"
 finish
