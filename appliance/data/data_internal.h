@@ -268,6 +268,14 @@ int64_t map_count_(const dstage *map, const loom_elem *e);  /* RNG indices e con
 bool    map_norm_flip_ok_(const dstage *a, const dstage *b);
 int     map_norm_flip_(const dstage *a, const dstage *b, loom_elem *e, int writable, uint8_t *dst, int64_t epoch,
                        int64_t pos, int *mut, loom_err *err);
+/* How many of map[0..n) run as one pass from map[0] (0: none): 2 for pad
+ * then random_crop of the same unbatched feature, 3 with a
+ * random_flip_left_right of it after them. map_pad_crop_ runs them so:
+ * e as map_apply_ of each in turn leaves it, bit for bit, with dst (may be
+ * NULL: the crop's own buffer) where the last would have written. */
+int     map_pad_crop_len_(dstage *const *map, int n);
+int     map_pad_crop_(dstage *const *map, int len, loom_elem *e, uint8_t *dst, int64_t epoch, int64_t pos, int *mut,
+                      loom_err *err);
 int     map_feature_(const dstage *map);                     /* the feature index it maps */
 void    map_buffers_(const dstage *map, uint8_t **buf, uint8_t **flags); /* its own scratch (may be NULL) */
 void    map_scratch_(const dstage *map, size_t *buf_bytes, size_t *flag_bytes);

@@ -1131,6 +1131,73 @@ static void test_norm_flip_fused(void)
         }
 }
 
+/* The fused pad + random_crop (+ random_flip_left_right) pass against the
+ * maps run apart, element for element over two epochs: grey and 3-channel
+ * uint8 images and float32 ones (a cast before), zero and non-zero fill,
+ * windows that take whole rows and columns of padding (a crop wider than
+ * the image), with and without the flip, sequential (parallel 1) and
+ * parallel maps, into a batch row (map+batch), a shuffle slot or a prefetch
+ * slot; then the fused pipeline restored from a state saved 11 elements
+ * (3 batches) in goes on as the run that saved it. */
+static void test_pad_crop_fused(void)
+{
+    setup();
+    enum { N = 29, MAX = 4 * N };
+    static uint8_t g[N * 6 * 13], c3[N * 5 * 11 * 3];
+    for (size_t i = 0; i < sizeof g; i++) g[i] = (uint8_t)(i * 41 + (i >> 3) + 1);
+    for (size_t i = 0; i < sizeof c3; i++) c3[i] = (uint8_t)(i * 59 + (i >> 2) * 5 + 1);
+    uint32_t dg[3] = {N, 6, 13}, dc[4] = {N, 5, 11, 3};
+    write_idx(tpath("pc_grey.idx"), 0, 0x08, 3, dg, g, 0);
+    write_idx(tpath("pc_rgb.idx"), 0, 0x08, 4, dc, c3, 0);
+    static uint64_t ref[MAX], got[MAX], rest[MAX];
+    for (int img = 0; img < 2; img++)
+        for (int v = 0; v < 10; v++) {
+            int par = v % 2 ? 2 : 1;
+            loom_dataset_spec *s = spec_new();
+            spec_feature(s, "image", tpath(img ? "pc_rgb.idx" : "pc_grey.idx"));
+            if (v >= 8) spec_map(s, LOOM_MAP_CAST, "image", par, true)->dtype = LOOM_CFG_F32;
+            loom_map_spec *m = spec_map(s, LOOM_MAP_PAD, "image", par, true);
+            m->padding = v >= 6 ? 3 : 2;
+            m->value = v == 2 || v == 3 || v == 9 ? 7.0 : 0.0;
+            m = spec_map(s, LOOM_MAP_RANDOM_CROP, "image", par, true);
+            m->size[0] = v >= 6 ? 9 : 5, m->size[1] = v >= 6 ? 16 : 10; /* 16 > 13 + 2: columns of padding on both sides */
+            if (v != 4 && v != 5) spec_map(s, LOOM_MAP_FLIP_LR, "image", par, true);
+            if (v == 6) spec_shuffle(s, 8);
+            if (v <= 3 || v == 8) spec_batch(s, 4);
+            if (v == 7 || v == 9) spec_prefetch(s, 2);
+            int a = norm_flip_run(s, false, ref, MAX), b = norm_flip_run(s, true, got, MAX);
+            CHECK_MSG(a > 0 && a == b && !memcmp(ref, got, (size_t)a * sizeof *ref),
+                      "%s images, variant %d: fused %d elements, apart %d, first differing at %d", img ? "rgb" : "grey", v,
+                      b, a, a == b ? (int)(memcmp(ref, got, (size_t)a * sizeof *ref) != 0) : -1);
+            /* resume: a state saved 11 elements (3 batches) into the fused run's first epoch */
+            const int cut = v <= 3 || v == 8 ? 3 : 11;
+            loom_err err = {0};
+            loom_iter *it = open_ok(s), *r = NULL;
+            loom_elem *e;
+            loom_buf st;
+            loom_buf_init(&st);
+            int k = 0, n = 0, rc = LOOM_OK;
+            while (it && k < cut && loom_iter_next(it, &e, &err) == LOOM_OK) k++;
+            CHECK(it && loom_iter_save(it, &st, &err) == LOOM_OK);
+            loom_iter_close(it);
+            if ((r = open_ok(s))) {
+                loom_buf rb;
+                loom_buf_wrap(&rb, st.data, st.len);
+                CHECK_MSG(loom_iter_restore(r, &rb, &err) == LOOM_OK, "restore: %s", err.msg);
+                for (int ep = 0; ep < 2 && n < MAX - k; ep++) {
+                    if (ep) CHECK(loom_iter_rewind(r, ep, &err) == LOOM_OK);
+                    while (n < MAX - k && (rc = loom_iter_next(r, &e, &err)) == LOOM_OK) rest[n++] = elem_hash(e);
+                }
+                loom_iter_close(r);
+            }
+            CHECK_MSG(k == cut && n == b - k && !memcmp(rest, got + k, (size_t)n * sizeof *rest),
+                      "%s images, variant %d: restored after %d elements, %d follow of %d", img ? "rgb" : "grey", v, k, n,
+                      b - k);
+            loom_buf_fini(&st);
+            free(s);
+        }
+}
+
 /* ---- the stage timers' clock -------------------------------------------------------- */
 
 static int64_t mono_now_ns(void)
@@ -1369,6 +1436,7 @@ static const loom_test tests[] = {
     {"save_restore", test_save_restore},
     {"restore_refused", test_restore_refused},
     {"norm_flip_fused", test_norm_flip_fused},
+    {"pad_crop_fused", test_pad_crop_fused},
     {"stage_clock", test_stage_clock},
     {"stats", test_stats},
     {"throughput", test_throughput},

@@ -116,6 +116,7 @@ typedef struct chainst {
     int     nmap;
     dstage *map[LOOM_MAX_TRANSFORMS];
     uint8_t norm_flip[LOOM_MAX_TRANSFORMS]; /* map k and k + 1 run as one pass (map_norm_flip_) */
+    uint8_t pad_crop[LOOM_MAX_TRANSFORMS];  /* maps k.. run as one pass (map_pad_crop_len_), 0: none */
     int     fused;   /* map[0] is a scale fused into the gathering batch the chain reads (map_fuse_into_batch_) */
 } chainst;
 DCURSOR_STAGE_CHECK(chainst);
@@ -140,6 +141,7 @@ static int open_chain(chainst *s, dstage *in, int id, const loom_transform_spec 
         __atomic_fetch_add(&s->s.st_bytes, dstage_load_(&s->map[k]->st_bytes), __ATOMIC_RELAXED);
     }
     for (int k = 0; k + 1 < n; k++) s->norm_flip[k] = map_norm_flip_ok_(s->map[k], s->map[k + 1]);
+    for (int k = 0; k < n; k++) s->pad_crop[k] = (uint8_t)map_pad_crop_len_(s->map + k, n - k);
     dstage *st = &s->s;
     s->fused = fuse && map_fuse_into_batch_(s->map[0]);
     size_t b = 0;
@@ -163,9 +165,13 @@ static int apply_chain(chainst *s, loom_elem *e, uint8_t *mut, uint8_t *const *d
     for (int k = k0; k < s->nmap; k++) {
         int f = map_feature_(s->map[k]), last = 1, m, rc;
         int pair = s->norm_flip[k]; /* maps k and k + 1 at once: k + 1 is the one that may write into dst */
-        for (int j = k + 1 + pair; j < s->nmap; j++) last &= map_feature_(s->map[j]) != f;
+        int pc = s->pad_crop[k];     /* pad, random_crop (and a flip) at once */
+        for (int j = k + (pc ? pc : 1 + pair); j < s->nmap; j++) last &= map_feature_(s->map[j]) != f;
         int into = dst && last;
-        if (pair) {
+        if (pc) {
+            rc = map_pad_crop_(s->map + k, pc, e, into ? dst[f] : NULL, s->epoch, s->pos, &m, err);
+            k += pc - 1;
+        } else if (pair) {
             rc = map_norm_flip_(s->map[k], s->map[k + 1], e, mut[f], into ? dst[f] : NULL, s->epoch, s->pos, &m, err);
             k++;
         } else {

@@ -171,6 +171,7 @@ struct parst {
     dstage    s;
     int       nmap;
     dstage   *map[LOOM_MAX_TRANSFORMS]; /* sequential map stages: settings, specs and map_apply_; map[k]'s input is map[k-1] */
+    uint8_t   fuse[LOOM_MAX_TRANSFORMS]; /* maps k.. that run as one pass (map_pad_crop_len_), 0: none */
     dpool    *pool;
     dstage   *batch;      /* batch mode: the batch stage (spec, card, its errors; never pulled); else NULL */
     int64_t   bsize;      /* batch mode: elements per batch (1 otherwise) */
@@ -200,8 +201,10 @@ static int apply_chain(parst *s, pslot *sl, loom_elem *e, loom_err *err)
     uint8_t mut[LOOM_MAX_FEATURES];
     memset(mut, 1, sizeof mut);
     for (int k = 0; k < s->nmap; k++) {
-        int f = map_feature_(s->map[k]), m;
-        int rc = map_apply_(s->map[k], e, mut[f], sl->obuf[k], sl->flags[k], sl->epoch, sl->pos, &m, err);
+        int f = map_feature_(s->map[k]), m, rc;
+        int fused = s->fuse[k]; /* pad + random_crop (+ flip) as one pass into the crop's buffer */
+        if (fused) rc = map_pad_crop_(s->map + k, fused, e, sl->obuf[k + 1], sl->epoch, sl->pos, &m, err), k += fused - 1;
+        else rc = map_apply_(s->map[k], e, mut[f], sl->obuf[k], sl->flags[k], sl->epoch, sl->pos, &m, err);
         if (rc) return rc;
         mut[f] = (uint8_t)m;
     }
@@ -224,10 +227,15 @@ static int apply_batch(parst *s, pslot *sl, loom_elem *res, loom_err *err)
         for (int f = 0; f < nf; f++) row[f] = (uint8_t *)sl->bout[f].data + (size_t)k * bytes[f];
         int64_t count = map_count_(s->map[0], &e);
         for (int m = 0; m < s->nmap; m++) {
-            int f = map_feature_(s->map[m]), last = 1, w;
-            for (int j = m + 1; j < s->nmap; j++) last &= map_feature_(s->map[j]) != f;
-            int rc = map_apply_(s->map[m], &e, last ? 0 : mut[f], last ? row[f] : sl->obuf[m], sl->flags[m], sl->epoch, pos,
-                                &w, err);
+            int f = map_feature_(s->map[m]), last = 1, w, rc, fused = s->fuse[m];
+            for (int j = m + (fused ? fused : 1); j < s->nmap; j++) last &= map_feature_(s->map[j]) != f;
+            if (fused) { /* pad + random_crop (+ flip) as one pass, into the row when nothing maps the feature after */
+                rc = map_pad_crop_(s->map + m, fused, &e, last ? row[f] : sl->obuf[m + 1], sl->epoch, pos, &w, err);
+                m += fused - 1;
+            } else {
+                rc = map_apply_(s->map[m], &e, last ? 0 : mut[f], last ? row[f] : sl->obuf[m], sl->flags[m], sl->epoch,
+                                pos, &w, err);
+            }
             if (rc) return rc;
             mut[f] = (uint8_t)w;
         }
@@ -737,6 +745,7 @@ int parmap_open_(dstage **out, dstage *in, int id, const loom_transform_spec *t,
         if (rc) goto fail;
         s->nmap++;
     }
+    for (int k = 0; k < n; k++) s->fuse[k] = (uint8_t)map_pad_crop_len_(s->map + k, n - k);
     s->bsize = 1;
     if (batch) {
         rc = batch_open_(&s->batch, s->map[n - 1], id + n, &t[n], err);

@@ -468,6 +468,88 @@ static int random_crop_apply(mapcall *c, loom_err *err) /* unbatched: (H, W[, C]
     return map_into_buf(c, t->dtype);
 }
 
+/* ---- pad, random_crop (then random_flip_left_right), in one pass ---------------
+ * The crop's window of the padded image is read straight from the input, the
+ * rows or columns it takes from the padding written with the fill value, and
+ * a flip reverses each row as it is written: every pixel lands where the
+ * maps apart put it, and the draws are theirs (the crop's two from its own
+ * stage id, the flip's one from its own, each keyed by the element's
+ * position), so the elements and a saved position are the same bit for bit.
+ * The maps apart padded into one buffer, cropped into another and reversed
+ * each row through a third. */
+
+int map_pad_crop_len_(dstage *const *map, int n)
+{
+    if (n < 2 || custom_is_(map[0]) || custom_is_(map[1])) return 0;
+    const mapst *p = (const mapst *)map[0], *c = (const mapst *)map[1];
+    if (p->fn->kind != LOOM_MAP_PAD || c->fn->kind != LOOM_MAP_RANDOM_CROP || p->f != c->f || map[0]->batch_dims ||
+        map[1]->batch_dims)
+        return 0;
+    if (n < 3 || custom_is_(map[2])) return 2;
+    const mapst *f = (const mapst *)map[2];
+    return f->fn->kind == LOOM_MAP_FLIP_LR && f->f == c->f && !map[2]->batch_dims ? 3 : 2;
+}
+
+/* Output row o from image row r, whose pixels [0, n) go to o's [lo, lo + n); flip: reversed. */
+static inline void crop_segment(const uint8_t *r, uint8_t *o, int64_t lo, int64_t n, size_t px, bool flip)
+{
+    if (!flip) memcpy(o + (size_t)lo * px, r, (size_t)n * px);
+    else if (px == 1) reverse_bytes(r, o + lo, n);
+    else flip_image(r, o + (size_t)lo * px, 1, n, px);
+}
+
+int map_pad_crop_(dstage *const *map, int len, loom_elem *e, uint8_t *dst, int64_t epoch, int64_t pos, int *mut,
+                  loom_err *err)
+{
+    const mapst *ps = (const mapst *)map[0], *cs = (const mapst *)map[1];
+    const dstage *cst = map[1];
+    loom_tensor *t = &e->t[ps->f];
+    int64_t H = t->shape.dim[0], W = t->shape.dim[1], p = ps->m.padding, h = cs->m.size[0], w = cs->m.size[1];
+    int64_t C = t->shape.rank == 3 ? t->shape.dim[2] : 1;
+    if (H + 2 * p < h || W + 2 * p < w)
+        return dstage_err_(cst, err, LOOM_EDATA, "map(random_crop) on \"%s\": element %lld is %lld x %lld, smaller than "
+                           "the crop %lld x %lld", cst->spec.name[cs->f], (long long)pos, (long long)(H + 2 * p),
+                           (long long)(W + 2 * p), (long long)h, (long long)w);
+    loom_rng g;
+    loom_rng_init(&g, cs->seed, (uint64_t)cst->id, (uint64_t)epoch, (uint64_t)pos);
+    int64_t oh = (int64_t)loom_rng_below(&g, (uint64_t)(H + 2 * p - h + 1));
+    int64_t ow = (int64_t)loom_rng_below(&g, (uint64_t)(W + 2 * p - w + 1));
+    bool flip = false;
+    if (len == 3) {
+        const mapst *fs = (const mapst *)map[2];
+        loom_rng_init(&g, fs->seed, (uint64_t)map[2]->id, (uint64_t)epoch, (uint64_t)pos);
+        flip = loom_rng_uniform(&g) < 0.5f;
+    }
+    size_t esz = loom_dtype_size(t->dtype), px = (size_t)C * esz;
+    uint8_t fill[8];
+    double v = ps->m.value;
+    dconvert_(&v, LOOM_F64, fill, t->dtype, 1);
+    uint8_t *out = dst ? dst : cs->buf; /* the crop's buffer holds its output, which a flip keeps */
+    /* the output columns [a, b) read image columns (the same on every row), rows [r0, r1) image rows */
+    int64_t a = p - ow > 0 ? p - ow : 0, b = W + p - ow < w ? W + p - ow : w;
+    int64_t r0 = p - oh > 0 ? p - oh : 0, r1 = H + p - oh < h ? H + p - oh : h;
+    if (a > w) a = w;
+    if (b < a) b = a;
+    if (a > 0 || b < w || r0 > 0 || r1 < h) { /* the window shows padding: fill it all first */
+        bool zero = true;
+        for (size_t k = 0; k < esz; k++) zero &= fill[k] == 0;
+        size_t all = (size_t)(h * w) * px;
+        if (zero) memset(out, 0, all);
+        else
+            for (size_t k = 0; k < all; k += esz) memcpy(out + k, fill, esz);
+    }
+    const uint8_t *src = t->data;
+    LOOM_ASSERT(out != src);
+    int64_t lo = flip ? w - b : a; /* where a row's image pixels go */
+    for (int64_t r = r0; r < r1 && b > a; r++)
+        crop_segment(src + (size_t)((oh + r - p) * W + ow + a - p) * px, out + (size_t)(r * w) * px, lo, b - a, px, flip);
+    t->shape.dim[0] = h;
+    t->shape.dim[1] = w;
+    t->data = out;
+    *mut = 1;
+    return LOOM_OK;
+}
+
 static int decode_image_apply(mapcall *c, loom_err *err) /* unbatched: uint8 [N] -> (H, W, C) */
 {
     const dstage *st = c->st;
