@@ -144,10 +144,12 @@ static inline double prob(const loom_model *m, const float *zr, int64_t n, int64
     return zr[j];
 }
 
-/* The token sums of the last step's chunks (split as model.c's split_batch). */
+/* The token sums of the last step's chunks (as many as model.c's split_batch made: fewer than
+ * min(B, threads) where the BLAS row quantum rounds a cut to 0, and the others hold an older step's). */
 static void token_update(loom_model *m, int64_t B)
 {
-    int nc = B < m->threads ? (int)B : m->threads;
+    (void)B;
+    int nc = m->n_split;
     for (int i = 0; i < m->n_metrics; i++) {
         double *st = m->mstate + m->moff[i];
         bool acc = m->metric[i] == LOOM_METRIC_ACCURACY && m->seq_T;

@@ -278,6 +278,7 @@ static int split_batch(loom_model *m, int64_t B)
         c->tok_loss = 0;
         c->tok_ok = c->tok_n = 0;
     }
+    m->n_split = k;
     return k;
 }
 
@@ -946,6 +947,7 @@ int loom_model_forward(loom_model *m, const loom_tensor *x, uint64_t rng_key, lo
     if ((rc = nn_bn_sync_rest_(m, true, err))) return nn_plugin_error_(m, NULL), rc;
     if ((rc = nn_plugin_error_(m, err))) return rc;
     m->part_B = B;
+    m->part_chunks = j.nchunks;
     m->part_done = 1;
     return LOOM_OK;
 }
@@ -961,7 +963,7 @@ int loom_model_loss(loom_model *m, const loom_tensor *label, int64_t global_batc
     if ((rc = nn_read_label_(m, label, B, err))) return rc;
     if (global_batch < 1) global_batch = B;
     step_job j = {.m = m, .kind = JOB_TRAIN, .label = label, .inv_gb = (float)(1.0 / (double)global_batch), .B = B};
-    j.nchunks = B < m->threads ? (int)B : m->threads;
+    j.nchunks = m->part_chunks; /* the forward's chunks: min(B, threads) would take in a stale one (row quantum) */
     loom_pool_run(m->pool, j.nchunks, part_loss, &j);
     double l = 0;
     int64_t ok = 0;
@@ -988,7 +990,7 @@ int loom_model_backward(loom_model *m, loom_err *err)
         return loom_err_set(err, LOOM_EUSAGE, m->where, "backward needs the loss of a forward pass first");
     }
     step_job j = {.m = m, .kind = JOB_TRAIN, .B = m->part_B};
-    j.nchunks = j.B < m->threads ? (int)j.B : m->threads;
+    j.nchunks = m->part_chunks;
     backward_all(m, &j, m->prof ? m->prof->bwd : NULL, m->prof ? m->prof->pgrad : NULL);
     run_phase(m, &j, grad_part, m->prof ? m->prof->pgrad : NULL);
     if (m->upd) update_rest(m, j.nchunks, m->prof ? m->prof->upd : NULL);

@@ -173,6 +173,7 @@ struct loom_model {
     /* intra-op threads: chunk[t] belongs to thread t; chunk[0] always exists */
     int              threads;
     int              row_q;        /* chunk starts are multiples of it: loom_blas_row_quantum when the buffers are made */
+    int              n_split;      /* chunks of the last split_batch (model.c): what the token metrics sum over */
     loom_pool       *pool;          /* NULL when threads == 1 */
     nn_chunk_       *chunk;         /* (threads,) 64-byte aligned */
     /* a train step taken in parts (loom_model_forward, _loss, _backward) */
@@ -181,6 +182,8 @@ struct loom_model {
     int              part_done;     /* phases done on the current batch: 0, 1 (forward), 2 (loss) */
     int              n_bn;          /* batch_normalization layers: a step runs in segments between them */
     int64_t          part_B;        /* its examples */
+    int              part_chunks;   /* the chunks its forward split them into (split_batch: fewer than the threads
+                                     * where the BLAS row quantum rounds a cut to 0) */
     int64_t          part_gb;       /* and the global batch of its loss */
     loom_grad_ready_fn grad_hook;   /* loom_model_set_grad_hook */
     void            *grad_hook_arg;

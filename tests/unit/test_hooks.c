@@ -47,24 +47,32 @@ static void cnn_spec(loom_model_spec *m)
 }
 
 /* forward + loss + backward give the gradients, loss and count of
- * train_step bit for bit, with 1 and 3 threads (chunked conv gradients). */
+ * train_step bit for bit, with 1 and 3 threads (chunked conv gradients),
+ * also right after a larger batch (evaluate on 36): with the BLAS row
+ * quantum of 12 (OpenBLAS Haswell: any AVX2 CPU) 13 examples make 2 chunks
+ * on 3 threads, and the loss and backward took in the larger batch's stale
+ * third chunk (a Zen 3 CI run: UBSan's null memcpy in act_grad_to). */
 static void test_parts_equal_whole_step(void)
 {
     loom_model_spec ms;
     cnn_spec(&ms);
-    const int64_t B = 13;
+    const int64_t B = 13, BIG = 36;
     loom_shape in = {.rank = 3, .dim = {10, 10, 1}}, lab = {.rank = 0};
     loom_shape xs = {.rank = 4, .dim = {B, 10, 10, 1}}, ys = {.rank = 1, .dim = {B}};
-    loom_tensor x, y;
+    loom_shape xbs = {.rank = 4, .dim = {BIG, 10, 10, 1}}, ybs = {.rank = 1, .dim = {BIG}};
+    loom_tensor x, y, xb, yb;
     CHECK(loom_tensor_init(&x, LOOM_F32, &xs, &err) == 0 && loom_tensor_init(&y, LOOM_U8, &ys, &err) == 0);
+    CHECK(loom_tensor_init(&xb, LOOM_F32, &xbs, &err) == 0 && loom_tensor_init(&yb, LOOM_U8, &ybs, &err) == 0);
     loom_rng r;
     loom_rng_init(&r, 7, 1, 2, 3);
-    for (int64_t i = 0; i < B * 100; i++) ((float *)x.data)[i] = (float)loom_rng_uniform64(&r);
-    for (int64_t i = 0; i < B; i++) ((uint8_t *)y.data)[i] = (uint8_t)(i % 5);
+    for (int64_t i = 0; i < BIG * 100; i++) ((float *)xb.data)[i] = (float)loom_rng_uniform64(&r);
+    for (int64_t i = 0; i < BIG; i++) ((uint8_t *)yb.data)[i] = (uint8_t)(i % 5);
+    memcpy(x.data, xb.data, (size_t)B * 100 * sizeof(float));
+    memcpy(y.data, yb.data, (size_t)B);
     for (int threads = 1; threads <= 3; threads += 2) {
         loom_model *a = NULL, *b = NULL;
-        CHECK(loom_model_new(&a, &ms, &in, LOOM_F32, &lab, LOOM_U8, B, &err) == 0);
-        CHECK(loom_model_new(&b, &ms, &in, LOOM_F32, &lab, LOOM_U8, B, &err) == 0);
+        CHECK(loom_model_new(&a, &ms, &in, LOOM_F32, &lab, LOOM_U8, BIG, &err) == 0);
+        CHECK(loom_model_new(&b, &ms, &in, LOOM_F32, &lab, LOOM_U8, BIG, &err) == 0);
         if (!a || !b) return;
         CHECK(loom_model_set_threads(a, threads, &err) == 0 && loom_model_set_threads(b, threads, &err) == 0);
         loom_model_init_params(a, 3);
@@ -78,6 +86,8 @@ static void test_parts_equal_whole_step(void)
             int64_t ca, cb;
             uint64_t key = loom_rng_mix(11, (uint64_t)step);
             CHECK(loom_model_train_step(a, &x, &y, B, key, &la, &ca, &err) == 0);
+            double lbig;
+            if (step == 1) CHECK(loom_model_evaluate(b, &xb, &yb, &lbig, NULL, &err) == 0); /* every chunk used */
             CHECK(loom_model_forward(b, &x, key, &err) == 0);
             CHECK(loom_model_backward(b, &err) == LOOM_EUSAGE);
             CHECK(loom_model_loss(b, &y, B, &lb, &cb, &err) == 0);
@@ -102,6 +112,8 @@ static void test_parts_equal_whole_step(void)
     }
     loom_tensor_fini(&x);
     loom_tensor_fini(&y);
+    loom_tensor_fini(&xb);
+    loom_tensor_fini(&yb);
 }
 
 /* ---- hooks against a recording host ------------------------------------------ */
