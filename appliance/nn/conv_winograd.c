@@ -1,13 +1,15 @@
-/* conv_winograd.c - conv2d 5x5, stride 1, "same", by Winograd's F(2x2, 5x5): the Fashion-MNIST CNN's
- * second convolution (32 -> 64 on 14x14) and its like, forward and input gradient.
- * conv_direct.c runs these at the FMA peak (100 multiply-adds per output); here each 2x2 block of
- * outputs takes 36 products per (input, output) channel pair, 2.8x fewer, on 6x6 input tiles:
- * V = B^T d B per tile and input channel, U = G g G^T per kernel (once per call, in double),
- * M[p] = V[p] U[p] for the 36 points p (independent (tiles x CI) . (CI x CO) products, a
- * register-blocked micro-kernel per ISA), Y = A^T M A. The points 0, +-1, +-2 and infinity keep
- * the transforms' entries small (|B| <= 5, |A| <= 2): fp32 results stay within ~1e-6 relative of
- * the direct sum. The input gradient is the same convolution of dz with the kernel flipped and
- * transposed (conv_direct.c's), the kernel gradient stays direct (conv_direct.c).
+/* conv_winograd.c - conv2d 5x5 and 3x3, stride 1, "same", by Winograd's F(2x2, 5x5) and F(4x4, 3x3):
+ * the Fashion-MNIST CNN's second convolution (32 -> 64 on 14x14), ResNet-20's 3x3 convolutions (16, 32,
+ * 64 channels on 28x28, 14x14, 7x7) and their like, forward and input gradient.
+ * The direct kernels run these near the FMA peak (25 or 9 multiply-adds per output and channel pair);
+ * here each 2x2 (5x5) or 4x4 (3x3) block of outputs takes 36 products per (input, output) channel pair,
+ * 2.8x or 4x fewer, on 6x6 input tiles: V = B^T d B per tile and input channel, U = G g G^T per kernel
+ * (once per call, in double), M[p] = V[p] U[p] for the 36 points p (independent (tiles x CI) . (CI x CO)
+ * products, a register-blocked micro-kernel per ISA), Y = A^T M A. Both use the points 0, +-1, +-2 and
+ * infinity, so B^T is the same 6x6 (|B| <= 5) and only G and A^T differ; A^T's entries reach 2 (5x5) or
+ * 8 (3x3): fp32 results stay within ~4e-6 (5x5) and ~6e-6 (3x3) of the largest output of a double sum
+ * (test_nn_conv). The input gradient is the same convolution of dz with the kernel flipped and
+ * transposed, the kernel gradient stays direct (conv_direct.c, conv_fast.c).
  * Bits: the transforms are one function for both ISAs (-ffp-contract=off: no FMA behind the
  * code's back) and each M element is one fused chain over the input channels in order, so the
  * AVX2 and AVX-512 kernels give the same bits, whatever the threads or the tile blocks. */
@@ -35,11 +37,16 @@ int nn_convw_shape_ok_(const nn_layer_ *l)
            l->cout <= CW_MAX_C;
 }
 
-/* 3x3 under "auto": where it beats conv_fast.c's direct kernels */
+/* 3x3 under "auto": where it was measured to beat conv_fast.c's direct kernels, ResNet-20's shapes (loom profile
+ * --train, batch 128, Zen 3 AVX2, medians of 3, the six layers of each stage; direct -> Winograd, ms):
+ *                   1 thread: forward, input gradient     2 threads: forward, input gradient
+ *   16 -> 16, 28x28   39.7 -> 25.4, 43.7 -> 32.1              23.2 -> 13.9, 28.2 -> 17.5
+ *   32 -> 32, 14x14   31.4 -> 16.6, 33.0 -> 19.7              18.5 ->  9.4, 21.1 ->  9.9
+ *   64 -> 64,  7x7    37.3 -> 17.0, 39.6 -> 18.7              21.6 -> 11.5, 24.4 -> 12.5
+ * Wider layers (im2col + GEMM there) and planes under 7x7 (a 4x4 tile mostly padding) were not measured. */
 static int cw3_wins(const nn_layer_ *l)
 {
-    (void)l;
-    return 0;
+    return l->cin <= 64 && l->cout <= 64 && l->ih >= 7 && l->iw >= 7;
 }
 
 int nn_convw_ok_(const nn_layer_ *l)
