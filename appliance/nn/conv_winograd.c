@@ -38,11 +38,12 @@ int nn_convw_shape_ok_(const nn_layer_ *l)
 }
 
 /* 3x3 under "auto": where it was measured to beat conv_fast.c's direct kernels, ResNet-20's shapes (loom profile
- * --train, batch 128, Zen 3 AVX2, medians of 3, the six layers of each stage; direct -> Winograd, ms):
+ * --train, batch 128, Zen 3 AVX2 under a CI run, alternated, medians of 3, the six layers of each stage summed;
+ * direct -> Winograd, ms):
  *                   1 thread: forward, input gradient     2 threads: forward, input gradient
- *   16 -> 16, 28x28   39.7 -> 25.4, 43.7 -> 32.1              23.2 -> 13.9, 28.2 -> 17.5
- *   32 -> 32, 14x14   31.4 -> 16.6, 33.0 -> 19.7              18.5 ->  9.4, 21.1 ->  9.9
- *   64 -> 64,  7x7    37.3 -> 17.0, 39.6 -> 18.7              21.6 -> 11.5, 24.4 -> 12.5
+ *   16 -> 16, 28x28   39.0 -> 25.8, 44.0 -> 33.3              21.6 -> 14.8, 25.6 -> 20.7
+ *   32 -> 32, 14x14   31.5 -> 16.9, 34.2 -> 19.9              16.6 -> 11.9, 18.0 -> 11.3
+ *   64 -> 64,  7x7    35.8 -> 17.3, 38.0 -> 18.4              19.6 -> 13.7, 21.6 -> 14.3
  * Wider layers (im2col + GEMM there) and planes under 7x7 (a 4x4 tile mostly padding) were not measured. */
 static int cw3_wins(const nn_layer_ *l)
 {
