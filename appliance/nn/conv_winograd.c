@@ -45,10 +45,7 @@ int nn_convw_shape_ok_(const nn_layer_ *l)
  *   32 -> 32, 14x14   31.5 -> 16.9, 34.2 -> 19.9              16.6 -> 11.9, 18.0 -> 11.3
  *   64 -> 64,  7x7    35.8 -> 17.3, 38.0 -> 18.4              19.6 -> 13.7, 21.6 -> 14.3
  * Wider layers (im2col + GEMM there) and planes under 7x7 (a 4x4 tile mostly padding) were not measured. */
-static int cw3_wins(const nn_layer_ *l)
-{
-    return l->cin <= 64 && l->cout <= 64 && l->ih >= 7 && l->iw >= 7;
-}
+static int cw3_wins(const nn_layer_ *l) { return l->cin <= 64 && l->cout <= 64 && l->ih >= 7 && l->iw >= 7; }
 
 int nn_convw_ok_(const nn_layer_ *l)
 {
@@ -73,8 +70,12 @@ static const double G5[6][5] = {{1. / 4, 0, 0, 0, 0},
                                 {1. / 24, 1. / 12, 1. / 6, 1. / 3, 2. / 3},
                                 {1. / 24, -1. / 12, 1. / 6, -1. / 3, 2. / 3},
                                 {0, 0, 0, 0, 1}};
-static const double G3[6][3] = {{1. / 4, 0, 0},           {-1. / 6, -1. / 6, -1. / 6}, {-1. / 6, 1. / 6, -1. / 6},
-                                {1. / 24, 1. / 12, 1. / 6}, {1. / 24, -1. / 12, 1. / 6}, {0, 0, 1}};
+static const double G3[6][3] = {{1. / 4, 0, 0},
+                                {-1. / 6, -1. / 6, -1. / 6},
+                                {-1. / 6, 1. / 6, -1. / 6},
+                                {1. / 24, 1. / 12, 1. / 6},
+                                {1. / 24, -1. / 12, 1. / 6},
+                                {0, 0, 1}};
 
 /* U (36, CO, CI) from w (r, r, CI, CO) flipped and transposed when flip (the input gradient's
  * kernel), else U (36, CI, CO): G g G^T per channel pair, in double, rounded once. */
@@ -266,8 +267,8 @@ CW_256 static void prod256(const float *V, const float *U, int n, int CI, int CO
 /* y (nb, H, W, CO) = the r x r "same" convolution of x (nb, H, W, CI) whose kernel U holds transformed
  * (m = 7 - r outputs a tile side); s: scratch after U. Tiles go in blocks of CW_TB over the whole chunk,
  * examples one after another. */
-static void convw(int level, int r, int H, int W, int CI, int CO, const float *U, const float *x, float *y,
-                  int64_t nb, float *s)
+static void convw(int level, int r, int H, int W, int CI, int CO, const float *U, const float *x, float *y, int64_t nb,
+                  float *s)
 {
     float *V = s, *M = V + (int64_t)CW_P * CW_TB * CI;
     const int m = 7 - r;
@@ -295,7 +296,8 @@ void nn_convw_kernel_(const nn_layer_ *l, const float *w, float *scratch)
 void nn_convw_forward_(const nn_layer_ *l, const float *x, float *y, int64_t nb, float *scratch)
 {
 #if CW_HAVE
-    convw(l->fma, l->kh, l->ih, l->iw, l->cin, l->cout, scratch, x, y, nb, scratch + (int64_t)CW_P * l->cin * l->cout);
+    convw(l->fma, l->kh, l->ih, l->iw, l->cin, l->cout, scratch, x, y, nb,
+          scratch + (int64_t)CW_P * l->cin * l->cout);
 #else
     (void)l, (void)x, (void)y, (void)nb, (void)scratch;
     LOOM_ASSERT(!"nn_convw_forward_ without nn_convw_ok_");
@@ -307,7 +309,8 @@ void nn_convw_backward_data_(const nn_layer_ *l, const float *w, const float *dz
 {
 #if CW_HAVE
     wtrans(w, l->kh, l->cin, l->cout, 1, scratch);
-    convw(l->fma, l->kh, l->ih, l->iw, l->cout, l->cin, scratch, dz, dx, nb, scratch + (int64_t)CW_P * l->cin * l->cout);
+    convw(l->fma, l->kh, l->ih, l->iw, l->cout, l->cin, scratch, dz, dx, nb,
+          scratch + (int64_t)CW_P * l->cin * l->cout);
 #else
     (void)l, (void)w, (void)dz, (void)dx, (void)nb, (void)scratch;
     LOOM_ASSERT(!"nn_convw_backward_data_ without nn_convw_ok_");
