@@ -54,7 +54,8 @@ static const cfg_opt layer_opts[] = {
     O_INT(loom_layer_spec, "dilation_rate", dilation[1], 1, 1, INT_MAX, LY(CONV1D), 0,
           "the kernel's taps that far apart; default 1"),
     O_ENUM(loom_layer_spec, "algorithm", algorithm, LOOM_CONV_AUTO, loom_conv_algorithm_names_, LY(CONV2D), 0,
-           "auto (default: Winograd F(2x2, 5x5) where it is faster), direct (never Winograd) or winograd"),
+           "auto (default: Winograd F(2x2, 5x5) or F(4x4, 3x3) where it is faster), direct (never Winograd) or "
+           "winograd"),
     O_INT(loom_layer_spec, "groups", groups, 1, 1, LOOM_MAX_UNITS, LY(CONV2D) | LY(CONV1D), 0,
           "input channels and filters split in that many groups, each convolved on its own; default 1"),
     O_INT(loom_layer_spec, "depth_multiplier", depth_multiplier, 1, 1, LOOM_MAX_UNITS,

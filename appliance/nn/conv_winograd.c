@@ -1,13 +1,15 @@
-/* conv_winograd.c - conv2d 5x5, stride 1, "same", by Winograd's F(2x2, 5x5): the Fashion-MNIST CNN's
- * second convolution (32 -> 64 on 14x14) and its like, forward and input gradient.
- * conv_direct.c runs these at the FMA peak (100 multiply-adds per output); here each 2x2 block of
- * outputs takes 36 products per (input, output) channel pair, 2.8x fewer, on 6x6 input tiles:
- * V = B^T d B per tile and input channel, U = G g G^T per kernel (once per call, in double),
- * M[p] = V[p] U[p] for the 36 points p (independent (tiles x CI) . (CI x CO) products, a
- * register-blocked micro-kernel per ISA), Y = A^T M A. The points 0, +-1, +-2 and infinity keep
- * the transforms' entries small (|B| <= 5, |A| <= 2): fp32 results stay within ~1e-6 relative of
- * the direct sum. The input gradient is the same convolution of dz with the kernel flipped and
- * transposed (conv_direct.c's), the kernel gradient stays direct (conv_direct.c).
+/* conv_winograd.c - conv2d 5x5 and 3x3, stride 1, "same", by Winograd's F(2x2, 5x5) and F(4x4, 3x3):
+ * the Fashion-MNIST CNN's second convolution (32 -> 64 on 14x14), ResNet-20's 3x3 convolutions (16, 32,
+ * 64 channels on 28x28, 14x14, 7x7) and their like, forward and input gradient.
+ * The direct kernels run these near the FMA peak (25 or 9 multiply-adds per output and channel pair);
+ * here each 2x2 (5x5) or 4x4 (3x3) block of outputs takes 36 products per (input, output) channel pair,
+ * 2.8x or 4x fewer, on 6x6 input tiles: V = B^T d B per tile and input channel, U = G g G^T per kernel
+ * (once per call, in double), M[p] = V[p] U[p] for the 36 points p (independent (tiles x CI) . (CI x CO)
+ * products, a register-blocked micro-kernel per ISA), Y = A^T M A. Both use the points 0, +-1, +-2 and
+ * infinity, so B^T is the same 6x6 (|B| <= 5) and only G and A^T differ; A^T's entries reach 2 (5x5) or
+ * 8 (3x3): fp32 results stay within ~4e-6 (5x5) and ~6e-6 (3x3) of the largest output of a double sum
+ * (test_nn_conv). The input gradient is the same convolution of dz with the kernel flipped and
+ * transposed, the kernel gradient stays direct (conv_direct.c, conv_fast.c).
  * Bits: the transforms are one function for both ISAs (-ffp-contract=off: no FMA behind the
  * code's back) and each M element is one fused chain over the input channels in order, so the
  * AVX2 and AVX-512 kernels give the same bits, whatever the threads or the tile blocks. */
@@ -28,15 +30,27 @@
 
 int nn_convw_shape_ok_(const nn_layer_ *l)
 {
-    return l->kh == 5 && l->kw == 5 && l->sh == 1 && l->sw == 1 && l->pad_t == 2 && l->pad_l == 2 &&
+    const int r = l->kh, pad = (r - 1) / 2;
+    return (r == 3 || r == 5) && l->kw == r && l->sh == 1 && l->sw == 1 && l->pad_t == pad && l->pad_l == pad &&
            l->oh == l->ih && l->ow == l->iw && l->spec.dilation[0] <= 1 && l->spec.dilation[1] <= 1 &&
            l->spec.groups <= 1 && l->cin % 16 == 0 && l->cout % 16 == 0 && l->cin <= CW_MAX_C &&
            l->cout <= CW_MAX_C;
 }
 
+/* 3x3 under "auto": where it was measured to beat conv_fast.c's direct kernels, ResNet-20's shapes (loom profile
+ * --train, batch 128, Zen 3 AVX2 under a CI run, alternated, medians of 3, the six layers of each stage summed;
+ * direct -> Winograd, ms):
+ *                   1 thread: forward, input gradient     2 threads: forward, input gradient
+ *   16 -> 16, 28x28   39.0 -> 25.8, 44.0 -> 33.3              21.6 -> 14.8, 25.6 -> 20.7
+ *   32 -> 32, 14x14   31.5 -> 16.9, 34.2 -> 19.9              16.6 -> 11.9, 18.0 -> 11.3
+ *   64 -> 64,  7x7    35.8 -> 17.3, 38.0 -> 18.4              19.6 -> 13.7, 21.6 -> 14.3
+ * Wider layers (im2col + GEMM there) and planes under 7x7 (a 4x4 tile mostly padding) were not measured. */
+static int cw3_wins(const nn_layer_ *l) { return l->cin <= 64 && l->cout <= 64 && l->ih >= 7 && l->iw >= 7; }
+
 int nn_convw_ok_(const nn_layer_ *l)
 {
-    return CW_HAVE && l->fma >= 1 && !l->direct && l->spec.algorithm != LOOM_CONV_DIRECT && nn_convw_shape_ok_(l);
+    return CW_HAVE && l->fma >= 1 && !l->direct && l->spec.algorithm != LOOM_CONV_DIRECT && nn_convw_shape_ok_(l) &&
+           (l->kh == 5 || l->spec.algorithm == LOOM_CONV_WINOGRAD || cw3_wins(l));
 }
 
 int64_t nn_convw_scratch_(const nn_layer_ *l)
@@ -49,34 +63,45 @@ int64_t nn_convw_scratch_(const nn_layer_ *l)
 #define CW_512 __attribute__((target("avx512f,avx2,fma")))
 #define CW_256 __attribute__((target("avx2,fma")))
 
-/* U (36, CO, CI) from w (5, 5, CI, CO) flipped and transposed when flip (the input gradient's
+/* G (6 x r) for the points 0, 1, -1, 2, -2, infinity: F(2x2, 5x5)'s and F(4x4, 3x3)'s */
+static const double G5[6][5] = {{1. / 4, 0, 0, 0, 0},
+                                {-1. / 6, -1. / 6, -1. / 6, -1. / 6, -1. / 6},
+                                {-1. / 6, 1. / 6, -1. / 6, 1. / 6, -1. / 6},
+                                {1. / 24, 1. / 12, 1. / 6, 1. / 3, 2. / 3},
+                                {1. / 24, -1. / 12, 1. / 6, -1. / 3, 2. / 3},
+                                {0, 0, 0, 0, 1}};
+static const double G3[6][3] = {{1. / 4, 0, 0},
+                                {-1. / 6, -1. / 6, -1. / 6},
+                                {-1. / 6, 1. / 6, -1. / 6},
+                                {1. / 24, 1. / 12, 1. / 6},
+                                {1. / 24, -1. / 12, 1. / 6},
+                                {0, 0, 1}};
+
+/* U (36, CO, CI) from w (r, r, CI, CO) flipped and transposed when flip (the input gradient's
  * kernel), else U (36, CI, CO): G g G^T per channel pair, in double, rounded once. */
-static void wtrans(const float *w, int CI, int CO, int flip, float *U)
+static void wtrans(const float *w, int r, int CI, int CO, int flip, float *U)
 {
-    static const double G[6][5] = {{1. / 4, 0, 0, 0, 0},
-                                   {-1. / 6, -1. / 6, -1. / 6, -1. / 6, -1. / 6},
-                                   {-1. / 6, 1. / 6, -1. / 6, 1. / 6, -1. / 6},
-                                   {1. / 24, 1. / 12, 1. / 6, 1. / 3, 2. / 3},
-                                   {1. / 24, -1. / 12, 1. / 6, -1. / 3, 2. / 3},
-                                   {0, 0, 0, 0, 1}};
     const int IN = flip ? CO : CI, OUT = flip ? CI : CO;
+    double G[6][5];
+    for (int p = 0; p < 6; p++)
+        for (int i = 0; i < r; i++) G[p][i] = r == 5 ? G5[p][i] : G3[p][i];
     for (int a = 0; a < IN; a++)
         for (int b = 0; b < OUT; b++) {
             double g[5][5], t[6][5];
-            for (int i = 0; i < 5; i++)
-                for (int j = 0; j < 5; j++)
-                    g[i][j] = flip ? w[((int64_t)((4 - i) * 5 + 4 - j) * CI + b) * CO + a]
-                                   : w[((int64_t)(i * 5 + j) * CI + a) * CO + b];
+            for (int i = 0; i < r; i++)
+                for (int j = 0; j < r; j++)
+                    g[i][j] = flip ? w[((int64_t)((r - 1 - i) * r + r - 1 - j) * CI + b) * CO + a]
+                                   : w[((int64_t)(i * r + j) * CI + a) * CO + b];
             for (int p = 0; p < 6; p++)
-                for (int j = 0; j < 5; j++) {
+                for (int j = 0; j < r; j++) {
                     double s = 0;
-                    for (int i = 0; i < 5; i++) s += G[p][i] * g[i][j];
+                    for (int i = 0; i < r; i++) s += G[p][i] * g[i][j];
                     t[p][j] = s;
                 }
             for (int p = 0; p < 6; p++)
                 for (int q = 0; q < 6; q++) {
                     double s = 0;
-                    for (int j = 0; j < 5; j++) s += t[p][j] * G[q][j];
+                    for (int j = 0; j < r; j++) s += t[p][j] * G[q][j];
                     U[((int64_t)(p * 6 + q) * IN + a) * OUT + b] = (float)s;
                 }
         }
@@ -94,18 +119,19 @@ static inline __attribute__((always_inline)) CW_256 void bt6(__m256 *o, const __
     o[5] = _mm256_add_ps(_mm256_sub_ps(_mm256_mul_ps(four, s[1]), _mm256_mul_ps(five, s[3])), s[5]);
 }
 
-/* Tile g of x (nb, H, W, C): its 6x6 input (rows 2ty - 2 .., zeros outside) to V[p][slot] (36 points,
- * TB slots of C) = B^T d B, 8 channels at a time. One function for both ISAs: the same bits. */
-CW_256 static void itrans(const float *x, int H, int W, int C, int64_t g, float *restrict V, int slot)
+/* Tile g of x (nb, H, W, C), m x m outputs: its 6x6 input (rows m ty - (6 - m) / 2 .., zeros outside) to
+ * V[p][slot] (36 points, TB slots of C) = B^T d B, 8 channels at a time. One function for both ISAs: the
+ * same bits. */
+CW_256 static void itrans(const float *x, int m, int H, int W, int C, int64_t g, float *restrict V, int slot)
 {
-    const int TH = (H + 1) / 2, TW = (W + 1) / 2;
+    const int TH = (H + m - 1) / m, TW = (W + m - 1) / m, pad = (6 - m) / 2;
     const int64_t b = g / (TH * TW);
     const int ty = (int)(g % (TH * TW)) / TW, tx = (int)(g % (TH * TW)) % TW;
     const float *xb = x + b * H * W * C;
     const float *src[36];
     for (int i = 0; i < 6; i++)
         for (int j = 0; j < 6; j++) {
-            int r = 2 * ty - 2 + i, c = 2 * tx - 2 + j;
+            int r = m * ty - pad + i, c = m * tx - pad + j;
             src[i * 6 + j] = r < 0 || r >= H || c < 0 || c >= W ? NULL : xb + ((int64_t)r * W + c) * C;
         }
     for (int ch = 0; ch < C; ch += 8) {
@@ -132,22 +158,40 @@ static inline __attribute__((always_inline)) CW_256 void at6(__m256 *o0, __m256 
                         s[5 * st]);
 }
 
-/* Y (2x2) of tile g into y (nb, H, W, C) from M[p][slot] (36 points, TB slots of C): A^T M A. */
-CW_256 static void otrans(const float *restrict M, int slot, int H, int W, int C, int64_t g, float *restrict y)
+/* A^T (4 x 6) on 6 vectors: F(4x4, 3x3)'s outputs at the points 0, +-1, +-2 and infinity */
+static inline __attribute__((always_inline)) CW_256 void at4(__m256 *o, const __m256 *s, int st)
 {
-    const int TH = (H + 1) / 2, TW = (W + 1) / 2;
+    const __m256 d1 = _mm256_sub_ps(s[st], s[2 * st]), e1 = _mm256_add_ps(s[st], s[2 * st]);
+    const __m256 d2 = _mm256_sub_ps(s[3 * st], s[4 * st]), e2 = _mm256_add_ps(s[3 * st], s[4 * st]);
+    o[0] = _mm256_add_ps(_mm256_add_ps(s[0], e1), e2);
+    o[1] = _mm256_add_ps(d1, _mm256_mul_ps(_mm256_set1_ps(2.f), d2));
+    o[2] = _mm256_add_ps(e1, _mm256_mul_ps(_mm256_set1_ps(4.f), e2));
+    o[3] = _mm256_add_ps(_mm256_add_ps(d1, _mm256_mul_ps(_mm256_set1_ps(8.f), d2)), s[5 * st]);
+}
+
+/* Y (m x m) of tile g into y (nb, H, W, C) from M[p][slot] (36 points, TB slots of C): A^T M A. */
+CW_256 static void otrans(const float *restrict M, int slot, int m, int H, int W, int C, int64_t g, float *restrict y)
+{
+    const int TH = (H + m - 1) / m, TW = (W + m - 1) / m;
     const int64_t b = g / (TH * TW);
     const int ty = (int)(g % (TH * TW)) / TW, tx = (int)(g % (TH * TW)) % TW;
-    const int rows = 2 * ty + 1 < H ? 2 : 1, cols = 2 * tx + 1 < W ? 2 : 1;
-    float *yb = y + (b * H * W + (int64_t)(2 * ty) * W + 2 * tx) * C;
+    const int rows = H - m * ty < m ? H - m * ty : m, cols = W - m * tx < m ? W - m * tx : m;
+    float *yb = y + (b * H * W + (int64_t)(m * ty) * W + m * tx) * C;
     for (int ch = 0; ch < C; ch += 8) {
-        __m256 m[36], t[12], o0, o1;
-        for (int p = 0; p < 36; p++) m[p] = _mm256_loadu_ps(M + ((int64_t)p * CW_TB + slot) * C + ch);
-        for (int j = 0; j < 6; j++) at6(&t[j], &t[6 + j], m + j, 6); /* t (2, 6) = A^T m */
+        __m256 v[36], t[24], o[4];
+        for (int p = 0; p < 36; p++) v[p] = _mm256_loadu_ps(M + ((int64_t)p * CW_TB + slot) * C + ch);
+        if (m == 2) {
+            for (int j = 0; j < 6; j++) at6(&t[j], &t[6 + j], v + j, 6); /* t (2, 6) = A^T v */
+        } else {
+            for (int j = 0; j < 6; j++) { /* t (4, 6) = A^T v */
+                at4(o, v + j, 6);
+                for (int i = 0; i < 4; i++) t[6 * i + j] = o[i];
+            }
+        }
         for (int i = 0; i < rows; i++) {
-            at6(&o0, &o1, t + 6 * i, 1);
-            _mm256_storeu_ps(yb + (int64_t)i * W * C + ch, o0);
-            if (cols == 2) _mm256_storeu_ps(yb + ((int64_t)i * W + 1) * C + ch, o1);
+            if (m == 2) at6(&o[0], &o[1], t + 6 * i, 1);
+            else at4(o, t + 6 * i, 1);
+            for (int j = 0; j < cols; j++) _mm256_storeu_ps(yb + ((int64_t)i * W + j) * C + ch, o[j]);
         }
     }
 }
@@ -220,19 +264,21 @@ CW_256 static void prod256(const float *V, const float *U, int n, int CI, int CO
     }
 }
 
-/* y (nb, H, W, CO) = the 5x5 "same" convolution of x (nb, H, W, CI) whose kernel U holds transformed;
- * s: scratch after U. Tiles go in blocks of CW_TB over the whole chunk, examples one after another. */
-static void convw(int level, int H, int W, int CI, int CO, const float *U, const float *x, float *y, int64_t nb,
+/* y (nb, H, W, CO) = the r x r "same" convolution of x (nb, H, W, CI) whose kernel U holds transformed
+ * (m = 7 - r outputs a tile side); s: scratch after U. Tiles go in blocks of CW_TB over the whole chunk,
+ * examples one after another. */
+static void convw(int level, int r, int H, int W, int CI, int CO, const float *U, const float *x, float *y, int64_t nb,
                   float *s)
 {
     float *V = s, *M = V + (int64_t)CW_P * CW_TB * CI;
-    const int64_t tiles = nb * ((H + 1) / 2) * ((W + 1) / 2);
+    const int m = 7 - r;
+    const int64_t tiles = nb * ((H + m - 1) / m) * ((W + m - 1) / m);
     for (int64_t g0 = 0; g0 < tiles; g0 += CW_TB) {
         const int n = tiles - g0 < CW_TB ? (int)(tiles - g0) : CW_TB;
-        for (int t = 0; t < n; t++) itrans(x, H, W, CI, g0 + t, V, t);
+        for (int t = 0; t < n; t++) itrans(x, m, H, W, CI, g0 + t, V, t);
         if (level == 2) prod512(V, U, n, CI, CO, M);
         else prod256(V, U, n, CI, CO, M);
-        for (int t = 0; t < n; t++) otrans(M, t, H, W, CO, g0 + t, y);
+        for (int t = 0; t < n; t++) otrans(M, t, m, H, W, CO, g0 + t, y);
     }
 }
 #endif
@@ -240,7 +286,7 @@ static void convw(int level, int H, int W, int CI, int CO, const float *U, const
 void nn_convw_kernel_(const nn_layer_ *l, const float *w, float *scratch)
 {
 #if CW_HAVE
-    wtrans(w, l->cin, l->cout, 0, scratch);
+    wtrans(w, l->kh, l->cin, l->cout, 0, scratch);
 #else
     (void)l, (void)w, (void)scratch;
     LOOM_ASSERT(!"nn_convw_kernel_ without nn_convw_ok_");
@@ -250,7 +296,8 @@ void nn_convw_kernel_(const nn_layer_ *l, const float *w, float *scratch)
 void nn_convw_forward_(const nn_layer_ *l, const float *x, float *y, int64_t nb, float *scratch)
 {
 #if CW_HAVE
-    convw(l->fma, l->ih, l->iw, l->cin, l->cout, scratch, x, y, nb, scratch + (int64_t)CW_P * l->cin * l->cout);
+    convw(l->fma, l->kh, l->ih, l->iw, l->cin, l->cout, scratch, x, y, nb,
+          scratch + (int64_t)CW_P * l->cin * l->cout);
 #else
     (void)l, (void)x, (void)y, (void)nb, (void)scratch;
     LOOM_ASSERT(!"nn_convw_forward_ without nn_convw_ok_");
@@ -261,8 +308,9 @@ void nn_convw_backward_data_(const nn_layer_ *l, const float *w, const float *dz
                              float *scratch)
 {
 #if CW_HAVE
-    wtrans(w, l->cin, l->cout, 1, scratch);
-    convw(l->fma, l->ih, l->iw, l->cout, l->cin, scratch, dz, dx, nb, scratch + (int64_t)CW_P * l->cin * l->cout);
+    wtrans(w, l->kh, l->cin, l->cout, 1, scratch);
+    convw(l->fma, l->kh, l->ih, l->iw, l->cout, l->cin, scratch, dz, dx, nb,
+          scratch + (int64_t)CW_P * l->cin * l->cout);
 #else
     (void)l, (void)w, (void)dz, (void)dx, (void)nb, (void)scratch;
     LOOM_ASSERT(!"nn_convw_backward_data_ without nn_convw_ok_");

@@ -799,12 +799,12 @@ static void conv_forward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, 
             bias_act(y, bias, nb * P, l->cout, l->act);
             continue;
         }
-        if (nn_conv3_ok_(l)) { /* 3x3, stride 1 or 2, direct (conv_fast.c) */
+        if (nn_conv3_ok_(l) && !nn_convw_ok_(l)) { /* 3x3, stride 1 or 2, direct (conv_fast.c) */
             nn_conv3_forward_(l, W, x + b0 * l->n_in, y, nb, c->col);
             bias_act(y, bias, nb * P, l->cout, l->act);
             continue;
         }
-        if (nn_convw_ok_(l)) { /* 5x5 "same", Winograd (conv_winograd.c; the kernel transformed above) */
+        if (nn_convw_ok_(l)) { /* 3x3 / 5x5 "same", Winograd (conv_winograd.c; the kernel transformed above) */
             nn_convw_forward_(l, x + b0 * l->n_in, y, nb, c->col);
         } else if (nn_convd_ok_(l)) { /* 5x5 / 7x7 "same", direct (conv_direct.c) */
             nn_convd_forward_(l, W, x + b0 * l->n_in, y, nb, c->col);

@@ -120,8 +120,8 @@ static int conv_params(loom_model *m, nn_layer_ *l, loom_err *err)
     l->act = s->activation;
     if (s->algorithm == LOOM_CONV_WINOGRAD && !nn_convw_shape_ok_(l))
         return loom_err_set(err, LOOM_ESHAPE, l->where,
-                            "layer \"%s\": algorithm = \"winograd\" needs a 5x5 kernel, strides 1, padding \"same\" "
-                            "and input and output channels multiples of 16 up to 256; got %dx%d, strides %dx%d, "
+                            "layer \"%s\": algorithm = \"winograd\" needs a 3x3 or 5x5 kernel, strides 1, padding "
+                            "\"same\" and input and output channels multiples of 16 up to 256; got %dx%d, strides %dx%d, "
                             "%d -> %d channels",
                             s->name, l->kh, l->kw, l->sh, l->sw, l->cin, l->cout),
                loom_err_hint(err, "use algorithm = \"auto\" (Winograd where the shape allows it)");

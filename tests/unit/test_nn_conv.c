@@ -221,10 +221,11 @@ static void test_convd_levels(void)
                                                               : "AVX2 close to im2col + GEMM (no AVX-512 here)");
 }
 
-/* conv_winograd.c's F(2x2, 5x5) against a double-precision 5x5 "same" convolution: the forward and the
- * input gradient (flipped, transposed kernel) within 1e-4 of the largest output, each at AVX2 and (where the
- * CPU has it) AVX-512 with the same bits, and conv_direct.c's sums as close. Sizes: 6x8 (whole tiles), 7x9
- * (a half tile at the bottom and the right), 14x14 32 -> 64 (the CNN's second convolution). */
+/* conv_winograd.c's F(2x2, 5x5) and F(4x4, 3x3) against a double-precision "same" convolution: the forward
+ * and the input gradient (flipped, transposed kernel) within 1e-5 of the largest output, each at AVX2 and
+ * (where the CPU has it) AVX-512 with the same bits, and conv_direct.c's (5x5) or conv_fast.c's (3x3) sums
+ * as close. Sizes: 6x8 / 8x12 (whole tiles), 7x9 (part tiles at the bottom and the right), 14x14 32 -> 64
+ * (the CNN's second convolution), and ResNet-20's 28x28 16 -> 16, 14x14 32 -> 32, 7x7 64 -> 64. */
 static double convw_worst(const float *a, const double *ref, int64_t n)
 {
     double scale = 0, worst = 0;
@@ -233,22 +234,23 @@ static double convw_worst(const float *a, const double *ref, int64_t n)
     return scale > 0 ? worst / scale : 1;
 }
 
-/* ref (nb, H, W, OUT) = x (nb, H, W, IN) convolved with w (5, 5, CI, CO), flipped and transposed when flip */
-static void convw_ref(const float *w, const float *x, double *ref, int nb, int H, int W, int CI, int CO, int flip)
+/* ref (nb, H, W, OUT) = x (nb, H, W, IN) convolved "same" with w (K, K, CI, CO), flipped and transposed when flip */
+static void convw_ref(const float *w, int K, const float *x, double *ref, int nb, int H, int W, int CI, int CO,
+                      int flip)
 {
-    const int IN = flip ? CO : CI, OUT = flip ? CI : CO;
+    const int IN = flip ? CO : CI, OUT = flip ? CI : CO, pad = (K - 1) / 2;
     for (int b = 0; b < nb; b++)
         for (int oy = 0; oy < H; oy++)
             for (int ox = 0; ox < W; ox++)
                 for (int o = 0; o < OUT; o++) {
                     double s = 0;
-                    for (int i = 0; i < 5; i++)
-                        for (int j = 0; j < 5; j++) {
-                            int r = oy + i - 2, c = ox + j - 2;
+                    for (int i = 0; i < K; i++)
+                        for (int j = 0; j < K; j++) {
+                            int r = oy + i - pad, c = ox + j - pad;
                             if (r < 0 || r >= H || c < 0 || c >= W) continue;
                             for (int a = 0; a < IN; a++) {
-                                double wv = flip ? w[((int64_t)((4 - i) * 5 + 4 - j) * CI + o) * CO + a]
-                                                 : w[((int64_t)(i * 5 + j) * CI + a) * CO + o];
+                                double wv = flip ? w[((int64_t)((K - 1 - i) * K + K - 1 - j) * CI + o) * CO + a]
+                                                 : w[((int64_t)(i * K + j) * CI + a) * CO + o];
                                 s += wv * x[(((int64_t)b * H + r) * W + c) * IN + a];
                             }
                         }
@@ -264,22 +266,27 @@ static void test_convw_levels(void)
         CHECK(1);
         return;
     }
-    struct { int h, w, ci, co; } cases[] = {{6, 8, 16, 32}, {7, 9, 32, 16}, {14, 14, 32, 64}};
-    double worst = 0;
+    struct { int k, h, w, ci, co; } cases[] = {{5, 6, 8, 16, 32},  {5, 7, 9, 32, 16},  {5, 14, 14, 32, 64},
+                                               {3, 8, 12, 16, 32}, {3, 7, 9, 32, 16},  {3, 14, 14, 32, 32},
+                                               {3, 28, 28, 16, 16}, {3, 7, 7, 64, 64}};
+    double worst[2] = {0, 0}; /* 5x5, 3x3 */
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
-        const int H = cases[k].h, W = cases[k].w, CI = cases[k].ci, CO = cases[k].co, nb = 3;
-        loom_layer_spec ls[] = {L_conv(CO, 5, 1, LOOM_PAD_SAME, LOOM_ACT_RELU), L_kind(LOOM_LAYER_FLATTEN, 0, 0),
+        const int KS = cases[k].k, H = cases[k].h, W = cases[k].w, CI = cases[k].ci, CO = cases[k].co, nb = 3;
+        loom_layer_spec ls[] = {L_conv(CO, KS, 1, LOOM_PAD_SAME, LOOM_ACT_RELU), L_kind(LOOM_LAYER_FLATTEN, 0, 0),
                                 L_dense(3, LOOM_ACT_NONE)};
+        ls[0].algorithm = LOOM_CONV_WINOGRAD; /* 3x3: whatever "auto" picks */
         loom_model *m = NULL;
         loom_shape in = shp(3, H, W, CI), lab = shp(0, 0, 0, 0);
         CHECK(loom_model_new(&m, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 3, ls), &in, LOOM_F32, &lab, LOOM_I32, nb, &err) ==
               LOOM_OK);
         if (!m) continue;
         nn_layer_ *l = &m->layer[0];
-        CHECK_MSG(nn_convw_ok_(l) && nn_convd_ok_(l), "case %zu: Winograd (%d) and direct (%d)", k, nn_convw_ok_(l),
-                  nn_convd_ok_(l));
-        const int64_t nx = (int64_t)nb * H * W * CI, ny = (int64_t)nb * H * W * CO, nw = 25LL * CI * CO;
-        int64_t ns = nn_convw_scratch_(l) > nn_convd_scratch_(l) ? nn_convw_scratch_(l) : nn_convd_scratch_(l);
+        const int direct_ok = KS == 5 ? nn_convd_ok_(l) : nn_conv3_ok_(l);
+        CHECK_MSG(nn_convw_ok_(l) && direct_ok, "case %zu: Winograd (%d) and direct (%d)", k, nn_convw_ok_(l),
+                  direct_ok);
+        const int64_t nx = (int64_t)nb * H * W * CI, ny = (int64_t)nb * H * W * CO, nw = (int64_t)KS * KS * CI * CO;
+        int64_t nsd = KS == 5 ? nn_convd_scratch_(l) : nn_conv3_scratch_(l);
+        int64_t ns = nn_convw_scratch_(l) > nsd ? nn_convw_scratch_(l) : nsd;
         float *w = malloc((size_t)nw * sizeof *w), *x = malloc((size_t)nx * sizeof *x), *dz = malloc((size_t)ny * 4),
               *y1 = malloc((size_t)ny * 4), *y2 = malloc((size_t)ny * 4), *dx1 = malloc((size_t)nx * 4),
               *dx2 = malloc((size_t)nx * 4), *s = malloc((size_t)ns * 4);
@@ -289,16 +296,16 @@ static void test_convw_levels(void)
         fill_normal(w, nw, &r, 0.1f);
         fill_normal(x, nx, &r, 1.f);
         fill_normal(dz, ny, &r, 1.f);
-        convw_ref(w, x, ry, nb, H, W, CI, CO, 0);
-        convw_ref(w, dz, rx, nb, H, W, CI, CO, 1);
+        convw_ref(w, KS, x, ry, nb, H, W, CI, CO, 0);
+        convw_ref(w, KS, dz, rx, nb, H, W, CI, CO, 1);
         l->fma = 1;
         nn_convw_kernel_(l, w, s);
         nn_convw_forward_(l, x, y1, nb, s);
         nn_convw_backward_data_(l, w, dz, dx1, nb, s);
         double ey = convw_worst(y1, ry, ny), ex = convw_worst(dx1, rx, nx);
-        CHECK_MSG(ey <= 1e-4 && ex <= 1e-4, "case %zu: Winograd forward %.3g, input gradient %.3g of the largest", k,
+        CHECK_MSG(ey <= 1e-5 && ex <= 1e-5, "case %zu: Winograd forward %.3g, input gradient %.3g of the largest", k,
                   ey, ex);
-        worst = fmax(worst, fmax(ey, ex));
+        worst[KS == 3] = fmax(worst[KS == 3], fmax(ey, ex));
         if (level >= LOOM_CPU_AVX512) {
             l->fma = 2;
             nn_convw_kernel_(l, w, s);
@@ -307,16 +314,24 @@ static void test_convw_levels(void)
             CHECK_MSG(!memcmp(y1, y2, (size_t)ny * 4) && !memcmp(dx1, dx2, (size_t)nx * 4),
                       "case %zu: the AVX-512 Winograd kernels differ from the AVX2 ones", k);
         }
-        nn_convd_forward_(l, w, x, y2, nb, s); /* the direct sums: as close */
-        nn_convd_backward_data_(l, w, dz, dx2, nb, s);
+        if (KS == 5) { /* the direct sums: as close */
+            nn_convd_forward_(l, w, x, y2, nb, s);
+            nn_convd_backward_data_(l, w, dz, dx2, nb, s);
+        } else {
+            nn_conv3_forward_(l, w, x, y2, nb, s);
+            nn_conv3_backward_data_(l, w, dz, dx2, nb, s);
+        }
         CHECK_MSG(convw_worst(y2, ry, ny) <= 1e-5 && convw_worst(dx2, rx, nx) <= 1e-5, "case %zu: direct", k);
+        l->spec.algorithm = LOOM_CONV_AUTO; /* these shapes (3x3: up to 64 channels, 7x7 planes or more) */
+        CHECK_MSG(nn_convw_ok_(l), "case %zu: \"auto\" does not pick Winograd", k);
         l->spec.algorithm = LOOM_CONV_DIRECT; /* the switch */
-        CHECK(!nn_convw_ok_(l) && nn_convd_ok_(l));
+        CHECK(!nn_convw_ok_(l) && (KS == 5 ? nn_convd_ok_(l) : nn_conv3_ok_(l)));
         free(w), free(x), free(dz), free(y1), free(y2), free(dx1), free(dx2), free(s), free(ry), free(rx);
         loom_model_free(m);
     }
-    printf("# conv_winograd.c: within %.2g of the largest output of a double sum%s\n", worst,
-           level >= LOOM_CPU_AVX512 ? ", AVX-512 = AVX2 bit for bit" : "");
+    printf("# conv_winograd.c: F(2x2, 5x5) within %.2g, F(4x4, 3x3) within %.2g of the largest output of a double "
+           "sum%s\n",
+           worst[0], worst[1], level >= LOOM_CPU_AVX512 ? ", AVX-512 = AVX2 bit for bit" : "");
 }
 
 /* The direct narrow-input kernels (conv_stem.c: 2-4 channels in, no padding of their own, as ResNet-50's 7x7
@@ -435,17 +450,19 @@ static void test_convd_threads(void)
 }
 
 /* conv_winograd.c with 1, 2 and 3 threads: the same bits (the tiles go in fixed blocks; each product
- * element one chain). 5x5 16 -> 16 then 16 -> 32 (its input gradient Winograd too) and a 2x2 pool, on
- * 8x9 planes (half tiles at the right), global average pooling to 32 logits. */
-static void test_convw_threads(void)
+ * element one chain). KxK (5: F(2x2, 5x5), 3: F(4x4, 3x3)) 16 -> 16 then 16 -> 32 (its input gradient
+ * Winograd too) and a 2x2 pool, on 8x9 planes (part tiles at the right), global average pooling to 32
+ * logits. */
+static void convw_threads(int K)
 {
     if (loom_cpu()->level < LOOM_CPU_AVX2_FMA) {
         printf("# this CPU has no AVX2+FMA: conv_winograd.c's kernels do not run here\n");
         CHECK(1);
         return;
     }
-    loom_layer_spec ls[] = {L_conv(16, 5, 1, LOOM_PAD_SAME, LOOM_ACT_TANH), L_conv(32, 5, 1, LOOM_PAD_SAME, LOOM_ACT_RELU),
+    loom_layer_spec ls[] = {L_conv(16, K, 1, LOOM_PAD_SAME, LOOM_ACT_TANH), L_conv(32, K, 1, LOOM_PAD_SAME, LOOM_ACT_RELU),
                             L_pool(2, 2, LOOM_PAD_VALID), L_kind(LOOM_LAYER_GLOBAL_AVG_POOL2D, 0, 0)};
+    ls[0].algorithm = ls[1].algorithm = LOOM_CONV_WINOGRAD;
     fixture f;
     if (fixture_new(&f, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, ls), shp(3, 8, 9, 16), LOOM_I32, 5, 3) != LOOM_OK) {
         CHECK_MSG(0, "cannot build");
@@ -463,9 +480,13 @@ static void test_convw_threads(void)
         step_out_free(&o);
     }
     step_out_free(&one);
-    printf("# conv_winograd.c, %s kernels: 2 and 3 threads give 1 thread's bits\n", loom_cpu_level_name(loom_cpu()->level));
+    printf("# conv_winograd.c %dx%d, %s kernels: 2 and 3 threads give 1 thread's bits\n", K, K,
+           loom_cpu_level_name(loom_cpu()->level));
     fixture_free(&f);
 }
+
+static void test_convw_threads(void) { convw_threads(5); }
+static void test_convw3_threads(void) { convw_threads(3); }
 
 
 static const loom_test tests[] = {
@@ -473,8 +494,9 @@ static const loom_test tests[] = {
     {"direct conv kernels: same bits at every CPU level", test_conv1_levels},
     {"conv_direct.c 5x5 / 7x7 against im2col + GEMM, same bits at every CPU level", test_convd_levels},
     {"conv_direct.c: same bits with 1, 2 and 3 threads", test_convd_threads},
-    {"conv_winograd.c F(2x2, 5x5) against a double sum, same bits at every CPU level", test_convw_levels},
+    {"conv_winograd.c F(2x2, 5x5), F(4x4, 3x3) against a double sum, same bits at every CPU level", test_convw_levels},
     {"conv_winograd.c: same bits with 1, 2 and 3 threads", test_convw_threads},
+    {"conv_winograd.c 3x3: same bits with 1, 2 and 3 threads", test_convw3_threads},
     {"narrow-input conv kernels: same bits at every CPU level, close to im2col + GEMM", test_convs_levels},
     {"a wide conv's im2col chunk holds 1024 output pixels", test_conv_chunk_rows},
     {0},
