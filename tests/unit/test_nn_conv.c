@@ -412,6 +412,22 @@ static void test_conv_chunk_rows(void)
 }
 
 
+/* A step of f's first 5 examples on 2 and 3 threads: 1 thread's loss, gradients and predictions, bit for bit. */
+static void same_bits_2_3_threads(fixture *f)
+{
+    const int64_t P = loom_model_num_params(f->m), n_out = loom_shape_numel(&f->out);
+    step_out one, o;
+    run_threads(f, 1, 5, 11, &one);
+    for (int t = 2; t <= 3; t++) {
+        run_threads(f, t, 5, 11, &o);
+        CHECK_MSG(o.loss == one.loss && !memcmp(o.grads, one.grads, (size_t)P * sizeof(float)) &&
+                      !memcmp(o.pred, one.pred, (size_t)(5 * n_out) * sizeof(float)),
+                  "%d threads: not the bits of 1 thread (%s kernels)", t, loom_cpu_level_name(loom_cpu()->level));
+        step_out_free(&o);
+    }
+    step_out_free(&one);
+}
+
 /* conv_direct.c's kernels with 1, 2 and 3 threads: the same bits (each output one chain; the
  * kernel gradient's rows split by thread, each summed over every example in order). No dense
  * layer (OpenBLAS's Haswell sgemm changes the last bits with the rows a thread gets): 5x5 16 -> 16,
@@ -434,17 +450,7 @@ static void test_convd_threads(void)
     }
     CHECK(nn_convd_ok_(&f.m->layer[0]) && !nn_convw_ok_(&f.m->layer[0]) && nn_convd_ok_(&f.m->layer[1]) &&
           f.m->layer[1].fuse_pool);
-    const int64_t P = loom_model_num_params(f.m), n_out = loom_shape_numel(&f.out);
-    step_out one, o;
-    run_threads(&f, 1, 5, 11, &one);
-    for (int t = 2; t <= 3; t++) {
-        run_threads(&f, t, 5, 11, &o);
-        CHECK_MSG(o.loss == one.loss && !memcmp(o.grads, one.grads, (size_t)P * sizeof(float)) &&
-                      !memcmp(o.pred, one.pred, (size_t)(5 * n_out) * sizeof(float)),
-                  "%d threads: not the bits of 1 thread (%s kernels)", t, loom_cpu_level_name(loom_cpu()->level));
-        step_out_free(&o);
-    }
-    step_out_free(&one);
+    same_bits_2_3_threads(&f);
     printf("# conv_direct.c, %s kernels: 2 and 3 threads give 1 thread's bits\n", loom_cpu_level_name(loom_cpu()->level));
     fixture_free(&f);
 }
@@ -469,17 +475,7 @@ static void convw_threads(int K)
         return;
     }
     CHECK(nn_convw_ok_(&f.m->layer[0]) && nn_convw_ok_(&f.m->layer[1]) && f.m->layer[1].needs_dx);
-    const int64_t P = loom_model_num_params(f.m), n_out = loom_shape_numel(&f.out);
-    step_out one, o;
-    run_threads(&f, 1, 5, 11, &one);
-    for (int t = 2; t <= 3; t++) {
-        run_threads(&f, t, 5, 11, &o);
-        CHECK_MSG(o.loss == one.loss && !memcmp(o.grads, one.grads, (size_t)P * sizeof(float)) &&
-                      !memcmp(o.pred, one.pred, (size_t)(5 * n_out) * sizeof(float)),
-                  "%d threads: not the bits of 1 thread (%s kernels)", t, loom_cpu_level_name(loom_cpu()->level));
-        step_out_free(&o);
-    }
-    step_out_free(&one);
+    same_bits_2_3_threads(&f);
     printf("# conv_winograd.c %dx%d, %s kernels: 2 and 3 threads give 1 thread's bits\n", K, K,
            loom_cpu_level_name(loom_cpu()->level));
     fixture_free(&f);
