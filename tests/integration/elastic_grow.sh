@@ -68,15 +68,8 @@ for k in 1 2; do
 done
 same_weights "two runs of the same growth (worker:2 unlisted, joins at step 30) end with the same bits" \
     "$WORK/grow1/ckpt-100.loom" "$WORK/grow2/ckpt-100.loom"
-ref=$(cat "$WORK"/ids_ref.worker:* | awk '{print $2}' | sort) got=$(cat "$WORK"/ids_grow1.worker:* | awk '{print $2}' | sort)
-n=$(grep -c . <<<"$got")
-if [ "$n" = 9600 ] && [ "$ref" = "$got" ]; then
-    pass "exactly once: growing from 2 to 3 at step 30, the epoch trained on its 9600 examples, each once"
-else fail "exactly once: the epoch's multiset with the growth = an uninterrupted run's" "$n examples" \
-    "$(diff <(echo "$ref") <(echo "$got") | head -3)"; fi
-w2=$(awk '$1 <= 30' "$WORK/ids_grow1.worker:2" | wc -l) w2late=$(awk '$1 > 30' "$WORK/ids_grow1.worker:2" | wc -l)
-if [ "$w2" = 0 ] && [ "$w2late" = $((70 * 32)) ]; then pass "worker:2 trained on none of steps 1-30 and its third of each batch after"
-else fail "worker:2 trained on none of steps 1-30 and its third after" "$w2 examples in 1-30, $w2late after"; fi
+exactly_once "exactly once: growing from 2 to 3 at step 30, the epoch trained on its 9600 examples, each once" "$WORK/ids_ref" "$WORK/ids_grow1" 9600
+absent_then "worker:2 trained on none of steps 1-30 and its third of each batch after" "$WORK/ids_grow1.worker:2" 0 30 $((70 * 32))
 
 # ---- worker:2 started with a longer list (its own address in it, as a scaled set's TF_CONFIG gives it):
 # the list is not compared under strategy.elastic, it joins; killed (-9), the two listed go on; one beyond

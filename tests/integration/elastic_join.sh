@@ -64,15 +64,8 @@ contains "timeline: metrics.jsonl records the join" \
     '{"membership": "joined", "step": 70, "joined": "worker:2", "workers": 3, "members": ["worker:0", "worker:1", "worker:2"]}' "$rec"
 same_weights "timeline: two runs of the same leave-and-join timeline end with the same bits" \
     "$WORK/det1/ckpt-100.loom" "$WORK/det2/ckpt-100.loom"
-ref=$(cat "$WORK"/ids_ref.worker:* | awk '{print $2}' | sort) got=$(cat "$WORK"/ids_det1.worker:* | awk '{print $2}' | sort)
-n=$(grep -c . <<<"$got")
-if [ "$n" = 9600 ] && [ "$ref" = "$got" ]; then
-    pass "exactly once: with worker:2 gone for steps 41-70, the epoch trained on its 9600 examples, each once"
-else fail "exactly once: the epoch's multiset with the leave and the join = an uninterrupted run's" "$n examples" \
-    "$(diff <(echo "$ref") <(echo "$got") | head -3)"; fi
-w2=$(awk '$1 > 40 && $1 <= 70' "$WORK/ids_det1.worker:2" | wc -l) w2late=$(awk '$1 > 70' "$WORK/ids_det1.worker:2" | wc -l)
-if [ "$w2" = 0 ] && [ "$w2late" = $((30 * 32)) ]; then pass "exactly once: worker:2 trained on none of steps 41-70 and its third of each batch after"
-else fail "exactly once: worker:2 trained on none of steps 41-70 and its third after" "$w2 examples in 41-70, $w2late after"; fi
+exactly_once "exactly once: with worker:2 gone for steps 41-70, the epoch trained on its 9600 examples, each once" "$WORK/ids_ref" "$WORK/ids_det1" 9600
+absent_then "exactly once: worker:2 trained on none of steps 41-70 and its third of each batch after" "$WORK/ids_det1.worker:2" 40 70 $((30 * 32))
 
 # ---- kill -9 and start again (no script): a joiner with another config is refused, the same config joins
 OPTS=(--set run.epochs=1 --set run.checkpoint_steps=50 --set run.progress='"none"' --set cluster.heartbeat_timeout=2

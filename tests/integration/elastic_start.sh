@@ -61,15 +61,8 @@ for k in 1 2; do
         "$(cat "$WORK/late$k.2")"
 done
 same_weights "two runs of the same late start end with the same bits" "$WORK/late1/ckpt-100.loom" "$WORK/late2/ckpt-100.loom"
-ref=$(cat "$WORK"/ids_ref.worker:* | awk '{print $2}' | sort) got=$(cat "$WORK"/ids_late1.worker:* | awk '{print $2}' | sort)
-n=$(grep -c . <<<"$got")
-if [ "$n" = 9600 ] && [ "$ref" = "$got" ]; then
-    pass "exactly once: with worker:2 absent for steps 1-30, the epoch trained on its 9600 examples, each once"
-else fail "exactly once: the epoch's multiset = an uninterrupted run's" "$n examples" \
-    "$(diff <(echo "$ref") <(echo "$got") | head -3)"; fi
-w2=$(awk '$1 <= 30' "$WORK/ids_late1.worker:2" | wc -l) w2late=$(awk '$1 > 30' "$WORK/ids_late1.worker:2" | wc -l)
-if [ "$w2" = 0 ] && [ "$w2late" = $((70 * 32)) ]; then pass "exactly once: worker:2 trained on none of steps 1-30 and its third of each batch after"
-else fail "exactly once: worker:2 trained on none of steps 1-30 and its third after" "$w2 examples in 1-30, $w2late after"; fi
+exactly_once "exactly once: with worker:2 absent for steps 1-30, the epoch trained on its 9600 examples, each once" "$WORK/ids_ref" "$WORK/ids_late1" 9600
+absent_then "exactly once: worker:2 trained on none of steps 1-30 and its third of each batch after" "$WORK/ids_late1.worker:2" 0 30 $((70 * 32))
 
 # ---- fewer than min_workers: the start waits wait_timeout, then a clear error -----------------------
 addrs 3

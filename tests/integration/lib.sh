@@ -107,6 +107,24 @@ close6() {
     fi
 }
 
+# The example ids each worker trained on (LOOM_TEST_EXAMPLE_IDS=PREFIX writes
+# PREFIX.worker:N, lines "STEP CRC"). exactly_once NAME REF RUN N: RUN's
+# multiset of examples is REF's, N in all; absent_then NAME FILE LO HI ROWS:
+# FILE has no example of steps LO+1 to HI and ROWS examples after HI.
+exactly_once() {
+    local ref got n
+    ref=$(cat "$2".worker:* | awk '{print $2}' | sort) got=$(cat "$3".worker:* | awk '{print $2}' | sort)
+    n=$(grep -c . <<<"$got")
+    if [ "$n" = "$4" ] && [ "$ref" = "$got" ]; then pass "$1"
+    else fail "$1" "$n examples" "$(diff <(echo "$ref") <(echo "$got") | head -3)"; fi
+}
+absent_then() {
+    local gone after
+    gone=$(awk -v lo="$3" -v hi="$4" '$1 > lo && $1 <= hi' "$2" | wc -l) after=$(awk -v hi="$4" '$1 > hi' "$2" | wc -l)
+    if [ "$gone" = 0 ] && [ "$after" = "$5" ]; then pass "$1"
+    else fail "$1" "$gone examples in steps $(($3 + 1))-$4, $after after"; fi
+}
+
 finish() {
     echo "1..$T"
     [ "$FAILED" -eq 0 ]
