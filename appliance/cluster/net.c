@@ -1213,27 +1213,21 @@ int loom_net_learn_peer_(loom_net *n, int p, const char *host, int port, loom_er
 {
     net_peer *pe = &n->peers[p];
     if (!pe->unlisted) return LOOM_OK; /* (set once, before the loop: read without mu) */
-    struct addrinfo hints = {0}, *res = NULL;
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    char ps[16];
-    snprintf(ps, sizeof ps, "%d", port);
-    int g = getaddrinfo(host, ps, &hints, &res);
-    if (g || !res)
-        return loom_err_set(err, LOOM_ENET, n->name, "cannot resolve %s's address %s:%d: %s", pe->name, host, port,
-                            g ? gai_strerror(g) : "no address");
+    struct sockaddr_storage sa;
+    socklen_t salen;
+    if (net_resolve_(host, port, &sa, &salen, pe->name, err))
+        return loom_err_hint(err, "the address is the one the chief saw %s's connection come from", pe->name);
     pthread_mutex_lock(&n->mu);
-    bool same = !strcmp(pe->host, host) && pe->salen == res->ai_addrlen && !memcmp(&pe->sa, res->ai_addr, pe->salen);
+    bool same = !strcmp(pe->host, host) && pe->salen == salen && !memcmp(&pe->sa, &sa, salen);
     if (!same) {
-        memcpy(&pe->sa, res->ai_addr, res->ai_addrlen);
-        pe->salen = res->ai_addrlen;
+        memcpy(&pe->sa, &sa, salen);
+        pe->salen = salen;
         snprintf(pe->host, sizeof pe->host, "%s", host);
         snprintf(pe->addr, sizeof pe->addr, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
         pe->attempts = 0;
     }
     bool dial = !same && pe->dial && pe->state == P_WAIT && pe->retry_ev && !n->closing;
     pthread_mutex_unlock(&n->mu);
-    freeaddrinfo(res);
     if (dial) {
         struct timeval z = {0, 0};
         evtimer_add(pe->retry_ev, &z);

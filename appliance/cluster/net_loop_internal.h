@@ -140,6 +140,9 @@ typedef struct dial_arg { loom_net *n; int p; } dial_arg;
 
 /* The loop's functions net_open.c wires up (net.c). */
 int net_bev_send_(struct bufferevent *bev, uint32_t type, const void *buf, size_t len);
+/* host:port to a socket address (the first getaddrinfo gives); err names `who` (net_open.c) */
+int net_resolve_(const char *host, int port, struct sockaddr_storage *sa, socklen_t *len, const char *who,
+                 loom_err *err);
 void net_conn_free_(conn *c);
 void net_dial_cb_(evutil_socket_t fd, short what, void *arg);
 void net_drain_input_(struct bufferevent *bev);

@@ -44,8 +44,8 @@ static bool is_loopback(const struct sockaddr *sa)
     return false;
 }
 
-static int resolve(const char *host, int port, struct sockaddr_storage *sa, socklen_t *len, const char *who,
-                   loom_err *err)
+int net_resolve_(const char *host, int port, struct sockaddr_storage *sa, socklen_t *len, const char *who,
+                 loom_err *err)
 {
     struct addrinfo hints = {0}, *res = NULL;
     hints.ai_family = AF_UNSPEC;
@@ -206,7 +206,7 @@ static int net_new(loom_net **out, const loom_cluster *c, const loom_task_addr *
 static int net_resolve(loom_net *n, const loom_cluster *c, const loom_task_addr *me, const loom_net_peer *peers,
                        struct sockaddr_storage *my_sa, socklen_t *my_len, loom_err *err)
 {
-    int rc = resolve(me->host, me->port, my_sa, my_len, n->listen_addr, err);
+    int rc = net_resolve_(me->host, me->port, my_sa, my_len, n->listen_addr, err);
     bool all_loopback = is_loopback((struct sockaddr *)my_sa);
     for (int i = 0; !rc && i < n->n_peers; i++) {
         net_peer *pe = &n->peers[i];
@@ -225,7 +225,7 @@ static int net_resolve(loom_net *n, const loom_cluster *c, const loom_task_addr 
         }
         snprintf(pe->host, sizeof pe->host, "%s", t->host);
         snprintf(pe->addr, sizeof pe->addr, "%s:%d", t->host, t->port);
-        rc = resolve(t->host, t->port, &pe->sa, &pe->salen, pe->addr, err);
+        rc = net_resolve_(t->host, t->port, &pe->sa, &pe->salen, pe->addr, err);
         if (!rc && !is_loopback((struct sockaddr *)&pe->sa)) all_loopback = false;
     }
     if (!rc && c->secret_len == 0) {
