@@ -53,6 +53,7 @@ typedef struct child {
     size_t    len[2];
     int       status;     /* exit status once reaped (128 + signal when killed) */
     bool      reaped, stopped_by_us;
+    bool      resumed_at_end; /* it was stopped when the job ended; launch sent SIGCONT */
     char    **argv;       /* how it was started (this attempt's), for a respawn */
     char      threads[32]; /* "run.threads=K", its share of the cores (share_cores); "" none */
     int       respawns;   /* times it was started again alone */
@@ -487,16 +488,39 @@ static long long final_step(const job_end *je)
     return at >= je->after_wall ? step : -1;
 }
 
+/* Whether process pid is stopped (SIGSTOP, a debugger): its state in
+ * /proc/PID/stat, the character after the command's closing parenthesis. */
+static bool is_stopped(pid_t pid)
+{
+    char path[48], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    size_t len = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[len] = 0;
+    const char *p = strrchr(buf, ')');
+    return p && p[1] == ' ' && (p[2] == 'T' || p[2] == 't');
+}
+
 /* The job is done (why): every task still running gets SIGCONT now and
- * SIGTERM after the linger (end_overdue). */
+ * SIGTERM after the linger (end_overdue). A stopped task is named: what it
+ * does once resumed (exits on its own, or fails on a lost peer) is said
+ * when it ends, and this line says why it ran again. */
 static void job_done(child *cs, int n, double grace, job_end *je, const char *why)
 {
     if (je->done) return;
     je->done = true;
     snprintf(je->why, sizeof je->why, "%s", why);
     je->term_at = loom_now() + (grace < END_LINGER ? grace : END_LINGER);
-    for (int i = 0; i < n; i++)
-        if (!cs[i].reaped && cs[i].pid > 0) kill(cs[i].pid, SIGCONT);
+    for (int i = 0; i < n; i++) {
+        if (cs[i].reaped || cs[i].pid <= 0) continue;
+        if (is_stopped(cs[i].pid)) {
+            say("%s is stopped and the job is done (%s): SIGCONT, so it can end", cs[i].name, why);
+            cs[i].resumed_at_end = true;
+        }
+        kill(cs[i].pid, SIGCONT);
+    }
 }
 
 /* The linger after the job's end is over: the tasks still running (but an
@@ -743,6 +767,7 @@ static void supervise(child *cs, int n, double grace, const respawn_ctx *rs, job
             cs[i].status = status_of(ws);
             if (cs[i].status == 0) {
                 if (cs[i].discovered_out) say("%s left the running job (exit 0)", cs[i].name);
+                if (cs[i].resumed_at_end) say("%s exited 0 after the job was done (%s)", cs[i].name, je->why);
                 if (is_chief(cs, n, i) && !res->failed && !res->interrupted) {
                     char why[96];
                     snprintf(why, sizeof why, "%s exited 0", cs[i].name);
