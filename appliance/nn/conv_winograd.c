@@ -27,6 +27,7 @@
 #define CW_MAX_C 256 /* channels in and out */
 #define CW_TB    12 /* tiles per block: V (36 TB CI) and M (36 TB CO) stay in L2 (24: ~6% slower under perf) */
 #define CW_P     36  /* points: 6 x 6 */
+#define CW_KTB   12  /* the kernel gradient's tiles per block: S (36 CI CO) is read and written once a block */
 
 int nn_convw_shape_ok_(const nn_layer_ *l)
 {
@@ -47,6 +48,9 @@ int nn_convw_shape_ok_(const nn_layer_ *l)
  * Wider layers (im2col + GEMM there) and planes under 7x7 (a 4x4 tile mostly padding) were not measured. */
 static int cw3_wins(const nn_layer_ *l) { return l->cin <= 64 && l->cout <= 64 && l->ih >= 7 && l->iw >= 7; }
 
+/* The kernel gradient under "auto": see the table at nn_convw_kgrad_ok_'s measurement (docs) */
+static int cw3k_wins(const nn_layer_ *l) { return cw3_wins(l); }
+
 int nn_convw_ok_(const nn_layer_ *l)
 {
     return CW_HAVE && l->fma >= 1 && !l->direct && l->spec.algorithm != LOOM_CONV_DIRECT && nn_convw_shape_ok_(l) &&
@@ -56,7 +60,8 @@ int nn_convw_ok_(const nn_layer_ *l)
 int64_t nn_convw_scratch_(const nn_layer_ *l)
 {
     const int64_t ci = l->cin, co = l->cout;
-    return CW_P * ci * co + (int64_t)CW_P * CW_TB * (ci + co);
+    const int64_t tb = CW_KTB > CW_TB ? CW_KTB : CW_TB;
+    return CW_P * ci * co + CW_P * tb * (ci + co);
 }
 
 #if CW_HAVE
@@ -119,10 +124,11 @@ static inline __attribute__((always_inline)) CW_256 void bt6(__m256 *o, const __
     o[5] = _mm256_add_ps(_mm256_sub_ps(_mm256_mul_ps(four, s[1]), _mm256_mul_ps(five, s[3])), s[5]);
 }
 
-/* Tile g of x (nb, H, W, C), m x m outputs: its 6x6 input (rows m ty - (6 - m) / 2 .., zeros outside) to
- * V[p][slot] (36 points, TB slots of C) = B^T d B, 8 channels at a time. One function for both ISAs: the
- * same bits. */
-CW_256 static void itrans(const float *x, int m, int H, int W, int C, int64_t g, float *restrict V, int slot)
+/* Tile g of x (nb, H, W, C), m x m outputs: its 6x6 input (rows m ty - (6 - m) / 2 .., zeros outside), channels
+ * [c0, c1) (multiples of 8), to V[p][slot] (36 points, tb slots of c1 - c0) = B^T d B, 8 channels at a time.
+ * One function for both ISAs: the same bits. */
+CW_256 static void itrans(const float *x, int m, int H, int W, int C, int c0, int c1, int64_t g, float *restrict V,
+                          int slot, int tb)
 {
     const int TH = (H + m - 1) / m, TW = (W + m - 1) / m, pad = (6 - m) / 2;
     const int64_t b = g / (TH * TW);
@@ -134,7 +140,7 @@ CW_256 static void itrans(const float *x, int m, int H, int W, int C, int64_t g,
             int r = m * ty - pad + i, c = m * tx - pad + j;
             src[i * 6 + j] = r < 0 || r >= H || c < 0 || c >= W ? NULL : xb + ((int64_t)r * W + c) * C;
         }
-    for (int ch = 0; ch < C; ch += 8) {
+    for (int ch = c0; ch < c1; ch += 8) {
         __m256 t[36], s[6], o[6];
         for (int j = 0; j < 6; j++) { /* columns: t = B^T d */
             for (int i = 0; i < 6; i++)
@@ -144,7 +150,8 @@ CW_256 static void itrans(const float *x, int m, int H, int W, int C, int64_t g,
         }
         for (int i = 0; i < 6; i++) { /* rows: t B */
             bt6(o, t + i * 6);
-            for (int j = 0; j < 6; j++) _mm256_storeu_ps(V + ((int64_t)(i * 6 + j) * CW_TB + slot) * C + ch, o[j]);
+            for (int j = 0; j < 6; j++)
+                _mm256_storeu_ps(V + ((int64_t)(i * 6 + j) * tb + slot) * (c1 - c0) + ch - c0, o[j]);
         }
     }
 }
@@ -275,11 +282,170 @@ static void convw(int level, int r, int H, int W, int CI, int CO, const float *U
     const int64_t tiles = nb * ((H + m - 1) / m) * ((W + m - 1) / m);
     for (int64_t g0 = 0; g0 < tiles; g0 += CW_TB) {
         const int n = tiles - g0 < CW_TB ? (int)(tiles - g0) : CW_TB;
-        for (int t = 0; t < n; t++) itrans(x, m, H, W, CI, g0 + t, V, t);
+        for (int t = 0; t < n; t++) itrans(x, m, H, W, CI, 0, CI, g0 + t, V, t, CW_TB);
         if (level == 2) prod512(V, U, n, CI, CO, M);
         else prod256(V, U, n, CI, CO, M);
         for (int t = 0; t < n; t++) otrans(M, t, m, H, W, CO, g0 + t, y);
     }
+}
+
+/* ---- the kernel gradient, F(4x4, 3x3) ----
+ * Y = A^T (U (.) V) A per tile, summed over the input channels, is linear in U = G g G^T: dL/dU[p] (CI, CO) =
+ * the sum over tiles of V[p] (CI) times Z[p] (CO), Z = A dz A^T the tile's 4x4 output gradient (zeros past the
+ * plane) lifted to 6x6, and dL/dg = G^T (dL/dU) G. So S[p] = V[p]^T Z[p] over every tile of the batch (36
+ * products (CI x tiles) . (tiles x CO), each S element one fused chain over the tiles in order), then
+ * G^T S G per channel pair in double. */
+
+/* A (6 x 4) on 4 vectors: z0 = s0, z1,2 = (s0 + s2) +- (s1 + s3), z3,4 = (s0 + 4 s2) +- (2 s1 + 8 s3), z5 = s3 */
+static inline __attribute__((always_inline)) CW_256 void a4(__m256 *o, const __m256 *s, int st)
+{
+    const __m256 e = _mm256_add_ps(s[0], s[2 * st]), f = _mm256_add_ps(s[st], s[3 * st]);
+    const __m256 e4 = _mm256_add_ps(s[0], _mm256_mul_ps(_mm256_set1_ps(4.f), s[2 * st]));
+    const __m256 f2 = _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(2.f), s[st]),
+                                    _mm256_mul_ps(_mm256_set1_ps(8.f), s[3 * st]));
+    o[0] = s[0];
+    o[1] = _mm256_add_ps(e, f);
+    o[2] = _mm256_sub_ps(e, f);
+    o[3] = _mm256_add_ps(e4, f2);
+    o[4] = _mm256_sub_ps(e4, f2);
+    o[5] = s[3 * st];
+}
+
+/* Tile g of dz (nb, H, W, C): its 4x4 outputs (zeros past the plane) to Z[p][slot] (36 points, tb slots of
+ * C) = A dz A^T, 8 channels at a time; one function for both ISAs. */
+CW_256 static void ztrans(const float *dz, int H, int W, int C, int64_t g, float *restrict Z, int slot, int tb)
+{
+    const int TH = (H + 3) / 4, TW = (W + 3) / 4;
+    const int64_t b = g / (TH * TW);
+    const int ty = (int)(g % (TH * TW)) / TW, tx = (int)(g % (TH * TW)) % TW;
+    const float *db = dz + b * H * W * C;
+    const float *src[16];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) {
+            int r = 4 * ty + i, c = 4 * tx + j;
+            src[i * 4 + j] = r >= H || c >= W ? NULL : db + ((int64_t)r * W + c) * C;
+        }
+    for (int ch = 0; ch < C; ch += 8) {
+        __m256 s[16], t[24], o[6];
+        for (int k = 0; k < 16; k++) s[k] = src[k] ? _mm256_loadu_ps(src[k] + ch) : _mm256_setzero_ps();
+        for (int j = 0; j < 4; j++) { /* columns: t (6, 4) = A dz */
+            a4(o, s + j, 4);
+            for (int i = 0; i < 6; i++) t[i * 4 + j] = o[i];
+        }
+        for (int i = 0; i < 6; i++) { /* rows: t A^T */
+            a4(o, t + i * 4, 1);
+            for (int j = 0; j < 6; j++) _mm256_storeu_ps(Z + ((int64_t)(i * 6 + j) * tb + slot) * C + ch, o[j]);
+        }
+    }
+}
+
+/* s rows [0, R) (of CO), columns [c0, c0 + 16) += v^T z over n tiles: v (n, cp) from its row 0, z (n, CO) */
+static inline __attribute__((always_inline)) CW_512 void kk512(int R, int n, const float *restrict v, int cp,
+                                                               const float *restrict z, int CO, int c0,
+                                                               float *restrict s)
+{
+    __m512 acc[12];
+#pragma GCC unroll 12
+    for (int r = 0; r < R; r++) acc[r] = _mm512_loadu_ps(s + (int64_t)r * CO + c0);
+    for (int t = 0; t < n; t++) {
+        __m512 zv = _mm512_loadu_ps(z + (int64_t)t * CO + c0);
+#pragma GCC unroll 12
+        for (int r = 0; r < R; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(v[(int64_t)t * cp + r]), zv, acc[r]);
+    }
+#pragma GCC unroll 12
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(s + (int64_t)r * CO + c0, acc[r]);
+}
+
+static inline __attribute__((always_inline)) CW_256 void kk256(int R, int n, const float *restrict v, int cp,
+                                                               const float *restrict z, int CO, int c0,
+                                                               float *restrict s)
+{
+    __m256 lo[6], hi[6];
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
+        lo[r] = _mm256_loadu_ps(s + (int64_t)r * CO + c0);
+        hi[r] = _mm256_loadu_ps(s + (int64_t)r * CO + c0 + 8);
+    }
+    for (int t = 0; t < n; t++) {
+        __m256 zl = _mm256_loadu_ps(z + (int64_t)t * CO + c0), zh = _mm256_loadu_ps(z + (int64_t)t * CO + c0 + 8);
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) {
+            __m256 b = _mm256_broadcast_ss(v + (int64_t)t * cp + r);
+            lo[r] = _mm256_fmadd_ps(b, zl, lo[r]);
+            hi[r] = _mm256_fmadd_ps(b, zh, hi[r]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
+        _mm256_storeu_ps(s + (int64_t)r * CO + c0, lo[r]);
+        _mm256_storeu_ps(s + (int64_t)r * CO + c0 + 8, hi[r]);
+    }
+}
+
+/* S[p] (cp, CO) += V[p]^T (cp, n) Z[p] (n, CO) for the 36 points (V, Z: tb slots a point) */
+CW_512 static void kprod512(const float *V, const float *Z, int n, int tb, int cp, int CO, float *S)
+{
+    for (int p = 0; p < CW_P; p++) {
+        const float *v = V + (int64_t)p * tb * cp, *z = Z + (int64_t)p * tb * CO;
+        float *s = S + (int64_t)p * cp * CO;
+        for (int c0 = 0; c0 < CO; c0 += 16) {
+            int r = 0;
+            for (; r + 12 <= cp; r += 12) kk512(12, n, v + r, cp, z, CO, c0, s + (int64_t)r * CO);
+            for (; r + 4 <= cp; r += 4) kk512(4, n, v + r, cp, z, CO, c0, s + (int64_t)r * CO);
+            for (; r < cp; r++) kk512(1, n, v + r, cp, z, CO, c0, s + (int64_t)r * CO);
+        }
+    }
+}
+
+CW_256 static void kprod256(const float *V, const float *Z, int n, int tb, int cp, int CO, float *S)
+{
+    for (int p = 0; p < CW_P; p++) {
+        const float *v = V + (int64_t)p * tb * cp, *z = Z + (int64_t)p * tb * CO;
+        float *s = S + (int64_t)p * cp * CO;
+        for (int c0 = 0; c0 < CO; c0 += 16) {
+            int r = 0;
+            for (; r + 6 <= cp; r += 6) kk256(6, n, v + r, cp, z, CO, c0, s + (int64_t)r * CO);
+            for (; r + 2 <= cp; r += 2) kk256(2, n, v + r, cp, z, CO, c0, s + (int64_t)r * CO);
+            for (; r < cp; r++) kk256(1, n, v + r, cp, z, CO, c0, s + (int64_t)r * CO);
+        }
+    }
+}
+
+/* dW rows (tap, c0 .. c1) of (9 CI, CO) from x (nb, H, W, CI) and dz (nb, H, W, CO); s: scratch of
+ * 36 (c1 - c0) CO + 36 CW_KTB (c1 - c0 + CO) floats. The tiles go in blocks of CW_KTB over the whole batch. */
+static void convw_kgrad(int level, int H, int W, int CI, int c0, int c1, int CO, const float *x, const float *dz,
+                        int64_t nb, float *dW, float *s)
+{
+    const int cp = c1 - c0;
+    float *S = s, *V = S + (int64_t)CW_P * cp * CO, *Z = V + (int64_t)CW_P * CW_KTB * cp;
+    const int64_t tiles = nb * ((H + 3) / 4) * ((W + 3) / 4);
+    memset(S, 0, (size_t)CW_P * cp * CO * sizeof *S);
+    for (int64_t g0 = 0; g0 < tiles; g0 += CW_KTB) {
+        const int n = tiles - g0 < CW_KTB ? (int)(tiles - g0) : CW_KTB;
+        for (int t = 0; t < n; t++) {
+            itrans(x, 4, H, W, CI, c0, c1, g0 + t, V, t, CW_KTB);
+            ztrans(dz, H, W, CO, g0 + t, Z, t, CW_KTB);
+        }
+        if (level == 2) kprod512(V, Z, n, CW_KTB, cp, CO, S);
+        else kprod256(V, Z, n, CW_KTB, cp, CO, S);
+    }
+    for (int a = 0; a < cp; a++) /* dg = G^T S G, in double */
+        for (int b = 0; b < CO; b++) {
+            double t[3][6];
+            for (int i = 0; i < 3; i++)
+                for (int q = 0; q < 6; q++) {
+                    double u = 0;
+                    for (int p = 0; p < 6; p++)
+                        u += G3[p][i] * (double)S[((int64_t)(p * 6 + q) * cp + a) * CO + b];
+                    t[i][q] = u;
+                }
+            for (int i = 0; i < 3; i++)
+                for (int j = 0; j < 3; j++) {
+                    double u = 0;
+                    for (int q = 0; q < 6; q++) u += t[i][q] * G3[q][j];
+                    dW[((int64_t)(i * 3 + j) * CI + c0 + a) * CO + b] = (float)u;
+                }
+        }
 }
 #endif
 
@@ -314,5 +480,22 @@ void nn_convw_backward_data_(const nn_layer_ *l, const float *w, const float *dz
 #else
     (void)l, (void)w, (void)dz, (void)dx, (void)nb, (void)scratch;
     LOOM_ASSERT(!"nn_convw_backward_data_ without nn_convw_ok_");
+#endif
+}
+
+int nn_convw_kgrad_ok_(const nn_layer_ *l)
+{
+    return nn_convw_ok_(l) && l->kh == 3 && (l->spec.algorithm == LOOM_CONV_WINOGRAD || cw3k_wins(l));
+}
+
+void nn_convw_kernel_grad_(const nn_layer_ *l, const float *x, const float *dz, int64_t nb, int c0, int c1, float *dW,
+                           float *scratch)
+{
+#if CW_HAVE
+    LOOM_ASSERT(c0 % 8 == 0 && c1 % 8 == 0 && c0 < c1 && c1 <= l->cin);
+    convw_kgrad(l->fma, l->ih, l->iw, l->cin, c0, c1, l->cout, x, dz, nb, dW, scratch);
+#else
+    (void)l, (void)x, (void)dz, (void)nb, (void)c0, (void)c1, (void)dW, (void)scratch;
+    LOOM_ASSERT(!"nn_convw_kernel_grad_ without nn_convw_kgrad_ok_");
 #endif
 }

@@ -879,6 +879,9 @@ void nn_conv_param_grads_(const loom_model *m, int li, const float *x, int64_t B
     } else if (nn_convs_ok_(l)) { /* direct (conv_stem.c) */
         int64_t k0 = nn_grad_row_(m, l, K, part, parts), k1 = nn_grad_row_(m, l, K, part + 1, parts);
         if (k1 > k0) nn_convs_kernel_grad_(l, x, dz, B, (int)k0, (int)k1, dW);
+    } else if (nn_convw_kgrad_ok_(l)) { /* Winograd (conv_winograd.c): its parts take input channels, all 9 taps */
+        int c0 = nn_convw_grad_ci_(l, part, parts), c1 = nn_convw_grad_ci_(l, part + 1, parts);
+        if (c1 > c0) nn_convw_kernel_grad_(l, x, dz, B, c0, c1, dW, scratch);
     } else if (nn_conv3_ok_(l)) { /* direct (conv_fast.c) */
         int64_t k0 = nn_grad_row_(m, l, K, part, parts), k1 = nn_grad_row_(m, l, K, part + 1, parts);
         if (k1 > k0) nn_conv3_kernel_grad_(l, x, dz, B, (int)k0, (int)k1, dW, scratch);

@@ -449,8 +449,13 @@ static void update_part(const loom_model *m, const nn_layer_ *l, int part, int p
     const bool dense = l->spec.kind == LOOM_LAYER_DENSE;
     const int64_t K = dense ? l->n_in / l->steps : (int64_t)l->kh * l->kw * l->cin;
     const int64_t out = dense ? l->n_out / l->steps : l->cout;
-    update_range(m, l->kernel_off + nn_grad_row_(m, l, K, part, parts) * out,
-                 l->kernel_off + nn_grad_row_(m, l, K, part + 1, parts) * out);
+    if (!dense && nn_convw_kgrad_ok_(l)) { /* conv_winograd.c's parts: input channels [c0, c1) of each tap */
+        const int64_t c0 = nn_convw_grad_ci_(l, part, parts), c1 = nn_convw_grad_ci_(l, part + 1, parts);
+        for (int64_t tap = 0; tap < (int64_t)l->kh * l->kw; tap++)
+            update_range(m, l->kernel_off + (tap * l->cin + c0) * out, l->kernel_off + (tap * l->cin + c1) * out);
+    } else
+        update_range(m, l->kernel_off + nn_grad_row_(m, l, K, part, parts) * out,
+                     l->kernel_off + nn_grad_row_(m, l, K, part + 1, parts) * out);
     if (l->bias_off >= 0) update_range(m, l->bias_off + out * part / parts, l->bias_off + out * (part + 1) / parts);
 }
 

@@ -502,6 +502,18 @@ void    nn_convw_backward_data_(const nn_layer_ *l, const float *w, const float 
                                 float *scratch);
 void    nn_convd_kernel_grad_(const nn_layer_ *l, const float *x, const float *dz, int64_t nb, int r0, int r1,
                               float *dW, float *scratch);
+/* conv_winograd.c's 3x3 kernel gradient (nn_convw_kgrad_ok_: nn_convw_ok_, 3x3, and under "auto" only where
+ * measured faster than conv_fast.c's): dW rows (tap, c0 .. c1) for all 9 taps, input channels [c0, c1)
+ * (multiples of 8), summed over nb examples' tiles in order (any split of the channels: the same bits). */
+int     nn_convw_kgrad_ok_(const nn_layer_ *l);
+void    nn_convw_kernel_grad_(const nn_layer_ *l, const float *x, const float *dz, int64_t nb, int c0, int c1,
+                              float *dW, float *scratch);
+/* Part `part` of `parts`'s first input channel in nn_convw_kernel_grad_'s split (a multiple of 8): the gradient
+ * pass and the in-part update (model.c) agree on it. Part `parts` starts at cin. */
+static inline int nn_convw_grad_ci_(const nn_layer_ *l, int part, int parts)
+{
+    return part >= parts ? l->cin : (int)((int64_t)(l->cin / 8) * part / parts) * 8;
+}
 void nn_bn_moments_(const loom_model *m, const nn_layer_ *l, const float *x, int64_t rows, double *mean, double *var);
 void nn_bn_normalize_(const loom_model *m, const nn_layer_ *l, const float *x, int64_t rows, const float *mean,
                       const float *rstd, const float *gamma, const float *beta);

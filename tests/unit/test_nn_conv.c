@@ -258,6 +258,55 @@ static void convw_ref(const float *w, int K, const float *x, double *ref, int nb
                 }
 }
 
+/* ref (K, K, CI, CO) = the kernel gradient of the "same" convolution: x (nb, H, W, CI) times dz (nb, H, W, CO), in double */
+static void convw_kgrad_ref(int K, const float *x, const float *dz, double *ref, int nb, int H, int W, int CI, int CO)
+{
+    const int pad = (K - 1) / 2;
+    memset(ref, 0, (size_t)K * K * CI * CO * sizeof *ref);
+    for (int b = 0; b < nb; b++)
+        for (int oy = 0; oy < H; oy++)
+            for (int ox = 0; ox < W; ox++) {
+                const float *d = dz + (((int64_t)b * H + oy) * W + ox) * CO;
+                for (int i = 0; i < K; i++)
+                    for (int j = 0; j < K; j++) {
+                        int r = oy + i - pad, c = ox + j - pad;
+                        if (r < 0 || r >= H || c < 0 || c >= W) continue;
+                        const float *xv = x + (((int64_t)b * H + r) * W + c) * CI;
+                        for (int a = 0; a < CI; a++)
+                            for (int o = 0; o < CO; o++)
+                                ref[((int64_t)(i * K + j) * CI + a) * CO + o] += (double)xv[a] * d[o];
+                    }
+            }
+}
+
+/* conv_winograd.c's 3x3 kernel gradient: whole and split at every 8 input channels (the same bits), within
+ * bound of the largest |dW| of a double sum; AVX-512 = AVX2 bit for bit. Returns the worst error. */
+static double convw_kgrad_check(nn_layer_ *l, size_t k, const float *x, const float *dz, int nb, float *s, int level,
+                                double bound)
+{
+    const int H = l->ih, W = l->iw, CI = l->cin, CO = l->cout;
+    const int64_t nw = (int64_t)9 * CI * CO;
+    double *ref = malloc((size_t)nw * sizeof *ref);
+    float *g1 = malloc((size_t)nw * 4), *g2 = malloc((size_t)nw * 4);
+    convw_kgrad_ref(3, x, dz, ref, nb, H, W, CI, CO);
+    l->fma = 1;
+    nn_convw_kernel_grad_(l, x, dz, nb, 0, CI, g1, s);
+    double e = convw_worst(g1, ref, nw);
+    CHECK_MSG(e <= bound, "case %zu: Winograd kernel gradient %.3g of the largest (bound %.3g)", k, e, bound);
+    for (int c = 0; c < CI; c += 8) nn_convw_kernel_grad_(l, x, dz, nb, c, c + 8, g2, s);
+    CHECK_MSG(!memcmp(g1, g2, (size_t)nw * 4), "case %zu: the kernel gradient by 8 channels differs", k);
+    if (level >= LOOM_CPU_AVX512) {
+        l->fma = 2;
+        nn_convw_kernel_grad_(l, x, dz, nb, 0, CI, g2, s);
+        CHECK_MSG(!memcmp(g1, g2, (size_t)nw * 4), "case %zu: the AVX-512 kernel gradient differs from AVX2's", k);
+        l->fma = 1;
+    }
+    nn_conv3_kernel_grad_(l, x, dz, nb, 0, 9 * CI, g2, s); /* the direct sums: as close */
+    CHECK_MSG(convw_worst(g2, ref, nw) <= bound, "case %zu: direct kernel gradient %.3g", k, convw_worst(g2, ref, nw));
+    free(ref), free(g1), free(g2);
+    return e;
+}
+
 static void test_convw_levels(void)
 {
     const int level = loom_cpu()->level;
@@ -269,7 +318,7 @@ static void test_convw_levels(void)
     struct { int k, h, w, ci, co; } cases[] = {{5, 6, 8, 16, 32},  {5, 7, 9, 32, 16},  {5, 14, 14, 32, 64},
                                                {3, 8, 12, 16, 32}, {3, 7, 9, 32, 16},  {3, 14, 14, 32, 32},
                                                {3, 28, 28, 16, 16}, {3, 7, 7, 64, 64}};
-    double worst[2] = {0, 0}; /* 5x5, 3x3 */
+    double worst[2] = {0, 0}, worst_k = 0; /* 5x5, 3x3; the 3x3 kernel gradient */
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         const int KS = cases[k].k, H = cases[k].h, W = cases[k].w, CI = cases[k].ci, CO = cases[k].co, nb = 3;
         loom_layer_spec ls[] = {L_conv(CO, KS, 1, LOOM_PAD_SAME, LOOM_ACT_RELU), L_kind(LOOM_LAYER_FLATTEN, 0, 0),
@@ -314,6 +363,7 @@ static void test_convw_levels(void)
             CHECK_MSG(!memcmp(y1, y2, (size_t)ny * 4) && !memcmp(dx1, dx2, (size_t)nx * 4),
                       "case %zu: the AVX-512 Winograd kernels differ from the AVX2 ones", k);
         }
+        if (KS == 3) worst_k = fmax(worst_k, convw_kgrad_check(l, k, x, dz, nb, s, level, 1e-5));
         if (KS == 5) { /* the direct sums: as close */
             nn_convd_forward_(l, w, x, y2, nb, s);
             nn_convd_backward_data_(l, w, dz, dx2, nb, s);
@@ -325,13 +375,13 @@ static void test_convw_levels(void)
         l->spec.algorithm = LOOM_CONV_AUTO; /* these shapes (3x3: up to 64 channels, 7x7 planes or more) */
         CHECK_MSG(nn_convw_ok_(l), "case %zu: \"auto\" does not pick Winograd", k);
         l->spec.algorithm = LOOM_CONV_DIRECT; /* the switch */
-        CHECK(!nn_convw_ok_(l) && (KS == 5 ? nn_convd_ok_(l) : nn_conv3_ok_(l)));
+        CHECK(!nn_convw_ok_(l) && !nn_convw_kgrad_ok_(l) && (KS == 5 ? nn_convd_ok_(l) : nn_conv3_ok_(l)));
         free(w), free(x), free(dz), free(y1), free(y2), free(dx1), free(dx2), free(s), free(ry), free(rx);
         loom_model_free(m);
     }
     printf("# conv_winograd.c: F(2x2, 5x5) within %.2g, F(4x4, 3x3) within %.2g of the largest output of a double "
-           "sum%s\n",
-           worst[0], worst[1], level >= LOOM_CPU_AVX512 ? ", AVX-512 = AVX2 bit for bit" : "");
+           "sum, the 3x3 kernel gradient within %.2g of the largest |dW|%s\n",
+           worst[0], worst[1], worst_k, level >= LOOM_CPU_AVX512 ? ", AVX-512 = AVX2 bit for bit" : "");
 }
 
 /* The direct narrow-input kernels (conv_stem.c: 2-4 channels in, no padding of their own, as ResNet-50's 7x7
