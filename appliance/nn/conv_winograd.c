@@ -48,8 +48,11 @@ int nn_convw_shape_ok_(const nn_layer_ *l)
  * Wider layers (im2col + GEMM there) and planes under 7x7 (a 4x4 tile mostly padding) were not measured. */
 static int cw3_wins(const nn_layer_ *l) { return l->cin <= 64 && l->cout <= 64 && l->ih >= 7 && l->iw >= 7; }
 
-/* The kernel gradient under "auto": see the table at nn_convw_kgrad_ok_'s measurement (docs) */
-static int cw3k_wins(const nn_layer_ *l) { return cw3_wins(l); }
+/* The 3x3 kernel gradient under "auto": where it beat conv_fast.c's direct sums, 32 and 64 input channels
+ * (one part of 2, half the input channels, batch 128, Zen 3 AVX2 under a CI run, alternated, medians of 7;
+ * direct -> Winograd, ms): 16 -> 16 28x28 4.07 -> 4.61 (the transforms, dz's duplicated in each part, weigh
+ * as much as the 36 products of 8 x 16 channels); 32 -> 32 14x14 4.16 -> 3.47; 64 -> 64 7x7 4.32 -> 3.24. */
+static int cw3k_wins(const nn_layer_ *l) { return cw3_wins(l) && l->cin >= 32; }
 
 int nn_convw_ok_(const nn_layer_ *l)
 {
@@ -339,21 +342,23 @@ CW_256 static void ztrans(const float *dz, int H, int W, int C, int64_t g, float
     }
 }
 
-/* s rows [0, R) (of CO), columns [c0, c0 + 16) += v^T z over n tiles: v (n, cp) from its row 0, z (n, CO) */
+/* s rows [0, R) (of CO), columns [c0, c0 + 16) += v^T z over n tiles: v (n, cp) from its row 0, z (n, CO); the
+ * block's sum (one fused chain over its tiles in order) then added to s, so the long sums go in two levels */
 static inline __attribute__((always_inline)) CW_512 void kk512(int R, int n, const float *restrict v, int cp,
                                                                const float *restrict z, int CO, int c0,
                                                                float *restrict s)
 {
     __m512 acc[12];
 #pragma GCC unroll 12
-    for (int r = 0; r < R; r++) acc[r] = _mm512_loadu_ps(s + (int64_t)r * CO + c0);
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int t = 0; t < n; t++) {
         __m512 zv = _mm512_loadu_ps(z + (int64_t)t * CO + c0);
 #pragma GCC unroll 12
         for (int r = 0; r < R; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(v[(int64_t)t * cp + r]), zv, acc[r]);
     }
 #pragma GCC unroll 12
-    for (int r = 0; r < R; r++) _mm512_storeu_ps(s + (int64_t)r * CO + c0, acc[r]);
+    for (int r = 0; r < R; r++)
+        _mm512_storeu_ps(s + (int64_t)r * CO + c0, _mm512_add_ps(_mm512_loadu_ps(s + (int64_t)r * CO + c0), acc[r]));
 }
 
 static inline __attribute__((always_inline)) CW_256 void kk256(int R, int n, const float *restrict v, int cp,
@@ -362,10 +367,7 @@ static inline __attribute__((always_inline)) CW_256 void kk256(int R, int n, con
 {
     __m256 lo[6], hi[6];
 #pragma GCC unroll 6
-    for (int r = 0; r < R; r++) {
-        lo[r] = _mm256_loadu_ps(s + (int64_t)r * CO + c0);
-        hi[r] = _mm256_loadu_ps(s + (int64_t)r * CO + c0 + 8);
-    }
+    for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_ps();
     for (int t = 0; t < n; t++) {
         __m256 zl = _mm256_loadu_ps(z + (int64_t)t * CO + c0), zh = _mm256_loadu_ps(z + (int64_t)t * CO + c0 + 8);
 #pragma GCC unroll 6
@@ -377,8 +379,9 @@ static inline __attribute__((always_inline)) CW_256 void kk256(int R, int n, con
     }
 #pragma GCC unroll 6
     for (int r = 0; r < R; r++) {
-        _mm256_storeu_ps(s + (int64_t)r * CO + c0, lo[r]);
-        _mm256_storeu_ps(s + (int64_t)r * CO + c0 + 8, hi[r]);
+        float *sr = s + (int64_t)r * CO + c0;
+        _mm256_storeu_ps(sr, _mm256_add_ps(_mm256_loadu_ps(sr), lo[r]));
+        _mm256_storeu_ps(sr + 8, _mm256_add_ps(_mm256_loadu_ps(sr + 8), hi[r]));
     }
 }
 

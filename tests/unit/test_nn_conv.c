@@ -374,6 +374,7 @@ static void test_convw_levels(void)
         CHECK_MSG(convw_worst(y2, ry, ny) <= 1e-5 && convw_worst(dx2, rx, nx) <= 1e-5, "case %zu: direct", k);
         l->spec.algorithm = LOOM_CONV_AUTO; /* these shapes (3x3: up to 64 channels, 7x7 planes or more) */
         CHECK_MSG(nn_convw_ok_(l), "case %zu: \"auto\" does not pick Winograd", k);
+        CHECK_MSG(nn_convw_kgrad_ok_(l) == (KS == 3 && CI >= 32), "case %zu: \"auto\"'s kernel gradient", k);
         l->spec.algorithm = LOOM_CONV_DIRECT; /* the switch */
         CHECK(!nn_convw_ok_(l) && !nn_convw_kgrad_ok_(l) && (KS == 5 ? nn_convd_ok_(l) : nn_conv3_ok_(l)));
         free(w), free(x), free(dz), free(y1), free(y2), free(dx1), free(dx2), free(s), free(ry), free(rx);
