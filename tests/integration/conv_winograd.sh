@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # conv_winograd.sh - conv2d 5x5 and 3x3 "same" with 16k channels run by Winograd F(2x2, 5x5) and
-# F(4x4, 3x3) (appliance/nn/conv_winograd.c: forward and input gradient) on AVX2 and AVX-512 CPUs
+# F(4x4, 3x3) (appliance/nn/conv_winograd.c: forward, input gradient, 3x3 kernel gradient) on AVX2 and AVX-512 CPUs
 # (tests/configs/conv_winograd.cfg and conv_winograd3.cfg: 16 -> 32 and 32 -> 64 fused with their
 # pools, 64 -> 16 on 7x7 planes): --gradcheck passes with the AVX-512 and the AVX2 kernels; training is
 # bit-identical with 1 and 2 threads and within 1e-4 (5x5; 3x3: 2e-3 with ReLU and max-pool ties, 1e-6
@@ -33,6 +33,17 @@ sed -e 's/activation = "relu"/activation = "tanh"/' -e 's/type = "max_pool2d"/ty
 conv_train "3x3 smooth: " "$WORK/w3s.cfg" w3s.t1 1
 conv_train "3x3 smooth: " "$WORK/w3s.cfg" w3s.base 1 baseline
 weights_within "3x3 smooth: " "$WORK/w3s.cfg" w3s.t1 w3s.base 1e-6 "the Winograd and the GEMM path"
+
+# the kernel gradient by Winograd on the 16 -> 32 layer too ("auto" keeps conv_fast.c's under 32 input channels):
+# gradcheck, and 1 and 2 threads bit-identical
+sed 's/filters = 32; kernel_size = 3; padding = "same";/filters = 32; kernel_size = 3; padding = "same"; algorithm = "winograd";/' \
+    tests/configs/conv_winograd3.cfg >"$WORK/w3k.cfg"
+grep -q 'algorithm = "winograd"' "$WORK/w3k.cfg" || fail "w3k.cfg: the 16 -> 32 layer set to Winograd" "" ""
+conv_gradcheck "3x3 all Winograd: " "$WORK/w3k.cfg" '^conv2d_[1246] (conv2d) .* pass' 4 "the four convolutions"
+conv_train "3x3 all Winograd: " "$WORK/w3k.cfg" w3k.t1 1
+conv_train "3x3 all Winograd: " "$WORK/w3k.cfg" w3k.t2 2
+same_weights "3x3 all Winograd: 1 and 2 threads: bit-identical weights after 8 steps" "$WORK/w3k.t1/ckpt-8.loom" \
+    "$WORK/w3k.t2/ckpt-8.loom"
 
 # algorithm = "winograd" where it cannot run (a 7x7 kernel): refused at check, naming the layer
 sed 's/filters = 64; kernel_size = 5; padding = "same";/filters = 64; kernel_size = 7; padding = "same"; algorithm = "winograd";/' \
