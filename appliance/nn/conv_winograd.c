@@ -1,6 +1,6 @@
 /* conv_winograd.c - conv2d 5x5 and 3x3, stride 1, "same", by Winograd's F(2x2, 5x5) and F(4x4, 3x3):
  * the Fashion-MNIST CNN's second convolution (32 -> 64 on 14x14), ResNet-20's 3x3 convolutions (16, 32,
- * 64 channels on 28x28, 14x14, 7x7) and their like, forward and input gradient.
+ * 64 channels on 28x28, 14x14, 7x7) and their like, forward and input gradient (3x3: kernel gradient too).
  * The direct kernels run these near the FMA peak (25 or 9 multiply-adds per output and channel pair);
  * here each 2x2 (5x5) or 4x4 (3x3) block of outputs takes 36 products per (input, output) channel pair,
  * 2.8x or 4x fewer, on 6x6 input tiles: V = B^T d B per tile and input channel, U = G g G^T per kernel
@@ -9,10 +9,14 @@
  * infinity, so B^T is the same 6x6 (|B| <= 5) and only G and A^T differ; A^T's entries reach 2 (5x5) or
  * 8 (3x3): fp32 results stay within ~4e-6 (5x5) and ~6e-6 (3x3) of the largest output of a double sum
  * (test_nn_conv). The input gradient is the same convolution of dz with the kernel flipped and
- * transposed, the kernel gradient stays direct (conv_direct.c, conv_fast.c).
+ * transposed. The 3x3 kernel gradient (nn_convw_kgrad_ok_; the 5x5's stays conv_direct.c's) is
+ * G^T (sum over tiles of V (.) Z) G, Z = A dz A^T per tile: 36 products (CI x tiles) . (tiles x CO) over
+ * the whole batch, summed in blocks of CW_KTB tiles then added, within ~7e-6 of the largest |dW| of a
+ * double sum (ResNet-20's shapes at batch 64); its parts split the input channels (all 9 taps of each).
  * Bits: the transforms are one function for both ISAs (-ffp-contract=off: no FMA behind the
- * code's back) and each M element is one fused chain over the input channels in order, so the
- * AVX2 and AVX-512 kernels give the same bits, whatever the threads or the tile blocks. */
+ * code's back) and each M element is one fused chain over the input channels in order (each S element
+ * of the kernel gradient: one chain a block of CW_KTB tiles, the blocks added in order), so the AVX2 and AVX-512
+ * kernels give the same bits, whatever the threads or the tile blocks. */
 #include <string.h>
 
 #include "nn_internal.h"
