@@ -491,8 +491,9 @@ void    nn_convd_backward_data_(const nn_layer_ *l, const float *w, const float 
 /* conv_winograd.c: conv2d 5x5 and 3x3, stride 1, "same", 16k channels up to 256, on AVX2 / AVX-512 (nn_convw_ok_:
  * also algorithm != direct; 3x3 under "auto" only where measured faster than conv_fast.c), by Winograd
  * F(2x2, 5x5) / F(4x4, 3x3): forward and input gradient, the calls of convd's (the kernel gradient: 3x3 by
- * nn_convw_kernel_grad_ where nn_convw_kgrad_ok_, else convd's / conv3's); scratch of nn_convw_scratch_(l) floats. The forward's transformed
- * kernel goes to the scratch's start once (nn_convw_kernel_), then each run of examples (nn_convw_forward_). */
+ * nn_convw_kernel_grad_ where nn_convw_kgrad_ok_, else convd's / conv3's); scratch of nn_convw_scratch_(l)
+ * floats. The forward's transformed kernel goes to the scratch's start once (nn_convw_kernel_), then each run
+ * of examples (nn_convw_forward_). */
 int     nn_convw_ok_(const nn_layer_ *l);
 int     nn_convw_shape_ok_(const nn_layer_ *l); /* the shape alone (algorithm = "winograd" is refused otherwise) */
 int64_t nn_convw_scratch_(const nn_layer_ *l);

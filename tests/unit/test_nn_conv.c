@@ -258,7 +258,8 @@ static void convw_ref(const float *w, int K, const float *x, double *ref, int nb
                 }
 }
 
-/* ref (K, K, CI, CO) = the kernel gradient of the "same" convolution: x (nb, H, W, CI) times dz (nb, H, W, CO), in double */
+/* ref (K, K, CI, CO) = the kernel gradient of the "same" convolution: x (nb, H, W, CI) times dz (nb, H, W, CO),
+ * in double */
 static void convw_kgrad_ref(int K, const float *x, const float *dz, double *ref, int nb, int H, int W, int CI, int CO)
 {
     const int pad = (K - 1) / 2;
