@@ -1,5 +1,5 @@
 /* nn_fixtures.h - what the nn unit tests share (test_nn.c, test_nn_conv.c,
- * test_nn_optim.c, test_nn_graph.c): layer specs, a model fixture on random
+ * test_nn_optim.c, test_nn_graph.c): layer specs (spec_fixtures.h), a model fixture on random
  * data, a gradient check against central differences, and the comparison
  * of a step on 1, 2 and 3 intra-op threads. Included by one test file per
  * executable; all static. */
@@ -8,6 +8,7 @@
 
 #include "harness.h"
 #include "nn/nn.h"
+#include "spec_fixtures.h" /* L_dense, L_conv, L_pool, L_kind, L_emb, mk */
 #include "nn/nn_internal.h" /* white box: the dropout masks across thread counts */
 
 #include <math.h>
@@ -19,69 +20,6 @@
 static loom_err err __attribute__((unused));
 
 /* ---- helpers ---------------------------------------------------------------- */
-
-static inline loom_layer_spec L_dense(int units, loom_activation a)
-{
-    loom_layer_spec s = {0};
-    s.kind = LOOM_LAYER_DENSE;
-    s.units = units;
-    s.activation = a;
-    s.kernel_init = LOOM_INIT_GLOROT_UNIFORM;
-    s.use_bias = true;
-    return s;
-}
-
-static inline loom_layer_spec L_conv(int filters, int k, int stride, loom_padding p, loom_activation a)
-{
-    loom_layer_spec s = {0};
-    s.kind = LOOM_LAYER_CONV2D;
-    s.filters = filters;
-    s.kernel[0] = s.kernel[1] = k;
-    s.stride[0] = s.stride[1] = stride;
-    s.padding = p;
-    s.activation = a;
-    s.kernel_init = LOOM_INIT_GLOROT_UNIFORM;
-    s.use_bias = true;
-    return s;
-}
-
-static inline loom_layer_spec L_pool(int k, int stride, loom_padding p)
-{
-    loom_layer_spec s = {0};
-    s.kind = LOOM_LAYER_MAX_POOL2D;
-    s.pool[0] = s.pool[1] = k;
-    s.stride[0] = s.stride[1] = stride;
-    s.padding = p;
-    return s;
-}
-
-static inline loom_layer_spec L_kind(loom_layer_kind k, double rate, loom_activation a)
-{
-    loom_layer_spec s = {0};
-    s.kind = k;
-    s.rate = rate;
-    s.activation = a;
-    return s;
-}
-
-static loom_model_spec spec_buf __attribute__((unused));
-
-static inline const loom_model_spec *mk(loom_loss_kind loss, int n, const loom_layer_spec *layers)
-{
-    memset(&spec_buf, 0, sizeof spec_buf);
-    snprintf(spec_buf.loc.file, sizeof spec_buf.loc.file, "test.cfg");
-    spec_buf.loc.line = 5;
-    spec_buf.loss = loss;
-    spec_buf.n_layers = n;
-    snprintf(spec_buf.input, sizeof spec_buf.input, "image");
-    snprintf(spec_buf.label, sizeof spec_buf.label, "label");
-    for (int i = 0; i < n; i++) {
-        spec_buf.layer[i] = layers[i];
-        snprintf(spec_buf.layer[i].loc.file, sizeof spec_buf.layer[i].loc.file, "test.cfg");
-        spec_buf.layer[i].loc.line = 10 + i;
-    }
-    return &spec_buf;
-}
 
 static inline loom_shape shp(int rank, int64_t a, int64_t b, int64_t c)
 {

@@ -8,6 +8,7 @@
 #include "harness.h"
 #include "data/data.h"
 #include "nn/nn.h"
+#include "spec_fixtures.h"
 
 #include <stdint.h>
 
@@ -15,51 +16,12 @@ static loom_err err;
 
 /* ---- helpers ---------------------------------------------------------------- */
 
-static loom_model_spec spec_buf;
-
-static loom_layer_spec L_emb(int64_t rows, int dim, loom_combiner comb)
+/* test.cfg's model over the input "ids", MSE. */
+static const loom_model_spec *mk_ids(int n, const loom_layer_spec *layers)
 {
-    loom_layer_spec s = {0};
-    s.kind = LOOM_LAYER_EMBEDDING;
-    s.input_dim = rows;
-    s.output_dim = dim;
-    s.combiner = comb;
-    snprintf(s.name, sizeof s.name, "emb");
+    loom_model_spec *s = mk(LOOM_LOSS_MSE, n, layers);
+    snprintf(s->input, sizeof s->input, "ids");
     return s;
-}
-
-static loom_layer_spec L_dense(int units, loom_activation a)
-{
-    loom_layer_spec s = {0};
-    s.kind = LOOM_LAYER_DENSE;
-    s.units = units;
-    s.activation = a;
-    s.kernel_init = LOOM_INIT_GLOROT_UNIFORM;
-    s.use_bias = true;
-    return s;
-}
-
-static loom_layer_spec L_flat(void)
-{
-    loom_layer_spec s = {0};
-    s.kind = LOOM_LAYER_FLATTEN;
-    return s;
-}
-
-static const loom_model_spec *mk(int n, const loom_layer_spec *layers)
-{
-    memset(&spec_buf, 0, sizeof spec_buf);
-    snprintf(spec_buf.loc.file, sizeof spec_buf.loc.file, "test.cfg");
-    spec_buf.loc.line = 5;
-    spec_buf.loss = LOOM_LOSS_MSE;
-    spec_buf.n_layers = n;
-    snprintf(spec_buf.input, sizeof spec_buf.input, "ids");
-    for (int i = 0; i < n; i++) {
-        spec_buf.layer[i] = layers[i];
-        snprintf(spec_buf.layer[i].loc.file, sizeof spec_buf.layer[i].loc.file, "test.cfg");
-        spec_buf.layer[i].loc.line = 10 + i;
-    }
-    return &spec_buf;
 }
 
 /* embedding (rows, 4) over ids (3, 2) -> flatten -> dense 5 tanh -> dense 2, MSE. */
@@ -74,7 +36,7 @@ static int fixture_new(fixture *f, int64_t rows, loom_combiner comb, int64_t B, 
     memset(f, 0, sizeof *f);
     loom_layer_spec ls[4] = {L_emb(rows, 4, comb), L_flat(), L_dense(5, LOOM_ACT_TANH), L_dense(2, LOOM_ACT_NONE)};
     loom_shape in = {.rank = 2, .dim = {3, 2}}, lab = {.rank = 1, .dim = {2}};
-    int rc = loom_model_new(&f->m, mk(4, ls), &in, id_dtype, &lab, LOOM_F32, B, &err);
+    int rc = loom_model_new(&f->m, mk_ids(4, ls), &in, id_dtype, &lab, LOOM_F32, B, &err);
     if (rc) {
         printf("# model_new: %s: %s\n", err.where, err.msg);
         return rc;
@@ -144,7 +106,7 @@ static void test_forward(void)
         loom_layer_spec ls[2] = {L_emb(10, 3, (loom_combiner)comb), L_flat()};
         loom_model *m = NULL;
         loom_shape in = {.rank = 2, .dim = {2, 3}}, lab = {.rank = 1, .dim = {6}};
-        CHECK(loom_model_new(&m, mk(2, ls), &in, LOOM_I64, &lab, LOOM_F32, 2, &err) == LOOM_OK);
+        CHECK(loom_model_new(&m, mk_ids(2, ls), &in, LOOM_I64, &lab, LOOM_F32, 2, &err) == LOOM_OK);
         if (!m) return;
         loom_model_init_params(m, 3);
         const float *T = loom_model_params(m);
@@ -169,7 +131,7 @@ static void test_forward(void)
     loom_layer_spec ls[1] = {L_emb(1000, 8, LOOM_COMBINER_SUM)};
     loom_model *m = NULL;
     loom_shape in = {.rank = 0}, lab = {.rank = 1, .dim = {8}};
-    CHECK(loom_model_new(&m, mk(1, ls), &in, LOOM_I32, &lab, LOOM_F32, 4, &err) == LOOM_OK);
+    CHECK(loom_model_new(&m, mk_ids(1, ls), &in, LOOM_I32, &lab, LOOM_F32, 4, &err) == LOOM_OK);
     if (!m) return;
     loom_model_init_params(m, 5);
     const loom_param_info *pi = loom_model_param_tensor(m, 0);
@@ -343,10 +305,10 @@ static void test_bad_ids(void)
     loom_model *m = NULL;
     loom_layer_spec ls[2] = {L_emb(10, 3, LOOM_COMBINER_SUM), L_flat()};
     loom_shape in = {.rank = 1, .dim = {2}}, lab = {.rank = 1, .dim = {6}};
-    CHECK(loom_model_new(&m, mk(2, ls), &in, LOOM_F32, &lab, LOOM_F32, 2, &err) == LOOM_ESHAPE);
+    CHECK(loom_model_new(&m, mk_ids(2, ls), &in, LOOM_F32, &lab, LOOM_F32, 2, &err) == LOOM_ESHAPE);
     CHECK_CONTAINS(err.msg, "needs int32 or int64 ids");
     loom_layer_spec ls2[2] = {L_flat(), L_emb(10, 3, LOOM_COMBINER_SUM)};
-    CHECK(loom_model_new(&m, mk(2, ls2), &in, LOOM_I64, &lab, LOOM_F32, 2, &err) != LOOM_OK);
+    CHECK(loom_model_new(&m, mk_ids(2, ls2), &in, LOOM_I64, &lab, LOOM_F32, 2, &err) != LOOM_OK);
     CHECK(m == NULL);
 }
 

@@ -6,6 +6,7 @@
  * numbers and central differences. */
 #include "harness.h"
 #include "nn/nn.h"
+#include "spec_fixtures.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -13,49 +14,34 @@
 #include <string.h>
 
 static loom_err err;
-static loom_model_spec spec_buf;
-
-static loom_layer_spec L_emb(int64_t rows, int dim, bool mask_zero)
+/* An embedding named "emb" (spec_fixtures.h) that masks id 0 or not. */
+static loom_layer_spec L_emb_mask(int64_t rows, int dim, bool mask_zero)
 {
-    loom_layer_spec s = {0};
-    s.kind = LOOM_LAYER_EMBEDDING;
-    s.input_dim = rows;
-    s.output_dim = dim;
+    loom_layer_spec s = L_emb(rows, dim, LOOM_COMBINER_SUM);
     s.mask_zero = mask_zero;
-    snprintf(s.name, sizeof s.name, "emb");
     return s;
 }
 
-static loom_layer_spec L_dense(int units, loom_activation a)
+/* A dense layer named dense_<units>: the PyTorch comparison finds its kernel by name. */
+static loom_layer_spec L_dense_named(int units, loom_activation a)
 {
-    loom_layer_spec s = {0};
-    s.kind = LOOM_LAYER_DENSE;
-    s.units = units;
-    s.activation = a;
-    s.use_bias = true;
+    loom_layer_spec s = L_dense(units, a);
     snprintf(s.name, sizeof s.name, "dense_%d", units);
     return s;
 }
 
-static const loom_model_spec *mk(int n, const loom_layer_spec *layers)
+/* test.cfg's model over "ids": sparse softmax CE with ignore_label -100,
+ * token accuracy and perplexity. */
+static const loom_model_spec *mk_seq(int n, const loom_layer_spec *layers)
 {
-    memset(&spec_buf, 0, sizeof spec_buf);
-    snprintf(spec_buf.loc.file, sizeof spec_buf.loc.file, "test.cfg");
-    spec_buf.loc.line = 5;
-    spec_buf.loss = LOOM_LOSS_SPARSE_SOFTMAX_CE;
-    spec_buf.ignore_label = -100;
-    spec_buf.metrics_set = true;
-    spec_buf.n_metrics = 2;
-    spec_buf.metric[0] = LOOM_METRIC_ACCURACY;
-    spec_buf.metric[1] = LOOM_METRIC_PERPLEXITY;
-    spec_buf.n_layers = n;
-    snprintf(spec_buf.input, sizeof spec_buf.input, "ids");
-    for (int i = 0; i < n; i++) {
-        spec_buf.layer[i] = layers[i];
-        snprintf(spec_buf.layer[i].loc.file, sizeof spec_buf.layer[i].loc.file, "test.cfg");
-        spec_buf.layer[i].loc.line = 10 + i;
-    }
-    return &spec_buf;
+    loom_model_spec *s = mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, n, layers);
+    snprintf(s->input, sizeof s->input, "ids");
+    s->ignore_label = -100;
+    s->metrics_set = true;
+    s->n_metrics = 2;
+    s->metric[0] = LOOM_METRIC_ACCURACY;
+    s->metric[1] = LOOM_METRIC_PERPLEXITY;
+    return s;
 }
 
 /* A model over ids (B, T) with labels (B, T) of V classes. */
@@ -70,7 +56,7 @@ static int fixture_new2(fixture *f, int n, const loom_layer_spec *ls, int64_t B,
 {
     memset(f, 0, sizeof *f);
     loom_shape in = {.rank = 1, .dim = {T}}, lab = {.rank = per_token ? 1 : 0, .dim = {T}};
-    int rc = loom_model_new(&f->m, mk(n, ls), &in, LOOM_I32, &lab, LOOM_I32, B, &err);
+    int rc = loom_model_new(&f->m, mk_seq(n, ls), &in, LOOM_I32, &lab, LOOM_I32, B, &err);
     if (rc) {
         printf("# model_new: %s: %s\n", err.where, err.msg);
         return rc;
@@ -138,7 +124,7 @@ static void gradcheck(fixture *f, const char *what, float eps)
  * token accuracy and perplexity from the same tokens. */
 static void test_token_loss(void)
 {
-    loom_layer_spec ls[3] = {L_emb(7, 3, true), L_dense(5, LOOM_ACT_TANH), L_dense(6, LOOM_ACT_NONE)};
+    loom_layer_spec ls[3] = {L_emb_mask(7, 3, true), L_dense_named(5, LOOM_ACT_TANH), L_dense_named(6, LOOM_ACT_NONE)};
     fixture f;
     if (fixture_new(&f, 3, ls, 5, 4, 6, 21)) {
         CHECK(0);
@@ -185,7 +171,7 @@ static void test_token_loss(void)
  * giving the same bits. */
 static void test_token_gradcheck(void)
 {
-    loom_layer_spec ls[3] = {L_emb(7, 3, true), L_dense(5, LOOM_ACT_TANH), L_dense(6, LOOM_ACT_NONE)};
+    loom_layer_spec ls[3] = {L_emb_mask(7, 3, true), L_dense_named(5, LOOM_ACT_TANH), L_dense_named(6, LOOM_ACT_NONE)};
     float *g1 = NULL;
     for (int th = 1; th <= 2; th++) {
         fixture f;
@@ -214,10 +200,10 @@ static void test_token_gradcheck(void)
  * outside the classes names the example and step. */
 static void test_token_errors(void)
 {
-    loom_layer_spec ls[2] = {L_emb(7, 3, true), L_dense(6, LOOM_ACT_NONE)};
+    loom_layer_spec ls[2] = {L_emb_mask(7, 3, true), L_dense_named(6, LOOM_ACT_NONE)};
     loom_model *m;
     loom_shape in = {.rank = 1, .dim = {4}}, lab = {.rank = 1, .dim = {3}};
-    CHECK(loom_model_new(&m, mk(2, ls), &in, LOOM_I32, &lab, LOOM_I32, 2, &err) == LOOM_ESHAPE);
+    CHECK(loom_model_new(&m, mk_seq(2, ls), &in, LOOM_I32, &lab, LOOM_I32, 2, &err) == LOOM_ESHAPE);
     CHECK(strstr(err.msg, "per token") != NULL);
     fixture f;
     if (fixture_new(&f, 2, ls, 2, 4, 6, 5)) {
@@ -280,7 +266,7 @@ static void test_rnn_init(void)
 {
     for (int k = 0; k < 3; k++) {
         loom_layer_kind kind = k == 1 ? LOOM_LAYER_GRU : LOOM_LAYER_LSTM;
-        loom_layer_spec ls[2] = {L_emb(7, 5, false), L_rnn(kind, 6, false)};
+        loom_layer_spec ls[2] = {L_emb_mask(7, 5, false), L_rnn(kind, 6, false)};
         ls[1].recurrent_init = LOOM_INIT_ORTHOGONAL;
         ls[1].unit_forget_bias = k != 2;
         fixture f;
@@ -301,7 +287,7 @@ static void test_rnn_init(void)
         fixture_free(&f);
     }
     /* a kernel with more rows than columns: orthonormal columns (Keras: the (cols, rows) case transposed) */
-    loom_layer_spec d[2] = {L_emb(7, 5, false), L_dense(3, LOOM_ACT_NONE)};
+    loom_layer_spec d[2] = {L_emb_mask(7, 5, false), L_dense_named(3, LOOM_ACT_NONE)};
     d[1].kernel_init = LOOM_INIT_ORTHOGONAL;
     fixture f;
     CHECK(fixture_new2(&f, 2, d, 2, 4, 3, 12, true) == LOOM_OK);
@@ -343,7 +329,7 @@ static void test_rnn_gradcheck(void)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         loom_layer_spec r = L_rnn(cases[i].k, 3, cases[i].seq);
         r.cell = cases[i].cell, r.merge_mode = cases[i].merge;
-        loom_layer_spec ls[3] = {L_emb(7, 2, true), r, L_dense(5, LOOM_ACT_NONE)};
+        loom_layer_spec ls[3] = {L_emb_mask(7, 2, true), r, L_dense_named(5, LOOM_ACT_NONE)};
         float *g1 = NULL;
         for (int th = 1; th <= 3; th += 2) {
             fixture f;
@@ -389,8 +375,8 @@ static void torch_case(const char *what, loom_layer_kind k, int cell, int merge,
 {
     loom_layer_spec r = L_rnn(k, 2, seq);
     r.cell = cell, r.merge_mode = merge;
-    loom_layer_spec ls[2] = {L_emb(5, 3, true), r};
-    mk(2, ls);
+    loom_layer_spec ls[2] = {L_emb_mask(5, 3, true), r};
+    mk_seq(2, ls);
     spec_buf.loss = LOOM_LOSS_MSE;
     spec_buf.metrics_set = false;
     spec_buf.n_metrics = 0;
@@ -435,24 +421,24 @@ static void test_rnn_torch(void)
 static void test_rnn_errors(void)
 {
     loom_model *m = NULL;
-    loom_layer_spec ls[2] = {L_dense(4, LOOM_ACT_NONE), L_rnn(LOOM_LAYER_LSTM, 3, false)};
-    mk(2, ls);
+    loom_layer_spec ls[2] = {L_dense_named(4, LOOM_ACT_NONE), L_rnn(LOOM_LAYER_LSTM, 3, false)};
+    mk_seq(2, ls);
     spec_buf.metrics_set = false;
     loom_shape in = {.rank = 1, .dim = {6}}, lab = {.rank = 0};
     CHECK(loom_model_new(&m, &spec_buf, &in, LOOM_F32, &lab, LOOM_I32, 2, &err) == LOOM_ESHAPE);
     CHECK(!strcmp(err.where, "test.cfg:11"));
     CHECK_MSG(strstr(err.msg, "needs a sequence input (steps, features), got (4") != NULL, "%s", err.msg);
     CHECK(strstr(err.hint, "embedding") != NULL);
-    loom_layer_spec g[2] = {L_emb(7, 3, true), L_rnn(LOOM_LAYER_GRU, 3, false)};
+    loom_layer_spec g[2] = {L_emb_mask(7, 3, true), L_rnn(LOOM_LAYER_GRU, 3, false)};
     g[1].reset_after = false;
-    mk(2, g);
+    mk_seq(2, g);
     spec_buf.metrics_set = false;
     loom_shape ids = {.rank = 1, .dim = {5}};
     CHECK(loom_model_new(&m, &spec_buf, &ids, LOOM_I32, &lab, LOOM_I32, 2, &err) == LOOM_EUNSUPPORTED);
     CHECK(strstr(err.msg, "reset_after = false") != NULL);
     CHECK(strstr(err.hint, "reset_after = true") != NULL);
-    loom_layer_spec e[2] = {L_emb(7, 3, true), L_rnn(LOOM_LAYER_GRU, 3, false)};
-    mk(2, e);
+    loom_layer_spec e[2] = {L_emb_mask(7, 3, true), L_rnn(LOOM_LAYER_GRU, 3, false)};
+    mk_seq(2, e);
     spec_buf.metrics_set = false;
     loom_shape ck = {.rank = 2, .dim = {5, 2}};
     CHECK(loom_model_new(&m, &spec_buf, &ck, LOOM_I32, &lab, LOOM_I32, 2, &err) == LOOM_ESHAPE);
@@ -512,8 +498,8 @@ static void test_rnn_states(void)
         loom_layer_kind k = gru ? LOOM_LAYER_GRU : LOOM_LAYER_LSTM;
         loom_layer_spec r = L_rnn(k, 2, true);
         r.return_state = true;
-        loom_layer_spec ls[5] = {L_emb(5, 3, true), r, L_state(k, 2, 1), L_state(k, 2, 2), L_concat(2, in)};
-        mk(gru ? 3 : 5, ls); /* a gru: its h view is the output */
+        loom_layer_spec ls[5] = {L_emb_mask(5, 3, true), r, L_state(k, 2, 1), L_state(k, 2, 2), L_concat(2, in)};
+        mk_seq(gru ? 3 : 5, ls); /* a gru: its h view is the output */
         spec_buf.loss = LOOM_LOSS_MSE, spec_buf.metrics_set = false, spec_buf.n_metrics = 0;
         loom_model *m;
         loom_shape xin = {.rank = 1, .dim = {4}}, lab = {.rank = 1, .dim = {gru ? 2 : 4}};
@@ -559,9 +545,9 @@ static void test_rnn_states_gradcheck(void)
         loom_layer_spec r = L_rnn(k, 3, false);
         r.return_state = true;
         const int n = gru ? 5 : 6;
-        loom_layer_spec ls[6] = {L_emb(7, 2, true), r, L_state(k, 3, 1), L_state(k, 3, 2), L_concat(3, in),
-                                 L_dense(5, LOOM_ACT_NONE)};
-        if (gru) ls[3] = L_concat(2, in), ls[4] = L_dense(5, LOOM_ACT_NONE);
+        loom_layer_spec ls[6] = {L_emb_mask(7, 2, true), r, L_state(k, 3, 1), L_state(k, 3, 2), L_concat(3, in),
+                                 L_dense_named(5, LOOM_ACT_NONE)};
+        if (gru) ls[3] = L_concat(2, in), ls[4] = L_dense_named(5, LOOM_ACT_NONE);
         float *g1 = NULL;
         for (int th = 1; th <= 3; th += 2) {
             fixture f;

@@ -7,6 +7,7 @@
  * threads against one model on the whole batch and finite differences. */
 #include "harness.h"
 #include "nn/nn.h"
+#include "spec_fixtures.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -16,38 +17,18 @@
 
 static loom_err err;
 
-static loom_layer_spec L_dense(int units, loom_activation a)
+/* test.cfg's model with model.metrics at line 7, the metrics' and huber's
+ * settings at their defaults and layer i named layer_i. */
+static loom_model_spec *mk_task(loom_loss_kind loss, int n, const loom_layer_spec *layers)
 {
-    loom_layer_spec s = {0};
-    s.kind = LOOM_LAYER_DENSE;
-    s.units = units;
-    s.activation = a;
-    s.kernel_init = LOOM_INIT_GLOROT_UNIFORM;
-    s.use_bias = true;
+    loom_model_spec *s = mk(loss, n, layers);
+    s->metrics_loc = s->loc;
+    s->metrics_loc.line = 7;
+    s->auc_thresholds = 200;
+    s->top_k = 5;
+    s->huber_delta = 1.0;
+    for (int i = 0; i < n; i++) snprintf(s->layer[i].name, sizeof s->layer[i].name, "layer_%d", i);
     return s;
-}
-
-static loom_model_spec spec_buf;
-
-static loom_model_spec *mk(loom_loss_kind loss, int n, const loom_layer_spec *layers)
-{
-    memset(&spec_buf, 0, sizeof spec_buf);
-    snprintf(spec_buf.loc.file, sizeof spec_buf.loc.file, "test.cfg");
-    spec_buf.loc.line = 5;
-    spec_buf.metrics_loc = spec_buf.loc;
-    spec_buf.metrics_loc.line = 7;
-    spec_buf.loss = loss;
-    spec_buf.n_layers = n;
-    spec_buf.auc_thresholds = 200;
-    spec_buf.top_k = 5;
-    spec_buf.huber_delta = 1.0;
-    for (int i = 0; i < n; i++) {
-        spec_buf.layer[i] = layers[i];
-        snprintf(spec_buf.layer[i].name, sizeof spec_buf.layer[i].name, "layer_%d", i);
-        snprintf(spec_buf.layer[i].loc.file, sizeof spec_buf.layer[i].loc.file, "test.cfg");
-        spec_buf.layer[i].loc.line = 10 + i;
-    }
-    return &spec_buf;
 }
 
 static void set_metrics(loom_model_spec *s, int n, const loom_metric_kind *k)
@@ -177,22 +158,22 @@ static void test_grad_losses(void)
     loom_layer_spec sig[] = {L_dense(6, LOOM_ACT_TANH), L_dense(1, LOOM_ACT_SIGMOID)};
     loom_layer_spec three[] = {L_dense(6, LOOM_ACT_TANH), L_dense(3, LOOM_ACT_NONE)};
     loom_shape in = shp(1, 5, 0, 0), scalar = shp(0, 0, 0, 0), v3 = shp(1, 3, 0, 0);
-    gradcheck("bce, scalar 0/1 int64 labels", mk(LOOM_LOSS_BCE, 2, one), in, scalar, LOOM_I64, 6, 0);
-    gradcheck("bce, sigmoid output fused", mk(LOOM_LOSS_BCE, 2, sig), in, scalar, LOOM_F32, 6, 0);
-    gradcheck("bce, 3 outputs, soft labels", mk(LOOM_LOSS_BCE, 2, three), in, v3, LOOM_F32, 6, 1);
-    loom_model_spec *s = mk(LOOM_LOSS_BCE, 2, one);
+    gradcheck("bce, scalar 0/1 int64 labels", mk_task(LOOM_LOSS_BCE, 2, one), in, scalar, LOOM_I64, 6, 0);
+    gradcheck("bce, sigmoid output fused", mk_task(LOOM_LOSS_BCE, 2, sig), in, scalar, LOOM_F32, 6, 0);
+    gradcheck("bce, 3 outputs, soft labels", mk_task(LOOM_LOSS_BCE, 2, three), in, v3, LOOM_F32, 6, 1);
+    loom_model_spec *s = mk_task(LOOM_LOSS_BCE, 2, one);
     s->n_class_weights = 2;
     s->class_weight[0] = 0.3f;
     s->class_weight[1] = 2.5f;
     gradcheck("bce, class weights", s, in, scalar, LOOM_F32, 6, 0);
-    gradcheck("mae, scalar labels", mk(LOOM_LOSS_MAE, 2, one), in, scalar, LOOM_F32, 6, 0);
+    gradcheck("mae, scalar labels", mk_task(LOOM_LOSS_MAE, 2, one), in, scalar, LOOM_F32, 6, 0);
     /* piecewise linear: a smaller step meets fewer kinks that the second difference cannot see */
-    gradcheck_eps("mae, 3 outputs", mk(LOOM_LOSS_MAE, 2, three), in, v3, LOOM_F64, 6, 0, 2e-3f);
-    s = mk(LOOM_LOSS_HUBER, 2, three);
+    gradcheck_eps("mae, 3 outputs", mk_task(LOOM_LOSS_MAE, 2, three), in, v3, LOOM_F64, 6, 0, 2e-3f);
+    s = mk_task(LOOM_LOSS_HUBER, 2, three);
     s->huber_delta = 0.7; /* targets ~ N(0, 4): both sides of delta */
     gradcheck("huber, delta 0.7", s, in, v3, LOOM_F32, 6, 0);
-    gradcheck("mse, scalar labels", mk(LOOM_LOSS_MSE, 2, one), in, scalar, LOOM_F32, 6, 0);
-    s = mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 2, three);
+    gradcheck("mse, scalar labels", mk_task(LOOM_LOSS_MSE, 2, one), in, scalar, LOOM_F32, 6, 0);
+    s = mk_task(LOOM_LOSS_SPARSE_SOFTMAX_CE, 2, three);
     s->n_class_weights = 3;
     s->class_weight[0] = 1.f;
     s->class_weight[1] = 0.2f;
@@ -223,7 +204,7 @@ static void tensor_of(loom_tensor *t, loom_dtype dt, loom_shape s, const void *d
 static void test_bce_values(void)
 {
     loom_layer_spec d[] = {L_dense(1, LOOM_ACT_NONE)};
-    loom_model *m = identity_model(mk(LOOM_LOSS_BCE, 1, d), shp(0, 0, 0, 0), LOOM_F32, 4);
+    loom_model *m = identity_model(mk_task(LOOM_LOSS_BCE, 1, d), shp(0, 0, 0, 0), LOOM_F32, 4);
     if (!m) {
         CHECK(0);
         return;
@@ -267,20 +248,21 @@ static void test_regression_shapes(void)
     loom_shape in = shp(1, 4, 0, 0), scalar = shp(0, 0, 0, 0);
     loom_model *m = NULL;
     /* a scalar float target with one output: no one_hot hint, and no accuracy */
-    CHECK(loom_model_new(&m, mk(LOOM_LOSS_MSE, 1, one), &in, LOOM_F32, &scalar, LOOM_F32, 4, &err) == LOOM_OK);
+    CHECK(loom_model_new(&m, mk_task(LOOM_LOSS_MSE, 1, one), &in, LOOM_F32, &scalar, LOOM_F32, 4, &err) == LOOM_OK);
     if (m) CHECK(loom_model_num_metrics(m) == 0);
     loom_model_free(m);
     m = NULL;
     /* a scalar float target with ten outputs: say how to make one output */
-    CHECK(loom_model_new(&m, mk(LOOM_LOSS_HUBER, 1, ten), &in, LOOM_F32, &scalar, LOOM_F32, 4, &err) == LOOM_ESHAPE);
+    CHECK(loom_model_new(&m, mk_task(LOOM_LOSS_HUBER, 1, ten), &in, LOOM_F32, &scalar, LOOM_F32, 4, &err) ==
+          LOOM_ESHAPE);
     CHECK_CONTAINS(err.msg, "huber needs labels of the output's shape");
     CHECK_CONTAINS(err.hint, "units = 1");
     CHECK(strstr(err.hint, "one_hot") == NULL);
     /* integer classes against ten outputs under MSE: the one_hot hint still helps */
-    CHECK(loom_model_new(&m, mk(LOOM_LOSS_MSE, 1, ten), &in, LOOM_F32, &scalar, LOOM_U8, 4, &err) == LOOM_ESHAPE);
+    CHECK(loom_model_new(&m, mk_task(LOOM_LOSS_MSE, 1, ten), &in, LOOM_F32, &scalar, LOOM_U8, 4, &err) == LOOM_ESHAPE);
     CHECK_CONTAINS(err.hint, "one_hot map with depth = 10");
     /* accuracy asked of a regression */
-    loom_model_spec *s = mk(LOOM_LOSS_MAE, 1, one);
+    loom_model_spec *s = mk_task(LOOM_LOSS_MAE, 1, one);
     loom_metric_kind acc[] = {LOOM_METRIC_MAE, LOOM_METRIC_ACCURACY};
     set_metrics(s, 2, acc);
     CHECK(loom_model_new(&m, s, &in, LOOM_F32, &scalar, LOOM_F32, 4, &err) == LOOM_ECONFIG);
@@ -288,12 +270,12 @@ static void test_regression_shapes(void)
     CHECK_CONTAINS(err.msg, "model.metrics: \"accuracy\" does not fit this model");
     CHECK_CONTAINS(err.hint, "rmse");
     /* class weights need classes */
-    s = mk(LOOM_LOSS_MSE, 1, one);
+    s = mk_task(LOOM_LOSS_MSE, 1, one);
     s->n_class_weights = 2;
     s->class_weight[0] = s->class_weight[1] = 1;
     CHECK(loom_model_new(&m, s, &in, LOOM_F32, &scalar, LOOM_F32, 4, &err) == LOOM_ECONFIG);
     CHECK_CONTAINS(err.msg, "class_weight");
-    s = mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 1, ten);
+    s = mk_task(LOOM_LOSS_SPARSE_SOFTMAX_CE, 1, ten);
     s->n_class_weights = 3;
     CHECK(loom_model_new(&m, s, &in, LOOM_F32, &scalar, LOOM_I64, 4, &err) == LOOM_ECONFIG);
     CHECK_CONTAINS(err.msg, "3 weights for 10 classes");
@@ -371,7 +353,7 @@ static void test_auc(void)
     static const int Ts[] = {200, 13, 2};
     for (int i = 0; i < 3; i++) {
         loom_layer_spec d[] = {L_dense(1, LOOM_ACT_NONE)};
-        loom_model_spec *s = mk(LOOM_LOSS_BCE, 1, d);
+        loom_model_spec *s = mk_task(LOOM_LOSS_BCE, 1, d);
         loom_metric_kind k[] = {LOOM_METRIC_ACCURACY, LOOM_METRIC_AUC, LOOM_METRIC_PRECISION, LOOM_METRIC_RECALL,
                                 LOOM_METRIC_MAE, LOOM_METRIC_RMSE};
         set_metrics(s, 6, k);
@@ -405,7 +387,7 @@ static void test_auc(void)
     /* a perfect ranking gives 1, an inverted one 0 */
     for (int k = 0; k < B; k++) xs[k] = ts[k] ? 3.f + (float)k / B : -3.f - (float)k / B;
     loom_layer_spec d[] = {L_dense(1, LOOM_ACT_NONE)};
-    loom_model_spec *s = mk(LOOM_LOSS_BCE, 1, d);
+    loom_model_spec *s = mk_task(LOOM_LOSS_BCE, 1, d);
     loom_metric_kind k[] = {LOOM_METRIC_AUC};
     set_metrics(s, 1, k);
     loom_model *m = identity_model(s, shp(0, 0, 0, 0), LOOM_F32, B);
@@ -424,7 +406,7 @@ static void test_classification_metrics(void)
 {
     /* 4 classes, logits by hand: top-1 and top-2 hits */
     loom_layer_spec d[] = {L_dense(4, LOOM_ACT_NONE)};
-    loom_model_spec *s = mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 1, d);
+    loom_model_spec *s = mk_task(LOOM_LOSS_SPARSE_SOFTMAX_CE, 1, d);
     loom_metric_kind k[] = {LOOM_METRIC_TOP_K_ACCURACY, LOOM_METRIC_ACCURACY, LOOM_METRIC_PRECISION};
     set_metrics(s, 3, k);
     s->top_k = 2;
@@ -468,7 +450,7 @@ static void test_metric_fit(void)
     loom_shape in = shp(1, 4, 0, 0), scalar = shp(0, 0, 0, 0);
     loom_model *m = NULL;
     /* AUC on 10 classes without multi_label */
-    loom_model_spec *s = mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 1, ten);
+    loom_model_spec *s = mk_task(LOOM_LOSS_SPARSE_SOFTMAX_CE, 1, ten);
     loom_metric_kind auc[] = {LOOM_METRIC_ACCURACY, LOOM_METRIC_AUC};
     set_metrics(s, 2, auc);
     CHECK(loom_model_new(&m, s, &in, LOOM_F32, &scalar, LOOM_I64, 4, &err) == LOOM_ECONFIG);
@@ -483,29 +465,29 @@ static void test_metric_fit(void)
     m = NULL;
     /* top_k of a binary task, k >= classes, mae of class labels */
     loom_layer_spec one[] = {L_dense(1, LOOM_ACT_NONE)};
-    s = mk(LOOM_LOSS_BCE, 1, one);
+    s = mk_task(LOOM_LOSS_BCE, 1, one);
     loom_metric_kind tk[] = {LOOM_METRIC_TOP_K_ACCURACY};
     set_metrics(s, 1, tk);
     CHECK(loom_model_new(&m, s, &in, LOOM_F32, &scalar, LOOM_F32, 4, &err) == LOOM_ECONFIG);
     CHECK_CONTAINS(err.msg, "\"top_k_accuracy\" does not fit");
-    s = mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 1, ten);
+    s = mk_task(LOOM_LOSS_SPARSE_SOFTMAX_CE, 1, ten);
     set_metrics(s, 1, tk);
     s->top_k = 10;
     CHECK(loom_model_new(&m, s, &in, LOOM_F32, &scalar, LOOM_I64, 4, &err) == LOOM_ECONFIG);
     CHECK_CONTAINS(err.msg, "always right");
-    s = mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 1, ten);
+    s = mk_task(LOOM_LOSS_SPARSE_SOFTMAX_CE, 1, ten);
     loom_metric_kind mae[] = {LOOM_METRIC_MAE};
     set_metrics(s, 1, mae);
     CHECK(loom_model_new(&m, s, &in, LOOM_F32, &scalar, LOOM_I64, 4, &err) == LOOM_ECONFIG);
     CHECK_CONTAINS(err.msg, "\"mae\" does not fit");
     /* AUC of a regression */
-    s = mk(LOOM_LOSS_MSE, 1, one);
+    s = mk_task(LOOM_LOSS_MSE, 1, one);
     loom_metric_kind a1[] = {LOOM_METRIC_AUC};
     set_metrics(s, 1, a1);
     CHECK(loom_model_new(&m, s, &in, LOOM_F32, &scalar, LOOM_F32, 4, &err) == LOOM_ECONFIG);
     CHECK_CONTAINS(err.msg, "regression");
     /* defaults: accuracy for a classification, nothing for a regression */
-    CHECK(loom_model_new(&m, mk(LOOM_LOSS_BCE, 1, one), &in, LOOM_F32, &scalar, LOOM_F32, 4, &err) == LOOM_OK);
+    CHECK(loom_model_new(&m, mk_task(LOOM_LOSS_BCE, 1, one), &in, LOOM_F32, &scalar, LOOM_F32, 4, &err) == LOOM_OK);
     if (m) CHECK(loom_model_num_metrics(m) == 1 && loom_model_metric(m, 0) == LOOM_METRIC_ACCURACY);
     loom_model_free(m);
 }
@@ -624,7 +606,7 @@ static void test_clip_ranges(void)
 static void test_l2(void)
 {
     loom_layer_spec ls[] = {L_dense(6, LOOM_ACT_TANH), L_dense(3, LOOM_ACT_NONE)};
-    loom_model_spec *s = mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 2, ls);
+    loom_model_spec *s = mk_task(LOOM_LOSS_SPARSE_SOFTMAX_CE, 2, ls);
     s->l2 = 0.05;
     gradcheck("sparse ce + l2 0.05", s, shp(1, 5, 0, 0), shp(0, 0, 0, 0), LOOM_I64, 6, 0);
     /* the reported mean loss carries l2 * sum(kernel^2) once; biases are not penalised */
@@ -649,32 +631,20 @@ static void test_l2(void)
 
 /* ---- layers -------------------------------------------------------------------- */
 
-static loom_layer_spec L_kind(loom_layer_kind k)
+/* A layer of kind k with Keras' epsilon, momentum and alpha (batch and layer
+ * normalization, leaky relu); the other builders are spec_fixtures.h's. */
+static loom_layer_spec L_keras(loom_layer_kind k)
 {
-    loom_layer_spec s = {0};
-    s.kind = k;
+    loom_layer_spec s = L_kind(k, 0, LOOM_ACT_NONE);
     s.epsilon = 1e-3;
     s.momentum = 0.99;
     s.alpha = 0.3;
     return s;
 }
 
-static loom_layer_spec L_conv(int filters, int k)
-{
-    loom_layer_spec s = {0};
-    s.kind = LOOM_LAYER_CONV2D;
-    s.filters = filters;
-    s.kernel[0] = s.kernel[1] = k;
-    s.stride[0] = s.stride[1] = 1;
-    s.padding = LOOM_PAD_SAME;
-    s.kernel_init = LOOM_INIT_GLOROT_UNIFORM;
-    s.use_bias = true;
-    return s;
-}
-
 static loom_layer_spec L_avg(int k, int stride, loom_padding p)
 {
-    loom_layer_spec s = L_kind(LOOM_LAYER_AVG_POOL2D);
+    loom_layer_spec s = L_keras(LOOM_LAYER_AVG_POOL2D);
     s.pool[0] = s.pool[1] = k;
     s.stride[0] = s.stride[1] = stride;
     s.padding = p;
@@ -683,7 +653,7 @@ static loom_layer_spec L_avg(int k, int stride, loom_padding p)
 
 static loom_layer_spec L_act(loom_activation a)
 {
-    loom_layer_spec s = L_kind(LOOM_LAYER_ACTIVATION);
+    loom_layer_spec s = L_keras(LOOM_LAYER_ACTIVATION);
     s.activation = a;
     return s;
 }
@@ -693,39 +663,43 @@ static loom_layer_spec L_act(loom_activation a)
 static void test_grad_layers(void)
 {
     loom_shape img = shp(3, 5, 5, 2), vec = shp(1, 5, 0, 0), scalar = shp(0, 0, 0, 0);
-    loom_layer_spec bn_dense[] = {L_dense(6, LOOM_ACT_NONE), L_kind(LOOM_LAYER_BATCH_NORM), L_act(LOOM_ACT_TANH),
+    loom_layer_spec bn_dense[] = {L_dense(6, LOOM_ACT_NONE), L_keras(LOOM_LAYER_BATCH_NORM), L_act(LOOM_ACT_TANH),
                                   L_dense(3, LOOM_ACT_NONE)};
-    gradcheck("batch_normalization (features)", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, bn_dense), vec, scalar, LOOM_I64, 8, 0);
+    gradcheck("batch_normalization (features)", mk_task(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, bn_dense), vec, scalar,
+              LOOM_I64, 8, 0);
     /* tanh, not relu, after it: a weight's step moves every normalised value, and relu kinks would blur the check */
-    loom_layer_spec bn_conv[] = {L_conv(3, 3), L_kind(LOOM_LAYER_BATCH_NORM), L_act(LOOM_ACT_TANH),
-                                 L_kind(LOOM_LAYER_FLATTEN), L_dense(3, LOOM_ACT_NONE)};
-    gradcheck("batch_normalization (conv channels)", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 5, bn_conv), img, scalar, LOOM_I64,
-              4, 0);
-    loom_layer_spec bn_first[] = {L_kind(LOOM_LAYER_BATCH_NORM), L_dense(3, LOOM_ACT_NONE)}; /* no input gradient */
-    gradcheck("batch_normalization first", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 2, bn_first), vec, scalar, LOOM_I64, 8, 0);
-    loom_layer_spec ln[] = {L_dense(6, LOOM_ACT_NONE), L_kind(LOOM_LAYER_LAYER_NORM), L_dense(3, LOOM_ACT_NONE)};
-    gradcheck("layer_normalization", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 3, ln), vec, scalar, LOOM_I64, 6, 0);
-    loom_layer_spec ln_img[] = {L_conv(4, 3), L_kind(LOOM_LAYER_LAYER_NORM), L_kind(LOOM_LAYER_FLATTEN),
-                                L_dense(3, LOOM_ACT_NONE)};
-    gradcheck("layer_normalization (per position)", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, ln_img), img, scalar, LOOM_I64, 3,
+    loom_layer_spec bn_conv[] = {L_conv(3, 3, 1, LOOM_PAD_SAME, LOOM_ACT_NONE), L_keras(LOOM_LAYER_BATCH_NORM),
+                                 L_act(LOOM_ACT_TANH), L_keras(LOOM_LAYER_FLATTEN), L_dense(3, LOOM_ACT_NONE)};
+    gradcheck("batch_normalization (conv channels)", mk_task(LOOM_LOSS_SPARSE_SOFTMAX_CE, 5, bn_conv), img, scalar,
+              LOOM_I64, 4, 0);
+    loom_layer_spec bn_first[] = {L_keras(LOOM_LAYER_BATCH_NORM), L_dense(3, LOOM_ACT_NONE)}; /* no input gradient */
+    gradcheck("batch_normalization first", mk_task(LOOM_LOSS_SPARSE_SOFTMAX_CE, 2, bn_first), vec, scalar, LOOM_I64, 8,
               0);
-    loom_layer_spec gap[] = {L_conv(4, 3), L_kind(LOOM_LAYER_GLOBAL_AVG_POOL2D), L_dense(3, LOOM_ACT_NONE)};
-    gradcheck("global_average_pooling2d", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 3, gap), img, scalar, LOOM_I64, 4, 0);
-    loom_layer_spec avg_v[] = {L_conv(3, 3), L_avg(2, 2, LOOM_PAD_VALID), L_kind(LOOM_LAYER_FLATTEN),
-                               L_dense(3, LOOM_ACT_NONE)};
-    gradcheck("average_pooling2d valid", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, avg_v), img, scalar, LOOM_I64, 4, 0);
-    loom_layer_spec avg_s[] = {L_conv(3, 3), L_avg(3, 2, LOOM_PAD_SAME), L_kind(LOOM_LAYER_FLATTEN),
-                               L_dense(3, LOOM_ACT_NONE)};
-    gradcheck("average_pooling2d same 3/2", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, avg_s), img, scalar, LOOM_I64, 4, 0);
+    loom_layer_spec ln[] = {L_dense(6, LOOM_ACT_NONE), L_keras(LOOM_LAYER_LAYER_NORM), L_dense(3, LOOM_ACT_NONE)};
+    gradcheck("layer_normalization", mk_task(LOOM_LOSS_SPARSE_SOFTMAX_CE, 3, ln), vec, scalar, LOOM_I64, 6, 0);
+    loom_layer_spec ln_img[] = {L_conv(4, 3, 1, LOOM_PAD_SAME, LOOM_ACT_NONE), L_keras(LOOM_LAYER_LAYER_NORM),
+                                L_keras(LOOM_LAYER_FLATTEN), L_dense(3, LOOM_ACT_NONE)};
+    gradcheck("layer_normalization (per position)", mk_task(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, ln_img), img, scalar,
+              LOOM_I64, 3, 0);
+    loom_layer_spec gap[] = {L_conv(4, 3, 1, LOOM_PAD_SAME, LOOM_ACT_NONE), L_keras(LOOM_LAYER_GLOBAL_AVG_POOL2D),
+                             L_dense(3, LOOM_ACT_NONE)};
+    gradcheck("global_average_pooling2d", mk_task(LOOM_LOSS_SPARSE_SOFTMAX_CE, 3, gap), img, scalar, LOOM_I64, 4, 0);
+    loom_layer_spec avg_v[] = {L_conv(3, 3, 1, LOOM_PAD_SAME, LOOM_ACT_NONE), L_avg(2, 2, LOOM_PAD_VALID),
+                               L_keras(LOOM_LAYER_FLATTEN), L_dense(3, LOOM_ACT_NONE)};
+    gradcheck("average_pooling2d valid", mk_task(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, avg_v), img, scalar, LOOM_I64, 4, 0);
+    loom_layer_spec avg_s[] = {L_conv(3, 3, 1, LOOM_PAD_SAME, LOOM_ACT_NONE), L_avg(3, 2, LOOM_PAD_SAME),
+                               L_keras(LOOM_LAYER_FLATTEN), L_dense(3, LOOM_ACT_NONE)};
+    gradcheck("average_pooling2d same 3/2", mk_task(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, avg_s), img, scalar, LOOM_I64, 4,
+              0);
     loom_layer_spec leaky[] = {L_dense(6, LOOM_ACT_NONE), L_act(LOOM_ACT_LEAKY_RELU), L_dense(3, LOOM_ACT_NONE)};
-    gradcheck("leaky_relu", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 3, leaky), vec, scalar, LOOM_I64, 6, 0);
+    gradcheck("leaky_relu", mk_task(LOOM_LOSS_SPARSE_SOFTMAX_CE, 3, leaky), vec, scalar, LOOM_I64, 6, 0);
     loom_layer_spec gelu[] = {L_dense(6, LOOM_ACT_NONE), L_act(LOOM_ACT_GELU), L_dense(3, LOOM_ACT_NONE)};
-    gradcheck("gelu", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 3, gelu), vec, scalar, LOOM_I64, 6, 0);
+    gradcheck("gelu", mk_task(LOOM_LOSS_SPARSE_SOFTMAX_CE, 3, gelu), vec, scalar, LOOM_I64, 6, 0);
     /* gelu and leaky_relu inside a dense layer: an error with the layer to write instead */
     loom_layer_spec bad[] = {L_dense(6, LOOM_ACT_GELU)};
     loom_model *m = NULL;
-    CHECK(loom_model_new(&m, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 1, bad), &vec, LOOM_F32, &scalar, LOOM_I64, 4, &err) ==
-          LOOM_ESHAPE);
+    CHECK(loom_model_new(&m, mk_task(LOOM_LOSS_SPARSE_SOFTMAX_CE, 1, bad), &vec, LOOM_F32, &scalar, LOOM_I64, 4,
+                         &err) == LOOM_ESHAPE);
     CHECK_CONTAINS(err.hint, "{ type = \"activation\"; activation = \"gelu\"; }");
 }
 
@@ -738,19 +712,19 @@ static void test_layer_values(void)
     float x[] = {1.f, -2.f}, out[2];
     loom_tensor xt;
     tensor_of(&xt, LOOM_F32, shp(2, 1, 2, 0), x);
-    CHECK(loom_model_new(&m, mk(LOOM_LOSS_MSE, 1, g1), &vec, LOOM_F32, &vec, LOOM_F32, 1, &err) == LOOM_OK);
+    CHECK(loom_model_new(&m, mk_task(LOOM_LOSS_MSE, 1, g1), &vec, LOOM_F32, &vec, LOOM_F32, 1, &err) == LOOM_OK);
     if (m && loom_model_predict(m, &xt, out, &err) == LOOM_OK) {
         CHECK_NEAR(out[0], 0.8413447, 1e-6);
         CHECK_NEAR(out[1], -2 * 0.0227501319, 1e-6);
     }
     loom_model_free(m);
-    CHECK(loom_model_new(&m, mk(LOOM_LOSS_MSE, 1, l1), &vec, LOOM_F32, &vec, LOOM_F32, 1, &err) == LOOM_OK);
+    CHECK(loom_model_new(&m, mk_task(LOOM_LOSS_MSE, 1, l1), &vec, LOOM_F32, &vec, LOOM_F32, 1, &err) == LOOM_OK);
     if (m && loom_model_predict(m, &xt, out, &err) == LOOM_OK) CHECK(out[0] == 1.f && fabsf(out[1] + 0.6f) < 1e-7f);
     loom_model_free(m);
     loom_tensor_fini(&xt);
     loom_layer_spec ap[] = {L_avg(2, 2, LOOM_PAD_SAME)};
     loom_shape in = shp(3, 3, 3, 1), o = shp(3, 2, 2, 1);
-    CHECK(loom_model_new(&m, mk(LOOM_LOSS_MSE, 1, ap), &in, LOOM_F32, &o, LOOM_F32, 1, &err) == LOOM_OK);
+    CHECK(loom_model_new(&m, mk_task(LOOM_LOSS_MSE, 1, ap), &in, LOOM_F32, &o, LOOM_F32, 1, &err) == LOOM_OK);
     float img[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, po[4];
     loom_shape xs4 = {.rank = 4, .dim = {1, 3, 3, 1}};
     tensor_of(&xt, LOOM_F32, xs4, img);
@@ -768,8 +742,8 @@ static void test_layer_values(void)
  * threads (the statistics cross the chunks). */
 static void test_batch_norm(void)
 {
-    loom_layer_spec ls[] = {L_dense(4, LOOM_ACT_NONE), L_kind(LOOM_LAYER_BATCH_NORM), L_dense(3, LOOM_ACT_NONE)};
-    loom_model_spec *s = mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 3, ls);
+    loom_layer_spec ls[] = {L_dense(4, LOOM_ACT_NONE), L_keras(LOOM_LAYER_BATCH_NORM), L_dense(3, LOOM_ACT_NONE)};
+    loom_model_spec *s = mk_task(LOOM_LOSS_SPARSE_SOFTMAX_CE, 3, ls);
     fixture a, b;
     if (fixture_new(&a, s, shp(1, 5, 0, 0), shp(0, 0, 0, 0), LOOM_I64, 9, 3, 0) ||
         fixture_new(&b, s, shp(1, 5, 0, 0), shp(0, 0, 0, 0), LOOM_I64, 9, 3, 0)) {
@@ -807,8 +781,8 @@ static void test_batch_norm(void)
     CHECK(loom_model_evaluate(a.m, &a.x, &a.y, &l_eval, &c, &err) == LOOM_OK);
     loom_layer_spec plain[] = {L_dense(4, LOOM_ACT_NONE), L_dense(3, LOOM_ACT_NONE)};
     fixture p;
-    if (fixture_new(&p, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 2, plain), shp(1, 5, 0, 0), shp(0, 0, 0, 0), LOOM_I64, 9, 3, 0) ==
-        LOOM_OK) {
+    if (fixture_new(&p, mk_task(LOOM_LOSS_SPARSE_SOFTMAX_CE, 2, plain), shp(1, 5, 0, 0), shp(0, 0, 0, 0), LOOM_I64, 9,
+                    3, 0) == LOOM_OK) {
         float *pp = loom_model_params(p.m);
         memcpy(pp, pa, 24 * sizeof(float));                    /* dense 0 */
         memcpy(pp + 24, pa + 24 + 16, 15 * sizeof(float));     /* dense 1, past gamma, beta, mean, variance */
@@ -845,7 +819,7 @@ static void test_sample_weights(void)
     loom_layer_spec ls[] = {L_dense(6, LOOM_ACT_TANH), L_dense(3, LOOM_ACT_NONE)};
     static const loom_loss_kind losses[] = {LOOM_LOSS_SPARSE_SOFTMAX_CE, LOOM_LOSS_MSE};
     for (int k = 0; k < 2; k++) {
-        loom_model_spec *s = mk(losses[k], 2, ls);
+        loom_model_spec *s = mk_task(losses[k], 2, ls);
         loom_shape lab = k ? shp(1, 3, 0, 0) : shp(0, 0, 0, 0);
         fixture f;
         if (fixture_new(&f, s, shp(1, 5, 0, 0), lab, k ? LOOM_F32 : LOOM_I64, 4, 5, 0) != LOOM_OK) {
@@ -1066,22 +1040,24 @@ static void sync_gradcheck(const char *what, const loom_model_spec *spec, loom_s
 
 static void test_sync_batch_norm(void)
 {
-    loom_layer_spec bn = L_kind(LOOM_LAYER_BATCH_NORM);
+    loom_layer_spec bn = L_keras(LOOM_LAYER_BATCH_NORM);
     bn.sync = true;
     bn.momentum = 0.5; /* the moving statistics move visibly */
     loom_layer_spec dense[] = {L_dense(6, LOOM_ACT_NONE), bn, L_act(LOOM_ACT_TANH), L_dense(3, LOOM_ACT_NONE)};
-    sync_gradcheck("sync batch_normalization (features), replicas of 5 and 3", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, dense),
-                   shp(1, 5, 0, 0), 5, 3);
-    loom_layer_spec conv[] = {L_conv(3, 3), bn, L_act(LOOM_ACT_TANH), L_kind(LOOM_LAYER_FLATTEN),
-                              L_dense(3, LOOM_ACT_NONE)};
-    sync_gradcheck("sync batch_normalization (conv channels), replicas of 2 and 3", mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 5, conv),
-                   shp(3, 5, 5, 2), 2, 3);
+    sync_gradcheck("sync batch_normalization (features), replicas of 5 and 3",
+                   mk_task(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, dense), shp(1, 5, 0, 0), 5, 3);
+    loom_layer_spec conv[] = {L_conv(3, 3, 1, LOOM_PAD_SAME, LOOM_ACT_NONE), bn, L_act(LOOM_ACT_TANH),
+                              L_keras(LOOM_LAYER_FLATTEN), L_dense(3, LOOM_ACT_NONE)};
+    sync_gradcheck("sync batch_normalization (conv channels), replicas of 2 and 3",
+                   mk_task(LOOM_LOSS_SPARSE_SOFTMAX_CE, 5, conv), shp(3, 5, 5, 2), 2, 3);
     /* without a sync function (one_device) the layer normalises over its own batch: the bits of sync = false */
     fixture f, g;
     bn.sync = false;
     loom_layer_spec plain[] = {L_dense(6, LOOM_ACT_NONE), bn, L_act(LOOM_ACT_TANH), L_dense(3, LOOM_ACT_NONE)};
-    if (fixture_new(&f, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, dense), shp(1, 5, 0, 0), shp(0, 0, 0, 0), LOOM_I64, 7, 5, 0) ||
-        fixture_new(&g, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, plain), shp(1, 5, 0, 0), shp(0, 0, 0, 0), LOOM_I64, 7, 5, 0)) {
+    if (fixture_new(&f, mk_task(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, dense), shp(1, 5, 0, 0), shp(0, 0, 0, 0), LOOM_I64, 7,
+                    5, 0) ||
+        fixture_new(&g, mk_task(LOOM_LOSS_SPARSE_SOFTMAX_CE, 4, plain), shp(1, 5, 0, 0), shp(0, 0, 0, 0), LOOM_I64, 7,
+                    5, 0)) {
         CHECK(0);
         return;
     }
