@@ -9,15 +9,16 @@
 
 /* ---- dense ---------------------------------------------------------------- */
 
-/* Y (B, out) = act(X (B, in) W (in, out) + b); on the last axis of a
- * (B, T, in) input, one product over the B T rows. */
-void nn_dense_forward_(const loom_model *m, const nn_layer_ *l, const float *x, float *y, int64_t B)
+/* Y (B, out) = act(X (B, in) W (in, out) + b) of the chunk's B examples; on
+ * the last axis of a (B, T, in) input, one product over the B T rows. */
+void nn_dense_forward_(const loom_model *m, const nn_layer_ *l, const nn_chunk_ *c, const float *x, float *y)
 {
     const float *W = m->params + l->kernel_off;
     const float *b = l->bias_off >= 0 ? m->params + l->bias_off : NULL;
     int in = (int)(l->n_in / l->steps), out = (int)(l->n_out / l->steps);
-    B *= l->steps;
-    loom_sgemm(false, false, (int)B, out, in, 1.f, x, in, W, out, 0.f, y, out);
+    const int64_t B = c->B * l->steps;
+    loom_sgemm_rows(false, c->b0 * l->steps, c->bt * l->steps, m->row_q, (int)B, out, in, x, in, W, out, y, out,
+                    c->pad);
     nn_bias_act_(y, b, B, out, l->act);
 }
 /* The chunk's part: dz rows = g * act'(y) into l->dz, and dX (B, in) = dz W^T.
@@ -32,7 +33,8 @@ float *nn_dense_backward_(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c,
     int in = (int)(l->n_in / l->steps), out = (int)(l->n_out / l->steps);
     nn_layer_act_grad_(l, dz, g, y, B, out);
     if (!l->needs_dx) return NULL;
-    loom_sgemm(false, true, (int)B, in, out, 1.f, dz, out, W, out, 0.f, other, in);
+    loom_sgemm_rows(true, c->b0 * l->steps, c->bt * l->steps, m->row_q, (int)B, in, out, dz, out, W, out, other, in,
+                    c->pad);
     return other;
 }
 

@@ -813,7 +813,8 @@ static void conv_forward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, 
                 im2col(l, x + b0 * l->n_in, nb, c->col);
                 col = c->col;
             }
-            loom_sgemm(false, false, (int)(nb * P), l->cout, (int)K, 1.f, col, (int)K, W, l->cout, 0.f, y, l->cout);
+            loom_sgemm_rows(false, (c->b0 + b0) * P, c->bt * P, m->row_q, (int)(nb * P), l->cout, (int)K, col, (int)K,
+                            W, l->cout, y, l->cout, c->pad);
         }
         if (p) pool_fused_forward(p, bias, l->act, y, py + b0 * p->n_out, pa + b0 * p->n_out, nb);
         else bias_act(y, bias, nb * P, l->cout, l->act);
@@ -845,7 +846,8 @@ static float *conv_backward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *
         const float *gz = dz + b0 * l->n_out;
         float *dx = other + b0 * l->n_in;
         if (conv_is_pointwise(l)) {
-            loom_sgemm(false, true, (int)(nb * P), (int)K, l->cout, 1.f, gz, l->cout, W, l->cout, 0.f, dx, (int)K);
+            loom_sgemm_rows(true, (c->b0 + b0) * P, c->bt * P, m->row_q, (int)(nb * P), (int)K, l->cout, gz, l->cout,
+                            W, l->cout, dx, (int)K, c->pad);
             continue;
         }
         if (nn_conv3_dx_ok_(l)) {
@@ -853,7 +855,8 @@ static float *conv_backward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *
             continue;
         }
         /* dcol (nb*P, K) = dZ W^T, in the col scratch, then scattered back */
-        loom_sgemm(false, true, (int)(nb * P), (int)K, l->cout, 1.f, gz, l->cout, W, l->cout, 0.f, c->col, (int)K);
+        loom_sgemm_rows(true, (c->b0 + b0) * P, c->bt * P, m->row_q, (int)(nb * P), (int)K, l->cout, gz, l->cout, W,
+                        l->cout, c->col, (int)K, c->pad);
         memset(dx, 0, (size_t)(nb * l->n_in) * sizeof *dx);
         col2im(l, c->col, nb, dx);
     }
@@ -970,7 +973,7 @@ void nn_layer_forward_(const loom_model *m, int li, nn_chunk_ *c, int training, 
     c->act[li + 1] = y;
     switch (l->spec.kind) {
     case LOOM_LAYER_DENSE:
-        nn_dense_forward_(m, l, x, y, B);
+        nn_dense_forward_(m, l, c, x, y);
         if (nn_act_needs_x_(l->act)) nn_layer_act_(l, y, NULL, B, l->n_out);
         break;
     case LOOM_LAYER_LSTM:

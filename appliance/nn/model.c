@@ -251,16 +251,19 @@ int nn_read_label_(loom_model *m, const loom_tensor *label, int64_t B, loom_err 
 }
 
 /* The chunks of a batch of B: up to n = min(threads, B) runs of contiguous
- * examples, fixed for a given (B, threads). Each starts at a multiple of the
- * BLAS's row quantum (blas.c: on Haswell/Zen kernels a product's rows get other
- * bits when a call begins mid-tile, so chunks of 64 gave other weights than one
- * of 128), the boundaries the nearest multiples to an even split; with a
- * quantum of 1 the sizes differ by at most one. */
+ * examples, fixed for a given (B, threads), the sizes differing by at most one.
+ * On a BLAS with a row quantum (blas.c: on Haswell/Zen kernels a product's rows
+ * get other bits when a call begins mid-tile, so chunks of 64 gave other
+ * weights than one of 128), the layers' products over a chunk's rows go
+ * through loom_sgemm_rows, which keeps each row in its tile wherever the chunk
+ * begins; a model with a layer that does not (recurrent, attention, plugins:
+ * !m->chunks_free) has its chunks start at the nearest multiples of the
+ * quantum instead (on 2 threads, ResNet-50's batch of 32 split 12 + 20). */
 static int split_batch(loom_model *m, int64_t B)
 {
     int n = B < m->threads ? (int)B : m->threads, k = 0;
     if (!m->row_q) m->row_q = loom_blas_row_quantum();
-    const int64_t q = m->row_q;
+    const int64_t q = m->chunks_free ? 1 : m->row_q;
     int64_t e0 = 0;
     for (int t = 0; t < n; t++) {
         int64_t e = B * (t + 1) / n;
@@ -270,6 +273,7 @@ static int split_batch(loom_model *m, int64_t B)
         nn_chunk_ *c = &m->chunk[k++];
         c->b0 = e0;
         c->B = e - e0;
+        c->bt = B;
         e0 = e;
         c->gbuf[0] = m->gbuf[0] + c->b0 * m->gmax;
         c->gbuf[1] = m->gbuf[1] + c->b0 * m->gmax;

@@ -767,6 +767,48 @@ static bool layer_buffers(nn_layer_ *l, int64_t max_batch)
     return true;
 }
 
+/* Whether layer l's products over a chunk's rows all go through
+ * loom_sgemm_rows (dense, conv2d's im2col and pointwise products) or it
+ * has none; *pad: the tile scratch they need, in floats, for a quantum q.
+ * The others (recurrent, attention, the conv_more.c kinds, plugins) call
+ * BLAS on a chunk's rows directly: their chunks must start on tiles. */
+static bool rows_anywhere(const nn_layer_ *l, int64_t q, int64_t *pad)
+{
+    switch (l->spec.kind) {
+    case LOOM_LAYER_DENSE: {
+        *pad = q * (l->n_in / l->steps + l->n_out / l->steps);
+        return true;
+    }
+    case LOOM_LAYER_CONV2D:
+        *pad = q * ((int64_t)l->kh * l->kw * l->cin + l->cout);
+        return !l->direct;
+    case LOOM_LAYER_BATCH_NORM:
+    case LOOM_LAYER_LAYER_NORM:
+    case LOOM_LAYER_ACTIVATION:
+    case LOOM_LAYER_DROPOUT:
+    case LOOM_LAYER_FLATTEN:
+    case LOOM_LAYER_RESHAPE:
+    case LOOM_LAYER_MAX_POOL2D:
+    case LOOM_LAYER_AVG_POOL2D:
+    case LOOM_LAYER_GLOBAL_AVG_POOL2D:
+    case LOOM_LAYER_GLOBAL_MAX_POOL2D:
+    case LOOM_LAYER_ZERO_PADDING2D:
+    case LOOM_LAYER_UPSAMPLING2D:
+    case LOOM_LAYER_ADD:
+    case LOOM_LAYER_SUBTRACT:
+    case LOOM_LAYER_MULTIPLY:
+    case LOOM_LAYER_AVERAGE:
+    case LOOM_LAYER_MAXIMUM:
+    case LOOM_LAYER_CONCATENATE:
+    case LOOM_LAYER_EMBEDDING:
+        *pad = 0;
+        return true;
+    default:
+        *pad = 0;
+        return false;
+    }
+}
+
 /* The model's buffers at load: parameters, gradients, labels, sample
  * weights, targets (the layers' and the gradient ping-pong wait for the
  * first step: nn_model_ready_). */
@@ -774,8 +816,13 @@ static bool model_buffers(loom_model *m)
 {
     int64_t max_batch = m->max_batch, gmax = 1, colmax = 0;
     m->row_q = loom_blas_row_quantum(); /* 1 before the BLAS is loaded (loom check): then only chunk sizes differ */
+    int64_t padmax = 0;
+    m->chunks_free = true;
     for (int i = 0; i < m->n_layers; i++) {
         nn_layer_ *l = &m->layer[i];
+        int64_t pad = 0;
+        m->chunks_free &= rows_anywhere(l, m->row_q, &pad);
+        padmax = pad > padmax ? pad : padmax;
         gmax = l->n_in > gmax ? l->n_in : gmax;
         gmax = l->n_out > gmax ? l->n_out : gmax;
         if (l->spec.kind == LOOM_LAYER_CONV2D && !l->direct) {
@@ -787,6 +834,7 @@ static bool model_buffers(loom_model *m)
     if (!(m->params = loom_alloc_zeroed(pbytes)) || !(m->grads = loom_alloc_zeroed(pbytes))) return false;
     m->gmax = gmax;
     m->colmax = colmax;
+    m->padmax = m->row_q > 1 && m->chunks_free ? padmax : 0; /* with a quantum of 1 no tile is split */
     const int64_t T = m->seq_T ? m->seq_T : 1;
     if (!(m->labels = loom_alloc_aligned((size_t)(max_batch * T) * sizeof(int32_t)))) return false;
     if (m->mask_T && !(m->tmask = loom_alloc_aligned((size_t)(max_batch * m->mask_T)))) return false;
@@ -900,6 +948,7 @@ static void free_chunks(loom_pool *pool, nn_chunk_ *chunk, int threads)
     loom_pool_free(pool);
     for (int t = 0; chunk && t < threads; t++) {
         loom_free(chunk[t].col);
+        loom_free(chunk[t].pad);
     }
     loom_free(chunk);
 }
@@ -917,6 +966,7 @@ int loom_model_set_threads(loom_model *m, int threads, loom_err *err)
         nn_chunk_ *c = &chunk[t];
         if (t == 0) c->grads = m->grads;
         if (m->colmax && !(c->col = loom_alloc_aligned((size_t)m->colmax * sizeof(float)))) goto nomem;
+        if (m->padmax && !(c->pad = loom_alloc_aligned((size_t)m->padmax * sizeof(float)))) goto nomem;
     }
     if (threads > 1) {
         int rc = loom_pool_new(&pool, threads, err);

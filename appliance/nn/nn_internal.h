@@ -117,6 +117,8 @@ typedef struct nn_layer_ {
  * once over the whole batch after all chunks finish (nn_*_param_grads_). */
 typedef struct nn_chunk_ {
     int64_t      b0, B;
+    int64_t      bt;                       /* the batch's examples (all chunks'), for loom_sgemm_rows' tiles */
+    float       *pad;                      /* loom_sgemm_rows' tile scratch (m->padmax floats); NULL when none */
     float       *grads;                    /* the model's (P,) for chunk 0; NULL for the others */
     float       *col;                      /* im2col scratch; NULL when no conv needs one */
     float       *gbuf[2];                  /* (B, max n) ping-pong gradient rows of this chunk */
@@ -154,6 +156,7 @@ struct loom_model {
     float           *gbuf[2];       /* ping-pong gradient buffers, (max_batch, max n) each */
     int64_t          gmax;          /* max n: the row stride of gbuf */
     int64_t          colmax;        /* floats of im2col scratch per chunk (0: none) */
+    int64_t          padmax;        /* floats of loom_sgemm_rows' tile scratch per chunk (0: none) */
     int32_t         *labels;        /* (max_batch,) sparse labels converted to int */
     float           *targets;       /* (max_batch, outputs) the other losses' labels converted to float */
     int              n_cw;          /* model.class_weight: 0 (none) or one per class */
@@ -172,7 +175,9 @@ struct loom_model {
     double           flops;         /* forward, per example */
     /* intra-op threads: chunk[t] belongs to thread t; chunk[0] always exists */
     int              threads;
-    int              row_q;        /* chunk starts are multiples of it: loom_blas_row_quantum when the buffers are made */
+    int              row_q;        /* the BLAS's row quantum (loom_blas_row_quantum) when the buffers are made */
+    bool             chunks_free;  /* chunks may start anywhere: every product over a chunk's rows goes through
+                                      loom_sgemm_rows (model_build.c); else they start at multiples of row_q */
     int              n_split;      /* chunks of the last split_batch (model.c): what the token metrics sum over */
     loom_pool       *pool;          /* NULL when threads == 1 */
     nn_chunk_       *chunk;         /* (threads,) 64-byte aligned */
@@ -610,7 +615,7 @@ void   nn_softmax_rows_(const float *z, float *p, int64_t B, int64_t n);
  * dropout.c, normalization.c, embedding.c; one chunk each, as layers.c) ---- */
 /* y (rows, n) = act(y + b) (b may be NULL), one pass: layers.c's, for dense.c. */
 void nn_bias_act_(float *y, const float *b, int64_t rows, int64_t n, loom_activation act);
-void nn_dense_forward_(const loom_model *m, const nn_layer_ *l, const float *x, float *y, int64_t B);
+void nn_dense_forward_(const loom_model *m, const nn_layer_ *l, const nn_chunk_ *c, const float *x, float *y);
 float *nn_dense_backward_(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, const float *y, float *g,
                           float *other);
 void nn_pool_forward_(const nn_layer_ *l, const float *x, float *y, int32_t *argmax, int64_t B);

@@ -194,6 +194,36 @@ void loom_sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float 
     blas.sgemm(RowMajor, ta ? Trans : NoTrans, tb ? Trans : NoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+void loom_sgemm_rows(bool tb, int64_t row0, int64_t total, int q, int M, int N, int K, const float *A, int lda,
+                     const float *B, int ldb, float *C, int ldc, float *tmp)
+{
+    const int64_t end = row0 + M;
+    if (q <= 1) {
+        if (M > 0) loom_sgemm(false, tb, M, N, K, 1.f, A, lda, B, ldb, 0.f, C, ldc);
+        return;
+    }
+    LOOM_ASSERT(row0 >= 0 && end <= total);
+    for (int64_t r = row0; r < end;) {
+        const int64_t t0 = r / q * q;
+        if (r == t0) { /* whole tiles, or up to the product's end (its last tile, partial, as one call ends it) */
+            const int64_t be = end == total ? end : end / q * q;
+            if (be > r) {
+                loom_sgemm(false, tb, (int)(be - r), N, K, 1.f, A + (r - row0) * lda, lda, B, ldb, 0.f,
+                           C + (r - row0) * ldc, ldc);
+                r = be;
+                continue;
+            }
+        }
+        const int64_t n = total - t0 < q ? total - t0 : q, e = end < t0 + n ? end : t0 + n;
+        float *ta = tmp, *tc = tmp + (int64_t)q * K;
+        memset(ta, 0, (size_t)(n * K) * sizeof *ta);
+        for (int64_t i = r; i < e; i++) memcpy(ta + (i - t0) * K, A + (i - row0) * lda, (size_t)K * sizeof *ta);
+        loom_sgemm(false, tb, (int)n, N, K, 1.f, ta, K, B, ldb, 0.f, tc, N);
+        for (int64_t i = r; i < e; i++) memcpy(C + (i - row0) * ldc, tc + (i - t0) * N, (size_t)N * sizeof *tc);
+        r = e;
+    }
+}
+
 /* ---- the GEMM-only bound ---------------------------------------------------- */
 
 typedef struct bound_job {

@@ -107,6 +107,13 @@ const char *loom_blas_pick_core(bool avx512f, bool avx512bw, bool avx512vl, bool
 /* Row-major C = alpha * op(A) * op(B) + beta * C; op(A) is M x K, op(B) K x N. */
 void loom_sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda,
                 const float *B, int ldb, float beta, float *C, int ldc);
+/* Rows [row0, row0 + M) of the product C = A op(B) (beta 0) of `total` rows, with the bits of calls that
+ * start at multiples of q (loom_blas_row_quantum): the rows wherever the caller's split begins and ends.
+ * The whole tiles of q rows go to one call; a tile the rows cover only in part is computed whole in
+ * tmp (zeros in its other rows, which no row's sum reads) and the rows copied out. tmp: q (K + N)
+ * floats (unused when q <= 1 or the rows start and end on tiles). */
+void loom_sgemm_rows(bool trans_b, int64_t row0, int64_t total, int q, int M, int N, int K, const float *A, int lda,
+                     const float *B, int ldb, float *C, int ldc, float *tmp);
 
 /* The GEMM-only bound of one product op(A)(M,K) op(B)(K,N) on `threads`
  * cores, in seconds per call: the least time of three ways to use them,

@@ -131,11 +131,56 @@ static void test_gemm_bound(void)
     CHECK_MSG(one > 0 && one < 0.5, "M=1 on 2 threads: %g s", one);
 }
 
+/* loom_sgemm_rows: any run of rows of a product, however a chunk split
+ * cuts it (mid-tile starts and ends, a run inside one tile, the product's
+ * partial last tile), has the bits of the one call over all its rows, which
+ * the row quantum's probe makes those of calls starting on tiles. On a BLAS
+ * with a quantum above 1 (OpenBLAS Haswell: any AVX2 machine, and
+ * LOOM_TEST_CPU=avx2) plain calls over the same runs differ (said, the
+ * count printed), so this checks the tiles are kept. */
+static void test_sgemm_rows(void)
+{
+    loom_err e = {0};
+    CHECK(loom_blas_init(1, &e) == LOOM_OK);
+    enum { T = 203, K = 40, N = 24 }; /* 203 rows: 16 tiles of 12 and a partial one of 11 */
+    static float A[T * K], B[K * N], whole[T * N], part[T * N], plain[T * N];
+    const int q = loom_blas_row_quantum();
+    float *tmp = malloc(sizeof(float) * (size_t)(q * (K + N)));
+    loom_rng r;
+    loom_rng_init(&r, 5, 6, 7, 8);
+    for (int i = 0; i < T * K; i++) A[i] = (loom_rng_uniform(&r) - 0.5f) * (float)(1 + i % 7);
+    for (int i = 0; i < K * N; i++) B[i] = loom_rng_uniform(&r) - 0.5f;
+    static const int cuts[][4] = {{0, 100, 203}, {0, 101, 203}, {0, 5, 7, 203}, {0, 60, 68, 203},
+                                  {0, 1, 202, 203}, {0, 67, 135, 203}, {0, 193, 203}, {0, 194, 200, 203}};
+    int differ = 0;
+    for (int tb = 0; tb < 2; tb++) {
+        const float *Bm = B; /* read as (K, N), or as (N, K) transposed */
+        loom_sgemm(false, tb, T, N, K, 1.f, A, K, Bm, tb ? K : N, 0.f, whole, N);
+        for (size_t c = 0; c < sizeof cuts / sizeof *cuts; c++) {
+            memset(part, 0, sizeof part);
+            for (int i = 0; i < 3 && cuts[c][i] < T; i++) {
+                const int r0 = cuts[c][i], r1 = cuts[c][i + 1] ? cuts[c][i + 1] : T;
+                if (r1 <= r0) break;
+                loom_sgemm_rows(tb, r0, T, q, r1 - r0, N, K, A + r0 * K, K, Bm, tb ? K : N, part + r0 * N, N, tmp);
+                loom_sgemm(false, tb, r1 - r0, N, K, 1.f, A + r0 * K, K, Bm, tb ? K : N, 0.f, plain + r0 * N, N);
+            }
+            CHECK_MSG(!memcmp(part, whole, sizeof part), "tb=%d cuts %d %d %d %d: other bits than the whole product",
+                      tb, cuts[c][0], cuts[c][1], cuts[c][2], cuts[c][3]);
+            differ += memcmp(plain, whole, sizeof plain) != 0;
+        }
+    }
+    printf("# row quantum %d: plain calls over the same runs differed from the whole product in %d of %d splits\n", q,
+           differ, (int)(2 * sizeof cuts / sizeof *cuts));
+    if (q > 1) CHECK_MSG(differ > 0, "a quantum of %d, yet plain mid-tile calls gave the whole product's bits", q);
+    free(tmp);
+}
+
 static const loom_test tests[] = {
     {"dtypes_shapes", test_dtypes_shapes},
     {"pick_core", test_pick_core},
     {"cpu_features", test_cpu_features},
     {"blas_loaded", test_blas_loaded},
+    {"sgemm_rows", test_sgemm_rows},
     {"gemm_bound", test_gemm_bound},
     {0},
 };
