@@ -8,6 +8,9 @@
  * layer before keeps for the step anyway, with the forward's expression, so to the same bits;
  * a buffer of the layer's output size less per batch normalization.
  * Threads: the blocks run on m->pool; each writes only its own rows and its own partial sums. */
+#include <stdint.h>
+#include <string.h>
+
 #include "nn_internal.h"
 #include "kernel_internal.h"
 
@@ -41,6 +44,8 @@ typedef struct bn_args {
     float *y, *g;
     int64_t r0, r1, n;
     const float *mean, *rstd, *p, *q, *u; /* normalize: gamma, beta; apply: gr, mg, mgh */
+    const float *ga, *be;                 /* sums, apply with relu: gamma, beta (the output's sign) */
+    int relu;                             /* the layer's bn_relu */
     double *s, *t;
 } bn_args;
 
@@ -67,6 +72,17 @@ static void bn_pass(int lvl, int C, bn_op op, const bn_args *a)
 #else
 #define BN_FAST 0
 #endif
+
+/* g where v > 0, else +0: the relu's backward (v > 0 ? g : 0) as a mask of bits, which gcc vectorises (the
+ * select it left as a branch per element: ten times slower). */
+static inline float relu_keep(float g, float v)
+{
+    uint32_t b;
+    memcpy(&b, &g, sizeof b);
+    b &= -(uint32_t)(v > 0.f);
+    memcpy(&g, &b, sizeof g);
+    return g;
+}
 
 static int bn_blocks(int64_t rows) { return rows < NN_BN_BLOCKS ? (int)rows : NN_BN_BLOCKS; }
 
@@ -98,6 +114,7 @@ typedef struct bn_job {
     int nchunks;
     const float *a, *b, *c;      /* per channel: forward mean, rstd, (gamma, beta in e, f); backward gamma*rstd, mg, mgh */
     const float *e, *f;
+    const float *ga, *be;        /* backward with bn_relu: gamma, beta, for the output's sign (else NULL) */
     float *y;
 } bn_job;
 
@@ -204,15 +221,23 @@ BN_HOT static void normalize_block(void *arg, int blk)
 #if BN_FAST
     if (j->lvl) {
         bn_pass(j->lvl, (int)C, BN_NORMALIZE,
-                &(bn_args){.x = x, .y = y, .r0 = r0, .r1 = r1, .mean = mean, .rstd = rstd, .p = gamma, .q = beta});
+                &(bn_args){.x = x, .y = y, .r0 = r0, .r1 = r1, .mean = mean, .rstd = rstd, .p = gamma, .q = beta,
+                           .relu = j->l->bn_relu});
         return;
     }
 #endif
-    for (int64_t r = r0; r < r1; r++)
-        for (int64_t k = 0; k < C; k++) {
-            float h = (x[r * C + k] - mean[k]) * rstd[k];
-            y[r * C + k] = gamma[k] * h + beta[k];
-        }
+    if (!j->l->bn_relu)
+        for (int64_t r = r0; r < r1; r++)
+            for (int64_t k = 0; k < C; k++) {
+                float h = (x[r * C + k] - mean[k]) * rstd[k];
+                y[r * C + k] = gamma[k] * h + beta[k];
+            }
+    else /* then the relu's forward (layers.c bias_act) */
+        for (int64_t r = r0; r < r1; r++)
+            for (int64_t k = 0; k < C; k++) {
+                float h = (x[r * C + k] - mean[k]) * rstd[k], v = gamma[k] * h + beta[k];
+                y[r * C + k] = v > 0.f ? v : 0.f;
+            }
 }
 
 void nn_bn_normalize_(const loom_model *m, const nn_layer_ *l, const float *x, int64_t rows, const float *mean,
@@ -232,22 +257,31 @@ BN_HOT static void grad_sums_block(void *arg, int blk)
     int64_t r0, r1;
     block_rows(j, blk, &r0, &r1);
     for (int64_t k = 0; k < C; k++) sg[k] = sgh[k] = 0;
-    const float *restrict mean = j->l->stat, *restrict rstd = mean + C;
+    const float *restrict mean = j->l->stat, *restrict rstd = mean + C, *restrict ga = j->ga, *restrict be = j->be;
     for (int64_t r = r0, e; r < r1; r = e) {
         const float *restrict g = chunk_rows(j, r, r1, &e), *restrict x = j->l->bn_x + r * C;
 #if BN_FAST
-        if (bn_sums_fast(j->lvl, C)) {
+        if (bn_sums_fast(j->lvl, C) || (ga && j->lvl)) { /* the generic masked loop is not vectorised */
             bn_pass(j->lvl, (int)C, BN_SUMS,
-                    &(bn_args){.g0 = g, .x = x, .n = e - r, .mean = mean, .rstd = rstd, .s = sg, .t = sgh});
+                    &(bn_args){.g0 = g, .x = x, .n = e - r, .mean = mean, .rstd = rstd, .s = sg, .t = sgh, .ga = ga,
+                               .be = be, .relu = ga != NULL});
             continue;
         }
 #endif
-        for (int64_t q = 0; q < (e - r) * C; q += C)
-            for (int64_t k = 0; k < C; k++) {
-                float h = (x[q + k] - mean[k]) * rstd[k]; /* xhat, as the forward computed it */
-                sg[k] += g[q + k];
-                sgh[k] += (double)g[q + k] * h;
-            }
+        if (!ga)
+            for (int64_t q = 0; q < (e - r) * C; q += C)
+                for (int64_t k = 0; k < C; k++) {
+                    float h = (x[q + k] - mean[k]) * rstd[k]; /* xhat, as the forward computed it */
+                    sg[k] += g[q + k];
+                    sgh[k] += (double)g[q + k] * h;
+                }
+        else /* the relu's backward (bn_relu) first: g where the forward's output was > 0 */
+            for (int64_t q = 0; q < (e - r) * C; q += C)
+                for (int64_t k = 0; k < C; k++) {
+                    float h = (x[q + k] - mean[k]) * rstd[k], gv = relu_keep(g[q + k], ga[k] * h + be[k]);
+                    sg[k] += gv;
+                    sgh[k] += (double)gv * h;
+                }
     }
 }
 
@@ -257,6 +291,7 @@ void nn_bn_grad_sums_(const loom_model *m, const nn_layer_ *l, const nn_chunk_ *
     const int64_t R = l->n_out / l->C;
     bn_job j = {.l = l, .rows = B * R, .R = R, .nb = bn_blocks(B * R), .lvl = bn_level(l), .chunk = chunk,
                 .nchunks = nchunks};
+    if (l->bn_relu) j.ga = m->params + l->kernel_off, j.be = m->params + l->bias_off;
     run_blocks(m, &j, grad_sums_block);
     sum_blocks(bn_parts(l), j.nb, l->C, sg);
     sum_blocks(bn_parts(l) + (int64_t)j.nb * l->C, j.nb, l->C, sgh);
@@ -268,7 +303,7 @@ BN_HOT static void grad_apply_block(void *arg, int blk)
     const bn_job *j = arg;
     const int64_t C = j->l->C;
     const float *restrict gr = j->a, *restrict mg = j->b, *restrict mgh = j->c;
-    const float *restrict mean = j->l->stat, *restrict rstd = mean + C;
+    const float *restrict mean = j->l->stat, *restrict rstd = mean + C, *restrict ga = j->ga, *restrict be = j->be;
     int64_t r0, r1;
     block_rows(j, blk, &r0, &r1);
     for (int64_t r = r0, e; r < r1; r = e) {
@@ -277,15 +312,23 @@ BN_HOT static void grad_apply_block(void *arg, int blk)
 #if BN_FAST
         if (j->lvl) {
             bn_pass(j->lvl, (int)C, BN_APPLY,
-                    &(bn_args){.g = g, .x = x, .n = e - r, .mean = mean, .rstd = rstd, .p = gr, .q = mg, .u = mgh});
+                    &(bn_args){.g = g, .x = x, .n = e - r, .mean = mean, .rstd = rstd, .p = gr, .q = mg, .u = mgh,
+                               .ga = ga, .be = be, .relu = ga != NULL});
             continue;
         }
 #endif
-        for (int64_t q = 0; q < (e - r) * C; q += C)
-            for (int64_t k = 0; k < C; k++) {
-                float h = (x[q + k] - mean[k]) * rstd[k];
-                g[q + k] = gr[k] * (g[q + k] - mg[k] - h * mgh[k]);
-            }
+        if (!ga)
+            for (int64_t q = 0; q < (e - r) * C; q += C)
+                for (int64_t k = 0; k < C; k++) {
+                    float h = (x[q + k] - mean[k]) * rstd[k];
+                    g[q + k] = gr[k] * (g[q + k] - mg[k] - h * mgh[k]);
+                }
+        else /* masked as in grad_sums_block */
+            for (int64_t q = 0; q < (e - r) * C; q += C)
+                for (int64_t k = 0; k < C; k++) {
+                    float h = (x[q + k] - mean[k]) * rstd[k], gv = relu_keep(g[q + k], ga[k] * h + be[k]);
+                    g[q + k] = gr[k] * (gv - mg[k] - h * mgh[k]);
+                }
     }
 }
 
@@ -301,5 +344,6 @@ void nn_bn_grad_apply_(const loom_model *m, const nn_layer_ *l, const nn_chunk_ 
     }
     bn_job j = {.l = l, .rows = B * R, .R = R, .nb = bn_blocks(B * R), .lvl = bn_level(l), .chunk = chunk,
                 .nchunks = nchunks, .a = gr, .b = mg, .c = mgh};
+    if (l->bn_relu) j.ga = m->params + l->kernel_off, j.be = m->params + l->bias_off;
     run_blocks(m, &j, grad_apply_block);
 }

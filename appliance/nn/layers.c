@@ -1040,7 +1040,7 @@ void nn_layer_forward_(const loom_model *m, int li, nn_chunk_ *c, int training, 
             act_x_forward(l, x, y, B * l->n_out);
         } else if (nn_act_needs_x_(l->act)) {
             nn_act_apply_(l->act, x, y, B * l->n_out);
-        } else {
+        } else if (!l->relu_in_bn) { /* else the batch normalization before it applied it (bn_relu) */
             if (y != x) memcpy(y, x, (size_t)(B * l->n_out) * sizeof *y); /* else in place (inplace) */
             bias_act(y, NULL, B, l->n_out, l->act);
         }
@@ -1087,7 +1087,7 @@ float *nn_layer_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, f
     case LOOM_LAYER_ACTIVATION:
         if (l->act == LOOM_ACT_LEAKY_RELU || l->act == LOOM_ACT_GELU) act_x_backward(l, x, g, B * l->n_out);
         else if (nn_act_needs_x_(l->act)) nn_act_grad_x_(l->act, x, g, g, B * l->n_out);
-        else if (l->act != LOOM_ACT_NONE) act_grad_colsum(g, y, NULL, B, l->n_out, l->act);
+        else if (l->act != LOOM_ACT_NONE && !l->relu_in_bn) act_grad_colsum(g, y, NULL, B, l->n_out, l->act);
         return g;
     case LOOM_LAYER_AVG_POOL2D:
         return nn_avg_pool_backward_(l, g, other, B);

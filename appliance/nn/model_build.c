@@ -622,7 +622,8 @@ static int build_layers(loom_model *m, const loom_model_spec *spec, loom_err *er
 
 /* Activations and adds over their input's buffer (nn_internal.h, inplace): the input is a batch
  * normalization (its backward recomputes xhat from its own input) or an add (its backward passes the
- * gradient on), read by this layer alone, not a head; the add's input 0 has the output's shape. */
+ * gradient on), read by this layer alone, not a head; the add's input 0 has the output's shape. A relu
+ * over a batch normalization goes into the batch normalization's passes (bn_relu, relu_in_bn). */
 static void fuse_inplace(loom_model *m)
 {
     for (int i = 0; i < m->n_layers; i++) {
@@ -637,6 +638,8 @@ static void fuse_inplace(loom_model *m)
         for (int h = 0; h < m->n_heads; h++) head |= m->head[h].layer == s;
         if (head || p->n_cons != 1 || (p->spec.kind != LOOM_LAYER_BATCH_NORM && p->spec.kind != LOOM_LAYER_ADD)) continue;
         l->inplace = 1;
+        if (l->act == LOOM_ACT_RELU && p->spec.kind == LOOM_LAYER_BATCH_NORM)
+            l->relu_in_bn = m->layer[s].bn_relu = 1;
     }
 }
 

@@ -40,6 +40,10 @@ typedef struct nn_layer_ {
      * a batch normalization or an add that nothing else reads and whose backward needs not its output:
      * y is that input's buffer, overwritten in place (model.c, fuse), as PyTorch's inplace ReLU */
     int inplace;
+    /* a relu activation inplace on a batch normalization: the batch normalization's passes apply it (bn_relu:
+     * its normalize writes max(0, y); its backward takes the gradient where its output, recomputed from bn_x,
+     * is > 0), and the activation (relu_in_bn) passes x and g on: the unfused bits, two passes fewer */
+    int bn_relu, relu_in_bn;
     float         *y;              /* (max_batch, n_out) owned output; NULL for flatten */
     int32_t       *argmax;         /* max_pool2d: (max_batch, n_out) input index within the example */
     uint8_t       *mask;           /* dropout: (max_batch, n_out) 1 = kept */
