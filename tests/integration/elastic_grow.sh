@@ -4,12 +4,13 @@
 # list, starts with the same config (--task worker:2), listens on an
 # ephemeral port it tells the chief in its request to join, and enters the
 # running job at a step boundary; a scripted timeline is bit-reproducible and
-# the epoch visits each example once. Started with a longer list (its own
-# address in it) it joins too: the list is not compared. Killed (-9), the
+# the epoch visits each example once (metrics.jsonl records the join); one
+# with another optimizer is refused, naming the line. Started with a longer
+# list (its own address in it) it joins too: the list is not compared. Killed (-9), the
 # two listed go on; a worker beyond max_workers is refused (status 2) and the
 # job goes on. loom launch --local --elastic --workers 2 with --discover
 # grows the job to 4 (worker:3 dials worker:2, both unlisted, where the chief
-# says). Real processes on 127.0.0.1, bounded, killed at exit.
+# says; the chief's /status lists both). Real processes on 127.0.0.1, bounded, killed at exit.
 #   tests/integration/elastic_grow.sh build/loom
 source "$(dirname "$0")/lib.sh"
 kill_jobs_at_exit
@@ -28,6 +29,20 @@ start() {
     PIDS+=($!)
 }
 addrs() { local base; base=$(free_ports 2); ADDRS="\"127.0.0.1:$base\",\"127.0.0.1:$((base + 1))\""; }
+# refuse_adam: (the job held at step 30 for worker:2) an unlisted worker:2 with another optimizer (adam): the
+# worker list is left out of the compared config, the optimizer is not: the handshake refuses it, naming the
+# first differing line, and the job goes on (run 1 then ends with run 2's bits)
+refuse_adam() {
+    sed 's/^optimizer: .*/optimizer: { type = "adam"; learning_rate = 0.001; };/' $CFG >"$WORK/adam.cfg"
+    env -u LOOM_TEST_EXAMPLE_IDS -u LOOM_TEST_MEMBERSHIP "$LOOM" train "$WORK/adam.cfg" --task worker:2 \
+        --model-dir "$WORK/adam" --set "cluster.worker=[$ADDRS]" "${OPTS[@]}" >"$WORK/adam.2" 2>&1 &
+    PIDS+=($!)
+    status "$!" 60
+    if [ "$ST" != hung ] && [ "$ST" != 0 ] && grep -q "worker:0 was started with a different config: first difference at line [0-9]* of the resolved config: \`type = \"adam\";\` here, \`type = \"momentum\";\` there" "$WORK/adam.2"; then
+        pass "an unlisted worker:2 with another optimizer is refused (status $ST), naming the optimizer's line"
+    else fail "an unlisted worker:2 with another optimizer is refused, naming the optimizer's line" "status $ST" \
+        "$(tail -3 "$WORK/adam.2")"; fi
+}
 wait_line() { local i; for ((i = 0; i < ${3:-60} * 20; i++)); do grep -qF -- "$2" "$1" 2>/dev/null && return 0; sleep 0.05; done; return 1; }
 
 # ---- loom check names the unlisted slots and this task among them ---------------------------------------
@@ -51,6 +66,7 @@ for k in 1 2; do
     addrs
     for i in 0 1; do start grow$k $i; J[$i]=$PID; done
     wait_line "$WORK/grow$k.0" "holding step 30 until worker:2 asks" 60
+    [ $k = 1 ] && refuse_adam
     start grow$k 2
     J[2]=$PID
     status "${J[0]}"; s0=$ST; status "${J[1]}"; s1=$ST; status "${J[2]}"; s2=$ST
@@ -63,9 +79,14 @@ for k in 1 2; do
     contains "run $k: the chief records where the unlisted worker listens" \
         "worker:2 (not in the cluster's list) asks to join; it listens on 127.0.0.1:" "$log"
     contains "run $k: the chief logs the join" "worker:2 joined at step 30; continuing with 3 workers" "$log"
+    [ $k = 1 ] && contains "run 1: the chief names the refused worker (another optimizer) and goes on" \
+        "(claims to be worker:2): worker:2 was started with a different config: first difference at line" "$log"
     contains "run $k: the joiner says where it entered" "worker:2: admitted into the running job at step 30, with 3 workers" \
         "$(cat "$WORK/grow$k.2")"
 done
+contains "metrics.jsonl records the unlisted worker's join and the members" \
+    '{"membership": "joined", "step": 30, "joined": "worker:2", "workers": 3, "members": ["worker:0", "worker:1", "worker:2"]}' \
+    "$(grep '"membership"' "$WORK/grow1/metrics.jsonl")"
 same_weights "two runs of the same growth (worker:2 unlisted, joins at step 30) end with the same bits" \
     "$WORK/grow1/ckpt-100.loom" "$WORK/grow2/ckpt-100.loom"
 exactly_once "exactly once: growing from 2 to 3 at step 30, the epoch trained on its 9600 examples, each once" "$WORK/ids_ref" "$WORK/ids_grow1" 9600
@@ -105,13 +126,26 @@ contains "worker:3 says why" "worker:3 is beyond strategy.elastic.max_workers = 
 # says it listens ------------------------------------------------------------------------------------------
 printf 'localhost:3\n' >"$WORK/hosts"
 export LOOM_TEST_EXAMPLE_IDS="$WORK/ids_launch"
+SP=$(free_ports 1)
 (timeout 240 "$LOOM" launch --local $CFG --workers 2 --grace 3 --elastic --discover "cat $WORK/hosts" \
-    --discover-interval 0.5 "${OPTS[@]}" --set strategy.elastic.max_workers=4 --model-dir "$WORK/launch" \
+    --discover-interval 0.5 "${OPTS[@]}" --set strategy.elastic.max_workers=4 --set run.status_port=$SP --model-dir "$WORK/launch" \
     >"$WORK/launch.out" 2>&1; echo $? >"$WORK/launch.rc") &
 PIDS+=($!)
 L=$!
 wait_file "$WORK/launch/ckpt-50.loom"
 printf 'localhost:4\n' >"$WORK/hosts"
+# the chief's status endpoint lists the unlisted workers among the members once they join
+if command -v curl >/dev/null; then
+    st=""
+    for ((i = 0; i < 600; i++)); do
+        st=$(curl -s -m 2 "http://127.0.0.1:$SP/status" 2>/dev/null)
+        grep -q '"task": "worker:3", "alive": true' <<<"$st" && break
+        sleep 0.1
+    done
+    if grep -q '"task": "worker:2", "alive": true' <<<"$st" && grep -q '"task": "worker:3", "alive": true' <<<"$st"; then
+        pass "launch --discover: the chief's /status lists the unlisted worker:2 and worker:3"
+    else fail "launch --discover: the chief's /status lists the unlisted workers" "$(grep -o '"peers".*' <<<"$st" | head -c 300)"; fi
+fi
 status "$L" 240
 unset LOOM_TEST_EXAMPLE_IDS
 out=$(cat "$WORK/launch.out")
