@@ -3,7 +3,8 @@
 # job listed with 2 workers and max_workers = 3 grows to 3: worker:2, in no
 # list, starts with the same config (--task worker:2), listens on an
 # ephemeral port it tells the chief in its request to join, and enters the
-# running job at a step boundary; a scripted timeline is bit-reproducible and
+# running job at a step boundary; a scripted timeline is bit-reproducible (run
+# 2's worker:2 from TF_CONFIG, its own address appended, gives run 1's bits) and
 # the epoch visits each example once (metrics.jsonl records the join); one
 # with another optimizer is refused, naming the line. Started with a longer
 # list (its own address in it) it joins too: the list is not compared. Killed (-9), the
@@ -25,6 +26,14 @@ start() {
     while [ -e "$log" ]; do log+=".b"; done
     "$LOOM" train $CFG --task worker:$i --model-dir "$WORK/$name" --set "cluster.worker=[$ADDRS]" "${OPTS[@]}" "$@" \
         >"$log" 2>&1 &
+    PID=$!
+    PIDS+=($!)
+}
+# start_tf NAME I: as start, the cluster from TF_CONFIG: the listed workers and this one's own address appended
+# (as a TFJob or StatefulSet scaled past the list gives it), the config's list dropped
+start_tf() {
+    local tfc="{\"cluster\": {\"worker\": [$ADDRS, \"127.0.0.1:$(free_ports 1)\"]}, \"task\": {\"type\": \"worker\", \"index\": $2}}"
+    TF_CONFIG="$tfc" "$LOOM" train $CFG --model-dir "$WORK/$1" --set 'cluster.worker=[]' "${OPTS[@]}" >"$WORK/$1.$2" 2>&1 &
     PID=$!
     PIDS+=($!)
 }
@@ -66,8 +75,8 @@ for k in 1 2; do
     addrs
     for i in 0 1; do start grow$k $i; J[$i]=$PID; done
     wait_line "$WORK/grow$k.0" "holding step 30 until worker:2 asks" 60
-    [ $k = 1 ] && refuse_adam
-    start grow$k 2
+    if [ $k = 1 ]; then refuse_adam; start grow$k 2
+    else start_tf grow$k 2; fi
     J[2]=$PID
     status "${J[0]}"; s0=$ST; status "${J[1]}"; s1=$ST; status "${J[2]}"; s2=$ST
     unset LOOM_TEST_MEMBERSHIP LOOM_TEST_EXAMPLE_IDS
@@ -87,7 +96,9 @@ done
 contains "metrics.jsonl records the unlisted worker's join and the members" \
     '{"membership": "joined", "step": 30, "joined": "worker:2", "workers": 3, "members": ["worker:0", "worker:1", "worker:2"]}' \
     "$(grep '"membership"' "$WORK/grow1/metrics.jsonl")"
-same_weights "two runs of the same growth (worker:2 unlisted, joins at step 30) end with the same bits" \
+contains "run 2: worker:2 takes its task and the 3 workers from TF_CONFIG" "cluster task worker:2 (TF_CONFIG task), training rank 2 of 3" \
+    "$(cat "$WORK/grow2.2")"
+same_weights "two runs of the same growth (worker:2 joins at step 30: unlisted by --task, then by TF_CONFIG) end with the same bits" \
     "$WORK/grow1/ckpt-100.loom" "$WORK/grow2/ckpt-100.loom"
 exactly_once "exactly once: growing from 2 to 3 at step 30, the epoch trained on its 9600 examples, each once" "$WORK/ids_ref" "$WORK/ids_grow1" 9600
 absent_then "worker:2 trained on none of steps 1-30 and its third of each batch after" "$WORK/ids_grow1.worker:2" 0 30 $((70 * 32))
