@@ -86,11 +86,16 @@ static inline float relu_keep(float g, float v)
 
 static int bn_blocks(int64_t rows) { return rows < NN_BN_BLOCKS ? (int)rows : NN_BN_BLOCKS; }
 
-/* Whether the sums (moments, gradient sums) at level lvl take the BN_FAST path: only where one group of
- * registers holds every channel's sums (AVX-512: C <= 32, AVX2: C = 16). Past it, each group reads the
- * block's rows again a cache line in four, and at 56x56x64 (ResNet-50) the hardware's prefetch did not
- * follow: twice the generic loops' time on AVX2. The element-wise passes take it at 16, 32 and 64. */
-static int bn_sums_fast(int lvl, int64_t C) { return lvl == 2 ? C <= 32 : lvl == 1 && C <= 16; }
+/* Whether the sums (moments, gradient sums) of a block of `rows` rows at level lvl take the BN_FAST path:
+ * where one group of registers holds every channel's sums (AVX-512: C <= 32, AVX2: C = 16), or on AVX2 where
+ * the block stays in L2 (BN_FAST_BLOCK bytes). Past both, each group reads the block's rows again a cache line
+ * in four, and at 56x56x64 (ResNet-50, 800 KB blocks) the hardware's prefetch did not follow: twice the
+ * generic loops' time on AVX2. The element-wise passes take it at 16, 32 and 64. */
+#define BN_FAST_BLOCK (256 << 10)
+static int bn_sums_fast(int lvl, int64_t C, int64_t rows)
+{
+    return lvl == 2 ? C <= 32 : lvl == 1 && (C <= 16 || rows * C * (int64_t)sizeof(float) <= BN_FAST_BLOCK);
+}
 
 /* The BN_FAST passes' level for layer l: 0 where they do not apply. */
 static int bn_level(const nn_layer_ *l)
@@ -155,7 +160,7 @@ BN_HOT static void moments_block(void *arg, int blk)
     int64_t r0, r1;
     block_rows(j, blk, &r0, &r1);
 #if BN_FAST
-    if (bn_sums_fast(j->lvl, C)) {
+    if (bn_sums_fast(j->lvl, C, r1 - r0)) {
         bn_pass(j->lvl, (int)C, BN_MOMENTS, &(bn_args){.x = j->x, .r0 = r0, .r1 = r1, .s = s, .t = q});
         return;
     }
@@ -261,7 +266,7 @@ BN_HOT static void grad_sums_block(void *arg, int blk)
     for (int64_t r = r0, e; r < r1; r = e) {
         const float *restrict g = chunk_rows(j, r, r1, &e), *restrict x = j->l->bn_x + r * C;
 #if BN_FAST
-        if (bn_sums_fast(j->lvl, C) || (ga && j->lvl)) { /* the generic masked loop is not vectorised */
+        if (bn_sums_fast(j->lvl, C, r1 - r0) || (ga && j->lvl)) { /* the generic masked loop is not vectorised */
             bn_pass(j->lvl, (int)C, BN_SUMS,
                     &(bn_args){.g0 = g, .x = x, .n = e - r, .mean = mean, .rstd = rstd, .s = sg, .t = sgh, .ga = ga,
                                .be = be, .relu = ga != NULL});
