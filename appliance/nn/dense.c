@@ -17,8 +17,7 @@ void nn_dense_forward_(const loom_model *m, const nn_layer_ *l, const nn_chunk_ 
     const float *b = l->bias_off >= 0 ? m->params + l->bias_off : NULL;
     int in = (int)(l->n_in / l->steps), out = (int)(l->n_out / l->steps);
     const int64_t B = c->B * l->steps;
-    loom_sgemm_rows(false, c->b0 * l->steps, c->bt * l->steps, m->row_q, (int)B, out, in, x, in, W, out, y, out,
-                    c->pad);
+    nn_chunk_gemm_(m, c, 0, l->steps, false, B, out, in, x, in, W, out, y, out);
     nn_bias_act_(y, b, B, out, l->act);
 }
 /* The chunk's part: dz rows = g * act'(y) into l->dz, and dX (B, in) = dz W^T.
@@ -33,8 +32,7 @@ float *nn_dense_backward_(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c,
     int in = (int)(l->n_in / l->steps), out = (int)(l->n_out / l->steps);
     nn_layer_act_grad_(l, dz, g, y, B, out);
     if (!l->needs_dx) return NULL;
-    loom_sgemm_rows(true, c->b0 * l->steps, c->bt * l->steps, m->row_q, (int)B, in, out, dz, out, W, out, other, in,
-                    c->pad);
+    nn_chunk_gemm_(m, c, 0, l->steps, true, B, in, out, dz, out, W, out, other, in);
     return other;
 }
 

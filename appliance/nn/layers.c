@@ -813,8 +813,7 @@ static void conv_forward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, 
                 im2col(l, x + b0 * l->n_in, nb, c->col);
                 col = c->col;
             }
-            loom_sgemm_rows(false, (c->b0 + b0) * P, c->bt * P, m->row_q, (int)(nb * P), l->cout, (int)K, col, (int)K,
-                            W, l->cout, y, l->cout, c->pad);
+            nn_chunk_gemm_(m, c, b0, P, false, nb * P, l->cout, (int)K, col, (int)K, W, l->cout, y, l->cout);
         }
         if (p) pool_fused_forward(p, bias, l->act, y, py + b0 * p->n_out, pa + b0 * p->n_out, nb);
         else bias_act(y, bias, nb * P, l->cout, l->act);
@@ -846,8 +845,7 @@ static float *conv_backward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *
         const float *gz = dz + b0 * l->n_out;
         float *dx = other + b0 * l->n_in;
         if (conv_is_pointwise(l)) {
-            loom_sgemm_rows(true, (c->b0 + b0) * P, c->bt * P, m->row_q, (int)(nb * P), (int)K, l->cout, gz, l->cout,
-                            W, l->cout, dx, (int)K, c->pad);
+            nn_chunk_gemm_(m, c, b0, P, true, nb * P, (int)K, l->cout, gz, l->cout, W, l->cout, dx, (int)K);
             continue;
         }
         if (nn_conv3_dx_ok_(l)) {
@@ -855,8 +853,7 @@ static float *conv_backward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *
             continue;
         }
         /* dcol (nb*P, K) = dZ W^T, in the col scratch, then scattered back */
-        loom_sgemm_rows(true, (c->b0 + b0) * P, c->bt * P, m->row_q, (int)(nb * P), (int)K, l->cout, gz, l->cout, W,
-                        l->cout, c->col, (int)K, c->pad);
+        nn_chunk_gemm_(m, c, b0, P, true, nb * P, (int)K, l->cout, gz, l->cout, W, l->cout, c->col, (int)K);
         memset(dx, 0, (size_t)(nb * l->n_in) * sizeof *dx);
         col2im(l, c->col, nb, dx);
     }

@@ -305,6 +305,15 @@ void nn_graph_links_(loom_model *m);
 void nn_graph_deliver_(const loom_model *m, int s, nn_chunk_ *c, const float *d);
 /* A merge layer's shape rule (Keras: elementwise with broadcasting, concatenate along axis). */
 int  nn_merge_shapes_(loom_model *m, nn_layer_ *l, int li, loom_err *err);
+/* C (M, N) = A (M, K) B (K, N) (trans_b: B is (N, K)) over chunk c's rows from its example e0, R rows an
+ * example: loom_sgemm_rows with the batch's row offset, its total and the chunk's tile scratch, so every row
+ * has the bits of a tile-aligned call wherever the chunks split the batch (model.c split_batch). */
+static inline void nn_chunk_gemm_(const loom_model *m, const nn_chunk_ *c, int64_t e0, int64_t R, bool trans_b,
+                                  int64_t M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C,
+                                  int ldc)
+{
+    loom_sgemm_rows(trans_b, (c->b0 + e0) * R, c->bt * R, m->row_q, (int)M, N, K, A, lda, B, ldb, C, ldc, c->pad);
+}
 /* Where input k of layer l reads on chunk c. */
 static inline const float *nn_src_ptr_(const nn_chunk_ *c, int s) { return s >= 0 ? c->yo[s] : c->xin[-1 - s]; }
 /* A graph's forward of layer li on chunk c (its inputs from the outputs
