@@ -153,7 +153,8 @@ static void test_passes(void)
             check_passes(cs[i], 7, 9, 11 + (uint64_t)i, relu);      /* 63 rows: blocks of 1 and 2 */
             check_passes(cs[i], 13, 7 * 7, 3 + (uint64_t)i, relu);  /* blocks of ~20 rows */
             check_passes(cs[i], 2, relu ? 3 : 1, 5, relu);          /* fewer rows than blocks */
-            check_passes(cs[i], 5, 28 * 28, 7 + (uint64_t)i, relu); /* blocks of 122 or 123 rows: tiles of 64 and the rest */
+            /* blocks of 122 or 123 rows: tiles of 64 and the rest */
+            check_passes(cs[i], 5, 28 * 28, 7 + (uint64_t)i, relu);
         }
 }
 
