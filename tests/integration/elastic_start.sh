@@ -5,7 +5,8 @@
 # job (the epoch still visits each example once); fewer than min_workers:
 # a clear error after wait_timeout; a stop request (SIGINT) that lands in the
 # step a worker is lost in still stops the job with a checkpoint (the step is
-# taken again: the request rides it). Real processes on 127.0.0.1, bounded
+# taken again: the request rides it); a loss in the step a join rides: the
+# members re-form, then admit the joiner. Real processes on 127.0.0.1, bounded
 # (status's timeouts), all killed at exit.
 #   tests/integration/elastic_start.sh build/loom
 source "$(dirname "$0")/lib.sh"
@@ -95,5 +96,29 @@ else fail "a stop request in the step of a loss: the job stops after it with a c
     "status $s0 / $s1 / $s2, newest checkpoint $(newest "$WORK/stop")" "$(tail -3 <<<"$log")"; fi
 contains "the chief: worker:2 left at step 20 and the job went on" "worker:2 left at step 20; continuing with 2 workers" "$log"
 contains "worker:1 stops with the job" "another task of the job was interrupted: stopped at step 21" "$(cat "$WORK/stop.1")"
+
+# ---- a loss in the step that carries a join: the members re-form, then admit the joiner -------------
+# (2 of 3 started; the chief holds step 30 until worker:2 asks, so the join rides step 30's agreement, and
+# worker:1 dies before that step: every member fails it, re-forms without worker:1, takes it again, and
+# admits worker:2 after it. Stop 29 left this case ending the job on the decision timeout; twice: the same bits)
+for k in 1 2; do
+    export LOOM_TEST_EXAMPLE_IDS="$WORK/ids_both$k" LOOM_TEST_MEMBERSHIP="leave worker:1 at 29; join worker:2 at 30"
+    addrs 3
+    for i in 0 1; do start both$k $i --set strategy.elastic.start_timeout=2 --set strategy.elastic.min_workers=1; J[$i]=$PID; done
+    for ((w = 0; w < 600; w++)); do grep -q "holding step 30 until worker:2 asks" "$WORK/both$k.0" 2>/dev/null && break; sleep 0.05; done
+    start both$k 2 --set strategy.elastic.start_timeout=2 --set strategy.elastic.min_workers=1
+    J[2]=$PID
+    status "${J[0]}"; s0=$ST; status "${J[1]}"; s1=$ST; status "${J[2]}"; s2=$ST
+    unset LOOM_TEST_MEMBERSHIP LOOM_TEST_EXAMPLE_IDS
+    log=$(cat "$WORK/both$k.0")
+    if [ "$s0$s2" = 00 ] && [ "$s1" = 137 ] && [ "$(newest "$WORK/both$k")" = 100 ]; then
+        pass "run $k, a loss in the step a join rides: worker:1 lost, worker:2 joins, the two end at step 100"
+    else fail "run $k, a loss in the step a join rides: the job goes on to step 100" "status $s0 / $s1 / $s2" \
+        "$(tail -3 <<<"$log")" "$(tail -3 "$WORK/both$k.2")"; fi
+    contains "run $k: the chief logs the loss first" "worker:1 left at step 29; continuing with 1 worker" "$log"
+    contains "run $k: then the join" "worker:2 joined at step 30; continuing with 2 workers" "$log"
+done
+same_weights "two runs of the loss in a join's step end with the same bits" "$WORK/both1/ckpt-100.loom" "$WORK/both2/ckpt-100.loom"
+exactly_once "exactly once: a loss and a join in one step, the epoch trained on its 9600 examples, each once" "$WORK/ids_ref" "$WORK/ids_both1" 9600
 
 finish
