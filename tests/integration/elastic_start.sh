@@ -25,6 +25,22 @@ start() {
     PID=$!
     PIDS+=($!)
 }
+# late NAME STEP ARGS...: 3 listed, worker:0 and worker:1 started, worker:2 once the chief holds step STEP for
+# its join (LOOM_TEST_MEMBERSHIP), all with ARGS; their exit statuses in s0 s1 s2, the chief's log in log
+late() {
+    local name=$1 step=$2 i w
+    shift 2
+    addrs 3
+    for i in 0 1; do start "$name" $i "$@"; J[$i]=$PID; done
+    for ((w = 0; w < 600; w++)); do
+        grep -q "holding step $step until worker:2 asks" "$WORK/$name.0" 2>/dev/null && break
+        sleep 0.05
+    done
+    start "$name" 2 "$@"
+    J[2]=$PID
+    status "${J[0]}"; s0=$ST; status "${J[1]}"; s1=$ST; status "${J[2]}"; s2=$ST
+    log=$(cat "$WORK/$name.0")
+}
 addrs() { # addrs N: N free loopback addresses into ADDRS
     local base k
     base=$(free_ports "$1")
@@ -43,14 +59,8 @@ status "${J[0]}"; s0=$ST; status "${J[1]}"; s1=$ST; status "${J[2]}"; s2=$ST
 # (LOOM_TEST_MEMBERSHIP holds step 31 until worker:2 asks, so the run is the same every time: twice)
 for k in 1 2; do
     export LOOM_TEST_EXAMPLE_IDS="$WORK/ids_late$k" LOOM_TEST_MEMBERSHIP="join worker:2 at 30"
-    addrs 3
-    for i in 0 1; do start late$k $i --set strategy.elastic.start_timeout=2; J[$i]=$PID; done
-    for ((w = 0; w < 600; w++)); do grep -q "holding step 30 until worker:2 asks" "$WORK/late$k.0" 2>/dev/null && break; sleep 0.05; done
-    start late$k 2 --set strategy.elastic.start_timeout=2
-    J[2]=$PID
-    status "${J[0]}"; s0=$ST; status "${J[1]}"; s1=$ST; status "${J[2]}"; s2=$ST
+    late late$k 30 --set strategy.elastic.start_timeout=2
     unset LOOM_TEST_MEMBERSHIP LOOM_TEST_EXAMPLE_IDS
-    log=$(cat "$WORK/late$k.0")
     contains "run $k, 2 of 3 started: the chief starts with those there" \
         "strategy.elastic: starting with 2 of the 3 listed workers (strategy.elastic.start_timeout = 2 s); worker:2 joins when it connects" "$log"
     if [ "$s0$s1$s2" = 000 ] && [ "$(newest "$WORK/late$k")" = 100 ]; then
@@ -103,14 +113,8 @@ contains "worker:1 stops with the job" "another task of the job was interrupted:
 # admits worker:2 after it. Stop 29 left this case ending the job on the decision timeout; twice: the same bits)
 for k in 1 2; do
     export LOOM_TEST_EXAMPLE_IDS="$WORK/ids_both$k" LOOM_TEST_MEMBERSHIP="leave worker:1 at 29; join worker:2 at 30"
-    addrs 3
-    for i in 0 1; do start both$k $i --set strategy.elastic.start_timeout=2 --set strategy.elastic.min_workers=1; J[$i]=$PID; done
-    for ((w = 0; w < 600; w++)); do grep -q "holding step 30 until worker:2 asks" "$WORK/both$k.0" 2>/dev/null && break; sleep 0.05; done
-    start both$k 2 --set strategy.elastic.start_timeout=2 --set strategy.elastic.min_workers=1
-    J[2]=$PID
-    status "${J[0]}"; s0=$ST; status "${J[1]}"; s1=$ST; status "${J[2]}"; s2=$ST
+    late both$k 30 --set strategy.elastic.start_timeout=2 --set strategy.elastic.min_workers=1
     unset LOOM_TEST_MEMBERSHIP LOOM_TEST_EXAMPLE_IDS
-    log=$(cat "$WORK/both$k.0")
     if [ "$s0$s2" = 00 ] && [ "$s1" = 137 ] && [ "$(newest "$WORK/both$k")" = 100 ]; then
         pass "run $k, a loss in the step a join rides: worker:1 lost, worker:2 joins, the two end at step 100"
     else fail "run $k, a loss in the step a join rides: the job goes on to step 100" "status $s0 / $s1 / $s2" \
