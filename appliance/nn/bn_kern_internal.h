@@ -101,16 +101,17 @@ BN_KI void BN_F(grad_sums_k)(const float *restrict g, const float *restrict x, i
     }
 }
 
-/* n rows of g, in place: g = gr (g - mg - xhat mgh), row by row (as normalize_k); relu: g masked as in
- * grad_sums_k first. */
-BN_KI void BN_F(grad_apply_k)(float *restrict g, const float *restrict x, int64_t n, int C, const float *restrict mean,
-                              const float *restrict rstd, const float *restrict gr, const float *restrict mg,
-                              const float *restrict mgh, const float *restrict ga, const float *restrict be, int relu)
+/* n rows of g into d (d may be g): d = gr (g - mg - xhat mgh), row by row (as normalize_k); relu: g masked as
+ * in grad_sums_k first. */
+BN_KI void BN_F(grad_apply_k)(const float *g, float *d, const float *restrict x, int64_t n, int C,
+                              const float *restrict mean, const float *restrict rstd, const float *restrict gr,
+                              const float *restrict mg, const float *restrict mgh, const float *restrict ga,
+                              const float *restrict be, int relu)
 {
     for (int64_t r = 0; r < n; r++)
 #pragma GCC unroll 8
         for (int c0 = 0; c0 < C; c0 += 2 * BN_W) {
-            BN_VW *gp = (BN_VW *)(g + r * C + c0), gv = *gp;
+            BN_VW gv = *(const BN_VW *)(g + r * C + c0), *gp = (BN_VW *)(d + r * C + c0);
             BN_VW h = (*(const BN_VW *)(x + r * C + c0) - *(const BN_VW *)(mean + c0)) * *(const BN_VW *)(rstd + c0);
             if (relu) gv = BN_RELU_W(gv, *(const BN_VW *)(ga + c0) * h + *(const BN_VW *)(be + c0));
             *gp = *(const BN_VW *)(gr + c0) * (gv - *(const BN_VW *)(mg + c0) - h * *(const BN_VW *)(mgh + c0));
@@ -129,8 +130,9 @@ BN_KI void BN_F(grad_apply_k)(float *restrict g, const float *restrict x, int64_
         else BN_F(grad_sums_k)(a->g0, a->x, a->n, C, CG, a->mean, a->rstd, a->s, a->t, NULL, NULL, 0);             \
         break;                                                                                                       \
     case BN_APPLY:                                                                                                   \
-        if (a->relu) BN_F(grad_apply_k)(a->g, a->x, a->n, C, a->mean, a->rstd, a->p, a->q, a->u, a->ga, a->be, 1);  \
-        else BN_F(grad_apply_k)(a->g, a->x, a->n, C, a->mean, a->rstd, a->p, a->q, a->u, NULL, NULL, 0);           \
+        if (a->relu)                                                                                                 \
+            BN_F(grad_apply_k)(a->g0, a->g, a->x, a->n, C, a->mean, a->rstd, a->p, a->q, a->u, a->ga, a->be, 1);      \
+        else BN_F(grad_apply_k)(a->g0, a->g, a->x, a->n, C, a->mean, a->rstd, a->p, a->q, a->u, NULL, NULL, 0);    \
         break;                                                                                                       \
     }
 

@@ -121,6 +121,8 @@ typedef struct bn_job {
     const float *e, *f;
     const float *ga, *be;        /* backward with bn_relu: gamma, beta, for the output's sign (else NULL) */
     float *y;
+    float *d;                    /* backward apply: the input gradient's rows (bn_dx_dz: the conv's dz), else NULL:
+                                    in place in the chunks' gradient rows */
 } bn_job;
 
 static void block_rows(const bn_job *j, int blk, int64_t *r0, int64_t *r1)
@@ -302,7 +304,7 @@ void nn_bn_grad_sums_(const loom_model *m, const nn_layer_ *l, const nn_chunk_ *
     sum_blocks(bn_parts(l) + (int64_t)j.nb * l->C, j.nb, l->C, sgh);
 }
 
-/* g = gamma rstd (g - mean(g) - xhat mean(g xhat)), in place, block blk's rows. */
+/* dx = gamma rstd (g - mean(g) - xhat mean(g xhat)), block blk's rows: in place in g, or into j->d's rows. */
 BN_HOT static void grad_apply_block(void *arg, int blk)
 {
     const bn_job *j = arg;
@@ -312,13 +314,13 @@ BN_HOT static void grad_apply_block(void *arg, int blk)
     int64_t r0, r1;
     block_rows(j, blk, &r0, &r1);
     for (int64_t r = r0, e; r < r1; r = e) {
-        float *restrict g = chunk_rows(j, r, r1, &e);
+        float *g = chunk_rows(j, r, r1, &e), *d = j->d ? j->d + r * C : g;
         const float *restrict x = j->l->bn_x + r * C;
 #if BN_FAST
         if (j->lvl) {
             bn_pass(j->lvl, (int)C, BN_APPLY,
-                    &(bn_args){.g = g, .x = x, .n = e - r, .mean = mean, .rstd = rstd, .p = gr, .q = mg, .u = mgh,
-                               .ga = ga, .be = be, .relu = ga != NULL});
+                    &(bn_args){.g0 = g, .g = d, .x = x, .n = e - r, .mean = mean, .rstd = rstd, .p = gr, .q = mg,
+                               .u = mgh, .ga = ga, .be = be, .relu = ga != NULL});
             continue;
         }
 #endif
@@ -326,13 +328,13 @@ BN_HOT static void grad_apply_block(void *arg, int blk)
             for (int64_t q = 0; q < (e - r) * C; q += C)
                 for (int64_t k = 0; k < C; k++) {
                     float h = (x[q + k] - mean[k]) * rstd[k];
-                    g[q + k] = gr[k] * (g[q + k] - mg[k] - h * mgh[k]);
+                    d[q + k] = gr[k] * (g[q + k] - mg[k] - h * mgh[k]);
                 }
         else /* masked as in grad_sums_block */
             for (int64_t q = 0; q < (e - r) * C; q += C)
                 for (int64_t k = 0; k < C; k++) {
                     float h = (x[q + k] - mean[k]) * rstd[k], gv = relu_keep(g[q + k], ga[k] * h + be[k]);
-                    g[q + k] = gr[k] * (gv - mg[k] - h * mgh[k]);
+                    d[q + k] = gr[k] * (gv - mg[k] - h * mgh[k]);
                 }
     }
 }
@@ -350,5 +352,6 @@ void nn_bn_grad_apply_(const loom_model *m, const nn_layer_ *l, const nn_chunk_ 
     bn_job j = {.l = l, .rows = B * R, .R = R, .nb = bn_blocks(B * R), .lvl = bn_level(l), .chunk = chunk,
                 .nchunks = nchunks, .a = gr, .b = mg, .c = mgh};
     if (l->bn_relu) j.ga = m->params + l->kernel_off, j.be = m->params + l->bias_off;
+    if (l->bn_dx_dz) j.d = l[-1].dz;
     run_blocks(m, &j, grad_apply_block);
 }

@@ -495,7 +495,8 @@ void nn_graph_bn_grad_out_(loom_model *m, int li, int nchunks)
     for (int t = 0; t < nchunks; t++) {
         nn_chunk_ *c = &m->chunk[t];
         c->bw_done = 0; /* another branch may still need the layers below */
-        if (m->layer[li].needs_dx) grad_out(m, li, c, c->g);
+        const nn_layer_ *l = &m->layer[li]; /* bn_dx_dz: its input gradient is in the conv's dz rows */
+        if (l->needs_dx) grad_out(m, li, c, l->bn_dx_dz ? l[-1].dz + c->b0 * l->n_out : c->g);
     }
 }
 

@@ -146,8 +146,8 @@ NN_HOT static void act_grad_to(float *restrict dz, const float *restrict g, cons
         memcpy(dz, g, (size_t)(rows * n) * sizeof *dz);
         act_grad_colsum(dz, y, NULL, rows, n, act);
         break;
-    default:
-        memcpy(dz, g, (size_t)(rows * n) * sizeof *dz);
+    default: /* (dz may be g already: a batch normalization over the layer wrote there, bn_dx_dz) */
+        if (dz != g) memcpy(dz, g, (size_t)(rows * n) * sizeof *dz);
         break;
     }
 }

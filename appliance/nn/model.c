@@ -497,8 +497,8 @@ static void chunk_backward_layer(const step_job *j, nn_chunk_ *c, int i, bool wi
     }
     if (!r) {
         c->bw_done = 1;
-    } else if (r == c->other) {
-        c->other = c->g;
+    } else if (r == c->other) { /* (c->g may be a conv's dz rows, not a gradient buffer: bn_dx_dz) */
+        c->other = r == c->gbuf[0] ? c->gbuf[1] : c->gbuf[0];
         c->g = r;
     }
 }
@@ -642,6 +642,8 @@ static void backward_all(loom_model *m, step_job *j, double *acc, double *pacc)
                 nn_plugin_backward_whole_(m, i, m->chunk, j->nchunks, j->B);
             else if (!done) nn_bn_backward_(m, i, m->chunk, j->nchunks, j->B);
             if (!done && m->graph) nn_graph_bn_grad_out_(m, i, j->nchunks);
+            else if (!done && m->layer[i].bn_dx_dz && m->layer[i].needs_dx) /* its input gradient: the conv's dz */
+                for (int t = 0; t < j->nchunks; t++) m->chunk[t].g = m->layer[i - 1].dz + m->chunk[t].b0 * m->layer[i].n_out;
             if (acc) acc[i] += loom_now() - t0;
         }
         l1 = i;

@@ -659,6 +659,14 @@ static void fuse(loom_model *m)
             continue;
         l->fuse_pool = p->fused = 1;
     }
+    /* a batch normalization's input gradient into its conv's dz rows (bn_dx_dz) */
+    for (int i = 1; i < m->n_layers; i++) {
+        nn_layer_ *l = &m->layer[i];
+        const nn_layer_ *p = &m->layer[i - 1];
+        l->bn_dx_dz = l->spec.kind == LOOM_LAYER_BATCH_NORM && l->n_src == 1 && l->src[0] == i - 1 && !p->gacc &&
+                      p->spec.kind == LOOM_LAYER_CONV2D && !p->direct && !p->fuse_pool && p->act == LOOM_ACT_NONE &&
+                      p->kernel_off >= 0;
+    }
     fuse_inplace(m);
 }
 

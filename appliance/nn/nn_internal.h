@@ -44,6 +44,10 @@ typedef struct nn_layer_ {
      * its normalize writes max(0, y); its backward takes the gradient where its output, recomputed from bn_x,
      * is > 0), and the activation (relu_in_bn) passes x and g on: the unfused bits, two passes fewer */
     int bn_relu, relu_in_bn;
+    /* a batch normalization over layer i - 1, a conv2d with no activation that it alone reads: its backward
+     * writes the input gradient straight into that conv's dz rows (bn_pass.c), which the conv's backward then
+     * takes as its g without copying them (model.c, graph.c hand those rows on) */
+    int bn_dx_dz;
     float         *y;              /* (max_batch, n_out) owned output; NULL for flatten */
     int32_t       *argmax;         /* max_pool2d: (max_batch, n_out) input index within the example */
     uint8_t       *mask;           /* dropout: (max_batch, n_out) 1 = kept */

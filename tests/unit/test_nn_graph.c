@@ -271,8 +271,9 @@ static void test_graph_grad(void)
         fixture_free(&f);
     }
     free(g1);
-    /* the relu over bn1 runs in its passes (bn_relu, relu_in_bn): a model with the two passes apart (the
-     * flags cleared) gives the same loss and gradient bits, at 1 and 2 threads */
+    /* the relu over bn1 runs in its passes (bn_relu, relu_in_bn), and bn1 and bn2 write their input gradient
+     * into c1's and c2's dz rows (bn_dx_dz): a model with the flags cleared (the passes apart, the gradient
+     * through the chunks' rows and copied) gives the same loss and gradient bits, at 1 and 2 threads */
     for (int t = 1; t <= 2; t++) {
         fixture f[2];
         if (fixture_new(&f[0], mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, n, r), shp(3, 8, 8, 2), LOOM_I32, 7, 5) != LOOM_OK ||
@@ -280,12 +281,14 @@ static void test_graph_grad(void)
             CHECK(0);
             break;
         }
-        int fused = 0;
+        int fused = 0, into = 0;
         for (int i = 0; i < f[1].m->n_layers; i++) {
             fused += f[0].m->layer[i].bn_relu;
-            f[1].m->layer[i].bn_relu = f[1].m->layer[i].relu_in_bn = 0;
+            into += f[0].m->layer[i].bn_dx_dz;
+            f[1].m->layer[i].bn_relu = f[1].m->layer[i].relu_in_bn = f[1].m->layer[i].bn_dx_dz = 0;
         }
         CHECK_MSG(fused == 1, "residual graph + bn: %d batch normalizations take their relu, want 1 (bn1)", fused);
+        CHECK_MSG(into == 2, "residual graph + bn: %d batch normalizations write a conv's dz, want 2 (bn1, bn2)", into);
         double l[2];
         for (int k = 0; k < 2; k++) {
             CHECK(loom_model_set_threads(f[k].m, t, &err) == LOOM_OK);
