@@ -122,11 +122,12 @@ static int y_last_read(const loom_model *m, const phases *p, int L)
 }
 
 /* The lowest layer down the chain from L whose backward may take its gradient in L's dgy rows (graph.c:
- * grad_out leaves the rows in c->g; a layer that is no chain link, or gathers its own, ends the chain). */
+ * grad_out leaves the rows in c->g, as an add does for the input below it, add_link; a layer that
+ * gathers its own gradient ends the chain). */
 static int chain_end(const loom_model *m, int L)
 {
     int k = L;
-    while (k > 0 && !m->layer[k - 1].gacc && m->layer[k].n_src == 1 && m->layer[k].src[0] == k - 1) k--;
+    while (k > 0 && !m->layer[k - 1].gacc && m->layer[k - 1].n_cons == 1) k--;
     return k;
 }
 

@@ -131,6 +131,18 @@ int nn_graph_order_(const loom_model *m, const loom_model_spec *spec, int *order
     return LOOM_OK;
 }
 
+/* Layer i, read by the add nx alone, takes nx's gradient down the chain: an add's input gradient is its
+ * output's (no broadcasting), left in c->g for layer i, the next backward (merge_backward delivers it
+ * to the add's other inputs first). A residual block's last batch normalization so takes its gradient
+ * without a copy into rows of its own. */
+static bool add_link(const nn_layer_ *nx, int i)
+{
+    if (nx->spec.kind != LOOM_LAYER_ADD) return false;
+    for (int k = 0; k < nx->n_src; k++)
+        if (nx->src[k] == i) return nx->bstride[k][0] < 0;
+    return false;
+}
+
 void nn_graph_links_(loom_model *m)
 {
     m->graph = m->n_inputs > 1;
@@ -144,7 +156,7 @@ void nn_graph_links_(loom_model *m)
         if (!link) m->graph = 1;
         /* the output of i goes down the chain when its one consumer is i + 1, a chain link */
         const nn_layer_ *nx = i + 1 < m->n_layers ? &m->layer[i + 1] : NULL;
-        l->gacc = !(l->n_cons == 0 || (l->n_cons == 1 && nx && nx->n_src == 1 && nx->src[0] == i));
+        l->gacc = !(l->n_cons == 0 || (l->n_cons == 1 && nx && ((nx->n_src == 1 && nx->src[0] == i) || add_link(nx, i))));
     }
     /* a head but the last: its loss writes its gradient into the layer's dgy rows first */
     for (int h = 1; h < m->n_heads; h++) {
@@ -384,7 +396,7 @@ static void merge_backward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c
             continue;
         }
         if (kind == LOOM_LAYER_ADD && l->bstride[k][0] < 0) { /* the output's gradient itself */
-            nn_graph_deliver_(m, l->src[k], c, g);
+            if (m->layer[l->src[k]].gacc) nn_graph_deliver_(m, l->src[k], c, g); /* else in c->g (add_link) */
             continue;
         }
         const float *x[LOOM_MAX_LAYER_INPUTS];

@@ -527,6 +527,7 @@ static int merge_backward(loom_model_dev *d, int li, const float *g, float *scra
             v = g;
             break;
         }
+        if (!d->m->layer[l->src[k]].gacc) continue; /* an add's input below it: g goes down the chain (add_link) */
         TRY(deliver(d, l->src[k], v, err));
     }
     return LOOM_OK;

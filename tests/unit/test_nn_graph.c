@@ -281,14 +281,19 @@ static void test_graph_grad(void)
             CHECK(0);
             break;
         }
-        int fused = 0, into = 0;
+        int fused = 0, into = 0, links = 0;
         for (int i = 0; i < f[1].m->n_layers; i++) {
             fused += f[0].m->layer[i].bn_relu;
             into += f[0].m->layer[i].bn_dx_dz;
+            /* the add's input just below it takes the add's gradient in place, no rows of its own */
+            links += i + 1 < f[0].m->n_layers && f[0].m->layer[i + 1].spec.kind == LOOM_LAYER_ADD &&
+                     !f[0].m->layer[i].gacc && f[0].m->layer[i].n_cons == 1;
             f[1].m->layer[i].bn_relu = f[1].m->layer[i].relu_in_bn = f[1].m->layer[i].bn_dx_dz = 0;
         }
         CHECK_MSG(fused == 1, "residual graph + bn: %d batch normalizations take their relu, want 1 (bn1)", fused);
         CHECK_MSG(into == 2, "residual graph + bn: %d batch normalizations write a conv's dz, want 2 (bn1, bn2)", into);
+        CHECK_MSG(links == 2, "residual graph + bn: %d adds hand their gradient down the chain, want 2 (short, c3)",
+                  links);
         double l[2];
         for (int k = 0; k < 2; k++) {
             CHECK(loom_model_set_threads(f[k].m, t, &err) == LOOM_OK);
