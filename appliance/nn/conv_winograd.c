@@ -183,8 +183,10 @@ static inline __attribute__((always_inline)) CW_256 void at4(__m256 *o, const __
     o[3] = _mm256_add_ps(_mm256_add_ps(d1, _mm256_mul_ps(_mm256_set1_ps(8.f), d2)), s[5 * st]);
 }
 
-/* Y (m x m) of tile g into y (nb, H, W, C) from M[p][slot] (36 points, TB slots of C): A^T M A. */
-CW_256 static void otrans(const float *restrict M, int slot, int m, int H, int W, int C, int64_t g, float *restrict y)
+/* Y (m x m) of tile g into y (nb, H, W, C) from M[p][slot] (36 points, TB slots of C): A^T M A; acc: added
+ * to y (y + Y: the bits of Y written elsewhere, then added). */
+CW_256 static void otrans(const float *restrict M, int slot, int m, int H, int W, int C, int64_t g, float *restrict y,
+                          int acc)
 {
     const int TH = (H + m - 1) / m, TW = (W + m - 1) / m;
     const int64_t b = g / (TH * TW);
@@ -205,7 +207,10 @@ CW_256 static void otrans(const float *restrict M, int slot, int m, int H, int W
         for (int i = 0; i < rows; i++) {
             if (m == 2) at6(&o[0], &o[1], t + 6 * i, 1);
             else at4(o, t + 6 * i, 1);
-            for (int j = 0; j < cols; j++) _mm256_storeu_ps(yb + ((int64_t)i * W + j) * C + ch, o[j]);
+            for (int j = 0; j < cols; j++) {
+                float *d = yb + ((int64_t)i * W + j) * C + ch;
+                _mm256_storeu_ps(d, acc ? _mm256_add_ps(_mm256_loadu_ps(d), o[j]) : o[j]);
+            }
         }
     }
 }
@@ -278,11 +283,11 @@ CW_256 static void prod256(const float *V, const float *U, int n, int CI, int CO
     }
 }
 
-/* y (nb, H, W, CO) = the r x r "same" convolution of x (nb, H, W, CI) whose kernel U holds transformed
- * (m = 7 - r outputs a tile side); s: scratch after U. Tiles go in blocks of CW_TB over the whole chunk,
- * examples one after another. */
+/* y (nb, H, W, CO) = (acc: y +) the r x r "same" convolution of x (nb, H, W, CI) whose kernel U holds
+ * transformed (m = 7 - r outputs a tile side); s: scratch after U. Tiles go in blocks of CW_TB over the whole
+ * chunk, examples one after another. */
 static void convw(int level, int r, int H, int W, int CI, int CO, const float *U, const float *x, float *y, int64_t nb,
-                  float *s)
+                  float *s, int acc)
 {
     float *V = s, *M = V + (int64_t)CW_P * CW_TB * CI;
     const int m = 7 - r;
@@ -292,7 +297,7 @@ static void convw(int level, int r, int H, int W, int CI, int CO, const float *U
         for (int t = 0; t < n; t++) itrans(x, m, H, W, CI, 0, CI, g0 + t, V, t, CW_TB);
         if (level == 2) prod512(V, U, n, CI, CO, M);
         else prod256(V, U, n, CI, CO, M);
-        for (int t = 0; t < n; t++) otrans(M, t, m, H, W, CO, g0 + t, y);
+        for (int t = 0; t < n; t++) otrans(M, t, m, H, W, CO, g0 + t, y, acc);
     }
 }
 
@@ -470,7 +475,7 @@ void nn_convw_forward_(const nn_layer_ *l, const float *x, float *y, int64_t nb,
 {
 #if CW_HAVE
     convw(l->fma, l->kh, l->ih, l->iw, l->cin, l->cout, scratch, x, y, nb,
-          scratch + (int64_t)CW_P * l->cin * l->cout);
+          scratch + (int64_t)CW_P * l->cin * l->cout, 0);
 #else
     (void)l, (void)x, (void)y, (void)nb, (void)scratch;
     LOOM_ASSERT(!"nn_convw_forward_ without nn_convw_ok_");
@@ -478,14 +483,14 @@ void nn_convw_forward_(const nn_layer_ *l, const float *x, float *y, int64_t nb,
 }
 
 void nn_convw_backward_data_(const nn_layer_ *l, const float *w, const float *dz, float *dx, int64_t nb,
-                             float *scratch)
+                             float *scratch, int acc)
 {
 #if CW_HAVE
     wtrans(w, l->kh, l->cin, l->cout, 1, scratch);
     convw(l->fma, l->kh, l->ih, l->iw, l->cout, l->cin, scratch, dz, dx, nb,
-          scratch + (int64_t)CW_P * l->cin * l->cout);
+          scratch + (int64_t)CW_P * l->cin * l->cout, acc);
 #else
-    (void)l, (void)w, (void)dz, (void)dx, (void)nb, (void)scratch;
+    (void)l, (void)w, (void)dz, (void)dx, (void)nb, (void)scratch, (void)acc;
     LOOM_ASSERT(!"nn_convw_backward_data_ without nn_convw_ok_");
 #endif
 }

@@ -470,6 +470,16 @@ static void grad_out(const loom_model *m, int li, nn_chunk_ *c, float *r)
     if (wants_grad(m, l, 0) && m->layer[l->src[0]].gacc) nn_graph_deliver_(m, l->src[0], c, r);
 }
 
+/* A layer whose backward writes (or adds) its input gradient straight into its input's dgy rows, where
+ * grad_out would copy (or add) it from other: a conv2d by Winograd (conv_winograd.c: its output transform
+ * adds to the rows with the bits of the add after), as a residual block's first convolution, whose input
+ * the shortcut reads too. */
+static bool dx_into(const loom_model *m, const nn_layer_ *l)
+{
+    return l->spec.kind == LOOM_LAYER_CONV2D && !l->direct && l->needs_dx && wants_grad(m, l, 0) &&
+           m->layer[l->src[0]].gacc && nn_convw_ok_(l);
+}
+
 void nn_graph_backward_(const loom_model *m, int li, nn_chunk_ *c)
 {
     const nn_layer_ *l = &m->layer[li];
@@ -482,6 +492,17 @@ void nn_graph_backward_(const loom_model *m, int li, nn_chunk_ *c)
     const float *keep = c->act[li + 1];
     c->act[li] = nn_src_ptr_(c, l->src[0]);
     c->act[li + 1] = c->yo[li];
+    if (dx_into(m, l)) {
+        const int s = l->src[0];
+        c->dx_acc = c->ginit[s];
+        float *r = nn_layer_backward_(m, li, c, c->g, m->layer[s].dgy + c->b0 * m->layer[s].n_out);
+        c->dx_acc = 0;
+        c->ginit[s] = 1;
+        c->act[li + 1] = keep;
+        c->g = r;
+        c->other = c->gbuf[0];
+        return;
+    }
     float *r = nn_layer_backward_(m, li, c, c->g, c->other);
     c->act[li + 1] = keep;
     if (r) grad_out(m, li, c, r);

@@ -833,7 +833,7 @@ static float *conv_backward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *
     if (!l->fuse_pool) nn_layer_act_grad_(l, dz, g, y, B * P, l->cout); /* fused: the pool's backward wrote dz */
     if (!l->needs_dx) return NULL;
     if (nn_convw_ok_(l)) { /* Winograd, no im2col chunks: the flipped kernel transformed once for all B */
-        nn_convw_backward_data_(l, W, dz, other, B, c->col);
+        nn_convw_backward_data_(l, W, dz, other, B, c->col, c->dx_acc);
         return other;
     }
     if (nn_convd_ok_(l)) { /* direct, no im2col chunks: the flipped kernel is made once for all B */

@@ -136,6 +136,8 @@ typedef struct nn_chunk_ {
     const float *yo[LOOM_MAX_LAYERS];      /* a graph's layer outputs (c->act[i + 1] of a chain) */
     const float *xin[LOOM_MAX_MODEL_INPUTS]; /* a graph's model inputs, this chunk's rows */
     uint8_t      ginit[LOOM_MAX_LAYERS];   /* a graph's backward: dgy rows of the layer hold a first gradient */
+    int          dx_acc;                   /* graph.c: the layer's backward adds its input gradient to other's
+                                              rows (nn_dx_into_: its input's dgy rows, already holding one) */
     double       pt[LOOM_MAX_LAYERS];      /* a profiled phase: seconds of each layer on this chunk */
     double       pu[LOOM_MAX_LAYERS];      /* a profiled gradient pass: seconds of each layer's in-step update */
     double       loss;                     /* results of the chunk (the heads' weighted sum) */
@@ -522,7 +524,7 @@ int64_t nn_convw_scratch_(const nn_layer_ *l);
 void    nn_convw_kernel_(const nn_layer_ *l, const float *w, float *scratch);
 void    nn_convw_forward_(const nn_layer_ *l, const float *x, float *y, int64_t nb, float *scratch);
 void    nn_convw_backward_data_(const nn_layer_ *l, const float *w, const float *dz, float *dx, int64_t nb,
-                                float *scratch);
+                                float *scratch, int acc); /* acc: dx += the input gradient */
 void    nn_convd_kernel_grad_(const nn_layer_ *l, const float *x, const float *dz, int64_t nb, int r0, int r1,
                               float *dW, float *scratch);
 /* conv_winograd.c's 3x3 kernel gradient (nn_convw_kgrad_ok_: nn_convw_ok_, 3x3, and under "auto" only where

@@ -351,7 +351,13 @@ static void test_convw_levels(void)
         l->fma = 1;
         nn_convw_kernel_(l, w, s);
         nn_convw_forward_(l, x, y1, nb, s);
-        nn_convw_backward_data_(l, w, dz, dx1, nb, s);
+        nn_convw_backward_data_(l, w, dz, dx1, nb, s, 0);
+        /* acc: dx + the input gradient, the bits of adding it afterwards (graph.c's gathered rows) */
+        for (int64_t e = 0; e < nx; e++) dx2[e] = x[e];
+        nn_convw_backward_data_(l, w, dz, dx2, nb, s, 1);
+        bool added = true;
+        for (int64_t e = 0; e < nx; e++) added &= dx2[e] == x[e] + dx1[e];
+        CHECK_MSG(added, "case %zu: the Winograd input gradient added in place differs from adding it after", k);
         double ey = convw_worst(y1, ry, ny), ex = convw_worst(dx1, rx, nx);
         CHECK_MSG(ey <= 1e-5 && ex <= 1e-5, "case %zu: Winograd forward %.3g, input gradient %.3g of the largest", k,
                   ey, ex);
@@ -360,7 +366,7 @@ static void test_convw_levels(void)
             l->fma = 2;
             nn_convw_kernel_(l, w, s);
             nn_convw_forward_(l, x, y2, nb, s);
-            nn_convw_backward_data_(l, w, dz, dx2, nb, s);
+            nn_convw_backward_data_(l, w, dz, dx2, nb, s, 0);
             CHECK_MSG(!memcmp(y1, y2, (size_t)ny * 4) && !memcmp(dx1, dx2, (size_t)nx * 4),
                       "case %zu: the AVX-512 Winograd kernels differ from the AVX2 ones", k);
         }

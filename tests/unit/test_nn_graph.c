@@ -215,6 +215,26 @@ static int residual_net(loom_layer_spec *r, loom_activation act, bool bn)
     return n;
 }
 
+/* A residual block on the Winograd convolutions (16 channels on 8x8 planes): a and c, which read the stem's
+ * output with the add, write their input gradient straight into its gathered rows (graph.c dx_into): c first
+ * (written), a last (added to the add's and c's). */
+static int wino_net(loom_layer_spec *r, bool bn)
+{
+    int n = 0;
+    r[n++] = G(L_conv(16, 3, 1, LOOM_PAD_SAME, LOOM_ACT_TANH), "stem", NULL);
+    r[n++] = G(L_conv(16, 3, 1, LOOM_PAD_SAME, LOOM_ACT_NONE), "a", NULL);
+    if (bn) r[n++] = G(L_bn(), "bn_a", NULL);
+    r[n++] = G(L_kind(LOOM_LAYER_ACTIVATION, 0, LOOM_ACT_TANH), "t", NULL);
+    r[n++] = G(L_conv(16, 3, 1, LOOM_PAD_SAME, LOOM_ACT_NONE), "b", NULL);
+    if (bn) r[n++] = G(L_bn(), "bn_b", NULL);
+    r[n++] = G(L_merge(LOOM_LAYER_ADD), "add", bn ? "bn_b" : "b", "stem", NULL);
+    r[n++] = G(L_conv(16, 3, 1, LOOM_PAD_SAME, LOOM_ACT_NONE), "c", "stem", NULL);
+    r[n++] = G(L_merge(LOOM_LAYER_ADD), "add2", "add", "c", NULL);
+    r[n++] = G(L_kind(LOOM_LAYER_GLOBAL_AVG_POOL2D, 0, 0), "gap", NULL);
+    r[n++] = G(L_dense(5, LOOM_ACT_NONE), "logits", NULL);
+    return n;
+}
+
 /* Every merge kind, broadcasting and fan-out on dense branches. */
 static int merge_net(loom_layer_spec *r)
 {
@@ -244,12 +264,27 @@ static void test_graph_grad(void)
     n = merge_net(r);
     gradcheck("merge layers (subtract, multiply, average, maximum, add, concatenate)", r, n, LOOM_LOSS_MSE,
               shp(1, 5, 0, 0), LOOM_F32, 3, 3);
+    n = wino_net(r, true);
+    gradcheck("residual graph on Winograd convolutions (input gradients into the gathered rows)", r, n,
+              LOOM_LOSS_SPARSE_SOFTMAX_CE, shp(3, 8, 8, 1), LOOM_I32, 4, 3);
+    {
+        fixture f;
+        if (fixture_new(&f, mk(LOOM_LOSS_SPARSE_SOFTMAX_CE, n, r), shp(3, 8, 8, 1), LOOM_I32, 4, 5) == LOOM_OK) {
+            CHECK_MSG(loom_cpu()->level < LOOM_CPU_AVX2_FMA || (nn_convw_ok_(&f.m->layer[1]) && nn_convw_ok_(&f.m->layer[7])),
+                      "wino_net: a and c are not on the Winograd path");
+            fixture_free(&f);
+        } else {
+            CHECK(0);
+        }
+    }
     /* intra-op threads: the same as one thread, and the same bits run to run (without batch
      * normalization, whose moving statistics each train step of the check moves) */
     n = residual_net(r, LOOM_ACT_RELU, false);
     check_threads("residual graph", r, n, LOOM_LOSS_SPARSE_SOFTMAX_CE, shp(3, 8, 8, 2), 7);
     n = merge_net(r);
     check_threads("merge graph", r, n, LOOM_LOSS_MSE, shp(1, 5, 0, 0), 7);
+    n = wino_net(r, false);
+    check_threads("residual graph on Winograd convolutions", r, n, LOOM_LOSS_SPARSE_SOFTMAX_CE, shp(3, 8, 8, 1), 7);
     /* with batch normalization between segments: the gradients of 1, 2 and 3 threads, fresh models */
     n = residual_net(r, LOOM_ACT_RELU, true);
     float *g1 = NULL;
