@@ -154,9 +154,10 @@ void nn_graph_links_(loom_model *m)
         nn_layer_ *l = &m->layer[i];
         bool link = l->n_src == 1 && l->src[0] == i - 1; /* layer 0: -1 is model input 0 */
         if (!link) m->graph = 1;
-        /* the output of i goes down the chain when its one consumer is i + 1, a chain link */
+        /* the output of i goes down the chain when its one consumer is i + 1, a chain link, or an add (add_link) */
         const nn_layer_ *nx = i + 1 < m->n_layers ? &m->layer[i + 1] : NULL;
-        l->gacc = !(l->n_cons == 0 || (l->n_cons == 1 && nx && ((nx->n_src == 1 && nx->src[0] == i) || add_link(nx, i))));
+        const bool down = nx && ((nx->n_src == 1 && nx->src[0] == i) || add_link(nx, i));
+        l->gacc = !(l->n_cons == 0 || (l->n_cons == 1 && down));
     }
     /* a head but the last: its loss writes its gradient into the layer's dgy rows first */
     for (int h = 1; h < m->n_heads; h++) {

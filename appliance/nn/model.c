@@ -643,7 +643,8 @@ static void backward_all(loom_model *m, step_job *j, double *acc, double *pacc)
             else if (!done) nn_bn_backward_(m, i, m->chunk, j->nchunks, j->B);
             if (!done && m->graph) nn_graph_bn_grad_out_(m, i, j->nchunks);
             else if (!done && m->layer[i].bn_dx_dz && m->layer[i].needs_dx) /* its input gradient: the conv's dz */
-                for (int t = 0; t < j->nchunks; t++) m->chunk[t].g = m->layer[i - 1].dz + m->chunk[t].b0 * m->layer[i].n_out;
+                for (int t = 0; t < j->nchunks; t++)
+                    m->chunk[t].g = m->layer[i - 1].dz + m->chunk[t].b0 * m->layer[i].n_out;
             if (acc) acc[i] += loom_now() - t0;
         }
         l1 = i;
