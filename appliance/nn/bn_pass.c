@@ -25,17 +25,17 @@ static double *bn_parts(const nn_layer_ *l) { return (double *)(l->stat + 12 * l
 /* Then the backward's per-channel factors: gamma rstd, mean(g), mean(g xhat) (3 C floats). */
 static float *bn_coef(const nn_layer_ *l) { return l->stat + 12 * l->C + 2 + 4 * NN_BN_BLOCKS * l->C; }
 
-/* The passes vectorised for the machine (ifunc clones, kernel_internal.h): each channel's sum still
- * runs over the rows in order, and with no contraction into fused multiply-adds every clone
- * computes the same bits as the baseline one. */
-#define BN_HOT NN_HOT __attribute__((optimize("fp-contract=off")))
+/* The passes vectorised for the machine (tensor.h LOOM_CLONES, with BN_OPT on each clone): each
+ * channel's sum still runs over the rows in order, and with no contraction into fused multiply-adds
+ * every clone computes the same bits as the baseline one. */
+#define BN_OPT __attribute__((optimize("fp-contract=off")))
 
 /* ---- the passes with the channel count a constant (ResNet's 16, 32, 64), on Loom's own ISA choice ----
  * The generic loops above ran at ~14 cycles per element at C = 16: a runtime C leaves gcc a short inner
  * loop per row with its remainder and alias checks. Here (bn_kern_internal.h) the sums' passes hold every
  * channel's sums in registers over the block's rows (where they fit: bn_sums_fast), the element-wise ones
  * go row by row, with the generic loops' operations in their order: the same bits on every ISA
- * (test_bn_pass). The level is loom_cpu()'s (LOOM_TEST_CPU=avx2 runs the AVX2 path), not the ifunc's. */
+ * (test_bn_pass). The level is loom_cpu()'s (LOOM_TEST_CPU=avx2 runs the AVX2 path), as the clones'. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define BN_FAST 1
 typedef enum { BN_MOMENTS, BN_NORMALIZE, BN_SUMS, BN_APPLY } bn_op;
@@ -154,7 +154,7 @@ static void run_blocks(const loom_model *m, bn_job *j, loom_pool_fn fn)
 /* Block blk's mean of x and its sum of (x - block mean)^2, per channel (the second nb C after the
  * first): the block's rows read twice while they are in cache, where a variance about the batch
  * mean read the whole batch again. */
-BN_HOT static void moments_block(void *arg, int blk)
+static inline LOOM_CLONE_BODY void moments_block_body(void *arg, int blk)
 {
     const bn_job *j = arg;
     const int64_t C = j->l->C;
@@ -179,6 +179,7 @@ BN_HOT static void moments_block(void *arg, int blk)
             q[k] += d * d;
         }
 }
+LOOM_CLONES(BN_OPT, void, moments_block, (void *arg, int blk), (arg, blk))
 
 /* The blocks' partials (nb, C) summed in block order into out (C). */
 static void sum_blocks(const double *p, int nb, int64_t C, double *out)
@@ -216,7 +217,7 @@ void nn_bn_moments_(const loom_model *m, const nn_layer_ *l, const float *x, int
     for (int64_t k = 0; k < C; k++) var[k] /= (double)rows; /* biased, as Keras normalises and moves */
 }
 
-BN_HOT static void normalize_block(void *arg, int blk)
+static inline LOOM_CLONE_BODY void normalize_block_body(void *arg, int blk)
 {
     const bn_job *j = arg;
     const int64_t C = j->l->C;
@@ -246,6 +247,7 @@ BN_HOT static void normalize_block(void *arg, int blk)
                 y[r * C + k] = v > 0.f ? v : 0.f;
             }
 }
+LOOM_CLONES(BN_OPT, void, normalize_block, (void *arg, int blk), (arg, blk))
 
 void nn_bn_normalize_(const loom_model *m, const nn_layer_ *l, const float *x, int64_t rows, const float *mean,
                       const float *rstd, const float *gamma, const float *beta)
@@ -256,7 +258,7 @@ void nn_bn_normalize_(const loom_model *m, const nn_layer_ *l, const float *x, i
 }
 
 /* Block blk's sums of g and g * xhat over its rows (C each, the second after nb C). */
-BN_HOT static void grad_sums_block(void *arg, int blk)
+static inline LOOM_CLONE_BODY void grad_sums_block_body(void *arg, int blk)
 {
     const bn_job *j = arg;
     const int64_t C = j->l->C;
@@ -291,6 +293,7 @@ BN_HOT static void grad_sums_block(void *arg, int blk)
                 }
     }
 }
+LOOM_CLONES(BN_OPT, void, grad_sums_block, (void *arg, int blk), (arg, blk))
 
 void nn_bn_grad_sums_(const loom_model *m, const nn_layer_ *l, const nn_chunk_ *chunk, int nchunks, int64_t B,
                       double *sg, double *sgh)
@@ -305,7 +308,7 @@ void nn_bn_grad_sums_(const loom_model *m, const nn_layer_ *l, const nn_chunk_ *
 }
 
 /* dx = gamma rstd (g - mean(g) - xhat mean(g xhat)), block blk's rows: in place in g, or into j->d's rows. */
-BN_HOT static void grad_apply_block(void *arg, int blk)
+static inline LOOM_CLONE_BODY void grad_apply_block_body(void *arg, int blk)
 {
     const bn_job *j = arg;
     const int64_t C = j->l->C;
@@ -338,6 +341,7 @@ BN_HOT static void grad_apply_block(void *arg, int blk)
                 }
     }
 }
+LOOM_CLONES(BN_OPT, void, grad_apply_block, (void *arg, int blk), (arg, blk))
 
 void nn_bn_grad_apply_(const loom_model *m, const nn_layer_ *l, const nn_chunk_ *chunk, int nchunks, int64_t B,
                        const float *gamma, const float *rstd, const double *sg, const double *sgh, double N)

@@ -27,29 +27,37 @@ void nn_dropout_mask_(const nn_layer_ *l, int li, uint8_t *mk, int64_t e0, int64
     }
 }
 
-NN_HOT static void dropout_forward(const nn_layer_ *l, int li, const float *restrict x, float *restrict y,
-                                   uint8_t *restrict mk, int64_t e0, int64_t n, uint64_t rng_key)
+static inline LOOM_CLONE_BODY void dropout_forward_body(const nn_layer_ *l, int li, const float *restrict x,
+                                                        float *restrict y, uint8_t *restrict mk, int64_t e0, int64_t n,
+                                                        uint64_t rng_key)
 {
     const float scale = (float)(1.0 / (1.0 - l->spec.rate));
     nn_dropout_mask_(l, li, mk, e0, n, rng_key);
     for (int64_t e = 0; e < n; e++) y[e] = mk[e] ? x[e] * scale : 0.f;
 }
+LOOM_CLONES(, void, dropout_forward,
+            (const nn_layer_ *l, int li, const float *restrict x, float *restrict y, uint8_t *restrict mk, int64_t e0,
+             int64_t n, uint64_t rng_key),
+            (l, li, x, y, mk, e0, n, rng_key))
 
-/* (exported without its target clones, whose resolver would be exported too) */
+/* (the exported name; the clones and their dispatch stay static) */
 void nn_dropout_forward_(const nn_layer_ *l, int li, const float *restrict x, float *restrict y, uint8_t *restrict mk,
                          int64_t e0, int64_t n, uint64_t rng_key)
 {
     dropout_forward(l, li, x, y, mk, e0, n, rng_key);
 }
 
-NN_HOT static float *dropout_backward(const nn_layer_ *l, const uint8_t *restrict mk, float *restrict g, int64_t n)
+static inline LOOM_CLONE_BODY float *dropout_backward_body(const nn_layer_ *l, const uint8_t *restrict mk,
+                                                           float *restrict g, int64_t n)
 {
     const float scale = (float)(1.0 / (1.0 - l->spec.rate));
     for (int64_t e = 0; e < n; e++) g[e] = mk[e] ? g[e] * scale : 0.f;
     return g;
 }
+LOOM_CLONES(, float *, dropout_backward, (const nn_layer_ *l, const uint8_t *restrict mk, float *restrict g, int64_t n),
+            (l, mk, g, n))
 
-/* (exported without its target clones, whose resolver would be exported too) */
+/* (the exported name; the clones and their dispatch stay static) */
 float *nn_dropout_backward_(const nn_layer_ *l, const uint8_t *restrict mk, float *restrict g, int64_t n)
 {
     return dropout_backward(l, mk, g, n);

@@ -35,8 +35,8 @@ int nn_embedding_check_ids_(const loom_model *m, int li, const void *x, int64_t 
 
 /* y (B, cols, dim): row c of example b = the sum (or mean) of the table rows
  * of the example's k ids of column c; -1 ids are skipped. */
-NN_HOT static void embedding_forward(const loom_model *m, const nn_layer_ *l, const void *x, int64_t e0,
-                                     float *restrict y, int64_t B)
+static inline LOOM_CLONE_BODY void embedding_forward_body(const loom_model *m, const nn_layer_ *l, const void *x,
+                                                          int64_t e0, float *restrict y, int64_t B)
 {
     const float *T = m->params + l->kernel_off;
     const int D = l->dim, K = l->k;
@@ -57,8 +57,11 @@ NN_HOT static void embedding_forward(const loom_model *m, const nn_layer_ *l, co
         }
     }
 }
+LOOM_CLONES(, void, embedding_forward,
+            (const loom_model *m, const nn_layer_ *l, const void *x, int64_t e0, float *restrict y, int64_t B),
+            (m, l, x, e0, y, B))
 
-/* (exported without its target clones, whose resolver would be exported too) */
+/* (the exported name; the clones and their dispatch stay static) */
 void nn_embedding_forward_(const loom_model *m, const nn_layer_ *l, const void *x, int64_t e0, float *restrict y,
                            int64_t B)
 {

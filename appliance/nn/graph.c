@@ -274,16 +274,18 @@ static void concat_geom(const nn_layer_ *l, int k, int64_t *outer, int64_t *inne
 }
 
 /* y (n) = a + b, vectorised for the machine: an add of two same-shape inputs, as a residual block's. */
-NN_HOT static void add_rows(float *y, const float *a, const float *b, int64_t n)
+static inline LOOM_CLONE_BODY void add_rows_body(float *y, const float *a, const float *b, int64_t n)
 {
     for (int64_t e = 0; e < n; e++) y[e] = a[e] + b[e];
 }
+LOOM_CLONES(, void, add_rows, (float *y, const float *a, const float *b, int64_t n), (y, a, b, n))
 
 /* y (n) += d. */
-NN_HOT static void add_into(float *restrict y, const float *restrict d, int64_t n)
+static inline LOOM_CLONE_BODY void add_into_body(float *restrict y, const float *restrict d, int64_t n)
 {
     for (int64_t e = 0; e < n; e++) y[e] += d[e];
 }
+LOOM_CLONES(, void, add_into, (float *restrict y, const float *restrict d, int64_t n), (y, d, n))
 
 static void merge_forward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c)
 {

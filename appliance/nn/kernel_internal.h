@@ -6,12 +6,9 @@
 #define LOOM_NN_KERNEL_INTERNAL_H
 
 /* The build targets baseline x86-64 (SSE2); the hot element-wise loops are
- * cloned for AVX2 and AVX-512 and picked at load time (ifunc). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define NN_HOT __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define NN_HOT
-#endif
+ * compiled for AVX2 and AVX-512 too and picked by loom_cpu()'s level at each
+ * call (tensor.h LOOM_CLONES), so LOOM_TEST_CPU caps them as it caps the
+ * kernels. */
 
 /* 16 floats as one GNU C vector: one AVX-512 register, two AVX2 or four SSE
  * ones; loads and stores through it need only float alignment. gcc leaves

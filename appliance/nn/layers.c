@@ -55,7 +55,8 @@ void nn_softmax_rows_(const float *z, float *p, int64_t B, int64_t n)
 }
 
 /* y (rows, n) = act(y + b); b may be NULL. One pass. */
-NN_HOT static void bias_act(float *restrict y, const float *restrict b, int64_t rows, int64_t n, loom_activation act)
+static inline LOOM_CLONE_BODY void bias_act_body(float *restrict y, const float *restrict b, int64_t rows, int64_t n,
+                                                 loom_activation act)
 {
     if (act == LOOM_ACT_SOFTMAX) {
         if (b)
@@ -89,6 +90,9 @@ NN_HOT static void bias_act(float *restrict y, const float *restrict b, int64_t 
         }
     }
 }
+LOOM_CLONES(, void, bias_act,
+            (float *restrict y, const float *restrict b, int64_t rows, int64_t n, loom_activation act),
+            (y, b, rows, n, act))
 
 void nn_bias_act_(float *y, const float *b, int64_t rows, int64_t n, loom_activation act)
 {
@@ -97,8 +101,8 @@ void nn_bias_act_(float *y, const float *b, int64_t rows, int64_t n, loom_activa
 
 /* g (rows, n) *= act'(y) in place, and db = column sums of the result (db may
  * be NULL). One pass; db is overwritten, so the grads need no zeroing. */
-NN_HOT static void act_grad_colsum(float *restrict g, const float *restrict y, float *restrict db, int64_t rows, int64_t n,
-                            loom_activation act)
+static inline LOOM_CLONE_BODY void act_grad_colsum_body(float *restrict g, const float *restrict y, float *restrict db,
+                                                        int64_t rows, int64_t n, loom_activation act)
 {
     if (db) memset(db, 0, (size_t)n * sizeof *db);
     for (int64_t r = 0; r < rows; r++) {
@@ -127,10 +131,15 @@ NN_HOT static void act_grad_colsum(float *restrict g, const float *restrict y, f
             for (int64_t j = 0; j < n; j++) db[j] += gr[j];
     }
 }
+LOOM_CLONES(, void, act_grad_colsum,
+            (float *restrict g, const float *restrict y, float *restrict db, int64_t rows, int64_t n,
+             loom_activation act),
+            (g, y, db, rows, n, act))
 
 /* dz (rows, n) = g * act'(y), out of place; one pass. */
-NN_HOT static void act_grad_to(float *restrict dz, const float *restrict g, const float *restrict y, int64_t rows,
-                               int64_t n, loom_activation act)
+static inline LOOM_CLONE_BODY void act_grad_to_body(float *restrict dz, const float *restrict g,
+                                                    const float *restrict y, int64_t rows, int64_t n,
+                                                    loom_activation act)
 {
     switch (act) {
     case LOOM_ACT_RELU:
@@ -151,6 +160,10 @@ NN_HOT static void act_grad_to(float *restrict dz, const float *restrict g, cons
         break;
     }
 }
+LOOM_CLONES(, void, act_grad_to,
+            (float *restrict dz, const float *restrict g, const float *restrict y, int64_t rows, int64_t n,
+             loom_activation act),
+            (dz, g, y, rows, n, act))
 
 void nn_layer_act_(const nn_layer_ *l, float *y, const float *b, int64_t rows, int64_t n)
 {
@@ -170,7 +183,8 @@ void nn_layer_act_grad_(const nn_layer_ *l, float *dz, const float *g, const flo
 /* ---- conv2d: batch-chunked im2col + sgemm --------------------------------- */
 
 /* col (nb*OH*OW, KH*KW*C), columns in kernel order (i, j, c), from x (nb, H, W, C). */
-NN_HOT __attribute__((optimize("no-tree-loop-distribute-patterns"))) static void im2col(const nn_layer_ *l, const float *restrict x, int64_t nb, float *restrict col)
+static inline LOOM_CLONE_BODY void im2col_body(const nn_layer_ *l, const float *restrict x, int64_t nb,
+                                               float *restrict col)
 {
     const int H = l->ih, W = l->iw, C = l->cin, OH = l->oh, OW = l->ow, KH = l->kh, KW = l->kw;
     const int64_t K = (int64_t)KH * KW * C;
@@ -199,9 +213,12 @@ NN_HOT __attribute__((optimize("no-tree-loop-distribute-patterns"))) static void
         }
     }
 }
+LOOM_CLONES(__attribute__((optimize("no-tree-loop-distribute-patterns"))), void, im2col,
+            (const nn_layer_ *l, const float *restrict x, int64_t nb, float *restrict col), (l, x, nb, col))
 
 /* dx (nb, H, W, C) += col2im(col); dx must be zeroed by the caller. */
-NN_HOT static void col2im(const nn_layer_ *l, const float *restrict col, int64_t nb, float *restrict dx)
+static inline LOOM_CLONE_BODY void col2im_body(const nn_layer_ *l, const float *restrict col, int64_t nb,
+                                               float *restrict dx)
 {
     const int H = l->ih, W = l->iw, C = l->cin, OH = l->oh, OW = l->ow, KH = l->kh, KW = l->kw;
     const int64_t K = (int64_t)KH * KW * C;
@@ -232,6 +249,8 @@ NN_HOT static void col2im(const nn_layer_ *l, const float *restrict col, int64_t
         }
     }
 }
+LOOM_CLONES(, void, col2im, (const nn_layer_ *l, const float *restrict col, int64_t nb, float *restrict dx),
+            (l, col, nb, dx))
 
 /* ---- conv2d with one input channel: direct ----------------------------------
  * With cin = 1 an im2col row is kh*kw scalars: the product has K = kh*kw (25)
@@ -264,8 +283,9 @@ static void plane_dims(const nn_layer_ *l, int *Hp, int *Wp)
 
 /* y (nb, OH, OW, cout) = conv(x) + b for cin = 1 (activation left to the
  * caller); scratch xp holds Hp*Wp floats. */
-NN_HOT static void conv1_forward(const nn_layer_ *l, const float *restrict Wt, const float *restrict bias,
-                                 const float *restrict x, float *restrict y, int64_t nb, float *restrict xp)
+static inline LOOM_CLONE_BODY void conv1_forward_body(const nn_layer_ *l, const float *restrict Wt,
+                                                      const float *restrict bias, const float *restrict x,
+                                                      float *restrict y, int64_t nb, float *restrict xp)
 {
     int Hp, Wp;
     plane_dims(l, &Hp, &Wp);
@@ -321,14 +341,19 @@ NN_HOT static void conv1_forward(const nn_layer_ *l, const float *restrict Wt, c
             }
     }
 }
+LOOM_CLONES(, void, conv1_forward,
+            (const nn_layer_ *l, const float *restrict Wt, const float *restrict bias, const float *restrict x,
+             float *restrict y, int64_t nb, float *restrict xp),
+            (l, Wt, bias, x, y, nb, xp))
 
 /* dW taps [t0, t1) (of kh*kw; each cout wide) = sum over the examples and
  * pixels of x * dz: per output row a sum over its pixels, added to the
  * example's sum in acc, added to dW in example order; scratch xp holds
  * Hp*Wp floats. A tap's sums do not depend on the other taps, so any split
  * of the taps gives the same bits. */
-NN_HOT static void conv1_kernel_grad(const nn_layer_ *l, const float *restrict x, const float *restrict dz, int64_t nb,
-                                     int t0, int t1, float *restrict dW, float *restrict xp, float *restrict acc)
+static inline LOOM_CLONE_BODY void conv1_kernel_grad_body(const nn_layer_ *l, const float *restrict x,
+                                                          const float *restrict dz, int64_t nb, int t0, int t1,
+                                                          float *restrict dW, float *restrict xp, float *restrict acc)
 {
     int Hp, Wp;
     plane_dims(l, &Hp, &Wp);
@@ -369,6 +394,10 @@ NN_HOT static void conv1_kernel_grad(const nn_layer_ *l, const float *restrict x
         for (int64_t e = 0; e < n; e++) dW[(int64_t)t0 * CO + e] += acc[e];
     }
 }
+LOOM_CLONES(, void, conv1_kernel_grad,
+            (const nn_layer_ *l, const float *restrict x, const float *restrict dz, int64_t nb, int t0, int t1,
+             float *restrict dW, float *restrict xp, float *restrict acc),
+            (l, x, dz, nb, t0, t1, dW, xp, acc))
 
 /* ---- the same two kernels with explicit FMA (AVX2 + FMA) --------------------
  * The build keeps -ffp-contract=off (a multiply-add is fused only where the
@@ -644,8 +673,8 @@ NN_512_TARGET static void conv1_kernel_grad_512(const nn_layer_ *l, const float 
 /* A kernel row's columns are KW*C floats of one image row, contiguous where
  * the window lies inside the image: as im2col, one copy per kernel row (of
  * its columns inside [k0, k1)) with zeros around it, not one call per tap. */
-NN_HOT __attribute__((optimize("no-tree-loop-distribute-patterns"))) static void im2col_cols(
-    const nn_layer_ *l, const float *restrict x, int64_t nb, int64_t k0, int64_t k1, float *restrict col)
+static inline LOOM_CLONE_BODY void im2col_cols_body(const nn_layer_ *l, const float *restrict x, int64_t nb, int64_t k0,
+                                                    int64_t k1, float *restrict col)
 {
     const int H = l->ih, W = l->iw, C = l->cin, OH = l->oh, OW = l->ow, KH = l->kh, KW = l->kw;
     const int64_t w = k1 - k0, RW = (int64_t)KW * C; /* a kernel row's columns */
@@ -676,6 +705,9 @@ NN_HOT __attribute__((optimize("no-tree-loop-distribute-patterns"))) static void
             }
     }
 }
+LOOM_CLONES(__attribute__((optimize("no-tree-loop-distribute-patterns"))), void, im2col_cols,
+            (const nn_layer_ *l, const float *restrict x, int64_t nb, int64_t k0, int64_t k1, float *restrict col),
+            (l, x, nb, k0, k1, col))
 
 static int conv_is_pointwise(const nn_layer_ *l) { return nn_conv_pointwise_(l); }
 
@@ -685,8 +717,9 @@ static int conv_is_pointwise(const nn_layer_ *l) { return nn_conv_pointwise_(l);
  * each window's max (the first of equal ones in (i, j) order, as
  * pool_forward), then + bias (NULL: already in z) and the activation (relu or
  * none) into y, its position into argmax; rows (nb, p->n_out) each. */
-NN_HOT static void pool_fused_forward(const nn_layer_ *p, const float *restrict bias, loom_activation act,
-                                      const float *restrict z, float *restrict y, int32_t *restrict argmax, int64_t nb)
+static inline LOOM_CLONE_BODY void pool_fused_forward_body(const nn_layer_ *p, const float *restrict bias,
+                                                           loom_activation act, const float *restrict z,
+                                                           float *restrict y, int32_t *restrict argmax, int64_t nb)
 {
     const int W = p->iw, C = p->cin, OH = p->oh, OW = p->ow, KH = p->kh, KW = p->kw;
     const int relu = act == LOOM_ACT_RELU;
@@ -734,14 +767,19 @@ NN_HOT static void pool_fused_forward(const nn_layer_ *p, const float *restrict 
             }
     }
 }
+LOOM_CLONES(, void, pool_fused_forward,
+            (const nn_layer_ *p, const float *restrict bias, loom_activation act, const float *restrict z,
+             float *restrict y, int32_t *restrict argmax, int64_t nb),
+            (p, bias, act, z, y, argmax, nb))
 
 /* The fused pool's backward on B examples: gm (B, p->n_out) = g where the
  * pooled output y passed the ReLU (all of g without one), and the conv's dz
  * (B, p->n_in) = gm at each window's maximum, zero elsewhere: the windows
  * tile the conv's output, so every element is written once. */
-NN_HOT static void pool_fused_backward(const nn_layer_ *p, loom_activation act, const float *restrict y,
-                                       const int32_t *restrict argmax, const float *restrict g, float *restrict gm,
-                                       float *restrict dz, int64_t B)
+static inline LOOM_CLONE_BODY void pool_fused_backward_body(const nn_layer_ *p, loom_activation act,
+                                                            const float *restrict y, const int32_t *restrict argmax,
+                                                            const float *restrict g, float *restrict gm,
+                                                            float *restrict dz, int64_t B)
 {
     const int C = p->cin, W = p->iw, KH = p->kh, KW = p->kw;
     const int64_t n = B * p->n_out;
@@ -765,6 +803,10 @@ NN_HOT static void pool_fused_backward(const nn_layer_ *p, loom_activation act, 
             }
     }
 }
+LOOM_CLONES(, void, pool_fused_backward,
+            (const nn_layer_ *p, loom_activation act, const float *restrict y, const int32_t *restrict argmax,
+             const float *restrict g, float *restrict gm, float *restrict dz, int64_t B),
+            (p, act, y, argmax, g, gm, dz, B))
 
 static void conv_forward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c, const float *x, float *yc)
 {

@@ -25,12 +25,7 @@
 #include <math.h>
 #include <string.h>
 
-/* Baseline x86-64 builds get AVX2 / AVX-512 clones of the update loops. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define NN_HOT __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define NN_HOT
-#endif
+/* Baseline x86-64 builds get AVX2 / AVX-512 clones of the update loops (tensor.h LOOM_CLONES). */
 
 struct loom_optimizer {
     loom_optimizer_spec spec;
@@ -128,7 +123,7 @@ double loom_optimizer_lr(const loom_optimizer *o, int64_t step)
 
 void loom_optimizer_set_lr(loom_optimizer *o, double lr) { o->lr_override = lr > 0 ? lr : 0; }
 
-NN_HOT static uint32_t apply_sgd(int64_t n, float lr, float *restrict p, const float *restrict g)
+static inline LOOM_CLONE_BODY uint32_t apply_sgd_body(int64_t n, float lr, float *restrict p, const float *restrict g)
 {
     uint32_t e = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -139,9 +134,11 @@ NN_HOT static uint32_t apply_sgd(int64_t n, float lr, float *restrict p, const f
     }
     return e;
 }
+LOOM_CLONES(, uint32_t, apply_sgd, (int64_t n, float lr, float *restrict p, const float *restrict g), (n, lr, p, g))
 
-NN_HOT static uint32_t apply_momentum(int64_t n, float lr, float mu, int nesterov, float *restrict p, const float *restrict g,
-                           float *restrict v)
+static inline LOOM_CLONE_BODY uint32_t apply_momentum_body(int64_t n, float lr, float mu, int nesterov,
+                                                           float *restrict p, const float *restrict g,
+                                                           float *restrict v)
 {
     uint32_t e = 0;
     if (nesterov) {
@@ -165,9 +162,14 @@ NN_HOT static uint32_t apply_momentum(int64_t n, float lr, float mu, int nestero
     }
     return e;
 }
+LOOM_CLONES(, uint32_t, apply_momentum,
+            (int64_t n, float lr, float mu, int nesterov, float *restrict p, const float *restrict g,
+             float *restrict v),
+            (n, lr, mu, nesterov, p, g, v))
 
-NN_HOT static uint32_t apply_adam(int64_t n, float lr_t, float b1, float b2, float eps, float *restrict p,
-                       const float *restrict g, float *restrict m, float *restrict v)
+static inline LOOM_CLONE_BODY uint32_t apply_adam_body(int64_t n, float lr_t, float b1, float b2, float eps,
+                                                       float *restrict p, const float *restrict g, float *restrict m,
+                                                       float *restrict v)
 {
     uint32_t e = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -183,9 +185,13 @@ NN_HOT static uint32_t apply_adam(int64_t n, float lr_t, float b1, float b2, flo
     }
     return e;
 }
+LOOM_CLONES(, uint32_t, apply_adam,
+            (int64_t n, float lr_t, float b1, float b2, float eps, float *restrict p, const float *restrict g,
+             float *restrict m, float *restrict v),
+            (n, lr_t, b1, b2, eps, p, g, m, v))
 
-NN_HOT static uint32_t apply_rmsprop(int64_t n, float lr, float rho, float eps, float *restrict p,
-                                     const float *restrict g, float *restrict v)
+static inline LOOM_CLONE_BODY uint32_t apply_rmsprop_body(int64_t n, float lr, float rho, float eps, float *restrict p,
+                                                          const float *restrict g, float *restrict v)
 {
     uint32_t e = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -199,9 +205,12 @@ NN_HOT static uint32_t apply_rmsprop(int64_t n, float lr, float rho, float eps, 
     }
     return e;
 }
+LOOM_CLONES(, uint32_t, apply_rmsprop,
+            (int64_t n, float lr, float rho, float eps, float *restrict p, const float *restrict g, float *restrict v),
+            (n, lr, rho, eps, p, g, v))
 
-NN_HOT static uint32_t apply_adagrad(int64_t n, float lr, float eps, float *restrict p, const float *restrict g,
-                                     float *restrict acc)
+static inline LOOM_CLONE_BODY uint32_t apply_adagrad_body(int64_t n, float lr, float eps, float *restrict p,
+                                                          const float *restrict g, float *restrict acc)
 {
     uint32_t e = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -215,6 +224,9 @@ NN_HOT static uint32_t apply_adagrad(int64_t n, float lr, float eps, float *rest
     }
     return e;
 }
+LOOM_CLONES(, uint32_t, apply_adagrad,
+            (int64_t n, float lr, float eps, float *restrict p, const float *restrict g, float *restrict acc),
+            (n, lr, eps, p, g, acc))
 
 /* The lazy update of n elements of a table: params p[i], slots at p's own
  * offset i0 (+ i), gradients g[i] * clip; elements whose gradient is 0.0 are
@@ -270,10 +282,11 @@ static uint32_t apply_lazy(const loom_optimizer *o, float lr, float lr_raw, floa
 }
 
 /* p *= (1 - lr wd) (AdamW's decoupled decay, before its Adam step). */
-NN_HOT static void decay(int64_t n, float k, float *restrict p)
+static inline LOOM_CLONE_BODY void decay_body(int64_t n, float k, float *restrict p)
 {
     for (int64_t i = 0; i < n; i++) p[i] -= k * p[i];
 }
+LOOM_CLONES(, void, decay, (int64_t n, float k, float *restrict p), (n, k, p))
 
 /* The decay of parameters [i0, i1) (at p), but not of the frozen ranges. */
 static void decay_trained(const loom_optimizer *o, int64_t i0, int64_t i1, float k, float *p)
@@ -308,10 +321,11 @@ void loom_optimizer_for_model(loom_optimizer *o, const loom_model *m)
 }
 
 /* g (n) * scale into out: the clipped gradients of one part. */
-NN_HOT static void scaled(int64_t n, float scale, const float *restrict g, float *restrict out)
+static inline LOOM_CLONE_BODY void scaled_body(int64_t n, float scale, const float *restrict g, float *restrict out)
 {
     for (int64_t i = 0; i < n; i++) out[i] = g[i] * scale;
 }
+LOOM_CLONES(, void, scaled, (int64_t n, float scale, const float *restrict g, float *restrict out), (n, scale, g, out))
 
 /* One update, over part `part` out of `parts` of parameters [lo, hi). */
 typedef struct apply_job {

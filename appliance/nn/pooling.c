@@ -12,7 +12,8 @@
 
 /* Window positions outside the input (SAME padding) are skipped, as TF does;
  * ties keep the first position in (i, j) order. */
-NN_HOT static void pool_forward(const nn_layer_ *l, const float *x, float *y, int32_t *argmax, int64_t B)
+static inline LOOM_CLONE_BODY void pool_forward_body(const nn_layer_ *l, const float *x, float *y, int32_t *argmax,
+                                                     int64_t B)
 {
     const int H = l->ih, W = l->iw, C = l->cin, OH = l->oh, OW = l->ow;
     if (l->kh == 2 && l->kw == 2 && l->sh == 2 && l->sw == 2 && l->pad_t == 0 && l->pad_l == 0 && 2 * OH <= H &&
@@ -70,14 +71,17 @@ NN_HOT static void pool_forward(const nn_layer_ *l, const float *x, float *y, in
         }
     }
 }
+LOOM_CLONES(, void, pool_forward, (const nn_layer_ *l, const float *x, float *y, int32_t *argmax, int64_t B),
+            (l, x, y, argmax, B))
 
-/* (exported without its target clones, whose resolver would be exported too) */
+/* (the exported name; the clones and their dispatch stay static) */
 void nn_pool_forward_(const nn_layer_ *l, const float *x, float *y, int32_t *argmax, int64_t B)
 {
     pool_forward(l, x, y, argmax, B);
 }
 
-NN_HOT static float *pool_backward(const nn_layer_ *l, const int32_t *argmax, const float *g, float *other, int64_t B)
+static inline LOOM_CLONE_BODY float *pool_backward_body(const nn_layer_ *l, const int32_t *argmax, const float *g,
+                                                        float *other, int64_t B)
 {
     if (!l->needs_dx) return NULL;
     if (l->sh == l->kh && l->sw == l->kw && l->oh * l->kh == l->ih && l->ow * l->kw == l->iw) {
@@ -109,8 +113,11 @@ NN_HOT static float *pool_backward(const nn_layer_ *l, const int32_t *argmax, co
     }
     return other;
 }
+LOOM_CLONES(, float *, pool_backward,
+            (const nn_layer_ *l, const int32_t *argmax, const float *g, float *other, int64_t B),
+            (l, argmax, g, other, B))
 
-/* (exported without its target clones, whose resolver would be exported too) */
+/* (the exported name; the clones and their dispatch stay static) */
 float *nn_pool_backward_(const nn_layer_ *l, const int32_t *argmax, const float *g, float *other, int64_t B)
 {
     return pool_backward(l, argmax, g, other, B);

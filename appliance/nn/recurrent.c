@@ -158,12 +158,7 @@ bool nn_rnn_buffers_(nn_layer_ *l, int64_t max_batch)
 /* ---- the cell's arithmetic --------------------------------------------------------- */
 
 /* The build targets baseline x86-64; the step loops are cloned for AVX2 and
- * AVX-512 as layers.c's hot loops are. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define RNN_HOT __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define RNN_HOT
-#endif
+ * AVX-512 as layers.c's hot loops are (tensor.h LOOM_CLONES). */
 
 /* e^x in straight-line arithmetic the compiler vectorises (libm's expf is a
  * call per element): x = n ln2 + r, |r| <= ln2 / 2, e^r by Cephes' expf
@@ -299,8 +294,8 @@ static inline __attribute__((always_inline)) void gru_cell(const nn_layer_ *l, f
 /* ---- forward ---------------------------------------------------------------------- */
 
 /* Direction dir over the chunk's B examples of x (B, T, D) into out. */
-RNN_HOT static void dir_forward(const loom_model *m, const nn_layer_ *l, int dir, const nn_chunk_ *c, const float *x,
-                        const rnn_io *out)
+static inline LOOM_CLONE_BODY void dir_forward_body(const loom_model *m, const nn_layer_ *l, int dir,
+                                                    const nn_chunk_ *c, const float *x, const rnn_io *out)
 {
     const int64_t B = c->B, T = l->steps, H = l->H, gH = (int64_t)l->gates * H;
     const uint8_t *mk = nn_tmask_(m, c, T);
@@ -363,6 +358,9 @@ RNN_HOT static void dir_forward(const loom_model *m, const nn_layer_ *l, int dir
         }
     }
 }
+LOOM_CLONES(, void, dir_forward,
+            (const loom_model *m, const nn_layer_ *l, int dir, const nn_chunk_ *c, const float *x, const rnn_io *out),
+            (m, l, dir, c, x, out))
 
 /* The io of direction dir of a layer's output (or gradient) rows for chunk rows at y. */
 static rnn_io io_of(const nn_layer_ *l, int dir, float *y)
@@ -466,8 +464,8 @@ static inline __attribute__((always_inline)) void gru_cell_back(const nn_layer_ 
  * leaves the gradients of the pre-activations in G (and A for a gru) for
  * the parameter gradients, and adds (beta 1) or writes (beta 0) the input
  * gradient into dx (B, T, D) when dx is not NULL. */
-RNN_HOT static void dir_backward(const loom_model *m, const nn_layer_ *l, int dir, const nn_chunk_ *c, const rnn_io *g,
-                         float *dx, float beta)
+static inline LOOM_CLONE_BODY void dir_backward_body(const loom_model *m, const nn_layer_ *l, int dir,
+                                                     const nn_chunk_ *c, const rnn_io *g, float *dx, float beta)
 {
     const int64_t B = c->B, T = l->steps, H = l->H, gH = (int64_t)l->gates * H;
     const uint8_t *mk = nn_tmask_(m, c, T);
@@ -527,6 +525,10 @@ RNN_HOT static void dir_backward(const loom_model *m, const nn_layer_ *l, int di
     if (dx)
         loom_sgemm(false, true, (int)(B * T), l->D, (int)gH, 1.f, s.G, (int)gH, p.W, (int)gH, beta, dx, l->D);
 }
+LOOM_CLONES(, void, dir_backward,
+            (const loom_model *m, const nn_layer_ *l, int dir, const nn_chunk_ *c, const rnn_io *g, float *dx,
+             float beta),
+            (m, l, dir, c, g, dx, beta))
 
 float *nn_rnn_backward_(const loom_model *m, int li, nn_chunk_ *c, float *g, float *other)
 {

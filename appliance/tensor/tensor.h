@@ -77,6 +77,32 @@ const loom_cpu_info *loom_cpu(void);
 /* The level those features call for. Pure; exposed for tests. */
 loom_cpu_level loom_cpu_pick_level(bool avx512f, bool avx512bw, bool avx512vl, bool avx512dq, bool avx2, bool fma);
 const char *loom_cpu_level_name(loom_cpu_level l); /* "avx512", "avx2-fma", "baseline" */
+/* Hot loops compiled for each level (AVX-512, AVX2, baseline x86-64) and picked at each call by
+ * loom_cpu()'s level, which LOOM_TEST_CPU caps: gcc's target_clones pick from the real CPU at load,
+ * before any environment is read, so a capped run kept the wider clones. After
+ *     static inline LOOM_CLONE_BODY ret name_body(params) { ... }
+ * LOOM_CLONES(attrs, ret, name, (params), (args)) defines `static ret name(params)`; attrs (an optimize
+ * attribute, or nothing) go on each clone, which compiles the inlined body. The target strings are the
+ * ones target_clones had, so each level's code is what its clone was. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define LOOM_CLONE_BODY __attribute__((always_inline))
+#define LOOM_CLONES(attrs, ret, name, params, args)                                                                    \
+    attrs __attribute__((target("avx512f"))) static ret name##_512_ params { return name##_body args; }                \
+    attrs __attribute__((target("avx2"))) static ret name##_256_ params { return name##_body args; }                   \
+    attrs static ret name##_gen_ params { return name##_body args; }                                                   \
+    static ret name params                                                                                             \
+    {                                                                                                                  \
+        const loom_cpu_level lv_ = loom_cpu()->level;                                                                  \
+        return lv_ >= LOOM_CPU_AVX512     ? name##_512_ args                                                           \
+               : lv_ >= LOOM_CPU_AVX2_FMA ? name##_256_ args                                                           \
+                                          : name##_gen_ args;                                                          \
+    }
+#else
+#define LOOM_CLONE_BODY
+#define LOOM_CLONES(attrs, ret, name, params, args)                                                                    \
+    attrs static ret name params { return name##_body args; }
+#endif
+
 /* One line for `loom devices`: the CPU, its features and the kernel level. */
 char *loom_cpu_describe(char *buf, size_t n);
 

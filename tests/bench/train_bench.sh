@@ -16,10 +16,9 @@
 #             LOOM_TEST_CPU=avx2 (its kernels and its OpenBLAS core, Haswell),
 #             PyTorch with ONEDNN_MAX_CPU_ISA=DNNL_MAX_CPU_ISA=AVX2,
 #             ATEN_CPU_CAPABILITY=avx2 and OPENBLAS_CORETYPE=Haswell (oneDNN's
-#             verbose log then names jit:avx2 convolutions). Not capped on Loom's
-#             side: the element-wise loops cloned by gcc's target_clones
-#             (kernel_internal.h's NN_HOT: im2col, pooling, ...) resolve from the
-#             real CPU at load, before any environment is read.
+#             verbose log then names jit:avx2 convolutions). The cap covers
+#             Loom's element-wise loops too (im2col, pooling, the optimizers,
+#             ...: tensor.h's LOOM_CLONES pick by the capped level).
 #             (default: native, each at the machine's best)
 #
 # PyTorch runs at the best settings measured on this machine (torch_ref.py's

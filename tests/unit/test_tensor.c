@@ -175,6 +175,41 @@ static void test_sgemm_rows(void)
     free(tmp);
 }
 
+/* LOOM_CLONES runs the clone of loom_cpu()'s level, which LOOM_TEST_CPU caps (gcc's target_clones ran the
+ * real CPU's). A sum the clones vectorise under fast-math: each vector width splits it into other partial
+ * sums, so 2^24 plus 63 ones comes out differently from each clone, and the dispatcher's result names
+ * the clone that ran. */
+static inline LOOM_CLONE_BODY float wide_sum_body(const float *x, int n)
+{
+    float s = 0.f;
+    for (int i = 0; i < n; i++) s += x[i];
+    return s;
+}
+LOOM_CLONES(__attribute__((optimize("fast-math"))), float, wide_sum, (const float *x, int n), (x, n))
+
+static void test_clones(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+    float x[64];
+    x[0] = 16777216.f; /* 2^24: a 1 added to it alone is lost */
+    for (int i = 1; i < 64; i++) x[i] = 1.f;
+    const loom_cpu_info *c = loom_cpu();
+    const float got = wide_sum(x, 64), gen = wide_sum_gen_(x, 64);
+    float want = gen;
+    if (c->level >= LOOM_CPU_AVX2_FMA) want = wide_sum_256_(x, 64);
+    if (c->level >= LOOM_CPU_AVX512) want = wide_sum_512_(x, 64);
+    CHECK_MSG(got == want, "level %s: the dispatch gave %.1f, its clone %.1f", loom_cpu_level_name(c->level), got, want);
+    printf("# level %s: baseline clone %.1f", loom_cpu_level_name(c->level), gen - 16777216.f);
+    if (__builtin_cpu_supports("avx2")) { /* the teeth: the clones differ, so a wrong pick shows */
+        const float w256 = wide_sum_256_(x, 64);
+        CHECK_MSG(w256 != gen, "the AVX2 and baseline clones agree (%.1f): this check cannot tell them apart", w256);
+        printf(", AVX2 clone %.1f", w256 - 16777216.f);
+    }
+    if (__builtin_cpu_supports("avx512f")) printf(", AVX-512 clone %.1f", wide_sum_512_(x, 64) - 16777216.f);
+    printf(" (above 2^24)\n");
+#endif
+}
+
 static const loom_test tests[] = {
     {"dtypes_shapes", test_dtypes_shapes},
     {"pick_core", test_pick_core},
@@ -182,6 +217,7 @@ static const loom_test tests[] = {
     {"blas_loaded", test_blas_loaded},
     {"sgemm_rows", test_sgemm_rows},
     {"gemm_bound", test_gemm_bound},
+    {"clones follow the level (LOOM_TEST_CPU)", test_clones},
     {0},
 };
 

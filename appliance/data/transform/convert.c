@@ -136,19 +136,19 @@ void dscale_vals_(const void *src, loom_dtype sd, float *dst, size_t n, float sc
 #undef E_
 }
 
-/* Vector clones chosen by the CPU at start (as nn/ does): the division stays a
+/* Vector clones chosen by loom_cpu()'s level (tensor.h LOOM_CLONES, as nn/ does): the division stays a
  * division (IEEE, lane by lane), so every clone gives the scalar loop's floats. */
-static __attribute__((target_clones("avx512f", "avx2", "default"))) void normalize_vals(const void *src, loom_dtype sd,
-                                                                                       float *dst, size_t n, float mean,
-                                                                                       float std)
+static inline LOOM_CLONE_BODY void normalize_vals_body(const void *src, loom_dtype sd, float *dst, size_t n, float mean,
+                                                       float std)
 {
 #define E_(v) (((v) - mean) / std)
     AFFINE_ALL_
 #undef E_
 }
+LOOM_CLONES(, void, normalize_vals, (const void *src, loom_dtype sd, float *dst, size_t n, float mean, float std),
+            (src, sd, dst, n, mean, std))
 
-/* normalize_vals for the map fns (transforms.c): it stays static, as a global
- * target_clones function would export its resolver (layering.sh). */
+/* normalize_vals for the map fns (transforms.c); the clones stay static. */
 void dnormalize_vals_(const void *src, loom_dtype sd, float *dst, size_t n, float mean, float std)
 {
     normalize_vals(src, sd, dst, n, mean, std);
