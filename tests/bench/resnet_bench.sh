@@ -2,7 +2,7 @@
 # resnet_bench.sh - issue 23's residual models, Loom beside PyTorch, side by side in one run.
 #
 #   tests/bench/resnet_bench.sh [--quick | --full] [--models resnet20,resnet50] [--runs N]
-#                               [--build DIR] [--no-loom] [--no-torch] [--keep]
+#                               [--isa native|avx2] [--build DIR] [--no-loom] [--no-torch] [--keep]
 #
 #   resnet20  configs/fashion_mnist_resnet.cfg (ResNet-20 v1, Fashion-MNIST, batch 128) beside
 #             resnet_torch_ref.py's same model and schedule.
@@ -19,6 +19,11 @@
 #   --runs N  repetitions (default BENCH_RUNS or 3), Loom and PyTorch alternating; medians reported.
 #   --build   meson build dir with `loom` and tests/bench/gemm_peak (default BUILD or ./build)
 #   --keep    keep the scratch directory (model dirs, metrics.jsonl, raw JSON)
+#   --isa avx2  both sides confined to AVX2 + FMA on an AVX-512 machine, as train_bench.sh's:
+#             Loom with LOOM_TEST_CPU=avx2 (its kernels, its element-wise loops' clones, its
+#             OpenBLAS core), PyTorch with ONEDNN_MAX_CPU_ISA=DNNL_MAX_CPU_ISA=AVX2,
+#             ATEN_CPU_CAPABILITY=avx2, OPENBLAS_CORETYPE=Haswell; gemm_peak capped too, so the
+#             peak fractions are of the AVX2 peak. (default: native, each at the machine's best)
 #
 # A loom that refuses a config (one built before issue 23's graph layers) is
 # reported as such, its `loom check` errors shown, the PyTorch side still run,
@@ -39,9 +44,9 @@ R50_WARMUP=${BENCH_RESNET50_WARMUP:-2}
 R50_STEPS=${BENCH_RESNET50_STEPS:-5}
 TORCH_RESNET20_THREADS=${TORCH_RESNET20_THREADS:-2}
 TORCH_RESNET50_THREADS=${TORCH_RESNET50_THREADS:-1,2}
-LOOM_ENV=(env -u OPENBLAS_CORETYPE)
+ISA=native
 
-usage() { sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 while [ $# -gt 0 ]; do
     case "$1" in
     --quick) MODE=quick ;;
@@ -52,11 +57,23 @@ while [ $# -gt 0 ]; do
     --no-loom) DO_LOOM=0 ;;
     --no-torch) DO_TORCH=0 ;;
     --keep) KEEP=1 ;;
+    --isa) ISA=$2; shift ;;
     -h | --help) usage 0 ;;
     *) echo "resnet_bench.sh: unknown argument '$1'" >&2; usage ;;
     esac
     shift
 done
+# Loom's environment, PyTorch's (OpenBLAS threads, and the ISA cap under --isa avx2)
+LOOM_ENV=(env -u OPENBLAS_CORETYPE -u LOOM_TEST_CPU)
+TORCH_ENV=(env -u OPENBLAS_CORETYPE OPENBLAS_NUM_THREADS=2)
+case "$ISA" in
+native) ;;
+avx2)
+    LOOM_ENV+=(LOOM_TEST_CPU=avx2)
+    TORCH_ENV+=(ONEDNN_MAX_CPU_ISA=AVX2 DNNL_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 OPENBLAS_CORETYPE=Haswell)
+    ;;
+*) echo "resnet_bench.sh: unknown --isa '$ISA' (native, avx2)" >&2; usage ;;
+esac
 IFS=, read -r -a MODEL_LIST <<<"$MODELS"
 for m in "${MODEL_LIST[@]}"; do
     case "$m" in resnet20 | resnet50) ;; *) echo "resnet_bench.sh: unknown model '$m' (resnet20, resnet50)" >&2; exit 2 ;; esac
@@ -199,7 +216,7 @@ run_torch() { # model run
     fi
     # the same augmentation as the config's (pad 2, random 28x28 crop, random flip), when it has one
     [ "$m" = resnet20 ] && grep -q '"random_crop"' "$ROOT/$(cfg_of resnet20)" && args+=(--augment)
-    if ! env -u OPENBLAS_CORETYPE OPENBLAS_NUM_THREADS=2 "$PY" "$HERE/resnet_torch_ref.py" "${args[@]}" \
+    if ! "${TORCH_ENV[@]}" "$PY" "$HERE/resnet_torch_ref.py" "${args[@]}" \
         >"$TMP/torch.out" 2>"$TMP/torch.err"; then
         echo "resnet_bench.sh: resnet_torch_ref.py ($m, run $r) failed; its stderr:" >&2
         cat "$TMP/torch.err" >&2
@@ -225,13 +242,14 @@ done
 
 # --- the table ---
 "$PY" - "$RESULTS" "$GEMM" "$MODE" "$RUNS" "$LOAD_BEFORE" "$(cut -d' ' -f1-3 /proc/loadavg)" \
-    "${REFUSED[*]:-}" "$R20_STEPS" "$R20_EPOCHS" <<'EOF'
+    "${REFUSED[*]:-}" "$R20_STEPS" "$R20_EPOCHS" "$ISA" <<'EOF'
 import json, statistics, sys
 res = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 gemm = json.load(open(sys.argv[2]))
 mode, runs, load_before, load_after = sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6]
 refused = sys.argv[7].split()
 r20_steps, r20_epochs = int(sys.argv[8]), int(sys.argv[9])
+isa = sys.argv[10]
 peak = (gemm.get("peak_gflops") or {}).get("2")
 # Forward FLOPs per sample (convs and dense, multiply-add = 2): resnet50_count.py and
 # resnet_torch_ref.py's hooks agree on these.
@@ -245,7 +263,9 @@ def med(impl, model, key):
 def f(v, fmt):
     return "-" if v is None else format(v, fmt)
 
-print(f"\nissue 23's residual models, {mode}, medians of {runs} run(s)")
+print(f"\nissue 23's residual models, {mode}, medians of {runs} run(s)"
+      + (", both sides confined to AVX2 + FMA (Loom: LOOM_TEST_CPU=avx2; PyTorch: oneDNN, ATen and OpenBLAS capped)"
+         if isa == "avx2" else ""))
 if peak:
     src = "BENCH_PEAK_GFLOPS" if gemm.get("core") == "given" else f"gemm_peak, 1024^3 sgemm, 2 threads, {gemm.get('core')}"
     print(f"FMA peak ({src}): {peak:.1f} GFLOP/s")
@@ -253,7 +273,7 @@ print(f"load average before/after: {load_before} / {load_after} (2 cores; above 
 hdr = f"{'model':9} {'impl':7} {'samples/s':>10} {'ratio':>6} {'target':>7} {'acc':>7} {'RSS MB':>8} {'RSS ratio':>9} {'peak':>6}"
 print(hdr)
 print("-" * len(hdr))
-out = {"mode": mode, "runs": runs, "peak_gflops_2t": peak, "refused": refused, "models": {}}
+out = {"mode": mode, "isa": isa, "runs": runs, "peak_gflops_2t": peak, "refused": refused, "models": {}}
 for model in ("resnet20", "resnet50"):
     keys = ("samples_per_sec", "eval_accuracy", "peak_rss_mb")
     L = {k: med("loom", model, k) for k in keys}
