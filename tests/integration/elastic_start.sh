@@ -118,7 +118,9 @@ for k in 1 2; do
     if [ "$s0$s2" = 00 ] && [ "$s1" = 137 ] && [ "$(newest "$WORK/both$k")" = 100 ]; then
         pass "run $k, a loss in the step a join rides: worker:1 lost, worker:2 joins, the two end at step 100"
     else fail "run $k, a loss in the step a join rides: the job goes on to step 100" "status $s0 / $s1 / $s2" \
-        "$(tail -3 <<<"$log")" "$(tail -3 "$WORK/both$k.2")"; fi
+        "newest checkpoint $(newest "$WORK/both$k")" "the chief's membership lines:" \
+        "$(grep -E 'holding|lost|connected|left|join|ask|admit|decision|re-form|step' <<<"$log" | tail -20)" \
+        "worker:1's last lines:" "$(tail -4 "$WORK/both$k.1")" "worker:2's last lines:" "$(tail -8 "$WORK/both$k.2")"; fi
     contains "run $k: the chief logs the loss first" "worker:1 left at step 29; continuing with 1 worker" "$log"
     contains "run $k: then the join" "worker:2 joined at step 30; continuing with 2 workers" "$log"
 done

@@ -13,8 +13,15 @@ trap 'rm -rf "$WORK"' EXIT
 export LOOM_TEST=1
 
 pass() { T=$((T + 1)); echo "ok $T - $1"; }
-# (every line of the details is a TAP comment, also the lines inside one argument)
-fail() { T=$((T + 1)); FAILED=$((FAILED + 1)); echo "not ok $T - $1"; shift; printf '%s\n' "$@" | sed 's/^/#   /'; }
+# (every line of the details is a TAP comment, also the lines inside one argument; the same on stderr, which
+# meson's --print-errorlogs shows in a CI log, where the TAP stdout is not)
+fail() {
+    T=$((T + 1)); FAILED=$((FAILED + 1)); echo "not ok $T - $1"
+    local name=$1
+    shift
+    printf '%s\n' "$@" | sed 's/^/#   /'
+    { echo "not ok $T - $name"; printf '%s\n' "$@" | sed 's/^/#   /'; } >&2
+}
 
 # check NAME CMD...: passes when CMD exits 0.
 check() {
