@@ -185,7 +185,7 @@ static inline LOOM_CLONE_BODY float wide_sum_body(const float *x, int n)
     for (int i = 0; i < n; i++) s += x[i];
     return s;
 }
-LOOM_CLONES(__attribute__((optimize("fast-math"))), float, wide_sum, (const float *x, int n), (x, n))
+LOOM_CLONES(__attribute__((optimize("fast-math", "tree-vectorize"))), float, wide_sum, (const float *x, int n), (x, n))
 
 static void test_clones(void)
 {
@@ -202,7 +202,11 @@ static void test_clones(void)
     printf("# level %s: baseline clone %.1f", loom_cpu_level_name(c->level), gen - 16777216.f);
     if (__builtin_cpu_supports("avx2")) { /* the teeth: the clones differ, so a wrong pick shows */
         const float w256 = wide_sum_256_(x, 64);
+#if defined(__SANITIZE_ADDRESS__) /* ASan's checks keep gcc from vectorising the sum: the pick alone is checked */
+        if (w256 == gen) printf(" (the clones sum alike under ASan)");
+#else
         CHECK_MSG(w256 != gen, "the AVX2 and baseline clones agree (%.1f): this check cannot tell them apart", w256);
+#endif
         printf(", AVX2 clone %.1f", w256 - 16777216.f);
     }
     if (__builtin_cpu_supports("avx512f")) printf(", AVX-512 clone %.1f", wide_sum_512_(x, 64) - 16777216.f);
