@@ -355,12 +355,18 @@ static void merge_forward(const loom_model *m, const nn_layer_ *l, nn_chunk_ *c)
     }
 }
 
+/* The rows of chunk c in layer s's dgy. */
+static float *dgy_rows(const loom_model *m, int s, const nn_chunk_ *c)
+{
+    return m->layer[s].dgy + c->b0 * m->layer[s].n_out;
+}
+
 /* d (B, n) into layer s's dgy rows of chunk c: copied by the first consumer, added by the others. */
 void nn_graph_deliver_(const loom_model *m, int s, nn_chunk_ *c, const float *d)
 {
     const nn_layer_ *l = &m->layer[s];
     const int64_t cnt = c->B * l->n_out;
-    float *g = l->dgy + c->b0 * l->n_out;
+    float *g = dgy_rows(m, s, c);
     if (!c->ginit[s]) {
         memcpy(g, d, (size_t)cnt * sizeof *g);
         c->ginit[s] = 1;
@@ -458,19 +464,21 @@ static void grad_in(const loom_model *m, int li, nn_chunk_ *c)
 {
     const nn_layer_ *l = &m->layer[li];
     if (!l->gacc) return;
-    float *g = l->dgy + c->b0 * l->n_out;
+    float *g = dgy_rows(m, li, c);
     if (!c->ginit[li]) memset(g, 0, (size_t)(c->B * l->n_out) * sizeof *g);
     c->g = g;
     c->other = c->gbuf[0];
 }
 
-/* After layer li's backward left its input gradient in r: down the chain, or to its input's dgy rows. */
+/* After layer li's backward left its input gradient in r: down the chain, or to its input's dgy rows (unless
+ * the backward wrote it there itself, dx_into). */
 static void grad_out(const loom_model *m, int li, nn_chunk_ *c, float *r)
 {
     const nn_layer_ *l = &m->layer[li];
     c->g = r;
     c->other = r == c->gbuf[0] ? c->gbuf[1] : c->gbuf[0];
-    if (wants_grad(m, l, 0) && m->layer[l->src[0]].gacc) nn_graph_deliver_(m, l->src[0], c, r);
+    if (wants_grad(m, l, 0) && m->layer[l->src[0]].gacc && r != dgy_rows(m, l->src[0], c))
+        nn_graph_deliver_(m, l->src[0], c, r);
 }
 
 /* A layer whose backward writes (or adds) its input gradient straight into its input's dgy rows, where
@@ -495,18 +503,10 @@ void nn_graph_backward_(const loom_model *m, int li, nn_chunk_ *c)
     const float *keep = c->act[li + 1];
     c->act[li] = nn_src_ptr_(c, l->src[0]);
     c->act[li + 1] = c->yo[li];
-    if (dx_into(m, l)) {
-        const int s = l->src[0];
-        c->dx_acc = c->ginit[s];
-        float *r = nn_layer_backward_(m, li, c, c->g, m->layer[s].dgy + c->b0 * m->layer[s].n_out);
-        c->dx_acc = 0;
-        c->ginit[s] = 1;
-        c->act[li + 1] = keep;
-        c->g = r;
-        c->other = c->gbuf[0];
-        return;
-    }
-    float *r = nn_layer_backward_(m, li, c, c->g, c->other);
+    const bool into = dx_into(m, l);
+    if (into) c->dx_acc = c->ginit[l->src[0]];
+    float *r = nn_layer_backward_(m, li, c, c->g, into ? dgy_rows(m, l->src[0], c) : c->other);
+    if (into) c->dx_acc = 0, c->ginit[l->src[0]] = 1;
     c->act[li + 1] = keep;
     if (r) grad_out(m, li, c, r);
 }
